@@ -1,0 +1,1 @@
+//! simpler-ring (being written).

@@ -1,0 +1,1 @@
+//! simpler-sched (being written).

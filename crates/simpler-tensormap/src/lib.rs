@@ -1,0 +1,1 @@
+//! simpler-tensormap (being written).

@@ -1,0 +1,3 @@
+//! Development tasks for the simpler workspace (`cargo xtask ...`).
+
+fn main() {}
