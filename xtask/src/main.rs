@@ -1,3 +1,141 @@
-//! Development tasks for the simpler workspace (`cargo xtask ...`).
+//! Development tasks for the simpler workspace, run as `cargo xtask <task>`.
+//!
+//! Every task is a short sequence of cargo invocations; each step prints what it runs so a
+//! failure names the command to rerun by hand. Tasks:
+//!
+//! - `ci`: everything CI checks, in order: format, lints, tests, docs, a short benchmark smoke
+//!   run and the `loom` models.
+//! - `test [--deep]`: the workspace tests; `--deep` raises the property-test case count.
+//! - `loom`: the `loom` model checks of the concurrency protocols (`cfg(simpler_loom)`).
+//! - `bench [cargo bench args]`: the criterion benchmarks in release mode.
 
-fn main() {}
+#![forbid(unsafe_code)]
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+/// Crates whose concurrency protocols have `loom` models.
+const LOOM_CRATES: &[&str] = &["simpler-ring", "simpler-sched"];
+
+/// Property-test cases per test in `test --deep` (the tests' own defaults are kept modest so
+/// that CI stays fast).
+const DEEP_PROPTEST_CASES: &str = "4096";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = env::args().skip(1).collect();
+    let (task, rest) = match args.split_first() {
+        Some((task, rest)) => (task.as_str(), rest),
+        None => {
+            eprintln!("{USAGE}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match task {
+        "ci" => ci(),
+        "test" => test(rest.iter().any(|a| a == "--deep")),
+        "loom" => loom(),
+        "bench" => bench(rest),
+        "help" | "--help" | "-h" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => Err(format!("unknown task `{other}`\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+const USAGE: &str = "usage: cargo xtask <task>
+tasks:
+  ci               format check, clippy -D warnings, tests, docs, bench smoke run, loom models
+  test [--deep]    workspace tests (--deep: many more property-test cases)
+  loom             loom model checks of the concurrency protocols
+  bench [ARGS]     criterion benchmarks (release); ARGS go to `cargo bench`";
+
+fn ci() -> Result<(), String> {
+    let started = Instant::now();
+    cargo(&["fmt", "--all", "--check"], &[])?;
+    cargo(
+        &["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"],
+        &[],
+    )?;
+    test(false)?;
+    cargo(
+        &["doc", "--workspace", "--no-deps", "--all-features"],
+        &[("RUSTDOCFLAGS", "-D warnings")],
+    )?;
+    // Benchmarks only have to build and run once per case here; figures come from `bench`.
+    cargo(&["bench", "--workspace", "--benches", "--", "--test"], &[])?;
+    loom()?;
+    println!("xtask ci: all steps passed in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+fn test(deep: bool) -> Result<(), String> {
+    let env: &[(&str, &str)] = if deep { &[("PROPTEST_CASES", DEEP_PROPTEST_CASES)] } else { &[] };
+    cargo(&["test", "--workspace", "--all-features", "--no-fail-fast"], env)
+}
+
+fn loom() -> Result<(), String> {
+    // loom builds need their own cfg, so they get their own target directory to avoid
+    // invalidating the normal build.
+    let target = target_dir().join("loom");
+    let target = target.to_string_lossy().into_owned();
+    for krate in LOOM_CRATES {
+        cargo(
+            &["test", "--release", "-p", krate, "--test", "loom"],
+            &[
+                ("RUSTFLAGS", "--cfg simpler_loom"),
+                ("CARGO_TARGET_DIR", target.as_str()),
+                ("LOOM_MAX_PREEMPTIONS", "3"),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+fn bench(extra: &[String]) -> Result<(), String> {
+    let mut args = vec!["bench", "--workspace", "--benches"];
+    if !extra.is_empty() {
+        args.push("--");
+        args.extend(extra.iter().map(String::as_str));
+    }
+    cargo(&args, &[])
+}
+
+/// The workspace's target directory (honours `CARGO_TARGET_DIR`).
+fn target_dir() -> PathBuf {
+    env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+fn workspace_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
+}
+
+/// Runs one cargo command from the workspace root, echoing it first.
+fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let shown: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+    println!("\n==> {} cargo {}", shown.join(" "), args.join(" "));
+    let status = Command::new(&cargo)
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(workspace_root())
+        .status()
+        .map_err(|e| format!("could not start `{cargo}`: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`cargo {}` failed ({status})", args.join(" ")))
+    }
+}
