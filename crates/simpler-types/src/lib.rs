@@ -7,10 +7,18 @@
 #![forbid(unsafe_code)]
 
 pub mod constants;
+pub mod dtype;
+pub mod error;
 pub mod ids;
+pub mod state;
+pub mod tag;
 
 pub use constants::*;
+pub use dtype::{DataType, Scalar, from_scalar, to_scalar};
+pub use error::TypesError;
 pub use ids::{
     CallableId, CallableKind, CallableNamespace, DeviceTaskId, RingIndex, RunId, SlotId, TaskId,
     WorkerId, WorkerRef, WorkerType,
 };
+pub use state::{EndpointOutcome, GroupMemberState, RunPhase, TaskState};
+pub use tag::TensorArgType;
