@@ -12,6 +12,7 @@ pub mod error;
 pub mod ids;
 pub mod state;
 pub mod tag;
+pub mod tensor;
 
 pub use constants::*;
 pub use dtype::{DataType, Scalar, from_scalar, to_scalar};
@@ -22,3 +23,4 @@ pub use ids::{
 };
 pub use state::{EndpointOutcome, GroupMemberState, RunPhase, TaskState};
 pub use tag::TensorArgType;
+pub use tensor::Tensor;
