@@ -6,6 +6,14 @@
 
 #![forbid(unsafe_code)]
 
+// The descriptor and the argument blob are little-endian byte layouts read by kernels and by
+// other processes; every supported host (x86_64, aarch64) and the device are little-endian.
+#[cfg(target_endian = "big")]
+compile_error!(
+    "simpler-types encodes little-endian wire layouts and supports only little-endian targets"
+);
+
+pub mod args;
 pub mod constants;
 pub mod dtype;
 pub mod error;
@@ -14,6 +22,7 @@ pub mod state;
 pub mod tag;
 pub mod tensor;
 
+pub use args::{Args, ChipTaskArgs, CoreArgs, TaskArgs, TaskArgsView};
 pub use constants::*;
 pub use dtype::{DataType, Scalar, from_scalar, to_scalar};
 pub use error::TypesError;
