@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+pub use simpler_device_a2a3 as device_a2a3;
 pub use simpler_ring as ring;
 pub use simpler_sched as sched;
 pub use simpler_tensormap as tensormap;

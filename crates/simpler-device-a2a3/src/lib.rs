@@ -1,0 +1,1 @@
+//! `simpler-device-a2a3` (being written).
