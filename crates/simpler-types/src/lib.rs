@@ -17,8 +17,10 @@ pub mod args;
 pub mod constants;
 pub mod dtype;
 pub mod error;
+pub mod failure;
 pub mod ids;
 pub mod state;
+pub mod status;
 pub mod tag;
 pub mod tensor;
 
@@ -26,10 +28,14 @@ pub use args::{Args, ChipTaskArgs, CoreArgs, TaskArgs, TaskArgsView};
 pub use constants::*;
 pub use dtype::{DataType, Scalar, from_scalar, to_scalar};
 pub use error::TypesError;
+pub use failure::{
+    CancelReason, DeviceCode, FailureMechanism, RunFailure, TaskFailure, TimeoutBudget,
+};
 pub use ids::{
     CallableId, CallableKind, CallableNamespace, DeviceTaskId, RingIndex, RunId, SlotId, TaskId,
     WorkerId, WorkerRef, WorkerType,
 };
 pub use state::{EndpointOutcome, GroupMemberState, RunPhase, TaskState};
+pub use status::RunStatus;
 pub use tag::TensorArgType;
 pub use tensor::Tensor;
