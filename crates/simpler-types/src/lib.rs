@@ -14,6 +14,7 @@ compile_error!(
 );
 
 pub mod args;
+pub mod config;
 pub mod constants;
 pub mod dtype;
 pub mod error;
@@ -25,6 +26,9 @@ pub mod tag;
 pub mod tensor;
 
 pub use args::{Args, ChipTaskArgs, CoreArgs, TaskArgs, TaskArgsView};
+pub use config::{
+    CallConfig, CallConfigBuilder, DumpArgsLevel, PmuEvent, RingOverride, RingSel, SwimlaneLevel,
+};
 pub use constants::*;
 pub use dtype::{DataType, Scalar, from_scalar, to_scalar};
 pub use error::TypesError;
