@@ -1,1 +1,35 @@
-//! simpler-tensormap (being written).
+//! `simpler-tensormap` — the dependency map under the engine: for each run and buffer, which
+//! tasks currently produce which bytes.
+//!
+//! Layer: directly above `simpler-types`. The map answers "which tasks wrote bytes this access
+//! overlaps, in this run" and forgets a producer when its slot is reclaimed. It must not know
+//! about task states, scheduling, rings or devices; callers decide what a returned producer means.
+//!
+//! - [`TensorKey`] names a buffer: host memory by base address, child memory by worker and base
+//!   address, remote memory by descriptor (spec 20 §A.1).
+//! - [`ByteSpan`] is the byte range a view can touch; [`footprint`] derives both from a
+//!   [`Tensor`](simpler_types::Tensor) (spec 20 §D.1).
+//! - [`TensorMap`] holds, per `(run, key)`, an ordered list of `(span, producer)` entries:
+//!   [`lookup_overlapping`](TensorMap::lookup_overlapping) visits each producer whose bytes
+//!   intersect a span, [`insert`](TensorMap::insert) supersedes the entries a new write covers
+//!   entirely, [`erase_owned`](TensorMap::erase_owned) removes only the reclaimed producer's
+//!   entries (spec 20 §A.3, §D).
+//!
+//! The algorithm (`footprints`, `store`) is free of locking and of any dependency on how the map
+//! is shared; `map` adds one leaf mutex. Decisions are recorded in `docs/decisions/simpler-tensormap.md`.
+
+#![forbid(unsafe_code)]
+
+mod error;
+mod footprint;
+mod footprints;
+mod key;
+mod map;
+mod span;
+mod store;
+
+pub use error::TensorMapError;
+pub use footprint::footprint;
+pub use key::{RemoteSpace, TensorKey};
+pub use map::{TensorMap, TensorMapGuard};
+pub use span::ByteSpan;

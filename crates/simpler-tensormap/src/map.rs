@@ -1,0 +1,221 @@
+//! `TensorMap` and `TensorMapGuard`: the store behind one leaf mutex (spec 20 §A.5).
+//!
+//! # Locking
+//!
+//! The map has exactly one lock, a `parking_lot::Mutex` around the store, and no atomics. It is a
+//! **leaf**: callers must not hold it while taking any other lock (slot, queue, run, ring), and
+//! nothing inside the map takes another lock while holding it. Who takes it:
+//!
+//! 1. The orchestration thread, once per submit: [`TensorMap::lock`] returns a guard, the submit
+//!    walks every tensor argument through it (lookups, then inserts), and drops it before
+//!    attaching to producers (spec 30 §3.3 step 3).
+//! 2. Whichever thread reclaims a slot, once per reclamation: [`TensorMap::erase_owned`].
+//! 3. The run-release path: [`TensorMap::erase_run`], as a safety net.
+//!
+//! The `visit` callback of a lookup runs while the lock is held. It must not call back into the
+//! same `TensorMap` (the mutex is not re-entrant, so that would deadlock) and, the lock being a
+//! leaf, must not take other locks; collecting the producers into a buffer is the intended use.
+
+use std::fmt;
+
+use parking_lot::{Mutex, MutexGuard};
+use simpler_types::{RunId, SlotId};
+
+use crate::store::MapStore;
+use crate::{ByteSpan, TensorKey};
+
+/// Run-scoped map from `(run, buffer key, byte footprint)` to the task that currently produces
+/// those bytes.
+///
+/// Each buffer key of a run holds a short list of `(footprint, producer)` entries; `len()` counts
+/// those entries. No operation fails and none panics. The map never looks at task states: what a
+/// returned producer means is the caller's business.
+///
+/// ```
+/// use simpler_tensormap::{ByteSpan, TensorKey, TensorMap};
+/// use simpler_types::{RunId, SlotId};
+///
+/// let map = TensorMap::new();
+/// let run = RunId::FIRST;
+/// let buf = TensorKey::Host { addr: 0x1000 };
+/// // Two tasks write the two halves of one buffer.
+/// map.insert(run, buf, ByteSpan::new(0x1000, 0x1080).unwrap(), SlotId::new(0, 1));
+/// map.insert(run, buf, ByteSpan::new(0x1080, 0x1100).unwrap(), SlotId::new(1, 1));
+/// // A reader of the whole buffer depends on both.
+/// let mut producers = Vec::new();
+/// map.lookup_overlapping(run, &buf, ByteSpan::new(0x1000, 0x1100).unwrap(), |s| producers.push(s));
+/// producers.sort();
+/// assert_eq!(producers, [SlotId::new(0, 1), SlotId::new(1, 1)]);
+/// ```
+pub struct TensorMap {
+    store: Mutex<MapStore>,
+}
+
+/// The map held locked, so that one submit walks all its tensors under one lock acquisition.
+///
+/// It offers the same operations as [`TensorMap`]; mutating ones take `&mut self`. Drop it
+/// before taking any other lock (the map's lock is a leaf).
+pub struct TensorMapGuard<'a> {
+    store: MutexGuard<'a, MapStore>,
+}
+
+impl TensorMap {
+    /// An empty map.
+    pub fn new() -> TensorMap {
+        TensorMap { store: Mutex::new(MapStore::default()) }
+    }
+
+    /// An empty map whose first run can hold `keys` buffer keys without growing its table.
+    ///
+    /// Tables emptied by `erase_owned`/`erase_run` are kept for the next run, so this capacity
+    /// carries over to later runs as well.
+    pub fn with_capacity(keys: usize) -> TensorMap {
+        TensorMap { store: Mutex::new(MapStore::with_capacity(keys)) }
+    }
+
+    /// Takes the map's lock and returns a guard offering every operation.
+    pub fn lock(&self) -> TensorMapGuard<'_> {
+        TensorMapGuard { store: self.store.lock() }
+    }
+
+    /// Calls `visit` once for every producer in `run` that has an entry of `key` overlapping
+    /// `span`.
+    ///
+    /// A producer that owns several overlapping entries of the key is visited once. The order of
+    /// visits is unspecified. An empty `span` visits nothing. The lookup allocates nothing
+    /// (a fan-in of more than 16 candidates reuses a buffer the map keeps). `visit` runs under the
+    /// map's lock: it must not call into this map or take other locks.
+    pub fn lookup_overlapping(
+        &self,
+        run: RunId,
+        key: &TensorKey,
+        span: ByteSpan,
+        visit: impl FnMut(SlotId),
+    ) {
+        self.store.lock().lookup_overlapping(run, key, span, visit);
+    }
+
+    /// Makes `slot` the producer of `span` of `key` in `run`.
+    ///
+    /// Entries of the key lying entirely inside `span` are removed first (superseded: every byte
+    /// they named is now written by `slot`); entries that `span` only partly covers stay, so a
+    /// reader of their other bytes still depends on them. Returns the number of entries removed.
+    /// An empty `span` changes nothing and returns 0.
+    pub fn insert(&self, run: RunId, key: TensorKey, span: ByteSpan, slot: SlotId) -> usize {
+        self.store.lock().insert(run, key, span, slot)
+    }
+
+    /// For each key in `keys`, removes the entries of `run` whose producer is `owner`, and returns
+    /// how many were removed.
+    ///
+    /// Entries of other producers, absent keys and repeated keys are left alone, so reclaiming a
+    /// superseded producer never removes the entry of the producer that replaced it. Slot ids
+    /// carry a generation, so a recycled slot never matches its predecessor's entries.
+    pub fn erase_owned(&self, run: RunId, owner: SlotId, keys: &[TensorKey]) -> usize {
+        self.store.lock().erase_owned(run, owner, keys)
+    }
+
+    /// Removes every entry of `run` and returns how many there were; other runs are untouched.
+    pub fn erase_run(&self, run: RunId) -> usize {
+        self.store.lock().erase_run(run)
+    }
+
+    /// Number of `(footprint, producer)` entries over all runs.
+    pub fn len(&self) -> usize {
+        self.store.lock().len()
+    }
+
+    /// `true` when no run has an entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of `(footprint, producer)` entries of `run`.
+    pub fn len_run(&self, run: RunId) -> usize {
+        self.store.lock().len_run(run)
+    }
+}
+
+impl Default for TensorMap {
+    fn default() -> TensorMap {
+        TensorMap::new()
+    }
+}
+
+impl fmt::Debug for TensorMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // `try_lock` keeps `{:?}` usable while the caller itself holds a guard.
+        match self.store.try_lock() {
+            Some(store) => f.debug_struct("TensorMap").field("entries", &store.len()).finish(),
+            None => f.debug_struct("TensorMap").field("entries", &"<locked>").finish(),
+        }
+    }
+}
+
+impl TensorMapGuard<'_> {
+    /// See [`TensorMap::lookup_overlapping`].
+    pub fn lookup_overlapping(
+        &self,
+        run: RunId,
+        key: &TensorKey,
+        span: ByteSpan,
+        visit: impl FnMut(SlotId),
+    ) {
+        self.store.lookup_overlapping(run, key, span, visit);
+    }
+
+    /// See [`TensorMap::insert`].
+    pub fn insert(&mut self, run: RunId, key: TensorKey, span: ByteSpan, slot: SlotId) -> usize {
+        self.store.insert(run, key, span, slot)
+    }
+
+    /// See [`TensorMap::erase_owned`].
+    pub fn erase_owned(&mut self, run: RunId, owner: SlotId, keys: &[TensorKey]) -> usize {
+        self.store.erase_owned(run, owner, keys)
+    }
+
+    /// See [`TensorMap::erase_run`].
+    pub fn erase_run(&mut self, run: RunId) -> usize {
+        self.store.erase_run(run)
+    }
+
+    /// See [`TensorMap::len`].
+    pub fn len(&self) -> usize {
+        self.store.len()
+    }
+
+    /// See [`TensorMap::is_empty`].
+    pub fn is_empty(&self) -> bool {
+        self.store.len() == 0
+    }
+
+    /// See [`TensorMap::len_run`].
+    pub fn len_run(&self, run: RunId) -> usize {
+        self.store.len_run(run)
+    }
+}
+
+impl fmt::Debug for TensorMapGuard<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TensorMapGuard").field("entries", &self.store.len()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn map_is_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<TensorMap>();
+    }
+
+    #[test]
+    fn debug_does_not_deadlock_while_locked() {
+        let map = TensorMap::new();
+        let guard = map.lock();
+        assert_eq!(format!("{map:?}"), r#"TensorMap { entries: "<locked>" }"#);
+        assert_eq!(format!("{guard:?}"), "TensorMapGuard { entries: 0 }");
+    }
+}
