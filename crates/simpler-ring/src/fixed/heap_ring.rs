@@ -1,0 +1,335 @@
+//! [`HeapRingCore`]: one heap ring's cursors, live-record FIFO and counters.
+//!
+//! Protocol (every step is a plain state transition; the caller provides mutual exclusion):
+//!
+//! 1. **Place.** [`HeapRingCore::try_place`] applies [`bump`] to the current cursors. It changes
+//!    nothing, so a caller may give up or wait after a `None`.
+//! 2. **Record.** [`HeapRingCore::push_record`] commits a placement obtained in step 1 with no
+//!    state change in between: it appends a record with the next per-ring sequence number, moves
+//!    the top, and updates the live counters and their peaks. A full record store refuses and
+//!    changes nothing.
+//! 3. **Release.** [`HeapRingCore::mark_released`] marks the record with a given sequence number.
+//!    Records in the FIFO carry consecutive sequence numbers, so the lookup is one subtraction.
+//! 4. **Advance.** Still inside step 3: while the oldest record is marked, the tail moves to its
+//!    end and the record is dropped. A released slab behind an older live one frees nothing.
+//! 5. **Rewind on drain.** When step 4 empties the FIFO, `top = tail = 0`, so an empty ring can
+//!    always place a request of its full size.
+//!
+//! Invariants kept by these steps: the oldest record in the FIFO is never released (so it is the
+//! slab pinning the tail); `live_bytes` is the sum of unreleased lengths; records lie in
+//! `[tail, top)` (or the wrapped equivalent) in placement order; an empty FIFO means both cursors
+//! are 0.
+
+use simpler_types::HEAP_ALIGN;
+
+use super::bump::{Placement, bump, largest_fit, occupied_bytes};
+use super::records::{HeapRecord, RecordStore};
+
+/// What [`HeapRingCore::push_record`] granted: the slab's sequence number, offset and length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HeapGrant {
+    /// Per-ring sequence number of the slab (monotonic, never reset).
+    pub seq: u64,
+    /// Offset of the slab from the ring's base.
+    pub offset: u64,
+    /// Aligned length of the slab.
+    pub len: u64,
+}
+
+/// What [`HeapRingCore::mark_released`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReleaseOutcome {
+    /// No record with that sequence number is in the FIFO (never issued, or already passed by
+    /// the tail). Nothing changed.
+    NotFound,
+    /// The record was already marked. Nothing changed.
+    AlreadyReleased,
+    /// The record was marked.
+    Released {
+        /// Bytes the slab held (its aligned length).
+        len: u64,
+        /// The tail moved: space became available to waiting requests.
+        tail_moved: bool,
+        /// The FIFO drained and both cursors went back to 0.
+        rewound: bool,
+    },
+}
+
+/// One heap ring's state: cursors, the FIFO of records, live counters and high-water marks.
+///
+/// Offsets are relative to the ring's base; the core never sees addresses. Every method is a
+/// plain state transition: the caller locks around it and does any waiting.
+#[derive(Debug)]
+pub struct HeapRingCore<R> {
+    size: u64,
+    top: u64,
+    tail: u64,
+    next_seq: u64,
+    live_bytes: u64,
+    live_allocs: u32,
+    peak_live_bytes: u64,
+    peak_occupied_bytes: u64,
+    peak_live_allocs: u32,
+    total_allocs: u64,
+    total_bytes: u64,
+    rewinds: u64,
+    records: R,
+}
+
+impl<R: RecordStore> HeapRingCore<R> {
+    /// An empty ring of `size` bytes over `records` (cleared first).
+    ///
+    /// `None` unless `size` is a non-zero multiple of [`HEAP_ALIGN`].
+    pub fn new(size: u64, mut records: R) -> Option<Self> {
+        if size == 0 || !size.is_multiple_of(HEAP_ALIGN) {
+            return None;
+        }
+        records.clear();
+        Some(HeapRingCore {
+            size,
+            top: 0,
+            tail: 0,
+            next_seq: 0,
+            live_bytes: 0,
+            live_allocs: 0,
+            peak_live_bytes: 0,
+            peak_occupied_bytes: 0,
+            peak_live_allocs: 0,
+            total_allocs: 0,
+            total_bytes: 0,
+            rewinds: 0,
+            records,
+        })
+    }
+
+    /// Step 1: where a slab of `aligned` bytes would go now, without changing anything.
+    pub fn try_place(&self, aligned: u64) -> Option<Placement> {
+        bump(self.size, self.top, self.tail, aligned)
+    }
+
+    /// Step 2: commits `placement` (from [`try_place`](Self::try_place), no change in between)
+    /// for an owner tag. `None` when the record store is full; nothing changes then.
+    pub fn push_record(&mut self, placement: Placement, owner: u64) -> Option<HeapGrant> {
+        debug_assert_eq!(
+            Some(placement),
+            self.try_place(placement.new_top - placement.offset),
+            "placement does not come from try_place on the current state"
+        );
+        let len = placement.new_top - placement.offset;
+        let record = HeapRecord {
+            seq: self.next_seq,
+            offset: placement.offset,
+            len,
+            owner,
+            released: false,
+        };
+        self.records.push_back(record).ok()?;
+        self.next_seq += 1;
+        self.top = placement.new_top;
+        self.live_bytes += len;
+        self.live_allocs += 1;
+        self.total_allocs += 1;
+        self.total_bytes += len;
+        self.peak_live_bytes = self.peak_live_bytes.max(self.live_bytes);
+        self.peak_live_allocs = self.peak_live_allocs.max(self.live_allocs);
+        self.peak_occupied_bytes = self.peak_occupied_bytes.max(self.occupied_bytes());
+        Some(HeapGrant { seq: record.seq, offset: record.offset, len })
+    }
+
+    /// Steps 3–5: marks the slab `seq` released, advances the tail over released records and
+    /// rewinds the cursors if the FIFO drained.
+    pub fn mark_released(&mut self, seq: u64) -> ReleaseOutcome {
+        let Some(oldest) = self.records.get(0).map(|r| r.seq) else {
+            return ReleaseOutcome::NotFound;
+        };
+        let Some(position) = seq.checked_sub(oldest).and_then(|p| usize::try_from(p).ok()) else {
+            return ReleaseOutcome::NotFound;
+        };
+        let Some(record) = self.records.get_mut(position) else {
+            return ReleaseOutcome::NotFound;
+        };
+        if record.released {
+            return ReleaseOutcome::AlreadyReleased;
+        }
+        record.released = true;
+        let len = record.len;
+        self.live_bytes -= len;
+        self.live_allocs -= 1;
+
+        let tail_before = self.tail;
+        while let Some(front) = self.records.get(0).copied().filter(|r| r.released) {
+            self.tail = front.end();
+            self.records.pop_front();
+        }
+        let rewound = self.records.is_empty();
+        if rewound {
+            self.top = 0;
+            self.tail = 0;
+            self.rewinds += 1;
+        }
+        ReleaseOutcome::Released { len, tail_moved: self.tail != tail_before || rewound, rewound }
+    }
+
+    /// Rewinds an empty ring and zeroes its peaks; `false` (and no change) while records are
+    /// live.
+    pub fn reset(&mut self) -> bool {
+        if !self.records.is_empty() {
+            return false;
+        }
+        self.top = 0;
+        self.tail = 0;
+        self.reset_peaks();
+        true
+    }
+
+    /// Sets every high-water mark to its current value.
+    pub fn reset_peaks(&mut self) {
+        self.peak_live_bytes = self.live_bytes;
+        self.peak_live_allocs = self.live_allocs;
+        self.peak_occupied_bytes = self.occupied_bytes();
+    }
+
+    /// The oldest live record: the slab that pins the tail.
+    pub fn oldest_live(&self) -> Option<&HeapRecord> {
+        self.records.get(0)
+    }
+
+    /// The live record with sequence number `seq`, if it is still in the FIFO.
+    pub fn record(&self, seq: u64) -> Option<&HeapRecord> {
+        let oldest = self.records.get(0)?.seq;
+        let position = usize::try_from(seq.checked_sub(oldest)?).ok()?;
+        self.records.get(position)
+    }
+
+    /// The FIFO of records, oldest first (released ones included until the tail passes them).
+    pub fn records(&self) -> &R {
+        &self.records
+    }
+
+    /// Ring size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Bump cursor (offset where the next slab goes unless it wraps).
+    pub fn top(&self) -> u64 {
+        self.top
+    }
+
+    /// Start of the oldest live byte (equal to `top` only when empty, and then both are 0).
+    pub fn tail(&self) -> u64 {
+        self.tail
+    }
+
+    /// Sequence number the next slab gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Sum of the aligned lengths of unreleased slabs.
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+
+    /// Unreleased slabs.
+    pub fn live_allocs(&self) -> u32 {
+        self.live_allocs
+    }
+
+    /// Bytes from tail to top, wrap gap and released-but-pinned slabs included.
+    pub fn occupied_bytes(&self) -> u64 {
+        occupied_bytes(self.size, self.top, self.tail)
+    }
+
+    /// The largest aligned request that [`try_place`](Self::try_place) accepts now.
+    pub fn largest_fit(&self) -> u64 {
+        largest_fit(self.size, self.top, self.tail)
+    }
+
+    /// High-water mark of [`live_bytes`](Self::live_bytes).
+    pub fn peak_live_bytes(&self) -> u64 {
+        self.peak_live_bytes
+    }
+
+    /// High-water mark of [`occupied_bytes`](Self::occupied_bytes).
+    pub fn peak_occupied_bytes(&self) -> u64 {
+        self.peak_occupied_bytes
+    }
+
+    /// High-water mark of [`live_allocs`](Self::live_allocs).
+    pub fn peak_live_allocs(&self) -> u32 {
+        self.peak_live_allocs
+    }
+
+    /// Slabs ever placed.
+    pub fn total_allocs(&self) -> u64 {
+        self.total_allocs
+    }
+
+    /// Aligned bytes ever placed.
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes
+    }
+
+    /// Times the FIFO drained and the cursors went back to 0.
+    pub fn rewinds(&self) -> u64 {
+        self.rewinds
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::records::FixedRecords;
+    use super::*;
+
+    const K: u64 = HEAP_ALIGN;
+
+    fn place(core: &mut HeapRingCore<FixedRecords<'_>>, aligned: u64, owner: u64) -> HeapGrant {
+        let p = core.try_place(aligned).unwrap();
+        core.push_record(p, owner).unwrap()
+    }
+
+    #[test]
+    fn sizes_that_are_not_aligned_multiples_are_refused() {
+        let mut slots = [HeapRecord::default(); 4];
+        assert!(HeapRingCore::new(0, FixedRecords::new(&mut slots)).is_none());
+        assert!(HeapRingCore::new(1000, FixedRecords::new(&mut slots)).is_none());
+    }
+
+    #[test]
+    fn fifo_reclamation_waits_for_the_oldest_slab_and_drain_rewinds() {
+        let mut slots = [HeapRecord::default(); 8];
+        let mut core = HeapRingCore::new(8 * K, FixedRecords::new(&mut slots)).unwrap();
+        let a = place(&mut core, 2 * K, 1);
+        let b = place(&mut core, 2 * K, 2);
+        assert_eq!((a.seq, a.offset, b.seq, b.offset), (0, 0, 1, 2 * K));
+        assert_eq!(
+            core.mark_released(b.seq),
+            ReleaseOutcome::Released { len: 2 * K, tail_moved: false, rewound: false }
+        );
+        assert_eq!((core.top(), core.tail(), core.live_bytes()), (4 * K, 0, 2 * K));
+        assert_eq!(core.mark_released(b.seq), ReleaseOutcome::AlreadyReleased);
+        assert_eq!(core.oldest_live().map(|r| r.owner), Some(1));
+        assert_eq!(
+            core.mark_released(a.seq),
+            ReleaseOutcome::Released { len: 2 * K, tail_moved: true, rewound: true }
+        );
+        assert_eq!((core.top(), core.tail(), core.rewinds()), (0, 0, 1));
+        assert_eq!(core.mark_released(a.seq), ReleaseOutcome::NotFound);
+        assert_eq!((core.peak_live_bytes(), core.peak_live_allocs()), (4 * K, 2));
+        assert!(core.reset());
+        assert_eq!(core.peak_live_bytes(), 0);
+        assert_eq!(core.next_seq(), 2, "sequence numbers are never reset");
+    }
+
+    #[test]
+    fn a_full_record_store_refuses_without_changing_the_ring() {
+        let mut slots = [HeapRecord::default(); 1];
+        let mut core = HeapRingCore::new(8 * K, FixedRecords::new(&mut slots)).unwrap();
+        place(&mut core, K, 1);
+        let p = core.try_place(K).unwrap();
+        assert_eq!(core.push_record(p, 2), None);
+        assert_eq!((core.top(), core.live_allocs(), core.next_seq()), (K, 1, 1));
+        assert!(!core.reset());
+    }
+}

@@ -1,0 +1,343 @@
+//! [`Ring`]: the task window plus four heap rings, with blocking allocation, exactly-once
+//! release, reset, shutdown and statistics.
+//!
+//! # Allocation (`alloc`, `alloc_until`, `try_alloc`)
+//!
+//! 1. Shut down → `Shutdown`.
+//! 2. `bytes > 0` with heaps disabled → `HeapDisabled` (immediately).
+//! 3. `round_up(bytes, 1024)` overflows or exceeds the ring size → `RequestTooLarge`
+//!    (immediately, whatever the ring's state).
+//! 4. Reserve a window entry (window protocol step 1), waiting while a capped window is full.
+//! 5. For `bytes > 0`, place the slab on ring `min(depth, 3)` (heap protocol in `heap.rs`),
+//!    waiting for space. On failure, cancel the reservation, so the allocation leaves no trace
+//!    except the `waits`/`timeouts` counters (and possibly one more materialized entry, which
+//!    the next allocation reuses).
+//! 6. Publish the entry with its heap stamp and return the [`Allocation`].
+//!
+//! # Release
+//!
+//! 1. Compare-and-swap the entry's generation (window step 4); a stale or repeated id returns
+//!    `false` and changes nothing.
+//! 2. If the entry owns a slab, release it on its ring (FIFO tail advance, rewind on drain, wake
+//!    the ring's waiters if space appeared).
+//! 3. Return the entry to the free list and wake one window waiter.
+//!
+//! # Shutdown
+//!
+//! 1. Set the shutdown flag (release store).
+//! 2. For the window and each ring: take its lock, drop it, notify all waiters. A waiter checks
+//!    the flag under that lock before every wait, so it either saw the flag or was already
+//!    waiting when the notification came.
+//! 3. Blocked and later allocations return `Shutdown`; `release` keeps working.
+//!
+//! # Lock order
+//!
+//! The crate has five locks: the window lock and one lock per heap ring. They are leaves: no call
+//! holds two of them, and none is held while calling out of the crate. Callers must not hold
+//! their own locks across `alloc`, which may block; `release` never blocks on anything but these
+//! two short leaf locks.
+
+use std::fmt;
+use std::time::Instant;
+
+use simpler_types::{HEAP_ALIGN, HEAP_RING_COUNT, RingIndex, SlotId};
+
+use crate::config::{HeapBacking, HeapRegion, RingConfig};
+use crate::error::RingError;
+use crate::heap::HeapRing;
+use crate::patience::Patience;
+use crate::stats::{HeapRingStats, RingStats};
+use crate::sync::{AtomicBool, Ordering};
+use crate::window::Window;
+
+/// A successful allocation: the slot and, for `bytes > 0`, its heap slab.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Allocation {
+    /// The task-window entry, live until released.
+    pub slot: SlotId,
+    /// The slab, or `None` for a slot-only allocation (`bytes == 0`).
+    pub heap: Option<HeapSpan>,
+}
+
+/// One heap slab.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HeapSpan {
+    /// The ring holding the slab.
+    pub ring: RingIndex,
+    /// Per-ring sequence number (monotonic, never reset).
+    pub seq: u64,
+    /// Offset of the slab from the ring's base (a multiple of 1024).
+    pub offset: u64,
+    /// Aligned length: the request rounded up to 1024.
+    pub len: u64,
+    /// Bytes requested.
+    pub requested: u64,
+    /// Address of the slab: ring base + offset.
+    pub addr: u64,
+}
+
+/// The task window and four heap rings of one engine.
+///
+/// `S` is the engine's per-slot payload; the ring creates it with `S::default()` when an entry is
+/// first materialized and never touches it afterwards.
+pub struct Ring<S> {
+    window: Window<S>,
+    /// `None` when heaps are disabled.
+    heaps: Option<[HeapRing; HEAP_RING_COUNT]>,
+    alloc_timeout: std::time::Duration,
+    /// Writer: `shutdown` (once, false → true). Readers: every allocation, under the window or
+    /// ring lock it is about to wait on, and `is_shutdown`.
+    shutdown: AtomicBool,
+}
+
+impl<S> fmt::Debug for Ring<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ring")
+            .field("heaps", &self.heaps.as_ref().map(|h| h.each_ref().map(HeapRing::region)))
+            .field("alloc_timeout", &self.alloc_timeout)
+            .field("shutdown", &self.shutdown.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Default + Send + Sync> Ring<S> {
+    /// Validates `config` and builds the window and heaps (reserving anonymous mappings when
+    /// asked to).
+    pub fn new(config: RingConfig) -> Result<Self, RingError> {
+        config.validate()?;
+        let heaps = if config.heap_bytes_per_ring == 0 {
+            None
+        } else {
+            let mut rings = Vec::with_capacity(HEAP_RING_COUNT);
+            for index in RingIndex::all() {
+                rings.push(match &config.backing {
+                    HeapBacking::Anonymous => {
+                        HeapRing::map_anonymous(index, config.heap_bytes_per_ring)?
+                    }
+                    HeapBacking::External(regions) => {
+                        HeapRing::new(index, regions[index.as_usize()], None)?
+                    }
+                });
+            }
+            let rings: [HeapRing; HEAP_RING_COUNT] = rings.try_into().map_err(|_| {
+                RingError::InvalidConfig { reason: "heap ring count mismatch".to_string() }
+            })?;
+            Some(rings)
+        };
+        Ok(Ring {
+            window: Window::new(config.max_live_slots),
+            heaps,
+            alloc_timeout: config.alloc_timeout,
+            shutdown: AtomicBool::new(false),
+        })
+    }
+
+    /// Allocates a slot and, for `bytes > 0`, a slab on ring `min(depth, 3)`, waiting up to the
+    /// configured `alloc_timeout` (`Duration::ZERO`: not at all).
+    ///
+    /// `depth` is the scope depth below the run's outer frame.
+    pub fn alloc(&self, bytes: u64, depth: usize) -> Result<Allocation, RingError> {
+        self.alloc_with(bytes, depth, Patience::timeout(self.alloc_timeout))
+    }
+
+    /// As [`alloc`](Self::alloc), waiting until `deadline` (`None`: without limit).
+    pub fn alloc_until(
+        &self,
+        bytes: u64,
+        depth: usize,
+        deadline: Option<Instant>,
+    ) -> Result<Allocation, RingError> {
+        self.alloc_with(bytes, depth, Patience::until(deadline))
+    }
+
+    /// As [`alloc`](Self::alloc), but never waits.
+    pub fn try_alloc(&self, bytes: u64, depth: usize) -> Result<Allocation, RingError> {
+        self.alloc_with(bytes, depth, Patience::never())
+    }
+
+    fn alloc_with(
+        &self,
+        bytes: u64,
+        depth: usize,
+        mut patience: Patience,
+    ) -> Result<Allocation, RingError> {
+        // Relaxed: an early, advisory check; the authoritative one happens under the lock the
+        // call would wait on.
+        if self.shutdown.load(Ordering::Relaxed) {
+            return Err(RingError::Shutdown);
+        }
+        let heap = if bytes == 0 {
+            None
+        } else {
+            let heaps = self.heaps.as_ref().ok_or(RingError::HeapDisabled { requested: bytes })?;
+            let ring = RingIndex::for_depth(depth);
+            let heap = &heaps[ring.as_usize()];
+            let aligned = bytes.checked_next_multiple_of(HEAP_ALIGN);
+            match aligned {
+                Some(aligned) if aligned <= heap.size() => Some((heap, aligned)),
+                _ => {
+                    return Err(RingError::RequestTooLarge {
+                        ring,
+                        requested: bytes,
+                        aligned,
+                        ring_size: heap.size(),
+                    });
+                }
+            }
+        };
+        let reservation = self.window.reserve(&mut patience, &self.shutdown, heap.is_none())?;
+        let Some((heap, aligned)) = heap else {
+            self.window.publish(reservation, None, true);
+            return Ok(Allocation { slot: reservation.slot, heap: None });
+        };
+        match heap.alloc(bytes, aligned, reservation.slot, &mut patience, &self.shutdown) {
+            Ok(span) => {
+                self.window.publish(reservation, Some((span.ring, span.seq)), false);
+                Ok(Allocation { slot: reservation.slot, heap: Some(span) })
+            }
+            Err(error) => {
+                self.window.cancel(reservation);
+                Err(error)
+            }
+        }
+    }
+
+    /// Releases a live slot and its slab; `false` (and no change) for a stale, repeated or
+    /// never-issued id. Exactly one of several concurrent releases of one id returns `true`.
+    pub fn release(&self, slot: SlotId) -> bool {
+        let Some(released) = self.window.begin_release(slot) else {
+            return false;
+        };
+        if let Some((ring, seq)) = released.heap {
+            match &self.heaps {
+                Some(heaps) => heaps[ring.as_usize()].release(seq),
+                None => debug_assert!(false, "{slot} owns a slab while heaps are disabled"),
+            }
+        }
+        self.window.finish_release(slot, released);
+        true
+    }
+
+    /// The payload of `id`, if `id` is live.
+    pub fn slot(&self, id: SlotId) -> Option<&S> {
+        self.window.live_payload(id)
+    }
+
+    /// The payload of entry `index`, live or not, without a generation check; callers re-check
+    /// the generation under their own lock.
+    pub fn entry(&self, index: u32) -> Option<&S> {
+        self.window.payload(index)
+    }
+
+    /// The current generation of entry `index` (the generation its next or current id carries).
+    pub fn generation(&self, index: u32) -> Option<u32> {
+        self.window.generation(index)
+    }
+
+    /// `true` while `id` has been issued and not yet released.
+    pub fn is_live(&self, id: SlotId) -> bool {
+        self.window.live_payload(id).is_some()
+    }
+
+    /// The address region of heap `ring`; `None` when heaps are disabled.
+    pub fn heap_region(&self, ring: RingIndex) -> Option<HeapRegion> {
+        self.heaps.as_ref().map(|h| h[ring.as_usize()].region())
+    }
+
+    /// The heap ring whose region contains `addr`, if any.
+    pub fn ring_of_addr(&self, addr: u64) -> Option<RingIndex> {
+        let heaps = self.heaps.as_ref()?;
+        RingIndex::all().find(|r| heaps[r.as_usize()].region().contains(addr))
+    }
+
+    /// Rewinds every ring and zeroes every peak, provided no slot is live; otherwise
+    /// `NotQuiescent` and nothing changes. Ids issued before stay stale forever.
+    pub fn reset_to_empty(&self) -> Result<(), RingError> {
+        if let Err(live_slots) = self.window.reset_if_quiescent() {
+            let mut live_allocs = [0; HEAP_RING_COUNT];
+            if let Some(heaps) = &self.heaps {
+                for (count, heap) in live_allocs.iter_mut().zip(heaps) {
+                    *count = heap.live_allocs();
+                }
+            }
+            return Err(RingError::NotQuiescent { live_slots, live_allocs });
+        }
+        for heap in self.heaps.iter().flatten() {
+            heap.reset();
+        }
+        Ok(())
+    }
+
+    /// Makes blocked and future allocations return `Shutdown`; releases keep working.
+    pub fn shutdown(&self) {
+        // Release: pairs with the acquire loads made under the window and ring locks.
+        self.shutdown.store(true, Ordering::Release);
+        self.window.wake_all();
+        for heap in self.heaps.iter().flatten() {
+            heap.wake_all();
+        }
+    }
+
+    /// `true` once [`shutdown`](Self::shutdown) was called.
+    pub fn is_shutdown(&self) -> bool {
+        // Acquire: pairs with the release store in `shutdown`.
+        self.shutdown.load(Ordering::Acquire)
+    }
+
+    /// A snapshot of the window and the four heaps.
+    pub fn stats(&self) -> RingStats {
+        let heaps = match &self.heaps {
+            Some(heaps) => heaps.each_ref().map(HeapRing::stats),
+            None => std::array::from_fn(|i| HeapRingStats::empty(RingIndex::for_depth(i))),
+        };
+        RingStats { window: self.window.stats(), heaps }
+    }
+
+    /// Sets every high-water mark to its current value.
+    pub fn reset_peaks(&self) {
+        self.window.reset_peaks();
+        for heap in self.heaps.iter().flatten() {
+            heap.reset_peaks();
+        }
+    }
+}
+
+#[cfg(all(test, not(simpler_loom)))]
+mod tests {
+    use super::*;
+
+    fn slot_only_ring() -> Ring<()> {
+        Ring::new(RingConfig { heap_bytes_per_ring: 0, ..RingConfig::default() }).unwrap()
+    }
+
+    #[test]
+    fn an_entry_whose_generation_is_exhausted_is_retired_not_reused() {
+        let ring = slot_only_ring();
+        let first = ring.try_alloc(0, 0).unwrap().slot;
+        assert!(ring.release(first));
+        ring.window.force_generation(first.index, u32::MAX, false);
+        let last = ring.try_alloc(0, 0).unwrap().slot;
+        assert_eq!(last, SlotId::new(first.index, u32::MAX));
+        assert!(ring.release(last));
+        assert!(!ring.is_live(last));
+        assert!(!ring.release(last));
+        assert_eq!(ring.generation(first.index), Some(u32::MAX));
+        let next = ring.try_alloc(0, 0).unwrap().slot;
+        assert_ne!(next.index, first.index, "a retired entry is never handed out again");
+        let stats = ring.stats().window;
+        assert_eq!((stats.live, stats.capacity), (1, 2));
+    }
+
+    #[test]
+    fn a_forged_id_with_the_generation_of_a_free_entry_is_not_live() {
+        let ring = slot_only_ring();
+        let id = ring.try_alloc(0, 0).unwrap().slot;
+        assert!(ring.release(id));
+        let forged = SlotId::new(id.index, id.generation + 1);
+        assert_eq!(ring.generation(id.index), Some(forged.generation));
+        assert!(!ring.is_live(forged));
+        assert!(ring.slot(forged).is_none());
+        assert!(!ring.release(forged));
+        assert_eq!(ring.try_alloc(0, 0).unwrap().slot, forged);
+    }
+}
