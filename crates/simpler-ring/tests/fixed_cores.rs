@@ -1,0 +1,179 @@
+//! Property tests of the fixed-capacity cores: the pure bump rule, `HeapRingCore` over a
+//! caller-provided record array, and `TaskWindowCore`, each against a std-collection model.
+
+use std::collections::VecDeque;
+
+use proptest::prelude::*;
+use simpler_ring::fixed::{
+    FixedRecords, HeapRecord, HeapRingCore, Placement, ReleaseOutcome, TaskWindowCore,
+    WindowRetire, bump, largest_fit, occupied_bytes,
+};
+
+const K: u64 = 1024;
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+}
+
+/// `true` when byte `b` is occupied in a ring with cursors `top` and `tail`.
+fn occupied(size: u64, top: u64, tail: u64, b: u64) -> bool {
+    if top >= tail { b >= tail && b < top } else { b >= tail || b < top && b < size }
+}
+
+/// Ring size in KiB, then top and tail in KiB, each within the ring.
+fn cursors() -> impl Strategy<Value = (u64, u64, u64)> {
+    (1u64..=32)
+        .prop_flat_map(|n| (Just(n * K), (0..=n).prop_map(|t| t * K), (0..=n).prop_map(|l| l * K)))
+        .prop_filter("an empty ring has both cursors at 0", |(_, t, l)| t != l || *t == 0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn bump_places_slabs_only_in_free_aligned_space_and_exactly_up_to_the_largest_fit(
+        (size, top, tail) in cursors(),
+        units in 1u64..=33,
+    ) {
+        let a = units * K;
+        let fit = largest_fit(size, top, tail);
+        prop_assert_eq!(fit % K, 0);
+        match bump(size, top, tail, a) {
+            Some(Placement { offset, new_top }) => {
+                prop_assert!(a <= fit);
+                prop_assert_eq!(offset % K, 0);
+                prop_assert_eq!(new_top, offset + a);
+                prop_assert!(new_top <= size);
+                for b in (offset..new_top).step_by(K as usize) {
+                    prop_assert!(!occupied(size, top, tail, b), "byte {} is live", b);
+                }
+                // The new state is never ambiguous: a non-empty ring never has top == tail.
+                prop_assert_ne!(new_top, tail);
+                let grown = occupied_bytes(size, new_top, tail) - occupied_bytes(size, top, tail);
+                let skipped = if offset == top { 0 } else { size - top };
+                prop_assert_eq!(grown, a + skipped);
+            }
+            None => prop_assert!(a > fit),
+        }
+    }
+
+    #[test]
+    fn heap_ring_core_over_fixed_records_matches_a_fifo_model(
+        ops in prop::collection::vec((any::<bool>(), 1u64..=6, any::<prop::sample::Index>()), 1..150),
+        capacity in 1usize..8,
+    ) {
+        const SIZE: u64 = 16 * K;
+        let mut slots = vec![HeapRecord::default(); capacity];
+        let mut core = HeapRingCore::new(SIZE, FixedRecords::new(&mut slots)).unwrap();
+        // Model: (seq, offset, len, released) in FIFO order, and the cursors.
+        let mut fifo: VecDeque<(u64, u64, u64, bool)> = VecDeque::new();
+        let (mut top, mut tail, mut next_seq) = (0u64, 0u64, 0u64);
+        for (is_alloc, units, pick) in ops {
+            if is_alloc {
+                let a = units * K;
+                let place = bump(SIZE, top, tail, a);
+                prop_assert_eq!(core.try_place(a), place);
+                if let Some(p) = place {
+                    let grant = core.push_record(p, next_seq + 100);
+                    if fifo.len() == capacity {
+                        prop_assert_eq!(grant, None);
+                    } else {
+                        let g = grant.unwrap();
+                        prop_assert_eq!((g.seq, g.offset, g.len), (next_seq, p.offset, a));
+                        fifo.push_back((next_seq, p.offset, a, false));
+                        next_seq += 1;
+                        top = p.new_top;
+                    }
+                }
+            } else {
+                // Release a random issued sequence number, live or not.
+                let seq = if next_seq == 0 { 0 } else { pick.index(next_seq as usize) as u64 };
+                let got = core.mark_released(seq);
+                match fifo.iter_mut().find(|r| r.0 == seq) {
+                    None => prop_assert_eq!(got, ReleaseOutcome::NotFound),
+                    Some(r) if r.3 => prop_assert_eq!(got, ReleaseOutcome::AlreadyReleased),
+                    Some(r) => {
+                        r.3 = true;
+                        let len = r.2;
+                        let before = tail;
+                        while fifo.front().is_some_and(|r| r.3) {
+                            let r = fifo.pop_front().unwrap();
+                            tail = r.1 + r.2;
+                        }
+                        let rewound = fifo.is_empty();
+                        if rewound {
+                            top = 0;
+                            tail = 0;
+                        }
+                        prop_assert_eq!(got, ReleaseOutcome::Released { len, tail_moved: tail != before || rewound, rewound });
+                    }
+                }
+            }
+            prop_assert_eq!((core.top(), core.tail()), (top, tail));
+            let live: u64 = fifo.iter().filter(|r| !r.3).map(|r| r.2).sum();
+            prop_assert_eq!(core.live_bytes(), live);
+            prop_assert!(core.peak_live_bytes() >= live);
+            prop_assert_eq!(core.oldest_live().map(|r| r.seq), fifo.front().map(|r| r.0));
+            prop_assert!(core.oldest_live().is_none_or(|r| !r.released));
+        }
+    }
+
+    #[test]
+    fn task_window_core_matches_a_fifo_model(
+        ops in prop::collection::vec((any::<bool>(), any::<prop::sample::Index>()), 1..200),
+        log_size in 0u32..4,
+        start in any::<u32>(),
+    ) {
+        let size = 1usize << log_size;
+        let mut flags = vec![false; size];
+        let mut window = TaskWindowCore::new(&mut flags).unwrap();
+        // Start close to the wrap-around point sometimes; ids are opaque u32 values.
+        for _ in 0..(start % 5) {
+            let id = window.try_issue().unwrap();
+            window.retire(id);
+        }
+        let mut model: VecDeque<(u32, bool)> = VecDeque::new();
+        let mut next = window.head();
+        for (issue, pick) in ops {
+            if issue {
+                let got = window.try_issue();
+                if model.len() == size {
+                    prop_assert_eq!(got, None);
+                } else {
+                    prop_assert_eq!(got, Some(next));
+                    model.push_back((next, false));
+                    next = next.wrapping_add(1);
+                }
+            } else {
+                let candidates = model.len() + 1;
+                let i = pick.index(candidates);
+                let local = model.get(i).map_or(next, |e| e.0);
+                let got = window.retire(local);
+                match model.get_mut(i) {
+                    None => prop_assert_eq!(got, WindowRetire::NotLive),
+                    Some(e) if e.1 => prop_assert_eq!(got, WindowRetire::AlreadyRetired),
+                    Some(e) => {
+                        e.1 = true;
+                        let mut reclaimed = 0;
+                        while model.front().is_some_and(|e| e.1) {
+                            model.pop_front();
+                            reclaimed += 1;
+                        }
+                        prop_assert_eq!(got, WindowRetire::Retired { reclaimed });
+                    }
+                }
+            }
+            prop_assert_eq!(window.live() as usize, model.len());
+            prop_assert_eq!(window.tail(), model.front().map_or(next, |e| e.0));
+            for (local, _) in &model {
+                prop_assert!(window.is_live(*local));
+                prop_assert!(window.slot_of(*local) < size);
+            }
+            // Live ids occupy distinct slots.
+            let mut used: Vec<usize> = model.iter().map(|e| window.slot_of(e.0)).collect();
+            used.sort_unstable();
+            used.dedup();
+            prop_assert_eq!(used.len(), model.len());
+        }
+    }
+}
