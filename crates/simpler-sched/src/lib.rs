@@ -1,1 +1,80 @@
-//! simpler-sched (being written).
+//! `simpler-sched` — the engine of one host level (L3, L4, …): runs, submit, dependency
+//! inference, scheduling, completion fences and the endpoint worker threads.
+//!
+//! Layer: above `simpler-types`, `simpler-tensormap` and `simpler-ring`; below `simpler-worker`.
+//! It must not know about devices, FFI or processes: everything that executes a task is behind
+//! the [`Endpoint`] trait.
+//!
+//! # Shape
+//!
+//! An [`Engine`] owns the run registry, the orchestrator state (scope stack, tensor map, ring),
+//! one scheduler thread and one worker thread per endpoint. A user thread builds a run through a
+//! [`RunBuilder`] (`begin_run` → `submit_*` / `alloc` / scopes → `close` or `fail`), then waits
+//! for the run's fence with [`Engine::wait`] and releases it with [`Engine::release`].
+//!
+//! ```text
+//! user thread ─ submit ─► RunBuilder (slot, tensor map, edges) ─ ready ─► scheduler inbox
+//!                                                                              │ dispatch
+//!  wait ◄─ run fence ◄─ reclamation ◄─ completion processing ◄─ inbox ◄─ worker threads
+//! ```
+//!
+//! Protocols are documented next to their code, as numbered steps: the task-state protocol in
+//! `task_protocol`, the run fence in `run_record`, admission in `registry`, the scheduler loop
+//! and dispatch pass in `scheduler`, the inbox and mailbox handoffs in `inbox` and `worker`,
+//! reclamation, poisoning and cancellation in `graph`, and stop-and-drain in `engine`.
+//! Decisions beyond the specification are recorded in `docs/decisions/sched.md`.
+//!
+//! # Lock order (the one place it is written down)
+//!
+//! The engine's locks are: a slot's `sync` lock, a slot's `payload` lock, the tensor-map lock,
+//! the alloc-registry lock, the ring's locks (inside `simpler-ring`), a run's `completion` lock,
+//! the registry lock, the scheduler inbox lock, a worker mailbox lock, and the shutdown lock.
+//!
+//! 1. A thread holds at most one of: a slot `sync` lock, the tensor-map lock, the
+//!    alloc-registry lock, a ring lock, a run `completion` lock, the registry lock, the inbox
+//!    lock, a mailbox lock.
+//! 2. Exception: a slot's `payload` lock may be held (by the submitting thread while the slot is
+//!    `Building`, or by the reclaimer of a `Consumed` slot) while taking the tensor-map lock or
+//!    the alloc-registry lock. Nobody else can contend for that payload at those times, and
+//!    neither leaf lock is ever held while a payload lock is requested.
+//! 3. A worker holds a slot's `payload` read lock while its endpoint runs, and takes no engine
+//!    lock meanwhile; the only writers of a payload (submit before publication, reclaimer after
+//!    the last completion) never overlap a running member.
+//! 4. A slot's `sync` lock may be held while recording into the run's atomic counters (not a
+//!    lock), never while taking the run's `completion` lock.
+//! 5. The shutdown lock is held for the whole of `shutdown` and taken by nothing else.
+//! 6. Nothing blocks (ring allocation, waits, endpoint calls) while holding any lock of rule 1.
+//!
+//! # Observability
+//!
+//! One `tracing` span per run (`run`, field `run.id`) and one per dispatched member (`task`, at
+//! debug level); nothing above trace level on hot paths. The crate never installs a subscriber.
+
+#![forbid(unsafe_code)]
+
+mod builder;
+mod core;
+mod endpoint;
+mod engine;
+mod error;
+mod graph;
+mod inbox;
+mod outcome;
+mod registry;
+mod run_record;
+mod scheduler;
+mod slot;
+mod submit;
+mod sync;
+mod task_protocol;
+mod worker;
+
+#[cfg(all(test, simpler_loom))]
+mod loom_models;
+
+pub use builder::RunBuilder;
+pub use endpoint::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
+pub use engine::{Engine, EngineConfig};
+pub use error::SchedError;
+pub use outcome::{EngineStats, RingPeak, RingPeaks, RunOutcome, RunSummary, TaskSnapshot};
+pub use worker::JobReceiver;

@@ -1,0 +1,344 @@
+//! `RunBuilder`: the one live orchestration of an engine — submits, `alloc()`, scopes, close
+//! and fail (spec 30 §2.1, §2.2, §3.6, §3.7).
+//!
+//! The builder owns the orchestrator state (scope stack and scratch buffers) while it lives:
+//! admission hands it over together with the building mark, and `close`, `fail` or `Drop` hand
+//! it back, so submits take no lock for it. The builder borrows the engine, so the engine cannot
+//! be dropped under it; `Engine::shutdown(&self)` may still run on another thread, after which
+//! submits return `ShuttingDown` and `close`/`fail` stay harmless.
+//!
+//! # Scope references
+//!
+//! Every task and alloc is registered in the innermost scope frame when it is charged, which
+//! accounts for its scope reference (`fanout_total` starts at 1). `scope_end` releases one
+//! reference on each task of the popped frame; `close` and `fail` pop every frame, innermost
+//! first, the run's outer frame last (decision: the original left the run's frame open whenever
+//! a user scope was left open, so the fence never fired).
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use simpler_ring::{RingError, ScopeStack};
+use simpler_tensormap::{ByteSpan, TensorKey, footprint};
+use simpler_types::{
+    CallConfig, CallableId, CancelReason, DataType, MAX_TENSOR_DIMS, RunFailure, RunId, RunStatus,
+    SlotId, TaskArgs, TaskId, Tensor, WorkerId,
+};
+
+use crate::core::Core;
+use crate::engine::Engine;
+use crate::error::SchedError;
+use crate::graph::GraphScratch;
+use crate::run_record::RunRecord;
+use crate::slot::{ALLOC_CALLABLE, Edge, Head};
+use crate::submit::{Eligible, Members, Placement};
+
+/// Orchestrator state that outlives one run: the scope stack and reusable scratch buffers.
+#[derive(Default)]
+pub(crate) struct OrchState {
+    /// Scope frames of the building run.
+    pub(crate) scopes: ScopeStack,
+    /// Tasks and allocs charged so far in the building run.
+    pub(crate) issued: u32,
+    /// Footprint of every tensor of the current submit, members flattened.
+    pub(crate) footprints: Vec<Option<(TensorKey, ByteSpan)>>,
+    /// Producers found for the current submit.
+    pub(crate) producers: Vec<SlotId>,
+    /// Producers the current submit attached to.
+    pub(crate) attached: Vec<Edge>,
+    /// Registration indices of the current submit's targets.
+    pub(crate) targets: SmallVec<[u32; 4]>,
+    /// Slots whose references are to be released.
+    pub(crate) released: Vec<SlotId>,
+    /// Work lists for failures and cancellation.
+    pub(crate) graph: GraphScratch,
+}
+
+/// The live orchestration of one run. `!Sync`; borrows the engine.
+///
+/// Dropping it without [`close`](RunBuilder::close) or [`fail`](RunBuilder::fail) fails the
+/// run with "run builder dropped without close" ("orchestration panicked" while unwinding).
+pub struct RunBuilder<'e> {
+    pub(crate) engine: &'e Engine,
+    pub(crate) run: Arc<RunRecord>,
+    pub(crate) orch: Box<OrchState>,
+    finished: bool,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl std::fmt::Debug for RunBuilder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunBuilder")
+            .field("run", &self.run.id)
+            .field("scope_depth", &self.orch.scopes.depth())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'e> RunBuilder<'e> {
+    /// Starts building `run`: opens its outer scope (depth 1).
+    pub(crate) fn new(engine: &'e Engine, run: Arc<RunRecord>, mut orch: Box<OrchState>) -> Self {
+        orch.issued = 0;
+        debug_assert_eq!(orch.scopes.depth(), 0, "scope stack leaked from an earlier run");
+        // Depth 0 → 1 cannot exceed the limit.
+        let _ = orch.scopes.begin();
+        RunBuilder { engine, run, orch, finished: false, _not_sync: PhantomData }
+    }
+
+    pub(crate) fn core(&self) -> &'e Core {
+        self.engine.core()
+    }
+
+    /// The run's id.
+    pub fn id(&self) -> RunId {
+        self.run.id
+    }
+
+    /// A snapshot of the run's status.
+    pub fn status(&self) -> RunStatus {
+        crate::engine::status_of(&self.run)
+    }
+
+    /// Submits a single NEXT_LEVEL task to worker `target` (its stable id). `eligible`, when
+    /// given, must contain `target`.
+    pub fn submit_next_level(
+        &mut self,
+        callable: &CallableId,
+        args: TaskArgs,
+        config: &CallConfig,
+        target: WorkerId,
+        eligible: Option<&[WorkerId]>,
+    ) -> Result<TaskId, SchedError> {
+        let eligible = eligible.map_or(Eligible::Any, Eligible::One);
+        self.submit(
+            callable,
+            Members::One(args),
+            Some(config),
+            Placement::NextLevel { targets: std::slice::from_ref(&target), eligible },
+        )
+    }
+
+    /// Submits a NEXT_LEVEL group: member i runs on `targets[i]`; all members are dispatched
+    /// together or not at all.
+    pub fn submit_next_level_group(
+        &mut self,
+        callable: &CallableId,
+        args: Vec<TaskArgs>,
+        config: &CallConfig,
+        targets: &[WorkerId],
+        eligible: Option<&[Vec<WorkerId>]>,
+    ) -> Result<TaskId, SchedError> {
+        let eligible = eligible.map_or(Eligible::Any, Eligible::PerMember);
+        self.submit(
+            callable,
+            Members::Many(args),
+            Some(config),
+            Placement::NextLevel { targets, eligible },
+        )
+    }
+
+    /// Submits a single SUB task (any idle SUB worker; default configuration).
+    pub fn submit_sub(
+        &mut self,
+        callable: &CallableId,
+        args: TaskArgs,
+    ) -> Result<TaskId, SchedError> {
+        self.submit(callable, Members::One(args), None, Placement::Sub)
+    }
+
+    /// Submits a SUB group: each member on a distinct idle SUB worker, all at once.
+    pub fn submit_sub_group(
+        &mut self,
+        callable: &CallableId,
+        args: Vec<TaskArgs>,
+    ) -> Result<TaskId, SchedError> {
+        self.submit(callable, Members::Many(args), None, Placement::Sub)
+    }
+
+    /// Allocates a host buffer of `shape` × `dtype` from the heap ring of the current scope
+    /// depth and returns a contiguous tensor over it (spec 30 §3.6).
+    ///
+    /// The slab stays allocated until its scope ends and every task that touched the buffer
+    /// under any tag has finished. A shape with a zero extent returns a null tensor and
+    /// allocates nothing. Blocks while the ring is full, up to the ring's deadline.
+    pub fn alloc(&mut self, shape: &[u32], dtype: DataType) -> Result<Tensor, SchedError> {
+        let core = self.core();
+        self.check_open()?;
+        if shape.is_empty() || shape.len() > MAX_TENSOR_DIMS {
+            return Err(SchedError::InvalidShape { dims: shape.len() });
+        }
+        let overflow = || SchedError::SizeOverflow {
+            shape: shape.to_vec(),
+            element_size: dtype.element_size(),
+        };
+        let bytes = shape
+            .iter()
+            .try_fold(dtype.element_size(), |acc, &d| acc.checked_mul(u64::from(d)))
+            .ok_or_else(overflow)?;
+        let mut tensor = Tensor::external(0, shape, dtype).map_err(|_| overflow())?;
+        if bytes == 0 {
+            return Ok(tensor);
+        }
+        if self.orch.issued == u32::MAX {
+            return Err(SchedError::TooManyTasks { run: self.run.id });
+        }
+        let depth = self.orch.scopes.depth().saturating_sub(1);
+        let allocation = core.ring.alloc(bytes, depth).map_err(|e| self.alloc_error(e))?;
+        let id = allocation.slot;
+        let (Some(heap), Some(slot)) = (allocation.heap, core.ring.slot(id)) else {
+            core.ring.release(id);
+            return Err(SchedError::Internal {
+                message: format!("{id}: slab allocation without a slab"),
+            });
+        };
+        let task = match self.run.charge(id) {
+            Ok(task) => task,
+            Err(_) => {
+                core.ring.release(id);
+                return Err(SchedError::TooManyTasks { run: self.run.id });
+            }
+        };
+        self.orch.issued += 1;
+        slot.init_alloc(Head { id, task, callable: ALLOC_CALLABLE }, Arc::clone(&self.run));
+        self.orch.scopes.register(id);
+        tensor.addr = heap.addr;
+        let fp = footprint(&tensor, None).ok().flatten();
+        {
+            let mut payload = slot.payload.write();
+            payload.id = Some(id);
+            payload.task = Some(task);
+            payload.callable = Some(ALLOC_CALLABLE);
+            payload.alloc_addr = Some(heap.addr);
+            if let Some((key, _)) = fp {
+                payload.output_keys.push(key);
+            }
+        }
+        if let Some((key, span)) = fp {
+            core.tensor_map.insert(self.run.id, key, span, id);
+        }
+        core.allocs.lock().insert(heap.addr, id);
+        tracing::trace!(parent: &self.run.span, %task, addr = heap.addr, bytes, "alloc");
+        Ok(tensor)
+    }
+
+    /// Translates a ring allocation error, naming the task whose slab pins the ring's tail.
+    pub(crate) fn alloc_error(&self, err: RingError) -> SchedError {
+        let oldest = match &err {
+            RingError::HeapExhausted(h) => h.oldest_live.and_then(|s| self.core().task_of(s)),
+            _ => None,
+        };
+        SchedError::from_alloc(err, oldest)
+    }
+
+    /// Fails with `ShuttingDown` or `RunFailed` when nothing more may be added (fail-fast).
+    pub(crate) fn check_open(&self) -> Result<(), SchedError> {
+        if self.core().is_stopping() {
+            return Err(SchedError::ShuttingDown);
+        }
+        match self.run.failure() {
+            Some(f) => Err(SchedError::RunFailed(f)),
+            None => Ok(()),
+        }
+    }
+
+    /// Opens a user scope. Depth counts the run's outer frame; at most 64 frames.
+    pub fn scope_begin(&mut self) -> Result<(), SchedError> {
+        self.check_open()?;
+        self.orch.scopes.begin().map_err(|e| match e {
+            RingError::ScopeDepthExceeded { max } => SchedError::ScopeDepthExceeded { max },
+            other => SchedError::Internal { message: other.to_string() },
+        })
+    }
+
+    /// Closes the innermost user scope, releasing one reference on each of its tasks (in
+    /// registration order); never waits for them. The run's outer frame cannot be closed here.
+    pub fn scope_end(&mut self) -> Result<(), SchedError> {
+        if self.orch.scopes.depth() <= 1 {
+            return Err(SchedError::ScopeUnderflow);
+        }
+        let core = self.core();
+        let orch = &mut *self.orch;
+        orch.scopes.end_into(&mut orch.released).map_err(|_| SchedError::ScopeUnderflow)?;
+        core.release_all(&mut orch.released);
+        Ok(())
+    }
+
+    /// Runs `body` inside a user scope, closing the scope when it returns.
+    pub fn scope<R>(&mut self, body: impl FnOnce(&mut Self) -> R) -> Result<R, SchedError> {
+        self.scope_begin()?;
+        let r = body(self);
+        self.scope_end()?;
+        Ok(r)
+    }
+
+    /// Closes submission (spec 30 §2.2): unwinds every scope (warning if user scopes were left
+    /// open), ends the building phase and checks the fence. Returns the run's id for waiting.
+    pub fn close(mut self) -> RunId {
+        self.finished = true;
+        let core = self.core();
+        let mut orch = std::mem::take(&mut self.orch);
+        let open = orch.scopes.depth().saturating_sub(1);
+        if open > 0 {
+            tracing::warn!(
+                parent: &self.run.span,
+                run = %self.run.id,
+                "close with {open} user scope(s) still open; unwinding them"
+            );
+        }
+        unwind_all(core, &mut orch);
+        core.registry.end_building(self.run.id, orch);
+        self.run.close();
+        self.run.id
+    }
+
+    /// Fails the submission with `cause` (spec 30 §2.2): records it as the run's failure (an
+    /// earlier task failure stays first), cancels every unstarted task, unwinds every scope and
+    /// checks the fence. `wait` then returns the failure.
+    pub fn fail(mut self, cause: impl Into<String>) -> RunId {
+        self.fail_inner(cause.into());
+        self.run.id
+    }
+
+    fn fail_inner(&mut self, message: String) {
+        self.finished = true;
+        let core = self.core();
+        let run = Arc::clone(&self.run);
+        run.mark_failed(RunFailure::Submission { run: run.id, message }, true);
+        let mut orch = std::mem::take(&mut self.orch);
+        core.cancel_run(&run, CancelReason::SubmissionFailed, &mut orch.graph);
+        unwind_all(core, &mut orch);
+        core.registry.end_building(run.id, orch);
+        run.check_fence();
+    }
+}
+
+impl Drop for RunBuilder<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            let cause = if std::thread::panicking() {
+                "orchestration panicked"
+            } else {
+                "run builder dropped without close"
+            };
+            self.fail_inner(cause.to_owned());
+        }
+    }
+}
+
+/// Pops every frame, innermost first, and releases the scope reference of each slot.
+fn unwind_all(core: &Core, orch: &mut OrchState) {
+    orch.scopes.unwind_into(&mut orch.released, 0);
+    core.release_all(&mut orch.released);
+}
+
+impl Core {
+    /// The task of a live slot.
+    pub(crate) fn task_of(&self, id: SlotId) -> Option<TaskId> {
+        let slot = self.ring.slot(id)?;
+        let s = slot.sync.lock();
+        s.head.filter(|h| h.id == id).map(|h| h.task)
+    }
+}

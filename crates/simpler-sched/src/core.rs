@@ -1,0 +1,198 @@
+//! `Core`: the state every engine thread shares (ring, tensor map, alloc registry, inbox,
+//! registry, worker table, counters).
+
+use std::time::Duration;
+
+use rustc_hash::FxHashMap;
+
+use simpler_ring::Ring;
+use simpler_tensormap::TensorMap;
+use simpler_types::{RunFailure, SlotId, WorkerId, WorkerRef, WorkerType};
+
+use crate::inbox::{Inbox, WorkerSlot};
+use crate::registry::Registry;
+use crate::slot::TaskSlot;
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Condvar, Mutex, Ordering};
+use crate::worker::Mailbox;
+
+/// One registered endpoint, as the engine's threads see it.
+pub(crate) struct WorkerInfo {
+    /// How errors and traces name it.
+    pub(crate) worker: WorkerRef,
+    /// The endpoint's own name.
+    pub(crate) name: String,
+    /// Its dispatch and control-job FIFO.
+    pub(crate) mailbox: Mailbox,
+    /// Ready singles queued for it, as of the scheduler's last pass. Writer: the scheduler.
+    /// Reader: `Engine::stats`.
+    pub(crate) queued: AtomicU32,
+}
+
+/// Monotonic counters. Single-writer counters are written by the scheduler only.
+#[derive(Default)]
+pub(crate) struct Counters {
+    /// Scheduler loop iterations that took events (writer: scheduler).
+    pub(crate) iterations: AtomicU64,
+    /// Members dispatched (writer: scheduler).
+    pub(crate) dispatched: AtomicU64,
+    /// Completions processed (writer: scheduler).
+    pub(crate) completions: AtomicU64,
+    /// Slots reclaimed (writers: every reclaimer).
+    pub(crate) reclaimed: AtomicU64,
+    /// Runs admitted (writer: `begin_run`).
+    pub(crate) runs_begun: AtomicU64,
+    /// Ready groups queued at the last pass (writer: scheduler).
+    pub(crate) queued_groups: AtomicU32,
+    /// Ready SUB tasks queued at the last pass (writer: scheduler).
+    pub(crate) queued_sub: AtomicU32,
+}
+
+/// Signalled once, when the scheduler thread leaves its loop.
+#[derive(Default)]
+pub(crate) struct ExitSignal {
+    exited: Mutex<bool>,
+    cond: Condvar,
+}
+
+impl ExitSignal {
+    /// Marks the exit and wakes the waiter.
+    pub(crate) fn signal(&self) {
+        *self.exited.lock() = true;
+        self.cond.notify_all();
+    }
+
+    /// Waits up to `timeout`; returns whether the exit happened.
+    pub(crate) fn wait_for(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut g = self.exited.lock();
+        while !*g {
+            let (ng, timed_out) = self.cond.wait_until(g, deadline);
+            g = ng;
+            if timed_out {
+                return *g;
+            }
+        }
+        true
+    }
+}
+
+/// Shared engine state.
+pub(crate) struct Core {
+    /// Level label (3 = L3, ≥ 4 = L4+).
+    pub(crate) level: u8,
+    /// Task window and heap rings.
+    pub(crate) ring: Ring<TaskSlot>,
+    /// `(run, buffer) → producers`.
+    pub(crate) tensor_map: TensorMap,
+    /// Slab base address → the `alloc()` slot that owns it (leaf lock).
+    pub(crate) allocs: Mutex<FxHashMap<u64, SlotId>>,
+    /// Scheduler inbox.
+    pub(crate) inbox: Inbox,
+    /// Runs, admission, building mark.
+    pub(crate) registry: Registry,
+    /// NEXT_LEVEL endpoints in registration order.
+    pub(crate) next_level: Vec<WorkerInfo>,
+    /// SUB endpoints in registration order (their ids are their indices).
+    pub(crate) sub: Vec<WorkerInfo>,
+    /// `(stable id, registration index)` of NEXT_LEVEL workers, sorted by id.
+    next_level_ids: Vec<(WorkerId, u32)>,
+    /// How long a blocked group may hold idle targets before a warning.
+    pub(crate) stall_warn_after: Duration,
+    /// Statistics.
+    pub(crate) counters: Counters,
+    /// Set once by shutdown step 1. Readers: every submit and alloc, lock-free.
+    pub(crate) stopping: AtomicBool,
+    /// The scheduler has left its loop.
+    pub(crate) scheduler_exit: ExitSignal,
+}
+
+/// Everything `Core::new` needs besides the ring.
+pub(crate) struct CoreParts {
+    pub(crate) level: u8,
+    pub(crate) next_level: Vec<(WorkerRef, String)>,
+    pub(crate) sub: Vec<(WorkerRef, String)>,
+    pub(crate) stall_warn_after: Duration,
+    pub(crate) registry: Registry,
+}
+
+impl Core {
+    /// Assembles the shared state; worker ids must already be validated as distinct.
+    pub(crate) fn new(ring: Ring<TaskSlot>, parts: CoreParts) -> Core {
+        let info = |(worker, name): (WorkerRef, String)| WorkerInfo {
+            worker,
+            name,
+            mailbox: Mailbox::default(),
+            queued: AtomicU32::new(0),
+        };
+        let next_level: Vec<WorkerInfo> = parts.next_level.into_iter().map(info).collect();
+        let mut next_level_ids: Vec<(WorkerId, u32)> =
+            next_level.iter().enumerate().map(|(i, w)| (w.worker.id, i as u32)).collect();
+        next_level_ids.sort_unstable();
+        Core {
+            level: parts.level,
+            ring,
+            tensor_map: TensorMap::new(),
+            allocs: Mutex::new(FxHashMap::default()),
+            inbox: Inbox::default(),
+            registry: parts.registry,
+            next_level,
+            sub: parts.sub.into_iter().map(info).collect(),
+            next_level_ids,
+            stall_warn_after: parts.stall_warn_after,
+            counters: Counters::default(),
+            stopping: AtomicBool::new(false),
+            scheduler_exit: ExitSignal::default(),
+        }
+    }
+
+    /// Registration index of the NEXT_LEVEL worker with stable id `id`.
+    pub(crate) fn next_level_index(&self, id: WorkerId) -> Option<u32> {
+        self.next_level_ids
+            .binary_search_by_key(&id, |&(w, _)| w)
+            .ok()
+            .map(|i| self.next_level_ids[i].1)
+    }
+
+    /// The worker a completion or dispatch names.
+    pub(crate) fn worker(&self, who: WorkerSlot) -> &WorkerInfo {
+        match who {
+            WorkerSlot::NextLevel(i) => &self.next_level[i as usize],
+            WorkerSlot::Sub(i) => &self.sub[i as usize],
+        }
+    }
+
+    /// The mailbox of `who`.
+    pub(crate) fn mailbox(&self, who: WorkerSlot) -> &Mailbox {
+        &self.worker(who).mailbox
+    }
+
+    /// The worker a user-facing reference names.
+    pub(crate) fn find_worker(&self, worker: WorkerRef) -> Option<WorkerSlot> {
+        match worker.ty {
+            WorkerType::NextLevel => self.next_level_index(worker.id).map(WorkerSlot::NextLevel),
+            WorkerType::Sub => {
+                (worker.id.0 < self.sub.len() as u32).then_some(WorkerSlot::Sub(worker.id.0))
+            }
+        }
+    }
+
+    /// Whether shutdown has begun.
+    pub(crate) fn is_stopping(&self) -> bool {
+        // Acquire pairs with the Release store in shutdown step 1; nothing else is read based
+        // on it, so this only needs to see the flag eventually and never "un-see" it.
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    /// Engine poisoning (spec 30 §6.2): every non-terminal run fails now with an internal
+    /// error, and `begin_run` refuses new runs.
+    #[cold]
+    pub(crate) fn poison(&self, message: &str) {
+        tracing::error!(level = self.level, "engine poisoned: {message}");
+        for run in self.registry.poison() {
+            run.force_failed(RunFailure::Internal {
+                run: run.id,
+                message: format!("engine poisoned: {message}"),
+            });
+        }
+    }
+}

@@ -1,0 +1,532 @@
+//! `Engine`: start, the run API, control jobs, introspection, and the stop-and-drain protocol
+//! (spec 30 §1, §2.3, §7, §8).
+//!
+//! # Stop and drain (`shutdown`; `Drop` calls it with a zero deadline)
+//!
+//! 1. Set `stopping`: `begin_run`, submits, `alloc` and `scope_begin` return `ShuttingDown`.
+//! 2. Wait until every registered run is terminal, or the deadline.
+//! 3. For each run still not terminal: record `RunFailure::Aborted { reason: Shutdown }`, mark
+//!    it failed and cancel its unstarted tasks. A run whose builder is still live on another
+//!    thread keeps its `Building` slots for that builder, whose later close or fail resolves
+//!    the fence.
+//! 4. Ask the scheduler to stop: it dispatches nothing more, keeps processing completions until
+//!    no worker is busy, drains its inbox once more, cancels whatever is still queued, closes
+//!    the inbox and exits.
+//! 5. Wait for that exit; running members finish on their own (no engine deadline), with a
+//!    `warn!` every 10 s naming the busy workers and their tasks. Their completions reclaim
+//!    slots and resolve fences, so waiters on other threads get their results.
+//! 6. Stop each worker thread (its mailbox is drained first: queued control jobs still run) and
+//!    join it, then join the scheduler thread. The scheduler is stopped before the workers so
+//!    that no dispatch can reach a worker that was already told to stop.
+//! 7. `ring.shutdown()`; return the errors gathered on the way (`Drop` logs them).
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use simpler_ring::{Ring, RingConfig};
+use simpler_types::{
+    CancelReason, RunFailure, RunId, RunStatus, TaskId, TaskState, WorkerId, WorkerRef, WorkerType,
+};
+
+use crate::builder::{OrchState, RunBuilder};
+use crate::core::{Core, CoreParts};
+use crate::endpoint::{Endpoint, panic_message};
+use crate::error::SchedError;
+use crate::graph::GraphScratch;
+use crate::inbox::WorkerSlot;
+use crate::outcome::{EngineStats, RingPeaks, RunOutcome, RunSummary, TaskSnapshot};
+use crate::registry::Registry;
+use crate::run_record::RunRecord;
+use crate::scheduler::Scheduler;
+use crate::slot::Route;
+use crate::sync::{Mutex, Ordering};
+use crate::worker::{JobReceiver, worker_main, wrap_job};
+
+/// Everything [`Engine::start`] needs.
+pub struct EngineConfig {
+    /// Task window and heap rings.
+    pub ring: RingConfig,
+    /// NEXT_LEVEL endpoints (chips at L3, child workers at L4+), each with a distinct stable id.
+    pub next_level: Vec<Box<dyn Endpoint>>,
+    /// SUB endpoints (host closures); they get ids 0..m−1 in this order.
+    pub sub: Vec<Box<dyn Endpoint>>,
+    /// How long a blocked group may hold idle targets with queued singles before a warning.
+    pub stall_warn_after: Duration,
+    /// Host level: 3 = L3 (NEXT_LEVEL callables are `Chip`), 4 and above = L4+ (`Graph`).
+    /// Also the tracing label.
+    pub level: u8,
+}
+
+impl Default for EngineConfig {
+    /// Default rings, no endpoints, a 5 s stall warning, level 3.
+    fn default() -> Self {
+        EngineConfig {
+            ring: RingConfig::default(),
+            next_level: Vec::new(),
+            sub: Vec::new(),
+            stall_warn_after: Duration::from_secs(5),
+            level: 3,
+        }
+    }
+}
+
+impl std::fmt::Debug for EngineConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineConfig")
+            .field("ring", &self.ring)
+            .field("next_level", &self.next_level.len())
+            .field("sub", &self.sub.len())
+            .field("stall_warn_after", &self.stall_warn_after)
+            .field("level", &self.level)
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct Threads {
+    scheduler: Option<JoinHandle<()>>,
+    workers: Vec<(String, JoinHandle<()>)>,
+    /// Shutdown already ran.
+    stopped: bool,
+}
+
+/// One host level's engine: run registry, orchestrator, scheduler thread and one worker thread
+/// per endpoint. `Send + Sync`; every method takes `&self`.
+pub struct Engine {
+    core: Arc<Core>,
+    threads: Mutex<Threads>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("level", &self.core.level)
+            .field("next_level", &self.core.next_level.len())
+            .field("sub", &self.core.sub.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Validates the endpoints, builds the ring, and spawns the scheduler thread and then one
+    /// worker thread per endpoint (NEXT_LEVEL first, in order).
+    ///
+    /// Errors: [`SchedError::InvalidLevel`], [`SchedError::EndpointTypeMismatch`],
+    /// [`SchedError::DuplicateWorkerId`], [`SchedError::Ring`], [`SchedError::ThreadSpawn`].
+    pub fn start(config: EngineConfig) -> Result<Engine, SchedError> {
+        let EngineConfig { ring, next_level, sub, stall_warn_after, level } = config;
+        if level < 3 {
+            return Err(SchedError::InvalidLevel { level });
+        }
+        let mut nl_names = Vec::with_capacity(next_level.len());
+        for (index, ep) in next_level.iter().enumerate() {
+            let caps = ep.caps();
+            if caps.worker_type != WorkerType::NextLevel {
+                return Err(SchedError::EndpointTypeMismatch {
+                    index,
+                    listed: WorkerType::NextLevel,
+                    reported: caps.worker_type,
+                });
+            }
+            if nl_names.iter().any(|(w, _): &(WorkerRef, String)| w.id == caps.id) {
+                return Err(SchedError::DuplicateWorkerId { id: caps.id });
+            }
+            nl_names.push((WorkerRef { ty: WorkerType::NextLevel, id: caps.id }, caps.name));
+        }
+        let mut sub_names = Vec::with_capacity(sub.len());
+        for (index, ep) in sub.iter().enumerate() {
+            let caps = ep.caps();
+            if caps.worker_type != WorkerType::Sub {
+                return Err(SchedError::EndpointTypeMismatch {
+                    index,
+                    listed: WorkerType::Sub,
+                    reported: caps.worker_type,
+                });
+            }
+            sub_names.push((WorkerRef::sub(index as u32), caps.name));
+        }
+        let ring = Ring::new(ring).map_err(SchedError::Ring)?;
+        let core = Arc::new(Core::new(
+            ring,
+            CoreParts {
+                level,
+                next_level: nl_names,
+                sub: sub_names,
+                stall_warn_after,
+                registry: Registry::new(Box::<OrchState>::default()),
+            },
+        ));
+        let engine = Engine { core: Arc::clone(&core), threads: Mutex::new(Threads::default()) };
+
+        let sched = Scheduler::new(Arc::clone(&core));
+        let name = format!("simpler-l{level}-sched");
+        let handle = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || sched.run())
+            .map_err(|e| SchedError::ThreadSpawn { thread: name, message: e.to_string() })?;
+        engine.threads.lock().scheduler = Some(handle);
+
+        let endpoints = next_level
+            .into_iter()
+            .enumerate()
+            .map(|(i, ep)| (WorkerSlot::NextLevel(i as u32), ep))
+            .chain(sub.into_iter().enumerate().map(|(i, ep)| (WorkerSlot::Sub(i as u32), ep)));
+        for (who, ep) in endpoints {
+            let worker = core.worker(who).worker;
+            let name = match who {
+                WorkerSlot::NextLevel(_) => format!("simpler-l{level}-nl{}", worker.id),
+                WorkerSlot::Sub(i) => format!("simpler-l{level}-sub{i}"),
+            };
+            let c = Arc::clone(&core);
+            let spawned = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || worker_main(c, who, worker, ep));
+            match spawned {
+                Ok(h) => engine.threads.lock().workers.push((name, h)),
+                Err(e) => {
+                    // Dropping the engine stops and joins everything started so far.
+                    return Err(SchedError::ThreadSpawn { thread: name, message: e.to_string() });
+                }
+            }
+        }
+        Ok(engine)
+    }
+
+    pub(crate) fn core(&self) -> &Core {
+        &self.core
+    }
+
+    /// Begins a run, waiting (without limit) until every earlier run is terminal.
+    ///
+    /// Errors: [`SchedError::AnotherRunBuilding`] (at once), [`SchedError::ShuttingDown`],
+    /// [`SchedError::EnginePoisoned`], [`SchedError::RunIdsExhausted`].
+    pub fn begin_run(&self) -> Result<RunBuilder<'_>, SchedError> {
+        self.begin(None)
+    }
+
+    /// As [`begin_run`](Self::begin_run), giving up at `deadline` with
+    /// [`SchedError::AdmissionTimeout`].
+    pub fn begin_run_until(&self, deadline: Instant) -> Result<RunBuilder<'_>, SchedError> {
+        self.begin(Some(deadline))
+    }
+
+    fn begin(&self, deadline: Option<Instant>) -> Result<RunBuilder<'_>, SchedError> {
+        let core = &self.core;
+        let level = core.level;
+        let admitted = core
+            .registry
+            .admit(deadline, |id| tracing::info_span!("run", run.id = id.get(), level))?;
+        if let Some(previous) = &admitted.previous {
+            self.capture_peaks(previous);
+        }
+        core.ring.reset_peaks();
+        // Relaxed: a statistic.
+        core.counters.runs_begun.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(parent: &admitted.run.span, run = %admitted.run.id, "run begun");
+        Ok(RunBuilder::new(self, admitted.run, admitted.orch))
+    }
+
+    /// Stores the ring's current peaks into `run` unless it already has them (they are reset
+    /// when the next run is admitted, so they are captured at that point or at release).
+    fn capture_peaks(&self, run: &RunRecord) {
+        if run.lock().peaks.is_some() {
+            return;
+        }
+        let peaks = RingPeaks::from_stats(&self.core.ring.stats());
+        let mut c = run.lock();
+        if c.peaks.is_none() {
+            c.peaks = Some(peaks);
+        }
+    }
+
+    /// Blocks until `run` is terminal and returns its outcome (the same `Arc` for every waiter).
+    pub fn wait(&self, run: RunId) -> Result<RunOutcome, SchedError> {
+        let record = self.core.registry.find(run)?;
+        record
+            .wait_until(None)
+            .ok_or_else(|| SchedError::Internal { message: format!("{run}: wait returned early") })
+    }
+
+    /// As [`wait`](Self::wait) with a time limit: `Ok(None)` on timeout (nothing changes; call
+    /// again). A zero timeout polls.
+    pub fn wait_timeout(
+        &self,
+        run: RunId,
+        timeout: Duration,
+    ) -> Result<Option<RunOutcome>, SchedError> {
+        let record = self.core.registry.find(run)?;
+        if timeout.is_zero() {
+            return Ok(record.outcome());
+        }
+        Ok(record.wait_until(Some(Instant::now() + timeout)))
+    }
+
+    /// Whether `run` is terminal. Released ids are unknown.
+    pub fn is_done(&self, run: RunId) -> Result<bool, SchedError> {
+        Ok(self.core.registry.find(run)?.is_terminal())
+    }
+
+    /// A snapshot of `run`'s status.
+    pub fn status(&self, run: RunId) -> Result<RunStatus, SchedError> {
+        let record = self.core.registry.find(run)?;
+        Ok(status_of(&record))
+    }
+
+    /// Removes a terminal run from the registry and returns its summary. Erases any tensor-map
+    /// entries the run left (a safety net; warns if there were any) and, when no run remains
+    /// and no slot is live, rewinds the ring.
+    ///
+    /// Errors: [`SchedError::UnknownRun`], [`SchedError::NotTerminal`].
+    pub fn release(&self, run: RunId) -> Result<RunSummary, SchedError> {
+        let core = &self.core;
+        let (record, now_empty) = core.registry.remove_terminal(run)?;
+        let left = core.tensor_map.erase_run(run);
+        if left > 0 {
+            tracing::warn!(%run, entries = left, "released run still had tensor-map entries");
+        }
+        self.capture_peaks(&record);
+        let (tasks, peaks) = {
+            let c = record.lock();
+            (c.task_slots.len() as u32, c.peaks.unwrap_or_default())
+        };
+        let (failed, cancelled) = record.failure_counts();
+        let outcome = record.outcome().unwrap_or_else(|| {
+            RunOutcome::Failed(Arc::new(RunFailure::Internal {
+                run,
+                message: "terminal run without an outcome".to_owned(),
+            }))
+        });
+        if now_empty && core.ring.stats().window.live == 0 {
+            // Fails harmlessly with `NotQuiescent` if a new run allocated meanwhile.
+            let _ = core.ring.reset_to_empty();
+        }
+        tracing::debug!(%run, tasks, failed, cancelled, "run released");
+        Ok(RunSummary { id: run, outcome, tasks, failed, cancelled, peaks })
+    }
+
+    /// Aborts a closed, non-terminal run: records `RunFailure::Aborted { reason }`, cancels its
+    /// unstarted tasks (running ones finish) and checks the fence. `Ok(false)` for a run that
+    /// is already terminal.
+    ///
+    /// Errors: [`SchedError::UnknownRun`], [`SchedError::NotClosed`] (fail a building run
+    /// through its builder).
+    pub fn abort_run(&self, run: RunId, reason: CancelReason) -> Result<bool, SchedError> {
+        let record = self.core.registry.find(run)?;
+        if record.is_terminal() {
+            return Ok(false);
+        }
+        if !record.is_closed() {
+            return Err(SchedError::NotClosed { run });
+        }
+        self.abort(&record, reason);
+        Ok(true)
+    }
+
+    fn abort(&self, record: &RunRecord, reason: CancelReason) {
+        tracing::debug!(run = %record.id, %reason, "aborting run");
+        record.mark_failed(RunFailure::Aborted { run: record.id, reason }, false);
+        self.core.cancel_run(record, reason, &mut GraphScratch::default());
+        record.check_fence();
+    }
+
+    /// Runs `job` on `worker`'s thread, in FIFO order with its tasks (never concurrently with
+    /// one), and returns a receiver for its result. A job must not touch engine state.
+    ///
+    /// Errors: [`SchedError::UnknownEndpoint`], [`SchedError::ShuttingDown`] once the worker
+    /// has stopped.
+    pub fn on_endpoint<R: Send + 'static>(
+        &self,
+        worker: WorkerRef,
+        job: impl FnOnce(&mut dyn Endpoint) -> R + Send + 'static,
+    ) -> Result<JobReceiver<R>, SchedError> {
+        let who = self.core.find_worker(worker).ok_or(SchedError::UnknownEndpoint { worker })?;
+        let (job, rx) = wrap_job(job);
+        self.core.mailbox(who).send_job(job).map_err(|_| SchedError::ShuttingDown)?;
+        Ok(JobReceiver::new(rx, worker))
+    }
+
+    /// Introspection of one task of a registered run: state, counts, edges and failure.
+    /// `None` for an unknown or released run or an unknown sequence number.
+    pub fn task_snapshot(&self, task: TaskId) -> Option<TaskSnapshot> {
+        let record = self.core.registry.find(task.run).ok()?;
+        let id = *record.lock().task_slots.get(task.seq as usize)?;
+        let consumed = TaskSnapshot {
+            task,
+            state: TaskState::Consumed,
+            worker_type: None,
+            is_alloc: false,
+            fanin_count: 0,
+            fanin_released: 0,
+            producers: Vec::new(),
+            consumers: Vec::new(),
+            fanout_total: 0,
+            fanout_released: 0,
+            members: Vec::new(),
+            failure: None,
+        };
+        let Some(slot) = self.core.ring.slot(id) else { return Some(consumed) };
+        let s = slot.sync.lock();
+        if !s.is(id) {
+            return Some(consumed);
+        }
+        Some(TaskSnapshot {
+            task,
+            state: slot.state.get(id).unwrap_or(TaskState::Consumed),
+            worker_type: match s.route {
+                Route::Unrouted => None,
+                Route::Single { .. } | Route::Group => Some(WorkerType::NextLevel),
+                Route::Sub { .. } => Some(WorkerType::Sub),
+            },
+            is_alloc: s.is_alloc,
+            fanin_count: s.fanin_count,
+            fanin_released: s.fanin_released,
+            producers: s.producers.iter().map(|e| e.task).collect(),
+            consumers: s.consumers.iter().map(|e| e.task).collect(),
+            fanout_total: s.fanout_total,
+            fanout_released: s.fanout_released,
+            members: s.members.to_vec(),
+            failure: s.failure.clone(),
+        })
+    }
+
+    /// Engine counters and a ring snapshot.
+    pub fn stats(&self) -> EngineStats {
+        let c = &self.core.counters;
+        // Relaxed throughout: statistics.
+        EngineStats {
+            level: self.core.level,
+            scheduler_iterations: c.iterations.load(Ordering::Relaxed),
+            dispatched: c.dispatched.load(Ordering::Relaxed),
+            completions: c.completions.load(Ordering::Relaxed),
+            reclaimed: c.reclaimed.load(Ordering::Relaxed),
+            runs_begun: c.runs_begun.load(Ordering::Relaxed),
+            queued_next_level: self
+                .core
+                .next_level
+                .iter()
+                .map(|w| w.queued.load(Ordering::Relaxed))
+                .collect(),
+            queued_groups: c.queued_groups.load(Ordering::Relaxed),
+            queued_sub: c.queued_sub.load(Ordering::Relaxed),
+            ring: self.core.ring.stats(),
+        }
+    }
+
+    /// Stable ids of the NEXT_LEVEL workers, in registration order.
+    pub fn next_level_ids(&self) -> Vec<WorkerId> {
+        self.core.next_level.iter().map(|w| w.worker.id).collect()
+    }
+
+    /// Number of SUB workers.
+    pub fn sub_count(&self) -> usize {
+        self.core.sub.len()
+    }
+
+    /// Whether the engine was poisoned by an internal error.
+    pub fn is_poisoned(&self) -> bool {
+        self.core.registry.is_poisoned()
+    }
+
+    /// Stops the engine (module docs, steps 1–7). Idempotent: later calls return `Ok(())`.
+    /// Runs still unfinished at `deadline` are aborted; running members are always waited for.
+    pub fn shutdown(&self, deadline: Instant) -> Result<(), Vec<SchedError>> {
+        let mut threads = self.threads.lock();
+        if threads.stopped {
+            return Ok(());
+        }
+        threads.stopped = true;
+        let core = &self.core;
+        let mut errors = Vec::new();
+        tracing::debug!(level = core.level, "engine shutting down");
+
+        // 1.
+        // Release pairs with the Acquire in `Core::is_stopping`.
+        core.stopping.store(true, Ordering::Release);
+        core.registry.set_stopping();
+        // 2.
+        for run in core.registry.runs() {
+            let _ = run.wait_until(Some(deadline));
+        }
+        // 3.
+        for run in core.registry.runs() {
+            if !run.is_terminal() {
+                errors.push(SchedError::AbortedAtShutdown { run: run.id });
+                self.abort(&run, CancelReason::Shutdown);
+            }
+        }
+        // 4.–5.
+        core.inbox.request_stop();
+        if threads.scheduler.is_some() {
+            while !core.scheduler_exit.wait_for(Duration::from_secs(10)) {
+                self.warn_busy();
+            }
+        }
+        // 6.
+        for w in core.next_level.iter().chain(&core.sub) {
+            w.mailbox.stop();
+        }
+        for (name, h) in threads.workers.drain(..) {
+            if let Err(p) = h.join() {
+                errors.push(SchedError::ThreadPanicked {
+                    thread: name,
+                    message: panic_message(p.as_ref()),
+                });
+            }
+        }
+        if let Some(Err(p)) = threads.scheduler.take().map(JoinHandle::join) {
+            errors.push(SchedError::ThreadPanicked {
+                thread: format!("simpler-l{}-sched", core.level),
+                message: panic_message(p.as_ref()),
+            });
+        }
+        // 7.
+        core.ring.shutdown();
+        if errors.is_empty() { Ok(()) } else { Err(errors) }
+    }
+
+    #[cold]
+    fn warn_busy(&self) {
+        let busy: Vec<String> = self
+            .core
+            .next_level
+            .iter()
+            .chain(&self.core.sub)
+            .filter_map(|w| {
+                let slot = w.mailbox.busy_with()?;
+                let task =
+                    self.core.task_of(slot).map_or_else(|| slot.to_string(), |t| t.to_string());
+                Some(format!("{} ({}) running {task}", w.worker, w.name))
+            })
+            .collect();
+        tracing::warn!(
+            level = self.core.level,
+            "shutdown waiting for running tasks: {}",
+            busy.join("; ")
+        );
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Err(errors) = self.shutdown(Instant::now()) {
+            for e in errors {
+                tracing::warn!(level = self.core.level, "engine drop: {e}");
+            }
+        }
+    }
+}
+
+/// The status snapshot of a run.
+pub(crate) fn status_of(run: &RunRecord) -> RunStatus {
+    let c = run.lock();
+    RunStatus {
+        id: run.id,
+        phase: run.phase(),
+        submission_closed: c.closed(),
+        submission_failed: c.failed(),
+        tasks_submitted: c.task_slots.len() as u32,
+        tasks_active: run.active(),
+        failure: c.first_failure().cloned(),
+    }
+}

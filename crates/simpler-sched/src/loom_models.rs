@@ -1,0 +1,304 @@
+//! `loom` models of the core protocols (run with
+//! `RUSTFLAGS="--cfg simpler_loom" cargo test -p simpler-sched --release --lib loom`).
+//!
+//! Each model drives the single-slot steps of `task_protocol` or the run fence of `run_record`
+//! from several threads and checks the protocol's promise under every interleaving loom
+//! explores.
+
+use std::sync::Arc;
+
+use loom::sync::atomic::AtomicUsize;
+use loom::thread;
+use simpler_types::{
+    CallableId, CallableKind, CallableNamespace, CancelReason, FailureMechanism, RunFailure, RunId,
+    RunPhase, SlotId, TaskFailure, TaskId, TaskState,
+};
+
+use crate::outcome::RunOutcome;
+use crate::run_record::RunRecord;
+use crate::slot::{Edge, Head, Route, TaskSlot};
+use crate::sync::Ordering;
+use crate::task_protocol::{Attach, Claim, ClaimCause, MemberDone, OnBuilding, Publish};
+
+const CALLABLE: CallableId =
+    CallableId::new([7; 32], CallableKind::Chip, CallableNamespace::LocalChip);
+
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(f);
+}
+
+fn run() -> Arc<RunRecord> {
+    Arc::new(RunRecord::new(RunId::FIRST, tracing::Span::none()))
+}
+
+/// A slot initialized as task `seq` in `state` (via the legal transitions).
+fn task(run: &Arc<RunRecord>, index: u32, state: TaskState) -> (Arc<TaskSlot>, SlotId, TaskId) {
+    let slot = Arc::new(TaskSlot::default());
+    let id = SlotId::new(index, 1);
+    let task = TaskId::new(run.id, index);
+    slot.init_task(
+        Head { id, task, callable: CALLABLE },
+        Arc::clone(run),
+        Route::Single { worker: 0 },
+        1,
+    );
+    match state {
+        TaskState::Building => {}
+        TaskState::Ready | TaskState::Running => {
+            assert_eq!(
+                slot.publish(id, &[], 0, false),
+                Publish::Ready(Route::Single { worker: 0 })
+            );
+            if state == TaskState::Running {
+                assert!(slot.claim_dispatch(id));
+            }
+        }
+        other => unreachable!("model setup for {other:?}"),
+    }
+    (slot, id, task)
+}
+
+fn failure(task: TaskId, message: &str) -> Arc<TaskFailure> {
+    Arc::new(TaskFailure::new(task, CALLABLE, FailureMechanism::TaskFailed, message))
+}
+
+/// Two producers complete while their consumer attaches and publishes: the consumer becomes
+/// `Ready` exactly once (no lost fanin release, no double queueing).
+#[test]
+fn loom_publication_races_two_completing_producers_and_readies_once() {
+    model(|| {
+        let r = run();
+        let (p1, id1, _) = task(&r, 1, TaskState::Running);
+        let (p2, id2, _) = task(&r, 2, TaskState::Running);
+        let (c, idc, tc) = task(&r, 3, TaskState::Building);
+        let readied = Arc::new(AtomicUsize::new(0));
+
+        let producers: Vec<_> = [(p1.clone(), id1), (p2.clone(), id2)]
+            .into_iter()
+            .map(|(p, id)| {
+                let (c, readied) = (c.clone(), readied.clone());
+                thread::spawn(move || {
+                    let (mut consumers, mut releases) = (Vec::new(), Vec::new());
+                    let done = p.complete_member(id, 0, None, &mut consumers, &mut releases);
+                    assert!(matches!(done, MemberDone::Finished { failure: None, .. }));
+                    for cid in consumers {
+                        if let crate::task_protocol::Fanin::Ready(_) = c.release_fanin(cid) {
+                            readied.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                })
+            })
+            .collect();
+
+        let me = Edge { slot: idc, task: tc };
+        let mut attached = Vec::new();
+        let mut live = 0;
+        for (p, id) in [(&p1, id1), (&p2, id2)] {
+            match p.attach(id, me) {
+                Attach::Live(t) => {
+                    live += 1;
+                    attached.push(Edge { slot: id, task: t });
+                }
+                Attach::Finished(t) => attached.push(Edge { slot: id, task: t }),
+                other => panic!("unexpected attach result {other:?}"),
+            }
+        }
+        if let Publish::Ready(_) = c.publish(idc, &attached, live, false) {
+            readied.fetch_add(1, Ordering::SeqCst);
+        }
+        for t in producers {
+            t.join().unwrap();
+        }
+        assert_eq!(readied.load(Ordering::SeqCst), 1, "consumer readied exactly once");
+        assert_eq!(c.state.get(idc), Some(TaskState::Ready));
+    });
+}
+
+/// A producer fails while its consumer attaches and publishes: the consumer ends `Failed`, and
+/// exactly one side (the failing producer's propagation or the submitter) owns its
+/// propagation, so its references are released exactly once.
+#[test]
+fn loom_publication_races_a_failing_producer_and_propagates_once() {
+    model(|| {
+        let r = run();
+        let (p, idp, tp) = task(&r, 1, TaskState::Running);
+        let (c, idc, tc) = task(&r, 2, TaskState::Building);
+        let owners = Arc::new(AtomicUsize::new(0));
+
+        let producer = {
+            let (p, c, owners) = (p.clone(), c.clone(), owners.clone());
+            thread::spawn(move || {
+                let (mut consumers, mut releases) = (Vec::new(), Vec::new());
+                let f = failure(tp, "boom");
+                let done =
+                    p.complete_member(idp, 0, Some(f.clone()), &mut consumers, &mut releases);
+                assert!(matches!(done, MemberDone::Finished { failure: Some(_), .. }));
+                for cid in consumers {
+                    let mut more = Vec::new();
+                    let claim = c.claim_failure(
+                        cid,
+                        ClaimCause::Poison(&f),
+                        OnBuilding::Defer,
+                        false,
+                        &mut more,
+                        &mut Vec::new(),
+                    );
+                    if claim == Claim::Owned {
+                        owners.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
+        };
+
+        let me = Edge { slot: idc, task: tc };
+        let (attached, root) = match p.attach(idp, me) {
+            Attach::Live(t) => (Edge { slot: idp, task: t }, None),
+            Attach::Failed(t, f) => (Edge { slot: idp, task: t }, Some(f)),
+            other => panic!("unexpected attach result {other:?}"),
+        };
+        let live = u32::from(root.is_none());
+        if c.publish(idc, &[attached], live, root.is_some()) == Publish::Poisoned {
+            let mut releases = Vec::new();
+            assert!(c.fail_at_submit(idc, root.as_ref(), &mut releases).is_some());
+            owners.fetch_add(1, Ordering::SeqCst);
+        }
+        producer.join().unwrap();
+        assert_eq!(c.state.get(idc), Some(TaskState::Failed));
+        assert_eq!(owners.load(Ordering::SeqCst), 1, "propagation owned exactly once");
+    });
+}
+
+/// The dispatch claim and a cancellation race on a ready task: exactly one wins.
+#[test]
+fn loom_dispatch_claim_races_cancellation_and_exactly_one_wins() {
+    model(|| {
+        let r = run();
+        let (c, id, _) = task(&r, 1, TaskState::Ready);
+        let dispatcher = {
+            let c = c.clone();
+            thread::spawn(move || c.claim_dispatch(id))
+        };
+        let claim = c.claim_failure(
+            id,
+            ClaimCause::Cancel(CancelReason::RunAborted),
+            OnBuilding::Own,
+            true,
+            &mut Vec::new(),
+            &mut Vec::new(),
+        );
+        let dispatched = dispatcher.join().unwrap();
+        assert!(dispatched != (claim == Claim::Owned), "exactly one claim wins");
+        let want = if dispatched { TaskState::Running } else { TaskState::Failed };
+        assert_eq!(c.state.get(id), Some(want));
+    });
+}
+
+/// Two threads release the last two references of a finished task: it is reclaimed once.
+#[test]
+fn loom_two_releasers_reclaim_once() {
+    model(|| {
+        let r = run();
+        let (p, id, t) = task(&r, 1, TaskState::Running);
+        // One consumer attached (fanout_total 2), then the task completes (self release).
+        assert!(matches!(p.attach(id, Edge { slot: SlotId::new(9, 1), task: t }), Attach::Live(_)));
+        let done = p.complete_member(id, 0, None, &mut Vec::new(), &mut Vec::new());
+        assert!(matches!(done, MemberDone::Finished { reclaim: None, .. }));
+        let other = {
+            let p = p.clone();
+            thread::spawn(move || p.release_ref(id).is_some())
+        };
+        let mine = p.release_ref(id).is_some();
+        let theirs = other.join().unwrap();
+        assert!(mine != theirs, "exactly one releaser reclaims");
+        assert_eq!(p.state.get(id), Some(TaskState::Consumed));
+    });
+}
+
+/// A consumer attaches while the producer's last reference is released: either the edge lands
+/// first (the producer stays alive for the consumer) or attach sees `Consumed` and skips.
+#[test]
+fn loom_attach_races_reclamation_and_never_attaches_to_a_consumed_slot() {
+    model(|| {
+        let r = run();
+        let (p, id, t) = task(&r, 1, TaskState::Running);
+        let done = p.complete_member(id, 0, None, &mut Vec::new(), &mut Vec::new());
+        assert!(matches!(done, MemberDone::Finished { reclaim: None, .. }));
+        let releaser = {
+            let p = p.clone();
+            thread::spawn(move || p.release_ref(id).is_some())
+        };
+        let attach = p.attach(id, Edge { slot: SlotId::new(9, 1), task: t });
+        let reclaimed = releaser.join().unwrap();
+        match attach {
+            Attach::Finished(_) => assert!(!reclaimed, "an attached consumer keeps its producer"),
+            Attach::Skipped => assert!(reclaimed, "attach skips only a consumed producer"),
+            other => panic!("unexpected attach result {other:?}"),
+        }
+    });
+}
+
+/// Close races the last two reclamations while a waiter sleeps: the fence fires exactly once
+/// and the waiter wakes with the outcome.
+#[test]
+fn loom_run_fence_fires_once_and_wakes_the_waiter() {
+    model(|| {
+        let r = run();
+        r.charge(SlotId::new(1, 1)).unwrap();
+        r.charge(SlotId::new(2, 1)).unwrap();
+        let fired = Arc::new(AtomicUsize::new(0));
+        let reclaimers: Vec<_> = (0..2)
+            .map(|_| {
+                let (r, fired) = (r.clone(), fired.clone());
+                thread::spawn(move || {
+                    if r.reclaimed() {
+                        fired.fetch_add(1, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        let waiter = {
+            let r = r.clone();
+            thread::spawn(move || r.wait_until(None))
+        };
+        if r.close() {
+            fired.fetch_add(1, Ordering::SeqCst);
+        }
+        for t in reclaimers {
+            t.join().unwrap();
+        }
+        assert_eq!(waiter.join().unwrap(), Some(RunOutcome::Completed));
+        assert_eq!(fired.load(Ordering::SeqCst), 1, "the fence fires exactly once");
+        assert_eq!(r.phase(), RunPhase::Completed);
+    });
+}
+
+/// Two failures race into one run: the first stored wins, and every reader sees the same `Arc`.
+#[test]
+fn loom_first_run_failure_wins_and_every_waiter_sees_the_same_arc() {
+    model(|| {
+        let r = run();
+        let recorder = {
+            let r = r.clone();
+            thread::spawn(move || {
+                r.record(RunFailure::Submission { run: r.id, message: "a".into() })
+            })
+        };
+        let waiter = {
+            let r = r.clone();
+            thread::spawn(move || r.wait_until(None))
+        };
+        let mine = r.record(RunFailure::Submission { run: r.id, message: "b".into() });
+        let theirs = recorder.join().unwrap();
+        assert!(mine != theirs, "exactly one failure is stored");
+        r.close();
+        let seen = waiter.join().unwrap();
+        let (Some(RunOutcome::Failed(a)), Some(RunOutcome::Failed(b))) = (seen, r.outcome()) else {
+            panic!("run did not fail");
+        };
+        assert!(Arc::ptr_eq(&a, &b), "every waiter gets the same Arc");
+        let expected = if mine { "b" } else { "a" };
+        assert!(matches!(&*a, RunFailure::Submission { message, .. } if message == expected));
+    });
+}

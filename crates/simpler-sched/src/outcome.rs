@@ -1,0 +1,141 @@
+//! What the engine reports back: run outcomes and summaries, task snapshots, engine statistics.
+
+use std::sync::Arc;
+
+use simpler_ring::RingStats;
+use simpler_types::{
+    GroupMemberState, HEAP_RING_COUNT, RunFailure, RunId, TaskFailure, TaskId, TaskState,
+    WorkerType,
+};
+
+/// How a run ended. Every waiter of one run gets the same value (the same `Arc`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// Every task retired and nothing failed.
+    Completed,
+    /// The run's first failure.
+    Failed(Arc<RunFailure>),
+}
+
+impl RunOutcome {
+    /// Whether the run completed without failure.
+    pub fn is_completed(&self) -> bool {
+        matches!(self, RunOutcome::Completed)
+    }
+
+    /// The failure, if the run failed.
+    pub fn failure(&self) -> Option<&Arc<RunFailure>> {
+        match self {
+            RunOutcome::Completed => None,
+            RunOutcome::Failed(f) => Some(f),
+        }
+    }
+}
+
+/// High-water marks of one heap ring over a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingPeak {
+    /// Most bytes held by live slabs at once.
+    pub peak_live_bytes: u64,
+    /// Most bytes between tail and top at once (wrap gap included).
+    pub peak_occupied_bytes: u64,
+    /// Most live slabs at once.
+    pub peak_live_allocs: u32,
+}
+
+/// Ring high-water marks of one run: each heap ring and the task window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingPeaks {
+    /// Rings 0..=3.
+    pub rings: [RingPeak; HEAP_RING_COUNT],
+    /// Most live task-window slots at once.
+    pub window_peak: u32,
+}
+
+impl RingPeaks {
+    /// Extracts the peaks from a ring snapshot.
+    pub(crate) fn from_stats(stats: &RingStats) -> RingPeaks {
+        RingPeaks {
+            rings: stats.heaps.each_ref().map(|h| RingPeak {
+                peak_live_bytes: h.peak_live_bytes,
+                peak_occupied_bytes: h.peak_occupied_bytes,
+                peak_live_allocs: h.peak_live_allocs,
+            }),
+            window_peak: stats.window.peak_live,
+        }
+    }
+}
+
+/// Returned by [`Engine::release`](crate::Engine::release).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunSummary {
+    /// The run.
+    pub id: RunId,
+    /// How it ended.
+    pub outcome: RunOutcome,
+    /// Tasks and allocs charged to it.
+    pub tasks: u32,
+    /// Tasks that failed (their own failure or a producer's), cancelled ones excluded.
+    pub failed: u32,
+    /// Tasks cancelled before they ran.
+    pub cancelled: u32,
+    /// Ring high-water marks while the run was admitted (serial admission makes them per run).
+    pub peaks: RingPeaks,
+}
+
+/// Introspection of one task, for debugging and tests ([`Engine::task_snapshot`](crate::Engine::task_snapshot)).
+///
+/// Once a task's slot is reclaimed only `task` and `state` (`Consumed`) remain meaningful.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskSnapshot {
+    /// The task.
+    pub task: TaskId,
+    /// Its state.
+    pub state: TaskState,
+    /// `None` for an `alloc()` buffer.
+    pub worker_type: Option<WorkerType>,
+    /// Whether the task is an `alloc()` buffer.
+    pub is_alloc: bool,
+    /// Live producers counted at publication.
+    pub fanin_count: u32,
+    /// Producer completions counted so far.
+    pub fanin_released: u32,
+    /// Producers it holds a reference on (live or finished at submit), in attach order.
+    pub producers: Vec<TaskId>,
+    /// Consumers attached to it, in attach order.
+    pub consumers: Vec<TaskId>,
+    /// References it waits for: 1 (scope) + attached consumers.
+    pub fanout_total: u32,
+    /// References released so far (self, scope, consumers).
+    pub fanout_released: u32,
+    /// Per-member states (one entry for a single task).
+    pub members: Vec<GroupMemberState>,
+    /// Its failure, once `Failed`.
+    pub failure: Option<Arc<TaskFailure>>,
+}
+
+/// Counters of one engine ([`Engine::stats`](crate::Engine::stats)).
+#[derive(Clone, Debug)]
+pub struct EngineStats {
+    /// The engine's level label.
+    pub level: u8,
+    /// Times the scheduler loop took events from its inbox (it never iterates without one).
+    pub scheduler_iterations: u64,
+    /// Members sent to workers.
+    pub dispatched: u64,
+    /// Member completions processed.
+    pub completions: u64,
+    /// Slots reclaimed (tasks and allocs).
+    pub reclaimed: u64,
+    /// Runs begun.
+    pub runs_begun: u64,
+    /// Ready tasks queued per NEXT_LEVEL worker, in registration order, as of the scheduler's
+    /// last pass.
+    pub queued_next_level: Vec<u32>,
+    /// Ready groups queued, as of the scheduler's last pass.
+    pub queued_groups: u32,
+    /// Ready SUB tasks queued, as of the scheduler's last pass.
+    pub queued_sub: u32,
+    /// Ring snapshot.
+    pub ring: RingStats,
+}

@@ -1,0 +1,342 @@
+//! `RunRecord`: one run's phase, charge count, first failure and completion fence
+//! (spec 30 §2.2–§2.4).
+//!
+//! # Fence protocol
+//!
+//! 1. **Charge.** The orchestration thread, under `completion`, appends the new slot to
+//!    `task_slots` (its index is the task's sequence number) and increments `active`, before the
+//!    slot is visible to any other thread, so a decrement can never precede its increment.
+//! 2. **Close / fail.** Under `completion`: set `closed` (and `failed` for a failed submission),
+//!    record a failure if there is one (first wins), move the phase to `Executing` if work is
+//!    still charged, then run the fence check (step 4) in the same critical section.
+//! 3. **Reclaim.** Whichever thread reclaims a slot decrements `active` exactly once (clamped at
+//!    0: an underflow records `RunFailure::Internal` instead of panicking). The thread that
+//!    brings it to 0 locks `completion` and runs the fence check.
+//! 4. **Fence check** (always under `completion`): if the run is not yet terminal, `closed` is
+//!    set and `active` is 0, store the outcome (`Failed` if `failed` or a failure is recorded,
+//!    else `Completed`), publish the phase, and `notify_all`. The transition happens at most once
+//!    because it is decided under the lock and a terminal phase never changes.
+//! 5. **Wait.** Waiters sleep on the condition variable under `completion` until the outcome is
+//!    stored; every waiter clones the same stored outcome, so all of them see the same `Arc`.
+//!
+//! Steps 2 and 3 race safely: the decrement in step 3 is sequenced before that thread's lock
+//! acquisition, so whichever critical section runs second sees both `closed` and `active == 0`.
+//!
+//! Admission waiters (a later `begin_run`) wait on this record's condition variable too, so the
+//! fence needs no second lock to wake them (decision: one wake-up path, no lost wake-up because
+//! the phase is only read and written under `completion`).
+//!
+//! # Atomic fields
+//!
+//! | Field | Writers | Readers |
+//! |---|---|---|
+//! | `phase` | fence check and [`RunRecord::force_failed`], under `completion` | anyone, lock-free (`is_done`, admission, fast checks) |
+//! | `active` | orchestration thread (+1, step 1), reclaimers (−1, step 3) | reclaimers, fence check, status |
+//! | `has_failure` | failure recording, under `completion` | submit fail-fast check, lock-free |
+//! | `failed_tasks`, `cancelled_tasks` | whoever moves one of the run's tasks to `Failed` | the run summary |
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use simpler_types::{RunFailure, RunId, RunPhase, SlotId, TaskId};
+
+use crate::outcome::{RingPeaks, RunOutcome};
+use crate::sync::{AtomicBool, AtomicU8, AtomicU32, Condvar, Mutex, MutexGuard, Ordering};
+
+/// Shared record of one run, referenced by the registry and by every slot charged to the run.
+pub(crate) struct RunRecord {
+    /// The run's id.
+    pub(crate) id: RunId,
+    /// `RunPhase` wire value.
+    phase: AtomicU8,
+    /// Slots (tasks and allocs) charged to the run and not yet reclaimed.
+    active: AtomicU32,
+    /// Lock-free mirror of `completion.first_failure.is_some()`.
+    has_failure: AtomicBool,
+    /// Tasks of this run that ended `Failed` other than by cancellation.
+    failed_tasks: AtomicU32,
+    /// Tasks of this run cancelled before they ran.
+    cancelled_tasks: AtomicU32,
+    /// Everything the fence decides on.
+    completion: Mutex<Completion>,
+    /// Signalled once, when the run turns terminal.
+    terminal: Condvar,
+    /// The run's tracing span (`run.id`); task spans are its children.
+    pub(crate) span: tracing::Span,
+}
+
+impl std::fmt::Debug for RunRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunRecord")
+            .field("id", &self.id)
+            .field("phase", &self.phase())
+            .field("active", &self.active())
+            .finish_non_exhaustive()
+    }
+}
+
+/// State under `RunRecord::completion`.
+#[derive(Default)]
+pub(crate) struct Completion {
+    /// The run's first error.
+    first_failure: Option<Arc<RunFailure>>,
+    /// Submission is closed: no further charges.
+    closed: bool,
+    /// The submission failed or the run was aborted.
+    failed: bool,
+    /// Every slot charged to the run; the index is the task's sequence number.
+    pub(crate) task_slots: Vec<SlotId>,
+    /// Set once, at the fence.
+    outcome: Option<RunOutcome>,
+    /// Ring high-water marks over the run's lifetime, captured before the next run resets them.
+    pub(crate) peaks: Option<RingPeaks>,
+}
+
+/// Why a charge was refused.
+#[derive(Debug)]
+pub(crate) struct SequenceExhausted;
+
+impl RunRecord {
+    /// A new record in phase `Building`.
+    pub(crate) fn new(id: RunId, span: tracing::Span) -> RunRecord {
+        RunRecord {
+            id,
+            phase: AtomicU8::new(RunPhase::Building.as_u8()),
+            active: AtomicU32::new(0),
+            has_failure: AtomicBool::new(false),
+            failed_tasks: AtomicU32::new(0),
+            cancelled_tasks: AtomicU32::new(0),
+            completion: Mutex::new(Completion::default()),
+            terminal: Condvar::new(),
+            span,
+        }
+    }
+
+    /// Current phase.
+    pub(crate) fn phase(&self) -> RunPhase {
+        // Acquire pairs with the Release store at the fence, so a caller that sees a terminal
+        // phase also sees everything the fencing thread did before (reclamations included).
+        RunPhase::from_u8(self.phase.load(Ordering::Acquire)).unwrap_or(RunPhase::Failed)
+    }
+
+    /// Whether the fence has fired.
+    pub(crate) fn is_terminal(&self) -> bool {
+        self.phase().is_terminal()
+    }
+
+    /// Slots charged and not yet reclaimed.
+    pub(crate) fn active(&self) -> u32 {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// The first failure, if any (fail-fast check: lock-free unless the run failed).
+    pub(crate) fn failure(&self) -> Option<Arc<RunFailure>> {
+        // Acquire pairs with the Release store in `record_locked`; the Arc itself is read under
+        // the lock, so this flag is only a fast filter.
+        if !self.has_failure.load(Ordering::Acquire) {
+            return None;
+        }
+        self.completion.lock().first_failure.clone()
+    }
+
+    /// Locks the completion state (for status snapshots and cancellation).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Completion> {
+        self.completion.lock()
+    }
+
+    /// Step 1: charges `slot` to the run and returns its task id.
+    pub(crate) fn charge(&self, slot: SlotId) -> Result<TaskId, SequenceExhausted> {
+        let mut c = self.completion.lock();
+        let seq = u32::try_from(c.task_slots.len()).map_err(|_| SequenceExhausted)?;
+        if seq == u32::MAX {
+            return Err(SequenceExhausted);
+        }
+        c.task_slots.push(slot);
+        // Relaxed suffices: the increment is published to reclaimers through the slot's own
+        // lock (the slot is not visible to them yet), and the fence re-reads `active` under
+        // `completion` after any decrement.
+        self.active.fetch_add(1, Ordering::Relaxed);
+        Ok(TaskId::new(self.id, seq))
+    }
+
+    /// Records `failure` if the run has none yet and is not terminal (first error wins).
+    /// Returns whether it was stored.
+    pub(crate) fn record(&self, failure: RunFailure) -> bool {
+        let mut c = self.completion.lock();
+        self.record_locked(&mut c, failure)
+    }
+
+    fn record_locked(&self, c: &mut Completion, failure: RunFailure) -> bool {
+        if c.first_failure.is_some() || c.outcome.is_some() {
+            return false;
+        }
+        c.first_failure = Some(Arc::new(failure));
+        // Release pairs with the Acquire load in `failure()`.
+        self.has_failure.store(true, Ordering::Release);
+        true
+    }
+
+    /// Step 2 for `close`: closes submission and checks the fence. Returns whether the run
+    /// turned terminal in this call.
+    pub(crate) fn close(&self) -> bool {
+        let mut c = self.completion.lock();
+        c.closed = true;
+        self.mark_executing(&c);
+        self.fence_locked(&mut c)
+    }
+
+    /// Step 2 for `fail` and aborts: records `failure` (first wins), marks the run failed and,
+    /// when `close` is set, closes submission. Does not check the fence (cancellation runs
+    /// first; call [`RunRecord::check_fence`] after it).
+    pub(crate) fn mark_failed(&self, failure: RunFailure, close: bool) {
+        let mut c = self.completion.lock();
+        self.record_locked(&mut c, failure);
+        c.failed = true;
+        if close {
+            c.closed = true;
+            self.mark_executing(&c);
+        }
+    }
+
+    /// Moves a building run to `Executing`; the fence check may immediately move it on.
+    fn mark_executing(&self, c: &Completion) {
+        if c.outcome.is_none() {
+            // Release: readers of a non-terminal phase act on nothing else; kept for symmetry
+            // with the terminal store.
+            self.phase.store(RunPhase::Executing.as_u8(), Ordering::Release);
+        }
+    }
+
+    /// Whether submission is closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.completion.lock().closed
+    }
+
+    /// Step 3: one charged slot was reclaimed. Returns whether the run turned terminal.
+    pub(crate) fn reclaimed(&self) -> bool {
+        // AcqRel: the decrement must not be reordered before the reclamation it reports, and
+        // the thread that sees the count reach 0 goes on to read the run's state.
+        let prev =
+            self.active.fetch_update(Ordering::AcqRel, Ordering::Acquire, |a| a.checked_sub(1));
+        match prev {
+            Ok(1) => self.check_fence(),
+            Ok(_) => false,
+            Err(_) => {
+                self.record(RunFailure::Internal {
+                    run: self.id,
+                    message: "a slot was reclaimed more often than it was charged".to_owned(),
+                });
+                self.check_fence()
+            }
+        }
+    }
+
+    /// Step 4 under a fresh lock. Returns whether the run turned terminal in this call.
+    pub(crate) fn check_fence(&self) -> bool {
+        let mut c = self.completion.lock();
+        self.fence_locked(&mut c)
+    }
+
+    fn fence_locked(&self, c: &mut Completion) -> bool {
+        if c.outcome.is_some() || !c.closed || self.active.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        let outcome = match (&c.first_failure, c.failed) {
+            (Some(f), _) => RunOutcome::Failed(Arc::clone(f)),
+            (None, false) => RunOutcome::Completed,
+            (None, true) => {
+                // Unreachable by construction (every way to fail a run records a cause); keep
+                // the guarantee that a failed run always carries a failure anyway.
+                let f = Arc::new(RunFailure::Internal {
+                    run: self.id,
+                    message: "run marked failed without a recorded cause".to_owned(),
+                });
+                c.first_failure = Some(Arc::clone(&f));
+                self.has_failure.store(true, Ordering::Release);
+                RunOutcome::Failed(f)
+            }
+        };
+        self.publish_outcome(c, outcome);
+        true
+    }
+
+    fn publish_outcome(&self, c: &mut Completion, outcome: RunOutcome) {
+        let phase = match outcome {
+            RunOutcome::Completed => RunPhase::Completed,
+            RunOutcome::Failed(_) => RunPhase::Failed,
+        };
+        c.outcome = Some(outcome);
+        // Release pairs with the Acquire in `phase()`.
+        self.phase.store(phase.as_u8(), Ordering::Release);
+        self.terminal.notify_all();
+    }
+
+    /// Makes the run terminal now with `failure` (engine poisoning: its tasks may never retire).
+    /// Returns whether it changed anything.
+    pub(crate) fn force_failed(&self, failure: RunFailure) -> bool {
+        let mut c = self.completion.lock();
+        if c.outcome.is_some() {
+            return false;
+        }
+        self.record_locked(&mut c, failure);
+        c.failed = true;
+        let f = c.first_failure.clone().unwrap_or_else(|| {
+            Arc::new(RunFailure::Internal { run: self.id, message: "engine poisoned".to_owned() })
+        });
+        self.publish_outcome(&mut c, RunOutcome::Failed(f));
+        true
+    }
+
+    /// Step 5: blocks until terminal, or until `deadline`; `None` on timeout.
+    pub(crate) fn wait_until(&self, deadline: Option<Instant>) -> Option<RunOutcome> {
+        let mut c = self.completion.lock();
+        loop {
+            if let Some(o) = &c.outcome {
+                return Some(o.clone());
+            }
+            match deadline {
+                None => c = self.terminal.wait(c),
+                Some(d) => {
+                    if Instant::now() >= d {
+                        return None;
+                    }
+                    c = self.terminal.wait_until(c, d).0;
+                }
+            }
+        }
+    }
+
+    /// The outcome, if terminal.
+    pub(crate) fn outcome(&self) -> Option<RunOutcome> {
+        self.completion.lock().outcome.clone()
+    }
+
+    /// Counts one of the run's tasks ending `Failed`.
+    pub(crate) fn count_failed_task(&self, cancelled: bool) {
+        let counter = if cancelled { &self.cancelled_tasks } else { &self.failed_tasks };
+        // Relaxed: a statistic read only after the fence, whose lock orders it.
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `(failed, cancelled)` task counts.
+    pub(crate) fn failure_counts(&self) -> (u32, u32) {
+        (self.failed_tasks.load(Ordering::Relaxed), self.cancelled_tasks.load(Ordering::Relaxed))
+    }
+}
+
+impl Completion {
+    /// Whether submission is closed.
+    pub(crate) fn closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Whether the submission failed or the run was aborted.
+    pub(crate) fn failed(&self) -> bool {
+        self.failed
+    }
+
+    /// The first failure.
+    pub(crate) fn first_failure(&self) -> Option<&Arc<RunFailure>> {
+        self.first_failure.as_ref()
+    }
+}

@@ -1,0 +1,242 @@
+//! `TaskSlot`: the per-task payload stored in each task-window entry (spec 30 §1).
+//!
+//! A slot has three parts, each with its own access rule:
+//!
+//! | Part | Writers → readers |
+//! |---|---|
+//! | [`StateWord`] (state + occupant generation, one atomic) | the transitions of `task_protocol` → everyone, lock-free |
+//! | `sync: Mutex<SlotSync>` (counts, edges, failure, group bookkeeping, run) | any thread, only under the lock |
+//! | `payload: RwLock<Payload>` (callable, config, member arguments and targets, output keys) | the orchestration thread while the slot is `Building` (or before an alloc slot is visible) and the reclaimer → workers and the scheduler (shared reads, never contended by a writer) |
+//!
+//! The payload sits behind a reader-writer lock only because this crate has no `unsafe`: it is
+//! written before publication and after reclamation, and read in between, so its lock is never
+//! contended on the hot path. Workers hold a read guard while their endpoint runs, which is why
+//! the arguments need no copy.
+//!
+//! Slots are recycled: resetting one clears its vectors but keeps their capacity, so a steady
+//! stream of tasks allocates nothing per task.
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use simpler_tensormap::TensorKey;
+use simpler_types::{
+    CallConfig, CallableId, CallableKind, CallableNamespace, GroupMemberState, SlotId, TaskArgs,
+    TaskFailure, TaskId, TaskState, WorkerType,
+};
+
+use crate::run_record::RunRecord;
+use crate::sync::{AtomicU64, Mutex, Ordering, RwLock};
+
+/// The pseudo-callable recorded for `alloc()` buffers, which never run.
+pub(crate) const ALLOC_CALLABLE: CallableId =
+    CallableId::new([0; 32], CallableKind::Host, CallableNamespace::LocalHost);
+
+/// Where a ready task is queued.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Never queued (`alloc()` buffers).
+    #[default]
+    Unrouted,
+    /// A NEXT_LEVEL single, on the worker with this registration index.
+    Single {
+        /// Registration index of the target.
+        worker: u32,
+    },
+    /// A NEXT_LEVEL group (targets in the payload).
+    Group,
+    /// A SUB task of `size` members.
+    Sub {
+        /// Members, each needing a distinct idle SUB worker.
+        size: u32,
+    },
+}
+
+/// One dependency edge as seen from one end: the slot at the other end and its task id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Edge {
+    /// The other slot.
+    pub(crate) slot: SlotId,
+    /// The other slot's task, for introspection after that slot is reclaimed.
+    pub(crate) task: TaskId,
+}
+
+/// A task state tagged with the generation of the occupant it describes, in one atomic word:
+/// bits 0..8 hold the [`TaskState`], bits 8..40 the generation.
+///
+/// Tagging closes the ABA window of lock-free claims: a stale queue entry's compare-and-swap
+/// names the old generation and therefore fails against a recycled entry (decision: the spec
+/// stores a bare `AtomicU8`).
+///
+/// Writers: the transitions in `task_protocol` (under the slot lock, except the dispatch claim
+/// `Ready → Running`, a lock-free compare-and-swap by the scheduler). Readers: anyone.
+#[derive(Default, Debug)]
+pub(crate) struct StateWord(AtomicU64);
+
+impl StateWord {
+    fn pack(id: SlotId, state: TaskState) -> u64 {
+        (u64::from(id.generation) << 8) | u64::from(state.as_u8())
+    }
+
+    /// The state of occupant `id`; `None` if the entry now belongs to another generation.
+    pub(crate) fn get(&self, id: SlotId) -> Option<TaskState> {
+        // Acquire pairs with the Release of every transition, so a reader that sees a state also
+        // sees the writes that preceded it (for a lock-free reader: the published payload).
+        let word = self.0.load(Ordering::Acquire);
+        if (word >> 8) as u32 != id.generation {
+            return None;
+        }
+        TaskState::from_u8(word as u8)
+    }
+
+    /// Sets the state of occupant `id` unconditionally (initialization, and transitions made
+    /// under the slot lock that no lock-free writer can race).
+    pub(crate) fn set(&self, id: SlotId, state: TaskState) {
+        // Release publishes the writes before the transition to Acquire readers.
+        self.0.store(Self::pack(id, state), Ordering::Release);
+    }
+
+    /// Compare-and-swap `from → to` for occupant `id`.
+    pub(crate) fn transition(&self, id: SlotId, from: TaskState, to: TaskState) -> bool {
+        // AcqRel: the winner both publishes its prior writes and observes the previous
+        // transition's writes. Exactly one of two racing claims (dispatch vs failure) wins.
+        self.0
+            .compare_exchange(
+                Self::pack(id, from),
+                Self::pack(id, to),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    }
+}
+
+/// Identity of a slot's current occupant.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Head {
+    /// The occupant's slot id (generation included).
+    pub(crate) id: SlotId,
+    /// Its task id.
+    pub(crate) task: TaskId,
+    /// What it runs ([`ALLOC_CALLABLE`] for allocs).
+    pub(crate) callable: CallableId,
+}
+
+/// Everything about a slot that changes after publication, guarded by the slot lock.
+#[derive(Default)]
+pub(crate) struct SlotSync {
+    /// The occupant; `None` while free or once consumed. Every lock holder compares it with the
+    /// id it was given (the generation re-check of spec 20 §B.2).
+    pub(crate) head: Option<Head>,
+    /// The run the slot is charged to; moved out by the reclaimer.
+    pub(crate) run: Option<Arc<RunRecord>>,
+    /// Where the task is queued when ready.
+    pub(crate) route: Route,
+    /// Whether the slot is an `alloc()` buffer.
+    pub(crate) is_alloc: bool,
+    /// Live producers counted at publication.
+    pub(crate) fanin_count: u32,
+    /// Producer completions counted so far (may run ahead of publication).
+    pub(crate) fanin_released: u32,
+    /// Producers this task holds a reference on.
+    pub(crate) producers: Vec<Edge>,
+    /// Consumers that hold a reference on this task.
+    pub(crate) consumers: Vec<Edge>,
+    /// References to wait for: 1 (scope) + attached consumers.
+    pub(crate) fanout_total: u32,
+    /// References released: self, scope, one per finished consumer.
+    pub(crate) fanout_released: u32,
+    /// The task's failure, once `Failed`.
+    pub(crate) failure: Option<Arc<TaskFailure>>,
+    /// A failure claim made while the slot was `Building` left the propagation to the
+    /// submitter (or to cancellation once submission is closed).
+    pub(crate) propagation_owed: bool,
+    /// Per-member states (one entry for a single task).
+    pub(crate) members: SmallVec<[GroupMemberState; 4]>,
+    /// Members in a terminal state.
+    pub(crate) members_terminal: u32,
+    /// The first member failure of a running task.
+    pub(crate) first_failure: Option<Arc<TaskFailure>>,
+}
+
+impl SlotSync {
+    /// Whether `id` names the current occupant.
+    pub(crate) fn is(&self, id: SlotId) -> bool {
+        self.head.is_some_and(|h| h.id == id)
+    }
+
+    /// Clears everything, keeping vector capacities.
+    pub(crate) fn clear(&mut self) {
+        self.head = None;
+        self.run = None;
+        self.route = Route::Unrouted;
+        self.is_alloc = false;
+        self.fanin_count = 0;
+        self.fanin_released = 0;
+        self.producers.clear();
+        self.consumers.clear();
+        self.fanout_total = 0;
+        self.fanout_released = 0;
+        self.failure = None;
+        self.propagation_owed = false;
+        self.members.clear();
+        self.members_terminal = 0;
+        self.first_failure = None;
+    }
+}
+
+/// One member's arguments and placement.
+pub(crate) struct Member {
+    /// Tensors (with tags) and scalars.
+    pub(crate) args: TaskArgs,
+    /// Registration index of the NEXT_LEVEL target (unused for SUB members).
+    pub(crate) target: u32,
+}
+
+/// What the slot's task runs, immutable between publication and reclamation.
+#[derive(Default)]
+pub(crate) struct Payload {
+    /// The occupant (checked by readers against the id they were given).
+    pub(crate) id: Option<SlotId>,
+    /// Its task id.
+    pub(crate) task: Option<TaskId>,
+    /// What it runs.
+    pub(crate) callable: Option<CallableId>,
+    /// Queue family; `None` for allocs.
+    pub(crate) worker_type: Option<WorkerType>,
+    /// Per-task configuration.
+    pub(crate) config: CallConfig,
+    /// Member arguments and targets.
+    pub(crate) members: SmallVec<[Member; 1]>,
+    /// Keys this task inserted into the tensor map (journal for owner-checked erase).
+    pub(crate) output_keys: Vec<TensorKey>,
+    /// Base address of the slab, for an `alloc()` buffer.
+    pub(crate) alloc_addr: Option<u64>,
+}
+
+impl Payload {
+    /// Clears everything, keeping vector capacities.
+    pub(crate) fn clear(&mut self) {
+        self.id = None;
+        self.task = None;
+        self.callable = None;
+        self.worker_type = None;
+        // Drops a shared output prefix, if any; the default itself allocates nothing.
+        self.config = CallConfig::default();
+        self.members.clear();
+        self.output_keys.clear();
+        self.alloc_addr = None;
+    }
+}
+
+/// The payload of one task-window entry.
+#[derive(Default)]
+pub(crate) struct TaskSlot {
+    /// Lifecycle state, tagged with the occupant's generation.
+    pub(crate) state: StateWord,
+    /// Mutable bookkeeping.
+    pub(crate) sync: Mutex<SlotSync>,
+    /// Immutable-after-publication task description.
+    pub(crate) payload: RwLock<Payload>,
+}

@@ -1,0 +1,377 @@
+//! The submit flow (spec 30 §3.2–§3.4): validation before any allocation, then the nine steps
+//! that claim, charge, wire and publish a task.
+//!
+//! Steps 2–9 cannot fail and run no user code, so a task once claimed is always published or
+//! failed; a failed validation changes nothing and leaves the run `Building`.
+
+use std::sync::Arc;
+
+use simpler_tensormap::footprint;
+use simpler_types::{
+    CallConfig, CallableId, CallableKind, CancelReason, RunFailure, TaskArgs, TaskFailure, TaskId,
+    WorkerId, WorkerType,
+};
+
+use crate::builder::RunBuilder;
+use crate::error::SchedError;
+use crate::inbox::ReadyEntry;
+use crate::slot::{Edge, Head, Member, Route};
+use crate::task_protocol::{Attach, Publish, root_of};
+
+/// The member argument lists of one submit.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a single member is moved in by value so that single submits allocate no list"
+)]
+pub(crate) enum Members {
+    /// A single task (no allocation for the list).
+    One(TaskArgs),
+    /// A group.
+    Many(Vec<TaskArgs>),
+}
+
+impl Members {
+    fn as_slice(&self) -> &[TaskArgs] {
+        match self {
+            Members::One(a) => std::slice::from_ref(a),
+            Members::Many(v) => v,
+        }
+    }
+}
+
+/// Eligible worker sets of a NEXT_LEVEL submit.
+#[derive(Clone, Copy)]
+pub(crate) enum Eligible<'a> {
+    /// No restriction.
+    Any,
+    /// One set for the single member.
+    One(&'a [WorkerId]),
+    /// One set per member.
+    PerMember(&'a [Vec<WorkerId>]),
+}
+
+impl<'a> Eligible<'a> {
+    fn sets(self) -> &'a [WorkerId] {
+        match self {
+            Eligible::One(s) => s,
+            Eligible::Any | Eligible::PerMember(_) => &[],
+        }
+    }
+}
+
+/// Where a submit's members run.
+pub(crate) enum Placement<'a> {
+    /// NEXT_LEVEL: one target per member, by stable id.
+    NextLevel {
+        /// Targets.
+        targets: &'a [WorkerId],
+        /// Eligible sets.
+        eligible: Eligible<'a>,
+    },
+    /// SUB: any idle SUB workers.
+    Sub,
+}
+
+impl RunBuilder<'_> {
+    /// Validation (§3.2) then steps 1–9 (§3.3).
+    pub(crate) fn submit(
+        &mut self,
+        callable: &CallableId,
+        members: Members,
+        config: Option<&CallConfig>,
+        placement: Placement<'_>,
+    ) -> Result<TaskId, SchedError> {
+        if self.core().is_stopping() {
+            return Err(SchedError::ShuttingDown);
+        }
+        let worker_type = self.validate(callable, members.as_slice(), &placement)?;
+        self.check_open()?;
+        if self.orch.issued == u32::MAX {
+            return Err(SchedError::TooManyTasks { run: self.run.id });
+        }
+        self.build(callable, members, config, worker_type)
+    }
+
+    /// Checks 1–11 of §3.2. Fills `orch.targets` and `orch.footprints`.
+    fn validate(
+        &mut self,
+        callable: &CallableId,
+        args: &[TaskArgs],
+        placement: &Placement<'_>,
+    ) -> Result<WorkerType, SchedError> {
+        let core = self.core();
+        let orch = &mut *self.orch;
+        let n = args.len();
+        // 1
+        if n == 0 {
+            return Err(SchedError::EmptyArgsList);
+        }
+        orch.targets.clear();
+        let worker_type = match placement {
+            Placement::NextLevel { targets, eligible } => {
+                // 2
+                if targets.len() != n {
+                    return Err(SchedError::TargetCountMismatch {
+                        targets: targets.len(),
+                        members: n,
+                    });
+                }
+                // 3
+                for (i, t) in targets.iter().enumerate() {
+                    if targets[..i].contains(t) {
+                        return Err(SchedError::DuplicateTarget { worker: *t });
+                    }
+                }
+                // 4
+                for &t in *targets {
+                    let index =
+                        core.next_level_index(t).ok_or(SchedError::UnknownWorker { worker: t })?;
+                    orch.targets.push(index);
+                }
+                let per_member: &[Vec<WorkerId>] = match eligible {
+                    Eligible::PerMember(sets) => sets,
+                    _ => &[],
+                };
+                for &w in eligible.sets().iter().chain(per_member.iter().flatten()) {
+                    if core.next_level_index(w).is_none() {
+                        return Err(SchedError::UnknownWorker { worker: w });
+                    }
+                }
+                // 5
+                let check = |member: usize, set: &[WorkerId]| {
+                    if set.is_empty() {
+                        return Err(SchedError::EmptyEligibleSet { member });
+                    }
+                    if !set.contains(&targets[member]) {
+                        return Err(SchedError::TargetNotEligible {
+                            member,
+                            worker: targets[member],
+                        });
+                    }
+                    Ok(())
+                };
+                match eligible {
+                    Eligible::Any => {}
+                    Eligible::One(set) => {
+                        if n != 1 {
+                            return Err(SchedError::EligibleCountMismatch { sets: 1, members: n });
+                        }
+                        check(0, set)?;
+                    }
+                    Eligible::PerMember(sets) => {
+                        if sets.len() != n {
+                            return Err(SchedError::EligibleCountMismatch {
+                                sets: sets.len(),
+                                members: n,
+                            });
+                        }
+                        for (member, set) in sets.iter().enumerate() {
+                            check(member, set)?;
+                        }
+                    }
+                }
+                WorkerType::NextLevel
+            }
+            Placement::Sub => {
+                // 6
+                if n > core.sub.len() {
+                    return Err(SchedError::GroupLargerThanPool { size: n, pool: core.sub.len() });
+                }
+                WorkerType::Sub
+            }
+        };
+        // 7
+        let expected = match worker_type {
+            WorkerType::Sub => CallableKind::Host,
+            WorkerType::NextLevel if core.level <= 3 => CallableKind::Chip,
+            WorkerType::NextLevel => CallableKind::Graph,
+        };
+        if callable.kind != expected {
+            return Err(SchedError::CallableKindMismatch { kind: callable.kind, worker_type });
+        }
+        // 8–11, tensor by tensor.
+        orch.footprints.clear();
+        for (member, a) in args.iter().enumerate() {
+            let target = match placement {
+                Placement::NextLevel { targets, .. } => Some(targets[member]),
+                Placement::Sub => None,
+            };
+            let first = orch.footprints.len();
+            for (arg, (t, &tag)) in a.tensors().iter().zip(a.tags()).enumerate() {
+                t.validate().map_err(|source| SchedError::InvalidTensor { member, arg, source })?;
+                if tag.writes() && t.is_null() {
+                    return Err(SchedError::OutputWithoutBuffer { member, arg, tag });
+                }
+                if target.is_none() && t.is_child_memory() {
+                    return Err(SchedError::ChildMemoryOnSubTask { member, arg });
+                }
+                let fp = if tag.looks_up() || tag.inserts() {
+                    footprint(t, target)
+                        .map_err(|_| SchedError::ChildMemoryOnSubTask { member, arg })?
+                } else {
+                    None
+                };
+                if let (true, Some((key, span))) = (tag.writes(), fp) {
+                    let earlier = orch.footprints[first..].iter().zip(a.tags()).enumerate();
+                    for (prev, (other, other_tag)) in earlier {
+                        if let (true, Some((k, s))) = (other_tag.writes(), other)
+                            && *k == key
+                            && s.overlaps(span)
+                        {
+                            return Err(SchedError::OverlappingWrites {
+                                member,
+                                first: prev,
+                                second: arg,
+                            });
+                        }
+                    }
+                }
+                orch.footprints.push(fp);
+            }
+        }
+        Ok(worker_type)
+    }
+
+    /// Steps 1–9 (§3.3). After validation only the ring can refuse (step 1); from step 2 on
+    /// nothing fails.
+    fn build(
+        &mut self,
+        callable: &CallableId,
+        members: Members,
+        config: Option<&CallConfig>,
+        worker_type: WorkerType,
+    ) -> Result<TaskId, SchedError> {
+        let core = self.core();
+        let run = Arc::clone(&self.run);
+        let args = members.as_slice();
+        let n = args.len();
+
+        // 1. Claim a slot (slot only, no heap).
+        let depth = self.orch.scopes.depth().saturating_sub(1);
+        let allocation = core.ring.alloc(0, depth).map_err(|e| self.alloc_error(e))?;
+        let id = allocation.slot;
+        let Some(slot) = core.ring.slot(id) else {
+            core.ring.release(id);
+            return Err(SchedError::Internal {
+                message: format!("{id} is not live right after its allocation"),
+            });
+        };
+
+        // 2. Initialize and charge; register the scope reference before outputs are published.
+        let task = match run.charge(id) {
+            Ok(task) => task,
+            Err(_) => {
+                core.ring.release(id);
+                return Err(SchedError::TooManyTasks { run: run.id });
+            }
+        };
+        let orch = &mut *self.orch;
+        orch.issued += 1;
+        let route = match worker_type {
+            WorkerType::Sub => Route::Sub { size: n as u32 },
+            WorkerType::NextLevel if n > 1 => Route::Group,
+            WorkerType::NextLevel => Route::Single { worker: orch.targets[0] },
+        };
+        slot.init_task(Head { id, task, callable: *callable }, Arc::clone(&run), route, n);
+        orch.scopes.register(id);
+
+        {
+            // The payload of a `Building` slot is read by nobody, so holding its lock across the
+            // tensor-map guard contends with no one (lock order: payload → tensor map).
+            let mut payload = slot.payload.write();
+
+            // 3. Infer dependencies. Lifetime pins first (alloc registry, its own leaf lock),
+            // then lookups and inserts under one tensor-map guard.
+            orch.producers.clear();
+            let mut allocs = None;
+            for t in args.iter().flat_map(|a| a.tensors()) {
+                if t.addr != 0 && core.ring.ring_of_addr(t.addr).is_some() {
+                    let allocs = allocs.get_or_insert_with(|| core.allocs.lock());
+                    if let Some(&creator) = allocs.get(&t.addr) {
+                        orch.producers.push(creator);
+                    }
+                }
+            }
+            drop(allocs);
+            {
+                let mut map = core.tensor_map.lock();
+                let tags = args.iter().flat_map(|a| a.tags());
+                for (&tag, fp) in tags.zip(&orch.footprints) {
+                    let Some((key, span)) = *fp else { continue };
+                    if tag.looks_up() {
+                        map.lookup_overlapping(run.id, &key, span, |p| orch.producers.push(p));
+                    }
+                    if tag.inserts() {
+                        payload.output_keys.push(key);
+                        map.insert(run.id, key, span, id);
+                    }
+                }
+            }
+            if orch.producers.len() > 1 {
+                orch.producers.sort_unstable();
+                orch.producers.dedup();
+            }
+            orch.producers.retain(|&p| p != id);
+
+            // 4. Store the payload.
+            payload.id = Some(id);
+            payload.task = Some(task);
+            payload.callable = Some(*callable);
+            payload.worker_type = Some(worker_type);
+            if let Some(config) = config {
+                payload.config.clone_from(config);
+            }
+            let targets = &orch.targets;
+            let member = |(i, args): (usize, TaskArgs)| Member {
+                args,
+                target: targets.get(i).copied().unwrap_or(i as u32),
+            };
+            match members {
+                Members::One(a) => payload.members.push(member((0, a))),
+                Members::Many(v) => payload.members.extend(v.into_iter().enumerate().map(member)),
+            }
+        }
+
+        // 5. Attach to each producer, holding only that producer's lock.
+        let me = Edge { slot: id, task };
+        orch.attached.clear();
+        let mut live = 0u32;
+        let mut failed: Option<Arc<TaskFailure>> = None;
+        for &p in &orch.producers {
+            let Some(producer) = core.ring.slot(p) else { continue };
+            match producer.attach(p, me) {
+                Attach::Skipped => {}
+                Attach::Live(t) => {
+                    live += 1;
+                    orch.attached.push(Edge { slot: p, task: t });
+                }
+                Attach::Finished(t) => orch.attached.push(Edge { slot: p, task: t }),
+                Attach::Failed(t, f) => {
+                    orch.attached.push(Edge { slot: p, task: t });
+                    failed.get_or_insert(f);
+                }
+            }
+        }
+
+        // 6. Publish; 7. poisoned at submit; 8. queue.
+        match slot.publish(id, &orch.attached, live, failed.is_some()) {
+            Publish::Ready(route) => {
+                if core.inbox.push_ready(ReadyEntry { slot: id, route }).is_err() {
+                    // The scheduler has stopped for good: the task can never run.
+                    core.cancel_ready(id, CancelReason::Shutdown, &mut orch.graph);
+                }
+            }
+            Publish::Pending => {}
+            Publish::Poisoned => {
+                let root = failed.as_ref().map(root_of);
+                if let Some(f) = slot.fail_at_submit(id, root, &mut orch.graph.releases) {
+                    run.record(RunFailure::Task(Arc::clone(root_of(&f))));
+                }
+                core.release_all(&mut orch.graph.releases);
+            }
+        }
+        tracing::trace!(parent: &run.span, %task, producers = orch.attached.len(), live, "submitted");
+        // 9.
+        Ok(task)
+    }
+}

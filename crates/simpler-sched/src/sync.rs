@@ -1,0 +1,167 @@
+//! Synchronization shim: the engine's locks and atomics, swapped for `loom`'s under
+//! `cfg(simpler_loom)` so that the small core protocols can be model-checked unchanged.
+//!
+//! Normal builds use `parking_lot` locks (no poisoning, small, fast when uncontended) and `std`
+//! atomics. Under `cfg(simpler_loom)` the same names resolve to thin wrappers over `loom::sync`
+//! that present the `parking_lot` calling convention (`lock()` returns the guard directly).
+//! [`Condvar`] takes and returns guards by value in both builds, because that is the only form
+//! both libraries can offer.
+//!
+//! `Arc` is always `std::sync::Arc`: the models check the protocols built on these primitives,
+//! not reference counting.
+
+#[cfg(not(simpler_loom))]
+pub(crate) use parking_lot::{Mutex, MutexGuard, RwLock};
+#[cfg(not(simpler_loom))]
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+
+#[cfg(simpler_loom)]
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+#[cfg(simpler_loom)]
+pub(crate) use loom_impl::{Mutex, MutexGuard, RwLock};
+
+use std::time::Instant;
+
+/// A condition variable over [`Mutex`] guards, passed by value.
+#[derive(Default)]
+pub(crate) struct Condvar {
+    #[cfg(not(simpler_loom))]
+    inner: parking_lot::Condvar,
+    #[cfg(simpler_loom)]
+    inner: loom::sync::Condvar,
+}
+
+impl Condvar {
+    /// A condition variable nobody waits on yet.
+    pub(crate) fn new() -> Condvar {
+        Condvar::default()
+    }
+
+    /// Releases `guard`, blocks until notified (or spuriously woken), and relocks.
+    #[cfg(not(simpler_loom))]
+    pub(crate) fn wait<'a, T>(&self, mut guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+        self.inner.wait(&mut guard);
+        guard
+    }
+
+    /// As [`Condvar::wait`], giving up at `deadline`; the flag is true on timeout.
+    #[cfg(not(simpler_loom))]
+    pub(crate) fn wait_until<'a, T>(
+        &self,
+        mut guard: MutexGuard<'a, T>,
+        deadline: Instant,
+    ) -> (MutexGuard<'a, T>, bool) {
+        let timed_out = self.inner.wait_until(&mut guard, deadline).timed_out();
+        (guard, timed_out)
+    }
+
+    /// Releases `guard`, blocks until notified (or spuriously woken), and relocks.
+    #[cfg(simpler_loom)]
+    pub(crate) fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+        // A poisoned loom mutex means the model already failed; keep the guard either way.
+        self.inner.wait(guard).unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// As [`Condvar::wait`], giving up at `deadline`; the flag is true on timeout.
+    #[cfg(simpler_loom)]
+    pub(crate) fn wait_until<'a, T>(
+        &self,
+        guard: MutexGuard<'a, T>,
+        deadline: Instant,
+    ) -> (MutexGuard<'a, T>, bool) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.inner.wait_timeout(guard, left) {
+            Ok((g, r)) => (g, r.timed_out()),
+            Err(p) => {
+                let (g, r) = p.into_inner();
+                (g, r.timed_out())
+            }
+        }
+    }
+
+    /// Wakes one waiter.
+    pub(crate) fn notify_one(&self) {
+        self.inner.notify_one();
+    }
+
+    /// Wakes every waiter.
+    pub(crate) fn notify_all(&self) {
+        self.inner.notify_all();
+    }
+}
+
+#[cfg(simpler_loom)]
+mod loom_impl {
+    //! `parking_lot`-shaped wrappers over `loom::sync` locks.
+
+    use std::sync::PoisonError;
+
+    pub(crate) use loom::sync::MutexGuard;
+    pub(crate) use loom::sync::{RwLockReadGuard, RwLockWriteGuard};
+
+    /// `loom::sync::Mutex` with a non-poisoning `lock()`.
+    #[derive(Debug, Default)]
+    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        /// Wraps `value`.
+        pub(crate) fn new(value: T) -> Mutex<T> {
+            Mutex(loom::sync::Mutex::new(value))
+        }
+
+        /// Locks, ignoring poisoning (a panic inside a model already fails it).
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+    }
+
+    /// `loom::sync::RwLock` with non-poisoning `read()` and `write()`.
+    #[derive(Debug, Default)]
+    pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
+
+    impl<T> RwLock<T> {
+        /// Wraps `value`.
+        #[allow(dead_code, reason = "mirrors the parking_lot API used in normal builds")]
+        pub(crate) fn new(value: T) -> RwLock<T> {
+            RwLock(loom::sync::RwLock::new(value))
+        }
+
+        /// Shared access.
+        pub(crate) fn read(&self) -> RwLockReadGuard<'_, T> {
+            self.0.read().unwrap_or_else(PoisonError::into_inner)
+        }
+
+        /// Exclusive access.
+        pub(crate) fn write(&self) -> RwLockWriteGuard<'_, T> {
+            self.0.write().unwrap_or_else(PoisonError::into_inner)
+        }
+    }
+}
+
+/// Spin briefly, then give up: the short busy phase before a thread parks.
+///
+/// A park/unpark pair costs several microseconds on small machines, far more than one
+/// cross-core handoff, so the hot handoffs (scheduler inbox, worker mailbox) poll a lock-free
+/// "something arrived" flag for a bounded number of steps before they park. The bound follows
+/// `crossbeam_utils::Backoff`: exponential spinning, then a few `yield_now` calls (which let the
+/// producer run when cores are oversubscribed), then park.
+pub(crate) fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
+    #[cfg(not(simpler_loom))]
+    {
+        let backoff = crossbeam_utils::Backoff::new();
+        loop {
+            if ready() {
+                return true;
+            }
+            if backoff.is_completed() {
+                return false;
+            }
+            backoff.snooze();
+        }
+    }
+    #[cfg(simpler_loom)]
+    {
+        // Loom explores interleavings itself; a spin would only multiply its state space.
+        ready()
+    }
+}

@@ -1,0 +1,285 @@
+//! Worker threads: one per endpoint, fed through a mailbox (spec 30 §7).
+//!
+//! # Worker thread
+//!
+//! 0. Call `on_thread_start` (a chip endpoint binds its device lane here, so this thread *is*
+//!    the lane).
+//! 1. Take the next mail: spin briefly on the mailbox's `pending` hint, then park.
+//! 2. A task member: read its arguments from the slot (immutable since publication; the slot
+//!    stays `Running` until this member reports), call `Endpoint::run` under `catch_unwind`, and
+//!    push the completion into the scheduler inbox. The completion is published before the
+//!    scheduler can consider this worker idle, because only the scheduler marks it idle, when it
+//!    processes that completion.
+//! 3. A control job: run it (it catches its own panic and sends its result).
+//! 4. Repeat. On `Stop`, which is always the last mail (the mailbox refuses pushes after it),
+//!    call `shutdown` and exit; everything queued before it has been served.
+//!
+//! # Mailbox handoff
+//!
+//! The same as the scheduler inbox: a sender locks, appends, sets `pending`, and notifies only if
+//! the worker announced under the lock that it sleeps. One lock and at most one wake per
+//! dispatch.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use simpler_types::{SlotId, WorkerRef};
+
+use crate::core::Core;
+use crate::endpoint::{DispatchedMember, Endpoint, EndpointFailure, panic_message};
+use crate::error::SchedError;
+use crate::inbox::{MemberCompletion, WorkerSlot};
+use crate::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
+
+/// A control job queued for one worker.
+pub(crate) type Job = Box<dyn FnOnce(&mut dyn Endpoint) + Send>;
+
+/// One item of a worker's mailbox.
+pub(crate) enum Mail {
+    /// Run member `member` of the task in `slot`.
+    Task {
+        /// The task's slot.
+        slot: SlotId,
+        /// The member index.
+        member: u32,
+    },
+    /// Run a control job.
+    Job(Job),
+    /// Serve nothing more.
+    Stop,
+}
+
+#[derive(Default)]
+struct MailboxState {
+    queue: VecDeque<Mail>,
+    sleeping: bool,
+    closed: bool,
+}
+
+/// A worker's FIFO of dispatches and control jobs.
+#[derive(Default)]
+pub(crate) struct Mailbox {
+    state: Mutex<MailboxState>,
+    wake: Condvar,
+    /// Hint for the spinning worker (see module docs). Writers: senders and the worker, under
+    /// the lock. Reader: the worker, lock-free.
+    pending: AtomicBool,
+    /// The slot whose member this worker is running, packed (`SlotId::pack`), 0 when idle.
+    /// Writer: the scheduler (dispatch and completion). Reader: shutdown's progress warning.
+    busy_with: AtomicU64,
+}
+
+/// The worker stopped; nothing more is accepted.
+#[derive(Debug)]
+pub(crate) struct MailboxClosed;
+
+impl Mailbox {
+    /// Queues a dispatched member (scheduler only).
+    pub(crate) fn send_task(&self, slot: SlotId, member: u32) {
+        // Relaxed: read only by the shutdown warning, which tolerates a stale value.
+        self.busy_with.store(slot.pack(), Ordering::Relaxed);
+        let mut s = self.state.lock();
+        debug_assert!(!s.closed, "dispatch to a stopped worker");
+        s.queue.push_back(Mail::Task { slot, member });
+        self.wake_locked(&mut s);
+    }
+
+    /// Marks the worker idle for the shutdown warning (scheduler only).
+    pub(crate) fn set_idle(&self) {
+        self.busy_with.store(0, Ordering::Relaxed);
+    }
+
+    /// The slot the worker is running, if any.
+    pub(crate) fn busy_with(&self) -> Option<SlotId> {
+        match self.busy_with.load(Ordering::Relaxed) {
+            0 => None,
+            raw => Some(SlotId::unpack(raw)),
+        }
+    }
+
+    /// Queues a control job.
+    pub(crate) fn send_job(&self, job: Job) -> Result<(), MailboxClosed> {
+        let mut s = self.state.lock();
+        if s.closed {
+            return Err(MailboxClosed);
+        }
+        s.queue.push_back(Mail::Job(job));
+        self.wake_locked(&mut s);
+        Ok(())
+    }
+
+    /// Queues the final `Stop` and refuses everything after it.
+    pub(crate) fn stop(&self) {
+        let mut s = self.state.lock();
+        if !s.closed {
+            s.closed = true;
+            s.queue.push_back(Mail::Stop);
+            self.wake_locked(&mut s);
+        }
+    }
+
+    fn wake_locked(&self, s: &mut MailboxState) {
+        // Relaxed: a hint; the queue itself is read under the lock.
+        self.pending.store(true, Ordering::Relaxed);
+        if s.sleeping {
+            s.sleeping = false;
+            self.wake.notify_one();
+        }
+    }
+
+    /// Takes the next mail, spinning briefly and then parking until one arrives.
+    fn recv(&self) -> Mail {
+        sync::spin_until(|| self.pending.load(Ordering::Relaxed));
+        let mut s = self.state.lock();
+        loop {
+            if let Some(mail) = s.queue.pop_front() {
+                if s.queue.is_empty() {
+                    self.pending.store(false, Ordering::Relaxed);
+                }
+                return mail;
+            }
+            s.sleeping = true;
+            s = self.wake.wait(s);
+        }
+    }
+}
+
+/// One-shot receiver of a control job's result ([`Engine::on_endpoint`](crate::Engine::on_endpoint)).
+pub struct JobReceiver<R> {
+    rx: mpsc::Receiver<Result<R, String>>,
+    worker: WorkerRef,
+}
+
+impl<R> std::fmt::Debug for JobReceiver<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobReceiver").field("worker", &self.worker).finish_non_exhaustive()
+    }
+}
+
+impl<R> JobReceiver<R> {
+    pub(crate) fn new(rx: mpsc::Receiver<Result<R, String>>, worker: WorkerRef) -> Self {
+        JobReceiver { rx, worker }
+    }
+
+    /// The worker the job runs on.
+    pub fn worker(&self) -> WorkerRef {
+        self.worker
+    }
+
+    /// Blocks until the job has run and returns its result.
+    ///
+    /// Errors: [`SchedError::JobPanicked`] if the job panicked, [`SchedError::WorkerStopped`]
+    /// if the worker stopped without running it.
+    pub fn recv(self) -> Result<R, SchedError> {
+        match self.rx.recv() {
+            Ok(r) => self.map(r),
+            Err(_) => Err(SchedError::WorkerStopped { worker: self.worker }),
+        }
+    }
+
+    /// As [`recv`](Self::recv), giving up after `timeout` with `Ok(None)` (the job may still
+    /// run; call again to collect it).
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Option<R>, SchedError> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(r) => self.map(r).map(Some),
+            Err(mpsc::RecvTimeoutError::Timeout) => Ok(None),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(SchedError::WorkerStopped { worker: self.worker })
+            }
+        }
+    }
+
+    fn map(&self, r: Result<R, String>) -> Result<R, SchedError> {
+        r.map_err(|message| SchedError::JobPanicked { worker: self.worker, message })
+    }
+}
+
+/// Wraps a typed job so that it reports its result (or its panic) through a channel.
+pub(crate) fn wrap_job<R: Send + 'static>(
+    job: impl FnOnce(&mut dyn Endpoint) -> R + Send + 'static,
+) -> (Job, mpsc::Receiver<Result<R, String>>) {
+    let (tx, rx) = mpsc::sync_channel(1);
+    let job: Job = Box::new(move |endpoint: &mut dyn Endpoint| {
+        let result = catch_unwind(AssertUnwindSafe(|| job(endpoint)))
+            .map_err(|payload| panic_message(payload.as_ref()));
+        // The receiver may have been dropped; the job ran either way.
+        let _ = tx.send(result);
+    });
+    (job, rx)
+}
+
+/// Body of one worker thread.
+pub(crate) fn worker_main(
+    core: Arc<Core>,
+    who: WorkerSlot,
+    name: WorkerRef,
+    mut endpoint: Box<dyn Endpoint>,
+) {
+    let _span = tracing::debug_span!("worker", level = core.level, worker = %name).entered();
+    if let Err(p) = catch_unwind(AssertUnwindSafe(|| endpoint.on_thread_start())) {
+        tracing::error!(worker = %name, "on_thread_start panicked: {}", panic_message(p.as_ref()));
+    }
+    let mailbox = core.mailbox(who);
+    loop {
+        match mailbox.recv() {
+            Mail::Task { slot, member } => {
+                let result = run_member(&core, endpoint.as_mut(), slot, member);
+                let completion = MemberCompletion { slot, member, worker: who, result };
+                if core.inbox.push_completion(completion).is_err() {
+                    // Cannot happen: the scheduler closes its inbox only when no worker is busy.
+                    tracing::error!(worker = %name, %slot, "completion refused by a closed inbox");
+                }
+            }
+            Mail::Job(job) => job(endpoint.as_mut()),
+            Mail::Stop => break,
+        }
+    }
+    if let Err(p) = catch_unwind(AssertUnwindSafe(|| endpoint.shutdown())) {
+        tracing::error!(worker = %name, "endpoint shutdown panicked: {}", panic_message(p.as_ref()));
+    }
+}
+
+/// Step 2: runs one dispatched member and returns what the endpoint said.
+fn run_member(
+    core: &Core,
+    endpoint: &mut dyn Endpoint,
+    slot: SlotId,
+    member: u32,
+) -> Result<(), EndpointFailure> {
+    let stale = || EndpointFailure::endpoint_failed(format!("dispatched {slot} is not live"));
+    let Some(entry) = core.ring.slot(slot) else {
+        return Err(stale());
+    };
+    let payload = entry.payload.read();
+    let (Some(task), Some(callable)) = (payload.task, payload.callable.as_ref()) else {
+        return Err(stale());
+    };
+    if payload.id != Some(slot) {
+        return Err(stale());
+    }
+    let Some(m) = payload.members.get(member as usize) else {
+        return Err(EndpointFailure::endpoint_failed(format!(
+            "{task} has no member {member} (group of {})",
+            payload.members.len()
+        )));
+    };
+    let dispatched = DispatchedMember {
+        task,
+        member,
+        group_size: payload.members.len() as u32,
+        callable,
+        config: &payload.config,
+        args: m.args.view(),
+    };
+    let _span = tracing::debug_span!("task", %task, member).entered();
+    match catch_unwind(AssertUnwindSafe(|| endpoint.run(dispatched))) {
+        Ok(result) => result,
+        Err(payload) => Err(EndpointFailure::endpoint_failed(format!(
+            "endpoint panicked: {}",
+            panic_message(payload.as_ref())
+        ))),
+    }
+}
