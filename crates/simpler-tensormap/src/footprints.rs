@@ -1,195 +1,396 @@
 //! The producers of one buffer key: `(footprint, producer)` entries ordered by start (spec 20 §D).
 //!
-//! This module is the overlap algorithm on its own: no hashing, no runs, no locking. It is the
-//! part a fixed-capacity device core (spec 20 Part C) reuses, so it keeps to plain slice
-//! operations on one ordered list.
+//! This module is the overlap algorithm on its own: no runs, no keys, no locking. It is the part
+//! a fixed-capacity device core (spec 20 Part C) reuses; only the owner index of large lists
+//! (below) uses a hash map, which a fixed core would replace by a fixed table.
 //!
-//! # Representation and invariants
+//! # Two modes
 //!
-//! 1. `entries` is sorted by `span.start` (ties in any order) and never holds an empty span.
-//! 2. `max_len` equals the longest entry's length. A lookup for `[s, e)` can then skip every entry
-//!    whose start is at most `s − max_len`, because such an entry ends at or before `s`; together
-//!    with the sort order this bounds a lookup to a binary search plus the entries whose start
-//!    lies in `(s − max_len, e)` (the *candidates*). Insert keeps `max_len` exact by taking a
-//!    maximum: the entries it removes lie inside the new span, so none is longer than the new one.
-//!    Owner-erase recomputes it from the survivors during the scan it already makes.
-//! 3. An empty list is never stored: the map removes the key instead.
+//! **Plain** (at most [`INDEX_AT`] entries, the normal case): `entries` sorted by start, every
+//! entry live. A lookup scans the entries that start before the span ends; an insert compacts
+//! away the entries it supersedes; an owner-erase is a `retain`. A key with one entry is held
+//! inline by the `SmallVec`: a lookup is one overlap test, and an insert that rewrites the same
+//! bytes replaces the entry in place.
 //!
-//! The common key has one entry, held inline by the `SmallVec`, so a lookup is one overlap test
-//! and an insert that rewrites the same bytes replaces the entry in place.
+//! **Indexed** (a list that grew past [`INDEX_AT`] entries: a fan-in buffer written slice by
+//! slice, spec 70 P3). Scanning or shifting the whole list per operation would make a fan-in of
+//! k slices cost O(k²), so the list gains an [`OwnerIndex`]:
+//!
+//! 1. `entries` stays sorted by start but may hold **dead** entries: an erased entry is killed in
+//!    place by emptying its span (`end = start`), which keeps the order without shifting anything.
+//!    Empty spans overlap nothing, so lookups skip dead entries for free.
+//! 2. `starts[owner]` lists the start of each live entry of `owner`, so an owner-erase finds its
+//!    entries by binary search instead of a scan.
+//! 3. `max_len` is at least the length of every live entry. A lookup for `[s, e)` then scans only
+//!    the entries whose start lies in `(s − max_len, e)` (the *candidates*): an entry starting at
+//!    or before `s − max_len` ends at or before `s`.
+//! 4. `shared_owners` counts owners with two or more live entries. While it is 0 no producer can
+//!    be met twice, and a lookup visits candidates without deduplicating.
+//! 5. When dead entries outnumber live ones the list is compacted (amortized O(1) per erase);
+//!    a list compacted down to [`UNINDEX_AT`] live entries or fewer drops its index and is plain
+//!    again. The gap between the two thresholds keeps a list near the boundary from flapping.
+//!
+//! An empty list (no live entry) is never stored: the store removes the key instead.
 
 use std::cell::Cell;
 
+use rustc_hash::FxHashMap;
 use simpler_types::SlotId;
 use smallvec::SmallVec;
 
 use crate::ByteSpan;
 
-/// At most this many candidates are deduplicated in place by comparing each with the ones
-/// before it; more are collected into the map's reusable scratch buffer, sorted and deduplicated,
-/// which keeps a fan-in lookup over many producers linear-logarithmic instead of quadratic.
+/// A list with more entries than this builds an owner index.
+const INDEX_AT: usize = 32;
+
+/// An indexed list compacted down to this many live entries drops its index.
+const UNINDEX_AT: usize = 8;
+
+/// At most this many candidates are deduplicated in place by comparing each with the ones before
+/// it; more are collected into the store's reusable scratch buffer, sorted and deduplicated.
 const IN_PLACE_DEDUP_LIMIT: usize = 16;
 
 /// One producer's claim on a byte range of a buffer.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct Entry {
-    /// The bytes the producer writes; never empty.
+    /// The bytes the producer writes; empty only for a dead entry of an indexed list.
     pub(crate) span: ByteSpan,
     /// The producing task's slot.
     pub(crate) slot: SlotId,
 }
 
-/// All live entries of one buffer key, ordered by start.
-#[derive(Clone, Debug)]
+impl Entry {
+    fn is_dead(&self) -> bool {
+        self.span.is_empty()
+    }
+}
+
+/// All entries of one buffer key, ordered by start. The default value (no entry) only fills
+/// unused slab slots; it is never stored under a key.
+#[derive(Clone, Debug, Default)]
 pub(crate) struct FootprintList {
     entries: SmallVec<[Entry; 1]>,
+    /// Present in indexed mode only (see the module docs).
+    index: Option<Box<OwnerIndex>>,
+}
+
+/// Bookkeeping of an indexed list (module docs, items 2–4).
+#[derive(Clone, Debug, Default)]
+struct OwnerIndex {
+    /// Starts of every live entry, per owner.
+    starts: FxHashMap<SlotId, SmallVec<[u64; 1]>>,
+    /// Owners with two or more live entries.
+    shared_owners: usize,
+    /// Dead entries in the list.
+    dead: usize,
+    /// At least the length of every live entry.
     max_len: u64,
+}
+
+impl OwnerIndex {
+    fn remember(&mut self, owner: SlotId, start: u64) {
+        let starts = self.starts.entry(owner).or_default();
+        starts.push(start);
+        if starts.len() == 2 {
+            self.shared_owners += 1;
+        }
+    }
+
+    fn forget(&mut self, owner: SlotId, start: u64) {
+        let Some(starts) = self.starts.get_mut(&owner) else {
+            debug_assert!(false, "{owner} has a live entry but no index record");
+            return;
+        };
+        if let Some(at) = starts.iter().position(|&s| s == start) {
+            starts.swap_remove(at);
+        }
+        match starts.len() {
+            0 => {
+                self.starts.remove(&owner);
+            }
+            1 => self.shared_owners -= 1,
+            _ => {}
+        }
+    }
 }
 
 impl FootprintList {
     /// A list holding one entry. `span` must not be empty (the store filters empty spans).
     pub(crate) fn new(span: ByteSpan, slot: SlotId) -> FootprintList {
         debug_assert!(!span.is_empty(), "the store never inserts an empty span");
-        let mut entries = SmallVec::new();
-        entries.push(Entry { span, slot });
-        FootprintList { entries, max_len: span.len() }
+        FootprintList { entries: SmallVec::from_buf([Entry { span, slot }]), index: None }
     }
 
-    /// Number of entries.
-    #[cfg(test)]
+    /// Number of live entries.
     pub(crate) fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.len() - self.index.as_ref().map_or(0, |ix| ix.dead)
     }
 
-    /// `true` when no entry is left; the store then drops the key.
+    /// `true` when no live entry is left; the store then drops the key.
     pub(crate) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
     }
 
-    /// The entries in start order.
+    /// The live entries in start order.
     #[cfg(test)]
-    pub(crate) fn entries(&self) -> &[Entry] {
-        &self.entries
+    pub(crate) fn live_entries(&self) -> Vec<Entry> {
+        self.entries.iter().filter(|e| !e.is_dead()).copied().collect()
     }
 
     /// Calls `visit` once for every distinct producer with an entry that overlaps `span`.
     ///
-    /// `scratch` is borrowed by value (taken out of the cell and put back) only when more than
+    /// `scratch` is taken out of its cell and put back, and only when more than
     /// [`IN_PLACE_DEDUP_LIMIT`] candidates need deduplication; its capacity is kept, so lookups
-    /// allocate nothing once it has grown to the largest fan-in seen. Taking it out of the cell
-    /// rather than borrowing it means a `visit` that re-enters a lookup on the same store finds
-    /// an empty buffer instead of a conflicting borrow. The visiting order is unspecified.
+    /// allocate nothing once it has grown to the largest fan-in seen. Taking it rather than
+    /// borrowing it means a `visit` that re-enters a lookup on the same store finds an empty
+    /// buffer instead of a conflicting borrow. The visiting order is unspecified.
+    #[inline]
     pub(crate) fn visit_overlapping(
         &self,
         span: ByteSpan,
         scratch: &Cell<Vec<SlotId>>,
         mut visit: impl FnMut(SlotId),
     ) {
-        if let [only] = self.entries.as_slice() {
-            if only.span.overlaps(span) {
-                visit(only.slot);
-            }
-            return;
-        }
-        let candidates = &self.entries[self.candidate_range(span)];
-        if candidates.len() <= IN_PLACE_DEDUP_LIMIT {
-            for (i, entry) in candidates.iter().enumerate() {
-                let seen =
-                    |earlier: &Entry| earlier.slot == entry.slot && earlier.span.overlaps(span);
-                if entry.span.overlaps(span) && !candidates[..i].iter().any(seen) {
-                    visit(entry.slot);
+        let Some(index) = &self.index else {
+            if let [only] = self.entries.as_slice() {
+                if only.span.overlaps(span) {
+                    visit(only.slot);
                 }
+                return;
             }
-            return;
+            let end = self.entries.partition_point(|e| e.span.start < span.end);
+            return visit_dedup_in_place(&self.entries[..end], span, visit);
+        };
+        let candidates = &self.entries[self.candidate_range(span, index.max_len)];
+        if index.shared_owners == 0 {
+            // Every owner has one live entry, so no producer can come up twice.
+            for entry in candidates.iter().filter(|e| e.span.overlaps(span)) {
+                visit(entry.slot);
+            }
+        } else if candidates.len() <= IN_PLACE_DEDUP_LIMIT {
+            visit_dedup_in_place(candidates, span, visit);
+        } else {
+            let mut slots = scratch.take();
+            slots.clear();
+            slots.extend(candidates.iter().filter(|e| e.span.overlaps(span)).map(|e| e.slot));
+            slots.sort_unstable();
+            slots.dedup();
+            for &slot in &slots {
+                visit(slot);
+            }
+            slots.clear();
+            scratch.set(slots);
         }
-        let mut slots = scratch.take();
-        slots.clear();
-        slots.extend(candidates.iter().filter(|e| e.span.overlaps(span)).map(|e| e.slot));
-        slots.sort_unstable();
-        slots.dedup();
-        for &slot in &slots {
-            visit(slot);
-        }
-        slots.clear();
-        scratch.set(slots);
     }
 
-    /// Index range of the entries that may overlap `span` (invariant 2 of the module docs).
-    fn candidate_range(&self, span: ByteSpan) -> std::ops::Range<usize> {
-        // An entry can reach past `span.start` only if it starts after `span.start - max_len`.
+    /// Index range of the entries that may overlap `span` (module docs, item 3).
+    fn candidate_range(&self, span: ByteSpan, max_len: u64) -> std::ops::Range<usize> {
         // `span.start < span.end <= u64::MAX`, so `span.start + 1` cannot overflow.
-        let first_reaching = (span.start + 1).saturating_sub(self.max_len);
+        let first_reaching = (span.start + 1).saturating_sub(max_len);
         let lo = self.entries.partition_point(|e| e.span.start < first_reaching);
         let hi = lo + self.entries[lo..].partition_point(|e| e.span.start < span.end);
         lo..hi
     }
 
-    /// Adds `(span, slot)` after removing every entry that lies inside `span`; returns how many
-    /// were removed (superseded). Entries that `span` only partly covers stay.
+    /// Adds `(span, slot)` after removing every live entry that lies inside `span`; returns how
+    /// many were removed (superseded). Entries that `span` only partly covers stay.
     ///
     /// Only entries starting at or after `span.start` can lie inside it, and they are contiguous
     /// in start order, so the scan touches the superseded entries and the partial overlaps that
-    /// start inside `span`, nothing else.
+    /// start inside `span`, nothing else. Dead entries met on the way are dropped for free.
     pub(crate) fn insert(&mut self, span: ByteSpan, slot: SlotId) -> usize {
         debug_assert!(!span.is_empty(), "the store never inserts an empty span");
         let new = Entry { span, slot };
+        if let [only] = self.entries.as_mut_slice()
+            && span.contains(only.span)
+        {
+            // The common rewrite of one key's only entry (an `InOut` chain), without the scan.
+            *only = new;
+            return 1;
+        }
         let lo = self.entries.partition_point(|e| e.span.start < span.start);
         // Compact the survivors of `lo..` that start inside `span` towards `lo`.
         let mut write = lo;
         let mut read = lo;
+        let mut superseded = 0;
         while let Some(&entry) = self.entries.get(read) {
             if entry.span.start >= span.end {
                 break;
             }
-            if !span.contains(entry.span) {
+            read += 1;
+            if let Some(index) = &mut self.index {
+                if entry.is_dead() {
+                    index.dead -= 1;
+                    continue;
+                }
+                if span.contains(entry.span) {
+                    index.forget(entry.slot, entry.span.start);
+                }
+            }
+            if span.contains(entry.span) {
+                superseded += 1;
+            } else {
                 self.entries[write] = entry;
                 write += 1;
             }
-            read += 1;
         }
-        let superseded = read - write;
-        if superseded > 0 && write == lo {
-            // Every entry starting inside `span` was superseded (the rewrite case): the new entry
+        if read > write && write == lo {
+            // Every entry starting inside `span` went away (the rewrite case): the new entry
             // takes the first vacated place, which keeps the start order.
             self.entries[lo] = new;
             self.entries.drain(lo + 1..read);
         } else {
             self.entries.drain(write..read);
-            // Survivors in `lo..write` start at or after `span.start`, so `lo` keeps the order.
-            self.entries.insert(lo, new);
+            self.place(lo, new);
         }
-        self.max_len = self.max_len.max(span.len());
+        match &mut self.index {
+            Some(index) => {
+                index.remember(slot, span.start);
+                index.max_len = index.max_len.max(span.len());
+            }
+            None if self.entries.len() > INDEX_AT => self.build_index(),
+            None => {}
+        }
         superseded
     }
 
-    /// Removes every entry produced by `owner`; returns how many were removed.
-    pub(crate) fn remove_owned(&mut self, owner: SlotId) -> usize {
-        let before = self.entries.len();
-        self.entries.retain(|e| e.slot != owner);
-        let removed = before - self.entries.len();
-        if removed > 0 {
-            self.max_len = self.entries.iter().map(|e| e.span.len()).max().unwrap_or(0);
+    /// Puts `new` at `at`, where every entry before `at` starts before it and every entry from
+    /// `at` on starts at or after it.
+    fn place(&mut self, at: usize, new: Entry) {
+        // A dead entry just before `at` can be overwritten: it starts before `new`, and so does
+        // everything before it, so the order holds without shifting the tail.
+        if let Some(index) = &mut self.index
+            && at > 0
+            && self.entries[at - 1].is_dead()
+        {
+            self.entries[at - 1] = new;
+            index.dead -= 1;
+            return;
         }
-        removed
+        self.entries.insert(at, new);
+    }
+
+    /// Switches a plain list that just outgrew [`INDEX_AT`] to indexed mode.
+    #[cold]
+    fn build_index(&mut self) {
+        let mut index = OwnerIndex::default();
+        index.starts.reserve(self.entries.len() * 2);
+        for entry in &self.entries {
+            index.remember(entry.slot, entry.span.start);
+            index.max_len = index.max_len.max(entry.span.len());
+        }
+        self.index = Some(Box::new(index));
+    }
+
+    /// Removes every live entry produced by `owner`; returns how many were removed.
+    pub(crate) fn remove_owned(&mut self, owner: SlotId) -> usize {
+        let Some(index) = &mut self.index else {
+            if let [only] = self.entries.as_slice() {
+                // The common case of a key with one entry, without `retain`'s bookkeeping.
+                let owned = only.slot == owner;
+                if owned {
+                    self.entries.clear();
+                }
+                return usize::from(owned);
+            }
+            let before = self.entries.len();
+            self.entries.retain(|e| e.slot != owner);
+            return before - self.entries.len();
+        };
+        let Some(starts) = index.starts.remove(&owner) else {
+            return 0;
+        };
+        if starts.len() >= 2 {
+            index.shared_owners -= 1;
+        }
+        for &start in &starts {
+            let from = self.entries.partition_point(|e| e.span.start < start);
+            let victim = self.entries[from..]
+                .iter_mut()
+                .take_while(|e| e.span.start == start)
+                .find(|e| e.slot == owner && !e.is_dead());
+            match victim {
+                Some(entry) => entry.span.end = entry.span.start,
+                None => debug_assert!(false, "index names a start of {owner} with no live entry"),
+            }
+        }
+        index.dead += starts.len();
+        let live = self.entries.len() - index.dead;
+        if index.dead > live {
+            self.compact(live);
+        }
+        starts.len()
+    }
+
+    /// Drops dead entries, recomputes `max_len`, and leaves indexed mode when few entries remain.
+    #[cold]
+    fn compact(&mut self, live: usize) {
+        self.entries.retain(|e| !e.is_dead());
+        if live <= UNINDEX_AT {
+            self.index = None;
+            self.entries.shrink_to_fit();
+        } else if let Some(index) = &mut self.index {
+            index.dead = 0;
+            index.max_len = self.entries.iter().map(|e| e.span.len()).max().unwrap_or(0);
+        }
     }
 
     /// Checks the representation invariants of the module docs; used by tests.
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        if self.entries.is_empty() {
-            return Err("stored list is empty".into());
-        }
-        if let Some(e) = self.entries.iter().find(|e| e.span.is_empty()) {
-            return Err(format!("empty span stored: {e:?}"));
+        if self.is_empty() {
+            return Err("stored list has no live entry".into());
         }
         if self.entries.windows(2).any(|w| w[0].span.start > w[1].span.start) {
             return Err(format!("entries out of start order: {:?}", self.entries));
         }
-        let longest = self.entries.iter().map(|e| e.span.len()).max().unwrap_or(0);
-        if longest != self.max_len {
-            return Err(format!("max_len {} but longest entry {longest}", self.max_len));
+        let dead = self.entries.iter().filter(|e| e.is_dead()).count();
+        let Some(index) = &self.index else {
+            if dead > 0 {
+                return Err(format!("plain list holds {dead} dead entries"));
+            }
+            if self.entries.len() > INDEX_AT {
+                return Err(format!("plain list holds {} entries", self.entries.len()));
+            }
+            return Ok(());
+        };
+        if dead != index.dead {
+            return Err(format!("index counts {} dead entries, list holds {dead}", index.dead));
+        }
+        if let Some(e) = self.entries.iter().find(|e| e.span.len() > index.max_len) {
+            return Err(format!("entry {e:?} is longer than max_len {}", index.max_len));
+        }
+        let mut expected: FxHashMap<SlotId, Vec<u64>> = FxHashMap::default();
+        for e in self.entries.iter().filter(|e| !e.is_dead()) {
+            expected.entry(e.slot).or_default().push(e.span.start);
+        }
+        let mut actual: FxHashMap<SlotId, Vec<u64>> =
+            index.starts.iter().map(|(s, v)| (*s, v.to_vec())).collect();
+        for v in expected.values_mut().chain(actual.values_mut()) {
+            v.sort_unstable();
+        }
+        if expected != actual {
+            return Err(format!("owner index {actual:?} but live entries give {expected:?}"));
+        }
+        let shared = expected.values().filter(|v| v.len() >= 2).count();
+        if shared != index.shared_owners {
+            return Err(format!(
+                "index counts {} shared owners, not {shared}",
+                index.shared_owners
+            ));
         }
         Ok(())
+    }
+}
+
+/// Visits the distinct producers among `candidates` that overlap `span`, comparing each with the
+/// ones before it (for short candidate lists only).
+fn visit_dedup_in_place(candidates: &[Entry], span: ByteSpan, mut visit: impl FnMut(SlotId)) {
+    for (i, entry) in candidates.iter().enumerate() {
+        let seen = |earlier: &Entry| earlier.slot == entry.slot && earlier.span.overlaps(span);
+        if entry.span.overlaps(span) && !candidates[..i].iter().any(seen) {
+            visit(entry.slot);
+        }
     }
 }
 
@@ -213,11 +414,20 @@ mod tests {
         out
     }
 
+    /// A list of `n` one-byte entries at 0..n, entry `i` produced by `owner(i)`.
+    fn bytes(n: u64, owner: impl Fn(u64) -> SlotId) -> FootprintList {
+        let mut list = FootprintList::new(span(0, 1), owner(0));
+        for i in 1..n {
+            list.insert(span(i, i + 1), owner(i));
+        }
+        list
+    }
+
     #[test]
     fn rewrite_of_the_same_bytes_replaces_in_place() {
         let mut list = FootprintList::new(span(0, 8), slot(1));
         assert_eq!(list.insert(span(0, 8), slot(2)), 1);
-        assert_eq!(list.entries(), &[Entry { span: span(0, 8), slot: slot(2) }]);
+        assert_eq!(list.live_entries(), [Entry { span: span(0, 8), slot: slot(2) }]);
         list.check_invariants().unwrap();
     }
 
@@ -227,52 +437,95 @@ mod tests {
         assert_eq!(list.insert(span(0, 8), slot(2)), 0);
         assert_eq!(list.insert(span(10, 20), slot(3)), 0);
         assert_eq!(list.insert(span(6, 7), slot(4)), 0);
-        let starts: Vec<u64> = list.entries().iter().map(|e| e.span.start).collect();
+        let starts: Vec<u64> = list.live_entries().iter().map(|e| e.span.start).collect();
         assert_eq!(starts, [0, 4, 6, 10]);
         // [3, 12) contains only [4, 12) and [6, 7).
         assert_eq!(list.insert(span(3, 12), slot(5)), 2);
-        let kept: Vec<_> = list.entries().iter().map(|e| (e.span, e.slot)).collect();
+        let kept: Vec<_> = list.live_entries().iter().map(|e| (e.span, e.slot)).collect();
         assert_eq!(kept, [(span(0, 8), slot(2)), (span(3, 12), slot(5)), (span(10, 20), slot(3))]);
         list.check_invariants().unwrap();
     }
 
     #[test]
-    fn lookup_skips_entries_that_end_before_the_span_even_when_a_long_one_exists() {
+    fn a_list_that_outgrows_the_threshold_is_indexed_and_shrinks_back() {
+        let mut list = bytes(INDEX_AT as u64 + 1, |i| slot(i as u32));
+        assert!(list.index.is_some());
+        list.check_invariants().unwrap();
+        for i in 0..INDEX_AT as u32 - 2 {
+            assert_eq!(list.remove_owned(slot(i)), 1);
+            list.check_invariants().unwrap();
+        }
+        assert!(list.index.is_none(), "three live entries left: plain again");
+        assert_eq!(list.len(), 3);
+    }
+
+    #[test]
+    fn indexed_lookup_skips_entries_that_end_before_the_span_even_when_a_long_one_exists() {
         let mut list = FootprintList::new(span(0, 1000), slot(1));
         for i in 0..40 {
             list.insert(span(1000 + i, 1001 + i), slot(10 + i as u32));
         }
+        assert!(list.index.is_some());
         assert_eq!(visited(&list, span(500, 501)), [slot(1)]);
         assert_eq!(visited(&list, span(1005, 1007)), [slot(15), slot(16)]);
-        let all = visited(&list, ByteSpan::ALL);
-        assert_eq!(all.len(), 41);
+        assert_eq!(visited(&list, ByteSpan::ALL).len(), 41);
     }
 
     #[test]
-    fn a_producer_with_several_entries_is_visited_once_for_small_and_large_fan_ins() {
-        for n in [3_u64, 40] {
-            let mut list = FootprintList::new(span(0, 1), slot(7));
-            for i in 1..n {
-                // Every third byte belongs to slot 7, the rest to distinct slots.
-                let owner = if i % 3 == 0 { slot(7) } else { slot(100 + i as u32) };
-                list.insert(span(i, i + 1), owner);
+    fn a_producer_with_several_entries_is_visited_once_in_every_mode() {
+        // 3: plain; 40: indexed with a short candidate range; 200: indexed through the scratch.
+        for n in [3_u64, 40, 200] {
+            let list = bytes(n, |i| if i % 3 == 0 { slot(7) } else { slot(100 + i as u32) });
+            for probe in [span(0, n), span(0, 4), ByteSpan::ALL] {
+                let seen = visited(&list, probe);
+                let mut unique = seen.clone();
+                unique.dedup();
+                assert_eq!(seen, unique, "n = {n}, probe {probe}");
+                assert!(seen.contains(&slot(7)));
             }
-            let seen = visited(&list, span(0, n));
-            let mut unique = seen.clone();
-            unique.dedup();
-            assert_eq!(seen, unique, "n = {n}");
-            assert!(seen.contains(&slot(7)));
         }
     }
 
     #[test]
-    fn remove_owned_recomputes_the_longest_length() {
-        let mut list = FootprintList::new(span(0, 100), slot(1));
-        list.insert(span(200, 201), slot(2));
-        list.insert(span(300, 302), slot(1));
-        assert_eq!(list.remove_owned(slot(1)), 2);
-        assert_eq!(list.remove_owned(slot(1)), 0);
+    fn erasing_a_fan_in_in_any_order_kills_in_place_and_compacts() {
+        for reversed in [false, true] {
+            let mut list = bytes(1000, |i| slot(i as u32));
+            let order: Vec<u32> =
+                if reversed { (0..1000).rev().collect() } else { (0..1000).collect() };
+            for (done, &i) in order.iter().enumerate() {
+                assert_eq!(list.remove_owned(slot(i)), 1);
+                assert_eq!(list.remove_owned(slot(i)), 0, "a second erase finds nothing");
+                assert_eq!(list.len(), 999 - done);
+                if done % 97 == 0 && !list.is_empty() {
+                    list.check_invariants().unwrap();
+                }
+            }
+            assert!(list.is_empty());
+        }
+    }
+
+    #[test]
+    fn inserting_next_to_a_dead_entry_reuses_its_place() {
+        let mut list = bytes(40, |i| slot(i as u32));
+        list.remove_owned(slot(20));
+        let len = list.entries.len();
+        list.insert(span(20, 21), slot(99));
+        assert_eq!(list.entries.len(), len, "the dead entry at 20 was taken over");
         list.check_invariants().unwrap();
-        assert_eq!(visited(&list, span(150, 250)), [slot(2)]);
+        assert_eq!(visited(&list, span(20, 21)), [slot(99)]);
+    }
+
+    #[test]
+    fn remove_owned_of_an_indexed_owner_with_two_entries_at_one_start() {
+        let mut list = bytes(40, |i| slot(i as u32));
+        // Slot 99 writes [50, 60), then [50, 55): the new span does not contain the old one, so
+        // both stay, and the owner has two live entries with one start.
+        list.insert(span(50, 60), slot(99));
+        list.insert(span(50, 55), slot(99));
+        list.check_invariants().unwrap();
+        assert_eq!(visited(&list, span(52, 53)), [slot(99)]);
+        assert_eq!(list.remove_owned(slot(99)), 2);
+        list.check_invariants().unwrap();
+        assert!(visited(&list, span(50, 60)).is_empty());
     }
 }

@@ -15,21 +15,25 @@
 //!   entirely, [`erase_owned`](TensorMap::erase_owned) removes only the reclaimed producer's
 //!   entries (spec 20 §A.3, §D).
 //!
-//! The algorithm (`footprints`, `store`) is free of locking and of any dependency on how the map
-//! is shared; `map` adds one leaf mutex. Decisions are recorded in `docs/decisions/simpler-tensormap.md`.
+//! Modules: `key`, `span` and `from_tensor` (what is tracked); `footprints` (one key's ordered
+//! entries and the overlap algorithm), `key_table` (one run's keys), `store` (all runs and the
+//! counts) — all free of locking, so that a fixed-capacity core can be extracted (spec 20
+//! Part C); `map` adds the one leaf mutex. Decisions are recorded in
+//! `docs/decisions/simpler-tensormap.md`.
 
 #![forbid(unsafe_code)]
 
 mod error;
-mod footprint;
 mod footprints;
+mod from_tensor;
 mod key;
+mod key_table;
 mod map;
 mod span;
 mod store;
 
 pub use error::TensorMapError;
-pub use footprint::footprint;
+pub use from_tensor::footprint;
 pub use key::{RemoteSpace, TensorKey};
 pub use map::{TensorMap, TensorMapGuard};
 pub use span::ByteSpan;

@@ -85,6 +85,7 @@ impl TensorMap {
     /// visits is unspecified. An empty `span` visits nothing. The lookup allocates nothing
     /// (a fan-in of more than 16 candidates reuses a buffer the map keeps). `visit` runs under the
     /// map's lock: it must not call into this map or take other locks.
+    #[inline]
     pub fn lookup_overlapping(
         &self,
         run: RunId,
@@ -154,6 +155,7 @@ impl fmt::Debug for TensorMap {
 
 impl TensorMapGuard<'_> {
     /// See [`TensorMap::lookup_overlapping`].
+    #[inline]
     pub fn lookup_overlapping(
         &self,
         run: RunId,

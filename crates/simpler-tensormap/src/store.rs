@@ -26,21 +26,15 @@
 //! 4. Spare tables are empty.
 
 use std::cell::Cell;
-use std::collections::hash_map::Entry as MapEntry;
 
-use rustc_hash::FxHashMap;
 use simpler_types::{RunId, SlotId};
 
-use crate::footprints::FootprintList;
+use crate::key_table::KeyTable;
 use crate::{ByteSpan, TensorKey};
 
 /// How many emptied tables are kept for reuse. Two covers serial admission (one run draining
 /// while the next fills) without keeping memory for a burst of runs that will not recur.
 const MAX_SPARE_TABLES: usize = 2;
-
-/// One run's keys. Buffer keys come from this process, so a fast non-cryptographic hasher is
-/// safe (no adversarial inputs).
-type KeyTable = FxHashMap<TensorKey, FootprintList>;
 
 /// The entries of one run.
 struct RunTable {
@@ -66,13 +60,12 @@ impl MapStore {
     pub(crate) fn with_capacity(keys: usize) -> MapStore {
         let mut store = MapStore::default();
         if keys > 0 {
-            let mut table = KeyTable::default();
-            table.reserve(keys);
-            store.spare.push(table);
+            store.spare.push(KeyTable::with_capacity(keys));
         }
         store
     }
 
+    #[inline]
     fn table(&self, run: RunId) -> Option<&RunTable> {
         self.runs.iter().find(|t| t.run == run)
     }
@@ -82,6 +75,7 @@ impl MapStore {
     }
 
     /// See [`TensorMap::lookup_overlapping`](crate::TensorMap::lookup_overlapping).
+    #[inline]
     pub(crate) fn lookup_overlapping(
         &self,
         run: RunId,
@@ -113,13 +107,7 @@ impl MapStore {
             None => self.open_table(run),
         };
         let table = &mut self.runs[index];
-        let superseded = match table.keys.entry(key) {
-            MapEntry::Occupied(mut list) => list.get_mut().insert(span, slot),
-            MapEntry::Vacant(vacant) => {
-                vacant.insert(FootprintList::new(span, slot));
-                0
-            }
-        };
+        let superseded = table.keys.insert(key, span, slot);
         // One entry was added and `superseded` removed; `superseded` entries existed before, so
         // neither count can underflow.
         table.entries = table.entries + 1 - superseded;
@@ -152,12 +140,7 @@ impl MapStore {
         let table = &mut self.runs[index];
         let mut removed = 0;
         for key in keys {
-            if let MapEntry::Occupied(mut list) = table.keys.entry(*key) {
-                removed += list.get_mut().remove_owned(owner);
-                if list.get().is_empty() {
-                    list.remove();
-                }
-            }
+            removed += table.keys.remove_owned(key, owner);
         }
         table.entries -= removed;
         self.total -= removed;
@@ -199,8 +182,9 @@ impl MapStore {
             if self.runs[..i].iter().any(|t| t.run == table.run) {
                 return Err(format!("{} has two tables", table.run));
             }
+            table.keys.check_invariants().map_err(|e| format!("{}: {e}", table.run))?;
             let mut counted = 0;
-            for (key, list) in &table.keys {
+            for (key, list) in table.keys.iter() {
                 list.check_invariants().map_err(|e| format!("{} {key}: {e}", table.run))?;
                 counted += list.len();
             }
@@ -215,7 +199,7 @@ impl MapStore {
         if total != self.total {
             return Err(format!("total {} but tables hold {total}", self.total));
         }
-        if self.spare.iter().any(|t| !t.is_empty()) || self.spare.len() > MAX_SPARE_TABLES {
+        if self.spare.iter().any(|t| t.len() > 0) || self.spare.len() > MAX_SPARE_TABLES {
             return Err("a spare table is not empty, or too many spares".into());
         }
         Ok(())
@@ -226,7 +210,7 @@ impl MapStore {
     pub(crate) fn entries(&self, run: RunId, key: &TensorKey) -> Vec<(ByteSpan, SlotId)> {
         self.table(run)
             .and_then(|t| t.keys.get(key))
-            .map(|l| l.entries().iter().map(|e| (e.span, e.slot)).collect())
+            .map(|l| l.live_entries().iter().map(|e| (e.span, e.slot)).collect())
             .unwrap_or_default()
     }
 }
@@ -282,6 +266,15 @@ mod tests {
             Insert(u64, u64, u64, u64, u32),
             EraseOwned(u64, u32, Vec<u64>),
             EraseRun(u64),
+            /// One-byte writes of bytes `0..count` by producers `first + i` (distinct) or
+            /// `(first + i) % 5` (repeating): pushes a list into its indexed mode.
+            Scatter(u64, u64, u32, u32, bool),
+            /// `erase_owned` of one key for producers `first..first + count`.
+            Reclaim(u64, u64, u32, u32),
+        }
+
+        fn scatter_owner(first: u32, i: u32, distinct: bool) -> u32 {
+            if distinct { first + i } else { (first + i) % 5 }
         }
 
         fn op() -> impl Strategy<Value = Op> {
@@ -291,6 +284,10 @@ mod tests {
                 3 => (1..4_u64, 0..5_u32, prop::collection::vec(0..5_u64, 0..4))
                     .prop_map(|(r, slot, keys)| Op::EraseOwned(r, slot, keys)),
                 1 => (1..4_u64).prop_map(Op::EraseRun),
+                1 => (1..4_u64, 0..4_u64, 30..70_u32, 0..5_u32, any::<bool>())
+                    .prop_map(|(r, k, n, first, distinct)| Op::Scatter(r, k, n, first, distinct)),
+                1 => (1..4_u64, 0..4_u64, 0..70_u32, 1..70_u32)
+                    .prop_map(|(r, k, first, n)| Op::Reclaim(r, k, first, n)),
             ]
         }
 
@@ -320,6 +317,23 @@ mod tests {
                             let owner = SlotId::new(slot, 1);
                             model.retain(|&(mr, mk, _, ms)| !(mr == run(r) && ms == owner && keys.contains(&mk)));
                             store.erase_owned(run(r), owner, &keys);
+                        }
+                        Op::Scatter(r, k, n, first, distinct) => {
+                            let (r, key) = (run(r), TensorKey::Host { addr: k });
+                            for i in 0..n {
+                                let span = ByteSpan { start: u64::from(i), end: u64::from(i) + 1 };
+                                let slot = SlotId::new(scatter_owner(first, i, distinct), 1);
+                                model.retain(|&(mr, mk, ms, _)| !(mr == r && mk == key && span.contains(ms)));
+                                model.push((r, key, span, slot));
+                                store.insert(r, key, span, slot);
+                            }
+                        }
+                        Op::Reclaim(r, k, first, n) => {
+                            let (r, key) = (run(r), TensorKey::Host { addr: k });
+                            for owner in (first..first + n).map(|i| SlotId::new(i, 1)) {
+                                model.retain(|&(mr, mk, _, ms)| !(mr == r && mk == key && ms == owner));
+                                store.erase_owned(r, owner, &[key]);
+                            }
                         }
                         Op::EraseRun(r) => {
                             model.retain(|&(mr, ..)| mr != run(r));

@@ -15,7 +15,8 @@ use simpler_types::{RunId, SlotId, WorkerId};
 const RUNS: u64 = 3;
 const WORKERS: u32 = 4;
 const ADDRS: u64 = 16;
-/// Probe spans cover bytes `0..PROBE_END`; generated spans stay inside it except `ByteSpan::ALL`.
+/// Probe spans cover bytes `0..PROBE_END`; generated spans stay inside it except `ByteSpan::ALL`
+/// and the bytes of long scatters, which whole-buffer lookups check.
 const PROBE_END: u64 = 20;
 
 fn run(i: u64) -> RunId {
@@ -97,11 +98,21 @@ fn byte(i: u64) -> ByteSpan {
     ByteSpan { start: i, end: i + 1 }
 }
 
-/// The producer of byte `i` in a `Scatter` starting at slot number `first`; the 12 slots of the
-/// universe repeat, so a scatter longer than 12 bytes gives some producers several entries.
-fn scatter_slot(first: u32, i: u64) -> SlotId {
-    let n = (u64::from(first) + i) % 12;
+/// The producer of byte `i` in a `Scatter` starting at slot number `first`: one of 80 producers
+/// of their own when `distinct`, else one of the 12 slots of the universe (so a scatter longer
+/// than 12 bytes gives some producers several entries).
+fn scatter_slot(first: u32, i: u64, distinct: bool) -> SlotId {
+    let n = u64::from(first) + i;
+    if distinct {
+        return SlotId::new(100 + (n % 80) as u32, 1);
+    }
+    let n = n % 12;
     SlotId::new((n % 6) as u32, 1 + (n / 6) as u32)
+}
+
+/// Owners for `EraseOwned`: mostly the 12-slot universe, sometimes a distinct scatter producer.
+fn owner_strategy() -> impl Strategy<Value = SlotId> {
+    prop_oneof![3 => slot_strategy(), 1 => (100..180_u32).prop_map(|i| SlotId::new(i, 1))]
 }
 
 #[derive(Clone, Debug)]
@@ -129,13 +140,24 @@ enum Op {
         run: RunId,
         guarded: bool,
     },
-    /// A fan-in shape: `count` one-byte writes of consecutive bytes by producers taken in turn
-    /// from the slot universe (so some producers own several entries), under one guard.
+    /// A fan-in shape: `count` one-byte writes of consecutive bytes, under one guard. Long
+    /// enough to push a key's list into its indexed mode. With `distinct` every byte has its own
+    /// producer; otherwise producers repeat from the 12-slot universe.
     Scatter {
         run: RunId,
         key: TensorKey,
         count: u64,
         first: u32,
+        distinct: bool,
+    },
+    /// The reclamation of a fan-in: one `erase_owned` of `key` for each of `count` scatter
+    /// producers, in order, under one guard.
+    Reclaim {
+        run: RunId,
+        key: TensorKey,
+        first: u32,
+        count: u32,
+        distinct: bool,
     },
     /// A whole submit under one guard: lookups and inserts of several tensors.
     Submit {
@@ -214,11 +236,13 @@ impl ReferenceStateMachine for Reference {
                 .prop_map(|(run, key, span, slot, guarded)| Op::Insert { run, key, span, slot, guarded }),
             2 => (run_strategy(), key_strategy(), span_strategy(), any::<bool>())
                 .prop_map(|(run, key, span, guarded)| Op::Lookup { run, key, span, guarded }),
-            4 => (run_strategy(), slot_strategy(), keys, any::<bool>())
+            4 => (run_strategy(), owner_strategy(), keys, any::<bool>())
                 .prop_map(|(run, owner, keys, guarded)| Op::EraseOwned { run, owner, keys, guarded }),
             1 => (run_strategy(), any::<bool>()).prop_map(|(run, guarded)| Op::EraseRun { run, guarded }),
-            1 => (run_strategy(), key_strategy(), 17..30_u64, 0..12_u32)
-                .prop_map(|(run, key, count, first)| Op::Scatter { run, key, count, first }),
+            1 => (run_strategy(), key_strategy(), 17..80_u64, 0..80_u32, any::<bool>())
+                .prop_map(|(run, key, count, first, distinct)| Op::Scatter { run, key, count, first, distinct }),
+            1 => (run_strategy(), key_strategy(), 0..80_u32, 1..80_u32, any::<bool>())
+                .prop_map(|(run, key, first, count, distinct)| Op::Reclaim { run, key, first, count, distinct }),
             2 => (run_strategy(), slot_strategy(), prop::collection::vec(access, 1..4))
                 .prop_map(|(run, slot, accesses)| Op::Submit { run, slot, accesses }),
         ]
@@ -239,10 +263,22 @@ impl ReferenceStateMachine for Reference {
                 model.expected = model.erase_owned(*run, *owner, keys);
             }
             Op::EraseRun { run, .. } => model.expected = model.erase_run(*run),
-            Op::Scatter { run, key, count, first } => {
+            Op::Scatter { run, key, count, first, distinct } => {
                 model.touched.insert((*run, *key));
                 model.expected = (0..*count)
-                    .map(|i| model.insert(*run, *key, byte(i), scatter_slot(*first, i)))
+                    .map(|i| model.insert(*run, *key, byte(i), scatter_slot(*first, i, *distinct)))
+                    .sum();
+            }
+            Op::Reclaim { run, key, first, count, distinct } => {
+                model.touched.insert((*run, *key));
+                model.expected = (0..*count)
+                    .map(|i| {
+                        model.erase_owned(
+                            *run,
+                            scatter_slot(*first, u64::from(i), *distinct),
+                            &[*key],
+                        )
+                    })
                     .sum();
             }
             Op::Submit { run, slot, accesses } => {
@@ -300,6 +336,7 @@ impl StateMachineTest for MapUnderTest {
             | Op::EraseOwned { run, .. }
             | Op::EraseRun { run, .. }
             | Op::Scatter { run, .. }
+            | Op::Reclaim { run, .. }
             | Op::Submit { run, .. } => *run,
         };
         let others_before = other_runs_view(&map, model, op_run);
@@ -353,12 +390,21 @@ impl StateMachineTest for MapUnderTest {
                 assert_eq!(removed, model.expected);
                 assert_eq!(map.len_run(run), 0);
             }
-            Op::Scatter { run, key, count, first } => {
+            Op::Scatter { run, key, count, first, distinct } => {
                 let mut guard = map.lock();
                 let superseded: usize = (0..count)
-                    .map(|i| guard.insert(run, key, byte(i), scatter_slot(first, i)))
+                    .map(|i| guard.insert(run, key, byte(i), scatter_slot(first, i, distinct)))
                     .sum();
                 assert_eq!(superseded, model.expected);
+            }
+            Op::Reclaim { run, key, first, count, distinct } => {
+                let mut guard = map.lock();
+                let removed: usize = (0..count)
+                    .map(|i| {
+                        guard.erase_owned(run, scatter_slot(first, u64::from(i), distinct), &[key])
+                    })
+                    .sum();
+                assert_eq!(removed, model.expected);
             }
             Op::Submit { run, slot, accesses } => {
                 let mut guard = map.lock();
