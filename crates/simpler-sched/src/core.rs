@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
 use rustc_hash::FxHashMap;
 
 use simpler_ring::Ring;
@@ -11,6 +12,7 @@ use simpler_types::{RunFailure, SlotId, WorkerId, WorkerRef, WorkerType};
 
 use crate::inbox::{Inbox, WorkerSlot};
 use crate::registry::Registry;
+use crate::scheduler::{Attention, SchedState};
 use crate::slot::TaskSlot;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Condvar, Mutex, Ordering};
 use crate::worker::Mailbox;
@@ -21,8 +23,8 @@ pub(crate) struct WorkerInfo {
     pub(crate) worker: WorkerRef,
     /// The endpoint's own name.
     pub(crate) name: String,
-    /// Its dispatch and control-job FIFO.
-    pub(crate) mailbox: Mailbox,
+    /// Its dispatch and control-job FIFO (padded: each is written by its own worker).
+    pub(crate) mailbox: CachePadded<Mailbox>,
     /// Ready singles queued for it, as of the scheduler's last pass. Writer: the scheduler.
     /// Reader: `Engine::stats`.
     pub(crate) queued: AtomicU32,
@@ -86,8 +88,12 @@ pub(crate) struct Core {
     pub(crate) tensor_map: TensorMap,
     /// Slab base address → the `alloc()` slot that owns it (leaf lock).
     pub(crate) allocs: Mutex<FxHashMap<u64, SlotId>>,
-    /// Scheduler inbox.
-    pub(crate) inbox: Inbox,
+    /// Events left for the scheduler lock's holder.
+    pub(crate) inbox: CachePadded<Inbox>,
+    /// The scheduler's queues; a pass runs on whichever thread holds this lock.
+    pub(crate) sched: CachePadded<Mutex<SchedState>>,
+    /// Wakes the scheduler thread (stop, stall deadlines).
+    pub(crate) attention: Attention,
     /// Runs, admission, building mark.
     pub(crate) registry: Registry,
     /// NEXT_LEVEL endpoints in registration order.
@@ -98,8 +104,8 @@ pub(crate) struct Core {
     next_level_ids: Vec<(WorkerId, u32)>,
     /// How long a blocked group may hold idle targets before a warning.
     pub(crate) stall_warn_after: Duration,
-    /// Statistics.
-    pub(crate) counters: Counters,
+    /// Statistics (padded: written on every pass).
+    pub(crate) counters: CachePadded<Counters>,
     /// Set once by shutdown step 1. Readers: every submit and alloc, lock-free.
     pub(crate) stopping: AtomicBool,
     /// The scheduler has left its loop.
@@ -121,7 +127,7 @@ impl Core {
         let info = |(worker, name): (WorkerRef, String)| WorkerInfo {
             worker,
             name,
-            mailbox: Mailbox::default(),
+            mailbox: CachePadded::new(Mailbox::default()),
             queued: AtomicU32::new(0),
         };
         let next_level: Vec<WorkerInfo> = parts.next_level.into_iter().map(info).collect();
@@ -133,13 +139,15 @@ impl Core {
             ring,
             tensor_map: TensorMap::new(),
             allocs: Mutex::new(FxHashMap::default()),
-            inbox: Inbox::default(),
+            inbox: CachePadded::new(Inbox::default()),
+            sched: CachePadded::new(Mutex::new(SchedState::new(next_level.len(), parts.sub.len()))),
+            attention: Attention::default(),
             registry: parts.registry,
             next_level,
             sub: parts.sub.into_iter().map(info).collect(),
             next_level_ids,
             stall_warn_after: parts.stall_warn_after,
-            counters: Counters::default(),
+            counters: CachePadded::new(Counters::default()),
             stopping: AtomicBool::new(false),
             scheduler_exit: ExitSignal::default(),
         }

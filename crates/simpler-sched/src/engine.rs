@@ -38,7 +38,7 @@ use crate::inbox::WorkerSlot;
 use crate::outcome::{EngineStats, RingPeaks, RunOutcome, RunSummary, TaskSnapshot};
 use crate::registry::Registry;
 use crate::run_record::RunRecord;
-use crate::scheduler::Scheduler;
+use crate::scheduler::scheduler_main;
 use crate::slot::Route;
 use crate::sync::{Mutex, Ordering};
 use crate::worker::{JobReceiver, worker_main, wrap_job};
@@ -159,11 +159,11 @@ impl Engine {
         ));
         let engine = Engine { core: Arc::clone(&core), threads: Mutex::new(Threads::default()) };
 
-        let sched = Scheduler::new(Arc::clone(&core));
+        let sched_core = Arc::clone(&core);
         let name = format!("simpler-l{level}-sched");
         let handle = std::thread::Builder::new()
             .name(name.clone())
-            .spawn(move || sched.run())
+            .spawn(move || scheduler_main(sched_core))
             .map_err(|e| SchedError::ThreadSpawn { thread: name, message: e.to_string() })?;
         engine.threads.lock().scheduler = Some(handle);
 
@@ -456,7 +456,7 @@ impl Engine {
             }
         }
         // 4.–5.
-        core.inbox.request_stop();
+        core.request_stop();
         if threads.scheduler.is_some() {
             while !core.scheduler_exit.wait_for(Duration::from_secs(10)) {
                 self.warn_busy();

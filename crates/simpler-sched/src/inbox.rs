@@ -1,34 +1,42 @@
-//! The scheduler's inbox: ready tasks from the orchestration thread, member completions from
-//! worker threads, and the stop request (spec 30 §6.1).
+//! The scheduler inbox and the combining protocol that drains it (spec 30 §6.1, decision in
+//! `docs/decisions/sched.md`).
 //!
-//! # Handoff protocol
+//! The scheduler's queues live behind one lock (`Core::sched`). Whichever thread produces an
+//! event — the orchestration thread publishing a ready task, a worker thread reporting a
+//! completion — runs the scheduler pass itself if it can take that lock; otherwise it leaves the
+//! event in this inbox for the current holder. This removes the thread handoff per event that a
+//! dedicated scheduler thread costs (a context switch on a machine with fewer cores than engine
+//! threads), while every queue stays private to the lock holder.
 //!
-//! 1. A producer locks the inbox, appends its event, sets `pending`, and if the scheduler has
-//!    announced that it sleeps (`sleeping`, read under the same lock) clears that flag and
-//!    notifies the condition variable. A push wakes at most one thread, and only when the
-//!    scheduler is actually parked.
-//! 2. The scheduler, looking for work, first spins briefly on `pending` (lock-free), then locks
-//!    the inbox. If it is empty and no stop was requested, it sets `sleeping` under the lock and
-//!    waits; a producer in step 1 therefore either saw `sleeping` or pushed before the scheduler
-//!    checked emptiness — no lost wake-up.
-//! 3. With events present, the scheduler swaps the inbox vectors with its own (emptied) ones and
-//!    clears `pending`, so both sides keep their capacity and nothing is allocated per event.
-//! 4. After the scheduler's final drain it closes the inbox: later pushes are refused and the
-//!    pusher resolves what it owned itself.
+//! # Combining protocol
 //!
-//! `pending` (writers: producers under the lock, the scheduler under the lock; reader: the
-//! spinning scheduler, lock-free) is only a hint: the decision to sleep is always taken under the
-//! lock.
-
-use std::time::Instant;
+//! 1. **Deliver.** A producer with an event tries the scheduler lock. With it, it runs a pass
+//!    that first drains the inbox (so earlier events keep their order) and then handles its own
+//!    event. Without it, it appends the event here (`pending := true`, under the inbox lock).
+//! 2. **Drive.** Every producer then, and every lock holder after unlocking, loops: SeqCst fence;
+//!    if `pending` is false, stop; if the lock cannot be taken, stop (its holder will drive after
+//!    unlocking); otherwise run a pass and repeat.
+//! 3. **Why nothing is lost.** A producer's append (before its fence) and a holder's unlock
+//!    (before its fence) are ordered by the two SeqCst fences: either the holder's check sees
+//!    `pending`, or the producer's `try_lock` sees the lock free (or taken by a later holder,
+//!    who will drive in turn). Modelled in `loom_models`.
+//! 4. **Drain.** Passes take events only while holding the scheduler lock, swapping the inbox
+//!    vectors with their own so neither side allocates; `pending` is cleared in the same inbox
+//!    critical section.
+//! 5. **Close.** The scheduler's final drain closes the inbox: later appends are refused and the
+//!    producer resolves what it owned itself.
+//!
+//! | Field | Writers | Readers |
+//! |---|---|---|
+//! | `pending` | producers (step 1) and drainers (step 4), under the inbox lock | drivers (step 2), lock-free after a SeqCst fence |
 
 use simpler_types::SlotId;
 
 use crate::endpoint::EndpointFailure;
 use crate::slot::Route;
-use crate::sync::{self, AtomicBool, Condvar, Mutex, Ordering};
+use crate::sync::{self, AtomicBool, Mutex, MutexGuard, Ordering};
 
-/// A task that became ready outside the scheduler (publication at submit).
+/// A task that became ready at publication.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ReadyEntry {
     /// The task's slot.
@@ -59,31 +67,34 @@ pub(crate) struct MemberCompletion {
     pub(crate) result: Result<(), EndpointFailure>,
 }
 
-/// Events taken by the scheduler in one go.
-#[derive(Default)]
+/// Events taken in one drain.
+#[derive(Debug, Default)]
 pub(crate) struct InboxBatch {
-    /// Ready tasks, in push order.
+    /// Ready tasks, in publication order.
     pub(crate) ready: Vec<ReadyEntry>,
     /// Completions, in arrival order.
     pub(crate) completions: Vec<MemberCompletion>,
-    /// A stop was requested (reported by exactly one take).
+    /// A stop was requested (reported by exactly one drain).
     pub(crate) stop: bool,
+}
+
+impl InboxBatch {
+    /// Whether the batch holds any event.
+    pub(crate) fn has_events(&self) -> bool {
+        !self.ready.is_empty() || !self.completions.is_empty() || self.stop
+    }
 }
 
 #[derive(Default)]
 struct InboxState {
-    ready: Vec<ReadyEntry>,
-    completions: Vec<MemberCompletion>,
-    stop: bool,
-    sleeping: bool,
+    batch: InboxBatch,
     closed: bool,
 }
 
-/// The inbox (one mutex, one condition variable).
+/// Events left for the scheduler lock's holder.
 #[derive(Default)]
 pub(crate) struct Inbox {
     state: Mutex<InboxState>,
-    wake: Condvar,
     /// See the module docs.
     pending: AtomicBool,
 }
@@ -93,83 +104,78 @@ pub(crate) struct Inbox {
 pub(crate) struct Closed;
 
 impl Inbox {
-    /// Step 1 for a ready task.
-    pub(crate) fn push_ready(&self, entry: ReadyEntry) -> Result<(), Closed> {
+    fn push(&self, f: impl FnOnce(&mut InboxBatch)) -> Result<(), Closed> {
         let mut s = self.state.lock();
         if s.closed {
             return Err(Closed);
         }
-        s.ready.push(entry);
-        self.wake_locked(&mut s);
-        Ok(())
-    }
-
-    /// Step 1 for a completion. A completion can only exist while its worker is busy, and the
-    /// scheduler closes the inbox only when no worker is busy, so this cannot be refused; a
-    /// refusal is reported for the caller to log.
-    pub(crate) fn push_completion(&self, completion: MemberCompletion) -> Result<(), Closed> {
-        let mut s = self.state.lock();
-        if s.closed {
-            return Err(Closed);
-        }
-        s.completions.push(completion);
-        self.wake_locked(&mut s);
-        Ok(())
-    }
-
-    /// Asks the scheduler to stop (spec 30 §8 step 4).
-    pub(crate) fn request_stop(&self) {
-        let mut s = self.state.lock();
-        s.stop = true;
-        self.wake_locked(&mut s);
-    }
-
-    fn wake_locked(&self, s: &mut InboxState) {
-        // Relaxed: a hint for the spinner; the lock orders the event itself.
+        f(&mut s.batch);
+        // Relaxed: published by the inbox unlock and, for drivers, by the SeqCst fences of
+        // protocol step 3.
         self.pending.store(true, Ordering::Relaxed);
-        if s.sleeping {
-            s.sleeping = false;
-            self.wake.notify_one();
-        }
+        Ok(())
     }
 
-    /// Steps 2–3: waits for events (spinning briefly first) and swaps them into `batch`, whose
-    /// vectors must be empty. Returns `false` only when `deadline` passed with nothing to take.
-    pub(crate) fn take(&self, batch: &mut InboxBatch, deadline: Option<Instant>) -> bool {
+    /// Step 1 for a ready task whose publisher could not take the scheduler lock.
+    pub(crate) fn push_ready(&self, entry: ReadyEntry) -> Result<(), Closed> {
+        self.push(|b| b.ready.push(entry))
+    }
+
+    /// Step 1 for a completion whose worker could not take the scheduler lock. Cannot be
+    /// refused in practice: the inbox closes only when no worker is busy.
+    pub(crate) fn push_completion(&self, completion: MemberCompletion) -> Result<(), Closed> {
+        self.push(|b| b.completions.push(completion))
+    }
+
+    /// Records a stop request (spec 30 §8 step 4) for the next pass.
+    pub(crate) fn request_stop(&self) {
+        // Once closed, the scheduler has already stopped; nothing to record.
+        let _ = self.push(|b| b.stop = true);
+    }
+
+    /// Step 2's check: whether an event may be waiting (call after a SeqCst fence).
+    pub(crate) fn pending(&self) -> bool {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Step 4: swaps everything pending into `batch` (whose vectors must be empty).
+    pub(crate) fn take(&self, batch: &mut InboxBatch) {
         debug_assert!(batch.ready.is_empty() && batch.completions.is_empty());
-        // Relaxed: only decides whether to keep spinning; emptiness is re-checked under the lock.
-        sync::spin_until(|| self.pending.load(Ordering::Relaxed));
-        let mut s = self.state.lock();
-        loop {
-            if !s.ready.is_empty() || !s.completions.is_empty() || s.stop {
-                std::mem::swap(&mut s.ready, &mut batch.ready);
-                std::mem::swap(&mut s.completions, &mut batch.completions);
-                // The stop request is reported once; afterwards the scheduler waits only for
-                // the completions of members still running (no spinning while it drains).
-                batch.stop = std::mem::take(&mut s.stop);
-                self.pending.store(false, Ordering::Relaxed);
-                return true;
-            }
-            s.sleeping = true;
-            match deadline {
-                None => s = self.wake.wait(s),
-                Some(d) => {
-                    let (g, timed_out) = self.wake.wait_until(s, d);
-                    s = g;
-                    if timed_out && s.ready.is_empty() && s.completions.is_empty() && !s.stop {
-                        s.sleeping = false;
-                        return false;
-                    }
-                }
-            }
+        if !self.pending() {
+            return;
         }
+        let mut s = self.state.lock();
+        std::mem::swap(&mut s.batch.ready, &mut batch.ready);
+        std::mem::swap(&mut s.batch.completions, &mut batch.completions);
+        batch.stop |= std::mem::take(&mut s.batch.stop);
+        self.pending.store(false, Ordering::Relaxed);
     }
 
-    /// Step 4: refuses every later push and returns what arrived since the last take.
+    /// Step 5: refuses every later push and appends what arrived since the last take.
     pub(crate) fn close(&self, batch: &mut InboxBatch) {
         let mut s = self.state.lock();
         s.closed = true;
-        batch.ready.append(&mut s.ready);
-        batch.completions.append(&mut s.completions);
+        batch.ready.append(&mut s.batch.ready);
+        batch.completions.append(&mut s.batch.completions);
+        self.pending.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Step 2: runs `pass` under `lock` while events are pending and the lock is free.
+pub(crate) fn drive<S>(
+    inbox: &Inbox,
+    lock: &Mutex<S>,
+    mut pass: impl FnMut(&mut MutexGuard<'_, S>),
+) {
+    loop {
+        sync::fence_seq_cst();
+        if !inbox.pending() {
+            return;
+        }
+        let Some(mut guard) = lock.try_lock() else {
+            return;
+        };
+        pass(&mut guard);
+        drop(guard);
     }
 }

@@ -1,41 +1,52 @@
-//! The scheduler thread: queues, dispatch passes, completion processing (spec 30 §6).
+//! The scheduler: queues, dispatch passes, completion processing (spec 30 §6), and the
+//! scheduler thread.
 //!
-//! # Loop (edge-triggered; it never spins on unplaceable work)
+//! The queues live in [`SchedState`] behind the scheduler lock (`Core::sched`). A **pass** runs
+//! under that lock on whichever thread delivered an event (combining protocol in `inbox`):
 //!
-//! 1. Take events from the inbox (spinning briefly, then parking; with a deadline only while a
-//!    stall episode is open and not yet reported).
-//! 2. Process completions in arrival order: mark the worker idle first (idleness is owned by the
+//! 1. Drain the inbox, then take the caller's own event.
+//! 2. Process completions in order: mark the worker idle first (idleness is owned by the
 //!    scheduler, so it is never visible before its completion — hazard 7), then the member's
 //!    outcome (`complete_member`), then releases, fanin releases and poisoning. Consumers that
 //!    become ready are routed directly.
-//! 3. Route each ready task from the inbox: NEXT_LEVEL single → its target's FIFO, NEXT_LEVEL
-//!    group → the group FIFO, SUB → the SUB FIFO.
+//! 3. Route each ready task: NEXT_LEVEL single → its target's FIFO, NEXT_LEVEL group → the group
+//!    FIFO, SUB → the SUB FIFO.
 //! 4. Unless stopping, one dispatch pass: groups, then singles, then SUB.
-//! 5. If stopping and no worker is busy: close the inbox (taking what arrived meanwhile),
-//!    cancel every task still queued (it can never be dispatched now), and exit.
+//! 5. Stall bookkeeping; if stopping and no worker is busy, or a stall episode just opened,
+//!    poke the scheduler thread.
 //!
-//! Work that cannot be placed is retried only when an event arrives; the only event that can
-//! unblock it is a completion. The body of each iteration runs under `catch_unwind`: a panic is
-//! an engine bug that poisons the engine (every non-terminal run fails with an internal error,
-//! `begin_run` refuses), after which the loop keeps serving completions so shutdown can finish.
+//! Passes run only when an event arrives (edge-triggered): work that cannot be placed waits for
+//! a completion, the only event that can unblock it (hazard 4). A pass runs under
+//! `catch_unwind`: a panic is an engine bug that poisons the engine (every non-terminal run fails
+//! with an internal error, `begin_run` refuses); the queues stay usable so shutdown can finish.
 //!
 //! # Dispatch pass
 //!
 //! 1. **Groups**, strict FIFO: a stale or non-`Ready` head is dropped. If every target of the
-//!    head is idle, claim it (`Ready → Running`), mark its members running and its targets
-//!    busy, send member i to target i, and look at the next head. Otherwise the head is blocked:
-//!    it **reserves all its targets**, busy or idle, for the rest of the pass, and group
-//!    processing stops. Nothing is dispatched partially.
+//!    head is idle, claim it (`Ready → Running`), mark its members running and its targets busy,
+//!    send member i to target i, and look at the next head. Otherwise the head is blocked: it
+//!    **reserves all its targets**, busy or idle, for the rest of the pass, and group processing
+//!    stops. Nothing is dispatched partially.
 //! 2. **Singles**: each NEXT_LEVEL worker, in registration order, that is neither busy nor
 //!    reserved pops its own FIFO until one claim succeeds (stale and non-`Ready` entries are
 //!    dropped). At most one per worker per pass; no stealing.
 //! 3. **SUB**, strict FIFO: the head needs `size` distinct idle SUB workers; with too few the
 //!    pass stops. Otherwise member i goes to the i-th idle SUB worker, lowest index first.
+//!
+//! # Scheduler thread
+//!
+//! It sleeps on its own signal, not on the inbox, and is poked only for stop and for stall
+//! deadlines:
+//!
+//! 1. Wait until poked, or until the open stall episode's deadline.
+//! 2. Take the scheduler lock and run a pass (draining anything pending, reporting a due stall).
+//! 3. If stopping and no worker is busy: close the inbox (taking what arrived meanwhile), cancel
+//!    every task still queued (it can never be dispatched now), mark the state exited, and leave.
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
@@ -44,9 +55,9 @@ use simpler_types::{CancelReason, RunFailure, SlotId, TaskFailure, TaskState};
 use crate::core::Core;
 use crate::endpoint::{EndpointFailure, panic_message};
 use crate::graph::GraphScratch;
-use crate::inbox::{InboxBatch, MemberCompletion, WorkerSlot};
+use crate::inbox::{Closed, InboxBatch, MemberCompletion, ReadyEntry, WorkerSlot, drive};
 use crate::slot::Route;
-use crate::sync::Ordering;
+use crate::sync::{Condvar, Mutex, MutexGuard, Ordering};
 use crate::task_protocol::{Fanin, MemberDone, root_of};
 
 /// Scheduler-private state of one NEXT_LEVEL worker.
@@ -66,9 +77,18 @@ struct Stall {
     reported: bool,
 }
 
-/// The scheduler thread's state.
-pub(crate) struct Scheduler {
-    core: Arc<Core>,
+/// The caller's own event for a pass.
+pub(crate) enum Own {
+    /// Nothing of its own (driving, or the scheduler thread).
+    Nothing,
+    /// A task published ready.
+    Ready(ReadyEntry),
+    /// A member completion.
+    Completion(MemberCompletion),
+}
+
+/// The scheduler's queues and bookkeeping, private to the holder of the scheduler lock.
+pub(crate) struct SchedState {
     next_level: Vec<NextLevelQueue>,
     sub_busy: Vec<bool>,
     groups: VecDeque<SlotId>,
@@ -79,19 +99,52 @@ pub(crate) struct Scheduler {
     idle_subs: SmallVec<[u32; 8]>,
     busy: usize,
     stopping: bool,
+    exited: bool,
     stall: Option<Stall>,
-    iterations: u64,
+    passes: u64,
     dispatched: u64,
     completions: u64,
 }
 
-impl Scheduler {
-    /// A scheduler for the workers registered in `core`.
-    pub(crate) fn new(core: Arc<Core>) -> Scheduler {
-        Scheduler {
-            next_level: core.next_level.iter().map(|_| NextLevelQueue::default()).collect(),
-            sub_busy: vec![false; core.sub.len()],
-            core,
+/// Wakes the scheduler thread (stop, stall deadlines).
+#[derive(Default)]
+pub(crate) struct Attention {
+    poked: Mutex<bool>,
+    cond: Condvar,
+}
+
+impl Attention {
+    /// Wakes the scheduler thread.
+    pub(crate) fn poke(&self) {
+        *self.poked.lock() = true;
+        self.cond.notify_one();
+    }
+
+    /// Sleeps until poked or until `deadline`.
+    fn wait(&self, deadline: Option<Instant>) {
+        let mut g = self.poked.lock();
+        while !*g {
+            match deadline {
+                None => g = self.cond.wait(g),
+                Some(d) => {
+                    let (ng, timed_out) = self.cond.wait_until(g, d);
+                    g = ng;
+                    if timed_out {
+                        break;
+                    }
+                }
+            }
+        }
+        *g = false;
+    }
+}
+
+impl SchedState {
+    /// Empty queues for `next_level` NEXT_LEVEL and `sub` SUB workers.
+    pub(crate) fn new(next_level: usize, sub: usize) -> SchedState {
+        SchedState {
+            next_level: (0..next_level).map(|_| NextLevelQueue::default()).collect(),
+            sub_busy: vec![false; sub],
             groups: VecDeque::new(),
             subs: VecDeque::new(),
             batch: InboxBatch::default(),
@@ -100,80 +153,64 @@ impl Scheduler {
             idle_subs: SmallVec::new(),
             busy: 0,
             stopping: false,
+            exited: false,
             stall: None,
-            iterations: 0,
+            passes: 0,
             dispatched: 0,
             completions: 0,
         }
     }
 
-    /// The thread body: loops until stopped and drained.
-    pub(crate) fn run(mut self) {
-        let _span = tracing::debug_span!("scheduler", level = self.core.level).entered();
-        loop {
-            let deadline = self
-                .stall
-                .as_ref()
-                .filter(|s| !s.reported)
-                .map(|s| s.since + self.core.stall_warn_after);
-            let got = self.core.inbox.take(&mut self.batch, deadline);
-            let step = catch_unwind(AssertUnwindSafe(|| self.iteration(got)));
-            if let Err(payload) = step {
-                self.recover(&panic_message(payload.as_ref()));
-            }
-            if self.stopping && self.busy == 0 {
-                break;
-            }
+    /// Pass steps 1–5. Returns whether the scheduler thread needs to look.
+    fn pass(&mut self, core: &Core, own: Own) -> bool {
+        core.inbox.take(&mut self.batch);
+        let had_stall = self.stall.is_some();
+        let own_event = !matches!(own, Own::Nothing);
+        if self.batch.has_events() || own_event {
+            self.passes += 1;
         }
-        self.exit();
-        self.core.scheduler_exit.signal();
+        let mut completions = std::mem::take(&mut self.batch.completions);
+        for c in completions.drain(..) {
+            self.on_completion(core, c);
+        }
+        self.batch.completions = completions;
+        let mut ready = std::mem::take(&mut self.batch.ready);
+        for r in ready.drain(..) {
+            self.route(core, r.slot, r.route);
+        }
+        self.batch.ready = ready;
+        match own {
+            Own::Nothing => {}
+            Own::Ready(r) => self.route(core, r.slot, r.route),
+            Own::Completion(c) => self.on_completion(core, c),
+        }
+        if std::mem::take(&mut self.batch.stop) {
+            self.stopping = true;
+        }
+        if !self.stopping {
+            self.dispatch_pass(core);
+        }
+        self.check_stall(core);
+        self.publish_counters(core);
+        (self.stopping && self.busy == 0) || (!had_stall && self.stall.is_some())
     }
 
-    /// Steps 2–4 of the loop for one take.
-    fn iteration(&mut self, got_events: bool) {
-        if got_events {
-            self.iterations += 1;
-            let mut completions = std::mem::take(&mut self.batch.completions);
-            for c in completions.drain(..) {
-                self.on_completion(c);
-            }
-            self.batch.completions = completions;
-            let mut ready = std::mem::take(&mut self.batch.ready);
-            for r in ready.drain(..) {
-                self.route(r.slot, r.route);
-            }
-            self.batch.ready = ready;
-            if std::mem::take(&mut self.batch.stop) {
-                self.stopping = true;
-            }
-        }
-        if got_events && !self.stopping {
-            self.dispatch_pass();
-        }
-        self.check_stall();
-        self.publish_counters();
-    }
-
-    /// After a panic in the loop body: poison the engine and drop whatever the iteration held.
-    #[cold]
-    fn recover(&mut self, message: &str) {
-        self.core.poison(&format!("scheduler panicked: {message}"));
-        self.batch.ready.clear();
-        self.batch.completions.clear();
-        self.scratch = GraphScratch::default();
-        // Busy flags stay as they are: a worker marked busy still reports its completion.
-    }
-
-    /// Loop step 5.
-    fn exit(&mut self) {
-        self.core.inbox.close(&mut self.batch);
+    /// Cancels everything still queued and refuses every later event (thread step 3).
+    fn exit(&mut self, core: &Core) {
+        core.inbox.close(&mut self.batch);
         let completions = std::mem::take(&mut self.batch.completions);
         for c in completions {
-            self.on_completion(c);
+            self.on_completion(core, c);
         }
         for r in std::mem::take(&mut self.batch.ready) {
-            self.route(r.slot, r.route);
+            self.route(core, r.slot, r.route);
         }
+        self.exited = true;
+        self.cancel_queued(core);
+        self.publish_counters(core);
+    }
+
+    fn cancel_queued(&mut self, core: &Core) {
         let mut leftover: Vec<SlotId> = Vec::new();
         for q in &mut self.next_level {
             leftover.extend(q.fifo.drain(..));
@@ -181,23 +218,18 @@ impl Scheduler {
         leftover.extend(self.groups.drain(..));
         leftover.extend(self.subs.drain(..).map(|(s, _)| s));
         for id in leftover {
-            self.core.cancel_ready(id, CancelReason::Shutdown, &mut self.scratch);
+            core.cancel_ready(id, CancelReason::Shutdown, &mut self.scratch);
         }
-        self.publish_counters();
     }
 
     // ---- Completion processing (spec 30 §6.4) ---------------------------------------------
 
-    fn on_completion(&mut self, c: MemberCompletion) {
+    fn on_completion(&mut self, core: &Core, c: MemberCompletion) {
         self.completions += 1;
-        self.mark_idle(c.worker);
-        if !self.core.ring.is_live(c.slot) {
-            tracing::debug!(slot = %c.slot, "completion for a stale slot ignored");
-            return;
-        }
+        self.mark_idle(core, c.worker);
         let failure = match c.result {
             Ok(()) => None,
-            Err(f) => match self.record_member_failure(c.slot, c.member, c.worker, f) {
+            Err(f) => match record_member_failure(core, c.slot, c.member, c.worker, f) {
                 Some(f) => Some(f),
                 None => {
                     tracing::debug!(slot = %c.slot, "failed completion for a stale slot ignored");
@@ -205,8 +237,11 @@ impl Scheduler {
                 }
             },
         };
+        let Some(slot) = core.ring.slot(c.slot) else {
+            tracing::debug!(slot = %c.slot, "completion for a stale slot ignored");
+            return;
+        };
         let s = &mut self.scratch;
-        let Some(slot) = self.core.ring.slot(c.slot) else { return };
         let done =
             slot.complete_member(c.slot, c.member, failure, &mut s.consumers, &mut s.releases);
         match done {
@@ -216,57 +251,30 @@ impl Scheduler {
             MemberDone::Waiting => {}
             MemberDone::Finished { failure, reclaim } => {
                 match failure {
-                    None => self.release_consumers(),
-                    Some(f) => self.core.propagate_failure(root_of(&f), &mut self.scratch),
+                    None => self.release_consumers(core),
+                    Some(f) => core.propagate_failure(root_of(&f), &mut self.scratch),
                 }
-                self.core.release_all(&mut self.scratch.releases);
+                core.release_all(&mut self.scratch.releases);
                 if let Some(run) = reclaim {
-                    self.core.reclaim(c.slot, run);
+                    core.reclaim(c.slot, run);
                 }
             }
         }
     }
 
-    /// Builds the member's `TaskFailure` and records it on the run at once (spec 30 §2.4).
-    fn record_member_failure(
-        &self,
-        id: SlotId,
-        member: u32,
-        worker: WorkerSlot,
-        f: EndpointFailure,
-    ) -> Option<Arc<TaskFailure>> {
-        let slot = self.core.ring.slot(id)?;
-        let (head, run, group) = {
-            let s = slot.sync.lock();
-            let head = s.head.filter(|h| h.id == id)?;
-            (head, s.run.clone()?, s.members.len() > 1)
-        };
-        let mut failure = TaskFailure::new(head.task, head.callable, f.mechanism, f.message)
-            .on_worker(self.core.worker(worker).worker);
-        if group {
-            failure = failure.for_member(member);
-        }
-        failure.device_code = f.device_code;
-        failure.cause = f.cause;
-        let failure = Arc::new(failure);
-        tracing::debug!(task = %head.task, member, "member failed: {}", failure.message);
-        run.record(RunFailure::Task(Arc::clone(&failure)));
-        Some(failure)
-    }
-
     /// Successful finish: one fanin release per consumer; ready ones go to their own queue.
-    fn release_consumers(&mut self) {
+    fn release_consumers(&mut self, core: &Core) {
         let mut consumers = std::mem::take(&mut self.scratch.consumers);
         for id in consumers.drain(..) {
-            let Some(slot) = self.core.ring.slot(id) else { continue };
+            let Some(slot) = core.ring.slot(id) else { continue };
             if let Fanin::Ready(route) = slot.release_fanin(id) {
-                self.route(id, route);
+                self.route(core, id, route);
             }
         }
         self.scratch.consumers = consumers;
     }
 
-    fn mark_idle(&mut self, who: WorkerSlot) {
+    fn mark_idle(&mut self, core: &Core, who: WorkerSlot) {
         let flag = match who {
             WorkerSlot::NextLevel(i) => self.next_level.get_mut(i as usize).map(|q| &mut q.busy),
             WorkerSlot::Sub(i) => self.sub_busy.get_mut(i as usize),
@@ -275,7 +283,7 @@ impl Scheduler {
             Some(busy) if *busy => {
                 *busy = false;
                 self.busy -= 1;
-                self.core.mailbox(who).set_idle();
+                core.mailbox(who).set_idle();
             }
             _ => debug_assert!(false, "completion from idle worker {who:?}"),
         }
@@ -283,7 +291,12 @@ impl Scheduler {
 
     // ---- Routing and dispatch (spec 30 §6.3) ----------------------------------------------
 
-    fn route(&mut self, id: SlotId, route: Route) {
+    fn route(&mut self, core: &Core, id: SlotId, route: Route) {
+        if self.exited {
+            // The scheduler has stopped for good: the task can never be dispatched.
+            core.cancel_ready(id, CancelReason::Shutdown, &mut self.scratch);
+            return;
+        }
         match route {
             Route::Single { worker } => match self.next_level.get_mut(worker as usize) {
                 Some(q) => q.fifo.push_back(id),
@@ -295,22 +308,18 @@ impl Scheduler {
         }
     }
 
-    fn is_ready(&self, id: SlotId) -> bool {
-        self.core.ring.slot(id).and_then(|s| s.state.get(id)) == Some(TaskState::Ready)
-    }
-
-    fn dispatch_pass(&mut self) {
+    fn dispatch_pass(&mut self, core: &Core) {
         for q in &mut self.next_level {
             q.reserved = false;
         }
-        self.dispatch_groups();
-        self.dispatch_singles();
-        self.dispatch_subs();
+        self.dispatch_groups(core);
+        self.dispatch_singles(core);
+        self.dispatch_subs(core);
     }
 
-    fn dispatch_groups(&mut self) {
+    fn dispatch_groups(&mut self, core: &Core) {
         while let Some(&head) = self.groups.front() {
-            if !self.is_ready(head) || !self.load_targets(head) {
+            if !is_ready(core, head) || !self.load_targets(core, head) {
                 self.groups.pop_front();
                 continue;
             }
@@ -322,7 +331,7 @@ impl Scheduler {
                 return;
             }
             self.groups.pop_front();
-            let Some(slot) = self.core.ring.slot(head) else { continue };
+            let Some(slot) = core.ring.slot(head) else { continue };
             if !slot.claim_dispatch(head) {
                 continue;
             }
@@ -331,15 +340,15 @@ impl Scheduler {
                 self.next_level[t as usize].busy = true;
                 self.busy += 1;
                 self.dispatched += 1;
-                self.core.next_level[t as usize].mailbox.send_task(head, member as u32);
+                core.next_level[t as usize].mailbox.send_task(head, member as u32);
             }
         }
     }
 
     /// Loads the group's target indices into `self.targets`; `false` if the slot is stale.
-    fn load_targets(&mut self, id: SlotId) -> bool {
+    fn load_targets(&mut self, core: &Core, id: SlotId) -> bool {
         self.targets.clear();
-        let Some(slot) = self.core.ring.slot(id) else { return false };
+        let Some(slot) = core.ring.slot(id) else { return false };
         let payload = slot.payload.read();
         if payload.id != Some(id) {
             return false;
@@ -348,27 +357,27 @@ impl Scheduler {
         true
     }
 
-    fn dispatch_singles(&mut self) {
+    fn dispatch_singles(&mut self, core: &Core) {
         for (w, q) in self.next_level.iter_mut().enumerate() {
             if q.busy || q.reserved {
                 continue;
             }
             while let Some(id) = q.fifo.pop_front() {
-                let Some(slot) = self.core.ring.slot(id) else { continue };
+                let Some(slot) = core.ring.slot(id) else { continue };
                 if slot.claim_dispatch(id) {
                     q.busy = true;
                     self.busy += 1;
                     self.dispatched += 1;
-                    self.core.next_level[w].mailbox.send_task(id, 0);
+                    core.next_level[w].mailbox.send_task(id, 0);
                     break;
                 }
             }
         }
     }
 
-    fn dispatch_subs(&mut self) {
+    fn dispatch_subs(&mut self, core: &Core) {
         while let Some(&(head, size)) = self.subs.front() {
-            if !self.is_ready(head) {
+            if !is_ready(core, head) {
                 self.subs.pop_front();
                 continue;
             }
@@ -380,7 +389,7 @@ impl Scheduler {
                 return;
             }
             self.subs.pop_front();
-            let Some(slot) = self.core.ring.slot(head) else { continue };
+            let Some(slot) = core.ring.slot(head) else { continue };
             if !slot.claim_dispatch(head) {
                 continue;
             }
@@ -392,7 +401,7 @@ impl Scheduler {
                 self.sub_busy[w as usize] = true;
                 self.busy += 1;
                 self.dispatched += 1;
-                self.core.sub[w as usize].mailbox.send_task(head, member);
+                core.sub[w as usize].mailbox.send_task(head, member);
             }
         }
     }
@@ -400,14 +409,14 @@ impl Scheduler {
     // ---- Diagnostics -----------------------------------------------------------------------
 
     /// Opens, closes or reports a stall episode (spec 30 §6.3).
-    fn check_stall(&mut self) {
+    fn check_stall(&mut self, core: &Core) {
         let Some(&head) = self.groups.front() else {
             self.stall = None;
             return;
         };
         let held = !self.stopping
-            && self.is_ready(head)
-            && self.load_targets(head)
+            && is_ready(core, head)
+            && self.load_targets(core, head)
             && self.targets.iter().any(|&t| {
                 let q = &self.next_level[t as usize];
                 !q.busy && !q.fifo.is_empty()
@@ -419,7 +428,7 @@ impl Scheduler {
         let now = Instant::now();
         let due = match &mut self.stall {
             Some(s) if s.head == head => {
-                let due = !s.reported && now >= s.since + self.core.stall_warn_after;
+                let due = !s.reported && now >= s.since + core.stall_warn_after;
                 s.reported |= due;
                 due.then_some(now - s.since)
             }
@@ -429,47 +438,164 @@ impl Scheduler {
             }
         };
         if let Some(blocked) = due {
-            self.report_stall(head, blocked);
+            self.report_stall(core, head, blocked);
         }
     }
 
+    /// When the scheduler thread must next look at an open, unreported stall episode.
+    fn stall_deadline(&self, core: &Core) -> Option<Instant> {
+        self.stall.as_ref().filter(|s| !s.reported).map(|s| s.since + core.stall_warn_after)
+    }
+
     #[cold]
-    fn report_stall(&self, head: SlotId, blocked: std::time::Duration) {
-        let task = self.core.task_of(head);
+    fn report_stall(&self, core: &Core, head: SlotId, blocked: Duration) {
         let busy: Vec<String> = self
             .targets
             .iter()
             .filter(|&&t| self.next_level[t as usize].busy)
-            .map(|&t| self.core.next_level[t as usize].worker.to_string())
+            .map(|&t| core.next_level[t as usize].worker.to_string())
             .collect();
         let held: Vec<String> = self
             .targets
             .iter()
             .filter(|&&t| !self.next_level[t as usize].busy)
             .flat_map(|&t| self.next_level[t as usize].fifo.iter())
-            .filter_map(|&id| self.core.task_of(id))
+            .filter_map(|&id| core.task_of(id))
             .map(|t| t.to_string())
             .collect();
+        let task = core.task_of(head).map_or_else(|| head.to_string(), |t| t.to_string());
         tracing::warn!(
-            level = self.core.level,
-            "group task {} blocked for {blocked:?} on busy targets [{}] while its idle targets hold \
-             queued singles [{}]",
-            task.map(|t| t.to_string()).unwrap_or_else(|| head.to_string()),
+            level = core.level,
+            "group task {task} blocked for {blocked:?} on busy targets [{}] while its idle \
+             targets hold queued singles [{}]",
             busy.join(", "),
             held.join(", ")
         );
     }
 
-    fn publish_counters(&self) {
-        // Relaxed throughout: statistics with a single writer (this thread).
-        let c = &self.core.counters;
-        c.iterations.store(self.iterations, Ordering::Relaxed);
+    fn publish_counters(&self, core: &Core) {
+        // Relaxed throughout: statistics written only under the scheduler lock.
+        let c = &core.counters;
+        c.iterations.store(self.passes, Ordering::Relaxed);
         c.dispatched.store(self.dispatched, Ordering::Relaxed);
         c.completions.store(self.completions, Ordering::Relaxed);
         c.queued_groups.store(self.groups.len() as u32, Ordering::Relaxed);
         c.queued_sub.store(self.subs.len() as u32, Ordering::Relaxed);
-        for (q, info) in self.next_level.iter().zip(&self.core.next_level) {
+        for (q, info) in self.next_level.iter().zip(&core.next_level) {
             info.queued.store(q.fifo.len() as u32, Ordering::Relaxed);
         }
     }
+
+    /// After a panic in a pass: drop whatever the pass held (busy flags stay: a worker marked
+    /// busy still reports its completion).
+    #[cold]
+    fn recover(&mut self) {
+        self.batch.ready.clear();
+        self.batch.completions.clear();
+        self.scratch = GraphScratch::default();
+    }
+}
+
+fn is_ready(core: &Core, id: SlotId) -> bool {
+    core.ring.slot(id).and_then(|s| s.state.get(id)) == Some(TaskState::Ready)
+}
+
+/// Builds the member's `TaskFailure` and records it on the run at once (spec 30 §2.4).
+fn record_member_failure(
+    core: &Core,
+    id: SlotId,
+    member: u32,
+    worker: WorkerSlot,
+    f: EndpointFailure,
+) -> Option<Arc<TaskFailure>> {
+    let slot = core.ring.slot(id)?;
+    let (head, run, group) = {
+        let s = slot.sync.lock();
+        let head = s.head.filter(|h| h.id == id)?;
+        (head, s.run.clone()?, s.members.len() > 1)
+    };
+    let mut failure = TaskFailure::new(head.task, head.callable, f.mechanism, f.message)
+        .on_worker(core.worker(worker).worker);
+    if group {
+        failure = failure.for_member(member);
+    }
+    failure.device_code = f.device_code;
+    failure.cause = f.cause;
+    let failure = Arc::new(failure);
+    tracing::debug!(task = %head.task, member, "member failed: {}", failure.message);
+    run.record(RunFailure::Task(Arc::clone(&failure)));
+    Some(failure)
+}
+
+impl Core {
+    /// Runs one pass under the held scheduler lock, poisoning the engine if it panics.
+    fn run_pass(&self, state: &mut MutexGuard<'_, SchedState>, own: Own) {
+        let outcome = catch_unwind(AssertUnwindSafe(|| state.pass(self, own)));
+        match outcome {
+            Ok(false) => {}
+            Ok(true) => self.attention.poke(),
+            Err(payload) => {
+                state.recover();
+                self.poison(&format!(
+                    "scheduler pass panicked: {}",
+                    panic_message(payload.as_ref())
+                ));
+            }
+        }
+    }
+
+    /// Combining step 2 (see `inbox`).
+    fn drive(&self) {
+        drive(&self.inbox, &self.sched, |state| self.run_pass(state, Own::Nothing));
+    }
+
+    /// Delivers a task published ready (combining step 1). `Err(Closed)` once the scheduler
+    /// has stopped for good: the caller must cancel the task.
+    pub(crate) fn deliver_ready(&self, entry: ReadyEntry) -> Result<(), Closed> {
+        match self.sched.try_lock() {
+            Some(mut state) => self.run_pass(&mut state, Own::Ready(entry)),
+            None => self.inbox.push_ready(entry)?,
+        }
+        self.drive();
+        Ok(())
+    }
+
+    /// Delivers a member completion (combining step 1).
+    pub(crate) fn deliver_completion(&self, completion: MemberCompletion) {
+        match self.sched.try_lock() {
+            Some(mut state) => self.run_pass(&mut state, Own::Completion(completion)),
+            None => {
+                if self.inbox.push_completion(completion).is_err() {
+                    // Cannot happen: the inbox closes only when no worker is busy.
+                    tracing::error!(level = self.level, "completion refused by a closed inbox");
+                }
+            }
+        }
+        self.drive();
+    }
+
+    /// Shutdown step 4: no new dispatch from the next pass on; the scheduler thread exits once
+    /// no worker is busy.
+    pub(crate) fn request_stop(&self) {
+        self.inbox.request_stop();
+        self.drive();
+        self.attention.poke();
+    }
+}
+
+/// Body of the scheduler thread (module docs, thread steps 1–3).
+pub(crate) fn scheduler_main(core: Arc<Core>) {
+    let _span = tracing::debug_span!("scheduler", level = core.level).entered();
+    let mut deadline = None;
+    loop {
+        core.attention.wait(deadline);
+        let mut state = core.sched.lock();
+        core.run_pass(&mut state, Own::Nothing);
+        if state.stopping && state.busy == 0 {
+            state.exit(&core);
+            break;
+        }
+        deadline = state.stall_deadline(&core);
+    }
+    core.scheduler_exit.signal();
 }

@@ -356,7 +356,7 @@ impl RunBuilder<'_> {
         // 6. Publish; 7. poisoned at submit; 8. queue.
         match slot.publish(id, &orch.attached, live, failed.is_some()) {
             Publish::Ready(route) => {
-                if core.inbox.push_ready(ReadyEntry { slot: id, route }).is_err() {
+                if core.deliver_ready(ReadyEntry { slot: id, route }).is_err() {
                     // The scheduler has stopped for good: the task can never run.
                     core.cancel_ready(id, CancelReason::Shutdown, &mut orch.graph);
                 }

@@ -6,10 +6,12 @@
 //!    the lane).
 //! 1. Take the next mail: spin briefly on the mailbox's `pending` hint, then park.
 //! 2. A task member: read its arguments from the slot (immutable since publication; the slot
-//!    stays `Running` until this member reports), call `Endpoint::run` under `catch_unwind`, and
-//!    push the completion into the scheduler inbox. The completion is published before the
-//!    scheduler can consider this worker idle, because only the scheduler marks it idle, when it
-//!    processes that completion.
+//!    stays `Running` until this member reports), call `Endpoint::run` under `catch_unwind`,
+//!    release the arguments, and deliver the completion to the scheduler (combining protocol in
+//!    `inbox`: this thread runs the scheduler pass itself when the scheduler lock is free, which
+//!    often dispatches its own next task without any wake-up). The completion is processed
+//!    before the worker can be considered idle, because only a scheduler pass marks it idle, when
+//!    it processes that completion.
 //! 3. A control job: run it (it catches its own panic and sends its result).
 //! 4. Repeat. On `Stop`, which is always the last mail (the mailbox refuses pushes after it),
 //!    call `shutdown` and exit; everything queued before it has been served.
@@ -227,11 +229,7 @@ pub(crate) fn worker_main(
         match mailbox.recv() {
             Mail::Task { slot, member } => {
                 let result = run_member(&core, endpoint.as_mut(), slot, member);
-                let completion = MemberCompletion { slot, member, worker: who, result };
-                if core.inbox.push_completion(completion).is_err() {
-                    // Cannot happen: the scheduler closes its inbox only when no worker is busy.
-                    tracing::error!(worker = %name, %slot, "completion refused by a closed inbox");
-                }
+                core.deliver_completion(MemberCompletion { slot, member, worker: who, result });
             }
             Mail::Job(job) => job(endpoint.as_mut()),
             Mail::Stop => break,
