@@ -1,0 +1,41 @@
+//! The per-worker handshake record (spec §5.4).
+//!
+//! One 64-byte record per AICore worker lives in the runtime image. Writers and readers:
+//!
+//! | Field | Written by | Read by |
+//! |---|---|---|
+//! | `aicore_done` | host (zeroed before launch, L1); AICore (`index + 1`, release, step 2) | AICPU (acquire, step 4); host report (C1) |
+//! | `physical_core_id`, `core_type` | host (pre-typed, P6); AICore (before `aicore_done`, step 2) | AICPU after observing `aicore_done` |
+//! | `task` | AICPU (payload-pair address, before opening the window, step 4) | AICore after the window opened (step 5) |
+//! | `aicpu_ready` | AICPU (diagnostic only) | host report (C1) |
+
+use core::mem::{align_of, offset_of, size_of};
+use core::sync::atomic::{AtomicU32, AtomicU64};
+
+/// One worker's handshake record: 64 bytes, 64-byte aligned.
+#[derive(Debug, Default)]
+#[repr(C, align(64))]
+pub struct Handshake {
+    /// 1 once the owning AICPU thread opened the window (diagnostic only).
+    pub aicpu_ready: AtomicU32,
+    /// 0 until the worker reported in; then `worker index + 1`.
+    pub aicore_done: AtomicU32,
+    /// Device address of the worker's payload pair.
+    pub task: AtomicU64,
+    /// [`CoreType`](super::CoreType) as `u32`.
+    pub core_type: AtomicU32,
+    /// Physical core id the worker reported (the simulator reports its index).
+    pub physical_core_id: AtomicU32,
+    /// Padding to one cache line.
+    pub reserved: [u32; 10],
+}
+
+const _: () = {
+    assert!(size_of::<Handshake>() == 64);
+    assert!(align_of::<Handshake>() == 64);
+    assert!(offset_of!(Handshake, aicpu_ready) == 0);
+    assert!(offset_of!(Handshake, aicore_done) == 4);
+    assert!(offset_of!(Handshake, task) == 8);
+    assert!(offset_of!(Handshake, core_type) == 16);
+    assert!(offset_of!(Handshake, physical_core_id) == 20);
+};

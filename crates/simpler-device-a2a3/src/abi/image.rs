@@ -1,0 +1,499 @@
+//! The host_build_graph runtime image (spec §6.1, §6.4).
+//!
+//! One contiguous region holds everything the AICPU scheduler and the AICore executor need for
+//! one run. Every internal reference is an offset from the image base, so the host builds the
+//! image in ordinary memory and uploads it byte for byte, with no pointer relocation. The
+//! sections, in order (each 64-byte aligned):
+//!
+//! | Section | Contents |
+//! |---|---|
+//! | header | [`ImageHeader`]: counts and section offsets |
+//! | handshake | [`Handshake`](super::handshake::Handshake) × 72 |
+//! | func table | `u64` × 1024: device address of each func id's kernel (0 = unset) |
+//! | shared | [`SharedHeader`]: latched status, stall details, progress counters |
+//! | tasks | [`TaskRecord`] × task count |
+//! | edges | `u32` × edge count: fanout lists (consumer task indices) |
+//! | args | per task, its tensor descriptors (128 B each) then its scalars (`u64` each) |
+//! | ready | [`ReadyQueueHeader`] × 4 (one per [`TaskShape`]), then each queue's `u64` cells |
+//! | workers | [`WorkerSlot`] × 72 |
+//! | payloads | [`PayloadPair`](super::payload::PayloadPair) × 72 |
+//! | swimlane | per launched worker: [`SwimlaneHeader`] then [`SwimlaneRecord`] × capacity |
+//! | phases | [`PhaseRecord`] × 4 (one per AICPU thread) |
+//!
+//! Writers and readers of the atomic fields are documented on each type. The host writes the
+//! whole image before the launch and reads the shared header, handshake records, swimlane and
+//! phase sections after both streams completed; stream completion orders those accesses.
+
+use core::mem::{align_of, offset_of, size_of};
+use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
+
+use super::MAX_AICORE_WORKERS;
+use super::handshake::Handshake;
+use super::payload::PayloadPair;
+
+/// `ImageHeader::magic` of a host_build_graph image ("HBG1").
+pub const HBG_IMAGE_MAGIC: u32 = 0x3147_4248;
+/// AICPU threads an image has phase records for.
+pub const MAX_PHASE_THREADS: usize = 4;
+/// Number of ready queues: one per [`TaskShape`], indexed by its value.
+pub const READY_QUEUE_COUNT: usize = 4;
+/// Marks an unset func id in [`TaskRecord::func_ids`].
+pub const NO_FUNC: i32 = -1;
+/// Alignment of every image section.
+pub const SECTION_ALIGN: u64 = 64;
+
+/// How a task occupies cores.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[repr(u32)]
+pub enum TaskShape {
+    /// Kernels on several workers of one cluster per block; needs a whole idle cluster.
+    Mix = 0,
+    /// One AIC kernel per block.
+    Aic = 1,
+    /// One AIV kernel per block.
+    Aiv = 2,
+    /// No kernel: completes as soon as it is ready (dependency-only task).
+    Dummy = 3,
+}
+
+impl TaskShape {
+    /// The shape a raw value names.
+    pub const fn from_u32(v: u32) -> Option<TaskShape> {
+        match v {
+            0 => Some(TaskShape::Mix),
+            1 => Some(TaskShape::Aic),
+            2 => Some(TaskShape::Aiv),
+            3 => Some(TaskShape::Dummy),
+            _ => None,
+        }
+    }
+
+    /// Short name used in diagnostics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            TaskShape::Mix => "MIX",
+            TaskShape::Aic => "AIC",
+            TaskShape::Aiv => "AIV",
+            TaskShape::Dummy => "DUMMY",
+        }
+    }
+}
+
+/// The image header: counts and section offsets. Written by the host only.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C, align(64))]
+pub struct ImageHeader {
+    /// [`HBG_IMAGE_MAGIC`].
+    pub magic: u32,
+    /// [`ABI_VERSION`](super::ABI_VERSION).
+    pub abi_version: u32,
+    /// Total image length in bytes.
+    pub image_len: u64,
+    /// Clusters of the launch.
+    pub block_dim: u32,
+    /// Workers of the launch (`3 * block_dim`).
+    pub num_aicore: u32,
+    /// AICPU threads of the launch.
+    pub aicpu_threads: u32,
+    /// Tasks in the graph.
+    pub task_count: u32,
+    /// Entries of the edge section.
+    pub edge_count: u32,
+    /// Profiling flag bits (`launch::PROFILE_*`).
+    pub profiling: u32,
+    /// Stamp of the active callable (slot and registration generation, P13).
+    pub active_callable: u64,
+    /// Offset of the handshake section.
+    pub handshake_off: u64,
+    /// Offset of the func table.
+    pub func_table_off: u64,
+    /// Offset of the shared header.
+    pub shared_off: u64,
+    /// Offset of the task records.
+    pub tasks_off: u64,
+    /// Offset of the edge section.
+    pub edges_off: u64,
+    /// Offset of the ready-queue headers (cells follow them).
+    pub ready_off: u64,
+    /// Offset of the worker slots.
+    pub workers_off: u64,
+    /// Offset of the payload pairs.
+    pub payloads_off: u64,
+    /// Offset of the swimlane section.
+    pub swimlane_off: u64,
+    /// Swimlane records per worker (0 = swimlane off).
+    pub swimlane_capacity: u32,
+    /// Padding.
+    pub reserved: u32,
+    /// Offset of the phase records.
+    pub phases_off: u64,
+    /// Padding to three cache lines (no implicit padding anywhere in the image).
+    pub reserved1: [u64; 7],
+}
+
+const _: () = {
+    assert!(size_of::<ImageHeader>() == 192);
+    assert!(offset_of!(ImageHeader, handshake_off) == 48);
+    assert!(offset_of!(ImageHeader, phases_off) == 128);
+};
+
+/// Status shared by every AICPU thread and read by the host after the run (spec §6.1).
+///
+/// | Field | Written by | Read by |
+/// |---|---|---|
+/// | `ready_published` | boot thread (release, once) | other AICPU threads (acquire) |
+/// | `orch_done` | boot thread (hbg: at boot) | schedulers, stall classification |
+/// | `orch_error_code` | host builder (hbg) | host |
+/// | `sched_error_code` | first scheduler thread to latch (CAS 0 → code) | all AICPU threads, host |
+/// | stall fields | the latching thread, before nothing else (host reads after the run) | host |
+/// | `completed_tasks` | any scheduler thread on task completion | all schedulers (termination) |
+/// | `progress` | any scheduler thread on completion or dispatch | all schedulers (watchdog) |
+/// | `running` | schedulers (dispatch +1, completion −1) | stall classification |
+/// | `abort` | a thread that gave up (handshake failure) | all schedulers |
+#[derive(Debug, Default)]
+#[repr(C, align(64))]
+pub struct SharedHeader {
+    /// 1 once the boot step finished and ready queues are seeded.
+    pub ready_published: AtomicU32,
+    /// 1 once orchestration is complete (hbg: always at boot).
+    pub orch_done: AtomicU32,
+    /// Latched orchestration code (0 = none).
+    pub orch_error_code: AtomicI32,
+    /// Latched scheduler code (0 = none).
+    pub sched_error_code: AtomicI32,
+    /// AICPU thread that latched the scheduler code.
+    pub error_thread: AtomicU32,
+    /// [`StallClass`](super::codes::StallClass) of a scheduler timeout.
+    pub stall_class: AtomicU32,
+    /// Worker index + 1 of the stuck core (0 = none).
+    pub stuck_core: AtomicU32,
+    /// Tasks completed so far.
+    pub completed_tasks: AtomicU32,
+    /// Device task id of the stuck task (`u64::MAX` = none).
+    pub stuck_task: AtomicU64,
+    /// Bumped on every dispatch and completion; the no-progress watchdog watches it.
+    pub progress: AtomicU64,
+    /// Member dispatches currently on workers.
+    pub running: AtomicU32,
+    /// Ready tasks at the time of a stall latch.
+    pub stall_ready: AtomicU32,
+    /// Running dispatches at the time of a stall latch.
+    pub stall_running: AtomicU32,
+    /// Waiting tasks at the time of a stall latch.
+    pub stall_waiting: AtomicU32,
+    /// Failing ring of an orchestration capacity error (`u32::MAX` = none).
+    pub fault_ring: AtomicU32,
+    /// Non-zero once a thread gave up on the run without a runtime code (a handshake
+    /// failure); every scheduler stops and shuts its workers down.
+    pub abort: AtomicU32,
+    /// Ring sizes at a capacity failure: task window, heap bytes, dep pool.
+    pub fault_sizes: [AtomicU64; 3],
+    /// Ring usage at a capacity failure, in the same order.
+    pub fault_usage: [AtomicU64; 3],
+    /// Padding to two cache lines (no implicit padding anywhere in the image).
+    pub reserved1: u64,
+}
+
+const _: () = {
+    assert!(size_of::<SharedHeader>() == 128);
+    assert!(align_of::<SharedHeader>() == 64);
+};
+
+/// One task of the resident graph (two cache lines; the second holds the fields schedulers
+/// modify, so reading the first never contends with them).
+///
+/// Line 0 is written by the host only. Line 1:
+///
+/// | Field | Written by | Read by |
+/// |---|---|---|
+/// | `fanin_refcount` | boot thread (reset to `fanin_count`); a producer's completing thread (`fetch_sub`, AcqRel) | the thread whose decrement reached 0 pushes the task |
+/// | `members_remaining` | boot thread (reset); the dispatching thread's completions (`fetch_sub`, AcqRel) | the thread whose decrement reached 0 completes the task |
+#[derive(Debug)]
+#[repr(C, align(64))]
+pub struct TaskRecord {
+    /// [`DeviceTaskId`](simpler_types::DeviceTaskId) raw value.
+    pub task_id: u64,
+    /// Func ids of the AIC, AIV0 and AIV1 kernels ([`NO_FUNC`] = none).
+    pub func_ids: [i32; 3],
+    /// [`TaskShape`] as `u32`.
+    pub shape: u32,
+    /// Blocks to run.
+    pub block_num: u32,
+    /// Tensor arguments.
+    pub num_tensors: u32,
+    /// Scalar arguments.
+    pub num_scalars: u32,
+    /// Producers this task waits for.
+    pub fanin_count: u32,
+    /// First entry of this task's fanout list in the edge section.
+    pub fanout_start: u32,
+    /// Entries of the fanout list.
+    pub fanout_count: u32,
+    /// Image offset of the tensor descriptors; the scalars follow them.
+    pub args_off: u64,
+    /// Padding to the end of line 0.
+    pub reserved0: [u64; 1],
+    /// Producers not yet completed.
+    pub fanin_refcount: AtomicU32,
+    /// Member dispatches (blocks × kernels per block) not yet finished.
+    pub members_remaining: AtomicU32,
+    /// Padding to 128 bytes.
+    pub reserved1: [u32; 14],
+}
+
+const _: () = {
+    assert!(size_of::<TaskRecord>() == 128);
+    assert!(offset_of!(TaskRecord, args_off) == 48);
+    assert!(offset_of!(TaskRecord, fanin_refcount) == 64);
+};
+
+/// Header of one ready queue. The queue is push-once: every block of a task enters the queue of
+/// its shape exactly once per run, so a queue sized to the blocks of its shape never wraps.
+/// A cell holds `((task << 32) | block) + 1`; 0 means "reserved, not yet written".
+///
+/// | Field | Written by | Read by |
+/// |---|---|---|
+/// | `tail` | pushers (`fetch_add` reserves a cell) | poppers (bound) |
+/// | `head` | poppers (CAS claims the cell at `head`) | poppers |
+/// | cells | the pusher that reserved the cell (release store) | the popper that claims it (acquire) |
+#[derive(Debug, Default)]
+#[repr(C, align(64))]
+pub struct ReadyQueueHeader {
+    /// Next cell to claim.
+    pub head: AtomicU32,
+    /// Padding: `head` and `tail` live on different cache lines.
+    pub reserved0: [u32; 15],
+    /// Next cell to reserve.
+    pub tail: AtomicU32,
+    /// Number of cells.
+    pub capacity: u32,
+    /// Image offset of the cells.
+    pub cells_off: u64,
+    /// Padding.
+    pub reserved1: [u32; 12],
+}
+
+const _: () = assert!(size_of::<ReadyQueueHeader>() == 128);
+
+/// Per-worker state visible to every AICPU thread (stall reports) and the host.
+///
+/// `running_task` is written by the owning scheduler thread (dispatch and completion) and read
+/// by any thread classifying a stall and by the host afterwards; `dispatched` is written by the
+/// owner only.
+#[derive(Debug, Default)]
+#[repr(C, align(64))]
+pub struct WorkerSlot {
+    /// Device task id + 1 of the task running on the worker (0 = idle).
+    pub running_task: AtomicU64,
+    /// Dispatches made to this worker in this run.
+    pub dispatched: AtomicU32,
+    /// Padding.
+    pub reserved: [u32; 13],
+}
+
+const _: () = assert!(size_of::<WorkerSlot>() == 64);
+
+/// Header of one worker's swimlane buffer. Written by the worker (the only writer), read by the
+/// host after the run.
+#[derive(Debug, Default)]
+#[repr(C, align(64))]
+pub struct SwimlaneHeader {
+    /// Records written.
+    pub count: AtomicU32,
+    /// Records that did not fit (counted, never silent).
+    pub dropped: AtomicU32,
+    /// Padding.
+    pub reserved: [u32; 14],
+}
+
+const _: () = assert!(size_of::<SwimlaneHeader>() == 64);
+
+/// One AICore dispatch as the worker saw it (50 MHz counter values).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct SwimlaneRecord {
+    /// Device task id.
+    pub task_id: u64,
+    /// Dispatch token.
+    pub token: u32,
+    /// Func id of the kernel.
+    pub func_id: u32,
+    /// Counter at kernel entry.
+    pub start: u64,
+    /// Counter at kernel exit.
+    pub end: u64,
+    /// Block index of the dispatch.
+    pub block_idx: u32,
+    /// Padding.
+    pub reserved: u32,
+}
+
+const _: () = assert!(size_of::<SwimlaneRecord>() == 40);
+
+/// Phase counters of one AICPU thread (50 MHz counter values; 0 = not reached). Written by that
+/// thread only, read by the host after the run.
+#[derive(Debug, Default)]
+#[repr(C, align(64))]
+pub struct PhaseRecord {
+    /// Entry into `exec`.
+    pub start: AtomicU64,
+    /// Boot (hbg) or orchestration finished.
+    pub orchestration_end: AtomicU64,
+    /// Handshake with every owned worker finished.
+    pub handshake_end: AtomicU64,
+    /// Scheduling loop left.
+    pub scheduling_end: AtomicU64,
+    /// Return from `exec`.
+    pub end: AtomicU64,
+    /// Tasks this thread completed.
+    pub tasks_completed: AtomicU64,
+    /// Padding.
+    pub reserved: [u64; 2],
+}
+
+const _: () = assert!(size_of::<PhaseRecord>() == 64);
+
+/// Sizing inputs of an image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageParams {
+    /// Tasks in the graph.
+    pub task_count: u32,
+    /// Edges in the graph.
+    pub edge_count: u32,
+    /// Bytes of the argument section.
+    pub args_bytes: u64,
+    /// Workers of the launch; the swimlane section has a block for each.
+    pub num_aicore: u32,
+    /// Cells of each ready queue (blocks of the tasks of that shape).
+    pub queue_capacity: [u32; READY_QUEUE_COUNT],
+    /// Swimlane records per worker (0 = off).
+    pub swimlane_capacity: u32,
+}
+
+/// Section offsets of an image, computed identically by the host and checked by the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageLayout {
+    /// Offset of the handshake section.
+    pub handshake_off: u64,
+    /// Offset of the func table.
+    pub func_table_off: u64,
+    /// Offset of the shared header.
+    pub shared_off: u64,
+    /// Offset of the task records.
+    pub tasks_off: u64,
+    /// Offset of the edge section.
+    pub edges_off: u64,
+    /// Offset of the argument section.
+    pub args_off: u64,
+    /// Offset of the ready-queue headers.
+    pub ready_off: u64,
+    /// Offsets of the ready queues' cells.
+    pub ready_cells_off: [u64; READY_QUEUE_COUNT],
+    /// Offset of the worker slots.
+    pub workers_off: u64,
+    /// Offset of the payload pairs.
+    pub payloads_off: u64,
+    /// Offset of the swimlane section.
+    pub swimlane_off: u64,
+    /// Offset of the phase records.
+    pub phases_off: u64,
+    /// Total length.
+    pub len: u64,
+}
+
+const fn align_up(v: u64, a: u64) -> u64 {
+    v.div_ceil(a) * a
+}
+
+/// Bytes of one worker's swimlane block (header plus records, rounded to the section alignment).
+pub const fn swimlane_block_bytes(capacity: u32) -> u64 {
+    align_up(
+        size_of::<SwimlaneHeader>() as u64 + capacity as u64 * size_of::<SwimlaneRecord>() as u64,
+        SECTION_ALIGN,
+    )
+}
+
+impl ImageLayout {
+    /// Computes the layout; `None` if the sizes overflow `u64`.
+    pub fn compute(p: &ImageParams) -> Option<ImageLayout> {
+        let mut at = size_of::<ImageHeader>() as u64;
+        let mut take = |bytes: u64| -> Option<u64> {
+            let off = at;
+            at = align_up(at.checked_add(bytes)?, SECTION_ALIGN);
+            Some(off)
+        };
+        let workers = MAX_AICORE_WORKERS as u64;
+        let handshake_off = take(workers * size_of::<Handshake>() as u64)?;
+        let func_table_off = take(super::MAX_FUNC_IDS as u64 * 8)?;
+        let shared_off = take(size_of::<SharedHeader>() as u64)?;
+        let tasks_off = take(u64::from(p.task_count).checked_mul(size_of::<TaskRecord>() as u64)?)?;
+        let edges_off = take(u64::from(p.edge_count) * 4)?;
+        let args_off = take(p.args_bytes)?;
+        let ready_off = take(READY_QUEUE_COUNT as u64 * size_of::<ReadyQueueHeader>() as u64)?;
+        let mut ready_cells_off = [0u64; READY_QUEUE_COUNT];
+        for (cell, cap) in ready_cells_off.iter_mut().zip(p.queue_capacity) {
+            *cell = take(u64::from(cap) * 8)?;
+        }
+        let workers_off = take(workers * size_of::<WorkerSlot>() as u64)?;
+        let payloads_off = take(workers * size_of::<PayloadPair>() as u64)?;
+        let swimlane_off =
+            take(u64::from(p.num_aicore).checked_mul(swimlane_block_bytes(p.swimlane_capacity))?)?;
+        let phases_off = take(MAX_PHASE_THREADS as u64 * size_of::<PhaseRecord>() as u64)?;
+        Some(ImageLayout {
+            handshake_off,
+            func_table_off,
+            shared_off,
+            tasks_off,
+            edges_off,
+            args_off,
+            ready_off,
+            ready_cells_off,
+            workers_off,
+            payloads_off,
+            swimlane_off,
+            phases_off,
+            len: at,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_sections_are_aligned_and_ordered() {
+        let l = ImageLayout::compute(&ImageParams {
+            task_count: 5,
+            edge_count: 7,
+            args_bytes: 1000,
+            num_aicore: 6,
+            queue_capacity: [1, 2, 3, 4],
+            swimlane_capacity: 3,
+        })
+        .unwrap();
+        let offs = [
+            l.handshake_off,
+            l.func_table_off,
+            l.shared_off,
+            l.tasks_off,
+            l.edges_off,
+            l.args_off,
+            l.ready_off,
+            l.ready_cells_off[0],
+            l.ready_cells_off[1],
+            l.ready_cells_off[2],
+            l.ready_cells_off[3],
+            l.workers_off,
+            l.payloads_off,
+            l.swimlane_off,
+            l.phases_off,
+            l.len,
+        ];
+        for w in offs.windows(2) {
+            assert!(w[0] <= w[1]);
+        }
+        assert!(offs.iter().all(|o| o % SECTION_ALIGN == 0));
+        assert_eq!(l.handshake_off, 192);
+    }
+}

@@ -1,0 +1,94 @@
+//! What the two kernel launches receive, and the AICPU init arguments (spec §3.2, §3.5).
+
+use core::mem::{align_of, offset_of, size_of};
+
+/// Profiling flag bit: dump arguments.
+pub const PROFILE_DUMP_ARGS: u32 = 1 << 0;
+/// Profiling flag bit: swimlane records.
+pub const PROFILE_SWIMLANE: u32 = 1 << 1;
+/// Profiling flag bit: PMU counters.
+pub const PROFILE_PMU: u32 = 1 << 2;
+/// Profiling flag bit: dependency-graph capture.
+pub const PROFILE_DEP_GEN: u32 = 1 << 3;
+/// Profiling flag bit: scope statistics.
+pub const PROFILE_SCOPE_STATS: u32 = 1 << 4;
+
+/// The argument block both launches receive (by device address), uploaded at P16.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C, align(64))]
+pub struct KernelArgs {
+    /// [`ABI_VERSION`](super::ABI_VERSION) of the host that wrote it.
+    pub abi_version: u32,
+    /// Clusters of this launch.
+    pub block_dim: u32,
+    /// AICore workers of this launch (`3 * block_dim`).
+    pub num_aicore: u32,
+    /// AICPU threads of this launch.
+    pub aicpu_threads: u32,
+    /// Device address of the runtime image.
+    pub image_base: u64,
+    /// Length of the runtime image in bytes.
+    pub image_len: u64,
+    /// Device address of the register table (one `u64` control-window address per worker;
+    /// the simulator's table holds register-block addresses).
+    pub regs_table: u64,
+    /// Profiling flag bits (`PROFILE_*`).
+    pub profiling: u32,
+    /// Padding.
+    pub reserved0: u32,
+    /// FFTS base address (onboard only; 0 on the simulator).
+    pub ffts_base: u64,
+    /// Reserved.
+    pub reserved1: u64,
+}
+
+const _: () = {
+    assert!(size_of::<KernelArgs>() == 64);
+    assert!(align_of::<KernelArgs>() == 64);
+    assert!(offset_of!(KernelArgs, image_base) == 16);
+    assert!(offset_of!(KernelArgs, regs_table) == 32);
+    assert!(offset_of!(KernelArgs, profiling) == 40);
+};
+
+/// What the AICPU init entry receives once per runner (spec §3.2 step 3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct InitArgs {
+    /// [`ABI_VERSION`](super::ABI_VERSION) of the host.
+    pub abi_version: u32,
+    /// Device id of the runner.
+    pub device_id: u32,
+    /// Log level of the AICPU program (0 = errors only … 4 = trace).
+    pub log_level: u32,
+    /// Scheduler no-progress budget in milliseconds.
+    pub scheduler_timeout_ms: u32,
+    /// Budget for a worker to answer the exit signal, in milliseconds.
+    pub shutdown_budget_ms: u32,
+    /// Padding.
+    pub reserved: u32,
+    /// DMA workspace addresses (0 on the simulator).
+    pub dma_workspace: [u64; 2],
+}
+
+const _: () = {
+    assert!(size_of::<InitArgs>() == 40);
+    assert!(offset_of!(InitArgs, dma_workspace) == 24);
+};
+
+/// Header of one kernel inside a chip callable's uploaded buffer (spec §3.4): the kernel's
+/// resolved address (a device code address onboard, a function pointer on the simulator) and
+/// its signature.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct CoreKernelHeader {
+    /// Func id of the kernel.
+    pub func_id: u32,
+    /// Entries of `signature` in use.
+    pub signature_len: u32,
+    /// Resolved kernel entry address.
+    pub kernel: u64,
+    /// `ArgDirection` wire values.
+    pub signature: [u8; 32],
+}
+
+const _: () = assert!(size_of::<CoreKernelHeader>() == 48);

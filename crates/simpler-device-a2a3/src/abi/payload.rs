@@ -1,0 +1,109 @@
+//! The dispatch payload and the kernel-argument layout (spec §5.7).
+//!
+//! Each worker owns a pair of 512-byte payloads in the runtime image; token `t` uses payload
+//! `t & 1`. The AICPU fills a payload only while the previous token of the worker is ACKed or
+//! FINed, i.e. while the AICore is not reading it, and publishes it with a release store of the
+//! token; the AICore reads it after an acquire load of the token and never writes it.
+//!
+//! Line 0 holds the kernel address, the [`LocalContext`], the gate (`src_payload`) and
+//! diagnostic ids; lines 1..7 hold the 50 argument slots; the tail holds the
+//! [`GlobalContext`]. A kernel receives the address of `args[0]`:
+//!
+//! - `args[0..T)`: device addresses of the task's 128-byte tensor descriptors;
+//! - `args[T..T+S)`: scalars as raw 64-bit words (value bytes low, zero-extended);
+//! - `args[48]`: address of the payload's `LocalContext`;
+//! - `args[49]`: address of the payload's `GlobalContext`.
+
+use core::mem::{align_of, offset_of, size_of};
+
+/// Argument slots of one kernel call.
+pub const KERNEL_ARG_SLOTS: usize = 50;
+/// Slot holding the address of the [`LocalContext`].
+pub const LOCAL_CONTEXT_SLOT: usize = 48;
+/// Slot holding the address of the [`GlobalContext`].
+pub const GLOBAL_CONTEXT_SLOT: usize = 49;
+/// Size of one dispatch payload.
+pub const PAYLOAD_SIZE: usize = 512;
+
+/// Per-dispatch topology a kernel reads through `args[48]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct LocalContext {
+    /// Index of this block of the task, `0..block_num`.
+    pub block_idx: u32,
+    /// Number of blocks the task was submitted with.
+    pub block_num: u32,
+    /// Reserved for asynchronous completion (0 in this version).
+    pub async_ctx: u64,
+}
+
+/// Per-worker context a kernel reads through `args[49]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct GlobalContext {
+    /// Sub-block id of an AIV worker (0 or 1); 0 for AIC.
+    pub sub_block_id: u32,
+    /// Padding.
+    pub reserved: u32,
+    /// DMA workspace addresses (0 on the simulator).
+    pub dma_workspace: [u64; 2],
+}
+
+/// One 512-byte dispatch payload.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+pub struct DispatchPayload {
+    /// Address of the kernel entry (a function pointer on the simulator).
+    pub kernel: u64,
+    /// Block index and count of this dispatch.
+    pub local: LocalContext,
+    /// 0 = ready to run; otherwise the gate: the address of the payload to copy the argument
+    /// vector from, and the AICore waits for the doorbell before running (reserved for early
+    /// dispatch; this version always writes 0).
+    pub src_payload: u64,
+    /// Device task id of the task (diagnostics).
+    pub task_id: u64,
+    /// Function id of the kernel (diagnostics).
+    pub func_id: u32,
+    /// Padding to the end of line 0.
+    pub reserved0: [u32; 5],
+    /// The kernel's argument vector.
+    pub args: [i64; KERNEL_ARG_SLOTS],
+    /// Per-worker context.
+    pub global: GlobalContext,
+    /// Padding to 512 bytes.
+    pub reserved1: [u64; 3],
+}
+
+const _: () = {
+    assert!(size_of::<LocalContext>() == 16);
+    assert!(size_of::<GlobalContext>() == 24);
+    assert!(size_of::<DispatchPayload>() == PAYLOAD_SIZE);
+    assert!(align_of::<DispatchPayload>() == 64);
+    assert!(offset_of!(DispatchPayload, kernel) == 0);
+    assert!(offset_of!(DispatchPayload, local) == 8);
+    assert!(offset_of!(DispatchPayload, src_payload) == 24);
+    assert!(offset_of!(DispatchPayload, task_id) == 32);
+    assert!(offset_of!(DispatchPayload, func_id) == 40);
+    assert!(offset_of!(DispatchPayload, args) == 64);
+    assert!(offset_of!(DispatchPayload, global) == 464);
+    assert!(LOCAL_CONTEXT_SLOT < KERNEL_ARG_SLOTS && GLOBAL_CONTEXT_SLOT < KERNEL_ARG_SLOTS);
+};
+
+impl DispatchPayload {
+    /// An all-zero payload.
+    pub const ZERO: DispatchPayload = DispatchPayload {
+        kernel: 0,
+        local: LocalContext { block_idx: 0, block_num: 0, async_ctx: 0 },
+        src_payload: 0,
+        task_id: 0,
+        func_id: 0,
+        reserved0: [0; 5],
+        args: [0; KERNEL_ARG_SLOTS],
+        global: GlobalContext { sub_block_id: 0, reserved: 0, dma_workspace: [0; 2] },
+        reserved1: [0; 3],
+    };
+}
+
+/// The two payloads of one worker; token `t` uses `pair[t & 1]`.
+pub type PayloadPair = [DispatchPayload; 2];

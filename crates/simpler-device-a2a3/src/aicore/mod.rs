@@ -1,0 +1,294 @@
+//! The simulated AICore executor: one worker's side of the handshake and dispatch protocol
+//! (spec §5.4 steps 2, 3, 5, 7 and 11).
+//!
+//! 1. Write `physical_core_id` (the worker index) and `core_type`, then `aicore_done = index +
+//!    1` (release), without waiting.
+//! 2. Wait until the low half of `DATA_MAIN_BASE` is non-zero: the window is open.
+//! 3. Write `COND = IDLE_VALUE`, read `task` (acquire), set `last = AICPU idle`.
+//! 4. Loop: read the low half `v`. Exit signal → `COND = EXITED_VALUE`, return. AICPU idle or
+//!    `v == last` → wait. Otherwise select payload `v & 1`; if it is gated, wait for the doorbell
+//!    (high half == `v`) or the exit signal (exit wins); `COND = ACK(v)`; call the kernel;
+//!    `last = v`; record swimlane timing; `COND = FIN(v)`.
+//! 5. A kernel that faults (a panic, or an injected fault) reports the fault and returns without
+//!    FIN; an injected hang parks until the entry is aborted (op-execute watchdog) or the device
+//!    resets.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+
+use simpler_types::DeviceTaskId;
+
+use crate::abi::WorkerPlace;
+use crate::abi::codes::AclCode;
+use crate::abi::image::SwimlaneRecord;
+use crate::abi::launch::PROFILE_SWIMLANE;
+use crate::abi::regs::{AICPU_IDLE, Cond, EXIT_SIGNAL, EXITED_VALUE, IDLE_VALUE, RegId};
+use crate::backend::sim::{KernelAction, SimLaunch, SimShared};
+use crate::error::{CoreFault, StreamKind};
+use crate::kernel::KernelFn;
+
+/// What the loop does with an observed low-half value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Answer the exit signal and leave.
+    Exit,
+    /// Nothing new: wait.
+    Wait,
+    /// Run token `v`.
+    Run,
+}
+
+/// Step 4's decision for low-half value `v` given the last token run.
+pub(crate) fn step_for(v: u32, last: u32) -> Step {
+    if v == EXIT_SIGNAL {
+        Step::Exit
+    } else if v == AICPU_IDLE || v == last {
+        Step::Wait
+    } else {
+        Step::Run
+    }
+}
+
+/// The decision while a gated payload waits for its doorbell: exit wins over a doorbell.
+pub(crate) fn doorbell_step(low: u32, high: u32, v: u32) -> Step {
+    if low == EXIT_SIGNAL {
+        Step::Exit
+    } else if high == v {
+        Step::Run
+    } else {
+        Step::Wait
+    }
+}
+
+enum KernelOutcome {
+    Finished,
+    Faulted(String),
+    Hung,
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "kernel panicked".to_owned()
+    }
+}
+
+/// Runs worker `w` of an AICore launch entry; returns 0 or the device code of its fault.
+pub(crate) fn run_worker(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
+    let stop = || dev.is_reset() || entry.is_aborted();
+    let Some(args) = dev.read_kernel_args(entry.args) else {
+        return AclCode::AICORE_EXCEPTION.get();
+    };
+    let Some(place) = WorkerPlace::of(w, args.block_dim) else {
+        return 0;
+    };
+    let fault = |message: String, func_id: Option<u32>, task: Option<u64>, code: AclCode| {
+        dev.record_fault(CoreFault {
+            code,
+            stream: StreamKind::AiCore,
+            core: Some((w, place.core_type)),
+            func_id,
+            task: task.map(DeviceTaskId),
+            message,
+            at_ticks: dev.ticks(),
+        });
+        code.get()
+    };
+    let Some(view) = dev.image_view(&args) else {
+        return fault(
+            "the launch names no valid runtime image".into(),
+            None,
+            None,
+            AclCode::AICORE_EXCEPTION,
+        );
+    };
+    let Some(regs) = dev.regs.get(w as usize) else { return 0 };
+    let spin = dev.spin_policy();
+
+    // Step 1: report in.
+    let hs = view.handshake(w);
+    let phys = dev.faults.on_handshake(w).unwrap_or(w);
+    hs.physical_core_id.store(phys, Ordering::Relaxed);
+    hs.core_type.store(place.core_type as u32, Ordering::Relaxed);
+    // Release: the AICPU acquires `aicore_done` and then reads the two fields above.
+    hs.aicore_done.store(w + 1, Ordering::Release);
+    dev.notify_all_aicpu();
+
+    // Step 2: wait for the window.
+    spin.wait_until(&regs.wake, None, || regs.load(RegId::DataMainBaseLow) != 0 || stop());
+    if regs.load(RegId::DataMainBaseLow) == 0 {
+        return AclCode::TASK_ABORT.get();
+    }
+
+    // Step 3.
+    dev.store_cond(w, IDLE_VALUE);
+    let pair = hs.task.load(Ordering::Acquire);
+    if pair != view.payload_pair_addr(w) {
+        return fault(
+            format!("handshake task address {pair:#x} is not this worker's payload pair"),
+            None,
+            None,
+            AclCode::AICORE_EXCEPTION,
+        );
+    }
+    let swimlane = args.profiling & PROFILE_SWIMLANE != 0 && view.header().swimlane_capacity > 0;
+    let mut last = AICPU_IDLE;
+    let mut round = 0u32;
+
+    // Step 4.
+    loop {
+        let epoch = regs.wake.epoch();
+        let v = regs.load(RegId::DataMainBaseLow);
+        match step_for(v, last) {
+            Step::Exit => {
+                dev.store_cond(w, EXITED_VALUE);
+                return 0;
+            }
+            Step::Wait => {
+                if stop() {
+                    return AclCode::TASK_ABORT.get();
+                }
+                spin.backoff(round, &regs.wake, epoch, None);
+                round = round.saturating_add(1);
+                continue;
+            }
+            Step::Run => round = 0,
+        }
+        let p = view.payload_ptr(w, v & 1);
+        // SAFETY: the AICPU filled payload `v & 1` before storing `v` (release), which this
+        // worker loaded with acquire; it does not write the payload again until this token is
+        // ACKed or FINed. Only plain fields are read, by value.
+        let (kernel, src, task_id, func_id, block_idx) = unsafe {
+            (
+                std::ptr::addr_of!((*p).kernel).read(),
+                std::ptr::addr_of!((*p).src_payload).read(),
+                std::ptr::addr_of!((*p).task_id).read(),
+                std::ptr::addr_of!((*p).func_id).read(),
+                std::ptr::addr_of!((*p).local.block_idx).read(),
+            )
+        };
+        if src != 0 {
+            // Gated early dispatch (reserved): wait for the doorbell; exit wins.
+            let mut gate_round = 0u32;
+            loop {
+                let e = regs.wake.epoch();
+                match doorbell_step(
+                    regs.load(RegId::DataMainBaseLow),
+                    regs.load(RegId::DataMainBaseHigh),
+                    v,
+                ) {
+                    Step::Exit => {
+                        dev.store_cond(w, EXITED_VALUE);
+                        return 0;
+                    }
+                    Step::Run => break,
+                    Step::Wait if stop() => return AclCode::TASK_ABORT.get(),
+                    Step::Wait => {
+                        spin.backoff(gate_round, &regs.wake, e, None);
+                        gate_round = gate_round.saturating_add(1);
+                    }
+                }
+            }
+        }
+        dev.store_cond(w, Cond::ack(v).0);
+        let start = dev.ticks();
+        // SAFETY: `p` points at a payload inside the image; `args` is its argument array.
+        let args_ptr = unsafe { std::ptr::addr_of_mut!((*p).args) } as *mut i64;
+        match call_kernel(dev, entry, regs, w, kernel, func_id, args_ptr) {
+            KernelOutcome::Finished => {}
+            KernelOutcome::Faulted(msg) => {
+                return fault(msg, Some(func_id), Some(task_id), AclCode::AICORE_EXCEPTION);
+            }
+            KernelOutcome::Hung => {
+                return fault(
+                    "kernel hung until the op-execute watchdog fired".into(),
+                    Some(func_id),
+                    Some(task_id),
+                    AclCode::AICORE_TIMEOUT,
+                );
+            }
+        }
+        let end = dev.ticks();
+        last = v;
+        if swimlane {
+            let (h, records) = view.swimlane(w);
+            let n = h.count.load(Ordering::Relaxed);
+            if n < view.header().swimlane_capacity {
+                let rec = SwimlaneRecord {
+                    task_id,
+                    token: v,
+                    func_id,
+                    start,
+                    end,
+                    block_idx,
+                    reserved: 0,
+                };
+                // SAFETY: record `n` < capacity lies inside this worker's swimlane block, which
+                // only this worker writes during the run.
+                unsafe { records.add(n as usize).write(rec) };
+                // Relaxed: the host reads the records after the stream completed.
+                h.count.store(n + 1, Ordering::Relaxed);
+            } else {
+                h.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        dev.store_cond(w, Cond::fin(v).0);
+    }
+}
+
+fn call_kernel(
+    dev: &SimShared,
+    entry: &SimLaunch,
+    regs: &crate::backend::sim::RegBlock,
+    w: u32,
+    kernel: u64,
+    func_id: u32,
+    args: *mut i64,
+) -> KernelOutcome {
+    match dev.faults.on_kernel(func_id, w) {
+        KernelAction::Run => {}
+        KernelAction::Fault => return KernelOutcome::Faulted("injected kernel fault".into()),
+        KernelAction::Hang => {
+            let policy = dev.spin_policy();
+            policy.wait_until(&regs.wake, None, || dev.is_reset() || entry.is_aborted());
+            return KernelOutcome::Hung;
+        }
+        KernelAction::Delay(d) => std::thread::sleep(d),
+    }
+    if kernel == 0 {
+        return KernelOutcome::Faulted(format!("no kernel registered for func id {func_id}"));
+    }
+    // SAFETY: non-zero kernel addresses in payloads come from the image's func table, which the
+    // host filled from the `KernelFn` pointers of registered callables; function pointers stay
+    // valid for the life of the process.
+    let f: KernelFn = unsafe { std::mem::transmute::<usize, KernelFn>(kernel as usize) };
+    // SAFETY: `args` points at the payload's 50 argument slots, laid out as the kernel ABI
+    // requires; what the kernel does with its tensors is its own contract.
+    match std::panic::catch_unwind(AssertUnwindSafe(|| unsafe { f(args) })) {
+        Ok(()) => KernelOutcome::Finished,
+        Err(p) => KernelOutcome::Faulted(format!("kernel panicked: {}", panic_message(&*p))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_wins_over_a_pending_doorbell() {
+        assert_eq!(doorbell_step(EXIT_SIGNAL, 7, 7), Step::Exit);
+        assert_eq!(doorbell_step(7, 7, 7), Step::Run);
+        assert_eq!(doorbell_step(7, 0, 7), Step::Wait);
+    }
+
+    #[test]
+    fn the_loop_waits_on_idle_and_on_the_last_token() {
+        assert_eq!(step_for(AICPU_IDLE, 5), Step::Wait);
+        assert_eq!(step_for(5, 5), Step::Wait);
+        assert_eq!(step_for(6, 5), Step::Run);
+        assert_eq!(step_for(EXIT_SIGNAL, 5), Step::Exit);
+    }
+}

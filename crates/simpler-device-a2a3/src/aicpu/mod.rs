@@ -1,0 +1,80 @@
+//! The AICPU program: handshake, dispatch protocol and scheduler loop (spec §5.4, §6.6).
+//!
+//! This is the scheduler that runs on the device's AICPU threads. The simulator runs exactly
+//! this code on host threads; the onboard AICPU program is this module built for the device.
+//! Everything hardware-specific goes through [`AicpuPlatform`] (registers, the 50 MHz counter,
+//! idle waiting, cache maintenance, logging), so there are no simulator-only branches here
+//! (conformance item 17). The module never blocks on a lock, spawns nothing and allocates
+//! nothing: per-worker state lives in fixed arrays on the thread's stack, and everything shared
+//! lives in the runtime image.
+//!
+//! - [`view`]: checked, typed access to the runtime image.
+//! - [`dispatch`]: one worker's token state machine (ACK/FIN bookkeeping, double buffering).
+//! - [`scheduler`]: the `exec` entry: boot, handshake, scheduling loop, watchdog, shutdown.
+
+use core::fmt;
+
+use crate::abi::regs::RegId;
+
+pub mod dispatch;
+pub mod scheduler;
+pub mod view;
+
+pub use scheduler::{EXEC_HANDSHAKE_FAILED, EXEC_OK, EXEC_UNCLEAN_SHUTDOWN, exec};
+
+/// Severity of an AICPU log line.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum LogLevel {
+    /// Something failed.
+    Error,
+    /// Something unusual happened.
+    Warn,
+    /// Progress information.
+    Info,
+    /// Per-run details.
+    Debug,
+}
+
+/// What the AICPU scheduler needs from the hardware (or from the simulator standing in for it).
+///
+/// Validation is the caller's job: the scheduler only passes worker indices below the launch's
+/// `num_aicore`, and implementations may assume so.
+pub trait AicpuPlatform {
+    /// Loads register `reg` of AICore worker `worker` with acquire ordering (onboard: a volatile
+    /// MMIO read followed by a read barrier).
+    fn reg_load(&self, worker: u32, reg: RegId) -> u32;
+
+    /// Stores `value` into register `reg` of `worker` with release ordering (onboard: a write
+    /// barrier, then a volatile MMIO write). A store wakes the worker if it is parked.
+    fn reg_store(&self, worker: u32, reg: RegId, value: u32);
+
+    /// The 50 MHz system counter.
+    fn counter(&self) -> u64;
+
+    /// The epoch of this thread's wakeup counter. Read it before checking the conditions an
+    /// idle wait depends on.
+    fn wait_epoch(&self) -> u64;
+
+    /// Called when an iteration made no progress. `round` counts consecutive idle rounds;
+    /// implementations spin for the first rounds and then park until the epoch moves past
+    /// `observed` or the counter reaches `deadline` (onboard: a bounded spin).
+    fn idle_wait(&self, observed: u64, round: u32, deadline: u64);
+
+    /// Wakes every AICPU thread of the launch (new ready work, run finished, boot published).
+    fn notify_schedulers(&self);
+
+    /// Declares that the calling thread owns `worker`, so the worker's `COND` writes wake this
+    /// thread. Called before the worker's window is opened.
+    fn claim_worker(&self, worker: u32);
+
+    /// Whether the launch is being torn down (device reset or abandoned entry): every wait gives
+    /// up and the scheduler shuts down.
+    fn should_stop(&self) -> bool;
+
+    /// Writes a log line.
+    fn log(&self, level: LogLevel, args: fmt::Arguments<'_>);
+
+    /// Records a fault the host should report with the run's error (a handshake failure, a
+    /// worker that never answered exit).
+    fn report_fault(&self, worker: Option<u32>, args: fmt::Arguments<'_>);
+}

@@ -1,0 +1,587 @@
+//! The AICPU `exec` entry of the host_build_graph runtime: boot, handshake, scheduling loop,
+//! watchdog and shutdown (spec §5.4, §6.4, §6.6).
+//!
+//! Protocol of one launch with `N` AICPU threads and `B` clusters:
+//!
+//! 1. Thread `N − 1` boots: it resets every task's `fanin_refcount` and `members_remaining`
+//!    from the build-time counts, empties the ready queues, pushes every block of every
+//!    fanin-free task, and publishes `ready_published` (release).
+//! 2. Every thread `t` owns clusters `t, t + N, t + 2N, …` and handshakes their workers: claim
+//!    the worker, wait for `aicore_done != 0` (acquire), reject a physical core id ≥ 75, store
+//!    the payload-pair address into `task` (release), open the window (`FAST_PATH_ENABLE = 0xE`,
+//!    low half = AICPU idle), set `aicpu_ready`.
+//! 3. Threads other than `N − 1` wait for `ready_published` (acquire).
+//! 4. Scheduling loop, per iteration: observe `COND` of busy owned workers and apply ACK/FIN;
+//!    complete tasks whose last member finished (decrement consumers' refcounts, pushing those
+//!    that reach zero); dispatch ready blocks (MIX needs a whole idle cluster; idle workers are
+//!    preferred over pending slots); when nothing progressed, idle-wait until woken or the
+//!    watchdog deadline.
+//! 5. The loop ends when every task completed, a runtime code is latched, a thread aborted, or
+//!    the platform says stop. No progress (the shared `progress` counter unchanged) for the
+//!    scheduler budget latches SCHEDULER_TIMEOUT with the stall class and counts.
+//! 6. Shutdown: write the exit signal to every owned worker, wait (all in parallel) for
+//!    `COND == EXITED` within the shutdown budget, then write AICPU idle and close the window.
+//!    An unanswered exit makes the shutdown unclean.
+//!
+//! `exec` returns [`EXEC_OK`] whenever the shutdown was clean, even if the run failed (the
+//! failure is in the latched status); [`EXEC_UNCLEAN_SHUTDOWN`] or [`EXEC_HANDSHAKE_FAILED`]
+//! otherwise.
+
+use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+
+use super::dispatch::WorkerState;
+use super::view::{ImageView, ReadyQueue};
+use super::{AicpuPlatform, LogLevel};
+use crate::abi::codes::{RuntimeCode, StallClass};
+use crate::abi::image::{NO_FUNC, READY_QUEUE_COUNT, TaskRecord, TaskShape};
+use crate::abi::launch::InitArgs;
+use crate::abi::payload::{
+    DispatchPayload, GLOBAL_CONTEXT_SLOT, GlobalContext, LOCAL_CONTEXT_SLOT, LocalContext,
+};
+use crate::abi::regs::{
+    AICPU_IDLE, EXIT_SIGNAL, EXITED_VALUE, FAST_PATH_CLOSE, FAST_PATH_OPEN, RegId,
+};
+use crate::abi::{COUNTER_HZ, CoreType, MAX_AICORE_WORKERS, PHYSICAL_CORE_LIMIT, WorkerPlace};
+
+/// `exec` result: clean shutdown.
+pub const EXEC_OK: i32 = 0;
+/// `exec` result: a worker did not answer the exit signal.
+pub const EXEC_UNCLEAN_SHUTDOWN: i32 = 1;
+/// `exec` result: a worker failed the handshake.
+pub const EXEC_HANDSHAKE_FAILED: i32 = 2;
+
+/// Ticks per millisecond of the 50 MHz counter.
+const TICKS_PER_MS: u64 = COUNTER_HZ / 1000;
+
+/// How a bounded wait ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum WaitEnd {
+    Done,
+    TimedOut,
+    Stopped,
+}
+
+/// Waits until `done()` holds, the counter reaches `deadline`, or the platform says stop.
+fn wait_for<P: AicpuPlatform>(p: &P, deadline: u64, mut done: impl FnMut() -> bool) -> WaitEnd {
+    let mut round = 0u32;
+    loop {
+        let epoch = p.wait_epoch();
+        if done() {
+            return WaitEnd::Done;
+        }
+        if p.should_stop() {
+            return WaitEnd::Stopped;
+        }
+        if p.counter() >= deadline {
+            return WaitEnd::TimedOut;
+        }
+        p.idle_wait(epoch, round, deadline);
+        round = round.saturating_add(1);
+    }
+}
+
+/// The worker states a thread owns (at most all 72 workers).
+struct Owned {
+    workers: [WorkerState; MAX_AICORE_WORKERS],
+    len: usize,
+}
+
+impl Owned {
+    fn new() -> Owned {
+        Owned { workers: [WorkerState::new(0, CoreType::Aic, 0, 0); MAX_AICORE_WORKERS], len: 0 }
+    }
+
+    fn push(&mut self, w: WorkerState) {
+        if self.len < MAX_AICORE_WORKERS {
+            self.workers[self.len] = w;
+            self.len += 1;
+        }
+    }
+
+    fn all(&self) -> &[WorkerState] {
+        &self.workers[..self.len]
+    }
+}
+
+/// Number of member kernels of a task (1 for a dummy task, so it completes once).
+fn members_per_block(t: &TaskRecord) -> u32 {
+    match TaskShape::from_u32(t.shape) {
+        Some(TaskShape::Dummy) | None => 1,
+        _ => t.func_ids.iter().filter(|&&f| f != NO_FUNC).count() as u32,
+    }
+}
+
+fn blocks_of(t: &TaskRecord) -> u32 {
+    match TaskShape::from_u32(t.shape) {
+        Some(TaskShape::Dummy) | None => 1,
+        _ => t.block_num.max(1),
+    }
+}
+
+/// One AICPU thread's scheduler.
+struct Scheduler<'a, P: AicpuPlatform> {
+    p: &'a P,
+    view: ImageView<'a>,
+    thread: u32,
+    owned: Owned,
+    queues: [ReadyQueue<'a>; READY_QUEUE_COUNT],
+    task_count: u32,
+    completed_here: u64,
+}
+
+impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
+    fn push_ready(&self, task: u32) {
+        let t = self.view.task(task);
+        let q = match TaskShape::from_u32(t.shape) {
+            Some(s) => s as usize,
+            None => TaskShape::Dummy as usize,
+        };
+        for b in 0..blocks_of(t) {
+            if !self.queues[q].push((u64::from(task) << 32) | u64::from(b)) {
+                self.p.log(
+                    LogLevel::Error,
+                    format_args!("ready queue {q} overflowed at task {task}"),
+                );
+            }
+        }
+    }
+
+    /// Step 1: boot.
+    fn boot(&self) {
+        let shared = self.view.shared();
+        for q in &self.queues {
+            q.reset();
+        }
+        for i in 0..self.task_count {
+            let t = self.view.task(i);
+            // Relaxed: published by the release store of `ready_published` below.
+            t.fanin_refcount.store(t.fanin_count, Relaxed);
+            t.members_remaining.store(blocks_of(t) * members_per_block(t), Relaxed);
+        }
+        shared.completed_tasks.store(0, Relaxed);
+        shared.running.store(0, Relaxed);
+        for i in 0..self.task_count {
+            if self.view.task(i).fanin_count == 0 {
+                self.push_ready(i);
+            }
+        }
+        shared.orch_done.store(1, Release);
+        shared.ready_published.store(1, Release);
+        self.p.notify_schedulers();
+    }
+
+    /// Step 2: handshake every owned worker. Returns the first failing worker.
+    fn handshake(&mut self, budget: u64) -> Result<(), u32> {
+        let deadline = self.p.counter().saturating_add(budget);
+        for i in 0..self.owned.len {
+            let w = self.owned.workers[i].index;
+            self.p.claim_worker(w);
+            let hs = self.view.handshake(w);
+            // Acquire pairs with the AICore's release store of `aicore_done`, so its
+            // `physical_core_id` and `core_type` writes are visible.
+            match wait_for(self.p, deadline, || hs.aicore_done.load(Acquire) != 0) {
+                WaitEnd::Done => {}
+                WaitEnd::TimedOut => {
+                    self.p.report_fault(
+                        Some(w),
+                        format_args!("worker {w} never reported in (aicore_done stayed 0)"),
+                    );
+                    return Err(w);
+                }
+                WaitEnd::Stopped => return Err(w),
+            }
+            let phys = hs.physical_core_id.load(Relaxed);
+            if phys >= PHYSICAL_CORE_LIMIT {
+                self.p.report_fault(
+                    Some(w),
+                    format_args!("handshake failed: worker {w} reported physical core id {phys} (limit {PHYSICAL_CORE_LIMIT})"),
+                );
+                return Err(w);
+            }
+            // Release: the AICore reads `task` after observing the open window (acquire).
+            hs.task.store(self.view.payload_pair_addr(w), Release);
+            self.p.reg_store(w, RegId::FastPathEnable, FAST_PATH_OPEN);
+            self.p.reg_store(w, RegId::DataMainBaseLow, AICPU_IDLE);
+            hs.aicpu_ready.store(1, Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Completes one member of `task`; completes the task when it was the last.
+    fn member_done(&mut self, task: u32) {
+        let t = self.view.task(task);
+        // AcqRel: members finishing on other threads' workers must all be ordered before the
+        // completion that releases the consumers.
+        if t.members_remaining.fetch_sub(1, AcqRel) == 1 {
+            self.task_done(task);
+        }
+    }
+
+    fn task_done(&mut self, task: u32) {
+        let t = self.view.task(task);
+        for &c in self.view.fanout(t) {
+            if c >= self.task_count {
+                continue;
+            }
+            // AcqRel: the producer's results (ordered before this by the FIN acquire) must be
+            // visible to whichever thread dispatches the consumer.
+            if self.view.task(c).fanin_refcount.fetch_sub(1, AcqRel) == 1 {
+                self.push_ready(c);
+                self.p.notify_schedulers();
+            }
+        }
+        self.completed_here += 1;
+        let shared = self.view.shared();
+        shared.progress.fetch_add(1, Relaxed);
+        if shared.completed_tasks.fetch_add(1, AcqRel) + 1 == self.task_count {
+            self.p.notify_schedulers();
+        }
+    }
+
+    /// Polls `COND` of every busy owned worker; returns whether anything completed or was
+    /// acknowledged.
+    fn poll_workers(&mut self) -> bool {
+        let mut progressed = false;
+        for i in 0..self.owned.len {
+            if !self.owned.workers[i].busy() {
+                continue;
+            }
+            let w = self.owned.workers[i].index;
+            let before = (self.owned.workers[i].running(), self.owned.workers[i].pending());
+            let done = self.owned.workers[i].observe(self.p.reg_load(w, RegId::Cond));
+            let after = (self.owned.workers[i].running(), self.owned.workers[i].pending());
+            if before != after {
+                progressed = true;
+            }
+            for &task in done.as_slice() {
+                let shared = self.view.shared();
+                shared.running.fetch_sub(1, Relaxed);
+                self.member_done(task);
+            }
+            if !done.as_slice().is_empty() {
+                let slot = self.view.worker_slot(w);
+                let running_id = self.owned.workers[i]
+                    .running()
+                    .map_or(0, |d| self.view.task(d.task).task_id.wrapping_add(1));
+                slot.running_task.store(running_id, Relaxed);
+            }
+        }
+        progressed
+    }
+
+    /// Fills payload `token & 1` of `ws` and writes the token.
+    fn send(&mut self, idx: usize, task: u32, func_id: u32, block: u32) {
+        let t = self.view.task(task);
+        let ws = &mut self.owned.workers[idx];
+        let Ok(token) = ws.issue(task) else {
+            debug_assert!(false, "send called on a worker that cannot accept");
+            return;
+        };
+        let w = ws.index;
+        let sub_block = ws.sub_block;
+        let ptr = self.view.payload_ptr(w, token & 1);
+        let mut payload = DispatchPayload::ZERO;
+        payload.kernel = self.view.func_addr(func_id);
+        payload.local =
+            LocalContext { block_idx: block, block_num: t.block_num.max(1), async_ctx: 0 };
+        payload.task_id = t.task_id;
+        payload.func_id = func_id;
+        payload.global =
+            GlobalContext { sub_block_id: sub_block, reserved: 0, dma_workspace: [0; 2] };
+        let tensors = self.view.tensor_args_addr(t);
+        let nt = (t.num_tensors as usize).min(LOCAL_CONTEXT_SLOT);
+        for i in 0..nt {
+            payload.args[i] = (tensors + 128 * i as u64) as i64;
+        }
+        for (j, &s) in self.view.scalars(t).iter().enumerate() {
+            if nt + j < LOCAL_CONTEXT_SLOT {
+                payload.args[nt + j] = s as i64;
+            }
+        }
+        let base = ptr as u64;
+        payload.args[LOCAL_CONTEXT_SLOT] =
+            (base + core::mem::offset_of!(DispatchPayload, local) as u64) as i64;
+        payload.args[GLOBAL_CONTEXT_SLOT] =
+            (base + core::mem::offset_of!(DispatchPayload, global) as u64) as i64;
+        // SAFETY: `ptr` is payload `token & 1` of a worker this thread owns; `issue` succeeded,
+        // so the worker is idle or its running token (the other parity) is acked with nothing
+        // pending: the buffer belongs to a finished token and the AICore does not read it until
+        // it observes the token stored below (release).
+        unsafe { ptr.write(payload) };
+        self.p.reg_store(w, RegId::DataMainBaseLow, token);
+        let shared = self.view.shared();
+        shared.running.fetch_add(1, Relaxed);
+        shared.progress.fetch_add(1, Relaxed);
+        let slot = self.view.worker_slot(w);
+        slot.dispatched.fetch_add(1, Relaxed);
+        if self.owned.workers[idx].pending().is_none() {
+            slot.running_task.store(t.task_id.wrapping_add(1), Relaxed);
+        }
+    }
+
+    /// A worker of `ty` that can take a token: idle ones first, then pending slots.
+    fn free_worker(&self, ty: CoreType) -> Option<usize> {
+        let ws = self.owned.all();
+        ws.iter()
+            .position(|w| w.core_type == ty && w.is_idle())
+            .or_else(|| ws.iter().position(|w| w.core_type == ty && w.can_accept()))
+    }
+
+    /// An owned cluster whose three workers are idle: indices into `owned` of AIC, AIV0, AIV1.
+    fn idle_cluster(&self) -> Option<[usize; 3]> {
+        let ws = self.owned.all();
+        for (i, aic) in ws.iter().enumerate() {
+            if aic.core_type != CoreType::Aic || !aic.is_idle() {
+                continue;
+            }
+            let v0 = ws.iter().position(|w| {
+                w.core_type == CoreType::Aiv && w.cluster == aic.cluster && w.sub_block == 0
+            });
+            let v1 = ws.iter().position(|w| {
+                w.core_type == CoreType::Aiv && w.cluster == aic.cluster && w.sub_block == 1
+            });
+            if let (Some(v0), Some(v1)) = (v0, v1)
+                && ws[v0].is_idle()
+                && ws[v1].is_idle()
+            {
+                return Some([i, v0, v1]);
+            }
+        }
+        None
+    }
+
+    /// Dispatches ready blocks to owned workers; returns whether anything happened.
+    fn dispatch(&mut self) -> bool {
+        let mut progressed = false;
+        while let Some(v) = self.queues[TaskShape::Dummy as usize].pop() {
+            self.task_done((v >> 32) as u32);
+            progressed = true;
+        }
+        while let Some(cluster) = self.idle_cluster() {
+            let Some(v) = self.queues[TaskShape::Mix as usize].pop() else { break };
+            let (task, block) = ((v >> 32) as u32, v as u32);
+            let funcs = self.view.task(task).func_ids;
+            for (m, &f) in funcs.iter().enumerate() {
+                if f != NO_FUNC {
+                    self.send(cluster[m], task, f as u32, block);
+                }
+            }
+            progressed = true;
+        }
+        for (shape, ty, member) in
+            [(TaskShape::Aic, CoreType::Aic, 0), (TaskShape::Aiv, CoreType::Aiv, 1)]
+        {
+            while let Some(idx) = self.free_worker(ty) {
+                let Some(v) = self.queues[shape as usize].pop() else { break };
+                let (task, block) = ((v >> 32) as u32, v as u32);
+                let f = self.view.task(task).func_ids[member];
+                self.send(idx, task, f.max(0) as u32, block);
+                progressed = true;
+            }
+        }
+        progressed
+    }
+
+    /// Latches SCHEDULER_TIMEOUT with the stall class and counts (first latch wins).
+    fn latch_stall(&self) {
+        let shared = self.view.shared();
+        if shared
+            .sched_error_code
+            .compare_exchange(0, RuntimeCode::SchedulerTimeout.raw(), AcqRel, Acquire)
+            .is_err()
+        {
+            return;
+        }
+        let running = shared.running.load(Relaxed);
+        let ready: u32 = self.queues.iter().map(|q| q.len()).sum();
+        let completed = shared.completed_tasks.load(Relaxed);
+        let waiting = self
+            .task_count
+            .saturating_sub(completed)
+            .saturating_sub(ready)
+            .saturating_sub(running.min(self.task_count));
+        // The stuck task: the oldest dispatch on an owned worker, else any worker's.
+        let mut stuck: Option<(u32, u64)> = self
+            .owned
+            .all()
+            .iter()
+            .find_map(|w| w.running().map(|d| (w.index, self.view.task(d.task).task_id)));
+        if stuck.is_none() {
+            for w in 0..self.view.header().num_aicore {
+                let id = self.view.worker_slot(w).running_task.load(Relaxed);
+                if id != 0 {
+                    stuck = Some((w, id - 1));
+                    break;
+                }
+            }
+        }
+        let class = if running > 0 || stuck.is_some() {
+            StallClass::RunningStalled
+        } else if ready > 0 {
+            StallClass::ReadyNotDispatched
+        } else if waiting > 0 {
+            StallClass::OnlyWaiting
+        } else if shared.orch_done.load(Relaxed) == 0 {
+            StallClass::OrchestratorIdle
+        } else {
+            StallClass::Unknown
+        };
+        shared.error_thread.store(self.thread, Relaxed);
+        shared.stall_class.store(class as u32, Relaxed);
+        shared.stall_running.store(running, Relaxed);
+        shared.stall_ready.store(ready, Relaxed);
+        shared.stall_waiting.store(waiting, Relaxed);
+        match stuck {
+            Some((w, task)) => {
+                shared.stuck_core.store(w + 1, Relaxed);
+                shared.stuck_task.store(task, Relaxed);
+            }
+            None => shared.stuck_task.store(u64::MAX, Relaxed),
+        }
+        self.p.log(
+            LogLevel::Error,
+            format_args!(
+                "scheduler timeout: {} (running {running}, ready {ready}, waiting {waiting})",
+                class.label()
+            ),
+        );
+        self.p.notify_schedulers();
+    }
+
+    fn finished(&self) -> bool {
+        let shared = self.view.shared();
+        shared.completed_tasks.load(Acquire) >= self.task_count
+            || shared.sched_error_code.load(Relaxed) != 0
+            || shared.orch_error_code.load(Relaxed) != 0
+            || shared.abort.load(Relaxed) != 0
+    }
+
+    /// Step 4: the scheduling loop.
+    fn run(&mut self, budget: u64) {
+        let shared = self.view.shared();
+        let mut round = 0u32;
+        let mut seen = shared.progress.load(Relaxed);
+        let mut since = self.p.counter();
+        loop {
+            let epoch = self.p.wait_epoch();
+            if self.finished() {
+                break;
+            }
+            if self.p.should_stop() {
+                break;
+            }
+            let mut progressed = self.poll_workers();
+            progressed |= self.dispatch();
+            if progressed {
+                round = 0;
+                continue;
+            }
+            let now = self.p.counter();
+            let p = shared.progress.load(Relaxed);
+            if p != seen {
+                seen = p;
+                since = now;
+            } else if now.saturating_sub(since) >= budget {
+                self.latch_stall();
+                break;
+            }
+            self.p.idle_wait(epoch, round, since.saturating_add(budget));
+            round = round.saturating_add(1);
+        }
+    }
+
+    /// Step 6: shutdown. Returns whether every owned worker answered the exit signal.
+    fn shutdown(&self, budget: u64) -> bool {
+        shutdown_workers(self.p, self.owned.all().iter().map(|w| w.index), budget)
+    }
+}
+
+/// Sends the exit signal to `workers`, waits for every answer within `budget` ticks, then
+/// writes AICPU idle and closes the windows. Returns whether every worker answered.
+pub fn shutdown_workers<P: AicpuPlatform>(
+    p: &P,
+    workers: impl Iterator<Item = u32> + Clone,
+    budget: u64,
+) -> bool {
+    for w in workers.clone() {
+        p.reg_store(w, RegId::DataMainBaseLow, EXIT_SIGNAL);
+    }
+    let deadline = p.counter().saturating_add(budget);
+    let mut clean = true;
+    for w in workers.clone() {
+        if wait_for(p, deadline, || p.reg_load(w, RegId::Cond) == EXITED_VALUE) != WaitEnd::Done {
+            p.report_fault(
+                Some(w),
+                format_args!(
+                    "worker {w} did not answer the exit signal within the shutdown budget"
+                ),
+            );
+            clean = false;
+        }
+    }
+    for w in workers {
+        p.reg_store(w, RegId::DataMainBaseLow, AICPU_IDLE);
+        p.reg_store(w, RegId::FastPathEnable, FAST_PATH_CLOSE);
+    }
+    clean
+}
+
+/// The AICPU `exec` entry for thread `thread` of a launch (spec §5.4, §6.4, §6.6).
+pub fn exec<P: AicpuPlatform>(p: &P, init: &InitArgs, view: &ImageView<'_>, thread: u32) -> i32 {
+    let h = view.header();
+    let threads = h.aicpu_threads.clamp(1, crate::abi::MAX_AICPU_THREADS);
+    let phase = view.phase(thread);
+    phase.start.store(p.counter(), Relaxed);
+    let budget = u64::from(init.scheduler_timeout_ms).max(1) * TICKS_PER_MS;
+    let shutdown_budget = u64::from(init.shutdown_budget_ms).max(1) * TICKS_PER_MS;
+    let queues = [0, 1, 2, 3].map(|q| ReadyQueue::of(view, q));
+    let mut s = Scheduler {
+        p,
+        view: *view,
+        thread,
+        owned: Owned::new(),
+        queues,
+        task_count: h.task_count,
+        completed_here: 0,
+    };
+    let mut k = thread;
+    while k < h.block_dim {
+        for w in WorkerPlace::cluster_workers(k, h.block_dim) {
+            if let Some(place) = WorkerPlace::of(w, h.block_dim) {
+                s.owned.push(WorkerState::new(w, place.core_type, place.cluster, place.sub_block));
+            }
+        }
+        k += threads;
+    }
+    if thread == threads - 1 {
+        s.boot();
+    }
+    phase.orchestration_end.store(p.counter(), Relaxed);
+    if let Err(w) = s.handshake(budget) {
+        view.shared().abort.store(1, Release);
+        p.notify_schedulers();
+        p.log(
+            LogLevel::Error,
+            format_args!("AICPU thread {thread}: handshake failed on worker {w}"),
+        );
+        s.shutdown(shutdown_budget);
+        phase.end.store(p.counter(), Relaxed);
+        return EXEC_HANDSHAKE_FAILED;
+    }
+    phase.handshake_end.store(p.counter(), Relaxed);
+    let shared = view.shared();
+    let ready_deadline = p.counter().saturating_add(budget);
+    let published = wait_for(p, ready_deadline, || {
+        shared.ready_published.load(Acquire) != 0 || shared.abort.load(Relaxed) != 0
+    });
+    if published == WaitEnd::Done {
+        s.run(budget);
+    } else if published == WaitEnd::TimedOut {
+        s.latch_stall();
+    }
+    phase.scheduling_end.store(p.counter(), Relaxed);
+    phase.tasks_completed.store(s.completed_here, Relaxed);
+    let clean = s.shutdown(shutdown_budget);
+    phase.end.store(p.counter(), Relaxed);
+    if clean { EXEC_OK } else { EXEC_UNCLEAN_SHUTDOWN }
+}

@@ -1,0 +1,372 @@
+//! Typed access to a runtime image in device memory.
+//!
+//! The image is one region of device memory (spec §6.1). [`ImageView::from_raw`] checks its
+//! header once (magic, ABI version, every section inside the region and aligned) and from then
+//! on hands out references to the sections. This is sound because of how the image is used:
+//!
+//! - Plain (non-atomic) fields are written by the host before the launch and by nobody while
+//!   the view exists, so shared references to them never alias a write.
+//! - Every field written during the run is an atomic, so shared references are fine.
+//! - The payload pairs are the exception: the owning AICPU thread writes them and the AICore
+//!   reads them, ordered by the token protocol (spec §5.4). They are only reached through raw
+//!   pointers ([`ImageView::payload_ptr`]), never through references.
+//! - The swimlane records are written by their worker only and read by the host after the run;
+//!   they are likewise reached through raw pointers.
+
+use core::mem::size_of;
+use core::sync::atomic::AtomicU64;
+
+use crate::abi::handshake::Handshake;
+use crate::abi::image::{
+    HBG_IMAGE_MAGIC, ImageHeader, MAX_PHASE_THREADS, PhaseRecord, READY_QUEUE_COUNT,
+    ReadyQueueHeader, SECTION_ALIGN, SharedHeader, SwimlaneHeader, SwimlaneRecord, TaskRecord,
+    WorkerSlot, swimlane_block_bytes,
+};
+use crate::abi::payload::{DispatchPayload, PayloadPair};
+use crate::abi::{ABI_VERSION, MAX_AICORE_WORKERS, MAX_FUNC_IDS};
+
+/// Why an image was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ViewError {
+    /// The base address is null or misaligned.
+    BadBase,
+    /// The header's magic or ABI version does not match.
+    BadHeader,
+    /// A section lies outside the region or is misaligned.
+    BadSection(&'static str),
+}
+
+/// A checked view of a runtime image.
+#[derive(Clone, Copy, Debug)]
+pub struct ImageView<'a> {
+    base: *mut u8,
+    header: &'a ImageHeader,
+}
+
+// SAFETY: the view only hands out shared references to plain fields nobody writes while it
+// exists and to atomics, plus raw pointers whose use is governed by the dispatch protocol; the
+// AICPU threads and AICore workers of one launch share it.
+unsafe impl Send for ImageView<'_> {}
+// SAFETY: as above; concurrent use from several threads is the point of the image.
+unsafe impl Sync for ImageView<'_> {}
+
+impl<'a> ImageView<'a> {
+    /// Checks the header of the image at `base` (`len` bytes) and returns a view.
+    ///
+    /// # Safety
+    ///
+    /// `base..base + len` must be readable and writable memory that stays valid for `'a`, laid
+    /// out by the host image writer of this crate, and not written by anyone except through
+    /// this view's atomics and payload pointers while the view exists (non-atomic fields are
+    /// host-written before the launch only).
+    pub unsafe fn from_raw(base: *mut u8, len: u64) -> Result<ImageView<'a>, ViewError> {
+        if base.is_null() || !(base as usize).is_multiple_of(SECTION_ALIGN as usize) {
+            return Err(ViewError::BadBase);
+        }
+        if len < size_of::<ImageHeader>() as u64 {
+            return Err(ViewError::BadSection("header"));
+        }
+        // SAFETY: the caller guarantees `len` readable bytes at `base`, which is 64-aligned and
+        // long enough for the header (checked above); the header is plain data written by the
+        // host before the launch.
+        let header = unsafe { &*(base as *const ImageHeader) };
+        if header.magic != HBG_IMAGE_MAGIC || header.abi_version != ABI_VERSION {
+            return Err(ViewError::BadHeader);
+        }
+        let check = |off: u64, bytes: u64, name: &'static str| -> Result<(), ViewError> {
+            let end = off.checked_add(bytes).ok_or(ViewError::BadSection(name))?;
+            if !off.is_multiple_of(SECTION_ALIGN) || end > len || end > header.image_len {
+                return Err(ViewError::BadSection(name));
+            }
+            Ok(())
+        };
+        let workers = MAX_AICORE_WORKERS as u64;
+        let tasks = u64::from(header.task_count);
+        check(header.handshake_off, workers * size_of::<Handshake>() as u64, "handshake")?;
+        check(header.func_table_off, MAX_FUNC_IDS as u64 * 8, "func table")?;
+        check(header.shared_off, size_of::<SharedHeader>() as u64, "shared header")?;
+        check(header.tasks_off, tasks * size_of::<TaskRecord>() as u64, "tasks")?;
+        check(header.edges_off, u64::from(header.edge_count) * 4, "edges")?;
+        check(
+            header.ready_off,
+            READY_QUEUE_COUNT as u64 * size_of::<ReadyQueueHeader>() as u64,
+            "ready queues",
+        )?;
+        check(header.workers_off, workers * size_of::<WorkerSlot>() as u64, "worker slots")?;
+        check(header.payloads_off, workers * size_of::<PayloadPair>() as u64, "payloads")?;
+        check(
+            header.swimlane_off,
+            u64::from(header.num_aicore) * swimlane_block_bytes(header.swimlane_capacity),
+            "swimlane",
+        )?;
+        check(
+            header.phases_off,
+            MAX_PHASE_THREADS as u64 * size_of::<PhaseRecord>() as u64,
+            "phases",
+        )?;
+        if header.num_aicore as usize > MAX_AICORE_WORKERS
+            || header.num_aicore != 3 * header.block_dim
+        {
+            return Err(ViewError::BadSection("launch shape"));
+        }
+        let view = ImageView { base, header };
+        for q in 0..READY_QUEUE_COUNT {
+            let rq = view.ready_header(q);
+            if rq.capacity > 0 {
+                // Ready cells hold u64 values.
+                check(rq.cells_off, u64::from(rq.capacity) * 8, "ready cells")?;
+            }
+        }
+        // Every task's arguments and fanout list must lie inside the image, so later accesses
+        // need no checks.
+        for i in 0..header.task_count {
+            let t = view.task(i);
+            let arg_bytes = u64::from(t.num_tensors) * 128 + u64::from(t.num_scalars) * 8;
+            let end =
+                t.args_off.checked_add(arg_bytes).ok_or(ViewError::BadSection("task args"))?;
+            if !t.args_off.is_multiple_of(SECTION_ALIGN) || end > len {
+                return Err(ViewError::BadSection("task args"));
+            }
+            let fan_end = u64::from(t.fanout_start) + u64::from(t.fanout_count);
+            if fan_end > u64::from(header.edge_count) {
+                return Err(ViewError::BadSection("fanout"));
+            }
+        }
+        Ok(view)
+    }
+
+    /// The image base as a device address.
+    pub fn base_addr(&self) -> u64 {
+        self.base as u64
+    }
+
+    /// The header.
+    pub fn header(&self) -> &'a ImageHeader {
+        self.header
+    }
+
+    /// # Safety
+    /// `off..off + size_of::<T>()` must have been checked to lie inside the image and be
+    /// aligned for `T`, and `T` must be plain data or atomics as described in the module docs.
+    unsafe fn at<T>(&self, off: u64) -> &'a T {
+        // SAFETY: guaranteed by the caller (the offsets come from the checked header).
+        unsafe { &*(self.base.add(off as usize) as *const T) }
+    }
+
+    /// The shared header.
+    pub fn shared(&self) -> &'a SharedHeader {
+        // SAFETY: checked in `from_raw`; all fields are atomics.
+        unsafe { self.at(self.header.shared_off) }
+    }
+
+    /// Handshake record of worker `w` (< 72).
+    pub fn handshake(&self, w: u32) -> &'a Handshake {
+        let w = (w as usize).min(MAX_AICORE_WORKERS - 1) as u64;
+        // SAFETY: the section holds 72 records (checked in `from_raw`); `w` is clamped.
+        unsafe { self.at(self.header.handshake_off + w * size_of::<Handshake>() as u64) }
+    }
+
+    /// Device address of the kernel registered for `func_id`, 0 if none.
+    pub fn func_addr(&self, func_id: u32) -> u64 {
+        if func_id as usize >= MAX_FUNC_IDS {
+            return 0;
+        }
+        // SAFETY: the func table holds 1024 host-written u64 entries (checked in `from_raw`).
+        unsafe { *self.at::<u64>(self.header.func_table_off + u64::from(func_id) * 8) }
+    }
+
+    /// Task record `i` (< task count).
+    pub fn task(&self, i: u32) -> &'a TaskRecord {
+        debug_assert!(i < self.header.task_count, "task index {i} out of range");
+        let i = u64::from(i.min(self.header.task_count.saturating_sub(1)));
+        // SAFETY: the section holds `task_count` records (checked in `from_raw`); `i` is clamped
+        // into range (callers only pass indices read from the image, which the host bounded).
+        unsafe { self.at(self.header.tasks_off + i * size_of::<TaskRecord>() as u64) }
+    }
+
+    /// Fanout list of task `t` (consumer task indices).
+    pub fn fanout(&self, t: &TaskRecord) -> &'a [u32] {
+        // SAFETY: `fanout_start + fanout_count <= edge_count` was checked for every task in
+        // `from_raw`, and the edge section holds `edge_count` host-written u32 values.
+        unsafe {
+            core::slice::from_raw_parts(
+                self.base.add((self.header.edges_off + u64::from(t.fanout_start) * 4) as usize)
+                    as *const u32,
+                t.fanout_count as usize,
+            )
+        }
+    }
+
+    /// Device address of task `t`'s first tensor descriptor.
+    pub fn tensor_args_addr(&self, t: &TaskRecord) -> u64 {
+        self.base_addr() + t.args_off
+    }
+
+    /// Scalars of task `t`.
+    pub fn scalars(&self, t: &TaskRecord) -> &'a [u64] {
+        // SAFETY: the argument block lies inside the image (checked per task in `from_raw`);
+        // scalars follow the 128-byte descriptors, so they are 8-aligned, and they are
+        // host-written plain data.
+        unsafe {
+            core::slice::from_raw_parts(
+                self.base.add((t.args_off + u64::from(t.num_tensors) * 128) as usize) as *const u64,
+                t.num_scalars as usize,
+            )
+        }
+    }
+
+    /// Header of ready queue `q` (< `READY_QUEUE_COUNT`).
+    pub fn ready_header(&self, q: usize) -> &'a ReadyQueueHeader {
+        let q = q.min(READY_QUEUE_COUNT - 1) as u64;
+        // SAFETY: the section holds four headers (checked in `from_raw`); `q` is clamped.
+        unsafe { self.at(self.header.ready_off + q * size_of::<ReadyQueueHeader>() as u64) }
+    }
+
+    /// Cells of ready queue `q`.
+    pub fn ready_cells(&self, q: usize) -> &'a [AtomicU64] {
+        let h = self.ready_header(q);
+        if h.capacity == 0 {
+            return &[];
+        }
+        // SAFETY: the cells lie inside the image (checked in `from_raw`), are 64-aligned and
+        // are atomics.
+        unsafe {
+            core::slice::from_raw_parts(
+                self.base.add(h.cells_off as usize) as *const AtomicU64,
+                h.capacity as usize,
+            )
+        }
+    }
+
+    /// Slot of worker `w`.
+    pub fn worker_slot(&self, w: u32) -> &'a WorkerSlot {
+        let w = (w as usize).min(MAX_AICORE_WORKERS - 1) as u64;
+        // SAFETY: 72 slots (checked in `from_raw`); `w` is clamped; all fields are atomics.
+        unsafe { self.at(self.header.workers_off + w * size_of::<WorkerSlot>() as u64) }
+    }
+
+    /// Device address of worker `w`'s payload pair.
+    pub fn payload_pair_addr(&self, w: u32) -> u64 {
+        let w = (w as usize).min(MAX_AICORE_WORKERS - 1) as u64;
+        self.base_addr() + self.header.payloads_off + w * size_of::<PayloadPair>() as u64
+    }
+
+    /// Raw pointer to payload `which` (0 or 1) of worker `w`; see the module docs for who may
+    /// write and read through it.
+    pub fn payload_ptr(&self, w: u32, which: u32) -> *mut DispatchPayload {
+        (self.payload_pair_addr(w) + u64::from(which & 1) * size_of::<DispatchPayload>() as u64)
+            as *mut DispatchPayload
+    }
+
+    /// Swimlane header of worker `w` (< `num_aicore`) and a raw pointer to its records
+    /// (capacity in the header).
+    pub fn swimlane(&self, w: u32) -> (&'a SwimlaneHeader, *mut SwimlaneRecord) {
+        let w = u64::from(w.min(self.header.num_aicore.saturating_sub(1)));
+        let off =
+            self.header.swimlane_off + w * swimlane_block_bytes(self.header.swimlane_capacity);
+        // SAFETY: `num_aicore` blocks lie inside the image (checked in `from_raw`); `w` is
+        // clamped; the header is atomics.
+        let header = unsafe { self.at::<SwimlaneHeader>(off) };
+        // SAFETY: the records follow the 64-byte header inside the same checked block.
+        let records = unsafe { self.base.add((off + size_of::<SwimlaneHeader>() as u64) as usize) }
+            as *mut SwimlaneRecord;
+        (header, records)
+    }
+
+    /// Phase record of AICPU thread `t` (< 4).
+    pub fn phase(&self, t: u32) -> &'a PhaseRecord {
+        let t = (t as usize).min(MAX_PHASE_THREADS - 1) as u64;
+        // SAFETY: four records (checked in `from_raw`); `t` is clamped; all fields are atomics.
+        unsafe { self.at(self.header.phases_off + t * size_of::<PhaseRecord>() as u64) }
+    }
+
+    /// Number of tasks.
+    pub fn task_count(&self) -> u32 {
+        self.header.task_count
+    }
+}
+
+/// A push-once multi-producer, multi-consumer queue over one ready-queue section.
+///
+/// Protocol (every task block enters at most one queue at most once per run, so cells are
+/// never reused within a run):
+///
+/// 1. Push: `i = tail.fetch_add(1)`; store `value + 1` into cell `i` with release.
+/// 2. Pop: read `head`; if `head >= tail` the queue is empty; load cell `head` with acquire; 0
+///    means its pusher reserved it but has not stored yet, so report empty for now (the pusher
+///    notifies after storing); otherwise CAS `head` from `head` to `head + 1` and, on success,
+///    own the value.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadyQueue<'a> {
+    header: &'a ReadyQueueHeader,
+    cells: &'a [AtomicU64],
+}
+
+impl<'a> ReadyQueue<'a> {
+    /// Queue `q` of `view`.
+    pub fn of(view: &ImageView<'a>, q: usize) -> ReadyQueue<'a> {
+        ReadyQueue { header: view.ready_header(q), cells: view.ready_cells(q) }
+    }
+
+    /// Empties the queue (boot step; no other thread uses it yet).
+    pub fn reset(&self) {
+        use core::sync::atomic::Ordering::Relaxed;
+        // Relaxed: the boot thread publishes the reset queues with the release store of
+        // `ready_published`, which every other thread acquires before touching a queue.
+        self.header.head.store(0, Relaxed);
+        self.header.tail.store(0, Relaxed);
+        for c in self.cells {
+            c.store(0, Relaxed);
+        }
+    }
+
+    /// Pushes `value` (any value except `u64::MAX`); `false` if the queue is full, which the
+    /// host's sizing rules out.
+    pub fn push(&self, value: u64) -> bool {
+        use core::sync::atomic::Ordering::{AcqRel, Release};
+        // AcqRel: reserving a cell needs no ordering with other data, but pairing with the
+        // popper's load of `tail` keeps the reasoning simple; the value itself is published by
+        // the release store below.
+        let i = self.header.tail.fetch_add(1, AcqRel) as usize;
+        match self.cells.get(i) {
+            Some(cell) => {
+                cell.store(value + 1, Release);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Pops one value, if one is published.
+    pub fn pop(&self) -> Option<u64> {
+        use core::sync::atomic::Ordering::{AcqRel, Acquire};
+        loop {
+            let head = self.header.head.load(Acquire);
+            let tail = self.header.tail.load(Acquire);
+            if head >= tail || head as usize >= self.cells.len() {
+                return None;
+            }
+            // Acquire pairs with the pusher's release store: the task record writes made before
+            // the push are visible once the value is.
+            let v = self.cells[head as usize].load(Acquire);
+            if v == 0 {
+                return None;
+            }
+            if self.header.head.compare_exchange_weak(head, head + 1, AcqRel, Acquire).is_ok() {
+                return Some(v - 1);
+            }
+        }
+    }
+
+    /// Values pushed and not yet popped (a snapshot).
+    pub fn len(&self) -> u32 {
+        use core::sync::atomic::Ordering::Relaxed;
+        // Relaxed: used only for stall statistics.
+        self.header.tail.load(Relaxed).saturating_sub(self.header.head.load(Relaxed))
+    }
+
+    /// Whether the snapshot length is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

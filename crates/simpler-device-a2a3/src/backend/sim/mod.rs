@@ -1,0 +1,734 @@
+//! The simulated A2/A3 chip (spec §5).
+//!
+//! A [`SimDevice`] owns its memory, two streams, 72 register blocks, the persistent threads, a
+//! fault plan and a virtual 50 MHz counter. Nothing is global: any number of devices coexist in
+//! one process. Four AICPU threads (`sim<d>-aicpu<i>`) start in `ensure_initialized`; AICore
+//! workers (`sim<d>-aicore<i>`) start on first need, up to `3 * max(block_dim used)`; none is
+//! re-spawned per run. Between launches every thread parks on its mailbox without a timeout, so
+//! an idle device uses no CPU.
+//!
+//! The AICPU threads run the real scheduler ([`crate::aicpu`]) through [`SimAicpu`], this
+//! module's implementation of [`AicpuPlatform`]; the AICore workers run the simulated executor
+//! ([`crate::aicore`]).
+//!
+//! Thread protocol (numbered, per thread):
+//!
+//! 1. Park on the mailbox until it holds a job or `Quit`.
+//! 2. On a job: run the participant (AICPU `exec` or the AICore executor), catching panics.
+//! 3. Report the result to the entry; the last participant completes the entry and starts the
+//!    next one on that stream.
+//! 4. Go to 1. On `Quit`: leave; the exit guard counts the thread as gone.
+//!
+//! Shutdown (finalize): set `reset` (every simulated wait gives up), abort running entries,
+//! wake every waiter, post `Quit` to every mailbox, then join the threads within the join
+//! budget; a thread stuck in user kernel code is detached and named (spec §3.7).
+
+mod faults;
+mod memory;
+mod stream;
+mod wait;
+
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+pub(crate) use faults::KernelAction;
+pub use faults::{FaultPlan, FiredFault};
+pub(crate) use memory::{AllocFailure, MemoryCounts};
+pub(crate) use stream::{StreamStatus, SyncError};
+pub(crate) use wait::{EventCount, SpinPolicy};
+
+use self::memory::SimMemory;
+use self::stream::{EntryKind, LaunchEntry, SimEvent, SimStream, Starter, resume_waiters};
+use crate::abi::codes::AclCode;
+use crate::abi::launch::{InitArgs, KernelArgs};
+use crate::abi::regs::RegId;
+use crate::abi::{CoreType, MAX_AICORE_WORKERS, MAX_AICPU_THREADS, NS_PER_TICK, WorkerPlace};
+use crate::aicpu::view::ImageView;
+use crate::aicpu::{AicpuPlatform, LogLevel};
+use crate::error::{CoreFault, KernelKind, MemPurpose, StreamKind};
+use crate::options::SimOptions;
+
+pub(crate) use stream::LaunchEntry as SimLaunch;
+
+/// Stream index of the AICPU stream.
+pub(crate) const AICPU_STREAM: usize = 0;
+/// Stream index of the AICore stream.
+pub(crate) const AICORE_STREAM: usize = 1;
+
+/// One worker's register cells and the event count its waits park on.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+pub(crate) struct RegBlock {
+    cells: [AtomicU32; RegId::COUNT],
+    /// Bumped by every store to `DATA_MAIN_BASE` (the AICore waits for those) and by resets.
+    pub(crate) wake: EventCount,
+}
+
+impl RegBlock {
+    /// Acquire load of a register.
+    pub(crate) fn load(&self, reg: RegId) -> u32 {
+        self.cells[reg.cell()].load(Ordering::Acquire)
+    }
+
+    fn store(&self, reg: RegId, v: u32) {
+        self.cells[reg.cell()].store(v, Ordering::Release);
+    }
+}
+
+/// A thread's mailbox: at most one job, or the quit request.
+#[derive(Debug, Default)]
+struct Mailbox {
+    state: Mutex<Mail>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+enum Mail {
+    #[default]
+    Empty,
+    Job {
+        stream: usize,
+        entry: Arc<LaunchEntry>,
+    },
+    Quit,
+}
+
+/// Role of a simulated thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Aicpu,
+    AiCore,
+}
+
+/// State shared by the device handle and its threads.
+pub(crate) struct SimShared {
+    pub(crate) device_id: u32,
+    pub(crate) opts: SimOptions,
+    origin: Instant,
+    pub(crate) regs: Box<[RegBlock]>,
+    aicpu_wake: [EventCount; MAX_AICPU_THREADS as usize],
+    /// AICPU thread + 1 that owns each worker's `COND` (0 = unknown); written by that thread
+    /// before it opens the window (release), read by the worker when it writes `COND`.
+    owner: Box<[AtomicU32]>,
+    /// Set once by finalize; read by every simulated wait.
+    pub(crate) reset: AtomicBool,
+    pub(crate) faults: FaultPlan,
+    fault_log: Mutex<Vec<CoreFault>>,
+    pub(crate) memory: SimMemory,
+    streams: [SimStream; 2],
+    init: Mutex<Option<InitArgs>>,
+    aicpu_mail: Box<[Mailbox]>,
+    aicore_mail: Box<[Mailbox]>,
+    /// Spin rounds of every wait for the current launch shape (see `SimOptions::spin_iters`).
+    spins: AtomicU32,
+    /// `block_dim` of the latest AICore launch (fault reports only).
+    block_dim: AtomicU32,
+    /// Threads alive (incremented at spawn, decremented by the exit guard).
+    alive: AtomicU32,
+    /// Threads parked on their mailbox.
+    parked: AtomicU32,
+    exit_lock: Mutex<()>,
+    exit_cv: Condvar,
+}
+
+impl fmt::Debug for SimShared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SimShared").field("device_id", &self.device_id).finish_non_exhaustive()
+    }
+}
+
+impl SimShared {
+    /// The virtual 50 MHz counter (host monotonic clock / 20 ns).
+    pub(crate) fn ticks(&self) -> u64 {
+        (self.origin.elapsed().as_nanos() / u128::from(NS_PER_TICK)) as u64
+    }
+
+    /// The host instant of counter value `ticks`.
+    pub(crate) fn instant_of(&self, ticks: u64) -> Instant {
+        self.origin + Duration::from_nanos(ticks.saturating_mul(NS_PER_TICK).min(u64::MAX / 2))
+    }
+
+    /// The spin policy of the current launch.
+    pub(crate) fn spin_policy(&self) -> SpinPolicy {
+        SpinPolicy { spins: self.spins.load(Ordering::Relaxed), yields: self.opts.yield_iters }
+    }
+
+    /// Whether the device is being reset.
+    pub(crate) fn is_reset(&self) -> bool {
+        self.reset.load(Ordering::Acquire)
+    }
+
+    /// Stores `COND` of worker `w` and wakes the AICPU thread that owns it.
+    pub(crate) fn store_cond(&self, w: u32, v: u32) {
+        let Some(block) = self.regs.get(w as usize) else { return };
+        block.store(RegId::Cond, v);
+        match self.owner[w as usize].load(Ordering::Acquire) {
+            0 => self.notify_all_aicpu(),
+            t => self.aicpu_wake[(t - 1) as usize % self.aicpu_wake.len()].notify(),
+        }
+    }
+
+    /// Wakes every AICPU thread.
+    pub(crate) fn notify_all_aicpu(&self) {
+        for ec in &self.aicpu_wake {
+            ec.notify();
+        }
+    }
+
+    fn wake_all(&self) {
+        self.notify_all_aicpu();
+        for block in self.regs.iter() {
+            block.wake.notify();
+        }
+    }
+
+    /// Records a fault for the host to report with the run's error.
+    pub(crate) fn record_fault(&self, fault: CoreFault) {
+        tracing::warn!(device = self.device_id, %fault, "simulated device fault");
+        self.fault_log.lock().push(fault);
+    }
+
+    /// Reads the `KernelArgs` at device address `addr`, if it is tracked memory.
+    pub(crate) fn read_kernel_args(&self, addr: u64) -> Option<KernelArgs> {
+        self.memory.find(addr, size_of::<KernelArgs>() as u64)?;
+        if !addr.is_multiple_of(align_of::<KernelArgs>() as u64) {
+            return None;
+        }
+        // SAFETY: the range lies inside a live tracked allocation (checked above), is aligned,
+        // and the host wrote it before the launch; nobody writes it while the launch runs.
+        Some(unsafe { std::ptr::read(addr as *const KernelArgs) })
+    }
+
+    /// A checked view of the launch's runtime image.
+    pub(crate) fn image_view(&self, args: &KernelArgs) -> Option<ImageView<'_>> {
+        self.memory.find(args.image_base, args.image_len)?;
+        // SAFETY: the image lies inside one live tracked allocation (checked above) that the
+        // runner keeps alive and unwritten by the host while the launch runs; the simulated
+        // threads hold the device (and so the memory) alive for the view's lifetime.
+        unsafe { ImageView::from_raw(args.image_base as *mut u8, args.image_len) }.ok()
+    }
+
+    fn mailbox(&self, role: Role, index: u32) -> &Mailbox {
+        match role {
+            Role::Aicpu => &self.aicpu_mail[index as usize],
+            Role::AiCore => &self.aicore_mail[index as usize],
+        }
+    }
+
+    fn post(&self, role: Role, index: u32, mail: Mail) {
+        let mb = self.mailbox(role, index);
+        *mb.state.lock() = mail;
+        mb.cv.notify_one();
+    }
+
+    /// Parks on the mailbox until it holds a job or quit; `None` = quit.
+    fn take_job(&self, role: Role, index: u32) -> Option<(usize, Arc<LaunchEntry>)> {
+        let mb = self.mailbox(role, index);
+        let mut st = mb.state.lock();
+        loop {
+            match std::mem::take(&mut *st) {
+                Mail::Job { stream, entry } => return Some((stream, entry)),
+                Mail::Quit => return None,
+                Mail::Empty => {
+                    self.parked.fetch_add(1, Ordering::Relaxed);
+                    mb.cv.wait(&mut st);
+                    self.parked.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn finish(&self, stream: usize, entry: &Arc<LaunchEntry>, code: i32) {
+        if entry.finish_participant(code) {
+            let fired = self.streams[stream].complete(entry, self);
+            resume_waiters(fired, &self.streams, self);
+        }
+    }
+
+    /// Runs one AICPU exec participant.
+    fn run_aicpu(&self, entry: &LaunchEntry, thread: u32) -> i32 {
+        let Some(args) = self.read_kernel_args(entry.args) else {
+            self.record_aicpu_fault(
+                None,
+                "AICPU launch argument block is not device memory".into(),
+            );
+            return 3;
+        };
+        let Some(view) = self.image_view(&args) else {
+            self.record_aicpu_fault(None, "AICPU launch names no valid runtime image".into());
+            return 3;
+        };
+        let init = (*self.init.lock()).unwrap_or_default();
+        let platform = SimAicpu { dev: self, entry, thread, spin: self.spin_policy() };
+        let code = crate::aicpu::exec(&platform, &init, &view, thread);
+        if thread == 0 && self.faults.on_aicpu_entry() {
+            self.record_aicpu_fault(None, "injected AICPU fault".into());
+            return code.max(1);
+        }
+        code
+    }
+
+    fn record_aicpu_fault(&self, worker: Option<u32>, message: String) {
+        self.record_fault(CoreFault {
+            code: AclCode::AICPU_EXCEPTION,
+            stream: StreamKind::Aicpu,
+            core: worker.map(|w| (w, worker_type(w, self))),
+            func_id: None,
+            task: None,
+            message,
+            at_ticks: self.ticks(),
+        });
+    }
+}
+
+/// Core type of worker `w` in the current launch shape (for fault reports).
+pub(crate) fn worker_type(w: u32, dev: &SimShared) -> CoreType {
+    let b = dev.block_dim.load(Ordering::Relaxed);
+    WorkerPlace::of(w, b).map_or(CoreType::Aiv, |p| p.core_type)
+}
+
+impl Starter for SimShared {
+    fn post(&self, stream: usize, entry: &Arc<LaunchEntry>) {
+        match entry.kind {
+            EntryKind::AiCore { block_dim } => {
+                for w in 0..3 * block_dim {
+                    let block = &self.regs[w as usize];
+                    // Silicon resets DATA_MAIN_BASE at launch; the simulator also clears COND
+                    // so a stale value from the previous run is never observed.
+                    block.store(RegId::DataMainBaseLow, 0);
+                    block.store(RegId::DataMainBaseHigh, 0);
+                    block.store(RegId::Cond, 0);
+                    self.owner[w as usize].store(0, Ordering::Relaxed);
+                    self.post(Role::AiCore, w, Mail::Job { stream, entry: entry.clone() });
+                }
+            }
+            EntryKind::Aicpu { threads } => {
+                for t in 0..threads {
+                    self.post(Role::Aicpu, t, Mail::Job { stream, entry: entry.clone() });
+                }
+            }
+            EntryKind::Record(_) | EntryKind::WaitEvent(_) => {}
+        }
+    }
+
+    fn ticks(&self) -> u64 {
+        SimShared::ticks(self)
+    }
+}
+
+/// The simulator's [`AicpuPlatform`]: registers are atomics, idle waits spin then park.
+pub(crate) struct SimAicpu<'a> {
+    dev: &'a SimShared,
+    entry: &'a LaunchEntry,
+    thread: u32,
+    spin: SpinPolicy,
+}
+
+impl AicpuPlatform for SimAicpu<'_> {
+    fn reg_load(&self, worker: u32, reg: RegId) -> u32 {
+        self.dev.regs.get(worker as usize).map_or(0, |b| b.load(reg))
+    }
+
+    fn reg_store(&self, worker: u32, reg: RegId, value: u32) {
+        let Some(block) = self.dev.regs.get(worker as usize) else { return };
+        block.store(reg, value);
+        if matches!(reg, RegId::DataMainBaseLow | RegId::DataMainBaseHigh) {
+            block.wake.notify();
+        }
+    }
+
+    fn counter(&self) -> u64 {
+        self.dev.ticks()
+    }
+
+    fn wait_epoch(&self) -> u64 {
+        self.dev.aicpu_wake[self.thread as usize].epoch()
+    }
+
+    fn idle_wait(&self, observed: u64, round: u32, deadline: u64) {
+        let ec = &self.dev.aicpu_wake[self.thread as usize];
+        self.spin.backoff(round, ec, observed, Some(self.dev.instant_of(deadline)));
+    }
+
+    fn notify_schedulers(&self) {
+        self.dev.notify_all_aicpu();
+    }
+
+    fn claim_worker(&self, worker: u32) {
+        if let Some(o) = self.dev.owner.get(worker as usize) {
+            // Release: ordered before the window-opening register store, which the worker
+            // acquires before it first writes COND.
+            o.store(self.thread + 1, Ordering::Release);
+        }
+    }
+
+    fn should_stop(&self) -> bool {
+        self.dev.is_reset() || self.entry.is_aborted()
+    }
+
+    fn log(&self, level: LogLevel, args: fmt::Arguments<'_>) {
+        let (d, t) = (self.dev.device_id, self.thread);
+        match level {
+            LogLevel::Error => tracing::error!(device = d, aicpu = t, "{args}"),
+            LogLevel::Warn => tracing::warn!(device = d, aicpu = t, "{args}"),
+            LogLevel::Info => tracing::info!(device = d, aicpu = t, "{args}"),
+            LogLevel::Debug => tracing::debug!(device = d, aicpu = t, "{args}"),
+        }
+    }
+
+    fn report_fault(&self, worker: Option<u32>, args: fmt::Arguments<'_>) {
+        self.dev.record_aicpu_fault(worker, args.to_string());
+    }
+}
+
+/// Decrements `alive` and signals finalize when a simulated thread leaves (also on panic).
+struct ExitGuard(Arc<SimShared>);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        let _g = self.0.exit_lock.lock();
+        self.0.alive.fetch_sub(1, Ordering::AcqRel);
+        self.0.exit_cv.notify_all();
+    }
+}
+
+fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
+    let _guard = ExitGuard(dev.clone());
+    while let Some((stream, entry)) = dev.take_job(role, index) {
+        let run = std::panic::catch_unwind(AssertUnwindSafe(|| match role {
+            Role::Aicpu => dev.run_aicpu(&entry, index),
+            Role::AiCore => crate::aicore::run_worker(&dev, &entry, index),
+        }));
+        let code = match run {
+            Ok(code) => code,
+            Err(_) => {
+                // A bug in the simulator itself; report it as a fault of the participant.
+                match role {
+                    Role::Aicpu => 3,
+                    Role::AiCore => AclCode::AICORE_EXCEPTION.get(),
+                }
+            }
+        };
+        dev.finish(stream, &entry, code);
+    }
+}
+
+/// Counts of the simulated threads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimThreadStats {
+    /// Threads spawned over the device's life.
+    pub spawned: u32,
+    /// Threads currently alive.
+    pub alive: u32,
+    /// Threads currently parked on their mailbox.
+    pub parked: u32,
+}
+
+/// A simulated A2/A3 chip.
+pub(crate) struct SimDevice {
+    shared: Arc<SimShared>,
+    threads: Vec<(String, JoinHandle<()>)>,
+    aicore_spawned: u32,
+    aicpu_started: bool,
+    last_block_dim: u32,
+}
+
+impl fmt::Debug for SimDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SimDevice")
+            .field("device_id", &self.shared.device_id)
+            .field("threads", &self.threads.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SimDevice {
+    pub(crate) fn new(device_id: u32, opts: SimOptions) -> SimDevice {
+        let mailboxes = |n: usize| (0..n).map(|_| Mailbox::default()).collect::<Box<[_]>>();
+        let shared = SimShared {
+            device_id,
+            opts,
+            origin: Instant::now(),
+            regs: (0..MAX_AICORE_WORKERS).map(|_| RegBlock::default()).collect(),
+            aicpu_wake: Default::default(),
+            owner: (0..MAX_AICORE_WORKERS).map(|_| AtomicU32::new(0)).collect(),
+            reset: AtomicBool::new(false),
+            faults: FaultPlan::default(),
+            fault_log: Mutex::new(Vec::new()),
+            memory: SimMemory::new(opts.memory_limit),
+            streams: [
+                SimStream::new(StreamKind::Aicpu, AICPU_STREAM),
+                SimStream::new(StreamKind::AiCore, AICORE_STREAM),
+            ],
+            init: Mutex::new(None),
+            aicpu_mail: mailboxes(MAX_AICPU_THREADS as usize),
+            aicore_mail: mailboxes(MAX_AICORE_WORKERS),
+            spins: AtomicU32::new(opts.spin_iters.unwrap_or(64)),
+            block_dim: AtomicU32::new(0),
+            alive: AtomicU32::new(0),
+            parked: AtomicU32::new(0),
+            exit_lock: Mutex::new(()),
+            exit_cv: Condvar::new(),
+        };
+        SimDevice {
+            shared: Arc::new(shared),
+            threads: Vec::new(),
+            aicore_spawned: 0,
+            aicpu_started: false,
+            last_block_dim: 0,
+        }
+    }
+
+    fn spawn(&mut self, role: Role, index: u32) -> std::io::Result<()> {
+        let name = match role {
+            Role::Aicpu => format!("sim{}-aicpu{index}", self.shared.device_id),
+            Role::AiCore => format!("sim{}-aicore{index}", self.shared.device_id),
+        };
+        let dev = self.shared.clone();
+        self.shared.alive.fetch_add(1, Ordering::AcqRel);
+        match std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || thread_main(dev, role, index))
+        {
+            Ok(h) => {
+                self.threads.push((name, h));
+                Ok(())
+            }
+            Err(e) => {
+                self.shared.alive.fetch_sub(1, Ordering::AcqRel);
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts the four persistent AICPU threads (ensure_initialized step 2).
+    pub(crate) fn start_aicpu_threads(&mut self) -> Result<(), String> {
+        if self.aicpu_started {
+            return Ok(());
+        }
+        for i in 0..MAX_AICPU_THREADS {
+            self.spawn(Role::Aicpu, i).map_err(|e| format!("spawning AICPU thread {i}: {e}"))?;
+        }
+        self.aicpu_started = true;
+        Ok(())
+    }
+
+    /// Hands the init arguments to the persistent executor (ensure_initialized step 3).
+    pub(crate) fn init_aicpu(&self, init: InitArgs) {
+        *self.shared.init.lock() = Some(init);
+    }
+
+    fn ensure_aicore_workers(&mut self, n: u32) -> std::io::Result<()> {
+        while self.aicore_spawned < n {
+            self.spawn(Role::AiCore, self.aicore_spawned)?;
+            self.aicore_spawned += 1;
+        }
+        Ok(())
+    }
+
+    fn update_spin(&self, threads: u32) {
+        let spins = self.shared.opts.spin_iters.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+            if threads > cores { 0 } else { 64 }
+        });
+        self.shared.spins.store(spins, Ordering::Relaxed);
+    }
+
+    /// Allocates device memory.
+    pub(crate) fn malloc(&self, bytes: u64, purpose: MemPurpose) -> Result<u64, AllocFailure> {
+        self.shared.memory.alloc(bytes, purpose)
+    }
+
+    /// Frees device memory; `None` if `addr` is not an allocation start.
+    pub(crate) fn free(&self, addr: u64) -> Option<MemPurpose> {
+        self.shared.memory.free(addr)
+    }
+
+    /// Purpose of the allocation holding the range, if any.
+    pub(crate) fn find(&self, addr: u64, len: u64) -> Option<MemPurpose> {
+        self.shared.memory.find(addr, len)
+    }
+
+    pub(crate) fn write(&self, dst: u64, src: &[u8]) -> bool {
+        self.shared.memory.write(dst, src)
+    }
+
+    pub(crate) fn read(&self, src: u64, dst: &mut [u8]) -> bool {
+        self.shared.memory.read(src, dst)
+    }
+
+    pub(crate) fn fill(&self, dst: u64, value: u8, len: u64) -> bool {
+        self.shared.memory.fill(dst, value, len)
+    }
+
+    pub(crate) fn memory_counts(&self) -> MemoryCounts {
+        self.shared.memory.counts()
+    }
+
+    /// Register-block addresses, one per worker (the simulator's register table, P9).
+    pub(crate) fn register_table(&self) -> Vec<u64> {
+        self.shared.regs.iter().map(|b| b as *const RegBlock as u64).collect()
+    }
+
+    /// Launches the AICore executor on `3 * block_dim` workers (L2).
+    pub(crate) fn launch_aicore(
+        &mut self,
+        block_dim: u32,
+        args: u64,
+    ) -> Result<Arc<SimLaunch>, AclCode> {
+        if self.shared.faults.on_launch(KernelKind::AiCore) {
+            return Err(AclCode::LAUNCH_FAILED);
+        }
+        self.ensure_aicore_workers(3 * block_dim).map_err(|_| AclCode::LAUNCH_FAILED)?;
+        self.last_block_dim = block_dim;
+        self.shared.block_dim.store(block_dim, Ordering::Relaxed);
+        let entry = LaunchEntry::new(EntryKind::AiCore { block_dim }, args);
+        let fired = self.shared.streams[AICORE_STREAM].enqueue(entry.clone(), &*self.shared);
+        resume_waiters(fired, &self.shared.streams, &*self.shared);
+        Ok(entry)
+    }
+
+    /// Launches the AICPU `exec` entry on `threads` threads (L3).
+    pub(crate) fn launch_aicpu(
+        &mut self,
+        threads: u32,
+        args: u64,
+    ) -> Result<Arc<SimLaunch>, AclCode> {
+        if self.shared.faults.on_launch(KernelKind::Aicpu) {
+            return Err(AclCode::LAUNCH_FAILED);
+        }
+        if !self.aicpu_started || threads == 0 || threads > MAX_AICPU_THREADS {
+            return Err(AclCode::LAUNCH_FAILED);
+        }
+        self.update_spin(threads + 3 * self.last_block_dim);
+        let entry = LaunchEntry::new(EntryKind::Aicpu { threads }, args);
+        let fired = self.shared.streams[AICPU_STREAM].enqueue(entry.clone(), &*self.shared);
+        resume_waiters(fired, &self.shared.streams, &*self.shared);
+        Ok(entry)
+    }
+
+    fn op_budget(op_execute: Duration) -> Option<Duration> {
+        Some(op_execute)
+    }
+
+    /// Synchronises one stream with the stream-sync budget, applying the op-execute watchdog.
+    pub(crate) fn synchronize(
+        &self,
+        stream: usize,
+        timeout: Duration,
+        op_execute: Duration,
+    ) -> Result<(), SyncError> {
+        let dev = &*self.shared;
+        dev.streams[stream].synchronize(timeout, Self::op_budget(op_execute), &|| dev.wake_all())
+    }
+
+    /// Records an event on `stream`: it completes once every entry enqueued before it did.
+    // Used by device queuing (roadmap (c)); exercised by the stream tests until then.
+    #[allow(dead_code)]
+    pub(crate) fn record_event(&mut self, stream: usize) -> Arc<SimEvent> {
+        let ev = Arc::new(SimEvent::default());
+        let entry = LaunchEntry::new(EntryKind::Record(ev.clone()), 0);
+        let fired = self.shared.streams[stream].enqueue(entry, &*self.shared);
+        resume_waiters(fired, &self.shared.streams, &*self.shared);
+        ev
+    }
+
+    /// Makes later entries of `stream` wait until `ev` completed.
+    // Used by device queuing (roadmap (c)); exercised by the stream tests until then.
+    #[allow(dead_code)]
+    pub(crate) fn wait_event(&mut self, stream: usize, ev: &Arc<SimEvent>) {
+        let entry = LaunchEntry::new(EntryKind::WaitEvent(ev.clone()), 0);
+        let fired = self.shared.streams[stream].enqueue(entry, &*self.shared);
+        resume_waiters(fired, &self.shared.streams, &*self.shared);
+    }
+
+    /// Non-blocking stream state.
+    pub(crate) fn query(&self, stream: usize, op_execute: Duration) -> StreamStatus {
+        let dev = &*self.shared;
+        dev.streams[stream].query(Self::op_budget(op_execute), &|| dev.wake_all())
+    }
+
+    /// Waits for both streams to go idle (the recovery drain); returns whether they did.
+    pub(crate) fn drain(&self, timeout: Duration, op_execute: Duration) -> bool {
+        let dev = &*self.shared;
+        let deadline = Instant::now() + timeout;
+        dev.streams
+            .iter()
+            .all(|s| s.wait_idle(deadline, Self::op_budget(op_execute), &|| dev.wake_all()))
+    }
+
+    /// Takes the faults recorded since the last call, earliest first.
+    pub(crate) fn take_faults(&self) -> Vec<CoreFault> {
+        let mut v = std::mem::take(&mut *self.shared.fault_log.lock());
+        v.sort_by_key(|f| f.at_ticks);
+        v
+    }
+
+    /// The fault plan.
+    pub(crate) fn faults(&self) -> &FaultPlan {
+        &self.shared.faults
+    }
+
+    pub(crate) fn thread_stats(&self) -> SimThreadStats {
+        SimThreadStats {
+            spawned: self.threads.len() as u32,
+            alive: self.shared.alive.load(Ordering::Acquire),
+            parked: self.shared.parked.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Resets the device and joins its threads within `budget`; returns the names of threads
+    /// that had to be detached. Memory is freed once every thread is gone (a detached thread
+    /// keeps it alive until it returns).
+    pub(crate) fn shutdown(&mut self, budget: Duration) -> Vec<String> {
+        let dev = &*self.shared;
+        dev.reset.store(true, Ordering::Release);
+        for s in &dev.streams {
+            s.abort_running();
+        }
+        dev.wake_all();
+        for i in 0..MAX_AICPU_THREADS {
+            dev.post(Role::Aicpu, i, Mail::Quit);
+        }
+        for i in 0..self.aicore_spawned {
+            dev.post(Role::AiCore, i, Mail::Quit);
+        }
+        let deadline = Instant::now() + budget;
+        {
+            let mut g = dev.exit_lock.lock();
+            while dev.alive.load(Ordering::Acquire) > 0 {
+                if dev.exit_cv.wait_until(&mut g, deadline).timed_out() {
+                    break;
+                }
+            }
+        }
+        let mut stuck = Vec::new();
+        for (name, h) in self.threads.drain(..) {
+            if h.is_finished() {
+                let _ = h.join();
+            } else {
+                tracing::error!(thread = %name, "simulated thread did not exit within the join budget; detached");
+                stuck.push(name);
+            }
+        }
+        if stuck.is_empty() {
+            dev.memory.free_all();
+        }
+        stuck
+    }
+}
+
+impl Drop for SimDevice {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            let budget = self.shared.opts.join_budget;
+            self.shutdown(budget);
+        }
+    }
+}

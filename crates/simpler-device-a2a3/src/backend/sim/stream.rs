@@ -1,0 +1,432 @@
+//! Simulated streams, launch entries and events (spec §5.2).
+//!
+//! A stream is a FIFO of entries under a mutex and a condition variable. `launch` appends and
+//! returns. The head entry starts by handing a job to each participant (AICore workers
+//! `[0, 3B)` or AICPU threads `[0, n)`); it completes when the last participant returns, and
+//! that participant starts the next entry. An entry's result is the first non-zero participant
+//! result. A failed entry puts the stream into a sticky error state: later entries are
+//! discarded as abandoned and every sync reports the error until the device is reset.
+//!
+//! Protocol of an entry (who does what):
+//!
+//! 1. Host: `enqueue` appends it; if nothing runs, the host starts it (step 2).
+//! 2. Starter (host or the last participant of the previous entry), under the stream lock:
+//!    stamp `started`, make it the running entry, post one job per participant.
+//! 3. Participants run and call `finish` with their code; the first non-zero code is kept
+//!    (`result` CAS from 0).
+//! 4. The participant whose `remaining` decrement reaches zero completes the entry under the
+//!    stream lock (latching the sticky error if the result is non-zero) and starts the next one.
+//! 5. A sync or query that finds an AICore entry running longer than the op-execute budget fails
+//!    it (sticky 507014) and sets `aborted`, which releases the participants' waits; the entry
+//!    still completes in step 4 once they return.
+//!
+//! Lock order: stream lock → mailbox lock. Event callbacks run after the stream lock is
+//! released.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::abi::codes::AclCode;
+use crate::error::StreamKind;
+
+/// What an entry runs.
+#[derive(Debug)]
+pub(crate) enum EntryKind {
+    /// The AICore executor on `3 * block_dim` workers.
+    AiCore { block_dim: u32 },
+    /// The AICPU `exec` entry on `threads` threads.
+    Aicpu { threads: u32 },
+    /// Completes the event once every earlier entry completed.
+    Record(Arc<SimEvent>),
+    /// Holds later entries until the event completed.
+    WaitEvent(Arc<SimEvent>),
+}
+
+/// One launch (or event operation) on a stream.
+#[derive(Debug)]
+pub(crate) struct LaunchEntry {
+    pub(crate) kind: EntryKind,
+    /// Device address of the launch's `KernelArgs`.
+    pub(crate) args: u64,
+    /// Participants still running; written by participants (`fetch_sub`), read by the last.
+    remaining: AtomicU32,
+    /// First non-zero participant result; CAS from 0 by participants, read at completion.
+    result: AtomicI32,
+    /// Set by the op-execute watchdog or a device reset; read by participants' waits.
+    pub(crate) aborted: AtomicBool,
+    /// Counter ticks + 1 when the entry started (0 = not started); written by the starter.
+    pub(crate) started_ticks: AtomicU64,
+    /// Host instant when the entry started; written by the starter, read by the watchdog.
+    started_at: Mutex<Option<Instant>>,
+}
+
+impl LaunchEntry {
+    pub(crate) fn new(kind: EntryKind, args: u64) -> Arc<LaunchEntry> {
+        let participants = match kind {
+            EntryKind::AiCore { block_dim } => 3 * block_dim,
+            EntryKind::Aicpu { threads } => threads,
+            EntryKind::Record(_) | EntryKind::WaitEvent(_) => 0,
+        };
+        Arc::new(LaunchEntry {
+            kind,
+            args,
+            remaining: AtomicU32::new(participants),
+            result: AtomicI32::new(0),
+            aborted: AtomicBool::new(false),
+            started_ticks: AtomicU64::new(0),
+            started_at: Mutex::new(None),
+        })
+    }
+
+    /// Whether the entry is being torn down (its waits must give up).
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    /// Records a participant's result; returns `true` for the last participant.
+    pub(crate) fn finish_participant(&self, code: i32) -> bool {
+        if code != 0 {
+            // Relaxed on failure: only the first non-zero value matters, and it is read after
+            // the AcqRel decrement below by the completing participant.
+            let _ = self.result.compare_exchange(0, code, Ordering::AcqRel, Ordering::Relaxed);
+        }
+        // AcqRel: the completing participant must see every other participant's result.
+        self.remaining.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    fn result(&self) -> i32 {
+        self.result.load(Ordering::Acquire)
+    }
+
+    fn is_aicore(&self) -> bool {
+        matches!(self.kind, EntryKind::AiCore { .. })
+    }
+}
+
+/// A stream's sticky error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct StreamFault {
+    pub(crate) code: AclCode,
+    pub(crate) message: String,
+}
+
+/// What a sync returns on failure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum SyncError {
+    /// The stream is in its sticky error state.
+    Fault(StreamFault),
+    /// The entries did not complete within the budget.
+    Timeout,
+}
+
+/// Non-blocking state of a stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum StreamStatus {
+    Idle,
+    Busy,
+    Failed(StreamFault),
+}
+
+#[derive(Debug, Default)]
+struct StreamState {
+    queue: VecDeque<Arc<LaunchEntry>>,
+    running: Option<Arc<LaunchEntry>>,
+    enqueued: u64,
+    completed: u64,
+    error: Option<StreamFault>,
+}
+
+/// A simulated event: completes when the entries before its record completed.
+#[derive(Debug, Default)]
+pub(crate) struct SimEvent {
+    state: Mutex<EventState>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct EventState {
+    done: bool,
+    waiting_streams: Vec<usize>,
+}
+
+// `query` and `synchronize` serve device queuing (roadmap (c)); the stream tests use them now.
+#[allow(dead_code)]
+impl SimEvent {
+    /// Whether the event completed.
+    pub(crate) fn query(&self) -> bool {
+        self.state.lock().done
+    }
+
+    /// Waits for the event up to `timeout`.
+    pub(crate) fn synchronize(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.state.lock();
+        while !st.done {
+            if self.cv.wait_until(&mut st, deadline).timed_out() {
+                return st.done;
+            }
+        }
+        true
+    }
+
+    /// Either reports that the event completed or registers `stream` to be resumed by it.
+    fn done_or_register(&self, stream: usize) -> bool {
+        let mut st = self.state.lock();
+        if !st.done {
+            st.waiting_streams.push(stream);
+        }
+        st.done
+    }
+
+    /// Completes the event; returns the streams waiting on it.
+    fn fire(&self) -> Vec<usize> {
+        let mut st = self.state.lock();
+        st.done = true;
+        self.cv.notify_all();
+        std::mem::take(&mut st.waiting_streams)
+    }
+}
+
+/// Who starts the participants of an entry (the device's job posting).
+pub(crate) trait Starter {
+    /// Posts one job per participant of `entry`, running on stream `stream`.
+    fn post(&self, stream: usize, entry: &Arc<LaunchEntry>);
+    /// The device counter now.
+    fn ticks(&self) -> u64;
+}
+
+/// One simulated stream.
+#[derive(Debug)]
+pub(crate) struct SimStream {
+    pub(crate) kind: StreamKind,
+    index: usize,
+    state: Mutex<StreamState>,
+    cv: Condvar,
+}
+
+impl SimStream {
+    pub(crate) fn new(kind: StreamKind, index: usize) -> SimStream {
+        SimStream { kind, index, state: Mutex::new(StreamState::default()), cv: Condvar::new() }
+    }
+
+    /// Appends `entry`; starts it when the stream is idle. Returns the events fired on the way.
+    pub(crate) fn enqueue(
+        &self,
+        entry: Arc<LaunchEntry>,
+        starter: &dyn Starter,
+    ) -> Vec<Arc<SimEvent>> {
+        let mut st = self.state.lock();
+        st.enqueued += 1;
+        st.queue.push_back(entry);
+        self.advance_locked(&mut st, starter)
+    }
+
+    /// Starts queued entries until one is running or the queue is empty. Returns the events that
+    /// completed (their waiters are resumed by the caller after unlocking).
+    fn advance_locked(&self, st: &mut StreamState, starter: &dyn Starter) -> Vec<Arc<SimEvent>> {
+        let mut fired = Vec::new();
+        while st.running.is_none() {
+            let Some(e) = st.queue.pop_front() else { break };
+            if st.error.is_some() {
+                // Abandoned behind a sticky error.
+                st.completed += 1;
+                continue;
+            }
+            match &e.kind {
+                EntryKind::Record(ev) => {
+                    st.completed += 1;
+                    fired.push(ev.clone());
+                }
+                EntryKind::WaitEvent(ev) => {
+                    if ev.done_or_register(self.index) {
+                        st.completed += 1;
+                    } else {
+                        st.running = Some(e);
+                    }
+                }
+                EntryKind::AiCore { .. } | EntryKind::Aicpu { .. } => {
+                    e.started_ticks.store(starter.ticks() + 1, Ordering::Release);
+                    *e.started_at.lock() = Some(Instant::now());
+                    st.running = Some(e.clone());
+                    starter.post(self.index, &e);
+                }
+            }
+        }
+        self.cv.notify_all();
+        fired
+    }
+
+    /// Completes the running entry `entry` (called by its last participant, or when an event it
+    /// waits on fired). Returns the events fired while starting the next entries.
+    pub(crate) fn complete(
+        &self,
+        entry: &Arc<LaunchEntry>,
+        starter: &dyn Starter,
+    ) -> Vec<Arc<SimEvent>> {
+        let mut st = self.state.lock();
+        if st.running.as_ref().is_some_and(|r| Arc::ptr_eq(r, entry)) {
+            st.running = None;
+            st.completed += 1;
+            let code = entry.result();
+            if code != 0 && st.error.is_none() {
+                st.error = Some(StreamFault {
+                    code: self.fault_code(code),
+                    message: format!("{} entry failed with participant code {code}", self.kind),
+                });
+            }
+        }
+        self.advance_locked(&mut st, starter)
+    }
+
+    /// Completes a running event wait (its event fired).
+    pub(crate) fn resume_event_wait(&self, starter: &dyn Starter) -> Vec<Arc<SimEvent>> {
+        let mut st = self.state.lock();
+        if st.running.as_ref().is_some_and(|r| matches!(r.kind, EntryKind::WaitEvent(_))) {
+            st.running = None;
+            st.completed += 1;
+        }
+        self.advance_locked(&mut st, starter)
+    }
+
+    fn fault_code(&self, participant_code: i32) -> AclCode {
+        match self.kind {
+            // The AICPU kernel returning non-zero is an AICPU exception.
+            StreamKind::Aicpu => AclCode::AICPU_EXCEPTION,
+            // AICore workers return the device code of their fault.
+            StreamKind::AiCore => {
+                if participant_code > 100_000 {
+                    AclCode(participant_code)
+                } else {
+                    AclCode::AICORE_EXCEPTION
+                }
+            }
+        }
+    }
+
+    /// Applies the op-execute watchdog to the running entry (locked).
+    fn watchdog_locked(
+        &self,
+        st: &mut StreamState,
+        op_budget: Option<Duration>,
+        wake_all: &dyn Fn(),
+    ) {
+        let Some(budget) = op_budget else { return };
+        let Some(running) = st.running.clone() else { return };
+        if !running.is_aicore() || running.is_aborted() {
+            return;
+        }
+        let started = *running.started_at.lock();
+        if started.is_some_and(|t| t.elapsed() >= budget) {
+            running.aborted.store(true, Ordering::Release);
+            if st.error.is_none() {
+                st.error = Some(StreamFault {
+                    code: AclCode::AICORE_TIMEOUT,
+                    message: format!("AICore entry exceeded the op-execute budget of {budget:?}"),
+                });
+            }
+            wake_all();
+            self.cv.notify_all();
+        }
+    }
+
+    fn op_deadline(st: &StreamState, op_budget: Option<Duration>) -> Option<Instant> {
+        let budget = op_budget?;
+        let running = st.running.as_ref()?;
+        if !running.is_aicore() || running.is_aborted() {
+            return None;
+        }
+        running.started_at.lock().map(|t| t + budget)
+    }
+
+    /// Waits for the entries enqueued before the call (spec §5.2).
+    pub(crate) fn synchronize(
+        &self,
+        timeout: Duration,
+        op_budget: Option<Duration>,
+        wake_all: &dyn Fn(),
+    ) -> Result<(), SyncError> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.state.lock();
+        let target = st.enqueued;
+        loop {
+            self.watchdog_locked(&mut st, op_budget, wake_all);
+            if let Some(e) = &st.error {
+                return Err(SyncError::Fault(e.clone()));
+            }
+            if st.completed >= target {
+                return Ok(());
+            }
+            let wake = match Self::op_deadline(&st, op_budget) {
+                Some(op) => op.min(deadline),
+                None => deadline,
+            };
+            if Instant::now() >= deadline {
+                return Err(SyncError::Timeout);
+            }
+            let _ = self.cv.wait_until(&mut st, wake);
+        }
+    }
+
+    /// Never blocks.
+    pub(crate) fn query(&self, op_budget: Option<Duration>, wake_all: &dyn Fn()) -> StreamStatus {
+        let mut st = self.state.lock();
+        self.watchdog_locked(&mut st, op_budget, wake_all);
+        match &st.error {
+            Some(e) => StreamStatus::Failed(e.clone()),
+            None if st.running.is_none() && st.queue.is_empty() => StreamStatus::Idle,
+            None => StreamStatus::Busy,
+        }
+    }
+
+    /// Waits until nothing runs or is queued (whatever the error state) up to `deadline`.
+    pub(crate) fn wait_idle(
+        &self,
+        deadline: Instant,
+        op_budget: Option<Duration>,
+        wake_all: &dyn Fn(),
+    ) -> bool {
+        let mut st = self.state.lock();
+        loop {
+            self.watchdog_locked(&mut st, op_budget, wake_all);
+            if st.running.is_none() && st.queue.is_empty() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            let wake = match Self::op_deadline(&st, op_budget) {
+                Some(op) => op.min(deadline),
+                None => deadline,
+            };
+            let _ = self.cv.wait_until(&mut st, wake);
+        }
+    }
+
+    /// Aborts the running entry (device reset) so its participants' waits return.
+    pub(crate) fn abort_running(&self) {
+        let st = self.state.lock();
+        if let Some(r) = &st.running {
+            r.aborted.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// Resumes every stream waiting on the fired events.
+pub(crate) fn resume_waiters(
+    fired: Vec<Arc<SimEvent>>,
+    streams: &[SimStream],
+    starter: &dyn Starter,
+) {
+    let mut pending = fired;
+    while let Some(ev) = pending.pop() {
+        for s in ev.fire() {
+            if let Some(stream) = streams.get(s) {
+                pending.extend(stream.resume_event_wait(starter));
+            }
+        }
+    }
+}

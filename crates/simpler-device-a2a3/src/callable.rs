@@ -1,0 +1,376 @@
+//! Chip callables: an orchestration bundled with its kernels by func id (spec §3.4, §5.7).
+//!
+//! A [`ChipCallable`] is validated when it is built, so a registered callable always satisfies
+//! the limits (≤ 128 signature entries, names ≤ 63 bytes, distinct func ids below 1024, core
+//! signatures ≤ 32 entries). Its [`CallableId`] is the SHA-256 of a canonical encoding of its
+//! content; for `Native` code that content includes the function addresses, so the identity is
+//! per process, which is all a runner needs.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+use simpler_types::{CallableId, CallableKind, CallableNamespace, Tensor, TensorArgType};
+
+use crate::abi::MAX_FUNC_IDS;
+use crate::error::DeviceError;
+use crate::kernel::KernelFn;
+use crate::runtime::orch::{OrchCtx, OrchError};
+
+/// Most entries of a chip callable's signature.
+pub const CHIP_SIGNATURE_MAX: usize = 128;
+/// Most entries of a core callable's signature.
+pub const CORE_SIGNATURE_MAX: usize = 32;
+/// Longest entry or config name in bytes.
+pub const NAME_MAX: usize = 63;
+
+/// Direction of one signature entry (wire values are the original's).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[repr(u8)]
+pub enum ArgDirection {
+    /// A scalar.
+    Scalar = 0,
+    /// A tensor read.
+    In = 1,
+    /// A tensor written.
+    Out = 2,
+    /// A tensor read and written.
+    InOut = 3,
+}
+
+/// The chip entry's arguments as the orchestration sees them: staged tensors (device
+/// addresses), their tags, and scalars.
+#[derive(Clone, Copy, Debug)]
+pub struct OrchArgs<'a> {
+    tensors: &'a [Tensor],
+    tags: &'a [TensorArgType],
+    scalars: &'a [u64],
+}
+
+impl<'a> OrchArgs<'a> {
+    pub(crate) fn new(
+        tensors: &'a [Tensor],
+        tags: &'a [TensorArgType],
+        scalars: &'a [u64],
+    ) -> Self {
+        OrchArgs { tensors, tags, scalars }
+    }
+
+    /// Tensor `i` (its `addr` is a device address).
+    pub fn tensor(&self, i: usize) -> Option<&'a Tensor> {
+        self.tensors.get(i)
+    }
+
+    /// All tensors.
+    pub fn tensors(&self) -> &'a [Tensor] {
+        self.tensors
+    }
+
+    /// The tag tensor `i` was passed with.
+    pub fn tag(&self, i: usize) -> Option<TensorArgType> {
+        self.tags.get(i).copied()
+    }
+
+    /// Scalar `i`.
+    pub fn scalar(&self, i: usize) -> Option<u64> {
+        self.scalars.get(i).copied()
+    }
+
+    /// All scalars.
+    pub fn scalars(&self) -> &'a [u64] {
+        self.scalars
+    }
+
+    /// Tensors plus scalars.
+    pub fn len(&self) -> usize {
+        self.tensors.len() + self.scalars.len()
+    }
+
+    /// Whether there are no arguments.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What an orchestration's config function returns.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct OrchConfig {
+    /// Arguments (tensors plus scalars) the entry expects; fewer → INVALID_ARGS (5).
+    pub expected_arg_count: u32,
+}
+
+/// A Rust orchestration entry.
+pub type NativeOrchFn = fn(&mut OrchCtx<'_>, &OrchArgs<'_>) -> Result<(), OrchError>;
+/// A Rust orchestration config function.
+pub type NativeConfigFn = fn(&OrchArgs<'_>) -> OrchConfig;
+
+/// The orchestration of a chip callable.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum Orchestration {
+    /// Rust functions over the ops table (simulator, both runtimes; onboard host_build_graph).
+    Native {
+        /// The entry.
+        entry: NativeOrchFn,
+        /// The config function.
+        config: NativeConfigFn,
+    },
+    /// An aarch64 shared object exporting C entry and config functions (onboard
+    /// tensormap_and_ringbuffer only).
+    DeviceObject {
+        /// The object's bytes.
+        image: Vec<u8>,
+        /// Entry symbol.
+        entry: String,
+        /// Config symbol.
+        config: String,
+    },
+}
+
+impl fmt::Debug for Orchestration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Orchestration::Native { entry, .. } => write!(f, "Native({:#x})", *entry as usize),
+            Orchestration::DeviceObject { image, entry, .. } => {
+                write!(f, "DeviceObject({entry}, {} bytes)", image.len())
+            }
+        }
+    }
+}
+
+/// Code of one kernel.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum KernelCode {
+    /// A Rust or C function in this process (simulator).
+    Native(KernelFn),
+    /// A C kernel in a shared object exporting `kernel_entry` (simulator).
+    SharedObject(PathBuf),
+    /// The raw `.text` of a device kernel object (onboard).
+    Text(Vec<u8>),
+}
+
+impl fmt::Debug for KernelCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KernelCode::Native(k) => write!(f, "Native({:#x})", *k as usize),
+            KernelCode::SharedObject(p) => write!(f, "SharedObject({})", p.display()),
+            KernelCode::Text(t) => write!(f, "Text({} bytes)", t.len()),
+        }
+    }
+}
+
+/// One kernel of a chip callable.
+#[derive(Clone, Debug)]
+pub struct CoreCallable {
+    signature: Vec<ArgDirection>,
+    code: KernelCode,
+}
+
+impl CoreCallable {
+    /// A kernel with its signature.
+    pub fn new(signature: Vec<ArgDirection>, code: KernelCode) -> CoreCallable {
+        CoreCallable { signature, code }
+    }
+
+    /// A native kernel.
+    pub fn native(signature: Vec<ArgDirection>, f: KernelFn) -> CoreCallable {
+        CoreCallable::new(signature, KernelCode::Native(f))
+    }
+
+    /// The signature.
+    pub fn signature(&self) -> &[ArgDirection] {
+        &self.signature
+    }
+
+    /// The code.
+    pub fn code(&self) -> &KernelCode {
+        &self.code
+    }
+}
+
+/// An orchestration and its kernels, validated.
+#[derive(Clone, Debug)]
+pub struct ChipCallable {
+    orchestration: Orchestration,
+    signature: Vec<ArgDirection>,
+    entry_name: String,
+    config_name: String,
+    children: Vec<(u32, CoreCallable)>,
+    id: CallableId,
+}
+
+/// Builder of a [`ChipCallable`].
+#[derive(Clone, Debug)]
+pub struct ChipCallableBuilder {
+    orchestration: Orchestration,
+    signature: Vec<ArgDirection>,
+    entry_name: String,
+    config_name: String,
+    children: Vec<(u32, CoreCallable)>,
+}
+
+impl ChipCallable {
+    /// Starts a callable around `orchestration`.
+    pub fn builder(orchestration: Orchestration) -> ChipCallableBuilder {
+        ChipCallableBuilder {
+            orchestration,
+            signature: Vec::new(),
+            entry_name: "orchestration_entry".to_owned(),
+            config_name: "orchestration_config".to_owned(),
+            children: Vec::new(),
+        }
+    }
+
+    /// Starts a callable around a native orchestration.
+    pub fn native(entry: NativeOrchFn, config: NativeConfigFn) -> ChipCallableBuilder {
+        ChipCallable::builder(Orchestration::Native { entry, config })
+    }
+
+    /// Content identity.
+    pub fn id(&self) -> CallableId {
+        self.id
+    }
+
+    /// The orchestration.
+    pub fn orchestration(&self) -> &Orchestration {
+        &self.orchestration
+    }
+
+    /// The chip signature.
+    pub fn signature(&self) -> &[ArgDirection] {
+        &self.signature
+    }
+
+    /// Entry name.
+    pub fn entry_name(&self) -> &str {
+        &self.entry_name
+    }
+
+    /// Config name.
+    pub fn config_name(&self) -> &str {
+        &self.config_name
+    }
+
+    /// Kernels by func id, in ascending func id order.
+    pub fn children(&self) -> &[(u32, CoreCallable)] {
+        &self.children
+    }
+}
+
+fn invalid(reason: String) -> DeviceError {
+    DeviceError::InvalidCallable { reason }
+}
+
+impl ChipCallableBuilder {
+    /// Sets the chip signature.
+    pub fn signature(mut self, sig: Vec<ArgDirection>) -> Self {
+        self.signature = sig;
+        self
+    }
+
+    /// Sets the entry and config names.
+    pub fn names(mut self, entry: impl Into<String>, config: impl Into<String>) -> Self {
+        self.entry_name = entry.into();
+        self.config_name = config.into();
+        self
+    }
+
+    /// Adds a kernel under `func_id`.
+    pub fn kernel(mut self, func_id: u32, kernel: CoreCallable) -> Self {
+        self.children.push((func_id, kernel));
+        self
+    }
+
+    /// Validates the limits and computes the content digest.
+    pub fn build(mut self) -> Result<ChipCallable, DeviceError> {
+        if self.signature.len() > CHIP_SIGNATURE_MAX {
+            return Err(invalid(format!(
+                "chip signature has {} entries, at most {CHIP_SIGNATURE_MAX} allowed",
+                self.signature.len()
+            )));
+        }
+        for (what, name) in [("entry", &self.entry_name), ("config", &self.config_name)] {
+            if name.len() > NAME_MAX {
+                return Err(invalid(format!(
+                    "{what} name {name:?} is {} bytes, at most {NAME_MAX} allowed",
+                    name.len()
+                )));
+            }
+        }
+        self.children.sort_by_key(|(id, _)| *id);
+        for w in self.children.windows(2) {
+            if w[0].0 == w[1].0 {
+                return Err(invalid(format!("func id {} is used twice", w[0].0)));
+            }
+        }
+        for (id, k) in &self.children {
+            if *id as usize >= MAX_FUNC_IDS {
+                return Err(invalid(format!(
+                    "func id {id} is out of range (must be below {MAX_FUNC_IDS})"
+                )));
+            }
+            if k.signature.len() > CORE_SIGNATURE_MAX {
+                return Err(invalid(format!(
+                    "kernel {id} signature has {} entries, at most {CORE_SIGNATURE_MAX} allowed",
+                    k.signature.len()
+                )));
+            }
+        }
+        let id = CallableId::new(digest(&self), CallableKind::Chip, CallableNamespace::LocalChip);
+        Ok(ChipCallable {
+            orchestration: self.orchestration,
+            signature: self.signature,
+            entry_name: self.entry_name,
+            config_name: self.config_name,
+            children: self.children,
+            id,
+        })
+    }
+}
+
+fn put_bytes(h: &mut Sha256, b: &[u8]) {
+    h.update((b.len() as u64).to_le_bytes());
+    h.update(b);
+}
+
+fn digest(b: &ChipCallableBuilder) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"simpler-chip-callable-v1");
+    match &b.orchestration {
+        Orchestration::Native { entry, config } => {
+            h.update([0u8]);
+            h.update((*entry as usize as u64).to_le_bytes());
+            h.update((*config as usize as u64).to_le_bytes());
+        }
+        Orchestration::DeviceObject { image, entry, config } => {
+            h.update([1u8]);
+            put_bytes(&mut h, image);
+            put_bytes(&mut h, entry.as_bytes());
+            put_bytes(&mut h, config.as_bytes());
+        }
+    }
+    put_bytes(&mut h, &b.signature.iter().map(|d| *d as u8).collect::<Vec<_>>());
+    put_bytes(&mut h, b.entry_name.as_bytes());
+    put_bytes(&mut h, b.config_name.as_bytes());
+    h.update((b.children.len() as u64).to_le_bytes());
+    for (id, k) in &b.children {
+        h.update(id.to_le_bytes());
+        put_bytes(&mut h, &k.signature.iter().map(|d| *d as u8).collect::<Vec<_>>());
+        match &k.code {
+            KernelCode::Native(f) => {
+                h.update([0u8]);
+                h.update((*f as usize as u64).to_le_bytes());
+            }
+            KernelCode::SharedObject(p) => {
+                h.update([1u8]);
+                put_bytes(&mut h, p.as_os_str().as_encoded_bytes());
+            }
+            KernelCode::Text(t) => {
+                h.update([2u8]);
+                put_bytes(&mut h, t);
+            }
+        }
+    }
+    h.finalize().into()
+}

@@ -1,0 +1,749 @@
+//! `DeviceError`, the one error type of this crate (spec §8.1), and the fault records it carries.
+//!
+//! Every variant produced by a run carries its `run_id`. [`DeviceError::mechanism`] maps onto
+//! the shared failure vocabulary of `simpler-types`, [`DeviceError::device_code`] returns the
+//! original device number where one exists, and [`DeviceError::legacy_status`] returns what the
+//! original's C entry would have returned, for cross-checks.
+
+use std::fmt;
+use std::time::Duration;
+
+use simpler_types::{DeviceCode, DeviceTaskId, FailureMechanism, RunId, TimeoutBudget};
+
+use crate::abi::CoreType;
+use crate::abi::codes::{AclCode, RuntimeCode, StallClass};
+
+/// Formats a device task id as `r<ring>:<local>`, the form errors and traces use.
+pub(crate) fn fmt_task(t: DeviceTaskId) -> String {
+    if t.is_valid() { format!("r{}:{}", t.ring(), t.local()) } else { "none".to_owned() }
+}
+
+/// Which of the two launches of a run.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum KernelKind {
+    /// The AICore executor kernel (launched first, L2).
+    AiCore,
+    /// The AICPU `exec` kernel (L3).
+    Aicpu,
+}
+
+impl fmt::Display for KernelKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KernelKind::AiCore => "AICore",
+            KernelKind::Aicpu => "AICPU",
+        })
+    }
+}
+
+/// Which of the runner's two streams.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum StreamKind {
+    /// The AICPU stream.
+    Aicpu,
+    /// The AICore stream.
+    AiCore,
+}
+
+impl fmt::Display for StreamKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StreamKind::Aicpu => "AICPU stream",
+            StreamKind::AiCore => "AICore stream",
+        })
+    }
+}
+
+/// One fault a core or stream reported, as attached to [`DeviceError::DeviceFault`].
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct CoreFault {
+    /// Device code of the fault.
+    pub code: AclCode,
+    /// Stream the fault was charged to.
+    pub stream: StreamKind,
+    /// Worker index of the faulting AICore worker, if a core faulted.
+    pub core: Option<(u32, CoreType)>,
+    /// Func id of the kernel that faulted, if known.
+    pub func_id: Option<u32>,
+    /// Device task id of the faulting task, if known.
+    pub task: Option<DeviceTaskId>,
+    /// What happened, in words (a panic message for a panicking kernel).
+    pub message: String,
+    /// Device counter (50 MHz) when the fault happened; orders faults earliest first.
+    pub at_ticks: u64,
+}
+
+impl fmt::Display for CoreFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} on the {}", self.code, self.stream)?;
+        if let Some((idx, ty)) = self.core {
+            write!(f, ", core {}{}", ty.name(), idx)?;
+        }
+        if let Some(func) = self.func_id {
+            write!(f, ", func id {func}")?;
+        }
+        if let Some(task) = self.task {
+            write!(f, ", task {}", fmt_task(task))?;
+        }
+        if !self.message.is_empty() {
+            write!(f, ": {}", self.message)?;
+        }
+        Ok(())
+    }
+}
+
+/// Ring sizes or usage at a capacity failure: task window, heap bytes, dep pool.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct RingSizes {
+    /// Task-window entries.
+    pub task_window: u64,
+    /// Heap bytes.
+    pub heap_bytes: u64,
+    /// Dependency-pool entries.
+    pub dep_pool: u64,
+}
+
+/// Details of a scheduler stall (code 100).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct StallInfo {
+    /// How the stall was classified.
+    pub class: StallClass,
+    /// The task that was stuck, if one was identified.
+    pub stuck_task: Option<DeviceTaskId>,
+    /// The worker it was stuck on: index and type.
+    pub stuck_core: Option<(u32, CoreType)>,
+    /// Member dispatches running at the latch.
+    pub running: u32,
+    /// Ready tasks at the latch.
+    pub ready: u32,
+    /// Waiting tasks at the latch.
+    pub waiting: u32,
+    /// The no-progress budget that expired.
+    pub budget: Duration,
+}
+
+/// A status latched by a chip runtime (spec §6.1), read from the shared header after a run.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct RuntimeFault {
+    /// The latched code.
+    pub code: RuntimeCode,
+    /// Failing ring of a capacity error.
+    pub ring: Option<u8>,
+    /// Ring sizes at the failure.
+    pub sizes: Option<RingSizes>,
+    /// Ring usage at the failure.
+    pub usage: Option<RingSizes>,
+    /// The task concerned, if any.
+    pub task: Option<DeviceTaskId>,
+    /// Stall details of a scheduler timeout.
+    pub stall: Option<StallInfo>,
+    /// AICPU thread that latched the code, if known.
+    pub thread: Option<u32>,
+    /// Human text (for example the orchestration's `report_fatal` message).
+    pub message: String,
+}
+
+impl RuntimeFault {
+    /// A fault with only a code and a message.
+    pub fn new(code: RuntimeCode, message: impl Into<String>) -> RuntimeFault {
+        RuntimeFault {
+            code,
+            ring: None,
+            sizes: None,
+            usage: None,
+            task: None,
+            stall: None,
+            thread: None,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for RuntimeFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(stall) = &self.stall {
+            write!(f, "scheduler timeout after {:?} ({}", stall.budget, stall.class)?;
+            if let Some(task) = stall.stuck_task {
+                write!(f, ", task {}", fmt_task(task))?;
+            }
+            if let Some((idx, ty)) = stall.stuck_core {
+                write!(f, " on {}{}", ty.name(), idx)?;
+            }
+            write!(
+                f,
+                "; running {}, ready {}, waiting {})",
+                stall.running, stall.ready, stall.waiting
+            )?;
+        } else {
+            write!(f, "runtime status {}", self.code)?;
+        }
+        if let Some(ring) = self.ring {
+            write!(f, " on ring {ring}")?;
+        }
+        if let (Some(s), Some(u)) = (self.sizes, self.usage) {
+            write!(
+                f,
+                " (window {}/{}, heap {}/{} bytes, dep pool {}/{})",
+                u.task_window, s.task_window, u.heap_bytes, s.heap_bytes, u.dep_pool, s.dep_pool
+            )?;
+        }
+        if let Some(task) = self.task.filter(|_| self.stall.is_none()) {
+            write!(f, ", task {}", fmt_task(task))?;
+        }
+        if !self.message.is_empty() {
+            write!(f, ": {}", self.message)?;
+        }
+        Ok(())
+    }
+}
+
+/// The step of a run (or of setup) that poisoned the device.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum PoisonStep {
+    /// The AICore launch (L2) failed.
+    LaunchAiCore,
+    /// The AICPU launch (L3) failed.
+    LaunchAicpu,
+    /// Synchronising the AICPU stream failed (R1).
+    SyncAicpu,
+    /// Synchronising the AICore stream failed (R1).
+    SyncAiCore,
+}
+
+impl fmt::Display for PoisonStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PoisonStep::LaunchAiCore => "AICore launch",
+            PoisonStep::LaunchAicpu => "AICPU launch",
+            PoisonStep::SyncAicpu => "AICPU stream sync",
+            PoisonStep::SyncAiCore => "AICore stream sync",
+        })
+    }
+}
+
+/// Why a runner became unusable (spec §3.1, §3.7).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct PoisonCause {
+    /// The run during which it happened.
+    pub run_id: RunId,
+    /// The step that failed.
+    pub step: PoisonStep,
+    /// The device code of the failure.
+    pub code: AclCode,
+}
+
+impl fmt::Display for PoisonCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed in {} with {}", self.step, self.run_id, self.code)
+    }
+}
+
+/// The step of `ensure_initialized` that failed (spec §3.2).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum InitStep {
+    /// Binding the calling thread to the device.
+    BindDevice,
+    /// Creating a stream.
+    CreateStream,
+    /// Querying the core counts.
+    QueryCores,
+    /// Loading the device programs (simulator: starting the AICPU threads).
+    LoadPrograms,
+    /// The AICPU init entry.
+    AicpuInit,
+}
+
+impl fmt::Display for InitStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            InitStep::BindDevice => "bind device",
+            InitStep::CreateStream => "create stream",
+            InitStep::QueryCores => "query cores",
+            InitStep::LoadPrograms => "load device programs",
+            InitStep::AicpuInit => "AICPU init",
+        })
+    }
+}
+
+/// A ring resource that ran out.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum CapacityResource {
+    /// Task-window entries.
+    TaskWindow,
+    /// Heap bytes.
+    Heap,
+    /// Dependency-pool entries.
+    DepPool,
+}
+
+impl fmt::Display for CapacityResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CapacityResource::TaskWindow => "task window",
+            CapacityResource::Heap => "heap bytes",
+            CapacityResource::DepPool => "dep pool",
+        })
+    }
+}
+
+/// What a device allocation was for (memory ledger and `OutOfMemory`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum MemPurpose {
+    /// A user `malloc`.
+    User,
+    /// The GM heap arena of the chip runtime.
+    HeapArena,
+    /// The runtime image arena.
+    ImageArena,
+    /// The staging buffer for host tensors.
+    Staging,
+    /// A chip callable's buffer (kernel headers).
+    ChipBuffer,
+    /// Small runtime buffers (`KernelArgs`, register table).
+    Runtime,
+}
+
+impl fmt::Display for MemPurpose {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MemPurpose::User => "user allocation",
+            MemPurpose::HeapArena => "GM heap arena",
+            MemPurpose::ImageArena => "runtime image",
+            MemPurpose::Staging => "staging buffer",
+            MemPurpose::ChipBuffer => "chip callable buffer",
+            MemPurpose::Runtime => "runtime buffer",
+        })
+    }
+}
+
+/// How an error is grouped in spec §8.1's table.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum ErrorClass {
+    /// A runtime status latched by orchestration (codes 1–11).
+    Orchestration,
+    /// A runtime status latched by the scheduler (codes 100–103).
+    Scheduler,
+    /// A launch was refused.
+    LaunchFailure,
+    /// A stream synchronisation exceeded its budget.
+    StreamSyncTimeout,
+    /// An AICore or AICPU fault, or an op timeout.
+    DeviceFault,
+    /// The device was already unusable.
+    Poisoned,
+    /// The call or its configuration was invalid.
+    Usage,
+    /// Memory or ring capacity ran out.
+    Resources,
+    /// Setup, diagnostics or host orchestration failed.
+    Setup,
+}
+
+/// The error type of every fallible call of this crate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// A chip runtime latched a status during the run (orchestration or scheduler code).
+    #[error("{run_id}: {fault}")]
+    Runtime {
+        /// The run.
+        run_id: RunId,
+        /// The latched status.
+        fault: Box<RuntimeFault>,
+    },
+    /// A kernel launch was refused; the device is unusable afterwards.
+    #[error("{run_id}: device fault: {kernel} launch refused with {code}")]
+    Launch {
+        /// The run.
+        run_id: RunId,
+        /// Which launch.
+        kernel: KernelKind,
+        /// The device code.
+        code: AclCode,
+    },
+    /// A budget expired (stream sync on both backends; op execute on the simulator).
+    #[error(
+        "{run_id}: timeout ({budget} budget of {limit:?}){}{}",
+        fmt_runtime(runtime),
+        fmt_faults(faults)
+    )]
+    Timeout {
+        /// The run.
+        run_id: RunId,
+        /// Which budget.
+        budget: TimeoutBudget,
+        /// Its value.
+        limit: Duration,
+        /// The latched runtime status read afterwards, if any.
+        runtime: Option<Box<RuntimeFault>>,
+        /// Faults reported by the streams, earliest first.
+        faults: Vec<CoreFault>,
+    },
+    /// A stream reported a device fault; the device is unusable afterwards.
+    #[error(
+        "{run_id}: device fault {code} on the {stream}{}{}",
+        fmt_runtime(runtime),
+        fmt_faults(faults)
+    )]
+    DeviceFault {
+        /// The run.
+        run_id: RunId,
+        /// Code of the earliest fault.
+        code: AclCode,
+        /// Stream of the earliest fault.
+        stream: StreamKind,
+        /// Every fault collected, earliest first.
+        faults: Vec<CoreFault>,
+        /// The latched runtime status, if any.
+        runtime: Option<Box<RuntimeFault>>,
+    },
+    /// The runner is unusable since an earlier failure; only `finalize` helps.
+    #[error("device {device_id} is unusable: {cause}")]
+    Unusable {
+        /// The device id.
+        device_id: u32,
+        /// What made it unusable.
+        cause: PoisonCause,
+    },
+    /// A configuration value broke a rule.
+    #[error("{}invalid configuration: {setting} = {value:?}: {rule}", fmt_run(run_id))]
+    InvalidConfig {
+        /// The run, when the configuration was a run's.
+        run_id: Option<RunId>,
+        /// The setting (an environment variable or option name).
+        setting: String,
+        /// Its value.
+        value: String,
+        /// The rule it broke.
+        rule: String,
+    },
+    /// The arguments of a call or of a submitted task were invalid.
+    #[error("{}invalid arguments: {message}", fmt_run(run_id))]
+    InvalidArgs {
+        /// The run, if the arguments were a run's.
+        run_id: Option<RunId>,
+        /// What was wrong, naming the values.
+        message: String,
+    },
+    /// A callable broke a limit or uses a code variant this backend cannot execute.
+    #[error("invalid callable: {reason}")]
+    InvalidCallable {
+        /// What was wrong, naming the values.
+        reason: String,
+    },
+    /// No callable is registered in the slot.
+    #[error("{}unknown callable slot {slot}", fmt_run(run_id))]
+    UnknownCallable {
+        /// The run, if a run named the slot.
+        run_id: Option<RunId>,
+        /// The slot.
+        slot: u32,
+    },
+    /// All callable slots are taken.
+    #[error("too many callables: all {capacity} slots are registered")]
+    TooManyCallables {
+        /// Number of slots.
+        capacity: usize,
+    },
+    /// The callable is used by a prepared or in-flight run.
+    #[error("callable slot {slot} is in use by {run_id}")]
+    CallableInUse {
+        /// The slot.
+        slot: u32,
+        /// The run using it.
+        run_id: RunId,
+    },
+    /// The call is not allowed in the runner's current run state.
+    #[error("busy: {call} is not allowed while {state}")]
+    Busy {
+        /// The call that was refused.
+        call: &'static str,
+        /// The state that refused it.
+        state: String,
+    },
+    /// An address range is not inside one tracked device allocation.
+    #[error("bad device pointer: {len} bytes at {addr:#x} are not inside one device allocation")]
+    BadDevicePointer {
+        /// Start of the range.
+        addr: u64,
+        /// Length of the range.
+        len: u64,
+    },
+    /// A feature is not implemented by this version or backend.
+    #[error("{}unsupported: {feature}", fmt_run(run_id))]
+    Unsupported {
+        /// The run, if a run asked for it.
+        run_id: Option<RunId>,
+        /// The feature.
+        feature: String,
+    },
+    /// A device allocation failed.
+    #[error(
+        "{}out of device memory: {bytes} bytes for the {purpose}{}",
+        fmt_run(run_id),
+        fmt_limit(limit)
+    )]
+    OutOfMemory {
+        /// The run, if the allocation was a run's.
+        run_id: Option<RunId>,
+        /// Requested bytes.
+        bytes: u64,
+        /// What the allocation was for.
+        purpose: MemPurpose,
+        /// The simulator's memory limit, when it was the limit that refused.
+        limit: Option<u64>,
+    },
+    /// A run needs more of a ring resource than configured.
+    #[error(
+        "{run_id}: capacity exhausted: ring {ring} {resource}: needed {needed}, capacity {capacity}"
+    )]
+    Capacity {
+        /// The run.
+        run_id: RunId,
+        /// The ring.
+        ring: u8,
+        /// The resource.
+        resource: CapacityResource,
+        /// The configured capacity.
+        capacity: u64,
+        /// What the run needed.
+        needed: u64,
+    },
+    /// Setting up the device failed.
+    #[error("device init failed at {step}: {message}")]
+    Init {
+        /// The step.
+        step: InitStep,
+        /// What went wrong.
+        message: String,
+    },
+    /// A diagnostic collector could not be set up.
+    #[error("{run_id}: diagnostics ({feature}) failed: {message}")]
+    Diagnostics {
+        /// The run.
+        run_id: RunId,
+        /// The diagnostic.
+        feature: &'static str,
+        /// What went wrong.
+        message: String,
+    },
+    /// Host orchestration (hbg graph build) failed, including a caught panic.
+    #[error("{run_id}: orchestration failed: {message}")]
+    Orchestration {
+        /// The run.
+        run_id: RunId,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+fn fmt_run(run_id: &Option<RunId>) -> String {
+    run_id.map(|r| format!("{r}: ")).unwrap_or_default()
+}
+
+fn fmt_limit(limit: &Option<u64>) -> String {
+    limit.map(|l| format!(" (memory limit {l} bytes)")).unwrap_or_default()
+}
+
+fn fmt_runtime(runtime: &Option<Box<RuntimeFault>>) -> String {
+    runtime.as_ref().map(|r| format!("; latched {r}")).unwrap_or_default()
+}
+
+fn fmt_faults(faults: &[CoreFault]) -> String {
+    let mut s = String::new();
+    for f in faults {
+        s.push_str("; ");
+        s.push_str(&f.to_string());
+    }
+    s
+}
+
+impl DeviceError {
+    /// The run the error belongs to, if it came from one.
+    pub fn run_id(&self) -> Option<RunId> {
+        match self {
+            DeviceError::Runtime { run_id, .. }
+            | DeviceError::Launch { run_id, .. }
+            | DeviceError::Timeout { run_id, .. }
+            | DeviceError::DeviceFault { run_id, .. }
+            | DeviceError::Capacity { run_id, .. }
+            | DeviceError::Diagnostics { run_id, .. }
+            | DeviceError::Orchestration { run_id, .. }
+            | DeviceError::CallableInUse { run_id, .. } => Some(*run_id),
+            DeviceError::InvalidConfig { run_id, .. }
+            | DeviceError::InvalidArgs { run_id, .. }
+            | DeviceError::UnknownCallable { run_id, .. }
+            | DeviceError::Unsupported { run_id, .. }
+            | DeviceError::OutOfMemory { run_id, .. } => *run_id,
+            DeviceError::Unusable { .. }
+            | DeviceError::InvalidCallable { .. }
+            | DeviceError::TooManyCallables { .. }
+            | DeviceError::Busy { .. }
+            | DeviceError::BadDevicePointer { .. }
+            | DeviceError::Init { .. } => None,
+        }
+    }
+
+    /// The group of spec §8.1's table the error belongs to.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            DeviceError::Runtime { fault, .. } if fault.code.is_scheduler() => {
+                ErrorClass::Scheduler
+            }
+            DeviceError::Runtime { .. } => ErrorClass::Orchestration,
+            DeviceError::Launch { .. } => ErrorClass::LaunchFailure,
+            DeviceError::Timeout { budget: TimeoutBudget::StreamSync, .. } => {
+                ErrorClass::StreamSyncTimeout
+            }
+            DeviceError::Timeout { .. } | DeviceError::DeviceFault { .. } => {
+                ErrorClass::DeviceFault
+            }
+            DeviceError::Unusable { .. } => ErrorClass::Poisoned,
+            DeviceError::InvalidConfig { .. }
+            | DeviceError::InvalidArgs { .. }
+            | DeviceError::InvalidCallable { .. }
+            | DeviceError::UnknownCallable { .. }
+            | DeviceError::TooManyCallables { .. }
+            | DeviceError::CallableInUse { .. }
+            | DeviceError::Busy { .. }
+            | DeviceError::BadDevicePointer { .. }
+            | DeviceError::Unsupported { .. } => ErrorClass::Usage,
+            DeviceError::OutOfMemory { .. } | DeviceError::Capacity { .. } => ErrorClass::Resources,
+            DeviceError::Init { .. }
+            | DeviceError::Diagnostics { .. }
+            | DeviceError::Orchestration { .. } => ErrorClass::Setup,
+        }
+    }
+
+    /// The original device or runtime number, with its name, where one exists.
+    pub fn device_code(&self) -> Option<DeviceCode> {
+        match self {
+            DeviceError::Runtime { fault, .. } => {
+                Some(DeviceCode::new(fault.code.raw(), fault.code.name()))
+            }
+            DeviceError::Launch { code, .. } | DeviceError::DeviceFault { code, .. } => {
+                Some(DeviceCode::new(code.get(), code.name()))
+            }
+            DeviceError::Timeout { budget: TimeoutBudget::OpExecute, .. } => {
+                Some(DeviceCode::new(AclCode::AICORE_TIMEOUT.get(), AclCode::AICORE_TIMEOUT.name()))
+            }
+            DeviceError::Timeout { .. } => Some(DeviceCode::new(
+                AclCode::STREAM_SYNC_TIMEOUT.get(),
+                AclCode::STREAM_SYNC_TIMEOUT.name(),
+            )),
+            DeviceError::Unusable { cause, .. } => {
+                Some(DeviceCode::new(cause.code.get(), cause.code.name()))
+            }
+            DeviceError::OutOfMemory { .. } => {
+                Some(DeviceCode::new(AclCode::LAUNCH_FAILED.get(), AclCode::LAUNCH_FAILED.name()))
+            }
+            _ => None,
+        }
+    }
+
+    /// The failure mechanism in the shared vocabulary (10-types §9).
+    pub fn mechanism(&self) -> FailureMechanism {
+        match self {
+            DeviceError::Runtime { fault, .. } => match (&fault.stall, fault.code) {
+                (Some(stall), _) => FailureMechanism::Timeout {
+                    budget: TimeoutBudget::DeviceScheduler,
+                    limit: stall.budget,
+                },
+                (None, RuntimeCode::OrchestrationFatal | RuntimeCode::InvalidArgs) => {
+                    FailureMechanism::TaskFailed
+                }
+                (None, code) => {
+                    FailureMechanism::CapacityExhausted { what: code.name().to_owned() }
+                }
+            },
+            DeviceError::Timeout { budget, limit, .. } => {
+                FailureMechanism::Timeout { budget: *budget, limit: *limit }
+            }
+            DeviceError::Capacity { ring, resource, capacity, .. } => {
+                FailureMechanism::CapacityExhausted {
+                    what: format!("ring {ring} {resource}: {capacity}"),
+                }
+            }
+            DeviceError::OutOfMemory { bytes, purpose, .. } => {
+                FailureMechanism::CapacityExhausted {
+                    what: format!("device memory: {bytes} bytes for the {purpose}"),
+                }
+            }
+            DeviceError::Orchestration { .. }
+            | DeviceError::InvalidArgs { .. }
+            | DeviceError::InvalidConfig { .. }
+            | DeviceError::UnknownCallable { .. }
+            | DeviceError::Unsupported { .. } => FailureMechanism::TaskFailed,
+            DeviceError::Busy { .. }
+            | DeviceError::Diagnostics { .. }
+            | DeviceError::InvalidCallable { .. }
+            | DeviceError::TooManyCallables { .. }
+            | DeviceError::CallableInUse { .. }
+            | DeviceError::BadDevicePointer { .. }
+            | DeviceError::Init { .. } => FailureMechanism::EndpointFailed,
+            DeviceError::Launch { .. }
+            | DeviceError::DeviceFault { .. }
+            | DeviceError::Unusable { .. } => FailureMechanism::DeviceFault,
+        }
+    }
+
+    /// What the original's C entry would have returned for this error.
+    pub fn legacy_status(&self) -> i32 {
+        match self {
+            DeviceError::Runtime { fault, .. } => fault.code.raw(),
+            DeviceError::Launch { code, .. } | DeviceError::DeviceFault { code, .. } => code.get(),
+            DeviceError::Timeout { budget: TimeoutBudget::OpExecute, .. } => {
+                AclCode::AICORE_TIMEOUT.get()
+            }
+            DeviceError::Timeout { .. } => AclCode::STREAM_SYNC_TIMEOUT.get(),
+            DeviceError::OutOfMemory { .. } => AclCode::LAUNCH_FAILED.get(),
+            _ => -1,
+        }
+    }
+
+    /// Whether the device is unusable after this error (spec §8.1, last column).
+    pub fn poisons_device(&self) -> bool {
+        matches!(
+            self,
+            DeviceError::Launch { .. }
+                | DeviceError::Timeout { .. }
+                | DeviceError::DeviceFault { .. }
+                | DeviceError::Unusable { .. }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_error_stays_small() {
+        // Results of every call carry this type; keep the error path cheap to move.
+        assert!(std::mem::size_of::<DeviceError>() <= 96, "{}", std::mem::size_of::<DeviceError>());
+    }
+
+    #[test]
+    fn scheduler_timeout_display_leads_with_the_mechanism() {
+        let mut fault = RuntimeFault::new(RuntimeCode::SchedulerTimeout, "");
+        fault.stall = Some(StallInfo {
+            class: StallClass::RunningStalled,
+            stuck_task: Some(DeviceTaskId::new(1, 42)),
+            stuck_core: Some((3, CoreType::Aiv)),
+            running: 1,
+            ready: 0,
+            waiting: 2,
+            budget: Duration::from_secs(10),
+        });
+        let e = DeviceError::Runtime { run_id: RunId::FIRST, fault: Box::new(fault) };
+        let text = e.to_string();
+        assert!(
+            text.starts_with(
+                "run#1: scheduler timeout after 10s (S1 running-stalled, task r1:42 on AIV3"
+            ),
+            "{text}"
+        );
+        assert_eq!(e.class(), ErrorClass::Scheduler);
+        assert_eq!(e.legacy_status(), 100);
+    }
+}

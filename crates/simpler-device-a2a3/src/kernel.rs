@@ -1,0 +1,189 @@
+//! The kernel ABI (spec §5.7): the kernel function type and the accessors kernels use.
+//!
+//! A kernel is `unsafe extern "C-unwind" fn(args: *mut i64)`. `C-unwind` lets a panicking Rust
+//! kernel unwind into the simulated AICore, which turns it into an AICore fault instead of
+//! aborting the process; C kernels fit the same type. `args` points at the 50 argument slots of
+//! the dispatch payload:
+//!
+//! - `args[0..T)`: device addresses of the task's 128-byte [`Tensor`] descriptors;
+//! - `args[T..T+S)`: scalars as raw 64-bit words (value bytes low, zero-extended);
+//! - `args[48]`: address of the [`LocalContext`] (`block_idx`, `block_num`);
+//! - `args[49]`: address of the [`GlobalContext`] (`sub_block_id`).
+//!
+//! Kernels read topology through these accessors, never from hardware intrinsics. A kernel
+//! knows its own signature (how many tensors it takes), which [`KernelCall::from_raw`] needs to
+//! tell descriptor slots from scalar slots.
+
+use std::marker::PhantomData;
+
+use simpler_types::{Scalar, Tensor, from_scalar};
+
+use crate::abi::payload::{GLOBAL_CONTEXT_SLOT, GlobalContext, LOCAL_CONTEXT_SLOT, LocalContext};
+
+/// The type of every kernel entry.
+pub type KernelFn = unsafe extern "C-unwind" fn(args: *mut i64);
+
+/// A kernel's view of its argument slots.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelCall<'a> {
+    args: *const i64,
+    num_tensors: usize,
+    _life: PhantomData<&'a i64>,
+}
+
+impl<'a> KernelCall<'a> {
+    /// Wraps the `args` pointer a kernel received; `num_tensors` is the number of tensor
+    /// arguments of the kernel's signature.
+    ///
+    /// # Safety
+    ///
+    /// `args` must be the pointer the runtime passed to the running kernel (valid for the
+    /// kernel call, i.e. `'a`), and the task must have been submitted with at least
+    /// `num_tensors` tensors.
+    pub unsafe fn from_raw(args: *mut i64, num_tensors: usize) -> KernelCall<'a> {
+        KernelCall { args, num_tensors: num_tensors.min(LOCAL_CONTEXT_SLOT), _life: PhantomData }
+    }
+
+    fn slot(&self, i: usize) -> i64 {
+        debug_assert!(i < 50, "argument slot {i} out of range");
+        // SAFETY: `from_raw`'s contract makes all 50 slots readable for `'a`; `i` < 50 (the
+        // callers clamp or bound it).
+        unsafe { *self.args.add(i.min(49)) }
+    }
+
+    fn local(&self) -> LocalContext {
+        // SAFETY: the runtime stores the address of the payload's `LocalContext` in slot 48.
+        unsafe { *(self.slot(LOCAL_CONTEXT_SLOT) as usize as *const LocalContext) }
+    }
+
+    fn global(&self) -> GlobalContext {
+        // SAFETY: the runtime stores the address of the payload's `GlobalContext` in slot 49.
+        unsafe { *(self.slot(GLOBAL_CONTEXT_SLOT) as usize as *const GlobalContext) }
+    }
+
+    /// Index of this block of the task, `0..block_num()`.
+    pub fn block_idx(&self) -> u32 {
+        self.local().block_idx
+    }
+
+    /// Number of blocks the task runs.
+    pub fn block_num(&self) -> u32 {
+        self.local().block_num
+    }
+
+    /// Sub-block id of an AIV worker (0 or 1); 0 on AIC.
+    pub fn sub_block_id(&self) -> u32 {
+        self.global().sub_block_id
+    }
+
+    /// Tensor descriptor `i`, if `i < num_tensors`.
+    pub fn tensor(&self, i: usize) -> Option<&'a Tensor> {
+        if i >= self.num_tensors {
+            return None;
+        }
+        // SAFETY: slots below the task's tensor count hold addresses of 64-aligned descriptors
+        // inside the runtime image, valid for the call.
+        Some(unsafe { &*(self.slot(i) as usize as *const Tensor) })
+    }
+
+    /// Scalar `j` as its raw 64-bit word (slot `num_tensors + j`).
+    pub fn scalar(&self, j: usize) -> Option<u64> {
+        let slot = self.num_tensors.checked_add(j)?;
+        (slot < LOCAL_CONTEXT_SLOT).then(|| self.slot(slot) as u64)
+    }
+
+    /// Scalar `j` unpacked as `T` (10-types §5 packing).
+    pub fn scalar_of<T: Scalar>(&self, j: usize) -> Option<T> {
+        self.scalar(j).map(from_scalar::<T>)
+    }
+
+    /// The raw value of slot `i` (< 50).
+    pub fn raw(&self, i: usize) -> Option<i64> {
+        (i < 50).then(|| self.slot(i))
+    }
+
+    /// The elements of tensor `i`'s view as a slice, for a contiguous view.
+    ///
+    /// # Safety
+    ///
+    /// `T` must match the tensor's data type, and no other live reference (in this or another
+    /// kernel running concurrently) may write the same bytes.
+    pub unsafe fn slice<T>(&self, i: usize) -> Option<&'a [T]> {
+        let t = self.tensor(i)?;
+        if !t.contiguous() || t.element_size()? != size_of::<T>() as u64 {
+            return None;
+        }
+        let len = usize::try_from(t.numel()).ok()?;
+        // SAFETY: the descriptor names device memory the task was given; the caller guarantees
+        // the element type and the absence of concurrent writers.
+        Some(unsafe { std::slice::from_raw_parts(t.data_addr() as usize as *const T, len) })
+    }
+
+    /// The elements of tensor `i`'s view as a mutable slice, for a contiguous view.
+    ///
+    /// # Safety
+    ///
+    /// As [`KernelCall::slice`], and no other live reference may read or write the same bytes
+    /// while the returned slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut<T>(&self, i: usize) -> Option<&'a mut [T]> {
+        let t = self.tensor(i)?;
+        if !t.contiguous() || t.element_size()? != size_of::<T>() as u64 {
+            return None;
+        }
+        let len = usize::try_from(t.numel()).ok()?;
+        // SAFETY: as in `slice`, plus exclusivity guaranteed by the caller.
+        Some(unsafe { std::slice::from_raw_parts_mut(t.data_addr() as usize as *mut T, len) })
+    }
+}
+
+/// `block_idx` of the running kernel.
+///
+/// # Safety
+///
+/// `args` must be the pointer the runtime passed to the running kernel.
+pub unsafe fn block_idx(args: *const i64) -> u32 {
+    // SAFETY: forwarded contract; no tensor slot is read.
+    unsafe { KernelCall::from_raw(args as *mut i64, 0) }.block_idx()
+}
+
+/// `block_num` of the running kernel.
+///
+/// # Safety
+///
+/// `args` must be the pointer the runtime passed to the running kernel.
+pub unsafe fn block_num(args: *const i64) -> u32 {
+    // SAFETY: forwarded contract; no tensor slot is read.
+    unsafe { KernelCall::from_raw(args as *mut i64, 0) }.block_num()
+}
+
+/// `sub_block_id` of the running kernel.
+///
+/// # Safety
+///
+/// `args` must be the pointer the runtime passed to the running kernel.
+pub unsafe fn sub_block_id(args: *const i64) -> u32 {
+    // SAFETY: forwarded contract; no tensor slot is read.
+    unsafe { KernelCall::from_raw(args as *mut i64, 0) }.sub_block_id()
+}
+
+/// Tensor descriptor `i` of the running kernel.
+///
+/// # Safety
+///
+/// `args` must be the pointer the runtime passed to the running kernel and `i` must be below
+/// the task's tensor count.
+pub unsafe fn tensor<'a>(args: *const i64, i: usize) -> &'a Tensor {
+    // SAFETY: slot `i` holds a descriptor address by the caller's contract.
+    unsafe { &*(*args.add(i) as usize as *const Tensor) }
+}
+
+/// Raw argument slot `i` (< 50) of the running kernel, e.g. a scalar at `T + j`.
+///
+/// # Safety
+///
+/// `args` must be the pointer the runtime passed to the running kernel and `i` < 50.
+pub unsafe fn scalar(args: *const i64, i: usize) -> u64 {
+    // SAFETY: all 50 slots are readable by the caller's contract.
+    unsafe { *args.add(i) as u64 }
+}

@@ -1,0 +1,155 @@
+//! `RunnerOptions`: everything fixed at `attach` (spec §3.1).
+
+use std::time::Duration;
+
+use crate::timeouts::{FixedBudgets, TimeoutOverrides};
+
+/// Which chip the runner drives.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[non_exhaustive]
+pub enum Platform {
+    /// The simulated A2/A3 chip (feature `sim`).
+    A2a3Sim,
+    /// A real A2/A3 chip through CANN (feature `onboard`). Never falls back to the simulator.
+    A2a3,
+}
+
+/// The chip runtime a runner serves, fixed at attach.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[non_exhaustive]
+pub enum RuntimeVariant {
+    /// The orchestration runs on the host; the finished graph is uploaded (spec §6.4).
+    HostBuildGraph,
+    /// The orchestration runs on an AICPU thread with rings and a tensor map (spec §6.5).
+    TensormapAndRingbuffer,
+}
+
+/// Runner defaults of the ring sizing (spec §2), used where `CallConfig::runtime_env` is unset.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct RingDefaults {
+    /// Task-window entries (a power of two, at least 4).
+    pub task_window: u32,
+    /// Heap bytes (at least 1024).
+    pub heap_bytes: u64,
+    /// Dependency-pool entries (at least 4).
+    pub dep_pool: u32,
+}
+
+impl Default for RingDefaults {
+    fn default() -> RingDefaults {
+        RingDefaults { task_window: 16_384, heap_bytes: 256 << 20, dep_pool: 16_384 }
+    }
+}
+
+/// Options of the simulated chip.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub struct SimOptions {
+    /// `block_dim` used when a run asks for 0 (auto). Default 2, so a 2-core machine runs six
+    /// AICore workers (decision; the original uses 8).
+    pub default_block_dim: u32,
+    /// Spin iterations of every simulated wait before it parks. `None` = 64, or 0 when the
+    /// simulated threads of a launch outnumber the host's cores.
+    pub spin_iters: Option<u32>,
+    /// `yield_now` calls after the spin phase and before parking.
+    pub yield_iters: u32,
+    /// Total bytes the simulated device may allocate.
+    pub memory_limit: u64,
+    /// How long `finalize` waits for the simulated threads to exit.
+    pub join_budget: Duration,
+}
+
+impl Default for SimOptions {
+    fn default() -> SimOptions {
+        SimOptions {
+            default_block_dim: 2,
+            spin_iters: None,
+            yield_iters: 4,
+            memory_limit: 64 << 30,
+            join_budget: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Everything a [`DeviceRunner`](crate::DeviceRunner) fixes at attach.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct RunnerOptions {
+    /// Simulated or real chip.
+    pub platform: Platform,
+    /// Device id (the simulator accepts any; two runners may simulate the same id).
+    pub device_id: u32,
+    /// The chip runtime.
+    pub runtime: RuntimeVariant,
+    /// Configurable budgets set in code (they beat the environment).
+    pub timeouts: TimeoutOverrides,
+    /// Whether `attach` reads the `SIMPLER_*` timeout variables for budgets not set in code.
+    pub read_env: bool,
+    /// Fixed budgets (not read from the environment).
+    pub budgets: FixedBudgets,
+    /// Ring sizing defaults.
+    pub rings: RingDefaults,
+    /// Simulator options.
+    pub sim: SimOptions,
+}
+
+impl RunnerOptions {
+    /// Options for a simulated chip running `runtime`, with every default.
+    pub fn sim(device_id: u32, runtime: RuntimeVariant) -> RunnerOptions {
+        RunnerOptions {
+            platform: Platform::A2a3Sim,
+            device_id,
+            runtime,
+            timeouts: TimeoutOverrides::default(),
+            read_env: true,
+            budgets: FixedBudgets::default(),
+            rings: RingDefaults::default(),
+            sim: SimOptions::default(),
+        }
+    }
+
+    /// Options for a real chip running `runtime`.
+    pub fn onboard(device_id: u32, runtime: RuntimeVariant) -> RunnerOptions {
+        RunnerOptions { platform: Platform::A2a3, ..RunnerOptions::sim(device_id, runtime) }
+    }
+
+    /// Sets the three configurable budgets in code (scheduler and stream sync in milliseconds,
+    /// op execute in microseconds).
+    pub fn with_timeouts(
+        mut self,
+        scheduler_ms: u64,
+        op_execute_us: u64,
+        stream_sync_ms: u64,
+    ) -> Self {
+        self.timeouts = TimeoutOverrides {
+            scheduler_ms: Some(scheduler_ms),
+            op_execute_us: Some(op_execute_us),
+            stream_sync_ms: Some(stream_sync_ms),
+        };
+        self
+    }
+
+    /// Sets the shutdown exit-ACK budget.
+    pub fn with_shutdown_budget(mut self, budget: Duration) -> Self {
+        self.budgets.shutdown_ack = budget;
+        self
+    }
+
+    /// Sets the simulator's default `block_dim`.
+    pub fn with_default_block_dim(mut self, block_dim: u32) -> Self {
+        self.sim.default_block_dim = block_dim;
+        self
+    }
+
+    /// Sets the simulator's memory limit.
+    pub fn with_memory_limit(mut self, bytes: u64) -> Self {
+        self.sim.memory_limit = bytes;
+        self
+    }
+
+    /// Sets the simulator's spin iterations (`None` = automatic).
+    pub fn with_spin_iters(mut self, spins: Option<u32>) -> Self {
+        self.sim.spin_iters = spins;
+        self
+    }
+}

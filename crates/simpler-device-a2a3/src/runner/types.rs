@@ -1,0 +1,204 @@
+//! Plain types of the runner's API: pointers, slots, requests, reports and statistics.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use simpler_types::{CallConfig, RunId, TaskArgs};
+
+use crate::diag::timing::RunPhases;
+
+/// A device address returned by `malloc` (never 0).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    /// The raw address.
+    pub fn addr(self) -> u64 {
+        self.0
+    }
+
+    /// The address `bytes` further on.
+    pub fn offset(self, bytes: u64) -> DevicePtr {
+        DevicePtr(self.0.wrapping_add(bytes))
+    }
+}
+
+impl fmt::Display for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// One of a runner's 64 callable slots.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct ChipSlot(pub(crate) u32);
+
+impl ChipSlot {
+    /// The slot index, `0..64`.
+    pub fn index(self) -> u32 {
+        self.0
+    }
+
+    /// A slot from an index (for callers that store slots as integers); any value is accepted
+    /// and an unregistered one is rejected by the runner with `UnknownCallable`.
+    pub fn from_index(index: u32) -> ChipSlot {
+        ChipSlot(index)
+    }
+}
+
+impl fmt::Display for ChipSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "slot {}", self.0)
+    }
+}
+
+/// One run: which callable, with which arguments and configuration (spec §3.1).
+#[derive(Clone, Copy, Debug)]
+pub struct RunRequest<'a> {
+    /// The run's id; every error the run produces carries it.
+    pub run_id: RunId,
+    /// The registered callable.
+    pub callable: ChipSlot,
+    /// The chip entry's arguments.
+    pub args: &'a TaskArgs,
+    /// The run's configuration.
+    pub config: &'a CallConfig,
+    host_tensors: bool,
+}
+
+impl<'a> RunRequest<'a> {
+    /// A request whose tensors are all device memory (`child_memory = 1`, addresses from
+    /// `malloc`) or null.
+    pub fn new(
+        run_id: RunId,
+        callable: ChipSlot,
+        args: &'a TaskArgs,
+        config: &'a CallConfig,
+    ) -> Self {
+        RunRequest { run_id, callable, args, config, host_tensors: false }
+    }
+
+    /// A request that may also carry host-memory tensors (`child_memory = 0`), which the runner
+    /// stages: copies in unless `Output`/`OutputExisting`, copies back unless `Input`/`NoDep`.
+    ///
+    /// # Safety
+    ///
+    /// For every non-null host tensor, `[addr, addr + size)` must be host memory of this
+    /// process that is readable and writable, and that nothing else reads or writes between
+    /// `prepare` and the end of `complete_run` (or the run's failure).
+    pub unsafe fn with_host_tensors(
+        run_id: RunId,
+        callable: ChipSlot,
+        args: &'a TaskArgs,
+        config: &'a CallConfig,
+    ) -> Self {
+        RunRequest { run_id, callable, args, config, host_tensors: true }
+    }
+
+    pub(crate) fn allows_host_tensors(&self) -> bool {
+        self.host_tensors
+    }
+}
+
+/// Peak usage of one ring (spec §7).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct RingHighWater {
+    /// Most task-window entries in use.
+    pub task_window_max: u64,
+    /// Most heap bytes in use.
+    pub heap_max: u64,
+    /// Most dependency-pool entries in use.
+    pub dep_pool_max: u64,
+}
+
+/// What a completed run reports.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct RunReport {
+    /// The run.
+    pub run_id: Option<simpler_types::RunId>,
+    /// Clusters used.
+    pub block_dim: u32,
+    /// AICPU threads used.
+    pub aicpu_threads: u32,
+    /// Tasks in the graph.
+    pub tasks: u32,
+    /// Dependency edges in the graph.
+    pub edges: u64,
+    /// Device wall time: AICore launch to the last AICPU thread's end (`None` if not captured).
+    pub device_wall: Option<Duration>,
+    /// Where the device time went.
+    pub phases: Option<RunPhases>,
+    /// Ring high-water marks (host_build_graph uses ring 0 only).
+    pub rings: [RingHighWater; 4],
+    /// Tensor-map entries at the peak.
+    pub tensormap_max: u64,
+    /// Swimlane records dropped because a worker's buffer was full.
+    pub swimlane_dropped: u64,
+    /// Files written under `output_prefix`.
+    pub outputs: Vec<PathBuf>,
+    /// Non-fatal problems (export failures, disabled captures).
+    pub warnings: Vec<String>,
+}
+
+/// Device memory by use (40-worker.md §2.5).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct MemoryLedger {
+    /// Bytes committed in total.
+    pub committed: u64,
+    /// Bytes of user allocations.
+    pub user_allocations: u64,
+    /// Bytes of pooled arenas (heap, runtime image, staging).
+    pub pooled_arenas: u64,
+    /// Bytes of runtime buffers (kernel arguments, register table, chip buffers).
+    pub runtime_buffers: u64,
+}
+
+/// Counters of a runner (spec §3.1).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+#[non_exhaustive]
+pub struct RunnerStats {
+    /// Callables registered over the runner's life.
+    pub registrations: u64,
+    /// Chip buffers uploaded.
+    pub chip_buffer_uploads: u64,
+    /// Registrations that reused an identical chip buffer.
+    pub chip_buffer_dedupe_hits: u64,
+    /// Runs that reused the cached arenas.
+    pub arena_cache_hits: u64,
+    /// Runs that had to (re)allocate an arena.
+    pub arena_cache_misses: u64,
+    /// AICore launches.
+    pub aicore_launches: u64,
+    /// AICPU launches.
+    pub aicpu_launches: u64,
+    /// Runs that completed successfully.
+    pub runs_completed: u64,
+    /// Terminal cleanups that released a run's resources (one per run that got past P1).
+    pub terminal_cleanups: u64,
+    /// Export passes (at most one per run).
+    pub exports: u64,
+    /// Live user allocations plus per-run allocations: what would leak.
+    pub live_allocations: u64,
+    /// Simulated threads spawned over the device's life.
+    pub sim_threads_spawned: u32,
+    /// Simulated threads alive.
+    pub sim_threads_alive: u32,
+    /// Simulated threads parked on their mailbox.
+    pub sim_threads_parked: u32,
+    /// Device memory by use.
+    pub memory: MemoryLedger,
+}
+
+/// What `finalize` did.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct FinalizeReport {
+    /// Device allocations freed.
+    pub freed_allocations: usize,
+    /// Simulated threads stuck in user code that had to be detached (the one leak allowed).
+    pub stuck_workers: Vec<String>,
+    /// A run that was still prepared or in flight and got cleaned up.
+    pub abandoned_run: Option<RunId>,
+}

@@ -1,0 +1,760 @@
+//! The host graph builder of host_build_graph (spec §6.4): the ops table's implementation on
+//! the host.
+//!
+//! The orchestration calls `submit` for each task; the builder validates the task (func ids
+//! registered, argument counts, descriptors, device pointers, write tags with buffers), derives
+//! its producers from the tensor map over byte footprints (spec 20 Part D: `Input`/`InOut` look
+//! up overlapping producers, `Output`/`OutputExisting`/`InOut` insert, `NoDep` does neither,
+//! `manual_dep` tensors depend on their creator only), and records it. The whole graph stays
+//! resident, so the task window must hold every task and the heap every allocation: exceeding
+//! either is `Capacity { ring: 0, … }`, reported with the total the orchestration needed, before
+//! anything is launched (decision).
+//!
+//! The first error wins: it is latched, every later call returns [`ORCH_FAILED`], and the run
+//! reports the latched error.
+//!
+//! Deviation (recorded in the decisions file): dependencies use the host `TensorMap` keyed by
+//! the run id, not the fixed-capacity device map of spec §6.2, which the device runtime will
+//! need only once orchestration moves onto the AICPU.
+
+use std::ffi::c_void;
+use std::ops::Range;
+
+use simpler_tensormap::{ByteSpan, TensorKey, TensorMap};
+use simpler_types::{
+    CORE_MAX_SCALAR_ARGS, CORE_MAX_TENSOR_ARGS, DeviceTaskId, HEAP_ALIGN, MAX_SCOPE_DEPTH, RunId,
+    SlotId, Tensor, TensorArgType,
+};
+
+use crate::abi::MAX_FUNC_IDS;
+use crate::abi::codes::RuntimeCode;
+use crate::abi::image::{NO_FUNC, TaskShape};
+use crate::abi::payload::LOCAL_CONTEXT_SLOT;
+use crate::error::{CapacityResource, DeviceError, RuntimeFault};
+use crate::runtime::orch::{
+    ORCH_CAPACITY, ORCH_FAILED, ORCH_INVALID, ORCH_OK, ORCH_OPS_VERSION, OrchOps, SubmitDesc,
+};
+
+/// Most blocks one task may run.
+pub(crate) const MAX_BLOCK_NUM: u32 = 1 << 16;
+
+/// What the builder needs from the device.
+pub(crate) trait BuildEnv {
+    /// Whether `[addr, addr + len)` lies inside one device allocation.
+    fn device_range_ok(&self, addr: u64, len: u64) -> bool;
+    /// Reads device memory.
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool;
+    /// Writes device memory.
+    fn write(&mut self, addr: u64, data: &[u8]) -> bool;
+    /// The base address of a heap arena of at least `bytes` bytes (allocated on first use).
+    fn heap_arena(&mut self, bytes: u64) -> Result<u64, DeviceError>;
+}
+
+/// Limits of one build.
+#[derive(Clone, Debug)]
+pub(crate) struct BuildLimits {
+    /// Task-window entries of ring 0 (the whole graph).
+    pub(crate) task_window: u32,
+    /// Heap bytes of ring 0.
+    pub(crate) heap_bytes: u64,
+    /// Clusters of the launch.
+    pub(crate) block_dim: u32,
+    /// Func ids the callable registers.
+    pub(crate) funcs: Vec<bool>,
+}
+
+/// Where a dependency edge came from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum EdgeSource {
+    /// An overlap lookup in the tensor map.
+    Tensormap,
+    /// A `manual_dep` tensor's creator.
+    Creator,
+}
+
+/// How the consumer's footprint relates to the producer's write.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Overlap {
+    /// The producer wrote every byte the consumer touches.
+    Covered,
+    /// The producer wrote some of them.
+    Partial,
+}
+
+/// One dependency, as `deps.json` reports it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct DepEdge {
+    pub(crate) pred: u32,
+    pub(crate) succ: u32,
+    pub(crate) arg: u32,
+    pub(crate) source: EdgeSource,
+    pub(crate) overlap: Overlap,
+    pub(crate) buffer: u64,
+}
+
+/// One recorded task.
+#[derive(Clone, Debug)]
+pub(crate) struct HostTask {
+    pub(crate) func_ids: [i32; 3],
+    pub(crate) shape: TaskShape,
+    pub(crate) block_num: u32,
+    pub(crate) tensors: Range<usize>,
+    pub(crate) scalars: Range<usize>,
+    pub(crate) preds: Vec<u32>,
+    pub(crate) scope_depth: u32,
+}
+
+/// One scope begin or end, for scope statistics.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ScopeEvent {
+    pub(crate) begin: bool,
+    pub(crate) depth: u32,
+    pub(crate) tasks: u64,
+    pub(crate) heap: u64,
+}
+
+/// A finished graph.
+#[derive(Debug, Default)]
+pub(crate) struct BuiltGraph {
+    pub(crate) tasks: Vec<HostTask>,
+    pub(crate) tensors: Vec<Tensor>,
+    pub(crate) tags: Vec<TensorArgType>,
+    pub(crate) scalars: Vec<u64>,
+    pub(crate) edges: Vec<DepEdge>,
+    pub(crate) edge_count: usize,
+    pub(crate) heap_used: u64,
+    pub(crate) scopes: Vec<ScopeEvent>,
+}
+
+/// The builder. Its address is the `rt` pointer of the ops table.
+pub(crate) struct GraphBuilder<'e> {
+    run_id: RunId,
+    limits: BuildLimits,
+    env: &'e mut dyn BuildEnv,
+    map: TensorMap,
+    touched: TensorMap,
+    task_total: u64,
+    graph: BuiltGraph,
+    task_writes: Vec<Vec<(u64, ByteSpan)>>,
+    entry_spans: Vec<ByteSpan>,
+    heap_base: Option<u64>,
+    heap_needed: u64,
+    scope_depth: u32,
+    error: Option<DeviceError>,
+}
+
+fn span_of(t: &Tensor) -> Option<ByteSpan> {
+    t.byte_span().and_then(|(s, e)| ByteSpan::new(s, e))
+}
+
+fn slot_of(task: u32) -> SlotId {
+    SlotId::new(task, 1)
+}
+
+impl<'e> GraphBuilder<'e> {
+    /// A builder for `run_id`; `entry` are the chip entry's (staged) tensors, readable through
+    /// `tensor_data`.
+    pub(crate) fn new(
+        run_id: RunId,
+        limits: BuildLimits,
+        env: &'e mut dyn BuildEnv,
+        entry: &[Tensor],
+    ) -> Self {
+        GraphBuilder {
+            run_id,
+            limits,
+            env,
+            map: TensorMap::new(),
+            touched: TensorMap::new(),
+            task_total: 0,
+            graph: BuiltGraph::default(),
+            task_writes: Vec::new(),
+            entry_spans: entry.iter().filter_map(span_of).collect(),
+            heap_base: None,
+            heap_needed: 0,
+            scope_depth: 0,
+            error: None,
+        }
+    }
+
+    fn latch(&mut self, e: DeviceError) -> i32 {
+        let status = match &e {
+            DeviceError::Capacity { .. } => ORCH_CAPACITY,
+            _ => ORCH_INVALID,
+        };
+        if self.error.is_none() {
+            self.error = Some(e);
+        }
+        status
+    }
+
+    fn invalid(&mut self, message: String) -> i32 {
+        let run_id = Some(self.run_id);
+        self.latch(DeviceError::InvalidArgs { run_id, message })
+    }
+
+    /// Records one task; returns its device task id or a negative status.
+    pub(crate) fn submit(
+        &mut self,
+        func_ids: [i32; 3],
+        shape: u32,
+        block_num: u32,
+        tensors: &[Tensor],
+        tags: &[i32],
+        scalars: &[u64],
+    ) -> i64 {
+        if self.error.is_some() && !matches!(self.error, Some(DeviceError::Capacity { .. })) {
+            return i64::from(ORCH_FAILED);
+        }
+        let task_index = self.task_total;
+        let Some(shape) = TaskShape::from_u32(shape) else {
+            return i64::from(
+                self.invalid(format!("task {task_index}: unknown task shape {shape}")),
+            );
+        };
+        if let Err(m) = self.check_kernels(func_ids, shape, block_num) {
+            return i64::from(self.invalid(format!("task {task_index}: {m}")));
+        }
+        if tensors.len() > CORE_MAX_TENSOR_ARGS {
+            return i64::from(self.invalid(format!(
+                "task {task_index}: {} tensors, at most {CORE_MAX_TENSOR_ARGS} per kernel task",
+                tensors.len()
+            )));
+        }
+        if scalars.len() > CORE_MAX_SCALAR_ARGS {
+            return i64::from(self.invalid(format!(
+                "task {task_index}: {} scalars, at most {CORE_MAX_SCALAR_ARGS} per kernel task",
+                scalars.len()
+            )));
+        }
+        if tensors.len() + scalars.len() > LOCAL_CONTEXT_SLOT {
+            return i64::from(self.invalid(format!(
+                "task {task_index}: {} arguments do not fit the {LOCAL_CONTEXT_SLOT} argument slots",
+                tensors.len() + scalars.len()
+            )));
+        }
+        let mut parsed_tags = [TensorArgType::Input; CORE_MAX_TENSOR_ARGS];
+        for (i, t) in tensors.iter().enumerate() {
+            let raw = tags.get(i).copied().unwrap_or(0);
+            let Some(tag) = TensorArgType::from_i32(raw) else {
+                return i64::from(
+                    self.invalid(format!("task {task_index}, tensor {i}: unknown tag {raw}")),
+                );
+            };
+            parsed_tags[i] = tag;
+            if let Err(m) = self.check_tensor(t, tag) {
+                return i64::from(
+                    self.invalid(format!("task {task_index}, tensor {i} ({tag}): {m}")),
+                );
+            }
+        }
+        self.task_total += 1;
+        if self.task_total > u64::from(self.limits.task_window) {
+            // Keep counting so the error reports what the whole graph needs.
+            let e = DeviceError::Capacity {
+                run_id: self.run_id,
+                ring: 0,
+                resource: CapacityResource::TaskWindow,
+                capacity: u64::from(self.limits.task_window),
+                needed: self.task_total,
+            };
+            match &mut self.error {
+                Some(DeviceError::Capacity {
+                    resource: CapacityResource::TaskWindow,
+                    needed,
+                    ..
+                }) => *needed = self.task_total,
+                None => self.error = Some(e),
+                Some(_) => {}
+            }
+            return DeviceTaskId::new(0, task_index as u32).0 as i64;
+        }
+        if self.error.is_some() {
+            return i64::from(ORCH_FAILED);
+        }
+        let idx = task_index as u32;
+        let mut preds: Vec<u32> = Vec::new();
+        let mut edges: Vec<DepEdge> = Vec::new();
+        // Look-ups first, inserts after, so a task never depends on itself.
+        for (i, t) in tensors.iter().enumerate() {
+            let tag = parsed_tags[i];
+            let Some(span) = span_of(t) else { continue };
+            if t.is_manual_dep() {
+                let owner = t.owner();
+                if owner.is_valid() && owner.ring() == 0 && owner.local() < idx {
+                    let pred = owner.local();
+                    edges.push(DepEdge {
+                        pred,
+                        succ: idx,
+                        arg: i as u32,
+                        source: EdgeSource::Creator,
+                        overlap: Overlap::Covered,
+                        buffer: t.addr,
+                    });
+                    if !preds.contains(&pred) {
+                        preds.push(pred);
+                    }
+                }
+                continue;
+            }
+            if tag.looks_up() {
+                let key = TensorKey::Host { addr: t.addr };
+                let mut found: Vec<u32> = Vec::new();
+                self.map.lookup_overlapping(self.run_id, &key, span, |slot| found.push(slot.index));
+                for pred in found {
+                    let covered = self
+                        .task_writes
+                        .get(pred as usize)
+                        .is_some_and(|ws| ws.iter().any(|(k, s)| *k == t.addr && s.contains(span)));
+                    edges.push(DepEdge {
+                        pred,
+                        succ: idx,
+                        arg: i as u32,
+                        source: EdgeSource::Tensormap,
+                        overlap: if covered { Overlap::Covered } else { Overlap::Partial },
+                        buffer: t.addr,
+                    });
+                    if !preds.contains(&pred) {
+                        preds.push(pred);
+                    }
+                }
+            }
+        }
+        let mut writes = Vec::new();
+        for (i, t) in tensors.iter().enumerate() {
+            let tag = parsed_tags[i];
+            let Some(span) = span_of(t) else { continue };
+            let key = TensorKey::Host { addr: t.addr };
+            self.touched.insert(self.run_id, key, span, slot_of(idx));
+            if tag.inserts() && !t.is_manual_dep() {
+                self.map.insert(self.run_id, key, span, slot_of(idx));
+                writes.push((t.addr, span));
+            }
+        }
+        let t0 = self.graph.tensors.len();
+        self.graph.tensors.extend_from_slice(tensors);
+        self.graph.tags.extend_from_slice(&parsed_tags[..tensors.len()]);
+        let s0 = self.graph.scalars.len();
+        self.graph.scalars.extend_from_slice(scalars);
+        self.graph.edge_count += preds.len();
+        self.graph.edges.extend(edges);
+        self.graph.tasks.push(HostTask {
+            func_ids,
+            shape,
+            block_num: block_num.max(1),
+            tensors: t0..self.graph.tensors.len(),
+            scalars: s0..self.graph.scalars.len(),
+            preds,
+            scope_depth: self.scope_depth,
+        });
+        self.task_writes.push(writes);
+        DeviceTaskId::new(0, idx).0 as i64
+    }
+
+    fn check_kernels(
+        &self,
+        funcs: [i32; 3],
+        shape: TaskShape,
+        block_num: u32,
+    ) -> Result<(), String> {
+        if block_num == 0 || block_num > MAX_BLOCK_NUM {
+            return Err(format!("block_num {block_num} out of range 1..={MAX_BLOCK_NUM}"));
+        }
+        let set: Vec<(usize, i32)> =
+            funcs.iter().copied().enumerate().filter(|(_, f)| *f != NO_FUNC).collect();
+        match shape {
+            TaskShape::Dummy if !set.is_empty() => return Err("a dummy task names kernels".into()),
+            TaskShape::Aic if set.len() != 1 || set[0].0 != 0 => {
+                return Err("an AIC task needs exactly the AIC kernel".into());
+            }
+            TaskShape::Aiv if set.len() != 1 || set[0].0 != 1 => {
+                return Err("an AIV task needs exactly one AIV kernel".into());
+            }
+            TaskShape::Mix if set.is_empty() => return Err("a MIX task names no kernel".into()),
+            _ => {}
+        }
+        for (_, f) in set {
+            if f < 0 || f as usize >= MAX_FUNC_IDS {
+                return Err(format!("func id {f} out of range 0..{MAX_FUNC_IDS}"));
+            }
+            if !self.limits.funcs.get(f as usize).copied().unwrap_or(false) {
+                return Err(format!("func id {f} is not registered in the callable"));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_tensor(&self, t: &Tensor, tag: TensorArgType) -> Result<(), String> {
+        if t.is_null() {
+            return if tag.allows_null() {
+                Ok(())
+            } else {
+                Err("a written tensor needs a buffer: pass one or get it from alloc_tensors".into())
+            };
+        }
+        t.validate().map_err(|e| format!("invalid descriptor: {e}"))?;
+        if t.size > 0 && !self.env.device_range_ok(t.addr, t.size) {
+            return Err(format!(
+                "buffer of {} bytes at {:#x} is not inside one device allocation",
+                t.size, t.addr
+            ));
+        }
+        Ok(())
+    }
+
+    fn alloc(&mut self, tensors: &mut [Tensor]) -> i32 {
+        if self.error.is_some() && !matches!(self.error, Some(DeviceError::Capacity { .. })) {
+            return ORCH_FAILED;
+        }
+        for (i, t) in tensors.iter_mut().enumerate() {
+            if !t.is_null() {
+                return self.invalid(format!(
+                    "alloc_tensors: descriptor {i} already has a buffer at {:#x}",
+                    t.addr
+                ));
+            }
+            let Some(bytes) = t.element_size().map(|e| e.saturating_mul(t.numel())) else {
+                return self.invalid(format!(
+                    "alloc_tensors: descriptor {i} has an unknown dtype {}",
+                    t.dtype
+                ));
+            };
+            let aligned = bytes.max(1).div_ceil(HEAP_ALIGN) * HEAP_ALIGN;
+            let offset = self.heap_needed;
+            self.heap_needed = self.heap_needed.saturating_add(aligned);
+            if self.heap_needed > self.limits.heap_bytes {
+                let needed = self.heap_needed;
+                match &mut self.error {
+                    Some(DeviceError::Capacity {
+                        resource: CapacityResource::Heap,
+                        needed: n,
+                        ..
+                    }) => *n = needed,
+                    None => {
+                        self.error = Some(DeviceError::Capacity {
+                            run_id: self.run_id,
+                            ring: 0,
+                            resource: CapacityResource::Heap,
+                            capacity: self.limits.heap_bytes,
+                            needed,
+                        })
+                    }
+                    Some(_) => {}
+                }
+                return ORCH_CAPACITY;
+            }
+            let base = match self.heap_base {
+                Some(b) => b,
+                None => match self.env.heap_arena(self.limits.heap_bytes) {
+                    Ok(b) => {
+                        self.heap_base = Some(b);
+                        b
+                    }
+                    Err(e) => return self.latch(e),
+                },
+            };
+            t.addr = base + offset;
+            t.size = bytes;
+            t.owner_task_id = DeviceTaskId::NONE.0;
+        }
+        ORCH_OK
+    }
+
+    fn get_data(&mut self, t: &Tensor, out: &mut [u8]) -> i32 {
+        let Some(span) = span_of(t) else {
+            return self.invalid("tensor_data: the tensor has no bytes".into());
+        };
+        if !t.contiguous() || span.len() != out.len() as u64 {
+            return self.invalid(format!(
+                "tensor_data: needs a contiguous view whose {} bytes match the {}-byte buffer",
+                span.len(),
+                out.len()
+            ));
+        }
+        let mut written = false;
+        self.map.lookup_overlapping(self.run_id, &TensorKey::Host { addr: t.addr }, span, |_| {
+            written = true
+        });
+        if written {
+            return self.invalid(format!(
+                "tensor_data: {span} is written by a task of this graph, which has not run yet (host_build_graph runs tasks after the whole graph is built)"
+            ));
+        }
+        if !self.entry_spans.iter().any(|e| e.contains(span)) {
+            return self.invalid(format!(
+                "tensor_data: {span} is not inside a host-staged input of this run"
+            ));
+        }
+        if !self.env.read(span.start, out) {
+            return self.invalid(format!("tensor_data: {span} is not device memory"));
+        }
+        ORCH_OK
+    }
+
+    fn set_data(&mut self, t: &Tensor, data: &[u8]) -> i32 {
+        let Some(span) = span_of(t) else {
+            return self.invalid("set_tensor_data: the tensor has no bytes".into());
+        };
+        if !t.contiguous() || span.len() != data.len() as u64 {
+            return self.invalid(format!(
+                "set_tensor_data: needs a contiguous view whose {} bytes match the {}-byte buffer",
+                span.len(),
+                data.len()
+            ));
+        }
+        let mut used = false;
+        self.touched.lookup_overlapping(
+            self.run_id,
+            &TensorKey::Host { addr: t.addr },
+            span,
+            |_| used = true,
+        );
+        if used {
+            return self.invalid(format!(
+                "set_tensor_data: {span} is already used by a task of this graph"
+            ));
+        }
+        if !self.env.write(span.start, data) {
+            return self.invalid(format!("set_tensor_data: {span} is not device memory"));
+        }
+        ORCH_OK
+    }
+
+    fn scope_begin(&mut self) -> i32 {
+        if self.scope_depth as usize + 1 >= MAX_SCOPE_DEPTH {
+            return self
+                .invalid(format!("scope depth would exceed {} user levels", MAX_SCOPE_DEPTH - 1));
+        }
+        self.scope_depth += 1;
+        self.graph.scopes.push(ScopeEvent {
+            begin: true,
+            depth: self.scope_depth,
+            tasks: self.task_total,
+            heap: self.heap_needed,
+        });
+        ORCH_OK
+    }
+
+    fn scope_end(&mut self) -> i32 {
+        if self.scope_depth == 0 {
+            return self.invalid("scope_end without a matching scope_begin".into());
+        }
+        self.graph.scopes.push(ScopeEvent {
+            begin: false,
+            depth: self.scope_depth,
+            tasks: self.task_total,
+            heap: self.heap_needed,
+        });
+        self.scope_depth -= 1;
+        ORCH_OK
+    }
+
+    fn report_fatal(&mut self, code: i32, message: String) {
+        let code = match RuntimeCode::from_raw(code) {
+            Some(c) => c,
+            None => RuntimeCode::OrchestrationFatal,
+        };
+        let run_id = self.run_id;
+        if self.error.is_none() {
+            self.error = Some(DeviceError::Runtime {
+                run_id,
+                fault: Box::new(RuntimeFault::new(code, message)),
+            });
+        }
+    }
+
+    /// Finishes the build: the latched error, or the graph.
+    pub(crate) fn finish(mut self) -> Result<BuiltGraph, DeviceError> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        while self.scope_depth > 0 {
+            self.scope_end();
+        }
+        self.graph.heap_used = self.heap_needed;
+        Ok(self.graph)
+    }
+
+    /// The latched error, if any (without finishing).
+    pub(crate) fn has_error(&self) -> bool {
+        self.error.is_some()
+    }
+}
+
+/// The builder behind `rt`.
+///
+/// # Safety
+///
+/// `rt` must be the `GraphBuilder` the runner passed to `OrchCtx::new`, exclusively borrowed
+/// for the orchestration call that is running.
+unsafe fn builder<'a>(rt: *mut c_void) -> &'a mut GraphBuilder<'a> {
+    // SAFETY: the caller's contract.
+    unsafe { &mut *(rt as *mut GraphBuilder<'a>) }
+}
+
+/// # Safety
+/// `ptr` must be valid for `len` elements when `len > 0`.
+unsafe fn slice_or_empty<'a, T>(ptr: *const T, len: usize) -> &'a [T] {
+    if len == 0 || ptr.is_null() {
+        &[]
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts(ptr, len) }
+    }
+}
+
+unsafe extern "C-unwind" fn op_submit(rt: *mut c_void, desc: *const SubmitDesc) -> i64 {
+    // SAFETY: the ops table is only handed out with a live builder as `rt`.
+    let b = unsafe { builder(rt) };
+    // SAFETY: a non-null descriptor points at a `SubmitDesc` for the duration of the call.
+    let Some(d) = (unsafe { desc.as_ref() }) else {
+        return i64::from(b.invalid("submit: null task descriptor".into()));
+    };
+    if d.num_tensors as usize > CORE_MAX_TENSOR_ARGS
+        || d.num_scalars as usize > CORE_MAX_SCALAR_ARGS
+    {
+        return i64::from(b.invalid(format!(
+            "task {}: {} tensors and {} scalars exceed the per-task caps of {CORE_MAX_TENSOR_ARGS} and {CORE_MAX_SCALAR_ARGS}",
+            b.task_total, d.num_tensors, d.num_scalars
+        )));
+    }
+    // SAFETY: the descriptor's arrays hold the counts it states (the orchestration's contract,
+    // upheld by `OrchCtx`); the counts were bounded above.
+    let (tensors, tags, scalars) = unsafe {
+        (
+            slice_or_empty(d.tensors, d.num_tensors as usize),
+            slice_or_empty(d.tags, d.num_tensors as usize),
+            slice_or_empty(d.scalars, d.num_scalars as usize),
+        )
+    };
+    b.submit(d.func_ids, d.shape, d.block_num, tensors, tags, scalars)
+}
+
+unsafe extern "C-unwind" fn op_scope_begin(rt: *mut c_void) -> i32 {
+    // SAFETY: see `op_submit`.
+    unsafe { builder(rt) }.scope_begin()
+}
+
+unsafe extern "C-unwind" fn op_scope_end(rt: *mut c_void) -> i32 {
+    // SAFETY: see `op_submit`.
+    unsafe { builder(rt) }.scope_end()
+}
+
+unsafe extern "C-unwind" fn op_alloc_tensors(
+    rt: *mut c_void,
+    tensors: *mut Tensor,
+    count: u32,
+) -> i32 {
+    // SAFETY: see `op_submit`.
+    let b = unsafe { builder(rt) };
+    if count == 0 {
+        return ORCH_OK;
+    }
+    if tensors.is_null() {
+        return b.invalid("alloc_tensors: null descriptor array".into());
+    }
+    // SAFETY: the caller passes `count` descriptors it exclusively owns for the call.
+    let ts = unsafe { std::slice::from_raw_parts_mut(tensors, count as usize) };
+    b.alloc(ts)
+}
+
+unsafe extern "C-unwind" fn op_get_tensor_data(
+    rt: *mut c_void,
+    t: *const Tensor,
+    dst: *mut u8,
+    len: u64,
+) -> i32 {
+    // SAFETY: see `op_submit`.
+    let b = unsafe { builder(rt) };
+    // SAFETY: a non-null descriptor pointer is valid for the call.
+    let Some(t) = (unsafe { t.as_ref() }) else {
+        return b.invalid("tensor_data: null descriptor".into());
+    };
+    let t = *t;
+    if dst.is_null() && len > 0 {
+        return b.invalid("tensor_data: null destination".into());
+    }
+    let Ok(n) = usize::try_from(len) else {
+        return b.invalid("tensor_data: length overflows".into());
+    };
+    let out: &mut [u8] = if n == 0 {
+        &mut []
+    } else {
+        // SAFETY: the caller passes a destination valid for `len` bytes.
+        unsafe { std::slice::from_raw_parts_mut(dst, n) }
+    };
+    b.get_data(&t, out)
+}
+
+unsafe extern "C-unwind" fn op_set_tensor_data(
+    rt: *mut c_void,
+    t: *const Tensor,
+    src: *const u8,
+    len: u64,
+) -> i32 {
+    // SAFETY: see `op_submit`.
+    let b = unsafe { builder(rt) };
+    // SAFETY: a non-null descriptor pointer is valid for the call.
+    let Some(t) = (unsafe { t.as_ref() }) else {
+        return b.invalid("set_tensor_data: null descriptor".into());
+    };
+    let t = *t;
+    let Ok(n) = usize::try_from(len) else {
+        return b.invalid("set_tensor_data: length overflows".into());
+    };
+    // SAFETY: the caller passes a source valid for `len` bytes.
+    let data = unsafe { slice_or_empty(src, n) };
+    b.set_data(&t, data)
+}
+
+unsafe extern "C-unwind" fn op_available_clusters(rt: *mut c_void) -> u32 {
+    // SAFETY: see `op_submit`.
+    unsafe { builder(rt) }.limits.block_dim
+}
+
+unsafe extern "C-unwind" fn op_available_aiv_cores(rt: *mut c_void) -> u32 {
+    // SAFETY: see `op_submit`.
+    unsafe { builder(rt) }.limits.block_dim * 2
+}
+
+unsafe extern "C-unwind" fn op_report_fatal(
+    rt: *mut c_void,
+    code: i32,
+    msg: *const u8,
+    len: usize,
+) {
+    // SAFETY: see `op_submit`.
+    let b = unsafe { builder(rt) };
+    // SAFETY: the caller passes a message valid for `len` bytes.
+    let text = String::from_utf8_lossy(unsafe { slice_or_empty(msg, len) }).into_owned();
+    b.report_fatal(code, text);
+}
+
+unsafe extern "C-unwind" fn op_log(rt: *mut c_void, level: u32, msg: *const u8, len: usize) {
+    // SAFETY: see `op_submit`.
+    let b = unsafe { builder(rt) };
+    // SAFETY: the caller passes a message valid for `len` bytes.
+    let text = String::from_utf8_lossy(unsafe { slice_or_empty(msg, len) });
+    let run = b.run_id.get();
+    match level {
+        0 => tracing::error!(run, "orchestration: {text}"),
+        1 => tracing::warn!(run, "orchestration: {text}"),
+        2 => tracing::info!(run, "orchestration: {text}"),
+        _ => tracing::debug!(run, "orchestration: {text}"),
+    }
+}
+
+/// The host_build_graph ops table.
+pub(crate) static HBG_OPS: OrchOps = OrchOps {
+    version: ORCH_OPS_VERSION,
+    submit: op_submit,
+    scope_begin: op_scope_begin,
+    scope_end: op_scope_end,
+    alloc_tensors: op_alloc_tensors,
+    get_tensor_data: op_get_tensor_data,
+    set_tensor_data: op_set_tensor_data,
+    available_clusters: op_available_clusters,
+    available_aiv_cores: op_available_aiv_cores,
+    report_fatal: op_report_fatal,
+    log: op_log,
+};

@@ -1,0 +1,209 @@
+//! Writes a built graph into the host_build_graph image layout (`abi::image`).
+//!
+//! The image is written into a host buffer the runner keeps across runs and then uploaded byte
+//! for byte; internal references are offsets, so nothing is relocated. Fields are written at
+//! their `offset_of!` positions as little-endian integers, which keeps this module free of
+//! `unsafe` even though the image types contain atomics.
+
+use std::mem::{offset_of, size_of};
+
+use simpler_types::DeviceTaskId;
+
+use super::builder::BuiltGraph;
+use crate::abi::handshake::Handshake;
+use crate::abi::image::{
+    HBG_IMAGE_MAGIC, ImageHeader, ImageLayout, ImageParams, NO_FUNC, READY_QUEUE_COUNT,
+    ReadyQueueHeader, SECTION_ALIGN, SharedHeader, TaskRecord, TaskShape,
+};
+use crate::abi::{ABI_VERSION, CoreType, MAX_AICORE_WORKERS, MAX_FUNC_IDS};
+
+/// Launch facts the image records.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ImageInputs<'a> {
+    pub(crate) block_dim: u32,
+    pub(crate) aicpu_threads: u32,
+    pub(crate) profiling: u32,
+    pub(crate) swimlane_capacity: u32,
+    pub(crate) active_callable: u64,
+    /// Kernel entry address per func id (0 = unset); at most 1024 entries.
+    pub(crate) func_table: &'a [u64],
+}
+
+fn put(buf: &mut [u8], off: u64, bytes: &[u8]) {
+    let start = off as usize;
+    match buf.get_mut(start..start + bytes.len()) {
+        Some(dst) => dst.copy_from_slice(bytes),
+        None => debug_assert!(false, "image write at {off} outside the layout"),
+    }
+}
+
+fn put_u32(buf: &mut [u8], off: u64, v: u32) {
+    put(buf, off, &v.to_le_bytes());
+}
+
+fn put_i32(buf: &mut [u8], off: u64, v: i32) {
+    put(buf, off, &v.to_le_bytes());
+}
+
+fn put_u64(buf: &mut [u8], off: u64, v: u64) {
+    put(buf, off, &v.to_le_bytes());
+}
+
+fn align(v: u64) -> u64 {
+    v.div_ceil(SECTION_ALIGN) * SECTION_ALIGN
+}
+
+fn members(funcs: &[i32; 3], shape: TaskShape) -> u32 {
+    match shape {
+        TaskShape::Dummy => 1,
+        _ => funcs.iter().filter(|&&f| f != NO_FUNC).count() as u32,
+    }
+}
+
+/// Total member dispatches of the graph (an upper bound of any worker's swimlane records).
+pub(crate) fn total_dispatches(g: &BuiltGraph) -> u64 {
+    g.tasks
+        .iter()
+        .filter(|t| t.shape != TaskShape::Dummy)
+        .map(|t| u64::from(t.block_num) * u64::from(members(&t.func_ids, t.shape)))
+        .sum()
+}
+
+/// Writes the image of `g` into `buf` (resized); returns its layout, or `None` when the sizes
+/// overflow.
+pub(crate) fn write_image(
+    buf: &mut Vec<u8>,
+    g: &BuiltGraph,
+    inp: &ImageInputs<'_>,
+) -> Option<ImageLayout> {
+    let n = g.tasks.len();
+    let task_count = u32::try_from(n).ok()?;
+    // Per-task argument blocks.
+    let mut arg_offs = Vec::with_capacity(n);
+    let mut args_bytes = 0u64;
+    for t in &g.tasks {
+        arg_offs.push(args_bytes);
+        let bytes = 128 * t.tensors.len() as u64 + 8 * t.scalars.len() as u64;
+        args_bytes = args_bytes.checked_add(align(bytes))?;
+    }
+    // Fanout lists (CSR by producer).
+    let mut fan_count = vec![0u32; n];
+    for t in &g.tasks {
+        for &p in &t.preds {
+            if let Some(c) = fan_count.get_mut(p as usize) {
+                *c += 1;
+            }
+        }
+    }
+    let mut fan_start = vec![0u32; n];
+    let mut acc = 0u32;
+    for (s, c) in fan_start.iter_mut().zip(&fan_count) {
+        *s = acc;
+        acc = acc.checked_add(*c)?;
+    }
+    let edge_count = acc;
+    let mut queue_capacity = [0u32; READY_QUEUE_COUNT];
+    for t in &g.tasks {
+        let blocks = if t.shape == TaskShape::Dummy { 1 } else { t.block_num };
+        let q = &mut queue_capacity[t.shape as usize];
+        *q = q.checked_add(blocks)?;
+    }
+    let layout = ImageLayout::compute(&ImageParams {
+        task_count,
+        edge_count,
+        args_bytes,
+        num_aicore: 3 * inp.block_dim,
+        queue_capacity,
+        swimlane_capacity: inp.swimlane_capacity,
+    })?;
+    buf.clear();
+    buf.resize(usize::try_from(layout.len).ok()?, 0);
+    let b = buf.as_mut_slice();
+
+    // Header.
+    let h = |f: usize| f as u64;
+    put_u32(b, h(offset_of!(ImageHeader, magic)), HBG_IMAGE_MAGIC);
+    put_u32(b, h(offset_of!(ImageHeader, abi_version)), ABI_VERSION);
+    put_u64(b, h(offset_of!(ImageHeader, image_len)), layout.len);
+    put_u32(b, h(offset_of!(ImageHeader, block_dim)), inp.block_dim);
+    put_u32(b, h(offset_of!(ImageHeader, num_aicore)), 3 * inp.block_dim);
+    put_u32(b, h(offset_of!(ImageHeader, aicpu_threads)), inp.aicpu_threads);
+    put_u32(b, h(offset_of!(ImageHeader, task_count)), task_count);
+    put_u32(b, h(offset_of!(ImageHeader, edge_count)), edge_count);
+    put_u32(b, h(offset_of!(ImageHeader, profiling)), inp.profiling);
+    put_u64(b, h(offset_of!(ImageHeader, active_callable)), inp.active_callable);
+    put_u64(b, h(offset_of!(ImageHeader, handshake_off)), layout.handshake_off);
+    put_u64(b, h(offset_of!(ImageHeader, func_table_off)), layout.func_table_off);
+    put_u64(b, h(offset_of!(ImageHeader, shared_off)), layout.shared_off);
+    put_u64(b, h(offset_of!(ImageHeader, tasks_off)), layout.tasks_off);
+    put_u64(b, h(offset_of!(ImageHeader, edges_off)), layout.edges_off);
+    put_u64(b, h(offset_of!(ImageHeader, ready_off)), layout.ready_off);
+    put_u64(b, h(offset_of!(ImageHeader, workers_off)), layout.workers_off);
+    put_u64(b, h(offset_of!(ImageHeader, payloads_off)), layout.payloads_off);
+    put_u64(b, h(offset_of!(ImageHeader, swimlane_off)), layout.swimlane_off);
+    put_u32(b, h(offset_of!(ImageHeader, swimlane_capacity)), inp.swimlane_capacity);
+    put_u64(b, h(offset_of!(ImageHeader, phases_off)), layout.phases_off);
+
+    // Handshake records: zero (L1), pre-typed (P6).
+    for w in 0..MAX_AICORE_WORKERS as u32 {
+        let ty = if w < inp.block_dim { CoreType::Aic } else { CoreType::Aiv };
+        let off = layout.handshake_off + u64::from(w) * size_of::<Handshake>() as u64;
+        put_u32(b, off + offset_of!(Handshake, core_type) as u64, ty as u32);
+    }
+
+    // Func table.
+    for (i, &addr) in inp.func_table.iter().take(MAX_FUNC_IDS).enumerate() {
+        put_u64(b, layout.func_table_off + 8 * i as u64, addr);
+    }
+
+    // Shared header.
+    put_u32(b, layout.shared_off + offset_of!(SharedHeader, fault_ring) as u64, u32::MAX);
+    put_u64(b, layout.shared_off + offset_of!(SharedHeader, stuck_task) as u64, u64::MAX);
+
+    // Tasks, arguments, fanout.
+    let mut fill = fan_start.clone();
+    for (i, t) in g.tasks.iter().enumerate() {
+        let off = layout.tasks_off + i as u64 * size_of::<TaskRecord>() as u64;
+        let f = |field: usize| off + field as u64;
+        put_u64(b, f(offset_of!(TaskRecord, task_id)), DeviceTaskId::new(0, i as u32).0);
+        for (k, id) in t.func_ids.iter().enumerate() {
+            put_i32(b, f(offset_of!(TaskRecord, func_ids)) + 4 * k as u64, *id);
+        }
+        put_u32(b, f(offset_of!(TaskRecord, shape)), t.shape as u32);
+        put_u32(b, f(offset_of!(TaskRecord, block_num)), t.block_num);
+        put_u32(b, f(offset_of!(TaskRecord, num_tensors)), t.tensors.len() as u32);
+        put_u32(b, f(offset_of!(TaskRecord, num_scalars)), t.scalars.len() as u32);
+        put_u32(b, f(offset_of!(TaskRecord, fanin_count)), t.preds.len() as u32);
+        put_u32(b, f(offset_of!(TaskRecord, fanout_start)), fan_start[i]);
+        put_u32(b, f(offset_of!(TaskRecord, fanout_count)), fan_count[i]);
+        let args_off = layout.args_off + arg_offs[i];
+        put_u64(b, f(offset_of!(TaskRecord, args_off)), args_off);
+        put_u32(b, f(offset_of!(TaskRecord, fanin_refcount)), t.preds.len() as u32);
+        let blocks = if t.shape == TaskShape::Dummy { 1 } else { t.block_num };
+        put_u32(
+            b,
+            f(offset_of!(TaskRecord, members_remaining)),
+            blocks * members(&t.func_ids, t.shape),
+        );
+        for (k, tensor) in g.tensors[t.tensors.clone()].iter().enumerate() {
+            put(b, args_off + 128 * k as u64, &tensor.to_bytes());
+        }
+        let scalars_off = args_off + 128 * t.tensors.len() as u64;
+        for (k, s) in g.scalars[t.scalars.clone()].iter().enumerate() {
+            put_u64(b, scalars_off + 8 * k as u64, *s);
+        }
+        for &p in &t.preds {
+            let slot = &mut fill[p as usize];
+            put_u32(b, layout.edges_off + 4 * u64::from(*slot), i as u32);
+            *slot += 1;
+        }
+    }
+
+    // Ready-queue headers.
+    for (q, cap) in queue_capacity.iter().enumerate() {
+        let off = layout.ready_off + q as u64 * size_of::<ReadyQueueHeader>() as u64;
+        put_u32(b, off + offset_of!(ReadyQueueHeader, capacity) as u64, *cap);
+        put_u64(b, off + offset_of!(ReadyQueueHeader, cells_off) as u64, layout.ready_cells_off[q]);
+    }
+    Some(layout)
+}

@@ -1,0 +1,139 @@
+//! Shared fixtures of the integration tests: kernels, orchestrations and runner helpers.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use simpler_device_a2a3::{
+    ArgDirection, ChipCallable, CoreCallable, DevicePtr, DeviceRunner, KernelCall, Kernels,
+    OrchArgs, OrchConfig, OrchCtx, OrchError, RunnerOptions, RuntimeVariant,
+};
+use simpler_types::{CoreArgs, DataType, Tensor};
+
+pub const FUNC_ADD: u32 = 0;
+pub const FUNC_ADD_SCALAR: u32 = 1;
+pub const FUNC_MUL: u32 = 2;
+pub const FUNC_NOOP: u32 = 3;
+
+/// `c = a + b` over f32.
+pub unsafe extern "C-unwind" fn add_kernel(args: *mut i64) {
+    // SAFETY: the runtime passes a valid argument vector; the task has 3 tensors.
+    let k = unsafe { KernelCall::from_raw(args, 3) };
+    // SAFETY: all three are f32 buffers; the output does not alias the inputs.
+    let (a, b, c) = unsafe {
+        (k.slice::<f32>(0).unwrap(), k.slice::<f32>(1).unwrap(), k.slice_mut::<f32>(2).unwrap())
+    };
+    for i in 0..c.len() {
+        c[i] = a[i] + b[i];
+    }
+}
+
+/// `c = a + s` over f32 (scalar 0).
+pub unsafe extern "C-unwind" fn add_scalar_kernel(args: *mut i64) {
+    // SAFETY: two tensors, one scalar.
+    let k = unsafe { KernelCall::from_raw(args, 2) };
+    let s: f32 = k.scalar_of(0).unwrap();
+    // SAFETY: f32 buffers, output distinct from input.
+    let (a, c) = unsafe { (k.slice::<f32>(0).unwrap(), k.slice_mut::<f32>(1).unwrap()) };
+    for i in 0..c.len() {
+        c[i] = a[i] + s;
+    }
+}
+
+/// `c = a * b` over f32.
+pub unsafe extern "C-unwind" fn mul_kernel(args: *mut i64) {
+    // SAFETY: as `add_kernel`.
+    let k = unsafe { KernelCall::from_raw(args, 3) };
+    // SAFETY: as `add_kernel`.
+    let (a, b, c) = unsafe {
+        (k.slice::<f32>(0).unwrap(), k.slice::<f32>(1).unwrap(), k.slice_mut::<f32>(2).unwrap())
+    };
+    for i in 0..c.len() {
+        c[i] = a[i] * b[i];
+    }
+}
+
+/// Does nothing.
+pub unsafe extern "C-unwind" fn noop_kernel(_args: *mut i64) {}
+
+/// Panics.
+pub unsafe extern "C-unwind" fn panicking_kernel(_args: *mut i64) {
+    panic!("kernel panicked on purpose");
+}
+
+fn f32_args(tensors: &[(Tensor, simpler_types::TensorArgType)]) -> CoreArgs {
+    let mut a = CoreArgs::new();
+    for (t, tag) in tensors {
+        a.add_tensor(*t, *tag).unwrap();
+    }
+    a
+}
+
+/// The five-task vector example: `f = (a + b + 1)(a + b + 2) + (a + b)`.
+/// Chip args: a (in), b (in), f (out).
+pub fn vector_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use simpler_types::TensorArgType::{Input, Output};
+    let (a, b, f) = (*args.tensor(0).unwrap(), *args.tensor(1).unwrap(), *args.tensor(2).unwrap());
+    let shape = a.shape().to_vec();
+    let c = ctx.alloc_tensor(&shape, DataType::Float32)?;
+    let d = ctx.alloc_tensor(&shape, DataType::Float32)?;
+    let e = ctx.alloc_tensor(&shape, DataType::Float32)?;
+    let g = ctx.alloc_tensor(&shape, DataType::Float32)?;
+    // c = a + b
+    ctx.submit(Kernels::Aiv(FUNC_ADD), &f32_args(&[(a, Input), (b, Input), (c, Output)]))?;
+    // d = c + 1
+    let mut t = f32_args(&[(c, Input), (d, Output)]);
+    t.add_scalar_of(1.0f32).unwrap();
+    ctx.submit(Kernels::Aiv(FUNC_ADD_SCALAR), &t)?;
+    // e = c + 2
+    let mut t = f32_args(&[(c, Input), (e, Output)]);
+    t.add_scalar_of(2.0f32).unwrap();
+    ctx.submit(Kernels::Aiv(FUNC_ADD_SCALAR), &t)?;
+    // g = d * e
+    ctx.submit(Kernels::Aiv(FUNC_MUL), &f32_args(&[(d, Input), (e, Input), (g, Output)]))?;
+    // f = g + c
+    ctx.submit(Kernels::Aiv(FUNC_ADD), &f32_args(&[(g, Input), (c, Input), (f, Output)]))?;
+    Ok(())
+}
+
+pub fn three_args(_: &OrchArgs<'_>) -> OrchConfig {
+    OrchConfig { expected_arg_count: 3 }
+}
+
+/// The vector example's callable.
+pub fn vector_callable() -> ChipCallable {
+    use ArgDirection::{In, Out, Scalar};
+    ChipCallable::native(vector_orch, three_args)
+        .signature(vec![In, In, Out])
+        .kernel(FUNC_ADD, CoreCallable::native(vec![In, In, Out], add_kernel))
+        .kernel(FUNC_ADD_SCALAR, CoreCallable::native(vec![In, Out, Scalar], add_scalar_kernel))
+        .kernel(FUNC_MUL, CoreCallable::native(vec![In, In, Out], mul_kernel))
+        .build()
+        .unwrap()
+}
+
+/// Options with short budgets so failure tests stay fast.
+pub fn fast_options(device_id: u32) -> RunnerOptions {
+    let mut o = RunnerOptions::sim(device_id, RuntimeVariant::HostBuildGraph)
+        .with_timeouts(300, 600_000, 3_000)
+        .with_shutdown_budget(Duration::from_millis(200));
+    o.read_env = false;
+    o.sim.join_budget = Duration::from_secs(5);
+    o
+}
+
+/// A device f32 buffer of `n` elements filled with `values`.
+pub fn upload_f32(r: &mut DeviceRunner, values: &[f32]) -> (DevicePtr, Tensor) {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let p = r.malloc(bytes.len() as u64).unwrap();
+    r.copy_to_device(p, &bytes).unwrap();
+    let t = Tensor::external(p.addr(), &[values.len() as u32], DataType::Float32)
+        .unwrap()
+        .child_memory(true);
+    (p, t)
+}
+
+pub fn download_f32(r: &mut DeviceRunner, p: DevicePtr, n: usize) -> Vec<f32> {
+    let mut bytes = vec![0u8; n * 4];
+    r.copy_from_device(&mut bytes, p).unwrap();
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
