@@ -101,6 +101,14 @@ pub struct OrchError {
     pub status: i32,
 }
 
+impl OrchError {
+    /// An error an orchestration raises itself (for example a missing argument); the run fails
+    /// with `Orchestration` naming the status.
+    pub fn from_status(status: i32) -> OrchError {
+        OrchError { status }
+    }
+}
+
 impl fmt::Display for OrchError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "orchestration call rejected with status {}", self.status)

@@ -1,7 +1,7 @@
 //! Simulated device memory (spec §5.6, §3.3).
 //!
 //! Device memory is host memory owned by the [`SimMemory`]: every allocation is 1024-byte
-//! aligned, zero-filled, tracked in an ordered map, and freed when it is freed explicitly or
+//! aligned, zero-filled (lazily, by the host allocator), tracked in an ordered map, and freed when it is freed explicitly or
 //! when the memory object drops. A device address is the host address as `u64`. Host copies
 //! check that the whole range lies inside one tracked allocation before touching it; simulated
 //! AICPU and AICore code dereferences device addresses directly, which is sound because the
@@ -30,11 +30,20 @@ pub(crate) enum AllocFailure {
     Host,
 }
 
+/// One allocation: the host block (over-allocated by the alignment, so the system allocator's
+/// `calloc` path can hand out lazily zeroed pages instead of touching every byte, which it does
+/// for alignments above 16) and the aligned device address inside it.
 #[derive(Debug)]
 struct Block {
+    raw: *mut u8,
     layout: Layout,
+    len: u64,
     purpose: MemPurpose,
 }
+
+// SAFETY: `raw` is owned by the map entry; it is only dereferenced through the checked copy
+// primitives under the memory lock and freed once, so moving the map between threads is fine.
+unsafe impl Send for Block {}
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -78,15 +87,18 @@ impl SimMemory {
         if inner.committed.saturating_add(bytes) > self.limit {
             return Err(AllocFailure::Limit(self.limit));
         }
-        let size = usize::try_from(bytes).map_err(|_| AllocFailure::Host)?;
-        let layout = Layout::from_size_align(size, DEVICE_ALIGN).map_err(|_| AllocFailure::Host)?;
-        // SAFETY: `layout` has a non-zero size (bytes > 0) and a valid power-of-two alignment.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
+        let size = usize::try_from(bytes)
+            .ok()
+            .and_then(|b| b.checked_add(DEVICE_ALIGN))
+            .ok_or(AllocFailure::Host)?;
+        let layout = Layout::from_size_align(size, 16).map_err(|_| AllocFailure::Host)?;
+        // SAFETY: `layout` has a non-zero size and a valid alignment.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        if raw.is_null() {
             return Err(AllocFailure::Host);
         }
-        let addr = ptr as u64;
-        inner.blocks.insert(addr, Block { layout, purpose });
+        let addr = (raw as u64).div_ceil(DEVICE_ALIGN as u64) * DEVICE_ALIGN as u64;
+        inner.blocks.insert(addr, Block { raw, layout, len: bytes, purpose });
         inner.committed += bytes;
         Ok(addr)
     }
@@ -96,11 +108,11 @@ impl SimMemory {
     pub(crate) fn free(&self, addr: u64) -> Option<MemPurpose> {
         let mut inner = self.inner.lock();
         let block = inner.blocks.remove(&addr)?;
-        inner.committed -= block.layout.size() as u64;
-        // SAFETY: `addr` came from `alloc_zeroed` with exactly this layout and was removed from
+        inner.committed -= block.len;
+        // SAFETY: `raw` came from `alloc_zeroed` with exactly this layout and was removed from
         // the map, so it is freed once. The runner frees memory only when no launched run can
         // still use it.
-        unsafe { std::alloc::dealloc(addr as *mut u8, block.layout) };
+        unsafe { std::alloc::dealloc(block.raw, block.layout) };
         Some(block.purpose)
     }
 
@@ -113,7 +125,7 @@ impl SimMemory {
     fn find_in(inner: &Inner, addr: u64, len: u64) -> Option<(u64, &Block)> {
         let end = addr.checked_add(len)?;
         let (&start, block) = inner.blocks.range(..=addr).next_back()?;
-        let block_end = start + block.layout.size() as u64;
+        let block_end = start + block.len;
         (end <= block_end && addr < block_end).then_some((start, block))
     }
 
@@ -159,7 +171,7 @@ impl SimMemory {
         let inner = self.inner.lock();
         let mut c = MemoryCounts { committed: inner.committed, ..MemoryCounts::default() };
         for block in inner.blocks.values() {
-            let size = block.layout.size() as u64;
+            let size = block.len;
             c.allocations += 1;
             match block.purpose {
                 MemPurpose::User => {
@@ -181,10 +193,10 @@ impl SimMemory {
         let blocks = std::mem::take(&mut inner.blocks);
         inner.committed = 0;
         let n = blocks.len();
-        for (addr, block) in blocks {
+        for block in blocks.into_values() {
             // SAFETY: each entry came from `alloc_zeroed` with its layout and is freed once
             // (the map was emptied above).
-            unsafe { std::alloc::dealloc(addr as *mut u8, block.layout) };
+            unsafe { std::alloc::dealloc(block.raw, block.layout) };
         }
         n
     }
