@@ -48,9 +48,19 @@ pub struct Dispatch {
     pub scalars: Vec<u64>,
 }
 
+/// Start or end of one member on an endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The endpoint's `run` was entered.
+    Start(TaskId, u32),
+    /// The endpoint's `run` is about to return.
+    End(TaskId, u32),
+}
+
 #[derive(Default)]
 struct HarnessState {
     log: Vec<Dispatch>,
+    events: Vec<Event>,
     running: Vec<(WorkerRef, TaskId, u32)>,
     released: HashMap<(TaskId, u32), Action>,
     open: bool,
@@ -89,6 +99,16 @@ impl Harness {
     /// Every dispatch so far.
     pub fn log(&self) -> Vec<Dispatch> {
         self.lock().log.clone()
+    }
+
+    /// Every start and end so far, in order.
+    pub fn events(&self) -> Vec<Event> {
+        self.lock().events.clone()
+    }
+
+    /// Position of `event` in the event log.
+    pub fn position(&self, event: Event) -> Option<usize> {
+        self.lock().events.iter().position(|e| *e == event)
     }
 
     /// Number of dispatches so far.
@@ -202,6 +222,7 @@ impl Endpoint for Fake {
             tensors: m.args.tensors.len(),
             scalars: m.args.scalars.to_vec(),
         });
+        s.events.push(Event::Start(m.task, m.member));
         let mut action = s.scripted.get(&m.task).cloned();
         if self.gated {
             s.running.push((me, m.task, m.member));
@@ -223,6 +244,7 @@ impl Endpoint for Fake {
             }
             s.running.retain(|r| !(r.1 == m.task && r.2 == m.member));
         }
+        s.events.push(Event::End(m.task, m.member));
         h.cv.notify_all();
         drop(s);
         match action.unwrap_or(Action::Succeed) {
@@ -314,4 +336,61 @@ pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 /// `WorkerId` shorthand.
 pub fn w(id: u32) -> WorkerId {
     WorkerId(id)
+}
+
+/// The snapshot of `task` (which must belong to a registered run).
+pub fn snap(e: &Engine, task: TaskId) -> simpler_sched::TaskSnapshot {
+    e.task_snapshot(task).unwrap_or_else(|| panic!("no snapshot for {task}"))
+}
+
+/// Waits until `task` is in `state`.
+pub fn wait_state(e: &Engine, task: TaskId, state: simpler_types::TaskState) {
+    eventually(&format!("{task} to be {state}"), || {
+        e.task_snapshot(task).is_some_and(|s| s.state == state)
+    });
+}
+
+/// An L3 engine with custom rings.
+pub fn engine_with_rings(
+    ring: RingConfig,
+    nl: &[u32],
+    subs: u32,
+    harness: &Arc<Harness>,
+    gated: bool,
+) -> Engine {
+    Engine::start(EngineConfig {
+        ring,
+        next_level: nl
+            .iter()
+            .map(|&id| Fake::boxed(WorkerType::NextLevel, id, harness, gated))
+            .collect(),
+        sub: (0..subs).map(|i| Fake::boxed(WorkerType::Sub, i, harness, gated)).collect(),
+        ..EngineConfig::default()
+    })
+    .expect("engine starts")
+}
+
+/// The failure of a failed outcome.
+pub fn failure_of(outcome: &RunOutcome) -> &simpler_types::RunFailure {
+    outcome.failure().map(|f| &**f).unwrap_or_else(|| panic!("run did not fail: {outcome:?}"))
+}
+
+/// A harness and its engine; dropping it opens every gate first, so a failing test never
+/// leaves a member blocked while the engine shuts down.
+pub struct Rig {
+    pub h: Arc<Harness>,
+    pub e: Engine,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.h.open();
+    }
+}
+
+/// A gated L3 rig with NEXT_LEVEL ids `nl` and `subs` SUB workers.
+pub fn rig(nl: &[u32], subs: u32) -> Rig {
+    let h = Harness::new();
+    let e = engine(nl, subs, &h, true);
+    Rig { h, e }
 }

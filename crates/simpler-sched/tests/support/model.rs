@@ -1,0 +1,279 @@
+//! The reference model: what a run's tasks must depend on, and which submits the engine must
+//! refuse, computed from the plan with std collections only.
+//!
+//! Dependency rules (spec 20 Part D and A.4, spec 30 §3.3 step 3), applied member by member and
+//! tensor by tensor in argument order:
+//! - `Input` and `InOut` depend on every entry of the same buffer whose footprint overlaps;
+//! - `Output`, `OutputExisting` and `InOut` then drop the entries lying entirely inside their own
+//!   footprint and add themselves (so two blind writers of one span have no edge between them);
+//! - `NoDep` and null tensors do neither; a task never depends on itself.
+//!
+//! The model never erases entries when a producer is reclaimed. Its entries are therefore a
+//! superset of the engine's, and every extra entry names a task that had already finished when
+//! the engine erased it, so "every producer in the model finished before the consumer started"
+//! is exactly what the engine must guarantee.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use simpler_sched::SchedError;
+use simpler_types::{
+    CallableId, CallableKind, CallableNamespace, TaskArgs, TensorArgType, WorkerId,
+};
+
+use super::plan::{
+    Buffer, BufferRef, EngineShape, Footprint, SHARED, Shape, TaskKind, TaskPlan, UNKNOWN_WORKER,
+    resolve,
+};
+
+/// The tensor map as the model sees it: per buffer, `(footprint, producer seq)` entries.
+#[derive(Clone, Debug, Default)]
+pub struct MapModel {
+    entries: BTreeMap<u64, Vec<(Footprint, u32)>>,
+}
+
+impl MapModel {
+    /// Adds the producer of every entry overlapping `fp` to `out`.
+    pub fn lookup(&self, fp: &Footprint, out: &mut BTreeSet<u32>) {
+        if let Some(list) = self.entries.get(&fp.key) {
+            out.extend(list.iter().filter(|(e, _)| e.overlaps(fp)).map(|&(_, p)| p));
+        }
+    }
+
+    /// Makes `seq` the producer of `fp`, superseding the entries lying inside it.
+    pub fn insert(&mut self, fp: Footprint, seq: u32) {
+        let list = self.entries.entry(fp.key).or_default();
+        list.retain(|(e, _)| !e.inside(&fp));
+        list.push((fp, seq));
+    }
+}
+
+/// A task the engine accepted.
+#[derive(Clone, Debug)]
+pub struct AcceptedTask {
+    /// Position of its op in the run plan (echoed by the endpoints).
+    pub plan_index: usize,
+    /// Its plan.
+    pub plan: TaskPlan,
+    /// Stable id of each member's NEXT_LEVEL target; empty for a SUB task.
+    pub targets: Vec<u32>,
+    /// Sequence numbers of the tasks it must wait for (allocs excluded: they are finished when
+    /// created).
+    pub producers: BTreeSet<u32>,
+}
+
+/// Everything the model knows about the run being built.
+#[derive(Clone, Debug, Default)]
+pub struct RunModel {
+    /// Producers by footprint.
+    pub map: MapModel,
+    /// Accepted tasks by sequence number.
+    pub tasks: BTreeMap<u32, AcceptedTask>,
+    /// Sequence numbers of non-null allocs.
+    pub allocs: BTreeSet<u32>,
+    /// Buffers returned by non-null allocs, in order.
+    pub alloc_buffers: Vec<Buffer>,
+    /// The sequence number the next charged task or alloc gets.
+    pub next_seq: u32,
+    /// User scopes currently open.
+    pub user_scopes: u32,
+}
+
+/// A validation error the engine must return (spec 30 §3.2, in its order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// Check 3.
+    DuplicateTarget {
+        /// The repeated id.
+        worker: u32,
+    },
+    /// Check 4.
+    UnknownWorker {
+        /// The unregistered id.
+        worker: u32,
+    },
+    /// Check 6.
+    GroupLargerThanPool {
+        /// Members.
+        size: usize,
+        /// SUB endpoints.
+        pool: usize,
+    },
+    /// Check 9.
+    OutputWithoutBuffer {
+        /// Member index.
+        member: usize,
+        /// Argument index.
+        arg: usize,
+        /// The write tag.
+        tag: TensorArgType,
+    },
+    /// Check 11.
+    OverlappingWrites {
+        /// Member index.
+        member: usize,
+        /// The earlier argument.
+        first: usize,
+        /// The later argument.
+        second: usize,
+    },
+}
+
+impl Rejection {
+    /// Whether `err` is this rejection, field for field.
+    pub fn matches(&self, err: &SchedError) -> bool {
+        match (self, err) {
+            (Rejection::DuplicateTarget { worker }, SchedError::DuplicateTarget { worker: w })
+            | (Rejection::UnknownWorker { worker }, SchedError::UnknownWorker { worker: w }) => {
+                *w == WorkerId(*worker)
+            }
+            (
+                Rejection::GroupLargerThanPool { size, pool },
+                SchedError::GroupLargerThanPool { size: s, pool: p },
+            ) => size == s && pool == p,
+            (
+                Rejection::OutputWithoutBuffer { member, arg, tag },
+                SchedError::OutputWithoutBuffer { member: m, arg: a, tag: t },
+            ) => member == m && arg == a && tag == t,
+            (
+                Rejection::OverlappingWrites { member, first, second },
+                SchedError::OverlappingWrites { member: m, first: f, second: s },
+            ) => member == m && first == f && second == s,
+            _ => false,
+        }
+    }
+}
+
+/// A submit, resolved against the model's current buffers.
+#[derive(Debug)]
+pub struct PreparedSubmit {
+    /// Arguments per member: the tensors, then scalars `[plan index, action code, delay µs]`.
+    pub args: Vec<TaskArgs>,
+    /// NEXT_LEVEL target ids per member (empty for SUB).
+    pub targets: Vec<u32>,
+    /// Tag and footprint of every tensor, per member.
+    pub footprints: Vec<Vec<(TensorArgType, Option<Footprint>)>>,
+    /// The error the engine must return, if the submit is invalid.
+    pub rejection: Option<Rejection>,
+}
+
+/// The NEXT_LEVEL callable for an engine of `level` (`Chip` at L3, `Graph` above).
+pub fn next_level_callable(level: u8) -> CallableId {
+    let kind = if level <= 3 { CallableKind::Chip } else { CallableKind::Graph };
+    CallableId::new([level; 32], kind, CallableNamespace::LocalChip)
+}
+
+/// The SUB callable.
+pub fn sub_callable() -> CallableId {
+    CallableId::new([0xab; 32], CallableKind::Host, CallableNamespace::LocalHost)
+}
+
+impl RunModel {
+    /// The buffer a tensor plan names, given the allocs made so far.
+    pub fn buffer(&self, r: BufferRef) -> Buffer {
+        let shared = |i: u8| {
+            let s = SHARED[usize::from(i) % SHARED.len()];
+            Buffer { base: s.base, shape: s.shape }
+        };
+        match r {
+            BufferRef::Shared(i) => shared(i),
+            BufferRef::Alloc(i) if self.alloc_buffers.is_empty() => shared(i),
+            BufferRef::Alloc(i) => self.alloc_buffers[usize::from(i) % self.alloc_buffers.len()],
+            BufferRef::Null => Buffer { base: 0, shape: Shape::Flat(8) },
+        }
+    }
+
+    /// Resolves `plan` (op `plan_index`) into arguments and predicts the engine's verdict.
+    pub fn prepare(&self, plan_index: usize, plan: &TaskPlan, shape: &EngineShape) -> PreparedSubmit {
+        let n = plan.members.len();
+        let mut targets = Vec::new();
+        let mut rejection = None;
+        match plan.kind {
+            TaskKind::NextLevel { first, unknown_target } => {
+                let pool = &shape.next_level;
+                targets = (0..n).map(|i| pool[(usize::from(first) + i) % pool.len()]).collect();
+                if unknown_target && let Some(last) = targets.last_mut() {
+                    *last = UNKNOWN_WORKER;
+                }
+                let duplicate = (0..n).find(|&i| targets[..i].contains(&targets[i]));
+                rejection = match duplicate {
+                    Some(i) => Some(Rejection::DuplicateTarget { worker: targets[i] }),
+                    None => targets
+                        .iter()
+                        .find(|t| !pool.contains(t))
+                        .map(|&worker| Rejection::UnknownWorker { worker }),
+                };
+            }
+            TaskKind::Sub => {
+                let pool = shape.subs as usize;
+                if n > pool {
+                    rejection = Some(Rejection::GroupLargerThanPool { size: n, pool });
+                }
+            }
+        }
+        let mut args = Vec::with_capacity(n);
+        let mut footprints = Vec::with_capacity(n);
+        for (member, m) in plan.members.iter().enumerate() {
+            let mut a = TaskArgs::new();
+            let mut fps: Vec<(TensorArgType, Option<Footprint>)> = Vec::new();
+            for (arg, t) in m.tensors.iter().enumerate() {
+                let (tensor, fp) = resolve(t.view, self.buffer(t.buffer));
+                a.add_tensor(tensor, t.tag).expect("argument fits");
+                if rejection.is_none() && t.tag.writes() {
+                    if fp.is_none() {
+                        rejection =
+                            Some(Rejection::OutputWithoutBuffer { member, arg, tag: t.tag });
+                    } else if let Some(first) = fps.iter().position(|(tag, other)| {
+                        tag.writes() && other.zip(fp).is_some_and(|(o, f)| o.overlaps(&f))
+                    }) {
+                        rejection =
+                            Some(Rejection::OverlappingWrites { member, first, second: arg });
+                    }
+                }
+                fps.push((t.tag, fp));
+            }
+            for scalar in [plan_index as u64, m.action.code(), u64::from(m.delay_us)] {
+                a.add_scalar(scalar).expect("scalar fits");
+            }
+            args.push(a);
+            footprints.push(fps);
+        }
+        PreparedSubmit { args, targets, footprints, rejection }
+    }
+
+    /// Records an accepted task and infers its producers (module docs).
+    pub fn accept(&mut self, plan_index: usize, plan: &TaskPlan, prepared: &PreparedSubmit) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let mut found = BTreeSet::new();
+        for (tag, fp) in prepared.footprints.iter().flatten() {
+            let Some(fp) = fp else { continue };
+            if tag.looks_up() {
+                self.map.lookup(fp, &mut found);
+            }
+            if tag.inserts() {
+                self.map.insert(*fp, seq);
+            }
+        }
+        found.remove(&seq);
+        let producers = found.into_iter().filter(|p| !self.allocs.contains(p)).collect();
+        self.tasks.insert(
+            seq,
+            AcceptedTask {
+                plan_index,
+                plan: plan.clone(),
+                targets: prepared.targets.clone(),
+                producers,
+            },
+        );
+    }
+
+    /// Records a non-null alloc of `bytes` at `addr`: a finished producer of its whole slab.
+    pub fn accept_alloc(&mut self, addr: u64, bytes: u32) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.allocs.insert(seq);
+        let buffer = Buffer { base: addr, shape: Shape::Flat(bytes) };
+        self.alloc_buffers.push(buffer);
+        self.map.insert(Footprint { key: addr, lo: addr, hi: addr + u64::from(bytes) }, seq);
+    }
+}
