@@ -28,12 +28,12 @@ fn c01_output_only_task_is_ready_and_sits_in_its_targets_fifo() {
     h.wait_running(blocker, 0);
     let t =
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Output)]), &cfg(), w(0), None).unwrap();
-    assert_eq!(snap(&e, t).state, TaskState::Ready);
+    assert_eq!(snap(e, t).state, TaskState::Ready);
     eventually("the task to sit in worker 0's FIFO", || e.stats().queued_next_level[0] == 1);
     h.release(blocker, Action::Succeed);
     h.release(t, Action::Succeed);
     let run = b.close();
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
 }
 
 #[test]
@@ -60,7 +60,7 @@ fn c02_bad_targets_are_rejected_before_any_slot_is_claimed() {
     assert_eq!(e.stats().ring.window.live, 0, "no slot was claimed");
     assert_eq!(b.status().tasks_submitted, 0);
     let run = b.close();
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
 }
 
 #[test]
@@ -73,14 +73,14 @@ fn c03_input_of_an_earlier_output_is_pending_with_one_live_fanin_and_not_queued(
     h.wait_running(p, 0);
     let c =
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Input)]), &cfg(), w(1), None).unwrap();
-    let s = snap(&e, c);
+    let s = snap(e, c);
     assert_eq!((s.state, s.fanin_count, s.fanin_released), (TaskState::Pending, 1, 0));
     assert_eq!(s.producers, vec![p]);
     assert_eq!(e.stats().queued_next_level[1], 0);
     h.release(p, Action::Succeed);
     h.release(c, Action::Succeed);
     let run = b.close();
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
 }
 
 #[test]
@@ -93,12 +93,12 @@ fn c04_a_group_whose_members_read_one_key_records_the_producer_once() {
     h.wait_running(p, 0);
     let members = vec![args(&[(buf(A, 64), Input)]), args(&[(buf(A, 64), Input)])];
     let g = b.submit_next_level_group(&chip(1), members, &cfg(), &[w(1), w(3)], None).unwrap();
-    let s = snap(&e, g);
+    let s = snap(e, g);
     assert_eq!((s.fanin_count, s.producers.clone()), (1, vec![p]));
-    assert_eq!(snap(&e, p).fanout_total, 2, "one scope reference and one consumer");
+    assert_eq!(snap(e, p).fanout_total, 2, "one scope reference and one consumer");
     h.open();
     let run = b.close();
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
 }
 
 #[test]
@@ -112,17 +112,17 @@ fn c05_a_consumer_of_a_failed_producer_fails_with_its_message_never_runs_and_bot
     let c =
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Input)]), &cfg(), w(1), None).unwrap();
     h.release(p, Action::Fail("producer broke".into()));
-    wait_state(&e, c, TaskState::Failed);
-    let s = snap(&e, c);
+    wait_state(e, c, TaskState::Failed);
+    let s = snap(e, c);
     let f = s.failure.expect("consumer failure");
     assert_eq!(f.message, "producer broke");
     assert_eq!(f.mechanism, FailureMechanism::Poisoned { root: p });
     assert_eq!(s.producers, vec![p]);
     assert_eq!(e.stats().queued_next_level[1], 0);
     let run = b.close();
-    assert!(matches!(failure_of(&wait(&e, run)), RunFailure::Task(t) if t.task == p));
-    assert_eq!(snap(&e, p).state, TaskState::Consumed);
-    assert_eq!(snap(&e, c).state, TaskState::Consumed);
+    assert!(matches!(failure_of(&wait(e, run)), RunFailure::Task(t) if t.task == p));
+    assert_eq!(snap(e, p).state, TaskState::Consumed);
+    assert_eq!(snap(e, c).state, TaskState::Consumed);
     assert!(h.log().iter().all(|d| d.task != c), "the consumer never ran");
 }
 
@@ -135,10 +135,10 @@ fn c06_a_later_reader_of_an_output_key_depends_on_its_writer() {
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Output)]), &cfg(), w(0), None).unwrap();
     let c =
         b.submit_next_level(&chip(1), args(&[(buf(A, 16), Input)]), &cfg(), w(1), None).unwrap();
-    assert_eq!(snap(&e, c).producers, vec![p]);
+    assert_eq!(snap(e, c).producers, vec![p]);
     h.open();
     let run = b.close();
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
 }
 
 #[test]
@@ -150,17 +150,17 @@ fn c07_reclaiming_a_completed_slot_erases_its_keys_and_leaves_it_consumed() {
     let p =
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Output)]), &cfg(), w(0), None).unwrap();
     h.release(p, Action::Succeed);
-    wait_state(&e, p, TaskState::Completed);
+    wait_state(e, p, TaskState::Completed);
     b.scope_end().unwrap();
-    assert_eq!(snap(&e, p).state, TaskState::Consumed);
+    assert_eq!(snap(e, p).state, TaskState::Consumed);
     let c =
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Input)]), &cfg(), w(1), None).unwrap();
-    let s = snap(&e, c);
+    let s = snap(e, c);
     assert!(s.producers.is_empty(), "the erased key names no producer");
     assert_eq!(s.fanin_count, 0);
     h.release(c, Action::Succeed);
     let run = b.close();
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
 }
 
 #[test]
@@ -170,15 +170,15 @@ fn c08_a_task_holds_one_scope_reference_and_is_consumed_after_completion_and_sco
     let mut b = e.begin_run().unwrap();
     b.scope_begin().unwrap();
     let t = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
-    assert_eq!(snap(&e, t).fanout_total, 1);
+    assert_eq!(snap(e, t).fanout_total, 1);
     h.release(t, Action::Succeed);
-    wait_state(&e, t, TaskState::Completed);
-    let s = snap(&e, t);
+    wait_state(e, t, TaskState::Completed);
+    let s = snap(e, t);
     assert_eq!((s.fanout_total, s.fanout_released), (1, 1), "self release counted");
     b.scope_end().unwrap();
-    assert_eq!(snap(&e, t).state, TaskState::Consumed);
+    assert_eq!(snap(e, t).state, TaskState::Consumed);
     let run = b.close();
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
 }
 
 #[test]
@@ -191,12 +191,12 @@ fn c09_no_dep_on_a_produced_key_is_ready_without_fanin() {
     h.wait_running(p, 0);
     let t =
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), NoDep)]), &cfg(), w(1), None).unwrap();
-    let s = snap(&e, t);
+    let s = snap(e, t);
     assert!(matches!(s.state, TaskState::Ready | TaskState::Running));
     assert!(s.producers.is_empty() && s.fanin_count == 0);
     h.open();
     let run = b.close();
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
 }
 
 #[test]
@@ -210,11 +210,11 @@ fn c10_a_group_stores_each_members_arguments_and_both_keys_name_the_group() {
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Input)]), &cfg(), w(3), None).unwrap();
     let rb =
         b.submit_next_level(&chip(1), args(&[(buf(B, 64), Input)]), &cfg(), w(3), None).unwrap();
-    assert_eq!(snap(&e, ra).producers, vec![g]);
-    assert_eq!(snap(&e, rb).producers, vec![g]);
+    assert_eq!(snap(e, ra).producers, vec![g]);
+    assert_eq!(snap(e, rb).producers, vec![g]);
     h.open();
     let run = b.close();
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
     let log = h.log();
     let m0 = log.iter().find(|d| d.task == g && d.member == 0).unwrap();
     let m1 = log.iter().find(|d| d.task == g && d.member == 1).unwrap();
@@ -232,7 +232,7 @@ fn c11_a_single_task_stores_its_arguments_directly() {
     let t = b.submit_next_level(&chip(9), a, &cfg(), w(3), None).unwrap();
     h.release(t, Action::Succeed);
     let run = b.close();
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
     let d = h.log().into_iter().find(|d| d.task == t).unwrap();
     assert_eq!((d.member, d.group_size, d.worker.id), (0, 1, WorkerId(3)));
     assert_eq!((d.addrs, d.scalars, d.callable), (vec![A], vec![42], chip(9)));
@@ -262,10 +262,10 @@ fn c12_write_tags_without_a_buffer_are_rejected_and_alloc_returns_an_aligned_rin
     let ring0 = &e.stats().ring.heaps[0];
     assert_eq!((ring0.live_allocs, ring0.live_bytes), (1, 1024));
     let reader = b.submit_next_level(&chip(1), args(&[(t, Input)]), &cfg(), w(0), None).unwrap();
-    assert_eq!(snap(&e, reader).producers.len(), 1, "the alloc is registered as the producer");
+    assert_eq!(snap(e, reader).producers.len(), 1, "the alloc is registered as the producer");
     h.open();
     let run = b.close();
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
 }
 
 #[test]
@@ -274,21 +274,21 @@ fn c17_inout_on_an_alloc_attaches_without_live_fanin_and_becomes_the_producer() 
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
     let t = b.alloc(&[64], DataType::UInt8).unwrap();
-    let alloc = snap(&e, simpler_types::TaskId::new(b.id(), 0));
+    let alloc = snap(e, simpler_types::TaskId::new(b.id(), 0));
     assert!(alloc.is_alloc && alloc.state == TaskState::Completed);
     let wr = b.submit_next_level(&chip(1), args(&[(t, InOut)]), &cfg(), w(0), None).unwrap();
-    let s = snap(&e, wr);
+    let s = snap(e, wr);
     assert_eq!((s.fanin_count, s.producers.clone()), (0, vec![alloc.task]));
-    let a = snap(&e, alloc.task);
+    let a = snap(e, alloc.task);
     assert_eq!((a.fanout_total, a.consumers.clone()), (2, vec![wr]));
     h.wait_running(wr, 0);
     let rd = b.submit_next_level(&chip(1), args(&[(t, Input)]), &cfg(), w(1), None).unwrap();
-    let r = snap(&e, rd);
+    let r = snap(e, rd);
     assert!(r.producers.contains(&wr), "the map now names the writer");
     assert_eq!(r.fanin_count, 1, "only the running writer is live");
     h.open();
     let run = b.close();
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
 }
 
 #[test]
@@ -304,16 +304,16 @@ fn c18_blind_writers_of_a_provided_buffer_take_no_producer_and_replace_the_previ
         .submit_next_level(&chip(1), args(&[(buf(A, 64), OutputExisting)]), &cfg(), w(3), None)
         .unwrap();
     for t in [w2, w3] {
-        let s = snap(&e, t);
+        let s = snap(e, t);
         assert!(s.producers.is_empty() && s.fanin_count == 0, "{t} takes no producer");
     }
-    assert_eq!(snap(&e, w1).fanout_total, 1, "the previous writer gains no consumer");
+    assert_eq!(snap(e, w1).fanout_total, 1, "the previous writer gains no consumer");
     let r =
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Input)]), &cfg(), w(0), None).unwrap();
-    assert_eq!(snap(&e, r).producers, vec![w3], "the last writer replaced the others");
+    assert_eq!(snap(e, r).producers, vec![w3], "the last writer replaced the others");
     h.open();
     let run = b.close();
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
 }
 
 #[test]
@@ -325,7 +325,7 @@ fn c19_an_empty_run_is_not_done_before_close_and_completed_right_after() {
     assert!(!e.is_done(id).unwrap());
     let run = b.close();
     assert!(e.is_done(run).unwrap());
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
     let summary = e.release(run).unwrap();
     assert_eq!((summary.id, summary.tasks), (run, 0));
 }
@@ -358,7 +358,7 @@ fn c21_a_one_task_run_is_not_done_after_close_until_its_task_is_reclaimed() {
     assert!(!e.is_done(run).unwrap());
     assert_eq!(e.status(run).unwrap().tasks_active, 1);
     h.release(t, Action::Succeed);
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
     assert_eq!(e.status(run).unwrap().tasks_active, 0);
 }
 
@@ -370,13 +370,13 @@ fn c22_sequential_runs_get_increasing_ids_and_a_task_failure_fails_only_its_run(
     let t1 = b1.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
     h.release(t1, Action::Fail("run 1 only".into()));
     let r1 = b1.close();
-    assert!(matches!(failure_of(&wait(&e, r1)), RunFailure::Task(f) if f.message == "run 1 only"));
+    assert!(matches!(failure_of(&wait(e, r1)), RunFailure::Task(f) if f.message == "run 1 only"));
     let mut b2 = e.begin_run().unwrap();
     let t2 = b2.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
     h.release(t2, Action::Succeed);
     let r2 = b2.close();
     assert!(r2 > r1);
-    assert!(wait(&e, r2).is_completed());
+    assert!(wait(e, r2).is_completed());
 }
 
 #[test]
@@ -386,7 +386,7 @@ fn c23_failing_an_empty_run_makes_it_done_and_failed() {
     let run = e.begin_run().unwrap().fail("nothing to do");
     assert!(e.is_done(run).unwrap());
     assert!(matches!(
-        failure_of(&wait(&e, run)),
+        failure_of(&wait(e, run)),
         RunFailure::Submission { message, .. } if message == "nothing to do"
     ));
 }
@@ -399,19 +399,19 @@ fn c24_releasing_run_1_never_disturbs_the_live_slots_of_run_2() {
     b1.submit_next_level(&chip(1), args(&[(buf(A, 64), Output)]), &cfg(), w(0), None).unwrap();
     h.open();
     let r1 = b1.close();
-    assert!(wait(&e, r1).is_completed());
+    assert!(wait(e, r1).is_completed());
     let mut b2 = e.begin_run().unwrap();
     let t2 =
         b2.submit_next_level(&chip(1), args(&[(buf(A, 64), Output)]), &cfg(), w(1), None).unwrap();
     e.release(r1).unwrap();
-    let s = snap(&e, t2);
+    let s = snap(e, t2);
     assert!(matches!(s.state, TaskState::Ready | TaskState::Running | TaskState::Completed));
     assert!(e.stats().ring.window.live >= 1, "run 2's slot is still live");
     let r =
         b2.submit_next_level(&chip(1), args(&[(buf(A, 64), Input)]), &cfg(), w(3), None).unwrap();
-    assert!(snap(&e, r).producers == vec![t2] || snap(&e, t2).state == TaskState::Completed);
+    assert!(snap(e, r).producers == vec![t2] || snap(e, t2).state == TaskState::Completed);
     let r2 = b2.close();
-    assert!(wait(&e, r2).is_completed());
+    assert!(wait(e, r2).is_completed());
 }
 
 #[test]
@@ -422,9 +422,9 @@ fn c25_recording_into_a_terminal_or_released_run_changes_nothing() {
     b1.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
     h.open();
     let r1 = b1.close();
-    assert!(wait(&e, r1).is_completed());
+    assert!(wait(e, r1).is_completed());
     assert_eq!(e.abort_run(r1, CancelReason::RunAborted).unwrap(), false);
-    assert!(wait(&e, r1).is_completed(), "a terminal run keeps its outcome");
+    assert!(wait(e, r1).is_completed(), "a terminal run keeps its outcome");
     e.release(r1).unwrap();
     assert!(matches!(
         e.abort_run(r1, CancelReason::RunAborted),
@@ -433,7 +433,7 @@ fn c25_recording_into_a_terminal_or_released_run_changes_nothing() {
     let mut b2 = e.begin_run().unwrap();
     b2.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
     let r2 = b2.close();
-    assert!(wait(&e, r2).is_completed(), "no live run was failed");
+    assert!(wait(e, r2).is_completed(), "no live run was failed");
 }
 
 #[test]
@@ -447,14 +447,14 @@ fn c27_aborting_a_closed_run_with_a_running_task_fails_it_once_that_task_is_recl
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Input)]), &cfg(), w(1), None).unwrap();
     h.wait_running(running, 0);
     let run = b.close();
-    assert_eq!(snap(&e, pending).state, TaskState::Pending);
+    assert_eq!(snap(e, pending).state, TaskState::Pending);
     assert!(e.abort_run(run, CancelReason::RunAborted).unwrap());
     // Cancelled and, its scope already closed, reclaimed at once.
-    assert_eq!(snap(&e, pending).state, TaskState::Consumed);
+    assert_eq!(snap(e, pending).state, TaskState::Consumed);
     assert!(!e.is_done(run).unwrap(), "the running task is still charged");
     h.release(running, Action::Succeed);
     assert!(matches!(
-        failure_of(&wait(&e, run)),
+        failure_of(&wait(e, run)),
         RunFailure::Aborted { reason: CancelReason::RunAborted, .. }
     ));
     assert!(h.log().iter().all(|d| d.task != pending));
@@ -469,7 +469,7 @@ fn c28_a_failed_submissions_cause_reaches_wait_verbatim() {
     let mut b = e.begin_run().unwrap();
     b.alloc(&[4], DataType::Int32).unwrap();
     let run = b.fail("verbatim: ünïcode and 'quotes'");
-    let o = wait(&e, run);
+    let o = wait(e, run);
     assert!(matches!(
         failure_of(&o),
         RunFailure::Submission { message, .. } if message == "verbatim: ünïcode and 'quotes'"
@@ -488,7 +488,7 @@ fn c29_close_with_two_user_scopes_open_unwinds_them_and_the_run_completes() {
     b.alloc(&[16], DataType::UInt8).unwrap();
     h.open();
     let run = b.close();
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
     assert_eq!(e.status(run).unwrap().tasks_active, 0);
     e.release(run).unwrap();
     let next = e.begin_run().unwrap();
@@ -507,16 +507,16 @@ fn c30_fail_cancels_unstarted_tasks_lets_the_running_one_finish_and_resolves_the
     let ready = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
     let pending =
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Input)]), &cfg(), w(1), None).unwrap();
-    assert_eq!(snap(&e, ready).state, TaskState::Ready);
-    assert_eq!(snap(&e, pending).state, TaskState::Pending);
+    assert_eq!(snap(e, ready).state, TaskState::Ready);
+    assert_eq!(snap(e, pending).state, TaskState::Pending);
     let run = b.fail("stop here");
     for t in [ready, pending] {
         // Cancelled and, with every scope unwound, reclaimed at once.
-        assert_eq!(snap(&e, t).state, TaskState::Consumed);
+        assert_eq!(snap(e, t).state, TaskState::Consumed);
     }
     assert!(!e.is_done(run).unwrap());
     h.release(running, Action::Succeed);
-    let o = wait(&e, run);
+    let o = wait(e, run);
     assert!(
         matches!(failure_of(&o), RunFailure::Submission { message, .. } if message == "stop here")
     );
@@ -534,7 +534,7 @@ fn c31_dropping_a_builder_without_close_fails_the_run_with_the_drop_cause() {
     let run = b.id();
     drop(b);
     assert!(matches!(
-        failure_of(&wait(&e, run)),
+        failure_of(&wait(e, run)),
         RunFailure::Submission { message, .. } if message == "run builder dropped without close"
     ));
     let id = std::sync::Mutex::new(None);
@@ -546,7 +546,7 @@ fn c31_dropping_a_builder_without_close_fails_the_run_with_the_drop_cause() {
     assert!(r.is_err());
     let run = id.lock().unwrap().unwrap();
     assert!(matches!(
-        failure_of(&wait(&e, run)),
+        failure_of(&wait(e, run)),
         RunFailure::Submission { message, .. } if message == "orchestration panicked"
     ));
 }
@@ -578,5 +578,5 @@ fn c33_a_reader_of_an_alloc_written_through_an_inout_chain_keeps_the_slab_until_
     h.release(reader, Action::Succeed);
     eventually("the slab to be freed", || e.stats().ring.heaps[1].live_allocs == 0);
     let run = b.close();
-    assert!(wait(&e, run).is_completed());
+    assert!(wait(e, run).is_completed());
 }
