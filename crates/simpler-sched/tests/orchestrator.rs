@@ -423,7 +423,7 @@ fn c25_recording_into_a_terminal_or_released_run_changes_nothing() {
     h.open();
     let r1 = b1.close();
     assert!(wait(e, r1).is_completed());
-    assert_eq!(e.abort_run(r1, CancelReason::RunAborted).unwrap(), false);
+    assert!(!e.abort_run(r1, CancelReason::RunAborted).unwrap());
     assert!(wait(e, r1).is_completed(), "a terminal run keeps its outcome");
     e.release(r1).unwrap();
     assert!(matches!(
