@@ -119,8 +119,15 @@ pub(crate) fn run_worker(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
 
     // Step 2: wait for the window.
     spin.wait_until(&regs.wake, None, || regs.load(RegId::DataMainBaseLow) != 0 || stop());
-    if regs.load(RegId::DataMainBaseLow) == 0 {
-        return AclCode::TASK_ABORT.get();
+    match regs.load(RegId::DataMainBaseLow) {
+        0 => return AclCode::TASK_ABORT.get(),
+        // The AICPU gave up before opening the window (a handshake failure) and asks this
+        // worker to leave: answer without touching the payload.
+        EXIT_SIGNAL => {
+            dev.store_cond(w, EXITED_VALUE);
+            return 0;
+        }
+        _ => {}
     }
 
     // Step 3.

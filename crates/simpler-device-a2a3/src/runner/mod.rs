@@ -1132,6 +1132,7 @@ impl Core {
 
     /// Bounded drain, then unconditionally unusable (spec §3.7).
     fn recover_or_mark_unusable(&mut self, run_id: RunId, step: PoisonStep, code: AclCode) {
+        self.stats.recoveries += 1;
         let drained = self.backend.drain(self.timeouts.stream_sync, self.timeouts.op_execute);
         tracing::error!(device = self.opts.device_id, %run_id, %step, %code, drained, "device unusable after a failed run");
         self.health.poison(PoisonCause { run_id, step, code });

@@ -175,8 +175,10 @@ pub struct RunnerStats {
     pub aicpu_launches: u64,
     /// Runs that completed successfully.
     pub runs_completed: u64,
-    /// Terminal cleanups that released a run's resources (one per run that got past P1).
+    /// Terminal cleanups that released a run's resources (one per run that got past P5).
     pub terminal_cleanups: u64,
+    /// Recover-or-mark-unusable passes (each drains the device once).
+    pub recoveries: u64,
     /// Export passes (at most one per run).
     pub exports: u64,
     /// Live user allocations plus per-run allocations: what would leak.

@@ -137,3 +137,56 @@ pub fn download_f32(r: &mut DeviceRunner, p: DevicePtr, n: usize) -> Vec<f32> {
     r.copy_from_device(&mut bytes, p).unwrap();
     bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
+
+/// Device buffers and chip arguments of one vector-example run of `n` elements.
+pub struct VectorRun {
+    pub ptrs: [DevicePtr; 3],
+    pub args: simpler_types::TaskArgs,
+    pub a: Vec<f32>,
+    pub b: Vec<f32>,
+}
+
+impl VectorRun {
+    pub fn new(r: &mut DeviceRunner, n: usize) -> VectorRun {
+        let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+        let b: Vec<f32> = (0..n).map(|i| 3.0 - i as f32).collect();
+        let (pa, ta) = upload_f32(r, &a);
+        let (pb, tb) = upload_f32(r, &b);
+        let (pf, tf) = upload_f32(r, &vec![0.0; n]);
+        let mut args = simpler_types::TaskArgs::new();
+        args.add_input(ta).unwrap().add_input(tb).unwrap().add_output(tf).unwrap();
+        VectorRun { ptrs: [pa, pb, pf], args, a, b }
+    }
+
+    /// Checks the output against the host computation.
+    pub fn check(&self, r: &mut DeviceRunner) {
+        let f = download_f32(r, self.ptrs[2], self.a.len());
+        for (i, ((a, b), f)) in self.a.iter().zip(&self.b).zip(&f).enumerate() {
+            let s = a + b;
+            assert_eq!(*f, (s + 1.0) * (s + 2.0) + s, "element {i}");
+        }
+    }
+
+    pub fn free(self, r: &mut DeviceRunner) {
+        for p in self.ptrs {
+            r.free(p).unwrap();
+        }
+    }
+}
+
+/// Waits (bounded) until every simulated thread of `r` is parked on its mailbox.
+pub fn wait_all_parked(r: &DeviceRunner) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = r.stats();
+        if s.sim_threads_parked == s.sim_threads_alive {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "threads still busy: {s:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+pub fn run_id(n: u64) -> simpler_types::RunId {
+    simpler_types::RunId::from_raw(n).unwrap()
+}

@@ -700,17 +700,20 @@ impl SimDevice {
             dev.post(Role::AiCore, i, Mail::Quit);
         }
         let deadline = Instant::now() + budget;
-        {
+        let all_left = {
             let mut g = dev.exit_lock.lock();
             while dev.alive.load(Ordering::Acquire) > 0 {
                 if dev.exit_cv.wait_until(&mut g, deadline).timed_out() {
                     break;
                 }
             }
-        }
+            dev.alive.load(Ordering::Acquire) == 0
+        };
         let mut stuck = Vec::new();
         for (name, h) in self.threads.drain(..) {
-            if h.is_finished() {
+            // A thread whose exit guard ran is past all simulated work and only unwinding its
+            // stack, so joining it cannot block for long.
+            if all_left || h.is_finished() {
                 let _ = h.join();
             } else {
                 tracing::error!(thread = %name, "simulated thread did not exit within the join budget; detached");
