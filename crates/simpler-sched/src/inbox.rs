@@ -78,13 +78,6 @@ pub(crate) struct InboxBatch {
     pub(crate) stop: bool,
 }
 
-impl InboxBatch {
-    /// Whether the batch holds any event.
-    pub(crate) fn has_events(&self) -> bool {
-        !self.ready.is_empty() || !self.completions.is_empty() || self.stop
-    }
-}
-
 #[derive(Default)]
 struct InboxState {
     batch: InboxBatch,

@@ -119,7 +119,9 @@ pub struct TaskSnapshot {
 pub struct EngineStats {
     /// The engine's level label.
     pub level: u8,
-    /// Times the scheduler loop took events from its inbox (it never iterates without one).
+    /// Scheduler passes run. A pass runs only when an event is delivered (a ready task, a
+    /// completion) or the scheduler thread is poked (stop, stall deadline), never in a polling
+    /// loop, so this stays constant while nothing happens.
     pub scheduler_iterations: u64,
     /// Members sent to workers.
     pub dispatched: u64,
