@@ -585,3 +585,80 @@ pub fn exec<P: AicpuPlatform>(p: &P, init: &InitArgs, view: &ImageView<'_>, thre
     phase.end.store(p.counter(), Relaxed);
     if clean { EXEC_OK } else { EXEC_UNCLEAN_SHUTDOWN }
 }
+
+#[cfg(test)]
+mod tests {
+    use core::cell::{Cell, RefCell};
+
+    use super::*;
+
+    /// A scripted platform: registers in cells, a counter that advances on every read, and
+    /// workers that answer the exit signal only if told to.
+    struct Scripted {
+        regs: RefCell<Vec<[u32; RegId::COUNT]>>,
+        answers_exit: Vec<bool>,
+        clock: Cell<u64>,
+        faults: RefCell<Vec<Option<u32>>>,
+    }
+
+    impl Scripted {
+        fn new(answers_exit: Vec<bool>) -> Scripted {
+            Scripted {
+                regs: RefCell::new(vec![[0; RegId::COUNT]; answers_exit.len()]),
+                answers_exit,
+                clock: Cell::new(0),
+                faults: RefCell::new(Vec::new()),
+            }
+        }
+    }
+
+    impl AicpuPlatform for Scripted {
+        fn reg_load(&self, worker: u32, reg: RegId) -> u32 {
+            self.regs.borrow()[worker as usize][reg.cell()]
+        }
+        fn reg_store(&self, worker: u32, reg: RegId, value: u32) {
+            self.regs.borrow_mut()[worker as usize][reg.cell()] = value;
+            if reg == RegId::DataMainBaseLow
+                && value == EXIT_SIGNAL
+                && self.answers_exit[worker as usize]
+            {
+                self.regs.borrow_mut()[worker as usize][RegId::Cond.cell()] = EXITED_VALUE;
+            }
+        }
+        fn counter(&self) -> u64 {
+            self.clock.set(self.clock.get() + 1000);
+            self.clock.get()
+        }
+        fn wait_epoch(&self) -> u64 {
+            0
+        }
+        fn idle_wait(&self, _observed: u64, _round: u32, _deadline: u64) {}
+        fn notify_schedulers(&self) {}
+        fn claim_worker(&self, _worker: u32) {}
+        fn should_stop(&self) -> bool {
+            false
+        }
+        fn log(&self, _level: LogLevel, _args: core::fmt::Arguments<'_>) {}
+        fn report_fault(&self, worker: Option<u32>, _args: core::fmt::Arguments<'_>) {
+            self.faults.borrow_mut().push(worker);
+        }
+    }
+
+    #[test]
+    fn an_unanswered_exit_makes_the_shutdown_unclean() {
+        let p = Scripted::new(vec![true, false, true]);
+        assert!(!shutdown_workers(&p, 0..3, 50_000));
+        assert_eq!(*p.faults.borrow(), vec![Some(1)]);
+        for w in 0..3 {
+            assert_eq!(p.reg_load(w, RegId::DataMainBaseLow), AICPU_IDLE, "window left idle");
+            assert_eq!(p.reg_load(w, RegId::FastPathEnable), FAST_PATH_CLOSE, "window closed");
+        }
+    }
+
+    #[test]
+    fn a_fully_answered_exit_is_a_clean_shutdown() {
+        let p = Scripted::new(vec![true, true]);
+        assert!(shutdown_workers(&p, 0..2, 50_000));
+        assert!(p.faults.borrow().is_empty());
+    }
+}

@@ -1482,3 +1482,43 @@ fn kernel_args_bytes(k: &KernelArgs) -> [u8; size_of::<KernelArgs>()] {
     put(offset_of!(KernelArgs, ffts_base), &k.ffts_base.to_le_bytes());
     b
 }
+
+#[cfg(test)]
+mod tests {
+    use simpler_types::TaskArgs;
+
+    use super::*;
+    use crate::callable::OrchConfig;
+    use crate::runtime::orch::OrchError;
+
+    fn empty_orch(_: &mut OrchCtx<'_>, _: &OrchArgs<'_>) -> Result<(), OrchError> {
+        Ok(())
+    }
+
+    #[test]
+    fn terminal_cleanup_called_twice_exports_once() {
+        let mut opts = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
+        opts.read_env = false;
+        let mut r = DeviceRunner::attach(opts).unwrap();
+        let c = ChipCallable::native(empty_orch, |_| OrchConfig::default()).build().unwrap();
+        let slot = r.register_callable(&c).unwrap();
+        let dir =
+            std::env::temp_dir().join(format!("simpler-cleanup-twice-{}", std::process::id()));
+        let cfg = CallConfig::builder().dep_gen(true).output_prefix(&dir).build().unwrap();
+        let args = TaskArgs::new();
+        r.prepare(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap();
+        let core = r.core.as_mut().unwrap();
+        let mut run = core.run.take().unwrap();
+        let before = core.stats;
+        core.finish(&mut run, Outcome::FailedBeforeLaunch);
+        let deps = dir.join("deps.json");
+        let first = std::fs::metadata(&deps).unwrap().modified().unwrap();
+        std::fs::remove_file(&deps).unwrap();
+        core.finish(&mut run, Outcome::Success);
+        assert_eq!(core.stats.exports, before.exports + 1);
+        assert_eq!(core.stats.terminal_cleanups, before.terminal_cleanups + 1);
+        assert!(!deps.exists(), "the second call exported nothing (first export at {first:?})");
+        r.finalize().unwrap();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

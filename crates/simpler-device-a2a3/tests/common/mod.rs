@@ -190,3 +190,27 @@ pub fn wait_all_parked(r: &DeviceRunner) {
 pub fn run_id(n: u64) -> simpler_types::RunId {
     simpler_types::RunId::from_raw(n).unwrap()
 }
+
+/// A fresh, empty directory for one test's outputs.
+pub fn temp_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("simpler-device-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs the vector example once with `cfg` on a fresh registration; returns the report.
+pub fn vector_once(
+    r: &mut DeviceRunner,
+    run: u64,
+    cfg: &simpler_types::CallConfig,
+) -> simpler_device_a2a3::RunReport {
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(r, 1024);
+    let rep =
+        r.run(&simpler_device_a2a3::RunRequest::new(run_id(run), slot, &v.args, cfg)).unwrap();
+    v.check(r);
+    v.free(r);
+    r.unregister_callable(slot).unwrap();
+    rep
+}

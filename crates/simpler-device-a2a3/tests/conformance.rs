@@ -1,0 +1,697 @@
+//! Conformance items of spec §9 that concern the simulator and host_build_graph.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use common::*;
+use simpler_device_a2a3::abi::codes::RuntimeCode;
+use simpler_device_a2a3::{
+    ArgDirection, CapacityResource, ChipCallable, CoreCallable, DeviceError, DeviceHealth,
+    DeviceRunner, KernelCall, KernelKind, Kernels, OrchArgs, OrchConfig, OrchCtx, OrchError,
+    RunRequest,
+};
+use simpler_tensormap::{ByteSpan, TensorKey, TensorMap};
+use simpler_types::{
+    CallConfig, CoreArgs, DataType, RingSel, SlotId, SwimlaneLevel, TaskArgs, Tensor, TensorArgType,
+};
+
+// ----- 1. vector_add on every shape -----
+
+fn vector_add_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let mut a = CoreArgs::new();
+    a.add_input(*args.tensor(0).unwrap()).unwrap();
+    a.add_input(*args.tensor(1).unwrap()).unwrap();
+    a.add_output(*args.tensor(2).unwrap()).unwrap();
+    ctx.submit(Kernels::Aiv(FUNC_ADD), &a)?;
+    Ok(())
+}
+
+#[test]
+fn vector_add_and_the_vector_example_pass_for_block_dim_1_to_3_and_2_to_4_threads() {
+    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    use ArgDirection::{In, Out};
+    let add = ChipCallable::native(vector_add_orch, three_args)
+        .kernel(FUNC_ADD, CoreCallable::native(vec![In, In, Out], add_kernel))
+        .build()
+        .unwrap();
+    let add_slot = r.register_callable(&add).unwrap();
+    let ex_slot = r.register_callable(&vector_callable()).unwrap();
+    let n = 128 * 128;
+    let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let (px, tx) = upload_f32(&mut r, &x);
+    let (py, ty) = upload_f32(&mut r, &x);
+    let (pz, tz) = upload_f32(&mut r, &vec![0.0; n]);
+    let mut add_args = TaskArgs::new();
+    add_args.add_input(tx).unwrap().add_input(ty).unwrap().add_output(tz).unwrap();
+    let v = VectorRun::new(&mut r, n);
+    let mut run = 1;
+    for block_dim in 1..=3 {
+        for threads in 2..=4 {
+            let cfg = CallConfig::builder()
+                .block_dim(block_dim)
+                .aicpu_thread_num(threads)
+                .build()
+                .unwrap();
+            r.memset(pz, 0, (n * 4) as u64).unwrap();
+            r.run(&RunRequest::new(run_id(run), add_slot, &add_args, &cfg)).unwrap();
+            let z = download_f32(&mut r, pz, n);
+            assert!(
+                z.iter().enumerate().all(|(i, v)| *v == 2.0 * i as f32),
+                "vector_add, block_dim {block_dim}, threads {threads}"
+            );
+            r.run(&RunRequest::new(run_id(run + 1), ex_slot, &v.args, &cfg)).unwrap();
+            v.check(&mut r);
+            run += 2;
+        }
+    }
+    v.free(&mut r);
+    for p in [px, py, pz] {
+        r.free(p).unwrap();
+    }
+    r.finalize().unwrap();
+}
+
+// ----- 2 (simulator part). A stale aicore_done never opens a window early -----
+
+#[test]
+fn runs_after_runs_start_from_cleared_handshakes() {
+    // Every run's image carries zeroed handshake records and L1 clears them again on the
+    // device; back-to-back runs with different shapes would deadlock or misroute otherwise.
+    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    for (i, b) in [3u32, 1, 2, 1, 3].into_iter().enumerate() {
+        let cfg = CallConfig::builder().block_dim(b).build().unwrap();
+        vector_once(&mut r, i as u64 + 1, &cfg);
+    }
+    r.finalize().unwrap();
+}
+
+// ----- 7 (hbg). Capacity and orchestration codes; the device stays healthy -----
+
+fn many_tasks_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let n = args.scalar(0).unwrap_or(0);
+    let t = *args.tensor(0).unwrap();
+    for _ in 0..n {
+        let mut a = CoreArgs::new();
+        a.add_inout(t).unwrap();
+        ctx.submit(Kernels::Aiv(FUNC_NOOP), &a)?;
+    }
+    Ok(())
+}
+
+fn big_alloc_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let kib = args.scalar(0).unwrap_or(0) as u32;
+    for _ in 0..4 {
+        let _ = ctx.alloc_tensor(&[kib, 256], DataType::Float32);
+    }
+    Ok(())
+}
+
+fn fatal_orch(ctx: &mut OrchCtx<'_>, _args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    ctx.report_fatal(0, "the orchestration gave up");
+    Ok(())
+}
+
+fn noop_callable(orch: simpler_device_a2a3::NativeOrchFn, expected: u32) -> ChipCallable {
+    let config: simpler_device_a2a3::NativeConfigFn = match expected {
+        0 => |_| OrchConfig { expected_arg_count: 0 },
+        _ => |_| OrchConfig { expected_arg_count: 5 },
+    };
+    ChipCallable::native(orch, config)
+        .kernel(FUNC_NOOP, CoreCallable::native(vec![], noop_kernel))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn hbg_capacity_and_orchestration_errors_fail_before_launch_and_leave_the_device_healthy() {
+    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let (p, t) = upload_f32(&mut r, &[0.0; 256]);
+    let many = r.register_callable(&noop_callable(many_tasks_orch, 0)).unwrap();
+    let alloc = r.register_callable(&noop_callable(big_alloc_orch, 0)).unwrap();
+    let fatal = r.register_callable(&noop_callable(fatal_orch, 0)).unwrap();
+    let expects5 = r.register_callable(&noop_callable(fatal_orch, 5)).unwrap();
+    let launches = r.stats().aicore_launches;
+
+    // Task window: 20 tasks into a window of 16.
+    let cfg = CallConfig::builder().task_window(RingSel::Ring(0), 16).build().unwrap();
+    let mut args = TaskArgs::new();
+    args.add_inout(t).unwrap().add_scalar(20).unwrap();
+    let err = r.run(&RunRequest::new(run_id(1), many, &args, &cfg)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DeviceError::Capacity {
+                ring: 0,
+                resource: CapacityResource::TaskWindow,
+                capacity: 16,
+                needed: 20,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Heap: four 256 KiB tensors into 512 KiB.
+    let cfg = CallConfig::builder().heap_bytes(RingSel::Ring(0), 512 << 10).build().unwrap();
+    let mut args = TaskArgs::new();
+    args.add_scalar(256).unwrap();
+    let err = r.run(&RunRequest::new(run_id(2), alloc, &args, &cfg)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DeviceError::Capacity {
+                ring: 0,
+                resource: CapacityResource::Heap,
+                capacity: 524_288,
+                needed: 1_048_576,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Code 9: report_fatal.
+    let err = r
+        .run(&RunRequest::new(run_id(3), fatal, &TaskArgs::new(), &CallConfig::default()))
+        .unwrap_err();
+    let DeviceError::Runtime { fault, .. } = &err else { panic!("{err}") };
+    assert_eq!(fault.code, RuntimeCode::OrchestrationFatal);
+    assert!(fault.message.contains("gave up"));
+    // Code 5: fewer chip args than the config expects.
+    let err = r
+        .run(&RunRequest::new(run_id(4), expects5, &TaskArgs::new(), &CallConfig::default()))
+        .unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::Runtime { fault, .. } if fault.code == RuntimeCode::InvalidArgs),
+        "{err}"
+    );
+
+    assert_eq!(
+        r.stats().aicore_launches,
+        launches,
+        "no device call for a graph that failed on the host"
+    );
+    assert_eq!(r.health(), DeviceHealth::Healthy);
+    let mut args = TaskArgs::new();
+    args.add_inout(t).unwrap().add_scalar(3).unwrap();
+    r.run(&RunRequest::new(run_id(5), many, &args, &CallConfig::default())).unwrap();
+    r.free(p).unwrap();
+    r.finalize().unwrap();
+}
+
+// ----- 8. An unusable runner fails fast -----
+
+#[test]
+fn an_unusable_runner_rejects_device_calls_and_a_new_runner_runs() {
+    let mut r = DeviceRunner::attach(fast_options(4)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    r.sim_faults().unwrap().fail_launch(KernelKind::AiCore, 1);
+    let cfg = CallConfig::default();
+    assert!(r.run(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).is_err());
+    let probe = r.health_probe();
+    let cause = match probe.health() {
+        DeviceHealth::Unusable { cause } => cause,
+        h => panic!("{h}"),
+    };
+    assert_eq!(cause.run_id, run_id(1));
+    let launches = r.stats().aicore_launches;
+    let unusable = |e: DeviceError| matches!(e, DeviceError::Unusable { device_id: 4, .. });
+    assert!(unusable(r.run(&RunRequest::new(run_id(2), slot, &v.args, &cfg)).unwrap_err()));
+    assert!(unusable(r.malloc(16).unwrap_err()));
+    assert!(unusable(r.copy_to_device(v.ptrs[0], &[0; 4]).unwrap_err()));
+    assert!(unusable(r.copy_from_device(&mut [0; 4], v.ptrs[0]).unwrap_err()));
+    assert!(unusable(r.memset(v.ptrs[0], 0, 4).unwrap_err()));
+    assert!(unusable(r.register_callable(&vector_callable()).unwrap_err()));
+    assert_eq!(r.stats().aicore_launches, launches, "no backend call");
+    v.free(&mut r);
+    r.finalize().unwrap();
+    assert!(!probe.is_healthy(), "the probe keeps the last state");
+    let mut fresh = DeviceRunner::attach(fast_options(4)).unwrap();
+    assert!(fresh.health().is_healthy());
+    vector_once(&mut fresh, 1, &CallConfig::default());
+    fresh.finalize().unwrap();
+}
+
+// ----- 9. Terminal cleanup on every path; drop joins threads -----
+
+fn sim_threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| {
+                    std::fs::read_to_string(e.path().join("comm"))
+                        .is_ok_and(|c| c.starts_with(prefix))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn terminal_cleanup_runs_once_on_every_exit_path() {
+    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    let cfg = CallConfig::default();
+    let cleanups = |r: &DeviceRunner| r.stats().terminal_cleanups;
+    let c0 = cleanups(&r);
+    // Success.
+    r.run(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
+    assert_eq!(cleanups(&r), c0 + 1);
+    // P7 failure: a chip argument that is not device memory.
+    let mut bad = TaskArgs::new();
+    let stray = Tensor::external(0x10, &[4], DataType::Float32).unwrap().child_memory(true);
+    bad.add_input(stray).unwrap().add_input(stray).unwrap().add_output(stray).unwrap();
+    let err = r.run(&RunRequest::new(run_id(2), slot, &bad, &cfg)).unwrap_err();
+    assert!(matches!(err, DeviceError::BadDevicePointer { addr: 0x10, .. }), "{err}");
+    assert_eq!(cleanups(&r), c0 + 2);
+    // Abandoning a prepared run.
+    r.prepare(&RunRequest::new(run_id(3), slot, &v.args, &cfg)).unwrap();
+    r.abandon_prepared().unwrap();
+    assert_eq!(cleanups(&r), c0 + 3);
+    // Validation failure in complete_run: a latched scheduler timeout with a clean shutdown
+    // (the delayed kernel answers the exit signal in time), which leaves the device healthy.
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, std::time::Duration::from_millis(400));
+    let err = r.run(&RunRequest::new(run_id(4), slot, &v.args, &cfg)).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::Runtime { fault, .. } if fault.code == RuntimeCode::SchedulerTimeout),
+        "{err}"
+    );
+    assert_eq!(cleanups(&r), c0 + 4);
+    assert!(r.health().is_healthy());
+    r.sim_faults().unwrap().clear();
+    r.run(&RunRequest::new(run_id(5), slot, &v.args, &cfg)).unwrap();
+    assert_eq!(cleanups(&r), c0 + 5);
+    assert_eq!(r.stats().exports, r.stats().terminal_cleanups, "one export pass per run");
+    assert_eq!(r.stats().live_allocations, 3, "runs leave no allocation behind");
+
+    // Drop with a prepared run: the cleanup runs from Drop and exports the host-built graph.
+    let dir = temp_dir("drop-cleanup");
+    let traced = CallConfig::builder().dep_gen(true).output_prefix(&dir).build().unwrap();
+    r.prepare(&RunRequest::new(run_id(6), slot, &v.args, &traced)).unwrap();
+    drop(r);
+    let deps: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("deps.json")).unwrap()).unwrap();
+    assert_eq!(deps["complete"], false);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn dropping_a_runner_without_finalize_joins_its_threads() {
+    let mut r = DeviceRunner::attach(fast_options(91)).unwrap();
+    vector_once(&mut r, 1, &CallConfig::default());
+    assert!(sim_threads_named("sim91-") > 0);
+    drop(r);
+    assert_eq!(sim_threads_named("sim91-"), 0);
+}
+
+// ----- 10. Persistent threads, parked between runs; several devices at once -----
+
+#[test]
+fn two_hundred_runs_spawn_no_threads_after_the_first_and_park_between_runs() {
+    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 256);
+    let cfg = CallConfig::default();
+    r.run(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
+    let spawned = r.stats().sim_threads_spawned;
+    for i in 2..=200 {
+        r.run(&RunRequest::new(run_id(i), slot, &v.args, &cfg)).unwrap();
+        if i % 50 == 0 {
+            wait_all_parked(&r);
+        }
+    }
+    assert_eq!(r.stats().sim_threads_spawned, spawned);
+    v.check(&mut r);
+    v.free(&mut r);
+    r.finalize().unwrap();
+}
+
+#[test]
+fn four_simulated_devices_with_block_dim_8_run_concurrently() {
+    let handles: Vec<_> = (0..4)
+        .map(|d| {
+            std::thread::spawn(move || {
+                let mut r = DeviceRunner::attach(fast_options(d)).unwrap();
+                let cfg = CallConfig::builder().block_dim(8).build().unwrap();
+                for i in 0..5 {
+                    vector_once(&mut r, i + 1, &cfg);
+                }
+                r.finalize().unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+// ----- 11. Memory -----
+
+#[test]
+fn memory_errors_are_typed_and_allocations_are_aligned_and_zeroed() {
+    let mut opts = fast_options(0);
+    opts.sim.memory_limit = 8 << 20;
+    let mut r = DeviceRunner::attach(opts).unwrap();
+    assert!(matches!(r.malloc(0), Err(DeviceError::InvalidArgs { .. })));
+    assert!(matches!(
+        r.malloc(64 << 20),
+        Err(DeviceError::OutOfMemory { bytes: 67_108_864, limit: Some(8_388_608), .. })
+    ));
+    let p = r.malloc(3000).unwrap();
+    assert_eq!(p.addr() % 1024, 0);
+    let mut buf = vec![0xAB; 3000];
+    r.copy_from_device(&mut buf, p).unwrap();
+    assert!(buf.iter().all(|&b| b == 0));
+    assert!(matches!(
+        r.copy_to_device(p.offset(2999), &[1, 2]),
+        Err(DeviceError::BadDevicePointer { len: 2, .. })
+    ));
+    assert!(matches!(r.memset(p.offset(4096), 0, 1), Err(DeviceError::BadDevicePointer { .. })));
+    assert!(matches!(r.free(p.offset(8)), Err(DeviceError::BadDevicePointer { .. })));
+    r.free(p).unwrap();
+    assert!(matches!(r.free(p), Err(DeviceError::BadDevicePointer { .. })));
+    let _leak = r.malloc(100).unwrap();
+    assert_eq!(r.stats().live_allocations, 1);
+    let report = r.finalize().unwrap();
+    assert!(report.freed_allocations >= 1);
+}
+
+// ----- 12. Callable limits -----
+
+#[test]
+fn callable_limits_are_enforced_with_the_values_named() {
+    use ArgDirection::In;
+    let base = || ChipCallable::native(vector_orch, three_args);
+    let invalid = |r: Result<ChipCallable, DeviceError>, needle: &str| match r {
+        Err(DeviceError::InvalidCallable { reason }) => {
+            assert!(reason.contains(needle), "{reason}")
+        }
+        other => panic!("expected InvalidCallable, got {other:?}"),
+    };
+    invalid(base().kernel(1024, CoreCallable::native(vec![], noop_kernel)).build(), "1024");
+    invalid(
+        base()
+            .kernel(3, CoreCallable::native(vec![], noop_kernel))
+            .kernel(3, CoreCallable::native(vec![], noop_kernel))
+            .build(),
+        "func id 3 is used twice",
+    );
+    invalid(
+        base().kernel(0, CoreCallable::native(vec![In; 33], noop_kernel)).build(),
+        "33 entries",
+    );
+    invalid(base().signature(vec![In; 129]).build(), "129 entries");
+    invalid(base().names("e".repeat(64), "c").build(), "64 bytes");
+
+    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let text = base()
+        .kernel(0, CoreCallable::new(vec![], simpler_device_a2a3::KernelCode::Text(vec![0; 8])))
+        .build()
+        .unwrap();
+    assert!(matches!(r.register_callable(&text), Err(DeviceError::InvalidCallable { .. })));
+    let c = vector_callable();
+    let slots: Vec<_> = (0..64).map(|_| r.register_callable(&c).unwrap()).collect();
+    assert_eq!(r.stats().chip_buffer_uploads, 1, "identical chip buffers are uploaded once");
+    assert!(matches!(r.register_callable(&c), Err(DeviceError::TooManyCallables { capacity: 64 })));
+    let v = VectorRun::new(&mut r, 64);
+    let cfg = CallConfig::default();
+    r.prepare(&RunRequest::new(run_id(1), slots[5], &v.args, &cfg)).unwrap();
+    assert!(matches!(
+        r.unregister_callable(slots[5]),
+        Err(DeviceError::CallableInUse { slot: 5, .. })
+    ));
+    r.launch_run().unwrap();
+    r.reap_run().unwrap();
+    r.complete_run().unwrap();
+    r.unregister_callable(slots[5]).unwrap();
+    assert_eq!(r.register_callable(&c).unwrap().index(), 5, "the lowest free slot is reused");
+    v.free(&mut r);
+    r.finalize().unwrap();
+}
+
+// ----- 15. Kernel ABI probe -----
+
+const PROBE_WORDS: usize = 8;
+
+fn probe(args: *mut i64, member: u64) {
+    // SAFETY: the probe task has one tensor and one scalar.
+    let k = unsafe { KernelCall::from_raw(args, 1) };
+    let out = k.tensor(0).unwrap();
+    let slot = (k.block_idx() as u64 * 3 + member) as usize * PROBE_WORDS;
+    // SAFETY: slot 48 and 49 are readable argument slots.
+    let (l, g) = unsafe { (*args.add(48), *args.add(49)) };
+    let words = [
+        k.block_idx() as u64,
+        k.block_num() as u64,
+        k.sub_block_id() as u64,
+        k.scalar(0).unwrap(),
+        out.addr,
+        // SAFETY: slot 0 holds the descriptor address.
+        unsafe { *args } as u64,
+        (l != 0 && g != 0) as u64,
+        1,
+    ];
+    let base = out.data_addr() as *mut u64;
+    for (i, w) in words.iter().enumerate() {
+        // SAFETY: each (block, member) writes its own 8 words inside the 6 × 8-word buffer.
+        unsafe { base.add(slot + i).write(*w) };
+    }
+}
+
+unsafe extern "C-unwind" fn probe_aic(args: *mut i64) {
+    probe(args, 0)
+}
+unsafe extern "C-unwind" fn probe_aiv0(args: *mut i64) {
+    probe(args, 1)
+}
+unsafe extern "C-unwind" fn probe_aiv1(args: *mut i64) {
+    probe(args, 2)
+}
+
+fn probe_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let mut a = CoreArgs::new();
+    a.add_tensor(*args.tensor(0).unwrap(), TensorArgType::OutputExisting).unwrap();
+    a.add_scalar_of(-1i32).unwrap();
+    ctx.submit_blocks(Kernels::Mix { aic: Some(10), aiv0: Some(11), aiv1: Some(12) }, &a, 2)?;
+    Ok(())
+}
+
+#[test]
+fn the_kernel_abi_probe_sees_descriptors_scalars_and_contexts() {
+    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let c = ChipCallable::native(probe_orch, |_| OrchConfig { expected_arg_count: 1 })
+        .kernel(10, CoreCallable::native(vec![], probe_aic))
+        .kernel(11, CoreCallable::native(vec![], probe_aiv0))
+        .kernel(12, CoreCallable::native(vec![], probe_aiv1))
+        .build()
+        .unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let words = 6 * PROBE_WORDS;
+    let p = r.malloc((words * 8) as u64).unwrap();
+    let t =
+        Tensor::external(p.addr(), &[words as u32], DataType::UInt64).unwrap().child_memory(true);
+    let mut args = TaskArgs::new();
+    args.add_output(t).unwrap();
+    let cfg = CallConfig::builder().block_dim(2).build().unwrap();
+    r.run(&RunRequest::new(run_id(1), slot, &args, &cfg)).unwrap();
+    let mut raw = vec![0u8; words * 8];
+    r.copy_from_device(&mut raw, p).unwrap();
+    let w: Vec<u64> =
+        raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+    for block in 0..2u64 {
+        for member in 0..3u64 {
+            let o = ((block * 3 + member) as usize) * PROBE_WORDS;
+            let rec = &w[o..o + PROBE_WORDS];
+            assert_eq!(rec[7], 1, "block {block} member {member} ran");
+            assert_eq!(rec[0], block, "block_idx");
+            assert_eq!(rec[1], 2, "block_num");
+            assert_eq!(rec[2], if member == 2 { 1 } else { 0 }, "sub_block_id");
+            assert_eq!(rec[3], 0x0000_0000_FFFF_FFFF, "scalar low bytes, zero-extended");
+            assert_eq!(rec[4], p.addr(), "args[0] is a descriptor naming the buffer");
+            assert_ne!(rec[5], p.addr(), "args[0] is the descriptor's address, not the data");
+            assert_eq!(rec[6], 1, "contexts at args[48] and args[49]");
+        }
+    }
+    r.free(p).unwrap();
+    r.finalize().unwrap();
+}
+
+// ----- 16. Diagnostics files -----
+
+fn scoped_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let t = *args.tensor(0).unwrap();
+    ctx.scope(|ctx| {
+        ctx.scope(|ctx| {
+            let mut a = CoreArgs::new();
+            a.add_inout(t).unwrap();
+            ctx.submit_blocks(Kernels::Aiv(FUNC_NOOP), &a, 3)
+        })
+    })???;
+    Ok(())
+}
+
+#[test]
+fn diagnostics_write_parseable_files_only_under_the_prefix() {
+    let dir = temp_dir("diag");
+    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let cfg = CallConfig::builder()
+        .swimlane(SwimlaneLevel::AicpuTiming)
+        .dep_gen(true)
+        .output_prefix(&dir)
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    let rep = vector_once(&mut r, 1, &cfg);
+    let host = t0.elapsed();
+    let wall = rep.device_wall.expect("device wall time");
+    assert!(wall > std::time::Duration::ZERO && wall <= host, "wall {wall:?} host {host:?}");
+
+    let names: BTreeSet<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        BTreeSet::from([
+            "deps.json".into(),
+            "l2_swimlane_records.json".into(),
+            "swimlane.perfetto.json".into()
+        ])
+    );
+    let perfetto: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("swimlane.perfetto.json")).unwrap())
+            .unwrap();
+    let x = perfetto["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["pid"] == 1)
+        .count();
+    assert_eq!(x, 5, "one X event per (task, block) dispatch");
+    let records: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("l2_swimlane_records.json")).unwrap())
+            .unwrap();
+    assert_eq!(records["aicore_tasks"].as_array().unwrap().len(), 5);
+    assert_eq!(records["metadata"]["clock_freq_hz"], 50_000_000);
+
+    // deps.json edges equal a replay of its own submit records through the tensor map.
+    let deps: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("deps.json")).unwrap()).unwrap();
+    assert_eq!(deps["complete"], true);
+    let run = simpler_types::RunId::FIRST;
+    let map = TensorMap::new();
+    let mut replayed = BTreeSet::new();
+    for (i, task) in deps["tasks"].as_array().unwrap().iter().enumerate() {
+        let mut writes = Vec::new();
+        for arg in task["args"].as_array().unwrap() {
+            let range = arg["range"].as_array().unwrap();
+            let span = ByteSpan::new(
+                range[0].as_str().unwrap().parse().unwrap(),
+                range[1].as_str().unwrap().parse().unwrap(),
+            )
+            .unwrap();
+            let key = TensorKey::Host { addr: 0 };
+            let tag = arg["tag"].as_str().unwrap();
+            if tag == "INPUT" || tag == "INOUT" {
+                map.lookup_overlapping(run, &key, span, |p| {
+                    replayed.insert((p.index, i as u32));
+                });
+            }
+            if tag != "INPUT" && tag != "NO_DEP" {
+                writes.push(span);
+            }
+        }
+        for w in writes {
+            map.insert(run, TensorKey::Host { addr: 0 }, w, SlotId::new(i as u32, 1));
+        }
+    }
+    let wired: BTreeSet<(u32, u32)> = deps["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["pred"].as_str().unwrap().parse::<u32>().unwrap(),
+                e["succ"].as_str().unwrap().parse::<u32>().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(wired, replayed);
+    assert_eq!(wired, BTreeSet::from([(0, 1), (0, 2), (1, 3), (2, 3), (3, 4), (0, 4)]));
+
+    // Scope statistics: one begin and one end per scope; a 3-block task is 3 dispatches.
+    let dir2 = temp_dir("scopes");
+    let c = ChipCallable::native(scoped_orch, |_| OrchConfig { expected_arg_count: 1 })
+        .kernel(FUNC_NOOP, CoreCallable::native(vec![], noop_kernel))
+        .build()
+        .unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let (p, t) = upload_f32(&mut r, &[0.0; 8]);
+    let mut args = TaskArgs::new();
+    args.add_inout(t).unwrap();
+    let cfg = CallConfig::builder()
+        .scope_stats(true)
+        .swimlane(SwimlaneLevel::AicoreTiming)
+        .output_prefix(&dir2)
+        .build()
+        .unwrap();
+    r.run(&RunRequest::new(run_id(2), slot, &args, &cfg)).unwrap();
+    let text = std::fs::read_to_string(dir2.join("scope_stats/scope_stats.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> =
+        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines[0]["total"], 4);
+    assert_eq!(lines[1..].iter().filter(|l| l["phase"] == "begin").count(), 2);
+    assert_eq!(lines[1..].iter().filter(|l| l["phase"] == "end").count(), 2);
+    let perfetto: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir2.join("swimlane.perfetto.json")).unwrap())
+            .unwrap();
+    let x = perfetto["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["pid"] == 1)
+        .count();
+    assert_eq!(x, 3);
+
+    // Diagnostics off writes nothing, even with a prefix.
+    let dir3 = temp_dir("quiet");
+    let cfg = CallConfig::builder().output_prefix(&dir3).build().unwrap();
+    r.run(&RunRequest::new(run_id(3), slot, &args, &cfg)).unwrap();
+    assert_eq!(std::fs::read_dir(&dir3).unwrap().count(), 0);
+    r.free(p).unwrap();
+    r.finalize().unwrap();
+    for d in [dir, dir2, dir3] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+// ----- 17. The scheduler has no simulator-only branches -----
+
+#[test]
+fn the_aicpu_scheduler_reaches_hardware_only_through_its_platform_trait() {
+    let sources = [
+        include_str!("../src/aicpu/mod.rs"),
+        include_str!("../src/aicpu/scheduler.rs"),
+        include_str!("../src/aicpu/dispatch.rs"),
+        include_str!("../src/aicpu/view.rs"),
+    ];
+    for src in sources {
+        // Unit tests may use std freely; only the scheduler code itself is checked.
+        let src = src.split("#[cfg(test)]").next().unwrap_or(src);
+        for forbidden in [
+            "crate::backend",
+            "SimShared",
+            "SimDevice",
+            "sim::",
+            "cfg(feature",
+            "std::thread",
+            "Mutex",
+            "Vec<",
+            "Box<",
+        ] {
+            assert!(!src.contains(forbidden), "the AICPU scheduler mentions {forbidden:?}");
+        }
+    }
+}
