@@ -48,8 +48,8 @@ pub struct SimOptions {
     /// `block_dim` used when a run asks for 0 (auto). Default 2, so a 2-core machine runs six
     /// AICore workers (decision; the original uses 8).
     pub default_block_dim: u32,
-    /// Spin iterations of every simulated wait before it parks. `None` = 64, or 0 when the
-    /// simulated threads of a launch outnumber the host's cores.
+    /// Spin rounds of every simulated wait before it yields and parks; `None` = 64. A wait
+    /// spins only while the device's awake simulated threads do not outnumber the host's cores.
     pub spin_iters: Option<u32>,
     /// `yield_now` calls after the spin phase and before parking.
     pub yield_iters: u32,

@@ -127,6 +127,10 @@ struct Scheduler<'a, P: AicpuPlatform> {
     queues: [ReadyQueue<'a>; READY_QUEUE_COUNT],
     task_count: u32,
     completed_here: u64,
+    /// Set when this thread pushed ready work in the current iteration; other threads are
+    /// woken only if that work is still queued after this thread's own dispatch pass, so a
+    /// chain of tasks on one thread's workers wakes nobody else.
+    pushed: bool,
 }
 
 impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
@@ -227,7 +231,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             // visible to whichever thread dispatches the consumer.
             if self.view.task(c).fanin_refcount.fetch_sub(1, AcqRel) == 1 {
                 self.push_ready(c);
-                self.p.notify_schedulers();
+                self.pushed = true;
             }
         }
         self.completed_here += 1;
@@ -357,7 +361,8 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             self.task_done((v >> 32) as u32);
             progressed = true;
         }
-        while let Some(cluster) = self.idle_cluster() {
+        while !self.queues[TaskShape::Mix as usize].is_empty() {
+            let Some(cluster) = self.idle_cluster() else { break };
             let Some(v) = self.queues[TaskShape::Mix as usize].pop() else { break };
             let (task, block) = ((v >> 32) as u32, v as u32);
             let funcs = self.view.task(task).func_ids;
@@ -371,7 +376,8 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         for (shape, ty, member) in
             [(TaskShape::Aic, CoreType::Aic, 0), (TaskShape::Aiv, CoreType::Aiv, 1)]
         {
-            while let Some(idx) = self.free_worker(ty) {
+            while !self.queues[shape as usize].is_empty() {
+                let Some(idx) = self.free_worker(ty) else { break };
                 let Some(v) = self.queues[shape as usize].pop() else { break };
                 let (task, block) = ((v >> 32) as u32, v as u32);
                 let f = self.view.task(task).func_ids[member];
@@ -472,6 +478,9 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             }
             let mut progressed = self.poll_workers();
             progressed |= self.dispatch();
+            if core::mem::take(&mut self.pushed) && self.queues.iter().any(|q| !q.is_empty()) {
+                self.p.notify_schedulers();
+            }
             if progressed {
                 round = 0;
                 continue;
@@ -543,6 +552,7 @@ pub fn exec<P: AicpuPlatform>(p: &P, init: &InitArgs, view: &ImageView<'_>, thre
         queues,
         task_count: h.task_count,
         completed_here: 0,
+        pushed: false,
     };
     let mut k = thread;
     while k < h.block_dim {

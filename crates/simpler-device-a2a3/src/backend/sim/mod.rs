@@ -41,7 +41,7 @@ pub(crate) use faults::KernelAction;
 pub use faults::{FaultPlan, FiredFault};
 pub(crate) use memory::{AllocFailure, MemoryCounts};
 pub(crate) use stream::{StreamStatus, SyncError};
-pub(crate) use wait::{EventCount, SpinPolicy};
+pub(crate) use wait::{EventCount, SpinGate, SpinPolicy};
 
 use self::memory::SimMemory;
 use self::stream::{EntryKind, LaunchEntry, SimEvent, SimStream, Starter, resume_waiters};
@@ -125,8 +125,11 @@ pub(crate) struct SimShared {
     init: Mutex<Option<InitArgs>>,
     aicpu_mail: Box<[Mailbox]>,
     aicore_mail: Box<[Mailbox]>,
-    /// Spin rounds of every wait for the current launch shape (see `SimOptions::spin_iters`).
+    /// Spin rounds of every wait (`SimOptions::spin_iters`, default 64); written at attach,
+    /// read relaxed by waiters.
     spins: AtomicU32,
+    /// Awake simulated threads, gating the spin phase of every wait.
+    gate: SpinGate,
     /// `block_dim` of the latest AICore launch (fault reports only).
     block_dim: AtomicU32,
     /// Threads alive (incremented at spawn, decremented by the exit guard).
@@ -155,8 +158,12 @@ impl SimShared {
     }
 
     /// The spin policy of the current launch.
-    pub(crate) fn spin_policy(&self) -> SpinPolicy {
-        SpinPolicy { spins: self.spins.load(Ordering::Relaxed), yields: self.opts.yield_iters }
+    pub(crate) fn spin_policy(&self) -> SpinPolicy<'_> {
+        SpinPolicy {
+            spins: self.spins.load(Ordering::Relaxed),
+            yields: self.opts.yield_iters,
+            gate: &self.gate,
+        }
     }
 
     /// Whether the device is being reset.
@@ -237,7 +244,9 @@ impl SimShared {
                 Mail::Quit => return None,
                 Mail::Empty => {
                     self.parked.fetch_add(1, Ordering::Relaxed);
+                    self.gate.sleep();
                     mb.cv.wait(&mut st);
+                    self.gate.wake();
                     self.parked.fetch_sub(1, Ordering::Relaxed);
                 }
             }
@@ -327,7 +336,7 @@ pub(crate) struct SimAicpu<'a> {
     dev: &'a SimShared,
     entry: &'a LaunchEntry,
     thread: u32,
-    spin: SpinPolicy,
+    spin: SpinPolicy<'a>,
 }
 
 impl AicpuPlatform for SimAicpu<'_> {
@@ -392,6 +401,7 @@ struct ExitGuard(Arc<SimShared>);
 
 impl Drop for ExitGuard {
     fn drop(&mut self) {
+        self.0.gate.sleep();
         let _g = self.0.exit_lock.lock();
         self.0.alive.fetch_sub(1, Ordering::AcqRel);
         self.0.exit_cv.notify_all();
@@ -399,6 +409,7 @@ impl Drop for ExitGuard {
 }
 
 fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
+    dev.gate.wake();
     let _guard = ExitGuard(dev.clone());
     while let Some((stream, entry)) = dev.take_job(role, index) {
         let run = std::panic::catch_unwind(AssertUnwindSafe(|| match role {
@@ -470,6 +481,7 @@ impl SimDevice {
             aicpu_mail: mailboxes(MAX_AICPU_THREADS as usize),
             aicore_mail: mailboxes(MAX_AICORE_WORKERS),
             spins: AtomicU32::new(opts.spin_iters.unwrap_or(64)),
+            gate: SpinGate::new(std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
             block_dim: AtomicU32::new(0),
             alive: AtomicU32::new(0),
             parked: AtomicU32::new(0),
@@ -530,14 +542,6 @@ impl SimDevice {
             self.aicore_spawned += 1;
         }
         Ok(())
-    }
-
-    fn update_spin(&self, threads: u32) {
-        let spins = self.shared.opts.spin_iters.unwrap_or_else(|| {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-            if threads > cores { 0 } else { 64 }
-        });
-        self.shared.spins.store(spins, Ordering::Relaxed);
     }
 
     /// Allocates device memory.
@@ -606,7 +610,6 @@ impl SimDevice {
         if !self.aicpu_started || threads == 0 || threads > MAX_AICPU_THREADS {
             return Err(AclCode::LAUNCH_FAILED);
         }
-        self.update_spin(threads + 3 * self.last_block_dim);
         let entry = LaunchEntry::new(EntryKind::Aicpu { threads }, args);
         let fired = self.shared.streams[AICPU_STREAM].enqueue(entry.clone(), &*self.shared);
         resume_waiters(fired, &self.shared.streams, &*self.shared);

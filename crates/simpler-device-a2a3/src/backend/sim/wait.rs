@@ -4,9 +4,10 @@
 //!
 //! 1. Read the [`EventCount`] epoch.
 //! 2. Check the condition; if it holds, stop.
-//! 3. Spin (`spin_loop` hints) for the first `spins` rounds, then `yield_now` for `yields`
-//!    rounds, then park until the epoch differs from the one read in step 1 or the deadline
-//!    passes; go to 1.
+//! 3. Spin (`spin_loop` hints) for the first `spins` rounds — but only while the device's
+//!    awake threads leave a host core free ([`SpinGate`]) — then `yield_now` for
+//!    `yields` rounds, then park until the epoch differs from the one read in step 1 or the
+//!    deadline passes; go to 1.
 //!
 //! Every writer of a waited-for value changes the value first and then calls
 //! [`EventCount::notify`], which bumps the epoch. A waiter that read the epoch before the write
@@ -18,6 +19,43 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
+
+/// Counts the simulated threads of one device that are not parked, so a waiter spins only
+/// when a core is free for it (decision: spec §5.5 says "0 spins when simulated threads
+/// outnumber cores"; counting awake threads instead of all threads keeps spinning useful when
+/// most simulated cores are idle, which is the common case).
+///
+/// `awake` is incremented by a thread when it stops parking and decremented when it starts;
+/// it is read relaxed by waiters deciding whether to spin (a stale value only costs a few
+/// wasted or skipped spins).
+#[derive(Debug)]
+pub(crate) struct SpinGate {
+    awake: AtomicU32,
+    cores: u32,
+}
+
+impl SpinGate {
+    /// A gate for a host with `cores` cores and no awake thread.
+    pub(crate) fn new(cores: u32) -> SpinGate {
+        SpinGate { awake: AtomicU32::new(0), cores: cores.max(1) }
+    }
+
+    /// A thread stopped parking.
+    pub(crate) fn wake(&self) {
+        self.awake.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A thread is about to park.
+    pub(crate) fn sleep(&self) {
+        self.awake.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Spinning needs a core nobody else wants: awake threads (the waiter included) must leave
+    /// one core free for the host thread and for whoever the waiter waits on.
+    fn may_spin(&self) -> bool {
+        self.awake.load(Ordering::Relaxed) < self.cores
+    }
+}
 
 /// An epoch counter with parked waiters.
 ///
@@ -51,7 +89,8 @@ impl EventCount {
     }
 
     /// Parks until the epoch differs from `observed` or `deadline` passes.
-    pub(crate) fn park(&self, observed: u64, deadline: Option<Instant>) {
+    pub(crate) fn park(&self, observed: u64, deadline: Option<Instant>, gate: &SpinGate) {
+        gate.sleep();
         self.waiters.fetch_add(1, Ordering::SeqCst);
         let mut guard = self.lock.lock();
         while self.epoch.load(Ordering::SeqCst) == observed {
@@ -66,19 +105,22 @@ impl EventCount {
         }
         drop(guard);
         self.waiters.fetch_sub(1, Ordering::SeqCst);
+        gate.wake();
     }
 }
 
 /// How long a waiter spins and yields before it parks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct SpinPolicy {
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SpinPolicy<'a> {
     /// Rounds of `spin_loop` hints.
     pub(crate) spins: u32,
     /// Rounds of `yield_now` after the spins.
     pub(crate) yields: u32,
+    /// The device's awake-thread count.
+    pub(crate) gate: &'a SpinGate,
 }
 
-impl SpinPolicy {
+impl SpinPolicy<'_> {
     /// One round of backing off before re-checking; parks (on `ec`, until its epoch moves past
     /// `observed` or `deadline`) once the spin and yield rounds are used up.
     pub(crate) fn backoff(
@@ -88,14 +130,14 @@ impl SpinPolicy {
         observed: u64,
         deadline: Option<Instant>,
     ) {
-        if round < self.spins {
+        if round < self.spins && self.gate.may_spin() {
             for _ in 0..(1u32 << round.min(4)) {
                 std::hint::spin_loop();
             }
         } else if round < self.spins.saturating_add(self.yields) {
             std::thread::yield_now();
         } else {
-            ec.park(observed, deadline);
+            ec.park(observed, deadline, self.gate);
         }
     }
 
@@ -135,7 +177,8 @@ mod tests {
             let flag = Arc::new(AtomicBool::new(false));
             let (ec2, flag2) = (ec.clone(), flag.clone());
             let t = std::thread::spawn(move || {
-                let policy = SpinPolicy { spins: 0, yields: 0 };
+                let gate = SpinGate::new(1);
+                let policy = SpinPolicy { spins: 0, yields: 0, gate: &gate };
                 policy.wait_until(&ec2, Some(Instant::now() + Duration::from_secs(20)), || {
                     flag2.load(Ordering::SeqCst)
                 })
@@ -149,7 +192,8 @@ mod tests {
     #[test]
     fn park_returns_at_the_deadline() {
         let ec = EventCount::default();
-        let policy = SpinPolicy { spins: 1, yields: 1 };
+        let gate = SpinGate::new(1);
+        let policy = SpinPolicy { spins: 1, yields: 1, gate: &gate };
         assert!(!policy.wait_until(&ec, Some(Instant::now() + Duration::from_millis(5)), || false));
     }
 }

@@ -1,0 +1,435 @@
+//! Simulated-chip workloads of spec 70 (S1, S2, S3) and the idle-CPU check.
+//!
+//! `cargo bench -p simpler-device-a2a3 --bench sim_chip` prints, per workload, the median of 5
+//! measurements after one warm-up with min–max. `-- --test` runs every workload once at a
+//! small size (what CI uses to check that the bench still works). `SIMPLER_BENCH_SPINS` and
+//! `SIMPLER_BENCH_YIELDS` override the simulator's spin and yield rounds.
+
+use std::time::{Duration, Instant};
+
+use simpler_device_a2a3::{
+    ArgDirection, ChipCallable, ChipSlot, CoreCallable, DevicePtr, DeviceRunner, KernelCall,
+    Kernels, OrchArgs, OrchConfig, OrchCtx, OrchError, RunRequest, RunnerOptions, RuntimeVariant,
+};
+use simpler_types::{CallConfig, CoreArgs, DataType, RunId, TaskArgs, Tensor, TensorArgType};
+
+const ADD: u32 = 0;
+const ADD_SCALAR: u32 = 1;
+const MUL: u32 = 2;
+const NOOP: u32 = 3;
+const GEMM: u32 = 4;
+const ACC: u32 = 5;
+const TILE: usize = 64;
+
+struct Bench {
+    runner: DeviceRunner,
+    next_run: u64,
+}
+
+impl Bench {
+    fn new() -> Bench {
+        let mut o = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
+        o.read_env = false;
+        // Knobs for studying the spin policy: spin rounds and yield rounds of every wait.
+        if let Some(y) = std::env::var("SIMPLER_BENCH_YIELDS").ok().and_then(|v| v.parse().ok()) {
+            o.sim.yield_iters = y;
+        }
+        if let Some(s) = std::env::var("SIMPLER_BENCH_SPINS").ok().and_then(|v| v.parse().ok()) {
+            o.sim.spin_iters = Some(s);
+        }
+        Bench { runner: DeviceRunner::attach(o).expect("attach"), next_run: 1 }
+    }
+
+    fn run(
+        &mut self,
+        slot: ChipSlot,
+        args: &TaskArgs,
+        cfg: &CallConfig,
+    ) -> (Duration, Option<Duration>) {
+        let id = RunId::from_raw(self.next_run).expect("run id");
+        self.next_run += 1;
+        let t0 = Instant::now();
+        let rep = self.runner.run(&RunRequest::new(id, slot, args, cfg)).expect("run");
+        (t0.elapsed(), rep.device_wall)
+    }
+
+    fn device_f32(&mut self, values: &[f32], shape: &[u32]) -> (DevicePtr, Tensor) {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let p = self.runner.malloc(bytes.len() as u64).expect("malloc");
+        self.runner.copy_to_device(p, &bytes).expect("copy");
+        (
+            p,
+            Tensor::external(p.addr(), shape, DataType::Float32)
+                .expect("tensor")
+                .child_memory(true),
+        )
+    }
+
+    fn read_f32(&mut self, p: DevicePtr, n: usize) -> Vec<f32> {
+        let mut b = vec![0u8; n * 4];
+        self.runner.copy_from_device(&mut b, p).expect("copy back");
+        b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+}
+
+fn stats(mut v: Vec<Duration>) -> (Duration, Duration, Duration) {
+    v.sort();
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+// ----- kernels -----
+
+unsafe extern "C-unwind" fn add(args: *mut i64) {
+    // SAFETY: three f32 tensors; the output aliases neither input.
+    let k = unsafe { KernelCall::from_raw(args, 3) };
+    // SAFETY: f32 buffers of this task; the output aliases neither input.
+    let views = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
+    if let (Some(x), Some(y), Some(o)) = views {
+        for ((o, a), b) in o.iter_mut().zip(x).zip(y) {
+            *o = a + b;
+        }
+    }
+}
+
+unsafe extern "C-unwind" fn add_scalar(args: *mut i64) {
+    // SAFETY: two f32 tensors and a scalar.
+    let k = unsafe { KernelCall::from_raw(args, 2) };
+    let s: f32 = k.scalar_of(0).unwrap_or(0.0);
+    // SAFETY: see above.
+    if let (Some(x), Some(o)) = unsafe { (k.slice::<f32>(0), k.slice_mut::<f32>(1)) } {
+        for (o, a) in o.iter_mut().zip(x) {
+            *o = a + s;
+        }
+    }
+}
+
+unsafe extern "C-unwind" fn mul(args: *mut i64) {
+    // SAFETY: as `add`.
+    let k = unsafe { KernelCall::from_raw(args, 3) };
+    // SAFETY: as `add`.
+    let views = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
+    if let (Some(x), Some(y), Some(o)) = views {
+        for ((o, a), b) in o.iter_mut().zip(x).zip(y) {
+            *o = a * b;
+        }
+    }
+}
+
+unsafe extern "C-unwind" fn noop(_args: *mut i64) {}
+
+/// `p = a · b` for one 64×64 tile (AIC).
+unsafe extern "C-unwind" fn gemm(args: *mut i64) {
+    // SAFETY: three contiguous 64×64 f32 tiles; the output aliases neither input.
+    let k = unsafe { KernelCall::from_raw(args, 3) };
+    // SAFETY: see above.
+    let views = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
+    if let (Some(a), Some(b), Some(p)) = views {
+        p.fill(0.0);
+        for i in 0..TILE {
+            for kk in 0..TILE {
+                let aik = a[i * TILE + kk];
+                let (prow, brow) =
+                    (&mut p[i * TILE..(i + 1) * TILE], &b[kk * TILE..(kk + 1) * TILE]);
+                for (pv, bv) in prow.iter_mut().zip(brow) {
+                    *pv += aik * bv;
+                }
+            }
+        }
+    }
+}
+
+/// `c += p` for one tile (AIV).
+unsafe extern "C-unwind" fn acc(args: *mut i64) {
+    // SAFETY: two contiguous f32 tiles; `c` (tensor 0) does not alias `p`.
+    let k = unsafe { KernelCall::from_raw(args, 2) };
+    // SAFETY: see above.
+    if let (Some(c), Some(p)) = unsafe { (k.slice_mut::<f32>(0), k.slice::<f32>(1)) } {
+        for (c, p) in c.iter_mut().zip(p) {
+            *c += p;
+        }
+    }
+}
+
+fn kernel_args(ts: &[(Tensor, TensorArgType)], scalar: Option<f32>) -> Result<CoreArgs, OrchError> {
+    let bad = OrchError::from_status(-1);
+    let mut a = CoreArgs::new();
+    for (t, tag) in ts {
+        a.add_tensor(*t, *tag).map_err(|_| bad)?;
+    }
+    if let Some(s) = scalar {
+        a.add_scalar_of(s).map_err(|_| bad)?;
+    }
+    Ok(a)
+}
+
+// ----- S1: the vector example -----
+
+fn vector_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{Input, Output};
+    let bad = OrchError::from_status(-1);
+    let (a, b, f) =
+        (*args.tensor(0).ok_or(bad)?, *args.tensor(1).ok_or(bad)?, *args.tensor(2).ok_or(bad)?);
+    let shape = a.shape().to_vec();
+    let c = ctx.alloc_tensor(&shape, DataType::Float32)?;
+    let d = ctx.alloc_tensor(&shape, DataType::Float32)?;
+    let e = ctx.alloc_tensor(&shape, DataType::Float32)?;
+    let g = ctx.alloc_tensor(&shape, DataType::Float32)?;
+    ctx.submit(Kernels::Aiv(ADD), &kernel_args(&[(a, Input), (b, Input), (c, Output)], None)?)?;
+    ctx.submit(Kernels::Aiv(ADD_SCALAR), &kernel_args(&[(c, Input), (d, Output)], Some(1.0))?)?;
+    ctx.submit(Kernels::Aiv(ADD_SCALAR), &kernel_args(&[(c, Input), (e, Output)], Some(2.0))?)?;
+    ctx.submit(Kernels::Aiv(MUL), &kernel_args(&[(d, Input), (e, Input), (g, Output)], None)?)?;
+    ctx.submit(Kernels::Aiv(ADD), &kernel_args(&[(g, Input), (c, Input), (f, Output)], None)?)?;
+    Ok(())
+}
+
+fn s1(quick: bool) {
+    use ArgDirection::{In, Out, Scalar};
+    let n = 16384;
+    let t_attach = Instant::now();
+    let mut b = Bench::new();
+    let c = ChipCallable::native(vector_orch, |_| OrchConfig { expected_arg_count: 3 })
+        .kernel(ADD, CoreCallable::native(vec![In, In, Out], add))
+        .kernel(ADD_SCALAR, CoreCallable::native(vec![In, Out, Scalar], add_scalar))
+        .kernel(MUL, CoreCallable::native(vec![In, In, Out], mul))
+        .build()
+        .expect("callable");
+    let slot = b.runner.register_callable(&c).expect("register");
+    let (_, ta) = b.device_f32(&vec![1.0; n], &[n as u32]);
+    let (_, tb) = b.device_f32(&vec![2.0; n], &[n as u32]);
+    let (pf, tf) = b.device_f32(&vec![0.0; n], &[n as u32]);
+    let mut args = TaskArgs::new();
+    args.add_input(ta).and_then(|a| a.add_input(tb)).and_then(|a| a.add_output(tf)).expect("args");
+    let cfg = CallConfig::default();
+    let (cold, _) = b.run(slot, &args, &cfg);
+    let attach_and_cold = t_attach.elapsed();
+    let runs = if quick { 3 } else { 100 };
+    let mut warm = Vec::new();
+    let mut wall = Vec::new();
+    for _ in 0..runs {
+        let (t, w) = b.run(slot, &args, &cfg);
+        warm.push(t);
+        wall.extend(w);
+    }
+    assert!(b.read_f32(pf, n).iter().all(|&v| v == 4.0 * 5.0 + 3.0), "S1 result");
+    let (med, lo, hi) = stats(warm);
+    let (wmed, _, _) = stats(wall);
+    println!("S1 vector example (16384 f32, 5 tasks, block_dim 2, 3 AICPU threads)");
+    println!(
+        "  cold run: {:.3} ms (attach + register + first run: {:.3} ms)",
+        ms(cold),
+        ms(attach_and_cold)
+    );
+    println!(
+        "  warm run: median {:.3} ms over {runs} runs (min {:.3}, max {:.3}); device wall median {:.3} ms",
+        ms(med),
+        ms(lo),
+        ms(hi),
+        ms(wmed)
+    );
+}
+
+// ----- S2: dispatch overhead -----
+
+fn noop_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let bad = OrchError::from_status(-1);
+    let n = args.scalar(0).ok_or(bad)?;
+    let chain = args.scalar(1).ok_or(bad)? != 0;
+    let t = *args.tensor(0).ok_or(bad)?;
+    let empty = CoreArgs::new();
+    let mut inout = CoreArgs::new();
+    inout.add_inout(t).map_err(|_| bad)?;
+    for _ in 0..n {
+        ctx.submit(Kernels::Aiv(NOOP), if chain { &inout } else { &empty })?;
+    }
+    Ok(())
+}
+
+fn s2(quick: bool) {
+    let mut b = Bench::new();
+    let c = ChipCallable::native(noop_orch, |_| OrchConfig { expected_arg_count: 3 })
+        .kernel(NOOP, CoreCallable::native(vec![], noop))
+        .build()
+        .expect("callable");
+    let slot = b.runner.register_callable(&c).expect("register");
+    let (_, t) = b.device_f32(&[0.0; 16], &[16]);
+    let tasks: u64 = if quick { 200 } else { 10_000 };
+    println!(
+        "S2 dispatch overhead ({tasks} no-op AIV kernel tasks in one run; host time of run() / tasks)"
+    );
+    for block_dim in [2u32, 8] {
+        for chain in [false, true] {
+            let mut args = TaskArgs::new();
+            args.add_inout(t)
+                .and_then(|a| a.add_scalar(tasks))
+                .and_then(|a| a.add_scalar(u64::from(chain)))
+                .expect("args");
+            let cfg = CallConfig::builder().block_dim(block_dim).build().expect("config");
+            b.run(slot, &args, &cfg);
+            let reps = if quick { 1 } else { 5 };
+            let mut host = Vec::new();
+            let mut dev = Vec::new();
+            for _ in 0..reps {
+                let (h, w) = b.run(slot, &args, &cfg);
+                host.push(h);
+                dev.extend(w);
+            }
+            let (med, lo, hi) = stats(host);
+            let (dmed, _, _) = stats(dev);
+            let per = |d: Duration| d.as_secs_f64() * 1e6 / tasks as f64;
+            println!(
+                "  block_dim {block_dim}, {:<11}: {:.3} µs/task (min {:.3}, max {:.3}); device wall {:.3} µs/task",
+                if chain { "chain" } else { "independent" },
+                per(med),
+                per(lo),
+                per(hi),
+                per(dmed)
+            );
+        }
+    }
+}
+
+// ----- S3: bgemm -----
+
+/// Chip args: A, B (tile-major [4, 4, 64, 64] f32), C (same, zeroed). For each output tile
+/// (i, j) and k: P = A[i][k] · B[k][j] on AIC, then C[i][j] += P on AIV.
+fn bgemm_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{InOut, Input, Output};
+    let bad = OrchError::from_status(-1);
+    let (a, b, c) =
+        (*args.tensor(0).ok_or(bad)?, *args.tensor(1).ok_or(bad)?, *args.tensor(2).ok_or(bad)?);
+    let t = TILE as u32;
+    let tile =
+        |m: &Tensor, r: u32, col: u32| m.view(&[1, 1, t, t], &[r, col, 0, 0]).map_err(|_| bad);
+    for i in 0..4 {
+        for j in 0..4 {
+            for k in 0..4 {
+                let p = ctx.alloc_tensor(&[1, 1, t, t], DataType::Float32)?;
+                ctx.submit(
+                    Kernels::Aic(GEMM),
+                    &kernel_args(
+                        &[(tile(&a, i, k)?, Input), (tile(&b, k, j)?, Input), (p, Output)],
+                        None,
+                    )?,
+                )?;
+                ctx.submit(
+                    Kernels::Aiv(ACC),
+                    &kernel_args(&[(tile(&c, i, j)?, InOut), (p, Input)], None)?,
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn tile_major(m: &[f32]) -> Vec<f32> {
+    let n = 4 * TILE;
+    let mut out = vec![0.0; n * n];
+    for r in 0..n {
+        for c in 0..n {
+            let (tr, tc, ir, ic) = (r / TILE, c / TILE, r % TILE, c % TILE);
+            out[((tr * 4 + tc) * TILE + ir) * TILE + ic] = m[r * n + c];
+        }
+    }
+    out
+}
+
+fn s3(quick: bool) {
+    use ArgDirection::{In, InOut, Out};
+    let n = 4 * TILE;
+    let mut b = Bench::new();
+    let c = ChipCallable::native(bgemm_orch, |_| OrchConfig { expected_arg_count: 3 })
+        .kernel(GEMM, CoreCallable::native(vec![In, In, Out], gemm))
+        .kernel(ACC, CoreCallable::native(vec![InOut, In], acc))
+        .build()
+        .expect("callable");
+    let slot = b.runner.register_callable(&c).expect("register");
+    let a: Vec<f32> = (0..n * n).map(|x| ((x * 7) % 13) as f32 * 0.125 - 0.75).collect();
+    let bm: Vec<f32> = (0..n * n).map(|x| ((x * 5) % 11) as f32 * 0.25 - 1.25).collect();
+    let shape = [4, 4, TILE as u32, TILE as u32];
+    let (_, ta) = b.device_f32(&tile_major(&a), &shape);
+    let (_, tb) = b.device_f32(&tile_major(&bm), &shape);
+    let (pc, tc) = b.device_f32(&vec![0.0; n * n], &shape);
+    let mut args = TaskArgs::new();
+    args.add_input(ta).and_then(|x| x.add_input(tb)).and_then(|x| x.add_inout(tc)).expect("args");
+    let cfg = CallConfig::default();
+    let reps = if quick { 1 } else { 5 };
+    let mut times = Vec::new();
+    for _ in 0..=reps {
+        b.runner.memset(pc, 0, (n * n * 4) as u64).expect("memset");
+        times.push(b.run(slot, &args, &cfg).0);
+    }
+    times.remove(0);
+    let got = b.read_f32(pc, n * n);
+    let mut want = vec![0f32; n * n];
+    for r in 0..n {
+        for k in 0..n {
+            let x = a[r * n + k];
+            for col in 0..n {
+                want[r * n + col] += x * bm[k * n + col];
+            }
+        }
+    }
+    let want = tile_major(&want);
+    let max_err = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
+    let (med, lo, hi) = stats(times);
+    println!(
+        "S3 bgemm (C = Σ_k A[k]·B[k], 64×64 f32 tiles, 4×4 output tiles, k = 4; 64 AIC GEMM + 64 AIV accumulate tasks)"
+    );
+    println!(
+        "  per run: median {:.3} ms (min {:.3}, max {:.3}); max |error| vs host GEMM {max_err:.2e}",
+        ms(med),
+        ms(lo),
+        ms(hi)
+    );
+    assert!(max_err < 1e-2, "bgemm result differs from the host GEMM");
+}
+
+// ----- idle CPU -----
+
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may contain spaces).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
+fn idle_cpu(quick: bool) {
+    let mut b = Bench::new();
+    let c = ChipCallable::native(noop_orch, |_| OrchConfig { expected_arg_count: 3 })
+        .kernel(NOOP, CoreCallable::native(vec![], noop))
+        .build()
+        .expect("callable");
+    let slot = b.runner.register_callable(&c).expect("register");
+    let (_, t) = b.device_f32(&[0.0; 16], &[16]);
+    let mut args = TaskArgs::new();
+    args.add_inout(t).and_then(|a| a.add_scalar(100)).and_then(|a| a.add_scalar(0)).expect("args");
+    b.run(slot, &args, &CallConfig::builder().block_dim(8).build().expect("config"));
+    let idle = if quick { Duration::from_millis(100) } else { Duration::from_secs(1) };
+    let before = process_cpu();
+    std::thread::sleep(idle);
+    let used = process_cpu().saturating_sub(before);
+    let s = b.runner.stats();
+    println!(
+        "Idle CPU: {} simulated threads alive, {} parked; process CPU time over an idle {:.1} s: {} ms",
+        s.sim_threads_alive,
+        s.sim_threads_parked,
+        idle.as_secs_f64(),
+        used.as_millis()
+    );
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--test");
+    s1(quick);
+    s2(quick);
+    s3(quick);
+    idle_cpu(quick);
+}
