@@ -128,6 +128,13 @@ impl Harness {
         })
     }
 
+    /// Waits until member `member` of `task` has entered its endpoint (it may have finished).
+    pub fn wait_started(&self, task: TaskId, member: u32) {
+        self.wait_for(&format!("{task} member {member} to start"), |s| {
+            s.events.contains(&Event::Start(task, member)).then_some(())
+        });
+    }
+
     /// Whether member `member` of `task` is currently inside a gated endpoint.
     pub fn is_running(&self, task: TaskId, member: u32) -> bool {
         self.lock().running.iter().any(|r| r.1 == task && r.2 == member)
@@ -393,4 +400,9 @@ pub fn rig(nl: &[u32], subs: u32) -> Rig {
     let h = Harness::new();
     let e = engine(nl, subs, &h, true);
     Rig { h, e }
+}
+
+/// The id the next submit or alloc of `b` will get (to script an action before it can run).
+pub fn next_task(b: &simpler_sched::RunBuilder<'_>) -> TaskId {
+    TaskId::new(b.id(), b.status().tasks_submitted)
 }
