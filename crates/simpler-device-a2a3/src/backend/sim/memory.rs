@@ -238,4 +238,98 @@ mod tests {
         m.free(a);
         assert!(m.alloc(1, MemPurpose::User).is_ok());
     }
+
+    mod model {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            Alloc(u64),
+            Free(usize),
+            Write(usize, u64, u64, u8),
+            Read(usize, u64, u64),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                (1u64..5000).prop_map(Op::Alloc),
+                (0usize..8).prop_map(Op::Free),
+                (0usize..8, 0u64..6000, 0u64..3000, any::<u8>())
+                    .prop_map(|(i, o, l, b)| Op::Write(i, o, l, b)),
+                (0usize..8, 0u64..6000, 0u64..3000).prop_map(|(i, o, l)| Op::Read(i, o, l)),
+            ]
+        }
+
+        /// The live allocation holding `[at, at + len)` entirely (an address past one
+        /// allocation may well be inside another) and the offset inside it.
+        fn holder(live: &[(u64, Vec<u8>)], at: u64, len: u64) -> Option<(usize, usize)> {
+            live.iter().enumerate().find_map(|(j, (a, b))| {
+                let end = *a + b.len() as u64;
+                (at >= *a && at < end && at + len <= end).then(|| (j, (at - *a) as usize))
+            })
+        }
+
+        fn config() -> ProptestConfig {
+            let cases =
+                std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
+            ProptestConfig {
+                cases,
+                failure_persistence: Some(Box::new(
+                    proptest::test_runner::FileFailurePersistence::Direct(
+                        "proptest-regressions/sim_memory.txt",
+                    ),
+                )),
+                ..ProptestConfig::default()
+            }
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Reads return what the model holds, copies succeed exactly when the range lies in
+            /// one live allocation, and freed or never-allocated addresses are refused.
+            #[test]
+            fn simulated_memory_matches_a_byte_vector_model(ops in proptest::collection::vec(op(), 1..60)) {
+                let m = SimMemory::new(1 << 20);
+                let mut live: Vec<(u64, Vec<u8>)> = Vec::new();
+                for op in ops {
+                    match op {
+                        Op::Alloc(n) => {
+                            let addr = m.alloc(n, MemPurpose::User).unwrap();
+                            prop_assert_eq!(addr % DEVICE_ALIGN as u64, 0);
+                            live.push((addr, vec![0; n as usize]));
+                        }
+                        Op::Free(i) if i < live.len() => {
+                            let (addr, _) = live.remove(i);
+                            prop_assert_eq!(m.free(addr), Some(MemPurpose::User));
+                            prop_assert_eq!(m.free(addr), None, "a second free is refused");
+                        }
+                        Op::Free(_) => {}
+                        Op::Write(i, off, len, b) if i < live.len() => {
+                            let at = live[i].0 + off;
+                            let owner = holder(&live, at, len);
+                            prop_assert_eq!(m.write(at, &vec![b; len as usize]), owner.is_some());
+                            if let Some((j, o)) = owner {
+                                live[j].1[o..o + len as usize].fill(b);
+                            }
+                        }
+                        Op::Read(i, off, len) if i < live.len() => {
+                            let at = live[i].0 + off;
+                            let owner = holder(&live, at, len);
+                            let mut out = vec![0xEE; len as usize];
+                            prop_assert_eq!(m.read(at, &mut out), owner.is_some());
+                            if let Some((j, o)) = owner {
+                                prop_assert_eq!(&out[..], &live[j].1[o..o + len as usize]);
+                            }
+                        }
+                        Op::Write(..) | Op::Read(..) => {}
+                    }
+                    let committed: u64 = live.iter().map(|(_, b)| b.len() as u64).sum();
+                    prop_assert_eq!(m.counts().committed, committed);
+                }
+            }
+        }
+    }
 }
