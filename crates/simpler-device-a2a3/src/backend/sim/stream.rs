@@ -430,3 +430,128 @@ pub(crate) fn resume_waiters(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records which entries were started; participants are driven by the test.
+    #[derive(Default)]
+    struct FakeStarter {
+        posted: Mutex<Vec<(usize, Arc<LaunchEntry>)>>,
+    }
+
+    impl Starter for FakeStarter {
+        fn post(&self, stream: usize, entry: &Arc<LaunchEntry>) {
+            self.posted.lock().push((stream, entry.clone()));
+        }
+        fn ticks(&self) -> u64 {
+            0
+        }
+    }
+
+    fn streams() -> [SimStream; 2] {
+        [SimStream::new(StreamKind::Aicpu, 0), SimStream::new(StreamKind::AiCore, 1)]
+    }
+
+    fn finish_all(
+        s: &[SimStream],
+        starter: &FakeStarter,
+        e: &Arc<LaunchEntry>,
+        stream: usize,
+        code: i32,
+    ) {
+        let n = match e.kind {
+            EntryKind::AiCore { block_dim } => 3 * block_dim,
+            EntryKind::Aicpu { threads } => threads,
+            _ => 0,
+        };
+        for _ in 0..n {
+            if e.finish_participant(code) {
+                let fired = s[stream].complete(e, starter);
+                resume_waiters(fired, s, starter);
+            }
+        }
+    }
+
+    #[test]
+    fn a_stream_waiting_on_an_event_holds_later_entries_until_the_record_completes() {
+        let s = streams();
+        let st = FakeStarter::default();
+        let first = LaunchEntry::new(EntryKind::Aicpu { threads: 1 }, 0);
+        resume_waiters(s[0].enqueue(first.clone(), &st), &s, &st);
+        let ev = Arc::new(SimEvent::default());
+        resume_waiters(
+            s[0].enqueue(LaunchEntry::new(EntryKind::Record(ev.clone()), 0), &st),
+            &s,
+            &st,
+        );
+        resume_waiters(
+            s[1].enqueue(LaunchEntry::new(EntryKind::WaitEvent(ev.clone()), 0), &st),
+            &s,
+            &st,
+        );
+        let held = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
+        resume_waiters(s[1].enqueue(held.clone(), &st), &s, &st);
+        assert_eq!(st.posted.lock().len(), 1, "only the first AICPU entry started");
+        assert!(!ev.query());
+        finish_all(&s, &st, &first, 0, 0);
+        assert!(ev.query(), "the record completed after the entry before it");
+        assert_eq!(st.posted.lock().len(), 2, "the held entry started once the event fired");
+        assert_eq!(s[1].query(None, &|| {}), StreamStatus::Busy);
+        finish_all(&s, &st, &held, 1, 0);
+        assert_eq!(s[1].synchronize(Duration::from_secs(1), None, &|| {}), Ok(()));
+        assert!(ev.synchronize(Duration::from_millis(1)));
+    }
+
+    #[test]
+    fn a_failed_entry_makes_the_stream_sticky_and_abandons_later_entries() {
+        let s = streams();
+        let st = FakeStarter::default();
+        let a = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
+        let b = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
+        resume_waiters(s[1].enqueue(a.clone(), &st), &s, &st);
+        resume_waiters(s[1].enqueue(b, &st), &s, &st);
+        finish_all(&s, &st, &a, 1, AclCode::AICORE_EXCEPTION.get());
+        assert_eq!(st.posted.lock().len(), 1, "the entry behind the failure never started");
+        let err = s[1].synchronize(Duration::from_secs(1), None, &|| {}).unwrap_err();
+        assert!(matches!(
+            err,
+            SyncError::Fault(StreamFault { code: AclCode::AICORE_EXCEPTION, .. })
+        ));
+        assert!(matches!(s[1].query(None, &|| {}), StreamStatus::Failed(_)), "sticky");
+    }
+
+    #[test]
+    fn the_op_execute_watchdog_fails_an_overdue_aicore_entry_and_aborts_it() {
+        let s = streams();
+        let st = FakeStarter::default();
+        let a = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
+        resume_waiters(s[1].enqueue(a.clone(), &st), &s, &st);
+        let woke = std::sync::atomic::AtomicBool::new(false);
+        let err = s[1]
+            .synchronize(Duration::from_secs(5), Some(Duration::from_millis(20)), &|| {
+                woke.store(true, Ordering::SeqCst)
+            })
+            .unwrap_err();
+        assert!(matches!(err, SyncError::Fault(StreamFault { code: AclCode::AICORE_TIMEOUT, .. })));
+        assert!(a.is_aborted() && woke.load(Ordering::SeqCst), "participants were released");
+        finish_all(&s, &st, &a, 1, AclCode::TASK_ABORT.get());
+        let deadline = Instant::now() + Duration::from_secs(1);
+        assert!(s[1].wait_idle(deadline, None, &|| {}));
+    }
+
+    #[test]
+    fn a_sync_times_out_with_the_stream_sync_budget() {
+        let s = streams();
+        let st = FakeStarter::default();
+        let a = LaunchEntry::new(EntryKind::Aicpu { threads: 1 }, 0);
+        resume_waiters(s[0].enqueue(a.clone(), &st), &s, &st);
+        assert_eq!(
+            s[0].synchronize(Duration::from_millis(10), None, &|| {}),
+            Err(SyncError::Timeout)
+        );
+        finish_all(&s, &st, &a, 0, 0);
+        assert_eq!(s[0].synchronize(Duration::from_millis(10), None, &|| {}), Ok(()));
+    }
+}
