@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use simpler_ring::{RingError, ScopeStack};
+use simpler_ring::{Allocation, RingError, ScopeStack};
 use simpler_tensormap::{ByteSpan, TensorKey, footprint};
 use simpler_types::{
     CallConfig, CallableId, CancelReason, DataType, MAX_TENSOR_DIMS, RunFailure, RunId, RunStatus,
@@ -186,7 +186,7 @@ impl<'e> RunBuilder<'e> {
             return Err(SchedError::TooManyTasks { run: self.run.id });
         }
         let depth = self.orch.scopes.depth().saturating_sub(1);
-        let allocation = core.ring.alloc(bytes, depth).map_err(|e| self.alloc_error(e))?;
+        let allocation = core.claim(bytes, depth).map_err(|e| self.alloc_error(e))?;
         let id = allocation.slot;
         let (Some(heap), Some(slot)) = (allocation.heap, core.ring.slot(id)) else {
             core.ring.release(id);
@@ -335,6 +335,13 @@ fn unwind_all(core: &Core, orch: &mut OrchState) {
 }
 
 impl Core {
+    /// Claims a slot (and a slab for `bytes > 0`) on the ring of scope depth `depth`: without
+    /// waiting when there is room, which needs no clock read, otherwise blocking up to the
+    /// ring's deadline.
+    pub(crate) fn claim(&self, bytes: u64, depth: usize) -> Result<Allocation, RingError> {
+        self.ring.try_alloc(bytes, depth).or_else(|_| self.ring.alloc(bytes, depth))
+    }
+
     /// The task of a live slot.
     pub(crate) fn task_of(&self, id: SlotId) -> Option<TaskId> {
         let slot = self.ring.slot(id)?;

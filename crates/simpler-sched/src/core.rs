@@ -8,7 +8,7 @@ use rustc_hash::FxHashMap;
 
 use simpler_ring::Ring;
 use simpler_tensormap::TensorMap;
-use simpler_types::{RunFailure, SlotId, WorkerId, WorkerRef, WorkerType};
+use simpler_types::{CallConfig, RunFailure, SlotId, WorkerId, WorkerRef, WorkerType};
 
 use crate::inbox::{Inbox, WorkerSlot};
 use crate::registry::Registry;
@@ -104,6 +104,8 @@ pub(crate) struct Core {
     next_level_ids: Vec<(WorkerId, u32)>,
     /// How long a blocked group may hold idle targets before a warning.
     pub(crate) stall_warn_after: Duration,
+    /// The configuration of every task submitted without a custom one (SUB tasks always).
+    pub(crate) default_config: CallConfig,
     /// Statistics (padded: written on every pass).
     pub(crate) counters: CachePadded<Counters>,
     /// Set once by shutdown step 1. Readers: every submit and alloc, lock-free.
@@ -147,6 +149,7 @@ impl Core {
             sub: parts.sub.into_iter().map(info).collect(),
             next_level_ids,
             stall_warn_after: parts.stall_warn_after,
+            default_config: CallConfig::default(),
             counters: CachePadded::new(Counters::default()),
             stopping: AtomicBool::new(false),
             scheduler_exit: ExitSignal::default(),

@@ -23,7 +23,7 @@ use smallvec::SmallVec;
 use simpler_tensormap::TensorKey;
 use simpler_types::{
     CallConfig, CallableId, CallableKind, CallableNamespace, GroupMemberState, SlotId, TaskArgs,
-    TaskFailure, TaskId, TaskState, WorkerType,
+    TaskArgsView, TaskFailure, TaskId, TaskState, Tensor, WorkerType,
 };
 
 use crate::run_record::RunRecord;
@@ -186,15 +186,27 @@ impl SlotSync {
     }
 }
 
-/// One member's arguments and placement.
-pub(crate) struct Member {
-    /// Tensors (with tags) and scalars.
-    pub(crate) args: TaskArgs,
+/// Where one member's arguments sit in the payload's flat vectors, and where it runs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MemberSpan {
+    /// First tensor of the member in `Payload::tensors`.
+    pub(crate) tensors_from: u32,
+    /// One past its last tensor.
+    pub(crate) tensors_to: u32,
+    /// First scalar of the member in `Payload::scalars`.
+    pub(crate) scalars_from: u32,
+    /// One past its last scalar.
+    pub(crate) scalars_to: u32,
     /// Registration index of the NEXT_LEVEL target (unused for SUB members).
     pub(crate) target: u32,
 }
 
 /// What the slot's task runs, immutable between publication and reclamation.
+///
+/// Member arguments are stored flattened (tensors and scalars of every member, in member order)
+/// in vectors that keep their capacity across occupants, and tags are not kept at all (only the
+/// submit reads them). This keeps a slot small, which matters because a run may hold hundreds of
+/// thousands of slots live and every stage of a task's life touches its slot.
 #[derive(Default)]
 pub(crate) struct Payload {
     /// The occupant (checked by readers against the id they were given).
@@ -205,10 +217,18 @@ pub(crate) struct Payload {
     pub(crate) callable: Option<CallableId>,
     /// Queue family; `None` for allocs.
     pub(crate) worker_type: Option<WorkerType>,
-    /// Per-task configuration.
-    pub(crate) config: CallConfig,
-    /// Member arguments and targets.
-    pub(crate) members: SmallVec<[Member; 1]>,
+    /// Tensors of every member.
+    pub(crate) tensors: Vec<Tensor>,
+    /// Scalars of every member.
+    pub(crate) scalars: Vec<u64>,
+    /// One span per member.
+    pub(crate) members: SmallVec<[MemberSpan; 1]>,
+    /// The task's configuration when it is not the default one. The box is kept across
+    /// occupants (like a vector's capacity), so a steady stream of tasks with a custom
+    /// configuration allocates nothing.
+    config: Option<Box<CallConfig>>,
+    /// Whether `config` holds this occupant's configuration (otherwise it is the default).
+    custom_config: bool,
     /// Keys this task inserted into the tensor map (journal for owner-checked erase).
     pub(crate) output_keys: Vec<TensorKey>,
     /// Base address of the slab, for an `alloc()` buffer.
@@ -216,17 +236,68 @@ pub(crate) struct Payload {
 }
 
 impl Payload {
-    /// Clears everything, keeping vector capacities.
+    /// Clears everything, keeping vector capacities and the configuration box.
     pub(crate) fn clear(&mut self) {
         self.id = None;
         self.task = None;
         self.callable = None;
         self.worker_type = None;
-        // Drops a shared output prefix, if any; the default itself allocates nothing.
-        self.config = CallConfig::default();
+        self.tensors.clear();
+        self.scalars.clear();
         self.members.clear();
+        self.custom_config = false;
         self.output_keys.clear();
         self.alloc_addr = None;
+    }
+
+    /// Appends one member's arguments.
+    pub(crate) fn push_member(&mut self, args: &TaskArgs, target: u32) {
+        let tensors_from = self.tensors.len() as u32;
+        let scalars_from = self.scalars.len() as u32;
+        self.tensors.extend_from_slice(args.tensors());
+        self.scalars.extend_from_slice(args.scalars());
+        self.members.push(MemberSpan {
+            tensors_from,
+            tensors_to: self.tensors.len() as u32,
+            scalars_from,
+            scalars_to: self.scalars.len() as u32,
+            target,
+        });
+    }
+
+    /// The arguments of member `m`, as endpoints see them.
+    pub(crate) fn member_args(&self, m: &MemberSpan) -> TaskArgsView<'_> {
+        TaskArgsView {
+            tensors: self
+                .tensors
+                .get(m.tensors_from as usize..m.tensors_to as usize)
+                .unwrap_or(&[]),
+            scalars: self
+                .scalars
+                .get(m.scalars_from as usize..m.scalars_to as usize)
+                .unwrap_or(&[]),
+        }
+    }
+
+    /// Records the task's configuration (a copy only when it differs from the default).
+    pub(crate) fn set_config(&mut self, config: &CallConfig, default: &CallConfig) {
+        if config == default {
+            self.custom_config = false;
+            return;
+        }
+        match &mut self.config {
+            Some(b) => (**b).clone_from(config),
+            None => self.config = Some(Box::new(config.clone())),
+        }
+        self.custom_config = true;
+    }
+
+    /// The task's configuration, `default` unless a custom one was recorded.
+    pub(crate) fn config<'a>(&'a self, default: &'a CallConfig) -> &'a CallConfig {
+        match (&self.config, self.custom_config) {
+            (Some(b), true) => b,
+            _ => default,
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use simpler_types::{
 use crate::builder::RunBuilder;
 use crate::error::SchedError;
 use crate::inbox::ReadyEntry;
-use crate::slot::{Edge, Head, Member, Route};
+use crate::slot::{Edge, Head, Route};
 use crate::task_protocol::{Attach, Publish, root_of};
 
 /// The member argument lists of one submit.
@@ -89,7 +89,7 @@ impl RunBuilder<'_> {
         if self.orch.issued == u32::MAX {
             return Err(SchedError::TooManyTasks { run: self.run.id });
         }
-        self.build(callable, members, config, worker_type)
+        self.build(callable, &members, config, worker_type)
     }
 
     /// Checks 1–11 of §3.2. Fills `orch.targets` and `orch.footprints`.
@@ -237,7 +237,7 @@ impl RunBuilder<'_> {
     fn build(
         &mut self,
         callable: &CallableId,
-        members: Members,
+        members: &Members,
         config: Option<&CallConfig>,
         worker_type: WorkerType,
     ) -> Result<TaskId, SchedError> {
@@ -248,7 +248,7 @@ impl RunBuilder<'_> {
 
         // 1. Claim a slot (slot only, no heap).
         let depth = self.orch.scopes.depth().saturating_sub(1);
-        let allocation = core.ring.alloc(0, depth).map_err(|e| self.alloc_error(e))?;
+        let allocation = core.claim(0, depth).map_err(|e| self.alloc_error(e))?;
         let id = allocation.slot;
         let Some(slot) = core.ring.slot(id) else {
             core.ring.release(id);
@@ -319,16 +319,10 @@ impl RunBuilder<'_> {
             payload.callable = Some(*callable);
             payload.worker_type = Some(worker_type);
             if let Some(config) = config {
-                payload.config.clone_from(config);
+                payload.set_config(config, &core.default_config);
             }
-            let targets = &orch.targets;
-            let member = |(i, args): (usize, TaskArgs)| Member {
-                args,
-                target: targets.get(i).copied().unwrap_or(i as u32),
-            };
-            match members {
-                Members::One(a) => payload.members.push(member((0, a))),
-                Members::Many(v) => payload.members.extend(v.into_iter().enumerate().map(member)),
+            for (i, a) in args.iter().enumerate() {
+                payload.push_member(a, orch.targets.get(i).copied().unwrap_or(i as u32));
             }
         }
 

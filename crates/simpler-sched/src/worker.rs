@@ -269,8 +269,8 @@ fn run_member(
         member,
         group_size: payload.members.len() as u32,
         callable,
-        config: &payload.config,
-        args: m.args.view(),
+        config: payload.config(&core.default_config),
+        args: payload.member_args(m),
     };
     let _span = tracing::debug_span!("task", %task, member).entered();
     match catch_unwind(AssertUnwindSafe(|| endpoint.run(dispatched))) {
