@@ -126,6 +126,42 @@ fn block_dim_and_thread_count_out_of_range_are_invalid_config() {
 }
 
 #[test]
+fn a_timeout_set_breaking_the_ordering_rules_is_refused_at_attach() {
+    let mut o = fast_options(0).with_timeouts(5_000, 1_000_000, 60_000);
+    o.read_env = false;
+    match DeviceRunner::attach(o) {
+        Err(DeviceError::InvalidConfig { setting, value, rule, .. }) => {
+            assert_eq!(setting, "RunnerOptions.timeouts.op_execute_us");
+            assert_eq!(value, "1000000");
+            assert!(rule.contains("must exceed the scheduler budget"), "{rule}");
+        }
+        other => panic!("expected InvalidConfig, got {other:?}"),
+    }
+    let r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let t = r.timeouts().unwrap();
+    assert_eq!(t.scheduler, std::time::Duration::from_millis(300), "the effective set is reported");
+}
+
+#[test]
+fn a_tensor_pointing_into_runtime_memory_is_refused() {
+    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap();
+    // An address that is no longer a user allocation (freed, and possibly reused by the
+    // runtime's own buffers) is refused, whoever owns it now.
+    let p = r.malloc(4096).unwrap();
+    r.free(p).unwrap();
+    let stale = Tensor::external(p.addr(), &[64], DataType::Float32).unwrap().child_memory(true);
+    let mut args = TaskArgs::new();
+    args.add_input(stale).unwrap().add_input(stale).unwrap().add_output(stale).unwrap();
+    let err = r.run(&RunRequest::new(run_id(2), slot, &args, &CallConfig::default())).unwrap_err();
+    assert!(matches!(err, DeviceError::BadDevicePointer { .. }), "{err}");
+    v.free(&mut r);
+    still_works(&mut r, 3);
+}
+
+#[test]
 fn a_diagnostic_switch_without_output_prefix_is_rejected_when_the_config_is_built() {
     let err = CallConfig::builder().swimlane(SwimlaneLevel::AicoreTiming).build().unwrap_err();
     assert!(matches!(err, TypesError::OutputPrefixRequired { .. }), "{err}");

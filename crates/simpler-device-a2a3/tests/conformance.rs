@@ -306,6 +306,18 @@ fn dropping_a_runner_without_finalize_joins_its_threads() {
     assert_eq!(sim_threads_named("sim91-"), 0);
 }
 
+#[test]
+fn dropping_a_runner_with_a_launched_run_stops_and_joins_everything() {
+    let mut r = DeviceRunner::attach(fast_options(92)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 4096);
+    r.sim_faults().unwrap().kernel_hang(FUNC_MUL, 1);
+    r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap();
+    r.launch_run().unwrap();
+    drop(r);
+    assert_eq!(sim_threads_named("sim92-"), 0);
+}
+
 // ----- 10. Persistent threads, parked between runs; several devices at once -----
 
 #[test]

@@ -460,9 +460,16 @@ struct Env<'a> {
     misses: &'a mut u64,
 }
 
+/// Whether kernels may be handed memory of this purpose: user allocations, the GM heap and
+/// staging. Runtime images, kernel arguments and chip buffers are the runtime's own; a tensor
+/// pointing into them could let a kernel rewrite what the scheduler trusts.
+fn kernel_visible(p: Option<MemPurpose>) -> bool {
+    matches!(p, Some(MemPurpose::User | MemPurpose::HeapArena | MemPurpose::Staging))
+}
+
 impl BuildEnv for Env<'_> {
     fn device_range_ok(&self, addr: u64, len: u64) -> bool {
-        self.backend.find(addr, len).is_some()
+        kernel_visible(self.backend.find(addr, len))
     }
 
     fn read(&self, addr: u64, out: &mut [u8]) -> bool {
@@ -989,7 +996,7 @@ impl Core {
                 message: format!("chip argument {i}: {e}"),
             })?;
             if t.is_child_memory() {
-                if self.backend.find(t.addr, t.size).is_none() {
+                if self.backend.find(t.addr, t.size) != Some(MemPurpose::User) {
                     return Err(DeviceError::BadDevicePointer { addr: t.addr, len: t.size });
                 }
             } else {
