@@ -27,8 +27,10 @@ mod health;
 mod staging;
 mod types;
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
+use std::marker::PhantomData;
 use std::mem::{offset_of, size_of};
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
@@ -179,6 +181,8 @@ struct Core {
 #[derive(Debug)]
 pub struct DeviceRunner {
     core: Option<Core>,
+    /// `Send` but not `Sync`: one thread drives a device (onboard, CANN binds it per thread).
+    _not_sync: PhantomData<Cell<()>>,
 }
 
 fn unusable(core: &Core) -> Result<(), DeviceError> {
@@ -237,6 +241,7 @@ impl DeviceRunner {
             });
         }
         let mut runner = DeviceRunner {
+            _not_sync: PhantomData,
             core: Some(Core {
                 opts,
                 timeouts,
@@ -1080,27 +1085,15 @@ impl Core {
 
     fn launch_run(&mut self) -> Result<(), DeviceError> {
         let mut run = self.take_run("launch_run", Stage::Prepared)?;
-        let layout = run.layout.unwrap_or(ImageLayout {
-            handshake_off: 0,
-            func_table_off: 0,
-            shared_off: 0,
-            tasks_off: 0,
-            edges_off: 0,
-            args_off: 0,
-            ready_off: 0,
-            ready_cells_off: [0; 4],
-            workers_off: 0,
-            payloads_off: 0,
-            swimlane_off: 0,
-            phases_off: 0,
-            len: 0,
-        });
-        // L1: every aicore_done of the launch reads 0 on the device.
-        for w in 0..3 * run.block_dim {
-            let off = layout.handshake_off
-                + u64::from(w) * size_of::<Handshake>() as u64
-                + offset_of!(Handshake, aicore_done) as u64;
-            self.backend.write(run.image_addr + off, &0u32.to_le_bytes());
+        // L1: every aicore_done of the launch reads 0 on the device. (A prepared run always
+        // has an image; the upload already carried zeros, the simulator clears them again.)
+        if let Some(layout) = run.layout {
+            for w in 0..3 * run.block_dim {
+                let off = layout.handshake_off
+                    + u64::from(w) * size_of::<Handshake>() as u64
+                    + offset_of!(Handshake, aicore_done) as u64;
+                self.backend.write(run.image_addr + off, &0u32.to_le_bytes());
+            }
         }
         let args = self.kernel_args.unwrap_or(0);
         // L2: AICore first.
@@ -1500,6 +1493,12 @@ mod tests {
 
     fn empty_orch(_: &mut OrchCtx<'_>, _: &OrchArgs<'_>) -> Result<(), OrchError> {
         Ok(())
+    }
+
+    #[test]
+    fn the_runner_is_send() {
+        fn send<T: Send>() {}
+        send::<DeviceRunner>();
     }
 
     #[test]

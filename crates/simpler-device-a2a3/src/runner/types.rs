@@ -181,7 +181,8 @@ pub struct RunnerStats {
     pub recoveries: u64,
     /// Export passes (at most one per run).
     pub exports: u64,
-    /// Live user allocations plus per-run allocations: what would leak.
+    /// Live user allocations (runs allocate nothing outside the pooled arenas, which the
+    /// ledger reports), so this is what a leak would change.
     pub live_allocations: u64,
     /// Simulated threads spawned over the device's life.
     pub sim_threads_spawned: u32,
