@@ -15,7 +15,7 @@ fn still_works(r: &mut DeviceRunner, run: u64) {
 
 #[test]
 fn an_unknown_slot_is_named() {
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     let err = r
         .run(&RunRequest::new(
             run_id(1),
@@ -38,7 +38,7 @@ fn far_func_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchE
 
 #[test]
 fn a_submit_with_an_out_of_range_func_id_is_invalid_args() {
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     let c = ChipCallable::native(far_func_orch, |_| OrchConfig::default())
         .kernel(FUNC_NOOP, CoreCallable::native(vec![], noop_kernel))
         .build()
@@ -75,7 +75,7 @@ fn kernel_tasks_are_capped_at_32_tensors_and_16_scalars() {
 
 #[test]
 fn pointers_outside_device_memory_are_bad_device_pointers() {
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();
     let v = VectorRun::new(&mut r, 64);
     // A view reaching past its allocation.
@@ -102,7 +102,7 @@ fn pointers_outside_device_memory_are_bad_device_pointers() {
 
 #[test]
 fn block_dim_and_thread_count_out_of_range_are_invalid_config() {
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();
     let v = VectorRun::new(&mut r, 64);
     for (cfg, setting, value) in [
@@ -127,7 +127,7 @@ fn block_dim_and_thread_count_out_of_range_are_invalid_config() {
 
 #[test]
 fn a_timeout_set_breaking_the_ordering_rules_is_refused_at_attach() {
-    let mut o = fast_options(0).with_timeouts(5_000, 1_000_000, 60_000);
+    let mut o = options(0).with_timeouts(5_000, 1_000_000, 60_000);
     o.read_env = false;
     match DeviceRunner::attach(o) {
         Err(DeviceError::InvalidConfig { setting, value, rule, .. }) => {
@@ -137,14 +137,18 @@ fn a_timeout_set_breaking_the_ordering_rules_is_refused_at_attach() {
         }
         other => panic!("expected InvalidConfig, got {other:?}"),
     }
-    let r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let r = DeviceRunner::attach(options(0)).unwrap();
     let t = r.timeouts().unwrap();
-    assert_eq!(t.scheduler, std::time::Duration::from_millis(300), "the effective set is reported");
+    assert_eq!(
+        t.scheduler,
+        std::time::Duration::from_millis(5_000),
+        "the effective set is reported"
+    );
 }
 
 #[test]
 fn a_tensor_pointing_into_runtime_memory_is_refused() {
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();
     let v = VectorRun::new(&mut r, 64);
     r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap();
@@ -169,7 +173,7 @@ fn a_diagnostic_switch_without_output_prefix_is_rejected_when_the_config_is_buil
 
 #[test]
 fn calls_out_of_order_are_busy() {
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     assert!(matches!(r.launch_run(), Err(DeviceError::Busy { call: "launch_run", .. })));
     assert!(matches!(r.reap_run(), Err(DeviceError::Busy { call: "reap_run", .. })));
     assert!(matches!(r.complete_run(), Err(DeviceError::Busy { call: "complete_run", .. })));
@@ -197,7 +201,7 @@ fn calls_out_of_order_are_busy() {
 
 #[test]
 fn host_tensors_are_staged_in_and_copied_back() {
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();
     let n = 300;
     let a: Vec<f32> = (0..n).map(|i| i as f32).collect();

@@ -30,7 +30,7 @@ fn vector_add_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), Orc
 
 #[test]
 fn vector_add_and_the_vector_example_pass_for_block_dim_1_to_3_and_2_to_4_threads() {
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     use ArgDirection::{In, Out};
     let add = ChipCallable::native(vector_add_orch, three_args)
         .kernel(FUNC_ADD, CoreCallable::native(vec![In, In, Out], add_kernel))
@@ -79,7 +79,7 @@ fn vector_add_and_the_vector_example_pass_for_block_dim_1_to_3_and_2_to_4_thread
 fn runs_after_runs_start_from_cleared_handshakes() {
     // Every run's image carries zeroed handshake records and L1 clears them again on the
     // device; back-to-back runs with different shapes would deadlock or misroute otherwise.
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     for (i, b) in [3u32, 1, 2, 1, 3].into_iter().enumerate() {
         let cfg = CallConfig::builder().block_dim(b).build().unwrap();
         vector_once(&mut r, i as u64 + 1, &cfg);
@@ -126,7 +126,7 @@ fn noop_callable(orch: simpler_device_a2a3::NativeOrchFn, expected: u32) -> Chip
 
 #[test]
 fn hbg_capacity_and_orchestration_errors_fail_before_launch_and_leave_the_device_healthy() {
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     let (p, t) = upload_f32(&mut r, &[0.0; 256]);
     let many = r.register_callable(&noop_callable(many_tasks_orch, 0)).unwrap();
     let alloc = r.register_callable(&noop_callable(big_alloc_orch, 0)).unwrap();
@@ -227,7 +227,7 @@ fn an_unusable_runner_rejects_device_calls_and_a_new_runner_runs() {
     v.free(&mut r);
     r.finalize().unwrap();
     assert!(!probe.is_healthy(), "the probe keeps the last state");
-    let mut fresh = DeviceRunner::attach(fast_options(4)).unwrap();
+    let mut fresh = DeviceRunner::attach(options(4)).unwrap();
     assert!(fresh.health().is_healthy());
     vector_once(&mut fresh, 1, &CallConfig::default());
     fresh.finalize().unwrap();
@@ -250,7 +250,12 @@ fn sim_threads_named(prefix: &str) -> usize {
 
 #[test]
 fn terminal_cleanup_runs_once_on_every_exit_path() {
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    // A short scheduler budget for the latched timeout below, and a shutdown budget long enough
+    // that the delayed kernel always answers the exit signal.
+    let mut r = DeviceRunner::attach(
+        fast_options(0).with_shutdown_budget(std::time::Duration::from_secs(10)),
+    )
+    .unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();
     let v = VectorRun::new(&mut r, 64);
     let cfg = CallConfig::default();
@@ -299,7 +304,7 @@ fn terminal_cleanup_runs_once_on_every_exit_path() {
 
 #[test]
 fn dropping_a_runner_without_finalize_joins_its_threads() {
-    let mut r = DeviceRunner::attach(fast_options(91)).unwrap();
+    let mut r = DeviceRunner::attach(options(91)).unwrap();
     vector_once(&mut r, 1, &CallConfig::default());
     assert!(sim_threads_named("sim91-") > 0);
     drop(r);
@@ -322,7 +327,7 @@ fn dropping_a_runner_with_a_launched_run_stops_and_joins_everything() {
 
 #[test]
 fn two_hundred_runs_spawn_no_threads_after_the_first_and_park_between_runs() {
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();
     let v = VectorRun::new(&mut r, 256);
     let cfg = CallConfig::default();
@@ -345,7 +350,7 @@ fn four_simulated_devices_with_block_dim_8_run_concurrently() {
     let handles: Vec<_> = (0..4)
         .map(|d| {
             std::thread::spawn(move || {
-                let mut r = DeviceRunner::attach(fast_options(d)).unwrap();
+                let mut r = DeviceRunner::attach(options(d)).unwrap();
                 let cfg = CallConfig::builder().block_dim(8).build().unwrap();
                 for i in 0..5 {
                     vector_once(&mut r, i + 1, &cfg);
@@ -363,7 +368,7 @@ fn four_simulated_devices_with_block_dim_8_run_concurrently() {
 
 #[test]
 fn memory_errors_are_typed_and_allocations_are_aligned_and_zeroed() {
-    let mut opts = fast_options(0);
+    let mut opts = options(0);
     opts.sim.memory_limit = 8 << 20;
     let mut r = DeviceRunner::attach(opts).unwrap();
     assert!(matches!(r.malloc(0), Err(DeviceError::InvalidArgs { .. })));
@@ -417,7 +422,7 @@ fn callable_limits_are_enforced_with_the_values_named() {
     invalid(base().signature(vec![In; 129]).build(), "129 entries");
     invalid(base().names("e".repeat(64), "c").build(), "64 bytes");
 
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     let text = base()
         .kernel(0, CoreCallable::new(vec![], simpler_device_a2a3::KernelCode::Text(vec![0; 8])))
         .build()
@@ -492,7 +497,7 @@ fn probe_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchErro
 
 #[test]
 fn the_kernel_abi_probe_sees_descriptors_scalars_and_contexts() {
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     let c = ChipCallable::native(probe_orch, |_| OrchConfig { expected_arg_count: 1 })
         .kernel(10, CoreCallable::native(vec![], probe_aic))
         .kernel(11, CoreCallable::native(vec![], probe_aiv0))
@@ -547,7 +552,7 @@ fn scoped_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchErr
 #[test]
 fn diagnostics_write_parseable_files_only_under_the_prefix() {
     let dir = temp_dir("diag");
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     let cfg = CallConfig::builder()
         .swimlane(SwimlaneLevel::AicpuTiming)
         .dep_gen(true)

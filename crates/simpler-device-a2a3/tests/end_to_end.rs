@@ -36,7 +36,7 @@ fn vector_run(
 
 #[test]
 fn vector_example_matches_the_host_computation() {
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();
     vector_run(&mut r, slot, 1, 16384, &CallConfig::default());
     r.finalize().unwrap();
@@ -44,7 +44,7 @@ fn vector_example_matches_the_host_computation() {
 
 #[test]
 fn vector_example_passes_for_every_block_dim_and_thread_count() {
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();
     let mut run = 1;
     for block_dim in 1..=3 {

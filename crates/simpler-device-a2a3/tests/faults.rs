@@ -35,7 +35,7 @@ fn failing_run(r: &mut DeviceRunner, run: u64) -> DeviceError {
 }
 
 fn fresh_runner_works() {
-    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();
     let v = VectorRun::new(&mut r, 1024);
     r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap();

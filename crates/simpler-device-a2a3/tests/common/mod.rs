@@ -111,6 +111,15 @@ pub fn vector_callable() -> ChipCallable {
         .unwrap()
 }
 
+/// Options for tests that expect success: budgets generous enough that a loaded machine never
+/// trips a watchdog, environment ignored.
+pub fn options(device_id: u32) -> RunnerOptions {
+    let mut o = RunnerOptions::sim(device_id, RuntimeVariant::HostBuildGraph)
+        .with_timeouts(5_000, 10_000_000, 30_000);
+    o.read_env = false;
+    o
+}
+
 /// Options with short budgets so failure tests stay fast.
 pub fn fast_options(device_id: u32) -> RunnerOptions {
     let mut o = RunnerOptions::sim(device_id, RuntimeVariant::HostBuildGraph)
