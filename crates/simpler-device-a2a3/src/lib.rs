@@ -21,6 +21,10 @@
 //! - `diag`: wall time, swimlane, dependency graph and scope statistics files.
 //! - [`kernel`]: the kernel ABI.
 //!
+//! Lock order (the only nested acquisitions): a simulated stream's lock, then a thread
+//! mailbox's lock or an event's lock. Every other lock (memory, fault plan, fault log, event
+//! counts, health) is a leaf. The AICPU scheduler takes no lock at all.
+//!
 //! Unsafe code is confined to: simulated memory (`backend::sim::memory`), the image view
 //! (`aicpu::view`), payload writes (`aicpu::scheduler::send`), the AICore executor's kernel call,
 //! the kernel accessors, the ops-table glue (`runtime::orch`, `runtime::hbg::builder`) and

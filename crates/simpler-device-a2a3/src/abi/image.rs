@@ -8,7 +8,7 @@
 //! | Section | Contents |
 //! |---|---|
 //! | header | [`ImageHeader`]: counts and section offsets |
-//! | handshake | [`Handshake`](super::handshake::Handshake) × 72 |
+//! | handshake | [`Handshake`] × 72 |
 //! | func table | `u64` × 1024: device address of each func id's kernel (0 = unset) |
 //! | shared | [`SharedHeader`]: latched status, stall details, progress counters |
 //! | tasks | [`TaskRecord`] × task count |
@@ -16,7 +16,7 @@
 //! | args | per task, its tensor descriptors (128 B each) then its scalars (`u64` each) |
 //! | ready | [`ReadyQueueHeader`] × 4 (one per [`TaskShape`]), then each queue's `u64` cells |
 //! | workers | [`WorkerSlot`] × 72 |
-//! | payloads | [`PayloadPair`](super::payload::PayloadPair) × 72 |
+//! | payloads | [`PayloadPair`] × 72 |
 //! | swimlane | per launched worker: [`SwimlaneHeader`] then [`SwimlaneRecord`] × capacity |
 //! | phases | [`PhaseRecord`] × 4 (one per AICPU thread) |
 //!

@@ -116,7 +116,8 @@ pub(crate) struct SimShared {
     /// AICPU thread + 1 that owns each worker's `COND` (0 = unknown); written by that thread
     /// before it opens the window (release), read by the worker when it writes `COND`.
     owner: Box<[AtomicU32]>,
-    /// Set once by finalize; read by every simulated wait.
+    /// Set once by finalize (release); read by every simulated wait (acquire), which then
+    /// gives up.
     pub(crate) reset: AtomicBool,
     pub(crate) faults: FaultPlan,
     fault_log: Mutex<Vec<CoreFault>>,
@@ -130,11 +131,14 @@ pub(crate) struct SimShared {
     spins: AtomicU32,
     /// Awake simulated threads, gating the spin phase of every wait.
     gate: SpinGate,
-    /// `block_dim` of the latest AICore launch (fault reports only).
+    /// `block_dim` of the latest AICore launch; written by the launching host thread, read
+    /// relaxed by fault reports only (a stale value mislabels a core type in a message).
     block_dim: AtomicU32,
-    /// Threads alive (incremented at spawn, decremented by the exit guard).
+    /// Threads alive: incremented by the host at spawn, decremented by each thread's exit guard
+    /// under `exit_lock`; read by finalize (waiting on `exit_cv`) and statistics.
     alive: AtomicU32,
-    /// Threads parked on their mailbox.
+    /// Threads parked on their mailbox: each thread increments it before waiting and
+    /// decrements it after; read relaxed by statistics only.
     parked: AtomicU32,
     exit_lock: Mutex<()>,
     exit_cv: Condvar,
