@@ -118,6 +118,11 @@ impl KeyTable {
 
     /// Removes every key, keeping the capacity for the next run that uses this table.
     pub(crate) fn clear(&mut self) {
+        if self.index.is_empty() {
+            // Every slot is already free and empty (the usual end of a run, whose keys were erased
+            // one by one): keeping them as they are saves a pass over the whole slab.
+            return;
+        }
         self.index.clear();
         self.slots.clear();
         self.free.clear();

@@ -82,8 +82,10 @@ impl TensorMap {
     /// `span`.
     ///
     /// A producer that owns several overlapping entries of the key is visited once. The order of
-    /// visits is unspecified. An empty `span` visits nothing. The lookup allocates nothing
-    /// (a fan-in of more than 16 candidates reuses a buffer the map keeps). `visit` runs under the
+    /// visits is unspecified. An empty `span` visits nothing. Cost: one hash probe plus the
+    /// entries of the key that start inside the span's reach. The lookup allocates nothing,
+    /// except that deduplicating more than 16 candidates of a key where some producer owns
+    /// several entries grows a scratch buffer the map keeps and reuses. `visit` runs under the
     /// map's lock: it must not call into this map or take other locks.
     #[inline]
     pub fn lookup_overlapping(
