@@ -145,7 +145,7 @@ pub enum KernelCode {
     /// A Rust or C function in this process (simulator).
     Native(KernelFn),
     /// A C kernel in a shared object exporting `kernel_entry` (simulator).
-    SharedObject(PathBuf),
+    SharedObject(SharedObjectKernel),
     /// The raw `.text` of a device kernel object (onboard).
     Text(Vec<u8>),
 }
@@ -154,9 +154,36 @@ impl fmt::Debug for KernelCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KernelCode::Native(k) => write!(f, "Native({:#x})", *k as usize),
-            KernelCode::SharedObject(p) => write!(f, "SharedObject({})", p.display()),
+            KernelCode::SharedObject(k) => write!(f, "SharedObject({})", k.path().display()),
             KernelCode::Text(t) => write!(f, "Text({} bytes)", t.len()),
         }
+    }
+}
+
+/// A shared object holding a C kernel that exports `kernel_entry(int64_t *args)` with the
+/// kernel ABI (spec §5.7). The simulator loads it at registration and keeps it open while the
+/// callable is registered.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SharedObjectKernel {
+    path: PathBuf,
+}
+
+impl SharedObjectKernel {
+    /// Names the object at `path`.
+    ///
+    /// # Safety
+    ///
+    /// Registering a callable with this kernel loads the object, which runs its initializers,
+    /// and calls its `kernel_entry` as a kernel: the initializers must be sound to run in this
+    /// process and `kernel_entry` must have the kernel ABI and honour the kernel contract (touch
+    /// only its tensors' memory).
+    pub unsafe fn new(path: impl Into<PathBuf>) -> SharedObjectKernel {
+        SharedObjectKernel { path: path.into() }
+    }
+
+    /// The object's path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
     }
 }
 
@@ -362,9 +389,9 @@ fn digest(b: &ChipCallableBuilder) -> [u8; 32] {
                 h.update([0u8]);
                 h.update((*f as usize as u64).to_le_bytes());
             }
-            KernelCode::SharedObject(p) => {
+            KernelCode::SharedObject(k) => {
                 h.update([1u8]);
-                put_bytes(&mut h, p.as_os_str().as_encoded_bytes());
+                put_bytes(&mut h, k.path().as_os_str().as_encoded_bytes());
             }
             KernelCode::Text(t) => {
                 h.update([2u8]);

@@ -28,7 +28,8 @@
 //! Unsafe code is confined to: simulated memory (`backend::sim::memory`), the image view
 //! (`aicpu::view`), payload writes (`aicpu::scheduler::send`), the AICore executor's kernel call,
 //! the kernel accessors, the ops-table glue (`runtime::orch`, `runtime::hbg::builder`) and
-//! host-tensor staging (`runner::staging`).
+//! host-tensor staging (`runner::staging`) and the shared-object kernel loader
+//! (`backend::sim::loader`).
 
 #[cfg(not(feature = "sim"))]
 compile_error!(
@@ -51,7 +52,7 @@ pub mod timeouts;
 pub use backend::sim::{FaultPlan, FiredFault};
 pub use callable::{
     ArgDirection, ChipCallable, ChipCallableBuilder, CoreCallable, KernelCode, NativeConfigFn,
-    NativeOrchFn, OrchArgs, OrchConfig, Orchestration,
+    NativeOrchFn, OrchArgs, OrchConfig, Orchestration, SharedObjectKernel,
 };
 pub use diag::timing::RunPhases;
 pub use error::{

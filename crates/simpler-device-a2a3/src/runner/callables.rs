@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::abi::MAX_CALLABLE_SLOTS;
 use crate::abi::MAX_FUNC_IDS;
 use crate::abi::launch::CoreKernelHeader;
+use crate::backend::sim::SharedObject;
 use crate::callable::{ChipCallable, KernelCode, Orchestration};
 use crate::error::DeviceError;
 
@@ -23,6 +24,8 @@ pub(crate) struct Registered {
     pub(crate) func_table: Box<[u64]>,
     /// Which func ids are registered.
     pub(crate) funcs: Vec<bool>,
+    /// Shared objects holding kernels of this callable; closed when it is unregistered.
+    pub(crate) objects: Vec<SharedObject>,
 }
 
 /// An uploaded chip buffer and how many registrations share it.
@@ -50,8 +53,18 @@ pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
     h
 }
 
-/// What the simulator can execute; anything else is `InvalidCallable`.
-pub(crate) fn check_sim_executable(c: &ChipCallable) -> Result<(), DeviceError> {
+/// Kernel addresses a callable resolved to, and the objects that hold them.
+#[derive(Debug, Default)]
+pub(crate) struct Resolved {
+    /// `(func id, kernel entry address)`, in func-id order.
+    pub(crate) kernels: Vec<(u32, u64)>,
+    /// Shared objects kept open while the callable is registered.
+    pub(crate) objects: Vec<SharedObject>,
+}
+
+/// Resolves every kernel of `c` to an address the simulator can call; anything it cannot run
+/// is `InvalidCallable`.
+pub(crate) fn resolve_for_sim(c: &ChipCallable) -> Result<Resolved, DeviceError> {
     if let Orchestration::DeviceObject { entry, .. } = c.orchestration() {
         return Err(DeviceError::InvalidCallable {
             reason: format!(
@@ -59,16 +72,21 @@ pub(crate) fn check_sim_executable(c: &ChipCallable) -> Result<(), DeviceError> 
             ),
         });
     }
+    let mut r = Resolved::default();
     for (id, k) in c.children() {
-        match k.code() {
-            KernelCode::Native(_) => {}
-            KernelCode::SharedObject(p) => {
-                return Err(DeviceError::InvalidCallable {
-                    reason: format!(
-                        "kernel {id} is a shared object ({}); this build cannot load shared-object kernels yet, use KernelCode::Native",
-                        p.display()
-                    ),
-                });
+        let addr = match k.code() {
+            KernelCode::Native(f) => *f as usize as u64,
+            KernelCode::SharedObject(so) => {
+                let fail = |e: String| DeviceError::InvalidCallable {
+                    reason: format!("kernel {id}: {e}"),
+                };
+                // SAFETY: `SharedObjectKernel::new`'s contract: the object may be loaded and its
+                // `kernel_entry` has the kernel ABI.
+                let obj = unsafe { SharedObject::open(so.path()) }.map_err(fail)?;
+                // SAFETY: as above.
+                let entry = unsafe { obj.kernel_entry() }.map_err(fail)?;
+                r.objects.push(obj);
+                entry as usize as u64
             }
             KernelCode::Text(_) => {
                 return Err(DeviceError::InvalidCallable {
@@ -77,20 +95,17 @@ pub(crate) fn check_sim_executable(c: &ChipCallable) -> Result<(), DeviceError> 
                     ),
                 });
             }
-        }
+        };
+        r.kernels.push((*id, addr));
     }
-    Ok(())
+    Ok(r)
 }
 
 /// The chip buffer bytes of `c`: one header per kernel, in func-id order.
-pub(crate) fn chip_buffer_bytes(c: &ChipCallable) -> Vec<u8> {
+pub(crate) fn chip_buffer_bytes(c: &ChipCallable, resolved: &Resolved) -> Vec<u8> {
     let mut out = vec![0u8; c.children().len().max(1) * size_of::<CoreKernelHeader>()];
-    for (i, (id, k)) in c.children().iter().enumerate() {
+    for (i, ((id, k), (_, addr))) in c.children().iter().zip(&resolved.kernels).enumerate() {
         let base = i * size_of::<CoreKernelHeader>();
-        let addr = match k.code() {
-            KernelCode::Native(f) => *f as usize as u64,
-            _ => 0,
-        };
         let sig: Vec<u8> = k.signature().iter().map(|d| *d as u8).collect();
         let put = |out: &mut [u8], off: usize, b: &[u8]| {
             out[base + off..base + off + b.len()].copy_from_slice(b)
@@ -108,13 +123,13 @@ pub(crate) fn chip_buffer_bytes(c: &ChipCallable) -> Vec<u8> {
 }
 
 /// Kernel addresses by func id, and the set of func ids.
-pub(crate) fn func_table_of(c: &ChipCallable) -> (Box<[u64]>, Vec<bool>) {
+pub(crate) fn func_table_of(resolved: &Resolved) -> (Box<[u64]>, Vec<bool>) {
     let mut table = vec![0u64; MAX_FUNC_IDS].into_boxed_slice();
     let mut funcs = vec![false; MAX_FUNC_IDS];
-    for (id, k) in c.children() {
-        if let (Some(slot), KernelCode::Native(f)) = (table.get_mut(*id as usize), k.code()) {
-            *slot = *f as usize as u64;
-            funcs[*id as usize] = true;
+    for &(id, addr) in &resolved.kernels {
+        if let Some(slot) = table.get_mut(id as usize) {
+            *slot = addr;
+            funcs[id as usize] = true;
         }
     }
     (table, funcs)

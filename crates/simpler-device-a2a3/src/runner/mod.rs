@@ -46,8 +46,8 @@ pub use types::{
 };
 
 use self::callables::{
-    CallableTable, ChipBuffer, Registered, check_sim_executable, chip_buffer_bytes, fnv1a64,
-    func_table_of,
+    CallableTable, ChipBuffer, Registered, chip_buffer_bytes, fnv1a64, func_table_of,
+    resolve_for_sim,
 };
 use self::health::HealthCell;
 use self::staging::{StagedTensor, host_slice, host_slice_mut};
@@ -595,8 +595,8 @@ impl Core {
         let Some(slot) = self.callables.free_slot() else {
             return Err(DeviceError::TooManyCallables { capacity: MAX_CALLABLE_SLOTS });
         };
-        check_sim_executable(c)?;
-        let bytes = chip_buffer_bytes(c);
+        let resolved = resolve_for_sim(c)?;
+        let bytes = chip_buffer_bytes(c, &resolved);
         let hash = fnv1a64(&bytes);
         let headers_base = match self.callables.buffers.get_mut(&hash) {
             Some(buf) => {
@@ -618,7 +618,7 @@ impl Core {
                 addr
             }
         };
-        let (func_table, funcs) = func_table_of(c);
+        let (func_table, funcs) = func_table_of(&resolved);
         tracing::debug!(
             device = self.opts.device_id,
             slot,
@@ -634,6 +634,7 @@ impl Core {
             buffer_hash: hash,
             func_table,
             funcs,
+            objects: resolved.objects,
         });
         self.stats.registrations += 1;
         Ok(ChipSlot(slot as u32))
@@ -1462,6 +1463,12 @@ impl Core {
         report.stuck_workers = self.backend.shutdown(budget);
         if report.stuck_workers.is_empty() {
             report.freed_allocations = allocations;
+        } else {
+            // A detached thread may still be executing kernel code from a loaded object: keep
+            // every object mapped for the life of the process.
+            for reg in self.callables.slots.iter_mut().flatten() {
+                std::mem::forget(std::mem::take(&mut reg.objects));
+            }
         }
         self.user_allocs.clear();
         Ok(report)

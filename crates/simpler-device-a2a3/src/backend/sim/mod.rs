@@ -24,6 +24,7 @@
 //! budget; a thread stuck in user kernel code is detached and named (spec §3.7).
 
 mod faults;
+mod loader;
 mod memory;
 mod stream;
 mod wait;
@@ -39,6 +40,7 @@ use parking_lot::{Condvar, Mutex};
 
 pub(crate) use faults::KernelAction;
 pub use faults::{FaultPlan, FiredFault};
+pub(crate) use loader::SharedObject;
 pub(crate) use memory::{AllocFailure, MemoryCounts};
 pub(crate) use stream::{StreamStatus, SyncError};
 pub(crate) use wait::{EventCount, SpinGate, SpinPolicy};

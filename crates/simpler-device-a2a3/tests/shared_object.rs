@@ -1,0 +1,130 @@
+//! C kernels loaded from shared objects (spec §3.4, `KernelCode::SharedObject`) run on the
+//! simulated chip. The test builds its kernel with the system C compiler.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use simpler_device_a2a3::{
+    ArgDirection, ChipCallable, CoreCallable, DeviceError, DeviceRunner, KernelCode, Kernels,
+    OrchArgs, OrchCtx, OrchError, RunRequest, SharedObjectKernel,
+};
+use simpler_types::{CallConfig, CoreArgs, TaskArgs};
+
+const C_KERNEL: &str = r#"
+#include <stddef.h>
+#include <stdint.h>
+
+struct tensor {
+    uint64_t addr, size, owner_task_id, start_offset;
+    int32_t version;
+    uint32_t ndims;
+    uint8_t dtype, manual_dep, is_contiguous, child_memory;
+    uint32_t shapes[5];
+    uint64_t extent_elems;
+    uint32_t strides[5];
+    uint8_t reserved[36];
+};
+_Static_assert(sizeof(struct tensor) == 128, "descriptor size");
+_Static_assert(offsetof(struct tensor, shapes) == 44, "shapes offset");
+
+/* c = a + b over f32, for the first dimension of a. */
+void kernel_entry(int64_t *args) {
+    const struct tensor *a = (const struct tensor *)(uintptr_t)args[0];
+    const struct tensor *b = (const struct tensor *)(uintptr_t)args[1];
+    const struct tensor *c = (const struct tensor *)(uintptr_t)args[2];
+    const float *pa = (const float *)(uintptr_t)(a->addr + a->start_offset * 4);
+    const float *pb = (const float *)(uintptr_t)(b->addr + b->start_offset * 4);
+    float *pc = (float *)(uintptr_t)(c->addr + c->start_offset * 4);
+    for (uint32_t i = 0; i < a->shapes[0]; i++) pc[i] = pa[i] + pb[i];
+}
+
+void not_a_kernel(void) {}
+"#;
+
+/// Builds `src` into a shared object; `None` (with a note) when no C compiler is available.
+fn build(dir: &Path, name: &str, src: &str) -> Option<PathBuf> {
+    let c = dir.join(format!("{name}.c"));
+    let so = dir.join(format!("lib{name}.so"));
+    std::fs::write(&c, src).unwrap();
+    let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&so)
+        .arg(&c)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => Some(so),
+        Ok(o) => panic!("the C compiler failed: {}", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => {
+            eprintln!("no C compiler ({e}); skipping the shared-object kernel test");
+            None
+        }
+    }
+}
+
+fn add_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let mut a = CoreArgs::new();
+    a.add_input(*args.tensor(0).unwrap()).unwrap();
+    a.add_input(*args.tensor(1).unwrap()).unwrap();
+    a.add_output(*args.tensor(2).unwrap()).unwrap();
+    ctx.submit(Kernels::Aiv(FUNC_ADD), &a)?;
+    Ok(())
+}
+
+fn callable(so: &Path) -> Result<ChipCallable, DeviceError> {
+    use ArgDirection::{In, Out};
+    // SAFETY: the object is the kernel built above (or a path that does not load); its
+    // `kernel_entry` has the kernel ABI and touches only its tensors.
+    let code = KernelCode::SharedObject(unsafe { SharedObjectKernel::new(so) });
+    ChipCallable::native(add_orch, three_args)
+        .kernel(FUNC_ADD, CoreCallable::new(vec![In, In, Out], code))
+        .build()
+}
+
+#[test]
+fn a_c_kernel_from_a_shared_object_runs_on_the_simulated_chip() {
+    let dir = temp_dir("shared-object");
+    let Some(so) = build(&dir, "addkernel", C_KERNEL) else { return };
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let slot = r.register_callable(&callable(&so).unwrap()).unwrap();
+    let n = 1000;
+    let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let (pa, ta) = upload_f32(&mut r, &a);
+    let (pb, tb) = upload_f32(&mut r, &a);
+    let (pc, tc) = upload_f32(&mut r, &vec![0.0; n]);
+    let mut args = TaskArgs::new();
+    args.add_input(ta).unwrap().add_input(tb).unwrap().add_output(tc).unwrap();
+    r.run(&RunRequest::new(run_id(1), slot, &args, &CallConfig::default())).unwrap();
+    let c = download_f32(&mut r, pc, n);
+    assert!(c.iter().enumerate().all(|(i, v)| *v == 2.0 * i as f32));
+    for p in [pa, pb, pc] {
+        r.free(p).unwrap();
+    }
+    r.unregister_callable(slot).unwrap();
+    r.finalize().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn unloadable_objects_and_missing_entries_are_invalid_callables() {
+    let dir = temp_dir("shared-object-bad");
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let missing = dir.join("libnothing.so");
+    let err = r.register_callable(&callable(&missing).unwrap()).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::InvalidCallable { reason } if reason.contains("libnothing.so")),
+        "{err}"
+    );
+    if let Some(so) = build(&dir, "noentry", "void something_else(void) {}\n") {
+        let err = r.register_callable(&callable(&so).unwrap()).unwrap_err();
+        assert!(
+            matches!(&err, DeviceError::InvalidCallable { reason } if reason.contains("kernel_entry")),
+            "{err}"
+        );
+    }
+    assert_eq!(r.stats().registrations, 0, "a failed registration consumes no slot");
+    r.finalize().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
