@@ -12,7 +12,7 @@ use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::{Layer, filter::LevelFilter};
 
 use super::endpoint::{PlanEndpoint, Recorder};
-use super::plan::{EngineShape, failure_message};
+use super::plan::{EngineShape, PLANNED};
 
 /// Upper bound for anything a test waits for; it only catches hangs.
 pub const PATIENCE: Duration = Duration::from_secs(30);
@@ -44,12 +44,10 @@ pub fn start_engine(shape: &EngineShape, level: u8, recorder: &Arc<Recorder>) ->
 pub fn silence_planned_panics() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let marker = failure_message(0, 0);
-        let prefix = marker.split(" op ").next().unwrap_or_default().to_owned();
         let default = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             let planned =
-                info.payload().downcast_ref::<String>().is_some_and(|s| s.starts_with(&prefix));
+                info.payload().downcast_ref::<String>().is_some_and(|s| s.starts_with(PLANNED));
             if !planned {
                 default(info);
             }

@@ -74,8 +74,10 @@ pub struct RunModel {
     pub alloc_buffers: Vec<Buffer>,
     /// The sequence number the next charged task or alloc gets.
     pub next_seq: u32,
-    /// User scopes currently open.
-    pub user_scopes: u32,
+    /// Open user scopes, innermost last, each with the charges registered in it.
+    pub frames: Vec<Vec<u32>>,
+    /// For charges whose user scope has ended: the index of the op that ended it.
+    pub scope_ended_at: BTreeMap<u32, usize>,
 }
 
 /// A validation error the engine must return (spec 30 §3.2, in its order).
@@ -183,7 +185,12 @@ impl RunModel {
     }
 
     /// Resolves `plan` (op `plan_index`) into arguments and predicts the engine's verdict.
-    pub fn prepare(&self, plan_index: usize, plan: &TaskPlan, shape: &EngineShape) -> PreparedSubmit {
+    pub fn prepare(
+        &self,
+        plan_index: usize,
+        plan: &TaskPlan,
+        shape: &EngineShape,
+    ) -> PreparedSubmit {
         let n = plan.members.len();
         let mut targets = Vec::new();
         let mut rejection = None;
@@ -240,10 +247,36 @@ impl RunModel {
         PreparedSubmit { args, targets, footprints, rejection }
     }
 
-    /// Records an accepted task and infers its producers (module docs).
-    pub fn accept(&mut self, plan_index: usize, plan: &TaskPlan, prepared: &PreparedSubmit) {
+    /// User scopes currently open.
+    pub fn user_scopes(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// A user scope opened.
+    pub fn scope_begin(&mut self) {
+        self.frames.push(Vec::new());
+    }
+
+    /// The innermost user scope ended at op `op`.
+    pub fn scope_end(&mut self, op: usize) {
+        for seq in self.frames.pop().unwrap_or_default() {
+            self.scope_ended_at.insert(seq, op);
+        }
+    }
+
+    /// Takes the next sequence number and registers it in the innermost scope.
+    fn charge(&mut self) -> u32 {
         let seq = self.next_seq;
         self.next_seq += 1;
+        if let Some(frame) = self.frames.last_mut() {
+            frame.push(seq);
+        }
+        seq
+    }
+
+    /// Records an accepted task and infers its producers (module docs).
+    pub fn accept(&mut self, plan_index: usize, plan: &TaskPlan, prepared: &PreparedSubmit) {
+        let seq = self.charge();
         let mut found = BTreeSet::new();
         for (tag, fp) in prepared.footprints.iter().flatten() {
             let Some(fp) = fp else { continue };
@@ -269,8 +302,7 @@ impl RunModel {
 
     /// Records a non-null alloc of `bytes` at `addr`: a finished producer of its whole slab.
     pub fn accept_alloc(&mut self, addr: u64, bytes: u32) {
-        let seq = self.next_seq;
-        self.next_seq += 1;
+        let seq = self.charge();
         self.allocs.insert(seq);
         let buffer = Buffer { base: addr, shape: Shape::Flat(bytes) };
         self.alloc_buffers.push(buffer);

@@ -92,6 +92,11 @@ pub enum Op {
     ScopeBegin,
     /// `scope_end` (expected to fail with `ScopeUnderflow` when no user scope is open).
     ScopeEnd,
+    /// The orchestration sleeps this long, so that tasks finish (and fail) while it submits.
+    Pause {
+        /// Microseconds.
+        us: u16,
+    },
 }
 
 /// One task.
@@ -177,9 +182,12 @@ impl Action {
     }
 }
 
+/// How every planned failure message starts.
+pub const PLANNED: &str = "planned failure";
+
 /// The message a failing member reports; an escaping panic carries it as its payload.
 pub fn failure_message(plan_index: u64, member: u32) -> String {
-    format!("planned failure of op {plan_index} member {member}")
+    format!("{PLANNED} of op {plan_index} member {member}")
 }
 
 /// One tagged tensor argument.
@@ -291,7 +299,8 @@ pub fn resolve(view: ViewPlan, buffer: Buffer) -> (Tensor, Option<Footprint>) {
     }
     let b = buffer.base;
     let grid = matches!(buffer.shape, Shape::Grid { .. });
-    let fp = |lo: u32, hi: u32| Some(Footprint { key: b, lo: b + u64::from(lo), hi: b + u64::from(hi) });
+    let fp =
+        |lo: u32, hi: u32| Some(Footprint { key: b, lo: b + u64::from(lo), hi: b + u64::from(hi) });
     // A window of a flat buffer is a range of it.
     let view = match (view, grid) {
         (ViewPlan::Window { row, rows, .. }, false) => ViewPlan::Range { start: row, len: rows },
