@@ -344,3 +344,54 @@ impl Completion {
         self.first_failure.as_ref()
     }
 }
+
+#[cfg(all(test, not(simpler_loom)))]
+mod tests {
+    use super::*;
+
+    fn record() -> RunRecord {
+        RunRecord::new(RunId::FIRST, tracing::Span::none())
+    }
+
+    #[test]
+    fn an_extra_reclamation_clamps_at_zero_and_records_an_internal_failure() {
+        let r = record();
+        r.charge(SlotId::new(0, 1)).unwrap();
+        r.close();
+        assert!(r.reclaimed(), "the real reclamation fires the fence");
+        assert_eq!(r.outcome(), Some(RunOutcome::Completed));
+        // A second one is a bug elsewhere: it must not panic nor change the settled outcome.
+        assert!(!r.reclaimed());
+        assert_eq!(r.active(), 0);
+        assert_eq!(r.outcome(), Some(RunOutcome::Completed));
+
+        let open = record();
+        assert!(!open.reclaimed(), "not closed: no fence");
+        assert!(matches!(open.failure().as_deref(), Some(RunFailure::Internal { .. })));
+        assert!(open.close());
+        assert!(matches!(open.outcome(), Some(RunOutcome::Failed(_))));
+    }
+
+    #[test]
+    fn charges_number_tasks_in_order_and_closing_with_work_charged_means_executing() {
+        let r = record();
+        let ids: Vec<u32> = (0..3).map(|i| r.charge(SlotId::new(i, 1)).unwrap().seq).collect();
+        assert_eq!(ids, vec![0, 1, 2]);
+        assert!(!r.close());
+        assert_eq!((r.phase(), r.active()), (RunPhase::Executing, 3));
+        assert!(!r.reclaimed() && !r.reclaimed());
+        assert!(r.reclaimed());
+        assert_eq!(r.phase(), RunPhase::Completed);
+        assert_eq!(r.wait_until(Some(Instant::now())), Some(RunOutcome::Completed));
+    }
+
+    #[test]
+    fn recording_into_a_terminal_run_changes_nothing() {
+        let r = record();
+        r.close();
+        assert!(!r.record(RunFailure::Submission { run: r.id, message: "late".into() }));
+        assert_eq!(r.outcome(), Some(RunOutcome::Completed));
+        assert!(r.failure().is_none());
+        assert!(!r.force_failed(RunFailure::Internal { run: r.id, message: "late".into() }));
+    }
+}

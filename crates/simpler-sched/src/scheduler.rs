@@ -660,7 +660,7 @@ mod tests {
     }
 
     #[test]
-    fn c47_a_completion_for_a_stale_slot_is_ignored_and_completes_no_live_task() {
+    fn c26_c47_a_stale_completion_or_release_is_ignored_and_completes_no_live_task() {
         let (engine, tx) = gated_engine();
         let cfg = CallConfig::default();
         let mut b = engine.begin_run().unwrap();
@@ -692,6 +692,10 @@ mod tests {
             state.next_level[0].busy = true;
             state.busy += 1;
         }
+        // A stale reference release (conformance 26) is ignored as well.
+        let before = engine.task_snapshot(second).unwrap().fanout_released;
+        core.release(old);
+        assert_eq!(engine.task_snapshot(second).unwrap().fanout_released, before);
         assert_eq!(engine.task_snapshot(second).unwrap().state, TaskState::Running);
         assert!(b.status().failure.is_none(), "the stale failure was not recorded");
         assert!(!engine.is_poisoned());
