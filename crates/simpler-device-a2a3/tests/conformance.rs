@@ -591,6 +591,17 @@ fn diagnostics_write_parseable_files_only_under_the_prefix() {
         serde_json::from_slice(&std::fs::read(dir.join("l2_swimlane_records.json")).unwrap())
             .unwrap();
     assert_eq!(records["aicore_tasks"].as_array().unwrap().len(), 5);
+    // Level 2 adds one AICPU record per dispatch: token written, then completion observed.
+    let aicpu = records["aicpu_tasks"].as_array().unwrap();
+    assert_eq!(aicpu.len(), 5);
+    assert!(aicpu.iter().all(|r| r[5].as_u64().unwrap() >= r[4].as_u64().unwrap() && r[4].as_u64().unwrap() > 0));
+    let dispatch_tracks = perfetto["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["pid"] == 3)
+        .count();
+    assert_eq!(dispatch_tracks, 5);
     assert_eq!(records["metadata"]["clock_freq_hz"], 50_000_000);
 
     // deps.json edges equal a replay of its own submit records through the tensor map.

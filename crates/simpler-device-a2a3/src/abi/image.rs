@@ -19,6 +19,7 @@
 //! | payloads | [`PayloadPair`] × 72 |
 //! | swimlane | per launched worker: [`SwimlaneHeader`] then [`SwimlaneRecord`] × capacity |
 //! | phases | [`PhaseRecord`] × 4 (one per AICPU thread) |
+//! | AICPU swimlane | per AICPU thread: [`SwimlaneHeader`] then [`AicpuRecord`] × capacity |
 //!
 //! Writers and readers of the atomic fields are documented on each type. The host writes the
 //! whole image before the launch and reads the shared header, handshake records, swimlane and
@@ -123,12 +124,18 @@ pub struct ImageHeader {
     pub swimlane_off: u64,
     /// Swimlane records per worker (0 = swimlane off).
     pub swimlane_capacity: u32,
-    /// Padding.
-    pub reserved: u32,
+    /// `CallConfig::swimlane` level (0 off … 4).
+    pub swimlane_level: u32,
     /// Offset of the phase records.
     pub phases_off: u64,
+    /// Offset of the AICPU dispatch records (one block per AICPU thread).
+    pub aicpu_swimlane_off: u64,
+    /// AICPU dispatch records per thread (0 = not captured; swimlane level 2 and up).
+    pub aicpu_swimlane_capacity: u32,
+    /// Padding.
+    pub reserved0: u32,
     /// Padding to three cache lines (no implicit padding anywhere in the image).
-    pub reserved1: [u64; 7],
+    pub reserved1: [u64; 5],
 }
 
 const _: () = {
@@ -330,6 +337,34 @@ pub struct SwimlaneRecord {
 
 const _: () = assert!(size_of::<SwimlaneRecord>() == 40);
 
+/// One dispatch as its AICPU thread saw it (swimlane level 2): when the token was written and
+/// when the thread observed its completion (50 MHz counter values). Written by that thread only
+/// (its block's header counts them); read by the host after the run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct AicpuRecord {
+    /// Device task id.
+    pub task_id: u64,
+    /// Worker the token went to.
+    pub worker: u32,
+    /// The token.
+    pub token: u32,
+    /// Counter when the token was written.
+    pub dispatch: u64,
+    /// Counter when the completion was observed (0 = never).
+    pub finish: u64,
+}
+
+const _: () = assert!(size_of::<AicpuRecord>() == 32);
+
+/// Bytes of one AICPU thread's record block (header plus records, rounded up).
+pub const fn aicpu_swimlane_block_bytes(capacity: u32) -> u64 {
+    align_up(
+        size_of::<SwimlaneHeader>() as u64 + capacity as u64 * size_of::<AicpuRecord>() as u64,
+        SECTION_ALIGN,
+    )
+}
+
 /// Phase counters of one AICPU thread (50 MHz counter values; 0 = not reached). Written by that
 /// thread only, read by the host after the run.
 #[derive(Debug, Default)]
@@ -368,6 +403,8 @@ pub struct ImageParams {
     pub queue_capacity: [u32; READY_QUEUE_COUNT],
     /// Swimlane records per worker (0 = off).
     pub swimlane_capacity: u32,
+    /// AICPU dispatch records per AICPU thread (0 = off).
+    pub aicpu_swimlane_capacity: u32,
 }
 
 /// Section offsets of an image, computed identically by the host and checked by the device.
@@ -397,6 +434,8 @@ pub struct ImageLayout {
     pub swimlane_off: u64,
     /// Offset of the phase records.
     pub phases_off: u64,
+    /// Offset of the AICPU dispatch records.
+    pub aicpu_swimlane_off: u64,
     /// Total length.
     pub len: u64,
 }
@@ -439,6 +478,8 @@ impl ImageLayout {
         let swimlane_off =
             take(u64::from(p.num_aicore).checked_mul(swimlane_block_bytes(p.swimlane_capacity))?)?;
         let phases_off = take(MAX_PHASE_THREADS as u64 * size_of::<PhaseRecord>() as u64)?;
+        let aicpu_swimlane_off =
+            take(MAX_PHASE_THREADS as u64 * aicpu_swimlane_block_bytes(p.aicpu_swimlane_capacity))?;
         Some(ImageLayout {
             handshake_off,
             func_table_off,
@@ -452,6 +493,7 @@ impl ImageLayout {
             payloads_off,
             swimlane_off,
             phases_off,
+            aicpu_swimlane_off,
             len: at,
         })
     }
@@ -470,6 +512,7 @@ mod tests {
             num_aicore: 6,
             queue_capacity: [1, 2, 3, 4],
             swimlane_capacity: 3,
+            aicpu_swimlane_capacity: 2,
         })
         .unwrap();
         let offs = [
@@ -488,6 +531,7 @@ mod tests {
             l.payloads_off,
             l.swimlane_off,
             l.phases_off,
+            l.aicpu_swimlane_off,
             l.len,
         ];
         for w in offs.windows(2) {

@@ -33,7 +33,7 @@ use super::dispatch::WorkerState;
 use super::view::{ImageView, ReadyQueue};
 use super::{AicpuPlatform, LogLevel};
 use crate::abi::codes::{RuntimeCode, StallClass};
-use crate::abi::image::{NO_FUNC, READY_QUEUE_COUNT, TaskRecord, TaskShape};
+use crate::abi::image::{AicpuRecord, NO_FUNC, READY_QUEUE_COUNT, TaskRecord, TaskShape};
 use crate::abi::launch::InitArgs;
 use crate::abi::payload::{
     DispatchPayload, GLOBAL_CONTEXT_SLOT, GlobalContext, LOCAL_CONTEXT_SLOT, LocalContext,
@@ -131,7 +131,20 @@ struct Scheduler<'a, P: AicpuPlatform> {
     /// woken only if that work is still queued after this thread's own dispatch pass, so a
     /// chain of tasks on one thread's workers wakes nobody else.
     pushed: bool,
+    /// AICPU dispatch records (swimlane level 2 and up): per owned worker, the record indices of
+    /// its in-flight dispatches in issue order (completions arrive in that order).
+    trace: Option<Trace>,
 }
+
+/// Per-worker FIFOs of record indices (at most two dispatches are in flight per worker).
+struct Trace {
+    capacity: u32,
+    fifo: [[u32; 2]; MAX_AICORE_WORKERS],
+    len: [u8; MAX_AICORE_WORKERS],
+}
+
+/// Marks a dispatch whose record did not fit.
+const NO_RECORD: u32 = u32::MAX;
 
 impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
     fn push_ready(&self, task: u32) {
@@ -260,6 +273,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             for &task in done.as_slice() {
                 let shared = self.view.shared();
                 shared.running.fetch_sub(1, Relaxed);
+                self.record_finish(i);
                 self.member_done(task);
             }
             if !done.as_slice().is_empty() {
@@ -271,6 +285,53 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             }
         }
         progressed
+    }
+
+    /// Appends an AICPU record for a dispatch to owned worker `idx` (if tracing).
+    fn record_dispatch(&mut self, idx: usize, task_id: u64, worker: u32, token: u32) {
+        let now = self.p.counter();
+        let thread = self.thread;
+        let view = self.view;
+        let Some(tr) = self.trace.as_mut() else { return };
+        let (h, records) = view.aicpu_swimlane(thread);
+        // Relaxed: only this thread writes the count; the host reads it after the run.
+        let n = h.count.load(Relaxed);
+        let rec = if n < tr.capacity {
+            let r = AicpuRecord { task_id, worker, token, dispatch: now, finish: 0 };
+            // SAFETY: record `n` < capacity lies inside this thread's block, which only this
+            // thread writes during the run.
+            unsafe { records.add(n as usize).write(r) };
+            h.count.store(n + 1, Relaxed);
+            n
+        } else {
+            h.dropped.fetch_add(1, Relaxed);
+            NO_RECORD
+        };
+        let len = tr.len[idx] as usize;
+        if len < 2 {
+            tr.fifo[idx][len] = rec;
+            tr.len[idx] += 1;
+        }
+    }
+
+    /// Stamps the finish time of the oldest in-flight dispatch of owned worker `idx`.
+    fn record_finish(&mut self, idx: usize) {
+        let now = self.p.counter();
+        let thread = self.thread;
+        let view = self.view;
+        let Some(tr) = self.trace.as_mut() else { return };
+        if tr.len[idx] == 0 {
+            return;
+        }
+        let rec = tr.fifo[idx][0];
+        tr.fifo[idx][0] = tr.fifo[idx][1];
+        tr.len[idx] -= 1;
+        if rec != NO_RECORD && rec < tr.capacity {
+            let (_, records) = view.aicpu_swimlane(thread);
+            // SAFETY: record `rec` < capacity was written by this thread (above) and lies inside
+            // its block; only the `finish` field is written, through a raw pointer.
+            unsafe { core::ptr::addr_of_mut!((*records.add(rec as usize)).finish).write(now) };
+        }
     }
 
     /// Fills payload `token & 1` of `ws` and writes the token.
@@ -312,6 +373,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         // pending: the buffer belongs to a finished token and the AICore does not read it until
         // it observes the token stored below (release).
         unsafe { ptr.write(payload) };
+        self.record_dispatch(idx, t.task_id, w, token);
         self.p.reg_store(w, RegId::DataMainBaseLow, token);
         let shared = self.view.shared();
         shared.running.fetch_add(1, Relaxed);
@@ -553,6 +615,11 @@ pub fn exec<P: AicpuPlatform>(p: &P, init: &InitArgs, view: &ImageView<'_>, thre
         task_count: h.task_count,
         completed_here: 0,
         pushed: false,
+        trace: (h.swimlane_level >= 2 && h.aicpu_swimlane_capacity > 0).then_some(Trace {
+            capacity: h.aicpu_swimlane_capacity,
+            fifo: [[NO_RECORD; 2]; MAX_AICORE_WORKERS],
+            len: [0; MAX_AICORE_WORKERS],
+        }),
     };
     let mut k = thread;
     while k < h.block_dim {

@@ -10,17 +10,18 @@
 //! - The payload pairs are the exception: the owning AICPU thread writes them and the AICore
 //!   reads them, ordered by the token protocol (spec §5.4). They are only reached through raw
 //!   pointers ([`ImageView::payload_ptr`]), never through references.
-//! - The swimlane records are written by their worker only and read by the host after the run;
-//!   they are likewise reached through raw pointers.
+//! - The swimlane records are written by their worker (AICore records) or their AICPU thread
+//!   (AICPU records) only and read by the host after the run; they are likewise reached through
+//!   raw pointers.
 
 use core::mem::size_of;
 use core::sync::atomic::AtomicU64;
 
 use crate::abi::handshake::Handshake;
 use crate::abi::image::{
-    HBG_IMAGE_MAGIC, ImageHeader, MAX_PHASE_THREADS, PhaseRecord, READY_QUEUE_COUNT,
+    AicpuRecord, HBG_IMAGE_MAGIC, ImageHeader, MAX_PHASE_THREADS, PhaseRecord, READY_QUEUE_COUNT,
     ReadyQueueHeader, SECTION_ALIGN, SharedHeader, SwimlaneHeader, SwimlaneRecord, TaskRecord,
-    WorkerSlot, swimlane_block_bytes,
+    WorkerSlot, aicpu_swimlane_block_bytes, swimlane_block_bytes,
 };
 use crate::abi::payload::{DispatchPayload, PayloadPair};
 use crate::abi::{ABI_VERSION, MAX_AICORE_WORKERS, MAX_FUNC_IDS};
@@ -103,6 +104,11 @@ impl<'a> ImageView<'a> {
             header.phases_off,
             MAX_PHASE_THREADS as u64 * size_of::<PhaseRecord>() as u64,
             "phases",
+        )?;
+        check(
+            header.aicpu_swimlane_off,
+            MAX_PHASE_THREADS as u64 * aicpu_swimlane_block_bytes(header.aicpu_swimlane_capacity),
+            "AICPU swimlane",
         )?;
         if header.num_aicore as usize > MAX_AICORE_WORKERS
             || header.num_aicore != 3 * header.block_dim
@@ -270,6 +276,21 @@ impl<'a> ImageView<'a> {
         // SAFETY: the records follow the 64-byte header inside the same checked block.
         let records = unsafe { self.base.add((off + size_of::<SwimlaneHeader>() as u64) as usize) }
             as *mut SwimlaneRecord;
+        (header, records)
+    }
+
+    /// AICPU dispatch-record header of thread `t` (< 4) and a raw pointer to its records
+    /// (capacity in the image header); only thread `t` writes them.
+    pub fn aicpu_swimlane(&self, t: u32) -> (&'a SwimlaneHeader, *mut AicpuRecord) {
+        let t = (t as usize).min(MAX_PHASE_THREADS - 1) as u64;
+        let off = self.header.aicpu_swimlane_off
+            + t * aicpu_swimlane_block_bytes(self.header.aicpu_swimlane_capacity);
+        // SAFETY: four blocks lie inside the image (checked in `from_raw`); `t` is clamped; the
+        // header is atomics.
+        let header = unsafe { self.at::<SwimlaneHeader>(off) };
+        // SAFETY: the records follow the 64-byte header inside the same checked block.
+        let records = unsafe { self.base.add((off + size_of::<SwimlaneHeader>() as u64) as usize) }
+            as *mut AicpuRecord;
         (header, records)
     }
 

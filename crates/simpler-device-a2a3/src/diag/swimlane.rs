@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 
 use super::timing::ThreadPhases;
 use super::{le_u32, le_u64};
-use crate::abi::image::{SwimlaneHeader, SwimlaneRecord, swimlane_block_bytes};
+use crate::abi::image::{
+    AicpuRecord, SwimlaneHeader, SwimlaneRecord, aicpu_swimlane_block_bytes, swimlane_block_bytes,
+};
 use crate::abi::{COUNTER_HZ, CoreType, NS_PER_TICK, WorkerPlace};
 
 /// What a run captured.
@@ -24,6 +26,8 @@ pub(crate) struct SwimlaneCapture {
     pub(crate) records: Vec<(u32, SwimlaneRecord)>,
     /// Records each worker could not store.
     pub(crate) dropped: Vec<u32>,
+    /// `(AICPU thread, record)` from level 2.
+    pub(crate) aicpu: Vec<(u32, AicpuRecord)>,
     pub(crate) phases: Vec<ThreadPhases>,
 }
 
@@ -58,6 +62,30 @@ pub(crate) fn parse(
         }
     }
     (records, dropped)
+}
+
+/// Parses the AICPU record section (a host copy) of `threads` threads.
+pub(crate) fn parse_aicpu(bytes: &[u8], threads: u32, capacity: u32) -> Vec<(u32, AicpuRecord)> {
+    let block = aicpu_swimlane_block_bytes(capacity);
+    let mut out = Vec::new();
+    for t in 0..threads {
+        let base = u64::from(t) * block;
+        let count = le_u32(bytes, base + offset_of!(SwimlaneHeader, count) as u64).min(capacity);
+        for i in 0..u64::from(count) {
+            let r = base + size_of::<SwimlaneHeader>() as u64 + i * size_of::<AicpuRecord>() as u64;
+            out.push((
+                t,
+                AicpuRecord {
+                    task_id: le_u64(bytes, r + offset_of!(AicpuRecord, task_id) as u64),
+                    worker: le_u32(bytes, r + offset_of!(AicpuRecord, worker) as u64),
+                    token: le_u32(bytes, r + offset_of!(AicpuRecord, token) as u64),
+                    dispatch: le_u64(bytes, r + offset_of!(AicpuRecord, dispatch) as u64),
+                    finish: le_u64(bytes, r + offset_of!(AicpuRecord, finish) as u64),
+                },
+            ));
+        }
+    }
+    out
 }
 
 fn core_name(w: u32, block_dim: u32) -> String {
@@ -103,7 +131,7 @@ pub(crate) fn records_json(c: &SwimlaneCapture) -> Value {
             "dropped": c.dropped,
         },
         "aicore_tasks": aicore,
-        "aicpu_tasks": [],
+        "aicpu_tasks": c.aicpu.iter().map(|(t, r)| json!([t, r.task_id, r.worker, r.token, r.dispatch, r.finish])).collect::<Vec<_>>(),
         "phases": phases,
     })
 }
@@ -149,6 +177,24 @@ pub(crate) fn perfetto_json(c: &SwimlaneCapture, edges: &[(u64, u64)]) -> Value 
                     events.push(json!({"ph": "X", "pid": 2, "tid": t, "name": name,
                                        "ts": us(s), "dur": us(e) - us(s)}));
                 }
+            }
+        }
+        // One track per AICPU thread for its dispatches: token written → completion observed.
+        for (t, r) in &c.aicpu {
+            if r.finish >= r.dispatch && r.finish > 0 {
+                events.push(json!({
+                    "ph": "X", "pid": 3, "tid": t,
+                    "name": format!("dispatch to {}", core_name(r.worker, c.block_dim)),
+                    "ts": us(r.dispatch), "dur": us(r.finish) - us(r.dispatch),
+                    "args": {"task_id": r.task_id, "worker": r.worker, "reg_token": r.token},
+                }));
+            }
+        }
+        if !c.aicpu.is_empty() {
+            events.push(json!({"ph": "M", "name": "process_name", "pid": 3, "args": {"name": "AICPU dispatch"}}));
+            for t in 0..c.threads {
+                events.push(json!({"ph": "M", "name": "thread_name", "pid": 3, "tid": t,
+                                   "args": {"name": format!("AICPU{t} dispatch")}}));
             }
         }
     }

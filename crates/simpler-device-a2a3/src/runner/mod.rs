@@ -135,6 +135,7 @@ struct ActiveRun {
     layout: Option<ImageLayout>,
     image_addr: u64,
     swimlane_capacity: u32,
+    aicpu_swimlane_capacity: u32,
     staged: Vec<StagedTensor>,
     aicore: Option<crate::backend::Launched>,
     latched: Option<RuntimeFault>,
@@ -762,6 +763,7 @@ impl Core {
             layout: None,
             image_addr: 0,
             swimlane_capacity: 0,
+            aicpu_swimlane_capacity: 0,
             staged: Vec::new(),
             aicore: None,
             latched: None,
@@ -877,6 +879,9 @@ impl Core {
         if run.diag.swimlane > 0 {
             profiling |= PROFILE_SWIMLANE;
             run.swimlane_capacity = total_dispatches(&graph).clamp(1, SWIMLANE_CAPACITY_MAX) as u32;
+            if run.diag.swimlane >= 2 {
+                run.aicpu_swimlane_capacity = run.swimlane_capacity;
+            }
         }
         if run.diag.dep_gen {
             profiling |= PROFILE_DEP_GEN;
@@ -900,6 +905,8 @@ impl Core {
                 aicpu_threads: run.threads,
                 profiling,
                 swimlane_capacity: run.swimlane_capacity,
+                swimlane_level: run.diag.swimlane,
+                aicpu_swimlane_capacity: run.aicpu_swimlane_capacity,
                 active_callable: stamp,
                 func_table: &reg.func_table,
             },
@@ -1426,6 +1433,15 @@ impl Core {
             return None;
         }
         let (records, dropped) = diag::swimlane::parse(&b, num, run.swimlane_capacity);
+        let mut aicpu = Vec::new();
+        if run.aicpu_swimlane_capacity > 0 {
+            let alen = crate::abi::image::MAX_PHASE_THREADS as u64
+                * crate::abi::image::aicpu_swimlane_block_bytes(run.aicpu_swimlane_capacity);
+            let mut ab = vec![0u8; usize::try_from(alen).ok()?];
+            if self.backend.read(run.image_addr + layout.aicpu_swimlane_off, &mut ab) {
+                aicpu = diag::swimlane::parse_aicpu(&ab, run.threads, run.aicpu_swimlane_capacity);
+            }
+        }
         let mut pb = vec![
             0u8;
             crate::abi::image::MAX_PHASE_THREADS
@@ -1442,6 +1458,7 @@ impl Core {
             threads: run.threads,
             records,
             dropped,
+            aicpu,
             phases,
         })
     }

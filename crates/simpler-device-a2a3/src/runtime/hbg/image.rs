@@ -24,6 +24,8 @@ pub(crate) struct ImageInputs<'a> {
     pub(crate) aicpu_threads: u32,
     pub(crate) profiling: u32,
     pub(crate) swimlane_capacity: u32,
+    pub(crate) swimlane_level: u32,
+    pub(crate) aicpu_swimlane_capacity: u32,
     pub(crate) active_callable: u64,
     /// Kernel entry address per func id (0 = unset); at most 1024 entries.
     pub(crate) func_table: &'a [u64],
@@ -115,6 +117,7 @@ pub(crate) fn write_image(
         num_aicore: 3 * inp.block_dim,
         queue_capacity,
         swimlane_capacity: inp.swimlane_capacity,
+        aicpu_swimlane_capacity: inp.aicpu_swimlane_capacity,
     })?;
     buf.clear();
     buf.resize(usize::try_from(layout.len).ok()?, 0);
@@ -143,6 +146,9 @@ pub(crate) fn write_image(
     put_u64(b, h(offset_of!(ImageHeader, swimlane_off)), layout.swimlane_off);
     put_u32(b, h(offset_of!(ImageHeader, swimlane_capacity)), inp.swimlane_capacity);
     put_u64(b, h(offset_of!(ImageHeader, phases_off)), layout.phases_off);
+    put_u32(b, h(offset_of!(ImageHeader, swimlane_level)), inp.swimlane_level);
+    put_u64(b, h(offset_of!(ImageHeader, aicpu_swimlane_off)), layout.aicpu_swimlane_off);
+    put_u32(b, h(offset_of!(ImageHeader, aicpu_swimlane_capacity)), inp.aicpu_swimlane_capacity);
 
     // Handshake records: zero (L1), pre-typed (P6).
     for w in 0..MAX_AICORE_WORKERS as u32 {
