@@ -34,7 +34,7 @@ use crate::error::SchedError;
 use crate::graph::GraphScratch;
 use crate::run_record::RunRecord;
 use crate::slot::{ALLOC_CALLABLE, Edge, Head};
-use crate::submit::{Eligible, Members, Placement};
+use crate::submit::{Eligible, Placement};
 
 /// Orchestrator state that outlives one run: the scope stack and reusable scratch buffers.
 #[derive(Default)]
@@ -115,7 +115,7 @@ impl<'e> RunBuilder<'e> {
         let eligible = eligible.map_or(Eligible::Any, Eligible::One);
         self.submit(
             callable,
-            Members::One(args),
+            std::slice::from_ref(&args),
             Some(config),
             Placement::NextLevel { targets: std::slice::from_ref(&target), eligible },
         )
@@ -132,12 +132,7 @@ impl<'e> RunBuilder<'e> {
         eligible: Option<&[Vec<WorkerId>]>,
     ) -> Result<TaskId, SchedError> {
         let eligible = eligible.map_or(Eligible::Any, Eligible::PerMember);
-        self.submit(
-            callable,
-            Members::Many(args),
-            Some(config),
-            Placement::NextLevel { targets, eligible },
-        )
+        self.submit(callable, &args, Some(config), Placement::NextLevel { targets, eligible })
     }
 
     /// Submits a single SUB task (any idle SUB worker; default configuration).
@@ -146,7 +141,7 @@ impl<'e> RunBuilder<'e> {
         callable: &CallableId,
         args: TaskArgs,
     ) -> Result<TaskId, SchedError> {
-        self.submit(callable, Members::One(args), None, Placement::Sub)
+        self.submit(callable, std::slice::from_ref(&args), None, Placement::Sub)
     }
 
     /// Submits a SUB group: each member on a distinct idle SUB worker, all at once.
@@ -155,7 +150,7 @@ impl<'e> RunBuilder<'e> {
         callable: &CallableId,
         args: Vec<TaskArgs>,
     ) -> Result<TaskId, SchedError> {
-        self.submit(callable, Members::Many(args), None, Placement::Sub)
+        self.submit(callable, &args, None, Placement::Sub)
     }
 
     /// Allocates a host buffer of `shape` × `dtype` from the heap ring of the current scope

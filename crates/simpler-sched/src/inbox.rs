@@ -128,6 +128,8 @@ impl Inbox {
 
     /// Step 2's check: whether an event may be waiting (call after a SeqCst fence).
     pub(crate) fn pending(&self) -> bool {
+        // Relaxed: the caller's SeqCst fence orders this load against its own earlier unlock
+        // (protocol step 3); a stale `true` only costs a pass over an empty inbox.
         self.pending.load(Ordering::Relaxed)
     }
 
@@ -141,6 +143,8 @@ impl Inbox {
         std::mem::swap(&mut s.batch.ready, &mut batch.ready);
         std::mem::swap(&mut s.batch.completions, &mut batch.completions);
         batch.stop |= std::mem::take(&mut s.batch.stop);
+        // Relaxed: cleared under the inbox lock together with the events it announced; a
+        // concurrent push sets it again under the same lock.
         self.pending.store(false, Ordering::Relaxed);
     }
 
@@ -150,6 +154,7 @@ impl Inbox {
         s.closed = true;
         batch.ready.append(&mut s.batch.ready);
         batch.completions.append(&mut s.batch.completions);
+        // Relaxed: as in `take`; nothing can be pushed after this.
         self.pending.store(false, Ordering::Relaxed);
     }
 }

@@ -126,6 +126,7 @@ impl RunRecord {
 
     /// Slots charged and not yet reclaimed.
     pub(crate) fn active(&self) -> u32 {
+        // Acquire pairs with the AcqRel decrement, so a reader of 0 sees the reclamations.
         self.active.load(Ordering::Acquire)
     }
 
@@ -238,6 +239,7 @@ impl RunRecord {
     }
 
     fn fence_locked(&self, c: &mut Completion) -> bool {
+        // Acquire: as in `active()`. The decision itself is ordered by `completion` (module docs).
         if c.outcome.is_some() || !c.closed || self.active.load(Ordering::Acquire) != 0 {
             return false;
         }
@@ -252,6 +254,7 @@ impl RunRecord {
                     message: "run marked failed without a recorded cause".to_owned(),
                 });
                 c.first_failure = Some(Arc::clone(&f));
+                // Release pairs with the Acquire load in `failure()`.
                 self.has_failure.store(true, Ordering::Release);
                 RunOutcome::Failed(f)
             }
@@ -324,6 +327,7 @@ impl RunRecord {
 
     /// `(failed, cancelled)` task counts.
     pub(crate) fn failure_counts(&self) -> (u32, u32) {
+        // Relaxed: read after the fence, whose lock ordered every increment before it.
         (self.failed_tasks.load(Ordering::Relaxed), self.cancelled_tasks.load(Ordering::Relaxed))
     }
 }

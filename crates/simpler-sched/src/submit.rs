@@ -18,27 +18,6 @@ use crate::inbox::ReadyEntry;
 use crate::slot::{Edge, Head, Route};
 use crate::task_protocol::{Attach, Publish, root_of};
 
-/// The member argument lists of one submit.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "a single member is moved in by value so that single submits allocate no list"
-)]
-pub(crate) enum Members {
-    /// A single task (no allocation for the list).
-    One(TaskArgs),
-    /// A group.
-    Many(Vec<TaskArgs>),
-}
-
-impl Members {
-    fn as_slice(&self) -> &[TaskArgs] {
-        match self {
-            Members::One(a) => std::slice::from_ref(a),
-            Members::Many(v) => v,
-        }
-    }
-}
-
 /// Eligible worker sets of a NEXT_LEVEL submit.
 #[derive(Clone, Copy)]
 pub(crate) enum Eligible<'a> {
@@ -51,11 +30,14 @@ pub(crate) enum Eligible<'a> {
 }
 
 impl<'a> Eligible<'a> {
-    fn sets(self) -> &'a [WorkerId] {
-        match self {
-            Eligible::One(s) => s,
-            Eligible::Any | Eligible::PerMember(_) => &[],
-        }
+    /// Every id named in any set.
+    fn ids(self) -> impl Iterator<Item = WorkerId> + 'a {
+        let (one, per_member): (&[WorkerId], &[Vec<WorkerId>]) = match self {
+            Eligible::Any => (&[], &[]),
+            Eligible::One(set) => (set, &[]),
+            Eligible::PerMember(sets) => (&[], sets),
+        };
+        one.iter().chain(per_member.iter().flatten()).copied()
     }
 }
 
@@ -77,19 +59,19 @@ impl RunBuilder<'_> {
     pub(crate) fn submit(
         &mut self,
         callable: &CallableId,
-        members: Members,
+        members: &[TaskArgs],
         config: Option<&CallConfig>,
         placement: Placement<'_>,
     ) -> Result<TaskId, SchedError> {
         if self.core().is_stopping() {
             return Err(SchedError::ShuttingDown);
         }
-        let worker_type = self.validate(callable, members.as_slice(), &placement)?;
+        let worker_type = self.validate(callable, members, &placement)?;
         self.check_open()?;
         if self.orch.issued == u32::MAX {
             return Err(SchedError::TooManyTasks { run: self.run.id });
         }
-        self.build(callable, &members, config, worker_type)
+        self.build(callable, members, config, worker_type)
     }
 
     /// Checks 1–11 of §3.2. Fills `orch.targets` and `orch.footprints`.
@@ -128,11 +110,7 @@ impl RunBuilder<'_> {
                         core.next_level_index(t).ok_or(SchedError::UnknownWorker { worker: t })?;
                     orch.targets.push(index);
                 }
-                let per_member: &[Vec<WorkerId>] = match eligible {
-                    Eligible::PerMember(sets) => sets,
-                    _ => &[],
-                };
-                for &w in eligible.sets().iter().chain(per_member.iter().flatten()) {
+                for w in eligible.ids() {
                     if core.next_level_index(w).is_none() {
                         return Err(SchedError::UnknownWorker { worker: w });
                     }
@@ -205,6 +183,8 @@ impl RunBuilder<'_> {
                 if target.is_none() && t.is_child_memory() {
                     return Err(SchedError::ChildMemoryOnSubTask { member, arg });
                 }
+                // A footprint can only fail for child memory without a target, which check 10
+                // has just refused; map it to the same error should that ever change.
                 let fp = if tag.looks_up() || tag.inserts() {
                     footprint(t, target)
                         .map_err(|_| SchedError::ChildMemoryOnSubTask { member, arg })?
@@ -237,13 +217,12 @@ impl RunBuilder<'_> {
     fn build(
         &mut self,
         callable: &CallableId,
-        members: &Members,
+        args: &[TaskArgs],
         config: Option<&CallConfig>,
         worker_type: WorkerType,
     ) -> Result<TaskId, SchedError> {
         let core = self.core();
         let run = Arc::clone(&self.run);
-        let args = members.as_slice();
         let n = args.len();
 
         // 1. Claim a slot (slot only, no heap).

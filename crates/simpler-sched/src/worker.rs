@@ -91,11 +91,13 @@ impl Mailbox {
 
     /// Marks the worker idle for the shutdown warning (scheduler only).
     pub(crate) fn set_idle(&self) {
+        // Relaxed: read only by the shutdown warning, which tolerates a stale value.
         self.busy_with.store(0, Ordering::Relaxed);
     }
 
     /// The slot the worker is running, if any.
     pub(crate) fn busy_with(&self) -> Option<SlotId> {
+        // Relaxed: a diagnostic snapshot.
         match self.busy_with.load(Ordering::Relaxed) {
             0 => None,
             raw => Some(SlotId::unpack(raw)),
@@ -134,11 +136,13 @@ impl Mailbox {
 
     /// Takes the next mail, spinning briefly and then parking until one arrives.
     fn recv(&self) -> Mail {
+        // Relaxed: only decides whether to keep spinning; the queue is read under the lock.
         sync::spin_until(|| self.pending.load(Ordering::Relaxed));
         let mut s = self.state.lock();
         loop {
             if let Some(mail) = s.queue.pop_front() {
                 if s.queue.is_empty() {
+                    // Relaxed: cleared under the mailbox lock; a sender sets it again under it.
                     self.pending.store(false, Ordering::Relaxed);
                 }
                 return mail;
