@@ -10,3 +10,4 @@ pub use simpler_ring as ring;
 pub use simpler_sched as sched;
 pub use simpler_tensormap as tensormap;
 pub use simpler_types as types;
+pub use simpler_worker as worker;

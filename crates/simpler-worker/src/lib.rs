@@ -1,0 +1,2 @@
+//! `simpler-worker` (being written).
+#![forbid(unsafe_code)]
