@@ -8,31 +8,45 @@
 //! # Shape
 //!
 //! An [`Engine`] owns the run registry, the orchestrator state (scope stack, tensor map, ring),
-//! one scheduler thread and one worker thread per endpoint. A user thread builds a run through a
-//! [`RunBuilder`] (`begin_run` → `submit_*` / `alloc` / scopes → `close` or `fail`), then waits
-//! for the run's fence with [`Engine::wait`] and releases it with [`Engine::release`].
+//! the scheduler, one scheduler thread and one worker thread per endpoint. A user thread builds a
+//! run through a [`RunBuilder`] (`begin_run` → `submit_*` / `alloc` / scopes → `close` or
+//! `fail`), then waits for the run's fence with [`Engine::wait`] and releases it with
+//! [`Engine::release`].
 //!
 //! ```text
-//! user thread ─ submit ─► RunBuilder (slot, tensor map, edges) ─ ready ─► scheduler inbox
-//!                                                                              │ dispatch
-//!  wait ◄─ run fence ◄─ reclamation ◄─ completion processing ◄─ inbox ◄─ worker threads
+//! user thread ─ submit ─► RunBuilder (slot, tensor map, edges) ─ ready ─┐
+//!                                                                        ▼
+//!              scheduler pass (queues, dispatch, completion processing, poisoning)
+//!                 ▲ runs on whichever thread delivers an event      │ dispatch (mailbox)
+//!  wait ◄─ run fence ◄─ reclamation ◄─ completion ◄─ worker threads ◄┘
 //! ```
 //!
+//! The scheduler's queues sit behind one lock; the thread that delivers an event (a ready task,
+//! a completion) runs the scheduler pass itself when that lock is free and otherwise leaves the
+//! event for the holder (`inbox`). The scheduler thread handles stop-and-drain and stall
+//! deadlines. The reasons, with measurements, are in `docs/decisions/sched.md`.
+//!
 //! Protocols are documented next to their code, as numbered steps: the task-state protocol in
-//! `task_protocol`, the run fence in `run_record`, admission in `registry`, the scheduler loop
-//! and dispatch pass in `scheduler`, the inbox and mailbox handoffs in `inbox` and `worker`,
-//! reclamation, poisoning and cancellation in `graph`, and stop-and-drain in `engine`.
-//! Decisions beyond the specification are recorded in `docs/decisions/sched.md`.
+//! `task_protocol`, the run fence in `run_record`, admission in `registry`, the scheduler pass,
+//! dispatch pass and scheduler thread in `scheduler`, the combining protocol in `inbox`, the
+//! mailbox handoff and worker thread in `worker`, reclamation, poisoning and cancellation in
+//! `graph`, and stop-and-drain in `engine`. The small core protocols are model-checked with
+//! `loom` through the `sync` shim (`loom_models`; run with
+//! `RUSTFLAGS="--cfg simpler_loom" cargo test -p simpler-sched --release --lib loom`).
 //!
 //! # Lock order (the one place it is written down)
 //!
-//! The engine's locks are: a slot's `sync` lock, a slot's `payload` lock, the tensor-map lock,
-//! the alloc-registry lock, the ring's locks (inside `simpler-ring`), a run's `completion` lock,
-//! the registry lock, the scheduler inbox lock, a worker mailbox lock, and the shutdown lock.
+//! The engine's locks are: the scheduler lock, a slot's `sync` lock, a slot's `payload` lock,
+//! the tensor-map lock, the alloc-registry lock, the ring's locks (inside `simpler-ring`), a
+//! run's `completion` lock, the registry lock, the scheduler inbox lock, a worker mailbox lock,
+//! the scheduler thread's attention lock, and the shutdown lock.
 //!
-//! 1. A thread holds at most one of: a slot `sync` lock, the tensor-map lock, the
-//!    alloc-registry lock, a ring lock, a run `completion` lock, the registry lock, the inbox
-//!    lock, a mailbox lock.
+//! 0. The scheduler lock is the outermost: a pass holds it while it takes (one at a time) any of
+//!    the locks below. It is never requested while any other engine lock is held, and threads
+//!    other than the scheduler thread only ever `try_lock` it.
+//! 1. Besides the scheduler lock, a thread holds at most one of: a slot `sync` lock, the
+//!    tensor-map lock, the alloc-registry lock, a ring lock, a run `completion` lock, the
+//!    registry lock, the inbox lock, a mailbox lock, the attention lock.
 //! 2. Exception: a slot's `payload` lock may be held (by the submitting thread while the slot is
 //!    `Building`, or by the reclaimer of a `Consumed` slot) while taking the tensor-map lock or
 //!    the alloc-registry lock. Nobody else can contend for that payload at those times, and
