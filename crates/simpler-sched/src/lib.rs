@@ -42,8 +42,9 @@
 //! the scheduler thread's attention lock, and the shutdown lock.
 //!
 //! 0. The scheduler lock is the outermost: a pass holds it while it takes (one at a time) any of
-//!    the locks below. It is never requested while any other engine lock is held, and threads
-//!    other than the scheduler thread only ever `try_lock` it.
+//!    the locks below. It is never requested while another engine lock is held (the shutdown
+//!    lock of rule 5 aside), and threads other than the scheduler thread only ever `try_lock`
+//!    it.
 //! 1. Besides the scheduler lock, a thread holds at most one of: a slot `sync` lock, the
 //!    tensor-map lock, the alloc-registry lock, a ring lock, a run `completion` lock, the
 //!    registry lock, the inbox lock, a mailbox lock, the attention lock.
