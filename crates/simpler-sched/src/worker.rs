@@ -276,7 +276,7 @@ fn run_member(
         config: payload.config(&core.default_config),
         args: payload.member_args(m),
     };
-    let _span = tracing::debug_span!("task", %task, member).entered();
+    let _span = tracing::debug_span!("task", run.id = task.run.get(), %task, member).entered();
     match catch_unwind(AssertUnwindSafe(|| endpoint.run(dispatched))) {
         Ok(result) => result,
         Err(payload) => Err(EndpointFailure::endpoint_failed(format!(
