@@ -273,14 +273,19 @@ impl RunBuilder<'_> {
             }
             drop(allocs);
             {
+                // Every lookup of the task comes before any of its inserts (decision): a read
+                // then sees the producers from before this task's own writes, so a group whose
+                // member writes a buffer another member reads still waits for the buffer's
+                // earlier writers (interleaving them, the read would find only the task itself).
                 let mut map = core.tensor_map.lock();
-                let tags = args.iter().flat_map(|a| a.tags());
-                for (&tag, fp) in tags.zip(&orch.footprints) {
-                    let Some((key, span)) = *fp else { continue };
-                    if tag.looks_up() {
+                let tags = || args.iter().flat_map(|a| a.tags()).zip(&orch.footprints);
+                for (&tag, fp) in tags() {
+                    if let (true, Some((key, span))) = (tag.looks_up(), *fp) {
                         map.lookup_overlapping(run.id, &key, span, |p| orch.producers.push(p));
                     }
-                    if tag.inserts() {
+                }
+                for (&tag, fp) in tags() {
+                    if let (true, Some((key, span))) = (tag.inserts(), *fp) {
                         payload.output_keys.push(key);
                         map.insert(run.id, key, span, id);
                     }

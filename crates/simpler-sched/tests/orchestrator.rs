@@ -580,3 +580,29 @@ fn c33_a_reader_of_an_alloc_written_through_an_inout_chain_keeps_the_slab_until_
     let run = b.close();
     assert!(wait(e, run).is_completed());
 }
+
+#[test]
+fn a_group_reading_a_buffer_another_member_writes_still_waits_for_the_earlier_writer() {
+    let r = fixture();
+    let (h, e) = (&r.h, &r.e);
+    let mut b = e.begin_run().unwrap();
+    let earlier =
+        b.submit_next_level(&chip(1), args(&[(buf(A, 64), Output)]), &cfg(), w(0), None).unwrap();
+    h.wait_running(earlier, 0);
+    // Member 0 overwrites the whole buffer; member 1 reads it. The read must still see the
+    // earlier writer, which member 0's write would otherwise hide.
+    let members = vec![args(&[(buf(A, 64), OutputExisting)]), args(&[(buf(A, 64), Input)])];
+    let g = b.submit_next_level_group(&chip(1), members, &cfg(), &[w(1), w(3)], None).unwrap();
+    let s = snap(e, g);
+    assert_eq!(
+        (s.state, s.producers.clone(), s.fanin_count),
+        (TaskState::Pending, vec![earlier], 1)
+    );
+    let reader =
+        b.submit_next_level(&chip(1), args(&[(buf(A, 64), Input)]), &cfg(), w(0), None).unwrap();
+    assert_eq!(snap(e, reader).producers, vec![g], "the group is now the buffer's producer");
+    h.open();
+    let run = b.close();
+    assert!(wait(e, run).is_completed());
+    assert!(h.position(Event::End(earlier, 0)) < h.position(Event::Start(g, 1)));
+}
