@@ -13,9 +13,10 @@
 //! 1. **Deliver.** A producer with an event tries the scheduler lock. With it, it runs a pass
 //!    that first drains the inbox (so earlier events keep their order) and then handles its own
 //!    event. Without it, it appends the event here (`pending := true`, under the inbox lock).
-//! 2. **Drive.** Every producer then, and every lock holder after unlocking, loops: SeqCst fence;
-//!    if `pending` is false, stop; if the lock cannot be taken, stop (its holder will drive after
-//!    unlocking); otherwise run a pass and repeat.
+//! 2. **Drive.** Every producer then, and every lock holder after unlocking — including the
+//!    scheduler thread, which takes the lock blocking ([`locked_then_drive`]) — loops: SeqCst
+//!    fence; if `pending` is false, stop; if the lock cannot be taken, stop (its holder will drive
+//!    after unlocking); otherwise run a pass and repeat.
 //! 3. **Why nothing is lost.** A producer's append (before its fence) and a holder's unlock
 //!    (before its fence) are ordered by the two SeqCst fences: either the holder's check sees
 //!    `pending`, or the producer's `try_lock` sees the lock free (or taken by a later holder,
@@ -157,6 +158,21 @@ impl Inbox {
         // Relaxed: as in `take`; nothing can be pushed after this.
         self.pending.store(false, Ordering::Relaxed);
     }
+}
+
+/// Takes `lock` (blocking), runs `body` under it, unlocks, then drives (step 2): events left in
+/// the inbox by threads that found the lock taken meanwhile are never stranded.
+pub(crate) fn locked_then_drive<S, R>(
+    inbox: &Inbox,
+    lock: &Mutex<S>,
+    body: impl FnOnce(&mut MutexGuard<'_, S>) -> R,
+    pass: impl FnMut(&mut MutexGuard<'_, S>),
+) -> R {
+    let mut guard = lock.lock();
+    let r = body(&mut guard);
+    drop(guard);
+    drive(inbox, lock, pass);
+    r
 }
 
 /// Step 2: runs `pass` under `lock` while events are pending and the lock is free.

@@ -42,6 +42,8 @@
 //! 2. Take the scheduler lock and run a pass (draining anything pending, reporting a due stall).
 //! 3. If stopping and no worker is busy: close the inbox (taking what arrived meanwhile), cancel
 //!    every task still queued (it can never be dispatched now), mark the state exited, and leave.
+//! 4. Otherwise unlock and drive (combining step 2), so that an event another thread left in the
+//!    inbox while this thread held the lock is processed.
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -55,7 +57,9 @@ use simpler_types::{CancelReason, RunFailure, SlotId, TaskFailure, TaskState};
 use crate::core::Core;
 use crate::endpoint::{EndpointFailure, panic_message};
 use crate::graph::GraphScratch;
-use crate::inbox::{Closed, InboxBatch, MemberCompletion, ReadyEntry, WorkerSlot, drive};
+use crate::inbox::{
+    Closed, InboxBatch, MemberCompletion, ReadyEntry, WorkerSlot, drive, locked_then_drive,
+};
 use crate::slot::Route;
 use crate::sync::{Condvar, Mutex, MutexGuard, Ordering};
 use crate::task_protocol::{Fanin, MemberDone, root_of};
@@ -104,6 +108,9 @@ pub(crate) struct SchedState {
     passes: u64,
     dispatched: u64,
     completions: u64,
+    /// Test seam: called by the scheduler thread while it holds the scheduler lock.
+    #[cfg(test)]
+    pub(crate) thread_hook: Option<Box<dyn FnMut(&Core) + Send>>,
 }
 
 /// Wakes the scheduler thread (stop, stall deadlines).
@@ -158,6 +165,8 @@ impl SchedState {
             passes: 0,
             dispatched: 0,
             completions: 0,
+            #[cfg(test)]
+            thread_hook: None,
         }
     }
 
@@ -586,13 +595,27 @@ pub(crate) fn scheduler_main(core: Arc<Core>) {
     let mut deadline = None;
     loop {
         core.attention.wait(deadline);
-        let mut state = core.sched.lock();
-        core.run_pass(&mut state, Own::Nothing);
-        if state.stopping && state.busy == 0 {
-            state.exit(&core);
+        let exited = locked_then_drive(
+            &core.inbox,
+            &core.sched,
+            |state| {
+                core.run_pass(state, Own::Nothing);
+                #[cfg(test)]
+                if let Some(hook) = state.thread_hook.as_mut() {
+                    hook(&core);
+                }
+                if state.stopping && state.busy == 0 {
+                    state.exit(&core);
+                    return true;
+                }
+                deadline = state.stall_deadline(&core);
+                false
+            },
+            |state| core.run_pass(state, Own::Nothing),
+        );
+        if exited {
             break;
         }
-        deadline = state.stall_deadline(&core);
     }
     core.scheduler_exit.signal();
 }
@@ -701,6 +724,40 @@ mod tests {
         assert!(!engine.is_poisoned());
         tx.send(()).unwrap();
         assert_eq!(engine.wait(b.close()).unwrap(), RunOutcome::Completed);
+    }
+
+    #[test]
+    fn a_completion_delivered_while_the_scheduler_thread_holds_the_lock_is_not_stranded() {
+        // The scheduler thread holds the lock (its hook waits) while the worker delivers the
+        // run's only completion, which must then be left in the inbox. It is the run's last
+        // event: unless the scheduler thread drives after unlocking, the run never finishes.
+        let (engine, tx) = gated_engine();
+        let mut b = engine.begin_run().unwrap();
+        let t = b.submit_next_level(
+            &chip(),
+            TaskArgs::new(),
+            &CallConfig::default(),
+            WorkerId(0),
+            None,
+        );
+        let t = t.unwrap();
+        let run = b.close();
+        wait_until(|| engine.task_snapshot(t).unwrap().state == TaskState::Running);
+        let core = engine.core();
+        let (entered_tx, entered_rx) = mpsc::channel();
+        core.sched.lock().thread_hook = Some(Box::new(move |core: &Core| {
+            let _ = entered_tx.send(());
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !core.inbox.pending() && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+        }));
+        core.attention.poke();
+        entered_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        tx.send(()).unwrap();
+        let outcome = engine.wait_timeout(run, Duration::from_secs(20)).unwrap();
+        assert_eq!(outcome, Some(RunOutcome::Completed), "the completion was stranded");
+        core.sched.lock().thread_hook = None;
     }
 
     #[cfg(debug_assertions)]
