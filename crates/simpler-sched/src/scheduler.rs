@@ -91,6 +91,10 @@ pub(crate) enum Own {
     Completion(MemberCompletion),
 }
 
+/// Test seam run by the scheduler thread under the scheduler lock.
+#[cfg(test)]
+pub(crate) type ThreadHook = Box<dyn FnMut(&Core) + Send>;
+
 /// The scheduler's queues and bookkeeping, private to the holder of the scheduler lock.
 pub(crate) struct SchedState {
     next_level: Vec<NextLevelQueue>,
@@ -110,7 +114,7 @@ pub(crate) struct SchedState {
     completions: u64,
     /// Test seam: called by the scheduler thread while it holds the scheduler lock.
     #[cfg(test)]
-    pub(crate) thread_hook: Option<Box<dyn FnMut(&Core) + Send>>,
+    pub(crate) thread_hook: Option<ThreadHook>,
 }
 
 /// Wakes the scheduler thread (stop, stall deadlines).
