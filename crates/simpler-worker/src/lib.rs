@@ -1,2 +1,97 @@
-//! `simpler-worker` (being written).
+//! `simpler-worker` — the user-facing `Worker` at every level: L2 (one chip), L3 (chips and sub
+//! workers), L4+ (composition of lower workers); registration, `submit`/`run`, [`RunHandle`],
+//! `close` and `Drop`, device-memory helpers (spec 40).
+//!
+//! Layer: above `simpler-sched` (the engine it drives at L3+) and `simpler-device-a2a3` (the
+//! `DeviceRunner` each chip lane owns). It must not know device internals beyond the
+//! `DeviceRunner` API, and it contains no `unsafe` code.
+//!
+//! | Module | Holds |
+//! |---|---|
+//! | `worker` | [`Worker`], builders, start and rollback, admission, the close protocol |
+//! | `run` | [`RunHandle`] and the cleanup election |
+//! | `graph` | [`Orchestration`] and [`GraphBuilder`] |
+//! | `handle` | [`CallableHandle`] and the registry of closures, graphs and names |
+//! | `chip` | chip lanes: the L3 chip endpoint and the L2 lane thread |
+//! | `sub`, `child` | sub-worker and child-worker endpoints |
+//! | `memory` | [`ChipMemory`] and [`DeviceBuffer`] |
+//! | `reentry` | the thread-local reentrancy guard |
+//! | `error` | every error type of this crate |
+//!
+//! ```
+//! use simpler_device_a2a3::{Platform, RuntimeVariant};
+//! use simpler_worker::{Orchestration, Worker};
+//! use simpler_types::TaskArgs;
+//!
+//! let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+//! let hello = b.register_host("hello", |_args| Ok(()));
+//! let worker = b.start()?;
+//! worker.run(Orchestration::graph(move |g, _, _| {
+//!     g.submit_sub(hello, TaskArgs::new())?;
+//!     Ok(())
+//! }))?;
+//! worker.close()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! `start` consumes the builder, so registering on a worker that is starting, starting twice
+//! and adopting a started child cannot be written:
+//!
+//! ```compile_fail
+//! use simpler_device_a2a3::{Platform, RuntimeVariant};
+//! use simpler_worker::Worker;
+//! let b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph);
+//! let w = b.start();
+//! let again = b.start(); // the builder was consumed by the first start
+//! ```
+//!
+//! ```compile_fail
+//! use simpler_device_a2a3::{Platform, RuntimeVariant};
+//! use simpler_worker::Worker;
+//! let mut parent = Worker::composite(4);
+//! let child = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).start().unwrap();
+//! parent.child(child); // only builders can be adopted, never a started worker
+//! ```
+//!
+//! ```compile_fail
+//! use simpler_device_a2a3::{Platform, RuntimeVariant};
+//! use simpler_worker::Worker;
+//! let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+//! let w = b.start();
+//! b.register_host("late", |_| Ok(())); // registering on the builder after start
+//! ```
+//!
+//! ```compile_fail
+//! use simpler_device_a2a3::{Platform, RuntimeVariant};
+//! use simpler_worker::Worker;
+//! // A worker that is still starting does not exist as a value, so it cannot be closed.
+//! let b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph);
+//! b.close();
+//! ```
+
 #![forbid(unsafe_code)]
+
+mod child;
+mod chip;
+mod error;
+mod graph;
+mod handle;
+mod memory;
+mod reentry;
+mod run;
+mod sub;
+mod worker;
+
+pub use error::{
+    BoxError, BuildFailure, CloseError, DrainTimeout, Frame, MemError, RunError, RunErrorKind,
+    StartCause, StartError, TeardownError, WorkerError,
+};
+pub use graph::{GraphBuilder, GraphCallback, Orchestration};
+pub use handle::{CallableHandle, GraphFn, HostFn};
+pub use memory::{ChipMemory, DeviceBuffer};
+pub use run::RunHandle;
+pub use simpler_device_a2a3::MemoryLedger;
+pub use worker::{
+    ChildSpec, ChipWorkerBuilder, CompositeWorkerBuilder, ConfigError, DEFAULT_ALLOC_TIMEOUT,
+    DEFAULT_HEAP_RING_SIZE, DEFAULT_STARTUP_TIMEOUT, HostWorkerBuilder, Lifecycle, Worker,
+};

@@ -1,0 +1,89 @@
+//! Child workers of an L4+ level (spec 40 §8): engine NEXT_LEVEL endpoints that run one whole
+//! child run per task.
+//!
+//! The endpoint copies the member's arguments into an owned `TaskArgs` and calls the child's
+//! `run` with the task's graph, arguments and configuration. `Ok` is success; a `Build` or
+//! `Run` error is a task failure carrying the child's failure as its cause (one frame per
+//! level); `Closed` or `DeviceUnusable` is an endpoint failure. The child stays usable and runs
+//! one parent task at a time. The endpoint's shutdown closes the child.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
+use simpler_types::{TaskArgs, WorkerId, WorkerType};
+
+use crate::error::WorkerError;
+use crate::graph::Orchestration;
+use crate::handle::{Entry, SharedRegistry};
+use crate::reentry;
+use crate::worker::Worker;
+
+/// One adopted child worker.
+pub(crate) struct ChildEndpoint {
+    pub(crate) id: WorkerId,
+    pub(crate) parent_instance: u64,
+    pub(crate) parent_registry: SharedRegistry,
+    pub(crate) child: Option<Worker>,
+    /// Errors of closing the child, read by the parent after the engine joined this thread.
+    pub(crate) residue: Arc<Mutex<Vec<String>>>,
+}
+
+impl Endpoint for ChildEndpoint {
+    fn caps(&self) -> EndpointCaps {
+        let level = self.child.as_ref().map_or(0, Worker::level);
+        EndpointCaps {
+            worker_type: WorkerType::NextLevel,
+            id: self.id,
+            remote: false,
+            name: format!("child {} (L{level})", self.id),
+        }
+    }
+
+    fn run(&mut self, task: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
+        let Some(child) = &self.child else {
+            return Err(EndpointFailure::endpoint_failed("the child worker is closed"));
+        };
+        let found = self.parent_registry.read().runnable.get(task.callable).cloned();
+        let graph = match found.map(|r| r.entry) {
+            Some(Entry::Graph(g)) => g,
+            _ => {
+                return Err(EndpointFailure::endpoint_failed(format!(
+                    "graph {} is not registered on this worker",
+                    task.callable
+                )));
+            }
+        };
+        let mut args = TaskArgs::new();
+        for t in task.args.tensors {
+            args.add_inout(*t).map_err(|e| EndpointFailure::endpoint_failed(e.to_string()))?;
+        }
+        for s in task.args.scalars {
+            args.add_scalar(*s).map_err(|e| EndpointFailure::endpoint_failed(e.to_string()))?;
+        }
+        let orch = Orchestration::graph(move |gb, view, cfg| graph(gb, view, cfg))
+            .args(args)
+            .config(task.config.clone());
+        let _acting = reentry::enter(self.parent_instance);
+        match child.run(orch) {
+            Ok(()) => Ok(()),
+            Err(WorkerError::Run(e)) => {
+                let mut f = EndpointFailure::task_failed(e.to_string());
+                if let Some(t) = e.run_failure().and_then(|r| r.task_failure()) {
+                    f = f.with_cause(Arc::clone(t));
+                }
+                Err(f)
+            }
+            Err(e @ WorkerError::Build { .. }) => Err(EndpointFailure::task_failed(e.to_string())),
+            Err(e) => Err(EndpointFailure::endpoint_failed(e.to_string())),
+        }
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(child) = self.child.take()
+            && let Err(e) = child.close()
+        {
+            self.residue.lock().push(format!("child {}: {e}", self.id));
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! Chip lanes: the one thread that owns a chip's `DeviceRunner` and makes every device call for
+//! it (spec 40 §1).
+//!
+//! At L3 the lane is the engine's worker thread of the chip endpoint ([`ChipEndpoint`]); control
+//! work (registration, memory) reaches it through the engine's control jobs and queues behind
+//! earlier tasks. At L2 ([`ChipLane`]) the lane is a thread of its own fed by a channel. Both
+//! wrap the same [`ChipState`]: the runner, the content-keyed slot table and the user
+//! allocations.
+//!
+//! The runner is attached on a start-up thread and then moved to its lane. On the simulator
+//! nothing is bound to a thread; an onboard backend binds its context in the endpoint's
+//! thread-start hook, which is why that hook exists.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
+use simpler_device_a2a3::{
+    ChipCallable, ChipSlot, DeviceError, DevicePtr, DeviceRunner, MemoryLedger, RunRequest,
+};
+use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
+use simpler_types::{
+    CallConfig, CallableId, EndpointOutcome, RunId, TaskArgs, TaskArgsView, WorkerId, WorkerType,
+};
+
+use crate::error::{MemError, WorkerError};
+
+/// One registered content on one chip.
+struct Prepared {
+    slot: ChipSlot,
+    /// Handles that name this content on this chip.
+    refs: usize,
+}
+
+/// A chip's runner and the bookkeeping that lives on its lane.
+pub(crate) struct ChipState {
+    pub(crate) chip: WorkerId,
+    pub(crate) runner: Option<DeviceRunner>,
+    prepared: HashMap<CallableId, Prepared>,
+    /// Content whose rollback failed: unusable on this chip until close.
+    unusable: HashSet<CallableId>,
+    /// User allocations: address → length.
+    allocations: BTreeMap<u64, u64>,
+    /// Reused per task so that a member's arguments are not reallocated.
+    scratch: TaskArgs,
+}
+
+impl ChipState {
+    pub(crate) fn new(chip: WorkerId, runner: DeviceRunner) -> ChipState {
+        ChipState {
+            chip,
+            runner: Some(runner),
+            prepared: HashMap::new(),
+            unusable: HashSet::new(),
+            allocations: BTreeMap::new(),
+            scratch: TaskArgs::new(),
+        }
+    }
+
+    fn runner(&mut self) -> Result<&mut DeviceRunner, DeviceError> {
+        self.runner.as_mut().ok_or_else(|| DeviceError::Busy {
+            call: "chip call",
+            state: "the chip was finalized".to_owned(),
+        })
+    }
+
+    /// Prepares `c` (or adds a reference to identical content already prepared).
+    pub(crate) fn register(&mut self, c: &ChipCallable) -> Result<(), DeviceError> {
+        if let Some(p) = self.prepared.get_mut(&c.id()) {
+            p.refs += 1;
+            return Ok(());
+        }
+        let slot = self.runner()?.register_callable(c)?;
+        self.unusable.remove(&c.id());
+        self.prepared.insert(c.id(), Prepared { slot, refs: 1 });
+        Ok(())
+    }
+
+    /// Drops one reference to `id`, removing it from the chip at the last.
+    pub(crate) fn release(&mut self, id: &CallableId) -> Result<(), DeviceError> {
+        let Some(p) = self.prepared.get_mut(id) else { return Ok(()) };
+        p.refs -= 1;
+        if p.refs > 0 {
+            return Ok(());
+        }
+        let slot = p.slot;
+        match self.runner()?.unregister_callable(slot) {
+            Ok(()) => {
+                self.prepared.remove(id);
+                Ok(())
+            }
+            Err(e) => {
+                self.prepared.remove(id);
+                self.unusable.insert(*id);
+                Err(e)
+            }
+        }
+    }
+
+    /// The slot of prepared content `id`.
+    pub(crate) fn slot_of(&self, id: &CallableId) -> Option<ChipSlot> {
+        if self.unusable.contains(id) {
+            return None;
+        }
+        self.prepared.get(id).map(|p| p.slot)
+    }
+
+    /// References held on `id` (0 when not prepared).
+    pub(crate) fn refs(&self, id: &CallableId) -> usize {
+        self.prepared.get(id).map_or(0, |p| p.refs)
+    }
+
+    /// Runs one chip callable to completion on this lane.
+    pub(crate) fn run(
+        &mut self,
+        run: RunId,
+        callable: &CallableId,
+        args: TaskArgsView<'_>,
+        config: &CallConfig,
+    ) -> Result<(), EndpointFailure> {
+        if self.unusable.contains(callable) {
+            return Err(EndpointFailure::endpoint_failed(format!(
+                "callable {callable} is unusable on chip {} after a failed rollback",
+                self.chip
+            )));
+        }
+        let Some(slot) = self.prepared.get(callable).map(|p| p.slot) else {
+            return Err(EndpointFailure::endpoint_failed(format!(
+                "callable {callable} is not prepared on chip {}",
+                self.chip
+            )));
+        };
+        self.scratch.clear();
+        for t in args.tensors {
+            // Tags were consumed by the engine; the chip entry sees read-write device tensors.
+            self.scratch
+                .add_inout(*t)
+                .map_err(|e| EndpointFailure::endpoint_failed(e.to_string()))?;
+        }
+        for s in args.scalars {
+            self.scratch
+                .add_scalar(*s)
+                .map_err(|e| EndpointFailure::endpoint_failed(e.to_string()))?;
+        }
+        let scratch = std::mem::take(&mut self.scratch);
+        let result = match self.runner() {
+            Ok(r) => r.run(&RunRequest::new(run, slot, &scratch, config)).map(|_| ()),
+            Err(e) => Err(e),
+        };
+        self.scratch = scratch;
+        result.map_err(|e| device_failure(&e))
+    }
+
+    pub(crate) fn malloc(&mut self, bytes: u64) -> Result<u64, MemError> {
+        let chip = self.chip;
+        let p = self.runner().and_then(|r| r.malloc(bytes)).map_err(|e| mem_err(chip, &e))?;
+        self.allocations.insert(p.addr(), bytes);
+        Ok(p.addr())
+    }
+
+    pub(crate) fn free(&mut self, addr: u64) -> Result<(), MemError> {
+        let chip = self.chip;
+        self.runner().and_then(|r| r.free(DevicePtr(addr))).map_err(|e| mem_err(chip, &e))?;
+        self.allocations.remove(&addr);
+        Ok(())
+    }
+
+    pub(crate) fn copy_to(&mut self, addr: u64, data: &[u8]) -> Result<(), MemError> {
+        let chip = self.chip;
+        self.runner()
+            .and_then(|r| r.copy_to_device(DevicePtr(addr), data))
+            .map_err(|e| mem_err(chip, &e))
+    }
+
+    pub(crate) fn copy_from(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, MemError> {
+        let chip = self.chip;
+        let mut out = vec![0u8; len];
+        self.runner()
+            .and_then(|r| r.copy_from_device(&mut out, DevicePtr(addr)))
+            .map_err(|e| mem_err(chip, &e))?;
+        Ok(out)
+    }
+
+    pub(crate) fn ledger(&mut self) -> Result<MemoryLedger, MemError> {
+        let chip = self.chip;
+        Ok(self.runner().map_err(|e| mem_err(chip, &e))?.stats().memory)
+    }
+
+    /// Finalizes the runner; returns its error text and stuck threads, if any.
+    pub(crate) fn finalize(&mut self) -> Vec<String> {
+        let Some(runner) = self.runner.take() else { return Vec::new() };
+        match runner.finalize() {
+            Ok(report) => report
+                .stuck_workers
+                .into_iter()
+                .map(|w| format!("chip {}: stuck device thread {w}", self.chip))
+                .collect(),
+            Err(e) => vec![format!("chip {}: finalize failed: {e}", self.chip)],
+        }
+    }
+}
+
+fn mem_err(chip: WorkerId, e: &DeviceError) -> MemError {
+    MemError::Device { chip, message: e.to_string(), code: e.device_code() }
+}
+
+/// A device error as an endpoint failure: a poisoned device is the path failing, anything
+/// else the task.
+pub(crate) fn device_failure(e: &DeviceError) -> EndpointFailure {
+    let outcome = if e.poisons_device() {
+        EndpointOutcome::EndpointFailure
+    } else {
+        EndpointOutcome::TaskFailure
+    };
+    let f = EndpointFailure::new(outcome, e.mechanism(), e.to_string());
+    match e.device_code() {
+        Some(c) => f.with_device_code(c),
+        None => f,
+    }
+}
+
+/// The chip endpoint of an L3 engine: its worker thread is the chip's lane.
+pub(crate) struct ChipEndpoint {
+    pub(crate) state: ChipState,
+    /// Teardown residue, read by the worker after the engine joined this thread.
+    pub(crate) residue: Arc<Mutex<Vec<String>>>,
+}
+
+impl Endpoint for ChipEndpoint {
+    fn caps(&self) -> EndpointCaps {
+        EndpointCaps {
+            worker_type: WorkerType::NextLevel,
+            id: self.state.chip,
+            remote: false,
+            name: format!("chip {}", self.state.chip),
+        }
+    }
+
+    fn run(&mut self, task: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
+        self.state.run(task.task.run, task.callable, task.args, task.config)
+    }
+
+    fn shutdown(&mut self) {
+        let residue = self.state.finalize();
+        self.residue.lock().extend(residue);
+    }
+}
+
+type LaneJob = Box<dyn FnOnce(&mut ChipState) + Send>;
+
+/// The lane of an L2 worker: a thread of its own fed by a channel.
+pub(crate) struct ChipLane {
+    pub(crate) chip: WorkerId,
+    tx: Mutex<Option<mpsc::Sender<LaneJob>>>,
+    thread: Mutex<Option<JoinHandle<Vec<String>>>>,
+}
+
+impl ChipLane {
+    pub(crate) fn spawn(state: ChipState, name: String) -> std::io::Result<ChipLane> {
+        let chip = state.chip;
+        let (tx, rx) = mpsc::channel::<LaneJob>();
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
+            let mut state = state;
+            while let Ok(job) = rx.recv() {
+                job(&mut state);
+            }
+            state.finalize()
+        })?;
+        Ok(ChipLane { chip, tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)) })
+    }
+
+    /// Queues `job` behind earlier work; `Err` once the lane stopped.
+    pub(crate) fn post(&self, job: LaneJob) -> Result<(), WorkerError> {
+        let tx = self.tx.lock();
+        let stopped = || WorkerError::Lane { chip: self.chip, message: "the lane stopped".into() };
+        tx.as_ref().ok_or_else(stopped)?.send(job).map_err(|_| stopped())
+    }
+
+    /// Runs `f` on the lane and returns its result.
+    pub(crate) fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut ChipState) -> R + Send + 'static,
+    ) -> Result<R, WorkerError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.post(Box::new(move |s| {
+            let _ = tx.send(f(s));
+        }))?;
+        rx.recv().map_err(|_| WorkerError::Lane {
+            chip: self.chip,
+            message: "the job was dropped".into(),
+        })
+    }
+
+    /// Stops the lane after its queued jobs and joins it; returns teardown residue.
+    pub(crate) fn stop(&self) -> Vec<String> {
+        self.tx.lock().take();
+        let handle = self.thread.lock().take();
+        match handle.map(JoinHandle::join) {
+            Some(Ok(residue)) => residue,
+            Some(Err(_)) => vec![format!("chip {}: lane thread panicked", self.chip)],
+            None => Vec::new(),
+        }
+    }
+}
+
+/// The fence of an L2 run: set by the lane once the run was reaped.
+#[derive(Default)]
+pub(crate) struct LaneFence {
+    pub(crate) done: Mutex<Option<Result<(), DeviceError>>>,
+    pub(crate) cv: Condvar,
+}
+
+impl LaneFence {
+    pub(crate) fn set(&self, r: Result<(), DeviceError>) {
+        *self.done.lock() = Some(r);
+        self.cv.notify_all();
+    }
+}

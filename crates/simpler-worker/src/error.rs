@@ -1,0 +1,604 @@
+//! Errors of the worker layer: [`WorkerError`], [`RunError`] with its [`Frame`]s, [`StartError`],
+//! [`CloseError`] and [`MemError`] (spec 40 §2.6).
+//!
+//! Every error names the facts a user needs to act on: the run, the task, the worker path, the
+//! device code and its name. Error chains across levels are kept structured as frames,
+//! outermost first, and only rendered to text by `Display`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use simpler_device_a2a3::DeviceError;
+use simpler_sched::SchedError;
+use simpler_types::{
+    CallableKind, DeviceCode, FailureMechanism, RunFailure, RunId, TaskFailure, TaskId, WorkerId,
+    WorkerRef,
+};
+
+use crate::handle::CallableHandle;
+
+/// A boxed error returned by user callbacks and closures.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why the graph of a run could not be built (carried by [`WorkerError::Build`]).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BuildFailure {
+    /// The orchestration callback returned an error.
+    Callback(BoxError),
+    /// The orchestration callback panicked; the payload's text.
+    Panicked(String),
+    /// The engine rejected the submission (including the fail-fast re-raise of an earlier task
+    /// failure of the same run).
+    Engine(SchedError),
+    /// A chip refused to prepare the run (L2: validation, bind, stage, upload).
+    Device(Box<DeviceError>),
+}
+
+impl fmt::Display for BuildFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildFailure::Callback(e) => write!(f, "orchestration returned an error: {e}"),
+            BuildFailure::Panicked(p) => write!(f, "orchestration panicked: {p}"),
+            BuildFailure::Engine(e) => write!(f, "engine rejected the submission: {e}"),
+            BuildFailure::Device(e) => write!(f, "chip refused to prepare the run: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BuildFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BuildFailure::Callback(e) => Some(e.as_ref()),
+            BuildFailure::Panicked(_) => None,
+            BuildFailure::Engine(e) => Some(e),
+            BuildFailure::Device(e) => Some(e),
+        }
+    }
+}
+
+/// Errors of [`Worker`](crate::Worker) calls other than start and close.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// The worker is closed (or closing).
+    #[error("the worker is closed")]
+    Closed,
+    /// The operation does not exist at this worker's level.
+    #[error("{op} is not available on an L{level} worker")]
+    WrongLevel {
+        /// The operation.
+        op: &'static str,
+        /// The worker's level.
+        level: u8,
+    },
+    /// The call was made from inside one of this worker's own callbacks, closures or child
+    /// runs, where waiting for the worker would deadlock.
+    #[error("{op} called from inside a callback of the same worker ({worker})")]
+    Reentrant {
+        /// The operation.
+        op: &'static str,
+        /// The worker's label.
+        worker: String,
+    },
+    /// The graph of a run could not be built; the run was drained and retired.
+    #[error("{run}: building the graph failed: {cause}")]
+    Build {
+        /// The run.
+        run: RunId,
+        /// Why.
+        #[source]
+        cause: BuildFailure,
+    },
+    /// The run failed (returned by [`Worker::run`](crate::Worker::run) only).
+    #[error(transparent)]
+    Run(RunError),
+    /// The handle was unregistered.
+    #[error("callable {handle} is not registered")]
+    UnknownCallable {
+        /// The handle.
+        handle: CallableHandle,
+    },
+    /// The handle belongs to another worker.
+    #[error("callable {handle} belongs to another worker")]
+    ForeignHandle {
+        /// The handle.
+        handle: CallableHandle,
+    },
+    /// The callable's kind cannot run where it was submitted.
+    #[error("a {kind} callable cannot run on {target}")]
+    WrongCallableKind {
+        /// The handle's kind.
+        kind: CallableKind,
+        /// Where it was submitted ("a chip", "a sub worker", "a child worker").
+        target: &'static str,
+    },
+    /// No worker of the pool the callable needs exists.
+    #[error("callable '{callable}' has no eligible target: it needs {needs}")]
+    NoEligibleTarget {
+        /// The callable's name.
+        callable: String,
+        /// What it needs ("sub workers", "chips", "child workers").
+        needs: &'static str,
+    },
+    /// No chip or child has this id.
+    #[error("no chip or child worker has id {id}")]
+    NoSuchChild {
+        /// The id.
+        id: WorkerId,
+    },
+    /// Preparing a chip callable failed; successful chips were rolled back.
+    #[error("registering '{callable}' on chip {chip} failed: {source}{}", rollback_note(.rollback_failed))]
+    Registration {
+        /// The callable's name.
+        callable: String,
+        /// The chip that failed.
+        chip: WorkerId,
+        /// The chip's error.
+        #[source]
+        source: Box<DeviceError>,
+        /// Chips whose rollback failed; the (chip, callable) pair is unusable there.
+        rollback_failed: Vec<WorkerId>,
+    },
+    /// The content is being removed from a chip; register it again once the runs that pin it
+    /// have finished.
+    #[error("'{callable}' is still being removed from chip {chip}")]
+    RemovalPending {
+        /// The callable's name.
+        callable: String,
+        /// The chip.
+        chip: WorkerId,
+    },
+    /// A device-memory call failed.
+    #[error(transparent)]
+    Memory(#[from] MemError),
+    /// A chip is unusable after a fault.
+    #[error("chip {chip} is unusable: {message}")]
+    DeviceUnusable {
+        /// The chip.
+        chip: WorkerId,
+        /// The device's code, when known.
+        code: Option<DeviceCode>,
+        /// What made it unusable.
+        message: String,
+    },
+    /// An engine call inside a graph callback failed.
+    #[error(transparent)]
+    Engine(SchedError),
+    /// A chip's lane stopped or a control job on it failed.
+    #[error("chip {chip}: {message}")]
+    Lane {
+        /// The chip.
+        chip: WorkerId,
+        /// What happened.
+        message: String,
+    },
+}
+
+fn rollback_note(failed: &[WorkerId]) -> String {
+    if failed.is_empty() {
+        String::new()
+    } else {
+        let ids: Vec<String> = failed.iter().map(ToString::to_string).collect();
+        format!(" (rollback failed on chip(s) {}; marked unusable)", ids.join(", "))
+    }
+}
+
+/// Errors of device-memory helpers.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum MemError {
+    /// The buffer belongs to another chip or worker.
+    #[error("buffer of chip {buffer_chip} used on chip {chip}")]
+    WrongChip {
+        /// The buffer's chip.
+        buffer_chip: WorkerId,
+        /// The chip the call addressed.
+        chip: WorkerId,
+    },
+    /// The access leaves the buffer.
+    #[error("access of {len} bytes at offset {offset} leaves a buffer of {size} bytes")]
+    OutOfRange {
+        /// Offset of the access.
+        offset: u64,
+        /// Length of the access.
+        len: u64,
+        /// Buffer size.
+        size: u64,
+    },
+    /// The device refused.
+    #[error("chip {chip}: {message}")]
+    Device {
+        /// The chip.
+        chip: WorkerId,
+        /// The device's message.
+        message: String,
+        /// The device's code, when one exists.
+        code: Option<DeviceCode>,
+    },
+    /// The tensor descriptor could not be built.
+    #[error("tensor over a device buffer: {0}")]
+    Tensor(String),
+}
+
+/// What a [`RunError`] is, by mechanism.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RunErrorKind {
+    /// A task's callable reported an error or panicked.
+    TaskFailed,
+    /// The path to a callable failed.
+    EndpointFailed,
+    /// A device reported a fault.
+    DeviceFault {
+        /// The device's code, when one exists.
+        code: Option<DeviceCode>,
+    },
+    /// A timeout fired.
+    Timeout {
+        /// Which budget, as text.
+        budget: String,
+        /// Its value.
+        value: Duration,
+    },
+    /// A capacity ran out.
+    Capacity {
+        /// What ran out and its size.
+        what: String,
+    },
+    /// The submission failed (its `Build` error went to `submit`).
+    SubmissionFailed,
+    /// The run was aborted (shutdown).
+    Aborted,
+    /// A cleanup step failed.
+    CleanupFailed {
+        /// The step.
+        step: &'static str,
+    },
+    /// The thread doing the cleanup unwound before it finished.
+    CleanupInterrupted,
+    /// An engine invariant broke.
+    Internal,
+}
+
+/// One level of an error chain (spec 40 §8).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// The host level (2 for a chip worker).
+    pub level: u8,
+    /// The run at that level.
+    pub run: RunId,
+    /// The task, if the failure belongs to one.
+    pub task: Option<TaskId>,
+    /// The callable's name, if known.
+    pub callable: Option<String>,
+    /// The callable's kind, if known.
+    pub kind: Option<CallableKind>,
+    /// Where the task ran.
+    pub worker: Option<WorkerRef>,
+    /// Group member.
+    pub member: Option<u32>,
+    /// How it failed.
+    pub mechanism: Option<FailureMechanism>,
+    /// The device's code.
+    pub device_code: Option<DeviceCode>,
+    /// The message of this level.
+    pub message: String,
+}
+
+impl fmt::Display for Frame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "L{} {}", self.level, self.run)?;
+        if let Some(t) = self.task {
+            write!(f, " task {}", t.seq)?;
+        }
+        match (&self.kind, &self.callable) {
+            (Some(k), Some(n)) => write!(f, " ({k} '{n}')")?,
+            (None, Some(n)) => write!(f, " ('{n}')")?,
+            _ => {}
+        }
+        if let Some(w) = self.worker {
+            match w.ty {
+                simpler_types::WorkerType::Sub => write!(f, " on sub {}", w.id)?,
+                simpler_types::WorkerType::NextLevel if self.level >= 4 => {
+                    write!(f, " on child {}", w.id)?;
+                }
+                simpler_types::WorkerType::NextLevel => write!(f, " on chip {}", w.id)?,
+            }
+        }
+        if let Some(m) = self.member {
+            write!(f, " member {m}")?;
+        }
+        if let Some(c) = self.device_code {
+            write!(f, " [{c}]")?;
+        }
+        if !self.message.is_empty() {
+            write!(f, ": {}", self.message)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct RunErrorInner {
+    run: RunId,
+    kind: RunErrorKind,
+    frames: Vec<Frame>,
+    suppressed: Vec<String>,
+    failure: Option<Arc<RunFailure>>,
+}
+
+/// The failure of one run: one `Arc`, cheap to clone; every waiter gets a clone of the same
+/// value ([`RunError::ptr_eq`]).
+#[derive(Clone, Debug)]
+pub struct RunError(Arc<RunErrorInner>);
+
+impl RunError {
+    pub(crate) fn new(
+        run: RunId,
+        kind: RunErrorKind,
+        frames: Vec<Frame>,
+        suppressed: Vec<String>,
+        failure: Option<Arc<RunFailure>>,
+    ) -> RunError {
+        RunError(Arc::new(RunErrorInner { run, kind, frames, suppressed, failure }))
+    }
+
+    /// The run.
+    pub fn run_id(&self) -> RunId {
+        self.0.run
+    }
+
+    /// What the error is.
+    pub fn kind(&self) -> &RunErrorKind {
+        &self.0.kind
+    }
+
+    /// The chain, outermost level first.
+    pub fn frames(&self) -> &[Frame] {
+        &self.0.frames
+    }
+
+    /// The innermost device code of the chain, if any.
+    pub fn device_code(&self) -> Option<DeviceCode> {
+        self.0.frames.iter().rev().find_map(|f| f.device_code)
+    }
+
+    /// Later errors (cleanup) that lost to the run's first error.
+    pub fn suppressed(&self) -> &[String] {
+        &self.0.suppressed
+    }
+
+    /// The engine's record of the failure, when the engine produced it.
+    pub fn run_failure(&self) -> Option<&Arc<RunFailure>> {
+        self.0.failure.as_ref()
+    }
+
+    /// Whether both values are the same published result.
+    pub fn ptr_eq(&self, other: &RunError) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.frames.is_empty() {
+            return write!(f, "{}: {:?}", self.0.run, self.0.kind);
+        }
+        for (i, frame) in self.0.frames.iter().enumerate() {
+            if i > 0 {
+                f.write_str(": ")?;
+            }
+            write!(f, "{frame}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for RunError {}
+
+/// Which step of starting a worker failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StartCause {
+    /// The builder's configuration is invalid.
+    Config(String),
+    /// A registered callable has no eligible pool.
+    NoEligibleTarget {
+        /// The callable's name.
+        callable: String,
+        /// What it needs.
+        needs: &'static str,
+    },
+    /// A child worker failed to start (its own error is in `child`).
+    ChildFailed {
+        /// The child's error, rendered.
+        child: String,
+    },
+    /// The startup deadline passed with parts still starting.
+    DeadlineExceeded {
+        /// What was still pending.
+        pending: Vec<String>,
+        /// The budget.
+        budget: Duration,
+    },
+    /// A chip failed to attach or to prepare a callable.
+    Device {
+        /// The chip.
+        chip: WorkerId,
+        /// The device's code and name, when one exists.
+        code: Option<DeviceCode>,
+        /// The device's message.
+        message: String,
+    },
+    /// The engine could not start.
+    Engine(String),
+}
+
+impl fmt::Display for StartCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartCause::Config(m) => write!(f, "invalid configuration: {m}"),
+            StartCause::NoEligibleTarget { callable, needs } => {
+                write!(f, "callable '{callable}' has no eligible target: it needs {needs}")
+            }
+            StartCause::ChildFailed { child } => write!(f, "child failed to start: {child}"),
+            StartCause::DeadlineExceeded { pending, budget } => write!(
+                f,
+                "startup deadline of {budget:?} exceeded; still pending: {}",
+                pending.join(", ")
+            ),
+            StartCause::Device { chip, code, message } => {
+                write!(f, "chip {chip} failed")?;
+                if let Some(c) = code {
+                    write!(f, " with {c}")?;
+                }
+                write!(f, ": {message}")
+            }
+            StartCause::Engine(m) => write!(f, "engine failed to start: {m}"),
+        }
+    }
+}
+
+/// A failed start. Everything started before the failure was already rolled back.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("starting {path} failed: {cause}{}", rollback_text(.rollback))]
+pub struct StartError {
+    /// Why.
+    pub cause: StartCause,
+    /// Path to the failing part, e.g. `L4 / child 1 (L3) / chip 0 (device 5)`.
+    pub path: String,
+    /// Errors met while rolling back.
+    pub rollback: Vec<TeardownError>,
+}
+
+fn rollback_text(r: &[TeardownError]) -> String {
+    if r.is_empty() {
+        String::new()
+    } else {
+        let t: Vec<String> = r.iter().map(ToString::to_string).collect();
+        format!("; rollback: {}", t.join("; "))
+    }
+}
+
+/// One error met while tearing down (close or a start rollback).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what}: {message}")]
+pub struct TeardownError {
+    /// The part being torn down (path).
+    pub what: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// A drain that ran out of budget; nothing was torn down and a later close may retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainTimeout {
+    /// Operations (submits, registrations, memory calls) still in flight.
+    pub in_flight_ops: usize,
+    /// Accepted runs not yet published.
+    pub pending_runs: usize,
+    /// The budget that ran out.
+    pub budget: Duration,
+}
+
+/// What `close` found. `Clone`: concurrent closes share one value.
+#[derive(Debug, Clone, Default, thiserror::Error)]
+#[error("{}", self.describe())]
+#[non_exhaustive]
+pub struct CloseError {
+    /// Failures of runs whose handles nobody waited on.
+    pub unobserved_runs: Vec<RunError>,
+    /// Errors of the teardown itself.
+    pub teardown: Vec<TeardownError>,
+    /// Set when the drain ran out of budget.
+    pub drain_timeout: Option<DrainTimeout>,
+    /// Residue left after teardown (threads, allocations).
+    pub leaked: Vec<String>,
+    /// The call was made from inside one of the worker's own callbacks.
+    pub reentrant: bool,
+}
+
+impl CloseError {
+    /// Whether a later close may succeed (a drain timeout).
+    pub fn is_retryable(&self) -> bool {
+        self.drain_timeout.is_some()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.unobserved_runs.is_empty()
+            && self.teardown.is_empty()
+            && self.drain_timeout.is_none()
+            && self.leaked.is_empty()
+            && !self.reentrant
+    }
+
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.reentrant {
+            parts.push("close called from inside a callback of the same worker".to_owned());
+        }
+        if let Some(d) = &self.drain_timeout {
+            parts.push(format!(
+                "drain timed out after {:?} ({} operation(s) in flight, {} run(s) pending)",
+                d.budget, d.in_flight_ops, d.pending_runs
+            ));
+        }
+        for r in &self.unobserved_runs {
+            parts.push(format!("unobserved {}: {r}", r.run_id()));
+        }
+        for t in &self.teardown {
+            parts.push(format!("teardown: {t}"));
+        }
+        for l in &self.leaked {
+            parts.push(format!("leaked: {l}"));
+        }
+        parts.join("; ")
+    }
+}
+
+/// Frames of a task-failure chain as seen from `level`: the first frame belongs to `level`,
+/// each cause one level lower.
+pub(crate) fn frames_of_task(
+    level: u8,
+    failure: &TaskFailure,
+    name_of: &dyn Fn(&simpler_types::CallableId) -> Option<String>,
+) -> Vec<Frame> {
+    Frame::from_task(level, failure, name_of(&failure.callable))
+        .into_iter()
+        .chain(failure.cause.iter().flat_map(|c| {
+            // The cause is a task of the next level down.
+            frames_of_task(level.saturating_sub(1), c, name_of)
+        }))
+        .collect()
+}
+
+impl Frame {
+    fn from_task(level: u8, t: &TaskFailure, name: Option<String>) -> Option<Frame> {
+        Some(Frame {
+            level,
+            run: t.task.run,
+            task: Some(t.task),
+            callable: name,
+            kind: Some(t.callable.kind),
+            worker: t.worker,
+            member: t.member,
+            mechanism: Some(t.mechanism.clone()),
+            device_code: t.device_code,
+            message: if t.cause.is_some() {
+                String::new()
+            } else {
+                format!("{}{}", mech_prefix(&t.mechanism), t.message)
+            },
+        })
+    }
+}
+
+fn mech_prefix(m: &FailureMechanism) -> String {
+    match m {
+        FailureMechanism::Panicked => "panicked: ".to_owned(),
+        FailureMechanism::TaskFailed | FailureMechanism::EndpointFailed => String::new(),
+        other => format!("{other}: "),
+    }
+}

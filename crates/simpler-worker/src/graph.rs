@@ -1,0 +1,247 @@
+//! What a user submits ([`Orchestration`]) and the builder a graph callback gets
+//! ([`GraphBuilder`]), which wraps the engine's `RunBuilder` and resolves callable handles
+//! (spec 40 §2.3).
+
+use std::any::Any;
+
+use simpler_sched::{RunBuilder, SchedError};
+use simpler_types::{
+    CallConfig, DataType, RunId, TaskArgs, TaskArgsView, TaskId, Tensor, WorkerId,
+};
+
+use crate::error::{BoxError, WorkerError};
+use crate::handle::{CallableHandle, Entry, Registration};
+use crate::worker::Inner;
+
+/// A graph callback of an L3+ orchestration.
+pub type GraphCallback = dyn FnMut(&mut GraphBuilder<'_>, TaskArgsView<'_>, &CallConfig) -> Result<(), BoxError>
+    + Send
+    + 'static;
+
+pub(crate) enum OrchBody {
+    /// L2: one chip callable.
+    Chip(CallableHandle),
+    /// L3+: a graph callback.
+    Graph(Box<GraphCallback>),
+}
+
+/// One run's orchestration, its arguments, configuration and keep-alive values.
+///
+/// Everything it holds lives until the run's result is published, then is dropped on the
+/// publishing thread outside every lock.
+pub struct Orchestration {
+    pub(crate) body: OrchBody,
+    pub(crate) args: TaskArgs,
+    pub(crate) config: CallConfig,
+    pub(crate) keep: Vec<Box<dyn Any + Send>>,
+}
+
+impl std::fmt::Debug for Orchestration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.body {
+            OrchBody::Chip(_) => "chip",
+            OrchBody::Graph(_) => "graph",
+        };
+        f.debug_struct("Orchestration")
+            .field("kind", &kind)
+            .field("args", &self.args)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Orchestration {
+    /// An L2 run: the chip callable `handle` with `args`.
+    pub fn chip(handle: CallableHandle, args: TaskArgs) -> Orchestration {
+        Orchestration {
+            body: OrchBody::Chip(handle),
+            args,
+            config: CallConfig::default(),
+            keep: Vec::new(),
+        }
+    }
+
+    /// An L3+ run: `f` builds the graph on the calling thread.
+    pub fn graph(
+        f: impl FnMut(&mut GraphBuilder<'_>, TaskArgsView<'_>, &CallConfig) -> Result<(), BoxError>
+        + Send
+        + 'static,
+    ) -> Orchestration {
+        Orchestration {
+            body: OrchBody::Graph(Box::new(f)),
+            args: TaskArgs::new(),
+            config: CallConfig::default(),
+            keep: Vec::new(),
+        }
+    }
+
+    /// Sets the run's arguments (the graph callback sees them as a view).
+    #[must_use]
+    pub fn args(mut self, args: TaskArgs) -> Orchestration {
+        self.args = args;
+        self
+    }
+
+    /// Sets the run's configuration.
+    #[must_use]
+    pub fn config(mut self, config: CallConfig) -> Orchestration {
+        self.config = config;
+        self
+    }
+
+    /// Keeps `value` alive until the run's result is published.
+    #[must_use]
+    pub fn keep_alive(mut self, value: impl Send + 'static) -> Orchestration {
+        self.keep.push(Box::new(value));
+        self
+    }
+}
+
+/// Where a callable is being submitted, for the kind check.
+#[derive(Clone, Copy)]
+enum Target {
+    NextLevel,
+    Sub,
+}
+
+/// The builder of the one building run of a worker, handed to its graph callback.
+pub struct GraphBuilder<'a> {
+    pub(crate) rb: Option<RunBuilder<'a>>,
+    pub(crate) inner: &'a Inner,
+    /// Registrations used by this run: they stay alive until the run is published.
+    pub(crate) pins: Vec<Registration>,
+    pub(crate) keep: Vec<Box<dyn Any + Send>>,
+}
+
+impl std::fmt::Debug for GraphBuilder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphBuilder").field("run", &self.run_id()).finish_non_exhaustive()
+    }
+}
+
+impl<'a> GraphBuilder<'a> {
+    fn rb(&mut self) -> Result<&mut RunBuilder<'a>, WorkerError> {
+        self.rb.as_mut().ok_or(WorkerError::Closed)
+    }
+
+    /// The run being built.
+    pub fn run_id(&self) -> Option<RunId> {
+        self.rb.as_ref().map(RunBuilder::id)
+    }
+
+    fn resolve(&mut self, handle: CallableHandle, target: Target) -> Result<(), WorkerError> {
+        if handle.worker != self.inner.instance {
+            return Err(WorkerError::ForeignHandle { handle });
+        }
+        let reg = self.inner.registry.read();
+        let Some((_, r)) = reg.handles.get(&handle.seq) else {
+            return Err(WorkerError::UnknownCallable { handle });
+        };
+        let fits = match (&r.entry, target) {
+            (Entry::Host(_), Target::Sub) => true,
+            (Entry::Chip(_), Target::NextLevel) => self.inner.level == 3,
+            (Entry::Graph(_), Target::NextLevel) => self.inner.level >= 4,
+            _ => false,
+        };
+        if !fits {
+            let target = match target {
+                Target::Sub => "a sub worker",
+                Target::NextLevel if self.inner.level >= 4 => "a child worker",
+                Target::NextLevel => "a chip",
+            };
+            return Err(WorkerError::WrongCallableKind { kind: handle.kind(), target });
+        }
+        let pin = r.clone();
+        drop(reg);
+        if !self.pins.iter().any(|p| std::sync::Arc::ptr_eq(&p.name, &pin.name)) {
+            self.pins.push(pin);
+        }
+        Ok(())
+    }
+
+    /// Submits a task to chip or child `target` (L3: a chip callable; L4+: a graph).
+    pub fn submit_next_level(
+        &mut self,
+        handle: CallableHandle,
+        args: TaskArgs,
+        config: &CallConfig,
+        target: WorkerId,
+    ) -> Result<TaskId, WorkerError> {
+        self.resolve(handle, Target::NextLevel)?;
+        let id = handle.id;
+        self.rb()?.submit_next_level(&id, args, config, target, None).map_err(engine_err)
+    }
+
+    /// Submits a group: member i runs on `targets[i]`, all members dispatched together.
+    pub fn submit_next_level_group(
+        &mut self,
+        handle: CallableHandle,
+        args: Vec<TaskArgs>,
+        config: &CallConfig,
+        targets: &[WorkerId],
+    ) -> Result<TaskId, WorkerError> {
+        self.resolve(handle, Target::NextLevel)?;
+        let id = handle.id;
+        self.rb()?.submit_next_level_group(&id, args, config, targets, None).map_err(engine_err)
+    }
+
+    /// Submits a host-closure task to any idle sub worker.
+    pub fn submit_sub(
+        &mut self,
+        handle: CallableHandle,
+        args: TaskArgs,
+    ) -> Result<TaskId, WorkerError> {
+        self.resolve(handle, Target::Sub)?;
+        let id = handle.id;
+        self.rb()?.submit_sub(&id, args).map_err(engine_err)
+    }
+
+    /// Submits a host-closure group: each member on a distinct idle sub worker.
+    pub fn submit_sub_group(
+        &mut self,
+        handle: CallableHandle,
+        args: Vec<TaskArgs>,
+    ) -> Result<TaskId, WorkerError> {
+        self.resolve(handle, Target::Sub)?;
+        let id = handle.id;
+        self.rb()?.submit_sub_group(&id, args).map_err(engine_err)
+    }
+
+    /// Allocates an intermediate host buffer from the heap ring of the current scope depth.
+    pub fn alloc(&mut self, shape: &[u32], dtype: DataType) -> Result<Tensor, WorkerError> {
+        self.rb()?.alloc(shape, dtype).map_err(engine_err)
+    }
+
+    /// Opens a user scope (closed by [`scope_end`](Self::scope_end), or by the worker when the
+    /// callback returns).
+    pub fn scope_begin(&mut self) -> Result<(), WorkerError> {
+        self.rb()?.scope_begin().map_err(engine_err)
+    }
+
+    /// Closes the innermost user scope.
+    pub fn scope_end(&mut self) -> Result<(), WorkerError> {
+        self.rb()?.scope_end().map_err(engine_err)
+    }
+
+    /// Runs `body` inside a user scope.
+    pub fn scope<R>(
+        &mut self,
+        body: impl FnOnce(&mut GraphBuilder<'a>) -> R,
+    ) -> Result<R, WorkerError> {
+        self.scope_begin()?;
+        let r = body(self);
+        self.scope_end()?;
+        Ok(r)
+    }
+
+    /// Keeps `value` alive until the run's result is published.
+    pub fn keep_alive(&mut self, value: impl Send + 'static) {
+        self.keep.push(Box::new(value));
+    }
+}
+
+fn engine_err(e: SchedError) -> WorkerError {
+    match e {
+        SchedError::ShuttingDown => WorkerError::Closed,
+        other => WorkerError::Engine(other),
+    }
+}

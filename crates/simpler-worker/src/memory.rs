@@ -1,0 +1,122 @@
+//! Device-memory helpers on a chip (spec 40 §2.5): allocations owned by one chip of one worker,
+//! with ownership and range checks, and the chip's memory ledger.
+//!
+//! Memory calls queue on the chip's lane behind work already there, never behind tasks still
+//! waiting in a graph.
+
+use simpler_device_a2a3::MemoryLedger;
+use simpler_types::{DataType, Tensor, WorkerId};
+
+use crate::error::{MemError, WorkerError};
+use crate::worker::Worker;
+
+/// A device allocation: meaningful only with its chip.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct DeviceBuffer {
+    worker: u64,
+    chip: WorkerId,
+    addr: u64,
+    len: u64,
+}
+
+impl DeviceBuffer {
+    /// The chip that owns the memory.
+    pub fn chip(&self) -> WorkerId {
+        self.chip
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the buffer is empty (never, for a successful `malloc`).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// A contiguous chip-memory tensor over the buffer; the shape must fit in it.
+    pub fn tensor(&self, shape: &[u32], dtype: DataType) -> Result<Tensor, MemError> {
+        let t = Tensor::external(self.addr, shape, dtype)
+            .map_err(|e| MemError::Tensor(e.to_string()))?;
+        let bytes = shape.iter().fold(dtype.element_size(), |a, &d| a.saturating_mul(u64::from(d)));
+        if bytes > self.len {
+            return Err(MemError::OutOfRange { offset: 0, len: bytes, size: self.len });
+        }
+        Ok(t.child_memory(true))
+    }
+}
+
+/// Memory calls on one chip of a worker.
+#[derive(Debug)]
+pub struct ChipMemory<'w> {
+    pub(crate) worker: &'w Worker,
+    pub(crate) chip: WorkerId,
+}
+
+impl ChipMemory<'_> {
+    /// The chip.
+    pub fn chip(&self) -> WorkerId {
+        self.chip
+    }
+
+    fn check(&self, buf: &DeviceBuffer, offset: u64, len: u64) -> Result<(), MemError> {
+        if buf.worker != self.worker.inner.instance || buf.chip != self.chip {
+            return Err(MemError::WrongChip { buffer_chip: buf.chip, chip: self.chip });
+        }
+        if offset.checked_add(len).is_none_or(|end| end > buf.len) {
+            return Err(MemError::OutOfRange { offset, len, size: buf.len });
+        }
+        Ok(())
+    }
+
+    /// Allocates `bytes` on the chip.
+    pub fn malloc(&self, bytes: u64) -> Result<DeviceBuffer, WorkerError> {
+        let _lease = self.worker.inner.lease()?;
+        let addr = self.worker.inner.on_chip(self.chip, move |s| s.malloc(bytes))??;
+        Ok(DeviceBuffer { worker: self.worker.inner.instance, chip: self.chip, addr, len: bytes })
+    }
+
+    /// Frees a buffer of this chip.
+    pub fn free(&self, buf: DeviceBuffer) -> Result<(), WorkerError> {
+        self.check(&buf, 0, 0)?;
+        let _lease = self.worker.inner.lease()?;
+        Ok(self.worker.inner.on_chip(self.chip, move |s| s.free(buf.addr))??)
+    }
+
+    /// Copies `data` into the buffer at `offset`.
+    pub fn copy_to(&self, buf: &DeviceBuffer, offset: u64, data: &[u8]) -> Result<(), WorkerError> {
+        self.check(buf, offset, data.len() as u64)?;
+        let _lease = self.worker.inner.lease()?;
+        let bytes = data.to_vec();
+        let addr = buf.addr + offset;
+        Ok(self.worker.inner.on_chip(self.chip, move |s| s.copy_to(addr, &bytes))??)
+    }
+
+    /// Copies from the buffer at `offset` into `out`.
+    pub fn copy_from(
+        &self,
+        buf: &DeviceBuffer,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), WorkerError> {
+        self.check(buf, offset, out.len() as u64)?;
+        let _lease = self.worker.inner.lease()?;
+        let addr = buf.addr + offset;
+        let len = out.len();
+        let data = self.worker.inner.on_chip(self.chip, move |s| s.copy_from(addr, len))??;
+        out.copy_from_slice(&data);
+        Ok(())
+    }
+
+    /// The chip's memory by use.
+    pub fn ledger(&self) -> Result<MemoryLedger, WorkerError> {
+        let _lease = self.worker.inner.lease()?;
+        Ok(self.worker.inner.on_chip(self.chip, |s| s.ledger())??)
+    }
+}

@@ -1,0 +1,555 @@
+//! `RunHandle` and the cleanup election (spec 40 §2.4, §4).
+//!
+//! # Cleanup election
+//!
+//! Fence-owned cleanup runs exactly once, on a waiting thread (`wait`, admission of the next
+//! run, or `close`), never on an engine thread:
+//!
+//! 1. Lock the run's cell. Published → return a clone. Another waiter elected → park until
+//!    publication, un-election or the deadline (`None`). Else become elected; unlock.
+//! 2. Wait for the fence with the remaining deadline. On expiry: relock, un-elect, wake every
+//!    parked waiter (one of them takes over) and return `None`. The run is untouched.
+//! 3. The fence fired: arm an [`ElectionGuard`]. If the thread unwinds before step 5 its `Drop`
+//!    publishes `CleanupInterrupted` and retires the run, so no waiter is stranded.
+//! 4. Run the cleanup steps in order, each isolated (`Result` and `catch_unwind`): release the
+//!    run in the engine (L3+), then retire it from the worker's accepted set. No deadline
+//!    applies; both steps are host-side and bounded.
+//! 5. Store the result in the cell, wake every parked waiter, disarm the guard. Then drop the
+//!    run's keep-alive values outside the lock, each under `catch_unwind`.
+//!
+//! The cell's mutex is the only lock; no engine lock is held while it is taken.
+
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use simpler_sched::RunOutcome;
+use simpler_types::{FailureMechanism, RunFailure, RunId};
+
+use crate::chip::LaneFence;
+use crate::error::{Frame, RunError, RunErrorKind, frames_of_task};
+use crate::worker::Inner;
+
+/// How a run's fence is observed.
+pub(crate) enum Fence {
+    /// An engine run (L3+).
+    Engine,
+    /// A chip lane run (L2).
+    Lane(Arc<LaneFence>),
+}
+
+#[derive(Default)]
+struct Cell {
+    result: Option<Result<(), RunError>>,
+    elected: bool,
+    keep: Vec<Box<dyn Any + Send>>,
+}
+
+/// The shared state of one accepted run.
+pub(crate) struct RunShared {
+    pub(crate) run: RunId,
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) fence: Fence,
+    cell: Mutex<Cell>,
+    cv: Condvar,
+    /// Set by a user-facing read of the result; read by `close` to report unobserved runs.
+    /// Relaxed suffices: it is read after the run was published under the cell's lock.
+    observed: AtomicBool,
+    /// Number of cleanups run (exactly one per run; tests read it).
+    pub(crate) cleanups: std::sync::atomic::AtomicU32,
+}
+
+impl RunShared {
+    pub(crate) fn new(run: RunId, inner: Arc<Inner>, fence: Fence) -> Arc<RunShared> {
+        Arc::new(RunShared {
+            run,
+            inner,
+            fence,
+            cell: Mutex::new(Cell::default()),
+            cv: Condvar::new(),
+            observed: AtomicBool::new(false),
+            cleanups: std::sync::atomic::AtomicU32::new(0),
+        })
+    }
+
+    /// Adds values to drop after publication.
+    pub(crate) fn keep(&self, values: impl IntoIterator<Item = Box<dyn Any + Send>>) {
+        self.cell.lock().keep.extend(values);
+    }
+
+    pub(crate) fn mark_observed(&self) {
+        self.observed.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn was_observed(&self) -> bool {
+        self.observed.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn is_published(&self) -> bool {
+        self.cell.lock().result.is_some()
+    }
+
+    fn fence_fired(&self) -> bool {
+        match &self.fence {
+            Fence::Engine => {
+                self.inner.engine().is_none_or(|e| e.is_done(self.run).unwrap_or(true))
+            }
+            Fence::Lane(f) => f.done.lock().is_some(),
+        }
+    }
+
+    /// Election steps 1–5 (module docs). `None` when the deadline passed first.
+    pub(crate) fn wait_until(
+        self: &Arc<Self>,
+        deadline: Option<Instant>,
+    ) -> Option<Result<(), RunError>> {
+        {
+            let mut cell = self.cell.lock();
+            loop {
+                if let Some(r) = &cell.result {
+                    return Some(r.clone());
+                }
+                if !cell.elected {
+                    cell.elected = true;
+                    break;
+                }
+                match deadline {
+                    None => self.cv.wait(&mut cell),
+                    Some(d) => {
+                        if self.cv.wait_until(&mut cell, d).timed_out() {
+                            return cell.result.clone();
+                        }
+                    }
+                }
+            }
+        }
+        // 2.
+        if !self.wait_fence(deadline) {
+            let mut cell = self.cell.lock();
+            cell.elected = false;
+            self.cv.notify_all();
+            return None;
+        }
+        // 3.
+        let mut guard = ElectionGuard { run: self, armed: true };
+        // 4.
+        let result = self.cleanup();
+        // 5.
+        guard.armed = false;
+        Some(self.publish(result))
+    }
+
+    fn wait_fence(&self, deadline: Option<Instant>) -> bool {
+        match &self.fence {
+            Fence::Engine => {
+                let Some(engine) = self.inner.engine() else { return true };
+                match deadline {
+                    None => {
+                        let _ = engine.wait(self.run);
+                        true
+                    }
+                    Some(d) => {
+                        let left = d.saturating_duration_since(Instant::now());
+                        !matches!(engine.wait_timeout(self.run, left), Ok(None))
+                    }
+                }
+            }
+            Fence::Lane(f) => {
+                let mut done = f.done.lock();
+                while done.is_none() {
+                    match deadline {
+                        None => f.cv.wait(&mut done),
+                        Some(d) => {
+                            if f.cv.wait_until(&mut done, d).timed_out() {
+                                return done.is_some();
+                            }
+                        }
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    /// Step 4: the cleanup steps, each isolated.
+    fn cleanup(self: &Arc<Self>) -> Result<(), RunError> {
+        self.cleanups.fetch_add(1, Ordering::Relaxed);
+        let mut failures: Vec<(&'static str, String)> = Vec::new();
+        let mut own: Option<Result<(), RunError>> = None;
+        // Step "release": the engine's run record (L3+) or the lane's fence (L2).
+        let released = catch_unwind(AssertUnwindSafe(|| {
+            self.inner.inject("release")?;
+            self.release()
+        }));
+        match released {
+            Ok(Ok(r)) => own = Some(r),
+            Ok(Err(e)) => failures.push(("release", e)),
+            Err(p) => failures.push(("release", format!("panicked: {}", panic_text(p.as_ref())))),
+        }
+        // Step "retire": the worker's accepted set (and deferred unregistrations).
+        let retired = catch_unwind(AssertUnwindSafe(|| {
+            self.inner.inject("retire")?;
+            self.inner.retire(self);
+            Ok::<(), String>(())
+        }));
+        match retired {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failures.push(("retire", e)),
+            Err(p) => {
+                self.inner.retire(self);
+                failures.push(("retire", format!("panicked: {}", panic_text(p.as_ref()))));
+            }
+        }
+        let suppressed: Vec<String> =
+            failures.iter().map(|(s, m)| format!("cleanup step {s}: {m}")).collect();
+        match own {
+            Some(Err(e)) if suppressed.is_empty() => Err(e),
+            Some(Err(e)) => Err(RunError::new(
+                e.run_id(),
+                e.kind().clone(),
+                e.frames().to_vec(),
+                suppressed,
+                e.run_failure().cloned(),
+            )),
+            Some(Ok(())) | None => match failures.first() {
+                None => Ok(()),
+                Some((step, msg)) => Err(RunError::new(
+                    self.run,
+                    RunErrorKind::CleanupFailed { step },
+                    vec![self.frame(format!("cleanup step {step} failed: {msg}"))],
+                    suppressed[1..].to_vec(),
+                    None,
+                )),
+            },
+        }
+    }
+
+    /// Releases the run where it executed and turns its outcome into a result.
+    fn release(&self) -> Result<Result<(), RunError>, String> {
+        match &self.fence {
+            Fence::Engine => {
+                let engine = self.inner.engine().ok_or("the engine is gone")?;
+                let summary = engine.release(self.run).map_err(|e| e.to_string())?;
+                Ok(match summary.outcome {
+                    RunOutcome::Completed => Ok(()),
+                    RunOutcome::Failed(f) => Err(self.inner.run_error(&f)),
+                })
+            }
+            Fence::Lane(f) => {
+                let done = f.done.lock();
+                Ok(match done.as_ref() {
+                    Some(Ok(())) | None => Ok(()),
+                    Some(Err(e)) => Err(self.inner.lane_error(self.run, e)),
+                })
+            }
+        }
+    }
+
+    fn frame(&self, message: String) -> Frame {
+        Frame {
+            level: self.inner.level,
+            run: self.run,
+            task: None,
+            callable: None,
+            kind: None,
+            worker: None,
+            member: None,
+            mechanism: None,
+            device_code: None,
+            message,
+        }
+    }
+
+    /// Step 5: stores the result, wakes waiters, then drops keep-alives outside the lock.
+    fn publish(&self, result: Result<(), RunError>) -> Result<(), RunError> {
+        let keep = {
+            let mut cell = self.cell.lock();
+            cell.result = Some(result.clone());
+            cell.elected = false;
+            self.cv.notify_all();
+            std::mem::take(&mut cell.keep)
+        };
+        drop_logged(self.run, keep);
+        result
+    }
+}
+
+/// Drops each value under `catch_unwind`, logging a panic with the run's id.
+pub(crate) fn drop_logged(run: RunId, values: Vec<Box<dyn Any + Send>>) {
+    for v in values {
+        if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(v))) {
+            tracing::error!(%run, "a keep-alive value panicked while dropped: {}", panic_text(p.as_ref()));
+        }
+    }
+}
+
+/// Publishes `CleanupInterrupted` if the elected thread unwinds mid-cleanup (step 3).
+struct ElectionGuard<'a> {
+    run: &'a Arc<RunShared>,
+    armed: bool,
+}
+
+impl Drop for ElectionGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let run = self.run;
+        // Best effort: the engine's record may already be released, which is harmless.
+        let _ = catch_unwind(AssertUnwindSafe(|| run.release()));
+        let _ = catch_unwind(AssertUnwindSafe(|| run.inner.retire(run)));
+        let err = RunError::new(
+            run.run,
+            RunErrorKind::CleanupInterrupted,
+            vec![run.frame("the thread running the cleanup unwound before it finished".into())],
+            Vec::new(),
+            None,
+        );
+        let _ = run.publish(Err(err));
+    }
+}
+
+pub(crate) fn panic_text(p: &(dyn Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&'static str>() {
+        (*s).to_owned()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+/// The kind of a run failure.
+pub(crate) fn kind_of(f: &RunFailure) -> RunErrorKind {
+    match f {
+        RunFailure::Task(t) => match &t.root_cause().mechanism {
+            FailureMechanism::TaskFailed | FailureMechanism::Panicked => RunErrorKind::TaskFailed,
+            FailureMechanism::EndpointFailed => RunErrorKind::EndpointFailed,
+            FailureMechanism::DeviceFault => {
+                RunErrorKind::DeviceFault { code: t.root_cause().device_code }
+            }
+            FailureMechanism::Timeout { budget, limit } => {
+                RunErrorKind::Timeout { budget: budget.to_string(), value: *limit }
+            }
+            FailureMechanism::CapacityExhausted { what } => {
+                RunErrorKind::Capacity { what: what.clone() }
+            }
+            _ => RunErrorKind::TaskFailed,
+        },
+        RunFailure::Submission { .. } => RunErrorKind::SubmissionFailed,
+        RunFailure::Aborted { .. } => RunErrorKind::Aborted,
+        _ => RunErrorKind::Internal,
+    }
+}
+
+/// Frames of an engine failure at `level`.
+pub(crate) fn frames_of(
+    level: u8,
+    f: &RunFailure,
+    name_of: &dyn Fn(&simpler_types::CallableId) -> Option<String>,
+) -> Vec<Frame> {
+    match f {
+        RunFailure::Task(t) => frames_of_task(level, t, name_of),
+        other => vec![Frame {
+            level,
+            run: other.run(),
+            task: None,
+            callable: None,
+            kind: None,
+            worker: None,
+            member: None,
+            mechanism: None,
+            device_code: None,
+            message: other.to_string(),
+        }],
+    }
+}
+
+/// A cloneable handle to one accepted run. `Clone + Send + Sync`; clones share the run.
+///
+/// Dropping every clone unwaited never blocks: the run completes, and the next admission or
+/// `close` cleans it up.
+#[derive(Clone)]
+pub struct RunHandle {
+    pub(crate) shared: Arc<RunShared>,
+}
+
+impl std::fmt::Debug for RunHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunHandle").field("run", &self.shared.run).finish_non_exhaustive()
+    }
+}
+
+impl RunHandle {
+    /// The run's id.
+    pub fn run_id(&self) -> RunId {
+        self.shared.run
+    }
+
+    /// Whether the run's fence fired. Never blocks on the run and never cleans up.
+    pub fn is_done(&self) -> bool {
+        self.shared.is_published() || self.shared.fence_fired()
+    }
+
+    /// Waits for the run's result; the first waiter after the fence performs the cleanup.
+    pub fn wait(&self) -> Result<(), RunError> {
+        self.shared.mark_observed();
+        match self.shared.wait_until(None) {
+            Some(r) => r,
+            // Unreachable without a deadline; answered with the run's state instead of a panic.
+            None => Err(RunError::new(
+                self.shared.run,
+                RunErrorKind::Internal,
+                Vec::new(),
+                Vec::new(),
+                None,
+            )),
+        }
+    }
+
+    /// As [`wait`](Self::wait), giving up after `timeout` with `None`. Never cancels the run or
+    /// disturbs other waiters.
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<(), RunError>> {
+        let r = self.shared.wait_until(Some(Instant::now() + timeout));
+        if r.is_some() {
+            self.shared.mark_observed();
+        }
+        r
+    }
+
+    /// The result if the run is done (performing the cleanup if nobody has), else `None`.
+    pub fn result(&self) -> Option<Result<(), RunError>> {
+        self.wait_timeout(Duration::ZERO)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{Arc, Barrier};
+    use std::time::Duration;
+
+    use simpler_device_a2a3::{Platform, RuntimeVariant};
+    use simpler_types::TaskArgs;
+
+    use super::*;
+    use crate::{CallableHandle, Orchestration, Worker};
+
+    fn held_worker() -> (Worker, CallableHandle, Arc<Barrier>) {
+        let gate = Arc::new(Barrier::new(2));
+        let g2 = Arc::clone(&gate);
+        let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+        let hold = b.register_host("hold", move |_| {
+            g2.wait();
+            Ok(())
+        });
+        (b.start().expect("start"), hold, gate)
+    }
+
+    fn one(h: CallableHandle) -> Orchestration {
+        Orchestration::graph(move |g, _, _| {
+            g.submit_sub(h, TaskArgs::new())?;
+            Ok(())
+        })
+    }
+
+    #[test]
+    fn concurrent_waiters_share_one_cleanup_and_a_ptr_eq_result() {
+        let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+        let gate = Arc::new(Barrier::new(2));
+        let g2 = Arc::clone(&gate);
+        let bad = b.register_host("bad", move |_| {
+            g2.wait();
+            Err("shared failure".into())
+        });
+        let w = b.start().expect("start");
+        let handle = w.submit(one(bad)).expect("submit");
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let h = handle.clone();
+                std::thread::spawn(move || {
+                    // `is_done` during cleanup neither errors nor blocks.
+                    let _ = h.is_done();
+                    h.wait()
+                })
+            })
+            .collect();
+        gate.wait();
+        let results: Vec<RunError> =
+            waiters.into_iter().map(|t| t.join().expect("join").expect_err("fails")).collect();
+        assert!(results.windows(2).all(|w| w[0].ptr_eq(&w[1])));
+        assert_eq!(handle.shared.cleanups.load(Ordering::Relaxed), 1);
+        assert!(handle.wait().expect_err("same").ptr_eq(&results[0]));
+    }
+
+    #[test]
+    fn a_failing_cleanup_step_becomes_the_result_for_every_waiter() {
+        let (w, hold, gate) = held_worker();
+        w.inject_cleanup_failure("release", false);
+        let handle = w.submit(one(hold)).expect("submit");
+        gate.wait();
+        let e = handle.wait().expect_err("cleanup failed");
+        assert_eq!(e.kind(), &RunErrorKind::CleanupFailed { step: "release" });
+        assert!(handle.clone().wait().expect_err("again").ptr_eq(&e));
+        w.inner.injected.lock().clear();
+        // The run was retired: the next run is admitted and close does not hang.
+        let next = w.submit(one(hold)).expect("next");
+        gate.wait();
+        next.wait().expect("next run");
+        w.close().expect("close");
+    }
+
+    #[test]
+    fn a_panicking_cleanup_step_still_publishes_and_retires_the_run() {
+        let (w, hold, gate) = held_worker();
+        w.inject_cleanup_failure("retire", true);
+        let handle = w.submit(one(hold)).expect("submit");
+        gate.wait();
+        let e = handle.wait().expect_err("cleanup panicked");
+        assert_eq!(e.kind(), &RunErrorKind::CleanupFailed { step: "retire" });
+        w.inner.injected.lock().clear();
+        assert!(w.inner.accepted.lock().is_empty());
+        w.close().expect("close does not hang");
+    }
+
+    #[test]
+    fn an_elected_waiter_unwinding_mid_cleanup_publishes_cleanup_interrupted() {
+        let (w, hold, gate) = held_worker();
+        w.inject_cleanup_failure("release", true);
+        let handle = w.submit(one(hold)).expect("submit");
+        gate.wait();
+        // Simulate a waiter unwinding inside the cleanup: the guard publishes for it.
+        let shared = Arc::clone(&handle.shared);
+        assert!(shared.wait_fence(None));
+        {
+            let _guard = ElectionGuard { run: &shared, armed: true };
+        }
+        let e = handle.wait().expect_err("interrupted");
+        assert_eq!(e.kind(), &RunErrorKind::CleanupInterrupted);
+        w.inner.injected.lock().clear();
+        w.close().expect("close does not hang");
+    }
+
+    #[test]
+    fn a_waiter_timing_out_before_the_fence_lets_another_finish() {
+        let (w, hold, gate) = held_worker();
+        let handle = w.submit(one(hold)).expect("submit");
+        let other = handle.clone();
+        assert!(handle.wait_timeout(Duration::from_millis(1)).is_none());
+        let done = Arc::new(AtomicUsize::new(0));
+        let d2 = Arc::clone(&done);
+        let t = std::thread::spawn(move || {
+            let r = other.wait();
+            d2.fetch_add(1, Ordering::SeqCst);
+            r
+        });
+        gate.wait();
+        t.join().expect("join").expect("the other waiter finishes");
+        assert_eq!(done.load(Ordering::SeqCst), 1);
+        assert!(matches!(handle.result(), Some(Ok(()))));
+        assert_eq!(handle.shared.cleanups.load(Ordering::Relaxed), 1);
+    }
+}

@@ -1,0 +1,1608 @@
+//! `Worker`: registration, submit, admission, close and `Drop` at every level (spec 40 §2–§6).
+//!
+//! # Lifecycle
+//!
+//! `New` (a builder) → `Starting` (the body of `start`) → `Ready` (a returned `Worker`) →
+//! `Closed`. A failed start rolls back before it returns, so no failed worker exists.
+//!
+//! # Close protocol
+//!
+//! 1. A caller acting for this worker (inside its callback, closure or child run) gets
+//!    `reentrant` at once.
+//! 2. Lock the lifecycle. An attempt in flight → park until it ends and return its result. A
+//!    finished attempt → return its result again, unless it was a drain timeout: then retry.
+//! 3. Claim: lifecycle := `Closed`, attempt := in flight, unlock. New submissions,
+//!    registrations and memory calls now fail with `Closed`; calls already past that check hold
+//!    an operation lease.
+//! 4. Drain leases (a submit admitted before the claim finishes its callback and its run joins
+//!    the accepted set). Past the budget → `DrainTimeout`, nothing torn down, still `Closed`.
+//! 5. Drain the accepted runs in FIFO order as an ordinary waiter (cleanup election). Failed
+//!    runs that no user read go to `unobserved_runs`.
+//! 6. Tear down once: stop the engine (its chip lanes finalize their chips, sub threads join,
+//!    children close recursively) or the L2 lane. Residue goes to `leaked`.
+//! 7. Publish the result in the attempt and wake joiners; then drop the registries outside
+//!    every lock, so a closure whose `Drop` calls `close` finds the finished attempt.
+//!
+//! # Locks
+//!
+//! Lock order: the admission lock, then (one at a time) a run's cell, the accepted set, the
+//! lifecycle lock, the registry, the pending-chip list. The admission lock is held across a
+//! submit's callback; nothing else is held while user code runs or while waiting for a run.
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use simpler_device_a2a3::{
+    ChipCallable, DeviceError, DeviceRunner, Platform, RunRequest, RunnerOptions, RuntimeVariant,
+};
+use simpler_ring::RingConfig;
+use simpler_sched::{Endpoint, Engine, EngineConfig};
+use simpler_types::{
+    CallConfig, CallableId, CallableKind, RunFailure, RunId, TaskArgsView, WorkerId, WorkerRef,
+};
+
+use crate::child::ChildEndpoint;
+use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence};
+use crate::error::{
+    BoxError, BuildFailure, CloseError, DrainTimeout, Frame, RunError, RunErrorKind, StartCause,
+    StartError, TeardownError, WorkerError,
+};
+use crate::graph::{GraphBuilder, OrchBody, Orchestration};
+use crate::handle::{
+    CallableHandle, Entry, GraphFn, HostFn, Registration, Registry, SharedRegistry, name_in,
+};
+use crate::memory::ChipMemory;
+use crate::reentry;
+use crate::run::{Fence, RunHandle, RunShared, drop_logged, frames_of, kind_of, panic_text};
+
+/// Worker instance numbers: they only tell handles of different workers apart.
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
+
+fn next_instance() -> u64 {
+    // Relaxed: uniqueness needs only atomicity.
+    NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Default startup deadline of a whole worker tree.
+pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default bytes per heap ring.
+pub const DEFAULT_HEAP_RING_SIZE: u64 = 1 << 30;
+/// Default deadline of a blocking heap allocation.
+pub const DEFAULT_ALLOC_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The public lifecycle of a started worker.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Lifecycle {
+    /// Accepting work.
+    Ready,
+    /// Closed (or closing); permanent.
+    Closed,
+}
+
+enum Attempt {
+    None,
+    InFlight,
+    Done(Result<(), CloseError>),
+}
+
+struct Life {
+    state: Lifecycle,
+    leases: usize,
+    attempt: Attempt,
+}
+
+pub(crate) enum Body {
+    Chip(ChipLane),
+    Engine {
+        engine: Engine,
+        chips: Vec<WorkerId>,
+        children: Vec<WorkerId>,
+        residue: Arc<Mutex<Vec<String>>>,
+    },
+}
+
+/// The shared state behind a [`Worker`].
+pub(crate) struct Inner {
+    pub(crate) instance: u64,
+    pub(crate) level: u8,
+    label: String,
+    pub(crate) registry: SharedRegistry,
+    /// Registries of the subtree, for naming callables in lower frames.
+    name_sources: Vec<SharedRegistry>,
+    body: Body,
+    subs: usize,
+    life: Mutex<Life>,
+    life_cv: Condvar,
+    pub(crate) accepted: Mutex<VecDeque<Arc<RunShared>>>,
+    admission: Mutex<()>,
+    /// Failed runs published before anybody read them (`close` reports the unread ones).
+    failed_runs: Mutex<Vec<Arc<RunShared>>>,
+    /// Chip callables whose last handle was unregistered while runs were live.
+    chip_pending: Mutex<Vec<(CallableId, Vec<WorkerId>)>>,
+    next_l2_run: AtomicU64,
+    #[cfg(test)]
+    pub(crate) injected: Mutex<Vec<(&'static str, bool)>>,
+}
+
+/// An operation lease: `close` waits for every lease before it drains runs.
+pub(crate) struct Lease<'a> {
+    inner: &'a Inner,
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        let mut life = self.inner.life.lock();
+        life.leases -= 1;
+        if life.leases == 0 {
+            self.inner.life_cv.notify_all();
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn engine(&self) -> Option<&Engine> {
+        match &self.body {
+            Body::Engine { engine, .. } => Some(engine),
+            Body::Chip(_) => None,
+        }
+    }
+
+    fn chips(&self) -> Vec<WorkerId> {
+        match &self.body {
+            Body::Chip(lane) => vec![lane.chip],
+            Body::Engine { chips, .. } => chips.clone(),
+        }
+    }
+
+    pub(crate) fn lease(&self) -> Result<Lease<'_>, WorkerError> {
+        let mut life = self.life.lock();
+        if life.state == Lifecycle::Closed {
+            return Err(WorkerError::Closed);
+        }
+        life.leases += 1;
+        Ok(Lease { inner: self })
+    }
+
+    fn reentrant(&self, op: &'static str) -> Result<(), WorkerError> {
+        if reentry::is_acting_for(self.instance) {
+            return Err(WorkerError::Reentrant { op, worker: self.label.clone() });
+        }
+        Ok(())
+    }
+
+    /// Injected cleanup failures (tests only): `(step, panic)`.
+    pub(crate) fn inject(&self, step: &'static str) -> Result<(), String> {
+        #[cfg(test)]
+        {
+            let hit = self.injected.lock().iter().find(|(s, _)| *s == step).copied();
+            if let Some((_, panic)) = hit {
+                if panic {
+                    panic!("injected panic in cleanup step {step}");
+                }
+                return Err(format!("injected failure in cleanup step {step}"));
+            }
+        }
+        let _ = step;
+        Ok(())
+    }
+
+    /// Runs `f` on chip `chip`'s lane, behind work already queued there.
+    pub(crate) fn on_chip<R: Send + 'static>(
+        &self,
+        chip: WorkerId,
+        f: impl FnOnce(&mut ChipState) -> R + Send + 'static,
+    ) -> Result<R, WorkerError> {
+        match &self.body {
+            Body::Chip(lane) if lane.chip == chip => lane.call(f),
+            Body::Engine { engine, chips, .. } if chips.contains(&chip) => {
+                let rx = engine
+                    .on_endpoint(WorkerRef::next_level(chip.0), move |ep| {
+                        let any: &mut dyn Any = ep;
+                        any.downcast_mut::<ChipEndpoint>().map(|c| f(&mut c.state))
+                    })
+                    .map_err(|e| WorkerError::Lane { chip, message: e.to_string() })?;
+                match rx.recv() {
+                    Ok(Some(r)) => Ok(r),
+                    Ok(None) => {
+                        Err(WorkerError::Lane { chip, message: "not a chip endpoint".into() })
+                    }
+                    Err(e) => Err(WorkerError::Lane { chip, message: e.to_string() }),
+                }
+            }
+            _ => Err(WorkerError::NoSuchChild { id: chip }),
+        }
+    }
+
+    fn name_of(&self, id: &CallableId) -> Option<String> {
+        std::iter::once(&self.registry)
+            .chain(&self.name_sources)
+            .find_map(|r| name_in(&r.read(), id))
+    }
+
+    pub(crate) fn run_error(&self, f: &Arc<RunFailure>) -> RunError {
+        let frames = frames_of(self.level, f, &|id| self.name_of(id));
+        RunError::new(f.run(), kind_of(f), frames, Vec::new(), Some(Arc::clone(f)))
+    }
+
+    pub(crate) fn lane_error(&self, run: RunId, e: &DeviceError) -> RunError {
+        let mechanism = e.mechanism();
+        let kind = match &mechanism {
+            simpler_types::FailureMechanism::Timeout { budget, limit } => {
+                RunErrorKind::Timeout { budget: budget.to_string(), value: *limit }
+            }
+            simpler_types::FailureMechanism::CapacityExhausted { what } => {
+                RunErrorKind::Capacity { what: what.clone() }
+            }
+            simpler_types::FailureMechanism::TaskFailed => RunErrorKind::TaskFailed,
+            _ => RunErrorKind::DeviceFault { code: e.device_code() },
+        };
+        let frame = Frame {
+            level: 2,
+            run,
+            task: None,
+            callable: None,
+            kind: Some(CallableKind::Chip),
+            worker: Some(WorkerRef::next_level(self.chips().first().map_or(0, |c| c.0))),
+            member: None,
+            mechanism: Some(mechanism),
+            device_code: e.device_code(),
+            message: e.to_string(),
+        };
+        RunError::new(run, kind, vec![frame], Vec::new(), None)
+    }
+
+    /// Removes `run` from the accepted set; when none is left, performs deferred
+    /// unregistrations.
+    pub(crate) fn retire(&self, run: &Arc<RunShared>) {
+        let empty = {
+            let mut acc = self.accepted.lock();
+            acc.retain(|r| !Arc::ptr_eq(r, run));
+            acc.is_empty()
+        };
+        if empty {
+            self.flush_removals();
+        }
+    }
+
+    fn flush_removals(&self) {
+        let dropped = self.registry.write().flush_removals();
+        drop(dropped);
+        let pending = std::mem::take(&mut *self.chip_pending.lock());
+        for (id, chips) in pending {
+            for chip in chips {
+                match self.on_chip(chip, move |s| s.release(&id)) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(%chip, "deferred unregistration of {id} failed: {e}")
+                    }
+                    Err(e) => tracing::warn!(%chip, "deferred unregistration of {id} failed: {e}"),
+                }
+            }
+        }
+    }
+
+    fn note_published(&self, run: &Arc<RunShared>, result: &Result<(), RunError>) {
+        if result.is_err() && !run.was_observed() {
+            self.failed_runs.lock().push(Arc::clone(run));
+        }
+    }
+
+    fn close(&self, deadline: Option<Instant>, budget: Duration) -> Result<(), CloseError> {
+        // 1.
+        if reentry::is_acting_for(self.instance) {
+            return Err(CloseError { reentrant: true, ..CloseError::default() });
+        }
+        // 2.
+        let mut life = self.life.lock();
+        loop {
+            match &life.attempt {
+                Attempt::InFlight => self.life_cv.wait(&mut life),
+                Attempt::Done(r) if !r.as_ref().is_err_and(CloseError::is_retryable) => {
+                    return r.clone();
+                }
+                _ => break,
+            }
+        }
+        // 3.
+        life.state = Lifecycle::Closed;
+        life.attempt = Attempt::InFlight;
+        // 4.
+        while life.leases > 0 {
+            let timed_out = match deadline {
+                None => {
+                    self.life_cv.wait(&mut life);
+                    false
+                }
+                Some(d) => self.life_cv.wait_until(&mut life, d).timed_out(),
+            };
+            if timed_out && life.leases > 0 {
+                let pending_runs = self.accepted.lock().len();
+                let err = CloseError {
+                    drain_timeout: Some(DrainTimeout {
+                        in_flight_ops: life.leases,
+                        pending_runs,
+                        budget,
+                    }),
+                    ..CloseError::default()
+                };
+                life.attempt = Attempt::Done(Err(err.clone()));
+                self.life_cv.notify_all();
+                return Err(err);
+            }
+        }
+        drop(life);
+        // 5.
+        loop {
+            let next = self.accepted.lock().front().cloned();
+            let Some(run) = next else { break };
+            let published = run.wait_until(deadline);
+            match published {
+                Some(r) => self.note_published(&run, &r),
+                None => {
+                    let pending_runs = self.accepted.lock().len();
+                    let err = CloseError {
+                        drain_timeout: Some(DrainTimeout {
+                            in_flight_ops: 0,
+                            pending_runs,
+                            budget,
+                        }),
+                        ..CloseError::default()
+                    };
+                    let mut life = self.life.lock();
+                    life.attempt = Attempt::Done(Err(err.clone()));
+                    self.life_cv.notify_all();
+                    return Err(err);
+                }
+            }
+        }
+        let mut result = CloseError::default();
+        for run in std::mem::take(&mut *self.failed_runs.lock()) {
+            if !run.was_observed()
+                && let Some(Err(e)) = run.wait_until(Some(Instant::now()))
+            {
+                result.unobserved_runs.push(e);
+            }
+        }
+        // 6.
+        self.teardown(&mut result);
+        // 7.
+        let published = if result.is_empty() { Ok(()) } else { Err(result) };
+        {
+            let mut life = self.life.lock();
+            life.attempt = Attempt::Done(published.clone());
+            self.life_cv.notify_all();
+        }
+        let registry = std::mem::take(&mut *self.registry.write());
+        if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(registry))) {
+            tracing::error!(worker = %self.label, "a registered closure panicked while dropped: {}", panic_text(p.as_ref()));
+        }
+        published
+    }
+
+    fn teardown(&self, result: &mut CloseError) {
+        match &self.body {
+            Body::Chip(lane) => {
+                result.leaked.extend(lane.stop());
+            }
+            Body::Engine { engine, residue, .. } => {
+                if let Err(errors) = engine.shutdown(Instant::now()) {
+                    for e in errors {
+                        result.teardown.push(TeardownError {
+                            what: format!("{} engine", self.label),
+                            message: e.to_string(),
+                        });
+                    }
+                }
+                for r in std::mem::take(&mut *residue.lock()) {
+                    if r.contains("stuck") {
+                        result.leaked.push(r);
+                    } else {
+                        result
+                            .teardown
+                            .push(TeardownError { what: self.label.clone(), message: r });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A started worker at any level. `Send + Sync`; every method takes `&self`, so a serving
+/// process may share one in an `Arc`. Dropping it closes it (errors are logged).
+pub struct Worker {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("label", &self.inner.label).finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    /// An L2 worker over one chip.
+    pub fn chip(platform: Platform, device: u32, runtime: RuntimeVariant) -> ChipWorkerBuilder {
+        ChipWorkerBuilder {
+            common: Common::new(),
+            platform,
+            device,
+            runtime,
+            chip_regs: Vec::new(),
+        }
+    }
+
+    /// An L3 worker over chips and sub workers.
+    pub fn host(platform: Platform, runtime: RuntimeVariant) -> HostWorkerBuilder {
+        HostWorkerBuilder {
+            common: Common::new(),
+            platform,
+            runtime,
+            devices: Vec::new(),
+            subs: 0,
+            heap_ring_size: DEFAULT_HEAP_RING_SIZE,
+            alloc_timeout: DEFAULT_ALLOC_TIMEOUT,
+            chip_regs: Vec::new(),
+            host_regs: Vec::new(),
+        }
+    }
+
+    /// An L4+ worker composing workers of level − 1.
+    pub fn composite(level: u8) -> CompositeWorkerBuilder {
+        CompositeWorkerBuilder {
+            common: Common::new(),
+            level,
+            children: Vec::new(),
+            subs: 0,
+            heap_ring_size: DEFAULT_HEAP_RING_SIZE,
+            host_regs: Vec::new(),
+            graph_regs: Vec::new(),
+        }
+    }
+
+    /// The level label (2, 3, 4, …).
+    pub fn level(&self) -> u8 {
+        self.inner.level
+    }
+
+    /// `Ready` or `Closed`.
+    pub fn lifecycle(&self) -> Lifecycle {
+        self.inner.life.lock().state
+    }
+
+    /// The chips of this level (L2: its chip; L4+: none).
+    pub fn chip_ids(&self) -> Vec<WorkerId> {
+        self.inner.chips()
+    }
+
+    /// The children of an L4+ worker, in adoption order.
+    pub fn child_ids(&self) -> Vec<WorkerId> {
+        match &self.inner.body {
+            Body::Engine { children, .. } => children.clone(),
+            Body::Chip(_) => Vec::new(),
+        }
+    }
+
+    /// Number of sub workers.
+    pub fn sub_workers(&self) -> usize {
+        self.inner.subs
+    }
+
+    /// Runs admitted at once: one in this build (pipelining is a later step).
+    pub fn pipeline_depth(&self) -> usize {
+        1
+    }
+
+    fn register(&self, name: &str, id: CallableId, entry: Entry) -> CallableHandle {
+        let mut reg = self.inner.registry.write();
+        reg.next_seq += 1;
+        let seq = reg.next_seq;
+        let r = Registration { name: Arc::from(name), entry };
+        reg.runnable.entry(id).or_insert_with(|| r.clone());
+        reg.handles.insert(seq, (id, r));
+        CallableHandle { worker: self.inner.instance, seq, id }
+    }
+
+    fn closure_id(&self, kind: CallableKind) -> CallableId {
+        let seq = self.inner.registry.read().next_seq + 1;
+        Registry::closure_id(self.inner.instance, seq, kind)
+    }
+
+    /// Registers a host closure (L3+, needs sub workers); visible to every sub worker before
+    /// the call returns.
+    pub fn register_host(
+        &self,
+        name: &str,
+        f: impl Fn(TaskArgsView<'_>) -> Result<(), BoxError> + Send + Sync + 'static,
+    ) -> Result<CallableHandle, WorkerError> {
+        if self.inner.level < 3 {
+            return Err(WorkerError::WrongLevel { op: "register_host", level: self.inner.level });
+        }
+        let _lease = self.inner.lease()?;
+        if self.inner.subs == 0 {
+            return Err(WorkerError::NoEligibleTarget {
+                callable: name.to_owned(),
+                needs: "sub workers",
+            });
+        }
+        let f: Arc<HostFn> = Arc::new(f);
+        let _admission = self.inner.admission.lock();
+        let id = self.closure_id(CallableKind::Host);
+        Ok(self.register(name, id, Entry::Host(f)))
+    }
+
+    /// Registers a graph a child runs (L4+, needs children).
+    pub fn register_graph(
+        &self,
+        name: &str,
+        g: impl Fn(&mut GraphBuilder<'_>, TaskArgsView<'_>, &CallConfig) -> Result<(), BoxError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Result<CallableHandle, WorkerError> {
+        if self.inner.level < 4 {
+            return Err(WorkerError::WrongLevel { op: "register_graph", level: self.inner.level });
+        }
+        let _lease = self.inner.lease()?;
+        if self.child_ids().is_empty() {
+            return Err(WorkerError::NoEligibleTarget {
+                callable: name.to_owned(),
+                needs: "child workers",
+            });
+        }
+        let g: Arc<GraphFn> = Arc::new(g);
+        let _admission = self.inner.admission.lock();
+        let id = self.closure_id(CallableKind::Graph);
+        Ok(self.register(name, id, Entry::Graph(g)))
+    }
+
+    /// Registers a chip callable on every chip (L2, L3).
+    pub fn register_chip(&self, c: &ChipCallable) -> Result<CallableHandle, WorkerError> {
+        let chips = self.inner.chips();
+        self.register_chip_on(c, &chips)
+    }
+
+    /// Registers a chip callable on `chips`, all or nothing: a failure rolls back the chips
+    /// that succeeded.
+    pub fn register_chip_on(
+        &self,
+        c: &ChipCallable,
+        chips: &[WorkerId],
+    ) -> Result<CallableHandle, WorkerError> {
+        if self.inner.level > 3 {
+            return Err(WorkerError::WrongLevel { op: "register_chip", level: self.inner.level });
+        }
+        let _lease = self.inner.lease()?;
+        let name = c.entry_name().to_owned();
+        if chips.is_empty() {
+            return Err(WorkerError::NoEligibleTarget { callable: name, needs: "chips" });
+        }
+        let known = self.inner.chips();
+        if let Some(bad) = chips.iter().find(|c| !known.contains(c)) {
+            return Err(WorkerError::NoSuchChild { id: *bad });
+        }
+        let _admission = self.inner.admission.lock();
+        let id = c.id();
+        if let Some((_, pending)) = self.inner.chip_pending.lock().iter().find(|(i, _)| *i == id)
+            && let Some(chip) = pending.iter().find(|p| chips.contains(p))
+        {
+            return Err(WorkerError::RemovalPending { callable: name, chip: *chip });
+        }
+        let mut done: Vec<WorkerId> = Vec::new();
+        for &chip in chips {
+            let callable = c.clone();
+            let r = self.inner.on_chip(chip, move |s| s.register(&callable));
+            let failure = match r {
+                Ok(Ok(())) => {
+                    done.push(chip);
+                    continue;
+                }
+                Ok(Err(e)) => e,
+                Err(e) => DeviceError::Busy { call: "register_callable", state: e.to_string() },
+            };
+            let mut rollback_failed = Vec::new();
+            for &ok in &done {
+                if !matches!(self.inner.on_chip(ok, move |s| s.release(&id)), Ok(Ok(()))) {
+                    rollback_failed.push(ok);
+                }
+            }
+            return Err(WorkerError::Registration {
+                callable: name,
+                chip,
+                source: Box::new(failure),
+                rollback_failed,
+            });
+        }
+        drop(_admission);
+        Ok(self.register(&name, id, Entry::Chip(chips.to_vec())))
+    }
+
+    /// Unregisters a handle. Runs already accepted keep the callable; later submits with the
+    /// handle get `UnknownCallable`.
+    pub fn unregister(&self, handle: CallableHandle) -> Result<(), WorkerError> {
+        if handle.worker != self.inner.instance {
+            return Err(WorkerError::ForeignHandle { handle });
+        }
+        let _lease = self.inner.lease()?;
+        let live = !self.inner.accepted.lock().is_empty();
+        let mut reg = self.inner.registry.write();
+        let Some((id, r)) = reg.handles.remove(&handle.seq) else {
+            return Err(WorkerError::UnknownCallable { handle });
+        };
+        let last = reg.handles_of(&id) == 0;
+        let mut dropped = None;
+        if last && !matches!(r.entry, Entry::Chip(_)) {
+            if live {
+                reg.pending_removal.push(id);
+            } else {
+                dropped = reg.runnable.remove(&id);
+            }
+        } else if last {
+            reg.runnable.remove(&id);
+        }
+        drop(reg);
+        drop(dropped);
+        if let Entry::Chip(chips) = r.entry {
+            if live {
+                self.inner.chip_pending.lock().push((id, chips));
+            } else {
+                for chip in chips {
+                    match self.inner.on_chip(chip, move |s| s.release(&id))? {
+                        Ok(()) => {}
+                        Err(e) => {
+                            return Err(WorkerError::Registration {
+                                callable: r.name.to_string(),
+                                chip,
+                                source: Box::new(e),
+                                rollback_failed: vec![chip],
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// References held on chip callable content `id` on `chip` (for diagnostics and tests).
+    pub fn chip_callable_refs(&self, chip: WorkerId, id: CallableId) -> Result<usize, WorkerError> {
+        self.inner.on_chip(chip, move |s| s.refs(&id))
+    }
+
+    /// Submits a run and returns its handle once the graph is built (L3+) or the run is
+    /// prepared on the chip (L2). Graph-construction errors come back here, after the run was
+    /// drained and retired; task and device errors belong to the handle.
+    pub fn submit(&self, orch: Orchestration) -> Result<RunHandle, WorkerError> {
+        self.inner.reentrant("submit")?;
+        let _lease = self.inner.lease()?;
+        let admission = self.inner.admission.lock();
+        // Wait, as an ordinary waiter, until every earlier accepted run is published.
+        let earlier: Vec<Arc<RunShared>> = self.inner.accepted.lock().iter().cloned().collect();
+        for run in earlier {
+            if let Some(r) = run.wait_until(None) {
+                self.inner.note_published(&run, &r);
+            }
+        }
+        let r = match &self.inner.body {
+            Body::Chip(lane) => self.submit_chip(lane, orch),
+            Body::Engine { engine, .. } => self.submit_graph(engine, orch),
+        };
+        drop(admission);
+        r
+    }
+
+    fn submit_chip(&self, lane: &ChipLane, orch: Orchestration) -> Result<RunHandle, WorkerError> {
+        let Orchestration { body, args, config, keep } = orch;
+        let OrchBody::Chip(handle) = body else {
+            return Err(WorkerError::WrongLevel { op: "a graph orchestration", level: 2 });
+        };
+        if handle.worker != self.inner.instance {
+            return Err(WorkerError::ForeignHandle { handle });
+        }
+        let pin = match self.inner.registry.read().handles.get(&handle.seq) {
+            Some((_, r)) => r.clone(),
+            None => return Err(WorkerError::UnknownCallable { handle }),
+        };
+        // Relaxed: run ids only need to be distinct; the admission lock orders submits.
+        let raw = self.inner.next_l2_run.fetch_add(1, Ordering::Relaxed);
+        let run = RunId::from_raw(raw)
+            .ok_or(WorkerError::Lane { chip: lane.chip, message: "run ids exhausted".into() })?;
+        let fence = Arc::new(LaneFence::default());
+        let lane_fence = Arc::clone(&fence);
+        let id = handle.id;
+        let (tx, rx) = mpsc::sync_channel::<Result<(), DeviceError>>(1);
+        lane.post(Box::new(move |s: &mut ChipState| {
+            let prepared = s.prepare(run, &id, &args, &config);
+            let ok = prepared.is_ok();
+            let _ = tx.send(prepared);
+            if ok {
+                lane_fence.set(s.launch_and_reap());
+            }
+        }))?;
+        let prepared = rx.recv().map_err(|_| WorkerError::Lane {
+            chip: lane.chip,
+            message: "the lane dropped the run".into(),
+        })?;
+        if let Err(e) = prepared {
+            drop_logged(run, keep);
+            return Err(WorkerError::Build { run, cause: BuildFailure::Device(Box::new(e)) });
+        }
+        let shared = RunShared::new(run, Arc::clone(&self.inner), Fence::Lane(fence));
+        shared.keep(keep);
+        shared.keep([Box::new(pin) as Box<dyn Any + Send>]);
+        self.inner.accepted.lock().push_back(Arc::clone(&shared));
+        Ok(RunHandle { shared })
+    }
+
+    fn submit_graph(&self, engine: &Engine, orch: Orchestration) -> Result<RunHandle, WorkerError> {
+        let Orchestration { body, args, config, keep } = orch;
+        let OrchBody::Graph(mut f) = body else {
+            return Err(WorkerError::WrongLevel {
+                op: "a chip orchestration",
+                level: self.inner.level,
+            });
+        };
+        let rb = engine.begin_run().map_err(|e| match e {
+            simpler_sched::SchedError::ShuttingDown => WorkerError::Closed,
+            other => WorkerError::Engine(other),
+        })?;
+        let run = rb.id();
+        let shared = RunShared::new(run, Arc::clone(&self.inner), Fence::Engine);
+        self.inner.accepted.lock().push_back(Arc::clone(&shared));
+        let mut gb =
+            GraphBuilder { rb: Some(rb), inner: &self.inner, pins: Vec::new(), keep: Vec::new() };
+        let outcome = {
+            let _acting = reentry::enter(self.inner.instance);
+            catch_unwind(AssertUnwindSafe(|| f(&mut gb, args.view(), &config)))
+        };
+        let GraphBuilder { rb, pins, keep: graph_keep, .. } = gb;
+        let failure = match outcome {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(match e.downcast::<WorkerError>() {
+                Ok(w) => match *w {
+                    WorkerError::Engine(s) => BuildFailure::Engine(s),
+                    other => BuildFailure::Callback(Box::new(other)),
+                },
+                Err(e) => BuildFailure::Callback(e),
+            }),
+            Err(p) => Some(BuildFailure::Panicked(panic_text(p.as_ref()))),
+        };
+        shared.keep([Box::new(f) as Box<dyn Any + Send>, Box::new(args), Box::new(config)]);
+        shared.keep(keep);
+        shared.keep(graph_keep);
+        shared.keep(pins.into_iter().map(|p| Box::new(p) as Box<dyn Any + Send>));
+        match (failure, rb) {
+            (None, Some(rb)) => {
+                rb.close();
+                Ok(RunHandle { shared })
+            }
+            (failure, rb) => {
+                let cause =
+                    failure.unwrap_or(BuildFailure::Panicked("the run builder was lost".into()));
+                if let Some(rb) = rb {
+                    rb.fail(cause.to_string());
+                }
+                shared.mark_observed();
+                let _ = shared.wait_until(None);
+                Err(WorkerError::Build { run, cause })
+            }
+        }
+    }
+
+    /// `submit` then `wait`.
+    pub fn run(&self, orch: Orchestration) -> Result<(), WorkerError> {
+        self.inner.reentrant("run")?;
+        self.submit(orch)?.wait().map_err(WorkerError::Run)
+    }
+
+    /// Closes the worker: rejects new work, drains every accepted run, tears down once.
+    /// Concurrent and repeated closes return the same result.
+    pub fn close(&self) -> Result<(), CloseError> {
+        self.inner.close(None, Duration::MAX)
+    }
+
+    /// As [`close`](Self::close) with a drain budget: past it, `DrainTimeout` (retryable),
+    /// nothing torn down, still `Closed`.
+    pub fn close_timeout(&self, drain: Duration) -> Result<(), CloseError> {
+        self.inner.close(Some(Instant::now() + drain), drain)
+    }
+
+    /// Memory calls on the chip of an L2 worker.
+    pub fn memory(&self) -> Result<ChipMemory<'_>, WorkerError> {
+        match &self.inner.body {
+            Body::Chip(lane) => Ok(ChipMemory { worker: self, chip: lane.chip }),
+            Body::Engine { .. } => {
+                Err(WorkerError::WrongLevel { op: "memory", level: self.inner.level })
+            }
+        }
+    }
+
+    /// Memory calls on chip `chip` of an L3 worker.
+    pub fn chip_memory(&self, chip: WorkerId) -> Result<ChipMemory<'_>, WorkerError> {
+        if self.inner.level != 3 {
+            return Err(WorkerError::WrongLevel { op: "chip_memory", level: self.inner.level });
+        }
+        if !self.inner.chips().contains(&chip) {
+            return Err(WorkerError::NoSuchChild { id: chip });
+        }
+        Ok(ChipMemory { worker: self, chip })
+    }
+
+    /// Committed device memory: L2 its chip, L3 the sum over its chips.
+    pub fn committed_device_memory(&self) -> Result<u64, WorkerError> {
+        if self.inner.level > 3 {
+            return Err(WorkerError::WrongLevel {
+                op: "committed_device_memory",
+                level: self.inner.level,
+            });
+        }
+        let _lease = self.inner.lease()?;
+        let mut total = 0;
+        for chip in self.inner.chips() {
+            total += self.inner.on_chip(chip, |s| s.ledger())??.committed;
+        }
+        Ok(total)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn inject_cleanup_failure(&self, step: &'static str, panic: bool) {
+        self.inner.injected.lock().push((step, panic));
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let done = matches!(&self.inner.life.lock().attempt, Attempt::Done(r) if !r.as_ref().is_err_and(CloseError::is_retryable));
+        if done || reentry::is_acting_for(self.inner.instance) {
+            return;
+        }
+        match catch_unwind(AssertUnwindSafe(|| self.close())) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let runs: Vec<String> =
+                    e.unobserved_runs.iter().map(|r| r.run_id().to_string()).collect();
+                tracing::error!(worker = %self.inner.label, runs = %runs.join(","), "close during drop: {e}");
+            }
+            Err(p) => {
+                tracing::error!(worker = %self.inner.label, "close during drop panicked: {}", panic_text(p.as_ref()))
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Builders and start.
+
+struct Common {
+    instance: u64,
+    startup_timeout: Duration,
+    prewarm: Option<CallConfig>,
+    next_seq: u64,
+}
+
+impl Common {
+    fn new() -> Common {
+        Common {
+            instance: next_instance(),
+            startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+            prewarm: None,
+            next_seq: 0,
+        }
+    }
+
+    fn handle(&mut self, id: CallableId) -> CallableHandle {
+        self.next_seq += 1;
+        CallableHandle { worker: self.instance, seq: self.next_seq, id }
+    }
+
+    fn closure_handle(&mut self, kind: CallableKind) -> CallableHandle {
+        let id = Registry::closure_id(self.instance, self.next_seq + 1, kind);
+        self.handle(id)
+    }
+
+    fn check_timeout(&self, path: &str) -> Result<(), StartError> {
+        if self.startup_timeout.is_zero() {
+            return Err(start_err(StartCause::Config("startup_timeout must be > 0".into()), path));
+        }
+        Ok(())
+    }
+}
+
+fn start_err(cause: StartCause, path: &str) -> StartError {
+    StartError { cause, path: path.to_owned(), rollback: Vec::new() }
+}
+
+fn past(deadline: Instant, budget: Duration, what: &str, path: &str) -> Result<(), StartError> {
+    if Instant::now() > deadline {
+        return Err(start_err(
+            StartCause::DeadlineExceeded { pending: vec![what.to_owned()], budget },
+            path,
+        ));
+    }
+    Ok(())
+}
+
+/// Builder of an L2 worker (the `New` state).
+pub struct ChipWorkerBuilder {
+    common: Common,
+    platform: Platform,
+    device: u32,
+    runtime: RuntimeVariant,
+    chip_regs: Vec<(CallableHandle, ChipCallable)>,
+}
+
+impl std::fmt::Debug for ChipWorkerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChipWorkerBuilder").field("device", &self.device).finish_non_exhaustive()
+    }
+}
+
+impl ChipWorkerBuilder {
+    /// The deadline of the whole start (default 300 s; must be > 0).
+    #[must_use]
+    pub fn startup_timeout(mut self, t: Duration) -> Self {
+        self.common.startup_timeout = t;
+        self
+    }
+
+    /// Builds the chip's arenas for this sizing at start.
+    #[must_use]
+    pub fn prewarm(mut self, config: CallConfig) -> Self {
+        self.common.prewarm = Some(config);
+        self
+    }
+
+    /// Registers a chip callable, prepared during `start`.
+    pub fn register_chip(&mut self, c: ChipCallable) -> CallableHandle {
+        let h = self.common.handle(c.id());
+        self.chip_regs.push((h, c));
+        h
+    }
+
+    /// Starts the worker: attaches the chip, prepares the callables, starts the lane.
+    pub fn start(self) -> Result<Worker, StartError> {
+        let path = format!("L2 / chip 0 (device {})", self.device);
+        self.common.check_timeout(&path)?;
+        let deadline = Instant::now() + self.common.startup_timeout;
+        let callables: Vec<ChipCallable> = self.chip_regs.iter().map(|(_, c)| c.clone()).collect();
+        let mut states = attach_chips(
+            self.platform,
+            self.runtime,
+            &[self.device],
+            &callables,
+            self.common.prewarm.as_ref(),
+            deadline,
+            self.common.startup_timeout,
+            "L2",
+        )?;
+        let Some(state) = states.pop() else {
+            return Err(start_err(StartCause::Config("no chip".into()), &path));
+        };
+        let lane =
+            ChipLane::spawn(state, format!("simpler-l2-chip{}", self.device)).map_err(|e| {
+                start_err(StartCause::Config(format!("cannot spawn the lane: {e}")), &path)
+            })?;
+        let mut registry = Registry::default();
+        for (h, c) in self.chip_regs {
+            let r = Registration {
+                name: Arc::from(c.entry_name()),
+                entry: Entry::Chip(vec![WorkerId(0)]),
+            };
+            registry.runnable.entry(h.id).or_insert_with(|| r.clone());
+            registry.handles.insert(h.seq, (h.id, r));
+        }
+        registry.next_seq = self.common.next_seq;
+        Ok(Worker {
+            inner: Arc::new(new_inner(
+                self.common.instance,
+                2,
+                Body::Chip(lane),
+                registry,
+                Vec::new(),
+                0,
+            )),
+        })
+    }
+}
+
+fn new_inner(
+    instance: u64,
+    level: u8,
+    body: Body,
+    registry: Registry,
+    name_sources: Vec<SharedRegistry>,
+    subs: usize,
+) -> Inner {
+    Inner {
+        instance,
+        level,
+        label: format!("L{level} worker #{instance}"),
+        registry: Arc::new(RwLock::new(registry)),
+        name_sources,
+        body,
+        subs,
+        life: Mutex::new(Life { state: Lifecycle::Ready, leases: 0, attempt: Attempt::None }),
+        life_cv: Condvar::new(),
+        accepted: Mutex::new(VecDeque::new()),
+        admission: Mutex::new(()),
+        failed_runs: Mutex::new(Vec::new()),
+        chip_pending: Mutex::new(Vec::new()),
+        next_l2_run: AtomicU64::new(1),
+        #[cfg(test)]
+        injected: Mutex::new(Vec::new()),
+    }
+}
+
+/// Attaches every chip in parallel, prepares `callables` on each and prewarms; all or nothing.
+#[allow(clippy::too_many_arguments)]
+fn attach_chips(
+    platform: Platform,
+    runtime: RuntimeVariant,
+    devices: &[u32],
+    callables: &[ChipCallable],
+    prewarm: Option<&CallConfig>,
+    deadline: Instant,
+    budget: Duration,
+    path: &str,
+) -> Result<Vec<ChipState>, StartError> {
+    let (tx, rx) =
+        mpsc::channel::<(usize, Result<ChipState, (Option<simpler_types::DeviceCode>, String)>)>();
+    let mut pending: Vec<Option<String>> = Vec::new();
+    for (i, &device) in devices.iter().enumerate() {
+        let tx = tx.clone();
+        let callables = callables.to_vec();
+        let prewarm = prewarm.cloned();
+        let chip_path = format!("{path} / chip {i} (device {device})");
+        let spawned =
+            std::thread::Builder::new().name(format!("simpler-attach-{device}")).spawn(move || {
+                let r = (|| {
+                    let mut opts = match platform {
+                        Platform::A2a3Sim => RunnerOptions::sim(device, runtime),
+                        _ => RunnerOptions::onboard(device, runtime),
+                    };
+                    opts.read_env = true;
+                    let mut runner = DeviceRunner::attach(opts)?;
+                    if let Some(cfg) = &prewarm {
+                        runner.prewarm(cfg)?;
+                    }
+                    let mut state = ChipState::new(WorkerId(i as u32), runner);
+                    for c in &callables {
+                        state.register(c)?;
+                    }
+                    Ok::<_, DeviceError>(state)
+                })();
+                let _ = tx.send((i, r.map_err(|e| (e.device_code(), e.to_string()))));
+            });
+        if let Err(e) = spawned {
+            return Err(start_err(
+                StartCause::Config(format!("cannot spawn an attach thread: {e}")),
+                &chip_path,
+            ));
+        }
+        pending.push(Some(chip_path));
+    }
+    drop(tx);
+    let mut states: Vec<Option<ChipState>> = (0..devices.len()).map(|_| None).collect();
+    let mut failure: Option<StartError> = None;
+    while pending.iter().any(Option::is_some) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((i, Ok(state))) => {
+                pending[i] = None;
+                states[i] = Some(state);
+            }
+            Ok((i, Err((code, message)))) => {
+                let p = pending[i].take().unwrap_or_default();
+                if failure.is_none() {
+                    failure = Some(start_err(
+                        StartCause::Device { chip: WorkerId(i as u32), code, message },
+                        &p,
+                    ));
+                }
+            }
+            Err(_) => {
+                let names: Vec<String> = pending.iter().flatten().cloned().collect();
+                let mut e = start_err(
+                    StartCause::DeadlineExceeded { pending: names.clone(), budget },
+                    names.first().map_or(path, String::as_str),
+                );
+                for n in names {
+                    e.rollback.push(TeardownError {
+                        what: n,
+                        message: "attach thread detached while still starting".into(),
+                    });
+                }
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    match failure {
+        None => Ok(states.into_iter().flatten().collect()),
+        Some(mut e) => {
+            for mut s in states.into_iter().flatten() {
+                for r in s.finalize() {
+                    e.rollback.push(TeardownError {
+                        what: format!("{path} / chip {}", s.chip),
+                        message: r,
+                    });
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Builder of an L3 worker (the `New` state).
+pub struct HostWorkerBuilder {
+    common: Common,
+    platform: Platform,
+    runtime: RuntimeVariant,
+    devices: Vec<u32>,
+    subs: usize,
+    heap_ring_size: u64,
+    alloc_timeout: Duration,
+    chip_regs: Vec<(CallableHandle, ChipCallable)>,
+    host_regs: Vec<(CallableHandle, String, Arc<HostFn>)>,
+}
+
+impl std::fmt::Debug for HostWorkerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostWorkerBuilder")
+            .field("devices", &self.devices)
+            .field("subs", &self.subs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostWorkerBuilder {
+    /// The deadline of the whole start (default 300 s; must be > 0).
+    #[must_use]
+    pub fn startup_timeout(mut self, t: Duration) -> Self {
+        self.common.startup_timeout = t;
+        self
+    }
+
+    /// Builds every chip's arenas for this sizing at start.
+    #[must_use]
+    pub fn prewarm(mut self, config: CallConfig) -> Self {
+        self.common.prewarm = Some(config);
+        self
+    }
+
+    /// The chips, by device id (distinct); they get worker ids `0..n` in this order.
+    #[must_use]
+    pub fn chips(mut self, devices: &[u32]) -> Self {
+        self.devices = devices.to_vec();
+        self
+    }
+
+    /// Number of sub workers (host-closure threads).
+    #[must_use]
+    pub fn sub_workers(mut self, n: usize) -> Self {
+        self.subs = n;
+        self
+    }
+
+    /// Bytes per heap ring (default 1 GiB, four rings).
+    #[must_use]
+    pub fn heap_ring_size(mut self, bytes: u64) -> Self {
+        self.heap_ring_size = bytes;
+        self
+    }
+
+    /// Deadline of a blocking heap allocation (default 10 s).
+    #[must_use]
+    pub fn alloc_timeout(mut self, t: Duration) -> Self {
+        self.alloc_timeout = t;
+        self
+    }
+
+    /// Registers a chip callable, prepared on every chip during `start`.
+    pub fn register_chip(&mut self, c: ChipCallable) -> CallableHandle {
+        let h = self.common.handle(c.id());
+        self.chip_regs.push((h, c));
+        h
+    }
+
+    /// Registers a host closure.
+    pub fn register_host(
+        &mut self,
+        name: &str,
+        f: impl Fn(TaskArgsView<'_>) -> Result<(), BoxError> + Send + Sync + 'static,
+    ) -> CallableHandle {
+        let h = self.common.closure_handle(CallableKind::Host);
+        self.host_regs.push((h, name.to_owned(), Arc::new(f)));
+        h
+    }
+
+    /// Starts the worker (spec 40 §3); a failure rolls everything back before returning.
+    pub fn start(self) -> Result<Worker, StartError> {
+        let deadline = Instant::now() + self.common.startup_timeout;
+        self.start_within(deadline, "L3".to_owned())
+    }
+
+    fn start_within(self, deadline: Instant, path: String) -> Result<Worker, StartError> {
+        // 1.
+        self.common.check_timeout(&path)?;
+        let mut seen = self.devices.clone();
+        seen.sort_unstable();
+        if seen.windows(2).any(|w| w[0] == w[1]) {
+            return Err(start_err(
+                StartCause::Config(format!("device ids are not distinct: {:?}", self.devices)),
+                &path,
+            ));
+        }
+        if let Some((_, name, _)) = self.host_regs.first().filter(|_| self.subs == 0) {
+            return Err(start_err(
+                StartCause::NoEligibleTarget { callable: name.clone(), needs: "sub workers" },
+                &path,
+            ));
+        }
+        if let Some((_, c)) = self.chip_regs.first().filter(|_| self.devices.is_empty()) {
+            return Err(start_err(
+                StartCause::NoEligibleTarget {
+                    callable: c.entry_name().to_owned(),
+                    needs: "chips",
+                },
+                &path,
+            ));
+        }
+        // 2.
+        let callables: Vec<ChipCallable> = self.chip_regs.iter().map(|(_, c)| c.clone()).collect();
+        let states = attach_chips(
+            self.platform,
+            self.runtime,
+            &self.devices,
+            &callables,
+            self.common.prewarm.as_ref(),
+            deadline,
+            self.common.startup_timeout,
+            &path,
+        )?;
+        past(deadline, self.common.startup_timeout, "engine", &path)?;
+        // 4.
+        let mut registry = Registry::default();
+        let chips: Vec<WorkerId> = (0..self.devices.len() as u32).map(WorkerId).collect();
+        for (h, c) in &self.chip_regs {
+            let r =
+                Registration { name: Arc::from(c.entry_name()), entry: Entry::Chip(chips.clone()) };
+            registry.runnable.entry(h.id).or_insert_with(|| r.clone());
+            registry.handles.insert(h.seq, (h.id, r));
+        }
+        for (h, name, f) in self.host_regs {
+            let r = Registration { name: Arc::from(name.as_str()), entry: Entry::Host(f) };
+            registry.runnable.insert(h.id, r.clone());
+            registry.handles.insert(h.seq, (h.id, r));
+        }
+        registry.next_seq = self.common.next_seq;
+        let registry = Arc::new(RwLock::new(registry));
+        let residue = Arc::new(Mutex::new(Vec::new()));
+        let next_level: Vec<Box<dyn Endpoint>> = states
+            .into_iter()
+            .map(|state| {
+                Box::new(ChipEndpoint { state, residue: Arc::clone(&residue) }) as Box<dyn Endpoint>
+            })
+            .collect();
+        let ring = RingConfig {
+            heap_bytes_per_ring: self.heap_ring_size,
+            alloc_timeout: self.alloc_timeout,
+            ..RingConfig::default()
+        };
+        let engine =
+            build_engine(3, ring, next_level, self.subs, self.common.instance, &registry, &path)?;
+        // 5.
+        let body = Body::Engine { engine, chips, children: Vec::new(), residue };
+        let mut inner =
+            new_inner(self.common.instance, 3, body, Registry::default(), Vec::new(), self.subs);
+        inner.registry = registry;
+        Ok(Worker { inner: Arc::new(inner) })
+    }
+}
+
+fn build_engine(
+    level: u8,
+    ring: RingConfig,
+    next_level: Vec<Box<dyn Endpoint>>,
+    subs: usize,
+    instance: u64,
+    registry: &SharedRegistry,
+    path: &str,
+) -> Result<Engine, StartError> {
+    let sub: Vec<Box<dyn Endpoint>> = (0..subs as u32)
+        .map(|index| {
+            Box::new(crate::sub::SubEndpoint {
+                index,
+                level,
+                instance,
+                registry: Arc::clone(registry),
+            }) as Box<dyn Endpoint>
+        })
+        .collect();
+    let config = EngineConfig { ring, next_level, sub, level, ..EngineConfig::default() };
+    Engine::start(config).map_err(|e| start_err(StartCause::Engine(e.to_string()), path))
+}
+
+/// What an L4+ builder adopts as a child: a builder of level − 1.
+#[derive(Debug)]
+pub enum ChildSpec {
+    /// An L3 child.
+    Host(HostWorkerBuilder),
+    /// An L4+ child.
+    Composite(CompositeWorkerBuilder),
+}
+
+impl From<HostWorkerBuilder> for ChildSpec {
+    fn from(b: HostWorkerBuilder) -> ChildSpec {
+        ChildSpec::Host(b)
+    }
+}
+
+impl From<CompositeWorkerBuilder> for ChildSpec {
+    fn from(b: CompositeWorkerBuilder) -> ChildSpec {
+        ChildSpec::Composite(b)
+    }
+}
+
+impl ChildSpec {
+    fn level(&self) -> u8 {
+        match self {
+            ChildSpec::Host(_) => 3,
+            ChildSpec::Composite(c) => c.level,
+        }
+    }
+
+    fn start_within(self, deadline: Instant, path: String) -> Result<Worker, StartError> {
+        match self {
+            ChildSpec::Host(b) => b.start_within(deadline, path),
+            ChildSpec::Composite(b) => b.start_within(deadline, path),
+        }
+    }
+}
+
+/// A builder mistake found before `start`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// Builder of an L4+ worker (the `New` state).
+pub struct CompositeWorkerBuilder {
+    common: Common,
+    level: u8,
+    children: Vec<ChildSpec>,
+    subs: usize,
+    heap_ring_size: u64,
+    host_regs: Vec<(CallableHandle, String, Arc<HostFn>)>,
+    graph_regs: Vec<(CallableHandle, String, Arc<GraphFn>)>,
+}
+
+impl std::fmt::Debug for CompositeWorkerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompositeWorkerBuilder")
+            .field("level", &self.level)
+            .field("children", &self.children)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CompositeWorkerBuilder {
+    /// The deadline of the whole start, children included (default 300 s; must be > 0).
+    #[must_use]
+    pub fn startup_timeout(mut self, t: Duration) -> Self {
+        self.common.startup_timeout = t;
+        self
+    }
+
+    /// Adopts a child builder of level − 1; returns its stable id (adoption order).
+    pub fn child(&mut self, spec: impl Into<ChildSpec>) -> Result<WorkerId, ConfigError> {
+        let spec = spec.into();
+        if self.level < 4 {
+            return Err(ConfigError(format!(
+                "a composite worker has level >= 4, not {}",
+                self.level
+            )));
+        }
+        if spec.level() + 1 != self.level {
+            return Err(ConfigError(format!(
+                "an L{} worker adopts L{} children, not L{}",
+                self.level,
+                self.level - 1,
+                spec.level()
+            )));
+        }
+        self.children.push(spec);
+        Ok(WorkerId(self.children.len() as u32 - 1))
+    }
+
+    /// Number of sub workers.
+    #[must_use]
+    pub fn sub_workers(mut self, n: usize) -> Self {
+        self.subs = n;
+        self
+    }
+
+    /// Bytes per heap ring.
+    #[must_use]
+    pub fn heap_ring_size(mut self, bytes: u64) -> Self {
+        self.heap_ring_size = bytes;
+        self
+    }
+
+    /// Registers a host closure.
+    pub fn register_host(
+        &mut self,
+        name: &str,
+        f: impl Fn(TaskArgsView<'_>) -> Result<(), BoxError> + Send + Sync + 'static,
+    ) -> CallableHandle {
+        let h = self.common.closure_handle(CallableKind::Host);
+        self.host_regs.push((h, name.to_owned(), Arc::new(f)));
+        h
+    }
+
+    /// Registers a graph a child runs (it gets the child's graph builder).
+    pub fn register_graph(
+        &mut self,
+        name: &str,
+        g: impl Fn(&mut GraphBuilder<'_>, TaskArgsView<'_>, &CallConfig) -> Result<(), BoxError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> CallableHandle {
+        let h = self.common.closure_handle(CallableKind::Graph);
+        self.graph_regs.push((h, name.to_owned(), Arc::new(g)));
+        h
+    }
+
+    /// Starts the children recursively, then this level (spec 40 §3).
+    pub fn start(self) -> Result<Worker, StartError> {
+        let deadline = Instant::now() + self.common.startup_timeout;
+        let path = format!("L{}", self.level);
+        self.start_within(deadline, path)
+    }
+
+    fn start_within(self, deadline: Instant, path: String) -> Result<Worker, StartError> {
+        self.common.check_timeout(&path)?;
+        if self.level < 4 {
+            return Err(start_err(
+                StartCause::Config(format!("composite level {} < 4", self.level)),
+                &path,
+            ));
+        }
+        if let Some((_, name, _)) = self.host_regs.first().filter(|_| self.subs == 0) {
+            return Err(start_err(
+                StartCause::NoEligibleTarget { callable: name.clone(), needs: "sub workers" },
+                &path,
+            ));
+        }
+        if let Some((_, name, _)) = self.graph_regs.first().filter(|_| self.children.is_empty()) {
+            return Err(start_err(
+                StartCause::NoEligibleTarget { callable: name.clone(), needs: "child workers" },
+                &path,
+            ));
+        }
+        // 3.
+        let mut started: Vec<Worker> = Vec::new();
+        for (i, spec) in self.children.into_iter().enumerate() {
+            let child_path = format!("{path} / child {i} (L{})", spec.level());
+            let r = past(deadline, self.common.startup_timeout, &child_path, &path)
+                .and_then(|()| spec.start_within(deadline, child_path));
+            match r {
+                Ok(w) => started.push(w),
+                Err(e) => {
+                    let mut out = StartError {
+                        cause: StartCause::ChildFailed { child: e.cause.to_string() },
+                        path: e.path,
+                        rollback: e.rollback,
+                    };
+                    rollback_children(started, &mut out.rollback, &path);
+                    return Err(out);
+                }
+            }
+        }
+        // 4.
+        let mut registry = Registry::default();
+        for (h, name, f) in self.host_regs {
+            let r = Registration { name: Arc::from(name.as_str()), entry: Entry::Host(f) };
+            registry.runnable.insert(h.id, r.clone());
+            registry.handles.insert(h.seq, (h.id, r));
+        }
+        for (h, name, g) in self.graph_regs {
+            let r = Registration { name: Arc::from(name.as_str()), entry: Entry::Graph(g) };
+            registry.runnable.insert(h.id, r.clone());
+            registry.handles.insert(h.seq, (h.id, r));
+        }
+        registry.next_seq = self.common.next_seq;
+        let registry = Arc::new(RwLock::new(registry));
+        let name_sources: Vec<SharedRegistry> = started
+            .iter()
+            .flat_map(|w| {
+                std::iter::once(Arc::clone(&w.inner.registry))
+                    .chain(w.inner.name_sources.iter().cloned())
+            })
+            .collect();
+        let residue = Arc::new(Mutex::new(Vec::new()));
+        let children: Vec<WorkerId> = (0..started.len() as u32).map(WorkerId).collect();
+        let next_level: Vec<Box<dyn Endpoint>> = started
+            .into_iter()
+            .enumerate()
+            .map(|(i, w)| {
+                Box::new(ChildEndpoint {
+                    id: WorkerId(i as u32),
+                    parent_instance: self.common.instance,
+                    parent_registry: Arc::clone(&registry),
+                    child: Some(w),
+                    residue: Arc::clone(&residue),
+                }) as Box<dyn Endpoint>
+            })
+            .collect();
+        let ring = RingConfig { heap_bytes_per_ring: self.heap_ring_size, ..RingConfig::default() };
+        // On failure the endpoints are dropped, which closes every child.
+        let engine = build_engine(
+            self.level,
+            ring,
+            next_level,
+            self.subs,
+            self.common.instance,
+            &registry,
+            &path,
+        )?;
+        let body = Body::Engine { engine, chips: Vec::new(), children, residue };
+        let mut inner = new_inner(
+            self.common.instance,
+            self.level,
+            body,
+            Registry::default(),
+            name_sources,
+            self.subs,
+        );
+        inner.registry = registry;
+        Ok(Worker { inner: Arc::new(inner) })
+    }
+}
+
+fn rollback_children(started: Vec<Worker>, rollback: &mut Vec<TeardownError>, path: &str) {
+    for (i, w) in started.into_iter().enumerate() {
+        if let Err(e) = w.close() {
+            rollback.push(TeardownError {
+                what: format!("{path} / child {i}"),
+                message: e.to_string(),
+            });
+        }
+    }
+}
+
+impl ChipState {
+    /// L2 prepare: the synchronous part of a chip run.
+    pub(crate) fn prepare(
+        &mut self,
+        run: RunId,
+        id: &CallableId,
+        args: &simpler_types::TaskArgs,
+        config: &CallConfig,
+    ) -> Result<(), DeviceError> {
+        let slot = self.slot_of(id).ok_or(DeviceError::Busy {
+            call: "prepare",
+            state: format!("callable {id} is not prepared"),
+        })?;
+        let runner = self
+            .runner
+            .as_mut()
+            .ok_or(DeviceError::Busy { call: "prepare", state: "finalized".into() })?;
+        runner.prepare(&RunRequest::new(run, slot, args, config))
+    }
+
+    /// L2 launch, reap and complete of the prepared run.
+    pub(crate) fn launch_and_reap(&mut self) -> Result<(), DeviceError> {
+        let runner = self
+            .runner
+            .as_mut()
+            .ok_or(DeviceError::Busy { call: "launch", state: "finalized".into() })?;
+        runner.launch_run()?;
+        runner.reap_run()?;
+        runner.complete_run().map(|_| ())
+    }
+}

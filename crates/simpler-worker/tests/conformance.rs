@@ -1,0 +1,839 @@
+//! Conformance behaviours of spec 40 §11 (items 1–35 that apply to THREAD mode), each test
+//! named after the behaviour it checks. Barriers and counters only; no wall-clock assertions.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Duration;
+
+use common::{HANG, add_callable, f32_bytes, f32_from, host};
+use simpler_device_a2a3::{Platform, RuntimeVariant};
+use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
+use simpler_worker::{
+    BuildFailure, Lifecycle, Orchestration, RunErrorKind, StartCause, Worker, WorkerError,
+};
+
+fn noop_sub(n: usize) -> (Worker, simpler_worker::CallableHandle, Arc<AtomicUsize>) {
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&count);
+    let mut b = host().sub_workers(n);
+    let h = b.register_host("count", move |_| {
+        c.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    });
+    (b.start().expect("start"), h, count)
+}
+
+fn subs(h: simpler_worker::CallableHandle, n: usize) -> Orchestration {
+    Orchestration::graph(move |g, _, _| {
+        for _ in 0..n {
+            g.submit_sub(h, TaskArgs::new())?;
+        }
+        Ok(())
+    })
+}
+
+// ---- Lifecycle and start ------------------------------------------------------------------
+
+#[test]
+fn chipless_l3_workers_start_and_close_with_or_without_sub_workers() {
+    for n in [0, 2] {
+        let w = host().sub_workers(n).start().expect("start");
+        assert_eq!(w.lifecycle(), Lifecycle::Ready);
+        assert_eq!(w.sub_workers(), n);
+        w.close().expect("close");
+        assert_eq!(w.lifecycle(), Lifecycle::Closed);
+    }
+}
+
+#[test]
+fn two_workers_in_one_process_run_independently() {
+    let (a, ha, ca) = noop_sub(1);
+    let (b, hb, cb) = noop_sub(1);
+    a.run(subs(ha, 3)).expect("a");
+    b.run(subs(hb, 2)).expect("b");
+    assert_eq!((ca.load(Ordering::SeqCst), cb.load(Ordering::SeqCst)), (3, 2));
+    assert!(matches!(a.run(subs(hb, 1)), Err(WorkerError::Build { .. })));
+}
+
+#[test]
+fn zero_startup_timeout_fails_before_anything_starts() {
+    let e = host().chips(&[0]).startup_timeout(Duration::ZERO).start().expect_err("zero timeout");
+    assert!(matches!(e.cause, StartCause::Config(_)), "{e}");
+    assert!(e.path.starts_with("L3"), "{}", e.path);
+}
+
+#[test]
+fn failing_chip_fails_the_start_naming_the_chip_and_device() {
+    let e = Worker::host(Platform::A2a3, RuntimeVariant::HostBuildGraph)
+        .chips(&[7])
+        .start()
+        .expect_err("onboard backend is not built");
+    assert!(matches!(e.cause, StartCause::Device { chip: WorkerId(0), .. }), "{e}");
+    assert!(e.path.contains("chip 0 (device 7)"), "{}", e.path);
+}
+
+#[test]
+fn failing_child_fails_the_start_naming_it_and_started_siblings_close() {
+    let mut l4 = Worker::composite(4);
+    l4.child(host().sub_workers(1)).expect("child 0");
+    l4.child(Worker::host(Platform::A2a3, RuntimeVariant::HostBuildGraph).chips(&[5]))
+        .expect("child 1");
+    let e = l4.start().expect_err("child 1 fails");
+    assert!(matches!(e.cause, StartCause::ChildFailed { .. }), "{e}");
+    assert!(e.path.contains("L4 / child 1 (L3) / chip 0 (device 5)"), "{}", e.path);
+}
+
+#[test]
+fn callable_without_eligible_pool_fails_start_with_no_eligible_target() {
+    let mut b = host();
+    b.register_host("lonely", |_| Ok(()));
+    let e = b.start().expect_err("no sub workers");
+    assert!(matches!(e.cause, StartCause::NoEligibleTarget { needs: "sub workers", .. }), "{e}");
+    let mut b = host().sub_workers(1);
+    b.register_chip(add_callable(0));
+    let e = b.start().expect_err("no chips");
+    assert!(matches!(e.cause, StartCause::NoEligibleTarget { needs: "chips", .. }), "{e}");
+    let mut l4 = Worker::composite(4);
+    l4.register_graph("g", |_, _, _| Ok(()));
+    let e = l4.start().expect_err("no children");
+    assert!(matches!(e.cause, StartCause::NoEligibleTarget { needs: "child workers", .. }), "{e}");
+}
+
+#[test]
+fn adopting_a_child_of_the_wrong_level_is_a_config_error() {
+    let mut l5 = Worker::composite(5);
+    assert!(l5.child(host()).is_err());
+    assert!(l5.child(Worker::composite(4)).is_ok());
+}
+
+// ---- Registration ----------------------------------------------------------------------------
+
+#[test]
+fn register_host_at_l2_is_wrong_level_and_without_sub_workers_is_no_eligible_target() {
+    let l2 =
+        Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph).start().expect("l2");
+    assert!(matches!(
+        l2.register_host("x", |_| Ok(())),
+        Err(WorkerError::WrongLevel { level: 2, .. })
+    ));
+    let l3 = host().start().expect("l3");
+    assert!(matches!(
+        l3.register_host("x", |_| Ok(())),
+        Err(WorkerError::NoEligibleTarget { needs: "sub workers", .. })
+    ));
+    assert!(matches!(
+        l3.register_chip(&add_callable(0)),
+        Err(WorkerError::NoEligibleTarget { needs: "chips", .. })
+    ));
+}
+
+#[test]
+fn closure_registered_after_start_serves_the_next_submit_without_disturbing_a_running_task() {
+    let gate = Arc::new(Barrier::new(2));
+    let g2 = Arc::clone(&gate);
+    let mut b = host().sub_workers(2);
+    let hold = b.register_host("hold", move |_| {
+        g2.wait();
+        Ok(())
+    });
+    let w = b.start().expect("start");
+    let running = w.submit(subs(hold, 1)).expect("submit");
+    let late_count = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&late_count);
+    let late = w
+        .register_host("late", move |_| {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+        .expect("register");
+    assert!(!running.is_done());
+    gate.wait();
+    running.wait().expect("running");
+    w.run(subs(late, 2)).expect("late");
+    assert_eq!(late_count.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn identical_chip_content_shares_one_slot_until_the_last_handle_is_unregistered() {
+    let w = host().chips(&[0]).start().expect("start");
+    let c = add_callable(1);
+    let h1 = w.register_chip(&c).expect("first");
+    let h2 = w.register_chip(&c).expect("second");
+    assert_ne!(h1, h2);
+    assert_eq!(w.chip_callable_refs(WorkerId(0), c.id()).expect("refs"), 2);
+    w.unregister(h1).expect("unregister one");
+    assert_eq!(w.chip_callable_refs(WorkerId(0), c.id()).expect("refs"), 1);
+    w.unregister(h2).expect("unregister last");
+    assert_eq!(w.chip_callable_refs(WorkerId(0), c.id()).expect("refs"), 0);
+    assert!(matches!(w.unregister(h2), Err(WorkerError::UnknownCallable { .. })));
+}
+
+#[test]
+fn the_65th_distinct_chip_callable_is_a_capacity_error_and_uses_no_slot() {
+    let w = host().chips(&[0]).start().expect("start");
+    let mut handles = Vec::new();
+    for i in 0..64 {
+        handles.push(w.register_chip(&add_callable(100 + i)).expect("fits"));
+    }
+    let extra = add_callable(999);
+    let e = w.register_chip(&extra).expect_err("65th");
+    assert!(matches!(e, WorkerError::Registration { chip: WorkerId(0), .. }), "{e}");
+    assert_eq!(w.chip_callable_refs(WorkerId(0), extra.id()).expect("refs"), 0);
+    // The lowest freed slot is reused once the chip confirmed the removal.
+    w.unregister(handles[3]).expect("free one");
+    w.register_chip(&extra).expect("reuses the freed slot");
+}
+
+#[test]
+fn post_start_chip_registration_is_all_or_nothing() {
+    let w = host().chips(&[0, 1]).start().expect("start");
+    for i in 0..64 {
+        w.register_chip_on(&add_callable(200 + i), &[WorkerId(1)]).expect("fill chip 1");
+    }
+    let shared = add_callable(7);
+    let existing = w.register_chip_on(&shared, &[WorkerId(0)]).expect("existing on chip 0");
+    let e = w.register_chip(&shared).expect_err("chip 1 is full");
+    match e {
+        WorkerError::Registration { chip, rollback_failed, .. } => {
+            assert_eq!(chip, WorkerId(1));
+            assert!(rollback_failed.is_empty());
+        }
+        other => panic!("unexpected {other}"),
+    }
+    // Chip 0 was rolled back to the existing handle's single reference, which survives.
+    assert_eq!(w.chip_callable_refs(WorkerId(0), shared.id()).expect("refs"), 1);
+    assert_eq!(w.chip_callable_refs(WorkerId(1), shared.id()).expect("refs"), 0);
+    w.unregister(existing).expect("existing handle still valid");
+}
+
+#[test]
+fn unknown_foreign_and_wrong_kind_handles_are_rejected_at_submit() {
+    let (w, h, _) = noop_sub(1);
+    let (other, oh, _) = noop_sub(1);
+    let build_cause = |r: Result<simpler_worker::RunHandle, WorkerError>| match r {
+        Err(WorkerError::Build { cause: BuildFailure::Callback(e), .. }) => e.to_string(),
+        other => panic!("expected a build error, got {other:?}"),
+    };
+    let t = build_cause(w.submit(subs(oh, 1)));
+    assert!(t.contains("another worker"), "{t}");
+    w.unregister(h).expect("unregister");
+    let t = build_cause(w.submit(subs(h, 1)));
+    assert!(t.contains("not registered"), "{t}");
+    let chip_w = host().chips(&[0]).sub_workers(1).start().expect("start");
+    let ch = chip_w.register_chip(&add_callable(3)).expect("chip");
+    let t = build_cause(chip_w.submit(Orchestration::graph(move |g, _, _| {
+        g.submit_sub(ch, TaskArgs::new())?;
+        Ok(())
+    })));
+    assert!(t.contains("cannot run on a sub worker"), "{t}");
+    drop(other);
+}
+
+#[test]
+fn close_drops_every_registered_closure_and_its_captures() {
+    let token = Arc::new(());
+    let weak = Arc::downgrade(&token);
+    let mut b = host().sub_workers(1);
+    b.register_host("holds", move |_| {
+        let _ = &token;
+        Ok(())
+    });
+    let w = b.start().expect("start");
+    assert!(weak.upgrade().is_some());
+    w.close().expect("close");
+    assert!(weak.upgrade().is_none());
+}
+
+// ---- Submit, RunHandle, cleanup ----------------------------------------------------------
+
+#[test]
+fn submit_returns_after_the_callback_before_completion() {
+    let gate = Arc::new(Barrier::new(2));
+    let g2 = Arc::clone(&gate);
+    let mut b = host().sub_workers(1);
+    let hold = b.register_host("hold", move |_| {
+        g2.wait();
+        Ok(())
+    });
+    let w = b.start().expect("start");
+    let handle = w.submit(subs(hold, 1)).expect("submit");
+    assert!(!handle.is_done());
+    assert!(handle.wait_timeout(Duration::from_millis(5)).is_none());
+    assert!(!handle.is_done());
+    gate.wait();
+    assert!(handle.wait().is_ok());
+    assert!(handle.wait().is_ok());
+    assert!(matches!(handle.result(), Some(Ok(()))));
+    assert!(handle.is_done());
+}
+
+#[test]
+fn callback_error_or_panic_comes_back_from_submit_and_the_next_submit_succeeds() {
+    let (w, h, count) = noop_sub(1);
+    let e =
+        w.submit(Orchestration::graph(|_, _, _| Err("no graph today".into()))).expect_err("err");
+    assert!(
+        matches!(&e, WorkerError::Build { cause: BuildFailure::Callback(c), .. } if c.to_string() == "no graph today"),
+        "{e}"
+    );
+    let e = w
+        .submit(Orchestration::graph(move |g, _, _| {
+            g.submit_sub(h, TaskArgs::new())?;
+            panic!("boom in graph")
+        }))
+        .expect_err("panic");
+    assert!(
+        matches!(&e, WorkerError::Build { cause: BuildFailure::Panicked(p), .. } if p == "boom in graph"),
+        "{e}"
+    );
+    w.run(subs(h, 1)).expect("next run");
+    assert!(count.load(Ordering::SeqCst) >= 1);
+}
+
+#[test]
+fn task_failure_is_reported_by_the_handle_and_two_successful_runs_follow() {
+    let mut b = host().sub_workers(1);
+    let bad = b.register_host("bad", |_| Err("kaput".into()));
+    let good = b.register_host("good", |_| Ok(()));
+    let w = b.start().expect("start");
+    let handle = w.submit(subs(bad, 1)).expect("submit succeeds");
+    let e = handle.wait().expect_err("task fails");
+    assert_eq!(e.kind(), &RunErrorKind::TaskFailed);
+    assert!(e.to_string().contains("kaput"), "{e}");
+    assert!(e.to_string().contains("'bad'"), "{e}");
+    w.run(subs(good, 1)).expect("second");
+    w.run(subs(good, 1)).expect("third");
+}
+
+#[test]
+fn submit_in_a_callback_after_a_task_of_that_run_failed_returns_that_error() {
+    let mut b = host().sub_workers(1);
+    let bad = b.register_host("bad", |_| Err("first failure".into()));
+    let good = b.register_host("good", |_| Ok(()));
+    let w = b.start().expect("start");
+    let e = w
+        .submit(Orchestration::graph(move |g, _, _| {
+            g.submit_sub(bad, TaskArgs::new())?;
+            for _ in 0..200_000 {
+                g.submit_sub(good, TaskArgs::new())?;
+                std::thread::yield_now();
+            }
+            Ok(())
+        }))
+        .expect_err("fail-fast");
+    match e {
+        WorkerError::Build { cause: BuildFailure::Engine(s), .. } => {
+            assert!(s.to_string().contains("first failure"), "{s}");
+        }
+        other => panic!("unexpected {other}"),
+    }
+}
+
+#[test]
+fn run_is_submit_then_wait_and_keep_alives_live_until_terminal() {
+    let (w, h, _) = noop_sub(1);
+    let held = Arc::new(5u32);
+    let weak = Arc::downgrade(&held);
+    let captured = Arc::new(());
+    let weak_closure = Arc::downgrade(&captured);
+    let gate = Arc::new(Barrier::new(2));
+    let mut b = host().sub_workers(1);
+    let g2 = Arc::clone(&gate);
+    let hold = b.register_host("hold", move |_| {
+        g2.wait();
+        Ok(())
+    });
+    let w2 = b.start().expect("start");
+    let handle = w2
+        .submit(
+            Orchestration::graph(move |g, _, _| {
+                let _ = &captured;
+                g.submit_sub(hold, TaskArgs::new())?;
+                Ok(())
+            })
+            .keep_alive(held),
+        )
+        .expect("submit");
+    assert!(weak.upgrade().is_some() && weak_closure.upgrade().is_some());
+    gate.wait();
+    handle.wait().expect("wait");
+    assert!(weak.upgrade().is_none() && weak_closure.upgrade().is_none());
+    w.run(subs(h, 1)).expect("run");
+}
+
+#[test]
+fn user_scopes_four_deep_run_and_a_scope_left_open_is_closed() {
+    let (w, h, count) = noop_sub(1);
+    w.run(Orchestration::graph(move |g, _, _| {
+        g.scope(|g| {
+            g.scope(|g| g.scope(|g| g.scope(|g| g.submit_sub(h, TaskArgs::new()).map(|_| ()))))
+        })?????;
+        // The scope opened here is left open on purpose: the worker closes it.
+        g.scope_begin()?;
+        g.submit_sub(h, TaskArgs::new())?;
+        Ok(())
+    }))
+    .expect("scopes");
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn intermediate_allocations_over_eight_runs_are_reclaimed() {
+    let (w, h, _) = {
+        let count = Arc::new(AtomicUsize::new(0));
+        let mut b =
+            host().sub_workers(1).heap_ring_size(1 << 20).alloc_timeout(Duration::from_secs(5));
+        let h = b.register_host("touch", |a| {
+            assert_eq!(a.tensors.len(), 1);
+            Ok(())
+        });
+        (b.start().expect("start"), h, count)
+    };
+    for _ in 0..8 {
+        w.run(Orchestration::graph(move |g, _, _| {
+            let t = g.alloc(&[128 * 1024], DataType::Float32)?; // 512 KiB of a 1 MiB ring
+            let mut a = TaskArgs::new();
+            a.add_output(t)?;
+            g.submit_sub(h, a)?;
+            Ok(())
+        }))
+        .expect("run");
+    }
+}
+
+#[test]
+fn submit_run_and_close_from_a_callback_or_closure_are_reentrant() {
+    let slot: Arc<Mutex<Option<Arc<Worker>>>> = Arc::new(Mutex::new(None));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (s2, seen2) = (Arc::clone(&slot), Arc::clone(&seen));
+    let mut b = host().sub_workers(1);
+    let inner = b.register_host("reenter", move |_| {
+        let w = s2.lock().unwrap().clone().expect("set");
+        let r = w.submit(Orchestration::graph(|_, _, _| Ok(())));
+        seen2.lock().unwrap().push(format!("{:?}", r.err()));
+        let c = w.close();
+        seen2.lock().unwrap().push(format!("{}", c.is_err_and(|e| e.reentrant)));
+        Ok(())
+    });
+    let w = Arc::new(b.start().expect("start"));
+    *slot.lock().unwrap() = Some(Arc::clone(&w));
+    let w2 = Arc::clone(&w);
+    w.run(Orchestration::graph(move |g, _, _| {
+        assert!(matches!(
+            w2.run(Orchestration::graph(|_, _, _| Ok(()))),
+            Err(WorkerError::Reentrant { op: "run", .. })
+        ));
+        g.submit_sub(inner, TaskArgs::new())?;
+        Ok(())
+    }))
+    .expect("outer run");
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen[0].contains("Reentrant"), "{seen:?}");
+    assert_eq!(seen[1], "true");
+    slot.lock().unwrap().take();
+    w.close().expect("close");
+}
+
+// ---- Close -----------------------------------------------------------------------------------
+
+#[test]
+fn close_waits_for_a_run_in_flight_then_submit_and_registration_are_closed() {
+    let gate = Arc::new(Barrier::new(2));
+    let g2 = Arc::clone(&gate);
+    let mut b = host().sub_workers(1);
+    let hold = b.register_host("hold", move |_| {
+        g2.wait();
+        Ok(())
+    });
+    let w = Arc::new(b.start().expect("start"));
+    let handle = w.submit(subs(hold, 1)).expect("submit");
+    let w2 = Arc::clone(&w);
+    let closer = std::thread::spawn(move || w2.close());
+    gate.wait();
+    closer.join().expect("closer").expect("close");
+    assert!(handle.is_done());
+    assert!(matches!(w.submit(subs(hold, 1)), Err(WorkerError::Closed)));
+    assert!(matches!(w.register_host("x", |_| Ok(())), Err(WorkerError::Closed)));
+}
+
+#[test]
+fn submit_admitted_before_close_finishes_its_callback_and_is_drained() {
+    let (w, h, count) = noop_sub(1);
+    let w = Arc::new(w);
+    let in_cb = Arc::new(Barrier::new(2));
+    let release = Arc::new(Barrier::new(2));
+    let (a, r) = (Arc::clone(&in_cb), Arc::clone(&release));
+    let w2 = Arc::clone(&w);
+    let submitter = std::thread::spawn(move || {
+        w2.submit(Orchestration::graph(move |g, _, _| {
+            a.wait();
+            r.wait();
+            g.submit_sub(h, TaskArgs::new())?;
+            Ok(())
+        }))
+    });
+    in_cb.wait();
+    let w3 = Arc::clone(&w);
+    let closer = std::thread::spawn(move || w3.close());
+    release.wait();
+    let handle = submitter.join().expect("submitter").expect("admitted submit");
+    closer.join().expect("closer").expect("close");
+    assert!(handle.is_done());
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn double_and_concurrent_closes_share_one_result_from_any_thread() {
+    let (w, _, _) = noop_sub(2);
+    let w = Arc::new(w);
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let w = Arc::clone(&w);
+            std::thread::spawn(move || w.close().is_ok())
+        })
+        .collect();
+    for t in threads {
+        assert!(t.join().expect("join"));
+    }
+    assert!(w.close().is_ok());
+    assert!(w.close().is_ok());
+}
+
+#[test]
+fn close_timeout_with_an_operation_in_flight_is_a_retryable_drain_timeout() {
+    let (w, h, _) = noop_sub(1);
+    let w = Arc::new(w);
+    let in_cb = Arc::new(Barrier::new(2));
+    let release = Arc::new(Barrier::new(2));
+    let (a, r) = (Arc::clone(&in_cb), Arc::clone(&release));
+    let w2 = Arc::clone(&w);
+    let submitter = std::thread::spawn(move || {
+        w2.submit(Orchestration::graph(move |g, _, _| {
+            a.wait();
+            r.wait();
+            g.submit_sub(h, TaskArgs::new())?;
+            Ok(())
+        }))
+    });
+    in_cb.wait();
+    let e = w.close_timeout(Duration::from_millis(10)).expect_err("drain timeout");
+    assert!(e.is_retryable());
+    assert_eq!(e.drain_timeout.as_ref().map(|d| d.in_flight_ops), Some(1));
+    assert_eq!(w.lifecycle(), Lifecycle::Closed);
+    release.wait();
+    submitter.join().expect("submitter").expect("submit");
+    w.close().expect("a later close drains and completes");
+}
+
+#[test]
+fn a_closure_whose_drop_calls_close_during_teardown_does_not_deadlock() {
+    struct CloseOnDrop(Arc<Mutex<Option<Arc<Worker>>>>);
+    impl Drop for CloseOnDrop {
+        fn drop(&mut self) {
+            if let Some(w) = self.0.lock().unwrap().take() {
+                let _ = w.close();
+            }
+        }
+    }
+    let slot = Arc::new(Mutex::new(None));
+    let guard = CloseOnDrop(Arc::clone(&slot));
+    let mut b = host().sub_workers(1);
+    b.register_host("guarded", move |_| {
+        let _ = &guard;
+        Ok(())
+    });
+    let w = Arc::new(b.start().expect("start"));
+    *slot.lock().unwrap() = Some(Arc::clone(&w));
+    w.close().expect("close");
+}
+
+#[test]
+fn close_reports_the_errors_of_runs_nobody_waited_for_and_only_those() {
+    let mut b = host().sub_workers(1);
+    let bad = b.register_host("bad", |_| Err("unseen".into()));
+    let w = b.start().expect("start");
+    let waited = w.submit(subs(bad, 1)).expect("submit");
+    let _ = waited.wait();
+    let unwaited = w.submit(subs(bad, 1)).expect("submit");
+    let id = unwaited.run_id();
+    drop(unwaited);
+    let e = w.close().expect_err("one unobserved failure");
+    assert_eq!(e.unobserved_runs.len(), 1);
+    assert_eq!(e.unobserved_runs[0].run_id(), id);
+}
+
+// ---- Sub workers, groups, composition --------------------------------------------------------
+
+#[test]
+fn sub_tasks_run_exactly_once_on_one_or_two_sub_workers() {
+    let (w, h, count) = noop_sub(1);
+    w.run(subs(h, 1)).expect("one");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    for _ in 0..3 {
+        w.run(subs(h, 1)).expect("three");
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 4);
+    w.run(subs(h, 20)).expect("twenty");
+    assert_eq!(count.load(Ordering::SeqCst), 24);
+    let (w2, h2, c2) = noop_sub(2);
+    w2.run(subs(h2, 20)).expect("twenty over two");
+    assert_eq!(c2.load(Ordering::SeqCst), 20);
+}
+
+#[test]
+fn the_closure_sees_tensor_count_shape_scalar_and_empty_args() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = Arc::clone(&seen);
+    let mut b = host().sub_workers(1);
+    let look = b.register_host("look", move |a| {
+        s.lock().unwrap().push((
+            a.tensors.len(),
+            a.tensors.first().map(|t| t.shape().to_vec()),
+            a.scalar(0),
+        ));
+        Ok(())
+    });
+    let w = b.start().expect("start");
+    let buf = vec![0f32; 12];
+    let t = Tensor::external(buf.as_ptr() as u64, &[3, 4], DataType::Float32).expect("tensor");
+    w.run(Orchestration::graph(move |g, _, _| {
+        let mut a = TaskArgs::new();
+        a.add_input(t)?.add_scalar(42)?;
+        g.submit_sub(look, a)?;
+        Ok(())
+    }))
+    .expect("run");
+    w.run(subs(look, 1)).expect("empty");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[0], (1, Some(vec![3, 4]), Some(42)));
+    assert_eq!(seen[1], (0, None, None));
+    drop(buf);
+}
+
+#[test]
+fn a_closure_error_or_panic_fails_its_task_naming_callable_sub_worker_and_cause() {
+    let mut b = host().sub_workers(1);
+    let err = b.register_host("errs", |_| Err("bad input".into()));
+    let pan = b.register_host("panics", |_| panic!("boom"));
+    let ok = b.register_host("ok", |_| Ok(()));
+    let w = b.start().expect("start");
+    let e = w.submit(subs(err, 1)).expect("submit").wait().expect_err("err");
+    let t = e.to_string();
+    assert!(t.contains("'errs'") && t.contains("on sub 0") && t.contains("bad input"), "{t}");
+    let e = w.submit(subs(pan, 1)).expect("submit").wait().expect_err("panic");
+    let t = e.to_string();
+    assert!(t.contains("'panics'") && t.contains("panicked: boom"), "{t}");
+    w.run(subs(ok, 1)).expect("the sub worker still serves");
+}
+
+#[test]
+fn sub_groups_and_output_members_on_one_key_then_a_consumer_all_run() {
+    let (w, h, count) = noop_sub(2);
+    w.run(Orchestration::graph(move |g, _, _| {
+        g.submit_sub_group(h, vec![TaskArgs::new(), TaskArgs::new()])?;
+        g.submit_sub_group(h, vec![TaskArgs::new()])?;
+        Ok(())
+    }))
+    .expect("groups");
+    assert_eq!(count.load(Ordering::SeqCst), 3);
+    let buf = vec![0u8; 64];
+    let t = Tensor::external(buf.as_ptr() as u64, &[64], DataType::UInt8).expect("tensor");
+    w.run(Orchestration::graph(move |g, _, _| {
+        let mut a = TaskArgs::new();
+        a.add_output(t.slice(0, 0, 32, 1)?)?;
+        let mut b2 = TaskArgs::new();
+        b2.add_output(t.slice(0, 32, 64, 1)?)?;
+        g.submit_sub_group(h, vec![a, b2])?;
+        let mut c = TaskArgs::new();
+        c.add_input(t)?;
+        g.submit_sub(h, c)?;
+        Ok(())
+    }))
+    .expect("producers then consumer");
+    assert_eq!(count.load(Ordering::SeqCst), 6);
+    drop(buf);
+}
+
+#[test]
+fn l4_with_two_l3_children_runs_a_task_on_each() {
+    let count = Arc::new(AtomicUsize::new(0));
+    let mut l4 = Worker::composite(4);
+    let mut handles = Vec::new();
+    for _ in 0..2 {
+        let c = Arc::clone(&count);
+        let mut l3 = host().sub_workers(1);
+        handles.push(l3.register_host("leaf", move |_| {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }));
+        l4.child(l3).expect("adopt");
+    }
+    let leaf = handles.clone();
+    let g = l4.register_graph("l3_orch", move |g, args, _| {
+        let which = args.scalar(0).unwrap_or(0) as usize;
+        g.submit_sub(leaf[which], TaskArgs::new())?;
+        Ok(())
+    });
+    let w = l4.start().expect("start");
+    assert_eq!(w.child_ids(), vec![WorkerId(0), WorkerId(1)]);
+    w.run(Orchestration::graph(move |b, _, _| {
+        for child in 0..2u32 {
+            let mut a = TaskArgs::new();
+            a.add_scalar(u64::from(child))?;
+            b.submit_next_level(g, a, &CallConfig::default(), WorkerId(child))?;
+        }
+        Ok(())
+    }))
+    .expect("run");
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+    w.close().expect("close");
+}
+
+#[test]
+fn a_sub_failure_under_l4_surfaces_with_one_frame_per_level_and_the_child_keeps_serving() {
+    let mut l3 = host().sub_workers(2);
+    let boom = l3.register_host("verify", |_| panic!("boom"));
+    let fine = l3.register_host("fine", |_| Ok(()));
+    let mut l4 = Worker::composite(4);
+    l4.child(l3).expect("adopt");
+    let orch = l4.register_graph("l3_orch", move |g, args, _| {
+        let h = if args.scalar(0) == Some(1) { boom } else { fine };
+        g.submit_sub(h, TaskArgs::new())?;
+        Ok(())
+    });
+    let w = l4.start().expect("start");
+    let task = move |which: u64| {
+        Orchestration::graph(move |b, _, _| {
+            let mut a = TaskArgs::new();
+            a.add_scalar(which)?;
+            b.submit_next_level(orch, a, &CallConfig::default(), WorkerId(0))?;
+            Ok(())
+        })
+    };
+    let e = w.submit(task(1)).expect("submit").wait().expect_err("fails");
+    let levels: Vec<u8> = e.frames().iter().map(|f| f.level).collect();
+    assert_eq!(levels, vec![4, 3], "{e}");
+    let t = e.to_string();
+    assert!(t.starts_with("L4 "), "{t}");
+    assert!(t.contains("(graph 'l3_orch') on child 0: L3 "), "{t}");
+    assert!(t.contains("(host 'verify') on sub") && t.ends_with("panicked: boom"), "{t}");
+    w.run(task(0)).expect("the child runs its next task normally");
+}
+
+#[test]
+fn submit_run_and_close_from_a_child_run_on_the_parent_are_reentrant() {
+    let parent: Arc<Mutex<Option<Arc<Worker>>>> = Arc::new(Mutex::new(None));
+    let seen = Arc::new(Mutex::new(String::new()));
+    let mut l3 = host().sub_workers(1);
+    let fine = l3.register_host("fine", |_| Ok(()));
+    let mut l4 = Worker::composite(4);
+    l4.child(l3).expect("adopt");
+    let (p2, s2) = (Arc::clone(&parent), Arc::clone(&seen));
+    let orch = l4.register_graph("calls_parent", move |g, _, _| {
+        if let Some(p) = p2.lock().unwrap().clone() {
+            *s2.lock().unwrap() =
+                format!("{:?}", p.submit(Orchestration::graph(|_, _, _| Ok(()))).err());
+        }
+        g.submit_sub(fine, TaskArgs::new())?;
+        Ok(())
+    });
+    let w = Arc::new(l4.start().expect("start"));
+    *parent.lock().unwrap() = Some(Arc::clone(&w));
+    w.run(Orchestration::graph(move |b, _, _| {
+        b.submit_next_level(orch, TaskArgs::new(), &CallConfig::default(), WorkerId(0))?;
+        Ok(())
+    }))
+    .expect("run");
+    assert!(seen.lock().unwrap().contains("Reentrant"), "{}", seen.lock().unwrap());
+    parent.lock().unwrap().take();
+}
+
+// ---- Chips -----------------------------------------------------------------------------------
+
+#[test]
+fn l3_chip_task_computes_on_the_simulated_chip() {
+    let mut b = host().chips(&[0]);
+    let add = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let mem = w.chip_memory(WorkerId(0)).expect("chip 0");
+    let n = 256usize;
+    let (a, bb, f) = (
+        mem.malloc(4 * n as u64).unwrap(),
+        mem.malloc(4 * n as u64).unwrap(),
+        mem.malloc(4 * n as u64).unwrap(),
+    );
+    let xs: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    mem.copy_to(&a, 0, &f32_bytes(&xs)).unwrap();
+    mem.copy_to(&bb, 0, &f32_bytes(&xs)).unwrap();
+    let mut args = TaskArgs::new();
+    for buf in [&a, &bb, &f] {
+        args.add_inout(buf.tensor(&[n as u32], DataType::Float32).unwrap()).unwrap();
+    }
+    w.run(Orchestration::graph(move |g, _, _| {
+        g.submit_next_level(add, args.clone(), &CallConfig::default(), WorkerId(0))?;
+        Ok(())
+    }))
+    .expect("run");
+    let mut out = vec![0u8; 4 * n];
+    mem.copy_from(&f, 0, &mut out).unwrap();
+    assert_eq!(f32_from(&out), xs.iter().map(|x| 2.0 * x).collect::<Vec<_>>());
+    assert!(w.committed_device_memory().unwrap() > 0);
+    assert!(mem.ledger().unwrap().user_allocations >= 3 * 4 * n as u64);
+    for buf in [a, bb, f] {
+        mem.free(buf).unwrap();
+    }
+}
+
+#[test]
+fn l2_submit_returns_a_live_handle_and_memory_calls_check_ownership_and_range() {
+    let mut b = Worker::chip(Platform::A2a3Sim, 3, RuntimeVariant::HostBuildGraph);
+    let add = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let mem = w.memory().expect("l2 memory");
+    let n = 64u32;
+    let bufs: Vec<_> = (0..3).map(|_| mem.malloc(u64::from(n) * 4).unwrap()).collect();
+    mem.copy_to(&bufs[0], 0, &f32_bytes(&vec![1.5; n as usize])).unwrap();
+    mem.copy_to(&bufs[1], 0, &f32_bytes(&vec![2.0; n as usize])).unwrap();
+    let mut args = TaskArgs::new();
+    for buf in &bufs {
+        args.add_inout(buf.tensor(&[n], DataType::Float32).unwrap()).unwrap();
+    }
+    let handle = w.submit(Orchestration::chip(add, args)).expect("submit");
+    handle.wait_timeout(HANG).expect("no hang").expect("run");
+    let mut out = vec![0u8; n as usize * 4];
+    mem.copy_from(&bufs[2], 0, &mut out).unwrap();
+    assert!(f32_from(&out).iter().all(|&v| v == 3.5));
+    assert!(matches!(
+        mem.copy_to(&bufs[0], 250, &[0u8; 8]),
+        Err(WorkerError::Memory(simpler_worker::MemError::OutOfRange { .. }))
+    ));
+    let other =
+        Worker::chip(Platform::A2a3Sim, 4, RuntimeVariant::HostBuildGraph).start().expect("other");
+    let other_mem = other.memory().unwrap();
+    assert!(matches!(
+        other_mem.free(bufs[0]),
+        Err(WorkerError::Memory(simpler_worker::MemError::WrongChip { .. }))
+    ));
+    assert!(matches!(w.chip_memory(WorkerId(0)), Err(WorkerError::WrongLevel { .. })));
+    assert!(matches!(
+        w.submit(Orchestration::graph(|_, _, _| Ok(()))),
+        Err(WorkerError::WrongLevel { level: 2, .. })
+    ));
+}
+
+#[test]
+fn l2_prepare_failure_comes_back_from_submit_and_the_next_run_succeeds() {
+    let mut b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph);
+    let add = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let e = w.submit(Orchestration::chip(add, TaskArgs::new())).expect_err("wrong arg count");
+    assert!(matches!(e, WorkerError::Build { cause: BuildFailure::Device(_), .. }), "{e}");
+    let mem = w.memory().unwrap();
+    let mut args = TaskArgs::new();
+    for _ in 0..3 {
+        args.add_inout(mem.malloc(64).unwrap().tensor(&[16], DataType::Float32).unwrap()).unwrap();
+    }
+    w.run(Orchestration::chip(add, args)).expect("next run");
+}
