@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use simpler_ring::{Allocation, RingError, ScopeStack};
+use simpler_ring::{RingError, ScopeStack};
 use simpler_tensormap::{ByteSpan, TensorKey, footprint};
 use simpler_types::{
     CallConfig, CallableId, CancelReason, DataType, MAX_TENSOR_DIMS, RunFailure, RunId, RunStatus,
@@ -327,20 +327,4 @@ impl Drop for RunBuilder<'_> {
 fn unwind_all(core: &Core, orch: &mut OrchState) {
     orch.scopes.unwind_into(&mut orch.released, 0);
     core.release_all(&mut orch.released);
-}
-
-impl Core {
-    /// Claims a slot (and a slab for `bytes > 0`) on the ring of scope depth `depth`: without
-    /// waiting when there is room, which needs no clock read, otherwise blocking up to the
-    /// ring's deadline.
-    pub(crate) fn claim(&self, bytes: u64, depth: usize) -> Result<Allocation, RingError> {
-        self.ring.try_alloc(bytes, depth).or_else(|_| self.ring.alloc(bytes, depth))
-    }
-
-    /// The task of a live slot.
-    pub(crate) fn task_of(&self, id: SlotId) -> Option<TaskId> {
-        let slot = self.ring.slot(id)?;
-        let s = slot.sync.lock();
-        s.head.filter(|h| h.id == id).map(|h| h.task)
-    }
 }

@@ -6,15 +6,15 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 use rustc_hash::FxHashMap;
 
-use simpler_ring::Ring;
+use simpler_ring::{Allocation, Ring, RingError};
 use simpler_tensormap::TensorMap;
-use simpler_types::{CallConfig, RunFailure, SlotId, WorkerId, WorkerRef, WorkerType};
+use simpler_types::{CallConfig, RunFailure, SlotId, TaskId, WorkerId, WorkerRef, WorkerType};
 
 use crate::inbox::{Inbox, WorkerSlot};
 use crate::registry::Registry;
-use crate::scheduler::{Attention, SchedState};
+use crate::scheduler::SchedState;
 use crate::slot::TaskSlot;
-use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, Signal};
 use crate::worker::Mailbox;
 
 /// One registered endpoint, as the engine's threads see it.
@@ -49,35 +49,6 @@ pub(crate) struct Counters {
     pub(crate) queued_sub: AtomicU32,
 }
 
-/// Signalled once, when the scheduler thread leaves its loop.
-#[derive(Default)]
-pub(crate) struct ExitSignal {
-    exited: Mutex<bool>,
-    cond: Condvar,
-}
-
-impl ExitSignal {
-    /// Marks the exit and wakes the waiter.
-    pub(crate) fn signal(&self) {
-        *self.exited.lock() = true;
-        self.cond.notify_all();
-    }
-
-    /// Waits up to `timeout`; returns whether the exit happened.
-    pub(crate) fn wait_for(&self, timeout: Duration) -> bool {
-        let deadline = std::time::Instant::now() + timeout;
-        let mut g = self.exited.lock();
-        while !*g {
-            let (ng, timed_out) = self.cond.wait_until(g, deadline);
-            g = ng;
-            if timed_out {
-                return *g;
-            }
-        }
-        true
-    }
-}
-
 /// Shared engine state.
 pub(crate) struct Core {
     /// Level label (3 = L3, ≥ 4 = L4+).
@@ -92,8 +63,8 @@ pub(crate) struct Core {
     pub(crate) inbox: CachePadded<Inbox>,
     /// The scheduler's queues; a pass runs on whichever thread holds this lock.
     pub(crate) sched: CachePadded<Mutex<SchedState>>,
-    /// Wakes the scheduler thread (stop, stall deadlines).
-    pub(crate) attention: Attention,
+    /// Wakes the scheduler thread (stop, stall deadlines); consumed by each wait.
+    pub(crate) attention: Signal,
     /// Runs, admission, building mark.
     pub(crate) registry: Registry,
     /// NEXT_LEVEL endpoints in registration order.
@@ -110,8 +81,8 @@ pub(crate) struct Core {
     pub(crate) counters: CachePadded<Counters>,
     /// Set once by shutdown step 1. Readers: every submit and alloc, lock-free.
     pub(crate) stopping: AtomicBool,
-    /// The scheduler has left its loop.
-    pub(crate) scheduler_exit: ExitSignal,
+    /// Set once, when the scheduler thread has left its loop.
+    pub(crate) scheduler_exit: Signal,
 }
 
 /// Everything `Core::new` needs besides the ring.
@@ -143,7 +114,7 @@ impl Core {
             allocs: Mutex::new(FxHashMap::default()),
             inbox: CachePadded::new(Inbox::default()),
             sched: CachePadded::new(Mutex::new(SchedState::new(next_level.len(), parts.sub.len()))),
-            attention: Attention::default(),
+            attention: Signal::default(),
             registry: parts.registry,
             next_level,
             sub: parts.sub.into_iter().map(info).collect(),
@@ -152,7 +123,7 @@ impl Core {
             default_config: CallConfig::default(),
             counters: CachePadded::new(Counters::default()),
             stopping: AtomicBool::new(false),
-            scheduler_exit: ExitSignal::default(),
+            scheduler_exit: Signal::default(),
         }
     }
 
@@ -185,6 +156,20 @@ impl Core {
                 (worker.id.0 < self.sub.len() as u32).then_some(WorkerSlot::Sub(worker.id.0))
             }
         }
+    }
+
+    /// Claims a slot (and a slab for `bytes > 0`) on the ring of scope depth `depth`: without
+    /// waiting when there is room, which needs no clock read, otherwise blocking up to the
+    /// ring's deadline.
+    pub(crate) fn claim(&self, bytes: u64, depth: usize) -> Result<Allocation, RingError> {
+        self.ring.try_alloc(bytes, depth).or_else(|_| self.ring.alloc(bytes, depth))
+    }
+
+    /// The task of a live slot.
+    pub(crate) fn task_of(&self, id: SlotId) -> Option<TaskId> {
+        let slot = self.ring.slot(id)?;
+        let s = slot.sync.lock();
+        s.head.filter(|h| h.id == id).map(|h| h.task)
     }
 
     /// Whether shutdown has begun.

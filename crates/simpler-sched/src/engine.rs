@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use simpler_ring::{Ring, RingConfig};
 use simpler_types::{
-    CancelReason, RunFailure, RunId, RunStatus, TaskId, TaskState, WorkerId, WorkerRef, WorkerType,
+    CancelReason, RunFailure, RunId, RunStatus, TaskId, WorkerId, WorkerRef, WorkerType,
 };
 
 use crate::builder::{OrchState, RunBuilder};
@@ -39,7 +39,6 @@ use crate::outcome::{EngineStats, RingPeaks, RunOutcome, RunSummary, TaskSnapsho
 use crate::registry::Registry;
 use crate::run_record::RunRecord;
 use crate::scheduler::scheduler_main;
-use crate::slot::Route;
 use crate::sync::{Mutex, Ordering};
 use crate::worker::{JobReceiver, worker_main, wrap_job};
 
@@ -351,42 +350,9 @@ impl Engine {
     pub fn task_snapshot(&self, task: TaskId) -> Option<TaskSnapshot> {
         let record = self.core.registry.find(task.run).ok()?;
         let id = *record.lock().task_slots.get(task.seq as usize)?;
-        let consumed = TaskSnapshot {
-            task,
-            state: TaskState::Consumed,
-            worker_type: None,
-            is_alloc: false,
-            fanin_count: 0,
-            fanin_released: 0,
-            producers: Vec::new(),
-            consumers: Vec::new(),
-            fanout_total: 0,
-            fanout_released: 0,
-            members: Vec::new(),
-            failure: None,
-        };
-        let Some(slot) = self.core.ring.slot(id) else { return Some(consumed) };
-        let s = slot.sync.lock();
-        if !s.is(id) {
-            return Some(consumed);
-        }
-        Some(TaskSnapshot {
-            task,
-            state: slot.state.get(id).unwrap_or(TaskState::Consumed),
-            worker_type: match s.route {
-                Route::Unrouted => None,
-                Route::Single { .. } | Route::Group => Some(WorkerType::NextLevel),
-                Route::Sub { .. } => Some(WorkerType::Sub),
-            },
-            is_alloc: s.is_alloc,
-            fanin_count: s.fanin_count,
-            fanin_released: s.fanin_released,
-            producers: s.producers.iter().map(|e| e.task).collect(),
-            consumers: s.consumers.iter().map(|e| e.task).collect(),
-            fanout_total: s.fanout_total,
-            fanout_released: s.fanout_released,
-            members: s.members.to_vec(),
-            failure: s.failure.clone(),
+        Some(match self.core.ring.slot(id) {
+            Some(slot) => slot.snapshot(id, task),
+            None => TaskSnapshot::consumed(task),
         })
     }
 
@@ -458,7 +424,7 @@ impl Engine {
         // 4.–5.
         core.request_stop();
         if threads.scheduler.is_some() {
-            while !core.scheduler_exit.wait_for(Duration::from_secs(10)) {
+            while !core.scheduler_exit.wait(Some(Instant::now() + Duration::from_secs(10)), false) {
                 self.warn_busy();
             }
         }

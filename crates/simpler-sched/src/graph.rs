@@ -22,7 +22,6 @@ use simpler_types::{CancelReason, SlotId, TaskFailure, TaskState};
 
 use crate::core::Core;
 use crate::run_record::RunRecord;
-use crate::slot::TaskSlot;
 use crate::sync::Ordering;
 use crate::task_protocol::{Claim, ClaimCause, OnBuilding};
 
@@ -164,13 +163,5 @@ impl Core {
                 self.release_all(&mut scratch.releases);
             }
         }
-    }
-}
-
-impl TaskSlot {
-    /// The failure of occupant `id`, if it failed.
-    pub(crate) fn failure_of(&self, id: SlotId) -> Option<Arc<TaskFailure>> {
-        let s = self.sync.lock();
-        if s.is(id) { s.failure.clone() } else { None }
     }
 }

@@ -114,6 +114,26 @@ pub struct TaskSnapshot {
     pub failure: Option<Arc<TaskFailure>>,
 }
 
+impl TaskSnapshot {
+    /// A reclaimed task: only its id and state remain known.
+    pub(crate) fn consumed(task: TaskId) -> TaskSnapshot {
+        TaskSnapshot {
+            task,
+            state: TaskState::Consumed,
+            worker_type: None,
+            is_alloc: false,
+            fanin_count: 0,
+            fanin_released: 0,
+            producers: Vec::new(),
+            consumers: Vec::new(),
+            fanout_total: 0,
+            fanout_released: 0,
+            members: Vec::new(),
+            failure: None,
+        }
+    }
+}
+
 /// Counters of one engine ([`Engine::stats`](crate::Engine::stats)).
 #[derive(Clone, Debug)]
 pub struct EngineStats {

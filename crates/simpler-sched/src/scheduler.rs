@@ -61,7 +61,7 @@ use crate::inbox::{
     Closed, InboxBatch, MemberCompletion, ReadyEntry, WorkerSlot, drive, locked_then_drive,
 };
 use crate::slot::Route;
-use crate::sync::{Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{MutexGuard, Ordering};
 use crate::task_protocol::{Fanin, MemberDone, root_of};
 
 /// Scheduler-private state of one NEXT_LEVEL worker.
@@ -115,39 +115,6 @@ pub(crate) struct SchedState {
     /// Test seam: called by the scheduler thread while it holds the scheduler lock.
     #[cfg(test)]
     pub(crate) thread_hook: Option<ThreadHook>,
-}
-
-/// Wakes the scheduler thread (stop, stall deadlines).
-#[derive(Default)]
-pub(crate) struct Attention {
-    poked: Mutex<bool>,
-    cond: Condvar,
-}
-
-impl Attention {
-    /// Wakes the scheduler thread.
-    pub(crate) fn poke(&self) {
-        *self.poked.lock() = true;
-        self.cond.notify_one();
-    }
-
-    /// Sleeps until poked or until `deadline`.
-    fn wait(&self, deadline: Option<Instant>) {
-        let mut g = self.poked.lock();
-        while !*g {
-            match deadline {
-                None => g = self.cond.wait(g),
-                Some(d) => {
-                    let (ng, timed_out) = self.cond.wait_until(g, d);
-                    g = ng;
-                    if timed_out {
-                        break;
-                    }
-                }
-            }
-        }
-        *g = false;
-    }
 }
 
 impl SchedState {
@@ -543,7 +510,7 @@ impl Core {
         let outcome = catch_unwind(AssertUnwindSafe(|| state.pass(self, own)));
         match outcome {
             Ok(false) => {}
-            Ok(true) => self.attention.poke(),
+            Ok(true) => self.attention.set(),
             Err(payload) => {
                 state.recover();
                 self.poison(&format!(
@@ -589,7 +556,7 @@ impl Core {
     pub(crate) fn request_stop(&self) {
         self.inbox.request_stop();
         self.drive();
-        self.attention.poke();
+        self.attention.set();
     }
 }
 
@@ -598,7 +565,7 @@ pub(crate) fn scheduler_main(core: Arc<Core>) {
     let _span = tracing::debug_span!("scheduler", level = core.level).entered();
     let mut deadline = None;
     loop {
-        core.attention.wait(deadline);
+        core.attention.wait(deadline, true);
         let exited = locked_then_drive(
             &core.inbox,
             &core.sched,
@@ -621,7 +588,7 @@ pub(crate) fn scheduler_main(core: Arc<Core>) {
             break;
         }
     }
-    core.scheduler_exit.signal();
+    core.scheduler_exit.set();
 }
 
 #[cfg(all(test, not(simpler_loom)))]
@@ -756,7 +723,7 @@ mod tests {
                 std::thread::yield_now();
             }
         }));
-        core.attention.poke();
+        core.attention.set();
         entered_rx.recv_timeout(Duration::from_secs(20)).unwrap();
         tx.send(()).unwrap();
         let outcome = engine.wait_timeout(run, Duration::from_secs(20)).unwrap();

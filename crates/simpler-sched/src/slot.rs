@@ -26,6 +26,7 @@ use simpler_types::{
     TaskArgsView, TaskFailure, TaskId, TaskState, Tensor, WorkerType,
 };
 
+use crate::outcome::TaskSnapshot;
 use crate::run_record::RunRecord;
 use crate::sync::{AtomicU64, Mutex, Ordering, RwLock};
 
@@ -317,4 +318,33 @@ pub(crate) struct TaskSlot {
     pub(crate) sync: Mutex<SlotSync>,
     /// Immutable-after-publication task description.
     pub(crate) payload: RwLock<Payload>,
+}
+
+impl TaskSlot {
+    /// Introspection of occupant `id` (task `task`); a slot that no longer holds it reports the
+    /// task as `Consumed`.
+    pub(crate) fn snapshot(&self, id: SlotId, task: TaskId) -> TaskSnapshot {
+        let s = self.sync.lock();
+        if !s.is(id) {
+            return TaskSnapshot::consumed(task);
+        }
+        TaskSnapshot {
+            task,
+            state: self.state.get(id).unwrap_or(TaskState::Consumed),
+            worker_type: match s.route {
+                Route::Unrouted => None,
+                Route::Single { .. } | Route::Group => Some(WorkerType::NextLevel),
+                Route::Sub { .. } => Some(WorkerType::Sub),
+            },
+            is_alloc: s.is_alloc,
+            fanin_count: s.fanin_count,
+            fanin_released: s.fanin_released,
+            producers: s.producers.iter().map(|e| e.task).collect(),
+            consumers: s.consumers.iter().map(|e| e.task).collect(),
+            fanout_total: s.fanout_total,
+            fanout_released: s.fanout_released,
+            members: s.members.to_vec(),
+            failure: s.failure.clone(),
+        }
+    }
 }

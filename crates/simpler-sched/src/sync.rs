@@ -147,6 +147,44 @@ mod loom_impl {
     }
 }
 
+/// A flag with a condition variable: one side sets it, the other waits for it.
+#[derive(Default)]
+pub(crate) struct Signal {
+    set: Mutex<bool>,
+    cond: Condvar,
+}
+
+impl Signal {
+    /// Sets the flag and wakes every waiter.
+    pub(crate) fn set(&self) {
+        *self.set.lock() = true;
+        self.cond.notify_all();
+    }
+
+    /// Waits until the flag is set or `deadline` passes (`None`: without limit). Returns
+    /// whether it was set; with `consume`, also clears it for the next wait.
+    pub(crate) fn wait(&self, deadline: Option<Instant>, consume: bool) -> bool {
+        let mut g = self.set.lock();
+        while !*g {
+            match deadline {
+                None => g = self.cond.wait(g),
+                Some(d) => {
+                    let (ng, timed_out) = self.cond.wait_until(g, d);
+                    g = ng;
+                    if timed_out {
+                        break;
+                    }
+                }
+            }
+        }
+        let was_set = *g;
+        if consume {
+            *g = false;
+        }
+        was_set
+    }
+}
+
 /// A sequentially consistent fence (the Dekker-style handshakes of the combining protocol).
 pub(crate) fn fence_seq_cst() {
     #[cfg(not(simpler_loom))]

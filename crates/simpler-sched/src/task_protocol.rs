@@ -404,6 +404,12 @@ impl TaskSlot {
         self.consume_if_due(&mut s, me)
     }
 
+    /// The failure of occupant `id`, if it failed.
+    pub(crate) fn failure_of(&self, id: SlotId) -> Option<Arc<TaskFailure>> {
+        let s = self.sync.lock();
+        if s.is(id) { s.failure.clone() } else { None }
+    }
+
     fn consume_if_due(&self, s: &mut SlotSync, me: SlotId) -> Option<Arc<RunRecord>> {
         let finished = self.state.get(me).is_some_and(TaskState::is_finished);
         if !finished || s.fanout_released <= s.fanout_total {

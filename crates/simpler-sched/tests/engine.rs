@@ -528,26 +528,6 @@ fn abort_of_a_building_run_is_refused() {
 
 #[test]
 fn close_with_open_user_scopes_warns_naming_the_run() {
-    use tracing_subscriber::fmt::MakeWriter;
-
-    #[derive(Clone, Default)]
-    struct Capture(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Capture {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    impl<'a> MakeWriter<'a> for Capture {
-        type Writer = Capture;
-        fn make_writer(&'a self) -> Capture {
-            self.clone()
-        }
-    }
-
     let capture = Capture::default();
     let subscriber =
         tracing_subscriber::fmt().with_writer(capture.clone()).with_ansi(false).finish();
@@ -560,7 +540,7 @@ fn close_with_open_user_scopes_warns_naming_the_run() {
         b.close()
     });
     assert!(wait(&e, run).is_completed());
-    let text = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+    let text = capture.text();
     assert!(text.contains("WARN") && text.contains("2 user scope(s) still open"), "{text}");
     assert!(text.contains(&run.to_string()), "{text}");
 }
