@@ -31,7 +31,7 @@ use simpler_types::{
 
 use crate::builder::{OrchState, RunBuilder};
 use crate::core::{Core, CoreParts};
-use crate::endpoint::{Endpoint, panic_message};
+use crate::endpoint::{Endpoint, EndpointCaps, panic_message};
 use crate::error::SchedError;
 use crate::graph::GraphScratch;
 use crate::inbox::WorkerSlot;
@@ -118,33 +118,18 @@ impl Engine {
         if level < 3 {
             return Err(SchedError::InvalidLevel { level });
         }
-        let mut nl_names = Vec::with_capacity(next_level.len());
-        for (index, ep) in next_level.iter().enumerate() {
-            let caps = ep.caps();
-            if caps.worker_type != WorkerType::NextLevel {
-                return Err(SchedError::EndpointTypeMismatch {
-                    index,
-                    listed: WorkerType::NextLevel,
-                    reported: caps.worker_type,
-                });
-            }
-            if nl_names.iter().any(|(w, _): &(WorkerRef, String)| w.id == caps.id) {
+        let mut nl_names: Vec<(WorkerRef, String)> = Vec::with_capacity(next_level.len());
+        for caps in caps_of(&next_level, WorkerType::NextLevel)? {
+            if nl_names.iter().any(|(w, _)| w.id == caps.id) {
                 return Err(SchedError::DuplicateWorkerId { id: caps.id });
             }
             nl_names.push((WorkerRef { ty: WorkerType::NextLevel, id: caps.id }, caps.name));
         }
-        let mut sub_names = Vec::with_capacity(sub.len());
-        for (index, ep) in sub.iter().enumerate() {
-            let caps = ep.caps();
-            if caps.worker_type != WorkerType::Sub {
-                return Err(SchedError::EndpointTypeMismatch {
-                    index,
-                    listed: WorkerType::Sub,
-                    reported: caps.worker_type,
-                });
-            }
-            sub_names.push((WorkerRef::sub(index as u32), caps.name));
-        }
+        let sub_names = caps_of(&sub, WorkerType::Sub)?
+            .into_iter()
+            .enumerate()
+            .map(|(index, caps)| (WorkerRef::sub(index as u32), caps.name))
+            .collect();
         let ring = Ring::new(ring).map_err(SchedError::Ring)?;
         let core = Arc::new(Core::new(
             ring,
@@ -481,6 +466,24 @@ impl Drop for Engine {
             }
         }
     }
+}
+
+/// Every endpoint's capabilities, refusing one whose type is not the list's.
+fn caps_of(
+    list: &[Box<dyn Endpoint>],
+    listed: WorkerType,
+) -> Result<Vec<EndpointCaps>, SchedError> {
+    list.iter()
+        .enumerate()
+        .map(|(index, ep)| {
+            let caps = ep.caps();
+            if caps.worker_type == listed {
+                Ok(caps)
+            } else {
+                Err(SchedError::EndpointTypeMismatch { index, listed, reported: caps.worker_type })
+            }
+        })
+        .collect()
 }
 
 /// The status snapshot of a run.

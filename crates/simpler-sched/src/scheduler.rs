@@ -597,8 +597,8 @@ mod tests {
     use std::time::Duration;
 
     use simpler_types::{
-        CallConfig, CallableId, CallableKind, CallableNamespace, RunFailure, SlotId, TaskArgs,
-        TaskState, WorkerId, WorkerType,
+        CallConfig, CallableId, CallableKind, CallableNamespace, RunFailure, RunId, SlotId,
+        TaskArgs, TaskId, TaskState, WorkerId, WorkerType,
     };
 
     use super::*;
@@ -638,6 +638,22 @@ mod tests {
 
     fn chip() -> CallableId {
         CallableId::new([1; 32], CallableKind::Chip, CallableNamespace::LocalChip)
+    }
+
+    /// Begins and closes a run of one task, and waits until that task runs on the gate.
+    fn one_running_task(engine: &Engine) -> (RunId, TaskId) {
+        let mut b = engine.begin_run().unwrap();
+        let t = b.submit_next_level(
+            &chip(),
+            TaskArgs::new(),
+            &CallConfig::default(),
+            WorkerId(0),
+            None,
+        );
+        let t = t.unwrap();
+        let run = b.close();
+        wait_until(|| engine.task_snapshot(t).unwrap().state == TaskState::Running);
+        (run, t)
     }
 
     fn slot_of(engine: &Engine, task: simpler_types::TaskId) -> SlotId {
@@ -703,17 +719,7 @@ mod tests {
         // run's only completion, which must then be left in the inbox. It is the run's last
         // event: unless the scheduler thread drives after unlocking, the run never finishes.
         let (engine, tx) = gated_engine();
-        let mut b = engine.begin_run().unwrap();
-        let t = b.submit_next_level(
-            &chip(),
-            TaskArgs::new(),
-            &CallConfig::default(),
-            WorkerId(0),
-            None,
-        );
-        let t = t.unwrap();
-        let run = b.close();
-        wait_until(|| engine.task_snapshot(t).unwrap().state == TaskState::Running);
+        let (run, _) = one_running_task(&engine);
         let core = engine.core();
         let (entered_tx, entered_rx) = mpsc::channel();
         core.sched.lock().thread_hook = Some(Box::new(move |core: &Core| {
@@ -735,17 +741,7 @@ mod tests {
     #[test]
     fn a_panicking_scheduler_pass_poisons_the_engine_and_fails_live_runs() {
         let (engine, tx) = gated_engine();
-        let mut b = engine.begin_run().unwrap();
-        let t = b.submit_next_level(
-            &chip(),
-            TaskArgs::new(),
-            &CallConfig::default(),
-            WorkerId(0),
-            None,
-        );
-        let t = t.unwrap();
-        let run = b.close();
-        wait_until(|| engine.task_snapshot(t).unwrap().state == TaskState::Running);
+        let (run, _) = one_running_task(&engine);
         // The first forged completion makes the scheduler believe worker 0 idle; the second,
         // from a worker it believes idle, trips an internal assertion inside the pass.
         let core = engine.core();
