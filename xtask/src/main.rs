@@ -16,8 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-/// Crates whose concurrency protocols have `loom` models.
-const LOOM_CRATES: &[&str] = &["simpler-ring", "simpler-sched"];
+/// Crates whose concurrency protocols have `loom` models, with the test target holding them
+/// (an integration test named `loom`, or the library's unit tests filtered by `loom`).
+const LOOM_TARGETS: &[(&str, &[&str])] =
+    &[("simpler-ring", &["--test", "loom"]), ("simpler-sched", &["--lib", "loom"])];
 
 /// Property-test cases per test in `test --deep` (the tests' own defaults are kept modest so
 /// that CI stays fast).
@@ -88,9 +90,11 @@ fn loom() -> Result<(), String> {
     // invalidating the normal build.
     let target = target_dir().join("loom");
     let target = target.to_string_lossy().into_owned();
-    for krate in LOOM_CRATES {
+    for (krate, selector) in LOOM_TARGETS {
+        let mut args = vec!["test", "--release", "-p", krate];
+        args.extend_from_slice(selector);
         cargo(
-            &["test", "--release", "-p", krate, "--test", "loom"],
+            &args,
             &[
                 ("RUSTFLAGS", "--cfg simpler_loom"),
                 ("CARGO_TARGET_DIR", target.as_str()),
