@@ -233,6 +233,12 @@ impl<'a> GraphBuilder<'a> {
         Ok(r)
     }
 
+    /// Memory calls on chip `chip` of this (L3) worker, ordered with work already queued on
+    /// the chip's lane.
+    pub fn chip_memory(&self, chip: WorkerId) -> Result<crate::ChipMemory<'a>, WorkerError> {
+        self.inner.chip_memory(chip)
+    }
+
     /// Keeps `value` alive until the run's result is published.
     pub fn keep_alive(&mut self, value: impl Send + 'static) {
         self.keep.push(Box::new(value));

@@ -8,7 +8,7 @@ use simpler_device_a2a3::MemoryLedger;
 use simpler_types::{DataType, Tensor, WorkerId};
 
 use crate::error::{MemError, WorkerError};
-use crate::worker::Worker;
+use crate::worker::Inner;
 
 /// A device allocation: meaningful only with its chip.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -53,10 +53,15 @@ impl DeviceBuffer {
 }
 
 /// Memory calls on one chip of a worker.
-#[derive(Debug)]
 pub struct ChipMemory<'w> {
-    pub(crate) worker: &'w Worker,
+    pub(crate) inner: &'w Inner,
     pub(crate) chip: WorkerId,
+}
+
+impl std::fmt::Debug for ChipMemory<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChipMemory").field("chip", &self.chip).finish_non_exhaustive()
+    }
 }
 
 impl ChipMemory<'_> {
@@ -66,7 +71,7 @@ impl ChipMemory<'_> {
     }
 
     fn check(&self, buf: &DeviceBuffer, offset: u64, len: u64) -> Result<(), MemError> {
-        if buf.worker != self.worker.inner.instance || buf.chip != self.chip {
+        if buf.worker != self.inner.instance || buf.chip != self.chip {
             return Err(MemError::WrongChip { buffer_chip: buf.chip, chip: self.chip });
         }
         if offset.checked_add(len).is_none_or(|end| end > buf.len) {
@@ -77,25 +82,25 @@ impl ChipMemory<'_> {
 
     /// Allocates `bytes` on the chip.
     pub fn malloc(&self, bytes: u64) -> Result<DeviceBuffer, WorkerError> {
-        let _lease = self.worker.inner.lease()?;
-        let addr = self.worker.inner.on_chip(self.chip, move |s| s.malloc(bytes))??;
-        Ok(DeviceBuffer { worker: self.worker.inner.instance, chip: self.chip, addr, len: bytes })
+        let _lease = self.inner.lease()?;
+        let addr = self.inner.on_chip(self.chip, move |s| s.malloc(bytes))??;
+        Ok(DeviceBuffer { worker: self.inner.instance, chip: self.chip, addr, len: bytes })
     }
 
     /// Frees a buffer of this chip.
     pub fn free(&self, buf: DeviceBuffer) -> Result<(), WorkerError> {
         self.check(&buf, 0, 0)?;
-        let _lease = self.worker.inner.lease()?;
-        Ok(self.worker.inner.on_chip(self.chip, move |s| s.free(buf.addr))??)
+        let _lease = self.inner.lease()?;
+        Ok(self.inner.on_chip(self.chip, move |s| s.free(buf.addr))??)
     }
 
     /// Copies `data` into the buffer at `offset`.
     pub fn copy_to(&self, buf: &DeviceBuffer, offset: u64, data: &[u8]) -> Result<(), WorkerError> {
         self.check(buf, offset, data.len() as u64)?;
-        let _lease = self.worker.inner.lease()?;
+        let _lease = self.inner.lease()?;
         let bytes = data.to_vec();
         let addr = buf.addr + offset;
-        Ok(self.worker.inner.on_chip(self.chip, move |s| s.copy_to(addr, &bytes))??)
+        Ok(self.inner.on_chip(self.chip, move |s| s.copy_to(addr, &bytes))??)
     }
 
     /// Copies from the buffer at `offset` into `out`.
@@ -106,17 +111,17 @@ impl ChipMemory<'_> {
         out: &mut [u8],
     ) -> Result<(), WorkerError> {
         self.check(buf, offset, out.len() as u64)?;
-        let _lease = self.worker.inner.lease()?;
+        let _lease = self.inner.lease()?;
         let addr = buf.addr + offset;
         let len = out.len();
-        let data = self.worker.inner.on_chip(self.chip, move |s| s.copy_from(addr, len))??;
+        let data = self.inner.on_chip(self.chip, move |s| s.copy_from(addr, len))??;
         out.copy_from_slice(&data);
         Ok(())
     }
 
     /// The chip's memory by use.
     pub fn ledger(&self) -> Result<MemoryLedger, WorkerError> {
-        let _lease = self.worker.inner.lease()?;
-        Ok(self.worker.inner.on_chip(self.chip, |s| s.ledger())??)
+        let _lease = self.inner.lease()?;
+        Ok(self.inner.on_chip(self.chip, |s| s.ledger())??)
     }
 }

@@ -152,6 +152,16 @@ impl Inner {
         }
     }
 
+    pub(crate) fn chip_memory(&self, chip: WorkerId) -> Result<ChipMemory<'_>, WorkerError> {
+        if self.level != 3 {
+            return Err(WorkerError::WrongLevel { op: "chip_memory", level: self.level });
+        }
+        if !self.chips().contains(&chip) {
+            return Err(WorkerError::NoSuchChild { id: chip });
+        }
+        Ok(ChipMemory { inner: self, chip })
+    }
+
     fn chips(&self) -> Vec<WorkerId> {
         match &self.body {
             Body::Chip(lane) => vec![lane.chip],
@@ -814,7 +824,7 @@ impl Worker {
     /// Memory calls on the chip of an L2 worker.
     pub fn memory(&self) -> Result<ChipMemory<'_>, WorkerError> {
         match &self.inner.body {
-            Body::Chip(lane) => Ok(ChipMemory { worker: self, chip: lane.chip }),
+            Body::Chip(lane) => Ok(ChipMemory { inner: &self.inner, chip: lane.chip }),
             Body::Engine { .. } => {
                 Err(WorkerError::WrongLevel { op: "memory", level: self.inner.level })
             }
@@ -823,13 +833,7 @@ impl Worker {
 
     /// Memory calls on chip `chip` of an L3 worker.
     pub fn chip_memory(&self, chip: WorkerId) -> Result<ChipMemory<'_>, WorkerError> {
-        if self.inner.level != 3 {
-            return Err(WorkerError::WrongLevel { op: "chip_memory", level: self.inner.level });
-        }
-        if !self.inner.chips().contains(&chip) {
-            return Err(WorkerError::NoSuchChild { id: chip });
-        }
-        Ok(ChipMemory { worker: self, chip })
+        self.inner.chip_memory(chip)
     }
 
     /// Committed device memory: L2 its chip, L3 the sum over its chips.
