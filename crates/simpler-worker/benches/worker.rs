@@ -1,0 +1,273 @@
+//! Worker benchmarks (spec 70): W1 (an L3 run of one chip task, submit → wait, against the
+//! chip's own `DeviceRunner::run` time), W2 (two chips running the vector program in one L3
+//! run) and P6 through the worker (runs of 1..256 host-closure tasks, fit `a + b·tasks`).
+//!
+//! `cargo bench -p simpler-worker --bench worker` prints the median of 5 repetitions after one
+//! warm-up, with min–max. `-- --test` runs every workload once, briefly.
+
+use std::time::{Duration, Instant};
+
+use simpler_device_a2a3::{
+    ArgDirection, ChipCallable, CoreCallable, DevicePtr, DeviceRunner, KernelCall, Kernels,
+    OrchArgs, OrchConfig, OrchCtx, OrchError, Platform, RunRequest, RunnerOptions, RuntimeVariant,
+};
+use simpler_types::{
+    CallConfig, CoreArgs, DataType, RunId, TaskArgs, Tensor, TensorArgType, WorkerId,
+};
+use simpler_worker::{CallableHandle, Orchestration, Worker};
+
+/// `out = x + y`, or `out = x + s` with a scalar, or `out = x * y`.
+unsafe extern "C-unwind" fn binary(args: *mut i64) {
+    // SAFETY: the runtime passes this kernel's argument vector; the task has three tensors.
+    let k = unsafe { KernelCall::from_raw(args, 3) };
+    // SAFETY: all three are f32 buffers of this task and the output aliases neither input.
+    let (x, y, out) = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
+    if let (Some(x), Some(y), Some(out)) = (x, y, out) {
+        for ((o, a), b) in out.iter_mut().zip(x).zip(y) {
+            *o = a + b;
+        }
+    }
+}
+
+unsafe extern "C-unwind" fn add_scalar(args: *mut i64) {
+    // SAFETY: two tensors and one scalar.
+    let k = unsafe { KernelCall::from_raw(args, 2) };
+    let s: f32 = k.scalar_of(0).unwrap_or(0.0);
+    // SAFETY: f32 buffers; the output does not alias the input.
+    let (x, out) = unsafe { (k.slice::<f32>(0), k.slice_mut::<f32>(1)) };
+    if let (Some(x), Some(out)) = (x, out) {
+        for (o, a) in out.iter_mut().zip(x) {
+            *o = a + s;
+        }
+    }
+}
+
+unsafe extern "C-unwind" fn mul(args: *mut i64) {
+    // SAFETY: as `binary`.
+    let k = unsafe { KernelCall::from_raw(args, 3) };
+    // SAFETY: as `binary`.
+    let (x, y, out) = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
+    if let (Some(x), Some(y), Some(out)) = (x, y, out) {
+        for ((o, a), b) in out.iter_mut().zip(x).zip(y) {
+            *o = a * b;
+        }
+    }
+}
+
+fn args_of(t: &[(Tensor, TensorArgType)], s: Option<f32>) -> Result<CoreArgs, OrchError> {
+    let mut a = CoreArgs::new();
+    for (t, tag) in t {
+        a.add_tensor(*t, *tag).map_err(|_| OrchError::from_status(-1))?;
+    }
+    if let Some(s) = s {
+        a.add_scalar_of(s).map_err(|_| OrchError::from_status(-1))?;
+    }
+    Ok(a)
+}
+
+fn one_task(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{Input, Output};
+    let t = |i| args.tensor(i).copied().ok_or(OrchError::from_status(-1));
+    ctx.submit(Kernels::Aiv(0), &args_of(&[(t(0)?, Input), (t(1)?, Input), (t(2)?, Output)], None)?)
+        .map(|_| ())
+}
+
+/// The vector example: five kernel tasks.
+fn vector(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{Input, Output};
+    let t = |i| args.tensor(i).copied().ok_or(OrchError::from_status(-1));
+    let (a, b, f) = (t(0)?, t(1)?, t(2)?);
+    let shape = a.shape().to_vec();
+    let c = ctx.alloc_tensor(&shape, DataType::Float32)?;
+    let d = ctx.alloc_tensor(&shape, DataType::Float32)?;
+    let e = ctx.alloc_tensor(&shape, DataType::Float32)?;
+    let g = ctx.alloc_tensor(&shape, DataType::Float32)?;
+    ctx.submit(Kernels::Aiv(0), &args_of(&[(a, Input), (b, Input), (c, Output)], None)?)?;
+    ctx.submit(Kernels::Aiv(1), &args_of(&[(c, Input), (d, Output)], Some(1.0))?)?;
+    ctx.submit(Kernels::Aiv(1), &args_of(&[(c, Input), (e, Output)], Some(2.0))?)?;
+    ctx.submit(Kernels::Aiv(2), &args_of(&[(d, Input), (e, Input), (g, Output)], None)?)?;
+    ctx.submit(Kernels::Aiv(0), &args_of(&[(g, Input), (c, Input), (f, Output)], None)?)?;
+    Ok(())
+}
+
+fn config(_: &OrchArgs<'_>) -> OrchConfig {
+    OrchConfig { expected_arg_count: 3 }
+}
+
+fn program(vector_example: bool) -> ChipCallable {
+    use ArgDirection::{In, Out, Scalar};
+    let entry = if vector_example { vector } else { one_task };
+    ChipCallable::native(entry, config)
+        .names(if vector_example { "vector" } else { "one_task" }, "config")
+        .signature(vec![In, In, Out])
+        .kernel(0, CoreCallable::native(vec![In, In, Out], binary))
+        .kernel(1, CoreCallable::native(vec![In, Out, Scalar], add_scalar))
+        .kernel(2, CoreCallable::native(vec![In, In, Out], mul))
+        .build()
+        .expect("valid program")
+}
+
+struct Plan {
+    reps: usize,
+    runs: usize,
+}
+
+/// Median, min and max of `reps` repetitions of the mean time of `runs` calls of `f`.
+fn measure(plan: &Plan, mut f: impl FnMut()) -> (Duration, Duration, Duration) {
+    for _ in 0..plan.runs.min(20) {
+        f();
+    }
+    let mut means: Vec<Duration> = (0..plan.reps)
+        .map(|_| {
+            let t0 = Instant::now();
+            for _ in 0..plan.runs {
+                f();
+            }
+            t0.elapsed() / plan.runs as u32
+        })
+        .collect();
+    means.sort();
+    (means[means.len() / 2], means[0], means[means.len() - 1])
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn report(name: &str, (med, min, max): (Duration, Duration, Duration)) {
+    println!("{name:<44} median {:>9.2} µs  (min {:.2}, max {:.2})", us(med), us(min), us(max));
+}
+
+const N: u32 = 1024;
+
+fn device_args(ptrs: &[DevicePtr], n: u32) -> TaskArgs {
+    let mut args = TaskArgs::new();
+    for (i, p) in ptrs.iter().enumerate() {
+        let t =
+            Tensor::external(p.addr(), &[n], DataType::Float32).expect("tensor").child_memory(true);
+        if i < 2 { args.add_input(t) } else { args.add_output(t) }.expect("arg");
+    }
+    args
+}
+
+fn w1(plan: &Plan) {
+    // Baseline: the chip's own run, driven directly.
+    let mut runner = DeviceRunner::attach(RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph))
+        .expect("attach");
+    let slot = runner.register_callable(&program(false)).expect("register");
+    let ptrs: Vec<DevicePtr> =
+        (0..3).map(|_| runner.malloc(u64::from(N) * 4).expect("malloc")).collect();
+    let args = device_args(&ptrs, N);
+    let cfg = CallConfig::default();
+    let mut next = 1u64;
+    let chip = measure(plan, || {
+        let id = RunId::from_raw(next).expect("id");
+        next += 1;
+        runner.run(&RunRequest::new(id, slot, &args, &cfg)).expect("chip run");
+    });
+    report("W1 baseline: DeviceRunner::run (1 task)", chip);
+
+    // The same run on another thread behind a channel: the cost of one hand-off each way.
+    let (job_tx, job_rx) = std::sync::mpsc::channel::<u64>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let lane = std::thread::spawn(move || {
+        while let Ok(id) = job_rx.recv() {
+            let id = RunId::from_raw(id).expect("id");
+            runner.run(&RunRequest::new(id, slot, &args, &cfg)).expect("chip run");
+            let _ = done_tx.send(());
+        }
+    });
+    let hand_off = measure(plan, || {
+        job_tx.send(next).expect("send");
+        next += 1;
+        done_rx.recv().expect("done");
+    });
+    report("W1 reference: the same run behind a channel", hand_off);
+    drop(job_tx);
+    lane.join().expect("lane");
+
+    let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).chips(&[0]);
+    let h = b.register_chip(program(false));
+    let w = b.start().expect("start");
+    let mem = w.chip_memory(WorkerId(0)).expect("chip");
+    let bufs: Vec<_> = (0..3).map(|_| mem.malloc(u64::from(N) * 4).expect("malloc")).collect();
+    let ptrs: Vec<DevicePtr> = bufs.iter().map(|b| DevicePtr(b.addr())).collect();
+    let args = device_args(&ptrs, N);
+    let l3 = measure(plan, || {
+        let a = args.clone();
+        w.run(Orchestration::graph(move |g, _, _| {
+            g.submit_next_level(h, a.clone(), &CallConfig::default(), WorkerId(0))?;
+            Ok(())
+        }))
+        .expect("l3 run");
+    });
+    report("W1: L3 run of 1 chip task, submit -> wait", l3);
+    println!(
+        "W1 overhead on top of the chip's run: {:.2} µs/run by median, {:.2} µs/run by minimum",
+        us(l3.0) - us(chip.0),
+        us(l3.1) - us(chip.1)
+    );
+}
+
+fn w2(plan: &Plan) {
+    let n = 16384;
+    let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph)
+        .chips(&[0, 1])
+        .sub_workers(1);
+    let h = b.register_chip(program(true));
+    let w = b.start().expect("start");
+    let mut per_chip = Vec::new();
+    for chip in [WorkerId(0), WorkerId(1)] {
+        let mem = w.chip_memory(chip).expect("chip");
+        let ptrs: Vec<DevicePtr> = (0..3)
+            .map(|_| DevicePtr(mem.malloc(u64::from(n) * 4).expect("malloc").addr()))
+            .collect();
+        per_chip.push((chip, device_args(&ptrs, n)));
+    }
+    let r = measure(plan, || {
+        let p = per_chip.clone();
+        w.run(Orchestration::graph(move |g, _, _| {
+            for (chip, a) in &p {
+                g.submit_next_level(h, a.clone(), &CallConfig::default(), *chip)?;
+            }
+            Ok(())
+        }))
+        .expect("w2 run");
+    });
+    report("W2: 2 chips x vector program (16384 f32)", r);
+}
+
+fn p6(plan: &Plan) {
+    let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(2);
+    let noop: CallableHandle = b.register_host("noop", |_| Ok(()));
+    let w = b.start().expect("start");
+    let sizes = [1usize, 4, 16, 64, 256];
+    let mut points = Vec::new();
+    for &tasks in &sizes {
+        let r = measure(plan, || {
+            w.run(Orchestration::graph(move |g, _, _| {
+                for _ in 0..tasks {
+                    g.submit_sub(noop, TaskArgs::new())?;
+                }
+                Ok(())
+            }))
+            .expect("p6 run");
+        });
+        report(&format!("P6: run of {tasks} host-closure task(s)"), r);
+        points.push((tasks as f64, us(r.0)));
+    }
+    let n = points.len() as f64;
+    let (sx, sy) = points.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let (sxx, sxy) = points.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x * x, b + x * y));
+    let slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+    let intercept = (sy - slope * sx) / n;
+    println!("P6 fit: a = {intercept:.2} µs per run, b = {slope:.3} µs per task");
+}
+
+fn main() {
+    let test = std::env::args().any(|a| a == "--test");
+    let plan = if test { Plan { reps: 1, runs: 2 } } else { Plan { reps: 5, runs: 400 } };
+    w1(&plan);
+    w2(&Plan { runs: plan.runs / 4 + 1, ..plan });
+    p6(&Plan { runs: plan.runs / 4 + 1, ..plan });
+}
