@@ -65,6 +65,26 @@ fn zero_startup_timeout_fails_before_anything_starts() {
 }
 
 #[test]
+fn a_chip_still_starting_at_the_deadline_fails_the_start_with_deadline_exceeded() {
+    // A one-nanosecond budget expires while the chips attach; the attach threads are
+    // detached, listed in the rollback, and finalize their chips when they finish.
+    let e = host()
+        .chips(&[0, 1])
+        .startup_timeout(Duration::from_nanos(1))
+        .start()
+        .expect_err("deadline");
+    match &e.cause {
+        StartCause::DeadlineExceeded { pending, budget } => {
+            assert!(!pending.is_empty(), "{e}");
+            assert!(pending.iter().all(|p| p.contains("chip")), "{e}");
+            assert_eq!(*budget, Duration::from_nanos(1));
+        }
+        other => panic!("unexpected {other}"),
+    }
+    assert!(e.rollback.iter().all(|r| r.message.contains("detached")), "{e}");
+}
+
+#[test]
 fn failing_chip_fails_the_start_naming_the_chip_and_device() {
     let e = Worker::host(Platform::A2a3, RuntimeVariant::HostBuildGraph)
         .chips(&[7])
