@@ -9,7 +9,7 @@ use simpler_types::{
     CallConfig, DataType, RunId, TaskArgs, TaskArgsView, TaskId, Tensor, WorkerId,
 };
 
-use crate::error::{BoxError, WorkerError};
+use crate::error::{BoxError, MemError, WorkerError};
 use crate::handle::{CallableHandle, Entry, Registration};
 use crate::worker::Inner;
 
@@ -158,6 +158,21 @@ impl<'a> GraphBuilder<'a> {
         Ok(())
     }
 
+    /// Refuses chip-memory tensors that another chip owns (L3).
+    fn check_owner(&self, args: &TaskArgs, target: WorkerId) -> Result<(), WorkerError> {
+        if self.inner.level != 3 {
+            return Ok(());
+        }
+        for t in args.tensors().iter().filter(|t| t.is_child_memory()) {
+            if let Some((start, end)) = t.byte_span()
+                && let Some(owner) = self.inner.foreign_owner(target, start, end)
+            {
+                return Err(MemError::WrongChip { buffer_chip: owner, chip: target }.into());
+            }
+        }
+        Ok(())
+    }
+
     /// Submits a task to chip or child `target` (L3: a chip callable; L4+: a graph).
     pub fn submit_next_level(
         &mut self,
@@ -167,6 +182,7 @@ impl<'a> GraphBuilder<'a> {
         target: WorkerId,
     ) -> Result<TaskId, WorkerError> {
         self.resolve(handle, Target::NextLevel)?;
+        self.check_owner(&args, target)?;
         let id = handle.id;
         self.rb()?.submit_next_level(&id, args, config, target, None).map_err(engine_err)
     }
@@ -180,6 +196,9 @@ impl<'a> GraphBuilder<'a> {
         targets: &[WorkerId],
     ) -> Result<TaskId, WorkerError> {
         self.resolve(handle, Target::NextLevel)?;
+        for (a, t) in args.iter().zip(targets) {
+            self.check_owner(a, *t)?;
+        }
         let id = handle.id;
         self.rb()?.submit_next_level_group(&id, args, config, targets, None).map_err(engine_err)
     }

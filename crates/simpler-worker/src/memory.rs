@@ -84,6 +84,7 @@ impl ChipMemory<'_> {
     pub fn malloc(&self, bytes: u64) -> Result<DeviceBuffer, WorkerError> {
         let _lease = self.inner.lease()?;
         let addr = self.inner.on_chip(self.chip, move |s| s.malloc(bytes))??;
+        self.inner.owned.lock().entry(self.chip).or_default().insert(addr, bytes);
         Ok(DeviceBuffer { worker: self.inner.instance, chip: self.chip, addr, len: bytes })
     }
 
@@ -91,7 +92,11 @@ impl ChipMemory<'_> {
     pub fn free(&self, buf: DeviceBuffer) -> Result<(), WorkerError> {
         self.check(&buf, 0, 0)?;
         let _lease = self.inner.lease()?;
-        Ok(self.inner.on_chip(self.chip, move |s| s.free(buf.addr))??)
+        self.inner.on_chip(self.chip, move |s| s.free(buf.addr))??;
+        if let Some(m) = self.inner.owned.lock().get_mut(&self.chip) {
+            m.remove(&buf.addr);
+        }
+        Ok(())
     }
 
     /// Copies `data` into the buffer at `offset`.

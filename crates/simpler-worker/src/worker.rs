@@ -30,7 +30,7 @@
 //! submit's callback; nothing else is held while user code runs or while waiting for a run.
 
 use std::any::Any;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
@@ -125,6 +125,9 @@ pub(crate) struct Inner {
     /// Chip callables whose last handle was unregistered while runs were live.
     chip_pending: Mutex<Vec<(CallableId, Vec<WorkerId>)>>,
     next_l2_run: AtomicU64,
+    /// Device allocations made through the memory helpers, per chip: address → length. Read at
+    /// submit to refuse a chip-memory tensor sent to a chip that does not own it.
+    pub(crate) owned: Mutex<HashMap<WorkerId, BTreeMap<u64, u64>>>,
     #[cfg(test)]
     pub(crate) injected: Mutex<Vec<(&'static str, bool)>>,
 }
@@ -150,6 +153,19 @@ impl Inner {
             Body::Engine { engine, .. } => Some(engine),
             Body::Chip(_) => None,
         }
+    }
+
+    /// The chip owning device bytes `[start, end)` among the allocations made through the
+    /// memory helpers, if `target` does not own them and another chip does.
+    pub(crate) fn foreign_owner(&self, target: WorkerId, start: u64, end: u64) -> Option<WorkerId> {
+        let owned = self.owned.lock();
+        let holds = |m: &BTreeMap<u64, u64>| {
+            m.range(..=start).next_back().is_some_and(|(a, l)| end <= a.saturating_add(*l))
+        };
+        if owned.get(&target).is_some_and(holds) {
+            return None;
+        }
+        owned.iter().find(|(c, m)| **c != target && holds(m)).map(|(c, _)| *c)
     }
 
     pub(crate) fn chip_memory(&self, chip: WorkerId) -> Result<ChipMemory<'_>, WorkerError> {
@@ -1036,6 +1052,7 @@ fn new_inner(
         failed_runs: Mutex::new(Vec::new()),
         chip_pending: Mutex::new(Vec::new()),
         next_l2_run: AtomicU64::new(1),
+        owned: Mutex::new(HashMap::new()),
         #[cfg(test)]
         injected: Mutex::new(Vec::new()),
     }

@@ -807,6 +807,40 @@ fn l3_chip_task_computes_on_the_simulated_chip() {
 }
 
 #[test]
+fn a_chip_memory_tensor_sent_to_another_chip_fails_at_submit() {
+    let mut b = host().chips(&[0, 1]);
+    let add = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let buf = w.chip_memory(WorkerId(0)).unwrap().malloc(256).unwrap();
+    let mut args = TaskArgs::new();
+    for _ in 0..3 {
+        args.add_inout(buf.tensor(&[16], DataType::Float32).unwrap()).unwrap();
+    }
+    let e = w
+        .submit(Orchestration::graph(move |g, _, _| {
+            g.submit_next_level(add, args.clone(), &CallConfig::default(), WorkerId(1))?;
+            Ok(())
+        }))
+        .expect_err("wrong chip");
+    match e {
+        WorkerError::Build { cause: BuildFailure::Callback(c), .. } => {
+            let w = c.downcast_ref::<WorkerError>().expect("a worker error");
+            assert!(
+                matches!(
+                    w,
+                    WorkerError::Memory(simpler_worker::MemError::WrongChip {
+                        buffer_chip: WorkerId(0),
+                        chip: WorkerId(1)
+                    })
+                ),
+                "{w}"
+            );
+        }
+        other => panic!("unexpected {other}"),
+    }
+}
+
+#[test]
 fn l2_submit_returns_a_live_handle_and_memory_calls_check_ownership_and_range() {
     let mut b = Worker::chip(Platform::A2a3Sim, 3, RuntimeVariant::HostBuildGraph);
     let add = b.register_chip(add_callable(0));
