@@ -6,7 +6,9 @@
 //!
 //! Per run: the fence fires, no slot stays active, the tensor map holds nothing of the run, no
 //! task ran before its producers finished or after one failed, each task ran at most once and
-//! groups ran all-or-nothing. After every release: no live slot and every heap ring rewound.
+//! groups ran all-or-nothing; in gated runs (endpoints hold every member until the graph is
+//! built) the engine's edges equal the model's exactly. After every release: no live slot and
+//! every heap ring rewound.
 //! After the engine: every charge reclaimed, every endpoint and engine thread gone.
 //!
 //! Cases default to 48; set `PROPTEST_CASES` for more. Failures are persisted in
@@ -34,6 +36,8 @@ fn config() -> ProptestConfig {
     let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48);
     ProptestConfig {
         cases,
+        // A hang costs a full fence timeout per shrinking step; bound the search.
+        max_shrink_time: 120_000,
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
             "proptest-regressions/engine_model.txt",
         ))),

@@ -7,12 +7,13 @@
 //! its producer finished".
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
 use simpler_types::{TaskId, WorkerId, WorkerRef, WorkerType};
 
+use super::env::PATIENCE;
 use super::plan::{Action, failure_message};
 
 /// One member execution as the endpoint saw it.
@@ -51,6 +52,9 @@ pub struct Recorder {
     started: AtomicUsize,
     /// `shutdown` calls.
     stopped: AtomicUsize,
+    /// While set, endpoints hold every member on entry.
+    held: Mutex<bool>,
+    gate: Condvar,
 }
 
 impl Recorder {
@@ -76,6 +80,26 @@ impl Recorder {
     /// Number of records.
     pub fn len(&self) -> usize {
         self.lock().len()
+    }
+
+    /// From now on, endpoints hold every member they receive until [`release`](Self::release).
+    pub fn hold(&self) {
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    }
+
+    /// Lets held and future members through.
+    pub fn release(&self) {
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.gate.notify_all();
+    }
+
+    /// Waits while the gate is held (bounded by [`PATIENCE`] so a broken test cannot hang).
+    fn pass_gate(&self) {
+        let deadline = Instant::now() + PATIENCE;
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        while *held && Instant::now() < deadline {
+            held = self.gate.wait_timeout(held, PATIENCE).unwrap_or_else(|e| e.into_inner()).0;
+        }
     }
 
     /// Endpoints alive right now.
@@ -127,6 +151,7 @@ impl Endpoint for PlanEndpoint {
     }
 
     fn run(&mut self, m: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
+        self.recorder.pass_gate();
         let start = self.recorder.clock.fetch_add(1, Ordering::SeqCst);
         let plan_index = m.args.scalar(0).unwrap_or(u64::MAX);
         let action = m.args.scalar(1).and_then(Action::from_code);

@@ -1,12 +1,14 @@
 //! The reference model: what a run's tasks must depend on, and which submits the engine must
 //! refuse, computed from the plan with std collections only.
 //!
-//! Dependency rules (spec 20 Part D and A.4, spec 30 §3.3 step 3), applied member by member and
-//! tensor by tensor in argument order:
+//! Dependency rules (spec 20 Part D and A.4, spec 30 §3.3 step 3):
 //! - `Input` and `InOut` depend on every entry of the same buffer whose footprint overlaps;
-//! - `Output`, `OutputExisting` and `InOut` then drop the entries lying entirely inside their own
+//! - `Output`, `OutputExisting` and `InOut` drop the entries lying entirely inside their own
 //!   footprint and add themselves (so two blind writers of one span have no edge between them);
-//! - `NoDep` and null tensors do neither; a task never depends on itself.
+//! - `NoDep` and null tensors do neither; a task never depends on itself;
+//! - all lookups of a task (every member, every tensor) come before any of its inserts, as the
+//!   engine decided (`submit.rs`, step 3): a member's read then sees the buffer's earlier writers
+//!   even when another member of the same group writes it.
 //!
 //! The model never erases entries when a producer is reclaimed. Its entries are therefore a
 //! superset of the engine's, and every extra entry names a task that had already finished when
@@ -278,14 +280,12 @@ impl RunModel {
     pub fn accept(&mut self, plan_index: usize, plan: &TaskPlan, prepared: &PreparedSubmit) {
         let seq = self.charge();
         let mut found = BTreeSet::new();
-        for (tag, fp) in prepared.footprints.iter().flatten() {
-            let Some(fp) = fp else { continue };
-            if tag.looks_up() {
-                self.map.lookup(fp, &mut found);
-            }
-            if tag.inserts() {
-                self.map.insert(*fp, seq);
-            }
+        let tensors = || prepared.footprints.iter().flatten().filter_map(|(t, f)| Some((t, (*f)?)));
+        for (_, fp) in tensors().filter(|(tag, _)| tag.looks_up()) {
+            self.map.lookup(&fp, &mut found);
+        }
+        for (_, fp) in tensors().filter(|(tag, _)| tag.inserts()) {
+            self.map.insert(fp, seq);
         }
         found.remove(&seq);
         let producers = found.into_iter().filter(|p| !self.allocs.contains(p)).collect();

@@ -55,6 +55,9 @@ pub struct RunPlan {
     pub ops: Vec<Op>,
     /// How the run ends.
     pub end: RunEnd,
+    /// Endpoints hold every member until the whole graph is built, so that the engine's edges
+    /// can be compared with the model's exactly (nothing finishes, nothing is erased).
+    pub gated: bool,
 }
 
 /// How a run's submission ends.

@@ -144,8 +144,12 @@ fn end() -> impl Strategy<Value = RunEnd> {
 
 /// One run of up to `sizes.max_ops` ops on an engine of `shape`.
 pub fn run_plan(sizes: Sizes, shape: &EngineShape) -> impl Strategy<Value = RunPlan> + use<> {
-    (proptest::collection::vec(op(sizes, shape), 0..=sizes.max_ops), end())
-        .prop_map(|(ops, end)| RunPlan { ops, end })
+    (
+        proptest::collection::vec(op(sizes, shape), 0..=sizes.max_ops),
+        end(),
+        prop::bool::weighted(0.25),
+    )
+        .prop_map(|(ops, end, gated)| RunPlan { ops, end, gated })
 }
 
 /// Draws values deterministically from one seed (no shrinking).
