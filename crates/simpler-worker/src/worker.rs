@@ -25,9 +25,11 @@
 //!
 //! # Locks
 //!
-//! Lock order: the admission lock, then (one at a time) a run's cell, the accepted set, the
-//! lifecycle lock, the registry, the pending-chip list. The admission lock is held across a
-//! submit's callback; nothing else is held while user code runs or while waiting for a run.
+//! Lock order: the admission lock, then the chip-registration lock, then (one at a time) a
+//! run's cell, the accepted set, the lifecycle lock, the registry, the pending-chip list, the
+//! owned-allocation map. The admission lock is held across a submit's callback (a callback
+//! may still register: registration never takes it); nothing else is held while user code
+//! runs or while waiting for a run.
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -120,6 +122,8 @@ pub(crate) struct Inner {
     life_cv: Condvar,
     pub(crate) accepted: Mutex<VecDeque<Arc<RunShared>>>,
     admission: Mutex<()>,
+    /// Serializes chip registrations.
+    chip_registration: Mutex<()>,
     /// Failed runs published before anybody read them (`close` reports the unread ones).
     failed_runs: Mutex<Vec<Arc<RunShared>>>,
     /// Chip callables whose last handle was unregistered while runs were live.
@@ -523,19 +527,22 @@ impl Worker {
         1
     }
 
-    fn register(&self, name: &str, id: CallableId, entry: Entry) -> CallableHandle {
+    /// Adds a handle. `id` is the content id of a chip callable; closures and graphs get a
+    /// fresh id from the registration number, assigned under the same lock.
+    fn register(&self, name: &str, id: Option<CallableId>, entry: Entry) -> CallableHandle {
         let mut reg = self.inner.registry.write();
         reg.next_seq += 1;
         let seq = reg.next_seq;
+        let kind = match entry {
+            Entry::Host(_) => CallableKind::Host,
+            Entry::Graph(_) => CallableKind::Graph,
+            Entry::Chip(_) => CallableKind::Chip,
+        };
+        let id = id.unwrap_or_else(|| Registry::closure_id(self.inner.instance, seq, kind));
         let r = Registration { name: Arc::from(name), entry };
         reg.runnable.entry(id).or_insert_with(|| r.clone());
         reg.handles.insert(seq, (id, r));
         CallableHandle { worker: self.inner.instance, seq, id }
-    }
-
-    fn closure_id(&self, kind: CallableKind) -> CallableId {
-        let seq = self.inner.registry.read().next_seq + 1;
-        Registry::closure_id(self.inner.instance, seq, kind)
     }
 
     /// Registers a host closure (L3+, needs sub workers); visible to every sub worker before
@@ -556,9 +563,7 @@ impl Worker {
             });
         }
         let f: Arc<HostFn> = Arc::new(f);
-        let _admission = self.inner.admission.lock();
-        let id = self.closure_id(CallableKind::Host);
-        Ok(self.register(name, id, Entry::Host(f)))
+        Ok(self.register(name, None, Entry::Host(f)))
     }
 
     /// Registers a graph a child runs (L4+, needs children).
@@ -581,9 +586,7 @@ impl Worker {
             });
         }
         let g: Arc<GraphFn> = Arc::new(g);
-        let _admission = self.inner.admission.lock();
-        let id = self.closure_id(CallableKind::Graph);
-        Ok(self.register(name, id, Entry::Graph(g)))
+        Ok(self.register(name, None, Entry::Graph(g)))
     }
 
     /// Registers a chip callable on every chip (L2, L3).
@@ -611,7 +614,9 @@ impl Worker {
         if let Some(bad) = chips.iter().find(|c| !known.contains(c)) {
             return Err(WorkerError::NoSuchChild { id: *bad });
         }
-        let _admission = self.inner.admission.lock();
+        // Chip registrations are serialized among themselves (pending-removal check, lane
+        // preparation, rollback), never with submits, so a callback may register.
+        let _serial = self.inner.chip_registration.lock();
         let id = c.id();
         if let Some((_, pending)) = self.inner.chip_pending.lock().iter().find(|(i, _)| *i == id)
             && let Some(chip) = pending.iter().find(|p| chips.contains(p))
@@ -643,8 +648,7 @@ impl Worker {
                 rollback_failed,
             });
         }
-        drop(_admission);
-        Ok(self.register(&name, id, Entry::Chip(chips.to_vec())))
+        Ok(self.register(&name, Some(id), Entry::Chip(chips.to_vec())))
     }
 
     /// Unregisters a handle. Runs already accepted keep the callable; later submits with the
@@ -1049,6 +1053,7 @@ fn new_inner(
         life_cv: Condvar::new(),
         accepted: Mutex::new(VecDeque::new()),
         admission: Mutex::new(()),
+        chip_registration: Mutex::new(()),
         failed_runs: Mutex::new(Vec::new()),
         chip_pending: Mutex::new(Vec::new()),
         next_l2_run: AtomicU64::new(1),

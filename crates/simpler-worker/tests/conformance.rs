@@ -176,6 +176,30 @@ fn closure_registered_after_start_serves_the_next_submit_without_disturbing_a_ru
 }
 
 #[test]
+fn registering_from_inside_a_graph_callback_does_not_deadlock() {
+    let (w, h, count) = noop_sub(1);
+    let w = Arc::new(w);
+    let w2 = Arc::clone(&w);
+    let late: Arc<Mutex<Option<simpler_worker::CallableHandle>>> = Arc::new(Mutex::new(None));
+    let l2 = Arc::clone(&late);
+    let c = Arc::clone(&count);
+    w.run(Orchestration::graph(move |g, _, _| {
+        let c = Arc::clone(&c);
+        let nh = w2.register_host("from_callback", move |_| {
+            c.fetch_add(10, Ordering::SeqCst);
+            Ok(())
+        })?;
+        g.submit_sub(nh, TaskArgs::new())?;
+        g.submit_sub(h, TaskArgs::new())?;
+        *l2.lock().unwrap() = Some(nh);
+        Ok(())
+    }))
+    .expect("run");
+    assert_eq!(count.load(Ordering::SeqCst), 11);
+    assert!(late.lock().unwrap().is_some());
+}
+
+#[test]
 fn identical_chip_content_shares_one_slot_until_the_last_handle_is_unregistered() {
     let w = host().chips(&[0]).start().expect("start");
     let c = add_callable(1);
