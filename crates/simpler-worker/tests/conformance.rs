@@ -231,6 +231,33 @@ fn the_65th_distinct_chip_callable_is_a_capacity_error_and_uses_no_slot() {
 }
 
 #[test]
+fn content_whose_removal_is_pending_cannot_be_registered_until_the_pinning_run_ends() {
+    let gate = Arc::new(Barrier::new(2));
+    let g2 = Arc::clone(&gate);
+    let mut b = host().chips(&[0]).sub_workers(1);
+    let hold = b.register_host("hold", move |_| {
+        g2.wait();
+        Ok(())
+    });
+    let w = b.start().expect("start");
+    let c = add_callable(5);
+    let h = w.register_chip(&c).expect("register");
+    let live = w.submit(subs(hold, 1)).expect("submit");
+    w.unregister(h).expect("unregister while a run is live");
+    let e = w.register_chip(&c).expect_err("removal pending");
+    assert!(matches!(e, WorkerError::RemovalPending { chip: WorkerId(0), .. }), "{e}");
+    assert_eq!(w.chip_callable_refs(WorkerId(0), c.id()).expect("refs"), 1, "counts unchanged");
+    gate.wait();
+    live.wait().expect("run");
+    assert_eq!(
+        w.chip_callable_refs(WorkerId(0), c.id()).expect("refs"),
+        0,
+        "removed after the run"
+    );
+    w.register_chip(&c).expect("registrable again");
+}
+
+#[test]
 fn post_start_chip_registration_is_all_or_nothing() {
     let w = host().chips(&[0, 1]).start().expect("start");
     for i in 0..64 {
