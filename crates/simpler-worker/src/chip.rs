@@ -317,3 +317,35 @@ impl LaneFence {
         self.cv.notify_all();
     }
 }
+
+impl ChipState {
+    /// L2 prepare: the synchronous part of a chip run.
+    pub(crate) fn prepare(
+        &mut self,
+        run: RunId,
+        id: &CallableId,
+        args: &simpler_types::TaskArgs,
+        config: &CallConfig,
+    ) -> Result<(), DeviceError> {
+        let slot = self.slot_of(id).ok_or(DeviceError::Busy {
+            call: "prepare",
+            state: format!("callable {id} is not prepared"),
+        })?;
+        let runner = self
+            .runner
+            .as_mut()
+            .ok_or(DeviceError::Busy { call: "prepare", state: "finalized".into() })?;
+        runner.prepare(&RunRequest::new(run, slot, args, config))
+    }
+
+    /// L2 launch, reap and complete of the prepared run.
+    pub(crate) fn launch_and_reap(&mut self) -> Result<(), DeviceError> {
+        let runner = self
+            .runner
+            .as_mut()
+            .ok_or(DeviceError::Busy { call: "launch", state: "finalized".into() })?;
+        runner.launch_run()?;
+        runner.reap_run()?;
+        runner.complete_run().map(|_| ())
+    }
+}

@@ -8,7 +8,8 @@
 //!
 //! | Module | Holds |
 //! |---|---|
-//! | `worker` | [`Worker`], builders, start and rollback, admission, the close protocol |
+//! | `worker` | [`Worker`], admission, registration, the close protocol |
+//! | `builder` | builders, `start` and its rollback |
 //! | `run` | [`RunHandle`] and the cleanup election |
 //! | `graph` | [`Orchestration`] and [`GraphBuilder`] |
 //! | `handle` | [`CallableHandle`] and the registry of closures, graphs and names |
@@ -71,6 +72,7 @@
 
 #![forbid(unsafe_code)]
 
+mod builder;
 mod child;
 mod chip;
 mod error;
@@ -82,6 +84,10 @@ mod run;
 mod sub;
 mod worker;
 
+pub use builder::{
+    ChildSpec, ChipWorkerBuilder, CompositeWorkerBuilder, ConfigError, DEFAULT_ALLOC_TIMEOUT,
+    DEFAULT_HEAP_RING_SIZE, DEFAULT_STARTUP_TIMEOUT, HostWorkerBuilder,
+};
 pub use error::{
     BoxError, BuildFailure, CloseError, DrainTimeout, Frame, MemError, RunError, RunErrorKind,
     StartCause, StartError, TeardownError, WorkerError,
@@ -91,7 +97,4 @@ pub use handle::{CallableHandle, GraphFn, HostFn};
 pub use memory::{ChipMemory, DeviceBuffer};
 pub use run::RunHandle;
 pub use simpler_device_a2a3::MemoryLedger;
-pub use worker::{
-    ChildSpec, ChipWorkerBuilder, CompositeWorkerBuilder, ConfigError, DEFAULT_ALLOC_TIMEOUT,
-    DEFAULT_HEAP_RING_SIZE, DEFAULT_STARTUP_TIMEOUT, HostWorkerBuilder, Lifecycle, Worker,
-};
+pub use worker::{Lifecycle, Worker};

@@ -1,0 +1,759 @@
+//! Builders (the `New` state) and `start` (spec 40 §2.1, §3) of every worker level.
+//!
+//! `start` consumes the builder, so registering while starting, starting twice, closing while
+//! starting and adopting a started child cannot be written. One deadline covers the whole tree:
+//!
+//! 1. Validate: timeout > 0, distinct device ids, child levels, eligibility of every
+//!    registration.
+//! 2. Attach every chip in parallel on start-up threads (prepare the builder's chip callables,
+//!    prewarm if asked) and wait for them within the deadline; a chip still starting at the
+//!    deadline is detached and listed in the rollback.
+//! 3. Start children recursively, each with what is left of the deadline.
+//! 4. Build the engine (rings, sub endpoints, one chip or child endpoint per next-level worker).
+//!    No engine thread exists before this step.
+//! 5. Return the ready `Worker`; nothing is started lazily by the first `submit`.
+//!
+//! A failure rolls back in reverse before `start` returns (chips finalized, started children
+//! closed) and names the path to the failing part, e.g. `L4 / child 1 (L3) / chip 0 (device 5)`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use simpler_device_a2a3::{
+    ChipCallable, DeviceError, DeviceRunner, Platform, RunnerOptions, RuntimeVariant,
+};
+use simpler_ring::RingConfig;
+use simpler_sched::{Endpoint, Engine, EngineConfig};
+use simpler_types::{CallConfig, CallableId, CallableKind, TaskArgsView, WorkerId};
+
+use crate::child::ChildEndpoint;
+use crate::chip::{ChipEndpoint, ChipLane, ChipState};
+use crate::error::{BoxError, StartCause, StartError, TeardownError};
+use crate::graph::GraphBuilder;
+use crate::handle::{
+    CallableHandle, Entry, GraphFn, HostFn, Registration, Registry, SharedRegistry,
+};
+use crate::worker::{Body, Worker, new_inner};
+
+/// Worker instance numbers: they only tell handles of different workers apart.
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
+
+fn next_instance() -> u64 {
+    // Relaxed: uniqueness needs only atomicity.
+    NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Default startup deadline of a whole worker tree.
+pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default bytes per heap ring.
+pub const DEFAULT_HEAP_RING_SIZE: u64 = 1 << 30;
+/// Default deadline of a blocking heap allocation.
+pub const DEFAULT_ALLOC_TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Common {
+    instance: u64,
+    startup_timeout: Duration,
+    prewarm: Option<CallConfig>,
+    next_seq: u64,
+}
+
+impl Common {
+    fn new() -> Common {
+        Common {
+            instance: next_instance(),
+            startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+            prewarm: None,
+            next_seq: 0,
+        }
+    }
+
+    fn handle(&mut self, id: CallableId) -> CallableHandle {
+        self.next_seq += 1;
+        CallableHandle { worker: self.instance, seq: self.next_seq, id }
+    }
+
+    fn closure_handle(&mut self, kind: CallableKind) -> CallableHandle {
+        let id = Registry::closure_id(self.instance, self.next_seq + 1, kind);
+        self.handle(id)
+    }
+
+    fn check_timeout(&self, path: &str) -> Result<(), StartError> {
+        if self.startup_timeout.is_zero() {
+            return Err(start_err(StartCause::Config("startup_timeout must be > 0".into()), path));
+        }
+        Ok(())
+    }
+}
+
+fn start_err(cause: StartCause, path: &str) -> StartError {
+    StartError { cause, path: path.to_owned(), rollback: Vec::new() }
+}
+
+fn past(deadline: Instant, budget: Duration, what: &str, path: &str) -> Result<(), StartError> {
+    if Instant::now() > deadline {
+        return Err(start_err(
+            StartCause::DeadlineExceeded { pending: vec![what.to_owned()], budget },
+            path,
+        ));
+    }
+    Ok(())
+}
+
+/// Builder of an L2 worker (the `New` state).
+pub struct ChipWorkerBuilder {
+    common: Common,
+    platform: Platform,
+    device: u32,
+    runtime: RuntimeVariant,
+    chip_regs: Vec<(CallableHandle, ChipCallable)>,
+}
+
+impl std::fmt::Debug for ChipWorkerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChipWorkerBuilder").field("device", &self.device).finish_non_exhaustive()
+    }
+}
+
+impl ChipWorkerBuilder {
+    pub(crate) fn new(platform: Platform, device: u32, runtime: RuntimeVariant) -> Self {
+        ChipWorkerBuilder {
+            common: Common::new(),
+            platform,
+            device,
+            runtime,
+            chip_regs: Vec::new(),
+        }
+    }
+
+    /// The deadline of the whole start (default 300 s; must be > 0).
+    #[must_use]
+    pub fn startup_timeout(mut self, t: Duration) -> Self {
+        self.common.startup_timeout = t;
+        self
+    }
+
+    /// Builds the chip's arenas for this sizing at start.
+    #[must_use]
+    pub fn prewarm(mut self, config: CallConfig) -> Self {
+        self.common.prewarm = Some(config);
+        self
+    }
+
+    /// Registers a chip callable, prepared during `start`.
+    pub fn register_chip(&mut self, c: ChipCallable) -> CallableHandle {
+        let h = self.common.handle(c.id());
+        self.chip_regs.push((h, c));
+        h
+    }
+
+    /// Starts the worker: attaches the chip, prepares the callables, starts the lane.
+    pub fn start(self) -> Result<Worker, StartError> {
+        let path = format!("L2 / chip 0 (device {})", self.device);
+        self.common.check_timeout(&path)?;
+        let deadline = Instant::now() + self.common.startup_timeout;
+        let callables: Vec<ChipCallable> = self.chip_regs.iter().map(|(_, c)| c.clone()).collect();
+        let mut states = attach_chips(
+            self.platform,
+            self.runtime,
+            &[self.device],
+            &callables,
+            self.common.prewarm.as_ref(),
+            deadline,
+            self.common.startup_timeout,
+            "L2",
+        )?;
+        let Some(state) = states.pop() else {
+            return Err(start_err(StartCause::Config("no chip".into()), &path));
+        };
+        let lane =
+            ChipLane::spawn(state, format!("simpler-l2-chip{}", self.device)).map_err(|e| {
+                start_err(StartCause::Config(format!("cannot spawn the lane: {e}")), &path)
+            })?;
+        let mut registry = Registry::default();
+        for (h, c) in self.chip_regs {
+            let r = Registration {
+                name: Arc::from(c.entry_name()),
+                entry: Entry::Chip(vec![WorkerId(0)]),
+            };
+            registry.runnable.entry(h.id).or_insert_with(|| r.clone());
+            registry.handles.insert(h.seq, (h.id, r));
+        }
+        registry.next_seq = self.common.next_seq;
+        Ok(Worker {
+            inner: Arc::new(new_inner(
+                self.common.instance,
+                2,
+                Body::Chip(lane),
+                registry,
+                Vec::new(),
+                0,
+            )),
+        })
+    }
+}
+
+/// Attaches every chip in parallel, prepares `callables` on each and prewarms; all or nothing.
+#[allow(clippy::too_many_arguments)]
+fn attach_chips(
+    platform: Platform,
+    runtime: RuntimeVariant,
+    devices: &[u32],
+    callables: &[ChipCallable],
+    prewarm: Option<&CallConfig>,
+    deadline: Instant,
+    budget: Duration,
+    path: &str,
+) -> Result<Vec<ChipState>, StartError> {
+    let (tx, rx) =
+        mpsc::channel::<(usize, Result<ChipState, (Option<simpler_types::DeviceCode>, String)>)>();
+    let mut pending: Vec<Option<String>> = Vec::new();
+    for (i, &device) in devices.iter().enumerate() {
+        let tx = tx.clone();
+        let callables = callables.to_vec();
+        let prewarm = prewarm.cloned();
+        let chip_path = format!("{path} / chip {i} (device {device})");
+        let spawned =
+            std::thread::Builder::new().name(format!("simpler-attach-{device}")).spawn(move || {
+                let r = (|| {
+                    let mut opts = match platform {
+                        Platform::A2a3Sim => RunnerOptions::sim(device, runtime),
+                        _ => RunnerOptions::onboard(device, runtime),
+                    };
+                    opts.read_env = true;
+                    let mut runner = DeviceRunner::attach(opts)?;
+                    if let Some(cfg) = &prewarm {
+                        runner.prewarm(cfg)?;
+                    }
+                    let mut state = ChipState::new(WorkerId(i as u32), runner);
+                    for c in &callables {
+                        state.register(c)?;
+                    }
+                    Ok::<_, DeviceError>(state)
+                })();
+                let _ = tx.send((i, r.map_err(|e| (e.device_code(), e.to_string()))));
+            });
+        if let Err(e) = spawned {
+            return Err(start_err(
+                StartCause::Config(format!("cannot spawn an attach thread: {e}")),
+                &chip_path,
+            ));
+        }
+        pending.push(Some(chip_path));
+    }
+    drop(tx);
+    let mut states: Vec<Option<ChipState>> = (0..devices.len()).map(|_| None).collect();
+    let mut failure: Option<StartError> = None;
+    while pending.iter().any(Option::is_some) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((i, Ok(state))) => {
+                pending[i] = None;
+                states[i] = Some(state);
+            }
+            Ok((i, Err((code, message)))) => {
+                let p = pending[i].take().unwrap_or_default();
+                if failure.is_none() {
+                    failure = Some(start_err(
+                        StartCause::Device { chip: WorkerId(i as u32), code, message },
+                        &p,
+                    ));
+                }
+            }
+            Err(_) => {
+                let names: Vec<String> = pending.iter().flatten().cloned().collect();
+                let mut e = start_err(
+                    StartCause::DeadlineExceeded { pending: names.clone(), budget },
+                    names.first().map_or(path, String::as_str),
+                );
+                for n in names {
+                    e.rollback.push(TeardownError {
+                        what: n,
+                        message: "attach thread detached while still starting".into(),
+                    });
+                }
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    match failure {
+        None => Ok(states.into_iter().flatten().collect()),
+        Some(mut e) => {
+            for mut s in states.into_iter().flatten() {
+                for r in s.finalize() {
+                    e.rollback.push(TeardownError {
+                        what: format!("{path} / chip {}", s.chip),
+                        message: r,
+                    });
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Builder of an L3 worker (the `New` state).
+pub struct HostWorkerBuilder {
+    common: Common,
+    platform: Platform,
+    runtime: RuntimeVariant,
+    devices: Vec<u32>,
+    subs: usize,
+    heap_ring_size: u64,
+    alloc_timeout: Duration,
+    chip_regs: Vec<(CallableHandle, ChipCallable)>,
+    host_regs: Vec<(CallableHandle, String, Arc<HostFn>)>,
+}
+
+impl std::fmt::Debug for HostWorkerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostWorkerBuilder")
+            .field("devices", &self.devices)
+            .field("subs", &self.subs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostWorkerBuilder {
+    pub(crate) fn new(platform: Platform, runtime: RuntimeVariant) -> Self {
+        HostWorkerBuilder {
+            common: Common::new(),
+            platform,
+            runtime,
+            devices: Vec::new(),
+            subs: 0,
+            heap_ring_size: DEFAULT_HEAP_RING_SIZE,
+            alloc_timeout: DEFAULT_ALLOC_TIMEOUT,
+            chip_regs: Vec::new(),
+            host_regs: Vec::new(),
+        }
+    }
+
+    /// The deadline of the whole start (default 300 s; must be > 0).
+    #[must_use]
+    pub fn startup_timeout(mut self, t: Duration) -> Self {
+        self.common.startup_timeout = t;
+        self
+    }
+
+    /// Builds every chip's arenas for this sizing at start.
+    #[must_use]
+    pub fn prewarm(mut self, config: CallConfig) -> Self {
+        self.common.prewarm = Some(config);
+        self
+    }
+
+    /// The chips, by device id (distinct); they get worker ids `0..n` in this order.
+    #[must_use]
+    pub fn chips(mut self, devices: &[u32]) -> Self {
+        self.devices = devices.to_vec();
+        self
+    }
+
+    /// Number of sub workers (host-closure threads).
+    #[must_use]
+    pub fn sub_workers(mut self, n: usize) -> Self {
+        self.subs = n;
+        self
+    }
+
+    /// Bytes per heap ring (default 1 GiB, four rings).
+    #[must_use]
+    pub fn heap_ring_size(mut self, bytes: u64) -> Self {
+        self.heap_ring_size = bytes;
+        self
+    }
+
+    /// Deadline of a blocking heap allocation (default 10 s).
+    #[must_use]
+    pub fn alloc_timeout(mut self, t: Duration) -> Self {
+        self.alloc_timeout = t;
+        self
+    }
+
+    /// Registers a chip callable, prepared on every chip during `start`.
+    pub fn register_chip(&mut self, c: ChipCallable) -> CallableHandle {
+        let h = self.common.handle(c.id());
+        self.chip_regs.push((h, c));
+        h
+    }
+
+    /// Registers a host closure.
+    pub fn register_host(
+        &mut self,
+        name: &str,
+        f: impl Fn(TaskArgsView<'_>) -> Result<(), BoxError> + Send + Sync + 'static,
+    ) -> CallableHandle {
+        let h = self.common.closure_handle(CallableKind::Host);
+        self.host_regs.push((h, name.to_owned(), Arc::new(f)));
+        h
+    }
+
+    /// Starts the worker (spec 40 §3); a failure rolls everything back before returning.
+    pub fn start(self) -> Result<Worker, StartError> {
+        let deadline = Instant::now() + self.common.startup_timeout;
+        self.start_within(deadline, "L3".to_owned())
+    }
+
+    fn start_within(self, deadline: Instant, path: String) -> Result<Worker, StartError> {
+        // 1.
+        self.common.check_timeout(&path)?;
+        let mut seen = self.devices.clone();
+        seen.sort_unstable();
+        if seen.windows(2).any(|w| w[0] == w[1]) {
+            return Err(start_err(
+                StartCause::Config(format!("device ids are not distinct: {:?}", self.devices)),
+                &path,
+            ));
+        }
+        if let Some((_, name, _)) = self.host_regs.first().filter(|_| self.subs == 0) {
+            return Err(start_err(
+                StartCause::NoEligibleTarget { callable: name.clone(), needs: "sub workers" },
+                &path,
+            ));
+        }
+        if let Some((_, c)) = self.chip_regs.first().filter(|_| self.devices.is_empty()) {
+            return Err(start_err(
+                StartCause::NoEligibleTarget {
+                    callable: c.entry_name().to_owned(),
+                    needs: "chips",
+                },
+                &path,
+            ));
+        }
+        // 2.
+        let callables: Vec<ChipCallable> = self.chip_regs.iter().map(|(_, c)| c.clone()).collect();
+        let states = attach_chips(
+            self.platform,
+            self.runtime,
+            &self.devices,
+            &callables,
+            self.common.prewarm.as_ref(),
+            deadline,
+            self.common.startup_timeout,
+            &path,
+        )?;
+        past(deadline, self.common.startup_timeout, "engine", &path)?;
+        // 4.
+        let mut registry = Registry::default();
+        let chips: Vec<WorkerId> = (0..self.devices.len() as u32).map(WorkerId).collect();
+        for (h, c) in &self.chip_regs {
+            let r =
+                Registration { name: Arc::from(c.entry_name()), entry: Entry::Chip(chips.clone()) };
+            registry.runnable.entry(h.id).or_insert_with(|| r.clone());
+            registry.handles.insert(h.seq, (h.id, r));
+        }
+        for (h, name, f) in self.host_regs {
+            let r = Registration { name: Arc::from(name.as_str()), entry: Entry::Host(f) };
+            registry.runnable.insert(h.id, r.clone());
+            registry.handles.insert(h.seq, (h.id, r));
+        }
+        registry.next_seq = self.common.next_seq;
+        let registry = Arc::new(RwLock::new(registry));
+        let residue = Arc::new(Mutex::new(Vec::new()));
+        let next_level: Vec<Box<dyn Endpoint>> = states
+            .into_iter()
+            .map(|state| {
+                Box::new(ChipEndpoint { state, residue: Arc::clone(&residue) }) as Box<dyn Endpoint>
+            })
+            .collect();
+        let ring = RingConfig {
+            heap_bytes_per_ring: self.heap_ring_size,
+            alloc_timeout: self.alloc_timeout,
+            ..RingConfig::default()
+        };
+        let engine =
+            build_engine(3, ring, next_level, self.subs, self.common.instance, &registry, &path)?;
+        // 5.
+        let body = Body::Engine { engine, chips, children: Vec::new(), residue };
+        let mut inner =
+            new_inner(self.common.instance, 3, body, Registry::default(), Vec::new(), self.subs);
+        inner.registry = registry;
+        Ok(Worker { inner: Arc::new(inner) })
+    }
+}
+
+fn build_engine(
+    level: u8,
+    ring: RingConfig,
+    next_level: Vec<Box<dyn Endpoint>>,
+    subs: usize,
+    instance: u64,
+    registry: &SharedRegistry,
+    path: &str,
+) -> Result<Engine, StartError> {
+    let sub: Vec<Box<dyn Endpoint>> = (0..subs as u32)
+        .map(|index| {
+            Box::new(crate::sub::SubEndpoint {
+                index,
+                level,
+                instance,
+                registry: Arc::clone(registry),
+            }) as Box<dyn Endpoint>
+        })
+        .collect();
+    let config = EngineConfig { ring, next_level, sub, level, ..EngineConfig::default() };
+    Engine::start(config).map_err(|e| start_err(StartCause::Engine(e.to_string()), path))
+}
+
+/// What an L4+ builder adopts as a child: a builder of level − 1.
+#[derive(Debug)]
+pub enum ChildSpec {
+    /// An L3 child.
+    Host(HostWorkerBuilder),
+    /// An L4+ child.
+    Composite(CompositeWorkerBuilder),
+}
+
+impl From<HostWorkerBuilder> for ChildSpec {
+    fn from(b: HostWorkerBuilder) -> ChildSpec {
+        ChildSpec::Host(b)
+    }
+}
+
+impl From<CompositeWorkerBuilder> for ChildSpec {
+    fn from(b: CompositeWorkerBuilder) -> ChildSpec {
+        ChildSpec::Composite(b)
+    }
+}
+
+impl ChildSpec {
+    fn level(&self) -> u8 {
+        match self {
+            ChildSpec::Host(_) => 3,
+            ChildSpec::Composite(c) => c.level,
+        }
+    }
+
+    fn start_within(self, deadline: Instant, path: String) -> Result<Worker, StartError> {
+        match self {
+            ChildSpec::Host(b) => b.start_within(deadline, path),
+            ChildSpec::Composite(b) => b.start_within(deadline, path),
+        }
+    }
+}
+
+/// A builder mistake found before `start`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// Builder of an L4+ worker (the `New` state).
+pub struct CompositeWorkerBuilder {
+    common: Common,
+    level: u8,
+    children: Vec<ChildSpec>,
+    subs: usize,
+    heap_ring_size: u64,
+    host_regs: Vec<(CallableHandle, String, Arc<HostFn>)>,
+    graph_regs: Vec<(CallableHandle, String, Arc<GraphFn>)>,
+}
+
+impl std::fmt::Debug for CompositeWorkerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompositeWorkerBuilder")
+            .field("level", &self.level)
+            .field("children", &self.children)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CompositeWorkerBuilder {
+    pub(crate) fn new(level: u8) -> Self {
+        CompositeWorkerBuilder {
+            common: Common::new(),
+            level,
+            children: Vec::new(),
+            subs: 0,
+            heap_ring_size: DEFAULT_HEAP_RING_SIZE,
+            host_regs: Vec::new(),
+            graph_regs: Vec::new(),
+        }
+    }
+
+    /// The deadline of the whole start, children included (default 300 s; must be > 0).
+    #[must_use]
+    pub fn startup_timeout(mut self, t: Duration) -> Self {
+        self.common.startup_timeout = t;
+        self
+    }
+
+    /// Adopts a child builder of level − 1; returns its stable id (adoption order).
+    pub fn child(&mut self, spec: impl Into<ChildSpec>) -> Result<WorkerId, ConfigError> {
+        let spec = spec.into();
+        if self.level < 4 {
+            return Err(ConfigError(format!(
+                "a composite worker has level >= 4, not {}",
+                self.level
+            )));
+        }
+        if spec.level() + 1 != self.level {
+            return Err(ConfigError(format!(
+                "an L{} worker adopts L{} children, not L{}",
+                self.level,
+                self.level - 1,
+                spec.level()
+            )));
+        }
+        self.children.push(spec);
+        Ok(WorkerId(self.children.len() as u32 - 1))
+    }
+
+    /// Number of sub workers.
+    #[must_use]
+    pub fn sub_workers(mut self, n: usize) -> Self {
+        self.subs = n;
+        self
+    }
+
+    /// Bytes per heap ring.
+    #[must_use]
+    pub fn heap_ring_size(mut self, bytes: u64) -> Self {
+        self.heap_ring_size = bytes;
+        self
+    }
+
+    /// Registers a host closure.
+    pub fn register_host(
+        &mut self,
+        name: &str,
+        f: impl Fn(TaskArgsView<'_>) -> Result<(), BoxError> + Send + Sync + 'static,
+    ) -> CallableHandle {
+        let h = self.common.closure_handle(CallableKind::Host);
+        self.host_regs.push((h, name.to_owned(), Arc::new(f)));
+        h
+    }
+
+    /// Registers a graph a child runs (it gets the child's graph builder).
+    pub fn register_graph(
+        &mut self,
+        name: &str,
+        g: impl Fn(&mut GraphBuilder<'_>, TaskArgsView<'_>, &CallConfig) -> Result<(), BoxError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> CallableHandle {
+        let h = self.common.closure_handle(CallableKind::Graph);
+        self.graph_regs.push((h, name.to_owned(), Arc::new(g)));
+        h
+    }
+
+    /// Starts the children recursively, then this level (spec 40 §3).
+    pub fn start(self) -> Result<Worker, StartError> {
+        let deadline = Instant::now() + self.common.startup_timeout;
+        let path = format!("L{}", self.level);
+        self.start_within(deadline, path)
+    }
+
+    fn start_within(self, deadline: Instant, path: String) -> Result<Worker, StartError> {
+        self.common.check_timeout(&path)?;
+        if self.level < 4 {
+            return Err(start_err(
+                StartCause::Config(format!("composite level {} < 4", self.level)),
+                &path,
+            ));
+        }
+        if let Some((_, name, _)) = self.host_regs.first().filter(|_| self.subs == 0) {
+            return Err(start_err(
+                StartCause::NoEligibleTarget { callable: name.clone(), needs: "sub workers" },
+                &path,
+            ));
+        }
+        if let Some((_, name, _)) = self.graph_regs.first().filter(|_| self.children.is_empty()) {
+            return Err(start_err(
+                StartCause::NoEligibleTarget { callable: name.clone(), needs: "child workers" },
+                &path,
+            ));
+        }
+        // 3.
+        let mut started: Vec<Worker> = Vec::new();
+        for (i, spec) in self.children.into_iter().enumerate() {
+            let child_path = format!("{path} / child {i} (L{})", spec.level());
+            let r = past(deadline, self.common.startup_timeout, &child_path, &path)
+                .and_then(|()| spec.start_within(deadline, child_path));
+            match r {
+                Ok(w) => started.push(w),
+                Err(e) => {
+                    let mut out = StartError {
+                        cause: StartCause::ChildFailed { child: e.cause.to_string() },
+                        path: e.path,
+                        rollback: e.rollback,
+                    };
+                    rollback_children(started, &mut out.rollback, &path);
+                    return Err(out);
+                }
+            }
+        }
+        // 4.
+        let mut registry = Registry::default();
+        for (h, name, f) in self.host_regs {
+            let r = Registration { name: Arc::from(name.as_str()), entry: Entry::Host(f) };
+            registry.runnable.insert(h.id, r.clone());
+            registry.handles.insert(h.seq, (h.id, r));
+        }
+        for (h, name, g) in self.graph_regs {
+            let r = Registration { name: Arc::from(name.as_str()), entry: Entry::Graph(g) };
+            registry.runnable.insert(h.id, r.clone());
+            registry.handles.insert(h.seq, (h.id, r));
+        }
+        registry.next_seq = self.common.next_seq;
+        let registry = Arc::new(RwLock::new(registry));
+        let name_sources: Vec<SharedRegistry> = started
+            .iter()
+            .flat_map(|w| {
+                std::iter::once(Arc::clone(&w.inner.registry))
+                    .chain(w.inner.name_sources.iter().cloned())
+            })
+            .collect();
+        let residue = Arc::new(Mutex::new(Vec::new()));
+        let children: Vec<WorkerId> = (0..started.len() as u32).map(WorkerId).collect();
+        let next_level: Vec<Box<dyn Endpoint>> = started
+            .into_iter()
+            .enumerate()
+            .map(|(i, w)| {
+                Box::new(ChildEndpoint {
+                    id: WorkerId(i as u32),
+                    parent_instance: self.common.instance,
+                    parent_registry: Arc::clone(&registry),
+                    child: Some(w),
+                    residue: Arc::clone(&residue),
+                }) as Box<dyn Endpoint>
+            })
+            .collect();
+        let ring = RingConfig { heap_bytes_per_ring: self.heap_ring_size, ..RingConfig::default() };
+        // On failure the endpoints are dropped, which closes every child.
+        let engine = build_engine(
+            self.level,
+            ring,
+            next_level,
+            self.subs,
+            self.common.instance,
+            &registry,
+            &path,
+        )?;
+        let body = Body::Engine { engine, chips: Vec::new(), children, residue };
+        let mut inner = new_inner(
+            self.common.instance,
+            self.level,
+            body,
+            Registry::default(),
+            name_sources,
+            self.subs,
+        );
+        inner.registry = registry;
+        Ok(Worker { inner: Arc::new(inner) })
+    }
+}
+
+fn rollback_children(started: Vec<Worker>, rollback: &mut Vec<TeardownError>, path: &str) {
+    for (i, w) in started.into_iter().enumerate() {
+        if let Err(e) = w.close() {
+            rollback.push(TeardownError {
+                what: format!("{path} / child {i}"),
+                message: e.to_string(),
+            });
+        }
+    }
+}
