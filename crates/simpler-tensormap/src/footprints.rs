@@ -26,9 +26,13 @@
 //!    or before `s − max_len` ends at or before `s`.
 //! 4. `shared_owners` counts owners with two or more live entries. While it is 0 no producer can
 //!    be met twice, and a lookup visits candidates without deduplicating.
-//! 5. When dead entries outnumber live ones the list is compacted (amortized O(1) per erase);
-//!    a list compacted down to [`UNINDEX_AT`] live entries or fewer drops its index and is plain
-//!    again. The gap between the two thresholds keeps a list near the boundary from flapping.
+//! 5. When dead entries outnumber live ones the list is compacted (amortized O(1) per erase).
+//! 6. An indexed list always holds more than [`UNINDEX_AT`] live entries: an insert that
+//!    supersedes entries, or an erase, that leaves [`UNINDEX_AT`] or fewer drops the index and
+//!    the dead entries, and the list is plain again. The gap between the two thresholds keeps a
+//!    list near the boundary from flapping. Because of this, a list with one entry is always
+//!    plain, and the one-entry shortcuts of insert and erase (which keep no index up to date)
+//!    never meet an indexed list.
 //!
 //! An empty list (no live entry) is never stored: the store removes the key instead.
 
@@ -201,10 +205,12 @@ impl FootprintList {
     pub(crate) fn insert(&mut self, span: ByteSpan, slot: SlotId) -> usize {
         debug_assert!(!span.is_empty(), "the store never inserts an empty span");
         let new = Entry { span, slot };
-        if let [only] = self.entries.as_mut_slice()
+        if self.index.is_none()
+            && let [only] = self.entries.as_mut_slice()
             && span.contains(only.span)
         {
             // The common rewrite of one key's only entry (an `InOut` chain), without the scan.
+            // Only a plain list may take it: it updates no owner index (module docs, item 6).
             *only = new;
             return 1;
         }
@@ -247,6 +253,10 @@ impl FootprintList {
             Some(index) => {
                 index.remember(slot, span.start);
                 index.max_len = index.max_len.max(span.len());
+                if self.len() <= UNINDEX_AT {
+                    // Supersession shrank the list (module docs, item 6).
+                    self.drop_index();
+                }
             }
             None if self.entries.len() > INDEX_AT => self.build_index(),
             None => {}
@@ -316,23 +326,32 @@ impl FootprintList {
         }
         index.dead += starts.len();
         let live = self.entries.len() - index.dead;
-        if index.dead > live {
-            self.compact(live);
+        let mostly_dead = index.dead > live;
+        if live <= UNINDEX_AT {
+            self.drop_index();
+        } else if mostly_dead {
+            self.compact();
         }
         starts.len()
     }
 
-    /// Drops dead entries, recomputes `max_len`, and leaves indexed mode when few entries remain.
+    /// Drops the dead entries of an indexed list and recomputes `max_len`.
     #[cold]
-    fn compact(&mut self, live: usize) {
+    fn compact(&mut self) {
         self.entries.retain(|e| !e.is_dead());
-        if live <= UNINDEX_AT {
-            self.index = None;
-            self.entries.shrink_to_fit();
-        } else if let Some(index) = &mut self.index {
+        let max_len = self.entries.iter().map(|e| e.span.len()).max().unwrap_or(0);
+        if let Some(index) = &mut self.index {
             index.dead = 0;
-            index.max_len = self.entries.iter().map(|e| e.span.len()).max().unwrap_or(0);
+            index.max_len = max_len;
         }
+    }
+
+    /// Leaves indexed mode: a list down to [`UNINDEX_AT`] live entries (module docs, item 6).
+    #[cold]
+    fn drop_index(&mut self) {
+        self.entries.retain(|e| !e.is_dead());
+        self.index = None;
+        self.entries.shrink_to_fit();
     }
 
     /// Checks the representation invariants of the module docs; used by tests.
@@ -354,6 +373,9 @@ impl FootprintList {
             }
             return Ok(());
         };
+        if self.len() <= UNINDEX_AT {
+            return Err(format!("indexed list holds only {} live entries", self.len()));
+        }
         if dead != index.dead {
             return Err(format!("index counts {} dead entries, list holds {dead}", index.dead));
         }
@@ -457,6 +479,35 @@ mod tests {
         }
         assert!(list.index.is_none(), "three live entries left: plain again");
         assert_eq!(list.len(), 3);
+    }
+
+    #[test]
+    fn a_fan_in_superseded_down_to_few_entries_is_plain_again_and_rewritable_in_place() {
+        let mut list = bytes(40, |i| slot(i as u32));
+        assert!(list.index.is_some());
+        // Three slices survive a write over the first 37 bytes: four live entries.
+        assert_eq!(list.insert(span(0, 37), slot(100)), 37);
+        assert!(list.index.is_none(), "four live entries: plain again");
+        list.check_invariants().unwrap();
+        assert_eq!(list.insert(span(0, 40), slot(101)), 4);
+        assert_eq!(list.insert(span(0, 1000), slot(102)), 1, "the one-entry rewrite");
+        list.check_invariants().unwrap();
+        assert_eq!(visited(&list, span(500, 501)), [slot(102)]);
+        assert_eq!(list.remove_owned(slot(101)), 0);
+        assert_eq!(list.remove_owned(slot(102)), 1);
+        assert!(list.is_empty());
+    }
+
+    #[test]
+    fn an_indexed_list_erased_down_to_the_threshold_is_plain_without_waiting_for_compaction() {
+        let mut list = bytes(40, |i| slot(i as u32));
+        // Erasing 32 of 40 leaves 8 live and 32 dead; the index must go at 8 live entries.
+        for i in 0..32 {
+            list.remove_owned(slot(i));
+        }
+        assert!(list.index.is_none());
+        assert_eq!(list.len(), UNINDEX_AT);
+        list.check_invariants().unwrap();
     }
 
     #[test]

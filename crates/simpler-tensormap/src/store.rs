@@ -281,6 +281,12 @@ mod tests {
             prop_oneof![
                 6 => (1..4_u64, 0..4_u64, 0..24_u64, 1..6_u64, 0..5_u32)
                     .prop_map(|(r, k, s, l, slot)| Op::Insert(r, k, s, s + l, slot)),
+                // Writes up to and past the width of a scatter, and of every byte: they shrink
+                // an indexed list by supersession and meet it with entries longer than any seen.
+                2 => (1..4_u64, 0..4_u64, 0..3_u64, 20..120_u64, 0..5_u32)
+                    .prop_map(|(r, k, s, l, slot)| Op::Insert(r, k, s, s + l, slot)),
+                1 => (1..4_u64, 0..4_u64, 0..5_u32)
+                    .prop_map(|(r, k, slot)| Op::Insert(r, k, 0, u64::MAX, slot)),
                 3 => (1..4_u64, 0..5_u32, prop::collection::vec(0..5_u64, 0..4))
                     .prop_map(|(r, slot, keys)| Op::EraseOwned(r, slot, keys)),
                 1 => (1..4_u64).prop_map(Op::EraseRun),

@@ -277,6 +277,62 @@ fn a_fan_in_over_a_thousand_slices_visits_each_writer_once() {
     assert_eq!(middle, [slot(500), slot(501)]);
 }
 
+/// `count` one-byte slice writers of bytes `0..count` of `key`, writer `i` in slot `i`: enough to
+/// push the key's list past its plain size.
+fn slice_fan_in(map: &TensorMap, key: TensorKey, count: u32) {
+    for i in 0..count {
+        let byte = u64::from(i);
+        map.insert(run(R1), key, span(byte, byte + 1), slot(i));
+    }
+}
+
+#[test]
+fn a_fan_in_superseded_to_one_entry_then_rewritten_wider_is_found_and_erased_by_its_owner() {
+    let map = TensorMap::new();
+    let key = host(0);
+    slice_fan_in(&map, key, 40);
+    let (x, y) = (slot(100), slot(101));
+    assert_eq!(map.insert(run(R1), key, span(0, 40), x), 40);
+    assert_eq!(map.insert(run(R1), key, span(0, 1000), y), 1);
+    // A reader of bytes X never wrote must still depend on Y.
+    assert_eq!(producers_in(&map, run(R1), key, span(500, 501)), [y]);
+    assert_eq!(producers_in(&map, run(R1), key, span(0, 1)), [y]);
+    // X was superseded: reclaiming it removes nothing and leaves Y's entry.
+    assert_eq!(map.erase_owned(run(R1), x, &[key]), 0);
+    assert_eq!(producers(&map, run(R1), key), [y]);
+    assert_eq!(map.erase_owned(run(R1), y, &[key]), 1);
+    assert!(map.is_empty());
+    assert!(producers(&map, run(R1), key).is_empty());
+}
+
+#[test]
+fn two_whole_writers_after_a_fan_in_keep_the_second_live_when_the_first_is_reclaimed() {
+    let map = TensorMap::new();
+    let key = host(0);
+    slice_fan_in(&map, key, 40);
+    let (x, y) = (slot(100), slot(101));
+    assert_eq!(map.insert(run(R1), key, span(0, 40), x), 40);
+    assert_eq!(map.insert(run(R1), key, span(0, 40), y), 1);
+    assert_eq!(map.erase_owned(run(R1), x, &[key]), 0);
+    assert_eq!(producers_in(&map, run(R1), key, span(0, 40)), [y]);
+    assert_eq!(map.len_run(run(R1)), 1);
+}
+
+#[test]
+fn a_fan_in_superseded_to_a_few_entries_keeps_every_remaining_writer_visible() {
+    let map = TensorMap::new();
+    let key = host(0);
+    slice_fan_in(&map, key, 40);
+    // Supersede all but the last three slices, then widen past everything ever written.
+    assert_eq!(map.insert(run(R1), key, span(0, 37), slot(100)), 37);
+    assert_eq!(map.insert(run(R1), key, span(0, 37), slot(101)), 1);
+    assert_eq!(map.insert(run(R1), key, span(0, 2000), slot(102)), 4);
+    assert_eq!(producers_in(&map, run(R1), key, span(1500, 1501)), [slot(102)]);
+    assert_eq!(map.erase_owned(run(R1), slot(101), &[key]), 0);
+    assert_eq!(map.erase_owned(run(R1), slot(102), &[key]), 1);
+    assert!(map.is_empty());
+}
+
 #[test]
 fn an_empty_span_is_ignored_by_insert_and_lookup() {
     let map = TensorMap::new();

@@ -1,8 +1,11 @@
 //! Property test: the map against a plain list of `(run, key, span, producer)` entries
 //! (spec 20 §A.6 invariants 1–8 and §D.6).
 //!
-//! The universe is small on purpose (3 runs, 4 workers, 16 addresses, spans inside 20 bytes,
-//! 12 slot ids) so that the same key, overlapping spans and the same owner recur often.
+//! The universe is small on purpose (3 runs, 4 workers, 16 addresses, most spans inside 20
+//! bytes, 12 slot ids) so that the same key, overlapping spans and the same owner recur often.
+//! Scatters of up to 80 one-byte writes push a key's list past its plain size (32 entries), and
+//! wide writes (up to byte 121, and `ByteSpan::ALL`) supersede such a list down to a few entries
+//! and then meet it with an entry longer than any it held.
 
 use std::collections::BTreeSet;
 
@@ -15,9 +18,11 @@ use simpler_types::{RunId, SlotId, WorkerId};
 const RUNS: u64 = 3;
 const WORKERS: u32 = 4;
 const ADDRS: u64 = 16;
-/// Probe spans cover bytes `0..PROBE_END`; generated spans stay inside it except `ByteSpan::ALL`
-/// and the bytes of long scatters, which whole-buffer lookups check.
+/// Probe spans cover bytes `0..PROBE_END`, where most generated spans lie.
 const PROBE_END: u64 = 20;
+/// Single-byte probes beyond `PROBE_END`, inside and past long scatters and wide writes (which
+/// reach byte 121) and far beyond them (only `ByteSpan::ALL` reaches there).
+const FAR_PROBES: [u64; 8] = [20, 39, 40, 79, 80, 100, 121, 5000];
 
 fn run(i: u64) -> RunId {
     RunId::from_raw(i).expect("run ids in the universe are non-zero")
@@ -75,11 +80,27 @@ fn key_strategy() -> impl Strategy<Value = TensorKey> {
     ]
 }
 
+/// Keys for the fan-in ops (`Scatter`, `Reclaim`, `Chain`): two buffers, so that these ops meet
+/// each other's lists often.
+fn hot_key_strategy() -> impl Strategy<Value = TensorKey> {
+    (0..2_u64).prop_map(|addr| TensorKey::Host { addr })
+}
+
+/// Spans up to and past the width of a scatter, and every byte: they supersede a fan-in down to
+/// a few entries, then meet the list with an entry longer than any it held.
+fn wide_span_strategy() -> impl Strategy<Value = ByteSpan> {
+    prop_oneof![
+        3 => (0..3_u64, 20..120_u64).prop_map(|(s, l)| ByteSpan { start: s, end: s + l }),
+        1 => Just(ByteSpan::ALL),
+    ]
+}
+
 fn span_strategy() -> impl Strategy<Value = ByteSpan> {
     prop_oneof![
         8 => (0..16_u64, 1..5_u64).prop_map(|(s, l)| ByteSpan { start: s, end: s + l }),
         2 => (0..8_u64, 8..13_u64).prop_map(|(s, l)| ByteSpan { start: s, end: s + l }),
         1 => Just(ByteSpan::ALL),
+        2 => wide_span_strategy(),
         // Empty and inverted spans: the map must ignore them.
         1 => (0..PROBE_END, 0..3_u64).prop_map(|(s, d)| ByteSpan { start: s, end: s.saturating_sub(d) }),
     ]
@@ -159,12 +180,42 @@ enum Op {
         count: u32,
         distinct: bool,
     },
+    /// The life of one buffer under one guard: writes, reads and reclaims of `key` in order.
+    Chain {
+        run: RunId,
+        key: TensorKey,
+        steps: Vec<Step>,
+    },
     /// A whole submit under one guard: lookups and inserts of several tensors.
     Submit {
         run: RunId,
         slot: SlotId,
         accesses: Vec<(TensorKey, ByteSpan, bool)>,
     },
+}
+
+/// One step of a `Chain`.
+#[derive(Clone, Debug)]
+enum Step {
+    Write(ByteSpan, SlotId),
+    Read(ByteSpan),
+    Reclaim(SlotId),
+}
+
+fn step_strategy() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (span_strategy(), slot_strategy()).prop_map(|(span, slot)| Step::Write(span, slot)),
+        2 => (wide_span_strategy(), slot_strategy()).prop_map(|(span, slot)| Step::Write(span, slot)),
+        2 => span_strategy().prop_map(Step::Read),
+        2 => owner_strategy().prop_map(Step::Reclaim),
+    ]
+}
+
+/// What one `Chain` step must return: a count for writes and reclaims, a producer set for reads.
+#[derive(Clone, Debug, PartialEq)]
+enum Outcome {
+    Count(usize),
+    Seen(BTreeSet<SlotId>),
 }
 
 type ModelEntry = (RunId, TensorKey, ByteSpan, SlotId);
@@ -178,6 +229,8 @@ struct Model {
     expected: usize,
     /// What the lookups of the last `Submit` must visit, in order.
     expected_lookups: Vec<BTreeSet<SlotId>>,
+    /// What each step of the last `Chain` must return, in order.
+    expected_steps: Vec<Outcome>,
 }
 
 impl Model {
@@ -239,10 +292,12 @@ impl ReferenceStateMachine for Reference {
             4 => (run_strategy(), owner_strategy(), keys, any::<bool>())
                 .prop_map(|(run, owner, keys, guarded)| Op::EraseOwned { run, owner, keys, guarded }),
             1 => (run_strategy(), any::<bool>()).prop_map(|(run, guarded)| Op::EraseRun { run, guarded }),
-            1 => (run_strategy(), key_strategy(), 17..80_u64, 0..80_u32, any::<bool>())
+            1 => (run_strategy(), hot_key_strategy(), 17..80_u64, 0..80_u32, any::<bool>())
                 .prop_map(|(run, key, count, first, distinct)| Op::Scatter { run, key, count, first, distinct }),
-            1 => (run_strategy(), key_strategy(), 0..80_u32, 1..80_u32, any::<bool>())
+            1 => (run_strategy(), hot_key_strategy(), 0..80_u32, 1..80_u32, any::<bool>())
                 .prop_map(|(run, key, first, count, distinct)| Op::Reclaim { run, key, first, count, distinct }),
+            2 => (run_strategy(), hot_key_strategy(), prop::collection::vec(step_strategy(), 1..8))
+                .prop_map(|(run, key, steps)| Op::Chain { run, key, steps }),
             2 => (run_strategy(), slot_strategy(), prop::collection::vec(access, 1..4))
                 .prop_map(|(run, slot, accesses)| Op::Submit { run, slot, accesses }),
         ]
@@ -280,6 +335,21 @@ impl ReferenceStateMachine for Reference {
                         )
                     })
                     .sum();
+            }
+            Op::Chain { run, key, steps } => {
+                model.touched.insert((*run, *key));
+                model.expected_steps = steps
+                    .iter()
+                    .map(|step| match *step {
+                        Step::Write(span, slot) => {
+                            Outcome::Count(model.insert(*run, *key, span, slot))
+                        }
+                        Step::Read(span) => Outcome::Seen(model.overlapping(*run, key, span)),
+                        Step::Reclaim(owner) => {
+                            Outcome::Count(model.erase_owned(*run, owner, &[*key]))
+                        }
+                    })
+                    .collect();
             }
             Op::Submit { run, slot, accesses } => {
                 // Tensors are walked in order; each one looks up, then inserts if it writes.
@@ -337,6 +407,7 @@ impl StateMachineTest for MapUnderTest {
             | Op::EraseRun { run, .. }
             | Op::Scatter { run, .. }
             | Op::Reclaim { run, .. }
+            | Op::Chain { run, .. }
             | Op::Submit { run, .. } => *run,
         };
         let others_before = other_runs_view(&map, model, op_run);
@@ -406,6 +477,25 @@ impl StateMachineTest for MapUnderTest {
                     .sum();
                 assert_eq!(removed, model.expected);
             }
+            Op::Chain { run, key, steps } => {
+                let mut guard = map.lock();
+                for (step, expected) in steps.into_iter().zip(&model.expected_steps) {
+                    let outcome = match step {
+                        Step::Write(span, slot) => {
+                            Outcome::Count(guard.insert(run, key, span, slot))
+                        }
+                        Step::Read(span) => {
+                            let mut seen = BTreeSet::new();
+                            guard.lookup_overlapping(run, &key, span, |s| assert!(seen.insert(s)));
+                            Outcome::Seen(seen)
+                        }
+                        Step::Reclaim(owner) => {
+                            Outcome::Count(guard.erase_owned(run, owner, &[key]))
+                        }
+                    };
+                    assert_eq!(&outcome, expected, "chain on {run} {key}");
+                }
+            }
             Op::Submit { run, slot, accesses } => {
                 let mut guard = map.lock();
                 let mut superseded = 0;
@@ -463,6 +553,13 @@ impl StateMachineTest for MapUnderTest {
                         "{r} {key} {probe}"
                     );
                 }
+            }
+            for probe in FAR_PROBES.map(byte) {
+                assert_eq!(
+                    visit_set(map, *r, key, probe),
+                    model.overlapping(*r, key, probe),
+                    "{r} {key} {probe}"
+                );
             }
         }
     }
