@@ -21,8 +21,9 @@ pub struct RingConfig {
     /// Bytes per heap ring; 0 disables heaps (slot-only allocation still works). Otherwise a
     /// multiple of 1024.
     pub heap_bytes_per_ring: u64,
-    /// Deadline of a blocking [`Ring::alloc`](crate::Ring::alloc), fixed when the call starts;
-    /// `Duration::ZERO` means "never wait".
+    /// How long a blocking [`Ring::alloc`](crate::Ring::alloc) may wait. The deadline is fixed
+    /// the first time the call has to wait (a call that never waits reads no clock), and every
+    /// later wait of the same call shares it; `Duration::ZERO` means "never wait".
     pub alloc_timeout: Duration,
     /// With `Some(n)`, at most `n` slots are live at once and allocation waits for one; `None`
     /// lets the window grow with demand.

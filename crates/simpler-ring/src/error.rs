@@ -102,7 +102,8 @@ pub struct HeapExhausted {
     pub live_bytes: u64,
     /// Bytes from tail to top: live slabs, released slabs behind a live one, and the wrap gap.
     pub occupied_bytes: u64,
-    /// The largest request (a multiple of the alignment) that would have fitted at the end.
+    /// The largest request (a multiple of the alignment) that would have fitted when the
+    /// allocation gave up: after the top, or at offset 0 after a wrap, whichever is larger.
     pub largest_fit: u64,
     /// Unreleased slabs in the ring.
     pub live_allocs: u32,

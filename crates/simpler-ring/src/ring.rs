@@ -95,6 +95,8 @@ impl<S> fmt::Debug for Ring<S> {
         f.debug_struct("Ring")
             .field("heaps", &self.heaps.as_ref().map(|h| h.each_ref().map(HeapRing::region)))
             .field("alloc_timeout", &self.alloc_timeout)
+            // A diagnostic snapshot orders nothing: it publishes no data and no decision rests
+            // on the value read, so `Relaxed` suffices.
             .field("shutdown", &self.shutdown.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }

@@ -114,7 +114,7 @@ proptest! {
             prop_assert_eq!(core.live_bytes(), live);
             prop_assert!(core.peak_live_bytes() >= live);
             prop_assert_eq!(core.oldest_live().map(|r| r.seq), fifo.front().map(|r| r.0));
-            prop_assert!(core.oldest_live().is_none_or(|r| !r.released));
+            prop_assert!(core.oldest_live().is_none_or(|r| !r.is_released()));
         }
     }
 

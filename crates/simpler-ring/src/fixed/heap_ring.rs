@@ -116,13 +116,7 @@ impl<R: RecordStore> HeapRingCore<R> {
             "placement does not come from try_place on the current state"
         );
         let len = placement.new_top - placement.offset;
-        let record = HeapRecord {
-            seq: self.next_seq,
-            offset: placement.offset,
-            len,
-            owner,
-            released: false,
-        };
+        let record = HeapRecord::new(self.next_seq, placement.offset, len, owner);
         self.records.push_back(record).ok()?;
         self.next_seq += 1;
         self.top = placement.new_top;
@@ -148,16 +142,16 @@ impl<R: RecordStore> HeapRingCore<R> {
         let Some(record) = self.records.get_mut(position) else {
             return ReleaseOutcome::NotFound;
         };
-        if record.released {
+        if record.is_released() {
             return ReleaseOutcome::AlreadyReleased;
         }
-        record.released = true;
+        record.mark_released();
         let len = record.len;
         self.live_bytes -= len;
         self.live_allocs -= 1;
 
         let tail_before = self.tail;
-        while let Some(front) = self.records.get(0).copied().filter(|r| r.released) {
+        while let Some(front) = self.records.get(0).copied().filter(|r| r.is_released()) {
             self.tail = front.end();
             self.records.pop_front();
         }
@@ -320,6 +314,23 @@ mod tests {
         assert!(core.reset());
         assert_eq!(core.peak_live_bytes(), 0);
         assert_eq!(core.next_seq(), 2, "sequence numbers are never reset");
+    }
+
+    #[test]
+    fn any_non_zero_released_byte_written_by_another_agent_counts_as_released() {
+        let mut slots = [HeapRecord::default(); 4];
+        let mut core = HeapRingCore::new(8 * K, FixedRecords::new(&mut slots)).unwrap();
+        let a = place(&mut core, K, 1);
+        let b = place(&mut core, K, 2);
+        // A device-side writer marks `b` with a byte other than 1.
+        core.records.get_mut(1).unwrap().released = 0x80;
+        assert_eq!(core.mark_released(b.seq), ReleaseOutcome::AlreadyReleased);
+        // Releasing `a` lets the tail pass `b` too, which drains the ring.
+        assert_eq!(
+            core.mark_released(a.seq),
+            ReleaseOutcome::Released { len: K, tail_moved: true, rewound: true }
+        );
+        assert!(core.records().is_empty());
     }
 
     #[test]

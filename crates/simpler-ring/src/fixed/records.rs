@@ -1,11 +1,16 @@
 //! Storage of a heap ring's live records: the FIFO that [`HeapRingCore`](super::HeapRingCore)
 //! pushes at the back and retires from the front.
 
+use bytemuck::{Pod, Zeroable};
+
 /// One slab of a heap ring, from placement until the tail passes it.
 ///
-/// `repr(C)` plain data so a device runtime can keep an array of them in shared memory.
+/// `repr(C)` plain data with no implicit padding ([`Pod`]), so a device runtime can keep an
+/// array of them in shared memory and copy them as bytes. The layout is fixed (checked at
+/// compile time): four `u64` fields at offsets 0, 8, 16 and 24, the `released` byte at 32, seven
+/// reserved bytes, 40 bytes in all with 8-byte alignment.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct HeapRecord {
     /// Per-ring sequence number: records in the FIFO carry consecutive values.
     pub seq: u64,
@@ -15,14 +20,47 @@ pub struct HeapRecord {
     pub len: u64,
     /// Opaque owner tag: the host stores a packed `SlotId`, a device its task id.
     pub owner: u64,
-    /// Set once the slab's owner has released it; the record stays until the tail passes it.
-    pub released: bool,
+    /// Zero while the slab's owner holds it; non-zero once released (the record stays until the
+    /// tail passes it). This crate writes 1 and reads any non-zero value as released, so a
+    /// device-side writer may use whatever non-zero byte it likes. A byte rather than a `bool`
+    /// because memory written by another agent may hold any value, which a `bool` must not.
+    pub released: u8,
+    /// Explicit padding up to the 8-byte alignment: written as zero here, never read.
+    pub reserved: [u8; 7],
 }
 
+// The layout the struct docs promise, which a device-side definition must match.
+const _: () = {
+    use core::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<HeapRecord>() == 40);
+    assert!(align_of::<HeapRecord>() == 8);
+    assert!(offset_of!(HeapRecord, seq) == 0);
+    assert!(offset_of!(HeapRecord, offset) == 8);
+    assert!(offset_of!(HeapRecord, len) == 16);
+    assert!(offset_of!(HeapRecord, owner) == 24);
+    assert!(offset_of!(HeapRecord, released) == 32);
+    assert!(offset_of!(HeapRecord, reserved) == 33);
+};
+
 impl HeapRecord {
+    /// A record of a slab that is not yet released.
+    pub const fn new(seq: u64, offset: u64, len: u64, owner: u64) -> HeapRecord {
+        HeapRecord { seq, offset, len, owner, released: 0, reserved: [0; 7] }
+    }
+
     /// Offset one past the slab's last byte.
     pub fn end(&self) -> u64 {
         self.offset + self.len
+    }
+
+    /// `true` once the slab was released: any non-zero `released` byte counts.
+    pub const fn is_released(&self) -> bool {
+        self.released != 0
+    }
+
+    /// Marks the slab released.
+    pub fn mark_released(&mut self) {
+        self.released = 1;
     }
 }
 
@@ -115,7 +153,7 @@ mod tests {
     use super::*;
 
     fn rec(seq: u64) -> HeapRecord {
-        HeapRecord { seq, offset: seq * 1024, len: 1024, owner: seq, released: false }
+        HeapRecord::new(seq, seq * 1024, 1024, seq)
     }
 
     #[test]
@@ -143,5 +181,18 @@ mod tests {
         assert_eq!(store.capacity(), 0);
         assert_eq!(store.push_back(rec(0)), Err(rec(0)));
         assert_eq!(store.pop_front(), None);
+    }
+
+    #[test]
+    fn a_record_is_plain_bytes_in_the_documented_layout() {
+        let mut record = HeapRecord::new(1, 2, 3, 4);
+        record.mark_released();
+        let bytes = bytemuck::bytes_of(&record);
+        assert_eq!(bytes.len(), 40);
+        assert_eq!(bytes[24..32], 4_u64.to_ne_bytes());
+        assert_eq!(bytes[32..], [1, 0, 0, 0, 0, 0, 0, 0]);
+        let copy: HeapRecord = bytemuck::pod_read_unaligned(bytes);
+        assert_eq!(copy, record);
+        assert_eq!(HeapRecord::zeroed(), HeapRecord::default());
     }
 }
