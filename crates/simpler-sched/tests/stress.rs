@@ -7,7 +7,7 @@
 //! summary, nothing left in the tensor map or the rings), and every engine after it shuts down
 //! (all charges reclaimed, no endpoint or engine thread left).
 //!
-//! Scale with `SIMPLER_STRESS_RUNS` (default 120 runs for the seed sweep, 8 per thread for the
+//! Scale with `SIMPLER_STRESS_RUNS` (default 360 runs for the seed sweep, 8 per thread for the
 //! threaded test); replay one engine's seed with `SIMPLER_STRESS_SEED`.
 
 mod support;
@@ -77,7 +77,7 @@ fn sweep_engine(seed: u64, runs: usize, coverage: &mut Coverage) -> Result<(), S
 
 #[test]
 fn random_dags_keep_every_engine_guarantee_across_seeds() {
-    let total = env_number("SIMPLER_STRESS_RUNS").unwrap_or(120) as usize;
+    let total = env_number("SIMPLER_STRESS_RUNS").unwrap_or(360) as usize;
     let first = env_number("SIMPLER_STRESS_SEED");
     let engines = if first.is_some() { 1 } else { total.div_ceil(RUNS_PER_ENGINE) };
     let mut coverage = Coverage::default();
