@@ -208,12 +208,11 @@ fn main() {
     let filter = args.iter().find(|a| !a.starts_with("--")).cloned();
     // A filter naming a workload exactly selects it alone; otherwise it is a substring.
     let names = ["P1", "P1 gated", "P1a", "P2", "P2 gated", "P3", "P6"];
-    let wanted =
-        |name: &str| {
-            filter
-                .as_deref()
-                .is_none_or(|f| if names.contains(&f) { name == f } else { name.contains(f) })
-        };
+    let wanted = |name: &str| {
+        filter
+            .as_deref()
+            .is_none_or(|f| if names.contains(&f) { name == f } else { name.contains(f) })
+    };
     let plan = if quick {
         Plan { warmups: 0, samples: 1, quick }
     } else {
