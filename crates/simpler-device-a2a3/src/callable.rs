@@ -286,7 +286,7 @@ impl ChipCallable {
 }
 
 fn invalid(reason: String) -> DeviceError {
-    DeviceError::InvalidCallable { reason }
+    DeviceError::InvalidCallable { run_id: None, reason }
 }
 
 impl ChipCallableBuilder {

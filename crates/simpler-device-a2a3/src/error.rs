@@ -426,8 +426,10 @@ pub enum DeviceError {
         message: String,
     },
     /// A callable broke a limit or uses a code variant this backend cannot execute.
-    #[error("invalid callable: {reason}")]
+    #[error("{}invalid callable: {reason}", fmt_run(run_id))]
     InvalidCallable {
+        /// The run, when a run's preparation found the callable unusable.
+        run_id: Option<RunId>,
         /// What was wrong, naming the values.
         reason: String,
     },
@@ -462,8 +464,13 @@ pub enum DeviceError {
         state: String,
     },
     /// An address range is not inside one tracked device allocation.
-    #[error("bad device pointer: {len} bytes at {addr:#x} are not inside one device allocation")]
+    #[error(
+        "{}bad device pointer: {len} bytes at {addr:#x} are not inside one device allocation",
+        fmt_run(run_id)
+    )]
     BadDevicePointer {
+        /// The run, when a run's arguments or image named the range.
+        run_id: Option<RunId>,
         /// Start of the range.
         addr: u64,
         /// Length of the range.
@@ -510,8 +517,10 @@ pub enum DeviceError {
         needed: u64,
     },
     /// Setting up the device failed.
-    #[error("device init failed at {step}: {message}")]
+    #[error("{}device init failed at {step}: {message}", fmt_run(run_id))]
     Init {
+        /// The run whose preparation (P5) initialized the device, if any.
+        run_id: Option<RunId>,
         /// The step.
         step: InitStep,
         /// What went wrong.
@@ -574,14 +583,32 @@ impl DeviceError {
             | DeviceError::InvalidArgs { run_id, .. }
             | DeviceError::UnknownCallable { run_id, .. }
             | DeviceError::Unsupported { run_id, .. }
-            | DeviceError::OutOfMemory { run_id, .. } => *run_id,
+            | DeviceError::OutOfMemory { run_id, .. }
+            | DeviceError::InvalidCallable { run_id, .. }
+            | DeviceError::BadDevicePointer { run_id, .. }
+            | DeviceError::Init { run_id, .. } => *run_id,
             DeviceError::Unusable { .. }
-            | DeviceError::InvalidCallable { .. }
             | DeviceError::TooManyCallables { .. }
-            | DeviceError::Busy { .. }
-            | DeviceError::BadDevicePointer { .. }
-            | DeviceError::Init { .. } => None,
+            | DeviceError::Busy { .. } => None,
         }
+    }
+
+    /// The same error attributed to `run` when it carries an optional run id that is unset.
+    pub(crate) fn in_run(mut self, run: RunId) -> DeviceError {
+        match &mut self {
+            DeviceError::InvalidConfig { run_id, .. }
+            | DeviceError::InvalidArgs { run_id, .. }
+            | DeviceError::UnknownCallable { run_id, .. }
+            | DeviceError::Unsupported { run_id, .. }
+            | DeviceError::OutOfMemory { run_id, .. }
+            | DeviceError::InvalidCallable { run_id, .. }
+            | DeviceError::BadDevicePointer { run_id, .. }
+            | DeviceError::Init { run_id, .. } => {
+                run_id.get_or_insert(run);
+            }
+            _ => {}
+        }
+        self
     }
 
     /// The group of spec §8.1's table the error belongs to.

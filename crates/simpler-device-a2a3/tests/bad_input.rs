@@ -4,10 +4,12 @@ mod common;
 
 use common::*;
 use simpler_device_a2a3::{
-    ChipCallable, ChipSlot, CoreCallable, DeviceError, DeviceRunner, Kernels, OrchArgs, OrchConfig,
-    OrchCtx, OrchError, RunRequest,
+    ChipCallable, ChipSlot, CoreCallable, DeviceError, DeviceRunner, Kernels, MemPurpose, OrchArgs,
+    OrchConfig, OrchCtx, OrchError, RunRequest,
 };
-use simpler_types::{CallConfig, CoreArgs, DataType, SwimlaneLevel, TaskArgs, Tensor, TypesError};
+use simpler_types::{
+    CallConfig, CoreArgs, DataType, RingSel, SwimlaneLevel, TaskArgs, Tensor, TypesError,
+};
 
 fn still_works(r: &mut DeviceRunner, run: u64) {
     vector_once(r, run, &CallConfig::default());
@@ -85,7 +87,10 @@ fn pointers_outside_device_memory_are_bad_device_pointers() {
     let mut args = TaskArgs::new();
     args.add_input(big).unwrap().add_input(big).unwrap().add_output(v.args.tensors()[2]).unwrap();
     let err = r.run(&RunRequest::new(run_id(1), slot, &args, &CallConfig::default())).unwrap_err();
-    assert!(matches!(err, DeviceError::BadDevicePointer { len: 4352, .. }), "{err}");
+    assert!(
+        matches!(err, DeviceError::BadDevicePointer { len: 4352, run_id: Some(id), .. } if id == run_id(1)),
+        "{err}"
+    );
     // Host memory without the staging constructor.
     let host = vec![0f32; 64];
     let t = Tensor::external(host.as_ptr() as u64, &[64], DataType::Float32).unwrap();
@@ -219,5 +224,54 @@ fn host_tensors_are_staged_in_and_copied_back() {
     for (i, v) in f_copy.iter().enumerate() {
         assert_eq!(*v, 2.0 * 3.0 + 1.0, "element {i}");
     }
+    r.finalize().unwrap();
+}
+
+#[test]
+fn free_is_refused_while_a_prepared_run_references_device_memory() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    let cfg = CallConfig::default();
+    r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
+    // The prepared image already holds the output's address; freeing it now would hand the
+    // launch a dangling pointer.
+    let err = r.free(v.ptrs[2]).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::Busy { call: "free", state } if state.contains("prepared")),
+        "{err}"
+    );
+    r.launch_run().unwrap();
+    assert!(matches!(r.free(v.ptrs[2]), Err(DeviceError::Busy { call: "free", .. })));
+    r.reap_run().unwrap();
+    r.complete_run().unwrap();
+    v.check(&mut r);
+    // Once the run ended, and after an abandoned preparation, free works again.
+    r.prepare(&RunRequest::new(run_id(2), slot, &v.args, &cfg)).unwrap();
+    r.abandon_prepared().unwrap();
+    v.free(&mut r);
+    still_works(&mut r, 3);
+}
+
+#[test]
+fn a_failed_heap_arena_allocation_releases_every_pooled_arena() {
+    let mut o = options(0);
+    o.sim.memory_limit = 32 << 20;
+    let mut r = DeviceRunner::attach(o).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    let small = CallConfig::builder().heap_bytes(RingSel::All, 1 << 20).build().unwrap();
+    r.run(&RunRequest::new(run_id(1), slot, &v.args, &small)).unwrap();
+    assert!(r.stats().memory.pooled_arenas > 0, "the run pooled its heap and image arenas");
+    let huge = CallConfig::builder().heap_bytes(RingSel::All, 64 << 20).build().unwrap();
+    let err = r.run(&RunRequest::new(run_id(2), slot, &v.args, &huge)).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::OutOfMemory { purpose: MemPurpose::HeapArena, .. }),
+        "{err}"
+    );
+    assert_eq!(r.stats().memory.pooled_arenas, 0, "no arena stays pooled after the failure");
+    r.run(&RunRequest::new(run_id(3), slot, &v.args, &small)).unwrap();
+    v.check(&mut r);
+    v.free(&mut r);
     r.finalize().unwrap();
 }

@@ -269,7 +269,10 @@ fn terminal_cleanup_runs_once_on_every_exit_path() {
     let stray = Tensor::external(0x10, &[4], DataType::Float32).unwrap().child_memory(true);
     bad.add_input(stray).unwrap().add_input(stray).unwrap().add_output(stray).unwrap();
     let err = r.run(&RunRequest::new(run_id(2), slot, &bad, &cfg)).unwrap_err();
-    assert!(matches!(err, DeviceError::BadDevicePointer { addr: 0x10, .. }), "{err}");
+    assert!(
+        matches!(err, DeviceError::BadDevicePointer { addr: 0x10, run_id: Some(id), .. } if id == run_id(2)),
+        "{err}"
+    );
     assert_eq!(cleanups(&r), c0 + 2);
     // Abandoning a prepared run.
     r.prepare(&RunRequest::new(run_id(3), slot, &v.args, &cfg)).unwrap();
@@ -402,7 +405,7 @@ fn callable_limits_are_enforced_with_the_values_named() {
     use ArgDirection::In;
     let base = || ChipCallable::native(vector_orch, three_args);
     let invalid = |r: Result<ChipCallable, DeviceError>, needle: &str| match r {
-        Err(DeviceError::InvalidCallable { reason }) => {
+        Err(DeviceError::InvalidCallable { reason, .. }) => {
             assert!(reason.contains(needle), "{reason}")
         }
         other => panic!("expected InvalidCallable, got {other:?}"),

@@ -213,3 +213,33 @@ fn a_panicking_native_kernel_is_an_aicore_fault_not_an_abort() {
     r.free(p).unwrap();
     assert!(r.finalize().unwrap().stuck_workers.is_empty());
 }
+
+fn panicking_config(_: &simpler_device_a2a3::OrchArgs<'_>) -> simpler_device_a2a3::OrchConfig {
+    panic!("deliberate config panic")
+}
+
+#[test]
+fn a_panicking_config_function_is_an_orchestration_error_with_cleanup() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let c = ChipCallable::native(vector_orch, panicking_config)
+        .kernel(FUNC_ADD, CoreCallable::native(vec![], add_kernel))
+        .build()
+        .unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    let before = r.stats();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default()))
+    }));
+    let err = outcome.expect("the panic stays inside the runner").unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::Orchestration { run_id: id, message }
+            if *id == run_id(1) && message.contains("deliberate config panic")),
+        "{err}"
+    );
+    assert_eq!(r.stats().terminal_cleanups, before.terminal_cleanups + 1);
+    assert_eq!(r.health(), DeviceHealth::Healthy);
+    v.free(&mut r);
+    vector_once(&mut r, 2, &CallConfig::default());
+    r.finalize().unwrap();
+}

@@ -114,17 +114,71 @@ fn unloadable_objects_and_missing_entries_are_invalid_callables() {
     let missing = dir.join("libnothing.so");
     let err = r.register_callable(&callable(&missing).unwrap()).unwrap_err();
     assert!(
-        matches!(&err, DeviceError::InvalidCallable { reason } if reason.contains("libnothing.so")),
+        matches!(&err, DeviceError::InvalidCallable { reason, .. } if reason.contains("libnothing.so")),
         "{err}"
     );
     if let Some(so) = build(&dir, "noentry", "void something_else(void) {}\n") {
         let err = r.register_callable(&callable(&so).unwrap()).unwrap_err();
         assert!(
-            matches!(&err, DeviceError::InvalidCallable { reason } if reason.contains("kernel_entry")),
+            matches!(&err, DeviceError::InvalidCallable { reason, .. } if reason.contains("kernel_entry")),
             "{err}"
         );
     }
     assert_eq!(r.stats().registrations, 0, "a failed registration consumes no slot");
     r.finalize().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Spins for four seconds of host time, well past the failed run's return, then returns.
+const SLOW_KERNEL: &str = r#"
+#include <stdint.h>
+#include <time.h>
+
+void kernel_entry(int64_t *args) {
+    (void)args;
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    do {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+    } while ((now.tv_sec - start.tv_sec) * 1000000000LL + (now.tv_nsec - start.tv_nsec)
+             < 4000000000LL);
+}
+"#;
+
+fn inout_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let mut a = CoreArgs::new();
+    a.add_inout(*args.tensor(0).unwrap()).unwrap();
+    ctx.submit(Kernels::Aiv(FUNC_NOOP), &a)?;
+    Ok(())
+}
+
+#[test]
+fn unregistering_after_a_failed_run_keeps_a_still_running_kernel_object_loaded() {
+    let dir = temp_dir("shared-object-slow");
+    let Some(so) = build(&dir, "slowkernel", SLOW_KERNEL) else { return };
+    let mut o = options(0)
+        .with_timeouts(200, 400_000, 2_000)
+        .with_shutdown_budget(std::time::Duration::from_millis(200));
+    o.sim.join_budget = std::time::Duration::from_secs(20);
+    let mut r = DeviceRunner::attach(o).unwrap();
+    // SAFETY: the object is the kernel built above; it touches nothing but the clock.
+    let code = KernelCode::SharedObject(unsafe { SharedObjectKernel::new(&so) });
+    let c = ChipCallable::native(inout_orch, |_| Default::default())
+        .kernel(FUNC_NOOP, CoreCallable::new(vec![ArgDirection::InOut], code))
+        .build()
+        .unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let (p, t) = upload_f32(&mut r, &[0.0; 16]);
+    let mut args = TaskArgs::new();
+    args.add_inout(t).unwrap();
+    let err = r.run(&RunRequest::new(run_id(1), slot, &args, &CallConfig::default())).unwrap_err();
+    assert!(err.poisons_device(), "{err}");
+    // The kernel is still spinning on a simulated thread. Unregistering must not unmap its
+    // code under it (that crashed the process before).
+    r.unregister_callable(slot).unwrap();
+    r.free(p).unwrap();
+    // Finalize waits for the kernel to return, then joins every thread and closes the object.
+    let report = r.finalize().unwrap();
+    assert!(report.stuck_workers.is_empty(), "{report:?}");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -269,8 +269,12 @@ fn call_kernel(
         return KernelOutcome::Faulted(format!("no kernel registered for func id {func_id}"));
     }
     // SAFETY: non-zero kernel addresses in payloads come from the image's func table, which the
-    // host filled from the `KernelFn` pointers of registered callables; function pointers stay
-    // valid for the life of the process.
+    // host filled from the `KernelFn` pointers of the run's callable. A `Native` pointer is code
+    // of the process and stays valid; a shared-object pointer stays valid while its object is
+    // open, and the runner keeps it open while a thread may run this launch: the run's callable
+    // cannot be unregistered until the run ended, a callable unregistered after a failed run
+    // keeps its objects until finalize has joined every simulated thread, and a thread finalize
+    // had to detach keeps them open for the life of the process.
     let f: KernelFn = unsafe { std::mem::transmute::<usize, KernelFn>(kernel as usize) };
     // SAFETY: `args` points at the payload's 50 argument slots, laid out as the kernel ABI
     // requires; what the kernel does with its tensors is its own contract.

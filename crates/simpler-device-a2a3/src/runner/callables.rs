@@ -41,6 +41,10 @@ pub(crate) struct CallableTable {
     pub(crate) slots: Vec<Option<Registered>>,
     pub(crate) buffers: HashMap<u64, ChipBuffer>,
     pub(crate) next_generation: u64,
+    /// Shared objects of callables unregistered while the runner was unusable: a simulated
+    /// thread stuck in one of their kernels may still be executing their code, so they stay
+    /// mapped until `finalize` has confirmed every thread gone (and forever otherwise).
+    pub(crate) retired_objects: Vec<SharedObject>,
 }
 
 /// FNV-1a, 64 bit.
@@ -67,6 +71,7 @@ pub(crate) struct Resolved {
 pub(crate) fn resolve_for_sim(c: &ChipCallable) -> Result<Resolved, DeviceError> {
     if let Orchestration::DeviceObject { entry, .. } = c.orchestration() {
         return Err(DeviceError::InvalidCallable {
+            run_id: None,
             reason: format!(
                 "orchestration {entry:?} is a device object, which only the onboard tensormap_and_ringbuffer runtime can run; the simulator needs a Native orchestration"
             ),
@@ -78,6 +83,7 @@ pub(crate) fn resolve_for_sim(c: &ChipCallable) -> Result<Resolved, DeviceError>
             KernelCode::Native(f) => *f as usize as u64,
             KernelCode::SharedObject(so) => {
                 let fail = |e: String| DeviceError::InvalidCallable {
+                    run_id: None,
                     reason: format!("kernel {id}: {e}"),
                 };
                 // SAFETY: `SharedObjectKernel::new`'s contract: the object may be loaded and its
@@ -90,6 +96,7 @@ pub(crate) fn resolve_for_sim(c: &ChipCallable) -> Result<Resolved, DeviceError>
             }
             KernelCode::Text(_) => {
                 return Err(DeviceError::InvalidCallable {
+                    run_id: None,
                     reason: format!(
                         "kernel {id} is device text, which only the onboard backend can run"
                     ),
@@ -141,6 +148,7 @@ impl CallableTable {
             slots: (0..MAX_CALLABLE_SLOTS).map(|_| None).collect(),
             buffers: HashMap::new(),
             next_generation: 1,
+            retired_objects: Vec::new(),
         }
     }
 

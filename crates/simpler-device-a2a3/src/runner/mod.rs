@@ -16,11 +16,18 @@
 //!
 //! Calls out of order return `Busy`. The terminal cleanup (`finish`) has one latch per step
 //! (stop collectors, export, release), so it runs at most once per step whichever path reaches
-//! it first — a failure, success, `abandon_prepared`, `finalize` or `Drop`.
+//! it first — a failure, success, `abandon_prepared`, `finalize` or `Drop`. Each step works on
+//! the run taken out of the runner under a guard (`FinishOnUnwind`) that runs the cleanup if the
+//! thread unwinds, so a panic inside a step cannot skip it. User code called on the host (the
+//! orchestration's config function and entry) runs inside `catch_unwind` and becomes
+//! `Orchestration`.
 //!
 //! Memory calls that read or write device memory (`free`, copies, `memset`) are refused with
 //! `Busy` while a run is launched and not yet reaped: the simulated cores may be using that
-//! memory (decision).
+//! memory (decision). `free` is refused from `prepare` on: the prepared image already holds the
+//! addresses of the run's tensors, so freeing one of them would hand the launch a dangling
+//! pointer (decision: refusing every `free` is simpler to reason about than tracking which
+//! allocations the image references, and a caller that needs to free can `abandon_prepared`).
 
 mod callables;
 mod health;
@@ -156,6 +163,24 @@ struct Arenas {
     staging: Option<Arena>,
 }
 
+/// Runs the terminal cleanup of a run held outside `Core::run` when the thread unwinds through
+/// the guard's scope. A normal exit does nothing: every normal path ends the run (or stores it
+/// back) itself, and `finish`'s latches make an extra call harmless if this guard is dropped
+/// during some unrelated, outer unwinding.
+struct FinishOnUnwind<'a> {
+    core: &'a mut Core,
+    run: &'a mut ActiveRun,
+    outcome: Outcome,
+}
+
+impl Drop for FinishOnUnwind<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.core.finish(self.run, self.outcome);
+        }
+    }
+}
+
 /// The state of an attached runner.
 #[derive(Debug)]
 struct Core {
@@ -228,6 +253,7 @@ impl DeviceRunner {
             Platform::A2a3Sim => Backend::Sim(SimDevice::new(opts.device_id, opts.sim)),
             Platform::A2a3 => {
                 return Err(DeviceError::Init {
+                    run_id: None,
                     step: crate::error::InitStep::LoadPrograms,
                     message: "the onboard backend is not built into this crate (feature `onboard`); refusing to fall back to the simulator".into(),
                 });
@@ -318,10 +344,10 @@ impl DeviceRunner {
     pub fn free(&mut self, ptr: DevicePtr) -> Result<(), DeviceError> {
         let core = self.core()?;
         if !core.user_allocs.contains_key(&ptr.0) {
-            return Err(DeviceError::BadDevicePointer { addr: ptr.0, len: 0 });
+            return Err(DeviceError::BadDevicePointer { run_id: None, addr: ptr.0, len: 0 });
         }
         if core.health.get().is_healthy() {
-            core.refuse_while_launched("free")?;
+            core.refuse_while_referenced("free")?;
             core.backend.free(ptr.0);
         }
         core.user_allocs.remove(&ptr.0);
@@ -335,7 +361,7 @@ impl DeviceRunner {
         core.refuse_while_launched("memset")?;
         core.check_user_range(ptr.0, bytes)?;
         if !core.backend.fill(ptr.0, value, bytes) {
-            return Err(DeviceError::BadDevicePointer { addr: ptr.0, len: bytes });
+            return Err(DeviceError::BadDevicePointer { run_id: None, addr: ptr.0, len: bytes });
         }
         Ok(())
     }
@@ -347,7 +373,11 @@ impl DeviceRunner {
         core.refuse_while_launched("copy_to_device")?;
         core.check_user_range(dst.0, src.len() as u64)?;
         if !core.backend.write(dst.0, src) {
-            return Err(DeviceError::BadDevicePointer { addr: dst.0, len: src.len() as u64 });
+            return Err(DeviceError::BadDevicePointer {
+                run_id: None,
+                addr: dst.0,
+                len: src.len() as u64,
+            });
         }
         Ok(())
     }
@@ -359,7 +389,11 @@ impl DeviceRunner {
         core.refuse_while_launched("copy_from_device")?;
         core.check_user_range(src.0, dst.len() as u64)?;
         if !core.backend.read(src.0, dst) {
-            return Err(DeviceError::BadDevicePointer { addr: src.0, len: dst.len() as u64 });
+            return Err(DeviceError::BadDevicePointer {
+                run_id: None,
+                addr: src.0,
+                len: dst.len() as u64,
+            });
         }
         Ok(())
     }
@@ -531,15 +565,18 @@ impl Core {
         // Step 1: streams exist with the simulated device; the core limit is fixed.
         self.max_block_dim = MAX_BLOCK_DIM;
         // Step 2: device programs (the persistent AICPU threads).
-        self.backend
-            .start_programs()
-            .map_err(|message| DeviceError::Init { step: InitStep::LoadPrograms, message })?;
+        self.backend.start_programs().map_err(|message| DeviceError::Init {
+            run_id: None,
+            step: InitStep::LoadPrograms,
+            message,
+        })?;
         // Runtime buffers used by every run: KernelArgs and the register table (P9, P16).
         if self.kernel_args.is_none() {
             let a = self
                 .backend
                 .malloc(size_of::<KernelArgs>() as u64, MemPurpose::Runtime)
                 .map_err(|_| DeviceError::Init {
+                    run_id: None,
                     step: InitStep::AicpuInit,
                     message: "allocating the kernel argument block failed".into(),
                 })?;
@@ -550,6 +587,7 @@ impl Core {
             let bytes: Vec<u8> = table.iter().flat_map(|a| a.to_le_bytes()).collect();
             let a = self.backend.malloc(bytes.len() as u64, MemPurpose::Runtime).map_err(|_| {
                 DeviceError::Init {
+                    run_id: None,
                     step: InitStep::QueryCores,
                     message: "allocating the register table failed".into(),
                 }
@@ -577,6 +615,16 @@ impl Core {
         Ok(())
     }
 
+    /// Refuses calls that would invalidate addresses a prepared or launched run's image holds.
+    fn refuse_while_referenced(&self, call: &'static str) -> Result<(), DeviceError> {
+        match &self.run {
+            Some(r) if matches!(r.stage, Stage::Prepared | Stage::Launched) => {
+                Err(busy(call, r.stage.describe()))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn refuse_while_launched(&self, call: &'static str) -> Result<(), DeviceError> {
         match &self.run {
             Some(r) if r.stage == Stage::Launched => Err(busy(call, Stage::Launched.describe())),
@@ -588,7 +636,7 @@ impl Core {
         let ok = self.user_allocs.range(..=addr).next_back().is_some_and(|(&start, &n)| {
             addr.checked_add(len).is_some_and(|end| end <= start + n) && addr < start + n.max(1)
         });
-        if ok { Ok(()) } else { Err(DeviceError::BadDevicePointer { addr, len }) }
+        if ok { Ok(()) } else { Err(DeviceError::BadDevicePointer { run_id: None, addr, len }) }
     }
 
     fn register(&mut self, c: &ChipCallable) -> Result<ChipSlot, DeviceError> {
@@ -612,7 +660,11 @@ impl Core {
                     .map_err(|f| oom(None, bytes.len() as u64, MemPurpose::ChipBuffer, f))?;
                 if !self.backend.write(addr, &bytes) {
                     self.backend.free(addr);
-                    return Err(DeviceError::BadDevicePointer { addr, len: bytes.len() as u64 });
+                    return Err(DeviceError::BadDevicePointer {
+                        run_id: None,
+                        addr,
+                        len: bytes.len() as u64,
+                    });
                 }
                 self.callables.buffers.insert(hash, ChipBuffer { addr, refs: 1 });
                 self.stats.chip_buffer_uploads += 1;
@@ -650,9 +702,16 @@ impl Core {
         {
             return Err(DeviceError::CallableInUse { slot: slot.0, run_id: run.run_id });
         }
-        let Some(reg) = self.callables.slots[slot.0 as usize].take() else {
+        let Some(mut reg) = self.callables.slots[slot.0 as usize].take() else {
             return Err(DeviceError::UnknownCallable { run_id: None, slot: slot.0 });
         };
+        if !self.health.get().is_healthy() {
+            // A failed run may have left a simulated thread inside one of this callable's
+            // kernels; closing the object would unmap code it is executing. A healthy runner
+            // has no such thread: the only run that can execute kernels is the current one,
+            // and its callable is refused above.
+            self.callables.retired_objects.append(&mut reg.objects);
+        }
         if let Some(buf) = self.callables.buffers.get_mut(&reg.buffer_hash) {
             buf.refs -= 1;
             if buf.refs == 0 {
@@ -751,7 +810,7 @@ impl Core {
             });
         }
         // P5.
-        self.ensure_initialized()?;
+        self.ensure_initialized().map_err(|e| e.in_run(req.run_id))?;
         let mut run = ActiveRun {
             stage: Stage::Prepared,
             run_id: req.run_id,
@@ -775,8 +834,10 @@ impl Core {
                 ..RunReport::default()
             },
         };
-        // P6–P16; on failure the terminal cleanup runs in before-launch mode.
-        match self.bind(req, &mut run) {
+        // P6–P16; on failure (or a panic) the terminal cleanup runs in before-launch mode.
+        let bound =
+            self.guarded(&mut run, Outcome::FailedBeforeLaunch, |core, run| core.bind(req, run));
+        match bound.map_err(|e| e.in_run(req.run_id)) {
             Ok(()) => {
                 self.run = Some(run);
                 Ok(())
@@ -803,6 +864,7 @@ impl Core {
         let funcs = reg.funcs.clone();
         let Orchestration::Native { entry, config } = callable.orchestration().clone() else {
             return Err(DeviceError::InvalidCallable {
+                run_id: Some(run_id),
                 reason: "the simulator needs a Native orchestration".into(),
             });
         };
@@ -816,7 +878,20 @@ impl Core {
             block_dim: run.block_dim,
             funcs,
         };
-        let expected = config(&args).expected_arg_count as usize;
+        // The config function is user code like the entry: a panic in it is an orchestration
+        // failure of this run, never an unwind out of `prepare`.
+        let expected = match std::panic::catch_unwind(AssertUnwindSafe(|| config(&args))) {
+            Ok(c) => c.expected_arg_count as usize,
+            Err(p) => {
+                return Err(DeviceError::Orchestration {
+                    run_id,
+                    message: format!(
+                        "the orchestration's config function panicked: {}",
+                        panic_text(&*p)
+                    ),
+                });
+            }
+        };
         if args.len() < expected {
             return Err(DeviceError::Runtime {
                 run_id,
@@ -846,17 +921,10 @@ impl Core {
                 entry(&mut ctx, &args)
             }));
             match outcome {
-                Err(p) => {
-                    let msg = p
-                        .downcast_ref::<&str>()
-                        .map(|s| (*s).to_owned())
-                        .or_else(|| p.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "panic".into());
-                    Err(DeviceError::Orchestration {
-                        run_id,
-                        message: format!("the orchestration panicked: {msg}"),
-                    })
-                }
+                Err(p) => Err(DeviceError::Orchestration {
+                    run_id,
+                    message: format!("the orchestration panicked: {}", panic_text(&*p)),
+                }),
                 Ok(Err(e)) if !builder.has_error() => Err(DeviceError::Orchestration {
                     run_id,
                     message: format!("the orchestration returned an error: {e}"),
@@ -865,6 +933,11 @@ impl Core {
             }
         };
         self.stats.arena_cache_misses += misses;
+        if let Err(DeviceError::OutOfMemory { purpose: MemPurpose::HeapArena, .. }) = &built {
+            // As for the image and staging arenas: a failed arena allocation releases every
+            // pooled arena, so the retry starts from free device memory.
+            self.release_arenas();
+        }
         let graph = built?;
         run.report.tasks = graph.tasks.len() as u32;
         run.report.edges = graph.edge_count as u64;
@@ -919,7 +992,11 @@ impl Core {
         // P14: upload the image (the device copy is reused while it is large enough).
         let image_addr = self.image_arena(run_id, layout.len)?;
         if !self.backend.write(image_addr, &self.host_image) {
-            return Err(DeviceError::BadDevicePointer { addr: image_addr, len: layout.len });
+            return Err(DeviceError::BadDevicePointer {
+                run_id: Some(run_id),
+                addr: image_addr,
+                len: layout.len,
+            });
         }
         run.image_addr = image_addr;
         run.layout = Some(layout);
@@ -939,6 +1016,7 @@ impl Core {
         };
         let Some(ka_addr) = self.kernel_args else {
             return Err(DeviceError::Init {
+                run_id: Some(run_id),
                 step: crate::error::InitStep::AicpuInit,
                 message: "no kernel argument block".into(),
             });
@@ -1010,7 +1088,11 @@ impl Core {
             })?;
             if t.is_child_memory() {
                 if self.backend.find(t.addr, t.size) != Some(MemPurpose::User) {
-                    return Err(DeviceError::BadDevicePointer { addr: t.addr, len: t.size });
+                    return Err(DeviceError::BadDevicePointer {
+                        run_id: Some(run_id),
+                        addr: t.addr,
+                        len: t.size,
+                    });
                 }
             } else {
                 if !req.allows_host_tensors() {
@@ -1079,6 +1161,19 @@ impl Core {
         }
     }
 
+    /// Runs `steps` on a run taken out of `self.run`, with the terminal cleanup armed for an
+    /// unwinding panic (spec §3.6: `finish` runs on panics too).
+    fn guarded<T>(
+        &mut self,
+        run: &mut ActiveRun,
+        on_panic: Outcome,
+        steps: impl FnOnce(&mut Core, &mut ActiveRun) -> T,
+    ) -> T {
+        let mut guard = FinishOnUnwind { core: self, run, outcome: on_panic };
+        let FinishOnUnwind { core, run, .. } = &mut guard;
+        steps(core, run)
+    }
+
     fn take_run(&mut self, call: &'static str, want: Stage) -> Result<ActiveRun, DeviceError> {
         match self.run.take() {
             Some(r) if r.stage == want => Ok(r),
@@ -1093,6 +1188,16 @@ impl Core {
 
     fn launch_run(&mut self) -> Result<(), DeviceError> {
         let mut run = self.take_run("launch_run", Stage::Prepared)?;
+        let launched = self.guarded(&mut run, Outcome::FailedAfterLaunch, Core::launch_steps);
+        if launched.is_ok() {
+            run.stage = Stage::Launched;
+            self.run = Some(run);
+        }
+        launched
+    }
+
+    /// L1–L3 on a run taken out of `self.run`; a failure has run the terminal cleanup.
+    fn launch_steps(&mut self, run: &mut ActiveRun) -> Result<(), DeviceError> {
         // L1: every aicore_done of the launch reads 0 on the device. (A prepared run always
         // has an image; the upload already carried zeros, the simulator clears them again.)
         if let Some(layout) = run.layout {
@@ -1112,7 +1217,7 @@ impl Core {
             }
             Err(code) => {
                 self.recover_or_mark_unusable(run.run_id, PoisonStep::LaunchAiCore, code);
-                self.finish(&mut run, Outcome::FailedBeforeLaunch);
+                self.finish(run, Outcome::FailedBeforeLaunch);
                 return Err(DeviceError::Launch {
                     run_id: run.run_id,
                     kernel: KernelKind::AiCore,
@@ -1125,7 +1230,7 @@ impl Core {
             Ok(_) => self.stats.aicpu_launches += 1,
             Err(code) => {
                 self.recover_or_mark_unusable(run.run_id, PoisonStep::LaunchAicpu, code);
-                self.finish(&mut run, Outcome::FailedAfterLaunch);
+                self.finish(run, Outcome::FailedAfterLaunch);
                 return Err(DeviceError::Launch {
                     run_id: run.run_id,
                     kernel: KernelKind::Aicpu,
@@ -1133,8 +1238,6 @@ impl Core {
                 });
             }
         }
-        run.stage = Stage::Launched;
-        self.run = Some(run);
         Ok(())
     }
 
@@ -1148,6 +1251,16 @@ impl Core {
 
     fn reap_run(&mut self) -> Result<(), DeviceError> {
         let mut run = self.take_run("reap_run", Stage::Launched)?;
+        let reaped = self.guarded(&mut run, Outcome::FailedAfterLaunch, Core::reap_steps);
+        if reaped.is_ok() {
+            run.stage = Stage::Reaped;
+            self.run = Some(run);
+        }
+        reaped
+    }
+
+    /// R1–R3 on a run taken out of `self.run`; a failure has run the terminal cleanup.
+    fn reap_steps(&mut self, run: &mut ActiveRun) -> Result<(), DeviceError> {
         let (sync, op) = (self.timeouts.stream_sync, self.timeouts.op_execute);
         // R1: AICPU stream, then AICore stream.
         let mut failure = None;
@@ -1171,7 +1284,7 @@ impl Core {
                 if stream == StreamKind::Aicpu { StreamKind::AiCore } else { StreamKind::Aicpu };
             let other_status = self.backend.query(other, op);
             let idle = self.backend.drain(Duration::ZERO, op);
-            let runtime = if idle { self.read_latched(&run) } else { None };
+            let runtime = if idle { self.read_latched(run) } else { None };
             let mut faults = self.backend.take_faults();
             if let StreamStatus::Failed(f) = other_status
                 && !faults.iter().any(|x| x.stream == other && x.code == f.code)
@@ -1187,7 +1300,7 @@ impl Core {
                 });
             }
             faults.sort_by_key(|f| f.at_ticks);
-            self.finish(&mut run, Outcome::FailedAfterLaunch);
+            self.finish(run, Outcome::FailedAfterLaunch);
             let runtime = runtime.map(Box::new);
             return Err(match e {
                 SyncError::Timeout => DeviceError::Timeout {
@@ -1212,20 +1325,23 @@ impl Core {
             });
         }
         // R3: timing (soft), then the collectors in the outcome the latched status implies.
-        run.latched = self.read_latched(&run);
-        self.read_timing(&mut run);
+        run.latched = self.read_latched(run);
+        self.read_timing(run);
         let outcome =
             if run.latched.is_some() { Outcome::FailedAfterLaunch } else { Outcome::Success };
-        self.stop_and_export(&mut run, outcome);
-        run.stage = Stage::Reaped;
-        self.run = Some(run);
+        self.stop_and_export(run, outcome);
         Ok(())
     }
 
     fn complete_run(&mut self) -> Result<RunReport, DeviceError> {
         let mut run = self.take_run("complete_run", Stage::Reaped)?;
+        self.guarded(&mut run, Outcome::FailedAfterLaunch, Core::complete_steps)
+    }
+
+    /// C1–C3 on a run taken out of `self.run`; the terminal cleanup has run either way.
+    fn complete_steps(&mut self, run: &mut ActiveRun) -> Result<RunReport, DeviceError> {
         // C1.
-        self.handshake_report(&run);
+        self.handshake_report(run);
         // C2.
         let result = match run.latched.take() {
             Some(fault) => Err(DeviceError::Runtime { run_id: run.run_id, fault: Box::new(fault) }),
@@ -1246,7 +1362,7 @@ impl Core {
         };
         // C3.
         let outcome = if result.is_ok() { Outcome::Success } else { Outcome::FailedAfterLaunch };
-        self.finish(&mut run, outcome);
+        self.finish(run, outcome);
         result.map(|()| std::mem::take(&mut run.report))
     }
 
@@ -1486,10 +1602,19 @@ impl Core {
             for reg in self.callables.slots.iter_mut().flatten() {
                 std::mem::forget(std::mem::take(&mut reg.objects));
             }
+            std::mem::forget(std::mem::take(&mut self.callables.retired_objects));
         }
         self.user_allocs.clear();
         Ok(report)
     }
+}
+
+/// The message of a caught panic payload.
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
 }
 
 fn kernel_args_bytes(k: &KernelArgs) -> [u8; size_of::<KernelArgs>()] {
@@ -1550,5 +1675,31 @@ mod tests {
         assert!(!deps.exists(), "the second call exported nothing (first export at {first:?})");
         r.finalize().unwrap();
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_panic_while_a_run_is_held_runs_the_terminal_cleanup() {
+        let mut opts = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
+        opts.read_env = false;
+        let mut r = DeviceRunner::attach(opts).unwrap();
+        let c = ChipCallable::native(empty_orch, |_| OrchConfig::default()).build().unwrap();
+        let slot = r.register_callable(&c).unwrap();
+        let args = TaskArgs::new();
+        let cfg = CallConfig::default();
+        r.prepare(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap();
+        let core = r.core.as_mut().unwrap();
+        let mut run = core.run.take().unwrap();
+        let before = core.stats;
+        let caught = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            core.guarded(&mut run, Outcome::FailedBeforeLaunch, |_, _| panic!("injected"))
+        }));
+        assert!(caught.is_err());
+        assert_eq!(core.stats.terminal_cleanups, before.terminal_cleanups + 1);
+        assert_eq!(core.stats.exports, before.exports + 1);
+        assert!(run.latches.released && run.latches.stopped);
+        // A normal exit leaves the run to its caller.
+        let kept = core.guarded(&mut run, Outcome::FailedBeforeLaunch, |_, _| 7);
+        assert_eq!((kept, core.stats.terminal_cleanups), (7, before.terminal_cleanups + 1));
+        r.finalize().unwrap();
     }
 }

@@ -91,7 +91,10 @@ impl SharedObject {
 impl Drop for SharedObject {
     fn drop(&mut self) {
         // SAFETY: the handle came from `dlopen` and is closed exactly once. The runner drops a
-        // loaded object only after unregistering its callable, when no run can call into it.
+        // loaded object only when no simulated thread can be executing its code: on unregister
+        // of a healthy runner (only the current run executes kernels, and its callable cannot
+        // be unregistered), or in finalize after every simulated thread was joined; otherwise
+        // the object is leaked.
         let rc = unsafe { dlclose(self.handle.as_ptr()) };
         if rc != 0 {
             tracing::warn!(path = %self.path.display(), error = %last_error(), "closing a kernel object failed");

@@ -452,8 +452,12 @@ pub(crate) struct SimDevice {
     shared: Arc<SimShared>,
     threads: Vec<(String, JoinHandle<()>)>,
     aicore_spawned: u32,
-    aicpu_started: bool,
+    /// AICPU threads started so far; a retried start resumes from here.
+    aicpu_spawned: u32,
     last_block_dim: u32,
+    /// Successful spawns still allowed before spawning fails (unit tests of partial starts).
+    #[cfg(test)]
+    spawn_budget: Option<u32>,
 }
 
 impl fmt::Debug for SimDevice {
@@ -498,8 +502,10 @@ impl SimDevice {
             shared: Arc::new(shared),
             threads: Vec::new(),
             aicore_spawned: 0,
-            aicpu_started: false,
+            aicpu_spawned: 0,
             last_block_dim: 0,
+            #[cfg(test)]
+            spawn_budget: None,
         }
     }
 
@@ -508,6 +514,13 @@ impl SimDevice {
             Role::Aicpu => format!("sim{}-aicpu{index}", self.shared.device_id),
             Role::AiCore => format!("sim{}-aicore{index}", self.shared.device_id),
         };
+        #[cfg(test)]
+        if let Some(left) = self.spawn_budget.as_mut() {
+            if *left == 0 {
+                return Err(std::io::Error::other("injected spawn failure"));
+            }
+            *left -= 1;
+        }
         let dev = self.shared.clone();
         self.shared.alive.fetch_add(1, Ordering::AcqRel);
         match std::thread::Builder::new()
@@ -525,15 +538,14 @@ impl SimDevice {
         }
     }
 
-    /// Starts the four persistent AICPU threads (ensure_initialized step 2).
+    /// Starts the four persistent AICPU threads (ensure_initialized step 2). After a partial
+    /// failure a retry starts only the threads still missing, so no mailbox gets two threads.
     pub(crate) fn start_aicpu_threads(&mut self) -> Result<(), String> {
-        if self.aicpu_started {
-            return Ok(());
-        }
-        for i in 0..MAX_AICPU_THREADS {
+        while self.aicpu_spawned < MAX_AICPU_THREADS {
+            let i = self.aicpu_spawned;
             self.spawn(Role::Aicpu, i).map_err(|e| format!("spawning AICPU thread {i}: {e}"))?;
+            self.aicpu_spawned += 1;
         }
-        self.aicpu_started = true;
         Ok(())
     }
 
@@ -613,7 +625,7 @@ impl SimDevice {
         if self.shared.faults.on_launch(KernelKind::Aicpu) {
             return Err(AclCode::LAUNCH_FAILED);
         }
-        if !self.aicpu_started || threads == 0 || threads > MAX_AICPU_THREADS {
+        if self.aicpu_spawned < MAX_AICPU_THREADS || threads == 0 || threads > MAX_AICPU_THREADS {
             return Err(AclCode::LAUNCH_FAILED);
         }
         let entry = LaunchEntry::new(EntryKind::Aicpu { threads }, args);
@@ -742,5 +754,26 @@ impl Drop for SimDevice {
             let budget = self.shared.opts.join_budget;
             self.shutdown(budget);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retried_aicpu_start_after_a_partial_spawn_failure_starts_only_the_missing_threads() {
+        let mut dev = SimDevice::new(0, SimOptions::default());
+        dev.spawn_budget = Some(2);
+        let err = dev.start_aicpu_threads().unwrap_err();
+        assert!(err.contains("AICPU thread 2"), "{err}");
+        assert_eq!(dev.thread_stats().spawned, 2);
+        dev.spawn_budget = None;
+        dev.start_aicpu_threads().unwrap();
+        let names: Vec<&str> = dev.threads.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["sim0-aicpu0", "sim0-aicpu1", "sim0-aicpu2", "sim0-aicpu3"]);
+        dev.start_aicpu_threads().unwrap();
+        assert_eq!(dev.thread_stats().spawned, MAX_AICPU_THREADS);
+        assert!(dev.shutdown(Duration::from_secs(10)).is_empty());
     }
 }
