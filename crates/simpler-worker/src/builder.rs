@@ -45,6 +45,9 @@ fn next_instance() -> u64 {
     NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed)
 }
 
+/// Adjusts a chip's runner options before it attaches.
+pub type ChipOptionsFn = dyn Fn(RunnerOptions) -> RunnerOptions + Send + Sync + 'static;
+
 /// Default startup deadline of a whole worker tree.
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(300);
 /// Default bytes per heap ring.
@@ -56,6 +59,7 @@ struct Common {
     instance: u64,
     startup_timeout: Duration,
     prewarm: Option<CallConfig>,
+    chip_options: Option<Arc<ChipOptionsFn>>,
     next_seq: u64,
 }
 
@@ -65,6 +69,7 @@ impl Common {
             instance: next_instance(),
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
             prewarm: None,
+            chip_options: None,
             next_seq: 0,
         }
     }
@@ -134,6 +139,16 @@ impl ChipWorkerBuilder {
         self
     }
 
+    /// Adjusts each chip's runner options (budgets, simulator settings) before it attaches.
+    #[must_use]
+    pub fn chip_options(
+        mut self,
+        f: impl Fn(RunnerOptions) -> RunnerOptions + Send + Sync + 'static,
+    ) -> Self {
+        self.common.chip_options = Some(Arc::new(f));
+        self
+    }
+
     /// Builds the chip's arenas for this sizing at start.
     #[must_use]
     pub fn prewarm(mut self, config: CallConfig) -> Self {
@@ -160,6 +175,7 @@ impl ChipWorkerBuilder {
             &[self.device],
             &callables,
             self.common.prewarm.as_ref(),
+            self.common.chip_options.as_ref(),
             deadline,
             self.common.startup_timeout,
             "L2",
@@ -202,6 +218,7 @@ fn attach_chips(
     devices: &[u32],
     callables: &[ChipCallable],
     prewarm: Option<&CallConfig>,
+    options: Option<&Arc<ChipOptionsFn>>,
     deadline: Instant,
     budget: Duration,
     path: &str,
@@ -213,15 +230,19 @@ fn attach_chips(
         let tx = tx.clone();
         let callables = callables.to_vec();
         let prewarm = prewarm.cloned();
+        let options = options.cloned();
         let chip_path = format!("{path} / chip {i} (device {device})");
         let spawned =
             std::thread::Builder::new().name(format!("simpler-attach-{device}")).spawn(move || {
                 let r = (|| {
-                    let mut opts = match platform {
+                    let opts = match platform {
                         Platform::A2a3Sim => RunnerOptions::sim(device, runtime),
                         _ => RunnerOptions::onboard(device, runtime),
                     };
-                    opts.read_env = true;
+                    let opts = match &options {
+                        Some(f) => f(opts),
+                        None => opts,
+                    };
                     let mut runner = DeviceRunner::attach(opts)?;
                     if let Some(cfg) = &prewarm {
                         runner.prewarm(cfg)?;
@@ -338,6 +359,16 @@ impl HostWorkerBuilder {
         self
     }
 
+    /// Adjusts each chip's runner options (budgets, simulator settings) before it attaches.
+    #[must_use]
+    pub fn chip_options(
+        mut self,
+        f: impl Fn(RunnerOptions) -> RunnerOptions + Send + Sync + 'static,
+    ) -> Self {
+        self.common.chip_options = Some(Arc::new(f));
+        self
+    }
+
     /// Builds every chip's arenas for this sizing at start.
     #[must_use]
     pub fn prewarm(mut self, config: CallConfig) -> Self {
@@ -431,6 +462,7 @@ impl HostWorkerBuilder {
             &self.devices,
             &callables,
             self.common.prewarm.as_ref(),
+            self.common.chip_options.as_ref(),
             deadline,
             self.common.startup_timeout,
             &path,

@@ -119,6 +119,12 @@ impl ChipState {
         args: TaskArgsView<'_>,
         config: &CallConfig,
     ) -> Result<(), EndpointFailure> {
+        if let Some(r) = &self.runner
+            && let simpler_device_a2a3::DeviceHealth::Unusable { cause } = r.health()
+        {
+            let e = DeviceError::Unusable { device_id: r.device_id(), cause };
+            return Err(device_failure(&e));
+        }
         if self.unusable.contains(callable) {
             return Err(EndpointFailure::endpoint_failed(format!(
                 "callable {callable} is unusable on chip {} after a failed rollback",
@@ -202,7 +208,12 @@ impl ChipState {
 }
 
 fn mem_err(chip: WorkerId, e: &DeviceError) -> MemError {
-    MemError::Device { chip, message: e.to_string(), code: e.device_code() }
+    match e {
+        DeviceError::Unusable { .. } => {
+            MemError::DeviceUnusable { chip, message: e.to_string(), code: e.device_code() }
+        }
+        _ => MemError::Device { chip, message: e.to_string(), code: e.device_code() },
+    }
 }
 
 /// A device error as an endpoint failure: a poisoned device is the path failing, anything

@@ -152,7 +152,7 @@ pub enum WorkerError {
     },
     /// A device-memory call failed.
     #[error(transparent)]
-    Memory(#[from] MemError),
+    Memory(MemError),
     /// A chip is unusable after a fault.
     #[error("chip {chip} is unusable: {message}")]
     DeviceUnusable {
@@ -174,6 +174,18 @@ pub enum WorkerError {
         /// What happened.
         message: String,
     },
+}
+
+impl From<MemError> for WorkerError {
+    /// An unusable chip is reported as [`WorkerError::DeviceUnusable`] whichever call met it.
+    fn from(e: MemError) -> WorkerError {
+        match e {
+            MemError::DeviceUnusable { chip, message, code } => {
+                WorkerError::DeviceUnusable { chip, code, message }
+            }
+            other => WorkerError::Memory(other),
+        }
+    }
 }
 
 fn rollback_note(failed: &[WorkerId]) -> String {
@@ -210,6 +222,16 @@ pub enum MemError {
     /// The device refused.
     #[error("chip {chip}: {message}")]
     Device {
+        /// The chip.
+        chip: WorkerId,
+        /// The device's message.
+        message: String,
+        /// The device's code, when one exists.
+        code: Option<DeviceCode>,
+    },
+    /// The chip is unusable after a fault; only closing the worker helps.
+    #[error("chip {chip} is unusable: {message}")]
+    DeviceUnusable {
         /// The chip.
         chip: WorkerId,
         /// The device's message.

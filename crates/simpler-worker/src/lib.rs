@@ -85,8 +85,8 @@ mod sub;
 mod worker;
 
 pub use builder::{
-    ChildSpec, ChipWorkerBuilder, CompositeWorkerBuilder, ConfigError, DEFAULT_ALLOC_TIMEOUT,
-    DEFAULT_HEAP_RING_SIZE, DEFAULT_STARTUP_TIMEOUT, HostWorkerBuilder,
+    ChildSpec, ChipOptionsFn, ChipWorkerBuilder, CompositeWorkerBuilder, ConfigError,
+    DEFAULT_ALLOC_TIMEOUT, DEFAULT_HEAP_RING_SIZE, DEFAULT_STARTUP_TIMEOUT, HostWorkerBuilder,
 };
 pub use error::{
     BoxError, BuildFailure, CloseError, DrainTimeout, Frame, MemError, RunError, RunErrorKind,

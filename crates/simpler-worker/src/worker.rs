@@ -590,6 +590,16 @@ impl Worker {
                     done.push(chip);
                     continue;
                 }
+                Ok(Err(e @ DeviceError::Unusable { .. })) => {
+                    for &ok in &done {
+                        let _ = self.inner.on_chip(ok, move |s| s.release(&id));
+                    }
+                    return Err(WorkerError::DeviceUnusable {
+                        chip,
+                        code: e.device_code(),
+                        message: e.to_string(),
+                    });
+                }
                 Ok(Err(e)) => e,
                 Err(e) => DeviceError::Busy { call: "register_callable", state: e.to_string() },
             };
@@ -654,6 +664,22 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// Runs `f` with the fault plan of simulated chip `chip` (on its lane, behind queued
+    /// work); `Ok(false)` on a real chip. For fault-injection tests of code built on workers.
+    pub fn with_sim_faults(
+        &self,
+        chip: WorkerId,
+        f: impl FnOnce(&simpler_device_a2a3::FaultPlan) + Send + 'static,
+    ) -> Result<bool, WorkerError> {
+        self.inner.on_chip(chip, move |s| match s.runner.as_ref().and_then(|r| r.sim_faults()) {
+            Some(plan) => {
+                f(plan);
+                true
+            }
+            None => false,
+        })
     }
 
     /// References held on chip callable content `id` on `chip` (for diagnostics and tests).

@@ -1,0 +1,63 @@
+//! Device faults through the worker: a faulting kernel fails its run with the device's code in
+//! the error chain; an unusable chip fails later work on it fast while other chips carry on.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{add_callable, host};
+use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
+use simpler_worker::{CallableHandle, Orchestration, RunErrorKind, Worker, WorkerError};
+
+fn chip_args(w: &Worker, chip: WorkerId) -> TaskArgs {
+    let mem = w.chip_memory(chip).expect("chip");
+    let mut args = TaskArgs::new();
+    for _ in 0..3 {
+        args.add_inout(mem.malloc(256).unwrap().tensor(&[64], DataType::Float32).unwrap()).unwrap();
+    }
+    args
+}
+
+fn on_chip(h: CallableHandle, args: TaskArgs, chip: WorkerId) -> Orchestration {
+    Orchestration::graph(move |g, _, _| {
+        g.submit_next_level(h, args.clone(), &CallConfig::default(), chip)?;
+        Ok(())
+    })
+}
+
+#[test]
+fn a_kernel_fault_fails_the_run_with_the_device_code_and_other_chips_carry_on() {
+    // Short device budgets so that the injected fault is detected quickly.
+    let mut b = host().chips(&[0, 1]).chip_options(|o| {
+        o.with_timeouts(300, 500_000, 2_000).with_shutdown_budget(Duration::from_millis(300))
+    });
+    let add = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let (a0, a1) = (chip_args(&w, WorkerId(0)), chip_args(&w, WorkerId(1)));
+    assert!(w.with_sim_faults(WorkerId(0), |plan| plan.kernel_fault(0, 1)).expect("lane"));
+    let e =
+        w.submit(on_chip(add, a0.clone(), WorkerId(0))).expect("submit").wait().expect_err("fault");
+    assert!(
+        matches!(e.kind(), RunErrorKind::DeviceFault { .. } | RunErrorKind::EndpointFailed),
+        "{e}"
+    );
+    assert!(e.device_code().is_some(), "{e}");
+    assert_eq!(e.frames()[0].level, 3);
+    assert!(e.to_string().contains("on chip 0"), "{e}");
+    // The other chip is unaffected.
+    w.run(on_chip(add, a1, WorkerId(1))).expect("chip 1 still works");
+    // The fault made chip 0 unusable: memory calls say so, and later runs fail fast.
+    match w.chip_memory(WorkerId(0)).expect("chip 0").malloc(64) {
+        Err(WorkerError::DeviceUnusable { chip, code, .. }) => {
+            assert_eq!(chip, WorkerId(0));
+            assert!(code.is_some());
+        }
+        other => panic!("expected DeviceUnusable, got {other:?}"),
+    }
+    let e = w.submit(on_chip(add, a0, WorkerId(0))).expect("submit").wait().expect_err("fast");
+    assert!(e.to_string().contains("unusable"), "{e}");
+    assert!(matches!(
+        w.register_chip(&add_callable(9)),
+        Err(WorkerError::DeviceUnusable { chip: WorkerId(0), .. })
+    ));
+}
