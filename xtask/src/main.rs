@@ -4,7 +4,7 @@
 //! failure names the command to rerun by hand. Tasks:
 //!
 //! - `ci`: everything CI checks, in order: format, lints, tests, docs, a short benchmark smoke
-//!   run and the `loom` models.
+//!   run, the examples (the README's main job first) and the `loom` models.
 //! - `test [--deep]`: the workspace tests; `--deep` raises the property-test case count.
 //! - `loom`: the `loom` model checks of the concurrency protocols (`cfg(simpler_loom)`).
 //! - `bench [cargo bench args]`: the criterion benchmarks in release mode.
@@ -20,6 +20,10 @@ use std::time::Instant;
 /// (an integration test named `loom`, or the library's unit tests filtered by `loom`).
 const LOOM_TARGETS: &[(&str, &[&str])] =
     &[("simpler-ring", &["--test", "loom"]), ("simpler-sched", &["--lib", "loom"])];
+
+/// Examples CI runs end to end (release builds; each checks its own result and exits non-zero
+/// on a mismatch). The first is the README's main job.
+const EXAMPLES: &[&str] = &["vector_example", "bgemm"];
 
 /// Property-test cases per test in `test --deep` (the tests' own defaults are kept modest so
 /// that CI stays fast).
@@ -56,7 +60,7 @@ fn main() -> ExitCode {
 
 const USAGE: &str = "usage: cargo xtask <task>
 tasks:
-  ci               format check, clippy -D warnings, tests, docs, bench smoke run, loom models
+  ci               format check, clippy -D warnings, tests, docs, bench smoke run, examples, loom models
   test [--deep]    workspace tests (--deep: many more property-test cases)
   loom             loom model checks of the concurrency protocols
   bench [ARGS]     criterion benchmarks (release); ARGS go to `cargo bench`";
@@ -75,6 +79,9 @@ fn ci() -> Result<(), String> {
     )?;
     // Benchmarks only have to build and run once per case here; figures come from `bench`.
     cargo(&["bench", "--workspace", "--benches", "--", "--test"], &[])?;
+    for example in EXAMPLES {
+        cargo(&["run", "--release", "--example", example], &[])?;
+    }
     loom()?;
     println!("xtask ci: all steps passed in {:.0?}", started.elapsed());
     Ok(())
