@@ -905,8 +905,16 @@ fn l2_submit_returns_a_live_handle_and_memory_calls_check_ownership_and_range() 
     for buf in &bufs {
         args.add_inout(buf.tensor(&[n], DataType::Float32).unwrap()).unwrap();
     }
+    // A slow kernel keeps the run on the chip after `submit` returned: the handle is live.
+    let delayed = w
+        .with_sim_faults(WorkerId(0), |plan| plan.kernel_delay(0, Duration::from_secs(1)))
+        .expect("lane");
+    assert!(delayed);
     let handle = w.submit(Orchestration::chip(add, args)).expect("submit");
+    assert!(!handle.is_done());
     handle.wait_timeout(HANG).expect("no hang").expect("run");
+    assert!(handle.is_done());
+    w.with_sim_faults(WorkerId(0), |plan| plan.clear()).expect("lane");
     let mut out = vec![0u8; n as usize * 4];
     mem.copy_from(&bufs[2], 0, &mut out).unwrap();
     assert!(f32_from(&out).iter().all(|&v| v == 3.5));
