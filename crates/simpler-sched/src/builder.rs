@@ -303,7 +303,7 @@ impl<'e> RunBuilder<'e> {
         let run = Arc::clone(&self.run);
         run.mark_failed(RunFailure::Submission { run: run.id, message }, true);
         let mut orch = std::mem::take(&mut self.orch);
-        core.cancel_run(&run, CancelReason::SubmissionFailed, &mut orch.graph);
+        core.cancel_run(&run, CancelReason::SubmissionFailed, true, &mut orch.graph);
         unwind_all(core, &mut orch);
         core.registry.end_building(run.id, orch);
         run.check_fence();

@@ -310,7 +310,7 @@ impl Engine {
     fn abort(&self, record: &RunRecord, reason: CancelReason) {
         tracing::debug!(run = %record.id, %reason, "aborting run");
         record.mark_failed(RunFailure::Aborted { run: record.id, reason }, false);
-        self.core.cancel_run(record, reason, &mut GraphScratch::default());
+        self.core.cancel_run(record, reason, false, &mut GraphScratch::default());
         record.check_fence();
     }
 

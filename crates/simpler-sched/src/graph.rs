@@ -104,19 +104,21 @@ impl Core {
     }
 
     /// Cancels every unstarted task of `run` (spec 30 §2.2). `Running` tasks finish normally.
-    /// A `Building` slot is owned by the cancellation only once submission is closed; while a
-    /// builder is live its submitter finishes it.
+    /// A `Building` slot is owned by the cancellation only once no submitter is left to finish
+    /// it: submission is closed, or the caller is the run's own builder failing it
+    /// (`by_builder`). While a builder is live on another thread, its submitter finishes it.
     pub(crate) fn cancel_run(
         &self,
         run: &RunRecord,
         reason: CancelReason,
+        by_builder: bool,
         scratch: &mut GraphScratch,
     ) {
         let closed = {
             let c = run.lock();
             scratch.slots.clear();
             scratch.slots.extend_from_slice(&c.task_slots);
-            c.closed()
+            c.closed() || by_builder
         };
         let on_building = if closed { OnBuilding::Own } else { OnBuilding::Defer };
         for &id in &scratch.slots {
@@ -130,8 +132,22 @@ impl Core {
                 &mut scratch.releases,
             );
         }
-        // Consumers of cancelled tasks belong to the same run and were visited above.
-        scratch.consumers.clear();
+        // Consumers of cancelled tasks belong to the same run, but not necessarily to the copy:
+        // while a builder is live, a task charged after the copy may have attached to a producer
+        // claimed above. Claim every one of them, or such a task would stay `Pending` behind a
+        // failed producer and the fence would never fire. Tasks of the copy that were already
+        // claimed are skipped by the claim itself.
+        while let Some(id) = scratch.consumers.pop() {
+            let Some(slot) = self.ring.slot(id) else { continue };
+            slot.claim_failure(
+                id,
+                ClaimCause::Cancel(reason),
+                on_building,
+                closed,
+                &mut scratch.consumers,
+                &mut scratch.releases,
+            );
+        }
         scratch.slots.clear();
         self.release_all(&mut scratch.releases);
     }
@@ -163,5 +179,58 @@ impl Core {
                 self.release_all(&mut scratch.releases);
             }
         }
+    }
+}
+
+#[cfg(all(test, not(simpler_loom)))]
+mod tests {
+    use std::time::Duration;
+
+    use simpler_types::{
+        CallConfig, CancelReason, DataType, RunFailure, TaskArgs, TaskState, Tensor, WorkerId,
+    };
+
+    use crate::graph::GraphScratch;
+    use crate::outcome::RunOutcome;
+    use crate::scheduler::tests::{chip, gated_engine, slot_of, wait_until};
+
+    fn tensor() -> Tensor {
+        Tensor::external(0x1000, &[64], DataType::UInt8).unwrap()
+    }
+
+    #[test]
+    fn cancelling_a_building_run_claims_a_consumer_charged_after_the_slot_list_was_copied() {
+        // A busy task holds worker 0; `producer` is queued behind it and `consumer` reads its
+        // output. The cancellation is made to see a slot list copied before `consumer` was
+        // charged (as when shutdown aborts a run whose builder is live on another thread): it
+        // must still claim `consumer` through `producer`'s consumer list, or `consumer` stays
+        // `Pending` behind a failed producer and the fence never fires.
+        let (engine, tx) = gated_engine();
+        let cfg = CallConfig::default();
+        let mut b = engine.begin_run().unwrap();
+        let busy = b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None).unwrap();
+        wait_until(|| engine.task_snapshot(busy).unwrap().state == TaskState::Running);
+        let mut out = TaskArgs::new();
+        out.add_output(tensor()).unwrap();
+        let producer = b.submit_next_level(&chip(), out, &cfg, WorkerId(0), None).unwrap();
+        let mut input = TaskArgs::new();
+        input.add_input(tensor()).unwrap();
+        let consumer = b.submit_next_level(&chip(), input, &cfg, WorkerId(0), None).unwrap();
+        assert_eq!(engine.task_snapshot(consumer).unwrap().state, TaskState::Pending);
+
+        let core = engine.core();
+        let run = core.registry.find(b.id()).unwrap();
+        let late = slot_of(&engine, consumer);
+        assert_eq!(run.lock().task_slots.pop(), Some(late));
+        run.mark_failed(RunFailure::Aborted { run: run.id, reason: CancelReason::Shutdown }, false);
+        core.cancel_run(&run, CancelReason::Shutdown, false, &mut GraphScratch::default());
+        run.lock().task_slots.push(late);
+
+        assert_eq!(engine.task_snapshot(producer).unwrap().state, TaskState::Failed);
+        assert_eq!(engine.task_snapshot(consumer).unwrap().state, TaskState::Failed);
+        tx.send(()).unwrap();
+        let id = b.close();
+        let outcome = engine.wait_timeout(id, Duration::from_secs(20)).unwrap();
+        assert!(matches!(outcome, Some(RunOutcome::Failed(_))), "{outcome:?}");
     }
 }

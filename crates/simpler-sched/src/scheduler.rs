@@ -592,7 +592,7 @@ pub(crate) fn scheduler_main(core: Arc<Core>) {
 }
 
 #[cfg(all(test, not(simpler_loom)))]
-mod tests {
+pub(crate) mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
@@ -626,7 +626,7 @@ mod tests {
         }
     }
 
-    fn gated_engine() -> (Engine, mpsc::Sender<()>) {
+    pub(crate) fn gated_engine() -> (Engine, mpsc::Sender<()>) {
         let (tx, rx) = mpsc::channel();
         let engine = Engine::start(EngineConfig {
             next_level: vec![Box::new(Gate(rx))],
@@ -636,7 +636,7 @@ mod tests {
         (engine, tx)
     }
 
-    fn chip() -> CallableId {
+    pub(crate) fn chip() -> CallableId {
         CallableId::new([1; 32], CallableKind::Chip, CallableNamespace::LocalChip)
     }
 
@@ -656,12 +656,12 @@ mod tests {
         (run, t)
     }
 
-    fn slot_of(engine: &Engine, task: simpler_types::TaskId) -> SlotId {
+    pub(crate) fn slot_of(engine: &Engine, task: simpler_types::TaskId) -> SlotId {
         let run = engine.core().registry.find(task.run).unwrap();
         run.lock().task_slots[task.seq as usize]
     }
 
-    fn wait_until(mut cond: impl FnMut() -> bool) {
+    pub(crate) fn wait_until(mut cond: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !cond() {
             assert!(Instant::now() < deadline, "condition never held");
