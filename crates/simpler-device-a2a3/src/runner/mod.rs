@@ -1198,16 +1198,8 @@ impl Core {
 
     /// L1–L3 on a run taken out of `self.run`; a failure has run the terminal cleanup.
     fn launch_steps(&mut self, run: &mut ActiveRun) -> Result<(), DeviceError> {
-        // L1: every aicore_done of the launch reads 0 on the device. (A prepared run always
-        // has an image; the upload already carried zeros, the simulator clears them again.)
-        if let Some(layout) = run.layout {
-            for w in 0..3 * run.block_dim {
-                let off = layout.handshake_off
-                    + u64::from(w) * size_of::<Handshake>() as u64
-                    + offset_of!(Handshake, aicore_done) as u64;
-                self.backend.write(run.image_addr + off, &0u32.to_le_bytes());
-            }
-        }
+        // L1.
+        self.clear_handshakes(run);
         let args = self.kernel_args.unwrap_or(0);
         // L2: AICore first.
         match self.backend.launch_aicore(run.block_dim, args) {
@@ -1239,6 +1231,19 @@ impl Core {
             }
         }
         Ok(())
+    }
+
+    /// L1: every `aicore_done` of the launch reads 0 on the device, whatever the image held
+    /// since the upload, so the AICPU never takes a stale value for a worker reporting in. (A
+    /// prepared run always has an image.)
+    fn clear_handshakes(&self, run: &ActiveRun) {
+        let Some(layout) = run.layout else { return };
+        for w in 0..3 * run.block_dim {
+            let off = layout.handshake_off
+                + u64::from(w) * size_of::<Handshake>() as u64
+                + offset_of!(Handshake, aicore_done) as u64;
+            self.backend.write(run.image_addr + off, &0u32.to_le_bytes());
+        }
     }
 
     /// Bounded drain, then unconditionally unusable (spec §3.7).
@@ -1700,6 +1705,152 @@ mod tests {
         // A normal exit leaves the run to its caller.
         let kept = core.guarded(&mut run, Outcome::FailedBeforeLaunch, |_, _| 7);
         assert_eq!((kept, core.stats.terminal_cleanups), (7, before.terminal_cleanups + 1));
+        r.finalize().unwrap();
+    }
+
+    /// Writes 1.0 into every element of its one output tensor.
+    unsafe extern "C-unwind" fn fill_ones(args: *mut i64) {
+        // SAFETY: the runner passes one tensor descriptor, the run's output buffer.
+        let k = unsafe { crate::kernel::KernelCall::from_raw(args, 1) };
+        // SAFETY: the output is a device buffer of f32 only this task writes.
+        if let Some(out) = unsafe { k.slice_mut::<f32>(0) } {
+            out.fill(1.0);
+        }
+    }
+
+    fn fill_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+        let mut a = simpler_types::CoreArgs::new();
+        a.add_output(*args.tensor(0).unwrap()).unwrap();
+        ctx.submit(crate::runtime::orch::Kernels::Aiv(0), &a)?;
+        Ok(())
+    }
+
+    /// A runner with a registered fill callable and a 1024-float output buffer.
+    fn fill_setup() -> (DeviceRunner, ChipSlot, DevicePtr, TaskArgs) {
+        let mut opts = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
+        opts.read_env = false;
+        let mut r = DeviceRunner::attach(opts).unwrap();
+        let c = ChipCallable::native(fill_orch, |_| OrchConfig { expected_arg_count: 1 })
+            .kernel(
+                0,
+                crate::callable::CoreCallable::native(
+                    vec![crate::callable::ArgDirection::Out],
+                    fill_ones,
+                ),
+            )
+            .build()
+            .unwrap();
+        let slot = r.register_callable(&c).unwrap();
+        let p = r.malloc(4096).unwrap();
+        let t = Tensor::external(p.addr(), &[1024], simpler_types::DataType::Float32)
+            .unwrap()
+            .child_memory(true);
+        let mut args = TaskArgs::new();
+        args.add_output(t).unwrap();
+        (r, slot, p, args)
+    }
+
+    fn read_ones(r: &mut DeviceRunner, p: DevicePtr) -> bool {
+        let mut b = vec![0u8; 4096];
+        r.copy_from_device(&mut b, p).unwrap();
+        b.chunks_exact(4).all(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) == 1.0)
+    }
+
+    #[test]
+    fn a_stale_aicore_done_in_the_image_is_cleared_before_launch_and_opens_no_window_early() {
+        let (mut r, slot, p, args) = fill_setup();
+        let cfg = CallConfig::builder().block_dim(2).build().unwrap();
+        r.prepare(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap();
+        let core = r.core.as_mut().unwrap();
+        let run = core.run.take().unwrap();
+        let layout = run.layout.unwrap();
+        let done_addr = |w: u64| {
+            run.image_addr
+                + layout.handshake_off
+                + w * size_of::<Handshake>() as u64
+                + offset_of!(Handshake, aicore_done) as u64
+        };
+        let workers = u64::from(3 * run.block_dim);
+        // A stale report from an earlier launch: every worker claims to be in already.
+        for w in 0..workers {
+            assert!(core.backend.write(done_addr(w), &(w as u32 + 1).to_le_bytes()));
+        }
+        core.clear_handshakes(&run);
+        for w in 0..workers {
+            let mut b = [0u8; 4];
+            assert!(core.backend.read(done_addr(w), &mut b));
+            assert_eq!(u32::from_le_bytes(b), 0, "worker {w}'s aicore_done after L1");
+        }
+        // Stale again, then the whole launch: the run still completes with every task executed,
+        // so no dispatch went to a worker that had not reported in.
+        for w in 0..workers {
+            assert!(core.backend.write(done_addr(w), &(w as u32 + 1).to_le_bytes()));
+        }
+        core.run = Some(run);
+        r.launch_run().unwrap();
+        r.reap_run().unwrap();
+        r.complete_run().unwrap();
+        assert!(read_ones(&mut r, p));
+        r.finalize().unwrap();
+    }
+
+    #[test]
+    fn each_run_launches_aicore_then_aicpu_without_a_sync_between_then_syncs_aicpu_then_aicore() {
+        use crate::backend::sim::{AICORE_STREAM, AICPU_STREAM, HostCall};
+        let (mut r, slot, p, args) = fill_setup();
+        let cfg = CallConfig::default();
+        let log = |r: &DeviceRunner| match &r.core.as_ref().unwrap().backend {
+            Backend::Sim(d) => d.take_host_log(),
+        };
+        log(&r);
+        for run in 1..=3 {
+            let id = RunId::from_raw(run).unwrap();
+            r.run(&RunRequest::new(id, slot, &args, &cfg)).unwrap();
+            assert_eq!(
+                log(&r),
+                [
+                    HostCall::LaunchAiCore,
+                    HostCall::LaunchAicpu,
+                    HostCall::Sync(AICPU_STREAM),
+                    HostCall::Sync(AICORE_STREAM),
+                ],
+                "run {run}"
+            );
+        }
+        assert!(read_ones(&mut r, p));
+        r.finalize().unwrap();
+    }
+
+    /// Writes four bytes with `set_tensor_data` at the address passed as scalar 0.
+    fn poke_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+        let addr = args.scalar(0).unwrap_or(0);
+        let t = Tensor::external(addr, &[4], simpler_types::DataType::UInt8).unwrap();
+        ctx.set_tensor_data(&t, &[0xEE; 4])
+    }
+
+    #[test]
+    fn set_tensor_data_cannot_write_the_runtimes_own_buffers() {
+        let mut opts = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
+        opts.read_env = false;
+        let mut r = DeviceRunner::attach(opts).unwrap();
+        let c = ChipCallable::native(poke_orch, |_| OrchConfig::default()).build().unwrap();
+        let slot = r.register_callable(&c).unwrap();
+        let cfg = CallConfig::default();
+        let kernel_args = r.core.as_ref().unwrap().kernel_args.unwrap();
+        let mut args = TaskArgs::new();
+        args.add_scalar(kernel_args).unwrap();
+        let err = r.run(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap_err();
+        assert!(err.to_string().contains("set_tensor_data"), "{err}");
+        let mut b = [0u8; 4];
+        assert!(r.core.as_ref().unwrap().backend.read(kernel_args, &mut b));
+        assert_ne!(b, [0xEE; 4], "the kernel argument block was not written");
+        // A user allocation stays writable.
+        let p = r.malloc(1024).unwrap();
+        let mut args = TaskArgs::new();
+        args.add_scalar(p.addr()).unwrap();
+        r.run(&RunRequest::new(RunId::from_raw(2).unwrap(), slot, &args, &cfg)).unwrap();
+        r.copy_from_device(&mut b, p).unwrap();
+        assert_eq!(b, [0xEE; 4]);
         r.finalize().unwrap();
     }
 }

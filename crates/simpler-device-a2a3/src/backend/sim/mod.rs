@@ -458,6 +458,21 @@ pub(crate) struct SimDevice {
     /// Successful spawns still allowed before spawning fails (unit tests of partial starts).
     #[cfg(test)]
     spawn_budget: Option<u32>,
+    /// Every launch and stream synchronisation the host issued, in order (conformance §9.2).
+    #[cfg(test)]
+    host_log: Mutex<Vec<HostCall>>,
+}
+
+/// A launch or synchronisation the host issued, as recorded in the test launch log.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HostCall {
+    /// An accepted AICore launch (L2).
+    LaunchAiCore,
+    /// An accepted AICPU launch (L3).
+    LaunchAicpu,
+    /// A synchronisation of the stream with this index.
+    Sync(usize),
 }
 
 impl fmt::Debug for SimDevice {
@@ -506,6 +521,8 @@ impl SimDevice {
             last_block_dim: 0,
             #[cfg(test)]
             spawn_budget: None,
+            #[cfg(test)]
+            host_log: Mutex::new(Vec::new()),
         }
     }
 
@@ -611,6 +628,8 @@ impl SimDevice {
         self.last_block_dim = block_dim;
         self.shared.block_dim.store(block_dim, Ordering::Relaxed);
         let entry = LaunchEntry::new(EntryKind::AiCore { block_dim }, args);
+        #[cfg(test)]
+        self.host_log.lock().push(HostCall::LaunchAiCore);
         let fired = self.shared.streams[AICORE_STREAM].enqueue(entry.clone(), &*self.shared);
         resume_waiters(fired, &self.shared.streams, &*self.shared);
         Ok(entry)
@@ -629,6 +648,8 @@ impl SimDevice {
             return Err(AclCode::LAUNCH_FAILED);
         }
         let entry = LaunchEntry::new(EntryKind::Aicpu { threads }, args);
+        #[cfg(test)]
+        self.host_log.lock().push(HostCall::LaunchAicpu);
         let fired = self.shared.streams[AICPU_STREAM].enqueue(entry.clone(), &*self.shared);
         resume_waiters(fired, &self.shared.streams, &*self.shared);
         Ok(entry)
@@ -645,6 +666,8 @@ impl SimDevice {
         timeout: Duration,
         op_execute: Duration,
     ) -> Result<(), SyncError> {
+        #[cfg(test)]
+        self.host_log.lock().push(HostCall::Sync(stream));
         let dev = &*self.shared;
         dev.streams[stream].synchronize(timeout, Self::op_budget(op_execute), &|| dev.wake_all())
     }
@@ -694,6 +717,12 @@ impl SimDevice {
     /// The fault plan.
     pub(crate) fn faults(&self) -> &FaultPlan {
         &self.shared.faults
+    }
+
+    /// Takes the launch log recorded so far.
+    #[cfg(test)]
+    pub(crate) fn take_host_log(&self) -> Vec<HostCall> {
+        std::mem::take(&mut *self.host_log.lock())
     }
 
     pub(crate) fn thread_stats(&self) -> SimThreadStats {

@@ -514,6 +514,13 @@ impl<'e> GraphBuilder<'e> {
                 "set_tensor_data: {span} is already used by a task of this graph"
             ));
         }
+        // The same policy as for submitted tensors: the runtime's own buffers (image, kernel
+        // arguments, chip buffers) hold what the scheduler trusts and are never writable here.
+        if !self.env.device_range_ok(span.start, span.len()) {
+            return self.invalid(format!(
+                "set_tensor_data: {span} is not inside one user, heap or staging allocation"
+            ));
+        }
         if !self.env.write(span.start, data) {
             return self.invalid(format!("set_tensor_data: {span} is not device memory"));
         }
