@@ -267,7 +267,16 @@ fn p6(plan: &Plan) {
 fn main() {
     let test = std::env::args().any(|a| a == "--test");
     let plan = if test { Plan { reps: 1, runs: 2 } } else { Plan { reps: 5, runs: 400 } };
-    w1(&plan);
-    w2(&Plan { runs: plan.runs / 4 + 1, ..plan });
-    p6(&Plan { runs: plan.runs / 4 + 1, ..plan });
+    // Positional arguments select workloads (`w1`, `w2`, `p6`); none selects all.
+    let picked: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let run = |name: &str| picked.is_empty() || picked.iter().any(|p| p == name);
+    if run("w1") {
+        w1(&plan);
+    }
+    if run("w2") {
+        w2(&Plan { runs: plan.runs / 4 + 1, ..plan });
+    }
+    if run("p6") {
+        p6(&Plan { runs: plan.runs / 4 + 1, ..plan });
+    }
 }
