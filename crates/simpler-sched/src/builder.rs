@@ -290,8 +290,10 @@ impl<'e> RunBuilder<'e> {
     }
 
     /// Fails the submission with `cause` (spec 30 §2.2): records it as the run's failure (an
-    /// earlier task failure stays first), cancels every unstarted task, unwinds every scope and
-    /// checks the fence. `wait` then returns the failure.
+    /// earlier task failure stays first), cancels every unstarted task, unwinds every scope,
+    /// ends the building phase, and only then closes submission and checks the fence, so a
+    /// thread that sees the run terminal can begin the next run at once. `wait` then returns
+    /// the failure.
     pub fn fail(mut self, cause: impl Into<String>) -> RunId {
         self.fail_inner(cause.into());
         self.run.id
@@ -301,12 +303,14 @@ impl<'e> RunBuilder<'e> {
         self.finished = true;
         let core = self.core();
         let run = Arc::clone(&self.run);
-        run.mark_failed(RunFailure::Submission { run: run.id, message }, true);
+        // Submission stays open until the building mark is cleared: the fence can then fire
+        // no earlier than in `close` below, never while the mark still refuses `begin_run`.
+        run.mark_failed(RunFailure::Submission { run: run.id, message });
         let mut orch = std::mem::take(&mut self.orch);
         core.cancel_run(&run, CancelReason::SubmissionFailed, true, &mut orch.graph);
         unwind_all(core, &mut orch);
         core.registry.end_building(run.id, orch);
-        run.check_fence();
+        run.close();
     }
 }
 

@@ -309,7 +309,7 @@ impl Engine {
 
     fn abort(&self, record: &RunRecord, reason: CancelReason) {
         tracing::debug!(run = %record.id, %reason, "aborting run");
-        record.mark_failed(RunFailure::Aborted { run: record.id, reason }, false);
+        record.mark_failed(RunFailure::Aborted { run: record.id, reason });
         self.core.cancel_run(record, reason, false, &mut GraphScratch::default());
         record.check_fence();
     }

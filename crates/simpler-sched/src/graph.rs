@@ -222,7 +222,7 @@ mod tests {
         let run = core.registry.find(b.id()).unwrap();
         let late = slot_of(&engine, consumer);
         assert_eq!(run.lock().task_slots.pop(), Some(late));
-        run.mark_failed(RunFailure::Aborted { run: run.id, reason: CancelReason::Shutdown }, false);
+        run.mark_failed(RunFailure::Aborted { run: run.id, reason: CancelReason::Shutdown });
         core.cancel_run(&run, CancelReason::Shutdown, false, &mut GraphScratch::default());
         run.lock().task_slots.push(late);
 

@@ -6,9 +6,12 @@
 //! 1. **Charge.** The orchestration thread, under `completion`, appends the new slot to
 //!    `task_slots` (its index is the task's sequence number) and increments `active`, before the
 //!    slot is visible to any other thread, so a decrement can never precede its increment.
-//! 2. **Close / fail.** Under `completion`: set `closed` (and `failed` for a failed submission),
-//!    record a failure if there is one (first wins), move the phase to `Executing` if work is
-//!    still charged, then run the fence check (step 4) in the same critical section.
+//! 2. **Close / fail.** A failed submission or an abort first records its failure (first wins)
+//!    and sets `failed`, then cancels. `close`, and `fail` after it has unwound its scopes and
+//!    cleared the building mark, then set `closed` under `completion`, move the phase to
+//!    `Executing` if work is still charged, and run the fence check (step 4) in the same
+//!    critical section. Closing only after the mark is cleared means nobody who sees the run
+//!    terminal can be refused by `begin_run` for it.
 //! 3. **Reclaim.** Whichever thread reclaims a slot decrements `active` exactly once (clamped at
 //!    0: an underflow records `RunFailure::Internal` instead of panicking). The thread that
 //!    brings it to 0 locks `completion` and runs the fence check.
@@ -186,17 +189,14 @@ impl RunRecord {
         self.fence_locked(&mut c)
     }
 
-    /// Step 2 for `fail` and aborts: records `failure` (first wins), marks the run failed and,
-    /// when `close` is set, closes submission. Does not check the fence (cancellation runs
-    /// first; call [`RunRecord::check_fence`] after it).
-    pub(crate) fn mark_failed(&self, failure: RunFailure, close: bool) {
+    /// Step 2 for `fail` and aborts: records `failure` (first wins) and marks the run failed.
+    /// Neither closes submission nor checks the fence: cancellation (and, for `fail`, unwinding
+    /// and ending the building phase) runs first, then [`RunRecord::close`] or
+    /// [`RunRecord::check_fence`].
+    pub(crate) fn mark_failed(&self, failure: RunFailure) {
         let mut c = self.completion.lock();
         self.record_locked(&mut c, failure);
         c.failed = true;
-        if close {
-            c.closed = true;
-            self.mark_executing(&c);
-        }
     }
 
     /// Moves a building run to `Executing`; the fence check may immediately move it on.

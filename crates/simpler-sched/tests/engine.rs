@@ -544,3 +544,51 @@ fn close_with_open_user_scopes_warns_naming_the_run() {
     assert!(text.contains("WARN") && text.contains("2 user scope(s) still open"), "{text}");
     assert!(text.contains(&run.to_string()), "{text}");
 }
+
+#[test]
+fn begin_run_right_after_a_failed_or_dropped_runs_fence_never_sees_another_run_building() {
+    // The fence of a failed (or dropped) builder's run fires only after the building mark is
+    // cleared, so a thread that has just seen the run terminal may begin the next run at once.
+    // The builder thread fails runs in a loop while this thread races `begin_run` against each
+    // fence; a fence fired before the mark is cleared is caught within a few hundred rounds.
+    let e = Engine::start(EngineConfig::default()).unwrap();
+    let (run_tx, run_rx) = std::sync::mpsc::channel();
+    let (next_tx, next_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let e = &e;
+        s.spawn(move || {
+            for round in 0..2000 {
+                let mut b = e.begin_run().unwrap();
+                b.alloc(&[64], DataType::UInt8).unwrap();
+                run_tx.send(b.id()).unwrap();
+                if round % 2 == 0 {
+                    b.fail("deliberate");
+                } else {
+                    drop(b);
+                }
+                if next_rx.recv_timeout(PATIENCE).is_err() {
+                    break;
+                }
+            }
+        });
+        let next_tx = next_tx;
+        for run in run_rx {
+            // Spin rather than sleep: the window being checked is a few instructions wide.
+            let deadline = Instant::now() + PATIENCE;
+            while !e.is_done(run).unwrap() {
+                assert!(Instant::now() < deadline, "{run} never reached its fence");
+                std::hint::spin_loop();
+            }
+            match e.begin_run() {
+                Ok(b) => {
+                    let next = b.close();
+                    assert!(wait(e, next).is_completed());
+                    e.release(next).unwrap();
+                }
+                Err(err) => panic!("begin_run right after {run}'s fence: {err}"),
+            }
+            e.release(run).unwrap();
+            next_tx.send(()).unwrap();
+        }
+    });
+}
