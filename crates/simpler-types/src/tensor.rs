@@ -36,6 +36,8 @@ use crate::dtype::DataType;
 use crate::error::TypesError;
 use crate::ids::DeviceTaskId;
 
+mod validate;
+
 /// The 128-byte tensor descriptor. See the module docs for the layout rules.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Pod, Zeroable)]
 #[repr(C, align(64))]
@@ -328,57 +330,13 @@ impl Tensor {
     /// dimensions, zero unused entries, a byte size that fits `u64`, consistent layout caches,
     /// a buffer that does not wrap the address space, and the view-fits rule
     /// `(start_offset + extent) × element_size ≤ size` for a non-null, non-empty view.
+    ///
+    /// A well-formed descriptor is recognised in one pass that builds no error value; the
+    /// checks run one by one, to name the first failure, only when that pass says no (see
+    /// `tensor/validate.rs`).
+    #[inline]
     pub fn validate(&self) -> Result<(), TypesError> {
-        let rank = checked_rank(u64::from(self.ndims))?;
-        let dtype = self.data_type()?;
-        for (offset, value) in
-            FLAG_OFFSETS.into_iter().zip([self.manual_dep, self.is_contiguous, self.child_memory])
-        {
-            if value > 1 {
-                return Err(TypesError::InvalidFlag { offset, value });
-            }
-        }
-        let (shape, stride) = (&self.shapes[..rank], &self.strides[..rank]);
-        if let Some(dim) = stride.iter().position(|&s| s == 0) {
-            return Err(TypesError::ZeroStride { dim });
-        }
-        for (field, entries) in [("shapes", &self.shapes), ("strides", &self.strides)] {
-            if let Some(dim) = (rank..MAX_TENSOR_DIMS).find(|&d| entries[d] != 0) {
-                return Err(TypesError::UnusedDimNonZero { field, dim, value: entries[dim] });
-            }
-        }
-        checked_numel(shape)
-            .and_then(|n| n.checked_mul(dtype.element_size()))
-            .ok_or(TypesError::SizeOverflow { what: "byte size" })?;
-        let contiguous = is_row_major(shape, stride);
-        if self.contiguous() != contiguous {
-            return Err(TypesError::StaleLayoutCache {
-                field: "is_contiguous",
-                stored: u64::from(self.is_contiguous),
-                computed: u64::from(contiguous),
-            });
-        }
-        let extent = span_elems(shape, stride);
-        if u128::from(self.extent_elems) != extent {
-            return Err(TypesError::StaleLayoutCache {
-                field: "extent_elems",
-                stored: self.extent_elems,
-                computed: u64::try_from(extent).unwrap_or(u64::MAX),
-            });
-        }
-        if self.is_null() || extent == 0 {
-            return Ok(());
-        }
-        if self.addr.checked_add(self.size).is_none() {
-            return Err(TypesError::SizeOverflow { what: "buffer end address" });
-        }
-        // `start_offset < 2^64`, `extent < 2^67` and `element_size ≤ 8`: no overflow in u128.
-        let needed_bytes =
-            (u128::from(self.start_offset) + extent) * u128::from(dtype.element_size());
-        if needed_bytes > u128::from(self.size) {
-            return Err(TypesError::ViewOutOfBounds { needed_bytes, buffer_bytes: self.size });
-        }
-        Ok(())
+        if validate::is_well_formed(self) { Ok(()) } else { validate::first_violation(self) }
     }
 
     // ----- Views -----
