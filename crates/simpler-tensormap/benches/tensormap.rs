@@ -1,8 +1,9 @@
 //! Tensor-map benchmarks: P4 (the map alone over 1 000 000 keys) and the map's share of P3
 //! (a fan-in over 1000 one-byte slices of one buffer), spec 70.
 //!
-//! Every benchmark reports the time of **one operation** (one insert, one lookup, one erase, or
-//! for `p3_fan_in/lookup_whole_buffer` one lookup that visits 1000 producers): the routine runs
+//! Every benchmark reports the time of **one operation** (one insert, one lookup, one erase, for
+//! `p3_fan_in/lookup_whole_buffer` one lookup that visits 1000 producers, and for the
+//! `p3_fan_in/diamond_*` benchmarks one diamond's whole fan-in): the routine runs
 //! the requested number of operations, refilling or emptying the map outside the timed part
 //! whenever a pass over the key set is complete.
 //!
@@ -376,6 +377,36 @@ fn p3_fan_in(c: &mut Criterion) {
             black_box(visited)
         })
     });
+
+    // The fan-in written by `InOut` mids: each looks up its slice before writing it, so lookups
+    // in an indexed list are on the path. With a whole-buffer writer (an initializer) still live,
+    // the list holds one long entry among the slices; the lookups must stay as cheap as without.
+    // One op = one diamond: 1000 lookups and inserts, the sink's lookup, and every erase.
+    let writer = SlotId::new(FAN_IN as u32, 1);
+    for (name, initializer) in
+        [("diamond_inout", false), ("diamond_inout_after_whole_buffer_writer", true)]
+    {
+        group.bench_function(name, |b| {
+            let map = TensorMap::new();
+            b.iter(|| {
+                let mut guard = map.lock();
+                if initializer {
+                    guard.insert(RUN, key, whole, writer);
+                }
+                let mut visited = 0_usize;
+                for &(span, slot) in &slices {
+                    guard.lookup_overlapping(RUN, &key, span, |_| visited += 1);
+                    guard.insert(RUN, key, span, slot);
+                }
+                guard.lookup_overlapping(RUN, &key, whole, |_| visited += 1);
+                for &(_, slot) in &slices {
+                    guard.erase_owned(RUN, slot, &[key]);
+                }
+                guard.erase_owned(RUN, writer, &[key]);
+                black_box(visited)
+            })
+        });
+    }
     group.finish();
 }
 

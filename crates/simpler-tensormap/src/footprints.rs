@@ -19,20 +19,25 @@
 //! 1. `entries` stays sorted by start but may hold **dead** entries: an erased entry is killed in
 //!    place by emptying its span (`end = start`), which keeps the order without shifting anything.
 //!    Empty spans overlap nothing, so lookups skip dead entries for free.
-//! 2. `starts[owner]` lists the start of each live entry of `owner`, so an owner-erase finds its
-//!    entries by binary search instead of a scan.
-//! 3. `max_len` is at least the length of every live entry. A lookup for `[s, e)` then scans only
-//!    the entries whose start lies in `(s − max_len, e)` (the *candidates*): an entry starting at
-//!    or before `s − max_len` ends at or before `s`.
-//! 4. `shared_owners` counts owners with two or more live entries. While it is 0 no producer can
-//!    be met twice, and a lookup visits candidates without deduplicating.
-//! 5. When dead entries outnumber live ones the list is compacted (amortized O(1) per erase).
-//! 6. An indexed list always holds more than [`UNINDEX_AT`] live entries: an insert that
-//!    supersedes entries, or an erase, that leaves [`UNINDEX_AT`] or fewer drops the index and
-//!    the dead entries, and the list is plain again. The gap between the two thresholds keeps a
-//!    list near the boundary from flapping. Because of this, a list with one entry is always
-//!    plain, and the one-entry shortcuts of insert and erase (which keep no index up to date)
-//!    never meet an indexed list.
+//! 2. `starts[owner]` lists the start of each live entry of `owner` (in `entries` or `long`), so
+//!    an owner-erase finds its entries by binary search instead of a scan.
+//! 3. `max_len` is at least the length of every live entry in `entries`. A lookup for `[s, e)`
+//!    then scans only the entries whose start lies in `(s − max_len, e)` (the *candidates*): an
+//!    entry starting at or before `s − max_len` ends at or before `s`.
+//! 4. `long` holds up to [`LONG_CAP`] live entries that are not in `entries`, unordered, and every
+//!    lookup tests all of them. An entry longer than `max_len` goes there while there is room, so
+//!    a few long entries (a whole-buffer writer next to a fan-in of slices) do not stretch
+//!    `max_len` and turn every lookup into a scan of the whole list. Only when `long` is full does
+//!    a longer entry raise `max_len`. Which list an entry is in affects speed, never results.
+//! 5. `shared_owners` counts owners with two or more live entries (over both lists). While it is
+//!    0 no producer can be met twice, and a lookup visits candidates without deduplicating.
+//! 6. When dead entries outnumber live ones the list is compacted (amortized O(1) per erase).
+//! 7. An indexed list always holds more than [`UNINDEX_AT`] live entries: an insert that
+//!    supersedes entries, or an erase, that leaves [`UNINDEX_AT`] or fewer drops the index, the
+//!    dead entries and `long` (whose entries go back into `entries`), and the list is plain
+//!    again. The gap between the two thresholds keeps a list near the boundary from flapping.
+//!    Because of this, a list with one entry is always plain, and the one-entry shortcuts of
+//!    insert and erase (which keep no index up to date) never meet an indexed list.
 //!
 //! An empty list (no live entry) is never stored: the store removes the key instead.
 
@@ -47,8 +52,13 @@ use crate::ByteSpan;
 /// A list with more entries than this builds an owner index.
 const INDEX_AT: usize = 32;
 
-/// An indexed list compacted down to this many live entries drops its index.
+/// An indexed list left with this many live entries drops its index.
 const UNINDEX_AT: usize = 8;
+
+/// Most entries an indexed list keeps out of its `max_len` bound (module docs, item 4). Every
+/// lookup tests them all, so the number stays small; four covers a whole-buffer initializer and
+/// a few wide readers-turned-writers next to a fan-in.
+const LONG_CAP: usize = 4;
 
 /// At most this many candidates are deduplicated in place by comparing each with the ones before
 /// it; more are collected into the store's reusable scratch buffer, sorted and deduplicated.
@@ -78,7 +88,7 @@ pub(crate) struct FootprintList {
     index: Option<Box<OwnerIndex>>,
 }
 
-/// Bookkeeping of an indexed list (module docs, items 2–4).
+/// Bookkeeping of an indexed list (module docs, items 2–5).
 #[derive(Clone, Debug, Default)]
 struct OwnerIndex {
     /// Starts of every live entry, per owner.
@@ -87,8 +97,10 @@ struct OwnerIndex {
     shared_owners: usize,
     /// Dead entries in the list.
     dead: usize,
-    /// At least the length of every live entry.
+    /// At least the length of every live entry in `entries`.
     max_len: u64,
+    /// Live entries kept out of `entries` and its `max_len`, unordered.
+    long: SmallVec<[Entry; LONG_CAP]>,
 }
 
 impl OwnerIndex {
@@ -116,6 +128,22 @@ impl OwnerIndex {
             _ => {}
         }
     }
+
+    /// Removes the entries of `long` that `span` contains; returns how many.
+    fn supersede_long(&mut self, span: ByteSpan) -> usize {
+        let mut superseded = 0;
+        let mut i = 0;
+        while let Some(&entry) = self.long.get(i) {
+            if span.contains(entry.span) {
+                self.long.swap_remove(i);
+                self.forget(entry.slot, entry.span.start);
+                superseded += 1;
+            } else {
+                i += 1;
+            }
+        }
+        superseded
+    }
 }
 
 impl FootprintList {
@@ -127,7 +155,10 @@ impl FootprintList {
 
     /// Number of live entries.
     pub(crate) fn len(&self) -> usize {
-        self.entries.len() - self.index.as_ref().map_or(0, |ix| ix.dead)
+        match &self.index {
+            None => self.entries.len(),
+            Some(index) => self.entries.len() - index.dead + index.long.len(),
+        }
     }
 
     /// `true` when no live entry is left; the store then drops the key.
@@ -138,16 +169,20 @@ impl FootprintList {
     /// The live entries in start order.
     #[cfg(test)]
     pub(crate) fn live_entries(&self) -> Vec<Entry> {
-        self.entries.iter().filter(|e| !e.is_dead()).copied().collect()
+        let mut live: Vec<Entry> = self.entries.iter().filter(|e| !e.is_dead()).copied().collect();
+        live.extend(self.index.iter().flat_map(|index| index.long.iter().copied()));
+        live.sort_by_key(|e| e.span.start);
+        live
     }
 
     /// Calls `visit` once for every distinct producer with an entry that overlaps `span`.
     ///
     /// `scratch` is taken out of its cell and put back, and only when more than
-    /// [`IN_PLACE_DEDUP_LIMIT`] candidates need deduplication; its capacity is kept, so lookups
-    /// allocate nothing once it has grown to the largest fan-in seen. Taking it rather than
-    /// borrowing it means a `visit` that re-enters a lookup on the same store finds an empty
-    /// buffer instead of a conflicting borrow. The visiting order is unspecified.
+    /// [`IN_PLACE_DEDUP_LIMIT`] candidates, or candidates and long entries together, need
+    /// deduplication; its capacity is kept, so lookups allocate nothing once it has grown to the
+    /// largest fan-in seen. Taking it rather than borrowing it means a `visit` that re-enters a
+    /// lookup on the same store finds an empty buffer instead of a conflicting borrow. The
+    /// visiting order is unspecified.
     #[inline]
     pub(crate) fn visit_overlapping(
         &self,
@@ -166,17 +201,22 @@ impl FootprintList {
             return visit_dedup_in_place(&self.entries[..end], span, visit);
         };
         let candidates = &self.entries[self.candidate_range(span, index.max_len)];
+        let overlapping = |e: &&Entry| e.span.overlaps(span);
         if index.shared_owners == 0 {
-            // Every owner has one live entry, so no producer can come up twice.
-            for entry in candidates.iter().filter(|e| e.span.overlaps(span)) {
+            // Every owner has one live entry, so no producer can come up twice. Two loops rather
+            // than a chained iterator keep the candidate loop as tight as without `long`.
+            for entry in index.long.iter().filter(overlapping) {
                 visit(entry.slot);
             }
-        } else if candidates.len() <= IN_PLACE_DEDUP_LIMIT {
+            for entry in candidates.iter().filter(overlapping) {
+                visit(entry.slot);
+            }
+        } else if index.long.is_empty() && candidates.len() <= IN_PLACE_DEDUP_LIMIT {
             visit_dedup_in_place(candidates, span, visit);
         } else {
             let mut slots = scratch.take();
             slots.clear();
-            slots.extend(candidates.iter().filter(|e| e.span.overlaps(span)).map(|e| e.slot));
+            slots.extend(index.long.iter().chain(candidates).filter(overlapping).map(|e| e.slot));
             slots.sort_unstable();
             slots.dedup();
             for &slot in &slots {
@@ -201,7 +241,8 @@ impl FootprintList {
     ///
     /// Only entries starting at or after `span.start` can lie inside it, and they are contiguous
     /// in start order, so the scan touches the superseded entries and the partial overlaps that
-    /// start inside `span`, nothing else. Dead entries met on the way are dropped for free.
+    /// start inside `span`, nothing else (plus the few `long` entries of an indexed list). Dead
+    /// entries met on the way are dropped for free.
     pub(crate) fn insert(&mut self, span: ByteSpan, slot: SlotId) -> usize {
         debug_assert!(!span.is_empty(), "the store never inserts an empty span");
         let new = Entry { span, slot };
@@ -210,7 +251,7 @@ impl FootprintList {
             && span.contains(only.span)
         {
             // The common rewrite of one key's only entry (an `InOut` chain), without the scan.
-            // Only a plain list may take it: it updates no owner index (module docs, item 6).
+            // Only a plain list may take it: it updates no owner index (module docs, item 7).
             *only = new;
             return 1;
         }
@@ -240,7 +281,19 @@ impl FootprintList {
                 write += 1;
             }
         }
-        if read > write && write == lo {
+        // An indexed list keeps an entry longer than `max_len` out of `entries` while `long`
+        // has room (module docs, item 4).
+        let goes_long = self.index.as_mut().is_some_and(|index| {
+            superseded += index.supersede_long(span);
+            let long = span.len() > index.max_len && index.long.len() < LONG_CAP;
+            if long {
+                index.long.push(new);
+            }
+            long
+        });
+        if goes_long {
+            self.entries.drain(write..read);
+        } else if read > write && write == lo {
             // Every entry starting inside `span` went away (the rewrite case): the new entry
             // takes the first vacated place, which keeps the start order.
             self.entries[lo] = new;
@@ -252,9 +305,11 @@ impl FootprintList {
         match &mut self.index {
             Some(index) => {
                 index.remember(slot, span.start);
-                index.max_len = index.max_len.max(span.len());
+                if !goes_long {
+                    index.max_len = index.max_len.max(span.len());
+                }
                 if self.len() <= UNINDEX_AT {
-                    // Supersession shrank the list (module docs, item 6).
+                    // Supersession shrank the list (module docs, item 7).
                     self.drop_index();
                 }
             }
@@ -280,15 +335,25 @@ impl FootprintList {
         self.entries.insert(at, new);
     }
 
-    /// Switches a plain list that just outgrew [`INDEX_AT`] to indexed mode.
+    /// Switches a plain list that just outgrew [`INDEX_AT`] to indexed mode. The [`LONG_CAP`]
+    /// longest entries go to `long` if they are longer than all the others; `max_len` bounds
+    /// the rest.
     #[cold]
     fn build_index(&mut self) {
         let mut index = OwnerIndex::default();
         index.starts.reserve(self.entries.len() * 2);
+        let mut lengths: Vec<u64> = self.entries.iter().map(|e| e.span.len()).collect();
+        lengths.sort_unstable_by(|a, b| b.cmp(a));
+        // A plain list that outgrew `INDEX_AT` holds more than `LONG_CAP` entries.
+        index.max_len = lengths.get(LONG_CAP).copied().unwrap_or(0);
         for entry in &self.entries {
             index.remember(entry.slot, entry.span.start);
-            index.max_len = index.max_len.max(entry.span.len());
+            if entry.span.len() > index.max_len {
+                index.long.push(*entry);
+            }
         }
+        let max_len = index.max_len;
+        self.entries.retain(|e| e.span.len() <= max_len);
         self.index = Some(Box::new(index));
     }
 
@@ -319,15 +384,20 @@ impl FootprintList {
                 .iter_mut()
                 .take_while(|e| e.span.start == start)
                 .find(|e| e.slot == owner && !e.is_dead());
-            match victim {
-                Some(entry) => entry.span.end = entry.span.start,
-                None => debug_assert!(false, "index names a start of {owner} with no live entry"),
+            if let Some(entry) = victim {
+                entry.span.end = entry.span.start;
+                index.dead += 1;
+            } else if let Some(at) =
+                index.long.iter().position(|e| e.slot == owner && e.span.start == start)
+            {
+                index.long.swap_remove(at);
+            } else {
+                debug_assert!(false, "index names a start of {owner} with no live entry");
             }
         }
-        index.dead += starts.len();
         let live = self.entries.len() - index.dead;
         let mostly_dead = index.dead > live;
-        if live <= UNINDEX_AT {
+        if live + index.long.len() <= UNINDEX_AT {
             self.drop_index();
         } else if mostly_dead {
             self.compact();
@@ -346,11 +416,16 @@ impl FootprintList {
         }
     }
 
-    /// Leaves indexed mode: a list down to [`UNINDEX_AT`] live entries (module docs, item 6).
+    /// Leaves indexed mode: a list down to [`UNINDEX_AT`] live entries (module docs, item 7).
     #[cold]
     fn drop_index(&mut self) {
         self.entries.retain(|e| !e.is_dead());
-        self.index = None;
+        if let Some(index) = self.index.take() {
+            for entry in index.long {
+                let at = self.entries.partition_point(|e| e.span.start <= entry.span.start);
+                self.entries.insert(at, entry);
+            }
+        }
         self.entries.shrink_to_fit();
     }
 
@@ -382,8 +457,11 @@ impl FootprintList {
         if let Some(e) = self.entries.iter().find(|e| e.span.len() > index.max_len) {
             return Err(format!("entry {e:?} is longer than max_len {}", index.max_len));
         }
+        if index.long.len() > LONG_CAP || index.long.iter().any(|e| e.is_dead()) {
+            return Err(format!("long entries {:?} over capacity or dead", index.long));
+        }
         let mut expected: FxHashMap<SlotId, Vec<u64>> = FxHashMap::default();
-        for e in self.entries.iter().filter(|e| !e.is_dead()) {
+        for e in self.entries.iter().filter(|e| !e.is_dead()).chain(&index.long) {
             expected.entry(e.slot).or_default().push(e.span.start);
         }
         let mut actual: FxHashMap<SlotId, Vec<u64>> =
@@ -520,6 +598,48 @@ mod tests {
         assert_eq!(visited(&list, span(500, 501)), [slot(1)]);
         assert_eq!(visited(&list, span(1005, 1007)), [slot(15), slot(16)]);
         assert_eq!(visited(&list, ByteSpan::ALL).len(), 41);
+    }
+
+    #[test]
+    fn a_few_long_entries_do_not_widen_the_candidates_of_a_fan_in() {
+        // A whole-buffer writer is live while the fan-in is written (it is long when the index
+        // is built), and a second long writer arrives later (long on insert).
+        let mut list = FootprintList::new(span(0, 1000), slot(9999));
+        for i in 0..1000 {
+            list.insert(span(i, i + 1), slot(i as u32));
+        }
+        list.insert(span(2000, 3000), slot(5000));
+        list.check_invariants().unwrap();
+        let max_len = list.index.as_ref().unwrap().max_len;
+        assert_eq!(max_len, 1);
+        assert_eq!(list.candidate_range(span(500, 501), max_len).len(), 1);
+        assert_eq!(visited(&list, span(500, 501)), [slot(500), slot(9999)]);
+        assert_eq!(visited(&list, span(2500, 2501)), [slot(5000)]);
+        assert_eq!(visited(&list, ByteSpan::ALL).len(), 1002);
+        assert_eq!(list.remove_owned(slot(9999)), 1);
+        assert_eq!(visited(&list, span(500, 501)), [slot(500)]);
+        list.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn long_entries_past_the_side_list_capacity_raise_max_len_and_stay_visible() {
+        let mut list = bytes(40, |i| slot(i as u32));
+        for k in 0..=LONG_CAP as u64 {
+            list.insert(span(100 + 100 * k, 150 + 100 * k), slot(200 + k as u32));
+        }
+        list.check_invariants().unwrap();
+        let index = list.index.as_ref().unwrap();
+        assert_eq!((index.long.len(), index.max_len), (LONG_CAP, 50));
+        for k in 0..=LONG_CAP as u64 {
+            assert_eq!(visited(&list, span(120 + 100 * k, 121 + 100 * k)), [slot(200 + k as u32)]);
+        }
+        // Erasing everything but the long entries leaves few enough for a plain list, in order.
+        for i in 0..40 {
+            list.remove_owned(slot(i));
+        }
+        assert!(list.index.is_none());
+        list.check_invariants().unwrap();
+        assert_eq!(list.len(), LONG_CAP + 1);
     }
 
     #[test]
