@@ -52,7 +52,7 @@ use crate::ByteSpan;
 /// A list with more entries than this builds an owner index.
 const INDEX_AT: usize = 32;
 
-/// An indexed list left with this many live entries drops its index.
+/// An indexed list left with this many live entries or fewer drops its index.
 const UNINDEX_AT: usize = 8;
 
 /// Most entries an indexed list keeps out of its `max_len` bound (module docs, item 4). Every
