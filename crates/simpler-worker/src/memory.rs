@@ -88,10 +88,16 @@ impl ChipMemory<'_> {
         Ok(DeviceBuffer { worker: self.inner.instance, chip: self.chip, addr, len: bytes })
     }
 
-    /// Frees a buffer of this chip.
+    /// Frees a buffer of this chip, after every run accepted before the call is published, so
+    /// that memory never vanishes under a queued task. From inside one of the worker's own
+    /// callbacks or closures, where that wait would never end, it is `Reentrant`.
     pub fn free(&self, buf: DeviceBuffer) -> Result<(), WorkerError> {
         self.check(&buf, 0, 0)?;
+        if crate::reentry::is_acting_for(self.inner.instance) {
+            return Err(WorkerError::Reentrant { op: "free", worker: self.inner.label.clone() });
+        }
         let _lease = self.inner.lease()?;
+        self.inner.wait_accepted();
         self.inner.on_chip(self.chip, move |s| s.free(buf.addr))??;
         if let Some(m) = self.inner.owned.lock().get_mut(&self.chip) {
             m.remove(&buf.addr);

@@ -94,7 +94,7 @@ pub(crate) enum Body {
 pub(crate) struct Inner {
     pub(crate) instance: u64,
     pub(crate) level: u8,
-    label: String,
+    pub(crate) label: String,
     pub(crate) registry: SharedRegistry,
     /// Registries of the subtree, for naming callables in lower frames.
     pub(crate) name_sources: Vec<SharedRegistry>,
@@ -294,6 +294,16 @@ impl Inner {
                     }
                     Err(e) => tracing::warn!(%chip, "deferred unregistration of {id} failed: {e}"),
                 }
+            }
+        }
+    }
+
+    /// Waits, as an ordinary waiter, until every run accepted so far is published.
+    pub(crate) fn wait_accepted(&self) {
+        let runs: Vec<Arc<RunShared>> = self.accepted.lock().iter().cloned().collect();
+        for run in runs {
+            if let Some(r) = run.wait_until(None) {
+                self.note_published(&run, &r);
             }
         }
     }
@@ -695,12 +705,7 @@ impl Worker {
         let _lease = self.inner.lease()?;
         let admission = self.inner.admission.lock();
         // Wait, as an ordinary waiter, until every earlier accepted run is published.
-        let earlier: Vec<Arc<RunShared>> = self.inner.accepted.lock().iter().cloned().collect();
-        for run in earlier {
-            if let Some(r) = run.wait_until(None) {
-                self.inner.note_published(&run, &r);
-            }
-        }
+        self.inner.wait_accepted();
         let r = match &self.inner.body {
             Body::Chip(lane) => self.submit_chip(lane, orch),
             Body::Engine { engine, .. } => self.submit_graph(engine, orch),

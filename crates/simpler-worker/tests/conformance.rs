@@ -892,6 +892,34 @@ fn a_chip_memory_tensor_sent_to_another_chip_fails_at_submit() {
 }
 
 #[test]
+fn free_waits_until_runs_accepted_before_it_are_published() {
+    let gate = Arc::new(Barrier::new(2));
+    let g2 = Arc::clone(&gate);
+    let mut b = host().chips(&[0]).sub_workers(1);
+    let hold = b.register_host("hold", move |_| {
+        g2.wait();
+        Ok(())
+    });
+    let w = Arc::new(b.start().expect("start"));
+    let buf = w.chip_memory(WorkerId(0)).unwrap().malloc(1024).unwrap();
+    let handle = w.submit(subs(hold, 1)).expect("submit");
+    let (w2, h2) = (Arc::clone(&w), handle.clone());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let freer = std::thread::spawn(move || {
+        w2.chip_memory(WorkerId(0)).unwrap().free(buf).expect("free");
+        let _ = tx.send(());
+        h2.is_done()
+    });
+    // While the run is held, the free has not returned (this can only miss a bug, never
+    // fail a correct implementation).
+    let freed_early = rx.recv_timeout(Duration::from_millis(50)).is_ok();
+    gate.wait();
+    assert!(!freed_early, "free did not wait for the run");
+    assert!(freer.join().expect("freer"), "free returned before the earlier run was done");
+    handle.wait().expect("run");
+}
+
+#[test]
 fn l2_submit_returns_a_live_handle_and_memory_calls_check_ownership_and_range() {
     let mut b = Worker::chip(Platform::A2a3Sim, 3, RuntimeVariant::HostBuildGraph);
     let add = b.register_chip(add_callable(0));
