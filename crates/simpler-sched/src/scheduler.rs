@@ -405,7 +405,7 @@ impl SchedState {
         let now = Instant::now();
         let due = match &mut self.stall {
             Some(s) if s.head == head => {
-                let due = !s.reported && now >= s.since + core.stall_warn_after;
+                let due = !s.reported && stall_due(s.since, core).is_some_and(|d| now >= d);
                 s.reported |= due;
                 due.then_some(now - s.since)
             }
@@ -421,7 +421,7 @@ impl SchedState {
 
     /// When the scheduler thread must next look at an open, unreported stall episode.
     fn stall_deadline(&self, core: &Core) -> Option<Instant> {
-        self.stall.as_ref().filter(|s| !s.reported).map(|s| s.since + core.stall_warn_after)
+        self.stall.as_ref().filter(|s| !s.reported).and_then(|s| stall_due(s.since, core))
     }
 
     #[cold]
@@ -471,6 +471,12 @@ impl SchedState {
         self.batch.completions.clear();
         self.scratch = GraphScratch::default();
     }
+}
+
+/// When an episode open since `since` becomes reportable; `None` (never) when the configured
+/// delay reaches past the clock's range, which is how `Duration::MAX` switches warnings off.
+fn stall_due(since: Instant, core: &Core) -> Option<Instant> {
+    since.checked_add(core.stall_warn_after)
 }
 
 fn is_ready(core: &Core, id: SlotId) -> bool {
@@ -561,8 +567,29 @@ impl Core {
 }
 
 /// Body of the scheduler thread (module docs, thread steps 1–3).
+///
+/// Everything it does runs under `catch_unwind`: a panic outside a pass is an engine bug as
+/// well, and poisons the engine instead of silently ending the thread. `scheduler_exit` is set
+/// from a drop guard, so shutdown never waits for a thread that is gone, however it ended.
 pub(crate) fn scheduler_main(core: Arc<Core>) {
+    /// Sets `scheduler_exit` when the thread's body ends, by return or by unwinding.
+    struct ExitGuard<'a>(&'a Core);
+
+    impl Drop for ExitGuard<'_> {
+        fn drop(&mut self) {
+            self.0.scheduler_exit.set();
+        }
+    }
+
+    let _exit = ExitGuard(&core);
     let _span = tracing::debug_span!("scheduler", level = core.level).entered();
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| scheduler_loop(&core))) {
+        core.poison(&format!("scheduler thread panicked: {}", panic_message(payload.as_ref())));
+    }
+}
+
+/// Thread steps 1–3, until the scheduler has stopped for good.
+fn scheduler_loop(core: &Core) {
     let mut deadline = None;
     loop {
         core.attention.wait(deadline, true);
@@ -573,22 +600,21 @@ pub(crate) fn scheduler_main(core: Arc<Core>) {
                 core.run_pass(state, Own::Nothing);
                 #[cfg(test)]
                 if let Some(hook) = state.thread_hook.as_mut() {
-                    hook(&core);
+                    hook(core);
                 }
                 if state.stopping && state.busy == 0 {
-                    state.exit(&core);
+                    state.exit(core);
                     return true;
                 }
-                deadline = state.stall_deadline(&core);
+                deadline = state.stall_deadline(core);
                 false
             },
             |state| core.run_pass(state, Own::Nothing),
         );
         if exited {
-            break;
+            return;
         }
     }
-    core.scheduler_exit.set();
 }
 
 #[cfg(all(test, not(simpler_loom)))]
@@ -735,6 +761,35 @@ pub(crate) mod tests {
         let outcome = engine.wait_timeout(run, Duration::from_secs(20)).unwrap();
         assert_eq!(outcome, Some(RunOutcome::Completed), "the completion was stranded");
         core.sched.lock().thread_hook = None;
+    }
+
+    #[test]
+    fn a_panic_on_the_scheduler_thread_outside_a_pass_poisons_the_engine_and_shutdown_finishes() {
+        let (engine, tx) = gated_engine();
+        let engine = Arc::new(engine);
+        let (run, _) = one_running_task(&engine);
+        let core = engine.core();
+        core.sched.lock().thread_hook = Some(Box::new(|_: &Core| panic!("deliberate")));
+        core.attention.set();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !engine.is_poisoned() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if !engine.is_poisoned() {
+            // Dropping the engine would wait for a scheduler thread that is gone.
+            std::mem::forget(engine);
+            panic!("the scheduler thread's panic did not poison the engine");
+        }
+        assert!(matches!(engine.wait(run).unwrap(), RunOutcome::Failed(_)));
+        core.sched.lock().thread_hook = None;
+        tx.send(()).unwrap();
+        let (done_tx, done_rx) = mpsc::channel();
+        let stopper = Arc::clone(&engine);
+        std::thread::spawn(move || {
+            let _ = done_tx.send(stopper.shutdown(Instant::now() + Duration::from_secs(20)));
+        });
+        let stopped = done_rx.recv_timeout(Duration::from_secs(20)).expect("shutdown finishes");
+        assert!(stopped.is_ok(), "{stopped:?}");
     }
 
     #[cfg(debug_assertions)]

@@ -454,3 +454,41 @@ fn c59_a_panicking_endpoint_fails_its_task_as_endpoint_failed_and_the_worker_ser
     assert!(wait(&e, run).is_completed());
     assert!(h.log().iter().any(|d| d.task == next));
 }
+
+#[test]
+fn an_unbounded_stall_warning_delay_never_warns_and_neither_poisons_nor_stops_the_scheduler() {
+    // `Duration::MAX` is the natural way to switch the stall warning off. An episode opened under
+    // it must be tracked without arithmetic overflow, both in passes and on the scheduler thread
+    // (which must survive to let shutdown finish).
+    let h = Harness::new();
+    let e = std::sync::Arc::new(
+        Engine::start(EngineConfig {
+            ring: small_rings(),
+            next_level: [0, 1, 3].map(|id| Fake::boxed(WorkerType::NextLevel, id, &h, true)).into(),
+            stall_warn_after: Duration::MAX,
+            ..EngineConfig::default()
+        })
+        .unwrap(),
+    );
+    let mut b = e.begin_run().unwrap();
+    let busy = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    h.wait_running(busy, 0);
+    let group = [args(&[]), args(&[])].into();
+    b.submit_next_level_group(&chip(1), group, &cfg(), &[w(0), w(1)], None).unwrap();
+    // Opens the stall episode: the blocked group holds idle worker 1, which has a single queued.
+    b.submit_next_level(&chip(1), args(&[]), &cfg(), w(1), None).unwrap();
+    // A later pass looks at the same open episode again.
+    let outside = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(3), None).unwrap();
+    h.wait_running(outside, 0);
+    assert!(!e.is_poisoned(), "a configuration value poisoned the engine");
+    h.open();
+    let run = b.close();
+    assert!(wait(&e, run).is_completed());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stopper = std::sync::Arc::clone(&e);
+    std::thread::spawn(move || {
+        let _ = tx.send(stopper.shutdown(std::time::Instant::now() + PATIENCE));
+    });
+    let stopped = rx.recv_timeout(PATIENCE).expect("shutdown finishes");
+    assert!(stopped.is_ok(), "{stopped:?}");
+}
