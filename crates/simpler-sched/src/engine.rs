@@ -233,7 +233,7 @@ impl Engine {
     }
 
     /// As [`wait`](Self::wait) with a time limit: `Ok(None)` on timeout (nothing changes; call
-    /// again). A zero timeout polls.
+    /// again). A zero timeout polls; a timeout beyond the clock's range waits without limit.
     pub fn wait_timeout(
         &self,
         run: RunId,
@@ -243,7 +243,9 @@ impl Engine {
         if timeout.is_zero() {
             return Ok(record.outcome());
         }
-        Ok(record.wait_until(Some(Instant::now() + timeout)))
+        // `None` (no deadline) when the sum leaves the clock's range: such a limit is never
+        // reached anyway.
+        Ok(record.wait_until(Instant::now().checked_add(timeout)))
     }
 
     /// Whether `run` is terminal. Released ids are unknown.

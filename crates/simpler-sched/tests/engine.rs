@@ -592,3 +592,19 @@ fn begin_run_right_after_a_failed_or_dropped_runs_fence_never_sees_another_run_b
         }
     });
 }
+
+#[test]
+fn wait_timeout_with_a_timeout_beyond_the_clocks_range_waits_without_limit() {
+    let r = rig(&[0], 0);
+    let (h, e) = (&r.h, &r.e);
+    let empty = e.begin_run().unwrap().close();
+    assert!(e.wait_timeout(empty, Duration::MAX).unwrap().unwrap().is_completed());
+    let mut b = e.begin_run().unwrap();
+    let t = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let run = b.close();
+    h.wait_running(t, 0);
+    std::thread::scope(|s| {
+        s.spawn(|| h.release(t, Action::Succeed));
+        assert!(e.wait_timeout(run, Duration::MAX).unwrap().unwrap().is_completed());
+    });
+}
