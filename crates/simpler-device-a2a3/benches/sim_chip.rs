@@ -2,8 +2,14 @@
 //!
 //! `cargo bench -p simpler-device-a2a3 --bench sim_chip` prints, per workload, the median of 5
 //! measurements after one warm-up with min–max. `-- --test` runs every workload once at a
-//! small size (what CI uses to check that the bench still works). `SIMPLER_BENCH_SPINS` and
-//! `SIMPLER_BENCH_YIELDS` override the simulator's spin and yield rounds.
+//! small size (what CI uses to check that the bench still works); workload names (`-- s2
+//! idle`; also `s1`, `s3`) select a subset. `SIMPLER_BENCH_SPINS` and `SIMPLER_BENCH_YIELDS`
+//! override the simulator's spin and yield rounds; `SIMPLER_BENCH_S2=8c` (block_dim, then `i`
+//! independent or `c` chain) runs one S2 variant only.
+//!
+//! S2 also reports, per task, the CPU time and the context switches of all the process's
+//! threads (from `/proc/self/task/*/{schedstat,status}`): on a shared host they vary far less
+//! than wall time, and a context switch is what a hand-off between simulated threads costs.
 
 use std::time::{Duration, Instant};
 
@@ -262,6 +268,11 @@ fn s2(quick: bool) {
     );
     for block_dim in [2u32, 8] {
         for chain in [false, true] {
+            if let Ok(only) = std::env::var("SIMPLER_BENCH_S2")
+                && only != format!("{block_dim}{}", if chain { "c" } else { "i" })
+            {
+                continue;
+            }
             let mut args = TaskArgs::new();
             args.add_inout(t)
                 .and_then(|a| a.add_scalar(tasks))
@@ -272,24 +283,63 @@ fn s2(quick: bool) {
             let reps = if quick { 1 } else { 5 };
             let mut host = Vec::new();
             let mut dev = Vec::new();
+            let c0 = thread_counters();
             for _ in 0..reps {
                 let (h, w) = b.run(slot, &args, &cfg);
                 host.push(h);
                 dev.extend(w);
             }
+            let c1 = thread_counters();
+            let per_task = |a: u64, b: u64| (b - a) as f64 / (reps as f64 * tasks as f64);
             let (med, lo, hi) = stats(host);
             let (dmed, _, _) = stats(dev);
             let per = |d: Duration| d.as_secs_f64() * 1e6 / tasks as f64;
             println!(
-                "  block_dim {block_dim}, {:<11}: {:.3} µs/task (min {:.3}, max {:.3}); device wall {:.3} µs/task",
+                "  block_dim {block_dim}, {:<11}: {:.3} µs/task (min {:.3}, max {:.3}); device wall {:.3} µs/task; CPU {:.3} µs/task; context switches/task {:.2} voluntary, {:.2} involuntary",
                 if chain { "chain" } else { "independent" },
                 per(med),
                 per(lo),
                 per(hi),
-                per(dmed)
+                per(dmed),
+                per_task(c0.cpu_ns, c1.cpu_ns) / 1000.0,
+                per_task(c0.voluntary, c1.voluntary),
+                per_task(c0.involuntary, c1.involuntary)
             );
         }
     }
+}
+
+/// Scheduler counters summed over every thread of the process so far (threads that exited are
+/// not counted; the simulated threads live as long as the runner).
+#[derive(Clone, Copy, Default)]
+struct ThreadCounters {
+    /// Voluntary context switches (the thread blocked: parked).
+    voluntary: u64,
+    /// Involuntary context switches (the thread was switched out while runnable: a yield that
+    /// ran another thread, or preemption).
+    involuntary: u64,
+    /// CPU time in nanoseconds.
+    cpu_ns: u64,
+}
+
+fn thread_counters() -> ThreadCounters {
+    let mut total = ThreadCounters::default();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return total };
+    for task in dir.flatten() {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        for line in status.lines() {
+            let field = |key: &str| {
+                line.strip_prefix(key).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0)
+            };
+            total.voluntary += field("voluntary_ctxt_switches:");
+            total.involuntary += field("nonvoluntary_ctxt_switches:");
+        }
+        // The first field of `schedstat` is the time spent on a CPU, in nanoseconds.
+        let sched = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+        total.cpu_ns +=
+            sched.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    }
+    total
 }
 
 // ----- S3: bgemm -----
@@ -427,9 +477,23 @@ fn idle_cpu(quick: bool) {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--test");
-    s1(quick);
-    s2(quick);
-    s3(quick);
-    idle_cpu(quick);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--test");
+    // Workload names select a subset (`-- s2 idle`); flags such as cargo's `--bench` are not
+    // names.
+    let names: Vec<&str> =
+        args.iter().map(String::as_str).filter(|a| !a.starts_with("--")).collect();
+    let wanted = |name: &str| names.is_empty() || names.contains(&name);
+    if wanted("s1") {
+        s1(quick);
+    }
+    if wanted("s2") {
+        s2(quick);
+    }
+    if wanted("s3") {
+        s3(quick);
+    }
+    if wanted("idle") {
+        idle_cpu(quick);
+    }
 }

@@ -4,10 +4,10 @@
 //!
 //! 1. Read the [`EventCount`] epoch.
 //! 2. Check the condition; if it holds, stop.
-//! 3. Spin (`spin_loop` hints) for the first `spins` rounds — but only while the device's
-//!    awake threads leave a host core free ([`SpinGate`]) — then `yield_now` for
-//!    `yields` rounds, then park until the epoch differs from the one read in step 1 or the
-//!    deadline passes; go to 1.
+//! 3. Spin (`spin_loop` hints) for the first rounds — at most `spins`, fewer after this
+//!    thread's recent spin phases ran out ([`WaitState`]), and only while every awake thread of
+//!    the device has a host core ([`SpinGate`]) — then `yield_now` for `yields` rounds, then
+//!    park until the epoch differs from the one read in step 1 or the deadline passes; go to 1.
 //!
 //! Every writer of a waited-for value changes the value first and then calls
 //! [`EventCount::notify`], which bumps the epoch. A waiter that read the epoch before the write
@@ -15,15 +15,17 @@
 //! lost (see `EventCount::park` for the lock argument). The deadline is the nearest watchdog
 //! deadline of the waiter, so watchdogs fire while it is parked.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
 /// Counts the simulated threads of one device that are not parked, so a waiter spins only
-/// when a core is free for it (decision: spec §5.5 says "0 spins when simulated threads
-/// outnumber cores"; counting awake threads instead of all threads keeps spinning useful when
-/// most simulated cores are idle, which is the common case).
+/// when every awake thread has a core (decision: spec §5.5 says "0 spins when simulated
+/// threads outnumber cores"; counting awake threads instead of all threads keeps spinning
+/// useful when most simulated cores are idle, which is the common case, e.g. a chain of tasks
+/// where one scheduler thread and one worker hand off to each other).
 ///
 /// `awake` is incremented by a thread when it stops parking and decremented when it starts;
 /// it is read relaxed by waiters deciding whether to spin (a stale value only costs a few
@@ -50,10 +52,11 @@ impl SpinGate {
         self.awake.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// Spinning needs a core nobody else wants: awake threads (the waiter included) must leave
-    /// one core free for the host thread and for whoever the waiter waits on.
+    /// Spinning needs a core nobody else of the device wants: every awake thread (the waiter
+    /// and whoever it waits on included) must have a core of its own. The host thread that
+    /// launched the run is parked in stream synchronisation meanwhile, so it needs no core.
     fn may_spin(&self) -> bool {
-        self.awake.load(Ordering::Relaxed) < self.cores
+        self.awake.load(Ordering::Relaxed) <= self.cores
     }
 }
 
@@ -109,12 +112,83 @@ impl EventCount {
     }
 }
 
+/// Spin rounds a thread still tries after its spin phases stopped paying off (about 15
+/// `spin_loop` hints, well under a microsecond).
+const PROBE_SPIN_ROUNDS: u32 = 4;
+
+/// What one backoff round does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backoff {
+    Spin,
+    Yield,
+    Park,
+}
+
+/// A simulated thread's own backoff state, adapted to how its recent waits ended.
+///
+/// - **Spin budget.** The awake-thread gate cannot see other processes: on a loaded host a
+///   spinning waiter may share its core with the very thread it waits for, and then every spin
+///   round only delays that thread (a convoy). So each thread keeps its own budget: a wait that
+///   ended during its spin phase doubles it (up to the policy's spin rounds); a spin phase that
+///   ran out without success halves it (down to [`PROBE_SPIN_ROUNDS`]).
+/// - **Yield count.** A wait yields at most the policy's yield rounds, counted from where its
+///   spin phase ended, before it parks. Spin rounds the gate refused are not turned into
+///   yields: on an oversubscribed host a yield is a context switch (more than a microsecond on
+///   a virtual machine), and 24 idle workers yielding 68 times each at every launch cost more
+///   than the whole dispatch of a thousand tasks.
+///
+/// Thread-local, so it costs no shared cache line. Round 0 starts a new wait.
+#[derive(Debug)]
+struct WaitState {
+    /// Spin rounds the next wait may use.
+    spin_rounds: Cell<u32>,
+    /// Whether this thread's latest backoff round was a spin round; a new wait that follows
+    /// one means the previous wait ended while spinning.
+    spinning: Cell<bool>,
+    /// Yields made by the current wait.
+    yields: Cell<u32>,
+}
+
+impl WaitState {
+    /// Decides round `round` of a wait under `policy`.
+    fn step(&self, round: u32, policy: &SpinPolicy<'_>) -> Backoff {
+        let mut budget = self.spin_rounds.get().min(policy.spins);
+        if round == 0 {
+            self.yields.set(0);
+            if self.spinning.replace(false) {
+                budget = budget.saturating_mul(2).clamp(PROBE_SPIN_ROUNDS, policy.spins);
+                self.spin_rounds.set(budget);
+            }
+        }
+        if round < budget && policy.gate.may_spin() {
+            self.spinning.set(true);
+            return Backoff::Spin;
+        }
+        if self.spinning.replace(false) && round >= budget {
+            self.spin_rounds.set((budget / 2).max(PROBE_SPIN_ROUNDS));
+        }
+        let yields = self.yields.get();
+        if yields < policy.yields {
+            self.yields.set(yields + 1);
+            Backoff::Yield
+        } else {
+            Backoff::Park
+        }
+    }
+}
+
+thread_local! {
+    static WAIT_STATE: WaitState = const {
+        WaitState { spin_rounds: Cell::new(u32::MAX), spinning: Cell::new(false), yields: Cell::new(0) }
+    };
+}
+
 /// How long a waiter spins and yields before it parks.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SpinPolicy<'a> {
-    /// Rounds of `spin_loop` hints.
+    /// Most rounds of `spin_loop` hints a wait makes.
     pub(crate) spins: u32,
-    /// Rounds of `yield_now` after the spins.
+    /// Rounds of `yield_now` after the spin phase.
     pub(crate) yields: u32,
     /// The device's awake-thread count.
     pub(crate) gate: &'a SpinGate,
@@ -122,7 +196,8 @@ pub(crate) struct SpinPolicy<'a> {
 
 impl SpinPolicy<'_> {
     /// One round of backing off before re-checking; parks (on `ec`, until its epoch moves past
-    /// `observed` or `deadline`) once the spin and yield rounds are used up.
+    /// `observed` or `deadline`) once the spin and yield rounds are used up. `round` counts the
+    /// rounds of the current wait from 0.
     pub(crate) fn backoff(
         self,
         round: u32,
@@ -130,14 +205,14 @@ impl SpinPolicy<'_> {
         observed: u64,
         deadline: Option<Instant>,
     ) {
-        if round < self.spins && self.gate.may_spin() {
-            for _ in 0..(1u32 << round.min(4)) {
-                std::hint::spin_loop();
+        match WAIT_STATE.with(|w| w.step(round, &self)) {
+            Backoff::Spin => {
+                for _ in 0..(1u32 << round.min(4)) {
+                    std::hint::spin_loop();
+                }
             }
-        } else if round < self.spins.saturating_add(self.yields) {
-            std::thread::yield_now();
-        } else {
-            ec.park(observed, deadline, self.gate);
+            Backoff::Yield => std::thread::yield_now(),
+            Backoff::Park => ec.park(observed, deadline, self.gate),
         }
     }
 
@@ -187,6 +262,72 @@ mod tests {
             ec.notify();
             assert!(t.join().unwrap());
         }
+    }
+
+    fn fresh_state() -> WaitState {
+        WaitState {
+            spin_rounds: Cell::new(u32::MAX),
+            spinning: Cell::new(false),
+            yields: Cell::new(0),
+        }
+    }
+
+    /// The rounds of one wait that never succeeds, up to `rounds`.
+    fn rounds(state: &WaitState, policy: &SpinPolicy<'_>, rounds: u32) -> Vec<Backoff> {
+        (0..rounds).map(|r| state.step(r, policy)).collect()
+    }
+
+    #[test]
+    fn a_closed_gate_yields_the_yield_rounds_only_and_then_parks() {
+        let gate = SpinGate::new(1);
+        gate.wake();
+        gate.wake();
+        let policy = SpinPolicy { spins: 64, yields: 4, gate: &gate };
+        let state = fresh_state();
+        let got = rounds(&state, &policy, 7);
+        let mut want = vec![Backoff::Yield; 4];
+        want.extend([Backoff::Park; 3]);
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn an_open_gate_spins_then_yields_then_parks() {
+        // Two awake threads on two cores: each has a core of its own.
+        let gate = SpinGate::new(2);
+        gate.wake();
+        gate.wake();
+        let policy = SpinPolicy { spins: 8, yields: 2, gate: &gate };
+        let state = fresh_state();
+        let got = rounds(&state, &policy, 11);
+        let mut want = vec![Backoff::Spin; 8];
+        want.extend([Backoff::Yield, Backoff::Yield, Backoff::Park]);
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_spin_phase_that_runs_out_halves_the_budget_and_success_doubles_it() {
+        let gate = SpinGate::new(2);
+        gate.wake();
+        let policy = SpinPolicy { spins: 64, yields: 1, gate: &gate };
+        let state = fresh_state();
+        let spins_of = |state: &WaitState| {
+            rounds(state, &policy, 80).iter().filter(|&&b| b == Backoff::Spin).count()
+        };
+        // Failed waits: 64, then 32, 16, 8, 4 and never fewer than the probe rounds.
+        let failed: Vec<usize> = (0..6).map(|_| spins_of(&state)).collect();
+        assert_eq!(failed, [64, 32, 16, 8, 4, 4]);
+        // A wait that succeeds during its spin phase (after two spin rounds) lets the next wait
+        // spin twice as long; that one failed, so it halved the budget again.
+        let succeed = |state: &WaitState| {
+            assert_eq!(state.step(0, &policy), Backoff::Spin);
+            assert_eq!(state.step(1, &policy), Backoff::Spin);
+        };
+        succeed(&state);
+        assert_eq!(spins_of(&state), 8);
+        succeed(&state);
+        succeed(&state);
+        succeed(&state);
+        assert_eq!(spins_of(&state), 32);
     }
 
     #[test]
