@@ -23,7 +23,7 @@ const LOOM_TARGETS: &[(&str, &[&str])] =
 
 /// Examples CI runs end to end (release builds; each checks its own result and exits non-zero
 /// on a mismatch). The first is the README's main job.
-const EXAMPLES: &[&str] = &["vector_example", "bgemm"];
+const EXAMPLES: &[&str] = &["vector_example", "bgemm", "l3_two_chips", "l4_compose"];
 
 /// Property-test cases per test in `test --deep` (the tests' own defaults are kept modest so
 /// that CI stays fast).
