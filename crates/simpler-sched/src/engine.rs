@@ -37,7 +37,7 @@ use crate::graph::GraphScratch;
 use crate::inbox::WorkerSlot;
 use crate::outcome::{EngineStats, RingPeaks, RunOutcome, RunSummary, TaskSnapshot};
 use crate::registry::Registry;
-use crate::run_record::RunRecord;
+use crate::run_record::{AbortCheck, RunRecord};
 use crate::scheduler::scheduler_main;
 use crate::sync::{Mutex, Ordering};
 use crate::worker::{JobReceiver, worker_main, wrap_job};
@@ -299,21 +299,24 @@ impl Engine {
     /// through its builder).
     pub fn abort_run(&self, run: RunId, reason: CancelReason) -> Result<bool, SchedError> {
         let record = self.core.registry.find(run)?;
-        if record.is_terminal() {
-            return Ok(false);
+        match self.abort(&record, reason, true) {
+            AbortCheck::Terminal => Ok(false),
+            AbortCheck::NotClosed => Err(SchedError::NotClosed { run }),
+            AbortCheck::Marked => Ok(true),
         }
-        if !record.is_closed() {
-            return Err(SchedError::NotClosed { run });
-        }
-        self.abort(&record, reason);
-        Ok(true)
     }
 
-    fn abort(&self, record: &RunRecord, reason: CancelReason) {
-        tracing::debug!(run = %record.id, %reason, "aborting run");
-        record.mark_failed(RunFailure::Aborted { run: record.id, reason });
-        self.core.cancel_run(record, reason, false, &mut GraphScratch::default());
-        record.check_fence();
+    /// Fails `record` with `RunFailure::Aborted { reason }` unless it is terminal (or, with
+    /// `require_closed`, still building), then cancels its unstarted tasks and checks the fence.
+    fn abort(&self, record: &RunRecord, reason: CancelReason, require_closed: bool) -> AbortCheck {
+        let failure = RunFailure::Aborted { run: record.id, reason };
+        let check = record.mark_aborted(failure, require_closed);
+        if check == AbortCheck::Marked {
+            tracing::debug!(run = %record.id, %reason, "aborting run");
+            self.core.cancel_run(record, reason, false, &mut GraphScratch::default());
+            record.check_fence();
+        }
+        check
     }
 
     /// Runs `job` on `worker`'s thread, in FIFO order with its tasks (never concurrently with
@@ -403,9 +406,8 @@ impl Engine {
         }
         // 3.
         for run in core.registry.runs() {
-            if !run.is_terminal() {
+            if self.abort(&run, CancelReason::Shutdown, false) == AbortCheck::Marked {
                 errors.push(SchedError::AbortedAtShutdown { run: run.id });
-                self.abort(&run, CancelReason::Shutdown);
             }
         }
         // 4.–5.

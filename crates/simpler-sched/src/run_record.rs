@@ -95,6 +95,17 @@ pub(crate) struct Completion {
     pub(crate) peaks: Option<RingPeaks>,
 }
 
+/// What [`RunRecord::mark_aborted`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AbortCheck {
+    /// The run was already terminal; nothing changed.
+    Terminal,
+    /// Submission is still open; nothing changed.
+    NotClosed,
+    /// The failure was recorded and the run marked failed; cancellation follows.
+    Marked,
+}
+
 /// Why a charge was refused.
 #[derive(Debug)]
 pub(crate) struct SequenceExhausted;
@@ -199,6 +210,23 @@ impl RunRecord {
         c.failed = true;
     }
 
+    /// Step 2 for aborts, decided in one critical section: unless the run is already terminal
+    /// (or, with `require_closed`, still open for submission), records `failure` (first wins)
+    /// and marks the run failed. Deciding under `completion` means a fence that fires
+    /// concurrently either comes first (the abort reports `Terminal`) or sees `failed`.
+    pub(crate) fn mark_aborted(&self, failure: RunFailure, require_closed: bool) -> AbortCheck {
+        let mut c = self.completion.lock();
+        if c.outcome.is_some() {
+            return AbortCheck::Terminal;
+        }
+        if require_closed && !c.closed {
+            return AbortCheck::NotClosed;
+        }
+        self.record_locked(&mut c, failure);
+        c.failed = true;
+        AbortCheck::Marked
+    }
+
     /// Moves a building run to `Executing`; the fence check may immediately move it on.
     fn mark_executing(&self, c: &Completion) {
         if c.outcome.is_none() {
@@ -206,11 +234,6 @@ impl RunRecord {
             // with the terminal store.
             self.phase.store(RunPhase::Executing.as_u8(), Ordering::Release);
         }
-    }
-
-    /// Whether submission is closed.
-    pub(crate) fn is_closed(&self) -> bool {
-        self.completion.lock().closed
     }
 
     /// Step 3: one charged slot was reclaimed. Returns whether the run turned terminal.

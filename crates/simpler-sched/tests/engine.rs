@@ -608,3 +608,31 @@ fn wait_timeout_with_a_timeout_beyond_the_clocks_range_waits_without_limit() {
         assert!(e.wait_timeout(run, Duration::MAX).unwrap().unwrap().is_completed());
     });
 }
+
+#[test]
+fn abort_run_reports_true_only_for_a_run_it_actually_fails() {
+    // Each run's only task finishes on an immediate endpoint while `abort_run` races its fence.
+    // Whatever the interleaving, `Ok(true)` must mean the run ends aborted and `Ok(false)` that
+    // it completed on its own.
+    let h = Harness::new();
+    let e = engine(&[0], 0, &h, false);
+    for _ in 0..3000 {
+        let mut b = e.begin_run().unwrap();
+        b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+        let run = b.close();
+        let aborted = e.abort_run(run, CancelReason::RunAborted).unwrap();
+        let outcome = wait(&e, run);
+        if aborted {
+            assert!(
+                matches!(
+                    failure_of(&outcome),
+                    RunFailure::Aborted { reason: CancelReason::RunAborted, .. }
+                ),
+                "{run}: abort_run returned true, yet the run ended {outcome:?}"
+            );
+        } else {
+            assert!(outcome.is_completed(), "{run}: abort_run returned false for {outcome:?}");
+        }
+        e.release(run).unwrap();
+    }
+}
