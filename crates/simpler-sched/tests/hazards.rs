@@ -207,7 +207,9 @@ fn hazard_05_a_stream_of_singles_cannot_starve_a_group() {
         h.release(s, Action::Succeed);
         singles.push(s);
     }
-    std::thread::sleep(Duration::from_millis(20));
+    // Every single has been routed (and a dispatch pass has run after it) once worker 1's
+    // queue holds all of them; none may have been taken from it.
+    eventually("every single to be queued", || e.stats().queued_next_level[1] == 20);
     assert!(singles.iter().all(|&s| h.position(Event::Start(s, 0)).is_none()));
     h.release(busy, Action::Succeed);
     h.release_member(g, 0, Action::Succeed);
@@ -231,7 +233,7 @@ fn hazard_06_the_sub_fifo_is_strict_and_an_unplaceable_group_is_refused_at_submi
     h.wait_running(blocker, 0);
     let g = b.submit_sub_group(&host(1), vec![args(&[]), args(&[])]).unwrap();
     let later: Vec<_> = (0..5).map(|_| b.submit_sub(&host(1), args(&[])).unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(20));
+    eventually("the group and the singles to be queued", || e.stats().queued_sub == 6);
     assert!(later.iter().all(|&t| h.position(Event::Start(t, 0)).is_none()), "nothing overtakes");
     h.open();
     let run = b.close();
@@ -254,7 +256,11 @@ fn hazard_07_shutdown_loses_no_completion() {
     h.wait_running(t, 0);
     std::thread::scope(|s| {
         let stopper = s.spawn(|| e.shutdown(Instant::now() + PATIENCE));
-        std::thread::sleep(Duration::from_millis(20));
+        // Shutdown has begun once admission refuses; it then waits for the run, whose running
+        // member is released only now.
+        eventually("shutdown to begin", || {
+            matches!(e.begin_run_until(Instant::now()), Err(SchedError::ShuttingDown))
+        });
         h.release(t, Action::Succeed);
         assert!(stopper.join().unwrap().is_ok());
     });
@@ -272,7 +278,11 @@ fn hazard_07_shutdown_loses_no_completion() {
     std::thread::scope(|s| {
         let waiter = s.spawn(|| wait(&e, run));
         let stopper = s.spawn(|| e.shutdown(Instant::now()));
-        std::thread::sleep(Duration::from_millis(20));
+        // The abort has cancelled the queued task before the running one may finish, so the
+        // queued task can never be dispatched.
+        eventually("the queued task to be cancelled", || {
+            matches!(snap(&e, queued).state, TaskState::Failed | TaskState::Consumed)
+        });
         h.release(t, Action::Succeed);
         let errors = stopper.join().unwrap().unwrap_err();
         assert!(
