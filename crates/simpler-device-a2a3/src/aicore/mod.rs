@@ -97,7 +97,7 @@ pub(crate) fn run_worker(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
         });
         code.get()
     };
-    let Some(view) = dev.image_view(&args) else {
+    let Some(view) = dev.core_image_view(&args) else {
         return fault(
             "the launch names no valid runtime image".into(),
             None,

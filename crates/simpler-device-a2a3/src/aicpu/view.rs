@@ -52,7 +52,8 @@ unsafe impl Send for ImageView<'_> {}
 unsafe impl Sync for ImageView<'_> {}
 
 impl<'a> ImageView<'a> {
-    /// Checks the header of the image at `base` (`len` bytes) and returns a view.
+    /// Checks the header of the image at `base` (`len` bytes) and every task's argument block
+    /// and fanout list, and returns a view.
     ///
     /// # Safety
     ///
@@ -61,6 +62,34 @@ impl<'a> ImageView<'a> {
     /// this view's atomics and payload pointers while the view exists (non-atomic fields are
     /// host-written before the launch only).
     pub unsafe fn from_raw(base: *mut u8, len: u64) -> Result<ImageView<'a>, ViewError> {
+        // SAFETY: forwarded from the caller.
+        let view = unsafe { ImageView::from_raw_sections(base, len) }?;
+        let header = view.header;
+        // Every task's arguments and fanout list must lie inside the image, so later accesses
+        // need no checks.
+        for i in 0..header.task_count {
+            let t = view.task(i);
+            let arg_bytes = u64::from(t.num_tensors) * 128 + u64::from(t.num_scalars) * 8;
+            let end =
+                t.args_off.checked_add(arg_bytes).ok_or(ViewError::BadSection("task args"))?;
+            if !t.args_off.is_multiple_of(SECTION_ALIGN) || end > len {
+                return Err(ViewError::BadSection("task args"));
+            }
+            let fan_end = u64::from(t.fanout_start) + u64::from(t.fanout_count);
+            if fan_end > u64::from(header.edge_count) {
+                return Err(ViewError::BadSection("fanout"));
+            }
+        }
+        Ok(view)
+    }
+
+    /// Checks the header and the section bounds only (constant time); the per-task checks
+    /// that [`ImageView::task`]'s callers rely on are [`ImageView::from_raw`]'s.
+    ///
+    /// # Safety
+    ///
+    /// As [`ImageView::from_raw`].
+    unsafe fn from_raw_sections(base: *mut u8, len: u64) -> Result<ImageView<'a>, ViewError> {
         if base.is_null() || !(base as usize).is_multiple_of(SECTION_ALIGN as usize) {
             return Err(ViewError::BadBase);
         }
@@ -121,21 +150,6 @@ impl<'a> ImageView<'a> {
             if rq.capacity > 0 {
                 // Ready cells hold u64 values.
                 check(rq.cells_off, u64::from(rq.capacity) * 8, "ready cells")?;
-            }
-        }
-        // Every task's arguments and fanout list must lie inside the image, so later accesses
-        // need no checks.
-        for i in 0..header.task_count {
-            let t = view.task(i);
-            let arg_bytes = u64::from(t.num_tensors) * 128 + u64::from(t.num_scalars) * 8;
-            let end =
-                t.args_off.checked_add(arg_bytes).ok_or(ViewError::BadSection("task args"))?;
-            if !t.args_off.is_multiple_of(SECTION_ALIGN) || end > len {
-                return Err(ViewError::BadSection("task args"));
-            }
-            let fan_end = u64::from(t.fanout_start) + u64::from(t.fanout_count);
-            if fan_end > u64::from(header.edge_count) {
-                return Err(ViewError::BadSection("fanout"));
             }
         }
         Ok(view)
@@ -304,6 +318,56 @@ impl<'a> ImageView<'a> {
     /// Number of tasks.
     pub fn task_count(&self) -> u32 {
         self.header.task_count
+    }
+}
+
+/// The part of a runtime image an AICore worker uses: header, handshake records, payload
+/// pairs and swimlane blocks.
+///
+/// Building it checks the header and the section bounds but not the task records: those
+/// checks take time proportional to the task count, only the task accessors of
+/// [`ImageView`] rely on them, and all `3 · block_dim` workers would repeat them at every
+/// launch (at block_dim 8 and 10 000 tasks, 24 walks over the task section per run). Not
+/// exposing the task accessors keeps the skipped checks from mattering.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CoreImageView<'a> {
+    view: ImageView<'a>,
+}
+
+impl<'a> CoreImageView<'a> {
+    /// Checks the header and section bounds of the image at `base` (`len` bytes).
+    ///
+    /// # Safety
+    ///
+    /// As [`ImageView::from_raw`].
+    pub(crate) unsafe fn from_raw(base: *mut u8, len: u64) -> Result<CoreImageView<'a>, ViewError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { ImageView::from_raw_sections(base, len) }.map(|view| CoreImageView { view })
+    }
+
+    /// The header.
+    pub(crate) fn header(&self) -> &'a ImageHeader {
+        self.view.header()
+    }
+
+    /// Handshake record of worker `w` (< 72).
+    pub(crate) fn handshake(&self, w: u32) -> &'a Handshake {
+        self.view.handshake(w)
+    }
+
+    /// Device address of worker `w`'s payload pair.
+    pub(crate) fn payload_pair_addr(&self, w: u32) -> u64 {
+        self.view.payload_pair_addr(w)
+    }
+
+    /// Raw pointer to payload `which` (0 or 1) of worker `w`.
+    pub(crate) fn payload_ptr(&self, w: u32, which: u32) -> *mut DispatchPayload {
+        self.view.payload_ptr(w, which)
+    }
+
+    /// Swimlane header of worker `w` and a raw pointer to its records.
+    pub(crate) fn swimlane(&self, w: u32) -> (&'a SwimlaneHeader, *mut SwimlaneRecord) {
+        self.view.swimlane(w)
     }
 }
 

@@ -51,7 +51,7 @@ use crate::abi::codes::AclCode;
 use crate::abi::launch::{InitArgs, KernelArgs};
 use crate::abi::regs::RegId;
 use crate::abi::{CoreType, MAX_AICORE_WORKERS, MAX_AICPU_THREADS, NS_PER_TICK, WorkerPlace};
-use crate::aicpu::view::ImageView;
+use crate::aicpu::view::{CoreImageView, ImageView};
 use crate::aicpu::{AicpuPlatform, LogLevel};
 use crate::error::{CoreFault, KernelKind, MemPurpose, StreamKind};
 use crate::options::SimOptions;
@@ -225,6 +225,13 @@ impl SimShared {
         // runner keeps alive and unwritten by the host while the launch runs; the simulated
         // threads hold the device (and so the memory) alive for the view's lifetime.
         unsafe { ImageView::from_raw(args.image_base as *mut u8, args.image_len) }.ok()
+    }
+
+    /// The AICore's view of the launch's runtime image (no per-task checks).
+    pub(crate) fn core_image_view(&self, args: &KernelArgs) -> Option<CoreImageView<'_>> {
+        self.memory.find(args.image_base, args.image_len)?;
+        // SAFETY: as in `image_view`.
+        unsafe { CoreImageView::from_raw(args.image_base as *mut u8, args.image_len) }.ok()
     }
 
     fn mailbox(&self, role: Role, index: u32) -> &Mailbox {
