@@ -14,8 +14,9 @@
 //! 4. Scheduling loop, per iteration: observe `COND` of busy owned workers and apply ACK/FIN;
 //!    complete tasks whose last member finished (decrement consumers' refcounts, pushing those
 //!    that reach zero); dispatch ready blocks (MIX needs a whole idle cluster; idle workers are
-//!    preferred over pending slots); when nothing progressed, idle-wait until woken or the
-//!    watchdog deadline.
+//!    preferred over pending slots); add the iteration's dispatches and completions to the
+//!    shared `running` and `progress` counters in one update each; when nothing progressed,
+//!    idle-wait until woken or the watchdog deadline.
 //! 5. The loop ends when every task completed, a runtime code is latched, a thread aborted, or
 //!    the platform says stop. No progress (the shared `progress` counter unchanged) for the
 //!    scheduler budget latches SCHEDULER_TIMEOUT with the stall class and counts.
@@ -127,6 +128,10 @@ struct Scheduler<'a, P: AicpuPlatform> {
     queues: [ReadyQueue<'a>; READY_QUEUE_COUNT],
     task_count: u32,
     completed_here: u64,
+    /// Dispatches and completions of this iteration not yet added to the shared `running`
+    /// and `progress` counters: they are published once per iteration instead of once per
+    /// event, since every scheduler thread updates those two cache lines.
+    unpublished: Unpublished,
     /// Set when this thread pushed ready work in the current iteration; other threads are
     /// woken only if that work is still queued after this thread's own dispatch pass, so a
     /// chain of tasks on one thread's workers wakes nobody else.
@@ -134,6 +139,17 @@ struct Scheduler<'a, P: AicpuPlatform> {
     /// AICPU dispatch records (swimlane level 2 and up): per owned worker, the record indices of
     /// its in-flight dispatches in issue order (completions arrive in that order).
     trace: Option<Trace>,
+}
+
+/// Counter changes a scheduler thread batches until the end of its iteration.
+#[derive(Clone, Copy, Debug, Default)]
+struct Unpublished {
+    /// Member dispatches sent.
+    dispatched: u32,
+    /// Member dispatches finished.
+    finished: u32,
+    /// Events for the watchdog's `progress` counter (dispatches and task completions).
+    progress: u64,
 }
 
 /// Per-worker FIFOs of record indices (at most two dispatches are in flight per worker).
@@ -248,8 +264,8 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             }
         }
         self.completed_here += 1;
+        self.unpublished.progress += 1;
         let shared = self.view.shared();
-        shared.progress.fetch_add(1, Relaxed);
         if shared.completed_tasks.fetch_add(1, AcqRel) + 1 == self.task_count {
             self.p.notify_schedulers();
         }
@@ -271,8 +287,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
                 progressed = true;
             }
             for &task in done.as_slice() {
-                let shared = self.view.shared();
-                shared.running.fetch_sub(1, Relaxed);
+                self.unpublished.finished += 1;
                 self.record_finish(i);
                 self.member_done(task);
             }
@@ -375,9 +390,8 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         unsafe { ptr.write(payload) };
         self.record_dispatch(idx, t.task_id, w, token);
         self.p.reg_store(w, RegId::DataMainBaseLow, token);
-        let shared = self.view.shared();
-        shared.running.fetch_add(1, Relaxed);
-        shared.progress.fetch_add(1, Relaxed);
+        self.unpublished.dispatched += 1;
+        self.unpublished.progress += 1;
         let slot = self.view.worker_slot(w);
         slot.dispatched.fetch_add(1, Relaxed);
         if self.owned.workers[idx].pending().is_none() {
@@ -516,6 +530,22 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         self.p.notify_schedulers();
     }
 
+    /// Adds this iteration's dispatches and completions to the shared `running` and
+    /// `progress` counters. Called before anything reads them: the watchdog check, an idle
+    /// wait (other threads' watchdogs read `progress`), a stall latch and the loop's end.
+    fn publish_counters(&mut self) {
+        let u = core::mem::take(&mut self.unpublished);
+        let shared = self.view.shared();
+        // Relaxed: both counters are statistics and watchdog evidence; no data is published
+        // through them.
+        if u.dispatched != u.finished {
+            shared.running.fetch_add(u.dispatched.wrapping_sub(u.finished), Relaxed);
+        }
+        if u.progress != 0 {
+            shared.progress.fetch_add(u.progress, Relaxed);
+        }
+    }
+
     fn finished(&self) -> bool {
         let shared = self.view.shared();
         shared.completed_tasks.load(Acquire) >= self.task_count
@@ -540,6 +570,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             }
             let mut progressed = self.poll_workers();
             progressed |= self.dispatch();
+            self.publish_counters();
             if core::mem::take(&mut self.pushed) && self.queues.iter().any(|q| !q.is_empty()) {
                 self.p.notify_schedulers();
             }
@@ -614,6 +645,7 @@ pub fn exec<P: AicpuPlatform>(p: &P, init: &InitArgs, view: &ImageView<'_>, thre
         queues,
         task_count: h.task_count,
         completed_here: 0,
+        unpublished: Unpublished::default(),
         pushed: false,
         trace: (h.swimlane_level >= 2 && h.aicpu_swimlane_capacity > 0).then_some(Trace {
             capacity: h.aicpu_swimlane_capacity,
