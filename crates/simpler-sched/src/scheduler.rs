@@ -12,8 +12,8 @@
 //! 3. Route each ready task: NEXT_LEVEL single → its target's FIFO, NEXT_LEVEL group → the group
 //!    FIFO, SUB → the SUB FIFO.
 //! 4. Unless stopping, one dispatch pass: groups, then singles, then SUB.
-//! 5. Stall bookkeeping; if stopping and no worker is busy, or a stall episode just opened,
-//!    poke the scheduler thread.
+//! 5. Stall bookkeeping; if stopping and no worker is busy, or a new stall episode just opened
+//!    (even one replacing an episode already reported), poke the scheduler thread.
 //!
 //! Passes run only when an event arrives (edge-triggered): work that cannot be placed waits for
 //! a completion, the only event that can unblock it (hazard 4). A pass runs under
@@ -144,7 +144,6 @@ impl SchedState {
     /// Pass steps 1–5. Returns whether the scheduler thread needs to look.
     fn pass(&mut self, core: &Core, own: Own) -> bool {
         core.inbox.take(&mut self.batch);
-        let had_stall = self.stall.is_some();
         self.passes += 1;
         let mut completions = std::mem::take(&mut self.batch.completions);
         for c in completions.drain(..) {
@@ -167,9 +166,9 @@ impl SchedState {
         if !self.stopping {
             self.dispatch_pass(core);
         }
-        self.check_stall(core);
+        let opened = self.check_stall(core);
         self.publish_counters(core);
-        (self.stopping && self.busy == 0) || (!had_stall && self.stall.is_some())
+        (self.stopping && self.busy == 0) || opened
     }
 
     /// Cancels everything still queued and refuses every later event (thread step 3).
@@ -385,11 +384,13 @@ impl SchedState {
 
     // ---- Diagnostics -----------------------------------------------------------------------
 
-    /// Opens, closes or reports a stall episode (spec 30 §6.3).
-    fn check_stall(&mut self, core: &Core) {
+    /// Opens, closes or reports a stall episode (spec 30 §6.3). Returns whether a new episode
+    /// opened: the scheduler thread must then learn its deadline, even when it replaced an
+    /// episode that was already reported (after which the thread sleeps without a deadline).
+    fn check_stall(&mut self, core: &Core) -> bool {
         let Some(&head) = self.groups.front() else {
             self.stall = None;
-            return;
+            return false;
         };
         let held = !self.stopping
             && is_ready(core, head)
@@ -400,7 +401,7 @@ impl SchedState {
             });
         if !held {
             self.stall = None;
-            return;
+            return false;
         }
         let now = Instant::now();
         let due = match &mut self.stall {
@@ -411,12 +412,13 @@ impl SchedState {
             }
             _ => {
                 self.stall = Some(Stall { head, since: now, reported: false });
-                None
+                return true;
             }
         };
         if let Some(blocked) = due {
             self.report_stall(core, head, blocked);
         }
+        false
     }
 
     /// When the scheduler thread must next look at an open, unreported stall episode.
