@@ -113,6 +113,7 @@ fn kernel_fault_is_a_device_fault_naming_func_id_and_core_with_s1_attached() {
     let stall = rt.stall.as_ref().unwrap();
     assert_eq!(stall.class, StallClass::RunningStalled);
     assert_eq!(stall.stuck_core.map(|c| c.0), core_fault.core.map(|c| c.0));
+    assert!(stall.running >= 1, "the faulted dispatch still counts as running: {stall:?}");
     assert!(
         r.sim_faults()
             .unwrap()
