@@ -868,21 +868,43 @@ impl Worker {
 }
 
 impl Drop for Worker {
+    /// Closes the worker unless a terminal close already happened; errors are logged.
+    ///
+    /// On a thread acting for this worker (its orchestration callback, a host closure or a
+    /// child run) a close here would wait for the very run this thread is part of, and its
+    /// teardown would join this thread. The close is handed to a detached reaper thread
+    /// instead, which waits for that run like any other closer; nothing joins itself and the
+    /// engine threads still end.
     fn drop(&mut self) {
         let done = matches!(&self.inner.life.lock().attempt, Attempt::Done(r) if !r.as_ref().is_err_and(CloseError::is_retryable));
-        if done || reentry::is_acting_for(self.inner.instance) {
+        if done {
             return;
         }
-        match catch_unwind(AssertUnwindSafe(|| self.close())) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                let runs: Vec<String> =
-                    e.unobserved_runs.iter().map(|r| r.run_id().to_string()).collect();
-                tracing::error!(worker = %self.inner.label, runs = %runs.join(","), "close during drop: {e}");
+        if reentry::is_acting_for(self.inner.instance) {
+            let inner = Arc::clone(&self.inner);
+            let spawned = std::thread::Builder::new()
+                .name(format!("simpler-reaper-{}", self.inner.instance))
+                .spawn(move || close_logged(&inner));
+            if let Err(e) = spawned {
+                tracing::error!(worker = %self.inner.label, "cannot spawn the thread that closes the worker dropped inside its own callback; its threads stay alive: {e}");
             }
-            Err(p) => {
-                tracing::error!(worker = %self.inner.label, "close during drop panicked: {}", panic_text(p.as_ref()))
-            }
+            return;
+        }
+        close_logged(&self.inner);
+    }
+}
+
+/// Closes `inner` without a drain budget, logging any error (run ids included) and any panic.
+fn close_logged(inner: &Inner) {
+    match catch_unwind(AssertUnwindSafe(|| inner.close(None, Duration::MAX))) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            let runs: Vec<String> =
+                e.unobserved_runs.iter().map(|r| r.run_id().to_string()).collect();
+            tracing::error!(worker = %inner.label, runs = %runs.join(","), "close during drop: {e}");
+        }
+        Err(p) => {
+            tracing::error!(worker = %inner.label, "close during drop panicked: {}", panic_text(p.as_ref()))
         }
     }
 }
