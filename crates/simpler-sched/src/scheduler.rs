@@ -17,8 +17,9 @@
 //!
 //! Passes run only when an event arrives (edge-triggered): work that cannot be placed waits for
 //! a completion, the only event that can unblock it (hazard 4). A pass runs under
-//! `catch_unwind`: a panic is an engine bug that poisons the engine (every non-terminal run fails
-//! with an internal error, `begin_run` refuses); the queues stay usable so shutdown can finish.
+//! `catch_unwind`, and so does each event it handles: a panic is an engine bug that poisons the
+//! engine (every non-terminal run fails with an internal error, `begin_run` refuses); the other
+//! events of the batch are still handled and the queues stay usable, so shutdown can finish.
 //!
 //! # Dispatch pass
 //!
@@ -147,18 +148,18 @@ impl SchedState {
         self.passes += 1;
         let mut completions = std::mem::take(&mut self.batch.completions);
         for c in completions.drain(..) {
-            self.on_completion(core, c);
+            self.guarded(core, |state| state.on_completion(core, c));
         }
         self.batch.completions = completions;
         let mut ready = std::mem::take(&mut self.batch.ready);
         for r in ready.drain(..) {
-            self.route(core, r.slot, r.route);
+            self.guarded(core, |state| state.route(core, r.slot, r.route));
         }
         self.batch.ready = ready;
         match own {
             Own::Nothing => {}
-            Own::Ready(r) => self.route(core, r.slot, r.route),
-            Own::Completion(c) => self.on_completion(core, c),
+            Own::Ready(r) => self.guarded(core, |state| state.route(core, r.slot, r.route)),
+            Own::Completion(c) => self.guarded(core, |state| state.on_completion(core, c)),
         }
         if std::mem::take(&mut self.batch.stop) {
             self.stopping = true;
@@ -174,12 +175,11 @@ impl SchedState {
     /// Cancels everything still queued and refuses every later event (thread step 3).
     fn exit(&mut self, core: &Core) {
         core.inbox.close(&mut self.batch);
-        let completions = std::mem::take(&mut self.batch.completions);
-        for c in completions {
-            self.on_completion(core, c);
+        for c in std::mem::take(&mut self.batch.completions) {
+            self.guarded(core, |state| state.on_completion(core, c));
         }
         for r in std::mem::take(&mut self.batch.ready) {
-            self.route(core, r.slot, r.route);
+            self.guarded(core, |state| state.route(core, r.slot, r.route));
         }
         self.exited = true;
         self.cancel_queued(core);
@@ -195,6 +195,21 @@ impl SchedState {
         leftover.extend(self.subs.drain(..).map(|(s, _)| s));
         for id in leftover {
             core.cancel_ready(id, CancelReason::Shutdown, &mut self.scratch);
+        }
+    }
+
+    /// Handles one event under its own `catch_unwind`. A panic is an engine bug: it poisons
+    /// the engine, and the rest of the batch is still handled, so that every other completion
+    /// marks its worker idle (or shutdown would wait for it forever) and every other ready task
+    /// is queued or cancelled.
+    fn guarded(&mut self, core: &Core, event: impl FnOnce(&mut Self)) {
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| event(self))) {
+            // The work lists may hold a half-processed event's slots.
+            self.scratch = GraphScratch::default();
+            core.poison(&format!(
+                "scheduler event handling panicked: {}",
+                panic_message(payload.as_ref())
+            ));
         }
     }
 
@@ -465,8 +480,10 @@ impl SchedState {
         }
     }
 
-    /// After a panic in a pass: drop whatever the pass held (busy flags stay: a worker marked
-    /// busy still reports its completion).
+    /// After a panic in a pass outside event handling (dispatch, stall bookkeeping): drop
+    /// whatever the pass held (busy flags stay: a worker marked busy still reports its
+    /// completion). Events themselves are handled one by one under [`SchedState::guarded`], so
+    /// none is lost here.
     #[cold]
     fn recover(&mut self) {
         self.batch.ready.clear();
@@ -792,6 +809,42 @@ pub(crate) mod tests {
         });
         let stopped = done_rx.recv_timeout(Duration::from_secs(20)).expect("shutdown finishes");
         assert!(stopped.is_ok(), "{stopped:?}");
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    fn a_panicking_event_does_not_drop_the_completions_batched_after_it() {
+        let (engine, tx) = gated_engine();
+        let (run, _) = one_running_task(&engine);
+        let core = engine.core();
+        let mut state = core.sched.lock();
+        // With the lock held here, the worker's genuine completion waits in the inbox; put a
+        // forged one from an unknown worker (an internal assertion fails on it) in front of it.
+        tx.send(()).unwrap();
+        wait_until(|| core.inbox.pending());
+        let mut genuine = InboxBatch::default();
+        core.inbox.take(&mut genuine);
+        let forged = MemberCompletion {
+            slot: SlotId::new(999, 1),
+            member: 0,
+            worker: WorkerSlot::NextLevel(7),
+            result: Ok(()),
+        };
+        core.inbox.push_completion(forged).unwrap();
+        for c in genuine.completions {
+            core.inbox.push_completion(c).unwrap();
+        }
+        core.run_pass(&mut state, Own::Nothing);
+        let busy = state.busy;
+        drop(state);
+        assert!(engine.is_poisoned());
+        if busy != 0 {
+            // Shutdown would wait forever for the worker the lost completion should have freed.
+            std::mem::forget(engine);
+            panic!("the completion batched after the panicking one was dropped");
+        }
+        assert!(matches!(engine.wait(run).unwrap(), RunOutcome::Failed(_)));
+        assert!(engine.shutdown(Instant::now() + Duration::from_secs(20)).is_ok());
     }
 
     #[cfg(debug_assertions)]
