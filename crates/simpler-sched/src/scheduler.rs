@@ -642,14 +642,13 @@ pub(crate) mod tests {
     use std::time::Duration;
 
     use simpler_types::{
-        CallConfig, CallableId, CallableKind, CallableNamespace, RunFailure, RunId, SlotId,
-        TaskArgs, TaskId, TaskState, WorkerId, WorkerType,
+        CallConfig, CallableId, CallableKind, CallableNamespace, RunId, SlotId, TaskArgs, TaskId,
+        TaskState, WorkerId, WorkerType,
     };
 
     use super::*;
     use crate::endpoint::{DispatchedMember, Endpoint, EndpointCaps};
     use crate::engine::{Engine, EngineConfig};
-    use crate::error::SchedError;
     use crate::outcome::RunOutcome;
 
     /// A NEXT_LEVEL endpoint that finishes a member only when the test sends it a token.
@@ -850,6 +849,8 @@ pub(crate) mod tests {
     #[cfg(debug_assertions)]
     #[test]
     fn a_panicking_scheduler_pass_poisons_the_engine_and_fails_live_runs() {
+        use crate::error::SchedError;
+
         let (engine, tx) = gated_engine();
         let (run, _) = one_running_task(&engine);
         // The first forged completion makes the scheduler believe worker 0 idle; the second,
