@@ -50,8 +50,12 @@
 //!    registry lock, the inbox lock, a mailbox lock, the attention lock.
 //! 2. Exception: a slot's `payload` lock may be held (by the submitting thread while the slot is
 //!    `Building`, or by the reclaimer of a `Consumed` slot) while taking the tensor-map lock or
-//!    the alloc-registry lock. Nobody else can contend for that payload at those times, and
-//!    neither leaf lock is ever held while a payload lock is requested.
+//!    the alloc-registry lock (a deliberate departure from spec 20 §A.5, which would have the
+//!    keys copied out of the payload first). No other thread uses that payload at those times,
+//!    except a pass that reads a stale queue entry's payload and so may wait for the
+//!    reclaimer's; that pass holds only the scheduler lock, which nobody in this chain requests.
+//!    Neither leaf lock is ever held while a payload lock or the scheduler lock is requested, so
+//!    no cycle can form.
 //! 3. A worker holds a slot's `payload` read lock while its endpoint runs, and takes no engine
 //!    lock meanwhile; the only writers of a payload (submit before publication, reclaimer after
 //!    the last completion) never overlap a running member.
