@@ -29,8 +29,9 @@ use simpler_sched::{Endpoint, Engine, EngineConfig};
 use simpler_types::{CallConfig, CallableId, CallableKind, TaskArgsView, WorkerId};
 
 use crate::child::ChildEndpoint;
-use crate::chip::{ChipEndpoint, ChipLane, ChipState};
+use crate::chip::{ChipEndpoint, ChipLane, ChipState, Residue};
 use crate::error::{BoxError, StartCause, StartError, TeardownError};
+use crate::faults::{Fault, Faults};
 use crate::graph::GraphBuilder;
 use crate::handle::{
     CallableHandle, Entry, GraphFn, HostFn, Registration, Registry, SharedRegistry,
@@ -61,6 +62,8 @@ struct Common {
     prewarm: Option<CallConfig>,
     chip_options: Option<Arc<ChipOptionsFn>>,
     next_seq: u64,
+    /// Injected chip faults, shared with the chip states (armed by tests only).
+    faults: Faults,
 }
 
 impl Common {
@@ -71,6 +74,7 @@ impl Common {
             prewarm: None,
             chip_options: None,
             next_seq: 0,
+            faults: Faults::default(),
         }
     }
 
@@ -163,6 +167,12 @@ impl ChipWorkerBuilder {
         h
     }
 
+    /// The faults armed for this builder's chips, shared with the worker it starts.
+    #[cfg(test)]
+    pub(crate) fn faults(&self) -> Faults {
+        self.common.faults.clone()
+    }
+
     /// Starts the worker: attaches the chip, prepares the callables, starts the lane.
     pub fn start(self) -> Result<Worker, StartError> {
         let path = format!("L2 / chip 0 (device {})", self.device);
@@ -176,6 +186,7 @@ impl ChipWorkerBuilder {
             &callables,
             self.common.prewarm.as_ref(),
             self.common.chip_options.as_ref(),
+            &self.common.faults,
             deadline,
             self.common.startup_timeout,
             "L2",
@@ -219,6 +230,7 @@ fn attach_chips(
     callables: &[ChipCallable],
     prewarm: Option<&CallConfig>,
     options: Option<&Arc<ChipOptionsFn>>,
+    faults: &Faults,
     deadline: Instant,
     budget: Duration,
     path: &str,
@@ -231,10 +243,18 @@ fn attach_chips(
         let callables = callables.to_vec();
         let prewarm = prewarm.cloned();
         let options = options.cloned();
+        let faults = faults.clone();
         let chip_path = format!("{path} / chip {i} (device {device})");
         let spawned =
             std::thread::Builder::new().name(format!("simpler-attach-{device}")).spawn(move || {
                 let r = (|| {
+                    let chip = WorkerId(i as u32);
+                    if faults.hit(chip, Fault::Attach) {
+                        return Err(DeviceError::Busy {
+                            call: "attach",
+                            state: "an injected fault is armed".to_owned(),
+                        });
+                    }
                     let opts = match platform {
                         Platform::A2a3Sim => RunnerOptions::sim(device, runtime),
                         _ => RunnerOptions::onboard(device, runtime),
@@ -247,7 +267,7 @@ fn attach_chips(
                     if let Some(cfg) = &prewarm {
                         runner.prewarm(cfg)?;
                     }
-                    let mut state = ChipState::new(WorkerId(i as u32), runner);
+                    let mut state = ChipState::new(chip, runner, faults);
                     for c in &callables {
                         state.register(c)?;
                     }
@@ -304,10 +324,12 @@ fn attach_chips(
         Some(mut e) => {
             for mut s in states.into_iter().flatten() {
                 for r in s.finalize() {
-                    e.rollback.push(TeardownError {
-                        what: format!("{path} / chip {}", s.chip),
-                        message: r,
-                    });
+                    let message = match r {
+                        Residue::Leaked(what) => format!("leaked: {what}"),
+                        Residue::Failed(message) => message,
+                    };
+                    e.rollback
+                        .push(TeardownError { what: format!("{path} / chip {}", s.chip), message });
                 }
             }
             Err(e)
@@ -422,6 +444,12 @@ impl HostWorkerBuilder {
         h
     }
 
+    /// The faults armed for this builder's chips, shared with the worker it starts.
+    #[cfg(test)]
+    pub(crate) fn faults(&self) -> Faults {
+        self.common.faults.clone()
+    }
+
     /// Starts the worker (spec 40 §3); a failure rolls everything back before returning.
     pub fn start(self) -> Result<Worker, StartError> {
         let deadline = Instant::now() + self.common.startup_timeout;
@@ -463,6 +491,7 @@ impl HostWorkerBuilder {
             &callables,
             self.common.prewarm.as_ref(),
             self.common.chip_options.as_ref(),
+            &self.common.faults,
             deadline,
             self.common.startup_timeout,
             &path,

@@ -13,7 +13,8 @@ use parking_lot::Mutex;
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
 use simpler_types::{TaskArgs, WorkerId, WorkerType};
 
-use crate::error::WorkerError;
+use crate::chip::Residue;
+use crate::error::{CloseError, WorkerError};
 use crate::graph::Orchestration;
 use crate::handle::{Entry, SharedRegistry};
 use crate::reentry;
@@ -26,7 +27,7 @@ pub(crate) struct ChildEndpoint {
     pub(crate) parent_registry: SharedRegistry,
     pub(crate) child: Option<Worker>,
     /// Errors of closing the child, read by the parent after the engine joined this thread.
-    pub(crate) residue: Arc<Mutex<Vec<String>>>,
+    pub(crate) residue: Arc<Mutex<Vec<Residue>>>,
 }
 
 impl Endpoint for ChildEndpoint {
@@ -83,7 +84,17 @@ impl Endpoint for ChildEndpoint {
         if let Some(child) = self.child.take()
             && let Err(e) = child.close()
         {
-            self.residue.lock().push(format!("child {}: {e}", self.id));
+            // The subtree's residue stays residue one level up; every other error of the
+            // child's close is a failed teardown step of this level.
+            let CloseError { leaked, .. } = &e;
+            let mut residue = self.residue.lock();
+            for l in leaked {
+                residue.push(Residue::Leaked(format!("child {}: {l}", self.id)));
+            }
+            let rest = CloseError { leaked: Vec::new(), ..e };
+            if !rest.is_empty() {
+                residue.push(Residue::Failed(format!("child {}: {rest}", self.id)));
+            }
         }
     }
 }

@@ -25,6 +25,7 @@ use simpler_types::{
 };
 
 use crate::error::{MemError, WorkerError};
+use crate::faults::{Fault, Faults};
 
 /// One registered content on one chip.
 struct Prepared {
@@ -44,10 +45,27 @@ pub(crate) struct ChipState {
     allocations: BTreeMap<u64, u64>,
     /// Reused per task so that a member's arguments are not reallocated.
     scratch: TaskArgs,
+    /// Injected faults (armed by tests only).
+    faults: Faults,
+}
+
+/// What finalizing a chip left behind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Residue {
+    /// Something that could not be released (a stuck device thread): close reports it as
+    /// leaked and never retries.
+    Leaked(String),
+    /// A teardown step that failed.
+    Failed(String),
+}
+
+/// An injected device error naming the call it replaces.
+fn injected(call: &'static str) -> DeviceError {
+    DeviceError::Busy { call, state: "an injected fault is armed".to_owned() }
 }
 
 impl ChipState {
-    pub(crate) fn new(chip: WorkerId, runner: DeviceRunner) -> ChipState {
+    pub(crate) fn new(chip: WorkerId, runner: DeviceRunner, faults: Faults) -> ChipState {
         ChipState {
             chip,
             runner: Some(runner),
@@ -55,6 +73,7 @@ impl ChipState {
             unusable: HashSet::new(),
             allocations: BTreeMap::new(),
             scratch: TaskArgs::new(),
+            faults,
         }
     }
 
@@ -65,14 +84,29 @@ impl ChipState {
         })
     }
 
-    /// Prepares `c` (or adds a reference to identical content already prepared).
+    /// Whether content `id` is unusable on this chip because removing it failed.
+    pub(crate) fn is_unusable(&self, id: &CallableId) -> bool {
+        self.unusable.contains(id)
+    }
+
+    /// Prepares `c` (or adds a reference to identical content already prepared). The caller
+    /// checks [`is_unusable`](Self::is_unusable) first: content whose removal failed is in an
+    /// unknown state on the device and is never prepared again before close.
     pub(crate) fn register(&mut self, c: &ChipCallable) -> Result<(), DeviceError> {
         if let Some(p) = self.prepared.get_mut(&c.id()) {
             p.refs += 1;
             return Ok(());
         }
+        if self.unusable.contains(&c.id()) {
+            return Err(DeviceError::Busy {
+                call: "register_callable",
+                state: format!("unusable on chip {} after a failed removal", self.chip),
+            });
+        }
+        if self.faults.hit(self.chip, Fault::Register) {
+            return Err(injected("register_callable"));
+        }
         let slot = self.runner()?.register_callable(c)?;
-        self.unusable.remove(&c.id());
         self.prepared.insert(c.id(), Prepared { slot, refs: 1 });
         Ok(())
     }
@@ -85,7 +119,12 @@ impl ChipState {
             return Ok(());
         }
         let slot = p.slot;
-        match self.runner()?.unregister_callable(slot) {
+        let removed = if self.faults.hit(self.chip, Fault::Unregister) {
+            Err(injected("unregister_callable"))
+        } else {
+            self.runner()?.unregister_callable(slot)
+        };
+        match removed {
             Ok(()) => {
                 self.prepared.remove(id);
                 Ok(())
@@ -193,17 +232,27 @@ impl ChipState {
         Ok(self.runner().map_err(|e| mem_err(chip, &e))?.stats().memory)
     }
 
-    /// Finalizes the runner; returns its error text and stuck threads, if any.
-    pub(crate) fn finalize(&mut self) -> Vec<String> {
+    /// Finalizes the runner; returns what it left behind: stuck device threads as leaked,
+    /// a finalize error as failed.
+    pub(crate) fn finalize(&mut self) -> Vec<Residue> {
         let Some(runner) = self.runner.take() else { return Vec::new() };
-        match runner.finalize() {
+        let chip = self.chip;
+        let mut residue: Vec<Residue> = match runner.finalize() {
             Ok(report) => report
                 .stuck_workers
                 .into_iter()
-                .map(|w| format!("chip {}: stuck device thread {w}", self.chip))
+                .map(|w| Residue::Leaked(format!("chip {chip}: stuck device thread {w}")))
                 .collect(),
-            Err(e) => vec![format!("chip {}: finalize failed: {e}", self.chip)],
+            Err(e) => vec![Residue::Failed(format!("chip {chip}: finalize failed: {e}"))],
+        };
+        if self.faults.hit(chip, Fault::Finalize) {
+            let e = injected("finalize");
+            residue.push(Residue::Failed(format!("chip {chip}: finalize failed: {e}")));
         }
+        if self.faults.hit(chip, Fault::Leak) {
+            residue.push(Residue::Leaked(format!("chip {chip}: stuck device thread (injected)")));
+        }
+        residue
     }
 }
 
@@ -235,7 +284,7 @@ pub(crate) fn device_failure(e: &DeviceError) -> EndpointFailure {
 pub(crate) struct ChipEndpoint {
     pub(crate) state: ChipState,
     /// Teardown residue, read by the worker after the engine joined this thread.
-    pub(crate) residue: Arc<Mutex<Vec<String>>>,
+    pub(crate) residue: Arc<Mutex<Vec<Residue>>>,
 }
 
 impl Endpoint for ChipEndpoint {
@@ -264,7 +313,7 @@ type LaneJob = Box<dyn FnOnce(&mut ChipState) + Send>;
 pub(crate) struct ChipLane {
     pub(crate) chip: WorkerId,
     tx: Mutex<Option<mpsc::Sender<LaneJob>>>,
-    thread: Mutex<Option<JoinHandle<Vec<String>>>>,
+    thread: Mutex<Option<JoinHandle<Vec<Residue>>>>,
 }
 
 impl ChipLane {
@@ -304,12 +353,14 @@ impl ChipLane {
     }
 
     /// Stops the lane after its queued jobs and joins it; returns teardown residue.
-    pub(crate) fn stop(&self) -> Vec<String> {
+    pub(crate) fn stop(&self) -> Vec<Residue> {
         self.tx.lock().take();
         let handle = self.thread.lock().take();
         match handle.map(JoinHandle::join) {
             Some(Ok(residue)) => residue,
-            Some(Err(_)) => vec![format!("chip {}: lane thread panicked", self.chip)],
+            Some(Err(_)) => {
+                vec![Residue::Failed(format!("chip {}: lane thread panicked", self.chip))]
+            }
             None => Vec::new(),
         }
     }

@@ -141,6 +141,16 @@ pub enum WorkerError {
         /// Chips whose rollback failed; the (chip, callable) pair is unusable there.
         rollback_failed: Vec<WorkerId>,
     },
+    /// Removing this content from the chip failed earlier (a failed rollback or
+    /// unregistration), so its state on the chip is unknown; the (chip, callable) pair stays
+    /// unusable until the worker closes.
+    #[error("'{callable}' is unusable on chip {chip}: removing it from the chip failed earlier")]
+    CallableUnusable {
+        /// The callable's name.
+        callable: String,
+        /// The chip.
+        chip: WorkerId,
+    },
     /// The content is being removed from a chip; register it again once the runs that pin it
     /// have finished.
     #[error("'{callable}' is still being removed from chip {chip}")]

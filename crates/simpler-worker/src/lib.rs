@@ -18,6 +18,7 @@
 //! | `memory` | [`ChipMemory`] and [`DeviceBuffer`] |
 //! | `reentry` | the thread-local reentrancy guard |
 //! | `error` | every error type of this crate |
+//! | `faults` | injected chip faults for rollback and teardown tests |
 //!
 //! ```
 //! use simpler_device_a2a3::{Platform, RuntimeVariant};
@@ -76,6 +77,7 @@ mod builder;
 mod child;
 mod chip;
 mod error;
+mod faults;
 mod graph;
 mod handle;
 mod memory;

@@ -46,7 +46,7 @@ use simpler_types::{
 };
 
 use crate::builder::{ChipWorkerBuilder, CompositeWorkerBuilder, HostWorkerBuilder};
-use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence};
+use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence, Residue};
 use crate::error::{
     BoxError, BuildFailure, CloseError, DrainTimeout, Frame, RunError, RunErrorKind, TeardownError,
     WorkerError,
@@ -86,7 +86,7 @@ pub(crate) enum Body {
         engine: Engine,
         chips: Vec<WorkerId>,
         children: Vec<WorkerId>,
-        residue: Arc<Mutex<Vec<String>>>,
+        residue: Arc<Mutex<Vec<Residue>>>,
     },
 }
 
@@ -407,10 +407,8 @@ impl Inner {
     }
 
     fn teardown(&self, result: &mut CloseError) {
-        match &self.body {
-            Body::Chip(lane) => {
-                result.leaked.extend(lane.stop());
-            }
+        let residue = match &self.body {
+            Body::Chip(lane) => lane.stop(),
             Body::Engine { engine, residue, .. } => {
                 if let Err(errors) = engine.shutdown(Instant::now()) {
                     for e in errors {
@@ -420,14 +418,14 @@ impl Inner {
                         });
                     }
                 }
-                for r in std::mem::take(&mut *residue.lock()) {
-                    if r.contains("stuck") {
-                        result.leaked.push(r);
-                    } else {
-                        result
-                            .teardown
-                            .push(TeardownError { what: self.label.clone(), message: r });
-                    }
+                std::mem::take(&mut *residue.lock())
+            }
+        };
+        for r in residue {
+            match r {
+                Residue::Leaked(what) => result.leaked.push(what),
+                Residue::Failed(message) => {
+                    result.teardown.push(TeardownError { what: self.label.clone(), message });
                 }
             }
         }
@@ -594,30 +592,35 @@ impl Worker {
         let mut done: Vec<WorkerId> = Vec::new();
         for &chip in chips {
             let callable = c.clone();
-            let r = self.inner.on_chip(chip, move |s| s.register(&callable));
+            // `None`: the pair is unusable after an earlier failed removal.
+            let r = self.inner.on_chip(chip, move |s| {
+                (!s.is_unusable(&callable.id())).then(|| s.register(&callable))
+            });
             let failure = match r {
-                Ok(Ok(())) => {
+                Ok(Some(Ok(()))) => {
                     done.push(chip);
                     continue;
                 }
-                Ok(Err(e @ DeviceError::Unusable { .. })) => {
-                    for &ok in &done {
-                        let _ = self.inner.on_chip(ok, move |s| s.release(&id));
+                Ok(Some(Err(e))) => e,
+                Ok(None) => {
+                    let rollback_failed = self.roll_back_chips(&done, id, &name);
+                    if !rollback_failed.is_empty() {
+                        tracing::error!(callable = %name, "rolling back chip(s) {rollback_failed:?} failed; the pairs are unusable");
                     }
-                    return Err(WorkerError::DeviceUnusable {
-                        chip,
-                        code: e.device_code(),
-                        message: e.to_string(),
-                    });
+                    return Err(WorkerError::CallableUnusable { callable: name, chip });
                 }
-                Ok(Err(e)) => e,
                 Err(e) => DeviceError::Busy { call: "register_callable", state: e.to_string() },
             };
-            let mut rollback_failed = Vec::new();
-            for &ok in &done {
-                if !matches!(self.inner.on_chip(ok, move |s| s.release(&id)), Ok(Ok(()))) {
-                    rollback_failed.push(ok);
+            let rollback_failed = self.roll_back_chips(&done, id, &name);
+            if let DeviceError::Unusable { .. } = failure {
+                if !rollback_failed.is_empty() {
+                    tracing::error!(callable = %name, "rolling back chip(s) {rollback_failed:?} failed; the pairs are unusable");
                 }
+                return Err(WorkerError::DeviceUnusable {
+                    chip,
+                    code: failure.device_code(),
+                    message: failure.to_string(),
+                });
             }
             return Err(WorkerError::Registration {
                 callable: name,
@@ -627,6 +630,26 @@ impl Worker {
             });
         }
         Ok(self.register(&name, Some(id), Entry::Chip(chips.to_vec())))
+    }
+
+    /// Drops the reference a failed registration took on each of `chips`; returns the chips
+    /// where that failed (the chip state marks those pairs unusable).
+    fn roll_back_chips(&self, chips: &[WorkerId], id: CallableId, name: &str) -> Vec<WorkerId> {
+        let mut failed = Vec::new();
+        for &chip in chips {
+            match self.inner.on_chip(chip, move |s| s.release(&id)) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(%chip, callable = %name, "rollback failed: {e}");
+                    failed.push(chip);
+                }
+                Err(e) => {
+                    tracing::warn!(%chip, callable = %name, "rollback failed: {e}");
+                    failed.push(chip);
+                }
+            }
+        }
+        failed
     }
 
     /// Unregisters a handle. Runs already accepted keep the callable; later submits with the

@@ -1,0 +1,212 @@
+//! Injected chip faults for the rollback and teardown paths the simulator cannot produce on
+//! demand: a failed attach, a failed registration or removal, a failed finalize and residue
+//! left after finalize (spec 40 §3, §5 step 6, §11 items 5, 11 and 28).
+//!
+//! Faults are armed per chip index through a handle shared by a builder and the chip states it
+//! creates, so a test can arm one before `start` or while the worker runs. Outside tests the
+//! handle is empty and every check is `false`.
+
+use simpler_types::WorkerId;
+
+/// One point where a chip call can be made to fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Fault {
+    /// Attaching the chip at start fails.
+    Attach,
+    /// Preparing a chip callable fails.
+    Register,
+    /// Removing a chip callable from the chip fails (it stays on the device).
+    Unregister,
+    /// Finalizing the chip reports an error (the runner is still finalized).
+    Finalize,
+    /// Finalizing the chip leaves a device thread behind.
+    Leak,
+}
+
+/// The faults armed for the chips of one worker.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Faults {
+    #[cfg(test)]
+    armed: std::sync::Arc<parking_lot::Mutex<std::collections::HashSet<(u32, Fault)>>>,
+}
+
+impl Faults {
+    /// Whether `fault` is armed for `chip`.
+    pub(crate) fn hit(&self, chip: WorkerId, fault: Fault) -> bool {
+        #[cfg(test)]
+        let hit = self.armed.lock().contains(&(chip.0, fault));
+        #[cfg(not(test))]
+        let hit = {
+            let _ = (chip, fault);
+            false
+        };
+        hit
+    }
+
+    /// Arms `fault` for chip index `chip` until disarmed.
+    #[cfg(test)]
+    pub(crate) fn arm(&self, chip: u32, fault: Fault) {
+        self.armed.lock().insert((chip, fault));
+    }
+
+    /// Disarms `fault` for chip index `chip`.
+    #[cfg(test)]
+    pub(crate) fn disarm(&self, chip: u32, fault: Fault) {
+        self.armed.lock().remove(&(chip, fault));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use simpler_device_a2a3::{
+        ChipCallable, OrchArgs, OrchConfig, OrchCtx, OrchError, Platform, RuntimeVariant,
+    };
+    use simpler_types::WorkerId;
+
+    use super::Fault;
+    use crate::{StartCause, Worker, WorkerError};
+
+    fn orchestration(_: &mut OrchCtx<'_>, _: &OrchArgs<'_>) -> Result<(), OrchError> {
+        Ok(())
+    }
+
+    fn config(_: &OrchArgs<'_>) -> OrchConfig {
+        OrchConfig { expected_arg_count: 0 }
+    }
+
+    /// Chip content without kernels; `variant` makes it distinct.
+    fn content(variant: u32) -> ChipCallable {
+        ChipCallable::native(orchestration, config)
+            .names(format!("empty_{variant}"), "empty_config")
+            .build()
+            .expect("valid callable")
+    }
+
+    fn host() -> crate::HostWorkerBuilder {
+        Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph)
+    }
+
+    #[test]
+    fn a_second_failure_during_start_rollback_is_attached_to_the_start_error() {
+        // L3: chip 1 fails to attach; finalizing chip 0 during the rollback fails too.
+        let b = host().chips(&[0, 1]);
+        b.faults().arm(1, Fault::Attach);
+        b.faults().arm(0, Fault::Finalize);
+        let e = b.start().expect_err("chip 1 fails");
+        assert!(matches!(e.cause, StartCause::Device { chip: WorkerId(1), .. }), "{e}");
+        assert!(e.path.contains("chip 1 (device 1)"), "{}", e.path);
+        assert_eq!(e.rollback.len(), 1, "{e}");
+        assert!(e.rollback[0].what.contains("chip 0"), "{e}");
+        assert!(
+            e.rollback[0]
+                .message
+                .contains("finalize is not allowed while an injected fault is armed"),
+            "{e}"
+        );
+
+        // L4: child 1 fails; closing the started child 0 fails while rolling back.
+        let mut l4 = Worker::composite(4);
+        let first = host().chips(&[0]);
+        first.faults().arm(0, Fault::Finalize);
+        let second = host().chips(&[1]);
+        second.faults().arm(0, Fault::Attach);
+        l4.child(first).expect("child 0");
+        l4.child(second).expect("child 1");
+        let e = l4.start().expect_err("child 1 fails");
+        assert!(matches!(e.cause, StartCause::ChildFailed { .. }), "{e}");
+        assert!(e.path.contains("L4 / child 1 (L3) / chip 0 (device 1)"), "{}", e.path);
+        assert_eq!(e.rollback.len(), 1, "{e}");
+        assert_eq!(e.rollback[0].what, "L4 / child 0");
+        assert!(
+            e.rollback[0]
+                .message
+                .contains("finalize is not allowed while an injected fault is armed"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_failed_registration_rollback_marks_the_pair_unusable_and_says_so() {
+        let b = host().chips(&[0, 1]);
+        let faults = b.faults();
+        let w = b.start().expect("start");
+        let shared = content(1);
+        let existing = w.register_chip_on(&shared, &[WorkerId(0)]).expect("existing on chip 0");
+        faults.arm(1, Fault::Register);
+        faults.arm(0, Fault::Unregister);
+
+        // Content already on chip 0: the rollback only drops a reference, so it cannot fail,
+        // and the existing handle survives.
+        match w.register_chip(&shared).expect_err("chip 1 fails") {
+            WorkerError::Registration { chip, rollback_failed, .. } => {
+                assert_eq!(chip, WorkerId(1));
+                assert!(rollback_failed.is_empty());
+            }
+            other => panic!("unexpected {other}"),
+        }
+        assert_eq!(w.chip_callable_refs(WorkerId(0), shared.id()).expect("refs"), 1);
+
+        // New content: chip 0 prepared it, chip 1 failed, removing it from chip 0 failed.
+        let fresh = content(2);
+        let e = w.register_chip(&fresh).expect_err("chip 1 fails");
+        assert!(e.to_string().contains("rollback failed on chip(s) 0; marked unusable"), "{e}");
+        match e {
+            WorkerError::Registration { chip, rollback_failed, .. } => {
+                assert_eq!(chip, WorkerId(1));
+                assert_eq!(rollback_failed, vec![WorkerId(0)]);
+            }
+            other => panic!("unexpected {other}"),
+        }
+        faults.disarm(1, Fault::Register);
+        faults.disarm(0, Fault::Unregister);
+
+        // The pair (chip 0, fresh) stays unusable; chip 1 and the existing handle are fine.
+        match w.register_chip(&fresh).expect_err("unusable on chip 0") {
+            WorkerError::CallableUnusable { chip, callable } => {
+                assert_eq!(chip, WorkerId(0));
+                assert_eq!(callable, "empty_2");
+            }
+            other => panic!("unexpected {other}"),
+        }
+        assert_eq!(w.chip_callable_refs(WorkerId(0), fresh.id()).expect("refs"), 0);
+        w.register_chip_on(&fresh, &[WorkerId(1)]).expect("usable on chip 1");
+        w.unregister(existing).expect("existing handle still valid");
+        w.close().expect("close");
+    }
+
+    #[test]
+    fn residue_after_teardown_is_leaked_and_replayed_by_later_closes() {
+        // L2: the lane's chip leaves a device thread behind.
+        let b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph);
+        b.faults().arm(0, Fault::Leak);
+        let w = b.start().expect("start");
+        let e = w.close().expect_err("residue");
+        assert_eq!(e.leaked, vec!["chip 0: stuck device thread (injected)".to_owned()]);
+        assert!(e.teardown.is_empty() && !e.is_retryable(), "{e}");
+        let again = w.close().expect_err("replayed");
+        assert_eq!(again.leaked, e.leaked);
+        drop(w);
+
+        // L3: residue is leaked, a failed finalize is a teardown error.
+        let b = host().chips(&[0, 1]);
+        b.faults().arm(1, Fault::Leak);
+        b.faults().arm(0, Fault::Finalize);
+        let w = b.start().expect("start");
+        let e = w.close().expect_err("residue");
+        assert_eq!(e.leaked, vec!["chip 1: stuck device thread (injected)".to_owned()]);
+        assert_eq!(e.teardown.len(), 1, "{e}");
+        assert!(e.teardown[0].message.contains("chip 0: finalize failed"), "{e}");
+        assert_eq!(w.close().expect_err("replayed").leaked, e.leaked);
+
+        // L4: a child's residue is the parent's residue.
+        let mut l4 = Worker::composite(4);
+        let child = host().chips(&[0]);
+        child.faults().arm(0, Fault::Leak);
+        l4.child(child).expect("adopt");
+        let w = l4.start().expect("start");
+        let e = w.close().expect_err("residue");
+        assert_eq!(e.leaked, vec!["child 0: chip 0: stuck device thread (injected)".to_owned()]);
+        assert!(e.teardown.is_empty(), "{e}");
+        assert_eq!(w.close().expect_err("replayed").leaked, e.leaked);
+    }
+}
