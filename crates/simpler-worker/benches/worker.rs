@@ -3,8 +3,10 @@
 //! run) and P6 through the worker (runs of 1..256 host-closure tasks, fit `a + b·tasks`).
 //!
 //! `cargo bench -p simpler-worker --bench worker` prints the median of 5 repetitions after one
-//! warm-up, with min–max. `-- --test` runs every workload once, briefly.
+//! warm-up, with min–max. `-- --test` runs every workload once, briefly; `-- w1 --profile`
+//! also prints, for W1, each thread's CPU time, run-queue wait and context switches per run.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use simpler_device_a2a3::{
@@ -110,6 +112,8 @@ fn program(vector_example: bool) -> ChipCallable {
 struct Plan {
     reps: usize,
     runs: usize,
+    /// Print per-thread CPU time and context switches for W1 (`-- --profile`).
+    profile: bool,
 }
 
 /// Median, min and max of `reps` repetitions of the mean time of `runs` calls of `f`.
@@ -140,6 +144,84 @@ fn report(name: &str, (med, min, max): (Duration, Duration, Duration)) {
 
 const N: u32 = 1024;
 
+/// One thread's scheduler counters: on-CPU time, run-queue wait (both ns, from
+/// `/proc/self/task/<tid>/schedstat`), voluntary and involuntary context switches.
+#[derive(Clone, Copy, Default)]
+struct Sched {
+    run_ns: u64,
+    wait_ns: u64,
+    voluntary: u64,
+    involuntary: u64,
+}
+
+/// Counters of every live thread, by thread id, with the thread's name.
+fn sched_snapshot() -> BTreeMap<String, (String, Sched)> {
+    let mut out = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return out };
+    for e in dir.flatten() {
+        let path = e.path();
+        let read = |f: &str| std::fs::read_to_string(path.join(f)).unwrap_or_default();
+        let name = read("comm").trim().to_owned();
+        let stat = read("schedstat");
+        let mut fields = stat.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+        let (run_ns, wait_ns) = (fields.next().unwrap_or(0), fields.next().unwrap_or(0));
+        let status = read("status");
+        let count = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let s = Sched {
+            run_ns,
+            wait_ns,
+            voluntary: count("voluntary_ctxt_switches:"),
+            involuntary: count("nonvoluntary_ctxt_switches:"),
+        };
+        out.insert(e.file_name().to_string_lossy().into_owned(), (name, s));
+    }
+    out
+}
+
+/// Runs `f` `runs` times and prints, per thread name (digits folded), the on-CPU time,
+/// run-queue wait and context switches per run that the threads alive at the end spent.
+fn profile_threads(label: &str, runs: usize, mut f: impl FnMut()) {
+    let before = sched_snapshot();
+    for _ in 0..runs {
+        f();
+    }
+    let after = sched_snapshot();
+    let mut by_name: BTreeMap<String, (usize, Sched)> = BTreeMap::new();
+    for (tid, (name, a)) in &after {
+        let b = before.get(tid).map(|(_, s)| *s).unwrap_or_default();
+        let key: String = name.chars().filter(|c| !c.is_ascii_digit()).collect();
+        let e = by_name.entry(key).or_default();
+        e.0 += 1;
+        e.1.run_ns += a.run_ns - b.run_ns;
+        e.1.wait_ns += a.wait_ns - b.wait_ns;
+        e.1.voluntary += a.voluntary - b.voluntary;
+        e.1.involuntary += a.involuntary - b.involuntary;
+    }
+    let per = |v: u64| v as f64 / runs as f64;
+    println!("  threads during {label} (per run; cpu and run-queue wait in µs):");
+    let mut total = 0.0;
+    for (name, (n, s)) in &by_name {
+        if s.run_ns == 0 && s.voluntary == 0 && s.involuntary == 0 {
+            continue;
+        }
+        total += per(s.run_ns) / 1e3;
+        println!(
+            "    {name:<18} x{n:<2} cpu {:>7.2}  wait {:>7.2}  switches {:>6.2} voluntary, {:>6.2} involuntary",
+            per(s.run_ns) / 1e3,
+            per(s.wait_ns) / 1e3,
+            per(s.voluntary),
+            per(s.involuntary)
+        );
+    }
+    println!("    total cpu {total:.2} µs per run");
+}
+
 fn device_args(ptrs: &[DevicePtr], n: u32) -> TaskArgs {
     let mut args = TaskArgs::new();
     for (i, p) in ptrs.iter().enumerate() {
@@ -166,6 +248,13 @@ fn w1(plan: &Plan) {
         runner.run(&RunRequest::new(id, slot, &args, &cfg)).expect("chip run");
     });
     report("W1 baseline: DeviceRunner::run (1 task)", chip);
+    if plan.profile {
+        profile_threads("the baseline", plan.runs, || {
+            let id = RunId::from_raw(next).expect("id");
+            next += 1;
+            runner.run(&RunRequest::new(id, slot, &args, &cfg)).expect("chip run");
+        });
+    }
 
     // The same run on another thread behind a channel: the cost of one hand-off each way.
     let (job_tx, job_rx) = std::sync::mpsc::channel::<u64>();
@@ -202,6 +291,16 @@ fn w1(plan: &Plan) {
         .expect("l3 run");
     });
     report("W1: L3 run of 1 chip task, submit -> wait", l3);
+    if plan.profile {
+        profile_threads("the L3 runs", plan.runs, || {
+            let a = args.clone();
+            w.run(Orchestration::graph(move |g, _, _| {
+                g.submit_next_level(h, a.clone(), &CallConfig::default(), WorkerId(0))?;
+                Ok(())
+            }))
+            .expect("l3 run");
+        });
+    }
     println!(
         "W1 overhead on top of the chip's run: {:.2} µs/run by median, {:.2} µs/run by minimum",
         us(l3.0) - us(chip.0),
@@ -266,7 +365,12 @@ fn p6(plan: &Plan) {
 
 fn main() {
     let test = std::env::args().any(|a| a == "--test");
-    let plan = if test { Plan { reps: 1, runs: 2 } } else { Plan { reps: 5, runs: 400 } };
+    let profile = std::env::args().any(|a| a == "--profile");
+    let plan = if test {
+        Plan { reps: 1, runs: 2, profile }
+    } else {
+        Plan { reps: 5, runs: 400, profile }
+    };
     // Positional arguments select workloads (`w1`, `w2`, `p6`); none selects all.
     let picked: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let run = |name: &str| picked.is_empty() || picked.iter().any(|p| p == name);
