@@ -15,6 +15,10 @@
 //!
 //! A failure rolls back in reverse before `start` returns (chips finalized, started children
 //! closed) and names the path to the failing part, e.g. `L4 / child 1 (L3) / chip 0 (device 5)`.
+//! What the rollback itself meets (a chip that fails to finalize, a child whose close fails,
+//! residue) is attached to `StartError::rollback`, also when the engine fails to start: its
+//! endpoints finalize their chip or close their child when dropped, into the residue list the
+//! builder then reads.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
@@ -525,8 +529,10 @@ impl HostWorkerBuilder {
             alloc_timeout: self.alloc_timeout,
             ..RingConfig::default()
         };
+        // On failure the endpoints are dropped, which finalizes every chip into `residue`.
         let engine =
-            build_engine(3, ring, next_level, self.subs, self.common.instance, &registry, &path)?;
+            build_engine(3, ring, next_level, self.subs, self.common.instance, &registry, &path)
+                .map_err(|e| with_residue(e, &residue, &path))?;
         // 5.
         let body = Body::Engine { engine, chips, children: Vec::new(), residue };
         let mut inner =
@@ -784,7 +790,7 @@ impl CompositeWorkerBuilder {
             })
             .collect();
         let ring = RingConfig { heap_bytes_per_ring: self.heap_ring_size, ..RingConfig::default() };
-        // On failure the endpoints are dropped, which closes every child.
+        // On failure the endpoints are dropped, which closes every child into `residue`.
         let engine = build_engine(
             self.level,
             ring,
@@ -793,7 +799,8 @@ impl CompositeWorkerBuilder {
             self.common.instance,
             &registry,
             &path,
-        )?;
+        )
+        .map_err(|e| with_residue(e, &residue, &path))?;
         let body = Body::Engine { engine, chips: Vec::new(), children, residue };
         let mut inner = new_inner(
             self.common.instance,
@@ -806,6 +813,19 @@ impl CompositeWorkerBuilder {
         inner.registry = registry;
         Ok(Worker { inner: Arc::new(inner) })
     }
+}
+
+/// Attaches what the dropped endpoints of a failed engine start left in `residue` (chips
+/// finalized, children closed) to the start error.
+fn with_residue(mut e: StartError, residue: &Mutex<Vec<Residue>>, path: &str) -> StartError {
+    for r in std::mem::take(&mut *residue.lock()) {
+        let message = match r {
+            Residue::Leaked(what) => format!("leaked: {what}"),
+            Residue::Failed(message) => message,
+        };
+        e.rollback.push(TeardownError { what: path.to_owned(), message });
+    }
+    e
 }
 
 fn rollback_children(started: Vec<Worker>, rollback: &mut Vec<TeardownError>, path: &str) {

@@ -7,6 +7,7 @@
 //! level); `Closed` or `DeviceUnusable` is an endpoint failure. The child stays usable and runs
 //! one parent task at a time. The endpoint's shutdown closes the child.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -81,6 +82,23 @@ impl Endpoint for ChildEndpoint {
     }
 
     fn shutdown(&mut self) {
+        self.close_child();
+    }
+}
+
+impl Drop for ChildEndpoint {
+    /// Closes a child whose endpoint was never shut down (an engine that failed to start);
+    /// after a shutdown there is nothing left to close. Never unwinds out of the drop.
+    fn drop(&mut self) {
+        if catch_unwind(AssertUnwindSafe(|| self.close_child())).is_err() {
+            self.residue.lock().push(Residue::Failed(format!("child {}: close panicked", self.id)));
+        }
+    }
+}
+
+impl ChildEndpoint {
+    /// Closes the child once, recording what its close reported.
+    fn close_child(&mut self) {
         if let Some(child) = self.child.take()
             && let Err(e) = child.close()
         {

@@ -12,6 +12,7 @@
 //! thread-start hook, which is why that hook exists.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
@@ -304,6 +305,18 @@ impl Endpoint for ChipEndpoint {
     fn shutdown(&mut self) {
         let residue = self.state.finalize();
         self.residue.lock().extend(residue);
+    }
+}
+
+impl Drop for ChipEndpoint {
+    /// Finalizes a chip whose endpoint was never shut down (an engine that failed to start);
+    /// after a shutdown there is nothing left to finalize. Never unwinds out of the drop.
+    fn drop(&mut self) {
+        if catch_unwind(AssertUnwindSafe(|| self.shutdown())).is_err() {
+            self.residue
+                .lock()
+                .push(Residue::Failed(format!("chip {}: finalize panicked", self.state.chip)));
+        }
     }
 }
 

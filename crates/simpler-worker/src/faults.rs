@@ -126,6 +126,30 @@ mod tests {
     }
 
     #[test]
+    fn a_failing_engine_start_finalizes_the_chips_and_closes_the_children_attaching_failures() {
+        // L3: the chips attached, then the engine refuses the ring size.
+        let b = host().chips(&[0]).heap_ring_size(1000);
+        b.faults().arm(0, Fault::Finalize);
+        let e = b.start().expect_err("engine fails");
+        assert!(matches!(e.cause, StartCause::Engine(_)), "{e}");
+        assert_eq!(e.rollback.len(), 1, "{e}");
+        assert!(e.rollback[0].message.contains("chip 0: finalize failed"), "{e}");
+
+        // L4: the child started, then the L4 engine refuses the ring size.
+        let mut l4 = Worker::composite(4).heap_ring_size(1000);
+        let child = host().chips(&[0]);
+        child.faults().arm(0, Fault::Leak);
+        l4.child(child).expect("adopt");
+        let e = l4.start().expect_err("engine fails");
+        assert!(matches!(e.cause, StartCause::Engine(_)), "{e}");
+        assert_eq!(e.rollback.len(), 1, "{e}");
+        assert_eq!(
+            e.rollback[0].message,
+            "leaked: child 0: chip 0: stuck device thread (injected)"
+        );
+    }
+
+    #[test]
     fn a_failed_registration_rollback_marks_the_pair_unusable_and_says_so() {
         let b = host().chips(&[0, 1]);
         let faults = b.faults();
