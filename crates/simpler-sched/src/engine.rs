@@ -266,12 +266,20 @@ impl Engine {
     /// Errors: [`SchedError::UnknownRun`], [`SchedError::NotTerminal`].
     pub fn release(&self, run: RunId) -> Result<RunSummary, SchedError> {
         let core = &self.core;
+        // The peaks are captured while the run is still registered: once it is removed, a
+        // `begin_run` on another thread no longer sees it as the previous run and resets the
+        // ring's peaks without capturing them. A run that is not terminal yet keeps using the
+        // ring, so its peaks are left for later (`remove_terminal` then refuses it anyway).
+        let registered = core.registry.find(run)?;
+        if registered.is_terminal() {
+            self.capture_peaks(&registered);
+        }
+        drop(registered);
         let (record, now_empty) = core.registry.remove_terminal(run)?;
         let left = core.tensor_map.erase_run(run);
         if left > 0 {
             tracing::warn!(%run, entries = left, "released run still had tensor-map entries");
         }
-        self.capture_peaks(&record);
         let (tasks, peaks) = {
             let c = record.lock();
             (c.task_slots.len() as u32, c.peaks.unwrap_or_default())

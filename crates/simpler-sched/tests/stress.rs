@@ -179,10 +179,6 @@ fn completions_delivered_while_the_scheduler_thread_runs_a_pass_are_not_lost() {
 }
 
 #[test]
-#[ignore = "engine bug: Engine::release removes the run from the registry before it captures \
-            the run's ring peaks; a begin_run on another thread in between does not capture them \
-            and resets the peaks, so the summary reports zeros (capturing before the removal \
-            fixes it)"]
 fn ring_peaks_of_a_run_survive_a_concurrent_release_of_the_previous_run() {
     // Four threads run one-task runs back to back; each release may race with another
     // thread's admission and first task.
