@@ -104,6 +104,7 @@ impl<'e> RunBuilder<'e> {
 
     /// Submits a single NEXT_LEVEL task to worker `target` (its stable id). `eligible`, when
     /// given, must contain `target`.
+    #[inline]
     pub fn submit_next_level(
         &mut self,
         callable: &CallableId,
@@ -136,6 +137,7 @@ impl<'e> RunBuilder<'e> {
     }
 
     /// Submits a single SUB task (any idle SUB worker; default configuration).
+    #[inline]
     pub fn submit_sub(
         &mut self,
         callable: &CallableId,

@@ -12,7 +12,13 @@
 //! 3. Route each ready task: NEXT_LEVEL single → its target's FIFO, NEXT_LEVEL group → the group
 //!    FIFO, SUB → the SUB FIFO.
 //! 4. Unless stopping, one dispatch pass: groups, then singles, then SUB.
-//! 5. Stall bookkeeping; if stopping and no worker is busy, or a new stall episode just opened
+//! 5. Reference releases and reclamations owed by the successful finishes of step 2 (deferred
+//!    from there, so that a consumer released by a completion is dispatched before the
+//!    finished task's bookkeeping runs: on a dependent chain that bookkeeping is otherwise on
+//!    the critical path of every step). Nothing in steps 3–4 depends on them: dispatch neither
+//!    allocates a slot nor reads the tensor map, and a run's fence fires only once every one of
+//!    its slots is reclaimed, which this step still does before the pass ends.
+//! 6. Stall bookkeeping; if stopping and no worker is busy, or a new stall episode just opened
 //!    (even one replacing an episode already reported), poke the scheduler thread.
 //!
 //! Passes run only when an event arrives (edge-triggered): work that cannot be placed waits for
@@ -61,6 +67,7 @@ use crate::graph::GraphScratch;
 use crate::inbox::{
     Closed, InboxBatch, MemberCompletion, ReadyEntry, WorkerSlot, drive, locked_then_drive,
 };
+use crate::run_record::RunRecord;
 use crate::slot::Route;
 use crate::sync::{MutexGuard, Ordering};
 use crate::task_protocol::{Fanin, MemberDone, root_of};
@@ -72,6 +79,25 @@ struct NextLevelQueue {
     busy: bool,
     /// Reserved by a blocked group head for the rest of the current pass.
     reserved: bool,
+}
+
+/// Releases and reclamations a pass owes after its dispatch (pass step 5).
+#[derive(Default)]
+struct Deferred {
+    /// Scope and consumer references to release, in the order the finishes produced them.
+    releases: Vec<SlotId>,
+    /// Finished slots whose last reference is gone, with their run.
+    reclaims: Vec<(SlotId, Arc<RunRecord>)>,
+}
+
+impl Deferred {
+    /// Performs everything owed, releases first (in completion order), and empties both lists.
+    fn settle(&mut self, core: &Core) {
+        core.release_all(&mut self.releases);
+        for (id, run) in self.reclaims.drain(..) {
+            core.reclaim(id, run);
+        }
+    }
 }
 
 /// An open stall episode: the group head has been blocked since `since` while an idle target
@@ -113,6 +139,9 @@ pub(crate) struct SchedState {
     passes: u64,
     dispatched: u64,
     completions: u64,
+    /// Step 5's work, owed by this pass's successful finishes. Kept apart from `scratch`, which
+    /// a panicking event resets, so that another event's panic cannot drop it.
+    deferred: Deferred,
     /// Test seam: called by the scheduler thread while it holds the scheduler lock.
     #[cfg(test)]
     pub(crate) thread_hook: Option<ThreadHook>,
@@ -137,12 +166,13 @@ impl SchedState {
             passes: 0,
             dispatched: 0,
             completions: 0,
+            deferred: Deferred::default(),
             #[cfg(test)]
             thread_hook: None,
         }
     }
 
-    /// Pass steps 1–5. Returns whether the scheduler thread needs to look.
+    /// Pass steps 1–6. Returns whether the scheduler thread needs to look.
     fn pass(&mut self, core: &Core, own: Own) -> bool {
         core.inbox.take(&mut self.batch);
         self.passes += 1;
@@ -167,6 +197,7 @@ impl SchedState {
         if !self.stopping {
             self.dispatch_pass(core);
         }
+        self.guarded(core, |state| state.deferred.settle(core));
         let opened = self.check_stall(core);
         self.publish_counters(core);
         (self.stopping && self.busy == 0) || opened
@@ -181,6 +212,7 @@ impl SchedState {
         for r in std::mem::take(&mut self.batch.ready) {
             self.guarded(core, |state| state.route(core, r.slot, r.route));
         }
+        self.guarded(core, |state| state.deferred.settle(core));
         self.exited = true;
         self.cancel_queued(core);
         self.publish_counters(core);
@@ -242,12 +274,21 @@ impl SchedState {
             MemberDone::Waiting => {}
             MemberDone::Finished { failure, reclaim } => {
                 match failure {
-                    None => self.release_consumers(core),
-                    Some(f) => core.propagate_failure(root_of(&f), &mut self.scratch),
-                }
-                core.release_all(&mut self.scratch.releases);
-                if let Some(run) = reclaim {
-                    core.reclaim(c.slot, run);
+                    None => {
+                        self.release_consumers(core);
+                        // Pass step 5 performs these after the dispatch.
+                        self.deferred.releases.append(&mut self.scratch.releases);
+                        if let Some(run) = reclaim {
+                            self.deferred.reclaims.push((c.slot, run));
+                        }
+                    }
+                    Some(f) => {
+                        core.propagate_failure(root_of(&f), &mut self.scratch);
+                        core.release_all(&mut self.scratch.releases);
+                        if let Some(run) = reclaim {
+                            core.reclaim(c.slot, run);
+                        }
+                    }
                 }
             }
         }
