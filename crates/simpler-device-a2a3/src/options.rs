@@ -48,10 +48,12 @@ pub struct SimOptions {
     /// `block_dim` used when a run asks for 0 (auto). Default 2, so a 2-core machine runs six
     /// AICore workers (decision; the original uses 8).
     pub default_block_dim: u32,
-    /// Spin rounds of every simulated wait before it yields and parks; `None` = 64. A wait
-    /// spins only while the device's awake simulated threads do not outnumber the host's cores.
+    /// Most spin rounds of a simulated wait before it yields and parks; `None` = 64. A wait
+    /// spins only while the device's awake simulated threads do not outnumber the host's cores
+    /// and its thread's latest yield did not run another thread; a thread whose spin phases
+    /// keep running out spins fewer rounds (down to 4).
     pub spin_iters: Option<u32>,
-    /// `yield_now` calls after the spin phase and before parking.
+    /// `yield_now` calls of a wait after its spin phase and before it parks.
     pub yield_iters: u32,
     /// Total bytes the simulated device may allocate.
     pub memory_limit: u64,
