@@ -300,15 +300,17 @@ fn hazard_07_shutdown_loses_no_completion() {
 
 #[test]
 fn hazard_08_service_threads_survive_panics_and_user_calls_tolerate_unknown_runs() {
+    // Gated endpoints: both tasks are submitted before either may panic, since a run that has
+    // already failed refuses further submits.
     let h = Harness::new();
-    let e = engine(&[0], 1, &h, false);
+    let e = engine(&[0], 1, &h, true);
     for round in 0..5 {
         let mut b = e.begin_run().unwrap();
-        h.script(next_task(&b), Action::Panic(format!("endpoint panic {round}")));
-        b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
-        h.script(next_task(&b), Action::Panic(format!("sub panic {round}")));
-        b.submit_sub(&host(1), args(&[])).unwrap();
+        let nl = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+        let sub = b.submit_sub(&host(1), args(&[])).unwrap();
         let run = b.close();
+        h.release(nl, Action::Panic(format!("endpoint panic {round}")));
+        h.release(sub, Action::Panic(format!("sub panic {round}")));
         assert!(!wait(&e, run).is_completed());
         e.release(run).unwrap();
     }
@@ -322,8 +324,10 @@ fn hazard_08_service_threads_survive_panics_and_user_calls_tolerate_unknown_runs
         Err(SchedError::UnknownRun { .. })
     ));
     assert!(!e.is_poisoned());
+    h.open();
     let mut b = e.begin_run().unwrap();
     b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    b.submit_sub(&host(1), args(&[])).unwrap();
     let run = b.close();
     assert!(wait(&e, run).is_completed(), "both worker threads still serve");
 }
