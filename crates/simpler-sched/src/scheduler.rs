@@ -91,6 +91,11 @@ struct Deferred {
 }
 
 impl Deferred {
+    /// Whether anything is owed (most passes owe nothing, and skip step 5).
+    fn is_owed(&self) -> bool {
+        !self.releases.is_empty() || !self.reclaims.is_empty()
+    }
+
     /// Performs everything owed, releases first (in completion order), and empties both lists.
     fn settle(&mut self, core: &Core) {
         core.release_all(&mut self.releases);
@@ -197,7 +202,9 @@ impl SchedState {
         if !self.stopping {
             self.dispatch_pass(core);
         }
-        self.guarded(core, |state| state.deferred.settle(core));
+        if self.deferred.is_owed() {
+            self.guarded(core, |state| state.deferred.settle(core));
+        }
         let opened = self.check_stall(core);
         self.publish_counters(core);
         (self.stopping && self.busy == 0) || opened
