@@ -11,112 +11,12 @@ use std::process::ExitCode;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use simpler_device_a2a3::{
-    ArgDirection, ChipCallable, CoreCallable, KernelCall, Kernels, OrchArgs, OrchConfig, OrchCtx,
-    OrchError, Platform, RuntimeVariant,
-};
-use simpler_types::{CallConfig, CoreArgs, DataType, TaskArgs, Tensor, TensorArgType, WorkerId};
+use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes, vector};
+use simpler_device_a2a3::{Platform, RuntimeVariant};
+use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
 use simpler_worker::{DeviceBuffer, Orchestration, Worker};
 
 const N: usize = 16384;
-const ADD: u32 = 0;
-const ADD_SCALAR: u32 = 1;
-const MUL: u32 = 2;
-
-/// `out = x + y`.
-unsafe extern "C-unwind" fn add(args: *mut i64) {
-    // SAFETY: the runtime passes this kernel's argument vector; the task has three tensors.
-    let k = unsafe { KernelCall::from_raw(args, 3) };
-    // SAFETY: all three are f32 buffers of this task and the output aliases neither input.
-    let (x, y, out) = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
-    if let (Some(x), Some(y), Some(out)) = (x, y, out) {
-        for ((o, a), b) in out.iter_mut().zip(x).zip(y) {
-            *o = a + b;
-        }
-    }
-}
-
-/// `out = x + s`.
-unsafe extern "C-unwind" fn add_scalar(args: *mut i64) {
-    // SAFETY: two tensors and one scalar.
-    let k = unsafe { KernelCall::from_raw(args, 2) };
-    let s: f32 = k.scalar_of(0).unwrap_or(0.0);
-    // SAFETY: f32 buffers; the output does not alias the input.
-    let (x, out) = unsafe { (k.slice::<f32>(0), k.slice_mut::<f32>(1)) };
-    if let (Some(x), Some(out)) = (x, out) {
-        for (o, a) in out.iter_mut().zip(x) {
-            *o = a + s;
-        }
-    }
-}
-
-/// `out = x * y`.
-unsafe extern "C-unwind" fn mul(args: *mut i64) {
-    // SAFETY: as `add`.
-    let k = unsafe { KernelCall::from_raw(args, 3) };
-    // SAFETY: as `add`.
-    let (x, y, out) = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
-    if let (Some(x), Some(y), Some(out)) = (x, y, out) {
-        for ((o, a), b) in out.iter_mut().zip(x).zip(y) {
-            *o = a * b;
-        }
-    }
-}
-
-fn core_args(t: &[(Tensor, TensorArgType)], scalar: Option<f32>) -> Result<CoreArgs, OrchError> {
-    let mut a = CoreArgs::new();
-    for (t, tag) in t {
-        a.add_tensor(*t, *tag).map_err(|_| OrchError::from_status(-1))?;
-    }
-    if let Some(s) = scalar {
-        a.add_scalar_of(s).map_err(|_| OrchError::from_status(-1))?;
-    }
-    Ok(a)
-}
-
-/// The chip orchestration: arguments `a` (in), `b` (in), `f` (out).
-fn orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
-    use TensorArgType::{Input, Output};
-    let (a, b, f) = match (args.tensor(0), args.tensor(1), args.tensor(2)) {
-        (Some(a), Some(b), Some(f)) => (*a, *b, *f),
-        _ => return Err(OrchError::from_status(-1)),
-    };
-    let shape = a.shape().to_vec();
-    let c = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    let d = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    let e = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    let g = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    ctx.submit(Kernels::Aiv(ADD), &core_args(&[(a, Input), (b, Input), (c, Output)], None)?)?;
-    ctx.submit(Kernels::Aiv(ADD_SCALAR), &core_args(&[(c, Input), (d, Output)], Some(1.0))?)?;
-    ctx.submit(Kernels::Aiv(ADD_SCALAR), &core_args(&[(c, Input), (e, Output)], Some(2.0))?)?;
-    ctx.submit(Kernels::Aiv(MUL), &core_args(&[(d, Input), (e, Input), (g, Output)], None)?)?;
-    ctx.submit(Kernels::Aiv(ADD), &core_args(&[(g, Input), (c, Input), (f, Output)], None)?)?;
-    Ok(())
-}
-
-fn config(_: &OrchArgs<'_>) -> OrchConfig {
-    OrchConfig { expected_arg_count: 3 }
-}
-
-/// The vector example's chip program.
-fn vector_program() -> Result<ChipCallable, Box<dyn std::error::Error>> {
-    use ArgDirection::{In, Out, Scalar};
-    Ok(ChipCallable::native(orchestration, config)
-        .names("vector_example", "vector_config")
-        .signature(vec![In, In, Out])
-        .kernel(ADD, CoreCallable::native(vec![In, In, Out], add))
-        .kernel(ADD_SCALAR, CoreCallable::native(vec![In, Out, Scalar], add_scalar))
-        .kernel(MUL, CoreCallable::native(vec![In, In, Out], mul))
-        .build()?)
-}
-
-fn to_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn expected(a: &[f32], b: &[f32]) -> Vec<f32> {
-    a.iter().zip(b).map(|(x, y)| (x + y + 1.0) * (x + y + 2.0) + (x + y)).collect()
-}
 
 /// One chip's buffers: inputs `a`, `b` and output `f`.
 struct ChipBuffers {
@@ -146,7 +46,7 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let mut builder = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph)
         .chips(&[0, 1])
         .sub_workers(1);
-    let program = builder.register_chip(vector_program()?);
+    let program = builder.register_chip(vector::callable()?);
     let worker = Arc::new(builder.start()?);
 
     // Inputs differ per chip.
@@ -158,9 +58,9 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         let mem = worker.chip_memory(chip)?;
         let bytes = (N * 4) as u64;
         let bufs = [mem.malloc(bytes)?, mem.malloc(bytes)?, mem.malloc(bytes)?];
-        mem.copy_to(&bufs[0], 0, &to_bytes(&a))?;
-        mem.copy_to(&bufs[1], 0, &to_bytes(&b))?;
-        chips.push(ChipBuffers { chip, bufs, expected: expected(&a, &b) });
+        mem.copy_to(&bufs[0], 0, &f32_to_le_bytes(&a))?;
+        mem.copy_to(&bufs[1], 0, &f32_to_le_bytes(&b))?;
+        chips.push(ChipBuffers { chip, bufs, expected: vector::reference(&a, &b) });
     }
     let chips = Arc::new(chips);
 
@@ -173,11 +73,8 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         for c in check_chips.iter() {
             let mut raw = vec![0u8; N * 4];
             worker.chip_memory(c.chip)?.copy_from(&c.bufs[2], 0, &mut raw)?;
-            let bad = raw
-                .chunks_exact(4)
-                .zip(&c.expected)
-                .filter(|(r, e)| f32::from_le_bytes([r[0], r[1], r[2], r[3]]) != **e)
-                .count();
+            let got = f32_from_le_bytes(&raw);
+            let bad = got.iter().zip(&c.expected).filter(|(g, e)| g != e).count();
             if bad > 0 {
                 return Err(format!("chip {}: {bad} of {N} elements differ", c.chip).into());
             }

@@ -13,59 +13,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use simpler_device_a2a3::{
-    ArgDirection, ChipCallable, CoreCallable, KernelCall, Kernels, OrchArgs, OrchConfig, OrchCtx,
-    OrchError, Platform, RuntimeVariant,
-};
-use simpler_types::{CallConfig, CoreArgs, DataType, TaskArgs, TensorArgType, WorkerId};
+use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
+use simpler_device_a2a3::{Platform, RuntimeVariant};
+use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
 use simpler_worker::{CallableHandle, DeviceBuffer, Orchestration, Worker};
 
 const N: usize = 4096;
 
-/// `out = x + y`.
-unsafe extern "C-unwind" fn add(args: *mut i64) {
-    // SAFETY: the runtime passes this kernel's argument vector; the task has three tensors.
-    let k = unsafe { KernelCall::from_raw(args, 3) };
-    // SAFETY: all three are f32 buffers of this task and the output aliases neither input.
-    let (x, y, out) = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
-    if let (Some(x), Some(y), Some(out)) = (x, y, out) {
-        for ((o, a), b) in out.iter_mut().zip(x).zip(y) {
-            *o = a + b;
-        }
-    }
-}
-
-fn orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
-    let bad = |_| OrchError::from_status(-1);
-    let mut k = CoreArgs::new();
-    for (i, tag) in
-        [TensorArgType::Input, TensorArgType::Input, TensorArgType::Output].into_iter().enumerate()
-    {
-        let t = args.tensor(i).ok_or(OrchError::from_status(-1))?;
-        k.add_tensor(*t, tag).map_err(bad)?;
-    }
-    ctx.submit(Kernels::Aiv(0), &k).map(|_| ())
-}
-
-fn config(_: &OrchArgs<'_>) -> OrchConfig {
-    OrchConfig { expected_arg_count: 3 }
-}
-
-fn add_program() -> Result<ChipCallable, Box<dyn std::error::Error>> {
-    use ArgDirection::{In, Out};
-    Ok(ChipCallable::native(orchestration, config)
-        .names("add", "add_config")
-        .signature(vec![In, In, Out])
-        .kernel(0, CoreCallable::native(vec![In, In, Out], add))
-        .build()?)
-}
-
 fn input(child: u64, which: u64) -> Vec<f32> {
     (0..N).map(|i| (i as f32) * 0.5 + (child * 10 + which) as f32).collect()
-}
-
-fn to_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 /// What each child's graphs share: its handles and its chip buffers.
@@ -95,7 +51,7 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         let mut l3 = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph)
             .chips(&[device])
             .sub_workers(1);
-        let add = l3.register_chip(add_program()?);
+        let add = l3.register_chip(add::callable()?);
         let n = Arc::clone(&notes);
         let note = l3.register_host("note", move |_| {
             n.fetch_add(1, Ordering::SeqCst);
@@ -114,8 +70,8 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         let mem = g.chip_memory(WorkerId(0))?;
         let bytes = (N * 4) as u64;
         let bufs = [mem.malloc(bytes)?, mem.malloc(bytes)?, mem.malloc(bytes)?];
-        mem.copy_to(&bufs[0], 0, &to_bytes(&input(child, 0)))?;
-        mem.copy_to(&bufs[1], 0, &to_bytes(&input(child, 1)))?;
+        mem.copy_to(&bufs[0], 0, &f32_to_le_bytes(&input(child, 0)))?;
+        mem.copy_to(&bufs[1], 0, &f32_to_le_bytes(&input(child, 1)))?;
         *state.bufs.lock().map_err(|_| "poisoned")? = Some(bufs);
         Ok(())
     });
@@ -139,12 +95,9 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         let bufs = state.bufs.lock().map_err(|_| "poisoned")?.ok_or("not set up")?;
         let mut raw = vec![0u8; N * 4];
         g.chip_memory(WorkerId(0))?.copy_from(&bufs[2], 0, &mut raw)?;
-        let (a, b) = (input(child, 0), input(child, 1));
-        let bad = raw
-            .chunks_exact(4)
-            .enumerate()
-            .filter(|(i, r)| f32::from_le_bytes([r[0], r[1], r[2], r[3]]) != a[*i] + b[*i])
-            .count();
+        let expected = add::reference(&input(child, 0), &input(child, 1));
+        let got = f32_from_le_bytes(&raw);
+        let bad = got.iter().zip(&expected).filter(|(g, e)| g != e).count();
         if bad > 0 {
             return Err(format!("child {child}: {bad} of {N} elements differ").into());
         }

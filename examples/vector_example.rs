@@ -10,102 +10,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use simpler_device_a2a3::{
-    ArgDirection, ChipCallable, CoreCallable, DevicePtr, DeviceRunner, KernelCall, Kernels,
-    OrchArgs, OrchConfig, OrchCtx, OrchError, RunRequest, RunnerOptions, RuntimeVariant,
-};
-use simpler_types::{
-    CallConfig, CoreArgs, DataType, RunId, SwimlaneLevel, TaskArgs, Tensor, TensorArgType,
-};
+use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes, vector};
+use simpler_device_a2a3::{DevicePtr, DeviceRunner, RunRequest, RunnerOptions, RuntimeVariant};
+use simpler_types::{CallConfig, DataType, RunId, SwimlaneLevel, TaskArgs, Tensor};
 
 const N: usize = 16384;
-const ADD: u32 = 0;
-const ADD_SCALAR: u32 = 1;
-const MUL: u32 = 2;
 const WARM_RUNS: usize = 100;
-
-/// `out = x + y`.
-unsafe extern "C-unwind" fn add(args: *mut i64) {
-    // SAFETY: the runtime passes this kernel's argument vector; the task has three tensors.
-    let k = unsafe { KernelCall::from_raw(args, 3) };
-    // SAFETY: all three are f32 buffers of this task and the output aliases neither input.
-    let (x, y, out) = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
-    if let (Some(x), Some(y), Some(out)) = (x, y, out) {
-        for ((o, a), b) in out.iter_mut().zip(x).zip(y) {
-            *o = a + b;
-        }
-    }
-}
-
-/// `out = x + s`.
-unsafe extern "C-unwind" fn add_scalar(args: *mut i64) {
-    // SAFETY: two tensors and one scalar.
-    let k = unsafe { KernelCall::from_raw(args, 2) };
-    let s: f32 = k.scalar_of(0).unwrap_or(0.0);
-    // SAFETY: f32 buffers; the output does not alias the input.
-    let (x, out) = unsafe { (k.slice::<f32>(0), k.slice_mut::<f32>(1)) };
-    if let (Some(x), Some(out)) = (x, out) {
-        for (o, a) in out.iter_mut().zip(x) {
-            *o = a + s;
-        }
-    }
-}
-
-/// `out = x * y`.
-unsafe extern "C-unwind" fn mul(args: *mut i64) {
-    // SAFETY: as `add`.
-    let k = unsafe { KernelCall::from_raw(args, 3) };
-    // SAFETY: as `add`.
-    let (x, y, out) = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
-    if let (Some(x), Some(y), Some(out)) = (x, y, out) {
-        for ((o, a), b) in out.iter_mut().zip(x).zip(y) {
-            *o = a * b;
-        }
-    }
-}
-
-fn core_args(
-    tensors: &[(Tensor, TensorArgType)],
-    scalar: Option<f32>,
-) -> Result<CoreArgs, OrchError> {
-    let mut a = CoreArgs::new();
-    for (t, tag) in tensors {
-        a.add_tensor(*t, *tag).map_err(|_| OrchError::from_status(-1))?;
-    }
-    if let Some(s) = scalar {
-        a.add_scalar_of(s).map_err(|_| OrchError::from_status(-1))?;
-    }
-    Ok(a)
-}
-
-/// The orchestration: chip arguments `a` (in), `b` (in), `f` (out).
-fn orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
-    use TensorArgType::{Input, Output};
-    let missing = OrchError::from_status(-1);
-    let (a, b, f) = match (args.tensor(0), args.tensor(1), args.tensor(2)) {
-        (Some(a), Some(b), Some(f)) => (*a, *b, *f),
-        _ => return Err(missing),
-    };
-    let shape = a.shape().to_vec();
-    let c = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    let d = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    let e = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    let g = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    ctx.submit(Kernels::Aiv(ADD), &core_args(&[(a, Input), (b, Input), (c, Output)], None)?)?;
-    ctx.submit(Kernels::Aiv(ADD_SCALAR), &core_args(&[(c, Input), (d, Output)], Some(1.0))?)?;
-    ctx.submit(Kernels::Aiv(ADD_SCALAR), &core_args(&[(c, Input), (e, Output)], Some(2.0))?)?;
-    ctx.submit(Kernels::Aiv(MUL), &core_args(&[(d, Input), (e, Input), (g, Output)], None)?)?;
-    ctx.submit(Kernels::Aiv(ADD), &core_args(&[(g, Input), (c, Input), (f, Output)], None)?)?;
-    Ok(())
-}
-
-fn config(_: &OrchArgs<'_>) -> OrchConfig {
-    OrchConfig { expected_arg_count: 3 }
-}
-
-fn to_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
 
 fn main() -> ExitCode {
     match run() {
@@ -126,30 +36,17 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
 
     let a: Vec<f32> = (0..N).map(|i| (i % 97) as f32 * 0.25).collect();
     let b: Vec<f32> = (0..N).map(|i| 1.5 - (i % 13) as f32).collect();
-    let expected: Vec<f32> = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| {
-            let s = x + y;
-            (s + 1.0) * (s + 2.0) + s
-        })
-        .collect();
+    let expected = vector::reference(&a, &b);
 
-    use ArgDirection::{In, Out, Scalar};
-    let callable = ChipCallable::native(orchestration, config)
-        .signature(vec![In, In, Out])
-        .kernel(ADD, CoreCallable::native(vec![In, In, Out], add))
-        .kernel(ADD_SCALAR, CoreCallable::native(vec![In, Out, Scalar], add_scalar))
-        .kernel(MUL, CoreCallable::native(vec![In, In, Out], mul))
-        .build()?;
+    let callable = vector::callable()?;
 
     let mut runner = DeviceRunner::attach(RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph))?;
     let slot = runner.register_callable(&callable)?;
     let bytes = (N * 4) as u64;
     let (pa, pb, pf): (DevicePtr, DevicePtr, DevicePtr) =
         (runner.malloc(bytes)?, runner.malloc(bytes)?, runner.malloc(bytes)?);
-    runner.copy_to_device(pa, &to_bytes(&a))?;
-    runner.copy_to_device(pb, &to_bytes(&b))?;
+    runner.copy_to_device(pa, &f32_to_le_bytes(&a))?;
+    runner.copy_to_device(pb, &f32_to_le_bytes(&b))?;
     let tensor = |p: DevicePtr| {
         Tensor::external(p.addr(), &[N as u32], DataType::Float32).map(|t| t.child_memory(true))
     };
@@ -194,8 +91,7 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
 
     let mut raw = vec![0u8; N * 4];
     runner.copy_from_device(&mut raw, pf)?;
-    let f: Vec<f32> =
-        raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let f = f32_from_le_bytes(&raw);
     let mismatches: Vec<usize> = (0..N).filter(|&i| f[i] != expected[i]).collect();
     for p in [pa, pb, pf] {
         runner.free(p)?;

@@ -45,6 +45,7 @@ mod diag;
 pub mod error;
 pub mod kernel;
 pub mod options;
+pub mod programs;
 mod runner;
 pub mod runtime;
 pub mod timeouts;

@@ -9,104 +9,16 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use simpler_device_a2a3::programs::{add, vector};
 use simpler_device_a2a3::{
-    ArgDirection, ChipCallable, CoreCallable, DevicePtr, DeviceRunner, KernelCall, Kernels,
-    OrchArgs, OrchConfig, OrchCtx, OrchError, Platform, RunRequest, RunnerOptions, RuntimeVariant,
+    ChipCallable, DevicePtr, DeviceRunner, Platform, RunRequest, RunnerOptions, RuntimeVariant,
 };
-use simpler_types::{
-    CallConfig, CoreArgs, DataType, RunId, TaskArgs, Tensor, TensorArgType, WorkerId,
-};
+use simpler_types::{CallConfig, DataType, RunId, TaskArgs, Tensor, WorkerId};
 use simpler_worker::{CallableHandle, Orchestration, Worker};
 
-/// `out = x + y`, or `out = x + s` with a scalar, or `out = x * y`.
-unsafe extern "C-unwind" fn binary(args: *mut i64) {
-    // SAFETY: the runtime passes this kernel's argument vector; the task has three tensors.
-    let k = unsafe { KernelCall::from_raw(args, 3) };
-    // SAFETY: all three are f32 buffers of this task and the output aliases neither input.
-    let (x, y, out) = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
-    if let (Some(x), Some(y), Some(out)) = (x, y, out) {
-        for ((o, a), b) in out.iter_mut().zip(x).zip(y) {
-            *o = a + b;
-        }
-    }
-}
-
-unsafe extern "C-unwind" fn add_scalar(args: *mut i64) {
-    // SAFETY: two tensors and one scalar.
-    let k = unsafe { KernelCall::from_raw(args, 2) };
-    let s: f32 = k.scalar_of(0).unwrap_or(0.0);
-    // SAFETY: f32 buffers; the output does not alias the input.
-    let (x, out) = unsafe { (k.slice::<f32>(0), k.slice_mut::<f32>(1)) };
-    if let (Some(x), Some(out)) = (x, out) {
-        for (o, a) in out.iter_mut().zip(x) {
-            *o = a + s;
-        }
-    }
-}
-
-unsafe extern "C-unwind" fn mul(args: *mut i64) {
-    // SAFETY: as `binary`.
-    let k = unsafe { KernelCall::from_raw(args, 3) };
-    // SAFETY: as `binary`.
-    let (x, y, out) = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
-    if let (Some(x), Some(y), Some(out)) = (x, y, out) {
-        for ((o, a), b) in out.iter_mut().zip(x).zip(y) {
-            *o = a * b;
-        }
-    }
-}
-
-fn args_of(t: &[(Tensor, TensorArgType)], s: Option<f32>) -> Result<CoreArgs, OrchError> {
-    let mut a = CoreArgs::new();
-    for (t, tag) in t {
-        a.add_tensor(*t, *tag).map_err(|_| OrchError::from_status(-1))?;
-    }
-    if let Some(s) = s {
-        a.add_scalar_of(s).map_err(|_| OrchError::from_status(-1))?;
-    }
-    Ok(a)
-}
-
-fn one_task(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
-    use TensorArgType::{Input, Output};
-    let t = |i| args.tensor(i).copied().ok_or(OrchError::from_status(-1));
-    ctx.submit(Kernels::Aiv(0), &args_of(&[(t(0)?, Input), (t(1)?, Input), (t(2)?, Output)], None)?)
-        .map(|_| ())
-}
-
-/// The vector example: five kernel tasks.
-fn vector(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
-    use TensorArgType::{Input, Output};
-    let t = |i| args.tensor(i).copied().ok_or(OrchError::from_status(-1));
-    let (a, b, f) = (t(0)?, t(1)?, t(2)?);
-    let shape = a.shape().to_vec();
-    let c = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    let d = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    let e = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    let g = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    ctx.submit(Kernels::Aiv(0), &args_of(&[(a, Input), (b, Input), (c, Output)], None)?)?;
-    ctx.submit(Kernels::Aiv(1), &args_of(&[(c, Input), (d, Output)], Some(1.0))?)?;
-    ctx.submit(Kernels::Aiv(1), &args_of(&[(c, Input), (e, Output)], Some(2.0))?)?;
-    ctx.submit(Kernels::Aiv(2), &args_of(&[(d, Input), (e, Input), (g, Output)], None)?)?;
-    ctx.submit(Kernels::Aiv(0), &args_of(&[(g, Input), (c, Input), (f, Output)], None)?)?;
-    Ok(())
-}
-
-fn config(_: &OrchArgs<'_>) -> OrchConfig {
-    OrchConfig { expected_arg_count: 3 }
-}
-
+/// The vector example's five-task program, or the one-task program `f = a + b`.
 fn program(vector_example: bool) -> ChipCallable {
-    use ArgDirection::{In, Out, Scalar};
-    let entry = if vector_example { vector } else { one_task };
-    ChipCallable::native(entry, config)
-        .names(if vector_example { "vector" } else { "one_task" }, "config")
-        .signature(vec![In, In, Out])
-        .kernel(0, CoreCallable::native(vec![In, In, Out], binary))
-        .kernel(1, CoreCallable::native(vec![In, Out, Scalar], add_scalar))
-        .kernel(2, CoreCallable::native(vec![In, In, Out], mul))
-        .build()
-        .expect("valid program")
+    if vector_example { vector::callable() } else { add::callable() }.expect("valid program")
 }
 
 struct Plan {

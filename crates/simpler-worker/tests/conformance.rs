@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use common::{HANG, add_callable, f32_bytes, f32_from, host};
+use common::{HANG, add_callable, host};
+use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
 use simpler_worker::{
@@ -836,8 +837,8 @@ fn l3_chip_task_computes_on_the_simulated_chip() {
         mem.malloc(4 * n as u64).unwrap(),
     );
     let xs: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    mem.copy_to(&a, 0, &f32_bytes(&xs)).unwrap();
-    mem.copy_to(&bb, 0, &f32_bytes(&xs)).unwrap();
+    mem.copy_to(&a, 0, &f32_to_le_bytes(&xs)).unwrap();
+    mem.copy_to(&bb, 0, &f32_to_le_bytes(&xs)).unwrap();
     let mut args = TaskArgs::new();
     for buf in [&a, &bb, &f] {
         args.add_inout(buf.tensor(&[n as u32], DataType::Float32).unwrap()).unwrap();
@@ -849,7 +850,7 @@ fn l3_chip_task_computes_on_the_simulated_chip() {
     .expect("run");
     let mut out = vec![0u8; 4 * n];
     mem.copy_from(&f, 0, &mut out).unwrap();
-    assert_eq!(f32_from(&out), xs.iter().map(|x| 2.0 * x).collect::<Vec<_>>());
+    assert_eq!(f32_from_le_bytes(&out), xs.iter().map(|x| 2.0 * x).collect::<Vec<_>>());
     assert!(w.committed_device_memory().unwrap() > 0);
     assert!(mem.ledger().unwrap().user_allocations >= 3 * 4 * n as u64);
     for buf in [a, bb, f] {
@@ -927,8 +928,8 @@ fn l2_submit_returns_a_live_handle_and_memory_calls_check_ownership_and_range() 
     let mem = w.memory().expect("l2 memory");
     let n = 64u32;
     let bufs: Vec<_> = (0..3).map(|_| mem.malloc(u64::from(n) * 4).unwrap()).collect();
-    mem.copy_to(&bufs[0], 0, &f32_bytes(&vec![1.5; n as usize])).unwrap();
-    mem.copy_to(&bufs[1], 0, &f32_bytes(&vec![2.0; n as usize])).unwrap();
+    mem.copy_to(&bufs[0], 0, &f32_to_le_bytes(&vec![1.5; n as usize])).unwrap();
+    mem.copy_to(&bufs[1], 0, &f32_to_le_bytes(&vec![2.0; n as usize])).unwrap();
     let mut args = TaskArgs::new();
     for buf in &bufs {
         args.add_inout(buf.tensor(&[n], DataType::Float32).unwrap()).unwrap();
@@ -945,7 +946,7 @@ fn l2_submit_returns_a_live_handle_and_memory_calls_check_ownership_and_range() 
     w.with_sim_faults(WorkerId(0), |plan| plan.clear()).expect("lane");
     let mut out = vec![0u8; n as usize * 4];
     mem.copy_from(&bufs[2], 0, &mut out).unwrap();
-    assert!(f32_from(&out).iter().all(|&v| v == 3.5));
+    assert!(f32_from_le_bytes(&out).iter().all(|&v| v == 3.5));
     assert!(matches!(
         mem.copy_to(&bufs[0], 250, &[0u8; 8]),
         Err(WorkerError::Memory(simpler_worker::MemError::OutOfRange { .. }))

@@ -1,0 +1,427 @@
+//! Reference chip programs used by the examples, tests and benchmarks.
+//!
+//! Each program is a [`ChipCallable`] built from native kernels and a native orchestration,
+//! together with the host computation its output is checked against:
+//!
+//! - [`add`]: one AIV task, `f = a + b` over f32.
+//! - [`vector`]: the vector example, `f = (a + b + 1)(a + b + 2) + (a + b)` over f32 as five AIV
+//!   tasks (add, add-scalar, add-scalar, mul, add) with four intermediate tensors.
+//! - [`bgemm`]: batched tile GEMM, `C += Σ_k A[i][k]·B[k][j]` over 64×64 f32 tiles, as 64 AIC
+//!   products each followed by an AIV accumulation ordered on its output tile.
+//!
+//! The kernels check what they are handed: a tensor that is not a contiguous f32 view, or a
+//! missing scalar, makes the kernel write nothing rather than read out of bounds. The
+//! orchestrations return an [`OrchError`] with status −1 when a chip argument is missing or a
+//! task's arguments do not fit. These kernels are the only unsafe code here: each reads its
+//! argument slots through [`KernelCall`], whose contract the runtime upholds when it calls them.
+//!
+//! The host-side helpers [`f32_to_le_bytes`] and [`f32_from_le_bytes`] move f32 values to and
+//! from the little-endian bytes device memory holds.
+
+use simpler_types::{CoreArgs, DataType, Tensor, TensorArgType};
+
+use crate::callable::{
+    ArgDirection, ChipCallable, ChipCallableBuilder, CoreCallable, OrchArgs, OrchConfig,
+};
+use crate::error::DeviceError;
+use crate::kernel::KernelCall;
+use crate::runtime::orch::{Kernels, OrchCtx, OrchError};
+
+/// The status every reference orchestration fails with.
+const BAD_ARGUMENTS: i32 = -1;
+
+fn bad_arguments() -> OrchError {
+    OrchError::from_status(BAD_ARGUMENTS)
+}
+
+/// Little-endian bytes of `values`, as device memory holds them.
+pub fn f32_to_le_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The f32 values of little-endian `bytes`; a trailing partial value is ignored.
+pub fn f32_from_le_bytes(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+/// A task's arguments: `tensors` in order, then `scalar` if given.
+fn task_args(
+    tensors: &[(Tensor, TensorArgType)],
+    scalar: Option<f32>,
+) -> Result<CoreArgs, OrchError> {
+    let mut args = CoreArgs::new();
+    for (t, tag) in tensors {
+        args.add_tensor(*t, *tag).map_err(|_| bad_arguments())?;
+    }
+    if let Some(s) = scalar {
+        args.add_scalar_of(s).map_err(|_| bad_arguments())?;
+    }
+    Ok(args)
+}
+
+/// The three chip tensors `(a, b, f)` every reference program takes.
+fn three_tensors(args: &OrchArgs<'_>) -> Result<(Tensor, Tensor, Tensor), OrchError> {
+    match (args.tensor(0), args.tensor(1), args.tensor(2)) {
+        (Some(a), Some(b), Some(f)) => Ok((*a, *b, *f)),
+        _ => Err(bad_arguments()),
+    }
+}
+
+/// The config of every reference program: three chip arguments.
+fn three_args(_: &OrchArgs<'_>) -> OrchConfig {
+    OrchConfig { expected_arg_count: 3 }
+}
+
+/// `out = x + y` over f32: tensors `x` (in), `y` (in), `out` (out).
+unsafe extern "C-unwind" fn add_kernel(args: *mut i64) {
+    // SAFETY: the runtime passes this kernel's argument vector; its signature has three tensors.
+    let k = unsafe { KernelCall::from_raw(args, 3) };
+    // SAFETY: all three are f32 buffers of this task and the output aliases neither input.
+    let (x, y, out) = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
+    if let (Some(x), Some(y), Some(out)) = (x, y, out) {
+        for ((o, a), b) in out.iter_mut().zip(x).zip(y) {
+            *o = a + b;
+        }
+    }
+}
+
+/// `out = x + s` over f32: tensors `x` (in), `out` (out), then the f32 scalar `s`.
+unsafe extern "C-unwind" fn add_scalar_kernel(args: *mut i64) {
+    // SAFETY: the runtime passes this kernel's argument vector; its signature has two tensors.
+    let k = unsafe { KernelCall::from_raw(args, 2) };
+    let Some(s) = k.scalar_of::<f32>(0) else { return };
+    // SAFETY: both are f32 buffers of this task and the output does not alias the input.
+    let (x, out) = unsafe { (k.slice::<f32>(0), k.slice_mut::<f32>(1)) };
+    if let (Some(x), Some(out)) = (x, out) {
+        for (o, a) in out.iter_mut().zip(x) {
+            *o = a + s;
+        }
+    }
+}
+
+/// `out = x * y` over f32: tensors `x` (in), `y` (in), `out` (out).
+unsafe extern "C-unwind" fn mul_kernel(args: *mut i64) {
+    // SAFETY: as in `add_kernel`.
+    let k = unsafe { KernelCall::from_raw(args, 3) };
+    // SAFETY: as in `add_kernel`.
+    let (x, y, out) = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
+    if let (Some(x), Some(y), Some(out)) = (x, y, out) {
+        for ((o, a), b) in out.iter_mut().zip(x).zip(y) {
+            *o = a * b;
+        }
+    }
+}
+
+/// The one-task program `f = a + b` over f32; chip arguments `a` (in), `b` (in), `f` (out).
+pub mod add {
+    use super::*;
+
+    /// Func id of the add kernel (AIV).
+    pub const ADD: u32 = 0;
+
+    /// The orchestration: one AIV task `f = a + b`.
+    pub fn orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+        use TensorArgType::{Input, Output};
+        let (a, b, f) = three_tensors(args)?;
+        ctx.submit(Kernels::Aiv(ADD), &task_args(&[(a, Input), (b, Input), (f, Output)], None)?)?;
+        Ok(())
+    }
+
+    /// The program's builder, named `add` / `add_config`; rename it with
+    /// [`ChipCallableBuilder::names`] to get a callable of distinct content.
+    pub fn builder() -> ChipCallableBuilder {
+        use ArgDirection::{In, Out};
+        ChipCallable::native(orchestration, three_args)
+            .names("add", "add_config")
+            .signature(vec![In, In, Out])
+            .kernel(ADD, CoreCallable::native(vec![In, In, Out], add_kernel))
+    }
+
+    /// The program as a callable.
+    pub fn callable() -> Result<ChipCallable, DeviceError> {
+        builder().build()
+    }
+
+    /// The host computation of `f` (pairs beyond the shorter input are dropped).
+    pub fn reference(a: &[f32], b: &[f32]) -> Vec<f32> {
+        a.iter().zip(b).map(|(x, y)| x + y).collect()
+    }
+}
+
+/// The vector example `f = (a + b + 1)(a + b + 2) + (a + b)` over f32; chip arguments `a` (in),
+/// `b` (in), `f` (out), all of one shape.
+pub mod vector {
+    use super::*;
+
+    /// Func id of the kernel `out = x + y` (AIV).
+    pub const ADD: u32 = 0;
+    /// Func id of the kernel `out = x + s` with an f32 scalar `s` (AIV).
+    pub const ADD_SCALAR: u32 = 1;
+    /// Func id of the kernel `out = x * y` (AIV).
+    pub const MUL: u32 = 2;
+
+    /// The orchestration: five AIV tasks over four intermediate tensors of `a`'s shape,
+    /// `c = a + b`, `d = c + 1`, `e = c + 2`, `g = d · e`, `f = g + c`.
+    pub fn orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+        use TensorArgType::{Input, Output};
+        let (a, b, f) = three_tensors(args)?;
+        let shape = a.shape().to_vec();
+        let c = ctx.alloc_tensor(&shape, DataType::Float32)?;
+        let d = ctx.alloc_tensor(&shape, DataType::Float32)?;
+        let e = ctx.alloc_tensor(&shape, DataType::Float32)?;
+        let g = ctx.alloc_tensor(&shape, DataType::Float32)?;
+        ctx.submit(Kernels::Aiv(ADD), &task_args(&[(a, Input), (b, Input), (c, Output)], None)?)?;
+        ctx.submit(Kernels::Aiv(ADD_SCALAR), &task_args(&[(c, Input), (d, Output)], Some(1.0))?)?;
+        ctx.submit(Kernels::Aiv(ADD_SCALAR), &task_args(&[(c, Input), (e, Output)], Some(2.0))?)?;
+        ctx.submit(Kernels::Aiv(MUL), &task_args(&[(d, Input), (e, Input), (g, Output)], None)?)?;
+        ctx.submit(Kernels::Aiv(ADD), &task_args(&[(g, Input), (c, Input), (f, Output)], None)?)?;
+        Ok(())
+    }
+
+    /// The program's builder, named `vector_example` / `vector_config`.
+    pub fn builder() -> ChipCallableBuilder {
+        use ArgDirection::{In, Out, Scalar};
+        ChipCallable::native(orchestration, three_args)
+            .names("vector_example", "vector_config")
+            .signature(vec![In, In, Out])
+            .kernel(ADD, CoreCallable::native(vec![In, In, Out], add_kernel))
+            .kernel(ADD_SCALAR, CoreCallable::native(vec![In, Out, Scalar], add_scalar_kernel))
+            .kernel(MUL, CoreCallable::native(vec![In, In, Out], mul_kernel))
+    }
+
+    /// The program as a callable.
+    pub fn callable() -> Result<ChipCallable, DeviceError> {
+        builder().build()
+    }
+
+    /// The host computation of `f`, in the same f32 operation order as the kernels so that the
+    /// device result matches it exactly (pairs beyond the shorter input are dropped).
+    pub fn reference(a: &[f32], b: &[f32]) -> Vec<f32> {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| {
+                let s = x + y;
+                (s + 1.0) * (s + 2.0) + s
+            })
+            .collect()
+    }
+}
+
+/// Batched tile GEMM: `C += A·B` for `N × N` f32 matrices stored tile-major as
+/// `[TILES, TILES, TILE, TILE]`; chip arguments `A` (in), `B` (in), `C` (in-out).
+pub mod bgemm {
+    use super::*;
+
+    /// Rows and columns of one tile.
+    pub const TILE: usize = 64;
+    /// Tiles along each matrix dimension.
+    pub const TILES: usize = 4;
+    /// Rows and columns of each matrix.
+    pub const N: usize = TILE * TILES;
+    /// Func id of the tile product `p = a · b` (AIC).
+    pub const GEMM: u32 = 0;
+    /// Func id of the tile accumulation `c += p` (AIV).
+    pub const ACC: u32 = 1;
+
+    /// `p = a · b` for one tile: tensors `a` (in), `b` (in), `p` (out).
+    unsafe extern "C-unwind" fn gemm_kernel(args: *mut i64) {
+        // SAFETY: the runtime passes this kernel's argument vector; its signature has three
+        // tensors.
+        let k = unsafe { KernelCall::from_raw(args, 3) };
+        // SAFETY: three contiguous f32 tiles of this task; the output aliases neither input.
+        let views = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
+        let (Some(a), Some(b), Some(p)) = views else { return };
+        if a.len() != TILE * TILE || b.len() != TILE * TILE || p.len() != TILE * TILE {
+            return;
+        }
+        p.fill(0.0);
+        for (prow, arow) in p.chunks_exact_mut(TILE).zip(a.chunks_exact(TILE)) {
+            for (&aik, brow) in arow.iter().zip(b.chunks_exact(TILE)) {
+                for (pv, bv) in prow.iter_mut().zip(brow) {
+                    *pv += aik * bv;
+                }
+            }
+        }
+    }
+
+    /// `c += p` for one tile: tensors `c` (in-out), `p` (in).
+    unsafe extern "C-unwind" fn accumulate_kernel(args: *mut i64) {
+        // SAFETY: the runtime passes this kernel's argument vector; its signature has two
+        // tensors.
+        let k = unsafe { KernelCall::from_raw(args, 2) };
+        // SAFETY: contiguous f32 tiles of this task; `c` does not alias `p`.
+        let views = unsafe { (k.slice_mut::<f32>(0), k.slice::<f32>(1)) };
+        if let (Some(c), Some(p)) = views {
+            for (c, p) in c.iter_mut().zip(p) {
+                *c += p;
+            }
+        }
+    }
+
+    /// The orchestration: for every output tile `(i, j)` and every `k`, a product task into a
+    /// fresh temporary tile, then an accumulation into `C[i][j]` (InOut, so the accumulations
+    /// of one tile run in order).
+    pub fn orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+        use TensorArgType::{InOut, Input, Output};
+        let (a, b, c) = three_tensors(args)?;
+        let t = TILE as u32;
+        let tile = |m: &Tensor, r: u32, col: u32| {
+            m.view(&[1, 1, t, t], &[r, col, 0, 0]).map_err(|_| bad_arguments())
+        };
+        for i in 0..TILES as u32 {
+            for j in 0..TILES as u32 {
+                for k in 0..TILES as u32 {
+                    let p = ctx.alloc_tensor(&[1, 1, t, t], DataType::Float32)?;
+                    let product = [(tile(&a, i, k)?, Input), (tile(&b, k, j)?, Input), (p, Output)];
+                    ctx.submit(Kernels::Aic(GEMM), &task_args(&product, None)?)?;
+                    let acc = [(tile(&c, i, j)?, InOut), (p, Input)];
+                    ctx.submit(Kernels::Aiv(ACC), &task_args(&acc, None)?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The program's builder, named `bgemm` / `bgemm_config`.
+    pub fn builder() -> ChipCallableBuilder {
+        use ArgDirection::{In, InOut, Out};
+        ChipCallable::native(orchestration, three_args)
+            .names("bgemm", "bgemm_config")
+            .signature(vec![In, In, InOut])
+            .kernel(GEMM, CoreCallable::native(vec![In, In, Out], gemm_kernel))
+            .kernel(ACC, CoreCallable::native(vec![InOut, In], accumulate_kernel))
+    }
+
+    /// The program as a callable.
+    pub fn callable() -> Result<ChipCallable, DeviceError> {
+        builder().build()
+    }
+
+    /// The chip-argument shape of each matrix, `[TILES, TILES, TILE, TILE]`.
+    pub fn shape() -> [u32; 4] {
+        [TILES as u32, TILES as u32, TILE as u32, TILE as u32]
+    }
+
+    /// Row-major `N × N` to tile-major `[TILES, TILES, TILE, TILE]`; missing elements of a
+    /// short `m` read as zero.
+    pub fn tile_major(m: &[f32]) -> Vec<f32> {
+        let mut out = vec![0.0; N * N];
+        for (i, v) in m.iter().take(N * N).enumerate() {
+            let (r, c) = (i / N, i % N);
+            out[((r / TILE * TILES + c / TILE) * TILE + r % TILE) * TILE + c % TILE] = *v;
+        }
+        out
+    }
+
+    /// The host GEMM `A·B` of row-major `N × N` matrices, row-major (missing elements of a
+    /// short input read as zero).
+    pub fn reference(a: &[f32], b: &[f32]) -> Vec<f32> {
+        let at = |m: &[f32], i: usize| m.get(i).copied().unwrap_or(0.0);
+        let mut out = vec![0f32; N * N];
+        for r in 0..N {
+            for k in 0..N {
+                let x = at(a, r * N + k);
+                for c in 0..N {
+                    out[r * N + c] += x * at(b, k * N + c);
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use simpler_types::{CallConfig, RunId, TaskArgs};
+
+    use super::*;
+    use crate::options::{RunnerOptions, RuntimeVariant};
+    use crate::runner::{DevicePtr, DeviceRunner, RunRequest};
+
+    /// Runs `callable` once on a fresh simulated chip over f32 chip arguments `inputs` (each
+    /// `(values, tag)`, all of `shape`) and returns the last argument's contents afterwards.
+    fn run_once(
+        callable: &ChipCallable,
+        shape: &[u32],
+        inputs: &[(Vec<f32>, TensorArgType)],
+    ) -> Vec<f32> {
+        let mut runner =
+            DeviceRunner::attach(RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph))
+                .expect("attach");
+        let slot = runner.register_callable(callable).expect("register");
+        let mut args = TaskArgs::new();
+        let mut ptrs: Vec<(DevicePtr, usize)> = Vec::new();
+        for (values, tag) in inputs {
+            let bytes = f32_to_le_bytes(values);
+            let p = runner.malloc(bytes.len() as u64).expect("malloc");
+            runner.copy_to_device(p, &bytes).expect("copy in");
+            let t = Tensor::external(p.addr(), shape, DataType::Float32).expect("tensor");
+            args.add_tensor(t.child_memory(true), *tag).expect("argument");
+            ptrs.push((p, bytes.len()));
+        }
+        let id = RunId::from_raw(1).expect("run id");
+        runner.run(&RunRequest::new(id, slot, &args, &CallConfig::default())).expect("run");
+        let (out, len) = *ptrs.last().expect("an output");
+        let mut raw = vec![0u8; len];
+        runner.copy_from_device(&mut raw, out).expect("copy out");
+        for (p, _) in ptrs {
+            runner.free(p).expect("free");
+        }
+        runner.finalize().expect("finalize");
+        f32_from_le_bytes(&raw)
+    }
+
+    fn inputs(n: usize) -> (Vec<f32>, Vec<f32>) {
+        let a = (0..n).map(|i| (i % 97) as f32 * 0.25).collect();
+        let b = (0..n).map(|i| 1.5 - (i % 13) as f32).collect();
+        (a, b)
+    }
+
+    #[test]
+    fn the_add_and_vector_programs_match_their_host_references_exactly() {
+        use TensorArgType::{Input, Output};
+        let n = 1000;
+        let (a, b) = inputs(n);
+        // NaN outputs (all bits set) equal nothing, so only written elements can match.
+        let poisoned = vec![f32::from_bits(u32::MAX); n];
+        for (callable, reference) in [
+            (add::callable().expect("add"), add::reference(&a, &b)),
+            (vector::callable().expect("vector"), vector::reference(&a, &b)),
+        ] {
+            let args = [(a.clone(), Input), (b.clone(), Input), (poisoned.clone(), Output)];
+            let got = run_once(&callable, &[n as u32], &args);
+            assert_eq!(got, reference, "program {}", callable.entry_name());
+        }
+    }
+
+    #[test]
+    fn the_bgemm_program_matches_the_host_gemm() {
+        use TensorArgType::{InOut, Input};
+        let a: Vec<f32> = (0..bgemm::N * bgemm::N).map(|x| ((x * 7) % 13) as f32 * 0.125).collect();
+        let b: Vec<f32> = (0..bgemm::N * bgemm::N).map(|x| ((x * 5) % 11) as f32 * 0.25).collect();
+        let args = [
+            (bgemm::tile_major(&a), Input),
+            (bgemm::tile_major(&b), Input),
+            (vec![0.0; bgemm::N * bgemm::N], InOut),
+        ];
+        let got = run_once(&bgemm::callable().expect("bgemm"), &bgemm::shape(), &args);
+        let expected = bgemm::tile_major(&bgemm::reference(&a, &b));
+        let scale = expected.iter().fold(1f32, |m, v| m.max(v.abs()));
+        let max_err = got.iter().zip(&expected).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
+        assert_eq!(got.len(), expected.len());
+        assert!(max_err <= 1e-5 * scale, "max error {max_err} against scale {scale}");
+    }
+
+    #[test]
+    fn a_missing_chip_argument_is_reported_not_panicked() {
+        let empty = TaskArgs::new();
+        let mut runner =
+            DeviceRunner::attach(RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph))
+                .expect("attach");
+        let slot = runner.register_callable(&vector::callable().expect("vector")).expect("reg");
+        let id = RunId::from_raw(1).expect("run id");
+        let r = runner.run(&RunRequest::new(id, slot, &empty, &CallConfig::default()));
+        assert!(r.is_err(), "a run without its three chip arguments must fail: {r:?}");
+        runner.finalize().expect("finalize");
+    }
+}
