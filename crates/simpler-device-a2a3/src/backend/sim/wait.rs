@@ -143,7 +143,6 @@ enum Backoff {
 ///   yields: on an oversubscribed host a yield is a context switch (more than a microsecond on
 ///   a virtual machine), and 24 idle workers yielding 68 times each at every launch cost more
 ///   than the whole dispatch of a thousand tasks.
-///
 /// - **Shared core.** A yield that takes longer than [`LONE_YIELD`] ran another thread — on a
 ///   loaded host, another process — so this thread's core is not its own and it does not spin
 ///   until a yield comes back quickly again. Without this, a chain of tasks handed between two
@@ -180,7 +179,8 @@ impl WaitState {
         if round == 0 {
             self.yields.set(0);
             if self.spinning.replace(false) {
-                budget = budget.saturating_mul(2).clamp(PROBE_SPIN_ROUNDS, policy.spins);
+                // `max` then `min`, not `clamp`: a policy may allow fewer rounds than the probe.
+                budget = budget.saturating_mul(2).max(PROBE_SPIN_ROUNDS).min(policy.spins);
                 self.spin_rounds.set(budget);
             }
         }
@@ -321,6 +321,19 @@ mod tests {
         let mut want = vec![Backoff::Spin; 8];
         want.extend([Backoff::Yield, Backoff::Yield, Backoff::Park]);
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_policy_with_fewer_spin_rounds_than_the_probe_never_spins() {
+        let gate = SpinGate::new(2);
+        gate.wake();
+        let state = WaitState::new();
+        // A wait under a spinning policy ends while spinning ...
+        let spinning = SpinPolicy { spins: 64, yields: 1, gate: &gate };
+        assert_eq!(state.step(0, &spinning), Backoff::Spin);
+        // ... and the thread's next wait runs under a policy without spin rounds.
+        let none = SpinPolicy { spins: 0, yields: 1, gate: &gate };
+        assert_eq!(rounds(&state, &none, 2), [Backoff::Yield, Backoff::Park]);
     }
 
     #[test]
