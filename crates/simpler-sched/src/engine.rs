@@ -291,9 +291,18 @@ impl Engine {
                 message: "terminal run without an outcome".to_owned(),
             }))
         });
-        if now_empty && core.ring.stats().window.live == 0 {
-            // Fails harmlessly with `NotQuiescent` if a new run allocated meanwhile.
-            let _ = core.ring.reset_to_empty();
+        if now_empty {
+            // The rewind also zeroes the ring's peaks, so it runs under the registry lock and
+            // only while no run is registered: a run admitted after the removal above may
+            // already have allocated and reclaimed its slots, which `NotQuiescent` would not
+            // catch, and rewinding then would lose that run's peaks. Lock order: the ring's
+            // locks are leaves, taken under the registry lock by nothing else that waits.
+            core.registry.while_empty(|| {
+                if core.ring.stats().window.live == 0 {
+                    // Fails harmlessly with `NotQuiescent` if a slot is live after all.
+                    let _ = core.ring.reset_to_empty();
+                }
+            });
         }
         tracing::debug!(%run, tasks, failed, cancelled, "run released");
         Ok(RunSummary { id: run, outcome, tasks, failed, cancelled, peaks })

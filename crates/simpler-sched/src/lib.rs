@@ -62,6 +62,9 @@
 //! 4. A slot's `sync` lock may be held while recording into the run's atomic counters (not a
 //!    lock), never while taking the run's `completion` lock.
 //! 5. The shutdown lock is held for the whole of `shutdown` and taken by nothing else.
+//!    Exception to rule 1: `Engine::release` holds the registry lock while it reads the ring's
+//!    statistics and rewinds it (so that no run can be admitted in between); neither call
+//!    blocks, and the ring's locks are leaves that never request an engine lock.
 //! 6. Nothing blocks (ring allocation, waits, endpoint calls) while holding any lock of rule 1.
 //!
 //! # Observability

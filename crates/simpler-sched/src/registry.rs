@@ -145,6 +145,15 @@ impl Registry {
         Ok((run, s.runs.is_empty()))
     }
 
+    /// Runs `f` under the registry lock if no run is registered, so that no run can be
+    /// admitted (and start using the ring) while `f` runs. `f` must not take the registry lock.
+    pub(crate) fn while_empty(&self, f: impl FnOnce()) {
+        let s = self.state.lock();
+        if s.runs.is_empty() {
+            f();
+        }
+    }
+
     /// Every registered run, in id order.
     pub(crate) fn runs(&self) -> Vec<Arc<RunRecord>> {
         self.state.lock().runs.clone()
