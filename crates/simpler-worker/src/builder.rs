@@ -114,6 +114,81 @@ fn past(deadline: Instant, budget: Duration, what: &str, path: &str) -> Result<(
     Ok(())
 }
 
+/// Methods of the builders that own chips (L2, L3); they need the fields `common` and
+/// `chip_regs`.
+macro_rules! chip_builder_methods {
+    () => {
+        /// The deadline of the whole start (default 300 s; must be > 0).
+        #[must_use]
+        pub fn startup_timeout(mut self, t: Duration) -> Self {
+            self.common.startup_timeout = t;
+            self
+        }
+
+        /// Adjusts each chip's runner options (budgets, simulator settings) before it
+        /// attaches.
+        #[must_use]
+        pub fn chip_options(
+            mut self,
+            f: impl Fn(RunnerOptions) -> RunnerOptions + Send + Sync + 'static,
+        ) -> Self {
+            self.common.chip_options = Some(Arc::new(f));
+            self
+        }
+
+        /// Builds every chip's arenas for this sizing at start.
+        #[must_use]
+        pub fn prewarm(mut self, config: CallConfig) -> Self {
+            self.common.prewarm = Some(config);
+            self
+        }
+
+        /// Registers a chip callable, prepared on every chip during `start`.
+        pub fn register_chip(&mut self, c: ChipCallable) -> CallableHandle {
+            let h = self.common.handle(c.id());
+            self.chip_regs.push((h, c));
+            h
+        }
+
+        /// The faults armed for this builder's chips, shared with the worker it starts.
+        #[cfg(test)]
+        pub(crate) fn faults(&self) -> Faults {
+            self.common.faults.clone()
+        }
+    };
+}
+
+/// Methods of the builders that run an engine (L3, L4+); they need the fields `common`,
+/// `subs`, `heap_ring_size` and `host_regs`.
+macro_rules! engine_builder_methods {
+    () => {
+        /// Number of sub workers (host-closure threads).
+        #[must_use]
+        pub fn sub_workers(mut self, n: usize) -> Self {
+            self.subs = n;
+            self
+        }
+
+        /// Bytes per heap ring (default 1 GiB, four rings).
+        #[must_use]
+        pub fn heap_ring_size(mut self, bytes: u64) -> Self {
+            self.heap_ring_size = bytes;
+            self
+        }
+
+        /// Registers a host closure, run by a sub worker.
+        pub fn register_host(
+            &mut self,
+            name: &str,
+            f: impl Fn(TaskArgsView<'_>) -> Result<(), BoxError> + Send + Sync + 'static,
+        ) -> CallableHandle {
+            let h = self.common.closure_handle(CallableKind::Host);
+            self.host_regs.push((h, name.to_owned(), Arc::new(f)));
+            h
+        }
+    };
+}
+
 /// Builder of an L2 worker (the `New` state).
 pub struct ChipWorkerBuilder {
     common: Common,
@@ -140,42 +215,7 @@ impl ChipWorkerBuilder {
         }
     }
 
-    /// The deadline of the whole start (default 300 s; must be > 0).
-    #[must_use]
-    pub fn startup_timeout(mut self, t: Duration) -> Self {
-        self.common.startup_timeout = t;
-        self
-    }
-
-    /// Adjusts each chip's runner options (budgets, simulator settings) before it attaches.
-    #[must_use]
-    pub fn chip_options(
-        mut self,
-        f: impl Fn(RunnerOptions) -> RunnerOptions + Send + Sync + 'static,
-    ) -> Self {
-        self.common.chip_options = Some(Arc::new(f));
-        self
-    }
-
-    /// Builds the chip's arenas for this sizing at start.
-    #[must_use]
-    pub fn prewarm(mut self, config: CallConfig) -> Self {
-        self.common.prewarm = Some(config);
-        self
-    }
-
-    /// Registers a chip callable, prepared during `start`.
-    pub fn register_chip(&mut self, c: ChipCallable) -> CallableHandle {
-        let h = self.common.handle(c.id());
-        self.chip_regs.push((h, c));
-        h
-    }
-
-    /// The faults armed for this builder's chips, shared with the worker it starts.
-    #[cfg(test)]
-    pub(crate) fn faults(&self) -> Faults {
-        self.common.faults.clone()
-    }
+    chip_builder_methods!();
 
     /// Starts the worker: attaches the chip, prepares the callables, starts the lane.
     pub fn start(self) -> Result<Worker, StartError> {
@@ -203,14 +243,7 @@ impl ChipWorkerBuilder {
                 start_err(StartCause::Config(format!("cannot spawn the lane: {e}")), &path)
             })?;
         let mut registry = Registry::default();
-        for (h, c) in self.chip_regs {
-            let r = Registration {
-                name: Arc::from(c.entry_name()),
-                entry: Entry::Chip(vec![WorkerId(0)]),
-            };
-            registry.runnable.entry(h.id).or_insert_with(|| r.clone());
-            registry.handles.insert(h.seq, (h.id, r));
-        }
+        add_chip_callables(&mut registry, &self.chip_regs, &[WorkerId(0)]);
         registry.next_seq = self.common.next_seq;
         Ok(Worker {
             inner: Arc::new(new_inner(
@@ -328,12 +361,10 @@ fn attach_chips(
         Some(mut e) => {
             for mut s in states.into_iter().flatten() {
                 for r in s.finalize() {
-                    let message = match r {
-                        Residue::Leaked(what) => format!("leaked: {what}"),
-                        Residue::Failed(message) => message,
-                    };
-                    e.rollback
-                        .push(TeardownError { what: format!("{path} / chip {}", s.chip), message });
+                    e.rollback.push(TeardownError {
+                        what: format!("{path} / chip {}", s.chip),
+                        message: rollback_message(r),
+                    });
                 }
             }
             Err(e)
@@ -378,29 +409,8 @@ impl HostWorkerBuilder {
         }
     }
 
-    /// The deadline of the whole start (default 300 s; must be > 0).
-    #[must_use]
-    pub fn startup_timeout(mut self, t: Duration) -> Self {
-        self.common.startup_timeout = t;
-        self
-    }
-
-    /// Adjusts each chip's runner options (budgets, simulator settings) before it attaches.
-    #[must_use]
-    pub fn chip_options(
-        mut self,
-        f: impl Fn(RunnerOptions) -> RunnerOptions + Send + Sync + 'static,
-    ) -> Self {
-        self.common.chip_options = Some(Arc::new(f));
-        self
-    }
-
-    /// Builds every chip's arenas for this sizing at start.
-    #[must_use]
-    pub fn prewarm(mut self, config: CallConfig) -> Self {
-        self.common.prewarm = Some(config);
-        self
-    }
+    chip_builder_methods!();
+    engine_builder_methods!();
 
     /// The chips, by device id (distinct); they get worker ids `0..n` in this order.
     #[must_use]
@@ -409,49 +419,11 @@ impl HostWorkerBuilder {
         self
     }
 
-    /// Number of sub workers (host-closure threads).
-    #[must_use]
-    pub fn sub_workers(mut self, n: usize) -> Self {
-        self.subs = n;
-        self
-    }
-
-    /// Bytes per heap ring (default 1 GiB, four rings).
-    #[must_use]
-    pub fn heap_ring_size(mut self, bytes: u64) -> Self {
-        self.heap_ring_size = bytes;
-        self
-    }
-
     /// Deadline of a blocking heap allocation (default 10 s).
     #[must_use]
     pub fn alloc_timeout(mut self, t: Duration) -> Self {
         self.alloc_timeout = t;
         self
-    }
-
-    /// Registers a chip callable, prepared on every chip during `start`.
-    pub fn register_chip(&mut self, c: ChipCallable) -> CallableHandle {
-        let h = self.common.handle(c.id());
-        self.chip_regs.push((h, c));
-        h
-    }
-
-    /// Registers a host closure.
-    pub fn register_host(
-        &mut self,
-        name: &str,
-        f: impl Fn(TaskArgsView<'_>) -> Result<(), BoxError> + Send + Sync + 'static,
-    ) -> CallableHandle {
-        let h = self.common.closure_handle(CallableKind::Host);
-        self.host_regs.push((h, name.to_owned(), Arc::new(f)));
-        h
-    }
-
-    /// The faults armed for this builder's chips, shared with the worker it starts.
-    #[cfg(test)]
-    pub(crate) fn faults(&self) -> Faults {
-        self.common.faults.clone()
     }
 
     /// Starts the worker (spec 40 §3); a failure rolls everything back before returning.
@@ -471,12 +443,7 @@ impl HostWorkerBuilder {
                 &path,
             ));
         }
-        if let Some((_, name, _)) = self.host_regs.first().filter(|_| self.subs == 0) {
-            return Err(start_err(
-                StartCause::NoEligibleTarget { callable: name.clone(), needs: "sub workers" },
-                &path,
-            ));
-        }
+        check_host_closures_have_subs(&self.host_regs, self.subs, &path)?;
         if let Some((_, c)) = self.chip_regs.first().filter(|_| self.devices.is_empty()) {
             return Err(start_err(
                 StartCause::NoEligibleTarget {
@@ -504,17 +471,8 @@ impl HostWorkerBuilder {
         // 4.
         let mut registry = Registry::default();
         let chips: Vec<WorkerId> = (0..self.devices.len() as u32).map(WorkerId).collect();
-        for (h, c) in &self.chip_regs {
-            let r =
-                Registration { name: Arc::from(c.entry_name()), entry: Entry::Chip(chips.clone()) };
-            registry.runnable.entry(h.id).or_insert_with(|| r.clone());
-            registry.handles.insert(h.seq, (h.id, r));
-        }
-        for (h, name, f) in self.host_regs {
-            let r = Registration { name: Arc::from(name.as_str()), entry: Entry::Host(f) };
-            registry.runnable.insert(h.id, r.clone());
-            registry.handles.insert(h.seq, (h.id, r));
-        }
+        add_chip_callables(&mut registry, &self.chip_regs, &chips);
+        add_closures(&mut registry, self.host_regs, Entry::Host);
         registry.next_seq = self.common.next_seq;
         let registry = Arc::new(RwLock::new(registry));
         let residue = Arc::new(Mutex::new(Vec::new()));
@@ -668,30 +626,7 @@ impl CompositeWorkerBuilder {
         Ok(WorkerId(self.children.len() as u32 - 1))
     }
 
-    /// Number of sub workers.
-    #[must_use]
-    pub fn sub_workers(mut self, n: usize) -> Self {
-        self.subs = n;
-        self
-    }
-
-    /// Bytes per heap ring.
-    #[must_use]
-    pub fn heap_ring_size(mut self, bytes: u64) -> Self {
-        self.heap_ring_size = bytes;
-        self
-    }
-
-    /// Registers a host closure.
-    pub fn register_host(
-        &mut self,
-        name: &str,
-        f: impl Fn(TaskArgsView<'_>) -> Result<(), BoxError> + Send + Sync + 'static,
-    ) -> CallableHandle {
-        let h = self.common.closure_handle(CallableKind::Host);
-        self.host_regs.push((h, name.to_owned(), Arc::new(f)));
-        h
-    }
+    engine_builder_methods!();
 
     /// Registers a graph a child runs (it gets the child's graph builder).
     pub fn register_graph(
@@ -722,12 +657,7 @@ impl CompositeWorkerBuilder {
                 &path,
             ));
         }
-        if let Some((_, name, _)) = self.host_regs.first().filter(|_| self.subs == 0) {
-            return Err(start_err(
-                StartCause::NoEligibleTarget { callable: name.clone(), needs: "sub workers" },
-                &path,
-            ));
-        }
+        check_host_closures_have_subs(&self.host_regs, self.subs, &path)?;
         if let Some((_, name, _)) = self.graph_regs.first().filter(|_| self.children.is_empty()) {
             return Err(start_err(
                 StartCause::NoEligibleTarget { callable: name.clone(), needs: "child workers" },
@@ -755,16 +685,8 @@ impl CompositeWorkerBuilder {
         }
         // 4.
         let mut registry = Registry::default();
-        for (h, name, f) in self.host_regs {
-            let r = Registration { name: Arc::from(name.as_str()), entry: Entry::Host(f) };
-            registry.runnable.insert(h.id, r.clone());
-            registry.handles.insert(h.seq, (h.id, r));
-        }
-        for (h, name, g) in self.graph_regs {
-            let r = Registration { name: Arc::from(name.as_str()), entry: Entry::Graph(g) };
-            registry.runnable.insert(h.id, r.clone());
-            registry.handles.insert(h.seq, (h.id, r));
-        }
+        add_closures(&mut registry, self.host_regs, Entry::Host);
+        add_closures(&mut registry, self.graph_regs, Entry::Graph);
         registry.next_seq = self.common.next_seq;
         let registry = Arc::new(RwLock::new(registry));
         let name_sources: Vec<SharedRegistry> = started
@@ -819,13 +741,61 @@ impl CompositeWorkerBuilder {
 /// finalized, children closed) to the start error.
 fn with_residue(mut e: StartError, residue: &Mutex<Vec<Residue>>, path: &str) -> StartError {
     for r in std::mem::take(&mut *residue.lock()) {
-        let message = match r {
-            Residue::Leaked(what) => format!("leaked: {what}"),
-            Residue::Failed(message) => message,
-        };
-        e.rollback.push(TeardownError { what: path.to_owned(), message });
+        e.rollback.push(TeardownError { what: path.to_owned(), message: rollback_message(r) });
     }
     e
+}
+
+/// How a rollback reports what a finalized chip or closed child left behind.
+fn rollback_message(r: Residue) -> String {
+    match r {
+        Residue::Leaked(what) => format!("leaked: {what}"),
+        Residue::Failed(message) => message,
+    }
+}
+
+/// Step 1: host closures need sub workers to run on.
+fn check_host_closures_have_subs(
+    host_regs: &[(CallableHandle, String, Arc<HostFn>)],
+    subs: usize,
+    path: &str,
+) -> Result<(), StartError> {
+    match host_regs.first() {
+        Some((_, name, _)) if subs == 0 => Err(start_err(
+            StartCause::NoEligibleTarget { callable: name.clone(), needs: "sub workers" },
+            path,
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Enters chip callables runnable on `chips`. Registrations of equal content share one
+/// runnable entry (the first one's), while every handle keeps its own.
+fn add_chip_callables(
+    registry: &mut Registry,
+    regs: &[(CallableHandle, ChipCallable)],
+    chips: &[WorkerId],
+) {
+    for (h, c) in regs {
+        let r =
+            Registration { name: Arc::from(c.entry_name()), entry: Entry::Chip(chips.to_vec()) };
+        registry.runnable.entry(h.id).or_insert_with(|| r.clone());
+        registry.handles.insert(h.seq, (h.id, r));
+    }
+}
+
+/// Enters named closures (host closures or graphs), each wrapped by `entry`. A closure's id is
+/// unique to its registration, so its runnable entry is its own.
+fn add_closures<F: ?Sized>(
+    registry: &mut Registry,
+    regs: Vec<(CallableHandle, String, Arc<F>)>,
+    entry: impl Fn(Arc<F>) -> Entry,
+) {
+    for (h, name, f) in regs {
+        let r = Registration { name: Arc::from(name.as_str()), entry: entry(f) };
+        registry.runnable.insert(h.id, r.clone());
+        registry.handles.insert(h.seq, (h.id, r));
+    }
 }
 
 fn rollback_children(started: Vec<Worker>, rollback: &mut Vec<TeardownError>, path: &str) {

@@ -607,6 +607,22 @@ pub(crate) fn frames_of_task(
 }
 
 impl Frame {
+    /// A frame about run `run` as a whole at `level`: no task, callable or worker to name.
+    pub(crate) fn of_run(level: u8, run: RunId, message: String) -> Frame {
+        Frame {
+            level,
+            run,
+            task: None,
+            callable: None,
+            kind: None,
+            worker: None,
+            member: None,
+            mechanism: None,
+            device_code: None,
+            message,
+        }
+    }
+
     fn from_task(level: u8, t: &TaskFailure, name: Option<String>) -> Option<Frame> {
         Some(Frame {
             level,

@@ -249,18 +249,7 @@ impl RunShared {
     }
 
     fn frame(&self, message: String) -> Frame {
-        Frame {
-            level: self.inner.level,
-            run: self.run,
-            task: None,
-            callable: None,
-            kind: None,
-            worker: None,
-            member: None,
-            mechanism: None,
-            device_code: None,
-            message,
-        }
+        Frame::of_run(self.inner.level, self.run, message)
     }
 
     /// Step 5: stores the result, wakes waiters, then drops keep-alives outside the lock.
@@ -353,18 +342,7 @@ pub(crate) fn frames_of(
 ) -> Vec<Frame> {
     match f {
         RunFailure::Task(t) => frames_of_task(level, t, name_of),
-        other => vec![Frame {
-            level,
-            run: other.run(),
-            task: None,
-            callable: None,
-            kind: None,
-            worker: None,
-            member: None,
-            mechanism: None,
-            device_code: None,
-            message: other.to_string(),
-        }],
+        other => vec![Frame::of_run(level, other.run(), other.to_string())],
     }
 }
 
@@ -456,6 +434,19 @@ mod tests {
         })
     }
 
+    /// A held worker whose next cleanup step `step` fails (or panics), and a run of one held
+    /// task submitted and released, so that its cleanup meets the injected failure.
+    fn run_meeting_cleanup_failure(
+        step: &'static str,
+        panics: bool,
+    ) -> (Worker, CallableHandle, Arc<Barrier>, RunHandle) {
+        let (w, hold, gate) = held_worker();
+        w.inject_cleanup_failure(step, panics);
+        let handle = w.submit(one(hold)).expect("submit");
+        gate.wait();
+        (w, hold, gate, handle)
+    }
+
     #[test]
     fn concurrent_waiters_share_one_cleanup_and_a_ptr_eq_result() {
         let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
@@ -487,10 +478,7 @@ mod tests {
 
     #[test]
     fn a_failing_cleanup_step_becomes_the_result_for_every_waiter() {
-        let (w, hold, gate) = held_worker();
-        w.inject_cleanup_failure("release", false);
-        let handle = w.submit(one(hold)).expect("submit");
-        gate.wait();
+        let (w, hold, gate, handle) = run_meeting_cleanup_failure("release", false);
         let e = handle.wait().expect_err("cleanup failed");
         assert_eq!(e.kind(), &RunErrorKind::CleanupFailed { step: "release" });
         assert!(handle.clone().wait().expect_err("again").ptr_eq(&e));
@@ -504,10 +492,7 @@ mod tests {
 
     #[test]
     fn a_panicking_cleanup_step_still_publishes_and_retires_the_run() {
-        let (w, hold, gate) = held_worker();
-        w.inject_cleanup_failure("retire", true);
-        let handle = w.submit(one(hold)).expect("submit");
-        gate.wait();
+        let (w, _, _, handle) = run_meeting_cleanup_failure("retire", true);
         let e = handle.wait().expect_err("cleanup panicked");
         assert_eq!(e.kind(), &RunErrorKind::CleanupFailed { step: "retire" });
         w.inner.injected.lock().clear();
@@ -517,10 +502,7 @@ mod tests {
 
     #[test]
     fn an_elected_waiter_unwinding_mid_cleanup_publishes_cleanup_interrupted() {
-        let (w, hold, gate) = held_worker();
-        w.inject_cleanup_failure("release", true);
-        let handle = w.submit(one(hold)).expect("submit");
-        gate.wait();
+        let (w, _, _, handle) = run_meeting_cleanup_failure("release", true);
         // Simulate a waiter unwinding inside the cleanup: the guard publishes for it.
         let shared = Arc::clone(&handle.shared);
         assert!(shared.wait_fence(None));
