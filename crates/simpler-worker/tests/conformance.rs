@@ -5,14 +5,16 @@ mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
-use common::{HANG, add_callable, host};
+use common::{HANG, add_callable, host, register_hold};
 use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
 use simpler_worker::{
-    BuildFailure, Lifecycle, Orchestration, RunErrorKind, StartCause, Worker, WorkerError,
+    BuildFailure, Lifecycle, Orchestration, RunErrorKind, RunHandle, StartCause, Worker,
+    WorkerError,
 };
 
 fn noop_sub(n: usize) -> (Worker, simpler_worker::CallableHandle, Arc<AtomicUsize>) {
@@ -152,13 +154,8 @@ fn register_host_at_l2_is_wrong_level_and_without_sub_workers_is_no_eligible_tar
 
 #[test]
 fn closure_registered_after_start_serves_the_next_submit_without_disturbing_a_running_task() {
-    let gate = Arc::new(Barrier::new(2));
-    let g2 = Arc::clone(&gate);
     let mut b = host().sub_workers(2);
-    let hold = b.register_host("hold", move |_| {
-        g2.wait();
-        Ok(())
-    });
+    let (hold, gate) = register_hold(&mut b);
     let w = b.start().expect("start");
     let running = w.submit(subs(hold, 1)).expect("submit");
     let late_count = Arc::new(AtomicUsize::new(0));
@@ -233,13 +230,8 @@ fn the_65th_distinct_chip_callable_is_a_capacity_error_and_uses_no_slot() {
 
 #[test]
 fn content_whose_removal_is_pending_cannot_be_registered_until_the_pinning_run_ends() {
-    let gate = Arc::new(Barrier::new(2));
-    let g2 = Arc::clone(&gate);
     let mut b = host().chips(&[0]).sub_workers(1);
-    let hold = b.register_host("hold", move |_| {
-        g2.wait();
-        Ok(())
-    });
+    let (hold, gate) = register_hold(&mut b);
     let w = b.start().expect("start");
     let c = add_callable(5);
     let h = w.register_chip(&c).expect("register");
@@ -322,13 +314,8 @@ fn close_drops_every_registered_closure_and_its_captures() {
 
 #[test]
 fn submit_returns_after_the_callback_before_completion() {
-    let gate = Arc::new(Barrier::new(2));
-    let g2 = Arc::clone(&gate);
     let mut b = host().sub_workers(1);
-    let hold = b.register_host("hold", move |_| {
-        g2.wait();
-        Ok(())
-    });
+    let (hold, gate) = register_hold(&mut b);
     let w = b.start().expect("start");
     let handle = w.submit(subs(hold, 1)).expect("submit");
     assert!(!handle.is_done());
@@ -410,13 +397,8 @@ fn run_is_submit_then_wait_and_keep_alives_live_until_terminal() {
     let weak = Arc::downgrade(&held);
     let captured = Arc::new(());
     let weak_closure = Arc::downgrade(&captured);
-    let gate = Arc::new(Barrier::new(2));
     let mut b = host().sub_workers(1);
-    let g2 = Arc::clone(&gate);
-    let hold = b.register_host("hold", move |_| {
-        g2.wait();
-        Ok(())
-    });
+    let (hold, gate) = register_hold(&mut b);
     let w2 = b.start().expect("start");
     let handle = w2
         .submit(
@@ -512,13 +494,8 @@ fn submit_run_and_close_from_a_callback_or_closure_are_reentrant() {
 
 #[test]
 fn close_waits_for_a_run_in_flight_then_submit_and_registration_are_closed() {
-    let gate = Arc::new(Barrier::new(2));
-    let g2 = Arc::clone(&gate);
     let mut b = host().sub_workers(1);
-    let hold = b.register_host("hold", move |_| {
-        g2.wait();
-        Ok(())
-    });
+    let (hold, gate) = register_hold(&mut b);
     let w = Arc::new(b.start().expect("start"));
     let handle = w.submit(subs(hold, 1)).expect("submit");
     let w2 = Arc::clone(&w);
@@ -530,14 +507,17 @@ fn close_waits_for_a_run_in_flight_then_submit_and_registration_are_closed() {
     assert!(matches!(w.register_host("x", |_| Ok(())), Err(WorkerError::Closed)));
 }
 
-#[test]
-fn submit_admitted_before_close_finishes_its_callback_and_is_drained() {
-    let (w, h, count) = noop_sub(1);
-    let w = Arc::new(w);
+/// Submits, on another thread, a run whose orchestration callback parks until the returned
+/// barrier is passed and then submits one task of `h`; returns once the callback is parked,
+/// that is while the submit is an operation in flight.
+fn submit_parked_in_its_callback(
+    w: &Arc<Worker>,
+    h: simpler_worker::CallableHandle,
+) -> (JoinHandle<Result<RunHandle, WorkerError>>, Arc<Barrier>) {
     let in_cb = Arc::new(Barrier::new(2));
     let release = Arc::new(Barrier::new(2));
     let (a, r) = (Arc::clone(&in_cb), Arc::clone(&release));
-    let w2 = Arc::clone(&w);
+    let w2 = Arc::clone(w);
     let submitter = std::thread::spawn(move || {
         w2.submit(Orchestration::graph(move |g, _, _| {
             a.wait();
@@ -547,6 +527,14 @@ fn submit_admitted_before_close_finishes_its_callback_and_is_drained() {
         }))
     });
     in_cb.wait();
+    (submitter, release)
+}
+
+#[test]
+fn submit_admitted_before_close_finishes_its_callback_and_is_drained() {
+    let (w, h, count) = noop_sub(1);
+    let w = Arc::new(w);
+    let (submitter, release) = submit_parked_in_its_callback(&w, h);
     let w3 = Arc::clone(&w);
     let closer = std::thread::spawn(move || w3.close());
     release.wait();
@@ -577,19 +565,7 @@ fn double_and_concurrent_closes_share_one_result_from_any_thread() {
 fn close_timeout_with_an_operation_in_flight_is_a_retryable_drain_timeout() {
     let (w, h, _) = noop_sub(1);
     let w = Arc::new(w);
-    let in_cb = Arc::new(Barrier::new(2));
-    let release = Arc::new(Barrier::new(2));
-    let (a, r) = (Arc::clone(&in_cb), Arc::clone(&release));
-    let w2 = Arc::clone(&w);
-    let submitter = std::thread::spawn(move || {
-        w2.submit(Orchestration::graph(move |g, _, _| {
-            a.wait();
-            r.wait();
-            g.submit_sub(h, TaskArgs::new())?;
-            Ok(())
-        }))
-    });
-    in_cb.wait();
+    let (submitter, release) = submit_parked_in_its_callback(&w, h);
     let e = w.close_timeout(Duration::from_millis(10)).expect_err("drain timeout");
     assert!(e.is_retryable());
     assert_eq!(e.drain_timeout.as_ref().map(|d| d.in_flight_ops), Some(1));
@@ -894,13 +870,8 @@ fn a_chip_memory_tensor_sent_to_another_chip_fails_at_submit() {
 
 #[test]
 fn free_waits_until_runs_accepted_before_it_are_published() {
-    let gate = Arc::new(Barrier::new(2));
-    let g2 = Arc::clone(&gate);
     let mut b = host().chips(&[0]).sub_workers(1);
-    let hold = b.register_host("hold", move |_| {
-        g2.wait();
-        Ok(())
-    });
+    let (hold, gate) = register_hold(&mut b);
     let w = Arc::new(b.start().expect("start"));
     let buf = w.chip_memory(WorkerId(0)).unwrap().malloc(1024).unwrap();
     let handle = w.submit(subs(hold, 1)).expect("submit");

@@ -5,9 +5,9 @@
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 
-use common::{add_callable, host, thread_count};
+use common::{add_callable, host, register_hold, thread_count};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::TaskArgs;
 use simpler_worker::{Orchestration, Worker};
@@ -71,13 +71,8 @@ fn no_thread_is_started_by_submit_and_none_outlives_a_worker() {
     assert_eq!(thread_count(), baseline, "an L4 tree leaves no thread");
 
     // Drop without close while a run is in flight: drop drains it.
-    let gate = Arc::new(Barrier::new(2));
-    let g2 = Arc::clone(&gate);
     let mut b = host().sub_workers(1);
-    let hold = b.register_host("hold", move |_| {
-        g2.wait();
-        Ok(())
-    });
+    let (hold, gate) = register_hold(&mut b);
     let w = b.start().expect("start");
     let handle = w
         .submit(Orchestration::graph(move |g, _, _| {

@@ -1,13 +1,14 @@
-//! Shared fixtures: the one-task chip program `f = a + b` under distinct names, worker builders
-//! and thread counts.
+//! Shared fixtures: the one-task chip program `f = a + b` under distinct names, worker builders,
+//! a host closure held at a barrier, and thread counts.
 
 #![allow(dead_code)]
 
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{ChipCallable, Platform, RuntimeVariant};
-use simpler_worker::{HostWorkerBuilder, Worker};
+use simpler_worker::{CallableHandle, HostWorkerBuilder, Worker};
 
 /// Generous upper bound that only catches hangs.
 pub const HANG: Duration = Duration::from_secs(60);
@@ -20,6 +21,18 @@ pub fn add_callable(variant: u32) -> ChipCallable {
 /// An L3 builder on the simulator.
 pub fn host() -> HostWorkerBuilder {
     Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph)
+}
+
+/// Registers the host closure `hold`, which waits at the returned two-party barrier: a task of
+/// it stays running until the test calls `gate.wait()`.
+pub fn register_hold(b: &mut HostWorkerBuilder) -> (CallableHandle, Arc<Barrier>) {
+    let gate = Arc::new(Barrier::new(2));
+    let g2 = Arc::clone(&gate);
+    let hold = b.register_host("hold", move |_| {
+        g2.wait();
+        Ok(())
+    });
+    (hold, gate)
 }
 
 /// Threads of this process.
