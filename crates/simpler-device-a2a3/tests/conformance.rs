@@ -403,7 +403,7 @@ fn memory_errors_are_typed_and_allocations_are_aligned_and_zeroed() {
 #[test]
 fn callable_limits_are_enforced_with_the_values_named() {
     use ArgDirection::In;
-    let base = || ChipCallable::native(vector_orch, three_args);
+    let base = || ChipCallable::native(vector::orchestration, three_args);
     let invalid = |r: Result<ChipCallable, DeviceError>, needle: &str| match r {
         Err(DeviceError::InvalidCallable { reason, .. }) => {
             assert!(reason.contains(needle), "{reason}")

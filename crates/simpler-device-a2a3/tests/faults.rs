@@ -222,7 +222,7 @@ fn panicking_config(_: &simpler_device_a2a3::OrchArgs<'_>) -> simpler_device_a2a
 #[test]
 fn a_panicking_config_function_is_an_orchestration_error_with_cleanup() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
-    let c = ChipCallable::native(vector_orch, panicking_config)
+    let c = ChipCallable::native(vector::orchestration, panicking_config)
         .kernel(FUNC_ADD, CoreCallable::native(vec![], add_kernel))
         .build()
         .unwrap();

@@ -1,17 +1,19 @@
-//! Shared fixtures of the integration tests: kernels, orchestrations and runner helpers.
+//! Shared fixtures of the integration tests: kernels, the vector example program (the reference
+//! one of `simpler_device_a2a3::programs`) and runner helpers.
 #![allow(dead_code)]
 
 use std::time::Duration;
 
+pub use simpler_device_a2a3::programs::vector;
 use simpler_device_a2a3::{
-    ArgDirection, ChipCallable, CoreCallable, DevicePtr, DeviceRunner, KernelCall, Kernels,
-    OrchArgs, OrchConfig, OrchCtx, OrchError, RunnerOptions, RuntimeVariant,
+    ChipCallable, DevicePtr, DeviceRunner, KernelCall, OrchArgs, OrchConfig, RunnerOptions,
+    RuntimeVariant,
 };
-use simpler_types::{CoreArgs, DataType, Tensor};
+use simpler_types::{DataType, Tensor};
 
-pub const FUNC_ADD: u32 = 0;
-pub const FUNC_ADD_SCALAR: u32 = 1;
-pub const FUNC_MUL: u32 = 2;
+pub const FUNC_ADD: u32 = vector::ADD;
+pub const FUNC_ADD_SCALAR: u32 = vector::ADD_SCALAR;
+pub const FUNC_MUL: u32 = vector::MUL;
 pub const FUNC_NOOP: u32 = 3;
 
 /// `c = a + b` over f32.
@@ -27,31 +29,6 @@ pub unsafe extern "C-unwind" fn add_kernel(args: *mut i64) {
     }
 }
 
-/// `c = a + s` over f32 (scalar 0).
-pub unsafe extern "C-unwind" fn add_scalar_kernel(args: *mut i64) {
-    // SAFETY: two tensors, one scalar.
-    let k = unsafe { KernelCall::from_raw(args, 2) };
-    let s: f32 = k.scalar_of(0).unwrap();
-    // SAFETY: f32 buffers, output distinct from input.
-    let (a, c) = unsafe { (k.slice::<f32>(0).unwrap(), k.slice_mut::<f32>(1).unwrap()) };
-    for i in 0..c.len() {
-        c[i] = a[i] + s;
-    }
-}
-
-/// `c = a * b` over f32.
-pub unsafe extern "C-unwind" fn mul_kernel(args: *mut i64) {
-    // SAFETY: as `add_kernel`.
-    let k = unsafe { KernelCall::from_raw(args, 3) };
-    // SAFETY: as `add_kernel`.
-    let (a, b, c) = unsafe {
-        (k.slice::<f32>(0).unwrap(), k.slice::<f32>(1).unwrap(), k.slice_mut::<f32>(2).unwrap())
-    };
-    for i in 0..c.len() {
-        c[i] = a[i] * b[i];
-    }
-}
-
 /// Does nothing.
 pub unsafe extern "C-unwind" fn noop_kernel(_args: *mut i64) {}
 
@@ -60,55 +37,13 @@ pub unsafe extern "C-unwind" fn panicking_kernel(_args: *mut i64) {
     panic!("kernel panicked on purpose");
 }
 
-fn f32_args(tensors: &[(Tensor, simpler_types::TensorArgType)]) -> CoreArgs {
-    let mut a = CoreArgs::new();
-    for (t, tag) in tensors {
-        a.add_tensor(*t, *tag).unwrap();
-    }
-    a
-}
-
-/// The five-task vector example: `f = (a + b + 1)(a + b + 2) + (a + b)`.
-/// Chip args: a (in), b (in), f (out).
-pub fn vector_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
-    use simpler_types::TensorArgType::{Input, Output};
-    let (a, b, f) = (*args.tensor(0).unwrap(), *args.tensor(1).unwrap(), *args.tensor(2).unwrap());
-    let shape = a.shape().to_vec();
-    let c = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    let d = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    let e = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    let g = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    // c = a + b
-    ctx.submit(Kernels::Aiv(FUNC_ADD), &f32_args(&[(a, Input), (b, Input), (c, Output)]))?;
-    // d = c + 1
-    let mut t = f32_args(&[(c, Input), (d, Output)]);
-    t.add_scalar_of(1.0f32).unwrap();
-    ctx.submit(Kernels::Aiv(FUNC_ADD_SCALAR), &t)?;
-    // e = c + 2
-    let mut t = f32_args(&[(c, Input), (e, Output)]);
-    t.add_scalar_of(2.0f32).unwrap();
-    ctx.submit(Kernels::Aiv(FUNC_ADD_SCALAR), &t)?;
-    // g = d * e
-    ctx.submit(Kernels::Aiv(FUNC_MUL), &f32_args(&[(d, Input), (e, Input), (g, Output)]))?;
-    // f = g + c
-    ctx.submit(Kernels::Aiv(FUNC_ADD), &f32_args(&[(g, Input), (c, Input), (f, Output)]))?;
-    Ok(())
-}
-
 pub fn three_args(_: &OrchArgs<'_>) -> OrchConfig {
     OrchConfig { expected_arg_count: 3 }
 }
 
 /// The vector example's callable.
 pub fn vector_callable() -> ChipCallable {
-    use ArgDirection::{In, Out, Scalar};
-    ChipCallable::native(vector_orch, three_args)
-        .signature(vec![In, In, Out])
-        .kernel(FUNC_ADD, CoreCallable::native(vec![In, In, Out], add_kernel))
-        .kernel(FUNC_ADD_SCALAR, CoreCallable::native(vec![In, Out, Scalar], add_scalar_kernel))
-        .kernel(FUNC_MUL, CoreCallable::native(vec![In, In, Out], mul_kernel))
-        .build()
-        .unwrap()
+    vector::callable().unwrap()
 }
 
 /// Options for tests that expect success: budgets generous enough that a loaded machine never
@@ -170,9 +105,10 @@ impl VectorRun {
     /// Checks the output against the host computation.
     pub fn check(&self, r: &mut DeviceRunner) {
         let f = download_f32(r, self.ptrs[2], self.a.len());
-        for (i, ((a, b), f)) in self.a.iter().zip(&self.b).zip(&f).enumerate() {
-            let s = a + b;
-            assert_eq!(*f, (s + 1.0) * (s + 2.0) + s, "element {i}");
+        let expected = vector::reference(&self.a, &self.b);
+        assert_eq!(f.len(), expected.len());
+        for (i, (f, e)) in f.iter().zip(&expected).enumerate() {
+            assert_eq!(f, e, "element {i}");
         }
     }
 
