@@ -34,7 +34,7 @@ use crate::core::Core;
 use crate::endpoint::{DispatchedMember, Endpoint, EndpointFailure, panic_message};
 use crate::error::SchedError;
 use crate::inbox::{MemberCompletion, WorkerSlot};
-use crate::sync::{AdaptiveSpin, AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
 
 /// A control job queued for one worker.
 pub(crate) type Job = Box<dyn FnOnce(&mut dyn Endpoint) + Send>;
@@ -134,11 +134,10 @@ impl Mailbox {
         }
     }
 
-    /// Takes the next mail, spinning briefly (with the owner's adaptive budget) and then
-    /// parking until one arrives.
-    fn recv(&self, spin: &mut AdaptiveSpin) -> Mail {
+    /// Takes the next mail, spinning briefly and then parking until one arrives.
+    fn recv(&self) -> Mail {
         // Relaxed: only decides whether to keep spinning; the queue is read under the lock.
-        spin.wait(|| self.pending.load(Ordering::Relaxed));
+        sync::spin_until(|| self.pending.load(Ordering::Relaxed));
         let mut s = self.state.lock();
         loop {
             if let Some(mail) = s.queue.pop_front() {
@@ -230,9 +229,8 @@ pub(crate) fn worker_main(
         tracing::error!(worker = %name, "on_thread_start panicked: {}", panic_message(p.as_ref()));
     }
     let mailbox = core.mailbox(who);
-    let mut spin = AdaptiveSpin::default();
     loop {
-        match mailbox.recv(&mut spin) {
+        match mailbox.recv() {
             Mail::Task { slot, member } => {
                 let result = run_member(&core, endpoint.as_mut(), slot, member);
                 core.deliver_completion(MemberCompletion { slot, member, worker: who, result });
