@@ -4,8 +4,8 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{add_callable, host, register_hold, thread_count};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
