@@ -275,6 +275,10 @@ fn attach_chips(
     let (tx, rx) =
         mpsc::channel::<(usize, Result<ChipState, (Option<simpler_types::DeviceCode>, String)>)>();
     let mut pending: Vec<Option<String>> = Vec::new();
+    // An attach thread that has reported is joined at once (it only has to return), so that
+    // `start` leaves no thread of its own behind; one still attaching at the deadline is
+    // detached.
+    let mut attachers: Vec<Option<std::thread::JoinHandle<()>>> = Vec::new();
     for (i, &device) in devices.iter().enumerate() {
         let tx = tx.clone();
         let callables = callables.to_vec();
@@ -312,11 +316,14 @@ fn attach_chips(
                 })();
                 let _ = tx.send((i, r.map_err(|e| (e.device_code(), e.to_string()))));
             });
-        if let Err(e) = spawned {
-            return Err(start_err(
-                StartCause::Config(format!("cannot spawn an attach thread: {e}")),
-                &chip_path,
-            ));
+        match spawned {
+            Ok(t) => attachers.push(Some(t)),
+            Err(e) => {
+                return Err(start_err(
+                    StartCause::Config(format!("cannot spawn an attach thread: {e}")),
+                    &chip_path,
+                ));
+            }
         }
         pending.push(Some(chip_path));
     }
@@ -325,7 +332,14 @@ fn attach_chips(
     let mut failure: Option<StartError> = None;
     while pending.iter().any(Option::is_some) {
         let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
+        let received = rx.recv_timeout(left);
+        if let Ok((i, _)) = &received
+            && let Some(t) = attachers.get_mut(*i).and_then(Option::take)
+        {
+            // The send is the thread's last act, so this join only waits for it to return.
+            let _ = t.join();
+        }
+        match received {
             Ok((i, Ok(state))) => {
                 pending[i] = None;
                 states[i] = Some(state);
