@@ -20,6 +20,8 @@
 //! - `runner`: [`DeviceRunner`], the run sequence, cleanup and health.
 //! - `diag`: wall time, swimlane, dependency graph and scope statistics files.
 //! - [`kernel`]: the kernel ABI.
+//! - [`programs`]: reference chip programs (vector example, bgemm) used by the examples, tests
+//!   and benchmarks.
 //!
 //! Lock order (the only nested acquisitions): a simulated stream's lock, then a thread
 //! mailbox's lock or an event's lock. Every other lock (memory, fault plan, fault log, event
@@ -28,8 +30,8 @@
 //! Unsafe code is confined to: simulated memory (`backend::sim::memory`), the image view
 //! (`aicpu::view`), payload writes (`aicpu::scheduler::send`), the AICore executor's kernel call,
 //! the kernel accessors, the ops-table glue (`runtime::orch`, `runtime::hbg::builder`) and
-//! host-tensor staging (`runner::staging`) and the shared-object kernel loader
-//! (`backend::sim::loader`).
+//! host-tensor staging (`runner::staging`), the shared-object kernel loader
+//! (`backend::sim::loader`) and the reference programs' kernels (`programs`).
 
 #[cfg(not(feature = "sim"))]
 compile_error!(
