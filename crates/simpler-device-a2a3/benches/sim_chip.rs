@@ -1,5 +1,9 @@
 //! Simulated-chip workloads of spec 70 (S1, S2, S3) and the idle-CPU check.
 //!
+//! S1 and S3 run the crate's reference programs (`programs::vector`, `programs::bgemm`) and
+//! check the result against their host references; S2 and the idle check run a no-op program
+//! defined here.
+//!
 //! `cargo bench -p simpler-device-a2a3 --bench sim_chip` prints, per workload, the median of 5
 //! measurements after one warm-up with min–max. `-- --test` runs every workload once at a
 //! small size (what CI uses to check that the bench still works); workload names (`-- s2
@@ -13,19 +17,15 @@
 
 use std::time::{Duration, Instant};
 
+use simpler_device_a2a3::programs::{bgemm, f32_from_le_bytes, f32_to_le_bytes, vector};
 use simpler_device_a2a3::{
-    ArgDirection, ChipCallable, ChipSlot, CoreCallable, DevicePtr, DeviceRunner, KernelCall,
-    Kernels, OrchArgs, OrchConfig, OrchCtx, OrchError, RunRequest, RunnerOptions, RuntimeVariant,
+    ChipCallable, ChipSlot, CoreCallable, DevicePtr, DeviceRunner, Kernels, OrchArgs, OrchConfig,
+    OrchCtx, OrchError, RunRequest, RunnerOptions, RuntimeVariant,
 };
-use simpler_types::{CallConfig, CoreArgs, DataType, RunId, TaskArgs, Tensor, TensorArgType};
+use simpler_types::{CallConfig, CoreArgs, DataType, RunId, TaskArgs, Tensor};
 
-const ADD: u32 = 0;
-const ADD_SCALAR: u32 = 1;
-const MUL: u32 = 2;
+/// Func id of the S2 no-op kernel (AIV).
 const NOOP: u32 = 3;
-const GEMM: u32 = 4;
-const ACC: u32 = 5;
-const TILE: usize = 64;
 
 struct Bench {
     runner: DeviceRunner,
@@ -60,7 +60,7 @@ impl Bench {
     }
 
     fn device_f32(&mut self, values: &[f32], shape: &[u32]) -> (DevicePtr, Tensor) {
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes = f32_to_le_bytes(values);
         let p = self.runner.malloc(bytes.len() as u64).expect("malloc");
         self.runner.copy_to_device(p, &bytes).expect("copy");
         (
@@ -74,7 +74,7 @@ impl Bench {
     fn read_f32(&mut self, p: DevicePtr, n: usize) -> Vec<f32> {
         let mut b = vec![0u8; n * 4];
         self.runner.copy_from_device(&mut b, p).expect("copy back");
-        b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        f32_from_le_bytes(&b)
     }
 }
 
@@ -87,125 +87,17 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-// ----- kernels -----
-
-unsafe extern "C-unwind" fn add(args: *mut i64) {
-    // SAFETY: three f32 tensors; the output aliases neither input.
-    let k = unsafe { KernelCall::from_raw(args, 3) };
-    // SAFETY: f32 buffers of this task; the output aliases neither input.
-    let views = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
-    if let (Some(x), Some(y), Some(o)) = views {
-        for ((o, a), b) in o.iter_mut().zip(x).zip(y) {
-            *o = a + b;
-        }
-    }
-}
-
-unsafe extern "C-unwind" fn add_scalar(args: *mut i64) {
-    // SAFETY: two f32 tensors and a scalar.
-    let k = unsafe { KernelCall::from_raw(args, 2) };
-    let s: f32 = k.scalar_of(0).unwrap_or(0.0);
-    // SAFETY: see above.
-    if let (Some(x), Some(o)) = unsafe { (k.slice::<f32>(0), k.slice_mut::<f32>(1)) } {
-        for (o, a) in o.iter_mut().zip(x) {
-            *o = a + s;
-        }
-    }
-}
-
-unsafe extern "C-unwind" fn mul(args: *mut i64) {
-    // SAFETY: as `add`.
-    let k = unsafe { KernelCall::from_raw(args, 3) };
-    // SAFETY: as `add`.
-    let views = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
-    if let (Some(x), Some(y), Some(o)) = views {
-        for ((o, a), b) in o.iter_mut().zip(x).zip(y) {
-            *o = a * b;
-        }
-    }
-}
-
-unsafe extern "C-unwind" fn noop(_args: *mut i64) {}
-
-/// `p = a · b` for one 64×64 tile (AIC).
-unsafe extern "C-unwind" fn gemm(args: *mut i64) {
-    // SAFETY: three contiguous 64×64 f32 tiles; the output aliases neither input.
-    let k = unsafe { KernelCall::from_raw(args, 3) };
-    // SAFETY: see above.
-    let views = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
-    if let (Some(a), Some(b), Some(p)) = views {
-        p.fill(0.0);
-        for i in 0..TILE {
-            for kk in 0..TILE {
-                let aik = a[i * TILE + kk];
-                let (prow, brow) =
-                    (&mut p[i * TILE..(i + 1) * TILE], &b[kk * TILE..(kk + 1) * TILE]);
-                for (pv, bv) in prow.iter_mut().zip(brow) {
-                    *pv += aik * bv;
-                }
-            }
-        }
-    }
-}
-
-/// `c += p` for one tile (AIV).
-unsafe extern "C-unwind" fn acc(args: *mut i64) {
-    // SAFETY: two contiguous f32 tiles; `c` (tensor 0) does not alias `p`.
-    let k = unsafe { KernelCall::from_raw(args, 2) };
-    // SAFETY: see above.
-    if let (Some(c), Some(p)) = unsafe { (k.slice_mut::<f32>(0), k.slice::<f32>(1)) } {
-        for (c, p) in c.iter_mut().zip(p) {
-            *c += p;
-        }
-    }
-}
-
-fn kernel_args(ts: &[(Tensor, TensorArgType)], scalar: Option<f32>) -> Result<CoreArgs, OrchError> {
-    let bad = OrchError::from_status(-1);
-    let mut a = CoreArgs::new();
-    for (t, tag) in ts {
-        a.add_tensor(*t, *tag).map_err(|_| bad)?;
-    }
-    if let Some(s) = scalar {
-        a.add_scalar_of(s).map_err(|_| bad)?;
-    }
-    Ok(a)
-}
-
 // ----- S1: the vector example -----
 
-fn vector_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
-    use TensorArgType::{Input, Output};
-    let bad = OrchError::from_status(-1);
-    let (a, b, f) =
-        (*args.tensor(0).ok_or(bad)?, *args.tensor(1).ok_or(bad)?, *args.tensor(2).ok_or(bad)?);
-    let shape = a.shape().to_vec();
-    let c = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    let d = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    let e = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    let g = ctx.alloc_tensor(&shape, DataType::Float32)?;
-    ctx.submit(Kernels::Aiv(ADD), &kernel_args(&[(a, Input), (b, Input), (c, Output)], None)?)?;
-    ctx.submit(Kernels::Aiv(ADD_SCALAR), &kernel_args(&[(c, Input), (d, Output)], Some(1.0))?)?;
-    ctx.submit(Kernels::Aiv(ADD_SCALAR), &kernel_args(&[(c, Input), (e, Output)], Some(2.0))?)?;
-    ctx.submit(Kernels::Aiv(MUL), &kernel_args(&[(d, Input), (e, Input), (g, Output)], None)?)?;
-    ctx.submit(Kernels::Aiv(ADD), &kernel_args(&[(g, Input), (c, Input), (f, Output)], None)?)?;
-    Ok(())
-}
-
 fn s1(quick: bool) {
-    use ArgDirection::{In, Out, Scalar};
     let n = 16384;
     let t_attach = Instant::now();
     let mut b = Bench::new();
-    let c = ChipCallable::native(vector_orch, |_| OrchConfig { expected_arg_count: 3 })
-        .kernel(ADD, CoreCallable::native(vec![In, In, Out], add))
-        .kernel(ADD_SCALAR, CoreCallable::native(vec![In, Out, Scalar], add_scalar))
-        .kernel(MUL, CoreCallable::native(vec![In, In, Out], mul))
-        .build()
-        .expect("callable");
+    let c = vector::callable().expect("callable");
     let slot = b.runner.register_callable(&c).expect("register");
-    let (_, ta) = b.device_f32(&vec![1.0; n], &[n as u32]);
-    let (_, tb) = b.device_f32(&vec![2.0; n], &[n as u32]);
+    let (a, bv) = (vec![1.0; n], vec![2.0; n]);
+    let (_, ta) = b.device_f32(&a, &[n as u32]);
+    let (_, tb) = b.device_f32(&bv, &[n as u32]);
     let (pf, tf) = b.device_f32(&vec![0.0; n], &[n as u32]);
     let mut args = TaskArgs::new();
     args.add_input(ta).and_then(|a| a.add_input(tb)).and_then(|a| a.add_output(tf)).expect("args");
@@ -220,7 +112,7 @@ fn s1(quick: bool) {
         warm.push(t);
         wall.extend(w);
     }
-    assert!(b.read_f32(pf, n).iter().all(|&v| v == 4.0 * 5.0 + 3.0), "S1 result");
+    assert!(b.read_f32(pf, n) == vector::reference(&a, &bv), "S1 result");
     let (med, lo, hi) = stats(warm);
     let (wmed, _, _) = stats(wall);
     println!("S1 vector example (16384 f32, 5 tasks, block_dim 2, 3 AICPU threads)");
@@ -239,6 +131,9 @@ fn s1(quick: bool) {
 }
 
 // ----- S2: dispatch overhead -----
+
+/// The S2 kernel: does nothing, so a task costs only its dispatch.
+unsafe extern "C-unwind" fn noop(_args: *mut i64) {}
 
 fn noop_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
     let bad = OrchError::from_status(-1);
@@ -344,64 +239,16 @@ fn thread_counters() -> ThreadCounters {
 
 // ----- S3: bgemm -----
 
-/// Chip args: A, B (tile-major [4, 4, 64, 64] f32), C (same, zeroed). For each output tile
-/// (i, j) and k: P = A[i][k] · B[k][j] on AIC, then C[i][j] += P on AIV.
-fn bgemm_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
-    use TensorArgType::{InOut, Input, Output};
-    let bad = OrchError::from_status(-1);
-    let (a, b, c) =
-        (*args.tensor(0).ok_or(bad)?, *args.tensor(1).ok_or(bad)?, *args.tensor(2).ok_or(bad)?);
-    let t = TILE as u32;
-    let tile =
-        |m: &Tensor, r: u32, col: u32| m.view(&[1, 1, t, t], &[r, col, 0, 0]).map_err(|_| bad);
-    for i in 0..4 {
-        for j in 0..4 {
-            for k in 0..4 {
-                let p = ctx.alloc_tensor(&[1, 1, t, t], DataType::Float32)?;
-                ctx.submit(
-                    Kernels::Aic(GEMM),
-                    &kernel_args(
-                        &[(tile(&a, i, k)?, Input), (tile(&b, k, j)?, Input), (p, Output)],
-                        None,
-                    )?,
-                )?;
-                ctx.submit(
-                    Kernels::Aiv(ACC),
-                    &kernel_args(&[(tile(&c, i, j)?, InOut), (p, Input)], None)?,
-                )?;
-            }
-        }
-    }
-    Ok(())
-}
-
-fn tile_major(m: &[f32]) -> Vec<f32> {
-    let n = 4 * TILE;
-    let mut out = vec![0.0; n * n];
-    for r in 0..n {
-        for c in 0..n {
-            let (tr, tc, ir, ic) = (r / TILE, c / TILE, r % TILE, c % TILE);
-            out[((tr * 4 + tc) * TILE + ir) * TILE + ic] = m[r * n + c];
-        }
-    }
-    out
-}
-
 fn s3(quick: bool) {
-    use ArgDirection::{In, InOut, Out};
-    let n = 4 * TILE;
+    let n = bgemm::N;
     let mut b = Bench::new();
-    let c = ChipCallable::native(bgemm_orch, |_| OrchConfig { expected_arg_count: 3 })
-        .kernel(GEMM, CoreCallable::native(vec![In, In, Out], gemm))
-        .kernel(ACC, CoreCallable::native(vec![InOut, In], acc))
-        .build()
-        .expect("callable");
+    let c = bgemm::callable().expect("callable");
     let slot = b.runner.register_callable(&c).expect("register");
     let a: Vec<f32> = (0..n * n).map(|x| ((x * 7) % 13) as f32 * 0.125 - 0.75).collect();
     let bm: Vec<f32> = (0..n * n).map(|x| ((x * 5) % 11) as f32 * 0.25 - 1.25).collect();
-    let shape = [4, 4, TILE as u32, TILE as u32];
-    let (_, ta) = b.device_f32(&tile_major(&a), &shape);
-    let (_, tb) = b.device_f32(&tile_major(&bm), &shape);
+    let shape = bgemm::shape();
+    let (_, ta) = b.device_f32(&bgemm::tile_major(&a), &shape);
+    let (_, tb) = b.device_f32(&bgemm::tile_major(&bm), &shape);
     let (pc, tc) = b.device_f32(&vec![0.0; n * n], &shape);
     let mut args = TaskArgs::new();
     args.add_input(ta).and_then(|x| x.add_input(tb)).and_then(|x| x.add_inout(tc)).expect("args");
@@ -414,16 +261,7 @@ fn s3(quick: bool) {
     }
     times.remove(0);
     let got = b.read_f32(pc, n * n);
-    let mut want = vec![0f32; n * n];
-    for r in 0..n {
-        for k in 0..n {
-            let x = a[r * n + k];
-            for col in 0..n {
-                want[r * n + col] += x * bm[k * n + col];
-            }
-        }
-    }
-    let want = tile_major(&want);
+    let want = bgemm::tile_major(&bgemm::reference(&a, &bm));
     let max_err = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
     let (med, lo, hi) = stats(times);
     println!(
