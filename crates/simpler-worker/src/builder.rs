@@ -104,8 +104,19 @@ fn start_err(cause: StartCause, path: &str) -> StartError {
     StartError { cause, path: path.to_owned(), rollback: Vec::new() }
 }
 
-fn past(deadline: Instant, budget: Duration, what: &str, path: &str) -> Result<(), StartError> {
-    if Instant::now() > deadline {
+/// The deadline `budget` from now; `None` (no deadline) when it lies beyond what `Instant`
+/// can represent, as with `Duration::MAX`.
+fn deadline_after(budget: Duration) -> Option<Instant> {
+    Instant::now().checked_add(budget)
+}
+
+fn past(
+    deadline: Option<Instant>,
+    budget: Duration,
+    what: &str,
+    path: &str,
+) -> Result<(), StartError> {
+    if deadline.is_some_and(|d| Instant::now() > d) {
         return Err(start_err(
             StartCause::DeadlineExceeded { pending: vec![what.to_owned()], budget },
             path,
@@ -221,7 +232,7 @@ impl ChipWorkerBuilder {
     pub fn start(self) -> Result<Worker, StartError> {
         let path = format!("L2 / chip 0 (device {})", self.device);
         self.common.check_timeout(&path)?;
-        let deadline = Instant::now() + self.common.startup_timeout;
+        let deadline = deadline_after(self.common.startup_timeout);
         let callables: Vec<ChipCallable> = self.chip_regs.iter().map(|(_, c)| c.clone()).collect();
         let mut states = attach_chips(
             self.platform,
@@ -268,7 +279,7 @@ fn attach_chips(
     prewarm: Option<&CallConfig>,
     options: Option<&Arc<ChipOptionsFn>>,
     faults: &Faults,
-    deadline: Instant,
+    deadline: Option<Instant>,
     budget: Duration,
     path: &str,
 ) -> Result<Vec<ChipState>, StartError> {
@@ -331,8 +342,10 @@ fn attach_chips(
     let mut states: Vec<Option<ChipState>> = (0..devices.len()).map(|_| None).collect();
     let mut failure: Option<StartError> = None;
     while pending.iter().any(Option::is_some) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let received = rx.recv_timeout(left);
+        let received = match deadline {
+            Some(d) => rx.recv_timeout(d.saturating_duration_since(Instant::now())),
+            None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+        };
         if let Ok((i, _)) = &received
             && let Some(t) = attachers.get_mut(*i).and_then(Option::take)
         {
@@ -442,11 +455,11 @@ impl HostWorkerBuilder {
 
     /// Starts the worker (spec 40 §3); a failure rolls everything back before returning.
     pub fn start(self) -> Result<Worker, StartError> {
-        let deadline = Instant::now() + self.common.startup_timeout;
+        let deadline = deadline_after(self.common.startup_timeout);
         self.start_within(deadline, "L3".to_owned())
     }
 
-    fn start_within(self, deadline: Instant, path: String) -> Result<Worker, StartError> {
+    fn start_within(self, deadline: Option<Instant>, path: String) -> Result<Worker, StartError> {
         // 1.
         self.common.check_timeout(&path)?;
         let mut seen = self.devices.clone();
@@ -566,7 +579,7 @@ impl ChildSpec {
         }
     }
 
-    fn start_within(self, deadline: Instant, path: String) -> Result<Worker, StartError> {
+    fn start_within(self, deadline: Option<Instant>, path: String) -> Result<Worker, StartError> {
         match self {
             ChildSpec::Host(b) => b.start_within(deadline, path),
             ChildSpec::Composite(b) => b.start_within(deadline, path),
@@ -658,12 +671,12 @@ impl CompositeWorkerBuilder {
 
     /// Starts the children recursively, then this level (spec 40 §3).
     pub fn start(self) -> Result<Worker, StartError> {
-        let deadline = Instant::now() + self.common.startup_timeout;
+        let deadline = deadline_after(self.common.startup_timeout);
         let path = format!("L{}", self.level);
         self.start_within(deadline, path)
     }
 
-    fn start_within(self, deadline: Instant, path: String) -> Result<Worker, StartError> {
+    fn start_within(self, deadline: Option<Instant>, path: String) -> Result<Worker, StartError> {
         self.common.check_timeout(&path)?;
         if self.level < 4 {
             return Err(start_err(

@@ -391,7 +391,8 @@ impl RunHandle {
     /// As [`wait`](Self::wait), giving up after `timeout` with `None`. Never cancels the run or
     /// disturbs other waiters.
     pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<(), RunError>> {
-        let r = self.shared.wait_until(Some(Instant::now() + timeout));
+        // A timeout beyond what `Instant` can represent (`Duration::MAX`) means no deadline.
+        let r = self.shared.wait_until(Instant::now().checked_add(timeout));
         if r.is_some() {
             self.shared.mark_observed();
         }

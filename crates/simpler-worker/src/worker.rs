@@ -850,7 +850,8 @@ impl Worker {
     /// As [`close`](Self::close) with a drain budget: past it, `DrainTimeout` (retryable),
     /// nothing torn down, still `Closed`.
     pub fn close_timeout(&self, drain: Duration) -> Result<(), CloseError> {
-        self.inner.close(Some(Instant::now() + drain), drain)
+        // A budget beyond what `Instant` can represent (`Duration::MAX`) means no deadline.
+        self.inner.close(Instant::now().checked_add(drain), drain)
     }
 
     /// Memory calls on the chip of an L2 worker.
