@@ -40,6 +40,7 @@ use crate::graph::GraphBuilder;
 use crate::handle::{
     CallableHandle, Entry, GraphFn, HostFn, Registration, Registry, SharedRegistry,
 };
+use crate::reentry;
 use crate::worker::{Body, Worker, new_inner};
 
 /// Worker instance numbers: they only tell handles of different workers apart.
@@ -515,14 +516,15 @@ impl HostWorkerBuilder {
             ..RingConfig::default()
         };
         // On failure the endpoints are dropped, which finalizes every chip into `residue`.
-        let engine =
-            build_engine(3, ring, next_level, self.subs, self.common.instance, &registry, &path)
-                .map_err(|e| with_residue(e, &residue, &path))?;
+        let lineage = reentry::lineage_of(self.common.instance);
+        let engine = build_engine(3, ring, next_level, self.subs, &lineage, &registry, &path)
+            .map_err(|e| with_residue(e, &residue, &path))?;
         // 5.
         let body = Body::Engine { engine, chips, children: Vec::new(), residue };
         let mut inner =
             new_inner(self.common.instance, 3, body, Registry::default(), Vec::new(), self.subs);
         inner.registry = registry;
+        inner.lineage = lineage;
         Ok(Worker { inner: Arc::new(inner) })
     }
 }
@@ -532,7 +534,7 @@ fn build_engine(
     ring: RingConfig,
     next_level: Vec<Box<dyn Endpoint>>,
     subs: usize,
-    instance: u64,
+    lineage: &reentry::Lineage,
     registry: &SharedRegistry,
     path: &str,
 ) -> Result<Engine, StartError> {
@@ -541,7 +543,7 @@ fn build_engine(
             Box::new(crate::sub::SubEndpoint {
                 index,
                 level,
-                instance,
+                lineage: Arc::clone(lineage),
                 registry: Arc::clone(registry),
             }) as Box<dyn Endpoint>
         })
@@ -723,6 +725,18 @@ impl CompositeWorkerBuilder {
                     .chain(w.inner.name_sources.iter().cloned())
             })
             .collect();
+        // Adoption: every worker of the subtree now also acts for this one (see `reentry`).
+        let lineage = reentry::lineage_of(self.common.instance);
+        let subtree_lineages: Vec<reentry::Lineage> = started
+            .iter()
+            .flat_map(|w| {
+                std::iter::once(Arc::clone(&w.inner.lineage))
+                    .chain(w.inner.subtree_lineages.iter().cloned())
+            })
+            .collect();
+        for l in &subtree_lineages {
+            l.write().push(self.common.instance);
+        }
         let residue = Arc::new(Mutex::new(Vec::new()));
         let children: Vec<WorkerId> = (0..started.len() as u32).map(WorkerId).collect();
         let next_level: Vec<Box<dyn Endpoint>> = started
@@ -731,7 +745,7 @@ impl CompositeWorkerBuilder {
             .map(|(i, w)| {
                 Box::new(ChildEndpoint {
                     id: WorkerId(i as u32),
-                    parent_instance: self.common.instance,
+                    parent_lineage: Arc::clone(&lineage),
                     parent_registry: Arc::clone(&registry),
                     child: Some(w),
                     residue: Arc::clone(&residue),
@@ -740,16 +754,9 @@ impl CompositeWorkerBuilder {
             .collect();
         let ring = RingConfig { heap_bytes_per_ring: self.heap_ring_size, ..RingConfig::default() };
         // On failure the endpoints are dropped, which closes every child into `residue`.
-        let engine = build_engine(
-            self.level,
-            ring,
-            next_level,
-            self.subs,
-            self.common.instance,
-            &registry,
-            &path,
-        )
-        .map_err(|e| with_residue(e, &residue, &path))?;
+        let engine =
+            build_engine(self.level, ring, next_level, self.subs, &lineage, &registry, &path)
+                .map_err(|e| with_residue(e, &residue, &path))?;
         let body = Body::Engine { engine, chips: Vec::new(), children, residue };
         let mut inner = new_inner(
             self.common.instance,
@@ -760,6 +767,8 @@ impl CompositeWorkerBuilder {
             self.subs,
         );
         inner.registry = registry;
+        inner.lineage = lineage;
+        inner.subtree_lineages = subtree_lineages;
         Ok(Worker { inner: Arc::new(inner) })
     }
 }

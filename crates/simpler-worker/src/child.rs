@@ -24,7 +24,8 @@ use crate::worker::Worker;
 /// One adopted child worker.
 pub(crate) struct ChildEndpoint {
     pub(crate) id: WorkerId,
-    pub(crate) parent_instance: u64,
+    /// The parent worker and its ancestors: the child run acts for all of them.
+    pub(crate) parent_lineage: reentry::Lineage,
     pub(crate) parent_registry: SharedRegistry,
     pub(crate) child: Option<Worker>,
     /// Errors of closing the child, read by the parent after the engine joined this thread.
@@ -66,7 +67,7 @@ impl Endpoint for ChildEndpoint {
         let orch = Orchestration::graph(move |gb, view, cfg| graph(gb, view, cfg))
             .args(args)
             .config(task.config.clone());
-        let _acting = reentry::enter(self.parent_instance);
+        let _acting = reentry::enter_lineage(&self.parent_lineage);
         match child.run(orch) {
             Ok(()) => Ok(()),
             Err(WorkerError::Run(e)) => {

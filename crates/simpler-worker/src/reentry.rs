@@ -2,8 +2,26 @@
 //! thread acts for (inside an orchestration callback, a host closure or a child run).
 //! `submit`, `run`, `close` and `close_timeout` on a worker in that stack return `Reentrant`
 //! at once instead of deadlocking on their own run.
+//!
+//! A thread acting for a child worker also acts for every ancestor of that child: the
+//! ancestor's run waits for the child's task, which waits for this thread. Each worker
+//! therefore keeps a [`Lineage`] (itself and its ancestors); a parent appends its instance to
+//! the lineage of every worker of the adopted subtree at adoption, before any run exists, and
+//! the sub and child endpoints mark the whole lineage.
 
 use std::cell::RefCell;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+/// A worker's instance followed by the instances of its ancestors. Written only while the
+/// tree is being started (adoption); read by the endpoints of the worker's engine.
+pub(crate) type Lineage = Arc<RwLock<Vec<u64>>>;
+
+/// A new lineage of a worker nobody has adopted yet.
+pub(crate) fn lineage_of(instance: u64) -> Lineage {
+    Arc::new(RwLock::new(vec![instance]))
+}
 
 thread_local! {
     static ACTING_FOR: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
@@ -16,22 +34,32 @@ pub(crate) fn is_acting_for(instance: u64) -> bool {
 
 /// Marks the current thread as acting for `instance` until the guard drops (also on unwind).
 pub(crate) fn enter(instance: u64) -> ActingGuard {
-    ACTING_FOR.with(|s| s.borrow_mut().push(instance));
-    ActingGuard { instance }
+    enter_all(&[instance])
 }
 
-/// Pops the entry pushed by [`enter`].
+/// Marks the current thread as acting for every worker of `lineage` until the guard drops.
+pub(crate) fn enter_lineage(lineage: &Lineage) -> ActingGuard {
+    enter_all(&lineage.read())
+}
+
+fn enter_all(instances: &[u64]) -> ActingGuard {
+    let depth = ACTING_FOR.with(|s| {
+        let mut s = s.borrow_mut();
+        let depth = s.len();
+        s.extend_from_slice(instances);
+        depth
+    });
+    ActingGuard { depth }
+}
+
+/// Pops the entries pushed by [`enter`] or [`enter_lineage`]. Guards are scoped, so they drop
+/// in the reverse order of their creation and the stack is cut back to where this one began.
 pub(crate) struct ActingGuard {
-    instance: u64,
+    depth: usize,
 }
 
 impl Drop for ActingGuard {
     fn drop(&mut self) {
-        ACTING_FOR.with(|s| {
-            let mut s = s.borrow_mut();
-            if let Some(pos) = s.iter().rposition(|&i| i == self.instance) {
-                s.remove(pos);
-            }
-        });
+        ACTING_FOR.with(|s| s.borrow_mut().truncate(self.depth));
     }
 }

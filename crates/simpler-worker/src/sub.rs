@@ -17,7 +17,8 @@ use crate::run::panic_text;
 pub(crate) struct SubEndpoint {
     pub(crate) index: u32,
     pub(crate) level: u8,
-    pub(crate) instance: u64,
+    /// The level's worker and its ancestors: a host closure acts for all of them.
+    pub(crate) lineage: reentry::Lineage,
     pub(crate) registry: SharedRegistry,
 }
 
@@ -45,7 +46,7 @@ impl Endpoint for SubEndpoint {
                 reg.name
             )));
         };
-        let _acting = reentry::enter(self.instance);
+        let _acting = reentry::enter_lineage(&self.lineage);
         match catch_unwind(AssertUnwindSafe(|| f(task.args))) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => {

@@ -7,8 +7,8 @@
 //!
 //! # Close protocol
 //!
-//! 1. A caller acting for this worker (inside its callback, closure or child run) gets
-//!    `reentrant` at once.
+//! 1. A caller acting for this worker (inside its callback, closure or child run, or a
+//!    closure or run of a descendant worker) gets `reentrant` at once.
 //! 2. Lock the lifecycle. An attempt in flight → park until it ends and return its result. A
 //!    finished attempt → return its result again, unless it was a drain timeout: then retry.
 //! 3. Claim: lifecycle := `Closed`, attempt := in flight, unlock. New submissions,
@@ -98,6 +98,10 @@ pub(crate) struct Inner {
     pub(crate) registry: SharedRegistry,
     /// Registries of the subtree, for naming callables in lower frames.
     pub(crate) name_sources: Vec<SharedRegistry>,
+    /// This worker and its ancestors (see [`reentry`]).
+    pub(crate) lineage: reentry::Lineage,
+    /// The lineages of every worker below this one, extended when an ancestor adopts it.
+    pub(crate) subtree_lineages: Vec<reentry::Lineage>,
     body: Body,
     subs: usize,
     life: Mutex<Life>,
@@ -947,6 +951,8 @@ pub(crate) fn new_inner(
         label: format!("L{level} worker #{instance}"),
         registry: Arc::new(RwLock::new(registry)),
         name_sources,
+        lineage: reentry::lineage_of(instance),
+        subtree_lineages: Vec::new(),
         body,
         subs,
         life: Mutex::new(Life { state: Lifecycle::Ready, leases: 0, attempt: Attempt::None }),

@@ -5,12 +5,12 @@
 
 mod common;
 
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::Duration;
 
 use common::{HANG, host};
-use simpler_types::TaskArgs;
-use simpler_worker::Orchestration;
+use simpler_types::{CallConfig, TaskArgs, WorkerId};
+use simpler_worker::{Orchestration, Worker, WorkerError};
 
 /// Runs `body` on its own thread and returns its result, or `Err` naming `what` if it panicked
 /// or did not finish within [`HANG`].
@@ -63,4 +63,93 @@ fn start_with_a_duration_max_startup_timeout_starts() {
         l4.start().expect("start").close().is_ok()
     });
     assert_eq!(r, Ok(true));
+}
+
+/// What an L3 child's host closure did to its L4 parent, reported over a channel.
+type Report = mpsc::Receiver<String>;
+
+/// Starts an L4 worker whose one L3 child runs `act` (given the L4 worker) in a host closure,
+/// and submits one parent run that reaches that closure. The closure reports `act`'s answer.
+fn l4_with_child_closure(
+    act: impl Fn(&Worker) -> String + Send + Sync + 'static,
+) -> (Arc<Worker>, simpler_worker::RunHandle, Report) {
+    let parent: Arc<OnceLock<Arc<Worker>>> = Arc::new(OnceLock::new());
+    let p2 = Arc::clone(&parent);
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let mut l3 = host().sub_workers(1);
+    let inner = l3.register_host("acts_on_parent", move |_| {
+        let l4 = p2.get().ok_or("no parent")?;
+        let _ = tx.lock().map(|t| t.send(act(l4)));
+        Ok(())
+    });
+    let mut l4 = Worker::composite(4);
+    l4.child(l3).expect("child");
+    let gr = l4.register_graph("g", move |g, _, _| {
+        g.submit_sub(inner, TaskArgs::new())?;
+        Ok(())
+    });
+    let w = Arc::new(l4.start().expect("start"));
+    let _ = parent.set(Arc::clone(&w));
+    let h = w
+        .submit(Orchestration::graph(move |g, _, _| {
+            g.submit_next_level(gr, TaskArgs::new(), &CallConfig::default(), WorkerId(0))?;
+            Ok(())
+        }))
+        .expect("submit");
+    (w, h, rx)
+}
+
+#[test]
+fn run_and_close_on_an_l4_worker_from_its_l3_childs_host_closure_are_reentrant() {
+    let (w, h, rx) = l4_with_child_closure(|l4| {
+        let run = l4.run(Orchestration::graph(|_, _, _| Ok(())));
+        let submit = l4.submit(Orchestration::graph(|_, _, _| Ok(()))).map(|_| ());
+        let close = l4.close();
+        format!(
+            "{} {} {}",
+            matches!(run, Err(WorkerError::Reentrant { .. })),
+            matches!(submit, Err(WorkerError::Reentrant { .. })),
+            close.is_err_and(|e| e.reentrant)
+        )
+    });
+    assert_eq!(rx.recv_timeout(HANG).as_deref(), Ok("true true true"));
+    assert!(matches!(h.wait_timeout(HANG), Some(Ok(()))), "the parent run never finished");
+    // The parent's cycle through the OnceLock is broken by closing; the Arc is then dropped.
+    w.close().expect("close");
+}
+
+#[test]
+fn dropping_the_last_l4_handle_inside_its_l3_childs_host_closure_does_not_hang() {
+    let slot: Arc<Mutex<Option<Worker>>> = Arc::new(Mutex::new(None));
+    let s2 = Arc::clone(&slot);
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let gate = Arc::new(std::sync::Barrier::new(2));
+    let g2 = Arc::clone(&gate);
+    let mut l3 = host().sub_workers(1);
+    let inner = l3.register_host("drops_parent", move |_| {
+        g2.wait();
+        let last = s2.lock().map(|mut s| s.take()).ok().flatten();
+        drop(last);
+        let _ = tx.lock().map(|t| t.send(()));
+        Ok(())
+    });
+    let mut l4 = Worker::composite(4);
+    l4.child(l3).expect("child");
+    let gr = l4.register_graph("g", move |g, _, _| {
+        g.submit_sub(inner, TaskArgs::new())?;
+        Ok(())
+    });
+    let w = l4.start().expect("start");
+    let h = w
+        .submit(Orchestration::graph(move |g, _, _| {
+            g.submit_next_level(gr, TaskArgs::new(), &CallConfig::default(), WorkerId(0))?;
+            Ok(())
+        }))
+        .expect("submit");
+    *slot.lock().expect("slot") = Some(w);
+    gate.wait();
+    assert_eq!(rx.recv_timeout(HANG), Ok(()), "the drop inside the closure never returned");
+    assert!(h.wait_timeout(HANG).is_some(), "the parent run never finished");
 }
