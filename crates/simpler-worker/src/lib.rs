@@ -76,6 +76,7 @@
 mod builder;
 mod child;
 mod chip;
+mod deferred_drop;
 mod error;
 mod faults;
 mod graph;

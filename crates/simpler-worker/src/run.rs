@@ -30,6 +30,7 @@ use simpler_sched::RunOutcome;
 use simpler_types::{FailureMechanism, RunFailure, RunId};
 
 use crate::chip::LaneFence;
+use crate::deferred_drop;
 use crate::error::{Frame, RunError, RunErrorKind, frames_of_task};
 use crate::worker::Inner;
 
@@ -261,17 +262,8 @@ impl RunShared {
             self.cv.notify_all();
             std::mem::take(&mut cell.keep)
         };
-        drop_logged(self.run, keep);
+        deferred_drop::drop_logged(Some(self.run), keep);
         result
-    }
-}
-
-/// Drops each value under `catch_unwind`, logging a panic with the run's id.
-pub(crate) fn drop_logged(run: RunId, values: Vec<Box<dyn Any + Send>>) {
-    for v in values {
-        if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(v))) {
-            tracing::error!(%run, "a keep-alive value panicked while dropped: {}", panic_text(p.as_ref()));
-        }
     }
 }
 

@@ -47,6 +47,7 @@ use simpler_types::{
 
 use crate::builder::{ChipWorkerBuilder, CompositeWorkerBuilder, HostWorkerBuilder};
 use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence, Residue};
+use crate::deferred_drop;
 use crate::error::{
     BoxError, BuildFailure, CloseError, DrainTimeout, Frame, RunError, RunErrorKind, TeardownError,
     WorkerError,
@@ -57,7 +58,7 @@ use crate::handle::{
 };
 use crate::memory::ChipMemory;
 use crate::reentry;
-use crate::run::{Fence, RunHandle, RunShared, drop_logged, frames_of, kind_of, panic_text};
+use crate::run::{Fence, RunHandle, RunShared, frames_of, kind_of, panic_text};
 
 /// The public lifecycle of a started worker.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -287,7 +288,12 @@ impl Inner {
 
     fn flush_removals(&self) {
         let dropped = self.registry.write().flush_removals();
-        drop(dropped);
+        // Outside the registry lock, and after the enclosing admission or close (module docs
+        // of `deferred_drop`).
+        deferred_drop::drop_logged(
+            None,
+            dropped.into_iter().map(|r| Box::new(r) as Box<dyn Any + Send>).collect(),
+        );
         let pending = std::mem::take(&mut *self.chip_pending.lock());
         for (id, chips) in pending {
             for chip in chips {
@@ -323,6 +329,9 @@ impl Inner {
         if reentry::is_acting_for(self.instance) {
             return Err(CloseError { reentrant: true, ..CloseError::default() });
         }
+        // Keep-alives of runs published by this attempt are dropped when it has ended (after
+        // step 7), so one whose drop closes the worker sees the finished attempt.
+        let _deferred = deferred_drop::scope();
         // 2.
         let mut life = self.life.lock();
         loop {
@@ -729,6 +738,9 @@ impl Worker {
     /// drained and retired; task and device errors belong to the handle.
     pub fn submit(&self, orch: Orchestration) -> Result<RunHandle, WorkerError> {
         self.inner.reentrant("submit")?;
+        // Declared before the lease and the admission lock, so it drops what it parked after
+        // both are released (a keep-alive whose drop closes the worker waits for leases).
+        let _deferred = deferred_drop::scope();
         let _lease = self.inner.lease()?;
         let admission = self.inner.admission.lock();
         // Wait, as an ordinary waiter, until every earlier accepted run is published.
@@ -774,7 +786,7 @@ impl Worker {
             message: "the lane dropped the run".into(),
         })?;
         if let Err(e) = prepared {
-            drop_logged(run, keep);
+            deferred_drop::drop_logged(Some(run), keep);
             return Err(WorkerError::Build { run, cause: BuildFailure::Device(Box::new(e)) });
         }
         let shared = RunShared::new(run, Arc::clone(&self.inner), Fence::Lane(fence));

@@ -153,3 +153,60 @@ fn dropping_the_last_l4_handle_inside_its_l3_childs_host_closure_does_not_hang()
     assert_eq!(rx.recv_timeout(HANG), Ok(()), "the drop inside the closure never returned");
     assert!(h.wait_timeout(HANG).is_some(), "the parent run never finished");
 }
+
+/// A keep-alive that, when dropped, submits to or closes the worker it was given to.
+struct TouchesWorkerOnDrop {
+    worker: Arc<Mutex<Option<Arc<Worker>>>>,
+    close: bool,
+    report: mpsc::Sender<bool>,
+}
+
+impl Drop for TouchesWorkerOnDrop {
+    fn drop(&mut self) {
+        let w = self.worker.lock().ok().and_then(|mut w| w.take());
+        if let Some(w) = w {
+            let ok = if self.close {
+                w.close().is_ok()
+            } else {
+                w.submit(Orchestration::graph(|_, _, _| Ok(()))).is_ok()
+            };
+            let _ = self.report.send(ok);
+        }
+    }
+}
+
+/// Submits a run nobody waits for, carrying a [`TouchesWorkerOnDrop`]; then a second thread
+/// submits again (or closes), which publishes the first run and drops its keep-alive. Returns
+/// what the keep-alive's own submit or close answered.
+fn keep_alive_touching_the_worker_when_dropped(close: bool) -> Result<bool, String> {
+    let slot = Arc::new(Mutex::new(None));
+    let (tx, rx) = mpsc::channel();
+    let mut b = host().sub_workers(1);
+    let h = b.register_host("noop", |_| Ok(()));
+    let w = Arc::new(b.start().expect("start"));
+    *slot.lock().expect("slot") = Some(Arc::clone(&w));
+    let keep = TouchesWorkerOnDrop { worker: slot, close, report: tx };
+    let orch = Orchestration::graph(move |g, _, _| {
+        g.submit_sub(h, TaskArgs::new())?;
+        Ok(())
+    });
+    drop(w.submit(orch.keep_alive(keep)).expect("submit"));
+    std::thread::spawn(move || {
+        if close {
+            let _ = w.close();
+        } else {
+            let _ = w.submit(Orchestration::graph(|_, _, _| Ok(())));
+        }
+    });
+    rx.recv_timeout(HANG).map_err(|e| format!("the keep-alive's drop never returned: {e:?}"))
+}
+
+#[test]
+fn a_keep_alive_dropped_by_the_next_submit_may_submit_to_the_worker() {
+    assert_eq!(keep_alive_touching_the_worker_when_dropped(false), Ok(true));
+}
+
+#[test]
+fn a_keep_alive_dropped_by_close_may_close_the_worker() {
+    assert_eq!(keep_alive_touching_the_worker_when_dropped(true), Ok(true));
+}

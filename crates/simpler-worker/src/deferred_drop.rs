@@ -1,0 +1,93 @@
+//! Deferred drops (spec 40 §4 rule 5): keep-alive values and unregistered closures run user
+//! code when dropped, and that code may call back into the worker (submit, close). They are
+//! therefore never dropped while the worker holds a lock or has a close attempt in flight.
+//!
+//! Protocol, per thread:
+//! 1. `submit` opens a [`scope`] before it takes the admission lock; `close` opens one before
+//!    its attempt begins.
+//! 2. While a scope is open on the thread, [`drop_logged`] parks the values in it instead of
+//!    dropping them. Nested scopes (a callback submitting to another worker) add to the
+//!    outermost one, so nothing is dropped while any enclosing lock is still held.
+//! 3. When the outermost scope's guard drops (after the admission lock was released, or after
+//!    close published its result), it drops every parked value, each under `catch_unwind`.
+//!
+//! With no scope open (a waiter publishing its run), values are dropped at once: the waiter
+//! holds no lock of the worker at that point.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use simpler_types::RunId;
+
+use crate::run::panic_text;
+
+/// A value to drop later, with the run it belonged to (for the log), if any.
+type Parked = (Option<RunId>, Box<dyn Any + Send>);
+
+thread_local! {
+    /// The outermost open scope's parked values; `None` when no scope is open.
+    static PARKED: RefCell<Option<Vec<Parked>>> = const { RefCell::new(None) };
+}
+
+/// Opens a scope on this thread (step 1); see the module docs.
+pub(crate) fn scope() -> ScopeGuard {
+    let outermost = PARKED.with(|p| {
+        let mut p = p.borrow_mut();
+        let outermost = p.is_none();
+        if outermost {
+            *p = Some(Vec::new());
+        }
+        outermost
+    });
+    ScopeGuard { outermost }
+}
+
+/// Closes the scope opened by [`scope`] and, if outermost, drops what it parked (step 3).
+pub(crate) struct ScopeGuard {
+    outermost: bool,
+}
+
+impl Drop for ScopeGuard {
+    fn drop(&mut self) {
+        if !self.outermost {
+            return;
+        }
+        // The scope is closed before any value is dropped, so a value whose drop submits or
+        // closes opens a fresh scope of its own.
+        let parked = PARKED.with(|p| p.borrow_mut().take()).unwrap_or_default();
+        for (run, v) in parked {
+            drop_now(run, v);
+        }
+    }
+}
+
+/// Drops each value, or parks it in the open scope (step 2).
+pub(crate) fn drop_logged(run: Option<RunId>, values: Vec<Box<dyn Any + Send>>) {
+    let rest = PARKED.with(|p| match p.borrow_mut().as_mut() {
+        Some(parked) => {
+            parked.extend(values.into_iter().map(|v| (run, v)));
+            Vec::new()
+        }
+        None => values,
+    });
+    for v in rest {
+        drop_now(run, v);
+    }
+}
+
+fn drop_now(run: Option<RunId>, v: Box<dyn Any + Send>) {
+    if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(v))) {
+        match run {
+            Some(run) => tracing::error!(
+                %run,
+                "a keep-alive value panicked while dropped: {}",
+                panic_text(p.as_ref())
+            ),
+            None => tracing::error!(
+                "an unregistered closure panicked while dropped: {}",
+                panic_text(p.as_ref())
+            ),
+        }
+    }
+}
