@@ -27,6 +27,7 @@ use simpler_types::{
 
 use crate::error::{MemError, WorkerError};
 use crate::faults::{Fault, Faults};
+use crate::run::panic_text;
 
 /// One registered content on one chip.
 struct Prepared {
@@ -336,7 +337,12 @@ impl ChipLane {
         let thread = std::thread::Builder::new().name(name).spawn(move || {
             let mut state = state;
             while let Ok(job) = rx.recv() {
-                job(&mut state);
+                // A panicking job (a user closure given to the lane) must not stop the lane:
+                // every later call and the final teardown still need it. The job's own result
+                // channel is dropped by the unwind, which its caller reports.
+                if let Err(p) = catch_unwind(AssertUnwindSafe(|| job(&mut state))) {
+                    tracing::error!(%chip, "a chip lane job panicked: {}", panic_text(p.as_ref()));
+                }
             }
             state.finalize()
         })?;
@@ -357,12 +363,19 @@ impl ChipLane {
     ) -> Result<R, WorkerError> {
         let (tx, rx) = mpsc::sync_channel(1);
         self.post(Box::new(move |s| {
-            let _ = tx.send(f(s));
+            let _ = tx
+                .send(catch_unwind(AssertUnwindSafe(|| f(s))).map_err(|p| panic_text(p.as_ref())));
         }))?;
-        rx.recv().map_err(|_| WorkerError::Lane {
-            chip: self.chip,
-            message: "the job was dropped".into(),
-        })
+        match rx.recv() {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(text)) => Err(WorkerError::Lane {
+                chip: self.chip,
+                message: format!("the call panicked on the lane: {text}"),
+            }),
+            Err(_) => {
+                Err(WorkerError::Lane { chip: self.chip, message: "the job was dropped".into() })
+            }
+        }
     }
 
     /// Stops the lane after its queued jobs and joins it; returns teardown residue.
@@ -413,8 +426,27 @@ impl ChipState {
         runner.prepare(&RunRequest::new(run, slot, args, config))
     }
 
-    /// L2 launch, reap and complete of the prepared run.
+    /// L2 launch, reap and complete of the prepared run. A panic on the way is caught and
+    /// becomes the run's error, so its fence is always set and no waiter hangs.
     pub(crate) fn launch_and_reap(&mut self) -> Result<(), DeviceError> {
+        catch_unwind(AssertUnwindSafe(|| self.launch_reap_complete())).unwrap_or_else(|p| {
+            // Best effort: a run that was prepared but not launched is dropped, so the next
+            // prepare is not refused. A launched one stays where the device left it, and the
+            // next device call reports that state.
+            let _ = catch_unwind(AssertUnwindSafe(|| {
+                self.runner.as_mut().map(DeviceRunner::abandon_prepared)
+            }));
+            Err(DeviceError::Busy {
+                call: "launch",
+                state: format!("the launch panicked: {}", panic_text(p.as_ref())),
+            })
+        })
+    }
+
+    fn launch_reap_complete(&mut self) -> Result<(), DeviceError> {
+        if self.faults.hit(self.chip, Fault::LaunchPanic) {
+            panic!("injected panic in launch");
+        }
         let runner = self
             .runner
             .as_mut()

@@ -21,6 +21,8 @@ pub(crate) enum Fault {
     Finalize,
     /// Finalizing the chip leaves a device thread behind.
     Leak,
+    /// Launching an L2 run panics on the lane.
+    LaunchPanic,
 }
 
 /// The faults armed for the chips of one worker.
@@ -195,6 +197,30 @@ mod tests {
         assert_eq!(w.chip_callable_refs(WorkerId(0), fresh.id()).expect("refs"), 0);
         w.register_chip_on(&fresh, &[WorkerId(1)]).expect("usable on chip 1");
         w.unregister(existing).expect("existing handle still valid");
+        w.close().expect("close");
+    }
+
+    #[test]
+    fn a_panic_on_the_l2_lane_fails_the_run_and_the_lane_keeps_serving() {
+        let mut b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph);
+        let h = b.register_chip(content(3));
+        let faults = b.faults();
+        let w = b.start().expect("start");
+        faults.arm(0, Fault::LaunchPanic);
+        let run = w.submit(crate::Orchestration::chip(h, simpler_types::TaskArgs::new()));
+        let waited = run.expect("prepared").wait_timeout(std::time::Duration::from_secs(60));
+        let e = waited.expect("the run's fence is set").expect_err("the launch panicked");
+        assert!(e.to_string().contains("the launch panicked"), "{e}");
+        faults.disarm(0, Fault::LaunchPanic);
+
+        // A user closure panicking on the lane fails that call only.
+        let r = w.with_sim_faults(WorkerId(0), |_| panic!("user closure panics"));
+        assert!(
+            matches!(&r, Err(WorkerError::Lane { message, .. }) if message.contains("panicked")),
+            "{r:?}"
+        );
+        w.memory().expect("memory").malloc(64).expect("the lane still serves");
+        w.run(crate::Orchestration::chip(h, simpler_types::TaskArgs::new())).expect("run");
         w.close().expect("close");
     }
 
