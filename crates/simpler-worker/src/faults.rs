@@ -201,6 +201,32 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_unregistration_on_one_chip_still_releases_the_others_and_names_the_failures() {
+        let b = host().chips(&[0, 1, 2]);
+        let faults = b.faults();
+        let w = b.start().expect("start");
+        let c = content(4);
+        let h = w.register_chip(&c).expect("register");
+        faults.arm(0, Fault::Unregister);
+        match w.unregister(h).expect_err("chip 0 fails") {
+            WorkerError::Registration { chip, rollback_failed, .. } => {
+                assert_eq!(chip, WorkerId(0));
+                assert_eq!(rollback_failed, vec![WorkerId(0)]);
+            }
+            other => panic!("unexpected {other}"),
+        }
+        faults.disarm(0, Fault::Unregister);
+        for chip in [1, 2] {
+            assert_eq!(w.chip_callable_refs(WorkerId(chip), c.id()).expect("refs"), 0);
+        }
+        assert!(matches!(
+            w.register_chip(&c),
+            Err(WorkerError::CallableUnusable { chip: WorkerId(0), .. })
+        ));
+        w.close().expect("close");
+    }
+
+    #[test]
     fn a_panic_on_the_l2_lane_fails_the_run_and_the_lane_keeps_serving() {
         let mut b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph);
         let h = b.register_chip(content(3));

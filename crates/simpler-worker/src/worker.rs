@@ -25,9 +25,12 @@
 //!
 //! # Locks
 //!
-//! Lock order: the admission lock, then the chip-registration lock, then (one at a time) a
-//! run's cell, the accepted set, the lifecycle lock, the registry, the pending-chip list, the
-//! owned-allocation map. The admission lock is held across a submit's callback (a callback
+//! Lock order: the admission lock, then the chip-registration lock, then the inner locks.
+//! Two inner locks are nested: the lifecycle lock before the accepted set (close counts the
+//! pending runs when a drain times out) and the registry write lock before the accepted set
+//! and the pending-chip list (unregister decides and queues a deferred removal atomically with
+//! respect to admission and retirement). Every other inner lock (a run's cell, the
+//! owned-allocation map) is taken alone. The admission lock is held across a submit's callback (a callback
 //! may still register: registration never takes it); nothing else is held while user code
 //! runs or while waiting for a run.
 
@@ -672,8 +675,11 @@ impl Worker {
             return Err(WorkerError::ForeignHandle { handle });
         }
         let _lease = self.inner.lease()?;
-        let live = !self.inner.accepted.lock().is_empty();
         let mut reg = self.inner.registry.write();
+        // Read under the registry write lock: a submit joins the accepted set before it looks
+        // a callable up, so either this sees its run (and defers the removal) or the submit's
+        // lookup comes after the removal (and gets `UnknownCallable`).
+        let live = !self.inner.accepted.lock().is_empty();
         let Some((id, r)) = reg.handles.remove(&handle.seq) else {
             return Err(WorkerError::UnknownCallable { handle });
         };
@@ -688,28 +694,45 @@ impl Worker {
         } else if last {
             reg.runnable.remove(&id);
         }
+        let Entry::Chip(chips) = r.entry else {
+            drop(reg);
+            drop(dropped);
+            return Ok(());
+        };
+        if live {
+            // Queued under the registry lock so that the flush of the retiring last run, which
+            // takes that lock first, cannot miss it.
+            self.inner.chip_pending.lock().push((id, chips));
+            return Ok(());
+        }
         drop(reg);
-        drop(dropped);
-        if let Entry::Chip(chips) = r.entry {
-            if live {
-                self.inner.chip_pending.lock().push((id, chips));
-            } else {
-                for chip in chips {
-                    match self.inner.on_chip(chip, move |s| s.release(&id))? {
-                        Ok(()) => {}
-                        Err(e) => {
-                            return Err(WorkerError::Registration {
-                                callable: r.name.to_string(),
-                                chip,
-                                source: Box::new(e),
-                                rollback_failed: vec![chip],
-                            });
-                        }
-                    }
-                }
+        // Every chip is tried; a failed removal leaves that pair unusable (the chip state
+        // marks it), as a failed registration rollback does.
+        let mut first: Option<(WorkerId, DeviceError)> = None;
+        let mut failed = Vec::new();
+        for chip in chips {
+            let released = match self.inner.on_chip(chip, move |s| s.release(&id)) {
+                Ok(r) => r,
+                Err(e) => Err(DeviceError::Busy {
+                    call: "unregister_callable",
+                    state: format!("the chip lane refused the call: {e}"),
+                }),
+            };
+            if let Err(e) = released {
+                tracing::warn!(%chip, callable = %r.name, "unregistration failed: {e}");
+                failed.push(chip);
+                first.get_or_insert((chip, e));
             }
         }
-        Ok(())
+        match first {
+            None => Ok(()),
+            Some((chip, e)) => Err(WorkerError::Registration {
+                callable: r.name.to_string(),
+                chip,
+                source: Box::new(e),
+                rollback_failed: failed,
+            }),
+        }
     }
 
     /// Runs `f` with the fault plan of simulated chip `chip` (on its lane, behind queued
