@@ -20,6 +20,7 @@
 //! endpoints finalize their chip or close their child when dropped, into the residue list the
 //! builder then reads.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
@@ -41,6 +42,7 @@ use crate::handle::{
     CallableHandle, Entry, GraphFn, HostFn, Registration, Registry, SharedRegistry,
 };
 use crate::reentry;
+use crate::run::panic_text;
 use crate::worker::{Body, Worker, new_inner};
 
 /// Worker instance numbers: they only tell handles of different workers apart.
@@ -300,7 +302,9 @@ fn attach_chips(
         let chip_path = format!("{path} / chip {i} (device {device})");
         let spawned =
             std::thread::Builder::new().name(format!("simpler-attach-{device}")).spawn(move || {
-                let r = (|| {
+                // A panic (in the user's `chip_options` closure, or below) is caught here and
+                // reported as this chip's failure; uncaught, it would look like a timeout.
+                let r = catch_unwind(AssertUnwindSafe(|| {
                     let chip = WorkerId(i as u32);
                     if faults.hit(chip, Fault::Attach) {
                         return Err(DeviceError::Busy {
@@ -325,8 +329,14 @@ fn attach_chips(
                         state.register(c)?;
                     }
                     Ok::<_, DeviceError>(state)
-                })();
-                let _ = tx.send((i, r.map_err(|e| (e.device_code(), e.to_string()))));
+                }));
+                let r = match r {
+                    Ok(r) => r.map_err(|e| (e.device_code(), e.to_string())),
+                    Err(p) => {
+                        Err((None, format!("the attach panicked: {}", panic_text(p.as_ref()))))
+                    }
+                };
+                let _ = tx.send((i, r));
             });
         match spawned {
             Ok(t) => attachers.push(Some(t)),

@@ -210,3 +210,20 @@ fn a_keep_alive_dropped_by_the_next_submit_may_submit_to_the_worker() {
 fn a_keep_alive_dropped_by_close_may_close_the_worker() {
     assert_eq!(keep_alive_touching_the_worker_when_dropped(true), Ok(true));
 }
+
+#[test]
+fn a_panic_while_attaching_a_chip_is_a_device_error_naming_the_chip() {
+    let e = host()
+        .chips(&[0, 1])
+        .chip_options(|o| if o.device_id == 1 { panic!("options refused") } else { o })
+        .start()
+        .expect_err("chip 1 panics");
+    match &e.cause {
+        simpler_worker::StartCause::Device { chip, message, .. } => {
+            assert_eq!(*chip, WorkerId(1), "{e}");
+            assert!(message.contains("options refused"), "{e}");
+        }
+        other => panic!("unexpected cause {other:?}"),
+    }
+    assert!(e.path.contains("chip 1 (device 1)"), "{}", e.path);
+}
