@@ -250,6 +250,61 @@ mod tests {
         w.close().expect("close");
     }
 
+    /// Counts its drops: registered closures are dropped once, after the teardown.
+    struct DropCounter(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Drop for DropCounter {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn concurrent_closes_run_the_teardown_once_and_share_its_result() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::{Arc, Barrier};
+
+        let drops = Arc::new(AtomicUsize::new(0));
+        let counter = DropCounter(Arc::clone(&drops));
+        let gate = Arc::new(Barrier::new(2));
+        let g2 = Arc::clone(&gate);
+        let mut b = host().chips(&[0]).sub_workers(1);
+        let hold = b.register_host("hold", move |_| {
+            let _ = &counter;
+            g2.wait();
+            Ok(())
+        });
+        b.faults().arm(0, Fault::Leak);
+        let w = Arc::new(b.start().expect("start"));
+        let run = w
+            .submit(crate::Orchestration::graph(move |g, _, _| {
+                g.submit_sub(hold, simpler_types::TaskArgs::new())?;
+                Ok(())
+            }))
+            .expect("submit");
+        let start = Arc::new(Barrier::new(5));
+        let closers: Vec<_> = (0..4)
+            .map(|_| {
+                let (w, start) = (Arc::clone(&w), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    start.wait();
+                    w.close()
+                })
+            })
+            .collect();
+        start.wait();
+        gate.wait();
+        let results: Vec<_> = closers.into_iter().map(|t| t.join().expect("closer")).collect();
+        let first = results[0].clone().expect_err("the chip leaks");
+        // One teardown: one residue entry, the same for every closer, closures dropped once.
+        assert_eq!(first.leaked, vec!["chip 0: stuck device thread (injected)".to_owned()]);
+        for r in &results {
+            assert_eq!(r.as_ref().expect_err("same result").leaked, first.leaked);
+        }
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert!(run.is_done());
+    }
+
     #[test]
     fn residue_after_teardown_is_leaked_and_replayed_by_later_closes() {
         // L2: the lane's chip leaves a device thread behind.

@@ -7,8 +7,9 @@
 //!
 //! 1. Lock the run's cell. Published → return a clone. Another waiter elected → park until
 //!    publication, un-election or the deadline (`None`). Else become elected; unlock.
-//! 2. Wait for the fence with the remaining deadline. On expiry: relock, un-elect, wake every
-//!    parked waiter (one of them takes over) and return `None`. The run is untouched.
+//! 2. Wait for the fence with the remaining deadline. On expiry (or an unwind out of the wait):
+//!    relock, un-elect, wake every parked waiter (one of them takes over) and return `None`.
+//!    The run is untouched.
 //! 3. The fence fired: arm an [`ElectionGuard`]. If the thread unwinds before step 5 its `Drop`
 //!    publishes `CleanupInterrupted` and retires the run, so no waiter is stranded.
 //! 4. Run the cleanup steps in order, each isolated (`Result` and `catch_unwind`): release the
@@ -127,13 +128,13 @@ impl RunShared {
                 }
             }
         }
-        // 2.
+        // 2. Until step 3 the guard un-elects this thread on every way out (expiry, or an
+        // unwind out of the fence wait), so a parked waiter always takes over.
+        let mut unelect = UnelectGuard { run: self, armed: true };
         if !self.wait_fence(deadline) {
-            let mut cell = self.cell.lock();
-            cell.elected = false;
-            self.cv.notify_all();
             return None;
         }
+        unelect.armed = false;
         // 3.
         let mut guard = ElectionGuard { run: self, armed: true };
         // 4.
@@ -264,6 +265,22 @@ impl RunShared {
         };
         deferred_drop::drop_logged(Some(self.run), keep);
         result
+    }
+}
+
+/// Un-elects the elected waiter and wakes the parked ones unless disarmed (step 2).
+struct UnelectGuard<'a> {
+    run: &'a RunShared,
+    armed: bool,
+}
+
+impl Drop for UnelectGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut cell = self.run.cell.lock();
+            cell.elected = false;
+            self.run.cv.notify_all();
+        }
     }
 }
 
@@ -506,6 +523,51 @@ mod tests {
         assert_eq!(e.kind(), &RunErrorKind::CleanupInterrupted);
         w.inner.injected.lock().clear();
         w.close().expect("close does not hang");
+    }
+
+    #[test]
+    fn an_elected_waiter_unwinding_before_the_fence_lets_another_take_over() {
+        let (w, hold, gate) = held_worker();
+        let handle = w.submit(one(hold)).expect("submit");
+        let shared = Arc::clone(&handle.shared);
+        // Simulate a waiter elected in step 1 that unwinds out of the fence wait.
+        shared.cell.lock().elected = true;
+        {
+            let _unelect = UnelectGuard { run: &shared, armed: true };
+        }
+        gate.wait();
+        assert!(matches!(handle.wait_timeout(Duration::from_secs(60)), Some(Ok(()))));
+        w.close().expect("close");
+    }
+
+    /// Runs `close` on a thread; `None` if it did not return within a generous bound.
+    fn close_within_bound(w: Worker) -> Option<Result<(), crate::CloseError>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(w.close());
+        });
+        rx.recv_timeout(Duration::from_secs(60)).ok()
+    }
+
+    #[test]
+    fn close_does_not_spin_on_a_published_run_whose_retire_step_failed() {
+        let (w, _, _, handle) = run_meeting_cleanup_failure("retire", false);
+        let e = handle.wait().expect_err("cleanup failed");
+        assert_eq!(e.kind(), &RunErrorKind::CleanupFailed { step: "retire" });
+        w.inner.injected.lock().clear();
+        assert!(!w.inner.accepted.lock().is_empty(), "the failed retire left the run accepted");
+        assert!(close_within_bound(w).is_some(), "close spun on the published run");
+    }
+
+    #[test]
+    fn a_close_attempt_that_unwinds_publishes_a_failed_result_for_every_closer() {
+        let (w, _, _) = held_worker();
+        w.inject_cleanup_failure("teardown", true);
+        let unwound = catch_unwind(AssertUnwindSafe(|| w.close()));
+        assert!(unwound.is_err(), "the injected teardown panic unwinds out of close");
+        w.inner.injected.lock().clear();
+        let e = close_within_bound(w).expect("a later close returns").expect_err("failed");
+        assert!(e.to_string().contains("the close attempt unwound"), "{e}");
     }
 
     #[test]

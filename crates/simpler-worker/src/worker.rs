@@ -126,6 +126,34 @@ pub(crate) struct Inner {
     pub(crate) injected: Mutex<Vec<(&'static str, bool)>>,
 }
 
+/// Ends a claimed close attempt that unwound: publishes a failed result, so that parked and
+/// later closers return instead of waiting for an attempt that will never finish. Every normal
+/// way out of `close` has published its result already, which the guard leaves alone.
+struct AttemptGuard<'a> {
+    inner: &'a Inner,
+    claimed: bool,
+}
+
+impl Drop for AttemptGuard<'_> {
+    fn drop(&mut self) {
+        if !self.claimed {
+            return;
+        }
+        let mut life = self.inner.life.lock();
+        if matches!(life.attempt, Attempt::InFlight) {
+            let err = CloseError {
+                teardown: vec![TeardownError {
+                    what: self.inner.label.clone(),
+                    message: "the close attempt unwound before it finished".into(),
+                }],
+                ..CloseError::default()
+            };
+            life.attempt = Attempt::Done(Err(err));
+            self.inner.life_cv.notify_all();
+        }
+    }
+}
+
 /// An operation lease: `close` waits for every lease before it drains runs.
 pub(crate) struct Lease<'a> {
     inner: &'a Inner,
@@ -335,6 +363,9 @@ impl Inner {
         // Keep-alives of runs published by this attempt are dropped when it has ended (after
         // step 7), so one whose drop closes the worker sees the finished attempt.
         let _deferred = deferred_drop::scope();
+        // Declared before the lifecycle lock so that on an unwind it runs after that lock
+        // was released.
+        let mut unwinding = AttemptGuard { inner: self, claimed: false };
         // 2.
         let mut life = self.life.lock();
         loop {
@@ -349,6 +380,7 @@ impl Inner {
         // 3.
         life.state = Lifecycle::Closed;
         life.attempt = Attempt::InFlight;
+        unwinding.claimed = true;
         // 4.
         while life.leases > 0 {
             let timed_out = match deadline {
@@ -380,7 +412,12 @@ impl Inner {
             let Some(run) = next else { break };
             let published = run.wait_until(deadline);
             match published {
-                Some(r) => self.note_published(&run, &r),
+                Some(r) => {
+                    self.note_published(&run, &r);
+                    // Normally the cleanup retired it already; if its retire step failed, the
+                    // run would stay at the front and this loop would spin on it.
+                    self.retire(&run);
+                }
                 None => {
                     let pending_runs = self.accepted.lock().len();
                     let err = CloseError {
@@ -423,6 +460,9 @@ impl Inner {
     }
 
     fn teardown(&self, result: &mut CloseError) {
+        if let Err(message) = self.inject("teardown") {
+            result.teardown.push(TeardownError { what: self.label.clone(), message });
+        }
         let residue = match &self.body {
             Body::Chip(lane) => lane.stop(),
             Body::Engine { engine, residue, .. } => {
