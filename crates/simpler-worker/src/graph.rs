@@ -61,6 +61,12 @@ impl Orchestration {
     }
 
     /// An L3+ run: `f` builds the graph on the calling thread.
+    ///
+    /// `f` (like every [`keep_alive`](Self::keep_alive) value) lives until the run's result is
+    /// published. A worker shared in an `Arc` must not be captured here as an `Arc` by a run
+    /// nobody waits for: the worker holds the run until it is published, the run holds the
+    /// worker, and the cycle keeps the worker and its threads alive for good. Capture a
+    /// `Weak<Worker>` and upgrade it inside instead.
     pub fn graph(
         f: impl FnMut(&mut GraphBuilder<'_>, TaskArgsView<'_>, &CallConfig) -> Result<(), BoxError>
         + Send
@@ -88,7 +94,10 @@ impl Orchestration {
         self
     }
 
-    /// Keeps `value` alive until the run's result is published.
+    /// Keeps `value` alive until the run's result is published (by a waiter, the next
+    /// submit or `close`), then drops it on the publishing thread outside every lock of the
+    /// worker. An `Arc` of this same worker kept here by a run nobody waits for is a cycle
+    /// that never closes the worker (see [`graph`](Self::graph)); keep a `Weak` instead.
     #[must_use]
     pub fn keep_alive(mut self, value: impl Send + 'static) -> Orchestration {
         self.keep.push(Box::new(value));
