@@ -91,3 +91,31 @@ fn drop_now(run: Option<RunId>, v: Box<dyn Any + Send>) {
         }
     }
 }
+
+/// Values a submit has not handed to its run yet. If the submit returns early (a refused
+/// orchestration, a closed engine), they are dropped through [`drop_logged`], so inside the
+/// submit's scope rather than under its admission lock.
+pub(crate) struct Pending(Vec<Box<dyn Any + Send>>);
+
+impl Pending {
+    /// Holds `values` until [`take`](Self::take) or the drop.
+    pub(crate) fn new(values: Vec<Box<dyn Any + Send>>) -> Pending {
+        Pending(values)
+    }
+
+    /// Adds a value to drop the same way.
+    pub(crate) fn push(&mut self, value: impl Send + 'static) {
+        self.0.push(Box::new(value));
+    }
+
+    /// Hands the values over (to the run that keeps them alive).
+    pub(crate) fn take(&mut self) -> Vec<Box<dyn Any + Send>> {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        drop_logged(None, self.take());
+    }
+}

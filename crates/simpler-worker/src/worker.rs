@@ -818,8 +818,14 @@ impl Worker {
 
     fn submit_chip(&self, lane: &ChipLane, orch: Orchestration) -> Result<RunHandle, WorkerError> {
         let Orchestration { body, args, config, keep } = orch;
-        let OrchBody::Chip(handle) = body else {
-            return Err(WorkerError::WrongLevel { op: "a graph orchestration", level: 2 });
+        // User values not yet owned by a run: an early return drops them outside admission.
+        let mut keep = deferred_drop::Pending::new(keep);
+        let handle = match body {
+            OrchBody::Chip(handle) => handle,
+            other => {
+                keep.push(other);
+                return Err(WorkerError::WrongLevel { op: "a graph orchestration", level: 2 });
+            }
         };
         if handle.worker != self.inner.instance {
             return Err(WorkerError::ForeignHandle { handle });
@@ -849,11 +855,11 @@ impl Worker {
             message: "the lane dropped the run".into(),
         })?;
         if let Err(e) = prepared {
-            deferred_drop::drop_logged(Some(run), keep);
+            deferred_drop::drop_logged(Some(run), keep.take());
             return Err(WorkerError::Build { run, cause: BuildFailure::Device(Box::new(e)) });
         }
         let shared = RunShared::new(run, Arc::clone(&self.inner), Fence::Lane(fence));
-        shared.keep(keep);
+        shared.keep(keep.take());
         shared.keep([Box::new(pin) as Box<dyn Any + Send>]);
         self.inner.accepted.lock().push_back(Arc::clone(&shared));
         Ok(RunHandle { shared })
@@ -861,16 +867,28 @@ impl Worker {
 
     fn submit_graph(&self, engine: &Engine, orch: Orchestration) -> Result<RunHandle, WorkerError> {
         let Orchestration { body, args, config, keep } = orch;
-        let OrchBody::Graph(mut f) = body else {
-            return Err(WorkerError::WrongLevel {
-                op: "a chip orchestration",
-                level: self.inner.level,
-            });
+        // User values not yet owned by a run: an early return drops them outside admission.
+        let mut keep = deferred_drop::Pending::new(keep);
+        let mut f = match body {
+            OrchBody::Graph(f) => f,
+            other => {
+                keep.push(other);
+                return Err(WorkerError::WrongLevel {
+                    op: "a chip orchestration",
+                    level: self.inner.level,
+                });
+            }
         };
-        let rb = engine.begin_run().map_err(|e| match e {
-            simpler_sched::SchedError::ShuttingDown => WorkerError::Closed,
-            other => WorkerError::Engine(other),
-        })?;
+        let rb = match engine.begin_run() {
+            Ok(rb) => rb,
+            Err(e) => {
+                keep.push(f);
+                return Err(match e {
+                    simpler_sched::SchedError::ShuttingDown => WorkerError::Closed,
+                    other => WorkerError::Engine(other),
+                });
+            }
+        };
         let run = rb.id();
         let shared = RunShared::new(run, Arc::clone(&self.inner), Fence::Engine);
         self.inner.accepted.lock().push_back(Arc::clone(&shared));
@@ -893,7 +911,7 @@ impl Worker {
             Err(p) => Some(BuildFailure::Panicked(panic_text(p.as_ref()))),
         };
         shared.keep([Box::new(f) as Box<dyn Any + Send>, Box::new(args), Box::new(config)]);
-        shared.keep(keep);
+        shared.keep(keep.take());
         shared.keep(graph_keep);
         shared.keep(pins.into_iter().map(|p| Box::new(p) as Box<dyn Any + Send>));
         match (failure, rb) {

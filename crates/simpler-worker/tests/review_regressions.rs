@@ -227,3 +227,23 @@ fn a_panic_while_attaching_a_chip_is_a_device_error_naming_the_chip() {
     }
     assert!(e.path.contains("chip 1 (device 1)"), "{}", e.path);
 }
+
+#[test]
+fn a_keep_alive_of_a_refused_orchestration_may_submit_to_the_worker_when_dropped() {
+    let slot = Arc::new(Mutex::new(None));
+    let (tx, rx) = mpsc::channel();
+    let mut b = host().sub_workers(1);
+    let h = b.register_host("noop", |_| Ok(()));
+    let w = Arc::new(b.start().expect("start"));
+    *slot.lock().expect("slot") = Some(Arc::clone(&w));
+    let keep = TouchesWorkerOnDrop { worker: slot, close: false, report: tx };
+    // A chip orchestration on an L3 worker is refused; its keep-alive is dropped by submit.
+    let refused = bounded("refused submit", move || {
+        matches!(
+            w.submit(Orchestration::chip(h, TaskArgs::new()).keep_alive(keep)),
+            Err(WorkerError::WrongLevel { .. })
+        )
+    });
+    assert_eq!(refused, Ok(true));
+    assert_eq!(rx.recv_timeout(HANG), Ok(true));
+}
