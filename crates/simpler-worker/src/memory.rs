@@ -96,6 +96,9 @@ impl ChipMemory<'_> {
         if crate::reentry::is_acting_for(self.inner.instance) {
             return Err(WorkerError::Reentrant { op: "free", worker: self.inner.label.clone() });
         }
+        // Declared before the lease: keep-alives of runs this wait publishes are dropped after
+        // the lease is returned (a keep-alive whose drop closes the worker waits for leases).
+        let _deferred = crate::deferred_drop::scope();
         let _lease = self.inner.lease()?;
         self.inner.wait_accepted();
         self.inner.on_chip(self.chip, move |s| s.free(buf.addr))??;

@@ -247,3 +247,25 @@ fn a_keep_alive_of_a_refused_orchestration_may_submit_to_the_worker_when_dropped
     assert_eq!(refused, Ok(true));
     assert_eq!(rx.recv_timeout(HANG), Ok(true));
 }
+
+#[test]
+fn a_keep_alive_dropped_by_free_may_close_the_worker() {
+    let slot = Arc::new(Mutex::new(None));
+    let (tx, rx) = mpsc::channel();
+    let mut b = host().chips(&[0]).sub_workers(1);
+    let h = b.register_host("noop", |_| Ok(()));
+    let w = Arc::new(b.start().expect("start"));
+    let buf = w.chip_memory(WorkerId(0)).expect("chip 0").malloc(64).expect("malloc");
+    *slot.lock().expect("slot") = Some(Arc::clone(&w));
+    let keep = TouchesWorkerOnDrop { worker: slot, close: true, report: tx };
+    let orch = Orchestration::graph(move |g, _, _| {
+        g.submit_sub(h, TaskArgs::new())?;
+        Ok(())
+    });
+    drop(w.submit(orch.keep_alive(keep)).expect("submit"));
+    // `free` waits for the unwaited run, publishing it and dropping its keep-alive.
+    std::thread::spawn(move || {
+        let _ = w.chip_memory(WorkerId(0)).map(|m| m.free(buf));
+    });
+    assert_eq!(rx.recv_timeout(HANG), Ok(true), "the keep-alive's close never returned");
+}
