@@ -67,7 +67,7 @@ fn endpoint_hooks_run_once_each_on_the_endpoints_own_thread() {
     })
     .unwrap();
     let mut b = e.begin_run().unwrap();
-    b.submit_next_level(&chip(1), args(&[]), &cfg(), w(4), None).unwrap();
+    noop_on(&mut b, 4).unwrap();
     b.submit_sub(&host(1), args(&[])).unwrap();
     let run = b.close();
     assert!(wait(&e, run).is_completed());
@@ -111,7 +111,7 @@ fn control_jobs_run_in_fifo_order_with_tasks_and_can_reach_the_concrete_endpoint
     let r = rig(&[0], 1);
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
-    let t = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let t = noop_on(&mut b, 0).unwrap();
     h.wait_running(t, 0);
     let job = e
         .on_endpoint(WorkerRef::next_level(0), |ep: &mut dyn Endpoint| {
@@ -148,7 +148,7 @@ fn a_panicking_control_job_is_reported_and_the_worker_keeps_serving() {
     let ok = e.on_endpoint(WorkerRef::next_level(0), |_: &mut dyn Endpoint| 7).unwrap();
     assert_eq!(ok.recv().unwrap(), 7);
     let mut b = e.begin_run().unwrap();
-    b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    noop_on(&mut b, 0).unwrap();
     let run = b.close();
     assert!(wait(&e, run).is_completed());
 }
@@ -198,7 +198,7 @@ fn shutdown_racing_a_live_builder_aborts_its_run_and_leaves_the_builder_harmless
     let running =
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Output)]), &cfg(), w(0), None).unwrap();
     h.wait_running(running, 0);
-    let ready = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let ready = noop_on(&mut b, 0).unwrap();
     let pending =
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Input)]), &cfg(), w(0), None).unwrap();
     let run = b.id();
@@ -216,10 +216,7 @@ fn shutdown_racing_a_live_builder_aborts_its_run_and_leaves_the_builder_harmless
             matches!(errors.as_slice(), [SchedError::AbortedAtShutdown { run: r }] if *r == run)
         );
     });
-    assert!(matches!(
-        b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None),
-        Err(SchedError::ShuttingDown)
-    ));
+    assert!(matches!(noop_on(&mut b, 0), Err(SchedError::ShuttingDown)));
     assert!(matches!(b.alloc(&[4], DataType::UInt8), Err(SchedError::ShuttingDown)));
     assert!(matches!(b.scope_begin(), Err(SchedError::ShuttingDown)));
     let run = b.close();
@@ -235,7 +232,7 @@ fn status_follows_the_run_through_its_phases() {
     let r = rig(&[0], 0);
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
-    let t = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let t = noop_on(&mut b, 0).unwrap();
     b.alloc(&[8], DataType::UInt8).unwrap();
     let s = b.status();
     assert_eq!(
@@ -270,7 +267,7 @@ fn release_returns_a_summary_with_counts_and_ring_peaks() {
     b.alloc(&[100], DataType::UInt8).unwrap();
     b.scope_end().unwrap();
     h.script(next_task(&b), Action::Fail("one failure".into()));
-    b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    noop_on(&mut b, 0).unwrap();
     let run = b.close();
     wait(&e, run);
     let summary = e.release(run).unwrap();
@@ -378,7 +375,7 @@ fn graph_callables_run_on_next_level_workers_at_l4() {
     let graph = CallableId::new([3; 32], CallableKind::Graph, CallableNamespace::LocalHost);
     let mut b = e.begin_run().unwrap();
     assert!(matches!(
-        b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None),
+        noop_on(&mut b, 0),
         Err(SchedError::CallableKindMismatch { kind: CallableKind::Chip, .. })
     ));
     b.submit_next_level(&graph, args(&[]), &cfg(), w(0), None).unwrap();
@@ -392,13 +389,10 @@ fn a_failed_run_refuses_further_work_fast() {
     let e = engine(&[0], 0, &h, false);
     let mut b = e.begin_run().unwrap();
     h.script(next_task(&b), Action::Fail("first".into()));
-    b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    noop_on(&mut b, 0).unwrap();
     eventually("the failure to be recorded", || b.status().failure.is_some());
     let window = e.stats().ring.window.live;
-    assert!(matches!(
-        b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None),
-        Err(SchedError::RunFailed(_))
-    ));
+    assert!(matches!(noop_on(&mut b, 0), Err(SchedError::RunFailed(_))));
     assert!(matches!(b.alloc(&[4], DataType::UInt8), Err(SchedError::RunFailed(_))));
     assert!(
         matches!(b.scope_begin(), Err(SchedError::RunFailed(f)) if matches!(&*f, RunFailure::Task(t) if t.message == "first"))
@@ -424,7 +418,7 @@ fn scopes_nest_up_to_64_frames_including_the_runs_own() {
     for _ in 0..63 {
         b.scope_end().unwrap();
     }
-    let inner = b.scope(|b| b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None)).unwrap();
+    let inner = b.scope(|b| noop_on(b, 0)).unwrap();
     assert!(inner.is_ok());
     let run = b.close();
     assert!(wait(&e, run).is_completed());
@@ -464,8 +458,7 @@ fn alloc_with_heaps_disabled_reports_capacity() {
             oldest_live: None
         }
     ));
-    b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None)
-        .expect("slot-only tasks still work");
+    noop_on(&mut b, 0).expect("slot-only tasks still work");
     let run = b.close();
     assert!(wait(&e, run).is_completed());
 }
@@ -481,16 +474,16 @@ fn a_capped_task_window_applies_back_pressure_and_then_reports_capacity() {
     let e = engine_with_rings(ring, &[0], 0, &h, false);
     let mut b = e.begin_run().unwrap();
     b.scope_begin().unwrap();
-    b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
-    b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
-    let err = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap_err();
+    noop_on(&mut b, 0).unwrap();
+    noop_on(&mut b, 0).unwrap();
+    let err = noop_on(&mut b, 0).unwrap_err();
     assert!(matches!(
         err,
         SchedError::Capacity { source: RingError::TaskWindowExhausted { limit: 2, .. }, .. }
     ));
     b.scope_end().unwrap();
     eventually("the window to drain", || e.stats().ring.window.live == 0);
-    b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).expect("room again");
+    noop_on(&mut b, 0).expect("room again");
     let run = b.close();
     assert!(wait(&e, run).is_completed());
 }
@@ -500,7 +493,7 @@ fn admission_waits_for_the_previous_run_and_reports_which_one_at_the_deadline() 
     let r = rig(&[0], 0);
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
-    let t = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let t = noop_on(&mut b, 0).unwrap();
     let first = b.close();
     let err = e.begin_run_until(Instant::now() + Duration::from_millis(30)).unwrap_err();
     assert!(matches!(err, SchedError::AdmissionTimeout { waiting_for } if waiting_for == first));
@@ -600,7 +593,7 @@ fn wait_timeout_with_a_timeout_beyond_the_clocks_range_waits_without_limit() {
     let empty = e.begin_run().unwrap().close();
     assert!(e.wait_timeout(empty, Duration::MAX).unwrap().unwrap().is_completed());
     let mut b = e.begin_run().unwrap();
-    let t = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let t = noop_on(&mut b, 0).unwrap();
     let run = b.close();
     h.wait_running(t, 0);
     std::thread::scope(|s| {
@@ -618,7 +611,7 @@ fn abort_run_reports_true_only_for_a_run_it_actually_fails() {
     let e = engine(&[0], 0, &h, false);
     for _ in 0..3000 {
         let mut b = e.begin_run().unwrap();
-        b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+        noop_on(&mut b, 0).unwrap();
         let run = b.close();
         let aborted = e.abort_run(run, CancelReason::RunAborted).unwrap();
         let outcome = wait(&e, run);

@@ -190,20 +190,14 @@ fn hazard_05_a_stream_of_singles_cannot_starve_a_group() {
     let r = rig(&[0, 1], 0);
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
-    let busy = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let busy = noop_on(&mut b, 0).unwrap();
     h.wait_running(busy, 0);
-    let g = b.submit_next_level_group(
-        &chip(1),
-        vec![args(&[]), args(&[])],
-        &cfg(),
-        &[w(0), w(1)],
-        None,
-    );
+    let g = noop_group_on(&mut b, [0, 1]);
     let g = g.unwrap();
     // Singles keep arriving for worker 1, each released at once if it ever starts.
     let mut singles = Vec::new();
     for _ in 0..20 {
-        let s = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(1), None).unwrap();
+        let s = noop_on(&mut b, 1).unwrap();
         h.release(s, Action::Succeed);
         singles.push(s);
     }
@@ -251,7 +245,7 @@ fn hazard_07_shutdown_loses_no_completion() {
     let h = Harness::new();
     let e = engine(&[0], 0, &h, true);
     let mut b = e.begin_run().unwrap();
-    let t = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let t = noop_on(&mut b, 0).unwrap();
     let run = b.close();
     h.wait_running(t, 0);
     std::thread::scope(|s| {
@@ -271,8 +265,8 @@ fn hazard_07_shutdown_loses_no_completion() {
     let h = Harness::new();
     let e = engine(&[0], 0, &h, true);
     let mut b = e.begin_run().unwrap();
-    let t = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
-    let queued = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let t = noop_on(&mut b, 0).unwrap();
+    let queued = noop_on(&mut b, 0).unwrap();
     let run = b.close();
     h.wait_running(t, 0);
     std::thread::scope(|s| {
@@ -306,7 +300,7 @@ fn hazard_08_service_threads_survive_panics_and_user_calls_tolerate_unknown_runs
     let e = engine(&[0], 1, &h, true);
     for round in 0..5 {
         let mut b = e.begin_run().unwrap();
-        let nl = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+        let nl = noop_on(&mut b, 0).unwrap();
         let sub = b.submit_sub(&host(1), args(&[])).unwrap();
         let run = b.close();
         h.release(nl, Action::Panic(format!("endpoint panic {round}")));
@@ -326,7 +320,7 @@ fn hazard_08_service_threads_survive_panics_and_user_calls_tolerate_unknown_runs
     assert!(!e.is_poisoned());
     h.open();
     let mut b = e.begin_run().unwrap();
-    b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    noop_on(&mut b, 0).unwrap();
     b.submit_sub(&host(1), args(&[])).unwrap();
     let run = b.close();
     assert!(wait(&e, run).is_completed(), "both worker threads still serve");
@@ -549,7 +543,7 @@ fn hazard_b_terminal_state_is_published_without_waiters_and_every_waiter_gets_th
     let e = Arc::new(engine(&[0], 0, &h, false));
     let mut b = e.begin_run().unwrap();
     h.script(next_task(&b), Action::Fail("shared".into()));
-    b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    noop_on(&mut b, 0).unwrap();
     let run = b.close();
     eventually("the run to finish with nobody waiting", || e.is_done(run).unwrap());
     let outcomes: Vec<RunOutcome> = std::thread::scope(|s| {

@@ -24,7 +24,7 @@ fn c01_output_only_task_is_ready_and_sits_in_its_targets_fifo() {
     let r = fixture();
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
-    let blocker = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let blocker = noop_on(&mut b, 0).unwrap();
     h.wait_running(blocker, 0);
     let t =
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Output)]), &cfg(), w(0), None).unwrap();
@@ -41,7 +41,7 @@ fn c02_bad_targets_are_rejected_before_any_slot_is_claimed() {
     let r = fixture();
     let e = &r.e;
     let mut b = e.begin_run().unwrap();
-    let unknown = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(2), None);
+    let unknown = noop_on(&mut b, 2);
     assert!(matches!(unknown, Err(SchedError::UnknownWorker { worker: WorkerId(2) })));
     let two_members_one_target =
         b.submit_next_level_group(&chip(1), vec![args(&[]), args(&[])], &cfg(), &[w(0)], None);
@@ -49,13 +49,7 @@ fn c02_bad_targets_are_rejected_before_any_slot_is_claimed() {
         two_members_one_target,
         Err(SchedError::TargetCountMismatch { targets: 1, members: 2 })
     ));
-    let duplicate = b.submit_next_level_group(
-        &chip(1),
-        vec![args(&[]), args(&[])],
-        &cfg(),
-        &[w(1), w(1)],
-        None,
-    );
+    let duplicate = noop_group_on(&mut b, [1, 1]);
     assert!(matches!(duplicate, Err(SchedError::DuplicateTarget { worker: WorkerId(1) })));
     assert_eq!(e.stats().ring.window.live, 0, "no slot was claimed");
     assert_eq!(b.status().tasks_submitted, 0);
@@ -169,7 +163,7 @@ fn c08_a_task_holds_one_scope_reference_and_is_consumed_after_completion_and_sco
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
     b.scope_begin().unwrap();
-    let t = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let t = noop_on(&mut b, 0).unwrap();
     assert_eq!(snap(e, t).fanout_total, 1);
     h.release(t, Action::Succeed);
     wait_state(e, t, TaskState::Completed);
@@ -335,7 +329,7 @@ fn c20_wait_timeout_zero_polls() {
     let r = fixture();
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
-    let t = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let t = noop_on(&mut b, 0).unwrap();
     let id = b.id();
     assert_eq!(e.wait_timeout(id, std::time::Duration::ZERO).unwrap(), None);
     let run = b.close();
@@ -352,7 +346,7 @@ fn c21_a_one_task_run_is_not_done_after_close_until_its_task_is_reclaimed() {
     let r = fixture();
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
-    let t = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(1), None).unwrap();
+    let t = noop_on(&mut b, 1).unwrap();
     let run = b.close();
     h.wait_running(t, 0);
     assert!(!e.is_done(run).unwrap());
@@ -367,12 +361,12 @@ fn c22_sequential_runs_get_increasing_ids_and_a_task_failure_fails_only_its_run(
     let r = fixture();
     let (h, e) = (&r.h, &r.e);
     let mut b1 = e.begin_run().unwrap();
-    let t1 = b1.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let t1 = noop_on(&mut b1, 0).unwrap();
     h.release(t1, Action::Fail("run 1 only".into()));
     let r1 = b1.close();
     assert!(matches!(failure_of(&wait(e, r1)), RunFailure::Task(f) if f.message == "run 1 only"));
     let mut b2 = e.begin_run().unwrap();
-    let t2 = b2.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let t2 = noop_on(&mut b2, 0).unwrap();
     h.release(t2, Action::Succeed);
     let r2 = b2.close();
     assert!(r2 > r1);
@@ -419,7 +413,7 @@ fn c25_recording_into_a_terminal_or_released_run_changes_nothing() {
     let r = fixture();
     let (h, e) = (&r.h, &r.e);
     let mut b1 = e.begin_run().unwrap();
-    b1.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    noop_on(&mut b1, 0).unwrap();
     h.open();
     let r1 = b1.close();
     assert!(wait(e, r1).is_completed());
@@ -431,7 +425,7 @@ fn c25_recording_into_a_terminal_or_released_run_changes_nothing() {
         Err(SchedError::UnknownRun { .. })
     ));
     let mut b2 = e.begin_run().unwrap();
-    b2.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    noop_on(&mut b2, 0).unwrap();
     let r2 = b2.close();
     assert!(wait(e, r2).is_completed(), "no live run was failed");
 }
@@ -504,7 +498,7 @@ fn c30_fail_cancels_unstarted_tasks_lets_the_running_one_finish_and_resolves_the
     let running =
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Output)]), &cfg(), w(0), None).unwrap();
     h.wait_running(running, 0);
-    let ready = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let ready = noop_on(&mut b, 0).unwrap();
     let pending =
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Input)]), &cfg(), w(1), None).unwrap();
     assert_eq!(snap(e, ready).state, TaskState::Ready);

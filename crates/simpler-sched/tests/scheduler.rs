@@ -108,13 +108,7 @@ fn c41_a_two_member_group_sends_member_i_to_target_i() {
     let h = Harness::new();
     let e = engine(&[0, 1], 0, &h, false);
     let mut b = e.begin_run().unwrap();
-    let g = b.submit_next_level_group(
-        &chip(1),
-        vec![args(&[]), args(&[])],
-        &cfg(),
-        &[w(0), w(1)],
-        None,
-    );
+    let g = noop_group_on(&mut b, [0, 1]);
     let g = g.unwrap();
     let run = b.close();
     assert!(wait(&e, run).is_completed());
@@ -126,13 +120,7 @@ fn c42_targets_name_workers_by_id_not_position() {
     let h = Harness::new();
     let e = engine(&[0, 1], 0, &h, false);
     let mut b = e.begin_run().unwrap();
-    let g = b.submit_next_level_group(
-        &chip(1),
-        vec![args(&[]), args(&[])],
-        &cfg(),
-        &[w(1), w(0)],
-        None,
-    );
+    let g = noop_group_on(&mut b, [1, 0]);
     let g = g.unwrap();
     let run = b.close();
     assert!(wait(&e, run).is_completed());
@@ -144,13 +132,7 @@ fn c43_after_one_member_completes_the_group_is_still_running() {
     let r = rig(&[0, 1], 0);
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
-    let g = b.submit_next_level_group(
-        &chip(1),
-        vec![args(&[]), args(&[])],
-        &cfg(),
-        &[w(0), w(1)],
-        None,
-    );
+    let g = noop_group_on(&mut b, [0, 1]);
     let g = g.unwrap();
     h.wait_running(g, 1);
     h.release_member(g, 0, Action::Succeed);
@@ -169,18 +151,12 @@ fn c44_a_blocked_group_reserves_its_idle_target_against_later_singles() {
     let r = rig(&[0, 1, 3], 0);
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
-    let busy = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let busy = noop_on(&mut b, 0).unwrap();
     h.wait_running(busy, 0);
-    let g = b.submit_next_level_group(
-        &chip(1),
-        vec![args(&[]), args(&[])],
-        &cfg(),
-        &[w(0), w(1)],
-        None,
-    );
+    let g = noop_group_on(&mut b, [0, 1]);
     let g = g.unwrap();
-    let held = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(1), None).unwrap();
-    let outside = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(3), None).unwrap();
+    let held = noop_on(&mut b, 1).unwrap();
+    let outside = noop_on(&mut b, 3).unwrap();
     h.wait_running(outside, 0);
     assert!(!h.log().iter().any(|d| d.task == held), "idle worker 1 is reserved for the group");
     assert_eq!(e.stats().queued_next_level[1], 1);
@@ -199,20 +175,14 @@ fn c45_when_its_targets_free_the_group_is_dispatched_before_singles_queued_for_t
     let r = rig(&[0, 1], 0);
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
-    let a0 = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
-    let a1 = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(1), None).unwrap();
+    let a0 = noop_on(&mut b, 0).unwrap();
+    let a1 = noop_on(&mut b, 1).unwrap();
     h.wait_running(a0, 0);
     h.wait_running(a1, 0);
-    let g = b.submit_next_level_group(
-        &chip(1),
-        vec![args(&[]), args(&[])],
-        &cfg(),
-        &[w(0), w(1)],
-        None,
-    );
+    let g = noop_group_on(&mut b, [0, 1]);
     let g = g.unwrap();
-    let s0 = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
-    let s1 = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(1), None).unwrap();
+    let s0 = noop_on(&mut b, 0).unwrap();
+    let s1 = noop_on(&mut b, 1).unwrap();
     h.release(a0, Action::Succeed);
     h.release(a1, Action::Succeed);
     h.open();
@@ -227,13 +197,7 @@ fn c46_a_failing_member_fails_the_run_at_once_and_the_group_waits_for_its_peer()
     let r = rig(&[0, 1], 0);
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
-    let g = b.submit_next_level_group(
-        &chip(1),
-        vec![args(&[]), args(&[])],
-        &cfg(),
-        &[w(0), w(1)],
-        None,
-    );
+    let g = noop_group_on(&mut b, [0, 1]);
     let g = g.unwrap();
     h.wait_running(g, 1);
     h.release_member(g, 0, Action::Fail("member 0 failed".into()));
@@ -264,14 +228,10 @@ fn c49_a_busy_worker_does_not_block_another_workers_fifo_and_each_fifo_runs_in_o
     let r = rig(&[0, 1], 0);
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
-    let busy = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let busy = noop_on(&mut b, 0).unwrap();
     h.wait_running(busy, 0);
-    let q0: Vec<_> = (0..3)
-        .map(|_| b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap())
-        .collect();
-    let q1: Vec<_> = (0..3)
-        .map(|_| b.submit_next_level(&chip(1), args(&[]), &cfg(), w(1), None).unwrap())
-        .collect();
+    let q0: Vec<_> = (0..3).map(|_| noop_on(&mut b, 0).unwrap()).collect();
+    let q1: Vec<_> = (0..3).map(|_| noop_on(&mut b, 1).unwrap()).collect();
     for &t in &q1 {
         h.release(t, Action::Succeed);
     }
@@ -325,7 +285,7 @@ fn c51_a_target_outside_its_eligible_set_is_rejected_at_submit() {
 fn c52_unknown_target_or_eligible_ids_are_rejected_before_scheduling() {
     let r = rig(&[0, 1], 0);
     let mut b = r.e.begin_run().unwrap();
-    let err = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(5), None).unwrap_err();
+    let err = noop_on(&mut b, 5).unwrap_err();
     assert!(matches!(err, SchedError::UnknownWorker { worker: WorkerId(5) }));
     let err =
         b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), Some(&[w(0), w(6)])).unwrap_err();
@@ -340,14 +300,8 @@ fn c53_ids_7_and_9_map_targets_by_id() {
     let h = Harness::new();
     let e = engine(&[7, 9], 0, &h, false);
     let mut b = e.begin_run().unwrap();
-    let t = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(9), None).unwrap();
-    let g = b.submit_next_level_group(
-        &chip(1),
-        vec![args(&[]), args(&[])],
-        &cfg(),
-        &[w(9), w(7)],
-        None,
-    );
+    let t = noop_on(&mut b, 9).unwrap();
+    let g = noop_group_on(&mut b, [9, 7]);
     let g = g.unwrap();
     let run = b.close();
     assert!(wait(&e, run).is_completed());
@@ -360,7 +314,7 @@ fn c55_a_sub_task_runs_while_the_only_next_level_worker_is_busy() {
     let r = rig(&[0], 1);
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
-    let busy = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let busy = noop_on(&mut b, 0).unwrap();
     h.wait_running(busy, 0);
     let s = b.submit_sub(&host(1), args(&[])).unwrap();
     assert_eq!(h.wait_running(s, 0).ty, WorkerType::Sub);
@@ -419,10 +373,9 @@ fn c58_with_an_unplaceable_group_blocked_the_scheduler_sleeps() {
     let r = rig(&[0, 1], 0);
     let (h, e) = (&r.h, &r.e);
     let mut b = e.begin_run().unwrap();
-    let busy = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let busy = noop_on(&mut b, 0).unwrap();
     h.wait_running(busy, 0);
-    b.submit_next_level_group(&chip(1), vec![args(&[]), args(&[])], &cfg(), &[w(0), w(1)], None)
-        .unwrap();
+    noop_group_on(&mut b, [0, 1]).unwrap();
     eventually("the group to be queued", || e.stats().queued_groups == 1);
     let before = e.stats().scheduler_iterations;
     std::thread::sleep(Duration::from_millis(200));
@@ -438,7 +391,7 @@ fn c59_a_panicking_endpoint_fails_its_task_as_endpoint_failed_and_the_worker_ser
     let e = engine(&[0], 0, &h, false);
     let mut b = e.begin_run().unwrap();
     h.script(next_task(&b), Action::Panic("kaboom".into()));
-    b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    noop_on(&mut b, 0).unwrap();
     let run = b.close();
     let o = wait(&e, run);
     match failure_of(&o) {
@@ -449,7 +402,7 @@ fn c59_a_panicking_endpoint_fails_its_task_as_endpoint_failed_and_the_worker_ser
         other => panic!("{other:?}"),
     }
     let mut b = e.begin_run().unwrap();
-    let next = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let next = noop_on(&mut b, 0).unwrap();
     let run = b.close();
     assert!(wait(&e, run).is_completed());
     assert!(h.log().iter().any(|d| d.task == next));
@@ -471,14 +424,14 @@ fn an_unbounded_stall_warning_delay_never_warns_and_neither_poisons_nor_stops_th
         .unwrap(),
     );
     let mut b = e.begin_run().unwrap();
-    let busy = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let busy = noop_on(&mut b, 0).unwrap();
     h.wait_running(busy, 0);
     let group = [args(&[]), args(&[])].into();
     b.submit_next_level_group(&chip(1), group, &cfg(), &[w(0), w(1)], None).unwrap();
     // Opens the stall episode: the blocked group holds idle worker 1, which has a single queued.
-    b.submit_next_level(&chip(1), args(&[]), &cfg(), w(1), None).unwrap();
+    noop_on(&mut b, 1).unwrap();
     // A later pass looks at the same open episode again.
-    let outside = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(3), None).unwrap();
+    let outside = noop_on(&mut b, 3).unwrap();
     h.wait_running(outside, 0);
     assert!(!e.is_poisoned(), "a configuration value poisoned the engine");
     h.open();

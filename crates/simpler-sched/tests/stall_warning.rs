@@ -55,17 +55,11 @@ fn a_group_blocked_while_its_idle_target_holds_singles_is_reported_once() {
     let h = Harness::new();
     let e = stall_engine(&h, &[0, 1]);
     let mut b = e.begin_run().unwrap();
-    let busy = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    let busy = noop_on(&mut b, 0).unwrap();
     h.wait_running(busy, 0);
-    let g = b.submit_next_level_group(
-        &chip(1),
-        vec![args(&[]), args(&[])],
-        &cfg(),
-        &[w(0), w(1)],
-        None,
-    );
+    let g = noop_group_on(&mut b, [0, 1]);
     let g = g.unwrap();
-    let held = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(1), None).unwrap();
+    let held = noop_on(&mut b, 1).unwrap();
     eventually("the stall warning", || log().contains("blocked for"));
     // A negative check: had a second warning been due for this episode, it would have come
     // after another `stall_warn_after`, well within this wait.
@@ -95,7 +89,7 @@ fn a_stall_episode_opening_as_a_reported_one_ends_is_reported_too() {
     let pair = || vec![args(&[]), args(&[])];
     let g1 = b.submit_next_level_group(&chip(1), pair(), &cfg(), &[w(0), w(1)], None).unwrap();
     // Episode 1: g1 waits for worker 0 while idle worker 1 holds a single.
-    b.submit_next_level(&chip(1), args(&[]), &cfg(), w(1), None).unwrap();
+    noop_on(&mut b, 1).unwrap();
     let g2 = b.submit_next_level_group(&chip(1), pair(), &cfg(), &[w(1), w(2)], None).unwrap();
     // Queued on worker 2 only once `first` finishes.
     let late = b.submit_next_level(&chip(1), args(&[(buf(X, 64), Input)]), &cfg(), w(2), None);

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use simpler_ring::RingConfig;
 use simpler_sched::{
-    DispatchedMember, Endpoint, EndpointCaps, EndpointFailure, Engine, EngineConfig, RunOutcome,
+    DispatchedMember, Endpoint, EndpointCaps, EndpointFailure, Engine, EngineConfig, RunBuilder,
+    RunOutcome, SchedError,
 };
 use simpler_types::{
     CallConfig, CallableId, CallableKind, CallableNamespace, DataType, RunId, TaskArgs, TaskId,
@@ -338,6 +339,22 @@ pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// Submits a no-op NEXT_LEVEL task (callable `chip(1)`, no arguments) to worker `target`.
+pub fn noop_on(b: &mut RunBuilder<'_>, target: u32) -> Result<TaskId, SchedError> {
+    b.submit_next_level(&chip(1), args(&[]), &cfg(), w(target), None)
+}
+
+/// Submits a two-member no-op NEXT_LEVEL group, member i to worker `targets[i]`.
+pub fn noop_group_on(b: &mut RunBuilder<'_>, targets: [u32; 2]) -> Result<TaskId, SchedError> {
+    b.submit_next_level_group(
+        &chip(1),
+        vec![args(&[]), args(&[])],
+        &cfg(),
+        &[w(targets[0]), w(targets[1])],
+        None,
+    )
 }
 
 /// `WorkerId` shorthand.
