@@ -37,12 +37,41 @@ fn p4_keys() -> Vec<(TensorKey, ByteSpan, SlotId)> {
 
 fn filled(keys: &[(TensorKey, ByteSpan, SlotId)]) -> TensorMap {
     let map = TensorMap::with_capacity(keys.len());
+    insert_all(&map, keys);
+    map
+}
+
+/// Inserts every key into `map` under one guard (one P4 insert pass).
+fn insert_all(map: &TensorMap, keys: &[(TensorKey, ByteSpan, SlotId)]) {
     let mut guard = map.lock();
     for &(key, span, slot) in keys {
-        guard.insert(RUN, key, span, slot);
+        black_box(guard.insert(RUN, key, span, slot));
     }
-    drop(guard);
-    map
+}
+
+/// Erases every key on behalf of its owner under one guard (one P4 erase pass).
+fn erase_all(map: &TensorMap, keys: &[(TensorKey, ByteSpan, SlotId)]) {
+    let mut guard = map.lock();
+    for &(key, _, slot) in keys {
+        black_box(guard.erase_owned(RUN, slot, &[key]));
+    }
+}
+
+/// Times `iters` guarded lookups of `keys` (cycled) in `run`.
+fn lookups_timed(
+    map: &TensorMap,
+    run: RunId,
+    keys: &[(TensorKey, ByteSpan, SlotId)],
+    iters: u64,
+) -> Duration {
+    let guard = map.lock();
+    let start = Instant::now();
+    let mut found = 0_usize;
+    for (key, span, _) in keys.iter().cycle().take(iters as usize) {
+        guard.lookup_overlapping(run, black_box(key), *span, |_| found += 1);
+    }
+    black_box(found);
+    start.elapsed()
 }
 
 /// Runs `iters` operations in passes of at most `pass` operations. `prepare` builds the state for
@@ -99,12 +128,7 @@ fn p4(c: &mut Criterion) {
                     reused.erase_run(RUN);
                     &reused
                 },
-                |map, n| {
-                    let mut guard = map.lock();
-                    for &(key, span, slot) in &keys[..n] {
-                        black_box(guard.insert(RUN, key, span, slot));
-                    }
-                },
+                |map, n| insert_all(map, &keys[..n]),
             )
         })
     });
@@ -115,23 +139,13 @@ fn p4(c: &mut Criterion) {
                 iters,
                 KEYS,
                 || TensorMap::with_capacity(KEYS),
-                |map, n| {
-                    let mut guard = map.lock();
-                    for &(key, span, slot) in &keys[..n] {
-                        black_box(guard.insert(RUN, key, span, slot));
-                    }
-                },
+                |map, n| insert_all(map, &keys[..n]),
             )
         })
     });
     group.bench_function("insert/guard_no_capacity", |b| {
         b.iter_custom(|iters| {
-            per_op(iters, KEYS, TensorMap::new, |map, n| {
-                let mut guard = map.lock();
-                for &(key, span, slot) in &keys[..n] {
-                    black_box(guard.insert(RUN, key, span, slot));
-                }
-            })
+            per_op(iters, KEYS, TensorMap::new, |map, n| insert_all(map, &keys[..n]))
         })
     });
     group.bench_function("insert/locked_each", |b| {
@@ -167,16 +181,7 @@ fn p4(c: &mut Criterion) {
         .leak();
     let lookups = |run: RunId, keys: &'static [(TensorKey, ByteSpan, SlotId)]| {
         let map = &map;
-        move |iters: u64| {
-            let guard = map.lock();
-            let start = Instant::now();
-            let mut found = 0_usize;
-            for (key, span, _) in keys.iter().cycle().take(iters as usize) {
-                guard.lookup_overlapping(run, black_box(key), *span, |_| found += 1);
-            }
-            black_box(found);
-            start.elapsed()
-        }
+        move |iters: u64| lookups_timed(map, run, keys, iters)
     };
     group.bench_function("lookup_hit/guard", |b| b.iter_custom(lookups(RUN, keys)));
     // The same keys in a random order: no locality between consecutive lookups.
@@ -200,17 +205,7 @@ fn p4(c: &mut Criterion) {
 
     group.bench_function("erase_owned/guard", |b| {
         b.iter_custom(|iters| {
-            per_op(
-                iters,
-                KEYS,
-                || filled(keys),
-                |map, n| {
-                    let mut guard = map.lock();
-                    for &(key, _, slot) in &keys[..n] {
-                        black_box(guard.erase_owned(RUN, slot, &[key]));
-                    }
-                },
-            )
+            per_op(iters, KEYS, || filled(keys), |map, n| erase_all(map, &keys[..n]))
         })
     });
     group.finish();
@@ -234,27 +229,13 @@ fn p4_cached(c: &mut Criterion) {
                     map.erase_run(RUN);
                     &map
                 },
-                |map, n| {
-                    let mut guard = map.lock();
-                    for &(key, span, slot) in &keys[..n] {
-                        black_box(guard.insert(RUN, key, span, slot));
-                    }
-                },
+                |map, n| insert_all(map, &keys[..n]),
             )
         })
     });
     group.bench_function("lookup_hit/guard", |b| {
         let map = filled(&keys);
-        b.iter_custom(|iters| {
-            let guard = map.lock();
-            let start = Instant::now();
-            let mut found = 0_usize;
-            for (key, span, _) in keys.iter().cycle().take(iters as usize) {
-                guard.lookup_overlapping(RUN, black_box(key), *span, |_| found += 1);
-            }
-            black_box(found);
-            start.elapsed()
-        })
+        b.iter_custom(|iters| lookups_timed(&map, RUN, &keys, iters))
     });
     group.bench_function("erase_owned/guard", |b| {
         b.iter_custom(|iters| {
@@ -262,20 +243,11 @@ fn p4_cached(c: &mut Criterion) {
                 iters,
                 CACHED,
                 || {
-                    let mut guard = map.lock();
-                    guard.erase_run(RUN);
-                    for &(key, span, slot) in &keys {
-                        guard.insert(RUN, key, span, slot);
-                    }
-                    drop(guard);
+                    map.erase_run(RUN);
+                    insert_all(&map, &keys);
                     &map
                 },
-                |map, n| {
-                    let mut guard = map.lock();
-                    for &(key, _, slot) in &keys[..n] {
-                        black_box(guard.erase_owned(RUN, slot, &[key]));
-                    }
-                },
+                |map, n| erase_all(map, &keys[..n]),
             )
         })
     });
