@@ -829,6 +829,7 @@ impl Core {
             latches: Latches::default(),
             report: RunReport {
                 run_id: Some(req.run_id),
+                origin: req.origin(),
                 block_dim,
                 aicpu_threads: threads,
                 ..RunReport::default()

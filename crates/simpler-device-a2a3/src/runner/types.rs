@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use simpler_types::{CallConfig, RunId, TaskArgs};
+use simpler_types::{CallConfig, RunId, TaskArgs, TaskId};
 
 use crate::diag::timing::RunPhases;
 
@@ -65,6 +65,7 @@ pub struct RunRequest<'a> {
     /// The run's configuration.
     pub config: &'a CallConfig,
     host_tensors: bool,
+    origin: Option<TaskId>,
 }
 
 impl<'a> RunRequest<'a> {
@@ -76,7 +77,7 @@ impl<'a> RunRequest<'a> {
         args: &'a TaskArgs,
         config: &'a CallConfig,
     ) -> Self {
-        RunRequest { run_id, callable, args, config, host_tensors: false }
+        RunRequest { run_id, callable, args, config, host_tensors: false, origin: None }
     }
 
     /// A request that may also carry host-memory tensors (`child_memory = 0`), which the runner
@@ -93,7 +94,19 @@ impl<'a> RunRequest<'a> {
         args: &'a TaskArgs,
         config: &'a CallConfig,
     ) -> Self {
-        RunRequest { run_id, callable, args, config, host_tensors: true }
+        RunRequest { run_id, callable, args, config, host_tensors: true, origin: None }
+    }
+
+    /// Records the engine task (run and task id one level up) that asked for this device run,
+    /// so its report, trace and dependency files can be traced back to it.
+    pub fn with_origin(mut self, task: TaskId) -> Self {
+        self.origin = Some(task);
+        self
+    }
+
+    /// The engine task that asked for this run, if any.
+    pub fn origin(&self) -> Option<TaskId> {
+        self.origin
     }
 
     pub(crate) fn allows_host_tensors(&self) -> bool {
@@ -118,6 +131,8 @@ pub struct RingHighWater {
 pub struct RunReport {
     /// The run.
     pub run_id: Option<simpler_types::RunId>,
+    /// The engine task one level up that asked for this run (`RunRequest::with_origin`).
+    pub origin: Option<TaskId>,
     /// Clusters used.
     pub block_dim: u32,
     /// AICPU threads used.
