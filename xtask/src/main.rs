@@ -8,8 +8,12 @@
 //! - `test [--deep]`: the workspace tests; `--deep` raises the property-test case count.
 //! - `loom`: the `loom` model checks of the concurrency protocols (`cfg(simpler_loom)`).
 //! - `bench [cargo bench args]`: the criterion benchmarks in release mode.
+//! - `build --platform a2a3` and `onboard-test`: the tasks for a real A2/A3 server; on any other
+//!   machine they list what is missing and exit 2 (module `onboard`).
 
 #![forbid(unsafe_code)]
+
+mod onboard;
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -43,6 +47,8 @@ fn main() -> ExitCode {
         "test" => test(rest.iter().any(|a| a == "--deep")),
         "loom" => loom(),
         "bench" => bench(rest),
+        "build" => return onboard::build(rest),
+        "onboard-test" => return onboard::onboard_test(rest),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())
@@ -63,7 +69,9 @@ tasks:
   ci               format check, clippy -D warnings, tests, docs, bench smoke run, examples, loom models
   test [--deep]    workspace tests (--deep: many more property-test cases)
   loom             loom model checks of the concurrency protocols
-  bench [ARGS]     criterion benchmarks (release); ARGS go to `cargo bench`";
+  bench [ARGS]     criterion benchmarks (release); ARGS go to `cargo bench`
+  build --platform a2a3      onboard programs (needs CANN; lists what is missing, exit 2)
+  onboard-test [--device 0|0-3|0,2]  tests on a real A2/A3 server (exit 2 when it cannot run)";
 
 fn ci() -> Result<(), String> {
     let started = Instant::now();
