@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 
 use proptest::prelude::*;
 use simpler_ring::fixed::{
-    FixedRecords, HeapRecord, HeapRingCore, Placement, ReleaseOutcome, TaskWindowCore,
+    FixedRecords, HeapRecord, HeapRingCore, Placement, ReleaseOutcome, SlotWord, TaskWindowCore,
     WindowRetire, bump, largest_fit, occupied_bytes,
 };
 
@@ -120,54 +120,81 @@ proptest! {
 
     #[test]
     fn task_window_core_matches_a_fifo_model(
-        ops in prop::collection::vec((any::<bool>(), any::<prop::sample::Index>()), 1..200),
+        ops in prop::collection::vec((0u8..3, any::<prop::sample::Index>()), 1..200),
         log_size in 0u32..4,
         start in any::<u32>(),
     ) {
         let size = 1usize << log_size;
-        let mut flags = vec![false; size];
-        let mut window = TaskWindowCore::new(&mut flags).unwrap();
-        // Start close to the wrap-around point sometimes; ids are opaque u32 values.
+        let words: Vec<SlotWord> = (0..size).map(|_| SlotWord::new(0)).collect();
+        let mut window = TaskWindowCore::new(&words).unwrap();
+        let retirer = window.retirer();
+        // Model: unreclaimed ids in FIFO order with their retired flag, and the ids reclaimed
+        // while their slot was not reused yet.
+        let mut model: VecDeque<(u32, bool)> = VecDeque::new();
+        let mut reclaimed_ids: VecDeque<u32> = VecDeque::new();
+        // Start at a later id sometimes; ids are opaque u32 values.
         for _ in 0..(start % 5) {
             let id = window.try_issue().unwrap();
-            window.retire(id);
+            retirer.retire(id);
+            window.reclaim();
+            reclaimed_ids.retain(|&old| id.wrapping_sub(old) < size as u32);
+            reclaimed_ids.push_back(id);
         }
-        let mut model: VecDeque<(u32, bool)> = VecDeque::new();
         let mut next = window.head();
-        for (issue, pick) in ops {
-            if issue {
-                let got = window.try_issue();
-                if model.len() == size {
-                    prop_assert_eq!(got, None);
-                } else {
-                    prop_assert_eq!(got, Some(next));
-                    model.push_back((next, false));
-                    next = next.wrapping_add(1);
-                }
-            } else {
-                let candidates = model.len() + 1;
-                let i = pick.index(candidates);
-                let local = model.get(i).map_or(next, |e| e.0);
-                let got = window.retire(local);
-                match model.get_mut(i) {
-                    None => prop_assert_eq!(got, WindowRetire::NotLive),
-                    Some(e) if e.1 => prop_assert_eq!(got, WindowRetire::AlreadyRetired),
-                    Some(e) => {
-                        e.1 = true;
-                        let mut reclaimed = 0;
-                        while model.front().is_some_and(|e| e.1) {
-                            model.pop_front();
-                            reclaimed += 1;
-                        }
-                        prop_assert_eq!(got, WindowRetire::Retired { reclaimed });
+        let reclaim = |model: &mut VecDeque<(u32, bool)>, reclaimed_ids: &mut VecDeque<u32>| {
+            let mut n = 0;
+            while model.front().is_some_and(|e| e.1) {
+                reclaimed_ids.push_back(model.pop_front().unwrap().0);
+                n += 1;
+            }
+            n
+        };
+        for (op, pick) in ops {
+            match op {
+                0 => {
+                    let got = window.try_issue();
+                    if model.len() == size {
+                        reclaim(&mut model, &mut reclaimed_ids);
                     }
+                    if model.len() == size {
+                        prop_assert_eq!(got, None);
+                    } else {
+                        prop_assert_eq!(got, Some(next));
+                        model.push_back((next, false));
+                        // The new id takes the slot of the id issued one lap before.
+                        reclaimed_ids.retain(|&id| next.wrapping_sub(id) < size as u32);
+                        next = next.wrapping_add(1);
+                    }
+                }
+                1 => {
+                    // Any id near the window: live, reclaimed, reused or never issued.
+                    let span = model.len() + reclaimed_ids.len() + 2;
+                    let back = pick.index(span) as u32;
+                    let local = next.wrapping_add(1).wrapping_sub(back);
+                    let got = retirer.retire(local);
+                    match model.iter_mut().find(|e| e.0 == local) {
+                        Some(e) if e.1 => prop_assert_eq!(got, WindowRetire::AlreadyRetired),
+                        Some(e) => {
+                            e.1 = true;
+                            prop_assert_eq!(got, WindowRetire::Retired);
+                        }
+                        None if reclaimed_ids.contains(&local) => {
+                            prop_assert_eq!(got, WindowRetire::AlreadyRetired);
+                        }
+                        None => prop_assert_eq!(got, WindowRetire::NotLive),
+                    }
+                }
+                _ => {
+                    let expected = reclaim(&mut model, &mut reclaimed_ids);
+                    prop_assert_eq!(window.reclaim(), expected);
                 }
             }
             prop_assert_eq!(window.live() as usize, model.len());
             prop_assert_eq!(window.tail(), model.front().map_or(next, |e| e.0));
-            for (local, _) in &model {
-                prop_assert!(window.is_live(*local));
-                prop_assert!(window.slot_of(*local) < size);
+            for &(local, retired) in &model {
+                prop_assert!(window.is_live(local));
+                prop_assert_eq!(window.is_retired(local), retired);
+                prop_assert!(window.slot_of(local) < size);
             }
             // Live ids occupy distinct slots.
             let mut used: Vec<usize> = model.iter().map(|e| window.slot_of(e.0)).collect();
