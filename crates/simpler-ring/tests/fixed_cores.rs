@@ -59,7 +59,7 @@ proptest! {
 
     #[test]
     fn heap_ring_core_over_fixed_records_matches_a_fifo_model(
-        ops in prop::collection::vec((any::<bool>(), 1u64..=6, any::<prop::sample::Index>()), 1..150),
+        ops in prop::collection::vec((0u8..9, 1u64..=6, any::<prop::sample::Index>()), 1..150),
         capacity in 1usize..8,
     ) {
         const SIZE: u64 = 16 * K;
@@ -68,8 +68,24 @@ proptest! {
         // Model: (seq, offset, len, released) in FIFO order, and the cursors.
         let mut fifo: VecDeque<(u64, u64, u64, bool)> = VecDeque::new();
         let (mut top, mut tail, mut next_seq) = (0u64, 0u64, 0u64);
-        for (is_alloc, units, pick) in ops {
-            if is_alloc {
+        // High-water marks since the last reset: live bytes, live slabs, occupied bytes.
+        let (mut peak_bytes, mut peak_allocs, mut peak_occupied) = (0u64, 0u32, 0u64);
+        let mut total = (0u64, 0u64);
+        for (op, units, pick) in ops {
+            if op == 8 {
+                // Rarely: reset (refused while records remain) or reset the peaks.
+                let drained = fifo.is_empty();
+                if pick.index(2) == 0 {
+                    prop_assert_eq!(core.reset(), drained);
+                } else {
+                    core.reset_peaks();
+                }
+                if drained || pick.index(2) == 1 {
+                    peak_bytes = fifo.iter().filter(|r| !r.3).map(|r| r.2).sum();
+                    peak_allocs = fifo.iter().filter(|r| !r.3).count() as u32;
+                    peak_occupied = occupied_bytes(SIZE, top, tail);
+                }
+            } else if op % 2 == 0 {
                 let a = units * K;
                 let place = bump(SIZE, top, tail, a);
                 prop_assert_eq!(core.try_place(a), place);
@@ -83,6 +99,7 @@ proptest! {
                         fifo.push_back((next_seq, p.offset, a, false));
                         next_seq += 1;
                         top = p.new_top;
+                        total = (total.0 + 1, total.1 + a);
                     }
                 }
             } else {
@@ -112,7 +129,18 @@ proptest! {
             prop_assert_eq!((core.top(), core.tail()), (top, tail));
             let live: u64 = fifo.iter().filter(|r| !r.3).map(|r| r.2).sum();
             prop_assert_eq!(core.live_bytes(), live);
-            prop_assert!(core.peak_live_bytes() >= live);
+            let allocs = fifo.iter().filter(|r| !r.3).count() as u32;
+            peak_bytes = peak_bytes.max(live);
+            peak_allocs = peak_allocs.max(allocs);
+            peak_occupied = peak_occupied.max(occupied_bytes(SIZE, top, tail));
+            prop_assert_eq!(core.live_allocs(), allocs);
+            prop_assert_eq!(
+                (core.peak_live_bytes(), core.peak_live_allocs(), core.peak_occupied_bytes()),
+                (peak_bytes, peak_allocs, peak_occupied)
+            );
+            prop_assert_eq!((core.total_allocs(), core.total_bytes()), total);
+            prop_assert_eq!(core.next_seq(), next_seq);
+            prop_assert_eq!(core.largest_fit(), largest_fit(SIZE, top, tail));
             prop_assert_eq!(core.oldest_live().map(|r| r.seq), fifo.front().map(|r| r.0));
             prop_assert!(core.oldest_live().is_none_or(|r| !r.is_released()));
         }
