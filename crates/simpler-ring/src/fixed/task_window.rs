@@ -38,11 +38,11 @@
 //! | store `live(L)` (issue) | owner | `Relaxed` | A retirer learns `L` only through the owner's own publication of the task, which is a release/acquire pair after this store; so the retirer's CAS reads this store or a later one (coherence). No other data is published through the word. |
 //! | CAS `live(L)` → `retired(L)` (retire) | retirers | `Release` on success, `Relaxed` on failure | The success store publishes everything the task did before retiring (its outputs, its payload's final state) to the owner's acquire load in step 3, so the owner reuses the slot and the task's heap only after the task is done with them. A failed CAS writes nothing and publishes nothing. |
 //! | load (reclaim, `is_retired`) | owner | `Acquire` | Pairs with the retirer's release CAS (see above). |
-//! | store `retired(s − W)` (construction) | owner | `Relaxed` | Happens before any retirer handle exists; the handle reaches other threads through a spawn or another synchronizing hand-over. |
+//! | store `retired(s − W)` (construction) | owner | `Relaxed` | Precedes every issue on the owner's thread, and a retirer acts only on ids it learned through the owner's publication after an issue, so its CAS reads this store or a later one. A retire of an id not yet issued either fails or is overwritten by this store or by that id's issue. |
 //!
 //! Local ids are `u32` and wrap around; all comparisons use wrapping distances, which stay exact
-//! because the window holds at most 2³¹ ids. An id is told apart from the id `2³²` issues later in
-//! the same slot only by that distance, so a retirer must not hold on to an id for 2³² issues.
+//! because the window holds at most 2³¹ ids. Ids repeat after 2³² issues, so a retirer must not
+//! hold on to an id that long.
 
 #[cfg(not(simpler_loom))]
 use core::sync::atomic::{AtomicU64, Ordering};
