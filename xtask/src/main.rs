@@ -8,8 +8,11 @@
 //! - `test [--deep]`: the workspace tests; `--deep` raises the property-test case count.
 //! - `loom`: the `loom` model checks of the concurrency protocols (`cfg(simpler_loom)`).
 //! - `bench [cargo bench args]`: the criterion benchmarks in release mode.
+//! - `bindgen [--check]`: regenerate (or check) the CANN bindings of `simpler-acl-sys`.
 
 #![forbid(unsafe_code)]
+
+mod bindgen;
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         "test" => test(rest.iter().any(|a| a == "--deep")),
         "loom" => loom(),
         "bench" => bench(rest),
+        "bindgen" => bindgen::run(rest.iter().any(|a| a == "--check")),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())
@@ -63,11 +67,15 @@ tasks:
   ci               format check, clippy -D warnings, tests, docs, bench smoke run, examples, loom models
   test [--deep]    workspace tests (--deep: many more property-test cases)
   loom             loom model checks of the concurrency protocols
-  bench [ARGS]     criterion benchmarks (release); ARGS go to `cargo bench`";
+  bench [ARGS]     criterion benchmarks (release); ARGS go to `cargo bench`
+  bindgen [--check]  regenerate simpler-acl-sys/src/generated (needs libclang:
+                   `apt-get install libclang-dev`); --check fails when it is stale";
 
 fn ci() -> Result<(), String> {
     let started = Instant::now();
     cargo(&["fmt", "--all", "--check"], &[])?;
+    println!("\n==> cargo xtask bindgen --check");
+    bindgen::run(true)?;
     cargo(
         &["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"],
         &[],
