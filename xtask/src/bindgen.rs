@@ -81,6 +81,9 @@ pub fn run(check: bool) -> Result<(), String> {
     let generated = krate.join("src/generated");
     let (types, signatures) = match run_bindgen(&krate, &list) {
         Ok(bindings) => {
+            if check {
+                check_installed(&list, &bindings)?;
+            }
             let (types, signatures) = split(&bindings)?;
             (Some(types), signatures)
         }
@@ -228,6 +231,15 @@ enum BindgenFailure {
 }
 
 fn run_bindgen(krate: &Path, list: &List) -> Result<String, BindgenFailure> {
+    let header = krate.join("include/simpler_cann.h");
+    bindgen_on(&header.to_string_lossy(), &[], list)
+}
+
+fn bindgen_on(
+    header: &str,
+    include_dirs: &[PathBuf],
+    list: &List,
+) -> Result<String, BindgenFailure> {
     // Probe for libclang ourselves so that a missing library is a clear message, not a panic.
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
@@ -236,9 +248,9 @@ fn run_bindgen(krate: &Path, list: &List) -> Result<String, BindgenFailure> {
     if !found {
         return Err(BindgenFailure::NoLibclang);
     }
-    let header = krate.join("include/simpler_cann.h");
     let mut builder = bindgen::Builder::default()
-        .header(header.to_string_lossy())
+        .header(header)
+        .clang_args(include_dirs.iter().map(|d| format!("-I{}", d.display())))
         .default_enum_style(bindgen::EnumVariation::Consts)
         .prepend_enum_name(false)
         .layout_tests(true)
@@ -259,9 +271,7 @@ fn run_bindgen(krate: &Path, list: &List) -> Result<String, BindgenFailure> {
     }
     match builder.generate() {
         Ok(bindings) => Ok(bindings.to_string()),
-        Err(e) => {
-            Err(BindgenFailure::Other(format!("bindgen failed on {}: {e}", header.display())))
-        }
+        Err(e) => Err(BindgenFailure::Other(format!("bindgen failed on {header}: {e}"))),
     }
 }
 
@@ -563,4 +573,305 @@ fn compare(path: &Path, expected: &str) -> Result<(), String> {
         item.trim(),
         actual.lines().nth(line).unwrap_or("<end of file>").trim()
     ))
+}
+
+/// The CANN headers that declare what the project header excerpts, relative to the include
+/// directories of [`installed_include_dirs`].
+const INSTALLED_HEADERS: &[&str] = &["acl/acl.h", "runtime/rt.h", "ascend_hal.h", "hccl/hccl.h"];
+
+/// Include directories of an installed CANN (as the original's build uses them).
+fn installed_include_dirs(home: &Path) -> Vec<PathBuf> {
+    let arch = std::env::consts::ARCH;
+    ["include", "pkg_inc", "pkg_inc/runtime", "pkg_inc/runtime/runtime"]
+        .iter()
+        .map(|d| home.join(d))
+        .chain([home.join(format!("{arch}-linux/include/driver"))])
+        .filter(|d| d.is_dir())
+        .collect()
+}
+
+/// On a machine with CANN headers (`$ASCEND_HOME_PATH/include/acl/acl.h`), fails when they
+/// disagree with the project header on any listed item.
+fn check_installed(list: &List, project: &str) -> Result<(), String> {
+    let Some(home) = std::env::var_os("ASCEND_HOME_PATH").map(PathBuf::from) else {
+        return Ok(());
+    };
+    if !home.join("include/acl/acl.h").is_file() {
+        return Ok(());
+    }
+    let dirs = installed_include_dirs(&home);
+    let mut wrapper = String::new();
+    for header in INSTALLED_HEADERS {
+        if dirs.iter().any(|d| d.join(header).is_file()) {
+            wrapper.push_str(&format!("#include \"{header}\"\n"));
+        }
+    }
+    let wrapper_path = std::env::temp_dir().join(format!("simpler-cann-{}.h", std::process::id()));
+    fs::write(&wrapper_path, wrapper).map_err(|e| format!("{}: {e}", wrapper_path.display()))?;
+    let installed = bindgen_on(&wrapper_path.to_string_lossy(), &dirs, list);
+    let _ = fs::remove_file(&wrapper_path);
+    let installed = match installed {
+        Ok(text) => text,
+        Err(BindgenFailure::Other(message)) => {
+            println!(
+                "xtask bindgen --check: could not parse the CANN headers under {} ({message}); \
+                 the comparison with the installed release was skipped",
+                home.display()
+            );
+            return Ok(());
+        }
+        Err(BindgenFailure::NoLibclang) => return Err(INSTALL_LIBCLANG.to_owned()),
+    };
+    let version = installed_version(&home);
+    compare_facts(list, project, &installed, &version)?;
+    println!("xtask bindgen --check: the project header agrees with CANN {version}");
+    Ok(())
+}
+
+/// The release named by the install's `version.cfg` or `version.info`, else its path.
+fn installed_version(home: &Path) -> String {
+    for file in ["version.cfg", "version.info", "compiler/version.info"] {
+        let Ok(text) = fs::read_to_string(home.join(file)) else { continue };
+        for line in text.lines() {
+            if let Some((key, value)) = line.split_once('=')
+                && key.trim().eq_ignore_ascii_case("version")
+            {
+                return value.trim().to_owned();
+            }
+        }
+    }
+    home.display().to_string()
+}
+
+/// Fails naming the first listed item whose facts differ between two bindgen outputs.
+fn compare_facts(list: &List, project: &str, installed: &str, version: &str) -> Result<(), String> {
+    let ours = facts(list, project)?;
+    let theirs = facts(list, installed)?;
+    for (key, value) in &ours {
+        match theirs.get(key) {
+            None => {
+                return Err(format!(
+                    "project header differs from CANN {version}: {key} is {value} here but \
+                     missing there"
+                ));
+            }
+            Some(other) if other != value => {
+                return Err(format!(
+                    "project header differs from CANN {version}: {key} {value} vs {other}"
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+fn tokens(t: &dyn quote::ToTokens) -> String {
+    t.to_token_stream().to_string()
+}
+
+fn field_list(fields: &syn::Fields) -> Vec<String> {
+    fields
+        .iter()
+        .map(|f| {
+            let name = f.ident.as_ref().map_or(String::new(), ToString::to_string);
+            format!("{name}: {}", tokens(&f.ty))
+        })
+        .collect()
+}
+
+/// bindgen's layout assertions, `["Size of X"][size_of::<X>() - N]`, as label → N.
+fn layout_facts(c: &syn::ItemConst, out: &mut BTreeMap<String, String>) {
+    let syn::Expr::Block(block) = &*c.expr else { return };
+    for stmt in &block.block.stmts {
+        let syn::Stmt::Expr(syn::Expr::Index(index), _) = stmt else { continue };
+        let syn::Expr::Array(label) = &*index.expr else { continue };
+        let Some(syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(label), .. })) =
+            label.elems.first()
+        else {
+            continue;
+        };
+        let syn::Expr::Binary(bin) = &*index.index else { continue };
+        let label = label.value();
+        if label.starts_with("Size of ") || label.starts_with("Alignment of ") {
+            out.insert(label, tokens(&bin.right).trim_end_matches("usize").to_owned());
+        }
+    }
+}
+
+/// The comparable facts of the listed items: function signatures, constant values, and each
+/// listed type's underlying type, size, alignment and fields (following typedef chains, since
+/// the two headers may use different struct tags).
+fn facts(list: &List, bindings: &str) -> Result<BTreeMap<String, String>, String> {
+    let file = syn::parse_file(bindings).map_err(|e| format!("bindgen output: {e}"))?;
+    let mut aliases: BTreeMap<String, String> = BTreeMap::new();
+    let mut records: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut consts: BTreeMap<String, String> = BTreeMap::new();
+    let mut functions: BTreeMap<String, String> = BTreeMap::new();
+    let mut layout: BTreeMap<String, String> = BTreeMap::new();
+    for item in &file.items {
+        match item {
+            syn::Item::Type(t) => {
+                aliases.insert(t.ident.to_string(), tokens(&t.ty));
+            }
+            syn::Item::Use(u) => {
+                if let syn::UseTree::Path(p) = &u.tree
+                    && let syn::UseTree::Rename(r) = &*p.tree
+                {
+                    aliases.insert(r.rename.to_string(), r.ident.to_string());
+                }
+            }
+            syn::Item::Struct(st) => {
+                records.insert(st.ident.to_string(), field_list(&st.fields));
+            }
+            syn::Item::Union(u) => {
+                records
+                    .insert(u.ident.to_string(), field_list(&syn::Fields::Named(u.fields.clone())));
+            }
+            syn::Item::Const(c) if c.ident == "_" => layout_facts(c, &mut layout),
+            syn::Item::Const(c) => {
+                consts.insert(
+                    c.ident.to_string(),
+                    format!("{} = {}", tokens(&c.ty), tokens(&c.expr)),
+                );
+            }
+            syn::Item::ForeignMod(block) => {
+                for foreign in &block.items {
+                    let syn::ForeignItem::Fn(f) = foreign else { continue };
+                    let args: Vec<String> = f
+                        .sig
+                        .inputs
+                        .iter()
+                        .map(|a| match a {
+                            syn::FnArg::Typed(p) => tokens(&p.ty),
+                            syn::FnArg::Receiver(_) => "self".to_owned(),
+                        })
+                        .collect();
+                    let sig = format!("({}) {}", args.join(", "), tokens(&f.sig.output));
+                    functions.insert(f.sig.ident.to_string(), sig);
+                }
+            }
+            _ => {}
+        }
+    }
+    // Follows a typedef chain to the record (or primitive) at its end.
+    let resolve = |name: &str| -> String {
+        let mut current = name.to_owned();
+        for _ in 0..8 {
+            match aliases.get(&current) {
+                Some(next) if !records.contains_key(&current) => current = next.clone(),
+                _ => break,
+            }
+        }
+        current
+    };
+    let mut out = BTreeMap::new();
+    for f in &list.function {
+        if let Some(sig) = functions.get(&f.name) {
+            out.insert(format!("`{}` signature", f.name), sig.clone());
+        }
+    }
+    for c in &list.constants {
+        if let Some(value) = consts.get(c) {
+            out.insert(format!("`{c}` value"), value.clone());
+        }
+    }
+    for t in &list.types {
+        let base = resolve(t);
+        if let Some(fields) = records.get(&base) {
+            for (key, label) in [("size", "Size of "), ("alignment", "Alignment of ")] {
+                if let Some(value) = layout.get(&format!("{label}{base}")) {
+                    out.insert(format!("`{t}` {key}"), value.clone());
+                }
+            }
+            for (i, field) in fields.iter().enumerate() {
+                out.insert(format!("`{t}` field {i}"), field.clone());
+            }
+        } else if aliases.contains_key(t) {
+            out.insert(format!("`{t}` type"), base);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn krate() -> PathBuf {
+        crate::workspace_root().join("crates/simpler-acl-sys")
+    }
+
+    #[test]
+    fn the_header_reader_finds_exactly_the_listed_functions() {
+        let list = read_list(&krate()).unwrap();
+        let header = fs::read_to_string(krate().join("include/simpler_cann.h")).unwrap();
+        let mut declared = header_functions(&header);
+        let mut listed: Vec<String> = list.function.iter().map(|f| f.name.clone()).collect();
+        declared.sort();
+        listed.sort();
+        assert_eq!(declared, listed);
+        assert!(check_header(&krate(), &list).is_ok());
+    }
+
+    #[test]
+    fn a_listed_function_missing_from_the_header_is_named() {
+        let mut list = read_list(&krate()).unwrap();
+        list.function.push(Function {
+            name: "aclrtNotInTheHeader".to_owned(),
+            library: "acl".to_owned(),
+            required: false,
+            feature: None,
+        });
+        let err = check_header(&krate(), &list).unwrap_err();
+        assert!(err.contains("does not declare `aclrtNotInTheHeader`"), "{err}");
+    }
+
+    #[test]
+    fn wrappers_rebuilt_from_the_checked_in_slots_match_the_checked_in_files() {
+        let list = read_list(&krate()).unwrap();
+        let generated = krate().join("src/generated");
+        let signatures = signatures_from_slots(&generated.join("slots.rs")).unwrap();
+        let files = emit(&list, None, &signatures).unwrap();
+        for (name, text) in &files {
+            compare(&generated.join(name), text).unwrap();
+        }
+        // A declaration the list does not have is named.
+        let mut list = list;
+        list.function.retain(|f| f.name != "aclrtMemset");
+        let err = emit(&list, None, &signatures).unwrap_err();
+        assert!(err.contains("`aclrtMemset`, which is not listed"), "{err}");
+    }
+
+    #[test]
+    fn a_stale_file_is_reported_with_its_first_differing_line() {
+        let dir = std::env::temp_dir().join(format!("xtask-compare-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f.rs");
+        fs::write(&path, "a\nb\nc\n").unwrap();
+        let err = compare(&path, "a\nB\nc\n").unwrap_err();
+        assert!(err.contains("stale at line 2: expected `B`, found `b`"), "{err}");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_difference_from_the_installed_headers_is_named() {
+        let list = read_list(&krate()).unwrap();
+        let project = r#"
+            pub type rtTaskCfgInfo_t = tagRtTaskCfgInfo;
+            pub struct tagRtTaskCfgInfo { pub qos: u8, pub partId: u8, pub schemMode: u8, pub res: [u8; 1usize] }
+            const _: () = { ["Size of tagRtTaskCfgInfo"][::core::mem::size_of::<tagRtTaskCfgInfo>() - 4usize]; };
+            pub const RT_MEMORY_HBM: u32 = 2;
+        "#;
+        assert!(compare_facts(&list, project, project, "8.2.RC1").is_ok());
+        // Another tag name alone is no difference.
+        let renamed = project.replace("tagRtTaskCfgInfo", "TagRtTaskCfgInfo");
+        assert!(compare_facts(&list, project, &renamed, "8.2.RC1").is_ok());
+        let grown = renamed.replace("- 4usize", "- 16usize");
+        let err = compare_facts(&list, project, &grown, "8.5.0").unwrap_err();
+        assert_eq!(err, "project header differs from CANN 8.5.0: `rtTaskCfgInfo_t` size 4 vs 16");
+        let other_value = project.replace("= 2;", "= 1;");
+        let err = compare_facts(&list, project, &other_value, "7.0").unwrap_err();
+        assert!(err.contains("`RT_MEMORY_HBM` value u32 = 2 vs u32 = 1"), "{err}");
+    }
 }

@@ -57,6 +57,7 @@
 //!   and the calls behind [`Cann::version`] and [`Cann::recent_error_message`].
 //! - `src/standin.rs` (feature `standin`): opening stand-in copies and calling their control
 //!   functions.
+//! - `tests/standin.rs`: calls through the bindings into the stand-in library.
 
 pub mod error;
 mod generated;

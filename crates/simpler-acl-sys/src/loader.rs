@@ -37,7 +37,7 @@ pub enum Library {
 }
 
 impl Library {
-    /// Every library, in the order of [`Library::index`].
+    /// Every library, in declaration order.
     pub const ALL: [Library; 5] =
         [Library::Acl, Library::Runtime, Library::Hal, Library::Dlog, Library::Hccl];
 

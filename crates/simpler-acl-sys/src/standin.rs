@@ -53,6 +53,9 @@ pub enum StandInError {
         /// `dlerror`.
         error: String,
     },
+    /// The log filled up and calls were not recorded; an order check would be wrong.
+    #[error("the stand-in log overflowed: {0} calls were not recorded")]
+    LogOverflow(u64),
     /// A knob or function name was refused by the stand-in.
     #[error("the stand-in refused `{0}`")]
     Refused(String),
@@ -202,6 +205,7 @@ impl fmt::Display for Call {
 }
 
 type TakeLog = unsafe extern "C" fn(*mut RawCall, usize) -> usize;
+type Dropped = unsafe extern "C" fn() -> u64;
 type SetFault = unsafe extern "C" fn(*const c_char, u64, i32, c_int) -> c_int;
 type SetValue = unsafe extern "C" fn(*const c_char, i64) -> c_int;
 type Reset = unsafe extern "C" fn();
@@ -212,6 +216,7 @@ type ShareState = unsafe extern "C" fn(*mut c_void);
 /// The control functions of the first copy of an install (whose state every copy shares).
 struct Control {
     take_log: TakeLog,
+    dropped: Dropped,
     set_fault: SetFault,
     set_value: SetValue,
     reset: Reset,
@@ -341,6 +346,7 @@ impl FakeInstall {
                 self.state = state();
                 self.control = Some(Control {
                     take_log: *raw.get(b"standin_take_log").map_err(open_error)?,
+                    dropped: *raw.get(b"standin_log_dropped").map_err(open_error)?,
                     set_fault: *raw.get(b"standin_set_fault").map_err(open_error)?,
                     set_value: *raw.get(b"standin_set_value").map_err(open_error)?,
                     reset: *raw.get(b"standin_reset").map_err(open_error)?,
@@ -395,9 +401,14 @@ impl FakeInstall {
     ///
     /// # Errors
     ///
-    /// When nothing has been placed.
+    /// When nothing has been placed, or [`StandInError::LogOverflow`] when calls were lost.
     pub fn take_log(&self) -> Result<Vec<Call>, StandInError> {
         let control = self.control()?;
+        // SAFETY: no arguments; reads a counter.
+        let dropped = unsafe { (control.dropped)() };
+        if dropped > 0 {
+            return Err(StandInError::LogOverflow(dropped));
+        }
         let mut out = Vec::new();
         let mut buf = vec![
             RawCall {
