@@ -1,10 +1,22 @@
 //! Finding and opening the CANN libraries, and resolving symbols one by one on first use.
 //!
 //! A [`Cann`] is an owned value: it opens nothing when built, opens each library on the first
-//! use of any of its functions and resolves each function on its first call
-//! (`OnceLock<Result<…>>`, so a failure is remembered and returned again without searching
-//! twice). Where it looks is decided by a [`SearchConfig`], whose environment is injectable so
-//! that tests can lay out fake installs side by side in one process.
+//! use of any of its functions and resolves each function on its first call. Where it looks is
+//! decided by a [`SearchConfig`], whose environment is injectable so that tests can lay out
+//! fake installs side by side in one process.
+//!
+//! # Slot protocol
+//!
+//! Every library and every function has one slot (`OnceLock<Result<…, LoadError>>`):
+//!
+//! 1. A slot starts empty. The first thread to need it runs the search (or `dlsym`); threads
+//!    arriving meanwhile wait for that one outcome instead of searching again.
+//! 2. The outcome (the opened library or the function pointer, or the error) is stored once
+//!    and never changes: a failure is returned again without a second search, so a missing
+//!    optional symbol costs one `dlsym`.
+//! 3. A function slot is filled only after its library slot holds an opened library, and both
+//!    live in the same `Cann`, so a resolved pointer never outlives its library.
+//! 4. Later calls read the slot with one acquire load and call through the pointer.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::fmt;
@@ -304,6 +316,12 @@ struct Opened {
     raw: RawLibrary,
     from: Candidate,
 }
+
+// The onboard backend shares one loader between threads (`Arc<Cann>`).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Cann>();
+};
 
 /// The CANN libraries of one process (or one test), opened and resolved lazily.
 ///

@@ -29,36 +29,101 @@ fn default_install_root_is_found_and_the_driver_comes_from_the_driver_directory(
 
 #[test]
 fn search_order_lib_dir_then_ascend_home_then_install_info_then_default_roots() {
+    let arch_lib = format!("opt/home/{}-linux/lib64", std::env::consts::ARCH);
     let mut install = FakeInstall::standard().unwrap();
-    install.place(Library::Acl, "opt/home/x86_64-linux/lib64").unwrap();
+    install.place(Library::Acl, &arch_lib).unwrap();
     install.place(Library::Acl, "opt/info/lib64").unwrap();
     install.place(Library::Acl, "opt/libdir").unwrap();
     std::fs::create_dir_all(install.root().join("etc/Ascend")).unwrap();
+    let info_file = install.root().join("etc/Ascend/ascend_cann_install.info");
     let info = format!("Install_Path={}\n", install.root().join("opt/info").display());
-    std::fs::write(install.root().join("etc/Ascend/ascend_cann_install.info"), info).unwrap();
+    std::fs::write(&info_file, info).unwrap();
     let root = install.root().to_path_buf();
-    let arch = std::env::consts::ARCH;
-    let home = format!("opt/home/{arch}-linux/lib64");
-    if arch == "x86_64" {
-        // The layout above is for x86_64; elsewhere the arch directory differs.
-        let with =
-            |vars: &[(&str, &str)]| found(&Cann::new(install.config_with_env(vars)), Library::Acl);
-        assert_eq!(with(&[]), root.join("opt/info/lib64/libascendcl.so"));
-        assert_eq!(
-            with(&[("ASCEND_HOME_PATH", "@/opt/home")]),
-            root.join(&home).join("libascendcl.so")
-        );
-        assert_eq!(
-            with(&[("ASCEND_HOME_PATH", "@/opt/home"), ("SIMPLER_ASCEND_LIB_DIR", "@/opt/libdir")]),
-            root.join("opt/libdir/libascendcl.so")
-        );
-    }
-    // Without the info file the default root is next.
-    std::fs::remove_file(install.root().join("etc/Ascend/ascend_cann_install.info")).unwrap();
+    let with =
+        |vars: &[(&str, &str)]| found(&Cann::new(install.config_with_env(vars)), Library::Acl);
+
+    assert_eq!(with(&[]), root.join("opt/info/lib64/libascendcl.so"));
     assert_eq!(
-        found(&install.cann(), Library::Acl),
-        root.join("usr/local/Ascend/cann/lib64/libascendcl.so")
+        with(&[("ASCEND_TOOLKIT_HOME", "@/opt/home")]),
+        root.join(&arch_lib).join("libascendcl.so")
     );
+    assert_eq!(
+        with(&[("ASCEND_HOME_PATH", "@/opt/home")]),
+        root.join(&arch_lib).join("libascendcl.so")
+    );
+    assert_eq!(
+        with(&[("ASCEND_HOME_PATH", "@/opt/home"), ("SIMPLER_ASCEND_LIB_DIR", "@/opt/libdir")]),
+        root.join("opt/libdir/libascendcl.so")
+    );
+    // An empty variable counts as unset.
+    assert_eq!(with(&[("SIMPLER_ASCEND_LIB_DIR", "")]), root.join("opt/info/lib64/libascendcl.so"));
+    // Without the info file the default root is next.
+    std::fs::remove_file(&info_file).unwrap();
+    assert_eq!(with(&[]), root.join("usr/local/Ascend/cann/lib64/libascendcl.so"));
+}
+
+#[test]
+fn the_candidates_follow_the_documented_order() {
+    let install = FakeInstall::empty().unwrap();
+    let root = install.root();
+    let config = install
+        .config_with_env(&[
+            ("SIMPLER_ASCEND_LIB_DIR", "/lib-dir"),
+            ("ASCEND_HOME_PATH", "/home-path"),
+        ])
+        .already_loaded(true)
+        .soname_fallback(true);
+    let arch = std::env::consts::ARCH;
+    let path = |p: String| Candidate::Path(PathBuf::from(p));
+    let r = |p: &str| Candidate::Path(root.join(p));
+    let expected = vec![
+        Candidate::Loaded("libascend_hal.so"),
+        path("/lib-dir/libascend_hal.so".into()),
+        path("/home-path/lib64/libascend_hal.so".into()),
+        path(format!("/home-path/{arch}-linux/lib64/libascend_hal.so")),
+        path("/home-path/runtime/lib64/libascend_hal.so".into()),
+        r("usr/local/Ascend/cann/lib64/libascend_hal.so"),
+        r(&format!("usr/local/Ascend/cann/{arch}-linux/lib64/libascend_hal.so")),
+        r("usr/local/Ascend/cann/runtime/lib64/libascend_hal.so"),
+        r("usr/local/Ascend/ascend-toolkit/latest/lib64/libascend_hal.so"),
+        r(&format!("usr/local/Ascend/ascend-toolkit/latest/{arch}-linux/lib64/libascend_hal.so")),
+        r("usr/local/Ascend/ascend-toolkit/latest/runtime/lib64/libascend_hal.so"),
+        r("usr/local/Ascend/driver/lib64/driver/libascend_hal.so"),
+        r("usr/local/Ascend/driver/lib64/libascend_hal.so"),
+        Candidate::Soname("libascend_hal.so"),
+    ];
+    assert_eq!(config.candidates(Library::Hal), expected);
+    // Libraries with two names try both in each place.
+    let dlog = config.candidates(Library::Dlog);
+    assert_eq!(dlog[2], path("/lib-dir/libunified_dlog.so".into()));
+    assert_eq!(dlog[3], path("/lib-dir/libascendalog.so".into()));
+}
+
+#[test]
+fn many_threads_resolving_on_first_use_at_once_all_succeed_and_open_each_library_once() {
+    let install = FakeInstall::standard().unwrap();
+    let cann = install.cann();
+    const THREADS: usize = 8;
+    let barrier = std::sync::Barrier::new(THREADS);
+    std::thread::scope(|s| {
+        for _ in 0..THREADS {
+            s.spawn(|| {
+                barrier.wait();
+                // SAFETY: valid device ids and out-pointers.
+                unsafe {
+                    assert_eq!(cann.rtSetDevice(0), Ok(0));
+                    assert_eq!(cann.aclrtSetDevice(0), Ok(0));
+                    let mut count = 0u32;
+                    assert_eq!(cann.aclrtGetDeviceCount(&mut count), Ok(0));
+                    assert_eq!(count, 1);
+                }
+            });
+        }
+    });
+    let log = install.take_log().unwrap();
+    assert_eq!(log.len(), 3 * THREADS);
+    assert!(log.iter().all(|c| c.ret == 0));
+    assert!(cann.probe().is_ok());
 }
 
 #[test]
