@@ -104,24 +104,32 @@ fn many_threads_resolving_on_first_use_at_once_all_succeed_and_open_each_library
     let install = FakeInstall::standard().unwrap();
     let cann = install.cann();
     const THREADS: usize = 8;
+    // Each thread starts with another function of the same library, so the threads race for
+    // the library slot as well as for the function slots.
+    let calls: [&(dyn Fn(&Cann) -> i32 + Sync); 4] = [
+        // SAFETY: a valid device id.
+        &|c| unsafe { c.aclrtSetDevice(0) }.unwrap(),
+        // SAFETY: a valid out-pointer.
+        &|c| unsafe { c.aclrtGetDeviceCount(&mut 0) }.unwrap(),
+        // SAFETY: valid out-pointers.
+        &|c| unsafe { c.aclrtGetVersion(&mut 0, &mut 0, &mut 0) }.unwrap(),
+        // SAFETY: a valid out-pointer.
+        &|c| unsafe { c.aclrtSetOpExecuteTimeOutV2(1000, &mut 0) }.unwrap(),
+    ];
     let barrier = std::sync::Barrier::new(THREADS);
     std::thread::scope(|s| {
-        for _ in 0..THREADS {
-            s.spawn(|| {
+        for t in 0..THREADS {
+            let (cann, barrier, calls) = (&cann, &barrier, &calls);
+            s.spawn(move || {
                 barrier.wait();
-                // SAFETY: valid device ids and out-pointers.
-                unsafe {
-                    assert_eq!(cann.rtSetDevice(0), Ok(0));
-                    assert_eq!(cann.aclrtSetDevice(0), Ok(0));
-                    let mut count = 0u32;
-                    assert_eq!(cann.aclrtGetDeviceCount(&mut count), Ok(0));
-                    assert_eq!(count, 1);
+                for i in 0..calls.len() {
+                    assert_eq!(calls[(t + i) % calls.len()](cann), 0);
                 }
             });
         }
     });
     let log = install.take_log().unwrap();
-    assert_eq!(log.len(), 3 * THREADS);
+    assert_eq!(log.len(), 4 * THREADS);
     assert!(log.iter().all(|c| c.ret == 0));
     assert!(cann.probe().is_ok());
 }
