@@ -554,8 +554,10 @@ fn env_rustfmt() -> PathBuf {
 }
 
 /// Fails naming the file and the first item (line) that differs.
-fn compare(path: &Path, expected: &str) -> Result<(), String> {
-    let actual = fs::read_to_string(path)
+fn compare(full_path: &Path, expected: &str) -> Result<(), String> {
+    let root = super::workspace_root();
+    let path = full_path.strip_prefix(&root).unwrap_or(full_path);
+    let actual = fs::read_to_string(full_path)
         .map_err(|e| format!("{} is missing ({e}); run `cargo xtask bindgen`", path.display()))?;
     if actual == expected {
         return Ok(());

@@ -6,7 +6,8 @@
 //! temporary directory used as the file-system root of a [`SearchConfig`]; each library placed
 //! in it is a copy of the compiled object, opened `RTLD_LOCAL`, so every test has its own
 //! stand-in state and tests run in parallel. The copies of one install share one state (the
-//! first copy's), so the [log](FakeInstall::take_log) is one ordered sequence across libraries.
+//! first copy's, kept alive by every copy that uses it), so the [log](FakeInstall::take_log)
+//! is one ordered sequence across libraries, and a [`Cann`] may outlive its install.
 //!
 //! Knobs ([`FakeInstall::set_value`]): `sync_timeout_stream` (creation index, 1-based, of the
 //! stream whose syncs return 507046), `reset_probe_failures` (stream creations right after a

@@ -10,7 +10,9 @@
  * Every call is appended to one ordered log. A test lays out several copies of this object
  * as the libraries of a fake install; each copy is opened RTLD_LOCAL and has its own globals,
  * so the test harness points every copy at the state of the first (standin_share_state) and
- * the log stays one ordered sequence across the libraries.
+ * the log stays one ordered sequence across the libraries. The state is on the heap and
+ * counts the copies using it: a copy still loaded (held by a loader that outlived the
+ * install) never points into an unloaded one, and the last copy to unload frees it.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -78,7 +80,9 @@ typedef struct object {
 
 typedef struct state {
     pthread_mutex_t lock;
-    pthread_key_t recent_key;
+    int refs;                  /* copies using this state; the last one to unload frees it */
+    int recent_key_created;
+    pthread_key_t recent_key;  /* this thread's last failure reason (aclGetRecentErrMsg) */
     standin_call log[MAX_LOG];
     size_t log_len;
     uint64_t log_dropped;
@@ -104,8 +108,9 @@ typedef struct state {
     int64_t version[3];
 } state;
 
-static state own_state;
-static state *st = &own_state;
+/* The state this copy uses: its own until standin_share_state points it at the first copy's.
+ * It lives on the heap, so a copy still loaded never points into one that was unloaded. */
+static state *st;
 static pthread_once_t own_once = PTHREAD_ONCE_INIT;
 static __thread int bound_device = -1;
 
@@ -124,10 +129,14 @@ static void set_defaults(state *s) {
     s->version[2] = 0;
 }
 
+static void free_objects(state *s);
+
 static void init_own(void) {
-    pthread_mutex_init(&own_state.lock, NULL);
-    pthread_key_create(&own_state.recent_key, free);
-    set_defaults(&own_state);
+    st = calloc(1, sizeof *st);
+    if (st == NULL) abort();
+    pthread_mutex_init(&st->lock, NULL);
+    st->refs = 1;
+    set_defaults(st);
 }
 
 static state *S(void) {
@@ -135,7 +144,28 @@ static state *S(void) {
     return st;
 }
 
+/* Drops this copy's reference; the last copy frees the state and its device memory. */
+static void release(state *s) {
+    pthread_mutex_lock(&s->lock);
+    int last = --s->refs == 0;
+    pthread_mutex_unlock(&s->lock);
+    if (!last) return;
+    free_objects(s);
+    if (s->recent_key_created) pthread_key_delete(s->recent_key);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+__attribute__((destructor)) static void unload(void) {
+    if (st != NULL) release(st);
+}
+
+/* Called with the lock held. */
 static void set_recent(const char *func, int64_t code, const char *why) {
+    if (!st->recent_key_created) {
+        if (pthread_key_create(&st->recent_key, free) != 0) return;
+        st->recent_key_created = 1;
+    }
     char *buf = pthread_getspecific(st->recent_key);
     if (buf == NULL) {
         buf = calloc(1, 256);
@@ -335,18 +365,28 @@ EXPORT void *standin_state(void) { return S(); }
 
 /* Makes this copy use `other` (the state of the first copy of the same install). */
 EXPORT void standin_share_state(void *other) {
-    S();
-    if (other != NULL) st = other;
+    state *mine = S();
+    if (other == NULL || other == mine) return;
+    state *shared = other;
+    pthread_mutex_lock(&shared->lock);
+    shared->refs++;
+    pthread_mutex_unlock(&shared->lock);
+    st = shared;
+    release(mine);
+}
+
+static void free_objects(state *s) {
+    for (size_t i = 0; i < MAX_OBJECTS; i++) {
+        if (s->objects[i].kind == OBJ_MEMORY) free((void *)(uintptr_t)s->objects[i].handle);
+        s->objects[i].kind = OBJ_NONE;
+    }
 }
 
 /* Clears the log, knobs, faults and objects (freeing device memory). */
 EXPORT void standin_reset(void) {
     S();
     pthread_mutex_lock(&st->lock);
-    for (size_t i = 0; i < MAX_OBJECTS; i++) {
-        if (st->objects[i].kind == OBJ_MEMORY) free((void *)(uintptr_t)st->objects[i].handle);
-        st->objects[i].kind = OBJ_NONE;
-    }
+    free_objects(st);
     st->log_len = 0;
     st->log_dropped = 0;
     st->ncounters = 0;
@@ -624,7 +664,10 @@ EXPORT int aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t coun
 
 EXPORT const char *aclGetRecentErrMsg(void) {
     S();
-    return pthread_getspecific(st->recent_key);
+    pthread_mutex_lock(&st->lock);
+    const char *msg = st->recent_key_created ? pthread_getspecific(st->recent_key) : NULL;
+    pthread_mutex_unlock(&st->lock);
+    return msg;
 }
 
 EXPORT int aclrtCreateEvent(void **event) {

@@ -602,6 +602,29 @@ fn driver_calls_map_memory_and_report_device_facts() {
 }
 
 #[test]
+fn a_loader_outliving_its_install_keeps_working_on_the_copies_it_opened() {
+    let cann = {
+        let install = FakeInstall::standard().unwrap();
+        let cann = install.cann();
+        // SAFETY: a valid device id.
+        assert_eq!(unsafe { cann.rtSetDevice(0) }, Ok(0));
+        cann
+    };
+    // The install's first copy (whose state the runtime copy used) is unloaded now.
+    let mut p: *mut c_void = ptr::null_mut();
+    // SAFETY: valid device id and out-pointer; `p` is freed by the call after.
+    unsafe {
+        assert_eq!(cann.rtSetDevice(0), Ok(0));
+        assert_eq!(cann.rtMalloc(&mut p, 64, RT_MEMORY_HBM, 0), Ok(0));
+        assert_eq!(cann.rtFree(p), Ok(0));
+    }
+    // Libraries not opened before are gone with the install's directory.
+    // SAFETY: a valid device id.
+    let err = unsafe { cann.aclrtSetDevice(0) }.unwrap_err();
+    assert!(matches!(err, LoadError::Library { library: Library::Acl, .. }), "{err}");
+}
+
+#[test]
 fn installs_in_parallel_threads_keep_separate_state() {
     let threads: Vec<_> = (0..4)
         .map(|i| {
