@@ -11,6 +11,11 @@
 //!    declaration becomes a function-pointer type and a slot in `slots.rs` and a lazy wrapper
 //!    method on `Cann` in the file of its library (`acl.rs`, `rt.rs`, …).
 //! 4. Everything is formatted with rustfmt (the workspace's `rustfmt.toml`).
+//! 5. The checked-in output is always generated from the project header, so it does not depend
+//!    on the machine that ran the generator. On a machine with CANN headers
+//!    (`$ASCEND_HOME_PATH/include/acl/acl.h`), `--check` also runs bindgen on the installed
+//!    headers with the same allowlist and fails naming the first listed item (signature,
+//!    constant, struct size, alignment or field) that differs from the project header.
 //!
 //! `--check` regenerates in memory and compares. Without libclang it cannot run bindgen, so it
 //! rebuilds the wrappers and slots from the signatures recorded in the checked-in `slots.rs` and

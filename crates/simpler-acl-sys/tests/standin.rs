@@ -63,6 +63,31 @@ fn search_order_lib_dir_then_ascend_home_then_install_info_then_default_roots() 
 }
 
 #[test]
+fn the_install_info_file_under_etc_comes_before_the_one_under_home() {
+    let mut install = FakeInstall::standard().unwrap();
+    install.place(Library::Runtime, "opt/from-etc/lib64").unwrap();
+    install.place(Library::Runtime, "opt/from-home/runtime/lib64").unwrap();
+    let root = install.root().to_path_buf();
+    let write_info = |file: &str, target: &str| {
+        let path = root.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, format!("# CANN\nInstall_Path = {}\n", root.join(target).display()))
+            .unwrap();
+    };
+    write_info("home/user/Ascend/ascend_cann_install.info", "opt/from-home");
+    let config = || install.config_with_env(&[("HOME", "@/home/user")]);
+    assert_eq!(
+        found(&Cann::new(config()), Library::Runtime),
+        root.join("opt/from-home/runtime/lib64/libruntime.so")
+    );
+    write_info("etc/Ascend/ascend_cann_install.info", "opt/from-etc");
+    assert_eq!(
+        found(&Cann::new(config()), Library::Runtime),
+        root.join("opt/from-etc/lib64/libruntime.so")
+    );
+}
+
+#[test]
 fn the_candidates_follow_the_documented_order() {
     let install = FakeInstall::empty().unwrap();
     let root = install.root();
