@@ -57,7 +57,8 @@
 //!   and the calls behind [`Cann::version`] and [`Cann::recent_error_message`].
 //! - `src/standin.rs` (feature `standin`): opening stand-in copies and calling their control
 //!   functions.
-//! - `tests/standin.rs`: calls through the bindings into the stand-in library.
+//! - `tests/standin.rs` and `benches/lazy_call.rs`: calls through the bindings (and, in the
+//!   bench, through a hand-resolved pointer) into the stand-in library.
 
 pub mod error;
 mod generated;
