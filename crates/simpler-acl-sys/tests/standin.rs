@@ -668,3 +668,25 @@ fn installs_in_parallel_threads_keep_separate_state() {
         assert_eq!(thread.join().unwrap(), (1000 + i as i32, 1));
     }
 }
+
+#[cfg(feature = "hccl")]
+#[test]
+fn hccl_functions_resolve_from_the_communication_library() {
+    let install = FakeInstall::standard().unwrap();
+    let cann = install.cann();
+    let mut root = HcclRootInfo { internal: [0; 4108] };
+    let mut comm: HcclComm = ptr::null_mut();
+    let mut stream: aclrtStream = ptr::null_mut();
+    // SAFETY: valid out-pointers and live handles.
+    unsafe {
+        assert_eq!(cann.HcclGetRootInfo(&mut root), Ok(0));
+        assert_eq!(cann.HcclCommInitRootInfo(2, &root, 0, &mut comm), Ok(0));
+        assert_eq!(cann.HcclCommInitRootInfo(2, &root, 2, &mut comm.clone()), Ok(107000));
+        assert_eq!(cann.aclrtCreateStream(&mut stream), Ok(0));
+        assert_eq!(cann.HcclBarrier(comm, stream), Ok(0));
+        assert_eq!(cann.HcclCommDestroy(comm), Ok(0));
+    }
+    assert!(
+        matches!(cann.library_source(Library::Hccl), Some(Candidate::Path(p)) if p.ends_with("libhcomm.so"))
+    );
+}
