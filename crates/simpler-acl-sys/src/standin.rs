@@ -318,7 +318,8 @@ impl FakeInstall {
     }
 
     /// Copies the stand-in into `<root>/<dir>/<first soname of library>` and links it to the
-    /// install's shared state. Returns the file's path.
+    /// install's shared state. Returns the file's path. Place every copy before the first call
+    /// into the install: linking a copy is not synchronised with calls on other threads.
     ///
     /// # Errors
     ///
