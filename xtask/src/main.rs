@@ -10,9 +10,11 @@
 //! - `bench [cargo bench args]`: the criterion benchmarks in release mode.
 //! - `build --platform a2a3` and `onboard-test`: the tasks for a real A2/A3 server; on any other
 //!   machine they list what is missing and exit 2 (module `onboard`).
+//! - `bindgen [--check]`: regenerate (or check) the CANN bindings of `simpler-acl-sys`.
 
 #![forbid(unsafe_code)]
 
+mod bindgen;
 mod onboard;
 
 use std::env;
@@ -49,6 +51,7 @@ fn main() -> ExitCode {
         "bench" => bench(rest),
         "build" => return onboard::build(rest),
         "onboard-test" => return onboard::onboard_test(rest),
+        "bindgen" => bindgen::run(rest.iter().any(|a| a == "--check")),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())
@@ -71,11 +74,15 @@ tasks:
   loom             loom model checks of the concurrency protocols
   bench [ARGS]     criterion benchmarks (release); ARGS go to `cargo bench`
   build --platform a2a3      onboard programs (needs CANN; lists what is missing, exit 2)
-  onboard-test [--device 0|0-3|0,2]  tests on a real A2/A3 server (exit 2 when it cannot run)";
+  onboard-test [--device 0|0-3|0,2]  tests on a real A2/A3 server (exit 2 when it cannot run)
+  bindgen [--check]  regenerate simpler-acl-sys/src/generated (needs libclang:
+                   `apt-get install libclang-dev`); --check fails when it is stale";
 
 fn ci() -> Result<(), String> {
     let started = Instant::now();
     cargo(&["fmt", "--all", "--check"], &[])?;
+    println!("\n==> cargo xtask bindgen --check");
+    bindgen::run(true)?;
     cargo(
         &["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"],
         &[],
