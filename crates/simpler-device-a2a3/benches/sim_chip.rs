@@ -35,7 +35,6 @@ struct Bench {
 impl Bench {
     fn new() -> Bench {
         let mut o = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
-        o.read_env = false;
         // Knobs for studying the spin policy: spin rounds and yield rounds of every wait.
         if let Some(y) = std::env::var("SIMPLER_BENCH_YIELDS").ok().and_then(|v| v.parse().ok()) {
             o.sim.yield_iters = y;

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use simpler_types::{DeviceCode, DeviceTaskId, FailureMechanism, RunId, TimeoutBudget};
+use simpler_types::{CallableId, DeviceCode, DeviceTaskId, FailureMechanism, RunId, TimeoutBudget};
 
 use crate::abi::CoreType;
 use crate::abi::codes::{AclCode, RuntimeCode, StallClass};
@@ -455,13 +455,39 @@ pub enum DeviceError {
         /// The run using it.
         run_id: RunId,
     },
-    /// The call is not allowed in the runner's current run state.
+    /// The call is not allowed in the runner's current run state (a run is prepared,
+    /// launched or reaped and not yet completed, or none is).
     #[error("busy: {call} is not allowed while {state}")]
     Busy {
         /// The call that was refused.
         call: &'static str,
         /// The state that refused it.
         state: String,
+    },
+    /// The runner (or the chip holding it) was finalized; nothing can run on it any more.
+    #[error("{call}: the device runner is finalized")]
+    Finalized {
+        /// The call that was refused.
+        call: &'static str,
+    },
+    /// A run named a callable that is not prepared (registered) on this chip.
+    #[error("{}{call}: callable {callable} is not prepared on this chip", fmt_run(run_id))]
+    CallableNotPrepared {
+        /// The run, if a run named the callable.
+        run_id: Option<RunId>,
+        /// The call that was refused.
+        call: &'static str,
+        /// The callable's content id.
+        callable: CallableId,
+    },
+    /// The code driving a launch panicked; the panic was caught and the run ended with this
+    /// error (the device keeps whatever state the panic left it in).
+    #[error("{}the launch panicked: {message}", fmt_run(run_id))]
+    LaunchPanicked {
+        /// The run.
+        run_id: Option<RunId>,
+        /// The panic message.
+        message: String,
     },
     /// An address range is not inside one tracked device allocation.
     #[error(
@@ -586,9 +612,12 @@ impl DeviceError {
             | DeviceError::OutOfMemory { run_id, .. }
             | DeviceError::InvalidCallable { run_id, .. }
             | DeviceError::BadDevicePointer { run_id, .. }
+            | DeviceError::CallableNotPrepared { run_id, .. }
+            | DeviceError::LaunchPanicked { run_id, .. }
             | DeviceError::Init { run_id, .. } => *run_id,
             DeviceError::Unusable { .. }
             | DeviceError::TooManyCallables { .. }
+            | DeviceError::Finalized { .. }
             | DeviceError::Busy { .. } => None,
         }
     }
@@ -603,6 +632,8 @@ impl DeviceError {
             | DeviceError::OutOfMemory { run_id, .. }
             | DeviceError::InvalidCallable { run_id, .. }
             | DeviceError::BadDevicePointer { run_id, .. }
+            | DeviceError::CallableNotPrepared { run_id, .. }
+            | DeviceError::LaunchPanicked { run_id, .. }
             | DeviceError::Init { run_id, .. } => {
                 run_id.get_or_insert(run);
             }
@@ -633,11 +664,14 @@ impl DeviceError {
             | DeviceError::TooManyCallables { .. }
             | DeviceError::CallableInUse { .. }
             | DeviceError::Busy { .. }
+            | DeviceError::Finalized { .. }
+            | DeviceError::CallableNotPrepared { .. }
             | DeviceError::BadDevicePointer { .. }
             | DeviceError::Unsupported { .. } => ErrorClass::Usage,
             DeviceError::OutOfMemory { .. } | DeviceError::Capacity { .. } => ErrorClass::Resources,
             DeviceError::Init { .. }
             | DeviceError::Diagnostics { .. }
+            | DeviceError::LaunchPanicked { .. }
             | DeviceError::Orchestration { .. } => ErrorClass::Setup,
         }
     }
@@ -702,6 +736,9 @@ impl DeviceError {
             | DeviceError::UnknownCallable { .. }
             | DeviceError::Unsupported { .. } => FailureMechanism::TaskFailed,
             DeviceError::Busy { .. }
+            | DeviceError::Finalized { .. }
+            | DeviceError::CallableNotPrepared { .. }
+            | DeviceError::LaunchPanicked { .. }
             | DeviceError::Diagnostics { .. }
             | DeviceError::InvalidCallable { .. }
             | DeviceError::TooManyCallables { .. }

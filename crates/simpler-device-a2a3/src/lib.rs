@@ -33,13 +33,12 @@
 //! host-tensor staging (`runner::staging`), the shared-object kernel loader
 //! (`backend::sim::loader`) and the reference programs' kernels (`programs`).
 
-#[cfg(not(feature = "sim"))]
-compile_error!(
-    "simpler-device-a2a3 currently needs the `sim` feature (the onboard backend is not built yet)"
-);
+// With no backend feature the backend-neutral types and the simulator-facing image views have
+// no constructor; the crate still builds (every `attach` reports the missing feature), so the
+// dead-code lint is off in that configuration only.
+#![cfg_attr(not(feature = "sim"), allow(dead_code))]
 
 pub mod abi;
-mod aicore;
 pub mod aicpu;
 mod backend;
 pub mod callable;
@@ -52,6 +51,7 @@ mod runner;
 pub mod runtime;
 pub mod timeouts;
 
+#[cfg(feature = "sim")]
 pub use backend::sim::{FaultPlan, FiredFault};
 pub use callable::{
     ArgDirection, ChipCallable, ChipCallableBuilder, CoreCallable, KernelCode, NativeConfigFn,
@@ -63,7 +63,9 @@ pub use error::{
     PoisonCause, PoisonStep, RingSizes, RuntimeFault, StallInfo, StreamKind,
 };
 pub use kernel::{KernelCall, KernelFn};
-pub use options::{Platform, RingDefaults, RunnerOptions, RuntimeVariant, SimOptions};
+#[cfg(feature = "sim")]
+pub use options::SimOptions;
+pub use options::{Platform, RingDefaults, RunnerOptions, RuntimeVariant};
 pub use runner::{
     ChipSlot, DeviceHealth, DevicePtr, DeviceRunner, FinalizeReport, HealthProbe, MemoryLedger,
     RingHighWater, RunReport, RunRequest, RunnerStats,

@@ -157,7 +157,9 @@ fn unregistering_after_a_failed_run_keeps_a_still_running_kernel_object_loaded()
     let dir = temp_dir("shared-object-slow");
     let Some(so) = build(&dir, "slowkernel", SLOW_KERNEL) else { return };
     let mut o = options(0)
-        .with_timeouts(200, 400_000, 2_000)
+        .with_scheduler_timeout(std::time::Duration::from_millis(200))
+        .with_op_execute_timeout(std::time::Duration::from_micros(400_000))
+        .with_stream_sync_timeout(std::time::Duration::from_millis(2_000))
         .with_shutdown_budget(std::time::Duration::from_millis(200));
     o.sim.join_budget = std::time::Duration::from_secs(20);
     let mut r = DeviceRunner::attach(o).unwrap();

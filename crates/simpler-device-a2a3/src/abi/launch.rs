@@ -13,8 +13,10 @@ pub const PROFILE_DEP_GEN: u32 = 1 << 3;
 /// Profiling flag bit: scope statistics.
 pub const PROFILE_SCOPE_STATS: u32 = 1 << 4;
 
-/// The argument block both launches receive (by device address), uploaded at P16.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The argument block both launches receive (by device address), uploaded at preparation
+/// step 16 (`docs/device-runner.md`). Plain data without padding, so its upload bytes are
+/// [`bytemuck::bytes_of`] of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(64))]
 pub struct KernelArgs {
     /// [`ABI_VERSION`](super::ABI_VERSION) of the host that wrote it.
@@ -78,7 +80,7 @@ const _: () = {
 /// Header of one kernel inside a chip callable's uploaded buffer (spec §3.4): the kernel's
 /// resolved address (a device code address onboard, a function pointer on the simulator) and
 /// its signature.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C)]
 pub struct CoreKernelHeader {
     /// Func id of the kernel.

@@ -371,6 +371,80 @@ impl<'a> CoreImageView<'a> {
     }
 }
 
+/// The host's view of a runtime image after (or before) a launch: header, shared header,
+/// handshake records, phase records and the swimlane sections — the one decoder the runner and
+/// the diagnostics read the image with.
+///
+/// Like [`CoreImageView`] it checks the header and the section bounds only. The host builds it
+/// over the image's host mapping when no device thread runs: before the launch (to clear the
+/// handshake records) and after both streams completed or drained (to read the results), so
+/// the records written during the run are complete and nobody writes them while it reads.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HostImageView<'a> {
+    view: ImageView<'a>,
+}
+
+impl<'a> HostImageView<'a> {
+    /// Checks the header and section bounds of the image at `base` (`len` bytes).
+    ///
+    /// # Safety
+    ///
+    /// As [`ImageView::from_raw`], and no device thread may run the image while the view
+    /// exists (so the swimlane records it reads are not being written).
+    pub(crate) unsafe fn from_raw(base: *mut u8, len: u64) -> Result<HostImageView<'a>, ViewError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { ImageView::from_raw_sections(base, len) }.map(|view| HostImageView { view })
+    }
+
+    /// The header.
+    pub(crate) fn header(&self) -> &'a ImageHeader {
+        self.view.header()
+    }
+
+    /// The shared header.
+    pub(crate) fn shared(&self) -> &'a SharedHeader {
+        self.view.shared()
+    }
+
+    /// Handshake record of core `c` (< 72).
+    pub(crate) fn handshake(&self, c: u32) -> &'a Handshake {
+        self.view.handshake(c)
+    }
+
+    /// Phase record of AICPU thread `t` (< 4).
+    pub(crate) fn phase(&self, t: u32) -> &'a PhaseRecord {
+        self.view.phase(t)
+    }
+
+    /// The swimlane records core `c` (< `num_aicore`) wrote, and how many it dropped.
+    pub(crate) fn swimlane_records(
+        &self,
+        c: u32,
+    ) -> (impl Iterator<Item = SwimlaneRecord> + 'a, u32) {
+        use core::sync::atomic::Ordering::Acquire;
+        let cap = self.header().swimlane_capacity;
+        let (h, records) = self.view.swimlane(c);
+        let live = cap > 0 && c < self.header().num_aicore;
+        let n = if live { h.count.load(Acquire).min(cap) as usize } else { 0 };
+        // SAFETY: the first `n ≤ capacity` records lie inside core `c`'s checked block, were
+        // written by that core before it bumped `count`, and no device thread runs (the
+        // constructor's contract); records are plain data read by value.
+        let read = (0..n).map(move |i| unsafe { records.add(i).read() });
+        (read, if live { h.dropped.load(Acquire) } else { 0 })
+    }
+
+    /// The AICPU dispatch records thread `t` (< 4) wrote.
+    pub(crate) fn aicpu_records(&self, t: u32) -> impl Iterator<Item = AicpuRecord> + 'a {
+        use core::sync::atomic::Ordering::Acquire;
+        let cap = self.header().aicpu_swimlane_capacity;
+        let (h, records) = self.view.aicpu_swimlane(t);
+        let live = cap > 0 && (t as usize) < MAX_PHASE_THREADS;
+        let n = if live { h.count.load(Acquire).min(cap) as usize } else { 0 };
+        // SAFETY: as in `swimlane_records`, for thread `t`'s checked block.
+        (0..n).map(move |i| unsafe { records.add(i).read() })
+    }
+}
+
 /// A push-once multi-producer, multi-consumer queue over one ready-queue section.
 ///
 /// Protocol (every task block enters at most one queue at most once per run, so cells are

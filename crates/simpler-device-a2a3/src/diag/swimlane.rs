@@ -5,16 +5,14 @@
 //! per core (`AIC<k>`/`AIV<k>`), AICPU thread phases from level 2, and flow arrows per
 //! dependency edge when dep-gen is on.
 
-use std::mem::{offset_of, size_of};
-
 use serde_json::{Value, json};
+use simpler_types::TaskId;
 
+use super::origin_json;
 use super::timing::ThreadPhases;
-use super::{le_u32, le_u64};
-use crate::abi::image::{
-    AicpuRecord, SwimlaneHeader, SwimlaneRecord, aicpu_swimlane_block_bytes, swimlane_block_bytes,
-};
+use crate::abi::image::{AicpuRecord, SwimlaneRecord};
 use crate::abi::{COUNTER_HZ, CoreType, NS_PER_TICK, WorkerPlace};
+use crate::aicpu::view::HostImageView;
 
 /// What a run captured.
 #[derive(Clone, Debug, Default)]
@@ -31,61 +29,29 @@ pub(crate) struct SwimlaneCapture {
     pub(crate) phases: Vec<ThreadPhases>,
 }
 
-/// Parses the swimlane section (a host copy) of `num_aicore` workers.
-pub(crate) fn parse(
-    bytes: &[u8],
-    num_aicore: u32,
-    capacity: u32,
-) -> (Vec<(u32, SwimlaneRecord)>, Vec<u32>) {
-    let block = swimlane_block_bytes(capacity);
-    let mut records = Vec::new();
-    let mut dropped = Vec::new();
-    for w in 0..num_aicore {
-        let base = u64::from(w) * block;
-        let count = le_u32(bytes, base + offset_of!(SwimlaneHeader, count) as u64).min(capacity);
-        dropped.push(le_u32(bytes, base + offset_of!(SwimlaneHeader, dropped) as u64));
-        for i in 0..u64::from(count) {
-            let r =
-                base + size_of::<SwimlaneHeader>() as u64 + i * size_of::<SwimlaneRecord>() as u64;
-            records.push((
-                w,
-                SwimlaneRecord {
-                    task_id: le_u64(bytes, r + offset_of!(SwimlaneRecord, task_id) as u64),
-                    token: le_u32(bytes, r + offset_of!(SwimlaneRecord, token) as u64),
-                    func_id: le_u32(bytes, r + offset_of!(SwimlaneRecord, func_id) as u64),
-                    start: le_u64(bytes, r + offset_of!(SwimlaneRecord, start) as u64),
-                    end: le_u64(bytes, r + offset_of!(SwimlaneRecord, end) as u64),
-                    block_idx: le_u32(bytes, r + offset_of!(SwimlaneRecord, block_idx) as u64),
-                    reserved: 0,
-                },
-            ));
+impl SwimlaneCapture {
+    /// Reads what the image's swimlane sections captured; `level` is the run's swimlane level.
+    pub(crate) fn read(image: &HostImageView<'_>, level: u32, threads: u32) -> SwimlaneCapture {
+        let h = image.header();
+        let mut records = Vec::new();
+        let mut dropped = Vec::new();
+        for c in 0..h.num_aicore {
+            let (r, d) = image.swimlane_records(c);
+            records.extend(r.map(|r| (c, r)));
+            dropped.push(d);
+        }
+        let aicpu =
+            (0..threads).flat_map(|t| image.aicpu_records(t).map(move |r| (t, r))).collect();
+        SwimlaneCapture {
+            level,
+            block_dim: h.block_dim,
+            threads,
+            records,
+            dropped,
+            aicpu,
+            phases: super::timing::phases(image, threads),
         }
     }
-    (records, dropped)
-}
-
-/// Parses the AICPU record section (a host copy) of `threads` threads.
-pub(crate) fn parse_aicpu(bytes: &[u8], threads: u32, capacity: u32) -> Vec<(u32, AicpuRecord)> {
-    let block = aicpu_swimlane_block_bytes(capacity);
-    let mut out = Vec::new();
-    for t in 0..threads {
-        let base = u64::from(t) * block;
-        let count = le_u32(bytes, base + offset_of!(SwimlaneHeader, count) as u64).min(capacity);
-        for i in 0..u64::from(count) {
-            let r = base + size_of::<SwimlaneHeader>() as u64 + i * size_of::<AicpuRecord>() as u64;
-            out.push((
-                t,
-                AicpuRecord {
-                    task_id: le_u64(bytes, r + offset_of!(AicpuRecord, task_id) as u64),
-                    worker: le_u32(bytes, r + offset_of!(AicpuRecord, worker) as u64),
-                    token: le_u32(bytes, r + offset_of!(AicpuRecord, token) as u64),
-                    dispatch: le_u64(bytes, r + offset_of!(AicpuRecord, dispatch) as u64),
-                    finish: le_u64(bytes, r + offset_of!(AicpuRecord, finish) as u64),
-                },
-            ));
-        }
-    }
-    out
 }
 
 fn core_name(w: u32, block_dim: u32) -> String {
@@ -136,8 +102,13 @@ pub(crate) fn records_json(c: &SwimlaneCapture) -> Value {
     })
 }
 
-/// `swimlane.perfetto.json`. `edges` are `(pred, succ)` device task ids for flow arrows.
-pub(crate) fn perfetto_json(c: &SwimlaneCapture, edges: &[(u64, u64)]) -> Value {
+/// `swimlane.perfetto.json`. `edges` are `(pred, succ)` device task ids for flow arrows;
+/// `origin` (the engine task that started the run) goes into the trace metadata.
+pub(crate) fn perfetto_json(
+    c: &SwimlaneCapture,
+    edges: &[(u64, u64)],
+    origin: Option<TaskId>,
+) -> Value {
     let t0 = c
         .records
         .iter()
@@ -207,5 +178,9 @@ pub(crate) fn perfetto_json(c: &SwimlaneCapture, edges: &[(u64, u64)]) -> Value 
             events.push(json!({"ph": "f", "bp": "e", "id": n, "pid": 1, "tid": wt, "name": "dep", "cat": "dep", "ts": us(rt.start)}));
         }
     }
-    json!({"displayTimeUnit": "ns", "traceEvents": events})
+    json!({
+        "displayTimeUnit": "ns",
+        "metadata": {"origin": origin_json(origin)},
+        "traceEvents": events,
+    })
 }

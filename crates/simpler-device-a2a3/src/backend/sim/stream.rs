@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::abi::codes::AclCode;
+use crate::backend::{StreamFault, StreamStatus, SyncError};
 use crate::error::StreamKind;
 
 /// What an entry runs.
@@ -105,30 +106,6 @@ impl LaunchEntry {
     fn is_aicore(&self) -> bool {
         matches!(self.kind, EntryKind::AiCore { .. })
     }
-}
-
-/// A stream's sticky error.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct StreamFault {
-    pub(crate) code: AclCode,
-    pub(crate) message: String,
-}
-
-/// What a sync returns on failure.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum SyncError {
-    /// The stream is in its sticky error state.
-    Fault(StreamFault),
-    /// The entries did not complete within the budget.
-    Timeout,
-}
-
-/// Non-blocking state of a stream.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum StreamStatus {
-    Idle,
-    Busy,
-    Failed(StreamFault),
 }
 
 #[derive(Debug, Default)]

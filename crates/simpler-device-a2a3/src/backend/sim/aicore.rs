@@ -18,12 +18,12 @@ use std::sync::atomic::Ordering;
 
 use simpler_types::DeviceTaskId;
 
+use super::{KernelAction, RegBlock, SimLaunch, SimShared};
 use crate::abi::WorkerPlace;
 use crate::abi::codes::AclCode;
 use crate::abi::image::SwimlaneRecord;
 use crate::abi::launch::PROFILE_SWIMLANE;
 use crate::abi::regs::{AICPU_IDLE, Cond, EXIT_SIGNAL, EXITED_VALUE, IDLE_VALUE, RegId};
-use crate::backend::sim::{KernelAction, SimLaunch, SimShared};
 use crate::error::{CoreFault, StreamKind};
 use crate::kernel::KernelFn;
 
@@ -77,7 +77,7 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Runs worker `w` of an AICore launch entry; returns 0 or the device code of its fault.
-pub(crate) fn run_worker(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
+pub(crate) fn run_core(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
     let stop = || dev.is_reset() || entry.is_aborted();
     let Some(args) = dev.read_kernel_args(entry.args) else {
         return AclCode::AICORE_EXCEPTION.get();
@@ -251,7 +251,7 @@ pub(crate) fn run_worker(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
 fn call_kernel(
     dev: &SimShared,
     entry: &SimLaunch,
-    regs: &crate::backend::sim::RegBlock,
+    regs: &RegBlock,
     w: u32,
     kernel: u64,
     func_id: u32,
