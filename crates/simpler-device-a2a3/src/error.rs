@@ -316,8 +316,9 @@ impl fmt::Display for MemPurpose {
     }
 }
 
-/// How an error is grouped in spec §8.1's table.
+/// How an error is grouped (the table in [`DeviceError`]'s docs).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[non_exhaustive]
 pub enum ErrorClass {
     /// A runtime status latched by orchestration (codes 1–11).
     Orchestration,
@@ -329,6 +330,9 @@ pub enum ErrorClass {
     StreamSyncTimeout,
     /// An AICore or AICPU fault, or an op timeout.
     DeviceFault,
+    /// A kernel never finished and never faulted: the scheduler's no-progress watchdog caught
+    /// it and the run ended as a device fault (the device is unusable afterwards).
+    Hang,
     /// The device was already unusable.
     Poisoned,
     /// The call or its configuration was invalid.
@@ -340,6 +344,35 @@ pub enum ErrorClass {
 }
 
 /// The error type of every fallible call of this crate.
+///
+/// Every variant a run produces carries its `run_id`. Three views classify an error without
+/// matching every variant:
+///
+/// - [`class`](Self::class) groups it by what happened and what state the device is in:
+///
+///   | Class | Variants | Device afterwards |
+///   |---|---|---|
+///   | `Orchestration` | `Runtime` with codes 1–11 | healthy |
+///   | `Scheduler` | `Runtime` with codes 100–103 (a stall the scheduler shut down cleanly) | healthy |
+///   | `LaunchFailure` | `Launch` | unusable |
+///   | `StreamSyncTimeout` | `Timeout { budget: StreamSync }` | unusable |
+///   | `Hang` | `DeviceFault` whose latched status is a scheduler timeout and whose faults contain no core exception: a kernel never finished | unusable |
+///   | `DeviceFault` | any other `DeviceFault`; `Timeout { budget: OpExecute }` | unusable |
+///   | `Poisoned` | `Unusable` | unusable |
+///   | `Usage` | `InvalidConfig`, `InvalidArgs`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
+///   | `Resources` | `OutOfMemory`, `Capacity` | unchanged |
+///   | `Setup` | `Init`, `Diagnostics`, `Orchestration`, `LaunchPanicked` | unchanged |
+///
+/// - [`timed_out`](Self::timed_out) (and [`is_timeout`](Self::is_timeout)) answers "did it
+///   time out or hang?" with the budget that fired: a `Timeout`, a `Runtime` scheduler stall,
+///   and a hung kernel. A hung kernel arrives as a `DeviceFault` — the scheduler's watchdog
+///   latched SCHEDULER_TIMEOUT, sent the exit signal, the hung core never answered, so the
+///   AICPU's shutdown was unclean (an AICPU exception code) — and is classified by its latched
+///   stall, not by that code. A kernel that faulted (a core exception) is not a timeout even
+///   though the scheduler's watchdog also latched a stall for it.
+/// - [`mechanism`](Self::mechanism) maps onto the shared failure vocabulary of
+///   `simpler-types`, consistently with `timed_out`: every error `timed_out` names is
+///   `FailureMechanism::Timeout` with that budget.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DeviceError {
@@ -642,7 +675,7 @@ impl DeviceError {
         self
     }
 
-    /// The group of spec §8.1's table the error belongs to.
+    /// The group the error belongs to (the table in the type's docs).
     pub fn class(&self) -> ErrorClass {
         match self {
             DeviceError::Runtime { fault, .. } if fault.code.is_scheduler() => {
@@ -653,6 +686,7 @@ impl DeviceError {
             DeviceError::Timeout { budget: TimeoutBudget::StreamSync, .. } => {
                 ErrorClass::StreamSyncTimeout
             }
+            DeviceError::DeviceFault { .. } if self.is_hang() => ErrorClass::Hang,
             DeviceError::Timeout { .. } | DeviceError::DeviceFault { .. } => {
                 ErrorClass::DeviceFault
             }
@@ -674,6 +708,38 @@ impl DeviceError {
             | DeviceError::LaunchPanicked { .. }
             | DeviceError::Orchestration { .. } => ErrorClass::Setup,
         }
+    }
+
+    /// Whether this is a device fault caused by a kernel that never finished: the latched
+    /// status is a scheduler stall and no core reported an exception.
+    fn is_hang(&self) -> bool {
+        match self {
+            DeviceError::DeviceFault { runtime: Some(rt), faults, .. } => {
+                rt.stall.is_some() && !faults.iter().any(|f| f.code == AclCode::AICORE_EXCEPTION)
+            }
+            _ => false,
+        }
+    }
+
+    /// The budget that fired and its value, when the error means that something did not
+    /// finish in time: a `Timeout`, a scheduler stall latched by the runtime, or a hung kernel
+    /// (see the type's docs).
+    pub fn timed_out(&self) -> Option<(TimeoutBudget, Duration)> {
+        match self {
+            DeviceError::Timeout { budget, limit, .. } => Some((*budget, *limit)),
+            DeviceError::Runtime { fault, .. } => {
+                fault.stall.as_ref().map(|s| (TimeoutBudget::DeviceScheduler, s.budget))
+            }
+            DeviceError::DeviceFault { runtime: Some(rt), .. } if self.is_hang() => {
+                rt.stall.as_ref().map(|s| (TimeoutBudget::DeviceScheduler, s.budget))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether something timed out or hung ([`timed_out`](Self::timed_out) names the budget).
+    pub fn is_timeout(&self) -> bool {
+        self.timed_out().is_some()
     }
 
     /// The original device or runtime number, with its name, where one exists.
@@ -704,22 +770,17 @@ impl DeviceError {
 
     /// The failure mechanism in the shared vocabulary (10-types §9).
     pub fn mechanism(&self) -> FailureMechanism {
+        if let Some((budget, limit)) = self.timed_out() {
+            return FailureMechanism::Timeout { budget, limit };
+        }
         match self {
-            DeviceError::Runtime { fault, .. } => match (&fault.stall, fault.code) {
-                (Some(stall), _) => FailureMechanism::Timeout {
-                    budget: TimeoutBudget::DeviceScheduler,
-                    limit: stall.budget,
-                },
-                (None, RuntimeCode::OrchestrationFatal | RuntimeCode::InvalidArgs) => {
+            // Stalls and `Timeout` were answered by `timed_out` above.
+            DeviceError::Runtime { fault, .. } => match fault.code {
+                RuntimeCode::OrchestrationFatal | RuntimeCode::InvalidArgs => {
                     FailureMechanism::TaskFailed
                 }
-                (None, code) => {
-                    FailureMechanism::CapacityExhausted { what: code.name().to_owned() }
-                }
+                code => FailureMechanism::CapacityExhausted { what: code.name().to_owned() },
             },
-            DeviceError::Timeout { budget, limit, .. } => {
-                FailureMechanism::Timeout { budget: *budget, limit: *limit }
-            }
             DeviceError::Capacity { ring, resource, capacity, .. } => {
                 FailureMechanism::CapacityExhausted {
                     what: format!("ring {ring} {resource}: {capacity}"),
@@ -747,6 +808,7 @@ impl DeviceError {
             | DeviceError::Init { .. } => FailureMechanism::EndpointFailed,
             DeviceError::Launch { .. }
             | DeviceError::DeviceFault { .. }
+            | DeviceError::Timeout { .. }
             | DeviceError::Unusable { .. } => FailureMechanism::DeviceFault,
         }
     }

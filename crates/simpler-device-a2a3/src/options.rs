@@ -2,8 +2,18 @@
 //!
 //! The timeout budgets come from code ([`RunnerOptions::with_scheduler_timeout`] and its two
 //! siblings), then — only when asked with [`RunnerOptions::with_env_overrides`] — from the
-//! `SIMPLER_*` environment variables, then from the defaults; `docs/device-timeouts.md` has
-//! the table of budgets, variables and rules.
+//! environment, then from the defaults (the same table is in `docs/device-timeouts.md`):
+//!
+//! | Budget | Default | Setter | Environment override (only with `with_env_overrides`) |
+//! |---|---|---|---|
+//! | Scheduler no-progress | 10 s | `with_scheduler_timeout` | `SIMPLER_SCHEDULER_TIMEOUT_MS` (ms) |
+//! | Op execute (one AICore launch) | 45 s | `with_op_execute_timeout` | `SIMPLER_OP_EXECUTE_TIMEOUT_US` (µs) |
+//! | Stream sync | 50 s | `with_stream_sync_timeout` | `SIMPLER_STREAM_SYNC_TIMEOUT_MS` (ms) |
+//!
+//! Rules, checked at attach (`InvalidConfig` naming the setting or variable, its value and the
+//! rule): every value at least 1 unit and at most `i32::MAX` milliseconds; environment values
+//! unsigned decimals (whitespace trimmed); scheduler < op execute < stream sync, and stream
+//! sync > scheduler + 1.5 s.
 
 use std::time::Duration;
 

@@ -7,10 +7,10 @@ mod common;
 use common::*;
 use simpler_device_a2a3::abi::codes::{AclCode, RuntimeCode, StallClass};
 use simpler_device_a2a3::{
-    ChipCallable, CoreCallable, DeviceError, DeviceHealth, DeviceRunner, FiredFault, KernelKind,
-    PoisonStep, RunRequest, StreamKind,
+    ChipCallable, CoreCallable, DeviceError, DeviceHealth, DeviceRunner, ErrorClass, FiredFault,
+    KernelKind, PoisonStep, RunRequest, StreamKind,
 };
-use simpler_types::CallConfig;
+use simpler_types::{CallConfig, FailureMechanism, TimeoutBudget};
 
 /// Runs one vector example expecting failure; returns the error after checking the shared
 /// post-conditions.
@@ -114,6 +114,10 @@ fn kernel_fault_is_a_device_fault_naming_func_id_and_core_with_s1_attached() {
     assert_eq!(stall.class, StallClass::RunningStalled);
     assert_eq!(stall.stuck_core.map(|c| c.0), core_fault.core.map(|c| c.0));
     assert!(stall.running >= 1, "the faulted dispatch still counts as running: {stall:?}");
+    // A kernel that faulted did not hang: the watchdog's stall is a consequence, not the cause.
+    assert!(!err.is_timeout(), "{err}");
+    assert_eq!(err.class(), ErrorClass::DeviceFault);
+    assert_eq!(err.mechanism(), FailureMechanism::DeviceFault);
     assert!(
         r.sim_faults()
             .unwrap()
@@ -142,6 +146,14 @@ fn kernel_hang_reports_scheduler_timeout_and_the_drain_ends_it_by_op_timeout() {
             .iter()
             .any(|f| f.code == AclCode::AICORE_TIMEOUT && f.func_id == Some(FUNC_ADD_SCALAR)),
         "the AICore entry ended by op timeout: {err}"
+    );
+    // Code asking "did it time out or hang?" finds the hang, with the budget that fired.
+    assert_eq!(err.timed_out(), Some((TimeoutBudget::DeviceScheduler, stall.budget)), "{err}");
+    assert_eq!(err.class(), ErrorClass::Hang);
+    assert!(
+        matches!(err.mechanism(), FailureMechanism::Timeout { budget: TimeoutBudget::DeviceScheduler, limit } if limit == stall.budget),
+        "{:?}",
+        err.mechanism()
     );
     assert_unusable(&mut r, PoisonStep::SyncAicpu);
     assert!(r.finalize().unwrap().stuck_workers.is_empty());
