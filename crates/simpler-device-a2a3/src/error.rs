@@ -61,7 +61,7 @@ pub struct CoreFault {
     pub code: AclCode,
     /// Stream the fault was charged to.
     pub stream: StreamKind,
-    /// Worker index of the faulting AICore worker, if a core faulted.
+    /// Core index of the faulting AICore core, if a core faulted.
     pub core: Option<(u32, CoreType)>,
     /// Func id of the kernel that faulted, if known.
     pub func_id: Option<u32>,
@@ -110,7 +110,7 @@ pub struct StallInfo {
     pub class: StallClass,
     /// The task that was stuck, if one was identified.
     pub stuck_task: Option<DeviceTaskId>,
-    /// The worker it was stuck on: index and type.
+    /// The core it was stuck on: index and type.
     pub stuck_core: Option<(u32, CoreType)>,
     /// Member dispatches running at the latch.
     pub running: u32,

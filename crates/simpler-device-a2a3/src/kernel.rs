@@ -71,7 +71,7 @@ impl<'a> KernelCall<'a> {
         self.local().block_num
     }
 
-    /// Sub-block id of an AIV worker (0 or 1); 0 on AIC.
+    /// Sub-block id of an AIV core (0 or 1); 0 on AIC.
     pub fn sub_block_id(&self) -> u32 {
         self.global().sub_block_id
     }

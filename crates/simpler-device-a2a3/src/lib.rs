@@ -1,6 +1,6 @@
 //! `simpler-device-a2a3` — one Ascend A2/A3 chip (L2) behind a [`DeviceRunner`].
 //!
-//! Layer: above `simpler-types`, `simpler-tensormap` and `simpler-ring`; below the worker
+//! Layer: above `simpler-types`, `simpler-tensormap` and `simpler-ring`; below the core
 //! crate. It owns device memory, callable registration, the kernel ABI, the chip runtimes and
 //! their diagnostics, and a faithful simulator backend (feature `sim`, default). It must not
 //! know about hierarchy levels above L2.

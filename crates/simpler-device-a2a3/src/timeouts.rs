@@ -63,7 +63,7 @@ impl Default for TimeoutConfig {
 pub struct FixedBudgets {
     /// AICPU init and callable registration syncs.
     pub init_sync: Duration,
-    /// A worker answering the exit signal at shutdown (simulator default 10 s).
+    /// A core answering the exit signal at shutdown (simulator default 10 s).
     pub shutdown_ack: Duration,
     /// Waiting for tensor data (TENSOR_WAIT_TIMEOUT).
     pub tensor_wait: Duration,

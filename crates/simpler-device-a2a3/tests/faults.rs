@@ -74,12 +74,12 @@ fn failed_aicore_launch_is_typed_poisons_and_launches_no_aicpu() {
     assert_eq!(s.recoveries, before.recoveries + 1, "drained once");
     assert_unusable(&mut r, PoisonStep::LaunchAiCore);
     let report = r.finalize().unwrap();
-    assert!(report.stuck_workers.is_empty());
+    assert!(report.stuck_threads.is_empty());
     fresh_runner_works();
 }
 
 #[test]
-fn failed_aicpu_launch_poisons_and_finalize_releases_the_aicore_workers() {
+fn failed_aicpu_launch_poisons_and_finalize_releases_the_aicore_cores() {
     let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
     r.sim_faults().unwrap().fail_launch(KernelKind::Aicpu, 1);
     let before = r.stats();
@@ -91,7 +91,7 @@ fn failed_aicpu_launch_poisons_and_finalize_releases_the_aicore_workers() {
     assert_eq!(s.recoveries, before.recoveries + 1);
     assert_unusable(&mut r, PoisonStep::LaunchAicpu);
     let report = r.finalize().unwrap();
-    assert!(report.stuck_workers.is_empty(), "{:?}", report.stuck_workers);
+    assert!(report.stuck_threads.is_empty(), "{:?}", report.stuck_threads);
     fresh_runner_works();
 }
 
@@ -126,7 +126,7 @@ fn kernel_fault_is_a_device_fault_naming_func_id_and_core_with_s1_attached() {
             .any(|f| matches!(f, FiredFault::KernelFaulted { func_id: FUNC_MUL, .. }))
     );
     assert_unusable(&mut r, PoisonStep::SyncAicpu);
-    assert!(r.finalize().unwrap().stuck_workers.is_empty());
+    assert!(r.finalize().unwrap().stuck_threads.is_empty());
     fresh_runner_works();
 }
 
@@ -156,7 +156,7 @@ fn kernel_hang_reports_scheduler_timeout_and_the_drain_ends_it_by_op_timeout() {
         err.mechanism()
     );
     assert_unusable(&mut r, PoisonStep::SyncAicpu);
-    assert!(r.finalize().unwrap().stuck_workers.is_empty());
+    assert!(r.finalize().unwrap().stuck_threads.is_empty());
     fresh_runner_works();
 }
 
@@ -224,7 +224,7 @@ fn a_panicking_native_kernel_is_an_aicore_fault_not_an_abort() {
         "{err}"
     );
     r.free(p).unwrap();
-    assert!(r.finalize().unwrap().stuck_workers.is_empty());
+    assert!(r.finalize().unwrap().stuck_threads.is_empty());
 }
 
 fn panicking_config(_: &simpler_device_a2a3::OrchArgs<'_>) -> simpler_device_a2a3::OrchConfig {

@@ -181,6 +181,6 @@ fn unregistering_after_a_failed_run_keeps_a_still_running_kernel_object_loaded()
     r.free(p).unwrap();
     // Finalize waits for the kernel to return, then joins every thread and closes the object.
     let report = r.finalize().unwrap();
-    assert!(report.stuck_workers.is_empty(), "{report:?}");
+    assert!(report.stuck_threads.is_empty(), "{report:?}");
     let _ = std::fs::remove_dir_all(dir);
 }

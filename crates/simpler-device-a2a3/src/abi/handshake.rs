@@ -1,6 +1,6 @@
-//! The per-worker handshake record (spec §5.4).
+//! The per-core handshake record (spec §5.4).
 //!
-//! One 64-byte record per AICore worker lives in the runtime image. Writers and readers:
+//! One 64-byte record per AICore core lives in the runtime image. Writers and readers:
 //!
 //! | Field | Written by | Read by |
 //! |---|---|---|
@@ -12,19 +12,19 @@
 use core::mem::{align_of, offset_of, size_of};
 use core::sync::atomic::{AtomicU32, AtomicU64};
 
-/// One worker's handshake record: 64 bytes, 64-byte aligned.
+/// One core's handshake record: 64 bytes, 64-byte aligned.
 #[derive(Debug, Default)]
 #[repr(C, align(64))]
 pub struct Handshake {
     /// 1 once the owning AICPU thread opened the window (diagnostic only).
     pub aicpu_ready: AtomicU32,
-    /// 0 until the worker reported in; then `worker index + 1`.
+    /// 0 until the core reported in; then `core index + 1`.
     pub aicore_done: AtomicU32,
-    /// Device address of the worker's payload pair.
+    /// Device address of the core's payload pair.
     pub task: AtomicU64,
     /// [`CoreType`](super::CoreType) as `u32`.
     pub core_type: AtomicU32,
-    /// Physical core id the worker reported (the simulator reports its index).
+    /// Physical core id the core reported (the simulator reports its index).
     pub physical_core_id: AtomicU32,
     /// Padding to one cache line.
     pub reserved: [u32; 10],

@@ -23,7 +23,7 @@ pub struct KernelArgs {
     pub abi_version: u32,
     /// Clusters of this launch.
     pub block_dim: u32,
-    /// AICore workers of this launch (`3 * block_dim`).
+    /// AICore cores of this launch (`3 * block_dim`).
     pub num_aicore: u32,
     /// AICPU threads of this launch.
     pub aicpu_threads: u32,
@@ -31,7 +31,7 @@ pub struct KernelArgs {
     pub image_base: u64,
     /// Length of the runtime image in bytes.
     pub image_len: u64,
-    /// Device address of the register table (one `u64` control-window address per worker;
+    /// Device address of the register table (one `u64` control-window address per core;
     /// the simulator's table holds register-block addresses).
     pub regs_table: u64,
     /// Profiling flag bits (`PROFILE_*`).
@@ -64,7 +64,7 @@ pub struct InitArgs {
     pub log_level: u32,
     /// Scheduler no-progress budget in milliseconds.
     pub scheduler_timeout_ms: u32,
-    /// Budget for a worker to answer the exit signal, in milliseconds.
+    /// Budget for a core to answer the exit signal, in milliseconds.
     pub shutdown_budget_ms: u32,
     /// Padding.
     pub reserved: u32,

@@ -11,7 +11,7 @@ use simpler_types::TaskId;
 use super::origin_json;
 use super::timing::ThreadPhases;
 use crate::abi::image::{AicpuRecord, SwimlaneRecord};
-use crate::abi::{COUNTER_HZ, CoreType, NS_PER_TICK, WorkerPlace};
+use crate::abi::{COUNTER_HZ, CorePlace, CoreType, NS_PER_TICK};
 use crate::aicpu::view::HostImageView;
 
 /// What a run captured.
@@ -20,9 +20,9 @@ pub(crate) struct SwimlaneCapture {
     pub(crate) level: u32,
     pub(crate) block_dim: u32,
     pub(crate) threads: u32,
-    /// `(worker, record)` in per-worker order.
+    /// `(core, record)` in per-core order.
     pub(crate) records: Vec<(u32, SwimlaneRecord)>,
-    /// Records each worker could not store.
+    /// Records each core could not store.
     pub(crate) dropped: Vec<u32>,
     /// `(AICPU thread, record)` from level 2.
     pub(crate) aicpu: Vec<(u32, AicpuRecord)>,
@@ -55,7 +55,7 @@ impl SwimlaneCapture {
 }
 
 fn core_name(w: u32, block_dim: u32) -> String {
-    match WorkerPlace::of(w, block_dim) {
+    match CorePlace::of(w, block_dim) {
         Some(p) if p.core_type == CoreType::Aic => format!("AIC{w}"),
         Some(_) => format!("AIV{}", w - block_dim),
         None => format!("core{w}"),
@@ -66,10 +66,10 @@ fn core_name(w: u32, block_dim: u32) -> String {
 pub(crate) fn records_json(c: &SwimlaneCapture) -> Value {
     let num_cores = 3 * c.block_dim;
     let core_types: Vec<&str> = (0..num_cores)
-        .map(|w| WorkerPlace::of(w, c.block_dim).map_or("?", |p| p.core_type.name()))
+        .map(|w| CorePlace::of(w, c.block_dim).map_or("?", |p| p.core_type.name()))
         .collect();
     let core_to_thread: Vec<u32> = (0..num_cores)
-        .map(|w| WorkerPlace::of(w, c.block_dim).map_or(0, |p| p.cluster % c.threads.max(1)))
+        .map(|w| CorePlace::of(w, c.block_dim).map_or(0, |p| p.cluster % c.threads.max(1)))
         .collect();
     let aicore: Vec<Value> = c
         .records
@@ -97,7 +97,7 @@ pub(crate) fn records_json(c: &SwimlaneCapture) -> Value {
             "dropped": c.dropped,
         },
         "aicore_tasks": aicore,
-        "aicpu_tasks": c.aicpu.iter().map(|(t, r)| json!([t, r.task_id, r.worker, r.token, r.dispatch, r.finish])).collect::<Vec<_>>(),
+        "aicpu_tasks": c.aicpu.iter().map(|(t, r)| json!([t, r.task_id, r.core, r.token, r.dispatch, r.finish])).collect::<Vec<_>>(),
         "phases": phases,
     })
 }
@@ -155,9 +155,9 @@ pub(crate) fn perfetto_json(
             if r.finish >= r.dispatch && r.finish > 0 {
                 events.push(json!({
                     "ph": "X", "pid": 3, "tid": t,
-                    "name": format!("dispatch to {}", core_name(r.worker, c.block_dim)),
+                    "name": format!("dispatch to {}", core_name(r.core, c.block_dim)),
                     "ts": us(r.dispatch), "dur": us(r.finish) - us(r.dispatch),
-                    "args": {"task_id": r.task_id, "worker": r.worker, "reg_token": r.token},
+                    "args": {"task_id": r.task_id, "core": r.core, "reg_token": r.token},
                 }));
             }
         }

@@ -15,7 +15,7 @@ pub struct RunPhases {
     /// Launch to the end of the boot step (image wiring, ready seeding).
     pub preamble: Duration,
     /// Boot end to the end of the last handshake (hbg has no device orchestration; this is the
-    /// handshake with the AICore workers).
+    /// handshake with the AICore cores).
     pub orchestration: Duration,
     /// Handshake end to the last scheduling loop's end.
     pub scheduling: Duration,

@@ -674,8 +674,8 @@ impl Core {
         }
         // (4)–(5) Reset the device, join its threads, free everything.
         let allocations = self.backend.memory_counts().allocations as usize;
-        report.stuck_workers = self.backend.shutdown();
-        if report.stuck_workers.is_empty() {
+        report.stuck_threads = self.backend.shutdown();
+        if report.stuck_threads.is_empty() {
             report.freed_allocations = allocations;
         } else {
             // A detached thread may still be executing kernel code from a loaded object: keep

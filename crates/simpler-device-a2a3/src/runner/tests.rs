@@ -141,7 +141,7 @@ fn a_stale_aicore_done_in_the_image_is_cleared_before_launch_and_opens_no_window
         assert_eq!(done(core, c), 0, "core {c}'s aicore_done after L1");
     }
     // Stale again, then the whole launch: the run still completes with every task executed,
-    // so no dispatch went to a worker that had not reported in.
+    // so no dispatch went to a core that had not reported in.
     stale(core);
     core.run = Some(run);
     r.launch_run().unwrap();

@@ -149,7 +149,7 @@ pub struct RunReport {
     pub rings: [RingHighWater; 4],
     /// Tensor-map entries at the peak.
     pub tensormap_max: u64,
-    /// Swimlane records dropped because a worker's buffer was full.
+    /// Swimlane records dropped because a core's buffer was full.
     pub swimlane_dropped: u64,
     /// Files written under `output_prefix`.
     pub outputs: Vec<PathBuf>,
@@ -157,7 +157,7 @@ pub struct RunReport {
     pub warnings: Vec<String>,
 }
 
-/// Device memory by use (40-worker.md §2.5).
+/// Device memory by use (40-core.md §2.5).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct MemoryLedger {
     /// Bytes committed in total.
@@ -216,7 +216,7 @@ pub struct FinalizeReport {
     /// Device allocations freed.
     pub freed_allocations: usize,
     /// Simulated threads stuck in user code that had to be detached (the one leak allowed).
-    pub stuck_workers: Vec<String>,
+    pub stuck_threads: Vec<String>,
     /// A run that was still prepared or in flight and got cleaned up.
     pub abandoned_run: Option<RunId>,
 }

@@ -23,7 +23,7 @@ use simpler_types::{CallConfig, DeviceTaskId, RunId, Tensor, TensorArgType};
 
 use crate::abi::codes::{RuntimeCode, StallClass};
 use crate::abi::image::SharedHeader;
-use crate::abi::{CoreType, WorkerPlace};
+use crate::abi::{CorePlace, CoreType};
 use crate::aicpu::view::HostImageView;
 use crate::diag::timing::RunPhases;
 use crate::diag::{DiagPlan, Exporter, Outcome};
@@ -159,7 +159,7 @@ pub(crate) fn latched_status(
             stuck_task: (stuck_task != u64::MAX).then_some(DeviceTaskId(stuck_task)),
             stuck_core: (stuck_core != 0).then(|| {
                 let c = stuck_core - 1;
-                (c, WorkerPlace::of(c, block_dim).map_or(CoreType::Aiv, |p| p.core_type))
+                (c, CorePlace::of(c, block_dim).map_or(CoreType::Aiv, |p| p.core_type))
             }),
             running: shared.stall_running.load(Acquire),
             ready: shared.stall_ready.load(Acquire),

@@ -1,7 +1,7 @@
-//! The simulated AICore executor: one worker's side of the handshake and dispatch protocol
+//! The simulated AICore executor: one core's side of the handshake and dispatch protocol
 //! (spec §5.4 steps 2, 3, 5, 7 and 11).
 //!
-//! 1. Write `physical_core_id` (the worker index) and `core_type`, then `aicore_done = index +
+//! 1. Write `physical_core_id` (the core index) and `core_type`, then `aicore_done = index +
 //!    1` (release), without waiting.
 //! 2. Wait until the low half of `DATA_MAIN_BASE` is non-zero: the window is open.
 //! 3. Write `COND = IDLE_VALUE`, read `task` (acquire), set `last = AICPU idle`.
@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use simpler_types::DeviceTaskId;
 
 use super::{KernelAction, RegBlock, SimLaunch, SimShared};
-use crate::abi::WorkerPlace;
+use crate::abi::CorePlace;
 use crate::abi::codes::AclCode;
 use crate::abi::image::SwimlaneRecord;
 use crate::abi::launch::PROFILE_SWIMLANE;
@@ -76,13 +76,13 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Runs worker `w` of an AICore launch entry; returns 0 or the device code of its fault.
+/// Runs core `w` of an AICore launch entry; returns 0 or the device code of its fault.
 pub(crate) fn run_core(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
     let stop = || dev.is_reset() || entry.is_aborted();
     let Some(args) = dev.read_kernel_args(entry.args) else {
         return AclCode::AICORE_EXCEPTION.get();
     };
-    let Some(place) = WorkerPlace::of(w, args.block_dim) else {
+    let Some(place) = CorePlace::of(w, args.block_dim) else {
         return 0;
     };
     let fault = |message: String, func_id: Option<u32>, task: Option<u64>, code: AclCode| {
@@ -122,7 +122,7 @@ pub(crate) fn run_core(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
     match regs.load(RegId::DataMainBaseLow) {
         0 => return AclCode::TASK_ABORT.get(),
         // The AICPU gave up before opening the window (a handshake failure) and asks this
-        // worker to leave: answer without touching the payload.
+        // core to leave: answer without touching the payload.
         EXIT_SIGNAL => {
             dev.store_cond(w, EXITED_VALUE);
             return 0;
@@ -135,7 +135,7 @@ pub(crate) fn run_core(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
     let pair = hs.task.load(Ordering::Acquire);
     if pair != view.payload_pair_addr(w) {
         return fault(
-            format!("handshake task address {pair:#x} is not this worker's payload pair"),
+            format!("handshake task address {pair:#x} is not this core's payload pair"),
             None,
             None,
             AclCode::AICORE_EXCEPTION,
@@ -166,7 +166,7 @@ pub(crate) fn run_core(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
         }
         let p = view.payload_ptr(w, v & 1);
         // SAFETY: the AICPU filled payload `v & 1` before storing `v` (release), which this
-        // worker loaded with acquire; it does not write the payload again until this token is
+        // core loaded with acquire; it does not write the payload again until this token is
         // ACKed or FINed. Only plain fields are read, by value.
         let (kernel, src, task_id, func_id, block_idx) = unsafe {
             (
@@ -235,8 +235,8 @@ pub(crate) fn run_core(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
                     block_idx,
                     reserved: 0,
                 };
-                // SAFETY: record `n` < capacity lies inside this worker's swimlane block, which
-                // only this worker writes during the run.
+                // SAFETY: record `n` < capacity lies inside this core's swimlane block, which
+                // only this core writes during the run.
                 unsafe { records.add(n as usize).write(rec) };
                 // Relaxed: the host reads the records after the stream completed.
                 h.count.store(n + 1, Ordering::Relaxed);

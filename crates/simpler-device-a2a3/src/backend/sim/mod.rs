@@ -3,12 +3,12 @@
 //! A [`SimDevice`] owns its memory, two streams, 72 register blocks, the persistent threads, a
 //! fault plan and a virtual 50 MHz counter. Nothing is global: any number of devices coexist in
 //! one process. Four AICPU threads (`sim<d>-aicpu<i>`) start in `ensure_initialized`; AICore
-//! workers (`sim<d>-aicore<i>`) start on first need, up to `3 * max(block_dim used)`; none is
+//! cores (`sim<d>-aicore<i>`) start on first need, up to `3 * max(block_dim used)`; none is
 //! re-spawned per run. Between launches every thread parks on its mailbox without a timeout, so
 //! an idle device uses no CPU.
 //!
 //! The AICPU threads run the real scheduler ([`crate::aicpu`]) through [`SimAicpu`], this
-//! module's implementation of [`AicpuPlatform`]; the AICore workers run the simulated executor
+//! module's implementation of [`AicpuPlatform`]; the AICore cores run the simulated executor
 //! ([`crate::aicore`]).
 //!
 //! Thread protocol (numbered, per thread):
@@ -49,7 +49,7 @@ use self::stream::{EntryKind, LaunchEntry, SimEvent, SimStream, Starter, resume_
 use crate::abi::codes::AclCode;
 use crate::abi::launch::{InitArgs, KernelArgs};
 use crate::abi::regs::RegId;
-use crate::abi::{CoreType, MAX_AICORE_WORKERS, MAX_AICPU_THREADS, NS_PER_TICK, WorkerPlace};
+use crate::abi::{CorePlace, CoreType, MAX_AICPU_THREADS, MAX_LAUNCH_CORES, NS_PER_TICK};
 use crate::aicpu::view::{CoreImageView, ImageView};
 use crate::aicpu::{AicpuPlatform, LogLevel};
 use crate::backend::{
@@ -67,7 +67,7 @@ pub(crate) const AICPU_STREAM: usize = 0;
 /// Stream index of the AICore stream.
 pub(crate) const AICORE_STREAM: usize = 1;
 
-/// One worker's register cells and the event count its waits park on.
+/// One core's register cells and the event count its waits park on.
 #[derive(Debug, Default)]
 #[repr(align(64))]
 pub(crate) struct RegBlock {
@@ -119,8 +119,8 @@ pub(crate) struct SimShared {
     origin: Instant,
     pub(crate) regs: Box<[RegBlock]>,
     aicpu_wake: [EventCount; MAX_AICPU_THREADS as usize],
-    /// AICPU thread + 1 that owns each worker's `COND` (0 = unknown); written by that thread
-    /// before it opens the window (release), read by the worker when it writes `COND`.
+    /// AICPU thread + 1 that owns each core's `COND` (0 = unknown); written by that thread
+    /// before it opens the window (release), read by the core when it writes `COND`.
     owner: Box<[AtomicU32]>,
     /// Set once by finalize (release); read by every simulated wait (acquire), which then
     /// gives up.
@@ -181,7 +181,7 @@ impl SimShared {
         self.reset.load(Ordering::Acquire)
     }
 
-    /// Stores `COND` of worker `w` and wakes the AICPU thread that owns it.
+    /// Stores `COND` of core `w` and wakes the AICPU thread that owns it.
     pub(crate) fn store_cond(&self, w: u32, v: u32) {
         let Some(block) = self.regs.get(w as usize) else { return };
         block.store(RegId::Cond, v);
@@ -300,11 +300,11 @@ impl SimShared {
         code
     }
 
-    fn record_aicpu_fault(&self, worker: Option<u32>, message: String) {
+    fn record_aicpu_fault(&self, core: Option<u32>, message: String) {
         self.record_fault(CoreFault {
             code: AclCode::AICPU_EXCEPTION,
             stream: StreamKind::Aicpu,
-            core: worker.map(|w| (w, worker_type(w, self))),
+            core: core.map(|w| (w, core_type_of(w, self))),
             func_id: None,
             task: None,
             message,
@@ -313,10 +313,10 @@ impl SimShared {
     }
 }
 
-/// Core type of worker `w` in the current launch shape (for fault reports).
-pub(crate) fn worker_type(w: u32, dev: &SimShared) -> CoreType {
+/// Core type of core `w` in the current launch shape (for fault reports).
+pub(crate) fn core_type_of(w: u32, dev: &SimShared) -> CoreType {
     let b = dev.block_dim.load(Ordering::Relaxed);
-    WorkerPlace::of(w, b).map_or(CoreType::Aiv, |p| p.core_type)
+    CorePlace::of(w, b).map_or(CoreType::Aiv, |p| p.core_type)
 }
 
 impl Starter for SimShared {
@@ -357,12 +357,12 @@ pub(crate) struct SimAicpu<'a> {
 }
 
 impl AicpuPlatform for SimAicpu<'_> {
-    fn reg_load(&self, worker: u32, reg: RegId) -> u32 {
-        self.dev.regs.get(worker as usize).map_or(0, |b| b.load(reg))
+    fn reg_load(&self, core: u32, reg: RegId) -> u32 {
+        self.dev.regs.get(core as usize).map_or(0, |b| b.load(reg))
     }
 
-    fn reg_store(&self, worker: u32, reg: RegId, value: u32) {
-        let Some(block) = self.dev.regs.get(worker as usize) else { return };
+    fn reg_store(&self, core: u32, reg: RegId, value: u32) {
+        let Some(block) = self.dev.regs.get(core as usize) else { return };
         block.store(reg, value);
         if matches!(reg, RegId::DataMainBaseLow | RegId::DataMainBaseHigh) {
             block.wake.notify();
@@ -386,9 +386,9 @@ impl AicpuPlatform for SimAicpu<'_> {
         self.dev.notify_all_aicpu();
     }
 
-    fn claim_worker(&self, worker: u32) {
-        if let Some(o) = self.dev.owner.get(worker as usize) {
-            // Release: ordered before the window-opening register store, which the worker
+    fn claim_core(&self, core: u32) {
+        if let Some(o) = self.dev.owner.get(core as usize) {
+            // Release: ordered before the window-opening register store, which the core
             // acquires before it first writes COND.
             o.store(self.thread + 1, Ordering::Release);
         }
@@ -408,8 +408,8 @@ impl AicpuPlatform for SimAicpu<'_> {
         }
     }
 
-    fn report_fault(&self, worker: Option<u32>, args: fmt::Arguments<'_>) {
-        self.dev.record_aicpu_fault(worker, args.to_string());
+    fn report_fault(&self, core: Option<u32>, args: fmt::Arguments<'_>) {
+        self.dev.record_aicpu_fault(core, args.to_string());
     }
 }
 
@@ -490,9 +490,9 @@ impl SimDevice {
             device_id,
             opts,
             origin: Instant::now(),
-            regs: (0..MAX_AICORE_WORKERS).map(|_| RegBlock::default()).collect(),
+            regs: (0..MAX_LAUNCH_CORES).map(|_| RegBlock::default()).collect(),
             aicpu_wake: Default::default(),
-            owner: (0..MAX_AICORE_WORKERS).map(|_| AtomicU32::new(0)).collect(),
+            owner: (0..MAX_LAUNCH_CORES).map(|_| AtomicU32::new(0)).collect(),
             reset: AtomicBool::new(false),
             faults: FaultPlan::default(),
             fault_log: Mutex::new(Vec::new()),
@@ -503,7 +503,7 @@ impl SimDevice {
             ],
             init: Mutex::new(None),
             aicpu_mail: mailboxes(MAX_AICPU_THREADS as usize),
-            aicore_mail: mailboxes(MAX_AICORE_WORKERS),
+            aicore_mail: mailboxes(MAX_LAUNCH_CORES),
             spins: AtomicU32::new(opts.spin_iters.unwrap_or(64)),
             gate: SpinGate::new(std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
             block_dim: AtomicU32::new(0),

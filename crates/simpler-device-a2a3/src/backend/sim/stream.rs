@@ -1,7 +1,7 @@
 //! Simulated streams, launch entries and events (spec §5.2).
 //!
 //! A stream is a FIFO of entries under a mutex and a condition variable. `launch` appends and
-//! returns. The head entry starts by handing a job to each participant (AICore workers
+//! returns. The head entry starts by handing a job to each participant (AICore cores
 //! `[0, 3B)` or AICPU threads `[0, n)`); it completes when the last participant returns, and
 //! that participant starts the next entry. An entry's result is the first non-zero participant
 //! result. A failed entry puts the stream into a sticky error state: later entries are
@@ -37,7 +37,7 @@ use crate::error::StreamKind;
 /// What an entry runs.
 #[derive(Debug)]
 pub(crate) enum EntryKind {
-    /// The AICore executor on `3 * block_dim` workers.
+    /// The AICore executor on `3 * block_dim` cores.
     AiCore { block_dim: u32 },
     /// The AICPU `exec` entry on `threads` threads.
     Aicpu { threads: u32 },
@@ -273,7 +273,7 @@ impl SimStream {
         match self.kind {
             // The AICPU kernel returning non-zero is an AICPU exception.
             StreamKind::Aicpu => AclCode::AICPU_EXCEPTION,
-            // AICore workers return the device code of their fault.
+            // AICore cores return the device code of their fault.
             StreamKind::AiCore => {
                 if participant_code > 100_000 {
                     AclCode(participant_code)

@@ -15,7 +15,7 @@ use crate::abi::image::{
     HBG_IMAGE_MAGIC, ImageHeader, ImageLayout, ImageParams, NO_FUNC, READY_QUEUE_COUNT,
     ReadyQueueHeader, SECTION_ALIGN, SharedHeader, TaskRecord, TaskShape,
 };
-use crate::abi::{ABI_VERSION, CoreType, MAX_AICORE_WORKERS, MAX_FUNC_IDS};
+use crate::abi::{ABI_VERSION, CoreType, MAX_FUNC_IDS, MAX_LAUNCH_CORES};
 
 /// Launch facts the image records.
 #[derive(Clone, Copy, Debug)]
@@ -62,7 +62,7 @@ fn members(funcs: &[i32; 3], shape: TaskShape) -> u32 {
     }
 }
 
-/// Total member dispatches of the graph (an upper bound of any worker's swimlane records).
+/// Total member dispatches of the graph (an upper bound of any core's swimlane records).
 pub(crate) fn total_dispatches(g: &BuiltGraph) -> u64 {
     g.tasks
         .iter()
@@ -141,7 +141,7 @@ pub(crate) fn write_image(
     put_u64(b, h(offset_of!(ImageHeader, tasks_off)), layout.tasks_off);
     put_u64(b, h(offset_of!(ImageHeader, edges_off)), layout.edges_off);
     put_u64(b, h(offset_of!(ImageHeader, ready_off)), layout.ready_off);
-    put_u64(b, h(offset_of!(ImageHeader, workers_off)), layout.workers_off);
+    put_u64(b, h(offset_of!(ImageHeader, cores_off)), layout.cores_off);
     put_u64(b, h(offset_of!(ImageHeader, payloads_off)), layout.payloads_off);
     put_u64(b, h(offset_of!(ImageHeader, swimlane_off)), layout.swimlane_off);
     put_u32(b, h(offset_of!(ImageHeader, swimlane_capacity)), inp.swimlane_capacity);
@@ -151,7 +151,7 @@ pub(crate) fn write_image(
     put_u32(b, h(offset_of!(ImageHeader, aicpu_swimlane_capacity)), inp.aicpu_swimlane_capacity);
 
     // Handshake records: zero (L1), pre-typed (P6).
-    for w in 0..MAX_AICORE_WORKERS as u32 {
+    for w in 0..MAX_LAUNCH_CORES as u32 {
         let ty = if w < inp.block_dim { CoreType::Aic } else { CoreType::Aiv };
         let off = layout.handshake_off + u64::from(w) * size_of::<Handshake>() as u64;
         put_u32(b, off + offset_of!(Handshake, core_type) as u64, ty as u32);
