@@ -1,4 +1,5 @@
-//! Simulated-chip workloads of spec 70 (S1, S2, S3) and the idle-CPU check.
+//! Simulated-chip workloads S1, S2, S3 and the idle-CPU check (results in
+//! `docs/benchmarks-device.md`).
 //!
 //! S1 and S3 run the crate's reference programs (`programs::vector`, `programs::bgemm`) and
 //! check the result against their host references; S2 and the idle check run a no-op program

@@ -1,9 +1,12 @@
-//! `DeviceError`, the one error type of this crate (spec §8.1), and the fault records it carries.
+//! `DeviceError`, the one error type of this crate (see `DeviceError`'s docs), and the fault records it carries.
 //!
 //! Every variant produced by a run carries its `run_id`. [`DeviceError::mechanism`] maps onto
 //! the shared failure vocabulary of `simpler-types`, [`DeviceError::device_code`] returns the
 //! original device number where one exists, and [`DeviceError::legacy_status`] returns what the
 //! original's C entry would have returned, for cross-checks.
+//!
+//! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
+//! `docs/device-runner.md`.
 
 use std::fmt;
 use std::time::Duration;
@@ -122,7 +125,7 @@ pub struct StallInfo {
     pub budget: Duration,
 }
 
-/// A status latched by a chip runtime (spec §6.1), read from the shared header after a run.
+/// A status latched by a chip runtime (`docs/device-chip.md`), read from the shared header after a run.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct RuntimeFault {
     /// The latched code.
@@ -221,7 +224,7 @@ impl fmt::Display for PoisonStep {
     }
 }
 
-/// Why a runner became unusable (spec §3.1, §3.7).
+/// Why a runner became unusable (`docs/device-runner.md`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct PoisonCause {
     /// The run during which it happened.
@@ -238,7 +241,7 @@ impl fmt::Display for PoisonCause {
     }
 }
 
-/// The step of `ensure_initialized` that failed (spec §3.2).
+/// The step of `ensure_initialized` that failed (`docs/device-runner.md`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum InitStep {
     /// Binding the calling thread to the device.
@@ -768,7 +771,7 @@ impl DeviceError {
         }
     }
 
-    /// The failure mechanism in the shared vocabulary (10-types §9).
+    /// The failure mechanism in the shared vocabulary (`simpler_types::FailureMechanism`).
     pub fn mechanism(&self) -> FailureMechanism {
         if let Some((budget, limit)) = self.timed_out() {
             return FailureMechanism::Timeout { budget, limit };
@@ -827,7 +830,7 @@ impl DeviceError {
         }
     }
 
-    /// Whether the device is unusable after this error (spec §8.1, last column).
+    /// Whether the device is unusable after this error (see `DeviceError`'s docs).
     pub fn poisons_device(&self) -> bool {
         matches!(
             self,

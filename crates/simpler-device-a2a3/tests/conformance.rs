@@ -1,4 +1,6 @@
-//! Conformance items of spec §9 that concern the simulator and host_build_graph.
+//! Conformance of the simulator and host_build_graph: vector runs, launch order, protocol
+//! details, fault handling, health, cleanup, threads, memory, callable limits, timeouts, the
+//! kernel ABI and the diagnostics files (protocols in `docs/device-*.md`).
 
 mod common;
 

@@ -1,5 +1,4 @@
-//! Property test of one core's dispatch bookkeeping against a model AICore (spec §5.4 steps
-//! 6–8): random interleavings of "the AICPU issues a token", "the AICore makes a step" and
+//! Property test of one core's dispatch bookkeeping against a model AICore (`docs/device-handshake.md`): random interleavings of "the AICPU issues a token", "the AICore makes a step" and
 //! "the AICPU samples COND" (which may miss any number of intermediate values).
 
 use std::collections::VecDeque;

@@ -1,4 +1,4 @@
-//! Fault injection (spec §5.8, conformance items 4, 5, 6): each case asserts the typed error,
+//! Fault injection (`docs/device-simulator.md`): each case asserts the typed error,
 //! that the terminal cleanup ran exactly once, that nothing leaked, that no simulated thread is
 //! left running, and that a fresh runner on the same device id works afterwards.
 

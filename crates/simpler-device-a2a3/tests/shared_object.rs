@@ -1,4 +1,4 @@
-//! C kernels loaded from shared objects (spec §3.4, `KernelCode::SharedObject`) run on the
+//! C kernels loaded from shared objects (`docs/device-runner.md`) run on the
 //! simulated chip. The test builds its kernel with the system C compiler.
 
 mod common;

@@ -1,4 +1,4 @@
-//! The per-core handshake record (spec §5.4).
+//! The per-core handshake record (`docs/device-handshake.md`).
 //!
 //! One 64-byte record per AICore core lives in the runtime image. Writers and readers:
 //!
@@ -8,6 +8,9 @@
 //! | `physical_core_id`, `core_type` | host (pre-typed, P6); AICore (before `aicore_done`, step 2) | AICPU after observing `aicore_done` |
 //! | `task` | AICPU (payload-pair address, before opening the window, step 4) | AICore after the window opened (step 5) |
 //! | `aicpu_ready` | AICPU (diagnostic only) | host report (C1) |
+//!
+//! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
+//! `docs/device-runner.md`.
 
 use core::mem::{align_of, offset_of, size_of};
 use core::sync::atomic::{AtomicU32, AtomicU64};

@@ -1,4 +1,4 @@
-//! The host_build_graph runtime image (spec §6.1, §6.4).
+//! The host_build_graph runtime image (`docs/device-chip.md`).
 //!
 //! One contiguous region holds everything the AICPU scheduler and the AICore executor need for
 //! one run. Every internal reference is an offset from the image base, so the host builds the
@@ -24,6 +24,9 @@
 //! Writers and readers of the atomic fields are documented on each type. The host writes the
 //! whole image before the launch and reads the shared header, handshake records, swimlane and
 //! phase sections after both streams completed; stream completion orders those accesses.
+//!
+//! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
+//! `docs/device-runner.md`.
 
 use core::mem::{align_of, offset_of, size_of};
 use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
@@ -144,7 +147,7 @@ const _: () = {
     assert!(offset_of!(ImageHeader, phases_off) == 128);
 };
 
-/// Status shared by every AICPU thread and read by the host after the run (spec §6.1).
+/// Status shared by every AICPU thread and read by the host after the run (`docs/device-chip.md`).
 ///
 /// | Field | Written by | Read by |
 /// |---|---|---|

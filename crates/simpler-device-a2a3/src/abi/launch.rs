@@ -1,4 +1,7 @@
-//! What the two kernel launches receive, and the AICPU init arguments (spec §3.2, §3.5).
+//! What the two kernel launches receive, and the AICPU init arguments (`docs/device-runner.md`).
+//!
+//! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
+//! `docs/device-runner.md`.
 
 use core::mem::{align_of, offset_of, size_of};
 
@@ -52,7 +55,7 @@ const _: () = {
     assert!(offset_of!(KernelArgs, profiling) == 40);
 };
 
-/// What the AICPU init entry receives once per runner (spec §3.2 step 3).
+/// What the AICPU init entry receives once per runner (`docs/device-runner.md`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct InitArgs {
@@ -77,7 +80,7 @@ const _: () = {
     assert!(offset_of!(InitArgs, dma_workspace) == 24);
 };
 
-/// Header of one kernel inside a chip callable's uploaded buffer (spec §3.4): the kernel's
+/// Header of one kernel inside a chip callable's uploaded buffer (`docs/device-runner.md`): the kernel's
 /// resolved address (a device code address onboard, a function pointer on the simulator) and
 /// its signature.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]

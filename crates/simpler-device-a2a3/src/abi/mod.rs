@@ -5,13 +5,13 @@
 //! running on the device. Sizes and offsets are asserted at compile time next to each type. The
 //! module uses only `core`, so the onboard AICPU program can build it for the device.
 //!
-//! - [`regs`]: register ids, the `COND` encoding and the reserved token values (spec §5.3).
-//! - [`handshake`]: the per-core handshake record (spec §5.4).
+//! - [`regs`]: register ids, the `COND` encoding and the reserved token values (`docs/device-handshake.md`).
+//! - [`handshake`]: the per-core handshake record (`docs/device-handshake.md`).
 //! - [`payload`]: the 512-byte dispatch payload, its two contexts and the 50 kernel-argument
-//!   slots (spec §5.7).
+//!   slots (`docs/device-chip.md`).
 //! - [`launch`]: what the two kernel launches receive (`KernelArgs`) and the AICPU `InitArgs`.
 //! - [`image`]: the runtime image the host builds and uploads: header, shared status, task
-//!   records, ready queues, payload pairs and diagnostic records (spec §6.1).
+//!   records, ready queues, payload pairs and diagnostic records (`docs/device-chip.md`).
 //! - [`codes`]: runtime status codes and the device (ACL) codes the simulator reports.
 
 pub mod codes;
@@ -78,7 +78,7 @@ impl CoreType {
 /// (for AIV) its sub-block.
 ///
 /// Cores `[0, B)` are AIC, `[B, 3B)` are AIV; cluster `k` is `{k, B + 2k, B + 2k + 1}` and the
-/// AIV at `B + j` has sub-block `j % 2` (spec §2).
+/// AIV at `B + j` has sub-block `j % 2` (`docs/device-chip.md`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct CorePlace {
     /// Cube or vector core.

@@ -1,4 +1,4 @@
-//! The dispatch payload and the kernel-argument layout (spec §5.7).
+//! The dispatch payload and the kernel-argument layout (`docs/device-chip.md`).
 //!
 //! Each core owns a pair of 512-byte payloads in the runtime image; token `t` uses payload
 //! `t & 1`. The AICPU fills a payload only while the previous token of the core is ACKed or

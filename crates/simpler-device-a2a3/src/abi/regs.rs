@@ -1,4 +1,4 @@
-//! Register ids, the `COND` encoding and the reserved token values (spec §5.3, §5.4).
+//! Register ids, the `COND` encoding and the reserved token values (`docs/device-handshake.md`).
 //!
 //! The AICPU talks to each AICore core through a handful of 32-bit registers. Onboard they
 //! are MMIO words at fixed offsets of the core's control window; the simulator keeps one
@@ -101,7 +101,7 @@ impl Cond {
     }
 }
 
-/// Per-core token sequence of the dispatch protocol (spec §5.4 step 6).
+/// Per-core token sequence of the dispatch protocol (`docs/device-handshake.md`).
 ///
 /// Tokens are `seq & TOKEN_MASK`, skipping the reserved range `[0x7FFF_FFF0, 0x8000_0000)`: a
 /// token in that range advances `seq` so the token wraps to 0. The skip is 16 values, an even

@@ -1,5 +1,4 @@
-//! One AICore core's dispatch state, as its owning AICPU thread sees it (spec §5.4 steps 6
-//! and 8).
+//! One AICore core's dispatch state, as its owning AICPU thread sees it (`docs/device-handshake.md`).
 //!
 //! A core holds at most one running and one pending dispatch. The AICore processes tokens in
 //! the order they were written, so a `COND` value naming the pending token also proves the

@@ -1,4 +1,4 @@
-//! The AICPU program: handshake, dispatch protocol and scheduler loop (spec §5.4, §6.6).
+//! The AICPU program: handshake, dispatch protocol and scheduler loop (`docs/device-handshake.md`).
 //!
 //! This is the scheduler that runs on the device's AICPU threads. The simulator runs exactly
 //! this code on host threads; the onboard AICPU program is this module built for the device.

@@ -1,5 +1,5 @@
 //! The AICPU `exec` entry of the host_build_graph runtime: boot, handshake, scheduling loop,
-//! watchdog and shutdown (spec §5.4, §6.4, §6.6).
+//! watchdog and shutdown (`docs/device-handshake.md`).
 //!
 //! Protocol of one launch with `N` AICPU threads and `B` clusters:
 //!
@@ -626,7 +626,7 @@ pub fn shutdown_cores<P: AicpuPlatform>(
     clean
 }
 
-/// The AICPU `exec` entry for thread `thread` of a launch (spec §5.4, §6.4, §6.6).
+/// The AICPU `exec` entry for thread `thread` of a launch (`docs/device-handshake.md`).
 pub fn exec<P: AicpuPlatform>(p: &P, init: &InitArgs, view: &ImageView<'_>, thread: u32) -> i32 {
     let h = view.header();
     let threads = h.aicpu_threads.clamp(1, crate::abi::MAX_AICPU_THREADS);

@@ -1,6 +1,6 @@
 //! Typed access to a runtime image in device memory.
 //!
-//! The image is one region of device memory (spec §6.1). [`ImageView::from_raw`] checks its
+//! The image is one region of device memory (`docs/device-chip.md`). [`ImageView::from_raw`] checks its
 //! header once (magic, ABI version, every section inside the region and aligned) and from then
 //! on hands out references to the sections. This is sound because of how the image is used:
 //!
@@ -8,7 +8,7 @@
 //!   the view exists, so shared references to them never alias a write.
 //! - Every field written during the run is an atomic, so shared references are fine.
 //! - The payload pairs are the exception: the owning AICPU thread writes them and the AICore
-//!   reads them, ordered by the token protocol (spec §5.4). They are only reached through raw
+//!   reads them, ordered by the token protocol (`docs/device-handshake.md`). They are only reached through raw
 //!   pointers ([`ImageView::payload_ptr`]), never through references.
 //! - The swimlane records are written by their core (AICore records) or their AICPU thread
 //!   (AICPU records) only and read by the host after the run; they are likewise reached through

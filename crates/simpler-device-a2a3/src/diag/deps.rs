@@ -1,4 +1,4 @@
-//! `deps.json` (spec §7, third bullet): the dependency graph of a run.
+//! `deps.json` (`docs/device-chip.md`): the dependency graph of a run.
 //!
 //! host_build_graph derives its edges on the host through the tensor map, so the file is
 //! written from the builder's records; the replay the device runtime needs (device-captured

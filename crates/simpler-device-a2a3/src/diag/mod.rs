@@ -1,4 +1,4 @@
-//! Diagnostics (spec §7): device wall time, swimlane traces, the dependency graph and scope
+//! Diagnostics (`docs/device-chip.md`): device wall time, swimlane traces, the dependency graph and scope
 //! statistics.
 //!
 //! Everything here works on host copies of device data read after a run, so it is plain safe

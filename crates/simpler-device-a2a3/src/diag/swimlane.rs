@@ -1,4 +1,4 @@
-//! Swimlane traces (spec §7, second bullet).
+//! Swimlane traces (`docs/device-chip.md`).
 //!
 //! `l2_swimlane_records.json` keeps the raw 50 MHz counters; `swimlane.perfetto.json` is Chrome
 //! Trace Event JSON for ui.perfetto.dev: one `X` event per (task, block) dispatch on one track

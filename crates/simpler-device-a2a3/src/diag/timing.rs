@@ -1,4 +1,4 @@
-//! Device wall time and phases (spec §7, first bullet).
+//! Device wall time and phases (`docs/device-chip.md`).
 //!
 //! On the simulator the wall time runs from the AICore launch's start to the last AICPU
 //! thread's end, both on the virtual 50 MHz counter; phases come from the AICPU phase records.

@@ -1,6 +1,9 @@
 //! Device setup and the checks every call makes before touching the device: initialization,
 //! statistics, the run-state refusals of memory calls and the device rules of a run's
 //! configuration (preparation step 3).
+//!
+//! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
+//! `docs/device-runner.md`.
 
 use std::time::Duration;
 

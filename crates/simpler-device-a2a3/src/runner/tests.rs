@@ -1,5 +1,8 @@
 //! Unit tests of the run-state machine that need the runner's internals: terminal-cleanup
 //! latches, the unwind guard, the L1 handshake clear and the launch order.
+//!
+//! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
+//! `docs/device-runner.md`.
 
 use std::panic::AssertUnwindSafe;
 

@@ -1,16 +1,16 @@
-//! The chip runtimes and the runtime seam: the [`ChipRuntime`] trait the runner binds a run
-//! through, and the [`BoundRun`] it gets back.
+//! The chip runtimes and the runtime seam: the `ChipRuntime` trait the runner binds a run
+//! through, and the `BoundRun` it gets back.
 //!
-//! - [`orch`]: the orchestration ops table and the safe `OrchCtx` (shared by both runtimes).
-//! - [`hbg`]: host_build_graph — the graph is built on the host and uploaded whole.
+//! - `orch`: the orchestration ops table and the safe `OrchCtx` (shared by both runtimes).
+//! - `hbg`: host_build_graph — the graph is built on the host and uploaded whole.
 //!
-//! Everything that differs between the runtimes happens behind [`ChipRuntime::bind`] and the
-//! [`BoundRun`] methods: running (or preparing) the orchestration, the image layout and its
+//! Everything that differs between the runtimes happens behind `ChipRuntime::bind` and the
+//! `BoundRun` methods: running (or preparing) the orchestration, the image layout and its
 //! writing, capacity checks, and reading the runtime's state back after the run (latched
 //! status, timing, swimlane records, the dependency graph and scope statistics). The runner
 //! stays the same for every runtime: it validates the request, stages the tensors, uploads the
 //! image the runtime wrote, launches, reaps and cleans up. The tensormap_and_ringbuffer runtime
-//! is not built yet; [`select`] gives a runner attached with it a runtime that refuses every
+//! is not built yet; `select` gives a runner attached with it a runtime that refuses every
 //! run with `Unsupported`. `docs/device-seams.md` describes the data flow.
 
 pub mod hbg;

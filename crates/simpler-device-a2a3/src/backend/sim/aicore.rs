@@ -1,5 +1,5 @@
 //! The simulated AICore executor: one core's side of the handshake and dispatch protocol
-//! (spec §5.4 steps 2, 3, 5, 7 and 11).
+//! (`docs/device-handshake.md` steps 2, 3, 5, 7 and 11).
 //!
 //! 1. Write `physical_core_id` (the core index) and `core_type`, then `aicore_done = index +
 //!    1` (release), without waiting.

@@ -1,4 +1,4 @@
-//! Fault injection for the simulated chip (spec §5.8).
+//! Fault injection for the simulated chip (`docs/device-simulator.md`).
 //!
 //! A [`FaultPlan`] arms one-shot faults: "the nth launch of this kind fails", "the nth
 //! execution of this func id faults / hangs", and so on. The hot paths pay one relaxed load of

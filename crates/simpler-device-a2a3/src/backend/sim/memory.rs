@@ -1,4 +1,4 @@
-//! Simulated device memory (spec §5.6, §3.3).
+//! Simulated device memory (`docs/device-simulator.md`).
 //!
 //! Device memory is host memory owned by the [`SimMemory`]: every allocation is 1024-byte
 //! aligned, zero-filled (lazily, by the host allocator), tracked in an ordered map, and freed when it is freed explicitly or

@@ -1,4 +1,4 @@
-//! The simulated A2/A3 chip (spec §5).
+//! The simulated A2/A3 chip (`docs/device-simulator.md`).
 //!
 //! A [`SimDevice`] owns its memory, two streams, 72 register blocks, the persistent threads, a
 //! fault plan and a virtual 50 MHz counter. Nothing is global: any number of devices coexist in
@@ -21,7 +21,10 @@
 //!
 //! Shutdown (finalize): set `reset` (every simulated wait gives up), abort running entries,
 //! wake every waiter, post `Quit` to every mailbox, then join the threads within the join
-//! budget; a thread stuck in user kernel code is detached and named (spec §3.7).
+//! budget; a thread stuck in user kernel code is detached and named (`docs/device-runner.md`).
+//!
+//! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
+//! `docs/device-runner.md`.
 
 mod aicore;
 mod faults;
@@ -457,7 +460,7 @@ pub(crate) struct SimDevice {
     /// Successful spawns still allowed before spawning fails (unit tests of partial starts).
     #[cfg(test)]
     spawn_budget: Option<u32>,
-    /// Every launch and stream synchronisation the host issued, in order (conformance §9.2).
+    /// Every launch and stream synchronisation the host issued, in order (read by the launch-order test).
     #[cfg(test)]
     host_log: Mutex<Vec<HostCall>>,
 }

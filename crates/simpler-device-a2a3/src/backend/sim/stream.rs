@@ -1,4 +1,4 @@
-//! Simulated streams, launch entries and events (spec §5.2).
+//! Simulated streams, launch entries and events (`docs/device-simulator.md`).
 //!
 //! A stream is a FIFO of entries under a mutex and a condition variable. `launch` appends and
 //! returns. The head entry starts by handing a job to each participant (AICore cores
@@ -319,7 +319,7 @@ impl SimStream {
         running.started_at.lock().map(|t| t + budget)
     }
 
-    /// Waits for the entries enqueued before the call (spec §5.2).
+    /// Waits for the entries enqueued before the call (`docs/device-simulator.md`).
     pub(crate) fn synchronize(
         &self,
         timeout: Duration,

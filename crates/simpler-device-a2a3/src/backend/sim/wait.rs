@@ -1,4 +1,4 @@
-//! Spin briefly, then park on an event count (spec §5.5; 00 design decision 2).
+//! Spin briefly, then park on an event count (`docs/device-simulator.md`).
 //!
 //! Every wait of the simulator follows the same pattern:
 //!
@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 /// Counts the simulated threads of one device that are not parked, so a waiter spins only
-/// when every awake thread has a core (decision: spec §5.5 says "0 spins when simulated
-/// threads outnumber cores"; counting awake threads instead of all threads keeps spinning
+/// when every awake thread has a host core (decision: rather than "no spinning when simulated
+/// threads outnumber host cores", counting awake threads instead of all threads keeps spinning
 /// useful when most simulated cores are idle, which is the common case, e.g. a chain of tasks
 /// where one scheduler thread and one simulated core hand off to each other).
 ///

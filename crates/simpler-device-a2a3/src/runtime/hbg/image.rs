@@ -2,8 +2,11 @@
 //!
 //! The image is written into a host buffer the runner keeps across runs and then uploaded byte
 //! for byte; internal references are offsets, so nothing is relocated. Fields are written at
-//! their `offset_of!` positions as little-endian integers, which keeps this module free of
-//! `unsafe` even though the image types contain atomics.
+//! their `offset_of!` positions as little-endian integers, which needs no raw-pointer access
+//! even though the image types contain atomics.
+//!
+//! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
+//! `docs/device-runner.md`.
 
 use std::mem::{offset_of, size_of};
 

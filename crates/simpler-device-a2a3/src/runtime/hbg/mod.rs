@@ -5,9 +5,9 @@
 //!   dependencies from tensor byte footprints and enforces the capacity rules on the host.
 //! - `image`: writes a built graph into the image layout of `abi::image`.
 //!
-//! [`HostBuildGraph`] is this runtime's [`ChipRuntime`]: binding a run calls the
+//! `HostBuildGraph` is this runtime's `ChipRuntime`: binding a run calls the
 //! orchestration's config function and entry (user code, inside `catch_unwind`), builds the
-//! graph and writes the image; the [`HbgRun`] it returns reads the run back and exports the
+//! graph and writes the image; the `HbgRun` it returns reads the run back and exports the
 //! dependency graph, scope statistics and swimlane files.
 
 pub(crate) mod builder;
