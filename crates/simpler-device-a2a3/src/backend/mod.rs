@@ -237,3 +237,30 @@ pub(crate) fn attach(opts: &RunnerOptions) -> Result<Box<dyn Backend>, DeviceErr
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::RuntimeVariant;
+
+    fn refusal(opts: RunnerOptions) -> String {
+        match attach(&opts) {
+            Err(DeviceError::Init { step: InitStep::LoadPrograms, message, .. }) => message,
+            other => panic!("expected an Init error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_onboard_platform_is_refused_with_a_typed_error_and_never_falls_back() {
+        let message = refusal(RunnerOptions::onboard(0, RuntimeVariant::HostBuildGraph));
+        assert!(message.contains("onboard") && message.contains("fall back"), "{message}");
+    }
+
+    #[cfg(not(feature = "sim"))]
+    #[test]
+    fn without_the_sim_feature_attaching_a_simulated_chip_names_the_feature() {
+        let o = RunnerOptions::new(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph);
+        let message = refusal(o);
+        assert!(message.contains("`sim` feature"), "{message}");
+    }
+}

@@ -40,7 +40,7 @@ mod checks;
 mod health;
 mod memory;
 mod staging;
-#[cfg(test)]
+#[cfg(all(test, feature = "sim"))]
 mod tests;
 mod types;
 
