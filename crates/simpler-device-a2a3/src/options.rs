@@ -200,10 +200,41 @@ impl RunnerOptions {
     /// environment if [`with_env_overrides`](Self::with_env_overrides) was called, then the
     /// defaults, checked against the ordering rules.
     pub fn resolve_timeouts(&self) -> Result<TimeoutConfig, DeviceError> {
+        self.resolve_timeouts_with(&|var| std::env::var(var).ok())
+    }
+
+    /// `resolve_timeouts` with `env` standing in for the process environment.
+    fn resolve_timeouts_with(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<TimeoutConfig, DeviceError> {
         if self.read_env {
-            TimeoutConfig::from_env(&self.timeouts)
+            TimeoutConfig::resolve(&self.timeouts, env)
         } else {
             TimeoutConfig::resolve(&self.timeouts, &|_| None)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timeouts::ENV_SCHEDULER_TIMEOUT_MS;
+
+    #[test]
+    fn the_environment_is_read_only_when_asked() {
+        let opts = RunnerOptions::onboard(0, RuntimeVariant::HostBuildGraph);
+        let untouched = |_: &str| -> Option<String> { panic!("the environment was read") };
+        assert_eq!(opts.resolve_timeouts_with(&untouched).unwrap(), TimeoutConfig::default());
+        let env = |var: &str| (var == ENV_SCHEDULER_TIMEOUT_MS).then(|| "2000".to_owned());
+        let cfg = opts.clone().with_env_overrides().resolve_timeouts_with(&env).unwrap();
+        assert_eq!(cfg.scheduler, Duration::from_millis(2000));
+        // A value set in code still beats the environment.
+        let cfg = opts
+            .with_env_overrides()
+            .with_scheduler_timeout(Duration::from_millis(300))
+            .resolve_timeouts_with(&env)
+            .unwrap();
+        assert_eq!(cfg.scheduler, Duration::from_millis(300));
     }
 }
