@@ -18,14 +18,44 @@ use std::sync::atomic::Ordering;
 
 use simpler_types::DeviceTaskId;
 
-use super::{KernelAction, RegBlock, SimLaunch, SimShared};
+use super::faults::{FaultPlan, KernelAction};
+use super::regs::RegBlock;
+use super::stream::LaunchEntry as SimLaunch;
+use super::wait::SpinPolicy;
 use crate::abi::CorePlace;
 use crate::abi::codes::AclCode;
 use crate::abi::image::SwimlaneRecord;
+use crate::abi::launch::KernelArgs;
 use crate::abi::launch::PROFILE_SWIMLANE;
 use crate::abi::regs::{AICPU_IDLE, Cond, EXIT_SIGNAL, EXITED_VALUE, IDLE_VALUE, RegId};
+use crate::aicpu::view::CoreImageView;
 use crate::error::{CoreFault, StreamKind};
 use crate::kernel::KernelFn;
+
+/// What a simulated core needs from its device. The device's shared state implements it, so
+/// this module depends on its sibling modules only, never on the device module that runs it.
+pub(crate) trait CoreHost {
+    /// Whether the device is being reset (every wait gives up).
+    fn is_reset(&self) -> bool;
+    /// The virtual 50 MHz counter.
+    fn ticks(&self) -> u64;
+    /// The `KernelArgs` at device address `addr`, if it is tracked memory.
+    fn read_kernel_args(&self, addr: u64) -> Option<KernelArgs>;
+    /// A core's view of the launch's runtime image.
+    fn core_image_view(&self, args: &KernelArgs) -> Option<CoreImageView<'_>>;
+    /// Core `c`'s register block.
+    fn regs(&self, c: u32) -> Option<&RegBlock>;
+    /// The spin policy of the current launch.
+    fn spin_policy(&self) -> SpinPolicy<'_>;
+    /// The device's fault plan.
+    fn faults(&self) -> &FaultPlan;
+    /// Records a fault for the host to report with the run's error.
+    fn record_fault(&self, fault: CoreFault);
+    /// Stores `COND` of core `c` and wakes the AICPU thread that owns it.
+    fn store_cond(&self, c: u32, v: u32);
+    /// Wakes every AICPU thread.
+    fn notify_all_aicpu(&self);
+}
 
 /// What the loop does with an observed low-half value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,7 +107,7 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Runs core `w` of an AICore launch entry; returns 0 or the device code of its fault.
-pub(crate) fn run_core(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
+pub(crate) fn run_core<H: CoreHost>(dev: &H, entry: &SimLaunch, w: u32) -> i32 {
     let stop = || dev.is_reset() || entry.is_aborted();
     let Some(args) = dev.read_kernel_args(entry.args) else {
         return AclCode::AICORE_EXCEPTION.get();
@@ -105,12 +135,12 @@ pub(crate) fn run_core(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
             AclCode::AICORE_EXCEPTION,
         );
     };
-    let Some(regs) = dev.regs.get(w as usize) else { return 0 };
+    let Some(regs) = dev.regs(w) else { return 0 };
     let spin = dev.spin_policy();
 
     // Step 1: report in.
     let hs = view.handshake(w);
-    let phys = dev.faults.on_handshake(w).unwrap_or(w);
+    let phys = dev.faults().on_handshake(w).unwrap_or(w);
     hs.physical_core_id.store(phys, Ordering::Relaxed);
     hs.core_type.store(place.core_type as u32, Ordering::Relaxed);
     // Release: the AICPU acquires `aicore_done` and then reads the two fields above.
@@ -248,8 +278,8 @@ pub(crate) fn run_core(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
     }
 }
 
-fn call_kernel(
-    dev: &SimShared,
+fn call_kernel<H: CoreHost>(
+    dev: &H,
     entry: &SimLaunch,
     regs: &RegBlock,
     w: u32,
@@ -257,7 +287,7 @@ fn call_kernel(
     func_id: u32,
     args: *mut i64,
 ) -> KernelOutcome {
-    match dev.faults.on_kernel(func_id, w) {
+    match dev.faults().on_kernel(func_id, w) {
         KernelAction::Run => {}
         KernelAction::Fault => return KernelOutcome::Faulted("injected kernel fault".into()),
         KernelAction::Hang => {

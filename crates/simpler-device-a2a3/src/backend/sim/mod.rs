@@ -9,7 +9,12 @@
 //!
 //! The AICPU threads run the real scheduler ([`crate::aicpu`]) through [`SimAicpu`], this
 //! module's implementation of [`AicpuPlatform`]; the AICore cores run the simulated executor
-//! ([`crate::aicore`]).
+//! (`aicore`).
+//!
+//! Module graph, without a circle: this module uses `aicore` (the simulated core's side of
+//! the protocol, reached through the `CoreHost` trait this module's shared state implements),
+//! `faults`, `loader`, `memory`, `regs`, `stream` and `wait`; `aicore` uses only `faults`,
+//! `regs`, `stream` and `wait`; `stream` reaches the device through its `Starter` trait.
 //!
 //! Thread protocol (numbered, per thread):
 //!
@@ -30,6 +35,7 @@ mod aicore;
 mod faults;
 mod loader;
 mod memory;
+mod regs;
 mod stream;
 mod wait;
 
@@ -42,12 +48,13 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use self::faults::KernelAction;
 pub use self::faults::{FaultPlan, FiredFault};
 use self::loader::SharedObject;
 pub(crate) use self::wait::{EventCount, SpinGate, SpinPolicy};
 
+use self::aicore::CoreHost;
 use self::memory::SimMemory;
+use self::regs::RegBlock;
 use self::stream::{EntryKind, LaunchEntry, SimEvent, SimStream, Starter, resume_waiters};
 use crate::abi::codes::AclCode;
 use crate::abi::launch::{InitArgs, KernelArgs};
@@ -69,26 +76,6 @@ use self::stream::LaunchEntry as SimLaunch;
 pub(crate) const AICPU_STREAM: usize = 0;
 /// Stream index of the AICore stream.
 pub(crate) const AICORE_STREAM: usize = 1;
-
-/// One core's register cells and the event count its waits park on.
-#[derive(Debug, Default)]
-#[repr(align(64))]
-pub(crate) struct RegBlock {
-    cells: [AtomicU32; RegId::COUNT],
-    /// Bumped by every store to `DATA_MAIN_BASE` (the AICore waits for those) and by resets.
-    pub(crate) wake: EventCount,
-}
-
-impl RegBlock {
-    /// Acquire load of a register.
-    pub(crate) fn load(&self, reg: RegId) -> u32 {
-        self.cells[reg.cell()].load(Ordering::Acquire)
-    }
-
-    fn store(&self, reg: RegId, v: u32) {
-        self.cells[reg.cell()].store(v, Ordering::Release);
-    }
-}
 
 /// A thread's mailbox: at most one job, or the quit request.
 #[derive(Debug, Default)]
@@ -434,7 +421,7 @@ fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
     while let Some((stream, entry)) = dev.take_job(role, index) {
         let run = std::panic::catch_unwind(AssertUnwindSafe(|| match role {
             Role::Aicpu => dev.run_aicpu(&entry, index),
-            Role::AiCore => aicore::run_core(&dev, &entry, index),
+            Role::AiCore => aicore::run_core(&*dev, &entry, index),
         }));
         let code = match run {
             Ok(code) => code,
@@ -843,6 +830,48 @@ impl Drop for SimDevice {
             let budget = self.shared.opts.join_budget;
             self.shutdown_within(budget);
         }
+    }
+}
+
+impl CoreHost for SimShared {
+    fn is_reset(&self) -> bool {
+        SimShared::is_reset(self)
+    }
+
+    fn ticks(&self) -> u64 {
+        SimShared::ticks(self)
+    }
+
+    fn read_kernel_args(&self, addr: u64) -> Option<KernelArgs> {
+        SimShared::read_kernel_args(self, addr)
+    }
+
+    fn core_image_view(&self, args: &KernelArgs) -> Option<CoreImageView<'_>> {
+        SimShared::core_image_view(self, args)
+    }
+
+    fn regs(&self, c: u32) -> Option<&RegBlock> {
+        self.regs.get(c as usize)
+    }
+
+    fn spin_policy(&self) -> SpinPolicy<'_> {
+        SimShared::spin_policy(self)
+    }
+
+    fn faults(&self) -> &FaultPlan {
+        &self.faults
+    }
+
+    fn record_fault(&self, fault: CoreFault) {
+        SimShared::record_fault(self, fault)
+    }
+
+    fn store_cond(&self, c: u32, v: u32) {
+        SimShared::store_cond(self, c, v)
+    }
+
+    fn notify_all_aicpu(&self) {
+        SimShared::notify_all_aicpu(self)
     }
 }
 
