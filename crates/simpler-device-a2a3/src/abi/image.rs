@@ -83,8 +83,9 @@ impl TaskShape {
     }
 }
 
-/// The image header: counts and section offsets. Written by the host only.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The image header: counts and section offsets. Written by the host only; plain data without
+/// padding, so the writer copies [`bytemuck::bytes_of`] of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(64))]
 pub struct ImageHeader {
     /// [`HBG_IMAGE_MAGIC`].

@@ -3,7 +3,7 @@
 //! This module is the run-state machine only; `docs/device-runner.md` describes the lifecycle
 //! with its numbered steps (P1–P18, L1–L3, R1–R3, C1–C3) and the terminal cleanup, which the
 //! comments below refer to. What differs between chip runtimes happens behind
-//! [`ChipRuntime`](crate::runtime::ChipRuntime); what differs between devices behind
+//! [`ChipRuntime`]; what differs between devices behind
 //! [`Backend`]; memory and arenas live in `memory`, callables in `callables`.
 //!
 //! Run-state protocol (one run at a time):
