@@ -563,7 +563,7 @@ impl SimDevice {
     }
 
     /// Records an event on `stream`: it completes once every entry enqueued before it did.
-    // Used by device queuing (roadmap (c)); exercised by the stream tests until then.
+    // Used by device queuing (`docs/device-runner.md`, "Next steps"); exercised by the stream tests until then.
     #[allow(dead_code)]
     pub(crate) fn record_event(&mut self, stream: StreamKind) -> Arc<SimEvent> {
         let ev = Arc::new(SimEvent::default());
@@ -574,7 +574,7 @@ impl SimDevice {
     }
 
     /// Makes later entries of `stream` wait until `ev` completed.
-    // Used by device queuing (roadmap (c)); exercised by the stream tests until then.
+    // Used by device queuing (`docs/device-runner.md`, "Next steps"); exercised by the stream tests until then.
     #[allow(dead_code)]
     pub(crate) fn wait_event(&mut self, stream: StreamKind, ev: &Arc<SimEvent>) {
         let entry = LaunchEntry::new(EntryKind::WaitEvent(ev.clone()), 0);

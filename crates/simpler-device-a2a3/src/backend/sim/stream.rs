@@ -130,7 +130,7 @@ struct EventState {
     waiting_streams: Vec<usize>,
 }
 
-// `query` and `synchronize` serve device queuing (roadmap (c)); the stream tests use them now.
+// `query` and `synchronize` serve device queuing (`docs/device-runner.md`, "Next steps"); the stream tests use them now.
 #[allow(dead_code)]
 impl SimEvent {
     /// Whether the event completed.
