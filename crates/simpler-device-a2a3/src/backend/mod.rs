@@ -103,6 +103,24 @@ pub(crate) trait LaunchState: Send + Sync + fmt::Debug {
 /// A handle to a launched kernel.
 pub(crate) type LaunchHandle = Arc<dyn LaunchState>;
 
+/// An event recorded on a stream: it completes once every entry enqueued on that stream before
+/// it completed. Device queuing (`docs/device-runner.md`, "Next steps") will complete each run
+/// by its own events instead of a stream-wide sync.
+pub(crate) trait EventState: Send + Sync + fmt::Debug {
+    /// Whether the event completed (never blocks).
+    // Used by device queuing; exercised by the simulator's tests until then.
+    #[allow(dead_code)]
+    fn is_complete(&self) -> bool;
+    /// Waits at most `timeout` for the event; returns whether it completed.
+    #[allow(dead_code)]
+    fn synchronize(&self, timeout: Duration) -> bool;
+    /// The backend's own event object, so its `wait_event` can recognise it.
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
+}
+
+/// A handle to a recorded event.
+pub(crate) type EventHandle = Arc<dyn EventState>;
+
 /// Something a registered callable keeps loaded while it is registered (a shared object
 /// holding kernel code). Dropping it unloads the code.
 pub(crate) struct LoadedCode(Box<dyn fmt::Debug + Send>);
@@ -192,6 +210,17 @@ pub(crate) trait Backend: Send + fmt::Debug {
 
     /// The state of `stream`, without blocking.
     fn query(&self, stream: StreamKind, op_execute: Duration) -> StreamStatus;
+
+    /// Records an event on `stream`.
+    // Used by device queuing; exercised by the simulator's tests until then.
+    #[allow(dead_code)]
+    fn record_event(&mut self, stream: StreamKind) -> EventHandle;
+
+    /// Makes the entries enqueued on `stream` after this call wait until `event` completed;
+    /// `false` if `event` was not recorded by this backend.
+    // Used by device queuing; exercised by the simulator's tests until then.
+    #[allow(dead_code)]
+    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> bool;
 
     /// Waits at most `timeout` for both streams to go idle (the recovery drain); returns
     /// whether they did.

@@ -63,8 +63,8 @@ use crate::abi::{CorePlace, CoreType, MAX_AICPU_THREADS, MAX_LAUNCH_CORES, NS_PE
 use crate::aicpu::view::{CoreImageView, ImageView};
 use crate::aicpu::{AicpuPlatform, LogLevel};
 use crate::backend::{
-    AllocFailure, Backend, LaunchHandle, LaunchState, LoadedCode, MemoryCounts, ResolvedKernels,
-    StreamStatus, SyncError, ThreadStats,
+    AllocFailure, Backend, EventHandle, LaunchHandle, LaunchState, LoadedCode, MemoryCounts,
+    ResolvedKernels, StreamStatus, SyncError, ThreadStats,
 };
 use crate::callable::{ChipCallable, KernelCode, Orchestration};
 use crate::error::{CoreFault, DeviceError, KernelKind, MemPurpose, StreamKind};
@@ -562,26 +562,6 @@ impl SimDevice {
         Ok(())
     }
 
-    /// Records an event on `stream`: it completes once every entry enqueued before it did.
-    // Used by device queuing (`docs/device-runner.md`, "Next steps"); exercised by the stream tests until then.
-    #[allow(dead_code)]
-    pub(crate) fn record_event(&mut self, stream: StreamKind) -> Arc<SimEvent> {
-        let ev = Arc::new(SimEvent::default());
-        let entry = LaunchEntry::new(EntryKind::Record(ev.clone()), 0);
-        let fired = self.shared.streams[stream_index(stream)].enqueue(entry, &*self.shared);
-        resume_waiters(fired, &self.shared.streams, &*self.shared);
-        ev
-    }
-
-    /// Makes later entries of `stream` wait until `ev` completed.
-    // Used by device queuing (`docs/device-runner.md`, "Next steps"); exercised by the stream tests until then.
-    #[allow(dead_code)]
-    pub(crate) fn wait_event(&mut self, stream: StreamKind, ev: &Arc<SimEvent>) {
-        let entry = LaunchEntry::new(EntryKind::WaitEvent(ev.clone()), 0);
-        let fired = self.shared.streams[stream_index(stream)].enqueue(entry, &*self.shared);
-        resume_waiters(fired, &self.shared.streams, &*self.shared);
-    }
-
     /// The fault plan.
     pub(crate) fn faults(&self) -> &FaultPlan {
         &self.shared.faults
@@ -794,6 +774,22 @@ impl Backend for SimDevice {
         dev.streams[stream_index(stream)].query(Some(op_execute), &|| dev.wake_all())
     }
 
+    fn record_event(&mut self, stream: StreamKind) -> EventHandle {
+        let ev = Arc::new(SimEvent::default());
+        let entry = LaunchEntry::new(EntryKind::Record(ev.clone()), 0);
+        let fired = self.shared.streams[stream_index(stream)].enqueue(entry, &*self.shared);
+        resume_waiters(fired, &self.shared.streams, &*self.shared);
+        ev
+    }
+
+    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> bool {
+        let Ok(ev) = event.clone().into_any().downcast::<SimEvent>() else { return false };
+        let entry = LaunchEntry::new(EntryKind::WaitEvent(ev), 0);
+        let fired = self.shared.streams[stream_index(stream)].enqueue(entry, &*self.shared);
+        resume_waiters(fired, &self.shared.streams, &*self.shared);
+        true
+    }
+
     fn drain(&self, timeout: Duration, op_execute: Duration) -> bool {
         let dev = &*self.shared;
         let deadline = Instant::now() + timeout;
@@ -878,6 +874,41 @@ impl CoreHost for SimShared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::EventState;
+
+    /// An event another backend recorded.
+    #[derive(Debug)]
+    struct ForeignEvent;
+
+    impl EventState for ForeignEvent {
+        fn is_complete(&self) -> bool {
+            true
+        }
+
+        fn synchronize(&self, _: Duration) -> bool {
+            true
+        }
+
+        fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+            self
+        }
+    }
+
+    #[test]
+    fn events_go_through_the_backend_seam_and_a_foreign_event_is_refused() {
+        let mut dev = SimDevice::new(0, SimOptions::default());
+        let ev = dev.record_event(StreamKind::Aicpu);
+        assert!(ev.synchronize(Duration::from_secs(5)), "an event on an idle stream completes");
+        assert!(ev.is_complete());
+        assert!(dev.wait_event(StreamKind::AiCore, &ev));
+        let foreign: EventHandle = Arc::new(ForeignEvent);
+        assert!(!dev.wait_event(StreamKind::AiCore, &foreign));
+        assert!(
+            dev.synchronize(StreamKind::AiCore, Duration::from_secs(5), Duration::from_secs(5))
+                .is_ok()
+        );
+        assert!(dev.shutdown_within(Duration::from_secs(10)).is_empty());
+    }
 
     #[test]
     fn a_retried_aicpu_start_after_a_partial_spawn_failure_starts_only_the_missing_threads() {

@@ -120,26 +120,22 @@ struct StreamState {
 /// A simulated event: completes when the entries before its record completed.
 #[derive(Debug, Default)]
 pub(crate) struct SimEvent {
-    state: Mutex<EventState>,
+    state: Mutex<EventInner>,
     cv: Condvar,
 }
 
 #[derive(Debug, Default)]
-struct EventState {
+struct EventInner {
     done: bool,
     waiting_streams: Vec<usize>,
 }
 
-// `query` and `synchronize` serve device queuing (`docs/device-runner.md`, "Next steps"); the stream tests use them now.
-#[allow(dead_code)]
-impl SimEvent {
-    /// Whether the event completed.
-    pub(crate) fn query(&self) -> bool {
+impl crate::backend::EventState for SimEvent {
+    fn is_complete(&self) -> bool {
         self.state.lock().done
     }
 
-    /// Waits for the event up to `timeout`.
-    pub(crate) fn synchronize(&self, timeout: Duration) -> bool {
+    fn synchronize(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut st = self.state.lock();
         while !st.done {
@@ -150,6 +146,12 @@ impl SimEvent {
         true
     }
 
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
+}
+
+impl SimEvent {
     /// Either reports that the event completed or registers `stream` to be resumed by it.
     fn done_or_register(&self, stream: usize) -> bool {
         let mut st = self.state.lock();
@@ -411,6 +413,7 @@ pub(crate) fn resume_waiters(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::EventState;
 
     /// Records which entries were started; participants are driven by the test.
     #[derive(Default)]
@@ -471,9 +474,9 @@ mod tests {
         let held = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
         resume_waiters(s[1].enqueue(held.clone(), &st), &s, &st);
         assert_eq!(st.posted.lock().len(), 1, "only the first AICPU entry started");
-        assert!(!ev.query());
+        assert!(!ev.is_complete());
         finish_all(&s, &st, &first, 0, 0);
-        assert!(ev.query(), "the record completed after the entry before it");
+        assert!(ev.is_complete(), "the record completed after the entry before it");
         assert_eq!(st.posted.lock().len(), 2, "the held entry started once the event fired");
         assert_eq!(s[1].query(None, &|| {}), StreamStatus::Busy);
         finish_all(&s, &st, &held, 1, 0);
