@@ -241,7 +241,7 @@ impl ChipState {
         let chip = self.chip;
         let mut residue: Vec<Residue> = match runner.finalize() {
             Ok(report) => report
-                .stuck_workers
+                .stuck_threads
                 .into_iter()
                 .map(|w| Residue::Leaked(format!("chip {chip}: stuck device thread {w}")))
                 .collect(),
