@@ -210,7 +210,7 @@ impl<'e> RunBuilder<'e> {
             payload.callable = Some(ALLOC_CALLABLE);
             payload.alloc_addr = Some(heap.addr);
             if let Some((key, _)) = fp {
-                payload.output_keys.push(key);
+                payload.map_keys.push(key);
             }
         }
         if let Some((key, span)) = fp {

@@ -8,7 +8,7 @@
 //!
 //! # Reclamation (exactly once, by the thread whose release reached the threshold)
 //!
-//! 1. Under the slot's payload lock: `tensor_map.erase_owned(run, slot, output_keys)`, so every
+//! 1. Under the slot's payload lock: `tensor_map.erase_owned(run, slot, map_keys)`, so every
 //!    map entry keeps naming a live slot until the window entry is released.
 //! 2. For an `alloc()` slot: remove its alloc-registry entry if it still names this slot.
 //! 3. Clear the payload (capacities kept). The bookkeeping under the slot lock was already
@@ -65,8 +65,8 @@ impl Core {
         {
             let mut payload = slot.payload.write();
             debug_assert_eq!(payload.id, Some(id), "reclaiming a payload of another occupant");
-            if !payload.output_keys.is_empty() {
-                self.tensor_map.erase_owned(run.id, id, &payload.output_keys);
+            if !payload.map_keys.is_empty() {
+                self.tensor_map.erase_owned(run.id, id, &payload.map_keys);
             }
             if let Some(addr) = payload.alloc_addr {
                 let mut allocs = self.allocs.lock();

@@ -230,8 +230,9 @@ pub(crate) struct Payload {
     config: Option<Box<CallConfig>>,
     /// Whether `config` holds this occupant's configuration (otherwise it is the default).
     custom_config: bool,
-    /// Keys this task inserted into the tensor map (journal for owner-checked erase).
-    pub(crate) output_keys: Vec<TensorKey>,
+    /// Keys this task recorded in the tensor map, as reader or writer (journal for the
+    /// owner-checked erase at reclamation).
+    pub(crate) map_keys: Vec<TensorKey>,
     /// Base address of the slab, for an `alloc()` buffer.
     pub(crate) alloc_addr: Option<u64>,
 }
@@ -247,7 +248,7 @@ impl Payload {
         self.scalars.clear();
         self.members.clear();
         self.custom_config = false;
-        self.output_keys.clear();
+        self.map_keys.clear();
         self.alloc_addr = None;
     }
 

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use simpler_tensormap::footprint;
+use simpler_tensormap::{Access, footprint};
 use simpler_types::{
     CallConfig, CallableId, CallableKind, CancelReason, RunFailure, TaskArgs, TaskFailure, TaskId,
     WorkerId, WorkerType,
@@ -185,7 +185,7 @@ impl RunBuilder<'_> {
                 }
                 // A footprint can only fail for child memory without a target, which check 10
                 // has just refused; map it to the same error should that ever change.
-                let fp = if tag.looks_up() || tag.inserts() {
+                let fp = if Access::of(tag).is_some() {
                     footprint(t, target)
                         .map_err(|_| SchedError::ChildMemoryOnSubTask { member, arg })?
                 } else {
@@ -273,22 +273,23 @@ impl RunBuilder<'_> {
             }
             drop(allocs);
             {
-                // Every lookup of the task comes before any of its inserts (decision): a read
-                // then sees the producers from before this task's own writes, so a group whose
-                // member writes a buffer another member reads still waits for the buffer's
-                // earlier writers (interleaving them, the read would find only the task itself).
+                // Every lookup of the task comes before any of its records: a read then sees the
+                // writers from before this task's own writes, so a group whose member writes a
+                // buffer another member reads still waits for the buffer's earlier writers, and
+                // a covering write has ordered after the readers it is about to supersede
+                // (docs/tensormap.md).
                 let mut map = core.tensor_map.lock();
-                let tags = || args.iter().flat_map(|a| a.tags()).zip(&orch.footprints);
-                for (&tag, fp) in tags() {
-                    if let (true, Some((key, span))) = (tag.looks_up(), *fp) {
-                        map.lookup_overlapping(run.id, &key, span, |p| orch.producers.push(p));
-                    }
+                let accesses = || {
+                    let tags = args.iter().flat_map(|a| a.tags());
+                    tags.zip(&orch.footprints)
+                        .filter_map(|(&tag, fp)| Some((Access::of(tag)?, (*fp)?)))
+                };
+                for (access, (key, span)) in accesses() {
+                    map.dependencies(run.id, &key, span, access, |p| orch.producers.push(p));
                 }
-                for (&tag, fp) in tags() {
-                    if let (true, Some((key, span))) = (tag.inserts(), *fp) {
-                        payload.output_keys.push(key);
-                        map.insert(run.id, key, span, id);
-                    }
+                for (access, (key, span)) in accesses() {
+                    payload.map_keys.push(key);
+                    map.record(run.id, key, span, access, id);
                 }
             }
             if orch.producers.len() > 1 {

@@ -23,6 +23,7 @@
 
 #![forbid(unsafe_code)]
 
+mod access;
 mod error;
 mod footprints;
 mod from_tensor;
@@ -32,6 +33,7 @@ mod map;
 mod span;
 mod store;
 
+pub use access::Access;
 pub use error::TensorMapError;
 pub use from_tensor::footprint;
 pub use key::{RemoteSpace, TensorKey};

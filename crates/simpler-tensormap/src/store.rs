@@ -21,8 +21,9 @@
 //! # Invariants
 //!
 //! 1. Every table in `runs` has `entries > 0` and names a distinct run.
-//! 2. A table's `entries` equals the sum of its lists' lengths; `total` equals the sum over tables.
-//! 3. No stored `FootprintList` is empty (the key is removed instead).
+//! 2. A table's `entries` equals the number of live entries over all its keys (writers and
+//!    readers); `total` equals the sum over tables.
+//! 3. No stored key is without a live entry (the key is removed instead).
 //! 4. Spare tables are empty.
 
 use std::cell::Cell;
@@ -30,7 +31,7 @@ use std::cell::Cell;
 use simpler_types::{RunId, SlotId};
 
 use crate::key_table::KeyTable;
-use crate::{ByteSpan, TensorKey};
+use crate::{Access, ByteSpan, TensorKey};
 
 /// How many emptied tables are kept for reuse. Two covers serial admission (one run draining
 /// while the next fills) without keeping memory for a burst of runs that will not recur.
@@ -74,29 +75,31 @@ impl MapStore {
         self.runs.iter().position(|t| t.run == run)
     }
 
-    /// See [`TensorMap::lookup_overlapping`](crate::TensorMap::lookup_overlapping).
+    /// See [`TensorMap::dependencies`](crate::TensorMap::dependencies).
     #[inline]
-    pub(crate) fn lookup_overlapping(
+    pub(crate) fn dependencies(
         &self,
         run: RunId,
         key: &TensorKey,
         span: ByteSpan,
+        access: Access,
         visit: impl FnMut(SlotId),
     ) {
         if span.is_empty() {
             return;
         }
-        if let Some(list) = self.table(run).and_then(|t| t.keys.get(key)) {
-            list.visit_overlapping(span, &self.scratch, visit);
+        if let Some(entries) = self.table(run).and_then(|t| t.keys.get(key)) {
+            entries.visit(span, access, &self.scratch, visit);
         }
     }
 
-    /// See [`TensorMap::insert`](crate::TensorMap::insert).
-    pub(crate) fn insert(
+    /// See [`TensorMap::record`](crate::TensorMap::record).
+    pub(crate) fn record(
         &mut self,
         run: RunId,
         key: TensorKey,
         span: ByteSpan,
+        access: Access,
         slot: SlotId,
     ) -> usize {
         if span.is_empty() {
@@ -107,7 +110,7 @@ impl MapStore {
             None => self.open_table(run),
         };
         let table = &mut self.runs[index];
-        let superseded = table.keys.insert(key, span, slot);
+        let superseded = table.keys.record(key, span, access, slot);
         // One entry was added and `superseded` removed; `superseded` entries existed before, so
         // neither count can underflow.
         table.entries = table.entries + 1 - superseded;
@@ -184,9 +187,11 @@ impl MapStore {
             }
             table.keys.check_invariants().map_err(|e| format!("{}: {e}", table.run))?;
             let mut counted = 0;
-            for (key, list) in table.keys.iter() {
-                list.check_invariants().map_err(|e| format!("{} {key}: {e}", table.run))?;
-                counted += list.len();
+            for (key, entries) in table.keys.iter() {
+                for list in [&entries.writers, &entries.readers] {
+                    list.check_invariants().map_err(|e| format!("{} {key}: {e}", table.run))?;
+                }
+                counted += entries.len();
             }
             if counted != table.entries {
                 return Err(format!(
@@ -205,12 +210,12 @@ impl MapStore {
         Ok(())
     }
 
-    /// The stored entries of `(run, key)` in start order; used by tests.
+    /// The stored writer entries of `(run, key)` in start order; used by tests.
     #[cfg(test)]
     pub(crate) fn entries(&self, run: RunId, key: &TensorKey) -> Vec<(ByteSpan, SlotId)> {
         self.table(run)
             .and_then(|t| t.keys.get(key))
-            .map(|l| l.live_entries().iter().map(|e| (e.span, e.slot)).collect())
+            .map(|l| l.writers.live_entries().iter().map(|e| (e.span, e.slot)).collect())
             .unwrap_or_default()
     }
 }
@@ -228,13 +233,13 @@ mod tests {
         let mut store = MapStore::with_capacity(64);
         let key = TensorKey::Host { addr: 0x100 };
         let whole = ByteSpan::new(0x100, 0x200).unwrap();
-        store.insert(run(1), key, whole, SlotId::new(0, 1));
+        store.record(run(1), key, whole, Access::Overwrite, SlotId::new(0, 1));
         let capacity = store.runs[0].keys.capacity();
         assert!(capacity >= 64);
         assert_eq!(store.erase_owned(run(1), SlotId::new(0, 1), &[key]), 1);
         assert!(store.runs.is_empty());
         assert_eq!(store.spare.len(), 1);
-        store.insert(run(2), key, whole, SlotId::new(1, 1));
+        store.record(run(2), key, whole, Access::Overwrite, SlotId::new(1, 1));
         assert_eq!(store.runs[0].keys.capacity(), capacity);
         assert!(store.spare.is_empty());
         store.check_invariants().unwrap();
@@ -245,11 +250,11 @@ mod tests {
         let mut store = MapStore::default();
         let key = TensorKey::Host { addr: 0x100 };
         let empty = ByteSpan { start: 8, end: 8 };
-        assert_eq!(store.insert(run(1), key, empty, SlotId::new(0, 1)), 0);
+        assert_eq!(store.record(run(1), key, empty, Access::Overwrite, SlotId::new(0, 1)), 0);
         assert_eq!(store.len(), 0);
-        store.insert(run(1), key, ByteSpan::ALL, SlotId::new(0, 1));
+        store.record(run(1), key, ByteSpan::ALL, Access::Overwrite, SlotId::new(0, 1));
         let mut seen = 0;
-        store.lookup_overlapping(run(1), &key, empty, |_| seen += 1);
+        store.dependencies(run(1), &key, empty, Access::Read, |_| seen += 1);
         assert_eq!(seen, 0);
         store.check_invariants().unwrap();
     }
@@ -316,7 +321,7 @@ mod tests {
                             let slot = SlotId::new(slot, 1);
                             model.retain(|&(mr, mk, ms, _)| !(mr == r && mk == key && span.contains(ms)));
                             model.push((r, key, span, slot));
-                            store.insert(r, key, span, slot);
+                            store.record(r, key, span, Access::Overwrite, slot);
                         }
                         Op::EraseOwned(r, slot, keys) => {
                             let keys: Vec<TensorKey> = keys.into_iter().map(|addr| TensorKey::Host { addr }).collect();
@@ -331,7 +336,7 @@ mod tests {
                                 let slot = SlotId::new(scatter_owner(first, i, distinct), 1);
                                 model.retain(|&(mr, mk, ms, _)| !(mr == r && mk == key && span.contains(ms)));
                                 model.push((r, key, span, slot));
-                                store.insert(r, key, span, slot);
+                                store.record(r, key, span, Access::Overwrite, slot);
                             }
                         }
                         Op::Reclaim(r, k, first, n) => {
