@@ -557,3 +557,32 @@ fn hazard_b_terminal_state_is_published_without_waiters_and_every_waiter_gets_th
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn hazard_1306_a_write_after_a_read_waits_for_the_reader() {
+    // The original's issue #1306: `W0: InOut buf, R0: Input buf, W1: InOut buf` let W1
+    // overwrite the buffer while R0 still read it. R0 is held running; W1 must stay pending
+    // until R0 ends, and a blind `Output` after W1 must wait for W1 (which read the buffer).
+    let r = rig(&[0, 1, 3], 0);
+    let (h, e) = (&r.h, &r.e);
+    let mut b = e.begin_run().unwrap();
+    let t = buf(A, 64);
+    let w0 = b.submit_next_level(&chip(1), args(&[(t, InOut)]), &cfg(), w(0), None).unwrap();
+    let r0 = b.submit_next_level(&chip(1), args(&[(t, Input)]), &cfg(), w(1), None).unwrap();
+    let w1 = b.submit_next_level(&chip(1), args(&[(t, InOut)]), &cfg(), w(3), None).unwrap();
+    let mut w1_producers = snap(e, w1).producers;
+    w1_producers.sort();
+    assert_eq!(w1_producers, vec![w0, r0], "W1 orders after W0 and after R0");
+    let blind = b.submit_next_level(&chip(1), args(&[(t, Output)]), &cfg(), w(0), None).unwrap();
+    assert_eq!(snap(e, blind).producers, vec![w1]);
+    h.release(w0, Action::Succeed);
+    h.wait_running(r0, 0);
+    assert_eq!(snap(e, w1).state, TaskState::Pending, "W1 waits while R0 runs");
+    h.release(r0, Action::Succeed);
+    h.release(w1, Action::Succeed);
+    h.release(blind, Action::Succeed);
+    let run = b.close();
+    assert!(wait(e, run).is_completed());
+    assert!(h.position(Event::End(r0, 0)) < h.position(Event::Start(w1, 0)));
+    assert!(h.position(Event::End(w1, 0)) < h.position(Event::Start(blind, 0)));
+}
