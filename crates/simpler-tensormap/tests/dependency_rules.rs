@@ -285,11 +285,16 @@ pub fn check_steps<M: DependencyMap>(mut map: M, steps: &[Step]) -> Result<(), T
                 let task = deps.len() as u32;
                 let keyed: Vec<(TensorKey, ByteSpan, Access)> = accesses
                     .iter()
-                    .map(|&(b, s, l, a)| (buf(b * 0x1000), span(b * 0x1000 + s, b * 0x1000 + s + l), a))
+                    .map(|&(b, s, l, a)| {
+                        (buf(b * 0x1000), span(b * 0x1000 + s, b * 0x1000 + s + l), a)
+                    })
                     .collect();
                 let derived = submit(&mut map, task, &keyed);
-                let required: BTreeSet<u32> =
-                    exact.conflicts(accesses).into_iter().filter(|t| !retired.contains(t)).collect();
+                let required: BTreeSet<u32> = exact
+                    .conflicts(accesses)
+                    .into_iter()
+                    .filter(|t| !retired.contains(t))
+                    .collect();
                 // 1. Closure over unretired tasks.
                 let mut reach: BTreeSet<u32> = BTreeSet::new();
                 let mut work: Vec<u32> = derived.iter().copied().collect();
@@ -299,7 +304,10 @@ pub fn check_steps<M: DependencyMap>(mut map: M, steps: &[Step]) -> Result<(), T
                     }
                 }
                 for r in &required {
-                    prop_assert!(reach.contains(r), "task {task} must order after {r}: {derived:?}");
+                    prop_assert!(
+                        reach.contains(r),
+                        "task {task} must order after {r}: {derived:?}"
+                    );
                 }
                 // 2 and 3. Besides exact conflicts, an edge may come from an entry a later write
                 // only partly covered (footprints are kept conservatively), or from a stand-in.
@@ -329,7 +337,9 @@ pub fn check_steps<M: DependencyMap>(mut map: M, steps: &[Step]) -> Result<(), T
                     let b = key_addr(key);
                     if access != Read {
                         let duty = |&(eb, es, et, ea): &(u64, ByteSpan, u32, Access)| {
-                            eb == b && s.contains(es) && (ea != Overwrite || stand_ins.contains(&et))
+                            eb == b
+                                && s.contains(es)
+                                && (ea != Overwrite || stand_ins.contains(&et))
                         };
                         if unsuperseded.iter().any(duty) {
                             stand_ins.insert(task);

@@ -310,7 +310,9 @@ impl<'e> GraphBuilder<'e> {
                 });
                 for pred in found {
                     let covers = |spans: Option<&Vec<(u64, ByteSpan)>>| {
-                        spans.is_some_and(|ss| ss.iter().any(|(k, s)| *k == t.addr && s.contains(span)))
+                        spans.is_some_and(|ss| {
+                            ss.iter().any(|(k, s)| *k == t.addr && s.contains(span))
+                        })
                     };
                     let covered = covers(self.task_writes.get(pred as usize))
                         || (tag.writes() && covers(self.task_reads.get(pred as usize)));
