@@ -179,8 +179,8 @@ impl Core {
         self.stopping.load(Ordering::Acquire)
     }
 
-    /// Engine poisoning (spec 30 §6.2): every non-terminal run fails now with an internal
-    /// error, and `begin_run` refuses new runs.
+    /// Engine poisoning (`docs/engine-protocols.md` §5): every non-terminal run fails now with an
+    /// internal error, and `begin_run` refuses new runs.
     #[cold]
     pub(crate) fn poison(&self, message: &str) {
         tracing::error!(level = self.level, "engine poisoned: {message}");

@@ -1,5 +1,5 @@
 //! `Engine`: start, the run API, control jobs, introspection, and the stop-and-drain protocol
-//! (spec 30 §1, §2.3, §7, §8).
+//! (`docs/engine-protocols.md` §1, §2, §8).
 //!
 //! # Stop and drain (`shutdown`; `Drop` calls it with a zero deadline)
 //!

@@ -1,5 +1,6 @@
 //! Multi-slot operations built from the single-slot steps of `task_protocol`: reference
-//! releases and reclamation (spec 30 §3.5), failure propagation (§4) and cancellation (§2.2).
+//! releases and reclamation (`docs/engine-protocols.md` §4), failure propagation and cancellation
+//! (§5).
 //!
 //! Every function here holds at most one slot lock at a time and takes no slot lock while
 //! holding another engine lock. Work lists are explicit vectors in a reusable [`GraphScratch`]
@@ -87,7 +88,7 @@ impl Core {
 
     /// Poisons every consumer reachable from the failed task (whose consumers are in
     /// `scratch.consumers` and whose own releases are in `scratch.releases`), then performs all
-    /// releases: phase 1 claims, phase 2 releases (spec 30 §4).
+    /// releases: phase 1 claims, phase 2 releases (`docs/engine-protocols.md` §5).
     pub(crate) fn propagate_failure(&self, root: &Arc<TaskFailure>, scratch: &mut GraphScratch) {
         while let Some(id) = scratch.consumers.pop() {
             let Some(slot) = self.ring.slot(id) else { continue };
@@ -103,9 +104,9 @@ impl Core {
         self.release_all(&mut scratch.releases);
     }
 
-    /// Cancels every unstarted task of `run` (spec 30 §2.2). `Running` tasks finish normally.
-    /// A `Building` slot is owned by the cancellation only once no submitter is left to finish
-    /// it: submission is closed, or the caller is the run's own builder failing it
+    /// Cancels every unstarted task of `run` (`docs/engine-protocols.md` §2). `Running` tasks
+    /// finish normally. A `Building` slot is owned by the cancellation only once no submitter is
+    /// left to finish it: submission is closed, or the caller is the run's own builder failing it
     /// (`by_builder`). While a builder is live on another thread, its submitter finishes it.
     pub(crate) fn cancel_run(
         &self,

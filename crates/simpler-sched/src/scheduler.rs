@@ -1,5 +1,5 @@
-//! The scheduler: queues, dispatch passes, completion processing (spec 30 §6), and the
-//! scheduler thread.
+//! The scheduler: queues, dispatch passes, completion processing (`docs/engine-protocols.md` §6),
+//! and the scheduler thread.
 //!
 //! The queues live in [`SchedState`] behind the scheduler lock (`Core::sched`). A **pass** runs
 //! under that lock on whichever thread delivered an event (combining protocol in `inbox`):
@@ -252,7 +252,7 @@ impl SchedState {
         }
     }
 
-    // ---- Completion processing (spec 30 §6.4) ---------------------------------------------
+    // ---- Completion processing (`docs/engine-protocols.md` §6) ----------------------------------
 
     fn on_completion(&mut self, core: &Core, c: MemberCompletion) {
         self.completions += 1;
@@ -328,7 +328,7 @@ impl SchedState {
         }
     }
 
-    // ---- Routing and dispatch (spec 30 §6.3) ----------------------------------------------
+    // ---- Routing and dispatch (`docs/engine-protocols.md` §6) -----------------------------------
 
     fn route(&mut self, core: &Core, id: SlotId, route: Route) {
         if self.exited {
@@ -445,11 +445,11 @@ impl SchedState {
         }
     }
 
-    // ---- Diagnostics -----------------------------------------------------------------------
+    // ---- Diagnostics ----------------------------------------------------------------------------
 
-    /// Opens, closes or reports a stall episode (spec 30 §6.3). Returns whether a new episode
-    /// opened: the scheduler thread must then learn its deadline, even when it replaced an
-    /// episode that was already reported (after which the thread sleeps without a deadline).
+    /// Opens, closes or reports a stall episode (`docs/engine-protocols.md` §6). Returns whether a
+    /// new episode opened: the scheduler thread must then learn its deadline, even when it replaced
+    /// an episode that was already reported (after which the thread sleeps without a deadline).
     fn check_stall(&mut self, core: &Core) -> bool {
         let Some(&head) = self.groups.front() else {
             self.stall = None;
@@ -550,7 +550,8 @@ fn is_ready(core: &Core, id: SlotId) -> bool {
     core.ring.slot(id).and_then(|s| s.state.get(id)) == Some(TaskState::Ready)
 }
 
-/// Builds the member's `TaskFailure` and records it on the run at once (spec 30 §2.4).
+/// Builds the member's `TaskFailure` and records it on the run at once (`docs/engine-protocols.md`
+/// §2).
 fn record_member_failure(
     core: &Core,
     id: SlotId,

@@ -1,5 +1,5 @@
-//! The submit flow (spec 30 §3.2–§3.4): validation before any allocation, then the nine steps
-//! that claim, charge, wire and publish a task.
+//! The submit flow (`docs/engine-protocols.md` §3): validation before any allocation, then the nine
+//! steps that claim, charge, wire and publish a task.
 //!
 //! Steps 2–9 cannot fail and run no user code, so a task once claimed is always published or
 //! failed; a failed validation changes nothing and leaves the run `Building`.
@@ -55,7 +55,7 @@ pub(crate) enum Placement<'a> {
 }
 
 impl RunBuilder<'_> {
-    /// Validation (§3.2) then steps 1–9 (§3.3).
+    /// Validation then steps 1–9 (`docs/engine-protocols.md` §3).
     pub(crate) fn submit(
         &mut self,
         callable: &CallableId,
@@ -74,7 +74,7 @@ impl RunBuilder<'_> {
         self.build(callable, members, config, worker_type)
     }
 
-    /// Checks 1–11 of §3.2. Fills `orch.targets` and `orch.footprints`.
+    /// Validation checks 1–11. Fills `orch.targets` and `orch.footprints`.
     fn validate(
         &mut self,
         callable: &CallableId,
@@ -212,7 +212,7 @@ impl RunBuilder<'_> {
         Ok(worker_type)
     }
 
-    /// Steps 1–9 (§3.3). After validation only the ring can refuse (step 1); from step 2 on
+    /// Steps 1–9. After validation only the ring can refuse (step 1); from step 2 on
     /// nothing fails.
     fn build(
         &mut self,

@@ -1,4 +1,4 @@
-//! Worker threads: one per endpoint, fed through a mailbox (spec 30 §7).
+//! Worker threads: one per endpoint, fed through a mailbox (`docs/engine-protocols.md` §7).
 //!
 //! # Worker thread
 //!
@@ -153,7 +153,8 @@ impl Mailbox {
     }
 }
 
-/// One-shot receiver of a control job's result ([`Engine::on_endpoint`](crate::Engine::on_endpoint)).
+/// One-shot receiver of a control job's result
+/// ([`Engine::on_endpoint`](crate::Engine::on_endpoint)).
 pub struct JobReceiver<R> {
     rx: mpsc::Receiver<Result<R, String>>,
     worker: WorkerRef,

@@ -1,4 +1,4 @@
-//! One regression test per known hazard of the original (spec 30 §9) that applies to the
+//! One regression test per known hazard of the original that applies to the
 //! engine. Races are looped over many runs on several engines at once, so the naive ordering
 //! each test guards against would hang (caught by the bounded waits) or fail an assertion.
 

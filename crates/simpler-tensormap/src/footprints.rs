@@ -1,7 +1,8 @@
-//! The producers of one buffer key: `(footprint, producer)` entries ordered by start (spec 20 §D).
+//! The producers of one buffer key: `(footprint, producer)` entries ordered by start
+//! (`docs/tensormap.md` §4).
 //!
 //! This module is the overlap algorithm on its own: no runs, no keys, no locking. It is the part
-//! a fixed-capacity device core (spec 20 Part C) reuses; only the owner index of large lists
+//! a fixed-capacity device core reuses; only the owner index of large lists
 //! (below) uses a hash map, which a fixed core would replace by a fixed table.
 //!
 //! # Two modes
@@ -13,8 +14,8 @@
 //! bytes replaces the entry in place.
 //!
 //! **Indexed** (a list that grew past [`INDEX_AT`] entries: a fan-in buffer written slice by
-//! slice, spec 70 P3). Scanning or shifting the whole list per operation would make a fan-in of
-//! k slices cost O(k²), so the list gains an [`OwnerIndex`]:
+//! slice, the fan-in benchmark P3). Scanning or shifting the whole list per operation would make a
+//! fan-in of k slices cost O(k²), so the list gains an [`OwnerIndex`]:
 //!
 //! 1. `entries` stays sorted by start but may hold **dead** entries: an erased entry is killed in
 //!    place by emptying its span (`end = start`), which keeps the order without shifting anything.

@@ -5,7 +5,7 @@
 //! run has in flight, cache-resident; the slab is a plain vector whose freed positions are reused
 //! last-freed-first, so recently used lists stay warm and keys inserted together sit together.
 //! A hash map storing `(TensorKey, list)` pairs directly would spread 72-byte buckets over a table
-//! twice the key count, and a lookup would miss the cache once the map outgrew it (spec 70 P4).
+//! twice the key count, and a lookup would miss the cache once the map outgrew it (benchmark P4).
 //!
 //! # Invariants
 //!

@@ -1,4 +1,4 @@
-//! `TensorMap` and `TensorMapGuard`: the store behind one leaf mutex (spec 20 §A.5).
+//! `TensorMap` and `TensorMapGuard`: the store behind one leaf mutex (`docs/tensormap.md` §8).
 //!
 //! # Locking
 //!
@@ -8,7 +8,7 @@
 //!
 //! 1. The orchestration thread, once per submit: [`TensorMap::lock`] returns a guard, the submit
 //!    walks every tensor argument through it (lookups, then inserts), and drops it before
-//!    attaching to producers (spec 30 §3.3 step 3).
+//!    attaching to producers (`docs/engine-protocols.md` §3 step 3).
 //! 2. Whichever thread reclaims a slot, once per reclamation: [`TensorMap::erase_owned`].
 //! 3. The run-release path: [`TensorMap::erase_run`], as a safety net.
 //!
@@ -28,8 +28,8 @@ use crate::{Access, ByteSpan, TensorKey};
 /// and read those bytes.
 ///
 /// Each buffer key of a run holds two short lists of `(footprint, task)` entries, writers and
-/// readers; `len()` counts the entries of both. No operation fails and none panics. The map never looks at task states: what a
-/// returned producer means is the caller's business.
+/// readers; `len()` counts the entries of both. No operation fails and none panics. The map never
+/// looks at task states: what a returned producer means is the caller's business.
 ///
 /// ```
 /// use simpler_tensormap::{ByteSpan, TensorKey, TensorMap};
@@ -43,8 +43,8 @@ use crate::{Access, ByteSpan, TensorKey};
 /// map.insert(run, buf, ByteSpan::new(0x1080, 0x1100).unwrap(), SlotId::new(1, 1));
 /// // A reader of the whole buffer depends on both.
 /// let mut producers = Vec::new();
-/// map.lookup_overlapping(run, &buf, ByteSpan::new(0x1000, 0x1100).unwrap(), |s| producers.push(s));
-/// producers.sort();
+/// map.lookup_overlapping(run, &buf, ByteSpan::new(0x1000, 0x1100).unwrap(), |s|
+/// producers.push(s)); producers.sort();
 /// assert_eq!(producers, [SlotId::new(0, 1), SlotId::new(1, 1)]);
 /// ```
 pub struct TensorMap {

@@ -1,15 +1,16 @@
-//! `MapStore`: the whole map's state and algorithm, with no locking (spec 20 §A.3, §D).
+//! `MapStore`: the whole map's state and algorithm, with no locking (`docs/tensormap.md` §4).
 //!
 //! [`TensorMap`](crate::TensorMap) wraps one store in a mutex; everything that decides what the
 //! map contains lives here, behind `&self`/`&mut self`, so the algorithm can be tested and reused
-//! (spec 20 Part C) without any synchronization.
+//! without any synchronization.
 //!
 //! # Shape
 //!
 //! The map is keyed by `(RunId, TensorKey)`. Rather than hashing the pair, the store keeps one
 //! hash table per run that has entries, in a short vector searched linearly:
 //!
-//! - Runs are admitted one at a time (spec 30 §2.1), so one or two runs have entries at any moment
+//! - Runs are admitted one at a time (`docs/engine-protocols.md` §2), so one or two runs have
+//! entries at any moment
 //!   and the linear search costs less than hashing a `RunId`.
 //! - `erase_run` drops one table instead of filtering a shared one, and is a short search that
 //!   finds nothing when the run has no entries (rule: O(1) for an empty run).

@@ -641,7 +641,7 @@ fn check_records(
 
 /// Item 4: dependencies were respected. Returns the "late consumers" (below).
 ///
-/// One exception is tolerated, because spec 30 §3.4 allows it: a task submitted while its
+/// One exception is tolerated, because the attach protocol allows it (`docs/engine-protocols.md` §3): a task submitted while its
 /// producer failed and was reclaimed. Its fail-fast check passed before the failure was
 /// recorded, and by the time it looked the producer up, reclamation had erased the producer's
 /// map entry, so no edge exists and the task runs on the failed task's output. This needs the

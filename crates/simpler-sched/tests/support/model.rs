@@ -127,7 +127,7 @@ pub struct RunModel {
     pub scope_ended_at: BTreeMap<u32, usize>,
 }
 
-/// A validation error the engine must return (spec 30 §3.2, in its order).
+/// A validation error the engine must return (`docs/engine-protocols.md` §3, in its order).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Rejection {
     /// Check 3.
