@@ -292,7 +292,9 @@ impl FootprintList {
             }
             index.max_len = index.max_len.max(new.span.len());
         }
-        let at = self.entries.partition_point(|e| e.span.start < new.span.start);
+        // After the entries with the same start, so that readers of one span (a fan-out over
+        // one buffer) append instead of shifting the whole list each time.
+        let at = self.entries.partition_point(|e| e.span.start <= new.span.start);
         self.place(at, new);
         if self.index.is_none() && self.entries.len() > INDEX_AT {
             self.build_index();
@@ -396,8 +398,8 @@ impl FootprintList {
         superseded
     }
 
-    /// Puts `new` at `at`, where every entry before `at` starts before it and every entry from
-    /// `at` on starts at or after it.
+    /// Puts `new` at `at`, where every entry before `at` starts at or before it and every entry
+    /// from `at` on starts at or after it.
     fn place(&mut self, at: usize, new: Entry) {
         // A dead entry just before `at` can be overwritten: it starts before `new`, and so does
         // everything before it, so the order holds without shifting the tail.
