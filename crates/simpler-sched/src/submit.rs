@@ -292,10 +292,7 @@ impl RunBuilder<'_> {
                     map.record(run.id, key, span, access, id);
                 }
             }
-            if orch.producers.len() > 1 {
-                orch.producers.sort_unstable();
-                orch.producers.dedup();
-            }
+            // Duplicates are left in: attach skips a producer met twice (step 5).
             orch.producers.retain(|&p| p != id);
 
             // 4. Store the payload.

@@ -49,7 +49,8 @@ use crate::slot::{Edge, Head, Route, SlotSync, TaskSlot};
 /// What attaching a consumer to a producer found (`docs/engine-protocols.md` §3 step 5).
 #[derive(Debug)]
 pub(crate) enum Attach {
-    /// Stale id or `Consumed`: no edge, nothing to wait for.
+    /// Stale id, `Consumed`, or already attached in this submit: no new edge, nothing more to
+    /// wait for.
     Skipped,
     /// Edge added; the producer is still to finish.
     Live(TaskId),
@@ -181,12 +182,19 @@ impl TaskSlot {
         self.state.set(head.id, TaskState::Completed);
     }
 
-    /// Step 2: lists `consumer` on this producer (`me`) unless it is stale or consumed.
+    /// Step 2: lists `consumer` on this producer (`me`) unless it is stale or consumed, or lists
+    /// it already (a repeated attach in the same submit is skipped).
     pub(crate) fn attach(&self, me: SlotId, consumer: Edge) -> Attach {
         let mut s = self.sync.lock();
         let Some(head) = s.head.filter(|h| h.id == me) else {
             return Attach::Skipped;
         };
+        if s.consumers.last() == Some(&consumer) {
+            // Met twice in one submit (two arguments, or as a writer and a reader): only the
+            // submitting thread attaches, one submit at a time, and consumers are only cleared
+            // once the slot is consumed, so this consumer is still last and already counted.
+            return Attach::Skipped;
+        }
         let state = self.state.get(me);
         let answer = match state {
             Some(TaskState::Failed) => match &s.failure {

@@ -111,6 +111,10 @@ pub(crate) struct FootprintList {
     entries: SmallVec<[Entry; 1]>,
     /// Present in indexed mode only (see the module docs).
     index: Option<Box<OwnerIndex>>,
+    /// Plain mode: `false` only while no task owns two live entries, so a lookup need not
+    /// deduplicate (a key read by many tasks is scanned once instead of pairwise). Set when an
+    /// entry joins another of its task, cleared when the list empties.
+    repeats: bool,
 }
 
 /// Bookkeeping of an indexed list (module docs, items 2–5).
@@ -175,7 +179,7 @@ impl FootprintList {
     /// A list holding one entry. Its span must not be empty (the store filters empty spans).
     pub(crate) fn new(entry: Entry) -> FootprintList {
         debug_assert!(!entry.span.is_empty(), "the store never inserts an empty span");
-        FootprintList { entries: SmallVec::from_buf([entry]), index: None }
+        FootprintList { entries: SmallVec::from_buf([entry]), index: None, repeats: false }
     }
 
     /// Number of live entries.
@@ -224,6 +228,13 @@ impl FootprintList {
                 return;
             }
             let end = self.entries.partition_point(|e| e.span.start < span.end);
+            if !self.repeats {
+                for entry in self.entries[..end].iter().filter(|e| e.span.overlaps(span) && keep(e))
+                {
+                    visit(entry.slot);
+                }
+                return;
+            }
             return visit_dedup_in_place(&self.entries[..end], span, keep, visit);
         };
         let candidates = &self.entries[self.candidate_range(span, index.max_len)];
@@ -296,8 +307,18 @@ impl FootprintList {
         // one buffer) append instead of shifting the whole list each time.
         let at = self.entries.partition_point(|e| e.span.start <= new.span.start);
         self.place(at, new);
-        if self.index.is_none() && self.entries.len() > INDEX_AT {
-            self.build_index();
+        if self.index.is_none() {
+            self.note_repeat(new.slot);
+            if self.entries.len() > INDEX_AT {
+                self.build_index();
+            }
+        }
+    }
+
+    /// Plain mode: records whether `slot`, just placed, now owns two entries.
+    fn note_repeat(&mut self, slot: SlotId) {
+        if !self.repeats {
+            self.repeats = self.entries.iter().filter(|e| e.slot == slot).nth(1).is_some();
         }
     }
 
@@ -320,7 +341,10 @@ impl FootprintList {
                     new.orders_writes |= old.orders_writes;
                     *only = new;
                 }
-                None => self.entries.clear(),
+                None => {
+                    self.entries.clear();
+                    self.repeats = false;
+                }
             }
             return Superseded { count: 1, orders_writes: old.orders_writes };
         }
@@ -358,6 +382,9 @@ impl FootprintList {
             if self.index.is_some() && self.len() <= UNINDEX_AT {
                 self.drop_index();
             }
+            if self.entries.is_empty() {
+                self.repeats = false;
+            }
             return superseded;
         };
         new.orders_writes |= superseded.orders_writes;
@@ -392,8 +419,12 @@ impl FootprintList {
                     self.drop_index();
                 }
             }
-            None if self.entries.len() > INDEX_AT => self.build_index(),
-            None => {}
+            None => {
+                self.note_repeat(new.slot);
+                if self.entries.len() > INDEX_AT {
+                    self.build_index();
+                }
+            }
         }
         superseded
     }
@@ -444,11 +475,15 @@ impl FootprintList {
                 let owned = only.slot == owner;
                 if owned {
                     self.entries.clear();
+                    self.repeats = false;
                 }
                 return usize::from(owned);
             }
             let before = self.entries.len();
             self.entries.retain(|e| e.slot != owner);
+            if self.entries.len() <= 1 {
+                self.repeats = false;
+            }
             return before - self.entries.len();
         };
         let Some(starts) = index.starts.remove(&owner) else {
@@ -500,6 +535,7 @@ impl FootprintList {
     fn drop_index(&mut self) {
         self.entries.retain(|e| !e.is_dead());
         if let Some(index) = self.index.take() {
+            self.repeats = index.shared_owners > 0;
             for entry in index.long {
                 let at = self.entries.partition_point(|e| e.span.start <= entry.span.start);
                 self.entries.insert(at, entry);
@@ -521,6 +557,14 @@ impl FootprintList {
             }
             if self.entries.len() > INDEX_AT {
                 return Err(format!("plain list holds {} entries", self.entries.len()));
+            }
+            let repeated =
+                |(i, e): (usize, &Entry)| self.entries[..i].iter().any(|o| o.slot == e.slot);
+            if !self.repeats && self.entries.iter().enumerate().any(repeated) {
+                return Err(format!(
+                    "a task owns two entries but repeats is unset: {:?}",
+                    self.entries
+                ));
             }
             return Ok(());
         };
