@@ -58,6 +58,21 @@ impl Core {
     }
 
     /// The reclamation steps (module docs). `run` was moved out of the slot at `Consumed`.
+    /// A finished task stops holding back later writes: its reader entries leave the tensor
+    /// map now rather than at reclamation (`docs/tensormap.md` §6). The caller still holds the
+    /// task's self reference (or its reclamation is still owed to the caller), so the slot and
+    /// its payload cannot be recycled meanwhile; the payload is only read.
+    pub(crate) fn retire_reads(&self, id: SlotId) {
+        let Some(slot) = self.ring.slot(id) else { return };
+        let payload = slot.payload.read();
+        if payload.id != Some(id) || payload.read_keys.is_empty() {
+            return;
+        }
+        if let Some(task) = payload.task {
+            self.tensor_map.erase_reader_owned(task.run, id, &payload.read_keys);
+        }
+    }
+
     pub(crate) fn reclaim(&self, id: SlotId, run: Arc<RunRecord>) {
         let Some(slot) = self.ring.slot(id) else {
             debug_assert!(false, "reclaiming {id}, which is no longer live");

@@ -49,8 +49,9 @@
 //!    tensor-map lock, the alloc-registry lock, a ring lock, a run `completion` lock, the
 //!    registry lock, the inbox lock, a mailbox lock, the attention lock.
 //! 2. Exception: a slot's `payload` lock may be held (by the submitting thread while the slot is
-//!    `Building`, or by the reclaimer of a `Consumed` slot) while taking the tensor-map lock or
-//!    the alloc-registry lock (deliberate: keeping the tensor-map lock a strict leaf would need the
+//!    `Building`, by the reclaimer of a `Consumed` slot, or read by the pass that retires a
+//!    finished slot's reader entries) while taking the tensor-map lock or the alloc-registry
+//!    lock (deliberate: keeping the tensor-map lock a strict leaf would need the
 //!    keys copied out of the payload first). No other thread uses that payload at those times,
 //!    except a pass that reads a stale queue entry's payload and so may wait for the
 //!    reclaimer's; that pass holds only the scheduler lock, which nobody in this chain requests.

@@ -238,6 +238,9 @@ pub(crate) struct Payload {
     /// Keys this task recorded in the tensor map, as reader or writer (journal for the
     /// owner-checked erase at reclamation).
     pub(crate) map_keys: Vec<TensorKey>,
+    /// The keys among `map_keys` this task recorded as a reader, whose entries go when the
+    /// task finishes (`Core::retire_reads`).
+    pub(crate) read_keys: Vec<TensorKey>,
     /// Base address of the slab, for an `alloc()` buffer.
     pub(crate) alloc_addr: Option<u64>,
 }
@@ -254,6 +257,7 @@ impl Payload {
         self.members.clear();
         self.custom_config = false;
         self.map_keys.clear();
+        self.read_keys.clear();
         self.alloc_addr = None;
     }
 

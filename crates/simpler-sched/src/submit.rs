@@ -284,12 +284,31 @@ impl RunBuilder<'_> {
                     tags.zip(&orch.footprints)
                         .filter_map(|(&tag, fp)| Some((Access::of(tag)?, (*fp)?)))
                 };
-                for (access, (key, span)) in accesses() {
-                    map.dependencies(run.id, &key, span, access, |p| orch.producers.push(p));
-                }
-                for (access, (key, span)) in accesses() {
-                    payload.map_keys.push(key);
-                    map.record(run.id, key, span, access, id);
+                let mut tracked = accesses();
+                match (tracked.next(), tracked.next()) {
+                    (None, _) => {}
+                    // One access: its lookup and record share one hash probe.
+                    (Some((access, (key, span))), None) => {
+                        payload.map_keys.push(key);
+                        if access == Access::Read {
+                            payload.read_keys.push(key);
+                        }
+                        map.access(run.id, key, span, access, id, |p| orch.producers.push(p));
+                    }
+                    _ => {
+                        for (access, (key, span)) in accesses() {
+                            map.dependencies(run.id, &key, span, access, |p| {
+                                orch.producers.push(p)
+                            });
+                        }
+                        for (access, (key, span)) in accesses() {
+                            payload.map_keys.push(key);
+                            if access == Access::Read {
+                                payload.read_keys.push(key);
+                            }
+                            map.record(run.id, key, span, access, id);
+                        }
+                    }
                 }
             }
             // Duplicates are left in: attach skips a producer met twice (step 5).

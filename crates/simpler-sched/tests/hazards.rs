@@ -586,3 +586,25 @@ fn hazard_1306_a_write_after_a_read_waits_for_the_reader() {
     assert!(h.position(Event::End(r0, 0)) < h.position(Event::Start(w1, 0)));
     assert!(h.position(Event::End(w1, 0)) < h.position(Event::Start(blind, 0)));
 }
+
+#[test]
+fn a_finished_reader_no_longer_holds_back_a_later_write() {
+    // The outer scope keeps both readers' slots until close; only the running one may still
+    // hold back the write.
+    let r = rig(&[0, 1, 3], 0);
+    let (h, e) = (&r.h, &r.e);
+    let mut b = e.begin_run().unwrap();
+    let t = buf(A, 64);
+    let done = b.submit_next_level(&chip(1), args(&[(t, Input)]), &cfg(), w(0), None).unwrap();
+    let running = b.submit_next_level(&chip(1), args(&[(t, Input)]), &cfg(), w(1), None).unwrap();
+    h.release(done, Action::Succeed);
+    // The pass that completes a task retires its reads before it releases the task's own
+    // reference, so a released self reference means the reader entry is gone.
+    eventually("the finished reader released itself", || snap(e, done).fanout_released >= 1);
+    let write = b.submit_next_level(&chip(1), args(&[(t, Output)]), &cfg(), w(3), None).unwrap();
+    assert_eq!(snap(e, write).producers, vec![running], "only the running reader");
+    h.release(running, Action::Succeed);
+    h.release(write, Action::Succeed);
+    let run = b.close();
+    assert!(wait(e, run).is_completed());
+}

@@ -104,8 +104,9 @@ impl KeyEntries {
         }
     }
 
-    fn remove_owned(&mut self, owner: SlotId) -> usize {
-        self.writers.remove_owned(owner) + self.readers.remove_owned(owner)
+    fn remove_owned(&mut self, owner: SlotId, readers_only: bool) -> usize {
+        let writers = if readers_only { 0 } else { self.writers.remove_owned(owner) };
+        writers + self.readers.remove_owned(owner)
     }
 }
 
@@ -147,12 +148,26 @@ impl KeyTable {
 
     /// Records `access` of `span` of `key` by `slot` (see `KeyEntries::record`); returns the
     /// number of superseded entries.
+    #[cfg(test)]
     pub(crate) fn record(
         &mut self,
         key: TensorKey,
         span: ByteSpan,
         access: Access,
         slot: SlotId,
+    ) -> usize {
+        self.visit_and_record(key, span, access, slot, None::<(&Cell<Vec<SlotId>>, fn(SlotId))>)
+    }
+
+    /// Visits what `access` orders after (when `visit` is given) and then records it, with one
+    /// hash probe.
+    pub(crate) fn visit_and_record(
+        &mut self,
+        key: TensorKey,
+        span: ByteSpan,
+        access: Access,
+        slot: SlotId,
+        visit: Option<(&Cell<Vec<SlotId>>, impl FnMut(SlotId))>,
     ) -> usize {
         let slots = &mut self.slots;
         let vacant = match self.index.entry(
@@ -161,7 +176,11 @@ impl KeyTable {
             |&at| hash(&slots[at as usize].key),
         ) {
             TableEntry::Occupied(found) => {
-                return slots[*found.get() as usize].entries.record(span, access, slot);
+                let entries = &mut slots[*found.get() as usize].entries;
+                if let Some((scratch, visit)) = visit {
+                    entries.visit(span, access, scratch, visit);
+                }
+                return entries.record(span, access, slot);
             }
             TableEntry::Vacant(vacant) => vacant,
         };
@@ -181,16 +200,21 @@ impl KeyTable {
         0
     }
 
-    /// Removes `owner`'s entries of `key`, dropping the key when no entry is left; returns the
-    /// number removed.
-    pub(crate) fn remove_owned(&mut self, key: &TensorKey, owner: SlotId) -> usize {
+    /// Removes `owner`'s entries of `key` (only its reader entries if `readers_only`), dropping
+    /// the key when no entry is left; returns the number removed.
+    pub(crate) fn remove_owned(
+        &mut self,
+        key: &TensorKey,
+        owner: SlotId,
+        readers_only: bool,
+    ) -> usize {
         let slots = &mut self.slots;
         let Ok(found) = self.index.find_entry(hash(key), |&at| slots[at as usize].key == *key)
         else {
             return 0;
         };
         let at = *found.get() as usize;
-        let removed = slots[at].entries.remove_owned(owner);
+        let removed = slots[at].entries.remove_owned(owner, readers_only);
         if slots[at].entries.is_empty() {
             found.remove();
             // Drop the lists' buffers now rather than when the slot is reused.
@@ -268,7 +292,7 @@ mod tests {
         for i in 0..100_u32 {
             let key = TensorKey::Host { addr: u64::from(i) };
             assert_eq!(table.record(key, span, Access::Overwrite, SlotId::new(i, 1)), 0);
-            assert_eq!(table.remove_owned(&key, SlotId::new(i, 1)), 1);
+            assert_eq!(table.remove_owned(&key, SlotId::new(i, 1), false), 1);
         }
         assert_eq!((table.len(), table.slots.len()), (0, 1), "one slab slot serves every key");
         table.check_invariants().unwrap();

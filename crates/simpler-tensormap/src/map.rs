@@ -148,7 +148,16 @@ impl TensorMap {
     /// superseded producer never removes the entry of the producer that replaced it. Slot ids
     /// carry a generation, so a recycled slot never matches its predecessor's entries.
     pub fn erase_owned(&self, run: RunId, owner: SlotId, keys: &[TensorKey]) -> usize {
-        self.store.lock().erase_owned(run, owner, keys)
+        self.store.lock().erase_owned(run, owner, keys, false)
+    }
+
+    /// For each key in `keys`, removes the *reader* entries of `run` whose task is `owner`, and
+    /// returns how many were removed; its writer entries stay.
+    ///
+    /// A reader that has finished no longer holds back later writes, so the engine calls this
+    /// when a task completes, long before its slot is reclaimed (`docs/tensormap.md` §6).
+    pub fn erase_reader_owned(&self, run: RunId, owner: SlotId, keys: &[TensorKey]) -> usize {
+        self.store.lock().erase_owned(run, owner, keys, true)
     }
 
     /// Removes every entry of `run` and returns how many there were; other runs are untouched.
@@ -214,6 +223,24 @@ impl TensorMapGuard<'_> {
         self.store.record(run, key, span, access, slot)
     }
 
+    /// [`dependencies`](TensorMap::dependencies) of one access followed by its
+    /// [`record`](TensorMap::record), with one hash probe; returns the number of entries
+    /// superseded.
+    ///
+    /// Only for a task whose one tracked access this is: with several, all lookups must come
+    /// before any record.
+    pub fn access(
+        &mut self,
+        run: RunId,
+        key: TensorKey,
+        span: ByteSpan,
+        access: Access,
+        slot: SlotId,
+        visit: impl FnMut(SlotId),
+    ) -> usize {
+        self.store.visit_and_record(run, key, span, access, slot, Some(visit))
+    }
+
     /// See [`TensorMap::lookup_overlapping`].
     #[inline]
     pub fn lookup_overlapping(
@@ -233,7 +260,7 @@ impl TensorMapGuard<'_> {
 
     /// See [`TensorMap::erase_owned`].
     pub fn erase_owned(&mut self, run: RunId, owner: SlotId, keys: &[TensorKey]) -> usize {
-        self.store.erase_owned(run, owner, keys)
+        self.store.erase_owned(run, owner, keys, false)
     }
 
     /// See [`TensorMap::erase_run`].

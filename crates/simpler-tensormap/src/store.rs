@@ -10,8 +10,7 @@
 //! hash table per run that has entries, in a short vector searched linearly:
 //!
 //! - Runs are admitted one at a time (`docs/engine-protocols.md` §2), so one or two runs have
-//! entries at any moment
-//!   and the linear search costs less than hashing a `RunId`.
+//!   entries at any moment and the linear search costs less than hashing a `RunId`.
 //! - `erase_run` drops one table instead of filtering a shared one, and is a short search that
 //!   finds nothing when the run has no entries (rule: O(1) for an empty run).
 //! - A table whose run loses its last entry is cleared and kept as a spare (at most
@@ -103,6 +102,20 @@ impl MapStore {
         access: Access,
         slot: SlotId,
     ) -> usize {
+        self.visit_and_record(run, key, span, access, slot, None::<fn(SlotId)>)
+    }
+
+    /// See [`TensorMapGuard::access`](crate::TensorMapGuard::access): the lookup of
+    /// `dependencies` (when `visit` is given), then `record`, with one hash probe.
+    pub(crate) fn visit_and_record(
+        &mut self,
+        run: RunId,
+        key: TensorKey,
+        span: ByteSpan,
+        access: Access,
+        slot: SlotId,
+        visit: Option<impl FnMut(SlotId)>,
+    ) -> usize {
         if span.is_empty() {
             return 0;
         }
@@ -111,7 +124,8 @@ impl MapStore {
             None => self.open_table(run),
         };
         let table = &mut self.runs[index];
-        let superseded = table.keys.record(key, span, access, slot);
+        let visit = visit.map(|v| (&self.scratch, v));
+        let superseded = table.keys.visit_and_record(key, span, access, slot, visit);
         // One entry was added and `superseded` removed; `superseded` entries existed before, so
         // neither count can underflow.
         table.entries = table.entries + 1 - superseded;
@@ -136,15 +150,22 @@ impl MapStore {
         }
     }
 
-    /// See [`TensorMap::erase_owned`](crate::TensorMap::erase_owned).
-    pub(crate) fn erase_owned(&mut self, run: RunId, owner: SlotId, keys: &[TensorKey]) -> usize {
+    /// See [`TensorMap::erase_owned`](crate::TensorMap::erase_owned) and
+    /// [`TensorMap::erase_reader_owned`](crate::TensorMap::erase_reader_owned).
+    pub(crate) fn erase_owned(
+        &mut self,
+        run: RunId,
+        owner: SlotId,
+        keys: &[TensorKey],
+        readers_only: bool,
+    ) -> usize {
         let Some(index) = self.table_index(run) else {
             return 0;
         };
         let table = &mut self.runs[index];
         let mut removed = 0;
         for key in keys {
-            removed += table.keys.remove_owned(key, owner);
+            removed += table.keys.remove_owned(key, owner, readers_only);
         }
         table.entries -= removed;
         self.total -= removed;
@@ -237,7 +258,7 @@ mod tests {
         store.record(run(1), key, whole, Access::Overwrite, SlotId::new(0, 1));
         let capacity = store.runs[0].keys.capacity();
         assert!(capacity >= 64);
-        assert_eq!(store.erase_owned(run(1), SlotId::new(0, 1), &[key]), 1);
+        assert_eq!(store.erase_owned(run(1), SlotId::new(0, 1), &[key], false), 1);
         assert!(store.runs.is_empty());
         assert_eq!(store.spare.len(), 1);
         store.record(run(2), key, whole, Access::Overwrite, SlotId::new(1, 1));
@@ -328,7 +349,7 @@ mod tests {
                             let keys: Vec<TensorKey> = keys.into_iter().map(|addr| TensorKey::Host { addr }).collect();
                             let owner = SlotId::new(slot, 1);
                             model.retain(|&(mr, mk, _, ms)| !(mr == run(r) && ms == owner && keys.contains(&mk)));
-                            store.erase_owned(run(r), owner, &keys);
+                            store.erase_owned(run(r), owner, &keys, false);
                         }
                         Op::Scatter(r, k, n, first, distinct) => {
                             let (r, key) = (run(r), TensorKey::Host { addr: k });
@@ -344,7 +365,7 @@ mod tests {
                             let (r, key) = (run(r), TensorKey::Host { addr: k });
                             for owner in (first..first + n).map(|i| SlotId::new(i, 1)) {
                                 model.retain(|&(mr, mk, _, ms)| !(mr == r && mk == key && ms == owner));
-                                store.erase_owned(r, owner, &[key]);
+                                store.erase_owned(r, owner, &[key], false);
                             }
                         }
                         Op::EraseRun(r) => {

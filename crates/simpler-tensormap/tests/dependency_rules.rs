@@ -439,3 +439,29 @@ macro_rules! dependency_rules {
 }
 
 dependency_rules!(host_map, TensorMap::new());
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+    /// `TensorMapGuard::access` (one probe) derives what `dependencies` then `record` derive.
+    #[test]
+    fn one_probe_access_matches_lookup_then_record(
+        steps in prop::collection::vec((0..3_u64, 0..24_u64, 1..12_u64, access()), 1..80)
+    ) {
+        let (single, twin) = (TensorMap::new(), TensorMap::new());
+        for (task, &(b, s, l, a)) in steps.iter().enumerate() {
+            let (key, sp) = (buf(b * 0x1000), span(b * 0x1000 + s, b * 0x1000 + s + l));
+            let mut got = BTreeSet::new();
+            let superseded = single.lock().access(RUN, key, sp, a, slot(task as u32), |d| {
+                got.insert(d);
+            });
+            let mut want = BTreeSet::new();
+            twin.dependencies(RUN, &key, sp, a, |d| {
+                want.insert(d);
+            });
+            prop_assert_eq!(superseded, twin.record(RUN, key, sp, a, slot(task as u32)));
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(single.len_run(RUN), twin.len_run(RUN));
+        }
+    }
+}
