@@ -10,12 +10,12 @@ use simpler_ring::{Allocation, Ring, RingError};
 use simpler_tensormap::TensorMap;
 use simpler_types::{CallConfig, RunFailure, SlotId, TaskId, WorkerId, WorkerRef, WorkerType};
 
+use crate::endpoint_thread::Mailbox;
 use crate::inbox::{Inbox, WorkerSlot};
 use crate::registry::Registry;
 use crate::scheduler::SchedState;
 use crate::slot::TaskSlot;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, Signal};
-use crate::worker::Mailbox;
 
 /// One registered endpoint, as the engine's threads see it.
 pub(crate) struct WorkerInfo {

@@ -263,13 +263,13 @@ pub enum SchedError {
         /// The reference asked for.
         worker: WorkerRef,
     },
-    /// The worker thread stopped before it ran the control job.
+    /// The endpoint thread stopped before it ran the control job.
     #[error("{worker} stopped before running the control job")]
     WorkerStopped {
         /// The worker.
         worker: WorkerRef,
     },
-    /// A control job panicked on its worker thread (the worker keeps serving).
+    /// A control job panicked on its endpoint thread (the thread keeps serving).
     #[error("control job on {worker} panicked: {message}")]
     JobPanicked {
         /// The worker.

@@ -2,7 +2,7 @@
 //! decision in `docs/decisions/sched.md`).
 //!
 //! The scheduler's queues live behind one lock (`Core::sched`). Whichever thread produces an
-//! event — the orchestration thread publishing a ready task, a worker thread reporting a
+//! event — the orchestration thread publishing a ready task, an endpoint thread reporting a
 //! completion — runs the scheduler pass itself if it can take that lock; otherwise it leaves the
 //! event in this inbox for the current holder. This removes the thread handoff per event that a
 //! dedicated scheduler thread costs (a context switch on a machine with fewer cores than engine

@@ -65,7 +65,7 @@ fn hazard_01_a_producer_finishing_while_its_consumer_is_wired_never_loses_the_re
                         s.spawn(|| {
                             start.wait();
                             for (i, &(p, _)) in producers.iter().enumerate() {
-                                // Sleeping (not spinning) leaves this core to the worker threads,
+                                // Sleeping (not spinning) leaves this core to the endpoint threads,
                                 // which process completions while the submitter wires consumers.
                                 std::thread::sleep(Duration::from_micros(20));
                                 let action = if fail && i == 11 {
@@ -323,7 +323,7 @@ fn hazard_08_service_threads_survive_panics_and_user_calls_tolerate_unknown_runs
     noop_on(&mut b, 0).unwrap();
     b.submit_sub(&host(1), args(&[])).unwrap();
     let run = b.close();
-    assert!(wait(&e, run).is_completed(), "both worker threads still serve");
+    assert!(wait(&e, run).is_completed(), "both endpoint threads still serve");
 }
 
 #[test]
