@@ -1,7 +1,7 @@
 //! [`RingConfig`]: sizes, deadline, window cap and heap backing, validated by
 //! [`Ring::new`](crate::Ring::new).
 //!
-//! Decisions the spec leaves open:
+//! Decisions recorded here:
 //! - An external region must be exactly `heap_bytes_per_ring` long. One size for every ring keeps
 //!   the statistics and the error messages about "the ring size" unambiguous; a caller with a
 //!   larger region passes a prefix of it.

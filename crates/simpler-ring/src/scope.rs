@@ -1,4 +1,4 @@
-//! [`ScopeStack`]: the orchestrator's stack of scope frames (spec 20 §B.9).
+//! [`ScopeStack`]: the orchestrator's stack of scope frames (`docs/ring.md` §3).
 //!
 //! Plain data, owned by one orchestration thread. Frames are reusable vectors: a popped frame
 //! keeps its capacity for the next `begin`, so steady-state scoping allocates nothing. The stack

@@ -1,4 +1,4 @@
-//! Conformance: the behaviours of spec 20 §B.12, one test each, named after the behaviour.
+//! Conformance: the behaviours of `docs/ring.md`, one test each, named after the behaviour.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Property test: `ScopeStack` against a `Vec<Vec<SlotId>>` model (spec 20 §B.11 invariants
+//! Property test: `ScopeStack` against a `Vec<Vec<SlotId>>` model (ring invariants
 //! 16–18), driven by random operation sequences.
 
 use proptest::prelude::*;

@@ -1,5 +1,5 @@
 //! Property test: the host `Ring` against a reference model built from std collections
-//! (spec 20 §B.11 invariants 1–15; the scope-stack invariants 16–18 are in `scope_stack.rs`).
+//! (ring invariants 1–15; the scope-stack invariants 16–18 are in `scope_stack.rs`).
 //!
 //! The model keeps, per ring, a `VecDeque` of records and the two cursors driven by its own copy
 //! of the bump rule, plus the window's generations, LIFO free list and the set of live ids. After
@@ -59,7 +59,7 @@ impl MRing {
         if self.top >= self.tail { self.top - self.tail } else { RING - self.tail + self.top }
     }
 
-    /// The bump rule, written from the spec's table.
+    /// The bump rule, written as a table independently of the code.
     fn place(&self, a: u64) -> Option<u64> {
         let (t, l) = (self.top, self.tail);
         if t >= l {

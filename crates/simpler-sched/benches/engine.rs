@@ -1,4 +1,4 @@
-//! Criterion benches of whole engine runs in the spec-70 harness (two no-op NEXT_LEVEL
+//! Criterion benches of whole engine runs in the workload harness (two no-op NEXT_LEVEL
 //! endpoints, round-robin placement): P1 and P2 at reduced size, one P3 diamond, and P6 runs.
 //! One iteration is one run: begin, submit, close, wait, release. The full-size figures with
 //! medians, allocations and peak memory come from the `workloads` bench.

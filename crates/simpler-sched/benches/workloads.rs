@@ -1,5 +1,5 @@
-//! The spec-70 engine workloads, measured the way the specification reports them: for each
-//! workload the median of 5 runs after 1 warm-up, with min–max, of end-to-end µs per task, the
+//! The engine workloads P1–P6 of `docs/benchmarks-sched.md`, measured the way that page
+//! reports them: for each workload the median of 5 runs after 1 warm-up, with min–max, of end-to-end µs per task, the
 //! orchestration (submit) µs per task, the drain µs per task for gated variants, allocations
 //! per task inside the timed window (a counting global allocator over every thread), context
 //! switches per task of all threads (from `/proc/self/task/*/status`: voluntary ones are parks

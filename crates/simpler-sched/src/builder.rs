@@ -1,5 +1,5 @@
 //! `RunBuilder`: the one live orchestration of an engine — submits, `alloc()`, scopes, close
-//! and fail (spec 30 §2.1, §2.2, §3.6, §3.7).
+//! and fail (`docs/engine-protocols.md` §2, §3).
 //!
 //! The builder owns the orchestrator state (scope stack and scratch buffers) while it lives:
 //! admission hands it over together with the building mark, and `close`, `fail` or `Drop` hand
@@ -156,7 +156,7 @@ impl<'e> RunBuilder<'e> {
     }
 
     /// Allocates a host buffer of `shape` × `dtype` from the heap ring of the current scope
-    /// depth and returns a contiguous tensor over it (spec 30 §3.6).
+    /// depth and returns a contiguous tensor over it (`docs/engine-protocols.md` §3).
     ///
     /// The slab stays allocated until its scope ends and every task that touched the buffer
     /// under any tag has finished. A shape with a zero extent returns a null tensor and
@@ -210,7 +210,7 @@ impl<'e> RunBuilder<'e> {
             payload.callable = Some(ALLOC_CALLABLE);
             payload.alloc_addr = Some(heap.addr);
             if let Some((key, _)) = fp {
-                payload.output_keys.push(key);
+                payload.map_keys.push(key);
             }
         }
         if let Some((key, span)) = fp {
@@ -271,8 +271,9 @@ impl<'e> RunBuilder<'e> {
         Ok(r)
     }
 
-    /// Closes submission (spec 30 §2.2): unwinds every scope (warning if user scopes were left
-    /// open), ends the building phase and checks the fence. Returns the run's id for waiting.
+    /// Closes submission (`docs/engine-protocols.md` §2): unwinds every scope (warning if user
+    /// scopes were left open), ends the building phase and checks the fence. Returns the run's id
+    /// for waiting.
     pub fn close(mut self) -> RunId {
         self.finished = true;
         let core = self.core();
@@ -291,9 +292,9 @@ impl<'e> RunBuilder<'e> {
         self.run.id
     }
 
-    /// Fails the submission with `cause` (spec 30 §2.2): records it as the run's failure (an
-    /// earlier task failure stays first), cancels every unstarted task, unwinds every scope,
-    /// ends the building phase, and only then closes submission and checks the fence, so a
+    /// Fails the submission with `cause` (`docs/engine-protocols.md` §2): records it as the run's
+    /// failure (an earlier task failure stays first), cancels every unstarted task, unwinds every
+    /// scope, ends the building phase, and only then closes submission and checks the fence, so a
     /// thread that sees the run terminal can begin the next run at once. `wait` then returns
     /// the failure.
     pub fn fail(mut self, cause: impl Into<String>) -> RunId {

@@ -10,12 +10,12 @@ use simpler_ring::{Allocation, Ring, RingError};
 use simpler_tensormap::TensorMap;
 use simpler_types::{CallConfig, RunFailure, SlotId, TaskId, WorkerId, WorkerRef, WorkerType};
 
+use crate::endpoint_thread::Mailbox;
 use crate::inbox::{Inbox, WorkerSlot};
 use crate::registry::Registry;
 use crate::scheduler::SchedState;
 use crate::slot::TaskSlot;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, Signal};
-use crate::worker::Mailbox;
 
 /// One registered endpoint, as the engine's threads see it.
 pub(crate) struct WorkerInfo {
@@ -179,8 +179,8 @@ impl Core {
         self.stopping.load(Ordering::Acquire)
     }
 
-    /// Engine poisoning (spec 30 §6.2): every non-terminal run fails now with an internal
-    /// error, and `begin_run` refuses new runs.
+    /// Engine poisoning (`docs/engine-protocols.md` §5): every non-terminal run fails now with an
+    /// internal error, and `begin_run` refuses new runs.
     #[cold]
     pub(crate) fn poison(&self, message: &str) {
         tracing::error!(level = self.level, "engine poisoned: {message}");

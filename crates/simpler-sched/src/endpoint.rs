@@ -1,4 +1,5 @@
-//! The `Endpoint` trait: whatever executes one dispatched task member (spec 30 §7).
+//! The `Endpoint` trait: whatever executes one dispatched task member (`docs/engine-protocols.md`
+//! §7).
 //!
 //! The engine knows nothing about chips, child workers or host closures; each of them is an
 //! endpoint owned by one engine worker thread. The engine validates every task before it reaches

@@ -1,5 +1,5 @@
 //! `Engine`: start, the run API, control jobs, introspection, and the stop-and-drain protocol
-//! (spec 30 §1, §2.3, §7, §8).
+//! (`docs/engine-protocols.md` §1, §2, §8).
 //!
 //! # Stop and drain (`shutdown`; `Drop` calls it with a zero deadline)
 //!
@@ -15,7 +15,7 @@
 //! 5. Wait for that exit; running members finish on their own (no engine deadline), with a
 //!    `warn!` every 10 s naming the busy workers and their tasks. Their completions reclaim
 //!    slots and resolve fences, so waiters on other threads get their results.
-//! 6. Stop each worker thread (its mailbox is drained first: queued control jobs still run) and
+//! 6. Stop each endpoint thread (its mailbox is drained first: queued control jobs still run) and
 //!    join it, then join the scheduler thread. The scheduler is stopped before the workers so
 //!    that no dispatch can reach a worker that was already told to stop.
 //! 7. `ring.shutdown()`; return the errors gathered on the way (`Drop` logs them).
@@ -32,6 +32,7 @@ use simpler_types::{
 use crate::builder::{OrchState, RunBuilder};
 use crate::core::{Core, CoreParts};
 use crate::endpoint::{Endpoint, EndpointCaps, panic_message};
+use crate::endpoint_thread::{JobReceiver, endpoint_thread_main, wrap_job};
 use crate::error::SchedError;
 use crate::graph::GraphScratch;
 use crate::inbox::WorkerSlot;
@@ -40,7 +41,6 @@ use crate::registry::Registry;
 use crate::run_record::{AbortCheck, RunRecord};
 use crate::scheduler::scheduler_main;
 use crate::sync::{Mutex, Ordering};
-use crate::worker::{JobReceiver, worker_main, wrap_job};
 
 /// Everything [`Engine::start`] needs.
 pub struct EngineConfig {
@@ -90,7 +90,7 @@ struct Threads {
     stopped: bool,
 }
 
-/// One host level's engine: run registry, orchestrator, scheduler thread and one worker thread
+/// One host level's engine: run registry, orchestrator, scheduler thread and one endpoint thread
 /// per endpoint. `Send + Sync`; every method takes `&self`.
 pub struct Engine {
     core: Arc<Core>,
@@ -109,7 +109,7 @@ impl std::fmt::Debug for Engine {
 
 impl Engine {
     /// Validates the endpoints, builds the ring, and spawns the scheduler thread and then one
-    /// worker thread per endpoint (NEXT_LEVEL first, in order).
+    /// endpoint thread per endpoint (NEXT_LEVEL first, in order).
     ///
     /// Errors: [`SchedError::InvalidLevel`], [`SchedError::EndpointTypeMismatch`],
     /// [`SchedError::DuplicateWorkerId`], [`SchedError::Ring`], [`SchedError::ThreadSpawn`].
@@ -165,7 +165,7 @@ impl Engine {
             let c = Arc::clone(&core);
             let spawned = std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || worker_main(c, who, worker, ep));
+                .spawn(move || endpoint_thread_main(c, who, worker, ep));
             match spawned {
                 Ok(h) => engine.threads.lock().workers.push((name, h)),
                 Err(e) => {

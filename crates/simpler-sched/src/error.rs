@@ -17,7 +17,7 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum SchedError {
-    // ---- Engine start (spec 30 §1) -------------------------------------------------------
+    // ---- Engine start (`docs/engine-protocols.md` §1) -------------------------------------------
     /// Two NEXT_LEVEL endpoints report the same stable id.
     #[error("two next-level endpoints report worker id {id}; next-level ids must be unique")]
     DuplicateWorkerId {
@@ -55,7 +55,7 @@ pub enum SchedError {
         message: String,
     },
 
-    // ---- Run lifecycle (spec 30 §2) ------------------------------------------------------
+    // ---- Run lifecycle (`docs/engine-protocols.md` §2) ------------------------------------------
     /// An engine thread hit an internal error; the engine accepts no new runs.
     #[error("the engine is poisoned by an internal error and accepts no new runs; shut it down")]
     EnginePoisoned,
@@ -104,7 +104,7 @@ pub enum SchedError {
     #[error("the run already failed: {0}")]
     RunFailed(Arc<RunFailure>),
 
-    // ---- Submit validation (spec 30 §3.2) ------------------------------------------------
+    // ---- Submit validation (`docs/engine-protocols.md` §3) --------------------------------------
     /// A submit named no member at all.
     #[error("a task needs at least one member; the argument list is empty")]
     EmptyArgsList,
@@ -229,7 +229,7 @@ pub enum SchedError {
         oldest_live: Option<TaskId>,
     },
 
-    // ---- alloc() (spec 30 §3.6) ----------------------------------------------------------
+    // ---- alloc() (`docs/engine-protocols.md` §3) ------------------------------------------------
     /// `alloc` was given fewer than 1 or more than 5 dimensions.
     #[error("alloc needs 1 to 5 dimensions, got {dims}")]
     InvalidShape {
@@ -245,7 +245,7 @@ pub enum SchedError {
         element_size: u64,
     },
 
-    // ---- Scopes (spec 30 §3.7) -----------------------------------------------------------
+    // ---- Scopes (`docs/engine-protocols.md` §2) -------------------------------------------------
     /// `scope_begin` beyond the maximum depth (the run's outer frame counts).
     #[error("scope depth limit {max} reached (the run's own frame counts as one)")]
     ScopeDepthExceeded {
@@ -256,20 +256,20 @@ pub enum SchedError {
     #[error("scope_end without a matching scope_begin")]
     ScopeUnderflow,
 
-    // ---- Endpoints and control jobs (spec 30 §7, §8) --------------------------------------
+    // ---- Endpoints and control jobs (`docs/engine-protocols.md` §7, §8) -------------------------
     /// No endpoint is registered under this worker reference.
     #[error("no endpoint is registered as {worker}")]
     UnknownEndpoint {
         /// The reference asked for.
         worker: WorkerRef,
     },
-    /// The worker thread stopped before it ran the control job.
+    /// The endpoint thread stopped before it ran the control job.
     #[error("{worker} stopped before running the control job")]
     WorkerStopped {
         /// The worker.
         worker: WorkerRef,
     },
-    /// A control job panicked on its worker thread (the worker keeps serving).
+    /// A control job panicked on its endpoint thread (the thread keeps serving).
     #[error("control job on {worker} panicked: {message}")]
     JobPanicked {
         /// The worker.

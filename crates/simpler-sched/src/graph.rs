@@ -1,5 +1,6 @@
 //! Multi-slot operations built from the single-slot steps of `task_protocol`: reference
-//! releases and reclamation (spec 30 §3.5), failure propagation (§4) and cancellation (§2.2).
+//! releases and reclamation (`docs/engine-protocols.md` §4), failure propagation and cancellation
+//! (§5).
 //!
 //! Every function here holds at most one slot lock at a time and takes no slot lock while
 //! holding another engine lock. Work lists are explicit vectors in a reusable [`GraphScratch`]
@@ -8,7 +9,7 @@
 //!
 //! # Reclamation (exactly once, by the thread whose release reached the threshold)
 //!
-//! 1. Under the slot's payload lock: `tensor_map.erase_owned(run, slot, output_keys)`, so every
+//! 1. Under the slot's payload lock: `tensor_map.erase_owned(run, slot, map_keys)`, so every
 //!    map entry keeps naming a live slot until the window entry is released.
 //! 2. For an `alloc()` slot: remove its alloc-registry entry if it still names this slot.
 //! 3. Clear the payload (capacities kept). The bookkeeping under the slot lock was already
@@ -57,6 +58,21 @@ impl Core {
     }
 
     /// The reclamation steps (module docs). `run` was moved out of the slot at `Consumed`.
+    /// A finished task stops holding back later writes: its reader entries leave the tensor
+    /// map now rather than at reclamation (`docs/tensormap.md` §6). The caller still holds the
+    /// task's self reference (or its reclamation is still owed to the caller), so the slot and
+    /// its payload cannot be recycled meanwhile; the payload is only read.
+    pub(crate) fn retire_reads(&self, id: SlotId) {
+        let Some(slot) = self.ring.slot(id) else { return };
+        let payload = slot.payload.read();
+        if payload.id != Some(id) || payload.read_keys.is_empty() {
+            return;
+        }
+        if let Some(task) = payload.task {
+            self.tensor_map.erase_reader_owned(task.run, id, &payload.read_keys);
+        }
+    }
+
     pub(crate) fn reclaim(&self, id: SlotId, run: Arc<RunRecord>) {
         let Some(slot) = self.ring.slot(id) else {
             debug_assert!(false, "reclaiming {id}, which is no longer live");
@@ -65,8 +81,8 @@ impl Core {
         {
             let mut payload = slot.payload.write();
             debug_assert_eq!(payload.id, Some(id), "reclaiming a payload of another occupant");
-            if !payload.output_keys.is_empty() {
-                self.tensor_map.erase_owned(run.id, id, &payload.output_keys);
+            if !payload.map_keys.is_empty() {
+                self.tensor_map.erase_owned(run.id, id, &payload.map_keys);
             }
             if let Some(addr) = payload.alloc_addr {
                 let mut allocs = self.allocs.lock();
@@ -87,7 +103,7 @@ impl Core {
 
     /// Poisons every consumer reachable from the failed task (whose consumers are in
     /// `scratch.consumers` and whose own releases are in `scratch.releases`), then performs all
-    /// releases: phase 1 claims, phase 2 releases (spec 30 §4).
+    /// releases: phase 1 claims, phase 2 releases (`docs/engine-protocols.md` §5).
     pub(crate) fn propagate_failure(&self, root: &Arc<TaskFailure>, scratch: &mut GraphScratch) {
         while let Some(id) = scratch.consumers.pop() {
             let Some(slot) = self.ring.slot(id) else { continue };
@@ -103,9 +119,9 @@ impl Core {
         self.release_all(&mut scratch.releases);
     }
 
-    /// Cancels every unstarted task of `run` (spec 30 §2.2). `Running` tasks finish normally.
-    /// A `Building` slot is owned by the cancellation only once no submitter is left to finish
-    /// it: submission is closed, or the caller is the run's own builder failing it
+    /// Cancels every unstarted task of `run` (`docs/engine-protocols.md` §2). `Running` tasks
+    /// finish normally. A `Building` slot is owned by the cancellation only once no submitter is
+    /// left to finish it: submission is closed, or the caller is the run's own builder failing it
     /// (`by_builder`). While a builder is live on another thread, its submitter finishes it.
     pub(crate) fn cancel_run(
         &self,

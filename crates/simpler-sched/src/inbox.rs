@@ -1,8 +1,8 @@
-//! The scheduler inbox and the combining protocol that drains it (spec 30 §6.1, decision in
-//! `docs/decisions/sched.md`).
+//! The scheduler inbox and the combining protocol that drains it (`docs/engine-protocols.md` §6,
+//! decision in `docs/decisions/sched.md`).
 //!
 //! The scheduler's queues live behind one lock (`Core::sched`). Whichever thread produces an
-//! event — the orchestration thread publishing a ready task, a worker thread reporting a
+//! event — the orchestration thread publishing a ready task, an endpoint thread reporting a
 //! completion — runs the scheduler pass itself if it can take that lock; otherwise it leaves the
 //! event in this inbox for the current holder. This removes the thread handoff per event that a
 //! dedicated scheduler thread costs (a context switch on a machine with fewer cores than engine
@@ -29,7 +29,8 @@
 //!
 //! | Field | Writers | Readers |
 //! |---|---|---|
-//! | `pending` | producers (step 1) and drainers (step 4), under the inbox lock | drivers (step 2), lock-free after a SeqCst fence |
+//! | `pending` | producers (step 1) and drainers (step 4), under the inbox lock | drivers (step 2),
+//! lock-free after a SeqCst fence |
 
 use simpler_types::SlotId;
 
@@ -121,7 +122,7 @@ impl Inbox {
         self.push(|b| b.completions.push(completion))
     }
 
-    /// Records a stop request (spec 30 §8 step 4) for the next pass.
+    /// Records a stop request (`docs/engine-protocols.md` §8 step 4) for the next pass.
     pub(crate) fn request_stop(&self) {
         // Once closed, the scheduler has already stopped; nothing to record.
         let _ = self.push(|b| b.stop = true);

@@ -1,5 +1,5 @@
 //! `simpler-sched` — the engine of one host level (L3, L4, …): runs, submit, dependency
-//! inference, scheduling, completion fences and the endpoint worker threads.
+//! inference, scheduling, completion fences and the endpoint threads.
 //!
 //! Layer: above `simpler-types`, `simpler-tensormap` and `simpler-ring`; below `simpler-worker`.
 //! It must not know about devices, FFI or processes: everything that executes a task is behind
@@ -8,7 +8,7 @@
 //! # Shape
 //!
 //! An [`Engine`] owns the run registry, the orchestrator state (scope stack, tensor map, ring),
-//! the scheduler, one scheduler thread and one worker thread per endpoint. A user thread builds a
+//! the scheduler, one scheduler thread and one endpoint thread per endpoint. A user thread builds a
 //! run through a [`RunBuilder`] (`begin_run` → `submit_*` / `alloc` / scopes → `close` or
 //! `fail`), then waits for the run's fence with [`Engine::wait`] and releases it with
 //! [`Engine::release`].
@@ -18,7 +18,7 @@
 //!                                                                        ▼
 //!              scheduler pass (queues, dispatch, completion processing, poisoning)
 //!                 ▲ runs on whichever thread delivers an event      │ dispatch (mailbox)
-//!  wait ◄─ run fence ◄─ reclamation ◄─ completion ◄─ worker threads ◄┘
+//! wait ◄─ run fence ◄─ reclamation ◄─ completion ◄ endpoint threads ◄┘
 //! ```
 //!
 //! The scheduler's queues sit behind one lock; the thread that delivers an event (a ready task,
@@ -29,7 +29,7 @@
 //! Protocols are documented next to their code, as numbered steps: the task-state protocol in
 //! `task_protocol`, the run fence in `run_record`, admission in `registry`, the scheduler pass,
 //! dispatch pass and scheduler thread in `scheduler`, the combining protocol in `inbox`, the
-//! mailbox handoff and worker thread in `worker`, reclamation, poisoning and cancellation in
+//! mailbox handoff and endpoint thread in `endpoint_thread`, reclamation, poisoning and cancellation in
 //! `graph`, and stop-and-drain in `engine`. The small core protocols are model-checked with
 //! `loom` through the `sync` shim (`loom_models`; run with
 //! `RUSTFLAGS="--cfg simpler_loom" cargo test -p simpler-sched --release --lib loom`).
@@ -49,8 +49,9 @@
 //!    tensor-map lock, the alloc-registry lock, a ring lock, a run `completion` lock, the
 //!    registry lock, the inbox lock, a mailbox lock, the attention lock.
 //! 2. Exception: a slot's `payload` lock may be held (by the submitting thread while the slot is
-//!    `Building`, or by the reclaimer of a `Consumed` slot) while taking the tensor-map lock or
-//!    the alloc-registry lock (a deliberate departure from spec 20 §A.5, which would have the
+//!    `Building`, by the reclaimer of a `Consumed` slot, or read by the pass that retires a
+//!    finished slot's reader entries) while taking the tensor-map lock or the alloc-registry
+//!    lock (deliberate: keeping the tensor-map lock a strict leaf would need the
 //!    keys copied out of the payload first). No other thread uses that payload at those times,
 //!    except a pass that reads a stale queue entry's payload and so may wait for the
 //!    reclaimer's; that pass holds only the scheduler lock, which nobody in this chain requests.
@@ -77,6 +78,7 @@
 mod builder;
 mod core;
 mod endpoint;
+mod endpoint_thread;
 mod engine;
 mod error;
 mod graph;
@@ -89,14 +91,13 @@ mod slot;
 mod submit;
 mod sync;
 mod task_protocol;
-mod worker;
 
 #[cfg(all(test, simpler_loom))]
 mod loom_models;
 
 pub use builder::RunBuilder;
 pub use endpoint::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
+pub use endpoint_thread::JobReceiver;
 pub use engine::{Engine, EngineConfig};
 pub use error::SchedError;
 pub use outcome::{EngineStats, RingPeak, RingPeaks, RunOutcome, RunSummary, TaskSnapshot};
-pub use worker::JobReceiver;

@@ -1,4 +1,5 @@
-//! The run registry: admission, the building mark, stop and poison flags (spec 30 §2.1).
+//! The run registry: admission, the building mark, stop and poison flags
+//! (`docs/engine-protocols.md` §2).
 //!
 //! # Admission protocol (`begin_run`)
 //!

@@ -1,5 +1,5 @@
 //! `RunRecord`: one run's phase, charge count, first failure and completion fence
-//! (spec 30 §2.2–§2.4).
+//! (`docs/engine-protocols.md` §2).
 //!
 //! # Fence protocol
 //!
@@ -33,10 +33,13 @@
 //!
 //! | Field | Writers | Readers |
 //! |---|---|---|
-//! | `phase` | fence check and [`RunRecord::force_failed`], under `completion` | anyone, lock-free (`is_done`, admission, fast checks) |
-//! | `active` | orchestration thread (+1, step 1), reclaimers (−1, step 3) | reclaimers, fence check, status |
+//! | `phase` | fence check and [`RunRecord::force_failed`], under `completion` | anyone, lock-free
+//! (`is_done`, admission, fast checks) |
+//! | `active` | orchestration thread (+1, step 1), reclaimers (−1, step 3) | reclaimers, fence
+//! check, status |
 //! | `has_failure` | failure recording, under `completion` | submit fail-fast check, lock-free |
-//! | `failed_tasks`, `cancelled_tasks` | whoever moves one of the run's tasks to `Failed` | the run summary |
+//! | `failed_tasks`, `cancelled_tasks` | whoever moves one of the run's tasks to `Failed` | the run
+//! summary |
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -1,5 +1,5 @@
-//! The scheduler: queues, dispatch passes, completion processing (spec 30 §6), and the
-//! scheduler thread.
+//! The scheduler: queues, dispatch passes, completion processing (`docs/engine-protocols.md` §6),
+//! and the scheduler thread.
 //!
 //! The queues live in [`SchedState`] behind the scheduler lock (`Core::sched`). A **pass** runs
 //! under that lock on whichever thread delivered an event (combining protocol in `inbox`):
@@ -12,7 +12,8 @@
 //! 3. Route each ready task: NEXT_LEVEL single → its target's FIFO, NEXT_LEVEL group → the group
 //!    FIFO, SUB → the SUB FIFO.
 //! 4. Unless stopping, one dispatch pass: groups, then singles, then SUB.
-//! 5. Reference releases and reclamations owed by the successful finishes of step 2 (deferred
+//! 5. Reader retirements (a finished task's reader entries leave the tensor map), then the
+//!    reference releases and reclamations owed by the successful finishes of step 2 (deferred
 //!    from there, so that a consumer released by a completion is dispatched before the
 //!    finished task's bookkeeping runs: on a dependent chain that bookkeeping is otherwise on
 //!    the critical path of every step). Nothing in steps 3–4 depends on them: dispatch neither
@@ -84,6 +85,9 @@ struct NextLevelQueue {
 /// Releases and reclamations a pass owes after its dispatch (pass step 5).
 #[derive(Default)]
 struct Deferred {
+    /// Finished slots whose reader entries are to leave the tensor map (before anything below
+    /// can reclaim them).
+    retired_readers: Vec<SlotId>,
     /// Scope and consumer references to release, in the order the finishes produced them.
     releases: Vec<SlotId>,
     /// Finished slots whose last reference is gone, with their run.
@@ -93,11 +97,15 @@ struct Deferred {
 impl Deferred {
     /// Whether anything is owed (most passes owe nothing, and skip step 5).
     fn is_owed(&self) -> bool {
-        !self.releases.is_empty() || !self.reclaims.is_empty()
+        !self.retired_readers.is_empty() || !self.releases.is_empty() || !self.reclaims.is_empty()
     }
 
-    /// Performs everything owed, releases first (in completion order), and empties both lists.
+    /// Performs everything owed — reader retirements, then releases (in completion order),
+    /// then reclamations — and empties the lists.
     fn settle(&mut self, core: &Core) {
+        for id in self.retired_readers.drain(..) {
+            core.retire_reads(id);
+        }
         core.release_all(&mut self.releases);
         for (id, run) in self.reclaims.drain(..) {
             core.reclaim(id, run);
@@ -252,7 +260,7 @@ impl SchedState {
         }
     }
 
-    // ---- Completion processing (spec 30 §6.4) ---------------------------------------------
+    // ---- Completion processing (`docs/engine-protocols.md` §6) ----------------------------------
 
     fn on_completion(&mut self, core: &Core, c: MemberCompletion) {
         self.completions += 1;
@@ -284,12 +292,14 @@ impl SchedState {
                     None => {
                         self.release_consumers(core);
                         // Pass step 5 performs these after the dispatch.
+                        self.deferred.retired_readers.push(c.slot);
                         self.deferred.releases.append(&mut self.scratch.releases);
                         if let Some(run) = reclaim {
                             self.deferred.reclaims.push((c.slot, run));
                         }
                     }
                     Some(f) => {
+                        core.retire_reads(c.slot);
                         core.propagate_failure(root_of(&f), &mut self.scratch);
                         core.release_all(&mut self.scratch.releases);
                         if let Some(run) = reclaim {
@@ -328,7 +338,7 @@ impl SchedState {
         }
     }
 
-    // ---- Routing and dispatch (spec 30 §6.3) ----------------------------------------------
+    // ---- Routing and dispatch (`docs/engine-protocols.md` §6) -----------------------------------
 
     fn route(&mut self, core: &Core, id: SlotId, route: Route) {
         if self.exited {
@@ -445,11 +455,11 @@ impl SchedState {
         }
     }
 
-    // ---- Diagnostics -----------------------------------------------------------------------
+    // ---- Diagnostics ----------------------------------------------------------------------------
 
-    /// Opens, closes or reports a stall episode (spec 30 §6.3). Returns whether a new episode
-    /// opened: the scheduler thread must then learn its deadline, even when it replaced an
-    /// episode that was already reported (after which the thread sleeps without a deadline).
+    /// Opens, closes or reports a stall episode (`docs/engine-protocols.md` §6). Returns whether a
+    /// new episode opened: the scheduler thread must then learn its deadline, even when it replaced
+    /// an episode that was already reported (after which the thread sleeps without a deadline).
     fn check_stall(&mut self, core: &Core) -> bool {
         let Some(&head) = self.groups.front() else {
             self.stall = None;
@@ -550,7 +560,8 @@ fn is_ready(core: &Core, id: SlotId) -> bool {
     core.ring.slot(id).and_then(|s| s.state.get(id)) == Some(TaskState::Ready)
 }
 
-/// Builds the member's `TaskFailure` and records it on the run at once (spec 30 §2.4).
+/// Builds the member's `TaskFailure` and records it on the run at once (`docs/engine-protocols.md`
+/// §2).
 fn record_member_failure(
     core: &Core,
     id: SlotId,

@@ -1,12 +1,17 @@
-//! `TaskSlot`: the per-task payload stored in each task-window entry (spec 30 §1).
+//! `TaskSlot`: the per-task payload stored in each task-window entry (`docs/engine-protocols.md`
+//! §1).
 //!
 //! A slot has three parts, each with its own access rule:
 //!
 //! | Part | Writers → readers |
 //! |---|---|
-//! | [`StateWord`] (state + occupant generation, one atomic) | the transitions of `task_protocol` → everyone, lock-free |
-//! | `sync: Mutex<SlotSync>` (counts, edges, failure, group bookkeeping, run) | any thread, only under the lock |
-//! | `payload: RwLock<Payload>` (callable, config, member arguments and targets, output keys) | the orchestration thread while the slot is `Building` (or before an alloc slot is visible) and the reclaimer → workers and the scheduler (shared reads, never contended by a writer) |
+//! | [`StateWord`] (state + occupant generation, one atomic) | the transitions of `task_protocol` →
+//! everyone, lock-free |
+//! | `sync: Mutex<SlotSync>` (counts, edges, failure, group bookkeeping, run) | any thread, only
+//! under the lock |
+//! | `payload: RwLock<Payload>` (callable, config, member arguments and targets, output keys) | the
+//! orchestration thread while the slot is `Building` (or before an alloc slot is visible) and the
+//! reclaimer → workers and the scheduler (shared reads, never contended by a writer) |
 //!
 //! The payload sits behind a reader-writer lock only because this crate has no `unsafe`: it is
 //! written before publication and after reclamation, and read in between, so its lock is never
@@ -67,8 +72,8 @@ pub(crate) struct Edge {
 /// bits 0..8 hold the [`TaskState`], bits 8..40 the generation.
 ///
 /// Tagging closes the ABA window of lock-free claims: a stale queue entry's compare-and-swap
-/// names the old generation and therefore fails against a recycled entry (decision: the spec
-/// stores a bare `AtomicU8`).
+/// names the old generation and therefore fails against a recycled entry (decision: a bare
+/// `AtomicU8` state would let such a claim succeed).
 ///
 /// Writers: the transitions in `task_protocol` (under the slot lock, except the dispatch claim
 /// `Ready → Running`, a lock-free compare-and-swap by the scheduler). Readers: anyone.
@@ -128,7 +133,7 @@ pub(crate) struct Head {
 #[derive(Default)]
 pub(crate) struct SlotSync {
     /// The occupant; `None` while free or once consumed. Every lock holder compares it with the
-    /// id it was given (the generation re-check of spec 20 §B.2).
+    /// id it was given (the generation re-check, `docs/ring.md` §1).
     pub(crate) head: Option<Head>,
     /// The run the slot is charged to; moved out by the reclaimer.
     pub(crate) run: Option<Arc<RunRecord>>,
@@ -230,8 +235,12 @@ pub(crate) struct Payload {
     config: Option<Box<CallConfig>>,
     /// Whether `config` holds this occupant's configuration (otherwise it is the default).
     custom_config: bool,
-    /// Keys this task inserted into the tensor map (journal for owner-checked erase).
-    pub(crate) output_keys: Vec<TensorKey>,
+    /// Keys this task recorded in the tensor map, as reader or writer (journal for the
+    /// owner-checked erase at reclamation).
+    pub(crate) map_keys: Vec<TensorKey>,
+    /// The keys among `map_keys` this task recorded as a reader, whose entries go when the
+    /// task finishes (`Core::retire_reads`).
+    pub(crate) read_keys: Vec<TensorKey>,
     /// Base address of the slab, for an `alloc()` buffer.
     pub(crate) alloc_addr: Option<u64>,
 }
@@ -247,7 +256,8 @@ impl Payload {
         self.scalars.clear();
         self.members.clear();
         self.custom_config = false;
-        self.output_keys.clear();
+        self.map_keys.clear();
+        self.read_keys.clear();
         self.alloc_addr = None;
     }
 

@@ -1,12 +1,12 @@
-//! The submit flow (spec 30 §3.2–§3.4): validation before any allocation, then the nine steps
-//! that claim, charge, wire and publish a task.
+//! The submit flow (`docs/engine-protocols.md` §3): validation before any allocation, then the nine
+//! steps that claim, charge, wire and publish a task.
 //!
 //! Steps 2–9 cannot fail and run no user code, so a task once claimed is always published or
 //! failed; a failed validation changes nothing and leaves the run `Building`.
 
 use std::sync::Arc;
 
-use simpler_tensormap::footprint;
+use simpler_tensormap::{Access, footprint};
 use simpler_types::{
     CallConfig, CallableId, CallableKind, CancelReason, RunFailure, TaskArgs, TaskFailure, TaskId,
     WorkerId, WorkerType,
@@ -55,7 +55,7 @@ pub(crate) enum Placement<'a> {
 }
 
 impl RunBuilder<'_> {
-    /// Validation (§3.2) then steps 1–9 (§3.3).
+    /// Validation then steps 1–9 (`docs/engine-protocols.md` §3).
     pub(crate) fn submit(
         &mut self,
         callable: &CallableId,
@@ -74,7 +74,7 @@ impl RunBuilder<'_> {
         self.build(callable, members, config, worker_type)
     }
 
-    /// Checks 1–11 of §3.2. Fills `orch.targets` and `orch.footprints`.
+    /// Validation checks 1–11. Fills `orch.targets` and `orch.footprints`.
     fn validate(
         &mut self,
         callable: &CallableId,
@@ -185,7 +185,7 @@ impl RunBuilder<'_> {
                 }
                 // A footprint can only fail for child memory without a target, which check 10
                 // has just refused; map it to the same error should that ever change.
-                let fp = if tag.looks_up() || tag.inserts() {
+                let fp = if Access::of(tag).is_some() {
                     footprint(t, target)
                         .map_err(|_| SchedError::ChildMemoryOnSubTask { member, arg })?
                 } else {
@@ -212,7 +212,7 @@ impl RunBuilder<'_> {
         Ok(worker_type)
     }
 
-    /// Steps 1–9 (§3.3). After validation only the ring can refuse (step 1); from step 2 on
+    /// Steps 1–9. After validation only the ring can refuse (step 1); from step 2 on
     /// nothing fails.
     fn build(
         &mut self,
@@ -273,28 +273,45 @@ impl RunBuilder<'_> {
             }
             drop(allocs);
             {
-                // Every lookup of the task comes before any of its inserts (decision): a read
-                // then sees the producers from before this task's own writes, so a group whose
-                // member writes a buffer another member reads still waits for the buffer's
-                // earlier writers (interleaving them, the read would find only the task itself).
+                // Every lookup of the task comes before any of its records: a read then sees the
+                // writers from before this task's own writes, so a group whose member writes a
+                // buffer another member reads still waits for the buffer's earlier writers, and
+                // a covering write has ordered after the readers it is about to supersede
+                // (docs/tensormap.md).
                 let mut map = core.tensor_map.lock();
-                let tags = || args.iter().flat_map(|a| a.tags()).zip(&orch.footprints);
-                for (&tag, fp) in tags() {
-                    if let (true, Some((key, span))) = (tag.looks_up(), *fp) {
-                        map.lookup_overlapping(run.id, &key, span, |p| orch.producers.push(p));
+                let accesses = || {
+                    let tags = args.iter().flat_map(|a| a.tags());
+                    tags.zip(&orch.footprints)
+                        .filter_map(|(&tag, fp)| Some((Access::of(tag)?, (*fp)?)))
+                };
+                let mut tracked = accesses();
+                match (tracked.next(), tracked.next()) {
+                    (None, _) => {}
+                    // One access: its lookup and record share one hash probe.
+                    (Some((access, (key, span))), None) => {
+                        payload.map_keys.push(key);
+                        if access == Access::Read {
+                            payload.read_keys.push(key);
+                        }
+                        map.access(run.id, key, span, access, id, |p| orch.producers.push(p));
                     }
-                }
-                for (&tag, fp) in tags() {
-                    if let (true, Some((key, span))) = (tag.inserts(), *fp) {
-                        payload.output_keys.push(key);
-                        map.insert(run.id, key, span, id);
+                    _ => {
+                        for (access, (key, span)) in accesses() {
+                            map.dependencies(run.id, &key, span, access, |p| {
+                                orch.producers.push(p)
+                            });
+                        }
+                        for (access, (key, span)) in accesses() {
+                            payload.map_keys.push(key);
+                            if access == Access::Read {
+                                payload.read_keys.push(key);
+                            }
+                            map.record(run.id, key, span, access, id);
+                        }
                     }
                 }
             }
-            if orch.producers.len() > 1 {
-                orch.producers.sort_unstable();
-                orch.producers.dedup();
-            }
+            // Duplicates are left in: attach skips a producer met twice (step 5).
             orch.producers.retain(|&p| p != id);
 
             // 4. Store the payload.

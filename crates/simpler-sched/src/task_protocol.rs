@@ -1,5 +1,6 @@
-//! The task-state protocol: every transition of spec 30 §5 that touches one slot, each one
-//! critical section on that slot's lock (the dispatch claim is one compare-and-swap).
+//! The task-state protocol: every transition of `docs/engine-protocols.md` §4 that touches one
+//! slot, each one critical section on that slot's lock (the dispatch claim is one
+//! compare-and-swap).
 //!
 //! Multi-slot operations (submit wiring, completion, poisoning, cancellation, reclamation) are
 //! sequences of these steps and live in `graph`; nothing here takes a second lock, so these
@@ -45,10 +46,11 @@ use simpler_types::{
 use crate::run_record::RunRecord;
 use crate::slot::{Edge, Head, Route, SlotSync, TaskSlot};
 
-/// What attaching a consumer to a producer found (spec 30 §3.4).
+/// What attaching a consumer to a producer found (`docs/engine-protocols.md` §3 step 5).
 #[derive(Debug)]
 pub(crate) enum Attach {
-    /// Stale id or `Consumed`: no edge, nothing to wait for.
+    /// Stale id, `Consumed`, or already attached in this submit: no new edge, nothing more to
+    /// wait for.
     Skipped,
     /// Edge added; the producer is still to finish.
     Live(TaskId),
@@ -65,7 +67,8 @@ pub(crate) enum Publish {
     Ready(Route),
     /// Some producer is still live.
     Pending,
-    /// A producer failed: the submitter must finish the failure (spec 30 §3.3 step 7).
+    /// A producer failed: the submitter must finish the failure (`docs/engine-protocols.md` §3 step
+    /// 7).
     Poisoned,
 }
 
@@ -179,12 +182,19 @@ impl TaskSlot {
         self.state.set(head.id, TaskState::Completed);
     }
 
-    /// Step 2: lists `consumer` on this producer (`me`) unless it is stale or consumed.
+    /// Step 2: lists `consumer` on this producer (`me`) unless it is stale or consumed, or lists
+    /// it already (a repeated attach in the same submit is skipped).
     pub(crate) fn attach(&self, me: SlotId, consumer: Edge) -> Attach {
         let mut s = self.sync.lock();
         let Some(head) = s.head.filter(|h| h.id == me) else {
             return Attach::Skipped;
         };
+        if s.consumers.last() == Some(&consumer) {
+            // Met twice in one submit (two arguments, or as a writer and a reader): only the
+            // submitting thread attaches, one submit at a time, and consumers are only cleared
+            // once the slot is consumed, so this consumer is still last and already counted.
+            return Attach::Skipped;
+        }
         let state = self.state.get(me);
         let answer = match state {
             Some(TaskState::Failed) => match &s.failure {
@@ -237,10 +247,10 @@ impl TaskSlot {
         }
     }
 
-    /// Spec 30 §3.3 step 7: finishes a failure found at submit. A still-`Building` slot is
-    /// claimed as poisoned by `root`; a slot a producer already claimed keeps that failure and
-    /// its owed propagation is settled here. Appends the self reference and every producer to
-    /// `releases` and returns the slot's failure.
+    /// Submit step 7 (`docs/engine-protocols.md` §3): finishes a failure found at submit. A
+    /// still-`Building` slot is claimed as poisoned by `root`; a slot a producer already claimed
+    /// keeps that failure and its owed propagation is settled here. Appends the self reference and
+    /// every producer to `releases` and returns the slot's failure.
     pub(crate) fn fail_at_submit(
         &self,
         me: SlotId,

@@ -1,4 +1,4 @@
-//! Engine state-machine property test (spec 30 §11): random DAG descriptions — tags over
+//! Engine state-machine property test: random DAG descriptions — tags over
 //! overlapping views of shared buffers and of `alloc()` slabs, groups, SUB tasks, nested and
 //! unbalanced scopes, failing and panicking endpoints, failed, aborted and dropped submissions —
 //! run one after another on one engine with fake endpoints, each checked against a reference

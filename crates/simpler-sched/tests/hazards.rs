@@ -1,4 +1,4 @@
-//! One regression test per known hazard of the original (spec 30 §9) that applies to the
+//! One regression test per known hazard of the original that applies to the
 //! engine. Races are looped over many runs on several engines at once, so the naive ordering
 //! each test guards against would hang (caught by the bounded waits) or fail an assertion.
 
@@ -65,7 +65,7 @@ fn hazard_01_a_producer_finishing_while_its_consumer_is_wired_never_loses_the_re
                         s.spawn(|| {
                             start.wait();
                             for (i, &(p, _)) in producers.iter().enumerate() {
-                                // Sleeping (not spinning) leaves this core to the worker threads,
+                                // Sleeping (not spinning) leaves this core to the endpoint threads,
                                 // which process completions while the submitter wires consumers.
                                 std::thread::sleep(Duration::from_micros(20));
                                 let action = if fail && i == 11 {
@@ -323,7 +323,7 @@ fn hazard_08_service_threads_survive_panics_and_user_calls_tolerate_unknown_runs
     noop_on(&mut b, 0).unwrap();
     b.submit_sub(&host(1), args(&[])).unwrap();
     let run = b.close();
-    assert!(wait(&e, run).is_completed(), "both worker threads still serve");
+    assert!(wait(&e, run).is_completed(), "both endpoint threads still serve");
 }
 
 #[test]
@@ -556,4 +556,55 @@ fn hazard_b_terminal_state_is_published_without_waiters_and_every_waiter_gets_th
         RunFailure::Task(f) => assert_eq!(f.mechanism, FailureMechanism::TaskFailed),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn hazard_1306_a_write_after_a_read_waits_for_the_reader() {
+    // The original's issue #1306: `W0: InOut buf, R0: Input buf, W1: InOut buf` let W1
+    // overwrite the buffer while R0 still read it. R0 is held running; W1 must stay pending
+    // until R0 ends, and a blind `Output` after W1 must wait for W1 (which read the buffer).
+    let r = rig(&[0, 1, 3], 0);
+    let (h, e) = (&r.h, &r.e);
+    let mut b = e.begin_run().unwrap();
+    let t = buf(A, 64);
+    let w0 = b.submit_next_level(&chip(1), args(&[(t, InOut)]), &cfg(), w(0), None).unwrap();
+    let r0 = b.submit_next_level(&chip(1), args(&[(t, Input)]), &cfg(), w(1), None).unwrap();
+    let w1 = b.submit_next_level(&chip(1), args(&[(t, InOut)]), &cfg(), w(3), None).unwrap();
+    let mut w1_producers = snap(e, w1).producers;
+    w1_producers.sort();
+    assert_eq!(w1_producers, vec![w0, r0], "W1 orders after W0 and after R0");
+    let blind = b.submit_next_level(&chip(1), args(&[(t, Output)]), &cfg(), w(0), None).unwrap();
+    assert_eq!(snap(e, blind).producers, vec![w1]);
+    h.release(w0, Action::Succeed);
+    h.wait_running(r0, 0);
+    assert_eq!(snap(e, w1).state, TaskState::Pending, "W1 waits while R0 runs");
+    h.release(r0, Action::Succeed);
+    h.release(w1, Action::Succeed);
+    h.release(blind, Action::Succeed);
+    let run = b.close();
+    assert!(wait(e, run).is_completed());
+    assert!(h.position(Event::End(r0, 0)) < h.position(Event::Start(w1, 0)));
+    assert!(h.position(Event::End(w1, 0)) < h.position(Event::Start(blind, 0)));
+}
+
+#[test]
+fn a_finished_reader_no_longer_holds_back_a_later_write() {
+    // The outer scope keeps both readers' slots until close; only the running one may still
+    // hold back the write.
+    let r = rig(&[0, 1, 3], 0);
+    let (h, e) = (&r.h, &r.e);
+    let mut b = e.begin_run().unwrap();
+    let t = buf(A, 64);
+    let done = b.submit_next_level(&chip(1), args(&[(t, Input)]), &cfg(), w(0), None).unwrap();
+    let running = b.submit_next_level(&chip(1), args(&[(t, Input)]), &cfg(), w(1), None).unwrap();
+    h.release(done, Action::Succeed);
+    // The pass that completes a task retires its reads before it releases the task's own
+    // reference, so a released self reference means the reader entry is gone.
+    eventually("the finished reader released itself", || snap(e, done).fanout_released >= 1);
+    let write = b.submit_next_level(&chip(1), args(&[(t, Output)]), &cfg(), w(3), None).unwrap();
+    assert_eq!(snap(e, write).producers, vec![running], "only the running reader");
+    h.release(running, Action::Succeed);
+    h.release(write, Action::Succeed);
+    let run = b.close();
+    assert!(wait(e, run).is_completed());
 }

@@ -1,4 +1,4 @@
-//! Orchestrator conformance (spec 30 §10, behaviours 1–12 and 17–33).
+//! Orchestrator conformance (run lifecycle, submit, alloc and scopes: `docs/engine-protocols.md` §2–§3).
 //!
 //! Fixture: 1 MiB rings, NEXT_LEVEL workers 0, 1 and 3 whose endpoints hold every member until
 //! the test releases it ("completed by hand").

@@ -1,4 +1,4 @@
-//! Scheduler and worker conformance (spec 30 §10, behaviours 34, 37–53 and 55–59; 47 is a unit
+//! Scheduler and worker conformance (`docs/engine-protocols.md` §6–§7; one behaviour is a unit
 //! test beside the scheduler because a stale completion cannot be forged through the public API).
 
 mod common;

@@ -1,4 +1,4 @@
-//! The stall diagnostic (spec 30 §6.3): a group head blocked for `stall_warn_after` while an idle
+//! The stall diagnostic (`docs/engine-protocols.md` §6): a group head blocked for `stall_warn_after` while an idle
 //! target it reserves holds queued singles produces one warning per episode, naming the group,
 //! its busy targets and the held singles. The warning comes from the scheduler thread, so this
 //! binary installs one process-wide subscriber and runs its tests one at a time, each reading

@@ -1,5 +1,5 @@
 //! Tensor-map benchmarks: P4 (the map alone over 1 000 000 keys) and the map's share of P3
-//! (a fan-in over 1000 one-byte slices of one buffer), spec 70.
+//! (a fan-in over 1000 one-byte slices of one buffer), benchmarks P3 and P4.
 //!
 //! Every benchmark reports the time of **one operation** (one insert, one lookup, one erase, for
 //! `p3_fan_in/lookup_whole_buffer` one lookup that visits 1000 producers, and for the

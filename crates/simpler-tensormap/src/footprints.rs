@@ -1,7 +1,8 @@
-//! The producers of one buffer key: `(footprint, producer)` entries ordered by start (spec 20 §D).
+//! The producers of one buffer key: `(footprint, producer)` entries ordered by start
+//! (`docs/tensormap.md` §4).
 //!
 //! This module is the overlap algorithm on its own: no runs, no keys, no locking. It is the part
-//! a fixed-capacity device core (spec 20 Part C) reuses; only the owner index of large lists
+//! a fixed-capacity device core reuses; only the owner index of large lists
 //! (below) uses a hash map, which a fixed core would replace by a fixed table.
 //!
 //! # Two modes
@@ -13,8 +14,8 @@
 //! bytes replaces the entry in place.
 //!
 //! **Indexed** (a list that grew past [`INDEX_AT`] entries: a fan-in buffer written slice by
-//! slice, spec 70 P3). Scanning or shifting the whole list per operation would make a fan-in of
-//! k slices cost O(k²), so the list gains an [`OwnerIndex`]:
+//! slice, the fan-in benchmark P3). Scanning or shifting the whole list per operation would make a
+//! fan-in of k slices cost O(k²), so the list gains an [`OwnerIndex`]:
 //!
 //! 1. `entries` stays sorted by start but may hold **dead** entries: an erased entry is killed in
 //!    place by emptying its span (`end = start`), which keeps the order without shifting anything.
@@ -64,13 +65,37 @@ const LONG_CAP: usize = 4;
 /// it; more are collected into the store's reusable scratch buffer, sorted and deduplicated.
 const IN_PLACE_DEDUP_LIMIT: usize = 16;
 
-/// One producer's claim on a byte range of a buffer.
+/// One task's claim on a byte range of a buffer.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct Entry {
-    /// The bytes the producer writes; empty only for a dead entry of an indexed list.
+    /// The bytes the task touches; empty only for a dead entry of an indexed list.
     pub(crate) span: ByteSpan,
-    /// The producing task's slot.
+    /// The task's slot.
     pub(crate) slot: SlotId,
+    /// `true` when a later write of these bytes must order after the task: it reads them, or it
+    /// took that duty over from the entries it superseded (see `docs/tensormap.md`).
+    pub(crate) orders_writes: bool,
+}
+
+/// What an insert or a supersession removed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub(crate) struct Superseded {
+    /// Number of entries removed.
+    pub(crate) count: usize,
+    /// Whether any removed entry ordered later writes.
+    pub(crate) orders_writes: bool,
+}
+
+impl Superseded {
+    fn take(&mut self, entry: &Entry) {
+        self.count += 1;
+        self.orders_writes |= entry.orders_writes;
+    }
+
+    fn merge(&mut self, other: Superseded) {
+        self.count += other.count;
+        self.orders_writes |= other.orders_writes;
+    }
 }
 
 impl Entry {
@@ -86,6 +111,10 @@ pub(crate) struct FootprintList {
     entries: SmallVec<[Entry; 1]>,
     /// Present in indexed mode only (see the module docs).
     index: Option<Box<OwnerIndex>>,
+    /// Plain mode: `false` only while no task owns two live entries, so a lookup need not
+    /// deduplicate (a key read by many tasks is scanned once instead of pairwise). Set when an
+    /// entry joins another of its task, cleared when the list empties.
+    repeats: bool,
 }
 
 /// Bookkeeping of an indexed list (module docs, items 2–5).
@@ -129,15 +158,15 @@ impl OwnerIndex {
         }
     }
 
-    /// Removes the entries of `long` that `span` contains; returns how many.
-    fn supersede_long(&mut self, span: ByteSpan) -> usize {
-        let mut superseded = 0;
+    /// Removes the entries of `long` that `span` contains.
+    fn supersede_long(&mut self, span: ByteSpan) -> Superseded {
+        let mut superseded = Superseded::default();
         let mut i = 0;
         while let Some(&entry) = self.long.get(i) {
             if span.contains(entry.span) {
                 self.long.swap_remove(i);
                 self.forget(entry.slot, entry.span.start);
-                superseded += 1;
+                superseded.take(&entry);
             } else {
                 i += 1;
             }
@@ -147,10 +176,10 @@ impl OwnerIndex {
 }
 
 impl FootprintList {
-    /// A list holding one entry. `span` must not be empty (the store filters empty spans).
-    pub(crate) fn new(span: ByteSpan, slot: SlotId) -> FootprintList {
-        debug_assert!(!span.is_empty(), "the store never inserts an empty span");
-        FootprintList { entries: SmallVec::from_buf([Entry { span, slot }]), index: None }
+    /// A list holding one entry. Its span must not be empty (the store filters empty spans).
+    pub(crate) fn new(entry: Entry) -> FootprintList {
+        debug_assert!(!entry.span.is_empty(), "the store never inserts an empty span");
+        FootprintList { entries: SmallVec::from_buf([entry]), index: None, repeats: false }
     }
 
     /// Number of live entries.
@@ -187,21 +216,29 @@ impl FootprintList {
     pub(crate) fn visit_overlapping(
         &self,
         span: ByteSpan,
+        keep: impl Fn(&Entry) -> bool + Copy,
         scratch: &Cell<Vec<SlotId>>,
         mut visit: impl FnMut(SlotId),
     ) {
         let Some(index) = &self.index else {
             if let [only] = self.entries.as_slice() {
-                if only.span.overlaps(span) {
+                if only.span.overlaps(span) && keep(only) {
                     visit(only.slot);
                 }
                 return;
             }
             let end = self.entries.partition_point(|e| e.span.start < span.end);
-            return visit_dedup_in_place(&self.entries[..end], span, visit);
+            if !self.repeats {
+                for entry in self.entries[..end].iter().filter(|e| e.span.overlaps(span) && keep(e))
+                {
+                    visit(entry.slot);
+                }
+                return;
+            }
+            return visit_dedup_in_place(&self.entries[..end], span, keep, visit);
         };
         let candidates = &self.entries[self.candidate_range(span, index.max_len)];
-        let overlapping = |e: &&Entry| e.span.overlaps(span);
+        let overlapping = |e: &&Entry| e.span.overlaps(span) && keep(e);
         if index.shared_owners == 0 {
             // Every owner has one live entry, so no producer can come up twice. Two loops rather
             // than a chained iterator keep the candidate loop as tight as without `long`.
@@ -212,7 +249,7 @@ impl FootprintList {
                 visit(entry.slot);
             }
         } else if index.long.is_empty() && candidates.len() <= IN_PLACE_DEDUP_LIMIT {
-            visit_dedup_in_place(candidates, span, visit);
+            visit_dedup_in_place(candidates, span, keep, visit);
         } else {
             let mut slots = scratch.take();
             slots.clear();
@@ -236,30 +273,86 @@ impl FootprintList {
         lo..hi
     }
 
-    /// Adds `(span, slot)` after removing every live entry that lies inside `span`; returns how
-    /// many were removed (superseded). Entries that `span` only partly covers stay.
+    /// Adds `new` after removing every live entry that lies inside its span, and returns what
+    /// was removed (superseded). Entries that the span only partly covers stay. If a removed
+    /// entry ordered later writes, `new` takes that duty over (its `orders_writes` is set), so
+    /// that supersession never lets a later write skip an earlier reader.
+    pub(crate) fn insert(&mut self, new: Entry) -> Superseded {
+        debug_assert!(!new.span.is_empty(), "the store never inserts an empty span");
+        self.replace(new.span, Some(new))
+    }
+
+    /// Removes every live entry that lies inside `span`, and returns what was removed.
+    #[inline]
+    pub(crate) fn supersede(&mut self, span: ByteSpan) -> Superseded {
+        if self.entries.is_empty() && self.index.is_none() {
+            // The usual reader list of a written buffer: nobody reads it.
+            return Superseded::default();
+        }
+        self.replace(span, None)
+    }
+
+    /// Adds `new` without superseding anything: readers of the same bytes stay side by side.
+    pub(crate) fn add(&mut self, new: Entry) {
+        debug_assert!(!new.span.is_empty(), "the store never inserts an empty span");
+        if let Some(index) = &mut self.index {
+            index.remember(new.slot, new.span.start);
+            if new.span.len() > index.max_len && index.long.len() < LONG_CAP {
+                index.long.push(new);
+                return;
+            }
+            index.max_len = index.max_len.max(new.span.len());
+        }
+        // After the entries with the same start, so that readers of one span (a fan-out over
+        // one buffer) append instead of shifting the whole list each time.
+        let at = self.entries.partition_point(|e| e.span.start <= new.span.start);
+        self.place(at, new);
+        if self.index.is_none() {
+            self.note_repeat(new.slot);
+            if self.entries.len() > INDEX_AT {
+                self.build_index();
+            }
+        }
+    }
+
+    /// Plain mode: records whether `slot`, just placed, now owns two entries.
+    fn note_repeat(&mut self, slot: SlotId) {
+        if !self.repeats {
+            self.repeats = self.entries.iter().filter(|e| e.slot == slot).nth(1).is_some();
+        }
+    }
+
+    /// Removes the live entries inside `span`, then adds `new` if given.
     ///
     /// Only entries starting at or after `span.start` can lie inside it, and they are contiguous
     /// in start order, so the scan touches the superseded entries and the partial overlaps that
     /// start inside `span`, nothing else (plus the few `long` entries of an indexed list). Dead
     /// entries met on the way are dropped for free.
-    pub(crate) fn insert(&mut self, span: ByteSpan, slot: SlotId) -> usize {
-        debug_assert!(!span.is_empty(), "the store never inserts an empty span");
-        let new = Entry { span, slot };
+    fn replace(&mut self, span: ByteSpan, new: Option<Entry>) -> Superseded {
         if self.index.is_none()
             && let [only] = self.entries.as_mut_slice()
             && span.contains(only.span)
         {
             // The common rewrite of one key's only entry (an `InOut` chain), without the scan.
             // Only a plain list may take it: it updates no owner index (module docs, item 7).
-            *only = new;
-            return 1;
+            let old = *only;
+            match new {
+                Some(mut new) => {
+                    new.orders_writes |= old.orders_writes;
+                    *only = new;
+                }
+                None => {
+                    self.entries.clear();
+                    self.repeats = false;
+                }
+            }
+            return Superseded { count: 1, orders_writes: old.orders_writes };
         }
         let lo = self.entries.partition_point(|e| e.span.start < span.start);
         // Compact the survivors of `lo..` that start inside `span` towards `lo`.
         let mut write = lo;
         let mut read = lo;
-        let mut superseded = 0;
+        let mut superseded = Superseded::default();
         while let Some(&entry) = self.entries.get(read) {
             if entry.span.start >= span.end {
                 break;
@@ -275,16 +368,29 @@ impl FootprintList {
                 }
             }
             if span.contains(entry.span) {
-                superseded += 1;
+                superseded.take(&entry);
             } else {
                 self.entries[write] = entry;
                 write += 1;
             }
         }
+        if let Some(index) = &mut self.index {
+            superseded.merge(index.supersede_long(span));
+        }
+        let Some(mut new) = new else {
+            self.entries.drain(write..read);
+            if self.index.is_some() && self.len() <= UNINDEX_AT {
+                self.drop_index();
+            }
+            if self.entries.is_empty() {
+                self.repeats = false;
+            }
+            return superseded;
+        };
+        new.orders_writes |= superseded.orders_writes;
         // An indexed list keeps an entry longer than `max_len` out of `entries` while `long`
         // has room (module docs, item 4).
         let goes_long = self.index.as_mut().is_some_and(|index| {
-            superseded += index.supersede_long(span);
             let long = span.len() > index.max_len && index.long.len() < LONG_CAP;
             if long {
                 index.long.push(new);
@@ -304,7 +410,7 @@ impl FootprintList {
         }
         match &mut self.index {
             Some(index) => {
-                index.remember(slot, span.start);
+                index.remember(new.slot, span.start);
                 if !goes_long {
                     index.max_len = index.max_len.max(span.len());
                 }
@@ -313,14 +419,18 @@ impl FootprintList {
                     self.drop_index();
                 }
             }
-            None if self.entries.len() > INDEX_AT => self.build_index(),
-            None => {}
+            None => {
+                self.note_repeat(new.slot);
+                if self.entries.len() > INDEX_AT {
+                    self.build_index();
+                }
+            }
         }
         superseded
     }
 
-    /// Puts `new` at `at`, where every entry before `at` starts before it and every entry from
-    /// `at` on starts at or after it.
+    /// Puts `new` at `at`, where every entry before `at` starts at or before it and every entry
+    /// from `at` on starts at or after it.
     fn place(&mut self, at: usize, new: Entry) {
         // A dead entry just before `at` can be overwritten: it starts before `new`, and so does
         // everything before it, so the order holds without shifting the tail.
@@ -365,11 +475,15 @@ impl FootprintList {
                 let owned = only.slot == owner;
                 if owned {
                     self.entries.clear();
+                    self.repeats = false;
                 }
                 return usize::from(owned);
             }
             let before = self.entries.len();
             self.entries.retain(|e| e.slot != owner);
+            if self.entries.len() <= 1 {
+                self.repeats = false;
+            }
             return before - self.entries.len();
         };
         let Some(starts) = index.starts.remove(&owner) else {
@@ -421,6 +535,7 @@ impl FootprintList {
     fn drop_index(&mut self) {
         self.entries.retain(|e| !e.is_dead());
         if let Some(index) = self.index.take() {
+            self.repeats = index.shared_owners > 0;
             for entry in index.long {
                 let at = self.entries.partition_point(|e| e.span.start <= entry.span.start);
                 self.entries.insert(at, entry);
@@ -432,9 +547,6 @@ impl FootprintList {
     /// Checks the representation invariants of the module docs; used by tests.
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        if self.is_empty() {
-            return Err("stored list has no live entry".into());
-        }
         if self.entries.windows(2).any(|w| w[0].span.start > w[1].span.start) {
             return Err(format!("entries out of start order: {:?}", self.entries));
         }
@@ -445,6 +557,14 @@ impl FootprintList {
             }
             if self.entries.len() > INDEX_AT {
                 return Err(format!("plain list holds {} entries", self.entries.len()));
+            }
+            let repeated =
+                |(i, e): (usize, &Entry)| self.entries[..i].iter().any(|o| o.slot == e.slot);
+            if !self.repeats && self.entries.iter().enumerate().any(repeated) {
+                return Err(format!(
+                    "a task owns two entries but repeats is unset: {:?}",
+                    self.entries
+                ));
             }
             return Ok(());
         };
@@ -485,10 +605,16 @@ impl FootprintList {
 
 /// Visits the distinct producers among `candidates` that overlap `span`, comparing each with the
 /// ones before it (for short candidate lists only).
-fn visit_dedup_in_place(candidates: &[Entry], span: ByteSpan, mut visit: impl FnMut(SlotId)) {
+fn visit_dedup_in_place(
+    candidates: &[Entry],
+    span: ByteSpan,
+    keep: impl Fn(&Entry) -> bool,
+    mut visit: impl FnMut(SlotId),
+) {
+    let wanted = |e: &Entry| e.span.overlaps(span) && keep(e);
     for (i, entry) in candidates.iter().enumerate() {
-        let seen = |earlier: &Entry| earlier.slot == entry.slot && earlier.span.overlaps(span);
-        if entry.span.overlaps(span) && !candidates[..i].iter().any(seen) {
+        let seen = |earlier: &Entry| earlier.slot == entry.slot && wanted(earlier);
+        if wanted(entry) && !candidates[..i].iter().any(seen) {
             visit(entry.slot);
         }
     }
@@ -506,41 +632,45 @@ mod tests {
         SlotId::new(i, 1)
     }
 
+    fn writer(span: ByteSpan, slot: SlotId) -> Entry {
+        Entry { span, slot, orders_writes: false }
+    }
+
     fn visited(list: &FootprintList, s: ByteSpan) -> Vec<SlotId> {
         let scratch = Cell::new(Vec::new());
         let mut out = Vec::new();
-        list.visit_overlapping(s, &scratch, |p| out.push(p));
+        list.visit_overlapping(s, |_| true, &scratch, |p| out.push(p));
         out.sort_unstable();
         out
     }
 
     /// A list of `n` one-byte entries at 0..n, entry `i` produced by `owner(i)`.
     fn bytes(n: u64, owner: impl Fn(u64) -> SlotId) -> FootprintList {
-        let mut list = FootprintList::new(span(0, 1), owner(0));
+        let mut list = FootprintList::new(writer(span(0, 1), owner(0)));
         for i in 1..n {
-            list.insert(span(i, i + 1), owner(i));
+            list.insert(writer(span(i, i + 1), owner(i)));
         }
         list
     }
 
     #[test]
     fn rewrite_of_the_same_bytes_replaces_in_place() {
-        let mut list = FootprintList::new(span(0, 8), slot(1));
-        assert_eq!(list.insert(span(0, 8), slot(2)), 1);
-        assert_eq!(list.live_entries(), [Entry { span: span(0, 8), slot: slot(2) }]);
+        let mut list = FootprintList::new(writer(span(0, 8), slot(1)));
+        assert_eq!(list.insert(writer(span(0, 8), slot(2))).count, 1);
+        assert_eq!(list.live_entries(), [writer(span(0, 8), slot(2))]);
         list.check_invariants().unwrap();
     }
 
     #[test]
     fn partial_overlaps_survive_and_order_is_kept() {
-        let mut list = FootprintList::new(span(4, 12), slot(1));
-        assert_eq!(list.insert(span(0, 8), slot(2)), 0);
-        assert_eq!(list.insert(span(10, 20), slot(3)), 0);
-        assert_eq!(list.insert(span(6, 7), slot(4)), 0);
+        let mut list = FootprintList::new(writer(span(4, 12), slot(1)));
+        assert_eq!(list.insert(writer(span(0, 8), slot(2))).count, 0);
+        assert_eq!(list.insert(writer(span(10, 20), slot(3))).count, 0);
+        assert_eq!(list.insert(writer(span(6, 7), slot(4))).count, 0);
         let starts: Vec<u64> = list.live_entries().iter().map(|e| e.span.start).collect();
         assert_eq!(starts, [0, 4, 6, 10]);
         // [3, 12) contains only [4, 12) and [6, 7).
-        assert_eq!(list.insert(span(3, 12), slot(5)), 2);
+        assert_eq!(list.insert(writer(span(3, 12), slot(5))).count, 2);
         let kept: Vec<_> = list.live_entries().iter().map(|e| (e.span, e.slot)).collect();
         assert_eq!(kept, [(span(0, 8), slot(2)), (span(3, 12), slot(5)), (span(10, 20), slot(3))]);
         list.check_invariants().unwrap();
@@ -564,11 +694,11 @@ mod tests {
         let mut list = bytes(40, |i| slot(i as u32));
         assert!(list.index.is_some());
         // Three slices survive a write over the first 37 bytes: four live entries.
-        assert_eq!(list.insert(span(0, 37), slot(100)), 37);
+        assert_eq!(list.insert(writer(span(0, 37), slot(100))).count, 37);
         assert!(list.index.is_none(), "four live entries: plain again");
         list.check_invariants().unwrap();
-        assert_eq!(list.insert(span(0, 40), slot(101)), 4);
-        assert_eq!(list.insert(span(0, 1000), slot(102)), 1, "the one-entry rewrite");
+        assert_eq!(list.insert(writer(span(0, 40), slot(101))).count, 4);
+        assert_eq!(list.insert(writer(span(0, 1000), slot(102))).count, 1, "the one-entry rewrite");
         list.check_invariants().unwrap();
         assert_eq!(visited(&list, span(500, 501)), [slot(102)]);
         assert_eq!(list.remove_owned(slot(101)), 0);
@@ -590,9 +720,9 @@ mod tests {
 
     #[test]
     fn indexed_lookup_skips_entries_that_end_before_the_span_even_when_a_long_one_exists() {
-        let mut list = FootprintList::new(span(0, 1000), slot(1));
+        let mut list = FootprintList::new(writer(span(0, 1000), slot(1)));
         for i in 0..40 {
-            list.insert(span(1000 + i, 1001 + i), slot(10 + i as u32));
+            list.insert(writer(span(1000 + i, 1001 + i), slot(10 + i as u32)));
         }
         assert!(list.index.is_some());
         assert_eq!(visited(&list, span(500, 501)), [slot(1)]);
@@ -604,11 +734,11 @@ mod tests {
     fn a_few_long_entries_do_not_widen_the_candidates_of_a_fan_in() {
         // A whole-buffer writer is live while the fan-in is written (it is long when the index
         // is built), and a second long writer arrives later (long on insert).
-        let mut list = FootprintList::new(span(0, 1000), slot(9999));
+        let mut list = FootprintList::new(writer(span(0, 1000), slot(9999)));
         for i in 0..1000 {
-            list.insert(span(i, i + 1), slot(i as u32));
+            list.insert(writer(span(i, i + 1), slot(i as u32)));
         }
-        list.insert(span(2000, 3000), slot(5000));
+        list.insert(writer(span(2000, 3000), slot(5000)));
         list.check_invariants().unwrap();
         let max_len = list.index.as_ref().unwrap().max_len;
         assert_eq!(max_len, 1);
@@ -625,7 +755,7 @@ mod tests {
     fn long_entries_past_the_side_list_capacity_raise_max_len_and_stay_visible() {
         let mut list = bytes(40, |i| slot(i as u32));
         for k in 0..=LONG_CAP as u64 {
-            list.insert(span(100 + 100 * k, 150 + 100 * k), slot(200 + k as u32));
+            list.insert(writer(span(100 + 100 * k, 150 + 100 * k), slot(200 + k as u32)));
         }
         list.check_invariants().unwrap();
         let index = list.index.as_ref().unwrap();
@@ -680,7 +810,7 @@ mod tests {
         let mut list = bytes(40, |i| slot(i as u32));
         list.remove_owned(slot(20));
         let len = list.entries.len();
-        list.insert(span(20, 21), slot(99));
+        list.insert(writer(span(20, 21), slot(99)));
         assert_eq!(list.entries.len(), len, "the dead entry at 20 was taken over");
         list.check_invariants().unwrap();
         assert_eq!(visited(&list, span(20, 21)), [slot(99)]);
@@ -691,8 +821,8 @@ mod tests {
         let mut list = bytes(40, |i| slot(i as u32));
         // Slot 99 writes [50, 60), then [50, 55): the new span does not contain the old one, so
         // both stay, and the owner has two live entries with one start.
-        list.insert(span(50, 60), slot(99));
-        list.insert(span(50, 55), slot(99));
+        list.insert(writer(span(50, 60), slot(99)));
+        list.insert(writer(span(50, 55), slot(99)));
         list.check_invariants().unwrap();
         assert_eq!(visited(&list, span(52, 53)), [slot(99)]);
         assert_eq!(list.remove_owned(slot(99)), 2);

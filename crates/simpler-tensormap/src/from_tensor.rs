@@ -1,4 +1,4 @@
-//! Deriving a tensor argument's buffer key and byte span (spec 20 §A.1 derivation, §D.1).
+//! Deriving a tensor argument's buffer key and byte span (`docs/tensormap.md` §1, §2).
 //!
 //! The key says which buffer ([`TensorKey::for_tensor`]), the span which of its bytes the view
 //! can touch ([`ByteSpan::of_tensor`]); [`footprint`] gives both, or nothing for an untracked

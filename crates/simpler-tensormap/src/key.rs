@@ -1,4 +1,4 @@
-//! `TensorKey`: what "the same buffer" means to the map (spec 20 §A.1).
+//! `TensorKey`: what "the same buffer" means to the map (`docs/tensormap.md` §1).
 //!
 //! A key names one backing buffer. Views, slices and reshapes of a local buffer share the key of
 //! its base address; which bytes a view touches is carried separately by a

@@ -1,36 +1,113 @@
-//! `KeyTable`: one run's buffer keys and their footprint lists.
+//! `KeyTable`: one run's buffer keys, each with its writer and reader footprint lists.
 //!
 //! The lists live in a dense slab (`slots`), and a hash index maps each key to its slab position.
 //! The index holds only `u32` positions, so it stays a few bytes per key and, for the key counts a
 //! run has in flight, cache-resident; the slab is a plain vector whose freed positions are reused
 //! last-freed-first, so recently used lists stay warm and keys inserted together sit together.
 //! A hash map storing `(TensorKey, list)` pairs directly would spread 72-byte buckets over a table
-//! twice the key count, and a lookup would miss the cache once the map outgrew it (spec 70 P4).
+//! twice the key count, and a lookup would miss the cache once the map outgrew it (benchmark P4).
 //!
 //! # Invariants
 //!
 //! 1. Every position in `index` names a slot that is not in `free`, and no two name the same slot.
-//! 2. The slot of an indexed key holds that key and a non-empty list; `free` slots hold empty
-//!    lists (their old key is stale and unused).
+//! 2. The slot of an indexed key holds that key and at least one live entry over its two lists;
+//!    `free` slots hold empty lists (their old key is stale and unused).
 //! 3. `index.len() + free.len() == slots.len()`.
 //!
 //! Keys come from this process, so the fast non-cryptographic Fx hash is safe here.
 
+use std::cell::Cell;
 use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
-use hashbrown::hash_table::Entry;
+use hashbrown::hash_table::Entry as TableEntry;
 use rustc_hash::FxBuildHasher;
 use simpler_types::SlotId;
 
-use crate::footprints::FootprintList;
-use crate::{ByteSpan, TensorKey};
+use crate::footprints::{Entry, FootprintList};
+use crate::{Access, ByteSpan, TensorKey};
 
-/// One slab slot: a key and its list.
+/// One slab slot: a key and its entries.
 #[derive(Debug)]
 struct Keyed {
     key: TensorKey,
-    list: FootprintList,
+    entries: KeyEntries,
+}
+
+/// The entries of one buffer key: writers and readers, each ordered by start.
+#[derive(Debug, Default)]
+pub(crate) struct KeyEntries {
+    /// Tasks that wrote bytes of the buffer; a read orders after the overlapping ones.
+    pub(crate) writers: FootprintList,
+    /// Tasks that read bytes of the buffer and no covering write has superseded yet.
+    pub(crate) readers: FootprintList,
+}
+
+impl KeyEntries {
+    fn new(span: ByteSpan, access: Access, slot: SlotId) -> KeyEntries {
+        let entry = Entry { span, slot, orders_writes: access != Access::Overwrite };
+        match access {
+            Access::Read => {
+                KeyEntries { writers: FootprintList::default(), readers: FootprintList::new(entry) }
+            }
+            Access::Overwrite | Access::Update => {
+                KeyEntries { writers: FootprintList::new(entry), readers: FootprintList::default() }
+            }
+        }
+    }
+
+    /// Number of live entries over both lists.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.writers.len() + self.readers.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.writers.is_empty() && self.readers.is_empty()
+    }
+
+    /// Records `access` of `span` by `slot`; returns the number of entries superseded.
+    ///
+    /// A read adds a reader entry and supersedes nothing (readers of the same bytes stay side by
+    /// side). A write supersedes the readers and writers its span covers, and its entry orders
+    /// later writes when it reads (`Update`) or superseded an entry that did.
+    fn record(&mut self, span: ByteSpan, access: Access, slot: SlotId) -> usize {
+        let mut entry = Entry { span, slot, orders_writes: access != Access::Overwrite };
+        if access == Access::Read {
+            self.readers.add(entry);
+            return 0;
+        }
+        let readers = self.readers.supersede(span);
+        entry.orders_writes |= readers.orders_writes;
+        readers.count + self.writers.insert(entry).count
+    }
+
+    /// Calls `visit` for the tasks `access` of `span` orders after (see [`Access`]).
+    #[inline]
+    pub(crate) fn visit(
+        &self,
+        span: ByteSpan,
+        access: Access,
+        scratch: &Cell<Vec<SlotId>>,
+        mut visit: impl FnMut(SlotId),
+    ) {
+        match access {
+            Access::Read => self.writers.visit_overlapping(span, |_| true, scratch, visit),
+            Access::Update => {
+                self.writers.visit_overlapping(span, |_| true, scratch, &mut visit);
+                self.readers.visit_overlapping(span, |_| true, scratch, visit);
+            }
+            Access::Overwrite => {
+                self.writers.visit_overlapping(span, |e| e.orders_writes, scratch, &mut visit);
+                self.readers.visit_overlapping(span, |_| true, scratch, visit);
+            }
+        }
+    }
+
+    fn remove_owned(&mut self, owner: SlotId, readers_only: bool) -> usize {
+        let writers = if readers_only { 0 } else { self.writers.remove_owned(owner) };
+        writers + self.readers.remove_owned(owner)
+    }
 }
 
 /// One run's keys: a hash index of slab positions over a slab of lists.
@@ -61,27 +138,53 @@ impl KeyTable {
         self.index.len()
     }
 
-    /// The list of `key`, if the key has live entries.
+    /// The entries of `key`, if the key has live entries.
     #[inline]
-    pub(crate) fn get(&self, key: &TensorKey) -> Option<&FootprintList> {
+    pub(crate) fn get(&self, key: &TensorKey) -> Option<&KeyEntries> {
         let slots = &self.slots;
         let at = self.index.find(hash(key), |&at| slots[at as usize].key == *key)?;
-        Some(&slots[*at as usize].list)
+        Some(&slots[*at as usize].entries)
     }
 
-    /// Inserts `(span, slot)` under `key` (see `FootprintList::insert`); returns the number of
-    /// superseded entries.
-    pub(crate) fn insert(&mut self, key: TensorKey, span: ByteSpan, slot: SlotId) -> usize {
+    /// Records `access` of `span` of `key` by `slot` (see `KeyEntries::record`); returns the
+    /// number of superseded entries.
+    #[cfg(test)]
+    pub(crate) fn record(
+        &mut self,
+        key: TensorKey,
+        span: ByteSpan,
+        access: Access,
+        slot: SlotId,
+    ) -> usize {
+        self.visit_and_record(key, span, access, slot, None::<(&Cell<Vec<SlotId>>, fn(SlotId))>)
+    }
+
+    /// Visits what `access` orders after (when `visit` is given) and then records it, with one
+    /// hash probe.
+    pub(crate) fn visit_and_record(
+        &mut self,
+        key: TensorKey,
+        span: ByteSpan,
+        access: Access,
+        slot: SlotId,
+        visit: Option<(&Cell<Vec<SlotId>>, impl FnMut(SlotId))>,
+    ) -> usize {
         let slots = &mut self.slots;
         let vacant = match self.index.entry(
             hash(&key),
             |&at| slots[at as usize].key == key,
             |&at| hash(&slots[at as usize].key),
         ) {
-            Entry::Occupied(found) => return slots[*found.get() as usize].list.insert(span, slot),
-            Entry::Vacant(vacant) => vacant,
+            TableEntry::Occupied(found) => {
+                let entries = &mut slots[*found.get() as usize].entries;
+                if let Some((scratch, visit)) = visit {
+                    entries.visit(span, access, scratch, visit);
+                }
+                return entries.record(span, access, slot);
+            }
+            TableEntry::Vacant(vacant) => vacant,
         };
-        let keyed = Keyed { key, list: FootprintList::new(span, slot) };
+        let keyed = Keyed { key, entries: KeyEntries::new(span, access, slot) };
         let at = match self.free.pop() {
             Some(at) => {
                 slots[at as usize] = keyed;
@@ -97,20 +200,25 @@ impl KeyTable {
         0
     }
 
-    /// Removes `owner`'s entries of `key`, dropping the key when no entry is left; returns the
-    /// number removed.
-    pub(crate) fn remove_owned(&mut self, key: &TensorKey, owner: SlotId) -> usize {
+    /// Removes `owner`'s entries of `key` (only its reader entries if `readers_only`), dropping
+    /// the key when no entry is left; returns the number removed.
+    pub(crate) fn remove_owned(
+        &mut self,
+        key: &TensorKey,
+        owner: SlotId,
+        readers_only: bool,
+    ) -> usize {
         let slots = &mut self.slots;
         let Ok(found) = self.index.find_entry(hash(key), |&at| slots[at as usize].key == *key)
         else {
             return 0;
         };
         let at = *found.get() as usize;
-        let removed = slots[at].list.remove_owned(owner);
-        if slots[at].list.is_empty() {
+        let removed = slots[at].entries.remove_owned(owner, readers_only);
+        if slots[at].entries.is_empty() {
             found.remove();
-            // Drop the list's buffers now rather than when the slot is reused.
-            slots[at].list = FootprintList::default();
+            // Drop the lists' buffers now rather than when the slot is reused.
+            slots[at].entries = KeyEntries::default();
             self.free.push(at as u32);
         }
         removed
@@ -134,12 +242,12 @@ impl KeyTable {
         self.index.capacity()
     }
 
-    /// Every key with its list; used by tests.
+    /// Every key with its entries; used by tests.
     #[cfg(test)]
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&TensorKey, &FootprintList)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&TensorKey, &KeyEntries)> {
         self.index.iter().map(|&at| {
             let keyed = &self.slots[at as usize];
-            (&keyed.key, &keyed.list)
+            (&keyed.key, &keyed.entries)
         })
     }
 
@@ -157,12 +265,15 @@ impl KeyTable {
             return Err("a slab slot is neither indexed nor free".into());
         }
         for &at in &self.free {
-            if !self.slots[at as usize].list.is_empty() {
+            if !self.slots[at as usize].entries.is_empty() {
                 return Err(format!("free slot {at} holds entries"));
             }
         }
-        for (key, list) in self.iter() {
-            if self.get(key).map(|l| l as *const _) != Some(list as *const _) {
+        for (key, entries) in self.iter() {
+            if entries.is_empty() {
+                return Err(format!("{key} is stored with no live entry"));
+            }
+            if self.get(key).map(|l| l as *const _) != Some(entries as *const _) {
                 return Err(format!("{key} is not found at its own slot"));
             }
         }
@@ -180,8 +291,8 @@ mod tests {
         let span = ByteSpan { start: 0, end: 8 };
         for i in 0..100_u32 {
             let key = TensorKey::Host { addr: u64::from(i) };
-            assert_eq!(table.insert(key, span, SlotId::new(i, 1)), 0);
-            assert_eq!(table.remove_owned(&key, SlotId::new(i, 1)), 1);
+            assert_eq!(table.record(key, span, Access::Overwrite, SlotId::new(i, 1)), 0);
+            assert_eq!(table.remove_owned(&key, SlotId::new(i, 1), false), 1);
         }
         assert_eq!((table.len(), table.slots.len()), (0, 1), "one slab slot serves every key");
         table.check_invariants().unwrap();

@@ -6,19 +6,19 @@
 //! about task states, scheduling, rings or devices; callers decide what a returned producer means.
 //!
 //! - [`TensorKey`] names a buffer: host memory by base address, child memory by worker and base
-//!   address, remote memory by descriptor (spec 20 §A.1).
+//!   address, remote memory by descriptor (`docs/tensormap.md` §1).
 //! - [`ByteSpan`] is the byte range a view can touch; [`footprint`] derives both from a
-//!   [`Tensor`](simpler_types::Tensor) (spec 20 §D.1).
+//!   [`Tensor`](simpler_types::Tensor) (`docs/tensormap.md` §2).
 //! - [`TensorMap`] holds, per `(run, key)`, an ordered list of `(span, producer)` entries:
 //!   [`lookup_overlapping`](TensorMap::lookup_overlapping) visits each producer whose bytes
 //!   intersect a span, [`insert`](TensorMap::insert) supersedes the entries a new write covers
 //!   entirely, [`erase_owned`](TensorMap::erase_owned) removes only the reclaimed producer's
-//!   entries (spec 20 §A.3, §D).
+//!   entries (`docs/tensormap.md` §4).
 //!
 //! Modules: `key`, `span` and `from_tensor` (what is tracked); `footprints` (one key's ordered
 //! entries and the overlap algorithm), `key_table` (one run's keys), `store` (all runs and the
-//! counts) — all free of locking, so that a fixed-capacity core can be extracted (spec 20
-//! Part C); `map` adds the one leaf mutex. Decisions are recorded in
+//! counts) — all free of locking, so that a fixed-capacity core can be extracted
+//! for the device runtimes; `map` adds the one leaf mutex. Decisions are recorded in
 //! `docs/decisions/simpler-tensormap.md`.
 //!
 //! [`fixed`] is the same dependency map over fixed, caller-provided storage for device
@@ -28,6 +28,8 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "std")]
+mod access;
 #[cfg(feature = "std")]
 mod error;
 pub mod fixed;
@@ -45,6 +47,8 @@ mod span;
 #[cfg(feature = "std")]
 mod store;
 
+#[cfg(feature = "std")]
+pub use access::Access;
 #[cfg(feature = "std")]
 pub use error::TensorMapError;
 #[cfg(feature = "std")]

@@ -1,4 +1,4 @@
-//! `TensorMap` and `TensorMapGuard`: the store behind one leaf mutex (spec 20 §A.5).
+//! `TensorMap` and `TensorMapGuard`: the store behind one leaf mutex (`docs/tensormap.md` §8).
 //!
 //! # Locking
 //!
@@ -8,7 +8,7 @@
 //!
 //! 1. The orchestration thread, once per submit: [`TensorMap::lock`] returns a guard, the submit
 //!    walks every tensor argument through it (lookups, then inserts), and drops it before
-//!    attaching to producers (spec 30 §3.3 step 3).
+//!    attaching to producers (`docs/engine-protocols.md` §3 step 3).
 //! 2. Whichever thread reclaims a slot, once per reclamation: [`TensorMap::erase_owned`].
 //! 3. The run-release path: [`TensorMap::erase_run`], as a safety net.
 //!
@@ -22,14 +22,14 @@ use parking_lot::{Mutex, MutexGuard};
 use simpler_types::{RunId, SlotId};
 
 use crate::store::MapStore;
-use crate::{ByteSpan, TensorKey};
+use crate::{Access, ByteSpan, TensorKey};
 
-/// Run-scoped map from `(run, buffer key, byte footprint)` to the task that currently produces
-/// those bytes.
+/// Run-scoped map from `(run, buffer key, byte footprint)` to the tasks that currently write
+/// and read those bytes.
 ///
-/// Each buffer key of a run holds a short list of `(footprint, producer)` entries; `len()` counts
-/// those entries. No operation fails and none panics. The map never looks at task states: what a
-/// returned producer means is the caller's business.
+/// Each buffer key of a run holds two short lists of `(footprint, task)` entries, writers and
+/// readers; `len()` counts the entries of both. No operation fails and none panics. The map never
+/// looks at task states: what a returned producer means is the caller's business.
 ///
 /// ```
 /// use simpler_tensormap::{ByteSpan, TensorKey, TensorMap};
@@ -43,8 +43,8 @@ use crate::{ByteSpan, TensorKey};
 /// map.insert(run, buf, ByteSpan::new(0x1080, 0x1100).unwrap(), SlotId::new(1, 1));
 /// // A reader of the whole buffer depends on both.
 /// let mut producers = Vec::new();
-/// map.lookup_overlapping(run, &buf, ByteSpan::new(0x1000, 0x1100).unwrap(), |s| producers.push(s));
-/// producers.sort();
+/// map.lookup_overlapping(run, &buf, ByteSpan::new(0x1000, 0x1100).unwrap(), |s|
+/// producers.push(s)); producers.sort();
 /// assert_eq!(producers, [SlotId::new(0, 1), SlotId::new(1, 1)]);
 /// ```
 pub struct TensorMap {
@@ -78,15 +78,52 @@ impl TensorMap {
         TensorMapGuard { store: self.store.lock() }
     }
 
-    /// Calls `visit` once for every producer in `run` that has an entry of `key` overlapping
-    /// `span`.
+    /// Calls `visit` for every task of `run` that an `access` of `span` of `key` must order
+    /// after: for a read the writers of overlapping bytes, for a write the readers of
+    /// overlapping bytes (and, for an in-place [`Access::Update`], the writers too).
     ///
-    /// A producer that owns several overlapping entries of the key is visited once. The order of
-    /// visits is unspecified. An empty `span` visits nothing. Cost: one hash probe plus the
-    /// entries of the key that start inside the span's reach. The lookup allocates nothing,
-    /// except that deduplicating more than 16 candidates of a key where some producer owns
-    /// several entries grows a scratch buffer the map keeps and reuses. `visit` runs under the
-    /// map's lock: it must not call into this map or take other locks.
+    /// A task is visited once per kind of entry it owns (an `Update` can meet one task as a
+    /// writer and as a reader). The order of visits is unspecified. An empty `span` visits
+    /// nothing. Cost: one hash probe plus the entries of the key that start inside the span's
+    /// reach. The lookup allocates nothing, except that deduplicating more than 16 candidates of
+    /// a key where some task owns several entries grows a scratch buffer the map keeps and
+    /// reuses. `visit` runs under the map's lock: it must not call into this map or take other
+    /// locks.
+    ///
+    /// A task's lookups must all come before its [`record`](TensorMap::record)s: a covering write
+    /// supersedes the entries it has just ordered after.
+    #[inline]
+    pub fn dependencies(
+        &self,
+        run: RunId,
+        key: &TensorKey,
+        span: ByteSpan,
+        access: Access,
+        visit: impl FnMut(SlotId),
+    ) {
+        self.store.lock().dependencies(run, key, span, access, visit);
+    }
+
+    /// Records that `slot` accesses `span` of `key` in `run`, and returns the number of entries
+    /// it superseded.
+    ///
+    /// A read adds a reader entry and supersedes nothing. A write removes the writer and reader
+    /// entries lying entirely inside `span` (every byte they named is now written by `slot`,
+    /// which has ordered after the readers among them) and keeps those `span` only partly
+    /// covers. An empty `span` changes nothing and returns 0.
+    pub fn record(
+        &self,
+        run: RunId,
+        key: TensorKey,
+        span: ByteSpan,
+        access: Access,
+        slot: SlotId,
+    ) -> usize {
+        self.store.lock().record(run, key, span, access, slot)
+    }
+
+    /// The writers of bytes of `key` overlapping `span`: [`dependencies`](Self::dependencies)
+    /// for an [`Access::Read`].
     #[inline]
     pub fn lookup_overlapping(
         &self,
@@ -95,17 +132,13 @@ impl TensorMap {
         span: ByteSpan,
         visit: impl FnMut(SlotId),
     ) {
-        self.store.lock().lookup_overlapping(run, key, span, visit);
+        self.dependencies(run, key, span, Access::Read, visit);
     }
 
-    /// Makes `slot` the producer of `span` of `key` in `run`.
-    ///
-    /// Entries of the key lying entirely inside `span` are removed first (superseded: every byte
-    /// they named is now written by `slot`); entries that `span` only partly covers stay, so a
-    /// reader of their other bytes still depends on them. Returns the number of entries removed.
-    /// An empty `span` changes nothing and returns 0.
+    /// Makes `slot` the writer of `span` of `key`: [`record`](Self::record) of an
+    /// [`Access::Overwrite`].
     pub fn insert(&self, run: RunId, key: TensorKey, span: ByteSpan, slot: SlotId) -> usize {
-        self.store.lock().insert(run, key, span, slot)
+        self.record(run, key, span, Access::Overwrite, slot)
     }
 
     /// For each key in `keys`, removes the entries of `run` whose producer is `owner`, and returns
@@ -115,7 +148,16 @@ impl TensorMap {
     /// superseded producer never removes the entry of the producer that replaced it. Slot ids
     /// carry a generation, so a recycled slot never matches its predecessor's entries.
     pub fn erase_owned(&self, run: RunId, owner: SlotId, keys: &[TensorKey]) -> usize {
-        self.store.lock().erase_owned(run, owner, keys)
+        self.store.lock().erase_owned(run, owner, keys, false)
+    }
+
+    /// For each key in `keys`, removes the *reader* entries of `run` whose task is `owner`, and
+    /// returns how many were removed; its writer entries stay.
+    ///
+    /// A reader that has finished no longer holds back later writes, so the engine calls this
+    /// when a task completes, long before its slot is reclaimed (`docs/tensormap.md` §6).
+    pub fn erase_reader_owned(&self, run: RunId, owner: SlotId, keys: &[TensorKey]) -> usize {
+        self.store.lock().erase_owned(run, owner, keys, true)
     }
 
     /// Removes every entry of `run` and returns how many there were; other runs are untouched.
@@ -123,7 +165,7 @@ impl TensorMap {
         self.store.lock().erase_run(run)
     }
 
-    /// Number of `(footprint, producer)` entries over all runs.
+    /// Number of `(footprint, task)` entries, writers and readers, over all runs.
     pub fn len(&self) -> usize {
         self.store.lock().len()
     }
@@ -133,7 +175,7 @@ impl TensorMap {
         self.len() == 0
     }
 
-    /// Number of `(footprint, producer)` entries of `run`.
+    /// Number of `(footprint, task)` entries, writers and readers, of `run`.
     pub fn len_run(&self, run: RunId) -> usize {
         self.store.lock().len_run(run)
     }
@@ -156,6 +198,49 @@ impl fmt::Debug for TensorMap {
 }
 
 impl TensorMapGuard<'_> {
+    /// See [`TensorMap::dependencies`].
+    #[inline]
+    pub fn dependencies(
+        &self,
+        run: RunId,
+        key: &TensorKey,
+        span: ByteSpan,
+        access: Access,
+        visit: impl FnMut(SlotId),
+    ) {
+        self.store.dependencies(run, key, span, access, visit);
+    }
+
+    /// See [`TensorMap::record`].
+    pub fn record(
+        &mut self,
+        run: RunId,
+        key: TensorKey,
+        span: ByteSpan,
+        access: Access,
+        slot: SlotId,
+    ) -> usize {
+        self.store.record(run, key, span, access, slot)
+    }
+
+    /// [`dependencies`](TensorMap::dependencies) of one access followed by its
+    /// [`record`](TensorMap::record), with one hash probe; returns the number of entries
+    /// superseded.
+    ///
+    /// Only for a task whose one tracked access this is: with several, all lookups must come
+    /// before any record.
+    pub fn access(
+        &mut self,
+        run: RunId,
+        key: TensorKey,
+        span: ByteSpan,
+        access: Access,
+        slot: SlotId,
+        visit: impl FnMut(SlotId),
+    ) -> usize {
+        self.store.visit_and_record(run, key, span, access, slot, Some(visit))
+    }
+
     /// See [`TensorMap::lookup_overlapping`].
     #[inline]
     pub fn lookup_overlapping(
@@ -165,17 +250,17 @@ impl TensorMapGuard<'_> {
         span: ByteSpan,
         visit: impl FnMut(SlotId),
     ) {
-        self.store.lookup_overlapping(run, key, span, visit);
+        self.store.dependencies(run, key, span, Access::Read, visit);
     }
 
     /// See [`TensorMap::insert`].
     pub fn insert(&mut self, run: RunId, key: TensorKey, span: ByteSpan, slot: SlotId) -> usize {
-        self.store.insert(run, key, span, slot)
+        self.store.record(run, key, span, Access::Overwrite, slot)
     }
 
     /// See [`TensorMap::erase_owned`].
     pub fn erase_owned(&mut self, run: RunId, owner: SlotId, keys: &[TensorKey]) -> usize {
-        self.store.erase_owned(run, owner, keys)
+        self.store.erase_owned(run, owner, keys, false)
     }
 
     /// See [`TensorMap::erase_run`].

@@ -1,4 +1,4 @@
-//! `ByteSpan`: the half-open byte range a tensor view can touch (spec 20 §D.1).
+//! `ByteSpan`: the half-open byte range a tensor view can touch (`docs/tensormap.md` §2).
 
 use core::fmt;
 
@@ -21,7 +21,7 @@ impl ByteSpan {
     /// Every byte address from 0 up to (excluding) `u64::MAX`.
     ///
     /// A lookup with this span finds every producer of a key, which is the "whole buffer"
-    /// question the base-address map of spec 20 §A.3 answered.
+    /// question a map keyed by base address alone would answer.
     pub const ALL: ByteSpan = ByteSpan { start: 0, end: u64::MAX };
 
     /// The range `[start, end)`; `None` unless `start < end`.

@@ -1,16 +1,16 @@
-//! `MapStore`: the whole map's state and algorithm, with no locking (spec 20 §A.3, §D).
+//! `MapStore`: the whole map's state and algorithm, with no locking (`docs/tensormap.md` §4).
 //!
 //! [`TensorMap`](crate::TensorMap) wraps one store in a mutex; everything that decides what the
 //! map contains lives here, behind `&self`/`&mut self`, so the algorithm can be tested and reused
-//! (spec 20 Part C) without any synchronization.
+//! without any synchronization.
 //!
 //! # Shape
 //!
 //! The map is keyed by `(RunId, TensorKey)`. Rather than hashing the pair, the store keeps one
 //! hash table per run that has entries, in a short vector searched linearly:
 //!
-//! - Runs are admitted one at a time (spec 30 §2.1), so one or two runs have entries at any moment
-//!   and the linear search costs less than hashing a `RunId`.
+//! - Runs are admitted one at a time (`docs/engine-protocols.md` §2), so one or two runs have
+//!   entries at any moment and the linear search costs less than hashing a `RunId`.
 //! - `erase_run` drops one table instead of filtering a shared one, and is a short search that
 //!   finds nothing when the run has no entries (rule: O(1) for an empty run).
 //! - A table whose run loses its last entry is cleared and kept as a spare (at most
@@ -21,8 +21,9 @@
 //! # Invariants
 //!
 //! 1. Every table in `runs` has `entries > 0` and names a distinct run.
-//! 2. A table's `entries` equals the sum of its lists' lengths; `total` equals the sum over tables.
-//! 3. No stored `FootprintList` is empty (the key is removed instead).
+//! 2. A table's `entries` equals the number of live entries over all its keys (writers and
+//!    readers); `total` equals the sum over tables.
+//! 3. No stored key is without a live entry (the key is removed instead).
 //! 4. Spare tables are empty.
 
 use std::cell::Cell;
@@ -30,7 +31,7 @@ use std::cell::Cell;
 use simpler_types::{RunId, SlotId};
 
 use crate::key_table::KeyTable;
-use crate::{ByteSpan, TensorKey};
+use crate::{Access, ByteSpan, TensorKey};
 
 /// How many emptied tables are kept for reuse. Two covers serial admission (one run draining
 /// while the next fills) without keeping memory for a burst of runs that will not recur.
@@ -74,30 +75,46 @@ impl MapStore {
         self.runs.iter().position(|t| t.run == run)
     }
 
-    /// See [`TensorMap::lookup_overlapping`](crate::TensorMap::lookup_overlapping).
+    /// See [`TensorMap::dependencies`](crate::TensorMap::dependencies).
     #[inline]
-    pub(crate) fn lookup_overlapping(
+    pub(crate) fn dependencies(
         &self,
         run: RunId,
         key: &TensorKey,
         span: ByteSpan,
+        access: Access,
         visit: impl FnMut(SlotId),
     ) {
         if span.is_empty() {
             return;
         }
-        if let Some(list) = self.table(run).and_then(|t| t.keys.get(key)) {
-            list.visit_overlapping(span, &self.scratch, visit);
+        if let Some(entries) = self.table(run).and_then(|t| t.keys.get(key)) {
+            entries.visit(span, access, &self.scratch, visit);
         }
     }
 
-    /// See [`TensorMap::insert`](crate::TensorMap::insert).
-    pub(crate) fn insert(
+    /// See [`TensorMap::record`](crate::TensorMap::record).
+    pub(crate) fn record(
         &mut self,
         run: RunId,
         key: TensorKey,
         span: ByteSpan,
+        access: Access,
         slot: SlotId,
+    ) -> usize {
+        self.visit_and_record(run, key, span, access, slot, None::<fn(SlotId)>)
+    }
+
+    /// See [`TensorMapGuard::access`](crate::TensorMapGuard::access): the lookup of
+    /// `dependencies` (when `visit` is given), then `record`, with one hash probe.
+    pub(crate) fn visit_and_record(
+        &mut self,
+        run: RunId,
+        key: TensorKey,
+        span: ByteSpan,
+        access: Access,
+        slot: SlotId,
+        visit: Option<impl FnMut(SlotId)>,
     ) -> usize {
         if span.is_empty() {
             return 0;
@@ -107,7 +124,8 @@ impl MapStore {
             None => self.open_table(run),
         };
         let table = &mut self.runs[index];
-        let superseded = table.keys.insert(key, span, slot);
+        let visit = visit.map(|v| (&self.scratch, v));
+        let superseded = table.keys.visit_and_record(key, span, access, slot, visit);
         // One entry was added and `superseded` removed; `superseded` entries existed before, so
         // neither count can underflow.
         table.entries = table.entries + 1 - superseded;
@@ -132,15 +150,22 @@ impl MapStore {
         }
     }
 
-    /// See [`TensorMap::erase_owned`](crate::TensorMap::erase_owned).
-    pub(crate) fn erase_owned(&mut self, run: RunId, owner: SlotId, keys: &[TensorKey]) -> usize {
+    /// See [`TensorMap::erase_owned`](crate::TensorMap::erase_owned) and
+    /// [`TensorMap::erase_reader_owned`](crate::TensorMap::erase_reader_owned).
+    pub(crate) fn erase_owned(
+        &mut self,
+        run: RunId,
+        owner: SlotId,
+        keys: &[TensorKey],
+        readers_only: bool,
+    ) -> usize {
         let Some(index) = self.table_index(run) else {
             return 0;
         };
         let table = &mut self.runs[index];
         let mut removed = 0;
         for key in keys {
-            removed += table.keys.remove_owned(key, owner);
+            removed += table.keys.remove_owned(key, owner, readers_only);
         }
         table.entries -= removed;
         self.total -= removed;
@@ -184,9 +209,11 @@ impl MapStore {
             }
             table.keys.check_invariants().map_err(|e| format!("{}: {e}", table.run))?;
             let mut counted = 0;
-            for (key, list) in table.keys.iter() {
-                list.check_invariants().map_err(|e| format!("{} {key}: {e}", table.run))?;
-                counted += list.len();
+            for (key, entries) in table.keys.iter() {
+                for list in [&entries.writers, &entries.readers] {
+                    list.check_invariants().map_err(|e| format!("{} {key}: {e}", table.run))?;
+                }
+                counted += entries.len();
             }
             if counted != table.entries {
                 return Err(format!(
@@ -205,12 +232,12 @@ impl MapStore {
         Ok(())
     }
 
-    /// The stored entries of `(run, key)` in start order; used by tests.
+    /// The stored writer entries of `(run, key)` in start order; used by tests.
     #[cfg(test)]
     pub(crate) fn entries(&self, run: RunId, key: &TensorKey) -> Vec<(ByteSpan, SlotId)> {
         self.table(run)
             .and_then(|t| t.keys.get(key))
-            .map(|l| l.live_entries().iter().map(|e| (e.span, e.slot)).collect())
+            .map(|l| l.writers.live_entries().iter().map(|e| (e.span, e.slot)).collect())
             .unwrap_or_default()
     }
 }
@@ -228,13 +255,13 @@ mod tests {
         let mut store = MapStore::with_capacity(64);
         let key = TensorKey::Host { addr: 0x100 };
         let whole = ByteSpan::new(0x100, 0x200).unwrap();
-        store.insert(run(1), key, whole, SlotId::new(0, 1));
+        store.record(run(1), key, whole, Access::Overwrite, SlotId::new(0, 1));
         let capacity = store.runs[0].keys.capacity();
         assert!(capacity >= 64);
-        assert_eq!(store.erase_owned(run(1), SlotId::new(0, 1), &[key]), 1);
+        assert_eq!(store.erase_owned(run(1), SlotId::new(0, 1), &[key], false), 1);
         assert!(store.runs.is_empty());
         assert_eq!(store.spare.len(), 1);
-        store.insert(run(2), key, whole, SlotId::new(1, 1));
+        store.record(run(2), key, whole, Access::Overwrite, SlotId::new(1, 1));
         assert_eq!(store.runs[0].keys.capacity(), capacity);
         assert!(store.spare.is_empty());
         store.check_invariants().unwrap();
@@ -245,11 +272,11 @@ mod tests {
         let mut store = MapStore::default();
         let key = TensorKey::Host { addr: 0x100 };
         let empty = ByteSpan { start: 8, end: 8 };
-        assert_eq!(store.insert(run(1), key, empty, SlotId::new(0, 1)), 0);
+        assert_eq!(store.record(run(1), key, empty, Access::Overwrite, SlotId::new(0, 1)), 0);
         assert_eq!(store.len(), 0);
-        store.insert(run(1), key, ByteSpan::ALL, SlotId::new(0, 1));
+        store.record(run(1), key, ByteSpan::ALL, Access::Overwrite, SlotId::new(0, 1));
         let mut seen = 0;
-        store.lookup_overlapping(run(1), &key, empty, |_| seen += 1);
+        store.dependencies(run(1), &key, empty, Access::Read, |_| seen += 1);
         assert_eq!(seen, 0);
         store.check_invariants().unwrap();
     }
@@ -316,13 +343,13 @@ mod tests {
                             let slot = SlotId::new(slot, 1);
                             model.retain(|&(mr, mk, ms, _)| !(mr == r && mk == key && span.contains(ms)));
                             model.push((r, key, span, slot));
-                            store.insert(r, key, span, slot);
+                            store.record(r, key, span, Access::Overwrite, slot);
                         }
                         Op::EraseOwned(r, slot, keys) => {
                             let keys: Vec<TensorKey> = keys.into_iter().map(|addr| TensorKey::Host { addr }).collect();
                             let owner = SlotId::new(slot, 1);
                             model.retain(|&(mr, mk, _, ms)| !(mr == run(r) && ms == owner && keys.contains(&mk)));
-                            store.erase_owned(run(r), owner, &keys);
+                            store.erase_owned(run(r), owner, &keys, false);
                         }
                         Op::Scatter(r, k, n, first, distinct) => {
                             let (r, key) = (run(r), TensorKey::Host { addr: k });
@@ -331,14 +358,14 @@ mod tests {
                                 let slot = SlotId::new(scatter_owner(first, i, distinct), 1);
                                 model.retain(|&(mr, mk, ms, _)| !(mr == r && mk == key && span.contains(ms)));
                                 model.push((r, key, span, slot));
-                                store.insert(r, key, span, slot);
+                                store.record(r, key, span, Access::Overwrite, slot);
                             }
                         }
                         Op::Reclaim(r, k, first, n) => {
                             let (r, key) = (run(r), TensorKey::Host { addr: k });
                             for owner in (first..first + n).map(|i| SlotId::new(i, 1)) {
                                 model.retain(|&(mr, mk, _, ms)| !(mr == r && mk == key && ms == owner));
-                                store.erase_owned(r, owner, &[key]);
+                                store.erase_owned(r, owner, &[key], false);
                             }
                         }
                         Op::EraseRun(r) => {

@@ -1,4 +1,4 @@
-//! Conformance behaviours of the tensor map (spec 20 §A.7 1–12, and the footprint rules of §D).
+//! Conformance behaviours of the tensor map (`docs/tensormap.md` §1–§6).
 //!
 //! "Looking up a key" in the A.7 sense (the whole buffer) is a lookup with `ByteSpan::ALL`.
 
@@ -149,7 +149,7 @@ fn the_same_key_in_two_runs_is_independent() {
 #[test]
 fn erasing_for_a_superseded_producer_keeps_the_newer_producers_entry() {
     // Two unordered writers W1 then W2 of one buffer: reclaiming W1 must not hide W2 from a
-    // later reader (spec 20 §A.4, owner-checked erase).
+    // later reader (owner-checked erase, `docs/tensormap.md` §6).
     let map = TensorMap::new();
     let whole = span(0x1000, 0x1100);
     map.insert(run(R1), host(0x1000), whole, slot(1));
@@ -194,7 +194,7 @@ fn duplicate_keys_in_an_erase_list_are_harmless() {
     assert_eq!(map.len(), 1);
 }
 
-// Footprint behaviours (spec 20 §D).
+// Footprint behaviours (`docs/tensormap.md` §2, §4).
 
 #[test]
 fn disjoint_slices_of_one_buffer_do_not_depend_on_each_other() {

@@ -1,4 +1,4 @@
-//! Deriving keys and byte spans from tensor descriptors (spec 20 §A.1 derivation, §D.1).
+//! Deriving keys and byte spans from tensor descriptors (`docs/tensormap.md` §1–§2).
 
 use simpler_tensormap::{ByteSpan, TensorKey, TensorMap, TensorMapError, footprint};
 use simpler_types::{DataType, RunId, SlotId, Tensor, WorkerId};

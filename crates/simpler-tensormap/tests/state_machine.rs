@@ -1,5 +1,5 @@
 //! Property test: the map against a plain list of `(run, key, span, producer)` entries
-//! (spec 20 §A.6 invariants 1–8 and §D.6).
+//! (the map invariants, and the footprint rules of `docs/tensormap.md` §4).
 //!
 //! The universe is small on purpose (3 runs, 4 workers, 16 addresses, most spans inside 20
 //! bytes, 12 slot ids) so that the same key, overlapping spans and the same owner recur often.

@@ -1,13 +1,22 @@
-//! `TensorArgType`: the access tag of a tensor argument and the dependency rules it implies
-//! (spec 10 §4).
+//! `TensorArgType`: the access tag of a tensor argument and the dependency edges it implies.
 //!
-//! | Tag | Looks up producer | Becomes producer | Null address |
-//! |---|---|---|---|
-//! | `Input` | yes | no | allowed (untracked) |
-//! | `InOut` | yes | yes | rejected |
-//! | `Output` | no | yes | rejected |
-//! | `OutputExisting` | no | yes | rejected |
-//! | `NoDep` | no | no | allowed |
+//! Edges are inferred per byte footprint, within one run, against the earlier tasks that have
+//! not retired yet:
+//!
+//! | Tag | Orders after earlier writers (read after write / write after write) | Orders after earlier readers (write after read) | Later writes order after it | Null address |
+//! |---|---|---|---|---|
+//! | `Input` | yes | no (readers stay concurrent) | yes | allowed (untracked) |
+//! | `InOut` | yes | yes | yes | rejected |
+//! | `Output` | no | yes | only where it replaced readers | rejected |
+//! | `OutputExisting` | no | yes | only where it replaced readers | rejected |
+//! | `NoDep` | no | no | no | allowed |
+//!
+//! "Readers" are `Input` and `InOut` tasks. Example (the original runtime's issue #1306):
+//! `W0: InOut buf`, `R0: Input buf`, `W1: InOut buf` gives the edges `W0 → R0`, `W0 → W1` and
+//! `R0 → W1`, so `W1` never overwrites `buf` while `R0` still reads it. With `W1: Output buf`
+//! instead, `W1` gets only `R0 → W1`: a blind write does not wait for the previous writer, but
+//! does wait for the readers. A blind write that replaces readers stands in for them, so a
+//! second blind write of the same bytes orders after it. Nothing needs to be opted into.
 //!
 //! The runtime never allocates an output buffer on the caller's behalf: a write-tagged tensor
 //! with address 0 is rejected at submit by the engine.
@@ -18,14 +27,17 @@ use std::fmt;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
 #[repr(i32)]
 pub enum TensorArgType {
-    /// Read; orders after the current producer (read-after-write).
+    /// Read; orders after the writers of its bytes (read after write), and later writes of its
+    /// bytes order after it (write after read). Readers never order after each other.
     #[default]
     Input = 0,
-    /// Blind overwrite; becomes the producer without ordering after the previous one.
+    /// Blind overwrite; orders after the live readers of its bytes, not after the previous
+    /// writer.
     Output = 1,
-    /// Read and write in place; orders after the previous producer and becomes the producer.
+    /// Read and write in place; orders after the previous writers and the readers of its bytes.
     InOut = 2,
-    /// Blind overwrite of an existing buffer, without ordering against its previous writer.
+    /// Blind overwrite of an existing buffer: orders after the live readers of its bytes, not
+    /// after its previous writer.
     OutputExisting = 3,
     /// Neither looked up nor recorded; the caller orders accesses itself.
     NoDep = 4,
@@ -42,12 +54,13 @@ impl TensorArgType {
         matches!(self, TensorArgType::Output | TensorArgType::OutputExisting | TensorArgType::InOut)
     }
 
-    /// Whether submit looks up the current producer (and adds an edge): `Input`, `InOut`.
+    /// Whether submit orders the access after the writers of its bytes: `Input`, `InOut`.
     pub const fn looks_up(self) -> bool {
         matches!(self, TensorArgType::Input | TensorArgType::InOut)
     }
 
-    /// Whether submit records the task as the new producer: `InOut`, `Output`, `OutputExisting`.
+    /// Whether submit records the task as the new writer of its bytes: `InOut`, `Output`,
+    /// `OutputExisting`. (Every write tag also orders after the readers of its bytes.)
     pub const fn inserts(self) -> bool {
         matches!(self, TensorArgType::InOut | TensorArgType::Output | TensorArgType::OutputExisting)
     }

@@ -1,4 +1,4 @@
-//! The spec-70 engine harness shared by the benchmark binaries: one `Engine` with two
+//! The engine workload harness shared by the benchmark binaries: one `Engine` with two
 //! NEXT_LEVEL no-op endpoints (ids 0 and 1), tasks placed round-robin on them, orchestration on
 //! the calling thread, and the workload shapes P1, P1a, P2, P3 and P6.
 //!
@@ -106,7 +106,7 @@ pub struct Timing {
     pub probed: u64,
 }
 
-/// A workload shape (spec 70).
+/// A workload shape (`docs/benchmarks-sched.md`).
 #[derive(Clone, Copy, Debug)]
 pub enum Workload {
     /// `tasks` independent tasks, each with one 1-byte `Output` of its own buffer.
@@ -230,7 +230,7 @@ impl Harness {
                 }
             }
             Workload::Diamonds { reps, width } => {
-                // Source output A, mids' 1-byte views of Y, sink output Z (spec 70, P3).
+                // Source output A, mids' 1-byte views of Y, sink output Z (P3).
                 let a_buf = self.one_byte(0);
                 let z_buf = self.one_byte(1);
                 let y = Tensor::external(BASE + 4096, &[width], DataType::UInt8).expect("valid");

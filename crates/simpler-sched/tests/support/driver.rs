@@ -9,8 +9,9 @@
 //!    active slot.
 //! 3. Each member ran at most once, on its own target (distinct SUB endpoints for a SUB group),
 //!    with the arguments it was given; a group ran all members or none.
-//! 4. No task started before every one of its producers (model) finished, and none ran after a
-//!    producer failed or did not run.
+//! 4. No task started before every earlier task it conflicts with (model: `ordered_after`, which
+//!    includes every earlier reader of bytes it writes) finished, and none ran after such a task
+//!    failed or did not run.
 //! 5. A closed run that nobody failed or aborted ran every task not downstream of a planned
 //!    failure; its outcome is `Completed` exactly when no task failed, else the failure of a
 //!    task that was planned to fail. Failed, aborted or dropped submissions end `Failed` with
@@ -640,7 +641,7 @@ fn check_records(
 
 /// Item 4: dependencies were respected. Returns the "late consumers" (below).
 ///
-/// One exception is tolerated, because spec 30 §3.4 allows it: a task submitted while its
+/// One exception is tolerated, because the attach protocol allows it (`docs/engine-protocols.md` §3): a task submitted while its
 /// producer failed and was reclaimed. Its fail-fast check passed before the failure was
 /// recorded, and by the time it looked the producer up, reclamation had erased the producer's
 /// map entry, so no edge exists and the task runs on the failed task's output. This needs the
@@ -651,7 +652,7 @@ fn check_order(model: &RunModel, exec: &Execution) -> Result<BTreeSet<u32>, Stri
     let last = model.next_seq.checked_sub(1);
     for (seq, &(start, _)) in &exec.ran {
         let task = &model.tasks[seq];
-        for p in &task.producers {
+        for p in &task.ordered_after {
             let why = match exec.ran.get(p) {
                 Some(&(_, end)) if !exec.roots.contains(p) && end < start => continue,
                 Some(&(_, end)) if !exec.roots.contains(p) => {

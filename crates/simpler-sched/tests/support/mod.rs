@@ -6,7 +6,7 @@
 //! whose endpoints ([`endpoint::PlanEndpoint`]) do what the plan scripted for each member (succeed,
 //! fail, panic, sleep) and record when they started and finished. A reference model
 //! ([`model::RunModel`], plain std collections) infers each task's producers independently of
-//! the engine from the tags and byte footprints (spec 20 Part D, unordered write-after-write),
+//! the engine from the tags and byte footprints (`docs/tensormap.md`),
 //! and [`driver`] checks the engine's behaviour against it after every run and every engine.
 
 #![allow(dead_code, reason = "each test binary uses a different part of the support module")]

@@ -1,19 +1,27 @@
 //! The reference model: what a run's tasks must depend on, and which submits the engine must
 //! refuse, computed from the plan with std collections only.
 //!
-//! Dependency rules (spec 20 Part D and A.4, spec 30 §3.3 step 3):
-//! - `Input` and `InOut` depend on every entry of the same buffer whose footprint overlaps;
-//! - `Output`, `OutputExisting` and `InOut` drop the entries lying entirely inside their own
-//!   footprint and add themselves (so two blind writers of one span have no edge between them);
+//! Dependency rules (`docs/tensormap.md`):
+//! - `Input` and `InOut` depend on every writer entry of the same buffer whose footprint
+//!   overlaps (read after write);
+//! - `Output`, `OutputExisting` and `InOut` depend on every overlapping reader entry, and on every
+//!   overlapping writer entry that orders later writes (write after read);
+//! - `Input` adds a reader entry beside the others; `Output`, `OutputExisting` and `InOut` drop
+//!   the writer and reader entries lying entirely inside their own footprint and add a writer
+//!   entry, which orders later writes when the writer is `InOut` or dropped an entry that did
+//!   (so two blind writers of one span with no read between them have no edge);
 //! - `NoDep` and null tensors do neither; a task never depends on itself;
-//! - all lookups of a task (every member, every tensor) come before any of its inserts, as the
+//! - all lookups of a task (every member, every tensor) come before any of its records, as the
 //!   engine decided (`submit.rs`, step 3): a member's read then sees the buffer's earlier writers
 //!   even when another member of the same group writes it.
 //!
-//! The model never erases entries when a producer is reclaimed. Its entries are therefore a
+//! The model never erases entries when a task is reclaimed. Its entries are therefore a
 //! superset of the engine's, and every extra entry names a task that had already finished when
-//! the engine erased it, so "every producer in the model finished before the consumer started"
-//! is exactly what the engine must guarantee.
+//! the engine erased it. So the model's `producers` are exactly the engine's edges while nothing
+//! has finished (gated runs), and a superset afterwards. What the engine must guarantee in every
+//! run is `ordered_after`: each task starts after every earlier task it conflicts with —
+//! the writers its reads see, the writers an `InOut` follows, and every earlier reader of bytes
+//! it writes, superseded or not.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -27,25 +35,59 @@ use super::plan::{
     resolve,
 };
 
-/// The tensor map as the model sees it: per buffer, `(footprint, producer seq)` entries.
+/// The tensor map as the model sees it: per buffer, writer entries `(footprint, seq, orders
+/// later writes)` and reader entries `(footprint, seq)`.
 #[derive(Clone, Debug, Default)]
 pub struct MapModel {
-    entries: BTreeMap<u64, Vec<(Footprint, u32)>>,
+    writers: BTreeMap<u64, Vec<(Footprint, u32, bool)>>,
+    readers: BTreeMap<u64, Vec<(Footprint, u32)>>,
+    /// Every read ever recorded, never superseded: the write-after-read pairs that must hold.
+    all_reads: Vec<(Footprint, u32)>,
 }
 
 impl MapModel {
-    /// Adds the producer of every entry overlapping `fp` to `out`.
-    pub fn lookup(&self, fp: &Footprint, out: &mut BTreeSet<u32>) {
-        if let Some(list) = self.entries.get(&fp.key) {
-            out.extend(list.iter().filter(|(e, _)| e.overlaps(fp)).map(|&(_, p)| p));
+    /// Adds the tasks an access of `fp` with `tag` orders after (its edges) to `edges`, and the
+    /// tasks it conflicts with to `conflicts`.
+    pub fn lookup(
+        &self,
+        fp: &Footprint,
+        tag: TensorArgType,
+        edges: &mut BTreeSet<u32>,
+        conflicts: &mut BTreeSet<u32>,
+    ) {
+        let writers = self.writers.get(&fp.key).into_iter().flatten();
+        let readers = self.readers.get(&fp.key).into_iter().flatten();
+        for &(_, seq, orders_writes) in writers.filter(|(e, ..)| e.overlaps(fp)) {
+            if tag.reads() || (tag.writes() && orders_writes) {
+                edges.insert(seq);
+            }
+            if tag.reads() {
+                conflicts.insert(seq);
+            }
+        }
+        if tag.writes() {
+            edges.extend(readers.filter(|(e, _)| e.overlaps(fp)).map(|&(_, seq)| seq));
+            conflicts.extend(self.all_reads.iter().filter(|(e, _)| e.overlaps(fp)).map(|r| r.1));
         }
     }
 
-    /// Makes `seq` the producer of `fp`, superseding the entries lying inside it.
-    pub fn insert(&mut self, fp: Footprint, seq: u32) {
-        let list = self.entries.entry(fp.key).or_default();
-        list.retain(|(e, _)| !e.inside(&fp));
-        list.push((fp, seq));
+    /// Records the access of `fp` with `tag` by `seq`.
+    pub fn record(&mut self, fp: Footprint, tag: TensorArgType, seq: u32) {
+        if tag.reads() {
+            self.all_reads.push((fp, seq));
+        }
+        if !tag.writes() {
+            self.readers.entry(fp.key).or_default().push((fp, seq));
+            return;
+        }
+        let readers = self.readers.entry(fp.key).or_default();
+        let mut orders_writes =
+            tag == TensorArgType::InOut || readers.iter().any(|(e, _)| e.inside(&fp));
+        readers.retain(|(e, _)| !e.inside(&fp));
+        let writers = self.writers.entry(fp.key).or_default();
+        orders_writes |= writers.iter().any(|&(e, _, o)| o && e.inside(&fp));
+        writers.retain(|(e, ..)| !e.inside(&fp));
+        writers.push((fp, seq, orders_writes));
     }
 }
 
@@ -58,9 +100,12 @@ pub struct AcceptedTask {
     pub plan: TaskPlan,
     /// Stable id of each member's NEXT_LEVEL target; empty for a SUB task.
     pub targets: Vec<u32>,
-    /// Sequence numbers of the tasks it must wait for (allocs excluded: they are finished when
-    /// created).
+    /// Sequence numbers of the tasks it waits for, as edges (allocs excluded: they are finished
+    /// when created).
     pub producers: BTreeSet<u32>,
+    /// Sequence numbers of the earlier tasks it conflicts with and must start after (module
+    /// docs); allocs excluded.
+    pub ordered_after: BTreeSet<u32>,
 }
 
 /// Everything the model knows about the run being built.
@@ -82,7 +127,7 @@ pub struct RunModel {
     pub scope_ended_at: BTreeMap<u32, usize>,
 }
 
-/// A validation error the engine must return (spec 30 §3.2, in its order).
+/// A validation error the engine must return (`docs/engine-protocols.md` §3, in its order).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Rejection {
     /// Check 3.
@@ -280,15 +325,20 @@ impl RunModel {
     pub fn accept(&mut self, plan_index: usize, plan: &TaskPlan, prepared: &PreparedSubmit) {
         let seq = self.charge();
         let mut found = BTreeSet::new();
-        let tensors = || prepared.footprints.iter().flatten().filter_map(|(t, f)| Some((t, (*f)?)));
-        for (_, fp) in tensors().filter(|(tag, _)| tag.looks_up()) {
-            self.map.lookup(&fp, &mut found);
+        let mut conflicts = BTreeSet::new();
+        let tensors =
+            || prepared.footprints.iter().flatten().filter_map(|(t, f)| Some((*t, (*f)?)));
+        let tracked = || tensors().filter(|(tag, _)| *tag != TensorArgType::NoDep);
+        for (tag, fp) in tracked() {
+            self.map.lookup(&fp, tag, &mut found, &mut conflicts);
         }
-        for (_, fp) in tensors().filter(|(tag, _)| tag.inserts()) {
-            self.map.insert(fp, seq);
+        for (tag, fp) in tracked() {
+            self.map.record(fp, tag, seq);
         }
         found.remove(&seq);
+        conflicts.remove(&seq);
         let producers = found.into_iter().filter(|p| !self.allocs.contains(p)).collect();
+        let ordered_after = conflicts.into_iter().filter(|p| !self.allocs.contains(p)).collect();
         self.tasks.insert(
             seq,
             AcceptedTask {
@@ -296,6 +346,7 @@ impl RunModel {
                 plan: plan.clone(),
                 targets: prepared.targets.clone(),
                 producers,
+                ordered_after,
             },
         );
     }
@@ -306,6 +357,7 @@ impl RunModel {
         self.allocs.insert(seq);
         let buffer = Buffer { base: addr, shape: Shape::Flat(bytes) };
         self.alloc_buffers.push(buffer);
-        self.map.insert(Footprint { key: addr, lo: addr, hi: addr + u64::from(bytes) }, seq);
+        let slab = Footprint { key: addr, lo: addr, hi: addr + u64::from(bytes) };
+        self.map.record(slab, TensorArgType::OutputExisting, seq);
     }
 }

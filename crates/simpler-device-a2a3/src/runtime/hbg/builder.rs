@@ -3,9 +3,10 @@
 //!
 //! The orchestration calls `submit` for each task; the builder validates the task (func ids
 //! registered, argument counts, descriptors, device pointers, write tags with buffers), derives
-//! its producers from the tensor map over byte footprints (`Input`/`InOut` look
-//! up overlapping producers, `Output`/`OutputExisting`/`InOut` insert, `NoDep` does neither,
-//! `manual_dep` tensors depend on their creator only), and records it. The whole graph stays
+//! its predecessors from the tensor map over byte footprints (the rules of `docs/tensormap.md`:
+//! reads order after overlapping writers, every write after overlapping live readers, `InOut`
+//! also after writers, `NoDep` does neither, `manual_dep` tensors depend on their creator only),
+//! and records it. The whole graph stays
 //! resident, so the task window must hold every task and the heap every allocation: exceeding
 //! either is `Capacity { ring: 0, … }`, reported with the total the orchestration needed, before
 //! anything is launched (decision).
@@ -20,7 +21,7 @@
 use std::ffi::c_void;
 use std::ops::Range;
 
-use simpler_tensormap::{ByteSpan, TensorKey, TensorMap};
+use simpler_tensormap::{Access, ByteSpan, TensorKey, TensorMap};
 use simpler_types::{
     CORE_MAX_SCALAR_ARGS, CORE_MAX_TENSOR_ARGS, DeviceTaskId, HEAP_ALIGN, MAX_SCOPE_DEPTH, RunId,
     SlotId, Tensor, TensorArgType,
@@ -72,12 +73,12 @@ pub(crate) enum EdgeSource {
     Creator,
 }
 
-/// How the consumer's footprint relates to the producer's write.
+/// How the successor's footprint relates to the predecessor's access.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Overlap {
-    /// The producer wrote every byte the consumer touches.
+    /// The predecessor wrote (or, before a write, read) every byte the successor touches.
     Covered,
-    /// The producer wrote some of them.
+    /// It touched some of them.
     Partial,
 }
 
@@ -136,6 +137,7 @@ pub(crate) struct GraphBuilder<'e> {
     task_total: u64,
     graph: BuiltGraph,
     task_writes: Vec<Vec<(u64, ByteSpan)>>,
+    task_reads: Vec<Vec<(u64, ByteSpan)>>,
     entry_spans: Vec<ByteSpan>,
     heap_base: Option<u64>,
     heap_needed: u64,
@@ -169,6 +171,7 @@ impl<'e> GraphBuilder<'e> {
             task_total: 0,
             graph: BuiltGraph::default(),
             task_writes: Vec::new(),
+            task_reads: Vec::new(),
             entry_spans: entry.iter().filter_map(span_of).collect(),
             heap_base: None,
             heap_needed: 0,
@@ -297,15 +300,22 @@ impl<'e> GraphBuilder<'e> {
                 }
                 continue;
             }
-            if tag.looks_up() {
+            if let Some(access) = Access::of(tag) {
                 let key = TensorKey::Host { addr: t.addr };
                 let mut found: Vec<u32> = Vec::new();
-                self.map.lookup_overlapping(self.run_id, &key, span, |slot| found.push(slot.index));
+                self.map.dependencies(self.run_id, &key, span, access, |slot| {
+                    if !found.contains(&slot.index) {
+                        found.push(slot.index);
+                    }
+                });
                 for pred in found {
-                    let covered = self
-                        .task_writes
-                        .get(pred as usize)
-                        .is_some_and(|ws| ws.iter().any(|(k, s)| *k == t.addr && s.contains(span)));
+                    let covers = |spans: Option<&Vec<(u64, ByteSpan)>>| {
+                        spans.is_some_and(|ss| {
+                            ss.iter().any(|(k, s)| *k == t.addr && s.contains(span))
+                        })
+                    };
+                    let covered = covers(self.task_writes.get(pred as usize))
+                        || (tag.writes() && covers(self.task_reads.get(pred as usize)));
                     edges.push(DepEdge {
                         pred,
                         succ: idx,
@@ -320,15 +330,20 @@ impl<'e> GraphBuilder<'e> {
                 }
             }
         }
-        let mut writes = Vec::new();
+        let (mut writes, mut reads) = (Vec::new(), Vec::new());
         for (i, t) in tensors.iter().enumerate() {
             let tag = parsed_tags[i];
             let Some(span) = span_of(t) else { continue };
             let key = TensorKey::Host { addr: t.addr };
             self.touched.insert(self.run_id, key, span, slot_of(idx));
-            if tag.inserts() && !t.is_manual_dep() {
-                self.map.insert(self.run_id, key, span, slot_of(idx));
-                writes.push((t.addr, span));
+            if let (Some(access), false) = (Access::of(tag), t.is_manual_dep()) {
+                self.map.record(self.run_id, key, span, access, slot_of(idx));
+                if tag.writes() {
+                    writes.push((t.addr, span));
+                }
+                if tag.reads() {
+                    reads.push((t.addr, span));
+                }
             }
         }
         let t0 = self.graph.tensors.len();
@@ -348,6 +363,7 @@ impl<'e> GraphBuilder<'e> {
             scope_depth: self.scope_depth,
         });
         self.task_writes.push(writes);
+        self.task_reads.push(reads);
         DeviceTaskId::new(0, idx).0 as i64
     }
 
@@ -884,6 +900,27 @@ mod tests {
             |pred, succ| g.edges.iter().find(|e| e.pred == pred && e.succ == succ).unwrap().overlap;
         assert_eq!(overlap(0, 2), Overlap::Partial);
         assert_eq!(overlap(0, 3), Overlap::Covered);
+    }
+
+    #[test]
+    fn a_write_after_a_read_waits_for_the_reader() {
+        // The original's issue #1306: W0 InOut, R0 Input, W1 InOut on one buffer.
+        let mut env = FakeEnv;
+        let mut b = builder(&mut env);
+        let t = buf(0, 256);
+        let (inout, inp) = (TensorArgType::InOut.as_i32(), TensorArgType::Input.as_i32());
+        let out = TensorArgType::Output.as_i32();
+        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[t], &[inout], &[]), 0);
+        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[t], &[inp], &[]), 1);
+        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[t], &[inp], &[]), 2);
+        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[t], &[inout], &[]), 3);
+        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[t], &[out], &[]), 4);
+        let g = b.finish().unwrap();
+        assert!(g.tasks[2].preds == vec![0], "readers stay concurrent");
+        let mut w1 = g.tasks[3].preds.clone();
+        w1.sort_unstable();
+        assert_eq!(w1, vec![0, 1, 2], "the second write waits for both readers");
+        assert_eq!(g.tasks[4].preds, vec![3], "a blind write after an InOut waits for it");
     }
 
     #[test]

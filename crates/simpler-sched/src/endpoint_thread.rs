@@ -1,6 +1,6 @@
-//! Worker threads: one per endpoint, fed through a mailbox (spec 30 §7).
+//! Endpoint threads: one per endpoint, fed through a mailbox (`docs/engine-protocols.md` §7).
 //!
-//! # Worker thread
+//! # Endpoint thread
 //!
 //! 0. Call `on_thread_start` (a chip endpoint binds its device lane here, so this thread *is*
 //!    the lane).
@@ -153,7 +153,8 @@ impl Mailbox {
     }
 }
 
-/// One-shot receiver of a control job's result ([`Engine::on_endpoint`](crate::Engine::on_endpoint)).
+/// One-shot receiver of a control job's result
+/// ([`Engine::on_endpoint`](crate::Engine::on_endpoint)).
 pub struct JobReceiver<R> {
     rx: mpsc::Receiver<Result<R, String>>,
     worker: WorkerRef,
@@ -217,8 +218,8 @@ pub(crate) fn wrap_job<R: Send + 'static>(
     (job, rx)
 }
 
-/// Body of one worker thread.
-pub(crate) fn worker_main(
+/// Body of one endpoint thread.
+pub(crate) fn endpoint_thread_main(
     core: Arc<Core>,
     who: WorkerSlot,
     name: WorkerRef,
