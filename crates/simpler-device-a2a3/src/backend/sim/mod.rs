@@ -589,11 +589,11 @@ impl SimDevice {
         for i in 0..self.aicore_spawned {
             dev.post(Role::AiCore, i, Mail::Quit);
         }
-        let deadline = Instant::now() + budget;
+        let deadline = wait::deadline_after(budget);
         let all_left = {
             let mut g = dev.exit_lock.lock();
             while dev.alive.load(Ordering::Acquire) > 0 {
-                if dev.exit_cv.wait_until(&mut g, deadline).timed_out() {
+                if wait::wait_on(&dev.exit_cv, &mut g, deadline) {
                     break;
                 }
             }
@@ -792,7 +792,7 @@ impl Backend for SimDevice {
 
     fn drain(&self, timeout: Duration, op_execute: Duration) -> bool {
         let dev = &*self.shared;
-        let deadline = Instant::now() + timeout;
+        let deadline = wait::deadline_after(timeout);
         dev.streams.iter().all(|s| s.wait_idle(deadline, Some(op_execute), &|| dev.wake_all()))
     }
 
