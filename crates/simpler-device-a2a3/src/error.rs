@@ -211,6 +211,9 @@ pub enum PoisonStep {
     SyncAicpu,
     /// Synchronising the AICore stream failed (R1).
     SyncAiCore,
+    /// A panic unwound out of `launch_run` or `reap_run` while the device may still have
+    /// been running the launch.
+    Unwind,
 }
 
 impl fmt::Display for PoisonStep {
@@ -220,6 +223,7 @@ impl fmt::Display for PoisonStep {
             PoisonStep::LaunchAicpu => "AICPU launch",
             PoisonStep::SyncAicpu => "AICPU stream sync",
             PoisonStep::SyncAiCore => "AICore stream sync",
+            PoisonStep::Unwind => "a panic between launch and reap",
         })
     }
 }

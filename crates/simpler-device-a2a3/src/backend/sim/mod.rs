@@ -739,6 +739,7 @@ impl Backend for SimDevice {
         self.host_log.lock().push(HostCall::LaunchAiCore);
         let fired = self.shared.streams[AICORE_STREAM].enqueue(entry.clone(), &*self.shared);
         resume_waiters(fired, &self.shared.streams, &*self.shared);
+        self.shared.faults.after_launch(KernelKind::AiCore);
         Ok(entry)
     }
 
@@ -754,6 +755,7 @@ impl Backend for SimDevice {
         self.host_log.lock().push(HostCall::LaunchAicpu);
         let fired = self.shared.streams[AICPU_STREAM].enqueue(entry.clone(), &*self.shared);
         resume_waiters(fired, &self.shared.streams, &*self.shared);
+        self.shared.faults.after_launch(KernelKind::Aicpu);
         Ok(entry)
     }
 
