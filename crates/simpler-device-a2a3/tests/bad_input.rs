@@ -277,3 +277,32 @@ fn a_failed_heap_arena_allocation_releases_every_pooled_arena() {
     v.free(&mut r);
     r.finalize().unwrap();
 }
+
+#[test]
+fn host_tensors_whose_staging_sizes_sum_past_u64_are_invalid_args() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let (a, b, f) = (vec![0f32; 4], vec![0f32; 4], vec![0f32; 4]);
+    let host = |v: &[f32], size: u64| {
+        let mut t = Tensor::external(v.as_ptr() as u64, &[4], DataType::Float32).unwrap();
+        t.size = size;
+        t
+    };
+    // Two outputs of 2^63 bytes each: each is a valid tensor, their staging sizes sum past
+    // u64::MAX. Outputs are never copied in, and the sizes are refused before anything is
+    // staged, so no host byte beyond the vectors is touched.
+    let mut args = TaskArgs::new();
+    args.add_input(host(&a, 16)).unwrap();
+    args.add_output(host(&b, 1 << 63)).unwrap();
+    args.add_output(host(&f, 1 << 63)).unwrap();
+    let cfg = CallConfig::default();
+    // SAFETY: the request is refused before staging touches host memory (asserted below).
+    let req = unsafe { RunRequest::with_host_tensors(run_id(1), slot, &args, &cfg) };
+    let err = r.run(&req).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::InvalidArgs { message, .. }
+            if message.contains("chip argument 2") && message.contains("staging size")),
+        "{err}"
+    );
+    still_works(&mut r, 2);
+}

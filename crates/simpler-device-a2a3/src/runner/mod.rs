@@ -364,7 +364,13 @@ impl Core {
                 message: "no kernel argument block".into(),
             });
         };
-        self.backend.write(ka_addr, bytemuck::bytes_of(&ka));
+        if !self.backend.write(ka_addr, bytemuck::bytes_of(&ka)) {
+            return Err(DeviceError::BadDevicePointer {
+                run_id: Some(run_id),
+                addr: ka_addr,
+                len: size_of::<KernelArgs>() as u64,
+            });
+        }
         Ok(())
     }
 
