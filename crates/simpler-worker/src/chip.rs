@@ -22,7 +22,8 @@ use simpler_device_a2a3::{
 };
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
 use simpler_types::{
-    CallConfig, CallableId, EndpointOutcome, RunId, TaskArgs, TaskArgsView, WorkerId, WorkerType,
+    CallConfig, CallableId, EndpointOutcome, RunId, TaskArgs, TaskArgsView, TaskId, WorkerId,
+    WorkerType,
 };
 
 use crate::error::{MemError, WorkerError};
@@ -155,10 +156,11 @@ impl ChipState {
         self.prepared.get(id).map_or(0, |p| p.refs)
     }
 
-    /// Runs one chip callable to completion on this lane.
+    /// Runs one chip callable to completion on this lane, as engine task `task` (the device
+    /// run carries the task as its origin, which keeps the tasks of one run apart).
     pub(crate) fn run(
         &mut self,
-        run: RunId,
+        task: TaskId,
         callable: &CallableId,
         args: TaskArgsView<'_>,
         config: &CallConfig,
@@ -195,7 +197,9 @@ impl ChipState {
         }
         let scratch = std::mem::take(&mut self.scratch);
         let result = match self.runner() {
-            Ok(r) => r.run(&RunRequest::new(run, slot, &scratch, config)).map(|_| ()),
+            Ok(r) => r
+                .run(&RunRequest::new(task.run, slot, &scratch, config).with_origin(task))
+                .map(|_| ()),
             Err(e) => Err(e),
         };
         self.scratch = scratch;
@@ -303,7 +307,7 @@ impl Endpoint for ChipEndpoint {
     }
 
     fn run(&mut self, task: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
-        self.state.run(task.task.run, task.callable, task.args, task.config)
+        self.state.run(task.task, task.callable, task.args, task.config)
     }
 
     fn shutdown(&mut self) {

@@ -42,6 +42,7 @@ mod callables;
 mod checks;
 mod health;
 mod memory;
+mod run_ids;
 mod staging;
 #[cfg(all(test, feature = "sim"))]
 mod tests;
@@ -57,6 +58,7 @@ use std::time::Duration;
 use simpler_types::RunId;
 
 pub use health::{DeviceHealth, HealthProbe};
+pub use run_ids::RUN_ID_MEMORY;
 pub use types::{
     ChipSlot, DevicePtr, FinalizeReport, MemoryLedger, RingHighWater, RunReport, RunRequest,
     RunnerStats,
@@ -65,6 +67,7 @@ pub use types::{
 use self::callables::CallableTable;
 use self::health::HealthCell;
 use self::memory::{Arenas, RunMemory};
+use self::run_ids::UsedRunIds;
 use self::staging::{StagedTensor, host_slice_mut};
 use crate::abi::ABI_VERSION;
 use crate::abi::codes::AclCode;
@@ -177,6 +180,7 @@ struct Core {
     regs_table: Option<u64>,
     host_image: Vec<u8>,
     run: Option<ActiveRun>,
+    used_runs: UsedRunIds,
     stats: RunnerStats,
 }
 
@@ -255,6 +259,11 @@ impl Core {
         }
         // P5.
         self.ensure_initialized().map_err(|e| e.in_run(req.run_id))?;
+        // The run exists from here on (a report, maybe files): its id must be new.
+        if self.used_runs.contains(req.run_id, req.origin()) {
+            return Err(DeviceError::RunIdReused { run_id: req.run_id, origin: req.origin() });
+        }
+        self.used_runs.insert(req.run_id, req.origin());
         let mut run = ActiveRun {
             stage: Stage::Prepared,
             run_id: req.run_id,
