@@ -309,7 +309,6 @@ fn host_tensors_whose_staging_sizes_sum_past_u64_are_invalid_args() {
 
 #[test]
 fn a_run_id_already_used_on_the_runner_is_refused_and_origins_keep_tasks_apart() {
-    use simpler_device_a2a3::RUN_ID_MEMORY;
     use simpler_types::TaskId;
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     let cfg = CallConfig::default();
@@ -334,7 +333,6 @@ fn a_run_id_already_used_on_the_runner_is_refused_and_origins_keep_tasks_apart()
     let err =
         r.run(&RunRequest::new(run_id(9), slot, &v.args, &cfg).with_origin(task(1))).unwrap_err();
     assert!(matches!(err, DeviceError::RunIdReused { origin: Some(t), .. } if t == task(1)));
-    assert!(RUN_ID_MEMORY >= 1024, "the window covers far more runs than can be in flight");
     v.check(&mut r);
     v.free(&mut r);
     r.finalize().unwrap();

@@ -11,8 +11,11 @@ use common::*;
 use simpler_device_a2a3::{DeviceError, DeviceRunner, RunRequest, RunnerOptions, RuntimeVariant};
 use simpler_types::CallConfig;
 
+/// Sets one duration option.
+type Setter = fn(RunnerOptions, Duration) -> RunnerOptions;
+
 /// Every public duration option, as a setter on the test's base options.
-fn options_under_test() -> Vec<(&'static str, fn(RunnerOptions, Duration) -> RunnerOptions)> {
+fn options_under_test() -> Vec<(&'static str, Setter)> {
     vec![
         ("scheduler", |o, d| o.with_scheduler_timeout(d)),
         ("op_execute", |o, d| o.with_op_execute_timeout(d)),

@@ -46,9 +46,28 @@ impl UsedRunIds {
             self.set.remove(&old);
         }
     }
+}
 
-    #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
-        self.order.len()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_holds_the_latest_keys_and_stays_bounded() {
+        let id = |n| RunId::from_raw(n).unwrap();
+        let mut used = UsedRunIds::default();
+        for n in 1..=(RUN_ID_MEMORY as u64 + 10) {
+            assert!(!used.contains(id(n), None));
+            used.insert(id(n), None);
+            assert!(used.contains(id(n), None));
+        }
+        assert_eq!((used.set.len(), used.order.len()), (RUN_ID_MEMORY, RUN_ID_MEMORY));
+        assert!(!used.contains(id(10), None), "the oldest keys are forgotten");
+        assert!(used.contains(id(11), None) && used.contains(id(RUN_ID_MEMORY as u64 + 10), None));
+        // An origin makes a different key; inserting a known key again changes nothing.
+        let task = simpler_types::TaskId::new(id(11), 3);
+        assert!(!used.contains(id(11), Some(task)));
+        used.insert(id(11), None);
+        assert_eq!(used.order.len(), RUN_ID_MEMORY);
     }
 }
