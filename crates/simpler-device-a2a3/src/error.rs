@@ -11,7 +11,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use simpler_types::{CallableId, DeviceCode, DeviceTaskId, FailureMechanism, RunId, TimeoutBudget};
+use simpler_types::{
+    CallableId, DeviceCode, DeviceTaskId, FailureMechanism, RunId, TaskId, TimeoutBudget,
+};
 
 use crate::abi::CoreType;
 use crate::abi::codes::{AclCode, RuntimeCode, StallClass};
@@ -211,6 +213,9 @@ pub enum PoisonStep {
     SyncAicpu,
     /// Synchronising the AICore stream failed (R1).
     SyncAiCore,
+    /// A panic unwound out of `launch_run` or `reap_run` while the device may still have
+    /// been running the launch.
+    Unwind,
 }
 
 impl fmt::Display for PoisonStep {
@@ -220,6 +225,7 @@ impl fmt::Display for PoisonStep {
             PoisonStep::LaunchAicpu => "AICPU launch",
             PoisonStep::SyncAicpu => "AICPU stream sync",
             PoisonStep::SyncAiCore => "AICore stream sync",
+            PoisonStep::Unwind => "a panic between launch and reap",
         })
     }
 }
@@ -362,7 +368,7 @@ pub enum ErrorClass {
 ///   | `Hang` | `DeviceFault` whose latched status is a scheduler timeout and whose faults contain no core exception: a kernel never finished | unusable |
 ///   | `DeviceFault` | any other `DeviceFault`; `Timeout { budget: OpExecute }` | unusable |
 ///   | `Poisoned` | `Unusable` | unusable |
-///   | `Usage` | `InvalidConfig`, `InvalidArgs`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
+///   | `Usage` | `InvalidConfig`, `InvalidArgs`, `RunIdReused`, `OverlappingArguments`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
 ///   | `Resources` | `OutOfMemory`, `Capacity` | unchanged |
 ///   | `Setup` | `Init`, `Diagnostics`, `Orchestration`, `LaunchPanicked` | unchanged |
 ///
@@ -460,6 +466,32 @@ pub enum DeviceError {
         run_id: Option<RunId>,
         /// What was wrong, naming the values.
         message: String,
+    },
+    /// The runner already ran (or prepared) a run with this id and origin; its reports and
+    /// trace files would overwrite each other. Ids are remembered for the runner's last
+    /// `RUN_ID_MEMORY` runs (`docs/device-runner.md`).
+    #[error("{run_id}: the run id{} was already used on this runner", fmt_origin(origin))]
+    RunIdReused {
+        /// The refused run id.
+        run_id: RunId,
+        /// The engine task the request named (`RunRequest::with_origin`), if any.
+        origin: Option<TaskId>,
+    },
+    /// A chip task's write-tagged tensor shares bytes with another tensor argument of the same
+    /// task: its kernel would write memory it also reads or writes through the other argument.
+    #[error(
+        "{run_id}: task {task}: write-tagged tensor {written} overlaps tensor {other} of the same \
+         task; a task must not write bytes it also accesses through another argument"
+    )]
+    OverlappingArguments {
+        /// The run.
+        run_id: RunId,
+        /// The task's index in submission order.
+        task: u64,
+        /// Index of the write-tagged tensor.
+        written: usize,
+        /// Index of the tensor it overlaps.
+        other: usize,
     },
     /// A callable broke a limit or uses a code variant this backend cannot execute.
     #[error("{}invalid callable: {reason}", fmt_run(run_id))]
@@ -612,6 +644,10 @@ fn fmt_run(run_id: &Option<RunId>) -> String {
     run_id.map(|r| format!("{r}: ")).unwrap_or_default()
 }
 
+fn fmt_origin(origin: &Option<TaskId>) -> String {
+    origin.map(|t| format!(" (for {t})")).unwrap_or_default()
+}
+
 fn fmt_limit(limit: &Option<u64>) -> String {
     limit.map(|l| format!(" (memory limit {l} bytes)")).unwrap_or_default()
 }
@@ -640,7 +676,9 @@ impl DeviceError {
             | DeviceError::Capacity { run_id, .. }
             | DeviceError::Diagnostics { run_id, .. }
             | DeviceError::Orchestration { run_id, .. }
-            | DeviceError::CallableInUse { run_id, .. } => Some(*run_id),
+            | DeviceError::CallableInUse { run_id, .. }
+            | DeviceError::RunIdReused { run_id, .. }
+            | DeviceError::OverlappingArguments { run_id, .. } => Some(*run_id),
             DeviceError::InvalidConfig { run_id, .. }
             | DeviceError::InvalidArgs { run_id, .. }
             | DeviceError::UnknownCallable { run_id, .. }
@@ -696,6 +734,8 @@ impl DeviceError {
             DeviceError::Unusable { .. } => ErrorClass::Poisoned,
             DeviceError::InvalidConfig { .. }
             | DeviceError::InvalidArgs { .. }
+            | DeviceError::RunIdReused { .. }
+            | DeviceError::OverlappingArguments { .. }
             | DeviceError::InvalidCallable { .. }
             | DeviceError::UnknownCallable { .. }
             | DeviceError::TooManyCallables { .. }
@@ -796,6 +836,8 @@ impl DeviceError {
             }
             DeviceError::Orchestration { .. }
             | DeviceError::InvalidArgs { .. }
+            | DeviceError::RunIdReused { .. }
+            | DeviceError::OverlappingArguments { .. }
             | DeviceError::InvalidConfig { .. }
             | DeviceError::UnknownCallable { .. }
             | DeviceError::Unsupported { .. } => FailureMechanism::TaskFailed,

@@ -87,7 +87,7 @@ pub use options::SimOptions;
 pub use options::{Platform, RingDefaults, RunnerOptions, RuntimeVariant};
 pub use runner::{
     ChipSlot, DeviceHealth, DevicePtr, DeviceRunner, FinalizeReport, HealthProbe, MemoryLedger,
-    RingHighWater, RunReport, RunRequest, RunnerStats,
+    RUN_ID_MEMORY, RingHighWater, RunReport, RunRequest, RunnerStats,
 };
 pub use runtime::orch::{Kernels, OrchCtx, OrchError};
 pub use timeouts::{FixedBudgets, TimeoutConfig, TimeoutOverrides};

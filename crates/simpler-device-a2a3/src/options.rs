@@ -74,7 +74,8 @@ pub struct SimOptions {
     pub yield_iters: u32,
     /// Total bytes the simulated device may allocate.
     pub memory_limit: u64,
-    /// How long `finalize` waits for the simulated threads to exit.
+    /// How long `finalize` (and `Drop`) waits for the simulated threads to exit;
+    /// `Duration::MAX` (any budget too large to represent as a deadline) waits without limit.
     pub join_budget: Duration,
 }
 

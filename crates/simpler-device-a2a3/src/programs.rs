@@ -14,6 +14,10 @@
 //! orchestrations return an [`OrchError`] with status −1 when a chip argument is missing or a
 //! task's arguments do not fit. These kernels are the only unsafe code here: each reads its
 //! argument slots through [`KernelCall`], whose contract the runtime upholds when it calls them.
+//! They never hold a reference over device memory: elementwise kernels read and write one
+//! element at a time through raw pointers, and the tile product copies its inputs out before it
+//! writes, so a kernel handed aliasing arguments directly (the chip graph builder refuses such
+//! tasks) computes a meaningless result but stays defined.
 //!
 //! The host-side helpers [`f32_to_le_bytes`] and [`f32_from_le_bytes`] move f32 values to and
 //! from the little-endian bytes device memory holds.
@@ -72,17 +76,71 @@ fn three_args(_: &OrchArgs<'_>) -> OrchConfig {
     OrchConfig { expected_arg_count: 3 }
 }
 
+/// Tensor `i`'s view as `(first element, elements)`, for a contiguous f32 view.
+fn f32_view(k: &KernelCall<'_>, i: usize) -> Option<(*mut f32, usize)> {
+    let t = k.tensor(i)?;
+    if !t.contiguous() || t.data_type().ok() != Some(DataType::Float32) {
+        return None;
+    }
+    let len = usize::try_from(t.numel()).ok()?;
+    Some((t.data_addr() as usize as *mut f32, len))
+}
+
+/// Element `i` of a view from [`f32_view`].
+///
+/// # Safety
+///
+/// `i` is below the view's length and the view names device memory the task was given.
+unsafe fn load(view: (*mut f32, usize), i: usize) -> f32 {
+    debug_assert!(i < view.1, "element {i} of a view of {}", view.1);
+    // SAFETY: the caller's contract; read by value without forming a reference, so an
+    // aliasing argument stays defined.
+    unsafe { view.0.add(i).read_unaligned() }
+}
+
+/// Stores `v` at element `i` of a view from [`f32_view`].
+///
+/// # Safety
+///
+/// As [`load`].
+unsafe fn store(view: (*mut f32, usize), i: usize, v: f32) {
+    debug_assert!(i < view.1, "element {i} of a view of {}", view.1);
+    // SAFETY: as in `load`.
+    unsafe { view.0.add(i).write_unaligned(v) }
+}
+
+/// `out[i] = f(i)` for `i < n`, element by element.
+///
+/// # Safety
+///
+/// `n` is at most `out`'s length; `out` names device memory the task was given.
+unsafe fn elementwise(out: (*mut f32, usize), n: usize, f: impl Fn(usize) -> f32) {
+    for i in 0..n {
+        // SAFETY: `i < n <= out.1`, the caller's contract.
+        unsafe { store(out, i, f(i)) };
+    }
+}
+
+/// The elements of a view from [`f32_view`], copied out.
+///
+/// # Safety
+///
+/// As [`load`] for every element of the view.
+unsafe fn copy_out(view: (*mut f32, usize)) -> Vec<f32> {
+    // SAFETY: every `i < view.1`, the caller's contract.
+    (0..view.1).map(|i| unsafe { load(view, i) }).collect()
+}
+
 /// `out = x + y` over f32: tensors `x` (in), `y` (in), `out` (out).
 unsafe extern "C-unwind" fn add_kernel(args: *mut i64) {
     // SAFETY: the runtime passes this kernel's argument vector; its signature has three tensors.
     let k = unsafe { KernelCall::from_raw(args, 3) };
-    // SAFETY: all three are f32 buffers of this task and the output aliases neither input.
-    let (x, y, out) = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
-    if let (Some(x), Some(y), Some(out)) = (x, y, out) {
-        for ((o, a), b) in out.iter_mut().zip(x).zip(y) {
-            *o = a + b;
-        }
-    }
+    let (Some(x), Some(y), Some(out)) = (f32_view(&k, 0), f32_view(&k, 1), f32_view(&k, 2)) else {
+        return;
+    };
+    let n = out.1.min(x.1).min(y.1);
+    // SAFETY: `n` bounds every view; the views name this task's device buffers.
+    unsafe { elementwise(out, n, |i| load(x, i) + load(y, i)) };
 }
 
 /// `out = x + s` over f32: tensors `x` (in), `out` (out), then the f32 scalar `s`.
@@ -90,26 +148,22 @@ unsafe extern "C-unwind" fn add_scalar_kernel(args: *mut i64) {
     // SAFETY: the runtime passes this kernel's argument vector; its signature has two tensors.
     let k = unsafe { KernelCall::from_raw(args, 2) };
     let Some(s) = k.scalar_of::<f32>(0) else { return };
-    // SAFETY: both are f32 buffers of this task and the output does not alias the input.
-    let (x, out) = unsafe { (k.slice::<f32>(0), k.slice_mut::<f32>(1)) };
-    if let (Some(x), Some(out)) = (x, out) {
-        for (o, a) in out.iter_mut().zip(x) {
-            *o = a + s;
-        }
-    }
+    let (Some(x), Some(out)) = (f32_view(&k, 0), f32_view(&k, 1)) else { return };
+    let n = out.1.min(x.1);
+    // SAFETY: as in `add_kernel`.
+    unsafe { elementwise(out, n, |i| load(x, i) + s) };
 }
 
 /// `out = x * y` over f32: tensors `x` (in), `y` (in), `out` (out).
 unsafe extern "C-unwind" fn mul_kernel(args: *mut i64) {
     // SAFETY: as in `add_kernel`.
     let k = unsafe { KernelCall::from_raw(args, 3) };
+    let (Some(x), Some(y), Some(out)) = (f32_view(&k, 0), f32_view(&k, 1), f32_view(&k, 2)) else {
+        return;
+    };
+    let n = out.1.min(x.1).min(y.1);
     // SAFETY: as in `add_kernel`.
-    let (x, y, out) = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
-    if let (Some(x), Some(y), Some(out)) = (x, y, out) {
-        for ((o, a), b) in out.iter_mut().zip(x).zip(y) {
-            *o = a * b;
-        }
-    }
+    unsafe { elementwise(out, n, |i| load(x, i) * load(y, i)) };
 }
 
 /// The one-task program `f = a + b` over f32; chip arguments `a` (in), `b` (in), `f` (out).
@@ -228,13 +282,14 @@ pub mod bgemm {
         // SAFETY: the runtime passes this kernel's argument vector; its signature has three
         // tensors.
         let k = unsafe { KernelCall::from_raw(args, 3) };
-        // SAFETY: three contiguous f32 tiles of this task; the output aliases neither input.
-        let views = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
-        let (Some(a), Some(b), Some(p)) = views else { return };
-        if a.len() != TILE * TILE || b.len() != TILE * TILE || p.len() != TILE * TILE {
+        let views = (f32_view(&k, 0), f32_view(&k, 1), f32_view(&k, 2));
+        let (Some(a), Some(b), Some(out)) = views else { return };
+        if a.1 != TILE * TILE || b.1 != TILE * TILE || out.1 != TILE * TILE {
             return;
         }
-        p.fill(0.0);
+        // SAFETY: whole views of this task's device tiles, copied out before anything is written.
+        let (a, b) = unsafe { (copy_out(a), copy_out(b)) };
+        let mut p = vec![0.0f32; TILE * TILE];
         for (prow, arow) in p.chunks_exact_mut(TILE).zip(a.chunks_exact(TILE)) {
             for (&aik, brow) in arow.iter().zip(b.chunks_exact(TILE)) {
                 for (pv, bv) in prow.iter_mut().zip(brow) {
@@ -242,6 +297,8 @@ pub mod bgemm {
                 }
             }
         }
+        // SAFETY: `p` has exactly the output view's length.
+        unsafe { elementwise(out, p.len(), |i| p[i]) };
     }
 
     /// `c += p` for one tile: tensors `c` (in-out), `p` (in).
@@ -249,13 +306,9 @@ pub mod bgemm {
         // SAFETY: the runtime passes this kernel's argument vector; its signature has two
         // tensors.
         let k = unsafe { KernelCall::from_raw(args, 2) };
-        // SAFETY: contiguous f32 tiles of this task; `c` does not alias `p`.
-        let views = unsafe { (k.slice_mut::<f32>(0), k.slice::<f32>(1)) };
-        if let (Some(c), Some(p)) = views {
-            for (c, p) in c.iter_mut().zip(p) {
-                *c += p;
-            }
-        }
+        let (Some(c), Some(p)) = (f32_view(&k, 0), f32_view(&k, 1)) else { return };
+        // SAFETY: the length bounds both views; the views name this task's device tiles.
+        unsafe { elementwise(c, c.1.min(p.1), |i| load(c, i) + load(p, i)) };
     }
 
     /// The orchestration: for every output tile `(i, j)` and every `k`, a product task into a

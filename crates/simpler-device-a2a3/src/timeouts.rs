@@ -26,7 +26,8 @@ pub const ENV_STREAM_SYNC_TIMEOUT_MS: &str = "SIMPLER_STREAM_SYNC_TIMEOUT_MS";
 pub const SYNC_OVER_SCHEDULER_MARGIN: Duration = Duration::from_millis(1500);
 
 /// Values set in code; `None` falls back to the environment (when asked), then to the
-/// default.
+/// default. A value outside its range (under one unit, or above `i32::MAX` ms such as
+/// `Duration::MAX`) is refused by `attach` with `InvalidConfig` naming the setting.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TimeoutOverrides {
     /// Scheduler no-progress budget (counted in whole milliseconds).
@@ -58,7 +59,9 @@ impl Default for TimeoutConfig {
     }
 }
 
-/// Budgets that are not read from the environment.
+/// Budgets that are not read from the environment. Each is clamped to what its consumer can
+/// count; a budget too large to represent as a deadline (such as `Duration::MAX`) means no
+/// limit, never a panic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FixedBudgets {
     /// AICPU init and callable registration syncs.

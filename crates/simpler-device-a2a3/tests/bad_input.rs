@@ -277,3 +277,137 @@ fn a_failed_heap_arena_allocation_releases_every_pooled_arena() {
     v.free(&mut r);
     r.finalize().unwrap();
 }
+
+#[test]
+fn host_tensors_whose_staging_sizes_sum_past_u64_are_invalid_args() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let (a, b, f) = (vec![0f32; 4], vec![0f32; 4], vec![0f32; 4]);
+    let host = |v: &[f32], size: u64| {
+        let mut t = Tensor::external(v.as_ptr() as u64, &[4], DataType::Float32).unwrap();
+        t.size = size;
+        t
+    };
+    // Two outputs of 2^63 bytes each: each is a valid tensor, their staging sizes sum past
+    // u64::MAX. Outputs are never copied in, and the sizes are refused before anything is
+    // staged, so no host byte beyond the vectors is touched.
+    let mut args = TaskArgs::new();
+    args.add_input(host(&a, 16)).unwrap();
+    args.add_output(host(&b, 1 << 63)).unwrap();
+    args.add_output(host(&f, 1 << 63)).unwrap();
+    let cfg = CallConfig::default();
+    // SAFETY: the request is refused before staging touches host memory (asserted below).
+    let req = unsafe { RunRequest::with_host_tensors(run_id(1), slot, &args, &cfg) };
+    let err = r.run(&req).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::InvalidArgs { message, .. }
+            if message.contains("chip argument 2") && message.contains("staging size")),
+        "{err}"
+    );
+    still_works(&mut r, 2);
+}
+
+#[test]
+fn a_run_id_already_used_on_the_runner_is_refused_and_origins_keep_tasks_apart() {
+    use simpler_types::TaskId;
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let cfg = CallConfig::default();
+    vector_once(&mut r, 1, &cfg);
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    let err = r.run(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::RunIdReused { run_id: id, origin: None } if id == run_id(1)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("run#1"), "{err}");
+    // A prepare refused before the run existed (an unknown slot) leaves its id free.
+    let unknown = ChipSlot::from_index(60);
+    let err = r.run(&RunRequest::new(run_id(7), unknown, &v.args, &cfg)).unwrap_err();
+    assert!(matches!(err, DeviceError::UnknownCallable { .. }), "{err}");
+    r.run(&RunRequest::new(run_id(7), slot, &v.args, &cfg)).unwrap();
+    // The tasks of one engine run share its id and differ by origin.
+    let task = |seq| TaskId::new(run_id(9), seq);
+    r.run(&RunRequest::new(run_id(9), slot, &v.args, &cfg).with_origin(task(0))).unwrap();
+    r.run(&RunRequest::new(run_id(9), slot, &v.args, &cfg).with_origin(task(1))).unwrap();
+    let err =
+        r.run(&RunRequest::new(run_id(9), slot, &v.args, &cfg).with_origin(task(1))).unwrap_err();
+    assert!(matches!(err, DeviceError::RunIdReused { origin: Some(t), .. } if t == task(1)));
+    v.check(&mut r);
+    v.free(&mut r);
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_task_writing_bytes_another_of_its_arguments_names_is_refused_naming_both() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let c = simpler_device_a2a3::programs::add::builder().build().unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let (pa, ta) = upload_f32(&mut r, &[1.0; 64]);
+    let (pb, tb) = upload_f32(&mut r, &[2.0; 64]);
+    let cfg = CallConfig::default();
+    // The output equal to input 0; then the output a view overlapping half of input 1.
+    let half = tb.view(&[32], &[16]).unwrap();
+    for (n, (x, y, out, other)) in [(ta, tb, ta, 0usize), (ta, tb, half, 1)].into_iter().enumerate()
+    {
+        let mut args = TaskArgs::new();
+        args.add_input(x).unwrap().add_input(y).unwrap().add_output(out).unwrap();
+        let err = r.run(&RunRequest::new(run_id(1 + n as u64), slot, &args, &cfg)).unwrap_err();
+        assert!(
+            matches!(err, DeviceError::OverlappingArguments { task: 0, written: 2, other: o, .. } if o == other),
+            "case {n}: {err}"
+        );
+        assert!(
+            err.to_string().contains("tensor 2")
+                && err.to_string().contains(&format!("tensor {other}"))
+        );
+    }
+    // Adjacent, disjoint halves of one buffer are fine.
+    let (lo, hi) = (ta.view(&[32], &[0]).unwrap(), ta.view(&[32], &[32]).unwrap());
+    let mut args = TaskArgs::new();
+    args.add_input(lo)
+        .unwrap()
+        .add_input(tb.view(&[32], &[0]).unwrap())
+        .unwrap()
+        .add_output(hi)
+        .unwrap();
+    r.run(&RunRequest::new(run_id(3), slot, &args, &cfg)).unwrap();
+    let f = download_f32(&mut r, pa, 64);
+    assert!(f[..32].iter().all(|&x| x == 1.0) && f[32..].iter().all(|&x| x == 3.0), "{f:?}");
+    r.free(pa).unwrap();
+    r.free(pb).unwrap();
+    still_works(&mut r, 4);
+}
+
+#[test]
+fn zero_element_chip_tensors_are_empty_views_the_kernels_see_as_empty() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 16);
+    let cfg = CallConfig::default();
+    // Device tensors with a zero-length dimension over real allocations: the run succeeds and
+    // writes nothing.
+    let empty = |i: usize| {
+        let t = v.args.tensors()[i];
+        t.view(&[0], &[0]).unwrap()
+    };
+    let mut args = TaskArgs::new();
+    args.add_input(empty(0)).unwrap().add_input(empty(1)).unwrap().add_output(empty(2)).unwrap();
+    r.run(&RunRequest::new(run_id(1), slot, &args, &cfg)).unwrap();
+    assert_eq!(
+        download_f32(&mut r, v.ptrs[2], 16),
+        vec![0.0; 16],
+        "an empty output is not written"
+    );
+    // Host tensors of zero elements stage nothing and copy nothing back.
+    let (a, b, f) = (vec![1f32; 4], vec![2f32; 4], vec![5f32; 4]);
+    let host = |x: &[f32]| Tensor::external(x.as_ptr() as u64, &[0], DataType::Float32).unwrap();
+    let mut args = TaskArgs::new();
+    args.add_input(host(&a)).unwrap().add_input(host(&b)).unwrap().add_output(host(&f)).unwrap();
+    // SAFETY: the vectors outlive the run and nothing else touches them.
+    let req = unsafe { RunRequest::with_host_tensors(run_id(2), slot, &args, &cfg) };
+    r.run(&req).unwrap();
+    assert_eq!(std::hint::black_box(&f).clone(), vec![5f32; 4]);
+    v.free(&mut r);
+    still_works(&mut r, 3);
+}

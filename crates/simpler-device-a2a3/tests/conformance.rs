@@ -78,9 +78,11 @@ fn vector_add_and_the_vector_example_pass_for_block_dim_1_to_3_and_2_to_4_thread
 // ----- 2 (simulator part). A stale aicore_done never opens a window early -----
 
 #[test]
-fn runs_after_runs_start_from_cleared_handshakes() {
+fn back_to_back_runs_of_different_shapes_complete() {
     // Every run's image carries zeroed handshake records and L1 clears them again on the
-    // device; back-to-back runs with different shapes would deadlock or misroute otherwise.
+    // device (the runner's unit test `runs_after_runs_start_from_cleared_handshakes` shows L1
+    // on its own); back-to-back runs with different shapes would deadlock or misroute
+    // otherwise.
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     for (i, b) in [3u32, 1, 2, 1, 3].into_iter().enumerate() {
         let cfg = CallConfig::builder().block_dim(b).build().unwrap();

@@ -22,7 +22,8 @@ use simpler_device_a2a3::{
 };
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
 use simpler_types::{
-    CallConfig, CallableId, EndpointOutcome, RunId, TaskArgs, TaskArgsView, WorkerId, WorkerType,
+    CallConfig, CallableId, EndpointOutcome, RunId, TaskArgs, TaskArgsView, TaskId, WorkerId,
+    WorkerType,
 };
 
 use crate::error::{MemError, WorkerError};
@@ -37,6 +38,9 @@ struct Prepared {
 }
 
 /// A chip's runner and the bookkeeping that lives on its lane.
+///
+/// After a panic between the launch and the end of the reap the runner is unusable until the
+/// chip is finalized (see [`ChipState::launch_and_reap`]).
 pub(crate) struct ChipState {
     pub(crate) chip: WorkerId,
     pub(crate) runner: Option<DeviceRunner>,
@@ -152,10 +156,11 @@ impl ChipState {
         self.prepared.get(id).map_or(0, |p| p.refs)
     }
 
-    /// Runs one chip callable to completion on this lane.
+    /// Runs one chip callable to completion on this lane, as engine task `task` (the device
+    /// run carries the task as its origin, which keeps the tasks of one run apart).
     pub(crate) fn run(
         &mut self,
-        run: RunId,
+        task: TaskId,
         callable: &CallableId,
         args: TaskArgsView<'_>,
         config: &CallConfig,
@@ -192,7 +197,9 @@ impl ChipState {
         }
         let scratch = std::mem::take(&mut self.scratch);
         let result = match self.runner() {
-            Ok(r) => r.run(&RunRequest::new(run, slot, &scratch, config)).map(|_| ()),
+            Ok(r) => r
+                .run(&RunRequest::new(task.run, slot, &scratch, config).with_origin(task))
+                .map(|_| ()),
             Err(e) => Err(e),
         };
         self.scratch = scratch;
@@ -300,7 +307,7 @@ impl Endpoint for ChipEndpoint {
     }
 
     fn run(&mut self, task: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
-        self.state.run(task.task.run, task.callable, task.args, task.config)
+        self.state.run(task.task, task.callable, task.args, task.config)
     }
 
     fn shutdown(&mut self) {
@@ -428,11 +435,16 @@ impl ChipState {
 
     /// L2 launch, reap and complete of the prepared run. A panic on the way is caught and
     /// becomes the run's error, so its fence is always set and no waiter hangs.
+    ///
+    /// A panic that unwinds out of the runner's `launch_run` or `reap_run` leaves the runner
+    /// idle and unusable (the device may still run the launch): every later device call on this
+    /// chip, `prepare` included, fails with `Unusable`, and `free` releases nothing, until the
+    /// chip is finalized. A panic out of `complete_run` leaves it idle and healthy.
     pub(crate) fn launch_and_reap(&mut self) -> Result<(), DeviceError> {
         catch_unwind(AssertUnwindSafe(|| self.launch_reap_complete())).unwrap_or_else(|p| {
-            // Best effort: a run that was prepared but not launched is dropped, so the next
-            // prepare is not refused. A launched one stays where the device left it, and the
-            // next device call reports that state.
+            // Best effort: a run that was prepared but not launched (the panic came before
+            // `launch_run`) is dropped, so the next prepare is not refused. One that unwound
+            // out of the runner was already cleaned up there, and the runner is unusable.
             let _ = catch_unwind(AssertUnwindSafe(|| {
                 self.runner.as_mut().map(DeviceRunner::abandon_prepared)
             }));

@@ -469,7 +469,10 @@ impl ImageLayout {
         let handshake_off = take(cores * size_of::<Handshake>() as u64)?;
         let func_table_off = take(super::MAX_FUNC_IDS as u64 * 8)?;
         let shared_off = take(size_of::<SharedHeader>() as u64)?;
-        let tasks_off = take(u64::from(p.task_count).checked_mul(size_of::<TaskRecord>() as u64)?)?;
+        // At least one record, zeroed and never written for an empty graph, so a view can
+        // always clamp a task index into the section (`ImageView::task`).
+        let task_records = u64::from(p.task_count.max(1));
+        let tasks_off = take(task_records.checked_mul(size_of::<TaskRecord>() as u64)?)?;
         let edges_off = take(u64::from(p.edge_count) * 4)?;
         let args_off = take(p.args_bytes)?;
         let ready_off = take(READY_QUEUE_COUNT as u64 * size_of::<ReadyQueueHeader>() as u64)?;

@@ -111,7 +111,8 @@ impl<'a> ImageView<'a> {
             Ok(())
         };
         let cores = MAX_LAUNCH_CORES as u64;
-        let tasks = u64::from(header.task_count);
+        // The writer reserves one record for an empty graph (`ImageLayout::compute`).
+        let tasks = u64::from(header.task_count.max(1));
         check(header.handshake_off, cores * size_of::<Handshake>() as u64, "handshake")?;
         check(header.func_table_off, MAX_FUNC_IDS as u64 * 8, "func table")?;
         check(header.shared_off, size_of::<SharedHeader>() as u64, "shared header")?;
@@ -199,8 +200,10 @@ impl<'a> ImageView<'a> {
     pub fn task(&self, i: u32) -> &'a TaskRecord {
         debug_assert!(i < self.header.task_count, "task index {i} out of range");
         let i = u64::from(i.min(self.header.task_count.saturating_sub(1)));
-        // SAFETY: the section holds `task_count` records (checked in `from_raw`); `i` is clamped
-        // into range (callers only pass indices read from the image, which the host bounded).
+        // SAFETY: the section holds `max(task_count, 1)` records (checked in `from_raw`; an
+        // empty graph's image reserves one zeroed record nothing writes), and `i` is clamped
+        // to at most `max(task_count, 1) - 1` (callers only pass indices read from the image,
+        // which the host bounded).
         unsafe { self.at(self.header.tasks_off + i * size_of::<TaskRecord>() as u64) }
     }
 
@@ -527,5 +530,33 @@ impl<'a> ReadyQueue<'a> {
     /// Whether the snapshot length is zero.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::image::{ImageLayout, ImageParams};
+
+    #[test]
+    fn an_empty_graphs_task_section_still_holds_the_record_a_clamped_index_reads() {
+        let p = ImageParams {
+            task_count: 0,
+            edge_count: 0,
+            args_bytes: 0,
+            num_aicore: 3,
+            queue_capacity: [0; READY_QUEUE_COUNT],
+            swimlane_capacity: 0,
+            aicpu_swimlane_capacity: 0,
+        };
+        let l = ImageLayout::compute(&p).unwrap();
+        // `task(0)` on an empty graph reads the record at `tasks_off`: it must not be the start
+        // of the next section.
+        assert!(
+            l.tasks_off + size_of::<TaskRecord>() as u64 <= l.edges_off,
+            "task section {} .. edges at {}",
+            l.tasks_off,
+            l.edges_off
+        );
     }
 }

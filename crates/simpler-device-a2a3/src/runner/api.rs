@@ -61,6 +61,7 @@ impl DeviceRunner {
                 regs_table: None,
                 host_image: Vec::new(),
                 run: None,
+                used_runs: Default::default(),
                 stats: RunnerStats::default(),
             }),
         };

@@ -62,7 +62,10 @@ impl Core {
                 .backend
                 .malloc(bytes.len() as u64, MemPurpose::Runtime)
                 .map_err(|_| init(InitStep::QueryCores, "allocating the register table failed"))?;
-            self.backend.write(a, bytes);
+            if !self.backend.write(a, bytes) {
+                self.backend.free(a);
+                return Err(init(InitStep::QueryCores, "uploading the register table failed"));
+            }
             self.regs_table = Some(a);
         }
         // Step 3: AICPU init.

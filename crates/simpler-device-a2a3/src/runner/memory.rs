@@ -29,6 +29,12 @@ pub(super) struct Arenas {
     pub(super) staging: Option<Arena>,
 }
 
+/// Bytes a host tensor of `size` bytes takes in the staging arena (1024-byte slices); `None`
+/// when that does not fit in a `u64`.
+fn staging_bytes(size: u64) -> Option<u64> {
+    size.div_ceil(1024).checked_mul(1024)
+}
+
 /// Whether kernels may be handed memory of this purpose: user allocations, the GM heap and
 /// staging. Runtime images, kernel arguments and chip buffers are the runtime's own; a tensor
 /// pointing into them could let a kernel rewrite what the scheduler trusts.
@@ -182,7 +188,15 @@ impl Core {
                         ),
                     });
                 }
-                total = total.saturating_add(t.size.div_ceil(1024) * 1024);
+                total = staging_bytes(t.size).and_then(|n| total.checked_add(n)).ok_or_else(
+                    || DeviceError::InvalidArgs {
+                        run_id: Some(run_id),
+                        message: format!(
+                            "chip argument {i}: host tensor of {} bytes overflows the staging size",
+                            t.size
+                        ),
+                    },
+                )?;
             }
         }
         if total == 0 {
@@ -195,8 +209,9 @@ impl Core {
                 continue;
             }
             let tag = tags.get(i).copied().unwrap_or_default();
+            // Cannot overflow: the first pass summed these sizes into `total` with checked ops.
             let dev = base + off;
-            off += t.size.div_ceil(1024) * 1024;
+            off += staging_bytes(t.size).unwrap_or(0);
             if !matches!(tag, TensorArgType::Output | TensorArgType::OutputExisting) {
                 // SAFETY: `with_host_tensors`' contract makes the host range readable.
                 let Some(src) = (unsafe { host_slice(t.addr, t.size) }) else {
@@ -205,7 +220,13 @@ impl Core {
                         message: format!("chip argument {i}: size overflows"),
                     });
                 };
-                self.backend.write(dev, src);
+                if !self.backend.write(dev, src) {
+                    return Err(DeviceError::BadDevicePointer {
+                        run_id: Some(run_id),
+                        addr: dev,
+                        len: t.size,
+                    });
+                }
             }
             run.staged.push(StagedTensor {
                 host_addr: t.addr,

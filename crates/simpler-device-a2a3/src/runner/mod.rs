@@ -23,7 +23,10 @@
 //! (stop collectors, export, release), so it runs at most once per step whichever path reaches
 //! it first — a failure, success, `abandon_prepared`, `finalize` or `Drop`. Each step works on
 //! the run taken out of the runner under a guard (`FinishOnUnwind`) that runs the cleanup if the
-//! thread unwinds, so a panic inside a step cannot skip it. User code called on the host (the
+//! thread unwinds, so a panic inside a step cannot skip it. An unwind out of `launch_run` or
+//! `reap_run` also marks the device unusable (`PoisonStep::Unwind`) before the cleanup and
+//! before any logging: the simulated cores may still run the launch, so `prepare` and `free`
+//! must not touch its image or memory until `finalize` has reset the device. User code called on the host (the
 //! orchestration's config function and entry) runs inside `catch_unwind` and becomes
 //! `Orchestration`.
 //!
@@ -39,6 +42,7 @@ mod callables;
 mod checks;
 mod health;
 mod memory;
+mod run_ids;
 mod staging;
 #[cfg(all(test, feature = "sim"))]
 mod tests;
@@ -54,6 +58,7 @@ use std::time::Duration;
 use simpler_types::RunId;
 
 pub use health::{DeviceHealth, HealthProbe};
+pub use run_ids::RUN_ID_MEMORY;
 pub use types::{
     ChipSlot, DevicePtr, FinalizeReport, MemoryLedger, RingHighWater, RunReport, RunRequest,
     RunnerStats,
@@ -62,6 +67,7 @@ pub use types::{
 use self::callables::CallableTable;
 use self::health::HealthCell;
 use self::memory::{Arenas, RunMemory};
+use self::run_ids::UsedRunIds;
 use self::staging::{StagedTensor, host_slice_mut};
 use crate::abi::ABI_VERSION;
 use crate::abi::codes::AclCode;
@@ -127,15 +133,31 @@ struct ActiveRun {
 /// the guard's scope. A normal exit does nothing: every normal path ends the run (or stores it
 /// back) itself, and `finish`'s latches make an extra call harmless if this guard is dropped
 /// during some unrelated, outer unwinding.
+///
+/// When the device may still run the launch (an unwind out of L1–L3 or R1–R3), the guard
+/// poisons the device first, before the cleanup and before anything logs: the unwound run is
+/// gone from the runner, so without the poisoning the next `prepare` would rewrite an image
+/// the simulated cores may still read and `free` would release memory they may still use.
+/// An unusable runner refuses both until `finalize`, which resets the device and joins its
+/// threads before it frees anything.
 struct FinishOnUnwind<'a> {
     core: &'a mut Core,
     run: &'a mut ActiveRun,
     outcome: Outcome,
+    device_may_run: bool,
 }
 
 impl Drop for FinishOnUnwind<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
+            if self.device_may_run {
+                let cause = PoisonCause {
+                    run_id: self.run.run_id,
+                    step: PoisonStep::Unwind,
+                    code: AclCode::INTERNAL_ERROR,
+                };
+                self.core.health.poison(cause);
+            }
             self.core.finish(self.run, self.outcome);
         }
     }
@@ -158,6 +180,7 @@ struct Core {
     regs_table: Option<u64>,
     host_image: Vec<u8>,
     run: Option<ActiveRun>,
+    used_runs: UsedRunIds,
     stats: RunnerStats,
 }
 
@@ -236,6 +259,11 @@ impl Core {
         }
         // P5.
         self.ensure_initialized().map_err(|e| e.in_run(req.run_id))?;
+        // The run exists from here on (a report, maybe files): its id must be new.
+        if self.used_runs.contains(req.run_id, req.origin()) {
+            return Err(DeviceError::RunIdReused { run_id: req.run_id, origin: req.origin() });
+        }
+        self.used_runs.insert(req.run_id, req.origin());
         let mut run = ActiveRun {
             stage: Stage::Prepared,
             run_id: req.run_id,
@@ -345,7 +373,13 @@ impl Core {
                 message: "no kernel argument block".into(),
             });
         };
-        self.backend.write(ka_addr, bytemuck::bytes_of(&ka));
+        if !self.backend.write(ka_addr, bytemuck::bytes_of(&ka)) {
+            return Err(DeviceError::BadDevicePointer {
+                run_id: Some(run_id),
+                addr: ka_addr,
+                len: size_of::<KernelArgs>() as u64,
+            });
+        }
         Ok(())
     }
 
@@ -357,7 +391,11 @@ impl Core {
         on_panic: Outcome,
         steps: impl FnOnce(&mut Core, &mut ActiveRun) -> T,
     ) -> T {
-        let mut guard = FinishOnUnwind { core: self, run, outcome: on_panic };
+        // Only launch and reap run while the device may be running this run's launch; before
+        // the launch nothing runs, and a reaped run's streams have completed.
+        let device_may_run = matches!(run.stage, Stage::Prepared | Stage::Launched)
+            && on_panic == Outcome::FailedAfterLaunch;
+        let mut guard = FinishOnUnwind { core: self, run, outcome: on_panic, device_may_run };
         let FinishOnUnwind { core, run, .. } = &mut guard;
         steps(core, run)
     }
@@ -427,10 +465,11 @@ impl Core {
 
     /// Bounded drain, then unconditionally unusable (`docs/device-runner.md`, "Recovery").
     fn recover_or_mark_unusable(&mut self, run_id: RunId, step: PoisonStep, code: AclCode) {
+        // Poison first: neither the drain nor the log (a tracing layer may panic) can skip it.
+        self.health.poison(PoisonCause { run_id, step, code });
         self.stats.recoveries += 1;
         let drained = self.backend.drain(self.timeouts.stream_sync, self.timeouts.op_execute);
         tracing::error!(device = self.opts.device_id, %run_id, %step, %code, drained, "device unusable after a failed run");
-        self.health.poison(PoisonCause { run_id, step, code });
     }
 
     fn reap_run(&mut self) -> Result<(), DeviceError> {

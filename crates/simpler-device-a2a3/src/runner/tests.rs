@@ -210,3 +210,32 @@ fn set_tensor_data_cannot_write_the_runtimes_own_buffers() {
     assert_eq!(b, [0xEE; 4]);
     r.finalize().unwrap();
 }
+
+#[test]
+fn runs_after_runs_start_from_cleared_handshakes() {
+    // After a completed run, the next run's device image is made stale after its upload (every
+    // core claims to be in already); the AICore launch is then refused, so the AICore never
+    // runs and only L1 can have cleared the records the AICPU would read.
+    let (mut r, slot, _out, args) = fill_setup();
+    r.run(&RunRequest::new(RunId::FIRST, slot, &args, &CallConfig::default())).unwrap();
+    let cfg = CallConfig::builder().block_dim(3).build().unwrap();
+    r.prepare(&RunRequest::new(RunId::from_raw(2).unwrap(), slot, &args, &cfg)).unwrap();
+    let core = r.core.as_mut().unwrap();
+    let run = core.run.as_ref().unwrap();
+    let (addr, len, cores) = (run.image_addr, run.image_len, 3 * run.block_dim);
+    let view = image_view(&*core.backend, run).unwrap();
+    for c in 0..cores {
+        view.handshake(c).aicore_done.store(c + 1, Ordering::Relaxed);
+    }
+    core.backend.sim().unwrap().faults().fail_launch(KernelKind::AiCore, 1);
+    assert!(matches!(r.launch_run(), Err(DeviceError::Launch { kernel: KernelKind::AiCore, .. })));
+    let backend = &*r.core.as_ref().unwrap().backend;
+    let base = backend.host_map(addr, len).unwrap();
+    // SAFETY: the pooled image arena stays allocated after the failed launch, and no device
+    // thread runs it: the AICore launch was refused and the AICPU kernel never launched.
+    let view = unsafe { HostImageView::from_raw(base, len) }.unwrap();
+    for c in 0..cores {
+        assert_eq!(view.handshake(c).aicore_done.load(Ordering::Relaxed), 0, "core {c} after L1");
+    }
+    r.finalize().unwrap();
+}

@@ -59,7 +59,8 @@ impl fmt::Display for ChipSlot {
 /// One run: which callable, with which arguments and configuration (`docs/device-runner.md`).
 #[derive(Clone, Copy, Debug)]
 pub struct RunRequest<'a> {
-    /// The run's id; every error the run produces carries it.
+    /// The run's id; every error the run produces carries it. A runner refuses an id (with
+    /// the same origin) it has already used (`docs/device-runner.md`, "Run ids").
     pub run_id: RunId,
     /// The registered callable.
     pub callable: ChipSlot,

@@ -16,6 +16,7 @@ use crate::error::KernelKind;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Armed {
     FailLaunch { kind: KernelKind, remaining: u32 },
+    PanicAfterLaunch { kind: KernelKind, remaining: u32 },
     KernelFault { func_id: u32, remaining: u32 },
     KernelHang { func_id: u32, remaining: u32 },
     KernelDelay { func_id: u32, delay: Duration },
@@ -29,6 +30,8 @@ enum Armed {
 pub enum FiredFault {
     /// A launch of this kind was refused.
     LaunchRefused(KernelKind),
+    /// A launch of this kind was enqueued, then the launching host call panicked.
+    PanickedAfterLaunch(KernelKind),
     /// A kernel execution of this func id faulted (no FIN).
     KernelFaulted {
         /// The func id.
@@ -87,6 +90,13 @@ impl FaultPlan {
     /// Refuses the `nth` (1-based) next launch of `kind` with 207001.
     pub fn fail_launch(&self, kind: KernelKind, nth: u32) {
         self.arm(Armed::FailLaunch { kind, remaining: nth.max(1) });
+    }
+
+    /// Makes the `nth` next launch of `kind` panic on the host thread right after the kernel
+    /// was enqueued: the device runs while the caller unwinds, as after a panic in any host
+    /// code between the launch and the end of the reap (a logging layer, an allocation).
+    pub fn panic_after_launch(&self, kind: KernelKind, nth: u32) {
+        self.arm(Armed::PanicAfterLaunch { kind, remaining: nth.max(1) });
     }
 
     /// Makes the `nth` next execution of `func_id` behave like a core exception: no FIN, the
@@ -176,6 +186,21 @@ impl FaultPlan {
             self.fire(FiredFault::LaunchRefused(kind));
         }
         fired
+    }
+
+    /// Called once per enqueued launch: panics if a `panic_after_launch` fault fires.
+    pub(crate) fn after_launch(&self, kind: KernelKind) {
+        if !self.is_armed() {
+            return;
+        }
+        let fired = self.countdown(|a| match a {
+            Armed::PanicAfterLaunch { kind: k, remaining } if *k == kind => Some(remaining),
+            _ => None,
+        });
+        if fired {
+            self.fire(FiredFault::PanickedAfterLaunch(kind));
+            panic!("injected panic after the {kind:?} launch");
+        }
     }
 
     /// Called once per kernel execution.

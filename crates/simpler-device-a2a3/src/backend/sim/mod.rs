@@ -589,11 +589,11 @@ impl SimDevice {
         for i in 0..self.aicore_spawned {
             dev.post(Role::AiCore, i, Mail::Quit);
         }
-        let deadline = Instant::now() + budget;
+        let deadline = wait::deadline_after(budget);
         let all_left = {
             let mut g = dev.exit_lock.lock();
             while dev.alive.load(Ordering::Acquire) > 0 {
-                if dev.exit_cv.wait_until(&mut g, deadline).timed_out() {
+                if wait::wait_on(&dev.exit_cv, &mut g, deadline) {
                     break;
                 }
             }
@@ -739,6 +739,7 @@ impl Backend for SimDevice {
         self.host_log.lock().push(HostCall::LaunchAiCore);
         let fired = self.shared.streams[AICORE_STREAM].enqueue(entry.clone(), &*self.shared);
         resume_waiters(fired, &self.shared.streams, &*self.shared);
+        self.shared.faults.after_launch(KernelKind::AiCore);
         Ok(entry)
     }
 
@@ -754,6 +755,7 @@ impl Backend for SimDevice {
         self.host_log.lock().push(HostCall::LaunchAicpu);
         let fired = self.shared.streams[AICPU_STREAM].enqueue(entry.clone(), &*self.shared);
         resume_waiters(fired, &self.shared.streams, &*self.shared);
+        self.shared.faults.after_launch(KernelKind::Aicpu);
         Ok(entry)
     }
 
@@ -792,7 +794,7 @@ impl Backend for SimDevice {
 
     fn drain(&self, timeout: Duration, op_execute: Duration) -> bool {
         let dev = &*self.shared;
-        let deadline = Instant::now() + timeout;
+        let deadline = wait::deadline_after(timeout);
         dev.streams.iter().all(|s| s.wait_idle(deadline, Some(op_execute), &|| dev.wake_all()))
     }
 

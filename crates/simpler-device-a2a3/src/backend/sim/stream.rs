@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::wait::{deadline_after, wait_on};
 use crate::abi::codes::AclCode;
 use crate::backend::{StreamFault, StreamStatus, SyncError};
 use crate::error::StreamKind;
@@ -136,10 +137,10 @@ impl crate::backend::EventState for SimEvent {
     }
 
     fn synchronize(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         let mut st = self.state.lock();
         while !st.done {
-            if self.cv.wait_until(&mut st, deadline).timed_out() {
+            if wait_on(&self.cv, &mut st, deadline) {
                 return st.done;
             }
         }
@@ -318,7 +319,7 @@ impl SimStream {
         if !running.is_aicore() || running.is_aborted() {
             return None;
         }
-        running.started_at.lock().map(|t| t + budget)
+        running.started_at.lock().and_then(|t| t.checked_add(budget))
     }
 
     /// Waits for the entries enqueued before the call (`docs/device-simulator.md`).
@@ -328,7 +329,7 @@ impl SimStream {
         op_budget: Option<Duration>,
         wake_all: &dyn Fn(),
     ) -> Result<(), SyncError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         let mut st = self.state.lock();
         let target = st.enqueued;
         loop {
@@ -339,14 +340,11 @@ impl SimStream {
             if st.completed >= target {
                 return Ok(());
             }
-            let wake = match Self::op_deadline(&st, op_budget) {
-                Some(op) => op.min(deadline),
-                None => deadline,
-            };
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(SyncError::Timeout);
             }
-            let _ = self.cv.wait_until(&mut st, wake);
+            let wake = earliest(Self::op_deadline(&st, op_budget), deadline);
+            wait_on(&self.cv, &mut st, wake);
         }
     }
 
@@ -364,7 +362,7 @@ impl SimStream {
     /// Waits until nothing runs or is queued (whatever the error state) up to `deadline`.
     pub(crate) fn wait_idle(
         &self,
-        deadline: Instant,
+        deadline: Option<Instant>,
         op_budget: Option<Duration>,
         wake_all: &dyn Fn(),
     ) -> bool {
@@ -374,14 +372,11 @@ impl SimStream {
             if st.running.is_none() && st.queue.is_empty() {
                 return true;
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return false;
             }
-            let wake = match Self::op_deadline(&st, op_budget) {
-                Some(op) => op.min(deadline),
-                None => deadline,
-            };
-            let _ = self.cv.wait_until(&mut st, wake);
+            let wake = earliest(Self::op_deadline(&st, op_budget), deadline);
+            wait_on(&self.cv, &mut st, wake);
         }
     }
 
@@ -407,6 +402,14 @@ pub(crate) fn resume_waiters(
                 pending.extend(stream.resume_event_wait(starter));
             }
         }
+    }
+}
+
+/// The earlier of two optional deadlines (`None` = no deadline).
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -518,7 +521,7 @@ mod tests {
         assert!(a.is_aborted() && woke.load(Ordering::SeqCst), "participants were released");
         finish_all(&s, &st, &a, 1, AclCode::TASK_ABORT.get());
         let deadline = Instant::now() + Duration::from_secs(1);
-        assert!(s[1].wait_idle(deadline, None, &|| {}));
+        assert!(s[1].wait_idle(Some(deadline), None, &|| {}));
     }
 
     #[test]

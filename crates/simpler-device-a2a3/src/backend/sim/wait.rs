@@ -20,7 +20,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 /// Counts the simulated threads of one device that are not parked, so a waiter spins only
 /// when every awake thread has a host core (decision: rather than "no spinning when simulated
@@ -98,18 +98,35 @@ impl EventCount {
         self.waiters.fetch_add(1, Ordering::SeqCst);
         let mut guard = self.lock.lock();
         while self.epoch.load(Ordering::SeqCst) == observed {
-            match deadline {
-                Some(d) => {
-                    if self.cv.wait_until(&mut guard, d).timed_out() {
-                        break;
-                    }
-                }
-                None => self.cv.wait(&mut guard),
+            if wait_on(&self.cv, &mut guard, deadline) {
+                break;
             }
         }
         drop(guard);
         self.waiters.fetch_sub(1, Ordering::SeqCst);
         gate.wake();
+    }
+}
+
+/// The instant `budget` from now, or `None` — no deadline — when it is not representable
+/// (a budget of `Duration::MAX` means "wait forever", never a panic).
+pub(crate) fn deadline_after(budget: Duration) -> Option<Instant> {
+    Instant::now().checked_add(budget)
+}
+
+/// Waits on `cv` until notified or `deadline` passes (`None` = no deadline); returns whether
+/// the deadline passed.
+pub(crate) fn wait_on<T>(
+    cv: &Condvar,
+    guard: &mut MutexGuard<'_, T>,
+    deadline: Option<Instant>,
+) -> bool {
+    match deadline {
+        Some(d) => cv.wait_until(guard, d).timed_out(),
+        None => {
+            cv.wait(guard);
+            false
+        }
     }
 }
 
