@@ -290,7 +290,9 @@ mod tests {
 
     fn refusal(opts: RunnerOptions) -> String {
         match attach(&opts) {
-            Err(DeviceError::Init { step: crate::error::InitStep::LoadPrograms, message, .. }) => message,
+            Err(DeviceError::Init {
+                step: crate::error::InitStep::LoadPrograms, message, ..
+            }) => message,
             other => panic!("expected an Init error, got {other:?}"),
         }
     }

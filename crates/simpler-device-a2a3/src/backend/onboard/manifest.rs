@@ -68,10 +68,8 @@ pub(crate) fn load(path: &Path) -> Result<Programs, DeviceError> {
     }
     let base = path.parent().unwrap_or(Path::new("."));
     let read = |name: &str| -> Result<Vec<u8>, DeviceError> {
-        let a = raw
-            .artifacts
-            .get(name)
-            .ok_or_else(|| refuse(path, format!("no `{name}` artifact")))?;
+        let a =
+            raw.artifacts.get(name).ok_or_else(|| refuse(path, format!("no `{name}` artifact")))?;
         let file = base.join(&a.path);
         let bytes = std::fs::read(&file)
             .map_err(|e| refuse(path, format!("`{name}` at {}: {e}", file.display())))?;
@@ -80,7 +78,10 @@ pub(crate) fn load(path: &Path) -> Result<Programs, DeviceError> {
             if !got.eq_ignore_ascii_case(want) {
                 return Err(refuse(
                     path,
-                    format!("`{name}` at {} is stale: sha256 {got}, manifest says {want}", file.display()),
+                    format!(
+                        "`{name}` at {} is stale: sha256 {got}, manifest says {want}",
+                        file.display()
+                    ),
                 ));
             }
         }

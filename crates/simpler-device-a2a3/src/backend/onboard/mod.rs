@@ -137,8 +137,26 @@ struct Allocation {
     buffer: DeviceBuffer,
 }
 
-/// Every device allocation of the backend by start address. A leaf lock.
-type Allocations = Mutex<BTreeMap<u64, Allocation>>;
+/// Every device allocation of the backend by start address, shared with the kernel code of
+/// registered callables. A leaf lock.
+type Allocations = Arc<Mutex<BTreeMap<u64, Allocation>>>;
+
+/// A callable's kernel code in device memory, kept while the callable is registered. The
+/// memory is an entry of the backend's allocation table, so finalize frees it before the
+/// reset even if the callable outlives the backend; dropping this frees it earlier.
+#[derive(Debug)]
+struct KernelText {
+    addr: u64,
+    table: std::sync::Weak<Mutex<BTreeMap<u64, Allocation>>>,
+}
+
+impl Drop for KernelText {
+    fn drop(&mut self) {
+        if let Some(table) = self.table.upgrade() {
+            table.lock().remove(&self.addr);
+        }
+    }
+}
 
 /// The streams, created by `start_programs`.
 #[derive(Debug)]
@@ -220,16 +238,14 @@ impl OnboardDevice {
             max_block_dim: FALLBACK_BLOCK_DIM,
             programs: None,
             aicore: None,
-            allocations: Mutex::new(BTreeMap::new()),
+            allocations: Arc::new(Mutex::new(BTreeMap::new())),
             poisoned: false,
             error: None,
             shut_down: false,
         };
         me.bind().map_err(|e| acl(Some(InitStep::BindDevice), e))?;
-        let budget_us = opts
-            .resolve_timeouts()
-            .map(|t| t.op_execute.as_micros() as u64)
-            .unwrap_or(3_000_000);
+        let budget_us =
+            opts.resolve_timeouts().map(|t| t.op_execute.as_micros() as u64).unwrap_or(3_000_000);
         let mut actual = 0u64;
         // SAFETY: `actual` is a valid out-pointer.
         let ret = unsafe { me.ctx.cann.aclrtSetOpExecuteTimeOutV2(budget_us, &mut actual) };
@@ -294,7 +310,12 @@ impl OnboardDevice {
         match (query(ACL_RT_DEV_RES_CUBE_CORE), query(ACL_RT_DEV_RES_VECTOR_CORE)) {
             (Ok(cube), Ok(vector)) if cube > 0 && vector >= 2 => cube.min(vector / 2),
             (cube, vector) => {
-                tracing::warn!(device = self.ctx.device, ?cube, ?vector, "core-limit query failed; block_dim limit {FALLBACK_BLOCK_DIM}");
+                tracing::warn!(
+                    device = self.ctx.device,
+                    ?cube,
+                    ?vector,
+                    "core-limit query failed; block_dim limit {FALLBACK_BLOCK_DIM}"
+                );
                 FALLBACK_BLOCK_DIM
             }
         }
@@ -328,13 +349,8 @@ impl OnboardDevice {
         };
         if self.programs.is_none() {
             let sync = ms(self.opts.budgets.init_sync);
-            let loaded = programs::load_aicpu(
-                &self.ctx,
-                &streams.aicpu,
-                &programs,
-                self.opts.runtime,
-                sync,
-            );
+            let loaded =
+                programs::load_aicpu(&self.ctx, &streams.aicpu, &programs, self.opts.runtime, sync);
             self.programs = Some(loaded.map_err(|e| acl(step, e))?);
         }
         if self.aicore.is_none() {
@@ -394,9 +410,9 @@ impl OnboardDevice {
         let mut last = None;
         for attempt in 1..=FORCE_RESETS {
             // SAFETY: plain integer argument.
-            let forced = self.ctx.check("aclrtResetDeviceForce", unsafe {
-                cann.aclrtResetDeviceForce(device)
-            });
+            let forced = self
+                .ctx
+                .check("aclrtResetDeviceForce", unsafe { cann.aclrtResetDeviceForce(device) });
             match forced.and_then(|()| self.probe()) {
                 Ok(()) => {
                     tracing::info!(device, attempt, "device recovered by a force reset");
@@ -518,9 +534,13 @@ impl Backend for OnboardDevice {
                     ),
                 });
             };
-            let buf = DeviceBuffer::upload(&self.ctx, text).map_err(|e| acl(None, e))?;
-            out.kernels.push((*func_id, buf.addr()));
-            out.code.push(super::LoadedCode::new(buf));
+            let buffer = DeviceBuffer::upload(&self.ctx, text).map_err(|e| acl(None, e))?;
+            let addr = buffer.addr();
+            let entry = Allocation { purpose: MemPurpose::ChipBuffer, mapping: None, buffer };
+            self.allocations.lock().insert(addr, entry);
+            out.kernels.push((*func_id, addr));
+            let table = Arc::downgrade(&self.allocations);
+            out.code.push(super::LoadedCode::new(KernelText { addr, table }));
         }
         Ok(out)
     }
@@ -606,7 +626,8 @@ impl Backend for OnboardDevice {
     fn register_table(&self) -> Vec<u64> {
         // The AICore control window: AIC core i at base + i·8 MiB, its two AIV cores at
         // base + i·8 MiB + (j + 1)·1 MiB; AIC entries first, then AIV.
-        let mut input = AddrMapInPara { addr_type: ADDR_MAP_TYPE_REG_AIC_CTRL, devid: self.ctx.device as u32 };
+        let mut input =
+            AddrMapInPara { addr_type: ADDR_MAP_TYPE_REG_AIC_CTRL, devid: self.ctx.device as u32 };
         let mut out = AddrMapOutPara::default();
         let mut out_len = size_of::<AddrMapOutPara>();
         // SAFETY: both parameter blocks are valid for their sizes during the call.
@@ -628,7 +649,9 @@ impl Backend for OnboardDevice {
         };
         let at = |offset: u64| if base == 0 { 0 } else { base + offset };
         let aic = (0..AIC_CORES).map(|i| at(i << 23));
-        let aiv = (0..AIC_CORES).flat_map(|i| (0..2).map(move |j| (i, j))).map(|(i, j)| at((i << 23) + ((j + 1) << 20)));
+        let aiv = (0..AIC_CORES)
+            .flat_map(|i| (0..2).map(move |j| (i, j)))
+            .map(|(i, j)| at((i << 23) + ((j + 1) << 20)));
         aic.chain(aiv).collect()
     }
 
@@ -699,7 +722,8 @@ impl Backend for OnboardDevice {
         timeout: Duration,
         _op_execute: Duration,
     ) -> Result<(), SyncError> {
-        let fault = |e: CannError| StreamFault { code: AclCode(code_of(&e)), message: e.to_string() };
+        let fault =
+            |e: CannError| StreamFault { code: AclCode(code_of(&e)), message: e.to_string() };
         self.bind().map_err(|e| SyncError::Fault(fault(e)))?;
         let Some(s) = self.stream(stream) else {
             return Err(SyncError::Fault(StreamFault {
@@ -723,7 +747,9 @@ impl Backend for OnboardDevice {
     fn record_event(&mut self, stream: StreamKind) -> EventHandle {
         let event = self.stream(stream).and_then(|s| {
             Event::record(&self.ctx, s)
-                .map_err(|e| tracing::warn!(device = self.ctx.device, error = %e, "event not recorded"))
+                .map_err(
+                    |e| tracing::warn!(device = self.ctx.device, error = %e, "event not recorded"),
+                )
                 .ok()
         });
         Arc::new(OnboardEvent(event))
