@@ -733,3 +733,21 @@ fn a_kernel_the_chip_cannot_execute_is_refused() {
     r.finalize().unwrap();
     assert_eq!(b.live(), [0; 5]);
 }
+
+#[test]
+fn a_release_that_fails_in_drop_is_returned_by_the_next_fallible_call() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let p = r.malloc(128).unwrap();
+    let next_free = count(&b.log(), "rtFree") as u64 + 1;
+    b.install.fail_call("rtFree", next_free, 507_899).unwrap();
+    r.free(p).unwrap();
+    let err = r.register_callable(&b.add_callable()).unwrap_err();
+    match &err {
+        DeviceError::Acl { source, .. } => assert_eq!((source.func, source.code), ("rtFree", 507_899)),
+        e => panic!("{e}"),
+    }
+    // Reported once: the call after it succeeds.
+    r.register_callable(&b.add_callable()).unwrap();
+    r.finalize().unwrap();
+}
