@@ -744,7 +744,9 @@ fn a_release_that_fails_in_drop_is_returned_by_the_next_fallible_call() {
     r.free(p).unwrap();
     let err = r.register_callable(&b.add_callable()).unwrap_err();
     match &err {
-        DeviceError::Acl { source, .. } => assert_eq!((source.func, source.code), ("rtFree", 507_899)),
+        DeviceError::Acl { source, .. } => {
+            assert_eq!((source.func, source.code), ("rtFree", 507_899))
+        }
         e => panic!("{e}"),
     }
     // Reported once: the call after it succeeds.
