@@ -358,6 +358,12 @@ fn a_run_launches_aicore_then_aicpu_and_syncs_aicpu_then_aicore_with_the_budget(
     let log = b.log();
     let l2 = position(&log, "rtKernelLaunchWithHandleV2");
     assert_eq!(
+        (count(&log, "rtKernelLaunchWithHandleV2"), count(&log, "rtsLaunchCpuKernel")),
+        (1, 1),
+        "one launch each: {:?}",
+        names(&log)
+    );
+    assert_eq!(
         log[l2 + 1].func,
         "rtsLaunchCpuKernel",
         "nothing between the launches: {:?}",
