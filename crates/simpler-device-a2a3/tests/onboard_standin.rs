@@ -480,6 +480,7 @@ fn sync_timeout_on(stream_index: i64) -> (Onboard, DeviceError, Vec<Call>, (u64,
     assert!(matches!(r.health(), DeviceHealth::Unusable { .. }));
     v.free(&mut r);
     r.finalize().unwrap();
+    assert_eq!(count(&b.log(), "aclrtResetDeviceForce"), 1, "a timed-out device is force-reset");
     assert_eq!(b.live(), [0; 5]);
     (b, err, log, s)
 }
@@ -758,4 +759,13 @@ fn a_release_that_fails_in_drop_is_returned_by_the_next_fallible_call() {
     // Reported once: the call after it succeeds.
     r.register_callable(&b.add_callable()).unwrap();
     r.finalize().unwrap();
+}
+
+#[test]
+fn a_cann_of_another_major_version_is_refused_naming_both() {
+    let b = Onboard::new();
+    b.install.set_value("version_major", 9).unwrap();
+    let err = DeviceRunner::attach(b.options(0)).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("CANN 9.") && text.contains("8.2.RC1"), "{text}");
 }

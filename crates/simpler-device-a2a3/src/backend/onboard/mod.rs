@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::ThreadId;
 use std::time::Duration;
 
@@ -176,8 +177,9 @@ pub(crate) struct OnboardDevice {
     programs: Option<Loaded>,
     aicore: Option<AicoreBinary>,
     allocations: Allocations,
-    /// A launch, sync or recovery drain failed: finalize force-resets.
-    poisoned: bool,
+    /// A launch, sync or recovery drain happened after a failure: finalize force-resets.
+    /// Set by the launch, sync and drain paths (runner thread), read by `shutdown`.
+    poisoned: AtomicBool,
     /// The finalize error, taken by the runner.
     error: Option<DeviceError>,
     shut_down: bool,
@@ -189,7 +191,7 @@ impl fmt::Debug for OnboardDevice {
             .field("device", &self.ctx.device)
             .field("streams", &self.streams)
             .field("allocations", &self.allocations.lock().len())
-            .field("poisoned", &self.poisoned)
+            .field("poisoned", &self.poisoned.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -239,7 +241,7 @@ impl OnboardDevice {
             programs: None,
             aicore: None,
             allocations: Arc::new(Mutex::new(BTreeMap::new())),
-            poisoned: false,
+            poisoned: AtomicBool::new(false),
             error: None,
             shut_down: false,
         };
@@ -253,6 +255,12 @@ impl OnboardDevice {
             tracing::warn!(device, error = %e, "op-execute timeout not set; CANN's default applies");
         }
         Ok(me)
+    }
+
+    /// Remembers that finalize must force-reset. Relaxed: the runner's single thread writes
+    /// and reads it.
+    fn poison(&self) {
+        self.poisoned.store(true, Ordering::Relaxed);
     }
 
     /// Binds the calling thread unless it is the thread bound last.
@@ -383,7 +391,7 @@ impl OnboardDevice {
 
     fn launch_failed(&mut self, e: CannError) -> AclCode {
         tracing::error!(device = self.ctx.device, error = %e, "launch refused");
-        self.poisoned = true;
+        self.poison();
         AclCode(code_of(&e))
     }
 
@@ -394,7 +402,7 @@ impl OnboardDevice {
         // SAFETY: plain integer argument.
         let soft = self.ctx.check("rtDeviceReset", unsafe { cann.rtDeviceReset(device) });
         *self.bound.lock() = None;
-        if !self.poisoned {
+        if !self.poisoned.load(Ordering::Relaxed) {
             return soft.map_err(|e| acl(None, e));
         }
         // SAFETY: null config path = defaults.
@@ -731,7 +739,11 @@ impl Backend for OnboardDevice {
                 message: format!("the {stream} does not exist"),
             }));
         };
-        match programs::sync(&self.ctx, s, ms(timeout)) {
+        let synced = programs::sync(&self.ctx, s, ms(timeout));
+        if synced.is_err() {
+            self.poison();
+        }
+        match synced {
             Ok(()) => Ok(()),
             Err(e) if code_of(&e) == AclCode::STREAM_SYNC_TIMEOUT.get() => Err(SyncError::Timeout),
             Err(e) => Err(SyncError::Fault(fault(e))),
@@ -771,6 +783,8 @@ impl Backend for OnboardDevice {
         if timeout.is_zero() || self.bind().is_err() {
             return false;
         }
+        // Only recover-or-mark-unusable drains with a budget: the runner is poisoned.
+        self.poison();
         // SAFETY: plain integer argument.
         let ret = unsafe { self.ctx.cann.aclrtSynchronizeDeviceWithTimeout(ms(timeout)) };
         self.ctx.check("aclrtSynchronizeDeviceWithTimeout", ret).is_ok()
