@@ -79,6 +79,8 @@ mod runner;
 pub mod runtime;
 pub mod timeouts;
 
+#[cfg(feature = "onboard")]
+pub use backend::onboard::{ENV_ONBOARD_ARTIFACTS, OnboardOptions};
 #[cfg(feature = "sim")]
 pub use backend::sim::{FaultPlan, FiredFault};
 pub use callable::{

@@ -769,3 +769,38 @@ fn a_cann_of_another_major_version_is_refused_naming_both() {
     let text = err.to_string();
     assert!(text.contains("CANN 9.") && text.contains("8.2.RC1"), "{text}");
 }
+
+#[test]
+fn a_runner_moved_to_another_thread_binds_it_once() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    b.log();
+    let r = std::thread::spawn(move || {
+        let v = AddRun::new(&mut r);
+        r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap();
+        r.run(&RunRequest::new(run_id(2), slot, &v.args, &CallConfig::default())).unwrap();
+        v.free(&mut r);
+        r
+    })
+    .join()
+    .unwrap();
+    let log = b.log();
+    assert_eq!(count(&log, "rtSetDevice"), 1, "{:?}", names(&log));
+    assert_eq!(log[0].func, "rtSetDevice", "the new thread binds before its first call");
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_refused_bind_is_a_bind_device_error_with_the_code_named() {
+    let b = Onboard::new();
+    b.install.fail_call("rtSetDevice", 1, 507_899).unwrap();
+    let err = DeviceRunner::attach(b.options(0)).unwrap_err();
+    assert!(matches!(err, DeviceError::Acl { init: Some(InitStep::BindDevice), .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("bind device: rtSetDevice: 507899 ACL_ERROR_RT_DRV_INTERNAL_ERROR"),
+        "{text}"
+    );
+    assert_eq!(b.live(), [0; 5]);
+}
