@@ -23,7 +23,7 @@ const ENTRY_EXEC: &str = "simpler_aicpu_exec";
 const ENTRY_REGISTER: &str = "simpler_aicpu_register_callable";
 
 /// The op CANN's AICPU framework runs the dispatcher's init entry through.
-const BOOTSTRAP_OP: &str = "AST_DYN_AICPU";
+const BOOTSTRAP_OP: &std::ffi::CStr = c"AST_DYN_AICPU";
 const BOOTSTRAP_SO: &str = "libaicpu_extend_kernels.so";
 const BOOTSTRAP_KERNEL: &str = "DynTileFwkKernelServerInit";
 
@@ -37,7 +37,8 @@ pub(crate) struct Loaded {
     _binary: CpuBinary,
     pub(crate) init: rtFuncHandle,
     pub(crate) exec: rtFuncHandle,
-    /// The trb callable-registration entry.
+    /// The trb callable-registration entry. Resolved at init so that a program lacking it is
+    /// refused there; launched by callable registration once trb runs onboard.
     #[allow(dead_code)]
     pub(crate) register: Option<rtFuncHandle>,
     /// The op description, removed on drop.
@@ -123,7 +124,9 @@ pub(crate) fn load_aicpu(
         .map_err(|_| ctx.cann.error("rtsBinaryLoadFromFile", 507_000))?;
     let binary = CpuBinary::load(ctx, &path)?;
     let func = |e: &str| {
-        let name = CString::new(op_type(e, fp)).expect("op types contain no NUL");
+        // Entry names and hex digits hold no NUL byte.
+        let name = CString::new(op_type(e, fp))
+            .map_err(|_| ctx.cann.error("rtsFuncGetByName", 507_000))?;
         binary.function(&name)
     };
     let init = func(ENTRY_INIT)?;
@@ -174,13 +177,12 @@ fn bootstrap(
         timeout: 0,
         reserved: 0,
     };
-    let op = CString::new(BOOTSTRAP_OP).expect("no NUL");
-    // SAFETY: `op` is NUL-terminated, `args` points at `block`, alive for the call (CANN
+    // SAFETY: the op name is NUL-terminated, `args` points at `block`, alive for the call (CANN
     // copies it); the stream is live; smDesc is null as the original.
     let ret = unsafe {
         ctx.cann.rtAicpuKernelLaunchExWithArgs(
             KERNEL_TYPE_AICPU_KFC,
-            op.as_ptr(),
+            BOOTSTRAP_OP.as_ptr(),
             1,
             &args,
             std::ptr::null_mut(),
