@@ -638,6 +638,32 @@ pub enum DeviceError {
         /// What went wrong.
         message: String,
     },
+    /// The CANN libraries could not be loaded (onboard backend): the source lists every path
+    /// tried with its `dlerror`, or every missing symbol.
+    #[cfg(feature = "onboard")]
+    #[error("CANN could not be loaded: {source}")]
+    Load {
+        /// What the loader tried.
+        #[source]
+        source: Box<simpler_acl_sys::LoadError>,
+    },
+    /// A CANN call returned an error code (onboard backend).
+    #[cfg(feature = "onboard")]
+    #[error("{}{}{source}", fmt_run(run_id), fmt_init(init))]
+    Acl {
+        /// The run, if a run's preparation made the call.
+        run_id: Option<RunId>,
+        /// The `ensure_initialized` step, when the call was part of device setup.
+        init: Option<InitStep>,
+        /// The failed call: function, code, its CANN name and meaning, CANN's recent message.
+        #[source]
+        source: Box<simpler_acl_sys::AclError>,
+    },
+}
+
+#[cfg(feature = "onboard")]
+fn fmt_init(init: &Option<InitStep>) -> String {
+    init.map(|s| format!("device init failed at {s}: ")).unwrap_or_default()
 }
 
 fn fmt_run(run_id: &Option<RunId>) -> String {
@@ -689,6 +715,10 @@ impl DeviceError {
             | DeviceError::CallableNotPrepared { run_id, .. }
             | DeviceError::LaunchPanicked { run_id, .. }
             | DeviceError::Init { run_id, .. } => *run_id,
+            #[cfg(feature = "onboard")]
+            DeviceError::Acl { run_id, .. } => *run_id,
+            #[cfg(feature = "onboard")]
+            DeviceError::Load { .. } => None,
             DeviceError::Unusable { .. }
             | DeviceError::TooManyCallables { .. }
             | DeviceError::Finalized { .. }
@@ -709,6 +739,10 @@ impl DeviceError {
             | DeviceError::CallableNotPrepared { run_id, .. }
             | DeviceError::LaunchPanicked { run_id, .. }
             | DeviceError::Init { run_id, .. } => {
+                run_id.get_or_insert(run);
+            }
+            #[cfg(feature = "onboard")]
+            DeviceError::Acl { run_id, .. } => {
                 run_id.get_or_insert(run);
             }
             _ => {}
@@ -750,6 +784,8 @@ impl DeviceError {
             | DeviceError::Diagnostics { .. }
             | DeviceError::LaunchPanicked { .. }
             | DeviceError::Orchestration { .. } => ErrorClass::Setup,
+            #[cfg(feature = "onboard")]
+            DeviceError::Load { .. } | DeviceError::Acl { .. } => ErrorClass::Setup,
         }
     }
 
@@ -807,6 +843,8 @@ impl DeviceError {
             DeviceError::OutOfMemory { .. } => {
                 Some(DeviceCode::new(AclCode::LAUNCH_FAILED.get(), AclCode::LAUNCH_FAILED.name()))
             }
+            #[cfg(feature = "onboard")]
+            DeviceError::Acl { source, .. } => Some(DeviceCode::new(source.code, source.name)),
             _ => None,
         }
     }
@@ -851,6 +889,8 @@ impl DeviceError {
             | DeviceError::CallableInUse { .. }
             | DeviceError::BadDevicePointer { .. }
             | DeviceError::Init { .. } => FailureMechanism::EndpointFailed,
+            #[cfg(feature = "onboard")]
+            DeviceError::Load { .. } | DeviceError::Acl { .. } => FailureMechanism::EndpointFailed,
             DeviceError::Launch { .. }
             | DeviceError::DeviceFault { .. }
             | DeviceError::Timeout { .. }

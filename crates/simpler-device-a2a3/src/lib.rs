@@ -2,8 +2,9 @@
 //!
 //! Layer: above `simpler-types`, `simpler-tensormap` and `simpler-ring`; below the worker
 //! crate (`simpler-worker`). It owns device memory, callable registration, the kernel ABI, the
-//! chip runtimes and their diagnostics, and a faithful simulator backend (feature `sim`,
-//! default; the `onboard` feature is reserved for the backend over CANN). It must not know
+//! chip runtimes and their diagnostics, a faithful simulator backend (feature `sim`, default)
+//! and the onboard backend over CANN (feature `onboard`, `docs/device-onboard.md`; CANN is
+//! loaded at run time, so it builds without CANN). It must not know
 //! about hierarchy levels above L2. With `--no-default-features` it builds without any backend
 //! and `attach` reports which feature is missing.
 //!
@@ -22,7 +23,8 @@
 //! - [`aicpu`]: the AICPU scheduler behind the [`aicpu::AicpuPlatform`] trait, and the typed
 //!   views of a runtime image.
 //! - `backend`: the `Backend` trait and its neutral types; `backend::sim` is the simulated
-//!   device (streams, registers, memory, threads, fault injection, the AICore executor).
+//!   device (streams, registers, memory, threads, fault injection, the AICore executor);
+//!   `backend::onboard` is a real chip through CANN.
 //! - [`runtime`]: the `ChipRuntime` trait, the orchestration API and host_build_graph.
 //! - `runner`: [`DeviceRunner`], the run-state machine, memory, callables, cleanup and health.
 //! - `diag`: wall time, swimlane, dependency graph and scope statistics files.
@@ -42,6 +44,13 @@
 //! - `src/backend/sim/memory.rs`: simulated device memory (allocation and the host copies).
 //! - `src/backend/sim/aicore.rs`: the AICore executor's payload reads and kernel call.
 //! - `src/backend/sim/loader.rs`: the shared-object kernel loader (`dlopen`/`dlsym`).
+//! - `src/backend/onboard/owners.rs`: the CANN calls of the safe owners (streams, device
+//!   buffers and copies, host mappings, events, the loaded AICPU program) and their `Send` /
+//!   `Sync` impls over CANN handles.
+//! - `src/backend/onboard/programs.rs`: the bootstrap launch, AICPU program loading and the
+//!   AICore executor registration.
+//! - `src/backend/onboard/mod.rs`: attach, stream, core-limit, launch, sync, drain, register
+//!   window and force-reset calls, and the host-mapping offset.
 //! - `src/callable.rs`: the contract of `SharedObjectKernel::new` (an `unsafe fn`).
 //! - `src/kernel.rs`: the kernel accessors over the argument slots.
 //! - `src/programs.rs`: the reference programs' kernels.
@@ -70,6 +79,8 @@ mod runner;
 pub mod runtime;
 pub mod timeouts;
 
+#[cfg(feature = "onboard")]
+pub use backend::onboard::{ENV_ONBOARD_ARTIFACTS, OnboardOptions};
 #[cfg(feature = "sim")]
 pub use backend::sim::{FaultPlan, FiredFault};
 pub use callable::{

@@ -114,6 +114,9 @@ pub struct RunnerOptions {
     /// Simulator options.
     #[cfg(feature = "sim")]
     pub sim: SimOptions,
+    /// Onboard backend options (CANN loader, device program manifest).
+    #[cfg(feature = "onboard")]
+    pub onboard: crate::backend::onboard::OnboardOptions,
 }
 
 impl RunnerOptions {
@@ -130,6 +133,8 @@ impl RunnerOptions {
             rings: RingDefaults::default(),
             #[cfg(feature = "sim")]
             sim: SimOptions::default(),
+            #[cfg(feature = "onboard")]
+            onboard: crate::backend::onboard::OnboardOptions::default(),
         }
     }
 

@@ -3,8 +3,8 @@
 //!
 //! A backend is the hardware underneath one chip: memory, the AICPU and AICore streams and
 //! their launches, the register table, the device programs and the recovery drain. The
-//! simulator ([`sim`], feature `sim`) is one implementation; the onboard backend over CANN
-//! (feature `onboard`, reserved) will be the second. The runner picks one at attach
+//! simulator (`sim`, feature `sim`) is one implementation; the onboard backend over CANN
+//! (`onboard`, feature `onboard`) is the second. The runner picks one at attach
 //! ([`attach`]) from `RunnerOptions::platform` and never falls back from one to the other.
 //!
 //! Backend methods are thin: one device operation each, no policy. **Validation is the
@@ -14,6 +14,8 @@
 //! what the device itself refused. `docs/device-seams.md` describes the two seams of the
 //! crate (this one and `ChipRuntime`) and the data flow from a run request to the chip image.
 
+#[cfg(feature = "onboard")]
+pub(crate) mod onboard;
 #[cfg(feature = "sim")]
 pub(crate) mod sim;
 
@@ -24,7 +26,7 @@ use std::time::Duration;
 use crate::abi::codes::AclCode;
 use crate::abi::launch::InitArgs;
 use crate::callable::ChipCallable;
-use crate::error::{CoreFault, DeviceError, InitStep, MemPurpose, StreamKind};
+use crate::error::{CoreFault, DeviceError, MemPurpose, StreamKind};
 use crate::options::{Platform, RunnerOptions};
 
 /// Why an allocation was refused.
@@ -150,12 +152,23 @@ pub(crate) struct ResolvedKernels {
 /// One chip's hardware, as the runner drives it. See the module docs: validation is the
 /// caller's job.
 pub(crate) trait Backend: Send + fmt::Debug {
-    /// Loads or starts the device programs (ensure_initialized step 2); a retry after a
-    /// partial failure resumes where it stopped.
-    fn start_programs(&mut self) -> Result<(), String>;
+    /// Creates the streams and loads or starts the device programs (ensure_initialized steps
+    /// 1 and 2); a retry after a partial failure resumes where it stopped.
+    fn start_programs(&mut self) -> Result<(), DeviceError>;
 
     /// Hands the AICPU program its init arguments (ensure_initialized step 3).
-    fn init_aicpu(&mut self, init: InitArgs);
+    fn init_aicpu(&mut self, init: InitArgs) -> Result<(), DeviceError>;
+
+    /// The largest `block_dim` the device's core limits allow (known after `start_programs`).
+    fn max_block_dim(&self) -> u32 {
+        crate::abi::MAX_BLOCK_DIM
+    }
+
+    /// An error the backend recorded where it could not return one (a release in `Drop`, a
+    /// reset in `shutdown`), taken once.
+    fn take_error(&mut self) -> Option<DeviceError> {
+        None
+    }
 
     /// The `block_dim` a run asking for 0 (auto) gets.
     fn default_block_dim(&self) -> u32;
@@ -249,7 +262,7 @@ pub(crate) fn attach(opts: &RunnerOptions) -> Result<Box<dyn Backend>, DeviceErr
     #[cfg(not(feature = "sim"))]
     let missing = |feature: &str, what: &str| DeviceError::Init {
         run_id: None,
-        step: InitStep::LoadPrograms,
+        step: crate::error::InitStep::LoadPrograms,
         message: format!(
             "{what} is not built into this crate: enable the `{feature}` feature of simpler-device-a2a3"
         ),
@@ -259,26 +272,34 @@ pub(crate) fn attach(opts: &RunnerOptions) -> Result<Box<dyn Backend>, DeviceErr
         Platform::A2a3Sim => Ok(Box::new(sim::SimDevice::new(opts.device_id, opts.sim))),
         #[cfg(not(feature = "sim"))]
         Platform::A2a3Sim => Err(missing("sim", "the simulated chip")),
+        #[cfg(feature = "onboard")]
+        Platform::A2a3 => Ok(Box::new(onboard::OnboardDevice::attach(opts)?)),
+        #[cfg(not(feature = "onboard"))]
         Platform::A2a3 => Err(DeviceError::Init {
             run_id: None,
-            step: InitStep::LoadPrograms,
-            message: "the onboard backend is not built yet (the `onboard` feature is reserved for it); refusing to fall back to the simulator".into(),
+            step: crate::error::InitStep::LoadPrograms,
+            message: "the onboard backend is not built into this crate: enable the `onboard` feature of simpler-device-a2a3 (refusing to fall back to the simulator)".into(),
         }),
     }
 }
 
-#[cfg(test)]
+// With both backends built there is no refusal left to test here; the onboard backend's own
+// tests cover what it refuses.
+#[cfg(all(test, not(all(feature = "sim", feature = "onboard"))))]
 mod tests {
     use super::*;
     use crate::options::RuntimeVariant;
 
     fn refusal(opts: RunnerOptions) -> String {
         match attach(&opts) {
-            Err(DeviceError::Init { step: InitStep::LoadPrograms, message, .. }) => message,
+            Err(DeviceError::Init {
+                step: crate::error::InitStep::LoadPrograms, message, ..
+            }) => message,
             other => panic!("expected an Init error, got {other:?}"),
         }
     }
 
+    #[cfg(not(feature = "onboard"))]
     #[test]
     fn the_onboard_platform_is_refused_with_a_typed_error_and_never_falls_back() {
         let message = refusal(RunnerOptions::onboard(0, RuntimeVariant::HostBuildGraph));

@@ -39,14 +39,10 @@ impl Core {
         }
         let init =
             |step, message: &str| DeviceError::Init { run_id: None, step, message: message.into() };
-        // Step 1: the streams exist with the device; the core limit is fixed.
-        self.max_block_dim = MAX_BLOCK_DIM;
-        // Step 2: device programs (the simulator's persistent AICPU threads).
-        self.backend.start_programs().map_err(|message| DeviceError::Init {
-            run_id: None,
-            step: InitStep::LoadPrograms,
-            message,
-        })?;
+        // Steps 1 and 2: streams, core limit, device programs (the simulator's persistent
+        // AICPU threads).
+        self.backend.start_programs()?;
+        self.max_block_dim = self.backend.max_block_dim().min(MAX_BLOCK_DIM);
         // Runtime buffers every run uses: KernelArgs (P16) and the register table (P9).
         if self.kernel_args.is_none() {
             let a =
@@ -78,7 +74,7 @@ impl Core {
             shutdown_budget_ms: ms(self.opts.budgets.shutdown_ack),
             reserved: 0,
             dma_workspace: [0; 2],
-        });
+        })?;
         self.initialized = true;
         Ok(())
     }

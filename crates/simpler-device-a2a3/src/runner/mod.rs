@@ -725,6 +725,10 @@ impl Core {
             std::mem::forget(std::mem::take(&mut self.callables.retired_code));
         }
         self.user_allocs.clear();
-        Ok(report)
+        // The backend's reset and release failures (onboard: the force-reset loop).
+        match self.backend.take_error() {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
     }
 }

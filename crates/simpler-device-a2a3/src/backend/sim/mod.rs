@@ -67,7 +67,7 @@ use crate::backend::{
     ResolvedKernels, StreamStatus, SyncError, ThreadStats,
 };
 use crate::callable::{ChipCallable, KernelCode, Orchestration};
-use crate::error::{CoreFault, DeviceError, KernelKind, MemPurpose, StreamKind};
+use crate::error::{CoreFault, DeviceError, InitStep, KernelKind, MemPurpose, StreamKind};
 use crate::options::SimOptions;
 
 use self::stream::LaunchEntry as SimLaunch;
@@ -675,12 +675,17 @@ fn resolve_for_sim(c: &ChipCallable) -> Result<ResolvedKernels, DeviceError> {
 }
 
 impl Backend for SimDevice {
-    fn start_programs(&mut self) -> Result<(), String> {
-        self.start_aicpu_threads()
+    fn start_programs(&mut self) -> Result<(), DeviceError> {
+        self.start_aicpu_threads().map_err(|message| DeviceError::Init {
+            run_id: None,
+            step: InitStep::LoadPrograms,
+            message,
+        })
     }
 
-    fn init_aicpu(&mut self, init: InitArgs) {
+    fn init_aicpu(&mut self, init: InitArgs) -> Result<(), DeviceError> {
         *self.shared.init.lock() = Some(init);
+        Ok(())
     }
 
     fn default_block_dim(&self) -> u32 {

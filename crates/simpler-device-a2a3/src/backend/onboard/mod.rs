@@ -1,0 +1,851 @@
+//! The onboard backend: one real A2/A3 chip through CANN (feature `onboard`).
+//!
+//! Every runner step maps onto CANN calls as `docs/device-onboard.md` lists them; the calls
+//! go through `simpler-acl-sys`, which loads CANN at run time (nothing is linked at build
+//! time). The backend owns its CANN objects through the owners of `owners` (streams, device
+//! buffers, host mappings, events, the loaded AICPU program), each releasing on drop.
+//!
+//! Finalize protocol (`shutdown`):
+//!
+//! 1. Bind the calling thread.
+//! 2. Destroy both streams without synchronising (a stream in its error state would wedge a
+//!    sync).
+//! 3. Unload the AICPU program; the AICore registration has no unregister and is forgotten.
+//! 4. Unregister every host mapping, then free every tracked allocation.
+//! 5. Soft reset: `rtDeviceReset`.
+//! 6. If a launch, sync or drain failed during the runner's life: `aclInit` (a repeated
+//!    initialisation is tolerated; `aclFinalize` only if this call initialised ACL), then up
+//!    to three `aclrtResetDeviceForce`, each verified by a probe (bind, create and destroy a
+//!    stream, allocate and free 64 bytes, unbind). All three failing is the finalize error.
+
+mod manifest;
+mod owners;
+mod programs;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::ThreadId;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use simpler_acl_sys::types::{
+    ACL_ERROR_REPEAT_INITIALIZE, ACL_RT_DEV_RES_CUBE_CORE, ACL_RT_DEV_RES_VECTOR_CORE,
+    ADDR_MAP_TYPE_REG_AIC_CTRL, AddrMapInPara, AddrMapOutPara, CTRL_TYPE_ADDR_MAP,
+    RT_SCHEM_MODE_BATCH, rtArgsEx_t, rtCpuKernelArgs_t, rtTaskCfgInfo_t,
+};
+use simpler_acl_sys::{Cann, Error as CannError, SearchConfig};
+
+pub use self::manifest::ENV_ONBOARD_ARTIFACTS;
+use self::owners::{DeviceBuffer, Event, HostMapping, Stream, code_of};
+use self::programs::{AicoreBinary, Loaded};
+use super::{
+    AllocFailure, Backend, EventHandle, EventState, LaunchHandle, LaunchState, MemoryCounts,
+    ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats,
+};
+use crate::abi::codes::AclCode;
+use crate::abi::launch::InitArgs;
+use crate::callable::{ChipCallable, KernelCode};
+use crate::error::{CoreFault, DeviceError, InitStep, MemPurpose, StreamKind};
+use crate::options::RunnerOptions;
+
+/// The `block_dim` limit when the core-limit query fails (the original's default).
+const FALLBACK_BLOCK_DIM: u32 = 24;
+/// Force resets tried at finalize after a failure.
+const FORCE_RESETS: u32 = 3;
+/// Device log level set before the first bind (3 = error), unless the user set one.
+const DEVICE_LOG_LEVEL: i32 = 3;
+/// AICore cores per table: AIC cores, then two AIV cores per AIC.
+const AIC_CORES: u64 = 25;
+
+/// Options of the onboard backend, part of `RunnerOptions`.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct OnboardOptions {
+    /// The device program manifest; `None` reads `SIMPLER_ONBOARD_ARTIFACTS`.
+    pub manifest: Option<PathBuf>,
+    /// The CANN loader to use; `None` searches the process environment.
+    pub cann: Option<Arc<Cann>>,
+}
+
+impl RunnerOptions {
+    /// Uses the device program manifest at `path` (onboard).
+    pub fn with_onboard_manifest(mut self, path: impl Into<PathBuf>) -> Self {
+        self.onboard.manifest = Some(path.into());
+        self
+    }
+
+    /// Uses `cann` instead of searching the process environment for CANN (onboard).
+    pub fn with_cann(mut self, cann: Arc<Cann>) -> Self {
+        self.onboard.cann = Some(cann);
+        self
+    }
+}
+
+fn acl(init: Option<InitStep>, e: CannError) -> DeviceError {
+    match e {
+        CannError::Load(source) => DeviceError::Load { source: Box::new(source) },
+        CannError::Acl(source) => DeviceError::Acl { run_id: None, init, source: Box::new(source) },
+        // `simpler_acl_sys::Error` is non-exhaustive; a new kind is still an init failure.
+        other => DeviceError::Init {
+            run_id: None,
+            step: init.unwrap_or(InitStep::BindDevice),
+            message: other.to_string(),
+        },
+    }
+}
+
+fn ms(d: Duration) -> i32 {
+    d.as_millis().clamp(1, i32::MAX as u128) as i32
+}
+
+/// A launch as the runner keeps it; the device start time is not read back onboard.
+#[derive(Debug)]
+struct OnboardLaunch;
+
+impl LaunchState for OnboardLaunch {
+    fn started_ticks(&self) -> u64 {
+        0
+    }
+}
+
+/// An event as the runner keeps it.
+#[derive(Debug)]
+struct OnboardEvent(Option<Event>);
+
+impl EventState for OnboardEvent {
+    fn is_complete(&self) -> bool {
+        self.0.as_ref().is_some_and(Event::is_complete)
+    }
+
+    fn synchronize(&self, timeout: Duration) -> bool {
+        self.0.as_ref().is_some_and(|e| e.synchronize(ms(timeout)))
+    }
+
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
+}
+
+/// One tracked allocation and its host mapping, if one was made.
+#[derive(Debug)]
+struct Allocation {
+    purpose: MemPurpose,
+    // Declared before `buffer`: the mapping is unregistered before the memory is freed.
+    mapping: Option<HostMapping>,
+    buffer: DeviceBuffer,
+}
+
+/// Every device allocation of the backend by start address, shared with the kernel code of
+/// registered callables. A leaf lock.
+type Allocations = Arc<Mutex<BTreeMap<u64, Allocation>>>;
+
+/// A callable's kernel code in device memory, kept while the callable is registered. The
+/// memory is an entry of the backend's allocation table, so finalize frees it before the
+/// reset even if the callable outlives the backend; dropping this frees it earlier.
+#[derive(Debug)]
+struct KernelText {
+    addr: u64,
+    table: std::sync::Weak<Mutex<BTreeMap<u64, Allocation>>>,
+}
+
+impl Drop for KernelText {
+    fn drop(&mut self) {
+        if let Some(table) = self.table.upgrade() {
+            table.lock().remove(&self.addr);
+        }
+    }
+}
+
+/// The streams, created by `start_programs`.
+#[derive(Debug)]
+struct Streams {
+    aicpu: Stream,
+    aicore: Stream,
+}
+
+/// One A2/A3 chip through CANN.
+pub(crate) struct OnboardDevice {
+    ctx: Arc<owners::Ctx>,
+    opts: RunnerOptions,
+    /// The thread bound last (CANN binds a device per thread).
+    bound: Mutex<Option<ThreadId>>,
+    streams: Option<Streams>,
+    max_block_dim: u32,
+    programs: Option<Loaded>,
+    aicore: Option<AicoreBinary>,
+    allocations: Allocations,
+    /// A launch, sync or recovery drain happened after a failure: finalize force-resets.
+    /// Set by the launch, sync and drain paths (runner thread), read by `shutdown`.
+    poisoned: AtomicBool,
+    /// The finalize error, taken by the runner.
+    error: Option<DeviceError>,
+    shut_down: bool,
+}
+
+impl fmt::Debug for OnboardDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OnboardDevice")
+            .field("device", &self.ctx.device)
+            .field("streams", &self.streams)
+            .field("allocations", &self.allocations.lock().len())
+            .field("poisoned", &self.poisoned.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl OnboardDevice {
+    /// Attach step A2: load CANN, set the device log level before the first bind (unless
+    /// `ASCEND_GLOBAL_LOG_LEVEL` is set), bind the device, set the op-execute timeout (a
+    /// failure is logged, not fatal).
+    pub(crate) fn attach(opts: &RunnerOptions) -> Result<OnboardDevice, DeviceError> {
+        let cann = match &opts.onboard.cann {
+            Some(c) => Arc::clone(c),
+            None => Arc::new(Cann::new(SearchConfig::from_process_env())),
+        };
+        let probe = cann.probe().map_err(|e| DeviceError::Load { source: Box::new(e) })?;
+        if !probe.version_supported() {
+            let found = probe.version.map(|v| v.to_string()).unwrap_or_default();
+            return Err(DeviceError::Init {
+                run_id: None,
+                step: InitStep::BindDevice,
+                message: format!(
+                    "CANN {found} is not supported: this build pins CANN {} (major version {})",
+                    simpler_acl_sys::PINNED_CANN_RELEASE,
+                    simpler_acl_sys::SUPPORTED_MAJOR_VERSION
+                ),
+            });
+        }
+        let device = i32::try_from(opts.device_id).map_err(|_| DeviceError::InvalidConfig {
+            run_id: None,
+            setting: "RunnerOptions.device_id".into(),
+            value: opts.device_id.to_string(),
+            rule: "must fit a CANN device id (i32)".into(),
+        })?;
+        let ctx = owners::Ctx::new(cann, device);
+        if std::env::var_os("ASCEND_GLOBAL_LOG_LEVEL").is_none() {
+            // SAFETY: plain integer arguments; -1 = every module.
+            let ret = unsafe { ctx.cann.dlog_setlevel(-1, DEVICE_LOG_LEVEL, 0) };
+            if let Err(e) = ctx.check("dlog_setlevel", ret) {
+                tracing::debug!(device, error = %e, "device log level not set");
+            }
+        }
+        let me = OnboardDevice {
+            ctx,
+            opts: opts.clone(),
+            bound: Mutex::new(None),
+            streams: None,
+            max_block_dim: FALLBACK_BLOCK_DIM,
+            programs: None,
+            aicore: None,
+            allocations: Arc::new(Mutex::new(BTreeMap::new())),
+            poisoned: AtomicBool::new(false),
+            error: None,
+            shut_down: false,
+        };
+        me.bind().map_err(|e| acl(Some(InitStep::BindDevice), e))?;
+        let budget_us =
+            opts.resolve_timeouts().map(|t| t.op_execute.as_micros() as u64).unwrap_or(3_000_000);
+        let mut actual = 0u64;
+        // SAFETY: `actual` is a valid out-pointer.
+        let ret = unsafe { me.ctx.cann.aclrtSetOpExecuteTimeOutV2(budget_us, &mut actual) };
+        if let Err(e) = me.ctx.check("aclrtSetOpExecuteTimeOutV2", ret) {
+            tracing::warn!(device, error = %e, "op-execute timeout not set; CANN's default applies");
+        }
+        Ok(me)
+    }
+
+    /// Remembers that finalize must force-reset. Relaxed: the runner's single thread writes
+    /// and reads it.
+    fn poison(&self) {
+        self.poisoned.store(true, Ordering::Relaxed);
+    }
+
+    /// Binds the calling thread unless it is the thread bound last.
+    fn bind(&self) -> Result<(), CannError> {
+        let me = std::thread::current().id();
+        let mut bound = self.bound.lock();
+        if *bound == Some(me) {
+            return Ok(());
+        }
+        // SAFETY: plain integer argument.
+        self.ctx.check("rtSetDevice", unsafe { self.ctx.cann.rtSetDevice(self.ctx.device) })?;
+        *bound = Some(me);
+        Ok(())
+    }
+
+    /// The failure a release recorded in `Drop`, as the typed error of this call.
+    fn deferred(&self, init: Option<InitStep>) -> Result<(), DeviceError> {
+        match self.ctx.take_deferred() {
+            Some(e) => Err(acl(init, e)),
+            None => Ok(()),
+        }
+    }
+
+    fn stream(&self, kind: StreamKind) -> Option<&Stream> {
+        let s = self.streams.as_ref()?;
+        Some(match kind {
+            StreamKind::Aicpu => &s.aicpu,
+            StreamKind::AiCore => &s.aicore,
+        })
+    }
+
+    /// Ensure_initialized step 1: the AICPU stream, then the AICore stream (the first is
+    /// destroyed again if the second fails), then the core limits.
+    fn create_streams(&mut self) -> Result<(), DeviceError> {
+        if self.streams.is_some() {
+            return Ok(());
+        }
+        let step = Some(InitStep::CreateStream);
+        let aicpu = Stream::create(&self.ctx).map_err(|e| acl(step, e))?;
+        // On failure `aicpu` drops here: destroyed without a sync.
+        let aicore = Stream::create(&self.ctx).map_err(|e| acl(step, e))?;
+        self.max_block_dim = self.query_block_dim(&aicore);
+        self.streams = Some(Streams { aicpu, aicore });
+        Ok(())
+    }
+
+    /// `min(cube cores, vector cores / 2)`, or 24 when a query fails.
+    fn query_block_dim(&self, stream: &Stream) -> u32 {
+        let query = |ty| {
+            let mut v = 0u32;
+            // SAFETY: live stream, valid out-pointer.
+            let ret = unsafe { self.ctx.cann.aclrtGetStreamResLimit(stream.raw(), ty, &mut v) };
+            self.ctx.check("aclrtGetStreamResLimit", ret).map(|()| v)
+        };
+        match (query(ACL_RT_DEV_RES_CUBE_CORE), query(ACL_RT_DEV_RES_VECTOR_CORE)) {
+            (Ok(cube), Ok(vector)) if cube > 0 && vector >= 2 => cube.min(vector / 2),
+            (cube, vector) => {
+                tracing::warn!(
+                    device = self.ctx.device,
+                    ?cube,
+                    ?vector,
+                    "core-limit query failed; block_dim limit {FALLBACK_BLOCK_DIM}"
+                );
+                FALLBACK_BLOCK_DIM
+            }
+        }
+    }
+
+    /// Ensure_initialized step 2: the manifest's programs.
+    fn load_programs(&mut self) -> Result<(), DeviceError> {
+        if self.programs.is_some() && self.aicore.is_some() {
+            return Ok(());
+        }
+        let path = match &self.opts.onboard.manifest {
+            Some(p) => p.clone(),
+            None => std::env::var_os(ENV_ONBOARD_ARTIFACTS).map(PathBuf::from).ok_or_else(|| {
+                DeviceError::Init {
+                    run_id: None,
+                    step: InitStep::LoadPrograms,
+                    message: format!(
+                        "no device program manifest: set it in RunnerOptions (with_onboard_manifest) or in {ENV_ONBOARD_ARTIFACTS}"
+                    ),
+                }
+            })?,
+        };
+        let programs = manifest::load(&path)?;
+        let step = Some(InitStep::LoadPrograms);
+        let Some(streams) = &self.streams else {
+            return Err(DeviceError::Init {
+                run_id: None,
+                step: InitStep::LoadPrograms,
+                message: "the streams do not exist".into(),
+            });
+        };
+        if self.programs.is_none() {
+            let sync = ms(self.opts.budgets.init_sync);
+            let loaded =
+                programs::load_aicpu(&self.ctx, &streams.aicpu, &programs, self.opts.runtime, sync);
+            self.programs = Some(loaded.map_err(|e| acl(step, e))?);
+        }
+        if self.aicore.is_none() {
+            let bin = programs::register_aicore(&self.ctx, programs.aicore_executor);
+            self.aicore = Some(bin.map_err(|e| acl(step, e))?);
+        }
+        Ok(())
+    }
+
+    fn with_allocation<T>(
+        &self,
+        addr: u64,
+        len: u64,
+        f: impl FnOnce(&mut Allocation, u64) -> T,
+    ) -> Option<T> {
+        let mut allocs = self.allocations.lock();
+        let (base, a) = allocs.range_mut(..=addr).next_back()?;
+        let offset = addr - base;
+        (offset.checked_add(len)? <= a.buffer.len()).then(|| f(a, offset))
+    }
+
+    fn launch_args(&self) -> Result<(), AclCode> {
+        self.bind().map_err(|e| AclCode(code_of(&e)))?;
+        if let Some(e) = self.ctx.take_deferred() {
+            tracing::error!(device = self.ctx.device, error = %e, "an earlier release failed");
+            return Err(AclCode(code_of(&e)));
+        }
+        Ok(())
+    }
+
+    fn launch_failed(&mut self, e: CannError) -> AclCode {
+        tracing::error!(device = self.ctx.device, error = %e, "launch refused");
+        self.poison();
+        AclCode(code_of(&e))
+    }
+
+    /// Finalize steps 5 and 6 (see the module docs).
+    fn reset_device(&mut self) -> Result<(), DeviceError> {
+        let cann = Arc::clone(&self.ctx.cann);
+        let device = self.ctx.device;
+        // SAFETY: plain integer argument.
+        let soft = self.ctx.check("rtDeviceReset", unsafe { cann.rtDeviceReset(device) });
+        *self.bound.lock() = None;
+        if !self.poisoned.load(Ordering::Relaxed) {
+            return soft.map_err(|e| acl(None, e));
+        }
+        // SAFETY: null config path = defaults.
+        let init = unsafe { cann.aclInit(std::ptr::null()) };
+        let owns_acl = match init {
+            Ok(0) => true,
+            Ok(ACL_ERROR_REPEAT_INITIALIZE) => false,
+            ret => {
+                let e = self.ctx.check("aclInit", ret).err();
+                return Err(acl(None, e.unwrap_or_else(|| cann.error("aclInit", 507_000).into())));
+            }
+        };
+        let mut last = None;
+        for attempt in 1..=FORCE_RESETS {
+            // SAFETY: plain integer argument.
+            let forced = self
+                .ctx
+                .check("aclrtResetDeviceForce", unsafe { cann.aclrtResetDeviceForce(device) });
+            match forced.and_then(|()| self.probe()) {
+                Ok(()) => {
+                    tracing::info!(device, attempt, "device recovered by a force reset");
+                    last = None;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(device, attempt, error = %e, "force reset not verified");
+                    last = Some(e);
+                }
+            }
+        }
+        if owns_acl {
+            // SAFETY: no arguments; pairs with the `aclInit` above.
+            if let Err(e) = self.ctx.check("aclFinalize", unsafe { cann.aclFinalize() }) {
+                last.get_or_insert(e);
+            }
+        }
+        match last {
+            Some(e) => Err(acl(None, e)),
+            None => Ok(()),
+        }
+    }
+
+    /// The force-reset probe: bind, create and destroy a stream, allocate and free 64 bytes,
+    /// unbind.
+    fn probe(&self) -> Result<(), CannError> {
+        let (cann, device) = (&self.ctx.cann, self.ctx.device);
+        // SAFETY: plain integer argument.
+        self.ctx.check("aclrtSetDevice", unsafe { cann.aclrtSetDevice(device) })?;
+        let result = (|| {
+            let mut s = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            self.ctx.check("aclrtCreateStream", unsafe { cann.aclrtCreateStream(&mut s) })?;
+            // SAFETY: the stream just created.
+            self.ctx.check("aclrtDestroyStream", unsafe { cann.aclrtDestroyStream(s) })?;
+            let mut p = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; policy ACL_MEM_MALLOC_HUGE_FIRST.
+            let ret = unsafe {
+                cann.aclrtMalloc(&mut p, 64, simpler_acl_sys::types::ACL_MEM_MALLOC_HUGE_FIRST)
+            };
+            self.ctx.check("aclrtMalloc", ret)?;
+            // SAFETY: the allocation just made.
+            self.ctx.check("aclrtFree", unsafe { cann.aclrtFree(p) })
+        })();
+        // SAFETY: plain integer argument; pairs with the bind above.
+        let unbind = self.ctx.check("aclrtResetDevice", unsafe { cann.aclrtResetDevice(device) });
+        result.and(unbind)
+    }
+}
+
+impl Backend for OnboardDevice {
+    fn start_programs(&mut self) -> Result<(), DeviceError> {
+        self.bind().map_err(|e| acl(Some(InitStep::BindDevice), e))?;
+        self.deferred(Some(InitStep::CreateStream))?;
+        self.create_streams()?;
+        self.load_programs()
+    }
+
+    fn init_aicpu(&mut self, init: InitArgs) -> Result<(), DeviceError> {
+        let step = Some(InitStep::AicpuInit);
+        self.deferred(step)?;
+        let (Some(streams), Some(programs)) = (&self.streams, &self.programs) else {
+            return Err(DeviceError::Init {
+                run_id: None,
+                step: InitStep::AicpuInit,
+                message: "the device programs are not loaded".into(),
+            });
+        };
+        let mut bytes = Vec::with_capacity(40);
+        for v in [
+            init.abi_version,
+            init.device_id,
+            init.log_level,
+            init.scheduler_timeout_ms,
+            init.shutdown_budget_ms,
+            init.reserved,
+        ] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in init.dma_workspace {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        let mut args = cpu_args(&mut bytes);
+        // SAFETY: live function handle and stream; `args` points at `bytes`, alive for the
+        // call (CANN copies the argument bytes); no launch config.
+        let ret = unsafe {
+            self.ctx.cann.rtsLaunchCpuKernel(
+                programs.init,
+                1,
+                streams.aicpu.raw(),
+                std::ptr::null(),
+                &mut args,
+            )
+        };
+        self.ctx.check("rtsLaunchCpuKernel", ret).map_err(|e| acl(step, e))?;
+        programs::sync(&self.ctx, &streams.aicpu, ms(self.opts.budgets.init_sync))
+            .map_err(|e| acl(step, e))
+    }
+
+    fn max_block_dim(&self) -> u32 {
+        self.max_block_dim
+    }
+
+    fn default_block_dim(&self) -> u32 {
+        self.max_block_dim
+    }
+
+    fn resolve_kernels(&self, c: &ChipCallable) -> Result<ResolvedKernels, DeviceError> {
+        self.deferred(None)?;
+        let mut out = ResolvedKernels::default();
+        for (func_id, core) in c.children() {
+            let KernelCode::Text(text) = core.code() else {
+                return Err(DeviceError::InvalidCallable {
+                    run_id: None,
+                    reason: format!(
+                        "func id {func_id}: the onboard backend executes only device code (KernelCode::Text), not {:?}",
+                        core.code()
+                    ),
+                });
+            };
+            let buffer = DeviceBuffer::upload(&self.ctx, text).map_err(|e| acl(None, e))?;
+            let addr = buffer.addr();
+            let entry = Allocation { purpose: MemPurpose::ChipBuffer, mapping: None, buffer };
+            self.allocations.lock().insert(addr, entry);
+            out.kernels.push((*func_id, addr));
+            let table = Arc::downgrade(&self.allocations);
+            out.code.push(super::LoadedCode::new(KernelText { addr, table }));
+        }
+        Ok(out)
+    }
+
+    fn malloc(&self, bytes: u64, purpose: MemPurpose) -> Result<u64, AllocFailure> {
+        self.bind().map_err(|_| AllocFailure::Host)?;
+        let buffer = DeviceBuffer::alloc(&self.ctx, bytes).map_err(|e| {
+            tracing::warn!(device = self.ctx.device, bytes, error = %e, "device allocation refused");
+            AllocFailure::Host
+        })?;
+        // The contract of both backends: fresh memory reads as zero.
+        buffer.fill(0, 0, bytes).map_err(|_| AllocFailure::Host)?;
+        let addr = buffer.addr();
+        self.allocations.lock().insert(addr, Allocation { purpose, mapping: None, buffer });
+        Ok(addr)
+    }
+
+    fn free(&self, addr: u64) -> Option<MemPurpose> {
+        let _ = self.bind();
+        // Dropping the entry unregisters its mapping, then frees the memory.
+        self.allocations.lock().remove(&addr).map(|a| a.purpose)
+    }
+
+    fn find(&self, addr: u64, len: u64) -> Option<MemPurpose> {
+        self.with_allocation(addr, len, |a, _| a.purpose)
+    }
+
+    fn write(&self, dst: u64, src: &[u8]) -> bool {
+        self.bind().is_ok()
+            && self
+                .with_allocation(dst, src.len() as u64, |a, off| a.buffer.write(off, src).is_ok())
+                .unwrap_or(false)
+    }
+
+    fn read(&self, src: u64, dst: &mut [u8]) -> bool {
+        self.bind().is_ok()
+            && self
+                .with_allocation(src, dst.len() as u64, |a, off| a.buffer.read(off, dst).is_ok())
+                .unwrap_or(false)
+    }
+
+    fn fill(&self, dst: u64, value: u8, len: u64) -> bool {
+        self.bind().is_ok()
+            && self
+                .with_allocation(dst, len, |a, off| a.buffer.fill(off, value, len).is_ok())
+                .unwrap_or(false)
+    }
+
+    fn host_map(&self, addr: u64, len: u64) -> Option<*mut u8> {
+        self.bind().ok()?;
+        self.with_allocation(addr, len, |a, off| {
+            if a.mapping.is_none() {
+                a.mapping = HostMapping::map(&self.ctx, &a.buffer)
+                    .map_err(|e| tracing::warn!(device = self.ctx.device, error = %e, "host mapping refused"))
+                    .ok();
+            }
+            // SAFETY: `off + len` lies inside the mapped allocation (checked above).
+            a.mapping.as_ref().map(|m| unsafe { m.host().add(off as usize) })
+        })
+        .flatten()
+    }
+
+    fn memory_counts(&self) -> MemoryCounts {
+        let mut c = MemoryCounts::default();
+        for a in self.allocations.lock().values() {
+            let len = a.buffer.len();
+            c.committed += len;
+            c.allocations += 1;
+            match a.purpose {
+                MemPurpose::User => {
+                    c.user_bytes += len;
+                    c.user_allocations += 1;
+                }
+                MemPurpose::HeapArena | MemPurpose::ImageArena | MemPurpose::Staging => {
+                    c.pooled_bytes += len;
+                }
+                MemPurpose::ChipBuffer | MemPurpose::Runtime => c.runtime_bytes += len,
+            }
+        }
+        c
+    }
+
+    fn register_table(&self) -> Vec<u64> {
+        // The AICore control window: AIC core i at base + i·8 MiB, its two AIV cores at
+        // base + i·8 MiB + (j + 1)·1 MiB; AIC entries first, then AIV.
+        let mut input =
+            AddrMapInPara { addr_type: ADDR_MAP_TYPE_REG_AIC_CTRL, devid: self.ctx.device as u32 };
+        let mut out = AddrMapOutPara::default();
+        let mut out_len = size_of::<AddrMapOutPara>();
+        // SAFETY: both parameter blocks are valid for their sizes during the call.
+        let ret = unsafe {
+            self.ctx.cann.halMemCtl(
+                CTRL_TYPE_ADDR_MAP as i32,
+                (&raw mut input).cast(),
+                size_of::<AddrMapInPara>(),
+                (&raw mut out).cast(),
+                &mut out_len,
+            )
+        };
+        let base = match self.ctx.check("halMemCtl", ret) {
+            Ok(()) => out.ptr,
+            Err(e) => {
+                tracing::warn!(device = self.ctx.device, error = %e, "no AICore control window");
+                0
+            }
+        };
+        let at = |offset: u64| if base == 0 { 0 } else { base + offset };
+        let aic = (0..AIC_CORES).map(|i| at(i << 23));
+        let aiv = (0..AIC_CORES)
+            .flat_map(|i| (0..2).map(move |j| (i, j)))
+            .map(|(i, j)| at((i << 23) + ((j + 1) << 20)));
+        aic.chain(aiv).collect()
+    }
+
+    fn launch_aicore(&mut self, block_dim: u32, args: u64) -> Result<LaunchHandle, AclCode> {
+        self.launch_args()?;
+        let (Some(streams), Some(bin)) = (&self.streams, &self.aicore) else {
+            return Err(AclCode::INTERNAL_ERROR);
+        };
+        // One 8-byte argument: the device address of `KernelArgs`.
+        let mut arg = args;
+        let mut ex = rtArgsEx_t {
+            args: (&raw mut arg).cast(),
+            hostInputInfoPtr: std::ptr::null_mut(),
+            argsSize: 8,
+            tilingAddrOffset: 0,
+            tilingDataOffset: 0,
+            hostInputInfoNum: 0,
+            hasTiling: 0,
+            isNoNeedH2DCopy: 0,
+            reserved: [0; 4],
+        };
+        let cfg = rtTaskCfgInfo_t { schemMode: RT_SCHEM_MODE_BATCH as u8, ..Default::default() };
+        // SAFETY: the handle is the registered executor, the stream is live, `ex` points at
+        // `arg` for the call (CANN copies it), `cfg` lives for the call, smDesc is null.
+        let ret = unsafe {
+            self.ctx.cann.rtKernelLaunchWithHandleV2(
+                bin.handle,
+                0,
+                block_dim,
+                &mut ex,
+                std::ptr::null_mut(),
+                streams.aicore.raw(),
+                &cfg,
+            )
+        };
+        match self.ctx.check("rtKernelLaunchWithHandleV2", ret) {
+            Ok(()) => Ok(Arc::new(OnboardLaunch)),
+            Err(e) => Err(self.launch_failed(e)),
+        }
+    }
+
+    fn launch_aicpu(&mut self, threads: u32, args: u64) -> Result<LaunchHandle, AclCode> {
+        self.launch_args()?;
+        let (Some(streams), Some(programs)) = (&self.streams, &self.programs) else {
+            return Err(AclCode::INTERNAL_ERROR);
+        };
+        let mut bytes = args.to_le_bytes().to_vec();
+        let mut cpu = cpu_args(&mut bytes);
+        // SAFETY: live function handle and stream; `cpu` points at `bytes` for the call.
+        let ret = unsafe {
+            self.ctx.cann.rtsLaunchCpuKernel(
+                programs.exec,
+                threads,
+                streams.aicpu.raw(),
+                std::ptr::null(),
+                &mut cpu,
+            )
+        };
+        match self.ctx.check("rtsLaunchCpuKernel", ret) {
+            Ok(()) => Ok(Arc::new(OnboardLaunch)),
+            Err(e) => Err(self.launch_failed(e)),
+        }
+    }
+
+    fn synchronize(
+        &self,
+        stream: StreamKind,
+        timeout: Duration,
+        _op_execute: Duration,
+    ) -> Result<(), SyncError> {
+        let fault =
+            |e: CannError| StreamFault { code: AclCode(code_of(&e)), message: e.to_string() };
+        self.bind().map_err(|e| SyncError::Fault(fault(e)))?;
+        let Some(s) = self.stream(stream) else {
+            return Err(SyncError::Fault(StreamFault {
+                code: AclCode::INTERNAL_ERROR,
+                message: format!("the {stream} does not exist"),
+            }));
+        };
+        let synced = programs::sync(&self.ctx, s, ms(timeout));
+        if synced.is_err() {
+            self.poison();
+        }
+        match synced {
+            Ok(()) => Ok(()),
+            Err(e) if code_of(&e) == AclCode::STREAM_SYNC_TIMEOUT.get() => Err(SyncError::Timeout),
+            Err(e) => Err(SyncError::Fault(fault(e))),
+        }
+    }
+
+    fn query(&self, _stream: StreamKind, _op_execute: Duration) -> StreamStatus {
+        // CANN offers no non-blocking stream query among the functions this backend loads;
+        // "busy" makes the runner attach nothing it does not know.
+        StreamStatus::Busy
+    }
+
+    fn record_event(&mut self, stream: StreamKind) -> EventHandle {
+        let event = self.stream(stream).and_then(|s| {
+            Event::record(&self.ctx, s)
+                .map_err(
+                    |e| tracing::warn!(device = self.ctx.device, error = %e, "event not recorded"),
+                )
+                .ok()
+        });
+        Arc::new(OnboardEvent(event))
+    }
+
+    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> bool {
+        let Ok(ours) = Arc::clone(event).into_any().downcast::<OnboardEvent>() else {
+            return false;
+        };
+        let (Some(s), Some(e)) = (self.stream(stream), ours.0.as_ref()) else { return false };
+        // SAFETY: both handles are live.
+        let ret = unsafe { self.ctx.cann.aclrtStreamWaitEvent(s.raw(), e.raw()) };
+        self.ctx.check("aclrtStreamWaitEvent", ret).is_ok()
+    }
+
+    fn drain(&self, timeout: Duration, _op_execute: Duration) -> bool {
+        // A zero budget asks "idle now?": CANN has no such query, and a zero timeout means
+        // "wait forever" to it, so the answer is "not known idle" without a call.
+        if timeout.is_zero() || self.bind().is_err() {
+            return false;
+        }
+        // Only recover-or-mark-unusable drains with a budget: the runner is poisoned.
+        self.poison();
+        // SAFETY: plain integer argument.
+        let ret = unsafe { self.ctx.cann.aclrtSynchronizeDeviceWithTimeout(ms(timeout)) };
+        self.ctx.check("aclrtSynchronizeDeviceWithTimeout", ret).is_ok()
+    }
+
+    fn take_faults(&self) -> Vec<CoreFault> {
+        // CANN reports faults through the return codes of the syncs only.
+        Vec::new()
+    }
+
+    fn thread_stats(&self) -> ThreadStats {
+        ThreadStats::default()
+    }
+
+    fn shutdown(&mut self) -> Vec<String> {
+        if std::mem::replace(&mut self.shut_down, true) {
+            return Vec::new();
+        }
+        let _ = self.bind();
+        self.streams = None;
+        self.programs = None;
+        // CANN has no unregister for the AICore registration; the reset releases it.
+        self.aicore = None;
+        std::mem::take(&mut *self.allocations.lock());
+        let reset = self.reset_device();
+        let first = self.ctx.take_deferred().map(|e| acl(None, e));
+        self.error = first.or(reset.err());
+        Vec::new()
+    }
+
+    fn take_error(&mut self) -> Option<DeviceError> {
+        self.error.take()
+    }
+}
+
+impl Drop for OnboardDevice {
+    fn drop(&mut self) {
+        self.shutdown();
+        if let Some(e) = self.error.take() {
+            tracing::error!(device = self.ctx.device, error = %e, "onboard device release failed");
+        }
+    }
+}
+
+/// An AICPU argument descriptor over `bytes` (CANN copies them at the launch).
+fn cpu_args(bytes: &mut [u8]) -> rtCpuKernelArgs_t {
+    rtCpuKernelArgs_t {
+        baseArgs: simpler_acl_sys::types::rtAicpuArgsEx_t {
+            args: bytes.as_mut_ptr().cast(),
+            hostInputInfoPtr: std::ptr::null_mut(),
+            kernelOffsetInfoPtr: std::ptr::null_mut(),
+            argsSize: bytes.len() as u32,
+            hostInputInfoNum: 0,
+            kernelOffsetInfoNum: 0,
+            soNameAddrOffset: 0,
+            kernelNameAddrOffset: 0,
+            isNoNeedH2DCopy: false,
+            timeout: 0,
+            reserved: 0,
+        },
+        cpuParamHeadOffset: 0,
+        rsv: [0; 4],
+    }
+}

@@ -1,0 +1,202 @@
+//! Registering the device programs of a manifest (ensure_initialized step 2): the bootstrap
+//! that installs the AICPU program on the device, the op description CANN loads it from, its
+//! entries, and the AICore executor (registered once per runner: CANN has no unregister).
+
+use std::ffi::{CString, c_void};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use simpler_acl_sys::Error as CannError;
+use simpler_acl_sys::types::{
+    KERNEL_TYPE_AICPU_KFC, RT_DEV_BINARY_MAGIC_ELF, rtAicpuArgsEx_t, rtDevBinary_t, rtFuncHandle,
+};
+use simpler_onboard_programs::{DeviceArgs, fingerprint, installed_name, kernel_args_bytes};
+
+use super::manifest::Programs;
+use super::owners::{CpuBinary, Ctx, DeviceBuffer, Stream};
+use crate::options::RuntimeVariant;
+
+/// The AICPU program's C entries.
+const ENTRY_INIT: &str = "simpler_aicpu_init";
+const ENTRY_EXEC: &str = "simpler_aicpu_exec";
+const ENTRY_REGISTER: &str = "simpler_aicpu_register_callable";
+
+/// The op CANN's AICPU framework runs the dispatcher's init entry through.
+const BOOTSTRAP_OP: &std::ffi::CStr = c"AST_DYN_AICPU";
+const BOOTSTRAP_SO: &str = "libaicpu_extend_kernels.so";
+const BOOTSTRAP_KERNEL: &str = "DynTileFwkKernelServerInit";
+
+/// A process-wide counter that keeps the op-description files of concurrent runners apart.
+static DESCRIPTIONS: AtomicU64 = AtomicU64::new(0);
+
+/// The loaded programs of one runner.
+#[derive(Debug)]
+pub(crate) struct Loaded {
+    /// Unloaded on drop.
+    _binary: CpuBinary,
+    pub(crate) init: rtFuncHandle,
+    pub(crate) exec: rtFuncHandle,
+    /// The trb callable-registration entry. Resolved at init so that a program lacking it is
+    /// refused there; launched by callable registration once trb runs onboard.
+    #[allow(dead_code)]
+    pub(crate) register: Option<rtFuncHandle>,
+    /// The op description, removed on drop.
+    description: PathBuf,
+}
+
+// SAFETY: function handles are opaque tokens CANN accepts from any bound thread.
+unsafe impl Send for Loaded {}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        // Best effort: a leftover file in the temporary directory harms nothing.
+        let _ = std::fs::remove_file(&self.description);
+    }
+}
+
+/// The AICore executor's registration handle (kept for the runner's life).
+#[derive(Debug)]
+pub(crate) struct AicoreBinary {
+    pub(crate) handle: *mut c_void,
+    /// CANN may keep pointing at the image; it lives as long as the handle.
+    _image: Vec<u8>,
+}
+
+// SAFETY: an opaque handle CANN accepts from any bound thread; the image is owned.
+unsafe impl Send for AicoreBinary {}
+
+/// Registers the AICore executor ELF (`rtRegisterAllKernel`, magic ELF, version 0).
+pub(crate) fn register_aicore(ctx: &Ctx, image: Vec<u8>) -> Result<AicoreBinary, CannError> {
+    let bin = rtDevBinary_t {
+        magic: RT_DEV_BINARY_MAGIC_ELF,
+        version: 0,
+        data: image.as_ptr().cast(),
+        length: image.len() as u64,
+    };
+    let mut handle: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `bin` points at `image`, alive for the call (and kept afterwards); `handle` is a
+    // valid out-pointer.
+    let ret = unsafe { ctx.cann.rtRegisterAllKernel(&bin, &mut handle) };
+    ctx.check("rtRegisterAllKernel", ret)?;
+    Ok(AicoreBinary { handle, _image: image })
+}
+
+/// Installs the AICPU program through the dispatcher, waits at most `sync_ms` for it, then
+/// loads the op description and resolves the entries.
+pub(crate) fn load_aicpu(
+    ctx: &Arc<Ctx>,
+    aicpu: &Stream,
+    programs: &Programs,
+    runtime: RuntimeVariant,
+    sync_ms: i32,
+) -> Result<Loaded, CannError> {
+    let fp = fingerprint(&programs.aicpu_program);
+    bootstrap(ctx, aicpu, programs, sync_ms)?;
+    let mut entries = vec![ENTRY_INIT, ENTRY_EXEC];
+    if runtime == RuntimeVariant::TensormapAndRingbuffer {
+        entries.push(ENTRY_REGISTER);
+    }
+    let so = installed_name(fp, ctx.device as u64);
+    let ops: Vec<serde_json::Value> = entries
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "opType": op_type(e, fp),
+                "functionName": e,
+                "kernelSo": so,
+                "opKernelLib": "AICPUKernel",
+            })
+        })
+        .collect();
+    let n = DESCRIPTIONS.fetch_add(1, Ordering::Relaxed);
+    let description = std::env::temp_dir()
+        .join(format!("simpler_inner_{fp:016x}_{}_{n}.json", std::process::id()));
+    let text = serde_json::json!({ "ops": ops }).to_string();
+    std::fs::write(&description, text).map_err(|e| {
+        CannError::Acl(simpler_acl_sys::AclError::new(
+            "rtsBinaryLoadFromFile",
+            507_000,
+            Some(format!("writing {}: {e}", description.display())),
+        ))
+    })?;
+    let path = CString::new(description.to_string_lossy().into_owned())
+        .map_err(|_| ctx.cann.error("rtsBinaryLoadFromFile", 507_000))?;
+    let binary = CpuBinary::load(ctx, &path)?;
+    let func = |e: &str| {
+        // Entry names and hex digits hold no NUL byte.
+        let name = CString::new(op_type(e, fp))
+            .map_err(|_| ctx.cann.error("rtsFuncGetByName", 507_000))?;
+        binary.function(&name)
+    };
+    let init = func(ENTRY_INIT)?;
+    let exec = func(ENTRY_EXEC)?;
+    let register = if entries.len() > 2 { Some(func(ENTRY_REGISTER)?) } else { None };
+    Ok(Loaded { _binary: binary, init, exec, register, description })
+}
+
+fn op_type(entry: &str, fp: u64) -> String {
+    format!("{entry}_{fp:016x}")
+}
+
+/// Uploads dispatcher and program, writes their `DeviceArgs`, launches the framework's init
+/// kernel on one AICPU and waits for it. The buffers are freed when it returns.
+fn bootstrap(
+    ctx: &Arc<Ctx>,
+    aicpu: &Stream,
+    programs: &Programs,
+    sync_ms: i32,
+) -> Result<(), CannError> {
+    let dispatcher = DeviceBuffer::upload(ctx, &programs.dispatcher)?;
+    let program = DeviceBuffer::upload(ctx, &programs.aicpu_program)?;
+    let device_args = DeviceArgs {
+        dispatcher: (dispatcher.addr(), programs.dispatcher.len() as u64),
+        device_id: ctx.device as u64,
+        program: (program.addr(), programs.aicpu_program.len() as u64),
+    };
+    let args_buf = DeviceBuffer::upload(ctx, &device_args.to_bytes())?;
+    // The host argument block: the framework's kernel arguments, then the two names it reads
+    // at the offsets given in the descriptor.
+    let mut block = kernel_args_bytes(args_buf.addr()).to_vec();
+    let so_offset = block.len() as u32;
+    block.extend_from_slice(BOOTSTRAP_SO.as_bytes());
+    block.push(0);
+    let kernel_offset = block.len() as u32;
+    block.extend_from_slice(BOOTSTRAP_KERNEL.as_bytes());
+    block.push(0);
+    let args = rtAicpuArgsEx_t {
+        args: block.as_mut_ptr().cast(),
+        hostInputInfoPtr: std::ptr::null_mut(),
+        kernelOffsetInfoPtr: std::ptr::null_mut(),
+        argsSize: block.len() as u32,
+        hostInputInfoNum: 0,
+        kernelOffsetInfoNum: 0,
+        soNameAddrOffset: so_offset,
+        kernelNameAddrOffset: kernel_offset,
+        isNoNeedH2DCopy: false,
+        timeout: 0,
+        reserved: 0,
+    };
+    // SAFETY: the op name is NUL-terminated, `args` points at `block`, alive for the call (CANN
+    // copies it); the stream is live; smDesc is null as the original.
+    let ret = unsafe {
+        ctx.cann.rtAicpuKernelLaunchExWithArgs(
+            KERNEL_TYPE_AICPU_KFC,
+            BOOTSTRAP_OP.as_ptr(),
+            1,
+            &args,
+            std::ptr::null_mut(),
+            aicpu.raw(),
+            0,
+        )
+    };
+    ctx.check("rtAicpuKernelLaunchExWithArgs", ret)?;
+    sync(ctx, aicpu, sync_ms)
+}
+
+/// `aclrtSynchronizeStreamWithTimeout` of `stream` with `ms`.
+pub(crate) fn sync(ctx: &Ctx, stream: &Stream, ms: i32) -> Result<(), CannError> {
+    // SAFETY: live stream.
+    let ret = unsafe { ctx.cann.aclrtSynchronizeStreamWithTimeout(stream.raw(), ms) };
+    ctx.check("aclrtSynchronizeStreamWithTimeout", ret)
+}

@@ -1,0 +1,806 @@
+//! The onboard backend against the stand-in CANN library: the order and arguments of every
+//! CANN call, read from the stand-in's call log, and the runner conformance bodies that apply
+//! to both backends, run on the simulator and on the onboard backend.
+//!
+//! What a stand-in run covers: the whole host path of a run (preparation, image upload through
+//! the host mapping, both launches with their arguments, both stream syncs with the budget, the
+//! reap, the latched-status read, copy-back and cleanup). What it does not: nothing executes
+//! the AICPU or AICore programs, so a "completed" run's outputs hold whatever the host wrote,
+//! and the device-side handshake, scheduler and timing records are never produced (the report
+//! carries the "timing incomplete" warning).
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::three_args;
+use simpler_acl_sys::standin::{Call, FakeInstall, ObjectKind};
+use simpler_device_a2a3::programs::add;
+use simpler_device_a2a3::{
+    ArgDirection, ChipCallable, CoreCallable, DeviceError, DeviceHealth, DevicePtr, DeviceRunner,
+    InitStep, KernelCode, KernelKind, RunRequest, RunnerOptions, RuntimeVariant,
+};
+use simpler_types::{CallConfig, DataType, RunId, TaskArgs, Tensor, TimeoutBudget};
+
+const STREAM_SYNC_MS: i64 = 3_000;
+
+fn run_id(n: u64) -> RunId {
+    RunId::from_raw(n).unwrap()
+}
+
+// ----- The two backends behind one interface -----
+
+/// A backend the shared test bodies run on.
+trait Bench {
+    fn options(&self, device: u32) -> RunnerOptions;
+    /// The one-task `f = a + b` program in the code form the backend executes.
+    fn add_callable(&self) -> ChipCallable;
+    /// Makes the next AICore launch fail.
+    fn fail_next_aicore_launch(&self, r: &DeviceRunner);
+    /// Whether kernels run, so outputs can be checked.
+    fn executes_kernels(&self) -> bool;
+}
+
+struct Sim;
+
+impl Bench for Sim {
+    fn options(&self, device: u32) -> RunnerOptions {
+        common::fast_options(device)
+    }
+
+    fn add_callable(&self) -> ChipCallable {
+        add::callable().unwrap()
+    }
+
+    fn fail_next_aicore_launch(&self, r: &DeviceRunner) {
+        r.sim_faults().unwrap().fail_launch(KernelKind::AiCore, 1);
+    }
+
+    fn executes_kernels(&self) -> bool {
+        true
+    }
+}
+
+/// A fake CANN install and a manifest of placeholder device programs.
+struct Onboard {
+    install: FakeInstall,
+    _programs: tempfile::TempDir,
+    manifest: PathBuf,
+}
+
+impl Onboard {
+    fn new() -> Onboard {
+        Onboard::from_install(FakeInstall::standard().unwrap())
+    }
+
+    fn from_install(install: FakeInstall) -> Onboard {
+        if install.live(ObjectKind::Streams).is_ok() {
+            install.set_value("device_count", 8).unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in [
+            ("libsimpler_aicpu_hbg.so", &b"\x7fELF placeholder AICPU program"[..]),
+            ("libsimpler_aicpu_dispatcher.so", b"\x7fELF placeholder dispatcher"),
+            ("aicore_hbg.o", b"\x7fELF placeholder AICore executor"),
+        ] {
+            std::fs::write(dir.path().join(name), bytes).unwrap();
+        }
+        let manifest = dir.path().join("manifest.json");
+        std::fs::write(
+            &manifest,
+            r#"{ "abi_version": 1, "artifacts": {
+                "aicpu_program": { "path": "libsimpler_aicpu_hbg.so" },
+                "dispatcher": { "path": "libsimpler_aicpu_dispatcher.so" },
+                "aicore_executor": { "path": "aicore_hbg.o" } } }"#,
+        )
+        .unwrap();
+        Onboard { install, _programs: dir, manifest }
+    }
+
+    fn log(&self) -> Vec<Call> {
+        self.install.take_log().unwrap()
+    }
+
+    fn live(&self) -> [usize; 5] {
+        [
+            ObjectKind::Streams,
+            ObjectKind::Events,
+            ObjectKind::Allocations,
+            ObjectKind::Mappings,
+            ObjectKind::CpuBinaries,
+        ]
+        .map(|k| self.install.live(k).unwrap())
+    }
+}
+
+impl Bench for Onboard {
+    fn options(&self, device: u32) -> RunnerOptions {
+        RunnerOptions::onboard(device, RuntimeVariant::HostBuildGraph)
+            .with_onboard_manifest(&self.manifest)
+            .with_cann(Arc::new(self.install.cann()))
+            .with_scheduler_timeout(Duration::from_millis(300))
+            .with_op_execute_timeout(Duration::from_micros(600_000))
+            .with_stream_sync_timeout(Duration::from_millis(STREAM_SYNC_MS as u64))
+    }
+
+    fn add_callable(&self) -> ChipCallable {
+        use ArgDirection::{In, Out};
+        ChipCallable::native(add::orchestration, three_args)
+            .names("add", "add_config")
+            .signature(vec![In, In, Out])
+            .kernel(add::ADD, CoreCallable::new(vec![In, In, Out], KernelCode::Text(vec![0; 64])))
+            .build()
+            .unwrap()
+    }
+
+    fn fail_next_aicore_launch(&self, r: &DeviceRunner) {
+        let next = r.stats().aicore_launches + 1;
+        self.install.fail_call("rtKernelLaunchWithHandleV2", next, 207_001).unwrap();
+    }
+
+    fn executes_kernels(&self) -> bool {
+        false
+    }
+}
+
+/// Device buffers and arguments of one `f = a + b` run.
+struct AddRun {
+    ptrs: [DevicePtr; 3],
+    args: TaskArgs,
+}
+
+fn upload(r: &mut DeviceRunner, values: &[f32]) -> (DevicePtr, Tensor) {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let p = r.malloc(bytes.len() as u64).unwrap();
+    r.copy_to_device(p, &bytes).unwrap();
+    let t = Tensor::external(p.addr(), &[values.len() as u32], DataType::Float32)
+        .unwrap()
+        .child_memory(true);
+    (p, t)
+}
+
+impl AddRun {
+    fn new(r: &mut DeviceRunner) -> AddRun {
+        let (pa, ta) = upload(r, &[1.0; 64]);
+        let (pb, tb) = upload(r, &[2.0; 64]);
+        let (pf, tf) = upload(r, &[0.0; 64]);
+        let mut args = TaskArgs::new();
+        args.add_input(ta).unwrap().add_input(tb).unwrap().add_output(tf).unwrap();
+        AddRun { ptrs: [pa, pb, pf], args }
+    }
+
+    fn output(&self, r: &mut DeviceRunner) -> Vec<f32> {
+        let mut bytes = vec![0u8; 64 * 4];
+        r.copy_from_device(&mut bytes, self.ptrs[2]).unwrap();
+        bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+
+    fn free(self, r: &mut DeviceRunner) {
+        for p in self.ptrs {
+            r.free(p).unwrap();
+        }
+    }
+}
+
+/// One successful run; on a backend that executes kernels, the output is checked.
+fn run_add(b: &dyn Bench, r: &mut DeviceRunner, run: u64) {
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(r);
+    r.run(&RunRequest::new(run_id(run), slot, &v.args, &CallConfig::default())).unwrap();
+    if b.executes_kernels() {
+        assert_eq!(v.output(r), vec![3.0; 64]);
+    }
+    v.free(r);
+    r.unregister_callable(slot).unwrap();
+}
+
+// ----- Shared bodies -----
+
+fn memory_range_checks(b: &dyn Bench) {
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    assert!(matches!(r.malloc(0), Err(DeviceError::InvalidArgs { .. })));
+    let p = r.malloc(3000).unwrap();
+    assert_eq!(p.addr() % 1024, 0);
+    let mut buf = vec![0xAB; 3000];
+    r.copy_from_device(&mut buf, p).unwrap();
+    assert!(buf.iter().all(|&x| x == 0), "fresh memory reads as zero");
+    assert!(matches!(
+        r.copy_to_device(p.offset(2999), &[1, 2]),
+        Err(DeviceError::BadDevicePointer { len: 2, .. })
+    ));
+    assert!(matches!(r.memset(p.offset(4096), 0, 1), Err(DeviceError::BadDevicePointer { .. })));
+    r.memset(p, 7, 3000).unwrap();
+    r.copy_from_device(&mut buf, p).unwrap();
+    assert!(buf.iter().all(|&x| x == 7));
+    assert!(matches!(r.free(p.offset(8)), Err(DeviceError::BadDevicePointer { .. })));
+    r.free(p).unwrap();
+    assert!(matches!(r.free(p), Err(DeviceError::BadDevicePointer { .. })));
+    let _leak = r.malloc(100).unwrap();
+    assert_eq!(r.stats().live_allocations, 1);
+    let report = r.finalize().unwrap();
+    assert!(report.freed_allocations >= 1);
+}
+
+fn unusable_fails_fast_and_finalize_recovers(b: &dyn Bench) {
+    let mut r = DeviceRunner::attach(b.options(4)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    let cfg = CallConfig::default();
+    b.fail_next_aicore_launch(&r);
+    let cleanups = r.stats().terminal_cleanups;
+    let err = r.run(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap_err();
+    assert!(matches!(err, DeviceError::Launch { kernel: KernelKind::AiCore, .. }), "{err}");
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 1, "terminal cleanup exactly once");
+    assert!(matches!(r.health(), DeviceHealth::Unusable { .. }));
+    let unusable = |e: DeviceError| matches!(e, DeviceError::Unusable { device_id: 4, .. });
+    assert!(unusable(r.run(&RunRequest::new(run_id(2), slot, &v.args, &cfg)).unwrap_err()));
+    assert!(unusable(r.malloc(16).unwrap_err()));
+    assert!(unusable(r.copy_to_device(v.ptrs[0], &[0; 4]).unwrap_err()));
+    assert!(unusable(r.copy_from_device(&mut [0; 4], v.ptrs[0]).unwrap_err()));
+    assert!(unusable(r.memset(v.ptrs[0], 0, 4).unwrap_err()));
+    assert!(unusable(r.register_callable(&b.add_callable()).unwrap_err()));
+    v.free(&mut r);
+    r.finalize().unwrap();
+    let mut fresh = DeviceRunner::attach(b.options(4)).unwrap();
+    assert!(fresh.health().is_healthy());
+    run_add(b, &mut fresh, 1);
+    fresh.finalize().unwrap();
+}
+
+fn finalize_then_reattach_runs(b: &dyn Bench) {
+    for round in 0..2 {
+        let mut r = DeviceRunner::attach(b.options(1)).unwrap();
+        run_add(b, &mut r, round + 1);
+        r.finalize().unwrap();
+    }
+}
+
+macro_rules! on_both_backends {
+    ($($name:ident => $body:ident;)*) => {
+        mod sim {
+            $(#[test] fn $name() { super::$body(&super::Sim); })*
+        }
+        mod onboard {
+            $(#[test] fn $name() {
+                let b = super::Onboard::new();
+                super::$body(&b);
+                assert_eq!(b.live(), [0; 5], "every CANN object released");
+            })*
+        }
+    };
+}
+
+on_both_backends! {
+    memory_ranges_are_checked_by_the_runner => memory_range_checks;
+    an_unusable_runner_fails_fast_and_finalize_recovers => unusable_fails_fast_and_finalize_recovers;
+    finalize_then_reattach_runs_again => finalize_then_reattach_runs;
+}
+
+// ----- Log-driven tests (onboard only) -----
+
+fn names(log: &[Call]) -> Vec<&str> {
+    log.iter().map(|c| c.func.as_str()).collect()
+}
+
+fn position(log: &[Call], func: &str) -> usize {
+    log.iter()
+        .position(|c| c.func == func)
+        .unwrap_or_else(|| panic!("no {func} in {:?}", names(log)))
+}
+
+fn count(log: &[Call], func: &str) -> usize {
+    log.iter().filter(|c| c.func == func).count()
+}
+
+/// The two stream handles, AICPU first, from an attach log.
+fn streams(log: &[Call]) -> (u64, u64) {
+    let s: Vec<u64> =
+        log.iter().filter(|c| c.func == "rtStreamCreate").filter_map(|c| c.stream).collect();
+    assert_eq!(s.len(), 2, "{:?}", names(log));
+    (s[0], s[1])
+}
+
+#[test]
+fn attach_initializes_in_the_original_order() {
+    let b = Onboard::new();
+    let r = DeviceRunner::attach(b.options(0)).unwrap();
+    let log = b.log();
+    let order = [
+        "dlog_setlevel",
+        "rtSetDevice",
+        "aclrtSetOpExecuteTimeOutV2",
+        "rtStreamCreate",
+        "aclrtGetStreamResLimit",
+        "rtAicpuKernelLaunchExWithArgs",
+        "rtsBinaryLoadFromFile",
+        "rtRegisterAllKernel",
+        "rtsLaunchCpuKernel",
+    ];
+    let at: Vec<usize> = order.iter().map(|f| position(&log, f)).collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "{:?}", names(&log));
+    let device_calls = ["rtSetDevice", "aclrtSetDevice", "rtStreamCreate", "rtMalloc"];
+    assert!(
+        log[..at[0]].iter().all(|c| !device_calls.contains(&c.func.as_str())),
+        "the log level is set before the first bind: {:?}",
+        names(&log)
+    );
+    let (aicpu, aicore) = streams(&log);
+    assert!(aicpu < aicore, "AICPU stream first");
+    assert_eq!(log[at[4]].stream, Some(aicore), "core limits queried on a stream");
+    let op_us = log[at[2]].timeout;
+    assert_eq!(op_us, Some(600_000));
+    // The bootstrap and the init launch each wait on the AICPU stream with the 50 s budget.
+    let syncs: Vec<&Call> =
+        log.iter().filter(|c| c.func == "aclrtSynchronizeStreamWithTimeout").collect();
+    assert_eq!(syncs.len(), 2);
+    assert!(syncs.iter().all(|c| c.stream == Some(aicpu) && c.timeout == Some(50_000)));
+    let init = &log[at[8]];
+    assert_eq!((init.block_dim, init.stream), (Some(1), Some(aicpu)));
+    assert!(init.text.starts_with("simpler_aicpu_init_"), "{init}");
+    assert_eq!(log[at[5]].text, "AST_DYN_AICPU");
+    assert_eq!(count(&log, "rtsFuncGetByName"), 2, "init and exec entries");
+    drop(r);
+}
+
+#[test]
+fn a_run_launches_aicore_then_aicpu_and_syncs_aicpu_then_aicore_with_the_budget() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let (aicpu, aicore) = streams(&b.log());
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    b.log();
+    let cfg = CallConfig::builder().block_dim(2).build().unwrap();
+    let report = r.run(&RunRequest::new(run_id(7), slot, &v.args, &cfg)).unwrap();
+    assert_eq!(report.block_dim, 2);
+    let log = b.log();
+    let l2 = position(&log, "rtKernelLaunchWithHandleV2");
+    assert_eq!(
+        (count(&log, "rtKernelLaunchWithHandleV2"), count(&log, "rtsLaunchCpuKernel")),
+        (1, 1),
+        "one launch each: {:?}",
+        names(&log)
+    );
+    assert_eq!(
+        log[l2 + 1].func,
+        "rtsLaunchCpuKernel",
+        "nothing between the launches: {:?}",
+        names(&log)
+    );
+    assert_eq!((log[l2].stream, log[l2].block_dim, log[l2].size), (Some(aicore), Some(2), Some(8)));
+    assert_eq!(log[l2].value, Some(1), "batch schedule mode");
+    assert_eq!(log[l2 + 1].stream, Some(aicpu));
+    assert!(log[l2 + 1].text.starts_with("simpler_aicpu_exec_"));
+    let syncs: Vec<(Option<u64>, Option<i64>)> = log[l2..]
+        .iter()
+        .filter(|c| c.func == "aclrtSynchronizeStreamWithTimeout")
+        .map(|c| (c.stream, c.timeout))
+        .collect();
+    assert_eq!(syncs, [(Some(aicpu), Some(STREAM_SYNC_MS)), (Some(aicore), Some(STREAM_SYNC_MS))]);
+    assert_eq!(
+        log[l2 + 2].func,
+        "aclrtSynchronizeStreamWithTimeout",
+        "the reap follows the launches"
+    );
+    assert!(
+        !names(&log[..l2]).contains(&"aclrtSynchronizeStreamWithTimeout"),
+        "no sync before the launch"
+    );
+    assert!(r.health().is_healthy());
+    v.free(&mut r);
+    r.unregister_callable(slot).unwrap();
+    r.finalize().unwrap();
+    assert_eq!(b.live(), [0; 5]);
+}
+
+#[test]
+fn the_aicore_binary_is_registered_once_per_runner() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    run_add(&b, &mut r, 1);
+    run_add(&b, &mut r, 2);
+    let log = b.log();
+    assert_eq!(count(&log, "rtRegisterAllKernel"), 1);
+    assert_eq!(count(&log, "rtKernelLaunchWithHandleV2"), 2);
+    r.finalize().unwrap();
+}
+
+/// Attaches, registers and uploads, then clears the log.
+fn prepared(b: &Onboard) -> (DeviceRunner, simpler_device_a2a3::ChipSlot, AddRun, (u64, u64)) {
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let s = streams(&b.log());
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    b.log();
+    (r, slot, v, s)
+}
+
+#[test]
+fn a_failed_aicore_launch_drains_once_marks_unusable_and_never_launches_the_aicpu() {
+    let b = Onboard::new();
+    let (mut r, slot, v, _) = prepared(&b);
+    b.install.fail_call("rtKernelLaunchWithHandleV2", 1, 207_001).unwrap();
+    let cleanups = r.stats().terminal_cleanups;
+    let err =
+        r.run(&RunRequest::new(run_id(3), slot, &v.args, &CallConfig::default())).unwrap_err();
+    match &err {
+        DeviceError::Launch { run_id: id, kernel: KernelKind::AiCore, code } => {
+            assert_eq!((*id, code.get()), (run_id(3), 207_001));
+        }
+        e => panic!("{e}"),
+    }
+    assert!(err.to_string().contains("ACL_ERROR_RT_MEMORY_ALLOCATION"), "{err}");
+    let log = b.log();
+    let l2 = position(&log, "rtKernelLaunchWithHandleV2");
+    assert_eq!(log[l2].ret, 207_001);
+    assert_eq!(count(&log, "rtsLaunchCpuKernel"), 0, "{:?}", names(&log));
+    assert_eq!(count(&log, "aclrtSynchronizeStreamWithTimeout"), 0);
+    let drains: Vec<&Call> =
+        log.iter().filter(|c| c.func == "aclrtSynchronizeDeviceWithTimeout").collect();
+    assert_eq!(drains.len(), 1, "one bounded drain");
+    assert_eq!(drains[0].timeout, Some(STREAM_SYNC_MS));
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 1);
+    assert!(matches!(r.health(), DeviceHealth::Unusable { .. }));
+    v.free(&mut r);
+    r.finalize().unwrap();
+    assert_eq!(b.live(), [0; 5]);
+}
+
+#[test]
+fn a_failed_aicpu_launch_drains_once_and_marks_unusable() {
+    let b = Onboard::new();
+    let (mut r, slot, v, _) = prepared(&b);
+    // The first `rtsLaunchCpuKernel` was the init launch.
+    b.install.fail_call("rtsLaunchCpuKernel", 2, 507_018).unwrap();
+    let cleanups = r.stats().terminal_cleanups;
+    let err =
+        r.run(&RunRequest::new(run_id(4), slot, &v.args, &CallConfig::default())).unwrap_err();
+    assert!(matches!(err, DeviceError::Launch { kernel: KernelKind::Aicpu, .. }), "{err}");
+    assert!(err.to_string().contains("ACL_ERROR_RT_AICPU_EXCEPTION"), "{err}");
+    let log = b.log();
+    assert!(position(&log, "rtKernelLaunchWithHandleV2") < position(&log, "rtsLaunchCpuKernel"));
+    assert_eq!(count(&log, "aclrtSynchronizeDeviceWithTimeout"), 1);
+    assert_eq!(count(&log, "aclrtSynchronizeStreamWithTimeout"), 0);
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 1);
+    assert!(matches!(r.health(), DeviceHealth::Unusable { .. }));
+    v.free(&mut r);
+    r.finalize().unwrap();
+    assert_eq!(b.live(), [0; 5]);
+}
+
+fn sync_timeout_on(stream_index: i64) -> (Onboard, DeviceError, Vec<Call>, (u64, u64)) {
+    let b = Onboard::new();
+    let (mut r, slot, v, s) = prepared(&b);
+    b.install.set_value("sync_timeout_stream", stream_index).unwrap();
+    let err =
+        r.run(&RunRequest::new(run_id(5), slot, &v.args, &CallConfig::default())).unwrap_err();
+    let log = b.log();
+    assert!(matches!(r.health(), DeviceHealth::Unusable { .. }));
+    v.free(&mut r);
+    r.finalize().unwrap();
+    assert_eq!(count(&b.log(), "aclrtResetDeviceForce"), 1, "a timed-out device is force-reset");
+    assert_eq!(b.live(), [0; 5]);
+    (b, err, log, s)
+}
+
+#[test]
+fn an_aicpu_stream_sync_timeout_stops_there_and_is_a_stream_sync_timeout() {
+    let (_b, err, log, (aicpu, _)) = sync_timeout_on(1);
+    match &err {
+        DeviceError::Timeout { budget: TimeoutBudget::StreamSync, limit, .. } => {
+            assert_eq!(*limit, Duration::from_millis(STREAM_SYNC_MS as u64));
+        }
+        e => panic!("{e}"),
+    }
+    let syncs: Vec<&Call> =
+        log.iter().filter(|c| c.func == "aclrtSynchronizeStreamWithTimeout").collect();
+    assert_eq!(syncs.len(), 1, "the AICore stream is not synced after the first error");
+    assert_eq!((syncs[0].stream, syncs[0].ret), (Some(aicpu), 507_046));
+    assert_eq!(count(&log, "aclrtSynchronizeDeviceWithTimeout"), 1);
+}
+
+#[test]
+fn an_aicore_stream_sync_timeout_follows_a_good_aicpu_sync() {
+    let (_b, err, log, (aicpu, aicore)) = sync_timeout_on(2);
+    assert!(matches!(err, DeviceError::Timeout { budget: TimeoutBudget::StreamSync, .. }), "{err}");
+    let syncs: Vec<(Option<u64>, i64)> = log
+        .iter()
+        .filter(|c| c.func == "aclrtSynchronizeStreamWithTimeout")
+        .map(|c| (c.stream, c.ret))
+        .collect();
+    assert_eq!(syncs, [(Some(aicpu), 0), (Some(aicore), 507_046)]);
+}
+
+#[test]
+fn an_unusable_runner_makes_no_cann_call_at_all() {
+    let b = Onboard::new();
+    let (mut r, slot, v, _) = prepared(&b);
+    b.install.fail_call("rtKernelLaunchWithHandleV2", 1, 207_001).unwrap();
+    let cfg = CallConfig::default();
+    r.run(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap_err();
+    b.log();
+    assert!(r.run(&RunRequest::new(run_id(2), slot, &v.args, &cfg)).is_err());
+    assert!(r.malloc(16).is_err());
+    assert!(r.copy_to_device(v.ptrs[0], &[0; 4]).is_err());
+    assert!(r.copy_from_device(&mut [0; 4], v.ptrs[0]).is_err());
+    assert!(r.memset(v.ptrs[0], 0, 4).is_err());
+    assert!(r.register_callable(&b.add_callable()).is_err());
+    assert!(r.prewarm(&cfg).is_err());
+    for p in v.ptrs {
+        r.free(p).unwrap();
+    }
+    assert_eq!(b.log(), [], "fast-fail touches no device");
+    r.finalize().unwrap();
+}
+
+#[test]
+fn finalize_destroys_streams_without_sync_then_unloads_frees_and_resets() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let _kept = r.malloc(256).unwrap();
+    let v = AddRun::new(&mut r);
+    r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap();
+    let before = b.log();
+    let mallocs = count(&before, "rtMalloc");
+    let frees_before = count(&before, "rtFree");
+    r.finalize().unwrap();
+    let log = b.log();
+    let first_destroy = position(&log, "rtStreamDestroy");
+    assert_eq!(count(&log, "rtStreamDestroy"), 2);
+    assert!(
+        !names(&log[..first_destroy]).iter().any(|f| f.contains("Synchronize")),
+        "no sync before the streams go: {:?}",
+        names(&log)
+    );
+    assert!(first_destroy < position(&log, "rtsBinaryUnload"));
+    assert!(position(&log, "rtsBinaryUnload") < position(&log, "rtDeviceReset"));
+    let last_free = log.iter().rposition(|c| c.func == "rtFree").unwrap();
+    assert!(last_free < position(&log, "rtDeviceReset"));
+    assert_eq!(
+        frees_before + count(&log, "rtFree"),
+        mallocs,
+        "every allocation freed exactly once"
+    );
+    assert!(log.iter().all(|c| c.ret == 0), "{:?}", names(&log));
+    assert_eq!(
+        count(&log, "aclrtResetDeviceForce"),
+        0,
+        "a healthy device gets the soft reset only"
+    );
+    assert_eq!(b.live(), [0; 5]);
+}
+
+/// Poisons a runner, makes the force-reset probe fail `k` times, finalizes.
+fn finalize_with_probe_failures(k: i64) -> (Onboard, Result<(), DeviceError>, Vec<Call>) {
+    let b = Onboard::new();
+    let (mut r, slot, v, _) = prepared(&b);
+    b.install.fail_call("rtKernelLaunchWithHandleV2", 1, 207_001).unwrap();
+    r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap_err();
+    v.free(&mut r);
+    b.install.set_value("reset_probe_failures", k).unwrap();
+    b.log();
+    let result = r.finalize().map(drop);
+    let log = b.log();
+    (b, result, log)
+}
+
+#[test]
+fn an_unusable_device_is_force_reset_until_the_probe_passes() {
+    for k in 0..3 {
+        let (b, result, log) = finalize_with_probe_failures(k);
+        result.unwrap();
+        assert_eq!(count(&log, "aclrtResetDeviceForce"), k as usize + 1, "k = {k}");
+        let soft = position(&log, "rtDeviceReset");
+        assert!(soft < position(&log, "aclInit") && soft < position(&log, "aclrtResetDeviceForce"));
+        // The last probe passed: a stream created and destroyed, 64 bytes allocated and freed.
+        let n = log.len();
+        let tail: Vec<&str> = names(&log[n - 7..]);
+        assert_eq!(
+            tail,
+            [
+                "aclrtSetDevice",
+                "aclrtCreateStream",
+                "aclrtDestroyStream",
+                "aclrtMalloc",
+                "aclrtFree",
+                "aclrtResetDevice",
+                "aclFinalize"
+            ],
+            "k = {k}"
+        );
+        assert_eq!(log[n - 4].size, Some(64));
+        assert_eq!(b.live(), [0; 5]);
+        let fresh = DeviceRunner::attach(b.options(0)).unwrap();
+        assert!(fresh.health().is_healthy());
+    }
+}
+
+#[test]
+fn three_failed_force_resets_are_the_finalize_error() {
+    let (b, result, log) = finalize_with_probe_failures(3);
+    let err = result.unwrap_err();
+    assert_eq!(count(&log, "aclrtResetDeviceForce"), 3);
+    match &err {
+        DeviceError::Acl { init: None, source, .. } => {
+            assert_eq!((source.func, source.code), ("aclrtCreateStream", 507_899));
+        }
+        e => panic!("{e}"),
+    }
+    let text = err.to_string();
+    assert!(text.contains("aclrtCreateStream: 507899 ACL_ERROR_RT_DRV_INTERNAL_ERROR"), "{text}");
+    assert!(text.contains("symptom of an earlier device fault"), "{text}");
+    assert_eq!(b.live(), [0; 5]);
+}
+
+#[test]
+fn a_failed_second_stream_destroys_the_first_and_names_the_code() {
+    let b = Onboard::new();
+    b.install.fail_call("rtStreamCreate", 2, 207_001).unwrap();
+    let err = DeviceRunner::attach(b.options(0)).unwrap_err();
+    match &err {
+        DeviceError::Acl { init: Some(InitStep::CreateStream), source, .. } => {
+            assert_eq!((source.func, source.code), ("rtStreamCreate", 207_001));
+        }
+        e => panic!("{e}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.contains("create stream: rtStreamCreate: 207001 ACL_ERROR_RT_MEMORY_ALLOCATION (the device could not allocate memory)"),
+        "{text}"
+    );
+    let log = b.log();
+    assert_eq!(count(&log, "rtStreamDestroy"), 1);
+    assert!(!names(&log).iter().any(|f| f.contains("Synchronize")));
+    assert_eq!(b.live(), [0; 5]);
+}
+
+#[test]
+fn the_core_limits_bound_block_dim_and_a_failed_query_gives_24() {
+    let b = Onboard::new();
+    b.install.set_value("cube_core_limit", 4).unwrap();
+    b.install.set_value("vector_core_limit", 8).unwrap();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    let too_big = CallConfig::builder().block_dim(5).build().unwrap();
+    let err = r.run(&RunRequest::new(run_id(1), slot, &v.args, &too_big)).unwrap_err();
+    assert!(matches!(err, DeviceError::InvalidConfig { .. }), "{err}");
+    let ok = CallConfig::builder().block_dim(4).build().unwrap();
+    r.run(&RunRequest::new(run_id(2), slot, &v.args, &ok)).unwrap();
+    v.free(&mut r);
+    r.finalize().unwrap();
+
+    let b = Onboard::new();
+    b.install.fail_call("aclrtGetStreamResLimit", 0, 507_000).unwrap();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    let cfg = CallConfig::builder().block_dim(24).build().unwrap();
+    r.run(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
+    v.free(&mut r);
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_missing_or_malformed_manifest_is_a_load_programs_error_naming_the_file() {
+    let b = Onboard::new();
+    let missing = b.manifest.with_file_name("nope.json");
+    let opts = b.options(0).with_onboard_manifest(&missing);
+    match DeviceRunner::attach(opts).unwrap_err() {
+        DeviceError::Init { step: InitStep::LoadPrograms, message, .. } => {
+            assert!(message.contains("nope.json"), "{message}");
+        }
+        e => panic!("{e}"),
+    }
+    std::fs::write(&b.manifest, "{ not json").unwrap();
+    match DeviceRunner::attach(b.options(0)).unwrap_err() {
+        DeviceError::Init { step: InitStep::LoadPrograms, message, .. } => {
+            assert!(message.contains("manifest.json"), "{message}");
+        }
+        e => panic!("{e}"),
+    }
+    std::fs::write(&b.manifest, r#"{ "abi_version": 99, "artifacts": {} }"#).unwrap();
+    let err = DeviceRunner::attach(b.options(0)).unwrap_err();
+    assert!(err.to_string().contains("ABI 99"), "{err}");
+    assert_eq!(b.live(), [0; 5], "a failed init releases what it built");
+}
+
+#[test]
+fn a_missing_library_lists_every_path_tried() {
+    let mut install = FakeInstall::empty().unwrap();
+    install.place(simpler_acl_sys::Library::Acl, "usr/local/Ascend/cann/lib64").unwrap();
+    let b = Onboard::from_install(install);
+    let err = DeviceRunner::attach(b.options(0)).unwrap_err();
+    assert!(matches!(err, DeviceError::Load { .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("libruntime.so"), "{text}");
+    assert!(text.contains("ascend-toolkit/latest"), "the default roots are listed: {text}");
+    assert!(text.contains("libascend_hal.so"), "every missing library at once: {text}");
+}
+
+#[test]
+fn a_missing_symbol_is_named() {
+    let install = FakeInstall::standard_omitting(Some("rtsLaunchCpuKernel")).unwrap();
+    let b = Onboard::from_install(install);
+    let err = DeviceRunner::attach(b.options(0)).unwrap_err();
+    assert!(matches!(err, DeviceError::Load { .. }), "{err}");
+    assert!(err.to_string().contains("rtsLaunchCpuKernel"), "{err}");
+    assert_eq!(b.log(), [], "nothing is called before the probe passed");
+}
+
+#[test]
+fn a_kernel_the_chip_cannot_execute_is_refused() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let err = r.register_callable(&add::callable().unwrap()).unwrap_err();
+    assert!(matches!(err, DeviceError::InvalidCallable { .. }), "{err}");
+    r.finalize().unwrap();
+    assert_eq!(b.live(), [0; 5]);
+}
+
+#[test]
+fn a_release_that_fails_in_drop_is_returned_by_the_next_fallible_call() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let p = r.malloc(128).unwrap();
+    let next_free = count(&b.log(), "rtFree") as u64 + 1;
+    b.install.fail_call("rtFree", next_free, 507_899).unwrap();
+    r.free(p).unwrap();
+    let err = r.register_callable(&b.add_callable()).unwrap_err();
+    match &err {
+        DeviceError::Acl { source, .. } => {
+            assert_eq!((source.func, source.code), ("rtFree", 507_899))
+        }
+        e => panic!("{e}"),
+    }
+    // Reported once: the call after it succeeds.
+    r.register_callable(&b.add_callable()).unwrap();
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_cann_of_another_major_version_is_refused_naming_both() {
+    let b = Onboard::new();
+    b.install.set_value("version_major", 9).unwrap();
+    let err = DeviceRunner::attach(b.options(0)).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("CANN 9.") && text.contains("8.2.RC1"), "{text}");
+}
+
+#[test]
+fn a_runner_moved_to_another_thread_binds_it_once() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    b.log();
+    let r = std::thread::spawn(move || {
+        let v = AddRun::new(&mut r);
+        r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap();
+        r.run(&RunRequest::new(run_id(2), slot, &v.args, &CallConfig::default())).unwrap();
+        v.free(&mut r);
+        r
+    })
+    .join()
+    .unwrap();
+    let log = b.log();
+    assert_eq!(count(&log, "rtSetDevice"), 1, "{:?}", names(&log));
+    assert_eq!(log[0].func, "rtSetDevice", "the new thread binds before its first call");
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_refused_bind_is_a_bind_device_error_with_the_code_named() {
+    let b = Onboard::new();
+    b.install.fail_call("rtSetDevice", 1, 507_899).unwrap();
+    let err = DeviceRunner::attach(b.options(0)).unwrap_err();
+    assert!(matches!(err, DeviceError::Acl { init: Some(InitStep::BindDevice), .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("bind device: rtSetDevice: 507899 ACL_ERROR_RT_DRV_INTERNAL_ERROR"),
+        "{text}"
+    );
+    assert_eq!(b.live(), [0; 5]);
+}
