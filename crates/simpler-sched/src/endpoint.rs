@@ -76,7 +76,7 @@ pub struct DispatchedMember<'a> {
     pub callable: &'a CallableId,
     /// Per-task configuration (always the default for SUB tasks).
     pub config: &'a CallConfig,
-    /// The member's tensors and scalars (tags are not passed on).
+    /// The member's tensors with the tags they were submitted with, and its scalars.
     pub args: TaskArgsView<'a>,
 }
 

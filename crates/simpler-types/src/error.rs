@@ -159,6 +159,14 @@ pub enum TypesError {
         /// The cap of this argument kind.
         cap: usize,
     },
+    /// A view to copy has a tag count that differs from its tensor count.
+    #[error("an argument view with {tensors} tensor(s) carries {tags} tag(s)")]
+    MissingTags {
+        /// Tensors in the view.
+        tensors: usize,
+        /// Tags in the view.
+        tags: usize,
+    },
 
     // ----- Argument blob -----
     /// The output buffer cannot hold the encoded blob.

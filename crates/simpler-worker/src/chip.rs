@@ -178,18 +178,8 @@ impl ChipState {
                 self.chip
             )));
         };
-        self.scratch.clear();
-        for t in args.tensors {
-            // Tags were consumed by the engine; the chip entry sees read-write device tensors.
-            self.scratch
-                .add_inout(*t)
-                .map_err(|e| EndpointFailure::endpoint_failed(e.to_string()))?;
-        }
-        for s in args.scalars {
-            self.scratch
-                .add_scalar(*s)
-                .map_err(|e| EndpointFailure::endpoint_failed(e.to_string()))?;
-        }
+        // The member's own tags travel on to the chip entry.
+        self.scratch.assign(args).map_err(|e| EndpointFailure::endpoint_failed(e.to_string()))?;
         let scratch = std::mem::take(&mut self.scratch);
         let result = match self.runner() {
             Ok(r) => r.run(&RunRequest::new(run, slot, &scratch, config)).map(|_| ()),
