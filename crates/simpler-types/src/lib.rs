@@ -62,7 +62,8 @@ pub use constants::*;
 pub use dtype::{DataType, Scalar, from_scalar, to_scalar};
 pub use error::TypesError;
 pub use failure::{
-    CancelReason, DeviceCode, FailureMechanism, RunFailure, TaskFailure, TimeoutBudget,
+    CancelReason, DeviceCode, FailureMechanism, FailureSource, RunFailure, TaskFailure,
+    TimeoutBudget,
 };
 pub use ids::{
     CallableId, CallableKind, CallableNamespace, DeviceTaskId, RingIndex, RunId, SlotId, TaskId,

@@ -267,6 +267,18 @@ impl<'a> GraphBuilder<'a> {
         self.inner.chip_memory(chip)
     }
 
+    /// Runs `f` with the fault plan of simulated chip `chip` of this (L3) worker, ordered with
+    /// work already queued on the chip's lane; `Ok(false)` on a real chip. As
+    /// [`Worker::with_sim_faults`](crate::Worker::with_sim_faults), for a worker that only an
+    /// enclosing worker can reach.
+    pub fn with_sim_faults(
+        &self,
+        chip: WorkerId,
+        f: impl FnOnce(&simpler_device_a2a3::FaultPlan) + Send + 'static,
+    ) -> Result<bool, WorkerError> {
+        self.inner.with_sim_faults(chip, f)
+    }
+
     /// Keeps `value` alive until the run's result is published.
     pub fn keep_alive(&mut self, value: impl Send + 'static) {
         self.keep.push(Box::new(value));

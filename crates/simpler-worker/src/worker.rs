@@ -37,23 +37,21 @@
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 use simpler_device_a2a3::{ChipCallable, DeviceError, Platform, RuntimeVariant};
-use simpler_sched::Engine;
+use simpler_sched::{EndpointFailure, Engine};
 use simpler_types::{
     CallConfig, CallableId, CallableKind, RunFailure, RunId, TaskArgsView, WorkerId, WorkerRef,
 };
 
 use crate::builder::{ChipWorkerBuilder, CompositeWorkerBuilder, HostWorkerBuilder};
-use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence, Residue};
+use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence, Residue, device_failure};
 use crate::deferred_drop;
 use crate::error::{
-    BoxError, BuildFailure, CloseError, DrainTimeout, Frame, RunError, RunErrorKind, TeardownError,
-    WorkerError,
+    BoxError, BuildFailure, CloseError, DrainTimeout, Frame, RunError, TeardownError, WorkerError,
 };
 use crate::graph::{GraphBuilder, OrchBody, Orchestration};
 use crate::handle::{
@@ -61,7 +59,7 @@ use crate::handle::{
 };
 use crate::memory::ChipMemory;
 use crate::reentry;
-use crate::run::{Fence, RunHandle, RunShared, frames_of, kind_of, panic_text};
+use crate::run::{Fence, RunHandle, RunShared, frames_of, kind_of, kind_of_mechanism, panic_text};
 
 /// The public lifecycle of a started worker.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -118,7 +116,6 @@ pub(crate) struct Inner {
     failed_runs: Mutex<Vec<Arc<RunShared>>>,
     /// Chip callables whose last handle was unregistered while runs were live.
     chip_pending: Mutex<Vec<(CallableId, Vec<WorkerId>)>>,
-    next_l2_run: AtomicU64,
     /// Device allocations made through the memory helpers, per chip: address → length. Read at
     /// submit to refuse a chip-memory tensor sent to a chip that does not own it.
     pub(crate) owned: Mutex<HashMap<WorkerId, BTreeMap<u64, u64>>>,
@@ -266,6 +263,20 @@ impl Inner {
         }
     }
 
+    pub(crate) fn with_sim_faults(
+        &self,
+        chip: WorkerId,
+        f: impl FnOnce(&simpler_device_a2a3::FaultPlan) + Send + 'static,
+    ) -> Result<bool, WorkerError> {
+        self.on_chip(chip, move |s| match s.runner.as_ref().and_then(|r| r.sim_faults()) {
+            Some(plan) => {
+                f(plan);
+                true
+            }
+            None => false,
+        })
+    }
+
     fn name_of(&self, id: &CallableId) -> Option<String> {
         std::iter::once(&self.registry)
             .chain(&self.name_sources)
@@ -277,29 +288,16 @@ impl Inner {
         RunError::new(f.run(), kind_of(f), frames, Vec::new(), Some(Arc::clone(f)))
     }
 
-    pub(crate) fn lane_error(&self, run: RunId, e: &DeviceError) -> RunError {
-        let mechanism = e.mechanism();
-        let kind = match &mechanism {
-            simpler_types::FailureMechanism::Timeout { budget, limit } => {
-                RunErrorKind::Timeout { budget: budget.to_string(), value: *limit }
-            }
-            simpler_types::FailureMechanism::CapacityExhausted { what } => {
-                RunErrorKind::Capacity { what: what.clone() }
-            }
-            simpler_types::FailureMechanism::TaskFailed => RunErrorKind::TaskFailed,
-            _ => RunErrorKind::DeviceFault { code: e.device_code() },
-        };
+    /// The error of L2 run `run`, from the chip lane's failure (mapped by [`device_failure`]).
+    pub(crate) fn lane_error(&self, run: RunId, f: &EndpointFailure) -> RunError {
+        let kind = kind_of_mechanism(&f.mechanism, f.device_code);
         let frame = Frame {
-            level: 2,
-            run,
-            task: None,
-            callable: None,
             kind: Some(CallableKind::Chip),
             worker: Some(WorkerRef::next_level(self.chips().first().map_or(0, |c| c.0))),
-            member: None,
-            mechanism: Some(mechanism),
-            device_code: e.device_code(),
-            message: e.to_string(),
+            mechanism: Some(f.mechanism.clone()),
+            device_code: f.device_code,
+            source: f.source.clone(),
+            ..Frame::of_run(2, run, f.message.clone())
         };
         RunError::new(run, kind, vec![frame], Vec::new(), None)
     }
@@ -782,13 +780,7 @@ impl Worker {
         chip: WorkerId,
         f: impl FnOnce(&simpler_device_a2a3::FaultPlan) + Send + 'static,
     ) -> Result<bool, WorkerError> {
-        self.inner.on_chip(chip, move |s| match s.runner.as_ref().and_then(|r| r.sim_faults()) {
-            Some(plan) => {
-                f(plan);
-                true
-            }
-            None => false,
-        })
+        self.inner.with_sim_faults(chip, f)
     }
 
     /// References held on chip callable content `id` on `chip` (for diagnostics and tests).
@@ -834,30 +826,35 @@ impl Worker {
             Some((_, r)) => r.clone(),
             None => return Err(WorkerError::UnknownCallable { handle }),
         };
-        // Relaxed: run ids only need to be distinct; the admission lock orders submits.
-        let raw = self.inner.next_l2_run.fetch_add(1, Ordering::Relaxed);
-        let run = RunId::from_raw(raw)
-            .ok_or(WorkerError::Lane { chip: lane.chip, message: "run ids exhausted".into() })?;
         let fence = Arc::new(LaneFence::default());
         let lane_fence = Arc::clone(&fence);
         let id = handle.id;
-        let (tx, rx) = mpsc::sync_channel::<Result<(), DeviceError>>(1);
+        let (tx, rx) = mpsc::sync_channel::<(Option<RunId>, Result<(), DeviceError>)>(1);
         lane.post(Box::new(move |s: &mut ChipState| {
-            let prepared = s.prepare(run, &id, &args, &config);
+            let (run, prepared) = s.begin_run(&id, args.view(), &config, None);
             let ok = prepared.is_ok();
-            let _ = tx.send(prepared);
+            let _ = tx.send((run, prepared));
             if ok {
-                lane_fence.set(s.launch_and_reap());
+                lane_fence.set(s.finish_run().map_err(device_failure));
             }
         }))?;
-        let prepared = rx.recv().map_err(|_| WorkerError::Lane {
+        let (run, prepared) = rx.recv().map_err(|_| WorkerError::Lane {
             chip: lane.chip,
             message: "the lane dropped the run".into(),
         })?;
-        if let Err(e) = prepared {
-            deferred_drop::drop_logged(Some(run), keep.take());
-            return Err(WorkerError::Build { run, cause: BuildFailure::Device(Box::new(e)) });
-        }
+        let run = match (run, prepared) {
+            (Some(run), Ok(())) => run,
+            (Some(run), Err(e)) => {
+                deferred_drop::drop_logged(Some(run), keep.take());
+                return Err(WorkerError::Build { run, cause: BuildFailure::Device(Box::new(e)) });
+            }
+            (None, Err(e)) => {
+                return Err(WorkerError::Lane { chip: lane.chip, message: e.to_string() });
+            }
+            (None, Ok(())) => {
+                return Err(WorkerError::Lane { chip: lane.chip, message: "no run id".into() });
+            }
+        };
         let shared = RunShared::new(run, Arc::clone(&self.inner), Fence::Lane(fence));
         shared.keep(keep.take());
         shared.keep([Box::new(pin) as Box<dyn Any + Send>]);
@@ -1055,7 +1052,6 @@ pub(crate) fn new_inner(
         chip_registration: Mutex::new(()),
         failed_runs: Mutex::new(Vec::new()),
         chip_pending: Mutex::new(Vec::new()),
-        next_l2_run: AtomicU64::new(1),
         owned: Mutex::new(HashMap::new()),
         #[cfg(test)]
         injected: Mutex::new(Vec::new()),
