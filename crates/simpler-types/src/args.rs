@@ -1,4 +1,4 @@
-//! Task-argument builders, their borrowed view, and the encoded blob (spec 10 §7).
+//! Task-argument builders, their borrowed view, and the encoded blob (see `docs/types.md`).
 //!
 //! [`Args`] holds three parallel lists: tensors, one access tag per tensor, and `u64` scalars.
 //! The two aliases differ only in their caps: [`TaskArgs`] (L3+ members and chip entry calls,

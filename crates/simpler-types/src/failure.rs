@@ -1,4 +1,4 @@
-//! The failure vocabulary every layer reports in (spec 10 §9).
+//! The failure vocabulary every layer reports in (see `docs/types.md`).
 //!
 //! An error that reaches a user names the run, the task (callable, worker, member), the
 //! mechanism, and the device code where one exists. These are plain data: the scheduler,

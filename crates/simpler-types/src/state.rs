@@ -1,4 +1,4 @@
-//! State enums of runs, tasks and group members (spec 10 §3).
+//! State enums of runs, tasks and group members (see `docs/types.md`).
 //!
 //! `TaskState`, `EndpointOutcome` and `GroupMemberState` mirror frozen wire value sets (traces and
 //! the chip runtime compare the numbers), so they are exhaustive: a new state would be a protocol
@@ -74,7 +74,7 @@ impl fmt::Display for RunState {
 ///
 /// The wire values keep the original numbering so traces compare; `Building` was added last and
 /// therefore has the highest value. The transition table, with the thread that performs each move,
-/// belongs to the engine (spec 30 §5).
+/// belongs to the engine (`simpler-sched`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[repr(u8)]
 pub enum TaskState {

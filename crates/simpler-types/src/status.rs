@@ -1,4 +1,4 @@
-//! `RunStatus`: a cloneable snapshot of one run for users and tests (spec 10 §3.1).
+//! `RunStatus`: a cloneable snapshot of one run for users and tests (see `docs/types.md`).
 
 use std::sync::Arc;
 

@@ -1,5 +1,5 @@
 //! `TensorArgType`: the access tag of a tensor argument and the dependency rules it implies
-//! (spec 10 §4).
+//! (see `docs/types.md`).
 //!
 //! | Tag | Looks up producer | Becomes producer | Null address |
 //! |---|---|---|---|
@@ -98,7 +98,7 @@ mod tests {
 
     #[test]
     fn predicates_match_the_dependency_table() {
-        // (tag, reads, writes, looks_up, inserts, allows_null), straight from spec 10 §4.
+        // (tag, reads, writes, looks_up, inserts, allows_null), straight from the table above.
         let table = [
             (Input, true, false, true, false, true),
             (InOut, true, true, true, true, false),

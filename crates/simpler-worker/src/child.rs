@@ -1,5 +1,5 @@
-//! Child workers of an L4+ level (spec 40 §8): engine NEXT_LEVEL endpoints that run one whole
-//! child run per task.
+//! Child workers of an L4+ level: engine NEXT_LEVEL endpoints that run one whole child run per
+//! task (`docs/worker-protocols.md` §9).
 //!
 //! The endpoint copies the member's arguments (tags included) into an owned `TaskArgs` and calls the child's
 //! `run` with the task's graph, arguments and configuration. `Ok` is success; a `Build` or

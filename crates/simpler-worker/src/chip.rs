@@ -1,5 +1,5 @@
 //! Chip lanes: the one thread that owns a chip's `DeviceRunner` and makes every device call for
-//! it (spec 40 §1).
+//! it (`docs/worker-protocols.md` §1, §7).
 //!
 //! At L3 the lane is the engine's worker thread of the chip endpoint ([`ChipEndpoint`]); control
 //! work (registration, memory) reaches it through the engine's control jobs and queues behind

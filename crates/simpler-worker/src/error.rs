@@ -1,5 +1,5 @@
 //! Errors of the worker layer: [`WorkerError`], [`RunError`] with its [`Frame`]s, [`StartError`],
-//! [`CloseError`] and [`MemError`] (spec 40 §2.6).
+//! [`CloseError`] and [`MemError`] (frames: `docs/worker-protocols.md` §9).
 //!
 //! Every error names the facts a user needs to act on: the run, the task, the worker path, the
 //! device code and its name. Error chains across levels are kept structured as frames,
@@ -294,7 +294,7 @@ pub enum RunErrorKind {
     Internal,
 }
 
-/// One level of an error chain (spec 40 §8).
+/// One level of an error chain (`docs/worker-protocols.md` §9).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
     /// The host level (2 for a chip worker).

@@ -1,6 +1,6 @@
 //! What a user submits ([`Orchestration`]) and the builder a graph callback gets
 //! ([`GraphBuilder`]), which wraps the engine's `RunBuilder` and resolves callable handles
-//! (spec 40 §2.3).
+//! (`docs/worker-protocols.md` §3, §5).
 
 use std::any::Any;
 

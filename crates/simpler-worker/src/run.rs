@@ -1,4 +1,4 @@
-//! `RunHandle` and the cleanup election (spec 40 §2.4, §4).
+//! `RunHandle` and the cleanup election (`docs/worker-protocols.md` §3–§4).
 //!
 //! # Cleanup election
 //!
