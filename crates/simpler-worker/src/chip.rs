@@ -1,7 +1,7 @@
 //! Chip lanes: the one thread that owns a chip's `DeviceRunner` and makes every device call for
 //! it (`docs/worker-protocols.md` §1, §7).
 //!
-//! At L3 the lane is the engine's worker thread of the chip endpoint ([`ChipEndpoint`]); control
+//! At L3 the lane is the engine's endpoint thread of the chip ([`ChipEndpoint`]); control
 //! work (registration, memory) reaches it through the engine's control jobs and queues behind
 //! earlier tasks. At L2 ([`ChipLane`]) the lane is a thread of its own fed by a channel. Both
 //! wrap the same [`ChipState`]: the runner, the content-keyed slot table and the user
@@ -345,7 +345,7 @@ pub(crate) fn device_failure(e: DeviceError) -> EndpointFailure {
     f.with_source(FailureSource::new(e))
 }
 
-/// The chip endpoint of an L3 engine: its worker thread is the chip's lane.
+/// The chip endpoint of an L3 engine: its endpoint thread is the chip's lane.
 pub(crate) struct ChipEndpoint {
     pub(crate) state: ChipState,
     /// Teardown residue, read by the worker after the engine joined this thread.
