@@ -271,6 +271,7 @@ impl<'a> GraphBuilder<'a> {
     /// work already queued on the chip's lane; `Ok(false)` on a real chip. As
     /// [`Worker::with_sim_faults`](crate::Worker::with_sim_faults), for a worker that only an
     /// enclosing worker can reach.
+    #[cfg(feature = "sim")]
     pub fn with_sim_faults(
         &self,
         chip: WorkerId,

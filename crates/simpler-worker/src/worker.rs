@@ -171,6 +171,7 @@ impl Inner {
         }
     }
 
+    #[cfg(feature = "sim")]
     pub(crate) fn with_sim_faults(
         &self,
         chip: WorkerId,
@@ -551,6 +552,7 @@ impl Worker {
 
     /// Runs `f` with the fault plan of simulated chip `chip` (on its lane, behind queued
     /// work); `Ok(false)` on a real chip. For fault-injection tests of code built on workers.
+    #[cfg(feature = "sim")]
     pub fn with_sim_faults(
         &self,
         chip: WorkerId,
