@@ -11,7 +11,10 @@ use simpler::worker::{ChipMemory, Orchestration, RunError, Worker};
 
 /// Short device budgets so that the injected fault is detected quickly.
 fn quick(o: RunnerOptions) -> RunnerOptions {
-    o.with_timeouts(300, 500_000, 2_000).with_shutdown_budget(Duration::from_millis(300))
+    o.with_scheduler_timeout(Duration::from_millis(300))
+        .with_op_execute_timeout(Duration::from_millis(500))
+        .with_stream_sync_timeout(Duration::from_secs(2))
+        .with_shutdown_budget(Duration::from_millis(300))
 }
 
 /// The program's three tensors over fresh buffers of `mem`.

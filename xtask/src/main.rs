@@ -9,9 +9,14 @@
 //! - `test [--deep]`: the workspace tests; `--deep` raises the property-test case count.
 //! - `loom`: the `loom` model checks of the concurrency protocols (`cfg(simpler_loom)`).
 //! - `bench [cargo bench args]`: the criterion benchmarks in release mode.
+//! - `build --platform a2a3` and `onboard-test`: the tasks for a real A2/A3 server; on any other
+//!   machine they list what is missing and exit 2 (module `onboard`).
+//! - `bindgen [--check]`: regenerate (or check) the CANN bindings of `simpler-acl-sys`.
 
 #![forbid(unsafe_code)]
 
+mod bindgen;
+mod onboard;
 mod tidy;
 
 use std::env;
@@ -47,6 +52,9 @@ fn main() -> ExitCode {
         "test" => test(rest.iter().any(|a| a == "--deep")),
         "loom" => loom(),
         "bench" => bench(rest),
+        "build" => return onboard::build(rest),
+        "onboard-test" => return onboard::onboard_test(rest),
+        "bindgen" => bindgen::run(rest.iter().any(|a| a == "--check")),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())
@@ -68,13 +76,19 @@ tasks:
   tidy             self-contained references, module docs, file sizes, unsafe inventories
   test [--deep]    workspace tests (--deep: many more property-test cases)
   loom             loom model checks of the concurrency protocols
-  bench [ARGS]     criterion benchmarks (release); ARGS go to `cargo bench`";
+  bench [ARGS]     criterion benchmarks (release); ARGS go to `cargo bench`
+  build --platform a2a3      onboard programs (needs CANN; lists what is missing, exit 2)
+  onboard-test [--device 0|0-3|0,2]  tests on a real A2/A3 server (exit 2 when it cannot run)
+  bindgen [--check]  regenerate simpler-acl-sys/src/generated (needs libclang:
+                   `apt-get install libclang-dev`); --check fails when it is stale";
 
 fn ci() -> Result<(), String> {
     let started = Instant::now();
     println!("\n==> xtask tidy");
     tidy::run(&workspace_root())?;
     cargo(&["fmt", "--all", "--check"], &[])?;
+    println!("\n==> cargo xtask bindgen --check");
+    bindgen::run(true)?;
     cargo(
         &["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"],
         &[],

@@ -1,4 +1,5 @@
-//! Simulated-chip workloads of spec 70 (S1, S2, S3) and the idle-CPU check.
+//! Simulated-chip workloads S1, S2, S3 and the idle-CPU check (results in
+//! `docs/benchmarks-device.md`).
 //!
 //! S1 and S3 run the crate's reference programs (`programs::vector`, `programs::bgemm`) and
 //! check the result against their host references; S2 and the idle check run a no-op program
@@ -35,7 +36,6 @@ struct Bench {
 impl Bench {
     fn new() -> Bench {
         let mut o = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
-        o.read_env = false;
         // Knobs for studying the spin policy: spin rounds and yield rounds of every wait.
         if let Some(y) = std::env::var("SIMPLER_BENCH_YIELDS").ok().and_then(|v| v.parse().ok()) {
             o.sim.yield_iters = y;

@@ -1,4 +1,4 @@
-//! Chip callables: an orchestration bundled with its kernels by func id (spec §3.4, §5.7).
+//! Chip callables: an orchestration bundled with its kernels by func id (`docs/device-runner.md`).
 //!
 //! A [`ChipCallable`] is validated when it is built, so a registered callable always satisfies
 //! the limits (≤ 128 signature entries, names ≤ 63 bytes, distinct func ids below 1024, core
@@ -161,7 +161,7 @@ impl fmt::Debug for KernelCode {
 }
 
 /// A shared object holding a C kernel that exports `kernel_entry(int64_t *args)` with the
-/// kernel ABI (spec §5.7). The simulator loads it at registration and keeps it open while the
+/// kernel ABI (`docs/device-chip.md`). The simulator loads it at registration and keeps it open while the
 /// callable is registered.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SharedObjectKernel {

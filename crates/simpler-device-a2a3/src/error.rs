@@ -1,14 +1,17 @@
-//! `DeviceError`, the one error type of this crate (spec §8.1), and the fault records it carries.
+//! `DeviceError`, the one error type of this crate (see `DeviceError`'s docs), and the fault records it carries.
 //!
 //! Every variant produced by a run carries its `run_id`. [`DeviceError::mechanism`] maps onto
 //! the shared failure vocabulary of `simpler-types`, [`DeviceError::device_code`] returns the
 //! original device number where one exists, and [`DeviceError::legacy_status`] returns what the
 //! original's C entry would have returned, for cross-checks.
+//!
+//! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
+//! `docs/device-runner.md`.
 
 use std::fmt;
 use std::time::Duration;
 
-use simpler_types::{DeviceCode, DeviceTaskId, FailureMechanism, RunId, TimeoutBudget};
+use simpler_types::{CallableId, DeviceCode, DeviceTaskId, FailureMechanism, RunId, TimeoutBudget};
 
 use crate::abi::CoreType;
 use crate::abi::codes::{AclCode, RuntimeCode, StallClass};
@@ -61,7 +64,7 @@ pub struct CoreFault {
     pub code: AclCode,
     /// Stream the fault was charged to.
     pub stream: StreamKind,
-    /// Worker index of the faulting AICore worker, if a core faulted.
+    /// Core index of the faulting AICore core, if a core faulted.
     pub core: Option<(u32, CoreType)>,
     /// Func id of the kernel that faulted, if known.
     pub func_id: Option<u32>,
@@ -110,7 +113,7 @@ pub struct StallInfo {
     pub class: StallClass,
     /// The task that was stuck, if one was identified.
     pub stuck_task: Option<DeviceTaskId>,
-    /// The worker it was stuck on: index and type.
+    /// The core it was stuck on: index and type.
     pub stuck_core: Option<(u32, CoreType)>,
     /// Member dispatches running at the latch.
     pub running: u32,
@@ -122,7 +125,7 @@ pub struct StallInfo {
     pub budget: Duration,
 }
 
-/// A status latched by a chip runtime (spec §6.1), read from the shared header after a run.
+/// A status latched by a chip runtime (`docs/device-chip.md`), read from the shared header after a run.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct RuntimeFault {
     /// The latched code.
@@ -221,7 +224,7 @@ impl fmt::Display for PoisonStep {
     }
 }
 
-/// Why a runner became unusable (spec §3.1, §3.7).
+/// Why a runner became unusable (`docs/device-runner.md`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct PoisonCause {
     /// The run during which it happened.
@@ -238,7 +241,7 @@ impl fmt::Display for PoisonCause {
     }
 }
 
-/// The step of `ensure_initialized` that failed (spec §3.2).
+/// The step of `ensure_initialized` that failed (`docs/device-runner.md`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum InitStep {
     /// Binding the calling thread to the device.
@@ -316,8 +319,9 @@ impl fmt::Display for MemPurpose {
     }
 }
 
-/// How an error is grouped in spec §8.1's table.
+/// How an error is grouped (the table in [`DeviceError`]'s docs).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[non_exhaustive]
 pub enum ErrorClass {
     /// A runtime status latched by orchestration (codes 1–11).
     Orchestration,
@@ -329,6 +333,9 @@ pub enum ErrorClass {
     StreamSyncTimeout,
     /// An AICore or AICPU fault, or an op timeout.
     DeviceFault,
+    /// A kernel never finished and never faulted: the scheduler's no-progress watchdog caught
+    /// it and the run ended as a device fault (the device is unusable afterwards).
+    Hang,
     /// The device was already unusable.
     Poisoned,
     /// The call or its configuration was invalid.
@@ -340,6 +347,35 @@ pub enum ErrorClass {
 }
 
 /// The error type of every fallible call of this crate.
+///
+/// Every variant a run produces carries its `run_id`. Three views classify an error without
+/// matching every variant:
+///
+/// - [`class`](Self::class) groups it by what happened and what state the device is in:
+///
+///   | Class | Variants | Device afterwards |
+///   |---|---|---|
+///   | `Orchestration` | `Runtime` with codes 1–11 | healthy |
+///   | `Scheduler` | `Runtime` with codes 100–103 (a stall the scheduler shut down cleanly) | healthy |
+///   | `LaunchFailure` | `Launch` | unusable |
+///   | `StreamSyncTimeout` | `Timeout { budget: StreamSync }` | unusable |
+///   | `Hang` | `DeviceFault` whose latched status is a scheduler timeout and whose faults contain no core exception: a kernel never finished | unusable |
+///   | `DeviceFault` | any other `DeviceFault`; `Timeout { budget: OpExecute }` | unusable |
+///   | `Poisoned` | `Unusable` | unusable |
+///   | `Usage` | `InvalidConfig`, `InvalidArgs`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
+///   | `Resources` | `OutOfMemory`, `Capacity` | unchanged |
+///   | `Setup` | `Init`, `Diagnostics`, `Orchestration`, `LaunchPanicked` | unchanged |
+///
+/// - [`timed_out`](Self::timed_out) (and [`is_timeout`](Self::is_timeout)) answers "did it
+///   time out or hang?" with the budget that fired: a `Timeout`, a `Runtime` scheduler stall,
+///   and a hung kernel. A hung kernel arrives as a `DeviceFault` — the scheduler's watchdog
+///   latched SCHEDULER_TIMEOUT, sent the exit signal, the hung core never answered, so the
+///   AICPU's shutdown was unclean (an AICPU exception code) — and is classified by its latched
+///   stall, not by that code. A kernel that faulted (a core exception) is not a timeout even
+///   though the scheduler's watchdog also latched a stall for it.
+/// - [`mechanism`](Self::mechanism) maps onto the shared failure vocabulary of
+///   `simpler-types`, consistently with `timed_out`: every error `timed_out` names is
+///   `FailureMechanism::Timeout` with that budget.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DeviceError {
@@ -455,13 +491,39 @@ pub enum DeviceError {
         /// The run using it.
         run_id: RunId,
     },
-    /// The call is not allowed in the runner's current run state.
+    /// The call is not allowed in the runner's current run state (a run is prepared,
+    /// launched or reaped and not yet completed, or none is).
     #[error("busy: {call} is not allowed while {state}")]
     Busy {
         /// The call that was refused.
         call: &'static str,
         /// The state that refused it.
         state: String,
+    },
+    /// The runner (or the chip holding it) was finalized; nothing can run on it any more.
+    #[error("{call}: the device runner is finalized")]
+    Finalized {
+        /// The call that was refused.
+        call: &'static str,
+    },
+    /// A run named a callable that is not prepared (registered) on this chip.
+    #[error("{}{call}: callable {callable} is not prepared on this chip", fmt_run(run_id))]
+    CallableNotPrepared {
+        /// The run, if a run named the callable.
+        run_id: Option<RunId>,
+        /// The call that was refused.
+        call: &'static str,
+        /// The callable's content id.
+        callable: CallableId,
+    },
+    /// The code driving a launch panicked; the panic was caught and the run ended with this
+    /// error (the device keeps whatever state the panic left it in).
+    #[error("{}the launch panicked: {message}", fmt_run(run_id))]
+    LaunchPanicked {
+        /// The run.
+        run_id: Option<RunId>,
+        /// The panic message.
+        message: String,
     },
     /// An address range is not inside one tracked device allocation.
     #[error(
@@ -586,9 +648,12 @@ impl DeviceError {
             | DeviceError::OutOfMemory { run_id, .. }
             | DeviceError::InvalidCallable { run_id, .. }
             | DeviceError::BadDevicePointer { run_id, .. }
+            | DeviceError::CallableNotPrepared { run_id, .. }
+            | DeviceError::LaunchPanicked { run_id, .. }
             | DeviceError::Init { run_id, .. } => *run_id,
             DeviceError::Unusable { .. }
             | DeviceError::TooManyCallables { .. }
+            | DeviceError::Finalized { .. }
             | DeviceError::Busy { .. } => None,
         }
     }
@@ -603,6 +668,8 @@ impl DeviceError {
             | DeviceError::OutOfMemory { run_id, .. }
             | DeviceError::InvalidCallable { run_id, .. }
             | DeviceError::BadDevicePointer { run_id, .. }
+            | DeviceError::CallableNotPrepared { run_id, .. }
+            | DeviceError::LaunchPanicked { run_id, .. }
             | DeviceError::Init { run_id, .. } => {
                 run_id.get_or_insert(run);
             }
@@ -611,7 +678,7 @@ impl DeviceError {
         self
     }
 
-    /// The group of spec §8.1's table the error belongs to.
+    /// The group the error belongs to (the table in the type's docs).
     pub fn class(&self) -> ErrorClass {
         match self {
             DeviceError::Runtime { fault, .. } if fault.code.is_scheduler() => {
@@ -622,6 +689,7 @@ impl DeviceError {
             DeviceError::Timeout { budget: TimeoutBudget::StreamSync, .. } => {
                 ErrorClass::StreamSyncTimeout
             }
+            DeviceError::DeviceFault { .. } if self.is_hang() => ErrorClass::Hang,
             DeviceError::Timeout { .. } | DeviceError::DeviceFault { .. } => {
                 ErrorClass::DeviceFault
             }
@@ -633,13 +701,48 @@ impl DeviceError {
             | DeviceError::TooManyCallables { .. }
             | DeviceError::CallableInUse { .. }
             | DeviceError::Busy { .. }
+            | DeviceError::Finalized { .. }
+            | DeviceError::CallableNotPrepared { .. }
             | DeviceError::BadDevicePointer { .. }
             | DeviceError::Unsupported { .. } => ErrorClass::Usage,
             DeviceError::OutOfMemory { .. } | DeviceError::Capacity { .. } => ErrorClass::Resources,
             DeviceError::Init { .. }
             | DeviceError::Diagnostics { .. }
+            | DeviceError::LaunchPanicked { .. }
             | DeviceError::Orchestration { .. } => ErrorClass::Setup,
         }
+    }
+
+    /// Whether this is a device fault caused by a kernel that never finished: the latched
+    /// status is a scheduler stall and no core reported an exception.
+    fn is_hang(&self) -> bool {
+        match self {
+            DeviceError::DeviceFault { runtime: Some(rt), faults, .. } => {
+                rt.stall.is_some() && !faults.iter().any(|f| f.code == AclCode::AICORE_EXCEPTION)
+            }
+            _ => false,
+        }
+    }
+
+    /// The budget that fired and its value, when the error means that something did not
+    /// finish in time: a `Timeout`, a scheduler stall latched by the runtime, or a hung kernel
+    /// (see the type's docs).
+    pub fn timed_out(&self) -> Option<(TimeoutBudget, Duration)> {
+        match self {
+            DeviceError::Timeout { budget, limit, .. } => Some((*budget, *limit)),
+            DeviceError::Runtime { fault, .. } => {
+                fault.stall.as_ref().map(|s| (TimeoutBudget::DeviceScheduler, s.budget))
+            }
+            DeviceError::DeviceFault { runtime: Some(rt), .. } if self.is_hang() => {
+                rt.stall.as_ref().map(|s| (TimeoutBudget::DeviceScheduler, s.budget))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether something timed out or hung ([`timed_out`](Self::timed_out) names the budget).
+    pub fn is_timeout(&self) -> bool {
+        self.timed_out().is_some()
     }
 
     /// The original device or runtime number, with its name, where one exists.
@@ -668,24 +771,19 @@ impl DeviceError {
         }
     }
 
-    /// The failure mechanism in the shared vocabulary (10-types §9).
+    /// The failure mechanism in the shared vocabulary (`simpler_types::FailureMechanism`).
     pub fn mechanism(&self) -> FailureMechanism {
+        if let Some((budget, limit)) = self.timed_out() {
+            return FailureMechanism::Timeout { budget, limit };
+        }
         match self {
-            DeviceError::Runtime { fault, .. } => match (&fault.stall, fault.code) {
-                (Some(stall), _) => FailureMechanism::Timeout {
-                    budget: TimeoutBudget::DeviceScheduler,
-                    limit: stall.budget,
-                },
-                (None, RuntimeCode::OrchestrationFatal | RuntimeCode::InvalidArgs) => {
+            // Stalls and `Timeout` were answered by `timed_out` above.
+            DeviceError::Runtime { fault, .. } => match fault.code {
+                RuntimeCode::OrchestrationFatal | RuntimeCode::InvalidArgs => {
                     FailureMechanism::TaskFailed
                 }
-                (None, code) => {
-                    FailureMechanism::CapacityExhausted { what: code.name().to_owned() }
-                }
+                code => FailureMechanism::CapacityExhausted { what: code.name().to_owned() },
             },
-            DeviceError::Timeout { budget, limit, .. } => {
-                FailureMechanism::Timeout { budget: *budget, limit: *limit }
-            }
             DeviceError::Capacity { ring, resource, capacity, .. } => {
                 FailureMechanism::CapacityExhausted {
                     what: format!("ring {ring} {resource}: {capacity}"),
@@ -702,6 +800,9 @@ impl DeviceError {
             | DeviceError::UnknownCallable { .. }
             | DeviceError::Unsupported { .. } => FailureMechanism::TaskFailed,
             DeviceError::Busy { .. }
+            | DeviceError::Finalized { .. }
+            | DeviceError::CallableNotPrepared { .. }
+            | DeviceError::LaunchPanicked { .. }
             | DeviceError::Diagnostics { .. }
             | DeviceError::InvalidCallable { .. }
             | DeviceError::TooManyCallables { .. }
@@ -710,6 +811,7 @@ impl DeviceError {
             | DeviceError::Init { .. } => FailureMechanism::EndpointFailed,
             DeviceError::Launch { .. }
             | DeviceError::DeviceFault { .. }
+            | DeviceError::Timeout { .. }
             | DeviceError::Unusable { .. } => FailureMechanism::DeviceFault,
         }
     }
@@ -728,7 +830,7 @@ impl DeviceError {
         }
     }
 
-    /// Whether the device is unusable after this error (spec §8.1, last column).
+    /// Whether the device is unusable after this error (see `DeviceError`'s docs).
     pub fn poisons_device(&self) -> bool {
         matches!(
             self,

@@ -1,4 +1,4 @@
-//! The kernel ABI (spec §5.7): the kernel function type and the accessors kernels use.
+//! The kernel ABI (`docs/device-chip.md`): the kernel function type and the accessors kernels use.
 //!
 //! A kernel is `unsafe extern "C-unwind" fn(args: *mut i64)`. `C-unwind` lets a panicking Rust
 //! kernel unwind into the simulated AICore, which turns it into an AICore fault instead of
@@ -71,7 +71,7 @@ impl<'a> KernelCall<'a> {
         self.local().block_num
     }
 
-    /// Sub-block id of an AIV worker (0 or 1); 0 on AIC.
+    /// Sub-block id of an AIV core (0 or 1); 0 on AIC.
     pub fn sub_block_id(&self) -> u32 {
         self.global().sub_block_id
     }
@@ -92,7 +92,7 @@ impl<'a> KernelCall<'a> {
         (slot < LOCAL_CONTEXT_SLOT).then(|| self.slot(slot) as u64)
     }
 
-    /// Scalar `j` unpacked as `T` (10-types §5 packing).
+    /// Scalar `j` unpacked as `T` (the scalar packing of `simpler_types::TaskArgs`).
     pub fn scalar_of<T: Scalar>(&self, j: usize) -> Option<T> {
         self.scalar(j).map(from_scalar::<T>)
     }

@@ -1,8 +1,24 @@
-//! `RunnerOptions`: everything fixed at `attach` (spec §3.1).
+//! `RunnerOptions`: everything fixed at `attach`.
+//!
+//! The timeout budgets come from code ([`RunnerOptions::with_scheduler_timeout`] and its two
+//! siblings), then — only when asked with [`RunnerOptions::with_env_overrides`] — from the
+//! environment, then from the defaults (the same table is in `docs/device-timeouts.md`):
+//!
+//! | Budget | Default | Setter | Environment override (only with `with_env_overrides`) |
+//! |---|---|---|---|
+//! | Scheduler no-progress | 10 s | `with_scheduler_timeout` | `SIMPLER_SCHEDULER_TIMEOUT_MS` (ms) |
+//! | Op execute (one AICore launch) | 45 s | `with_op_execute_timeout` | `SIMPLER_OP_EXECUTE_TIMEOUT_US` (µs) |
+//! | Stream sync | 50 s | `with_stream_sync_timeout` | `SIMPLER_STREAM_SYNC_TIMEOUT_MS` (ms) |
+//!
+//! Rules, checked at attach (`InvalidConfig` naming the setting or variable, its value and the
+//! rule): every value at least 1 unit and at most `i32::MAX` milliseconds; environment values
+//! unsigned decimals (whitespace trimmed); scheduler < op execute < stream sync, and stream
+//! sync > scheduler + 1.5 s.
 
 use std::time::Duration;
 
-use crate::timeouts::{FixedBudgets, TimeoutOverrides};
+use crate::error::DeviceError;
+use crate::timeouts::{FixedBudgets, TimeoutConfig, TimeoutOverrides};
 
 /// Which chip the runner drives.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -18,13 +34,13 @@ pub enum Platform {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[non_exhaustive]
 pub enum RuntimeVariant {
-    /// The orchestration runs on the host; the finished graph is uploaded (spec §6.4).
+    /// The orchestration runs on the host; the finished graph is uploaded.
     HostBuildGraph,
-    /// The orchestration runs on an AICPU thread with rings and a tensor map (spec §6.5).
+    /// The orchestration runs on an AICPU thread with rings and a tensor map.
     TensormapAndRingbuffer,
 }
 
-/// Runner defaults of the ring sizing (spec §2), used where `CallConfig::runtime_env` is unset.
+/// Runner defaults of the ring sizing, used where `CallConfig::runtime_env` is unset.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct RingDefaults {
     /// Task-window entries (a power of two, at least 4).
@@ -41,12 +57,13 @@ impl Default for RingDefaults {
     }
 }
 
-/// Options of the simulated chip.
+/// Options of the simulated chip (feature `sim`).
+#[cfg(feature = "sim")]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[non_exhaustive]
 pub struct SimOptions {
     /// `block_dim` used when a run asks for 0 (auto). Default 2, so a 2-core machine runs six
-    /// AICore workers (decision; the original uses 8).
+    /// simulated AICore cores (decision; the original uses 8).
     pub default_block_dim: u32,
     /// Most spin rounds of a simulated wait before it yields and parks; `None` = 64. A wait
     /// spins only while the device's awake simulated threads do not outnumber the host's cores
@@ -61,6 +78,7 @@ pub struct SimOptions {
     pub join_budget: Duration,
 }
 
+#[cfg(feature = "sim")]
 impl Default for SimOptions {
     fn default() -> SimOptions {
         SimOptions {
@@ -86,48 +104,68 @@ pub struct RunnerOptions {
     /// Configurable budgets set in code (they beat the environment).
     pub timeouts: TimeoutOverrides,
     /// Whether `attach` reads the `SIMPLER_*` timeout variables for budgets not set in code.
+    /// Off unless [`RunnerOptions::with_env_overrides`] turned it on.
     pub read_env: bool,
     /// Fixed budgets (not read from the environment).
     pub budgets: FixedBudgets,
     /// Ring sizing defaults.
     pub rings: RingDefaults,
     /// Simulator options.
+    #[cfg(feature = "sim")]
     pub sim: SimOptions,
 }
 
 impl RunnerOptions {
-    /// Options for a simulated chip running `runtime`, with every default.
-    pub fn sim(device_id: u32, runtime: RuntimeVariant) -> RunnerOptions {
+    /// Options for `platform` running `runtime`, with every default and no environment
+    /// overrides.
+    pub fn new(platform: Platform, device_id: u32, runtime: RuntimeVariant) -> RunnerOptions {
         RunnerOptions {
-            platform: Platform::A2a3Sim,
+            platform,
             device_id,
             runtime,
             timeouts: TimeoutOverrides::default(),
-            read_env: true,
+            read_env: false,
             budgets: FixedBudgets::default(),
             rings: RingDefaults::default(),
+            #[cfg(feature = "sim")]
             sim: SimOptions::default(),
         }
     }
 
-    /// Options for a real chip running `runtime`.
-    pub fn onboard(device_id: u32, runtime: RuntimeVariant) -> RunnerOptions {
-        RunnerOptions { platform: Platform::A2a3, ..RunnerOptions::sim(device_id, runtime) }
+    /// Options for a simulated chip running `runtime`, with every default.
+    #[cfg(feature = "sim")]
+    pub fn sim(device_id: u32, runtime: RuntimeVariant) -> RunnerOptions {
+        RunnerOptions::new(Platform::A2a3Sim, device_id, runtime)
     }
 
-    /// Sets the three configurable budgets in code (scheduler and stream sync in milliseconds,
-    /// op execute in microseconds).
-    pub fn with_timeouts(
-        mut self,
-        scheduler_ms: u64,
-        op_execute_us: u64,
-        stream_sync_ms: u64,
-    ) -> Self {
-        self.timeouts = TimeoutOverrides {
-            scheduler_ms: Some(scheduler_ms),
-            op_execute_us: Some(op_execute_us),
-            stream_sync_ms: Some(stream_sync_ms),
-        };
+    /// Options for a real chip running `runtime`.
+    pub fn onboard(device_id: u32, runtime: RuntimeVariant) -> RunnerOptions {
+        RunnerOptions::new(Platform::A2a3, device_id, runtime)
+    }
+
+    /// Sets the scheduler no-progress budget (whole milliseconds count; at least 1 ms).
+    pub fn with_scheduler_timeout(mut self, budget: Duration) -> Self {
+        self.timeouts.scheduler = Some(budget);
+        self
+    }
+
+    /// Sets the op-execute budget of one AICore launch (at least 1 µs).
+    pub fn with_op_execute_timeout(mut self, budget: Duration) -> Self {
+        self.timeouts.op_execute = Some(budget);
+        self
+    }
+
+    /// Sets the stream-sync budget (at least 1 ms).
+    pub fn with_stream_sync_timeout(mut self, budget: Duration) -> Self {
+        self.timeouts.stream_sync = Some(budget);
+        self
+    }
+
+    /// Lets `attach` apply the `SIMPLER_SCHEDULER_TIMEOUT_MS`, `SIMPLER_OP_EXECUTE_TIMEOUT_US`
+    /// and `SIMPLER_STREAM_SYNC_TIMEOUT_MS` environment variables to the budgets not set in
+    /// code. Without this call the environment is never read.
+    pub fn with_env_overrides(mut self) -> Self {
+        self.read_env = true;
         self
     }
 
@@ -138,20 +176,65 @@ impl RunnerOptions {
     }
 
     /// Sets the simulator's default `block_dim`.
+    #[cfg(feature = "sim")]
     pub fn with_default_block_dim(mut self, block_dim: u32) -> Self {
         self.sim.default_block_dim = block_dim;
         self
     }
 
     /// Sets the simulator's memory limit.
+    #[cfg(feature = "sim")]
     pub fn with_memory_limit(mut self, bytes: u64) -> Self {
         self.sim.memory_limit = bytes;
         self
     }
 
     /// Sets the simulator's spin iterations (`None` = automatic).
+    #[cfg(feature = "sim")]
     pub fn with_spin_iters(mut self, spins: Option<u32>) -> Self {
         self.sim.spin_iters = spins;
         self
+    }
+
+    /// The effective budgets these options give (attach step A1): code values, then the
+    /// environment if [`with_env_overrides`](Self::with_env_overrides) was called, then the
+    /// defaults, checked against the ordering rules.
+    pub fn resolve_timeouts(&self) -> Result<TimeoutConfig, DeviceError> {
+        self.resolve_timeouts_with(&|var| std::env::var(var).ok())
+    }
+
+    /// `resolve_timeouts` with `env` standing in for the process environment.
+    fn resolve_timeouts_with(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<TimeoutConfig, DeviceError> {
+        if self.read_env {
+            TimeoutConfig::resolve(&self.timeouts, env)
+        } else {
+            TimeoutConfig::resolve(&self.timeouts, &|_| None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timeouts::ENV_SCHEDULER_TIMEOUT_MS;
+
+    #[test]
+    fn the_environment_is_read_only_when_asked() {
+        let opts = RunnerOptions::onboard(0, RuntimeVariant::HostBuildGraph);
+        let untouched = |_: &str| -> Option<String> { panic!("the environment was read") };
+        assert_eq!(opts.resolve_timeouts_with(&untouched).unwrap(), TimeoutConfig::default());
+        let env = |var: &str| (var == ENV_SCHEDULER_TIMEOUT_MS).then(|| "2000".to_owned());
+        let cfg = opts.clone().with_env_overrides().resolve_timeouts_with(&env).unwrap();
+        assert_eq!(cfg.scheduler, Duration::from_millis(2000));
+        // A value set in code still beats the environment.
+        let cfg = opts
+            .with_env_overrides()
+            .with_scheduler_timeout(Duration::from_millis(300))
+            .resolve_timeouts_with(&env)
+            .unwrap();
+        assert_eq!(cfg.scheduler, Duration::from_millis(300));
     }
 }

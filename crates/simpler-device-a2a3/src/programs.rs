@@ -330,7 +330,7 @@ pub mod bgemm {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sim"))]
 mod tests {
     use simpler_types::{CallConfig, RunId, TaskArgs};
 

@@ -1,8 +1,9 @@
-//! Timeout budgets (spec §8.2).
+//! Timeout budgets (`docs/device-timeouts.md` has the table).
 //!
 //! Three configurable budgets, resolved once at `attach`: a value set in code through
-//! [`TimeoutOverrides`] wins; otherwise the environment variable is read (once); otherwise the
-//! default applies. Every value is validated, and the resulting set must satisfy
+//! [`TimeoutOverrides`] wins; otherwise, if the options asked for environment overrides
+//! (`RunnerOptions::with_env_overrides`), the environment variable is read (once); otherwise
+//! the default applies. Every value is validated, and the resulting set must satisfy
 //! `scheduler < op execute < stream sync` and `stream sync > scheduler + 1500 ms`. Anything else
 //! is `InvalidConfig` naming the setting, its value and the rule (decision: the original warns
 //! and falls back to defaults).
@@ -24,15 +25,16 @@ pub const ENV_STREAM_SYNC_TIMEOUT_MS: &str = "SIMPLER_STREAM_SYNC_TIMEOUT_MS";
 /// Minimum gap between the scheduler budget and the stream-sync budget.
 pub const SYNC_OVER_SCHEDULER_MARGIN: Duration = Duration::from_millis(1500);
 
-/// Values set in code; `None` falls back to the environment, then to the default.
+/// Values set in code; `None` falls back to the environment (when asked), then to the
+/// default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TimeoutOverrides {
-    /// Scheduler no-progress budget in milliseconds.
-    pub scheduler_ms: Option<u64>,
-    /// Op-execute budget in microseconds.
-    pub op_execute_us: Option<u64>,
-    /// Stream-sync budget in milliseconds.
-    pub stream_sync_ms: Option<u64>,
+    /// Scheduler no-progress budget (counted in whole milliseconds).
+    pub scheduler: Option<Duration>,
+    /// Op-execute budget of one AICore launch (counted in whole microseconds).
+    pub op_execute: Option<Duration>,
+    /// Stream-sync budget (counted in whole milliseconds).
+    pub stream_sync: Option<Duration>,
 }
 
 /// The effective configurable budgets of a runner.
@@ -56,12 +58,12 @@ impl Default for TimeoutConfig {
     }
 }
 
-/// Budgets that are not read from the environment (spec §8.2, last bullet).
+/// Budgets that are not read from the environment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FixedBudgets {
     /// AICPU init and callable registration syncs.
     pub init_sync: Duration,
-    /// A worker answering the exit signal at shutdown (simulator default 10 s).
+    /// A core answering the exit signal at shutdown (simulator default 10 s).
     pub shutdown_ack: Duration,
     /// Waiting for tensor data (TENSOR_WAIT_TIMEOUT).
     pub tensor_wait: Duration,
@@ -152,9 +154,11 @@ impl TimeoutConfig {
     ) -> Result<TimeoutConfig, DeviceError> {
         let d = TimeoutConfig::default();
         let ms_max = i32::MAX as u64;
+        let ms = |d: Option<Duration>| d.map(|d| d.as_millis().min(u128::from(u64::MAX)) as u64);
+        let us = |d: Option<Duration>| d.map(|d| d.as_micros().min(u128::from(u64::MAX)) as u64);
         let sched = pick(
-            overrides.scheduler_ms,
-            "scheduler_ms",
+            ms(overrides.scheduler),
+            "scheduler",
             ENV_SCHEDULER_TIMEOUT_MS,
             d.scheduler.as_millis() as u64,
             ms_max,
@@ -163,8 +167,8 @@ impl TimeoutConfig {
         )?;
         // Microseconds: the same i32 bound in milliseconds, expressed in microseconds.
         let op = pick(
-            overrides.op_execute_us,
-            "op_execute_us",
+            us(overrides.op_execute),
+            "op_execute",
             ENV_OP_EXECUTE_TIMEOUT_US,
             d.op_execute.as_micros() as u64,
             ms_max * 1000,
@@ -172,8 +176,8 @@ impl TimeoutConfig {
             env,
         )?;
         let sync = pick(
-            overrides.stream_sync_ms,
-            "stream_sync_ms",
+            ms(overrides.stream_sync),
+            "stream_sync",
             ENV_STREAM_SYNC_TIMEOUT_MS,
             d.stream_sync.as_millis() as u64,
             ms_max,
@@ -195,11 +199,11 @@ impl TimeoutConfig {
     }
 
     fn check_order(&self, o: &TimeoutOverrides) -> Result<(), DeviceError> {
-        let name = |code: Option<u64>, field: &'static str, var: &'static str| {
+        let name = |code: Option<Duration>, field: &'static str, var: &'static str| {
             if code.is_some() { Source::Code(field) } else { Source::Env(var) }
         };
-        let op_src = name(o.op_execute_us, "op_execute_us", ENV_OP_EXECUTE_TIMEOUT_US);
-        let sync_src = name(o.stream_sync_ms, "stream_sync_ms", ENV_STREAM_SYNC_TIMEOUT_MS);
+        let op_src = name(o.op_execute, "op_execute", ENV_OP_EXECUTE_TIMEOUT_US);
+        let sync_src = name(o.stream_sync, "stream_sync", ENV_STREAM_SYNC_TIMEOUT_MS);
         if self.scheduler >= self.op_execute {
             return Err(invalid(
                 op_src,
@@ -241,6 +245,14 @@ mod tests {
     fn env_of(pairs: &[(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
         let pairs = pairs.to_vec();
         move |var| pairs.iter().find(|(k, _)| *k == var).map(|(_, v)| (*v).to_owned())
+    }
+
+    fn overrides(scheduler_ms: u64, op_execute_us: u64, stream_sync_ms: u64) -> TimeoutOverrides {
+        TimeoutOverrides {
+            scheduler: Some(Duration::from_millis(scheduler_ms)),
+            op_execute: Some(Duration::from_micros(op_execute_us)),
+            stream_sync: Some(Duration::from_millis(stream_sync_ms)),
+        }
     }
 
     fn setting_of(e: DeviceError) -> (String, String) {
@@ -293,46 +305,31 @@ mod tests {
     #[test]
     fn timeout_ordering_rules_are_each_enforced() {
         // scheduler >= op execute
-        let o = TimeoutOverrides {
-            scheduler_ms: Some(100),
-            op_execute_us: Some(100_000),
-            stream_sync_ms: Some(5000),
-        };
+        let o = overrides(100, 100_000, 5000);
         assert_eq!(
             setting_of(TimeoutConfig::resolve(&o, &env_of(&[])).unwrap_err()).0,
-            "RunnerOptions.timeouts.op_execute_us"
+            "RunnerOptions.timeouts.op_execute"
         );
         // op execute >= stream sync
-        let o = TimeoutOverrides {
-            scheduler_ms: Some(100),
-            op_execute_us: Some(5_000_000),
-            stream_sync_ms: Some(5000),
-        };
+        let o = overrides(100, 5_000_000, 5000);
         assert_eq!(
             setting_of(TimeoutConfig::resolve(&o, &env_of(&[])).unwrap_err()).0,
-            "RunnerOptions.timeouts.stream_sync_ms"
+            "RunnerOptions.timeouts.stream_sync"
         );
         // stream sync <= scheduler + 1500 ms
-        let o = TimeoutOverrides {
-            scheduler_ms: Some(100),
-            op_execute_us: Some(200_000),
-            stream_sync_ms: Some(1600),
-        };
+        let o = overrides(100, 200_000, 1600);
         assert_eq!(
             setting_of(TimeoutConfig::resolve(&o, &env_of(&[])).unwrap_err()).0,
-            "RunnerOptions.timeouts.stream_sync_ms"
+            "RunnerOptions.timeouts.stream_sync"
         );
-        let o = TimeoutOverrides {
-            scheduler_ms: Some(100),
-            op_execute_us: Some(200_000),
-            stream_sync_ms: Some(1601),
-        };
+        let o = overrides(100, 200_000, 1601);
         assert!(TimeoutConfig::resolve(&o, &env_of(&[])).is_ok());
     }
 
     #[test]
     fn timeout_code_values_beat_the_environment() {
-        let o = TimeoutOverrides { scheduler_ms: Some(300), ..Default::default() };
+        let o =
+            TimeoutOverrides { scheduler: Some(Duration::from_millis(300)), ..Default::default() };
         let cfg =
             TimeoutConfig::resolve(&o, &env_of(&[(ENV_SCHEDULER_TIMEOUT_MS, "garbage")])).unwrap();
         assert_eq!(cfg.scheduler, Duration::from_millis(300));

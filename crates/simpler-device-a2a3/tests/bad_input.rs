@@ -132,11 +132,13 @@ fn block_dim_and_thread_count_out_of_range_are_invalid_config() {
 
 #[test]
 fn a_timeout_set_breaking_the_ordering_rules_is_refused_at_attach() {
-    let mut o = options(0).with_timeouts(5_000, 1_000_000, 60_000);
-    o.read_env = false;
+    let o = options(0)
+        .with_scheduler_timeout(std::time::Duration::from_millis(5_000))
+        .with_op_execute_timeout(std::time::Duration::from_micros(1_000_000))
+        .with_stream_sync_timeout(std::time::Duration::from_millis(60_000));
     match DeviceRunner::attach(o) {
         Err(DeviceError::InvalidConfig { setting, value, rule, .. }) => {
-            assert_eq!(setting, "RunnerOptions.timeouts.op_execute_us");
+            assert_eq!(setting, "RunnerOptions.timeouts.op_execute");
             assert_eq!(value, "1000000");
             assert!(rule.contains("must exceed the scheduler budget"), "{rule}");
         }

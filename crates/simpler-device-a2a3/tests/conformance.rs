@@ -1,4 +1,6 @@
-//! Conformance items of spec §9 that concern the simulator and host_build_graph.
+//! Conformance of the simulator and host_build_graph: vector runs, launch order, protocol
+//! details, fault handling, health, cleanup, threads, memory, callable limits, timeouts, the
+//! kernel ABI and the diagnostics files (protocols in `docs/device-*.md`).
 
 mod common;
 
@@ -696,6 +698,37 @@ fn diagnostics_write_parseable_files_only_under_the_prefix() {
     for d in [dir, dir2, dir3] {
         let _ = std::fs::remove_dir_all(d);
     }
+}
+
+#[test]
+fn the_engine_task_that_started_a_run_is_recorded_in_its_report_trace_and_deps() {
+    let dir = temp_dir("origin");
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 256);
+    let cfg = CallConfig::builder()
+        .swimlane(SwimlaneLevel::AicpuTiming)
+        .dep_gen(true)
+        .output_prefix(&dir)
+        .build()
+        .unwrap();
+    let origin = simpler_types::TaskId::new(run_id(41), 7);
+    let req = RunRequest::new(run_id(3), slot, &v.args, &cfg).with_origin(origin);
+    let rep = r.run(&req).unwrap();
+    assert_eq!(rep.origin, Some(origin));
+    let read = |name: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(dir.join(name)).unwrap()).unwrap()
+    };
+    let want = serde_json::json!({"run": "41", "task": 7});
+    assert_eq!(read("deps.json")["origin"], want);
+    assert_eq!(read("swimlane.perfetto.json")["metadata"]["origin"], want);
+    // A run started directly names no origin.
+    let rep = r.run(&RunRequest::new(run_id(4), slot, &v.args, &cfg)).unwrap();
+    assert_eq!(rep.origin, None);
+    assert!(read("deps.json")["origin"].is_null());
+    v.free(&mut r);
+    r.finalize().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 // ----- 17. The scheduler has no simulator-only branches -----

@@ -1,5 +1,4 @@
-//! Property test of one worker's dispatch bookkeeping against a model AICore (spec §5.4 steps
-//! 6–8): random interleavings of "the AICPU issues a token", "the AICore makes a step" and
+//! Property test of one core's dispatch bookkeeping against a model AICore (`docs/device-handshake.md`): random interleavings of "the AICPU issues a token", "the AICore makes a step" and
 //! "the AICPU samples COND" (which may miss any number of intermediate values).
 
 use std::collections::VecDeque;
@@ -7,7 +6,7 @@ use std::collections::VecDeque;
 use proptest::prelude::*;
 use simpler_device_a2a3::abi::CoreType;
 use simpler_device_a2a3::abi::regs::{Cond, IDLE_VALUE};
-use simpler_device_a2a3::aicpu::dispatch::{IssueRefused, WorkerState};
+use simpler_device_a2a3::aicpu::dispatch::{CoreState, IssueRefused};
 
 #[derive(Clone, Copy, Debug)]
 enum Op {
@@ -60,7 +59,7 @@ proptest! {
 
     #[test]
     fn completions_follow_issue_order_and_tokens_never_overrun_the_aicore(ops in proptest::collection::vec(op(), 1..200)) {
-        let mut w = WorkerState::new(0, CoreType::Aiv, 0, 0);
+        let mut w = CoreState::new(0, CoreType::Aiv, 0, 0);
         let mut core = Aicore { cond: IDLE_VALUE, ..Aicore::default() };
         let mut next_task = 0u32;
         let mut issued: Vec<u32> = Vec::new();
@@ -81,7 +80,7 @@ proptest! {
                         }
                         Err(IssueRefused::RunningNotAcked) | Err(IssueRefused::PendingFull) => {
                             // Refusing is only right while the AICPU still has work outstanding
-                            // on the worker (as far as it has observed).
+                            // on the core (as far as it has observed).
                             prop_assert!(issued.len() > completed.len(), "refused although nothing is outstanding");
                         }
                     }

@@ -1,4 +1,4 @@
-//! Fault injection (spec §5.8, conformance items 4, 5, 6): each case asserts the typed error,
+//! Fault injection (`docs/device-simulator.md`): each case asserts the typed error,
 //! that the terminal cleanup ran exactly once, that nothing leaked, that no simulated thread is
 //! left running, and that a fresh runner on the same device id works afterwards.
 
@@ -7,10 +7,10 @@ mod common;
 use common::*;
 use simpler_device_a2a3::abi::codes::{AclCode, RuntimeCode, StallClass};
 use simpler_device_a2a3::{
-    ChipCallable, CoreCallable, DeviceError, DeviceHealth, DeviceRunner, FiredFault, KernelKind,
-    PoisonStep, RunRequest, StreamKind,
+    ChipCallable, CoreCallable, DeviceError, DeviceHealth, DeviceRunner, ErrorClass, FiredFault,
+    KernelKind, PoisonStep, RunRequest, StreamKind,
 };
-use simpler_types::CallConfig;
+use simpler_types::{CallConfig, FailureMechanism, TimeoutBudget};
 
 /// Runs one vector example expecting failure; returns the error after checking the shared
 /// post-conditions.
@@ -74,12 +74,12 @@ fn failed_aicore_launch_is_typed_poisons_and_launches_no_aicpu() {
     assert_eq!(s.recoveries, before.recoveries + 1, "drained once");
     assert_unusable(&mut r, PoisonStep::LaunchAiCore);
     let report = r.finalize().unwrap();
-    assert!(report.stuck_workers.is_empty());
+    assert!(report.stuck_threads.is_empty());
     fresh_runner_works();
 }
 
 #[test]
-fn failed_aicpu_launch_poisons_and_finalize_releases_the_aicore_workers() {
+fn failed_aicpu_launch_poisons_and_finalize_releases_the_aicore_cores() {
     let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
     r.sim_faults().unwrap().fail_launch(KernelKind::Aicpu, 1);
     let before = r.stats();
@@ -91,7 +91,7 @@ fn failed_aicpu_launch_poisons_and_finalize_releases_the_aicore_workers() {
     assert_eq!(s.recoveries, before.recoveries + 1);
     assert_unusable(&mut r, PoisonStep::LaunchAicpu);
     let report = r.finalize().unwrap();
-    assert!(report.stuck_workers.is_empty(), "{:?}", report.stuck_workers);
+    assert!(report.stuck_threads.is_empty(), "{:?}", report.stuck_threads);
     fresh_runner_works();
 }
 
@@ -114,6 +114,10 @@ fn kernel_fault_is_a_device_fault_naming_func_id_and_core_with_s1_attached() {
     assert_eq!(stall.class, StallClass::RunningStalled);
     assert_eq!(stall.stuck_core.map(|c| c.0), core_fault.core.map(|c| c.0));
     assert!(stall.running >= 1, "the faulted dispatch still counts as running: {stall:?}");
+    // A kernel that faulted did not hang: the watchdog's stall is a consequence, not the cause.
+    assert!(!err.is_timeout(), "{err}");
+    assert_eq!(err.class(), ErrorClass::DeviceFault);
+    assert_eq!(err.mechanism(), FailureMechanism::DeviceFault);
     assert!(
         r.sim_faults()
             .unwrap()
@@ -122,7 +126,7 @@ fn kernel_fault_is_a_device_fault_naming_func_id_and_core_with_s1_attached() {
             .any(|f| matches!(f, FiredFault::KernelFaulted { func_id: FUNC_MUL, .. }))
     );
     assert_unusable(&mut r, PoisonStep::SyncAicpu);
-    assert!(r.finalize().unwrap().stuck_workers.is_empty());
+    assert!(r.finalize().unwrap().stuck_threads.is_empty());
     fresh_runner_works();
 }
 
@@ -143,8 +147,16 @@ fn kernel_hang_reports_scheduler_timeout_and_the_drain_ends_it_by_op_timeout() {
             .any(|f| f.code == AclCode::AICORE_TIMEOUT && f.func_id == Some(FUNC_ADD_SCALAR)),
         "the AICore entry ended by op timeout: {err}"
     );
+    // Code asking "did it time out or hang?" finds the hang, with the budget that fired.
+    assert_eq!(err.timed_out(), Some((TimeoutBudget::DeviceScheduler, stall.budget)), "{err}");
+    assert_eq!(err.class(), ErrorClass::Hang);
+    assert!(
+        matches!(err.mechanism(), FailureMechanism::Timeout { budget: TimeoutBudget::DeviceScheduler, limit } if limit == stall.budget),
+        "{:?}",
+        err.mechanism()
+    );
     assert_unusable(&mut r, PoisonStep::SyncAicpu);
-    assert!(r.finalize().unwrap().stuck_workers.is_empty());
+    assert!(r.finalize().unwrap().stuck_threads.is_empty());
     fresh_runner_works();
 }
 
@@ -212,7 +224,7 @@ fn a_panicking_native_kernel_is_an_aicore_fault_not_an_abort() {
         "{err}"
     );
     r.free(p).unwrap();
-    assert!(r.finalize().unwrap().stuck_workers.is_empty());
+    assert!(r.finalize().unwrap().stuck_threads.is_empty());
 }
 
 fn panicking_config(_: &simpler_device_a2a3::OrchArgs<'_>) -> simpler_device_a2a3::OrchConfig {

@@ -1,4 +1,4 @@
-//! C kernels loaded from shared objects (spec §3.4, `KernelCode::SharedObject`) run on the
+//! C kernels loaded from shared objects (`docs/device-runner.md`) run on the
 //! simulated chip. The test builds its kernel with the system C compiler.
 
 mod common;
@@ -157,7 +157,9 @@ fn unregistering_after_a_failed_run_keeps_a_still_running_kernel_object_loaded()
     let dir = temp_dir("shared-object-slow");
     let Some(so) = build(&dir, "slowkernel", SLOW_KERNEL) else { return };
     let mut o = options(0)
-        .with_timeouts(200, 400_000, 2_000)
+        .with_scheduler_timeout(std::time::Duration::from_millis(200))
+        .with_op_execute_timeout(std::time::Duration::from_micros(400_000))
+        .with_stream_sync_timeout(std::time::Duration::from_millis(2_000))
         .with_shutdown_budget(std::time::Duration::from_millis(200));
     o.sim.join_budget = std::time::Duration::from_secs(20);
     let mut r = DeviceRunner::attach(o).unwrap();
@@ -179,6 +181,6 @@ fn unregistering_after_a_failed_run_keeps_a_still_running_kernel_object_loaded()
     r.free(p).unwrap();
     // Finalize waits for the kernel to return, then joins every thread and closes the object.
     let report = r.finalize().unwrap();
-    assert!(report.stuck_workers.is_empty(), "{report:?}");
+    assert!(report.stuck_threads.is_empty(), "{report:?}");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 
 use proptest::prelude::*;
 use simpler_ring::fixed::{
-    FixedRecords, HeapRecord, HeapRingCore, Placement, ReleaseOutcome, TaskWindowCore,
+    FixedRecords, HeapRecord, HeapRingCore, Placement, ReleaseOutcome, SlotWord, TaskWindowCore,
     WindowRetire, bump, largest_fit, occupied_bytes,
 };
 
@@ -59,7 +59,7 @@ proptest! {
 
     #[test]
     fn heap_ring_core_over_fixed_records_matches_a_fifo_model(
-        ops in prop::collection::vec((any::<bool>(), 1u64..=6, any::<prop::sample::Index>()), 1..150),
+        ops in prop::collection::vec((0u8..9, 1u64..=6, any::<prop::sample::Index>()), 1..150),
         capacity in 1usize..8,
     ) {
         const SIZE: u64 = 16 * K;
@@ -68,8 +68,24 @@ proptest! {
         // Model: (seq, offset, len, released) in FIFO order, and the cursors.
         let mut fifo: VecDeque<(u64, u64, u64, bool)> = VecDeque::new();
         let (mut top, mut tail, mut next_seq) = (0u64, 0u64, 0u64);
-        for (is_alloc, units, pick) in ops {
-            if is_alloc {
+        // High-water marks since the last reset: live bytes, live slabs, occupied bytes.
+        let (mut peak_bytes, mut peak_allocs, mut peak_occupied) = (0u64, 0u32, 0u64);
+        let mut total = (0u64, 0u64);
+        for (op, units, pick) in ops {
+            if op == 8 {
+                // Rarely: reset (refused while records remain) or reset the peaks.
+                let drained = fifo.is_empty();
+                if pick.index(2) == 0 {
+                    prop_assert_eq!(core.reset(), drained);
+                } else {
+                    core.reset_peaks();
+                }
+                if drained || pick.index(2) == 1 {
+                    peak_bytes = fifo.iter().filter(|r| !r.3).map(|r| r.2).sum();
+                    peak_allocs = fifo.iter().filter(|r| !r.3).count() as u32;
+                    peak_occupied = occupied_bytes(SIZE, top, tail);
+                }
+            } else if op % 2 == 0 {
                 let a = units * K;
                 let place = bump(SIZE, top, tail, a);
                 prop_assert_eq!(core.try_place(a), place);
@@ -83,6 +99,7 @@ proptest! {
                         fifo.push_back((next_seq, p.offset, a, false));
                         next_seq += 1;
                         top = p.new_top;
+                        total = (total.0 + 1, total.1 + a);
                     }
                 }
             } else {
@@ -112,7 +129,18 @@ proptest! {
             prop_assert_eq!((core.top(), core.tail()), (top, tail));
             let live: u64 = fifo.iter().filter(|r| !r.3).map(|r| r.2).sum();
             prop_assert_eq!(core.live_bytes(), live);
-            prop_assert!(core.peak_live_bytes() >= live);
+            let allocs = fifo.iter().filter(|r| !r.3).count() as u32;
+            peak_bytes = peak_bytes.max(live);
+            peak_allocs = peak_allocs.max(allocs);
+            peak_occupied = peak_occupied.max(occupied_bytes(SIZE, top, tail));
+            prop_assert_eq!(core.live_allocs(), allocs);
+            prop_assert_eq!(
+                (core.peak_live_bytes(), core.peak_live_allocs(), core.peak_occupied_bytes()),
+                (peak_bytes, peak_allocs, peak_occupied)
+            );
+            prop_assert_eq!((core.total_allocs(), core.total_bytes()), total);
+            prop_assert_eq!(core.next_seq(), next_seq);
+            prop_assert_eq!(core.largest_fit(), largest_fit(SIZE, top, tail));
             prop_assert_eq!(core.oldest_live().map(|r| r.seq), fifo.front().map(|r| r.0));
             prop_assert!(core.oldest_live().is_none_or(|r| !r.is_released()));
         }
@@ -120,54 +148,81 @@ proptest! {
 
     #[test]
     fn task_window_core_matches_a_fifo_model(
-        ops in prop::collection::vec((any::<bool>(), any::<prop::sample::Index>()), 1..200),
+        ops in prop::collection::vec((0u8..3, any::<prop::sample::Index>()), 1..200),
         log_size in 0u32..4,
         start in any::<u32>(),
     ) {
         let size = 1usize << log_size;
-        let mut flags = vec![false; size];
-        let mut window = TaskWindowCore::new(&mut flags).unwrap();
-        // Start close to the wrap-around point sometimes; ids are opaque u32 values.
+        let words: Vec<SlotWord> = (0..size).map(|_| SlotWord::new(0)).collect();
+        let mut window = TaskWindowCore::new(&words).unwrap();
+        let retirer = window.retirer();
+        // Model: unreclaimed ids in FIFO order with their retired flag, and the ids reclaimed
+        // while their slot was not reused yet.
+        let mut model: VecDeque<(u32, bool)> = VecDeque::new();
+        let mut reclaimed_ids: VecDeque<u32> = VecDeque::new();
+        // Start at a later id sometimes; ids are opaque u32 values.
         for _ in 0..(start % 5) {
             let id = window.try_issue().unwrap();
-            window.retire(id);
+            retirer.retire(id);
+            window.reclaim();
+            reclaimed_ids.retain(|&old| id.wrapping_sub(old) < size as u32);
+            reclaimed_ids.push_back(id);
         }
-        let mut model: VecDeque<(u32, bool)> = VecDeque::new();
         let mut next = window.head();
-        for (issue, pick) in ops {
-            if issue {
-                let got = window.try_issue();
-                if model.len() == size {
-                    prop_assert_eq!(got, None);
-                } else {
-                    prop_assert_eq!(got, Some(next));
-                    model.push_back((next, false));
-                    next = next.wrapping_add(1);
-                }
-            } else {
-                let candidates = model.len() + 1;
-                let i = pick.index(candidates);
-                let local = model.get(i).map_or(next, |e| e.0);
-                let got = window.retire(local);
-                match model.get_mut(i) {
-                    None => prop_assert_eq!(got, WindowRetire::NotLive),
-                    Some(e) if e.1 => prop_assert_eq!(got, WindowRetire::AlreadyRetired),
-                    Some(e) => {
-                        e.1 = true;
-                        let mut reclaimed = 0;
-                        while model.front().is_some_and(|e| e.1) {
-                            model.pop_front();
-                            reclaimed += 1;
-                        }
-                        prop_assert_eq!(got, WindowRetire::Retired { reclaimed });
+        let reclaim = |model: &mut VecDeque<(u32, bool)>, reclaimed_ids: &mut VecDeque<u32>| {
+            let mut n = 0;
+            while model.front().is_some_and(|e| e.1) {
+                reclaimed_ids.push_back(model.pop_front().unwrap().0);
+                n += 1;
+            }
+            n
+        };
+        for (op, pick) in ops {
+            match op {
+                0 => {
+                    let got = window.try_issue();
+                    if model.len() == size {
+                        reclaim(&mut model, &mut reclaimed_ids);
                     }
+                    if model.len() == size {
+                        prop_assert_eq!(got, None);
+                    } else {
+                        prop_assert_eq!(got, Some(next));
+                        model.push_back((next, false));
+                        // The new id takes the slot of the id issued one lap before.
+                        reclaimed_ids.retain(|&id| next.wrapping_sub(id) < size as u32);
+                        next = next.wrapping_add(1);
+                    }
+                }
+                1 => {
+                    // Any id near the window: live, reclaimed, reused or never issued.
+                    let span = model.len() + reclaimed_ids.len() + 2;
+                    let back = pick.index(span) as u32;
+                    let local = next.wrapping_add(1).wrapping_sub(back);
+                    let got = retirer.retire(local);
+                    match model.iter_mut().find(|e| e.0 == local) {
+                        Some(e) if e.1 => prop_assert_eq!(got, WindowRetire::AlreadyRetired),
+                        Some(e) => {
+                            e.1 = true;
+                            prop_assert_eq!(got, WindowRetire::Retired);
+                        }
+                        None if reclaimed_ids.contains(&local) => {
+                            prop_assert_eq!(got, WindowRetire::AlreadyRetired);
+                        }
+                        None => prop_assert_eq!(got, WindowRetire::NotLive),
+                    }
+                }
+                _ => {
+                    let expected = reclaim(&mut model, &mut reclaimed_ids);
+                    prop_assert_eq!(window.reclaim(), expected);
                 }
             }
             prop_assert_eq!(window.live() as usize, model.len());
             prop_assert_eq!(window.tail(), model.front().map_or(next, |e| e.0));
-            for (local, _) in &model {
-                prop_assert!(window.is_live(*local));
-                prop_assert!(window.slot_of(*local) < size);
+            for &(local, retired) in &model {
+                prop_assert!(window.is_live(local));
+                prop_assert_eq!(window.is_retired(local), retired);
+                prop_assert!(window.slot_of(local) < size);
             }
             // Live ids occupy distinct slots.
             let mut used: Vec<usize> = model.iter().map(|e| window.slot_of(e.0)).collect();

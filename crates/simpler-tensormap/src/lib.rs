@@ -20,20 +20,37 @@
 //! counts) — all free of locking, so that a fixed-capacity core can be extracted (spec 20
 //! Part C); `map` adds the one leaf mutex. Decisions are recorded in
 //! `docs/decisions/simpler-tensormap.md`.
+//!
+//! [`fixed`] is the same dependency map over fixed, caller-provided storage for device
+//! runtimes (`docs/tensormap-fixed.md`). It and [`ByteSpan`] need only `core`: without the
+//! default `std` feature the crate is `no_std` and holds just those two.
 
+#![cfg_attr(not(feature = "std"), no_std)]
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "std")]
 mod error;
+pub mod fixed;
+#[cfg(feature = "std")]
 mod footprints;
+#[cfg(feature = "std")]
 mod from_tensor;
+#[cfg(feature = "std")]
 mod key;
+#[cfg(feature = "std")]
 mod key_table;
+#[cfg(feature = "std")]
 mod map;
 mod span;
+#[cfg(feature = "std")]
 mod store;
 
+#[cfg(feature = "std")]
 pub use error::TensorMapError;
+#[cfg(feature = "std")]
 pub use from_tensor::footprint;
+#[cfg(feature = "std")]
 pub use key::{RemoteSpace, TensorKey};
+#[cfg(feature = "std")]
 pub use map::{TensorMap, TensorMapGuard};
 pub use span::ByteSpan;

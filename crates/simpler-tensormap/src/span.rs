@@ -1,6 +1,6 @@
 //! `ByteSpan`: the half-open byte range a tensor view can touch (spec 20 §D.1).
 
-use std::fmt;
+use core::fmt;
 
 /// A half-open byte range `[start, end)` in the address space of one buffer key.
 ///

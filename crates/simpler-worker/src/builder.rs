@@ -313,10 +313,7 @@ fn attach_chips(
                             state: "an injected fault is armed".to_owned(),
                         });
                     }
-                    let opts = match platform {
-                        Platform::A2a3Sim => RunnerOptions::sim(device, runtime),
-                        _ => RunnerOptions::onboard(device, runtime),
-                    };
+                    let opts = RunnerOptions::new(platform, device, runtime);
                     let opts = match &options {
                         Some(f) => f(opts),
                         None => opts,

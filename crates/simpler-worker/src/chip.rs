@@ -66,7 +66,7 @@ pub(crate) enum Residue {
 
 /// The error of a device call on a chip whose runner was finalized.
 fn finalized() -> DeviceError {
-    DeviceError::Busy { call: "chip call", state: "the chip was finalized".to_owned() }
+    DeviceError::Finalized { call: "chip call" }
 }
 
 /// An injected device error naming the call it replaces.
@@ -199,16 +199,12 @@ impl ChipState {
         {
             return Err(DeviceError::Unusable { device_id: r.device_id(), cause });
         }
-        let slot = self.slot_of(callable).ok_or_else(|| DeviceError::Busy {
+        // Content whose removal failed counts as not prepared: its state on the device is
+        // unknown, so it never runs again before close.
+        let slot = self.slot_of(callable).ok_or(DeviceError::CallableNotPrepared {
+            run_id: Some(run),
             call: "prepare",
-            state: if self.unusable.contains(callable) {
-                format!(
-                    "callable {callable} is unusable on chip {} after a failed rollback",
-                    self.chip
-                )
-            } else {
-                format!("callable {callable} is not prepared on chip {}", self.chip)
-            },
+            callable: *callable,
         })?;
         self.scratch
             .assign(args)
@@ -224,7 +220,7 @@ impl ChipState {
 
     /// The second half of a chip run: launch, reap and complete the prepared run. A panic on
     /// the way is caught and becomes the run's error, so no caller hangs on it.
-    pub(crate) fn finish_run(&mut self) -> Result<(), DeviceError> {
+    pub(crate) fn finish_run(&mut self, run: RunId) -> Result<(), DeviceError> {
         catch_unwind(AssertUnwindSafe(|| self.launch_reap_complete())).unwrap_or_else(|p| {
             // Best effort: a run that was prepared but not launched is dropped, so the next
             // prepare is not refused. A launched one stays where the device left it, and the
@@ -232,10 +228,7 @@ impl ChipState {
             let _ = catch_unwind(AssertUnwindSafe(|| {
                 self.runner.as_mut().map(DeviceRunner::abandon_prepared)
             }));
-            Err(DeviceError::Busy {
-                call: "launch",
-                state: format!("the launch panicked: {}", panic_text(p.as_ref())),
-            })
+            Err(DeviceError::LaunchPanicked { run_id: Some(run), message: panic_text(p.as_ref()) })
         })
     }
 
@@ -258,8 +251,12 @@ impl ChipState {
         config: &CallConfig,
         origin: TaskId,
     ) -> Result<(), EndpointFailure> {
-        let (_, prepared) = self.begin_run(callable, args, config, Some(origin));
-        prepared.and_then(|()| self.finish_run()).map_err(device_failure)
+        let (run, prepared) = self.begin_run(callable, args, config, Some(origin));
+        match (run, prepared) {
+            (Some(run), Ok(())) => self.finish_run(run).map_err(device_failure),
+            (_, Err(e)) => Err(device_failure(e)),
+            (None, Ok(())) => Err(EndpointFailure::endpoint_failed("a chip run without a run id")),
+        }
     }
 
     pub(crate) fn malloc(&mut self, bytes: u64) -> Result<u64, MemError> {
@@ -304,7 +301,7 @@ impl ChipState {
         let chip = self.chip;
         let mut residue: Vec<Residue> = match runner.finalize() {
             Ok(report) => report
-                .stuck_workers
+                .stuck_threads
                 .into_iter()
                 .map(|w| Residue::Leaked(format!("chip {chip}: stuck device thread {w}")))
                 .collect(),

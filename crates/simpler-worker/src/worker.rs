@@ -610,10 +610,10 @@ impl Worker {
         let (tx, rx) = mpsc::sync_channel::<(Option<RunId>, Result<(), DeviceError>)>(1);
         lane.post(Box::new(move |s: &mut ChipState| {
             let (run, prepared) = s.begin_run(&id, args.view(), &config, None);
-            let ok = prepared.is_ok();
+            let launch = run.filter(|_| prepared.is_ok());
             let _ = tx.send((run, prepared));
-            if ok {
-                lane_fence.set(s.finish_run().map_err(device_failure));
+            if let Some(run) = launch {
+                lane_fence.set(s.finish_run(run).map_err(device_failure));
             }
         }))?;
         let (run, prepared) = rx.recv().map_err(|_| WorkerError::Lane {

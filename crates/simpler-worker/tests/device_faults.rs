@@ -29,7 +29,10 @@ fn on_chip(h: CallableHandle, args: TaskArgs, chip: WorkerId) -> Orchestration {
 fn a_kernel_fault_fails_the_run_with_the_device_code_and_other_chips_carry_on() {
     // Short device budgets so that the injected fault is detected quickly.
     let mut b = host().chips(&[0, 1]).chip_options(|o| {
-        o.with_timeouts(300, 500_000, 2_000).with_shutdown_budget(Duration::from_millis(300))
+        o.with_scheduler_timeout(Duration::from_millis(300))
+            .with_op_execute_timeout(Duration::from_micros(500_000))
+            .with_stream_sync_timeout(Duration::from_millis(2_000))
+            .with_shutdown_budget(Duration::from_millis(300))
     });
     let add = b.register_chip(add_callable(0));
     let w = b.start().expect("start");

@@ -1,5 +1,5 @@
 //! Status codes: the chip runtimes' latched codes and the device (ACL) codes the simulator
-//! reports (spec §8.1).
+//! reports (see `DeviceError`'s docs).
 //!
 //! Device codes are a newtype over `i32` rather than an enum, because a real device can return
 //! codes this crate has never heard of; [`AclCode::name`] knows the ones the runtime acts on.
@@ -59,7 +59,7 @@ impl fmt::Display for AclCode {
     }
 }
 
-/// A code latched by a chip runtime in the shared-memory header (spec §6.1, §6.5, §6.6).
+/// A code latched by a chip runtime in the shared-memory header (`docs/device-chip.md`).
 ///
 /// Values 1–11 are orchestration codes, 100–103 scheduler codes; 6 is retired. Names for 7, 9,
 /// 10 and 101–103 are this crate's (the numbers are the original's).
@@ -176,7 +176,7 @@ impl fmt::Display for RuntimeCode {
     }
 }
 
-/// How the scheduler classified a stall (spec §6.6).
+/// How the scheduler classified a stall (`docs/device-chip.md`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[repr(u32)]
 pub enum StallClass {

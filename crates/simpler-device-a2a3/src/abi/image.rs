@@ -1,4 +1,4 @@
-//! The host_build_graph runtime image (spec §6.1, §6.4).
+//! The host_build_graph runtime image (`docs/device-chip.md`).
 //!
 //! One contiguous region holds everything the AICPU scheduler and the AICore executor need for
 //! one run. Every internal reference is an offset from the image base, so the host builds the
@@ -15,20 +15,23 @@
 //! | edges | `u32` × edge count: fanout lists (consumer task indices) |
 //! | args | per task, its tensor descriptors (128 B each) then its scalars (`u64` each) |
 //! | ready | [`ReadyQueueHeader`] × 4 (one per [`TaskShape`]), then each queue's `u64` cells |
-//! | workers | [`WorkerSlot`] × 72 |
+//! | cores | [`CoreSlot`] × 72 |
 //! | payloads | [`PayloadPair`] × 72 |
-//! | swimlane | per launched worker: [`SwimlaneHeader`] then [`SwimlaneRecord`] × capacity |
+//! | swimlane | per launched core: [`SwimlaneHeader`] then [`SwimlaneRecord`] × capacity |
 //! | phases | [`PhaseRecord`] × 4 (one per AICPU thread) |
 //! | AICPU swimlane | per AICPU thread: [`SwimlaneHeader`] then [`AicpuRecord`] × capacity |
 //!
 //! Writers and readers of the atomic fields are documented on each type. The host writes the
 //! whole image before the launch and reads the shared header, handshake records, swimlane and
 //! phase sections after both streams completed; stream completion orders those accesses.
+//!
+//! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
+//! `docs/device-runner.md`.
 
 use core::mem::{align_of, offset_of, size_of};
 use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
 
-use super::MAX_AICORE_WORKERS;
+use super::MAX_LAUNCH_CORES;
 use super::handshake::Handshake;
 use super::payload::PayloadPair;
 
@@ -47,7 +50,7 @@ pub const SECTION_ALIGN: u64 = 64;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[repr(u32)]
 pub enum TaskShape {
-    /// Kernels on several workers of one cluster per block; needs a whole idle cluster.
+    /// Kernels on several cores of one cluster per block; needs a whole idle cluster.
     Mix = 0,
     /// One AIC kernel per block.
     Aic = 1,
@@ -80,8 +83,9 @@ impl TaskShape {
     }
 }
 
-/// The image header: counts and section offsets. Written by the host only.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The image header: counts and section offsets. Written by the host only; plain data without
+/// padding, so the writer copies [`bytemuck::bytes_of`] of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(64))]
 pub struct ImageHeader {
     /// [`HBG_IMAGE_MAGIC`].
@@ -92,7 +96,7 @@ pub struct ImageHeader {
     pub image_len: u64,
     /// Clusters of the launch.
     pub block_dim: u32,
-    /// Workers of the launch (`3 * block_dim`).
+    /// Cores of the launch (`3 * block_dim`).
     pub num_aicore: u32,
     /// AICPU threads of the launch.
     pub aicpu_threads: u32,
@@ -116,13 +120,13 @@ pub struct ImageHeader {
     pub edges_off: u64,
     /// Offset of the ready-queue headers (cells follow them).
     pub ready_off: u64,
-    /// Offset of the worker slots.
-    pub workers_off: u64,
+    /// Offset of the core slots.
+    pub cores_off: u64,
     /// Offset of the payload pairs.
     pub payloads_off: u64,
     /// Offset of the swimlane section.
     pub swimlane_off: u64,
-    /// Swimlane records per worker (0 = swimlane off).
+    /// Swimlane records per core (0 = swimlane off).
     pub swimlane_capacity: u32,
     /// `CallConfig::swimlane` level (0 off … 4).
     pub swimlane_level: u32,
@@ -144,7 +148,7 @@ const _: () = {
     assert!(offset_of!(ImageHeader, phases_off) == 128);
 };
 
-/// Status shared by every AICPU thread and read by the host after the run (spec §6.1).
+/// Status shared by every AICPU thread and read by the host after the run (`docs/device-chip.md`).
 ///
 /// | Field | Written by | Read by |
 /// |---|---|---|
@@ -172,7 +176,7 @@ pub struct SharedHeader {
     pub error_thread: AtomicU32,
     /// [`StallClass`](super::codes::StallClass) of a scheduler timeout.
     pub stall_class: AtomicU32,
-    /// Worker index + 1 of the stuck core (0 = none).
+    /// Core index + 1 of the stuck core (0 = none).
     pub stuck_core: AtomicU32,
     /// Tasks completed so far.
     pub completed_tasks: AtomicU32,
@@ -180,7 +184,7 @@ pub struct SharedHeader {
     pub stuck_task: AtomicU64,
     /// Bumped on every dispatch and completion; the no-progress watchdog watches it.
     pub progress: AtomicU64,
-    /// Member dispatches currently on workers.
+    /// Member dispatches currently on cores.
     pub running: AtomicU32,
     /// Ready tasks at the time of a stall latch.
     pub stall_ready: AtomicU32,
@@ -191,7 +195,7 @@ pub struct SharedHeader {
     /// Failing ring of an orchestration capacity error (`u32::MAX` = none).
     pub fault_ring: AtomicU32,
     /// Non-zero once a thread gave up on the run without a runtime code (a handshake
-    /// failure); every scheduler stops and shuts its workers down.
+    /// failure); every scheduler stops and shuts its cores down.
     pub abort: AtomicU32,
     /// Ring sizes at a capacity failure: task window, heap bytes, dep pool.
     pub fault_sizes: [AtomicU64; 3],
@@ -282,25 +286,25 @@ pub struct ReadyQueueHeader {
 
 const _: () = assert!(size_of::<ReadyQueueHeader>() == 128);
 
-/// Per-worker state visible to every AICPU thread (stall reports) and the host.
+/// Per-core state visible to every AICPU thread (stall reports) and the host.
 ///
 /// `running_task` is written by the owning scheduler thread (dispatch and completion) and read
 /// by any thread classifying a stall and by the host afterwards; `dispatched` is written by the
 /// owner only.
 #[derive(Debug, Default)]
 #[repr(C, align(64))]
-pub struct WorkerSlot {
-    /// Device task id + 1 of the task running on the worker (0 = idle).
+pub struct CoreSlot {
+    /// Device task id + 1 of the task running on the core (0 = idle).
     pub running_task: AtomicU64,
-    /// Dispatches made to this worker in this run.
+    /// Dispatches made to this core in this run.
     pub dispatched: AtomicU32,
     /// Padding.
     pub reserved: [u32; 13],
 }
 
-const _: () = assert!(size_of::<WorkerSlot>() == 64);
+const _: () = assert!(size_of::<CoreSlot>() == 64);
 
-/// Header of one worker's swimlane buffer. Written by the worker (the only writer), read by the
+/// Header of one core's swimlane buffer. Written by the core (the only writer), read by the
 /// host after the run.
 #[derive(Debug, Default)]
 #[repr(C, align(64))]
@@ -315,7 +319,7 @@ pub struct SwimlaneHeader {
 
 const _: () = assert!(size_of::<SwimlaneHeader>() == 64);
 
-/// One AICore dispatch as the worker saw it (50 MHz counter values).
+/// One AICore dispatch as the core saw it (50 MHz counter values).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct SwimlaneRecord {
@@ -345,8 +349,8 @@ const _: () = assert!(size_of::<SwimlaneRecord>() == 40);
 pub struct AicpuRecord {
     /// Device task id.
     pub task_id: u64,
-    /// Worker the token went to.
-    pub worker: u32,
+    /// Core the token went to.
+    pub core: u32,
     /// The token.
     pub token: u32,
     /// Counter when the token was written.
@@ -374,7 +378,7 @@ pub struct PhaseRecord {
     pub start: AtomicU64,
     /// Boot (hbg) or orchestration finished.
     pub orchestration_end: AtomicU64,
-    /// Handshake with every owned worker finished.
+    /// Handshake with every owned core finished.
     pub handshake_end: AtomicU64,
     /// Scheduling loop left.
     pub scheduling_end: AtomicU64,
@@ -397,11 +401,11 @@ pub struct ImageParams {
     pub edge_count: u32,
     /// Bytes of the argument section.
     pub args_bytes: u64,
-    /// Workers of the launch; the swimlane section has a block for each.
+    /// Cores of the launch; the swimlane section has a block for each.
     pub num_aicore: u32,
     /// Cells of each ready queue (blocks of the tasks of that shape).
     pub queue_capacity: [u32; READY_QUEUE_COUNT],
-    /// Swimlane records per worker (0 = off).
+    /// Swimlane records per core (0 = off).
     pub swimlane_capacity: u32,
     /// AICPU dispatch records per AICPU thread (0 = off).
     pub aicpu_swimlane_capacity: u32,
@@ -426,8 +430,8 @@ pub struct ImageLayout {
     pub ready_off: u64,
     /// Offsets of the ready queues' cells.
     pub ready_cells_off: [u64; READY_QUEUE_COUNT],
-    /// Offset of the worker slots.
-    pub workers_off: u64,
+    /// Offset of the core slots.
+    pub cores_off: u64,
     /// Offset of the payload pairs.
     pub payloads_off: u64,
     /// Offset of the swimlane section.
@@ -444,7 +448,7 @@ const fn align_up(v: u64, a: u64) -> u64 {
     v.div_ceil(a) * a
 }
 
-/// Bytes of one worker's swimlane block (header plus records, rounded to the section alignment).
+/// Bytes of one core's swimlane block (header plus records, rounded to the section alignment).
 pub const fn swimlane_block_bytes(capacity: u32) -> u64 {
     align_up(
         size_of::<SwimlaneHeader>() as u64 + capacity as u64 * size_of::<SwimlaneRecord>() as u64,
@@ -461,8 +465,8 @@ impl ImageLayout {
             at = align_up(at.checked_add(bytes)?, SECTION_ALIGN);
             Some(off)
         };
-        let workers = MAX_AICORE_WORKERS as u64;
-        let handshake_off = take(workers * size_of::<Handshake>() as u64)?;
+        let cores = MAX_LAUNCH_CORES as u64;
+        let handshake_off = take(cores * size_of::<Handshake>() as u64)?;
         let func_table_off = take(super::MAX_FUNC_IDS as u64 * 8)?;
         let shared_off = take(size_of::<SharedHeader>() as u64)?;
         let tasks_off = take(u64::from(p.task_count).checked_mul(size_of::<TaskRecord>() as u64)?)?;
@@ -473,8 +477,8 @@ impl ImageLayout {
         for (cell, cap) in ready_cells_off.iter_mut().zip(p.queue_capacity) {
             *cell = take(u64::from(cap) * 8)?;
         }
-        let workers_off = take(workers * size_of::<WorkerSlot>() as u64)?;
-        let payloads_off = take(workers * size_of::<PayloadPair>() as u64)?;
+        let cores_off = take(cores * size_of::<CoreSlot>() as u64)?;
+        let payloads_off = take(cores * size_of::<PayloadPair>() as u64)?;
         let swimlane_off =
             take(u64::from(p.num_aicore).checked_mul(swimlane_block_bytes(p.swimlane_capacity))?)?;
         let phases_off = take(MAX_PHASE_THREADS as u64 * size_of::<PhaseRecord>() as u64)?;
@@ -489,7 +493,7 @@ impl ImageLayout {
             args_off,
             ready_off,
             ready_cells_off,
-            workers_off,
+            cores_off,
             payloads_off,
             swimlane_off,
             phases_off,
@@ -527,7 +531,7 @@ mod tests {
             l.ready_cells_off[1],
             l.ready_cells_off[2],
             l.ready_cells_off[3],
-            l.workers_off,
+            l.cores_off,
             l.payloads_off,
             l.swimlane_off,
             l.phases_off,

@@ -1,4 +1,7 @@
-//! What the two kernel launches receive, and the AICPU init arguments (spec §3.2, §3.5).
+//! What the two kernel launches receive, and the AICPU init arguments (`docs/device-runner.md`).
+//!
+//! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
+//! `docs/device-runner.md`.
 
 use core::mem::{align_of, offset_of, size_of};
 
@@ -13,15 +16,17 @@ pub const PROFILE_DEP_GEN: u32 = 1 << 3;
 /// Profiling flag bit: scope statistics.
 pub const PROFILE_SCOPE_STATS: u32 = 1 << 4;
 
-/// The argument block both launches receive (by device address), uploaded at P16.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The argument block both launches receive (by device address), uploaded at preparation
+/// step 16 (`docs/device-runner.md`). Plain data without padding, so its upload bytes are
+/// [`bytemuck::bytes_of`] of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(64))]
 pub struct KernelArgs {
     /// [`ABI_VERSION`](super::ABI_VERSION) of the host that wrote it.
     pub abi_version: u32,
     /// Clusters of this launch.
     pub block_dim: u32,
-    /// AICore workers of this launch (`3 * block_dim`).
+    /// AICore cores of this launch (`3 * block_dim`).
     pub num_aicore: u32,
     /// AICPU threads of this launch.
     pub aicpu_threads: u32,
@@ -29,7 +34,7 @@ pub struct KernelArgs {
     pub image_base: u64,
     /// Length of the runtime image in bytes.
     pub image_len: u64,
-    /// Device address of the register table (one `u64` control-window address per worker;
+    /// Device address of the register table (one `u64` control-window address per core;
     /// the simulator's table holds register-block addresses).
     pub regs_table: u64,
     /// Profiling flag bits (`PROFILE_*`).
@@ -50,7 +55,7 @@ const _: () = {
     assert!(offset_of!(KernelArgs, profiling) == 40);
 };
 
-/// What the AICPU init entry receives once per runner (spec §3.2 step 3).
+/// What the AICPU init entry receives once per runner (`docs/device-runner.md`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct InitArgs {
@@ -62,7 +67,7 @@ pub struct InitArgs {
     pub log_level: u32,
     /// Scheduler no-progress budget in milliseconds.
     pub scheduler_timeout_ms: u32,
-    /// Budget for a worker to answer the exit signal, in milliseconds.
+    /// Budget for a core to answer the exit signal, in milliseconds.
     pub shutdown_budget_ms: u32,
     /// Padding.
     pub reserved: u32,
@@ -75,10 +80,10 @@ const _: () = {
     assert!(offset_of!(InitArgs, dma_workspace) == 24);
 };
 
-/// Header of one kernel inside a chip callable's uploaded buffer (spec §3.4): the kernel's
+/// Header of one kernel inside a chip callable's uploaded buffer (`docs/device-runner.md`): the kernel's
 /// resolved address (a device code address onboard, a function pointer on the simulator) and
 /// its signature.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C)]
 pub struct CoreKernelHeader {
     /// Func id of the kernel.

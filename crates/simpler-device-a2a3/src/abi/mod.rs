@@ -5,13 +5,13 @@
 //! running on the device. Sizes and offsets are asserted at compile time next to each type. The
 //! module uses only `core`, so the onboard AICPU program can build it for the device.
 //!
-//! - [`regs`]: register ids, the `COND` encoding and the reserved token values (spec §5.3).
-//! - [`handshake`]: the per-worker handshake record (spec §5.4).
+//! - [`regs`]: register ids, the `COND` encoding and the reserved token values (`docs/device-handshake.md`).
+//! - [`handshake`]: the per-core handshake record (`docs/device-handshake.md`).
 //! - [`payload`]: the 512-byte dispatch payload, its two contexts and the 50 kernel-argument
-//!   slots (spec §5.7).
+//!   slots (`docs/device-chip.md`).
 //! - [`launch`]: what the two kernel launches receive (`KernelArgs`) and the AICPU `InitArgs`.
 //! - [`image`]: the runtime image the host builds and uploads: header, shared status, task
-//!   records, ready queues, payload pairs and diagnostic records (spec §6.1).
+//!   records, ready queues, payload pairs and diagnostic records (`docs/device-chip.md`).
 //! - [`codes`]: runtime status codes and the device (ACL) codes the simulator reports.
 
 pub mod codes;
@@ -23,10 +23,10 @@ pub mod regs;
 
 /// Largest `block_dim` (clusters per launch) of an A2/A3 chip.
 pub const MAX_BLOCK_DIM: u32 = 24;
-/// Workers in one cluster: one AIC (cube) and two AIV (vector) cores.
-pub const WORKERS_PER_CLUSTER: u32 = 3;
-/// Most AICore workers one launch can start (`3 * MAX_BLOCK_DIM`).
-pub const MAX_AICORE_WORKERS: usize = (WORKERS_PER_CLUSTER * MAX_BLOCK_DIM) as usize;
+/// Cores in one cluster: one AIC (cube) and two AIV (vector) cores.
+pub const CORES_PER_CLUSTER: u32 = 3;
+/// Most AICore cores one launch can start (`3 * MAX_BLOCK_DIM`).
+pub const MAX_LAUNCH_CORES: usize = (CORES_PER_CLUSTER * MAX_BLOCK_DIM) as usize;
 /// Most AICPU threads one launch uses.
 pub const MAX_AICPU_THREADS: u32 = 4;
 /// The AICPU thread count a `CallConfig` value of 0 stands for (the original's default).
@@ -45,7 +45,7 @@ pub const MAX_CALLABLE_SLOTS: usize = 64;
 /// refused.
 pub const ABI_VERSION: u32 = 1;
 
-/// Kind of an AICore worker, as stored in the handshake record.
+/// Kind of an AICore core, as stored in the handshake record.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[repr(u32)]
 pub enum CoreType {
@@ -74,13 +74,13 @@ impl CoreType {
     }
 }
 
-/// Where worker `index` of a launch with `block_dim` clusters sits: its type, its cluster and
+/// Where core `index` of a launch with `block_dim` clusters sits: its type, its cluster and
 /// (for AIV) its sub-block.
 ///
-/// Workers `[0, B)` are AIC, `[B, 3B)` are AIV; cluster `k` is `{k, B + 2k, B + 2k + 1}` and the
-/// AIV at `B + j` has sub-block `j % 2` (spec §2).
+/// Cores `[0, B)` are AIC, `[B, 3B)` are AIV; cluster `k` is `{k, B + 2k, B + 2k + 1}` and the
+/// AIV at `B + j` has sub-block `j % 2` (`docs/device-chip.md`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct WorkerPlace {
+pub struct CorePlace {
     /// Cube or vector core.
     pub core_type: CoreType,
     /// Cluster index in `[0, block_dim)`.
@@ -89,21 +89,21 @@ pub struct WorkerPlace {
     pub sub_block: u32,
 }
 
-impl WorkerPlace {
-    /// The place of worker `index`, or `None` when `index >= 3 * block_dim`.
-    pub const fn of(index: u32, block_dim: u32) -> Option<WorkerPlace> {
+impl CorePlace {
+    /// The place of core `index`, or `None` when `index >= 3 * block_dim`.
+    pub const fn of(index: u32, block_dim: u32) -> Option<CorePlace> {
         if index < block_dim {
-            Some(WorkerPlace { core_type: CoreType::Aic, cluster: index, sub_block: 0 })
-        } else if index < WORKERS_PER_CLUSTER * block_dim {
+            Some(CorePlace { core_type: CoreType::Aic, cluster: index, sub_block: 0 })
+        } else if index < CORES_PER_CLUSTER * block_dim {
             let j = index - block_dim;
-            Some(WorkerPlace { core_type: CoreType::Aiv, cluster: j / 2, sub_block: j % 2 })
+            Some(CorePlace { core_type: CoreType::Aiv, cluster: j / 2, sub_block: j % 2 })
         } else {
             None
         }
     }
 
-    /// The three workers of cluster `k`: AIC, AIV sub-block 0, AIV sub-block 1.
-    pub const fn cluster_workers(k: u32, block_dim: u32) -> [u32; 3] {
+    /// The three cores of cluster `k`: AIC, AIV sub-block 0, AIV sub-block 1.
+    pub const fn cluster_cores(k: u32, block_dim: u32) -> [u32; 3] {
         [k, block_dim + 2 * k, block_dim + 2 * k + 1]
     }
 }
@@ -113,16 +113,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn worker_places_follow_the_cluster_rule() {
+    fn core_places_follow_the_cluster_rule() {
         let b = 3;
         for k in 0..b {
-            let [aic, v0, v1] = WorkerPlace::cluster_workers(k, b);
-            assert_eq!(WorkerPlace::of(aic, b).unwrap().core_type, CoreType::Aic);
-            let p0 = WorkerPlace::of(v0, b).unwrap();
-            let p1 = WorkerPlace::of(v1, b).unwrap();
+            let [aic, v0, v1] = CorePlace::cluster_cores(k, b);
+            assert_eq!(CorePlace::of(aic, b).unwrap().core_type, CoreType::Aic);
+            let p0 = CorePlace::of(v0, b).unwrap();
+            let p1 = CorePlace::of(v1, b).unwrap();
             assert_eq!((p0.core_type, p0.cluster, p0.sub_block), (CoreType::Aiv, k, 0));
             assert_eq!((p1.core_type, p1.cluster, p1.sub_block), (CoreType::Aiv, k, 1));
         }
-        assert!(WorkerPlace::of(9, 3).is_none());
+        assert!(CorePlace::of(9, 3).is_none());
     }
 }

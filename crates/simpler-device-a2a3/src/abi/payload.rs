@@ -1,7 +1,7 @@
-//! The dispatch payload and the kernel-argument layout (spec §5.7).
+//! The dispatch payload and the kernel-argument layout (`docs/device-chip.md`).
 //!
-//! Each worker owns a pair of 512-byte payloads in the runtime image; token `t` uses payload
-//! `t & 1`. The AICPU fills a payload only while the previous token of the worker is ACKed or
+//! Each core owns a pair of 512-byte payloads in the runtime image; token `t` uses payload
+//! `t & 1`. The AICPU fills a payload only while the previous token of the core is ACKed or
 //! FINed, i.e. while the AICore is not reading it, and publishes it with a release store of the
 //! token; the AICore reads it after an acquire load of the token and never writes it.
 //!
@@ -37,11 +37,11 @@ pub struct LocalContext {
     pub async_ctx: u64,
 }
 
-/// Per-worker context a kernel reads through `args[49]`.
+/// Per-core context a kernel reads through `args[49]`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct GlobalContext {
-    /// Sub-block id of an AIV worker (0 or 1); 0 for AIC.
+    /// Sub-block id of an AIV core (0 or 1); 0 for AIC.
     pub sub_block_id: u32,
     /// Padding.
     pub reserved: u32,
@@ -69,7 +69,7 @@ pub struct DispatchPayload {
     pub reserved0: [u32; 5],
     /// The kernel's argument vector.
     pub args: [i64; KERNEL_ARG_SLOTS],
-    /// Per-worker context.
+    /// Per-core context.
     pub global: GlobalContext,
     /// Padding to 512 bytes.
     pub reserved1: [u64; 3],
@@ -105,5 +105,5 @@ impl DispatchPayload {
     };
 }
 
-/// The two payloads of one worker; token `t` uses `pair[t & 1]`.
+/// The two payloads of one core; token `t` uses `pair[t & 1]`.
 pub type PayloadPair = [DispatchPayload; 2];

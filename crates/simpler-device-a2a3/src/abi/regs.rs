@@ -1,11 +1,11 @@
-//! Register ids, the `COND` encoding and the reserved token values (spec §5.3, §5.4).
+//! Register ids, the `COND` encoding and the reserved token values (`docs/device-handshake.md`).
 //!
-//! The AICPU talks to each AICore worker through a handful of 32-bit registers. Onboard they
-//! are MMIO words at fixed offsets of the worker's control window; the simulator keeps one
-//! `AtomicU32` cell per [`RegId`] per worker. Either way the protocol only ever names a
+//! The AICPU talks to each AICore core through a handful of 32-bit registers. Onboard they
+//! are MMIO words at fixed offsets of the core's control window; the simulator keeps one
+//! `AtomicU32` cell per [`RegId`] per core. Either way the protocol only ever names a
 //! register by its id.
 
-/// One register of an AICore worker's control window.
+/// One register of an AICore core's control window.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[repr(u32)]
 pub enum RegId {
@@ -15,14 +15,14 @@ pub enum RegId {
     DataMainBaseHigh = 1,
     /// `COND`: acknowledge / finish reports (AICore → AICPU).
     Cond = 2,
-    /// `FAST_PATH_ENABLE`: [`FAST_PATH_OPEN`] while a launch owns the worker.
+    /// `FAST_PATH_ENABLE`: [`FAST_PATH_OPEN`] while a launch owns the core.
     FastPathEnable = 3,
     /// `CTRL`: control word (unused by the protocol, kept for the register table).
     Ctrl = 4,
 }
 
 impl RegId {
-    /// Number of register ids; the simulator keeps this many cells per worker.
+    /// Number of register ids; the simulator keeps this many cells per core.
     pub const COUNT: usize = 5;
 
     /// Every register id, in cell order.
@@ -51,7 +51,7 @@ impl RegId {
     }
 }
 
-/// `FAST_PATH_ENABLE` value that opens a worker's window.
+/// `FAST_PATH_ENABLE` value that opens a core's window.
 pub const FAST_PATH_OPEN: u32 = 0xE;
 /// `FAST_PATH_ENABLE` value that closes it again at shutdown.
 pub const FAST_PATH_CLOSE: u32 = 0xF;
@@ -70,9 +70,9 @@ pub const AICORE_EXIT: u32 = 0x7FFF_FFFE;
 pub const AICPU_IDLE: u32 = 0x7FFF_FFFD;
 /// Reserved token written to the low half: leave the dispatch loop.
 pub const EXIT_SIGNAL: u32 = 0x7FFF_FFF0;
-/// `COND` value of a worker that entered its dispatch loop and has run nothing yet.
+/// `COND` value of a core that entered its dispatch loop and has run nothing yet.
 pub const IDLE_VALUE: u32 = COND_FIN_BIT | AICORE_IDLE;
-/// `COND` value of a worker that answered the exit signal.
+/// `COND` value of a core that answered the exit signal.
 pub const EXITED_VALUE: u32 = COND_FIN_BIT | AICORE_EXIT;
 
 /// A decoded `COND` register value.
@@ -101,7 +101,7 @@ impl Cond {
     }
 }
 
-/// Per-worker token sequence of the dispatch protocol (spec §5.4 step 6).
+/// Per-core token sequence of the dispatch protocol (`docs/device-handshake.md`).
 ///
 /// Tokens are `seq & TOKEN_MASK`, skipping the reserved range `[0x7FFF_FFF0, 0x8000_0000)`: a
 /// token in that range advances `seq` so the token wraps to 0. The skip is 16 values, an even

@@ -1,7 +1,6 @@
-//! One AICore worker's dispatch state, as its owning AICPU thread sees it (spec §5.4 steps 6
-//! and 8).
+//! One AICore core's dispatch state, as its owning AICPU thread sees it (`docs/device-handshake.md`).
 //!
-//! A worker holds at most one running and one pending dispatch. The AICore processes tokens in
+//! A core holds at most one running and one pending dispatch. The AICore processes tokens in
 //! the order they were written, so a `COND` value naming the pending token also proves the
 //! running one finished, even when its FIN was never observed (a poll can miss intermediate
 //! values). The state machine:
@@ -14,14 +13,14 @@
 //! | `FIN(p)` | `r` | `p` | `r` and `p` complete |
 //! | anything else | | | stale, ignored |
 //!
-//! A token may be written only while the worker is idle, or while its running token is acked
+//! A token may be written only while the core is idle, or while its running token is acked
 //! and nothing is pending: then the payload buffer being filled (`token & 1`) belongs to a
 //! token that has finished, so the AICore is not reading it.
 
 use crate::abi::CoreType;
 use crate::abi::regs::{Cond, TokenSeq};
 
-/// A dispatch in flight on a worker.
+/// A dispatch in flight on a core.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dispatch {
     /// The token it was written with.
@@ -32,16 +31,16 @@ pub struct Dispatch {
     pub acked: bool,
 }
 
-/// One owned worker.
+/// One owned core.
 #[derive(Clone, Copy, Debug)]
-pub struct WorkerState {
-    /// Worker index in the launch.
+pub struct CoreState {
+    /// Core index in the launch.
     pub index: u32,
     /// Cube or vector.
     pub core_type: CoreType,
     /// Sub-block id (AIV only).
     pub sub_block: u32,
-    /// Cluster of the worker.
+    /// Cluster of the core.
     pub cluster: u32,
     seq: TokenSeq,
     running: Option<Dispatch>,
@@ -79,10 +78,10 @@ pub enum IssueRefused {
     PendingFull,
 }
 
-impl WorkerState {
-    /// An idle worker.
-    pub const fn new(index: u32, core_type: CoreType, cluster: u32, sub_block: u32) -> WorkerState {
-        WorkerState {
+impl CoreState {
+    /// An idle core.
+    pub const fn new(index: u32, core_type: CoreType, cluster: u32, sub_block: u32) -> CoreState {
+        CoreState {
             index,
             core_type,
             sub_block,
@@ -94,7 +93,7 @@ impl WorkerState {
         }
     }
 
-    /// The dispatch running on the worker.
+    /// The dispatch running on the core.
     pub fn running(&self) -> Option<Dispatch> {
         self.running
     }
@@ -118,7 +117,7 @@ impl WorkerState {
         }
     }
 
-    /// Whether anything is in flight (the worker's `COND` needs polling).
+    /// Whether anything is in flight (the core's `COND` needs polling).
     pub fn busy(&self) -> bool {
         self.running.is_some()
     }
@@ -179,13 +178,13 @@ impl WorkerState {
 mod tests {
     use super::*;
 
-    fn worker() -> WorkerState {
-        WorkerState::new(0, CoreType::Aiv, 0, 0)
+    fn core() -> CoreState {
+        CoreState::new(0, CoreType::Aiv, 0, 0)
     }
 
     #[test]
     fn a_second_token_is_never_issued_before_the_first_is_acked() {
-        let mut w = worker();
+        let mut w = core();
         let t1 = w.issue(10).unwrap();
         assert_eq!(w.issue(11), Err(IssueRefused::RunningNotAcked));
         assert!(w.observe(Cond::ack(t1).0).as_slice().is_empty());
@@ -196,7 +195,7 @@ mod tests {
 
     #[test]
     fn fin_of_running_completes_it_and_promotes_pending() {
-        let mut w = worker();
+        let mut w = core();
         let t1 = w.issue(1).unwrap();
         w.observe(Cond::ack(t1).0);
         let t2 = w.issue(2).unwrap();
@@ -208,7 +207,7 @@ mod tests {
 
     #[test]
     fn seeing_the_pending_token_proves_the_running_one_finished() {
-        let mut w = worker();
+        let mut w = core();
         let t1 = w.issue(1).unwrap();
         w.observe(Cond::ack(t1).0);
         let t2 = w.issue(2).unwrap();
@@ -224,7 +223,7 @@ mod tests {
 
     #[test]
     fn stale_cond_values_are_ignored() {
-        let mut w = worker();
+        let mut w = core();
         let t1 = w.issue(1).unwrap();
         assert!(w.observe(crate::abi::regs::IDLE_VALUE).as_slice().is_empty());
         assert!(w.observe(Cond::fin(t1 + 5).0).as_slice().is_empty());

@@ -1,15 +1,15 @@
-//! The AICPU program: handshake, dispatch protocol and scheduler loop (spec §5.4, §6.6).
+//! The AICPU program: handshake, dispatch protocol and scheduler loop (`docs/device-handshake.md`).
 //!
 //! This is the scheduler that runs on the device's AICPU threads. The simulator runs exactly
 //! this code on host threads; the onboard AICPU program is this module built for the device.
 //! Everything hardware-specific goes through [`AicpuPlatform`] (registers, the 50 MHz counter,
 //! idle waiting, cache maintenance, logging), so there are no simulator-only branches here
 //! (conformance item 17). The module never blocks on a lock, spawns nothing and allocates
-//! nothing: per-worker state lives in fixed arrays on the thread's stack, and everything shared
+//! nothing: per-core state lives in fixed arrays on the thread's stack, and everything shared
 //! lives in the runtime image.
 //!
 //! - [`view`]: checked, typed access to the runtime image.
-//! - [`dispatch`]: one worker's token state machine (ACK/FIN bookkeeping, double buffering).
+//! - [`dispatch`]: one core's token state machine (ACK/FIN bookkeeping, double buffering).
 //! - [`scheduler`]: the `exec` entry: boot, handshake, scheduling loop, watchdog, shutdown.
 
 use core::fmt;
@@ -37,16 +37,16 @@ pub enum LogLevel {
 
 /// What the AICPU scheduler needs from the hardware (or from the simulator standing in for it).
 ///
-/// Validation is the caller's job: the scheduler only passes worker indices below the launch's
+/// Validation is the caller's job: the scheduler only passes core indices below the launch's
 /// `num_aicore`, and implementations may assume so.
 pub trait AicpuPlatform {
-    /// Loads register `reg` of AICore worker `worker` with acquire ordering (onboard: a volatile
+    /// Loads register `reg` of AICore core `core` with acquire ordering (onboard: a volatile
     /// MMIO read followed by a read barrier).
-    fn reg_load(&self, worker: u32, reg: RegId) -> u32;
+    fn reg_load(&self, core: u32, reg: RegId) -> u32;
 
-    /// Stores `value` into register `reg` of `worker` with release ordering (onboard: a write
-    /// barrier, then a volatile MMIO write). A store wakes the worker if it is parked.
-    fn reg_store(&self, worker: u32, reg: RegId, value: u32);
+    /// Stores `value` into register `reg` of `core` with release ordering (onboard: a write
+    /// barrier, then a volatile MMIO write). A store wakes the core if it is parked.
+    fn reg_store(&self, core: u32, reg: RegId, value: u32);
 
     /// The 50 MHz system counter.
     fn counter(&self) -> u64;
@@ -63,9 +63,9 @@ pub trait AicpuPlatform {
     /// Wakes every AICPU thread of the launch (new ready work, run finished, boot published).
     fn notify_schedulers(&self);
 
-    /// Declares that the calling thread owns `worker`, so the worker's `COND` writes wake this
-    /// thread. Called before the worker's window is opened.
-    fn claim_worker(&self, worker: u32);
+    /// Declares that the calling thread owns `core`, so the core's `COND` writes wake this
+    /// thread. Called before the core's window is opened.
+    fn claim_core(&self, core: u32);
 
     /// Whether the launch is being torn down (device reset or abandoned entry): every wait gives
     /// up and the scheduler shuts down.
@@ -75,6 +75,6 @@ pub trait AicpuPlatform {
     fn log(&self, level: LogLevel, args: fmt::Arguments<'_>);
 
     /// Records a fault the host should report with the run's error (a handshake failure, a
-    /// worker that never answered exit).
-    fn report_fault(&self, worker: Option<u32>, args: fmt::Arguments<'_>);
+    /// core that never answered exit).
+    fn report_fault(&self, core: Option<u32>, args: fmt::Arguments<'_>);
 }

@@ -1,26 +1,26 @@
 //! The AICPU `exec` entry of the host_build_graph runtime: boot, handshake, scheduling loop,
-//! watchdog and shutdown (spec §5.4, §6.4, §6.6).
+//! watchdog and shutdown (`docs/device-handshake.md`).
 //!
 //! Protocol of one launch with `N` AICPU threads and `B` clusters:
 //!
 //! 1. Thread `N − 1` boots: it resets every task's `fanin_refcount` and `members_remaining`
 //!    from the build-time counts, empties the ready queues, pushes every block of every
 //!    fanin-free task, and publishes `ready_published` (release).
-//! 2. Every thread `t` owns clusters `t, t + N, t + 2N, …` and handshakes their workers: claim
-//!    the worker, wait for `aicore_done != 0` (acquire), reject a physical core id ≥ 75, store
+//! 2. Every thread `t` owns clusters `t, t + N, t + 2N, …` and handshakes their cores: claim
+//!    the core, wait for `aicore_done != 0` (acquire), reject a physical core id ≥ 75, store
 //!    the payload-pair address into `task` (release), open the window (`FAST_PATH_ENABLE = 0xE`,
 //!    low half = AICPU idle), set `aicpu_ready`.
 //! 3. Threads other than `N − 1` wait for `ready_published` (acquire).
-//! 4. Scheduling loop, per iteration: observe `COND` of busy owned workers and apply ACK/FIN;
+//! 4. Scheduling loop, per iteration: observe `COND` of busy owned cores and apply ACK/FIN;
 //!    complete tasks whose last member finished (decrement consumers' refcounts, pushing those
-//!    that reach zero); dispatch ready blocks (MIX needs a whole idle cluster; idle workers are
+//!    that reach zero); dispatch ready blocks (MIX needs a whole idle cluster; idle cores are
 //!    preferred over pending slots); add the iteration's dispatches and completions to the
 //!    shared `running` and `progress` counters in one update each; when nothing progressed,
 //!    idle-wait until woken or the watchdog deadline.
 //! 5. The loop ends when every task completed, a runtime code is latched, a thread aborted, or
 //!    the platform says stop. No progress (the shared `progress` counter unchanged) for the
 //!    scheduler budget latches SCHEDULER_TIMEOUT with the stall class and counts.
-//! 6. Shutdown: write the exit signal to every owned worker, wait (all in parallel) for
+//! 6. Shutdown: write the exit signal to every owned core, wait (all in parallel) for
 //!    `COND == EXITED` within the shutdown budget, then write AICPU idle and close the window.
 //!    An unanswered exit makes the shutdown unclean.
 //!
@@ -30,7 +30,7 @@
 
 use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
-use super::dispatch::WorkerState;
+use super::dispatch::CoreState;
 use super::view::{ImageView, ReadyQueue};
 use super::{AicpuPlatform, LogLevel};
 use crate::abi::codes::{RuntimeCode, StallClass};
@@ -42,13 +42,13 @@ use crate::abi::payload::{
 use crate::abi::regs::{
     AICPU_IDLE, EXIT_SIGNAL, EXITED_VALUE, FAST_PATH_CLOSE, FAST_PATH_OPEN, RegId,
 };
-use crate::abi::{COUNTER_HZ, CoreType, MAX_AICORE_WORKERS, PHYSICAL_CORE_LIMIT, WorkerPlace};
+use crate::abi::{COUNTER_HZ, CorePlace, CoreType, MAX_LAUNCH_CORES, PHYSICAL_CORE_LIMIT};
 
 /// `exec` result: clean shutdown.
 pub const EXEC_OK: i32 = 0;
-/// `exec` result: a worker did not answer the exit signal.
+/// `exec` result: a core did not answer the exit signal.
 pub const EXEC_UNCLEAN_SHUTDOWN: i32 = 1;
-/// `exec` result: a worker failed the handshake.
+/// `exec` result: a core failed the handshake.
 pub const EXEC_HANDSHAKE_FAILED: i32 = 2;
 
 /// Ticks per millisecond of the 50 MHz counter.
@@ -81,26 +81,26 @@ fn wait_for<P: AicpuPlatform>(p: &P, deadline: u64, mut done: impl FnMut() -> bo
     }
 }
 
-/// The worker states a thread owns (at most all 72 workers).
+/// The core states a thread owns (at most all 72 cores).
 struct Owned {
-    workers: [WorkerState; MAX_AICORE_WORKERS],
+    cores: [CoreState; MAX_LAUNCH_CORES],
     len: usize,
 }
 
 impl Owned {
     fn new() -> Owned {
-        Owned { workers: [WorkerState::new(0, CoreType::Aic, 0, 0); MAX_AICORE_WORKERS], len: 0 }
+        Owned { cores: [CoreState::new(0, CoreType::Aic, 0, 0); MAX_LAUNCH_CORES], len: 0 }
     }
 
-    fn push(&mut self, w: WorkerState) {
-        if self.len < MAX_AICORE_WORKERS {
-            self.workers[self.len] = w;
+    fn push(&mut self, w: CoreState) {
+        if self.len < MAX_LAUNCH_CORES {
+            self.cores[self.len] = w;
             self.len += 1;
         }
     }
 
-    fn all(&self) -> &[WorkerState] {
-        &self.workers[..self.len]
+    fn all(&self) -> &[CoreState] {
+        &self.cores[..self.len]
     }
 }
 
@@ -134,9 +134,9 @@ struct Scheduler<'a, P: AicpuPlatform> {
     unpublished: Unpublished,
     /// Set when this thread pushed ready work in the current iteration; other threads are
     /// woken only if that work is still queued after this thread's own dispatch pass, so a
-    /// chain of tasks on one thread's workers wakes nobody else.
+    /// chain of tasks on one thread's cores wakes nobody else.
     pushed: bool,
-    /// AICPU dispatch records (swimlane level 2 and up): per owned worker, the record indices of
+    /// AICPU dispatch records (swimlane level 2 and up): per owned core, the record indices of
     /// its in-flight dispatches in issue order (completions arrive in that order).
     trace: Option<Trace>,
 }
@@ -152,11 +152,11 @@ struct Unpublished {
     progress: u64,
 }
 
-/// Per-worker FIFOs of record indices (at most two dispatches are in flight per worker).
+/// Per-core FIFOs of record indices (at most two dispatches are in flight per core).
 struct Trace {
     capacity: u32,
-    fifo: [[u32; 2]; MAX_AICORE_WORKERS],
-    len: [u8; MAX_AICORE_WORKERS],
+    fifo: [[u32; 2]; MAX_LAUNCH_CORES],
+    len: [u8; MAX_LAUNCH_CORES],
 }
 
 /// Marks a dispatch whose record did not fit.
@@ -203,12 +203,12 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         self.p.notify_schedulers();
     }
 
-    /// Step 2: handshake every owned worker. Returns the first failing worker.
+    /// Step 2: handshake every owned core. Returns the first failing core.
     fn handshake(&mut self, budget: u64) -> Result<(), u32> {
         let deadline = self.p.counter().saturating_add(budget);
         for i in 0..self.owned.len {
-            let w = self.owned.workers[i].index;
-            self.p.claim_worker(w);
+            let w = self.owned.cores[i].index;
+            self.p.claim_core(w);
             let hs = self.view.handshake(w);
             // Acquire pairs with the AICore's release store of `aicore_done`, so its
             // `physical_core_id` and `core_type` writes are visible.
@@ -217,7 +217,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
                 WaitEnd::TimedOut => {
                     self.p.report_fault(
                         Some(w),
-                        format_args!("worker {w} never reported in (aicore_done stayed 0)"),
+                        format_args!("core {w} never reported in (aicore_done stayed 0)"),
                     );
                     return Err(w);
                 }
@@ -227,7 +227,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             if phys >= PHYSICAL_CORE_LIMIT {
                 self.p.report_fault(
                     Some(w),
-                    format_args!("handshake failed: worker {w} reported physical core id {phys} (limit {PHYSICAL_CORE_LIMIT})"),
+                    format_args!("handshake failed: core {w} reported physical core id {phys} (limit {PHYSICAL_CORE_LIMIT})"),
                 );
                 return Err(w);
             }
@@ -243,7 +243,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
     /// Completes one member of `task`; completes the task when it was the last.
     fn member_done(&mut self, task: u32) {
         let t = self.view.task(task);
-        // AcqRel: members finishing on other threads' workers must all be ordered before the
+        // AcqRel: members finishing on other threads' cores must all be ordered before the
         // completion that releases the consumers.
         if t.members_remaining.fetch_sub(1, AcqRel) == 1 {
             self.task_done(task);
@@ -271,18 +271,18 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         }
     }
 
-    /// Polls `COND` of every busy owned worker; returns whether anything completed or was
+    /// Polls `COND` of every busy owned core; returns whether anything completed or was
     /// acknowledged.
-    fn poll_workers(&mut self) -> bool {
+    fn poll_cores(&mut self) -> bool {
         let mut progressed = false;
         for i in 0..self.owned.len {
-            if !self.owned.workers[i].busy() {
+            if !self.owned.cores[i].busy() {
                 continue;
             }
-            let w = self.owned.workers[i].index;
-            let before = (self.owned.workers[i].running(), self.owned.workers[i].pending());
-            let done = self.owned.workers[i].observe(self.p.reg_load(w, RegId::Cond));
-            let after = (self.owned.workers[i].running(), self.owned.workers[i].pending());
+            let w = self.owned.cores[i].index;
+            let before = (self.owned.cores[i].running(), self.owned.cores[i].pending());
+            let done = self.owned.cores[i].observe(self.p.reg_load(w, RegId::Cond));
+            let after = (self.owned.cores[i].running(), self.owned.cores[i].pending());
             if before != after {
                 progressed = true;
             }
@@ -292,8 +292,8 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
                 self.member_done(task);
             }
             if !done.as_slice().is_empty() {
-                let slot = self.view.worker_slot(w);
-                let running_id = self.owned.workers[i]
+                let slot = self.view.core_slot(w);
+                let running_id = self.owned.cores[i]
                     .running()
                     .map_or(0, |d| self.view.task(d.task).task_id.wrapping_add(1));
                 slot.running_task.store(running_id, Relaxed);
@@ -302,8 +302,8 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         progressed
     }
 
-    /// Appends an AICPU record for a dispatch to owned worker `idx` (if tracing).
-    fn record_dispatch(&mut self, idx: usize, task_id: u64, worker: u32, token: u32) {
+    /// Appends an AICPU record for a dispatch to owned core `idx` (if tracing).
+    fn record_dispatch(&mut self, idx: usize, task_id: u64, core: u32, token: u32) {
         let now = self.p.counter();
         let thread = self.thread;
         let view = self.view;
@@ -312,7 +312,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         // Relaxed: only this thread writes the count; the host reads it after the run.
         let n = h.count.load(Relaxed);
         let rec = if n < tr.capacity {
-            let r = AicpuRecord { task_id, worker, token, dispatch: now, finish: 0 };
+            let r = AicpuRecord { task_id, core, token, dispatch: now, finish: 0 };
             // SAFETY: record `n` < capacity lies inside this thread's block, which only this
             // thread writes during the run.
             unsafe { records.add(n as usize).write(r) };
@@ -329,7 +329,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         }
     }
 
-    /// Stamps the finish time of the oldest in-flight dispatch of owned worker `idx`.
+    /// Stamps the finish time of the oldest in-flight dispatch of owned core `idx`.
     fn record_finish(&mut self, idx: usize) {
         let now = self.p.counter();
         let thread = self.thread;
@@ -352,9 +352,9 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
     /// Fills payload `token & 1` of `ws` and writes the token.
     fn send(&mut self, idx: usize, task: u32, func_id: u32, block: u32) {
         let t = self.view.task(task);
-        let ws = &mut self.owned.workers[idx];
+        let ws = &mut self.owned.cores[idx];
         let Ok(token) = ws.issue(task) else {
-            debug_assert!(false, "send called on a worker that cannot accept");
+            debug_assert!(false, "send called on a core that cannot accept");
             return;
         };
         let w = ws.index;
@@ -383,8 +383,8 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             (base + core::mem::offset_of!(DispatchPayload, local) as u64) as i64;
         payload.args[GLOBAL_CONTEXT_SLOT] =
             (base + core::mem::offset_of!(DispatchPayload, global) as u64) as i64;
-        // SAFETY: `ptr` is payload `token & 1` of a worker this thread owns; `issue` succeeded,
-        // so the worker is idle or its running token (the other parity) is acked with nothing
+        // SAFETY: `ptr` is payload `token & 1` of a core this thread owns; `issue` succeeded,
+        // so the core is idle or its running token (the other parity) is acked with nothing
         // pending: the buffer belongs to a finished token and the AICore does not read it until
         // it observes the token stored below (release).
         unsafe { ptr.write(payload) };
@@ -392,22 +392,22 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         self.p.reg_store(w, RegId::DataMainBaseLow, token);
         self.unpublished.dispatched += 1;
         self.unpublished.progress += 1;
-        let slot = self.view.worker_slot(w);
+        let slot = self.view.core_slot(w);
         slot.dispatched.fetch_add(1, Relaxed);
-        if self.owned.workers[idx].pending().is_none() {
+        if self.owned.cores[idx].pending().is_none() {
             slot.running_task.store(t.task_id.wrapping_add(1), Relaxed);
         }
     }
 
-    /// A worker of `ty` that can take a token: idle ones first, then pending slots.
-    fn free_worker(&self, ty: CoreType) -> Option<usize> {
+    /// A core of `ty` that can take a token: idle ones first, then pending slots.
+    fn free_core(&self, ty: CoreType) -> Option<usize> {
         let ws = self.owned.all();
         ws.iter()
             .position(|w| w.core_type == ty && w.is_idle())
             .or_else(|| ws.iter().position(|w| w.core_type == ty && w.can_accept()))
     }
 
-    /// An owned cluster whose three workers are idle: indices into `owned` of AIC, AIV0, AIV1.
+    /// An owned cluster whose three cores are idle: indices into `owned` of AIC, AIV0, AIV1.
     fn idle_cluster(&self) -> Option<[usize; 3]> {
         let ws = self.owned.all();
         for (i, aic) in ws.iter().enumerate() {
@@ -430,7 +430,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         None
     }
 
-    /// Dispatches ready blocks to owned workers; returns whether anything happened.
+    /// Dispatches ready blocks to owned cores; returns whether anything happened.
     fn dispatch(&mut self) -> bool {
         let mut progressed = false;
         while let Some(v) = self.queues[TaskShape::Dummy as usize].pop() {
@@ -453,7 +453,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             [(TaskShape::Aic, CoreType::Aic, 0), (TaskShape::Aiv, CoreType::Aiv, 1)]
         {
             while !self.queues[shape as usize].is_empty() {
-                let Some(idx) = self.free_worker(ty) else { break };
+                let Some(idx) = self.free_core(ty) else { break };
                 let Some(v) = self.queues[shape as usize].pop() else { break };
                 let (task, block) = ((v >> 32) as u32, v as u32);
                 let f = self.view.task(task).func_ids[member];
@@ -482,7 +482,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             .saturating_sub(completed)
             .saturating_sub(ready)
             .saturating_sub(running.min(self.task_count));
-        // The stuck task: the oldest dispatch on an owned worker, else any worker's.
+        // The stuck task: the oldest dispatch on an owned core, else any core's.
         let mut stuck: Option<(u32, u64)> = self
             .owned
             .all()
@@ -490,7 +490,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             .find_map(|w| w.running().map(|d| (w.index, self.view.task(d.task).task_id)));
         if stuck.is_none() {
             for w in 0..self.view.header().num_aicore {
-                let id = self.view.worker_slot(w).running_task.load(Relaxed);
+                let id = self.view.core_slot(w).running_task.load(Relaxed);
                 if id != 0 {
                     stuck = Some((w, id - 1));
                     break;
@@ -568,7 +568,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             if self.p.should_stop() {
                 break;
             }
-            let mut progressed = self.poll_workers();
+            let mut progressed = self.poll_cores();
             progressed |= self.dispatch();
             self.publish_counters();
             if core::mem::take(&mut self.pushed) && self.queues.iter().any(|q| !q.is_empty()) {
@@ -592,43 +592,41 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         }
     }
 
-    /// Step 6: shutdown. Returns whether every owned worker answered the exit signal.
+    /// Step 6: shutdown. Returns whether every owned core answered the exit signal.
     fn shutdown(&self, budget: u64) -> bool {
-        shutdown_workers(self.p, self.owned.all().iter().map(|w| w.index), budget)
+        shutdown_cores(self.p, self.owned.all().iter().map(|w| w.index), budget)
     }
 }
 
-/// Sends the exit signal to `workers`, waits for every answer within `budget` ticks, then
-/// writes AICPU idle and closes the windows. Returns whether every worker answered.
-pub fn shutdown_workers<P: AicpuPlatform>(
+/// Sends the exit signal to `cores`, waits for every answer within `budget` ticks, then
+/// writes AICPU idle and closes the windows. Returns whether every core answered.
+pub fn shutdown_cores<P: AicpuPlatform>(
     p: &P,
-    workers: impl Iterator<Item = u32> + Clone,
+    cores: impl Iterator<Item = u32> + Clone,
     budget: u64,
 ) -> bool {
-    for w in workers.clone() {
+    for w in cores.clone() {
         p.reg_store(w, RegId::DataMainBaseLow, EXIT_SIGNAL);
     }
     let deadline = p.counter().saturating_add(budget);
     let mut clean = true;
-    for w in workers.clone() {
+    for w in cores.clone() {
         if wait_for(p, deadline, || p.reg_load(w, RegId::Cond) == EXITED_VALUE) != WaitEnd::Done {
             p.report_fault(
                 Some(w),
-                format_args!(
-                    "worker {w} did not answer the exit signal within the shutdown budget"
-                ),
+                format_args!("core {w} did not answer the exit signal within the shutdown budget"),
             );
             clean = false;
         }
     }
-    for w in workers {
+    for w in cores {
         p.reg_store(w, RegId::DataMainBaseLow, AICPU_IDLE);
         p.reg_store(w, RegId::FastPathEnable, FAST_PATH_CLOSE);
     }
     clean
 }
 
-/// The AICPU `exec` entry for thread `thread` of a launch (spec §5.4, §6.4, §6.6).
+/// The AICPU `exec` entry for thread `thread` of a launch (`docs/device-handshake.md`).
 pub fn exec<P: AicpuPlatform>(p: &P, init: &InitArgs, view: &ImageView<'_>, thread: u32) -> i32 {
     let h = view.header();
     let threads = h.aicpu_threads.clamp(1, crate::abi::MAX_AICPU_THREADS);
@@ -649,15 +647,15 @@ pub fn exec<P: AicpuPlatform>(p: &P, init: &InitArgs, view: &ImageView<'_>, thre
         pushed: false,
         trace: (h.swimlane_level >= 2 && h.aicpu_swimlane_capacity > 0).then_some(Trace {
             capacity: h.aicpu_swimlane_capacity,
-            fifo: [[NO_RECORD; 2]; MAX_AICORE_WORKERS],
-            len: [0; MAX_AICORE_WORKERS],
+            fifo: [[NO_RECORD; 2]; MAX_LAUNCH_CORES],
+            len: [0; MAX_LAUNCH_CORES],
         }),
     };
     let mut k = thread;
     while k < h.block_dim {
-        for w in WorkerPlace::cluster_workers(k, h.block_dim) {
-            if let Some(place) = WorkerPlace::of(w, h.block_dim) {
-                s.owned.push(WorkerState::new(w, place.core_type, place.cluster, place.sub_block));
+        for w in CorePlace::cluster_cores(k, h.block_dim) {
+            if let Some(place) = CorePlace::of(w, h.block_dim) {
+                s.owned.push(CoreState::new(w, place.core_type, place.cluster, place.sub_block));
             }
         }
         k += threads;
@@ -669,10 +667,7 @@ pub fn exec<P: AicpuPlatform>(p: &P, init: &InitArgs, view: &ImageView<'_>, thre
     if let Err(w) = s.handshake(budget) {
         view.shared().abort.store(1, Release);
         p.notify_schedulers();
-        p.log(
-            LogLevel::Error,
-            format_args!("AICPU thread {thread}: handshake failed on worker {w}"),
-        );
+        p.log(LogLevel::Error, format_args!("AICPU thread {thread}: handshake failed on core {w}"));
         s.shutdown(shutdown_budget);
         phase.end.store(p.counter(), Relaxed);
         return EXEC_HANDSHAKE_FAILED;
@@ -702,7 +697,7 @@ mod tests {
     use super::*;
 
     /// A scripted platform: registers in cells, a counter that advances on every read, and
-    /// workers that answer the exit signal only if told to.
+    /// cores that answer the exit signal only if told to.
     struct Scripted {
         regs: RefCell<Vec<[u32; RegId::COUNT]>>,
         answers_exit: Vec<bool>,
@@ -722,16 +717,16 @@ mod tests {
     }
 
     impl AicpuPlatform for Scripted {
-        fn reg_load(&self, worker: u32, reg: RegId) -> u32 {
-            self.regs.borrow()[worker as usize][reg.cell()]
+        fn reg_load(&self, core: u32, reg: RegId) -> u32 {
+            self.regs.borrow()[core as usize][reg.cell()]
         }
-        fn reg_store(&self, worker: u32, reg: RegId, value: u32) {
-            self.regs.borrow_mut()[worker as usize][reg.cell()] = value;
+        fn reg_store(&self, core: u32, reg: RegId, value: u32) {
+            self.regs.borrow_mut()[core as usize][reg.cell()] = value;
             if reg == RegId::DataMainBaseLow
                 && value == EXIT_SIGNAL
-                && self.answers_exit[worker as usize]
+                && self.answers_exit[core as usize]
             {
-                self.regs.borrow_mut()[worker as usize][RegId::Cond.cell()] = EXITED_VALUE;
+                self.regs.borrow_mut()[core as usize][RegId::Cond.cell()] = EXITED_VALUE;
             }
         }
         fn counter(&self) -> u64 {
@@ -743,20 +738,20 @@ mod tests {
         }
         fn idle_wait(&self, _observed: u64, _round: u32, _deadline: u64) {}
         fn notify_schedulers(&self) {}
-        fn claim_worker(&self, _worker: u32) {}
+        fn claim_core(&self, _core: u32) {}
         fn should_stop(&self) -> bool {
             false
         }
         fn log(&self, _level: LogLevel, _args: core::fmt::Arguments<'_>) {}
-        fn report_fault(&self, worker: Option<u32>, _args: core::fmt::Arguments<'_>) {
-            self.faults.borrow_mut().push(worker);
+        fn report_fault(&self, core: Option<u32>, _args: core::fmt::Arguments<'_>) {
+            self.faults.borrow_mut().push(core);
         }
     }
 
     #[test]
     fn an_unanswered_exit_makes_the_shutdown_unclean() {
         let p = Scripted::new(vec![true, false, true]);
-        assert!(!shutdown_workers(&p, 0..3, 50_000));
+        assert!(!shutdown_cores(&p, 0..3, 50_000));
         assert_eq!(*p.faults.borrow(), vec![Some(1)]);
         for w in 0..3 {
             assert_eq!(p.reg_load(w, RegId::DataMainBaseLow), AICPU_IDLE, "window left idle");
@@ -767,7 +762,7 @@ mod tests {
     #[test]
     fn a_fully_answered_exit_is_a_clean_shutdown() {
         let p = Scripted::new(vec![true, true]);
-        assert!(shutdown_workers(&p, 0..2, 50_000));
+        assert!(shutdown_cores(&p, 0..2, 50_000));
         assert!(p.faults.borrow().is_empty());
     }
 }

@@ -1,6 +1,6 @@
 //! Typed access to a runtime image in device memory.
 //!
-//! The image is one region of device memory (spec §6.1). [`ImageView::from_raw`] checks its
+//! The image is one region of device memory (`docs/device-chip.md`). [`ImageView::from_raw`] checks its
 //! header once (magic, ABI version, every section inside the region and aligned) and from then
 //! on hands out references to the sections. This is sound because of how the image is used:
 //!
@@ -8,9 +8,9 @@
 //!   the view exists, so shared references to them never alias a write.
 //! - Every field written during the run is an atomic, so shared references are fine.
 //! - The payload pairs are the exception: the owning AICPU thread writes them and the AICore
-//!   reads them, ordered by the token protocol (spec §5.4). They are only reached through raw
+//!   reads them, ordered by the token protocol (`docs/device-handshake.md`). They are only reached through raw
 //!   pointers ([`ImageView::payload_ptr`]), never through references.
-//! - The swimlane records are written by their worker (AICore records) or their AICPU thread
+//! - The swimlane records are written by their core (AICore records) or their AICPU thread
 //!   (AICPU records) only and read by the host after the run; they are likewise reached through
 //!   raw pointers.
 
@@ -19,12 +19,12 @@ use core::sync::atomic::AtomicU64;
 
 use crate::abi::handshake::Handshake;
 use crate::abi::image::{
-    AicpuRecord, HBG_IMAGE_MAGIC, ImageHeader, MAX_PHASE_THREADS, PhaseRecord, READY_QUEUE_COUNT,
-    ReadyQueueHeader, SECTION_ALIGN, SharedHeader, SwimlaneHeader, SwimlaneRecord, TaskRecord,
-    WorkerSlot, aicpu_swimlane_block_bytes, swimlane_block_bytes,
+    AicpuRecord, CoreSlot, HBG_IMAGE_MAGIC, ImageHeader, MAX_PHASE_THREADS, PhaseRecord,
+    READY_QUEUE_COUNT, ReadyQueueHeader, SECTION_ALIGN, SharedHeader, SwimlaneHeader,
+    SwimlaneRecord, TaskRecord, aicpu_swimlane_block_bytes, swimlane_block_bytes,
 };
 use crate::abi::payload::{DispatchPayload, PayloadPair};
-use crate::abi::{ABI_VERSION, MAX_AICORE_WORKERS, MAX_FUNC_IDS};
+use crate::abi::{ABI_VERSION, MAX_FUNC_IDS, MAX_LAUNCH_CORES};
 
 /// Why an image was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,7 +46,7 @@ pub struct ImageView<'a> {
 
 // SAFETY: the view only hands out shared references to plain fields nobody writes while it
 // exists and to atomics, plus raw pointers whose use is governed by the dispatch protocol; the
-// AICPU threads and AICore workers of one launch share it.
+// AICPU threads and AICore cores of one launch share it.
 unsafe impl Send for ImageView<'_> {}
 // SAFETY: as above; concurrent use from several threads is the point of the image.
 unsafe impl Sync for ImageView<'_> {}
@@ -110,9 +110,9 @@ impl<'a> ImageView<'a> {
             }
             Ok(())
         };
-        let workers = MAX_AICORE_WORKERS as u64;
+        let cores = MAX_LAUNCH_CORES as u64;
         let tasks = u64::from(header.task_count);
-        check(header.handshake_off, workers * size_of::<Handshake>() as u64, "handshake")?;
+        check(header.handshake_off, cores * size_of::<Handshake>() as u64, "handshake")?;
         check(header.func_table_off, MAX_FUNC_IDS as u64 * 8, "func table")?;
         check(header.shared_off, size_of::<SharedHeader>() as u64, "shared header")?;
         check(header.tasks_off, tasks * size_of::<TaskRecord>() as u64, "tasks")?;
@@ -122,8 +122,8 @@ impl<'a> ImageView<'a> {
             READY_QUEUE_COUNT as u64 * size_of::<ReadyQueueHeader>() as u64,
             "ready queues",
         )?;
-        check(header.workers_off, workers * size_of::<WorkerSlot>() as u64, "worker slots")?;
-        check(header.payloads_off, workers * size_of::<PayloadPair>() as u64, "payloads")?;
+        check(header.cores_off, cores * size_of::<CoreSlot>() as u64, "core slots")?;
+        check(header.payloads_off, cores * size_of::<PayloadPair>() as u64, "payloads")?;
         check(
             header.swimlane_off,
             u64::from(header.num_aicore) * swimlane_block_bytes(header.swimlane_capacity),
@@ -139,7 +139,7 @@ impl<'a> ImageView<'a> {
             MAX_PHASE_THREADS as u64 * aicpu_swimlane_block_bytes(header.aicpu_swimlane_capacity),
             "AICPU swimlane",
         )?;
-        if header.num_aicore as usize > MAX_AICORE_WORKERS
+        if header.num_aicore as usize > MAX_LAUNCH_CORES
             || header.num_aicore != 3 * header.block_dim
         {
             return Err(ViewError::BadSection("launch shape"));
@@ -179,9 +179,9 @@ impl<'a> ImageView<'a> {
         unsafe { self.at(self.header.shared_off) }
     }
 
-    /// Handshake record of worker `w` (< 72).
+    /// Handshake record of core `w` (< 72).
     pub fn handshake(&self, w: u32) -> &'a Handshake {
-        let w = (w as usize).min(MAX_AICORE_WORKERS - 1) as u64;
+        let w = (w as usize).min(MAX_LAUNCH_CORES - 1) as u64;
         // SAFETY: the section holds 72 records (checked in `from_raw`); `w` is clamped.
         unsafe { self.at(self.header.handshake_off + w * size_of::<Handshake>() as u64) }
     }
@@ -258,27 +258,27 @@ impl<'a> ImageView<'a> {
         }
     }
 
-    /// Slot of worker `w`.
-    pub fn worker_slot(&self, w: u32) -> &'a WorkerSlot {
-        let w = (w as usize).min(MAX_AICORE_WORKERS - 1) as u64;
+    /// Slot of core `w`.
+    pub fn core_slot(&self, w: u32) -> &'a CoreSlot {
+        let w = (w as usize).min(MAX_LAUNCH_CORES - 1) as u64;
         // SAFETY: 72 slots (checked in `from_raw`); `w` is clamped; all fields are atomics.
-        unsafe { self.at(self.header.workers_off + w * size_of::<WorkerSlot>() as u64) }
+        unsafe { self.at(self.header.cores_off + w * size_of::<CoreSlot>() as u64) }
     }
 
-    /// Device address of worker `w`'s payload pair.
+    /// Device address of core `w`'s payload pair.
     pub fn payload_pair_addr(&self, w: u32) -> u64 {
-        let w = (w as usize).min(MAX_AICORE_WORKERS - 1) as u64;
+        let w = (w as usize).min(MAX_LAUNCH_CORES - 1) as u64;
         self.base_addr() + self.header.payloads_off + w * size_of::<PayloadPair>() as u64
     }
 
-    /// Raw pointer to payload `which` (0 or 1) of worker `w`; see the module docs for who may
+    /// Raw pointer to payload `which` (0 or 1) of core `w`; see the module docs for who may
     /// write and read through it.
     pub fn payload_ptr(&self, w: u32, which: u32) -> *mut DispatchPayload {
         (self.payload_pair_addr(w) + u64::from(which & 1) * size_of::<DispatchPayload>() as u64)
             as *mut DispatchPayload
     }
 
-    /// Swimlane header of worker `w` (< `num_aicore`) and a raw pointer to its records
+    /// Swimlane header of core `w` (< `num_aicore`) and a raw pointer to its records
     /// (capacity in the header).
     pub fn swimlane(&self, w: u32) -> (&'a SwimlaneHeader, *mut SwimlaneRecord) {
         let w = u64::from(w.min(self.header.num_aicore.saturating_sub(1)));
@@ -321,12 +321,12 @@ impl<'a> ImageView<'a> {
     }
 }
 
-/// The part of a runtime image an AICore worker uses: header, handshake records, payload
+/// The part of a runtime image an AICore core uses: header, handshake records, payload
 /// pairs and swimlane blocks.
 ///
 /// Building it checks the header and the section bounds but not the task records: those
 /// checks take time proportional to the task count, only the task accessors of
-/// [`ImageView`] rely on them, and all `3 · block_dim` workers would repeat them at every
+/// [`ImageView`] rely on them, and all `3 · block_dim` cores would repeat them at every
 /// launch (at block_dim 8 and 10 000 tasks, 24 walks over the task section per run). Not
 /// exposing the task accessors keeps the skipped checks from mattering.
 #[derive(Clone, Copy, Debug)]
@@ -350,24 +350,98 @@ impl<'a> CoreImageView<'a> {
         self.view.header()
     }
 
-    /// Handshake record of worker `w` (< 72).
+    /// Handshake record of core `w` (< 72).
     pub(crate) fn handshake(&self, w: u32) -> &'a Handshake {
         self.view.handshake(w)
     }
 
-    /// Device address of worker `w`'s payload pair.
+    /// Device address of core `w`'s payload pair.
     pub(crate) fn payload_pair_addr(&self, w: u32) -> u64 {
         self.view.payload_pair_addr(w)
     }
 
-    /// Raw pointer to payload `which` (0 or 1) of worker `w`.
+    /// Raw pointer to payload `which` (0 or 1) of core `w`.
     pub(crate) fn payload_ptr(&self, w: u32, which: u32) -> *mut DispatchPayload {
         self.view.payload_ptr(w, which)
     }
 
-    /// Swimlane header of worker `w` and a raw pointer to its records.
+    /// Swimlane header of core `w` and a raw pointer to its records.
     pub(crate) fn swimlane(&self, w: u32) -> (&'a SwimlaneHeader, *mut SwimlaneRecord) {
         self.view.swimlane(w)
+    }
+}
+
+/// The host's view of a runtime image after (or before) a launch: header, shared header,
+/// handshake records, phase records and the swimlane sections — the one decoder the runner and
+/// the diagnostics read the image with.
+///
+/// Like [`CoreImageView`] it checks the header and the section bounds only. The host builds it
+/// over the image's host mapping when no device thread runs: before the launch (to clear the
+/// handshake records) and after both streams completed or drained (to read the results), so
+/// the records written during the run are complete and nobody writes them while it reads.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HostImageView<'a> {
+    view: ImageView<'a>,
+}
+
+impl<'a> HostImageView<'a> {
+    /// Checks the header and section bounds of the image at `base` (`len` bytes).
+    ///
+    /// # Safety
+    ///
+    /// As [`ImageView::from_raw`], and no device thread may run the image while the view
+    /// exists (so the swimlane records it reads are not being written).
+    pub(crate) unsafe fn from_raw(base: *mut u8, len: u64) -> Result<HostImageView<'a>, ViewError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { ImageView::from_raw_sections(base, len) }.map(|view| HostImageView { view })
+    }
+
+    /// The header.
+    pub(crate) fn header(&self) -> &'a ImageHeader {
+        self.view.header()
+    }
+
+    /// The shared header.
+    pub(crate) fn shared(&self) -> &'a SharedHeader {
+        self.view.shared()
+    }
+
+    /// Handshake record of core `c` (< 72).
+    pub(crate) fn handshake(&self, c: u32) -> &'a Handshake {
+        self.view.handshake(c)
+    }
+
+    /// Phase record of AICPU thread `t` (< 4).
+    pub(crate) fn phase(&self, t: u32) -> &'a PhaseRecord {
+        self.view.phase(t)
+    }
+
+    /// The swimlane records core `c` (< `num_aicore`) wrote, and how many it dropped.
+    pub(crate) fn swimlane_records(
+        &self,
+        c: u32,
+    ) -> (impl Iterator<Item = SwimlaneRecord> + 'a, u32) {
+        use core::sync::atomic::Ordering::Acquire;
+        let cap = self.header().swimlane_capacity;
+        let (h, records) = self.view.swimlane(c);
+        let live = cap > 0 && c < self.header().num_aicore;
+        let n = if live { h.count.load(Acquire).min(cap) as usize } else { 0 };
+        // SAFETY: the first `n ≤ capacity` records lie inside core `c`'s checked block, were
+        // written by that core before it bumped `count`, and no device thread runs (the
+        // constructor's contract); records are plain data read by value.
+        let read = (0..n).map(move |i| unsafe { records.add(i).read() });
+        (read, if live { h.dropped.load(Acquire) } else { 0 })
+    }
+
+    /// The AICPU dispatch records thread `t` (< 4) wrote.
+    pub(crate) fn aicpu_records(&self, t: u32) -> impl Iterator<Item = AicpuRecord> + 'a {
+        use core::sync::atomic::Ordering::Acquire;
+        let cap = self.header().aicpu_swimlane_capacity;
+        let (h, records) = self.view.aicpu_swimlane(t);
+        let live = cap > 0 && (t as usize) < MAX_PHASE_THREADS;
+        let n = if live { h.count.load(Acquire).min(cap) as usize } else { 0 };
+        // SAFETY: as in `swimlane_records`, for thread `t`'s checked block.
+        (0..n).map(move |i| unsafe { records.add(i).read() })
     }
 }
 

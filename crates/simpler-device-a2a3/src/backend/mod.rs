@@ -1,172 +1,295 @@
-//! Device backends behind the runner (spec §1).
+//! The device seam: the [`Backend`] trait a runner drives, and the backend-neutral types its
+//! methods exchange.
 //!
-//! Backend methods are thin: launches, syncs and queries, memory, the register table, drain and
-//! reset. All validation lives in `runner` (decision; as wgpu-hal says of its backends,
-//! validation is the caller's job). The onboard backend (feature `onboard`) is not built yet.
+//! A backend is the hardware underneath one chip: memory, the AICPU and AICore streams and
+//! their launches, the register table, the device programs and the recovery drain. The
+//! simulator ([`sim`], feature `sim`) is one implementation; the onboard backend over CANN
+//! (feature `onboard`, reserved) will be the second. The runner picks one at attach
+//! ([`attach`]) from `RunnerOptions::platform` and never falls back from one to the other.
+//!
+//! Backend methods are thin: one device operation each, no policy. **Validation is the
+//! caller's job**: the runner checks every range against its own allocation table, every
+//! configuration against the device limits and every call against the run state before it
+//! calls a backend method, so an implementation may assume valid arguments and only reports
+//! what the device itself refused. `docs/device-seams.md` describes the two seams of the
+//! crate (this one and `ChipRuntime`) and the data flow from a run request to the chip image.
 
+#[cfg(feature = "sim")]
 pub(crate) mod sim;
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::abi::codes::AclCode;
 use crate::abi::launch::InitArgs;
-use crate::error::{CoreFault, MemPurpose, StreamKind};
+use crate::callable::ChipCallable;
+use crate::error::{CoreFault, DeviceError, InitStep, MemPurpose, StreamKind};
+use crate::options::{Platform, RunnerOptions};
 
-use self::sim::{
-    AllocFailure, FaultPlan, MemoryCounts, SimDevice, SimLaunch, SimThreadStats, StreamStatus,
-    SyncError,
-};
-
-/// A launched kernel, for timing.
-#[derive(Debug, Clone)]
-pub(crate) enum Launched {
-    Sim(Arc<SimLaunch>),
+/// Why an allocation was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AllocFailure {
+    /// The device's memory limit would be exceeded.
+    Limit(u64),
+    /// The allocator refused.
+    Host,
 }
 
-impl Launched {
-    /// Counter ticks when the launch started executing (0 = not yet).
-    pub(crate) fn started_ticks(&self) -> u64 {
-        match self {
-            Launched::Sim(l) => {
-                l.started_ticks.load(std::sync::atomic::Ordering::Acquire).saturating_sub(1)
-            }
-        }
+/// Per-purpose byte and allocation counts of a device's memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct MemoryCounts {
+    /// Bytes committed in total.
+    pub(crate) committed: u64,
+    /// Live allocations in total.
+    pub(crate) allocations: u64,
+    /// Bytes of user allocations.
+    pub(crate) user_bytes: u64,
+    /// Live user allocations.
+    pub(crate) user_allocations: u64,
+    /// Bytes of pooled arenas (heap and image arenas, staging).
+    pub(crate) pooled_bytes: u64,
+    /// Bytes of runtime buffers (kernel args, register table, chip buffers).
+    pub(crate) runtime_bytes: u64,
+}
+
+/// A stream's sticky error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct StreamFault {
+    /// The device code of the failed entry.
+    pub(crate) code: AclCode,
+    /// What happened, in words.
+    pub(crate) message: String,
+}
+
+/// What a stream synchronisation returns on failure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum SyncError {
+    /// The stream is in its sticky error state.
+    Fault(StreamFault),
+    /// The entries did not complete within the budget.
+    Timeout,
+}
+
+/// Non-blocking state of a stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum StreamStatus {
+    /// Every entry completed.
+    Idle,
+    /// An entry is queued or running.
+    Busy,
+    /// The stream is in its sticky error state.
+    Failed(StreamFault),
+}
+
+/// Counts of the threads a backend runs on the host (the simulator's AICPU threads and AICore
+/// cores; zero onboard).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ThreadStats {
+    /// Threads spawned over the device's life.
+    pub(crate) spawned: u32,
+    /// Threads currently alive.
+    pub(crate) alive: u32,
+    /// Threads currently parked.
+    pub(crate) parked: u32,
+}
+
+/// A launched kernel as the runner keeps it: only its start time is read (device wall time).
+pub(crate) trait LaunchState: Send + Sync + fmt::Debug {
+    /// Device counter ticks (50 MHz) when the launch started executing (0 = not yet).
+    fn started_ticks(&self) -> u64;
+}
+
+/// A handle to a launched kernel.
+pub(crate) type LaunchHandle = Arc<dyn LaunchState>;
+
+/// An event recorded on a stream: it completes once every entry enqueued on that stream before
+/// it completed. Device queuing (`docs/device-runner.md`, "Next steps") will complete each run
+/// by its own events instead of a stream-wide sync.
+pub(crate) trait EventState: Send + Sync + fmt::Debug {
+    /// Whether the event completed (never blocks).
+    // Used by device queuing; exercised by the simulator's tests until then.
+    #[allow(dead_code)]
+    fn is_complete(&self) -> bool;
+    /// Waits at most `timeout` for the event; returns whether it completed.
+    #[allow(dead_code)]
+    fn synchronize(&self, timeout: Duration) -> bool;
+    /// The backend's own event object, so its `wait_event` can recognise it.
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
+}
+
+/// A handle to a recorded event.
+pub(crate) type EventHandle = Arc<dyn EventState>;
+
+/// Something a registered callable keeps loaded while it is registered (a shared object
+/// holding kernel code). Dropping it unloads the code.
+pub(crate) struct LoadedCode(Box<dyn fmt::Debug + Send>);
+
+impl LoadedCode {
+    /// Keeps `code` loaded until the value drops.
+    pub(crate) fn new(code: impl fmt::Debug + Send + 'static) -> LoadedCode {
+        LoadedCode(Box::new(code))
     }
 }
 
-/// The device a runner drives.
-#[derive(Debug)]
-pub(crate) enum Backend {
-    /// The simulated chip.
-    Sim(SimDevice),
-}
-
-fn stream_index(s: StreamKind) -> usize {
-    match s {
-        StreamKind::Aicpu => sim::AICPU_STREAM,
-        StreamKind::AiCore => sim::AICORE_STREAM,
+impl fmt::Debug for LoadedCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
     }
 }
 
-impl Backend {
-    pub(crate) fn start_programs(&mut self) -> Result<(), String> {
-        match self {
-            Backend::Sim(d) => d.start_aicpu_threads(),
-        }
-    }
+/// Kernel addresses a callable resolved to on one backend, and the code that holds them.
+#[derive(Debug, Default)]
+pub(crate) struct ResolvedKernels {
+    /// `(func id, kernel entry address)`, in func-id order.
+    pub(crate) kernels: Vec<(u32, u64)>,
+    /// Code kept loaded while the callable is registered.
+    pub(crate) code: Vec<LoadedCode>,
+}
 
-    pub(crate) fn init_aicpu(&mut self, init: InitArgs) {
-        match self {
-            Backend::Sim(d) => d.init_aicpu(init),
-        }
-    }
+/// One chip's hardware, as the runner drives it. See the module docs: validation is the
+/// caller's job.
+pub(crate) trait Backend: Send + fmt::Debug {
+    /// Loads or starts the device programs (ensure_initialized step 2); a retry after a
+    /// partial failure resumes where it stopped.
+    fn start_programs(&mut self) -> Result<(), String>;
 
-    pub(crate) fn malloc(&self, bytes: u64, purpose: MemPurpose) -> Result<u64, AllocFailure> {
-        match self {
-            Backend::Sim(d) => d.malloc(bytes, purpose),
-        }
-    }
+    /// Hands the AICPU program its init arguments (ensure_initialized step 3).
+    fn init_aicpu(&mut self, init: InitArgs);
 
-    pub(crate) fn free(&self, addr: u64) -> Option<MemPurpose> {
-        match self {
-            Backend::Sim(d) => d.free(addr),
-        }
-    }
+    /// The `block_dim` a run asking for 0 (auto) gets.
+    fn default_block_dim(&self) -> u32;
 
-    pub(crate) fn find(&self, addr: u64, len: u64) -> Option<MemPurpose> {
-        match self {
-            Backend::Sim(d) => d.find(addr, len),
-        }
-    }
+    /// Resolves every kernel of `c` to an address this backend can launch; a code variant it
+    /// cannot execute is `InvalidCallable`.
+    fn resolve_kernels(&self, c: &ChipCallable) -> Result<ResolvedKernels, DeviceError>;
 
-    pub(crate) fn write(&self, dst: u64, src: &[u8]) -> bool {
-        match self {
-            Backend::Sim(d) => d.write(dst, src),
-        }
-    }
+    /// Allocates `bytes` of device memory (1024-byte aligned, zero-filled).
+    fn malloc(&self, bytes: u64, purpose: MemPurpose) -> Result<u64, AllocFailure>;
 
-    pub(crate) fn read(&self, src: u64, dst: &mut [u8]) -> bool {
-        match self {
-            Backend::Sim(d) => d.read(src, dst),
-        }
-    }
+    /// Frees an allocation; `None` if `addr` does not start one.
+    fn free(&self, addr: u64) -> Option<MemPurpose>;
 
-    pub(crate) fn fill(&self, dst: u64, value: u8, len: u64) -> bool {
-        match self {
-            Backend::Sim(d) => d.fill(dst, value, len),
-        }
-    }
+    /// Purpose of the allocation holding `[addr, addr + len)`, if one does.
+    fn find(&self, addr: u64, len: u64) -> Option<MemPurpose>;
 
-    pub(crate) fn memory_counts(&self) -> MemoryCounts {
-        match self {
-            Backend::Sim(d) => d.memory_counts(),
-        }
-    }
+    /// Copies `src` to device memory at `dst`; `false` if the device refused.
+    fn write(&self, dst: u64, src: &[u8]) -> bool;
 
-    pub(crate) fn register_table(&self) -> Vec<u64> {
-        match self {
-            Backend::Sim(d) => d.register_table(),
-        }
-    }
+    /// Copies device memory at `src` into `dst`; `false` if the device refused.
+    fn read(&self, src: u64, dst: &mut [u8]) -> bool;
 
-    pub(crate) fn launch_aicore(&mut self, block_dim: u32, args: u64) -> Result<Launched, AclCode> {
-        match self {
-            Backend::Sim(d) => d.launch_aicore(block_dim, args).map(Launched::Sim),
-        }
-    }
+    /// Sets `len` bytes at `dst` to `value`; `false` if the device refused.
+    fn fill(&self, dst: u64, value: u8, len: u64) -> bool;
 
-    pub(crate) fn launch_aicpu(&mut self, threads: u32, args: u64) -> Result<Launched, AclCode> {
-        match self {
-            Backend::Sim(d) => d.launch_aicpu(threads, args).map(Launched::Sim),
-        }
-    }
+    /// The host address through which the device range `[addr, addr + len)` can be read and
+    /// written (the simulator: identity; onboard: a host mapping), `None` if it cannot be
+    /// mapped.
+    fn host_map(&self, addr: u64, len: u64) -> Option<*mut u8>;
 
-    pub(crate) fn synchronize(
+    /// Memory counts for the ledger.
+    fn memory_counts(&self) -> MemoryCounts;
+
+    /// One control-window address per AICore core (the register table of the launch).
+    fn register_table(&self) -> Vec<u64>;
+
+    /// Launches the AICore kernel on `3 * block_dim` cores with the `KernelArgs` at `args`.
+    fn launch_aicore(&mut self, block_dim: u32, args: u64) -> Result<LaunchHandle, AclCode>;
+
+    /// Launches the AICPU `exec` entry on `threads` threads with the `KernelArgs` at `args`.
+    fn launch_aicpu(&mut self, threads: u32, args: u64) -> Result<LaunchHandle, AclCode>;
+
+    /// Waits at most `timeout` for every entry enqueued on `stream` so far; `op_execute` is
+    /// the per-launch AICore budget.
+    fn synchronize(
         &self,
-        s: StreamKind,
+        stream: StreamKind,
         timeout: Duration,
         op_execute: Duration,
-    ) -> Result<(), SyncError> {
-        match self {
-            Backend::Sim(d) => d.synchronize(stream_index(s), timeout, op_execute),
+    ) -> Result<(), SyncError>;
+
+    /// The state of `stream`, without blocking.
+    fn query(&self, stream: StreamKind, op_execute: Duration) -> StreamStatus;
+
+    /// Records an event on `stream`.
+    // Used by device queuing; exercised by the simulator's tests until then.
+    #[allow(dead_code)]
+    fn record_event(&mut self, stream: StreamKind) -> EventHandle;
+
+    /// Makes the entries enqueued on `stream` after this call wait until `event` completed;
+    /// `false` if `event` was not recorded by this backend.
+    // Used by device queuing; exercised by the simulator's tests until then.
+    #[allow(dead_code)]
+    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> bool;
+
+    /// Waits at most `timeout` for both streams to go idle (the recovery drain); returns
+    /// whether they did.
+    fn drain(&self, timeout: Duration, op_execute: Duration) -> bool;
+
+    /// Faults recorded since the last call, earliest first.
+    fn take_faults(&self) -> Vec<CoreFault>;
+
+    /// Counts of the backend's host threads.
+    fn thread_stats(&self) -> ThreadStats;
+
+    /// Resets the device and releases its threads and memory; returns the names of threads
+    /// that had to be detached.
+    fn shutdown(&mut self) -> Vec<String>;
+
+    /// The simulated device behind this backend, if it is the simulator.
+    #[cfg(feature = "sim")]
+    fn sim(&self) -> Option<&sim::SimDevice> {
+        None
+    }
+}
+
+/// Creates the backend `opts.platform` names (attach step A2). A platform whose backend is not
+/// built into this crate is an error naming the feature it needs, never a fallback.
+pub(crate) fn attach(opts: &RunnerOptions) -> Result<Box<dyn Backend>, DeviceError> {
+    #[cfg(not(feature = "sim"))]
+    let missing = |feature: &str, what: &str| DeviceError::Init {
+        run_id: None,
+        step: InitStep::LoadPrograms,
+        message: format!(
+            "{what} is not built into this crate: enable the `{feature}` feature of simpler-device-a2a3"
+        ),
+    };
+    match opts.platform {
+        #[cfg(feature = "sim")]
+        Platform::A2a3Sim => Ok(Box::new(sim::SimDevice::new(opts.device_id, opts.sim))),
+        #[cfg(not(feature = "sim"))]
+        Platform::A2a3Sim => Err(missing("sim", "the simulated chip")),
+        Platform::A2a3 => Err(DeviceError::Init {
+            run_id: None,
+            step: InitStep::LoadPrograms,
+            message: "the onboard backend is not built yet (the `onboard` feature is reserved for it); refusing to fall back to the simulator".into(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::RuntimeVariant;
+
+    fn refusal(opts: RunnerOptions) -> String {
+        match attach(&opts) {
+            Err(DeviceError::Init { step: InitStep::LoadPrograms, message, .. }) => message,
+            other => panic!("expected an Init error, got {other:?}"),
         }
     }
 
-    pub(crate) fn query(&self, s: StreamKind, op_execute: Duration) -> StreamStatus {
-        match self {
-            Backend::Sim(d) => d.query(stream_index(s), op_execute),
-        }
+    #[test]
+    fn the_onboard_platform_is_refused_with_a_typed_error_and_never_falls_back() {
+        let message = refusal(RunnerOptions::onboard(0, RuntimeVariant::HostBuildGraph));
+        assert!(message.contains("onboard") && message.contains("fall back"), "{message}");
     }
 
-    pub(crate) fn drain(&self, timeout: Duration, op_execute: Duration) -> bool {
-        match self {
-            Backend::Sim(d) => d.drain(timeout, op_execute),
-        }
-    }
-
-    pub(crate) fn take_faults(&self) -> Vec<CoreFault> {
-        match self {
-            Backend::Sim(d) => d.take_faults(),
-        }
-    }
-
-    pub(crate) fn faults(&self) -> Option<&FaultPlan> {
-        match self {
-            Backend::Sim(d) => Some(d.faults()),
-        }
-    }
-
-    pub(crate) fn thread_stats(&self) -> SimThreadStats {
-        match self {
-            Backend::Sim(d) => d.thread_stats(),
-        }
-    }
-
-    /// Resets the device and joins its threads; returns the detached thread names.
-    pub(crate) fn shutdown(&mut self, budget: Duration) -> Vec<String> {
-        match self {
-            Backend::Sim(d) => d.shutdown(budget),
-        }
+    #[cfg(not(feature = "sim"))]
+    #[test]
+    fn without_the_sim_feature_attaching_a_simulated_chip_names_the_feature() {
+        let o = RunnerOptions::new(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph);
+        let message = refusal(o);
+        assert!(message.contains("`sim` feature"), "{message}");
     }
 }

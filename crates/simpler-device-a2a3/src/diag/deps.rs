@@ -1,4 +1,4 @@
-//! `deps.json` (spec §7, third bullet): the dependency graph of a run.
+//! `deps.json` (`docs/device-chip.md`): the dependency graph of a run.
 //!
 //! host_build_graph derives its edges on the host through the tensor map, so the file is
 //! written from the builder's records; the replay the device runtime needs (device-captured
@@ -8,12 +8,15 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
-use simpler_types::DeviceTaskId;
+use simpler_types::{DeviceTaskId, TaskId};
+
+use super::origin_json;
 
 use crate::runtime::hbg::builder::{BuiltGraph, EdgeSource, Overlap};
 
-/// `deps.json` of `g`; `complete` is false when the run did not finish.
-pub(crate) fn deps_json(g: &BuiltGraph, complete: bool) -> Value {
+/// `deps.json` of `g`; `complete` is false when the run did not finish; `origin` is the engine
+/// task one level up that started the run.
+pub(crate) fn deps_json(g: &BuiltGraph, complete: bool, origin: Option<TaskId>) -> Value {
     let mut tensor_ids: BTreeMap<(u64, i32), usize> = BTreeMap::new();
     let mut tensors = Vec::new();
     for t in &g.tensors {
@@ -72,5 +75,6 @@ pub(crate) fn deps_json(g: &BuiltGraph, complete: bool) -> Value {
             })
         })
         .collect();
-    json!({"version": 1, "complete": complete, "tasks": tasks, "tensors": tensors, "edges": edges})
+    json!({"version": 1, "complete": complete, "origin": origin_json(origin), "tasks": tasks,
+           "tensors": tensors, "edges": edges})
 }

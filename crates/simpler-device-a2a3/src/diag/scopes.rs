@@ -1,4 +1,4 @@
-//! `scope_stats/scope_stats.jsonl` (spec §7, fourth bullet).
+//! `scope_stats/scope_stats.jsonl` (`docs/device-chip.md`).
 //!
 //! host_build_graph keeps the whole graph resident in ring 0, so a scope's usage is the task
 //! count and heap bytes at its begin and end; dep-pool and tensor-map figures are reported as

@@ -1,20 +1,18 @@
-//! Swimlane traces (spec §7, second bullet).
+//! Swimlane traces (`docs/device-chip.md`).
 //!
 //! `l2_swimlane_records.json` keeps the raw 50 MHz counters; `swimlane.perfetto.json` is Chrome
 //! Trace Event JSON for ui.perfetto.dev: one `X` event per (task, block) dispatch on one track
 //! per core (`AIC<k>`/`AIV<k>`), AICPU thread phases from level 2, and flow arrows per
 //! dependency edge when dep-gen is on.
 
-use std::mem::{offset_of, size_of};
-
 use serde_json::{Value, json};
+use simpler_types::TaskId;
 
+use super::origin_json;
 use super::timing::ThreadPhases;
-use super::{le_u32, le_u64};
-use crate::abi::image::{
-    AicpuRecord, SwimlaneHeader, SwimlaneRecord, aicpu_swimlane_block_bytes, swimlane_block_bytes,
-};
-use crate::abi::{COUNTER_HZ, CoreType, NS_PER_TICK, WorkerPlace};
+use crate::abi::image::{AicpuRecord, SwimlaneRecord};
+use crate::abi::{COUNTER_HZ, CorePlace, CoreType, NS_PER_TICK};
+use crate::aicpu::view::HostImageView;
 
 /// What a run captured.
 #[derive(Clone, Debug, Default)]
@@ -22,74 +20,42 @@ pub(crate) struct SwimlaneCapture {
     pub(crate) level: u32,
     pub(crate) block_dim: u32,
     pub(crate) threads: u32,
-    /// `(worker, record)` in per-worker order.
+    /// `(core, record)` in per-core order.
     pub(crate) records: Vec<(u32, SwimlaneRecord)>,
-    /// Records each worker could not store.
+    /// Records each core could not store.
     pub(crate) dropped: Vec<u32>,
     /// `(AICPU thread, record)` from level 2.
     pub(crate) aicpu: Vec<(u32, AicpuRecord)>,
     pub(crate) phases: Vec<ThreadPhases>,
 }
 
-/// Parses the swimlane section (a host copy) of `num_aicore` workers.
-pub(crate) fn parse(
-    bytes: &[u8],
-    num_aicore: u32,
-    capacity: u32,
-) -> (Vec<(u32, SwimlaneRecord)>, Vec<u32>) {
-    let block = swimlane_block_bytes(capacity);
-    let mut records = Vec::new();
-    let mut dropped = Vec::new();
-    for w in 0..num_aicore {
-        let base = u64::from(w) * block;
-        let count = le_u32(bytes, base + offset_of!(SwimlaneHeader, count) as u64).min(capacity);
-        dropped.push(le_u32(bytes, base + offset_of!(SwimlaneHeader, dropped) as u64));
-        for i in 0..u64::from(count) {
-            let r =
-                base + size_of::<SwimlaneHeader>() as u64 + i * size_of::<SwimlaneRecord>() as u64;
-            records.push((
-                w,
-                SwimlaneRecord {
-                    task_id: le_u64(bytes, r + offset_of!(SwimlaneRecord, task_id) as u64),
-                    token: le_u32(bytes, r + offset_of!(SwimlaneRecord, token) as u64),
-                    func_id: le_u32(bytes, r + offset_of!(SwimlaneRecord, func_id) as u64),
-                    start: le_u64(bytes, r + offset_of!(SwimlaneRecord, start) as u64),
-                    end: le_u64(bytes, r + offset_of!(SwimlaneRecord, end) as u64),
-                    block_idx: le_u32(bytes, r + offset_of!(SwimlaneRecord, block_idx) as u64),
-                    reserved: 0,
-                },
-            ));
+impl SwimlaneCapture {
+    /// Reads what the image's swimlane sections captured; `level` is the run's swimlane level.
+    pub(crate) fn read(image: &HostImageView<'_>, level: u32, threads: u32) -> SwimlaneCapture {
+        let h = image.header();
+        let mut records = Vec::new();
+        let mut dropped = Vec::new();
+        for c in 0..h.num_aicore {
+            let (r, d) = image.swimlane_records(c);
+            records.extend(r.map(|r| (c, r)));
+            dropped.push(d);
+        }
+        let aicpu =
+            (0..threads).flat_map(|t| image.aicpu_records(t).map(move |r| (t, r))).collect();
+        SwimlaneCapture {
+            level,
+            block_dim: h.block_dim,
+            threads,
+            records,
+            dropped,
+            aicpu,
+            phases: super::timing::phases(image, threads),
         }
     }
-    (records, dropped)
-}
-
-/// Parses the AICPU record section (a host copy) of `threads` threads.
-pub(crate) fn parse_aicpu(bytes: &[u8], threads: u32, capacity: u32) -> Vec<(u32, AicpuRecord)> {
-    let block = aicpu_swimlane_block_bytes(capacity);
-    let mut out = Vec::new();
-    for t in 0..threads {
-        let base = u64::from(t) * block;
-        let count = le_u32(bytes, base + offset_of!(SwimlaneHeader, count) as u64).min(capacity);
-        for i in 0..u64::from(count) {
-            let r = base + size_of::<SwimlaneHeader>() as u64 + i * size_of::<AicpuRecord>() as u64;
-            out.push((
-                t,
-                AicpuRecord {
-                    task_id: le_u64(bytes, r + offset_of!(AicpuRecord, task_id) as u64),
-                    worker: le_u32(bytes, r + offset_of!(AicpuRecord, worker) as u64),
-                    token: le_u32(bytes, r + offset_of!(AicpuRecord, token) as u64),
-                    dispatch: le_u64(bytes, r + offset_of!(AicpuRecord, dispatch) as u64),
-                    finish: le_u64(bytes, r + offset_of!(AicpuRecord, finish) as u64),
-                },
-            ));
-        }
-    }
-    out
 }
 
 fn core_name(w: u32, block_dim: u32) -> String {
-    match WorkerPlace::of(w, block_dim) {
+    match CorePlace::of(w, block_dim) {
         Some(p) if p.core_type == CoreType::Aic => format!("AIC{w}"),
         Some(_) => format!("AIV{}", w - block_dim),
         None => format!("core{w}"),
@@ -100,10 +66,10 @@ fn core_name(w: u32, block_dim: u32) -> String {
 pub(crate) fn records_json(c: &SwimlaneCapture) -> Value {
     let num_cores = 3 * c.block_dim;
     let core_types: Vec<&str> = (0..num_cores)
-        .map(|w| WorkerPlace::of(w, c.block_dim).map_or("?", |p| p.core_type.name()))
+        .map(|w| CorePlace::of(w, c.block_dim).map_or("?", |p| p.core_type.name()))
         .collect();
     let core_to_thread: Vec<u32> = (0..num_cores)
-        .map(|w| WorkerPlace::of(w, c.block_dim).map_or(0, |p| p.cluster % c.threads.max(1)))
+        .map(|w| CorePlace::of(w, c.block_dim).map_or(0, |p| p.cluster % c.threads.max(1)))
         .collect();
     let aicore: Vec<Value> = c
         .records
@@ -131,13 +97,18 @@ pub(crate) fn records_json(c: &SwimlaneCapture) -> Value {
             "dropped": c.dropped,
         },
         "aicore_tasks": aicore,
-        "aicpu_tasks": c.aicpu.iter().map(|(t, r)| json!([t, r.task_id, r.worker, r.token, r.dispatch, r.finish])).collect::<Vec<_>>(),
+        "aicpu_tasks": c.aicpu.iter().map(|(t, r)| json!([t, r.task_id, r.core, r.token, r.dispatch, r.finish])).collect::<Vec<_>>(),
         "phases": phases,
     })
 }
 
-/// `swimlane.perfetto.json`. `edges` are `(pred, succ)` device task ids for flow arrows.
-pub(crate) fn perfetto_json(c: &SwimlaneCapture, edges: &[(u64, u64)]) -> Value {
+/// `swimlane.perfetto.json`. `edges` are `(pred, succ)` device task ids for flow arrows;
+/// `origin` (the engine task that started the run) goes into the trace metadata.
+pub(crate) fn perfetto_json(
+    c: &SwimlaneCapture,
+    edges: &[(u64, u64)],
+    origin: Option<TaskId>,
+) -> Value {
     let t0 = c
         .records
         .iter()
@@ -184,9 +155,9 @@ pub(crate) fn perfetto_json(c: &SwimlaneCapture, edges: &[(u64, u64)]) -> Value 
             if r.finish >= r.dispatch && r.finish > 0 {
                 events.push(json!({
                     "ph": "X", "pid": 3, "tid": t,
-                    "name": format!("dispatch to {}", core_name(r.worker, c.block_dim)),
+                    "name": format!("dispatch to {}", core_name(r.core, c.block_dim)),
                     "ts": us(r.dispatch), "dur": us(r.finish) - us(r.dispatch),
-                    "args": {"task_id": r.task_id, "worker": r.worker, "reg_token": r.token},
+                    "args": {"task_id": r.task_id, "core": r.core, "reg_token": r.token},
                 }));
             }
         }
@@ -207,5 +178,9 @@ pub(crate) fn perfetto_json(c: &SwimlaneCapture, edges: &[(u64, u64)]) -> Value 
             events.push(json!({"ph": "f", "bp": "e", "id": n, "pid": 1, "tid": wt, "name": "dep", "cat": "dep", "ts": us(rt.start)}));
         }
     }
-    json!({"displayTimeUnit": "ns", "traceEvents": events})
+    json!({
+        "displayTimeUnit": "ns",
+        "metadata": {"origin": origin_json(origin)},
+        "traceEvents": events,
+    })
 }

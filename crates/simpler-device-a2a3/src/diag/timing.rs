@@ -1,14 +1,13 @@
-//! Device wall time and phases (spec §7, first bullet).
+//! Device wall time and phases (`docs/device-chip.md`).
 //!
 //! On the simulator the wall time runs from the AICore launch's start to the last AICPU
 //! thread's end, both on the virtual 50 MHz counter; phases come from the AICPU phase records.
 
-use std::mem::offset_of;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use super::le_u64;
 use crate::abi::NS_PER_TICK;
-use crate::abi::image::PhaseRecord;
+use crate::aicpu::view::HostImageView;
 
 /// Where a run's device time went.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -16,7 +15,7 @@ pub struct RunPhases {
     /// Launch to the end of the boot step (image wiring, ready seeding).
     pub preamble: Duration,
     /// Boot end to the end of the last handshake (hbg has no device orchestration; this is the
-    /// handshake with the AICore workers).
+    /// handshake with the AICore cores).
     pub orchestration: Duration,
     /// Handshake end to the last scheduling loop's end.
     pub scheduling: Duration,
@@ -24,7 +23,7 @@ pub struct RunPhases {
     pub post_orchestration: Duration,
 }
 
-/// One thread's phase counters read from a host copy of the phase section.
+/// One AICPU thread's phase counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ThreadPhases {
     pub(crate) start: u64,
@@ -35,21 +34,20 @@ pub(crate) struct ThreadPhases {
     pub(crate) tasks_completed: u64,
 }
 
-/// Parses the phase records of `threads` threads from `bytes` (a copy of the phase section).
-pub(crate) fn parse_phases(bytes: &[u8], threads: u32) -> Vec<ThreadPhases> {
-    (0..threads as u64)
+/// The phase records of the first `threads` AICPU threads of an image.
+pub(crate) fn phases(image: &HostImageView<'_>, threads: u32) -> Vec<ThreadPhases> {
+    // Relaxed: the host reads after both streams completed, which orders the writes.
+    let r = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
+    (0..threads)
         .map(|t| {
-            let o = t * size_of::<PhaseRecord>() as u64;
+            let p = image.phase(t);
             ThreadPhases {
-                start: le_u64(bytes, o + offset_of!(PhaseRecord, start) as u64),
-                orchestration_end: le_u64(
-                    bytes,
-                    o + offset_of!(PhaseRecord, orchestration_end) as u64,
-                ),
-                handshake_end: le_u64(bytes, o + offset_of!(PhaseRecord, handshake_end) as u64),
-                scheduling_end: le_u64(bytes, o + offset_of!(PhaseRecord, scheduling_end) as u64),
-                end: le_u64(bytes, o + offset_of!(PhaseRecord, end) as u64),
-                tasks_completed: le_u64(bytes, o + offset_of!(PhaseRecord, tasks_completed) as u64),
+                start: r(&p.start),
+                orchestration_end: r(&p.orchestration_end),
+                handshake_end: r(&p.handshake_end),
+                scheduling_end: r(&p.scheduling_end),
+                end: r(&p.end),
+                tasks_completed: r(&p.tasks_completed),
             }
         })
         .collect()

@@ -1,22 +1,24 @@
-//! The runner's callable table: 64 slots, uploaded chip buffers deduplicated by content
-//! (spec §3.4).
+//! The runner's callable table: 64 slots, uploaded chip buffers deduplicated by content, and
+//! registration (`docs/device-runner.md`, "Callables").
 
 use std::collections::HashMap;
-use std::mem::{offset_of, size_of};
 use std::sync::Arc;
 
+use super::{Core, oom, unusable};
 use crate::abi::MAX_CALLABLE_SLOTS;
 use crate::abi::MAX_FUNC_IDS;
 use crate::abi::launch::CoreKernelHeader;
-use crate::backend::sim::SharedObject;
-use crate::callable::{ChipCallable, KernelCode, Orchestration};
-use crate::error::DeviceError;
+use crate::backend::{LoadedCode, ResolvedKernels};
+use crate::callable::ChipCallable;
+use crate::error::{DeviceError, MemPurpose};
+use crate::runner::ChipSlot;
 
 /// One registered callable.
 #[derive(Debug)]
 pub(crate) struct Registered {
     pub(crate) callable: Arc<ChipCallable>,
-    /// Registration generation, stamped into the image as part of the active callable (P13).
+    /// Registration generation, stamped into the image as part of the active callable
+    /// (preparation step 13).
     pub(crate) generation: u64,
     /// Content hash of the uploaded chip buffer.
     pub(crate) buffer_hash: u64,
@@ -24,8 +26,8 @@ pub(crate) struct Registered {
     pub(crate) func_table: Box<[u64]>,
     /// Which func ids are registered.
     pub(crate) funcs: Vec<bool>,
-    /// Shared objects holding kernels of this callable; closed when it is unregistered.
-    pub(crate) objects: Vec<SharedObject>,
+    /// Code holding kernels of this callable; unloaded when it is unregistered.
+    pub(crate) code: Vec<LoadedCode>,
 }
 
 /// An uploaded chip buffer and how many registrations share it.
@@ -41,10 +43,10 @@ pub(crate) struct CallableTable {
     pub(crate) slots: Vec<Option<Registered>>,
     pub(crate) buffers: HashMap<u64, ChipBuffer>,
     pub(crate) next_generation: u64,
-    /// Shared objects of callables unregistered while the runner was unusable: a simulated
-    /// thread stuck in one of their kernels may still be executing their code, so they stay
-    /// mapped until `finalize` has confirmed every thread gone (and forever otherwise).
-    pub(crate) retired_objects: Vec<SharedObject>,
+    /// Code of callables unregistered while the runner was unusable: a simulated thread stuck
+    /// in one of their kernels may still be executing it, so it stays loaded until `finalize`
+    /// has confirmed every thread gone (and forever otherwise).
+    pub(crate) retired_code: Vec<LoadedCode>,
 }
 
 /// FNV-1a, 64 bit.
@@ -57,80 +59,25 @@ pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
     h
 }
 
-/// Kernel addresses a callable resolved to, and the objects that hold them.
-#[derive(Debug, Default)]
-pub(crate) struct Resolved {
-    /// `(func id, kernel entry address)`, in func-id order.
-    pub(crate) kernels: Vec<(u32, u64)>,
-    /// Shared objects kept open while the callable is registered.
-    pub(crate) objects: Vec<SharedObject>,
-}
-
-/// Resolves every kernel of `c` to an address the simulator can call; anything it cannot run
-/// is `InvalidCallable`.
-pub(crate) fn resolve_for_sim(c: &ChipCallable) -> Result<Resolved, DeviceError> {
-    if let Orchestration::DeviceObject { entry, .. } = c.orchestration() {
-        return Err(DeviceError::InvalidCallable {
-            run_id: None,
-            reason: format!(
-                "orchestration {entry:?} is a device object, which only the onboard tensormap_and_ringbuffer runtime can run; the simulator needs a Native orchestration"
-            ),
-        });
-    }
-    let mut r = Resolved::default();
-    for (id, k) in c.children() {
-        let addr = match k.code() {
-            KernelCode::Native(f) => *f as usize as u64,
-            KernelCode::SharedObject(so) => {
-                let fail = |e: String| DeviceError::InvalidCallable {
-                    run_id: None,
-                    reason: format!("kernel {id}: {e}"),
-                };
-                // SAFETY: `SharedObjectKernel::new`'s contract: the object may be loaded and its
-                // `kernel_entry` has the kernel ABI.
-                let obj = unsafe { SharedObject::open(so.path()) }.map_err(fail)?;
-                // SAFETY: as above.
-                let entry = unsafe { obj.kernel_entry() }.map_err(fail)?;
-                r.objects.push(obj);
-                entry as usize as u64
-            }
-            KernelCode::Text(_) => {
-                return Err(DeviceError::InvalidCallable {
-                    run_id: None,
-                    reason: format!(
-                        "kernel {id} is device text, which only the onboard backend can run"
-                    ),
-                });
-            }
-        };
-        r.kernels.push((*id, addr));
-    }
-    Ok(r)
-}
-
 /// The chip buffer bytes of `c`: one header per kernel, in func-id order.
-pub(crate) fn chip_buffer_bytes(c: &ChipCallable, resolved: &Resolved) -> Vec<u8> {
-    let mut out = vec![0u8; c.children().len().max(1) * size_of::<CoreKernelHeader>()];
-    for (i, ((id, k), (_, addr))) in c.children().iter().zip(&resolved.kernels).enumerate() {
-        let base = i * size_of::<CoreKernelHeader>();
-        let sig: Vec<u8> = k.signature().iter().map(|d| *d as u8).collect();
-        let put = |out: &mut [u8], off: usize, b: &[u8]| {
-            out[base + off..base + off + b.len()].copy_from_slice(b)
-        };
-        put(&mut out, offset_of!(CoreKernelHeader, func_id), &id.to_le_bytes());
-        put(
-            &mut out,
-            offset_of!(CoreKernelHeader, signature_len),
-            &(sig.len() as u32).to_le_bytes(),
-        );
-        put(&mut out, offset_of!(CoreKernelHeader, kernel), &addr.to_le_bytes());
-        put(&mut out, offset_of!(CoreKernelHeader, signature), &sig[..sig.len().min(32)]);
+pub(crate) fn chip_buffer_bytes(c: &ChipCallable, resolved: &ResolvedKernels) -> Vec<u8> {
+    let mut headers = vec![CoreKernelHeader::default(); c.children().len().max(1)];
+    for (h, ((id, k), (_, addr))) in
+        headers.iter_mut().zip(c.children().iter().zip(&resolved.kernels))
+    {
+        let sig = k.signature();
+        h.func_id = *id;
+        h.signature_len = sig.len() as u32;
+        h.kernel = *addr;
+        for (dst, d) in h.signature.iter_mut().zip(sig) {
+            *dst = *d as u8;
+        }
     }
-    out
+    bytemuck::cast_slice(&headers).to_vec()
 }
 
 /// Kernel addresses by func id, and the set of func ids.
-pub(crate) fn func_table_of(resolved: &Resolved) -> (Box<[u64]>, Vec<bool>) {
+pub(crate) fn func_table_of(resolved: &ResolvedKernels) -> (Box<[u64]>, Vec<bool>) {
     let mut table = vec![0u64; MAX_FUNC_IDS].into_boxed_slice();
     let mut funcs = vec![false; MAX_FUNC_IDS];
     for &(id, addr) in &resolved.kernels {
@@ -148,7 +95,7 @@ impl CallableTable {
             slots: (0..MAX_CALLABLE_SLOTS).map(|_| None).collect(),
             buffers: HashMap::new(),
             next_generation: 1,
-            retired_objects: Vec::new(),
+            retired_code: Vec::new(),
         }
     }
 
@@ -159,5 +106,96 @@ impl CallableTable {
 
     pub(crate) fn get(&self, slot: u32) -> Option<&Registered> {
         self.slots.get(slot as usize).and_then(Option::as_ref)
+    }
+}
+
+impl Core {
+    /// Registers `c` in the lowest free slot: resolve its kernels on the backend, upload (or
+    /// share) its chip buffer, record its func table.
+    pub(super) fn register(&mut self, c: &ChipCallable) -> Result<ChipSlot, DeviceError> {
+        unusable(self)?;
+        let Some(slot) = self.callables.free_slot() else {
+            return Err(DeviceError::TooManyCallables { capacity: MAX_CALLABLE_SLOTS });
+        };
+        let resolved = self.backend.resolve_kernels(c)?;
+        let bytes = chip_buffer_bytes(c, &resolved);
+        let hash = fnv1a64(&bytes);
+        let headers_base = match self.callables.buffers.get_mut(&hash) {
+            Some(buf) => {
+                buf.refs += 1;
+                self.stats.chip_buffer_dedupe_hits += 1;
+                buf.addr
+            }
+            None => {
+                let addr = self
+                    .backend
+                    .malloc(bytes.len() as u64, MemPurpose::ChipBuffer)
+                    .map_err(|f| oom(None, bytes.len() as u64, MemPurpose::ChipBuffer, f))?;
+                if !self.backend.write(addr, &bytes) {
+                    self.backend.free(addr);
+                    return Err(DeviceError::BadDevicePointer {
+                        run_id: None,
+                        addr,
+                        len: bytes.len() as u64,
+                    });
+                }
+                self.callables.buffers.insert(hash, ChipBuffer { addr, refs: 1 });
+                self.stats.chip_buffer_uploads += 1;
+                addr
+            }
+        };
+        let (func_table, funcs) = func_table_of(&resolved);
+        tracing::debug!(
+            device = self.opts.device_id,
+            slot,
+            chip_buffer = headers_base,
+            kernels = c.children().len(),
+            "callable registered"
+        );
+        let generation = self.callables.next_generation;
+        self.callables.next_generation += 1;
+        self.callables.slots[slot] = Some(Registered {
+            callable: Arc::new(c.clone()),
+            generation,
+            buffer_hash: hash,
+            func_table,
+            funcs,
+            code: resolved.code,
+        });
+        self.stats.registrations += 1;
+        Ok(ChipSlot(slot as u32))
+    }
+
+    /// Frees `slot`; a slot the current run uses is `CallableInUse`.
+    pub(super) fn unregister(&mut self, slot: ChipSlot) -> Result<(), DeviceError> {
+        if self.callables.get(slot.0).is_none() {
+            return Err(DeviceError::UnknownCallable { run_id: None, slot: slot.0 });
+        }
+        if let Some(run) = &self.run
+            && run.slot == slot
+        {
+            return Err(DeviceError::CallableInUse { slot: slot.0, run_id: run.run_id });
+        }
+        let Some(mut reg) = self.callables.slots[slot.0 as usize].take() else {
+            return Err(DeviceError::UnknownCallable { run_id: None, slot: slot.0 });
+        };
+        if !self.health.get().is_healthy() {
+            // A failed run may have left a simulated thread inside one of this callable's
+            // kernels; unloading the code would unmap what it is executing. A healthy runner
+            // has no such thread: the only run that can execute kernels is the current one,
+            // and its callable is refused above.
+            self.callables.retired_code.append(&mut reg.code);
+        }
+        if let Some(buf) = self.callables.buffers.get_mut(&reg.buffer_hash) {
+            buf.refs -= 1;
+            if buf.refs == 0 {
+                let addr = buf.addr;
+                self.callables.buffers.remove(&reg.buffer_hash);
+                if self.health.get().is_healthy() {
+                    self.backend.free(addr);
+                }
+            }
+        }
+        Ok(())
     }
 }

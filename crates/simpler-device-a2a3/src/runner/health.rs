@@ -1,4 +1,4 @@
-//! Device health (spec §3.1, §3.7).
+//! Device health (`docs/device-runner.md`).
 //!
 //! A runner is `Healthy` until a launch fails or a stream sync fails; then it is `Unusable`
 //! with the cause, until `finalize`. The [`HealthProbe`] is an atomic view other threads read

@@ -1,4 +1,7 @@
 //! Plain types of the runner's API: pointers, slots, requests, reports and statistics.
+//!
+//! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
+//! `docs/device-runner.md`.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -53,7 +56,7 @@ impl fmt::Display for ChipSlot {
     }
 }
 
-/// One run: which callable, with which arguments and configuration (spec §3.1).
+/// One run: which callable, with which arguments and configuration (`docs/device-runner.md`).
 #[derive(Clone, Copy, Debug)]
 pub struct RunRequest<'a> {
     /// The run's id; every error the run produces carries it.
@@ -114,7 +117,7 @@ impl<'a> RunRequest<'a> {
     }
 }
 
-/// Peak usage of one ring (spec §7).
+/// Peak usage of one ring (`docs/device-chip.md`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct RingHighWater {
     /// Most task-window entries in use.
@@ -149,7 +152,7 @@ pub struct RunReport {
     pub rings: [RingHighWater; 4],
     /// Tensor-map entries at the peak.
     pub tensormap_max: u64,
-    /// Swimlane records dropped because a worker's buffer was full.
+    /// Swimlane records dropped because a core's buffer was full.
     pub swimlane_dropped: u64,
     /// Files written under `output_prefix`.
     pub outputs: Vec<PathBuf>,
@@ -157,7 +160,7 @@ pub struct RunReport {
     pub warnings: Vec<String>,
 }
 
-/// Device memory by use (40-worker.md §2.5).
+/// Device memory by use (the chip worker's memory accounting reads it).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct MemoryLedger {
     /// Bytes committed in total.
@@ -170,7 +173,7 @@ pub struct MemoryLedger {
     pub runtime_buffers: u64,
 }
 
-/// Counters of a runner (spec §3.1).
+/// Counters of a runner (`docs/device-runner.md`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 #[non_exhaustive]
 pub struct RunnerStats {
@@ -216,7 +219,7 @@ pub struct FinalizeReport {
     /// Device allocations freed.
     pub freed_allocations: usize,
     /// Simulated threads stuck in user code that had to be detached (the one leak allowed).
-    pub stuck_workers: Vec<String>,
+    pub stuck_threads: Vec<String>,
     /// A run that was still prepared or in flight and got cleaned up.
     pub abandoned_run: Option<RunId>,
 }

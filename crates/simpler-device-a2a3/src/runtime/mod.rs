@@ -1,10 +1,172 @@
-//! The chip runtimes (spec §6).
+//! The chip runtimes and the runtime seam: the `ChipRuntime` trait the runner binds a run
+//! through, and the `BoundRun` it gets back.
 //!
-//! - [`orch`]: the orchestration ops table and the safe `OrchCtx` (shared by both runtimes).
-//! - [`hbg`]: host_build_graph — the graph is built on the host and uploaded whole.
+//! - `orch`: the orchestration ops table and the safe `OrchCtx` (shared by both runtimes).
+//! - `hbg`: host_build_graph — the graph is built on the host and uploaded whole.
 //!
-//! The tensormap_and_ringbuffer runtime (spec §6.5) is not built yet; a runner attached with
-//! that variant reports `Unsupported` at prepare.
+//! Everything that differs between the runtimes happens behind `ChipRuntime::bind` and the
+//! `BoundRun` methods: running (or preparing) the orchestration, the image layout and its
+//! writing, capacity checks, and reading the runtime's state back after the run (latched
+//! status, timing, swimlane records, the dependency graph and scope statistics). The runner
+//! stays the same for every runtime: it validates the request, stages the tensors, uploads the
+//! image the runtime wrote, launches, reaps and cleans up. The tensormap_and_ringbuffer runtime
+//! is not built yet; `select` gives a runner attached with it a runtime that refuses every
+//! run with `Unsupported`. `docs/device-seams.md` describes the data flow.
 
 pub mod hbg;
 pub mod orch;
+
+use std::fmt;
+use std::time::Duration;
+
+use simpler_types::{CallConfig, DeviceTaskId, RunId, Tensor, TensorArgType};
+
+use crate::abi::codes::{RuntimeCode, StallClass};
+use crate::abi::image::SharedHeader;
+use crate::abi::{CorePlace, CoreType};
+use crate::aicpu::view::HostImageView;
+use crate::diag::timing::RunPhases;
+use crate::diag::{DiagPlan, Exporter, Outcome};
+use crate::error::{DeviceError, RuntimeFault, StallInfo};
+use crate::options::{RingDefaults, RuntimeVariant};
+use crate::runner::RunReport;
+
+pub(crate) use self::hbg::builder::BuildEnv;
+
+/// What a runtime needs to bind one run: the request after the runner's checks and staging.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BindInputs<'a> {
+    /// The run.
+    pub(crate) run_id: RunId,
+    /// The registered callable.
+    pub(crate) callable: &'a crate::callable::ChipCallable,
+    /// Which func ids the callable registers.
+    pub(crate) funcs: &'a [bool],
+    /// Kernel entry address per func id (0 = unset).
+    pub(crate) func_table: &'a [u64],
+    /// The active-callable stamp (slot and registration generation) the image records.
+    pub(crate) stamp: u64,
+    /// The chip entry's tensors, staged (device addresses).
+    pub(crate) tensors: &'a [Tensor],
+    /// The chip entry's access tags, one per tensor.
+    pub(crate) tags: &'a [TensorArgType],
+    /// The chip entry's scalars.
+    pub(crate) scalars: &'a [u64],
+    /// The run's configuration.
+    pub(crate) config: &'a CallConfig,
+    /// Clusters of the launch.
+    pub(crate) block_dim: u32,
+    /// AICPU threads of the launch.
+    pub(crate) threads: u32,
+    /// The diagnostics the run latched.
+    pub(crate) diag: &'a DiagPlan,
+    /// The runner's ring defaults.
+    pub(crate) rings: RingDefaults,
+}
+
+/// One chip runtime variant. Implementations are selected by [`select`] at attach.
+pub(crate) trait ChipRuntime: Send + fmt::Debug {
+    /// Checks this runtime's own rules on a run's configuration (preparation step 3).
+    fn check_config(&self, run_id: Option<RunId>, config: &CallConfig) -> Result<(), DeviceError>;
+
+    /// Binds one run (preparation step 7): runs or prepares its orchestration, checks the
+    /// capacities and writes the run's runtime image into `image` (resized), ready to upload.
+    /// `mem` is the runner's device memory as the runtime may use it.
+    fn bind(
+        &mut self,
+        inputs: &BindInputs<'_>,
+        mem: &mut dyn BuildEnv,
+        image: &mut Vec<u8>,
+    ) -> Result<Box<dyn BoundRun>, DeviceError>;
+}
+
+/// A run a runtime bound: what it knows about the run's image and how to read it back.
+pub(crate) trait BoundRun: Send + fmt::Debug {
+    /// Profiling flag bits of the launch (`abi::launch::PROFILE_*`).
+    fn profiling(&self) -> u32;
+
+    /// Records what binding learned (task and edge counts, ring high-water marks) in the
+    /// report.
+    fn describe(&self, report: &mut RunReport);
+
+    /// The status the runtime latched during the run, read from the image after both streams
+    /// completed; `None` when it latched none.
+    fn latched_status(&self, image: &HostImageView<'_>) -> Option<RuntimeFault>;
+
+    /// Device wall time and phases from the image's records; `launch_ticks` is the counter
+    /// value when the AICore launch started. `None` when the records are incomplete.
+    fn timing(&self, image: &HostImageView<'_>, launch_ticks: u64)
+    -> Option<(Duration, RunPhases)>;
+
+    /// Writes the run's diagnostic files by `outcome` (terminal cleanup step 2). `image` is
+    /// `None` when the device image cannot be read (before the launch, or while the device
+    /// may still be running).
+    fn export(&self, image: Option<&HostImageView<'_>>, outcome: Outcome, out: &mut Exporter<'_>);
+}
+
+/// The runtime a runner attached with `variant` serves.
+pub(crate) fn select(variant: RuntimeVariant, scheduler_budget: Duration) -> Box<dyn ChipRuntime> {
+    match variant {
+        RuntimeVariant::HostBuildGraph => Box::new(hbg::HostBuildGraph::new(scheduler_budget)),
+        RuntimeVariant::TensormapAndRingbuffer => {
+            Box::new(NotBuilt { feature: "the tensormap_and_ringbuffer runtime" })
+        }
+    }
+}
+
+/// A runtime variant this version does not implement: every run is `Unsupported`.
+#[derive(Debug)]
+struct NotBuilt {
+    feature: &'static str,
+}
+
+impl ChipRuntime for NotBuilt {
+    fn check_config(&self, run_id: Option<RunId>, _: &CallConfig) -> Result<(), DeviceError> {
+        Err(DeviceError::Unsupported { run_id, feature: self.feature.into() })
+    }
+
+    fn bind(
+        &mut self,
+        inputs: &BindInputs<'_>,
+        _: &mut dyn BuildEnv,
+        _: &mut Vec<u8>,
+    ) -> Result<Box<dyn BoundRun>, DeviceError> {
+        Err(DeviceError::Unsupported { run_id: Some(inputs.run_id), feature: self.feature.into() })
+    }
+}
+
+/// Reads the status latched in the shared header (the same for both runtimes): the
+/// orchestration code if set, else the scheduler code, with the stall details of a scheduler
+/// timeout. `block_dim` names the stuck core's type; `budget` is the scheduler budget.
+pub(crate) fn latched_status(
+    shared: &SharedHeader,
+    block_dim: u32,
+    budget: Duration,
+) -> Option<RuntimeFault> {
+    use std::sync::atomic::Ordering::Acquire;
+    // Acquire: the host reads after both streams completed, which already orders the device's
+    // writes before these loads; acquire keeps that true for any backend.
+    let orch = shared.orch_error_code.load(Acquire);
+    let sched = shared.sched_error_code.load(Acquire);
+    let code = RuntimeCode::from_raw(if orch != 0 { orch } else { sched })?;
+    let mut fault = RuntimeFault::new(code, String::new());
+    fault.thread = Some(shared.error_thread.load(Acquire));
+    if code == RuntimeCode::SchedulerTimeout {
+        let stuck_task = shared.stuck_task.load(Acquire);
+        let stuck_core = shared.stuck_core.load(Acquire);
+        fault.stall = Some(StallInfo {
+            class: StallClass::from_u32(shared.stall_class.load(Acquire)),
+            stuck_task: (stuck_task != u64::MAX).then_some(DeviceTaskId(stuck_task)),
+            stuck_core: (stuck_core != 0).then(|| {
+                let c = stuck_core - 1;
+                (c, CorePlace::of(c, block_dim).map_or(CoreType::Aiv, |p| p.core_type))
+            }),
+            running: shared.stall_running.load(Acquire),
+            ready: shared.stall_ready.load(Acquire),
+            waiting: shared.stall_waiting.load(Acquire),
+            budget,
+        });
+        fault.task = fault.stall.as_ref().and_then(|s| s.stuck_task);
+    }
+    Some(fault)
+}

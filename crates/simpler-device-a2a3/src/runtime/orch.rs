@@ -1,4 +1,4 @@
-//! The chip orchestration API (spec §6.3): a `#[repr(C)]` ops table and the safe [`OrchCtx`]
+//! The chip orchestration API (`docs/device-chip.md`): a `#[repr(C)]` ops table and the safe [`OrchCtx`]
 //! wrapped around it.
 //!
 //! Orchestration code reaches the runtime only through [`OrchOps`], so a `Native` Rust

@@ -47,20 +47,21 @@ pub fn vector_callable() -> ChipCallable {
 }
 
 /// Options for tests that expect success: budgets generous enough that a loaded machine never
-/// trips a watchdog, environment ignored.
+/// trips a watchdog (the environment is never read unless asked).
 pub fn options(device_id: u32) -> RunnerOptions {
-    let mut o = RunnerOptions::sim(device_id, RuntimeVariant::HostBuildGraph)
-        .with_timeouts(5_000, 10_000_000, 30_000);
-    o.read_env = false;
-    o
+    RunnerOptions::sim(device_id, RuntimeVariant::HostBuildGraph)
+        .with_scheduler_timeout(Duration::from_millis(5_000))
+        .with_op_execute_timeout(Duration::from_micros(10_000_000))
+        .with_stream_sync_timeout(Duration::from_millis(30_000))
 }
 
 /// Options with short budgets so failure tests stay fast.
 pub fn fast_options(device_id: u32) -> RunnerOptions {
     let mut o = RunnerOptions::sim(device_id, RuntimeVariant::HostBuildGraph)
-        .with_timeouts(300, 600_000, 3_000)
+        .with_scheduler_timeout(Duration::from_millis(300))
+        .with_op_execute_timeout(Duration::from_micros(600_000))
+        .with_stream_sync_timeout(Duration::from_millis(3_000))
         .with_shutdown_budget(Duration::from_millis(200));
-    o.read_env = false;
     o.sim.join_budget = Duration::from_secs(5);
     o
 }

@@ -1,4 +1,4 @@
-//! The bump-and-wrap placement rule of one heap ring (spec 20 §B.3), as pure functions.
+//! The bump-and-wrap placement rule of one heap ring, as pure functions.
 //!
 //! Notation: `N` is the ring size, `T` the top (bump cursor), `L` the tail (start of the oldest
 //! live byte), `a` the aligned request. Live bytes lie in `[L, T)` when `T ≥ L`, and in

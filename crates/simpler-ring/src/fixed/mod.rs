@@ -1,7 +1,7 @@
 //! Fixed-capacity cores: the ring algorithms as plain state transitions.
 //!
 //! Nothing in this module locks, waits, reads a clock or allocates after construction, and it
-//! uses only `core`: the host [`Ring`](crate::Ring) wraps these cores in its own mutexes and
+//! uses only `core` (checked by the `fixed_uses_only_core` test): the host [`Ring`](crate::Ring) wraps these cores in its own mutexes and
 //! condition variables, and a device runtime can run the very same transitions over storage it
 //! carves out of a device image. Keeping one implementation means the bump rule and FIFO
 //! reclamation have one property-test suite.
@@ -13,7 +13,8 @@
 //!   high-water marks, over any [`RecordStore`] (a growable `VecDeque` on the host,
 //!   [`FixedRecords`] over a caller-provided slice on a device).
 //! - [`TaskWindowCore`] is a power-of-two circular task window with monotonic local ids and
-//!   FIFO retirement, for runtimes whose slots live in a fixed array.
+//!   FIFO reclamation, for runtimes whose slots live in a fixed array; its retirement flags are
+//!   atomics in caller-provided memory, so other threads retire ids through a [`WindowRetirer`].
 
 mod bump;
 mod heap_ring;
@@ -23,4 +24,4 @@ mod task_window;
 pub use bump::{Placement, bump, largest_fit, occupied_bytes};
 pub use heap_ring::{HeapGrant, HeapRingCore, ReleaseOutcome};
 pub use records::{FixedRecords, HeapRecord, RecordStore};
-pub use task_window::{TaskWindowCore, WindowRetire};
+pub use task_window::{SlotWord, TaskWindowCore, WindowRetire, WindowRetirer};

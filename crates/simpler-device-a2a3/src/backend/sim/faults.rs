@@ -1,4 +1,4 @@
-//! Fault injection for the simulated chip (spec §5.8).
+//! Fault injection for the simulated chip (`docs/device-simulator.md`).
 //!
 //! A [`FaultPlan`] arms one-shot faults: "the nth launch of this kind fails", "the nth
 //! execution of this func id faults / hangs", and so on. The hot paths pay one relaxed load of
@@ -20,7 +20,7 @@ enum Armed {
     KernelHang { func_id: u32, remaining: u32 },
     KernelDelay { func_id: u32, delay: Duration },
     AicpuFault { remaining: u32 },
-    HandshakeFault { worker: u32, physical_core_id: u32 },
+    HandshakeFault { core: u32, physical_core_id: u32 },
 }
 
 /// A fault that fired.
@@ -33,15 +33,15 @@ pub enum FiredFault {
     KernelFaulted {
         /// The func id.
         func_id: u32,
-        /// The worker it ran on.
-        worker: u32,
+        /// The core it ran on.
+        core: u32,
     },
     /// A kernel execution of this func id hung.
     KernelHung {
         /// The func id.
         func_id: u32,
-        /// The worker it ran on.
-        worker: u32,
+        /// The core it ran on.
+        core: u32,
     },
     /// A kernel execution was delayed.
     KernelDelayed {
@@ -50,10 +50,10 @@ pub enum FiredFault {
     },
     /// The AICPU exec entry returned non-zero after its work.
     AicpuFaulted,
-    /// A worker reported a bad physical core id in the handshake.
+    /// A core reported a bad physical core id in the handshake.
     HandshakeCorrupted {
-        /// The worker.
-        worker: u32,
+        /// The core.
+        core: u32,
     },
 }
 
@@ -90,7 +90,7 @@ impl FaultPlan {
     }
 
     /// Makes the `nth` next execution of `func_id` behave like a core exception: no FIN, the
-    /// worker stops, the AICore stream reports 507015.
+    /// core stops, the AICore stream reports 507015.
     pub fn kernel_fault(&self, func_id: u32, nth: u32) {
         self.arm(Armed::KernelFault { func_id, remaining: nth.max(1) });
     }
@@ -112,10 +112,10 @@ impl FaultPlan {
         self.arm(Armed::AicpuFault { remaining: nth.max(1) });
     }
 
-    /// Makes `worker` report `physical_core_id` in its next handshake (≥ 75 is a handshake
+    /// Makes `core` report `physical_core_id` in its next handshake (≥ 75 is a handshake
     /// failure).
-    pub fn handshake_fault(&self, worker: u32, physical_core_id: u32) {
-        self.arm(Armed::HandshakeFault { worker, physical_core_id });
+    pub fn handshake_fault(&self, core: u32, physical_core_id: u32) {
+        self.arm(Armed::HandshakeFault { core, physical_core_id });
     }
 
     /// Disarms everything (the log of fired faults is kept).
@@ -179,7 +179,7 @@ impl FaultPlan {
     }
 
     /// Called once per kernel execution.
-    pub(crate) fn on_kernel(&self, func_id: u32, worker: u32) -> KernelAction {
+    pub(crate) fn on_kernel(&self, func_id: u32, core: u32) -> KernelAction {
         if !self.is_armed() {
             return KernelAction::Run;
         }
@@ -187,14 +187,14 @@ impl FaultPlan {
             Armed::KernelFault { func_id: f, remaining } if *f == func_id => Some(remaining),
             _ => None,
         }) {
-            self.fire(FiredFault::KernelFaulted { func_id, worker });
+            self.fire(FiredFault::KernelFaulted { func_id, core });
             return KernelAction::Fault;
         }
         if self.countdown(|a| match a {
             Armed::KernelHang { func_id: f, remaining } if *f == func_id => Some(remaining),
             _ => None,
         }) {
-            self.fire(FiredFault::KernelHung { func_id, worker });
+            self.fire(FiredFault::KernelHung { func_id, core });
             return KernelAction::Hang;
         }
         let delay = self.state.lock().iter().find_map(|a| match a {
@@ -225,15 +225,15 @@ impl FaultPlan {
         fired
     }
 
-    /// Called once per worker handshake: the physical core id to report instead of the index.
-    pub(crate) fn on_handshake(&self, worker: u32) -> Option<u32> {
+    /// Called once per core handshake: the physical core id to report instead of the index.
+    pub(crate) fn on_handshake(&self, core: u32) -> Option<u32> {
         if !self.is_armed() {
             return None;
         }
         let mut s = self.state.lock();
         let pos = s
             .iter()
-            .position(|a| matches!(a, Armed::HandshakeFault { worker: w, .. } if *w == worker))?;
+            .position(|a| matches!(a, Armed::HandshakeFault { core: w, .. } if *w == core))?;
         let Armed::HandshakeFault { physical_core_id, .. } = s.remove(pos) else {
             unreachable!("position matched a handshake fault");
         };
@@ -241,7 +241,7 @@ impl FaultPlan {
             self.armed.store(false, Ordering::Relaxed);
         }
         drop(s);
-        self.fire(FiredFault::HandshakeCorrupted { worker });
+        self.fire(FiredFault::HandshakeCorrupted { core });
         Some(physical_core_id)
     }
 }

@@ -1,9 +1,8 @@
-//! Loading C kernels from shared objects for the simulator (spec §3.4,
-//! `KernelCode::SharedObject`).
+//! Loading C kernels from shared objects for the simulator (`KernelCode::SharedObject`).
 //!
 //! A thin wrapper over the platform's dynamic loader (`dlopen`/`dlsym`/`dlclose`, which glibc
-//! 2.34+ and musl provide in libc), so the simulator needs no loader dependency (decision; the
-//! spec names libloading). A loaded object stays open while the callable that uses it is
+//! 2.34+ and musl provide in libc), so the simulator needs no loader dependency (decision,
+//! recorded in `docs/decisions/device-a2a3.md`). A loaded object stays open while the callable that uses it is
 //! registered.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};

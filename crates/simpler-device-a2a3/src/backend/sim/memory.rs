@@ -1,4 +1,4 @@
-//! Simulated device memory (spec §5.6, §3.3).
+//! Simulated device memory (`docs/device-simulator.md`).
 //!
 //! Device memory is host memory owned by the [`SimMemory`]: every allocation is 1024-byte
 //! aligned, zero-filled (lazily, by the host allocator), tracked in an ordered map, and freed when it is freed explicitly or
@@ -16,19 +16,11 @@ use std::collections::BTreeMap;
 
 use parking_lot::Mutex;
 
+use crate::backend::{AllocFailure, MemoryCounts};
 use crate::error::MemPurpose;
 
 /// Alignment of every simulated device allocation.
 pub(crate) const DEVICE_ALIGN: usize = 1024;
-
-/// Why an allocation was refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AllocFailure {
-    /// The device's memory limit would be exceeded.
-    Limit(u64),
-    /// The host allocator refused.
-    Host,
-}
 
 /// One allocation: the host block (over-allocated by the alignment, so the system allocator's
 /// `calloc` path can hand out lazily zeroed pages instead of touching every byte, which it does
@@ -49,23 +41,6 @@ unsafe impl Send for Block {}
 struct Inner {
     blocks: BTreeMap<u64, Block>,
     committed: u64,
-}
-
-/// Per-purpose byte and allocation counts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct MemoryCounts {
-    /// Bytes committed in total.
-    pub(crate) committed: u64,
-    /// Live allocations in total.
-    pub(crate) allocations: u64,
-    /// Bytes of user allocations.
-    pub(crate) user_bytes: u64,
-    /// Live user allocations.
-    pub(crate) user_allocations: u64,
-    /// Bytes of pooled arenas (heap and image arenas, staging).
-    pub(crate) pooled_bytes: u64,
-    /// Bytes of runtime buffers (kernel args, register table, chip buffers).
-    pub(crate) runtime_bytes: u64,
 }
 
 /// The tracked memory of one simulated device.

@@ -1,15 +1,20 @@
-//! The simulated A2/A3 chip (spec §5).
+//! The simulated A2/A3 chip (`docs/device-simulator.md`).
 //!
 //! A [`SimDevice`] owns its memory, two streams, 72 register blocks, the persistent threads, a
 //! fault plan and a virtual 50 MHz counter. Nothing is global: any number of devices coexist in
 //! one process. Four AICPU threads (`sim<d>-aicpu<i>`) start in `ensure_initialized`; AICore
-//! workers (`sim<d>-aicore<i>`) start on first need, up to `3 * max(block_dim used)`; none is
+//! cores (`sim<d>-aicore<i>`) start on first need, up to `3 * max(block_dim used)`; none is
 //! re-spawned per run. Between launches every thread parks on its mailbox without a timeout, so
 //! an idle device uses no CPU.
 //!
 //! The AICPU threads run the real scheduler ([`crate::aicpu`]) through [`SimAicpu`], this
-//! module's implementation of [`AicpuPlatform`]; the AICore workers run the simulated executor
-//! ([`crate::aicore`]).
+//! module's implementation of [`AicpuPlatform`]; the AICore cores run the simulated executor
+//! (`aicore`).
+//!
+//! Module graph, without a circle: this module uses `aicore` (the simulated core's side of
+//! the protocol, reached through the `CoreHost` trait this module's shared state implements),
+//! `faults`, `loader`, `memory`, `regs`, `stream` and `wait`; `aicore` uses only `faults`,
+//! `regs`, `stream` and `wait`; `stream` reaches the device through its `Starter` trait.
 //!
 //! Thread protocol (numbered, per thread):
 //!
@@ -21,11 +26,16 @@
 //!
 //! Shutdown (finalize): set `reset` (every simulated wait gives up), abort running entries,
 //! wake every waiter, post `Quit` to every mailbox, then join the threads within the join
-//! budget; a thread stuck in user kernel code is detached and named (spec §3.7).
+//! budget; a thread stuck in user kernel code is detached and named (`docs/device-runner.md`).
+//!
+//! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
+//! `docs/device-runner.md`.
 
+mod aicore;
 mod faults;
 mod loader;
 mod memory;
+mod regs;
 mod stream;
 mod wait;
 
@@ -38,50 +48,34 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-pub(crate) use faults::KernelAction;
-pub use faults::{FaultPlan, FiredFault};
-pub(crate) use loader::SharedObject;
-pub(crate) use memory::{AllocFailure, MemoryCounts};
-pub(crate) use stream::{StreamStatus, SyncError};
-pub(crate) use wait::{EventCount, SpinGate, SpinPolicy};
+pub use self::faults::{FaultPlan, FiredFault};
+use self::loader::SharedObject;
+pub(crate) use self::wait::{EventCount, SpinGate, SpinPolicy};
 
+use self::aicore::CoreHost;
 use self::memory::SimMemory;
+use self::regs::RegBlock;
 use self::stream::{EntryKind, LaunchEntry, SimEvent, SimStream, Starter, resume_waiters};
 use crate::abi::codes::AclCode;
 use crate::abi::launch::{InitArgs, KernelArgs};
 use crate::abi::regs::RegId;
-use crate::abi::{CoreType, MAX_AICORE_WORKERS, MAX_AICPU_THREADS, NS_PER_TICK, WorkerPlace};
+use crate::abi::{CorePlace, CoreType, MAX_AICPU_THREADS, MAX_LAUNCH_CORES, NS_PER_TICK};
 use crate::aicpu::view::{CoreImageView, ImageView};
 use crate::aicpu::{AicpuPlatform, LogLevel};
-use crate::error::{CoreFault, KernelKind, MemPurpose, StreamKind};
+use crate::backend::{
+    AllocFailure, Backend, EventHandle, LaunchHandle, LaunchState, LoadedCode, MemoryCounts,
+    ResolvedKernels, StreamStatus, SyncError, ThreadStats,
+};
+use crate::callable::{ChipCallable, KernelCode, Orchestration};
+use crate::error::{CoreFault, DeviceError, KernelKind, MemPurpose, StreamKind};
 use crate::options::SimOptions;
 
-pub(crate) use stream::LaunchEntry as SimLaunch;
+use self::stream::LaunchEntry as SimLaunch;
 
 /// Stream index of the AICPU stream.
 pub(crate) const AICPU_STREAM: usize = 0;
 /// Stream index of the AICore stream.
 pub(crate) const AICORE_STREAM: usize = 1;
-
-/// One worker's register cells and the event count its waits park on.
-#[derive(Debug, Default)]
-#[repr(align(64))]
-pub(crate) struct RegBlock {
-    cells: [AtomicU32; RegId::COUNT],
-    /// Bumped by every store to `DATA_MAIN_BASE` (the AICore waits for those) and by resets.
-    pub(crate) wake: EventCount,
-}
-
-impl RegBlock {
-    /// Acquire load of a register.
-    pub(crate) fn load(&self, reg: RegId) -> u32 {
-        self.cells[reg.cell()].load(Ordering::Acquire)
-    }
-
-    fn store(&self, reg: RegId, v: u32) {
-        self.cells[reg.cell()].store(v, Ordering::Release);
-    }
-}
 
 /// A thread's mailbox: at most one job, or the quit request.
 #[derive(Debug, Default)]
@@ -115,8 +109,8 @@ pub(crate) struct SimShared {
     origin: Instant,
     pub(crate) regs: Box<[RegBlock]>,
     aicpu_wake: [EventCount; MAX_AICPU_THREADS as usize],
-    /// AICPU thread + 1 that owns each worker's `COND` (0 = unknown); written by that thread
-    /// before it opens the window (release), read by the worker when it writes `COND`.
+    /// AICPU thread + 1 that owns each core's `COND` (0 = unknown); written by that thread
+    /// before it opens the window (release), read by the core when it writes `COND`.
     owner: Box<[AtomicU32]>,
     /// Set once by finalize (release); read by every simulated wait (acquire), which then
     /// gives up.
@@ -177,7 +171,7 @@ impl SimShared {
         self.reset.load(Ordering::Acquire)
     }
 
-    /// Stores `COND` of worker `w` and wakes the AICPU thread that owns it.
+    /// Stores `COND` of core `w` and wakes the AICPU thread that owns it.
     pub(crate) fn store_cond(&self, w: u32, v: u32) {
         let Some(block) = self.regs.get(w as usize) else { return };
         block.store(RegId::Cond, v);
@@ -296,11 +290,11 @@ impl SimShared {
         code
     }
 
-    fn record_aicpu_fault(&self, worker: Option<u32>, message: String) {
+    fn record_aicpu_fault(&self, core: Option<u32>, message: String) {
         self.record_fault(CoreFault {
             code: AclCode::AICPU_EXCEPTION,
             stream: StreamKind::Aicpu,
-            core: worker.map(|w| (w, worker_type(w, self))),
+            core: core.map(|w| (w, core_type_of(w, self))),
             func_id: None,
             task: None,
             message,
@@ -309,10 +303,10 @@ impl SimShared {
     }
 }
 
-/// Core type of worker `w` in the current launch shape (for fault reports).
-pub(crate) fn worker_type(w: u32, dev: &SimShared) -> CoreType {
+/// Core type of core `w` in the current launch shape (for fault reports).
+pub(crate) fn core_type_of(w: u32, dev: &SimShared) -> CoreType {
     let b = dev.block_dim.load(Ordering::Relaxed);
-    WorkerPlace::of(w, b).map_or(CoreType::Aiv, |p| p.core_type)
+    CorePlace::of(w, b).map_or(CoreType::Aiv, |p| p.core_type)
 }
 
 impl Starter for SimShared {
@@ -353,12 +347,12 @@ pub(crate) struct SimAicpu<'a> {
 }
 
 impl AicpuPlatform for SimAicpu<'_> {
-    fn reg_load(&self, worker: u32, reg: RegId) -> u32 {
-        self.dev.regs.get(worker as usize).map_or(0, |b| b.load(reg))
+    fn reg_load(&self, core: u32, reg: RegId) -> u32 {
+        self.dev.regs.get(core as usize).map_or(0, |b| b.load(reg))
     }
 
-    fn reg_store(&self, worker: u32, reg: RegId, value: u32) {
-        let Some(block) = self.dev.regs.get(worker as usize) else { return };
+    fn reg_store(&self, core: u32, reg: RegId, value: u32) {
+        let Some(block) = self.dev.regs.get(core as usize) else { return };
         block.store(reg, value);
         if matches!(reg, RegId::DataMainBaseLow | RegId::DataMainBaseHigh) {
             block.wake.notify();
@@ -382,9 +376,9 @@ impl AicpuPlatform for SimAicpu<'_> {
         self.dev.notify_all_aicpu();
     }
 
-    fn claim_worker(&self, worker: u32) {
-        if let Some(o) = self.dev.owner.get(worker as usize) {
-            // Release: ordered before the window-opening register store, which the worker
+    fn claim_core(&self, core: u32) {
+        if let Some(o) = self.dev.owner.get(core as usize) {
+            // Release: ordered before the window-opening register store, which the core
             // acquires before it first writes COND.
             o.store(self.thread + 1, Ordering::Release);
         }
@@ -404,8 +398,8 @@ impl AicpuPlatform for SimAicpu<'_> {
         }
     }
 
-    fn report_fault(&self, worker: Option<u32>, args: fmt::Arguments<'_>) {
-        self.dev.record_aicpu_fault(worker, args.to_string());
+    fn report_fault(&self, core: Option<u32>, args: fmt::Arguments<'_>) {
+        self.dev.record_aicpu_fault(core, args.to_string());
     }
 }
 
@@ -427,7 +421,7 @@ fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
     while let Some((stream, entry)) = dev.take_job(role, index) {
         let run = std::panic::catch_unwind(AssertUnwindSafe(|| match role {
             Role::Aicpu => dev.run_aicpu(&entry, index),
-            Role::AiCore => crate::aicore::run_worker(&dev, &entry, index),
+            Role::AiCore => aicore::run_core(&*dev, &entry, index),
         }));
         let code = match run {
             Ok(code) => code,
@@ -443,17 +437,6 @@ fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
     }
 }
 
-/// Counts of the simulated threads.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SimThreadStats {
-    /// Threads spawned over the device's life.
-    pub spawned: u32,
-    /// Threads currently alive.
-    pub alive: u32,
-    /// Threads currently parked on their mailbox.
-    pub parked: u32,
-}
-
 /// A simulated A2/A3 chip.
 pub(crate) struct SimDevice {
     shared: Arc<SimShared>,
@@ -461,11 +444,10 @@ pub(crate) struct SimDevice {
     aicore_spawned: u32,
     /// AICPU threads started so far; a retried start resumes from here.
     aicpu_spawned: u32,
-    last_block_dim: u32,
     /// Successful spawns still allowed before spawning fails (unit tests of partial starts).
     #[cfg(test)]
     spawn_budget: Option<u32>,
-    /// Every launch and stream synchronisation the host issued, in order (conformance §9.2).
+    /// Every launch and stream synchronisation the host issued, in order (read by the launch-order test).
     #[cfg(test)]
     host_log: Mutex<Vec<HostCall>>,
 }
@@ -478,8 +460,8 @@ pub(crate) enum HostCall {
     LaunchAiCore,
     /// An accepted AICPU launch (L3).
     LaunchAicpu,
-    /// A synchronisation of the stream with this index.
-    Sync(usize),
+    /// A synchronisation of this stream.
+    Sync(StreamKind),
 }
 
 impl fmt::Debug for SimDevice {
@@ -498,9 +480,9 @@ impl SimDevice {
             device_id,
             opts,
             origin: Instant::now(),
-            regs: (0..MAX_AICORE_WORKERS).map(|_| RegBlock::default()).collect(),
+            regs: (0..MAX_LAUNCH_CORES).map(|_| RegBlock::default()).collect(),
             aicpu_wake: Default::default(),
-            owner: (0..MAX_AICORE_WORKERS).map(|_| AtomicU32::new(0)).collect(),
+            owner: (0..MAX_LAUNCH_CORES).map(|_| AtomicU32::new(0)).collect(),
             reset: AtomicBool::new(false),
             faults: FaultPlan::default(),
             fault_log: Mutex::new(Vec::new()),
@@ -511,7 +493,7 @@ impl SimDevice {
             ],
             init: Mutex::new(None),
             aicpu_mail: mailboxes(MAX_AICPU_THREADS as usize),
-            aicore_mail: mailboxes(MAX_AICORE_WORKERS),
+            aicore_mail: mailboxes(MAX_LAUNCH_CORES),
             spins: AtomicU32::new(opts.spin_iters.unwrap_or(64)),
             gate: SpinGate::new(std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
             block_dim: AtomicU32::new(0),
@@ -525,7 +507,6 @@ impl SimDevice {
             threads: Vec::new(),
             aicore_spawned: 0,
             aicpu_spawned: 0,
-            last_block_dim: 0,
             #[cfg(test)]
             spawn_budget: None,
             #[cfg(test)]
@@ -573,152 +554,12 @@ impl SimDevice {
         Ok(())
     }
 
-    /// Hands the init arguments to the persistent executor (ensure_initialized step 3).
-    pub(crate) fn init_aicpu(&self, init: InitArgs) {
-        *self.shared.init.lock() = Some(init);
-    }
-
-    fn ensure_aicore_workers(&mut self, n: u32) -> std::io::Result<()> {
+    fn ensure_aicore_cores(&mut self, n: u32) -> std::io::Result<()> {
         while self.aicore_spawned < n {
             self.spawn(Role::AiCore, self.aicore_spawned)?;
             self.aicore_spawned += 1;
         }
         Ok(())
-    }
-
-    /// Allocates device memory.
-    pub(crate) fn malloc(&self, bytes: u64, purpose: MemPurpose) -> Result<u64, AllocFailure> {
-        self.shared.memory.alloc(bytes, purpose)
-    }
-
-    /// Frees device memory; `None` if `addr` is not an allocation start.
-    pub(crate) fn free(&self, addr: u64) -> Option<MemPurpose> {
-        self.shared.memory.free(addr)
-    }
-
-    /// Purpose of the allocation holding the range, if any.
-    pub(crate) fn find(&self, addr: u64, len: u64) -> Option<MemPurpose> {
-        self.shared.memory.find(addr, len)
-    }
-
-    pub(crate) fn write(&self, dst: u64, src: &[u8]) -> bool {
-        self.shared.memory.write(dst, src)
-    }
-
-    pub(crate) fn read(&self, src: u64, dst: &mut [u8]) -> bool {
-        self.shared.memory.read(src, dst)
-    }
-
-    pub(crate) fn fill(&self, dst: u64, value: u8, len: u64) -> bool {
-        self.shared.memory.fill(dst, value, len)
-    }
-
-    pub(crate) fn memory_counts(&self) -> MemoryCounts {
-        self.shared.memory.counts()
-    }
-
-    /// Register-block addresses, one per worker (the simulator's register table, P9).
-    pub(crate) fn register_table(&self) -> Vec<u64> {
-        self.shared.regs.iter().map(|b| b as *const RegBlock as u64).collect()
-    }
-
-    /// Launches the AICore executor on `3 * block_dim` workers (L2).
-    pub(crate) fn launch_aicore(
-        &mut self,
-        block_dim: u32,
-        args: u64,
-    ) -> Result<Arc<SimLaunch>, AclCode> {
-        if self.shared.faults.on_launch(KernelKind::AiCore) {
-            return Err(AclCode::LAUNCH_FAILED);
-        }
-        self.ensure_aicore_workers(3 * block_dim).map_err(|_| AclCode::LAUNCH_FAILED)?;
-        self.last_block_dim = block_dim;
-        self.shared.block_dim.store(block_dim, Ordering::Relaxed);
-        let entry = LaunchEntry::new(EntryKind::AiCore { block_dim }, args);
-        #[cfg(test)]
-        self.host_log.lock().push(HostCall::LaunchAiCore);
-        let fired = self.shared.streams[AICORE_STREAM].enqueue(entry.clone(), &*self.shared);
-        resume_waiters(fired, &self.shared.streams, &*self.shared);
-        Ok(entry)
-    }
-
-    /// Launches the AICPU `exec` entry on `threads` threads (L3).
-    pub(crate) fn launch_aicpu(
-        &mut self,
-        threads: u32,
-        args: u64,
-    ) -> Result<Arc<SimLaunch>, AclCode> {
-        if self.shared.faults.on_launch(KernelKind::Aicpu) {
-            return Err(AclCode::LAUNCH_FAILED);
-        }
-        if self.aicpu_spawned < MAX_AICPU_THREADS || threads == 0 || threads > MAX_AICPU_THREADS {
-            return Err(AclCode::LAUNCH_FAILED);
-        }
-        let entry = LaunchEntry::new(EntryKind::Aicpu { threads }, args);
-        #[cfg(test)]
-        self.host_log.lock().push(HostCall::LaunchAicpu);
-        let fired = self.shared.streams[AICPU_STREAM].enqueue(entry.clone(), &*self.shared);
-        resume_waiters(fired, &self.shared.streams, &*self.shared);
-        Ok(entry)
-    }
-
-    fn op_budget(op_execute: Duration) -> Option<Duration> {
-        Some(op_execute)
-    }
-
-    /// Synchronises one stream with the stream-sync budget, applying the op-execute watchdog.
-    pub(crate) fn synchronize(
-        &self,
-        stream: usize,
-        timeout: Duration,
-        op_execute: Duration,
-    ) -> Result<(), SyncError> {
-        #[cfg(test)]
-        self.host_log.lock().push(HostCall::Sync(stream));
-        let dev = &*self.shared;
-        dev.streams[stream].synchronize(timeout, Self::op_budget(op_execute), &|| dev.wake_all())
-    }
-
-    /// Records an event on `stream`: it completes once every entry enqueued before it did.
-    // Used by device queuing (roadmap (c)); exercised by the stream tests until then.
-    #[allow(dead_code)]
-    pub(crate) fn record_event(&mut self, stream: usize) -> Arc<SimEvent> {
-        let ev = Arc::new(SimEvent::default());
-        let entry = LaunchEntry::new(EntryKind::Record(ev.clone()), 0);
-        let fired = self.shared.streams[stream].enqueue(entry, &*self.shared);
-        resume_waiters(fired, &self.shared.streams, &*self.shared);
-        ev
-    }
-
-    /// Makes later entries of `stream` wait until `ev` completed.
-    // Used by device queuing (roadmap (c)); exercised by the stream tests until then.
-    #[allow(dead_code)]
-    pub(crate) fn wait_event(&mut self, stream: usize, ev: &Arc<SimEvent>) {
-        let entry = LaunchEntry::new(EntryKind::WaitEvent(ev.clone()), 0);
-        let fired = self.shared.streams[stream].enqueue(entry, &*self.shared);
-        resume_waiters(fired, &self.shared.streams, &*self.shared);
-    }
-
-    /// Non-blocking stream state.
-    pub(crate) fn query(&self, stream: usize, op_execute: Duration) -> StreamStatus {
-        let dev = &*self.shared;
-        dev.streams[stream].query(Self::op_budget(op_execute), &|| dev.wake_all())
-    }
-
-    /// Waits for both streams to go idle (the recovery drain); returns whether they did.
-    pub(crate) fn drain(&self, timeout: Duration, op_execute: Duration) -> bool {
-        let dev = &*self.shared;
-        let deadline = Instant::now() + timeout;
-        dev.streams
-            .iter()
-            .all(|s| s.wait_idle(deadline, Self::op_budget(op_execute), &|| dev.wake_all()))
-    }
-
-    /// Takes the faults recorded since the last call, earliest first.
-    pub(crate) fn take_faults(&self) -> Vec<CoreFault> {
-        let mut v = std::mem::take(&mut *self.shared.fault_log.lock());
-        v.sort_by_key(|f| f.at_ticks);
-        v
     }
 
     /// The fault plan.
@@ -732,18 +573,10 @@ impl SimDevice {
         std::mem::take(&mut *self.host_log.lock())
     }
 
-    pub(crate) fn thread_stats(&self) -> SimThreadStats {
-        SimThreadStats {
-            spawned: self.threads.len() as u32,
-            alive: self.shared.alive.load(Ordering::Acquire),
-            parked: self.shared.parked.load(Ordering::Relaxed),
-        }
-    }
-
     /// Resets the device and joins its threads within `budget`; returns the names of threads
     /// that had to be detached. Memory is freed once every thread is gone (a detached thread
     /// keeps it alive until it returns).
-    pub(crate) fn shutdown(&mut self, budget: Duration) -> Vec<String> {
+    fn shutdown_within(&mut self, budget: Duration) -> Vec<String> {
         let dev = &*self.shared;
         dev.reset.store(true, Ordering::Release);
         for s in &dev.streams {
@@ -784,18 +617,298 @@ impl SimDevice {
     }
 }
 
+/// The simulated streams by kind.
+fn stream_index(s: StreamKind) -> usize {
+    match s {
+        StreamKind::Aicpu => AICPU_STREAM,
+        StreamKind::AiCore => AICORE_STREAM,
+    }
+}
+
+impl LaunchState for SimLaunch {
+    fn started_ticks(&self) -> u64 {
+        // The entry stores ticks + 1 so that 0 can mean "not started".
+        self.started_ticks.load(Ordering::Acquire).saturating_sub(1)
+    }
+}
+
+/// Resolves every kernel of `c` to a host function the simulated cores can call: `Native`
+/// kernels directly, shared objects through the loader (kept open in the result).
+fn resolve_for_sim(c: &ChipCallable) -> Result<ResolvedKernels, DeviceError> {
+    if let Orchestration::DeviceObject { entry, .. } = c.orchestration() {
+        return Err(DeviceError::InvalidCallable {
+            run_id: None,
+            reason: format!(
+                "orchestration {entry:?} is a device object, which only the onboard tensormap_and_ringbuffer runtime can run; the simulator needs a Native orchestration"
+            ),
+        });
+    }
+    let mut r = ResolvedKernels::default();
+    for (id, k) in c.children() {
+        let addr = match k.code() {
+            KernelCode::Native(f) => *f as usize as u64,
+            KernelCode::SharedObject(so) => {
+                let fail = |e: String| DeviceError::InvalidCallable {
+                    run_id: None,
+                    reason: format!("kernel {id}: {e}"),
+                };
+                // SAFETY: `SharedObjectKernel::new`'s contract: the object may be loaded and its
+                // `kernel_entry` has the kernel ABI.
+                let obj = unsafe { SharedObject::open(so.path()) }.map_err(fail)?;
+                // SAFETY: as above.
+                let entry = unsafe { obj.kernel_entry() }.map_err(fail)?;
+                r.code.push(LoadedCode::new(obj));
+                entry as usize as u64
+            }
+            KernelCode::Text(_) => {
+                return Err(DeviceError::InvalidCallable {
+                    run_id: None,
+                    reason: format!(
+                        "kernel {id} is device text, which only the onboard backend can run"
+                    ),
+                });
+            }
+        };
+        r.kernels.push((*id, addr));
+    }
+    Ok(r)
+}
+
+impl Backend for SimDevice {
+    fn start_programs(&mut self) -> Result<(), String> {
+        self.start_aicpu_threads()
+    }
+
+    fn init_aicpu(&mut self, init: InitArgs) {
+        *self.shared.init.lock() = Some(init);
+    }
+
+    fn default_block_dim(&self) -> u32 {
+        self.shared.opts.default_block_dim
+    }
+
+    fn resolve_kernels(&self, c: &ChipCallable) -> Result<ResolvedKernels, DeviceError> {
+        resolve_for_sim(c)
+    }
+
+    fn malloc(&self, bytes: u64, purpose: MemPurpose) -> Result<u64, AllocFailure> {
+        self.shared.memory.alloc(bytes, purpose)
+    }
+
+    fn free(&self, addr: u64) -> Option<MemPurpose> {
+        self.shared.memory.free(addr)
+    }
+
+    fn find(&self, addr: u64, len: u64) -> Option<MemPurpose> {
+        self.shared.memory.find(addr, len)
+    }
+
+    fn write(&self, dst: u64, src: &[u8]) -> bool {
+        self.shared.memory.write(dst, src)
+    }
+
+    fn read(&self, src: u64, dst: &mut [u8]) -> bool {
+        self.shared.memory.read(src, dst)
+    }
+
+    fn fill(&self, dst: u64, value: u8, len: u64) -> bool {
+        self.shared.memory.fill(dst, value, len)
+    }
+
+    fn host_map(&self, addr: u64, len: u64) -> Option<*mut u8> {
+        // Simulated device memory is host memory: the mapping is the identity.
+        self.shared.memory.find(addr, len).map(|_| addr as usize as *mut u8)
+    }
+
+    fn memory_counts(&self) -> MemoryCounts {
+        self.shared.memory.counts()
+    }
+
+    fn register_table(&self) -> Vec<u64> {
+        self.shared.regs.iter().map(|b| b as *const RegBlock as u64).collect()
+    }
+
+    fn launch_aicore(&mut self, block_dim: u32, args: u64) -> Result<LaunchHandle, AclCode> {
+        if self.shared.faults.on_launch(KernelKind::AiCore) {
+            return Err(AclCode::LAUNCH_FAILED);
+        }
+        self.ensure_aicore_cores(3 * block_dim).map_err(|_| AclCode::LAUNCH_FAILED)?;
+        self.shared.block_dim.store(block_dim, Ordering::Relaxed);
+        let entry = LaunchEntry::new(EntryKind::AiCore { block_dim }, args);
+        #[cfg(test)]
+        self.host_log.lock().push(HostCall::LaunchAiCore);
+        let fired = self.shared.streams[AICORE_STREAM].enqueue(entry.clone(), &*self.shared);
+        resume_waiters(fired, &self.shared.streams, &*self.shared);
+        Ok(entry)
+    }
+
+    fn launch_aicpu(&mut self, threads: u32, args: u64) -> Result<LaunchHandle, AclCode> {
+        if self.shared.faults.on_launch(KernelKind::Aicpu) {
+            return Err(AclCode::LAUNCH_FAILED);
+        }
+        if self.aicpu_spawned < MAX_AICPU_THREADS || threads == 0 || threads > MAX_AICPU_THREADS {
+            return Err(AclCode::LAUNCH_FAILED);
+        }
+        let entry = LaunchEntry::new(EntryKind::Aicpu { threads }, args);
+        #[cfg(test)]
+        self.host_log.lock().push(HostCall::LaunchAicpu);
+        let fired = self.shared.streams[AICPU_STREAM].enqueue(entry.clone(), &*self.shared);
+        resume_waiters(fired, &self.shared.streams, &*self.shared);
+        Ok(entry)
+    }
+
+    fn synchronize(
+        &self,
+        stream: StreamKind,
+        timeout: Duration,
+        op_execute: Duration,
+    ) -> Result<(), SyncError> {
+        #[cfg(test)]
+        self.host_log.lock().push(HostCall::Sync(stream));
+        let dev = &*self.shared;
+        dev.streams[stream_index(stream)].synchronize(timeout, Some(op_execute), &|| dev.wake_all())
+    }
+
+    fn query(&self, stream: StreamKind, op_execute: Duration) -> StreamStatus {
+        let dev = &*self.shared;
+        dev.streams[stream_index(stream)].query(Some(op_execute), &|| dev.wake_all())
+    }
+
+    fn record_event(&mut self, stream: StreamKind) -> EventHandle {
+        let ev = Arc::new(SimEvent::default());
+        let entry = LaunchEntry::new(EntryKind::Record(ev.clone()), 0);
+        let fired = self.shared.streams[stream_index(stream)].enqueue(entry, &*self.shared);
+        resume_waiters(fired, &self.shared.streams, &*self.shared);
+        ev
+    }
+
+    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> bool {
+        let Ok(ev) = event.clone().into_any().downcast::<SimEvent>() else { return false };
+        let entry = LaunchEntry::new(EntryKind::WaitEvent(ev), 0);
+        let fired = self.shared.streams[stream_index(stream)].enqueue(entry, &*self.shared);
+        resume_waiters(fired, &self.shared.streams, &*self.shared);
+        true
+    }
+
+    fn drain(&self, timeout: Duration, op_execute: Duration) -> bool {
+        let dev = &*self.shared;
+        let deadline = Instant::now() + timeout;
+        dev.streams.iter().all(|s| s.wait_idle(deadline, Some(op_execute), &|| dev.wake_all()))
+    }
+
+    fn take_faults(&self) -> Vec<CoreFault> {
+        let mut v = std::mem::take(&mut *self.shared.fault_log.lock());
+        v.sort_by_key(|f| f.at_ticks);
+        v
+    }
+
+    fn thread_stats(&self) -> ThreadStats {
+        ThreadStats {
+            spawned: self.threads.len() as u32,
+            alive: self.shared.alive.load(Ordering::Acquire),
+            parked: self.shared.parked.load(Ordering::Relaxed),
+        }
+    }
+
+    fn shutdown(&mut self) -> Vec<String> {
+        let budget = self.shared.opts.join_budget;
+        self.shutdown_within(budget)
+    }
+
+    fn sim(&self) -> Option<&SimDevice> {
+        Some(self)
+    }
+}
+
 impl Drop for SimDevice {
     fn drop(&mut self) {
         if !self.threads.is_empty() {
             let budget = self.shared.opts.join_budget;
-            self.shutdown(budget);
+            self.shutdown_within(budget);
         }
+    }
+}
+
+impl CoreHost for SimShared {
+    fn is_reset(&self) -> bool {
+        SimShared::is_reset(self)
+    }
+
+    fn ticks(&self) -> u64 {
+        SimShared::ticks(self)
+    }
+
+    fn read_kernel_args(&self, addr: u64) -> Option<KernelArgs> {
+        SimShared::read_kernel_args(self, addr)
+    }
+
+    fn core_image_view(&self, args: &KernelArgs) -> Option<CoreImageView<'_>> {
+        SimShared::core_image_view(self, args)
+    }
+
+    fn regs(&self, c: u32) -> Option<&RegBlock> {
+        self.regs.get(c as usize)
+    }
+
+    fn spin_policy(&self) -> SpinPolicy<'_> {
+        SimShared::spin_policy(self)
+    }
+
+    fn faults(&self) -> &FaultPlan {
+        &self.faults
+    }
+
+    fn record_fault(&self, fault: CoreFault) {
+        SimShared::record_fault(self, fault)
+    }
+
+    fn store_cond(&self, c: u32, v: u32) {
+        SimShared::store_cond(self, c, v)
+    }
+
+    fn notify_all_aicpu(&self) {
+        SimShared::notify_all_aicpu(self)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::EventState;
+
+    /// An event another backend recorded.
+    #[derive(Debug)]
+    struct ForeignEvent;
+
+    impl EventState for ForeignEvent {
+        fn is_complete(&self) -> bool {
+            true
+        }
+
+        fn synchronize(&self, _: Duration) -> bool {
+            true
+        }
+
+        fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+            self
+        }
+    }
+
+    #[test]
+    fn events_go_through_the_backend_seam_and_a_foreign_event_is_refused() {
+        let mut dev = SimDevice::new(0, SimOptions::default());
+        let ev = dev.record_event(StreamKind::Aicpu);
+        assert!(ev.synchronize(Duration::from_secs(5)), "an event on an idle stream completes");
+        assert!(ev.is_complete());
+        assert!(dev.wait_event(StreamKind::AiCore, &ev));
+        let foreign: EventHandle = Arc::new(ForeignEvent);
+        assert!(!dev.wait_event(StreamKind::AiCore, &foreign));
+        assert!(
+            dev.synchronize(StreamKind::AiCore, Duration::from_secs(5), Duration::from_secs(5))
+                .is_ok()
+        );
+        assert!(dev.shutdown_within(Duration::from_secs(10)).is_empty());
+    }
 
     #[test]
     fn a_retried_aicpu_start_after_a_partial_spawn_failure_starts_only_the_missing_threads() {
@@ -803,13 +916,13 @@ mod tests {
         dev.spawn_budget = Some(2);
         let err = dev.start_aicpu_threads().unwrap_err();
         assert!(err.contains("AICPU thread 2"), "{err}");
-        assert_eq!(dev.thread_stats().spawned, 2);
+        assert_eq!(Backend::thread_stats(&dev).spawned, 2);
         dev.spawn_budget = None;
         dev.start_aicpu_threads().unwrap();
         let names: Vec<&str> = dev.threads.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["sim0-aicpu0", "sim0-aicpu1", "sim0-aicpu2", "sim0-aicpu3"]);
         dev.start_aicpu_threads().unwrap();
-        assert_eq!(dev.thread_stats().spawned, MAX_AICPU_THREADS);
-        assert!(dev.shutdown(Duration::from_secs(10)).is_empty());
+        assert_eq!(Backend::thread_stats(&dev).spawned, MAX_AICPU_THREADS);
+        assert!(dev.shutdown_within(Duration::from_secs(10)).is_empty());
     }
 }

@@ -1,7 +1,7 @@
-//! Simulated streams, launch entries and events (spec §5.2).
+//! Simulated streams, launch entries and events (`docs/device-simulator.md`).
 //!
 //! A stream is a FIFO of entries under a mutex and a condition variable. `launch` appends and
-//! returns. The head entry starts by handing a job to each participant (AICore workers
+//! returns. The head entry starts by handing a job to each participant (AICore cores
 //! `[0, 3B)` or AICPU threads `[0, n)`); it completes when the last participant returns, and
 //! that participant starts the next entry. An entry's result is the first non-zero participant
 //! result. A failed entry puts the stream into a sticky error state: later entries are
@@ -31,12 +31,13 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::abi::codes::AclCode;
+use crate::backend::{StreamFault, StreamStatus, SyncError};
 use crate::error::StreamKind;
 
 /// What an entry runs.
 #[derive(Debug)]
 pub(crate) enum EntryKind {
-    /// The AICore executor on `3 * block_dim` workers.
+    /// The AICore executor on `3 * block_dim` cores.
     AiCore { block_dim: u32 },
     /// The AICPU `exec` entry on `threads` threads.
     Aicpu { threads: u32 },
@@ -107,30 +108,6 @@ impl LaunchEntry {
     }
 }
 
-/// A stream's sticky error.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct StreamFault {
-    pub(crate) code: AclCode,
-    pub(crate) message: String,
-}
-
-/// What a sync returns on failure.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum SyncError {
-    /// The stream is in its sticky error state.
-    Fault(StreamFault),
-    /// The entries did not complete within the budget.
-    Timeout,
-}
-
-/// Non-blocking state of a stream.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum StreamStatus {
-    Idle,
-    Busy,
-    Failed(StreamFault),
-}
-
 #[derive(Debug, Default)]
 struct StreamState {
     queue: VecDeque<Arc<LaunchEntry>>,
@@ -143,26 +120,22 @@ struct StreamState {
 /// A simulated event: completes when the entries before its record completed.
 #[derive(Debug, Default)]
 pub(crate) struct SimEvent {
-    state: Mutex<EventState>,
+    state: Mutex<EventInner>,
     cv: Condvar,
 }
 
 #[derive(Debug, Default)]
-struct EventState {
+struct EventInner {
     done: bool,
     waiting_streams: Vec<usize>,
 }
 
-// `query` and `synchronize` serve device queuing (roadmap (c)); the stream tests use them now.
-#[allow(dead_code)]
-impl SimEvent {
-    /// Whether the event completed.
-    pub(crate) fn query(&self) -> bool {
+impl crate::backend::EventState for SimEvent {
+    fn is_complete(&self) -> bool {
         self.state.lock().done
     }
 
-    /// Waits for the event up to `timeout`.
-    pub(crate) fn synchronize(&self, timeout: Duration) -> bool {
+    fn synchronize(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut st = self.state.lock();
         while !st.done {
@@ -173,6 +146,12 @@ impl SimEvent {
         true
     }
 
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
+}
+
+impl SimEvent {
     /// Either reports that the event completed or registers `stream` to be resumed by it.
     fn done_or_register(&self, stream: usize) -> bool {
         let mut st = self.state.lock();
@@ -296,7 +275,7 @@ impl SimStream {
         match self.kind {
             // The AICPU kernel returning non-zero is an AICPU exception.
             StreamKind::Aicpu => AclCode::AICPU_EXCEPTION,
-            // AICore workers return the device code of their fault.
+            // AICore cores return the device code of their fault.
             StreamKind::AiCore => {
                 if participant_code > 100_000 {
                     AclCode(participant_code)
@@ -342,7 +321,7 @@ impl SimStream {
         running.started_at.lock().map(|t| t + budget)
     }
 
-    /// Waits for the entries enqueued before the call (spec §5.2).
+    /// Waits for the entries enqueued before the call (`docs/device-simulator.md`).
     pub(crate) fn synchronize(
         &self,
         timeout: Duration,
@@ -434,6 +413,7 @@ pub(crate) fn resume_waiters(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::EventState;
 
     /// Records which entries were started; participants are driven by the test.
     #[derive(Default)]
@@ -494,9 +474,9 @@ mod tests {
         let held = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
         resume_waiters(s[1].enqueue(held.clone(), &st), &s, &st);
         assert_eq!(st.posted.lock().len(), 1, "only the first AICPU entry started");
-        assert!(!ev.query());
+        assert!(!ev.is_complete());
         finish_all(&s, &st, &first, 0, 0);
-        assert!(ev.query(), "the record completed after the entry before it");
+        assert!(ev.is_complete(), "the record completed after the entry before it");
         assert_eq!(st.posted.lock().len(), 2, "the held entry started once the event fired");
         assert_eq!(s[1].query(None, &|| {}), StreamStatus::Busy);
         finish_all(&s, &st, &held, 1, 0);

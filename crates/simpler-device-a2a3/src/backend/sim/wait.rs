@@ -1,4 +1,4 @@
-//! Spin briefly, then park on an event count (spec §5.5; 00 design decision 2).
+//! Spin briefly, then park on an event count (`docs/device-simulator.md`).
 //!
 //! Every wait of the simulator follows the same pattern:
 //!
@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 /// Counts the simulated threads of one device that are not parked, so a waiter spins only
-/// when every awake thread has a core (decision: spec §5.5 says "0 spins when simulated
-/// threads outnumber cores"; counting awake threads instead of all threads keeps spinning
+/// when every awake thread has a host core (decision: rather than "no spinning when simulated
+/// threads outnumber host cores", counting awake threads instead of all threads keeps spinning
 /// useful when most simulated cores are idle, which is the common case, e.g. a chain of tasks
-/// where one scheduler thread and one worker hand off to each other).
+/// where one scheduler thread and one simulated core hand off to each other).
 ///
 /// `awake` is incremented by a thread when it stops parking and decremented when it starts;
 /// it is read relaxed by waiters deciding whether to spin (a stale value only costs a few
@@ -141,7 +141,7 @@ enum Backoff {
 /// - **Yield count.** A wait yields at most the policy's yield rounds, counted from where its
 ///   spin phase ended, before it parks. Spin rounds the gate refused are not turned into
 ///   yields: on an oversubscribed host a yield is a context switch (more than a microsecond on
-///   a virtual machine), and 24 idle workers yielding 68 times each at every launch cost more
+///   a virtual machine), and 24 idle simulated cores yielding 68 times each at every launch cost more
 ///   than the whole dispatch of a thousand tasks.
 /// - **Shared core.** A yield that takes longer than [`LONE_YIELD`] ran another thread — on a
 ///   loaded host, another process — so this thread's core is not its own and it does not spin

@@ -1,9 +1,9 @@
-//! The host graph builder of host_build_graph (spec §6.4): the ops table's implementation on
-//! the host.
+//! The host graph builder of host_build_graph (`docs/device-chip.md`): the ops table's
+//! implementation on the host.
 //!
 //! The orchestration calls `submit` for each task; the builder validates the task (func ids
 //! registered, argument counts, descriptors, device pointers, write tags with buffers), derives
-//! its producers from the tensor map over byte footprints (spec 20 Part D: `Input`/`InOut` look
+//! its producers from the tensor map over byte footprints (`Input`/`InOut` look
 //! up overlapping producers, `Output`/`OutputExisting`/`InOut` insert, `NoDep` does neither,
 //! `manual_dep` tensors depend on their creator only), and records it. The whole graph stays
 //! resident, so the task window must hold every task and the heap every allocation: exceeding
@@ -14,8 +14,8 @@
 //! reports the latched error.
 //!
 //! Deviation (recorded in the decisions file): dependencies use the host `TensorMap` keyed by
-//! the run id, not the fixed-capacity device map of spec §6.2, which the device runtime will
-//! need only once orchestration moves onto the AICPU.
+//! the run id, not the fixed-capacity device map, which the device runtime will need only once
+//! orchestration moves onto the AICPU.
 
 use std::ffi::c_void;
 use std::ops::Range;

@@ -1,9 +1,12 @@
 //! Writes a built graph into the host_build_graph image layout (`abi::image`).
 //!
 //! The image is written into a host buffer the runner keeps across runs and then uploaded byte
-//! for byte; internal references are offsets, so nothing is relocated. Fields are written at
-//! their `offset_of!` positions as little-endian integers, which keeps this module free of
-//! `unsafe` even though the image types contain atomics.
+//! for byte; internal references are offsets, so nothing is relocated. The plain header is
+//! copied as its bytes; the records that contain atomics are written field by field at their
+//! `offset_of!` positions, which needs no raw-pointer access.
+//!
+//! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
+//! `docs/device-runner.md`.
 
 use std::mem::{offset_of, size_of};
 
@@ -15,7 +18,7 @@ use crate::abi::image::{
     HBG_IMAGE_MAGIC, ImageHeader, ImageLayout, ImageParams, NO_FUNC, READY_QUEUE_COUNT,
     ReadyQueueHeader, SECTION_ALIGN, SharedHeader, TaskRecord, TaskShape,
 };
-use crate::abi::{ABI_VERSION, CoreType, MAX_AICORE_WORKERS, MAX_FUNC_IDS};
+use crate::abi::{ABI_VERSION, CoreType, MAX_FUNC_IDS, MAX_LAUNCH_CORES};
 
 /// Launch facts the image records.
 #[derive(Clone, Copy, Debug)]
@@ -62,7 +65,7 @@ fn members(funcs: &[i32; 3], shape: TaskShape) -> u32 {
     }
 }
 
-/// Total member dispatches of the graph (an upper bound of any worker's swimlane records).
+/// Total member dispatches of the graph (an upper bound of any core's swimlane records).
 pub(crate) fn total_dispatches(g: &BuiltGraph) -> u64 {
     g.tasks
         .iter()
@@ -124,34 +127,37 @@ pub(crate) fn write_image(
     let b = buf.as_mut_slice();
 
     // Header.
-    let h = |f: usize| f as u64;
-    put_u32(b, h(offset_of!(ImageHeader, magic)), HBG_IMAGE_MAGIC);
-    put_u32(b, h(offset_of!(ImageHeader, abi_version)), ABI_VERSION);
-    put_u64(b, h(offset_of!(ImageHeader, image_len)), layout.len);
-    put_u32(b, h(offset_of!(ImageHeader, block_dim)), inp.block_dim);
-    put_u32(b, h(offset_of!(ImageHeader, num_aicore)), 3 * inp.block_dim);
-    put_u32(b, h(offset_of!(ImageHeader, aicpu_threads)), inp.aicpu_threads);
-    put_u32(b, h(offset_of!(ImageHeader, task_count)), task_count);
-    put_u32(b, h(offset_of!(ImageHeader, edge_count)), edge_count);
-    put_u32(b, h(offset_of!(ImageHeader, profiling)), inp.profiling);
-    put_u64(b, h(offset_of!(ImageHeader, active_callable)), inp.active_callable);
-    put_u64(b, h(offset_of!(ImageHeader, handshake_off)), layout.handshake_off);
-    put_u64(b, h(offset_of!(ImageHeader, func_table_off)), layout.func_table_off);
-    put_u64(b, h(offset_of!(ImageHeader, shared_off)), layout.shared_off);
-    put_u64(b, h(offset_of!(ImageHeader, tasks_off)), layout.tasks_off);
-    put_u64(b, h(offset_of!(ImageHeader, edges_off)), layout.edges_off);
-    put_u64(b, h(offset_of!(ImageHeader, ready_off)), layout.ready_off);
-    put_u64(b, h(offset_of!(ImageHeader, workers_off)), layout.workers_off);
-    put_u64(b, h(offset_of!(ImageHeader, payloads_off)), layout.payloads_off);
-    put_u64(b, h(offset_of!(ImageHeader, swimlane_off)), layout.swimlane_off);
-    put_u32(b, h(offset_of!(ImageHeader, swimlane_capacity)), inp.swimlane_capacity);
-    put_u64(b, h(offset_of!(ImageHeader, phases_off)), layout.phases_off);
-    put_u32(b, h(offset_of!(ImageHeader, swimlane_level)), inp.swimlane_level);
-    put_u64(b, h(offset_of!(ImageHeader, aicpu_swimlane_off)), layout.aicpu_swimlane_off);
-    put_u32(b, h(offset_of!(ImageHeader, aicpu_swimlane_capacity)), inp.aicpu_swimlane_capacity);
+    let header = ImageHeader {
+        magic: HBG_IMAGE_MAGIC,
+        abi_version: ABI_VERSION,
+        image_len: layout.len,
+        block_dim: inp.block_dim,
+        num_aicore: 3 * inp.block_dim,
+        aicpu_threads: inp.aicpu_threads,
+        task_count,
+        edge_count,
+        profiling: inp.profiling,
+        active_callable: inp.active_callable,
+        handshake_off: layout.handshake_off,
+        func_table_off: layout.func_table_off,
+        shared_off: layout.shared_off,
+        tasks_off: layout.tasks_off,
+        edges_off: layout.edges_off,
+        ready_off: layout.ready_off,
+        cores_off: layout.cores_off,
+        payloads_off: layout.payloads_off,
+        swimlane_off: layout.swimlane_off,
+        swimlane_capacity: inp.swimlane_capacity,
+        swimlane_level: inp.swimlane_level,
+        phases_off: layout.phases_off,
+        aicpu_swimlane_off: layout.aicpu_swimlane_off,
+        aicpu_swimlane_capacity: inp.aicpu_swimlane_capacity,
+        ..ImageHeader::default()
+    };
+    put(b, 0, bytemuck::bytes_of(&header));
 
     // Handshake records: zero (L1), pre-typed (P6).
-    for w in 0..MAX_AICORE_WORKERS as u32 {
+    for w in 0..MAX_LAUNCH_CORES as u32 {
         let ty = if w < inp.block_dim { CoreType::Aic } else { CoreType::Aiv };
         let off = layout.handshake_off + u64::from(w) * size_of::<Handshake>() as u64;
         put_u32(b, off + offset_of!(Handshake, core_type) as u64, ty as u32);

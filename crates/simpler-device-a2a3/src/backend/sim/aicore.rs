@@ -1,7 +1,7 @@
-//! The simulated AICore executor: one worker's side of the handshake and dispatch protocol
-//! (spec §5.4 steps 2, 3, 5, 7 and 11).
+//! The simulated AICore executor: one core's side of the handshake and dispatch protocol
+//! (`docs/device-handshake.md` steps 2, 3, 5, 7 and 11).
 //!
-//! 1. Write `physical_core_id` (the worker index) and `core_type`, then `aicore_done = index +
+//! 1. Write `physical_core_id` (the core index) and `core_type`, then `aicore_done = index +
 //!    1` (release), without waiting.
 //! 2. Wait until the low half of `DATA_MAIN_BASE` is non-zero: the window is open.
 //! 3. Write `COND = IDLE_VALUE`, read `task` (acquire), set `last = AICPU idle`.
@@ -18,14 +18,44 @@ use std::sync::atomic::Ordering;
 
 use simpler_types::DeviceTaskId;
 
-use crate::abi::WorkerPlace;
+use super::faults::{FaultPlan, KernelAction};
+use super::regs::RegBlock;
+use super::stream::LaunchEntry as SimLaunch;
+use super::wait::SpinPolicy;
+use crate::abi::CorePlace;
 use crate::abi::codes::AclCode;
 use crate::abi::image::SwimlaneRecord;
+use crate::abi::launch::KernelArgs;
 use crate::abi::launch::PROFILE_SWIMLANE;
 use crate::abi::regs::{AICPU_IDLE, Cond, EXIT_SIGNAL, EXITED_VALUE, IDLE_VALUE, RegId};
-use crate::backend::sim::{KernelAction, SimLaunch, SimShared};
+use crate::aicpu::view::CoreImageView;
 use crate::error::{CoreFault, StreamKind};
 use crate::kernel::KernelFn;
+
+/// What a simulated core needs from its device. The device's shared state implements it, so
+/// this module depends on its sibling modules only, never on the device module that runs it.
+pub(crate) trait CoreHost {
+    /// Whether the device is being reset (every wait gives up).
+    fn is_reset(&self) -> bool;
+    /// The virtual 50 MHz counter.
+    fn ticks(&self) -> u64;
+    /// The `KernelArgs` at device address `addr`, if it is tracked memory.
+    fn read_kernel_args(&self, addr: u64) -> Option<KernelArgs>;
+    /// A core's view of the launch's runtime image.
+    fn core_image_view(&self, args: &KernelArgs) -> Option<CoreImageView<'_>>;
+    /// Core `c`'s register block.
+    fn regs(&self, c: u32) -> Option<&RegBlock>;
+    /// The spin policy of the current launch.
+    fn spin_policy(&self) -> SpinPolicy<'_>;
+    /// The device's fault plan.
+    fn faults(&self) -> &FaultPlan;
+    /// Records a fault for the host to report with the run's error.
+    fn record_fault(&self, fault: CoreFault);
+    /// Stores `COND` of core `c` and wakes the AICPU thread that owns it.
+    fn store_cond(&self, c: u32, v: u32);
+    /// Wakes every AICPU thread.
+    fn notify_all_aicpu(&self);
+}
 
 /// What the loop does with an observed low-half value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,13 +106,13 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Runs worker `w` of an AICore launch entry; returns 0 or the device code of its fault.
-pub(crate) fn run_worker(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
+/// Runs core `w` of an AICore launch entry; returns 0 or the device code of its fault.
+pub(crate) fn run_core<H: CoreHost>(dev: &H, entry: &SimLaunch, w: u32) -> i32 {
     let stop = || dev.is_reset() || entry.is_aborted();
     let Some(args) = dev.read_kernel_args(entry.args) else {
         return AclCode::AICORE_EXCEPTION.get();
     };
-    let Some(place) = WorkerPlace::of(w, args.block_dim) else {
+    let Some(place) = CorePlace::of(w, args.block_dim) else {
         return 0;
     };
     let fault = |message: String, func_id: Option<u32>, task: Option<u64>, code: AclCode| {
@@ -105,12 +135,12 @@ pub(crate) fn run_worker(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
             AclCode::AICORE_EXCEPTION,
         );
     };
-    let Some(regs) = dev.regs.get(w as usize) else { return 0 };
+    let Some(regs) = dev.regs(w) else { return 0 };
     let spin = dev.spin_policy();
 
     // Step 1: report in.
     let hs = view.handshake(w);
-    let phys = dev.faults.on_handshake(w).unwrap_or(w);
+    let phys = dev.faults().on_handshake(w).unwrap_or(w);
     hs.physical_core_id.store(phys, Ordering::Relaxed);
     hs.core_type.store(place.core_type as u32, Ordering::Relaxed);
     // Release: the AICPU acquires `aicore_done` and then reads the two fields above.
@@ -122,7 +152,7 @@ pub(crate) fn run_worker(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
     match regs.load(RegId::DataMainBaseLow) {
         0 => return AclCode::TASK_ABORT.get(),
         // The AICPU gave up before opening the window (a handshake failure) and asks this
-        // worker to leave: answer without touching the payload.
+        // core to leave: answer without touching the payload.
         EXIT_SIGNAL => {
             dev.store_cond(w, EXITED_VALUE);
             return 0;
@@ -135,7 +165,7 @@ pub(crate) fn run_worker(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
     let pair = hs.task.load(Ordering::Acquire);
     if pair != view.payload_pair_addr(w) {
         return fault(
-            format!("handshake task address {pair:#x} is not this worker's payload pair"),
+            format!("handshake task address {pair:#x} is not this core's payload pair"),
             None,
             None,
             AclCode::AICORE_EXCEPTION,
@@ -166,7 +196,7 @@ pub(crate) fn run_worker(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
         }
         let p = view.payload_ptr(w, v & 1);
         // SAFETY: the AICPU filled payload `v & 1` before storing `v` (release), which this
-        // worker loaded with acquire; it does not write the payload again until this token is
+        // core loaded with acquire; it does not write the payload again until this token is
         // ACKed or FINed. Only plain fields are read, by value.
         let (kernel, src, task_id, func_id, block_idx) = unsafe {
             (
@@ -235,8 +265,8 @@ pub(crate) fn run_worker(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
                     block_idx,
                     reserved: 0,
                 };
-                // SAFETY: record `n` < capacity lies inside this worker's swimlane block, which
-                // only this worker writes during the run.
+                // SAFETY: record `n` < capacity lies inside this core's swimlane block, which
+                // only this core writes during the run.
                 unsafe { records.add(n as usize).write(rec) };
                 // Relaxed: the host reads the records after the stream completed.
                 h.count.store(n + 1, Ordering::Relaxed);
@@ -248,16 +278,16 @@ pub(crate) fn run_worker(dev: &SimShared, entry: &SimLaunch, w: u32) -> i32 {
     }
 }
 
-fn call_kernel(
-    dev: &SimShared,
+fn call_kernel<H: CoreHost>(
+    dev: &H,
     entry: &SimLaunch,
-    regs: &crate::backend::sim::RegBlock,
+    regs: &RegBlock,
     w: u32,
     kernel: u64,
     func_id: u32,
     args: *mut i64,
 ) -> KernelOutcome {
-    match dev.faults.on_kernel(func_id, w) {
+    match dev.faults().on_kernel(func_id, w) {
         KernelAction::Run => {}
         KernelAction::Fault => return KernelOutcome::Faulted("injected kernel fault".into()),
         KernelAction::Hang => {

@@ -1,0 +1,252 @@
+//! The public surface of [`DeviceRunner`]: each call finds the runner's state, checks what
+//! only the surface knows (health, pointer ranges) and hands the work to the state machine in
+//! the parent module or to the memory and callable services.
+
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use simpler_types::CallConfig;
+
+use super::callables::CallableTable;
+use super::health::HealthCell;
+use super::memory::Arenas;
+use super::{
+    ChipSlot, Core, DeviceHealth, DevicePtr, DeviceRunner, FinalizeReport, HealthProbe, RunReport,
+    RunRequest, RunnerStats, unusable,
+};
+use crate::abi::MAX_BLOCK_DIM;
+use crate::callable::ChipCallable;
+use crate::error::DeviceError;
+use crate::options::RunnerOptions;
+use crate::timeouts::TimeoutConfig;
+
+impl DeviceRunner {
+    /// Attaches to a device: resolves the timeouts (A1), creates the backend (A2) and
+    /// initializes it (A3).
+    pub fn attach(opts: RunnerOptions) -> Result<DeviceRunner, DeviceError> {
+        let timeouts = opts.resolve_timeouts()?;
+        tracing::info!(
+            device = opts.device_id,
+            scheduler_ms = timeouts.scheduler.as_millis() as u64,
+            op_execute_us = timeouts.op_execute.as_micros() as u64,
+            stream_sync_ms = timeouts.stream_sync.as_millis() as u64,
+            "device timeouts"
+        );
+        #[cfg(feature = "sim")]
+        if opts.sim.default_block_dim == 0 || opts.sim.default_block_dim > MAX_BLOCK_DIM {
+            return Err(DeviceError::InvalidConfig {
+                run_id: None,
+                setting: "SimOptions.default_block_dim".into(),
+                value: opts.sim.default_block_dim.to_string(),
+                rule: format!("must be in 1..={MAX_BLOCK_DIM}"),
+            });
+        }
+        let backend = crate::backend::attach(&opts)?;
+        let runtime = crate::runtime::select(opts.runtime, timeouts.scheduler);
+        let mut runner = DeviceRunner {
+            _not_sync: PhantomData,
+            core: Some(Core {
+                opts,
+                timeouts,
+                backend,
+                runtime,
+                initialized: false,
+                max_block_dim: MAX_BLOCK_DIM,
+                health: Arc::new(HealthCell::default()),
+                callables: CallableTable::new(),
+                user_allocs: BTreeMap::new(),
+                arenas: Arenas::default(),
+                kernel_args: None,
+                regs_table: None,
+                host_image: Vec::new(),
+                run: None,
+                stats: RunnerStats::default(),
+            }),
+        };
+        runner.ensure_initialized()?;
+        Ok(runner)
+    }
+
+    fn core(&mut self) -> Result<&mut Core, DeviceError> {
+        // `finalize` consumes the runner, so a live runner always has its core; the error is
+        // only reachable if that invariant breaks.
+        self.core.as_mut().ok_or(DeviceError::Finalized { call: "call" })
+    }
+
+    fn core_ref(&self) -> Option<&Core> {
+        self.core.as_ref()
+    }
+
+    /// Idempotent device setup: streams, device programs (the simulator's AICPU threads),
+    /// AICPU init. A failed attempt may be retried.
+    pub fn ensure_initialized(&mut self) -> Result<(), DeviceError> {
+        self.core()?.ensure_initialized()
+    }
+
+    /// The effective timeout budgets.
+    pub fn timeouts(&self) -> Option<TimeoutConfig> {
+        self.core_ref().map(|c| c.timeouts)
+    }
+
+    /// Builds and caches what a run of this sizing needs (tensormap_and_ringbuffer arenas);
+    /// host_build_graph has nothing to cache, so this only checks the configuration and
+    /// initializes the device.
+    pub fn prewarm(&mut self, config: &CallConfig) -> Result<(), DeviceError> {
+        let core = self.core()?;
+        unusable(core)?;
+        core.device_rules(None, config)?;
+        core.ensure_initialized()
+    }
+
+    /// Allocates `bytes` of device memory (1024-byte aligned, zero-filled on the simulator).
+    pub fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        let core = self.core()?;
+        unusable(core)?;
+        core.malloc(bytes).map(DevicePtr)
+    }
+
+    /// Frees a `malloc` allocation. While the runner is unusable the pointer is only forgotten
+    /// (finalize releases the memory).
+    pub fn free(&mut self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        let core = self.core()?;
+        if !core.user_allocs.contains_key(&ptr.0) {
+            return Err(DeviceError::BadDevicePointer { run_id: None, addr: ptr.0, len: 0 });
+        }
+        if core.health.get().is_healthy() {
+            core.refuse_while_referenced("free")?;
+            core.backend.free(ptr.0);
+        }
+        core.user_allocs.remove(&ptr.0);
+        Ok(())
+    }
+
+    /// Sets `bytes` bytes at `ptr` to `value`.
+    pub fn memset(&mut self, ptr: DevicePtr, value: u8, bytes: u64) -> Result<(), DeviceError> {
+        let core = self.core()?;
+        core.check_copy("memset", ptr.0, bytes)?;
+        core.backend.fill(ptr.0, value, bytes).then_some(()).ok_or(DeviceError::BadDevicePointer {
+            run_id: None,
+            addr: ptr.0,
+            len: bytes,
+        })
+    }
+
+    /// Copies `src` to device memory at `dst`.
+    pub fn copy_to_device(&mut self, dst: DevicePtr, src: &[u8]) -> Result<(), DeviceError> {
+        let core = self.core()?;
+        let len = src.len() as u64;
+        core.check_copy("copy_to_device", dst.0, len)?;
+        core.backend.write(dst.0, src).then_some(()).ok_or(DeviceError::BadDevicePointer {
+            run_id: None,
+            addr: dst.0,
+            len,
+        })
+    }
+
+    /// Copies device memory at `src` into `dst`.
+    pub fn copy_from_device(&mut self, dst: &mut [u8], src: DevicePtr) -> Result<(), DeviceError> {
+        let core = self.core()?;
+        let len = dst.len() as u64;
+        core.check_copy("copy_from_device", src.0, len)?;
+        core.backend.read(src.0, dst).then_some(()).ok_or(DeviceError::BadDevicePointer {
+            run_id: None,
+            addr: src.0,
+            len,
+        })
+    }
+
+    /// Registers a callable in the lowest free of the 64 slots.
+    pub fn register_callable(&mut self, callable: &ChipCallable) -> Result<ChipSlot, DeviceError> {
+        self.core()?.register(callable)
+    }
+
+    /// Frees a callable's slot; a slot used by the prepared or in-flight run is `CallableInUse`.
+    pub fn unregister_callable(&mut self, slot: ChipSlot) -> Result<(), DeviceError> {
+        self.core()?.unregister(slot)
+    }
+
+    /// Prepares a run (P1–P18).
+    pub fn prepare(&mut self, req: &RunRequest<'_>) -> Result<(), DeviceError> {
+        self.core()?.prepare(req)
+    }
+
+    /// Launches the prepared run: AICore kernel first, then AICPU (L1–L3). No synchronisation.
+    pub fn launch_run(&mut self) -> Result<(), DeviceError> {
+        self.core()?.launch_run()
+    }
+
+    /// Waits for the launched run (R1–R3). Takes no arguments and reads only runner state.
+    pub fn reap_run(&mut self) -> Result<(), DeviceError> {
+        self.core()?.reap_run()
+    }
+
+    /// Finishes a reaped run (C1–C3): latched status, copy-back, terminal cleanup.
+    pub fn complete_run(&mut self) -> Result<RunReport, DeviceError> {
+        self.core()?.complete_run()
+    }
+
+    /// Drops a prepared, unlaunched run (its terminal cleanup runs).
+    pub fn abandon_prepared(&mut self) -> Result<(), DeviceError> {
+        self.core()?.abandon_prepared()
+    }
+
+    /// `prepare`, `launch_run`, `reap_run`, `complete_run`.
+    pub fn run(&mut self, req: &RunRequest<'_>) -> Result<RunReport, DeviceError> {
+        let core = self.core()?;
+        core.prepare(req)?;
+        core.launch_run()?;
+        core.reap_run()?;
+        core.complete_run()
+    }
+
+    /// The runner's health.
+    pub fn health(&self) -> DeviceHealth {
+        self.core_ref().map_or(DeviceHealth::Healthy, |c| c.health.get())
+    }
+
+    /// A view of the health other threads can read.
+    pub fn health_probe(&self) -> HealthProbe {
+        HealthProbe {
+            cell: self
+                .core_ref()
+                .map_or_else(|| Arc::new(HealthCell::default()), |c| c.health.clone()),
+        }
+    }
+
+    /// Counters and the memory ledger.
+    pub fn stats(&self) -> RunnerStats {
+        self.core_ref().map_or_else(RunnerStats::default, Core::stats)
+    }
+
+    /// The simulator's fault plan (`docs/device-simulator.md`); `None` on another backend.
+    #[cfg(feature = "sim")]
+    pub fn sim_faults(&self) -> Option<&crate::FaultPlan> {
+        self.core_ref().and_then(|c| c.backend.sim()).map(|d| d.faults())
+    }
+
+    /// The device id.
+    pub fn device_id(&self) -> u32 {
+        self.core_ref().map_or(0, |c| c.opts.device_id)
+    }
+
+    /// Releases the device: cleans up any unfinished run, frees every allocation, resets the
+    /// device and joins its threads. Returns the first error.
+    pub fn finalize(mut self) -> Result<FinalizeReport, DeviceError> {
+        match self.core.take() {
+            Some(core) => core.finalize(),
+            None => Ok(FinalizeReport::default()),
+        }
+    }
+}
+
+impl Drop for DeviceRunner {
+    fn drop(&mut self) {
+        if let Some(core) = self.core.take() {
+            let device = core.opts.device_id;
+            if let Err(e) = core.finalize() {
+                tracing::error!(device, error = %e, "finalize during drop failed");
+            }
+        }
+    }
+}

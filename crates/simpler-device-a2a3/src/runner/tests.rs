@@ -1,0 +1,212 @@
+//! Unit tests of the run-state machine that need the runner's internals: terminal-cleanup
+//! latches, the unwind guard, the L1 handshake clear and the launch order.
+//!
+//! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
+//! `docs/device-runner.md`.
+
+use std::panic::AssertUnwindSafe;
+
+use simpler_types::{CallConfig, TaskArgs, Tensor};
+
+use super::*;
+use crate::callable::{ChipCallable, OrchArgs, OrchConfig};
+use crate::options::RuntimeVariant;
+use crate::runtime::orch::{OrchCtx, OrchError};
+
+fn empty_orch(_: &mut OrchCtx<'_>, _: &OrchArgs<'_>) -> Result<(), OrchError> {
+    Ok(())
+}
+
+#[test]
+fn the_runner_is_send() {
+    fn send<T: Send>() {}
+    send::<DeviceRunner>();
+}
+
+#[test]
+fn terminal_cleanup_called_twice_exports_once() {
+    let opts = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
+    let mut r = DeviceRunner::attach(opts).unwrap();
+    let c = ChipCallable::native(empty_orch, |_| OrchConfig::default()).build().unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let dir = std::env::temp_dir().join(format!("simpler-cleanup-twice-{}", std::process::id()));
+    let cfg = CallConfig::builder().dep_gen(true).output_prefix(&dir).build().unwrap();
+    let args = TaskArgs::new();
+    r.prepare(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap();
+    let core = r.core.as_mut().unwrap();
+    let mut run = core.run.take().unwrap();
+    let before = core.stats;
+    core.finish(&mut run, Outcome::FailedBeforeLaunch);
+    let deps = dir.join("deps.json");
+    let first = std::fs::metadata(&deps).unwrap().modified().unwrap();
+    std::fs::remove_file(&deps).unwrap();
+    core.finish(&mut run, Outcome::Success);
+    assert_eq!(core.stats.exports, before.exports + 1);
+    assert_eq!(core.stats.terminal_cleanups, before.terminal_cleanups + 1);
+    assert!(!deps.exists(), "the second call exported nothing (first export at {first:?})");
+    r.finalize().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_panic_while_a_run_is_held_runs_the_terminal_cleanup() {
+    let opts = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
+    let mut r = DeviceRunner::attach(opts).unwrap();
+    let c = ChipCallable::native(empty_orch, |_| OrchConfig::default()).build().unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let args = TaskArgs::new();
+    let cfg = CallConfig::default();
+    r.prepare(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap();
+    let core = r.core.as_mut().unwrap();
+    let mut run = core.run.take().unwrap();
+    let before = core.stats;
+    let caught = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        core.guarded(&mut run, Outcome::FailedBeforeLaunch, |_, _| panic!("injected"))
+    }));
+    assert!(caught.is_err());
+    assert_eq!(core.stats.terminal_cleanups, before.terminal_cleanups + 1);
+    assert_eq!(core.stats.exports, before.exports + 1);
+    assert!(run.latches.released && run.latches.stopped);
+    // A normal exit leaves the run to its caller.
+    let kept = core.guarded(&mut run, Outcome::FailedBeforeLaunch, |_, _| 7);
+    assert_eq!((kept, core.stats.terminal_cleanups), (7, before.terminal_cleanups + 1));
+    r.finalize().unwrap();
+}
+
+/// Writes 1.0 into every element of its one output tensor.
+unsafe extern "C-unwind" fn fill_ones(args: *mut i64) {
+    // SAFETY: the runner passes one tensor descriptor, the run's output buffer.
+    let k = unsafe { crate::kernel::KernelCall::from_raw(args, 1) };
+    // SAFETY: the output is a device buffer of f32 only this task writes.
+    if let Some(out) = unsafe { k.slice_mut::<f32>(0) } {
+        out.fill(1.0);
+    }
+}
+
+fn fill_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let mut a = simpler_types::CoreArgs::new();
+    a.add_output(*args.tensor(0).unwrap()).unwrap();
+    ctx.submit(crate::runtime::orch::Kernels::Aiv(0), &a)?;
+    Ok(())
+}
+
+/// A runner with a registered fill callable and a 1024-float output buffer.
+fn fill_setup() -> (DeviceRunner, ChipSlot, DevicePtr, TaskArgs) {
+    let opts = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
+    let mut r = DeviceRunner::attach(opts).unwrap();
+    let c = ChipCallable::native(fill_orch, |_| OrchConfig { expected_arg_count: 1 })
+        .kernel(
+            0,
+            crate::callable::CoreCallable::native(
+                vec![crate::callable::ArgDirection::Out],
+                fill_ones,
+            ),
+        )
+        .build()
+        .unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let p = r.malloc(4096).unwrap();
+    let t = Tensor::external(p.addr(), &[1024], simpler_types::DataType::Float32)
+        .unwrap()
+        .child_memory(true);
+    let mut args = TaskArgs::new();
+    args.add_output(t).unwrap();
+    (r, slot, p, args)
+}
+
+fn read_ones(r: &mut DeviceRunner, p: DevicePtr) -> bool {
+    let mut b = vec![0u8; 4096];
+    r.copy_from_device(&mut b, p).unwrap();
+    b.chunks_exact(4).all(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) == 1.0)
+}
+
+#[test]
+fn a_stale_aicore_done_in_the_image_is_cleared_before_launch_and_opens_no_window_early() {
+    let (mut r, slot, p, args) = fill_setup();
+    let cfg = CallConfig::builder().block_dim(2).build().unwrap();
+    r.prepare(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap();
+    let core = r.core.as_mut().unwrap();
+    let run = core.run.take().unwrap();
+    let cores = 3 * run.block_dim;
+    let done = |core: &Core, c: u32| {
+        image_view(&*core.backend, &run).unwrap().handshake(c).aicore_done.load(Ordering::Relaxed)
+    };
+    let stale = |core: &Core| {
+        // A stale report from an earlier launch: every core claims to be in already.
+        let view = image_view(&*core.backend, &run).unwrap();
+        for c in 0..cores {
+            view.handshake(c).aicore_done.store(c + 1, Ordering::Relaxed);
+        }
+    };
+    stale(core);
+    core.clear_handshakes(&run);
+    for c in 0..cores {
+        assert_eq!(done(core, c), 0, "core {c}'s aicore_done after L1");
+    }
+    // Stale again, then the whole launch: the run still completes with every task executed,
+    // so no dispatch went to a core that had not reported in.
+    stale(core);
+    core.run = Some(run);
+    r.launch_run().unwrap();
+    r.reap_run().unwrap();
+    r.complete_run().unwrap();
+    assert!(read_ones(&mut r, p));
+    r.finalize().unwrap();
+}
+
+#[test]
+fn each_run_launches_aicore_then_aicpu_without_a_sync_between_then_syncs_aicpu_then_aicore() {
+    use crate::backend::sim::HostCall;
+    let (mut r, slot, p, args) = fill_setup();
+    let cfg = CallConfig::default();
+    let log = |r: &DeviceRunner| r.core.as_ref().unwrap().backend.sim().unwrap().take_host_log();
+    log(&r);
+    for run in 1..=3 {
+        let id = RunId::from_raw(run).unwrap();
+        r.run(&RunRequest::new(id, slot, &args, &cfg)).unwrap();
+        assert_eq!(
+            log(&r),
+            [
+                HostCall::LaunchAiCore,
+                HostCall::LaunchAicpu,
+                HostCall::Sync(StreamKind::Aicpu),
+                HostCall::Sync(StreamKind::AiCore),
+            ],
+            "run {run}"
+        );
+    }
+    assert!(read_ones(&mut r, p));
+    r.finalize().unwrap();
+}
+
+/// Writes four bytes with `set_tensor_data` at the address passed as scalar 0.
+fn poke_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let addr = args.scalar(0).unwrap_or(0);
+    let t = Tensor::external(addr, &[4], simpler_types::DataType::UInt8).unwrap();
+    ctx.set_tensor_data(&t, &[0xEE; 4])
+}
+
+#[test]
+fn set_tensor_data_cannot_write_the_runtimes_own_buffers() {
+    let opts = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
+    let mut r = DeviceRunner::attach(opts).unwrap();
+    let c = ChipCallable::native(poke_orch, |_| OrchConfig::default()).build().unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let cfg = CallConfig::default();
+    let kernel_args = r.core.as_ref().unwrap().kernel_args.unwrap();
+    let mut args = TaskArgs::new();
+    args.add_scalar(kernel_args).unwrap();
+    let err = r.run(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap_err();
+    assert!(err.to_string().contains("set_tensor_data"), "{err}");
+    let mut b = [0u8; 4];
+    assert!(r.core.as_ref().unwrap().backend.read(kernel_args, &mut b));
+    assert_ne!(b, [0xEE; 4], "the kernel argument block was not written");
+    // A user allocation stays writable.
+    let p = r.malloc(1024).unwrap();
+    let mut args = TaskArgs::new();
+    args.add_scalar(p.addr()).unwrap();
+    r.run(&RunRequest::new(RunId::from_raw(2).unwrap(), slot, &args, &cfg)).unwrap();
+    r.copy_from_device(&mut b, p).unwrap();
+    assert_eq!(b, [0xEE; 4]);
+    r.finalize().unwrap();
+}

@@ -1,0 +1,261 @@
+//! `simpler-onboard-programs` — the sources of the programs simpler installs on a real A2/A3
+//! chip, and the host-side facts about them that the onboard backend needs.
+//!
+//! Layer: beside `simpler-device-a2a3`, depending on nothing; the onboard backend and `xtask`
+//! use it. It must not load CANN or touch a device.
+//!
+//! Today it holds the bootstrap dispatcher: the small C shared object CANN's AICPU framework
+//! loads, which installs simpler's AICPU program as a file (protocol in
+//! `docs/onboard-programs.md`). This crate gives its source ([`DISPATCHER_SOURCE`]), the
+//! argument block the host fills ([`DeviceArgs`]), the name the program is installed under
+//! ([`installed_name`], from [`fingerprint`]) and the dispatcher's return codes
+//! ([`DispatchCode`]). The tests compile the dispatcher for the host and drive it in a
+//! temporary directory, so the C that ships is the C that is tested.
+//!
+//! Unsafe code: none in the library (`forbid(unsafe_code)`); the tests call the compiled
+//! dispatcher through its C entries.
+
+#![forbid(unsafe_code)]
+
+use std::fmt;
+
+/// The dispatcher's C source (C99 + POSIX), built with the AICPU cross compiler for the device
+/// and with the host compiler for the tests.
+pub const DISPATCHER_SOURCE: &str = include_str!("../dispatcher/dispatcher.c");
+
+/// The preprocessor setting that chooses where the dispatcher installs the program. The
+/// device default is [`DEVICE_INSTALL_DIR`]; host tests point it at a temporary directory.
+pub const INSTALL_DIR_DEFINE: &str = "SIMPLER_DISPATCHER_INSTALL_DIR";
+
+/// Where the dispatcher installs the program on the device's AICPU filesystem.
+pub const DEVICE_INSTALL_DIR: &str = "/usr/lib64/aicpu_kernels/0/aicpu_kernels_device";
+
+/// The entries the AICPU framework resolves, in the order it looks them up. Only the second
+/// does work; the other two accept any non-null argument and return 0.
+pub const DISPATCHER_ENTRIES: [&str; 3] = [
+    "StaticTileFwkBackendKernelServer",
+    "DynTileFwkBackendKernelServerInit",
+    "DynTileFwkBackendKernelServer",
+];
+
+/// Byte offset, inside the kernel argument block the framework passes to the init entry, of
+/// the device address of the [`DeviceArgs`] block.
+pub const KERNEL_ARGS_DEVICE_ARGS_OFFSET: usize = 40;
+
+/// Size of the kernel argument block that carries the [`DeviceArgs`] address.
+pub const KERNEL_ARGS_LEN: usize = 48;
+
+/// Largest program the dispatcher installs; a larger length is refused as corrupt.
+pub const MAX_PROGRAM_BYTES: u64 = 256 << 20;
+
+/// The 160-byte argument block the host writes to device memory before launching the init
+/// entry: the dispatcher's own image and the program it installs.
+///
+/// The first 96 bytes belong to the framework and stay zero; the rest are little-endian
+/// qwords.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct DeviceArgs {
+    /// Device address and length of the dispatcher image.
+    pub dispatcher: (u64, u64),
+    /// The device id the program is installed for (one file per die).
+    pub device_id: u64,
+    /// Device address and length of the AICPU program image.
+    pub program: (u64, u64),
+}
+
+impl DeviceArgs {
+    /// Size of the block.
+    pub const LEN: usize = 160;
+    const DISPATCHER_ADDR: usize = 96;
+    const DISPATCHER_LEN: usize = 104;
+    const DEVICE_ID: usize = 112;
+    const PROGRAM_ADDR: usize = 120;
+    const PROGRAM_LEN: usize = 128;
+
+    /// The block as the dispatcher reads it.
+    pub fn to_bytes(&self) -> [u8; DeviceArgs::LEN] {
+        let mut b = [0u8; DeviceArgs::LEN];
+        for (off, v) in [
+            (Self::DISPATCHER_ADDR, self.dispatcher.0),
+            (Self::DISPATCHER_LEN, self.dispatcher.1),
+            (Self::DEVICE_ID, self.device_id),
+            (Self::PROGRAM_ADDR, self.program.0),
+            (Self::PROGRAM_LEN, self.program.1),
+        ] {
+            b[off..off + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+}
+
+/// The kernel argument block for the init entry: zero but for the [`DeviceArgs`] address.
+pub fn kernel_args_bytes(device_args_addr: u64) -> [u8; KERNEL_ARGS_LEN] {
+    let mut b = [0u8; KERNEL_ARGS_LEN];
+    b[KERNEL_ARGS_DEVICE_ARGS_OFFSET..].copy_from_slice(&device_args_addr.to_le_bytes());
+    b
+}
+
+/// What the dispatcher's init entry returned.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum DispatchCode {
+    /// Installed, or an identical file was already there.
+    Ok,
+    /// The kernel argument pointer was null.
+    NullArgs,
+    /// The kernel argument block held no [`DeviceArgs`] address.
+    NullDeviceArgs,
+    /// The program address or length was zero.
+    NoProgram,
+    /// The program length exceeded [`MAX_PROGRAM_BYTES`].
+    ProgramTooLarge,
+    /// The program does not start with the ELF magic.
+    NotAnElf,
+    /// The install path did not fit the dispatcher's buffer.
+    PathTooLong,
+    /// The temporary file could not be created in the install directory.
+    CreateFailed,
+    /// Writing or flushing the temporary file failed.
+    WriteFailed,
+    /// Renaming the temporary file over the target failed.
+    RenameFailed,
+    /// A value this version does not know.
+    Unknown(i32),
+}
+
+impl DispatchCode {
+    /// Decodes the entry's return value.
+    pub fn from_raw(code: i32) -> DispatchCode {
+        match code {
+            0 => DispatchCode::Ok,
+            -1 => DispatchCode::NullArgs,
+            -2 => DispatchCode::NullDeviceArgs,
+            -3 => DispatchCode::NoProgram,
+            -4 => DispatchCode::ProgramTooLarge,
+            -5 => DispatchCode::NotAnElf,
+            -6 => DispatchCode::PathTooLong,
+            -7 => DispatchCode::CreateFailed,
+            -8 => DispatchCode::WriteFailed,
+            -9 => DispatchCode::RenameFailed,
+            other => DispatchCode::Unknown(other),
+        }
+    }
+}
+
+impl fmt::Display for DispatchCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = match self {
+            DispatchCode::Ok => "installed",
+            DispatchCode::NullArgs => "the kernel argument pointer was null",
+            DispatchCode::NullDeviceArgs => "the kernel arguments held no DeviceArgs address",
+            DispatchCode::NoProgram => "the DeviceArgs program address or length was zero",
+            DispatchCode::ProgramTooLarge => "the program length exceeds the 256 MiB limit",
+            DispatchCode::NotAnElf => "the program is not an ELF object",
+            DispatchCode::PathTooLong => "the install path is too long",
+            DispatchCode::CreateFailed => "the temporary file could not be created",
+            DispatchCode::WriteFailed => "writing the temporary file failed",
+            DispatchCode::RenameFailed => "renaming the temporary file into place failed",
+            DispatchCode::Unknown(c) => return write!(f, "unknown dispatcher code {c}"),
+        };
+        f.write_str(text)
+    }
+}
+
+/// FNV-1a, 64 bits.
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+fn u16_at(b: &[u8], off: usize) -> Option<u64> {
+    Some(u64::from(u16::from_le_bytes(b.get(off..off + 2)?.try_into().ok()?)))
+}
+
+fn u32_at(b: &[u8], off: usize) -> Option<u64> {
+    Some(u64::from(u32::from_le_bytes(b.get(off..off + 4)?.try_into().ok()?)))
+}
+
+fn u64_at(b: &[u8], off: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
+}
+
+/// The GNU build-id of a little-endian ELF64 object, found through its program headers.
+pub fn build_id(elf: &[u8]) -> Option<&[u8]> {
+    if elf.len() < 64 || elf[4] != 2 || elf[5] != 1 {
+        return None;
+    }
+    let phoff = usize::try_from(u64_at(elf, 0x20)?).ok()?;
+    let phentsize = usize::try_from(u16_at(elf, 0x36)?).ok()?;
+    let phnum = usize::try_from(u16_at(elf, 0x38)?).ok()?;
+    if phentsize < 56 {
+        return None;
+    }
+    for i in 0..phnum {
+        let ph = phoff.checked_add(i.checked_mul(phentsize)?)?;
+        if u32_at(elf, ph)? != 4 {
+            continue;
+        }
+        let off = usize::try_from(u64_at(elf, ph + 0x08)?).ok()?;
+        let size = usize::try_from(u64_at(elf, ph + 0x20)?).ok()?;
+        let Some(notes) = elf.get(off..off.checked_add(size)?) else { continue };
+        let mut pos = 0usize;
+        while notes.len() - pos >= 12 {
+            let namesz = usize::try_from(u32_at(notes, pos)?).ok()?;
+            let descsz = usize::try_from(u32_at(notes, pos + 4)?).ok()?;
+            let kind = u32_at(notes, pos + 8)?;
+            let name_end = 12 + namesz.checked_add(3)? / 4 * 4;
+            let desc_len = descsz.checked_add(3)? / 4 * 4;
+            if name_end > notes.len() - pos || desc_len > notes.len() - pos - name_end {
+                break;
+            }
+            if kind == 3 && namesz == 4 && &notes[pos + 12..pos + 16] == b"GNU\0" && descsz > 0 {
+                return notes.get(pos + name_end..pos + name_end + descsz);
+            }
+            pos += name_end + desc_len;
+        }
+    }
+    None
+}
+
+/// The program's fingerprint, as the dispatcher computes it: FNV-1a-64 of its GNU build-id, or
+/// of the whole image when it has none.
+pub fn fingerprint(program: &[u8]) -> u64 {
+    fnv1a64(build_id(program).unwrap_or(program))
+}
+
+/// The file name the dispatcher installs a program under for one device (the device suffix
+/// keeps the two dies of one chip apart); the host names it in the kernel descriptor it loads.
+pub fn installed_name(fingerprint: u64, device_id: u64) -> String {
+    format!("simpler_inner_{fingerprint:016x}_{device_id}.so")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_args_put_each_field_at_its_offset_and_leave_the_framework_part_zero() {
+        let b = DeviceArgs { dispatcher: (1, 2), device_id: 3, program: (4, 5) }.to_bytes();
+        assert!(b[..96].iter().all(|&x| x == 0));
+        let q = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        assert_eq!([q(96), q(104), q(112), q(120), q(128)], [1, 2, 3, 4, 5]);
+        assert!(b[136..].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn codes_round_trip_and_unknown_values_are_kept() {
+        for raw in -9..=0 {
+            assert!(!matches!(DispatchCode::from_raw(raw), DispatchCode::Unknown(_)), "{raw}");
+        }
+        assert_eq!(DispatchCode::from_raw(-42), DispatchCode::Unknown(-42));
+        assert_eq!(DispatchCode::from_raw(-42).to_string(), "unknown dispatcher code -42");
+    }
+
+    #[test]
+    fn an_object_without_a_build_id_is_fingerprinted_by_its_content() {
+        assert_eq!(build_id(b"\x7fELF short"), None);
+        assert_eq!(fingerprint(b"abc"), 0xe71fa2190541574b);
+        assert_eq!(installed_name(0xab, 1), "simpler_inner_00000000000000ab_1.so");
+    }
+}

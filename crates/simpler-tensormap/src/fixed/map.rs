@@ -1,0 +1,532 @@
+//! [`FixedTensorMap`]: the entry pool, the bucket array, and the operations over them.
+//!
+//! # Layout
+//!
+//! - `entries` is the pool. Every slot is either on the free list or in exactly one bucket
+//!   chain; both are singly linked through [`MapEntry::next`], and `NIL` ends a list.
+//! - `buckets[b]` is the first slot of the chain of bucket `b`; a key's entries all lie in the
+//!   chain of the key's bucket (other keys that hash there share it). New entries go to the
+//!   front, so a chain holds its key's entries newest first.
+//!
+//! # Invariants
+//!
+//! 1. The free list and the chains partition the pool; no slot is in two lists and no list has
+//!    a cycle.
+//! 2. A slot is on the free list iff its role byte is vacant.
+//! 3. Every chained entry's key hashes to its chain's bucket, and its span is not empty.
+//! 4. `writers` and `readers` count the chained entries of each role.
+
+use core::hash::Hash;
+
+use super::entry::{AccessMode, MapEntry, Role, VACANT};
+use super::error::FixedMapError;
+use super::hash::bucket_of;
+use crate::ByteSpan;
+
+/// End of a chain or of the free list.
+const NIL: u32 = u32::MAX;
+
+/// A tensor map over caller-provided, fixed storage: per buffer key, writer and reader entries
+/// with byte footprints, found by overlap.
+///
+/// The map never allocates: the entry pool and the bucket array are slices the caller owns, and
+/// when the pool is exhausted an insert returns [`FixedMapError::Full`]. Owners are opaque `u64`
+/// tags (a device task id, a packed slot id). Whether an owner has *retired* (finished, so that
+/// nothing needs to wait for it any more) is the caller's knowledge; lookups and inserts take it
+/// as a predicate, skip retired owners' entries, and inserts prune those they pass. The rules
+/// (which entries an access finds, which ones an insert supersedes) are in
+/// `docs/tensormap-fixed.md`.
+///
+/// ```
+/// use simpler_tensormap::ByteSpan;
+/// use simpler_tensormap::fixed::{AccessMode, FixedTensorMap, MapEntry};
+///
+/// let mut entries = [MapEntry::<u64>::default(); 16];
+/// let mut buckets = [0u32; 4];
+/// let mut map = FixedTensorMap::new(&mut entries, &mut buckets).unwrap();
+/// let (buf, whole) = (0x1000, ByteSpan::new(0x1000, 0x1100).unwrap());
+/// let live = |_task: u64| false; // nothing has retired yet
+///
+/// // Task 1 writes the buffer, task 2 reads it.
+/// map.insert(buf, whole, AccessMode::Write, 1, live).unwrap();
+/// let mut producers = Vec::new();
+/// map.lookup(&buf, whole, AccessMode::Read, live, |t| producers.push(t));
+/// map.insert(buf, whole, AccessMode::Read, 2, live).unwrap();
+/// assert_eq!(producers, [1]);
+///
+/// // Task 3 overwrites it: it must wait for the reader, not for the earlier writer.
+/// let mut waits_for = Vec::new();
+/// map.lookup(&buf, whole, AccessMode::Write, live, |t| waits_for.push(t));
+/// assert_eq!(waits_for, [2]);
+/// // Its covering write supersedes both entries.
+/// assert_eq!(map.insert(buf, whole, AccessMode::Write, 3, live), Ok(2));
+/// assert_eq!(map.len(), 1);
+/// ```
+#[derive(Debug)]
+pub struct FixedTensorMap<'a, K> {
+    entries: &'a mut [MapEntry<K>],
+    buckets: &'a mut [u32],
+    /// `64 − log2(buckets.len())`: the shift that turns a hash into a bucket index.
+    shift: u32,
+    /// First slot of the free list.
+    free: u32,
+    writers: u32,
+    readers: u32,
+    peak: u32,
+}
+
+impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
+    /// Largest entry pool: slot indices are `u32`, and one value is the end-of-list mark.
+    pub const MAX_ENTRIES: usize = NIL as usize;
+
+    /// Largest bucket array.
+    pub const MAX_BUCKETS: usize = 1 << 31;
+
+    /// An empty map over `entries` (the pool; its capacity) and `buckets` (a power of two).
+    ///
+    /// Both slices are overwritten, so their previous contents do not matter. This walks the
+    /// whole pool once; nothing allocates, then or later.
+    pub fn new(
+        entries: &'a mut [MapEntry<K>],
+        buckets: &'a mut [u32],
+    ) -> Result<Self, FixedMapError> {
+        let len = buckets.len();
+        if !len.is_power_of_two() || len > Self::MAX_BUCKETS {
+            return Err(FixedMapError::BucketsNotPowerOfTwo { len });
+        }
+        if entries.len() > Self::MAX_ENTRIES {
+            return Err(FixedMapError::TooManyEntries {
+                len: entries.len(),
+                max: Self::MAX_ENTRIES,
+            });
+        }
+        let mut map = FixedTensorMap {
+            entries,
+            buckets,
+            shift: 64 - len.trailing_zeros(),
+            free: NIL,
+            writers: 0,
+            readers: 0,
+            peak: 0,
+        };
+        map.clear();
+        Ok(map)
+    }
+
+    /// Removes every entry (and resets the peak), in one pass over the pool and the buckets.
+    pub fn clear(&mut self) {
+        self.buckets.fill(NIL);
+        let mut next = NIL;
+        // Link the pool back to front, so slots are handed out in index order.
+        for (at, entry) in self.entries.iter_mut().enumerate().rev() {
+            entry.role = VACANT;
+            entry.next = next;
+            // `new` checked that every index fits below `NIL`.
+            next = at as u32;
+        }
+        self.free = next;
+        self.writers = 0;
+        self.readers = 0;
+        self.peak = 0;
+    }
+
+    /// Calls `visit(owner)` for every entry of `key` that overlaps `span`, whose role `mode`
+    /// finds ([`AccessMode::finds`]) and whose owner has not retired.
+    ///
+    /// This is the lookup half of an access: a read finds writers, a write finds readers, a
+    /// read-write finds both. An owner with several such entries (it accessed the buffer through
+    /// several arguments) is visited once per entry; callers collect a task's producers over all
+    /// its arguments and skip repeats anyway. An empty `span` visits nothing. Cost: one pass
+    /// over the key's bucket chain; nothing allocates.
+    pub fn lookup(
+        &self,
+        key: &K,
+        span: ByteSpan,
+        mode: AccessMode,
+        is_retired: impl Fn(u64) -> bool,
+        mut visit: impl FnMut(u64),
+    ) {
+        if span.is_empty() {
+            return;
+        }
+        for entry in self.chain(bucket_of(key, self.shift)) {
+            let found = entry.role().is_some_and(|role| mode.finds(role))
+                && entry.key == *key
+                && entry.span().overlaps(span)
+                && !is_retired(entry.owner);
+            if found {
+                visit(entry.owner);
+            }
+        }
+    }
+
+    /// Records that `owner` accesses `span` of `key` in `mode`: a reader entry for
+    /// [`AccessMode::Read`], a writer entry otherwise. Returns how many live entries the new one
+    /// superseded.
+    ///
+    /// A writer entry supersedes (removes) every live entry of the key that lies entirely inside
+    /// `span`: writer entries, and reader entries of other owners. Its owner has taken edges to
+    /// them in its lookup, so a later access that finds the new entry is ordered after them
+    /// too. A reader entry of the owner itself stays, because a later writer must still wait
+    /// for that read. Partly covered entries stay. A reader entry supersedes nothing. Entries of
+    /// retired owners met in the key's chain are pruned on the way.
+    ///
+    /// An empty `span` records nothing and returns `Ok(0)`. When the pool has no vacant slot,
+    /// the whole pool is pruned of retired owners first; [`FixedMapError::Full`] only when that
+    /// frees nothing, and then nothing observable changed. Do every lookup of a task before its
+    /// first insert, so that it never finds itself.
+    pub fn insert(
+        &mut self,
+        key: K,
+        span: ByteSpan,
+        mode: AccessMode,
+        owner: u64,
+        is_retired: impl Fn(u64) -> bool,
+    ) -> Result<u32, FixedMapError> {
+        if span.is_empty() {
+            return Ok(0);
+        }
+        let role = mode.records_as();
+        let bucket = bucket_of(&key, self.shift);
+        let mut superseded = 0;
+        self.sweep(bucket, |entry| {
+            if is_retired(entry.owner) {
+                return true;
+            }
+            let covered = role == Role::Writer
+                && entry.key == key
+                && span.contains(entry.span())
+                && (entry.role() == Some(Role::Writer) || entry.owner != owner);
+            superseded += u32::from(covered);
+            covered
+        });
+        let at = match self.pop_free() {
+            Some(at) => at,
+            None => self.pop_free_after_pruning(&is_retired)?,
+        };
+        let head = self.buckets[bucket];
+        let entry = &mut self.entries[at as usize];
+        entry.key = key;
+        entry.start = span.start;
+        entry.end = span.end;
+        entry.owner = owner;
+        entry.role = role as u8;
+        entry.next = head;
+        self.buckets[bucket] = at;
+        match role {
+            Role::Writer => self.writers += 1,
+            Role::Reader => self.readers += 1,
+        }
+        self.peak = self.peak.max(self.len());
+        Ok(superseded)
+    }
+
+    /// Removes the entries of the listed keys that `owner` holds (writer and reader entries) and
+    /// returns how many.
+    ///
+    /// Entries of other owners, absent keys and repeated keys are left alone, so erasing for a
+    /// superseded producer never removes the entry of the one that replaced it.
+    pub fn erase_owned(&mut self, owner: u64, keys: &[K]) -> u32 {
+        let mut erased = 0;
+        for key in keys {
+            erased += self.sweep(bucket_of(key, self.shift), |e| e.key == *key && e.owner == owner);
+        }
+        erased
+    }
+
+    /// Removes every entry whose owner has retired and returns how many: one pass over the
+    /// buckets and the chained entries.
+    ///
+    /// Lookups already skip such entries and inserts prune those in their key's chain, so this
+    /// is only needed to give memory back at a quiet moment; an insert that finds the pool full
+    /// runs it itself.
+    pub fn prune_retired(&mut self, is_retired: impl Fn(u64) -> bool) -> u32 {
+        (0..self.buckets.len()).map(|b| self.sweep(b, |e| is_retired(e.owner))).sum()
+    }
+
+    /// The entries of `key` currently held, newest first, including any whose owner retired but
+    /// was not pruned yet.
+    pub fn entries_of<'m>(&'m self, key: &'m K) -> impl Iterator<Item = &'m MapEntry<K>> + 'm {
+        self.chain(bucket_of(key, self.shift)).filter(move |e| e.key == *key)
+    }
+
+    /// Entries in the pool.
+    pub fn capacity(&self) -> u32 {
+        // `new` checked that the length fits.
+        self.entries.len() as u32
+    }
+
+    /// Buckets in the bucket array.
+    pub fn bucket_count(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Entries held (writer and reader entries), including unpruned ones of retired owners.
+    pub fn len(&self) -> u32 {
+        self.writers + self.readers
+    }
+
+    /// `true` when no entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Writer entries held.
+    pub fn writers(&self) -> u32 {
+        self.writers
+    }
+
+    /// Reader entries held.
+    pub fn readers(&self) -> u32 {
+        self.readers
+    }
+
+    /// The most entries held at once since construction, [`clear`](Self::clear) or
+    /// [`reset_peak`](Self::reset_peak).
+    pub fn peak_len(&self) -> u32 {
+        self.peak
+    }
+
+    /// Sets the peak to the current number of entries.
+    pub fn reset_peak(&mut self) {
+        self.peak = self.len();
+    }
+
+    /// The chained entries of `bucket`, front to back.
+    fn chain(&self, bucket: usize) -> Chain<'_, K> {
+        Chain { entries: self.entries, at: self.buckets[bucket] }
+    }
+
+    /// Unlinks every entry of `bucket`'s chain for which `remove` says so, returns them to the
+    /// free list, and returns how many.
+    fn sweep(&mut self, bucket: usize, mut remove: impl FnMut(&MapEntry<K>) -> bool) -> u32 {
+        let mut removed = 0;
+        let mut prev = NIL;
+        let mut at = self.buckets[bucket];
+        while let Some(entry) = self.entries.get(at as usize) {
+            let next = entry.next;
+            if remove(entry) {
+                match self.entries.get_mut(prev as usize) {
+                    Some(prev) => prev.next = next,
+                    None => self.buckets[bucket] = next,
+                }
+                self.push_free(at);
+                removed += 1;
+            } else {
+                prev = at;
+            }
+            at = next;
+        }
+        removed
+    }
+
+    fn push_free(&mut self, at: u32) {
+        let entry = &mut self.entries[at as usize];
+        match entry.role() {
+            Some(Role::Writer) => self.writers -= 1,
+            Some(Role::Reader) => self.readers -= 1,
+            None => debug_assert!(false, "slot {at} is chained but vacant"),
+        }
+        entry.role = VACANT;
+        entry.next = self.free;
+        self.free = at;
+    }
+
+    fn pop_free(&mut self) -> Option<u32> {
+        let at = self.free;
+        let entry = self.entries.get(at as usize)?;
+        self.free = entry.next;
+        Some(at)
+    }
+
+    #[cold]
+    fn pop_free_after_pruning(
+        &mut self,
+        is_retired: &impl Fn(u64) -> bool,
+    ) -> Result<u32, FixedMapError> {
+        self.prune_retired(is_retired);
+        self.pop_free().ok_or(FixedMapError::Full {
+            capacity: self.capacity(),
+            writers: self.writers,
+            readers: self.readers,
+        })
+    }
+
+    /// Checks the invariants of the module docs; used by tests.
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) -> Result<(), &'static str> {
+        let mut seen = 0usize;
+        let (mut writers, mut readers) = (0, 0);
+        let mut at = self.free;
+        while let Some(e) = self.entries.get(at as usize) {
+            if e.role != VACANT {
+                return Err("a free slot has a role");
+            }
+            seen += 1;
+            if seen > self.entries.len() {
+                return Err("the free list has a cycle");
+            }
+            at = e.next;
+        }
+        for bucket in 0..self.buckets.len() {
+            for e in self.chain(bucket) {
+                seen += 1;
+                if seen > self.entries.len() {
+                    return Err("a chain has a cycle or shares slots");
+                }
+                match e.role() {
+                    Some(Role::Writer) => writers += 1,
+                    Some(Role::Reader) => readers += 1,
+                    None => return Err("a chained slot is vacant"),
+                }
+                if bucket_of(&e.key, self.shift) != bucket || e.span().is_empty() {
+                    return Err("an entry is in the wrong chain or empty");
+                }
+            }
+        }
+        if seen != self.entries.len() {
+            return Err("a slot is in no list");
+        }
+        if (writers, readers) != (self.writers, self.readers) {
+            return Err("role counts disagree with the chains");
+        }
+        Ok(())
+    }
+}
+
+/// Iterator over one bucket chain.
+struct Chain<'m, K> {
+    entries: &'m [MapEntry<K>],
+    at: u32,
+}
+
+impl<'m, K> Iterator for Chain<'m, K> {
+    type Item = &'m MapEntry<K>;
+
+    fn next(&mut self) -> Option<&'m MapEntry<K>> {
+        let entry = self.entries.get(self.at as usize)?;
+        self.at = entry.next;
+        Some(entry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::vec::Vec;
+
+    use super::*;
+    use AccessMode::{Read, ReadWrite, Write};
+
+    fn span(start: u64, end: u64) -> ByteSpan {
+        ByteSpan::new(start, end).unwrap()
+    }
+
+    const LIVE: fn(u64) -> bool = |_| false;
+
+    fn found(map: &FixedTensorMap<'_, u64>, key: u64, s: ByteSpan, mode: AccessMode) -> Vec<u64> {
+        let mut out = Vec::new();
+        map.lookup(&key, s, mode, LIVE, |o| out.push(o));
+        out.sort_unstable();
+        out
+    }
+
+    #[test]
+    fn storage_is_checked() {
+        let mut entries = [MapEntry::<u64>::default(); 2];
+        assert_eq!(
+            FixedTensorMap::new(&mut entries, &mut [0; 3]).unwrap_err(),
+            FixedMapError::BucketsNotPowerOfTwo { len: 3 }
+        );
+        assert!(FixedTensorMap::new(&mut entries, &mut []).is_err());
+        let mut garbage = [7; 1];
+        let map = FixedTensorMap::new(&mut entries, &mut garbage).unwrap();
+        assert_eq!((map.capacity(), map.bucket_count(), map.len()), (2, 1, 0));
+        map.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn writes_find_readers_reads_find_writers_and_read_writes_find_both() {
+        let mut entries = [MapEntry::<u64>::default(); 8];
+        let mut buckets = [0; 2];
+        let mut map = FixedTensorMap::new(&mut entries, &mut buckets).unwrap();
+        map.insert(1, span(0, 8), Write, 10, LIVE).unwrap();
+        map.insert(1, span(0, 8), Read, 11, LIVE).unwrap();
+        assert_eq!(found(&map, 1, span(4, 5), Read), [10]);
+        assert_eq!(found(&map, 1, span(4, 5), Write), [11]);
+        assert_eq!(found(&map, 1, span(4, 5), ReadWrite), [10, 11]);
+        assert!(found(&map, 1, span(8, 9), ReadWrite).is_empty(), "adjacent bytes");
+        assert!(found(&map, 2, span(0, 8), ReadWrite).is_empty(), "another key");
+        map.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_covering_write_supersedes_other_owners_entries_but_keeps_its_own_reader_entry() {
+        let mut entries = [MapEntry::<u64>::default(); 8];
+        let mut buckets = [0; 1];
+        let mut map = FixedTensorMap::new(&mut entries, &mut buckets).unwrap();
+        map.insert(1, span(0, 4), Write, 10, LIVE).unwrap();
+        map.insert(1, span(4, 8), Read, 11, LIVE).unwrap();
+        map.insert(1, span(6, 12), Write, 12, LIVE).unwrap(); // partly outside the next write
+        // Task 13 reads [0, 8) and overwrites it in one submit.
+        map.insert(1, span(0, 8), Read, 13, LIVE).unwrap();
+        assert_eq!(map.insert(1, span(0, 8), Write, 13, LIVE), Ok(2));
+        assert_eq!(found(&map, 1, span(0, 8), ReadWrite), [12, 13, 13]);
+        assert_eq!(found(&map, 1, span(0, 8), Write), [13], "13's read still orders writers");
+        assert_eq!((map.writers(), map.readers()), (2, 1));
+        map.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn erase_is_owner_checked_and_prune_drops_retired_owners() {
+        let mut entries = [MapEntry::<u64>::default(); 8];
+        let mut buckets = [0; 4];
+        let mut map = FixedTensorMap::new(&mut entries, &mut buckets).unwrap();
+        map.insert(1, span(0, 4), Write, 10, LIVE).unwrap();
+        map.insert(1, span(4, 8), Write, 11, LIVE).unwrap();
+        map.insert(2, span(0, 4), Read, 10, LIVE).unwrap();
+        assert_eq!(map.erase_owned(10, &[1, 1, 3]), 1);
+        assert_eq!(found(&map, 1, span(0, 8), Read), [11]);
+        assert_eq!(map.prune_retired(|o| o == 10), 1);
+        assert_eq!(map.len(), 1);
+        let retired_11 = |o: u64| o == 11;
+        let mut seen = Vec::new();
+        map.lookup(&1, span(0, 8), Read, retired_11, |o| seen.push(o));
+        assert!(seen.is_empty(), "a retired writer is not a producer");
+        map.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_full_pool_prunes_retired_owners_before_refusing() {
+        let mut entries = [MapEntry::<u64>::default(); 2];
+        let mut buckets = [0; 2];
+        let mut map = FixedTensorMap::new(&mut entries, &mut buckets).unwrap();
+        map.insert(1, span(0, 4), Write, 10, LIVE).unwrap();
+        map.insert(2, span(0, 4), Read, 11, LIVE).unwrap();
+        assert_eq!(
+            map.insert(3, span(0, 4), Read, 12, LIVE),
+            Err(FixedMapError::Full { capacity: 2, writers: 1, readers: 1 })
+        );
+        assert_eq!(map.len(), 2);
+        assert_eq!(map.insert(3, span(0, 4), Read, 12, |o| o == 10), Ok(0));
+        assert_eq!((map.writers(), map.readers(), map.peak_len()), (0, 2, 2));
+        map.check_invariants().unwrap();
+        map.clear();
+        assert!(map.is_empty());
+        map.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_write_read_chain_keeps_one_entry_of_each_role() {
+        let mut entries = [MapEntry::<u64>::default(); 4];
+        let mut buckets = [0; 1];
+        let mut map = FixedTensorMap::new(&mut entries, &mut buckets).unwrap();
+        for task in 0..1000u64 {
+            let mode = if task % 2 == 0 { ReadWrite } else { Read };
+            map.insert(7, span(0, 64), mode, task, LIVE).unwrap();
+            assert!(map.entries_of(&7).count() <= 2, "task {task}");
+        }
+        assert_eq!(found(&map, 7, span(0, 64), ReadWrite), [998, 999]);
+        assert_eq!(map.peak_len(), 2);
+    }
+}

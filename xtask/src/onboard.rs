@@ -1,0 +1,420 @@
+//! `build --platform a2a3` and `onboard-test`: the tasks that need a real A2/A3 server.
+//!
+//! Both start by detecting what the server must have (the CANN toolkit and its compilers, the
+//! aarch64 Rust standard library, the driver's HAL library, and for tests `npu-smi` and a visible
+//! device) and explaining, for each missing piece, where it was looked for and the one-line fix.
+//! Anything required missing ends the task with exit code 2: an environment problem, never a
+//! test failure.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Exit code for "this machine cannot do it" (missing toolchain, driver or device).
+pub const EXIT_ENVIRONMENT: u8 = 2;
+
+/// Which task is asking: tests need the device side too.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Purpose {
+    Build,
+    Test,
+}
+
+/// One requirement and what detection found.
+#[derive(Debug)]
+pub struct Requirement {
+    pub what: &'static str,
+    pub found: Option<PathBuf>,
+    /// Where it was looked for, in words ("/opt/x/bin/ccec", "`ld.lld` on PATH").
+    pub searched: Vec<String>,
+    pub fix: &'static str,
+}
+
+/// What the detection may look at: environment variables, the file system and `PATH`, so tests
+/// can lay out a fake server in a temporary directory.
+pub struct Probe<'a> {
+    pub var: &'a dyn Fn(&str) -> Option<String>,
+    pub exists: &'a dyn Fn(&Path) -> bool,
+    /// Entries of `/dev` (device nodes are `davinci<N>`).
+    pub dev_entries: &'a dyn Fn() -> Vec<String>,
+    /// The Rust sysroot (`rustc --print sysroot`).
+    pub sysroot: Option<PathBuf>,
+}
+
+impl Probe<'_> {
+    /// The first of `candidates` that exists, else the first `program` on `PATH`.
+    fn first(
+        &self,
+        candidates: Vec<PathBuf>,
+        program: Option<&str>,
+    ) -> (Option<PathBuf>, Vec<String>) {
+        let mut found = candidates.iter().find(|p| (self.exists)(p)).cloned();
+        let mut searched: Vec<String> =
+            candidates.iter().map(|c| c.display().to_string()).collect();
+        if let Some(name) = program {
+            searched.push(format!("`{name}` on PATH"));
+            if found.is_none() {
+                found = (self.var)("PATH")
+                    .unwrap_or_default()
+                    .split(':')
+                    .filter(|d| !d.is_empty())
+                    .map(|d| Path::new(d).join(name))
+                    .find(|p| (self.exists)(p));
+            }
+        }
+        (found, searched)
+    }
+}
+
+/// The CANN toolkit roots to try, in order.
+fn cann_roots(p: &Probe<'_>) -> Vec<PathBuf> {
+    let mut roots = Vec::new();
+    if let Some(home) = (p.var)("ASCEND_HOME_PATH") {
+        roots.push(PathBuf::from(home));
+    }
+    roots.push(PathBuf::from("/usr/local/Ascend/ascend-toolkit/latest"));
+    if let Some(home) = (p.var)("HOME") {
+        roots.push(Path::new(&home).join("Ascend/ascend-toolkit/latest"));
+    }
+    roots
+}
+
+/// Detects every requirement of `purpose`, in the order they are reported.
+pub fn detect(p: &Probe<'_>, purpose: Purpose) -> Vec<Requirement> {
+    let roots = cann_roots(p);
+    let (root_lib, searched) =
+        p.first(roots.iter().map(|r| r.join("lib64/libascendcl.so")).collect(), None);
+    let root = root_lib.as_ref().and_then(|l| l.parent()?.parent()).map(Path::to_path_buf);
+    let mut out = vec![Requirement {
+        what: "CANN toolkit (libascendcl.so)",
+        found: root.clone(),
+        searched,
+        fix: "install the CANN toolkit and `source <toolkit>/set_env.sh`, which sets ASCEND_HOME_PATH",
+    }];
+    // Without a root, the toolkit's own tools are looked for under every candidate root so the
+    // report still says where they would have to be.
+    let bases: Vec<PathBuf> = root.clone().map_or(roots, |r| vec![r]);
+    let under = |rel: &[&str]| -> Vec<PathBuf> {
+        bases.iter().flat_map(|b| rel.iter().map(move |r| b.join(r))).collect()
+    };
+    let (found, searched) = p.first(under(&["bin/ccec", "compiler/ccec_compiler/bin/ccec"]), None);
+    out.push(Requirement {
+        what: "ccec (AICore compiler)",
+        found,
+        searched,
+        fix: "ccec ships with the CANN toolkit (compiler/ccec_compiler/bin); reinstall the toolkit",
+    });
+    let (found, searched) =
+        p.first(under(&["bin/ld.lld", "compiler/ccec_compiler/bin/ld.lld"]), Some("ld.lld"));
+    out.push(Requirement {
+        what: "ld.lld (links the mixed AICore binary)",
+        found,
+        searched,
+        fix: "ld.lld ships with the CANN toolkit's ccec compiler; or `apt-get install lld`",
+    });
+    let (found, searched) = p.first(under(&["tools/hcc/bin/aarch64-target-linux-gnu-gcc"]), None);
+    out.push(Requirement {
+        what: "aarch64 cross compiler (AICPU programs)",
+        found,
+        searched,
+        fix: "the AICPU cross compiler ships with the CANN toolkit (tools/hcc); reinstall the toolkit",
+    });
+    let std_dir =
+        p.sysroot.iter().map(|s| s.join("lib/rustlib/aarch64-unknown-linux-gnu/lib")).collect();
+    let (found, mut searched) = p.first(std_dir, None);
+    if p.sysroot.is_none() {
+        searched.push("the Rust sysroot (`rustc --print sysroot` failed)".into());
+    }
+    out.push(Requirement {
+        what: "Rust standard library for aarch64-unknown-linux-gnu",
+        found,
+        searched,
+        fix: "rustup target add aarch64-unknown-linux-gnu",
+    });
+    let (found, searched) = p.first(
+        vec![
+            PathBuf::from("/usr/local/Ascend/driver/lib64/driver/libascend_hal.so"),
+            PathBuf::from("/usr/local/Ascend/driver/lib64/libascend_hal.so"),
+        ],
+        None,
+    );
+    out.push(Requirement {
+        what: "driver HAL library (libascend_hal.so)",
+        found,
+        searched,
+        fix: "install the Ascend NPU driver package (it provides driver/lib64/driver/libascend_hal.so)",
+    });
+    if purpose == Purpose::Test {
+        let smi =
+            vec![PathBuf::from("/usr/local/sbin/npu-smi"), PathBuf::from("/usr/local/bin/npu-smi")];
+        let (found, searched) = p.first(smi, Some("npu-smi"));
+        out.push(Requirement {
+            what: "npu-smi (architecture check)",
+            found,
+            searched,
+            fix: "npu-smi ships with the Ascend NPU driver package; or pass --skip-arch-check",
+        });
+        let mut nodes: Vec<String> =
+            (p.dev_entries)().into_iter().filter(|n| is_device_node(n)).collect();
+        nodes.sort();
+        out.push(Requirement {
+            what: "a visible NPU (/dev/davinci<N>)",
+            found: nodes.first().map(|n| Path::new("/dev").join(n)),
+            searched: vec!["/dev/davinci<N>".into()],
+            fix: "load the NPU driver, or run the container with the davinci device nodes mounted",
+        });
+    }
+    out
+}
+
+fn is_device_node(name: &str) -> bool {
+    name.strip_prefix("davinci")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Prints the detection report; returns whether everything required was found.
+pub fn report(reqs: &[Requirement]) -> bool {
+    let mut ok = true;
+    for r in reqs {
+        match &r.found {
+            Some(path) => println!("  found    {:<52} {}", r.what, path.display()),
+            None => {
+                ok = false;
+                println!("  MISSING  {}", r.what);
+                for s in &r.searched {
+                    println!("             looked at {s}");
+                }
+                println!("             fix: {}", r.fix);
+            }
+        }
+    }
+    ok
+}
+
+/// The real machine's probe.
+fn host_probe<R>(f: impl FnOnce(&Probe<'_>) -> R) -> R {
+    let var = |k: &str| std::env::var(k).ok();
+    let exists = |p: &Path| p.exists();
+    let dev_entries = || {
+        std::fs::read_dir("/dev")
+            .map(|d| {
+                d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned())).collect()
+            })
+            .unwrap_or_default()
+    };
+    let sysroot =
+        std::process::Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+            .args(["--print", "sysroot"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    f(&Probe { var: &var, exists: &exists, dev_entries: &dev_entries, sysroot })
+}
+
+/// Devices named by `--device`: `0`, `0-3` or `0,2` (ascending, no repeats).
+pub fn parse_devices(spec: &str) -> Result<Vec<u32>, String> {
+    let bad =
+        || format!("--device `{spec}`: expected a device id, a range like 0-3, or a list like 0,2");
+    let mut out = Vec::new();
+    for part in spec.split(',') {
+        let ids = match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) =
+                    (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                if a > b {
+                    return Err(bad());
+                }
+                (a..=b).collect::<Vec<_>>()
+            }
+            None => vec![part.parse().map_err(|_| bad())?],
+        };
+        out.extend(ids);
+    }
+    out.sort_unstable();
+    if out.windows(2).any(|w| w[0] == w[1]) {
+        return Err(format!("--device `{spec}` names a device twice"));
+    }
+    Ok(out)
+}
+
+fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).map(String::as_str)
+}
+
+/// `cargo xtask build --platform a2a3 [--runtime hbg|trb]`.
+pub fn build(args: &[String]) -> ExitCode {
+    match flag_value(args, "--platform") {
+        Some("a2a3") => {}
+        other => {
+            eprintln!("xtask build: --platform a2a3 is the only platform (got {other:?})");
+            return ExitCode::FAILURE;
+        }
+    }
+    println!("xtask build --platform a2a3: checking the onboard toolchain");
+    if !host_probe(|p| report(&detect(p, Purpose::Build))) {
+        eprintln!("xtask build: the onboard toolchain is incomplete (see MISSING above)");
+        return ExitCode::from(EXIT_ENVIRONMENT);
+    }
+    eprintln!(
+        "xtask build: the toolchain is complete, but this version cannot build the onboard \
+         programs yet (AICPU program, AICore executor); only the bootstrap dispatcher's source \
+         is in the tree (crates/simpler-onboard-programs)"
+    );
+    ExitCode::from(EXIT_ENVIRONMENT)
+}
+
+/// `cargo xtask onboard-test [--device SPEC] [--skip-arch-check]`.
+pub fn onboard_test(args: &[String]) -> ExitCode {
+    let devices = match parse_devices(flag_value(args, "--device").unwrap_or("0")) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("xtask onboard-test: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("xtask onboard-test: devices {devices:?}; checking this server");
+    if !host_probe(|p| report(&detect(p, Purpose::Test))) {
+        eprintln!(
+            "xtask onboard-test: this machine cannot run the onboard tests (see MISSING above); \
+             on a machine without an Ascend A2/A3 NPU this is expected, and `cargo xtask ci` \
+             covers everything that runs without one"
+        );
+        return ExitCode::from(EXIT_ENVIRONMENT);
+    }
+    eprintln!(
+        "xtask onboard-test: the server is complete, but this version has no onboard backend \
+         yet, so there is nothing to run on the device"
+    );
+    ExitCode::from(EXIT_ENVIRONMENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::*;
+
+    struct Fake {
+        vars: BTreeMap<&'static str, String>,
+        files: BTreeSet<PathBuf>,
+        dev: Vec<String>,
+        sysroot: Option<PathBuf>,
+    }
+
+    impl Fake {
+        fn detect(&self, purpose: Purpose) -> Vec<Requirement> {
+            let var = |k: &str| self.vars.get(k).cloned();
+            let exists = |p: &Path| self.files.contains(p);
+            let dev = || self.dev.clone();
+            detect(
+                &Probe {
+                    var: &var,
+                    exists: &exists,
+                    dev_entries: &dev,
+                    sysroot: self.sysroot.clone(),
+                },
+                purpose,
+            )
+        }
+    }
+
+    fn missing(reqs: &[Requirement]) -> Vec<&'static str> {
+        reqs.iter().filter(|r| r.found.is_none()).map(|r| r.what).collect()
+    }
+
+    fn bare() -> Fake {
+        Fake {
+            vars: BTreeMap::new(),
+            files: BTreeSet::new(),
+            dev: vec!["null".into()],
+            sysroot: None,
+        }
+    }
+
+    #[test]
+    fn a_machine_without_cann_misses_everything_and_says_where_it_looked() {
+        let reqs = bare().detect(Purpose::Test);
+        assert_eq!(missing(&reqs).len(), reqs.len(), "{reqs:#?}");
+        let toolkit = &reqs[0];
+        let default = "/usr/local/Ascend/ascend-toolkit/latest/lib64/libascendcl.so";
+        assert!(toolkit.searched.iter().any(|s| s == default), "{toolkit:?}");
+        assert!(reqs.iter().all(|r| !r.fix.is_empty() && !r.searched.is_empty()));
+        assert!(!report(&reqs));
+    }
+
+    #[test]
+    fn a_complete_server_under_ascend_home_path_is_found() {
+        let root = PathBuf::from("/opt/cann");
+        let mut f = bare();
+        f.vars.insert("ASCEND_HOME_PATH", root.display().to_string());
+        f.vars.insert("PATH", "/usr/bin:/opt/tools".into());
+        for rel in
+            ["lib64/libascendcl.so", "bin/ccec", "tools/hcc/bin/aarch64-target-linux-gnu-gcc"]
+        {
+            f.files.insert(root.join(rel));
+        }
+        f.files.insert("/opt/tools/ld.lld".into());
+        f.files.insert("/usr/local/Ascend/driver/lib64/driver/libascend_hal.so".into());
+        f.files.insert("/usr/local/sbin/npu-smi".into());
+        f.sysroot = Some("/rust".into());
+        f.files.insert("/rust/lib/rustlib/aarch64-unknown-linux-gnu/lib".into());
+        f.dev = vec!["davinci_manager".into(), "davinci3".into(), "davinci1".into()];
+        let reqs = f.detect(Purpose::Test);
+        assert!(missing(&reqs).is_empty(), "{reqs:#?}");
+        assert_eq!(reqs[0].found.as_deref(), Some(root.as_path()));
+        assert_eq!(reqs[2].found.as_deref(), Some(Path::new("/opt/tools/ld.lld")));
+        assert_eq!(reqs.last().unwrap().found.as_deref(), Some(Path::new("/dev/davinci1")));
+        // A build does not need the device side.
+        f.dev.clear();
+        f.files.remove(Path::new("/usr/local/sbin/npu-smi"));
+        assert!(missing(&f.detect(Purpose::Build)).is_empty());
+        assert_eq!(missing(&f.detect(Purpose::Test)).len(), 2);
+    }
+
+    #[test]
+    fn only_the_missing_piece_is_reported() {
+        let root = PathBuf::from("/usr/local/Ascend/ascend-toolkit/latest");
+        let mut f = bare();
+        for rel in [
+            "lib64/libascendcl.so",
+            "compiler/ccec_compiler/bin/ccec",
+            "compiler/ccec_compiler/bin/ld.lld",
+        ] {
+            f.files.insert(root.join(rel));
+        }
+        f.files.insert("/usr/local/Ascend/driver/lib64/libascend_hal.so".into());
+        f.sysroot = Some("/rust".into());
+        let reqs = f.detect(Purpose::Build);
+        assert_eq!(
+            missing(&reqs),
+            [
+                "aarch64 cross compiler (AICPU programs)",
+                "Rust standard library for aarch64-unknown-linux-gnu"
+            ]
+        );
+        let rust = reqs.iter().find(|r| r.what.starts_with("Rust")).unwrap();
+        assert_eq!(rust.fix, "rustup target add aarch64-unknown-linux-gnu");
+    }
+
+    #[test]
+    fn device_lists_ranges_and_single_ids_parse_and_bad_ones_are_refused() {
+        assert_eq!(parse_devices("0"), Ok(vec![0]));
+        assert_eq!(parse_devices("0-3"), Ok(vec![0, 1, 2, 3]));
+        assert_eq!(parse_devices("2,0"), Ok(vec![0, 2]));
+        assert_eq!(parse_devices("0-1,4"), Ok(vec![0, 1, 4]));
+        for bad in ["", "a", "3-1", "0,,1", "-1", "1-"] {
+            assert!(parse_devices(bad).is_err(), "{bad}");
+        }
+        assert!(parse_devices("0,0-1").unwrap_err().contains("twice"));
+    }
+
+    #[test]
+    fn only_numbered_davinci_nodes_count_as_devices() {
+        assert!(is_device_node("davinci0") && is_device_node("davinci15"));
+        assert!(
+            !is_device_node("davinci_manager")
+                && !is_device_node("davinci")
+                && !is_device_node("davinci1a")
+        );
+    }
+}
