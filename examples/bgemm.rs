@@ -1,4 +1,4 @@
-//! Batched tile GEMM on the simulated chip (spec 70, S3): `C = Σ_k A[k]·B[k]` with 64×64 f32
+//! Batched tile GEMM on the simulated chip (benchmark workload S3): `C = Σ_k A[k]·B[k]` with 64×64 f32
 //! tiles, 4×4 output tiles and k = 4. Each product runs as an AIC task into a temporary tile;
 //! each accumulation `C[i][j] += P` runs as an AIV task ordered on its output tile (InOut), so
 //! the 128 tasks form 16 independent chains of GEMM → accumulate pairs.

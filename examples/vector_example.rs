@@ -1,6 +1,6 @@
 //! The vector example on the simulated chip: `f = (a + b + 1)(a + b + 2) + (a + b)` over 16384
 //! f32 values, as five kernel tasks (add, add-scalar, add-scalar, mul, add) built on the host
-//! (host_build_graph) and scheduled by the simulated AICPU onto simulated AICore workers.
+//! (host_build_graph) and scheduled by the simulated AICPU onto simulated AICore cores.
 //!
 //! Run it with `cargo run --release --example vector_example [output_dir]`. It checks every
 //! element against a host computation, prints the cold and warm per-run times, writes a

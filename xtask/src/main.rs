@@ -3,8 +3,9 @@
 //! Every task is a short sequence of cargo invocations; each step prints what it runs so a
 //! failure names the command to rerun by hand. Tasks:
 //!
-//! - `ci`: everything CI checks, in order: format, lints, tests, docs, a short benchmark smoke
-//!   run, the examples (the README's main job first) and the `loom` models.
+//! - `ci`: everything CI checks, in order: tidy, format, lints, tests, docs, a short benchmark
+//!   smoke run, the examples (the README's main job first) and the `loom` models.
+//! - `tidy`: repository rules rustfmt and clippy do not check (see [`tidy`]).
 //! - `test [--deep]`: the workspace tests; `--deep` raises the property-test case count.
 //! - `loom`: the `loom` model checks of the concurrency protocols (`cfg(simpler_loom)`).
 //! - `bench [cargo bench args]`: the criterion benchmarks in release mode.
@@ -16,6 +17,7 @@
 
 mod bindgen;
 mod onboard;
+mod tidy;
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -46,6 +48,7 @@ fn main() -> ExitCode {
     };
     let result = match task {
         "ci" => ci(),
+        "tidy" => tidy::run(&workspace_root()),
         "test" => test(rest.iter().any(|a| a == "--deep")),
         "loom" => loom(),
         "bench" => bench(rest),
@@ -69,7 +72,8 @@ fn main() -> ExitCode {
 
 const USAGE: &str = "usage: cargo xtask <task>
 tasks:
-  ci               format check, clippy -D warnings, tests, docs, bench smoke run, examples, loom models
+  ci               tidy, format check, clippy -D warnings, tests, docs, bench smoke run, examples, loom models
+  tidy             self-contained references, module docs, file sizes, unsafe inventories
   test [--deep]    workspace tests (--deep: many more property-test cases)
   loom             loom model checks of the concurrency protocols
   bench [ARGS]     criterion benchmarks (release); ARGS go to `cargo bench`
@@ -80,6 +84,8 @@ tasks:
 
 fn ci() -> Result<(), String> {
     let started = Instant::now();
+    println!("\n==> xtask tidy");
+    tidy::run(&workspace_root())?;
     cargo(&["fmt", "--all", "--check"], &[])?;
     println!("\n==> cargo xtask bindgen --check");
     bindgen::run(true)?;

@@ -10,8 +10,8 @@ use std::any::Any;
 use std::sync::Arc;
 
 use simpler_types::{
-    CallConfig, CallableId, DeviceCode, EndpointOutcome, FailureMechanism, TaskArgsView,
-    TaskFailure, TaskId, WorkerId, WorkerType,
+    CallConfig, CallableId, DeviceCode, EndpointOutcome, FailureMechanism, FailureSource,
+    TaskArgsView, TaskFailure, TaskId, WorkerId, WorkerType,
 };
 
 /// Executes dispatched task members on one engine worker thread.
@@ -77,7 +77,7 @@ pub struct DispatchedMember<'a> {
     pub callable: &'a CallableId,
     /// Per-task configuration (always the default for SUB tasks).
     pub config: &'a CallConfig,
-    /// The member's tensors and scalars (tags are not passed on).
+    /// The member's tensors with the tags they were submitted with, and its scalars.
     pub args: TaskArgsView<'a>,
 }
 
@@ -92,6 +92,8 @@ pub struct EndpointFailure {
     pub message: String,
     /// The device's code, when a device reported one.
     pub device_code: Option<DeviceCode>,
+    /// The endpoint's typed error, passed on untouched in [`TaskFailure::source`].
+    pub source: Option<FailureSource>,
     /// The lower level's failure, when a child engine failed.
     pub cause: Option<Arc<TaskFailure>>,
 }
@@ -127,6 +129,7 @@ impl EndpointFailure {
             mechanism,
             message: message.into(),
             device_code: None,
+            source: None,
             cause: None,
         }
     }
@@ -134,6 +137,12 @@ impl EndpointFailure {
     /// Attaches the device's code.
     pub fn with_device_code(mut self, code: DeviceCode) -> EndpointFailure {
         self.device_code = Some(code);
+        self
+    }
+
+    /// Attaches the endpoint's typed error.
+    pub fn with_source(mut self, source: FailureSource) -> EndpointFailure {
+        self.source = Some(source);
         self
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use simpler_ring::RingError;
 use simpler_types::{
-    CallableKind, RunFailure, RunId, RunPhase, TaskId, TensorArgType, TypesError, WorkerId,
+    CallableKind, RunFailure, RunId, RunState, TaskId, TensorArgType, TypesError, WorkerId,
     WorkerRef, WorkerType,
 };
 use thiserror::Error;
@@ -92,7 +92,7 @@ pub enum SchedError {
         /// The run.
         run: RunId,
         /// Its current phase.
-        phase: RunPhase,
+        phase: RunState,
     },
     /// `abort_run` was called on a run whose submission is still open.
     #[error("{run} is still being built; fail it through its builder instead of aborting it")]

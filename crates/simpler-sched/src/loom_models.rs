@@ -11,7 +11,7 @@ use loom::sync::atomic::AtomicUsize;
 use loom::thread;
 use simpler_types::{
     CallableId, CallableKind, CallableNamespace, CancelReason, FailureMechanism, RunFailure, RunId,
-    RunPhase, SlotId, TaskFailure, TaskId, TaskState,
+    RunState, SlotId, TaskFailure, TaskId, TaskState,
 };
 
 use crate::inbox::{Inbox, InboxBatch, ReadyEntry, drive, locked_then_drive};
@@ -275,7 +275,7 @@ fn loom_run_fence_fires_once_and_wakes_the_waiter() {
         }
         assert_eq!(waiter.join().unwrap(), Some(RunOutcome::Completed));
         assert_eq!(fired.load(Ordering::SeqCst), 1, "the fence fires exactly once");
-        assert_eq!(r.phase(), RunPhase::Completed);
+        assert_eq!(r.phase(), RunState::Completed);
     });
 }
 

@@ -44,7 +44,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use simpler_types::{RunFailure, RunId, RunPhase, SlotId, TaskId};
+use simpler_types::{RunFailure, RunId, RunState, SlotId, TaskId};
 
 use crate::outcome::{RingPeaks, RunOutcome};
 use crate::sync::{AtomicBool, AtomicU8, AtomicU32, Condvar, Mutex, MutexGuard, Ordering};
@@ -53,7 +53,7 @@ use crate::sync::{AtomicBool, AtomicU8, AtomicU32, Condvar, Mutex, MutexGuard, O
 pub(crate) struct RunRecord {
     /// The run's id.
     pub(crate) id: RunId,
-    /// `RunPhase` wire value.
+    /// `RunState` wire value.
     phase: AtomicU8,
     /// Slots (tasks and allocs) charged to the run and not yet reclaimed.
     active: AtomicU32,
@@ -118,7 +118,7 @@ impl RunRecord {
     pub(crate) fn new(id: RunId, span: tracing::Span) -> RunRecord {
         RunRecord {
             id,
-            phase: AtomicU8::new(RunPhase::Building.as_u8()),
+            phase: AtomicU8::new(RunState::Building.as_u8()),
             active: AtomicU32::new(0),
             has_failure: AtomicBool::new(false),
             failed_tasks: AtomicU32::new(0),
@@ -130,10 +130,10 @@ impl RunRecord {
     }
 
     /// Current phase.
-    pub(crate) fn phase(&self) -> RunPhase {
+    pub(crate) fn phase(&self) -> RunState {
         // Acquire pairs with the Release store at the fence, so a caller that sees a terminal
         // phase also sees everything the fencing thread did before (reclamations included).
-        RunPhase::from_u8(self.phase.load(Ordering::Acquire)).unwrap_or(RunPhase::Failed)
+        RunState::from_u8(self.phase.load(Ordering::Acquire)).unwrap_or(RunState::Failed)
     }
 
     /// Whether the fence has fired.
@@ -235,7 +235,7 @@ impl RunRecord {
         if c.outcome.is_none() {
             // Release: readers of a non-terminal phase act on nothing else; kept for symmetry
             // with the terminal store.
-            self.phase.store(RunPhase::Executing.as_u8(), Ordering::Release);
+            self.phase.store(RunState::Executing.as_u8(), Ordering::Release);
         }
     }
 
@@ -291,8 +291,8 @@ impl RunRecord {
 
     fn publish_outcome(&self, c: &mut Completion, outcome: RunOutcome) {
         let phase = match outcome {
-            RunOutcome::Completed => RunPhase::Completed,
-            RunOutcome::Failed(_) => RunPhase::Failed,
+            RunOutcome::Completed => RunState::Completed,
+            RunOutcome::Failed(_) => RunState::Failed,
         };
         c.outcome = Some(outcome);
         // Release pairs with the Acquire in `phase()`.
@@ -408,10 +408,10 @@ mod tests {
         let ids: Vec<u32> = (0..3).map(|i| r.charge(SlotId::new(i, 1)).unwrap().seq).collect();
         assert_eq!(ids, vec![0, 1, 2]);
         assert!(!r.close());
-        assert_eq!((r.phase(), r.active()), (RunPhase::Executing, 3));
+        assert_eq!((r.phase(), r.active()), (RunState::Executing, 3));
         assert!(!r.reclaimed() && !r.reclaimed());
         assert!(r.reclaimed());
-        assert_eq!(r.phase(), RunPhase::Completed);
+        assert_eq!(r.phase(), RunState::Completed);
         assert_eq!(r.wait_until(Some(Instant::now())), Some(RunOutcome::Completed));
     }
 

@@ -581,6 +581,7 @@ fn record_member_failure(
         failure = failure.for_member(member);
     }
     failure.device_code = f.device_code;
+    failure.source = f.source;
     failure.cause = f.cause;
     let failure = Arc::new(failure);
     tracing::debug!(task = %head.task, member, "member failed: {}", failure.message);

@@ -28,7 +28,7 @@ use smallvec::SmallVec;
 use simpler_tensormap::TensorKey;
 use simpler_types::{
     CallConfig, CallableId, CallableKind, CallableNamespace, GroupMemberState, SlotId, TaskArgs,
-    TaskArgsView, TaskFailure, TaskId, TaskState, Tensor, WorkerType,
+    TaskArgsView, TaskFailure, TaskId, TaskState, Tensor, TensorArgType, WorkerType,
 };
 
 use crate::outcome::TaskSnapshot;
@@ -209,10 +209,11 @@ pub(crate) struct MemberSpan {
 
 /// What the slot's task runs, immutable between publication and reclamation.
 ///
-/// Member arguments are stored flattened (tensors and scalars of every member, in member order)
-/// in vectors that keep their capacity across occupants, and tags are not kept at all (only the
-/// submit reads them). This keeps a slot small, which matters because a run may hold hundreds of
-/// thousands of slots live and every stage of a task's life touches its slot.
+/// Member arguments are stored flattened (tensors, their tags and scalars of every member, in
+/// member order) in vectors that keep their capacity across occupants. This keeps a slot small,
+/// which matters because a run may hold hundreds of thousands of slots live and every stage of a
+/// task's life touches its slot. Tags are kept so that an endpoint sees the tags its caller
+/// passed.
 #[derive(Default)]
 pub(crate) struct Payload {
     /// The occupant (checked by readers against the id they were given).
@@ -225,6 +226,8 @@ pub(crate) struct Payload {
     pub(crate) worker_type: Option<WorkerType>,
     /// Tensors of every member.
     pub(crate) tensors: Vec<Tensor>,
+    /// One tag per entry of `tensors`.
+    pub(crate) tags: Vec<TensorArgType>,
     /// Scalars of every member.
     pub(crate) scalars: Vec<u64>,
     /// One span per member.
@@ -253,6 +256,7 @@ impl Payload {
         self.callable = None;
         self.worker_type = None;
         self.tensors.clear();
+        self.tags.clear();
         self.scalars.clear();
         self.members.clear();
         self.custom_config = false;
@@ -266,6 +270,7 @@ impl Payload {
         let tensors_from = self.tensors.len() as u32;
         let scalars_from = self.scalars.len() as u32;
         self.tensors.extend_from_slice(args.tensors());
+        self.tags.extend_from_slice(args.tags());
         self.scalars.extend_from_slice(args.scalars());
         self.members.push(MemberSpan {
             tensors_from,
@@ -278,11 +283,10 @@ impl Payload {
 
     /// The arguments of member `m`, as endpoints see them.
     pub(crate) fn member_args(&self, m: &MemberSpan) -> TaskArgsView<'_> {
+        let tensors = m.tensors_from as usize..m.tensors_to as usize;
         TaskArgsView {
-            tensors: self
-                .tensors
-                .get(m.tensors_from as usize..m.tensors_to as usize)
-                .unwrap_or(&[]),
+            tensors: self.tensors.get(tensors.clone()).unwrap_or(&[]),
+            tags: self.tags.get(tensors).unwrap_or(&[]),
             scalars: self
                 .scalars
                 .get(m.scalars_from as usize..m.scalars_to as usize)

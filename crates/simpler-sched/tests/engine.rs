@@ -14,7 +14,7 @@ use simpler_sched::{
 use simpler_types::TensorArgType::*;
 use simpler_types::{
     CallableId, CallableKind, CallableNamespace, CancelReason, DataType, FailureMechanism,
-    RunFailure, RunPhase, TaskState, Tensor, WorkerId, WorkerRef, WorkerType,
+    RunFailure, RunState, TaskState, Tensor, WorkerId, WorkerRef, WorkerType,
 };
 
 const A: u64 = 0x10_0000;
@@ -237,19 +237,19 @@ fn status_follows_the_run_through_its_phases() {
     let s = b.status();
     assert_eq!(
         (s.phase, s.submission_closed, s.tasks_submitted, s.tasks_active),
-        (RunPhase::Building, false, 2, 2)
+        (RunState::Building, false, 2, 2)
     );
     let run = b.close();
     let s = e.status(run).unwrap();
-    assert_eq!((s.phase, s.submission_closed, s.tasks_active), (RunPhase::Executing, true, 1));
+    assert_eq!((s.phase, s.submission_closed, s.tasks_active), (RunState::Executing, true, 1));
     assert!(matches!(
         e.release(run),
-        Err(SchedError::NotTerminal { phase: RunPhase::Executing, .. })
+        Err(SchedError::NotTerminal { phase: RunState::Executing, .. })
     ));
     h.release(t, Action::Succeed);
     assert!(wait(e, run).is_completed());
     let s = e.status(run).unwrap();
-    assert_eq!((s.phase, s.tasks_active, s.failure.is_none()), (RunPhase::Completed, 0, true));
+    assert_eq!((s.phase, s.tasks_active, s.failure.is_none()), (RunState::Completed, 0, true));
     e.release(run).unwrap();
     assert!(matches!(e.status(run), Err(SchedError::UnknownRun { .. })));
     assert!(e.task_snapshot(t).is_none(), "released runs are unknown");

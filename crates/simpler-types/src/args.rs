@@ -1,4 +1,4 @@
-//! Task-argument builders, their borrowed view, and the encoded blob (spec 10 §7).
+//! Task-argument builders, their borrowed view, and the encoded blob (see `docs/types.md`).
 //!
 //! [`Args`] holds three parallel lists: tensors, one access tag per tensor, and `u64` scalars.
 //! The two aliases differ only in their caps: [`TaskArgs`] (L3+ members and chip entry calls,
@@ -10,8 +10,10 @@
 //!
 //! Caps and the "tensors before scalars" rule are checked when an argument is added (decision:
 //! the original checked the caps only when a child converted the arguments), and a failed `add_*`
-//! leaves the builder unchanged. Tags are read by the orchestrator at submit and never travel
-//! further: [`Args::view`] strips them, and the blob does not carry them.
+//! leaves the builder unchanged. Tags travel with their tensors from submit to the chip entry:
+//! the orchestrator reads them to order tasks, and [`Args::view`] (the one borrowed form every
+//! endpoint, host closure and chip orchestration receives) carries them, so a callable sees the
+//! tags its caller passed at every level. Only the blob does not carry them.
 //!
 //! Blob layout (little-endian): `[i32 T][i32 S][T × 128-byte Tensor][S × u64]`, total
 //! `8 + 128·T + 8·S` bytes. Tensors in a blob are only 8-byte aligned, so the decoder copies each
@@ -156,9 +158,39 @@ impl<const MAX_T: usize, const MAX_S: usize> Args<MAX_T, MAX_S> {
         !self.tensors.spilled() && !self.tags.spilled() && !self.scalars.spilled()
     }
 
-    /// A borrowed view without tags.
+    /// The borrowed view: tensors with their tags, and scalars.
     pub fn view(&self) -> TaskArgsView<'_> {
-        TaskArgsView { tensors: &self.tensors, scalars: &self.scalars }
+        TaskArgsView { tensors: &self.tensors, tags: &self.tags, scalars: &self.scalars }
+    }
+
+    /// Replaces the contents with a copy of `view` (tags included), keeping capacity.
+    ///
+    /// Fails like the `add_*` calls (`TooManyTensors`, `TooManyScalars`, and
+    /// `MissingTags` when the view has fewer tags than tensors); on failure the builder is
+    /// empty.
+    pub fn assign(&mut self, view: TaskArgsView<'_>) -> Result<&mut Self, TypesError> {
+        self.clear();
+        let checked = if view.tags.len() != view.tensors.len() {
+            Err(TypesError::MissingTags { tensors: view.tensors.len(), tags: view.tags.len() })
+        } else if view.tensors.len() > MAX_T {
+            Err(TypesError::TooManyTensors { cap: MAX_T })
+        } else if view.scalars.len() > MAX_S {
+            Err(TypesError::TooManyScalars { cap: MAX_S })
+        } else {
+            Ok(())
+        };
+        checked?;
+        self.tensors.extend_from_slice(view.tensors);
+        self.tags.extend_from_slice(view.tags);
+        self.scalars.extend_from_slice(view.scalars);
+        Ok(self)
+    }
+
+    /// An owned copy of `view`; see [`assign`](Self::assign).
+    pub fn from_view(view: TaskArgsView<'_>) -> Result<Self, TypesError> {
+        let mut a = Self::default();
+        a.assign(view)?;
+        Ok(a)
     }
 
     /// Length of the encoded blob: `8 + 128·T + 8·S`.
@@ -242,22 +274,33 @@ impl<const MAX_T: usize, const MAX_S: usize> Args<MAX_T, MAX_S> {
     }
 }
 
-/// Borrowed, tag-free view of a task's arguments, as callables and endpoints see them.
+/// Borrowed view of a task's arguments — tensors with their access tags, and scalars — as
+/// endpoints, host closures, graph callbacks and chip orchestrations see them.
+///
+/// `tags[i]` is the tag tensor `i` was submitted with; a view built by [`Args::view`] always
+/// has one tag per tensor.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct TaskArgsView<'a> {
     /// The tensors, in the order added.
     pub tensors: &'a [Tensor],
+    /// One access tag per tensor.
+    pub tags: &'a [TensorArgType],
     /// The scalar slots.
     pub scalars: &'a [u64],
 }
 
 impl<'a> TaskArgsView<'a> {
     /// A view with no arguments.
-    pub const EMPTY: TaskArgsView<'static> = TaskArgsView { tensors: &[], scalars: &[] };
+    pub const EMPTY: TaskArgsView<'static> = TaskArgsView { tensors: &[], tags: &[], scalars: &[] };
 
     /// Tensor `i`, or `None` past the end.
     pub fn tensor(&self, i: usize) -> Option<&'a Tensor> {
         self.tensors.get(i)
+    }
+
+    /// The tag of tensor `i`, or `None` past the end.
+    pub fn tag(&self, i: usize) -> Option<TensorArgType> {
+        self.tags.get(i).copied()
     }
 
     /// Raw scalar slot `i`, or `None` past the end.
@@ -296,6 +339,28 @@ mod tests {
         assert!(a.is_empty());
         // Capacity survives the clear, so the next fill does not allocate again.
         assert!(!a.is_inline());
+    }
+
+    #[test]
+    fn a_view_carries_tags_and_copies_back_into_a_builder() {
+        let mut a = TaskArgs::new();
+        a.add_output(tensor(0x100)).unwrap().add_no_dep(tensor(0x200)).unwrap();
+        a.add_scalar(9).unwrap();
+        let v = a.view();
+        assert_eq!(v.tag(1), Some(TensorArgType::NoDep));
+        assert_eq!(v.tag(2), None);
+        assert_eq!(TaskArgs::from_view(v).unwrap(), a);
+        let short = TaskArgsView { tags: &v.tags[..1], ..v };
+        let mut b = a.clone();
+        assert_eq!(
+            b.assign(short).map(|_| ()),
+            Err(TypesError::MissingTags { tensors: 2, tags: 1 })
+        );
+        assert!(b.is_empty());
+        assert_eq!(
+            CoreArgs::from_view(TaskArgsView { scalars: &[0; 17], ..TaskArgsView::EMPTY }),
+            Err(TypesError::TooManyScalars { cap: 16 })
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! `CallConfig`: per-task configuration of a NEXT_LEVEL task, and its validating builder
-//! (spec 10 §8).
+//! (see `docs/types.md`).
 //!
 //! The fields are private and the only way to make a `CallConfig` other than `Default` is
 //! [`CallConfigBuilder::build`], so an invalid configuration cannot exist. Cloning is cheap: the

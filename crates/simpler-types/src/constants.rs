@@ -1,4 +1,4 @@
-//! Sizes, caps and defaults shared by every layer (spec 10 §1).
+//! Sizes, caps and defaults shared by every layer (see `docs/types.md`).
 
 use std::time::Duration;
 

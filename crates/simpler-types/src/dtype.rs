@@ -1,4 +1,4 @@
-//! `DataType` and scalar packing (spec 10 §5).
+//! `DataType` and scalar packing (see `docs/types.md`).
 //!
 //! Scalars travel as `u64`. A value narrower than 8 bytes is stored as its own bit pattern in
 //! the low bytes with the high bytes zero: no sign extension, so an `i32` of −1 becomes
@@ -139,7 +139,7 @@ mod sealed {
     }
 }
 
-/// A Rust type that can travel in a `u64` scalar slot (spec 10 §5).
+/// A Rust type that can travel in a `u64` scalar slot (see `docs/types.md`).
 ///
 /// Implemented for `f32, f64, i8, i16, i32, i64, u8, u16, u32, u64, bool`; sealed, because the
 /// packing rule is part of the kernel ABI.

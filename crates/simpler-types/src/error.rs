@@ -1,5 +1,5 @@
 //! `TypesError`: every way a constructor or validator in this crate can refuse its input
-//! (spec 10 §10).
+//! (see `docs/types.md`).
 //!
 //! Each variant carries the values the caller needs to see what was wrong without a debugger:
 //! the offending number, the limit it broke, the dimension or argument index.
@@ -31,7 +31,7 @@ pub enum TypesError {
         /// Which quantity overflowed (for example "byte size" or "stride of dim 0").
         what: &'static str,
     },
-    /// A view reaches past the end of its backing buffer (the view-fits rule of spec 10 §6).
+    /// A view reaches past the end of its backing buffer (the view-fits rule, `docs/types.md`).
     #[error("tensor view needs {needed_bytes} bytes but its buffer has {buffer_bytes}")]
     ViewOutOfBounds {
         /// `(start_offset + extent) × element_size`, computed without overflow.
@@ -158,6 +158,14 @@ pub enum TypesError {
     TooManyScalars {
         /// The cap of this argument kind.
         cap: usize,
+    },
+    /// A view to copy has a tag count that differs from its tensor count.
+    #[error("an argument view with {tensors} tensor(s) carries {tags} tag(s)")]
+    MissingTags {
+        /// Tensors in the view.
+        tensors: usize,
+        /// Tags in the view.
+        tags: usize,
     },
 
     // ----- Argument blob -----

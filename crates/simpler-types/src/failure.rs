@@ -1,4 +1,4 @@
-//! The failure vocabulary every layer reports in (spec 10 §9).
+//! The failure vocabulary every layer reports in (see `docs/types.md`).
 //!
 //! An error that reaches a user names the run, the task (callable, worker, member), the
 //! mechanism, and the device code where one exists. These are plain data: the scheduler,
@@ -13,7 +13,8 @@
 //!
 //! followed by the cause chain, one indented line per lower level. The message is never
 //! truncated. `source()` is not implemented for these types because `Display` already prints
-//! the whole chain, and reporters that walk `source()` would print it twice.
+//! the whole chain, and reporters that walk `source()` would print it twice; the typed error of
+//! the failing layer is kept as data instead ([`TaskFailure::source`], a [`FailureSource`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -154,6 +155,53 @@ impl fmt::Display for FailureMechanism {
     }
 }
 
+/// The typed error a failing layer reported, kept beside the failure's text.
+///
+/// The engine never looks inside it: it carries whatever error type the endpoint produced (a
+/// device error, say) from the endpoint to the caller, who gets it back with
+/// [`downcast_ref`](Self::downcast_ref). Two sources are equal when they are the same shared
+/// value.
+#[derive(Clone)]
+pub struct FailureSource(Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl FailureSource {
+    /// Wraps `error`.
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> FailureSource {
+        FailureSource(Arc::new(error))
+    }
+
+    /// The error, as a trait object.
+    pub fn get(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+
+    /// The error as a `T`, when it is one.
+    pub fn downcast_ref<T: std::error::Error + 'static>(&self) -> Option<&T> {
+        self.0.downcast_ref::<T>()
+    }
+}
+
+impl PartialEq for FailureSource {
+    fn eq(&self, other: &FailureSource) -> bool {
+        // Data addresses only: the same value may be reached through different vtables.
+        std::ptr::eq(Arc::as_ptr(&self.0).cast::<()>(), Arc::as_ptr(&other.0).cast::<()>())
+    }
+}
+
+impl Eq for FailureSource {}
+
+impl fmt::Debug for FailureSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for FailureSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
 /// One failed task. Immutable once built and shared as `Arc`.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct TaskFailure {
@@ -171,6 +219,8 @@ pub struct TaskFailure {
     pub message: String,
     /// The device's code, when a device reported one.
     pub device_code: Option<DeviceCode>,
+    /// The typed error of the failing layer, when it kept one (a device error, for example).
+    pub source: Option<FailureSource>,
     /// The lower level's failure when a child `Worker` failed.
     pub cause: Option<Arc<TaskFailure>>,
 }
@@ -191,6 +241,7 @@ impl TaskFailure {
             mechanism,
             message: message.into(),
             device_code: None,
+            source: None,
             cause: None,
         }
     }
@@ -213,6 +264,13 @@ impl TaskFailure {
     #[must_use]
     pub fn with_device_code(mut self, code: DeviceCode) -> TaskFailure {
         self.device_code = Some(code);
+        self
+    }
+
+    /// Sets the typed error of the failing layer.
+    #[must_use]
+    pub fn with_source(mut self, source: FailureSource) -> TaskFailure {
+        self.source = Some(source);
         self
     }
 

@@ -1,4 +1,4 @@
-//! Identifiers: runs, tasks, slots, workers, rings and callables (spec 10 §2).
+//! Identifiers: runs, tasks, slots, workers, rings and callables (see `docs/types.md`).
 
 use std::fmt;
 use std::num::NonZeroU64;

@@ -8,7 +8,7 @@
 //! |---|---|
 //! | [`constants`] | sizes, caps and defaults |
 //! | [`ids`] | run, task, slot, worker, ring and callable identifiers |
-//! | [`state`], [`status`] | run phases, task states, member outcomes, the run snapshot |
+//! | [`state`], [`status`] | run states, task states, member outcomes, the run snapshot |
 //! | [`tag`] | access tags and the dependency rules they imply |
 //! | [`dtype`] | element types and scalar packing |
 //! | [`tensor`] | the 128-byte descriptor, its validation and views |
@@ -62,13 +62,14 @@ pub use constants::*;
 pub use dtype::{DataType, Scalar, from_scalar, to_scalar};
 pub use error::TypesError;
 pub use failure::{
-    CancelReason, DeviceCode, FailureMechanism, RunFailure, TaskFailure, TimeoutBudget,
+    CancelReason, DeviceCode, FailureMechanism, FailureSource, RunFailure, TaskFailure,
+    TimeoutBudget,
 };
 pub use ids::{
     CallableId, CallableKind, CallableNamespace, DeviceTaskId, RingIndex, RunId, SlotId, TaskId,
     WorkerId, WorkerRef, WorkerType,
 };
-pub use state::{EndpointOutcome, GroupMemberState, RunPhase, TaskState};
+pub use state::{EndpointOutcome, GroupMemberState, RunState, TaskState};
 pub use status::RunStatus;
 pub use tag::TensorArgType;
 pub use tensor::Tensor;

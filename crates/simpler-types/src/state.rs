@@ -1,20 +1,20 @@
-//! State enums of runs, tasks and group members (spec 10 §3).
+//! State enums of runs, tasks and group members (see `docs/types.md`).
 //!
 //! `TaskState`, `EndpointOutcome` and `GroupMemberState` mirror frozen wire value sets (traces and
 //! the chip runtime compare the numbers), so they are exhaustive: a new state would be a protocol
-//! change, and the engine is expected to match every state explicitly. `RunPhase` may gain
-//! phases for pipelined admission later and is therefore `#[non_exhaustive]`.
+//! change, and the engine is expected to match every state explicitly. `RunState` may gain
+//! states for pipelined admission later and is therefore `#[non_exhaustive]`.
 
 use std::fmt;
 
-/// Lifecycle phase of a run.
+/// Lifecycle state of a run.
 ///
 /// Legal moves: `Building → Executing | Completed | Failed`, `Executing → Completed | Failed`;
-/// nothing leaves a terminal phase.
+/// nothing leaves a terminal state.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[repr(u8)]
 #[non_exhaustive]
-pub enum RunPhase {
+pub enum RunState {
     /// Accepting submits; its tasks may already run.
     Building = 0,
     /// Submission closed; tasks are still charged to the run.
@@ -25,20 +25,20 @@ pub enum RunPhase {
     Failed = 3,
 }
 
-impl RunPhase {
+impl RunState {
     /// True for `Completed` and `Failed`.
     pub const fn is_terminal(self) -> bool {
-        matches!(self, RunPhase::Completed | RunPhase::Failed)
+        matches!(self, RunState::Completed | RunState::Failed)
     }
 
     /// Whether `self → next` is a legal move. Staying in the same phase is not a move.
-    pub const fn can_move_to(self, next: RunPhase) -> bool {
+    pub const fn can_move_to(self, next: RunState) -> bool {
         match self {
-            RunPhase::Building => {
-                matches!(next, RunPhase::Executing | RunPhase::Completed | RunPhase::Failed)
+            RunState::Building => {
+                matches!(next, RunState::Executing | RunState::Completed | RunState::Failed)
             }
-            RunPhase::Executing => matches!(next, RunPhase::Completed | RunPhase::Failed),
-            RunPhase::Completed | RunPhase::Failed => false,
+            RunState::Executing => matches!(next, RunState::Completed | RunState::Failed),
+            RunState::Completed | RunState::Failed => false,
         }
     }
 
@@ -48,24 +48,24 @@ impl RunPhase {
     }
 
     /// Decodes a wire value; `None` for an unknown byte.
-    pub const fn from_u8(v: u8) -> Option<RunPhase> {
+    pub const fn from_u8(v: u8) -> Option<RunState> {
         Some(match v {
-            0 => RunPhase::Building,
-            1 => RunPhase::Executing,
-            2 => RunPhase::Completed,
-            3 => RunPhase::Failed,
+            0 => RunState::Building,
+            1 => RunState::Executing,
+            2 => RunState::Completed,
+            3 => RunState::Failed,
             _ => return None,
         })
     }
 }
 
-impl fmt::Display for RunPhase {
+impl fmt::Display for RunState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            RunPhase::Building => "building",
-            RunPhase::Executing => "executing",
-            RunPhase::Completed => "completed",
-            RunPhase::Failed => "failed",
+            RunState::Building => "building",
+            RunState::Executing => "executing",
+            RunState::Completed => "completed",
+            RunState::Failed => "failed",
         })
     }
 }
@@ -74,7 +74,7 @@ impl fmt::Display for RunPhase {
 ///
 /// The wire values keep the original numbering so traces compare; `Building` was added last and
 /// therefore has the highest value. The transition table, with the thread that performs each move,
-/// belongs to the engine (spec 30 §5).
+/// belongs to the engine (`simpler-sched`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[repr(u8)]
 pub enum TaskState {
@@ -277,7 +277,7 @@ mod tests {
 
     #[test]
     fn run_phase_moves_follow_the_table() {
-        use RunPhase::*;
+        use RunState::*;
         let all = [Building, Executing, Completed, Failed];
         let legal = [
             (Building, Executing),
@@ -290,11 +290,11 @@ mod tests {
             for b in all {
                 assert_eq!(a.can_move_to(b), legal.contains(&(a, b)), "{a} -> {b}");
             }
-            assert_eq!(RunPhase::from_u8(a.as_u8()), Some(a));
+            assert_eq!(RunState::from_u8(a.as_u8()), Some(a));
         }
         assert!(Completed.is_terminal() && Failed.is_terminal());
         assert!(!Building.is_terminal() && !Executing.is_terminal());
-        assert_eq!(RunPhase::from_u8(4), None);
+        assert_eq!(RunState::from_u8(4), None);
     }
 
     #[test]

@@ -1,10 +1,10 @@
-//! `RunStatus`: a cloneable snapshot of one run for users and tests (spec 10 §3.1).
+//! `RunStatus`: a cloneable snapshot of one run for users and tests (see `docs/types.md`).
 
 use std::sync::Arc;
 
 use crate::failure::RunFailure;
 use crate::ids::RunId;
-use crate::state::RunPhase;
+use crate::state::RunState;
 
 /// Snapshot of a run's progress. Taking it does not hold any lock of the engine afterwards; the
 /// values may be stale as soon as it is returned.
@@ -13,7 +13,7 @@ pub struct RunStatus {
     /// The run.
     pub id: RunId,
     /// Its phase when the snapshot was taken.
-    pub phase: RunPhase,
+    pub phase: RunState,
     /// Whether submission was closed (normally or by failure).
     pub submission_closed: bool,
     /// Whether submission was closed by a failure.

@@ -1,4 +1,5 @@
-//! `TensorArgType`: the access tag of a tensor argument and the dependency edges it implies.
+//! `TensorArgType`: the access tag of a tensor argument and the dependency edges it implies
+//! (see `docs/types.md` and `docs/tensormap.md`).
 //!
 //! Edges are inferred per byte footprint, within one run, against the earlier tasks that have
 //! not retired yet:
@@ -111,7 +112,7 @@ mod tests {
 
     #[test]
     fn predicates_match_the_dependency_table() {
-        // (tag, reads, writes, looks_up, inserts, allows_null), straight from spec 10 §4.
+        // (tag, reads, writes, looks_up, inserts, allows_null), straight from the table above.
         let table = [
             (Input, true, false, true, false, true),
             (InOut, true, true, true, true, false),

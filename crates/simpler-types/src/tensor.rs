@@ -1,4 +1,4 @@
-//! `Tensor`: the 128-byte descriptor that kernels and the chip runtime read (spec 10 §6).
+//! `Tensor`: the 128-byte descriptor that kernels and the chip runtime read (see `docs/types.md`).
 //!
 //! The layout is a fact of the kernel ABI, not a choice: `#[repr(C, align(64))]`, 128 bytes, no
 //! implicit padding, every offset asserted at compile time below. Booleans and the dtype are
@@ -11,7 +11,7 @@
 //! whether a descriptor is well formed; the constructors and view operations run it on their
 //! result, so a descriptor built through this API is always valid.
 //!
-//! Layout rules beyond spec 10 §6 (decisions):
+//! Layout rules beyond the descriptor's fixed offsets (decisions):
 //! - `is_contiguous` means "row-major once dimensions of length 1 are ignored"; the stride of a
 //!   length-1 dimension never affects which bytes a view touches. A view with a zero-length
 //!   dimension is contiguous.

@@ -86,12 +86,14 @@ fn every_tagged_adder_records_its_tag() {
 }
 
 #[test]
-fn view_strips_tags_and_reads_typed_scalars() {
+fn view_keeps_tags_and_reads_typed_scalars() {
     let mut a = TaskArgs::new();
     a.add_output(tensor(0)).unwrap();
     a.add_scalar_of(-1i32).unwrap().add_scalar_of(2.5f64).unwrap().add_scalar_of(true).unwrap();
     let v: TaskArgsView<'_> = a.view();
     assert_eq!(v.tensors, a.tensors());
+    assert_eq!(v.tags, &[TensorArgType::Output]);
+    assert_eq!(v.tag(0), Some(TensorArgType::Output));
     assert_eq!(v.scalars, &[0xFFFF_FFFF, 2.5f64.to_bits(), 1]);
     assert_eq!(v.scalar_of::<i32>(0), Some(-1));
     assert_eq!(v.scalar_of::<f64>(1), Some(2.5));

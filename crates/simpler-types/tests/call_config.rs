@@ -1,4 +1,4 @@
-//! `CallConfig` validation: every rule of spec 10 §8 with a passing and a failing case, and the
+//! `CallConfig` validation: every rule of `CallConfigBuilder::build` (`docs/types.md`) with a passing and a failing case, and the
 //! order in which the rules are checked.
 
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! Identifiers, state wire values and scalar packing through the public API.
 
 use simpler_types::{
-    DataType, RunId, RunPhase, SlotId, TaskId, TaskState, TypesError, from_scalar, to_scalar,
+    DataType, RunId, RunState, SlotId, TaskId, TaskState, TypesError, from_scalar, to_scalar,
 };
 
 #[test]
@@ -35,9 +35,9 @@ fn scalar_packing_follows_the_kernel_rule() {
 fn ids_display_as_users_see_them() {
     let run = RunId::from_raw(7).unwrap();
     assert_eq!(TaskId::new(run, 12).to_string(), "run#7/task#12");
-    assert_eq!(RunPhase::Executing.to_string(), "executing");
-    assert!(RunPhase::Building.can_move_to(RunPhase::Failed));
-    assert!(!RunPhase::Completed.can_move_to(RunPhase::Failed));
+    assert_eq!(RunState::Executing.to_string(), "executing");
+    assert!(RunState::Building.can_move_to(RunState::Failed));
+    assert!(!RunState::Completed.can_move_to(RunState::Failed));
 }
 
 #[test]

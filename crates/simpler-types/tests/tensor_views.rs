@@ -306,7 +306,7 @@ fn check_agrees(t: &Tensor, m: &Model) -> Result<(), TestCaseError> {
             // The footprint is the tight bounding span of the reached elements.
             prop_assert_eq!(t.byte_span(), Some((t.addr + lo * elem, t.addr + (hi + 1) * elem)));
             prop_assert_eq!(lo, t.start_offset);
-            // The view-fits rule, in the form spec 10 §11 states it.
+            // The view-fits rule, solved for the extent.
             prop_assert!(t.extent() <= t.size / elem - t.start_offset);
             prop_assert!((hi + 1) * elem <= t.size);
         }

@@ -1,4 +1,4 @@
-//! Worker benchmarks (spec 70): W1 (an L3 run of one chip task, submit → wait, against the
+//! Worker benchmarks (`docs/benchmarks-worker.md`): W1 (an L3 run of one chip task, submit → wait, against the
 //! chip's own `DeviceRunner::run` time), W2 (two chips running the vector program in one L3
 //! run) and P6 through the worker (runs of 1..256 host-closure tasks, fit `a + b·tasks`).
 //!

@@ -1,4 +1,5 @@
-//! Builders (the `New` state) and `start` (spec 40 §2.1, §3) of every worker level.
+//! Builders (the `New` state) and `start` of every worker level
+//! (`docs/worker-protocols.md` §2).
 //!
 //! `start` consumes the builder, so registering while starting, starting twice, closing while
 //! starting and adopting a started child cannot be written. One deadline covers the whole tree:
@@ -461,7 +462,8 @@ impl HostWorkerBuilder {
         self
     }
 
-    /// Starts the worker (spec 40 §3); a failure rolls everything back before returning.
+    /// Starts the worker (`docs/worker-protocols.md` §2); a failure rolls everything back
+    /// before returning.
     pub fn start(self) -> Result<Worker, StartError> {
         let deadline = deadline_after(self.common.startup_timeout);
         self.start_within(deadline, "L3".to_owned())
@@ -678,7 +680,7 @@ impl CompositeWorkerBuilder {
         h
     }
 
-    /// Starts the children recursively, then this level (spec 40 §3).
+    /// Starts the children recursively, then this level (`docs/worker-protocols.md` §2).
     pub fn start(self) -> Result<Worker, StartError> {
         let deadline = deadline_after(self.common.startup_timeout);
         let path = format!("L{}", self.level);

@@ -1,7 +1,7 @@
-//! Child workers of an L4+ level (spec 40 §8): engine NEXT_LEVEL endpoints that run one whole
-//! child run per task.
+//! Child workers of an L4+ level: engine NEXT_LEVEL endpoints that run one whole child run per
+//! task (`docs/worker-protocols.md` §9).
 //!
-//! The endpoint copies the member's arguments into an owned `TaskArgs` and calls the child's
+//! The endpoint copies the member's arguments (tags included) into an owned `TaskArgs` and calls the child's
 //! `run` with the task's graph, arguments and configuration. `Ok` is success; a `Build` or
 //! `Run` error is a task failure carrying the child's failure as its cause (one frame per
 //! level); `Closed` or `DeviceUnusable` is an endpoint failure. The child stays usable and runs
@@ -57,13 +57,8 @@ impl Endpoint for ChildEndpoint {
                 )));
             }
         };
-        let mut args = TaskArgs::new();
-        for t in task.args.tensors {
-            args.add_inout(*t).map_err(|e| EndpointFailure::endpoint_failed(e.to_string()))?;
-        }
-        for s in task.args.scalars {
-            args.add_scalar(*s).map_err(|e| EndpointFailure::endpoint_failed(e.to_string()))?;
-        }
+        let args = TaskArgs::from_view(task.args)
+            .map_err(|e| EndpointFailure::endpoint_failed(e.to_string()))?;
         let orch = Orchestration::graph(move |gb, view, cfg| graph(gb, view, cfg))
             .args(args)
             .config(task.config.clone());

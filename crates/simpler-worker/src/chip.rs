@@ -1,7 +1,7 @@
 //! Chip lanes: the one thread that owns a chip's `DeviceRunner` and makes every device call for
-//! it (spec 40 §1).
+//! it (`docs/worker-protocols.md` §1, §7).
 //!
-//! At L3 the lane is the engine's worker thread of the chip endpoint ([`ChipEndpoint`]); control
+//! At L3 the lane is the engine's endpoint thread of the chip ([`ChipEndpoint`]); control
 //! work (registration, memory) reaches it through the engine's control jobs and queues behind
 //! earlier tasks. At L2 ([`ChipLane`]) the lane is a thread of its own fed by a channel. Both
 //! wrap the same [`ChipState`]: the runner, the content-keyed slot table and the user
@@ -22,8 +22,8 @@ use simpler_device_a2a3::{
 };
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
 use simpler_types::{
-    CallConfig, CallableId, EndpointOutcome, RunId, TaskArgs, TaskArgsView, TaskId, WorkerId,
-    WorkerType,
+    CallConfig, CallableId, EndpointOutcome, FailureSource, RunId, TaskArgs, TaskArgsView, TaskId,
+    WorkerId, WorkerType,
 };
 
 use crate::error::{MemError, WorkerError};
@@ -40,7 +40,7 @@ struct Prepared {
 /// A chip's runner and the bookkeeping that lives on its lane.
 ///
 /// After a panic between the launch and the end of the reap the runner is unusable until the
-/// chip is finalized (see [`ChipState::launch_and_reap`]).
+/// chip is finalized (see [`ChipState::finish_run`]).
 pub(crate) struct ChipState {
     pub(crate) chip: WorkerId,
     pub(crate) runner: Option<DeviceRunner>,
@@ -49,8 +49,10 @@ pub(crate) struct ChipState {
     unusable: HashSet<CallableId>,
     /// User allocations: address → length.
     allocations: BTreeMap<u64, u64>,
-    /// Reused per task so that a member's arguments are not reallocated.
+    /// Reused per run so that a run's arguments are not reallocated.
     scratch: TaskArgs,
+    /// The next device run id ([`ChipState::next_run_id`]).
+    next_run: u64,
     /// Injected faults (armed by tests only).
     faults: Faults,
 }
@@ -63,6 +65,11 @@ pub(crate) enum Residue {
     Leaked(String),
     /// A teardown step that failed.
     Failed(String),
+}
+
+/// The error of a device call on a chip whose runner was finalized.
+fn finalized() -> DeviceError {
+    DeviceError::Finalized { call: "chip call" }
 }
 
 /// An injected device error naming the call it replaces.
@@ -79,15 +86,13 @@ impl ChipState {
             unusable: HashSet::new(),
             allocations: BTreeMap::new(),
             scratch: TaskArgs::new(),
+            next_run: 1,
             faults,
         }
     }
 
     fn runner(&mut self) -> Result<&mut DeviceRunner, DeviceError> {
-        self.runner.as_mut().ok_or_else(|| DeviceError::Busy {
-            call: "chip call",
-            state: "the chip was finalized".to_owned(),
-        })
+        self.runner.as_mut().ok_or_else(finalized)
     }
 
     /// Whether content `id` is unusable on this chip because removing it failed.
@@ -156,54 +161,110 @@ impl ChipState {
         self.prepared.get(id).map_or(0, |p| p.refs)
     }
 
-    /// Runs one chip callable to completion on this lane, as engine task `task` (the device
-    /// run carries the task as its origin, which keeps the tasks of one run apart).
-    pub(crate) fn run(
+    /// The next device run id of this chip. Every chip run, at L2 and at L3, takes its id
+    /// here, so ids are distinct per chip whichever level asked for the run.
+    fn next_run_id(&mut self) -> Result<RunId, DeviceError> {
+        let id = RunId::from_raw(self.next_run).ok_or(DeviceError::Busy {
+            call: "run",
+            state: format!("chip {} has used every run id", self.chip),
+        })?;
+        self.next_run += 1;
+        Ok(id)
+    }
+
+    /// The synchronous half of a chip run: takes a run id, checks the chip and the callable,
+    /// and prepares the run with `args` (tags included). `origin` names the engine task that
+    /// asked for it (L3). Returns the run id, also when the preparation failed.
+    pub(crate) fn begin_run(
         &mut self,
-        task: TaskId,
         callable: &CallableId,
         args: TaskArgsView<'_>,
         config: &CallConfig,
-    ) -> Result<(), EndpointFailure> {
+        origin: Option<TaskId>,
+    ) -> (Option<RunId>, Result<(), DeviceError>) {
+        let run = match self.next_run_id() {
+            Ok(run) => run,
+            Err(e) => return (None, Err(e)),
+        };
+        (Some(run), self.prepare(run, callable, args, config, origin))
+    }
+
+    fn prepare(
+        &mut self,
+        run: RunId,
+        callable: &CallableId,
+        args: TaskArgsView<'_>,
+        config: &CallConfig,
+        origin: Option<TaskId>,
+    ) -> Result<(), DeviceError> {
         if let Some(r) = &self.runner
             && let simpler_device_a2a3::DeviceHealth::Unusable { cause } = r.health()
         {
-            let e = DeviceError::Unusable { device_id: r.device_id(), cause };
-            return Err(device_failure(&e));
+            return Err(DeviceError::Unusable { device_id: r.device_id(), cause });
         }
-        if self.unusable.contains(callable) {
-            return Err(EndpointFailure::endpoint_failed(format!(
-                "callable {callable} is unusable on chip {} after a failed rollback",
-                self.chip
-            )));
-        }
-        let Some(slot) = self.prepared.get(callable).map(|p| p.slot) else {
-            return Err(EndpointFailure::endpoint_failed(format!(
-                "callable {callable} is not prepared on chip {}",
-                self.chip
-            )));
+        // Content whose removal failed counts as not prepared: its state on the device is
+        // unknown, so it never runs again before close.
+        let slot = self.slot_of(callable).ok_or(DeviceError::CallableNotPrepared {
+            run_id: Some(run),
+            call: "prepare",
+            callable: *callable,
+        })?;
+        self.scratch
+            .assign(args)
+            .map_err(|e| DeviceError::InvalidArgs { run_id: Some(run), message: e.to_string() })?;
+        let request = RunRequest::new(run, slot, &self.scratch, config);
+        let request = match origin {
+            Some(task) => request.with_origin(task),
+            None => request,
         };
-        self.scratch.clear();
-        for t in args.tensors {
-            // Tags were consumed by the engine; the chip entry sees read-write device tensors.
-            self.scratch
-                .add_inout(*t)
-                .map_err(|e| EndpointFailure::endpoint_failed(e.to_string()))?;
+        let runner = self.runner.as_mut().ok_or_else(finalized)?;
+        runner.prepare(&request)
+    }
+
+    /// The second half of a chip run: launch, reap and complete the prepared run. A panic on
+    /// the way is caught and becomes the run's error, so no caller hangs on it.
+    ///
+    /// A panic that unwinds out of the runner's `launch_run` or `reap_run` leaves the runner
+    /// idle and unusable (the device may still run the launch): every later device call on this
+    /// chip, `prepare` included, fails with `Unusable`, and `free` releases nothing, until the
+    /// chip is finalized. A panic out of `complete_run` leaves it idle and healthy.
+    pub(crate) fn finish_run(&mut self, run: RunId) -> Result<(), DeviceError> {
+        catch_unwind(AssertUnwindSafe(|| self.launch_reap_complete())).unwrap_or_else(|p| {
+            // Best effort: a run that was prepared but not launched (the panic came before
+            // `launch_run`) is dropped, so the next prepare is not refused. One that unwound
+            // out of the runner was already cleaned up there, and the runner is unusable.
+            let _ = catch_unwind(AssertUnwindSafe(|| {
+                self.runner.as_mut().map(DeviceRunner::abandon_prepared)
+            }));
+            Err(DeviceError::LaunchPanicked { run_id: Some(run), message: panic_text(p.as_ref()) })
+        })
+    }
+
+    fn launch_reap_complete(&mut self) -> Result<(), DeviceError> {
+        if self.faults.hit(self.chip, Fault::LaunchPanic) {
+            panic!("injected panic in launch");
         }
-        for s in args.scalars {
-            self.scratch
-                .add_scalar(*s)
-                .map_err(|e| EndpointFailure::endpoint_failed(e.to_string()))?;
+        let runner = self.runner.as_mut().ok_or_else(finalized)?;
+        runner.launch_run()?;
+        runner.reap_run()?;
+        runner.complete_run().map(|_| ())
+    }
+
+    /// A whole chip run on this lane (the L3 path): [`begin_run`](Self::begin_run) then
+    /// [`finish_run`](Self::finish_run), with the one error mapping.
+    pub(crate) fn run(
+        &mut self,
+        callable: &CallableId,
+        args: TaskArgsView<'_>,
+        config: &CallConfig,
+        origin: TaskId,
+    ) -> Result<(), EndpointFailure> {
+        let (run, prepared) = self.begin_run(callable, args, config, Some(origin));
+        match (run, prepared) {
+            (Some(run), Ok(())) => self.finish_run(run).map_err(device_failure),
+            (_, Err(e)) => Err(device_failure(e)),
+            (None, Ok(())) => Err(EndpointFailure::endpoint_failed("a chip run without a run id")),
         }
-        let scratch = std::mem::take(&mut self.scratch);
-        let result = match self.runner() {
-            Ok(r) => r
-                .run(&RunRequest::new(task.run, slot, &scratch, config).with_origin(task))
-                .map(|_| ()),
-            Err(e) => Err(e),
-        };
-        self.scratch = scratch;
-        result.map_err(|e| device_failure(&e))
     }
 
     pub(crate) fn malloc(&mut self, bytes: u64) -> Result<u64, MemError> {
@@ -274,22 +335,22 @@ fn mem_err(chip: WorkerId, e: &DeviceError) -> MemError {
     }
 }
 
-/// A device error as an endpoint failure: a poisoned device is the path failing, anything
-/// else the task.
-pub(crate) fn device_failure(e: &DeviceError) -> EndpointFailure {
+/// The one mapping of a device error, at L2 and at L3: a poisoned device is the path failing,
+/// anything else the task. The typed error travels on as the failure's source.
+pub(crate) fn device_failure(e: DeviceError) -> EndpointFailure {
     let outcome = if e.poisons_device() {
         EndpointOutcome::EndpointFailure
     } else {
         EndpointOutcome::TaskFailure
     };
-    let f = EndpointFailure::new(outcome, e.mechanism(), e.to_string());
-    match e.device_code() {
-        Some(c) => f.with_device_code(c),
-        None => f,
+    let mut f = EndpointFailure::new(outcome, e.mechanism(), e.to_string());
+    if let Some(c) = e.device_code() {
+        f = f.with_device_code(c);
     }
+    f.with_source(FailureSource::new(e))
 }
 
-/// The chip endpoint of an L3 engine: its worker thread is the chip's lane.
+/// The chip endpoint of an L3 engine: its endpoint thread is the chip's lane.
 pub(crate) struct ChipEndpoint {
     pub(crate) state: ChipState,
     /// Teardown residue, read by the worker after the engine joined this thread.
@@ -307,7 +368,7 @@ impl Endpoint for ChipEndpoint {
     }
 
     fn run(&mut self, task: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
-        self.state.run(task.task, task.callable, task.args, task.config)
+        self.state.run(task.callable, task.args, task.config, task.task)
     }
 
     fn shutdown(&mut self) {
@@ -399,72 +460,17 @@ impl ChipLane {
     }
 }
 
-/// The fence of an L2 run: set by the lane once the run was reaped.
+/// The fence of an L2 run: set by the lane once the run was reaped, with the run's failure
+/// mapped as at L3 ([`device_failure`]).
 #[derive(Default)]
 pub(crate) struct LaneFence {
-    pub(crate) done: Mutex<Option<Result<(), DeviceError>>>,
+    pub(crate) done: Mutex<Option<Result<(), EndpointFailure>>>,
     pub(crate) cv: Condvar,
 }
 
 impl LaneFence {
-    pub(crate) fn set(&self, r: Result<(), DeviceError>) {
+    pub(crate) fn set(&self, r: Result<(), EndpointFailure>) {
         *self.done.lock() = Some(r);
         self.cv.notify_all();
-    }
-}
-
-impl ChipState {
-    /// L2 prepare: the synchronous part of a chip run.
-    pub(crate) fn prepare(
-        &mut self,
-        run: RunId,
-        id: &CallableId,
-        args: &simpler_types::TaskArgs,
-        config: &CallConfig,
-    ) -> Result<(), DeviceError> {
-        let slot = self.slot_of(id).ok_or(DeviceError::Busy {
-            call: "prepare",
-            state: format!("callable {id} is not prepared"),
-        })?;
-        let runner = self
-            .runner
-            .as_mut()
-            .ok_or(DeviceError::Busy { call: "prepare", state: "finalized".into() })?;
-        runner.prepare(&RunRequest::new(run, slot, args, config))
-    }
-
-    /// L2 launch, reap and complete of the prepared run. A panic on the way is caught and
-    /// becomes the run's error, so its fence is always set and no waiter hangs.
-    ///
-    /// A panic that unwinds out of the runner's `launch_run` or `reap_run` leaves the runner
-    /// idle and unusable (the device may still run the launch): every later device call on this
-    /// chip, `prepare` included, fails with `Unusable`, and `free` releases nothing, until the
-    /// chip is finalized. A panic out of `complete_run` leaves it idle and healthy.
-    pub(crate) fn launch_and_reap(&mut self) -> Result<(), DeviceError> {
-        catch_unwind(AssertUnwindSafe(|| self.launch_reap_complete())).unwrap_or_else(|p| {
-            // Best effort: a run that was prepared but not launched (the panic came before
-            // `launch_run`) is dropped, so the next prepare is not refused. One that unwound
-            // out of the runner was already cleaned up there, and the runner is unusable.
-            let _ = catch_unwind(AssertUnwindSafe(|| {
-                self.runner.as_mut().map(DeviceRunner::abandon_prepared)
-            }));
-            Err(DeviceError::Busy {
-                call: "launch",
-                state: format!("the launch panicked: {}", panic_text(p.as_ref())),
-            })
-        })
-    }
-
-    fn launch_reap_complete(&mut self) -> Result<(), DeviceError> {
-        if self.faults.hit(self.chip, Fault::LaunchPanic) {
-            panic!("injected panic in launch");
-        }
-        let runner = self
-            .runner
-            .as_mut()
-            .ok_or(DeviceError::Busy { call: "launch", state: "finalized".into() })?;
-        runner.launch_run()?;
-        runner.reap_run()?;
-        runner.complete_run().map(|_| ())
     }
 }

@@ -1,5 +1,5 @@
-//! Deferred drops (spec 40 §4 rule 5): keep-alive values and unregistered closures run user
-//! code when dropped, and that code may call back into the worker (submit, close). They are
+//! Deferred drops (`docs/worker-protocols.md` §3 rule 5): keep-alive values and unregistered
+//! closures run user code when dropped, and that code may call back into the worker (submit, close). They are
 //! therefore never dropped while the worker holds a lock or has a close attempt in flight.
 //!
 //! Protocol, per thread:

@@ -1,5 +1,5 @@
 //! Errors of the worker layer: [`WorkerError`], [`RunError`] with its [`Frame`]s, [`StartError`],
-//! [`CloseError`] and [`MemError`] (spec 40 §2.6).
+//! [`CloseError`] and [`MemError`] (frames: `docs/worker-protocols.md` §9).
 //!
 //! Every error names the facts a user needs to act on: the run, the task, the worker path, the
 //! device code and its name. Error chains across levels are kept structured as frames,
@@ -12,8 +12,8 @@ use std::time::Duration;
 use simpler_device_a2a3::DeviceError;
 use simpler_sched::SchedError;
 use simpler_types::{
-    CallableKind, DeviceCode, FailureMechanism, RunFailure, RunId, TaskFailure, TaskId, WorkerId,
-    WorkerRef,
+    CallableKind, DeviceCode, FailureMechanism, FailureSource, RunFailure, RunId, TaskFailure,
+    TaskId, WorkerId, WorkerRef,
 };
 
 use crate::handle::CallableHandle;
@@ -294,7 +294,7 @@ pub enum RunErrorKind {
     Internal,
 }
 
-/// One level of an error chain (spec 40 §8).
+/// One level of an error chain (`docs/worker-protocols.md` §9).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
     /// The host level (2 for a chip worker).
@@ -317,6 +317,17 @@ pub struct Frame {
     pub device_code: Option<DeviceCode>,
     /// The message of this level.
     pub message: String,
+    /// The typed error the failing layer reported at this level (read with
+    /// [`Frame::device_error`]).
+    pub(crate) source: Option<FailureSource>,
+}
+
+impl Frame {
+    /// The device error this frame's failure came from, when a chip reported one: match on it
+    /// for the device code, a stall's details or the device run id.
+    pub fn device_error(&self) -> Option<&DeviceError> {
+        self.source.as_ref().and_then(FailureSource::downcast_ref::<DeviceError>)
+    }
 }
 
 impl fmt::Display for Frame {
@@ -390,6 +401,12 @@ impl RunError {
     /// The chain, outermost level first.
     pub fn frames(&self) -> &[Frame] {
         &self.0.frames
+    }
+
+    /// The innermost device error of the chain, if a chip reported one (see
+    /// [`Frame::device_error`]).
+    pub fn device_error(&self) -> Option<&DeviceError> {
+        self.0.frames.iter().rev().find_map(Frame::device_error)
     }
 
     /// The innermost device code of the chain, if any.
@@ -620,6 +637,7 @@ impl Frame {
             mechanism: None,
             device_code: None,
             message,
+            source: None,
         }
     }
 
@@ -634,6 +652,7 @@ impl Frame {
             member: t.member,
             mechanism: Some(t.mechanism.clone()),
             device_code: t.device_code,
+            source: t.source.clone(),
             message: if t.cause.is_some() {
                 String::new()
             } else {

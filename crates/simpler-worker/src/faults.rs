@@ -1,6 +1,6 @@
 //! Injected chip faults for the rollback and teardown paths the simulator cannot produce on
 //! demand: a failed attach, a failed registration or removal, a failed finalize and residue
-//! left after finalize (spec 40 §3, §5 step 6, §11 items 5, 11 and 28).
+//! left after finalize (`docs/worker-protocols.md` §2 and §6 step 6).
 //!
 //! Faults are armed per chip index through a handle shared by a builder and the chip states it
 //! creates, so a test can arm one before `start` or while the worker runs. Outside tests the

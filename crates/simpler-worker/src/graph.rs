@@ -1,6 +1,6 @@
 //! What a user submits ([`Orchestration`]) and the builder a graph callback gets
 //! ([`GraphBuilder`]), which wraps the engine's `RunBuilder` and resolves callable handles
-//! (spec 40 §2.3).
+//! (`docs/worker-protocols.md` §3, §5).
 
 use std::any::Any;
 
@@ -265,6 +265,19 @@ impl<'a> GraphBuilder<'a> {
     /// the chip's lane.
     pub fn chip_memory(&self, chip: WorkerId) -> Result<crate::ChipMemory<'a>, WorkerError> {
         self.inner.chip_memory(chip)
+    }
+
+    /// Runs `f` with the fault plan of simulated chip `chip` of this (L3) worker, ordered with
+    /// work already queued on the chip's lane; `Ok(false)` on a real chip. As
+    /// [`Worker::with_sim_faults`](crate::Worker::with_sim_faults), for a worker that only an
+    /// enclosing worker can reach.
+    #[cfg(feature = "sim")]
+    pub fn with_sim_faults(
+        &self,
+        chip: WorkerId,
+        f: impl FnOnce(&simpler_device_a2a3::FaultPlan) + Send + 'static,
+    ) -> Result<bool, WorkerError> {
+        self.inner.with_sim_faults(chip, f)
     }
 
     /// Keeps `value` alive until the run's result is published.

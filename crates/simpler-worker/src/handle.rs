@@ -1,5 +1,4 @@
-//! Callable handles and the per-worker registry of host closures, graphs and names
-//! (spec 40 §2.2).
+//! Callable handles and the per-worker registry of host closures, graphs and names.
 //!
 //! A handle names one registration: worker instance, kind, registration number and the
 //! callable's content id. Closures and graphs get an id derived from the worker instance and a

@@ -1,6 +1,6 @@
 //! `simpler-worker` — the user-facing `Worker` at every level: L2 (one chip), L3 (chips and sub
 //! workers), L4+ (composition of lower workers); registration, `submit`/`run`, [`RunHandle`],
-//! `close` and `Drop`, device-memory helpers (spec 40).
+//! `close` and `Drop`, device-memory helpers (protocols: `docs/worker-protocols.md`).
 //!
 //! Layer: above `simpler-sched` (the engine it drives at L3+) and `simpler-device-a2a3` (the
 //! `DeviceRunner` each chip lane owns). It must not know device internals beyond the
@@ -76,6 +76,7 @@
 mod builder;
 mod child;
 mod chip;
+mod close;
 mod deferred_drop;
 mod error;
 mod faults;
@@ -91,6 +92,7 @@ pub use builder::{
     ChildSpec, ChipOptionsFn, ChipWorkerBuilder, CompositeWorkerBuilder, ConfigError,
     DEFAULT_ALLOC_TIMEOUT, DEFAULT_HEAP_RING_SIZE, DEFAULT_STARTUP_TIMEOUT, HostWorkerBuilder,
 };
+pub use close::Lifecycle;
 pub use error::{
     BoxError, BuildFailure, CloseError, DrainTimeout, Frame, MemError, RunError, RunErrorKind,
     StartCause, StartError, TeardownError, WorkerError,
@@ -100,4 +102,4 @@ pub use handle::{CallableHandle, GraphFn, HostFn};
 pub use memory::{ChipMemory, DeviceBuffer};
 pub use run::RunHandle;
 pub use simpler_device_a2a3::MemoryLedger;
-pub use worker::{Lifecycle, Worker};
+pub use worker::Worker;

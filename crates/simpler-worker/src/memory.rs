@@ -1,5 +1,5 @@
-//! Device-memory helpers on a chip (spec 40 §2.5): allocations owned by one chip of one worker,
-//! with ownership and range checks, and the chip's memory ledger.
+//! Device-memory helpers on a chip (`docs/worker-protocols.md` §10): allocations owned by one
+//! chip of one worker, with ownership and range checks, and the chip's memory ledger.
 //!
 //! Memory calls queue on the chip's lane behind work already there, never behind tasks still
 //! waiting in a graph.

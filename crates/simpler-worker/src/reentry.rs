@@ -1,5 +1,5 @@
-//! The reentrancy guard (spec 40 §4 rule 6): a thread-local stack of the workers the current
-//! thread acts for (inside an orchestration callback, a host closure or a child run).
+//! The reentrancy guard (`docs/worker-protocols.md` §3 rule 6): a thread-local stack of the
+//! workers the current thread acts for (inside an orchestration callback, a host closure or a child run).
 //! `submit`, `run`, `close` and `close_timeout` on a worker in that stack return `Reentrant`
 //! at once instead of deadlocking on their own run.
 //!

@@ -1,4 +1,4 @@
-//! `RunHandle` and the cleanup election (spec 40 §2.4, §4).
+//! `RunHandle` and the cleanup election (`docs/worker-protocols.md` §3–§4).
 //!
 //! # Cleanup election
 //!
@@ -323,23 +323,32 @@ pub(crate) fn panic_text(p: &(dyn Any + Send)) -> String {
 /// The kind of a run failure.
 pub(crate) fn kind_of(f: &RunFailure) -> RunErrorKind {
     match f {
-        RunFailure::Task(t) => match &t.root_cause().mechanism {
-            FailureMechanism::TaskFailed | FailureMechanism::Panicked => RunErrorKind::TaskFailed,
-            FailureMechanism::EndpointFailed => RunErrorKind::EndpointFailed,
-            FailureMechanism::DeviceFault => {
-                RunErrorKind::DeviceFault { code: t.root_cause().device_code }
-            }
-            FailureMechanism::Timeout { budget, limit } => {
-                RunErrorKind::Timeout { budget: budget.to_string(), value: *limit }
-            }
-            FailureMechanism::CapacityExhausted { what } => {
-                RunErrorKind::Capacity { what: what.clone() }
-            }
-            _ => RunErrorKind::TaskFailed,
-        },
+        RunFailure::Task(t) => {
+            let root = t.root_cause();
+            kind_of_mechanism(&root.mechanism, root.device_code)
+        }
         RunFailure::Submission { .. } => RunErrorKind::SubmissionFailed,
         RunFailure::Aborted { .. } => RunErrorKind::Aborted,
         _ => RunErrorKind::Internal,
+    }
+}
+
+/// The kind of a task failure that failed by `mechanism`, with the device's `code`.
+pub(crate) fn kind_of_mechanism(
+    mechanism: &FailureMechanism,
+    code: Option<simpler_types::DeviceCode>,
+) -> RunErrorKind {
+    match mechanism {
+        FailureMechanism::TaskFailed | FailureMechanism::Panicked => RunErrorKind::TaskFailed,
+        FailureMechanism::EndpointFailed => RunErrorKind::EndpointFailed,
+        FailureMechanism::DeviceFault => RunErrorKind::DeviceFault { code },
+        FailureMechanism::Timeout { budget, limit } => {
+            RunErrorKind::Timeout { budget: budget.to_string(), value: *limit }
+        }
+        FailureMechanism::CapacityExhausted { what } => {
+            RunErrorKind::Capacity { what: what.clone() }
+        }
+        _ => RunErrorKind::TaskFailed,
     }
 }
 

@@ -1,4 +1,5 @@
-//! Sub workers (spec 40 §7): engine SUB endpoints that run registered host closures.
+//! Sub workers: engine SUB endpoints that run registered host closures
+//! (`docs/worker-protocols.md` §8).
 //!
 //! The closure gets the member's arguments as a borrowed view valid for the call only. `Ok` is
 //! success, `Err` a task failure carrying the error and its source chain, and a panic is

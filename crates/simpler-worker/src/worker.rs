@@ -1,27 +1,10 @@
-//! `Worker`: registration, submit, admission, close and `Drop` at every level (spec 40 §2–§6).
+//! `Worker`: registration, submit and admission at every level (`docs/worker-protocols.md`
+//! §5); closing is in the `close` module.
 //!
 //! # Lifecycle
 //!
 //! `New` (a builder) → `Starting` (the body of `start`) → `Ready` (a returned `Worker`) →
 //! `Closed`. A failed start rolls back before it returns, so no failed worker exists.
-//!
-//! # Close protocol
-//!
-//! 1. A caller acting for this worker (inside its callback, closure or child run, or a
-//!    closure or run of a descendant worker) gets `reentrant` at once.
-//! 2. Lock the lifecycle. An attempt in flight → park until it ends and return its result. A
-//!    finished attempt → return its result again, unless it was a drain timeout: then retry.
-//! 3. Claim: lifecycle := `Closed`, attempt := in flight, unlock. New submissions,
-//!    registrations and memory calls now fail with `Closed`; calls already past that check hold
-//!    an operation lease.
-//! 4. Drain leases (a submit admitted before the claim finishes its callback and its run joins
-//!    the accepted set). Past the budget → `DrainTimeout`, nothing torn down, still `Closed`.
-//! 5. Drain the accepted runs in FIFO order as an ordinary waiter (cleanup election). Failed
-//!    runs that no user read go to `unobserved_runs`.
-//! 6. Tear down once: stop the engine (its chip lanes finalize their chips, sub threads join,
-//!    children close recursively) or the L2 lane. Residue goes to `leaked`.
-//! 7. Publish the result in the attempt and wake joiners; then drop the registries outside
-//!    every lock, so a closure whose `Drop` calls `close` finds the finished attempt.
 //!
 //! # Locks
 //!
@@ -37,52 +20,27 @@
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
-use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 use simpler_device_a2a3::{ChipCallable, DeviceError, Platform, RuntimeVariant};
-use simpler_sched::Engine;
+use simpler_sched::{EndpointFailure, Engine};
 use simpler_types::{
     CallConfig, CallableId, CallableKind, RunFailure, RunId, TaskArgsView, WorkerId, WorkerRef,
 };
 
 use crate::builder::{ChipWorkerBuilder, CompositeWorkerBuilder, HostWorkerBuilder};
-use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence, Residue};
+use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence, Residue, device_failure};
+use crate::close::{Attempt, Life, Lifecycle};
 use crate::deferred_drop;
-use crate::error::{
-    BoxError, BuildFailure, CloseError, DrainTimeout, Frame, RunError, RunErrorKind, TeardownError,
-    WorkerError,
-};
+use crate::error::{BoxError, BuildFailure, Frame, RunError, WorkerError};
 use crate::graph::{GraphBuilder, OrchBody, Orchestration};
 use crate::handle::{
     CallableHandle, Entry, GraphFn, HostFn, Registration, Registry, SharedRegistry, name_in,
 };
 use crate::memory::ChipMemory;
 use crate::reentry;
-use crate::run::{Fence, RunHandle, RunShared, frames_of, kind_of, panic_text};
-
-/// The public lifecycle of a started worker.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Lifecycle {
-    /// Accepting work.
-    Ready,
-    /// Closed (or closing); permanent.
-    Closed,
-}
-
-enum Attempt {
-    None,
-    InFlight,
-    Done(Result<(), CloseError>),
-}
-
-struct Life {
-    state: Lifecycle,
-    leases: usize,
-    attempt: Attempt,
-}
+use crate::run::{Fence, RunHandle, RunShared, frames_of, kind_of, kind_of_mechanism, panic_text};
 
 pub(crate) enum Body {
     Chip(ChipLane),
@@ -106,67 +64,23 @@ pub(crate) struct Inner {
     pub(crate) lineage: reentry::Lineage,
     /// The lineages of every worker below this one, extended when an ancestor adopts it.
     pub(crate) subtree_lineages: Vec<reentry::Lineage>,
-    body: Body,
-    subs: usize,
-    life: Mutex<Life>,
-    life_cv: Condvar,
+    pub(crate) body: Body,
+    pub(crate) subs: usize,
+    pub(crate) life: Mutex<Life>,
+    pub(crate) life_cv: Condvar,
     pub(crate) accepted: Mutex<VecDeque<Arc<RunShared>>>,
-    admission: Mutex<()>,
+    pub(crate) admission: Mutex<()>,
     /// Serializes chip registrations.
-    chip_registration: Mutex<()>,
+    pub(crate) chip_registration: Mutex<()>,
     /// Failed runs published before anybody read them (`close` reports the unread ones).
-    failed_runs: Mutex<Vec<Arc<RunShared>>>,
+    pub(crate) failed_runs: Mutex<Vec<Arc<RunShared>>>,
     /// Chip callables whose last handle was unregistered while runs were live.
-    chip_pending: Mutex<Vec<(CallableId, Vec<WorkerId>)>>,
-    next_l2_run: AtomicU64,
+    pub(crate) chip_pending: Mutex<Vec<(CallableId, Vec<WorkerId>)>>,
     /// Device allocations made through the memory helpers, per chip: address → length. Read at
     /// submit to refuse a chip-memory tensor sent to a chip that does not own it.
     pub(crate) owned: Mutex<HashMap<WorkerId, BTreeMap<u64, u64>>>,
     #[cfg(test)]
     pub(crate) injected: Mutex<Vec<(&'static str, bool)>>,
-}
-
-/// Ends a claimed close attempt that unwound: publishes a failed result, so that parked and
-/// later closers return instead of waiting for an attempt that will never finish. Every normal
-/// way out of `close` has published its result already, which the guard leaves alone.
-struct AttemptGuard<'a> {
-    inner: &'a Inner,
-    claimed: bool,
-}
-
-impl Drop for AttemptGuard<'_> {
-    fn drop(&mut self) {
-        if !self.claimed {
-            return;
-        }
-        let mut life = self.inner.life.lock();
-        if matches!(life.attempt, Attempt::InFlight) {
-            let err = CloseError {
-                teardown: vec![TeardownError {
-                    what: self.inner.label.clone(),
-                    message: "the close attempt unwound before it finished".into(),
-                }],
-                ..CloseError::default()
-            };
-            life.attempt = Attempt::Done(Err(err));
-            self.inner.life_cv.notify_all();
-        }
-    }
-}
-
-/// An operation lease: `close` waits for every lease before it drains runs.
-pub(crate) struct Lease<'a> {
-    inner: &'a Inner,
-}
-
-impl Drop for Lease<'_> {
-    fn drop(&mut self) {
-        let mut life = self.inner.life.lock();
-        life.leases -= 1;
-        if life.leases == 0 {
-            self.inner.life_cv.notify_all();
-        }
-    }
 }
 
 impl Inner {
@@ -205,15 +119,6 @@ impl Inner {
             Body::Chip(lane) => vec![lane.chip],
             Body::Engine { chips, .. } => chips.clone(),
         }
-    }
-
-    pub(crate) fn lease(&self) -> Result<Lease<'_>, WorkerError> {
-        let mut life = self.life.lock();
-        if life.state == Lifecycle::Closed {
-            return Err(WorkerError::Closed);
-        }
-        life.leases += 1;
-        Ok(Lease { inner: self })
     }
 
     fn reentrant(&self, op: &'static str) -> Result<(), WorkerError> {
@@ -266,6 +171,21 @@ impl Inner {
         }
     }
 
+    #[cfg(feature = "sim")]
+    pub(crate) fn with_sim_faults(
+        &self,
+        chip: WorkerId,
+        f: impl FnOnce(&simpler_device_a2a3::FaultPlan) + Send + 'static,
+    ) -> Result<bool, WorkerError> {
+        self.on_chip(chip, move |s| match s.runner.as_ref().and_then(|r| r.sim_faults()) {
+            Some(plan) => {
+                f(plan);
+                true
+            }
+            None => false,
+        })
+    }
+
     fn name_of(&self, id: &CallableId) -> Option<String> {
         std::iter::once(&self.registry)
             .chain(&self.name_sources)
@@ -277,29 +197,16 @@ impl Inner {
         RunError::new(f.run(), kind_of(f), frames, Vec::new(), Some(Arc::clone(f)))
     }
 
-    pub(crate) fn lane_error(&self, run: RunId, e: &DeviceError) -> RunError {
-        let mechanism = e.mechanism();
-        let kind = match &mechanism {
-            simpler_types::FailureMechanism::Timeout { budget, limit } => {
-                RunErrorKind::Timeout { budget: budget.to_string(), value: *limit }
-            }
-            simpler_types::FailureMechanism::CapacityExhausted { what } => {
-                RunErrorKind::Capacity { what: what.clone() }
-            }
-            simpler_types::FailureMechanism::TaskFailed => RunErrorKind::TaskFailed,
-            _ => RunErrorKind::DeviceFault { code: e.device_code() },
-        };
+    /// The error of L2 run `run`, from the chip lane's failure (mapped by [`device_failure`]).
+    pub(crate) fn lane_error(&self, run: RunId, f: &EndpointFailure) -> RunError {
+        let kind = kind_of_mechanism(&f.mechanism, f.device_code);
         let frame = Frame {
-            level: 2,
-            run,
-            task: None,
-            callable: None,
             kind: Some(CallableKind::Chip),
             worker: Some(WorkerRef::next_level(self.chips().first().map_or(0, |c| c.0))),
-            member: None,
-            mechanism: Some(mechanism),
-            device_code: e.device_code(),
-            message: e.to_string(),
+            mechanism: Some(f.mechanism.clone()),
+            device_code: f.device_code,
+            source: f.source.clone(),
+            ..Frame::of_run(2, run, f.message.clone())
         };
         RunError::new(run, kind, vec![frame], Vec::new(), None)
     }
@@ -349,141 +256,9 @@ impl Inner {
         }
     }
 
-    fn note_published(&self, run: &Arc<RunShared>, result: &Result<(), RunError>) {
+    pub(crate) fn note_published(&self, run: &Arc<RunShared>, result: &Result<(), RunError>) {
         if result.is_err() && !run.was_observed() {
             self.failed_runs.lock().push(Arc::clone(run));
-        }
-    }
-
-    fn close(&self, deadline: Option<Instant>, budget: Duration) -> Result<(), CloseError> {
-        // 1.
-        if reentry::is_acting_for(self.instance) {
-            return Err(CloseError { reentrant: true, ..CloseError::default() });
-        }
-        // Keep-alives of runs published by this attempt are dropped when it has ended (after
-        // step 7), so one whose drop closes the worker sees the finished attempt.
-        let _deferred = deferred_drop::scope();
-        // Declared before the lifecycle lock so that on an unwind it runs after that lock
-        // was released.
-        let mut unwinding = AttemptGuard { inner: self, claimed: false };
-        // 2.
-        let mut life = self.life.lock();
-        loop {
-            match &life.attempt {
-                Attempt::InFlight => self.life_cv.wait(&mut life),
-                Attempt::Done(r) if !r.as_ref().is_err_and(CloseError::is_retryable) => {
-                    return r.clone();
-                }
-                _ => break,
-            }
-        }
-        // 3.
-        life.state = Lifecycle::Closed;
-        life.attempt = Attempt::InFlight;
-        unwinding.claimed = true;
-        // 4.
-        while life.leases > 0 {
-            let timed_out = match deadline {
-                None => {
-                    self.life_cv.wait(&mut life);
-                    false
-                }
-                Some(d) => self.life_cv.wait_until(&mut life, d).timed_out(),
-            };
-            if timed_out && life.leases > 0 {
-                let pending_runs = self.accepted.lock().len();
-                let err = CloseError {
-                    drain_timeout: Some(DrainTimeout {
-                        in_flight_ops: life.leases,
-                        pending_runs,
-                        budget,
-                    }),
-                    ..CloseError::default()
-                };
-                life.attempt = Attempt::Done(Err(err.clone()));
-                self.life_cv.notify_all();
-                return Err(err);
-            }
-        }
-        drop(life);
-        // 5.
-        loop {
-            let next = self.accepted.lock().front().cloned();
-            let Some(run) = next else { break };
-            let published = run.wait_until(deadline);
-            match published {
-                Some(r) => {
-                    self.note_published(&run, &r);
-                    // Normally the cleanup retired it already; if its retire step failed, the
-                    // run would stay at the front and this loop would spin on it.
-                    self.retire(&run);
-                }
-                None => {
-                    let pending_runs = self.accepted.lock().len();
-                    let err = CloseError {
-                        drain_timeout: Some(DrainTimeout {
-                            in_flight_ops: 0,
-                            pending_runs,
-                            budget,
-                        }),
-                        ..CloseError::default()
-                    };
-                    let mut life = self.life.lock();
-                    life.attempt = Attempt::Done(Err(err.clone()));
-                    self.life_cv.notify_all();
-                    return Err(err);
-                }
-            }
-        }
-        let mut result = CloseError::default();
-        for run in std::mem::take(&mut *self.failed_runs.lock()) {
-            if !run.was_observed()
-                && let Some(Err(e)) = run.wait_until(Some(Instant::now()))
-            {
-                result.unobserved_runs.push(e);
-            }
-        }
-        // 6.
-        self.teardown(&mut result);
-        // 7.
-        let published = if result.is_empty() { Ok(()) } else { Err(result) };
-        {
-            let mut life = self.life.lock();
-            life.attempt = Attempt::Done(published.clone());
-            self.life_cv.notify_all();
-        }
-        let registry = std::mem::take(&mut *self.registry.write());
-        if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(registry))) {
-            tracing::error!(worker = %self.label, "a registered closure panicked while dropped: {}", panic_text(p.as_ref()));
-        }
-        published
-    }
-
-    fn teardown(&self, result: &mut CloseError) {
-        if let Err(message) = self.inject("teardown") {
-            result.teardown.push(TeardownError { what: self.label.clone(), message });
-        }
-        let residue = match &self.body {
-            Body::Chip(lane) => lane.stop(),
-            Body::Engine { engine, residue, .. } => {
-                if let Err(errors) = engine.shutdown(Instant::now()) {
-                    for e in errors {
-                        result.teardown.push(TeardownError {
-                            what: format!("{} engine", self.label),
-                            message: e.to_string(),
-                        });
-                    }
-                }
-                std::mem::take(&mut *residue.lock())
-            }
-        };
-        for r in residue {
-            match r {
-                Residue::Leaked(what) => result.leaked.push(what),
-                Residue::Failed(message) => {
-                    result.teardown.push(TeardownError { what: self.label.clone(), message });
-                }
-            }
         }
     }
 }
@@ -783,13 +558,7 @@ impl Worker {
         chip: WorkerId,
         f: impl FnOnce(&simpler_device_a2a3::FaultPlan) + Send + 'static,
     ) -> Result<bool, WorkerError> {
-        self.inner.on_chip(chip, move |s| match s.runner.as_ref().and_then(|r| r.sim_faults()) {
-            Some(plan) => {
-                f(plan);
-                true
-            }
-            None => false,
-        })
+        self.inner.with_sim_faults(chip, f)
     }
 
     /// References held on chip callable content `id` on `chip` (for diagnostics and tests).
@@ -835,30 +604,35 @@ impl Worker {
             Some((_, r)) => r.clone(),
             None => return Err(WorkerError::UnknownCallable { handle }),
         };
-        // Relaxed: run ids only need to be distinct; the admission lock orders submits.
-        let raw = self.inner.next_l2_run.fetch_add(1, Ordering::Relaxed);
-        let run = RunId::from_raw(raw)
-            .ok_or(WorkerError::Lane { chip: lane.chip, message: "run ids exhausted".into() })?;
         let fence = Arc::new(LaneFence::default());
         let lane_fence = Arc::clone(&fence);
         let id = handle.id;
-        let (tx, rx) = mpsc::sync_channel::<Result<(), DeviceError>>(1);
+        let (tx, rx) = mpsc::sync_channel::<(Option<RunId>, Result<(), DeviceError>)>(1);
         lane.post(Box::new(move |s: &mut ChipState| {
-            let prepared = s.prepare(run, &id, &args, &config);
-            let ok = prepared.is_ok();
-            let _ = tx.send(prepared);
-            if ok {
-                lane_fence.set(s.launch_and_reap());
+            let (run, prepared) = s.begin_run(&id, args.view(), &config, None);
+            let launch = run.filter(|_| prepared.is_ok());
+            let _ = tx.send((run, prepared));
+            if let Some(run) = launch {
+                lane_fence.set(s.finish_run(run).map_err(device_failure));
             }
         }))?;
-        let prepared = rx.recv().map_err(|_| WorkerError::Lane {
+        let (run, prepared) = rx.recv().map_err(|_| WorkerError::Lane {
             chip: lane.chip,
             message: "the lane dropped the run".into(),
         })?;
-        if let Err(e) = prepared {
-            deferred_drop::drop_logged(Some(run), keep.take());
-            return Err(WorkerError::Build { run, cause: BuildFailure::Device(Box::new(e)) });
-        }
+        let run = match (run, prepared) {
+            (Some(run), Ok(())) => run,
+            (Some(run), Err(e)) => {
+                deferred_drop::drop_logged(Some(run), keep.take());
+                return Err(WorkerError::Build { run, cause: BuildFailure::Device(Box::new(e)) });
+            }
+            (None, Err(e)) => {
+                return Err(WorkerError::Lane { chip: lane.chip, message: e.to_string() });
+            }
+            (None, Ok(())) => {
+                return Err(WorkerError::Lane { chip: lane.chip, message: "no run id".into() });
+            }
+        };
         let shared = RunShared::new(run, Arc::clone(&self.inner), Fence::Lane(fence));
         shared.keep(keep.take());
         shared.keep([Box::new(pin) as Box<dyn Any + Send>]);
@@ -939,19 +713,6 @@ impl Worker {
         self.submit(orch)?.wait().map_err(WorkerError::Run)
     }
 
-    /// Closes the worker: rejects new work, drains every accepted run, tears down once.
-    /// Concurrent and repeated closes return the same result.
-    pub fn close(&self) -> Result<(), CloseError> {
-        self.inner.close(None, Duration::MAX)
-    }
-
-    /// As [`close`](Self::close) with a drain budget: past it, `DrainTimeout` (retryable),
-    /// nothing torn down, still `Closed`.
-    pub fn close_timeout(&self, drain: Duration) -> Result<(), CloseError> {
-        // A budget beyond what `Instant` can represent (`Duration::MAX`) means no deadline.
-        self.inner.close(Instant::now().checked_add(drain), drain)
-    }
-
     /// Memory calls on the chip of an L2 worker.
     pub fn memory(&self) -> Result<ChipMemory<'_>, WorkerError> {
         match &self.inner.body {
@@ -989,48 +750,6 @@ impl Worker {
     }
 }
 
-impl Drop for Worker {
-    /// Closes the worker unless a terminal close already happened; errors are logged.
-    ///
-    /// On a thread acting for this worker (its orchestration callback, a host closure or a
-    /// child run) a close here would wait for the very run this thread is part of, and its
-    /// teardown would join this thread. The close is handed to a detached reaper thread
-    /// instead, which waits for that run like any other closer; nothing joins itself and the
-    /// engine threads still end.
-    fn drop(&mut self) {
-        let done = matches!(&self.inner.life.lock().attempt, Attempt::Done(r) if !r.as_ref().is_err_and(CloseError::is_retryable));
-        if done {
-            return;
-        }
-        if reentry::is_acting_for(self.inner.instance) {
-            let inner = Arc::clone(&self.inner);
-            let spawned = std::thread::Builder::new()
-                .name(format!("simpler-reaper-{}", self.inner.instance))
-                .spawn(move || close_logged(&inner));
-            if let Err(e) = spawned {
-                tracing::error!(worker = %self.inner.label, "cannot spawn the thread that closes the worker dropped inside its own callback; its threads stay alive: {e}");
-            }
-            return;
-        }
-        close_logged(&self.inner);
-    }
-}
-
-/// Closes `inner` without a drain budget, logging any error (run ids included) and any panic.
-fn close_logged(inner: &Inner) {
-    match catch_unwind(AssertUnwindSafe(|| inner.close(None, Duration::MAX))) {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            let runs: Vec<String> =
-                e.unobserved_runs.iter().map(|r| r.run_id().to_string()).collect();
-            tracing::error!(worker = %inner.label, runs = %runs.join(","), "close during drop: {e}");
-        }
-        Err(p) => {
-            tracing::error!(worker = %inner.label, "close during drop panicked: {}", panic_text(p.as_ref()))
-        }
-    }
-}
-
 pub(crate) fn new_inner(
     instance: u64,
     level: u8,
@@ -1056,7 +775,6 @@ pub(crate) fn new_inner(
         chip_registration: Mutex::new(()),
         failed_runs: Mutex::new(Vec::new()),
         chip_pending: Mutex::new(Vec::new()),
-        next_l2_run: AtomicU64::new(1),
         owned: Mutex::new(HashMap::new()),
         #[cfg(test)]
         injected: Mutex::new(Vec::new()),

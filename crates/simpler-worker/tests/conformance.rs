@@ -1,4 +1,4 @@
-//! Conformance behaviours of spec 40 §11 (items 1–35 that apply to THREAD mode), each test
+//! Conformance behaviours of the original's worker tests that apply to in-process workers, each test
 //! named after the behaviour it checks. Barriers and counters only; no wall-clock assertions.
 
 mod common;

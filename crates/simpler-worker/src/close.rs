@@ -1,0 +1,300 @@
+//! Closing a worker: the lifecycle, operation leases, the close protocol and `Drop`
+//! (`docs/worker-protocols.md` §6).
+//!
+//! # Protocol
+//!
+//! 1. A caller acting for this worker (inside its callback, closure or child run, or a
+//!    closure or run of a descendant worker) gets `reentrant` at once.
+//! 2. Lock the lifecycle. An attempt in flight → park until it ends and return its result. A
+//!    finished attempt → return its result again, unless it was a drain timeout: then retry.
+//! 3. Claim: lifecycle := `Closed`, attempt := in flight, unlock. New submissions,
+//!    registrations and memory calls now fail with `Closed`; calls already past that check hold
+//!    an operation lease.
+//! 4. Drain leases (a submit admitted before the claim finishes its callback and its run joins
+//!    the accepted set). Past the budget → `DrainTimeout`, nothing torn down, still `Closed`.
+//! 5. Drain the accepted runs in FIFO order as an ordinary waiter (cleanup election). Failed
+//!    runs that no user read go to `unobserved_runs`.
+//! 6. Tear down once: stop the engine (its chip lanes finalize their chips, sub threads join,
+//!    children close recursively) or the L2 lane. Residue goes to `leaked`.
+//! 7. Publish the result in the attempt and wake joiners; then drop the registries outside
+//!    every lock, so a closure whose `Drop` calls `close` finds the finished attempt.
+//!
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::chip::Residue;
+use crate::deferred_drop;
+use crate::error::{CloseError, DrainTimeout, TeardownError, WorkerError};
+use crate::reentry;
+use crate::run::panic_text;
+use crate::worker::{Body, Inner, Worker};
+
+/// The public lifecycle of a started worker.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Lifecycle {
+    /// Accepting work.
+    Ready,
+    /// Closed (or closing); permanent.
+    Closed,
+}
+
+pub(crate) enum Attempt {
+    None,
+    InFlight,
+    Done(Result<(), CloseError>),
+}
+
+pub(crate) struct Life {
+    pub(crate) state: Lifecycle,
+    pub(crate) leases: usize,
+    pub(crate) attempt: Attempt,
+}
+
+/// Ends a claimed close attempt that unwound: publishes a failed result, so that parked and
+/// later closers return instead of waiting for an attempt that will never finish. Every normal
+/// way out of `close` has published its result already, which the guard leaves alone.
+struct AttemptGuard<'a> {
+    inner: &'a Inner,
+    claimed: bool,
+}
+
+impl Drop for AttemptGuard<'_> {
+    fn drop(&mut self) {
+        if !self.claimed {
+            return;
+        }
+        let mut life = self.inner.life.lock();
+        if matches!(life.attempt, Attempt::InFlight) {
+            let err = CloseError {
+                teardown: vec![TeardownError {
+                    what: self.inner.label.clone(),
+                    message: "the close attempt unwound before it finished".into(),
+                }],
+                ..CloseError::default()
+            };
+            life.attempt = Attempt::Done(Err(err));
+            self.inner.life_cv.notify_all();
+        }
+    }
+}
+
+/// An operation lease: `close` waits for every lease before it drains runs.
+pub(crate) struct Lease<'a> {
+    inner: &'a Inner,
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        let mut life = self.inner.life.lock();
+        life.leases -= 1;
+        if life.leases == 0 {
+            self.inner.life_cv.notify_all();
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn lease(&self) -> Result<Lease<'_>, WorkerError> {
+        let mut life = self.life.lock();
+        if life.state == Lifecycle::Closed {
+            return Err(WorkerError::Closed);
+        }
+        life.leases += 1;
+        Ok(Lease { inner: self })
+    }
+
+    pub(crate) fn close(
+        &self,
+        deadline: Option<Instant>,
+        budget: Duration,
+    ) -> Result<(), CloseError> {
+        // 1.
+        if reentry::is_acting_for(self.instance) {
+            return Err(CloseError { reentrant: true, ..CloseError::default() });
+        }
+        // Keep-alives of runs published by this attempt are dropped when it has ended (after
+        // step 7), so one whose drop closes the worker sees the finished attempt.
+        let _deferred = deferred_drop::scope();
+        // Declared before the lifecycle lock so that on an unwind it runs after that lock
+        // was released.
+        let mut unwinding = AttemptGuard { inner: self, claimed: false };
+        // 2.
+        let mut life = self.life.lock();
+        loop {
+            match &life.attempt {
+                Attempt::InFlight => self.life_cv.wait(&mut life),
+                Attempt::Done(r) if !r.as_ref().is_err_and(CloseError::is_retryable) => {
+                    return r.clone();
+                }
+                _ => break,
+            }
+        }
+        // 3.
+        life.state = Lifecycle::Closed;
+        life.attempt = Attempt::InFlight;
+        unwinding.claimed = true;
+        // 4.
+        while life.leases > 0 {
+            let timed_out = match deadline {
+                None => {
+                    self.life_cv.wait(&mut life);
+                    false
+                }
+                Some(d) => self.life_cv.wait_until(&mut life, d).timed_out(),
+            };
+            if timed_out && life.leases > 0 {
+                let pending_runs = self.accepted.lock().len();
+                let err = CloseError {
+                    drain_timeout: Some(DrainTimeout {
+                        in_flight_ops: life.leases,
+                        pending_runs,
+                        budget,
+                    }),
+                    ..CloseError::default()
+                };
+                life.attempt = Attempt::Done(Err(err.clone()));
+                self.life_cv.notify_all();
+                return Err(err);
+            }
+        }
+        drop(life);
+        // 5.
+        loop {
+            let next = self.accepted.lock().front().cloned();
+            let Some(run) = next else { break };
+            let published = run.wait_until(deadline);
+            match published {
+                Some(r) => {
+                    self.note_published(&run, &r);
+                    // Normally the cleanup retired it already; if its retire step failed, the
+                    // run would stay at the front and this loop would spin on it.
+                    self.retire(&run);
+                }
+                None => {
+                    let pending_runs = self.accepted.lock().len();
+                    let err = CloseError {
+                        drain_timeout: Some(DrainTimeout {
+                            in_flight_ops: 0,
+                            pending_runs,
+                            budget,
+                        }),
+                        ..CloseError::default()
+                    };
+                    let mut life = self.life.lock();
+                    life.attempt = Attempt::Done(Err(err.clone()));
+                    self.life_cv.notify_all();
+                    return Err(err);
+                }
+            }
+        }
+        let mut result = CloseError::default();
+        for run in std::mem::take(&mut *self.failed_runs.lock()) {
+            if !run.was_observed()
+                && let Some(Err(e)) = run.wait_until(Some(Instant::now()))
+            {
+                result.unobserved_runs.push(e);
+            }
+        }
+        // 6.
+        self.teardown(&mut result);
+        // 7.
+        let published = if result.is_empty() { Ok(()) } else { Err(result) };
+        {
+            let mut life = self.life.lock();
+            life.attempt = Attempt::Done(published.clone());
+            self.life_cv.notify_all();
+        }
+        let registry = std::mem::take(&mut *self.registry.write());
+        if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(registry))) {
+            tracing::error!(worker = %self.label, "a registered closure panicked while dropped: {}", panic_text(p.as_ref()));
+        }
+        published
+    }
+
+    fn teardown(&self, result: &mut CloseError) {
+        if let Err(message) = self.inject("teardown") {
+            result.teardown.push(TeardownError { what: self.label.clone(), message });
+        }
+        let residue = match &self.body {
+            Body::Chip(lane) => lane.stop(),
+            Body::Engine { engine, residue, .. } => {
+                if let Err(errors) = engine.shutdown(Instant::now()) {
+                    for e in errors {
+                        result.teardown.push(TeardownError {
+                            what: format!("{} engine", self.label),
+                            message: e.to_string(),
+                        });
+                    }
+                }
+                std::mem::take(&mut *residue.lock())
+            }
+        };
+        for r in residue {
+            match r {
+                Residue::Leaked(what) => result.leaked.push(what),
+                Residue::Failed(message) => {
+                    result.teardown.push(TeardownError { what: self.label.clone(), message });
+                }
+            }
+        }
+    }
+}
+
+impl Worker {
+    /// Closes the worker: rejects new work, drains every accepted run, tears down once.
+    /// Concurrent and repeated closes return the same result.
+    pub fn close(&self) -> Result<(), CloseError> {
+        self.inner.close(None, Duration::MAX)
+    }
+
+    /// As [`close`](Self::close) with a drain budget: past it, `DrainTimeout` (retryable),
+    /// nothing torn down, still `Closed`.
+    pub fn close_timeout(&self, drain: Duration) -> Result<(), CloseError> {
+        // A budget beyond what `Instant` can represent (`Duration::MAX`) means no deadline.
+        self.inner.close(Instant::now().checked_add(drain), drain)
+    }
+}
+
+impl Drop for Worker {
+    /// Closes the worker unless a terminal close already happened; errors are logged.
+    ///
+    /// On a thread acting for this worker (its orchestration callback, a host closure or a
+    /// child run) a close here would wait for the very run this thread is part of, and its
+    /// teardown would join this thread. The close is handed to a detached reaper thread
+    /// instead, which waits for that run like any other closer; nothing joins itself and the
+    /// engine threads still end.
+    fn drop(&mut self) {
+        let done = matches!(&self.inner.life.lock().attempt, Attempt::Done(r) if !r.as_ref().is_err_and(CloseError::is_retryable));
+        if done {
+            return;
+        }
+        if reentry::is_acting_for(self.inner.instance) {
+            let inner = Arc::clone(&self.inner);
+            let spawned = std::thread::Builder::new()
+                .name(format!("simpler-reaper-{}", self.inner.instance))
+                .spawn(move || close_logged(&inner));
+            if let Err(e) = spawned {
+                tracing::error!(worker = %self.inner.label, "cannot spawn the thread that closes the worker dropped inside its own callback; its threads stay alive: {e}");
+            }
+            return;
+        }
+        close_logged(&self.inner);
+    }
+}
+
+/// Closes `inner` without a drain budget, logging any error (run ids included) and any panic.
+fn close_logged(inner: &Inner) {
+    match catch_unwind(AssertUnwindSafe(|| inner.close(None, Duration::MAX))) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            let runs: Vec<String> =
+                e.unobserved_runs.iter().map(|r| r.run_id().to_string()).collect();
+            tracing::error!(worker = %inner.label, runs = %runs.join(","), "close during drop: {e}");
+        }
+        Err(p) => {
+            tracing::error!(worker = %inner.label, "close during drop panicked: {}", panic_text(p.as_ref()))
+        }
+    }
+}
