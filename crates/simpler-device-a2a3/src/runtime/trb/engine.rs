@@ -1,42 +1,56 @@
 //! The trb submit and completion state machine (`docs/device-trb.md`).
 //!
-//! A task submitted at scope depth `d` lives in ring `min(d, 3)`: it takes a slot of that ring's
-//! task window, a slab of its heap ring for its outputs, and one dependency-pool entry per
-//! producer. Producers are found through the fixed tensor map (a read finds writers, a write
-//! finds readers, a read-write both). A task becomes ready when its last producer completed.
+//! A task submitted at scope depth `d` lives in ring `min(d, 3)` (depth 0 is the run's outer
+//! scope): it takes a slot of that ring's task window, a slab of its heap ring for its outputs,
+//! and one dependency entry per producer. Producers are found through the fixed tensor map (a
+//! read finds writers, a write finds readers, a read-write both).
 //!
-//! # Task life cycle and invariants
+//! # Roles
 //!
-//! 1. **Pending**: `fanin_remaining` counts producers not yet completed. It reaches 0 exactly
-//!    once, and the task is then pushed to the ready queue exactly once.
-//! 2. **Completed** ([`Engine::complete`]): the task's fanout list is walked once (each
-//!    consumer's `fanin_remaining` drops by one), and each of its producers loses one reference.
-//! 3. **Consumed**: a completed task whose `refs` reached 0 — no consumer still reads its
-//!    outputs (one reference per consumer, released when the consumer completes) and its scope
-//!    closed (one reference, released at scope end). Its window slot is retired and its heap
-//!    slab released; the ring's tails then advance over every consumed task at the front, in
-//!    FIFO order, which also frees the dependency entries those tasks took.
+//! - The **owner** ([`Engine`], `&mut`) is the orchestration thread: it submits, opens and
+//!   closes scopes, and reclaims slots, heap and dependency entries.
+//! - **Completers** ([`Completer`], `Copy` and `Sync`) are the scheduler threads: they pop
+//!   ready tasks and report them finished, in any order, concurrently with the owner.
 //!
-//! Fanout lists link dependency entries of the consumers' rings. An entry is reused only after
-//! its consumer was reclaimed, which is after the consumer completed, which is after every
-//! producer completed; a producer's list is walked only at its completion and only appended to
-//! before it, so a walk never meets a reused entry.
+//! # Per-task state and invariants
+//!
+//! 1. `fanin` counts producers not yet completed, plus one guard while the owner links the
+//!    task. It reaches 0 exactly once, and whoever brings it there pushes the task to the ready
+//!    queue, so a task is ready exactly once.
+//! 2. `refs` counts what keeps the task's slot, slab and dependency entries: one until it
+//!    completes, one while its scope is open, one per consumer until that consumer completes.
+//!    It reaches 0 exactly once; whoever brings it there retires the slot (the window core's
+//!    release CAS), and only then may the owner reclaim it. A reference is only taken from a
+//!    non-zero count (CAS), so a consumed task is never revived.
+//! 3. `completed` and `fanout_head` change only under the task's fanout lock: a completer sets
+//!    `completed` and takes the whole list in one critical section, and the owner appends only
+//!    while `completed` is false. So every consumer linked before completion is walked exactly
+//!    once, and none is linked after.
+//! 4. A dependency entry lives in its consumer's ring and is reused only after that consumer
+//!    was reclaimed. A completer reads an entry's `next` before lowering its consumer's
+//!    `fanin`, since that may let the consumer run, finish and be reclaimed at once.
+//!
+//! Reclaiming (owner): the window tail advances over retired slots in FIFO order; for each,
+//! the owner releases its heap slab and moves the ring's dependency tail to its last entry.
 //!
 //! A submit that does not fit changes nothing and returns [`SubmitRefusal::Wait`] when
-//! completions of running tasks can make room, or a [`RingStall`] when nothing can (the scope
-//! holding the room cannot close while the orchestration waits inside it).
+//! completions can make room, or a [`RingStall`] when nothing can.
 //!
-//! The engine has one owner (`&mut`); all storage is allocated once in [`TrbArena`] and nothing
-//! allocates afterwards.
+//! All storage is allocated once in [`TrbArena`]; nothing allocates afterwards.
 
 use std::fmt;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 
-use simpler_ring::fixed::{FixedRecords, HeapRecord, HeapRingCore, SlotWord, TaskWindowCore};
+use simpler_ring::fixed::{
+    FixedRecords, HeapRecord, HeapRingCore, SlotWord, TaskWindowCore, WindowRetirer,
+};
 use simpler_tensormap::ByteSpan;
 use simpler_tensormap::fixed::{AccessMode, FixedMapError, FixedTensorMap, MapEntry};
 use simpler_types::DeviceTaskId;
 use simpler_types::constants::{HEAP_ALIGN, HEAP_RING_COUNT};
 
+use super::ready::{ReadyCell, ReadyRing};
 use super::sizing::RingSizes;
 use crate::abi::codes::RuntimeCode;
 
@@ -44,8 +58,10 @@ use crate::abi::codes::RuntimeCode;
 const NIL: u64 = u64::MAX;
 /// No heap slab.
 const NO_SLAB: u64 = u64::MAX;
-/// Deepest scope nesting the engine tracks.
+/// Deepest scope nesting the engine tracks (the outer scope included).
 pub(crate) const MAX_SCOPE_DEPTH: usize = 64;
+/// Most distinct producers one task may have.
+pub(crate) const MAX_FANIN: usize = 256;
 
 /// One tensor access of a submitted task.
 #[derive(Clone, Copy, Debug)]
@@ -58,23 +74,81 @@ pub(crate) struct Access {
     pub(crate) mode: AccessMode,
 }
 
+/// The state of one task slot that completers touch.
+#[derive(Debug)]
+pub(crate) struct SharedSlot {
+    lock: AtomicBool,
+    completed: AtomicBool,
+    fanout_head: AtomicU64,
+    fanin: AtomicU32,
+    refs: AtomicU32,
+    /// The task's dependency entries in its ring's pool: `[dep_start, dep_end)`.
+    dep_start: AtomicU64,
+    dep_end: AtomicU64,
+}
+
+impl Default for SharedSlot {
+    fn default() -> SharedSlot {
+        SharedSlot {
+            lock: AtomicBool::new(false),
+            completed: AtomicBool::new(false),
+            fanout_head: AtomicU64::new(NIL),
+            fanin: AtomicU32::new(0),
+            refs: AtomicU32::new(0),
+            dep_start: AtomicU64::new(0),
+            dep_end: AtomicU64::new(0),
+        }
+    }
+}
+
+impl SharedSlot {
+    /// Runs `f` under the slot's fanout lock (a spin lock around a few loads and stores).
+    fn locked<R>(&self, f: impl FnOnce() -> R) -> R {
+        // Acquire on taking / release on dropping: the critical sections are totally ordered.
+        while self.lock.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
+            std::hint::spin_loop();
+        }
+        let r = f();
+        self.lock.store(false, Release);
+        r
+    }
+}
+
+/// One dependency entry: the edge `producer → consumer`, linked into the producer's fanout
+/// list while the producer has not completed.
+#[derive(Debug, Default)]
+pub(crate) struct SharedDep {
+    producer: AtomicU64,
+    consumer: AtomicU64,
+    /// Next entry of the producer's fanout list (`(ring << 32) | index`, or `NIL`).
+    next: AtomicU64,
+}
+
 /// The storage of one ring.
 #[derive(Debug)]
 struct RingStore {
     words: Vec<SlotWord>,
     records: Vec<HeapRecord>,
-    slots: Vec<TaskSlot>,
-    deps: Vec<DepEntry>,
+    slots: Vec<SharedSlot>,
+    /// Per slot, owner only: the heap slab's sequence number, and whether the scope's
+    /// reference is still held.
+    heap_seq: Vec<u64>,
+    scope_held: Vec<bool>,
+    deps: Vec<SharedDep>,
 }
 
-/// All storage of a run's rings and tensor map, allocated once per sizing and reusable.
+/// All storage of a run's rings, tensor map and ready queue, allocated once per sizing and
+/// reused by every engine built over it.
 #[derive(Debug)]
 pub(crate) struct TrbArena {
     sizes: [RingSizes; HEAP_RING_COUNT],
     rings: Vec<RingStore>,
     map_entries: Vec<MapEntry<u64>>,
     map_buckets: Vec<u32>,
-    ready: Vec<u64>,
+    ready: Vec<ReadyCell>,
+    ready_head: AtomicU64,
+    ready_tail: AtomicU64,
+    completed: AtomicU64,
 }
 
 impl TrbArena {
@@ -87,20 +161,29 @@ impl TrbArena {
     ) -> TrbArena {
         let rings = sizes
             .iter()
-            .map(|s| RingStore {
-                words: (0..s.task_window).map(|_| SlotWord::new(0)).collect(),
-                records: vec![HeapRecord::default(); s.task_window as usize],
-                slots: vec![TaskSlot::default(); s.task_window as usize],
-                deps: vec![DepEntry::default(); s.dep_pool as usize],
+            .map(|s| {
+                let w = s.task_window as usize;
+                RingStore {
+                    words: (0..w).map(|_| SlotWord::new(0)).collect(),
+                    records: vec![HeapRecord::default(); w],
+                    slots: (0..w).map(|_| SharedSlot::default()).collect(),
+                    heap_seq: vec![NO_SLAB; w],
+                    scope_held: vec![false; w],
+                    deps: (0..s.dep_pool).map(|_| SharedDep::default()).collect(),
+                }
             })
             .collect();
+        // Every live task is queued at most once.
         let ready = sizes.iter().map(|s| s.task_window as usize).sum();
         TrbArena {
             sizes,
             rings,
             map_entries: vec![MapEntry::vacant(0); map_entries as usize],
             map_buckets: vec![0; map_buckets as usize],
-            ready: vec![0; ready],
+            ready: (0..ready).map(|_| ReadyCell::default()).collect(),
+            ready_head: AtomicU64::new(0),
+            ready_tail: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
         }
     }
 
@@ -110,52 +193,108 @@ impl TrbArena {
     }
 }
 
-/// Per-slot task state.
+/// What completers share of one ring.
 #[derive(Clone, Copy, Debug)]
-struct TaskSlot {
-    fanin_remaining: u32,
-    /// References that keep the task's slot and slab: one per uncompleted consumer, one for
-    /// the scope while it is open.
-    refs: u32,
-    completed: bool,
-    scope_ref: bool,
-    heap_seq: u64,
-    /// First dependency entry this task took in its ring's pool, and one past the last.
-    dep_start: u64,
-    dep_end: u64,
-    fanout_head: u64,
+struct RingShared<'a> {
+    slots: &'a [SharedSlot],
+    deps: &'a [SharedDep],
+    retirer: WindowRetirer<'a>,
+    mask: u32,
 }
 
-impl Default for TaskSlot {
-    fn default() -> TaskSlot {
-        TaskSlot {
-            fanin_remaining: 0,
-            refs: 0,
-            completed: false,
-            scope_ref: false,
-            heap_seq: NO_SLAB,
-            dep_start: 0,
-            dep_end: 0,
-            fanout_head: NIL,
-        }
+impl<'a> RingShared<'a> {
+    fn slot(&self, local: u32) -> &'a SharedSlot {
+        &self.slots[(local & self.mask) as usize]
+    }
+
+    fn dep(&self, at: u64) -> &'a SharedDep {
+        &self.deps[(at % self.deps.len() as u64) as usize]
     }
 }
 
-/// One dependency entry: the edge `producer → consumer`, linked into the producer's fanout list.
-#[derive(Clone, Copy, Debug, Default)]
-struct DepEntry {
-    producer: u64,
-    consumer: u64,
-    /// Next entry of the producer's fanout list (`(ring << 32) | index`, or `NIL`).
-    next: u64,
+fn ring_of(id: u64) -> usize {
+    (id >> 32) as usize
 }
 
-/// A ring's state during a run.
+/// The scheduler side: pops ready tasks and completes them, from any thread.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Completer<'a> {
+    rings: [RingShared<'a>; HEAP_RING_COUNT],
+    ready: ReadyRing<'a>,
+    completed: &'a AtomicU64,
+}
+
+impl<'a> Completer<'a> {
+    /// The oldest ready task, if any; each ready task is handed out once.
+    pub(crate) fn pop_ready(&self) -> Option<DeviceTaskId> {
+        self.ready.pop().map(DeviceTaskId)
+    }
+
+    fn push_ready(&self, id: u64) {
+        // The queue has a cell for every slot of every ring, and a task is queued once.
+        let pushed = self.ready.push(id);
+        debug_assert!(pushed, "the ready queue holds every live task");
+    }
+
+    /// Drops one reference of `id`; the last one retires its slot.
+    fn release(&self, id: u64) {
+        let ring = &self.rings[ring_of(id)];
+        // AcqRel: the last release sees every earlier holder's accesses before retiring.
+        if ring.slot(id as u32).refs.fetch_sub(1, AcqRel) == 1 {
+            ring.retirer.retire(id as u32);
+        }
+    }
+
+    /// Takes one reference of `id` unless it has none left (consumed); `false` then.
+    fn acquire(&self, id: u64) -> bool {
+        let refs = &self.rings[ring_of(id)].slot(id as u32).refs;
+        let mut now = refs.load(Relaxed);
+        loop {
+            if now == 0 {
+                return false;
+            }
+            match refs.compare_exchange_weak(now, now + 1, Relaxed, Relaxed) {
+                Ok(_) => return true,
+                Err(v) => now = v,
+            }
+        }
+    }
+
+    /// Records that `id`, a task this thread popped from the ready queue, finished: its
+    /// consumers' fanins drop (those reaching zero become ready) and its producers and the task
+    /// itself lose a reference.
+    pub(crate) fn complete(&self, id: DeviceTaskId) {
+        let id = id.0;
+        let ring = &self.rings[ring_of(id)];
+        let slot = ring.slot(id as u32);
+        let mut link = slot.locked(|| {
+            slot.completed.store(true, Relaxed);
+            slot.fanout_head.swap(NIL, Relaxed)
+        });
+        while link != NIL {
+            let entry = self.rings[(link >> 32) as usize].dep(link as u32 as u64);
+            let consumer = entry.consumer.load(Relaxed);
+            link = entry.next.load(Relaxed);
+            let c = self.rings[ring_of(consumer)].slot(consumer as u32);
+            // AcqRel: the consumer runs after every producer's writes.
+            if c.fanin.fetch_sub(1, AcqRel) == 1 {
+                self.push_ready(consumer);
+            }
+        }
+        for at in slot.dep_start.load(Relaxed)..slot.dep_end.load(Relaxed) {
+            self.release(ring.dep(at).producer.load(Relaxed));
+        }
+        self.completed.fetch_add(1, Release);
+        self.release(id);
+    }
+}
+
+/// A ring's owner-side state during a run.
 struct Ring<'a> {
     window: TaskWindowCore<'a>,
     heap: HeapRingCore<FixedRecords<'a>>,
-    slots: &'a mut [TaskSlot],
-    deps: &'a mut [DepEntry],
+    heap_seq: &'a mut [u64],
+    scope_held: &'a mut [bool],
     dep_head: u64,
     dep_tail: u64,
     sizes: RingSizes,
@@ -163,25 +302,12 @@ struct Ring<'a> {
     peak_deps: u64,
 }
 
-impl Ring<'_> {
-    fn slot(&self, local: u32) -> usize {
-        self.window.slot_of(local)
-    }
-
-    /// Whether `local` of this ring completed (a reclaimed id did; an id never issued did not).
-    fn is_completed(&self, local: u32) -> bool {
-        if self.window.is_live(local) {
-            self.slots[self.slot(local)].completed
-        } else {
-            // Older than the tail: reclaimed. Not older: not issued yet.
-            self.window.tail().wrapping_sub(local) <= i32::MAX as u32 && local != self.window.head()
-        }
-    }
-
-    fn dep_entry(&mut self, at: u64) -> &mut DepEntry {
-        let len = self.deps.len() as u64;
-        &mut self.deps[(at % len) as usize]
-    }
+/// Whether the map may forget `owner`: its slot was retired (or already reclaimed).
+fn is_retired(rings: &[Ring<'_>], owner: u64) -> bool {
+    rings.get(ring_of(owner)).is_none_or(|r| {
+        let local = owner as u32;
+        !r.window.is_live(local) || r.window.is_retired(local)
+    })
 }
 
 /// What stalled, in the words of the runtime codes.
@@ -288,105 +414,130 @@ pub(crate) struct Submitted {
     pub(crate) heap_offset: Option<u64>,
 }
 
-/// Most distinct producers one task may have (the dependency entries one submit takes).
-pub(crate) const MAX_FANIN: usize = 256;
-
-/// The state machine over one arena.
+/// The orchestration side of the state machine over one arena.
 pub(crate) struct Engine<'a> {
     rings: [Ring<'a>; HEAP_RING_COUNT],
+    shared: Completer<'a>,
     map: FixedTensorMap<'a, u64>,
-    ready: &'a mut [u64],
-    ready_head: usize,
-    ready_len: usize,
-    /// Per open scope: the ring its tasks go to and the first local id it issued there.
+    /// Per open scope (index 0 is the outer scope): the ring its tasks go to and the first
+    /// local id it issued there.
     scopes: [(u8, u32); MAX_SCOPE_DEPTH],
-    depth: usize,
-    /// Tasks submitted and not completed.
-    incomplete: u64,
+    /// Open scopes; 0 once the outer scope closed.
+    open: usize,
+    submitted: u64,
     producers: [u64; MAX_FANIN],
 }
 
-fn ring_of(id: u64) -> usize {
-    (id >> 32) as usize
-}
-
-fn is_completed(rings: &[Ring<'_>], id: u64) -> bool {
-    rings.get(ring_of(id)).is_none_or(|r| r.is_completed(id as u32))
-}
-
 impl<'a> Engine<'a> {
-    /// An empty engine over `arena` (every ring empty, no scope open).
+    /// An empty engine over `arena`, with the outer scope open.
     pub(crate) fn new(arena: &'a mut TrbArena) -> Engine<'a> {
         let sizes = arena.sizes;
+        arena.completed.store(0, Relaxed);
         let mut stores = arena.rings.iter_mut();
-        let rings = sizes.map(|s| {
+        let [a, b, c, d] = sizes.map(|s| {
             let st = stores.next().expect("one store per ring");
-            Ring {
-                window: TaskWindowCore::new(&st.words).expect("power-of-two window"),
-                heap: HeapRingCore::new(s.heap_bytes, FixedRecords::new(&mut st.records))
+            let RingStore { words, records, slots, heap_seq, scope_held, deps } = st;
+            let words: &'a [SlotWord] = words;
+            let ring = Ring {
+                window: TaskWindowCore::new(words).expect("power-of-two window"),
+                heap: HeapRingCore::new(s.heap_bytes, FixedRecords::new(records))
                     .expect("aligned heap"),
-                slots: &mut st.slots,
-                deps: &mut st.deps,
+                heap_seq,
+                scope_held,
                 dep_head: 0,
                 dep_tail: 0,
                 sizes: s,
                 peak_tasks: 0,
                 peak_deps: 0,
-            }
+            };
+            let shared = RingShared {
+                slots,
+                deps,
+                retirer: WindowRetirer::new(words).expect("power-of-two window"),
+                mask: s.task_window - 1,
+            };
+            (ring, shared)
         });
+        let shared_rings = [a.1, b.1, c.1, d.1];
+        let rings = [a.0, b.0, c.0, d.0];
+        let shared = Completer {
+            rings: shared_rings,
+            ready: ReadyRing::new(&arena.ready, &arena.ready_head, &arena.ready_tail),
+            completed: &arena.completed,
+        };
         Engine {
             rings,
+            shared,
             map: FixedTensorMap::new(&mut arena.map_entries, &mut arena.map_buckets)
                 .expect("power-of-two buckets"),
-            ready: &mut arena.ready,
-            ready_head: 0,
-            ready_len: 0,
             scopes: [(0, 0); MAX_SCOPE_DEPTH],
-            depth: 0,
-            incomplete: 0,
+            open: 1,
+            submitted: 0,
             producers: [0; MAX_FANIN],
         }
     }
 
-    /// The ring tasks submitted now go to.
-    fn current_ring(&self) -> usize {
-        self.depth.min(HEAP_RING_COUNT - 1)
+    /// The handle scheduler threads complete tasks through.
+    pub(crate) fn completer(&self) -> Completer<'a> {
+        self.shared
     }
 
-    /// Opens a scope; `Err` when scopes nest deeper than [`MAX_SCOPE_DEPTH`].
+    /// The ring tasks submitted now go to: `min(depth, 3)`, the outer scope being depth 0.
+    fn current_ring(&self) -> usize {
+        (self.open - 1).min(HEAP_RING_COUNT - 1)
+    }
+
+    /// Opens a scope.
     pub(crate) fn scope_begin(&mut self) -> Result<(), SubmitRefusal> {
-        if self.depth == MAX_SCOPE_DEPTH {
+        if self.open == 0 {
+            return Err(SubmitRefusal::Invalid("the orchestration already finished"));
+        }
+        if self.open == MAX_SCOPE_DEPTH {
             return Err(SubmitRefusal::Invalid("scopes nested too deep"));
         }
-        self.depth += 1;
+        self.open += 1;
         let r = self.current_ring();
-        self.scopes[self.depth - 1] = (r as u8, self.rings[r].window.head());
+        self.scopes[self.open - 1] = (r as u8, self.rings[r].window.head());
         Ok(())
     }
 
     /// Closes the innermost scope: its tasks lose their scope reference.
     pub(crate) fn scope_end(&mut self) -> Result<(), SubmitRefusal> {
-        if self.depth == 0 {
+        if self.open <= 1 {
             return Err(SubmitRefusal::Invalid("scope end without a scope"));
         }
-        let (r, first) = self.scopes[self.depth - 1];
-        self.depth -= 1;
+        self.close_scope();
+        Ok(())
+    }
+
+    /// Closes the outer scope: the orchestration is done and submits nothing more.
+    pub(crate) fn finish(&mut self) -> Result<(), SubmitRefusal> {
+        while self.open > 1 {
+            self.close_scope();
+        }
+        if self.open == 0 {
+            return Err(SubmitRefusal::Invalid("the orchestration already finished"));
+        }
+        self.close_scope();
+        Ok(())
+    }
+
+    fn close_scope(&mut self) {
+        let (r, first) = self.scopes[self.open - 1];
+        self.open -= 1;
         let r = r as usize;
         let mut local = first;
         while local != self.rings[r].window.head() {
-            // Ids a nested scope already released, or that were reclaimed, are skipped.
-            if self.rings[r].window.is_live(local) {
-                let at = self.rings[r].slot(local);
-                let slot = &mut self.rings[r].slots[at];
-                if slot.scope_ref {
-                    slot.scope_ref = false;
-                    self.release(DeviceTaskId::new(r as u8, local).0);
-                }
+            let ring = &mut self.rings[r];
+            // Ids a nested scope of the same ring released, or reclaimed ones, are skipped.
+            let at = ring.window.slot_of(local);
+            if ring.window.is_live(local) && ring.scope_held[at] {
+                ring.scope_held[at] = false;
+                self.shared.release(DeviceTaskId::new(r as u8, local).0);
             }
             local = local.wrapping_add(1);
         }
         self.reclaim(r);
-        Ok(())
     }
 
     /// Submits a task with `accesses` and an output slab of `heap_bytes` (rounded up to the
@@ -396,25 +547,25 @@ impl<'a> Engine<'a> {
         accesses: &[Access],
         heap_bytes: u64,
     ) -> Result<Submitted, SubmitRefusal> {
+        if self.open == 0 {
+            return Err(SubmitRefusal::Invalid("the orchestration already finished"));
+        }
         let r = self.current_ring();
         let aligned = heap_bytes.div_ceil(HEAP_ALIGN) * HEAP_ALIGN;
         if aligned > self.rings[r].sizes.heap_bytes {
             return Err(SubmitRefusal::Invalid("output slab larger than the ring's heap"));
         }
-        // Window room.
-        let ring = &mut self.rings[r];
-        ring.window.reclaim();
+        self.reclaim(r);
+        let ring = &self.rings[r];
         if ring.window.live() == ring.window.capacity() {
             return Err(self.refuse(r, StallKind::Scope, 1));
         }
-        // Heap room.
-        let placement = if aligned > 0 {
-            match self.rings[r].heap.try_place(aligned) {
+        let placement = match aligned {
+            0 => None,
+            _ => match ring.heap.try_place(aligned) {
                 Some(p) => Some(p),
                 None => return Err(self.refuse(r, StallKind::Heap, aligned)),
-            }
-        } else {
-            None
+            },
         };
         // Producers: every lookup before any insert, so a task never finds itself.
         let mut count = 0usize;
@@ -423,92 +574,95 @@ impl<'a> Engine<'a> {
             let rings = &self.rings;
             let producers = &mut self.producers;
             for a in accesses {
-                self.map.lookup(
-                    &a.key,
-                    a.span,
-                    a.mode,
-                    |o| is_completed(rings, o),
-                    |o| {
-                        if producers[..count].contains(&o) {
-                            return;
-                        }
-                        if count == MAX_FANIN {
-                            overflow = true;
-                        } else {
-                            producers[count] = o;
-                            count += 1;
-                        }
-                    },
-                );
+                let retired = |o| is_retired(rings, o);
+                self.map.lookup(&a.key, a.span, a.mode, retired, |o| {
+                    if producers[..count].contains(&o) {
+                        return;
+                    }
+                    if count == MAX_FANIN {
+                        overflow = true;
+                    } else {
+                        producers[count] = o;
+                        count += 1;
+                    }
+                });
             }
         }
         if overflow {
             return Err(SubmitRefusal::Invalid("more distinct producers than one task may have"));
         }
-        // Dependency-pool room.
         let ring = &self.rings[r];
         if ring.dep_head - ring.dep_tail + count as u64 > u64::from(ring.sizes.dep_pool) {
             return Err(self.refuse(r, StallKind::DepPool, count as u64));
         }
-        // Tensor-map room, so that no insert below can fail.
+        // Tensor-map room first, so that no insert below can fail.
         let needed = accesses.iter().filter(|a| !a.span.is_empty()).count() as u32;
         if self.map.capacity() - self.map.len() < needed {
             let rings = &self.rings;
-            self.map.prune_retired(|o| is_completed(rings, o));
+            self.map.prune_retired(|o| is_retired(rings, o));
             if self.map.capacity() - self.map.len() < needed {
                 return Err(self.refuse(r, StallKind::Tensormap, u64::from(needed)));
             }
         }
-        // Commit.
+        // Commit. The slot is not visible to completers until it is linked into a producer's
+        // fanout list (under that producer's lock) or pushed to the ready queue (release).
         let ring = &mut self.rings[r];
         let local = ring.window.try_issue().expect("room checked above");
         let id = DeviceTaskId::new(r as u8, local).0;
-        let grant = placement.map(|p| ring.heap.push_record(p, id).expect("one record per slot"));
+        let at = ring.window.slot_of(local);
+        let grant = placement.map(|p| ring.heap.push_record(p, id).expect("a record per slot"));
+        ring.heap_seq[at] = grant.map_or(NO_SLAB, |g| g.seq);
+        ring.scope_held[at] = true;
         let dep_start = ring.dep_head;
-        ring.dep_head += count as u64;
+        let shared = self.shared;
+        let slot = shared.rings[r].slot(local);
+        slot.completed.store(false, Relaxed);
+        slot.fanout_head.store(NIL, Relaxed);
+        // One guard against becoming ready while linking; one until completion, one for the scope.
+        slot.fanin.store(1, Relaxed);
+        slot.refs.store(2, Relaxed);
+        slot.dep_start.store(dep_start, Relaxed);
+        let mut taken = 0u64;
+        for &p in &self.producers[..count] {
+            // A producer consumed since the lookup (its scope closed) is no longer waited for.
+            if !shared.acquire(p) {
+                continue;
+            }
+            let entry_at = dep_start + taken;
+            let entry = shared.rings[r].dep(entry_at);
+            entry.producer.store(p, Relaxed);
+            entry.consumer.store(id, Relaxed);
+            let link = ((r as u64) << 32) | (entry_at % u64::from(ring.sizes.dep_pool));
+            let ps = shared.rings[ring_of(p)].slot(p as u32);
+            ps.locked(|| {
+                if !ps.completed.load(Relaxed) {
+                    entry.next.store(ps.fanout_head.load(Relaxed), Relaxed);
+                    ps.fanout_head.store(link, Relaxed);
+                    slot.fanin.fetch_add(1, Relaxed);
+                }
+            });
+            taken += 1;
+        }
+        slot.dep_end.store(dep_start + taken, Relaxed);
+        ring.dep_head += taken;
         ring.peak_tasks = ring.peak_tasks.max(ring.window.live());
         ring.peak_deps = ring.peak_deps.max(ring.dep_head - ring.dep_tail);
-        let at = ring.slot(local);
-        ring.slots[at] = TaskSlot {
-            fanin_remaining: 0,
-            refs: u32::from(self.depth > 0),
-            completed: false,
-            scope_ref: self.depth > 0,
-            heap_seq: grant.map_or(NO_SLAB, |g| g.seq),
-            dep_start,
-            dep_end: dep_start + count as u64,
-            fanout_head: NIL,
-        };
-        let mut pending = 0;
-        for (i, &p) in self.producers[..count].iter().enumerate() {
-            let entry_at = dep_start + i as u64;
-            let link = ((r as u64) << 32) | (entry_at % u64::from(self.rings[r].sizes.dep_pool));
-            let (pr, pl) = (ring_of(p), p as u32);
-            let pslot = self.rings[pr].slot(pl);
-            let producer = &mut self.rings[pr].slots[pslot];
-            producer.refs += 1;
-            let next = producer.fanout_head;
-            producer.fanout_head = link;
-            *self.rings[r].dep_entry(entry_at) = DepEntry { producer: p, consumer: id, next };
-            pending += 1;
-        }
-        let at = self.rings[r].slot(local);
-        self.rings[r].slots[at].fanin_remaining = pending;
         for a in accesses {
             let rings = &self.rings;
-            // Room was checked above, and a Full insert changes nothing.
-            let inserted = self.map.insert(a.key, a.span, a.mode, id, |o| is_completed(rings, o));
+            // Room was checked above; a refused insert would change nothing.
+            let inserted = self.map.insert(a.key, a.span, a.mode, id, |o| is_retired(rings, o));
             debug_assert!(!matches!(inserted, Err(FixedMapError::Full { .. })));
         }
-        self.incomplete += 1;
-        if pending == 0 {
-            self.push_ready(id);
+        self.submitted += 1;
+        // Drop the guard; with no producer pending the task is ready now.
+        if slot.fanin.fetch_sub(1, AcqRel) == 1 {
+            shared.push_ready(id);
         }
         Ok(Submitted { id: DeviceTaskId(id), heap_offset: grant.map(|g| g.offset) })
     }
 
     /// Classifies a submit that does not fit: a wait when completions can free room, a stall
-    /// when the room is held by the open scope (or by nothing that will complete).
+    /// when the room is held by a scope still open (or by nothing that will complete).
     fn refuse(&self, r: usize, kind: StallKind, needed: u64) -> SubmitRefusal {
         let ring = &self.rings[r];
         let stall = RingStall {
@@ -522,136 +676,62 @@ impl<'a> Engine<'a> {
             map_capacity: self.map.capacity(),
         };
         let can_free = match kind {
-            StallKind::Tensormap => self.incomplete > 0 && needed <= u64::from(self.map.capacity()),
-            StallKind::Heap if needed > ring.heap.size() => false,
+            // Map entries go when their owners are consumed; once nothing runs, none will be.
+            StallKind::Tensormap => {
+                self.incomplete() > 0 && needed <= u64::from(self.map.capacity())
+            }
             StallKind::DepPool if needed > u64::from(ring.sizes.dep_pool) => false,
             // Room at the front of the ring frees once its oldest task is consumed, which
             // cannot happen while that task holds the reference of a scope still open.
             _ => {
                 ring.window.live() > 0 && {
                     let oldest = ring.window.tail();
-                    !ring.slots[ring.slot(oldest)].scope_ref
+                    !ring.scope_held[ring.window.slot_of(oldest)]
                 }
             }
         };
         if can_free { SubmitRefusal::Wait } else { SubmitRefusal::Stall(stall) }
     }
 
-    fn push_ready(&mut self, id: u64) {
-        // The queue holds at most every live task once, and has a place for each.
-        let at = (self.ready_head + self.ready_len) % self.ready.len();
-        self.ready[at] = id;
-        self.ready_len += 1;
-    }
-
-    /// The oldest ready task not yet handed out.
-    pub(crate) fn pop_ready(&mut self) -> Option<DeviceTaskId> {
-        if self.ready_len == 0 {
-            return None;
+    /// Advances ring `r`'s window tail over retired slots, releasing their heap slabs and
+    /// dependency entries in the same FIFO order.
+    fn reclaim(&mut self, r: usize) {
+        let ring = &mut self.rings[r];
+        let shared = self.shared.rings[r];
+        let first = ring.window.tail();
+        let freed = ring.window.reclaim();
+        // The reclaimed slots keep their owner-side and shared fields until they are reissued.
+        for local in (0..freed).map(|i| first.wrapping_add(i)) {
+            let at = ring.window.slot_of(local);
+            if ring.heap_seq[at] != NO_SLAB {
+                ring.heap.mark_released(ring.heap_seq[at]);
+                ring.heap_seq[at] = NO_SLAB;
+            }
+            ring.dep_tail = shared.slot(local).dep_end.load(Relaxed);
         }
-        let id = self.ready[self.ready_head];
-        self.ready_head = (self.ready_head + 1) % self.ready.len();
-        self.ready_len -= 1;
-        Some(DeviceTaskId(id))
     }
 
     /// Tasks submitted and not yet completed.
     pub(crate) fn incomplete(&self) -> u64 {
-        self.incomplete
-    }
-
-    /// Whether `id` completed.
-    pub(crate) fn is_completed(&self, id: DeviceTaskId) -> bool {
-        is_completed(&self.rings, id.0)
-    }
-
-    /// Records that the ready task `id` finished: its consumers' fanins drop (those reaching
-    /// zero become ready), its producers lose a reference, and consumed tasks are reclaimed.
-    /// `false` (nothing changed) when `id` is not a live, uncompleted task.
-    pub(crate) fn complete(&mut self, id: DeviceTaskId) -> bool {
-        let (r, local) = (ring_of(id.0), id.0 as u32);
-        let Some(ring) = self.rings.get_mut(r) else { return false };
-        if !ring.window.is_live(local) {
-            return false;
-        }
-        let at = ring.slot(local);
-        let slot = ring.slots[at];
-        if slot.completed || slot.fanin_remaining > 0 {
-            return false;
-        }
-        ring.slots[at].completed = true;
-        self.incomplete -= 1;
-        // Fanout: consumers become ready when their last producer completed.
-        let mut link = slot.fanout_head;
-        while link != NIL {
-            let entry = self.rings[(link >> 32) as usize].deps[link as u32 as usize];
-            let (cr, cl) = (ring_of(entry.consumer), entry.consumer as u32);
-            let cat = self.rings[cr].slot(cl);
-            let consumer = &mut self.rings[cr].slots[cat];
-            consumer.fanin_remaining -= 1;
-            if consumer.fanin_remaining == 0 {
-                self.push_ready(entry.consumer);
-            }
-            link = entry.next;
-        }
-        // Fanin: this task no longer reads its producers' outputs.
-        for e in slot.dep_start..slot.dep_end {
-            let producer = self.rings[r].dep_entry(e).producer;
-            self.release(producer);
-        }
-        if self.rings[r].slots[at].refs == 0 {
-            self.consume(r, local);
-        }
-        for ring in 0..HEAP_RING_COUNT {
-            self.reclaim(ring);
-        }
-        true
-    }
-
-    /// Drops one reference of `id`; a completed task with none left is consumed.
-    fn release(&mut self, id: u64) {
-        let (r, local) = (ring_of(id), id as u32);
-        let at = self.rings[r].slot(local);
-        let slot = &mut self.rings[r].slots[at];
-        slot.refs -= 1;
-        if slot.refs == 0 && slot.completed {
-            self.consume(r, local);
-        }
-    }
-
-    /// Retires the slot and releases the slab of a completed, unreferenced task.
-    fn consume(&mut self, r: usize, local: u32) {
-        let ring = &mut self.rings[r];
-        let seq = ring.slots[ring.slot(local)].heap_seq;
-        if seq != NO_SLAB {
-            ring.heap.mark_released(seq);
-        }
-        ring.window.retire(local);
-    }
-
-    /// Advances the ring's window tail over consumed tasks, and its dep-pool tail with it.
-    fn reclaim(&mut self, r: usize) {
-        let ring = &mut self.rings[r];
-        let before = ring.window.tail();
-        let freed = ring.window.reclaim();
-        if freed > 0 {
-            let last = before.wrapping_add(freed - 1);
-            ring.dep_tail = ring.slots[ring.slot(last)].dep_end;
-        }
+        // Acquire: pairs with the completers' release increments.
+        self.submitted - self.shared.completed.load(Acquire)
     }
 
     /// Unreclaimed task slots of ring `r` and their high-water mark.
-    pub(crate) fn ring_tasks(&self, r: usize) -> (u32, u32) {
+    pub(crate) fn ring_tasks(&mut self, r: usize) -> (u32, u32) {
+        self.reclaim(r);
         (self.rings[r].window.live(), self.rings[r].peak_tasks)
     }
 
     /// Occupied heap bytes of ring `r` and their high-water mark.
-    pub(crate) fn ring_heap(&self, r: usize) -> (u64, u64) {
+    pub(crate) fn ring_heap(&mut self, r: usize) -> (u64, u64) {
+        self.reclaim(r);
         (self.rings[r].heap.occupied_bytes(), self.rings[r].heap.peak_occupied_bytes())
     }
 
     /// Unreclaimed dependency entries of ring `r` and their high-water mark.
-    pub(crate) fn ring_deps(&self, r: usize) -> (u64, u64) {
+    pub(crate) fn ring_deps(&mut self, r: usize) -> (u64, u64) {
+        self.reclaim(r);
         let ring = &self.rings[r];
         (ring.dep_head - ring.dep_tail, ring.peak_deps)
     }
@@ -664,6 +744,9 @@ impl<'a> Engine<'a> {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
     use super::*;
 
     fn sizes(task_window: u32, heap_bytes: u64, dep_pool: u32) -> [RingSizes; HEAP_RING_COUNT] {
@@ -674,8 +757,18 @@ mod tests {
         Access { key, span: ByteSpan::new(key, key + 256).unwrap(), mode }
     }
 
-    /// Submits, completing ready tasks (oldest first, each reported to `done`) while the
-    /// engine says to wait.
+    /// Completes every task ready now, newest first, so that only dependencies order them.
+    fn complete_ready_newest_first(e: &Engine<'_>, done: &mut impl FnMut(DeviceTaskId)) -> usize {
+        let c = e.completer();
+        let ready: Vec<DeviceTaskId> = std::iter::from_fn(|| c.pop_ready()).collect();
+        for &id in ready.iter().rev() {
+            c.complete(id);
+            done(id);
+        }
+        ready.len()
+    }
+
+    /// Submits, completing ready tasks while the engine says to wait.
     fn submit_with_back_pressure(
         e: &mut Engine<'_>,
         accesses: &[Access],
@@ -694,19 +787,6 @@ mod tests {
         }
     }
 
-    /// Completes every task ready now, newest first, so that only dependencies order them.
-    fn complete_ready_newest_first(
-        e: &mut Engine<'_>,
-        done: &mut impl FnMut(DeviceTaskId),
-    ) -> usize {
-        let ready: Vec<DeviceTaskId> = std::iter::from_fn(|| e.pop_ready()).collect();
-        for &id in ready.iter().rev() {
-            assert!(e.complete(id));
-            done(id);
-        }
-        ready.len()
-    }
-
     fn drain(e: &mut Engine<'_>, done: &mut impl FnMut(DeviceTaskId)) {
         while complete_ready_newest_first(e, done) > 0 {}
         assert_eq!(e.incomplete(), 0, "every submitted task completed");
@@ -716,29 +796,31 @@ mod tests {
     fn reads_wait_for_writers_writes_for_readers_and_inout_for_both() {
         let mut arena = TrbArena::new(sizes(16, 16 << 10, 16), 64, 16);
         let mut e = Engine::new(&mut arena);
+        let c = e.completer();
         let a = 0x10_000;
         let w0 = e.submit(&[access(a, AccessMode::Write)], 0).unwrap().id;
         let r1 = e.submit(&[access(a, AccessMode::Read)], 0).unwrap().id;
         let r2 = e.submit(&[access(a, AccessMode::Read)], 0).unwrap().id;
         let w3 = e.submit(&[access(a, AccessMode::Write)], 0).unwrap().id;
         let rw4 = e.submit(&[access(a, AccessMode::ReadWrite)], 0).unwrap().id;
-        assert_eq!(e.pop_ready(), Some(w0));
-        assert_eq!(e.pop_ready(), None, "the readers wait for the writer");
-        assert!(e.complete(w0));
-        let mut readers = [e.pop_ready(), e.pop_ready(), e.pop_ready()];
+        assert_eq!(c.pop_ready(), Some(w0));
+        assert_eq!(c.pop_ready(), None, "the readers wait for the writer");
+        c.complete(w0);
+        let mut readers = [c.pop_ready(), c.pop_ready(), c.pop_ready()];
         readers.sort();
         assert_eq!(readers, [None, Some(r1), Some(r2)], "both readers, in any order");
-        assert!(e.complete(r1));
-        assert_eq!(e.pop_ready(), None, "the overwrite waits for both readers");
-        assert!(e.complete(r2));
-        assert_eq!(e.pop_ready(), Some(w3));
-        assert!(!e.complete(rw4), "a task with a pending producer cannot complete");
-        assert!(e.complete(w3));
-        assert_eq!(e.pop_ready(), Some(rw4));
-        assert!(e.complete(rw4));
-        assert!(!e.complete(rw4), "a task completes once");
+        c.complete(r1);
+        assert_eq!(c.pop_ready(), None, "the overwrite waits for both readers");
+        c.complete(r2);
+        assert_eq!(c.pop_ready(), Some(w3));
+        assert_eq!(c.pop_ready(), None, "the read-write waits for the writer");
+        c.complete(w3);
+        assert_eq!(c.pop_ready(), Some(rw4));
+        c.complete(rw4);
         assert_eq!(e.incomplete(), 0);
-        assert_eq!(e.ring_tasks(0).0, 0, "top-level tasks are reclaimed once consumed");
+        assert_eq!(e.ring_tasks(0).0, 5, "the outer scope holds its tasks");
+        e.finish().unwrap();
+        assert_eq!(e.ring_tasks(0).0, 0, "closing the outer scope reclaims them");
     }
 
     /// Tasks of a chain must complete in submission order; every other order is allowed.
@@ -746,8 +828,8 @@ mod tests {
         let mut arena = TrbArena::new(sizes(1024, 1 << 20, 1024), 4096, 1024);
         let mut e = Engine::new(&mut arena);
         let mut completed = 0u64;
-        let mut next_in_chain = std::collections::HashMap::<u64, u64>::new();
-        let index_of = std::cell::RefCell::new(std::collections::HashMap::<u64, (u64, u64)>::new());
+        let mut next_in_chain = HashMap::<u64, u64>::new();
+        let index_of = RefCell::new(HashMap::<u64, (u64, u64)>::new());
         let mut done = |id: DeviceTaskId| {
             let (chain, pos) = index_of.borrow_mut().remove(&id.0).expect("a submitted task");
             let next = next_in_chain.entry(chain).or_insert(0);
@@ -766,12 +848,13 @@ mod tests {
                 let s = submit_with_back_pressure(&mut e, &[access(key, mode)], 1024, &mut done)
                     .unwrap();
                 assert!(s.heap_offset.is_some());
-                // The map is keyed by id; ids recycle, so a live id is never submitted twice.
+                // Ids recycle, but a live id is never handed out twice.
                 assert!(index_of.borrow_mut().insert(s.id.0, (chain, pos)).is_none());
                 submitted += 1;
             }
             e.scope_end().unwrap();
         }
+        e.finish().unwrap();
         drain(&mut e, &mut done);
         assert_eq!(completed, tasks);
         let (live, peak) = e.ring_tasks(1);
@@ -789,6 +872,88 @@ mod tests {
     #[test]
     fn a_stream_of_100_task_chains_far_larger_than_the_window_runs_in_order() {
         stream(100, 100_000);
+    }
+
+    #[test]
+    fn scheduler_threads_complete_while_the_orchestration_submits_a_stream_of_chains() {
+        const TASKS: u64 = 64 * 800;
+        const CHAIN: u64 = 50;
+        let mut arena = TrbArena::new(sizes(256, 256 << 10, 256), 2048, 512);
+        let mut e = Engine::new(&mut arena);
+        let c = e.completer();
+        let chains = (TASKS / CHAIN) as usize;
+        // Per chain: how many of its tasks completed, checked against each task's position.
+        let progress: Vec<AtomicU64> = (0..chains).map(|_| AtomicU64::new(0)).collect();
+        // Per window slot of ring 1: the (chain, position) of the task in it, and its id (set
+        // after the submit returned, so a completer may pop the task first and waits for it).
+        let meta: Vec<AtomicU64> = (0..256).map(|_| AtomicU64::new(0)).collect();
+        let meta_id: Vec<AtomicU64> = (0..256).map(|_| AtomicU64::new(u64::MAX)).collect();
+        let finished = AtomicBool::new(false);
+        let out_of_order = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    loop {
+                        match c.pop_ready() {
+                            Some(id) => {
+                                let at = (id.0 as u32 & 255) as usize;
+                                while meta_id[at].load(Acquire) != id.0 {
+                                    std::hint::spin_loop();
+                                }
+                                let m = meta[at].load(Relaxed);
+                                let (chain, pos) = ((m >> 32) as usize, m as u32 as u64);
+                                // A task "runs" a little, so consumers are often
+                                // submitted while their producer is still running.
+                                for _ in 0..2000 {
+                                    std::hint::spin_loop();
+                                }
+                                // Counted, not asserted: a panicking completer would leave
+                                // the orchestration waiting for it.
+                                if progress[chain].fetch_add(1, AcqRel) != pos {
+                                    out_of_order.fetch_add(1, Relaxed);
+                                }
+                                c.complete(id);
+                            }
+                            None if finished.load(Acquire) => break,
+                            None => std::thread::yield_now(),
+                        }
+                    }
+                });
+            }
+            let mut submitted = 0;
+            while submitted < TASKS {
+                e.scope_begin().unwrap();
+                for _ in 0..64 {
+                    let (chain, pos) = (submitted / CHAIN, submitted % CHAIN);
+                    let mode = if pos == 0 { AccessMode::Write } else { AccessMode::ReadWrite };
+                    let key = 0x1000_0000 + (chain % 97) * 0x1000 + (chain / 97) * 0x100_0000;
+                    let accesses = [access(key, mode)];
+                    let id = loop {
+                        match e.submit(&accesses, 1024) {
+                            Ok(s) => break s.id,
+                            Err(SubmitRefusal::Wait) => std::thread::yield_now(),
+                            Err(other) => panic!("submit {submitted}: {other:?}"),
+                        }
+                    };
+                    // The slot holds this id until it is reclaimed, which needs its completion.
+                    let at = (id.0 as u32 & 255) as usize;
+                    meta[at].store((chain << 32) | pos, Relaxed);
+                    meta_id[at].store(id.0, Release);
+                    submitted += 1;
+                }
+                e.scope_end().unwrap();
+            }
+            e.finish().unwrap();
+            while e.incomplete() > 0 {
+                std::thread::yield_now();
+            }
+            finished.store(true, Release);
+        });
+        assert_eq!(out_of_order.load(Relaxed), 0, "chain tasks completed out of order");
+        assert!(progress.iter().all(|p| p.load(Relaxed) == CHAIN));
+        assert_eq!(e.ring_tasks(1).0, 0, "every slot was reclaimed");
+        assert_eq!(e.ring_heap(1).0, 0);
+        assert_eq!(e.ring_deps(1).0, 0);
     }
 
     #[test]
@@ -835,6 +1000,7 @@ mod tests {
         // Closing the scope releases the heap: the same submit then succeeds.
         e.scope_end().unwrap();
         drain(&mut e, &mut done);
+        e.scope_begin().unwrap();
         submit_with_back_pressure(&mut e, &[], 1, &mut done).unwrap();
     }
 
@@ -857,6 +1023,7 @@ mod tests {
         let mut arena = TrbArena::new(sizes(16, 64 << 10, 16), 4, 1);
         let mut e = Engine::new(&mut arena);
         let mut done = |_| {};
+        e.scope_begin().unwrap();
         e.submit(&[access(0x1000, AccessMode::Write)], 0).unwrap();
         let writes: Vec<Access> = (1..6).map(|i| access(i << 12, AccessMode::Write)).collect();
         // Refused at once, although a task is still running: no completion can make room.
@@ -865,10 +1032,11 @@ mod tests {
         };
         assert_eq!(stall.code(), RuntimeCode::TensormapOverflow);
         assert!(stall.to_string().contains("tensor map's 4 entries"), "{stall}");
-        // A full map of completed tasks' entries is pruned, not an overflow.
-        let four = &writes[..4];
+        // Entries of consumed tasks are pruned when the map is full, not an overflow.
+        e.scope_end().unwrap();
         drain(&mut e, &mut done);
-        submit_with_back_pressure(&mut e, four, 0, &mut done).unwrap();
+        e.scope_begin().unwrap();
+        submit_with_back_pressure(&mut e, &writes[..4], 0, &mut done).unwrap();
         assert_eq!(e.map_entries().0, 4);
     }
 
