@@ -1,0 +1,1058 @@
+//! The trb submit and completion state machine (`docs/device-trb.md`).
+//!
+//! A task submitted at scope depth `d` lives in ring `min(d, 3)` (depth 0 is the run's outer
+//! scope): it takes a slot of that ring's task window, a slab of its heap ring for its outputs,
+//! and one dependency entry per producer. Producers are found through the fixed tensor map (a
+//! read finds writers, a write finds readers, a read-write both).
+//!
+//! # Roles
+//!
+//! - The **owner** ([`Engine`], `&mut`) is the orchestration thread: it submits, opens and
+//!   closes scopes, and reclaims slots, heap and dependency entries.
+//! - **Completers** ([`Completer`], `Copy` and `Sync`) are the scheduler threads: they pop
+//!   ready tasks and report them finished, in any order, concurrently with the owner.
+//!
+//! # Per-task state and invariants
+//!
+//! 1. `fanin` counts producers not yet completed, plus one guard while the owner links the
+//!    task. It reaches 0 exactly once, and whoever brings it there pushes the task to the ready
+//!    queue, so a task is ready exactly once.
+//! 2. `refs` counts what keeps the task's slot, slab and dependency entries: one until it
+//!    completes, one while its scope is open, one per consumer until that consumer completes.
+//!    It reaches 0 exactly once; whoever brings it there retires the slot (the window core's
+//!    release CAS), and only then may the owner reclaim it. A reference is only taken from a
+//!    non-zero count (CAS), so a consumed task is never revived.
+//! 3. `completed` and `fanout_head` change only under the task's fanout lock: a completer sets
+//!    `completed` and takes the whole list in one critical section, and the owner appends only
+//!    while `completed` is false. So every consumer linked before completion is walked exactly
+//!    once, and none is linked after.
+//! 4. A dependency entry lives in its consumer's ring and is reused only after that consumer
+//!    was reclaimed. A completer reads an entry's `next` before lowering its consumer's
+//!    `fanin`, since that may let the consumer run, finish and be reclaimed at once.
+//!
+//! Reclaiming (owner): the window tail advances over retired slots in FIFO order; for each,
+//! the owner releases its heap slab and moves the ring's dependency tail to its last entry.
+//!
+//! A submit that does not fit changes nothing and returns [`SubmitRefusal::Wait`] when
+//! completions can make room, or a [`RingStall`] when nothing can.
+//!
+//! All storage is allocated once in [`TrbArena`]; nothing allocates afterwards.
+
+use std::fmt;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+
+use simpler_ring::fixed::{
+    FixedRecords, HeapRecord, HeapRingCore, SlotWord, TaskWindowCore, WindowRetirer,
+};
+use simpler_tensormap::ByteSpan;
+use simpler_tensormap::fixed::{AccessMode, FixedMapError, FixedTensorMap, MapEntry};
+use simpler_types::DeviceTaskId;
+use simpler_types::constants::{HEAP_ALIGN, HEAP_RING_COUNT};
+
+use super::ready::{ReadyCell, ReadyRing};
+use super::sizing::RingSizes;
+use crate::abi::codes::RuntimeCode;
+
+/// End of a fanout list.
+const NIL: u64 = u64::MAX;
+/// No heap slab.
+const NO_SLAB: u64 = u64::MAX;
+/// Deepest scope nesting the engine tracks (the outer scope included).
+pub(crate) const MAX_SCOPE_DEPTH: usize = 64;
+/// Most distinct producers one task may have.
+pub(crate) const MAX_FANIN: usize = 256;
+
+/// One tensor access of a submitted task.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Access {
+    /// The buffer's base address.
+    pub(crate) key: u64,
+    /// The bytes accessed.
+    pub(crate) span: ByteSpan,
+    /// How.
+    pub(crate) mode: AccessMode,
+}
+
+/// The state of one task slot that completers touch.
+#[derive(Debug)]
+pub(crate) struct SharedSlot {
+    lock: AtomicBool,
+    completed: AtomicBool,
+    fanout_head: AtomicU64,
+    fanin: AtomicU32,
+    refs: AtomicU32,
+    /// The task's dependency entries in its ring's pool: `[dep_start, dep_end)`.
+    dep_start: AtomicU64,
+    dep_end: AtomicU64,
+}
+
+impl Default for SharedSlot {
+    fn default() -> SharedSlot {
+        SharedSlot {
+            lock: AtomicBool::new(false),
+            completed: AtomicBool::new(false),
+            fanout_head: AtomicU64::new(NIL),
+            fanin: AtomicU32::new(0),
+            refs: AtomicU32::new(0),
+            dep_start: AtomicU64::new(0),
+            dep_end: AtomicU64::new(0),
+        }
+    }
+}
+
+impl SharedSlot {
+    /// Runs `f` under the slot's fanout lock (a spin lock around a few loads and stores).
+    fn locked<R>(&self, f: impl FnOnce() -> R) -> R {
+        // Acquire on taking / release on dropping: the critical sections are totally ordered.
+        while self.lock.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
+            std::hint::spin_loop();
+        }
+        let r = f();
+        self.lock.store(false, Release);
+        r
+    }
+}
+
+/// One dependency entry: the edge `producer → consumer`, linked into the producer's fanout
+/// list while the producer has not completed.
+#[derive(Debug, Default)]
+pub(crate) struct SharedDep {
+    producer: AtomicU64,
+    consumer: AtomicU64,
+    /// Next entry of the producer's fanout list (`(ring << 32) | index`, or `NIL`).
+    next: AtomicU64,
+}
+
+/// The storage of one ring.
+#[derive(Debug)]
+struct RingStore {
+    words: Vec<SlotWord>,
+    records: Vec<HeapRecord>,
+    slots: Vec<SharedSlot>,
+    /// Per slot, owner only: the heap slab's sequence number, and whether the scope's
+    /// reference is still held.
+    heap_seq: Vec<u64>,
+    scope_held: Vec<bool>,
+    deps: Vec<SharedDep>,
+}
+
+/// All storage of a run's rings, tensor map and ready queue, allocated once per sizing and
+/// reused by every engine built over it.
+#[derive(Debug)]
+pub(crate) struct TrbArena {
+    sizes: [RingSizes; HEAP_RING_COUNT],
+    rings: Vec<RingStore>,
+    map_entries: Vec<MapEntry<u64>>,
+    map_buckets: Vec<u32>,
+    ready: Vec<ReadyCell>,
+    ready_head: AtomicU64,
+    ready_tail: AtomicU64,
+    completed: AtomicU64,
+}
+
+impl TrbArena {
+    /// Storage for rings of `sizes` and a tensor map of `map_entries` entries over
+    /// `map_buckets` buckets (a power of two).
+    pub(crate) fn new(
+        sizes: [RingSizes; HEAP_RING_COUNT],
+        map_entries: u32,
+        map_buckets: u32,
+    ) -> TrbArena {
+        let rings = sizes
+            .iter()
+            .map(|s| {
+                let w = s.task_window as usize;
+                RingStore {
+                    words: (0..w).map(|_| SlotWord::new(0)).collect(),
+                    records: vec![HeapRecord::default(); w],
+                    slots: (0..w).map(|_| SharedSlot::default()).collect(),
+                    heap_seq: vec![NO_SLAB; w],
+                    scope_held: vec![false; w],
+                    deps: (0..s.dep_pool).map(|_| SharedDep::default()).collect(),
+                }
+            })
+            .collect();
+        // Every live task is queued at most once.
+        let ready = sizes.iter().map(|s| s.task_window as usize).sum();
+        TrbArena {
+            sizes,
+            rings,
+            map_entries: vec![MapEntry::vacant(0); map_entries as usize],
+            map_buckets: vec![0; map_buckets as usize],
+            ready: (0..ready).map(|_| ReadyCell::default()).collect(),
+            ready_head: AtomicU64::new(0),
+            ready_tail: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+        }
+    }
+
+    /// The sizes this arena was built for.
+    pub(crate) fn sizes(&self) -> [RingSizes; HEAP_RING_COUNT] {
+        self.sizes
+    }
+}
+
+/// What completers share of one ring.
+#[derive(Clone, Copy, Debug)]
+struct RingShared<'a> {
+    slots: &'a [SharedSlot],
+    deps: &'a [SharedDep],
+    retirer: WindowRetirer<'a>,
+    mask: u32,
+}
+
+impl<'a> RingShared<'a> {
+    fn slot(&self, local: u32) -> &'a SharedSlot {
+        &self.slots[(local & self.mask) as usize]
+    }
+
+    fn dep(&self, at: u64) -> &'a SharedDep {
+        &self.deps[(at % self.deps.len() as u64) as usize]
+    }
+}
+
+fn ring_of(id: u64) -> usize {
+    (id >> 32) as usize
+}
+
+/// The scheduler side: pops ready tasks and completes them, from any thread.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Completer<'a> {
+    rings: [RingShared<'a>; HEAP_RING_COUNT],
+    ready: ReadyRing<'a>,
+    completed: &'a AtomicU64,
+}
+
+impl<'a> Completer<'a> {
+    /// The oldest ready task, if any; each ready task is handed out once.
+    pub(crate) fn pop_ready(&self) -> Option<DeviceTaskId> {
+        self.ready.pop().map(DeviceTaskId)
+    }
+
+    fn push_ready(&self, id: u64) {
+        // The queue has a cell for every slot of every ring, and a task is queued once.
+        let pushed = self.ready.push(id);
+        debug_assert!(pushed, "the ready queue holds every live task");
+    }
+
+    /// Drops one reference of `id`; the last one retires its slot.
+    fn release(&self, id: u64) {
+        let ring = &self.rings[ring_of(id)];
+        // AcqRel: the last release sees every earlier holder's accesses before retiring.
+        if ring.slot(id as u32).refs.fetch_sub(1, AcqRel) == 1 {
+            ring.retirer.retire(id as u32);
+        }
+    }
+
+    /// Takes one reference of `id` unless it has none left (consumed); `false` then.
+    fn acquire(&self, id: u64) -> bool {
+        let refs = &self.rings[ring_of(id)].slot(id as u32).refs;
+        let mut now = refs.load(Relaxed);
+        loop {
+            if now == 0 {
+                return false;
+            }
+            match refs.compare_exchange_weak(now, now + 1, Relaxed, Relaxed) {
+                Ok(_) => return true,
+                Err(v) => now = v,
+            }
+        }
+    }
+
+    /// Records that `id`, a task this thread popped from the ready queue, finished: its
+    /// consumers' fanins drop (those reaching zero become ready) and its producers and the task
+    /// itself lose a reference.
+    pub(crate) fn complete(&self, id: DeviceTaskId) {
+        let id = id.0;
+        let ring = &self.rings[ring_of(id)];
+        let slot = ring.slot(id as u32);
+        let mut link = slot.locked(|| {
+            slot.completed.store(true, Relaxed);
+            slot.fanout_head.swap(NIL, Relaxed)
+        });
+        while link != NIL {
+            let entry = self.rings[(link >> 32) as usize].dep(link as u32 as u64);
+            let consumer = entry.consumer.load(Relaxed);
+            link = entry.next.load(Relaxed);
+            let c = self.rings[ring_of(consumer)].slot(consumer as u32);
+            // AcqRel: the consumer runs after every producer's writes.
+            if c.fanin.fetch_sub(1, AcqRel) == 1 {
+                self.push_ready(consumer);
+            }
+        }
+        for at in slot.dep_start.load(Relaxed)..slot.dep_end.load(Relaxed) {
+            self.release(ring.dep(at).producer.load(Relaxed));
+        }
+        self.completed.fetch_add(1, Release);
+        self.release(id);
+    }
+}
+
+/// A ring's owner-side state during a run.
+struct Ring<'a> {
+    window: TaskWindowCore<'a>,
+    heap: HeapRingCore<FixedRecords<'a>>,
+    heap_seq: &'a mut [u64],
+    scope_held: &'a mut [bool],
+    dep_head: u64,
+    dep_tail: u64,
+    sizes: RingSizes,
+    peak_tasks: u32,
+    peak_deps: u64,
+}
+
+/// Whether the map may forget `owner`: its slot was retired (or already reclaimed).
+fn is_retired(rings: &[Ring<'_>], owner: u64) -> bool {
+    rings.get(ring_of(owner)).is_none_or(|r| {
+        let local = owner as u32;
+        !r.window.is_live(local) || r.window.is_retired(local)
+    })
+}
+
+/// What stalled, in the words of the runtime codes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum StallKind {
+    /// One scope needs more task slots than the window holds.
+    Scope,
+    /// The heap cannot place a slab and the slabs in the way belong to an open scope.
+    Heap,
+    /// The dependency pool cannot take a task's edges.
+    DepPool,
+    /// The tensor map holds only accesses of tasks that will not complete while the
+    /// orchestration waits.
+    Tensormap,
+}
+
+/// A wait that can never end: the ring, its three sizes and its usage at the failure.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct RingStall {
+    /// What stalled.
+    pub(crate) kind: StallKind,
+    /// The ring.
+    pub(crate) ring: u8,
+    /// The ring's sizes.
+    pub(crate) sizes: RingSizes,
+    /// Unreclaimed task slots of the ring.
+    pub(crate) tasks: u32,
+    /// Occupied heap bytes of the ring.
+    pub(crate) heap: u64,
+    /// Unreclaimed dependency entries of the ring.
+    pub(crate) deps: u64,
+    /// What the refused submit needed: slots, bytes, entries or map entries by `kind`.
+    pub(crate) needed: u64,
+    /// Tensor-map entries (capacity) for a tensor-map stall.
+    pub(crate) map_capacity: u32,
+}
+
+impl RingStall {
+    /// The runtime code the stall latches.
+    pub(crate) fn code(&self) -> RuntimeCode {
+        match self.kind {
+            StallKind::Scope => RuntimeCode::ScopeDeadlock,
+            StallKind::Heap => RuntimeCode::HeapRingDeadlock,
+            StallKind::DepPool => RuntimeCode::DepPoolOverflow,
+            StallKind::Tensormap => RuntimeCode::TensormapOverflow,
+        }
+    }
+}
+
+impl fmt::Display for RingStall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.sizes;
+        write!(f, "ring {}: ", self.ring)?;
+        match self.kind {
+            StallKind::Scope => write!(
+                f,
+                "scope needs {} task slots, window {}",
+                u64::from(self.tasks) + self.needed,
+                s.task_window
+            )?,
+            StallKind::Heap => write!(
+                f,
+                "scope needs {} more heap bytes with {} of {} held by the open scope",
+                self.needed, self.heap, s.heap_bytes
+            )?,
+            StallKind::DepPool => write!(
+                f,
+                "a task needs {} dep entries with {} of {} in use",
+                self.needed, self.deps, s.dep_pool
+            )?,
+            StallKind::Tensormap => write!(
+                f,
+                "the tensor map's {} entries all hold accesses of tasks that cannot complete, \
+                 {} more needed",
+                self.map_capacity, self.needed
+            )?,
+        }
+        write!(
+            f,
+            " (sizes: window {}, heap {} bytes, dep pool {}; usage: {} tasks, {} heap bytes, \
+             {} dep entries)",
+            s.task_window, s.heap_bytes, s.dep_pool, self.tasks, self.heap, self.deps
+        )
+    }
+}
+
+/// Why a submit did not happen; nothing changed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum SubmitRefusal {
+    /// Room will come when running tasks complete: complete some and retry.
+    Wait,
+    /// Room can never come.
+    Stall(RingStall),
+    /// The submit itself is malformed (a slab larger than the heap, scopes nested too deep).
+    Invalid(&'static str),
+}
+
+/// A submitted task.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Submitted {
+    /// Its id.
+    pub(crate) id: DeviceTaskId,
+    /// Offset of its output slab in its ring's heap (`None` when it asked for no bytes).
+    pub(crate) heap_offset: Option<u64>,
+}
+
+/// The orchestration side of the state machine over one arena.
+pub(crate) struct Engine<'a> {
+    rings: [Ring<'a>; HEAP_RING_COUNT],
+    shared: Completer<'a>,
+    map: FixedTensorMap<'a, u64>,
+    /// Per open scope (index 0 is the outer scope): the ring its tasks go to and the first
+    /// local id it issued there.
+    scopes: [(u8, u32); MAX_SCOPE_DEPTH],
+    /// Open scopes; 0 once the outer scope closed.
+    open: usize,
+    submitted: u64,
+    producers: [u64; MAX_FANIN],
+}
+
+impl<'a> Engine<'a> {
+    /// An empty engine over `arena`, with the outer scope open.
+    pub(crate) fn new(arena: &'a mut TrbArena) -> Engine<'a> {
+        let sizes = arena.sizes;
+        arena.completed.store(0, Relaxed);
+        let mut stores = arena.rings.iter_mut();
+        let [a, b, c, d] = sizes.map(|s| {
+            let st = stores.next().expect("one store per ring");
+            let RingStore { words, records, slots, heap_seq, scope_held, deps } = st;
+            let words: &'a [SlotWord] = words;
+            let ring = Ring {
+                window: TaskWindowCore::new(words).expect("power-of-two window"),
+                heap: HeapRingCore::new(s.heap_bytes, FixedRecords::new(records))
+                    .expect("aligned heap"),
+                heap_seq,
+                scope_held,
+                dep_head: 0,
+                dep_tail: 0,
+                sizes: s,
+                peak_tasks: 0,
+                peak_deps: 0,
+            };
+            let shared = RingShared {
+                slots,
+                deps,
+                retirer: WindowRetirer::new(words).expect("power-of-two window"),
+                mask: s.task_window - 1,
+            };
+            (ring, shared)
+        });
+        let shared_rings = [a.1, b.1, c.1, d.1];
+        let rings = [a.0, b.0, c.0, d.0];
+        let shared = Completer {
+            rings: shared_rings,
+            ready: ReadyRing::new(&arena.ready, &arena.ready_head, &arena.ready_tail),
+            completed: &arena.completed,
+        };
+        Engine {
+            rings,
+            shared,
+            map: FixedTensorMap::new(&mut arena.map_entries, &mut arena.map_buckets)
+                .expect("power-of-two buckets"),
+            scopes: [(0, 0); MAX_SCOPE_DEPTH],
+            open: 1,
+            submitted: 0,
+            producers: [0; MAX_FANIN],
+        }
+    }
+
+    /// The handle scheduler threads complete tasks through.
+    pub(crate) fn completer(&self) -> Completer<'a> {
+        self.shared
+    }
+
+    /// The ring tasks submitted now go to: `min(depth, 3)`, the outer scope being depth 0.
+    fn current_ring(&self) -> usize {
+        (self.open - 1).min(HEAP_RING_COUNT - 1)
+    }
+
+    /// Opens a scope.
+    pub(crate) fn scope_begin(&mut self) -> Result<(), SubmitRefusal> {
+        if self.open == 0 {
+            return Err(SubmitRefusal::Invalid("the orchestration already finished"));
+        }
+        if self.open == MAX_SCOPE_DEPTH {
+            return Err(SubmitRefusal::Invalid("scopes nested too deep"));
+        }
+        self.open += 1;
+        let r = self.current_ring();
+        self.scopes[self.open - 1] = (r as u8, self.rings[r].window.head());
+        Ok(())
+    }
+
+    /// Closes the innermost scope: its tasks lose their scope reference.
+    pub(crate) fn scope_end(&mut self) -> Result<(), SubmitRefusal> {
+        if self.open <= 1 {
+            return Err(SubmitRefusal::Invalid("scope end without a scope"));
+        }
+        self.close_scope();
+        Ok(())
+    }
+
+    /// Closes the outer scope: the orchestration is done and submits nothing more.
+    pub(crate) fn finish(&mut self) -> Result<(), SubmitRefusal> {
+        while self.open > 1 {
+            self.close_scope();
+        }
+        if self.open == 0 {
+            return Err(SubmitRefusal::Invalid("the orchestration already finished"));
+        }
+        self.close_scope();
+        Ok(())
+    }
+
+    fn close_scope(&mut self) {
+        let (r, first) = self.scopes[self.open - 1];
+        self.open -= 1;
+        let r = r as usize;
+        let mut local = first;
+        while local != self.rings[r].window.head() {
+            let ring = &mut self.rings[r];
+            // Ids a nested scope of the same ring released, or reclaimed ones, are skipped.
+            let at = ring.window.slot_of(local);
+            if ring.window.is_live(local) && ring.scope_held[at] {
+                ring.scope_held[at] = false;
+                self.shared.release(DeviceTaskId::new(r as u8, local).0);
+            }
+            local = local.wrapping_add(1);
+        }
+        self.reclaim(r);
+    }
+
+    /// Submits a task with `accesses` and an output slab of `heap_bytes` (rounded up to the
+    /// heap alignment; 0 = none). Nothing changes when it is refused.
+    pub(crate) fn submit(
+        &mut self,
+        accesses: &[Access],
+        heap_bytes: u64,
+    ) -> Result<Submitted, SubmitRefusal> {
+        if self.open == 0 {
+            return Err(SubmitRefusal::Invalid("the orchestration already finished"));
+        }
+        let r = self.current_ring();
+        let aligned = heap_bytes.div_ceil(HEAP_ALIGN) * HEAP_ALIGN;
+        if aligned > self.rings[r].sizes.heap_bytes {
+            return Err(SubmitRefusal::Invalid("output slab larger than the ring's heap"));
+        }
+        self.reclaim(r);
+        let ring = &self.rings[r];
+        if ring.window.live() == ring.window.capacity() {
+            return Err(self.refuse(r, StallKind::Scope, 1));
+        }
+        let placement = match aligned {
+            0 => None,
+            _ => match ring.heap.try_place(aligned) {
+                Some(p) => Some(p),
+                None => return Err(self.refuse(r, StallKind::Heap, aligned)),
+            },
+        };
+        // Producers: every lookup before any insert, so a task never finds itself.
+        let mut count = 0usize;
+        let mut overflow = false;
+        {
+            let rings = &self.rings;
+            let producers = &mut self.producers;
+            for a in accesses {
+                let retired = |o| is_retired(rings, o);
+                self.map.lookup(&a.key, a.span, a.mode, retired, |o| {
+                    if producers[..count].contains(&o) {
+                        return;
+                    }
+                    if count == MAX_FANIN {
+                        overflow = true;
+                    } else {
+                        producers[count] = o;
+                        count += 1;
+                    }
+                });
+            }
+        }
+        if overflow {
+            return Err(SubmitRefusal::Invalid("more distinct producers than one task may have"));
+        }
+        let ring = &self.rings[r];
+        if ring.dep_head - ring.dep_tail + count as u64 > u64::from(ring.sizes.dep_pool) {
+            return Err(self.refuse(r, StallKind::DepPool, count as u64));
+        }
+        // Tensor-map room first, so that no insert below can fail.
+        let needed = accesses.iter().filter(|a| !a.span.is_empty()).count() as u32;
+        if self.map.capacity() - self.map.len() < needed {
+            let rings = &self.rings;
+            self.map.prune_retired(|o| is_retired(rings, o));
+            if self.map.capacity() - self.map.len() < needed {
+                return Err(self.refuse(r, StallKind::Tensormap, u64::from(needed)));
+            }
+        }
+        // Commit. The slot is not visible to completers until it is linked into a producer's
+        // fanout list (under that producer's lock) or pushed to the ready queue (release).
+        let ring = &mut self.rings[r];
+        let local = ring.window.try_issue().expect("room checked above");
+        let id = DeviceTaskId::new(r as u8, local).0;
+        let at = ring.window.slot_of(local);
+        let grant = placement.map(|p| ring.heap.push_record(p, id).expect("a record per slot"));
+        ring.heap_seq[at] = grant.map_or(NO_SLAB, |g| g.seq);
+        ring.scope_held[at] = true;
+        let dep_start = ring.dep_head;
+        let shared = self.shared;
+        let slot = shared.rings[r].slot(local);
+        slot.completed.store(false, Relaxed);
+        slot.fanout_head.store(NIL, Relaxed);
+        // One guard against becoming ready while linking; one until completion, one for the scope.
+        slot.fanin.store(1, Relaxed);
+        slot.refs.store(2, Relaxed);
+        slot.dep_start.store(dep_start, Relaxed);
+        let mut taken = 0u64;
+        for &p in &self.producers[..count] {
+            // A producer consumed since the lookup (its scope closed) is no longer waited for.
+            if !shared.acquire(p) {
+                continue;
+            }
+            let entry_at = dep_start + taken;
+            let entry = shared.rings[r].dep(entry_at);
+            entry.producer.store(p, Relaxed);
+            entry.consumer.store(id, Relaxed);
+            let link = ((r as u64) << 32) | (entry_at % u64::from(ring.sizes.dep_pool));
+            let ps = shared.rings[ring_of(p)].slot(p as u32);
+            ps.locked(|| {
+                if !ps.completed.load(Relaxed) {
+                    entry.next.store(ps.fanout_head.load(Relaxed), Relaxed);
+                    ps.fanout_head.store(link, Relaxed);
+                    slot.fanin.fetch_add(1, Relaxed);
+                }
+            });
+            taken += 1;
+        }
+        slot.dep_end.store(dep_start + taken, Relaxed);
+        ring.dep_head += taken;
+        ring.peak_tasks = ring.peak_tasks.max(ring.window.live());
+        ring.peak_deps = ring.peak_deps.max(ring.dep_head - ring.dep_tail);
+        for a in accesses {
+            let rings = &self.rings;
+            // Room was checked above; a refused insert would change nothing.
+            let inserted = self.map.insert(a.key, a.span, a.mode, id, |o| is_retired(rings, o));
+            debug_assert!(!matches!(inserted, Err(FixedMapError::Full { .. })));
+        }
+        self.submitted += 1;
+        // Drop the guard; with no producer pending the task is ready now.
+        if slot.fanin.fetch_sub(1, AcqRel) == 1 {
+            shared.push_ready(id);
+        }
+        Ok(Submitted { id: DeviceTaskId(id), heap_offset: grant.map(|g| g.offset) })
+    }
+
+    /// Classifies a submit that does not fit: a wait when completions can free room, a stall
+    /// when the room is held by a scope still open (or by nothing that will complete).
+    fn refuse(&self, r: usize, kind: StallKind, needed: u64) -> SubmitRefusal {
+        let ring = &self.rings[r];
+        let stall = RingStall {
+            kind,
+            ring: r as u8,
+            sizes: ring.sizes,
+            tasks: ring.window.live(),
+            heap: ring.heap.occupied_bytes(),
+            deps: ring.dep_head - ring.dep_tail,
+            needed,
+            map_capacity: self.map.capacity(),
+        };
+        let can_free = match kind {
+            // Map entries go when their owners are consumed; once nothing runs, none will be.
+            StallKind::Tensormap => {
+                self.incomplete() > 0 && needed <= u64::from(self.map.capacity())
+            }
+            StallKind::DepPool if needed > u64::from(ring.sizes.dep_pool) => false,
+            // Room at the front of the ring frees once its oldest task is consumed, which
+            // cannot happen while that task holds the reference of a scope still open.
+            _ => {
+                ring.window.live() > 0 && {
+                    let oldest = ring.window.tail();
+                    !ring.scope_held[ring.window.slot_of(oldest)]
+                }
+            }
+        };
+        if can_free { SubmitRefusal::Wait } else { SubmitRefusal::Stall(stall) }
+    }
+
+    /// Advances ring `r`'s window tail over retired slots, releasing their heap slabs and
+    /// dependency entries in the same FIFO order.
+    fn reclaim(&mut self, r: usize) {
+        let ring = &mut self.rings[r];
+        let shared = self.shared.rings[r];
+        let first = ring.window.tail();
+        let freed = ring.window.reclaim();
+        // The reclaimed slots keep their owner-side and shared fields until they are reissued.
+        for local in (0..freed).map(|i| first.wrapping_add(i)) {
+            let at = ring.window.slot_of(local);
+            if ring.heap_seq[at] != NO_SLAB {
+                ring.heap.mark_released(ring.heap_seq[at]);
+                ring.heap_seq[at] = NO_SLAB;
+            }
+            ring.dep_tail = shared.slot(local).dep_end.load(Relaxed);
+        }
+    }
+
+    /// Tasks submitted and not yet completed.
+    pub(crate) fn incomplete(&self) -> u64 {
+        // Acquire: pairs with the completers' release increments.
+        self.submitted - self.shared.completed.load(Acquire)
+    }
+
+    /// Unreclaimed task slots of ring `r` and their high-water mark.
+    pub(crate) fn ring_tasks(&mut self, r: usize) -> (u32, u32) {
+        self.reclaim(r);
+        (self.rings[r].window.live(), self.rings[r].peak_tasks)
+    }
+
+    /// Occupied heap bytes of ring `r` and their high-water mark.
+    pub(crate) fn ring_heap(&mut self, r: usize) -> (u64, u64) {
+        self.reclaim(r);
+        (self.rings[r].heap.occupied_bytes(), self.rings[r].heap.peak_occupied_bytes())
+    }
+
+    /// Unreclaimed dependency entries of ring `r` and their high-water mark.
+    pub(crate) fn ring_deps(&mut self, r: usize) -> (u64, u64) {
+        self.reclaim(r);
+        let ring = &self.rings[r];
+        (ring.dep_head - ring.dep_tail, ring.peak_deps)
+    }
+
+    /// Live tensor-map entries and their high-water mark.
+    pub(crate) fn map_entries(&self) -> (u32, u32) {
+        (self.map.len(), self.map.peak_len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn sizes(task_window: u32, heap_bytes: u64, dep_pool: u32) -> [RingSizes; HEAP_RING_COUNT] {
+        [RingSizes { task_window, heap_bytes, dep_pool }; HEAP_RING_COUNT]
+    }
+
+    fn access(key: u64, mode: AccessMode) -> Access {
+        Access { key, span: ByteSpan::new(key, key + 256).unwrap(), mode }
+    }
+
+    /// Completes every task ready now, newest first, so that only dependencies order them.
+    fn complete_ready_newest_first(e: &Engine<'_>, done: &mut impl FnMut(DeviceTaskId)) -> usize {
+        let c = e.completer();
+        let ready: Vec<DeviceTaskId> = std::iter::from_fn(|| c.pop_ready()).collect();
+        for &id in ready.iter().rev() {
+            c.complete(id);
+            done(id);
+        }
+        ready.len()
+    }
+
+    /// Submits, completing ready tasks while the engine says to wait.
+    fn submit_with_back_pressure(
+        e: &mut Engine<'_>,
+        accesses: &[Access],
+        heap: u64,
+        done: &mut impl FnMut(DeviceTaskId),
+    ) -> Result<Submitted, RingStall> {
+        loop {
+            match e.submit(accesses, heap) {
+                Ok(s) => return Ok(s),
+                Err(SubmitRefusal::Stall(s)) => return Err(s),
+                Err(SubmitRefusal::Invalid(m)) => panic!("invalid submit: {m}"),
+                Err(SubmitRefusal::Wait) => {
+                    assert!(complete_ready_newest_first(e, done) > 0, "a wait with nothing ready");
+                }
+            }
+        }
+    }
+
+    fn drain(e: &mut Engine<'_>, done: &mut impl FnMut(DeviceTaskId)) {
+        while complete_ready_newest_first(e, done) > 0 {}
+        assert_eq!(e.incomplete(), 0, "every submitted task completed");
+    }
+
+    #[test]
+    fn reads_wait_for_writers_writes_for_readers_and_inout_for_both() {
+        let mut arena = TrbArena::new(sizes(16, 16 << 10, 16), 64, 16);
+        let mut e = Engine::new(&mut arena);
+        let c = e.completer();
+        let a = 0x10_000;
+        let w0 = e.submit(&[access(a, AccessMode::Write)], 0).unwrap().id;
+        let r1 = e.submit(&[access(a, AccessMode::Read)], 0).unwrap().id;
+        let r2 = e.submit(&[access(a, AccessMode::Read)], 0).unwrap().id;
+        let w3 = e.submit(&[access(a, AccessMode::Write)], 0).unwrap().id;
+        let rw4 = e.submit(&[access(a, AccessMode::ReadWrite)], 0).unwrap().id;
+        assert_eq!(c.pop_ready(), Some(w0));
+        assert_eq!(c.pop_ready(), None, "the readers wait for the writer");
+        c.complete(w0);
+        let mut readers = [c.pop_ready(), c.pop_ready(), c.pop_ready()];
+        readers.sort();
+        assert_eq!(readers, [None, Some(r1), Some(r2)], "both readers, in any order");
+        c.complete(r1);
+        assert_eq!(c.pop_ready(), None, "the overwrite waits for both readers");
+        c.complete(r2);
+        assert_eq!(c.pop_ready(), Some(w3));
+        assert_eq!(c.pop_ready(), None, "the read-write waits for the writer");
+        c.complete(w3);
+        assert_eq!(c.pop_ready(), Some(rw4));
+        c.complete(rw4);
+        assert_eq!(e.incomplete(), 0);
+        assert_eq!(e.ring_tasks(0).0, 5, "the outer scope holds its tasks");
+        e.finish().unwrap();
+        assert_eq!(e.ring_tasks(0).0, 0, "closing the outer scope reclaims them");
+    }
+
+    /// Tasks of a chain must complete in submission order; every other order is allowed.
+    fn stream(chain_len: u64, tasks: u64) {
+        let mut arena = TrbArena::new(sizes(1024, 1 << 20, 1024), 4096, 1024);
+        let mut e = Engine::new(&mut arena);
+        let mut completed = 0u64;
+        let mut next_in_chain = HashMap::<u64, u64>::new();
+        let index_of = RefCell::new(HashMap::<u64, (u64, u64)>::new());
+        let mut done = |id: DeviceTaskId| {
+            let (chain, pos) = index_of.borrow_mut().remove(&id.0).expect("a submitted task");
+            let next = next_in_chain.entry(chain).or_insert(0);
+            assert_eq!(*next, pos, "chain {chain} completed out of order");
+            *next += 1;
+            completed += 1;
+        };
+        let mut submitted = 0u64;
+        while submitted < tasks {
+            e.scope_begin().unwrap();
+            for _ in 0..100 {
+                let (chain, pos) = (submitted / chain_len, submitted % chain_len);
+                // A chain updates one buffer in place; its first task only writes it.
+                let mode = if pos == 0 { AccessMode::Write } else { AccessMode::ReadWrite };
+                let key = 0x1000_0000 + chain * 0x1000;
+                let s = submit_with_back_pressure(&mut e, &[access(key, mode)], 1024, &mut done)
+                    .unwrap();
+                assert!(s.heap_offset.is_some());
+                // Ids recycle, but a live id is never handed out twice.
+                assert!(index_of.borrow_mut().insert(s.id.0, (chain, pos)).is_none());
+                submitted += 1;
+            }
+            e.scope_end().unwrap();
+        }
+        e.finish().unwrap();
+        drain(&mut e, &mut done);
+        assert_eq!(completed, tasks);
+        let (live, peak) = e.ring_tasks(1);
+        assert_eq!(live, 0, "every slot was reclaimed");
+        assert!(peak <= 1024);
+        assert_eq!(e.ring_heap(1).0, 0);
+        assert_eq!(e.ring_deps(1).0, 0);
+    }
+
+    #[test]
+    fn a_stream_of_independent_tasks_far_larger_than_the_window_runs_in_bounded_rings() {
+        stream(1, 100_000);
+    }
+
+    #[test]
+    fn a_stream_of_100_task_chains_far_larger_than_the_window_runs_in_order() {
+        stream(100, 100_000);
+    }
+
+    #[test]
+    fn scheduler_threads_complete_while_the_orchestration_submits_a_stream_of_chains() {
+        const TASKS: u64 = 64 * 800;
+        const CHAIN: u64 = 50;
+        let mut arena = TrbArena::new(sizes(256, 256 << 10, 256), 2048, 512);
+        let mut e = Engine::new(&mut arena);
+        let c = e.completer();
+        let chains = (TASKS / CHAIN) as usize;
+        // Per chain: how many of its tasks completed, checked against each task's position.
+        let progress: Vec<AtomicU64> = (0..chains).map(|_| AtomicU64::new(0)).collect();
+        // Per window slot of ring 1: the (chain, position) of the task in it, and its id (set
+        // after the submit returned, so a completer may pop the task first and waits for it).
+        let meta: Vec<AtomicU64> = (0..256).map(|_| AtomicU64::new(0)).collect();
+        let meta_id: Vec<AtomicU64> = (0..256).map(|_| AtomicU64::new(u64::MAX)).collect();
+        let finished = AtomicBool::new(false);
+        let out_of_order = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    loop {
+                        match c.pop_ready() {
+                            Some(id) => {
+                                let at = (id.0 as u32 & 255) as usize;
+                                while meta_id[at].load(Acquire) != id.0 {
+                                    std::hint::spin_loop();
+                                }
+                                let m = meta[at].load(Relaxed);
+                                let (chain, pos) = ((m >> 32) as usize, m as u32 as u64);
+                                // A task "runs" a little, so consumers are often
+                                // submitted while their producer is still running.
+                                for _ in 0..2000 {
+                                    std::hint::spin_loop();
+                                }
+                                // Counted, not asserted: a panicking completer would leave
+                                // the orchestration waiting for it.
+                                if progress[chain].fetch_add(1, AcqRel) != pos {
+                                    out_of_order.fetch_add(1, Relaxed);
+                                }
+                                c.complete(id);
+                            }
+                            None if finished.load(Acquire) => break,
+                            None => std::thread::yield_now(),
+                        }
+                    }
+                });
+            }
+            let mut submitted = 0;
+            while submitted < TASKS {
+                e.scope_begin().unwrap();
+                for _ in 0..64 {
+                    let (chain, pos) = (submitted / CHAIN, submitted % CHAIN);
+                    let mode = if pos == 0 { AccessMode::Write } else { AccessMode::ReadWrite };
+                    let key = 0x1000_0000 + (chain % 97) * 0x1000 + (chain / 97) * 0x100_0000;
+                    let accesses = [access(key, mode)];
+                    let id = loop {
+                        match e.submit(&accesses, 1024) {
+                            Ok(s) => break s.id,
+                            Err(SubmitRefusal::Wait) => std::thread::yield_now(),
+                            Err(other) => panic!("submit {submitted}: {other:?}"),
+                        }
+                    };
+                    // The slot holds this id until it is reclaimed, which needs its completion.
+                    let at = (id.0 as u32 & 255) as usize;
+                    meta[at].store((chain << 32) | pos, Relaxed);
+                    meta_id[at].store(id.0, Release);
+                    submitted += 1;
+                }
+                e.scope_end().unwrap();
+            }
+            e.finish().unwrap();
+            while e.incomplete() > 0 {
+                std::thread::yield_now();
+            }
+            finished.store(true, Release);
+        });
+        assert_eq!(out_of_order.load(Relaxed), 0, "chain tasks completed out of order");
+        assert!(progress.iter().all(|p| p.load(Relaxed) == CHAIN));
+        assert_eq!(e.ring_tasks(1).0, 0, "every slot was reclaimed");
+        assert_eq!(e.ring_heap(1).0, 0);
+        assert_eq!(e.ring_deps(1).0, 0);
+    }
+
+    #[test]
+    fn one_scope_needing_more_slots_than_the_window_is_a_scope_deadlock_naming_the_ring() {
+        let mut arena = TrbArena::new(sizes(4, 64 << 10, 16), 64, 16);
+        let mut e = Engine::new(&mut arena);
+        let mut done = |_| {};
+        e.scope_begin().unwrap();
+        e.scope_begin().unwrap();
+        for i in 0..4 {
+            submit_with_back_pressure(&mut e, &[access(i << 12, AccessMode::Write)], 0, &mut done)
+                .unwrap();
+        }
+        let stall =
+            submit_with_back_pressure(&mut e, &[access(9 << 12, AccessMode::Write)], 0, &mut done)
+                .unwrap_err();
+        assert_eq!(stall.code(), RuntimeCode::ScopeDeadlock);
+        assert!(
+            stall.to_string().starts_with("ring 2: scope needs 5 task slots, window 4"),
+            "{stall}"
+        );
+        assert!(stall.to_string().contains("window 4, heap 65536 bytes, dep pool 16"), "{stall}");
+    }
+
+    #[test]
+    fn a_scope_holding_the_whole_heap_is_a_heap_ring_deadlock() {
+        let mut arena = TrbArena::new(sizes(16, 4096, 16), 64, 16);
+        let mut e = Engine::new(&mut arena);
+        let mut done = |_| {};
+        e.scope_begin().unwrap();
+        for i in 0..4 {
+            submit_with_back_pressure(
+                &mut e,
+                &[access(i << 12, AccessMode::Write)],
+                1000,
+                &mut done,
+            )
+            .unwrap();
+        }
+        let stall = submit_with_back_pressure(&mut e, &[], 1, &mut done).unwrap_err();
+        assert_eq!(stall.code(), RuntimeCode::HeapRingDeadlock);
+        assert!(stall.to_string().contains("ring 1: scope needs 1024 more heap bytes"), "{stall}");
+        assert!(stall.to_string().contains("4096 heap bytes"), "{stall}");
+        // Closing the scope releases the heap: the same submit then succeeds.
+        e.scope_end().unwrap();
+        drain(&mut e, &mut done);
+        e.scope_begin().unwrap();
+        submit_with_back_pressure(&mut e, &[], 1, &mut done).unwrap();
+    }
+
+    #[test]
+    fn a_task_with_more_producers_than_the_dep_pool_is_a_dep_pool_overflow() {
+        let mut arena = TrbArena::new(sizes(16, 64 << 10, 4), 64, 16);
+        let mut e = Engine::new(&mut arena);
+        let mut done = |_| {};
+        let reads: Vec<Access> = (0..5).map(|i| access(i << 12, AccessMode::Read)).collect();
+        for r in &reads {
+            e.submit(&[access(r.key, AccessMode::Write)], 0).unwrap();
+        }
+        let stall = submit_with_back_pressure(&mut e, &reads, 0, &mut done).unwrap_err();
+        assert_eq!(stall.code(), RuntimeCode::DepPoolOverflow);
+        assert!(stall.to_string().contains("ring 0: a task needs 5 dep entries"), "{stall}");
+    }
+
+    #[test]
+    fn a_task_with_more_accesses_than_the_map_holds_is_a_tensormap_overflow() {
+        let mut arena = TrbArena::new(sizes(16, 64 << 10, 16), 4, 1);
+        let mut e = Engine::new(&mut arena);
+        let mut done = |_| {};
+        e.scope_begin().unwrap();
+        e.submit(&[access(0x1000, AccessMode::Write)], 0).unwrap();
+        let writes: Vec<Access> = (1..6).map(|i| access(i << 12, AccessMode::Write)).collect();
+        // Refused at once, although a task is still running: no completion can make room.
+        let Err(SubmitRefusal::Stall(stall)) = e.submit(&writes, 0) else {
+            panic!("a task needing more entries than the map holds must stall at once")
+        };
+        assert_eq!(stall.code(), RuntimeCode::TensormapOverflow);
+        assert!(stall.to_string().contains("tensor map's 4 entries"), "{stall}");
+        // Entries of consumed tasks are pruned when the map is full, not an overflow.
+        e.scope_end().unwrap();
+        drain(&mut e, &mut done);
+        e.scope_begin().unwrap();
+        submit_with_back_pressure(&mut e, &writes[..4], 0, &mut done).unwrap();
+        assert_eq!(e.map_entries().0, 4);
+    }
+
+    #[test]
+    fn a_refused_submit_changes_nothing() {
+        let mut arena = TrbArena::new(sizes(4, 4096, 16), 64, 16);
+        let mut e = Engine::new(&mut arena);
+        e.scope_begin().unwrap();
+        for i in 0..4 {
+            e.submit(&[access(i << 12, AccessMode::Write)], 1).unwrap();
+        }
+        let before = (e.ring_tasks(1), e.ring_heap(1), e.ring_deps(1), e.map_entries());
+        assert!(matches!(
+            e.submit(&[access(0, AccessMode::Read)], 1),
+            Err(SubmitRefusal::Stall(_))
+        ));
+        assert_eq!(before, (e.ring_tasks(1), e.ring_heap(1), e.ring_deps(1), e.map_entries()));
+    }
+}

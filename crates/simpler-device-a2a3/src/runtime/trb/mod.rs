@@ -1,0 +1,17 @@
+//! tensormap_and_ringbuffer: the runtime whose orchestration builds the task graph on the
+//! device while the schedulers dispatch, and reclaims task slots, heap and dependency entries
+//! through per-scope-depth rings, so graphs far larger than the window run in bounded memory.
+//!
+//! - `sizing`: the three sizes of every ring, resolved from the run's configuration, the
+//!   runner's defaults and the built-in defaults.
+//! - `engine`: the submit and completion state machine over the fixed-capacity cores (task
+//!   window, heap ring, dependency pool, tensor map) and the typed stalls it reports; the
+//!   orchestration owns it, scheduler threads complete tasks through a shared handle.
+//! - `ready`: the bounded multi-producer, multi-consumer queue of ready task ids.
+//!
+//! What is built and what is not yet is described in `docs/device-trb.md`: the engine is not
+//! yet wired to an AICPU orchestration thread, so `runtime::select` still refuses trb runs.
+
+pub(crate) mod engine;
+pub(crate) mod ready;
+pub(crate) mod sizing;

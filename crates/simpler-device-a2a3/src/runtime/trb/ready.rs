@@ -1,0 +1,154 @@
+//! [`ReadyRing`]: the bounded multi-producer, multi-consumer queue of ready task ids that the
+//! orchestration and every completing thread push to and the schedulers pop from.
+//!
+//! Each cell carries a sequence number (the classic bounded-queue scheme of D. Vyukov): cell
+//! `i` of a queue of `n` cells is free for the push at position `p` when its sequence is `p`,
+//! and holds that push's value for the pop at position `p` when its sequence is `p + 1`; the pop
+//! then sets it to `p + n`, freeing it for the push one lap later. Positions are claimed with a
+//! compare-and-swap on `tail` (push) or `head` (pop), so no thread waits for another.
+//!
+//! | Access | Ordering | Why |
+//! |---|---|---|
+//! | load of a cell's sequence | `Acquire` | pairs with the release store of the previous owner of the cell, so its value (push) or its emptying (pop) is visible |
+//! | store of a cell's sequence | `Release` | publishes the value stored (push) or the cell's release (pop) |
+//! | CAS of `head` / `tail` | `Relaxed` | only claims a position; the cell's sequence carries the data |
+
+use core::sync::atomic::AtomicU64;
+use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+
+/// One cell of the queue.
+#[derive(Debug, Default)]
+pub(crate) struct ReadyCell {
+    seq: AtomicU64,
+    value: AtomicU64,
+}
+
+/// The queue over caller-provided cells.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReadyRing<'a> {
+    cells: &'a [ReadyCell],
+    head: &'a AtomicU64,
+    tail: &'a AtomicU64,
+}
+
+impl<'a> ReadyRing<'a> {
+    /// An empty queue over `cells` (at least one) and its two cursors; resets all of them, so
+    /// no other thread may use them during the call.
+    pub(crate) fn new(cells: &'a [ReadyCell], head: &'a AtomicU64, tail: &'a AtomicU64) -> Self {
+        for (i, c) in cells.iter().enumerate() {
+            c.seq.store(i as u64, Relaxed);
+        }
+        head.store(0, Relaxed);
+        tail.store(0, Relaxed);
+        ReadyRing { cells, head, tail }
+    }
+
+    fn cell(&self, pos: u64) -> &ReadyCell {
+        &self.cells[(pos % self.cells.len() as u64) as usize]
+    }
+
+    /// Pushes `value`; `false` when every cell is full.
+    pub(crate) fn push(&self, value: u64) -> bool {
+        let mut pos = self.tail.load(Relaxed);
+        loop {
+            let cell = self.cell(pos);
+            let seq = cell.seq.load(Acquire);
+            if seq == pos {
+                match self.tail.compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed) {
+                    Ok(_) => {
+                        cell.value.store(value, Relaxed);
+                        cell.seq.store(pos + 1, Release);
+                        return true;
+                    }
+                    Err(now) => pos = now,
+                }
+            } else if seq < pos {
+                return false;
+            } else {
+                pos = self.tail.load(Relaxed);
+            }
+        }
+    }
+
+    /// Pops the oldest published value, if any.
+    pub(crate) fn pop(&self) -> Option<u64> {
+        let mut pos = self.head.load(Relaxed);
+        loop {
+            let cell = self.cell(pos);
+            let seq = cell.seq.load(Acquire);
+            if seq == pos + 1 {
+                match self.head.compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed) {
+                    Ok(_) => {
+                        let value = cell.value.load(Relaxed);
+                        cell.seq.store(pos + self.cells.len() as u64, Release);
+                        return Some(value);
+                    }
+                    Err(now) => pos = now,
+                }
+            } else if seq <= pos {
+                return None;
+            } else {
+                pos = self.head.load(Relaxed);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+
+    #[test]
+    fn values_come_out_in_order_and_a_full_queue_refuses() {
+        let cells: Vec<ReadyCell> = (0..4).map(|_| ReadyCell::default()).collect();
+        let (h, t) = (AtomicU64::new(7), AtomicU64::new(9));
+        let q = ReadyRing::new(&cells, &h, &t);
+        for round in 0..3 {
+            for v in 0..4 {
+                assert!(q.push(round * 10 + v));
+            }
+            assert!(!q.push(99), "full");
+            for v in 0..4 {
+                assert_eq!(q.pop(), Some(round * 10 + v));
+            }
+            assert_eq!(q.pop(), None);
+        }
+    }
+
+    #[test]
+    fn concurrent_pushers_and_poppers_deliver_every_value_exactly_once() {
+        const PER: u64 = 20_000;
+        let cells: Vec<ReadyCell> = (0..64).map(|_| ReadyCell::default()).collect();
+        let (h, t) = (AtomicU64::new(0), AtomicU64::new(0));
+        let q = ReadyRing::new(&cells, &h, &t);
+        let seen: Vec<AtomicBool> = (0..4 * PER).map(|_| AtomicBool::new(false)).collect();
+        let popped = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for p in 0..4 {
+                s.spawn(move || {
+                    for v in 0..PER {
+                        while !q.push(p * PER + v) {
+                            std::thread::yield_now();
+                        }
+                    }
+                });
+            }
+            for _ in 0..3 {
+                s.spawn(|| {
+                    while popped.load(Relaxed) < 4 * PER {
+                        match q.pop() {
+                            Some(v) => {
+                                assert!(!seen[v as usize].swap(true, Relaxed), "{v} twice");
+                                popped.fetch_add(1, Relaxed);
+                            }
+                            None => std::thread::yield_now(),
+                        }
+                    }
+                });
+            }
+        });
+        assert!(seen.iter().all(|s| s.load(Relaxed)));
+    }
+}
