@@ -1,0 +1,303 @@
+//! Tests of the trb submit/completion engine: dependency rules, streams through small rings,
+//! concurrent completers and every ring stall.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use super::*;
+
+fn sizes(task_window: u32, heap_bytes: u64, dep_pool: u32) -> [RingSizes; HEAP_RING_COUNT] {
+    [RingSizes { task_window, heap_bytes, dep_pool }; HEAP_RING_COUNT]
+}
+
+fn access(key: u64, mode: AccessMode) -> Access {
+    Access { key, span: ByteSpan::new(key, key + 256).unwrap(), mode }
+}
+
+/// Completes every task ready now, newest first, so that only dependencies order them.
+fn complete_ready_newest_first(e: &Engine<'_>, done: &mut impl FnMut(DeviceTaskId)) -> usize {
+    let c = e.completer();
+    let ready: Vec<DeviceTaskId> = std::iter::from_fn(|| c.pop_ready()).collect();
+    for &id in ready.iter().rev() {
+        c.complete(id);
+        done(id);
+    }
+    ready.len()
+}
+
+/// Submits, completing ready tasks while the engine says to wait.
+fn submit_with_back_pressure(
+    e: &mut Engine<'_>,
+    accesses: &[Access],
+    heap: u64,
+    done: &mut impl FnMut(DeviceTaskId),
+) -> Result<Submitted, RingStall> {
+    loop {
+        match e.submit(accesses, heap) {
+            Ok(s) => return Ok(s),
+            Err(SubmitRefusal::Stall(s)) => return Err(s),
+            Err(SubmitRefusal::Invalid(m)) => panic!("invalid submit: {m}"),
+            Err(SubmitRefusal::Wait) => {
+                assert!(complete_ready_newest_first(e, done) > 0, "a wait with nothing ready");
+            }
+        }
+    }
+}
+
+fn drain(e: &mut Engine<'_>, done: &mut impl FnMut(DeviceTaskId)) {
+    while complete_ready_newest_first(e, done) > 0 {}
+    assert_eq!(e.incomplete(), 0, "every submitted task completed");
+}
+
+#[test]
+fn reads_wait_for_writers_writes_for_readers_and_inout_for_both() {
+    let mut arena = TrbArena::new(sizes(16, 16 << 10, 16), 64, 16);
+    let mut e = Engine::new(&mut arena);
+    let c = e.completer();
+    let a = 0x10_000;
+    let w0 = e.submit(&[access(a, AccessMode::Write)], 0).unwrap().id;
+    let r1 = e.submit(&[access(a, AccessMode::Read)], 0).unwrap().id;
+    let r2 = e.submit(&[access(a, AccessMode::Read)], 0).unwrap().id;
+    let w3 = e.submit(&[access(a, AccessMode::Write)], 0).unwrap().id;
+    let rw4 = e.submit(&[access(a, AccessMode::ReadWrite)], 0).unwrap().id;
+    assert_eq!(c.pop_ready(), Some(w0));
+    assert_eq!(c.pop_ready(), None, "the readers wait for the writer");
+    c.complete(w0);
+    let mut readers = [c.pop_ready(), c.pop_ready(), c.pop_ready()];
+    readers.sort();
+    assert_eq!(readers, [None, Some(r1), Some(r2)], "both readers, in any order");
+    c.complete(r1);
+    assert_eq!(c.pop_ready(), None, "the overwrite waits for both readers");
+    c.complete(r2);
+    assert_eq!(c.pop_ready(), Some(w3));
+    assert_eq!(c.pop_ready(), None, "the read-write waits for the writer");
+    c.complete(w3);
+    assert_eq!(c.pop_ready(), Some(rw4));
+    c.complete(rw4);
+    assert_eq!(e.incomplete(), 0);
+    assert_eq!(e.ring_tasks(0).0, 5, "the outer scope holds its tasks");
+    e.finish().unwrap();
+    assert_eq!(e.ring_tasks(0).0, 0, "closing the outer scope reclaims them");
+}
+
+/// Tasks of a chain must complete in submission order; every other order is allowed.
+fn stream(chain_len: u64, tasks: u64) {
+    let mut arena = TrbArena::new(sizes(1024, 1 << 20, 1024), 4096, 1024);
+    let mut e = Engine::new(&mut arena);
+    let mut completed = 0u64;
+    let mut next_in_chain = HashMap::<u64, u64>::new();
+    let index_of = RefCell::new(HashMap::<u64, (u64, u64)>::new());
+    let mut done = |id: DeviceTaskId| {
+        let (chain, pos) = index_of.borrow_mut().remove(&id.0).expect("a submitted task");
+        let next = next_in_chain.entry(chain).or_insert(0);
+        assert_eq!(*next, pos, "chain {chain} completed out of order");
+        *next += 1;
+        completed += 1;
+    };
+    let mut submitted = 0u64;
+    while submitted < tasks {
+        e.scope_begin().unwrap();
+        for _ in 0..100 {
+            let (chain, pos) = (submitted / chain_len, submitted % chain_len);
+            // A chain updates one buffer in place; its first task only writes it.
+            let mode = if pos == 0 { AccessMode::Write } else { AccessMode::ReadWrite };
+            let key = 0x1000_0000 + chain * 0x1000;
+            let s =
+                submit_with_back_pressure(&mut e, &[access(key, mode)], 1024, &mut done).unwrap();
+            assert!(s.heap_offset.is_some());
+            // Ids recycle, but a live id is never handed out twice.
+            assert!(index_of.borrow_mut().insert(s.id.0, (chain, pos)).is_none());
+            submitted += 1;
+        }
+        e.scope_end().unwrap();
+    }
+    e.finish().unwrap();
+    drain(&mut e, &mut done);
+    assert_eq!(completed, tasks);
+    let (live, peak) = e.ring_tasks(1);
+    assert_eq!(live, 0, "every slot was reclaimed");
+    assert!(peak <= 1024);
+    assert_eq!(e.ring_heap(1).0, 0);
+    assert_eq!(e.ring_deps(1).0, 0);
+}
+
+#[test]
+fn a_stream_of_independent_tasks_far_larger_than_the_window_runs_in_bounded_rings() {
+    stream(1, 100_000);
+}
+
+#[test]
+fn a_stream_of_100_task_chains_far_larger_than_the_window_runs_in_order() {
+    stream(100, 100_000);
+}
+
+#[test]
+fn scheduler_threads_complete_while_the_orchestration_submits_a_stream_of_chains() {
+    const TASKS: u64 = 64 * 800;
+    const CHAIN: u64 = 50;
+    let mut arena = TrbArena::new(sizes(256, 256 << 10, 256), 2048, 512);
+    let mut e = Engine::new(&mut arena);
+    let c = e.completer();
+    let chains = (TASKS / CHAIN) as usize;
+    // Per chain: how many of its tasks completed, checked against each task's position.
+    let progress: Vec<AtomicU64> = (0..chains).map(|_| AtomicU64::new(0)).collect();
+    // Per window slot of ring 1: the (chain, position) of the task in it, and its id (set
+    // after the submit returned, so a completer may pop the task first and waits for it).
+    let meta: Vec<AtomicU64> = (0..256).map(|_| AtomicU64::new(0)).collect();
+    let meta_id: Vec<AtomicU64> = (0..256).map(|_| AtomicU64::new(u64::MAX)).collect();
+    let finished = AtomicBool::new(false);
+    let out_of_order = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                loop {
+                    match c.pop_ready() {
+                        Some(id) => {
+                            let at = (id.0 as u32 & 255) as usize;
+                            while meta_id[at].load(Acquire) != id.0 {
+                                std::hint::spin_loop();
+                            }
+                            let m = meta[at].load(Relaxed);
+                            let (chain, pos) = ((m >> 32) as usize, m as u32 as u64);
+                            // A task "runs" a little, so consumers are often
+                            // submitted while their producer is still running.
+                            for _ in 0..2000 {
+                                std::hint::spin_loop();
+                            }
+                            // Counted, not asserted: a panicking completer would leave
+                            // the orchestration waiting for it.
+                            if progress[chain].fetch_add(1, AcqRel) != pos {
+                                out_of_order.fetch_add(1, Relaxed);
+                            }
+                            c.complete(id);
+                        }
+                        None if finished.load(Acquire) => break,
+                        None => std::thread::yield_now(),
+                    }
+                }
+            });
+        }
+        let mut submitted = 0;
+        while submitted < TASKS {
+            e.scope_begin().unwrap();
+            for _ in 0..64 {
+                let (chain, pos) = (submitted / CHAIN, submitted % CHAIN);
+                let mode = if pos == 0 { AccessMode::Write } else { AccessMode::ReadWrite };
+                let key = 0x1000_0000 + (chain % 97) * 0x1000 + (chain / 97) * 0x100_0000;
+                let accesses = [access(key, mode)];
+                let id = loop {
+                    match e.submit(&accesses, 1024) {
+                        Ok(s) => break s.id,
+                        Err(SubmitRefusal::Wait) => std::thread::yield_now(),
+                        Err(other) => panic!("submit {submitted}: {other:?}"),
+                    }
+                };
+                // The slot holds this id until it is reclaimed, which needs its completion.
+                let at = (id.0 as u32 & 255) as usize;
+                meta[at].store((chain << 32) | pos, Relaxed);
+                meta_id[at].store(id.0, Release);
+                submitted += 1;
+            }
+            e.scope_end().unwrap();
+        }
+        e.finish().unwrap();
+        while e.incomplete() > 0 {
+            std::thread::yield_now();
+        }
+        finished.store(true, Release);
+    });
+    assert_eq!(out_of_order.load(Relaxed), 0, "chain tasks completed out of order");
+    assert!(progress.iter().all(|p| p.load(Relaxed) == CHAIN));
+    assert_eq!(e.ring_tasks(1).0, 0, "every slot was reclaimed");
+    assert_eq!(e.ring_heap(1).0, 0);
+    assert_eq!(e.ring_deps(1).0, 0);
+}
+
+#[test]
+fn one_scope_needing_more_slots_than_the_window_is_a_scope_deadlock_naming_the_ring() {
+    let mut arena = TrbArena::new(sizes(4, 64 << 10, 16), 64, 16);
+    let mut e = Engine::new(&mut arena);
+    let mut done = |_| {};
+    e.scope_begin().unwrap();
+    e.scope_begin().unwrap();
+    for i in 0..4 {
+        submit_with_back_pressure(&mut e, &[access(i << 12, AccessMode::Write)], 0, &mut done)
+            .unwrap();
+    }
+    let stall =
+        submit_with_back_pressure(&mut e, &[access(9 << 12, AccessMode::Write)], 0, &mut done)
+            .unwrap_err();
+    assert_eq!(stall.code(), RuntimeCode::ScopeDeadlock);
+    assert!(stall.to_string().starts_with("ring 2: scope needs 5 task slots, window 4"), "{stall}");
+    assert!(stall.to_string().contains("window 4, heap 65536 bytes, dep pool 16"), "{stall}");
+}
+
+#[test]
+fn a_scope_holding_the_whole_heap_is_a_heap_ring_deadlock() {
+    let mut arena = TrbArena::new(sizes(16, 4096, 16), 64, 16);
+    let mut e = Engine::new(&mut arena);
+    let mut done = |_| {};
+    e.scope_begin().unwrap();
+    for i in 0..4 {
+        submit_with_back_pressure(&mut e, &[access(i << 12, AccessMode::Write)], 1000, &mut done)
+            .unwrap();
+    }
+    let stall = submit_with_back_pressure(&mut e, &[], 1, &mut done).unwrap_err();
+    assert_eq!(stall.code(), RuntimeCode::HeapRingDeadlock);
+    assert!(stall.to_string().contains("ring 1: scope needs 1024 more heap bytes"), "{stall}");
+    assert!(stall.to_string().contains("4096 heap bytes"), "{stall}");
+    // Closing the scope releases the heap: the same submit then succeeds.
+    e.scope_end().unwrap();
+    drain(&mut e, &mut done);
+    e.scope_begin().unwrap();
+    submit_with_back_pressure(&mut e, &[], 1, &mut done).unwrap();
+}
+
+#[test]
+fn a_task_with_more_producers_than_the_dep_pool_is_a_dep_pool_overflow() {
+    let mut arena = TrbArena::new(sizes(16, 64 << 10, 4), 64, 16);
+    let mut e = Engine::new(&mut arena);
+    let mut done = |_| {};
+    let reads: Vec<Access> = (0..5).map(|i| access(i << 12, AccessMode::Read)).collect();
+    for r in &reads {
+        e.submit(&[access(r.key, AccessMode::Write)], 0).unwrap();
+    }
+    let stall = submit_with_back_pressure(&mut e, &reads, 0, &mut done).unwrap_err();
+    assert_eq!(stall.code(), RuntimeCode::DepPoolOverflow);
+    assert!(stall.to_string().contains("ring 0: a task needs 5 dep entries"), "{stall}");
+}
+
+#[test]
+fn a_task_with_more_accesses_than_the_map_holds_is_a_tensormap_overflow() {
+    let mut arena = TrbArena::new(sizes(16, 64 << 10, 16), 4, 1);
+    let mut e = Engine::new(&mut arena);
+    let mut done = |_| {};
+    e.scope_begin().unwrap();
+    e.submit(&[access(0x1000, AccessMode::Write)], 0).unwrap();
+    let writes: Vec<Access> = (1..6).map(|i| access(i << 12, AccessMode::Write)).collect();
+    // Refused at once, although a task is still running: no completion can make room.
+    let Err(SubmitRefusal::Stall(stall)) = e.submit(&writes, 0) else {
+        panic!("a task needing more entries than the map holds must stall at once")
+    };
+    assert_eq!(stall.code(), RuntimeCode::TensormapOverflow);
+    assert!(stall.to_string().contains("tensor map's 4 entries"), "{stall}");
+    // Entries of consumed tasks are pruned when the map is full, not an overflow.
+    e.scope_end().unwrap();
+    drain(&mut e, &mut done);
+    e.scope_begin().unwrap();
+    submit_with_back_pressure(&mut e, &writes[..4], 0, &mut done).unwrap();
+    assert_eq!(e.map_entries().0, 4);
+}
+
+#[test]
+fn a_refused_submit_changes_nothing() {
+    let mut arena = TrbArena::new(sizes(4, 4096, 16), 64, 16);
+    let mut e = Engine::new(&mut arena);
+    e.scope_begin().unwrap();
+    for i in 0..4 {
+        e.submit(&[access(i << 12, AccessMode::Write)], 1).unwrap();
+    }
+    let before = (e.ring_tasks(1), e.ring_heap(1), e.ring_deps(1), e.map_entries());
+    assert!(matches!(e.submit(&[access(0, AccessMode::Read)], 1), Err(SubmitRefusal::Stall(_))));
+    assert_eq!(before, (e.ring_tasks(1), e.ring_heap(1), e.ring_deps(1), e.map_entries()));
+}
