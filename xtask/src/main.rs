@@ -33,6 +33,10 @@ const LOOM_TARGETS: &[(&str, &[&str])] =
 /// on a mismatch). The first is the README's main job.
 const EXAMPLES: &[&str] = &["vector_example", "bgemm", "l3_two_chips", "l4_compose"];
 
+/// Crates and feature lists that `ci` checks with `--no-default-features`.
+const NARROW_BUILDS: &[(&str, &str)] =
+    &[("simpler-tensormap", ""), ("simpler-device-a2a3", ""), ("simpler-device-a2a3", "onboard")];
+
 /// Property-test cases per test in `test --deep` (the tests' own defaults are kept modest so
 /// that CI stays fast).
 const DEEP_PROPTEST_CASES: &str = "4096";
@@ -93,6 +97,15 @@ fn ci() -> Result<(), String> {
         &["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"],
         &[],
     )?;
+    // The feature sets that must build on their own: the tensor map without `std` (device
+    // runtimes), and the device crate without a backend and with only the onboard one.
+    for (krate, features) in NARROW_BUILDS {
+        let mut args = vec!["check", "-p", krate, "--no-default-features"];
+        if !features.is_empty() {
+            args.extend(["--features", features]);
+        }
+        cargo(&args, &[])?;
+    }
     test(false)?;
     cargo(
         &["doc", "--workspace", "--no-deps", "--all-features"],
