@@ -26,8 +26,11 @@ use std::time::Instant;
 
 /// Crates whose concurrency protocols have `loom` models, with the test target holding them
 /// (an integration test named `loom`, or the library's unit tests filtered by `loom`).
-const LOOM_TARGETS: &[(&str, &[&str])] =
-    &[("simpler-ring", &["--test", "loom"]), ("simpler-sched", &["--lib", "loom"])];
+const LOOM_TARGETS: &[(&str, &[&str])] = &[
+    ("simpler-ring", &["--test", "loom"]),
+    ("simpler-ring", &["--test", "fixed_loom"]),
+    ("simpler-sched", &["--lib", "loom"]),
+];
 
 /// Examples CI runs end to end (release builds; each checks its own result and exits non-zero
 /// on a mismatch). The first is the README's main job.
