@@ -282,8 +282,9 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
         return ExitCode::from(EXIT_ENVIRONMENT);
     }
     eprintln!(
-        "xtask onboard-test: the server is complete, but this version has no onboard backend \
-         yet, so there is nothing to run on the device"
+        "xtask onboard-test: the server is complete, but this version has neither the onboard \
+         device programs (AICPU scheduler, AICore executor) nor the case harness, so there is \
+         nothing to run on the device yet"
     );
     ExitCode::from(EXIT_ENVIRONMENT)
 }
