@@ -7,7 +7,7 @@ use simpler::device_a2a3::abi::codes::AclCode;
 use simpler::device_a2a3::programs::add;
 use simpler::device_a2a3::{DeviceError, Platform, RunnerOptions, RuntimeVariant};
 use simpler::types::{CallConfig, DataType, TaskArgs, WorkerId};
-use simpler::worker::{ChipMemory, Orchestration, RunError, Worker};
+use simpler::worker::{CallableHandle, ChipMemory, Orchestration, RunError, Worker};
 
 /// Short device budgets so that the injected fault is detected quickly.
 fn quick(o: RunnerOptions) -> RunnerOptions {
@@ -24,6 +24,19 @@ fn add_args(mem: &ChipMemory<'_>) -> Result<TaskArgs, Box<dyn std::error::Error 
         args.add_inout(mem.malloc(256)?.tensor(&[64], DataType::Float32)?)?;
     }
     Ok(args)
+}
+
+/// A started L3 worker with one simulated chip, the add program registered on it, its
+/// arguments in chip memory, and a kernel fault armed for the program's `nth` execution.
+fn l3_add_with_fault(nth: u32) -> (Worker, CallableHandle, TaskArgs) {
+    let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph)
+        .chips(&[0])
+        .chip_options(quick);
+    let h = b.register_chip(add::callable().expect("program"));
+    let w = b.start().expect("start");
+    let args = add_args(&w.chip_memory(WorkerId(0)).expect("memory")).expect("args");
+    assert!(w.with_sim_faults(WorkerId(0), move |plan| plan.kernel_fault(0, nth)).expect("lane"));
+    (w, h, args)
 }
 
 /// The kernel fault the simulator injects: an AICore exception on the chip's AICore stream.
@@ -54,13 +67,7 @@ fn an_l2_kernel_fault_is_the_device_error() {
 
 #[test]
 fn an_l3_kernel_fault_is_the_device_error_of_its_chip_frame() {
-    let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph)
-        .chips(&[0])
-        .chip_options(quick);
-    let h = b.register_chip(add::callable().expect("program"));
-    let w = b.start().expect("start");
-    let args = add_args(&w.chip_memory(WorkerId(0)).expect("memory")).expect("args");
-    assert!(w.with_sim_faults(WorkerId(0), |plan| plan.kernel_fault(0, 1)).expect("lane"));
+    let (w, h, args) = l3_add_with_fault(1);
     let run = Orchestration::graph(move |g, _, _| {
         g.submit_next_level(h, args.clone(), &CallConfig::default(), WorkerId(0))?;
         Ok(())
@@ -101,14 +108,8 @@ fn an_l4_kernel_fault_is_the_device_error_of_the_innermost_frame() {
 
 #[test]
 fn every_chip_run_of_an_l3_run_has_its_own_device_run_id() {
-    let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph)
-        .chips(&[0])
-        .chip_options(quick);
-    let h = b.register_chip(add::callable().expect("program"));
-    let w = b.start().expect("start");
-    let args = add_args(&w.chip_memory(WorkerId(0)).expect("memory")).expect("args");
     // The second chip task of the run faults; its device run is the chip's second.
-    assert!(w.with_sim_faults(WorkerId(0), |plan| plan.kernel_fault(0, 2)).expect("lane"));
+    let (w, h, args) = l3_add_with_fault(2);
     let run = Orchestration::graph(move |g, _, _| {
         for _ in 0..2 {
             g.submit_next_level(h, args.clone(), &CallConfig::default(), WorkerId(0))?;
