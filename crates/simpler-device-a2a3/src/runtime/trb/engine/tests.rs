@@ -386,7 +386,7 @@ fn threaded_stream(chain: u64, tasks: u64) {
                             c.complete(id);
                         }
                         None if finished.load(Acquire) => break,
-                        None => std::hint::spin_loop(),
+                        None => std::thread::yield_now(),
                     }
                 }
             });
@@ -401,7 +401,7 @@ fn threaded_stream(chain: u64, tasks: u64) {
                 let id = loop {
                     match e.submit(&accesses, 1024) {
                         Ok(s) => break s.id,
-                        Err(SubmitRefusal::Wait) => std::hint::spin_loop(),
+                        Err(SubmitRefusal::Wait) => std::thread::yield_now(),
                         Err(other) => panic!("submit {submitted}: {other:?}"),
                     }
                 };
