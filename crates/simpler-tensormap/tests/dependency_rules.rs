@@ -77,14 +77,6 @@ impl Fixed {
     }
 }
 
-fn mode(access: Access) -> AccessMode {
-    match access {
-        Access::Read => AccessMode::Read,
-        Access::Overwrite => AccessMode::Write,
-        Access::Update => AccessMode::ReadWrite,
-    }
-}
-
 impl DependencyMap for Fixed {
     fn dependencies(
         &mut self,
@@ -98,7 +90,7 @@ impl DependencyMap for Fixed {
         self.map.lookup(
             &key,
             span,
-            mode(access),
+            AccessMode::from(access),
             |o| retired.contains(&o),
             |o| {
                 out.insert(SlotId::unpack(o));
@@ -109,7 +101,9 @@ impl DependencyMap for Fixed {
 
     fn record(&mut self, _: RunId, key: TensorKey, span: ByteSpan, access: Access, slot: SlotId) {
         let retired = &self.retired;
-        self.map.insert(key, span, mode(access), slot.pack(), |o| retired.contains(&o)).unwrap();
+        self.map
+            .insert(key, span, AccessMode::from(access), slot.pack(), |o| retired.contains(&o))
+            .unwrap();
     }
 
     fn retire(&mut self, _: RunId, slot: SlotId, keys: &[TensorKey]) {

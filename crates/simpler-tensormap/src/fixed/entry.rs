@@ -1,7 +1,7 @@
 //! [`MapEntry`]: one slot of the fixed map's entry pool, and the access vocabulary
 //! ([`AccessMode`], [`Role`]) that decides which entries an access finds and which one it adds.
 
-use crate::ByteSpan;
+use crate::{Access, ByteSpan};
 
 /// What a task does to a footprint, as far as dependencies are concerned.
 ///
@@ -56,6 +56,18 @@ impl AccessMode {
         match entry.role() {
             None => false,
             Some(role) => self.finds(role) || (self.finds_readers() && entry.orders_writes()),
+        }
+    }
+}
+
+impl From<Access> for AccessMode {
+    /// The host map's access kinds in the fixed map's words: a read, a blind overwrite, an
+    /// in-place update.
+    fn from(access: Access) -> AccessMode {
+        match access {
+            Access::Read => AccessMode::Read,
+            Access::Overwrite => AccessMode::Write,
+            Access::Update => AccessMode::ReadWrite,
         }
     }
 }
