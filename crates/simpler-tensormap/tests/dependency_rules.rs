@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
+use simpler_tensormap::fixed::{AccessMode, FixedTensorMap, MapEntry};
 use simpler_tensormap::{Access, ByteSpan, TensorKey, TensorMap};
 use simpler_types::{RunId, SlotId};
 
@@ -56,6 +57,62 @@ impl DependencyMap for TensorMap {
 
     fn entries(&self, run: RunId) -> usize {
         self.len_run(run)
+    }
+}
+
+/// The fixed-capacity map over storage of its own (leaked: a test owns it for its whole life),
+/// with owners as packed slot ids and the retired tasks as its retirement predicate. It keeps
+/// one run, which is all the suite uses.
+pub struct Fixed {
+    map: FixedTensorMap<'static, TensorKey>,
+    retired: BTreeSet<u64>,
+}
+
+impl Fixed {
+    /// A map with `entries` pool slots and `buckets` buckets.
+    pub fn new(entries: usize, buckets: usize) -> Fixed {
+        let pool = Box::leak(vec![MapEntry::vacant(buf(0)); entries].into_boxed_slice());
+        let heads = Box::leak(vec![0_u32; buckets].into_boxed_slice());
+        Fixed { map: FixedTensorMap::new(pool, heads).unwrap(), retired: BTreeSet::new() }
+    }
+}
+
+impl DependencyMap for Fixed {
+    fn dependencies(
+        &mut self,
+        _: RunId,
+        key: TensorKey,
+        span: ByteSpan,
+        access: Access,
+    ) -> BTreeSet<SlotId> {
+        let mut out = BTreeSet::new();
+        let retired = &self.retired;
+        self.map.lookup(
+            &key,
+            span,
+            AccessMode::from(access),
+            |o| retired.contains(&o),
+            |o| {
+                out.insert(SlotId::unpack(o));
+            },
+        );
+        out
+    }
+
+    fn record(&mut self, _: RunId, key: TensorKey, span: ByteSpan, access: Access, slot: SlotId) {
+        let retired = &self.retired;
+        self.map
+            .insert(key, span, AccessMode::from(access), slot.pack(), |o| retired.contains(&o))
+            .unwrap();
+    }
+
+    fn retire(&mut self, _: RunId, slot: SlotId, keys: &[TensorKey]) {
+        self.map.erase_owned(slot.pack(), keys);
+        self.retired.insert(slot.pack());
+    }
+
+    fn entries(&self, _: RunId) -> usize {
+        self.map.len() as usize
     }
 }
 
@@ -439,6 +496,8 @@ macro_rules! dependency_rules {
 }
 
 dependency_rules!(host_map, TensorMap::new());
+// Pools large enough for the 1000-reader fan-in; few buckets, so keys share chains.
+dependency_rules!(fixed_map, Fixed::new(2048, 4));
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(cases()))]

@@ -3,11 +3,10 @@
 //! A sequence submits tasks (each with one to three accesses to overlapping slices of a few
 //! small buffers), retires earlier tasks (with or without an owner-checked erase) and prunes.
 //! Every implementation sits behind [`Tracker`]: the fixed map with two key types, and the host
-//! map on sequences without reads (it records no readers yet; once it does, the read-carrying
-//! sequences apply to it unchanged). Two models judge them:
+//! map. Two models judge them:
 //!
-//! - [`EntryModel`]: a plain list of `(buffer, span, owner, role)` entries with the same lookup,
-//!   supersede and capacity rules, written as directly as possible. The map must report the same
+//! - [`EntryModel`]: a plain list of `(buffer, span, owner, role, orders later writes)` entries
+//!   with the same lookup, supersede, hand-over and capacity rules, written as directly as possible. The map must report the same
 //!   producers for every submit, `Full` exactly when the model's live entries would exceed the
 //!   capacity, and the same live entries per buffer.
 //! - [`ByteModel`]: per byte, the last writer and the readers since; it yields the dependencies
@@ -129,18 +128,21 @@ impl<K: Copy + Eq + Hash> Tracker for FixedTracker<'_, K> {
 
 /// The reference: every entry in one list, every rule spelled out.
 struct EntryModel {
-    /// `(buffer, start, end, owner, role)`, in insertion order.
-    entries: Vec<(usize, u64, u64, u64, Role)>,
+    /// `(buffer, start, end, owner, role, orders later writes)`, in insertion order.
+    entries: Vec<ModelEntry>,
     capacity: usize,
 }
+
+type ModelEntry = (usize, u64, u64, u64, Role, bool);
 
 impl Tracker for EntryModel {
     fn submit(&mut self, task: u64, accesses: &[Access], retired: &BTreeSet<u64>) -> Submitted {
         let mut producers = BTreeSet::new();
         for a in accesses {
-            for &(b, s, e, owner, role) in &self.entries {
+            for &(b, s, e, owner, role, orders) in &self.entries {
                 let overlaps = s < a.end && a.start < e;
-                if b == a.buffer && overlaps && a.mode.finds(role) && !retired.contains(&owner) {
+                let finds = a.mode.finds(role) || (a.mode.finds_readers() && orders);
+                if b == a.buffer && overlaps && finds && !retired.contains(&owner) {
                     producers.insert(owner);
                 }
             }
@@ -148,12 +150,8 @@ impl Tracker for EntryModel {
         let mut full_at = None;
         for (i, a) in accesses.iter().enumerate() {
             let role = a.mode.records_as();
-            let superseded = |&(b, s, e, owner, r): &(usize, u64, u64, u64, Role)| {
-                role == Role::Writer
-                    && b == a.buffer
-                    && a.start <= s
-                    && e <= a.end
-                    && (r == Role::Writer || owner != task)
+            let superseded = |&(b, s, e, ..): &ModelEntry| {
+                role == Role::Writer && b == a.buffer && a.start <= s && e <= a.end
             };
             let live_after =
                 self.entries.iter().filter(|e| !retired.contains(&e.3) && !superseded(e)).count();
@@ -161,8 +159,12 @@ impl Tracker for EntryModel {
                 full_at = Some(i);
                 break;
             }
+            // A covering write takes over the duty of the live entries it supersedes.
+            let inherits =
+                self.entries.iter().any(|e| superseded(e) && !retired.contains(&e.3) && e.5);
             self.entries.retain(|e| !superseded(e));
-            self.entries.push((a.buffer, a.start, a.end, task, role));
+            let orders = role == Role::Reader || a.mode == AccessMode::ReadWrite || inherits;
+            self.entries.push((a.buffer, a.start, a.end, task, role, orders));
         }
         Submitted { producers, full_at }
     }
@@ -176,15 +178,21 @@ impl Tracker for EntryModel {
     }
 }
 
-/// The host map, for the accesses it models today: writers only (it records no readers), with
-/// unbounded capacity and no retirement predicate (the engine checks a producer's state itself,
-/// which the filter on `retired` stands for).
+/// The host map, with unbounded capacity and no retirement predicate.
 struct HostTracker {
     map: TensorMap,
 }
 
 fn host_key(buffer: usize) -> (TensorKey, u64) {
     (TensorKey::Host { addr: 0x1000 * (buffer as u64 + 1) }, 0x1000 * (buffer as u64 + 1))
+}
+
+fn host_access(mode: AccessMode) -> simpler_tensormap::Access {
+    match mode {
+        AccessMode::Read => simpler_tensormap::Access::Read,
+        AccessMode::Write => simpler_tensormap::Access::Overwrite,
+        AccessMode::ReadWrite => simpler_tensormap::Access::Update,
+    }
 }
 
 impl Tracker for HostTracker {
@@ -195,23 +203,25 @@ impl Tracker for HostTracker {
         };
         let mut guard = self.map.lock();
         let mut producers = BTreeSet::new();
-        for a in accesses.iter().filter(|a| a.mode.finds_writers()) {
-            guard.lookup_overlapping(RunId::FIRST, &host_key(a.buffer).0, span(a), |s| {
+        for a in accesses {
+            let key = host_key(a.buffer).0;
+            guard.dependencies(RunId::FIRST, &key, span(a), host_access(a.mode), |s| {
                 producers.insert(u64::from(s.index));
             });
         }
         producers.retain(|p| !retired.contains(p));
         for a in accesses {
-            guard.insert(RunId::FIRST, host_key(a.buffer).0, span(a), SlotId::new(task as u32, 1));
+            let (key, slot) = (host_key(a.buffer).0, SlotId::new(task as u32, 1));
+            guard.record(RunId::FIRST, key, span(a), host_access(a.mode), slot);
         }
         Submitted { producers, full_at: None }
     }
 
-    fn retired(&mut self, task: u64, buffers: &[usize], erase: bool, _: &BTreeSet<u64>) {
-        if erase {
-            let keys: Vec<TensorKey> = buffers.iter().map(|&b| host_key(b).0).collect();
-            self.map.erase_owned(RunId::FIRST, SlotId::new(task as u32, 1), &keys);
-        }
+    /// The host map knows no retirement predicate: a retired task's entries are always erased
+    /// (otherwise a covering write would still take over the duty of a retired reader).
+    fn retired(&mut self, task: u64, buffers: &[usize], _: bool, _: &BTreeSet<u64>) {
+        let keys: Vec<TensorKey> = buffers.iter().map(|&b| host_key(b).0).collect();
+        self.map.erase_owned(RunId::FIRST, SlotId::new(task as u32, 1), &keys);
     }
 
     fn prune(&mut self, _: &BTreeSet<u64>) {}
@@ -325,13 +335,9 @@ fn check(subject: &mut dyn Tracker, capacity: usize, ops: &[Op]) -> Result<(), T
                 let done = got.full_at.unwrap_or(accesses.len());
                 // After a refused insert a real run stops; the byte model no longer applies.
                 bytes_valid &= got.full_at.is_none();
-                for (i, a) in accesses[..done].iter().enumerate() {
+                for a in &accesses[..done] {
                     if a.is_whole_write() {
-                        let own_reads = accesses[..i]
-                            .iter()
-                            .filter(|r| r.buffer == a.buffer && r.mode == AccessMode::Read)
-                            .count();
-                        since_cover[a.buffer] = 1 + own_reads;
+                        since_cover[a.buffer] = 1;
                     } else {
                         since_cover[a.buffer] = since_cover[a.buffer].saturating_add(1);
                     }
@@ -394,8 +400,8 @@ proptest! {
     }
 
     #[test]
-    fn host_map_matches_the_entry_model_on_sequences_without_reads(
-        ops in prop::collection::vec(op(false), 1..80),
+    fn host_map_matches_the_entry_model(
+        ops in prop::collection::vec(op(true), 1..80),
     ) {
         let mut subject = HostTracker { map: TensorMap::new() };
         check(&mut subject, usize::MAX, &ops)?;

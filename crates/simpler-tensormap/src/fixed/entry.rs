@@ -1,7 +1,7 @@
 //! [`MapEntry`]: one slot of the fixed map's entry pool, and the access vocabulary
 //! ([`AccessMode`], [`Role`]) that decides which entries an access finds and which one it adds.
 
-use crate::ByteSpan;
+use crate::{Access, ByteSpan};
 
 /// What a task does to a footprint, as far as dependencies are concerned.
 ///
@@ -13,8 +13,9 @@ pub enum AccessMode {
     /// Reads the bytes: depends on their writers, and is recorded as a reader so that a later
     /// write waits for it.
     Read,
-    /// Overwrites the bytes without reading them: depends on their live readers only (no edge to
-    /// the previous writer), and is recorded as their writer.
+    /// Overwrites the bytes without reading them: depends on their live readers (no edge to a
+    /// previous blind writer), and on a previous writer that stands in for readers it
+    /// superseded; recorded as their writer.
     Write,
     /// Reads and then writes the bytes: depends on their writers and their live readers, and is
     /// recorded as their writer.
@@ -40,11 +41,33 @@ impl AccessMode {
         }
     }
 
-    /// `true` when an access of this mode finds entries of `role`.
+    /// `true` when an access of this mode finds entries of `role`. A blind
+    /// [`Write`](Self::Write) also finds the writer entries that order later writes
+    /// ([`MapEntry::orders_writes`]); [`finds_entry`](Self::finds_entry) tells.
     pub const fn finds(self, role: Role) -> bool {
         match role {
             Role::Writer => self.finds_writers(),
             Role::Reader => self.finds_readers(),
+        }
+    }
+
+    /// `true` when an access of this mode finds `entry` (whatever its key and span).
+    pub const fn finds_entry<K>(self, entry: &MapEntry<K>) -> bool {
+        match entry.role() {
+            None => false,
+            Some(role) => self.finds(role) || (self.finds_readers() && entry.orders_writes()),
+        }
+    }
+}
+
+impl From<Access> for AccessMode {
+    /// The host map's access kinds in the fixed map's words: a read, a blind overwrite, an
+    /// in-place update.
+    fn from(access: Access) -> AccessMode {
+        match access {
+            Access::Read => AccessMode::Read,
+            Access::Overwrite => AccessMode::Write,
+            Access::Update => AccessMode::ReadWrite,
         }
     }
 }
@@ -69,7 +92,8 @@ pub(crate) const VACANT: u8 = 0;
 /// overwrites the link and role of every slot), so that the pool can live in memory the caller
 /// manages. The layout is `repr(C)` with the key last; for the device's `u64` keys it is fixed
 /// at 40 bytes (checked at compile time): `start`, `end`, `owner` at offsets 0, 8, 16, the
-/// chain link `next` at 24, the `role` byte at 28, three reserved bytes, the key at 32. Every
+/// chain link `next` at 24, the `role` byte at 28, the `orders_writes` byte at 29, two reserved
+/// bytes, the key at 32. Every
 /// field is an integer there, so any bytes form a valid entry.
 ///
 /// [`FixedTensorMap::new`]: super::FixedTensorMap::new
@@ -83,7 +107,10 @@ pub struct MapEntry<K> {
     pub(crate) next: u32,
     /// [`VACANT`], or a [`Role`] discriminant.
     pub(crate) role: u8,
-    pub(crate) reserved: [u8; 3],
+    /// Non-zero on a writer entry that a later blind write must order after: its owner read the
+    /// bytes (`ReadWrite`), or it superseded an entry that ordered later writes.
+    pub(crate) orders_writes: u8,
+    pub(crate) reserved: [u8; 2],
     pub(crate) key: K,
 }
 
@@ -96,13 +123,23 @@ const _: () = {
     assert!(offset_of!(MapEntry<u64>, owner) == 16);
     assert!(offset_of!(MapEntry<u64>, next) == 24);
     assert!(offset_of!(MapEntry<u64>, role) == 28);
+    assert!(offset_of!(MapEntry<u64>, orders_writes) == 29);
     assert!(offset_of!(MapEntry<u64>, key) == 32);
 };
 
 impl<K> MapEntry<K> {
     /// A vacant slot, for building the pool; `key` is a placeholder that is never compared.
     pub const fn vacant(key: K) -> MapEntry<K> {
-        MapEntry { start: 0, end: 0, owner: 0, next: u32::MAX, role: VACANT, reserved: [0; 3], key }
+        MapEntry {
+            start: 0,
+            end: 0,
+            owner: 0,
+            next: u32::MAX,
+            role: VACANT,
+            orders_writes: 0,
+            reserved: [0; 2],
+            key,
+        }
     }
 
     /// The buffer the entry belongs to.
@@ -118,6 +155,13 @@ impl<K> MapEntry<K> {
     /// The task that wrote or read the bytes (the caller's opaque tag).
     pub const fn owner(&self) -> u64 {
         self.owner
+    }
+
+    /// `true` when a later blind write of these bytes must order after the entry's owner: the
+    /// entry is a reader, or a writer that read the bytes or took that duty over from the
+    /// entries it superseded.
+    pub const fn orders_writes(&self) -> bool {
+        self.role == Role::Reader as u8 || self.orders_writes != 0
     }
 
     /// What the entry records; `None` for a vacant slot.

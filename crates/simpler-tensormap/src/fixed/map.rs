@@ -130,11 +130,11 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
         self.peak = 0;
     }
 
-    /// Calls `visit(owner)` for every entry of `key` that overlaps `span`, whose role `mode`
-    /// finds ([`AccessMode::finds`]) and whose owner has not retired.
+    /// Calls `visit(owner)` for every entry of `key` that overlaps `span`, that `mode` finds
+    /// ([`AccessMode::finds_entry`]) and whose owner has not retired.
     ///
-    /// This is the lookup half of an access: a read finds writers, a write finds readers, a
-    /// read-write finds both. An owner with several such entries (it accessed the buffer through
+    /// This is the lookup half of an access: a read finds writers, a write finds readers and
+    /// the writers that stand in for readers they superseded, a read-write finds both. An owner with several such entries (it accessed the buffer through
     /// several arguments) is visited once per entry; callers collect a task's producers over all
     /// its arguments and skip repeats anyway. An empty `span` visits nothing. Cost: one pass
     /// over the key's bucket chain; nothing allocates.
@@ -150,7 +150,7 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
             return;
         }
         for entry in self.chain(bucket_of(key, self.shift)) {
-            let found = entry.role().is_some_and(|role| mode.finds(role))
+            let found = mode.finds_entry(entry)
                 && entry.key == *key
                 && entry.span().overlaps(span)
                 && !is_retired(entry.owner);
@@ -165,11 +165,13 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
     /// superseded.
     ///
     /// A writer entry supersedes (removes) every live entry of the key that lies entirely inside
-    /// `span`: writer entries, and reader entries of other owners. Its owner has taken edges to
-    /// them in its lookup, so a later access that finds the new entry is ordered after them
-    /// too. A reader entry of the owner itself stays, because a later writer must still wait
-    /// for that read. Partly covered entries stay. A reader entry supersedes nothing. Entries of
-    /// retired owners met in the key's chain are pruned on the way.
+    /// `span`, writer and reader entries of any owner (the owner's own reader entry too). Its
+    /// owner has taken edges to them in its lookup, so a later access that finds the new entry
+    /// is ordered after them as well. If a superseded entry ordered later writes (a reader, or a
+    /// writer that did), the new writer entry takes that duty over, so that a later blind write
+    /// still orders after the readers it replaced; a `ReadWrite` entry has the duty itself.
+    /// Partly covered entries stay. A reader entry supersedes nothing. Entries of retired owners
+    /// met in the key's chain are pruned on the way (they hand no duty over).
     ///
     /// An empty `span` records nothing and returns `Ok(0)`. When the pool has no vacant slot,
     /// the whole pool is pruned of retired owners first; [`FixedMapError::Full`] only when that
@@ -189,15 +191,14 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
         let role = mode.records_as();
         let bucket = bucket_of(&key, self.shift);
         let mut superseded = 0;
+        let mut orders_writes = mode == AccessMode::ReadWrite;
         self.sweep(bucket, |entry| {
             if is_retired(entry.owner) {
                 return true;
             }
-            let covered = role == Role::Writer
-                && entry.key == key
-                && span.contains(entry.span())
-                && (entry.role() == Some(Role::Writer) || entry.owner != owner);
+            let covered = role == Role::Writer && entry.key == key && span.contains(entry.span());
             superseded += u32::from(covered);
+            orders_writes |= covered && entry.orders_writes();
             covered
         });
         let at = match self.pop_free() {
@@ -211,6 +212,7 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
         entry.end = span.end;
         entry.owner = owner;
         entry.role = role as u8;
+        entry.orders_writes = u8::from(orders_writes);
         entry.next = head;
         self.buckets[bucket] = at;
         match role {
@@ -461,7 +463,7 @@ mod tests {
     }
 
     #[test]
-    fn a_covering_write_supersedes_other_owners_entries_but_keeps_its_own_reader_entry() {
+    fn a_covering_write_supersedes_what_it_covers_and_takes_over_the_readers_duty() {
         let mut entries = [MapEntry::<u64>::default(); 8];
         let mut buckets = [0; 1];
         let mut map = FixedTensorMap::new(&mut entries, &mut buckets).unwrap();
@@ -470,10 +472,14 @@ mod tests {
         map.insert(1, span(6, 12), Write, 12, LIVE).unwrap(); // partly outside the next write
         // Task 13 reads [0, 8) and overwrites it in one submit.
         map.insert(1, span(0, 8), Read, 13, LIVE).unwrap();
-        assert_eq!(map.insert(1, span(0, 8), Write, 13, LIVE), Ok(2));
-        assert_eq!(found(&map, 1, span(0, 8), ReadWrite), [12, 13, 13]);
-        assert_eq!(found(&map, 1, span(0, 8), Write), [13], "13's read still orders writers");
-        assert_eq!((map.writers(), map.readers()), (2, 1));
+        assert_eq!(map.insert(1, span(0, 8), Write, 13, LIVE), Ok(3));
+        assert_eq!(found(&map, 1, span(0, 8), ReadWrite), [12, 13]);
+        assert_eq!(found(&map, 1, span(0, 8), Write), [13], "13 stands in for the readers");
+        assert_eq!((map.writers(), map.readers()), (2, 0));
+        // A blind write over a blind write inherits no duty.
+        map.insert(2, span(0, 8), Write, 20, LIVE).unwrap();
+        map.insert(2, span(0, 8), Write, 21, LIVE).unwrap();
+        assert!(found(&map, 2, span(0, 8), Write).is_empty());
         map.check_invariants().unwrap();
     }
 

@@ -268,7 +268,9 @@ impl<'a> Completer<'a> {
         let ring = &self.rings[ring_of(id)];
         let slot = ring.slot(id as u32);
         let mut link = slot.locked(|| {
-            slot.completed.store(true, Relaxed);
+            // Release: an orchestration that sees the flag (`accessors_done`) sees the task's
+            // effects too.
+            slot.completed.store(true, Release);
             slot.fanout_head.swap(NIL, Relaxed)
         });
         while link != NIL {
@@ -659,6 +661,48 @@ impl<'a> Engine<'a> {
             shared.push_ready(id);
         }
         Ok(Submitted { id: DeviceTaskId(id), heap_offset: grant.map(|g| g.offset) })
+    }
+
+    /// Whether every task that an access of `span` of `key` in `mode` would order after has
+    /// completed: what the orchestration's `tensor_data` (a [`AccessMode::Read`]: the writers)
+    /// and `set_tensor_data` (a [`AccessMode::Write`]: the readers and the writers standing in
+    /// for them; [`AccessMode::ReadWrite`] for both) wait for before touching the bytes.
+    pub(crate) fn accessors_done(&self, key: u64, span: ByteSpan, mode: AccessMode) -> bool {
+        let rings = &self.rings;
+        let shared = &self.shared.rings;
+        let mut done = true;
+        self.map.lookup(
+            &key,
+            span,
+            mode,
+            |o| is_retired(rings, o),
+            |o| {
+                // Acquire: pairs with the completer's release, so the task's writes are visible.
+                done &= shared[ring_of(o)].slot(o as u32).completed.load(Acquire);
+            },
+        );
+        done
+    }
+
+    /// Waits until [`accessors_done`](Self::accessors_done) holds, calling `idle(round)` between
+    /// checks (the platform's spin-then-park wait). Every task the map names was submitted and
+    /// completes once a scheduler runs it, so the wait ends unless the run is torn down, which
+    /// `idle` reports by returning `false`; the wait then returns `false` too.
+    pub(crate) fn wait_for_accessors(
+        &self,
+        key: u64,
+        span: ByteSpan,
+        mode: AccessMode,
+        mut idle: impl FnMut(u32) -> bool,
+    ) -> bool {
+        let mut round = 0u32;
+        while !self.accessors_done(key, span, mode) {
+            if !idle(round) {
+                return false;
+            }
+            round = round.saturating_add(1);
+        }
+        true
     }
 
     /// Classifies a submit that does not fit: a wait when completions can free room, a stall

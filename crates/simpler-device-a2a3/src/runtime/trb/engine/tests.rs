@@ -301,3 +301,153 @@ fn a_refused_submit_changes_nothing() {
     assert!(matches!(e.submit(&[access(0, AccessMode::Read)], 1), Err(SubmitRefusal::Stall(_))));
     assert_eq!(before, (e.ring_tasks(1), e.ring_heap(1), e.ring_deps(1), e.map_entries()));
 }
+
+#[test]
+fn tensor_data_waits_for_writers_and_set_tensor_data_for_readers_too() {
+    let mut arena = TrbArena::new(sizes(16, 16 << 10, 16), 64, 16);
+    let mut e = Engine::new(&mut arena);
+    let c = e.completer();
+    let a = access(0x10_000, AccessMode::Write);
+    let w = e.submit(&[a], 0).unwrap().id;
+    let r = e.submit(&[access(a.key, AccessMode::Read)], 0).unwrap().id;
+    let other = access(0x20_000, AccessMode::Read);
+    assert!(e.accessors_done(other.key, other.span, AccessMode::ReadWrite), "an unknown buffer");
+    assert!(!e.accessors_done(a.key, a.span, AccessMode::Read), "the writer runs");
+    assert!(!e.accessors_done(a.key, a.span, AccessMode::Write), "the writer's reader runs");
+    assert_eq!(c.pop_ready(), Some(w));
+    c.complete(w);
+    assert!(e.accessors_done(a.key, a.span, AccessMode::Read), "reading needs the writer only");
+    assert!(!e.accessors_done(a.key, a.span, AccessMode::Write), "writing waits for the reader");
+    // The orchestration waits while a scheduler thread completes the reader.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let id = loop {
+                if let Some(id) = c.pop_ready() {
+                    break id;
+                }
+                std::thread::yield_now();
+            };
+            assert_eq!(id, r);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            c.complete(id);
+        });
+        let mut rounds = 0;
+        assert!(e.wait_for_accessors(a.key, a.span, AccessMode::Write, |_| {
+            rounds += 1;
+            std::thread::yield_now();
+            true
+        }));
+        assert!(rounds > 0, "the reader was still running when the wait began");
+    });
+    // A torn-down run ends the wait.
+    e.submit(&[access(a.key, AccessMode::Read)], 0).unwrap();
+    assert!(!e.wait_for_accessors(a.key, a.span, AccessMode::Write, |_| false));
+}
+
+/// Resident set size of this process in KiB, where the platform tells (Linux).
+fn rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The streaming graph with three scheduler threads completing while the orchestration
+/// submits: `tasks` tasks through a 1024-slot window and a 1 MiB heap per ring, as 100-task
+/// chains (`chain` = 100, each chain in order) or independent (`chain` = 1). Prints the time per
+/// task and the RSS after 10k, 100k and 1M tasks.
+fn threaded_stream(chain: u64, tasks: u64) {
+    const WINDOW: usize = 1024;
+    let mut arena = TrbArena::new(sizes(WINDOW as u32, 1 << 20, 1024), 8192, 2048);
+    let mut e = Engine::new(&mut arena);
+    let c = e.completer();
+    let chains = tasks.div_ceil(chain) as usize;
+    let progress: Vec<AtomicU64> = (0..chains).map(|_| AtomicU64::new(0)).collect();
+    // Per slot of ring 1: the (chain, position) of the task in it, published with its id.
+    let meta: Vec<AtomicU64> = (0..WINDOW).map(|_| AtomicU64::new(0)).collect();
+    let meta_id: Vec<AtomicU64> = (0..WINDOW).map(|_| AtomicU64::new(u64::MAX)).collect();
+    let finished = AtomicBool::new(false);
+    let out_of_order = AtomicU64::new(0);
+    let start = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                loop {
+                    match c.pop_ready() {
+                        Some(id) => {
+                            let at = (id.0 as u32 as usize) % WINDOW;
+                            while meta_id[at].load(Acquire) != id.0 {
+                                std::hint::spin_loop();
+                            }
+                            let m = meta[at].load(Relaxed);
+                            let (ch, pos) = ((m >> 32) as usize, m as u32 as u64);
+                            if progress[ch].fetch_add(1, AcqRel) != pos {
+                                out_of_order.fetch_add(1, Relaxed);
+                            }
+                            c.complete(id);
+                        }
+                        None if finished.load(Acquire) => break,
+                        None => std::thread::yield_now(),
+                    }
+                }
+            });
+        }
+        let mut submitted = 0u64;
+        while submitted < tasks {
+            e.scope_begin().unwrap();
+            for _ in 0..100.min(tasks - submitted) {
+                let (ch, pos) = (submitted / chain, submitted % chain);
+                let mode = if pos == 0 { AccessMode::Write } else { AccessMode::ReadWrite };
+                let accesses = [access(0x1000_0000 + (ch % 4096) * 0x1000, mode)];
+                let id = loop {
+                    match e.submit(&accesses, 1024) {
+                        Ok(s) => break s.id,
+                        Err(SubmitRefusal::Wait) => std::thread::yield_now(),
+                        Err(other) => panic!("submit {submitted}: {other:?}"),
+                    }
+                };
+                let at = (id.0 as u32 as usize) % WINDOW;
+                meta[at].store((ch << 32) | pos, Relaxed);
+                meta_id[at].store(id.0, Release);
+                submitted += 1;
+                if matches!(submitted, 10_000 | 100_000 | 1_000_000) {
+                    let rss = rss_kib().map_or("unknown".into(), |k| format!("{k} KiB"));
+                    eprintln!("trb stream (chain {chain}): {submitted} tasks, RSS {rss}");
+                }
+            }
+            e.scope_end().unwrap();
+        }
+        e.finish().unwrap();
+        while e.incomplete() > 0 {
+            std::hint::spin_loop();
+        }
+        finished.store(true, Release);
+    });
+    let per_task = start.elapsed().as_secs_f64() * 1e6 / tasks as f64;
+    eprintln!("trb stream (chain {chain}): {tasks} tasks, {per_task:.3} us per task");
+    assert_eq!(out_of_order.load(Relaxed), 0, "chain tasks completed out of order");
+    assert!(progress.iter().enumerate().all(|(i, p)| {
+        let len = if (i as u64 + 1) * chain <= tasks { chain } else { tasks % chain };
+        p.load(Relaxed) == len
+    }));
+    let (live, peak) = e.ring_tasks(1);
+    assert_eq!(live, 0, "every slot was reclaimed");
+    assert!(peak as usize <= WINDOW);
+    assert!(e.ring_heap(1).1 <= 1 << 20);
+    assert_eq!(e.ring_deps(1).0, 0);
+}
+
+/// Task count of the threaded streams: `SIMPLER_TRB_STREAM_TASKS` (1000000 for the full
+/// size), 10000 by default.
+fn stream_tasks() -> u64 {
+    std::env::var("SIMPLER_TRB_STREAM_TASKS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000)
+}
+
+#[test]
+fn a_threaded_stream_of_independent_tasks_runs_in_bounded_rings() {
+    threaded_stream(1, stream_tasks());
+}
+
+#[test]
+fn a_threaded_stream_of_100_task_chains_runs_in_order_in_bounded_rings() {
+    threaded_stream(100, stream_tasks());
+}
