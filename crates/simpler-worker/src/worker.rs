@@ -144,12 +144,28 @@ impl Inner {
         Ok(())
     }
 
-    /// Runs `f` on chip `chip`'s lane, behind work already queued there.
+    /// `Reentrant` when the current thread is running a call on chip `chip`'s own lane: a
+    /// call queued there behind the running one would wait for itself.
+    pub(crate) fn off_lane(&self, op: &'static str, chip: WorkerId) -> Result<(), WorkerError> {
+        if reentry::is_on_lane(self.instance, chip) {
+            return Err(WorkerError::Reentrant { op, worker: self.label.clone() });
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on chip `chip`'s lane, behind work already queued there. From a call already
+    /// running on that lane it is `Reentrant`.
     pub(crate) fn on_chip<R: Send + 'static>(
         &self,
         chip: WorkerId,
         f: impl FnOnce(&mut ChipState) -> R + Send + 'static,
     ) -> Result<R, WorkerError> {
+        self.off_lane("a call on the chip's lane", chip)?;
+        let instance = self.instance;
+        let f = move |s: &mut ChipState| {
+            let _on_lane = reentry::enter_lane(instance, chip);
+            f(s)
+        };
         match &self.body {
             Body::Chip(lane) if lane.chip == chip => lane.call(f),
             Body::Engine { engine, chips, .. } if chips.contains(&chip) => {
