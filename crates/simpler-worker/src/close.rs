@@ -13,23 +13,78 @@
 //! 4. Drain leases (a submit admitted before the claim finishes its callback and its run joins
 //!    the accepted set). Past the budget → `DrainTimeout`, nothing torn down, still `Closed`.
 //! 5. Drain the accepted runs in FIFO order as an ordinary waiter (cleanup election). Failed
-//!    runs that no user read go to `unobserved_runs`.
+//!    runs that no user read go to `unobserved_runs` (at most
+//!    [`UnobservedFailures::KEPT`] of them; further ones are counted in
+//!    `unobserved_runs_not_kept`).
 //! 6. Tear down once: stop the engine (its chip lanes finalize their chips, sub threads join,
 //!    children close recursively) or the L2 lane. Residue goes to `leaked`.
 //! 7. Publish the result in the attempt and wake joiners; then drop the registries outside
 //!    every lock, so a closure whose `Drop` calls `close` finds the finished attempt.
 //!
 
+use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use simpler_types::RunId;
+
 use crate::chip::Residue;
 use crate::deferred_drop;
-use crate::error::{CloseError, DrainTimeout, TeardownError, WorkerError};
+use crate::error::{CloseError, DrainTimeout, RunError, TeardownError, WorkerError};
 use crate::reentry;
-use crate::run::panic_text;
+use crate::run::{RunShared, Unobserved, panic_text};
 use crate::worker::{Body, Inner, Worker};
+
+/// Failed runs published before anybody read their result, which `close` reports.
+///
+/// Bounded, so that a long-lived worker whose callers drop failing handles does not grow: the
+/// first [`KEPT`](Self::KEPT) such failures are kept with their errors, later ones are only
+/// counted. A run leaves the set (or the count) when a handle reads its result. Each run's
+/// [`Unobserved`] mark says where it is; it is read and written only under the worker's lock
+/// around this set, as is the run's observed flag, so a read racing the publication either
+/// comes first (the run is never entered) or finds the mark and removes the run.
+#[derive(Default)]
+pub(crate) struct UnobservedFailures {
+    kept: VecDeque<(RunId, RunError)>,
+    not_kept: u64,
+}
+
+impl UnobservedFailures {
+    /// Failures kept with their errors; `close` reports at most this many in full.
+    pub(crate) const KEPT: usize = 64;
+
+    /// Enters the failure `error` of `run`, published with nobody having read it yet.
+    pub(crate) fn enter(&mut self, run: &RunShared, error: &RunError) {
+        if run.was_observed() || run.unobserved() != Unobserved::No {
+            return;
+        }
+        if self.kept.len() < Self::KEPT {
+            self.kept.push_back((run.run, error.clone()));
+            run.set_unobserved(Unobserved::Kept);
+        } else {
+            self.not_kept += 1;
+            run.set_unobserved(Unobserved::Counted);
+        }
+    }
+
+    /// Marks `run` observed and takes it out of the set or the count.
+    pub(crate) fn observe(&mut self, run: &RunShared) {
+        run.mark_observed();
+        match run.unobserved() {
+            Unobserved::No => return,
+            Unobserved::Kept => self.kept.retain(|(id, _)| *id != run.run),
+            Unobserved::Counted => self.not_kept = self.not_kept.saturating_sub(1),
+        }
+        run.set_unobserved(Unobserved::No);
+    }
+
+    /// Runs kept with their errors plus runs only counted.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> (usize, u64) {
+        (self.kept.len(), self.not_kept)
+    }
+}
 
 /// The public lifecycle of a started worker.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -190,13 +245,9 @@ impl Inner {
             }
         }
         let mut result = CloseError::default();
-        for run in std::mem::take(&mut *self.failed_runs.lock()) {
-            if !run.was_observed()
-                && let Some(Err(e)) = run.wait_until(Some(Instant::now()))
-            {
-                result.unobserved_runs.push(e);
-            }
-        }
+        let unobserved = std::mem::take(&mut *self.failed_runs.lock());
+        result.unobserved_runs = unobserved.kept.into_iter().map(|(_, e)| e).collect();
+        result.unobserved_runs_not_kept = unobserved.not_kept;
         // 6.
         self.teardown(&mut result);
         // 7.
@@ -296,5 +347,81 @@ fn close_logged(inner: &Inner) {
         Err(p) => {
             tracing::error!(worker = %inner.label, "close during drop panicked: {}", panic_text(p.as_ref()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use simpler_device_a2a3::{Platform, RuntimeVariant};
+    use simpler_types::TaskArgs;
+
+    use super::UnobservedFailures;
+    use crate::{CallableHandle, Orchestration, Worker};
+
+    fn failing_worker() -> (Worker, CallableHandle) {
+        let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+        let fail = b.register_host("fail", |_| Err("failed on purpose".into()));
+        (b.start().expect("start"), fail)
+    }
+
+    fn failing_run(fail: CallableHandle) -> Orchestration {
+        Orchestration::graph(move |g, _, _| {
+            g.submit_sub(fail, TaskArgs::new())?;
+            Ok(())
+        })
+    }
+
+    #[test]
+    fn many_failing_runs_with_dropped_handles_keep_the_unobserved_set_bounded() {
+        let (w, fail) = failing_worker();
+        // Every live run state holds the worker's shared state, so its strong count measures
+        // how many runs the worker still holds on to.
+        let baseline = Arc::strong_count(&w.inner);
+        // The figure is 100 000 runs (about 40 s in a debug build on a loaded machine);
+        // CI runs fewer, `SIMPLER_UNOBSERVED_RUNS` sets the number.
+        let runs: u64 = std::env::var("SIMPLER_UNOBSERVED_RUNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20_000)
+            .max(UnobservedFailures::KEPT as u64 + 1);
+        let mut most_held = 0;
+        for i in 0..runs {
+            // The next submit publishes this run, unread: it enters the unobserved failures.
+            drop(w.submit(failing_run(fail)).expect("submit"));
+            if i % 1_000 == 0 {
+                most_held = most_held.max(Arc::strong_count(&w.inner) - baseline);
+                let (kept, _) = w.inner.failed_runs.lock().len();
+                assert!(kept <= UnobservedFailures::KEPT, "{kept} failures kept");
+            }
+        }
+        // Only the run in flight and the one being published at the sample are ever held.
+        assert!(most_held <= 2, "{most_held} run states held");
+        let e = w.close().expect_err("unobserved failures");
+        assert_eq!(e.unobserved_runs.len(), UnobservedFailures::KEPT);
+        assert_eq!(e.unobserved_runs_not_kept, runs - UnobservedFailures::KEPT as u64);
+        assert_eq!(w.inner.failed_runs.lock().len(), (0, 0));
+    }
+
+    #[test]
+    fn an_unobserved_failure_read_later_leaves_the_set_and_close_reports_nothing() {
+        let (w, fail) = failing_worker();
+        let first = w.submit(failing_run(fail)).expect("submit");
+        // Fill the kept part, so that the next unread failure is only counted.
+        for _ in 1..UnobservedFailures::KEPT {
+            drop(w.submit(failing_run(fail)).expect("submit"));
+        }
+        let counted = w.submit(failing_run(fail)).expect("submit");
+        let last = w.submit(failing_run(fail)).expect("submit");
+        assert_eq!(w.inner.failed_runs.lock().len(), (UnobservedFailures::KEPT, 1));
+        assert!(first.wait().is_err());
+        assert!(counted.result().expect("published").is_err());
+        assert_eq!(w.inner.failed_runs.lock().len(), (UnobservedFailures::KEPT - 1, 0));
+        assert!(last.wait().is_err());
+        let e = w.close().expect_err("unobserved failures");
+        assert_eq!(e.unobserved_runs.len(), UnobservedFailures::KEPT - 1);
+        assert_eq!(e.unobserved_runs_not_kept, 0);
+        assert!(e.unobserved_runs.iter().all(|r| r.run_id() != first.run_id()));
     }
 }

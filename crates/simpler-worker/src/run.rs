@@ -23,7 +23,7 @@
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -34,6 +34,18 @@ use crate::chip::LaneFence;
 use crate::deferred_drop;
 use crate::error::{Frame, RunError, RunErrorKind, frames_of_task};
 use crate::worker::Inner;
+
+/// Where a run is in its worker's unobserved failures (`UnobservedFailures`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub(crate) enum Unobserved {
+    /// Not entered (succeeded, observed, or not yet published).
+    No = 0,
+    /// Kept with its error.
+    Kept = 1,
+    /// Only counted.
+    Counted = 2,
+}
 
 /// How a run's fence is observed.
 pub(crate) enum Fence {
@@ -57,9 +69,11 @@ pub(crate) struct RunShared {
     pub(crate) fence: Fence,
     cell: Mutex<Cell>,
     cv: Condvar,
-    /// Set by a user-facing read of the result; read by `close` to report unobserved runs.
-    /// Relaxed suffices: it is read after the run was published under the cell's lock.
+    /// Set by a user-facing read of the result. Written and read only under the worker's
+    /// lock of its unobserved failures (`UnobservedFailures`), so Relaxed suffices.
     observed: AtomicBool,
+    /// Where the run is in the worker's unobserved failures; under the same lock.
+    unobserved: AtomicU8,
     /// Number of cleanups run (exactly one per run; tests read it).
     pub(crate) cleanups: std::sync::atomic::AtomicU32,
 }
@@ -73,6 +87,7 @@ impl RunShared {
             cell: Mutex::new(Cell::default()),
             cv: Condvar::new(),
             observed: AtomicBool::new(false),
+            unobserved: AtomicU8::new(Unobserved::No as u8),
             cleanups: std::sync::atomic::AtomicU32::new(0),
         })
     }
@@ -88,6 +103,20 @@ impl RunShared {
 
     pub(crate) fn was_observed(&self) -> bool {
         self.observed.load(Ordering::Relaxed)
+    }
+
+    /// Under the lock of the worker's unobserved failures only.
+    pub(crate) fn unobserved(&self) -> Unobserved {
+        match self.unobserved.load(Ordering::Relaxed) {
+            1 => Unobserved::Kept,
+            2 => Unobserved::Counted,
+            _ => Unobserved::No,
+        }
+    }
+
+    /// Under the lock of the worker's unobserved failures only.
+    pub(crate) fn set_unobserved(&self, u: Unobserved) {
+        self.unobserved.store(u as u8, Ordering::Relaxed);
     }
 
     pub(crate) fn is_published(&self) -> bool {
@@ -392,7 +421,7 @@ impl RunHandle {
 
     /// Waits for the run's result; the first waiter after the fence performs the cleanup.
     pub fn wait(&self) -> Result<(), RunError> {
-        self.shared.mark_observed();
+        self.shared.inner.note_observed(&self.shared);
         match self.shared.wait_until(None) {
             Some(r) => r,
             // Unreachable without a deadline; answered with the run's state instead of a panic.
@@ -412,7 +441,7 @@ impl RunHandle {
         // A timeout beyond what `Instant` can represent (`Duration::MAX`) means no deadline.
         let r = self.shared.wait_until(Instant::now().checked_add(timeout));
         if r.is_some() {
-            self.shared.mark_observed();
+            self.shared.inner.note_observed(&self.shared);
         }
         r
     }

@@ -31,7 +31,7 @@ use simpler_types::{
 
 use crate::builder::{ChipWorkerBuilder, CompositeWorkerBuilder, HostWorkerBuilder};
 use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence, Residue, device_failure};
-use crate::close::{Attempt, Life, Lifecycle};
+use crate::close::{Attempt, Life, Lifecycle, UnobservedFailures};
 use crate::deferred_drop;
 use crate::error::{BoxError, BuildFailure, Frame, RunError, WorkerError};
 use crate::graph::{GraphBuilder, OrchBody, Orchestration};
@@ -72,8 +72,8 @@ pub(crate) struct Inner {
     pub(crate) admission: Mutex<()>,
     /// Serializes chip registrations.
     pub(crate) chip_registration: Mutex<()>,
-    /// Failed runs published before anybody read them (`close` reports the unread ones).
-    pub(crate) failed_runs: Mutex<Vec<Arc<RunShared>>>,
+    /// Failed runs published before anybody read them (`close` reports them; bounded).
+    pub(crate) failed_runs: Mutex<UnobservedFailures>,
     /// Chip callables whose last handle was unregistered while runs were live.
     pub(crate) chip_pending: Mutex<Vec<(CallableId, Vec<WorkerId>)>>,
     /// Device allocations made through the memory helpers, per chip: address → length. Read at
@@ -272,10 +272,16 @@ impl Inner {
         }
     }
 
+    /// A waiter that is not the run's user saw `run` published with `result`.
     pub(crate) fn note_published(&self, run: &Arc<RunShared>, result: &Result<(), RunError>) {
-        if result.is_err() && !run.was_observed() {
-            self.failed_runs.lock().push(Arc::clone(run));
+        if let Err(e) = result {
+            self.failed_runs.lock().enter(run, e);
         }
+    }
+
+    /// A user reads `run`'s result: it is observed, and leaves the unobserved failures.
+    pub(crate) fn note_observed(&self, run: &RunShared) {
+        self.failed_runs.lock().observe(run);
     }
 }
 
@@ -716,7 +722,7 @@ impl Worker {
                 if let Some(rb) = rb {
                     rb.fail(cause.to_string());
                 }
-                shared.mark_observed();
+                self.inner.note_observed(&shared);
                 let _ = shared.wait_until(None);
                 Err(WorkerError::Build { run, cause })
             }
@@ -789,7 +795,7 @@ pub(crate) fn new_inner(
         accepted: Mutex::new(VecDeque::new()),
         admission: Mutex::new(()),
         chip_registration: Mutex::new(()),
-        failed_runs: Mutex::new(Vec::new()),
+        failed_runs: Mutex::new(UnobservedFailures::default()),
         chip_pending: Mutex::new(Vec::new()),
         owned: Mutex::new(HashMap::new()),
         #[cfg(test)]
