@@ -160,6 +160,26 @@ pub enum WorkerError {
         /// The chip.
         chip: WorkerId,
     },
+    /// A chip task's configuration exceeds a launch limit of the chip's platform; refused at
+    /// submit, before the task joins the graph. No task id exists yet, so the task is named by
+    /// its run, callable and target chip.
+    #[error(
+        "{run}: a task of '{callable}' on chip {chip}: {setting} = {value} exceeds the platform's limit {limit}"
+    )]
+    ConfigOutOfRange {
+        /// The run being built.
+        run: RunId,
+        /// The callable's name.
+        callable: String,
+        /// The target chip (the first target of a group).
+        chip: WorkerId,
+        /// The setting, as `CallConfig.<field>`.
+        setting: &'static str,
+        /// Its value.
+        value: u32,
+        /// The largest value the platform accepts.
+        limit: u32,
+    },
     /// A device-memory call failed.
     #[error(transparent)]
     Memory(MemError),

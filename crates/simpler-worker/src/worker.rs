@@ -23,7 +23,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, mpsc};
 
 use parking_lot::{Condvar, Mutex, RwLock};
-use simpler_device_a2a3::{ChipCallable, DeviceError, Platform, RuntimeVariant};
+use simpler_device_a2a3::{ChipCallable, DeviceError, Platform, PlatformLimits, RuntimeVariant};
 use simpler_sched::{EndpointFailure, Engine};
 use simpler_types::{
     CallConfig, CallableId, CallableKind, RunFailure, RunId, TaskArgsView, WorkerId, WorkerRef,
@@ -65,6 +65,8 @@ pub(crate) struct Inner {
     /// The lineages of every worker below this one, extended when an ancestor adopts it.
     pub(crate) subtree_lineages: Vec<reentry::Lineage>,
     pub(crate) body: Body,
+    /// Launch limits of the chips' platform, checked at graph submit (L3 only).
+    pub(crate) chip_limits: Option<PlatformLimits>,
     pub(crate) subs: usize,
     pub(crate) life: Mutex<Life>,
     pub(crate) life_cv: Condvar,
@@ -202,7 +204,7 @@ impl Inner {
         })
     }
 
-    fn name_of(&self, id: &CallableId) -> Option<String> {
+    pub(crate) fn name_of(&self, id: &CallableId) -> Option<String> {
         std::iter::once(&self.registry)
             .chain(&self.name_sources)
             .find_map(|r| name_in(&r.read(), id))
@@ -789,6 +791,7 @@ pub(crate) fn new_inner(
         lineage: reentry::lineage_of(instance),
         subtree_lineages: Vec::new(),
         body,
+        chip_limits: None,
         subs,
         life: Mutex::new(Life { state: Lifecycle::Ready, leases: 0, attempt: Attempt::None }),
         life_cv: Condvar::new(),

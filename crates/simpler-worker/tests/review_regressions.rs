@@ -334,3 +334,56 @@ fn a_memory_call_from_a_closure_on_its_own_l3_chip_lane_is_reentrant_and_other_c
         ["malloc", "copy_to", "copy_from", "ledger", "free", "other chip: true"]
     );
 }
+
+#[test]
+fn platform_limits_are_checked_at_l3_submit_with_an_error_naming_the_task_value_and_limit() {
+    let mut b = host().chips(&[0, 1]);
+    let add = b.register_chip(common::add_callable(0));
+    let w = b.start().expect("start");
+    let limits = Platform::A2a3Sim.limits();
+    let cases = [
+        (CallConfig::builder().block_dim(100), "CallConfig.block_dim", 100, limits.max_block_dim),
+        (
+            CallConfig::builder().aicpu_thread_num(9),
+            "CallConfig.aicpu_thread_num",
+            9,
+            limits.max_aicpu_threads,
+        ),
+    ];
+    for (config, want_setting, want_value, want_limit) in cases {
+        let config = config.build().expect("a valid CallConfig");
+        for group in [false, true] {
+            let config = config.clone();
+            let e = w
+                .submit(Orchestration::graph(move |g, _, _| {
+                    if group {
+                        let members = vec![TaskArgs::new(), TaskArgs::new()];
+                        g.submit_next_level_group(
+                            add,
+                            members,
+                            &config,
+                            &[WorkerId(1), WorkerId(0)],
+                        )?;
+                    } else {
+                        g.submit_next_level(add, TaskArgs::new(), &config, WorkerId(1))?;
+                    }
+                    Ok(())
+                }))
+                .expect_err("refused at submit");
+            let WorkerError::Build { run, cause: simpler_worker::BuildFailure::Callback(e) } = e
+            else {
+                panic!("expected a callback build failure, got {e:?}");
+            };
+            match *e.downcast::<WorkerError>().expect("a WorkerError") {
+                WorkerError::ConfigOutOfRange { run: r, callable, chip, setting, value, limit } => {
+                    assert_eq!(r, run);
+                    assert_eq!(callable, "add_0");
+                    assert_eq!(chip, WorkerId(1));
+                    assert_eq!((setting, value, limit), (want_setting, want_value, want_limit));
+                }
+                other => panic!("expected ConfigOutOfRange, got {other}"),
+            }
+        }
+    }
+    w.close().expect("close");
+}
