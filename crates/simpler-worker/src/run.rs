@@ -174,6 +174,10 @@ impl RunShared {
     }
 
     fn wait_fence(&self, deadline: Option<Instant>) -> bool {
+        // Tests make the wait give up (an injected failure) or unwind (an injected panic).
+        if self.inner.inject("fence wait").is_err() {
+            return false;
+        }
         match &self.fence {
             Fence::Engine => {
                 let Some(engine) = self.inner.engine() else { return true };
@@ -220,6 +224,8 @@ impl RunShared {
             Ok(Err(e)) => failures.push(("release", e)),
             Err(p) => failures.push(("release", format!("panicked: {}", panic_text(p.as_ref())))),
         }
+        // Tests unwind the elected thread here, outside the isolation of the steps.
+        let _ = self.inner.inject("between cleanup steps");
         // Step "retire": the worker's accepted set (and deferred unregistrations).
         let retired = catch_unwind(AssertUnwindSafe(|| {
             self.inner.inject("retire")?;
@@ -550,16 +556,15 @@ mod tests {
 
     #[test]
     fn an_elected_waiter_unwinding_mid_cleanup_publishes_cleanup_interrupted() {
-        let (w, _, _, handle) = run_meeting_cleanup_failure("release", true);
-        // Simulate a waiter unwinding inside the cleanup: the guard publishes for it.
-        let shared = Arc::clone(&handle.shared);
-        assert!(shared.wait_fence(None));
-        {
-            let _guard = ElectionGuard { run: &shared, armed: true };
-        }
-        let e = handle.wait().expect_err("interrupted");
-        assert_eq!(e.kind(), &RunErrorKind::CleanupInterrupted);
+        let (w, _, _, handle) = run_meeting_cleanup_failure("between cleanup steps", true);
+        // The elected waiter unwinds out of `wait` between two cleanup steps.
+        let unwound = catch_unwind(AssertUnwindSafe(|| handle.wait()));
+        assert!(unwound.is_err(), "the injected panic unwinds out of wait");
         w.inner.injected.lock().clear();
+        let r = handle.wait_timeout(Duration::from_secs(60)).expect("published for the next");
+        assert_eq!(r.expect_err("interrupted").kind(), &RunErrorKind::CleanupInterrupted);
+        assert_eq!(handle.shared.cleanups.load(Ordering::Relaxed), 1);
+        assert!(w.inner.accepted.lock().is_empty(), "the guard retired the run");
         w.close().expect("close does not hang");
     }
 
@@ -567,14 +572,14 @@ mod tests {
     fn an_elected_waiter_unwinding_before_the_fence_lets_another_take_over() {
         let (w, hold, gate) = held_worker();
         let handle = w.submit(one(hold)).expect("submit");
-        let shared = Arc::clone(&handle.shared);
-        // Simulate a waiter elected in step 1 that unwinds out of the fence wait.
-        shared.cell.lock().elected = true;
-        {
-            let _unelect = UnelectGuard { run: &shared, armed: true };
-        }
+        // The elected waiter unwinds out of its fence wait while the task is still held.
+        w.inject_cleanup_failure("fence wait", true);
+        let unwound = catch_unwind(AssertUnwindSafe(|| handle.wait()));
+        assert!(unwound.is_err(), "the injected panic unwinds out of wait");
+        w.inner.injected.lock().clear();
         gate.wait();
         assert!(matches!(handle.wait_timeout(Duration::from_secs(60)), Some(Ok(()))));
+        assert_eq!(handle.shared.cleanups.load(Ordering::Relaxed), 1);
         w.close().expect("close");
     }
 

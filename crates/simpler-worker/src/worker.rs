@@ -83,6 +83,9 @@ pub(crate) struct Inner {
     pub(crate) owned: Mutex<HashMap<WorkerId, BTreeMap<u64, u64>>>,
     #[cfg(test)]
     pub(crate) injected: Mutex<Vec<(&'static str, bool)>>,
+    /// Teardowns performed (exactly one per worker; tests read it).
+    #[cfg(test)]
+    pub(crate) teardowns: std::sync::atomic::AtomicU32,
 }
 
 impl Inner {
@@ -803,5 +806,7 @@ pub(crate) fn new_inner(
         owned: Mutex::new(HashMap::new()),
         #[cfg(test)]
         injected: Mutex::new(Vec::new()),
+        #[cfg(test)]
+        teardowns: std::sync::atomic::AtomicU32::new(0),
     }
 }
