@@ -508,18 +508,23 @@ fn close_waits_for_a_run_in_flight_then_submit_and_registration_are_closed() {
     let (hold, gate) = register_hold(&mut b);
     let w = Arc::new(b.start().expect("start"));
     let handle = w.submit(subs(hold, 1)).expect("submit");
-    let w2 = Arc::clone(&w);
-    let closer = std::thread::spawn(move || w2.close());
+    let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (w2, r2) = (Arc::clone(&w), Arc::clone(&released));
+    let closer = std::thread::spawn(move || (w2.close(), r2.load(Ordering::SeqCst)));
     // The closer has claimed the close (the worker reads `Closed`) while the task is still
-    // held at the barrier, so the close must wait for the run in flight.
+    // held at the barrier, so the close must wait for the run in flight: it cannot return
+    // before the task is released below.
     let deadline = std::time::Instant::now() + HANG;
     while w.lifecycle() != Lifecycle::Closed {
         assert!(std::time::Instant::now() < deadline, "the closer never claimed the close");
         std::thread::yield_now();
     }
     assert!(!handle.is_done(), "the held task cannot have finished");
+    released.store(true, Ordering::SeqCst);
     gate.wait();
-    closer.join().expect("closer").expect("close");
+    let (closed, after_release) = closer.join().expect("closer");
+    closed.expect("close");
+    assert!(after_release, "close returned while the run was still in flight");
     assert!(matches!(handle.result(), Some(Ok(()))), "the run completed, not aborted");
     assert!(matches!(w.submit(subs(hold, 1)), Err(WorkerError::Closed)));
     assert!(matches!(w.register_host("x", |_| Ok(())), Err(WorkerError::Closed)));
