@@ -32,6 +32,7 @@ use simpler_types::RunId;
 use crate::chip::Residue;
 use crate::deferred_drop;
 use crate::error::{CloseError, DrainTimeout, RunError, TeardownError, WorkerError};
+use crate::gate::Gate;
 use crate::reentry;
 use crate::run::{RunShared, Unobserved, panic_text};
 use crate::worker::{Body, Inner, Worker};
@@ -95,69 +96,25 @@ pub enum Lifecycle {
     Closed,
 }
 
-pub(crate) enum Attempt {
-    None,
-    InFlight,
-    Done(Result<(), CloseError>),
-}
-
-pub(crate) struct Life {
-    pub(crate) state: Lifecycle,
-    pub(crate) leases: usize,
-    pub(crate) attempt: Attempt,
-}
-
-/// Ends a claimed close attempt that unwound: publishes a failed result, so that parked and
-/// later closers return instead of waiting for an attempt that will never finish. Every normal
-/// way out of `close` has published its result already, which the guard leaves alone.
-struct AttemptGuard<'a> {
-    inner: &'a Inner,
-    claimed: bool,
-}
-
-impl Drop for AttemptGuard<'_> {
-    fn drop(&mut self) {
-        if !self.claimed {
-            return;
-        }
-        let mut life = self.inner.life.lock();
-        if matches!(life.attempt, Attempt::InFlight) {
-            let err = CloseError {
-                teardown: vec![TeardownError {
-                    what: self.inner.label.clone(),
-                    message: "the close attempt unwound before it finished".into(),
-                }],
-                ..CloseError::default()
-            };
-            life.attempt = Attempt::Done(Err(err));
-            self.inner.life_cv.notify_all();
-        }
-    }
-}
+/// The close gate of a worker: its result is the result of `close`.
+pub(crate) type CloseGate = Gate<Result<(), CloseError>>;
 
 /// An operation lease: `close` waits for every lease before it drains runs.
-pub(crate) struct Lease<'a> {
-    inner: &'a Inner,
-}
+pub(crate) type Lease<'a> = crate::gate::Lease<'a, Result<(), CloseError>>;
 
-impl Drop for Lease<'_> {
-    fn drop(&mut self) {
-        let mut life = self.inner.life.lock();
-        life.leases -= 1;
-        if life.leases == 0 {
-            self.inner.life_cv.notify_all();
-        }
-    }
+/// A drain timeout may be retried by a later close; any other result is final.
+fn retryable(r: &Result<(), CloseError>) -> bool {
+    r.as_ref().is_err_and(CloseError::is_retryable)
 }
 
 impl Inner {
     pub(crate) fn lease(&self) -> Result<Lease<'_>, WorkerError> {
-        let mut life = self.life.lock();
-        if life.state == Lifecycle::Closed {
-            return Err(WorkerError::Closed);
-        }
-        life.leases += 1;
-        Ok(Lease { inner: self })
+        self.gate.lease().ok_or(WorkerError::Closed)
+    }
+
+    /// The public lifecycle.
+    pub(crate) fn lifecycle(&self) -> Lifecycle {
+        if self.gate.is_closed() { Lifecycle::Closed } else { Lifecycle::Ready }
     }
 
     pub(crate) fn close(
@@ -172,49 +129,31 @@ impl Inner {
         // Keep-alives of runs published by this attempt are dropped when it has ended (after
         // step 7), so one whose drop closes the worker sees the finished attempt.
         let _deferred = deferred_drop::scope();
-        // Declared before the lifecycle lock so that on an unwind it runs after that lock
-        // was released.
-        let mut unwinding = AttemptGuard { inner: self, claimed: false };
-        // 2.
-        let mut life = self.life.lock();
-        loop {
-            match &life.attempt {
-                Attempt::InFlight => self.life_cv.wait(&mut life),
-                Attempt::Done(r) if !r.as_ref().is_err_and(CloseError::is_retryable) => {
-                    return r.clone();
-                }
-                _ => break,
-            }
-        }
-        // 3.
-        life.state = Lifecycle::Closed;
-        life.attempt = Attempt::InFlight;
-        unwinding.claimed = true;
+        // 2. and 3. A claim whose closer unwinds publishes a failed result, so that parked and
+        // later closers return instead of waiting for an attempt that will never finish.
+        let unwound = || {
+            Err(CloseError {
+                teardown: vec![TeardownError {
+                    what: self.label.clone(),
+                    message: "the close attempt unwound before it finished".into(),
+                }],
+                ..CloseError::default()
+            })
+        };
+        let claim = match self.gate.claim(retryable, unwound) {
+            Ok(claim) => claim,
+            Err(result) => return result,
+        };
         // 4.
-        while life.leases > 0 {
-            let timed_out = match deadline {
-                None => {
-                    self.life_cv.wait(&mut life);
-                    false
-                }
-                Some(d) => self.life_cv.wait_until(&mut life, d).timed_out(),
+        if let Err(in_flight_ops) = claim.drain_leases(deadline) {
+            let pending_runs = self.accepted.lock().len();
+            let err = CloseError {
+                drain_timeout: Some(DrainTimeout { in_flight_ops, pending_runs, budget }),
+                ..CloseError::default()
             };
-            if timed_out && life.leases > 0 {
-                let pending_runs = self.accepted.lock().len();
-                let err = CloseError {
-                    drain_timeout: Some(DrainTimeout {
-                        in_flight_ops: life.leases,
-                        pending_runs,
-                        budget,
-                    }),
-                    ..CloseError::default()
-                };
-                life.attempt = Attempt::Done(Err(err.clone()));
-                self.life_cv.notify_all();
-                return Err(err);
-            }
+            claim.finish(Err(err.clone()));
+            return Err(err);
         }
-        drop(life);
         // 5.
         loop {
             let next = self.accepted.lock().front().cloned();
@@ -237,9 +176,7 @@ impl Inner {
                         }),
                         ..CloseError::default()
                     };
-                    let mut life = self.life.lock();
-                    life.attempt = Attempt::Done(Err(err.clone()));
-                    self.life_cv.notify_all();
+                    claim.finish(Err(err.clone()));
                     return Err(err);
                 }
             }
@@ -252,11 +189,7 @@ impl Inner {
         self.teardown(&mut result);
         // 7.
         let published = if result.is_empty() { Ok(()) } else { Err(result) };
-        {
-            let mut life = self.life.lock();
-            life.attempt = Attempt::Done(published.clone());
-            self.life_cv.notify_all();
-        }
+        claim.finish(published.clone());
         let registry = std::mem::take(&mut *self.registry.write());
         if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(registry))) {
             tracing::error!(worker = %self.label, "a registered closure panicked while dropped: {}", panic_text(p.as_ref()));
@@ -319,8 +252,7 @@ impl Drop for Worker {
     /// instead, which waits for that run like any other closer; nothing joins itself and the
     /// engine threads still end.
     fn drop(&mut self) {
-        let done = matches!(&self.inner.life.lock().attempt, Attempt::Done(r) if !r.as_ref().is_err_and(CloseError::is_retryable));
-        if done {
+        if self.inner.gate.is_finished(retryable) {
             return;
         }
         if reentry::is_acting_for(self.inner.instance) {

@@ -18,7 +18,8 @@
 //! 5. Store the result in the cell, wake every parked waiter, disarm the guard. Then drop the
 //!    run's keep-alive values outside the lock, each under `catch_unwind`.
 //!
-//! The cell's mutex is the only lock; no engine lock is held while it is taken.
+//! Steps 1, 2 and 5 are the [`election`](crate::election) protocol; its mutex is the only lock,
+//! and no engine lock is held while it is taken.
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -26,12 +27,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
 use simpler_sched::RunOutcome;
 use simpler_types::{FailureMechanism, RunFailure, RunId};
 
 use crate::chip::LaneFence;
 use crate::deferred_drop;
+use crate::election::{Election, Turn};
 use crate::error::{Frame, RunError, RunErrorKind, frames_of_task};
 use crate::worker::Inner;
 
@@ -55,20 +56,13 @@ pub(crate) enum Fence {
     Lane(Arc<LaneFence>),
 }
 
-#[derive(Default)]
-struct Cell {
-    result: Option<Result<(), RunError>>,
-    elected: bool,
-    keep: Vec<Box<dyn Any + Send>>,
-}
-
 /// The shared state of one accepted run.
 pub(crate) struct RunShared {
     pub(crate) run: RunId,
     pub(crate) inner: Arc<Inner>,
     pub(crate) fence: Fence,
-    cell: Mutex<Cell>,
-    cv: Condvar,
+    /// Who cleans the run up, and its result (`election`).
+    election: Election<Result<(), RunError>>,
     /// Set by a user-facing read of the result. Written and read only under the worker's
     /// lock of its unobserved failures (`UnobservedFailures`), so Relaxed suffices.
     observed: AtomicBool,
@@ -84,8 +78,7 @@ impl RunShared {
             run,
             inner,
             fence,
-            cell: Mutex::new(Cell::default()),
-            cv: Condvar::new(),
+            election: Election::new(),
             observed: AtomicBool::new(false),
             unobserved: AtomicU8::new(Unobserved::No as u8),
             cleanups: std::sync::atomic::AtomicU32::new(0),
@@ -94,7 +87,7 @@ impl RunShared {
 
     /// Adds values to drop after publication.
     pub(crate) fn keep(&self, values: impl IntoIterator<Item = Box<dyn Any + Send>>) {
-        self.cell.lock().keep.extend(values);
+        self.election.keep(values);
     }
 
     pub(crate) fn mark_observed(&self) {
@@ -120,7 +113,7 @@ impl RunShared {
     }
 
     pub(crate) fn is_published(&self) -> bool {
-        self.cell.lock().result.is_some()
+        self.election.is_published()
     }
 
     fn fence_fired(&self) -> bool {
@@ -137,25 +130,11 @@ impl RunShared {
         self: &Arc<Self>,
         deadline: Option<Instant>,
     ) -> Option<Result<(), RunError>> {
-        {
-            let mut cell = self.cell.lock();
-            loop {
-                if let Some(r) = &cell.result {
-                    return Some(r.clone());
-                }
-                if !cell.elected {
-                    cell.elected = true;
-                    break;
-                }
-                match deadline {
-                    None => self.cv.wait(&mut cell),
-                    Some(d) => {
-                        if self.cv.wait_until(&mut cell, d).timed_out() {
-                            return cell.result.clone();
-                        }
-                    }
-                }
-            }
+        // 1.
+        match self.election.enter(deadline) {
+            Turn::Published(r) => return Some(r),
+            Turn::Expired => return None,
+            Turn::Elected => {}
         }
         // 2. Until step 3 the guard un-elects this thread on every way out (expiry, or an
         // unwind out of the fence wait), so a parked waiter always takes over.
@@ -291,13 +270,7 @@ impl RunShared {
 
     /// Step 5: stores the result, wakes waiters, then drops keep-alives outside the lock.
     fn publish(&self, result: Result<(), RunError>) -> Result<(), RunError> {
-        let keep = {
-            let mut cell = self.cell.lock();
-            cell.result = Some(result.clone());
-            cell.elected = false;
-            self.cv.notify_all();
-            std::mem::take(&mut cell.keep)
-        };
+        let keep = self.election.publish(result.clone());
         deferred_drop::drop_logged(Some(self.run), keep);
         result
     }
@@ -312,9 +285,7 @@ struct UnelectGuard<'a> {
 impl Drop for UnelectGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
-            let mut cell = self.run.cell.lock();
-            cell.elected = false;
-            self.run.cv.notify_all();
+            self.run.election.give_up();
         }
     }
 }

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, mpsc};
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 use simpler_device_a2a3::{ChipCallable, DeviceError, Platform, PlatformLimits, RuntimeVariant};
 use simpler_sched::{EndpointFailure, Engine};
 use simpler_types::{
@@ -31,7 +31,7 @@ use simpler_types::{
 
 use crate::builder::{ChipWorkerBuilder, CompositeWorkerBuilder, HostWorkerBuilder};
 use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence, Residue, device_failure};
-use crate::close::{Attempt, Life, Lifecycle, UnobservedFailures};
+use crate::close::{CloseGate, Lifecycle, UnobservedFailures};
 use crate::deferred_drop;
 use crate::error::{BoxError, BuildFailure, Frame, RunError, WorkerError};
 use crate::graph::{GraphBuilder, OrchBody, Orchestration};
@@ -68,8 +68,8 @@ pub(crate) struct Inner {
     /// Launch limits of the chips' platform, checked at graph submit (L3 only).
     pub(crate) chip_limits: Option<PlatformLimits>,
     pub(crate) subs: usize,
-    pub(crate) life: Mutex<Life>,
-    pub(crate) life_cv: Condvar,
+    /// Lifecycle, operation leases and the close attempt (`gate`).
+    pub(crate) gate: CloseGate,
     pub(crate) accepted: Mutex<VecDeque<Arc<RunShared>>>,
     pub(crate) admission: Mutex<()>,
     /// Serializes chip registrations.
@@ -325,7 +325,7 @@ impl Worker {
 
     /// `Ready` or `Closed`.
     pub fn lifecycle(&self) -> Lifecycle {
-        self.inner.life.lock().state
+        self.inner.lifecycle()
     }
 
     /// The chips of this level (L2: its chip; L4+: none).
@@ -796,8 +796,7 @@ pub(crate) fn new_inner(
         body,
         chip_limits: None,
         subs,
-        life: Mutex::new(Life { state: Lifecycle::Ready, leases: 0, attempt: Attempt::None }),
-        life_cv: Condvar::new(),
+        gate: CloseGate::new(),
         accepted: Mutex::new(VecDeque::new()),
         admission: Mutex::new(()),
         chip_registration: Mutex::new(()),
