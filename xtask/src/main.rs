@@ -30,6 +30,7 @@ const LOOM_TARGETS: &[(&str, &[&str])] = &[
     ("simpler-ring", &["--test", "loom"]),
     ("simpler-ring", &["--test", "fixed_loom"]),
     ("simpler-sched", &["--lib", "loom"]),
+    ("simpler-worker", &["--lib", "loom"]),
 ];
 
 /// Examples CI runs end to end (release builds; each checks its own result and exits non-zero

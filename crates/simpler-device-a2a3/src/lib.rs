@@ -95,7 +95,9 @@ pub use error::{
 pub use kernel::{KernelCall, KernelFn};
 #[cfg(feature = "sim")]
 pub use options::SimOptions;
-pub use options::{Platform, RingDefaults, RunnerOptions, RuntimeVariant};
+pub use options::{
+    LimitExceeded, Platform, PlatformLimits, RingDefaults, RunnerOptions, RuntimeVariant,
+};
 pub use runner::{
     ChipSlot, DeviceHealth, DevicePtr, DeviceRunner, FinalizeReport, HealthProbe, MemoryLedger,
     RUN_ID_MEMORY, RingHighWater, RunReport, RunRequest, RunnerStats,

@@ -30,6 +30,55 @@ pub enum Platform {
     A2a3,
 }
 
+impl Platform {
+    /// The launch limits every chip of this platform accepts, for callers that check a
+    /// [`CallConfig`](simpler_types::CallConfig) before it reaches a chip.
+    pub fn limits(self) -> PlatformLimits {
+        match self {
+            Platform::A2a3Sim | Platform::A2a3 => PlatformLimits {
+                max_block_dim: crate::abi::MAX_BLOCK_DIM,
+                max_aicpu_threads: crate::abi::MAX_AICPU_THREADS,
+            },
+        }
+    }
+}
+
+/// Launch limits of a platform (see [`Platform::limits`]). A chip may allow fewer clusters
+/// than `max_block_dim`; its runner checks that when it prepares a run.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub struct PlatformLimits {
+    /// Largest `CallConfig::block_dim` (clusters per launch; 0 asks for the chip's default).
+    pub max_block_dim: u32,
+    /// Largest `CallConfig::aicpu_thread_num` (0 asks for the default, which fits).
+    pub max_aicpu_threads: u32,
+}
+
+/// A [`CallConfig`](simpler_types::CallConfig) setting beyond a [`PlatformLimits`] value.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct LimitExceeded {
+    /// The setting, as `CallConfig.<field>`.
+    pub setting: &'static str,
+    /// Its value.
+    pub value: u32,
+    /// The largest value the platform accepts.
+    pub limit: u32,
+}
+
+impl PlatformLimits {
+    /// Checks the launch settings of `cfg` against these limits.
+    pub fn check(&self, cfg: &simpler_types::CallConfig) -> Result<(), LimitExceeded> {
+        let settings = [
+            ("CallConfig.block_dim", cfg.block_dim(), self.max_block_dim),
+            ("CallConfig.aicpu_thread_num", cfg.aicpu_thread_num(), self.max_aicpu_threads),
+        ];
+        match settings.into_iter().find(|&(_, value, limit)| value > limit) {
+            Some((setting, value, limit)) => Err(LimitExceeded { setting, value, limit }),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The chip runtime a runner serves, fixed at attach.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[non_exhaustive]
@@ -242,5 +291,22 @@ mod tests {
             .resolve_timeouts_with(&env)
             .unwrap();
         assert_eq!(cfg.scheduler, Duration::from_millis(300));
+    }
+
+    #[test]
+    fn platform_limits_accept_the_limit_and_the_defaults_and_refuse_one_more() {
+        use simpler_types::CallConfig;
+        let limits = Platform::A2a3Sim.limits();
+        assert_eq!(limits, Platform::A2a3.limits());
+        let cfg = |block_dim, threads| {
+            CallConfig::builder().block_dim(block_dim).aicpu_thread_num(threads).build().unwrap()
+        };
+        let (b, t) = (limits.max_block_dim, limits.max_aicpu_threads);
+        for ok in [cfg(0, 0), cfg(b, t), cfg(1, 1)] {
+            assert_eq!(limits.check(&ok), Ok(()));
+        }
+        let refused = |setting, value, limit| Err(LimitExceeded { setting, value, limit });
+        assert_eq!(limits.check(&cfg(b + 1, 0)), refused("CallConfig.block_dim", b + 1, b));
+        assert_eq!(limits.check(&cfg(0, t + 1)), refused("CallConfig.aicpu_thread_num", t + 1, t));
     }
 }

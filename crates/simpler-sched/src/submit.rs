@@ -261,6 +261,8 @@ impl RunBuilder<'_> {
 
             // 3. Infer dependencies. Lifetime pins first (alloc registry, its own leaf lock),
             // then lookups and inserts under one tensor-map guard.
+            #[cfg(test)]
+            fault::before_lookups();
             orch.producers.clear();
             let mut allocs = None;
             for t in args.iter().flat_map(|a| a.tensors()) {
@@ -348,6 +350,18 @@ impl RunBuilder<'_> {
             }
         }
 
+        // The fail-fast check ran before the lookups. A producer that failed and was reclaimed
+        // since then left no entry to find and no slot to attach to, so its failure is only
+        // visible on the run: read it again now that every lookup and attach is done. A task
+        // failure is recorded before the failed task can be reclaimed, so a producer the lookups
+        // missed for that reason is seen here (`docs/engine-protocols.md` §3, step 6).
+        if failed.is_none()
+            && let Some(late) = run.failure()
+            && let Some(root) = late.task_failure()
+        {
+            failed = Some(Arc::clone(root));
+        }
+
         // 6. Publish; 7. poisoned at submit; 8. queue.
         match slot.publish(id, &orch.attached, live, failed.is_some()) {
             Publish::Ready(route) => {
@@ -368,5 +382,137 @@ impl RunBuilder<'_> {
         tracing::trace!(parent: &run.span, %task, producers = orch.attached.len(), live, "submitted");
         // 9.
         Ok(task)
+    }
+}
+
+/// A fault point for tests: code run on the submitting thread between the fail-fast check and
+/// the dependency lookups, to force interleavings that are otherwise a matter of timing.
+#[cfg(test)]
+pub(crate) mod fault {
+    use std::cell::RefCell;
+
+    thread_local! {
+        static BEFORE_LOOKUPS: RefCell<Option<Box<dyn FnMut()>>> = const { RefCell::new(None) };
+    }
+
+    /// Runs `hook` in this thread's next submits, before their lookups, until cleared.
+    pub(crate) fn set_before_lookups(hook: Option<Box<dyn FnMut()>>) {
+        BEFORE_LOOKUPS.with(|h| *h.borrow_mut() = hook);
+    }
+
+    pub(super) fn before_lookups() {
+        // Taken out while it runs, so a hook that submits does not re-enter itself.
+        let hook = BEFORE_LOOKUPS.with(|h| h.borrow_mut().take());
+        if let Some(mut hook) = hook {
+            hook();
+            BEFORE_LOOKUPS.with(|h| {
+                h.borrow_mut().get_or_insert(hook);
+            });
+        }
+    }
+}
+
+#[cfg(all(test, not(simpler_loom)))]
+mod tests {
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use simpler_types::{
+        CallConfig, DataType, FailureMechanism, TaskArgs, TaskId, TaskState, Tensor, WorkerId,
+        WorkerType,
+    };
+
+    use super::fault;
+    use crate::endpoint::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
+    use crate::engine::{Engine, EngineConfig};
+    use crate::outcome::RunOutcome;
+    use crate::scheduler::tests::{chip, wait_until};
+
+    /// A NEXT_LEVEL endpoint that logs every task it runs; the first one waits for a token and
+    /// then fails, every later one succeeds at once.
+    struct FailFirst {
+        gate: mpsc::Receiver<()>,
+        ran: Arc<Mutex<Vec<TaskId>>>,
+    }
+
+    impl Endpoint for FailFirst {
+        fn caps(&self) -> EndpointCaps {
+            EndpointCaps {
+                worker_type: WorkerType::NextLevel,
+                id: WorkerId(0),
+                remote: false,
+                name: "fail-first".into(),
+            }
+        }
+
+        fn run(&mut self, m: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
+            let first = {
+                let mut ran = self.ran.lock().unwrap();
+                ran.push(m.task);
+                ran.len() == 1
+            };
+            if !first {
+                return Ok(());
+            }
+            let _ = self.gate.recv_timeout(Duration::from_secs(20));
+            Err(EndpointFailure::task_failed("producer failed"))
+        }
+    }
+
+    fn tensor() -> Tensor {
+        Tensor::external(0x1000, &[64], DataType::UInt8).unwrap()
+    }
+
+    #[test]
+    fn a_producer_failing_and_reclaimed_after_the_fail_fast_check_still_poisons_its_consumer() {
+        let (tx, gate) = mpsc::channel();
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let endpoint = FailFirst { gate, ran: Arc::clone(&ran) };
+        let engine = Arc::new(
+            Engine::start(EngineConfig {
+                next_level: vec![Box::new(endpoint)],
+                ..EngineConfig::default()
+            })
+            .unwrap(),
+        );
+        let cfg = CallConfig::default();
+        let mut b = engine.begin_run().unwrap();
+        // The producer lives in a user scope that is closed at once, so that its failure lets
+        // it be reclaimed while the run is still building.
+        b.scope_begin().unwrap();
+        let mut out = TaskArgs::new();
+        out.add_output(tensor()).unwrap();
+        let producer = b.submit_next_level(&chip(), out, &cfg, WorkerId(0), None).unwrap();
+        b.scope_end().unwrap();
+        wait_until(|| engine.task_snapshot(producer).unwrap().state == TaskState::Running);
+
+        // Between the consumer's fail-fast check and its lookups, the producer fails and is
+        // reclaimed: its tensor-map entry and its slot are gone when the lookups run.
+        let hook_engine = Arc::clone(&engine);
+        fault::set_before_lookups(Some(Box::new(move || {
+            tx.send(()).unwrap();
+            wait_until(|| {
+                hook_engine.task_snapshot(producer).unwrap().state == TaskState::Consumed
+            });
+        })));
+        let mut input = TaskArgs::new();
+        input.add_input(tensor()).unwrap();
+        let consumer = b.submit_next_level(&chip(), input, &cfg, WorkerId(0), None);
+        fault::set_before_lookups(None);
+        let consumer = consumer.unwrap();
+
+        let snapshot = engine.task_snapshot(consumer).unwrap();
+        assert_eq!(snapshot.state, TaskState::Failed, "{snapshot:?}");
+        let failure = snapshot.failure.unwrap();
+        assert!(
+            matches!(&failure.mechanism, FailureMechanism::Poisoned { root } if *root == producer),
+            "{failure:?}"
+        );
+        let outcome = engine.wait_timeout(b.close(), Duration::from_secs(20)).unwrap();
+        let Some(RunOutcome::Failed(f)) = outcome else { panic!("{outcome:?}") };
+        assert_eq!(f.task_failure().map(|t| t.task), Some(producer));
+        // The run is terminal, so every dispatch that was ever going to happen has happened.
+        assert_eq!(*ran.lock().unwrap(), vec![producer], "the consumer ran on a failed output");
     }
 }

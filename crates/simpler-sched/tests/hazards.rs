@@ -37,11 +37,11 @@ fn hazard_01_a_producer_finishing_while_its_consumer_is_wired_never_loses_the_re
     // Producers are held, then released one by one from another thread while consumers that
     // read all of them are being wired, so producer completions land between a consumer's
     // attach and its publication (where the original overwrote the count or skipped the
-    // consumer). Every fourth round one producer fails instead.
+    // consumer). Every fourth round one producer fails instead. Three engines race at once.
     std::thread::scope(|s| {
-        for thread in 0..1u64 {
+        for thread in 0..3u64 {
             s.spawn(move || {
-                for round in 0..32u64 {
+                for round in 0..16u64 {
                     let r = rig(&[0, 1], 0);
                     let (h, e) = (&r.h, &r.e);
                     let fail = (round + thread) % 4 == 0;

@@ -57,8 +57,13 @@ fn c38_a_dependent_task_is_dispatched_only_after_its_producer_completes() {
     let c =
         b.submit_next_level(&chip(1), args(&[(buf(A, 64), Input)]), &cfg(), w(1), None).unwrap();
     h.wait_running(p, 0);
-    std::thread::sleep(Duration::from_millis(20));
+    // An independent probe queued on the consumer's worker after it: a consumer made ready at
+    // submit would be dispatched there first and hold the worker, so the probe running shows
+    // the consumer was not dispatched.
+    let probe = noop_on(&mut b, 1).unwrap();
+    h.wait_running(probe, 0);
     assert!(!h.log().iter().any(|d| d.task == c), "the consumer waits for its producer");
+    h.release(probe, Action::Succeed);
     h.release(p, Action::Succeed);
     h.release(c, Action::Succeed);
     let run = b.close();
@@ -352,9 +357,10 @@ fn c57_an_oversized_sub_group_is_rejected_and_a_sub_group_at_the_head_is_not_ove
     h.wait_running(first, 0);
     let group = b.submit_sub_group(&host(1), vec![args(&[]), args(&[])]).unwrap();
     let later = b.submit_sub(&host(1), args(&[])).unwrap();
-    std::thread::sleep(Duration::from_millis(20));
+    // Counters are published at the end of a pass, after its dispatch: a pass that saw both
+    // queued with one SUB worker idle and did not start the later single.
+    eventually("the group and the later single to be queued", || e.stats().queued_sub == 2);
     assert!(!h.log().iter().any(|d| d.task == later), "the later single does not overtake");
-    assert_eq!(e.stats().queued_sub, 2);
     h.release(first, Action::Succeed);
     h.wait_running(group, 0);
     h.wait_running(group, 1);

@@ -532,6 +532,7 @@ impl HostWorkerBuilder {
         let body = Body::Engine { engine, chips, children: Vec::new(), residue };
         let mut inner =
             new_inner(self.common.instance, 3, body, Registry::default(), Vec::new(), self.subs);
+        inner.chip_limits = Some(self.platform.limits());
         inner.registry = registry;
         inner.lineage = lineage;
         Ok(Worker { inner: Arc::new(inner) })

@@ -13,23 +13,79 @@
 //! 4. Drain leases (a submit admitted before the claim finishes its callback and its run joins
 //!    the accepted set). Past the budget → `DrainTimeout`, nothing torn down, still `Closed`.
 //! 5. Drain the accepted runs in FIFO order as an ordinary waiter (cleanup election). Failed
-//!    runs that no user read go to `unobserved_runs`.
+//!    runs that no user read go to `unobserved_runs` (at most
+//!    [`UnobservedFailures::KEPT`] of them; further ones are counted in
+//!    `unobserved_runs_not_kept`).
 //! 6. Tear down once: stop the engine (its chip lanes finalize their chips, sub threads join,
 //!    children close recursively) or the L2 lane. Residue goes to `leaked`.
 //! 7. Publish the result in the attempt and wake joiners; then drop the registries outside
 //!    every lock, so a closure whose `Drop` calls `close` finds the finished attempt.
 //!
 
+use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use simpler_types::RunId;
+
 use crate::chip::Residue;
 use crate::deferred_drop;
-use crate::error::{CloseError, DrainTimeout, TeardownError, WorkerError};
+use crate::error::{CloseError, DrainTimeout, RunError, TeardownError, WorkerError};
+use crate::gate::Gate;
 use crate::reentry;
-use crate::run::panic_text;
+use crate::run::{RunShared, Unobserved, panic_text};
 use crate::worker::{Body, Inner, Worker};
+
+/// Failed runs published before anybody read their result, which `close` reports.
+///
+/// Bounded, so that a long-lived worker whose callers drop failing handles does not grow: the
+/// first [`KEPT`](Self::KEPT) such failures are kept with their errors, later ones are only
+/// counted. A run leaves the set (or the count) when a handle reads its result. Each run's
+/// [`Unobserved`] mark says where it is; it is read and written only under the worker's lock
+/// around this set, as is the run's observed flag, so a read racing the publication either
+/// comes first (the run is never entered) or finds the mark and removes the run.
+#[derive(Default)]
+pub(crate) struct UnobservedFailures {
+    kept: VecDeque<(RunId, RunError)>,
+    not_kept: u64,
+}
+
+impl UnobservedFailures {
+    /// Failures kept with their errors; `close` reports at most this many in full.
+    pub(crate) const KEPT: usize = 64;
+
+    /// Enters the failure `error` of `run`, published with nobody having read it yet.
+    pub(crate) fn enter(&mut self, run: &RunShared, error: &RunError) {
+        if run.was_observed() || run.unobserved() != Unobserved::No {
+            return;
+        }
+        if self.kept.len() < Self::KEPT {
+            self.kept.push_back((run.run, error.clone()));
+            run.set_unobserved(Unobserved::Kept);
+        } else {
+            self.not_kept += 1;
+            run.set_unobserved(Unobserved::Counted);
+        }
+    }
+
+    /// Marks `run` observed and takes it out of the set or the count.
+    pub(crate) fn observe(&mut self, run: &RunShared) {
+        run.mark_observed();
+        match run.unobserved() {
+            Unobserved::No => return,
+            Unobserved::Kept => self.kept.retain(|(id, _)| *id != run.run),
+            Unobserved::Counted => self.not_kept = self.not_kept.saturating_sub(1),
+        }
+        run.set_unobserved(Unobserved::No);
+    }
+
+    /// Runs kept with their errors plus runs only counted.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> (usize, u64) {
+        (self.kept.len(), self.not_kept)
+    }
+}
 
 /// The public lifecycle of a started worker.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -40,69 +96,25 @@ pub enum Lifecycle {
     Closed,
 }
 
-pub(crate) enum Attempt {
-    None,
-    InFlight,
-    Done(Result<(), CloseError>),
-}
-
-pub(crate) struct Life {
-    pub(crate) state: Lifecycle,
-    pub(crate) leases: usize,
-    pub(crate) attempt: Attempt,
-}
-
-/// Ends a claimed close attempt that unwound: publishes a failed result, so that parked and
-/// later closers return instead of waiting for an attempt that will never finish. Every normal
-/// way out of `close` has published its result already, which the guard leaves alone.
-struct AttemptGuard<'a> {
-    inner: &'a Inner,
-    claimed: bool,
-}
-
-impl Drop for AttemptGuard<'_> {
-    fn drop(&mut self) {
-        if !self.claimed {
-            return;
-        }
-        let mut life = self.inner.life.lock();
-        if matches!(life.attempt, Attempt::InFlight) {
-            let err = CloseError {
-                teardown: vec![TeardownError {
-                    what: self.inner.label.clone(),
-                    message: "the close attempt unwound before it finished".into(),
-                }],
-                ..CloseError::default()
-            };
-            life.attempt = Attempt::Done(Err(err));
-            self.inner.life_cv.notify_all();
-        }
-    }
-}
+/// The close gate of a worker: its result is the result of `close`.
+pub(crate) type CloseGate = Gate<Result<(), CloseError>>;
 
 /// An operation lease: `close` waits for every lease before it drains runs.
-pub(crate) struct Lease<'a> {
-    inner: &'a Inner,
-}
+pub(crate) type Lease<'a> = crate::gate::Lease<'a, Result<(), CloseError>>;
 
-impl Drop for Lease<'_> {
-    fn drop(&mut self) {
-        let mut life = self.inner.life.lock();
-        life.leases -= 1;
-        if life.leases == 0 {
-            self.inner.life_cv.notify_all();
-        }
-    }
+/// A drain timeout may be retried by a later close; any other result is final.
+fn retryable(r: &Result<(), CloseError>) -> bool {
+    r.as_ref().is_err_and(CloseError::is_retryable)
 }
 
 impl Inner {
     pub(crate) fn lease(&self) -> Result<Lease<'_>, WorkerError> {
-        let mut life = self.life.lock();
-        if life.state == Lifecycle::Closed {
-            return Err(WorkerError::Closed);
-        }
-        life.leases += 1;
-        Ok(Lease { inner: self })
+        self.gate.lease().ok_or(WorkerError::Closed)
+    }
+
+    /// The public lifecycle.
+    pub(crate) fn lifecycle(&self) -> Lifecycle {
+        if self.gate.is_closed() { Lifecycle::Closed } else { Lifecycle::Ready }
     }
 
     pub(crate) fn close(
@@ -117,49 +129,31 @@ impl Inner {
         // Keep-alives of runs published by this attempt are dropped when it has ended (after
         // step 7), so one whose drop closes the worker sees the finished attempt.
         let _deferred = deferred_drop::scope();
-        // Declared before the lifecycle lock so that on an unwind it runs after that lock
-        // was released.
-        let mut unwinding = AttemptGuard { inner: self, claimed: false };
-        // 2.
-        let mut life = self.life.lock();
-        loop {
-            match &life.attempt {
-                Attempt::InFlight => self.life_cv.wait(&mut life),
-                Attempt::Done(r) if !r.as_ref().is_err_and(CloseError::is_retryable) => {
-                    return r.clone();
-                }
-                _ => break,
-            }
-        }
-        // 3.
-        life.state = Lifecycle::Closed;
-        life.attempt = Attempt::InFlight;
-        unwinding.claimed = true;
+        // 2. and 3. A claim whose closer unwinds publishes a failed result, so that parked and
+        // later closers return instead of waiting for an attempt that will never finish.
+        let unwound = || {
+            Err(CloseError {
+                teardown: vec![TeardownError {
+                    what: self.label.clone(),
+                    message: "the close attempt unwound before it finished".into(),
+                }],
+                ..CloseError::default()
+            })
+        };
+        let claim = match self.gate.claim(retryable, unwound) {
+            Ok(claim) => claim,
+            Err(result) => return result,
+        };
         // 4.
-        while life.leases > 0 {
-            let timed_out = match deadline {
-                None => {
-                    self.life_cv.wait(&mut life);
-                    false
-                }
-                Some(d) => self.life_cv.wait_until(&mut life, d).timed_out(),
+        if let Err(in_flight_ops) = claim.drain_leases(deadline) {
+            let pending_runs = self.accepted.lock().len();
+            let err = CloseError {
+                drain_timeout: Some(DrainTimeout { in_flight_ops, pending_runs, budget }),
+                ..CloseError::default()
             };
-            if timed_out && life.leases > 0 {
-                let pending_runs = self.accepted.lock().len();
-                let err = CloseError {
-                    drain_timeout: Some(DrainTimeout {
-                        in_flight_ops: life.leases,
-                        pending_runs,
-                        budget,
-                    }),
-                    ..CloseError::default()
-                };
-                life.attempt = Attempt::Done(Err(err.clone()));
-                self.life_cv.notify_all();
-                return Err(err);
-            }
+            claim.finish(Err(err.clone()));
+            return Err(err);
         }
-        drop(life);
         // 5.
         loop {
             let next = self.accepted.lock().front().cloned();
@@ -182,30 +176,20 @@ impl Inner {
                         }),
                         ..CloseError::default()
                     };
-                    let mut life = self.life.lock();
-                    life.attempt = Attempt::Done(Err(err.clone()));
-                    self.life_cv.notify_all();
+                    claim.finish(Err(err.clone()));
                     return Err(err);
                 }
             }
         }
         let mut result = CloseError::default();
-        for run in std::mem::take(&mut *self.failed_runs.lock()) {
-            if !run.was_observed()
-                && let Some(Err(e)) = run.wait_until(Some(Instant::now()))
-            {
-                result.unobserved_runs.push(e);
-            }
-        }
+        let unobserved = std::mem::take(&mut *self.failed_runs.lock());
+        result.unobserved_runs = unobserved.kept.into_iter().map(|(_, e)| e).collect();
+        result.unobserved_runs_not_kept = unobserved.not_kept;
         // 6.
         self.teardown(&mut result);
         // 7.
         let published = if result.is_empty() { Ok(()) } else { Err(result) };
-        {
-            let mut life = self.life.lock();
-            life.attempt = Attempt::Done(published.clone());
-            self.life_cv.notify_all();
-        }
+        claim.finish(published.clone());
         let registry = std::mem::take(&mut *self.registry.write());
         if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(registry))) {
             tracing::error!(worker = %self.label, "a registered closure panicked while dropped: {}", panic_text(p.as_ref()));
@@ -214,6 +198,8 @@ impl Inner {
     }
 
     fn teardown(&self, result: &mut CloseError) {
+        #[cfg(test)]
+        self.teardowns.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Err(message) = self.inject("teardown") {
             result.teardown.push(TeardownError { what: self.label.clone(), message });
         }
@@ -266,8 +252,7 @@ impl Drop for Worker {
     /// instead, which waits for that run like any other closer; nothing joins itself and the
     /// engine threads still end.
     fn drop(&mut self) {
-        let done = matches!(&self.inner.life.lock().attempt, Attempt::Done(r) if !r.as_ref().is_err_and(CloseError::is_retryable));
-        if done {
+        if self.inner.gate.is_finished(retryable) {
             return;
         }
         if reentry::is_acting_for(self.inner.instance) {
@@ -296,5 +281,154 @@ fn close_logged(inner: &Inner) {
         Err(p) => {
             tracing::error!(worker = %inner.label, "close during drop panicked: {}", panic_text(p.as_ref()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use simpler_device_a2a3::{Platform, RuntimeVariant};
+    use simpler_types::TaskArgs;
+
+    use super::UnobservedFailures;
+    use crate::{CallableHandle, CloseError, Orchestration, Worker};
+
+    fn teardowns(w: &Worker) -> u32 {
+        w.inner.teardowns.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Closes `w` from `n` threads at once and returns every result.
+    fn close_from_threads(w: &Arc<Worker>, n: usize) -> Vec<Result<(), CloseError>> {
+        let start = Arc::new(std::sync::Barrier::new(n));
+        let closers: Vec<_> = (0..n)
+            .map(|_| {
+                let (w, start) = (Arc::clone(w), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    start.wait();
+                    w.close()
+                })
+            })
+            .collect();
+        closers.into_iter().map(|c| c.join().expect("closer")).collect()
+    }
+
+    #[test]
+    fn double_and_concurrent_closes_share_one_result_from_any_thread() {
+        let w = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph)
+            .sub_workers(2)
+            .start()
+            .expect("start");
+        // A failing teardown step makes the shared result a value that can be compared.
+        w.inject_cleanup_failure("teardown", false);
+        let w = Arc::new(w);
+        let mut results = close_from_threads(&w, 4);
+        results.push(w.close());
+        results.push(w.close());
+        let first = results[0].as_ref().expect_err("the injected teardown failure").to_string();
+        for r in &results {
+            assert_eq!(r.as_ref().map_err(ToString::to_string), Err(first.clone()));
+        }
+        assert_eq!(teardowns(&w), 1, "one teardown for {} closes", results.len());
+    }
+
+    #[test]
+    fn concurrent_closes_observe_one_result_while_runs_are_in_flight() {
+        let mut seed = 0x9e37_79b9_u64;
+        for _ in 0..6 {
+            // xorshift, so that a failing round can be replayed from its seed.
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let (tasks, spin, closers) = (1 + seed % 8, (seed >> 8) % 5000, 2 + (seed >> 20) % 3);
+            let mut b =
+                Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+            let h = b.register_host("spin", |a| {
+                for _ in 0..a.scalar(0).unwrap_or(0) {
+                    std::hint::spin_loop();
+                }
+                Ok(())
+            });
+            let w = Arc::new(b.start().expect("start"));
+            let handle = w
+                .submit(Orchestration::graph(move |g, _, _| {
+                    for _ in 0..tasks {
+                        let mut a = TaskArgs::new();
+                        a.add_scalar(spin)?;
+                        g.submit_sub(h, a)?;
+                    }
+                    Ok(())
+                }))
+                .expect("submit");
+            let results = close_from_threads(&w, closers as usize);
+            assert!(results.iter().all(Result::is_ok), "seed {seed}: {results:?}");
+            assert_eq!(teardowns(&w), 1, "seed {seed}: one teardown for {closers} closes");
+            assert!(matches!(handle.result(), Some(Ok(()))), "seed {seed}");
+        }
+    }
+
+    fn failing_worker() -> (Worker, CallableHandle) {
+        let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+        let fail = b.register_host("fail", |_| Err("failed on purpose".into()));
+        (b.start().expect("start"), fail)
+    }
+
+    fn failing_run(fail: CallableHandle) -> Orchestration {
+        Orchestration::graph(move |g, _, _| {
+            g.submit_sub(fail, TaskArgs::new())?;
+            Ok(())
+        })
+    }
+
+    #[test]
+    fn many_failing_runs_with_dropped_handles_keep_the_unobserved_set_bounded() {
+        let (w, fail) = failing_worker();
+        // Every live run state holds the worker's shared state, so its strong count measures
+        // how many runs the worker still holds on to.
+        let baseline = Arc::strong_count(&w.inner);
+        // The figure is 100 000 runs (about 40 s in a debug build on a loaded machine);
+        // CI runs fewer, `SIMPLER_UNOBSERVED_RUNS` sets the number.
+        let runs: u64 = std::env::var("SIMPLER_UNOBSERVED_RUNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20_000)
+            .max(UnobservedFailures::KEPT as u64 + 1);
+        let mut most_held = 0;
+        for i in 0..runs {
+            // The next submit publishes this run, unread: it enters the unobserved failures.
+            drop(w.submit(failing_run(fail)).expect("submit"));
+            if i % 1_000 == 0 {
+                most_held = most_held.max(Arc::strong_count(&w.inner) - baseline);
+                let (kept, _) = w.inner.failed_runs.lock().len();
+                assert!(kept <= UnobservedFailures::KEPT, "{kept} failures kept");
+            }
+        }
+        // Only the run in flight and the one being published at the sample are ever held.
+        assert!(most_held <= 2, "{most_held} run states held");
+        let e = w.close().expect_err("unobserved failures");
+        assert_eq!(e.unobserved_runs.len(), UnobservedFailures::KEPT);
+        assert_eq!(e.unobserved_runs_not_kept, runs - UnobservedFailures::KEPT as u64);
+        assert_eq!(w.inner.failed_runs.lock().len(), (0, 0));
+    }
+
+    #[test]
+    fn an_unobserved_failure_read_later_leaves_the_set_and_close_reports_nothing() {
+        let (w, fail) = failing_worker();
+        let first = w.submit(failing_run(fail)).expect("submit");
+        // Fill the kept part, so that the next unread failure is only counted.
+        for _ in 1..UnobservedFailures::KEPT {
+            drop(w.submit(failing_run(fail)).expect("submit"));
+        }
+        let counted = w.submit(failing_run(fail)).expect("submit");
+        let last = w.submit(failing_run(fail)).expect("submit");
+        assert_eq!(w.inner.failed_runs.lock().len(), (UnobservedFailures::KEPT, 1));
+        assert!(first.wait().is_err());
+        assert!(counted.result().expect("published").is_err());
+        assert_eq!(w.inner.failed_runs.lock().len(), (UnobservedFailures::KEPT - 1, 0));
+        assert!(last.wait().is_err());
+        let e = w.close().expect_err("unobserved failures");
+        assert_eq!(e.unobserved_runs.len(), UnobservedFailures::KEPT - 1);
+        assert_eq!(e.unobserved_runs_not_kept, 0);
+        assert!(e.unobserved_runs.iter().all(|r| r.run_id() != first.run_id()));
     }
 }

@@ -160,6 +160,26 @@ pub enum WorkerError {
         /// The chip.
         chip: WorkerId,
     },
+    /// A chip task's configuration exceeds a launch limit of the chip's platform; refused at
+    /// submit, before the task joins the graph. No task id exists yet, so the task is named by
+    /// its run, callable and target chip.
+    #[error(
+        "{run}: a task of '{callable}' on chip {chip}: {setting} = {value} exceeds the platform's limit {limit}"
+    )]
+    ConfigOutOfRange {
+        /// The run being built.
+        run: RunId,
+        /// The callable's name.
+        callable: String,
+        /// The target chip (the first target of a group).
+        chip: WorkerId,
+        /// The setting, as `CallConfig.<field>`.
+        setting: &'static str,
+        /// Its value.
+        value: u32,
+        /// The largest value the platform accepts.
+        limit: u32,
+    },
     /// A device-memory call failed.
     #[error(transparent)]
     Memory(MemError),
@@ -557,8 +577,11 @@ pub struct DrainTimeout {
 #[error("{}", self.describe())]
 #[non_exhaustive]
 pub struct CloseError {
-    /// Failures of runs whose handles nobody waited on.
+    /// Failures of runs whose handles nobody waited on: the first 64 of them.
     pub unobserved_runs: Vec<RunError>,
+    /// How many further unobserved failed runs there were beyond `unobserved_runs` (kept as a
+    /// count only, so that a long-lived worker's bookkeeping stays bounded).
+    pub unobserved_runs_not_kept: u64,
     /// Errors of the teardown itself.
     pub teardown: Vec<TeardownError>,
     /// Set when the drain ran out of budget.
@@ -577,6 +600,7 @@ impl CloseError {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.unobserved_runs.is_empty()
+            && self.unobserved_runs_not_kept == 0
             && self.teardown.is_empty()
             && self.drain_timeout.is_none()
             && self.leaked.is_empty()
@@ -596,6 +620,9 @@ impl CloseError {
         }
         for r in &self.unobserved_runs {
             parts.push(format!("unobserved {}: {r}", r.run_id()));
+        }
+        if self.unobserved_runs_not_kept > 0 {
+            parts.push(format!("{} more unobserved failed run(s)", self.unobserved_runs_not_kept));
         }
         for t in &self.teardown {
             parts.push(format!("teardown: {t}"));

@@ -167,6 +167,26 @@ impl<'a> GraphBuilder<'a> {
         Ok(())
     }
 
+    /// Refuses a chip task whose configuration exceeds a launch limit of the chips' platform
+    /// (L3), instead of letting it fail on its chip after earlier tasks ran.
+    fn check_limits(
+        &mut self,
+        handle: CallableHandle,
+        config: &CallConfig,
+        chip: WorkerId,
+    ) -> Result<(), WorkerError> {
+        let Some(limits) = self.inner.chip_limits else { return Ok(()) };
+        let Err(e) = limits.check(config) else { return Ok(()) };
+        Err(WorkerError::ConfigOutOfRange {
+            run: self.rb()?.id(),
+            callable: self.inner.name_of(&handle.id).unwrap_or_else(|| handle.to_string()),
+            chip,
+            setting: e.setting,
+            value: e.value,
+            limit: e.limit,
+        })
+    }
+
     /// Refuses chip-memory tensors that another chip owns (L3).
     fn check_owner(&self, args: &TaskArgs, target: WorkerId) -> Result<(), WorkerError> {
         if self.inner.level != 3 {
@@ -191,6 +211,7 @@ impl<'a> GraphBuilder<'a> {
         target: WorkerId,
     ) -> Result<TaskId, WorkerError> {
         self.resolve(handle, Target::NextLevel)?;
+        self.check_limits(handle, config, target)?;
         self.check_owner(&args, target)?;
         let id = handle.id;
         self.rb()?.submit_next_level(&id, args, config, target, None).map_err(engine_err)
@@ -205,6 +226,9 @@ impl<'a> GraphBuilder<'a> {
         targets: &[WorkerId],
     ) -> Result<TaskId, WorkerError> {
         self.resolve(handle, Target::NextLevel)?;
+        if let Some(&first) = targets.first() {
+            self.check_limits(handle, config, first)?;
+        }
         for (a, t) in args.iter().zip(targets) {
             self.check_owner(a, *t)?;
         }

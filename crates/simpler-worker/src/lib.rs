@@ -78,15 +78,21 @@ mod child;
 mod chip;
 mod close;
 mod deferred_drop;
+mod election;
 mod error;
 mod faults;
+mod gate;
 mod graph;
 mod handle;
 mod memory;
 mod reentry;
 mod run;
 mod sub;
+mod sync;
 mod worker;
+
+#[cfg(all(test, simpler_loom))]
+mod loom_models;
 
 pub use builder::{
     ChildSpec, ChipOptionsFn, ChipWorkerBuilder, CompositeWorkerBuilder, ConfigError,

@@ -2,7 +2,8 @@
 //! chip of one worker, with ownership and range checks, and the chip's memory ledger.
 //!
 //! Memory calls queue on the chip's lane behind work already there, never behind tasks still
-//! waiting in a graph.
+//! waiting in a graph. From a closure running on that same lane they are `Reentrant`: the call
+//! would queue behind the closure that waits for it.
 
 use simpler_device_a2a3::MemoryLedger;
 use simpler_types::{DataType, Tensor, WorkerId};
@@ -82,6 +83,7 @@ impl ChipMemory<'_> {
 
     /// Allocates `bytes` on the chip.
     pub fn malloc(&self, bytes: u64) -> Result<DeviceBuffer, WorkerError> {
+        self.inner.off_lane("malloc", self.chip)?;
         let _lease = self.inner.lease()?;
         let addr = self.inner.on_chip(self.chip, move |s| s.malloc(bytes))??;
         self.inner.owned.lock().entry(self.chip).or_default().insert(addr, bytes);
@@ -93,6 +95,7 @@ impl ChipMemory<'_> {
     /// callbacks or closures, where that wait would never end, it is `Reentrant`.
     pub fn free(&self, buf: DeviceBuffer) -> Result<(), WorkerError> {
         self.check(&buf, 0, 0)?;
+        self.inner.off_lane("free", self.chip)?;
         if crate::reentry::is_acting_for(self.inner.instance) {
             return Err(WorkerError::Reentrant { op: "free", worker: self.inner.label.clone() });
         }
@@ -111,6 +114,7 @@ impl ChipMemory<'_> {
     /// Copies `data` into the buffer at `offset`.
     pub fn copy_to(&self, buf: &DeviceBuffer, offset: u64, data: &[u8]) -> Result<(), WorkerError> {
         self.check(buf, offset, data.len() as u64)?;
+        self.inner.off_lane("copy_to", self.chip)?;
         let _lease = self.inner.lease()?;
         let bytes = data.to_vec();
         let addr = buf.addr + offset;
@@ -125,6 +129,7 @@ impl ChipMemory<'_> {
         out: &mut [u8],
     ) -> Result<(), WorkerError> {
         self.check(buf, offset, out.len() as u64)?;
+        self.inner.off_lane("copy_from", self.chip)?;
         let _lease = self.inner.lease()?;
         let addr = buf.addr + offset;
         let len = out.len();
@@ -135,6 +140,7 @@ impl ChipMemory<'_> {
 
     /// The chip's memory by use.
     pub fn ledger(&self) -> Result<MemoryLedger, WorkerError> {
+        self.inner.off_lane("ledger", self.chip)?;
         let _lease = self.inner.lease()?;
         Ok(self.inner.on_chip(self.chip, |s| s.ledger())??)
     }

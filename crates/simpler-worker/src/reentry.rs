@@ -8,11 +8,16 @@
 //! therefore keeps a [`Lineage`] (itself and its ancestors); a parent appends its instance to
 //! the lineage of every worker of the adopted subtree at adoption, before any run exists, and
 //! the sub and child endpoints mark the whole lineage.
+//!
+//! A second mark names the chip lane the current thread is serving a call on. A call that
+//! would queue on that same lane and wait for it (a memory call from a closure the lane runs)
+//! could never be served, so it is `Reentrant` too.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
+use simpler_types::WorkerId;
 
 /// A worker's instance followed by the instances of its ancestors. Written only while the
 /// tree is being started (adoption); read by the endpoints of the worker's engine.
@@ -25,6 +30,30 @@ pub(crate) fn lineage_of(instance: u64) -> Lineage {
 
 thread_local! {
     static ACTING_FOR: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    /// The `(worker instance, chip)` whose lane is running a call on this thread.
+    static ON_LANE: Cell<Option<(u64, WorkerId)>> = const { Cell::new(None) };
+}
+
+/// Whether the current thread is running a call on the lane of `chip` of worker `instance`.
+pub(crate) fn is_on_lane(instance: u64, chip: WorkerId) -> bool {
+    ON_LANE.with(|l| l.get() == Some((instance, chip)))
+}
+
+/// Marks the current thread as serving a call on the lane of `chip` of worker `instance`
+/// until the guard drops (also on unwind).
+pub(crate) fn enter_lane(instance: u64, chip: WorkerId) -> LaneGuard {
+    LaneGuard { previous: ON_LANE.with(|l| l.replace(Some((instance, chip)))) }
+}
+
+/// Restores the lane mark that [`enter_lane`] replaced.
+pub(crate) struct LaneGuard {
+    previous: Option<(u64, WorkerId)>,
+}
+
+impl Drop for LaneGuard {
+    fn drop(&mut self) {
+        ON_LANE.with(|l| l.set(self.previous));
+    }
 }
 
 /// Whether the current thread acts for worker `instance`.

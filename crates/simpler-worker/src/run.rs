@@ -18,22 +18,35 @@
 //! 5. Store the result in the cell, wake every parked waiter, disarm the guard. Then drop the
 //!    run's keep-alive values outside the lock, each under `catch_unwind`.
 //!
-//! The cell's mutex is the only lock; no engine lock is held while it is taken.
+//! Steps 1, 2 and 5 are the [`election`](crate::election) protocol; its mutex is the only lock,
+//! and no engine lock is held while it is taken.
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
 use simpler_sched::RunOutcome;
 use simpler_types::{FailureMechanism, RunFailure, RunId};
 
 use crate::chip::LaneFence;
 use crate::deferred_drop;
+use crate::election::{Election, Turn};
 use crate::error::{Frame, RunError, RunErrorKind, frames_of_task};
 use crate::worker::Inner;
+
+/// Where a run is in its worker's unobserved failures (`UnobservedFailures`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub(crate) enum Unobserved {
+    /// Not entered (succeeded, observed, or not yet published).
+    No = 0,
+    /// Kept with its error.
+    Kept = 1,
+    /// Only counted.
+    Counted = 2,
+}
 
 /// How a run's fence is observed.
 pub(crate) enum Fence {
@@ -43,23 +56,18 @@ pub(crate) enum Fence {
     Lane(Arc<LaneFence>),
 }
 
-#[derive(Default)]
-struct Cell {
-    result: Option<Result<(), RunError>>,
-    elected: bool,
-    keep: Vec<Box<dyn Any + Send>>,
-}
-
 /// The shared state of one accepted run.
 pub(crate) struct RunShared {
     pub(crate) run: RunId,
     pub(crate) inner: Arc<Inner>,
     pub(crate) fence: Fence,
-    cell: Mutex<Cell>,
-    cv: Condvar,
-    /// Set by a user-facing read of the result; read by `close` to report unobserved runs.
-    /// Relaxed suffices: it is read after the run was published under the cell's lock.
+    /// Who cleans the run up, and its result (`election`).
+    election: Election<Result<(), RunError>>,
+    /// Set by a user-facing read of the result. Written and read only under the worker's
+    /// lock of its unobserved failures (`UnobservedFailures`), so Relaxed suffices.
     observed: AtomicBool,
+    /// Where the run is in the worker's unobserved failures; under the same lock.
+    unobserved: AtomicU8,
     /// Number of cleanups run (exactly one per run; tests read it).
     pub(crate) cleanups: std::sync::atomic::AtomicU32,
 }
@@ -70,16 +78,16 @@ impl RunShared {
             run,
             inner,
             fence,
-            cell: Mutex::new(Cell::default()),
-            cv: Condvar::new(),
+            election: Election::new(),
             observed: AtomicBool::new(false),
+            unobserved: AtomicU8::new(Unobserved::No as u8),
             cleanups: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
     /// Adds values to drop after publication.
     pub(crate) fn keep(&self, values: impl IntoIterator<Item = Box<dyn Any + Send>>) {
-        self.cell.lock().keep.extend(values);
+        self.election.keep(values);
     }
 
     pub(crate) fn mark_observed(&self) {
@@ -90,8 +98,22 @@ impl RunShared {
         self.observed.load(Ordering::Relaxed)
     }
 
+    /// Under the lock of the worker's unobserved failures only.
+    pub(crate) fn unobserved(&self) -> Unobserved {
+        match self.unobserved.load(Ordering::Relaxed) {
+            1 => Unobserved::Kept,
+            2 => Unobserved::Counted,
+            _ => Unobserved::No,
+        }
+    }
+
+    /// Under the lock of the worker's unobserved failures only.
+    pub(crate) fn set_unobserved(&self, u: Unobserved) {
+        self.unobserved.store(u as u8, Ordering::Relaxed);
+    }
+
     pub(crate) fn is_published(&self) -> bool {
-        self.cell.lock().result.is_some()
+        self.election.is_published()
     }
 
     fn fence_fired(&self) -> bool {
@@ -108,25 +130,11 @@ impl RunShared {
         self: &Arc<Self>,
         deadline: Option<Instant>,
     ) -> Option<Result<(), RunError>> {
-        {
-            let mut cell = self.cell.lock();
-            loop {
-                if let Some(r) = &cell.result {
-                    return Some(r.clone());
-                }
-                if !cell.elected {
-                    cell.elected = true;
-                    break;
-                }
-                match deadline {
-                    None => self.cv.wait(&mut cell),
-                    Some(d) => {
-                        if self.cv.wait_until(&mut cell, d).timed_out() {
-                            return cell.result.clone();
-                        }
-                    }
-                }
-            }
+        // 1.
+        match self.election.enter(deadline) {
+            Turn::Published(r) => return Some(r),
+            Turn::Expired => return None,
+            Turn::Elected => {}
         }
         // 2. Until step 3 the guard un-elects this thread on every way out (expiry, or an
         // unwind out of the fence wait), so a parked waiter always takes over.
@@ -145,6 +153,10 @@ impl RunShared {
     }
 
     fn wait_fence(&self, deadline: Option<Instant>) -> bool {
+        // Tests make the wait give up (an injected failure) or unwind (an injected panic).
+        if self.inner.inject("fence wait").is_err() {
+            return false;
+        }
         match &self.fence {
             Fence::Engine => {
                 let Some(engine) = self.inner.engine() else { return true };
@@ -191,6 +203,8 @@ impl RunShared {
             Ok(Err(e)) => failures.push(("release", e)),
             Err(p) => failures.push(("release", format!("panicked: {}", panic_text(p.as_ref())))),
         }
+        // Tests unwind the elected thread here, outside the isolation of the steps.
+        let _ = self.inner.inject("between cleanup steps");
         // Step "retire": the worker's accepted set (and deferred unregistrations).
         let retired = catch_unwind(AssertUnwindSafe(|| {
             self.inner.inject("retire")?;
@@ -256,13 +270,7 @@ impl RunShared {
 
     /// Step 5: stores the result, wakes waiters, then drops keep-alives outside the lock.
     fn publish(&self, result: Result<(), RunError>) -> Result<(), RunError> {
-        let keep = {
-            let mut cell = self.cell.lock();
-            cell.result = Some(result.clone());
-            cell.elected = false;
-            self.cv.notify_all();
-            std::mem::take(&mut cell.keep)
-        };
+        let keep = self.election.publish(result.clone());
         deferred_drop::drop_logged(Some(self.run), keep);
         result
     }
@@ -277,9 +285,7 @@ struct UnelectGuard<'a> {
 impl Drop for UnelectGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
-            let mut cell = self.run.cell.lock();
-            cell.elected = false;
-            self.run.cv.notify_all();
+            self.run.election.give_up();
         }
     }
 }
@@ -392,7 +398,7 @@ impl RunHandle {
 
     /// Waits for the run's result; the first waiter after the fence performs the cleanup.
     pub fn wait(&self) -> Result<(), RunError> {
-        self.shared.mark_observed();
+        self.shared.inner.note_observed(&self.shared);
         match self.shared.wait_until(None) {
             Some(r) => r,
             // Unreachable without a deadline; answered with the run's state instead of a panic.
@@ -412,7 +418,7 @@ impl RunHandle {
         // A timeout beyond what `Instant` can represent (`Duration::MAX`) means no deadline.
         let r = self.shared.wait_until(Instant::now().checked_add(timeout));
         if r.is_some() {
-            self.shared.mark_observed();
+            self.shared.inner.note_observed(&self.shared);
         }
         r
     }
@@ -521,16 +527,15 @@ mod tests {
 
     #[test]
     fn an_elected_waiter_unwinding_mid_cleanup_publishes_cleanup_interrupted() {
-        let (w, _, _, handle) = run_meeting_cleanup_failure("release", true);
-        // Simulate a waiter unwinding inside the cleanup: the guard publishes for it.
-        let shared = Arc::clone(&handle.shared);
-        assert!(shared.wait_fence(None));
-        {
-            let _guard = ElectionGuard { run: &shared, armed: true };
-        }
-        let e = handle.wait().expect_err("interrupted");
-        assert_eq!(e.kind(), &RunErrorKind::CleanupInterrupted);
+        let (w, _, _, handle) = run_meeting_cleanup_failure("between cleanup steps", true);
+        // The elected waiter unwinds out of `wait` between two cleanup steps.
+        let unwound = catch_unwind(AssertUnwindSafe(|| handle.wait()));
+        assert!(unwound.is_err(), "the injected panic unwinds out of wait");
         w.inner.injected.lock().clear();
+        let r = handle.wait_timeout(Duration::from_secs(60)).expect("published for the next");
+        assert_eq!(r.expect_err("interrupted").kind(), &RunErrorKind::CleanupInterrupted);
+        assert_eq!(handle.shared.cleanups.load(Ordering::Relaxed), 1);
+        assert!(w.inner.accepted.lock().is_empty(), "the guard retired the run");
         w.close().expect("close does not hang");
     }
 
@@ -538,14 +543,14 @@ mod tests {
     fn an_elected_waiter_unwinding_before_the_fence_lets_another_take_over() {
         let (w, hold, gate) = held_worker();
         let handle = w.submit(one(hold)).expect("submit");
-        let shared = Arc::clone(&handle.shared);
-        // Simulate a waiter elected in step 1 that unwinds out of the fence wait.
-        shared.cell.lock().elected = true;
-        {
-            let _unelect = UnelectGuard { run: &shared, armed: true };
-        }
+        // The elected waiter unwinds out of its fence wait while the task is still held.
+        w.inject_cleanup_failure("fence wait", true);
+        let unwound = catch_unwind(AssertUnwindSafe(|| handle.wait()));
+        assert!(unwound.is_err(), "the injected panic unwinds out of wait");
+        w.inner.injected.lock().clear();
         gate.wait();
         assert!(matches!(handle.wait_timeout(Duration::from_secs(60)), Some(Ok(()))));
+        assert_eq!(handle.shared.cleanups.load(Ordering::Relaxed), 1);
         w.close().expect("close");
     }
 

@@ -22,8 +22,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, mpsc};
 
-use parking_lot::{Condvar, Mutex, RwLock};
-use simpler_device_a2a3::{ChipCallable, DeviceError, Platform, RuntimeVariant};
+use parking_lot::{Mutex, RwLock};
+use simpler_device_a2a3::{ChipCallable, DeviceError, Platform, PlatformLimits, RuntimeVariant};
 use simpler_sched::{EndpointFailure, Engine};
 use simpler_types::{
     CallConfig, CallableId, CallableKind, RunFailure, RunId, TaskArgsView, WorkerId, WorkerRef,
@@ -31,7 +31,7 @@ use simpler_types::{
 
 use crate::builder::{ChipWorkerBuilder, CompositeWorkerBuilder, HostWorkerBuilder};
 use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence, Residue, device_failure};
-use crate::close::{Attempt, Life, Lifecycle};
+use crate::close::{CloseGate, Lifecycle, UnobservedFailures};
 use crate::deferred_drop;
 use crate::error::{BoxError, BuildFailure, Frame, RunError, WorkerError};
 use crate::graph::{GraphBuilder, OrchBody, Orchestration};
@@ -65,15 +65,17 @@ pub(crate) struct Inner {
     /// The lineages of every worker below this one, extended when an ancestor adopts it.
     pub(crate) subtree_lineages: Vec<reentry::Lineage>,
     pub(crate) body: Body,
+    /// Launch limits of the chips' platform, checked at graph submit (L3 only).
+    pub(crate) chip_limits: Option<PlatformLimits>,
     pub(crate) subs: usize,
-    pub(crate) life: Mutex<Life>,
-    pub(crate) life_cv: Condvar,
+    /// Lifecycle, operation leases and the close attempt (`gate`).
+    pub(crate) gate: CloseGate,
     pub(crate) accepted: Mutex<VecDeque<Arc<RunShared>>>,
     pub(crate) admission: Mutex<()>,
     /// Serializes chip registrations.
     pub(crate) chip_registration: Mutex<()>,
-    /// Failed runs published before anybody read them (`close` reports the unread ones).
-    pub(crate) failed_runs: Mutex<Vec<Arc<RunShared>>>,
+    /// Failed runs published before anybody read them (`close` reports them; bounded).
+    pub(crate) failed_runs: Mutex<UnobservedFailures>,
     /// Chip callables whose last handle was unregistered while runs were live.
     pub(crate) chip_pending: Mutex<Vec<(CallableId, Vec<WorkerId>)>>,
     /// Device allocations made through the memory helpers, per chip: address → length. Read at
@@ -81,6 +83,9 @@ pub(crate) struct Inner {
     pub(crate) owned: Mutex<HashMap<WorkerId, BTreeMap<u64, u64>>>,
     #[cfg(test)]
     pub(crate) injected: Mutex<Vec<(&'static str, bool)>>,
+    /// Teardowns performed (exactly one per worker; tests read it).
+    #[cfg(test)]
+    pub(crate) teardowns: std::sync::atomic::AtomicU32,
 }
 
 impl Inner {
@@ -144,12 +149,28 @@ impl Inner {
         Ok(())
     }
 
-    /// Runs `f` on chip `chip`'s lane, behind work already queued there.
+    /// `Reentrant` when the current thread is running a call on chip `chip`'s own lane: a
+    /// call queued there behind the running one would wait for itself.
+    pub(crate) fn off_lane(&self, op: &'static str, chip: WorkerId) -> Result<(), WorkerError> {
+        if reentry::is_on_lane(self.instance, chip) {
+            return Err(WorkerError::Reentrant { op, worker: self.label.clone() });
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on chip `chip`'s lane, behind work already queued there. From a call already
+    /// running on that lane it is `Reentrant`.
     pub(crate) fn on_chip<R: Send + 'static>(
         &self,
         chip: WorkerId,
         f: impl FnOnce(&mut ChipState) -> R + Send + 'static,
     ) -> Result<R, WorkerError> {
+        self.off_lane("a call on the chip's lane", chip)?;
+        let instance = self.instance;
+        let f = move |s: &mut ChipState| {
+            let _on_lane = reentry::enter_lane(instance, chip);
+            f(s)
+        };
         match &self.body {
             Body::Chip(lane) if lane.chip == chip => lane.call(f),
             Body::Engine { engine, chips, .. } if chips.contains(&chip) => {
@@ -186,7 +207,7 @@ impl Inner {
         })
     }
 
-    fn name_of(&self, id: &CallableId) -> Option<String> {
+    pub(crate) fn name_of(&self, id: &CallableId) -> Option<String> {
         std::iter::once(&self.registry)
             .chain(&self.name_sources)
             .find_map(|r| name_in(&r.read(), id))
@@ -256,10 +277,16 @@ impl Inner {
         }
     }
 
+    /// A waiter that is not the run's user saw `run` published with `result`.
     pub(crate) fn note_published(&self, run: &Arc<RunShared>, result: &Result<(), RunError>) {
-        if result.is_err() && !run.was_observed() {
-            self.failed_runs.lock().push(Arc::clone(run));
+        if let Err(e) = result {
+            self.failed_runs.lock().enter(run, e);
         }
+    }
+
+    /// A user reads `run`'s result: it is observed, and leaves the unobserved failures.
+    pub(crate) fn note_observed(&self, run: &RunShared) {
+        self.failed_runs.lock().observe(run);
     }
 }
 
@@ -298,7 +325,7 @@ impl Worker {
 
     /// `Ready` or `Closed`.
     pub fn lifecycle(&self) -> Lifecycle {
-        self.inner.life.lock().state
+        self.inner.lifecycle()
     }
 
     /// The chips of this level (L2: its chip; L4+: none).
@@ -700,7 +727,7 @@ impl Worker {
                 if let Some(rb) = rb {
                     rb.fail(cause.to_string());
                 }
-                shared.mark_observed();
+                self.inner.note_observed(&shared);
                 let _ = shared.wait_until(None);
                 Err(WorkerError::Build { run, cause })
             }
@@ -767,16 +794,18 @@ pub(crate) fn new_inner(
         lineage: reentry::lineage_of(instance),
         subtree_lineages: Vec::new(),
         body,
+        chip_limits: None,
         subs,
-        life: Mutex::new(Life { state: Lifecycle::Ready, leases: 0, attempt: Attempt::None }),
-        life_cv: Condvar::new(),
+        gate: CloseGate::new(),
         accepted: Mutex::new(VecDeque::new()),
         admission: Mutex::new(()),
         chip_registration: Mutex::new(()),
-        failed_runs: Mutex::new(Vec::new()),
+        failed_runs: Mutex::new(UnobservedFailures::default()),
         chip_pending: Mutex::new(Vec::new()),
         owned: Mutex::new(HashMap::new()),
         #[cfg(test)]
         injected: Mutex::new(Vec::new()),
+        #[cfg(test)]
+        teardowns: std::sync::atomic::AtomicU32::new(0),
     }
 }

@@ -1,5 +1,6 @@
-//! Close races under stress, several seeds each: submit against close, close against close, and
-//! drop without close while runs are in flight. Every accepted run must end done, every other
+//! Close races under stress, several seeds each: submit against close and drop without close
+//! while runs are in flight (close against close is a unit test of the close module, where the
+//! teardowns can be counted). Every accepted run must end done, every other
 //! submit must see `Closed`, and nothing may hang (generous upper bounds only).
 
 mod common;
@@ -107,28 +108,6 @@ fn submit_racing_close_either_drains_the_run_or_sees_closed() {
                 submitted.load(Ordering::SeqCst),
                 "seed {seed}"
             );
-        });
-    }
-}
-
-#[test]
-fn concurrent_closes_observe_one_result_while_runs_are_in_flight() {
-    for seed in SEEDS {
-        bounded("close vs close", move || {
-            let mut rng = Rng(seed);
-            let (w, h, _) = worker(1);
-            let w = Arc::new(w);
-            let handle = w.submit(tasks(h, 1 + rng.below(8), rng.below(5000))).expect("submit");
-            let closers: Vec<_> = (0..(2 + rng.below(3)))
-                .map(|_| {
-                    let w = Arc::clone(&w);
-                    std::thread::spawn(move || w.close().is_ok())
-                })
-                .collect();
-            for c in closers {
-                assert!(c.join().expect("closer"), "seed {seed}");
-            }
-            assert!(handle.is_done());
         });
     }
 }

@@ -1,5 +1,6 @@
 //! Regressions of faults found in review: unbounded timeouts, reentrancy through a child,
-//! keep-alives dropped under a lock, panics on the chip lane and attach threads. Each hang is
+//! keep-alives dropped under a lock, panics on the chip lane and attach threads, memory calls
+//! from a closure running on their own chip lane. Each hang is
 //! turned into a bounded failure by running the body on a thread and waiting with a generous
 //! bound.
 
@@ -9,6 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::Duration;
 
 use common::{HANG, host};
+use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, TaskArgs, WorkerId};
 use simpler_worker::{Orchestration, Worker, WorkerError};
 
@@ -268,4 +270,120 @@ fn a_keep_alive_dropped_by_free_may_close_the_worker() {
         let _ = w.chip_memory(WorkerId(0)).map(|m| m.free(buf));
     });
     assert_eq!(rx.recv_timeout(HANG), Ok(true), "the keep-alive's close never returned");
+}
+
+#[cfg(feature = "sim")]
+/// Every memory call on `chip`, made from a closure running on `chip`'s own lane; then a call
+/// on `other` (if any) from the same closure, which must go ahead.
+fn memory_calls_from_the_lane(
+    w: Arc<Worker>,
+    chip: WorkerId,
+    other: Option<WorkerId>,
+) -> Result<Vec<String>, String> {
+    let buf = w.chip_memory(chip).or_else(|_| w.memory()).unwrap().malloc(64).unwrap();
+    bounded("memory calls on the lane", move || {
+        let (tx, rx) = mpsc::channel();
+        let w2 = Arc::clone(&w);
+        w.with_sim_faults(chip, move |_| {
+            let mem = w2.chip_memory(chip).or_else(|_| w2.memory()).unwrap();
+            let mut out = [0u8; 4];
+            let results = [
+                mem.malloc(64).map(drop),
+                mem.copy_to(&buf, 0, &[1, 2, 3, 4]),
+                mem.copy_from(&buf, 0, &mut out),
+                mem.ledger().map(drop),
+                mem.free(buf),
+            ];
+            let mut ops: Vec<String> = results
+                .into_iter()
+                .map(|r| match r {
+                    Err(WorkerError::Reentrant { op, .. }) => op.to_owned(),
+                    other => format!("not reentrant: {other:?}"),
+                })
+                .collect();
+            if let Some(other) = other {
+                let r = w2.chip_memory(other).unwrap().malloc(64);
+                ops.push(format!("other chip: {}", r.is_ok()));
+            }
+            let _ = tx.send(ops);
+        })
+        .expect("lane");
+        let ops = rx.recv().expect("the closure ran");
+        // The buffer is still allocated and usable from outside the lane.
+        let mem = w.chip_memory(chip).or_else(|_| w.memory()).unwrap();
+        mem.free(buf).expect("free from outside the lane");
+        ops
+    })
+}
+
+#[cfg(feature = "sim")]
+#[test]
+fn a_memory_call_from_a_closure_on_its_own_l2_chip_lane_is_reentrant() {
+    let w = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph).start().unwrap();
+    let ops = memory_calls_from_the_lane(Arc::new(w), WorkerId(0), None);
+    assert_eq!(ops.unwrap(), ["malloc", "copy_to", "copy_from", "ledger", "free"]);
+}
+
+#[cfg(feature = "sim")]
+#[test]
+fn a_memory_call_from_a_closure_on_its_own_l3_chip_lane_is_reentrant_and_other_chips_serve_it() {
+    let w = host().chips(&[0, 1]).start().unwrap();
+    let ops = memory_calls_from_the_lane(Arc::new(w), WorkerId(0), Some(WorkerId(1)));
+    assert_eq!(
+        ops.unwrap(),
+        ["malloc", "copy_to", "copy_from", "ledger", "free", "other chip: true"]
+    );
+}
+
+#[test]
+fn platform_limits_are_checked_at_l3_submit_with_an_error_naming_the_task_value_and_limit() {
+    let mut b = host().chips(&[0, 1]);
+    let add = b.register_chip(common::add_callable(0));
+    let w = b.start().expect("start");
+    let limits = Platform::A2a3Sim.limits();
+    let cases = [
+        (CallConfig::builder().block_dim(100), "CallConfig.block_dim", 100, limits.max_block_dim),
+        (
+            CallConfig::builder().aicpu_thread_num(9),
+            "CallConfig.aicpu_thread_num",
+            9,
+            limits.max_aicpu_threads,
+        ),
+    ];
+    for (config, want_setting, want_value, want_limit) in cases {
+        let config = config.build().expect("a valid CallConfig");
+        for group in [false, true] {
+            let config = config.clone();
+            let e = w
+                .submit(Orchestration::graph(move |g, _, _| {
+                    if group {
+                        let members = vec![TaskArgs::new(), TaskArgs::new()];
+                        g.submit_next_level_group(
+                            add,
+                            members,
+                            &config,
+                            &[WorkerId(1), WorkerId(0)],
+                        )?;
+                    } else {
+                        g.submit_next_level(add, TaskArgs::new(), &config, WorkerId(1))?;
+                    }
+                    Ok(())
+                }))
+                .expect_err("refused at submit");
+            let WorkerError::Build { run, cause: simpler_worker::BuildFailure::Callback(e) } = e
+            else {
+                panic!("expected a callback build failure, got {e:?}");
+            };
+            match *e.downcast::<WorkerError>().expect("a WorkerError") {
+                WorkerError::ConfigOutOfRange { run: r, callable, chip, setting, value, limit } => {
+                    assert_eq!(r, run);
+                    assert_eq!(callable, "add_0");
+                    assert_eq!(chip, WorkerId(1));
+                    assert_eq!((setting, value, limit), (want_setting, want_value, want_limit));
+                }
+                other => panic!("expected ConfigOutOfRange, got {other}"),
+            }
+        }
+    }
+    w.close().expect("close");
 }
