@@ -483,6 +483,9 @@ pub enum StartCause {
     },
     /// The engine could not start.
     Engine(String),
+    /// A remote L3 child (another MPI rank) failed its start handshake.
+    #[cfg(feature = "mpi")]
+    Remote(crate::remote::RemoteError),
 }
 
 impl fmt::Display for StartCause {
@@ -506,6 +509,8 @@ impl fmt::Display for StartCause {
                 write!(f, ": {message}")
             }
             StartCause::Engine(m) => write!(f, "engine failed to start: {m}"),
+            #[cfg(feature = "mpi")]
+            StartCause::Remote(e) => write!(f, "remote child failed to start: {e}"),
         }
     }
 }
