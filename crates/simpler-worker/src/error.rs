@@ -328,6 +328,13 @@ impl Frame {
     pub fn device_error(&self) -> Option<&DeviceError> {
         self.source.as_ref().and_then(FailureSource::downcast_ref::<DeviceError>)
     }
+
+    /// The transport error this frame's failure came from, when the task ran on a remote
+    /// rank: match on it for the rank, host, remote level, run and task.
+    #[cfg(feature = "mpi")]
+    pub fn remote_error(&self) -> Option<&crate::remote::RemoteError> {
+        self.source.as_ref().and_then(FailureSource::downcast_ref::<crate::remote::RemoteError>)
+    }
 }
 
 impl fmt::Display for Frame {

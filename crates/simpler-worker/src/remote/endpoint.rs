@@ -6,7 +6,7 @@
 //! 2. Wait for its `Manifest` within the startup deadline while the rank keeps answering
 //!    pings; a silent rank fails the start as [`RemoteError::Unresponsive`].
 //! 3. Compare: its graphs must equal the L4 worker's graphs (names, order); its chip
-//!    callables must equal those of the first remote child (names, content digests). A
+//!    callables must equal those of the first remote child (entry names, order). A
 //!    mismatch sends `Refuse` and fails the start naming rank and entry.
 //! 4. Send `Accept`.
 //!
@@ -233,7 +233,7 @@ fn compare(
     let n = expected.len().max(found.len());
     for index in 0..n {
         let (e, f) = (expected.get(index), found.get(index));
-        if e != f {
+        if !same_entry(e, f) {
             let show = |x: Option<&ManifestEntry>| x.map_or_else(|| "nothing".to_owned(), describe);
             return Err(RemoteError::ManifestMismatch {
                 rank,
@@ -244,6 +244,16 @@ fn compare(
         }
     }
     Ok(())
+}
+
+/// Whether two manifest entries name the same callable. Chip callables compare by kind and
+/// name only: the content digest of an in-process (native) program hashes function
+/// addresses, which differ between processes.
+fn same_entry(a: Option<&ManifestEntry>, b: Option<&ManifestEntry>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) if a.kind == CallableKind::Chip => b.kind == a.kind && a.name == b.name,
+        (a, b) => a == b,
+    }
 }
 
 /// Why a wait for a frame ended without one.
@@ -316,7 +326,7 @@ impl Session {
     fn end(&mut self) {
         if std::mem::take(&mut self.open) {
             self.transport.unwatch(self.rank);
-            self.transport.close_inbox(self.rank);
+            self.transport.close_inbox(self.rank, &self.inbox);
         }
     }
 

@@ -78,7 +78,7 @@ pub fn serve_l3(
     }
     let inbox = t.open_inbox(0)?;
     let result = serve_session(t, &inbox, builder, graphs);
-    t.close_inbox(0);
+    t.close_inbox(0, &inbox);
     result
 }
 

@@ -169,10 +169,18 @@ impl Transport {
         Ok(rx)
     }
 
-    /// Closes the inbox of `rank`; later frames from it wait in its backlog.
-    pub(crate) fn close_inbox(&self, rank: i32) {
-        if let Some(slot) = self.shared.inboxes.lock().get_mut(rank as usize) {
-            *slot = Inbox::Closed(std::collections::VecDeque::new());
+    /// Closes the inbox of `rank`: frames `rx` has not handed out yet, and later ones, wait
+    /// in the rank's backlog for the next session (which skips what it does not expect).
+    pub(crate) fn close_inbox(&self, rank: i32, rx: &Receiver<Packet>) {
+        // Under the lock the MPI thread cannot route into `rx`, so nothing is lost between
+        // draining it and closing the slot.
+        let mut inboxes = self.shared.inboxes.lock();
+        if let Some(slot) = inboxes.get_mut(rank as usize) {
+            let mut backlog: std::collections::VecDeque<Packet> = rx.try_iter().collect();
+            while backlog.len() > MAX_BACKLOG {
+                backlog.pop_front();
+            }
+            *slot = Inbox::Closed(backlog);
         }
     }
 
