@@ -24,7 +24,7 @@ use simpler_worker::{
 
 const RANKS: &str = "3";
 /// Upper bounds that only catch hangs (the jobs take seconds).
-const CONFORMANCE_BUDGET: Duration = Duration::from_secs(300);
+const CONFORMANCE_BUDGET: Duration = Duration::from_secs(120);
 const KILLED_RANK_BUDGET: Duration = Duration::from_secs(90);
 /// The liveness budget of the hung-rank case, and how long the hung rank stays silent.
 const SHORT_LIVENESS: Duration = Duration::from_millis(1500);
@@ -68,11 +68,11 @@ fn launch(list: bool) -> ExitCode {
     }
     let started = Instant::now();
     let ok = match job("conformance", CONFORMANCE_BUDGET) {
-        Ok((true, t)) => {
+        Ok((true, t, _)) => {
             println!("mpi_remote: conformance job passed in {t:.1?}");
             true
         }
-        Ok((false, t)) => {
+        Ok((false, t, _)) => {
             eprintln!("mpi_remote: conformance job FAILED (non-zero exit after {t:.1?})");
             false
         }
@@ -82,11 +82,18 @@ fn launch(list: bool) -> ExitCode {
         }
     };
     let killed_ok = match job("killed-rank", KILLED_RANK_BUDGET) {
-        Ok((false, t)) => {
+        // The launcher must have ended the job because rank 2 died, not for another reason.
+        Ok((false, t, log)) if log.contains("exited on signal") => {
             println!("mpi_remote: killed-rank job exited non-zero after {t:.1?}, as it must");
             true
         }
-        Ok((true, t)) => {
+        Ok((false, t, _)) => {
+            eprintln!(
+                "mpi_remote: killed-rank job FAILED: non-zero after {t:.1?}, but no rank died"
+            );
+            false
+        }
+        Ok((true, t, _)) => {
             eprintln!("mpi_remote: killed-rank job FAILED: it exited 0 after {t:.1?}");
             false
         }
@@ -99,10 +106,16 @@ fn launch(list: bool) -> ExitCode {
     if ok && killed_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
-/// Runs this binary as `case` under `mpirun -np 3`; `Ok((exited 0, time))`, or an error when
-/// it could not start or outlived `budget` (then it is killed).
-fn job(case: &str, budget: Duration) -> Result<(bool, Duration), String> {
+/// Runs this binary as `case` under `mpirun -np 3`; `Ok((exited 0, time, output))`, or an
+/// error when it could not start or outlived `budget` (then it is killed). The job's output
+/// goes through a file (echoed afterwards), so a chatty job cannot block on a full pipe.
+fn job(case: &str, budget: Duration) -> Result<(bool, Duration, String), String> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let log_path =
+        std::env::temp_dir().join(format!("mpi_remote-{}-{case}.log", std::process::id()));
+    let log =
+        std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+    let err = log.try_clone().map_err(|e| format!("{}: {e}", log_path.display()))?;
     let t0 = Instant::now();
     let mut child = Command::new("mpirun")
         .args(["-np", RANKS, "--oversubscribe"])
@@ -112,20 +125,26 @@ fn job(case: &str, budget: Duration) -> Result<(bool, Duration), String> {
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err)
         .spawn()
         .map_err(|e| format!("could not start mpirun: {e}"))?;
-    loop {
+    let ended = loop {
         match child.try_wait() {
-            Ok(Some(status)) => return Ok((status.success(), t0.elapsed())),
+            Ok(Some(status)) => break Ok((status.success(), t0.elapsed())),
             Ok(None) if t0.elapsed() > budget => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("the `{case}` job did not end within {budget:?}: killed"));
+                break Err(format!("the `{case}` job did not end within {budget:?}: killed"));
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => return Err(format!("waiting for mpirun: {e}")),
+            Err(e) => break Err(format!("waiting for mpirun: {e}")),
         }
-    }
+    };
+    let output = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&log_path);
+    println!("---- output of the `{case}` job ----\n{output}---- end of the `{case}` job ----");
+    ended.map(|(ok, t)| (ok, t, output))
 }
 
 type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
