@@ -41,10 +41,12 @@ fn run() -> Res {
     if job.size() < 2 {
         return Err("run it under mpirun with at least 2 ranks (see the file's docs)".into());
     }
-    if job.rank() == 0 {
-        drive(&job)?
-    } else {
-        serve(&job)?
+    let done = if job.rank() == 0 { drive(&job) } else { serve(&job) };
+    if let Err(e) = done {
+        // Finalizing is collective and the other ranks may still wait for this one: exit
+        // without it, which makes mpirun end the whole job.
+        eprintln!("l4_mpi: rank {}: {e}", job.rank());
+        std::process::exit(1);
     }
     job.finalize()?;
     Ok(())

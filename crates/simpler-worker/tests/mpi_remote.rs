@@ -151,22 +151,32 @@ type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 fn rank_main(case: &str) -> Res {
     let job = Arc::new(MpiJob::init()?);
-    if job.size() != 3 {
-        return Err(format!("needs 3 ranks, got {}", job.size()).into());
-    }
-    match (case, job.rank()) {
-        ("conformance", 0) => conformance_rank0(&job)?,
-        ("conformance", _) => conformance_serving(&job)?,
-        ("killed-rank", 0) => killed_rank0(&job)?,
-        ("killed-rank", _) => {
-            // Rank 2 aborts inside its task; mpirun then ends the whole job.
-            serve(&job, &GRAPHS)?;
-        }
-        (other, _) => return Err(format!("unknown case {other}").into()),
+    if let Err(e) = run_case(&job, case) {
+        // Finalizing is collective: the other ranks may wait in a session that will never
+        // come. Exiting without it makes mpirun end the whole job.
+        eprintln!("mpi_remote [{case}]: rank {}: FAILED: {e}", job.rank());
+        std::process::exit(1);
     }
     let rank = job.rank();
     Arc::try_unwrap(job).map_err(|_| "the job is still shared")?.finalize()?;
     println!("mpi_remote [{case}]: rank {rank} done");
+    Ok(())
+}
+
+fn run_case(job: &Arc<MpiJob>, case: &str) -> Res {
+    if job.size() != 3 {
+        return Err(format!("needs 3 ranks, got {}", job.size()).into());
+    }
+    match (case, job.rank()) {
+        ("conformance", 0) => conformance_rank0(job)?,
+        ("conformance", _) => conformance_serving(job)?,
+        ("killed-rank", 0) => killed_rank0(job)?,
+        ("killed-rank", _) => {
+            // Rank 2 aborts inside its task; mpirun then ends the whole job.
+            serve(job, &GRAPHS)?;
+        }
+        (other, _) => return Err(format!("unknown case {other}").into()),
+    }
     Ok(())
 }
 
