@@ -12,6 +12,9 @@
 //! - `build --platform a2a3` and `onboard-test`: the tasks for a real A2/A3 server; on any other
 //!   machine they list what is missing and exit 2 (module `onboard`).
 //! - `bindgen [--check]`: regenerate (or check) the CANN bindings of `simpler-acl-sys`.
+//! - `mpi-test`: the multi-host tests (`simpler-worker` feature `mpi`), which launch
+//!   themselves under `mpirun -np 3 --oversubscribe`; `ci` runs them with the workspace tests
+//!   and checks first that Open MPI is installed.
 
 #![forbid(unsafe_code)]
 
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
         "build" => return onboard::build(rest),
         "onboard-test" => return onboard::onboard_test(rest),
         "bindgen" => bindgen::run(rest.iter().any(|a| a == "--check")),
+        "mpi-test" => mpi_test(),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())
@@ -88,7 +92,9 @@ tasks:
   build --platform a2a3      onboard programs (needs CANN; lists what is missing, exit 2)
   onboard-test [--device 0|0-3|0,2]  tests on a real A2/A3 server (exit 2 when it cannot run)
   bindgen [--check]  regenerate simpler-acl-sys/src/generated (needs libclang:
-                   `apt-get install libclang-dev`); --check fails when it is stale";
+                   `apt-get install libclang-dev`); --check fails when it is stale
+  mpi-test         multi-host tests under `mpirun -np 3 --oversubscribe` (needs Open MPI:
+                   `apt-get install openmpi-bin libopenmpi-dev libclang-dev`)";
 
 fn ci() -> Result<(), String> {
     let started = Instant::now();
@@ -97,6 +103,8 @@ fn ci() -> Result<(), String> {
     cargo(&["fmt", "--all", "--check"], &[])?;
     println!("\n==> cargo xtask bindgen --check");
     bindgen::run(true)?;
+    // `--all-features` includes the worker's `mpi` feature, whose build needs Open MPI.
+    require_mpi()?;
     cargo(
         &["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"],
         &[],
@@ -128,6 +136,26 @@ fn ci() -> Result<(), String> {
 fn test(deep: bool) -> Result<(), String> {
     let env: &[(&str, &str)] = if deep { &[("PROPTEST_CASES", DEEP_PROPTEST_CASES)] } else { &[] };
     cargo(&["test", "--workspace", "--all-features", "--no-fail-fast"], env)
+}
+
+/// The MPI tests alone; `test` (and so `ci`) runs them too, as part of the workspace tests.
+fn mpi_test() -> Result<(), String> {
+    require_mpi()?;
+    cargo(&["test", "-p", "simpler-worker", "--features", "mpi,sim", "--test", "mpi_remote"], &[])
+}
+
+/// Fails early, naming the packages, when the MPI build or launcher is missing (a build script
+/// failing inside `mpi-sys` says much less).
+fn require_mpi() -> Result<(), String> {
+    let found = |tool: &str, arg: &str| {
+        Command::new(tool).arg(arg).output().is_ok_and(|o| o.status.success())
+    };
+    if found("mpicc", "--showme:version") && found("mpirun", "--version") {
+        return Ok(());
+    }
+    Err("Open MPI is missing (`mpicc`, `mpirun`); the `mpi` feature and its tests need it: \
+         apt-get install openmpi-bin libopenmpi-dev libclang-dev (`.ci/run` does this)"
+        .to_owned())
 }
 
 fn loom() -> Result<(), String> {

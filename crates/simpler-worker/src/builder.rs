@@ -462,6 +462,13 @@ impl HostWorkerBuilder {
         self
     }
 
+    /// The registered chip callables as manifest entries (entry name, content digest), in
+    /// registration order.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn chip_manifest(&self) -> Vec<crate::remote::ManifestEntry> {
+        self.chip_regs.iter().map(|(_, c)| crate::remote::chip_entry(c)).collect()
+    }
+
     /// Starts the worker (`docs/worker-protocols.md` §2); a failure rolls everything back
     /// before returning.
     pub fn start(self) -> Result<Worker, StartError> {
@@ -569,6 +576,16 @@ pub enum ChildSpec {
     Host(HostWorkerBuilder),
     /// An L4+ child.
     Composite(CompositeWorkerBuilder),
+    /// An L3 worker served by another MPI rank.
+    #[cfg(feature = "mpi")]
+    Remote(crate::remote::RemoteL3),
+}
+
+#[cfg(feature = "mpi")]
+impl From<crate::remote::RemoteL3> for ChildSpec {
+    fn from(r: crate::remote::RemoteL3) -> ChildSpec {
+        ChildSpec::Remote(r)
+    }
 }
 
 impl From<HostWorkerBuilder> for ChildSpec {
@@ -588,6 +605,8 @@ impl ChildSpec {
         match self {
             ChildSpec::Host(_) => 3,
             ChildSpec::Composite(c) => c.level,
+            #[cfg(feature = "mpi")]
+            ChildSpec::Remote(_) => 3,
         }
     }
 
@@ -595,6 +614,12 @@ impl ChildSpec {
         match self {
             ChildSpec::Host(b) => b.start_within(deadline, path),
             ChildSpec::Composite(b) => b.start_within(deadline, path),
+            // Remote children are started by the parent's adoption, which compares manifests.
+            #[cfg(feature = "mpi")]
+            ChildSpec::Remote(_) => Err(start_err(
+                StartCause::Config("a remote child is started by its parent".into()),
+                &path,
+            )),
         }
     }
 }
@@ -705,12 +730,38 @@ impl CompositeWorkerBuilder {
         }
         // 3.
         let mut started: Vec<Worker> = Vec::new();
+        let mut local_ids: Vec<WorkerId> = Vec::new();
+        #[cfg(feature = "mpi")]
+        let mut remote = crate::remote::Adoption::new(
+            self.graph_regs.iter().map(|(h, name, _)| (h.id, name.as_str())),
+        );
+        let child_count = self.children.len();
         for (i, spec) in self.children.into_iter().enumerate() {
             let child_path = format!("{path} / child {i} (L{})", spec.level());
+            #[cfg(feature = "mpi")]
+            let spec = match spec {
+                ChildSpec::Remote(r) => {
+                    let child_path = format!("{path} / child {i} (L3 on rank {})", r.rank());
+                    let timeout = self.common.startup_timeout;
+                    let r = past(deadline, timeout, &child_path, &path).and_then(|()| {
+                        remote.start(WorkerId(i as u32), r, deadline, timeout, &child_path)
+                    });
+                    if let Err(mut e) = r {
+                        rollback_children(started, &mut e.rollback, &path);
+                        remote.rollback(&mut e.rollback, &path);
+                        return Err(e);
+                    }
+                    continue;
+                }
+                local => local,
+            };
             let r = past(deadline, self.common.startup_timeout, &child_path, &path)
                 .and_then(|()| spec.start_within(deadline, child_path));
             match r {
-                Ok(w) => started.push(w),
+                Ok(w) => {
+                    started.push(w);
+                    local_ids.push(WorkerId(i as u32));
+                }
                 Err(e) => {
                     let mut out = StartError {
                         cause: StartCause::ChildFailed { child: e.cause.to_string() },
@@ -718,6 +769,8 @@ impl CompositeWorkerBuilder {
                         rollback: e.rollback,
                     };
                     rollback_children(started, &mut out.rollback, &path);
+                    #[cfg(feature = "mpi")]
+                    remote.rollback(&mut out.rollback, &path);
                     return Err(out);
                 }
             }
@@ -748,13 +801,14 @@ impl CompositeWorkerBuilder {
             l.write().push(self.common.instance);
         }
         let residue = Arc::new(Mutex::new(Vec::new()));
-        let children: Vec<WorkerId> = (0..started.len() as u32).map(WorkerId).collect();
-        let next_level: Vec<Box<dyn Endpoint>> = started
+        let children: Vec<WorkerId> = (0..child_count as u32).map(WorkerId).collect();
+        #[allow(unused_mut, reason = "remote children join the list with feature `mpi`")]
+        let mut next_level: Vec<Box<dyn Endpoint>> = started
             .into_iter()
-            .enumerate()
-            .map(|(i, w)| {
+            .zip(local_ids)
+            .map(|(w, id)| {
                 Box::new(ChildEndpoint {
-                    id: WorkerId(i as u32),
+                    id,
                     parent_lineage: Arc::clone(&lineage),
                     parent_registry: Arc::clone(&registry),
                     child: Some(w),
@@ -762,6 +816,13 @@ impl CompositeWorkerBuilder {
                 }) as Box<dyn Endpoint>
             })
             .collect();
+        #[cfg(feature = "mpi")]
+        {
+            for ep in remote.into_endpoints(&residue) {
+                let at = next_level.partition_point(|e| e.caps().id < ep.id());
+                next_level.insert(at, Box::new(ep));
+            }
+        }
         let ring = RingConfig { heap_bytes_per_ring: self.heap_ring_size, ..RingConfig::default() };
         // On failure the endpoints are dropped, which closes every child into `residue`.
         let engine =

@@ -348,6 +348,13 @@ impl Frame {
     pub fn device_error(&self) -> Option<&DeviceError> {
         self.source.as_ref().and_then(FailureSource::downcast_ref::<DeviceError>)
     }
+
+    /// The transport error this frame's failure came from, when the task ran on a remote
+    /// rank: match on it for the rank, host, remote level, run and task.
+    #[cfg(feature = "mpi")]
+    pub fn remote_error(&self) -> Option<&crate::remote::RemoteError> {
+        self.source.as_ref().and_then(FailureSource::downcast_ref::<crate::remote::RemoteError>)
+    }
 }
 
 impl fmt::Display for Frame {
@@ -503,6 +510,9 @@ pub enum StartCause {
     },
     /// The engine could not start.
     Engine(String),
+    /// A remote L3 child (another MPI rank) failed its start handshake.
+    #[cfg(feature = "mpi")]
+    Remote(crate::remote::RemoteError),
 }
 
 impl fmt::Display for StartCause {
@@ -526,6 +536,8 @@ impl fmt::Display for StartCause {
                 write!(f, ": {message}")
             }
             StartCause::Engine(m) => write!(f, "engine failed to start: {m}"),
+            #[cfg(feature = "mpi")]
+            StartCause::Remote(e) => write!(f, "remote child failed to start: {e}"),
         }
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! Layer: above `simpler-sched` (the engine it drives at L3+) and `simpler-device-a2a3` (the
 //! `DeviceRunner` each chip lane owns). It must not know device internals beyond the
-//! `DeviceRunner` API, and it contains no `unsafe` code.
+//! `DeviceRunner` API, and it contains no `unsafe` code but one MPI call (inventory below).
 //!
 //! | Module | Holds |
 //! |---|---|
@@ -19,6 +19,7 @@
 //! | `reentry` | the thread-local reentrancy guard |
 //! | `error` | every error type of this crate |
 //! | `faults` | injected chip faults for rollback and teardown tests |
+//! | `remote` | feature `mpi`: remote L3 children over MPI (`docs/multi-host.md`) |
 //!
 //! ```
 //! use simpler_device_a2a3::{Platform, RuntimeVariant};
@@ -70,8 +71,15 @@
 //! let b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph);
 //! b.close();
 //! ```
+//!
+//! Unsafe inventory: without feature `mpi` the crate forbids unsafe code; with it, one FFI
+//! call in `src/remote/transport.rs` sets MPI's errors-return handler, for which the `mpi`
+//! crate has no safe function.
 
-#![forbid(unsafe_code)]
+// The MPI transport makes one FFI call (setting the errors-return handler), in one
+// function that allows it; every other module stays free of `unsafe`.
+#![cfg_attr(not(feature = "mpi"), forbid(unsafe_code))]
+#![cfg_attr(feature = "mpi", deny(unsafe_code))]
 
 mod builder;
 mod child;
@@ -86,6 +94,8 @@ mod graph;
 mod handle;
 mod memory;
 mod reentry;
+#[cfg(feature = "mpi")]
+pub mod remote;
 mod run;
 mod sub;
 mod sync;

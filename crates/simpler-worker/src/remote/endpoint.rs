@@ -1,0 +1,491 @@
+//! Rank 0's side of a remote L3 child: the start handshake and the NEXT_LEVEL endpoint
+//! (`docs/multi-host.md` §"Session" and §"Liveness").
+//!
+//! Start (inside the L4 worker's start, one child after another):
+//! 1. Open the inbox for the rank, start pinging it, send `Hello`.
+//! 2. Wait for its `Manifest` within the startup deadline while the rank keeps answering
+//!    pings; a silent rank fails the start as [`RemoteError::Unresponsive`].
+//! 3. Compare: its graphs must equal the L4 worker's graphs (names, order); its chip
+//!    callables must equal those of the first remote child (entry names, order). A
+//!    mismatch sends `Refuse` and fails the start naming rank and entry.
+//! 4. Send `Accept`.
+//!
+//! Tasks: one at a time (the engine runs one task per endpoint thread). The endpoint sends
+//! `Task` with a sequence number unique in the job, then waits for the `Completion` of that
+//! number, skipping stale ones. While it waits it checks how long the rank has been silent:
+//! past the liveness budget the task fails with `Unresponsive` and the endpoint stays failed
+//! (later tasks fail fast; no automatic re-add).
+//!
+//! Shutdown (engine shutdown, or drop after a failed start): send `Shutdown`, wait for
+//! `ShutdownDone` (silence budget as above, at most `SHUTDOWN_BUDGET` in all), stop pinging,
+//! close the inbox. What the remote close reported, or a rank that never confirmed, becomes
+//! residue of the L4 close.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
+use simpler_types::{CallableId, CallableKind, FailureSource, TaskArgs, WorkerId, WorkerType};
+
+use super::error::RemoteError;
+use super::frames::{ManifestEntry, Outcome, Packet};
+use super::transport::Transport;
+use super::{MpiJob, describe, graph_entry};
+use crate::chip::Residue;
+use crate::error::{StartCause, StartError, TeardownError};
+
+/// Default liveness budget: how long a rank may stay silent before it counts as hung.
+pub const DEFAULT_LIVENESS: Duration = Duration::from_secs(10);
+/// The longest rank 0 waits for a remote L3 worker to confirm its shutdown.
+const SHUTDOWN_BUDGET: Duration = Duration::from_secs(60);
+/// The level of a remote child.
+const REMOTE_LEVEL: u8 = 3;
+
+/// A child of an L4 worker that is the L3 worker served by another MPI rank.
+pub struct RemoteL3 {
+    transport: Arc<Transport>,
+    rank: i32,
+    liveness: Duration,
+}
+
+impl std::fmt::Debug for RemoteL3 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteL3")
+            .field("rank", &self.rank)
+            .field("liveness", &self.liveness)
+            .finish()
+    }
+}
+
+impl RemoteL3 {
+    /// The L3 worker that `rank` serves with `serve_l3`; adopt it with
+    /// `CompositeWorkerBuilder::child` on rank 0.
+    pub fn new(job: &MpiJob, rank: i32) -> RemoteL3 {
+        RemoteL3 { transport: Arc::clone(&job.transport), rank, liveness: DEFAULT_LIVENESS }
+    }
+
+    /// How long the rank may stay silent (not answering health pings) before the runs that
+    /// wait on it fail (default 10 s; pings go out four times per budget).
+    #[must_use]
+    pub fn liveness(mut self, budget: Duration) -> RemoteL3 {
+        self.liveness = budget;
+        self
+    }
+
+    /// The rank.
+    pub fn rank(&self) -> i32 {
+        self.rank
+    }
+}
+
+/// The remote children of one L4 start, and what their manifests are compared with.
+pub(crate) struct Adoption {
+    graphs: Vec<ManifestEntry>,
+    /// Graph callable id → (manifest ordinal, name).
+    ids: Arc<HashMap<CallableId, (u32, String)>>,
+    /// The first remote child's chip callables, with its rank.
+    chips: Option<(i32, Vec<ManifestEntry>)>,
+    started: Vec<(WorkerId, Session)>,
+}
+
+impl Adoption {
+    /// The context for an L4 worker whose graphs are `graphs`, in registration order.
+    pub(crate) fn new<'a>(graphs: impl Iterator<Item = (CallableId, &'a str)>) -> Adoption {
+        let mut entries = Vec::new();
+        let mut ids = HashMap::new();
+        for (i, (id, name)) in graphs.enumerate() {
+            entries.push(graph_entry(i, name));
+            ids.insert(id, (i as u32, name.to_owned()));
+        }
+        Adoption { graphs: entries, ids: Arc::new(ids), chips: None, started: Vec::new() }
+    }
+
+    /// Starts the session with `spec`'s rank as child `id` (steps 1–4).
+    pub(crate) fn start(
+        &mut self,
+        id: WorkerId,
+        spec: RemoteL3,
+        deadline: Option<Instant>,
+        startup_timeout: Duration,
+        path: &str,
+    ) -> Result<(), StartError> {
+        let fail = |cause: RemoteError| StartError {
+            cause: StartCause::Remote(cause),
+            path: path.to_owned(),
+            rollback: Vec::new(),
+        };
+        let t = &spec.transport;
+        if t.rank != 0 {
+            return Err(fail(RemoteError::WrongRank {
+                rank: t.rank,
+                op: "adopt a remote L3 child",
+            }));
+        }
+        if spec.rank < 1 || spec.rank >= t.size {
+            return Err(fail(RemoteError::NoSuchRank { rank: spec.rank, size: t.size }));
+        }
+        // 1.
+        let inbox = t.open_inbox(spec.rank).map_err(fail)?;
+        t.watch(spec.rank, spec.liveness / 4);
+        let mut session = Session {
+            transport: Arc::clone(t),
+            rank: spec.rank,
+            host: String::new(),
+            liveness: spec.liveness,
+            inbox,
+            failed: None,
+            open: true,
+        };
+        if let Err(e) = t.send(spec.rank, &Packet::Hello) {
+            session.end();
+            return Err(fail(e));
+        }
+        // 2.
+        let manifest = session.wait(deadline, None, |p| matches!(p, Packet::Manifest { .. }));
+        let (host, entries, start_error) = match manifest {
+            Ok(Packet::Manifest { host, entries, start_error }) => (host, entries, start_error),
+            Ok(_) => unreachable!("wait returns only frames its filter accepts"),
+            Err(Waited::Deadline) => {
+                session.refuse("the startup deadline passed");
+                return Err(StartError {
+                    cause: StartCause::DeadlineExceeded {
+                        pending: vec![path.to_owned()],
+                        budget: startup_timeout,
+                    },
+                    path: path.to_owned(),
+                    rollback: Vec::new(),
+                });
+            }
+            Err(Waited::Failed(e)) => {
+                session.refuse(&e.to_string());
+                return Err(fail(e));
+            }
+        };
+        session.host = host.clone();
+        if let Some(message) = start_error {
+            // The rank already left its session.
+            session.end();
+            return Err(fail(RemoteError::RemoteStart { rank: spec.rank, host, message }));
+        }
+        // 3.
+        let (graphs, chips): (Vec<ManifestEntry>, Vec<ManifestEntry>) =
+            entries.into_iter().partition(|e| e.kind == CallableKind::Graph);
+        let mut checked = compare(spec.rank, &self.graphs, &graphs);
+        if checked.is_ok()
+            && let Some((_, reference)) = &self.chips
+        {
+            checked = compare(spec.rank, reference, &chips);
+        }
+        if let Err(e) = checked {
+            session.refuse(&e.to_string());
+            return Err(fail(e));
+        }
+        // 4.
+        if let Err(e) = t.send(spec.rank, &Packet::Accept) {
+            session.end();
+            return Err(fail(e));
+        }
+        self.chips.get_or_insert((spec.rank, chips));
+        self.started.push((id, session));
+        Ok(())
+    }
+
+    /// Shuts the started sessions down after a failed start, reporting into `rollback`.
+    pub(crate) fn rollback(self, rollback: &mut Vec<TeardownError>, path: &str) {
+        for (id, mut s) in self.started {
+            for r in s.shutdown() {
+                rollback.push(TeardownError {
+                    what: format!("{path} / child {id} (rank {})", s.rank),
+                    message: match r {
+                        Residue::Leaked(what) => format!("leaked: {what}"),
+                        Residue::Failed(m) => m,
+                    },
+                });
+            }
+        }
+    }
+
+    /// The NEXT_LEVEL endpoints of the started sessions.
+    pub(crate) fn into_endpoints(self, residue: &Arc<Mutex<Vec<Residue>>>) -> Vec<RemoteEndpoint> {
+        let ids = self.ids;
+        self.started
+            .into_iter()
+            .map(|(id, session)| RemoteEndpoint {
+                id,
+                session,
+                graphs: Arc::clone(&ids),
+                residue: Arc::clone(residue),
+            })
+            .collect()
+    }
+}
+
+/// Step 3: the first differing entry, if any.
+fn compare(
+    rank: i32,
+    expected: &[ManifestEntry],
+    found: &[ManifestEntry],
+) -> Result<(), RemoteError> {
+    let n = expected.len().max(found.len());
+    for index in 0..n {
+        let (e, f) = (expected.get(index), found.get(index));
+        if !same_entry(e, f) {
+            let show = |x: Option<&ManifestEntry>| x.map_or_else(|| "nothing".to_owned(), describe);
+            return Err(RemoteError::ManifestMismatch {
+                rank,
+                index,
+                expected: show(e),
+                found: show(f),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether two manifest entries name the same callable. Chip callables compare by kind and
+/// name only: the content digest of an in-process (native) program hashes function
+/// addresses, which differ between processes.
+fn same_entry(a: Option<&ManifestEntry>, b: Option<&ManifestEntry>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) if a.kind == CallableKind::Chip => b.kind == a.kind && a.name == b.name,
+        (a, b) => a == b,
+    }
+}
+
+/// Why a wait for a frame ended without one.
+enum Waited {
+    Deadline,
+    Failed(RemoteError),
+}
+
+/// An open session with one serving rank.
+pub(crate) struct Session {
+    transport: Arc<Transport>,
+    rank: i32,
+    host: String,
+    liveness: Duration,
+    inbox: Receiver<Packet>,
+    /// Set once the rank was declared unresponsive: later tasks fail fast with it.
+    failed: Option<RemoteError>,
+    /// Whether inbox and pings are still open.
+    open: bool,
+}
+
+impl Session {
+    /// Waits for a frame `want` accepts (others are logged and skipped) until `deadline`,
+    /// failing when the rank stays silent past its liveness budget.
+    fn wait(
+        &self,
+        deadline: Option<Instant>,
+        task: Option<&DispatchedMember<'_>>,
+        want: impl Fn(&Packet) -> bool,
+    ) -> Result<Packet, Waited> {
+        let slice = (self.liveness / 8).clamp(Duration::from_millis(1), Duration::from_millis(50));
+        loop {
+            match self.inbox.recv_timeout(slice) {
+                Ok(p) if want(&p) => return Ok(p),
+                Ok(p) => tracing::debug!(rank = self.rank, ?p, "skipping a stale frame"),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Waited::Failed(RemoteError::Finalized));
+                }
+            }
+            if self.transport.silent_for(self.rank) > self.liveness {
+                return Err(Waited::Failed(RemoteError::Unresponsive {
+                    rank: self.rank,
+                    level: REMOTE_LEVEL,
+                    budget: self.liveness,
+                    run: task.map(|t| t.task.run),
+                    task: task.map(|t| t.task),
+                }));
+            }
+            if self.transport.is_stopped() {
+                return Err(Waited::Failed(RemoteError::Finalized));
+            }
+            if deadline.is_some_and(|d| Instant::now() > d) {
+                return Err(Waited::Deadline);
+            }
+        }
+    }
+
+    /// Tells the rank its start was refused, then ends the session.
+    fn refuse(&mut self, reason: &str) {
+        if let Err(e) =
+            self.transport.send(self.rank, &Packet::Refuse { reason: reason.to_owned() })
+        {
+            tracing::warn!(rank = self.rank, error = %e, "could not send Refuse");
+        }
+        self.end();
+    }
+
+    /// Stops pinging the rank and closes its inbox.
+    fn end(&mut self) {
+        if std::mem::take(&mut self.open) {
+            self.transport.unwatch(self.rank);
+            self.transport.close_inbox(self.rank, &self.inbox);
+        }
+    }
+
+    /// Runs one task remotely (see the module docs).
+    fn call(&mut self, graph: u32, task: &DispatchedMember<'_>) -> Result<Outcome, RemoteError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        let tensors = task.args.tensors.len();
+        if tensors > 0 {
+            return Err(RemoteError::TensorArgs {
+                rank: self.rank,
+                task: task.task,
+                count: tensors,
+            });
+        }
+        let args = TaskArgs::from_view(task.args)
+            .map_err(|e| RemoteError::Protocol { rank: self.rank, what: format!("args: {e}") })?
+            .encode();
+        let seq = self.transport.next_seq();
+        let packet = Packet::Task { seq, graph, config: task.config.clone(), args };
+        self.transport.send(self.rank, &packet)?;
+        let wanted = |p: &Packet| matches!(p, Packet::Completion { seq: s, .. } if *s == seq);
+        match self.wait(None, Some(task), wanted) {
+            Ok(Packet::Completion { outcome, .. }) => Ok(outcome),
+            Ok(_) => unreachable!("wait returns only frames its filter accepts"),
+            Err(Waited::Failed(e)) => {
+                if matches!(e, RemoteError::Unresponsive { .. }) {
+                    self.failed = Some(e.clone());
+                }
+                Err(e)
+            }
+            Err(Waited::Deadline) => unreachable!("a task wait has no deadline"),
+        }
+    }
+
+    /// Ends the session with `Shutdown`; returns what the remote close reported.
+    fn shutdown(&mut self) -> Vec<Residue> {
+        if !self.open {
+            return Vec::new();
+        }
+        let rank = self.rank;
+        let mut residue = Vec::new();
+        match self.transport.send(rank, &Packet::Shutdown) {
+            Ok(()) => {
+                let deadline = Instant::now().checked_add(SHUTDOWN_BUDGET);
+                match self.wait(deadline, None, |p| matches!(p, Packet::ShutdownDone { .. })) {
+                    Ok(Packet::ShutdownDone { errors }) => {
+                        residue.extend(errors.into_iter().map(|e| {
+                            Residue::Failed(format!("rank {rank} ({}): close: {e}", self.host))
+                        }));
+                    }
+                    Ok(_) => unreachable!("wait returns only frames its filter accepts"),
+                    Err(Waited::Deadline) => residue.push(Residue::Leaked(format!(
+                        "rank {rank}: L3 worker did not confirm its shutdown within {SHUTDOWN_BUDGET:?}"
+                    ))),
+                    Err(Waited::Failed(e)) => residue.push(Residue::Leaked(format!(
+                        "rank {rank}: L3 worker did not confirm its shutdown: {e}"
+                    ))),
+                }
+            }
+            Err(e) => residue.push(Residue::Failed(format!("rank {rank}: shutdown: {e}"))),
+        }
+        self.end();
+        residue
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// The L4 endpoint of one remote L3 child.
+pub(crate) struct RemoteEndpoint {
+    id: WorkerId,
+    session: Session,
+    graphs: Arc<HashMap<CallableId, (u32, String)>>,
+    residue: Arc<Mutex<Vec<Residue>>>,
+}
+
+impl RemoteEndpoint {
+    /// The child id this endpoint serves.
+    pub(crate) fn id(&self) -> WorkerId {
+        self.id
+    }
+}
+
+fn failure_of(e: RemoteError) -> EndpointFailure {
+    let f = match &e {
+        RemoteError::TensorArgs { .. } => EndpointFailure::task_failed(e.to_string()),
+        _ => EndpointFailure::endpoint_failed(e.to_string()),
+    };
+    f.with_source(FailureSource::new(e))
+}
+
+impl Endpoint for RemoteEndpoint {
+    fn caps(&self) -> EndpointCaps {
+        EndpointCaps {
+            worker_type: WorkerType::NextLevel,
+            id: self.id,
+            remote: true,
+            name: format!("child {} (L3 on rank {})", self.id, self.session.rank),
+        }
+    }
+
+    fn run(&mut self, task: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
+        let rank = self.session.rank;
+        let Some((graph, _)) = self.graphs.get(task.callable) else {
+            return Err(failure_of(RemoteError::UnknownGraph {
+                rank,
+                graph: format!("{:?}", task.callable),
+            }));
+        };
+        match self.session.call(*graph, &task).map_err(failure_of)? {
+            Outcome::Ok => Ok(()),
+            Outcome::TaskFailed { failure } => {
+                let e = RemoteError::TaskFailed {
+                    rank,
+                    host: self.session.host.clone(),
+                    level: REMOTE_LEVEL,
+                    run: failure.task.run,
+                    task: Some(failure.task.seq),
+                    message: failure.to_string(),
+                };
+                Err(EndpointFailure::task_failed(e.to_string())
+                    .with_source(FailureSource::new(e))
+                    .with_cause(Arc::new(failure)))
+            }
+            Outcome::RunFailed { level, message } => {
+                let e = RemoteError::RunFailed {
+                    rank,
+                    host: self.session.host.clone(),
+                    level,
+                    message,
+                };
+                Err(EndpointFailure::task_failed(e.to_string()).with_source(FailureSource::new(e)))
+            }
+        }
+    }
+
+    fn shutdown(&mut self) {
+        let r = self.session.shutdown();
+        self.residue.lock().extend(r);
+    }
+}
+
+impl Drop for RemoteEndpoint {
+    /// Shuts a session down whose endpoint was never shut down (an engine that failed to
+    /// start). Never unwinds out of the drop.
+    fn drop(&mut self) {
+        let session = &mut self.session;
+        match catch_unwind(AssertUnwindSafe(|| session.shutdown())) {
+            Ok(r) => self.residue.lock().extend(r),
+            Err(_) => self
+                .residue
+                .lock()
+                .push(Residue::Failed(format!("rank {}: shutdown panicked", self.session.rank))),
+        }
+    }
+}

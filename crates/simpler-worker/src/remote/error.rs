@@ -1,0 +1,178 @@
+//! Errors of the multi-host transport: each names the rank and, where one exists, the level,
+//! run and task it concerns.
+
+use std::time::Duration;
+
+use simpler_types::{RunId, TaskId};
+
+use crate::error::{CloseError, StartError};
+
+/// What went wrong between rank 0 and a serving rank.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RemoteError {
+    /// MPI could not be initialized (already initialized, threading level, thread start).
+    #[error("MPI initialization failed: {0}")]
+    Init(String),
+    /// An MPI call returned an error code (the errors-return handler is set).
+    #[error("{op} returned MPI error code {code}")]
+    Mpi {
+        /// The MPI function.
+        op: &'static str,
+        /// Its return code.
+        code: i32,
+    },
+    /// The MPI thread of this rank has finalized.
+    #[error("the MPI transport of this rank is finalized")]
+    Finalized,
+    /// A rank outside `1..size` (rank 0 runs the L4 worker).
+    #[error("rank {rank} cannot host a remote L3 worker in a job of {size} ranks")]
+    NoSuchRank {
+        /// The rank asked for.
+        rank: i32,
+        /// Ranks in the job.
+        size: i32,
+    },
+    /// Two remote children name the same rank.
+    #[error("rank {rank} already has a session with this rank")]
+    RankInUse {
+        /// The rank.
+        rank: i32,
+    },
+    /// Only rank 0 builds the L4 worker; only ranks 1.. serve.
+    #[error("rank {rank} cannot {op}")]
+    WrongRank {
+        /// This rank.
+        rank: i32,
+        /// What was attempted.
+        op: &'static str,
+    },
+    /// The rank's registrations differ from what rank 0 expects; start refused.
+    #[error(
+        "rank {rank} registered a different manifest: entry {index} is {found}, expected {expected}"
+    )]
+    ManifestMismatch {
+        /// The rank.
+        rank: i32,
+        /// Position in registration order.
+        index: usize,
+        /// What rank 0 (or the first serving rank, for chip callables) has there.
+        expected: String,
+        /// What this rank has there.
+        found: String,
+    },
+    /// The rank's L3 worker failed to start.
+    #[error("the L3 worker on rank {rank} ({host}) failed to start: {message}")]
+    RemoteStart {
+        /// The rank.
+        rank: i32,
+        /// Its host.
+        host: String,
+        /// Its start error, rendered there.
+        message: String,
+    },
+    /// The rank stopped answering within the liveness budget; the endpoint is failed.
+    #[error(
+        "rank {rank} (L{level}) did not answer within its liveness budget of {budget:?}{}",
+        task_text(*run, *task)
+    )]
+    Unresponsive {
+        /// The rank.
+        rank: i32,
+        /// The level of the worker it hosts.
+        level: u8,
+        /// The budget that ran out.
+        budget: Duration,
+        /// The run at rank 0 whose task was waiting, if any.
+        run: Option<RunId>,
+        /// That task.
+        task: Option<TaskId>,
+    },
+    /// A task failed on the remote rank: its frames are the failure's cause chain.
+    #[error("rank {rank} ({host}): L{level} {run} failed{}: {message}", task_seq(*task))]
+    TaskFailed {
+        /// The rank.
+        rank: i32,
+        /// Its host.
+        host: String,
+        /// The remote level.
+        level: u8,
+        /// The remote run.
+        run: RunId,
+        /// The remote task, when a task failed (not the run's build).
+        task: Option<u32>,
+        /// The remote failure, rendered.
+        message: String,
+    },
+    /// The remote run failed without a failing task (its graph's build, a closed worker).
+    #[error("rank {rank} ({host}): L{level} run failed: {message}")]
+    RunFailed {
+        /// The rank.
+        rank: i32,
+        /// Its host.
+        host: String,
+        /// The remote level.
+        level: u8,
+        /// Its error, rendered.
+        message: String,
+    },
+    /// The graph of a task is not in the manifest checked at start.
+    #[error("graph {graph} is not in the manifest of rank {rank}")]
+    UnknownGraph {
+        /// The rank.
+        rank: i32,
+        /// The graph's name (or id, when unnamed).
+        graph: String,
+    },
+    /// Tensor arguments cannot cross hosts yet: only scalars do.
+    #[error("task {task} for rank {rank} has {count} tensor arguments; only scalars cross hosts")]
+    TensorArgs {
+        /// The rank.
+        rank: i32,
+        /// The task at rank 0.
+        task: TaskId,
+        /// How many tensors it had.
+        count: usize,
+    },
+    /// A frame did not decode or did not fit the protocol.
+    #[error("protocol error with rank {rank}: {what}")]
+    Protocol {
+        /// The peer rank.
+        rank: i32,
+        /// What was wrong.
+        what: String,
+    },
+    /// Rank 0 refused the start of this rank's session.
+    #[error("rank 0 refused the start: {reason}")]
+    Refused {
+        /// Rank 0's reason.
+        reason: String,
+    },
+}
+
+fn task_text(run: Option<RunId>, task: Option<TaskId>) -> String {
+    match (run, task) {
+        (_, Some(t)) => format!(" while {} task {} waited", t.run, t.seq),
+        (Some(r), None) => format!(" while {r} waited"),
+        (None, None) => String::new(),
+    }
+}
+
+fn task_seq(task: Option<u32>) -> String {
+    task.map(|t| format!(" at task {t}")).unwrap_or_default()
+}
+
+/// Why `serve_l3` returned with an error on a serving rank.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The transport failed or rank 0 refused the session.
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+    /// The L3 worker failed to start (rank 0 was told).
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// Closing the L3 worker at shutdown reported errors (rank 0 was told).
+    #[error(transparent)]
+    Close(#[from] CloseError),
+}

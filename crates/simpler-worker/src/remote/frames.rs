@@ -1,0 +1,660 @@
+//! The messages between rank 0 and a serving rank, encoded field by field in little-endian
+//! (`docs/multi-host.md` §"Frames"). Never a struct image or a raw pointer: a frame means the
+//! same on every host.
+//!
+//! Every frame starts with the protocol version (`u16`) and a kind byte; a frame of another
+//! version, an unknown kind, a short body or trailing bytes is a [`DecodeError`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use simpler_types::{
+    CallConfig, CallableId, CallableKind, CallableNamespace, CancelReason, FailureMechanism,
+    RingOverride, RingSel, RunId, TaskFailure, TaskId, TimeoutBudget, WorkerId, WorkerRef,
+    WorkerType,
+};
+
+/// Version of the frame layout; both ends must agree.
+pub(crate) const VERSION: u16 = 1;
+
+/// Error frames longer than this are cut (innermost message first), so one failure can never
+/// grow a completion without bound.
+pub(crate) const MAX_ERROR_BYTES: usize = 64 * 1024;
+
+/// A manifest entry: what a rank has registered, in registration order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ManifestEntry {
+    /// Graph or chip callable.
+    pub(crate) kind: CallableKind,
+    /// The registered name (a chip callable's entry name).
+    pub(crate) name: String,
+    /// Content digest for a chip callable; for a graph, a digest of its name and ordinal.
+    pub(crate) digest: [u8; 32],
+}
+
+/// One level of a remote failure chain, outermost first.
+pub(crate) type WireFailure = TaskFailure;
+
+/// What a task's remote run ended with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The run succeeded.
+    Ok,
+    /// A task of the remote run failed: its failure chain (the remote L3 level first).
+    TaskFailed { failure: WireFailure },
+    /// The remote run failed without a task to blame (build error, closed worker): text only.
+    RunFailed { level: u8, message: String },
+}
+
+/// Every message of the protocol.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Packet {
+    /// Rank 0 → serving rank: open a session, reply with the manifest.
+    Hello,
+    /// Serving rank → rank 0: what it registered, or why its L3 worker did not start.
+    Manifest { host: String, entries: Vec<ManifestEntry>, start_error: Option<String> },
+    /// Rank 0 → serving rank: the manifest matched, serve tasks.
+    Accept,
+    /// Rank 0 → serving rank: start refused; close the L3 worker and return this reason.
+    Refuse { reason: String },
+    /// Rank 0 → serving rank: run graph `graph` (its manifest ordinal) once.
+    Task { seq: u64, graph: u32, config: CallConfig, args: Vec<u8> },
+    /// Serving rank → rank 0: how task `seq` ended.
+    Completion { seq: u64, outcome: Outcome },
+    /// Rank 0 → serving rank: close the L3 worker and end the session.
+    Shutdown,
+    /// Serving rank → rank 0: the L3 worker is closed; what its close reported.
+    ShutdownDone { errors: Vec<String> },
+    /// Health probe (on the health communicator).
+    Ping { nonce: u64 },
+    /// Health answer (on the health communicator).
+    Pong { nonce: u64 },
+}
+
+/// A frame that could not be decoded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("malformed frame: {0}")]
+pub struct DecodeError(pub(crate) String);
+
+mod kind {
+    pub(super) const HELLO: u8 = 1;
+    pub(super) const MANIFEST: u8 = 2;
+    pub(super) const ACCEPT: u8 = 3;
+    pub(super) const REFUSE: u8 = 4;
+    pub(super) const TASK: u8 = 5;
+    pub(super) const COMPLETION: u8 = 6;
+    pub(super) const SHUTDOWN: u8 = 7;
+    pub(super) const SHUTDOWN_DONE: u8 = 8;
+    pub(super) const PING: u8 = 9;
+    pub(super) const PONG: u8 = 10;
+}
+
+impl Packet {
+    /// Encodes the frame.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut w = Writer(Vec::with_capacity(64));
+        w.u16(VERSION);
+        match self {
+            Packet::Hello => w.u8(kind::HELLO),
+            Packet::Manifest { host, entries, start_error } => {
+                w.u8(kind::MANIFEST);
+                w.str(host);
+                w.u32(entries.len() as u32);
+                for e in entries {
+                    w.u8(e.kind as u8);
+                    w.str(&e.name);
+                    w.bytes_fixed(&e.digest);
+                }
+                w.opt_str(start_error.as_deref());
+            }
+            Packet::Accept => w.u8(kind::ACCEPT),
+            Packet::Refuse { reason } => {
+                w.u8(kind::REFUSE);
+                w.str(reason);
+            }
+            Packet::Task { seq, graph, config, args } => {
+                w.u8(kind::TASK);
+                w.u64(*seq);
+                w.u32(*graph);
+                w.config(config);
+                w.blob(args);
+            }
+            Packet::Completion { seq, outcome } => {
+                w.u8(kind::COMPLETION);
+                w.u64(*seq);
+                match outcome {
+                    Outcome::Ok => w.u8(0),
+                    Outcome::TaskFailed { failure } => {
+                        w.u8(1);
+                        let chain: Vec<&TaskFailure> = failure.chain().collect();
+                        w.u32(chain.len() as u32);
+                        let mut budget = MAX_ERROR_BYTES;
+                        for f in chain {
+                            w.failure(f, &mut budget);
+                        }
+                    }
+                    Outcome::RunFailed { level, message } => {
+                        w.u8(2);
+                        w.u8(*level);
+                        w.str(truncate(message, MAX_ERROR_BYTES));
+                    }
+                }
+            }
+            Packet::Shutdown => w.u8(kind::SHUTDOWN),
+            Packet::ShutdownDone { errors } => {
+                w.u8(kind::SHUTDOWN_DONE);
+                w.u32(errors.len() as u32);
+                for e in errors {
+                    w.str(truncate(e, MAX_ERROR_BYTES));
+                }
+            }
+            Packet::Ping { nonce } => {
+                w.u8(kind::PING);
+                w.u64(*nonce);
+            }
+            Packet::Pong { nonce } => {
+                w.u8(kind::PONG);
+                w.u64(*nonce);
+            }
+        }
+        w.0
+    }
+
+    /// Decodes one frame; the whole buffer must be consumed.
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Packet, DecodeError> {
+        let mut r = Reader { bytes, at: 0 };
+        let version = r.u16()?;
+        if version != VERSION {
+            return Err(DecodeError(format!("version {version}, expected {VERSION}")));
+        }
+        let p = match r.u8()? {
+            kind::HELLO => Packet::Hello,
+            kind::MANIFEST => {
+                let host = r.str()?;
+                let n = r.count(33)?;
+                let mut entries = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let kind = callable_kind(r.u8()?)?;
+                    let name = r.str()?;
+                    let digest = r.array::<32>()?;
+                    entries.push(ManifestEntry { kind, name, digest });
+                }
+                let start_error = r.opt_str()?;
+                Packet::Manifest { host, entries, start_error }
+            }
+            kind::ACCEPT => Packet::Accept,
+            kind::REFUSE => Packet::Refuse { reason: r.str()? },
+            kind::TASK => Packet::Task {
+                seq: r.u64()?,
+                graph: r.u32()?,
+                config: r.config()?,
+                args: r.blob()?.to_vec(),
+            },
+            kind::COMPLETION => {
+                let seq = r.u64()?;
+                let outcome = match r.u8()? {
+                    0 => Outcome::Ok,
+                    1 => {
+                        let n = r.count(1)?;
+                        let mut levels = Vec::with_capacity(n);
+                        for _ in 0..n {
+                            levels.push(r.failure()?);
+                        }
+                        // Rebuild the chain innermost first.
+                        let mut failure: Option<TaskFailure> = None;
+                        for mut f in levels.into_iter().rev() {
+                            if let Some(inner) = failure.take() {
+                                f = f.caused_by(std::sync::Arc::new(inner));
+                            }
+                            failure = Some(f);
+                        }
+                        let failure =
+                            failure.ok_or_else(|| DecodeError("empty failure chain".to_owned()))?;
+                        Outcome::TaskFailed { failure }
+                    }
+                    2 => Outcome::RunFailed { level: r.u8()?, message: r.str()? },
+                    other => return Err(DecodeError(format!("outcome {other}"))),
+                };
+                Packet::Completion { seq, outcome }
+            }
+            kind::SHUTDOWN => Packet::Shutdown,
+            kind::SHUTDOWN_DONE => {
+                let n = r.count(4)?;
+                let mut errors = Vec::with_capacity(n);
+                for _ in 0..n {
+                    errors.push(r.str()?);
+                }
+                Packet::ShutdownDone { errors }
+            }
+            kind::PING => Packet::Ping { nonce: r.u64()? },
+            kind::PONG => Packet::Pong { nonce: r.u64()? },
+            other => return Err(DecodeError(format!("unknown kind {other}"))),
+        };
+        if r.at != bytes.len() {
+            return Err(DecodeError(format!("{} trailing bytes", bytes.len() - r.at)));
+        }
+        Ok(p)
+    }
+}
+
+/// The longest prefix of `s` within `max` bytes that ends on a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn callable_kind(v: u8) -> Result<CallableKind, DecodeError> {
+    Ok(match v {
+        1 => CallableKind::Chip,
+        2 => CallableKind::Host,
+        3 => CallableKind::Graph,
+        other => return Err(DecodeError(format!("callable kind {other}"))),
+    })
+}
+
+fn namespace(v: u8) -> Result<CallableNamespace, DecodeError> {
+    Ok(match v {
+        1 => CallableNamespace::LocalChip,
+        2 => CallableNamespace::LocalHost,
+        3 => CallableNamespace::Remote,
+        other => return Err(DecodeError(format!("callable namespace {other}"))),
+    })
+}
+
+/// Budget names that cross the wire by code; any other budget arrives as "remote".
+const BUDGETS: [TimeoutBudget; 6] = [
+    TimeoutBudget::OpExecute,
+    TimeoutBudget::StreamSync,
+    TimeoutBudget::DeviceScheduler,
+    TimeoutBudget::Handshake,
+    TimeoutBudget::RingAlloc,
+    TimeoutBudget::Admission,
+];
+
+const CANCEL_REASONS: [CancelReason; 3] =
+    [CancelReason::SubmissionFailed, CancelReason::RunAborted, CancelReason::Shutdown];
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn bytes_fixed(&mut self, b: &[u8]) {
+        self.0.extend_from_slice(b);
+    }
+    fn blob(&mut self, b: &[u8]) {
+        self.u32(b.len() as u32);
+        self.0.extend_from_slice(b);
+    }
+    fn str(&mut self, s: &str) {
+        self.blob(s.as_bytes());
+    }
+    fn opt_str(&mut self, s: Option<&str>) {
+        match s {
+            Some(s) => {
+                self.u8(1);
+                self.str(s);
+            }
+            None => self.u8(0),
+        }
+    }
+    fn opt_u32(&mut self, v: Option<u32>) {
+        match v {
+            Some(v) => {
+                self.u8(1);
+                self.u32(v);
+            }
+            None => self.u8(0),
+        }
+    }
+    fn opt_u64(&mut self, v: Option<u64>) {
+        match v {
+            Some(v) => {
+                self.u8(1);
+                self.u64(v);
+            }
+            None => self.u8(0),
+        }
+    }
+
+    fn config(&mut self, c: &CallConfig) {
+        self.u32(c.block_dim());
+        self.u32(c.aicpu_thread_num());
+        self.u32(c.swimlane().as_u32());
+        self.u32(c.dump_args().as_u32());
+        self.opt_u32(c.pmu().map(|p| p.as_u32()));
+        self.u8(u8::from(c.dep_gen()));
+        self.u8(u8::from(c.scope_stats()));
+        for o in c.runtime_env() {
+            self.opt_u32(o.task_window);
+            self.opt_u64(o.heap_bytes);
+            self.opt_u32(o.dep_pool);
+        }
+        let prefix = c.output_prefix().map(|p| p.to_string_lossy().into_owned());
+        self.opt_str(prefix.as_deref());
+    }
+
+    /// One level of a failure chain; the message is cut so the whole chain stays within
+    /// `budget` bytes of text.
+    fn failure(&mut self, f: &TaskFailure, budget: &mut usize) {
+        self.u64(f.task.run.get());
+        self.u32(f.task.seq);
+        self.bytes_fixed(&f.callable.digest);
+        self.u8(f.callable.kind as u8);
+        self.u8(f.callable.namespace as u8);
+        match f.worker {
+            Some(w) => {
+                self.u8(1);
+                self.u8(w.ty as u8);
+                self.u32(w.id.0);
+            }
+            None => self.u8(0),
+        }
+        self.opt_u32(f.member);
+        self.mechanism(&f.mechanism);
+        let message = truncate(&f.message, *budget);
+        *budget -= message.len();
+        self.str(message);
+        match f.device_code {
+            Some(c) => {
+                self.u8(1);
+                self.u32(c.code as u32);
+                self.str(c.name);
+            }
+            None => self.u8(0),
+        }
+    }
+
+    fn mechanism(&mut self, m: &FailureMechanism) {
+        match m {
+            FailureMechanism::TaskFailed => self.u8(0),
+            FailureMechanism::Panicked => self.u8(1),
+            FailureMechanism::EndpointFailed => self.u8(2),
+            FailureMechanism::DeviceFault => self.u8(3),
+            FailureMechanism::Timeout { budget, limit } => {
+                self.u8(4);
+                let code = BUDGETS.iter().position(|b| b == budget).unwrap_or(BUDGETS.len());
+                self.u8(code as u8);
+                self.u64(limit.as_nanos().min(u128::from(u64::MAX)) as u64);
+            }
+            FailureMechanism::CapacityExhausted { what } => {
+                self.u8(5);
+                self.str(what);
+            }
+            FailureMechanism::Poisoned { root } => {
+                self.u8(6);
+                self.u64(root.run.get());
+                self.u32(root.seq);
+            }
+            FailureMechanism::Cancelled { reason } => {
+                self.u8(7);
+                let code = CANCEL_REASONS.iter().position(|r| r == reason).unwrap_or(0);
+                self.u8(code as u8);
+            }
+            // A mechanism added later crosses as an endpoint failure; its text is in the
+            // message.
+            _ => self.u8(2),
+        }
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| {
+            DecodeError(format!("truncated: {n} bytes wanted at offset {}", self.at))
+        })?;
+        let s = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    /// A count of items that take at least `min_item` bytes each, checked against what is
+    /// left so a corrupt count cannot make the decoder allocate without bound.
+    fn count(&mut self, min_item: usize) -> Result<usize, DecodeError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(min_item) > self.bytes.len() - self.at {
+            return Err(DecodeError(format!("count {n} exceeds the frame")));
+        }
+        Ok(n)
+    }
+    fn blob(&mut self) -> Result<&'a [u8], DecodeError> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    fn str(&mut self) -> Result<String, DecodeError> {
+        let b = self.blob()?;
+        String::from_utf8(b.to_vec()).map_err(|e| DecodeError(format!("text: {e}")))
+    }
+    fn flag(&mut self) -> Result<bool, DecodeError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(DecodeError(format!("flag {other}"))),
+        }
+    }
+    fn opt_str(&mut self) -> Result<Option<String>, DecodeError> {
+        if self.flag()? { self.str().map(Some) } else { Ok(None) }
+    }
+    fn opt_u32(&mut self) -> Result<Option<u32>, DecodeError> {
+        if self.flag()? { self.u32().map(Some) } else { Ok(None) }
+    }
+    fn opt_u64(&mut self) -> Result<Option<u64>, DecodeError> {
+        if self.flag()? { self.u64().map(Some) } else { Ok(None) }
+    }
+    fn run_id(&mut self) -> Result<RunId, DecodeError> {
+        let v = self.u64()?;
+        RunId::from_raw(v).ok_or_else(|| DecodeError("run id 0".to_owned()))
+    }
+
+    fn config(&mut self) -> Result<CallConfig, DecodeError> {
+        let mut b = CallConfig::builder()
+            .block_dim(self.u32()?)
+            .aicpu_thread_num(self.u32()?)
+            .swimlane_level(self.u32()?)
+            .dump_args_level(self.u32()?);
+        if let Some(code) = self.opt_u32()? {
+            b = b.pmu_event(code);
+        }
+        b = b.dep_gen(self.flag()?).scope_stats(self.flag()?);
+        for ring in 0..simpler_types::HEAP_RING_COUNT as u32 {
+            let o = RingOverride {
+                task_window: self.opt_u32()?,
+                heap_bytes: self.opt_u64()?,
+                dep_pool: self.opt_u32()?,
+            };
+            if !o.is_unset() {
+                b = b.ring_override(RingSel::Ring(ring), o);
+            }
+        }
+        if let Some(prefix) = self.opt_str()? {
+            b = b.output_prefix(PathBuf::from(prefix));
+        }
+        b.build().map_err(|e| DecodeError(format!("call config: {e}")))
+    }
+
+    fn failure(&mut self) -> Result<TaskFailure, DecodeError> {
+        let task = TaskId::new(self.run_id()?, self.u32()?);
+        let digest = self.array::<32>()?;
+        let kind = callable_kind(self.u8()?)?;
+        let ns = namespace(self.u8()?)?;
+        let callable = CallableId::new(digest, kind, ns);
+        let worker = if self.flag()? {
+            let ty = match self.u8()? {
+                0 => WorkerType::NextLevel,
+                1 => WorkerType::Sub,
+                other => return Err(DecodeError(format!("worker type {other}"))),
+            };
+            Some(WorkerRef { ty, id: WorkerId(self.u32()?) })
+        } else {
+            None
+        };
+        let member = self.opt_u32()?;
+        let mechanism = self.mechanism()?;
+        let message = self.str()?;
+        let mut f = TaskFailure::new(task, callable, mechanism, message);
+        f.worker = worker;
+        f.member = member;
+        if self.flag()? {
+            let code = self.u32()? as i32;
+            // Device code names are static strings on the sending side; the receiving side
+            // keeps the code and says the name came from a remote rank.
+            let _name = self.str()?;
+            f.device_code = Some(simpler_types::DeviceCode::new(code, "remote device code"));
+        }
+        Ok(f)
+    }
+
+    fn mechanism(&mut self) -> Result<FailureMechanism, DecodeError> {
+        Ok(match self.u8()? {
+            0 => FailureMechanism::TaskFailed,
+            1 => FailureMechanism::Panicked,
+            2 => FailureMechanism::EndpointFailed,
+            3 => FailureMechanism::DeviceFault,
+            4 => {
+                let code = self.u8()? as usize;
+                let budget = BUDGETS.get(code).copied().unwrap_or(TimeoutBudget::Other("remote"));
+                FailureMechanism::Timeout { budget, limit: Duration::from_nanos(self.u64()?) }
+            }
+            5 => FailureMechanism::CapacityExhausted { what: self.str()? },
+            6 => FailureMechanism::Poisoned { root: TaskId::new(self.run_id()?, self.u32()?) },
+            7 => {
+                let code = self.u8()? as usize;
+                let reason = CANCEL_REASONS
+                    .get(code)
+                    .copied()
+                    .ok_or_else(|| DecodeError(format!("cancel reason {code}")))?;
+                FailureMechanism::Cancelled { reason }
+            }
+            other => return Err(DecodeError(format!("failure mechanism {other}"))),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(p: Packet) {
+        let bytes = p.encode();
+        assert_eq!(Packet::decode(&bytes), Ok(p));
+    }
+
+    #[test]
+    fn every_frame_round_trips() {
+        let config = CallConfig::builder()
+            .block_dim(4)
+            .heap_bytes(RingSel::Ring(2), 4096)
+            .output_prefix("out")
+            .build()
+            .unwrap();
+        let run = RunId::from_raw(7).unwrap();
+        let id = CallableId::new([3; 32], CallableKind::Host, CallableNamespace::LocalHost);
+        let inner = TaskFailure::new(TaskId::new(run, 2), id, FailureMechanism::Panicked, "boom")
+            .on_worker(WorkerRef::sub(1));
+        let outer = TaskFailure::new(
+            TaskId::new(run, 1),
+            id,
+            FailureMechanism::Timeout {
+                budget: TimeoutBudget::RingAlloc,
+                limit: Duration::from_secs(3),
+            },
+            "outer",
+        )
+        .caused_by(std::sync::Arc::new(inner));
+        for p in [
+            Packet::Hello,
+            Packet::Manifest {
+                host: "h".into(),
+                entries: vec![ManifestEntry {
+                    kind: CallableKind::Graph,
+                    name: "g".into(),
+                    digest: [9; 32],
+                }],
+                start_error: Some("no".into()),
+            },
+            Packet::Accept,
+            Packet::Refuse { reason: "r".into() },
+            Packet::Task { seq: 5, graph: 1, config, args: vec![1, 2, 3] },
+            Packet::Completion { seq: 5, outcome: Outcome::Ok },
+            Packet::Completion { seq: 6, outcome: Outcome::TaskFailed { failure: outer } },
+            Packet::Completion {
+                seq: 7,
+                outcome: Outcome::RunFailed { level: 3, message: "closed".into() },
+            },
+            Packet::Shutdown,
+            Packet::ShutdownDone { errors: vec!["e".into()] },
+            Packet::Ping { nonce: 1 },
+            Packet::Pong { nonce: 1 },
+        ] {
+            round_trip(p);
+        }
+    }
+
+    #[test]
+    fn corrupt_frames_are_errors_not_panics() {
+        let good =
+            Packet::Task { seq: 1, graph: 0, config: CallConfig::default(), args: vec![0; 16] }
+                .encode();
+        for cut in 0..good.len() {
+            assert!(Packet::decode(&good[..cut]).is_err(), "prefix of {cut} bytes decoded");
+        }
+        let mut other_version = good.clone();
+        other_version[0] = 9;
+        assert!(Packet::decode(&other_version).is_err());
+        let mut trailing = good;
+        trailing.push(0);
+        assert!(Packet::decode(&trailing).is_err());
+    }
+
+    #[test]
+    fn error_text_is_bounded() {
+        let run = RunId::from_raw(1).unwrap();
+        let id = CallableId::new([0; 32], CallableKind::Host, CallableNamespace::LocalHost);
+        let f = TaskFailure::new(
+            TaskId::new(run, 1),
+            id,
+            FailureMechanism::TaskFailed,
+            "x".repeat(MAX_ERROR_BYTES * 2),
+        );
+        let bytes =
+            Packet::Completion { seq: 1, outcome: Outcome::TaskFailed { failure: f } }.encode();
+        assert!(bytes.len() < MAX_ERROR_BYTES + 256, "{} bytes", bytes.len());
+    }
+}

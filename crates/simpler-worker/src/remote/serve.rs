@@ -1,0 +1,184 @@
+//! The serving side: an L3 worker on rank `1..N` that runs rank 0's tasks
+//! (`docs/multi-host.md` §"Session").
+//!
+//! 1. Open the inbox for rank 0 and wait for `Hello`.
+//! 2. Start the L3 worker; reply `Manifest` (graphs and chip callables in registration order,
+//!    or the start error, after which `serve_l3` returns it).
+//! 3. `Refuse` → close the worker, return [`RemoteError::Refused`]. `Accept` → serve.
+//! 4. Serve: each `Task` runs the named graph once as a whole L3 run on the calling thread
+//!    (one task at a time) and is answered by `Completion` with the outcome and, on failure,
+//!    the failure chain.
+//! 5. `Shutdown` → close the worker, reply `ShutdownDone` with what the close reported,
+//!    close the inbox and return.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+use simpler_types::{CallConfig, TaskArgs, TaskArgsView};
+
+use super::error::{RemoteError, ServeError};
+use super::frames::{ManifestEntry, Outcome, Packet};
+use super::transport::Transport;
+use super::{MpiJob, graph_entry};
+use crate::builder::HostWorkerBuilder;
+use crate::error::{BoxError, WorkerError};
+use crate::graph::{GraphBuilder, Orchestration};
+use crate::handle::GraphFn;
+use crate::worker::Worker;
+
+/// How often a serving rank that waits for rank 0 checks that its transport still runs.
+const WAIT_SLICE: Duration = Duration::from_millis(100);
+
+/// The graphs a serving rank runs for rank 0, registered in the same order and under the same
+/// names as rank 0 registers them on its L4 worker (checked at start).
+#[derive(Default)]
+pub struct ServedGraphs {
+    entries: Vec<(String, Arc<GraphFn>)>,
+}
+
+impl std::fmt::Debug for ServedGraphs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.entries.iter().map(|(n, _)| n)).finish()
+    }
+}
+
+impl ServedGraphs {
+    /// An empty list.
+    pub fn new() -> ServedGraphs {
+        ServedGraphs::default()
+    }
+
+    /// Adds a graph; it gets the serving L3 worker's graph builder, so it submits with
+    /// handles registered on that worker's builder.
+    pub fn register(
+        &mut self,
+        name: &str,
+        g: impl Fn(&mut GraphBuilder<'_>, TaskArgsView<'_>, &CallConfig) -> Result<(), BoxError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> &mut Self {
+        self.entries.push((name.to_owned(), Arc::new(g)));
+        self
+    }
+}
+
+/// Serves rank 0's tasks with the L3 worker `builder` starts, until rank 0 shuts the session
+/// down (protocol in the module docs). Call it on ranks `1..N`; it may be called again for
+/// the next session.
+pub fn serve_l3(
+    job: &MpiJob,
+    builder: HostWorkerBuilder,
+    graphs: ServedGraphs,
+) -> Result<(), ServeError> {
+    let t = &*job.transport;
+    if t.rank == 0 {
+        return Err(RemoteError::WrongRank { rank: 0, op: "serve an L3 worker" }.into());
+    }
+    let inbox = t.open_inbox(0)?;
+    let result = serve_session(t, &inbox, builder, graphs);
+    t.close_inbox(0, &inbox);
+    result
+}
+
+fn serve_session(
+    t: &Transport,
+    inbox: &Receiver<Packet>,
+    builder: HostWorkerBuilder,
+    graphs: ServedGraphs,
+) -> Result<(), ServeError> {
+    // 1.
+    loop {
+        match next(t, inbox)? {
+            Packet::Hello => break,
+            other => tracing::debug!(?other, "ignoring a frame before the session opened"),
+        }
+    }
+    // 2.
+    let mut entries: Vec<ManifestEntry> =
+        graphs.entries.iter().enumerate().map(|(i, (name, _))| graph_entry(i, name)).collect();
+    entries.extend(builder.chip_manifest());
+    let host = t.host.clone();
+    let worker = match builder.start() {
+        Ok(w) => w,
+        Err(e) => {
+            let start_error = Some(e.to_string());
+            t.send(0, &Packet::Manifest { host, entries, start_error })?;
+            return Err(e.into());
+        }
+    };
+    t.send(0, &Packet::Manifest { host, entries, start_error: None })?;
+    // 3.
+    match next(t, inbox)? {
+        Packet::Accept => {}
+        Packet::Refuse { reason } => {
+            worker.close()?;
+            return Err(RemoteError::Refused { reason }.into());
+        }
+        other => {
+            return Err(protocol(format!("expected Accept or Refuse, got {other:?}")).into());
+        }
+    }
+    // 4.
+    loop {
+        match next(t, inbox)? {
+            Packet::Task { seq, graph, config, args } => {
+                let outcome = run_task(&worker, &graphs, graph, config, &args);
+                t.send(0, &Packet::Completion { seq, outcome })?;
+            }
+            // 5.
+            Packet::Shutdown => {
+                let closed = worker.close();
+                let errors = closed.as_ref().err().map(|e| vec![e.to_string()]).unwrap_or_default();
+                t.send(0, &Packet::ShutdownDone { errors })?;
+                return closed.map_err(ServeError::from);
+            }
+            other => tracing::warn!(?other, "ignoring an unexpected frame from rank 0"),
+        }
+    }
+}
+
+fn protocol(what: String) -> RemoteError {
+    RemoteError::Protocol { rank: 0, what }
+}
+
+/// The next frame from rank 0; fails only when the transport stops.
+fn next(t: &Transport, inbox: &Receiver<Packet>) -> Result<Packet, RemoteError> {
+    loop {
+        match inbox.recv_timeout(WAIT_SLICE) {
+            Ok(p) => return Ok(p),
+            Err(RecvTimeoutError::Timeout) if !t.is_stopped() => {}
+            Err(_) => return Err(RemoteError::Finalized),
+        }
+    }
+}
+
+/// Runs one task as a whole L3 run and turns its result into an outcome.
+fn run_task(
+    worker: &Worker,
+    graphs: &ServedGraphs,
+    graph: u32,
+    config: CallConfig,
+    args: &[u8],
+) -> Outcome {
+    let level = worker.level();
+    let Some((_, g)) = graphs.entries.get(graph as usize) else {
+        return Outcome::RunFailed { level, message: format!("no graph with ordinal {graph}") };
+    };
+    let args = match TaskArgs::decode(args) {
+        Ok(a) => a,
+        Err(e) => return Outcome::RunFailed { level, message: format!("task arguments: {e}") },
+    };
+    let g = Arc::clone(g);
+    let orch =
+        Orchestration::graph(move |gb, view, cfg| g(gb, view, cfg)).args(args).config(config);
+    match worker.run(orch) {
+        Ok(()) => Outcome::Ok,
+        Err(WorkerError::Run(e)) => match e.run_failure().and_then(|r| r.task_failure()) {
+            Some(t) => Outcome::TaskFailed { failure: (**t).clone() },
+            None => Outcome::RunFailed { level, message: e.to_string() },
+        },
+        Err(e) => Outcome::RunFailed { level, message: e.to_string() },
+    }
+}

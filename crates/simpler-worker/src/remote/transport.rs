@@ -1,0 +1,418 @@
+//! The one thread per rank that calls MPI (funneled threading), and the channels through which
+//! every other thread reaches it (`docs/multi-host.md` §"The MPI thread").
+//!
+//! 1. `Transport::init` starts the thread `simpler-mpi`; it initializes MPI with
+//!    `MPI_THREAD_FUNNELED`, sets the errors-return handler on its communicators (so an MPI
+//!    error becomes a code, not an abort), duplicates the world communicator into a health
+//!    communicator and reports rank, size and host back.
+//! 2. Its loop, until `Finalize`: send what the command channel holds; receive every frame
+//!    that arrived on the data communicator and hand it to the inbox of its source rank (a
+//!    frame for a rank with no open inbox waits in that rank's backlog, up to
+//!    `MAX_BACKLOG` frames, until an inbox opens: the peer may be faster than this rank);
+//!    answer every `Ping` on the health communicator with a `Pong`; ping every watched rank
+//!    once per its interval. Any frame from a rank refreshes that rank's `last_heard`.
+//! 3. It never blocks in MPI except in a standard send (frames are small, and the peer's MPI
+//!    thread receives them whenever it is alive). When idle it yields for a short while, then
+//!    parks on the command channel with a timeout that grows to 1 ms.
+//! 4. `Finalize` (from `MpiJob::finalize` or its drop) leaves the loop and finalizes MPI on
+//!    the same thread; the caller joins it.
+//!
+//! Liveness is judged by the waiting threads, not here: a waiter compares `last_heard` of its
+//! rank with its budget, so even an MPI thread stuck in a send cannot keep a waiter waiting.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mpi::Threading;
+use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::traits::{Destination, MatchedReceiveVec, Source};
+use parking_lot::Mutex;
+
+use super::error::RemoteError;
+use super::frames::Packet;
+
+/// After the last activity the thread yields (stays hot) for this long before parking.
+const HOT_SPELL: Duration = Duration::from_millis(2);
+/// The longest park of an idle MPI thread.
+const MAX_PARK: Duration = Duration::from_millis(1);
+/// Frames kept for a rank with no open inbox; older ones are dropped beyond this.
+const MAX_BACKLOG: usize = 64;
+/// Tag of every frame (communicators keep data and health apart, not tags).
+const TAG: i32 = 1;
+
+/// What other threads ask of the MPI thread.
+enum Command {
+    Send {
+        to: i32,
+        health: bool,
+        bytes: Vec<u8>,
+    },
+    /// Stop answering anything for a while (a liveness drill).
+    Stall(Duration),
+    Finalize,
+}
+
+/// State shared between the MPI thread and the threads that use it.
+///
+/// Writers and readers: `last_heard` and `ping_every` are written by the MPI thread (heard)
+/// and by `watch`/`unwatch` (any thread), read by both; `inboxes` is locked briefly by the
+/// MPI thread to route a frame and by sessions opening or closing their inbox.
+struct Shared {
+    epoch: Instant,
+    /// Per rank: nanoseconds since `epoch` when a frame last arrived from it.
+    last_heard: Vec<AtomicU64>,
+    /// Per rank: ping interval in nanoseconds; 0 = not watched.
+    ping_every: Vec<AtomicU64>,
+    inboxes: Mutex<Vec<Inbox>>,
+    /// Set by the MPI thread when it leaves its loop (finalized or failed).
+    stopped: AtomicBool,
+}
+
+/// Where frames from one rank go.
+enum Inbox {
+    Open(Sender<Packet>),
+    Closed(std::collections::VecDeque<Packet>),
+}
+
+impl Shared {
+    fn now_nanos(&self) -> u64 {
+        self.epoch.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
+    }
+}
+
+/// This rank's handle on the MPI thread.
+pub(crate) struct Transport {
+    shared: std::sync::Arc<Shared>,
+    cmd: Mutex<Sender<Command>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Task sequence numbers, unique over the job so a late reply never matches a new task.
+    next_seq: AtomicU64,
+    pub(crate) rank: i32,
+    pub(crate) size: i32,
+    pub(crate) host: String,
+}
+
+/// What the MPI thread reports once initialized.
+struct Ready {
+    rank: i32,
+    size: i32,
+    host: String,
+}
+
+impl Transport {
+    /// Starts the MPI thread and initializes MPI on it (step 1).
+    pub(crate) fn init() -> Result<Transport, RemoteError> {
+        let (cmd_tx, cmd_rx) = mpsc::channel::<Command>();
+        let (ready_tx, ready_rx) =
+            mpsc::channel::<Result<(Ready, std::sync::Arc<Shared>), RemoteError>>();
+        let thread = std::thread::Builder::new()
+            .name("simpler-mpi".to_owned())
+            .spawn(move || mpi_thread(cmd_rx, ready_tx))
+            .map_err(|e| RemoteError::Init(format!("could not start the MPI thread: {e}")))?;
+        let (ready, shared) = match ready_rx.recv() {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(RemoteError::Init("the MPI thread ended during initialization".into()));
+            }
+        };
+        Ok(Transport {
+            shared,
+            cmd: Mutex::new(cmd_tx),
+            thread: Mutex::new(Some(thread)),
+            next_seq: AtomicU64::new(1),
+            rank: ready.rank,
+            size: ready.size,
+            host: ready.host,
+        })
+    }
+
+    /// A task sequence number never used before in this process.
+    pub(crate) fn next_seq(&self) -> u64 {
+        // Relaxed: uniqueness needs only atomicity.
+        self.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Queues `packet` for rank `to` on the data communicator.
+    pub(crate) fn send(&self, to: i32, packet: &Packet) -> Result<(), RemoteError> {
+        self.command(Command::Send { to, health: false, bytes: packet.encode() })
+    }
+
+    fn command(&self, c: Command) -> Result<(), RemoteError> {
+        if self.shared.stopped.load(Ordering::Acquire) {
+            return Err(RemoteError::Finalized);
+        }
+        self.cmd.lock().send(c).map_err(|_| RemoteError::Finalized)
+    }
+
+    /// Opens the inbox for frames from `rank`; at most one per rank.
+    pub(crate) fn open_inbox(&self, rank: i32) -> Result<Receiver<Packet>, RemoteError> {
+        let mut inboxes = self.shared.inboxes.lock();
+        let slot = inboxes
+            .get_mut(rank as usize)
+            .ok_or(RemoteError::NoSuchRank { rank, size: self.size })?;
+        let Inbox::Closed(backlog) = slot else {
+            return Err(RemoteError::RankInUse { rank });
+        };
+        let (tx, rx) = mpsc::channel();
+        for p in backlog.drain(..) {
+            // The receiver is alive: it is returned below.
+            let _ = tx.send(p);
+        }
+        *slot = Inbox::Open(tx);
+        Ok(rx)
+    }
+
+    /// Closes the inbox of `rank`: frames `rx` has not handed out yet, and later ones, wait
+    /// in the rank's backlog for the next session (which skips what it does not expect).
+    pub(crate) fn close_inbox(&self, rank: i32, rx: &Receiver<Packet>) {
+        // Under the lock the MPI thread cannot route into `rx`, so nothing is lost between
+        // draining it and closing the slot.
+        let mut inboxes = self.shared.inboxes.lock();
+        if let Some(slot) = inboxes.get_mut(rank as usize) {
+            let mut backlog: std::collections::VecDeque<Packet> = rx.try_iter().collect();
+            while backlog.len() > MAX_BACKLOG {
+                backlog.pop_front();
+            }
+            *slot = Inbox::Closed(backlog);
+        }
+    }
+
+    /// Starts pinging `rank` every `interval` and counts it as heard now.
+    pub(crate) fn watch(&self, rank: i32, interval: Duration) {
+        let now = self.shared.now_nanos();
+        if let (Some(h), Some(p)) =
+            (self.shared.last_heard.get(rank as usize), self.shared.ping_every.get(rank as usize))
+        {
+            h.store(now, Ordering::Release);
+            p.store(interval.as_nanos().max(1) as u64, Ordering::Release);
+        }
+    }
+
+    /// Stops pinging `rank`.
+    pub(crate) fn unwatch(&self, rank: i32) {
+        if let Some(p) = self.shared.ping_every.get(rank as usize) {
+            p.store(0, Ordering::Release);
+        }
+    }
+
+    /// How long ago a frame last arrived from `rank`.
+    pub(crate) fn silent_for(&self, rank: i32) -> Duration {
+        let heard =
+            self.shared.last_heard.get(rank as usize).map_or(0, |h| h.load(Ordering::Acquire));
+        Duration::from_nanos(self.shared.now_nanos().saturating_sub(heard))
+    }
+
+    /// Whether the MPI thread has left its loop.
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.shared.stopped.load(Ordering::Acquire)
+    }
+
+    /// Makes the MPI thread answer nothing for `d` (liveness drills and tests).
+    pub(crate) fn stall(&self, d: Duration) -> Result<(), RemoteError> {
+        self.command(Command::Stall(d))
+    }
+
+    /// Finalizes MPI (step 4) and joins the thread; a second call does nothing.
+    pub(crate) fn finalize(&self) -> Result<(), RemoteError> {
+        let Some(thread) = self.thread.lock().take() else { return Ok(()) };
+        // A send error means the thread already left its loop; joining is still right.
+        let _ = self.cmd.lock().send(Command::Finalize);
+        thread.join().map_err(|_| RemoteError::Init("the MPI thread panicked".into()))
+    }
+}
+
+impl Drop for Transport {
+    fn drop(&mut self) {
+        if let Err(e) = self.finalize() {
+            tracing::error!(error = %e, "finalizing MPI failed");
+        }
+    }
+}
+
+/// Sets MPI_ERRORS_RETURN on `comm`, so MPI reports errors on it as codes.
+#[allow(unsafe_code)]
+fn errors_return(comm: &SimpleCommunicator) -> Result<(), RemoteError> {
+    use mpi::raw::AsRaw;
+    // SAFETY: `comm` is a live communicator of an initialized MPI (the caller holds the
+    // universe), and RSMPI_ERRORS_RETURN is a predefined error handler, valid after init.
+    let code =
+        unsafe { mpi::ffi::MPI_Comm_set_errhandler(comm.as_raw(), mpi::ffi::RSMPI_ERRORS_RETURN) };
+    if code == 0 { Ok(()) } else { Err(RemoteError::Mpi { op: "MPI_Comm_set_errhandler", code }) }
+}
+
+type ReadyTx = Sender<Result<(Ready, std::sync::Arc<Shared>), RemoteError>>;
+
+fn mpi_thread(cmd_rx: Receiver<Command>, ready_tx: ReadyTx) {
+    let Some((universe, provided)) = mpi::initialize_with_threading(Threading::Funneled) else {
+        let _ = ready_tx
+            .send(Err(RemoteError::Init("MPI was already initialized in this process".into())));
+        return;
+    };
+    if provided < Threading::Funneled {
+        let _ = ready_tx.send(Err(RemoteError::Init(format!(
+            "the MPI library provides {provided:?} threading, funneled is needed"
+        ))));
+        return;
+    }
+    let world = universe.world();
+    if let Err(e) = errors_return(&world) {
+        let _ = ready_tx.send(Err(e));
+        return;
+    }
+    let health = world.duplicate();
+    if let Err(e) = errors_return(&health) {
+        let _ = ready_tx.send(Err(e));
+        return;
+    }
+    let size = world.size();
+    let shared = std::sync::Arc::new(Shared {
+        epoch: Instant::now(),
+        last_heard: (0..size).map(|_| AtomicU64::new(0)).collect(),
+        ping_every: (0..size).map(|_| AtomicU64::new(0)).collect(),
+        inboxes: Mutex::new((0..size).map(|_| Inbox::Closed(Default::default())).collect()),
+        stopped: AtomicBool::new(false),
+    });
+    let host = mpi::environment::processor_name().unwrap_or_else(|_| "unknown host".to_owned());
+    let ready = Ready { rank: world.rank(), size, host };
+    if ready_tx.send(Ok((ready, std::sync::Arc::clone(&shared)))).is_err() {
+        return;
+    }
+    serve_loop(&world, &health, &shared, &cmd_rx);
+    shared.stopped.store(true, Ordering::Release);
+    // Dropping the communicators and then the universe finalizes MPI on this thread.
+    drop(health);
+    drop(world);
+    drop(universe);
+}
+
+/// Step 2 and 3 of the module protocol.
+fn serve_loop(
+    world: &SimpleCommunicator,
+    health: &SimpleCommunicator,
+    shared: &Shared,
+    cmd_rx: &Receiver<Command>,
+) {
+    let size = world.size();
+    let mut next_ping: Vec<u64> = vec![0; size as usize];
+    let mut nonce = 0u64;
+    let mut last_activity = Instant::now();
+    loop {
+        let mut busy = false;
+        let mut pending = Vec::new();
+        while let Ok(c) = cmd_rx.try_recv() {
+            pending.push(c);
+        }
+        for c in pending {
+            busy = true;
+            if !run_command(world, health, c) {
+                return;
+            }
+        }
+        while let Some(probed) = world.any_process().immediate_matched_probe() {
+            busy = true;
+            let (bytes, status) = probed.matched_receive_vec::<u8>();
+            let from = status.source_rank();
+            heard(shared, from);
+            route(shared, from, &bytes);
+        }
+        while let Some(probed) = health.any_process().immediate_matched_probe() {
+            busy = true;
+            let (bytes, status) = probed.matched_receive_vec::<u8>();
+            let from = status.source_rank();
+            heard(shared, from);
+            if let Ok(Packet::Ping { nonce }) = Packet::decode(&bytes) {
+                let pong = Packet::Pong { nonce }.encode();
+                health.process_at_rank(from).send_with_tag(&pong[..], TAG);
+            }
+        }
+        let now = shared.now_nanos();
+        for r in 0..size {
+            let every = shared.ping_every[r as usize].load(Ordering::Acquire);
+            if every != 0 && now >= next_ping[r as usize] {
+                nonce += 1;
+                let ping = Packet::Ping { nonce }.encode();
+                health.process_at_rank(r).send_with_tag(&ping[..], TAG);
+                next_ping[r as usize] = now + every;
+            }
+        }
+        if busy {
+            last_activity = Instant::now();
+            continue;
+        }
+        let idle = last_activity.elapsed();
+        if idle < HOT_SPELL {
+            std::thread::yield_now();
+            continue;
+        }
+        // Park on the command channel; frames from other ranks are seen at the next wake.
+        let park = (idle / 64).clamp(Duration::from_micros(50), MAX_PARK);
+        match cmd_rx.recv_timeout(park) {
+            Ok(c) => {
+                last_activity = Instant::now();
+                if !run_command(world, health, c) {
+                    return;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+/// Runs one command; `false` ends the loop.
+fn run_command(world: &SimpleCommunicator, health: &SimpleCommunicator, c: Command) -> bool {
+    match c {
+        Command::Send { to, health: on_health, bytes } => {
+            let comm = if on_health { health } else { world };
+            comm.process_at_rank(to).send_with_tag(&bytes[..], TAG);
+            true
+        }
+        Command::Stall(d) => {
+            std::thread::sleep(d);
+            true
+        }
+        Command::Finalize => false,
+    }
+}
+
+fn heard(shared: &Shared, from: i32) {
+    if let Some(h) = shared.last_heard.get(from as usize) {
+        h.store(shared.now_nanos(), Ordering::Release);
+    }
+}
+
+fn route(shared: &Shared, from: i32, bytes: &[u8]) {
+    let packet = match Packet::decode(bytes) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(rank = from, error = %e, "dropping a malformed frame");
+            return;
+        }
+    };
+    let mut inboxes = shared.inboxes.lock();
+    match inboxes.get_mut(from as usize) {
+        Some(Inbox::Open(tx)) => {
+            if let Err(mpsc::SendError(p)) = tx.send(packet) {
+                // The session's receiver is gone: keep the frame like any unrouted one.
+                let mut backlog = std::collections::VecDeque::new();
+                backlog.push_back(p);
+                inboxes[from as usize] = Inbox::Closed(backlog);
+            }
+        }
+        Some(Inbox::Closed(backlog)) => {
+            if backlog.len() == MAX_BACKLOG {
+                tracing::warn!(rank = from, "dropping an old unrouted frame");
+                backlog.pop_front();
+            }
+            backlog.push_back(packet);
+        }
+        None => tracing::error!(rank = from, "a frame from a rank outside the world"),
+    }
+}

@@ -1,0 +1,385 @@
+//! Multi-host conformance under `mpirun -np 3 --oversubscribe` with simulated chips: rank 0
+//! runs an L4 worker whose two children are the L3 workers of ranks 1 and 2.
+//!
+//! Run without MPI's launcher, the binary launches itself twice under `mpirun` and checks
+//! the jobs' exit codes: the conformance job (a remote task on each L3, a remote task error
+//! with its rank frame, a hung rank failing its runs within the liveness budget, a manifest
+//! mismatch refusing start, clean shutdown of every rank) must exit 0; the killed-rank job
+//! (rank 2 aborts in a task) must exit non-zero within its budget instead of hanging.
+//! Without `mpirun` on `PATH` it fails when `CI` is set and says it is skipped otherwise.
+//! `cargo xtask mpi-test` runs it alone.
+
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
+use simpler_device_a2a3::{Platform, RuntimeVariant};
+use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
+use simpler_worker::remote::{MpiJob, RemoteError, RemoteL3, ServeError, ServedGraphs, serve_l3};
+use simpler_worker::{
+    CallableHandle, CompositeWorkerBuilder, DeviceBuffer, Orchestration, StartCause, Worker,
+    WorkerError,
+};
+
+const RANKS: &str = "3";
+/// Upper bounds that only catch hangs (the jobs take seconds).
+const CONFORMANCE_BUDGET: Duration = Duration::from_secs(120);
+const KILLED_RANK_BUDGET: Duration = Duration::from_secs(90);
+/// The liveness budget of the hung-rank case, and how long the hung rank stays silent.
+const SHORT_LIVENESS: Duration = Duration::from_millis(1500);
+const STALL: Duration = Duration::from_secs(5);
+const N: usize = 1024;
+
+/// The graphs every rank registers, in this order (rank 2 renames one in the mismatch case).
+const GRAPHS: [&str; 6] = ["setup", "compute", "verify", "fail", "stall", "die"];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_none() {
+        return launch(args.iter().any(|a| a == "--list"));
+    }
+    let case = args.first().map(String::as_str).unwrap_or("conformance");
+    match rank_main(case) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mpi_remote [{case}]: FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Outside `mpirun`: launch both jobs and check how they ended.
+fn launch(list: bool) -> ExitCode {
+    if list {
+        // `cargo test -- --list` asks harness-less binaries for their tests.
+        println!("mpi_remote: test");
+        return ExitCode::SUCCESS;
+    }
+    let found = Command::new("mpirun").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !found {
+        let why = "`mpirun` not found on PATH (Debian: apt-get install openmpi-bin libopenmpi-dev)";
+        if std::env::var_os("CI").is_some() {
+            eprintln!("mpi_remote: FAILED: {why}; CI must run the multi-host tests");
+            return ExitCode::FAILURE;
+        }
+        println!("mpi_remote: skipped: {why}");
+        return ExitCode::SUCCESS;
+    }
+    let started = Instant::now();
+    let ok = match job("conformance", CONFORMANCE_BUDGET) {
+        Ok((true, t, _)) => {
+            println!("mpi_remote: conformance job passed in {t:.1?}");
+            true
+        }
+        Ok((false, t, _)) => {
+            eprintln!("mpi_remote: conformance job FAILED (non-zero exit after {t:.1?})");
+            false
+        }
+        Err(e) => {
+            eprintln!("mpi_remote: conformance job FAILED: {e}");
+            false
+        }
+    };
+    let killed_ok = match job("killed-rank", KILLED_RANK_BUDGET) {
+        // The launcher must have ended the job because rank 2 died, not for another reason.
+        Ok((false, t, log)) if log.contains("exited on signal") => {
+            println!("mpi_remote: killed-rank job exited non-zero after {t:.1?}, as it must");
+            true
+        }
+        Ok((false, t, _)) => {
+            eprintln!(
+                "mpi_remote: killed-rank job FAILED: non-zero after {t:.1?}, but no rank died"
+            );
+            false
+        }
+        Ok((true, t, _)) => {
+            eprintln!("mpi_remote: killed-rank job FAILED: it exited 0 after {t:.1?}");
+            false
+        }
+        Err(e) => {
+            eprintln!("mpi_remote: killed-rank job FAILED: {e}");
+            false
+        }
+    };
+    println!("mpi_remote: both jobs took {:.1?}", started.elapsed());
+    if ok && killed_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// Runs this binary as `case` under `mpirun -np 3`; `Ok((exited 0, time, output))`, or an
+/// error when it could not start or outlived `budget` (then it is killed). The job's output
+/// goes through a file (echoed afterwards), so a chatty job cannot block on a full pipe.
+fn job(case: &str, budget: Duration) -> Result<(bool, Duration, String), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let log_path =
+        std::env::temp_dir().join(format!("mpi_remote-{}-{case}.log", std::process::id()));
+    let log =
+        std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+    let err = log.try_clone().map_err(|e| format!("{}: {e}", log_path.display()))?;
+    let t0 = Instant::now();
+    let mut child = Command::new("mpirun")
+        .args(["-np", RANKS, "--oversubscribe"])
+        .arg(&exe)
+        .arg(case)
+        // CI runs as root, which mpirun refuses unless told so.
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("could not start mpirun: {e}"))?;
+    let ended = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Ok((status.success(), t0.elapsed())),
+            Ok(None) if t0.elapsed() > budget => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break Err(format!("the `{case}` job did not end within {budget:?}: killed"));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => break Err(format!("waiting for mpirun: {e}")),
+        }
+    };
+    let output = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&log_path);
+    println!("---- output of the `{case}` job ----\n{output}---- end of the `{case}` job ----");
+    ended.map(|(ok, t)| (ok, t, output))
+}
+
+type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+fn rank_main(case: &str) -> Res {
+    let job = Arc::new(MpiJob::init()?);
+    if let Err(e) = run_case(&job, case) {
+        // Finalizing is collective: the other ranks may wait in a session that will never
+        // come. Exiting without it makes mpirun end the whole job.
+        eprintln!("mpi_remote [{case}]: rank {}: FAILED: {e}", job.rank());
+        std::process::exit(1);
+    }
+    let rank = job.rank();
+    Arc::try_unwrap(job).map_err(|_| "the job is still shared")?.finalize()?;
+    println!("mpi_remote [{case}]: rank {rank} done");
+    Ok(())
+}
+
+fn run_case(job: &Arc<MpiJob>, case: &str) -> Res {
+    if job.size() != 3 {
+        return Err(format!("needs 3 ranks, got {}", job.size()).into());
+    }
+    match (case, job.rank()) {
+        ("conformance", 0) => conformance_rank0(job)?,
+        ("conformance", _) => conformance_serving(job)?,
+        ("killed-rank", 0) => killed_rank0(job)?,
+        ("killed-rank", _) => {
+            // Rank 2 aborts inside its task; mpirun then ends the whole job.
+            serve(job, &GRAPHS)?;
+        }
+        (other, _) => return Err(format!("unknown case {other}").into()),
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Rank 0
+
+/// Rank 0's L4 worker with ranks 1 and 2 as children 0 and 1. The graph bodies here never
+/// run: remote children run their own registration of each name.
+fn l4(job: &MpiJob, liveness: Duration) -> (CompositeWorkerBuilder, Vec<CallableHandle>) {
+    let mut b = Worker::composite(4);
+    let handles = GRAPHS
+        .iter()
+        .map(|name| b.register_graph(name, |_, _, _| Err("runs on a serving rank".into())))
+        .collect();
+    for rank in [1, 2] {
+        b.child(RemoteL3::new(job, rank).liveness(liveness)).expect("an L3 child of an L4");
+    }
+    (b, handles)
+}
+
+fn on_child(graph: CallableHandle, child: u32) -> Orchestration {
+    Orchestration::graph(move |g, _, _| {
+        g.submit_next_level(graph, TaskArgs::new(), &CallConfig::default(), WorkerId(child))?;
+        Ok(())
+    })
+}
+
+fn on_both(graph: CallableHandle) -> Orchestration {
+    Orchestration::graph(move |g, _, _| {
+        for child in 0..2 {
+            g.submit_next_level(graph, TaskArgs::new(), &CallConfig::default(), WorkerId(child))?;
+        }
+        Ok(())
+    })
+}
+
+fn check(cond: bool, what: impl FnOnce() -> String) -> Res {
+    if cond { Ok(()) } else { Err(what().into()) }
+}
+
+fn conformance_rank0(job: &MpiJob) -> Res {
+    // A task on each remote L3, a remote task error, clean shutdown.
+    let (b, h) = l4(job, Duration::from_secs(10));
+    let w = b.start()?;
+    for graph in [h[0], h[1], h[2]] {
+        w.run(on_both(graph))?;
+    }
+    println!("rank 0: setup, compute and verify ran on both remote L3 workers");
+    let e = match w.run(on_child(h[3], 1)) {
+        Err(WorkerError::Run(e)) => e,
+        other => return Err(format!("the failing remote task gave {other:?}").into()),
+    };
+    let text = e.to_string();
+    check(text.contains("rank 2") && text.contains("boom on rank 2"), || {
+        format!("the remote error does not name rank and cause: {text}")
+    })?;
+    let frames = e.frames();
+    let remote = frames.iter().find_map(|f| f.remote_error());
+    check(
+        matches!(remote, Some(RemoteError::TaskFailed { rank: 2, level: 3, task: Some(_), .. })),
+        || format!("no rank frame naming rank 2, level 3 and the task: {remote:?}"),
+    )?;
+    check(frames.first().is_some_and(|f| f.level == 4), || format!("outer frame: {frames:?}"))?;
+    check(frames.iter().any(|f| f.level == 3 && f.message.contains("boom on rank 2")), || {
+        format!("no L3 frame with the remote message: {frames:?}")
+    })?;
+    println!("rank 0: remote task error arrived: {text}");
+    w.run(on_both(h[1]))?;
+    w.run(on_both(h[2]))?;
+    w.close()?;
+    println!("rank 0: clean shutdown of both remote L3 workers");
+
+    // A hung rank: rank 2's MPI thread stops answering; its run fails within the budget
+    // while rank 1 keeps working.
+    let (b, h) = l4(job, SHORT_LIVENESS);
+    let w = b.start()?;
+    let t0 = Instant::now();
+    let e = match w.run(on_child(h[4], 1)) {
+        Err(WorkerError::Run(e)) => e,
+        other => return Err(format!("the hung rank's run gave {other:?}").into()),
+    };
+    let waited = t0.elapsed();
+    let remote = e.frames().iter().find_map(|f| f.remote_error()).cloned();
+    check(
+        matches!(remote, Some(RemoteError::Unresponsive { rank: 2, task: Some(_), .. })),
+        || format!("the hung rank's run failed with {e} ({remote:?})"),
+    )?;
+    println!("rank 0: hung rank 2 failed its run after {waited:.2?} (budget {SHORT_LIVENESS:?})");
+    // Rank 1 keeps working; rank 2 stays failed and fails its next task at once.
+    w.run(on_child(h[0], 0))?;
+    w.run(on_child(h[1], 0))?;
+    w.run(on_child(h[2], 0))?;
+    let again = w.run(on_child(h[1], 1));
+    check(matches!(&again, Err(WorkerError::Run(e)) if e.to_string().contains("rank 2")), || {
+        format!("a failed endpoint took another task: {again:?}")
+    })?;
+    match w.close() {
+        Ok(()) => println!("rank 0: closed after the hung rank"),
+        Err(e) => {
+            check(e.to_string().contains("rank 2"), || format!("close blamed someone else: {e}"))?;
+            println!("rank 0: close reported the hung rank: {e}");
+        }
+    }
+
+    // A manifest mismatch on rank 2 refuses the start, naming the rank.
+    let (b, _) = l4(job, Duration::from_secs(20));
+    match b.start() {
+        Err(e) => match &e.cause {
+            StartCause::Remote(RemoteError::ManifestMismatch { rank: 2, index: 1, .. }) => {
+                println!("rank 0: start refused: {e}");
+            }
+            other => return Err(format!("start failed for another reason: {other:?}").into()),
+        },
+        Ok(w) => {
+            w.close()?;
+            return Err("an L4 with a mismatched remote manifest started".into());
+        }
+    }
+    Ok(())
+}
+
+fn killed_rank0(job: &MpiJob) -> Res {
+    let (b, h) = l4(job, Duration::from_secs(3));
+    let w = b.start()?;
+    w.run(on_both(h[0]))?;
+    let r = w.run(on_child(h[5], 1));
+    // Usually mpirun has ended the job before this line runs; if not, the dead rank's
+    // silence failed the run, and this rank ends the job with a non-zero code.
+    eprintln!("rank 0: the run on the killed rank ended: {r:?}");
+    std::process::exit(3);
+}
+
+// ---------------------------------------------------------------------------------------
+// Serving ranks
+
+fn conformance_serving(job: &Arc<MpiJob>) -> Res {
+    serve(job, &GRAPHS)?;
+    serve(job, &GRAPHS)?;
+    let mut renamed = GRAPHS;
+    if job.rank() == 2 {
+        renamed[1] = "compute_v2";
+    }
+    match (job.rank(), serve(job, &renamed)) {
+        (1, Ok(())) => {}
+        (2, Err(ServeError::Remote(RemoteError::Refused { reason }))) => {
+            check(reason.contains("rank 2"), || format!("refusal without the rank: {reason}"))?;
+        }
+        (rank, other) => return Err(format!("rank {rank}: mismatch session: {other:?}").into()),
+    }
+    Ok(())
+}
+
+/// One session: an L3 worker with one simulated chip and one sub worker, serving `names`.
+fn serve(job: &Arc<MpiJob>, names: &[&str; 6]) -> Result<(), ServeError> {
+    let rank = job.rank();
+    let mut b =
+        Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).chips(&[0]).sub_workers(1);
+    let add = b.register_chip(add::callable().expect("the add program builds"));
+    let boom = b.register_host("boom", move |_| Err(format!("boom on rank {rank}").into()));
+    let j = Arc::clone(job);
+    let stall = b.register_host("stall", move |_| Ok(j.stall_for(STALL)?));
+    let die = b.register_host("die", |_| std::process::abort());
+    let bufs: Arc<Mutex<Option<[DeviceBuffer; 3]>>> = Arc::default();
+    let input = move |which: usize| -> Vec<f32> {
+        (0..N).map(|i| i as f32 + (rank as usize * 10 + which) as f32).collect()
+    };
+
+    let mut graphs = ServedGraphs::new();
+    let s = Arc::clone(&bufs);
+    graphs.register(names[0], move |g, _, _| {
+        let mem = g.chip_memory(WorkerId(0))?;
+        let bytes = (N * 4) as u64;
+        let b = [mem.malloc(bytes)?, mem.malloc(bytes)?, mem.malloc(bytes)?];
+        mem.copy_to(&b[0], 0, &f32_to_le_bytes(&input(0)))?;
+        mem.copy_to(&b[1], 0, &f32_to_le_bytes(&input(1)))?;
+        *s.lock().map_err(|_| "poisoned")? = Some(b);
+        Ok(())
+    });
+    let s = Arc::clone(&bufs);
+    graphs.register(names[1], move |g, _, _| {
+        let b = s.lock().map_err(|_| "poisoned")?.ok_or("not set up")?;
+        let mut a = TaskArgs::new();
+        a.add_input(b[0].tensor(&[N as u32], DataType::Float32)?)?
+            .add_input(b[1].tensor(&[N as u32], DataType::Float32)?)?
+            .add_output(b[2].tensor(&[N as u32], DataType::Float32)?)?;
+        g.submit_next_level(add, a, &CallConfig::default(), WorkerId(0))?;
+        Ok(())
+    });
+    let s = Arc::clone(&bufs);
+    graphs.register(names[2], move |g, _, _| {
+        let b = s.lock().map_err(|_| "poisoned")?.ok_or("not set up")?;
+        let mut raw = vec![0u8; N * 4];
+        g.chip_memory(WorkerId(0))?.copy_from(&b[2], 0, &mut raw)?;
+        if f32_from_le_bytes(&raw) != add::reference(&input(0), &input(1)) {
+            return Err(format!("rank {rank}: wrong sum").into());
+        }
+        Ok(())
+    });
+    for (name, closure) in [(names[3], boom), (names[4], stall), (names[5], die)] {
+        graphs.register(name, move |g, _, _| {
+            g.submit_sub(closure, TaskArgs::new())?;
+            Ok(())
+        });
+    }
+    serve_l3(job, b, graphs)
+}
