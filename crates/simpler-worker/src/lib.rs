@@ -4,7 +4,7 @@
 //!
 //! Layer: above `simpler-sched` (the engine it drives at L3+) and `simpler-device-a2a3` (the
 //! `DeviceRunner` each chip lane owns). It must not know device internals beyond the
-//! `DeviceRunner` API, and it contains no `unsafe` code.
+//! `DeviceRunner` API.
 //!
 //! | Module | Holds |
 //! |---|---|
@@ -19,6 +19,19 @@
 //! | `reentry` | the thread-local reentrancy guard |
 //! | `error` | every error type of this crate |
 //! | `faults` | injected chip faults for rollback and teardown tests |
+//! | `process` | PROCESS mode: chips in child processes (`docs/process-mode.md`) |
+//!
+//! # Unsafe inventory
+//!
+//! Only PROCESS mode needs `unsafe`, for memory shared with another process:
+//!
+//! - `src/process/mailbox.rs`: references to the atomics of the mapped mailbox and copies
+//!   into and out of its payload area, handed to one side at a time by the state word.
+//! - `src/process/spawn.rs`: the `pre_exec` hook that moves the mailbox descriptor into place
+//!   in the forked child (`dup2`/`fcntl` only).
+//! - `src/process/child.rs`: taking ownership of the inherited mailbox descriptor.
+//!
+//! # Example
 //!
 //! ```
 //! use simpler_device_a2a3::{Platform, RuntimeVariant};
@@ -71,7 +84,7 @@
 //! b.close();
 //! ```
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 mod builder;
 mod child;
@@ -83,6 +96,8 @@ mod faults;
 mod graph;
 mod handle;
 mod memory;
+#[allow(unsafe_code)]
+mod process;
 mod reentry;
 mod run;
 mod sub;
@@ -100,6 +115,11 @@ pub use error::{
 pub use graph::{GraphBuilder, GraphCallback, Orchestration};
 pub use handle::{CallableHandle, GraphFn, HostFn};
 pub use memory::{ChipMemory, DeviceBuffer};
+#[cfg(feature = "sim")]
+pub use process::ChildFault;
+#[doc(hidden)]
+pub use process::chip_child_main;
+pub use process::{ChildError, ChildExit, ChildMode, OnChildDeath, ProcessOptions};
 pub use run::RunHandle;
 pub use simpler_device_a2a3::MemoryLedger;
 pub use worker::Worker;
