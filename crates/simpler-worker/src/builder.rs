@@ -395,9 +395,8 @@ fn attach_chips(
                 }
                 let names: Vec<String> = pending.iter().flatten().cloned().collect();
                 for (i, r) in rx.try_iter() {
-                    match r {
-                        Ok(state) => states[i] = Some(state),
-                        Err(_) => {}
+                    if let Ok(state) = r {
+                        states[i] = Some(state);
                     }
                 }
                 failure = Some(start_err(
