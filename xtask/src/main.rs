@@ -110,6 +110,7 @@ fn ci() -> Result<(), String> {
         cargo(&args, &[])?;
     }
     test(false)?;
+    process_mode_tests()?;
     cargo(
         &["doc", "--workspace", "--no-deps", "--all-features"],
         &[("RUSTDOCFLAGS", "-D warnings")],
@@ -127,6 +128,16 @@ fn ci() -> Result<(), String> {
 fn test(deep: bool) -> Result<(), String> {
     let env: &[(&str, &str)] = if deep { &[("PROPTEST_CASES", DEEP_PROPTEST_CASES)] } else { &[] };
     cargo(&["test", "--workspace", "--all-features", "--no-fail-fast"], env)
+}
+
+/// The worker tests that apply to PROCESS mode, again with every L3 worker's chips in child
+/// processes.
+fn process_mode_tests() -> Result<(), String> {
+    let mut args = vec!["test", "-p", "simpler-worker"];
+    for t in ["conformance", "threads", "close_races", "last_handle_dropped_inside"] {
+        args.extend(["--test", t]);
+    }
+    cargo(&args, &[("SIMPLER_TEST_CHIP_MODE", "process")])
 }
 
 fn loom() -> Result<(), String> {

@@ -217,9 +217,7 @@ fn a_hung_child_is_killed_after_its_budget_and_reaped_leaving_nothing_behind() {
     assert_eq!(w.chip_process_id(WorkerId(0)).unwrap(), None);
     w.close().expect("close");
     assert_eq!(mailboxes(), 0);
-    // The spawner thread (one per process, started by the first chip process) is the only
-    // thread left beyond those before.
-    assert!(common::thread_count() <= threads_before + 1, "threads leaked");
+    assert_eq!(common::thread_count(), threads_before, "no thread outlives the worker");
 }
 
 #[test]

@@ -36,6 +36,13 @@ struct Live {
     mailbox: Mailbox,
 }
 
+impl Drop for Live {
+    /// Every path that drops a `Live` reaped its process first (module invariant).
+    fn drop(&mut self) {
+        spawn::child_reaped();
+    }
+}
+
 /// What a chip process is started with (kept for restarts).
 #[derive(Clone)]
 pub(crate) struct ChipInit {
@@ -154,6 +161,7 @@ impl ChipProcess {
                 let mut child = child;
                 kill_group(pid);
                 let _ = child.wait();
+                spawn::child_reaped();
                 return Err(spawn_err(format!("pidfd_open({pid}): {e}")));
             }
         };
@@ -219,7 +227,7 @@ impl ChipProcess {
             }
             Ok(None) => None,
             Err(_) => {
-                self.live = None;
+                self.kill();
                 Some(ChildExit::Code(-1))
             }
         }

@@ -3,15 +3,15 @@
 //!
 //! The child becomes the leader of a process group of its own, so a stuck subtree can be
 //! killed as a whole, and inherits exactly one extra descriptor: the mailbox, as fd
-//! [`MAILBOX_FD`]. Every child is started from one long-lived spawner thread: Linux sends the
-//! parent-death signal when the *thread* that started a child ends, and start-up threads end
-//! right after `start`.
+//! [`MAILBOX_FD`]. Every child is started from one spawner thread that lives as long as any
+//! child does: Linux sends the parent-death signal when the *thread* that started a child
+//! ends, and start-up threads end right after `start`.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock, mpsc};
+use std::sync::{Mutex, mpsc};
 
 /// The descriptor number of the mailbox in the child.
 pub(crate) const MAILBOX_FD: i32 = 3;
@@ -39,33 +39,76 @@ pub(crate) fn resolve_binary(explicit: Option<&Path>) -> Result<PathBuf, String>
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// Runs `f` on the spawner thread (started on first use, alive until the process exits).
-fn on_spawner<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> std::io::Result<R> {
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+/// The spawner thread, alive while any chip process is: it must outlive every child it
+/// started (their parent-death signal fires when it ends), and no thread may outlive the
+/// workers that needed it.
+///
+/// Invariant: `live` counts children spawned and not yet reaped; the thread exists iff
+/// `tx` is `Some`, and it is stopped (and joined) exactly when `live` drops to 0.
+struct Spawner {
+    tx: Option<mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    live: usize,
+}
+
+static SPAWNER: Mutex<Spawner> = Mutex::new(Spawner { tx: None, thread: None, live: 0 });
+
+fn spawner() -> std::sync::MutexGuard<'static, Spawner> {
+    SPAWNER.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `f` on the spawner thread (started if needed) and counts one more live child when
+/// it returns `Ok`. The lock is held throughout, so a concurrent last [`child_reaped`] cannot
+/// stop the thread in between.
+fn on_spawner<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
     let lost = || std::io::Error::other("the spawner thread is gone");
-    let tx = match SPAWNER.get() {
-        Some(tx) => tx,
-        None => {
-            let (tx, rx) = mpsc::channel::<Job>();
+    let mut s = spawner();
+    if s.tx.is_none() {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let thread =
             std::thread::Builder::new().name("simpler-chip-spawner".into()).spawn(move || {
                 while let Ok(job) = rx.recv() {
                     job();
                 }
             })?;
-            SPAWNER.get_or_init(|| Mutex::new(tx))
-        }
-    };
+        s.tx = Some(tx);
+        s.thread = Some(thread);
+    }
     let (rtx, rrx) = mpsc::sync_channel(1);
-    tx.lock()
-        .map_err(|_| lost())?
-        .send(Box::new(move || {
-            let _ = rtx.send(f());
-        }))
-        .map_err(|_| lost())?;
-    rrx.recv().map_err(|_| lost())
+    let job: Job = Box::new(move || {
+        let _ = rtx.send(f());
+    });
+    s.tx.as_ref().ok_or_else(lost)?.send(job).map_err(|_| lost())?;
+    let r = rrx.recv().map_err(|_| lost())?;
+    if r.is_ok() {
+        s.live += 1;
+    } else if s.live == 0 {
+        stop(&mut s);
+    }
+    r
 }
 
-/// Starts `binary` for chip `chip` with `mailbox` as its fd [`MAILBOX_FD`].
+fn stop(s: &mut Spawner) {
+    s.tx = None;
+    if let Some(t) = s.thread.take() {
+        // The thread only waits for jobs; with the sender gone it returns at once.
+        let _ = t.join();
+    }
+}
+
+/// Called once for every child [`spawn`] started, after it was reaped.
+pub(crate) fn child_reaped() {
+    let mut s = spawner();
+    s.live = s.live.saturating_sub(1);
+    if s.live == 0 {
+        stop(&mut s);
+    }
+}
+
+/// Starts `binary` for chip `chip` with `mailbox` as its fd [`MAILBOX_FD`]. The caller calls
+/// [`child_reaped`] once it reaped the child.
 pub(crate) fn spawn(binary: &Path, chip: u32, mailbox: OwnedFd) -> std::io::Result<Child> {
     let mut cmd = Command::new(binary);
     cmd.arg("--chip")
@@ -97,5 +140,5 @@ pub(crate) fn spawn(binary: &Path, chip: u32, mailbox: OwnedFd) -> std::io::Resu
         let child = cmd.spawn();
         drop(mailbox);
         child
-    })?
+    })
 }
