@@ -281,3 +281,18 @@ fn content_a_child_cannot_build_is_refused_at_registration_and_changes_nothing()
     assert_eq!(result(&w, WorkerId(0), &f), expected());
     w.close().expect("close");
 }
+
+#[test]
+fn a_child_stuck_in_shutdown_is_killed_after_the_deadline_named_and_does_not_delay_the_others() {
+    let _serial = serial();
+    let opts = options().shutdown_timeout(Duration::from_millis(300));
+    let w = process_host(&[0, 1], opts).start().expect("start");
+    let pids: Vec<u32> = (0..2).map(|c| w.chip_process_id(WorkerId(c)).unwrap().unwrap()).collect();
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::HangOnShutdown).unwrap());
+    let e = w.close().expect_err("chip 0 did not finalize");
+    let text = e.to_string();
+    assert!(text.contains("chip 0") && text.contains(&pids[0].to_string()), "{text}");
+    assert!(!text.contains("chip 1"), "chip 1 shut down cleanly: {text}");
+    assert!(pids.iter().all(|&p| !exists(p)), "both reaped");
+    assert_eq!(mailboxes(), 0);
+}

@@ -205,6 +205,9 @@ impl Child {
                     seen = state::DONE;
                 }
                 state::SHUTDOWN => {
+                    while self.fault == 4 {
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
                     let residue = self.state.take().map(|mut s| s.finalize()).unwrap_or_default();
                     self.out.0.clear();
                     self.out.u32(residue.len() as u32);
@@ -350,6 +353,8 @@ impl Child {
             3 => loop {
                 std::thread::sleep(Duration::from_secs(1));
             },
+            // Acted on at shutdown.
+            4 => {}
             _ => {}
         }
     }

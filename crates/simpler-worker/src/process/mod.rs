@@ -262,6 +262,8 @@ pub enum ChildFault {
     Abort,
     /// The process stops answering (it sleeps until killed).
     Hang,
+    /// The process stops answering when asked to shut down (armed now, not at the next run).
+    HangOnShutdown,
 }
 
 /// The main function of the `simpler-chip-child` binary; returns its exit status.

@@ -569,6 +569,7 @@ impl ChipProcess {
             super::ChildFault::Segfault => 1,
             super::ChildFault::Abort => 2,
             super::ChildFault::Hang => 3,
+            super::ChildFault::HangOnShutdown => 4,
         });
         self.call(op::ARM_FAULT, "arm fault", None).map(|_| ())
     }
