@@ -205,8 +205,10 @@ impl Child {
                     seen = state::DONE;
                 }
                 state::SHUTDOWN => {
-                    while self.fault == 4 {
-                        std::thread::sleep(Duration::from_secs(1));
+                    if self.fault == 4 {
+                        loop {
+                            std::thread::sleep(Duration::from_secs(1));
+                        }
                     }
                     let residue = self.state.take().map(|mut s| s.finalize()).unwrap_or_default();
                     self.out.0.clear();

@@ -166,6 +166,7 @@ impl ChipProcess {
             }
         };
         self.live = Some(Live { child, pid, _pidfd: pidfd, mailbox });
+        let started = Instant::now();
         let mut seen = state::STARTING;
         loop {
             let live = self.live.as_mut().expect("set above");
@@ -211,7 +212,7 @@ impl ChipProcess {
                     operation: "start",
                     seq: 0,
                     run: None,
-                    budget: Duration::ZERO,
+                    budget: started.elapsed(),
                 }));
             }
         }
