@@ -277,6 +277,7 @@ mod tests {
             .block_dim(3)
             .aicpu_thread_num(2)
             .dep_gen(true)
+            .output_prefix("/tmp/simpler-diagnostics")
             .heap_bytes(RingSel::Ring(1), 4096)
             .build()
             .expect("valid");
