@@ -137,9 +137,16 @@ impl fmt::Display for ChildExit {
         match self {
             ChildExit::Code(c) => write!(f, "exited with status {c}"),
             ChildExit::Signal(s) => {
-                let name = rustix::process::Signal::from_named_raw(*s)
-                    .map(|s| format!(" ({s:?})"))
-                    .unwrap_or_default();
+                let name = match *s {
+                    libc::SIGSEGV => " (SIGSEGV)",
+                    libc::SIGABRT => " (SIGABRT)",
+                    libc::SIGKILL => " (SIGKILL)",
+                    libc::SIGBUS => " (SIGBUS)",
+                    libc::SIGILL => " (SIGILL)",
+                    libc::SIGFPE => " (SIGFPE)",
+                    libc::SIGTERM => " (SIGTERM)",
+                    _ => "",
+                };
                 write!(f, "was killed by signal {s}{name}")
             }
         }
