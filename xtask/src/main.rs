@@ -119,6 +119,7 @@ fn ci() -> Result<(), String> {
         cargo(&args, &[])?;
     }
     test(false)?;
+    process_mode_tests()?;
     cargo(
         &["doc", "--workspace", "--no-deps", "--all-features"],
         &[("RUSTDOCFLAGS", "-D warnings")],
@@ -156,6 +157,16 @@ fn require_mpi() -> Result<(), String> {
     Err("Open MPI is missing (`mpicc`, `mpirun`); the `mpi` feature and its tests need it: \
          apt-get install openmpi-bin libopenmpi-dev libclang-dev (`.ci/run` does this)"
         .to_owned())
+}
+
+/// The worker tests that apply to PROCESS mode, again with every L3 worker's chips in child
+/// processes.
+fn process_mode_tests() -> Result<(), String> {
+    let mut args = vec!["test", "-p", "simpler-worker"];
+    for t in ["conformance", "threads", "close_races", "last_handle_dropped_inside"] {
+        args.extend(["--test", t]);
+    }
+    cargo(&args, &[("SIMPLER_TEST_CHIP_MODE", "process")])
 }
 
 fn loom() -> Result<(), String> {

@@ -42,6 +42,8 @@ use crate::graph::GraphBuilder;
 use crate::handle::{
     CallableHandle, Entry, GraphFn, HostFn, Registration, Registry, SharedRegistry,
 };
+use crate::process::parent::ChipInit;
+use crate::process::{ChildMode, ProcessOptions};
 use crate::reentry;
 use crate::run::panic_text;
 use crate::worker::{Body, Worker, new_inner};
@@ -246,6 +248,7 @@ impl ChipWorkerBuilder {
             self.common.prewarm.as_ref(),
             self.common.chip_options.as_ref(),
             &self.common.faults,
+            None,
             deadline,
             self.common.startup_timeout,
             "L2",
@@ -283,6 +286,7 @@ fn attach_chips(
     prewarm: Option<&CallConfig>,
     options: Option<&Arc<ChipOptionsFn>>,
     faults: &Faults,
+    process: Option<&Arc<ProcessOptions>>,
     deadline: Option<Instant>,
     budget: Duration,
     path: &str,
@@ -300,6 +304,7 @@ fn attach_chips(
         let prewarm = prewarm.cloned();
         let options = options.cloned();
         let faults = faults.clone();
+        let process = process.cloned();
         let chip_path = format!("{path} / chip {i} (device {device})");
         let spawned =
             std::thread::Builder::new().name(format!("simpler-attach-{device}")).spawn(move || {
@@ -312,6 +317,12 @@ fn attach_chips(
                             call: "attach",
                             state: "an injected fault is armed".to_owned(),
                         });
+                    }
+                    if let Some(opts) = process {
+                        let init = ChipInit { platform, runtime, device, prewarm };
+                        return crate::process::start_chip(
+                            chip, init, opts, deadline, &callables, faults,
+                        );
                     }
                     let opts = RunnerOptions::new(platform, device, runtime);
                     let opts = match &options {
@@ -375,6 +386,25 @@ fn attach_chips(
                     ));
                 }
             }
+            Err(_) if process.is_some() => {
+                // A chip process still starting is killed at this same deadline by its start-up
+                // thread; waiting for that thread here means `start` returns with every child
+                // reaped.
+                for t in attachers.iter_mut().filter_map(Option::take) {
+                    let _ = t.join();
+                }
+                let names: Vec<String> = pending.iter().flatten().cloned().collect();
+                for (i, r) in rx.try_iter() {
+                    if let Ok(state) = r {
+                        states[i] = Some(state);
+                    }
+                }
+                failure = Some(start_err(
+                    StartCause::DeadlineExceeded { pending: names.clone(), budget },
+                    names.first().map_or(path, String::as_str),
+                ));
+                break;
+            }
             Err(_) => {
                 let names: Vec<String> = pending.iter().flatten().cloned().collect();
                 let mut e = start_err(
@@ -419,6 +449,8 @@ pub struct HostWorkerBuilder {
     alloc_timeout: Duration,
     chip_regs: Vec<(CallableHandle, ChipCallable)>,
     host_regs: Vec<(CallableHandle, String, Arc<HostFn>)>,
+    chip_mode: ChildMode,
+    process: ProcessOptions,
 }
 
 impl std::fmt::Debug for HostWorkerBuilder {
@@ -442,7 +474,24 @@ impl HostWorkerBuilder {
             alloc_timeout: DEFAULT_ALLOC_TIMEOUT,
             chip_regs: Vec::new(),
             host_regs: Vec::new(),
+            chip_mode: ChildMode::Thread,
+            process: ProcessOptions::default(),
         }
+    }
+
+    /// Where the chips run (default [`ChildMode::Thread`]); `ChildMode::Process` starts each
+    /// chip in a child process (`docs/process-mode.md`).
+    #[must_use]
+    pub fn chip_mode(mut self, mode: ChildMode) -> Self {
+        self.chip_mode = mode;
+        self
+    }
+
+    /// Settings of [`ChildMode::Process`].
+    #[must_use]
+    pub fn process_options(mut self, options: ProcessOptions) -> Self {
+        self.process = options;
+        self
     }
 
     chip_builder_methods!();
@@ -497,6 +546,16 @@ impl HostWorkerBuilder {
                 &path,
             ));
         }
+        let process =
+            (self.chip_mode == ChildMode::Process).then(|| Arc::new(self.process.clone()));
+        if process.is_some() && self.common.chip_options.is_some() {
+            return Err(start_err(
+                StartCause::Config(
+                    "chip_options cannot reach chips in child processes (a closure does not cross processes)".into(),
+                ),
+                &path,
+            ));
+        }
         // 2.
         let callables: Vec<ChipCallable> = self.chip_regs.iter().map(|(_, c)| c.clone()).collect();
         let states = attach_chips(
@@ -507,6 +566,7 @@ impl HostWorkerBuilder {
             self.common.prewarm.as_ref(),
             self.common.chip_options.as_ref(),
             &self.common.faults,
+            process.as_ref(),
             deadline,
             self.common.startup_timeout,
             &path,

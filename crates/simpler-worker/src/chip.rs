@@ -55,6 +55,9 @@ pub(crate) struct ChipState {
     next_run: u64,
     /// Injected faults (armed by tests only).
     faults: Faults,
+    /// PROCESS mode: the chip lives in this child process and every call goes there
+    /// (`runner` is `None`).
+    pub(crate) process: Option<crate::process::parent::ChipProcess>,
 }
 
 /// What finalizing a chip left behind.
@@ -88,6 +91,26 @@ impl ChipState {
             scratch: TaskArgs::new(),
             next_run: 1,
             faults,
+            process: None,
+        }
+    }
+
+    /// A chip whose runner lives in a child process (PROCESS mode).
+    pub(crate) fn in_process(
+        chip: WorkerId,
+        process: crate::process::parent::ChipProcess,
+        faults: Faults,
+    ) -> ChipState {
+        ChipState {
+            chip,
+            runner: None,
+            prepared: HashMap::new(),
+            unusable: HashSet::new(),
+            allocations: BTreeMap::new(),
+            scratch: TaskArgs::new(),
+            next_run: 1,
+            faults,
+            process: Some(process),
         }
     }
 
@@ -96,7 +119,10 @@ impl ChipState {
     }
 
     /// Whether content `id` is unusable on this chip because removing it failed.
-    pub(crate) fn is_unusable(&self, id: &CallableId) -> bool {
+    pub(crate) fn is_unusable(&mut self, id: &CallableId) -> bool {
+        if let Some(p) = &mut self.process {
+            return p.query(id).1;
+        }
         self.unusable.contains(id)
     }
 
@@ -104,6 +130,9 @@ impl ChipState {
     /// checks [`is_unusable`](Self::is_unusable) first: content whose removal failed is in an
     /// unknown state on the device and is never prepared again before close.
     pub(crate) fn register(&mut self, c: &ChipCallable) -> Result<(), DeviceError> {
+        if let Some(p) = &mut self.process {
+            return p.register(c);
+        }
         if let Some(p) = self.prepared.get_mut(&c.id()) {
             p.refs += 1;
             return Ok(());
@@ -124,6 +153,9 @@ impl ChipState {
 
     /// Drops one reference to `id`, removing it from the chip at the last.
     pub(crate) fn release(&mut self, id: &CallableId) -> Result<(), DeviceError> {
+        if let Some(p) = &mut self.process {
+            return p.release(id);
+        }
         let Some(p) = self.prepared.get_mut(id) else { return Ok(()) };
         p.refs -= 1;
         if p.refs > 0 {
@@ -157,7 +189,10 @@ impl ChipState {
     }
 
     /// References held on `id` (0 when not prepared).
-    pub(crate) fn refs(&self, id: &CallableId) -> usize {
+    pub(crate) fn refs(&mut self, id: &CallableId) -> usize {
+        if let Some(p) = &mut self.process {
+            return p.query(id).0;
+        }
         self.prepared.get(id).map_or(0, |p| p.refs)
     }
 
@@ -259,6 +294,9 @@ impl ChipState {
         config: &CallConfig,
         origin: TaskId,
     ) -> Result<(), EndpointFailure> {
+        if let Some(p) = &mut self.process {
+            return p.run(callable, args, config, origin);
+        }
         let (run, prepared) = self.begin_run(callable, args, config, Some(origin));
         match (run, prepared) {
             (Some(run), Ok(())) => self.finish_run(run).map_err(device_failure),
@@ -268,6 +306,9 @@ impl ChipState {
     }
 
     pub(crate) fn malloc(&mut self, bytes: u64) -> Result<u64, MemError> {
+        if let Some(p) = &mut self.process {
+            return p.malloc(bytes);
+        }
         let chip = self.chip;
         let p = self.runner().and_then(|r| r.malloc(bytes)).map_err(|e| mem_err(chip, &e))?;
         self.allocations.insert(p.addr(), bytes);
@@ -275,6 +316,9 @@ impl ChipState {
     }
 
     pub(crate) fn free(&mut self, addr: u64) -> Result<(), MemError> {
+        if let Some(p) = &mut self.process {
+            return p.free(addr);
+        }
         let chip = self.chip;
         self.runner().and_then(|r| r.free(DevicePtr(addr))).map_err(|e| mem_err(chip, &e))?;
         self.allocations.remove(&addr);
@@ -282,6 +326,9 @@ impl ChipState {
     }
 
     pub(crate) fn copy_to(&mut self, addr: u64, data: &[u8]) -> Result<(), MemError> {
+        if let Some(p) = &mut self.process {
+            return p.copy_to(addr, data);
+        }
         let chip = self.chip;
         self.runner()
             .and_then(|r| r.copy_to_device(DevicePtr(addr), data))
@@ -289,6 +336,9 @@ impl ChipState {
     }
 
     pub(crate) fn copy_from(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, MemError> {
+        if let Some(p) = &mut self.process {
+            return p.copy_from(addr, len);
+        }
         let chip = self.chip;
         let mut out = vec![0u8; len];
         self.runner()
@@ -298,6 +348,9 @@ impl ChipState {
     }
 
     pub(crate) fn ledger(&mut self) -> Result<MemoryLedger, MemError> {
+        if let Some(p) = &mut self.process {
+            return p.ledger();
+        }
         let chip = self.chip;
         Ok(self.runner().map_err(|e| mem_err(chip, &e))?.stats().memory)
     }
@@ -305,6 +358,9 @@ impl ChipState {
     /// Finalizes the runner; returns what it left behind: stuck device threads as leaked,
     /// a finalize error as failed.
     pub(crate) fn finalize(&mut self) -> Vec<Residue> {
+        if let Some(mut p) = self.process.take() {
+            return p.shutdown();
+        }
         let Some(runner) = self.runner.take() else { return Vec::new() };
         let chip = self.chip;
         let mut residue: Vec<Residue> = match runner.finalize() {

@@ -4,7 +4,8 @@
 //!
 //! Layer: above `simpler-sched` (the engine it drives at L3+) and `simpler-device-a2a3` (the
 //! `DeviceRunner` each chip lane owns). It must not know device internals beyond the
-//! `DeviceRunner` API, and it contains no `unsafe` code but one MPI call (inventory below).
+//! `DeviceRunner` API. Its `unsafe` code is listed in the inventory below: PROCESS mode's
+//! shared memory and, with feature `mpi`, one MPI call.
 //!
 //! | Module | Holds |
 //! |---|---|
@@ -20,6 +21,22 @@
 //! | `error` | every error type of this crate |
 //! | `faults` | injected chip faults for rollback and teardown tests |
 //! | `remote` | feature `mpi`: remote L3 children over MPI (`docs/multi-host.md`) |
+//! | `process` | PROCESS mode: chips in child processes (`docs/process-mode.md`) |
+//!
+//! # Unsafe inventory
+//!
+//! PROCESS mode needs `unsafe` for memory shared with another process, and the MPI transport
+//! for one FFI call:
+//!
+//! - `src/process/mailbox.rs`: references to the atomics of the mapped mailbox and copies
+//!   into and out of its payload area, handed to one side at a time by the state word.
+//! - `src/process/spawn.rs`: the `pre_exec` hook that moves the mailbox descriptor into place
+//!   in the forked child (`dup2`/`fcntl` only).
+//! - `src/process/child.rs`: taking ownership of the inherited mailbox descriptor.
+//! - `src/remote/transport.rs` (feature `mpi`): setting MPI's errors-return handler, which the
+//!   `mpi` crate has no safe call for.
+//!
+//! # Example
 //!
 //! ```
 //! use simpler_device_a2a3::{Platform, RuntimeVariant};
@@ -72,14 +89,7 @@
 //! b.close();
 //! ```
 //!
-//! Unsafe inventory: without feature `mpi` the crate forbids unsafe code; with it, one FFI
-//! call in `src/remote/transport.rs` sets MPI's errors-return handler, for which the `mpi`
-//! crate has no safe function.
-
-// The MPI transport makes one FFI call (setting the errors-return handler), in one
-// function that allows it; every other module stays free of `unsafe`.
-#![cfg_attr(not(feature = "mpi"), forbid(unsafe_code))]
-#![cfg_attr(feature = "mpi", deny(unsafe_code))]
+#![deny(unsafe_code)]
 
 mod builder;
 mod child;
@@ -93,6 +103,8 @@ mod gate;
 mod graph;
 mod handle;
 mod memory;
+#[allow(unsafe_code)]
+mod process;
 mod reentry;
 #[cfg(feature = "mpi")]
 pub mod remote;
@@ -116,6 +128,11 @@ pub use error::{
 pub use graph::{GraphBuilder, GraphCallback, Orchestration};
 pub use handle::{CallableHandle, GraphFn, HostFn};
 pub use memory::{ChipMemory, DeviceBuffer};
+#[cfg(feature = "sim")]
+pub use process::ChildFault;
+#[doc(hidden)]
+pub use process::chip_child_main;
+pub use process::{ChildError, ChildExit, ChildMode, OnChildDeath, ProcessOptions};
 pub use run::RunHandle;
 pub use simpler_device_a2a3::MemoryLedger;
 pub use worker::Worker;

@@ -18,9 +18,22 @@ pub fn add_callable(variant: u32) -> ChipCallable {
     add::builder().names(format!("add_{variant}"), "add_config").build().expect("valid callable")
 }
 
-/// An L3 builder on the simulator.
+/// An L3 builder on the simulator; with `SIMPLER_TEST_CHIP_MODE=process` its chips run in
+/// child processes, so the same tests check PROCESS mode (`cargo xtask ci` runs both).
 pub fn host() -> HostWorkerBuilder {
-    Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph)
+    let b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph);
+    if process_mode() {
+        let options = simpler_worker::ProcessOptions::default()
+            .child_path(env!("CARGO_BIN_EXE_simpler-chip-child"));
+        b.chip_mode(simpler_worker::ChildMode::Process).process_options(options)
+    } else {
+        b
+    }
+}
+
+/// Whether this test run checks PROCESS mode (`SIMPLER_TEST_CHIP_MODE=process`).
+pub fn process_mode() -> bool {
+    std::env::var("SIMPLER_TEST_CHIP_MODE").is_ok_and(|m| m == "process")
 }
 
 /// Registers the host closure `hold`, which waits at the returned two-party barrier: a task of

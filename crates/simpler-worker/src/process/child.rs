@@ -1,0 +1,363 @@
+//! The chip process: one chip's `ChipState` served through the inherited mailbox
+//! (`docs/process-mode.md`, "The child").
+//!
+//! Exit statuses: 0 after a shutdown, 1 when the chip failed to start, 2 when orphaned, 3 for
+//! bad arguments or a refused mailbox, 4 for a protocol violation by the worker.
+
+use std::collections::HashMap;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::time::Duration;
+
+use simpler_device_a2a3::{DeviceError, DeviceRunner, Platform, RunnerOptions, RuntimeVariant};
+use simpler_types::{
+    CallableId, EndpointOutcome, FailureMechanism, RunId, TaskArgs, TaskId, WorkerId,
+};
+
+use super::catalog;
+use super::mailbox::{Mailbox, state};
+use super::spawn::MAILBOX_FD;
+use super::wire::{FailureFrame, Malformed, Reader, Writer, decode_config, op, status};
+use crate::chip::{ChipState, Residue};
+use crate::error::MemError;
+use crate::faults::Faults;
+
+/// How often a waiting child checks that its parent is alive.
+const PARENT_CHECK: Duration = Duration::from_millis(10);
+
+fn arg(name: &str) -> Option<u32> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok())
+}
+
+fn parent_alive(parent: u32) -> bool {
+    rustix::process::getppid().is_some_and(|p| p.as_raw_nonzero().get() as u32 == parent)
+}
+
+pub(crate) fn main() -> i32 {
+    let (Some(chip), Some(parent)) = (arg("--chip"), arg("--parent")) else {
+        eprintln!("simpler-chip-child is started by a worker in PROCESS mode, not by hand");
+        return 3;
+    };
+    // Dies with the worker's spawner thread, which lives as long as the worker's process; the
+    // parent check below covers the window before this call.
+    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+    if !parent_alive(parent) {
+        return 2;
+    }
+    // SAFETY: the worker placed the mailbox at this descriptor for this process before exec
+    // and nothing else in this process owns or closes it.
+    let fd = unsafe { OwnedFd::from_raw_fd(MAILBOX_FD) };
+    let mailbox = match Mailbox::open(&fd, parent) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("simpler-chip-child: {e}");
+            return 3;
+        }
+    };
+    drop(fd);
+    let mut child = Child {
+        mailbox,
+        parent,
+        state: None,
+        chip: WorkerId(chip),
+        contents: HashMap::new(),
+        last_seq: 0,
+        request: Vec::new(),
+        out: Writer::default(),
+        fault: 0,
+    };
+    if !child.init() {
+        return 1;
+    }
+    child.serve()
+}
+
+struct Child {
+    mailbox: Mailbox,
+    parent: u32,
+    state: Option<ChipState>,
+    chip: WorkerId,
+    /// Digest → the id of the content as this process built it.
+    contents: HashMap<[u8; 32], CallableId>,
+    last_seq: u64,
+    /// The private copy of the current request.
+    request: Vec<u8>,
+    out: Writer,
+    /// The armed crash fault (0 = none).
+    fault: u8,
+}
+
+fn frame(outcome: EndpointOutcome, message: String) -> FailureFrame {
+    FailureFrame { outcome, mechanism: FailureMechanism::EndpointFailed, code: None, message }
+}
+
+fn device_frame(e: &DeviceError) -> FailureFrame {
+    let outcome = if e.poisons_device() {
+        EndpointOutcome::EndpointFailure
+    } else {
+        EndpointOutcome::TaskFailure
+    };
+    FailureFrame {
+        outcome,
+        mechanism: e.mechanism(),
+        code: e.device_code(),
+        message: e.to_string(),
+    }
+}
+
+fn mem_frame(e: &MemError) -> FailureFrame {
+    match e {
+        MemError::DeviceUnusable { message, code, .. } => FailureFrame {
+            outcome: EndpointOutcome::EndpointFailure,
+            mechanism: FailureMechanism::EndpointFailed,
+            code: *code,
+            message: message.clone(),
+        },
+        MemError::Device { message, code, .. } => FailureFrame {
+            outcome: EndpointOutcome::TaskFailure,
+            mechanism: FailureMechanism::TaskFailed,
+            code: *code,
+            message: message.clone(),
+        },
+        other => frame(EndpointOutcome::TaskFailure, other.to_string()),
+    }
+}
+
+impl Child {
+    /// Reads the INIT frame, attaches the chip and publishes `READY` or `INIT_FAILED`.
+    fn init(&mut self) -> bool {
+        self.mailbox.read_payload(&mut self.request);
+        let request = std::mem::take(&mut self.request);
+        let attached = self.attach(&request);
+        self.request = request;
+        self.out.0.clear();
+        match attached {
+            Ok(state) => {
+                self.state = Some(state);
+                self.mailbox.publish(state::READY);
+                true
+            }
+            Err(f) => {
+                f.encode(&mut self.out);
+                let _ = self.mailbox.write_reply(status::FAILED, 0, &self.out.0);
+                self.mailbox.publish(state::INIT_FAILED);
+                false
+            }
+        }
+    }
+
+    fn attach(&self, request: &[u8]) -> Result<ChipState, FailureFrame> {
+        let malformed = |e: Malformed| frame(EndpointOutcome::EndpointFailure, e.to_string());
+        let mut r = Reader(request);
+        let platform = match r.u8().map_err(malformed)? {
+            0 => Platform::A2a3Sim,
+            _ => Platform::A2a3,
+        };
+        let runtime = match r.u8().map_err(malformed)? {
+            0 => RuntimeVariant::HostBuildGraph,
+            _ => RuntimeVariant::TensormapAndRingbuffer,
+        };
+        let device = r.u32().map_err(malformed)?;
+        let _chip = r.u32().map_err(malformed)?;
+        let prewarm = match r.u8().map_err(malformed)? {
+            1 => Some(decode_config(&mut r).map_err(malformed)?),
+            _ => None,
+        };
+        let mut runner = DeviceRunner::attach(RunnerOptions::new(platform, device, runtime))
+            .map_err(|e| device_frame(&e))?;
+        if let Some(cfg) = &prewarm {
+            runner.prewarm(cfg).map_err(|e| device_frame(&e))?;
+        }
+        Ok(ChipState::new(self.chip, runner, Faults::default()))
+    }
+
+    /// Serves requests until `SHUTDOWN`; returns the exit status.
+    fn serve(&mut self) -> i32 {
+        let mut seen = state::READY;
+        loop {
+            let s = self.mailbox.wait_while(seen, PARENT_CHECK);
+            match s {
+                state::REQUEST => {
+                    let (code, seq) = self.mailbox.request();
+                    if seq <= self.last_seq {
+                        eprintln!(
+                            "simpler-chip-child: request {seq} after {}: duplicate or decreasing",
+                            self.last_seq
+                        );
+                        return 4;
+                    }
+                    self.last_seq = seq;
+                    self.mailbox.read_payload(&mut self.request);
+                    // Quiet: the worker waits for DONE, whose store wakes it.
+                    self.mailbox.set_quietly(state::ACCEPTED);
+                    let st = self.execute(code);
+                    if self.mailbox.write_reply(st, seq, &self.out.0).is_err() {
+                        // A reply too large for the mailbox: send the failure instead.
+                        self.out.0.clear();
+                        frame(
+                            EndpointOutcome::TaskFailure,
+                            "the reply does not fit the mailbox".into(),
+                        )
+                        .encode(&mut self.out);
+                        let _ = self.mailbox.write_reply(status::FAILED, seq, &self.out.0);
+                    }
+                    self.mailbox.publish(state::DONE);
+                    seen = state::DONE;
+                }
+                state::SHUTDOWN => {
+                    if self.fault == 4 {
+                        loop {
+                            std::thread::sleep(Duration::from_secs(1));
+                        }
+                    }
+                    let residue = self.state.take().map(|mut s| s.finalize()).unwrap_or_default();
+                    self.out.0.clear();
+                    self.out.u32(residue.len() as u32);
+                    for r in &residue {
+                        match r {
+                            Residue::Leaked(t) => self.out.u8(1).str(t),
+                            Residue::Failed(t) => self.out.u8(0).str(t),
+                        };
+                    }
+                    let _ = self.mailbox.write_reply(status::OK, self.last_seq, &self.out.0);
+                    self.mailbox.publish(state::EXITED);
+                    return 0;
+                }
+                other => {
+                    if other == seen && !parent_alive(self.parent) {
+                        return 2;
+                    }
+                    seen = other;
+                }
+            }
+        }
+    }
+
+    /// Executes the request in `self.request` into `self.out`; returns the status.
+    fn execute(&mut self, code: u32) -> u32 {
+        self.out.0.clear();
+        let request = std::mem::take(&mut self.request);
+        let r = self.dispatch(code, &mut Reader(&request));
+        self.request = request;
+        match r {
+            Ok(()) => status::OK,
+            Err(f) => {
+                self.out.0.clear();
+                f.encode(&mut self.out);
+                status::FAILED
+            }
+        }
+    }
+
+    fn dispatch(&mut self, code: u32, r: &mut Reader<'_>) -> Result<(), FailureFrame> {
+        let malformed = |e: Malformed| frame(EndpointOutcome::EndpointFailure, e.to_string());
+        let Some(state) = self.state.as_mut() else {
+            return Err(frame(EndpointOutcome::EndpointFailure, "the chip is finalized".into()));
+        };
+        match code {
+            op::REGISTER => {
+                let digest = r.digest().map_err(malformed)?;
+                let bytes = r.bytes().map_err(malformed)?;
+                let c = catalog::resolve(bytes, &digest)
+                    .map_err(|e| frame(EndpointOutcome::TaskFailure, e.to_string()))?;
+                if state.is_unusable(&c.id()) {
+                    return Err(frame(
+                        EndpointOutcome::TaskFailure,
+                        format!("unusable on chip {} after a failed removal", self.chip),
+                    ));
+                }
+                state.register(&c).map_err(|e| device_frame(&e))?;
+                self.contents.insert(digest, c.id());
+            }
+            op::RELEASE => {
+                let digest = r.digest().map_err(malformed)?;
+                let Some(id) = self.contents.get(&digest).copied() else { return Ok(()) };
+                let released = state.release(&id);
+                if state.refs(&id) == 0 {
+                    self.contents.remove(&digest);
+                }
+                released.map_err(|e| device_frame(&e))?;
+            }
+            op::QUERY => {
+                let digest = r.digest().map_err(malformed)?;
+                let (refs, unusable) = match self.contents.get(&digest) {
+                    Some(id) => (state.refs(id), state.is_unusable(id)),
+                    None => (0, false),
+                };
+                self.out.u64(refs as u64).u8(u8::from(unusable));
+            }
+            op::RUN => {
+                let digest = r.digest().map_err(malformed)?;
+                let run = RunId::from_raw(r.u64().map_err(malformed)?)
+                    .ok_or(Malformed("run id 0"))
+                    .map_err(malformed)?;
+                let origin = TaskId::new(run, r.u32().map_err(malformed)?);
+                let config = decode_config(r).map_err(malformed)?;
+                let args = TaskArgs::decode(r.bytes().map_err(malformed)?)
+                    .map_err(|e| frame(EndpointOutcome::TaskFailure, e.to_string()))?;
+                Self::crash_if_armed(self.fault);
+                let id = self.contents.get(&digest).copied().ok_or_else(|| {
+                    frame(EndpointOutcome::TaskFailure, "content not prepared on this chip".into())
+                })?;
+                state.run(&id, args.view(), &config, origin).map_err(|f| FailureFrame {
+                    outcome: f.outcome,
+                    mechanism: f.mechanism,
+                    code: f.device_code,
+                    message: f.message,
+                })?;
+            }
+            op::MALLOC => {
+                let addr = state.malloc(r.u64().map_err(malformed)?).map_err(|e| mem_frame(&e))?;
+                self.out.u64(addr);
+            }
+            op::FREE => state.free(r.u64().map_err(malformed)?).map_err(|e| mem_frame(&e))?,
+            op::COPY_TO => {
+                let addr = r.u64().map_err(malformed)?;
+                let data = r.bytes().map_err(malformed)?;
+                state.copy_to(addr, data).map_err(|e| mem_frame(&e))?;
+            }
+            op::COPY_FROM => {
+                let addr = r.u64().map_err(malformed)?;
+                let len = r.u64().map_err(malformed)? as usize;
+                let data = state.copy_from(addr, len).map_err(|e| mem_frame(&e))?;
+                self.out.0.extend_from_slice(&data);
+            }
+            op::LEDGER => {
+                let l = state.ledger().map_err(|e| mem_frame(&e))?;
+                self.out.u64(l.committed).u64(l.user_allocations);
+                self.out.u64(l.pooled_arenas).u64(l.runtime_buffers);
+            }
+            op::ARM_FAULT => self.fault = r.u8().map_err(malformed)?,
+            other => {
+                return Err(frame(
+                    EndpointOutcome::EndpointFailure,
+                    format!("unknown operation {other}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The crash faults of the crash-isolation tests (armed only through the simulator-only
+    /// `Worker::arm_chip_process_fault`).
+    fn crash_if_armed(fault: u8) {
+        match fault {
+            1 => loop {
+                // The first delivery may meet the runtime's stack-overflow handler, which
+                // restores the default action and returns; the next one then kills.
+                let _ = rustix::process::kill_process(
+                    rustix::process::getpid(),
+                    rustix::process::Signal::SEGV,
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            },
+            2 => std::process::abort(),
+            3 => loop {
+                std::thread::sleep(Duration::from_secs(1));
+            },
+            // Acted on at shutdown.
+            4 => {}
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! The shared-memory mailbox between the worker and one chip process (`docs/process-mode.md`).
+//!
+//! One anonymous `memfd` of [`MAILBOX_BYTES`], created by the worker and inherited by the child,
+//! so nothing named is left behind whichever side dies. It holds a header (magic, version,
+//! layout size, both pids, reserved bytes that must be zero), the request lane (state word,
+//! operation, sequence numbers, status, payload length) and the payload area.
+//!
+//! Invariant: the state word orders every other field. A side writes the payload and the
+//! small fields, then stores the state with `Release`; the other side loads the state with
+//! `Acquire` before it reads them. Only the side the state hands the mailbox to touches the
+//! payload: the worker while the state is `IDLE` or `DONE`, the child while it is `REQUEST`
+//! or `STARTING`. The small fields are atomics, so even a misbehaving peer causes wrong
+//! values, never a data race in this process.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use memmap2::MmapRaw;
+use rustix::fs::MemfdFlags;
+use rustix::thread::futex;
+
+/// Size of a mailbox in bytes.
+pub(crate) const MAILBOX_BYTES: usize = 64 * 1024;
+const MAGIC: u64 = u64::from_le_bytes(*b"SMPLRMBX");
+/// Bumped whenever the layout or a frame changes.
+pub(crate) const VERSION: u32 = 1;
+const HEADER_BYTES: usize = 64;
+const LANE_BYTES: usize = 64;
+const PAYLOAD_OFFSET: usize = HEADER_BYTES + LANE_BYTES;
+/// Bytes available to one request or reply payload.
+pub(crate) const PAYLOAD_BYTES: usize = MAILBOX_BYTES - PAYLOAD_OFFSET;
+const RESERVED_BYTES: usize = HEADER_BYTES - 24;
+
+/// States of the request lane (the futex word).
+pub(crate) mod state {
+    /// The child has not finished its start yet.
+    pub(crate) const STARTING: u32 = 0;
+    /// The child started its chip and waits for requests.
+    pub(crate) const READY: u32 = 1;
+    /// The child could not start its chip; the payload holds the error frame.
+    pub(crate) const INIT_FAILED: u32 = 2;
+    /// No request in flight.
+    pub(crate) const IDLE: u32 = 3;
+    /// The worker published a request.
+    pub(crate) const REQUEST: u32 = 4;
+    /// The child copied the request and executes it.
+    pub(crate) const ACCEPTED: u32 = 5;
+    /// The child published the reply.
+    pub(crate) const DONE: u32 = 6;
+    /// The worker asks the child to finalize its chip and exit.
+    pub(crate) const SHUTDOWN: u32 = 7;
+    /// The child finalized its chip; the payload holds what finalize left behind.
+    pub(crate) const EXITED: u32 = 8;
+}
+
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    version: AtomicU32,
+    layout: AtomicU32,
+    parent_pid: AtomicU32,
+    child_pid: AtomicU32,
+    reserved: [u8; RESERVED_BYTES],
+}
+
+#[repr(C)]
+struct Lane {
+    state: AtomicU32,
+    op: AtomicU32,
+    seq: AtomicU64,
+    reply_seq: AtomicU64,
+    status: AtomicU32,
+    len: AtomicU32,
+}
+
+const _: () = assert!(size_of::<Header>() == HEADER_BYTES);
+const _: () = assert!(size_of::<Lane>() <= LANE_BYTES);
+
+/// A mapped mailbox, on either side.
+pub(crate) struct Mailbox {
+    map: MmapRaw,
+}
+
+/// Why a child refused the mailbox it was given.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OpenError {
+    #[error("cannot map the mailbox: {0}")]
+    Map(std::io::Error),
+    #[error("the mailbox has {found} bytes, expected {MAILBOX_BYTES}")]
+    Size { found: usize },
+    #[error("bad mailbox header: {0}")]
+    Header(&'static str),
+}
+
+impl Mailbox {
+    /// Creates a fresh mailbox (close-on-exec; the spawner passes it on explicitly).
+    pub(crate) fn create() -> std::io::Result<(Mailbox, OwnedFd)> {
+        let fd = rustix::fs::memfd_create("simpler-chip-mailbox", MemfdFlags::CLOEXEC)?;
+        rustix::fs::ftruncate(&fd, MAILBOX_BYTES as u64)?;
+        let map = MmapRaw::map_raw(&File::from(fd.try_clone()?))?;
+        let mailbox = Mailbox { map };
+        let h = mailbox.header();
+        h.version.store(VERSION, Ordering::Relaxed);
+        h.layout.store(MAILBOX_BYTES as u32, Ordering::Relaxed);
+        h.parent_pid.store(std::process::id(), Ordering::Relaxed);
+        h.magic.store(MAGIC, Ordering::Relaxed);
+        mailbox.lane().state.store(state::STARTING, Ordering::Release);
+        Ok((mailbox, fd))
+    }
+
+    /// Maps an inherited mailbox and checks its header against this build and `parent`.
+    pub(crate) fn open(fd: impl AsFd, parent: u32) -> Result<Mailbox, OpenError> {
+        let file = File::from(fd.as_fd().try_clone_to_owned().map_err(OpenError::Map)?);
+        let map = MmapRaw::map_raw(&file).map_err(OpenError::Map)?;
+        if map.len() != MAILBOX_BYTES {
+            return Err(OpenError::Size { found: map.len() });
+        }
+        let mailbox = Mailbox { map };
+        let h = mailbox.header();
+        if h.magic.load(Ordering::Acquire) != MAGIC {
+            return Err(OpenError::Header("wrong magic"));
+        }
+        if h.version.load(Ordering::Relaxed) != VERSION {
+            return Err(OpenError::Header("another protocol version"));
+        }
+        if h.layout.load(Ordering::Relaxed) != MAILBOX_BYTES as u32 {
+            return Err(OpenError::Header("another layout size"));
+        }
+        if h.parent_pid.load(Ordering::Relaxed) != parent {
+            return Err(OpenError::Header("created by another process than the parent"));
+        }
+        if h.reserved.iter().any(|&b| b != 0) {
+            return Err(OpenError::Header("reserved bytes are not zero"));
+        }
+        h.child_pid.store(std::process::id(), Ordering::Relaxed);
+        Ok(mailbox)
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping is page-aligned, at least `MAILBOX_BYTES` long and lives as long
+        // as `self`; `Header` is `repr(C)` of atomics and bytes, valid for any bit pattern.
+        // Its only non-atomic part (`reserved`) is written by nobody after `create` zeroed it.
+        unsafe { &*self.map.as_ptr().cast::<Header>() }
+    }
+
+    fn lane(&self) -> &Lane {
+        // SAFETY: as in `header`; `Lane` is all atomics at an 8-aligned offset in the mapping.
+        unsafe { &*self.map.as_ptr().add(HEADER_BYTES).cast::<Lane>() }
+    }
+
+    /// The lane state (`Acquire`: the fields the other side wrote before it are visible).
+    pub(crate) fn state(&self) -> u32 {
+        self.lane().state.load(Ordering::Acquire)
+    }
+
+    /// Publishes `s` (`Release`) and wakes the other side.
+    pub(crate) fn publish(&self, s: u32) {
+        let lane = self.lane();
+        lane.state.store(s, Ordering::Release);
+        // Waking fails only for a bad address, which a live mapping is not.
+        let _ = futex::wake(&lane.state, futex::Flags::empty(), u32::MAX);
+    }
+
+    /// Stores `s` without waking anyone (the worker's `DONE → IDLE`, which no one waits for).
+    pub(crate) fn set_quietly(&self, s: u32) {
+        self.lane().state.store(s, Ordering::Release);
+    }
+
+    /// Parks while the state is `seen`, for at most `timeout`; returns the state then.
+    /// Spins briefly first: a reply often comes within microseconds.
+    pub(crate) fn wait_while(&self, seen: u32, timeout: Duration) -> u32 {
+        for i in 0..256u32 {
+            let s = self.state();
+            if s != seen {
+                return s;
+            }
+            if i < 192 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        let ts = rustix::thread::futex::Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        // EAGAIN (the state changed already), EINTR and ETIMEDOUT all mean "look again".
+        let _ = futex::wait(&self.lane().state, futex::Flags::empty(), seen, Some(&ts));
+        self.state()
+    }
+
+    /// The pid the child wrote when it opened the mailbox (0 before).
+    pub(crate) fn child_pid(&self) -> u32 {
+        self.header().child_pid.load(Ordering::Relaxed)
+    }
+
+    /// Writes a frame: operation, sequence number and payload. `Err(len)` when the payload
+    /// does not fit, before anything changed.
+    pub(crate) fn write_request(&self, op: u32, seq: u64, payload: &[u8]) -> Result<(), usize> {
+        self.write_payload(payload)?;
+        let lane = self.lane();
+        lane.op.store(op, Ordering::Relaxed);
+        lane.seq.store(seq, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes a reply frame: status, the echoed sequence number and payload.
+    pub(crate) fn write_reply(&self, status: u32, seq: u64, payload: &[u8]) -> Result<(), usize> {
+        self.write_payload(payload)?;
+        let lane = self.lane();
+        lane.status.store(status, Ordering::Relaxed);
+        lane.reply_seq.store(seq, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn write_payload(&self, payload: &[u8]) -> Result<(), usize> {
+        if payload.len() > PAYLOAD_BYTES {
+            return Err(payload.len());
+        }
+        // SAFETY: the destination lies inside the mapping (bounds checked above); the state
+        // word hands the payload area to this side only (module invariant), so nobody in this
+        // process holds a reference to it and the peer does not touch it now.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                payload.as_ptr(),
+                self.map.as_mut_ptr().add(PAYLOAD_OFFSET),
+                payload.len(),
+            );
+        }
+        self.lane().len.store(payload.len() as u32, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The operation and sequence number of the request frame.
+    pub(crate) fn request(&self) -> (u32, u64) {
+        let lane = self.lane();
+        (lane.op.load(Ordering::Relaxed), lane.seq.load(Ordering::Relaxed))
+    }
+
+    /// The status and echoed sequence number of the reply frame.
+    pub(crate) fn reply(&self) -> (u32, u64) {
+        let lane = self.lane();
+        (lane.status.load(Ordering::Relaxed), lane.reply_seq.load(Ordering::Relaxed))
+    }
+
+    /// Copies the current payload into `out` (cleared first). A length beyond the area (a
+    /// corrupt frame) is clamped; the decoder then reports the frame as malformed.
+    pub(crate) fn read_payload(&self, out: &mut Vec<u8>) {
+        let len = (self.lane().len.load(Ordering::Relaxed) as usize).min(PAYLOAD_BYTES);
+        out.clear();
+        out.reserve(len);
+        // SAFETY: the source lies inside the mapping; the state word hands the payload area
+        // to this side (module invariant); `out` has capacity for `len` bytes, all of which
+        // are initialised by the copy before `set_len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.map.as_ptr().add(PAYLOAD_OFFSET),
+                out.as_mut_ptr(),
+                len,
+            );
+            out.set_len(len);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mailbox_round_trips_a_frame_and_checks_its_header() {
+        let (mb, fd) = Mailbox::create().expect("memfd");
+        mb.write_request(7, 3, b"hello").expect("fits");
+        let child = Mailbox::open(&fd, std::process::id()).expect("header is valid");
+        assert_eq!(child.request(), (7, 3));
+        let mut buf = Vec::new();
+        child.read_payload(&mut buf);
+        assert_eq!(buf, b"hello");
+        assert_eq!(mb.child_pid(), std::process::id());
+        assert!(matches!(Mailbox::open(&fd, 1), Err(OpenError::Header(_))));
+    }
+
+    #[test]
+    fn an_oversized_payload_is_refused_before_anything_changes() {
+        let (mb, _fd) = Mailbox::create().expect("memfd");
+        mb.write_request(1, 1, b"x").expect("fits");
+        let big = vec![0u8; PAYLOAD_BYTES + 1];
+        assert_eq!(mb.write_request(2, 2, &big), Err(PAYLOAD_BYTES + 1));
+        assert_eq!(mb.request(), (1, 1));
+        assert_eq!(mb.state(), state::STARTING);
+    }
+}

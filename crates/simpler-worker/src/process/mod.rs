@@ -1,0 +1,342 @@
+//! PROCESS mode: each chip of an L3 worker in a child process of its own
+//! (`docs/process-mode.md`).
+//!
+//! | Module | Holds |
+//! |---|---|
+//! | `mailbox` | the shared-memory mailbox (memfd, header, request lane, futex parking) |
+//! | `wire` | frames and their encoding |
+//! | `catalog` | the content a chip process can run |
+//! | `parent` | [`ChipProcess`](parent::ChipProcess), the worker's side of one chip process |
+//! | `child` | the chip process's main loop |
+//! | `spawn` | starting a chip process (fresh exec, inherited mailbox, process group) |
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use simpler_types::{DeviceCode, RunId, WorkerId};
+
+pub(crate) mod catalog;
+pub(crate) mod child;
+pub(crate) mod mailbox;
+pub(crate) mod parent;
+pub(crate) mod spawn;
+pub(crate) mod wire;
+
+/// Where a worker runs its chips.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ChildMode {
+    /// Every chip is a lane (a thread) of the worker's process.
+    #[default]
+    Thread,
+    /// Every chip runs in a child process of its own, started from the `simpler-chip-child`
+    /// binary (see [`ProcessOptions`]). Chip callables must be programs the child can build
+    /// (the reference programs); other content is refused at registration.
+    Process,
+}
+
+/// What happens to a chip whose process died or stopped answering.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnChildDeath {
+    /// The chip stays unusable until close: later calls fail fast naming the first failure.
+    #[default]
+    ChipUnusable,
+    /// The next call on the chip starts a new process and prepares the content the chip
+    /// held again. Device allocations made before the death are gone.
+    Restart,
+}
+
+/// Settings of PROCESS mode.
+#[derive(Clone, Debug)]
+pub struct ProcessOptions {
+    pub(crate) child_path: Option<PathBuf>,
+    pub(crate) control_timeout: Duration,
+    pub(crate) run_timeout: Duration,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) on_death: OnChildDeath,
+}
+
+impl Default for ProcessOptions {
+    /// The binary beside the current executable; 30 s for control calls, 300 s for runs, 10 s
+    /// for shutdown; a dead chip stays unusable.
+    fn default() -> ProcessOptions {
+        ProcessOptions {
+            child_path: None,
+            control_timeout: Duration::from_secs(30),
+            run_timeout: Duration::from_secs(300),
+            shutdown_timeout: Duration::from_secs(10),
+            on_death: OnChildDeath::ChipUnusable,
+        }
+    }
+}
+
+impl ProcessOptions {
+    /// The `simpler-chip-child` binary to start (default: beside the current executable).
+    #[must_use]
+    pub fn child_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.child_path = Some(path.into());
+        self
+    }
+
+    /// How long a registration or memory call may wait for its reply; a child that does not
+    /// answer in time is killed.
+    #[must_use]
+    pub fn control_timeout(mut self, t: Duration) -> Self {
+        self.control_timeout = t;
+        self
+    }
+
+    /// How long a chip run may wait for its reply; a child that does not answer in time is
+    /// killed.
+    #[must_use]
+    pub fn run_timeout(mut self, t: Duration) -> Self {
+        self.run_timeout = t;
+        self
+    }
+
+    /// How long a child may take to finalize its chip and exit after it was asked to; then its
+    /// process group is killed.
+    #[must_use]
+    pub fn shutdown_timeout(mut self, t: Duration) -> Self {
+        self.shutdown_timeout = t;
+        self
+    }
+
+    /// What happens to a chip whose process died or stopped answering.
+    #[must_use]
+    pub fn on_child_death(mut self, policy: OnChildDeath) -> Self {
+        self.on_death = policy;
+        self
+    }
+}
+
+/// How a chip process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChildExit {
+    /// It exited with this status.
+    Code(i32),
+    /// A signal killed it.
+    Signal(i32),
+}
+
+impl ChildExit {
+    pub(crate) fn of(status: std::process::ExitStatus) -> ChildExit {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.code(), status.signal()) {
+            (Some(code), _) => ChildExit::Code(code),
+            (None, Some(sig)) => ChildExit::Signal(sig),
+            (None, None) => ChildExit::Code(-1),
+        }
+    }
+}
+
+impl fmt::Display for ChildExit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChildExit::Code(c) => write!(f, "exited with status {c}"),
+            ChildExit::Signal(s) => {
+                let name = match *s {
+                    libc::SIGSEGV => " (SIGSEGV)",
+                    libc::SIGABRT => " (SIGABRT)",
+                    libc::SIGKILL => " (SIGKILL)",
+                    libc::SIGBUS => " (SIGBUS)",
+                    libc::SIGILL => " (SIGILL)",
+                    libc::SIGFPE => " (SIGFPE)",
+                    libc::SIGTERM => " (SIGTERM)",
+                    _ => "",
+                };
+                write!(f, "was killed by signal {s}{name}")
+            }
+        }
+    }
+}
+
+/// A failure of a chip process or of the way to it (PROCESS mode).
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChildError {
+    /// The process ended while a request was in flight.
+    #[error("chip {chip}: its process (pid {pid}) {exit} during {operation}{} (request {seq})", fmt_run(*run))]
+    Died {
+        /// The chip.
+        chip: WorkerId,
+        /// The process.
+        pid: u32,
+        /// How it ended.
+        exit: ChildExit,
+        /// The request in flight.
+        operation: &'static str,
+        /// Its sequence number.
+        seq: u64,
+        /// The run it served, if it was a run.
+        run: Option<RunId>,
+    },
+    /// The process did not answer within its budget and was killed with its process group.
+    #[error("chip {chip}: its process (pid {pid}) did not answer {operation}{} (request {seq}) within {budget:?} and was killed", fmt_run(*run))]
+    Unresponsive {
+        /// The chip.
+        chip: WorkerId,
+        /// The process.
+        pid: u32,
+        /// The request in flight.
+        operation: &'static str,
+        /// Its sequence number.
+        seq: u64,
+        /// The run it served, if it was a run.
+        run: Option<RunId>,
+        /// The budget that ran out.
+        budget: Duration,
+    },
+    /// An earlier failure made the chip unusable ([`OnChildDeath::ChipUnusable`]).
+    #[error("chip {chip} is unusable since: {cause}")]
+    Unusable {
+        /// The chip.
+        chip: WorkerId,
+        /// The first failure.
+        cause: Box<ChildError>,
+    },
+    /// A request did not fit the mailbox; nothing was sent.
+    #[error("chip {chip}: the {operation} request has {len} bytes, the mailbox holds {capacity}")]
+    Oversized {
+        /// The chip.
+        chip: WorkerId,
+        /// The request.
+        operation: &'static str,
+        /// Its payload length.
+        len: usize,
+        /// The mailbox's payload capacity.
+        capacity: usize,
+    },
+    /// The process broke the protocol (a stale or malformed reply); the chip is unusable.
+    #[error("chip {chip}: the chip process broke the protocol: {message}")]
+    Protocol {
+        /// The chip.
+        chip: WorkerId,
+        /// What was wrong.
+        message: String,
+    },
+    /// The process could not be started.
+    #[error("chip {chip}: cannot start its process: {message}")]
+    Spawn {
+        /// The chip.
+        chip: WorkerId,
+        /// What failed (paths tried, the OS error).
+        message: String,
+    },
+    /// The chip's device reported a failure inside the process.
+    #[error("chip {chip}: {message}")]
+    Device {
+        /// The chip.
+        chip: WorkerId,
+        /// The run, if a run failed.
+        run: Option<RunId>,
+        /// The device code, if the device reported one.
+        code: Option<DeviceCode>,
+        /// The device's text.
+        message: String,
+    },
+}
+
+fn fmt_run(run: Option<RunId>) -> String {
+    run.map(|r| format!(" of {r}")).unwrap_or_default()
+}
+
+impl ChildError {
+    /// The chip.
+    pub fn chip(&self) -> WorkerId {
+        match self {
+            ChildError::Died { chip, .. }
+            | ChildError::Unresponsive { chip, .. }
+            | ChildError::Unusable { chip, .. }
+            | ChildError::Oversized { chip, .. }
+            | ChildError::Protocol { chip, .. }
+            | ChildError::Spawn { chip, .. }
+            | ChildError::Device { chip, .. } => *chip,
+        }
+    }
+}
+
+/// A fault a chip process acts on at its next run (simulator builds, for crash tests).
+#[cfg(feature = "sim")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ChildFault {
+    /// The process dies of `SIGSEGV`.
+    Segfault,
+    /// The process aborts (`SIGABRT`).
+    Abort,
+    /// The process stops answering (it sleeps until killed).
+    Hang,
+    /// The process stops answering when asked to shut down (armed now, not at the next run).
+    HangOnShutdown,
+}
+
+/// The main function of the `simpler-chip-child` binary; returns its exit status.
+#[doc(hidden)]
+pub fn chip_child_main() -> i32 {
+    child::main()
+}
+
+/// Starts chip `chip` in a child process and prepares `callables` there: the PROCESS-mode
+/// half of a chip's attach at `start`.
+pub(crate) fn start_chip(
+    chip: WorkerId,
+    init: parent::ChipInit,
+    opts: std::sync::Arc<ProcessOptions>,
+    deadline: Option<std::time::Instant>,
+    callables: &[simpler_device_a2a3::ChipCallable],
+    faults: crate::faults::Faults,
+) -> Result<crate::chip::ChipState, simpler_device_a2a3::DeviceError> {
+    use simpler_device_a2a3::DeviceError;
+    // A little past the start deadline: `start` itself reports the deadline and then waits
+    // for this thread, which kills and reaps a child still starting.
+    let deadline = deadline.map(|d| d + Duration::from_millis(20));
+    let failed =
+        |message: String| DeviceError::Busy { call: "starting the chip process", state: message };
+    let process = parent::ChipProcess::start(chip, init, opts, deadline).map_err(|f| match f {
+        parent::StartFailure::Child(e) | parent::StartFailure::Deadline(e) => failed(e.to_string()),
+        parent::StartFailure::Device(f) => failed(f.message),
+    })?;
+    let mut state = crate::chip::ChipState::in_process(chip, process, faults);
+    for c in callables {
+        if let Err(e) = state.register(c) {
+            let _ = state.finalize();
+            return Err(e);
+        }
+    }
+    Ok(state)
+}
+
+impl crate::Worker {
+    /// The pid of chip `chip`'s process (`None` in THREAD mode or while the chip has no live
+    /// process).
+    pub fn chip_process_id(&self, chip: WorkerId) -> Result<Option<u32>, crate::WorkerError> {
+        self.inner.on_chip(chip, |s| s.process.as_ref().and_then(parent::ChipProcess::pid))
+    }
+
+    /// Arms `fault` in chip `chip`'s process for its next run (simulator builds; crash tests
+    /// of code built on workers). `Ok(false)` in THREAD mode.
+    #[cfg(feature = "sim")]
+    pub fn arm_chip_process_fault(
+        &self,
+        chip: WorkerId,
+        fault: ChildFault,
+    ) -> Result<bool, crate::WorkerError> {
+        let armed = self.inner.on_chip(chip, move |s| s.process.as_mut().map(|p| p.arm(fault)))?;
+        match armed {
+            None => Ok(false),
+            Some(Ok(())) => Ok(true),
+            Some(Err(e)) => Err(crate::WorkerError::Lane { chip, message: e.to_string() }),
+        }
+    }
+}
+
+impl crate::Frame {
+    /// The chip-process failure this frame's failure came from (PROCESS mode): a child that
+    /// died, stopped answering or reported a device failure.
+    pub fn child_error(&self) -> Option<&ChildError> {
+        self.source.as_ref().and_then(simpler_types::FailureSource::downcast_ref::<ChildError>)
+    }
+}

@@ -1,0 +1,660 @@
+//! The worker's side of one chip process (`docs/process-mode.md`, "Requests").
+//!
+//! [`ChipProcess`] lives in the chip's `ChipState` on the chip's lane, so requests on one chip
+//! are serialized by the lane: one request in flight, sequence numbers strictly increasing.
+//! Invariant: while `live` is `Some`, the process is running or unreaped; every path that sees
+//! it end (death, kill after a timeout, shutdown) reaps it and drops the mailbox and pidfd in
+//! the same step, so no zombie, mailbox or descriptor outlives it.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::process::Child;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, PidfdFlags, Signal};
+use simpler_device_a2a3::{ChipCallable, DeviceError, MemoryLedger, Platform, RuntimeVariant};
+use simpler_sched::EndpointFailure;
+use simpler_types::{
+    CallConfig, CallableId, EndpointOutcome, FailureMechanism, FailureSource, RunId, TaskArgs,
+    TaskArgsView, TaskId, WorkerId,
+};
+
+use super::catalog::{self, Content};
+use super::mailbox::{Mailbox, PAYLOAD_BYTES, state};
+use super::wire::{FailureFrame, Malformed, Reader, Writer, encode_config, op, status};
+use super::{ChildError, ChildExit, OnChildDeath, ProcessOptions, spawn};
+use crate::chip::Residue;
+use crate::error::MemError;
+
+/// A running chip process.
+struct Live {
+    child: Child,
+    pid: u32,
+    /// Keeps the pid from being reused while the process is unreaped.
+    _pidfd: OwnedFd,
+    mailbox: Mailbox,
+}
+
+impl Drop for Live {
+    /// Every path that drops a `Live` reaped its process first (module invariant).
+    fn drop(&mut self) {
+        spawn::child_reaped();
+    }
+}
+
+/// What a chip process is started with (kept for restarts).
+#[derive(Clone)]
+pub(crate) struct ChipInit {
+    pub(crate) platform: Platform,
+    pub(crate) runtime: RuntimeVariant,
+    pub(crate) device: u32,
+    pub(crate) prewarm: Option<CallConfig>,
+}
+
+/// One chip's process, seen from the worker.
+pub(crate) struct ChipProcess {
+    chip: WorkerId,
+    init: ChipInit,
+    opts: Arc<ProcessOptions>,
+    live: Option<Live>,
+    /// The failure that ended the last process (fail fast, or restart on next use).
+    failed: Option<ChildError>,
+    seq: u64,
+    /// Content the chip holds: digest → (content, references), replayed after a restart.
+    held: HashMap<[u8; 32], (Content, usize)>,
+    /// This process's callable id → the digest it crosses as.
+    digests: HashMap<CallableId, [u8; 32]>,
+    /// Reused request and reply buffers.
+    out: Writer,
+    reply: Vec<u8>,
+}
+
+impl std::fmt::Debug for ChipProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChipProcess").field("chip", &self.chip).field("pid", &self.pid()).finish()
+    }
+}
+
+/// How a start-up of a chip process failed.
+pub(crate) enum StartFailure {
+    /// The process could not be started, or it ended before `READY`.
+    Child(ChildError),
+    /// It did not reach `READY` within the deadline (it was killed).
+    Deadline(ChildError),
+    /// Its chip failed to start.
+    Device(FailureFrame),
+}
+
+fn platform_tag(p: Platform) -> u8 {
+    match p {
+        Platform::A2a3Sim => 0,
+        _ => 1,
+    }
+}
+
+fn runtime_tag(r: RuntimeVariant) -> u8 {
+    match r {
+        RuntimeVariant::HostBuildGraph => 0,
+        _ => 1,
+    }
+}
+
+impl ChipProcess {
+    /// Starts the process of chip `chip` and waits for `READY` until `deadline`.
+    pub(crate) fn start(
+        chip: WorkerId,
+        init: ChipInit,
+        opts: Arc<ProcessOptions>,
+        deadline: Option<Instant>,
+    ) -> Result<ChipProcess, StartFailure> {
+        let mut p = ChipProcess {
+            chip,
+            init,
+            opts,
+            live: None,
+            failed: None,
+            seq: 0,
+            held: HashMap::new(),
+            digests: HashMap::new(),
+            out: Writer::default(),
+            reply: Vec::new(),
+        };
+        p.launch(deadline)?;
+        Ok(p)
+    }
+
+    /// The pid of the running process.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.live.as_ref().map(|l| l.pid)
+    }
+
+    fn launch(&mut self, deadline: Option<Instant>) -> Result<(), StartFailure> {
+        let chip = self.chip;
+        let spawn_err = |message: String| StartFailure::Child(ChildError::Spawn { chip, message });
+        let binary = spawn::resolve_binary(self.opts.child_path.as_deref()).map_err(spawn_err)?;
+        let (mailbox, fd) = Mailbox::create().map_err(|e| spawn_err(format!("memfd: {e}")))?;
+        let mut w = Writer::default();
+        w.u8(platform_tag(self.init.platform)).u8(runtime_tag(self.init.runtime));
+        w.u32(self.init.device).u32(chip.0);
+        match &self.init.prewarm {
+            Some(c) => {
+                w.u8(1);
+                encode_config(c, &mut w);
+            }
+            None => {
+                w.u8(0);
+            }
+        }
+        // Written while the state is STARTING, which hands the payload to the child; the
+        // child reads it only after the exec below.
+        mailbox.write_request(op::INIT, 0, &w.0).map_err(|_| spawn_err("init frame".into()))?;
+        let child = spawn::spawn(&binary, chip.0, fd)
+            .map_err(|e| spawn_err(format!("{}: {e}", binary.display())))?;
+        let pid = child.id();
+        let pidfd = match Pid::from_raw(pid as i32)
+            .ok_or_else(|| std::io::Error::other("pid 0"))
+            .and_then(|p| Ok(rustix::process::pidfd_open(p, PidfdFlags::empty())?))
+        {
+            Ok(fd) => fd,
+            Err(e) => {
+                let mut child = child;
+                kill_group(pid);
+                let _ = child.wait();
+                spawn::child_reaped();
+                return Err(spawn_err(format!("pidfd_open({pid}): {e}")));
+            }
+        };
+        self.live = Some(Live { child, pid, _pidfd: pidfd, mailbox });
+        let started = Instant::now();
+        let mut seen = state::STARTING;
+        loop {
+            let live = self.live.as_mut().expect("set above");
+            let s = live.mailbox.wait_while(seen, Duration::from_millis(10));
+            match s {
+                state::READY if live.mailbox.child_pid() != pid => {
+                    let found = live.mailbox.child_pid();
+                    return Err(StartFailure::Child(
+                        self.protocol(format!("the mailbox names pid {found}, the child is {pid}")),
+                    ));
+                }
+                state::READY => {
+                    live.mailbox.set_quietly(state::IDLE);
+                    return Ok(());
+                }
+                state::INIT_FAILED => {
+                    live.mailbox.read_payload(&mut self.reply);
+                    let frame = FailureFrame::decode(&mut Reader(&self.reply));
+                    self.reap_after_exit();
+                    return Err(match frame {
+                        Ok(f) => StartFailure::Device(f),
+                        Err(e) => StartFailure::Child(self.protocol(e.to_string())),
+                    });
+                }
+                _ => {}
+            }
+            seen = s;
+            if let Some(exit) = self.exited() {
+                return Err(StartFailure::Child(ChildError::Died {
+                    chip,
+                    pid,
+                    exit,
+                    operation: "start",
+                    seq: 0,
+                    run: None,
+                }));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                self.kill();
+                return Err(StartFailure::Deadline(ChildError::Unresponsive {
+                    chip,
+                    pid,
+                    operation: "start",
+                    seq: 0,
+                    run: None,
+                    budget: started.elapsed(),
+                }));
+            }
+        }
+    }
+
+    /// `Some` (and reaped) when the process has ended.
+    fn exited(&mut self) -> Option<ChildExit> {
+        let live = self.live.as_mut()?;
+        match live.child.try_wait() {
+            Ok(Some(status)) => {
+                self.live = None;
+                Some(ChildExit::of(status))
+            }
+            Ok(None) => None,
+            Err(_) => {
+                self.kill();
+                Some(ChildExit::Code(-1))
+            }
+        }
+    }
+
+    /// Waits for a process that announced its exit (`INIT_FAILED`, `EXITED`) for a short
+    /// while, then kills its group; reaps it either way.
+    fn reap_after_exit(&mut self) {
+        let until = Instant::now() + self.opts.shutdown_timeout;
+        while Instant::now() < until {
+            if self.exited().is_some() || self.live.is_none() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.kill();
+    }
+
+    /// Kills the process group and reaps the process.
+    fn kill(&mut self) {
+        if let Some(mut live) = self.live.take() {
+            kill_group(live.pid);
+            let _ = live.child.wait();
+        }
+    }
+
+    fn protocol(&mut self, message: String) -> ChildError {
+        self.kill();
+        let e = ChildError::Protocol { chip: self.chip, message };
+        self.failed = Some(e.clone());
+        e
+    }
+
+    /// A live process: the running one, or (policy `Restart`) a new one with the held content
+    /// prepared again; else the failure that ended the last one.
+    fn ensure_live(&mut self) -> Result<(), ChildError> {
+        if self.live.is_some() {
+            return Ok(());
+        }
+        let cause = self.failed.clone().unwrap_or(ChildError::Protocol {
+            chip: self.chip,
+            message: "the chip process is gone".into(),
+        });
+        if self.opts.on_death != OnChildDeath::Restart {
+            return Err(ChildError::Unusable { chip: self.chip, cause: Box::new(cause) });
+        }
+        let deadline = Instant::now().checked_add(self.opts.control_timeout);
+        match self.launch(deadline) {
+            Ok(()) => {}
+            Err(StartFailure::Child(e) | StartFailure::Deadline(e)) => {
+                return Err(ChildError::Unusable { chip: self.chip, cause: Box::new(e) });
+            }
+            Err(StartFailure::Device(f)) => {
+                let e = ChildError::Device {
+                    chip: self.chip,
+                    run: None,
+                    code: f.code,
+                    message: f.message,
+                };
+                return Err(ChildError::Unusable { chip: self.chip, cause: Box::new(e) });
+            }
+        }
+        self.failed = None;
+        let held: Vec<(Content, usize)> = self.held.values().cloned().collect();
+        for (content, refs) in held {
+            for _ in 0..refs {
+                self.register_content(&content)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One request: `payload` is the frame in `self.out`. Returns the reply status; the reply
+    /// payload is in `self.reply`.
+    fn call(
+        &mut self,
+        code: u32,
+        operation: &'static str,
+        run: Option<RunId>,
+    ) -> Result<u32, ChildError> {
+        if self.live.is_none() {
+            // A restart sends requests of its own; this one waits in `pending`.
+            let pending = std::mem::take(&mut self.out.0);
+            let restarted = self.ensure_live();
+            self.out.0 = pending;
+            restarted?;
+        }
+        let chip = self.chip;
+        let budget =
+            if code == op::RUN { self.opts.run_timeout } else { self.opts.control_timeout };
+        let deadline = Instant::now().checked_add(budget);
+        let live = self.live.as_ref().expect("ensured");
+        let seq = self.seq + 1;
+        live.mailbox.write_request(code, seq, &self.out.0).map_err(|len| {
+            ChildError::Oversized { chip, operation, len, capacity: PAYLOAD_BYTES }
+        })?;
+        self.seq = seq;
+        live.mailbox.publish(state::REQUEST);
+        let mut seen = state::REQUEST;
+        loop {
+            let live = self.live.as_ref().expect("live while waiting");
+            let pid = live.pid;
+            let s = live.mailbox.wait_while(seen, Duration::from_millis(10));
+            match s {
+                state::DONE => break,
+                state::REQUEST | state::ACCEPTED => {}
+                other => return Err(self.protocol(format!("state {other} during {operation}"))),
+            }
+            if s == seen {
+                if let Some(exit) = self.exited() {
+                    let e = ChildError::Died { chip, pid, exit, operation, seq, run };
+                    self.failed = Some(e.clone());
+                    return Err(e);
+                }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    self.kill();
+                    let e = ChildError::Unresponsive { chip, pid, operation, seq, run, budget };
+                    self.failed = Some(e.clone());
+                    return Err(e);
+                }
+            }
+            seen = s;
+        }
+        let live = self.live.as_ref().expect("live after DONE");
+        let (st, echoed) = live.mailbox.reply();
+        if echoed != seq {
+            return Err(self.protocol(format!("stale reply: request {seq}, reply {echoed}")));
+        }
+        live.mailbox.read_payload(&mut self.reply);
+        live.mailbox.set_quietly(state::IDLE);
+        Ok(st)
+    }
+
+    fn failure_frame(&mut self) -> Result<FailureFrame, ChildError> {
+        let r = FailureFrame::decode(&mut Reader(&self.reply));
+        r.map_err(|e: Malformed| self.protocol(e.to_string()))
+    }
+
+    fn register_content(&mut self, content: &Content) -> Result<Option<FailureFrame>, ChildError> {
+        self.out.0.clear();
+        self.out.0.extend_from_slice(&content.digest);
+        self.out.bytes(&content.bytes);
+        match self.call(op::REGISTER, "register", None)? {
+            status::OK => Ok(None),
+            _ => Ok(Some(self.failure_frame()?)),
+        }
+    }
+
+    /// Prepares `c` in the process (or adds a reference). Content the process cannot build
+    /// is refused here, before anything is sent.
+    pub(crate) fn register(&mut self, c: &ChipCallable) -> Result<(), DeviceError> {
+        let Some(content) = catalog::content_of(c) else {
+            return Err(DeviceError::Unsupported {
+                run_id: None,
+                feature: format!(
+                    "'{}' in a chip process: only the reference programs (add, vector, bgemm) \
+                     can cross, native code does not",
+                    c.entry_name()
+                ),
+            });
+        };
+        match self.register_content(&content) {
+            Ok(None) => {
+                self.digests.insert(c.id(), content.digest);
+                self.held.entry(content.digest).or_insert((content, 0)).1 += 1;
+                Ok(())
+            }
+            Ok(Some(f)) if f.message.starts_with("too many callables") => {
+                Err(DeviceError::TooManyCallables { capacity: 64 })
+            }
+            Ok(Some(f)) => Err(busy("register_callable", f.message)),
+            Err(e) => Err(busy("register_callable", e.to_string())),
+        }
+    }
+
+    /// Drops one reference to `id` in the process.
+    pub(crate) fn release(&mut self, id: &CallableId) -> Result<(), DeviceError> {
+        let Some(digest) = self.digests.get(id).copied() else { return Ok(()) };
+        self.out.0.clear();
+        self.out.0.extend_from_slice(&digest);
+        if let Some((_, refs)) = self.held.get_mut(&digest) {
+            *refs -= 1;
+            if *refs == 0 {
+                self.held.remove(&digest);
+                self.digests.remove(id);
+            }
+        }
+        match self.call(op::RELEASE, "release", None) {
+            Ok(status::OK) => Ok(()),
+            Ok(_) => Err(busy(
+                "unregister_callable",
+                self.failure_frame().map_or_else(|e| e.to_string(), |f| f.message),
+            )),
+            Err(e) => Err(busy("unregister_callable", e.to_string())),
+        }
+    }
+
+    /// (references, unusable) of `id` in the process; (0, false) when it cannot answer.
+    pub(crate) fn query(&mut self, id: &CallableId) -> (usize, bool) {
+        let Some(digest) = self.digests.get(id).copied() else { return (0, false) };
+        self.out.0.clear();
+        self.out.0.extend_from_slice(&digest);
+        match self.call(op::QUERY, "query", None) {
+            Ok(status::OK) => {
+                let mut r = Reader(&self.reply);
+                let refs = r.u64().unwrap_or(0) as usize;
+                (refs, r.u8().unwrap_or(0) != 0)
+            }
+            _ => (0, false),
+        }
+    }
+
+    /// A chip run in the process: one request, one reply.
+    pub(crate) fn run(
+        &mut self,
+        callable: &CallableId,
+        args: TaskArgsView<'_>,
+        config: &CallConfig,
+        origin: TaskId,
+    ) -> Result<(), EndpointFailure> {
+        let chip = self.chip;
+        let run = Some(origin.run);
+        let digest = self.digests.get(callable).copied().ok_or_else(|| {
+            child_failure(
+                ChildError::Device {
+                    chip,
+                    run,
+                    code: None,
+                    message: format!("callable {callable} is not prepared on this chip"),
+                },
+                EndpointOutcome::TaskFailure,
+            )
+        })?;
+        self.out.0.clear();
+        self.out.0.extend_from_slice(&digest);
+        self.out.u64(origin.run.get()).u32(origin.seq);
+        encode_config(config, &mut self.out);
+        let args = TaskArgs::from_view(args).map_err(|e| {
+            EndpointFailure::task_failed(format!("chip {chip}: invalid arguments: {e}"))
+        })?;
+        self.out.bytes(&args.encode());
+        match self.call(op::RUN, "run", run) {
+            Ok(status::OK) => Ok(()),
+            Ok(_) => {
+                let f = self
+                    .failure_frame()
+                    .map_err(|e| child_failure(e, EndpointOutcome::EndpointFailure))?;
+                let source =
+                    ChildError::Device { chip, run, code: f.code, message: f.message.clone() };
+                let mut out = EndpointFailure::new(f.outcome, f.mechanism, f.message);
+                if let Some(c) = f.code {
+                    out = out.with_device_code(c);
+                }
+                Err(out.with_source(FailureSource::new(source)))
+            }
+            Err(e @ ChildError::Oversized { .. }) => {
+                Err(child_failure(e, EndpointOutcome::TaskFailure))
+            }
+            Err(e) => Err(child_failure(e, EndpointOutcome::EndpointFailure)),
+        }
+    }
+
+    fn mem_call(&mut self, code: u32, operation: &'static str) -> Result<(), MemError> {
+        let chip = self.chip;
+        match self.call(code, operation, None) {
+            Ok(status::OK) => Ok(()),
+            Ok(_) => {
+                let f = self.failure_frame().map_err(|e| mem_child(chip, &e))?;
+                Err(if f.outcome == EndpointOutcome::EndpointFailure {
+                    MemError::DeviceUnusable { chip, message: f.message, code: f.code }
+                } else {
+                    MemError::Device { chip, message: f.message, code: f.code }
+                })
+            }
+            Err(e) => Err(mem_child(chip, &e)),
+        }
+    }
+
+    pub(crate) fn malloc(&mut self, bytes: u64) -> Result<u64, MemError> {
+        self.out.0.clear();
+        self.out.u64(bytes);
+        self.mem_call(op::MALLOC, "malloc")?;
+        Reader(&self.reply).u64().map_err(|e| mem_child(self.chip, &self.protocol(e.to_string())))
+    }
+
+    pub(crate) fn free(&mut self, addr: u64) -> Result<(), MemError> {
+        self.out.0.clear();
+        self.out.u64(addr);
+        self.mem_call(op::FREE, "free")
+    }
+
+    /// Copies in pieces that fit the mailbox.
+    pub(crate) fn copy_to(&mut self, addr: u64, data: &[u8]) -> Result<(), MemError> {
+        const PIECE: usize = PAYLOAD_BYTES - 64;
+        for (i, piece) in data.chunks(PIECE).enumerate() {
+            self.out.0.clear();
+            self.out.u64(addr + (i * PIECE) as u64).bytes(piece);
+            self.mem_call(op::COPY_TO, "copy_to")?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn copy_from(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, MemError> {
+        const PIECE: usize = PAYLOAD_BYTES - 64;
+        let mut out = Vec::with_capacity(len);
+        let mut at = 0;
+        while at < len || (len == 0 && at == 0) {
+            let n = PIECE.min(len - at);
+            self.out.0.clear();
+            self.out.u64(addr + at as u64).u64(n as u64);
+            self.mem_call(op::COPY_FROM, "copy_from")?;
+            out.extend_from_slice(&self.reply);
+            at += n;
+            if n == 0 {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn ledger(&mut self) -> Result<MemoryLedger, MemError> {
+        self.out.0.clear();
+        self.mem_call(op::LEDGER, "ledger")?;
+        let mut r = Reader(&self.reply);
+        let read = |r: &mut Reader<'_>| r.u64();
+        match (read(&mut r), read(&mut r), read(&mut r), read(&mut r)) {
+            (Ok(committed), Ok(user_allocations), Ok(pooled_arenas), Ok(runtime_buffers)) => {
+                Ok(MemoryLedger { committed, user_allocations, pooled_arenas, runtime_buffers })
+            }
+            _ => Err(mem_child(self.chip, &self.protocol("short ledger".into()))),
+        }
+    }
+
+    /// Arms `fault` for the process's next run.
+    #[cfg(feature = "sim")]
+    pub(crate) fn arm(&mut self, fault: super::ChildFault) -> Result<(), ChildError> {
+        self.out.0.clear();
+        self.out.u8(match fault {
+            super::ChildFault::Segfault => 1,
+            super::ChildFault::Abort => 2,
+            super::ChildFault::Hang => 3,
+            super::ChildFault::HangOnShutdown => 4,
+        });
+        self.call(op::ARM_FAULT, "arm fault", None).map(|_| ())
+    }
+
+    /// Asks the process to finalize its chip and exit; kills its group when it does not
+    /// within the shutdown budget. Returns what finalize left behind.
+    pub(crate) fn shutdown(&mut self) -> Vec<Residue> {
+        let chip = self.chip;
+        let Some(live) = self.live.as_ref() else { return Vec::new() };
+        let pid = live.pid;
+        live.mailbox.publish(state::SHUTDOWN);
+        let deadline = Instant::now() + self.opts.shutdown_timeout;
+        let mut seen = state::SHUTDOWN;
+        let mut residue = Vec::new();
+        loop {
+            let Some(live) = self.live.as_ref() else {
+                return residue;
+            };
+            let s = live.mailbox.wait_while(seen, Duration::from_millis(10));
+            if s == state::EXITED {
+                live.mailbox.read_payload(&mut self.reply);
+                let mut r = Reader(&self.reply);
+                let n = r.u32().unwrap_or(0);
+                for _ in 0..n {
+                    match (r.u8(), r.str()) {
+                        (Ok(1), Ok(t)) => residue.push(Residue::Leaked(t.to_owned())),
+                        (Ok(_), Ok(t)) => residue.push(Residue::Failed(t.to_owned())),
+                        _ => break,
+                    }
+                }
+                self.reap_after_exit();
+                return residue;
+            }
+            seen = s;
+            if let Some(exit) = self.exited() {
+                if exit != ChildExit::Code(0) {
+                    residue.push(Residue::Failed(format!(
+                        "chip {chip}: its process (pid {pid}) {exit} during shutdown"
+                    )));
+                }
+                return residue;
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                residue.push(Residue::Failed(format!(
+                    "chip {chip}: its process (pid {pid}) did not finalize within {:?}; its process group was killed",
+                    self.opts.shutdown_timeout
+                )));
+                return residue;
+            }
+        }
+    }
+}
+
+impl Drop for ChipProcess {
+    /// A process never outlives its worker: one still running here is killed and reaped.
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn kill_group(pid: u32) {
+    if let Some(p) = Pid::from_raw(pid as i32) {
+        // ESRCH: the group is gone already.
+        let _ = rustix::process::kill_process_group(p, Signal::KILL);
+    }
+}
+
+fn busy(call: &'static str, state: String) -> DeviceError {
+    DeviceError::Busy { call, state }
+}
+
+fn mem_child(chip: WorkerId, e: &ChildError) -> MemError {
+    MemError::DeviceUnusable { chip, message: e.to_string(), code: None }
+}
+
+/// The endpoint failure of a child failure: the chip path failed, the typed error rides along.
+fn child_failure(e: ChildError, outcome: EndpointOutcome) -> EndpointFailure {
+    let mechanism = match &e {
+        ChildError::Unresponsive { budget, .. } => FailureMechanism::Timeout {
+            budget: simpler_types::TimeoutBudget::Other("chip process reply"),
+            limit: *budget,
+        },
+        _ => FailureMechanism::EndpointFailed,
+    };
+    EndpointFailure::new(outcome, mechanism, e.to_string()).with_source(FailureSource::new(e))
+}

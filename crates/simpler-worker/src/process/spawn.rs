@@ -1,0 +1,144 @@
+//! Starting a chip process: a fresh `exec` of the `simpler-chip-child` binary, never a fork
+//! that keeps running this (threaded) process's code (`docs/process-mode.md`, "Start").
+//!
+//! The child becomes the leader of a process group of its own, so a stuck subtree can be
+//! killed as a whole, and inherits exactly one extra descriptor: the mailbox, as fd
+//! [`MAILBOX_FD`]. Every child is started from one spawner thread that lives as long as any
+//! child does: Linux sends the parent-death signal when the *thread* that started a child
+//! ends, and start-up threads end right after `start`.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, mpsc};
+
+/// The descriptor number of the mailbox in the child.
+pub(crate) const MAILBOX_FD: i32 = 3;
+/// The name of the chip-process binary.
+pub(crate) const BINARY: &str = "simpler-chip-child";
+
+/// The binary to start: `explicit`, else beside the current executable. `Err` names every
+/// path tried.
+pub(crate) fn resolve_binary(explicit: Option<&Path>) -> Result<PathBuf, String> {
+    let tried: Vec<PathBuf> = match explicit {
+        Some(p) => vec![p.to_owned()],
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|d| vec![d.join(BINARY), d.join("..").join(BINARY)]))
+            .unwrap_or_default(),
+    };
+    tried.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+        let list: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
+        format!(
+            "no {BINARY} binary at {}",
+            if list.is_empty() { "(no path)".into() } else { list.join(", ") }
+        )
+    })
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The spawner thread, alive while any chip process is: it must outlive every child it
+/// started (their parent-death signal fires when it ends), and no thread may outlive the
+/// workers that needed it.
+///
+/// Invariant: `live` counts children spawned and not yet reaped; the thread exists iff
+/// `tx` is `Some`, and it is stopped (and joined) exactly when `live` drops to 0.
+struct Spawner {
+    tx: Option<mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    live: usize,
+}
+
+static SPAWNER: Mutex<Spawner> = Mutex::new(Spawner { tx: None, thread: None, live: 0 });
+
+fn spawner() -> std::sync::MutexGuard<'static, Spawner> {
+    SPAWNER.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `f` on the spawner thread (started if needed) and counts one more live child when
+/// it returns `Ok`. The lock is held throughout, so a concurrent last [`child_reaped`] cannot
+/// stop the thread in between.
+fn on_spawner<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    let lost = || std::io::Error::other("the spawner thread is gone");
+    let mut s = spawner();
+    if s.tx.is_none() {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let thread =
+            std::thread::Builder::new().name("simpler-chip-spawner".into()).spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            })?;
+        s.tx = Some(tx);
+        s.thread = Some(thread);
+    }
+    let (rtx, rrx) = mpsc::sync_channel(1);
+    let job: Job = Box::new(move || {
+        let _ = rtx.send(f());
+    });
+    s.tx.as_ref().ok_or_else(lost)?.send(job).map_err(|_| lost())?;
+    let r = rrx.recv().map_err(|_| lost())?;
+    if r.is_ok() {
+        s.live += 1;
+    } else if s.live == 0 {
+        stop(&mut s);
+    }
+    r
+}
+
+fn stop(s: &mut Spawner) {
+    s.tx = None;
+    if let Some(t) = s.thread.take() {
+        // The thread only waits for jobs; with the sender gone it returns at once.
+        let _ = t.join();
+    }
+}
+
+/// Called once for every child [`spawn`] started, after it was reaped.
+pub(crate) fn child_reaped() {
+    let mut s = spawner();
+    s.live = s.live.saturating_sub(1);
+    if s.live == 0 {
+        stop(&mut s);
+    }
+}
+
+/// Starts `binary` for chip `chip` with `mailbox` as its fd [`MAILBOX_FD`]. The caller calls
+/// [`child_reaped`] once it reaped the child.
+pub(crate) fn spawn(binary: &Path, chip: u32, mailbox: OwnedFd) -> std::io::Result<Child> {
+    let mut cmd = Command::new(binary);
+    cmd.arg("--chip")
+        .arg(chip.to_string())
+        .arg("--parent")
+        .arg(std::process::id().to_string())
+        .stdin(Stdio::null())
+        .process_group(0);
+    let raw = mailbox.as_raw_fd();
+    // SAFETY: the hook runs in the forked child before `exec` and only calls `dup2` or `fcntl`,
+    // which are async-signal-safe; `raw` stays open in the parent until `spawn` returned (the
+    // `OwnedFd` is moved into the closure below and dropped after it). `dup2` gives the copy
+    // no close-on-exec flag, so exactly this descriptor survives the exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Already at its place, the descriptor only needs its close-on-exec flag cleared.
+            let r = if raw == MAILBOX_FD {
+                libc::fcntl(raw, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(raw, MAILBOX_FD)
+            };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    on_spawner(move || {
+        let child = cmd.spawn();
+        drop(mailbox);
+        child
+    })
+}

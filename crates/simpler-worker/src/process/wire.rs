@@ -1,0 +1,288 @@
+//! Frames of the chip-process protocol: operations, replies and their little-endian encoding
+//! (`docs/process-mode.md`, "Frames").
+//!
+//! One representation per hop: arguments travel as the `TaskArgs` blob, a run's configuration
+//! as its builder settings, failures as a failure frame that keeps outcome, mechanism, device
+//! code and text.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use simpler_types::{
+    CallConfig, DeviceCode, EndpointOutcome, FailureMechanism, RingOverride, RingSel, TimeoutBudget,
+};
+
+/// Operations of a request frame.
+pub(crate) mod op {
+    /// Start the chip: platform, runtime, device, chip index, prewarm config.
+    pub(crate) const INIT: u32 = 1;
+    /// Prepare content: digest, content bytes.
+    pub(crate) const REGISTER: u32 = 2;
+    /// Drop one reference to content: digest.
+    pub(crate) const RELEASE: u32 = 3;
+    /// References held on content and whether it is unusable: digest.
+    pub(crate) const QUERY: u32 = 4;
+    /// A chip run: digest, origin task, config, args blob.
+    pub(crate) const RUN: u32 = 5;
+    /// Device allocation: bytes.
+    pub(crate) const MALLOC: u32 = 6;
+    /// Device free: address.
+    pub(crate) const FREE: u32 = 7;
+    /// Host to device copy: address, bytes.
+    pub(crate) const COPY_TO: u32 = 8;
+    /// Device to host copy: address, length.
+    pub(crate) const COPY_FROM: u32 = 9;
+    /// The memory ledger.
+    pub(crate) const LEDGER: u32 = 10;
+    /// Arm a crash fault for the next run (simulator builds only).
+    pub(crate) const ARM_FAULT: u32 = 11;
+}
+
+/// Status of a reply frame.
+pub(crate) mod status {
+    /// Done; the payload holds the result.
+    pub(crate) const OK: u32 = 0;
+    /// Failed; the payload holds a failure frame.
+    pub(crate) const FAILED: u32 = 1;
+}
+
+/// A malformed frame.
+#[derive(Debug, thiserror::Error)]
+#[error("malformed frame: {0}")]
+pub(crate) struct Malformed(pub(crate) &'static str);
+
+/// Appends little-endian fields.
+#[derive(Default)]
+pub(crate) struct Writer(pub(crate) Vec<u8>);
+
+impl Writer {
+    pub(crate) fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    pub(crate) fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub(crate) fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub(crate) fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        self.u32(v.len() as u32);
+        self.0.extend_from_slice(v);
+        self
+    }
+    pub(crate) fn str(&mut self, v: &str) -> &mut Self {
+        self.bytes(v.as_bytes())
+    }
+}
+
+/// Reads little-endian fields; every read checks the length.
+pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], Malformed> {
+        if self.0.len() < n {
+            return Err(Malformed("truncated"));
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Ok(head)
+    }
+    pub(crate) fn u8(&mut self) -> Result<u8, Malformed> {
+        Ok(self.take(1)?[0])
+    }
+    pub(crate) fn u32(&mut self) -> Result<u32, Malformed> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().map_err(|_| Malformed("u32"))?))
+    }
+    pub(crate) fn u64(&mut self) -> Result<u64, Malformed> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().map_err(|_| Malformed("u64"))?))
+    }
+    pub(crate) fn bytes(&mut self) -> Result<&'a [u8], Malformed> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    pub(crate) fn str(&mut self) -> Result<&'a str, Malformed> {
+        std::str::from_utf8(self.bytes()?).map_err(|_| Malformed("text is not UTF-8"))
+    }
+    pub(crate) fn digest(&mut self) -> Result<[u8; 32], Malformed> {
+        self.take(32)?.try_into().map_err(|_| Malformed("digest"))
+    }
+}
+
+/// A failure as it crosses the mailbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct FailureFrame {
+    pub(crate) outcome: EndpointOutcome,
+    pub(crate) mechanism: FailureMechanism,
+    pub(crate) code: Option<DeviceCode>,
+    pub(crate) message: String,
+}
+
+impl FailureFrame {
+    pub(crate) fn encode(&self, w: &mut Writer) {
+        w.u8(match self.outcome {
+            EndpointOutcome::TaskFailure => 1,
+            _ => 2,
+        });
+        match &self.mechanism {
+            FailureMechanism::TaskFailed => w.u8(0),
+            FailureMechanism::Panicked => w.u8(1),
+            FailureMechanism::DeviceFault => w.u8(3),
+            FailureMechanism::Timeout { budget, limit } => {
+                w.u8(4).u8(budget_tag(budget)).u64(limit.as_nanos() as u64)
+            }
+            FailureMechanism::CapacityExhausted { what } => w.u8(5).str(what),
+            _ => w.u8(2),
+        };
+        match self.code {
+            Some(c) => w.u8(1).u32(c.code as u32).str(c.name),
+            None => w.u8(0),
+        };
+        w.str(&self.message);
+    }
+
+    pub(crate) fn decode(r: &mut Reader<'_>) -> Result<FailureFrame, Malformed> {
+        let outcome = match r.u8()? {
+            1 => EndpointOutcome::TaskFailure,
+            _ => EndpointOutcome::EndpointFailure,
+        };
+        let mechanism = match r.u8()? {
+            0 => FailureMechanism::TaskFailed,
+            1 => FailureMechanism::Panicked,
+            3 => FailureMechanism::DeviceFault,
+            4 => {
+                let budget = budget_of(r.u8()?);
+                FailureMechanism::Timeout { budget, limit: Duration::from_nanos(r.u64()?) }
+            }
+            5 => FailureMechanism::CapacityExhausted { what: r.str()?.to_owned() },
+            _ => FailureMechanism::EndpointFailed,
+        };
+        let code = match r.u8()? {
+            1 => {
+                let code = r.u32()? as i32;
+                Some(DeviceCode::new(code, intern(r.str()?)))
+            }
+            _ => None,
+        };
+        Ok(FailureFrame { outcome, mechanism, code, message: r.str()?.to_owned() })
+    }
+}
+
+fn budget_tag(b: &TimeoutBudget) -> u8 {
+    match b {
+        TimeoutBudget::OpExecute => 0,
+        TimeoutBudget::StreamSync => 1,
+        TimeoutBudget::DeviceScheduler => 2,
+        TimeoutBudget::Handshake => 3,
+        TimeoutBudget::RingAlloc => 4,
+        TimeoutBudget::Admission => 5,
+        _ => 6,
+    }
+}
+
+fn budget_of(tag: u8) -> TimeoutBudget {
+    match tag {
+        0 => TimeoutBudget::OpExecute,
+        1 => TimeoutBudget::StreamSync,
+        2 => TimeoutBudget::DeviceScheduler,
+        3 => TimeoutBudget::Handshake,
+        4 => TimeoutBudget::RingAlloc,
+        5 => TimeoutBudget::Admission,
+        _ => TimeoutBudget::Other("a budget of the chip process"),
+    }
+}
+
+/// Device-code names are `'static`; names read from a frame are kept once per distinct name
+/// (a small, fixed set: the device's symbolic codes).
+fn intern(name: &str) -> &'static str {
+    static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut names = NAMES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(n) = names.get(name) {
+        return n;
+    }
+    let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.insert(leaked);
+    leaked
+}
+
+/// Encodes every setting of `c` the builder can set again.
+pub(crate) fn encode_config(c: &CallConfig, w: &mut Writer) {
+    w.u32(c.block_dim()).u32(c.aicpu_thread_num());
+    w.u32(c.swimlane() as u32).u32(c.dump_args() as u32);
+    w.u32(c.pmu().map_or(0, |p| p as u32));
+    w.u8(u8::from(c.dep_gen())).u8(u8::from(c.scope_stats()));
+    for o in c.runtime_env() {
+        w.u64(o.task_window.map_or(0, u64::from));
+        w.u64(o.heap_bytes.unwrap_or(0));
+        w.u64(o.dep_pool.map_or(0, u64::from));
+    }
+    match c.output_prefix() {
+        Some(p) => w.u8(1).str(&p.to_string_lossy()),
+        None => w.u8(0),
+    };
+}
+
+/// Rebuilds a configuration written by [`encode_config`].
+pub(crate) fn decode_config(r: &mut Reader<'_>) -> Result<CallConfig, Malformed> {
+    let mut b = CallConfig::builder().block_dim(r.u32()?).aicpu_thread_num(r.u32()?);
+    b = b.swimlane_level(r.u32()?).dump_args_level(r.u32()?);
+    let pmu = r.u32()?;
+    if pmu != 0 {
+        b = b.pmu_event(pmu);
+    }
+    b = b.dep_gen(r.u8()? != 0).scope_stats(r.u8()? != 0);
+    for ring in 0..simpler_types::HEAP_RING_COUNT as u32 {
+        let nonzero = |v: u64| (v != 0).then_some(v);
+        let task_window = nonzero(r.u64()?).map(|v| v as u32);
+        let heap_bytes = nonzero(r.u64()?);
+        let dep_pool = nonzero(r.u64()?).map(|v| v as u32);
+        let o = RingOverride { task_window, heap_bytes, dep_pool };
+        if !o.is_unset() {
+            b = b.ring_override(RingSel::Ring(ring), o);
+        }
+    }
+    if r.u8()? == 1 {
+        b = b.output_prefix(r.str()?);
+    }
+    b.build().map_err(|_| Malformed("a configuration the builder refuses"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_frame_round_trips() {
+        let f = FailureFrame {
+            outcome: EndpointOutcome::TaskFailure,
+            mechanism: FailureMechanism::Timeout {
+                budget: TimeoutBudget::StreamSync,
+                limit: Duration::from_millis(5),
+            },
+            code: Some(DeviceCode::new(507015, "ACL_ERROR_RT_AICORE_EXCEPTION")),
+            message: "r1: boom".into(),
+        };
+        let mut w = Writer::default();
+        f.encode(&mut w);
+        assert_eq!(FailureFrame::decode(&mut Reader(&w.0)).expect("decodes"), f);
+        assert!(FailureFrame::decode(&mut Reader(&w.0[..3])).is_err());
+    }
+
+    #[test]
+    fn a_config_round_trips() {
+        let c = CallConfig::builder()
+            .block_dim(3)
+            .aicpu_thread_num(2)
+            .dep_gen(true)
+            .output_prefix("/tmp/simpler-diagnostics")
+            .heap_bytes(RingSel::Ring(1), 4096)
+            .build()
+            .expect("valid");
+        let mut w = Writer::default();
+        encode_config(&c, &mut w);
+        assert_eq!(decode_config(&mut Reader(&w.0)).expect("decodes"), c);
+    }
+}

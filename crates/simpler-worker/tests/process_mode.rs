@@ -1,0 +1,298 @@
+//! PROCESS mode: chips in child processes. Start, runs and memory through the mailbox, crash
+//! isolation (a segfault or abort kills only its child), a hung child killed after its budget,
+//! start failures, refused content; each test counts what could leak (zombies, descriptors,
+//! threads).
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{add_callable, host};
+use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
+use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
+use simpler_worker::{
+    CallableHandle, ChildError, ChildExit, ChildFault, ChildMode, DeviceBuffer, HostWorkerBuilder,
+    OnChildDeath, Orchestration, ProcessOptions, RunError, StartCause, Worker, WorkerError,
+};
+
+const N: usize = 64;
+
+fn options() -> ProcessOptions {
+    ProcessOptions::default().child_path(env!("CARGO_BIN_EXE_simpler-chip-child"))
+}
+
+fn process_host(chips: &[u32], opts: ProcessOptions) -> HostWorkerBuilder {
+    host().chips(chips).chip_mode(ChildMode::Process).process_options(opts)
+}
+
+/// `a`, `b`, `f` on `chip` with `a = i`, `b = 2i`.
+fn inputs(w: &Worker, chip: WorkerId) -> (TaskArgs, DeviceBuffer) {
+    let mem = w.chip_memory(chip).expect("chip");
+    let a: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let b: Vec<f32> = (0..N).map(|i| 2.0 * i as f32).collect();
+    let (ba, bb, bf) = (
+        mem.malloc(4 * N as u64).unwrap(),
+        mem.malloc(4 * N as u64).unwrap(),
+        mem.malloc(4 * N as u64).unwrap(),
+    );
+    mem.copy_to(&ba, 0, &f32_to_le_bytes(&a)).unwrap();
+    mem.copy_to(&bb, 0, &f32_to_le_bytes(&b)).unwrap();
+    let mut args = TaskArgs::new();
+    args.add_input(ba.tensor(&[N as u32], DataType::Float32).unwrap()).unwrap();
+    args.add_input(bb.tensor(&[N as u32], DataType::Float32).unwrap()).unwrap();
+    args.add_output(bf.tensor(&[N as u32], DataType::Float32).unwrap()).unwrap();
+    (args, bf)
+}
+
+fn on_chip(h: CallableHandle, args: TaskArgs, chip: WorkerId) -> Orchestration {
+    Orchestration::graph(move |g, _, _| {
+        g.submit_next_level(h, args.clone(), &CallConfig::default(), chip)?;
+        Ok(())
+    })
+}
+
+fn result(w: &Worker, chip: WorkerId, f: &DeviceBuffer) -> Vec<f32> {
+    let mut bytes = vec![0u8; 4 * N];
+    w.chip_memory(chip).unwrap().copy_from(f, 0, &mut bytes).unwrap();
+    f32_from_le_bytes(&bytes)
+}
+
+fn expected() -> Vec<f32> {
+    let a: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let b: Vec<f32> = (0..N).map(|i| 2.0 * i as f32).collect();
+    add::reference(&a, &b)
+}
+
+/// Whether `pid` still exists (running or a zombie).
+fn exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Children of this process that are zombies.
+fn zombies() -> usize {
+    let me = std::process::id().to_string();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+    dir.flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            // pid (comm) state ppid ...
+            let tail = stat.rsplit_once(')').map_or("", |(_, t)| t);
+            let mut f = tail.split_whitespace();
+            f.next() == Some("Z") && f.next() == Some(me.as_str())
+        })
+        .count()
+}
+
+/// Mailboxes this process maps or holds open.
+fn mailboxes() -> usize {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mapped = maps.lines().filter(|l| l.contains("simpler-chip-mailbox")).count();
+    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |dir| {
+        dir.flatten()
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .filter(|l| l.to_string_lossy().contains("simpler-chip-mailbox"))
+            .count()
+    });
+    mapped + open
+}
+
+/// The tests count process-wide things (children, mappings, threads): one at a time.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn child_error(e: &RunError) -> Option<ChildError> {
+    e.frames().iter().find_map(|f| f.child_error().cloned())
+}
+
+#[test]
+fn chip_processes_serve_runs_and_memory_and_finalize_on_close() {
+    let _serial = serial();
+    let mut b = process_host(&[0, 1], options());
+    let h = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let pids: Vec<u32> = (0..2)
+        .map(|c| w.chip_process_id(WorkerId(c)).unwrap().expect("a process per chip"))
+        .collect();
+    assert_ne!(pids[0], pids[1]);
+    assert!(pids.iter().all(|&p| p != std::process::id() && exists(p)));
+    assert_eq!(mailboxes(), 2);
+    for chip in [WorkerId(0), WorkerId(1)] {
+        let (args, f) = inputs(&w, chip);
+        w.run(on_chip(h, args, chip)).expect("run");
+        assert_eq!(result(&w, chip, &f), expected());
+    }
+    assert!(w.chip_memory(WorkerId(0)).unwrap().ledger().unwrap().user_allocations > 0);
+    assert_eq!(w.chip_callable_refs(WorkerId(0), add_callable(0).id()).unwrap(), 1);
+    w.close().expect("close");
+    assert!(pids.iter().all(|&p| !exists(p)), "every chip process was reaped");
+    assert_eq!(mailboxes(), 0);
+}
+
+#[test]
+fn a_segfault_fails_only_its_run_naming_chip_signal_and_run_and_the_chip_stays_unusable() {
+    let _serial = serial();
+    let zombies_before = zombies();
+    let mut b = process_host(&[0, 1], options());
+    let h = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let pid = w.chip_process_id(WorkerId(0)).unwrap().expect("pid");
+    let (a0, _) = inputs(&w, WorkerId(0));
+    let (a1, f1) = inputs(&w, WorkerId(1));
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::Segfault).unwrap());
+    let e = w.submit(on_chip(h, a0.clone(), WorkerId(0))).unwrap().wait().expect_err("crash");
+    match child_error(&e) {
+        Some(ChildError::Died { chip, pid: p, exit, operation, run, .. }) => {
+            assert_eq!(
+                (chip, p, exit, operation),
+                (WorkerId(0), pid, ChildExit::Signal(11), "run")
+            );
+            assert!(run.is_some());
+        }
+        other => panic!("expected a death, got {other:?} ({e})"),
+    }
+    assert!(e.to_string().contains("signal 11 (SIGSEGV)"), "{e}");
+    assert!(!exists(pid), "the dead child was reaped");
+    assert_eq!(zombies(), zombies_before);
+    // The other chip carries on; chip 0 fails fast.
+    w.run(on_chip(h, a1, WorkerId(1))).expect("chip 1 still works");
+    assert_eq!(result(&w, WorkerId(1), &f1), expected());
+    let e = w.submit(on_chip(h, a0, WorkerId(0))).unwrap().wait().expect_err("fast");
+    assert!(matches!(child_error(&e), Some(ChildError::Unusable { .. })), "{e}");
+    assert!(matches!(
+        w.chip_memory(WorkerId(0)).unwrap().malloc(64),
+        Err(WorkerError::DeviceUnusable { chip: WorkerId(0), .. })
+    ));
+    w.close().expect("close");
+    assert_eq!(mailboxes(), 0);
+}
+
+#[test]
+fn an_aborted_child_restarts_on_next_use_when_so_configured() {
+    let _serial = serial();
+    let mut b = process_host(&[0], options().on_child_death(OnChildDeath::Restart));
+    let h = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let first = w.chip_process_id(WorkerId(0)).unwrap().expect("pid");
+    let (args, _) = inputs(&w, WorkerId(0));
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::Abort).unwrap());
+    let e = w.submit(on_chip(h, args, WorkerId(0))).unwrap().wait().expect_err("abort");
+    assert!(
+        matches!(child_error(&e), Some(ChildError::Died { exit: ChildExit::Signal(6), .. })),
+        "{e}"
+    );
+    // The next use starts a new process with the content prepared again; the old
+    // allocations died with the old process, so the run uses new ones.
+    let (args, f) = inputs(&w, WorkerId(0));
+    let second = w.chip_process_id(WorkerId(0)).unwrap().expect("restarted");
+    assert_ne!(first, second);
+    w.run(on_chip(h, args, WorkerId(0))).expect("runs after the restart");
+    assert_eq!(result(&w, WorkerId(0), &f), expected());
+    w.close().expect("close");
+    assert!(!exists(first) && !exists(second));
+}
+
+#[test]
+fn a_hung_child_is_killed_after_its_budget_and_reaped_leaving_nothing_behind() {
+    let _serial = serial();
+    let threads_before = common::thread_count();
+    let opts = options().run_timeout(Duration::from_millis(300));
+    let mut b = process_host(&[0], opts);
+    let h = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let pid = w.chip_process_id(WorkerId(0)).unwrap().expect("pid");
+    let (args, _) = inputs(&w, WorkerId(0));
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::Hang).unwrap());
+    let e = w.submit(on_chip(h, args, WorkerId(0))).unwrap().wait().expect_err("hang");
+    match child_error(&e) {
+        Some(ChildError::Unresponsive { pid: p, budget, .. }) => {
+            assert_eq!(p, pid);
+            assert_eq!(budget, Duration::from_millis(300));
+        }
+        other => panic!("expected a hung child, got {other:?} ({e})"),
+    }
+    assert!(!exists(pid), "killed and reaped");
+    assert_eq!(w.chip_process_id(WorkerId(0)).unwrap(), None);
+    w.close().expect("close");
+    assert_eq!(mailboxes(), 0);
+    assert_eq!(common::thread_count(), threads_before, "no thread outlives the worker");
+}
+
+#[test]
+fn start_failures_name_the_binary_the_exit_status_or_the_deadline_and_reap_every_child() {
+    let _serial = serial();
+    let missing = process_host(&[0], ProcessOptions::default().child_path("/nonexistent/child"))
+        .start()
+        .expect_err("no binary");
+    assert!(missing.to_string().contains("/nonexistent/child"), "{missing}");
+    let exits = process_host(&[0], ProcessOptions::default().child_path("/bin/false"))
+        .start()
+        .expect_err("exits before READY");
+    assert!(exits.to_string().contains("exited with status 1"), "{exits}");
+    // A child (and its subtree) that never gets ready: the start deadline kills the group.
+    let dir = std::env::temp_dir().join(format!("simpler-hung-child-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("hung-child");
+    let marker = dir.join("grandchild.pid");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\nsleep 60 &\necho $! > {}\nwait\n", marker.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let hung = process_host(&[0, 1], ProcessOptions::default().child_path(&script))
+        .startup_timeout(Duration::from_millis(1500))
+        .start()
+        .expect_err("never ready");
+    assert!(matches!(hung.cause, StartCause::DeadlineExceeded { .. }), "{hung}");
+    let grandchild: u32 = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
+    // The grandchild was killed with its group; it is reparented, so wait for init to reap it.
+    for _ in 0..200 {
+        if !exists(grandchild) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!exists(grandchild), "the stuck subtree died as a group");
+    assert_eq!(mailboxes(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn content_a_child_cannot_build_is_refused_at_registration_and_changes_nothing() {
+    let _serial = serial();
+    let w = process_host(&[0], options()).start().expect("start");
+    let native = simpler_device_a2a3::ChipCallable::native(|_, _| Ok(()), |_| Default::default())
+        .names("native_only", "native_config")
+        .build()
+        .expect("valid");
+    match w.register_chip(&native) {
+        Err(WorkerError::Registration { chip, source, .. }) => {
+            assert_eq!(chip, WorkerId(0));
+            assert!(source.to_string().contains("chip process"), "{source}");
+        }
+        other => panic!("expected a refused registration, got {other:?}"),
+    }
+    let h = w.register_chip(&add_callable(3)).expect("catalog content crosses");
+    let (args, f) = inputs(&w, WorkerId(0));
+    w.run(on_chip(h, args, WorkerId(0))).expect("run");
+    assert_eq!(result(&w, WorkerId(0), &f), expected());
+    w.close().expect("close");
+}
+
+#[test]
+fn a_child_stuck_in_shutdown_is_killed_after_the_deadline_named_and_does_not_delay_the_others() {
+    let _serial = serial();
+    let opts = options().shutdown_timeout(Duration::from_millis(300));
+    let w = process_host(&[0, 1], opts).start().expect("start");
+    let pids: Vec<u32> = (0..2).map(|c| w.chip_process_id(WorkerId(c)).unwrap().unwrap()).collect();
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::HangOnShutdown).unwrap());
+    let e = w.close().expect_err("chip 0 did not finalize");
+    let text = e.to_string();
+    assert!(text.contains("chip 0") && text.contains(&pids[0].to_string()), "{text}");
+    assert!(!text.contains("chip 1"), "chip 1 shut down cleanly: {text}");
+    assert!(pids.iter().all(|&p| !exists(p)), "both reaped");
+    assert_eq!(mailboxes(), 0);
+}
