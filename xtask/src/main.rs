@@ -3,8 +3,9 @@
 //! Every task is a short sequence of cargo invocations; each step prints what it runs so a
 //! failure names the command to rerun by hand. Tasks:
 //!
-//! - `ci`: everything CI checks, in order: tidy, format, lints, tests, docs, a short benchmark
-//!   smoke run, the examples (the README's main job first) and the `loom` models.
+//! - `ci`: everything CI checks, in order: tidy, format, lints, tests, the built AICPU program
+//!   on the simulator, docs, a short benchmark smoke run, the examples (the README's main job
+//!   first) and the `loom` models.
 //! - `tidy`: repository rules rustfmt and clippy do not check (see [`tidy`]).
 //! - `test [--deep]`: the workspace tests; `--deep` raises the property-test case count.
 //! - `loom`: the `loom` model checks of the concurrency protocols (`cfg(simpler_loom)`).
@@ -17,6 +18,7 @@
 
 mod bindgen;
 mod onboard;
+mod onboard_build;
 mod tidy;
 
 use std::env;
@@ -110,6 +112,7 @@ fn ci() -> Result<(), String> {
         cargo(&args, &[])?;
     }
     test(false)?;
+    onboard_build::program_on_simulator()?;
     cargo(
         &["doc", "--workspace", "--no-deps", "--all-features"],
         &[("RUSTDOCFLAGS", "-D warnings")],
