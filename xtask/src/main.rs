@@ -3,8 +3,8 @@
 //! Every task is a short sequence of cargo invocations; each step prints what it runs so a
 //! failure names the command to rerun by hand. Tasks:
 //!
-//! - `ci`: everything CI checks, in order: tidy, format, lints, tests, the built AICPU program
-//!   on the simulator, docs, a short benchmark smoke run, the examples (the README's main job
+//! - `ci`: everything CI checks, in order: tidy, format, lints, tests, the simulator suites on
+//!   the built AICPU program and C++ AICore executor, docs, a short benchmark smoke run, the examples (the README's main job
 //!   first) and the `loom` models.
 //! - `tidy`: repository rules rustfmt and clippy do not check (see [`tidy`]).
 //! - `test [--deep]`: the workspace tests; `--deep` raises the property-test case count.
@@ -112,7 +112,7 @@ fn ci() -> Result<(), String> {
         cargo(&args, &[])?;
     }
     test(false)?;
-    onboard_build::program_on_simulator()?;
+    onboard_build::programs_on_simulator()?;
     cargo(
         &["doc", "--workspace", "--no-deps", "--all-features"],
         &[("RUSTDOCFLAGS", "-D warnings")],

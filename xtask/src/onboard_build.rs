@@ -37,13 +37,34 @@ pub fn aicpu_program(target: Option<(&str, &Path)>) -> Result<PathBuf, String> {
     }
 }
 
-/// CI: builds the host AICPU program and runs the simulator test that executes the vector
-/// example through its C entries (a missing program fails the test instead of skipping it).
-pub fn program_on_simulator() -> Result<(), String> {
-    let so = aicpu_program(None)?;
-    let so = so.display().to_string();
+/// Test targets of the device crate that CI runs on the built programs: the program's own test
+/// and the conformance, fault and end-to-end suites.
+const SUITES_ON_BUILT_PROGRAMS: &[&str] = &["aicpu_program", "conformance", "faults", "end_to_end"];
+
+/// The host build of the C++ AICore executor, in `target/simpler-onboard/host-executor/`.
+pub fn host_executor() -> Result<PathBuf, String> {
+    let dir = target_dir().join("simpler-onboard").join("host-executor");
+    println!("\n==> compiling the AICore executor for the host into {}", dir.display());
+    simpler_onboard_programs::build_host_executor(&dir)
+}
+
+/// CI: builds the host AICPU program and the host AICore executor, then runs the device
+/// crate's suites with the simulator running both (a missing program fails instead of
+/// skipping).
+pub fn programs_on_simulator() -> Result<(), String> {
+    let so = aicpu_program(None)?.display().to_string();
+    let exe = host_executor()?.display().to_string();
+    let mut args = vec!["test", "-p", "simpler-device-a2a3"];
+    for t in SUITES_ON_BUILT_PROGRAMS {
+        args.extend(["--test", t]);
+    }
     cargo(
-        &["test", "-p", "simpler-device-a2a3", "--test", "aicpu_program"],
-        &[("SIMPLER_AICPU_PROGRAM", so.as_str()), ("SIMPLER_REQUIRE_AICPU_PROGRAM", "1")],
+        &args,
+        &[
+            ("SIMPLER_AICPU_PROGRAM", so.as_str()),
+            ("SIMPLER_REQUIRE_AICPU_PROGRAM", "1"),
+            ("SIMPLER_SIM_AICPU_PROGRAM", so.as_str()),
+            ("SIMPLER_SIM_AICORE_EXECUTOR", exe.as_str()),
+        ],
     )
 }

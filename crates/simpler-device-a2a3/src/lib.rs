@@ -44,6 +44,7 @@
 //! - `src/backend/sim/memory.rs`: simulated device memory (allocation and the host copies).
 //! - `src/backend/sim/aicore.rs`: the AICore executor's payload reads and kernel call.
 //! - `src/backend/sim/loader.rs`: the shared-object kernel loader (`dlopen`/`dlsym`).
+//! - `src/backend/sim/cxx_core.rs`: calling the C++ AICore executor with its environment.
 //! - `src/backend/sim/program.rs`: calling the built AICPU program's C entries and its host
 //!   services' context pointer.
 //! - `src/aicpu/program.rs`: the AICPU program's entries over raw argument bytes, register

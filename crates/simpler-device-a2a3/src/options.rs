@@ -81,6 +81,9 @@ pub struct SimOptions {
     /// AICPU threads run instead of the scheduler compiled into this crate; `None` = the
     /// compiled-in scheduler. Used to test the shipped program's exported ABI on the simulator.
     pub aicpu_program: Option<&'static std::path::Path>,
+    /// The host build of the C++ AICore executor (`libsimpler_aicore_executor.so`) the cores
+    /// run instead of the Rust executor; `None` = the Rust executor.
+    pub aicore_executor: Option<&'static std::path::Path>,
 }
 
 #[cfg(feature = "sim")]
@@ -93,6 +96,7 @@ impl Default for SimOptions {
             memory_limit: 64 << 30,
             join_budget: Duration::from_secs(10),
             aicpu_program: None,
+            aicore_executor: None,
         }
     }
 }
@@ -212,6 +216,14 @@ impl RunnerOptions {
     #[cfg(feature = "sim")]
     pub fn with_aicpu_program(mut self, path: &'static std::path::Path) -> Self {
         self.sim.aicpu_program = Some(path);
+        self
+    }
+
+    /// Runs the host build of the C++ AICore executor at `path` on the simulated cores (see
+    /// [`SimOptions::aicore_executor`]).
+    #[cfg(feature = "sim")]
+    pub fn with_aicore_executor(mut self, path: &'static std::path::Path) -> Self {
+        self.sim.aicore_executor = Some(path);
         self
     }
 

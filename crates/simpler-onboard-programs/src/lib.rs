@@ -4,7 +4,9 @@
 //! Layer: beside `simpler-device-a2a3`, depending on nothing; the onboard backend and `xtask`
 //! use it. It must not load CANN or touch a device.
 //!
-//! Today it holds the bootstrap dispatcher: the small C shared object CANN's AICPU framework
+//! It holds the AICore executor's C++ sources ([`EXECUTOR_SOURCES`]; with feature
+//! `host-build`, [`build_host_executor`] compiles them for the host so the simulator runs them)
+//! and the bootstrap dispatcher: the small C shared object CANN's AICPU framework
 //! loads, which installs simpler's AICPU program as a file (protocol in
 //! `docs/onboard-programs.md`). This crate gives its source ([`DISPATCHER_SOURCE`]), the
 //! argument block the host fills ([`DeviceArgs`]), the name the program is installed under
@@ -228,6 +230,56 @@ pub fn fingerprint(program: &[u8]) -> u64 {
 /// keeps the two dies of one chip apart); the host names it in the kernel descriptor it loads.
 pub fn installed_name(fingerprint: u64, device_id: u64) -> String {
     format!("simpler_inner_{fingerprint:016x}_{device_id}.so")
+}
+
+/// The AICore executor's sources, as (file name, text): the executor and its platform header
+/// with the two mappings (CCE for the AICore, host for the simulator). They are written side by
+/// side into one directory to compile.
+pub const EXECUTOR_SOURCES: [(&str, &str); 4] = [
+    ("executor.cpp", include_str!("../aicore/executor.cpp")),
+    ("aicore_platform.h", include_str!("../aicore/aicore_platform.h")),
+    ("aicore_platform_host.h", include_str!("../aicore/aicore_platform_host.h")),
+    ("aicore_platform_cce.h", include_str!("../aicore/aicore_platform_cce.h")),
+];
+
+/// The executor's entry in its host build (the simulator calls it once per core and launch).
+pub const EXECUTOR_HOST_ENTRY: &str = "simpler_aicore_execute";
+
+/// Compiles the AICore executor for the host into a shared object in `dir` (feature
+/// `host-build`: the `cc` crate picks the host's C++ compiler) and returns its path.
+#[cfg(feature = "host-build")]
+pub fn build_host_executor(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
+    let io = |e: std::io::Error| format!("{}: {e}", dir.display());
+    std::fs::create_dir_all(dir).map_err(io)?;
+    for (name, text) in EXECUTOR_SOURCES {
+        std::fs::write(dir.join(name), text).map_err(io)?;
+    }
+    let target = env!("SIMPLER_ONBOARD_PROGRAMS_TARGET");
+    let compiler = cc::Build::new()
+        .cpp(true)
+        .target(target)
+        .host(target)
+        .opt_level(2)
+        .cargo_metadata(false)
+        .cargo_warnings(false)
+        .pic(true)
+        .try_get_compiler()
+        .map_err(|e| e.to_string())?;
+    let out = dir.join("libsimpler_aicore_executor.so");
+    let mut command = compiler.to_command();
+    command
+        .args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-fno-exceptions", "-fno-rtti"])
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&out)
+        .arg(dir.join("executor.cpp"));
+    let output = command.output().map_err(|e| format!("running the C++ compiler: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "compiling the AICore executor failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

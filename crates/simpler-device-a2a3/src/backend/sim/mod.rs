@@ -10,7 +10,8 @@
 //! The AICPU threads run the real scheduler ([`crate::aicpu`]) through [`SimAicpu`], this
 //! module's implementation of [`AicpuPlatform`], or, with `SimOptions::aicpu_program`, the built
 //! AICPU program through its C entries (`program`); the AICore cores run the simulated executor
-//! (`aicore`).
+//! (`aicore`) or, with `SimOptions::aicore_executor`, the C++ executor written for the AICore
+//! (`cxx_core`).
 //!
 //! Module graph, without a circle: this module uses `aicore` (the simulated core's side of
 //! the protocol, reached through the `CoreHost` trait this module's shared state implements),
@@ -33,6 +34,7 @@
 //! `docs/device-runner.md`.
 
 mod aicore;
+mod cxx_core;
 mod faults;
 mod loader;
 mod memory;
@@ -125,6 +127,9 @@ pub(crate) struct SimShared {
     /// The built AICPU program the AICPU threads run (`SimOptions::aicpu_program`); set once
     /// by `start_programs` before any AICPU launch.
     program: std::sync::OnceLock<self::program::AicpuProgram>,
+    /// The C++ AICore executor the cores run (`SimOptions::aicore_executor`); set once by
+    /// `start_programs` before any AICore launch.
+    executor: std::sync::OnceLock<self::cxx_core::CxxExecutor>,
     aicpu_mail: Box<[Mailbox]>,
     aicore_mail: Box<[Mailbox]>,
     /// Spin rounds of every wait (`SimOptions::spin_iters`, default 64); written at attach,
@@ -431,7 +436,10 @@ fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
     while let Some((stream, entry)) = dev.take_job(role, index) {
         let run = std::panic::catch_unwind(AssertUnwindSafe(|| match role {
             Role::Aicpu => dev.run_aicpu(&entry, index),
-            Role::AiCore => aicore::run_core(&*dev, &entry, index),
+            Role::AiCore => match dev.executor.get() {
+                Some(exe) => cxx_core::run_core(&*dev, &entry, index, exe),
+                None => aicore::run_core(&*dev, &entry, index),
+            },
         }));
         let code = match run {
             Ok(code) => code,
@@ -503,6 +511,7 @@ impl SimDevice {
             ],
             init: Mutex::new(None),
             program: std::sync::OnceLock::new(),
+            executor: std::sync::OnceLock::new(),
             aicpu_mail: mailboxes(MAX_AICPU_THREADS as usize),
             aicore_mail: mailboxes(MAX_LAUNCH_CORES),
             spins: AtomicU32::new(opts.spin_iters.unwrap_or(64)),
@@ -695,6 +704,13 @@ impl Backend for SimDevice {
             let program = self::program::AicpuProgram::open(path).map_err(refuse)?;
             // Threads only read the cell, after it was set (no AICPU launch ran yet).
             let _ = self.shared.program.set(program);
+        }
+        if let Some(path) = self.shared.opts.aicore_executor
+            && self.shared.executor.get().is_none()
+        {
+            let exe = self::cxx_core::CxxExecutor::open(path).map_err(refuse)?;
+            // Cores only read the cell, after it was set (no AICore launch ran yet).
+            let _ = self.shared.executor.set(exe);
         }
         self.start_aicpu_threads().map_err(refuse)
     }
