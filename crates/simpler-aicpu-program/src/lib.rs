@@ -11,6 +11,10 @@
 //! - `simpler_aicpu_exec`: the device address of the run's `KernelArgs`; the scheduler's exec
 //!   result.
 //! - `simpler_aicpu_abi_version`: the ABI version this object speaks (the loader checks it).
+//!
+//! Unsafe inventory:
+//! - `src/lib.rs`: the C entries are `unsafe extern "C"` functions forwarding raw argument
+//!   pointers to the device crate's entries, whose contracts they restate.
 
 use core::ffi::c_void;
 
