@@ -244,7 +244,7 @@ fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).map(String::as_str)
 }
 
-/// `cargo xtask build --platform a2a3 [--runtime hbg|trb]`.
+/// `cargo xtask build --platform a2a3 [--runtime hbg|trb] [--standin]`.
 pub fn build(args: &[String]) -> ExitCode {
     match flag_value(args, "--platform") {
         Some("a2a3") => {}
@@ -252,6 +252,26 @@ pub fn build(args: &[String]) -> ExitCode {
             eprintln!("xtask build: --platform a2a3 is the only platform (got {other:?})");
             return ExitCode::FAILURE;
         }
+    }
+    let runtime = match flag_value(args, "--runtime").unwrap_or("hbg") {
+        r @ ("hbg" | "trb") => r,
+        other => {
+            eprintln!("xtask build: --runtime is hbg or trb (got `{other}`)");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.iter().any(|a| a == "--standin") {
+        return match crate::onboard_build::host_artifacts(runtime) {
+            Ok(manifest) => {
+                println!("xtask build: host build of the {runtime} device programs");
+                println!("manifest {}", manifest.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("xtask build: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     println!("xtask build --platform a2a3: checking the onboard toolchain");
     let reqs = host_probe(|p| detect(p, Purpose::Build));

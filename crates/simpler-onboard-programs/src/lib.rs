@@ -249,14 +249,61 @@ pub const EXECUTOR_HOST_ENTRY: &str = "simpler_aicore_execute";
 /// `host-build`: the `cc` crate picks the host's C++ compiler) and returns its path.
 #[cfg(feature = "host-build")]
 pub fn build_host_executor(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
+    let out = dir.join("libsimpler_aicore_executor.so");
+    let flags =
+        ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-fno-exceptions", "-fno-rtti"];
+    host_shared_object(dir, &EXECUTOR_SOURCES, "executor.cpp", true, &flags, &out)?;
+    Ok(out)
+}
+
+/// Compiles the bootstrap dispatcher for the host into a shared object in `dir`, installing
+/// programs into `install_dir` instead of the device path (feature `host-build`).
+#[cfg(feature = "host-build")]
+pub fn build_host_dispatcher(
+    dir: &std::path::Path,
+    install_dir: &std::path::Path,
+) -> Result<std::path::PathBuf, String> {
+    let out = dir.join("libsimpler_aicpu_dispatcher.so");
+    let define = format!("-D{INSTALL_DIR_DEFINE}=\"{}\"", install_dir.display());
+    let flags = [
+        "-std=c99",
+        "-O2",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-D_POSIX_C_SOURCE=200809L",
+        define.as_str(),
+    ];
+    host_shared_object(
+        dir,
+        &[("dispatcher.c", DISPATCHER_SOURCE)],
+        "dispatcher.c",
+        false,
+        &flags,
+        &out,
+    )?;
+    Ok(out)
+}
+
+/// Writes `sources` into `dir` and compiles `main` with the host's C or C++ compiler into the
+/// shared object `out`.
+#[cfg(feature = "host-build")]
+fn host_shared_object(
+    dir: &std::path::Path,
+    sources: &[(&str, &str)],
+    main: &str,
+    cpp: bool,
+    flags: &[&str],
+    out: &std::path::Path,
+) -> Result<(), String> {
     let io = |e: std::io::Error| format!("{}: {e}", dir.display());
     std::fs::create_dir_all(dir).map_err(io)?;
-    for (name, text) in EXECUTOR_SOURCES {
+    for (name, text) in sources {
         std::fs::write(dir.join(name), text).map_err(io)?;
     }
     let target = env!("SIMPLER_ONBOARD_PROGRAMS_TARGET");
     let compiler = cc::Build::new()
-        .cpp(true)
+        .cpp(cpp)
         .target(target)
         .host(target)
         .opt_level(2)
@@ -265,21 +312,40 @@ pub fn build_host_executor(dir: &std::path::Path) -> Result<std::path::PathBuf, 
         .pic(true)
         .try_get_compiler()
         .map_err(|e| e.to_string())?;
-    let out = dir.join("libsimpler_aicore_executor.so");
     let mut command = compiler.to_command();
-    command
-        .args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-fno-exceptions", "-fno-rtti"])
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&out)
-        .arg(dir.join("executor.cpp"));
-    let output = command.output().map_err(|e| format!("running the C++ compiler: {e}"))?;
+    command.args(flags).args(["-shared", "-fPIC", "-o"]).arg(out).arg(dir.join(main));
+    let output = command.output().map_err(|e| format!("running the compiler: {e}"))?;
     if !output.status.success() {
         return Err(format!(
-            "compiling the AICore executor failed:\n{}",
+            "compiling {main} failed:\n{}",
             String::from_utf8_lossy(&output.stderr)
         ));
     }
-    Ok(out)
+    Ok(())
+}
+
+/// The identity of the host compiler `build_host_*` uses (its `--version` first line), for
+/// cache keys and manifests (feature `host-build`).
+#[cfg(feature = "host-build")]
+pub fn host_compiler_identity(cpp: bool) -> String {
+    let target = env!("SIMPLER_ONBOARD_PROGRAMS_TARGET");
+    let Ok(compiler) = cc::Build::new()
+        .cpp(cpp)
+        .target(target)
+        .host(target)
+        .opt_level(2)
+        .cargo_metadata(false)
+        .cargo_warnings(false)
+        .try_get_compiler()
+    else {
+        return "unknown".into();
+    };
+    let mut command = compiler.to_command();
+    command.arg("--version");
+    match command.output() {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").to_owned(),
+        Err(_) => "unknown".into(),
+    }
 }
 
 #[cfg(test)]
