@@ -410,11 +410,11 @@ fn main() -> ExitCode {
         }
     }
     failed |= !fast_failed.is_empty();
-    if let Some(r) = bench.runner.take() {
-        if let Err(e) = r.finalize() {
-            eprintln!("onboard cases: the final finalize failed: {e}");
-            failed = true;
-        }
+    if let Some(r) = bench.runner.take()
+        && let Err(e) = r.finalize()
+    {
+        eprintln!("onboard cases: the final finalize failed: {e}");
+        failed = true;
     }
     if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
 }
