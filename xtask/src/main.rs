@@ -19,6 +19,7 @@
 mod bindgen;
 mod onboard;
 mod onboard_build;
+mod onboard_test;
 mod tidy;
 
 use std::env;
@@ -86,8 +87,12 @@ tasks:
   test [--deep]    workspace tests (--deep: many more property-test cases)
   loom             loom model checks of the concurrency protocols
   bench [ARGS]     criterion benchmarks (release); ARGS go to `cargo bench`
-  build --platform a2a3      onboard programs (needs CANN; lists what is missing, exit 2)
-  onboard-test [--device 0|0-3|0,2]  tests on a real A2/A3 server (exit 2 when it cannot run)
+  build --platform a2a3 [--runtime hbg|trb] [--standin]
+                   onboard programs (needs CANN; lists what is missing, exit 2); --standin
+                   builds them for the host and writes target/simpler-onboard/standin/<rt>/manifest.json
+  onboard-test [--device 0|0-3|0,2] [--standin] [--case-timeout S] [--timeout S]
+                   tests on a real A2/A3 server (exit 2 when it cannot run); --standin runs the
+                   whole harness against the stand-in CANN library and host-built programs
   bindgen [--check]  regenerate simpler-acl-sys/src/generated (needs libclang:
                    `apt-get install libclang-dev`); --check fails when it is stale";
 
@@ -113,6 +118,11 @@ fn ci() -> Result<(), String> {
     }
     test(false)?;
     onboard_build::programs_on_simulator()?;
+    println!("\n==> cargo xtask onboard-test --standin --device 0,1");
+    match onboard_test::standin_batch(&[], &[0, 1])? {
+        0 => {}
+        code => return Err(format!("onboard-test --standin exited {code}")),
+    }
     cargo(
         &["doc", "--workspace", "--no-deps", "--all-features"],
         &[("RUSTDOCFLAGS", "-D warnings")],
