@@ -319,9 +319,10 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
         return ExitCode::from(EXIT_ENVIRONMENT);
     }
     eprintln!(
-        "xtask onboard-test: the server is complete, but this version has neither the onboard \
-         device programs (AICPU scheduler, AICore executor) nor the case harness, so there is \
-         nothing to run on the device yet"
+        "xtask onboard-test: the server is complete, but this version cannot run the case set \
+         on a chip yet: the architecture check, the ccec-built AICore executor and the test \
+         kernels are not wired; `--standin` runs the whole harness against the stand-in CANN \
+         library"
     );
     ExitCode::from(EXIT_ENVIRONMENT)
 }
