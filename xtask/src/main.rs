@@ -40,8 +40,12 @@ const LOOM_TARGETS: &[(&str, &[&str])] = &[
 const EXAMPLES: &[&str] = &["vector_example", "bgemm", "l3_two_chips", "l4_compose"];
 
 /// Crates and feature lists that `ci` checks with `--no-default-features`.
-const NARROW_BUILDS: &[(&str, &str)] =
-    &[("simpler-tensormap", ""), ("simpler-device-a2a3", ""), ("simpler-device-a2a3", "onboard")];
+const NARROW_BUILDS: &[(&str, &str)] = &[
+    ("simpler-tensormap", ""),
+    ("simpler-device-a2a3", ""),
+    ("simpler-device-a2a3", "onboard"),
+    ("simpler-device-a2a3", "aicpu-program"),
+];
 
 /// Property-test cases per test in `test --deep` (the tests' own defaults are kept modest so
 /// that CI stays fast).
