@@ -3,8 +3,9 @@
 //! Every task is a short sequence of cargo invocations; each step prints what it runs so a
 //! failure names the command to rerun by hand. Tasks:
 //!
-//! - `ci`: everything CI checks, in order: tidy, format, lints, tests, docs, a short benchmark
-//!   smoke run, the examples (the README's main job first) and the `loom` models.
+//! - `ci`: everything CI checks, in order: tidy, format, lints, tests, the simulator suites on
+//!   the built AICPU program and C++ AICore executor, docs, a short benchmark smoke run, the examples (the README's main job
+//!   first) and the `loom` models.
 //! - `tidy`: repository rules rustfmt and clippy do not check (see [`tidy`]).
 //! - `test [--deep]`: the workspace tests; `--deep` raises the property-test case count.
 //! - `loom`: the `loom` model checks of the concurrency protocols (`cfg(simpler_loom)`).
@@ -20,6 +21,8 @@
 
 mod bindgen;
 mod onboard;
+mod onboard_build;
+mod onboard_test;
 mod tidy;
 
 use std::env;
@@ -41,8 +44,12 @@ const LOOM_TARGETS: &[(&str, &[&str])] = &[
 const EXAMPLES: &[&str] = &["vector_example", "bgemm", "l3_two_chips", "l4_compose"];
 
 /// Crates and feature lists that `ci` checks with `--no-default-features`.
-const NARROW_BUILDS: &[(&str, &str)] =
-    &[("simpler-tensormap", ""), ("simpler-device-a2a3", ""), ("simpler-device-a2a3", "onboard")];
+const NARROW_BUILDS: &[(&str, &str)] = &[
+    ("simpler-tensormap", ""),
+    ("simpler-device-a2a3", ""),
+    ("simpler-device-a2a3", "onboard"),
+    ("simpler-device-a2a3", "aicpu-program"),
+];
 
 /// Property-test cases per test in `test --deep` (the tests' own defaults are kept modest so
 /// that CI stays fast).
@@ -89,8 +96,12 @@ tasks:
   test [--deep]    workspace tests (--deep: many more property-test cases)
   loom             loom model checks of the concurrency protocols
   bench [ARGS]     criterion benchmarks (release); ARGS go to `cargo bench`
-  build --platform a2a3      onboard programs (needs CANN; lists what is missing, exit 2)
-  onboard-test [--device 0|0-3|0,2]  tests on a real A2/A3 server (exit 2 when it cannot run)
+  build --platform a2a3 [--runtime hbg|trb] [--standin]
+                   onboard programs (needs CANN; lists what is missing, exit 2); --standin
+                   builds them for the host and writes target/simpler-onboard/standin/<rt>/manifest.json
+  onboard-test [--device 0|0-3|0,2] [--standin] [--case-timeout S] [--timeout S]
+                   tests on a real A2/A3 server (exit 2 when it cannot run); --standin runs the
+                   whole harness against the stand-in CANN library and host-built programs
   bindgen [--check]  regenerate simpler-acl-sys/src/generated (needs libclang:
                    `apt-get install libclang-dev`); --check fails when it is stale
   mpi-test         multi-host tests under `mpirun -np 3 --oversubscribe` (needs Open MPI:
@@ -120,6 +131,12 @@ fn ci() -> Result<(), String> {
     }
     test(false)?;
     process_mode_tests()?;
+    onboard_build::programs_on_simulator()?;
+    println!("\n==> cargo xtask onboard-test --standin --device 0,1");
+    match onboard_test::standin_batch(&[], &[0, 1])? {
+        0 => {}
+        code => return Err(format!("onboard-test --standin exited {code}")),
+    }
     cargo(
         &["doc", "--workspace", "--no-deps", "--all-features"],
         &[("RUSTDOCFLAGS", "-D warnings")],

@@ -12,6 +12,9 @@ use std::process::ExitCode;
 /// Exit code for "this machine cannot do it" (missing toolchain, driver or device).
 pub const EXIT_ENVIRONMENT: u8 = 2;
 
+/// The requirement naming CANN's aarch64 cross compiler (the AICPU programs' linker).
+const CROSS_COMPILER: &str = "aarch64 cross compiler (AICPU programs)";
+
 /// Which task is asking: tests need the device side too.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Purpose {
@@ -113,7 +116,7 @@ pub fn detect(p: &Probe<'_>, purpose: Purpose) -> Vec<Requirement> {
     });
     let (found, searched) = p.first(under(&["tools/hcc/bin/aarch64-target-linux-gnu-gcc"]), None);
     out.push(Requirement {
-        what: "aarch64 cross compiler (AICPU programs)",
+        what: CROSS_COMPILER,
         found,
         searched,
         fix: "the AICPU cross compiler ships with the CANN toolkit (tools/hcc); reinstall the toolkit",
@@ -237,11 +240,11 @@ pub fn parse_devices(spec: &str) -> Result<Vec<u32>, String> {
     Ok(out)
 }
 
-fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+pub fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).map(String::as_str)
 }
 
-/// `cargo xtask build --platform a2a3 [--runtime hbg|trb]`.
+/// `cargo xtask build --platform a2a3 [--runtime hbg|trb] [--standin]`.
 pub fn build(args: &[String]) -> ExitCode {
     match flag_value(args, "--platform") {
         Some("a2a3") => {}
@@ -250,15 +253,46 @@ pub fn build(args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    let runtime = match flag_value(args, "--runtime").unwrap_or("hbg") {
+        r @ ("hbg" | "trb") => r,
+        other => {
+            eprintln!("xtask build: --runtime is hbg or trb (got `{other}`)");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.iter().any(|a| a == "--standin") {
+        return match crate::onboard_build::host_artifacts(runtime) {
+            Ok(manifest) => {
+                println!("xtask build: host build of the {runtime} device programs");
+                println!("manifest {}", manifest.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("xtask build: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     println!("xtask build --platform a2a3: checking the onboard toolchain");
-    if !host_probe(|p| report(&detect(p, Purpose::Build))) {
+    let reqs = host_probe(|p| detect(p, Purpose::Build));
+    if !report(&reqs) {
         eprintln!("xtask build: the onboard toolchain is incomplete (see MISSING above)");
         return ExitCode::from(EXIT_ENVIRONMENT);
     }
+    let Some(linker) = reqs.iter().find(|r| r.what == CROSS_COMPILER).and_then(|r| r.found.clone())
+    else {
+        return ExitCode::from(EXIT_ENVIRONMENT);
+    };
+    match crate::onboard_build::aicpu_program(Some((crate::onboard_build::AICPU_TARGET, &linker))) {
+        Ok(so) => println!("xtask build: AICPU program {}", so.display()),
+        Err(e) => {
+            eprintln!("xtask build: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     eprintln!(
-        "xtask build: the toolchain is complete, but this version cannot build the onboard \
-         programs yet (AICPU program, AICore executor); only the bootstrap dispatcher's source \
-         is in the tree (crates/simpler-onboard-programs)"
+        "xtask build: the AICPU program is built, but this version cannot compile the AICore \
+         executor with ccec yet, so no manifest is written"
     );
     ExitCode::from(EXIT_ENVIRONMENT)
 }
@@ -272,6 +306,9 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if args.iter().any(|a| a == "--standin") {
+        return crate::onboard_test::standin(args, &devices);
+    }
     println!("xtask onboard-test: devices {devices:?}; checking this server");
     if !host_probe(|p| report(&detect(p, Purpose::Test))) {
         eprintln!(
@@ -282,9 +319,10 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
         return ExitCode::from(EXIT_ENVIRONMENT);
     }
     eprintln!(
-        "xtask onboard-test: the server is complete, but this version has neither the onboard \
-         device programs (AICPU scheduler, AICore executor) nor the case harness, so there is \
-         nothing to run on the device yet"
+        "xtask onboard-test: the server is complete, but this version cannot run the case set \
+         on a chip yet: the architecture check, the ccec-built AICore executor and the test \
+         kernels are not wired; `--standin` runs the whole harness against the stand-in CANN \
+         library"
     );
     ExitCode::from(EXIT_ENVIRONMENT)
 }

@@ -44,6 +44,11 @@
 //! - `src/backend/sim/memory.rs`: simulated device memory (allocation and the host copies).
 //! - `src/backend/sim/aicore.rs`: the AICore executor's payload reads and kernel call.
 //! - `src/backend/sim/loader.rs`: the shared-object kernel loader (`dlopen`/`dlsym`).
+//! - `src/backend/sim/cxx_core.rs`: calling the C++ AICore executor with its environment.
+//! - `src/backend/sim/program.rs`: calling the built AICPU program's C entries and its host
+//!   services' context pointer.
+//! - `src/aicpu/program.rs`: the AICPU program's entries over raw argument bytes, register
+//!   windows by address and the cache-maintenance and counter instructions.
 //! - `src/backend/onboard/owners.rs`: the CANN calls of the safe owners (streams, device
 //!   buffers and copies, host mappings, events, the loaded AICPU program) and their `Send` /
 //!   `Sync` impls over CANN handles.

@@ -126,6 +126,13 @@ pub struct SimOptions {
     /// How long `finalize` (and `Drop`) waits for the simulated threads to exit;
     /// `Duration::MAX` (any budget too large to represent as a deadline) waits without limit.
     pub join_budget: Duration,
+    /// The built AICPU program (`libsimpler_aicpu_program.so` of the host) whose C entries the
+    /// AICPU threads run instead of the scheduler compiled into this crate; `None` = the
+    /// compiled-in scheduler. Used to test the shipped program's exported ABI on the simulator.
+    pub aicpu_program: Option<&'static std::path::Path>,
+    /// The host build of the C++ AICore executor (`libsimpler_aicore_executor.so`) the cores
+    /// run instead of the Rust executor; `None` = the Rust executor.
+    pub aicore_executor: Option<&'static std::path::Path>,
 }
 
 #[cfg(feature = "sim")]
@@ -137,6 +144,8 @@ impl Default for SimOptions {
             yield_iters: 4,
             memory_limit: 64 << 30,
             join_budget: Duration::from_secs(10),
+            aicpu_program: None,
+            aicore_executor: None,
         }
     }
 }
@@ -248,6 +257,22 @@ impl RunnerOptions {
     #[cfg(feature = "sim")]
     pub fn with_spin_iters(mut self, spins: Option<u32>) -> Self {
         self.sim.spin_iters = spins;
+        self
+    }
+
+    /// Runs the built AICPU program at `path` through its C entries instead of the scheduler
+    /// compiled into this crate (see [`SimOptions::aicpu_program`]).
+    #[cfg(feature = "sim")]
+    pub fn with_aicpu_program(mut self, path: &'static std::path::Path) -> Self {
+        self.sim.aicpu_program = Some(path);
+        self
+    }
+
+    /// Runs the host build of the C++ AICore executor at `path` on the simulated cores (see
+    /// [`SimOptions::aicore_executor`]).
+    #[cfg(feature = "sim")]
+    pub fn with_aicore_executor(mut self, path: &'static std::path::Path) -> Self {
+        self.sim.aicore_executor = Some(path);
         self
     }
 

@@ -4,7 +4,9 @@
 //! Layer: beside `simpler-device-a2a3`, depending on nothing; the onboard backend and `xtask`
 //! use it. It must not load CANN or touch a device.
 //!
-//! Today it holds the bootstrap dispatcher: the small C shared object CANN's AICPU framework
+//! It holds the AICore executor's C++ sources ([`EXECUTOR_SOURCES`]; with feature
+//! `host-build`, [`build_host_executor`] compiles them for the host so the simulator runs them)
+//! and the bootstrap dispatcher: the small C shared object CANN's AICPU framework
 //! loads, which installs simpler's AICPU program as a file (protocol in
 //! `docs/onboard-programs.md`). This crate gives its source ([`DISPATCHER_SOURCE`]), the
 //! argument block the host fills ([`DeviceArgs`]), the name the program is installed under
@@ -228,6 +230,122 @@ pub fn fingerprint(program: &[u8]) -> u64 {
 /// keeps the two dies of one chip apart); the host names it in the kernel descriptor it loads.
 pub fn installed_name(fingerprint: u64, device_id: u64) -> String {
     format!("simpler_inner_{fingerprint:016x}_{device_id}.so")
+}
+
+/// The AICore executor's sources, as (file name, text): the executor and its platform header
+/// with the two mappings (CCE for the AICore, host for the simulator). They are written side by
+/// side into one directory to compile.
+pub const EXECUTOR_SOURCES: [(&str, &str); 4] = [
+    ("executor.cpp", include_str!("../aicore/executor.cpp")),
+    ("aicore_platform.h", include_str!("../aicore/aicore_platform.h")),
+    ("aicore_platform_host.h", include_str!("../aicore/aicore_platform_host.h")),
+    ("aicore_platform_cce.h", include_str!("../aicore/aicore_platform_cce.h")),
+];
+
+/// The executor's entry in its host build (the simulator calls it once per core and launch).
+pub const EXECUTOR_HOST_ENTRY: &str = "simpler_aicore_execute";
+
+/// Compiles the AICore executor for the host into a shared object in `dir` (feature
+/// `host-build`: the `cc` crate picks the host's C++ compiler) and returns its path.
+#[cfg(feature = "host-build")]
+pub fn build_host_executor(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
+    let out = dir.join("libsimpler_aicore_executor.so");
+    let flags =
+        ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-fno-exceptions", "-fno-rtti"];
+    host_shared_object(dir, &EXECUTOR_SOURCES, "executor.cpp", true, &flags, &out)?;
+    Ok(out)
+}
+
+/// Compiles the bootstrap dispatcher for the host into a shared object in `dir`, installing
+/// programs into `install_dir` instead of the device path (feature `host-build`).
+#[cfg(feature = "host-build")]
+pub fn build_host_dispatcher(
+    dir: &std::path::Path,
+    install_dir: &std::path::Path,
+) -> Result<std::path::PathBuf, String> {
+    let out = dir.join("libsimpler_aicpu_dispatcher.so");
+    let define = format!("-D{INSTALL_DIR_DEFINE}=\"{}\"", install_dir.display());
+    let flags = [
+        "-std=c99",
+        "-O2",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-D_POSIX_C_SOURCE=200809L",
+        define.as_str(),
+    ];
+    host_shared_object(
+        dir,
+        &[("dispatcher.c", DISPATCHER_SOURCE)],
+        "dispatcher.c",
+        false,
+        &flags,
+        &out,
+    )?;
+    Ok(out)
+}
+
+/// Writes `sources` into `dir` and compiles `main` with the host's C or C++ compiler into the
+/// shared object `out`.
+#[cfg(feature = "host-build")]
+fn host_shared_object(
+    dir: &std::path::Path,
+    sources: &[(&str, &str)],
+    main: &str,
+    cpp: bool,
+    flags: &[&str],
+    out: &std::path::Path,
+) -> Result<(), String> {
+    let io = |e: std::io::Error| format!("{}: {e}", dir.display());
+    std::fs::create_dir_all(dir).map_err(io)?;
+    for (name, text) in sources {
+        std::fs::write(dir.join(name), text).map_err(io)?;
+    }
+    let target = env!("SIMPLER_ONBOARD_PROGRAMS_TARGET");
+    let compiler = cc::Build::new()
+        .cpp(cpp)
+        .target(target)
+        .host(target)
+        .opt_level(2)
+        .cargo_metadata(false)
+        .cargo_warnings(false)
+        .pic(true)
+        .try_get_compiler()
+        .map_err(|e| e.to_string())?;
+    let mut command = compiler.to_command();
+    command.args(flags).args(["-shared", "-fPIC", "-o"]).arg(out).arg(dir.join(main));
+    let output = command.output().map_err(|e| format!("running the compiler: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "compiling {main} failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// The identity of the host compiler `build_host_*` uses (its `--version` first line), for
+/// cache keys and manifests (feature `host-build`).
+#[cfg(feature = "host-build")]
+pub fn host_compiler_identity(cpp: bool) -> String {
+    let target = env!("SIMPLER_ONBOARD_PROGRAMS_TARGET");
+    let Ok(compiler) = cc::Build::new()
+        .cpp(cpp)
+        .target(target)
+        .host(target)
+        .opt_level(2)
+        .cargo_metadata(false)
+        .cargo_warnings(false)
+        .try_get_compiler()
+    else {
+        return "unknown".into();
+    };
+    let mut command = compiler.to_command();
+    command.arg("--version");
+    match command.output() {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").to_owned(),
+        Err(_) => "unknown".into(),
+    }
 }
 
 #[cfg(test)]

@@ -161,6 +161,7 @@ const _: () = {
 /// | `progress` | any scheduler thread on completion or dispatch | all schedulers (watchdog) |
 /// | `running` | schedulers (dispatch +1, completion −1) | stall classification |
 /// | `abort` | a thread that gave up (handshake failure) | all schedulers |
+/// | `aicpu_claim` | each AICPU program exec participant (one `fetch_add`) | the same |
 #[derive(Debug, Default)]
 #[repr(C, align(64))]
 pub struct SharedHeader {
@@ -201,8 +202,12 @@ pub struct SharedHeader {
     pub fault_sizes: [AtomicU64; 3],
     /// Ring usage at a capacity failure, in the same order.
     pub fault_usage: [AtomicU64; 3],
+    /// Thread-index claims of the AICPU program: each exec participant takes
+    /// `fetch_add(1) % aicpu_threads` (every launch starts exactly that many participants, so
+    /// the indices of one launch are distinct whatever the counter held before).
+    pub aicpu_claim: AtomicU32,
     /// Padding to two cache lines (no implicit padding anywhere in the image).
-    pub reserved1: u64,
+    pub reserved1: u32,
 }
 
 const _: () = {

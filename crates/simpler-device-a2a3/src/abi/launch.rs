@@ -43,8 +43,9 @@ pub struct KernelArgs {
     pub reserved0: u32,
     /// FFTS base address (onboard only; 0 on the simulator).
     pub ffts_base: u64,
-    /// Reserved.
-    pub reserved1: u64,
+    /// Device address of a [`HostServices`](super::services::HostServices) table when a host
+    /// runs the AICPU program (the simulator loading the built program); 0 onboard.
+    pub host_services: u64,
 }
 
 const _: () = {

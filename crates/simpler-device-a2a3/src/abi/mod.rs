@@ -12,6 +12,8 @@
 //! - [`launch`]: what the two kernel launches receive (`KernelArgs`) and the AICPU `InitArgs`.
 //! - [`image`]: the runtime image the host builds and uploads: header, shared status, task
 //!   records, ready queues, payload pairs and diagnostic records (`docs/device-chip.md`).
+//! - [`services`]: the table of host services a host passes to the AICPU program it runs
+//!   (the simulator; absent onboard).
 //! - [`codes`]: runtime status codes and the device (ACL) codes the simulator reports.
 
 pub mod codes;
@@ -20,6 +22,7 @@ pub mod image;
 pub mod launch;
 pub mod payload;
 pub mod regs;
+pub mod services;
 
 /// Largest `block_dim` (clusters per launch) of an A2/A3 chip.
 pub const MAX_BLOCK_DIM: u32 = 24;

@@ -11,12 +11,15 @@
 //! - [`view`]: checked, typed access to the runtime image.
 //! - [`dispatch`]: one core's token state machine (ACK/FIN bookkeeping, double buffering).
 //! - [`scheduler`]: the `exec` entry: boot, handshake, scheduling loop, watchdog, shutdown.
+//! - `program` (feature `aicpu-program`): the onboard AICPU program's init and exec entries
+//!   and its platform over the chip's register windows.
 
 use core::fmt;
 
 use crate::abi::regs::RegId;
 
 pub mod dispatch;
+pub mod program;
 pub mod scheduler;
 pub mod view;
 

@@ -49,10 +49,32 @@ pub fn vector_callable() -> ChipCallable {
 /// Options for tests that expect success: budgets generous enough that a loaded machine never
 /// trips a watchdog (the environment is never read unless asked).
 pub fn options(device_id: u32) -> RunnerOptions {
-    RunnerOptions::sim(device_id, RuntimeVariant::HostBuildGraph)
-        .with_scheduler_timeout(Duration::from_millis(5_000))
-        .with_op_execute_timeout(Duration::from_micros(10_000_000))
-        .with_stream_sync_timeout(Duration::from_millis(30_000))
+    with_built_programs(
+        RunnerOptions::sim(device_id, RuntimeVariant::HostBuildGraph)
+            .with_scheduler_timeout(Duration::from_millis(5_000))
+            .with_op_execute_timeout(Duration::from_micros(10_000_000))
+            .with_stream_sync_timeout(Duration::from_millis(30_000)),
+    )
+}
+
+/// Applies the built device programs named by `SIMPLER_SIM_AICPU_PROGRAM` (the host build of
+/// the AICPU program) and `SIMPLER_SIM_AICORE_EXECUTOR` (the host build of the C++ AICore
+/// executor), so CI can run these suites on the code that ships (`cargo xtask ci`).
+pub fn with_built_programs(mut o: RunnerOptions) -> RunnerOptions {
+    use std::path::{Path, PathBuf};
+    use std::sync::OnceLock;
+    fn from_env(cell: &'static OnceLock<Option<PathBuf>>, var: &str) -> Option<&'static Path> {
+        cell.get_or_init(|| std::env::var_os(var).map(PathBuf::from)).as_deref()
+    }
+    static PROGRAM: OnceLock<Option<PathBuf>> = OnceLock::new();
+    static EXECUTOR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    if let Some(p) = from_env(&PROGRAM, "SIMPLER_SIM_AICPU_PROGRAM") {
+        o = o.with_aicpu_program(p);
+    }
+    if let Some(p) = from_env(&EXECUTOR, "SIMPLER_SIM_AICORE_EXECUTOR") {
+        o = o.with_aicore_executor(p);
+    }
+    o
 }
 
 /// Options with short budgets so failure tests stay fast.
@@ -63,7 +85,7 @@ pub fn fast_options(device_id: u32) -> RunnerOptions {
         .with_stream_sync_timeout(Duration::from_millis(3_000))
         .with_shutdown_budget(Duration::from_millis(200));
     o.sim.join_budget = Duration::from_secs(5);
-    o
+    with_built_programs(o)
 }
 
 /// A device f32 buffer of `n` elements filled with `values`.

@@ -10,8 +10,10 @@
 //!                  "aicore_executor": { "path": "aicore_hbg.o" } } }
 //! ```
 //!
-//! Relative paths are relative to the manifest's directory; `sha256` is optional and, when
-//! present, must match the file (a stale manifest is refused).
+//! Relative paths are relative to the manifest's directory; `sha256` and `build_id` (the GNU
+//! build id of an ELF, hex) are optional and, when present, must match the file (a stale or
+//! mismatched manifest is refused). `cargo xtask build --platform a2a3` writes both, with the
+//! toolchain versions (ignored here).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -35,6 +37,8 @@ struct RawManifest {
 struct RawArtifact {
     path: PathBuf,
     sha256: Option<String>,
+    /// The GNU build id (hex) of an ELF artifact.
+    build_id: Option<String>,
 }
 
 /// The three device programs, read into memory.
@@ -85,6 +89,19 @@ pub(crate) fn load(path: &Path) -> Result<Programs, DeviceError> {
                 ));
             }
         }
+        if let Some(want) = &a.build_id {
+            let got = simpler_onboard_programs::build_id(&bytes).map(hex);
+            if got.as_deref().is_none_or(|g| !g.eq_ignore_ascii_case(want)) {
+                return Err(refuse(
+                    path,
+                    format!(
+                        "`{name}` at {} does not match: build id {}, manifest says {want}",
+                        file.display(),
+                        got.as_deref().unwrap_or("(none)")
+                    ),
+                ));
+            }
+        }
         Ok(bytes)
     };
     Ok(Programs {
@@ -96,4 +113,76 @@ pub(crate) fn load(path: &Path) -> Result<Programs, DeviceError> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A manifest of three small files in a temporary directory; `edit` changes its JSON.
+    fn layout(edit: impl FnOnce(&mut serde_json::Value)) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut artifacts = serde_json::Map::new();
+        for name in ["aicpu_program", "dispatcher", "aicore_executor"] {
+            let bytes = format!("{name} bytes");
+            std::fs::write(dir.path().join(name), &bytes).unwrap();
+            artifacts.insert(
+                name.into(),
+                serde_json::json!({ "path": name, "sha256": hex(&Sha256::digest(bytes.as_bytes())) }),
+            );
+        }
+        let mut json = serde_json::json!({ "abi_version": ABI_VERSION, "artifacts": artifacts });
+        edit(&mut json);
+        let path = dir.path().join("manifest.json");
+        std::fs::write(&path, json.to_string()).unwrap();
+        (dir, path)
+    }
+
+    fn refusal(path: &Path) -> String {
+        match load(path) {
+            Err(DeviceError::Init { step: InitStep::LoadPrograms, message, .. }) => {
+                assert!(message.contains(&path.display().to_string()), "{message}");
+                message
+            }
+            other => panic!("expected a LoadPrograms refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_complete_manifest_loads_the_three_programs() {
+        let (_d, path) = layout(|_| {});
+        let p = load(&path).unwrap();
+        assert_eq!(p.dispatcher, b"dispatcher bytes");
+    }
+
+    #[test]
+    fn a_stale_artifact_is_refused_naming_the_manifest_and_the_artifact() {
+        let (_d, path) = layout(|_| {});
+        std::fs::write(path.with_file_name("dispatcher"), "rebuilt").unwrap();
+        let m = refusal(&path);
+        assert!(m.contains("`dispatcher`") && m.contains("stale"), "{m}");
+    }
+
+    #[test]
+    fn an_abi_mismatch_and_a_missing_artifact_are_refused() {
+        let (_d, path) = layout(|j| j["abi_version"] = serde_json::json!(ABI_VERSION + 1));
+        assert!(refusal(&path).contains("ABI"));
+        let (_d, path) = layout(|j| {
+            j["artifacts"].as_object_mut().unwrap().remove("aicore_executor");
+        });
+        assert!(refusal(&path).contains("no `aicore_executor` artifact"));
+        let (_d, path) = layout(|_| {});
+        std::fs::remove_file(path.with_file_name("aicpu_program")).unwrap();
+        assert!(refusal(&path).contains("`aicpu_program`"));
+        let (d, _) = layout(|_| {});
+        refusal(&d.path().join("absent.json"));
+    }
+
+    #[test]
+    fn a_build_id_that_does_not_match_the_elf_is_refused() {
+        let (_d, path) =
+            layout(|j| j["artifacts"]["aicpu_program"]["build_id"] = serde_json::json!("abcd"));
+        let m = refusal(&path);
+        assert!(m.contains("build id (none), manifest says abcd"), "{m}");
+    }
 }

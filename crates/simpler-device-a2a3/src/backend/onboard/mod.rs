@@ -407,13 +407,12 @@ impl OnboardDevice {
         }
         // SAFETY: null config path = defaults.
         let init = unsafe { cann.aclInit(std::ptr::null()) };
-        let owns_acl = match init {
-            Ok(0) => true,
-            Ok(ACL_ERROR_REPEAT_INITIALIZE) => false,
-            ret => {
-                let e = self.ctx.check("aclInit", ret).err();
-                return Err(acl(None, e.unwrap_or_else(|| cann.error("aclInit", 507_000).into())));
-            }
+        // A poisoned device may refuse even `aclInit`; the force resets are still the way
+        // back, so its failure is only reported if they do not succeed either.
+        let (owns_acl, init_error) = match init {
+            Ok(0) => (true, None),
+            Ok(ACL_ERROR_REPEAT_INITIALIZE) => (false, None),
+            ret => (false, self.ctx.check("aclInit", ret).err()),
         };
         let mut last = None;
         for attempt in 1..=FORCE_RESETS {
@@ -439,7 +438,7 @@ impl OnboardDevice {
                 last.get_or_insert(e);
             }
         }
-        match last {
+        match last.map(|e| init_error.unwrap_or(e)) {
             Some(e) => Err(acl(None, e)),
             None => Ok(()),
         }

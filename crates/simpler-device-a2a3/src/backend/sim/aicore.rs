@@ -90,7 +90,7 @@ pub(crate) fn doorbell_step(low: u32, high: u32, v: u32) -> Step {
     }
 }
 
-enum KernelOutcome {
+pub(crate) enum KernelOutcome {
     Finished,
     Faulted(String),
     Hung,
@@ -278,7 +278,7 @@ pub(crate) fn run_core<H: CoreHost>(dev: &H, entry: &SimLaunch, w: u32) -> i32 {
     }
 }
 
-fn call_kernel<H: CoreHost>(
+pub(crate) fn call_kernel<H: CoreHost>(
     dev: &H,
     entry: &SimLaunch,
     regs: &RegBlock,

@@ -66,6 +66,17 @@ impl SharedObject {
         }
     }
 
+    /// The address of symbol `name`, or an error naming the object and the symbol.
+    pub(crate) fn symbol(&self, name: &str) -> Result<*mut c_void, String> {
+        let c = CString::new(name).map_err(|e| e.to_string())?;
+        // SAFETY: the handle is open (closed only in `Drop`) and `c` is NUL-terminated.
+        let sym = unsafe { dlsym(self.handle.as_ptr(), c.as_ptr()) };
+        if sym.is_null() {
+            return Err(format!("{} exports no `{name}`: {}", self.path.display(), last_error()));
+        }
+        Ok(sym)
+    }
+
     /// The object's `kernel_entry`.
     ///
     /// # Safety

@@ -8,8 +8,10 @@
 //! an idle device uses no CPU.
 //!
 //! The AICPU threads run the real scheduler ([`crate::aicpu`]) through [`SimAicpu`], this
-//! module's implementation of [`AicpuPlatform`]; the AICore cores run the simulated executor
-//! (`aicore`).
+//! module's implementation of [`AicpuPlatform`], or, with `SimOptions::aicpu_program`, the built
+//! AICPU program through its C entries (`program`); the AICore cores run the simulated executor
+//! (`aicore`) or, with `SimOptions::aicore_executor`, the C++ executor written for the AICore
+//! (`cxx_core`).
 //!
 //! Module graph, without a circle: this module uses `aicore` (the simulated core's side of
 //! the protocol, reached through the `CoreHost` trait this module's shared state implements),
@@ -32,9 +34,11 @@
 //! `docs/device-runner.md`.
 
 mod aicore;
+mod cxx_core;
 mod faults;
 mod loader;
 mod memory;
+mod program;
 mod regs;
 mod stream;
 mod wait;
@@ -120,6 +124,12 @@ pub(crate) struct SimShared {
     pub(crate) memory: SimMemory,
     streams: [SimStream; 2],
     init: Mutex<Option<InitArgs>>,
+    /// The built AICPU program the AICPU threads run (`SimOptions::aicpu_program`); set once
+    /// by `start_programs` before any AICPU launch.
+    program: std::sync::OnceLock<self::program::AicpuProgram>,
+    /// The C++ AICore executor the cores run (`SimOptions::aicore_executor`); set once by
+    /// `start_programs` before any AICore launch.
+    executor: std::sync::OnceLock<self::cxx_core::CxxExecutor>,
     aicpu_mail: Box<[Mailbox]>,
     aicore_mail: Box<[Mailbox]>,
     /// Spin rounds of every wait (`SimOptions::spin_iters`, default 64); written at attach,
@@ -281,8 +291,13 @@ impl SimShared {
             return 3;
         };
         let init = (*self.init.lock()).unwrap_or_default();
-        let platform = SimAicpu { dev: self, entry, thread, spin: self.spin_policy() };
-        let code = crate::aicpu::exec(&platform, &init, &view, thread);
+        let code = match self.program.get() {
+            Some(program) => program.exec(self, entry, &args, init),
+            None => {
+                let platform = SimAicpu { dev: self, entry, thread, spin: self.spin_policy() };
+                crate::aicpu::exec(&platform, &init, &view, thread)
+            }
+        };
         if thread == 0 && self.faults.on_aicpu_entry() {
             self.record_aicpu_fault(None, "injected AICPU fault".into());
             return code.max(1);
@@ -421,7 +436,10 @@ fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
     while let Some((stream, entry)) = dev.take_job(role, index) {
         let run = std::panic::catch_unwind(AssertUnwindSafe(|| match role {
             Role::Aicpu => dev.run_aicpu(&entry, index),
-            Role::AiCore => aicore::run_core(&*dev, &entry, index),
+            Role::AiCore => match dev.executor.get() {
+                Some(exe) => cxx_core::run_core(&*dev, &entry, index, exe),
+                None => aicore::run_core(&*dev, &entry, index),
+            },
         }));
         let code = match run {
             Ok(code) => code,
@@ -492,6 +510,8 @@ impl SimDevice {
                 SimStream::new(StreamKind::AiCore, AICORE_STREAM),
             ],
             init: Mutex::new(None),
+            program: std::sync::OnceLock::new(),
+            executor: std::sync::OnceLock::new(),
             aicpu_mail: mailboxes(MAX_AICPU_THREADS as usize),
             aicore_mail: mailboxes(MAX_LAUNCH_CORES),
             spins: AtomicU32::new(opts.spin_iters.unwrap_or(64)),
@@ -676,14 +696,36 @@ fn resolve_for_sim(c: &ChipCallable) -> Result<ResolvedKernels, DeviceError> {
 
 impl Backend for SimDevice {
     fn start_programs(&mut self) -> Result<(), DeviceError> {
-        self.start_aicpu_threads().map_err(|message| DeviceError::Init {
-            run_id: None,
-            step: InitStep::LoadPrograms,
-            message,
-        })
+        let refuse =
+            |message| DeviceError::Init { run_id: None, step: InitStep::LoadPrograms, message };
+        if let Some(path) = self.shared.opts.aicpu_program
+            && self.shared.program.get().is_none()
+        {
+            let program = self::program::AicpuProgram::open(path).map_err(refuse)?;
+            // Threads only read the cell, after it was set (no AICPU launch ran yet).
+            let _ = self.shared.program.set(program);
+        }
+        if let Some(path) = self.shared.opts.aicore_executor
+            && self.shared.executor.get().is_none()
+        {
+            let exe = self::cxx_core::CxxExecutor::open(path).map_err(refuse)?;
+            // Cores only read the cell, after it was set (no AICore launch ran yet).
+            let _ = self.shared.executor.set(exe);
+        }
+        self.start_aicpu_threads().map_err(refuse)
     }
 
     fn init_aicpu(&mut self, init: InitArgs) -> Result<(), DeviceError> {
+        if let Some(program) = self.shared.program.get() {
+            let code = program.init(&init);
+            if code != 0 {
+                return Err(DeviceError::Init {
+                    run_id: None,
+                    step: InitStep::AicpuInit,
+                    message: format!("the AICPU program's init entry returned {code}"),
+                });
+            }
+        }
         *self.shared.init.lock() = Some(init);
         Ok(())
     }
@@ -730,7 +772,7 @@ impl Backend for SimDevice {
     }
 
     fn register_table(&self) -> Vec<u64> {
-        self.shared.regs.iter().map(|b| b as *const RegBlock as u64).collect()
+        self.shared.regs.iter().map(RegBlock::window_base).collect()
     }
 
     fn launch_aicore(&mut self, block_dim: u32, args: u64) -> Result<LaunchHandle, AclCode> {

@@ -1,28 +1,62 @@
-//! The simulated register blocks: one cache-line-aligned block of atomic cells per core, one
-//! cell per register the handshake and dispatch protocol uses (`docs/device-handshake.md`),
-//! persistent for the device's life.
+//! The simulated register blocks: one cache-line-aligned block per core, persistent for the
+//! device's life, whose first bytes are laid out as the core's control window
+//! (`docs/device-handshake.md`): each register the protocol uses is an atomic word at its MMIO
+//! offset. The register table holds the blocks' addresses, so the built AICPU program, which
+//! addresses registers as `window + offset`, runs against them unchanged.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::wait::EventCount;
 use crate::abi::regs::RegId;
 
-/// One core's register cells and the event count its waits park on.
-#[derive(Debug, Default)]
-#[repr(align(64))]
+/// Words of the simulated control window: up to and including the highest register offset.
+const WINDOW_WORDS: usize = 0x500 / 4;
+
+const _: () = {
+    let mut i = 0;
+    while i < RegId::COUNT {
+        assert!((RegId::ALL[i].mmio_offset() as usize) / 4 < WINDOW_WORDS);
+        assert!(RegId::ALL[i].mmio_offset().is_multiple_of(4));
+        i += 1;
+    }
+};
+
+/// One core's register window and the event count its waits park on.
+#[derive(Debug)]
+#[repr(C, align(64))]
 pub(crate) struct RegBlock {
-    cells: [AtomicU32; RegId::COUNT],
+    /// The control window; words no register uses stay 0.
+    window: [AtomicU32; WINDOW_WORDS],
     /// Bumped by every store to `DATA_MAIN_BASE` (the AICore waits for those) and by resets.
     pub(crate) wake: EventCount,
 }
 
+impl Default for RegBlock {
+    fn default() -> RegBlock {
+        RegBlock {
+            window: [const { AtomicU32::new(0) }; WINDOW_WORDS],
+            wake: EventCount::default(),
+        }
+    }
+}
+
 impl RegBlock {
-    /// Acquire load of a register.
-    pub(crate) fn load(&self, reg: RegId) -> u32 {
-        self.cells[reg.cell()].load(Ordering::Acquire)
+    fn cell(&self, reg: RegId) -> &AtomicU32 {
+        &self.window[reg.mmio_offset() as usize / 4]
     }
 
+    /// Acquire load of a register.
+    pub(crate) fn load(&self, reg: RegId) -> u32 {
+        self.cell(reg).load(Ordering::Acquire)
+    }
+
+    /// Release store of a register (waking waiters is the caller's job).
     pub(crate) fn store(&self, reg: RegId, v: u32) {
-        self.cells[reg.cell()].store(v, Ordering::Release);
+        self.cell(reg).store(v, Ordering::Release);
+    }
+
+    /// The address of the control window (the block's own address), for the register table.
+    pub(crate) fn window_base(&self) -> u64 {
+        self as *const RegBlock as u64
     }
 }

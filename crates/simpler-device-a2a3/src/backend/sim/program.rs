@@ -1,0 +1,162 @@
+//! Running the built AICPU program (`SimOptions::aicpu_program`) through its C entries.
+//!
+//! The program is the shared object the onboard backend installs on a chip, built for the host.
+//! Its exec entry gets the launch's argument bytes exactly as onboard (the address of a
+//! `KernelArgs`); the only difference is `KernelArgs::host_services`, which points at a
+//! [`HostServices`] table whose functions reach the simulator: register stores wake the parked
+//! core, idle waits park on the thread's event count, faults and logs go where the compiled-in
+//! scheduler's go (`docs/onboard-programs.md`).
+
+use std::ffi::c_void;
+use std::path::Path;
+
+use super::loader::SharedObject;
+use super::stream::LaunchEntry;
+use super::{SimAicpu, SimShared};
+use crate::abi::launch::{InitArgs, KernelArgs};
+use crate::abi::services::HostServices;
+use crate::aicpu::{AicpuPlatform, LogLevel};
+
+/// The program's entry type: the launch's argument bytes in, a result code out.
+type EntryFn = unsafe extern "C" fn(args: *const c_void) -> i32;
+
+/// A loaded AICPU program.
+#[derive(Debug)]
+pub(crate) struct AicpuProgram {
+    init: EntryFn,
+    exec: EntryFn,
+    /// Keeps the entries' code mapped; dropped after every thread that could run it was joined.
+    _object: SharedObject,
+}
+
+impl AicpuProgram {
+    /// Opens the program at `path` and resolves its entries, refusing another ABI version.
+    pub(crate) fn open(path: &Path) -> Result<AicpuProgram, String> {
+        // SAFETY: the program is a Rust cdylib of this workspace; its initializers are the
+        // standard library's.
+        let object = unsafe { SharedObject::open(path) }?;
+        let version = object.symbol("simpler_aicpu_abi_version")?;
+        // SAFETY: the program exports `extern "C" fn() -> u32` under that name.
+        let version: extern "C" fn() -> u32 = unsafe { std::mem::transmute(version) };
+        let v = version();
+        if v != crate::abi::ABI_VERSION {
+            return Err(format!(
+                "{} speaks ABI {v}, this crate speaks ABI {}",
+                path.display(),
+                crate::abi::ABI_VERSION
+            ));
+        }
+        // SAFETY: both symbols are `unsafe extern "C" fn(*const c_void) -> i32` in the program.
+        let init: EntryFn = unsafe { std::mem::transmute(object.symbol("simpler_aicpu_init")?) };
+        // SAFETY: as above.
+        let exec: EntryFn = unsafe { std::mem::transmute(object.symbol("simpler_aicpu_exec")?) };
+        Ok(AicpuProgram { init, exec, _object: object })
+    }
+
+    /// Runs the init entry with the runner's init arguments.
+    pub(crate) fn init(&self, init: &InitArgs) -> i32 {
+        // SAFETY: the entry reads an `InitArgs` from the pointer, which is one.
+        unsafe { (self.init)((init as *const InitArgs).cast()) }
+    }
+
+    /// Runs one exec participant of `entry` whose `KernelArgs` are `args` (already read from
+    /// device memory and checked to name a valid image).
+    pub(crate) fn exec(
+        &self,
+        dev: &SimShared,
+        entry: &LaunchEntry,
+        args: &KernelArgs,
+        init: InitArgs,
+    ) -> i32 {
+        let host = Host { dev, entry };
+        let services = HostServices {
+            ctx: (&host as *const Host<'_>).cast(),
+            init,
+            counter,
+            wait_epoch,
+            idle_wait,
+            notify_core,
+            notify_schedulers,
+            claim_core,
+            should_stop,
+            log,
+            report_fault,
+        };
+        let mut ka = *args;
+        ka.host_services = &services as *const HostServices as u64;
+        let bytes = (&ka as *const KernelArgs as u64).to_le_bytes();
+        // SAFETY: the argument bytes hold the address of `ka`, a `KernelArgs` whose image was
+        // checked by the caller and whose register table is the device's (blocks live as long
+        // as the device); `services` and `host` outlive the call, which returns before this
+        // frame ends.
+        unsafe { (self.exec)(bytes.as_ptr().cast()) }
+    }
+}
+
+/// What the services' `ctx` points at.
+struct Host<'a> {
+    dev: &'a SimShared,
+    entry: &'a LaunchEntry,
+}
+
+/// The simulator platform of AICPU thread `thread`.
+fn platform<'a>(ctx: *const c_void, thread: u32) -> SimAicpu<'a> {
+    // SAFETY: `ctx` is the `Host` of the exec call in progress (`AicpuProgram::exec`).
+    let h = unsafe { &*ctx.cast::<Host<'a>>() };
+    let thread = thread.min(crate::abi::MAX_AICPU_THREADS - 1);
+    SimAicpu { dev: h.dev, entry: h.entry, thread, spin: h.dev.spin_policy() }
+}
+
+fn text<'a>(msg: *const u8, len: usize) -> std::borrow::Cow<'a, str> {
+    if msg.is_null() {
+        return "".into();
+    }
+    // SAFETY: the program passes `len` readable bytes of a line it formatted.
+    String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(msg, len) })
+}
+
+extern "C" fn counter(ctx: *const c_void) -> u64 {
+    platform(ctx, 0).counter()
+}
+
+extern "C" fn wait_epoch(ctx: *const c_void, thread: u32) -> u64 {
+    platform(ctx, thread).wait_epoch()
+}
+
+extern "C" fn idle_wait(ctx: *const c_void, thread: u32, observed: u64, round: u32, deadline: u64) {
+    platform(ctx, thread).idle_wait(observed, round, deadline)
+}
+
+extern "C" fn notify_core(ctx: *const c_void, core: u32) {
+    let p = platform(ctx, 0);
+    if let Some(b) = p.dev.regs.get(core as usize) {
+        b.wake.notify();
+    }
+}
+
+extern "C" fn notify_schedulers(ctx: *const c_void) {
+    platform(ctx, 0).notify_schedulers()
+}
+
+extern "C" fn claim_core(ctx: *const c_void, thread: u32, core: u32) {
+    platform(ctx, thread).claim_core(core)
+}
+
+extern "C" fn should_stop(ctx: *const c_void) -> u32 {
+    u32::from(platform(ctx, 0).should_stop())
+}
+
+extern "C" fn log(ctx: *const c_void, thread: u32, level: u32, msg: *const u8, len: usize) {
+    let level = match level {
+        0 => LogLevel::Error,
+        1 => LogLevel::Warn,
+        2 => LogLevel::Info,
+        _ => LogLevel::Debug,
+    };
+    platform(ctx, thread).log(level, format_args!("{}", text(msg, len)))
+}
+
+extern "C" fn report_fault(ctx: *const c_void, thread: u32, core: i64, msg: *const u8, len: usize) {
+    let core = u32::try_from(core).ok();
+    platform(ctx, thread).report_fault(core, format_args!("{}", text(msg, len)))
+}

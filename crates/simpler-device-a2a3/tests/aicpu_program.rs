@@ -1,0 +1,77 @@
+//! The built AICPU program (`simpler-aicpu-program`, host build) run by the simulator through
+//! its C entries: the vector example on both the program and the compiled-in scheduler gives the
+//! same result, and a program that cannot be loaded is refused at attach naming the file.
+//!
+//! The program's path comes from `SIMPLER_AICPU_PROGRAM` (`cargo xtask ci` builds it and sets
+//! it). Without it the run test reports itself skipped, unless `SIMPLER_REQUIRE_AICPU_PROGRAM`
+//! is set, which makes a missing program a failure.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use simpler_device_a2a3::{DeviceError, DeviceRunner, InitStep, RunRequest};
+use simpler_types::{CallConfig, RunId, TaskArgs};
+
+fn program() -> Option<&'static Path> {
+    match std::env::var_os("SIMPLER_AICPU_PROGRAM") {
+        Some(p) => Some(Box::leak(PathBuf::from(p).into_boxed_path())),
+        None => {
+            assert!(
+                std::env::var_os("SIMPLER_REQUIRE_AICPU_PROGRAM").is_none(),
+                "SIMPLER_REQUIRE_AICPU_PROGRAM is set but SIMPLER_AICPU_PROGRAM is not"
+            );
+            eprintln!("skipped: set SIMPLER_AICPU_PROGRAM to the built AICPU program");
+            None
+        }
+    }
+}
+
+fn vector_run(r: &mut DeviceRunner, run: u64, cfg: &CallConfig) {
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let n = 4096;
+    let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.25).collect();
+    let b: Vec<f32> = (0..n).map(|i| 1.0 - i as f32).collect();
+    let (pa, ta) = upload_f32(r, &a);
+    let (pb, tb) = upload_f32(r, &b);
+    let (pf, tf) = upload_f32(r, &vec![0.0; n]);
+    let mut args = TaskArgs::new();
+    args.add_input(ta).unwrap().add_input(tb).unwrap().add_output(tf).unwrap();
+    r.run(&RunRequest::new(RunId::from_raw(run).unwrap(), slot, &args, cfg)).unwrap();
+    let f = download_f32(r, pf, n);
+    for p in [pa, pb, pf] {
+        r.free(p).unwrap();
+    }
+    for i in 0..n {
+        let s = a[i] + b[i];
+        assert_eq!(f[i], (s + 1.0) * (s + 2.0) + s, "element {i}");
+    }
+    r.unregister_callable(slot).unwrap();
+}
+
+#[test]
+fn the_vector_example_runs_through_the_built_programs_c_entries() {
+    let Some(path) = program() else { return };
+    let mut r = DeviceRunner::attach(options(0).with_aicpu_program(path)).unwrap();
+    for (run, threads) in (1..).zip([2, 3, 4]) {
+        let cfg = CallConfig::builder().block_dim(2).aicpu_thread_num(threads).build().unwrap();
+        vector_run(&mut r, run, &cfg);
+    }
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_program_that_cannot_be_loaded_is_refused_naming_the_file() {
+    let path: &'static Path = Path::new("/nonexistent/libsimpler_aicpu_program.so");
+    let err = match DeviceRunner::attach(options(0).with_aicpu_program(path)) {
+        Ok(mut r) => r.ensure_initialized().expect_err("a missing program was accepted"),
+        Err(e) => e,
+    };
+    match &err {
+        DeviceError::Init { step: InitStep::LoadPrograms, message, .. } => {
+            assert!(message.contains("/nonexistent/libsimpler_aicpu_program.so"), "{message}");
+        }
+        other => panic!("expected a LoadPrograms error, got {other:?}"),
+    }
+}

@@ -1,0 +1,465 @@
+//! `onboard-test --standin` and the parts of `onboard-test` that do not need a chip: device
+//! locks, budgets, the case processes under their limits, the summary.
+//!
+//! Flow: detect (stand-in: nothing from CANN is required) → build the device programs and the
+//! case binary outside the device locks → lock every device for the batch → per device, one
+//! process per runtime runs the case set (`tests/onboard.rs`), reporting JSON lines that this
+//! module reads under the per-case and whole-run limits → summary table and `summary.json`
+//! under `target/onboard-test/<timestamp>/`. Exit: 0 all passed, 1 failures, 2 environment,
+//! 124 a limit was hit (the process group is killed, its process tree and the live case's last
+//! log lines are printed).
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::target_dir;
+
+/// Exit code of a run that hit a limit (as `timeout(1)`).
+pub const EXIT_TIMEOUT: u8 = 124;
+
+/// Default per-case limit.
+const CASE_LIMIT: Duration = Duration::from_secs(120);
+/// Default whole-run limit.
+const RUN_LIMIT: Duration = Duration::from_secs(20 * 60);
+/// Default budgets: scheduler ms, op-execute µs, stream-sync ms.
+const BUDGETS: [(&str, &str); 3] = [
+    ("SIMPLER_SCHEDULER_TIMEOUT_MS", "2000"),
+    ("SIMPLER_OP_EXECUTE_TIMEOUT_US", "3000000"),
+    ("SIMPLER_STREAM_SYNC_TIMEOUT_MS", "4000"),
+];
+
+/// A device held exclusively for the batch: the lock file holds the owner's pid and is removed
+/// on drop. A lock whose pid is no longer running is stale and taken over.
+#[derive(Debug)]
+pub struct DeviceLock {
+    path: PathBuf,
+}
+
+impl DeviceLock {
+    pub fn acquire(dir: &Path, device: u32) -> Result<DeviceLock, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = dir.join(format!("device-{device}.lock"));
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(mut f) => {
+                    use std::io::Write;
+                    let _ = writeln!(f, "{}", std::process::id());
+                    return Ok(DeviceLock { path });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let owner = std::fs::read_to_string(&path).unwrap_or_default();
+                    let pid = owner.trim();
+                    if !pid.is_empty() && Path::new("/proc").join(pid).exists() {
+                        return Err(format!(
+                            "device {device} is locked by process {pid} ({})",
+                            path.display()
+                        ));
+                    }
+                    // Stale: the owner is gone.
+                    let _ = std::fs::remove_file(&path);
+                }
+                Err(e) => return Err(format!("{}: {e}", path.display())),
+            }
+        }
+        Err(format!("device {device}: could not take {}", path.display()))
+    }
+}
+
+impl Drop for DeviceLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// One case's result as the summary reports it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CaseResult {
+    pub case: String,
+    pub device: u32,
+    pub runtime: String,
+    pub status: String,
+    pub duration_ms: u64,
+    pub error_class: Option<String>,
+    pub message: String,
+    pub dir: String,
+}
+
+/// What one case process did.
+#[derive(Debug, Default)]
+pub struct ProcessResult {
+    pub cases: Vec<CaseResult>,
+    pub budgets: Option<serde_json::Value>,
+    /// Set when a limit was hit: which, and the dump.
+    pub timed_out: Option<String>,
+    pub exit: Option<i32>,
+}
+
+/// Runs `cmd` (a case process) in its own process group, reading its JSON lines; kills the
+/// group when the live case exceeds `case_limit` or the run reaches `run_deadline`.
+pub fn run_cases(
+    mut cmd: Command,
+    device: u32,
+    runtime: &str,
+    out: &Path,
+    case_limit: Duration,
+    run_deadline: Instant,
+) -> Result<ProcessResult, String> {
+    cmd.stdout(Stdio::piped()).process_group(0);
+    let mut child = cmd.spawn().map_err(|e| format!("starting the case process: {e}"))?;
+    let stdout = child.stdout.take().ok_or("the case process has no stdout")?;
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut result = ProcessResult::default();
+    let mut live: Option<(String, Instant)> = None;
+    loop {
+        let now = Instant::now();
+        let case_deadline =
+            live.as_ref().map_or(run_deadline, |(_, t)| (*t + case_limit).min(run_deadline));
+        let wait = case_deadline.saturating_duration_since(now);
+        match rx.recv_timeout(wait) {
+            Ok(line) => {
+                println!("  [{device}/{runtime}] {line}");
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+                match v["event"].as_str() {
+                    Some("budgets") => result.budgets = Some(v),
+                    Some("start") => {
+                        live = Some((v["case"].as_str().unwrap_or("?").to_owned(), Instant::now()));
+                    }
+                    Some("end") => {
+                        live = None;
+                        let s = |k: &str| v[k].as_str().unwrap_or("").to_owned();
+                        result.cases.push(CaseResult {
+                            case: s("case"),
+                            device,
+                            runtime: runtime.to_owned(),
+                            status: s("status"),
+                            duration_ms: v["ms"].as_u64().unwrap_or(0),
+                            error_class: v["error_class"].as_str().map(str::to_owned),
+                            message: s("message"),
+                            dir: s("dir"),
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let which = match &live {
+                    Some((case, _)) if Instant::now() < run_deadline => {
+                        format!("case `{case}` exceeded its limit of {case_limit:?}")
+                    }
+                    _ => "the whole-run limit was reached".to_owned(),
+                };
+                let dump = dump_group(child.id(), live.as_ref().map(|(c, _)| out.join(c)));
+                let _ = Command::new("kill")
+                    .args(["-s", "KILL", "--", &format!("-{}", child.id())])
+                    .status();
+                let _ = child.wait();
+                if let Some((case, started)) = live.take() {
+                    result.cases.push(CaseResult {
+                        case,
+                        device,
+                        runtime: runtime.to_owned(),
+                        status: "timeout".into(),
+                        duration_ms: started.elapsed().as_millis() as u64,
+                        error_class: None,
+                        message: which.clone(),
+                        dir: String::new(),
+                    });
+                }
+                result.timed_out = Some(format!("{which}\n{dump}"));
+                break;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.wait().map_err(|e| e.to_string())?;
+                result.exit = status.code();
+                if let Some((case, started)) = live.take() {
+                    result.cases.push(CaseResult {
+                        case,
+                        device,
+                        runtime: runtime.to_owned(),
+                        status: "failed".into(),
+                        duration_ms: started.elapsed().as_millis() as u64,
+                        error_class: None,
+                        message: format!("the case process ended mid-case ({status})"),
+                        dir: String::new(),
+                    });
+                }
+                break;
+            }
+        }
+    }
+    let _ = reader.join();
+    Ok(result)
+}
+
+/// The process tree of group `pgid` and the last lines of the live case's host log.
+fn dump_group(pgid: u32, case_dir: Option<PathBuf>) -> String {
+    let tree = Command::new("ps")
+        .args(["-o", "pid,ppid,stat,etime,args", "-g", &pgid.to_string()])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_else(|e| format!("(ps failed: {e})"));
+    let log = case_dir
+        .map(|d| d.join("host.log"))
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .map(|t| {
+            t.lines()
+                .rev()
+                .take(20)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_else(|| "(the live case has written no host log yet)".into());
+    format!("process tree:\n{tree}last host log lines of the live case:\n{log}")
+}
+
+/// The exit code of a batch.
+pub fn exit_code(results: &[ProcessResult]) -> u8 {
+    if results.iter().any(|r| r.timed_out.is_some()) {
+        EXIT_TIMEOUT
+    } else if results.iter().any(|r| r.exit == Some(2) && r.cases.is_empty()) {
+        crate::onboard::EXIT_ENVIRONMENT
+    } else if results.iter().any(|r| {
+        r.exit != Some(0) || r.cases.iter().any(|c| c.status != "passed" && c.status != "skipped")
+    }) {
+        1
+    } else {
+        0
+    }
+}
+
+fn print_summary(results: &[ProcessResult]) {
+    println!(
+        "\n{:<28} {:>6} {:<7} {:<8} {:>8}  {:<12} detail",
+        "case", "device", "runtime", "status", "ms", "class"
+    );
+    for c in results.iter().flat_map(|r| &r.cases) {
+        let mut detail = c.message.clone();
+        detail.truncate(90);
+        println!(
+            "{:<28} {:>6} {:<7} {:<8} {:>8}  {:<12} {detail}",
+            c.case,
+            c.device,
+            c.runtime,
+            c.status,
+            c.duration_ms,
+            c.error_class.as_deref().unwrap_or("-")
+        );
+    }
+}
+
+/// The batch's output directory name: seconds since the epoch (sortable, unique per second,
+/// suffixed by the pid).
+fn timestamp() -> String {
+    let s = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    format!("{s}-{}", std::process::id())
+}
+
+/// Builds the case binary (`--features onboard`) and returns its path.
+fn case_binary() -> Result<PathBuf, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let args = [
+        "test",
+        "-p",
+        "simpler-device-a2a3",
+        "--features",
+        "onboard",
+        "--test",
+        "onboard",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ];
+    println!("\n==> cargo {}", args.join(" "));
+    let out = Command::new(&cargo)
+        .args(args)
+        .current_dir(crate::workspace_root())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("could not start `{cargo}`: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("building the onboard case binary failed ({})", out.status));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["target"]["name"] == "onboard")
+        .find_map(|v| v["executable"].as_str().map(PathBuf::from))
+        .ok_or_else(|| "cargo reported no onboard case binary".into())
+}
+
+fn seconds(args: &[String], flag: &str, default: Duration) -> Result<Duration, String> {
+    match crate::onboard::flag_value(args, flag) {
+        None => Ok(default),
+        Some(v) => v
+            .parse()
+            .map(Duration::from_secs)
+            .map_err(|_| format!("{flag} `{v}`: expected whole seconds")),
+    }
+}
+
+/// `cargo xtask onboard-test --standin [--device SPEC] [--case-timeout S] [--timeout S]`.
+pub fn standin(args: &[String], devices: &[u32]) -> ExitCode {
+    match standin_batch(args, devices) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("xtask onboard-test: {e}");
+            ExitCode::from(crate::onboard::EXIT_ENVIRONMENT)
+        }
+    }
+}
+
+/// The stand-in batch; returns its exit code (`Err` = it could not start: exit 2).
+pub fn standin_batch(args: &[String], devices: &[u32]) -> Result<u8, String> {
+    let case_limit = seconds(args, "--case-timeout", CASE_LIMIT)?;
+    let run_limit = seconds(args, "--timeout", RUN_LIMIT)?;
+    let run_deadline = Instant::now() + run_limit;
+    println!("xtask onboard-test --standin: devices {devices:?}");
+    println!(
+        "  detect: stand-in mode, the stand-in CANN library replaces CANN, npu-smi and the driver"
+    );
+    println!("  arch check: skipped (the stand-in is no chip)");
+    // Compile outside the device locks.
+    let mut manifests = Vec::new();
+    for runtime in ["hbg", "trb"] {
+        manifests.push((runtime, crate::onboard_build::host_artifacts(runtime)?));
+    }
+    let exe = case_binary()?;
+    let root = target_dir().join("onboard-test");
+    let _locks = devices
+        .iter()
+        .map(|&d| DeviceLock::acquire(&root.join("locks"), d))
+        .collect::<Result<Vec<_>, _>>()?;
+    let batch = root.join(timestamp());
+    println!(
+        "  budgets: scheduler {} ms, op execute {} us, stream sync {} ms; limits: {case_limit:?} per case, {run_limit:?} per run",
+        BUDGETS[0].1, BUDGETS[1].1, BUDGETS[2].1
+    );
+    let mut results = Vec::new();
+    'devices: for &device in devices {
+        for (runtime, manifest) in &manifests {
+            let out = batch.join(device.to_string()).join(runtime);
+            let device_log = out.join("device-log");
+            std::fs::create_dir_all(&device_log)
+                .map_err(|e| format!("{}: {e}", device_log.display()))?;
+            let mut cmd = Command::new(&exe);
+            cmd.envs(BUDGETS)
+                .env("SIMPLER_ONBOARD_TEST_DEVICE", device.to_string())
+                .env("SIMPLER_ONBOARD_TEST_RUNTIME", runtime)
+                .env("SIMPLER_ONBOARD_TEST_OUT", &out)
+                .env("SIMPLER_ONBOARD_TEST_STANDIN", "1")
+                .env("SIMPLER_ONBOARD_ARTIFACTS", manifest)
+                .env("ASCEND_PROCESS_LOG_PATH", &device_log);
+            let r = run_cases(cmd, device, runtime, &out, case_limit, run_deadline)?;
+            let stop = r.timed_out.is_some();
+            if let Some(t) = &r.timed_out {
+                eprintln!("xtask onboard-test: {t}");
+            }
+            results.push(r);
+            if stop {
+                break 'devices;
+            }
+        }
+    }
+    print_summary(&results);
+    let code = exit_code(&results);
+    let summary = serde_json::json!({
+        "exit": code,
+        "budgets": results.iter().find_map(|r| r.budgets.clone()),
+        "limits": { "case_s": case_limit.as_secs(), "run_s": run_limit.as_secs() },
+        "timed_out": results.iter().find_map(|r| r.timed_out.clone()),
+        "cases": results.iter().flat_map(|r| r.cases.clone()).collect::<Vec<_>>(),
+    });
+    std::fs::create_dir_all(&batch).map_err(|e| format!("{}: {e}", batch.display()))?;
+    let path = batch.join("summary.json");
+    let text = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("summary {}\nxtask onboard-test: exit {code}", path.display());
+    Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Command {
+        let mut c = Command::new("sh");
+        c.args(["-c", script]);
+        c
+    }
+
+    fn run(script: &str, case_limit: Duration) -> ProcessResult {
+        let dir = std::env::temp_dir();
+        run_cases(sh(script), 0, "hbg", &dir, case_limit, Instant::now() + Duration::from_secs(30))
+            .unwrap()
+    }
+
+    const PASS: &str = r#"echo '{"event":"start","case":"a"}'; echo '{"event":"end","case":"a","status":"passed","ms":1}'"#;
+
+    #[test]
+    fn passed_cases_exit_0_and_a_failed_case_exits_1() {
+        let ok = run(PASS, Duration::from_secs(10));
+        assert_eq!(ok.cases.len(), 1);
+        assert_eq!(exit_code(&[ok]), 0);
+        let bad = run(
+            r#"echo '{"event":"start","case":"a"}'; echo '{"event":"end","case":"a","status":"failed","ms":1}'; exit 1"#,
+            Duration::from_secs(10),
+        );
+        assert_eq!(exit_code(&[bad]), 1);
+    }
+
+    #[test]
+    fn a_case_over_its_limit_is_killed_with_a_dump_and_exit_124() {
+        let started = Instant::now();
+        let r =
+            run(r#"echo '{"event":"start","case":"hangs"}'; sleep 30"#, Duration::from_millis(300));
+        assert!(started.elapsed() < Duration::from_secs(20), "the hang was not killed");
+        let t = r.timed_out.as_deref().unwrap();
+        assert!(t.contains("case `hangs` exceeded") && t.contains("process tree"), "{t}");
+        assert_eq!(r.cases[0].status, "timeout");
+        assert_eq!(exit_code(&[r]), EXIT_TIMEOUT);
+    }
+
+    #[test]
+    fn a_process_dying_mid_case_fails_that_case_and_an_environment_exit_is_2() {
+        let r = run(r#"echo '{"event":"start","case":"a"}'; kill -9 $$"#, Duration::from_secs(10));
+        assert_eq!(r.cases[0].status, "failed");
+        assert_eq!(exit_code(&[r]), 1);
+        let env = run("exit 2", Duration::from_secs(10));
+        assert_eq!(exit_code(&[env]), 2);
+    }
+
+    #[test]
+    fn a_device_lock_is_exclusive_stale_locks_are_taken_over_and_drop_releases() {
+        let dir = tempdir();
+        let a = DeviceLock::acquire(&dir, 3).unwrap();
+        assert!(DeviceLock::acquire(&dir, 3).unwrap_err().contains("locked by process"));
+        drop(a);
+        let _b = DeviceLock::acquire(&dir, 3).unwrap();
+        std::fs::write(dir.join("device-4.lock"), "999999999\n").unwrap();
+        let _c = DeviceLock::acquire(&dir, 4).unwrap();
+    }
+
+    fn tempdir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "xtask-locks-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+}
