@@ -169,10 +169,23 @@ pub enum ServeError {
     /// The transport failed or rank 0 refused the session.
     #[error(transparent)]
     Remote(#[from] RemoteError),
-    /// The L3 worker failed to start (rank 0 was told).
+    /// The L3 worker failed to start (rank 0 was told). Boxed, like `Close`, to keep the
+    /// `Result` of `serve_l3` small.
     #[error(transparent)]
-    Start(#[from] StartError),
+    Start(Box<StartError>),
     /// Closing the L3 worker at shutdown reported errors (rank 0 was told).
     #[error(transparent)]
-    Close(#[from] CloseError),
+    Close(Box<CloseError>),
+}
+
+impl From<StartError> for ServeError {
+    fn from(e: StartError) -> Self {
+        Self::Start(Box::new(e))
+    }
+}
+
+impl From<CloseError> for ServeError {
+    fn from(e: CloseError) -> Self {
+        Self::Close(Box::new(e))
+    }
 }
