@@ -368,7 +368,7 @@ pub enum ErrorClass {
 ///   | `Hang` | `DeviceFault` whose latched status is a scheduler timeout and whose faults contain no core exception: a kernel never finished | unusable |
 ///   | `DeviceFault` | any other `DeviceFault`; `Timeout { budget: OpExecute }` | unusable |
 ///   | `Poisoned` | `Unusable` | unusable |
-///   | `Usage` | `InvalidConfig`, `InvalidArgs`, `RunIdReused`, `OverlappingArguments`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
+///   | `Usage` | `InvalidConfig`, `InvalidArgs`, `RunIdReused`, `OverlappingArguments`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `StaleRun`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
 ///   | `Resources` | `OutOfMemory`, `Capacity` | unchanged |
 ///   | `Setup` | `Init`, `Diagnostics`, `Orchestration`, `LaunchPanicked` | unchanged |
 ///
@@ -531,6 +531,18 @@ pub enum DeviceError {
         call: &'static str,
         /// The state that refused it.
         state: String,
+    },
+    /// A run handle whose run already ended (or that belongs to another runner).
+    #[error("{call}: the handle of {run_id} is stale (slot {slot}, generation {generation})")]
+    StaleRun {
+        /// The call that was refused.
+        call: &'static str,
+        /// The run the handle named.
+        run_id: RunId,
+        /// The resource slot it named.
+        slot: usize,
+        /// The slot generation it named.
+        generation: u64,
     },
     /// The runner (or the chip holding it) was finalized; nothing can run on it any more.
     #[error("{call}: the device runner is finalized")]
@@ -704,6 +716,7 @@ impl DeviceError {
             | DeviceError::Orchestration { run_id, .. }
             | DeviceError::CallableInUse { run_id, .. }
             | DeviceError::RunIdReused { run_id, .. }
+            | DeviceError::StaleRun { run_id, .. }
             | DeviceError::OverlappingArguments { run_id, .. } => Some(*run_id),
             DeviceError::InvalidConfig { run_id, .. }
             | DeviceError::InvalidArgs { run_id, .. }
@@ -775,6 +788,7 @@ impl DeviceError {
             | DeviceError::TooManyCallables { .. }
             | DeviceError::CallableInUse { .. }
             | DeviceError::Busy { .. }
+            | DeviceError::StaleRun { .. }
             | DeviceError::Finalized { .. }
             | DeviceError::CallableNotPrepared { .. }
             | DeviceError::BadDevicePointer { .. }
@@ -880,6 +894,7 @@ impl DeviceError {
             | DeviceError::UnknownCallable { .. }
             | DeviceError::Unsupported { .. } => FailureMechanism::TaskFailed,
             DeviceError::Busy { .. }
+            | DeviceError::StaleRun { .. }
             | DeviceError::Finalized { .. }
             | DeviceError::CallableNotPrepared { .. }
             | DeviceError::LaunchPanicked { .. }

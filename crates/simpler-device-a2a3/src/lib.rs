@@ -97,8 +97,9 @@ pub use kernel::{KernelCall, KernelFn};
 pub use options::SimOptions;
 pub use options::{Platform, RingDefaults, RunnerOptions, RuntimeVariant};
 pub use runner::{
-    ChipSlot, DeviceHealth, DevicePtr, DeviceRunner, FinalizeReport, HealthProbe, MemoryLedger,
-    RUN_ID_MEMORY, RingHighWater, RunReport, RunRequest, RunnerStats,
+    AcceptanceSignal, ActiveRun, ChipSlot, DeviceHealth, DevicePtr, DeviceRunner, FinalizeReport,
+    HealthProbe, MAX_PIPELINE_SLOTS, MemoryLedger, Overlap, PreparedRun, RUN_ID_MEMORY,
+    RingHighWater, RunReport, RunRequest, RunnerStats,
 };
 pub use runtime::orch::{Kernels, OrchCtx, OrchError};
 pub use timeouts::{FixedBudgets, TimeoutConfig, TimeoutOverrides};

@@ -171,9 +171,7 @@ impl Core {
         if self.callables.get(slot.0).is_none() {
             return Err(DeviceError::UnknownCallable { run_id: None, slot: slot.0 });
         }
-        if let Some(run) = &self.run
-            && run.slot == slot
-        {
+        if let Some(run) = self.runs().find(|r| r.callable == slot) {
             return Err(DeviceError::CallableInUse { slot: slot.0, run_id: run.run_id });
         }
         let Some(mut reg) = self.callables.slots[slot.0 as usize].take() else {
