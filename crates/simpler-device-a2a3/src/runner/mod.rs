@@ -581,6 +581,17 @@ impl Core {
         self.reclaim_dropped();
         let lease = prepared.lease;
         self.check_lease("launch_run", &lease)?;
+        if let DeviceHealth::Unusable { cause } = self.health.get() {
+            // Prepared while the run that poisoned the device still executed: it never runs.
+            let (run_id, device_id) = (lease.run_id, self.opts.device_id);
+            drop(lease);
+            self.reclaim_dropped();
+            return Err(if cause.run_id == run_id {
+                DeviceError::Unusable { device_id, cause }
+            } else {
+                DeviceError::Abandoned { run_id, after: cause.run_id, device_id, cause }
+            });
+        }
         if let Some(other) = self.launched() {
             // The exclusive execution claim: the refused run is abandoned (its cleanup runs
             // now), so no slot is left behind by a handle the caller no longer has.
