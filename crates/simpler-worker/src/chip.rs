@@ -79,9 +79,9 @@ struct InFlight {
     fence: Arc<LaneFence>,
 }
 
-/// The shortest and longest park of the lane between polls of an in-flight run.
-const POLL_PARK_MIN: Duration = Duration::from_micros(20);
-const POLL_PARK_MAX: Duration = Duration::from_micros(250);
+/// The first and the longest reap slice of a run in flight, between looks for the next job.
+const REAP_SLICE_MIN: Duration = Duration::from_micros(200);
+const REAP_SLICE_MAX: Duration = Duration::from_millis(5);
 
 /// What finalizing a chip left behind.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -341,18 +341,38 @@ impl ChipState {
         fence.set(done.map_err(device_failure));
     }
 
-    /// Whether the run in flight finished on the device (then it is retired here). Never
-    /// blocks on the device.
-    fn poll_in_flight(&mut self) -> bool {
+    /// Reaps the run in flight for at most `slice`; retires it if it finished (or failed).
+    /// Returns whether no run is in flight any more.
+    fn reap_in_flight_within(&mut self, slice: Duration) -> bool {
         let Some(f) = &self.in_flight else { return true };
-        let finished = match self.runner.as_mut() {
-            Some(r) => r.poll_run(&f.active).unwrap_or(true),
-            None => true,
+        let reaped = match self.runner.as_mut() {
+            Some(r) => catch_unwind(AssertUnwindSafe(|| r.reap_run(&f.active, Some(slice)))),
+            None => Ok(Ok(true)),
         };
-        if finished {
-            self.retire_in_flight();
+        match reaped {
+            Ok(Ok(false)) => false,
+            // Reaped, failed or unwound: the retirement completes it or reports the failure
+            // (a run that failed its reap is stale and the complete says so, typed).
+            Ok(Ok(true)) => {
+                self.retire_in_flight();
+                true
+            }
+            Ok(Err(e)) => {
+                if let Some(f) = self.in_flight.take() {
+                    f.fence.set(Err(device_failure(e)));
+                }
+                true
+            }
+            Err(p) => {
+                if let Some(f) = self.in_flight.take() {
+                    f.fence.set(Err(device_failure(DeviceError::LaunchPanicked {
+                        run_id: Some(f.run),
+                        message: panic_text(p.as_ref()),
+                    })));
+                }
+                true
+            }
         }
-        finished
     }
 
     /// A whole chip run on this lane (the L3 path): [`begin_run`](Self::begin_run) then
@@ -594,21 +614,20 @@ impl ChipLane {
     }
 }
 
-/// The lane's next job; `None` once the channel closed. While a run is in flight, waits for a
-/// job in parks of growing length and polls the run between them, retiring it when it finished.
+/// The lane's next job; `None` once the channel closed. With a run in flight, reaps it in
+/// growing slices and takes a job that arrived between two slices.
 fn next_job(rx: &mpsc::Receiver<LaneJob>, state: &mut ChipState) -> Option<LaneJob> {
-    let mut park = POLL_PARK_MIN;
+    let mut slice = REAP_SLICE_MIN;
     while state.in_flight.is_some() {
-        match rx.recv_timeout(park) {
+        match rx.try_recv() {
             Ok(job) => return Some(job),
-            Err(mpsc::RecvTimeoutError::Disconnected) => return None,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                if state.poll_in_flight() {
-                    break;
-                }
-                park = (park * 2).min(POLL_PARK_MAX);
-            }
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) => {}
         }
+        if state.reap_in_flight_within(slice) {
+            break;
+        }
+        slice = (slice * 2).min(REAP_SLICE_MAX);
     }
     rx.recv().ok()
 }

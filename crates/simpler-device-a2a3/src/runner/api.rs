@@ -201,6 +201,7 @@ impl DeviceRunner {
     /// Waits for a launched run (R1–R3). `within` bounds the wait: if it is shorter than the
     /// stream-sync budget and passes first, the run stays launched and the call returns
     /// `Ok(false)`; `None` waits up to the budget, after which the run fails with a timeout.
+    /// A run already reaped returns `Ok(true)` at once.
     pub fn reap_run(
         &mut self,
         run: &ActiveRun,

@@ -699,6 +699,10 @@ impl Core {
         within: Option<Duration>,
     ) -> Result<bool, DeviceError> {
         self.reclaim_dropped();
+        let s = self.check_lease("reap_run", &active.lease)?;
+        if self.slots[s].run.as_ref().is_some_and(|r| r.stage == Stage::Reaped) {
+            return Ok(true);
+        }
         let (s, mut run) = self.take_run("reap_run", &active.lease, Stage::Launched)?;
         let reaped =
             self.guarded(&mut run, Outcome::FailedAfterLaunch, |c, run| c.reap_steps(run, within));
