@@ -126,3 +126,47 @@ fn a_memory_call_waits_for_the_run_in_flight_as_at_depth_one() {
     h.wait().expect("run");
     w.close().expect("close");
 }
+
+#[test]
+fn submitters_and_memory_calls_on_several_threads_hammer_the_depth_two_lane() {
+    // Three threads submit runs over their own buffers back to back while a fourth reads and
+    // writes memory through the lane; every run must see its own inputs and every result must
+    // arrive (no run lost, none published twice, no hang).
+    let rounds: usize =
+        std::env::var("SIMPLER_SOAK_CYCLES").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
+    let (w, add) = l2(2);
+    let mem = w.memory().unwrap();
+    let n = 64;
+    let per_thread: Vec<_> = (0..3).map(|t| buffers(&mem, n, t as f32 * 10.0)).collect();
+    let (scratch, _) = buffers(&mem, n, 0.0);
+    std::thread::scope(|s| {
+        for (t, (bufs, args)) in per_thread.iter().enumerate() {
+            let w = &w;
+            s.spawn(move || {
+                let mem = w.memory().unwrap();
+                for round in 0..rounds {
+                    // A fresh input per round: a run reading another round's input would show.
+                    let x = t as f32 * 10.0 + round as f32;
+                    mem.copy_to(&bufs[0], 0, &f32_to_le_bytes(&vec![x; n as usize])).unwrap();
+                    let first = w.submit(Orchestration::chip(add, args.clone())).unwrap();
+                    let second = w.submit(Orchestration::chip(add, args.clone())).unwrap();
+                    first.wait_timeout(HANG).expect("no hang").expect("run");
+                    second.wait_timeout(HANG).expect("no hang").expect("run");
+                    let out = output(&mem, &bufs[2], n);
+                    assert!(out.iter().all(|&v| v == x + 1.0), "thread {t} round {round}: {out:?}");
+                }
+            });
+        }
+        let w = &w;
+        let scratch = &scratch;
+        s.spawn(move || {
+            let mem = w.memory().unwrap();
+            for i in 0..rounds * 4 {
+                let v = vec![i as f32; n as usize];
+                mem.copy_to(&scratch[0], 0, &f32_to_le_bytes(&v)).unwrap();
+                assert_eq!(output(&mem, &scratch[0], n), v);
+            }
+        });
+    });
+    w.close().expect("close");
+}
