@@ -5,6 +5,9 @@
 //!   set, with the simulator's kernel-delay hook, to about its measured host preparation time
 //!   (the delay parks the simulated core like a real device does not use a host CPU).
 //!   Throughput (runs/s) and per-run latency (submit → result) at each depth.
+//! - **W3 parked**: the same with one cluster (`block_dim` 1) over 1024 f32 and a fixed 300 µs
+//!   kernel delay, so most of the device time is parked rather than simulated on the host's
+//!   cores — closer to a real chip, whose execution does not compete with host preparation.
 //! - **S1 back to back**: the same program with no delay, 100 runs at each depth; and S1
 //!   serial (`run` = submit + wait, one run at a time), which pipelining cannot speed up and
 //!   must not slow down much (the lane polls a run in flight between jobs).
@@ -23,16 +26,24 @@ use simpler::worker::{ChipMemory, Orchestration, Worker};
 
 const N: usize = 16384;
 
-fn program_args(mem: &ChipMemory<'_>) -> TaskArgs {
-    let a: Vec<f32> = (0..N).map(|i| i as f32 * 0.25).collect();
-    let b: Vec<f32> = (0..N).map(|i| 1.0 - (i % 13) as f32).collect();
+/// One workload of the stream: elements, cluster count (0 = default), kernel delay.
+#[derive(Clone, Copy)]
+struct Shape {
+    n: usize,
+    block_dim: u32,
+    delay: Option<Duration>,
+}
+
+fn program_args(mem: &ChipMemory<'_>, n: usize) -> TaskArgs {
+    let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.25).collect();
+    let b: Vec<f32> = (0..n).map(|i| 1.0 - (i % 13) as f32).collect();
     let mut args = TaskArgs::new();
     for (i, data) in [Some(&a), Some(&b), None].into_iter().enumerate() {
-        let buf = mem.malloc((N * 4) as u64).expect("malloc");
+        let buf = mem.malloc((n * 4) as u64).expect("malloc");
         if let Some(d) = data {
             mem.copy_to(&buf, 0, &f32_to_le_bytes(d)).expect("copy");
         }
-        let t = buf.tensor(&[N as u32], DataType::Float32).expect("tensor");
+        let t = buf.tensor(&[n as u32], DataType::Float32).expect("tensor");
         if i < 2 { args.add_input(t) } else { args.add_output(t) }.expect("arg");
     }
     args
@@ -88,20 +99,22 @@ struct Stream {
 
 /// `runs` back-to-back submits through an L2 worker with `slots` resource slots (depth
 /// `min(slots, 2)`); a waiter thread takes the results in order.
-fn stream(slots: usize, runs: usize, delay: Option<Duration>) -> Stream {
+fn stream(slots: usize, runs: usize, shape: Shape) -> Stream {
     let mut b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph)
         .chip_options(move |o| o.with_pipeline_slots(slots));
     let h = b.register_chip(vector::callable().expect("program"));
     let w = b.start().expect("start");
     assert_eq!(w.pipeline_depth(), slots.min(2));
-    let args = program_args(&w.memory().expect("memory"));
-    if let Some(d) = delay {
+    let args = program_args(&w.memory().expect("memory"), shape.n);
+    let cfg = CallConfig::builder().block_dim(shape.block_dim).build().expect("config");
+    let run = || Orchestration::chip(h, args.clone()).config(cfg.clone());
+    if let Some(d) = shape.delay {
         w.with_sim_faults(WorkerId(0), move |plan| plan.kernel_delay(vector::MUL, d))
             .expect("fault plan");
     }
     // Warm up (arenas of every slot).
     for _ in 0..4 {
-        w.run(Orchestration::chip(h, args.clone())).expect("warm-up run");
+        w.run(run()).expect("warm-up run");
     }
     let (tx, rx) = mpsc::channel::<(Instant, simpler::worker::RunHandle)>();
     let waiter = std::thread::spawn(move || {
@@ -115,13 +128,13 @@ fn stream(slots: usize, runs: usize, delay: Option<Duration>) -> Stream {
     let mut serial = Vec::new();
     for _ in 0..runs.min(100) {
         let t = Instant::now();
-        w.run(Orchestration::chip(h, args.clone())).expect("serial run");
+        w.run(run()).expect("serial run");
         serial.push(t.elapsed());
     }
     let t0 = Instant::now();
     for _ in 0..runs {
         let submitted = Instant::now();
-        let handle = w.submit(Orchestration::chip(h, args.clone())).expect("submit");
+        let handle = w.submit(run()).expect("submit");
         tx.send((submitted, handle)).expect("waiter");
     }
     drop(tx);
@@ -152,17 +165,24 @@ fn main() {
         delay.as_secs_f64() * 1e6,
         device_w3.as_secs_f64() * 1e6,
     );
+    let w3_shape = Shape { n: N, block_dim: 0, delay: Some(delay).filter(|d| !d.is_zero()) };
+    let parked = Shape { n: 1024, block_dim: 1, delay: Some(Duration::from_micros(300)) };
+    let s1_shape = Shape { n: N, block_dim: 0, delay: None };
     let mut w3: [Vec<Stream>; 2] = [Vec::new(), Vec::new()];
+    let mut w3p: [Vec<Stream>; 2] = [Vec::new(), Vec::new()];
     let mut s1: [Vec<Stream>; 2] = [Vec::new(), Vec::new()];
     for _ in 0..rounds {
         for (i, slots) in [1usize, 2].into_iter().enumerate() {
-            w3[i].push(stream(slots, runs, Some(delay)));
-            s1[i].push(stream(slots, s1_runs, None));
+            w3[i].push(stream(slots, runs, w3_shape));
+            w3p[i].push(stream(slots, runs, parked));
+            s1[i].push(stream(slots, s1_runs, s1_shape));
         }
     }
     let med = |v: &[Stream], f: fn(&Stream) -> Duration| median(v.iter().map(f).collect());
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    for (name, n, data) in [("W3", runs, &w3), ("S1 back to back", s1_runs, &s1)] {
+    for (name, n, data) in
+        [("W3", runs, &w3), ("W3 parked", runs, &w3p), ("S1 back to back", s1_runs, &s1)]
+    {
         let d1 = med(&data[0], |s| s.per_run);
         let d2 = med(&data[1], |s| s.per_run);
         println!(

@@ -865,7 +865,7 @@ impl Core {
         r
     }
 
-    /// C1–C3 on a run taken out of `self.run`; the terminal cleanup has run either way.
+    /// C1–C3 on a run taken out of its slot; the terminal cleanup has run either way.
     fn complete_steps(&mut self, run: &mut RunState) -> Result<RunReport, DeviceError> {
         // C1.
         self.handshake_report(run);
