@@ -299,55 +299,6 @@ impl Core {
         self.runs().find(|r| r.stage == Stage::Launched)
     }
 
-    /// Checks that `lease` is this runner's and current; returns its slot.
-    fn check_lease(&self, call: &'static str, lease: &Lease) -> Result<usize, DeviceError> {
-        let current = self.slots.get(lease.slot).map(|s| s.generation);
-        if !Arc::ptr_eq(&lease.returns, &self.returns) || current != Some(lease.generation) {
-            return Err(DeviceError::StaleRun {
-                call,
-                run_id: lease.run_id,
-                slot: lease.slot,
-                generation: lease.generation,
-            });
-        }
-        Ok(lease.slot)
-    }
-
-    /// Ends the run in slot `s`: the slot is free and every lease of the run is stale.
-    fn free_slot(&mut self, s: usize) {
-        let slot = &mut self.slots[s];
-        slot.run = None;
-        slot.generation += 1;
-    }
-
-    /// Cleans up the slots whose handles were dropped: a prepared run is abandoned, a launched
-    /// one reaped first (its result is discarded), a reaped one released.
-    fn reclaim_dropped(&mut self) {
-        let returned = std::mem::take(&mut *self.returns.lock());
-        for (s, generation) in returned {
-            if self.slots.get(s).is_none_or(|x| x.generation != generation) {
-                continue;
-            }
-            let Some(mut run) = self.slots[s].run.take() else { continue };
-            let run_id = run.run_id;
-            match run.stage {
-                Stage::Prepared => self.finish(&mut run, Outcome::FailedBeforeLaunch),
-                Stage::Launched => {
-                    let r = self.guarded(&mut run, Outcome::FailedAfterLaunch, |c, run| {
-                        c.reap_steps(run, None)
-                    });
-                    if let Err(e) = r {
-                        tracing::warn!(%run_id, error = %e, "a dropped launched run failed");
-                    }
-                    self.finish(&mut run, Outcome::FailedAfterLaunch);
-                }
-                Stage::Reaped => self.finish(&mut run, Outcome::FailedAfterLaunch),
-            }
-            tracing::debug!(%run_id, slot = s, "cleaned up the slot of a dropped run handle");
-            self.free_slot(s);
-        }
-    }
-
     fn prepare(&mut self, req: &RunRequest<'_>) -> Result<PreparedRun, DeviceError> {
         self.reclaim_dropped();
         // P1.
