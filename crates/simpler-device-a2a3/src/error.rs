@@ -367,8 +367,8 @@ pub enum ErrorClass {
 ///   | `StreamSyncTimeout` | `Timeout { budget: StreamSync }` | unusable |
 ///   | `Hang` | `DeviceFault` whose latched status is a scheduler timeout and whose faults contain no core exception: a kernel never finished | unusable |
 ///   | `DeviceFault` | any other `DeviceFault`; `Timeout { budget: OpExecute }` | unusable |
-///   | `Poisoned` | `Unusable` | unusable |
-///   | `Usage` | `InvalidConfig`, `InvalidArgs`, `RunIdReused`, `OverlappingArguments`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
+///   | `Poisoned` | `Unusable`, `Abandoned` | unusable |
+///   | `Usage` | `InvalidConfig`, `InvalidArgs`, `RunIdReused`, `OverlappingArguments`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `StaleRun`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
 ///   | `Resources` | `OutOfMemory`, `Capacity` | unchanged |
 ///   | `Setup` | `Init`, `Diagnostics`, `Orchestration`, `LaunchPanicked` | unchanged |
 ///
@@ -438,6 +438,20 @@ pub enum DeviceError {
         faults: Vec<CoreFault>,
         /// The latched runtime status, if any.
         runtime: Option<Box<RuntimeFault>>,
+    },
+    /// The run was prepared (or queued) behind run `after`, whose failure made the device
+    /// unusable before this run could execute; the run never ran. Its own error is never
+    /// `after`'s error, and it never silently succeeds.
+    #[error("{run_id}: abandoned after {after} made device {device_id} unusable: {cause}")]
+    Abandoned {
+        /// The abandoned run.
+        run_id: RunId,
+        /// The run whose failure poisoned the device.
+        after: RunId,
+        /// The device id.
+        device_id: u32,
+        /// What made it unusable.
+        cause: PoisonCause,
     },
     /// The runner is unusable since an earlier failure; only `finalize` helps.
     #[error("device {device_id} is unusable: {cause}")]
@@ -531,6 +545,18 @@ pub enum DeviceError {
         call: &'static str,
         /// The state that refused it.
         state: String,
+    },
+    /// A run handle whose run already ended (or that belongs to another runner).
+    #[error("{call}: the handle of {run_id} is stale (slot {slot}, generation {generation})")]
+    StaleRun {
+        /// The call that was refused.
+        call: &'static str,
+        /// The run the handle named.
+        run_id: RunId,
+        /// The resource slot it named.
+        slot: usize,
+        /// The slot generation it named.
+        generation: u64,
     },
     /// The runner (or the chip holding it) was finalized; nothing can run on it any more.
     #[error("{call}: the device runner is finalized")]
@@ -704,6 +730,8 @@ impl DeviceError {
             | DeviceError::Orchestration { run_id, .. }
             | DeviceError::CallableInUse { run_id, .. }
             | DeviceError::RunIdReused { run_id, .. }
+            | DeviceError::StaleRun { run_id, .. }
+            | DeviceError::Abandoned { run_id, .. }
             | DeviceError::OverlappingArguments { run_id, .. } => Some(*run_id),
             DeviceError::InvalidConfig { run_id, .. }
             | DeviceError::InvalidArgs { run_id, .. }
@@ -765,7 +793,7 @@ impl DeviceError {
             DeviceError::Timeout { .. } | DeviceError::DeviceFault { .. } => {
                 ErrorClass::DeviceFault
             }
-            DeviceError::Unusable { .. } => ErrorClass::Poisoned,
+            DeviceError::Unusable { .. } | DeviceError::Abandoned { .. } => ErrorClass::Poisoned,
             DeviceError::InvalidConfig { .. }
             | DeviceError::InvalidArgs { .. }
             | DeviceError::RunIdReused { .. }
@@ -775,6 +803,7 @@ impl DeviceError {
             | DeviceError::TooManyCallables { .. }
             | DeviceError::CallableInUse { .. }
             | DeviceError::Busy { .. }
+            | DeviceError::StaleRun { .. }
             | DeviceError::Finalized { .. }
             | DeviceError::CallableNotPrepared { .. }
             | DeviceError::BadDevicePointer { .. }
@@ -837,7 +866,7 @@ impl DeviceError {
                 AclCode::STREAM_SYNC_TIMEOUT.get(),
                 AclCode::STREAM_SYNC_TIMEOUT.name(),
             )),
-            DeviceError::Unusable { cause, .. } => {
+            DeviceError::Unusable { cause, .. } | DeviceError::Abandoned { cause, .. } => {
                 Some(DeviceCode::new(cause.code.get(), cause.code.name()))
             }
             DeviceError::OutOfMemory { .. } => {
@@ -880,6 +909,7 @@ impl DeviceError {
             | DeviceError::UnknownCallable { .. }
             | DeviceError::Unsupported { .. } => FailureMechanism::TaskFailed,
             DeviceError::Busy { .. }
+            | DeviceError::StaleRun { .. }
             | DeviceError::Finalized { .. }
             | DeviceError::CallableNotPrepared { .. }
             | DeviceError::LaunchPanicked { .. }
@@ -894,7 +924,8 @@ impl DeviceError {
             DeviceError::Launch { .. }
             | DeviceError::DeviceFault { .. }
             | DeviceError::Timeout { .. }
-            | DeviceError::Unusable { .. } => FailureMechanism::DeviceFault,
+            | DeviceError::Unusable { .. }
+            | DeviceError::Abandoned { .. } => FailureMechanism::DeviceFault,
         }
     }
 
@@ -920,6 +951,7 @@ impl DeviceError {
                 | DeviceError::Timeout { .. }
                 | DeviceError::DeviceFault { .. }
                 | DeviceError::Unusable { .. }
+                | DeviceError::Abandoned { .. }
         )
     }
 }

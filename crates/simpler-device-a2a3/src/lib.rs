@@ -104,8 +104,9 @@ pub use options::{
     LimitExceeded, Platform, PlatformLimits, RingDefaults, RunnerOptions, RuntimeVariant,
 };
 pub use runner::{
-    ChipSlot, DeviceHealth, DevicePtr, DeviceRunner, FinalizeReport, HealthProbe, MemoryLedger,
-    RUN_ID_MEMORY, RingHighWater, RunReport, RunRequest, RunnerStats,
+    AcceptanceSignal, ActiveRun, ChipSlot, DeviceHealth, DevicePtr, DeviceRunner, FinalizeReport,
+    HealthProbe, MAX_PIPELINE_SLOTS, MemoryLedger, Overlap, PreparedRun, RUN_ID_MEMORY,
+    RingHighWater, RunReport, RunRequest, RunnerStats,
 };
 pub use runtime::orch::{Kernels, OrchCtx, OrchError};
 pub use timeouts::{FixedBudgets, TimeoutConfig, TimeoutOverrides};

@@ -169,6 +169,8 @@ pub struct RunnerOptions {
     pub budgets: FixedBudgets,
     /// Ring sizing defaults.
     pub rings: RingDefaults,
+    /// Resource slots: runs that may be prepared or in flight at once (1..=4, default 2).
+    pub pipeline_slots: usize,
     /// Simulator options.
     #[cfg(feature = "sim")]
     pub sim: SimOptions,
@@ -189,6 +191,7 @@ impl RunnerOptions {
             read_env: false,
             budgets: FixedBudgets::default(),
             rings: RingDefaults::default(),
+            pipeline_slots: 2,
             #[cfg(feature = "sim")]
             sim: SimOptions::default(),
             #[cfg(feature = "onboard")]
@@ -230,6 +233,12 @@ impl RunnerOptions {
     /// code. Without this call the environment is never read.
     pub fn with_env_overrides(mut self) -> Self {
         self.read_env = true;
+        self
+    }
+
+    /// Sets the number of resource slots (1..=4; 1 = one run at a time).
+    pub fn with_pipeline_slots(mut self, slots: usize) -> Self {
+        self.pipeline_slots = slots;
         self
     }
 

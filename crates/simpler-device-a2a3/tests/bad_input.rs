@@ -179,29 +179,59 @@ fn a_diagnostic_switch_without_output_prefix_is_rejected_when_the_config_is_buil
 }
 
 #[test]
-fn calls_out_of_order_are_busy() {
+fn calls_out_of_order_are_busy_and_a_full_set_of_slots_refuses_prepare() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
-    assert!(matches!(r.launch_run(), Err(DeviceError::Busy { call: "launch_run", .. })));
-    assert!(matches!(r.reap_run(), Err(DeviceError::Busy { call: "reap_run", .. })));
-    assert!(matches!(r.complete_run(), Err(DeviceError::Busy { call: "complete_run", .. })));
+    assert_eq!(r.pipeline_slots(), 2, "two resource slots by default");
     let slot = r.register_callable(&vector_callable()).unwrap();
     let v = VectorRun::new(&mut r, 64);
     let cfg = CallConfig::default();
-    r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
+    let first = r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
+    let second = r.prepare(&RunRequest::new(run_id(2), slot, &v.args, &cfg)).unwrap();
+    assert_ne!(first.slot(), second.slot());
     assert!(matches!(
-        r.prepare(&RunRequest::new(run_id(2), slot, &v.args, &cfg)),
-        Err(DeviceError::Busy { call: "prepare", .. })
+        r.prepare(&RunRequest::new(run_id(3), slot, &v.args, &cfg)),
+        Err(DeviceError::Busy { call: "prepare", state }) if state.contains("all 2 resource slots")
     ));
-    assert!(matches!(r.reap_run(), Err(DeviceError::Busy { call: "reap_run", .. })));
-    r.launch_run().unwrap();
+    r.abandon(second).unwrap();
+    let active = r.launch_run(first).unwrap();
     assert!(
         matches!(r.copy_to_device(v.ptrs[0], &[0; 4]), Err(DeviceError::Busy { .. })),
         "no copies under a launched run"
     );
-    assert!(matches!(r.complete_run(), Err(DeviceError::Busy { .. })));
-    r.reap_run().unwrap();
-    r.complete_run().unwrap();
+    // The exclusive execution claim: a second launch while one is unreaped is refused.
+    let third = r.prepare(&RunRequest::new(run_id(4), slot, &v.args, &cfg)).unwrap();
+    assert!(matches!(r.launch_run(third), Err(DeviceError::Busy { call: "launch_run", .. })));
+    assert!(r.reap_run(&active, None).unwrap());
+    assert!(r.poll_run(&active).unwrap(), "a reaped run polls as done");
+    r.complete_run(active).unwrap();
     v.check(&mut r);
+    v.free(&mut r);
+    still_works(&mut r, 5);
+}
+
+#[test]
+fn a_handle_of_an_ended_run_is_stale_and_refused() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    let cfg = CallConfig::default();
+    let p = r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
+    let a = r.launch_run(p).unwrap();
+    assert!(r.reap_run(&a, None).unwrap());
+    // A second runner's handle is refused by this one.
+    let mut other = DeviceRunner::attach(options(0)).unwrap();
+    let oslot = other.register_callable(&vector_callable()).unwrap();
+    let ov = VectorRun::new(&mut other, 64);
+    let op = other.prepare(&RunRequest::new(run_id(1), oslot, &ov.args, &cfg)).unwrap();
+    assert!(matches!(r.abandon(op), Err(DeviceError::StaleRun { call: "abandon", .. })));
+    r.complete_run(a).unwrap();
+    // The same slot, a new generation: a lease kept from the first run would be stale; the
+    // fresh one works.
+    let p = r.prepare(&RunRequest::new(run_id(2), slot, &v.args, &cfg)).unwrap();
+    assert_eq!(p.slot(), 0, "the lowest free slot is reused");
+    r.abandon(p).unwrap();
+    ov.free(&mut other);
+    other.finalize().unwrap();
     v.free(&mut r);
     still_works(&mut r, 3);
 }
@@ -235,7 +265,7 @@ fn free_is_refused_while_a_prepared_run_references_device_memory() {
     let slot = r.register_callable(&vector_callable()).unwrap();
     let v = VectorRun::new(&mut r, 64);
     let cfg = CallConfig::default();
-    r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
+    let p = r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
     // The prepared image already holds the output's address; freeing it now would hand the
     // launch a dangling pointer.
     let err = r.free(v.ptrs[2]).unwrap_err();
@@ -243,14 +273,14 @@ fn free_is_refused_while_a_prepared_run_references_device_memory() {
         matches!(&err, DeviceError::Busy { call: "free", state } if state.contains("prepared")),
         "{err}"
     );
-    r.launch_run().unwrap();
+    let a = r.launch_run(p).unwrap();
     assert!(matches!(r.free(v.ptrs[2]), Err(DeviceError::Busy { call: "free", .. })));
-    r.reap_run().unwrap();
-    r.complete_run().unwrap();
+    r.reap_run(&a, None).unwrap();
+    r.complete_run(a).unwrap();
     v.check(&mut r);
     // Once the run ended, and after an abandoned preparation, free works again.
-    r.prepare(&RunRequest::new(run_id(2), slot, &v.args, &cfg)).unwrap();
-    r.abandon_prepared().unwrap();
+    let p = r.prepare(&RunRequest::new(run_id(2), slot, &v.args, &cfg)).unwrap();
+    r.abandon(p).unwrap();
     v.free(&mut r);
     still_works(&mut r, 3);
 }

@@ -279,8 +279,8 @@ fn terminal_cleanup_runs_once_on_every_exit_path() {
     );
     assert_eq!(cleanups(&r), c0 + 2);
     // Abandoning a prepared run.
-    r.prepare(&RunRequest::new(run_id(3), slot, &v.args, &cfg)).unwrap();
-    r.abandon_prepared().unwrap();
+    let p = r.prepare(&RunRequest::new(run_id(3), slot, &v.args, &cfg)).unwrap();
+    r.abandon(p).unwrap();
     assert_eq!(cleanups(&r), c0 + 3);
     // Validation failure in complete_run: a latched scheduler timeout with a clean shutdown
     // (the delayed kernel answers the exit signal in time), which leaves the device healthy.
@@ -301,8 +301,9 @@ fn terminal_cleanup_runs_once_on_every_exit_path() {
     // Drop with a prepared run: the cleanup runs from Drop and exports the host-built graph.
     let dir = temp_dir("drop-cleanup");
     let traced = CallConfig::builder().dep_gen(true).output_prefix(&dir).build().unwrap();
-    r.prepare(&RunRequest::new(run_id(6), slot, &v.args, &traced)).unwrap();
+    let prepared = r.prepare(&RunRequest::new(run_id(6), slot, &v.args, &traced)).unwrap();
     drop(r);
+    drop(prepared);
     let deps: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("deps.json")).unwrap()).unwrap();
     assert_eq!(deps["complete"], false);
@@ -324,8 +325,8 @@ fn dropping_a_runner_with_a_launched_run_stops_and_joins_everything() {
     let slot = r.register_callable(&vector_callable()).unwrap();
     let v = VectorRun::new(&mut r, 4096);
     r.sim_faults().unwrap().kernel_hang(FUNC_MUL, 1);
-    r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap();
-    r.launch_run().unwrap();
+    let p = r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap();
+    let _active = r.launch_run(p).unwrap();
     drop(r);
     assert_eq!(sim_threads_named("sim92-"), 0);
 }
@@ -441,14 +442,14 @@ fn callable_limits_are_enforced_with_the_values_named() {
     assert!(matches!(r.register_callable(&c), Err(DeviceError::TooManyCallables { capacity: 64 })));
     let v = VectorRun::new(&mut r, 64);
     let cfg = CallConfig::default();
-    r.prepare(&RunRequest::new(run_id(1), slots[5], &v.args, &cfg)).unwrap();
+    let p = r.prepare(&RunRequest::new(run_id(1), slots[5], &v.args, &cfg)).unwrap();
     assert!(matches!(
         r.unregister_callable(slots[5]),
         Err(DeviceError::CallableInUse { slot: 5, .. })
     ));
-    r.launch_run().unwrap();
-    r.reap_run().unwrap();
-    r.complete_run().unwrap();
+    let a = r.launch_run(p).unwrap();
+    r.reap_run(&a, None).unwrap();
+    r.complete_run(a).unwrap();
     r.unregister_callable(slots[5]).unwrap();
     assert_eq!(r.register_callable(&c).unwrap().index(), 5, "the lowest free slot is reused");
     v.free(&mut r);

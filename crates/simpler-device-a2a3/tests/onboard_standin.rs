@@ -19,8 +19,9 @@ use common::three_args;
 use simpler_acl_sys::standin::{Call, FakeInstall, ObjectKind};
 use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{
-    ArgDirection, ChipCallable, CoreCallable, DeviceError, DeviceHealth, DevicePtr, DeviceRunner,
-    InitStep, KernelCode, KernelKind, RunRequest, RunnerOptions, RuntimeVariant,
+    AcceptanceSignal, ArgDirection, ChipCallable, CoreCallable, DeviceError, DeviceHealth,
+    DevicePtr, DeviceRunner, InitStep, KernelCode, KernelKind, RunRequest, RunnerOptions,
+    RuntimeVariant,
 };
 use simpler_types::{CallConfig, DataType, RunId, TaskArgs, Tensor, TimeoutBudget};
 
@@ -257,6 +258,44 @@ fn finalize_then_reattach_runs(b: &dyn Bench) {
     }
 }
 
+fn pipelined_handles_and_launch_acceptance(b: &dyn Bench) {
+    let mut r = DeviceRunner::attach(b.options(2)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
+    let cfg = CallConfig::default();
+    let signal = Arc::new(AcceptanceSignal::new());
+    let first = r
+        .prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg).with_acceptance(&signal))
+        .unwrap();
+    assert_eq!(signal.accepted(), None, "nothing is accepted before the launch");
+    let active = r.launch_run(first).unwrap();
+    assert_eq!(signal.accepted(), Some(1), "published right after the launch, before the reap");
+    // The next run is prepared in the other slot while the first one is in flight.
+    let second = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
+    assert_ne!(second.slot(), active.slot());
+    assert!(r.reap_run(&active, None).unwrap());
+    r.complete_run(active).unwrap();
+    assert_eq!(signal.accepted(), Some(1), "sticky: the runner never clears it");
+    let active = r.launch_run(second).unwrap();
+    r.reap_run(&active, None).unwrap();
+    r.complete_run(active).unwrap();
+    if b.executes_kernels() {
+        assert_eq!(v1.output(&mut r), vec![3.0; 64]);
+        assert_eq!(v2.output(&mut r), vec![3.0; 64]);
+    }
+    // A launch failure publishes nothing.
+    signal.reset();
+    let v3 = AddRun::new(&mut r);
+    b.fail_next_aicore_launch(&r);
+    let req = RunRequest::new(run_id(3), slot, &v3.args, &cfg).with_acceptance(&signal);
+    assert!(matches!(r.run(&req), Err(DeviceError::Launch { .. })));
+    assert_eq!(signal.accepted(), None, "a failed launch is never accepted");
+    for v in [v1, v2, v3] {
+        v.free(&mut r);
+    }
+    r.finalize().unwrap();
+}
+
 macro_rules! on_both_backends {
     ($($name:ident => $body:ident;)*) => {
         mod sim {
@@ -276,6 +315,7 @@ on_both_backends! {
     memory_ranges_are_checked_by_the_runner => memory_range_checks;
     an_unusable_runner_fails_fast_and_finalize_recovers => unusable_fails_fast_and_finalize_recovers;
     finalize_then_reattach_runs_again => finalize_then_reattach_runs;
+    runs_are_pipelined_through_handles_and_publish_launch_acceptance => pipelined_handles_and_launch_acceptance;
 }
 
 // ----- Log-driven tests (onboard only) -----

@@ -73,9 +73,9 @@ fn a_panic_right_after_either_launch_leaves_the_runner_unusable_until_finalize()
         let slot = r.register_callable(&vector_callable()).unwrap();
         let v = VectorRun::new(&mut r, 1024);
         let cfg = CallConfig::default();
-        r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
+        let p = r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
         r.sim_faults().unwrap().panic_after_launch(kind, 1);
-        let caught = catch_unwind(AssertUnwindSafe(|| r.launch_run()));
+        let caught = catch_unwind(AssertUnwindSafe(|| r.launch_run(p)));
         assert!(caught.is_err(), "{kind:?}: the injected panic unwound out of launch_run");
         assert_eq!(r.sim_faults().unwrap().fired(), [FiredFault::PanickedAfterLaunch(kind)]);
         assert_refused_until_finalize(r, v, PoisonStep::Unwind);
@@ -89,11 +89,11 @@ fn a_panicking_log_layer_in_the_reap_cannot_skip_the_poisoning() {
     let v = VectorRun::new(&mut r, 1024);
     let cfg = CallConfig::default();
     r.sim_faults().unwrap().kernel_fault(FUNC_MUL, 1);
-    r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
-    r.launch_run().unwrap();
+    let p = r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
+    let a = r.launch_run(p).unwrap();
     // The reap's sync fails; recover-or-mark-unusable logs an error, which panics.
     let caught = tracing::subscriber::with_default(PanicOnError, || {
-        catch_unwind(AssertUnwindSafe(|| r.reap_run()))
+        catch_unwind(AssertUnwindSafe(|| r.reap_run(&a, None)))
     });
     assert!(caught.is_err(), "the log layer's panic unwound out of reap_run");
     assert_refused_until_finalize(r, v, PoisonStep::SyncAicpu);

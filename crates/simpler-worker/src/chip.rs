@@ -10,15 +10,26 @@
 //! The runner is attached on a start-up thread and then moved to its lane. On the simulator
 //! nothing is bound to a thread; an onboard backend binds its context in the endpoint's
 //! thread-start hook, which is why that hook exists.
+//!
+//! The L2 lane pipelines runs at depth 2 (`docs/pipelining.md`): a run job prepares run N+1
+//! while run N executes on the device, then reaps and completes N (publishing its fence) and
+//! only then launches N+1, which stays in flight. Invariant: at most one run is in flight
+//! ([`ChipState::in_flight`]), it is always the oldest unpublished run, and it is retired
+//! before any other job touches the runner except the next run's preparation — a control job
+//! (registration, memory, fault plan) retires it first, exactly as at depth 1. While a run is
+//! in flight and no job is queued the lane polls the run with a short, growing park between
+//! polls, so a finished run is published within that park even when no next run arrives.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use simpler_device_a2a3::{
-    ChipCallable, ChipSlot, DeviceError, DevicePtr, DeviceRunner, MemoryLedger, RunRequest,
+    ActiveRun, ChipCallable, ChipSlot, DeviceError, DevicePtr, DeviceRunner, MemoryLedger,
+    PreparedRun, RunRequest,
 };
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
 use simpler_types::{
@@ -58,7 +69,22 @@ pub(crate) struct ChipState {
     /// PROCESS mode: the chip lives in this child process and every call goes there
     /// (`runner` is `None`).
     pub(crate) process: Option<crate::process::parent::ChipProcess>,
+    /// The launched, unreaped run of an L2 lane (depth 2), with the fence it publishes.
+    in_flight: Option<InFlight>,
+    /// Whether depth 1 for a run with diagnostics was logged (once per chip).
+    exclusive_logged: bool,
 }
+
+/// A run the L2 lane launched and has not reaped yet.
+struct InFlight {
+    run: RunId,
+    active: ActiveRun,
+    fence: Arc<LaneFence>,
+}
+
+/// The first and the longest reap slice of a run in flight, between looks for the next job.
+const REAP_SLICE_MIN: Duration = Duration::from_micros(200);
+const REAP_SLICE_MAX: Duration = Duration::from_millis(5);
 
 /// What finalizing a chip left behind.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +118,8 @@ impl ChipState {
             next_run: 1,
             faults,
             process: None,
+            in_flight: None,
+            exclusive_logged: false,
         }
     }
 
@@ -111,7 +139,15 @@ impl ChipState {
             next_run: 1,
             faults,
             process: Some(process),
+            in_flight: None,
+            exclusive_logged: false,
         }
+    }
+
+    /// Runs that may be prepared or in flight at once on this chip's lane: 2 when the runner
+    /// has at least two resource slots, else 1.
+    pub(crate) fn pipeline_depth(&self) -> usize {
+        self.runner.as_ref().map_or(1, |r| r.pipeline_slots().min(2))
     }
 
     fn runner(&mut self) -> Result<&mut DeviceRunner, DeviceError> {
@@ -210,13 +246,24 @@ impl ChipState {
     /// The synchronous half of a chip run: takes a run id, checks the chip and the callable,
     /// and prepares the run with `args` (tags included). `origin` names the engine task that
     /// asked for it (L3). Returns the run id, also when the preparation failed.
+    ///
+    /// A run in flight keeps executing while this one is prepared, unless this run's
+    /// diagnostics need exclusive use of the runner: then the run in flight is retired first
+    /// (depth 1 for this run; the device report says why).
     pub(crate) fn begin_run(
         &mut self,
         callable: &CallableId,
         args: TaskArgsView<'_>,
         config: &CallConfig,
         origin: Option<TaskId>,
-    ) -> (Option<RunId>, Result<(), DeviceError>) {
+    ) -> (Option<RunId>, Result<PreparedRun, DeviceError>) {
+        if config.diagnostics_any() && self.in_flight.is_some() {
+            if !self.exclusive_logged {
+                self.exclusive_logged = true;
+                tracing::info!(chip = %self.chip, "runs with diagnostics execute at pipeline depth 1 (they need exclusive use of the device)");
+            }
+            self.retire_in_flight();
+        }
         let run = match self.next_run_id() {
             Ok(run) => run,
             Err(e) => return (None, Err(e)),
@@ -231,7 +278,7 @@ impl ChipState {
         args: TaskArgsView<'_>,
         config: &CallConfig,
         origin: Option<TaskId>,
-    ) -> Result<(), DeviceError> {
+    ) -> Result<PreparedRun, DeviceError> {
         if let Some(r) = &self.runner
             && let simpler_device_a2a3::DeviceHealth::Unusable { cause } = r.health()
         {
@@ -260,29 +307,109 @@ impl ChipState {
     /// the way is caught and becomes the run's error, so no caller hangs on it.
     ///
     /// A panic that unwinds out of the runner's `launch_run` or `reap_run` leaves the runner
-    /// idle and unusable (the device may still run the launch): every later device call on this
-    /// chip, `prepare` included, fails with `Unusable`, and `free` releases nothing, until the
-    /// chip is finalized. A panic out of `complete_run` leaves it idle and healthy.
-    pub(crate) fn finish_run(&mut self, run: RunId) -> Result<(), DeviceError> {
-        catch_unwind(AssertUnwindSafe(|| self.launch_reap_complete())).unwrap_or_else(|p| {
-            // Best effort: a run that was prepared but not launched (the panic came before
-            // `launch_run`) is dropped, so the next prepare is not refused. One that unwound
-            // out of the runner was already cleaned up there, and the runner is unusable.
-            let _ = catch_unwind(AssertUnwindSafe(|| {
-                self.runner.as_mut().map(DeviceRunner::abandon_prepared)
-            }));
+    /// unusable (the device may still run the launch): every later device call on this chip,
+    /// `prepare` included, fails with `Unusable`, and `free` releases nothing, until the chip
+    /// is finalized. A panic out of `complete_run` leaves it healthy. A run handle the unwind
+    /// dropped is cleaned up by the runner at its next call.
+    pub(crate) fn finish_run(
+        &mut self,
+        run: RunId,
+        prepared: PreparedRun,
+    ) -> Result<(), DeviceError> {
+        catch_unwind(AssertUnwindSafe(|| self.launch_reap_complete(prepared))).unwrap_or_else(|p| {
             Err(DeviceError::LaunchPanicked { run_id: Some(run), message: panic_text(p.as_ref()) })
         })
     }
 
-    fn launch_reap_complete(&mut self) -> Result<(), DeviceError> {
+    fn launch_reap_complete(&mut self, prepared: PreparedRun) -> Result<(), DeviceError> {
+        let active = self.launch(prepared)?;
+        self.reap_complete(active)
+    }
+
+    fn launch(&mut self, prepared: PreparedRun) -> Result<ActiveRun, DeviceError> {
         if self.faults.hit(self.chip, Fault::LaunchPanic) {
             panic!("injected panic in launch");
         }
+        self.runner.as_mut().ok_or_else(finalized)?.launch_run(prepared)
+    }
+
+    fn reap_complete(&mut self, active: ActiveRun) -> Result<(), DeviceError> {
         let runner = self.runner.as_mut().ok_or_else(finalized)?;
-        runner.launch_run()?;
-        runner.reap_run()?;
-        runner.complete_run().map(|_| ())
+        runner.reap_run(&active, None)?;
+        runner.complete_run(active).map(|_| ())
+    }
+
+    /// The L2 lane's run job after the preparation: retires the run in flight (publishing its
+    /// fence), then launches `prepared`. At depth 2 the launched run stays in flight, to be
+    /// retired by the next run job, a control job or the lane's poll; at depth 1, or when the
+    /// run needs exclusive use, it is reaped and completed here.
+    pub(crate) fn launch_pipelined(
+        &mut self,
+        run: RunId,
+        prepared: PreparedRun,
+        fence: Arc<LaneFence>,
+        exclusive: bool,
+    ) {
+        self.retire_in_flight();
+        if exclusive || self.pipeline_depth() < 2 {
+            fence.set(self.finish_run(run, prepared).map_err(device_failure));
+            return;
+        }
+        match catch_unwind(AssertUnwindSafe(|| self.launch(prepared))) {
+            Ok(Ok(active)) => self.in_flight = Some(InFlight { run, active, fence }),
+            Ok(Err(e)) => fence.set(Err(device_failure(e))),
+            Err(p) => fence.set(Err(device_failure(DeviceError::LaunchPanicked {
+                run_id: Some(run),
+                message: panic_text(p.as_ref()),
+            }))),
+        }
+    }
+
+    /// Reaps and completes the run in flight, if any, and publishes its fence.
+    pub(crate) fn retire_in_flight(&mut self) {
+        let Some(InFlight { run, active, fence }) = self.in_flight.take() else { return };
+        let done =
+            catch_unwind(AssertUnwindSafe(|| self.reap_complete(active))).unwrap_or_else(|p| {
+                Err(DeviceError::LaunchPanicked {
+                    run_id: Some(run),
+                    message: panic_text(p.as_ref()),
+                })
+            });
+        fence.set(done.map_err(device_failure));
+    }
+
+    /// Reaps the run in flight for at most `slice`; retires it if it finished (or failed).
+    /// Returns whether no run is in flight any more.
+    fn reap_in_flight_within(&mut self, slice: Duration) -> bool {
+        let Some(f) = &self.in_flight else { return true };
+        let reaped = match self.runner.as_mut() {
+            Some(r) => catch_unwind(AssertUnwindSafe(|| r.reap_run(&f.active, Some(slice)))),
+            None => Ok(Ok(true)),
+        };
+        match reaped {
+            Ok(Ok(false)) => false,
+            // Reaped, failed or unwound: the retirement completes it or reports the failure
+            // (a run that failed its reap is stale and the complete says so, typed).
+            Ok(Ok(true)) => {
+                self.retire_in_flight();
+                true
+            }
+            Ok(Err(e)) => {
+                if let Some(f) = self.in_flight.take() {
+                    f.fence.set(Err(device_failure(e)));
+                }
+                true
+            }
+            Err(p) => {
+                if let Some(f) = self.in_flight.take() {
+                    f.fence.set(Err(device_failure(DeviceError::LaunchPanicked {
+                        run_id: Some(f.run),
+                        message: panic_text(p.as_ref()),
+                    })));
+                }
+                true
+            }
+        }
     }
 
     /// A whole chip run on this lane (the L3 path): [`begin_run`](Self::begin_run) then
@@ -299,9 +426,9 @@ impl ChipState {
         }
         let (run, prepared) = self.begin_run(callable, args, config, Some(origin));
         match (run, prepared) {
-            (Some(run), Ok(())) => self.finish_run(run).map_err(device_failure),
+            (Some(run), Ok(p)) => self.finish_run(run, p).map_err(device_failure),
             (_, Err(e)) => Err(device_failure(e)),
-            (None, Ok(())) => Err(EndpointFailure::endpoint_failed("a chip run without a run id")),
+            (None, Ok(_)) => Err(EndpointFailure::endpoint_failed("a chip run without a run id")),
         }
     }
 
@@ -355,8 +482,8 @@ impl ChipState {
         Ok(self.runner().map_err(|e| mem_err(chip, &e))?.stats().memory)
     }
 
-    /// Finalizes the runner; returns what it left behind: stuck device threads as leaked,
-    /// a finalize error as failed.
+    /// Finalizes the runner (after retiring a run in flight); returns what it left behind:
+    /// stuck device threads as leaked, a finalize error as failed.
     pub(crate) fn finalize(&mut self) -> Vec<Residue> {
         if let Some(mut p) = self.process.take() {
             return p.shutdown();
@@ -445,11 +572,21 @@ impl Drop for ChipEndpoint {
     }
 }
 
-type LaneJob = Box<dyn FnOnce(&mut ChipState) + Send>;
+type LaneFn = Box<dyn FnOnce(&mut ChipState) + Send>;
+
+/// Work for an L2 lane.
+enum LaneJob {
+    /// A run: may prepare while the run in flight executes (it retires that run itself).
+    Run(LaneFn),
+    /// Anything else: runs after the run in flight was retired, as at depth 1.
+    Control(LaneFn),
+}
 
 /// The lane of an L2 worker: a thread of its own fed by a channel.
 pub(crate) struct ChipLane {
     pub(crate) chip: WorkerId,
+    /// Runs that may be unpublished at once (1 or 2).
+    pub(crate) depth: usize,
     tx: Mutex<Option<mpsc::Sender<LaneJob>>>,
     thread: Mutex<Option<JoinHandle<Vec<Residue>>>>,
 }
@@ -457,24 +594,42 @@ pub(crate) struct ChipLane {
 impl ChipLane {
     pub(crate) fn spawn(state: ChipState, name: String) -> std::io::Result<ChipLane> {
         let chip = state.chip;
+        let depth = state.pipeline_depth();
         let (tx, rx) = mpsc::channel::<LaneJob>();
         let thread = std::thread::Builder::new().name(name).spawn(move || {
             let mut state = state;
-            while let Ok(job) = rx.recv() {
+            while let Some(job) = next_job(&rx, &mut state) {
+                let f = match job {
+                    LaneJob::Run(f) => f,
+                    LaneJob::Control(f) => {
+                        state.retire_in_flight();
+                        f
+                    }
+                };
                 // A panicking job (a user closure given to the lane) must not stop the lane:
                 // every later call and the final teardown still need it. The job's own result
                 // channel is dropped by the unwind, which its caller reports.
-                if let Err(p) = catch_unwind(AssertUnwindSafe(|| job(&mut state))) {
+                if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(&mut state))) {
                     tracing::error!(%chip, "a chip lane job panicked: {}", panic_text(p.as_ref()));
                 }
             }
             state.finalize()
         })?;
-        Ok(ChipLane { chip, tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)) })
+        Ok(ChipLane { chip, depth, tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)) })
     }
 
-    /// Queues `job` behind earlier work; `Err` once the lane stopped.
-    pub(crate) fn post(&self, job: LaneJob) -> Result<(), WorkerError> {
+    /// Queues control work `job` behind earlier work (after the run in flight is retired);
+    /// `Err` once the lane stopped.
+    pub(crate) fn post(&self, job: LaneFn) -> Result<(), WorkerError> {
+        self.send(LaneJob::Control(job))
+    }
+
+    /// Queues a run job, which may prepare while the previous run executes.
+    pub(crate) fn post_run(&self, job: LaneFn) -> Result<(), WorkerError> {
+        self.send(LaneJob::Run(job))
+    }
+
+    fn send(&self, job: LaneJob) -> Result<(), WorkerError> {
         let tx = self.tx.lock();
         let stopped = || WorkerError::Lane { chip: self.chip, message: "the lane stopped".into() };
         tx.as_ref().ok_or_else(stopped)?.send(job).map_err(|_| stopped())
@@ -514,6 +669,24 @@ impl ChipLane {
             None => Vec::new(),
         }
     }
+}
+
+/// The lane's next job; `None` once the channel closed. With a run in flight, reaps it in
+/// growing slices and takes a job that arrived between two slices.
+fn next_job(rx: &mpsc::Receiver<LaneJob>, state: &mut ChipState) -> Option<LaneJob> {
+    let mut slice = REAP_SLICE_MIN;
+    while state.in_flight.is_some() {
+        match rx.try_recv() {
+            Ok(job) => return Some(job),
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) => {}
+        }
+        if state.reap_in_flight_within(slice) {
+            break;
+        }
+        slice = (slice * 2).min(REAP_SLICE_MAX);
+    }
+    rx.recv().ok()
 }
 
 /// The fence of an L2 run: set by the lane once the run was reaped, with the run's failure

@@ -30,7 +30,7 @@ use simpler_types::{
 };
 
 use crate::builder::{ChipWorkerBuilder, CompositeWorkerBuilder, HostWorkerBuilder};
-use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence, Residue, device_failure};
+use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence, Residue};
 use crate::close::{CloseGate, Lifecycle, UnobservedFailures};
 use crate::deferred_drop;
 use crate::error::{BoxError, BuildFailure, Frame, RunError, WorkerError};
@@ -218,7 +218,7 @@ impl Inner {
         RunError::new(f.run(), kind_of(f), frames, Vec::new(), Some(Arc::clone(f)))
     }
 
-    /// The error of L2 run `run`, from the chip lane's failure (mapped by [`device_failure`]).
+    /// The error of L2 run `run`, from the chip lane's failure (mapped by [`device_failure`](crate::chip::device_failure)).
     pub(crate) fn lane_error(&self, run: RunId, f: &EndpointFailure) -> RunError {
         let kind = kind_of_mechanism(&f.mechanism, f.device_code);
         let frame = Frame {
@@ -269,7 +269,17 @@ impl Inner {
 
     /// Waits, as an ordinary waiter, until every run accepted so far is published.
     pub(crate) fn wait_accepted(&self) {
-        let runs: Vec<Arc<RunShared>> = self.accepted.lock().iter().cloned().collect();
+        self.wait_accepted_below(1);
+    }
+
+    /// Waits, as an ordinary waiter, until fewer than `depth` of the runs accepted so far are
+    /// unpublished (the oldest ones are waited for; runs publish in acceptance order).
+    pub(crate) fn wait_accepted_below(&self, depth: usize) {
+        let runs: Vec<Arc<RunShared>> = {
+            let acc = self.accepted.lock();
+            let keep = depth.saturating_sub(1);
+            acc.iter().take(acc.len().saturating_sub(keep)).cloned().collect()
+        };
         for run in runs {
             if let Some(r) = run.wait_until(None) {
                 self.note_published(&run, &r);
@@ -346,9 +356,14 @@ impl Worker {
         self.inner.subs
     }
 
-    /// Runs admitted at once: one in this build (pipelining is a later step).
+    /// Runs admitted at once: 2 for an L2 worker whose chip has at least two resource slots
+    /// (its lane prepares run N+1 while run N executes; runs with diagnostics still execute
+    /// alone), else 1 (`docs/pipelining.md`).
     pub fn pipeline_depth(&self) -> usize {
-        1
+        match &self.inner.body {
+            Body::Chip(lane) => lane.depth,
+            Body::Engine { .. } => 1,
+        }
     }
 
     /// Adds a handle. `id` is the content id of a chip callable; closures and graphs get a
@@ -603,8 +618,9 @@ impl Worker {
         let _deferred = deferred_drop::scope();
         let _lease = self.inner.lease()?;
         let admission = self.inner.admission.lock();
-        // Wait, as an ordinary waiter, until every earlier accepted run is published.
-        self.inner.wait_accepted();
+        // Wait, as an ordinary waiter, until fewer than the pipeline depth of the earlier
+        // accepted runs are unpublished.
+        self.inner.wait_accepted_below(self.pipeline_depth());
         let r = match &self.inner.body {
             Body::Chip(lane) => self.submit_chip(lane, orch),
             Body::Engine { engine, .. } => self.submit_graph(engine, orch),
@@ -635,12 +651,16 @@ impl Worker {
         let lane_fence = Arc::clone(&fence);
         let id = handle.id;
         let (tx, rx) = mpsc::sync_channel::<(Option<RunId>, Result<(), DeviceError>)>(1);
-        lane.post(Box::new(move |s: &mut ChipState| {
+        lane.post_run(Box::new(move |s: &mut ChipState| {
             let (run, prepared) = s.begin_run(&id, args.view(), &config, None);
-            let launch = run.filter(|_| prepared.is_ok());
-            let _ = tx.send((run, prepared));
-            if let Some(run) = launch {
-                lane_fence.set(s.finish_run(run).map_err(device_failure));
+            let (reply, prepared) = match prepared {
+                Ok(p) => (Ok(()), Some(p)),
+                Err(e) => (Err(e), None),
+            };
+            let _ = tx.send((run, reply));
+            if let (Some(run), Some(p)) = (run, prepared) {
+                let exclusive = config.diagnostics_any();
+                s.launch_pipelined(run, p, lane_fence, exclusive);
             }
         }))?;
         let (run, prepared) = rx.recv().map_err(|_| WorkerError::Lane {

@@ -5,15 +5,15 @@
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use simpler_types::CallConfig;
 
 use super::callables::CallableTable;
 use super::health::HealthCell;
-use super::memory::Arenas;
 use super::{
-    ChipSlot, Core, DeviceHealth, DevicePtr, DeviceRunner, FinalizeReport, HealthProbe, RunReport,
-    RunRequest, RunnerStats, unusable,
+    ActiveRun, ChipSlot, Core, DeviceHealth, DevicePtr, DeviceRunner, FinalizeReport, HealthProbe,
+    MAX_PIPELINE_SLOTS, PreparedRun, RunReport, RunRequest, RunnerStats, Slot, unusable,
 };
 use crate::abi::MAX_BLOCK_DIM;
 use crate::callable::ChipCallable;
@@ -42,6 +42,15 @@ impl DeviceRunner {
                 rule: format!("must be in 1..={MAX_BLOCK_DIM}"),
             });
         }
+        if opts.pipeline_slots == 0 || opts.pipeline_slots > MAX_PIPELINE_SLOTS {
+            return Err(DeviceError::InvalidConfig {
+                run_id: None,
+                setting: "RunnerOptions.pipeline_slots".into(),
+                value: opts.pipeline_slots.to_string(),
+                rule: format!("must be in 1..={MAX_PIPELINE_SLOTS}"),
+            });
+        }
+        let slots = (0..opts.pipeline_slots).map(|_| Slot::default()).collect();
         let backend = crate::backend::attach(&opts)?;
         let runtime = crate::runtime::select(opts.runtime, timeouts.scheduler);
         let mut runner = DeviceRunner {
@@ -56,11 +65,9 @@ impl DeviceRunner {
                 health: Arc::new(HealthCell::default()),
                 callables: CallableTable::new(),
                 user_allocs: BTreeMap::new(),
-                arenas: Arenas::default(),
-                kernel_args: None,
                 regs_table: None,
-                host_image: Vec::new(),
-                run: None,
+                slots,
+                returns: Default::default(),
                 used_runs: Default::default(),
                 stats: RunnerStats::default(),
             }),
@@ -69,10 +76,14 @@ impl DeviceRunner {
         Ok(runner)
     }
 
+    /// The attached state, after the cleanup of slots whose handles were dropped (so every
+    /// call sees the slots a dropped handle held as free again).
     fn core(&mut self) -> Result<&mut Core, DeviceError> {
         // `finalize` consumes the runner, so a live runner always has its core; the error is
         // only reachable if that invariant breaks.
-        self.core.as_mut().ok_or(DeviceError::Finalized { call: "call" })
+        let core = self.core.as_mut().ok_or(DeviceError::Finalized { call: "call" })?;
+        core.reclaim_dropped();
+        Ok(core)
     }
 
     fn core_ref(&self) -> Option<&Core> {
@@ -167,38 +178,61 @@ impl DeviceRunner {
         self.core()?.unregister(slot)
     }
 
-    /// Prepares a run (P1–P18).
-    pub fn prepare(&mut self, req: &RunRequest<'_>) -> Result<(), DeviceError> {
+    /// Prepares a run (P1–P18) in a free resource slot and returns its lease. May be called
+    /// while another run executes (it writes only its own slot); with every slot in use, or
+    /// when this run or a run in progress uses a diagnostic that needs exclusive use, `Busy`.
+    pub fn prepare(&mut self, req: &RunRequest<'_>) -> Result<PreparedRun, DeviceError> {
         self.core()?.prepare(req)
     }
 
-    /// Launches the prepared run: AICore kernel first, then AICPU (L1–L3). No synchronisation.
-    pub fn launch_run(&mut self) -> Result<(), DeviceError> {
-        self.core()?.launch_run()
+    /// Launches a prepared run: AICore kernel first, then AICPU (L1–L3), then publishes the
+    /// request's acceptance signal. No synchronisation. While another run is launched and not
+    /// reaped the launch is refused with `Busy` and the prepared run is abandoned.
+    pub fn launch_run(&mut self, prepared: PreparedRun) -> Result<ActiveRun, DeviceError> {
+        self.core()?.launch_run(prepared)
     }
 
-    /// Waits for the launched run (R1–R3). Takes no arguments and reads only runner state.
-    pub fn reap_run(&mut self) -> Result<(), DeviceError> {
-        self.core()?.reap_run()
+    /// Whether `reap_run` on `run` would return without waiting (the run finished or failed).
+    /// Never blocks.
+    pub fn poll_run(&mut self, run: &ActiveRun) -> Result<bool, DeviceError> {
+        self.core()?.poll_run(run)
     }
 
-    /// Finishes a reaped run (C1–C3): latched status, copy-back, terminal cleanup.
-    pub fn complete_run(&mut self) -> Result<RunReport, DeviceError> {
-        self.core()?.complete_run()
+    /// Waits for a launched run (R1–R3). `within` bounds the wait: if it is shorter than the
+    /// stream-sync budget and passes first, the run stays launched and the call returns
+    /// `Ok(false)`; `None` waits up to the budget, after which the run fails with a timeout.
+    /// A run already reaped returns `Ok(true)` at once.
+    pub fn reap_run(
+        &mut self,
+        run: &ActiveRun,
+        within: Option<Duration>,
+    ) -> Result<bool, DeviceError> {
+        self.core()?.reap_run(run, within)
     }
 
-    /// Drops a prepared, unlaunched run (its terminal cleanup runs).
-    pub fn abandon_prepared(&mut self) -> Result<(), DeviceError> {
-        self.core()?.abandon_prepared()
+    /// Finishes a reaped run (C1–C3): latched status, copy-back, terminal cleanup; frees its
+    /// slot.
+    pub fn complete_run(&mut self, run: ActiveRun) -> Result<RunReport, DeviceError> {
+        self.core()?.complete_run(run)
     }
 
-    /// `prepare`, `launch_run`, `reap_run`, `complete_run`.
+    /// Drops a prepared, unlaunched run (its terminal cleanup runs) and frees its slot.
+    pub fn abandon(&mut self, prepared: PreparedRun) -> Result<(), DeviceError> {
+        self.core()?.abandon(prepared)
+    }
+
+    /// `prepare`, `launch_run`, `reap_run`, `complete_run`, in the seed's order.
     pub fn run(&mut self, req: &RunRequest<'_>) -> Result<RunReport, DeviceError> {
         let core = self.core()?;
-        core.prepare(req)?;
-        core.launch_run()?;
-        core.reap_run()?;
-        core.complete_run()
+        let prepared = core.prepare(req)?;
+        let active = core.launch_run(prepared)?;
+        core.reap_run(&active, None)?;
+        core.complete_run(active)
+    }
+
+    /// Resource slots of this runner (`RunnerOptions::pipeline_slots`).
+    pub fn pipeline_slots(&self) -> usize {
+        self.core_ref().map_or(0, |c| c.slots.len())
     }
 
     /// The runner's health.

@@ -166,14 +166,12 @@ impl Core {
         Ok(ChipSlot(slot as u32))
     }
 
-    /// Frees `slot`; a slot the current run uses is `CallableInUse`.
+    /// Frees `slot`; a slot a prepared or in-flight run uses is `CallableInUse`.
     pub(super) fn unregister(&mut self, slot: ChipSlot) -> Result<(), DeviceError> {
         if self.callables.get(slot.0).is_none() {
             return Err(DeviceError::UnknownCallable { run_id: None, slot: slot.0 });
         }
-        if let Some(run) = &self.run
-            && run.slot == slot
-        {
+        if let Some(run) = self.runs().find(|r| r.callable == slot) {
             return Err(DeviceError::CallableInUse { slot: slot.0, run_id: run.run_id });
         }
         let Some(mut reg) = self.callables.slots[slot.0 as usize].take() else {
@@ -182,8 +180,8 @@ impl Core {
         if !self.health.get().is_healthy() {
             // A failed run may have left a simulated thread inside one of this callable's
             // kernels; unloading the code would unmap what it is executing. A healthy runner
-            // has no such thread: the only run that can execute kernels is the current one,
-            // and its callable is refused above.
+            // has no such thread: the only runs that can execute kernels are the ones in its
+            // slots, and their callables are refused above.
             self.callables.retired_code.append(&mut reg.code);
         }
         if let Some(buf) = self.callables.buffers.get_mut(&reg.buffer_hash) {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use simpler_types::{CallConfig, RunId};
 
 use super::{Core, MemoryLedger, RunnerStats, Stage, busy, unusable};
-use crate::abi::launch::{InitArgs, KernelArgs};
+use crate::abi::launch::InitArgs;
 use crate::abi::{ABI_VERSION, DEFAULT_AICPU_THREADS, MAX_AICPU_THREADS, MAX_BLOCK_DIM};
 use crate::error::{DeviceError, InitStep, MemPurpose};
 
@@ -43,14 +43,8 @@ impl Core {
         // AICPU threads).
         self.backend.start_programs()?;
         self.max_block_dim = self.backend.max_block_dim().min(MAX_BLOCK_DIM);
-        // Runtime buffers every run uses: KernelArgs (P16) and the register table (P9).
-        if self.kernel_args.is_none() {
-            let a =
-                self.backend.malloc(size_of::<KernelArgs>() as u64, MemPurpose::Runtime).map_err(
-                    |_| init(InitStep::AicpuInit, "allocating the kernel argument block failed"),
-                )?;
-            self.kernel_args = Some(a);
-        }
+        // The register table every run uses (P9); each resource slot allocates its own
+        // KernelArgs block (P16) on its first run.
         if self.regs_table.is_none() {
             let table = self.backend.register_table();
             let bytes: &[u8] = bytemuck::cast_slice(&table);
@@ -81,11 +75,9 @@ impl Core {
 
     /// Refuses calls that would invalidate addresses a prepared or launched run's image holds.
     pub(super) fn refuse_while_referenced(&self, call: &'static str) -> Result<(), DeviceError> {
-        match &self.run {
-            Some(r) if matches!(r.stage, Stage::Prepared | Stage::Launched) => {
-                Err(busy(call, r.stage.describe()))
-            }
-            _ => Ok(()),
+        match self.runs().find(|r| matches!(r.stage, Stage::Prepared | Stage::Launched)) {
+            Some(r) => Err(busy(call, r.stage.describe())),
+            None => Ok(()),
         }
     }
 
@@ -97,9 +89,7 @@ impl Core {
         len: u64,
     ) -> Result<(), DeviceError> {
         unusable(self)?;
-        if let Some(r) = &self.run
-            && r.stage == Stage::Launched
-        {
+        if self.launched().is_some() {
             return Err(busy(call, Stage::Launched.describe()));
         }
         self.check_user_range(addr, len)

@@ -9,7 +9,7 @@
 use simpler_types::{RunId, Tensor, TensorArgType};
 
 use super::staging::{StagedTensor, host_slice};
-use super::{ActiveRun, Core, oom};
+use super::{Core, RunState, oom};
 use crate::backend::Backend;
 use crate::error::{DeviceError, MemPurpose};
 use crate::runtime::BuildEnv;
@@ -21,7 +21,7 @@ pub(super) struct Arena {
     pub(super) len: u64,
 }
 
-/// The pooled arenas, kept across runs.
+/// The pooled arenas of one resource slot, kept across the slot's runs.
 #[derive(Debug, Default)]
 pub(super) struct Arenas {
     pub(super) heap: Option<Arena>,
@@ -108,36 +108,45 @@ impl Core {
     }
 
     /// The image arena, grown when too small (any failure releases all arenas).
-    pub(super) fn image_arena(&mut self, run_id: RunId, len: u64) -> Result<u64, DeviceError> {
-        if let Some(a) = self.arenas.image {
+    pub(super) fn image_arena(
+        &mut self,
+        s: usize,
+        run_id: RunId,
+        len: u64,
+    ) -> Result<u64, DeviceError> {
+        if let Some(a) = self.slots[s].res.arenas.image {
             if a.len >= len {
                 self.stats.arena_cache_hits += 1;
                 return Ok(a.addr);
             }
             self.backend.free(a.addr);
-            self.arenas.image = None;
+            self.slots[s].res.arenas.image = None;
         }
         self.stats.arena_cache_misses += 1;
         let alloc_len = len.next_power_of_two().max(1 << 16);
         match self.backend.malloc(alloc_len, MemPurpose::ImageArena) {
             Ok(addr) => {
-                self.arenas.image = Some(Arena { addr, len: alloc_len });
+                self.slots[s].res.arenas.image = Some(Arena { addr, len: alloc_len });
                 Ok(addr)
             }
             Err(f) => {
-                self.release_arenas();
+                self.release_arenas(s);
                 Err(oom(Some(run_id), alloc_len, MemPurpose::ImageArena, f))
             }
         }
     }
 
-    /// Frees every pooled arena.
-    pub(super) fn release_arenas(&mut self) {
-        for a in [self.arenas.heap.take(), self.arenas.image.take(), self.arenas.staging.take()]
-            .into_iter()
-            .flatten()
-        {
-            self.backend.free(a.addr);
+    /// Frees the pooled arenas of slot `s` (whose run is being prepared) and of every slot
+    /// without a run; a slot whose run is prepared or executing keeps its arenas.
+    pub(super) fn release_arenas(&mut self, s: usize) {
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if i != s && slot.run.is_some() {
+                continue;
+            }
+            let a = &mut slot.res.arenas;
+            for arena in [a.heap.take(), a.image.take(), a.staging.take()].into_iter().flatten() {
+                self.backend.free(arena.addr);
+            }
         }
     }
 
@@ -146,8 +155,9 @@ impl Core {
     /// orchestration sees.
     pub(super) fn stage_tensors(
         &mut self,
+        s: usize,
         req: &super::RunRequest<'_>,
-        run: &mut ActiveRun,
+        run: &mut RunState,
     ) -> Result<Vec<Tensor>, DeviceError> {
         let run_id = req.run_id;
         let mut out: Vec<Tensor> = req.args.tensors().to_vec();
@@ -202,7 +212,7 @@ impl Core {
         if total == 0 {
             return Ok(out);
         }
-        let base = self.staging_arena(run_id, total)?;
+        let base = self.staging_arena(s, run_id, total)?;
         let mut off = 0u64;
         for (i, t) in out.iter_mut().enumerate() {
             if t.is_null() || t.is_child_memory() {
@@ -240,21 +250,21 @@ impl Core {
         Ok(out)
     }
 
-    fn staging_arena(&mut self, run_id: RunId, bytes: u64) -> Result<u64, DeviceError> {
-        if let Some(a) = self.arenas.staging {
+    fn staging_arena(&mut self, s: usize, run_id: RunId, bytes: u64) -> Result<u64, DeviceError> {
+        if let Some(a) = self.slots[s].res.arenas.staging {
             if a.len >= bytes {
                 return Ok(a.addr);
             }
             self.backend.free(a.addr);
-            self.arenas.staging = None;
+            self.slots[s].res.arenas.staging = None;
         }
         match self.backend.malloc(bytes, MemPurpose::Staging) {
             Ok(addr) => {
-                self.arenas.staging = Some(Arena { addr, len: bytes });
+                self.slots[s].res.arenas.staging = Some(Arena { addr, len: bytes });
                 Ok(addr)
             }
             Err(f) => {
-                self.release_arenas();
+                self.release_arenas(s);
                 Err(oom(Some(run_id), bytes, MemPurpose::Staging, f))
             }
         }

@@ -2,45 +2,58 @@
 //!
 //! This module is the run-state machine only; `docs/device-runner.md` describes the lifecycle
 //! with its numbered steps (P1–P18, L1–L3, R1–R3, C1–C3) and the terminal cleanup, which the
-//! comments below refer to. What differs between chip runtimes happens behind
-//! [`ChipRuntime`]; what differs between devices behind
-//! [`Backend`]; memory and arenas live in `memory`, callables in `callables`.
+//! comments below refer to, and `docs/pipelining.md` the resource slots and run handles. What
+//! differs between chip runtimes happens behind [`ChipRuntime`]; what differs between devices
+//! behind [`Backend`]; memory and arenas live in `memory`, callables in `callables`.
 //!
-//! Run-state protocol (one run at a time):
+//! Run-state protocol. Every run lives in one of K resource slots (`RunnerOptions::
+//! pipeline_slots`, 1..=4) and is named by a lease on it ([`PreparedRun`], [`ActiveRun`]):
 //!
-//! 1. `prepare` takes the runner from *idle* to *prepared*, or back to *idle* with the run's
-//!    terminal cleanup done and an error.
+//! 1. `prepare` takes a free slot to *prepared* and returns its lease, or leaves the slot free
+//!    with the run's terminal cleanup done and an error. It may run while another slot's run
+//!    executes: it writes only its own slot's resources.
 //! 2. `launch_run` takes *prepared* to *launched*: the AICore kernel first, then the AICPU
-//!    kernel, with no synchronisation and no cleanup on success. A launch failure runs
-//!    recover-or-mark-unusable and the terminal cleanup and returns to *idle*.
-//! 3. `reap_run` takes *launched* to *reaped*. It takes no arguments and reads only the
-//!    in-flight run record, so a later change can defer it. A sync failure runs
-//!    recover-or-mark-unusable and the terminal cleanup and returns to *idle*.
-//! 4. `complete_run` takes *reaped* back to *idle*: handshake report, latched status,
-//!    copy-back, terminal cleanup.
+//!    kernel, with no synchronisation and no cleanup on success, then publishes the launch
+//!    acceptance. At most one run is launched and not reaped (the exclusive execution claim).
+//!    A launch failure runs recover-or-mark-unusable and the terminal cleanup and frees the
+//!    slot.
+//! 3. `reap_run` takes *launched* to *reaped*; `poll_run` says, without blocking, whether it
+//!    would return at once. A sync failure runs recover-or-mark-unusable and the terminal
+//!    cleanup and frees the slot.
+//! 4. `complete_run` takes *reaped* to free: handshake report, latched status, copy-back,
+//!    terminal cleanup.
 //!
-//! Calls out of order return `Busy`. The terminal cleanup (`finish`) has one latch per step
-//! (stop collectors, export, release), so it runs at most once per step whichever path reaches
-//! it first — a failure, success, `abandon_prepared`, `finalize` or `Drop`. Each step works on
-//! the run taken out of the runner under a guard (`FinishOnUnwind`) that runs the cleanup if the
-//! thread unwinds, so a panic inside a step cannot skip it. An unwind out of `launch_run` or
-//! `reap_run` also marks the device unusable (`PoisonStep::Unwind`) before the cleanup and
-//! before any logging: the simulated cores may still run the launch, so `prepare` and `free`
-//! must not touch its image or memory until `finalize` has reset the device. User code called on the host (the
+//! Slot invariants: a slot holds at most one run; its generation changes exactly when its run
+//! ends, so a lease of an ended run is stale and refused; nothing a run in one slot reads is
+//! written by the preparation of another (host image, image arena, heap arena, staging arena
+//! and kernel arguments are per slot; the streams, register table, programs and callable table
+//! are only read while a run executes). Calls out of order return `Busy`.
+//!
+//! The terminal cleanup (`finish`) has one latch per step (stop collectors, export, release), so
+//! it runs at most once per step whichever path reaches it first — a failure, success,
+//! `abandon`, a dropped handle, `finalize` or `Drop`. Each step works on the run taken out of
+//! its slot under a guard (`FinishOnUnwind`) that runs the cleanup if the thread unwinds, so a
+//! panic inside a step cannot skip it. An unwind out of `launch_run` or `reap_run` also marks
+//! the device unusable (`PoisonStep::Unwind`) before the cleanup and before any logging: the
+//! simulated cores may still run the launch, so `prepare` and `free` must not touch its image or
+//! memory until `finalize` has reset the device. User code called on the host (the
 //! orchestration's config function and entry) runs inside `catch_unwind` and becomes
 //! `Orchestration`.
 //!
 //! Memory calls that read or write device memory (`free`, copies, `memset`) are refused with
 //! `Busy` while a run is launched and not yet reaped: the simulated cores may be using that
-//! memory (decision). `free` is refused from `prepare` on: the prepared image already holds the
-//! addresses of the run's tensors, so freeing one of them would hand the launch a dangling
-//! pointer (decision: refusing every `free` is simpler to reason about than tracking which
-//! allocations the image references, and a caller that needs to free can `abandon_prepared`).
+//! memory (decision). `free` is refused while any run is prepared or launched: the prepared
+//! image already holds the addresses of the run's tensors, so freeing one of them would hand
+//! the launch a dangling pointer (decision: refusing every `free` is simpler to reason about
+//! than tracking which allocations the image references, and a caller that needs to free can
+//! `abandon` the prepared run).
 
+mod acceptance;
 mod api;
 mod callables;
 mod checks;
 mod health;
+mod lease;
 mod memory;
 mod run_ids;
 mod staging;
@@ -57,15 +70,18 @@ use std::time::Duration;
 
 use simpler_types::RunId;
 
+pub use acceptance::AcceptanceSignal;
 pub use health::{DeviceHealth, HealthProbe};
+pub use lease::{ActiveRun, PreparedRun};
 pub use run_ids::RUN_ID_MEMORY;
 pub use types::{
-    ChipSlot, DevicePtr, FinalizeReport, MemoryLedger, RingHighWater, RunReport, RunRequest,
-    RunnerStats,
+    ChipSlot, DevicePtr, FinalizeReport, MemoryLedger, Overlap, RingHighWater, RunReport,
+    RunRequest, RunnerStats,
 };
 
 use self::callables::CallableTable;
 use self::health::HealthCell;
+use self::lease::{Lease, ReturnQueue};
 use self::memory::{Arenas, RunMemory};
 use self::run_ids::UsedRunIds;
 use self::staging::{StagedTensor, host_slice_mut};
@@ -82,6 +98,9 @@ use crate::error::{
 use crate::options::RunnerOptions;
 use crate::runtime::{BindInputs, BoundRun, ChipRuntime};
 use crate::timeouts::TimeoutConfig;
+
+/// The most resource slots a runner may have.
+pub const MAX_PIPELINE_SLOTS: usize = 4;
 
 /// Where a run is in the protocol.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -111,10 +130,11 @@ struct Latches {
 
 /// Everything one run owns between `prepare` and the end of its terminal cleanup.
 #[derive(Debug)]
-struct ActiveRun {
+struct RunState {
     stage: Stage,
     run_id: RunId,
-    slot: ChipSlot,
+    /// The callable slot the run executes.
+    callable: ChipSlot,
     diag: DiagPlan,
     block_dim: u32,
     threads: u32,
@@ -122,14 +142,37 @@ struct ActiveRun {
     bound: Option<Box<dyn BoundRun>>,
     image_addr: u64,
     image_len: u64,
+    /// The slot's kernel-argument block (P16).
+    kernel_args: u64,
     staged: Vec<StagedTensor>,
     aicore: Option<LaunchHandle>,
     latched: Option<RuntimeFault>,
+    acceptance: Option<(Arc<AcceptanceSignal>, u64)>,
     latches: Latches,
     report: RunReport,
 }
 
-/// Runs the terminal cleanup of a run held outside `Core::run` when the thread unwinds through
+/// The per-run resources of one slot, kept across the runs that use it.
+#[derive(Debug, Default)]
+struct SlotResources {
+    /// The host copy of the runtime image the runtime writes (P7) and P14 uploads.
+    host_image: Vec<u8>,
+    /// Heap, image and staging arenas.
+    arenas: Arenas,
+    /// The device copy of `KernelArgs` (allocated on the slot's first run).
+    kernel_args: Option<u64>,
+}
+
+/// One resource slot: at most one run, and the resources its runs reuse.
+#[derive(Debug, Default)]
+struct Slot {
+    /// Changes exactly when the slot's run ends (leases of the ended run become stale).
+    generation: u64,
+    run: Option<RunState>,
+    res: SlotResources,
+}
+
+/// Runs the terminal cleanup of a run held outside its slot when the thread unwinds through
 /// the guard's scope. A normal exit does nothing: every normal path ends the run (or stores it
 /// back) itself, and `finish`'s latches make an extra call harmless if this guard is dropped
 /// during some unrelated, outer unwinding.
@@ -142,7 +185,7 @@ struct ActiveRun {
 /// threads before it frees anything.
 struct FinishOnUnwind<'a> {
     core: &'a mut Core,
-    run: &'a mut ActiveRun,
+    run: &'a mut RunState,
     outcome: Outcome,
     device_may_run: bool,
 }
@@ -175,11 +218,10 @@ struct Core {
     health: Arc<HealthCell>,
     callables: CallableTable,
     user_allocs: BTreeMap<u64, u64>,
-    arenas: Arenas,
-    kernel_args: Option<u64>,
     regs_table: Option<u64>,
-    host_image: Vec<u8>,
-    run: Option<ActiveRun>,
+    slots: Vec<Slot>,
+    /// Leases of dropped handles, cleaned up at the next call.
+    returns: ReturnQueue,
     used_runs: UsedRunIds,
     stats: RunnerStats,
 }
@@ -220,24 +262,45 @@ fn oom(run_id: Option<RunId>, bytes: u64, purpose: MemPurpose, f: AllocFailure) 
     }
 }
 
+/// The diagnostic a run latched that needs exclusive use of the runner, if any.
+fn diag_feature(diag: &DiagPlan) -> Option<&'static str> {
+    if diag.swimlane > 0 {
+        Some("swimlane capture")
+    } else if diag.dep_gen {
+        Some("dependency capture")
+    } else if diag.scope_stats {
+        Some("scope statistics")
+    } else {
+        None
+    }
+}
+
 /// The host's view of `run`'s image, if the backend can map it.
 ///
 /// Callers build it only while no device thread runs the image: before the launch, after both
 /// streams completed, or after a drain found them idle.
-fn image_view<'a>(backend: &'a dyn Backend, run: &ActiveRun) -> Option<HostImageView<'a>> {
+fn image_view<'a>(backend: &'a dyn Backend, run: &RunState) -> Option<HostImageView<'a>> {
     let base = backend.host_map(run.image_addr, run.image_len)?;
-    // SAFETY: `host_map` checked that the range is one live device allocation (the image
-    // arena, which the runner keeps allocated while the run exists), mapped at `base` for as
-    // long as the backend borrow lives; the image was written by `write_image` and uploaded at
-    // P14; callers build the view only while no device thread runs it (see above).
+    // SAFETY: `host_map` checked that the range is one live device allocation (the slot's
+    // image arena, which the runner keeps allocated while the run exists), mapped at `base`
+    // for as long as the backend borrow lives; the image was written by `write_image` and
+    // uploaded at P14; callers build the view only while no device thread runs it (see above).
     unsafe { HostImageView::from_raw(base, run.image_len) }.ok()
 }
 
 impl Core {
-    fn prepare(&mut self, req: &RunRequest<'_>) -> Result<(), DeviceError> {
-        if let Some(r) = &self.run {
-            return Err(busy("prepare", r.stage.describe()));
-        }
+    /// The runs in the slots.
+    fn runs(&self) -> impl Iterator<Item = &RunState> {
+        self.slots.iter().filter_map(|s| s.run.as_ref())
+    }
+
+    /// The launched, unreaped run, if any (the exclusive execution claim holds at most one).
+    fn launched(&self) -> Option<&RunState> {
+        self.runs().find(|r| r.stage == Stage::Launched)
+    }
+
+    fn prepare(&mut self, req: &RunRequest<'_>) -> Result<PreparedRun, DeviceError> {
+        self.reclaim_dropped();
         // P1.
         let cfg = req.config;
         let diag = DiagPlan {
@@ -250,6 +313,31 @@ impl Core {
         unusable(self)?;
         // P3.
         let (block_dim, threads) = self.device_rules(Some(req.run_id), cfg)?;
+        let Some(s) = self.slots.iter().position(|x| x.run.is_none()) else {
+            let k = self.slots.len();
+            return Err(busy("prepare", format!("all {k} resource slots hold runs")));
+        };
+        // Diagnostics read and export whole-device state: they need exclusive use.
+        let exclusive = diag_feature(&diag);
+        if let Some(other) = self.runs().next() {
+            if let Some(feature) = exclusive {
+                return Err(busy(
+                    "prepare",
+                    format!("{feature} needs exclusive use and {} is in progress", other.run_id),
+                ));
+            }
+            if let Some(feature) = diag_feature(&other.diag) {
+                return Err(busy(
+                    "prepare",
+                    format!("{} uses {feature}, which needs exclusive use", other.run_id),
+                ));
+            }
+        }
+        let overlap = match (exclusive, self.launched()) {
+            (Some(feature), _) => Overlap::Exclusive { reason: feature },
+            (None, Some(r)) => Overlap::Overlapped { with: r.run_id },
+            (None, None) => Overlap::NothingInFlight,
+        };
         // P4.
         if self.callables.get(req.callable.0).is_none() {
             return Err(DeviceError::UnknownCallable {
@@ -264,35 +352,40 @@ impl Core {
             return Err(DeviceError::RunIdReused { run_id: req.run_id, origin: req.origin() });
         }
         self.used_runs.insert(req.run_id, req.origin());
-        let mut run = ActiveRun {
+        let mut run = RunState {
             stage: Stage::Prepared,
             run_id: req.run_id,
-            slot: req.callable,
+            callable: req.callable,
             diag,
             block_dim,
             threads,
             bound: None,
             image_addr: 0,
             image_len: 0,
+            kernel_args: 0,
             staged: Vec::new(),
             aicore: None,
             latched: None,
+            acceptance: req.acceptance().map(|a| (Arc::clone(a), req.run_id.get())),
             latches: Latches::default(),
             report: RunReport {
                 run_id: Some(req.run_id),
                 origin: req.origin(),
                 block_dim,
                 aicpu_threads: threads,
+                overlap,
                 ..RunReport::default()
             },
         };
         // P6–P16; on failure (or a panic) the terminal cleanup runs in before-launch mode.
         let bound =
-            self.guarded(&mut run, Outcome::FailedBeforeLaunch, |core, run| core.bind(req, run));
+            self.guarded(&mut run, Outcome::FailedBeforeLaunch, |core, run| core.bind(s, req, run));
         match bound.map_err(|e| e.in_run(req.run_id)) {
             Ok(()) => {
-                self.run = Some(run);
-                Ok(())
+                let generation = self.slots[s].generation;
+                self.slots[s].run = Some(run);
+                let lease = Lease::new(s, generation, req.run_id, Arc::clone(&self.returns));
+                Ok(PreparedRun { lease })
             }
             Err(e) => {
                 self.finish(&mut run, Outcome::FailedBeforeLaunch);
@@ -301,13 +394,18 @@ impl Core {
         }
     }
 
-    /// P6–P16: stage the tensors, let the runtime bind the run and write its image, upload
-    /// the image and the kernel arguments.
-    fn bind(&mut self, req: &RunRequest<'_>, run: &mut ActiveRun) -> Result<(), DeviceError> {
+    /// P6–P16 into slot `s`: stage the tensors, let the runtime bind the run and write its
+    /// image, upload the image and the kernel arguments. Writes only slot `s`'s resources.
+    fn bind(
+        &mut self,
+        s: usize,
+        req: &RunRequest<'_>,
+        run: &mut RunState,
+    ) -> Result<(), DeviceError> {
         let run_id = req.run_id;
         // P7: stage the entry tensors, then bind through the runtime (P13: the stamp is taken
         // from the registration checked here).
-        let tensors = self.stage_tensors(req, run)?;
+        let tensors = self.stage_tensors(s, req, run)?;
         let Some(reg) = self.callables.get(req.callable.0) else {
             return Err(DeviceError::UnknownCallable {
                 run_id: Some(run_id),
@@ -329,23 +427,24 @@ impl Core {
             diag: &run.diag,
             rings: self.opts.rings,
         };
+        let res = &mut self.slots[s].res;
         let mut mem =
-            RunMemory { backend: &*self.backend, heap: &mut self.arenas.heap, run_id, misses: 0 };
-        let bound = self.runtime.bind(&inputs, &mut mem, &mut self.host_image);
+            RunMemory { backend: &*self.backend, heap: &mut res.arenas.heap, run_id, misses: 0 };
+        let bound = self.runtime.bind(&inputs, &mut mem, &mut res.host_image);
         self.stats.arena_cache_misses += mem.misses;
         if let Err(DeviceError::OutOfMemory { purpose: MemPurpose::HeapArena, .. }) = &bound {
             // As for the image and staging arenas: a failed arena allocation releases every
             // pooled arena, so the retry starts from free device memory.
-            self.release_arenas();
+            self.release_arenas(s);
         }
         let bound = bound?;
         bound.describe(&mut run.report);
         let profiling = bound.profiling();
         run.bound = Some(bound);
-        // P14: upload the image (the device copy is reused while it is large enough).
-        let len = self.host_image.len() as u64;
-        let image_addr = self.image_arena(run_id, len)?;
-        if !self.backend.write(image_addr, &self.host_image) {
+        // P14: upload the image (the slot's device copy is reused while it is large enough).
+        let len = self.slots[s].res.host_image.len() as u64;
+        let image_addr = self.image_arena(s, run_id, len)?;
+        if !self.backend.write(image_addr, &self.slots[s].res.host_image) {
             return Err(DeviceError::BadDevicePointer {
                 run_id: Some(run_id),
                 addr: image_addr,
@@ -354,7 +453,7 @@ impl Core {
         }
         run.image_addr = image_addr;
         run.image_len = len;
-        // P16: upload KernelArgs.
+        // P16: upload KernelArgs into the slot's block.
         let ka = KernelArgs {
             abi_version: ABI_VERSION,
             block_dim: run.block_dim,
@@ -366,13 +465,7 @@ impl Core {
             profiling,
             ..KernelArgs::default()
         };
-        let Some(ka_addr) = self.kernel_args else {
-            return Err(DeviceError::Init {
-                run_id: Some(run_id),
-                step: InitStep::AicpuInit,
-                message: "no kernel argument block".into(),
-            });
-        };
+        let ka_addr = self.kernel_args_block(s, run_id)?;
         if !self.backend.write(ka_addr, bytemuck::bytes_of(&ka)) {
             return Err(DeviceError::BadDevicePointer {
                 run_id: Some(run_id),
@@ -380,16 +473,32 @@ impl Core {
                 len: size_of::<KernelArgs>() as u64,
             });
         }
+        run.kernel_args = ka_addr;
         Ok(())
     }
 
-    /// Runs `steps` on a run taken out of `self.run`, with the terminal cleanup armed for an
+    /// Slot `s`'s `KernelArgs` block, allocated on the slot's first run.
+    fn kernel_args_block(&mut self, s: usize, run_id: RunId) -> Result<u64, DeviceError> {
+        if let Some(a) = self.slots[s].res.kernel_args {
+            return Ok(a);
+        }
+        let bytes = size_of::<KernelArgs>() as u64;
+        let a = self.backend.malloc(bytes, MemPurpose::Runtime).map_err(|f| DeviceError::Init {
+            run_id: Some(run_id),
+            step: InitStep::AicpuInit,
+            message: format!("allocating the kernel argument block failed: {f:?}"),
+        })?;
+        self.slots[s].res.kernel_args = Some(a);
+        Ok(a)
+    }
+
+    /// Runs `steps` on a run taken out of its slot, with the terminal cleanup armed for an
     /// unwinding panic (the cleanup runs on panics too).
     fn guarded<T>(
         &mut self,
-        run: &mut ActiveRun,
+        run: &mut RunState,
         on_panic: Outcome,
-        steps: impl FnOnce(&mut Core, &mut ActiveRun) -> T,
+        steps: impl FnOnce(&mut Core, &mut RunState) -> T,
     ) -> T {
         // Only launch and reap run while the device may be running this run's launch; before
         // the launch nothing runs, and a reaped run's streams have completed.
@@ -400,33 +509,75 @@ impl Core {
         steps(core, run)
     }
 
-    fn take_run(&mut self, call: &'static str, want: Stage) -> Result<ActiveRun, DeviceError> {
-        match self.run.take() {
-            Some(r) if r.stage == want => Ok(r),
+    /// Takes the run `lease` names out of its slot when it is at stage `want`.
+    fn take_run(
+        &mut self,
+        call: &'static str,
+        lease: &Lease,
+        want: Stage,
+    ) -> Result<(usize, RunState), DeviceError> {
+        let s = self.check_lease(call, lease)?;
+        match self.slots[s].run.take() {
+            Some(r) if r.stage == want => Ok((s, r)),
             Some(r) => {
                 let state = r.stage.describe();
-                self.run = Some(r);
+                self.slots[s].run = Some(r);
                 Err(busy(call, state))
             }
-            None => Err(busy(call, "no run is prepared")),
+            None => Err(busy(call, "the slot holds no run")),
         }
     }
 
-    fn launch_run(&mut self) -> Result<(), DeviceError> {
-        let mut run = self.take_run("launch_run", Stage::Prepared)?;
+    fn launch_run(&mut self, prepared: PreparedRun) -> Result<ActiveRun, DeviceError> {
+        self.reclaim_dropped();
+        let lease = prepared.lease;
+        self.check_lease("launch_run", &lease)?;
+        if let DeviceHealth::Unusable { cause } = self.health.get() {
+            // Prepared while the run that poisoned the device still executed: it never runs.
+            let (run_id, device_id) = (lease.run_id, self.opts.device_id);
+            drop(lease);
+            self.reclaim_dropped();
+            return Err(if cause.run_id == run_id {
+                DeviceError::Unusable { device_id, cause }
+            } else {
+                DeviceError::Abandoned { run_id, after: cause.run_id, device_id, cause }
+            });
+        }
+        if let Some(other) = self.launched() {
+            // The exclusive execution claim: the refused run is abandoned (its cleanup runs
+            // now), so no slot is left behind by a handle the caller no longer has.
+            let state = format!("{} is launched and not reaped", other.run_id);
+            drop(lease);
+            self.reclaim_dropped();
+            return Err(busy("launch_run", state));
+        }
+        // A refused lease drops live: a stale one is ignored by the reclaim, a foreign one
+        // goes back to the runner that issued it.
+        let (s, mut run) = self.take_run("launch_run", &lease, Stage::Prepared)?;
         let launched = self.guarded(&mut run, Outcome::FailedAfterLaunch, Core::launch_steps);
-        if launched.is_ok() {
-            run.stage = Stage::Launched;
-            self.run = Some(run);
+        match launched {
+            Ok(()) => {
+                run.stage = Stage::Launched;
+                // (a) Launch acceptance: both kernels are on their streams; nothing waited.
+                if let Some((signal, value)) = &run.acceptance {
+                    signal.publish(*value);
+                }
+                self.slots[s].run = Some(run);
+                Ok(ActiveRun { lease: lease.advance() })
+            }
+            Err(e) => {
+                lease.consume();
+                self.free_slot(s);
+                Err(e)
+            }
         }
-        launched
     }
 
-    /// L1–L3 on a run taken out of `self.run`; a failure has run the terminal cleanup.
-    fn launch_steps(&mut self, run: &mut ActiveRun) -> Result<(), DeviceError> {
+    /// L1–L3 on a run taken out of its slot; a failure has run the terminal cleanup.
+    fn launch_steps(&mut self, run: &mut RunState) -> Result<(), DeviceError> {
         // L1.
         self.clear_handshakes(run);
-        let args = self.kernel_args.unwrap_or(0);
+        let args = run.kernel_args;
         // L2: AICore first.
         match self.backend.launch_aicore(run.block_dim, args) {
             Ok(l) => {
@@ -455,7 +606,7 @@ impl Core {
 
     /// L1: every `aicore_done` of the launch reads 0 on the device, whatever the image held
     /// since the upload, so the AICPU never takes a stale value for a core reporting in.
-    fn clear_handshakes(&self, run: &ActiveRun) {
+    fn clear_handshakes(&self, run: &RunState) {
         let Some(view) = image_view(&*self.backend, run) else { return };
         for c in 0..3 * run.block_dim {
             // Relaxed: the launch that follows publishes the image to the device threads.
@@ -472,28 +623,82 @@ impl Core {
         tracing::error!(device = self.opts.device_id, %run_id, %step, %code, drained, "device unusable after a failed run");
     }
 
-    fn reap_run(&mut self) -> Result<(), DeviceError> {
-        let mut run = self.take_run("reap_run", Stage::Launched)?;
-        let reaped = self.guarded(&mut run, Outcome::FailedAfterLaunch, Core::reap_steps);
-        if reaped.is_ok() {
-            run.stage = Stage::Reaped;
-            self.run = Some(run);
+    /// Whether `reap_run` on `active` would return without waiting. Never blocks.
+    fn poll_run(&mut self, active: &ActiveRun) -> Result<bool, DeviceError> {
+        let s = self.check_lease("poll_run", &active.lease)?;
+        match self.slots[s].run.as_ref().map(|r| r.stage) {
+            Some(Stage::Launched) => {
+                let op = self.timeouts.op_execute;
+                Ok([StreamKind::Aicpu, StreamKind::AiCore]
+                    .into_iter()
+                    .any(|k| matches!(self.backend.query(k, op), StreamStatus::Failed(_)))
+                    || [StreamKind::Aicpu, StreamKind::AiCore]
+                        .into_iter()
+                        .all(|k| self.backend.query(k, op) == StreamStatus::Idle))
+            }
+            Some(Stage::Reaped) => Ok(true),
+            Some(Stage::Prepared) | None => Err(busy("poll_run", "the run is not launched")),
         }
-        reaped
     }
 
-    /// R1–R3 on a run taken out of `self.run`; a failure has run the terminal cleanup.
-    fn reap_steps(&mut self, run: &mut ActiveRun) -> Result<(), DeviceError> {
-        let (sync, op) = (self.timeouts.stream_sync, self.timeouts.op_execute);
+    /// Reaps `active` (R1–R3). With `within` shorter than the stream-sync budget, a run still
+    /// executing at the deadline returns `Ok(false)` and stays launched; otherwise a run that
+    /// does not finish within the budget is a stream-sync timeout.
+    fn reap_run(
+        &mut self,
+        active: &ActiveRun,
+        within: Option<Duration>,
+    ) -> Result<bool, DeviceError> {
+        self.reclaim_dropped();
+        let s = self.check_lease("reap_run", &active.lease)?;
+        if self.slots[s].run.as_ref().is_some_and(|r| r.stage == Stage::Reaped) {
+            return Ok(true);
+        }
+        let (s, mut run) = self.take_run("reap_run", &active.lease, Stage::Launched)?;
+        let reaped =
+            self.guarded(&mut run, Outcome::FailedAfterLaunch, |c, run| c.reap_steps(run, within));
+        match reaped {
+            Ok(true) => {
+                run.stage = Stage::Reaped;
+                self.slots[s].run = Some(run);
+                Ok(true)
+            }
+            Ok(false) => {
+                self.slots[s].run = Some(run);
+                Ok(false)
+            }
+            Err(e) => {
+                self.free_slot(s);
+                Err(e)
+            }
+        }
+    }
+
+    /// R1–R3 on a run taken out of its slot; a failure has run the terminal cleanup.
+    /// `Ok(false)`: the caller's shorter deadline passed first (nothing changed).
+    fn reap_steps(
+        &mut self,
+        run: &mut RunState,
+        within: Option<Duration>,
+    ) -> Result<bool, DeviceError> {
+        let (budget, op) = (self.timeouts.stream_sync, self.timeouts.op_execute);
+        let (sync, caller_deadline) = match within {
+            Some(d) if d < budget => (d, true),
+            _ => (budget, false),
+        };
         // R1: AICPU stream, then AICore stream.
         let mut failure = None;
         for (stream, step) in [
             (StreamKind::Aicpu, PoisonStep::SyncAicpu),
             (StreamKind::AiCore, PoisonStep::SyncAiCore),
         ] {
-            if let Err(e) = self.backend.synchronize(stream, sync, op) {
-                failure = Some((stream, step, e));
-                break;
+            match self.backend.synchronize(stream, sync, op) {
+                Ok(()) => {}
+                Err(SyncError::Timeout) if caller_deadline => return Ok(false),
+                Err(e) => {
+                    failure = Some((stream, step, e));
+                    break;
+                }
             }
         }
         if let Some((stream, step, e)) = failure {
@@ -504,14 +709,14 @@ impl Core {
         let outcome =
             if run.latched.is_some() { Outcome::FailedAfterLaunch } else { Outcome::Success };
         self.stop_and_export(run, outcome);
-        Ok(())
+        Ok(true)
     }
 
     /// R2: recover, collect what the device reported (earliest fault first) and the latched
     /// status when the device went idle, run the terminal cleanup, and type the error.
     fn sync_failure(
         &mut self,
-        run: &mut ActiveRun,
+        run: &mut RunState,
         stream: StreamKind,
         step: PoisonStep,
         e: SyncError,
@@ -569,13 +774,13 @@ impl Core {
     }
 
     /// The runtime's latched status (device idle).
-    fn latched_status(&self, run: &ActiveRun) -> Option<RuntimeFault> {
+    fn latched_status(&self, run: &RunState) -> Option<RuntimeFault> {
         let view = image_view(&*self.backend, run)?;
         run.bound.as_ref()?.latched_status(&view)
     }
 
     /// R3's reads after both streams completed: latched status and device timing (soft).
-    fn read_results(&self, run: &mut ActiveRun) {
+    fn read_results(&self, run: &mut RunState) {
         let (Some(view), Some(bound)) = (image_view(&*self.backend, run), run.bound.as_ref())
         else {
             run.report.warnings.push("device timing could not be read".into());
@@ -592,13 +797,27 @@ impl Core {
         }
     }
 
-    fn complete_run(&mut self) -> Result<RunReport, DeviceError> {
-        let mut run = self.take_run("complete_run", Stage::Reaped)?;
-        self.guarded(&mut run, Outcome::FailedAfterLaunch, Core::complete_steps)
+    fn complete_run(&mut self, active: ActiveRun) -> Result<RunReport, DeviceError> {
+        self.reclaim_dropped();
+        let lease = active.lease;
+        let (s, mut run) = match self.take_run("complete_run", &lease, Stage::Reaped) {
+            Ok(x) => x,
+            Err(e) => {
+                // The handle was moved in, so the caller keeps nothing: a current lease is
+                // cleaned up like a dropped handle, now; a stale or foreign one is ignored here.
+                drop(lease);
+                self.reclaim_dropped();
+                return Err(e);
+            }
+        };
+        lease.consume();
+        let r = self.guarded(&mut run, Outcome::FailedAfterLaunch, Core::complete_steps);
+        self.free_slot(s);
+        r
     }
 
-    /// C1–C3 on a run taken out of `self.run`; the terminal cleanup has run either way.
-    fn complete_steps(&mut self, run: &mut ActiveRun) -> Result<RunReport, DeviceError> {
+    /// C1–C3 on a run taken out of its slot; the terminal cleanup has run either way.
+    fn complete_steps(&mut self, run: &mut RunState) -> Result<RunReport, DeviceError> {
         // C1.
         self.handshake_report(run);
         // C2.
@@ -625,14 +844,18 @@ impl Core {
         result.map(|()| std::mem::take(&mut run.report))
     }
 
-    fn abandon_prepared(&mut self) -> Result<(), DeviceError> {
-        let mut run = self.take_run("abandon_prepared", Stage::Prepared)?;
+    fn abandon(&mut self, prepared: PreparedRun) -> Result<(), DeviceError> {
+        self.reclaim_dropped();
+        let lease = prepared.lease;
+        let (s, mut run) = self.take_run("abandon", &lease, Stage::Prepared)?;
+        lease.consume();
         self.finish(&mut run, Outcome::FailedBeforeLaunch);
+        self.free_slot(s);
         Ok(())
     }
 
     /// C1: the handshake record of every core of the launch, at debug level.
-    fn handshake_report(&self, run: &ActiveRun) {
+    fn handshake_report(&self, run: &RunState) {
         if !tracing::enabled!(tracing::Level::DEBUG) {
             return;
         }
@@ -653,7 +876,7 @@ impl Core {
     }
 
     /// Terminal cleanup steps 1 and 2, each at most once per run.
-    fn stop_and_export(&mut self, run: &mut ActiveRun, outcome: Outcome) {
+    fn stop_and_export(&mut self, run: &mut RunState, outcome: Outcome) {
         if !run.latches.stopped {
             // The simulator's collectors are buffers inside the image: there are no collector
             // threads to stop or join.
@@ -667,7 +890,7 @@ impl Core {
     }
 
     /// The terminal cleanup: stop, export, release; each step latched.
-    fn finish(&mut self, run: &mut ActiveRun, outcome: Outcome) {
+    fn finish(&mut self, run: &mut RunState, outcome: Outcome) {
         self.stop_and_export(run, outcome);
         if !run.latches.released {
             run.latches.released = true;
@@ -680,7 +903,7 @@ impl Core {
 
     /// Terminal cleanup step 2: the runtime writes the run's files; the device image is read
     /// only when the device is idle.
-    fn export(&mut self, run: &mut ActiveRun, outcome: Outcome) {
+    fn export(&mut self, run: &mut RunState, outcome: Outcome) {
         let Some(prefix) = run.diag.prefix.clone() else { return };
         let Some(bound) = run.bound.as_ref() else { return };
         let device_readable = match outcome {
@@ -702,14 +925,17 @@ impl Core {
 
     fn finalize(mut self) -> Result<FinalizeReport, DeviceError> {
         let mut report = FinalizeReport::default();
-        // (3) Terminal cleanup of any unfinished run.
-        if let Some(mut run) = self.run.take() {
-            report.abandoned_run = Some(run.run_id);
+        // (3) Terminal cleanup of every unfinished run, dropped handles' included.
+        drop(std::mem::take(&mut *self.returns.lock()));
+        for s in 0..self.slots.len() {
+            let Some(mut run) = self.slots[s].run.take() else { continue };
+            report.abandoned_run.get_or_insert(run.run_id);
             let outcome = match run.stage {
                 Stage::Prepared => Outcome::FailedBeforeLaunch,
                 Stage::Launched | Stage::Reaped => Outcome::FailedAfterLaunch,
             };
             self.finish(&mut run, outcome);
+            self.free_slot(s);
         }
         // (4)–(5) Reset the device, join its threads, free everything.
         let allocations = self.backend.memory_counts().allocations as usize;

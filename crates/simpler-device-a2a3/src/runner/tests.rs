@@ -32,9 +32,9 @@ fn terminal_cleanup_called_twice_exports_once() {
     let dir = std::env::temp_dir().join(format!("simpler-cleanup-twice-{}", std::process::id()));
     let cfg = CallConfig::builder().dep_gen(true).output_prefix(&dir).build().unwrap();
     let args = TaskArgs::new();
-    r.prepare(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap();
+    let prepared = r.prepare(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap();
     let core = r.core.as_mut().unwrap();
-    let mut run = core.run.take().unwrap();
+    let mut run = core.slots[prepared.slot()].run.take().unwrap();
     let before = core.stats;
     core.finish(&mut run, Outcome::FailedBeforeLaunch);
     let deps = dir.join("deps.json");
@@ -56,9 +56,9 @@ fn a_panic_while_a_run_is_held_runs_the_terminal_cleanup() {
     let slot = r.register_callable(&c).unwrap();
     let args = TaskArgs::new();
     let cfg = CallConfig::default();
-    r.prepare(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap();
+    let prepared = r.prepare(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap();
     let core = r.core.as_mut().unwrap();
-    let mut run = core.run.take().unwrap();
+    let mut run = core.slots[prepared.slot()].run.take().unwrap();
     let before = core.stats;
     let caught = std::panic::catch_unwind(AssertUnwindSafe(|| {
         core.guarded(&mut run, Outcome::FailedBeforeLaunch, |_, _| panic!("injected"))
@@ -124,9 +124,9 @@ fn read_ones(r: &mut DeviceRunner, p: DevicePtr) -> bool {
 fn a_stale_aicore_done_in_the_image_is_cleared_before_launch_and_opens_no_window_early() {
     let (mut r, slot, p, args) = fill_setup();
     let cfg = CallConfig::builder().block_dim(2).build().unwrap();
-    r.prepare(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap();
+    let prepared = r.prepare(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap();
     let core = r.core.as_mut().unwrap();
-    let run = core.run.take().unwrap();
+    let run = core.slots[prepared.slot()].run.take().unwrap();
     let cores = 3 * run.block_dim;
     let done = |core: &Core, c: u32| {
         image_view(&*core.backend, &run).unwrap().handshake(c).aicore_done.load(Ordering::Relaxed)
@@ -146,10 +146,10 @@ fn a_stale_aicore_done_in_the_image_is_cleared_before_launch_and_opens_no_window
     // Stale again, then the whole launch: the run still completes with every task executed,
     // so no dispatch went to a core that had not reported in.
     stale(core);
-    core.run = Some(run);
-    r.launch_run().unwrap();
-    r.reap_run().unwrap();
-    r.complete_run().unwrap();
+    core.slots[prepared.slot()].run = Some(run);
+    let active = r.launch_run(prepared).unwrap();
+    r.reap_run(&active, None).unwrap();
+    r.complete_run(active).unwrap();
     assert!(read_ones(&mut r, p));
     r.finalize().unwrap();
 }
@@ -193,7 +193,12 @@ fn set_tensor_data_cannot_write_the_runtimes_own_buffers() {
     let c = ChipCallable::native(poke_orch, |_| OrchConfig::default()).build().unwrap();
     let slot = r.register_callable(&c).unwrap();
     let cfg = CallConfig::default();
-    let kernel_args = r.core.as_ref().unwrap().kernel_args.unwrap();
+    // Slot 0's kernel argument block exists after a first run (which writes user memory).
+    let p = r.malloc(1024).unwrap();
+    let mut user = TaskArgs::new();
+    user.add_scalar(p.addr()).unwrap();
+    r.run(&RunRequest::new(RunId::from_raw(9).unwrap(), slot, &user, &cfg)).unwrap();
+    let kernel_args = r.core.as_ref().unwrap().slots[0].res.kernel_args.unwrap();
     let mut args = TaskArgs::new();
     args.add_scalar(kernel_args).unwrap();
     let err = r.run(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap_err();
@@ -202,10 +207,6 @@ fn set_tensor_data_cannot_write_the_runtimes_own_buffers() {
     assert!(r.core.as_ref().unwrap().backend.read(kernel_args, &mut b));
     assert_ne!(b, [0xEE; 4], "the kernel argument block was not written");
     // A user allocation stays writable.
-    let p = r.malloc(1024).unwrap();
-    let mut args = TaskArgs::new();
-    args.add_scalar(p.addr()).unwrap();
-    r.run(&RunRequest::new(RunId::from_raw(2).unwrap(), slot, &args, &cfg)).unwrap();
     r.copy_from_device(&mut b, p).unwrap();
     assert_eq!(b, [0xEE; 4]);
     r.finalize().unwrap();
@@ -219,16 +220,20 @@ fn runs_after_runs_start_from_cleared_handshakes() {
     let (mut r, slot, _out, args) = fill_setup();
     r.run(&RunRequest::new(RunId::FIRST, slot, &args, &CallConfig::default())).unwrap();
     let cfg = CallConfig::builder().block_dim(3).build().unwrap();
-    r.prepare(&RunRequest::new(RunId::from_raw(2).unwrap(), slot, &args, &cfg)).unwrap();
+    let prepared =
+        r.prepare(&RunRequest::new(RunId::from_raw(2).unwrap(), slot, &args, &cfg)).unwrap();
     let core = r.core.as_mut().unwrap();
-    let run = core.run.as_ref().unwrap();
+    let run = core.slots[prepared.slot()].run.as_ref().unwrap();
     let (addr, len, cores) = (run.image_addr, run.image_len, 3 * run.block_dim);
     let view = image_view(&*core.backend, run).unwrap();
     for c in 0..cores {
         view.handshake(c).aicore_done.store(c + 1, Ordering::Relaxed);
     }
     core.backend.sim().unwrap().faults().fail_launch(KernelKind::AiCore, 1);
-    assert!(matches!(r.launch_run(), Err(DeviceError::Launch { kernel: KernelKind::AiCore, .. })));
+    assert!(matches!(
+        r.launch_run(prepared),
+        Err(DeviceError::Launch { kernel: KernelKind::AiCore, .. })
+    ));
     let backend = &*r.core.as_ref().unwrap().backend;
     let base = backend.host_map(addr, len).unwrap();
     // SAFETY: the pooled image arena stays allocated after the failed launch, and no device

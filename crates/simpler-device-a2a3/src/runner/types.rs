@@ -5,10 +5,12 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use simpler_types::{CallConfig, RunId, TaskArgs, TaskId};
 
+use super::AcceptanceSignal;
 use crate::diag::timing::RunPhases;
 
 /// A device address returned by `malloc` (never 0).
@@ -70,6 +72,7 @@ pub struct RunRequest<'a> {
     pub config: &'a CallConfig,
     host_tensors: bool,
     origin: Option<TaskId>,
+    acceptance: Option<&'a Arc<AcceptanceSignal>>,
 }
 
 impl<'a> RunRequest<'a> {
@@ -81,7 +84,15 @@ impl<'a> RunRequest<'a> {
         args: &'a TaskArgs,
         config: &'a CallConfig,
     ) -> Self {
-        RunRequest { run_id, callable, args, config, host_tensors: false, origin: None }
+        RunRequest {
+            run_id,
+            callable,
+            args,
+            config,
+            host_tensors: false,
+            origin: None,
+            acceptance: None,
+        }
     }
 
     /// A request that may also carry host-memory tensors (`child_memory = 0`), which the runner
@@ -98,7 +109,15 @@ impl<'a> RunRequest<'a> {
         args: &'a TaskArgs,
         config: &'a CallConfig,
     ) -> Self {
-        RunRequest { run_id, callable, args, config, host_tensors: true, origin: None }
+        RunRequest {
+            run_id,
+            callable,
+            args,
+            config,
+            host_tensors: true,
+            origin: None,
+            acceptance: None,
+        }
     }
 
     /// Records the engine task (run and task id one level up) that asked for this device run,
@@ -106,6 +125,19 @@ impl<'a> RunRequest<'a> {
     pub fn with_origin(mut self, task: TaskId) -> Self {
         self.origin = Some(task);
         self
+    }
+
+    /// Publishes the run's id into `signal` right after both kernels were launched, before
+    /// anything waits for the run (`docs/pipelining.md`, "Launch acceptance"); never on a
+    /// launch failure. The runner never clears it: the consumer resets it for its next run.
+    pub fn with_acceptance(mut self, signal: &'a Arc<AcceptanceSignal>) -> Self {
+        self.acceptance = Some(signal);
+        self
+    }
+
+    /// The acceptance signal the run publishes, if any.
+    pub fn acceptance(&self) -> Option<&'a Arc<AcceptanceSignal>> {
+        self.acceptance
     }
 
     /// The engine task that asked for this run, if any.
@@ -159,6 +191,28 @@ pub struct RunReport {
     pub outputs: Vec<PathBuf>,
     /// Non-fatal problems (export failures, disabled captures).
     pub warnings: Vec<String>,
+    /// Whether the run was prepared while another run executed, and if not, why.
+    pub overlap: Overlap,
+}
+
+/// How a run's preparation related to the run executing before it (`docs/pipelining.md`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Overlap {
+    /// No run was executing when this one was prepared (nothing to overlap with).
+    #[default]
+    NothingInFlight,
+    /// Prepared while run `with` executed on the device.
+    Overlapped {
+        /// The run that was executing.
+        with: RunId,
+    },
+    /// The run needs exclusive use of the runner (a diagnostic reads whole-device state), so
+    /// it was prepared with no other run in progress.
+    Exclusive {
+        /// What needed exclusive use.
+        reason: &'static str,
+    },
 }
 
 /// Device memory by use (the chip worker's memory accounting reads it).

@@ -1,0 +1,160 @@
+//! Run handles: a prepared or launched run is a lease on one of the runner's resource slots.
+//!
+//! Invariant: a lease names `{slot, generation}`; the runner bumps a slot's generation when the
+//! run in it ends, so a lease outlives its run only as a *stale* lease, which every call refuses
+//! (`DeviceError::StaleRun`). At most one live lease names a slot at a time. A handle dropped
+//! without being consumed by `launch_run`, `complete_run` or `abandon` hands its lease back
+//! through the runner's return queue; the runner runs that slot's terminal cleanup at its next
+//! call (or in `finalize`), after reaping the run if it was launched. `docs/pipelining.md`
+//! describes the protocol.
+
+use std::fmt;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use simpler_types::RunId;
+
+use super::{Core, Stage};
+use crate::diag::Outcome;
+use crate::error::DeviceError;
+
+/// Leases handed back by dropped handles: `(slot, generation)`.
+pub(super) type ReturnQueue = Arc<Mutex<Vec<(usize, u64)>>>;
+
+/// One slot lease. Dropping a live lease queues it for the runner's cleanup.
+pub(super) struct Lease {
+    pub(super) slot: usize,
+    pub(super) generation: u64,
+    pub(super) run_id: RunId,
+    pub(super) returns: ReturnQueue,
+    /// Cleared when a runner call consumed the lease (its slot is handled there).
+    live: bool,
+}
+
+impl Lease {
+    pub(super) fn new(slot: usize, generation: u64, run_id: RunId, returns: ReturnQueue) -> Lease {
+        Lease { slot, generation, run_id, returns, live: true }
+    }
+
+    /// Consumes the lease without queueing it: the caller handles the slot.
+    pub(super) fn consume(mut self) {
+        self.live = false;
+    }
+
+    /// A new lease on the same slot (the next stage of the same run).
+    pub(super) fn advance(self) -> Lease {
+        let next = Lease::new(self.slot, self.generation, self.run_id, Arc::clone(&self.returns));
+        self.consume();
+        next
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.live {
+            self.returns.lock().push((self.slot, self.generation));
+        }
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} in slot {} (generation {})", self.run_id, self.slot, self.generation)
+    }
+}
+
+/// A prepared, not yet launched run (`DeviceRunner::prepare`). Dropping it abandons the run:
+/// the runner releases its slot at its next call.
+#[must_use = "dropping a prepared run abandons it"]
+#[derive(Debug)]
+pub struct PreparedRun {
+    pub(super) lease: Lease,
+}
+
+/// A launched run (`DeviceRunner::launch_run`). Dropping it discards the run's result: the
+/// runner waits for the device to finish it and releases its slot at its next call.
+#[must_use = "dropping a launched run discards its result"]
+#[derive(Debug)]
+pub struct ActiveRun {
+    pub(super) lease: Lease,
+}
+
+impl PreparedRun {
+    /// The run's id.
+    pub fn run_id(&self) -> RunId {
+        self.lease.run_id
+    }
+
+    /// The resource slot the run holds (`0..RunnerOptions::pipeline_slots`).
+    pub fn slot(&self) -> usize {
+        self.lease.slot
+    }
+}
+
+impl ActiveRun {
+    /// The run's id.
+    pub fn run_id(&self) -> RunId {
+        self.lease.run_id
+    }
+
+    /// The resource slot the run holds.
+    pub fn slot(&self) -> usize {
+        self.lease.slot
+    }
+}
+
+/// Lease checks and the cleanup of dropped handles.
+impl Core {
+    /// Checks that `lease` is this runner's and current; returns its slot.
+    pub(super) fn check_lease(
+        &self,
+        call: &'static str,
+        lease: &Lease,
+    ) -> Result<usize, DeviceError> {
+        let current = self.slots.get(lease.slot).map(|s| s.generation);
+        if !Arc::ptr_eq(&lease.returns, &self.returns) || current != Some(lease.generation) {
+            return Err(DeviceError::StaleRun {
+                call,
+                run_id: lease.run_id,
+                slot: lease.slot,
+                generation: lease.generation,
+            });
+        }
+        Ok(lease.slot)
+    }
+
+    /// Ends the run in slot `s`: the slot is free and every lease of the run is stale.
+    pub(super) fn free_slot(&mut self, s: usize) {
+        let slot = &mut self.slots[s];
+        slot.run = None;
+        slot.generation += 1;
+    }
+
+    /// Cleans up the slots whose handles were dropped: a prepared run is abandoned, a launched
+    /// one reaped first (its result is discarded), a reaped one released.
+    pub(super) fn reclaim_dropped(&mut self) {
+        let returned = std::mem::take(&mut *self.returns.lock());
+        for (s, generation) in returned {
+            if self.slots.get(s).is_none_or(|x| x.generation != generation) {
+                continue;
+            }
+            let Some(mut run) = self.slots[s].run.take() else { continue };
+            let run_id = run.run_id;
+            match run.stage {
+                Stage::Prepared => self.finish(&mut run, Outcome::FailedBeforeLaunch),
+                Stage::Launched => {
+                    let r = self.guarded(&mut run, Outcome::FailedAfterLaunch, |c, run| {
+                        c.reap_steps(run, None)
+                    });
+                    if let Err(e) = r {
+                        tracing::warn!(%run_id, error = %e, "a dropped launched run failed");
+                    }
+                    self.finish(&mut run, Outcome::FailedAfterLaunch);
+                }
+                Stage::Reaped => self.finish(&mut run, Outcome::FailedAfterLaunch),
+            }
+            tracing::debug!(%run_id, slot = s, "cleaned up the slot of a dropped run handle");
+            self.free_slot(s);
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! Pipelined runs on the simulator: resource slots and run handles, launch acceptance, runs
+//! prepared while another executes, dropped handles, stale leases, a fault charged to the run
+//! that caused it, and a hammer of handles dropped from several threads
+//! (`docs/pipelining.md`).
+
+mod common;
+
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use common::*;
+use simpler_device_a2a3::{
+    AcceptanceSignal, DeviceError, DeviceHealth, DeviceRunner, KernelKind, Overlap, RunRequest,
+};
+use simpler_types::CallConfig;
+
+/// A kernel delay long enough that a launched run is still executing when the next host call
+/// runs (the fault plan holds the kernel; no clock is asserted).
+const HOLD: Duration = Duration::from_millis(250);
+
+/// The test options with a scheduler budget well above [`HOLD`].
+fn options() -> simpler_device_a2a3::RunnerOptions {
+    fast_options(0)
+        .with_scheduler_timeout(Duration::from_secs(1))
+        .with_op_execute_timeout(Duration::from_millis(1500))
+        .with_stream_sync_timeout(Duration::from_secs(4))
+}
+
+#[test]
+fn acceptance_is_published_after_the_launch_before_the_run_completes_and_stays() {
+    let mut r = DeviceRunner::attach(options()).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 256);
+    let cfg = CallConfig::default();
+    let signal = Arc::new(AcceptanceSignal::new());
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD);
+    let req = RunRequest::new(run_id(1), slot, &v.args, &cfg).with_acceptance(&signal);
+    let p = r.prepare(&req).unwrap();
+    assert_eq!(signal.accepted(), None);
+    let a = r.launch_run(p).unwrap();
+    assert_eq!(signal.accepted(), Some(1));
+    assert!(!r.poll_run(&a).unwrap(), "the held kernel keeps the run executing");
+    // A deadline shorter than the run leaves it launched and changes nothing.
+    assert!(!r.reap_run(&a, Some(Duration::from_millis(1))).unwrap());
+    assert!(r.reap_run(&a, None).unwrap());
+    r.complete_run(a).unwrap();
+    assert_eq!(signal.accepted(), Some(1), "sticky after completion");
+    v.check(&mut r);
+    // A failed AICPU launch (the AICore one succeeded) publishes nothing either.
+    signal.reset();
+    r.sim_faults().unwrap().clear();
+    r.sim_faults().unwrap().fail_launch(KernelKind::Aicpu, 1);
+    let req = RunRequest::new(run_id(2), slot, &v.args, &cfg).with_acceptance(&signal);
+    assert!(matches!(r.run(&req), Err(DeviceError::Launch { kernel: KernelKind::Aicpu, .. })));
+    assert_eq!(signal.accepted(), None);
+    v.free(&mut r);
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_run_prepared_while_another_executes_leaves_the_executing_run_intact() {
+    let mut r = DeviceRunner::attach(options()).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let (v1, v2) = (VectorRun::new(&mut r, 2048), VectorRun::new(&mut r, 512));
+    let cfg = CallConfig::default();
+    for round in 0..3u64 {
+        r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD / 3);
+        let p1 = r.prepare(&RunRequest::new(run_id(10 * round + 1), slot, &v1.args, &cfg)).unwrap();
+        let a1 = r.launch_run(p1).unwrap();
+        // Prepared while run 1 executes: its image, kernel arguments and arenas are its own
+        // slot's, so run 1 still computes its own graph on its own buffers.
+        let p2 = r.prepare(&RunRequest::new(run_id(10 * round + 2), slot, &v2.args, &cfg)).unwrap();
+        assert_ne!(p2.slot(), a1.slot());
+        r.reap_run(&a1, None).unwrap();
+        let rep1 = r.complete_run(a1).unwrap();
+        r.sim_faults().unwrap().clear();
+        let a2 = r.launch_run(p2).unwrap();
+        r.reap_run(&a2, None).unwrap();
+        let rep2 = r.complete_run(a2).unwrap();
+        assert_eq!(rep2.overlap, Overlap::Overlapped { with: run_id(10 * round + 1) });
+        assert_eq!(rep1.overlap, Overlap::NothingInFlight);
+        v1.check(&mut r);
+        v2.check(&mut r);
+    }
+    v1.free(&mut r);
+    v2.free(&mut r);
+    assert_eq!(r.stats().exports, r.stats().terminal_cleanups, "one cleanup per run");
+    r.finalize().unwrap();
+}
+
+#[test]
+fn diagnostics_need_exclusive_use_and_the_report_says_so() {
+    let mut r = DeviceRunner::attach(options()).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    let dir = temp_dir("pipelining-exclusive");
+    let traced = CallConfig::builder().dep_gen(true).output_prefix(&dir).build().unwrap();
+    let plain = CallConfig::default();
+    let p = r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &plain)).unwrap();
+    let err = r.prepare(&RunRequest::new(run_id(2), slot, &v.args, &traced)).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::Busy { call: "prepare", state } if state.contains("exclusive")),
+        "{err}"
+    );
+    r.abandon(p).unwrap();
+    let traced_run = r.prepare(&RunRequest::new(run_id(3), slot, &v.args, &traced)).unwrap();
+    let err = r.prepare(&RunRequest::new(run_id(4), slot, &v.args, &plain)).unwrap_err();
+    assert!(matches!(err, DeviceError::Busy { call: "prepare", .. }), "{err}");
+    let a = r.launch_run(traced_run).unwrap();
+    r.reap_run(&a, None).unwrap();
+    let rep = r.complete_run(a).unwrap();
+    assert_eq!(rep.overlap, Overlap::Exclusive { reason: "dependency capture" });
+    v.free(&mut r);
+    r.finalize().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn dropped_prepared_and_launched_runs_are_cleaned_up_and_free_their_slots() {
+    let mut r = DeviceRunner::attach(options()).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 1024);
+    let cfg = CallConfig::default();
+    let cleanups = r.stats().terminal_cleanups;
+    let p = r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
+    drop(p);
+    assert_eq!(r.stats().terminal_cleanups, cleanups, "cleanup waits for the runner's next call");
+    // Both slots are free again: two prepares succeed.
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v.args, &cfg)).unwrap();
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 1);
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD / 3);
+    let a2 = r.launch_run(p2).unwrap();
+    drop(a2);
+    // The dropped launched run is reaped (the device finishes it) before its slot is reused.
+    let p3 = r.prepare(&RunRequest::new(run_id(3), slot, &v.args, &cfg)).unwrap();
+    let p4 = r.prepare(&RunRequest::new(run_id(4), slot, &v.args, &cfg)).unwrap();
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 2);
+    assert!(r.health().is_healthy());
+    r.abandon(p4).unwrap();
+    r.sim_faults().unwrap().clear();
+    let a3 = r.launch_run(p3).unwrap();
+    assert!(r.reap_run(&a3, None).unwrap());
+    r.complete_run(a3).unwrap();
+    v.check(&mut r);
+    v.free(&mut r);
+    assert_eq!(r.stats().live_allocations, 0);
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_fault_is_charged_to_its_run_and_the_run_prepared_behind_it_is_abandoned() {
+    let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let (v1, v2) = (VectorRun::new(&mut r, 256), VectorRun::new(&mut r, 256));
+    let cfg = CallConfig::default();
+    r.sim_faults().unwrap().kernel_fault(FUNC_MUL, 1);
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
+    let a1 = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
+    let err = r.reap_run(&a1, None).unwrap_err();
+    assert_eq!(err.run_id(), Some(run_id(1)), "the fault is run 1's: {err}");
+    assert!(matches!(err, DeviceError::DeviceFault { .. } | DeviceError::Timeout { .. }), "{err}");
+    assert!(matches!(r.complete_run(a1), Err(DeviceError::StaleRun { .. })), "run 1 ended");
+    let err = r.launch_run(p2).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::Abandoned { run_id: id, after, .. } if id == run_id(2) && after == run_id(1)),
+        "{err}"
+    );
+    assert!(matches!(r.health(), DeviceHealth::Unusable { .. }));
+    drop((v1, v2));
+    r.finalize().unwrap();
+    let mut fresh = DeviceRunner::attach(options()).unwrap();
+    vector_once(&mut fresh, 1, &CallConfig::default());
+    fresh.finalize().unwrap();
+}
+
+#[test]
+fn handles_dropped_from_several_threads_while_the_runner_runs_are_all_reclaimed() {
+    // Hammer of the return queue: two threads drop prepared handles at once while the owning
+    // thread runs a third run; every round must find every slot free again and count one
+    // terminal cleanup per run.
+    let rounds: u64 =
+        std::env::var("SIMPLER_SOAK_CYCLES").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
+    let mut r = DeviceRunner::attach(options().with_pipeline_slots(3)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    let cfg = CallConfig::default();
+    let start = r.stats().terminal_cleanups;
+    let mut next = 1u64;
+    let mut id = || {
+        next += 1;
+        run_id(next)
+    };
+    for _ in 0..rounds {
+        let handles = [
+            r.prepare(&RunRequest::new(id(), slot, &v.args, &cfg)).unwrap(),
+            r.prepare(&RunRequest::new(id(), slot, &v.args, &cfg)).unwrap(),
+        ];
+        let gate = Arc::new(Barrier::new(3));
+        let droppers: Vec<_> = handles
+            .into_iter()
+            .map(|h| {
+                let gate = Arc::clone(&gate);
+                std::thread::spawn(move || {
+                    gate.wait();
+                    drop(h);
+                })
+            })
+            .collect();
+        gate.wait();
+        r.run(&RunRequest::new(id(), slot, &v.args, &cfg)).unwrap();
+        for d in droppers {
+            d.join().unwrap();
+        }
+    }
+    // Every slot is free: three prepares succeed.
+    let all: Vec<_> =
+        (0..3).map(|_| r.prepare(&RunRequest::new(id(), slot, &v.args, &cfg)).unwrap()).collect();
+    for p in all {
+        r.abandon(p).unwrap();
+    }
+    assert_eq!(r.stats().terminal_cleanups - start, 3 * rounds + 3);
+    v.check(&mut r);
+    v.free(&mut r);
+    r.finalize().unwrap();
+}
+
+#[test]
+fn the_slot_count_is_checked_at_attach() {
+    for bad in [0, 5] {
+        let err = DeviceRunner::attach(fast_options(0).with_pipeline_slots(bad)).unwrap_err();
+        assert!(matches!(err, DeviceError::InvalidConfig { .. }), "{bad}: {err}");
+    }
+}

@@ -1,0 +1,172 @@
+//! Depth-2 pipelining of an L2 worker's chip lane (`docs/pipelining.md`): run N+1 is prepared
+//! while run N executes and launched after N's result is published; results stay per run; a
+//! run behind one that made the chip unusable fails as abandoned, never with N's error; memory
+//! calls queue behind the run in flight exactly as at depth 1.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{HANG, add_callable};
+use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes};
+use simpler_device_a2a3::{Platform, RuntimeVariant};
+use simpler_types::{DataType, TaskArgs, WorkerId};
+use simpler_worker::{ChipMemory, DeviceBuffer, Orchestration, RunHandle, Worker};
+
+/// Three fresh buffers `(a, b, f)` of `n` f32 with `a = x`, `b = 1`.
+fn buffers(mem: &ChipMemory<'_>, n: u32, x: f32) -> ([DeviceBuffer; 3], TaskArgs) {
+    let bufs = [(); 3].map(|_| mem.malloc(u64::from(n) * 4).unwrap());
+    mem.copy_to(&bufs[0], 0, &f32_to_le_bytes(&vec![x; n as usize])).unwrap();
+    mem.copy_to(&bufs[1], 0, &f32_to_le_bytes(&vec![1.0; n as usize])).unwrap();
+    let mut args = TaskArgs::new();
+    for b in &bufs {
+        args.add_inout(b.tensor(&[n], DataType::Float32).unwrap()).unwrap();
+    }
+    (bufs, args)
+}
+
+fn output(mem: &ChipMemory<'_>, f: &DeviceBuffer, n: u32) -> Vec<f32> {
+    let mut out = vec![0u8; n as usize * 4];
+    mem.copy_from(f, 0, &mut out).unwrap();
+    f32_from_le_bytes(&out)
+}
+
+fn l2(slots: usize) -> (Worker, simpler_worker::CallableHandle) {
+    // Short budgets: a faulting kernel is detected by the scheduler budget.
+    let mut b =
+        Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph).chip_options(move |o| {
+            o.with_pipeline_slots(slots)
+                .with_scheduler_timeout(Duration::from_millis(300))
+                .with_op_execute_timeout(Duration::from_millis(600))
+                .with_stream_sync_timeout(Duration::from_secs(3))
+                .with_shutdown_budget(Duration::from_millis(200))
+        });
+    let add = b.register_chip(add_callable(0));
+    (b.start().expect("start"), add)
+}
+
+#[test]
+fn an_l2_worker_pipelines_at_depth_two_and_each_run_keeps_its_own_result() {
+    let (w, add) = l2(2);
+    assert_eq!(w.pipeline_depth(), 2);
+    let mem = w.memory().unwrap();
+    let n = 256;
+    let runs: Vec<_> = (0..6).map(|i| buffers(&mem, n, i as f32)).collect();
+    // Slow kernels keep each run on the chip while the next one is submitted and prepared.
+    w.with_sim_faults(WorkerId(0), |p| p.kernel_delay(0, Duration::from_millis(100))).unwrap();
+    let mut handles: Vec<RunHandle> = Vec::new();
+    for (i, (_, a)) in runs.iter().enumerate() {
+        handles.push(w.submit(Orchestration::chip(add, a.clone())).unwrap());
+        if i > 0 {
+            // Admitted and prepared while the previous run is still on the chip (at depth 1
+            // the submit would have waited for its result).
+            assert!(!handles[i - 1].is_done(), "run {i} was admitted only after run {}", i - 1);
+        }
+    }
+    for h in &handles {
+        h.wait_timeout(HANG).expect("no hang").expect("run");
+    }
+    for (i, (bufs, _)) in runs.iter().enumerate() {
+        assert!(output(&mem, &bufs[2], n).iter().all(|&v| v == i as f32 + 1.0), "run {i}");
+    }
+    w.close().expect("close");
+}
+
+#[test]
+fn one_resource_slot_means_depth_one() {
+    let (w, add) = l2(1);
+    assert_eq!(w.pipeline_depth(), 1);
+    let mem = w.memory().unwrap();
+    let (bufs, args) = buffers(&mem, 64, 2.0);
+    for _ in 0..3 {
+        w.run(Orchestration::chip(add, args.clone())).expect("run");
+    }
+    assert!(output(&mem, &bufs[2], 64).iter().all(|&v| v == 3.0));
+    w.close().expect("close");
+}
+
+#[test]
+fn a_run_behind_a_run_that_made_the_chip_unusable_is_abandoned_not_charged_its_error() {
+    let (w, add) = l2(2);
+    let mem = w.memory().unwrap();
+    let (_b1, a1) = buffers(&mem, 64, 1.0);
+    let (_b2, a2) = buffers(&mem, 64, 2.0);
+    w.with_sim_faults(WorkerId(0), |p| p.kernel_fault(0, 1)).unwrap();
+    let h1 = w.submit(Orchestration::chip(add, a1)).expect("first submit");
+    // Prepared while run 1 executes (or refused as unusable if run 1 already failed).
+    let second = w.submit(Orchestration::chip(add, a2));
+    let e1 = h1.wait_timeout(HANG).expect("no hang").expect_err("run 1 faults");
+    let text1 = format!("{e1} {e1:?}");
+    assert!(!text1.contains("Abandoned"), "run 1 carries its own fault: {text1}");
+    match second {
+        Ok(h2) => {
+            let e2 = h2.wait_timeout(HANG).expect("no hang").expect_err("run 2 never runs");
+            let text2 = format!("{e2} {e2:?}");
+            assert!(
+                text2.contains("Abandoned { run_id: run#2, after: run#1")
+                    || text2.contains("Unusable"),
+                "run 2 is not charged run 1's fault: {text2}"
+            );
+        }
+        Err(e) => assert!(e.to_string().contains("unusable"), "{e}"),
+    }
+    let _ = w.close();
+}
+
+#[test]
+fn a_memory_call_waits_for_the_run_in_flight_as_at_depth_one() {
+    let (w, add) = l2(2);
+    let mem = w.memory().unwrap();
+    let (bufs, args) = buffers(&mem, 64, 4.0);
+    w.with_sim_faults(WorkerId(0), |p| p.kernel_delay(0, Duration::from_millis(50))).unwrap();
+    let h = w.submit(Orchestration::chip(add, args)).unwrap();
+    // Queued behind the run in flight: the lane retires it first, then copies.
+    assert!(output(&mem, &bufs[2], 64).iter().all(|&v| v == 5.0));
+    assert!(h.is_done());
+    h.wait().expect("run");
+    w.close().expect("close");
+}
+
+#[test]
+fn submitters_and_memory_calls_on_several_threads_hammer_the_depth_two_lane() {
+    // Three threads submit runs over their own buffers back to back while a fourth reads and
+    // writes memory through the lane; every run must see its own inputs and every result must
+    // arrive (no run lost, none published twice, no hang).
+    let rounds: usize =
+        std::env::var("SIMPLER_SOAK_CYCLES").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
+    let (w, add) = l2(2);
+    let mem = w.memory().unwrap();
+    let n = 64;
+    let per_thread: Vec<_> = (0..3).map(|t| buffers(&mem, n, t as f32 * 10.0)).collect();
+    let (scratch, _) = buffers(&mem, n, 0.0);
+    std::thread::scope(|s| {
+        for (t, (bufs, args)) in per_thread.iter().enumerate() {
+            let w = &w;
+            s.spawn(move || {
+                let mem = w.memory().unwrap();
+                for round in 0..rounds {
+                    // A fresh input per round: a run reading another round's input would show.
+                    let x = t as f32 * 10.0 + round as f32;
+                    mem.copy_to(&bufs[0], 0, &f32_to_le_bytes(&vec![x; n as usize])).unwrap();
+                    let first = w.submit(Orchestration::chip(add, args.clone())).unwrap();
+                    let second = w.submit(Orchestration::chip(add, args.clone())).unwrap();
+                    first.wait_timeout(HANG).expect("no hang").expect("run");
+                    second.wait_timeout(HANG).expect("no hang").expect("run");
+                    let out = output(&mem, &bufs[2], n);
+                    assert!(out.iter().all(|&v| v == x + 1.0), "thread {t} round {round}: {out:?}");
+                }
+            });
+        }
+        let w = &w;
+        let scratch = &scratch;
+        s.spawn(move || {
+            let mem = w.memory().unwrap();
+            for i in 0..rounds * 4 {
+                let v = vec![i as f32; n as usize];
+                mem.copy_to(&scratch[0], 0, &f32_to_le_bytes(&v)).unwrap();
+                assert_eq!(output(&mem, &scratch[0], n), v);
+            }
+        });
+    });
+    w.close().expect("close");
+}
