@@ -176,6 +176,33 @@ pub enum WorkerError {
     /// An engine call inside a graph callback failed.
     #[error(transparent)]
     Engine(SchedError),
+    /// A chip task names host memory (`child_memory = 0`) that is not a [`HostBuffer`], so
+    /// its chip lane could not stage it (refused at submit).
+    ///
+    /// [`HostBuffer`]: crate::HostBuffer
+    #[error(
+        "chip task argument {arg} names host memory at {addr:#x} ({len} bytes) that is not a HostBuffer; \
+         allocate it with HostBuffer::new and pass HostBuffer::tensor, or put it in chip memory \
+         (Worker::chip_memory / GraphBuilder::chip_memory, then DeviceBuffer::tensor)"
+    )]
+    HostTensorNotStaged {
+        /// Index of the tensor argument.
+        arg: usize,
+        /// The tensor's buffer address.
+        addr: u64,
+        /// The tensor's buffer size in bytes.
+        len: u64,
+    },
+    /// A sub task names chip memory, which a host closure cannot read (refused at submit).
+    #[error(
+        "sub task argument {arg} lives in chip memory, which a sub worker cannot read; let the \
+         chip task write a HostBuffer instead (its chip lane copies the result back) and pass \
+         that to the sub task"
+    )]
+    ChipMemoryOnSubTask {
+        /// Index of the tensor argument.
+        arg: usize,
+    },
     /// A chip's lane stopped or a control job on it failed.
     #[error("chip {chip}: {message}")]
     Lane {

@@ -16,6 +16,7 @@
 //! | `chip` | chip lanes: the L3 chip endpoint and the L2 lane thread |
 //! | `sub`, `child` | sub-worker and child-worker endpoints |
 //! | `memory` | [`ChipMemory`] and [`DeviceBuffer`] |
+//! | `host_buffer`, `staging` | [`HostBuffer`] and its staging on chip tasks |
 //! | `reentry` | the thread-local reentrancy guard |
 //! | `error` | every error type of this crate |
 //! | `faults` | injected chip faults for rollback and teardown tests |
@@ -82,9 +83,11 @@ mod error;
 mod faults;
 mod graph;
 mod handle;
+mod host_buffer;
 mod memory;
 mod reentry;
 mod run;
+mod staging;
 mod sub;
 mod worker;
 
@@ -99,6 +102,7 @@ pub use error::{
 };
 pub use graph::{GraphBuilder, GraphCallback, Orchestration};
 pub use handle::{CallableHandle, GraphFn, HostFn};
+pub use host_buffer::HostBuffer;
 pub use memory::{ChipMemory, DeviceBuffer};
 pub use run::RunHandle;
 pub use simpler_device_a2a3::MemoryLedger;
