@@ -33,7 +33,7 @@ use crate::builder::{OrchState, RunBuilder};
 use crate::core::{Core, CoreParts};
 use crate::endpoint::{Endpoint, EndpointCaps, panic_message};
 use crate::endpoint_thread::{JobReceiver, endpoint_thread_main, wrap_job};
-use crate::error::SchedError;
+use crate::error::{SchedError, ShutdownError};
 use crate::graph::GraphScratch;
 use crate::inbox::WorkerSlot;
 use crate::outcome::{EngineStats, RingPeaks, RunOutcome, RunSummary, TaskSnapshot};
@@ -225,8 +225,31 @@ impl Engine {
     }
 
     /// Blocks until `run` is terminal and returns its outcome (the same `Arc` for every waiter).
+    ///
+    /// A run that is still being built is refused with [`SchedError::NotClosed`] rather than
+    /// waited for: the caller may well be the thread that holds its builder, which would then
+    /// wait for itself forever. To wait for a run another thread is building, poll
+    /// [`wait_timeout`](Self::wait_timeout).
+    ///
+    /// Errors: [`SchedError::UnknownRun`], [`SchedError::NotClosed`].
+    ///
+    /// ```
+    /// use simpler_sched::{Engine, EngineConfig, SchedError};
+    ///
+    /// let engine = Engine::start(EngineConfig::default())?;
+    /// let run = engine.begin_run()?;
+    /// let id = run.id();
+    /// // Still building: waiting now could only wait for this thread's own builder.
+    /// assert!(matches!(engine.wait(id), Err(SchedError::NotClosed { .. })));
+    /// run.close();
+    /// assert!(engine.wait(id)?.is_completed());
+    /// # Ok::<(), SchedError>(())
+    /// ```
     pub fn wait(&self, run: RunId) -> Result<RunOutcome, SchedError> {
         let record = self.core.registry.find(run)?;
+        if !record.is_terminal() && !record.lock().closed() {
+            return Err(SchedError::NotClosed { run, op: "wait" });
+        }
         record
             .wait_until(None)
             .ok_or_else(|| SchedError::Internal { message: format!("{run}: wait returned early") })
@@ -318,7 +341,7 @@ impl Engine {
         let record = self.core.registry.find(run)?;
         match self.abort(&record, reason, true) {
             AbortCheck::Terminal => Ok(false),
-            AbortCheck::NotClosed => Err(SchedError::NotClosed { run }),
+            AbortCheck::NotClosed => Err(SchedError::NotClosed { run, op: "abort_run" }),
             AbortCheck::Marked => Ok(true),
         }
     }
@@ -403,7 +426,7 @@ impl Engine {
 
     /// Stops the engine (module docs, steps 1–7). Idempotent: later calls return `Ok(())`.
     /// Runs still unfinished at `deadline` are aborted; running members are always waited for.
-    pub fn shutdown(&self, deadline: Instant) -> Result<(), Vec<SchedError>> {
+    pub fn shutdown(&self, deadline: Instant) -> Result<(), ShutdownError> {
         let mut threads = self.threads.lock();
         if threads.stopped {
             return Ok(());
@@ -454,7 +477,7 @@ impl Engine {
         }
         // 7.
         core.ring.shutdown();
-        if errors.is_empty() { Ok(()) } else { Err(errors) }
+        if errors.is_empty() { Ok(()) } else { Err(ShutdownError { errors }) }
     }
 
     #[cold]
@@ -481,8 +504,8 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        if let Err(errors) = self.shutdown(Instant::now()) {
-            for e in errors {
+        if let Err(e) = self.shutdown(Instant::now()) {
+            for e in e.errors {
                 tracing::warn!(level = self.core.level, "engine drop: {e}");
             }
         }

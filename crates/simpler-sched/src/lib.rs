@@ -99,5 +99,5 @@ pub use builder::RunBuilder;
 pub use endpoint::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
 pub use endpoint_thread::JobReceiver;
 pub use engine::{Engine, EngineConfig};
-pub use error::SchedError;
+pub use error::{SchedError, ShutdownError};
 pub use outcome::{EngineStats, RingPeak, RingPeaks, RunOutcome, RunSummary, TaskSnapshot};
