@@ -41,7 +41,9 @@ impl fmt::Display for BuildFailure {
         match self {
             BuildFailure::Callback(e) => write!(f, "orchestration returned an error: {e}"),
             BuildFailure::Panicked(p) => write!(f, "orchestration panicked: {p}"),
-            BuildFailure::Engine(e) => write!(f, "engine rejected the submission: {e}"),
+            BuildFailure::Engine(e) => {
+                write!(f, "engine rejected the submission: {e}{}", worker_setting(e))
+            }
             BuildFailure::Device(e) => write!(f, "chip refused to prepare the run: {e}"),
         }
     }
@@ -174,7 +176,7 @@ pub enum WorkerError {
         message: String,
     },
     /// An engine call inside a graph callback failed.
-    #[error(transparent)]
+    #[error("{0}{hint}", hint = worker_setting(.0))]
     Engine(SchedError),
     /// A chip task names host memory (`child_memory = 0`) that is not a [`HostBuffer`], so
     /// its chip lane could not stage it (refused at submit).
@@ -222,6 +224,23 @@ impl From<MemError> for WorkerError {
             }
             other => WorkerError::Memory(other),
         }
+    }
+}
+
+/// The worker setting behind a capacity limit the engine reports in its own (ring) terms, so
+/// that the hint names the call the worker's user can make.
+fn worker_setting(e: &SchedError) -> &'static str {
+    use simpler_ring::RingError;
+    match e {
+        SchedError::Capacity { source, .. } => match source {
+            RingError::HeapExhausted(_) | RingError::RequestTooLarge { .. } => {
+                " (on a worker, the heap ring size is the builder's heap_ring_size, and the wait \
+                 for room its alloc_timeout)"
+            }
+            RingError::HeapDisabled { .. } => " (on a worker, set the builder's heap_ring_size)",
+            _ => "",
+        },
+        _ => "",
     }
 }
 
@@ -359,9 +378,10 @@ impl Frame {
 
 impl fmt::Display for Frame {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "L{} {}", self.level, self.run)?;
-        if let Some(t) = self.task {
-            write!(f, " task {}", t.seq)?;
+        // One format for task references everywhere: `run#3/task#0`.
+        match self.task {
+            Some(t) => write!(f, "L{} {t}", self.level)?,
+            None => write!(f, "L{} {}", self.level, self.run)?,
         }
         match (&self.kind, &self.callable) {
             (Some(k), Some(n)) => write!(f, " ({k} '{n}')")?,
