@@ -32,34 +32,33 @@
 //! - [`programs`]: reference chip programs (vector example, bgemm) used by the examples, tests
 //!   and benchmarks.
 //!
-//! Lock order (the only nested acquisitions): a simulated stream's lock, then a thread
-//! mailbox's lock or an event's lock. Every other lock (memory, fault plan, fault log, event
-//! counts, health) is a leaf. The AICPU scheduler takes no lock at all.
+//! ```
+//! use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes, vector};
+//! use simpler_device_a2a3::{DeviceRunner, RunRequest, RunnerOptions, RuntimeVariant};
+//! use simpler_types::{CallConfig, DataType, RunId, TaskArgs, Tensor};
 //!
-//! Unsafe inventory — every file that contains `unsafe`, and why:
-//! - `src/aicpu/view.rs`: the typed views over a runtime image in device memory.
-//! - `src/aicpu/scheduler.rs`: payload writes and AICPU dispatch records through raw pointers.
-//! - `src/backend/sim/mod.rs`: reading a launch's `KernelArgs` and building image views over
-//!   simulated device memory.
-//! - `src/backend/sim/memory.rs`: simulated device memory (allocation and the host copies).
-//! - `src/backend/sim/aicore.rs`: the AICore executor's payload reads and kernel call.
-//! - `src/backend/sim/loader.rs`: the shared-object kernel loader (`dlopen`/`dlsym`).
-//! - `src/backend/onboard/owners.rs`: the CANN calls of the safe owners (streams, device
-//!   buffers and copies, host mappings, events, the loaded AICPU program) and their `Send` /
-//!   `Sync` impls over CANN handles.
-//! - `src/backend/onboard/programs.rs`: the bootstrap launch, AICPU program loading and the
-//!   AICore executor registration.
-//! - `src/backend/onboard/mod.rs`: attach, stream, core-limit, launch, sync, drain, register
-//!   window and force-reset calls, and the host-mapping offset.
-//! - `src/callable.rs`: the contract of `SharedObjectKernel::new` (an `unsafe fn`).
-//! - `src/kernel.rs`: the kernel accessors over the argument slots.
-//! - `src/programs.rs`: the reference programs' kernels.
-//! - `src/runner/mod.rs`: the runner's host view of a run's image.
-//! - `src/runner/memory.rs` and `src/runner/staging.rs`: host-tensor staging.
-//! - `src/runner/types.rs`: the contract of `RunRequest::with_host_tensors` (an `unsafe fn`).
-//! - `src/runner/tests.rs`: a test kernel.
-//! - `src/runtime/orch.rs`, `src/runtime/hbg/mod.rs`, `src/runtime/hbg/builder.rs`: the
-//!   ops-table glue between an orchestration and the graph builder.
+//! // A simulated chip (device 0) running the vector example f = (a+b+1)(a+b+2) + (a+b).
+//! let mut runner = DeviceRunner::attach(RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph))?;
+//! let slot = runner.register_callable(&vector::callable()?)?;
+//! let (a, b) = (vec![1.0f32; 256], vec![2.0f32; 256]);
+//! let [pa, pb, pf] = [runner.malloc(1024)?, runner.malloc(1024)?, runner.malloc(1024)?];
+//! runner.copy_to_device(pa, &f32_to_le_bytes(&a))?;
+//! runner.copy_to_device(pb, &f32_to_le_bytes(&b))?;
+//! let on_chip = |p: simpler_device_a2a3::DevicePtr| {
+//!     Tensor::external(p.addr(), &[256], DataType::Float32).map(|t| t.child_memory(true))
+//! };
+//! let mut args = TaskArgs::new();
+//! args.add_input(on_chip(pa)?)?.add_input(on_chip(pb)?)?.add_output(on_chip(pf)?)?;
+//! let run = RunId::from_raw(1).expect("non-zero");
+//! runner.run(&RunRequest::new(run, slot, &args, &CallConfig::default()))?;
+//! let mut raw = vec![0u8; 1024];
+//! runner.copy_from_device(&mut raw, pf)?;
+//! assert_eq!(f32_from_le_bytes(&raw), vector::reference(&a, &b));
+//! runner.finalize()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The crate's lock order and its inventory of `unsafe` code are in `docs/device-internals.md`.
 
 // With no backend feature the backend-neutral types and the simulator-facing image views have
 // no constructor; the crate still builds (every `attach` reports the missing feature), so the
