@@ -641,8 +641,18 @@ impl CloseError {
                 d.budget, d.in_flight_ops, d.pending_runs
             ));
         }
-        for r in &self.unobserved_runs {
-            parts.push(format!("unobserved {}: {r}", r.run_id()));
+        if !self.unobserved_runs.is_empty() {
+            let runs: Vec<String> = self.unobserved_runs.iter().map(|r| format!("{r}")).collect();
+            let lead = if parts.is_empty() && self.teardown.is_empty() && self.leaked.is_empty() {
+                "the worker closed cleanly, but "
+            } else {
+                ""
+            };
+            parts.push(format!(
+                "{lead}{} run(s) failed that nobody waited for: {}",
+                runs.len(),
+                runs.join("; ")
+            ));
         }
         for t in &self.teardown {
             parts.push(format!("teardown: {t}"));

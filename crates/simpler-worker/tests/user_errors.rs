@@ -53,3 +53,39 @@ fn a_failed_task_is_named_in_the_one_task_reference_format() {
     assert!(text.contains("run#1/task#1 (host 'fail')"), "{text}");
     w.close().expect("close");
 }
+
+#[test]
+fn a_clean_close_that_reports_unobserved_failures_says_the_close_itself_succeeded() {
+    let mut b = host().sub_workers(1);
+    let bad = b.register_host("bad", |_| Err("unseen".into()));
+    let w = b.start().expect("start");
+    let handle = w
+        .submit(Orchestration::graph(move |g, _, _| {
+            g.submit_sub(bad, TaskArgs::new())?;
+            Ok(())
+        }))
+        .expect("submit");
+    drop(handle);
+    let e = w.close().expect_err("one unobserved failure");
+    let text = e.to_string();
+    assert!(
+        text.starts_with("the worker closed cleanly, but 1 run(s) failed that nobody waited for: "),
+        "{text}"
+    );
+    assert!(text.contains("unseen"), "{text}");
+}
+
+#[test]
+fn debug_output_shows_addresses_in_hex() {
+    let w = host().chips(&[0]).start().expect("start");
+    let mem = w.chip_memory(simpler_types::WorkerId(0)).expect("memory");
+    let buf = mem.malloc(4096).expect("malloc");
+    let text = format!("{buf:?}");
+    assert!(text.contains(&format!("addr: {:#x}", buf.addr())), "{text}");
+    let host = simpler_worker::HostBuffer::new(16).expect("buffer");
+    assert!(format!("{host:?}").contains(&format!("addr: {:#x}", host.addr())));
+    let ptr = simpler_device_a2a3::DevicePtr(0x12c0000);
+    assert_eq!(format!("{ptr:?}"), "DevicePtr(0x12c0000)");
+    mem.free(buf).expect("free");
+    w.close().expect("close");
+}
