@@ -113,6 +113,17 @@ impl Engine {
     ///
     /// Errors: [`SchedError::InvalidLevel`], [`SchedError::EndpointTypeMismatch`],
     /// [`SchedError::DuplicateWorkerId`], [`SchedError::Ring`], [`SchedError::ThreadSpawn`].
+    ///
+    /// ```
+    /// use simpler_sched::{Engine, EngineConfig, RingConfig};
+    ///
+    /// // No endpoints: runs that submit nothing still complete.
+    /// let ring = RingConfig { heap_bytes_per_ring: 1 << 20, ..RingConfig::default() };
+    /// let engine = Engine::start(EngineConfig { ring, ..EngineConfig::default() })?;
+    /// assert_eq!((engine.sub_count(), engine.next_level_ids().len()), (0, 0));
+    /// engine.shutdown(std::time::Instant::now())?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn start(config: EngineConfig) -> Result<Engine, SchedError> {
         let EngineConfig { ring, next_level, sub, stall_warn_after, level } = config;
         if level < 3 {
@@ -185,6 +196,20 @@ impl Engine {
     ///
     /// Errors: [`SchedError::AnotherRunBuilding`] (at once), [`SchedError::ShuttingDown`],
     /// [`SchedError::EnginePoisoned`], [`SchedError::RunIdsExhausted`].
+    ///
+    /// ```
+    /// use simpler_sched::{Engine, EngineConfig, SchedError};
+    ///
+    /// let engine = Engine::start(EngineConfig::default())?;
+    /// let mut run = engine.begin_run()?;
+    /// // One run builds at a time: a second begin fails at once instead of waiting on us.
+    /// assert!(matches!(engine.begin_run(), Err(SchedError::AnotherRunBuilding { .. })));
+    /// run.scope(|run| run.alloc(&[16], simpler_sched::DataType::Float32).map(drop))??;
+    /// let id = run.close();
+    /// assert!(engine.wait(id)?.is_completed());
+    /// println!("{}", engine.release(id)?);
+    /// # Ok::<(), SchedError>(())
+    /// ```
     pub fn begin_run(&self) -> Result<RunBuilder<'_>, SchedError> {
         self.begin(None)
     }

@@ -6,20 +6,8 @@
 //! `DeviceRunner` each chip lane owns). It must not know device internals beyond the
 //! `DeviceRunner` API, and it contains no `unsafe` code.
 //!
-//! | Module | Holds |
-//! |---|---|
-//! | `worker` | [`Worker`], admission, registration, the close protocol |
-//! | `builder` | builders, `start` and its rollback |
-//! | `run` | [`RunHandle`] and the cleanup election |
-//! | `graph` | [`Orchestration`] and [`GraphBuilder`] |
-//! | `handle` | [`CallableHandle`] and the registry of closures, graphs and names |
-//! | `chip` | chip lanes: the L3 chip endpoint and the L2 lane thread |
-//! | `sub`, `child` | sub-worker and child-worker endpoints |
-//! | `memory` | [`ChipMemory`] and [`DeviceBuffer`] |
-//! | `host_buffer`, `staging` | [`HostBuffer`] and its staging on chip tasks |
-//! | `reentry` | the thread-local reentrancy guard |
-//! | `error` | every error type of this crate |
-//! | `faults` | injected chip faults for rollback and teardown tests |
+//! The crate's module map is in `docs/worker-protocols.md` ("Modules"); the user guide is
+//! `docs/guide.md`.
 //!
 //! ```
 //! use simpler_device_a2a3::{Platform, RuntimeVariant};
