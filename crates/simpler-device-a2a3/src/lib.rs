@@ -58,7 +58,32 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The crate's lock order and its inventory of `unsafe` code are in `docs/device-internals.md`.
+//! The crate's lock order is in `docs/device-internals.md`.
+//!
+//! Unsafe inventory — every file that contains `unsafe`, and why:
+//! - `src/aicpu/view.rs`: the typed views over a runtime image in device memory.
+//! - `src/aicpu/scheduler.rs`: payload writes and AICPU dispatch records through raw pointers.
+//! - `src/backend/sim/mod.rs`: reading a launch's `KernelArgs` and building image views over
+//!   simulated device memory.
+//! - `src/backend/sim/memory.rs`: simulated device memory (allocation and the host copies).
+//! - `src/backend/sim/aicore.rs`: the AICore executor's payload reads and kernel call.
+//! - `src/backend/sim/loader.rs`: the shared-object kernel loader (`dlopen`/`dlsym`).
+//! - `src/backend/onboard/owners.rs`: the CANN calls of the safe owners (streams, device
+//!   buffers and copies, host mappings, events, the loaded AICPU program) and their `Send` /
+//!   `Sync` impls over CANN handles.
+//! - `src/backend/onboard/programs.rs`: the bootstrap launch, AICPU program loading and the
+//!   AICore executor registration.
+//! - `src/backend/onboard/mod.rs`: attach, stream, core-limit, launch, sync, drain, register
+//!   window and force-reset calls, and the host-mapping offset.
+//! - `src/callable.rs`: the contract of `SharedObjectKernel::new` (an `unsafe fn`).
+//! - `src/kernel.rs`: the kernel accessors over the argument slots.
+//! - `src/programs.rs`: the reference programs' kernels.
+//! - `src/runner/mod.rs`: the runner's host view of a run's image.
+//! - `src/runner/memory.rs` and `src/runner/staging.rs`: host-tensor staging.
+//! - `src/runner/types.rs`: the contract of `RunRequest::with_host_tensors` (an `unsafe fn`).
+//! - `src/runner/tests.rs`: a test kernel.
+//! - `src/runtime/orch.rs`, `src/runtime/hbg/mod.rs`, `src/runtime/hbg/builder.rs`: the
+//!   ops-table glue between an orchestration and the graph builder.
 
 // With no backend feature the backend-neutral types and the simulator-facing image views have
 // no constructor; the crate still builds (every `attach` reports the missing feature), so the

@@ -125,7 +125,8 @@ impl HostBuffer {
         self.bytes.data.lock().to_vec()
     }
 
-    /// Runs `f` on the buffer's bytes, holding its lock (no copy).
+    /// Runs `f` on the buffer's bytes, holding its lock (no copy). Call nothing that waits on
+    /// a worker inside `f`: a chip lane staging this buffer waits for the lock meanwhile.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
         f(&mut self.bytes.data.lock())
     }
@@ -141,9 +142,9 @@ impl HostBuffer {
 
     /// The live buffer that holds `[addr, addr + len)` entirely, if any.
     pub(crate) fn covering(addr: u64, len: u64) -> Option<HostBuffer> {
-        let live = LIVE.lock();
-        let (_, weak) = live.range(..=addr).next_back()?;
-        let bytes = weak.upgrade()?;
+        // The table's guard ends before `bytes` can be dropped: dropping the last reference
+        // takes the table's lock to remove the entry.
+        let bytes = LIVE.lock().range(..=addr).next_back()?.1.upgrade()?;
         let end = addr.checked_add(len)?;
         (end <= bytes.addr.checked_add(bytes.len)?).then_some(HostBuffer { bytes })
     }
@@ -166,4 +167,46 @@ fn range(offset: u64, len: u64, size: u64) -> Result<std::ops::Range<usize>, Mem
     let out = || MemError::OutOfRange { offset, len, size };
     let end = offset.checked_add(len).filter(|&e| e <= size).ok_or_else(out)?;
     Ok(usize::try_from(offset).map_err(|_| out())?..usize::try_from(end).map_err(|_| out())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Invariant of the table: an entry upgrades exactly while its buffer is alive, and a lookup
+    /// finds a buffer only for a range inside it. Owners create and drop buffers while other
+    /// threads look them up, too large ranges included (whose lookups drop the reference they
+    /// upgraded, possibly the last one).
+    #[test]
+    fn lookups_racing_creation_and_drop_find_only_live_covering_buffers() {
+        let published: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let published = &published;
+                s.spawn(move || {
+                    for i in 0..2000u64 {
+                        let b = HostBuffer::new(64 + (i % 7) as usize).expect("buffer");
+                        published.lock().push(b.addr());
+                        let found = HostBuffer::covering(b.addr() + 8, 8).expect("own buffer");
+                        assert!(HostBuffer::same(&found, &b));
+                        assert!(HostBuffer::covering(b.addr(), b.len() + 1).is_none());
+                        let others: Vec<u64> = {
+                            let p = published.lock();
+                            p.iter().rev().take(4).copied().collect()
+                        };
+                        for addr in others {
+                            // Whatever is found (the buffer may be gone) lies around the range.
+                            let len = if (i + t) % 2 == 0 { 4 } else { 1 << 20 };
+                            if let Some(f) = HostBuffer::covering(addr, len) {
+                                assert!(f.addr() <= addr && addr + len <= f.addr() + f.len());
+                            }
+                        }
+                        drop(found);
+                        drop(b);
+                    }
+                });
+            }
+        });
+        assert!(LIVE.lock().values().all(|w| w.strong_count() > 0));
+    }
 }
