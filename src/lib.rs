@@ -2,6 +2,25 @@
 //!
 //! This facade re-exports the workspace's public crates, bottom-up. Each crate is usable on its
 //! own; depend on this one to get all of them under one name.
+//!
+//! ```
+//! use simpler::device_a2a3::{Platform, RuntimeVariant};
+//! use simpler::types::TaskArgs;
+//! use simpler::worker::{Orchestration, Worker};
+//!
+//! // An L3 worker with one sub worker (no chips) running a one-task graph.
+//! let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+//! let hello = b.register_host("hello", |_| Ok(()));
+//! let worker = b.start()?;
+//! worker.run(Orchestration::graph(move |g, _, _| {
+//!     g.submit_sub(hello, TaskArgs::new())?;
+//!     Ok(())
+//! }))?;
+//! worker.close()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Start with the user guide, `docs/guide.md`.
 
 #![forbid(unsafe_code)]
 

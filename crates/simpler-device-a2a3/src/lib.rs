@@ -32,9 +32,33 @@
 //! - [`programs`]: reference chip programs (vector example, bgemm) used by the examples, tests
 //!   and benchmarks.
 //!
-//! Lock order (the only nested acquisitions): a simulated stream's lock, then a thread
-//! mailbox's lock or an event's lock. Every other lock (memory, fault plan, fault log, event
-//! counts, health) is a leaf. The AICPU scheduler takes no lock at all.
+//! ```
+//! use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes, vector};
+//! use simpler_device_a2a3::{DeviceRunner, RunRequest, RunnerOptions, RuntimeVariant};
+//! use simpler_types::{CallConfig, DataType, RunId, TaskArgs, Tensor};
+//!
+//! // A simulated chip (device 0) running the vector example f = (a+b+1)(a+b+2) + (a+b).
+//! let mut runner = DeviceRunner::attach(RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph))?;
+//! let slot = runner.register_callable(&vector::callable()?)?;
+//! let (a, b) = (vec![1.0f32; 256], vec![2.0f32; 256]);
+//! let [pa, pb, pf] = [runner.malloc(1024)?, runner.malloc(1024)?, runner.malloc(1024)?];
+//! runner.copy_to_device(pa, &f32_to_le_bytes(&a))?;
+//! runner.copy_to_device(pb, &f32_to_le_bytes(&b))?;
+//! let on_chip = |p: simpler_device_a2a3::DevicePtr| {
+//!     Tensor::external(p.addr(), &[256], DataType::Float32).map(|t| t.child_memory(true))
+//! };
+//! let mut args = TaskArgs::new();
+//! args.add_input(on_chip(pa)?)?.add_input(on_chip(pb)?)?.add_output(on_chip(pf)?)?;
+//! let run = RunId::from_raw(1).expect("non-zero");
+//! runner.run(&RunRequest::new(run, slot, &args, &CallConfig::default()))?;
+//! let mut raw = vec![0u8; 1024];
+//! runner.copy_from_device(&mut raw, pf)?;
+//! assert_eq!(f32_from_le_bytes(&raw), vector::reference(&a, &b));
+//! runner.finalize()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The crate's lock order is in `docs/device-internals.md`.
 //!
 //! Unsafe inventory — every file that contains `unsafe`, and why:
 //! - `src/aicpu/view.rs`: the typed views over a runtime image in device memory.

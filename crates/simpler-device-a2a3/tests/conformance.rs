@@ -580,6 +580,7 @@ fn diagnostics_write_parseable_files_only_under_the_prefix() {
     assert_eq!(
         names,
         BTreeSet::from([
+            "deps.dot".into(),
             "deps.json".into(),
             "l2_swimlane_records.json".into(),
             "swimlane.perfetto.json".into()

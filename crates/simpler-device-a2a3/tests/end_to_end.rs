@@ -60,3 +60,34 @@ fn vector_example_passes_for_every_block_dim_and_thread_count() {
     }
     r.finalize().unwrap();
 }
+
+/// `deps.dot` beside `deps.json` has one labelled node per task and one labelled edge per
+/// dependency of the JSON file.
+#[test]
+fn the_dependency_graph_is_also_written_as_graphviz_dot() {
+    let dir = std::env::temp_dir().join(format!("simpler-deps-dot-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let cfg = CallConfig::builder().dep_gen(true).output_prefix(&dir).build().unwrap();
+    vector_run(&mut r, slot, 1, 256, &cfg);
+    r.finalize().unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("deps.json")).unwrap()).unwrap();
+    let dot = std::fs::read_to_string(dir.join("deps.dot")).unwrap();
+    assert!(dot.starts_with("digraph deps {") && dot.trim_end().ends_with('}'), "{dot}");
+    let nodes = dot.lines().filter(|l| l.contains("[label=\"task ")).count();
+    let edges: Vec<&str> = dot.lines().filter(|l| l.contains(" -> ")).collect();
+    assert_eq!(nodes, json["tasks"].as_array().unwrap().len());
+    assert_eq!(edges.len(), json["edges"].as_array().unwrap().len());
+    assert_eq!(nodes, 5, "the vector example has five tasks");
+    assert!(dot.contains("task 0\\nAIV kernel 0"), "{dot}");
+    // c = a + b feeds d = c + 1: an edge from task 0 into task 1's input, tensor-map covered.
+    assert!(
+        edges
+            .iter()
+            .any(|e| e.starts_with("  t0 -> t1 ") && e.contains("INPUT") && e.contains("covered")),
+        "{dot}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

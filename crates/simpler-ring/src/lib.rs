@@ -14,6 +14,20 @@
 //! - [`fixed`] — the bump/wrap/FIFO rule and a power-of-two task window as lock-free,
 //!   allocation-free state transitions, shared with device runtimes.
 //! - [`RingConfig`], [`RingError`], [`RingStats`].
+//!
+//! ```
+//! use simpler_ring::{Ring, RingConfig};
+//!
+//! let ring: Ring<()> = Ring::new(RingConfig { heap_bytes_per_ring: 1 << 20, ..RingConfig::default() })?;
+//! // A task-window slot with a 4 KiB slab on the outermost scope's heap ring.
+//! let a = ring.alloc(4096, 0)?;
+//! let slab = a.heap.expect("bytes > 0 come with a slab");
+//! assert_eq!(slab.addr % 1024, 0);
+//! assert_eq!(ring.stats().window.live, 1);
+//! ring.release(a.slot);
+//! assert_eq!(ring.stats().window.live, 0);
+//! # Ok::<(), simpler_ring::RingError>(())
+//! ```
 
 #![forbid(unsafe_code)]
 

@@ -33,7 +33,7 @@ use crate::builder::{OrchState, RunBuilder};
 use crate::core::{Core, CoreParts};
 use crate::endpoint::{Endpoint, EndpointCaps, panic_message};
 use crate::endpoint_thread::{JobReceiver, endpoint_thread_main, wrap_job};
-use crate::error::SchedError;
+use crate::error::{SchedError, ShutdownError};
 use crate::graph::GraphScratch;
 use crate::inbox::WorkerSlot;
 use crate::outcome::{EngineStats, RingPeaks, RunOutcome, RunSummary, TaskSnapshot};
@@ -113,6 +113,17 @@ impl Engine {
     ///
     /// Errors: [`SchedError::InvalidLevel`], [`SchedError::EndpointTypeMismatch`],
     /// [`SchedError::DuplicateWorkerId`], [`SchedError::Ring`], [`SchedError::ThreadSpawn`].
+    ///
+    /// ```
+    /// use simpler_sched::{Engine, EngineConfig, RingConfig};
+    ///
+    /// // No endpoints: runs that submit nothing still complete.
+    /// let ring = RingConfig { heap_bytes_per_ring: 1 << 20, ..RingConfig::default() };
+    /// let engine = Engine::start(EngineConfig { ring, ..EngineConfig::default() })?;
+    /// assert_eq!((engine.sub_count(), engine.next_level_ids().len()), (0, 0));
+    /// engine.shutdown(std::time::Instant::now())?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn start(config: EngineConfig) -> Result<Engine, SchedError> {
         let EngineConfig { ring, next_level, sub, stall_warn_after, level } = config;
         if level < 3 {
@@ -185,6 +196,20 @@ impl Engine {
     ///
     /// Errors: [`SchedError::AnotherRunBuilding`] (at once), [`SchedError::ShuttingDown`],
     /// [`SchedError::EnginePoisoned`], [`SchedError::RunIdsExhausted`].
+    ///
+    /// ```
+    /// use simpler_sched::{Engine, EngineConfig, SchedError};
+    ///
+    /// let engine = Engine::start(EngineConfig::default())?;
+    /// let mut run = engine.begin_run()?;
+    /// // One run builds at a time: a second begin fails at once instead of waiting on us.
+    /// assert!(matches!(engine.begin_run(), Err(SchedError::AnotherRunBuilding { .. })));
+    /// run.scope(|run| run.alloc(&[16], simpler_sched::DataType::Float32).map(drop))??;
+    /// let id = run.close();
+    /// assert!(engine.wait(id)?.is_completed());
+    /// println!("{}", engine.release(id)?);
+    /// # Ok::<(), SchedError>(())
+    /// ```
     pub fn begin_run(&self) -> Result<RunBuilder<'_>, SchedError> {
         self.begin(None)
     }
@@ -225,8 +250,31 @@ impl Engine {
     }
 
     /// Blocks until `run` is terminal and returns its outcome (the same `Arc` for every waiter).
+    ///
+    /// A run that is still being built is refused with [`SchedError::NotClosed`] rather than
+    /// waited for: the caller may well be the thread that holds its builder, which would then
+    /// wait for itself forever. To wait for a run another thread is building, poll
+    /// [`wait_timeout`](Self::wait_timeout).
+    ///
+    /// Errors: [`SchedError::UnknownRun`], [`SchedError::NotClosed`].
+    ///
+    /// ```
+    /// use simpler_sched::{Engine, EngineConfig, SchedError};
+    ///
+    /// let engine = Engine::start(EngineConfig::default())?;
+    /// let run = engine.begin_run()?;
+    /// let id = run.id();
+    /// // Still building: waiting now could only wait for this thread's own builder.
+    /// assert!(matches!(engine.wait(id), Err(SchedError::NotClosed { .. })));
+    /// run.close();
+    /// assert!(engine.wait(id)?.is_completed());
+    /// # Ok::<(), SchedError>(())
+    /// ```
     pub fn wait(&self, run: RunId) -> Result<RunOutcome, SchedError> {
         let record = self.core.registry.find(run)?;
+        if !record.is_terminal() && !record.lock().closed() {
+            return Err(SchedError::NotClosed { run, op: "wait" });
+        }
         record
             .wait_until(None)
             .ok_or_else(|| SchedError::Internal { message: format!("{run}: wait returned early") })
@@ -318,7 +366,7 @@ impl Engine {
         let record = self.core.registry.find(run)?;
         match self.abort(&record, reason, true) {
             AbortCheck::Terminal => Ok(false),
-            AbortCheck::NotClosed => Err(SchedError::NotClosed { run }),
+            AbortCheck::NotClosed => Err(SchedError::NotClosed { run, op: "abort_run" }),
             AbortCheck::Marked => Ok(true),
         }
     }
@@ -403,7 +451,7 @@ impl Engine {
 
     /// Stops the engine (module docs, steps 1–7). Idempotent: later calls return `Ok(())`.
     /// Runs still unfinished at `deadline` are aborted; running members are always waited for.
-    pub fn shutdown(&self, deadline: Instant) -> Result<(), Vec<SchedError>> {
+    pub fn shutdown(&self, deadline: Instant) -> Result<(), ShutdownError> {
         let mut threads = self.threads.lock();
         if threads.stopped {
             return Ok(());
@@ -454,7 +502,7 @@ impl Engine {
         }
         // 7.
         core.ring.shutdown();
-        if errors.is_empty() { Ok(()) } else { Err(errors) }
+        if errors.is_empty() { Ok(()) } else { Err(ShutdownError { errors }) }
     }
 
     #[cold]
@@ -481,8 +529,8 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        if let Err(errors) = self.shutdown(Instant::now()) {
-            for e in errors {
+        if let Err(e) = self.shutdown(Instant::now()) {
+            for e in e.errors {
                 tracing::warn!(level = self.core.level, "engine drop: {e}");
             }
         }

@@ -94,11 +94,18 @@ pub enum SchedError {
         /// Its current phase.
         phase: RunState,
     },
-    /// `abort_run` was called on a run whose submission is still open.
-    #[error("{run} is still being built; fail it through its builder instead of aborting it")]
+    /// `abort_run` or `wait` was called on a run whose submission is still open: only its
+    /// builder can end it.
+    #[error(
+        "{run} is still being built, so {op} could wait on nothing but its builder; close the \
+         builder (RunBuilder::close) or fail it (RunBuilder::fail) first, or poll with \
+         Engine::wait_timeout while another thread builds it"
+    )]
     NotClosed {
         /// The run.
         run: RunId,
+        /// The call that was refused (`"wait"`, `"abort_run"`).
+        op: &'static str,
     },
     /// The run already failed; nothing more is accepted for it (fail-fast).
     #[error("the run already failed: {0}")]
@@ -307,5 +314,38 @@ impl SchedError {
             RingError::Shutdown => SchedError::ShuttingDown,
             other => SchedError::Capacity { source: other, oldest_live },
         }
+    }
+}
+
+/// What [`Engine::shutdown`](crate::Engine::shutdown) met on the way (the engine is stopped
+/// anyway): runs it had to abort, threads that panicked. Each error is kept as it was.
+#[derive(Debug)]
+pub struct ShutdownError {
+    /// In the order they occurred.
+    pub errors: Vec<SchedError>,
+}
+
+impl std::fmt::Display for ShutdownError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the engine stopped, but shutdown met {} problem(s)", self.errors.len())?;
+        for (i, e) in self.errors.iter().enumerate() {
+            write!(f, "{} {e}", if i == 0 { ":" } else { ";" })?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ShutdownError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.errors.first().map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl IntoIterator for ShutdownError {
+    type Item = SchedError;
+    type IntoIter = std::vec::IntoIter<SchedError>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.errors.into_iter()
     }
 }

@@ -21,6 +21,46 @@
 //! wait ◄─ run fence ◄─ reclamation ◄─ completion ◄ endpoint threads ◄┘
 //! ```
 //!
+//! ```
+//! use simpler_sched::{
+//!     CallConfig, CallableId, CallableKind, DispatchedMember, Endpoint, EndpointCaps,
+//!     EndpointFailure, Engine, EngineConfig, TaskArgs, Tensor, DataType, WorkerId, WorkerType,
+//! };
+//!
+//! /// A host worker that prints what it runs.
+//! struct Print(u32);
+//!
+//! impl Endpoint for Print {
+//!     fn caps(&self) -> EndpointCaps {
+//!         EndpointCaps { worker_type: WorkerType::Sub, id: WorkerId(self.0), remote: false, name: format!("print {}", self.0) }
+//!     }
+//!     fn run(&mut self, task: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
+//!         println!("{} runs on sub {}", task.task, self.0);
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let engine = Engine::start(EngineConfig {
+//!     sub: vec![Box::new(Print(0)), Box::new(Print(1))],
+//!     ..EngineConfig::default()
+//! })?;
+//! let produce = CallableId::host_named("produce", CallableKind::Host);
+//! let consume = CallableId::host_named("consume", CallableKind::Host);
+//! // Two tasks ordered through one buffer: the reader runs after the writer.
+//! let buf = Tensor::external(0x10_0000, &[256], DataType::Float32)?;
+//! let mut run = engine.begin_run()?;
+//! let mut w = TaskArgs::new();
+//! w.add_output(buf)?;
+//! run.submit_sub(&produce, w)?;
+//! let mut r = TaskArgs::new();
+//! r.add_input(buf)?;
+//! run.submit_sub(&consume, r)?;
+//! let id = run.close();
+//! engine.wait(id)?.into_result()?;
+//! println!("{}", engine.release(id)?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! The scheduler's queues sit behind one lock; the thread that delivers an event (a ready task,
 //! a completion) runs the scheduler pass itself when that lock is free and otherwise leaves the
 //! event for the holder (`inbox`). The scheduler thread handles stop-and-drain and stall
@@ -34,39 +74,8 @@
 //! `loom` through the `sync` shim (`loom_models`; run with
 //! `RUSTFLAGS="--cfg simpler_loom" cargo test -p simpler-sched --release --lib loom`).
 //!
-//! # Lock order (the one place it is written down)
-//!
-//! The engine's locks are: the scheduler lock, a slot's `sync` lock, a slot's `payload` lock,
-//! the tensor-map lock, the alloc-registry lock, the ring's locks (inside `simpler-ring`), a
-//! run's `completion` lock, the registry lock, the scheduler inbox lock, a worker mailbox lock,
-//! the scheduler thread's attention lock, and the shutdown lock.
-//!
-//! 0. The scheduler lock is the outermost: a pass holds it while it takes (one at a time) any of
-//!    the locks below. It is never requested while another engine lock is held (the shutdown
-//!    lock of rule 5 aside), and threads other than the scheduler thread only ever `try_lock`
-//!    it.
-//! 1. Besides the scheduler lock, a thread holds at most one of: a slot `sync` lock, the
-//!    tensor-map lock, the alloc-registry lock, a ring lock, a run `completion` lock, the
-//!    registry lock, the inbox lock, a mailbox lock, the attention lock.
-//! 2. Exception: a slot's `payload` lock may be held (by the submitting thread while the slot is
-//!    `Building`, by the reclaimer of a `Consumed` slot, or read by the pass that retires a
-//!    finished slot's reader entries) while taking the tensor-map lock or the alloc-registry
-//!    lock (deliberate: keeping the tensor-map lock a strict leaf would need the
-//!    keys copied out of the payload first). No other thread uses that payload at those times,
-//!    except a pass that reads a stale queue entry's payload and so may wait for the
-//!    reclaimer's; that pass holds only the scheduler lock, which nobody in this chain requests.
-//!    Neither leaf lock is ever held while a payload lock or the scheduler lock is requested, so
-//!    no cycle can form.
-//! 3. A worker holds a slot's `payload` read lock while its endpoint runs, and takes no engine
-//!    lock meanwhile; the only writers of a payload (submit before publication, reclaimer after
-//!    the last completion) never overlap a running member.
-//! 4. A slot's `sync` lock may be held while recording into the run's atomic counters (not a
-//!    lock), never while taking the run's `completion` lock.
-//! 5. The shutdown lock is held for the whole of `shutdown` and taken by nothing else.
-//!    Exception to rule 1: `Engine::release` holds the registry lock while it reads the ring's
-//!    statistics and rewinds it (so that no run can be admitted in between); neither call
-//!    blocks, and the ring's locks are leaves that never request an engine lock.
-//! 6. Nothing blocks (ring allocation, waits, endpoint calls) while holding any lock of rule 1.
+//! The engine's lock order is written down once, in `docs/engine-protocols.md` ("Lock
+//! order").
 //!
 //! # Observability
 //!
@@ -99,5 +108,14 @@ pub use builder::RunBuilder;
 pub use endpoint::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
 pub use endpoint_thread::JobReceiver;
 pub use engine::{Engine, EngineConfig};
-pub use error::SchedError;
+pub use error::{SchedError, ShutdownError};
 pub use outcome::{EngineStats, RingPeak, RingPeaks, RunOutcome, RunSummary, TaskSnapshot};
+
+// What the API takes and returns, so that one dependency line suffices.
+pub use simpler_ring::{HeapBacking, RingConfig, RingError, RingStats};
+pub use simpler_types::{
+    CallConfig, CallableId, CallableKind, CallableNamespace, CancelReason, DataType,
+    EndpointOutcome, FailureMechanism, FailureSource, RunFailure, RunId, RunState, RunStatus,
+    SlotId, TaskArgs, TaskArgsView, TaskFailure, TaskId, TaskState, Tensor, TensorArgType,
+    WorkerId, WorkerRef, WorkerType,
+};

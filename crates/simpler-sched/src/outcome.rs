@@ -30,6 +30,35 @@ impl RunOutcome {
             RunOutcome::Failed(f) => Some(f),
         }
     }
+
+    /// `Ok(())` for a completed run, else its failure as an error, so that a failed run
+    /// propagates with `?`.
+    ///
+    /// ```
+    /// use simpler_sched::RunOutcome;
+    ///
+    /// fn check(outcome: RunOutcome) -> Result<(), Box<dyn std::error::Error>> {
+    ///     outcome.into_result()?;
+    ///     Ok(())
+    /// }
+    /// assert!(check(RunOutcome::Completed).is_ok());
+    /// ```
+    pub fn into_result(self) -> Result<(), Arc<RunFailure>> {
+        match self {
+            RunOutcome::Completed => Ok(()),
+            RunOutcome::Failed(f) => Err(f),
+        }
+    }
+}
+
+impl std::fmt::Display for RunOutcome {
+    /// `completed`, or the failure (which names the run, the task and what failed).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunOutcome::Completed => f.write_str("completed"),
+            RunOutcome::Failed(failure) => std::fmt::Display::fmt(failure, f),
+        }
+    }
 }
 
 /// High-water marks of one heap ring over a run.
@@ -81,6 +110,37 @@ pub struct RunSummary {
     pub cancelled: u32,
     /// Ring high-water marks while the run was admitted (serial admission makes them per run).
     pub peaks: RingPeaks,
+}
+
+impl std::fmt::Display for RunSummary {
+    /// One line for the run, then one per heap ring that was used:
+    ///
+    /// ```text
+    /// run#1: completed; 3 tasks (0 failed, 0 cancelled); window peak 3 slots
+    ///   heap ring 0: peak 4096 B live in 1 alloc(s), 4096 B occupied
+    /// ```
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let outcome = match &self.outcome {
+            RunOutcome::Completed => "completed".to_owned(),
+            RunOutcome::Failed(failure) => failure.to_string(),
+        };
+        write!(
+            f,
+            "{}: {outcome}; {} tasks ({} failed, {} cancelled); window peak {} slots",
+            self.id, self.tasks, self.failed, self.cancelled, self.peaks.window_peak
+        )?;
+        for (i, r) in self.peaks.rings.iter().enumerate() {
+            if *r == RingPeak::default() {
+                continue;
+            }
+            write!(
+                f,
+                "\n  heap ring {i}: peak {} B live in {} alloc(s), {} B occupied",
+                r.peak_live_bytes, r.peak_live_allocs, r.peak_occupied_bytes
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// Introspection of one task, for debugging and tests ([`Engine::task_snapshot`](crate::Engine::task_snapshot)).

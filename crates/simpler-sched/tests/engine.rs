@@ -213,7 +213,7 @@ fn shutdown_racing_a_live_builder_aborts_its_run_and_leaves_the_builder_harmless
         h.release(running, Action::Succeed);
         let errors = stopper.join().unwrap().unwrap_err();
         assert!(
-            matches!(errors.as_slice(), [SchedError::AbortedAtShutdown { run: r }] if *r == run)
+            matches!(errors.errors.as_slice(), [SchedError::AbortedAtShutdown { run: r }] if *r == run)
         );
     });
     assert!(matches!(noop_on(&mut b, 0), Err(SchedError::ShuttingDown)));

@@ -280,7 +280,7 @@ fn hazard_07_shutdown_loses_no_completion() {
         h.release(t, Action::Succeed);
         let errors = stopper.join().unwrap().unwrap_err();
         assert!(
-            matches!(errors.as_slice(), [SchedError::AbortedAtShutdown { run: r }] if *r == run)
+            matches!(errors.errors.as_slice(), [SchedError::AbortedAtShutdown { run: r }] if *r == run)
         );
         let o = waiter.join().unwrap();
         assert!(matches!(

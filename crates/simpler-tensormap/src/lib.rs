@@ -21,6 +21,22 @@
 //! for the device runtimes; `map` adds the one leaf mutex. Decisions are recorded in
 //! `docs/decisions/simpler-tensormap.md`.
 //!
+//! ```
+//! use simpler_tensormap::{Access, DataType, RunId, SlotId, Tensor, TensorMap, footprint};
+//!
+//! let map = TensorMap::new();
+//! let run = RunId::FIRST;
+//! let a = Tensor::external(0x1000, &[64], DataType::Float32)?;
+//! let (key, span) = footprint(&a, None)?.expect("a non-empty host tensor");
+//! let writer = SlotId::new(0, 1);
+//! map.record(run, key, span, Access::Overwrite, writer);
+//! // A later reader of the same bytes orders after the writer.
+//! let mut deps = Vec::new();
+//! map.dependencies(run, &key, span, Access::Read, |s| deps.push(s));
+//! assert_eq!(deps, [writer]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! [`fixed`] is the same dependency map over fixed, caller-provided storage for device
 //! runtimes (`docs/tensormap-fixed.md`). It and [`ByteSpan`] need only `core`: without the
 //! default `std` feature the crate is `no_std` and holds just those two.
@@ -58,3 +74,7 @@ pub use key::{RemoteSpace, TensorKey};
 #[cfg(feature = "std")]
 pub use map::{TensorMap, TensorMapGuard};
 pub use span::ByteSpan;
+
+// What the API takes, so that one dependency line suffices.
+#[cfg(feature = "std")]
+pub use simpler_types::{DataType, RunId, SlotId, Tensor, TensorArgType, WorkerId};

@@ -308,6 +308,27 @@ impl CallableId {
     ) -> CallableId {
         CallableId { digest, kind, namespace }
     }
+
+    /// The id of a host-side callable (a host closure or a graph) named `name`: the SHA-256
+    /// digest of the kind and the name, in the [`LocalHost`](CallableNamespace::LocalHost)
+    /// namespace. Equal names of one kind give equal ids, so name each callable of an engine
+    /// distinctly.
+    ///
+    /// ```
+    /// use simpler_types::{CallableId, CallableKind};
+    ///
+    /// let check = CallableId::host_named("check", CallableKind::Host);
+    /// assert_eq!(check, CallableId::host_named("check", CallableKind::Host));
+    /// assert_ne!(check, CallableId::host_named("load", CallableKind::Host));
+    /// ```
+    pub fn host_named(name: &str, kind: CallableKind) -> CallableId {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(b"simpler host callable\0");
+        h.update([kind as u8]);
+        h.update(name.as_bytes());
+        CallableId::new(h.finalize().into(), kind, CallableNamespace::LocalHost)
+    }
 }
 
 impl fmt::Display for CallableId {

@@ -551,6 +551,15 @@ impl Endpoint for ChipEndpoint {
     }
 
     fn run(&mut self, task: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
+        if crate::staging::has_host_tensors(task.args) {
+            return crate::staging::run_staged(
+                &mut self.state,
+                task.callable,
+                task.args,
+                task.config,
+                task.task,
+            );
+        }
         self.state.run(task.callable, task.args, task.config, task.task)
     }
 

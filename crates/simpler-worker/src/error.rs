@@ -41,7 +41,9 @@ impl fmt::Display for BuildFailure {
         match self {
             BuildFailure::Callback(e) => write!(f, "orchestration returned an error: {e}"),
             BuildFailure::Panicked(p) => write!(f, "orchestration panicked: {p}"),
-            BuildFailure::Engine(e) => write!(f, "engine rejected the submission: {e}"),
+            BuildFailure::Engine(e) => {
+                write!(f, "engine rejected the submission: {e}{}", worker_setting(e))
+            }
             BuildFailure::Device(e) => write!(f, "chip refused to prepare the run: {e}"),
         }
     }
@@ -194,8 +196,35 @@ pub enum WorkerError {
         message: String,
     },
     /// An engine call inside a graph callback failed.
-    #[error(transparent)]
+    #[error("{0}{hint}", hint = worker_setting(.0))]
     Engine(SchedError),
+    /// A chip task names host memory (`child_memory = 0`) that is not a [`HostBuffer`], so
+    /// its chip lane could not stage it (refused at submit).
+    ///
+    /// [`HostBuffer`]: crate::HostBuffer
+    #[error(
+        "chip task argument {arg} names host memory at {addr:#x} ({len} bytes) that is not a HostBuffer; \
+         allocate it with HostBuffer::new and pass HostBuffer::tensor, or put it in chip memory \
+         (Worker::chip_memory / GraphBuilder::chip_memory, then DeviceBuffer::tensor)"
+    )]
+    HostTensorNotStaged {
+        /// Index of the tensor argument.
+        arg: usize,
+        /// The tensor's buffer address.
+        addr: u64,
+        /// The tensor's buffer size in bytes.
+        len: u64,
+    },
+    /// A sub task names chip memory, which a host closure cannot read (refused at submit).
+    #[error(
+        "sub task argument {arg} lives in chip memory, which a sub worker cannot read; let the \
+         chip task write a HostBuffer instead (its chip lane copies the result back) and pass \
+         that to the sub task"
+    )]
+    ChipMemoryOnSubTask {
+        /// Index of the tensor argument.
+        arg: usize,
+    },
     /// A chip's lane stopped or a control job on it failed.
     #[error("chip {chip}: {message}")]
     Lane {
@@ -215,6 +244,23 @@ impl From<MemError> for WorkerError {
             }
             other => WorkerError::Memory(other),
         }
+    }
+}
+
+/// The worker setting behind a capacity limit the engine reports in its own (ring) terms, so
+/// that the hint names the call the worker's user can make.
+fn worker_setting(e: &SchedError) -> &'static str {
+    use simpler_ring::RingError;
+    match e {
+        SchedError::Capacity { source, .. } => match source {
+            RingError::HeapExhausted(_) | RingError::RequestTooLarge { .. } => {
+                " (on a worker, the heap ring size is the builder's heap_ring_size, and the wait \
+                 for room its alloc_timeout)"
+            }
+            RingError::HeapDisabled { .. } => " (on a worker, set the builder's heap_ring_size)",
+            _ => "",
+        },
+        _ => "",
     }
 }
 
@@ -359,9 +405,10 @@ impl Frame {
 
 impl fmt::Display for Frame {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "L{} {}", self.level, self.run)?;
-        if let Some(t) = self.task {
-            write!(f, " task {}", t.seq)?;
+        // One format for task references everywhere: `run#3/task#0`.
+        match self.task {
+            Some(t) => write!(f, "L{} {t}", self.level)?,
+            None => write!(f, "L{} {}", self.level, self.run)?,
         }
         match (&self.kind, &self.callable) {
             (Some(k), Some(n)) => write!(f, " ({k} '{n}')")?,
@@ -630,8 +677,18 @@ impl CloseError {
                 d.budget, d.in_flight_ops, d.pending_runs
             ));
         }
-        for r in &self.unobserved_runs {
-            parts.push(format!("unobserved {}: {r}", r.run_id()));
+        if !self.unobserved_runs.is_empty() {
+            let runs: Vec<String> = self.unobserved_runs.iter().map(|r| format!("{r}")).collect();
+            let lead = if parts.is_empty() && self.teardown.is_empty() && self.leaked.is_empty() {
+                "the worker closed cleanly, but "
+            } else {
+                ""
+            };
+            parts.push(format!(
+                "{lead}{} run(s) failed that nobody waited for: {}",
+                runs.len(),
+                runs.join("; ")
+            ));
         }
         if self.unobserved_runs_not_kept > 0 {
             parts.push(format!("{} more unobserved failed run(s)", self.unobserved_runs_not_kept));

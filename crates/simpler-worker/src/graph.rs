@@ -202,6 +202,19 @@ impl<'a> GraphBuilder<'a> {
         Ok(())
     }
 
+    /// L3: refuses host-memory tensors a chip lane cannot stage (anything but a
+    /// [`HostBuffer`](crate::HostBuffer)) and keeps the buffers alive until the run is
+    /// published, so the lane finds them when the task runs.
+    fn keep_host_buffers(&mut self, args: &TaskArgs) -> Result<(), WorkerError> {
+        if self.inner.level != 3 {
+            return Ok(());
+        }
+        for b in crate::staging::host_buffers_of(args)? {
+            self.keep.push(Box::new(b));
+        }
+        Ok(())
+    }
+
     /// Submits a task to chip or child `target` (L3: a chip callable; L4+: a graph).
     pub fn submit_next_level(
         &mut self,
@@ -213,6 +226,7 @@ impl<'a> GraphBuilder<'a> {
         self.resolve(handle, Target::NextLevel)?;
         self.check_limits(handle, config, target)?;
         self.check_owner(&args, target)?;
+        self.keep_host_buffers(&args)?;
         let id = handle.id;
         self.rb()?.submit_next_level(&id, args, config, target, None).map_err(engine_err)
     }
@@ -231,6 +245,7 @@ impl<'a> GraphBuilder<'a> {
         }
         for (a, t) in args.iter().zip(targets) {
             self.check_owner(a, *t)?;
+            self.keep_host_buffers(a)?;
         }
         let id = handle.id;
         self.rb()?.submit_next_level_group(&id, args, config, targets, None).map_err(engine_err)
@@ -243,6 +258,7 @@ impl<'a> GraphBuilder<'a> {
         args: TaskArgs,
     ) -> Result<TaskId, WorkerError> {
         self.resolve(handle, Target::Sub)?;
+        check_host_only(&args)?;
         let id = handle.id;
         self.rb()?.submit_sub(&id, args).map_err(engine_err)
     }
@@ -254,6 +270,7 @@ impl<'a> GraphBuilder<'a> {
         args: Vec<TaskArgs>,
     ) -> Result<TaskId, WorkerError> {
         self.resolve(handle, Target::Sub)?;
+        args.iter().try_for_each(check_host_only)?;
         let id = handle.id;
         self.rb()?.submit_sub_group(&id, args).map_err(engine_err)
     }
@@ -307,6 +324,15 @@ impl<'a> GraphBuilder<'a> {
     /// Keeps `value` alive until the run's result is published.
     pub fn keep_alive(&mut self, value: impl Send + 'static) {
         self.keep.push(Box::new(value));
+    }
+}
+
+/// Refuses chip memory on a sub task, with the hint of this level (the engine refuses it too,
+/// but can only say what is wrong).
+fn check_host_only(args: &TaskArgs) -> Result<(), WorkerError> {
+    match args.tensors().iter().position(Tensor::is_child_memory) {
+        Some(arg) => Err(WorkerError::ChipMemoryOnSubTask { arg }),
+        None => Ok(()),
     }
 }
 

@@ -7,21 +7,8 @@
 //! `DeviceRunner` API. Its `unsafe` code is listed in the inventory below: PROCESS mode's
 //! shared memory and, with feature `mpi`, one MPI call.
 //!
-//! | Module | Holds |
-//! |---|---|
-//! | `worker` | [`Worker`], admission, registration, the close protocol |
-//! | `builder` | builders, `start` and its rollback |
-//! | `run` | [`RunHandle`] and the cleanup election |
-//! | `graph` | [`Orchestration`] and [`GraphBuilder`] |
-//! | `handle` | [`CallableHandle`] and the registry of closures, graphs and names |
-//! | `chip` | chip lanes: the L3 chip endpoint and the L2 lane thread |
-//! | `sub`, `child` | sub-worker and child-worker endpoints |
-//! | `memory` | [`ChipMemory`] and [`DeviceBuffer`] |
-//! | `reentry` | the thread-local reentrancy guard |
-//! | `error` | every error type of this crate |
-//! | `faults` | injected chip faults for rollback and teardown tests |
-//! | `remote` | feature `mpi`: remote L3 children over MPI (`docs/multi-host.md`) |
-//! | `process` | PROCESS mode: chips in child processes (`docs/process-mode.md`) |
+//! The crate's module map is in `docs/worker-protocols.md` ("Modules"); the user guide is
+//! `docs/guide.md`.
 //!
 //! # Unsafe inventory
 //!
@@ -102,6 +89,7 @@ mod faults;
 mod gate;
 mod graph;
 mod handle;
+mod host_buffer;
 mod memory;
 #[allow(unsafe_code)]
 mod process;
@@ -109,6 +97,7 @@ mod reentry;
 #[cfg(feature = "mpi")]
 pub mod remote;
 mod run;
+mod staging;
 mod sub;
 mod sync;
 mod worker;
@@ -127,6 +116,7 @@ pub use error::{
 };
 pub use graph::{GraphBuilder, GraphCallback, Orchestration};
 pub use handle::{CallableHandle, GraphFn, HostFn};
+pub use host_buffer::HostBuffer;
 pub use memory::{ChipMemory, DeviceBuffer};
 #[cfg(feature = "sim")]
 pub use process::ChildFault;

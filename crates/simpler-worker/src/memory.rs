@@ -12,12 +12,23 @@ use crate::error::{MemError, WorkerError};
 use crate::worker::Inner;
 
 /// A device allocation: meaningful only with its chip.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DeviceBuffer {
     worker: u64,
     chip: WorkerId,
     addr: u64,
     len: u64,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    /// Addresses in hex, as everywhere else.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("chip", &self.chip)
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
 }
 
 impl DeviceBuffer {

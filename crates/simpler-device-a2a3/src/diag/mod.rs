@@ -7,10 +7,11 @@
 //!
 //! - `timing`: wall time and phases from the AICPU phase records.
 //! - `swimlane`: `l2_swimlane_records.json` and `swimlane.perfetto.json`.
-//! - `deps`: `deps.json`.
+//! - `deps`: `deps.json`; `dot`: the same graph as Graphviz DOT, `deps.dot`.
 //! - `scopes`: `scope_stats/scope_stats.jsonl`.
 
 pub(crate) mod deps;
+pub(crate) mod dot;
 pub(crate) mod scopes;
 pub(crate) mod swimlane;
 pub(crate) mod timing;

@@ -24,6 +24,20 @@ use crate::timeouts::TimeoutConfig;
 impl DeviceRunner {
     /// Attaches to a device: resolves the timeouts (A1), creates the backend (A2) and
     /// initializes it (A3).
+    ///
+    /// ```
+    /// use simpler_device_a2a3::{DeviceRunner, RunnerOptions, RuntimeVariant};
+    ///
+    /// let mut runner = DeviceRunner::attach(RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph))?;
+    /// let p = runner.malloc(4096)?;
+    /// runner.copy_to_device(p, &[7u8; 4096])?;
+    /// let mut back = vec![0u8; 4096];
+    /// runner.copy_from_device(&mut back, p)?;
+    /// assert!(back.iter().all(|&b| b == 7));
+    /// runner.free(p)?;
+    /// runner.finalize()?;
+    /// # Ok::<(), simpler_device_a2a3::DeviceError>(())
+    /// ```
     pub fn attach(opts: RunnerOptions) -> Result<DeviceRunner, DeviceError> {
         let timeouts = opts.resolve_timeouts()?;
         tracing::info!(

@@ -14,8 +14,15 @@ use super::AcceptanceSignal;
 use crate::diag::timing::RunPhases;
 
 /// A device address returned by `malloc` (never 0).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DevicePtr(pub u64);
+
+impl std::fmt::Debug for DevicePtr {
+    /// The address in hex: `DevicePtr(0x12c0000)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevicePtr({:#x})", self.0)
+    }
+}
 
 impl DevicePtr {
     /// The raw address.

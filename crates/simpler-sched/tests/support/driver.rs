@@ -205,9 +205,9 @@ impl Driver<'_> {
                 b.close();
                 match self.engine.shutdown(Instant::now()) {
                     Ok(()) => {}
-                    Err(errors) => match errors.as_slice() {
+                    Err(e) => match e.errors.as_slice() {
                         [SchedError::AbortedAtShutdown { run: r }] if *r == run => aborted = true,
-                        _ => return Err(format!("{run}: shutdown reported {errors:?}")),
+                        errors => return Err(format!("{run}: shutdown reported {errors:?}")),
                     },
                 }
                 // Shutdown waits for running members and cancels the rest, so the run must be

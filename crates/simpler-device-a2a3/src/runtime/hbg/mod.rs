@@ -248,6 +248,7 @@ impl BoundRun for HbgRun {
         if self.diag.dep_gen {
             let deps = diag::deps::deps_json(g, outcome == Outcome::Success, out.origin());
             out.write("deps.json", deps.to_string().as_bytes());
+            out.write("deps.dot", diag::dot::deps_dot(g, out.origin()).as_bytes());
         }
         if self.diag.scope_stats && outcome != Outcome::FailedBeforeLaunch {
             out.write(

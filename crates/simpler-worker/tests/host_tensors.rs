@@ -1,0 +1,161 @@
+//! Host buffers on L3 chip tasks: staged by the chip lane, ordered by the engine through their
+//! tags like any tensor, and refused at submit where they cannot be staged.
+
+mod common;
+
+use common::{add_callable, host};
+use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes};
+use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
+use simpler_worker::{BuildFailure, HostBuffer, Orchestration, WorkerError};
+
+const N: u32 = 1024;
+
+fn filled(values: &[f32]) -> HostBuffer {
+    HostBuffer::from_bytes(&f32_to_le_bytes(values)).expect("buffer")
+}
+
+fn floats(b: &HostBuffer) -> Vec<f32> {
+    f32_from_le_bytes(&b.to_vec())
+}
+
+fn t(b: &HostBuffer) -> Tensor {
+    b.tensor(&[N], DataType::Float32).expect("tensor")
+}
+
+/// chip `f = a + b` → sub `g = 2f` → chip `h = g + b`, all through host buffers of one graph.
+/// The sub task only sees the chip's result if the chip lane copied it back before the sub task
+/// ran, and the second chip task only sees the sub task's result if the lane copied it in after.
+#[test]
+fn chip_then_host_then_chip_through_host_buffers_in_one_graph() {
+    let mut b = host().chips(&[0]).sub_workers(1);
+    let add = b.register_chip(add_callable(0));
+    let double = b.register_host("double", |args| {
+        let input = args.tensor(0).and_then(HostBuffer::of_tensor).ok_or("input is no buffer")?;
+        let output = args.tensor(1).and_then(HostBuffer::of_tensor).ok_or("output is no buffer")?;
+        let doubled: Vec<f32> =
+            f32_from_le_bytes(&input.to_vec()).iter().map(|x| 2.0 * x).collect();
+        output.write(0, &f32_to_le_bytes(&doubled))?;
+        Ok(())
+    });
+    let w = b.start().expect("start");
+    let av: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let bv: Vec<f32> = (0..N).map(|i| 0.5 + (i % 7) as f32).collect();
+    let (a, bb) = (filled(&av), filled(&bv));
+    let [f, g, h] = [(); 3].map(|()| HostBuffer::new(N as usize * 4).expect("buffer"));
+    for round in 0..3 {
+        let [a, bb, f, g, h] = [&a, &bb, &f, &g, &h].map(HostBuffer::clone);
+        let (f_out, h_out) = (f.clone(), h.clone());
+        w.run(Orchestration::graph(move |gb, _, _| {
+            let cfg = CallConfig::default();
+            let mut first = TaskArgs::new();
+            first.add_input(t(&a))?.add_input(t(&bb))?.add_output(t(&f))?;
+            gb.submit_next_level(add, first, &cfg, WorkerId(0))?;
+            let mut sub = TaskArgs::new();
+            sub.add_input(t(&f))?.add_output(t(&g))?;
+            gb.submit_sub(double, sub)?;
+            let mut second = TaskArgs::new();
+            second.add_input(t(&g))?.add_input(t(&bb))?.add_output(t(&h))?;
+            gb.submit_next_level(add, second, &cfg, WorkerId(0))?;
+            Ok(())
+        }))
+        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let want: Vec<f32> = av.iter().zip(&bv).map(|(x, y)| 2.0 * (x + y) + y).collect();
+        assert_eq!(floats(&h_out), want, "round {round}");
+        assert_eq!(floats(&f_out), av.iter().zip(&bv).map(|(x, y)| x + y).collect::<Vec<_>>());
+    }
+    w.close().expect("close");
+}
+
+/// Two views of one host buffer on one chip task share one device copy: the task reads one
+/// half and writes the other, and the half it does not write comes back unchanged.
+#[test]
+fn views_of_one_host_buffer_share_one_staged_copy() {
+    let mut b = host().chips(&[0]);
+    let add = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let half = N / 2;
+    let init: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let buf = filled(&init);
+    let whole = t(&buf);
+    let lo = whole.view(&[half], &[0]).expect("lo");
+    let hi = whole.view(&[half], &[half]).expect("hi");
+    // A buffer the task only writes, and only half of: its other half must survive as well.
+    let other = filled(&init);
+    let other_hi = t(&other).view(&[half], &[half]).expect("other hi");
+    w.run(Orchestration::graph(move |g, _, _| {
+        // hi = lo + lo, written blind: the untouched low half must survive the copy back.
+        let mut args = TaskArgs::new();
+        args.add_input(lo)?.add_input(lo)?.add_output(hi)?;
+        g.submit_next_level(add, args, &CallConfig::default(), WorkerId(0))?;
+        let mut args = TaskArgs::new();
+        args.add_input(lo)?.add_input(lo)?.add_output(other_hi)?;
+        g.submit_next_level(add, args, &CallConfig::default(), WorkerId(0))?;
+        Ok(())
+    }))
+    .expect("run");
+    let half = half as usize;
+    let want: Vec<f32> = init[..half].iter().map(|x| x + x).collect();
+    for got in [floats(&buf), floats(&other)] {
+        assert_eq!(&got[..half], &init[..half]);
+        assert_eq!(&got[half..], &want[..]);
+    }
+    w.close().expect("close");
+}
+
+/// Host memory that is not a `HostBuffer` is refused when the chip task is submitted, with an
+/// error the graph callback can match (it keeps its type through `Build { cause }`).
+#[test]
+fn host_memory_that_is_not_a_host_buffer_is_refused_at_submit() {
+    let mut b = host().chips(&[0]);
+    let add = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let stray = Tensor::external(0x1000, &[N], DataType::Float32).expect("tensor");
+    let out = HostBuffer::new(N as usize * 4).expect("buffer");
+    let err = w
+        .run(Orchestration::graph(move |g, _, _| {
+            let mut args = TaskArgs::new();
+            args.add_input(t(&out))?.add_input(stray)?.add_output(t(&out))?;
+            g.submit_next_level(add, args, &CallConfig::default(), WorkerId(0))?;
+            Ok(())
+        }))
+        .expect_err("refused");
+    let WorkerError::Build { cause: BuildFailure::Callback(e), .. } = &err else {
+        panic!("not a build failure of the callback: {err:?}");
+    };
+    match e.downcast_ref::<WorkerError>() {
+        Some(WorkerError::HostTensorNotStaged { arg: 1, addr: 0x1000, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(err.to_string().contains("HostBuffer::new"), "{err}");
+    // The worker still runs graphs after the refusal.
+    w.run(Orchestration::graph(|_, _, _| Ok(()))).expect("empty run");
+    w.close().expect("close");
+}
+
+/// A sub task given chip memory is refused at submit with the hint to use a host buffer.
+#[test]
+fn chip_memory_on_a_sub_task_is_refused_at_submit_with_the_host_buffer_hint() {
+    let mut b = host().chips(&[0]).sub_workers(1);
+    let noop = b.register_host("noop", |_| Ok(()));
+    let w = b.start().expect("start");
+    let dev = w.chip_memory(WorkerId(0)).expect("memory").malloc(u64::from(N) * 4).expect("malloc");
+    let tensor = dev.tensor(&[N], DataType::Float32).expect("tensor");
+    let err = w
+        .run(Orchestration::graph(move |g, _, _| {
+            let mut args = TaskArgs::new();
+            args.add_input(tensor)?;
+            g.submit_sub(noop, args)?;
+            Ok(())
+        }))
+        .expect_err("refused");
+    let WorkerError::Build { cause: BuildFailure::Callback(e), .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert!(matches!(
+        e.downcast_ref::<WorkerError>(),
+        Some(WorkerError::ChipMemoryOnSubTask { arg: 0 })
+    ));
+    assert!(err.to_string().contains("HostBuffer"), "{err}");
+    w.chip_memory(WorkerId(0)).expect("memory").free(dev).expect("free");
+    w.close().expect("close");
+}
