@@ -246,17 +246,45 @@ fn host_tensors_are_staged_in_and_copied_back() {
     let mut f = vec![0f32; n];
     let t =
         |v: &[f32]| Tensor::external(v.as_ptr() as u64, &[n as u32], DataType::Float32).unwrap();
+    // The output is named through a pointer taken from a unique borrow: the runner writes it.
+    let out = Tensor::external(f.as_mut_ptr() as u64, &[n as u32], DataType::Float32).unwrap();
     let mut args = TaskArgs::new();
-    args.add_input(t(&a)).unwrap().add_input(t(&b)).unwrap().add_output(t(&f)).unwrap();
+    args.add_input(t(&a)).unwrap().add_input(t(&b)).unwrap().add_output(out).unwrap();
     let cfg = CallConfig::default();
     // SAFETY: the three vectors live until the end of the run and nothing else touches them.
     let req = unsafe { RunRequest::with_host_tensors(run_id(1), slot, &args, &cfg) };
     r.run(&req).unwrap();
-    let f_copy = std::hint::black_box(&mut f).clone();
-    for (i, v) in f_copy.iter().enumerate() {
+    for (i, v) in f.iter().enumerate() {
         assert_eq!(*v, 2.0 * 3.0 + 1.0, "element {i}");
     }
     r.finalize().unwrap();
+}
+
+#[test]
+fn a_refused_copy_back_fails_the_run_naming_the_range() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let n = 64;
+    let a = vec![1f32; n];
+    let b = vec![2f32; n];
+    let mut f = vec![0f32; n];
+    let t =
+        |v: &[f32]| Tensor::external(v.as_ptr() as u64, &[n as u32], DataType::Float32).unwrap();
+    let out = Tensor::external(f.as_mut_ptr() as u64, &[n as u32], DataType::Float32).unwrap();
+    let mut args = TaskArgs::new();
+    args.add_input(t(&a)).unwrap().add_input(t(&b)).unwrap().add_output(out).unwrap();
+    let cfg = CallConfig::default();
+    r.sim_faults().unwrap().fail_read(1);
+    // SAFETY: the three vectors live until the end of the run and nothing else touches them.
+    let req = unsafe { RunRequest::with_host_tensors(run_id(1), slot, &args, &cfg) };
+    let err = r.run(&req).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::BadDevicePointer { run_id: Some(id), len, .. }
+            if id == run_id(1) && len == 4 * n as u64),
+        "{err}"
+    );
+    assert!(f.iter().all(|v| *v == 0.0), "stale host bytes were not passed off as output");
+    still_works(&mut r, 2);
 }
 
 #[test]

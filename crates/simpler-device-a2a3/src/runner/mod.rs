@@ -824,18 +824,32 @@ impl Core {
         let result = match run.latched.take() {
             Some(fault) => Err(DeviceError::Runtime { run_id: run.run_id, fault: Box::new(fault) }),
             None => {
+                // Every copy-back is attempted; the first one the backend refuses fails the
+                // run, so stale host bytes never pass for its output.
+                let mut refused = None;
                 for s in &run.staged {
                     if !s.copy_back {
                         continue;
                     }
                     // SAFETY: `with_host_tensors`' contract makes the host range writable and
                     // unused by anyone else until the run ends.
-                    if let Some(dst) = unsafe { host_slice_mut(s.host_addr, s.bytes) } {
-                        self.backend.read(s.dev_addr, dst);
+                    if let Some(dst) = unsafe { host_slice_mut(s.host_addr, s.bytes) }
+                        && !self.backend.read(s.dev_addr, dst)
+                    {
+                        refused.get_or_insert(DeviceError::BadDevicePointer {
+                            run_id: Some(run.run_id),
+                            addr: s.dev_addr,
+                            len: s.bytes,
+                        });
                     }
                 }
-                self.stats.runs_completed += 1;
-                Ok(())
+                match refused {
+                    Some(e) => Err(e),
+                    None => {
+                        self.stats.runs_completed += 1;
+                        Ok(())
+                    }
+                }
             }
         };
         // C3.

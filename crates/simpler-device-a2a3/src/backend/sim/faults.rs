@@ -22,6 +22,7 @@ enum Armed {
     KernelDelay { func_id: u32, delay: Duration },
     AicpuFault { remaining: u32 },
     HandshakeFault { core: u32, physical_core_id: u32 },
+    FailRead { remaining: u32 },
 }
 
 /// A fault that fired.
@@ -58,6 +59,8 @@ pub enum FiredFault {
         /// The core.
         core: u32,
     },
+    /// A copy from device memory to the host was refused.
+    ReadRefused,
 }
 
 /// What a kernel execution should do instead of (or besides) running normally.
@@ -126,6 +129,12 @@ impl FaultPlan {
     /// failure).
     pub fn handshake_fault(&self, core: u32, physical_core_id: u32) {
         self.arm(Armed::HandshakeFault { core, physical_core_id });
+    }
+
+    /// Refuses the `nth` next copy from device memory to the host (`copy_from_device`, a
+    /// staged tensor's copy-back), as if the range were not mapped.
+    pub fn fail_read(&self, nth: u32) {
+        self.arm(Armed::FailRead { remaining: nth.max(1) });
     }
 
     /// Disarms everything (the log of fired faults is kept).
@@ -233,6 +242,21 @@ impl FaultPlan {
             }
             None => KernelAction::Run,
         }
+    }
+
+    /// Called once per copy from device memory to the host: whether it is refused.
+    pub(crate) fn on_read(&self) -> bool {
+        if !self.is_armed() {
+            return false;
+        }
+        let fired = self.countdown(|a| match a {
+            Armed::FailRead { remaining } => Some(remaining),
+            _ => None,
+        });
+        if fired {
+            self.fire(FiredFault::ReadRefused);
+        }
+        fired
     }
 
     /// Called once per AICPU launch entry: whether its result is forced non-zero.

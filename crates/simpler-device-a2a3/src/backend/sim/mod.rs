@@ -755,7 +755,7 @@ impl Backend for SimDevice {
     }
 
     fn read(&self, src: u64, dst: &mut [u8]) -> bool {
-        self.shared.memory.read(src, dst)
+        !self.shared.faults.on_read() && self.shared.memory.read(src, dst)
     }
 
     fn fill(&self, dst: u64, value: u8, len: u64) -> bool {
