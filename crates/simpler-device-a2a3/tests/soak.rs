@@ -1,8 +1,9 @@
 //! Fault-recovery soak: `SIMPLER_SOAK_CYCLES` cycles (10 by default) of inject a fault (a hung
 //! kernel, an AICPU fault, an AICore exception, in turn) → the typed error → `finalize` → a new
 //! runner on the same device → the vector program passes. The process's thread count and
-//! resident memory after the first cycle are compared with those after the last: recovery
-//! must not leak threads, and memory must stay flat.
+//! resident memory after the first cycle are compared with those after the last, and the
+//! resident memory's growth over the second half of the cycles is bounded by a quarter of a
+//! megabyte per cycle: recovery must not leak threads, and memory must stay flat.
 
 mod common;
 
@@ -66,13 +67,19 @@ fn repeated_fault_recovery_leaks_no_threads_and_keeps_memory_flat() {
         std::env::var("SIMPLER_SOAK_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(10).max(2);
     cycle(1, CYCLE[0]);
     let (threads_first, rss_first) = (proc_status("Threads:"), proc_status("VmRSS:"));
+    // The first half warms the allocator up; the second half must not grow by more than noise.
+    let mid = 1 + (cycles - 1) / 2;
+    let mut rss_mid = rss_first;
     for n in 2..=cycles {
         cycle(n, CYCLE[(n as usize - 1) % CYCLE.len()]);
+        if n == mid {
+            rss_mid = proc_status("VmRSS:");
+        }
     }
     let (threads_last, rss_last) = (proc_status("Threads:"), proc_status("VmRSS:"));
     eprintln!(
         "soak: {cycles} cycles; threads {threads_first:?} -> {threads_last:?}; \
-         RSS kB {rss_first:?} -> {rss_last:?}"
+         RSS kB {rss_first:?} -> {rss_mid:?} (cycle {mid}) -> {rss_last:?}"
     );
     if let (Some(first), Some(last)) = (threads_first, threads_last) {
         assert!(last <= first, "threads grew from {first} to {last} over {cycles} cycles");
@@ -84,6 +91,15 @@ fn repeated_fault_recovery_leaks_no_threads_and_keeps_memory_flat() {
         assert!(
             last <= first + bound,
             "resident memory grew from {first} kB to {last} kB over {cycles} cycles"
+        );
+    }
+    if let (Some(mid_kb), Some(last)) = (rss_mid, rss_last) {
+        // A quarter of a megabyte per cycle: a leak of a megabyte per cycle fails.
+        let bound = 256 * (cycles - mid);
+        assert!(
+            last <= mid_kb + bound,
+            "resident memory grew from {mid_kb} kB after cycle {mid} to {last} kB after cycle \
+             {cycles} (bound {bound} kB)"
         );
     }
 }

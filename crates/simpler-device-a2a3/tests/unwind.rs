@@ -9,7 +9,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use common::*;
 use simpler_device_a2a3::{
-    DeviceError, DeviceHealth, DeviceRunner, FiredFault, KernelKind, PoisonStep, RunRequest,
+    ChipSlot, DeviceError, DeviceHealth, DeviceRunner, FiredFault, KernelKind, PoisonStep,
+    RunRequest,
 };
 use simpler_types::CallConfig;
 use tracing::span::{Attributes, Id, Record};
@@ -40,17 +41,22 @@ impl Subscriber for PanicOnError {
 
 /// After an unwind out of the runner: unusable with `step`, `prepare` refused, `free` keeps the
 /// memory allocated; then `finalize` and a fresh runner on the same device work.
-fn assert_refused_until_finalize(mut r: DeviceRunner, v: VectorRun, step: PoisonStep) {
+fn assert_refused_until_finalize(
+    mut r: DeviceRunner,
+    slot: ChipSlot,
+    v: VectorRun,
+    step: PoisonStep,
+) {
     match r.health() {
         DeviceHealth::Unusable { cause } => assert_eq!(cause.step, step),
         h => panic!("expected unusable after the unwind, got {h}"),
     }
-    let slot = r.register_callable(&vector_callable());
+    // The slot was registered before the unwind, so only the poisoning can refuse it.
     let cfg = CallConfig::default();
-    if let Ok(slot) = slot {
-        let err = r.prepare(&RunRequest::new(run_id(2), slot, &v.args, &cfg)).unwrap_err();
-        assert!(matches!(err, DeviceError::Unusable { .. }), "prepare after the unwind: {err}");
-    }
+    let err = r.prepare(&RunRequest::new(run_id(2), slot, &v.args, &cfg)).unwrap_err();
+    assert!(matches!(err, DeviceError::Unusable { .. }), "prepare after the unwind: {err}");
+    let err = r.register_callable(&vector_callable()).unwrap_err();
+    assert!(matches!(err, DeviceError::Unusable { .. }), "register after the unwind: {err}");
     let user_bytes = r.stats().memory.user_allocations;
     for p in v.ptrs {
         r.free(p).unwrap();
@@ -78,7 +84,7 @@ fn a_panic_right_after_either_launch_leaves_the_runner_unusable_until_finalize()
         let caught = catch_unwind(AssertUnwindSafe(|| r.launch_run(p)));
         assert!(caught.is_err(), "{kind:?}: the injected panic unwound out of launch_run");
         assert_eq!(r.sim_faults().unwrap().fired(), [FiredFault::PanickedAfterLaunch(kind)]);
-        assert_refused_until_finalize(r, v, PoisonStep::Unwind);
+        assert_refused_until_finalize(r, slot, v, PoisonStep::Unwind);
     }
 }
 
@@ -96,5 +102,5 @@ fn a_panicking_log_layer_in_the_reap_cannot_skip_the_poisoning() {
         catch_unwind(AssertUnwindSafe(|| r.reap_run(&a, None)))
     });
     assert!(caught.is_err(), "the log layer's panic unwound out of reap_run");
-    assert_refused_until_finalize(r, v, PoisonStep::SyncAicpu);
+    assert_refused_until_finalize(r, slot, v, PoisonStep::SyncAicpu);
 }

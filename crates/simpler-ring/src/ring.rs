@@ -331,6 +331,45 @@ mod tests {
     }
 
     #[test]
+    fn a_patience_of_zero_one_nanosecond_or_duration_max_never_panics() {
+        use std::time::Duration;
+        assert_eq!(Patience::timeout(Duration::ZERO).next_wait(), None, "zero never blocks");
+        // One nanosecond: a deadline now or already past, never a panic.
+        let mut tiny = Patience::timeout(Duration::from_nanos(1));
+        assert!(matches!(tiny.next_wait(), None | Some(Some(_))));
+        // A budget past the clock's range is no deadline at all.
+        assert_eq!(Patience::timeout(Duration::MAX).next_wait(), Some(None));
+    }
+
+    #[test]
+    fn an_alloc_timeout_of_zero_one_nanosecond_or_duration_max_never_panics() {
+        use std::time::Duration;
+        for timeout in [Duration::ZERO, Duration::from_nanos(1), Duration::MAX] {
+            let config = RingConfig {
+                heap_bytes_per_ring: HEAP_ALIGN,
+                alloc_timeout: timeout,
+                ..RingConfig::default()
+            };
+            let ring = std::sync::Arc::new(Ring::<()>::new(config).unwrap());
+            let full = ring.alloc(HEAP_ALIGN, 0).unwrap();
+            if timeout == Duration::MAX {
+                // No deadline: the call waits until the holder releases.
+                let other = std::sync::Arc::clone(&ring);
+                let waiter = std::thread::spawn(move || other.alloc(HEAP_ALIGN, 0).map(|a| a.slot));
+                // Release only once the waiter blocks (or is gone), so the deadline is computed.
+                while ring.stats().heaps[0].waits == 0 && !waiter.is_finished() {
+                    std::thread::yield_now();
+                }
+                assert!(ring.release(full.slot));
+                assert!(waiter.join().expect("waiter").is_ok(), "{timeout:?}");
+            } else {
+                let err = ring.alloc(HEAP_ALIGN, 0).unwrap_err();
+                assert!(!matches!(err, RingError::Shutdown), "{timeout:?}: {err}");
+            }
+        }
+    }
+
+    #[test]
     fn a_forged_id_with_the_generation_of_a_free_entry_is_not_live() {
         let ring = slot_only_ring();
         let id = ring.try_alloc(0, 0).unwrap().slot;

@@ -419,12 +419,26 @@ fn an_unbounded_stall_warning_delay_never_warns_and_neither_poisons_nor_stops_th
     // `Duration::MAX` is the natural way to switch the stall warning off. An episode opened under
     // it must be tracked without arithmetic overflow, both in passes and on the scheduler thread
     // (which must survive to let shutdown finish).
+    stall_episode_under(Duration::MAX);
+}
+
+#[test]
+fn a_zero_or_one_nanosecond_stall_warning_delay_neither_poisons_nor_stops_the_scheduler() {
+    // The delay has already passed when the episode opens: the warning fires at once.
+    for delay in [Duration::ZERO, Duration::from_nanos(1)] {
+        stall_episode_under(delay);
+    }
+}
+
+/// Opens a stall episode (a blocked group holding an idle worker) under `stall_warn_after`,
+/// looks at it again from a later pass, then completes the run and shuts down.
+fn stall_episode_under(stall_warn_after: Duration) {
     let h = Harness::new();
     let e = std::sync::Arc::new(
         Engine::start(EngineConfig {
             ring: small_rings(),
             next_level: [0, 1, 3].map(|id| Fake::boxed(WorkerType::NextLevel, id, &h, true)).into(),
-            stall_warn_after: Duration::MAX,
+            stall_warn_after,
             ..EngineConfig::default()
         })
         .unwrap(),
@@ -439,7 +453,7 @@ fn an_unbounded_stall_warning_delay_never_warns_and_neither_poisons_nor_stops_th
     // A later pass looks at the same open episode again.
     let outside = noop_on(&mut b, 3).unwrap();
     h.wait_running(outside, 0);
-    assert!(!e.is_poisoned(), "a configuration value poisoned the engine");
+    assert!(!e.is_poisoned(), "{stall_warn_after:?} poisoned the engine");
     h.open();
     let run = b.close();
     assert!(wait(&e, run).is_completed());

@@ -15,7 +15,7 @@
 //! 6. any diagnostic on requires `output_prefix`;
 //! 7. `output_prefix`, when set, is non-empty, UTF-8, free of NUL bytes and at most 1023 bytes.
 //!
-//! Decisions beyond the spec: the raw setter `pmu_event(0)` turns PMU collection off, matching
+//! Further decisions: the raw setter `pmu_event(0)` turns PMU collection off, matching
 //! how level 0 of the other raw setters means "off"; `ring_override` replaces all three values
 //! of the selected rings at once; platform limits (`block_dim`, `aicpu_thread_num`) are the
 //! device layer's to check.

@@ -298,6 +298,20 @@ mod tests {
         w.inner.teardowns.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Runs `body` on its own thread and fails the test if it does not finish within a minute,
+    /// so a close that hangs is reported instead of stalling the test binary.
+    fn bounded<T: Send + 'static>(what: &str, body: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(body());
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(v) => v,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what} hung"),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked"),
+        }
+    }
+
     /// Closes `w` from `n` threads at once and returns every result.
     fn close_from_threads(w: &Arc<Worker>, n: usize) -> Vec<Result<(), CloseError>> {
         let start = Arc::new(std::sync::Barrier::new(n));
@@ -341,29 +355,31 @@ mod tests {
             seed ^= seed >> 7;
             seed ^= seed << 17;
             let (tasks, spin, closers) = (1 + seed % 8, (seed >> 8) % 5000, 2 + (seed >> 20) % 3);
-            let mut b =
-                Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
-            let h = b.register_host("spin", |a| {
-                for _ in 0..a.scalar(0).unwrap_or(0) {
-                    std::hint::spin_loop();
-                }
-                Ok(())
-            });
-            let w = Arc::new(b.start().expect("start"));
-            let handle = w
-                .submit(Orchestration::graph(move |g, _, _| {
-                    for _ in 0..tasks {
-                        let mut a = TaskArgs::new();
-                        a.add_scalar(spin)?;
-                        g.submit_sub(h, a)?;
+            bounded(&format!("seed {seed}: {closers} concurrent closes"), move || {
+                let mut b =
+                    Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+                let h = b.register_host("spin", |a| {
+                    for _ in 0..a.scalar(0).unwrap_or(0) {
+                        std::hint::spin_loop();
                     }
                     Ok(())
-                }))
-                .expect("submit");
-            let results = close_from_threads(&w, closers as usize);
-            assert!(results.iter().all(Result::is_ok), "seed {seed}: {results:?}");
-            assert_eq!(teardowns(&w), 1, "seed {seed}: one teardown for {closers} closes");
-            assert!(matches!(handle.result(), Some(Ok(()))), "seed {seed}");
+                });
+                let w = Arc::new(b.start().expect("start"));
+                let handle = w
+                    .submit(Orchestration::graph(move |g, _, _| {
+                        for _ in 0..tasks {
+                            let mut a = TaskArgs::new();
+                            a.add_scalar(spin)?;
+                            g.submit_sub(h, a)?;
+                        }
+                        Ok(())
+                    }))
+                    .expect("submit");
+                let results = close_from_threads(&w, closers as usize);
+                assert!(results.iter().all(Result::is_ok), "seed {seed}: {results:?}");
+                assert_eq!(teardowns(&w), 1, "seed {seed}: one teardown for {closers} closes");
+                assert!(matches!(handle.result(), Some(Ok(()))), "seed {seed}");
+            });
         }
     }
 

@@ -44,6 +44,26 @@ fn wait_timeout_with_duration_max_waits_without_a_deadline() {
 }
 
 #[test]
+fn an_alloc_timeout_of_zero_one_nanosecond_or_duration_max_starts_runs_and_closes() {
+    for timeout in [Duration::ZERO, Duration::from_nanos(1), Duration::MAX] {
+        let r = bounded("alloc_timeout", move || {
+            let mut b = host().sub_workers(1).alloc_timeout(timeout);
+            let h = b.register_host("noop", |_| Ok(()));
+            let w = b.start().expect("start");
+            let rh = w
+                .submit(Orchestration::graph(move |g, _, _| {
+                    g.submit_sub(h, TaskArgs::new())?;
+                    Ok(())
+                }))
+                .expect("submit");
+            let done = rh.wait().is_ok();
+            done && w.close().is_ok()
+        });
+        assert_eq!(r, Ok(true), "alloc_timeout {timeout:?}");
+    }
+}
+
+#[test]
 fn close_timeout_with_duration_max_closes_without_a_deadline() {
     let r = bounded("close_timeout(MAX)", || {
         let w = host().start().expect("start");

@@ -140,8 +140,11 @@ impl<'a> ImageView<'a> {
             MAX_PHASE_THREADS as u64 * aicpu_swimlane_block_bytes(header.aicpu_swimlane_capacity),
             "AICPU swimlane",
         )?;
-        if header.num_aicore as usize > MAX_LAUNCH_CORES
-            || header.num_aicore != 3 * header.block_dim
+        // A launch has at least one block of three cores: `swimlane` and `handshake` clamp a
+        // core index into `0..num_aicore`, which needs the range to be non-empty.
+        if header.block_dim == 0
+            || header.num_aicore as usize > MAX_LAUNCH_CORES
+            || header.block_dim.checked_mul(3) != Some(header.num_aicore)
         {
             return Err(ViewError::BadSection("launch shape"));
         }
@@ -287,8 +290,9 @@ impl<'a> ImageView<'a> {
         let w = u64::from(w.min(self.header.num_aicore.saturating_sub(1)));
         let off =
             self.header.swimlane_off + w * swimlane_block_bytes(self.header.swimlane_capacity);
-        // SAFETY: `num_aicore` blocks lie inside the image (checked in `from_raw`); `w` is
-        // clamped; the header is atomics.
+        // SAFETY: `num_aicore ≥ 3` blocks of at least a header each lie inside the image
+        // (checked in `from_raw_sections`, which refuses `block_dim == 0`); `w` is clamped into
+        // `0..num_aicore`; the header is atomics.
         let header = unsafe { self.at::<SwimlaneHeader>(off) };
         // SAFETY: the records follow the 64-byte header inside the same checked block.
         let records = unsafe { self.base.add((off + size_of::<SwimlaneHeader>() as u64) as usize) }
@@ -537,6 +541,67 @@ impl<'a> ReadyQueue<'a> {
 mod tests {
     use super::*;
     use crate::abi::image::{ImageLayout, ImageParams};
+
+    /// Section-aligned backing memory for a test image.
+    #[derive(Clone, Copy)]
+    #[repr(C, align(64))]
+    struct Block([u8; 64]);
+
+    /// A zeroed image whose header has a consistent layout for `num_aicore` cores and claims
+    /// `block_dim`, checked by `HostImageView::from_raw`.
+    fn host_view_of(block_dim: u32, num_aicore: u32) -> Result<(), ViewError> {
+        let p = ImageParams {
+            task_count: 0,
+            edge_count: 0,
+            args_bytes: 0,
+            num_aicore,
+            queue_capacity: [0; READY_QUEUE_COUNT],
+            swimlane_capacity: 0,
+            aicpu_swimlane_capacity: 0,
+        };
+        let l = ImageLayout::compute(&p).unwrap();
+        let header = ImageHeader {
+            magic: HBG_IMAGE_MAGIC,
+            abi_version: ABI_VERSION,
+            image_len: l.len,
+            block_dim,
+            num_aicore,
+            handshake_off: l.handshake_off,
+            func_table_off: l.func_table_off,
+            shared_off: l.shared_off,
+            tasks_off: l.tasks_off,
+            edges_off: l.edges_off,
+            ready_off: l.ready_off,
+            cores_off: l.cores_off,
+            payloads_off: l.payloads_off,
+            swimlane_off: l.swimlane_off,
+            phases_off: l.phases_off,
+            aicpu_swimlane_off: l.aicpu_swimlane_off,
+            ..ImageHeader::default()
+        };
+        let mut mem = vec![Block([0; 64]); (l.len as usize).div_ceil(64)];
+        let base = mem.as_mut_ptr().cast::<u8>();
+        let bytes = bytemuck::bytes_of(&header);
+        // SAFETY: `mem` holds at least `l.len ≥ size_of::<ImageHeader>()` bytes.
+        unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), base, bytes.len()) };
+        // SAFETY: `mem` is `l.len` zeroed, 64-aligned bytes that outlive the view, and nothing
+        // else touches them meanwhile.
+        let view = unsafe { HostImageView::from_raw(base, l.len) }?;
+        // Core 0's swimlane header must lie inside the checked section.
+        let (records, dropped) = view.swimlane_records(0);
+        assert_eq!((records.count(), dropped), (0, 0));
+        Ok(())
+    }
+
+    #[test]
+    fn a_launch_shape_without_cores_or_with_an_overflowing_core_count_is_refused() {
+        assert_eq!(host_view_of(1, 3), Ok(()));
+        assert_eq!(host_view_of(24, 72), Ok(()));
+        // No cores: the swimlane section is empty, so no core index can be clamped into it.
+        assert_eq!(host_view_of(0, 0), Err(ViewError::BadSection("launch shape")));
+        // `3 * block_dim` wraps to 2 in u32.
+        assert_eq!(host_view_of(0x5555_5556, 2), Err(ViewError::BadSection("launch shape")));
+    }
 
     #[test]
     fn an_empty_graphs_task_section_still_holds_the_record_a_clamped_index_reads() {
