@@ -688,6 +688,19 @@ fn doomed(model: &RunModel, exec: &Execution) -> BTreeSet<u32> {
     doomed
 }
 
+/// The one task that may fail without a failed producer: the last accepted one, when a task
+/// failed. Its fail-fast check may have passed just before the failure was recorded; submit
+/// reads the failure again after its lookups and poisons the task then
+/// (`docs/engine-protocols.md` §3, step 6), and every later submit is refused.
+fn poisoned_late(model: &RunModel, exec: &Execution, doomed: &BTreeSet<u32>) -> Option<u32> {
+    let last = model.next_seq.checked_sub(1)?;
+    let poisoned = model.tasks.contains_key(&last)
+        && !exec.roots.is_empty()
+        && !doomed.contains(&last)
+        && !exec.ran.contains_key(&last);
+    poisoned.then_some(last)
+}
+
 /// Item 5.
 fn check_outcome(
     build: &Build,
@@ -699,8 +712,11 @@ fn check_outcome(
     let model = &build.model;
     if completes {
         let doomed = doomed(model, exec);
-        if let Some(seq) =
-            model.tasks.keys().find(|s| !doomed.contains(s) && !exec.ran.contains_key(s))
+        let late = poisoned_late(model, exec, &doomed);
+        if let Some(seq) = model
+            .tasks
+            .keys()
+            .find(|s| !doomed.contains(s) && !exec.ran.contains_key(s) && Some(**s) != late)
         {
             return Err(format!("task seq {seq} never ran although nothing upstream failed"));
         }
@@ -746,7 +762,11 @@ fn check_summary(
     }
     if completes
         && (summary.cancelled != 0
-            || summary.failed as usize != exec.roots.len() + doomed(model, exec).len())
+            || summary.failed as usize != {
+                let doomed = doomed(model, exec);
+                let late = poisoned_late(model, exec, &doomed);
+                exec.roots.len() + doomed.len() + usize::from(late.is_some())
+            })
     {
         return Err("a closed run cancelled tasks or miscounted poisoned ones".to_owned());
     }
