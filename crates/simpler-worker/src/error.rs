@@ -215,6 +215,24 @@ pub enum WorkerError {
         /// The tensor's buffer size in bytes.
         len: u64,
     },
+    /// A tensor's base address lies inside a [`HostBuffer`] but is not the buffer's own
+    /// address (refused at submit). The engine orders tensors by base address, so such a
+    /// tensor would not be ordered against the buffer's other views.
+    ///
+    /// [`HostBuffer`]: crate::HostBuffer
+    #[error(
+        "task argument {arg} has its base address {addr:#x} inside the HostBuffer at {buffer:#x} \
+         rather than at it, so it would not be ordered against that buffer's other tensors; take \
+         HostBuffer::tensor and a view of it (Tensor::view / slice) instead of offsetting the address"
+    )]
+    HostTensorOffsetBase {
+        /// Index of the tensor argument.
+        arg: usize,
+        /// The tensor's base address.
+        addr: u64,
+        /// The address of the host buffer it lies in.
+        buffer: u64,
+    },
     /// A sub task names chip memory, which a host closure cannot read (refused at submit).
     #[error(
         "sub task argument {arg} lives in chip memory, which a sub worker cannot read; let the \

@@ -259,6 +259,7 @@ impl<'a> GraphBuilder<'a> {
     ) -> Result<TaskId, WorkerError> {
         self.resolve(handle, Target::Sub)?;
         check_host_only(&args)?;
+        crate::staging::sub_host_buffers_of(&args)?;
         let id = handle.id;
         self.rb()?.submit_sub(&id, args).map_err(engine_err)
     }
@@ -271,6 +272,9 @@ impl<'a> GraphBuilder<'a> {
     ) -> Result<TaskId, WorkerError> {
         self.resolve(handle, Target::Sub)?;
         args.iter().try_for_each(check_host_only)?;
+        for a in &args {
+            crate::staging::sub_host_buffers_of(a)?;
+        }
         let id = handle.id;
         self.rb()?.submit_sub_group(&id, args).map_err(engine_err)
     }
