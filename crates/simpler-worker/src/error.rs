@@ -233,6 +233,20 @@ pub enum WorkerError {
         /// The address of the host buffer it lies in.
         buffer: u64,
     },
+    /// A chip task tags a [`HostBuffer`] tensor `NoDep` (refused at submit): the chip lane
+    /// could not tell whether the task writes it, and copying back bytes the engine does not
+    /// order could overwrite another task's writes.
+    ///
+    /// [`HostBuffer`]: crate::HostBuffer
+    #[error(
+        "chip task argument {arg} is a HostBuffer tensor tagged NoDep, which its chip lane cannot \
+         stage (it cannot tell whether the chip writes it); tag it Input, Output or InOut so the \
+         engine orders it, or put it in chip memory and order it yourself"
+    )]
+    HostTensorNoDep {
+        /// Index of the tensor argument.
+        arg: usize,
+    },
     /// A sub task names chip memory, which a host closure cannot read (refused at submit).
     #[error(
         "sub task argument {arg} lives in chip memory, which a sub worker cannot read; let the \

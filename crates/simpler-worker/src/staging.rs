@@ -33,7 +33,8 @@ pub(crate) fn has_host_tensors(args: TaskArgsView<'_>) -> bool {
 }
 
 /// The submit-time check of one chip task's arguments: every host-memory tensor lies in a live
-/// [`HostBuffer`], which is returned so that the run keeps it alive.
+/// [`HostBuffer`], starts at its address and is not tagged `NoDep` (the lane could not tell
+/// whether the task writes it); the buffers are returned so that the run keeps them alive.
 pub(crate) fn host_buffers_of(args: &TaskArgs) -> Result<Vec<HostBuffer>, WorkerError> {
     let mut out: Vec<HostBuffer> = Vec::new();
     for (arg, t) in args.tensors().iter().enumerate().filter(|(_, t)| is_host(t)) {
@@ -43,6 +44,9 @@ pub(crate) fn host_buffers_of(args: &TaskArgs) -> Result<Vec<HostBuffer>, Worker
             len: t.size,
         })?;
         check_base(arg, t, &buf)?;
+        if args.tags().get(arg) == Some(&TensorArgType::NoDep) {
+            return Err(WorkerError::HostTensorNoDep { arg });
+        }
         push_unique(&mut out, buf);
     }
     Ok(out)

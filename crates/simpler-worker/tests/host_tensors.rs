@@ -267,3 +267,31 @@ fn a_tensor_based_inside_a_host_buffer_is_refused_at_submit() {
     }
     w.close().expect("close");
 }
+
+/// A host buffer tagged `NoDep` on a chip task is refused at submit: the lane could not tell
+/// whether the chip writes it (a write would be dropped silently).
+#[test]
+fn a_host_buffer_tagged_no_dep_on_a_chip_task_is_refused_at_submit() {
+    let mut b = host().chips(&[0]);
+    let add = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let (src, out) = (filled(&[1.0; N as usize]), HostBuffer::new(N as usize * 4).expect("buffer"));
+    let (s, o) = (t(&src), t(&out));
+    let err = w
+        .run(Orchestration::graph(move |g, _, _| {
+            let mut args = TaskArgs::new();
+            args.add_input(s)?.add_input(s)?.add_no_dep(o)?;
+            g.submit_next_level(add, args, &CallConfig::default(), WorkerId(0))?;
+            Ok(())
+        }))
+        .expect_err("refused");
+    let WorkerError::Build { cause: BuildFailure::Callback(e), .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert!(
+        matches!(e.downcast_ref::<WorkerError>(), Some(WorkerError::HostTensorNoDep { arg: 2 })),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("tag it Input, Output or InOut"), "{err}");
+    w.close().expect("close");
+}
