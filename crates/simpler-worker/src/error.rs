@@ -247,6 +247,22 @@ pub enum WorkerError {
         /// Index of the tensor argument.
         arg: usize,
     },
+    /// A chip task names host memory while the chips run in child processes (PROCESS mode),
+    /// where no chip lane can reach this process's host buffers (refused at submit).
+    #[error(
+        "chip task argument {arg} names host memory at {addr:#x}, but chip {chip} runs in a child \
+         process (ChildMode::Process), which cannot stage this process's HostBuffers; use \
+         ChildMode::Thread, or put the tensor in chip memory (GraphBuilder::chip_memory, then \
+         DeviceBuffer::tensor)"
+    )]
+    HostTensorInChildProcess {
+        /// Index of the tensor argument.
+        arg: usize,
+        /// The tensor's buffer address.
+        addr: u64,
+        /// The chip the task was submitted to.
+        chip: WorkerId,
+    },
     /// A sub task names chip memory, which a host closure cannot read (refused at submit).
     #[error(
         "sub task argument {arg} lives in chip memory, which a sub worker cannot read; let the \

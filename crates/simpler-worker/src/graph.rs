@@ -205,9 +205,14 @@ impl<'a> GraphBuilder<'a> {
     /// L3: refuses host-memory tensors a chip lane cannot stage (anything but a
     /// [`HostBuffer`](crate::HostBuffer)) and keeps the buffers alive until the run is
     /// published, so the lane finds them when the task runs.
-    fn keep_host_buffers(&mut self, args: &TaskArgs) -> Result<(), WorkerError> {
+    fn keep_host_buffers(&mut self, args: &TaskArgs, target: WorkerId) -> Result<(), WorkerError> {
         if self.inner.level != 3 {
             return Ok(());
+        }
+        if self.inner.chips_in_processes
+            && let Some((arg, t)) = crate::staging::first_host_tensor(args)
+        {
+            return Err(WorkerError::HostTensorInChildProcess { arg, addr: t.addr, chip: target });
         }
         for b in crate::staging::host_buffers_of(args)? {
             self.keep.push(Box::new(b));
@@ -226,7 +231,7 @@ impl<'a> GraphBuilder<'a> {
         self.resolve(handle, Target::NextLevel)?;
         self.check_limits(handle, config, target)?;
         self.check_owner(&args, target)?;
-        self.keep_host_buffers(&args)?;
+        self.keep_host_buffers(&args, target)?;
         let id = handle.id;
         self.rb()?.submit_next_level(&id, args, config, target, None).map_err(engine_err)
     }
@@ -245,7 +250,7 @@ impl<'a> GraphBuilder<'a> {
         }
         for (a, t) in args.iter().zip(targets) {
             self.check_owner(a, *t)?;
-            self.keep_host_buffers(a)?;
+            self.keep_host_buffers(a, *t)?;
         }
         let id = handle.id;
         self.rb()?.submit_next_level_group(&id, args, config, targets, None).map_err(engine_err)

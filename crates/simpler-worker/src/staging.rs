@@ -32,6 +32,11 @@ pub(crate) fn has_host_tensors(args: TaskArgsView<'_>) -> bool {
     args.tensors.iter().any(is_host)
 }
 
+/// The first host-memory tensor of `args` and its index.
+pub(crate) fn first_host_tensor(args: &TaskArgs) -> Option<(usize, &Tensor)> {
+    args.tensors().iter().enumerate().find(|(_, t)| is_host(t))
+}
+
 /// The submit-time check of one chip task's arguments: every host-memory tensor lies in a live
 /// [`HostBuffer`], starts at its address and is not tagged `NoDep` (the lane could not tell
 /// whether the task writes it); the buffers are returned so that the run keeps them alive.

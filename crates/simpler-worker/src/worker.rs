@@ -67,6 +67,9 @@ pub(crate) struct Inner {
     pub(crate) body: Body,
     /// Launch limits of the chips' platform, checked at graph submit (L3 only).
     pub(crate) chip_limits: Option<PlatformLimits>,
+    /// Whether the chips run in child processes (L3, PROCESS mode), whose lanes cannot reach
+    /// this process's host buffers.
+    pub(crate) chips_in_processes: bool,
     pub(crate) subs: usize,
     /// Lifecycle, operation leases and the close attempt (`gate`).
     pub(crate) gate: CloseGate,
@@ -815,6 +818,7 @@ pub(crate) fn new_inner(
         subtree_lineages: Vec::new(),
         body,
         chip_limits: None,
+        chips_in_processes: false,
         subs,
         gate: CloseGate::new(),
         accepted: Mutex::new(VecDeque::new()),
