@@ -366,6 +366,14 @@ pub enum MemError {
     /// The tensor descriptor could not be built.
     #[error("tensor over a device buffer: {0}")]
     Tensor(String),
+    /// The host could not allocate a [`HostBuffer`](crate::HostBuffer) of this size.
+    #[error("cannot allocate a host buffer of {len} bytes: {reason}")]
+    HostAlloc {
+        /// The requested length in bytes.
+        len: u64,
+        /// Why the allocation failed.
+        reason: String,
+    },
 }
 
 /// What a [`RunError`] is, by mechanism.

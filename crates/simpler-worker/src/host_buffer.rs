@@ -59,12 +59,17 @@ impl std::fmt::Debug for HostBuffer {
 }
 
 impl HostBuffer {
-    /// A zeroed buffer of `len` bytes (`len > 0`).
+    /// A zeroed buffer of `len` bytes (`len > 0`); [`MemError::HostAlloc`] if the host cannot
+    /// allocate it.
     pub fn new(len: usize) -> Result<HostBuffer, MemError> {
         if len == 0 {
             return Err(MemError::OutOfRange { offset: 0, len: 0, size: 0 });
         }
-        let data = vec![0u8; len].into_boxed_slice();
+        let mut data = Vec::new();
+        data.try_reserve_exact(len)
+            .map_err(|e| MemError::HostAlloc { len: len as u64, reason: e.to_string() })?;
+        data.resize(len, 0u8);
+        let data = data.into_boxed_slice();
         let addr = data.as_ptr() as u64;
         let bytes = Arc::new(Bytes { data: Mutex::new(data), addr, len: len as u64 });
         LIVE.lock().insert(addr, Arc::downgrade(&bytes));
@@ -208,5 +213,13 @@ mod tests {
             }
         });
         assert!(LIVE.lock().values().all(|w| w.strong_count() > 0));
+    }
+
+    #[test]
+    fn a_buffer_too_large_to_allocate_is_a_typed_error() {
+        match HostBuffer::new(usize::MAX) {
+            Err(MemError::HostAlloc { len, .. }) => assert_eq!(len, usize::MAX as u64),
+            other => panic!("{other:?}"),
+        }
     }
 }

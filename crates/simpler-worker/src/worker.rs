@@ -717,8 +717,13 @@ impl Worker {
         let run = rb.id();
         let shared = RunShared::new(run, Arc::clone(&self.inner), Fence::Engine);
         self.inner.accepted.lock().push_back(Arc::clone(&shared));
-        let mut gb =
-            GraphBuilder { rb: Some(rb), inner: &self.inner, pins: Vec::new(), keep: Vec::new() };
+        let mut gb = GraphBuilder {
+            rb: Some(rb),
+            inner: &self.inner,
+            pins: Vec::new(),
+            keep: Vec::new(),
+            kept_hosts: std::collections::HashSet::new(),
+        };
         let outcome = {
             let _acting = reentry::enter(self.inner.instance);
             catch_unwind(AssertUnwindSafe(|| f(&mut gb, args.view(), &config)))

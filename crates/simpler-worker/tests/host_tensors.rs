@@ -295,3 +295,31 @@ fn a_host_buffer_tagged_no_dep_on_a_chip_task_is_refused_at_submit() {
     assert!(err.to_string().contains("tag it Input, Output or InOut"), "{err}");
     w.close().expect("close");
 }
+
+/// A sub task's host buffer stays alive until the run is published, even when the graph
+/// callback dropped its own handle right after the submit: the sub task still finds it.
+#[test]
+fn a_sub_tasks_host_buffer_outlives_the_callbacks_handle() {
+    let mut b = host().sub_workers(1);
+    let check = b.register_host("check", |args| {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let buf = args.tensor(0).and_then(HostBuffer::of_tensor).ok_or("buffer gone")?;
+        if floats(&buf) != vec![3.0; N as usize] {
+            return Err("another buffer's bytes".into());
+        }
+        Ok(())
+    });
+    let w = b.start().expect("start");
+    for round in 0..3 {
+        w.run(Orchestration::graph(move |g, _, _| {
+            let buf = filled(&[3.0; N as usize]);
+            let mut args = TaskArgs::new();
+            args.add_inout(t(&buf))?.add_input(t(&buf))?;
+            g.submit_sub(check, args)?;
+            drop(buf);
+            Ok(())
+        }))
+        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+    }
+    w.close().expect("close");
+}
