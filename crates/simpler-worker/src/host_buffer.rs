@@ -130,8 +130,9 @@ impl HostBuffer {
         self.bytes.data.lock().to_vec()
     }
 
-    /// Runs `f` on the buffer's bytes, holding its lock (no copy). Call nothing that waits on
-    /// a worker inside `f`: a chip lane staging this buffer waits for the lock meanwhile.
+    /// Runs `f` on the buffer's bytes, holding its lock (no copy). Inside `f`, call no other
+    /// method of this buffer and nothing that waits on a worker: both can deadlock, since a
+    /// chip lane staging this buffer waits for the lock meanwhile (`docs/blocking-calls.md`).
     pub fn with_bytes<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
         f(&mut self.bytes.data.lock())
     }
