@@ -300,7 +300,7 @@ fn a_child_stuck_in_shutdown_is_killed_after_the_deadline_named_and_does_not_del
 /// A host buffer on a chip task is refused at submit in PROCESS mode (no lane in a child
 /// process can reach it), with the hint to use THREAD mode or chip memory; nothing ran.
 #[test]
-fn a_host_buffer_on_a_chip_task_is_refused_at_submit_in_process_mode() {
+fn submit_refuses_a_host_buffer_on_a_chip_task_in_process_mode() {
     let _serial = serial();
     let mut b = process_host(&[0], options());
     let h = b.register_chip(add_callable(0));
