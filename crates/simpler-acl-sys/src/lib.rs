@@ -35,7 +35,22 @@
 //!
 //! When CANN is missing nothing fails until a function is first used: that call (or
 //! [`Cann::probe`]) returns [`LoadError::Library`], which lists every path tried with its
-//! `dlerror`.
+//! `dlerror`:
+//!
+//! ```
+//! use simpler_acl_sys::{Cann, Library, LoadError, SearchConfig};
+//!
+//! // A search with no environment, an empty file-system root and no fallbacks finds nothing.
+//! let empty = std::env::temp_dir().join("simpler-acl-sys-doc-no-cann");
+//! let config = SearchConfig::with_env(|_| None)
+//!     .filesystem_root(&empty)
+//!     .already_loaded(false)
+//!     .soname_fallback(false);
+//! match Cann::new(config).open(Library::Acl) {
+//!     Err(LoadError::Library { library: Library::Acl, tried }) => assert!(!tried.is_empty()),
+//!     other => panic!("found CANN in an empty root: {other:?}"),
+//! }
+//! ```
 //!
 //! # Generated code
 //!

@@ -1,5 +1,8 @@
 //! `simpler-aicpu-program` — the AICPU program of an Ascend A2/A3 chip, as a shared object.
 //!
+//! It is a `cdylib` with no Rust API: nothing here is meant to be called from Rust; it is built
+//! and loaded as a file, and its C entries below are the whole interface.
+//!
 //! Layer: a leaf above `simpler-device-a2a3` (feature `aicpu-program`): the device crate's
 //! AICPU scheduler behind the C entries the onboard loader resolves. Nothing here but the
 //! entries; `docs/onboard-programs.md` describes the launches that call them, how the program is

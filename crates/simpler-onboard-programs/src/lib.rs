@@ -14,6 +14,16 @@
 //! ([`DispatchCode`]). The tests compile the dispatcher for the host and drive it in a
 //! temporary directory, so the C that ships is the C that is tested.
 //!
+//! ```
+//! use simpler_onboard_programs::{fingerprint, installed_name};
+//!
+//! // A program's name on the device follows from its bytes (its GNU build id when it has one).
+//! let program = b"not an ELF: the whole bytes are hashed";
+//! let fp = fingerprint(program);
+//! assert_eq!(fp, fingerprint(program));
+//! assert_eq!(installed_name(fp, 1), format!("simpler_inner_{fp:016x}_1.so"));
+//! ```
+//!
 //! Unsafe code: none in the library (`forbid(unsafe_code)`); the tests call the compiled
 //! dispatcher through its C entries.
 

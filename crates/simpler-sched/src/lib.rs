@@ -112,7 +112,9 @@ pub use error::{SchedError, ShutdownError};
 pub use outcome::{EngineStats, RingPeak, RingPeaks, RunOutcome, RunSummary, TaskSnapshot};
 
 // What the API takes and returns, so that one dependency line suffices.
-pub use simpler_ring::{HeapBacking, RingConfig, RingError, RingStats};
+pub use simpler_ring::{
+    HeapBacking, HeapRegion, HeapRingStats, RingConfig, RingError, RingStats, WindowStats,
+};
 pub use simpler_types::{
     CallConfig, CallableId, CallableKind, CallableNamespace, CancelReason, DataType,
     EndpointOutcome, FailureMechanism, FailureSource, RunFailure, RunId, RunState, RunStatus,

@@ -215,6 +215,54 @@ pub enum WorkerError {
         /// The tensor's buffer size in bytes.
         len: u64,
     },
+    /// A tensor's base address lies inside a [`HostBuffer`] but is not the buffer's own
+    /// address (refused at submit). The engine orders tensors by base address, so such a
+    /// tensor would not be ordered against the buffer's other views.
+    ///
+    /// [`HostBuffer`]: crate::HostBuffer
+    #[error(
+        "task argument {arg} has its base address {addr:#x} inside the HostBuffer at {buffer:#x} \
+         rather than at it, so it would not be ordered against that buffer's other tensors; take \
+         HostBuffer::tensor and a view of it (Tensor::view / slice) instead of offsetting the address"
+    )]
+    HostTensorOffsetBase {
+        /// Index of the tensor argument.
+        arg: usize,
+        /// The tensor's base address.
+        addr: u64,
+        /// The address of the host buffer it lies in.
+        buffer: u64,
+    },
+    /// A chip task tags a [`HostBuffer`] tensor `NoDep` (refused at submit): the chip lane
+    /// could not tell whether the task writes it, and copying back bytes the engine does not
+    /// order could overwrite another task's writes.
+    ///
+    /// [`HostBuffer`]: crate::HostBuffer
+    #[error(
+        "chip task argument {arg} is a HostBuffer tensor tagged NoDep, which its chip lane cannot \
+         stage (it cannot tell whether the chip writes it); tag it Input, Output or InOut so the \
+         engine orders it, or put it in chip memory and order it yourself"
+    )]
+    HostTensorNoDep {
+        /// Index of the tensor argument.
+        arg: usize,
+    },
+    /// A chip task names host memory while the chips run in child processes (PROCESS mode),
+    /// where no chip lane can reach this process's host buffers (refused at submit).
+    #[error(
+        "chip task argument {arg} names host memory at {addr:#x}, but chip {chip} runs in a child \
+         process (ChildMode::Process), which cannot stage this process's HostBuffers; use \
+         ChildMode::Thread, or put the tensor in chip memory (GraphBuilder::chip_memory, then \
+         DeviceBuffer::tensor)"
+    )]
+    HostTensorInChildProcess {
+        /// Index of the tensor argument.
+        arg: usize,
+        /// The tensor's buffer address.
+        addr: u64,
+        /// The chip the task was submitted to.
+        chip: WorkerId,
+    },
     /// A sub task names chip memory, which a host closure cannot read (refused at submit).
     #[error(
         "sub task argument {arg} lives in chip memory, which a sub worker cannot read; let the \
@@ -318,6 +366,14 @@ pub enum MemError {
     /// The tensor descriptor could not be built.
     #[error("tensor over a device buffer: {0}")]
     Tensor(String),
+    /// The host could not allocate a [`HostBuffer`](crate::HostBuffer) of this size.
+    #[error("cannot allocate a host buffer of {len} bytes: {reason}")]
+    HostAlloc {
+        /// The requested length in bytes.
+        len: u64,
+        /// Why the allocation failed.
+        reason: String,
+    },
 }
 
 /// What a [`RunError`] is, by mechanism.

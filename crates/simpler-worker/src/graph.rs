@@ -119,6 +119,8 @@ pub struct GraphBuilder<'a> {
     /// Registrations used by this run: they stay alive until the run is published.
     pub(crate) pins: Vec<Registration>,
     pub(crate) keep: Vec<Box<dyn Any + Send>>,
+    /// Addresses of the host buffers already in `keep` (a live buffer's address is unique).
+    pub(crate) kept_hosts: std::collections::HashSet<u64>,
 }
 
 impl std::fmt::Debug for GraphBuilder<'_> {
@@ -205,14 +207,27 @@ impl<'a> GraphBuilder<'a> {
     /// L3: refuses host-memory tensors a chip lane cannot stage (anything but a
     /// [`HostBuffer`](crate::HostBuffer)) and keeps the buffers alive until the run is
     /// published, so the lane finds them when the task runs.
-    fn keep_host_buffers(&mut self, args: &TaskArgs) -> Result<(), WorkerError> {
+    fn keep_host_buffers(&mut self, args: &TaskArgs, target: WorkerId) -> Result<(), WorkerError> {
         if self.inner.level != 3 {
             return Ok(());
         }
-        for b in crate::staging::host_buffers_of(args)? {
-            self.keep.push(Box::new(b));
+        if self.inner.chips_in_processes
+            && let Some((arg, t)) = crate::staging::first_host_tensor(args)
+        {
+            return Err(WorkerError::HostTensorInChildProcess { arg, addr: t.addr, chip: target });
         }
+        let bufs = crate::staging::host_buffers_of(args)?;
+        self.keep_buffers(bufs);
         Ok(())
+    }
+
+    /// Keeps `bufs` alive until the run is published, each buffer once per run.
+    fn keep_buffers(&mut self, bufs: Vec<crate::HostBuffer>) {
+        for b in bufs {
+            if self.kept_hosts.insert(b.addr()) {
+                self.keep.push(Box::new(b));
+            }
+        }
     }
 
     /// Submits a task to chip or child `target` (L3: a chip callable; L4+: a graph).
@@ -226,7 +241,7 @@ impl<'a> GraphBuilder<'a> {
         self.resolve(handle, Target::NextLevel)?;
         self.check_limits(handle, config, target)?;
         self.check_owner(&args, target)?;
-        self.keep_host_buffers(&args)?;
+        self.keep_host_buffers(&args, target)?;
         let id = handle.id;
         self.rb()?.submit_next_level(&id, args, config, target, None).map_err(engine_err)
     }
@@ -245,7 +260,7 @@ impl<'a> GraphBuilder<'a> {
         }
         for (a, t) in args.iter().zip(targets) {
             self.check_owner(a, *t)?;
-            self.keep_host_buffers(a)?;
+            self.keep_host_buffers(a, *t)?;
         }
         let id = handle.id;
         self.rb()?.submit_next_level_group(&id, args, config, targets, None).map_err(engine_err)
@@ -259,6 +274,8 @@ impl<'a> GraphBuilder<'a> {
     ) -> Result<TaskId, WorkerError> {
         self.resolve(handle, Target::Sub)?;
         check_host_only(&args)?;
+        let bufs = crate::staging::sub_host_buffers_of(&args)?;
+        self.keep_buffers(bufs);
         let id = handle.id;
         self.rb()?.submit_sub(&id, args).map_err(engine_err)
     }
@@ -271,6 +288,10 @@ impl<'a> GraphBuilder<'a> {
     ) -> Result<TaskId, WorkerError> {
         self.resolve(handle, Target::Sub)?;
         args.iter().try_for_each(check_host_only)?;
+        for a in &args {
+            let bufs = crate::staging::sub_host_buffers_of(a)?;
+            self.keep_buffers(bufs);
+        }
         let id = handle.id;
         self.rb()?.submit_sub_group(&id, args).map_err(engine_err)
     }
@@ -340,5 +361,40 @@ fn engine_err(e: SchedError) -> WorkerError {
     match e {
         SchedError::ShuttingDown => WorkerError::Closed,
         other => WorkerError::Engine(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use simpler_device_a2a3::{Platform, RuntimeVariant};
+    use simpler_types::{DataType, TaskArgs};
+
+    use crate::{HostBuffer, Orchestration, Worker};
+
+    /// A run keeps each host buffer once, however many tasks and arguments name it.
+    #[test]
+    fn a_host_buffer_named_by_many_sub_tasks_is_kept_once_per_run() {
+        let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+        let noop = b.register_host("noop", |_| Ok(()));
+        let w = b.start().expect("start");
+        let (x, y) = (HostBuffer::new(64).expect("buffer"), HostBuffer::new(64).expect("buffer"));
+        let (tx, ty) = (
+            x.tensor(&[16], DataType::Float32).expect("t"),
+            y.tensor(&[16], DataType::Float32).expect("t"),
+        );
+        let kept = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = std::sync::Arc::clone(&kept);
+        w.run(Orchestration::graph(move |g, _, _| {
+            for _ in 0..4 {
+                let mut args = TaskArgs::new();
+                args.add_input(tx)?.add_input(tx)?.add_input(ty)?;
+                g.submit_sub(noop, args)?;
+            }
+            seen.store(g.keep.len(), std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }))
+        .expect("run");
+        assert_eq!(kept.load(std::sync::atomic::Ordering::Relaxed), 2);
+        w.close().expect("close");
     }
 }

@@ -59,12 +59,17 @@ impl std::fmt::Debug for HostBuffer {
 }
 
 impl HostBuffer {
-    /// A zeroed buffer of `len` bytes (`len > 0`).
+    /// A zeroed buffer of `len` bytes (`len > 0`); [`MemError::HostAlloc`] if the host cannot
+    /// allocate it.
     pub fn new(len: usize) -> Result<HostBuffer, MemError> {
         if len == 0 {
             return Err(MemError::OutOfRange { offset: 0, len: 0, size: 0 });
         }
-        let data = vec![0u8; len].into_boxed_slice();
+        let mut data = Vec::new();
+        data.try_reserve_exact(len)
+            .map_err(|e| MemError::HostAlloc { len: len as u64, reason: e.to_string() })?;
+        data.resize(len, 0u8);
+        let data = data.into_boxed_slice();
         let addr = data.as_ptr() as u64;
         let bytes = Arc::new(Bytes { data: Mutex::new(data), addr, len: len as u64 });
         LIVE.lock().insert(addr, Arc::downgrade(&bytes));
@@ -125,8 +130,9 @@ impl HostBuffer {
         self.bytes.data.lock().to_vec()
     }
 
-    /// Runs `f` on the buffer's bytes, holding its lock (no copy). Call nothing that waits on
-    /// a worker inside `f`: a chip lane staging this buffer waits for the lock meanwhile.
+    /// Runs `f` on the buffer's bytes, holding its lock (no copy). Inside `f`, call no other
+    /// method of this buffer and nothing that waits on a worker: both can deadlock, since a
+    /// chip lane staging this buffer waits for the lock meanwhile (`docs/blocking-calls.md`).
     pub fn with_bytes<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
         f(&mut self.bytes.data.lock())
     }
@@ -208,5 +214,13 @@ mod tests {
             }
         });
         assert!(LIVE.lock().values().all(|w| w.strong_count() > 0));
+    }
+
+    #[test]
+    fn a_buffer_too_large_to_allocate_is_a_typed_error() {
+        match HostBuffer::new(usize::MAX) {
+            Err(MemError::HostAlloc { len, .. }) => assert_eq!(len, usize::MAX as u64),
+            other => panic!("{other:?}"),
+        }
     }
 }

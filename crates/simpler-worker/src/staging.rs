@@ -4,8 +4,10 @@
 //! A chip task whose tensors name a [`HostBuffer`] runs on a copy: the lane allocates one
 //! device buffer per distinct host buffer, copies the bytes in unless every tensor of that
 //! buffer is only written (`Output`, `OutputExisting`), rewrites the tensors to the device copy,
-//! runs the task and, after a successful run, copies the bytes back unless every tensor of that
-//! buffer is only read (`Input`, `NoDep`). The device copies are freed on every path.
+//! runs the task and, after a successful run, copies back the bytes its write-tagged tensors can
+//! touch (each one's bounding span) and nothing else: the engine orders tasks by those spans,
+//! so another task may be writing the buffer's other bytes meanwhile. The device copies are
+//! freed on every path.
 //!
 //! Tensors of one host buffer share one device copy, so views of the same bytes stay aliased
 //! on the chip as they are on the host.
@@ -30,8 +32,14 @@ pub(crate) fn has_host_tensors(args: TaskArgsView<'_>) -> bool {
     args.tensors.iter().any(is_host)
 }
 
+/// The first host-memory tensor of `args` and its index.
+pub(crate) fn first_host_tensor(args: &TaskArgs) -> Option<(usize, &Tensor)> {
+    args.tensors().iter().enumerate().find(|(_, t)| is_host(t))
+}
+
 /// The submit-time check of one chip task's arguments: every host-memory tensor lies in a live
-/// [`HostBuffer`], which is returned so that the run keeps it alive.
+/// [`HostBuffer`], starts at its address and is not tagged `NoDep` (the lane could not tell
+/// whether the task writes it); the buffers are returned so that the run keeps them alive.
 pub(crate) fn host_buffers_of(args: &TaskArgs) -> Result<Vec<HostBuffer>, WorkerError> {
     let mut out: Vec<HostBuffer> = Vec::new();
     for (arg, t) in args.tensors().iter().enumerate().filter(|(_, t)| is_host(t)) {
@@ -40,11 +48,42 @@ pub(crate) fn host_buffers_of(args: &TaskArgs) -> Result<Vec<HostBuffer>, Worker
             addr: t.addr,
             len: t.size,
         })?;
-        if !out.iter().any(|b| HostBuffer::same(b, &buf)) {
-            out.push(buf);
+        check_base(arg, t, &buf)?;
+        if args.tags().get(arg) == Some(&TensorArgType::NoDep) {
+            return Err(WorkerError::HostTensorNoDep { arg });
+        }
+        push_unique(&mut out, buf);
+    }
+    Ok(out)
+}
+
+/// The host buffers a sub task's tensors lie in (other host memory is the caller's own), so
+/// that the run keeps them alive; refuses views whose base is inside a buffer but not at it.
+pub(crate) fn sub_host_buffers_of(args: &TaskArgs) -> Result<Vec<HostBuffer>, WorkerError> {
+    let mut out: Vec<HostBuffer> = Vec::new();
+    for (arg, t) in args.tensors().iter().enumerate().filter(|(_, t)| is_host(t)) {
+        if let Some(buf) = HostBuffer::covering(t.addr, t.size) {
+            check_base(arg, t, &buf)?;
+            push_unique(&mut out, buf);
         }
     }
     Ok(out)
+}
+
+/// The engine keys tensors by base address: a base inside `buf` but not at its start would not
+/// be ordered against the buffer's other views.
+fn check_base(arg: usize, t: &Tensor, buf: &HostBuffer) -> Result<(), WorkerError> {
+    if t.addr == buf.addr() {
+        return Ok(());
+    }
+    Err(WorkerError::HostTensorOffsetBase { arg, addr: t.addr, buffer: buf.addr() })
+}
+
+/// Adds `buf` to `out` unless a handle of the same bytes is there already.
+pub(crate) fn push_unique(out: &mut Vec<HostBuffer>, buf: HostBuffer) {
+    if !out.iter().any(|b| HostBuffer::same(b, &buf)) {
+        out.push(buf);
+    }
 }
 
 /// One host buffer staged for a chip task.
@@ -52,7 +91,10 @@ struct Staged {
     host: HostBuffer,
     dev: DevicePtr,
     copy_in: bool,
-    copy_back: bool,
+    /// Byte ranges (offsets into the buffer) the task's write-tagged tensors can touch: only
+    /// these are copied back, since the engine may run a task writing other bytes of the same
+    /// buffer at the same time.
+    written: Vec<(usize, usize)>,
 }
 
 /// Runs a chip task whose arguments name host memory, staging it as the module docs say.
@@ -115,13 +157,15 @@ fn stage_in(
             Some(k) => k,
             None => {
                 let dev = runner(state)?.malloc(host.len())?;
-                staged.push(Staged { host, dev, copy_in: false, copy_back: false });
+                staged.push(Staged { host, dev, copy_in: false, written: Vec::new() });
                 staged.len() - 1
             }
         };
         let s = &mut staged[k];
         s.copy_in |= !(blind && whole);
-        s.copy_back |= !matches!(tag, TensorArgType::Input | TensorArgType::NoDep);
+        if tag.writes() {
+            s.written.push(written_span(t, &s.host)?);
+        }
         t.addr = s.dev.0 + (t.addr - s.host.addr());
         t.child_memory = 1;
     }
@@ -132,11 +176,46 @@ fn stage_in(
     Ok(())
 }
 
-/// Copies the written device copies back into their host buffers.
+/// The offsets `[lo, hi)` into `host` of the bytes tensor `t` can touch (its bounding span,
+/// the one the engine orders by).
+fn written_span(t: &Tensor, host: &HostBuffer) -> Result<(usize, usize), DeviceError> {
+    let bad = || DeviceError::InvalidArgs {
+        run_id: None,
+        message: format!("host tensor at {:#x} has no byte span inside its HostBuffer", t.addr),
+    };
+    let (start, end) = t.byte_span().ok_or_else(bad)?;
+    let base = host.addr();
+    if start < base || end > base + host.len() {
+        return Err(bad());
+    }
+    let lo = usize::try_from(start - base).map_err(|_| bad())?;
+    let hi = usize::try_from(end - base).map_err(|_| bad())?;
+    Ok((lo, hi))
+}
+
+/// Copies the written spans of the device copies back into their host buffers.
 fn stage_out(state: &mut ChipState, staged: &[Staged]) -> Result<(), DeviceError> {
-    for s in staged.iter().filter(|s| s.copy_back) {
-        let runner = runner(state)?;
-        s.host.with_bytes(|b| runner.copy_from_device(b, s.dev))?;
+    for s in staged {
+        for &(lo, hi) in &merged(&s.written) {
+            let runner = runner(state)?;
+            s.host.with_bytes(|b| {
+                runner.copy_from_device(&mut b[lo..hi], DevicePtr(s.dev.0 + lo as u64))
+            })?;
+        }
     }
     Ok(())
+}
+
+/// `spans` sorted, with overlapping or touching ones joined.
+fn merged(spans: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let mut sorted = spans.to_vec();
+    sorted.sort_unstable();
+    let mut out: Vec<(usize, usize)> = Vec::with_capacity(sorted.len());
+    for (lo, hi) in sorted {
+        match out.last_mut() {
+            Some(last) if lo <= last.1 => last.1 = last.1.max(hi),
+            _ => out.push((lo, hi)),
+        }
+    }
+    out
 }

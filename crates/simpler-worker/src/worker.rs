@@ -67,6 +67,9 @@ pub(crate) struct Inner {
     pub(crate) body: Body,
     /// Launch limits of the chips' platform, checked at graph submit (L3 only).
     pub(crate) chip_limits: Option<PlatformLimits>,
+    /// Whether the chips run in child processes (L3, PROCESS mode), whose lanes cannot reach
+    /// this process's host buffers.
+    pub(crate) chips_in_processes: bool,
     pub(crate) subs: usize,
     /// Lifecycle, operation leases and the close attempt (`gate`).
     pub(crate) gate: CloseGate,
@@ -714,8 +717,13 @@ impl Worker {
         let run = rb.id();
         let shared = RunShared::new(run, Arc::clone(&self.inner), Fence::Engine);
         self.inner.accepted.lock().push_back(Arc::clone(&shared));
-        let mut gb =
-            GraphBuilder { rb: Some(rb), inner: &self.inner, pins: Vec::new(), keep: Vec::new() };
+        let mut gb = GraphBuilder {
+            rb: Some(rb),
+            inner: &self.inner,
+            pins: Vec::new(),
+            keep: Vec::new(),
+            kept_hosts: std::collections::HashSet::new(),
+        };
         let outcome = {
             let _acting = reentry::enter(self.inner.instance);
             catch_unwind(AssertUnwindSafe(|| f(&mut gb, args.view(), &config)))
@@ -815,6 +823,7 @@ pub(crate) fn new_inner(
         subtree_lineages: Vec::new(),
         body,
         chip_limits: None,
+        chips_in_processes: false,
         subs,
         gate: CloseGate::new(),
         accepted: Mutex::new(VecDeque::new()),

@@ -159,3 +159,167 @@ fn chip_memory_on_a_sub_task_is_refused_at_submit_with_the_host_buffer_hint() {
     w.chip_memory(WorkerId(0)).expect("memory").free(dev).expect("free");
     w.close().expect("close");
 }
+
+/// Two chip tasks of one graph write the two halves of one host buffer. The engine does not
+/// order them (their spans are disjoint), so each chip lane may copy back only the half its task
+/// wrote, or the later copy back returns the other half's stale bytes.
+#[test]
+fn two_chips_writing_disjoint_halves_of_one_host_buffer_both_land() {
+    let mut b = host().chips(&[0, 1]);
+    let adds = [b.register_chip(add_callable(0)), b.register_chip(add_callable(1))];
+    let w = b.start().expect("start");
+    let half = N / 2;
+    let init: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let src = filled(&init);
+    for round in 0..8 {
+        let out = HostBuffer::new(N as usize * 4).expect("buffer");
+        let (s, o) = (t(&src), t(&out));
+        w.run(Orchestration::graph(move |g, _, _| {
+            for (chip, add) in adds.iter().enumerate() {
+                let off = [half * chip as u32];
+                let (x, y) = (s.view(&[half], &off)?, o.view(&[half], &off)?);
+                let mut args = TaskArgs::new();
+                args.add_input(x)?.add_input(x)?.add_output(y)?;
+                g.submit_next_level(*add, args, &CallConfig::default(), WorkerId(chip as u32))?;
+            }
+            Ok(())
+        }))
+        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(floats(&out), init.iter().map(|x| x + x).collect::<Vec<_>>(), "round {round}");
+    }
+    w.close().expect("close");
+}
+
+/// A chip task writes the low half of a host buffer while a sub task writes the high half: the
+/// chip lane's copy back must not return the high half as it was before the sub task.
+#[test]
+fn a_chip_and_a_sub_task_writing_disjoint_halves_of_one_host_buffer_both_land() {
+    let mut b = host().chips(&[0]).sub_workers(1);
+    let add = b.register_chip(add_callable(0));
+    let half = N / 2;
+    let fill = b.register_host("fill high half", move |args| {
+        let out = args.tensor(0).and_then(HostBuffer::of_tensor).ok_or("output is no buffer")?;
+        // Give the chip lane time to stage its copy before this half is written.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        out.write(u64::from(half) * 4, &f32_to_le_bytes(&vec![-1.0; half as usize]))?;
+        Ok(())
+    });
+    let w = b.start().expect("start");
+    let init: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let src = filled(&init);
+    for round in 0..4 {
+        let out = HostBuffer::new(N as usize * 4).expect("buffer");
+        let (s, o) = (t(&src), t(&out));
+        w.run(Orchestration::graph(move |g, _, _| {
+            let mut sub = TaskArgs::new();
+            sub.add_output(o.view(&[half], &[half])?)?;
+            g.submit_sub(fill, sub)?;
+            let x = s.view(&[half], &[0])?;
+            let mut args = TaskArgs::new();
+            args.add_input(x)?.add_input(x)?.add_output(o.view(&[half], &[0])?)?;
+            g.submit_next_level(add, args, &CallConfig::default(), WorkerId(0))?;
+            Ok(())
+        }))
+        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let got = floats(&out);
+        let h = half as usize;
+        assert_eq!(&got[..h], &init[..h].iter().map(|x| x + x).collect::<Vec<_>>()[..]);
+        assert_eq!(&got[h..], &vec![-1.0; h][..], "round {round}");
+    }
+    w.close().expect("close");
+}
+
+/// A tensor whose base address is inside a host buffer but not at its start would not be
+/// ordered against the buffer's other views; it is refused at submit.
+#[test]
+fn a_tensor_based_inside_a_host_buffer_is_refused_at_submit() {
+    let mut b = host().chips(&[0]).sub_workers(1);
+    let add = b.register_chip(add_callable(0));
+    let noop = b.register_host("noop", |_| Ok(()));
+    let w = b.start().expect("start");
+    let buf = HostBuffer::new(N as usize * 8).expect("buffer");
+    let inner = Tensor::with_buffer(buf.addr() + 64, u64::from(N) * 4, &[N], DataType::Float32)
+        .expect("tensor")
+        .child_memory(false);
+    for on_chip in [true, false] {
+        let (whole, inner) = (buf.tensor(&[N], DataType::Float32).expect("tensor"), inner);
+        let err = w
+            .run(Orchestration::graph(move |g, _, _| {
+                let mut args = TaskArgs::new();
+                args.add_input(whole)?.add_input(whole)?.add_output(inner)?;
+                if on_chip {
+                    g.submit_next_level(add, args, &CallConfig::default(), WorkerId(0))?;
+                } else {
+                    g.submit_sub(noop, args)?;
+                }
+                Ok(())
+            }))
+            .expect_err("refused");
+        let WorkerError::Build { cause: BuildFailure::Callback(e), .. } = &err else {
+            panic!("{err:?}");
+        };
+        match e.downcast_ref::<WorkerError>() {
+            Some(WorkerError::HostTensorOffsetBase { arg: 2, addr, buffer })
+                if *addr == buf.addr() + 64 && *buffer == buf.addr() => {}
+            other => panic!("on chip {on_chip}: {other:?}"),
+        }
+        assert!(err.to_string().contains("HostBuffer::tensor"), "{err}");
+    }
+    w.close().expect("close");
+}
+
+/// A host buffer tagged `NoDep` on a chip task is refused at submit: the lane could not tell
+/// whether the chip writes it (a write would be dropped silently).
+#[test]
+fn a_host_buffer_tagged_no_dep_on_a_chip_task_is_refused_at_submit() {
+    let mut b = host().chips(&[0]);
+    let add = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let (src, out) = (filled(&[1.0; N as usize]), HostBuffer::new(N as usize * 4).expect("buffer"));
+    let (s, o) = (t(&src), t(&out));
+    let err = w
+        .run(Orchestration::graph(move |g, _, _| {
+            let mut args = TaskArgs::new();
+            args.add_input(s)?.add_input(s)?.add_no_dep(o)?;
+            g.submit_next_level(add, args, &CallConfig::default(), WorkerId(0))?;
+            Ok(())
+        }))
+        .expect_err("refused");
+    let WorkerError::Build { cause: BuildFailure::Callback(e), .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert!(
+        matches!(e.downcast_ref::<WorkerError>(), Some(WorkerError::HostTensorNoDep { arg: 2 })),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("tag it Input, Output or InOut"), "{err}");
+    w.close().expect("close");
+}
+
+/// A sub task's host buffer stays alive until the run is published, even when the graph
+/// callback dropped its own handle right after the submit: the sub task still finds it.
+#[test]
+fn a_sub_tasks_host_buffer_outlives_the_callbacks_handle() {
+    let mut b = host().sub_workers(1);
+    let check = b.register_host("check", |args| {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let buf = args.tensor(0).and_then(HostBuffer::of_tensor).ok_or("buffer gone")?;
+        if floats(&buf) != vec![3.0; N as usize] {
+            return Err("another buffer's bytes".into());
+        }
+        Ok(())
+    });
+    let w = b.start().expect("start");
+    for round in 0..3 {
+        w.run(Orchestration::graph(move |g, _, _| {
+            let buf = filled(&[3.0; N as usize]);
+            let mut args = TaskArgs::new();
+            args.add_inout(t(&buf))?.add_input(t(&buf))?;
+            g.submit_sub(check, args)?;
+            drop(buf);
+            Ok(())
+        }))
+        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+    }
+    w.close().expect("close");
+}

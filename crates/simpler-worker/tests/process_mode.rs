@@ -296,3 +296,30 @@ fn a_child_stuck_in_shutdown_is_killed_after_the_deadline_named_and_does_not_del
     assert!(pids.iter().all(|&p| !exists(p)), "both reaped");
     assert_eq!(mailboxes(), 0);
 }
+
+/// A host buffer on a chip task is refused at submit in PROCESS mode (no lane in a child
+/// process can reach it), with the hint to use THREAD mode or chip memory; nothing ran.
+#[test]
+fn submit_refuses_a_host_buffer_on_a_chip_task_in_process_mode() {
+    let _serial = serial();
+    let mut b = process_host(&[0], options());
+    let h = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let (mut args, _f) = inputs(&w, WorkerId(0));
+    let buf = simpler_worker::HostBuffer::new(4 * N).expect("buffer");
+    let host_tensor = buf.tensor(&[N as u32], DataType::Float32).expect("tensor");
+    args.add_input(host_tensor).expect("arg");
+    let err = w.run(on_chip(h, args, WorkerId(0))).expect_err("refused");
+    let WorkerError::Build { cause: simpler_worker::BuildFailure::Callback(e), .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert!(
+        matches!(
+            e.downcast_ref::<WorkerError>(),
+            Some(WorkerError::HostTensorInChildProcess { arg: 3, chip: WorkerId(0), .. })
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("ChildMode::Thread"), "{err}");
+    w.close().expect("close");
+}
