@@ -1,7 +1,9 @@
 //! [`MapEntry`]: one slot of the fixed map's entry pool, and the access vocabulary
 //! ([`AccessMode`], [`Role`]) that decides which entries an access finds and which one it adds.
 
-use crate::{Access, ByteSpan};
+use crate::ByteSpan;
+#[cfg(feature = "std")]
+use crate::Access;
 
 /// What a task does to a footprint, as far as dependencies are concerned.
 ///
@@ -60,6 +62,7 @@ impl AccessMode {
     }
 }
 
+#[cfg(feature = "std")]
 impl From<Access> for AccessMode {
     /// The host map's access kinds in the fixed map's words: a read, a blind overwrite, an
     /// in-place update.
