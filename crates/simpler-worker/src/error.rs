@@ -263,6 +263,19 @@ pub enum WorkerError {
         /// The chip the task was submitted to.
         chip: WorkerId,
     },
+    /// An L2 chip run names host memory (refused at submit): an L2 worker runs on chip memory
+    /// only; host data is staged by an L3 worker's chip lanes.
+    #[error(
+        "chip run argument {arg} names host memory at {addr:#x}, which an L2 worker cannot stage; \
+         put it in chip memory (Worker::memory, then DeviceBuffer::tensor), or run the task in an \
+         L3 worker's graph with a HostBuffer, which its chip lane stages"
+    )]
+    HostTensorAtL2 {
+        /// Index of the tensor argument.
+        arg: usize,
+        /// The tensor's buffer address.
+        addr: u64,
+    },
     /// A sub task names chip memory, which a host closure cannot read (refused at submit).
     #[error(
         "sub task argument {arg} lives in chip memory, which a sub worker cannot read; let the \

@@ -646,6 +646,9 @@ impl Worker {
         if handle.worker != self.inner.instance {
             return Err(WorkerError::ForeignHandle { handle });
         }
+        if let Some((arg, t)) = crate::staging::first_host_tensor(&args) {
+            return Err(WorkerError::HostTensorAtL2 { arg, addr: t.addr });
+        }
         let pin = match self.inner.registry.read().handles.get(&handle.seq) {
             Some((_, r)) => r.clone(),
             None => return Err(WorkerError::UnknownCallable { handle }),

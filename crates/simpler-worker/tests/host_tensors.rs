@@ -5,8 +5,9 @@ mod common;
 
 use common::{add_callable, host};
 use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes};
+use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
-use simpler_worker::{BuildFailure, HostBuffer, Orchestration, WorkerError};
+use simpler_worker::{BuildFailure, HostBuffer, Orchestration, Worker, WorkerError};
 
 const N: u32 = 1024;
 
@@ -320,6 +321,39 @@ fn a_sub_tasks_host_buffer_outlives_the_callbacks_handle() {
             Ok(())
         }))
         .unwrap_or_else(|e| panic!("round {round}: {e}"));
+    }
+    w.close().expect("close");
+}
+
+/// An L2 run naming host memory (a HostBuffer or any other) is refused at submit with a hint
+/// the L2 caller can act on (chip memory, or an L3 graph), and the worker keeps running.
+#[test]
+fn host_memory_on_an_l2_chip_run_is_refused_at_submit_with_an_l2_hint() {
+    let mut b = Worker::chip(Platform::A2a3Sim, 5, RuntimeVariant::HostBuildGraph);
+    let add = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let host = filled(&[1.0; N as usize]);
+    let mem = w.memory().expect("l2 memory");
+    let bufs: Vec<_> = (0..2).map(|_| mem.malloc(u64::from(N) * 4).expect("malloc")).collect();
+    let mut args = TaskArgs::new();
+    args.add_input(bufs[0].tensor(&[N], DataType::Float32).unwrap()).unwrap();
+    args.add_input(t(&host)).unwrap();
+    args.add_output(bufs[1].tensor(&[N], DataType::Float32).unwrap()).unwrap();
+    let err = w.submit(Orchestration::chip(add, args)).expect_err("refused");
+    assert!(
+        matches!(err, WorkerError::HostTensorAtL2 { arg: 1, addr } if addr == host.addr()),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("Worker::memory") && text.contains("HostBuffer"), "{text}");
+    assert!(!text.contains("with_host_tensors"), "names an API the L2 caller cannot reach: {text}");
+    // The same run on chip memory only still works.
+    let dev = |i: usize| bufs[i].tensor(&[N], DataType::Float32).unwrap();
+    let mut args = TaskArgs::new();
+    args.add_input(dev(0)).unwrap().add_input(dev(0)).unwrap().add_output(dev(1)).unwrap();
+    w.run(Orchestration::chip(add, args)).expect("chip-memory run");
+    for buf in bufs {
+        mem.free(buf).expect("free");
     }
     w.close().expect("close");
 }

@@ -1,9 +1,9 @@
 //! [`MapEntry`]: one slot of the fixed map's entry pool, and the access vocabulary
 //! ([`AccessMode`], [`Role`]) that decides which entries an access finds and which one it adds.
 
-use crate::ByteSpan;
 #[cfg(feature = "std")]
 use crate::Access;
+use crate::ByteSpan;
 
 /// What a task does to a footprint, as far as dependencies are concerned.
 ///
