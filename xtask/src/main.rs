@@ -162,18 +162,41 @@ fn mpi_test() -> Result<(), String> {
     cargo(&["test", "-p", "simpler-worker", "--features", "mpi,sim", "--test", "mpi_remote"], &[])
 }
 
-/// Fails early, naming the packages, when the MPI build or launcher is missing (a build script
-/// failing inside `mpi-sys` says much less).
+/// Makes sure Open MPI is there for the `mpi` feature and its tests: when `mpicc` or `mpirun`
+/// is missing and this is a root shell with `apt-get` (a fresh machine of the kind CI runs
+/// on), installs the distribution's packages, as `.ci/run` does; otherwise fails early naming
+/// them (a build script failing inside `mpi-sys` says much less).
 fn require_mpi() -> Result<(), String> {
+    const PACKAGES: [&str; 3] = ["openmpi-bin", "libopenmpi-dev", "libclang-dev"];
     let found = |tool: &str, arg: &str| {
         Command::new(tool).arg(arg).output().is_ok_and(|o| o.status.success())
     };
-    if found("mpicc", "--showme:version") && found("mpirun", "--version") {
+    let present = || found("mpicc", "--showme:version") && found("mpirun", "--version");
+    if present() {
         return Ok(());
     }
-    Err("Open MPI is missing (`mpicc`, `mpirun`); the `mpi` feature and its tests need it: \
-         apt-get install openmpi-bin libopenmpi-dev libclang-dev (`.ci/run` does this)"
-        .to_owned())
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if root && found("apt-get", "--version") {
+        println!("\n==> apt-get install {} (Open MPI is missing)", PACKAGES.join(" "));
+        let installed =
+            Command::new("apt-get").arg("update").arg("-qq").status().is_ok_and(|s| s.success())
+                && Command::new("apt-get")
+                    .args(["install", "-y", "-qq"])
+                    .args(PACKAGES)
+                    .status()
+                    .is_ok_and(|s| s.success());
+        if installed && present() {
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "Open MPI is missing (`mpicc`, `mpirun`); the `mpi` feature and its tests need it: \
+         apt-get install {}",
+        PACKAGES.join(" ")
+    ))
 }
 
 /// The worker tests that apply to PROCESS mode, again with every L3 worker's chips in child
