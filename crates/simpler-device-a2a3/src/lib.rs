@@ -18,19 +18,11 @@
 //! simulator implements it) and the `ChipRuntime` trait ([`runtime`]: which chip runtime;
 //! host_build_graph implements it). The runner between them is the run-state machine only.
 //!
-//! Modules:
-//! - [`abi`]: `#[repr(C)]` layouts shared by host, AICPU and AICore, asserted at compile time.
-//! - [`aicpu`]: the AICPU scheduler behind the [`aicpu::AicpuPlatform`] trait, and the typed
-//!   views of a runtime image.
-//! - `backend`: the `Backend` trait and its neutral types; `backend::sim` is the simulated
-//!   device (streams, registers, memory, threads, fault injection, the AICore executor);
-//!   `backend::onboard` is a real chip through CANN.
-//! - [`runtime`]: the `ChipRuntime` trait, the orchestration API and host_build_graph.
-//! - `runner`: [`DeviceRunner`], the run-state machine, memory, callables, cleanup and health.
-//! - `diag`: wall time, swimlane, dependency graph and scope statistics files.
-//! - [`kernel`]: the kernel ABI.
-//! - [`programs`]: reference chip programs (vector example, bgemm) used by the examples, tests
-//!   and benchmarks.
+//! Public modules: [`abi`] (`#[repr(C)]` layouts shared by host, AICPU and AICore), [`aicpu`]
+//! (the AICPU scheduler behind [`aicpu::AicpuPlatform`]), [`runtime`] (the `ChipRuntime` trait,
+//! the orchestration API, host_build_graph), [`kernel`] (the kernel ABI) and [`programs`]
+//! (reference chip programs). The private ones (backends, the runner, diagnostics) are mapped
+//! in `docs/device-internals.md`.
 //!
 //! ```
 //! use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes, vector};

@@ -61,21 +61,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The scheduler's queues sit behind one lock; the thread that delivers an event (a ready task,
-//! a completion) runs the scheduler pass itself when that lock is free and otherwise leaves the
-//! event for the holder (`inbox`). The scheduler thread handles stop-and-drain and stall
-//! deadlines. The reasons, with measurements, are in `docs/decisions/sched.md`.
-//!
-//! Protocols are documented next to their code, as numbered steps: the task-state protocol in
-//! `task_protocol`, the run fence in `run_record`, admission in `registry`, the scheduler pass,
-//! dispatch pass and scheduler thread in `scheduler`, the combining protocol in `inbox`, the
-//! mailbox handoff and endpoint thread in `endpoint_thread`, reclamation, poisoning and cancellation in
-//! `graph`, and stop-and-drain in `engine`. The small core protocols are model-checked with
-//! `loom` through the `sync` shim (`loom_models`; run with
-//! `RUSTFLAGS="--cfg simpler_loom" cargo test -p simpler-sched --release --lib loom`).
-//!
-//! The engine's lock order is written down once, in `docs/engine-protocols.md` ("Lock
-//! order").
+//! How the engine works inside — the scheduler's combining lock, where each protocol is
+//! written down, the loom models and the lock order — is in `docs/engine-protocols.md`.
 //!
 //! # Observability
 //!

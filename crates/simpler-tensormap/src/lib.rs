@@ -8,18 +8,14 @@
 //! - [`TensorKey`] names a buffer: host memory by base address, child memory by worker and base
 //!   address, remote memory by descriptor (`docs/tensormap.md` §1).
 //! - [`ByteSpan`] is the byte range a view can touch; [`footprint`] derives both from a
-//!   [`Tensor`](simpler_types::Tensor) (`docs/tensormap.md` §2).
+//!   [`Tensor`] (`docs/tensormap.md` §2).
 //! - [`TensorMap`] holds, per `(run, key)`, an ordered list of `(span, producer)` entries:
 //!   [`lookup_overlapping`](TensorMap::lookup_overlapping) visits each producer whose bytes
 //!   intersect a span, [`insert`](TensorMap::insert) supersedes the entries a new write covers
 //!   entirely, [`erase_owned`](TensorMap::erase_owned) removes only the reclaimed producer's
 //!   entries (`docs/tensormap.md` §4).
 //!
-//! Modules: `key`, `span` and `from_tensor` (what is tracked); `footprints` (one key's ordered
-//! entries and the overlap algorithm), `key_table` (one run's keys), `store` (all runs and the
-//! counts) — all free of locking, so that a fixed-capacity core can be extracted
-//! for the device runtimes; `map` adds the one leaf mutex. Decisions are recorded in
-//! `docs/decisions/simpler-tensormap.md`.
+//! The module layout and the decisions behind it are in `docs/tensormap.md` ("Modules").
 //!
 //! ```
 //! use simpler_tensormap::{Access, DataType, RunId, SlotId, Tensor, TensorMap, footprint};
