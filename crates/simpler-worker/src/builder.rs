@@ -394,15 +394,31 @@ fn attach_chips(
                     let _ = t.join();
                 }
                 let names: Vec<String> = pending.iter().flatten().cloned().collect();
+                let mut e = start_err(
+                    StartCause::DeadlineExceeded { pending: names.clone(), budget },
+                    names.first().map_or(path, String::as_str),
+                );
+                // Every chip pending at the deadline is named in the rollback: one whose start-up
+                // finished after all is finalized below with the others, the rest were killed.
                 for (i, r) in rx.try_iter() {
                     if let Ok(state) = r {
                         states[i] = Some(state);
+                        if let Some(n) = pending[i].take() {
+                            e.rollback.push(TeardownError {
+                                what: n,
+                                message: "chip process started after the deadline; finalized"
+                                    .into(),
+                            });
+                        }
                     }
                 }
-                failure = Some(start_err(
-                    StartCause::DeadlineExceeded { pending: names.clone(), budget },
-                    names.first().map_or(path, String::as_str),
-                ));
+                for n in pending.iter().flatten() {
+                    e.rollback.push(TeardownError {
+                        what: n.clone(),
+                        message: "chip process killed and reaped while still starting".into(),
+                    });
+                }
+                failure = Some(e);
                 break;
             }
             Err(_) => {
