@@ -236,6 +236,19 @@ fn a_handle_of_an_ended_run_is_stale_and_refused() {
     still_works(&mut r, 3);
 }
 
+/// The vector program's arguments `a`, `b` → `f` over host memory (for
+/// `RunRequest::with_host_tensors`). The output is named through a pointer taken from a unique
+/// borrow, since the runner writes it.
+fn host_vector_args(a: &[f32], b: &[f32], f: &mut [f32]) -> TaskArgs {
+    let shape = [f.len() as u32];
+    let t = |addr: u64| Tensor::external(addr, &shape, DataType::Float32).unwrap();
+    let mut args = TaskArgs::new();
+    args.add_input(t(a.as_ptr() as u64)).unwrap();
+    args.add_input(t(b.as_ptr() as u64)).unwrap();
+    args.add_output(t(f.as_mut_ptr() as u64)).unwrap();
+    args
+}
+
 #[test]
 fn host_tensors_are_staged_in_and_copied_back() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
@@ -244,12 +257,7 @@ fn host_tensors_are_staged_in_and_copied_back() {
     let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let b: Vec<f32> = (0..n).map(|i| 1.0 - i as f32).collect();
     let mut f = vec![0f32; n];
-    let t =
-        |v: &[f32]| Tensor::external(v.as_ptr() as u64, &[n as u32], DataType::Float32).unwrap();
-    // The output is named through a pointer taken from a unique borrow: the runner writes it.
-    let out = Tensor::external(f.as_mut_ptr() as u64, &[n as u32], DataType::Float32).unwrap();
-    let mut args = TaskArgs::new();
-    args.add_input(t(&a)).unwrap().add_input(t(&b)).unwrap().add_output(out).unwrap();
+    let args = host_vector_args(&a, &b, &mut f);
     let cfg = CallConfig::default();
     // SAFETY: the three vectors live until the end of the run and nothing else touches them.
     let req = unsafe { RunRequest::with_host_tensors(run_id(1), slot, &args, &cfg) };
@@ -268,11 +276,7 @@ fn a_refused_copy_back_fails_the_run_naming_the_range() {
     let a = vec![1f32; n];
     let b = vec![2f32; n];
     let mut f = vec![0f32; n];
-    let t =
-        |v: &[f32]| Tensor::external(v.as_ptr() as u64, &[n as u32], DataType::Float32).unwrap();
-    let out = Tensor::external(f.as_mut_ptr() as u64, &[n as u32], DataType::Float32).unwrap();
-    let mut args = TaskArgs::new();
-    args.add_input(t(&a)).unwrap().add_input(t(&b)).unwrap().add_output(out).unwrap();
+    let args = host_vector_args(&a, &b, &mut f);
     let cfg = CallConfig::default();
     r.sim_faults().unwrap().fail_read(1);
     // SAFETY: the three vectors live until the end of the run and nothing else touches them.
