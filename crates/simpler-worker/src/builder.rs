@@ -386,52 +386,39 @@ fn attach_chips(
                     ));
                 }
             }
-            Err(_) if process.is_some() => {
-                // A chip process still starting is killed at this same deadline by its start-up
-                // thread; waiting for that thread here means `start` returns with every child
-                // reaped.
-                for t in attachers.iter_mut().filter_map(Option::take) {
-                    let _ = t.join();
-                }
-                let names: Vec<String> = pending.iter().flatten().cloned().collect();
-                let mut e = start_err(
-                    StartCause::DeadlineExceeded { pending: names.clone(), budget },
-                    names.first().map_or(path, String::as_str),
-                );
-                // Every chip pending at the deadline is named in the rollback: one whose start-up
-                // finished after all is finalized below with the others, the rest were killed.
-                for (i, r) in rx.try_iter() {
-                    if let Ok(state) = r {
-                        states[i] = Some(state);
-                        if let Some(n) = pending[i].take() {
-                            e.rollback.push(TeardownError {
-                                what: n,
-                                message: "chip process started after the deadline; finalized"
-                                    .into(),
-                            });
-                        }
-                    }
-                }
-                for n in pending.iter().flatten() {
-                    e.rollback.push(TeardownError {
-                        what: n.clone(),
-                        message: "chip process killed and reaped while still starting".into(),
-                    });
-                }
-                failure = Some(e);
-                break;
-            }
             Err(_) => {
                 let names: Vec<String> = pending.iter().flatten().cloned().collect();
                 let mut e = start_err(
                     StartCause::DeadlineExceeded { pending: names.clone(), budget },
                     names.first().map_or(path, String::as_str),
                 );
-                for n in names {
-                    e.rollback.push(TeardownError {
-                        what: n,
-                        message: "attach thread detached while still starting".into(),
-                    });
+                // Every chip pending at the deadline is named in the rollback.
+                let mut name = |what: String, message: &str| {
+                    e.rollback.push(TeardownError { what, message: message.into() });
+                };
+                if process.is_some() {
+                    // A chip process still starting is killed at this same deadline by its
+                    // start-up thread; waiting for that thread here means `start` returns with
+                    // every child reaped. One whose start-up finished after all is finalized
+                    // below with the others.
+                    for t in attachers.iter_mut().filter_map(Option::take) {
+                        let _ = t.join();
+                    }
+                    for (i, r) in rx.try_iter() {
+                        if let Ok(state) = r {
+                            states[i] = Some(state);
+                            if let Some(n) = pending[i].take() {
+                                name(n, "chip process started after the deadline; finalized");
+                            }
+                        }
+                    }
+                    for n in pending.iter().flatten() {
+                        name(n.clone(), "chip process killed and reaped while still starting");
+                    }
+                } else {
+                    for n in names {
+                        name(n, "attach thread detached while still starting");
+                    }
                 }
                 failure = Some(e);
                 break;
