@@ -182,32 +182,40 @@ impl FaultPlan {
         }
     }
 
-    /// Called once per launch: whether this launch is refused.
-    pub(crate) fn on_launch(&self, kind: KernelKind) -> bool {
-        if !self.is_armed() {
+    /// [`countdown`](Self::countdown) when anything is armed, logging `fired` if it fires.
+    fn countdown_fire(
+        &self,
+        matches: impl FnMut(&mut Armed) -> Option<&mut u32>,
+        fired: FiredFault,
+    ) -> bool {
+        if !self.is_armed() || !self.countdown(matches) {
             return false;
         }
-        let fired = self.countdown(|a| match a {
-            Armed::FailLaunch { kind: k, remaining } if *k == kind => Some(remaining),
-            _ => None,
-        });
-        if fired {
-            self.fire(FiredFault::LaunchRefused(kind));
-        }
-        fired
+        self.fire(fired);
+        true
+    }
+
+    /// Called once per launch: whether this launch is refused.
+    pub(crate) fn on_launch(&self, kind: KernelKind) -> bool {
+        self.countdown_fire(
+            |a| match a {
+                Armed::FailLaunch { kind: k, remaining } if *k == kind => Some(remaining),
+                _ => None,
+            },
+            FiredFault::LaunchRefused(kind),
+        )
     }
 
     /// Called once per enqueued launch: panics if a `panic_after_launch` fault fires.
     pub(crate) fn after_launch(&self, kind: KernelKind) {
-        if !self.is_armed() {
-            return;
-        }
-        let fired = self.countdown(|a| match a {
-            Armed::PanicAfterLaunch { kind: k, remaining } if *k == kind => Some(remaining),
-            _ => None,
-        });
+        let fired = self.countdown_fire(
+            |a| match a {
+                Armed::PanicAfterLaunch { kind: k, remaining } if *k == kind => Some(remaining),
+                _ => None,
+            },
+            FiredFault::PanickedAfterLaunch(kind),
+        );
         if fired {
-            self.fire(FiredFault::PanickedAfterLaunch(kind));
             panic!("injected panic after the {kind:?} launch");
         }
     }
@@ -246,32 +254,24 @@ impl FaultPlan {
 
     /// Called once per copy from device memory to the host: whether it is refused.
     pub(crate) fn on_read(&self) -> bool {
-        if !self.is_armed() {
-            return false;
-        }
-        let fired = self.countdown(|a| match a {
-            Armed::FailRead { remaining } => Some(remaining),
-            _ => None,
-        });
-        if fired {
-            self.fire(FiredFault::ReadRefused);
-        }
-        fired
+        self.countdown_fire(
+            |a| match a {
+                Armed::FailRead { remaining } => Some(remaining),
+                _ => None,
+            },
+            FiredFault::ReadRefused,
+        )
     }
 
     /// Called once per AICPU launch entry: whether its result is forced non-zero.
     pub(crate) fn on_aicpu_entry(&self) -> bool {
-        if !self.is_armed() {
-            return false;
-        }
-        let fired = self.countdown(|a| match a {
-            Armed::AicpuFault { remaining } => Some(remaining),
-            _ => None,
-        });
-        if fired {
-            self.fire(FiredFault::AicpuFaulted);
-        }
-        fired
+        self.countdown_fire(
+            |a| match a {
+                Armed::AicpuFault { remaining } => Some(remaining),
+                _ => None,
+            },
+            FiredFault::AicpuFaulted,
+        )
     }
 
     /// Called once per core handshake: the physical core id to report instead of the index.
