@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::*;
 use simpler_device_a2a3::{
-    AcceptanceSignal, ActiveRun, ChipSlot, DeviceError, DeviceHealth, DeviceRunner, RunRequest,
-    RunnerOptions,
+    AcceptanceSignal, ActiveRun, ChipSlot, DeviceError, DeviceHealth, DeviceRunner, FaultPlan,
+    RunRequest, RunnerOptions,
 };
 use simpler_types::CallConfig;
 
@@ -84,13 +84,22 @@ fn four_queued_runs_complete_by_their_own_events_with_their_own_results() {
 /// behind it are abandoned after it. Then the runner recovers through finalize. (Outputs are
 /// checked by the all-success test: copies are refused while runs are launched, and on an
 /// unusable runner.)
-fn fault_in_queue(faulty: u64, order: [usize; 4]) {
-    let mut r = DeviceRunner::attach(queue_options()).unwrap();
+fn fault_in_queue(faulty: u64, order: [usize; 4], arm: fn(&FaultPlan, u32)) {
+    fault_in_queue_with(queue_options(), faulty, order, arm);
+}
+
+fn fault_in_queue_with(
+    opts: RunnerOptions,
+    faulty: u64,
+    order: [usize; 4],
+    arm: fn(&FaultPlan, u32),
+) {
+    let mut r = DeviceRunner::attach(opts).unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();
     let runs: Vec<_> = (0..4).map(|_| VectorRun::new(&mut r, 256)).collect();
     let cfg = CallConfig::default();
     r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD / 4);
-    r.sim_faults().unwrap().kernel_fault(FUNC_MUL, faulty as u32);
+    arm(r.sim_faults().unwrap(), faulty as u32);
     let mut active: Vec<Option<ActiveRun>> =
         launch_queue(&mut r, slot, &runs, &cfg).into_iter().map(Some).collect();
     for i in order {
@@ -131,19 +140,31 @@ fn fault_in_queue(faulty: u64, order: [usize; 4]) {
     fresh.finalize().unwrap();
 }
 
+/// A core exception in the `nth` multiply.
+fn fault(plan: &FaultPlan, nth: u32) {
+    plan.kernel_fault(FUNC_MUL, nth);
+}
+
+#[test]
+fn a_hung_kernel_in_run_three_is_its_own_failure_and_run_four_is_abandoned_reaped_first() {
+    // Nobody synchronises a stream: run 4's event wait must end when run 3's hang is detected
+    // (the scheduler's watchdog stops run 3's AICPU, whose failure fails run 4's records).
+    fault_in_queue(3, [3, 2, 0, 1], |plan, nth| plan.kernel_hang(FUNC_MUL, nth));
+}
+
 #[test]
 fn a_fault_in_run_two_of_four_fails_exactly_run_two_and_abandons_the_rest_in_order() {
-    fault_in_queue(2, [0, 1, 2, 3]);
+    fault_in_queue(2, [0, 1, 2, 3], fault);
 }
 
 #[test]
 fn a_fault_in_run_two_of_four_is_charged_to_it_when_the_runs_are_reaped_backwards() {
-    fault_in_queue(2, [3, 2, 1, 0]);
+    fault_in_queue(2, [3, 2, 1, 0], fault);
 }
 
 #[test]
 fn a_fault_in_the_first_queued_run_abandons_all_three_behind_it() {
-    fault_in_queue(1, [2, 0, 3, 1]);
+    fault_in_queue(1, [2, 0, 3, 1], fault);
 }
 
 #[test]
