@@ -12,6 +12,12 @@
 //!   serial (`run` = submit + wait, one run at a time), which pipelining cannot speed up and
 //!   must not slow down much (the lane polls a run in flight between jobs).
 //!
+//! - **Runner modes**: the same shapes on a runner directly, so the lane's hand-offs are out of
+//!   the picture: depth 1 (`run`), depth 2 (prepare N+1 while N executes, launch it after
+//!   reaping N) and queued (device queueing: N+1 is launched before N is reaped). Per run the
+//!   host time of each phase (prepare, launch, the wait in reap, complete) is reported, which
+//!   says where the host time goes.
+//!
 //! `cargo bench --bench pipelined [-- RUNS ROUNDS]` (defaults 1000 and 3; `-- --test` runs
 //! a short version). Plain timing with medians over the rounds, not criterion: one sample is
 //! a whole stream of runs.
@@ -89,6 +95,118 @@ fn calibrate(samples: usize) -> (Duration, Duration) {
     }
     r.finalize().expect("finalize");
     (median(prep), median(device))
+}
+
+/// How a runner-level stream drives its runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// `run`: prepare, launch, reap, complete, one run at a time.
+    Depth1,
+    /// Prepare N+1 while N executes; launch N+1 after reaping N.
+    Depth2,
+    /// Device queueing: prepare and launch N+1 while N executes, then reap N.
+    Queued,
+}
+
+/// Host time per phase, summed over a runner-level stream.
+#[derive(Default, Clone, Copy)]
+struct Phases {
+    prepare: Duration,
+    launch: Duration,
+    reap: Duration,
+    complete: Duration,
+}
+
+/// `runs` back-to-back runs on a runner directly in `mode`; wall time per run and the host
+/// time of each phase per run.
+fn runner_stream(mode: Mode, runs: usize, shape: Shape) -> (Duration, Phases) {
+    let opts = RunnerOptions::sim(8, RuntimeVariant::HostBuildGraph)
+        .with_pipeline_slots(if mode == Mode::Depth1 { 1 } else { 2 })
+        .with_device_queue(mode == Mode::Queued);
+    let mut r = DeviceRunner::attach(opts).expect("attach");
+    let slot = r.register_callable(&vector::callable().expect("program")).expect("register");
+    let mut args = TaskArgs::new();
+    let mut ptrs = Vec::new();
+    for i in 0..3 {
+        let p = r.malloc((shape.n * 4) as u64).expect("malloc");
+        ptrs.push(p);
+        let t = Tensor::external(p.addr(), &[shape.n as u32], DataType::Float32)
+            .expect("tensor")
+            .child_memory(true);
+        if i < 2 { args.add_input(t) } else { args.add_output(t) }.expect("arg");
+    }
+    if let Some(d) = shape.delay {
+        r.sim_faults().expect("sim").kernel_delay(vector::MUL, d);
+    }
+    let cfg = CallConfig::builder().block_dim(shape.block_dim).build().expect("config");
+    let mut ph = Phases::default();
+    let timed = |acc: &mut Duration, t: Instant| *acc += t.elapsed();
+    let mut next_id = 0u64;
+    let mut req_id = || {
+        next_id += 1;
+        RunId::from_raw(next_id).expect("id")
+    };
+    let t0 = Instant::now();
+    let mut in_flight = None;
+    for i in 0..=runs {
+        // Prepare run i (while run i-1 executes at depth 2 and queued).
+        let mut prepared = (i < runs).then(|| {
+            let t = Instant::now();
+            let p = r.prepare(&RunRequest::new(req_id(), slot, &args, &cfg)).expect("prepare");
+            timed(&mut ph.prepare, t);
+            p
+        });
+        let mut launch = |r: &mut DeviceRunner, p| {
+            let t = Instant::now();
+            let a = r.launch_run(p).expect("launch");
+            timed(&mut ph.launch, t);
+            a
+        };
+        let mut queued = None;
+        if mode == Mode::Queued {
+            queued = prepared.take().map(|p| launch(&mut r, p));
+        }
+        if let Some(a) = in_flight.take() {
+            let t = Instant::now();
+            r.reap_run(&a, None).expect("reap");
+            timed(&mut ph.reap, t);
+            let t = Instant::now();
+            r.complete_run(a).expect("complete");
+            timed(&mut ph.complete, t);
+        }
+        in_flight = match mode {
+            Mode::Queued => queued,
+            Mode::Depth1 | Mode::Depth2 => {
+                let a = prepared.take().map(|p| launch(&mut r, p));
+                if mode == Mode::Depth1
+                    && let Some(a) = a
+                {
+                    let t = Instant::now();
+                    r.reap_run(&a, None).expect("reap");
+                    timed(&mut ph.reap, t);
+                    let t = Instant::now();
+                    r.complete_run(a).expect("complete");
+                    timed(&mut ph.complete, t);
+                    None
+                } else {
+                    a
+                }
+            }
+        };
+    }
+    let total = t0.elapsed();
+    for p in ptrs {
+        r.free(p).expect("free");
+    }
+    r.finalize().expect("finalize");
+    let per = |d: Duration| d / runs as u32;
+    let phases = Phases {
+        prepare: per(ph.prepare),
+        launch: per(ph.launch),
+        reap: per(ph.reap),
+        complete: per(ph.complete),
+    };
+    (total / runs as u32, phases)
 }
 
 struct Stream {
@@ -176,6 +294,36 @@ fn main() {
             w3[i].push(stream(slots, runs, w3_shape));
             w3p[i].push(stream(slots, runs, parked));
             s1[i].push(stream(slots, s1_runs, s1_shape));
+        }
+    }
+    let modes = [Mode::Depth1, Mode::Depth2, Mode::Queued];
+    for (name, n, shape) in [
+        ("W3 runner", runs, w3_shape),
+        ("W3 parked runner", runs, parked),
+        ("S1 runner", s1_runs, s1_shape),
+    ] {
+        let mut per_mode = Vec::new();
+        for mode in modes {
+            let mut walls = Vec::new();
+            let mut last = Phases::default();
+            for _ in 0..rounds {
+                let (wall, ph) = runner_stream(mode, n, shape);
+                walls.push(wall);
+                last = ph;
+            }
+            per_mode.push((mode, median(walls), last));
+        }
+        let d1 = per_mode[0].1;
+        for (mode, wall, ph) in per_mode {
+            println!(
+                "{name}: {n} runs, {mode:?}: {:.1} us/run ({:.2}x depth 1); host per run: prepare {:.1} us, launch {:.1} us, reap wait {:.1} us, complete {:.1} us",
+                wall.as_secs_f64() * 1e6,
+                d1.as_secs_f64() / wall.as_secs_f64(),
+                ph.prepare.as_secs_f64() * 1e6,
+                ph.launch.as_secs_f64() * 1e6,
+                ph.reap.as_secs_f64() * 1e6,
+                ph.complete.as_secs_f64() * 1e6,
+            );
         }
     }
     let med = |v: &[Stream], f: fn(&Stream) -> Duration| median(v.iter().map(f).collect());

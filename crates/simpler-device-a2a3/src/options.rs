@@ -171,6 +171,10 @@ pub struct RunnerOptions {
     pub rings: RingDefaults,
     /// Resource slots: runs that may be prepared or in flight at once (1..=4, default 2).
     pub pipeline_slots: usize,
+    /// Device queueing: `launch_run` may queue a run's kernels behind a launched, unreaped
+    /// run on the same streams, and each run completes by its own events
+    /// (`docs/pipelining.md`, "Device queueing"). Off by default: one launched run at a time.
+    pub device_queue: bool,
     /// Simulator options.
     #[cfg(feature = "sim")]
     pub sim: SimOptions,
@@ -192,6 +196,7 @@ impl RunnerOptions {
             budgets: FixedBudgets::default(),
             rings: RingDefaults::default(),
             pipeline_slots: 2,
+            device_queue: false,
             #[cfg(feature = "sim")]
             sim: SimOptions::default(),
             #[cfg(feature = "onboard")]
@@ -239,6 +244,12 @@ impl RunnerOptions {
     /// Sets the number of resource slots (1..=4; 1 = one run at a time).
     pub fn with_pipeline_slots(mut self, slots: usize) -> Self {
         self.pipeline_slots = slots;
+        self
+    }
+
+    /// Turns device queueing on or off (see [`RunnerOptions::device_queue`]).
+    pub fn with_device_queue(mut self, on: bool) -> Self {
+        self.device_queue = on;
         self
     }
 

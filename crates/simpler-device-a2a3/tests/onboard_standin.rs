@@ -844,3 +844,63 @@ fn a_refused_bind_is_a_bind_device_error_with_the_code_named() {
     );
     assert_eq!(b.live(), [0; 5]);
 }
+
+#[test]
+fn queued_runs_are_framed_by_cann_events_and_reaped_by_event_syncs_not_stream_syncs() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
+    let (aicpu, aicore) = streams(&b.log());
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
+    b.log();
+    let cfg = CallConfig::default();
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
+    let a1 = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
+    let a2 = r.launch_run(p2).unwrap();
+    let log = b.log();
+    assert_eq!(count(&log, "aclrtRecordEvent"), 8, "begin and end on both streams, per run");
+    // The second run's AICore kernel waits on the first run's AICPU end; each AICPU kernel
+    // waits on its own run's AICore begin.
+    let waits: Vec<Option<u64>> =
+        log.iter().filter(|c| c.func == "aclrtStreamWaitEvent").map(|c| c.stream).collect();
+    assert_eq!(waits, [Some(aicpu), Some(aicore), Some(aicpu)], "{:?}", names(&log));
+    assert_eq!(count(&log, "aclrtSynchronizeStreamWithTimeout"), 0, "no host round trip");
+    assert!(r.poll_run(&a2).unwrap(), "the stand-in completes recorded events at once");
+    for a in [a1, a2] {
+        assert!(r.reap_run(&a, None).unwrap());
+        r.complete_run(a).unwrap();
+    }
+    let log = b.log();
+    assert_eq!(count(&log, "aclrtSynchronizeEventWithTimeout"), 4, "{:?}", names(&log));
+    assert_eq!(count(&log, "aclrtSynchronizeStreamWithTimeout"), 0, "{:?}", names(&log));
+    v1.free(&mut r);
+    v2.free(&mut r);
+    r.unregister_callable(slot).unwrap();
+    r.finalize().unwrap();
+    assert_eq!(b.live(), [0; 5], "every event was destroyed");
+}
+
+#[test]
+fn a_queued_run_behind_a_run_whose_event_sync_failed_is_abandoned_after_it() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
+    let cfg = CallConfig::default();
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
+    let a1 = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
+    let a2 = r.launch_run(p2).unwrap();
+    // Run 1's AICPU end event reports an AICPU exception and the device stays failed.
+    b.install.poison_at("aclrtSynchronizeEventWithTimeout", 1, 507_018).unwrap();
+    let err = r.reap_run(&a1, None).unwrap_err();
+    assert!(matches!(err, DeviceError::DeviceFault { run_id: id, .. } if id == run_id(1)), "{err}");
+    let err = r.reap_run(&a2, None).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::Abandoned { run_id: id, after, .. } if id == run_id(2) && after == run_id(1)),
+        "{err}"
+    );
+    drop((v1, v2));
+    let _ = r.finalize();
+}

@@ -105,17 +105,22 @@ pub(crate) trait LaunchState: Send + Sync + fmt::Debug {
 /// A handle to a launched kernel.
 pub(crate) type LaunchHandle = Arc<dyn LaunchState>;
 
+/// Where a recorded event is (never blocks to find out).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum EventStatus {
+    /// An entry enqueued before the record is queued or running.
+    Pending,
+    /// Every entry enqueued before the record completed without error.
+    Complete,
+    /// The stream failed before reaching the record (the record was discarded behind the
+    /// stream's sticky error, which this carries).
+    Failed(StreamFault),
+}
+
 /// An event recorded on a stream: it completes once every entry enqueued on that stream before
-/// it completed. Device queuing (`docs/device-runner.md`, "Next steps") will complete each run
-/// by its own events instead of a stream-wide sync.
+/// it completed, or fails with the stream's sticky error. Queued runs complete by their own
+/// events (`docs/pipelining.md`, "Device queueing").
 pub(crate) trait EventState: Send + Sync + fmt::Debug {
-    /// Whether the event completed (never blocks).
-    // Used by device queuing; exercised by the simulator's tests until then.
-    #[allow(dead_code)]
-    fn is_complete(&self) -> bool;
-    /// Waits at most `timeout` for the event; returns whether it completed.
-    #[allow(dead_code)]
-    fn synchronize(&self, timeout: Duration) -> bool;
     /// The backend's own event object, so its `wait_event` can recognise it.
     fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
 }
@@ -225,15 +230,25 @@ pub(crate) trait Backend: Send + fmt::Debug {
     fn query(&self, stream: StreamKind, op_execute: Duration) -> StreamStatus;
 
     /// Records an event on `stream`.
-    // Used by device queuing; exercised by the simulator's tests until then.
-    #[allow(dead_code)]
     fn record_event(&mut self, stream: StreamKind) -> EventHandle;
 
-    /// Makes the entries enqueued on `stream` after this call wait until `event` completed;
-    /// `false` if `event` was not recorded by this backend.
-    // Used by device queuing; exercised by the simulator's tests until then.
-    #[allow(dead_code)]
+    /// Makes the entries enqueued on `stream` after this call wait until `event` completed; a
+    /// failed `event` puts `stream` into the same sticky error, so nothing behind the wait
+    /// runs. `false` if `event` was not recorded by this backend.
     fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> bool;
+
+    /// The state of `event`, without blocking; `op_execute` is the per-launch AICore budget
+    /// (an overdue AICore entry fails its stream, as in `query`).
+    fn event_status(&self, event: &EventHandle, op_execute: Duration) -> EventStatus;
+
+    /// Waits at most `timeout` for `event`; a stream failure before the record is
+    /// `SyncError::Fault`. The op-execute watchdog keeps running while it waits.
+    fn event_synchronize(
+        &self,
+        event: &EventHandle,
+        timeout: Duration,
+        op_execute: Duration,
+    ) -> Result<(), SyncError>;
 
     /// Waits at most `timeout` for both streams to go idle (the recovery drain); returns
     /// whether they did.

@@ -81,6 +81,8 @@ impl DeviceRunner {
                 user_allocs: BTreeMap::new(),
                 regs_table: None,
                 slots,
+                last_aicpu_end: None,
+                launches: 0,
                 returns: Default::default(),
                 used_runs: Default::default(),
                 stats: RunnerStats::default(),

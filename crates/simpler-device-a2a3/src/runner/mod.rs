@@ -89,7 +89,9 @@ use crate::abi::ABI_VERSION;
 use crate::abi::codes::AclCode;
 use crate::abi::launch::KernelArgs;
 use crate::aicpu::view::HostImageView;
-use crate::backend::{AllocFailure, Backend, LaunchHandle, StreamStatus, SyncError};
+use crate::backend::{
+    AllocFailure, Backend, EventHandle, EventStatus, LaunchHandle, StreamStatus, SyncError,
+};
 use crate::diag::{DiagPlan, Exporter, Outcome};
 use crate::error::{
     CoreFault, DeviceError, InitStep, KernelKind, MemPurpose, PoisonCause, PoisonStep,
@@ -146,10 +148,31 @@ struct RunState {
     kernel_args: u64,
     staged: Vec<StagedTensor>,
     aicore: Option<LaunchHandle>,
+    /// The run's own events when it was queued on the device (`RunnerOptions::device_queue`).
+    events: Option<RunEvents>,
+    /// Position of the run in launch order (0 = not launched).
+    launch_seq: u64,
     latched: Option<RuntimeFault>,
     acceptance: Option<(Arc<AcceptanceSignal>, u64)>,
     latches: Latches,
     report: RunReport,
+}
+
+/// The events a queued run completes by, indexed by [`stream_slot`] (`docs/pipelining.md`,
+/// "Device queueing"): a failed `begin` means the stream failed before the run reached it (the
+/// fault is an earlier run's), a failed `end` after a completed `begin` is the run's own fault.
+#[derive(Debug)]
+struct RunEvents {
+    begin: [EventHandle; 2],
+    end: [EventHandle; 2],
+}
+
+/// Index of a stream in [`RunEvents`].
+fn stream_slot(stream: StreamKind) -> usize {
+    match stream {
+        StreamKind::Aicpu => 0,
+        StreamKind::AiCore => 1,
+    }
 }
 
 /// The per-run resources of one slot, kept across the runs that use it.
@@ -220,6 +243,11 @@ struct Core {
     user_allocs: BTreeMap<u64, u64>,
     regs_table: Option<u64>,
     slots: Vec<Slot>,
+    /// The end event on the AICPU stream of the run launched last (device queueing): the next
+    /// run's AICore kernel waits on it.
+    last_aicpu_end: Option<EventHandle>,
+    /// Runs launched so far (the next run's `launch_seq` is one more).
+    launches: u64,
     /// Leases of dropped handles, cleaned up at the next call.
     returns: ReturnQueue,
     used_runs: UsedRunIds,
@@ -365,6 +393,8 @@ impl Core {
             kernel_args: 0,
             staged: Vec::new(),
             aicore: None,
+            events: None,
+            launch_seq: 0,
             latched: None,
             acceptance: req.acceptance().map(|a| (Arc::clone(a), req.run_id.get())),
             latches: Latches::default(),
@@ -474,6 +504,9 @@ impl Core {
             });
         }
         run.kernel_args = ka_addr;
+        // L1 at prepare time, in the slot's own image: with device queueing the host does not
+        // run between the previous run's end and this run's start.
+        self.clear_handshakes(run);
         Ok(())
     }
 
@@ -543,7 +576,7 @@ impl Core {
                 DeviceError::Abandoned { run_id, after: cause.run_id, device_id, cause }
             });
         }
-        if let Some(other) = self.launched() {
+        if let Some(other) = self.launched().filter(|_| !self.opts.device_queue) {
             // The exclusive execution claim: the refused run is abandoned (its cleanup runs
             // now), so no slot is left behind by a handle the caller no longer has.
             let state = format!("{} is launched and not reaped", other.run_id);
@@ -573,11 +606,27 @@ impl Core {
         }
     }
 
-    /// L1–L3 on a run taken out of its slot; a failure has run the terminal cleanup.
+    /// L1–L3 on a run taken out of its slot (a queued run's L1 ran at prepare); a failure has run the
+    /// terminal cleanup. With device queueing each kernel is framed by the run's own events
+    /// and the streams wait on each other (`docs/pipelining.md`, "Device queueing").
     fn launch_steps(&mut self, run: &mut RunState) -> Result<(), DeviceError> {
-        // L1.
-        self.clear_handshakes(run);
         let args = run.kernel_args;
+        let queued = self.opts.device_queue;
+        if !queued {
+            // L1 once more, in the seed's place, for whatever wrote the image since.
+            self.clear_handshakes(run);
+        }
+        self.launches += 1;
+        run.launch_seq = self.launches;
+        // The previous run's AICPU writes AICPU-idle into the token registers after its exit
+        // acknowledgement: this run's cores must not start before that. (Our own events are
+        // always accepted by `wait_event`.)
+        let begin_core = queued.then(|| {
+            if let Some(prev) = self.last_aicpu_end.take() {
+                self.backend.wait_event(StreamKind::AiCore, &prev);
+            }
+            self.backend.record_event(StreamKind::AiCore)
+        });
         // L2: AICore first.
         match self.backend.launch_aicore(run.block_dim, args) {
             Ok(l) => {
@@ -591,6 +640,14 @@ impl Core {
                 return Err(DeviceError::Launch { run_id: run.run_id, kernel, code });
             }
         }
+        // The AICPU starts only once the AICore kernel started (its launch resets the cores'
+        // DATA_MAIN_BASE, which would erase what the AICPU publishes).
+        let framed = begin_core.map(|begin_core| {
+            let end_core = self.backend.record_event(StreamKind::AiCore);
+            self.backend.wait_event(StreamKind::Aicpu, &begin_core);
+            let begin_cpu = self.backend.record_event(StreamKind::Aicpu);
+            (begin_core, end_core, begin_cpu)
+        });
         // L3: then AICPU.
         match self.backend.launch_aicpu(run.threads, args) {
             Ok(_) => self.stats.aicpu_launches += 1,
@@ -600,6 +657,12 @@ impl Core {
                 let kernel = KernelKind::Aicpu;
                 return Err(DeviceError::Launch { run_id: run.run_id, kernel, code });
             }
+        }
+        if let Some((begin_core, end_core, begin_cpu)) = framed {
+            let end_cpu = self.backend.record_event(StreamKind::Aicpu);
+            self.last_aicpu_end = Some(Arc::clone(&end_cpu));
+            run.events =
+                Some(RunEvents { begin: [begin_cpu, begin_core], end: [end_cpu, end_core] });
         }
         Ok(())
     }
@@ -627,6 +690,12 @@ impl Core {
     fn poll_run(&mut self, active: &ActiveRun) -> Result<bool, DeviceError> {
         let s = self.check_lease("poll_run", &active.lease)?;
         match self.slots[s].run.as_ref().map(|r| r.stage) {
+            Some(Stage::Launched)
+                if self.slots[s].run.as_ref().is_some_and(|r| r.events.is_some()) =>
+            {
+                let Some(run) = self.slots[s].run.as_ref() else { return Ok(false) };
+                Ok(self.abandoned_cause(run).is_some() || self.queued_end(run).is_some())
+            }
             Some(Stage::Launched) => {
                 let op = self.timeouts.op_execute;
                 Ok([StreamKind::Aicpu, StreamKind::AiCore]
@@ -686,6 +755,9 @@ impl Core {
             Some(d) if d < budget => (d, true),
             _ => (budget, false),
         };
+        if run.events.is_some() {
+            return self.reap_queued(run, sync, caller_deadline);
+        }
         // R1: AICPU stream, then AICore stream.
         let mut failure = None;
         for (stream, step) in [
@@ -710,6 +782,119 @@ impl Core {
             if run.latched.is_some() { Outcome::FailedAfterLaunch } else { Outcome::Success };
         self.stop_and_export(run, outcome);
         Ok(true)
+    }
+
+    /// R1–R3 of a queued run: wait for the run's own end events (AICPU, then AICore), not
+    /// for the streams. A run behind a run whose failure made the device unusable ends as
+    /// `Abandoned` at once, without waiting for events that will never complete.
+    fn reap_queued(
+        &mut self,
+        run: &mut RunState,
+        sync: Duration,
+        caller_deadline: bool,
+    ) -> Result<bool, DeviceError> {
+        let op = self.timeouts.op_execute;
+        let ended = self.queued_end(run);
+        if !matches!(ended, Some(Ok(())))
+            && let Some(cause) = self.abandoned_cause(run)
+        {
+            return Err(self.abandon_behind(run, cause));
+        }
+        let Some(events) = run.events.as_ref() else { return Ok(false) };
+        let mut failure = None;
+        for (stream, step) in [
+            (StreamKind::Aicpu, PoisonStep::SyncAicpu),
+            (StreamKind::AiCore, PoisonStep::SyncAiCore),
+        ] {
+            match self.backend.event_synchronize(&events.end[stream_slot(stream)], sync, op) {
+                Ok(()) => {}
+                Err(SyncError::Timeout) if caller_deadline => return Ok(false),
+                Err(e) => {
+                    failure = Some((stream, step, e));
+                    break;
+                }
+            }
+        }
+        if let Some((stream, step, e)) = failure {
+            if let SyncError::Fault(f) = &e
+                && let Some(culprit) = self.failed_before(run)
+            {
+                let cause = PoisonCause { run_id: culprit, step, code: f.code };
+                self.recover_or_mark_unusable(culprit, step, f.code);
+                return Err(self.abandon_behind(run, cause));
+            }
+            return Err(self.sync_failure(run, stream, step, e));
+        }
+        self.read_results(run);
+        let outcome =
+            if run.latched.is_some() { Outcome::FailedAfterLaunch } else { Outcome::Success };
+        self.stop_and_export(run, outcome);
+        Ok(true)
+    }
+
+    /// How a queued run's end events stand without blocking: `None` while one is pending,
+    /// `Some(Ok)` when both completed, `Some(Err)` when one failed.
+    fn queued_end(&self, run: &RunState) -> Option<Result<(), ()>> {
+        let events = run.events.as_ref()?;
+        let op = self.timeouts.op_execute;
+        let mut all = Some(Ok(()));
+        for ev in &events.end {
+            match self.backend.event_status(ev, op) {
+                EventStatus::Complete => {}
+                EventStatus::Pending => all = None,
+                EventStatus::Failed(_) => return Some(Err(())),
+            }
+        }
+        all
+    }
+
+    /// The cause that made the device unusable, when another run's failure did.
+    fn abandoned_cause(&self, run: &RunState) -> Option<PoisonCause> {
+        match self.health.get() {
+            DeviceHealth::Unusable { cause } if cause.run_id != run.run_id => Some(cause),
+            _ => None,
+        }
+    }
+
+    /// The earlier run whose failure a queued run's failed `begin` event stands behind: the
+    /// latest run launched before it whose own `begin` events completed (so its own work
+    /// failed), or else the run that made the device unusable. `None`: the run's `begin`
+    /// events completed, the failure is its own.
+    fn failed_before(&self, run: &RunState) -> Option<RunId> {
+        let op = self.timeouts.op_execute;
+        let begun = |r: &RunState| {
+            r.events.as_ref().is_some_and(|e| {
+                e.begin
+                    .iter()
+                    .all(|b| !matches!(self.backend.event_status(b, op), EventStatus::Failed(_)))
+            })
+        };
+        if begun(run) {
+            return None;
+        }
+        let mut earlier: Vec<&RunState> = self
+            .runs()
+            .filter(|r| r.stage == Stage::Launched && r.launch_seq < run.launch_seq)
+            .collect();
+        earlier.sort_by_key(|r| std::cmp::Reverse(r.launch_seq));
+        earlier.into_iter().find(|r| begun(r)).map(|r| r.run_id).or_else(|| {
+            match self.health.get() {
+                DeviceHealth::Unusable { cause } => Some(cause.run_id),
+                DeviceHealth::Healthy => None,
+            }
+        })
+    }
+
+    /// Ends a queued run that stood behind another run's failure: terminal cleanup, and
+    /// `Abandoned` naming that run (never its error).
+    fn abandon_behind(&mut self, run: &mut RunState, cause: PoisonCause) -> DeviceError {
+        self.finish(run, Outcome::FailedAfterLaunch);
+        DeviceError::Abandoned {
+            run_id: run.run_id,
+            after: cause.run_id,
+            device_id: self.opts.device_id,
+            cause,
+        }
     }
 
     /// R2: recover, collect what the device reported (earliest fault first) and the latched

@@ -1,5 +1,6 @@
 //! Unit tests of the run-state machine that need the runner's internals: terminal-cleanup
-//! latches, the unwind guard, the L1 handshake clear and the launch order.
+//! latches, the unwind guard, the L1 handshake clear, the launch order and the separation of
+//! a prepared run's slot from the executing run's.
 //!
 //! Step labels (P1–P18, L1–L3, R1–R3, C1–C3) are the run-lifecycle steps defined in
 //! `docs/device-runner.md`.
@@ -243,4 +244,91 @@ fn runs_after_runs_start_from_cleared_handshakes() {
         assert_eq!(view.handshake(c).aicore_done.load(Ordering::Relaxed), 0, "core {c} after L1");
     }
     r.finalize().unwrap();
+}
+
+/// A hash of `len` device bytes at `addr`, read through the backend (the runner's copies are
+/// refused while a run is launched).
+fn device_hash(core: &Core, addr: u64, len: u64) -> u64 {
+    let mut bytes = vec![0u8; len as usize];
+    assert!(core.backend.read(addr, &mut bytes));
+    hash_bytes(&bytes)
+}
+
+#[test]
+fn preparing_the_next_run_writes_nothing_the_executing_run_reads() {
+    use crate::programs::vector;
+    let opts = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph).with_device_queue(true);
+    let mut r = DeviceRunner::attach(opts).unwrap();
+    let slot = r.register_callable(&vector::callable().unwrap()).unwrap();
+    let n = 4096usize;
+    let mut sets = Vec::new();
+    for k in 0..2 {
+        let a: Vec<f32> = (0..n).map(|i| (i + k) as f32).collect();
+        let b: Vec<f32> = (0..n).map(|i| 2.0 - (i * (k + 1)) as f32).collect();
+        let mut args = TaskArgs::new();
+        let mut ptrs = Vec::new();
+        for (i, data) in [Some(&a), Some(&b), None].into_iter().enumerate() {
+            let p = r.malloc((n * 4) as u64).unwrap();
+            if let Some(d) = data {
+                r.copy_to_device(p, &crate::programs::f32_to_le_bytes(d)).unwrap();
+            }
+            let t = Tensor::external(p.addr(), &[n as u32], simpler_types::DataType::Float32)
+                .unwrap()
+                .child_memory(true);
+            if i < 2 { args.add_input(t) } else { args.add_output(t) }.unwrap();
+            ptrs.push(p);
+        }
+        sets.push((args, ptrs, vector::reference(&a, &b)));
+    }
+    let cfg = CallConfig::default();
+    r.sim_faults().unwrap().kernel_delay(vector::MUL, std::time::Duration::from_millis(400));
+    let p1 = r.prepare(&RunRequest::new(RunId::FIRST, slot, &sets[0].0, &cfg)).unwrap();
+    let a1 = r.launch_run(p1).unwrap();
+    // What run 1 reads and does not write itself: its kernel arguments, the slot's host image,
+    // its input tensors.
+    let snapshot = |r: &mut DeviceRunner| {
+        let core = r.core.as_ref().unwrap();
+        let s = a1.slot();
+        let run = core.slots[s].run.as_ref().unwrap();
+        let ka = device_hash(core, run.kernel_args, size_of::<KernelArgs>() as u64);
+        let host = hash_bytes(&core.slots[s].res.host_image);
+        let inputs = [0, 1].map(|i| device_hash(core, sets[0].1[i].addr(), (n * 4) as u64));
+        (ka, host, inputs, run.image_addr, run.image_len, run.kernel_args)
+    };
+    let before = snapshot(&mut r);
+    let p2 = r.prepare(&RunRequest::new(RunId::from_raw(2).unwrap(), slot, &sets[1].0, &cfg));
+    let p2 = p2.unwrap();
+    assert!(!r.poll_run(&a1).unwrap(), "run 1 still executes (its multiply is held)");
+    let after = snapshot(&mut r);
+    assert_eq!(before, after, "run 2's preparation changed a byte run 1 reads");
+    {
+        let core = r.core.as_ref().unwrap();
+        let run2 = core.slots[p2.slot()].run.as_ref().unwrap();
+        let (img1, len1, ka1) = (before.3, before.4, before.5);
+        assert!(
+            run2.image_addr + run2.image_len <= img1 || img1 + len1 <= run2.image_addr,
+            "the two runs' images overlap"
+        );
+        assert_ne!(run2.kernel_args, ka1, "the two runs share a kernel-argument block");
+    }
+    let a2 = r.launch_run(p2).unwrap();
+    for a in [a1, a2] {
+        assert!(r.reap_run(&a, None).unwrap());
+        r.complete_run(a).unwrap();
+    }
+    for (_, ptrs, expected) in &sets {
+        let mut bytes = vec![0u8; n * 4];
+        r.copy_from_device(&mut bytes, ptrs[2]).unwrap();
+        let got: Vec<f32> =
+            bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        assert_eq!(&got, expected);
+    }
+    r.finalize().unwrap();
+}
+
+fn hash_bytes(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
 }

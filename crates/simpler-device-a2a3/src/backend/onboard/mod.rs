@@ -42,8 +42,8 @@ pub use self::manifest::ENV_ONBOARD_ARTIFACTS;
 use self::owners::{DeviceBuffer, Event, HostMapping, Stream, code_of};
 use self::programs::{AicoreBinary, Loaded};
 use super::{
-    AllocFailure, Backend, EventHandle, EventState, LaunchHandle, LaunchState, MemoryCounts,
-    ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats,
+    AllocFailure, Backend, EventHandle, EventState, EventStatus, LaunchHandle, LaunchState,
+    MemoryCounts, ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats,
 };
 use crate::abi::codes::AclCode;
 use crate::abi::launch::InitArgs;
@@ -116,17 +116,14 @@ impl LaunchState for OnboardLaunch {
 struct OnboardEvent(Option<Event>);
 
 impl EventState for OnboardEvent {
-    fn is_complete(&self) -> bool {
-        self.0.as_ref().is_some_and(Event::is_complete)
-    }
-
-    fn synchronize(&self, timeout: Duration) -> bool {
-        self.0.as_ref().is_some_and(|e| e.synchronize(ms(timeout)))
-    }
-
     fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
         self
     }
+}
+
+/// A CANN failure as a stream's sticky error.
+fn stream_fault(e: CannError) -> StreamFault {
+    StreamFault { code: AclCode(code_of(&e)), message: e.to_string() }
 }
 
 /// One tracked allocation and its host mapping, if one was made.
@@ -446,6 +443,22 @@ impl OnboardDevice {
 
     /// The force-reset probe: bind, create and destroy a stream, allocate and free 64 bytes,
     /// unbind.
+    /// The live CANN event behind `event`, with this thread bound; an event of another
+    /// backend, or one whose record failed, is the fault a wait on it reports.
+    fn our_event(&self, event: &EventHandle) -> Result<Arc<OnboardEvent>, StreamFault> {
+        self.bind().map_err(stream_fault)?;
+        let refused =
+            |message: &str| StreamFault { code: AclCode::INTERNAL_ERROR, message: message.into() };
+        let ours = Arc::clone(event)
+            .into_any()
+            .downcast::<OnboardEvent>()
+            .map_err(|_| refused("the event was not recorded by this device"))?;
+        if ours.0.is_none() {
+            return Err(refused("the event's record failed"));
+        }
+        Ok(ours)
+    }
+
     fn probe(&self) -> Result<(), CannError> {
         let (cann, device) = (&self.ctx.cann, self.ctx.device);
         // SAFETY: plain integer argument.
@@ -729,8 +742,7 @@ impl Backend for OnboardDevice {
         timeout: Duration,
         _op_execute: Duration,
     ) -> Result<(), SyncError> {
-        let fault =
-            |e: CannError| StreamFault { code: AclCode(code_of(&e)), message: e.to_string() };
+        let fault = stream_fault;
         self.bind().map_err(|e| SyncError::Fault(fault(e)))?;
         let Some(s) = self.stream(stream) else {
             return Err(SyncError::Fault(StreamFault {
@@ -774,6 +786,37 @@ impl Backend for OnboardDevice {
         // SAFETY: both handles are live.
         let ret = unsafe { self.ctx.cann.aclrtStreamWaitEvent(s.raw(), e.raw()) };
         self.ctx.check("aclrtStreamWaitEvent", ret).is_ok()
+    }
+
+    fn event_status(&self, event: &EventHandle, _op_execute: Duration) -> EventStatus {
+        let ours = match self.our_event(event) {
+            Ok(e) => e,
+            Err(f) => return EventStatus::Failed(f),
+        };
+        let Some(event) = ours.0.as_ref() else { return EventStatus::Pending };
+        match event.status() {
+            Ok(true) => EventStatus::Complete,
+            Ok(false) => EventStatus::Pending,
+            Err(e) => EventStatus::Failed(stream_fault(e)),
+        }
+    }
+
+    fn event_synchronize(
+        &self,
+        event: &EventHandle,
+        timeout: Duration,
+        _op_execute: Duration,
+    ) -> Result<(), SyncError> {
+        let ours = self.our_event(event).map_err(SyncError::Fault)?;
+        let Some(event) = ours.0.as_ref() else { return Err(SyncError::Timeout) };
+        match event.synchronize(ms(timeout)) {
+            Ok(()) => Ok(()),
+            Err(e) if code_of(&e) == AclCode::STREAM_SYNC_TIMEOUT.get() => Err(SyncError::Timeout),
+            Err(e) => {
+                self.poison();
+                Err(SyncError::Fault(stream_fault(e)))
+            }
+        }
     }
 
     fn drain(&self, timeout: Duration, _op_execute: Duration) -> bool {

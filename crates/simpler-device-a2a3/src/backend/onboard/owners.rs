@@ -241,20 +241,20 @@ impl Event {
         self.raw
     }
 
-    /// Whether the event completed (never blocks).
-    pub(crate) fn is_complete(&self) -> bool {
+    /// Whether the event completed (never blocks); CANN's refusal is the stream's failure.
+    pub(crate) fn status(&self) -> Result<bool, CannError> {
         let mut status = 0;
         // SAFETY: live handle, valid out-pointer.
         let ret = unsafe { self.ctx.cann.aclrtQueryEventStatus(self.raw, &mut status) };
-        self.ctx.check("aclrtQueryEventStatus", ret).is_ok()
-            && status == simpler_acl_sys::types::ACL_EVENT_RECORDED_STATUS_COMPLETE
+        self.ctx.check("aclrtQueryEventStatus", ret)?;
+        Ok(status == simpler_acl_sys::types::ACL_EVENT_RECORDED_STATUS_COMPLETE)
     }
 
     /// Waits at most `timeout_ms` for the event.
-    pub(crate) fn synchronize(&self, timeout_ms: i32) -> bool {
+    pub(crate) fn synchronize(&self, timeout_ms: i32) -> Result<(), CannError> {
         // SAFETY: live handle.
         let ret = unsafe { self.ctx.cann.aclrtSynchronizeEventWithTimeout(self.raw, timeout_ms) };
-        self.ctx.check("aclrtSynchronizeEventWithTimeout", ret).is_ok()
+        self.ctx.check("aclrtSynchronizeEventWithTimeout", ret)
     }
 }
 

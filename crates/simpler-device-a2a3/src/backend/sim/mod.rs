@@ -59,7 +59,9 @@ pub(crate) use self::wait::{EventCount, SpinGate, SpinPolicy};
 use self::aicore::CoreHost;
 use self::memory::SimMemory;
 use self::regs::RegBlock;
-use self::stream::{EntryKind, LaunchEntry, SimEvent, SimStream, Starter, resume_waiters};
+use self::stream::{
+    EntryKind, LaunchEntry, SimEvent, SimStream, Starter, earliest, resume_waiters,
+};
 use crate::abi::codes::AclCode;
 use crate::abi::launch::{InitArgs, KernelArgs};
 use crate::abi::regs::RegId;
@@ -67,8 +69,8 @@ use crate::abi::{CorePlace, CoreType, MAX_AICPU_THREADS, MAX_LAUNCH_CORES, NS_PE
 use crate::aicpu::view::{CoreImageView, ImageView};
 use crate::aicpu::{AicpuPlatform, LogLevel};
 use crate::backend::{
-    AllocFailure, Backend, EventHandle, LaunchHandle, LaunchState, LoadedCode, MemoryCounts,
-    ResolvedKernels, StreamStatus, SyncError, ThreadStats,
+    AllocFailure, Backend, EventHandle, EventStatus, LaunchHandle, LaunchState, LoadedCode,
+    MemoryCounts, ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats,
 };
 use crate::callable::{ChipCallable, KernelCode, Orchestration};
 use crate::error::{CoreFault, DeviceError, InitStep, KernelKind, MemPurpose, StreamKind};
@@ -637,6 +639,18 @@ impl SimDevice {
     }
 }
 
+/// The simulator's own event behind `event`, `None` if another backend recorded it.
+fn sim_event(event: &EventHandle) -> Option<Arc<SimEvent>> {
+    event.clone().into_any().downcast::<SimEvent>().ok()
+}
+
+fn foreign_event() -> StreamFault {
+    StreamFault {
+        code: AclCode::INTERNAL_ERROR,
+        message: "the event was not recorded by this simulated device".into(),
+    }
+}
+
 /// The simulated streams by kind.
 fn stream_index(s: StreamKind) -> usize {
     match s {
@@ -832,11 +846,55 @@ impl Backend for SimDevice {
     }
 
     fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> bool {
-        let Ok(ev) = event.clone().into_any().downcast::<SimEvent>() else { return false };
+        let Some(ev) = sim_event(event) else { return false };
         let entry = LaunchEntry::new(EntryKind::WaitEvent(ev), 0);
         let fired = self.shared.streams[stream_index(stream)].enqueue(entry, &*self.shared);
         resume_waiters(fired, &self.shared.streams, &*self.shared);
         true
+    }
+
+    fn event_status(&self, event: &EventHandle, op_execute: Duration) -> EventStatus {
+        let Some(ev) = sim_event(event) else {
+            return EventStatus::Failed(foreign_event());
+        };
+        let dev = &*self.shared;
+        for s in &dev.streams {
+            s.watchdog(Some(op_execute), &|| dev.wake_all());
+        }
+        match ev.outcome() {
+            None => EventStatus::Pending,
+            Some(Ok(())) => EventStatus::Complete,
+            Some(Err(f)) => EventStatus::Failed(f),
+        }
+    }
+
+    fn event_synchronize(
+        &self,
+        event: &EventHandle,
+        timeout: Duration,
+        op_execute: Duration,
+    ) -> Result<(), SyncError> {
+        let Some(ev) = sim_event(event) else {
+            return Err(SyncError::Fault(foreign_event()));
+        };
+        let dev = &*self.shared;
+        let deadline = wait::deadline_after(timeout);
+        loop {
+            // The watchdog runs here too: nobody may be synchronising the stream whose
+            // overdue AICore entry holds this event back.
+            let mut wake = deadline;
+            for s in &dev.streams {
+                wake = earliest(wake, s.watchdog(Some(op_execute), &|| dev.wake_all()));
+            }
+            match ev.wait_until(wake) {
+                Some(Ok(())) => return Ok(()),
+                Some(Err(f)) => return Err(SyncError::Fault(f)),
+                None if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return Err(SyncError::Timeout);
+                }
+                None => {}
+            }
+        }
     }
 
     fn drain(&self, timeout: Duration, op_execute: Duration) -> bool {
@@ -930,14 +988,6 @@ mod tests {
     struct ForeignEvent;
 
     impl EventState for ForeignEvent {
-        fn is_complete(&self) -> bool {
-            true
-        }
-
-        fn synchronize(&self, _: Duration) -> bool {
-            true
-        }
-
         fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
             self
         }
@@ -947,11 +997,13 @@ mod tests {
     fn events_go_through_the_backend_seam_and_a_foreign_event_is_refused() {
         let mut dev = SimDevice::new(0, SimOptions::default());
         let ev = dev.record_event(StreamKind::Aicpu);
-        assert!(ev.synchronize(Duration::from_secs(5)), "an event on an idle stream completes");
-        assert!(ev.is_complete());
+        let op = Duration::from_secs(5);
+        assert_eq!(dev.event_synchronize(&ev, Duration::from_secs(5), op), Ok(()));
+        assert_eq!(dev.event_status(&ev, op), EventStatus::Complete);
         assert!(dev.wait_event(StreamKind::AiCore, &ev));
         let foreign: EventHandle = Arc::new(ForeignEvent);
         assert!(!dev.wait_event(StreamKind::AiCore, &foreign));
+        assert!(matches!(dev.event_status(&foreign, op), EventStatus::Failed(_)));
         assert!(
             dev.synchronize(StreamKind::AiCore, Duration::from_secs(5), Duration::from_secs(5))
                 .is_ok()

@@ -5,7 +5,9 @@
 //! `[0, 3B)` or AICPU threads `[0, n)`); it completes when the last participant returns, and
 //! that participant starts the next entry. An entry's result is the first non-zero participant
 //! result. A failed entry puts the stream into a sticky error state: later entries are
-//! discarded as abandoned and every sync reports the error until the device is reset.
+//! discarded as abandoned, every event recorded behind it fails with that error (and so does
+//! every stream waiting on such an event), and every sync reports the error until the device
+//! is reset.
 //!
 //! Protocol of an entry (who does what):
 //!
@@ -118,58 +120,66 @@ struct StreamState {
     error: Option<StreamFault>,
 }
 
-/// A simulated event: completes when the entries before its record completed.
+/// A simulated event: completes when the entries before its record completed, or fails when
+/// its record was discarded behind the stream's sticky error.
 #[derive(Debug, Default)]
 pub(crate) struct SimEvent {
     state: Mutex<EventInner>,
     cv: Condvar,
 }
 
+/// How an event ended: `Ok` completed, `Err` discarded behind this sticky error.
+pub(crate) type EventOutcome = Result<(), StreamFault>;
+
 #[derive(Debug, Default)]
 struct EventInner {
-    done: bool,
+    /// `None` while pending; set once by `fire`.
+    outcome: Option<EventOutcome>,
     waiting_streams: Vec<usize>,
 }
 
 impl crate::backend::EventState for SimEvent {
-    fn is_complete(&self) -> bool {
-        self.state.lock().done
-    }
-
-    fn synchronize(&self, timeout: Duration) -> bool {
-        let deadline = deadline_after(timeout);
-        let mut st = self.state.lock();
-        while !st.done {
-            if wait_on(&self.cv, &mut st, deadline) {
-                return st.done;
-            }
-        }
-        true
-    }
-
     fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
         self
     }
 }
 
 impl SimEvent {
-    /// Either reports that the event completed or registers `stream` to be resumed by it.
-    fn done_or_register(&self, stream: usize) -> bool {
-        let mut st = self.state.lock();
-        if !st.done {
-            st.waiting_streams.push(stream);
-        }
-        st.done
+    /// How the event ended, `None` while it is pending. Never blocks on the device.
+    pub(crate) fn outcome(&self) -> Option<EventOutcome> {
+        self.state.lock().outcome.clone()
     }
 
-    /// Completes the event; returns the streams waiting on it.
-    fn fire(&self) -> Vec<usize> {
+    /// Waits until the event ended or `wake` passes; returns the outcome if it ended.
+    pub(crate) fn wait_until(&self, wake: Option<Instant>) -> Option<EventOutcome> {
         let mut st = self.state.lock();
-        st.done = true;
+        if st.outcome.is_none() {
+            wait_on(&self.cv, &mut st, wake);
+        }
+        st.outcome.clone()
+    }
+
+    /// Either returns how the event ended or registers `stream` to be resumed by it.
+    fn outcome_or_register(&self, stream: usize) -> Option<EventOutcome> {
+        let mut st = self.state.lock();
+        if st.outcome.is_none() {
+            st.waiting_streams.push(stream);
+        }
+        st.outcome.clone()
+    }
+
+    /// Ends the event (the first outcome stays); returns the streams waiting on it.
+    fn fire(&self, outcome: EventOutcome) -> Vec<usize> {
+        let mut st = self.state.lock();
+        st.outcome.get_or_insert(outcome);
         self.cv.notify_all();
         std::mem::take(&mut st.waiting_streams)
     }
 }
+
+/// Events that ended while a stream lock was held; their waiting streams are resumed by
+/// `resume_waiters` after the lock is released.
+pub(crate) type Fired = Vec<(Arc<SimEvent>, EventOutcome)>;
 
 /// Who starts the participants of an entry (the device's job posting).
 pub(crate) trait Starter {
@@ -194,11 +204,7 @@ impl SimStream {
     }
 
     /// Appends `entry`; starts it when the stream is idle. Returns the events fired on the way.
-    pub(crate) fn enqueue(
-        &self,
-        entry: Arc<LaunchEntry>,
-        starter: &dyn Starter,
-    ) -> Vec<Arc<SimEvent>> {
+    pub(crate) fn enqueue(&self, entry: Arc<LaunchEntry>, starter: &dyn Starter) -> Fired {
         let mut st = self.state.lock();
         st.enqueued += 1;
         st.queue.push_back(entry);
@@ -206,28 +212,32 @@ impl SimStream {
     }
 
     /// Starts queued entries until one is running or the queue is empty. Returns the events that
-    /// completed (their waiters are resumed by the caller after unlocking).
-    fn advance_locked(&self, st: &mut StreamState, starter: &dyn Starter) -> Vec<Arc<SimEvent>> {
+    /// ended (their waiters are resumed by the caller after unlocking): behind a sticky error
+    /// every entry is discarded and every record fails with that error, so a waiter on it
+    /// never hangs and never takes it for a completion.
+    fn advance_locked(&self, st: &mut StreamState, starter: &dyn Starter) -> Fired {
         let mut fired = Vec::new();
         while st.running.is_none() {
             let Some(e) = st.queue.pop_front() else { break };
-            if st.error.is_some() {
-                // Abandoned behind a sticky error.
+            if let Some(err) = &st.error {
                 st.completed += 1;
+                if let EntryKind::Record(ev) = &e.kind {
+                    fired.push((ev.clone(), Err(err.clone())));
+                }
                 continue;
             }
             match &e.kind {
                 EntryKind::Record(ev) => {
                     st.completed += 1;
-                    fired.push(ev.clone());
+                    fired.push((ev.clone(), Ok(())));
                 }
-                EntryKind::WaitEvent(ev) => {
-                    if ev.done_or_register(self.index) {
+                EntryKind::WaitEvent(ev) => match ev.outcome_or_register(self.index) {
+                    Some(outcome) => {
                         st.completed += 1;
-                    } else {
-                        st.running = Some(e);
+                        self.latch_waited(st, outcome);
                     }
-                }
+                    None => st.running = Some(e),
+                },
                 EntryKind::AiCore { .. } | EntryKind::Aicpu { .. } => {
                     e.started_ticks.store(starter.ticks() + 1, Ordering::Release);
                     *e.started_at.lock() = Some(Instant::now());
@@ -240,13 +250,20 @@ impl SimStream {
         fired
     }
 
+    /// A wait on a failed event fails this stream with the same error: what was ordered after
+    /// the failed work must not run.
+    fn latch_waited(&self, st: &mut StreamState, outcome: EventOutcome) {
+        if let Err(f) = outcome
+            && st.error.is_none()
+        {
+            let message = format!("{} waited on a failed event: {}", self.kind, f.message);
+            st.error = Some(StreamFault { code: f.code, message });
+        }
+    }
+
     /// Completes the running entry `entry` (called by its last participant, or when an event it
     /// waits on fired). Returns the events fired while starting the next entries.
-    pub(crate) fn complete(
-        &self,
-        entry: &Arc<LaunchEntry>,
-        starter: &dyn Starter,
-    ) -> Vec<Arc<SimEvent>> {
+    pub(crate) fn complete(&self, entry: &Arc<LaunchEntry>, starter: &dyn Starter) -> Fired {
         let mut st = self.state.lock();
         if st.running.as_ref().is_some_and(|r| Arc::ptr_eq(r, entry)) {
             st.running = None;
@@ -262,12 +279,17 @@ impl SimStream {
         self.advance_locked(&mut st, starter)
     }
 
-    /// Completes a running event wait (its event fired).
-    pub(crate) fn resume_event_wait(&self, starter: &dyn Starter) -> Vec<Arc<SimEvent>> {
+    /// Completes a running event wait (its event ended).
+    pub(crate) fn resume_event_wait(&self, starter: &dyn Starter) -> Fired {
         let mut st = self.state.lock();
-        if st.running.as_ref().is_some_and(|r| matches!(r.kind, EntryKind::WaitEvent(_))) {
+        let waited = match st.running.as_ref().map(|r| &r.kind) {
+            Some(EntryKind::WaitEvent(ev)) => ev.outcome(),
+            _ => None,
+        };
+        if let Some(outcome) = waited {
             st.running = None;
             st.completed += 1;
+            self.latch_waited(&mut st, outcome);
         }
         self.advance_locked(&mut st, starter)
     }
@@ -320,6 +342,18 @@ impl SimStream {
             return None;
         }
         running.started_at.lock().and_then(|t| t.checked_add(budget))
+    }
+
+    /// Applies the op-execute watchdog without waiting; returns when it must look again (the
+    /// running AICore entry's op deadline), for waits that are not on this stream.
+    pub(crate) fn watchdog(
+        &self,
+        op_budget: Option<Duration>,
+        wake_all: &dyn Fn(),
+    ) -> Option<Instant> {
+        let mut st = self.state.lock();
+        self.watchdog_locked(&mut st, op_budget, wake_all);
+        Self::op_deadline(&st, op_budget)
     }
 
     /// Waits for the entries enqueued before the call (`docs/device-simulator.md`).
@@ -389,15 +423,11 @@ impl SimStream {
     }
 }
 
-/// Resumes every stream waiting on the fired events.
-pub(crate) fn resume_waiters(
-    fired: Vec<Arc<SimEvent>>,
-    streams: &[SimStream],
-    starter: &dyn Starter,
-) {
+/// Ends the fired events and resumes every stream waiting on them.
+pub(crate) fn resume_waiters(fired: Fired, streams: &[SimStream], starter: &dyn Starter) {
     let mut pending = fired;
-    while let Some(ev) = pending.pop() {
-        for s in ev.fire() {
+    while let Some((ev, outcome)) = pending.pop() {
+        for s in ev.fire(outcome) {
             if let Some(stream) = streams.get(s) {
                 pending.extend(stream.resume_event_wait(starter));
             }
@@ -406,7 +436,7 @@ pub(crate) fn resume_waiters(
 }
 
 /// The earlier of two optional deadlines (`None` = no deadline).
-fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+pub(crate) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -416,7 +446,6 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::EventState;
 
     /// Records which entries were started; participants are driven by the test.
     #[derive(Default)]
@@ -477,14 +506,51 @@ mod tests {
         let held = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
         resume_waiters(s[1].enqueue(held.clone(), &st), &s, &st);
         assert_eq!(st.posted.lock().len(), 1, "only the first AICPU entry started");
-        assert!(!ev.is_complete());
+        assert_eq!(ev.outcome(), None);
         finish_all(&s, &st, &first, 0, 0);
-        assert!(ev.is_complete(), "the record completed after the entry before it");
+        assert_eq!(ev.outcome(), Some(Ok(())), "the record completed after the entry before it");
         assert_eq!(st.posted.lock().len(), 2, "the held entry started once the event fired");
         assert_eq!(s[1].query(None, &|| {}), StreamStatus::Busy);
         finish_all(&s, &st, &held, 1, 0);
         assert_eq!(s[1].synchronize(Duration::from_secs(1), None, &|| {}), Ok(()));
-        assert!(ev.synchronize(Duration::from_millis(1)));
+        assert_eq!(ev.wait_until(None), Some(Ok(())));
+    }
+
+    #[test]
+    fn an_event_behind_a_failed_entry_fails_and_fails_the_stream_waiting_on_it() {
+        let s = streams();
+        let st = FakeStarter::default();
+        let bad = LaunchEntry::new(EntryKind::Aicpu { threads: 1 }, 0);
+        resume_waiters(s[0].enqueue(bad.clone(), &st), &s, &st);
+        let behind = Arc::new(SimEvent::default());
+        resume_waiters(
+            s[0].enqueue(LaunchEntry::new(EntryKind::Record(behind.clone()), 0), &st),
+            &s,
+            &st,
+        );
+        resume_waiters(
+            s[1].enqueue(LaunchEntry::new(EntryKind::WaitEvent(behind.clone()), 0), &st),
+            &s,
+            &st,
+        );
+        let held = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
+        resume_waiters(s[1].enqueue(held, &st), &s, &st);
+        let after = Arc::new(SimEvent::default());
+        resume_waiters(
+            s[1].enqueue(LaunchEntry::new(EntryKind::Record(after.clone()), 0), &st),
+            &s,
+            &st,
+        );
+        assert_eq!(behind.outcome(), None, "pending while the entry before it runs");
+        finish_all(&s, &st, &bad, 0, 7);
+        let Some(Err(f)) = behind.wait_until(None) else { panic!("the record must fail") };
+        assert_eq!(f.code, AclCode::AICPU_EXCEPTION);
+        assert!(matches!(
+            after.outcome(),
+            Some(Err(StreamFault { code: AclCode::AICPU_EXCEPTION, .. }))
+        ));
+        assert_eq!(st.posted.lock().len(), 1, "nothing ordered after the failure started");
+        assert!(matches!(s[1].query(None, &|| {}), StreamStatus::Failed(_)), "the waiter failed");
     }
 
     #[test]

@@ -1,0 +1,208 @@
+//! Device queueing on the simulator: runs launched behind a launched, unreaped run on the same
+//! streams, each completed by its own events; a fault charged to its run with the runs queued
+//! behind it abandoned, whatever order they are reaped in; dropped queued handles
+//! (`docs/pipelining.md`, "Device queueing").
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use simpler_device_a2a3::{
+    AcceptanceSignal, ActiveRun, ChipSlot, DeviceError, DeviceHealth, DeviceRunner, FaultPlan,
+    RunRequest, RunnerOptions,
+};
+use simpler_types::CallConfig;
+
+/// How long the first run's multiply is held so the later launches find it executing.
+const HOLD: Duration = Duration::from_millis(200);
+
+/// Four slots, device queueing on, budgets well above [`HOLD`].
+fn queue_options() -> RunnerOptions {
+    fast_options(0)
+        .with_pipeline_slots(4)
+        .with_device_queue(true)
+        .with_scheduler_timeout(Duration::from_secs(1))
+        .with_op_execute_timeout(Duration::from_millis(1500))
+        .with_stream_sync_timeout(Duration::from_secs(4))
+}
+
+/// Prepares and launches one run per vector set back to back, with no reap in between; every
+/// acceptance is published before any run is reaped.
+fn launch_queue(
+    r: &mut DeviceRunner,
+    slot: ChipSlot,
+    runs: &[VectorRun],
+    cfg: &CallConfig,
+) -> Vec<ActiveRun> {
+    let signals: Vec<_> = runs.iter().map(|_| Arc::new(AcceptanceSignal::new())).collect();
+    let mut active = Vec::new();
+    for (i, (v, signal)) in runs.iter().zip(&signals).enumerate() {
+        let id = run_id(i as u64 + 1);
+        let req = RunRequest::new(id, slot, &v.args, cfg).with_acceptance(signal);
+        let p = r.prepare(&req).unwrap();
+        active.push(r.launch_run(p).unwrap());
+    }
+    for (i, s) in signals.iter().enumerate() {
+        assert_eq!(s.accepted(), Some(i as u64 + 1), "run {} was queued on the device", i + 1);
+    }
+    active
+}
+
+#[test]
+fn four_queued_runs_complete_by_their_own_events_with_their_own_results() {
+    let mut r = DeviceRunner::attach(queue_options()).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let runs: Vec<_> = [256, 1024, 64, 512].map(|n| VectorRun::new(&mut r, n)).into();
+    let cfg = CallConfig::default();
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD);
+    let active = launch_queue(&mut r, slot, &runs, &cfg);
+    assert!(!r.poll_run(&active[3]).unwrap(), "the last run waits behind the held first run");
+    // Out of order: the last run is polled and reaped first; it completes after the others
+    // (the streams are FIFO), by its own events.
+    let mut active: Vec<Option<ActiveRun>> = active.into_iter().map(Some).collect();
+    for i in [3, 1, 0, 2] {
+        let a = active[i].take().unwrap();
+        assert!(r.reap_run(&a, None).unwrap());
+        assert!(r.poll_run(&a).unwrap(), "a reaped run polls done");
+        let rep = r.complete_run(a).unwrap();
+        assert_eq!(rep.run_id, Some(run_id(i as u64 + 1)));
+    }
+    for v in &runs {
+        v.check(&mut r);
+    }
+    assert!(r.health().is_healthy());
+    for v in runs {
+        v.free(&mut r);
+    }
+    r.finalize().unwrap();
+}
+
+/// Queues four runs whose `faulty`th (1-based) multiply faults, reaps them in `order` and
+/// checks each outcome: earlier runs succeed, the faulty run carries its own error, the runs
+/// behind it are abandoned after it. Then the runner recovers through finalize. (Outputs are
+/// checked by the all-success test: copies are refused while runs are launched, and on an
+/// unusable runner.)
+fn fault_in_queue(faulty: u64, order: [usize; 4], arm: fn(&FaultPlan, u32)) {
+    fault_in_queue_with(queue_options(), faulty, order, arm);
+}
+
+fn fault_in_queue_with(
+    opts: RunnerOptions,
+    faulty: u64,
+    order: [usize; 4],
+    arm: fn(&FaultPlan, u32),
+) {
+    let mut r = DeviceRunner::attach(opts).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let runs: Vec<_> = (0..4).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let cfg = CallConfig::default();
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD / 4);
+    arm(r.sim_faults().unwrap(), faulty as u32);
+    let mut active: Vec<Option<ActiveRun>> =
+        launch_queue(&mut r, slot, &runs, &cfg).into_iter().map(Some).collect();
+    for i in order {
+        let a = active[i].take().unwrap();
+        let n = i as u64 + 1;
+        let reaped = r.reap_run(&a, None).and_then(|_| r.complete_run(a));
+        match n.cmp(&faulty) {
+            std::cmp::Ordering::Less => {
+                let rep = reaped.unwrap_or_else(|e| panic!("run {n} ran before the fault: {e}"));
+                assert_eq!(rep.run_id, Some(run_id(n)));
+            }
+            std::cmp::Ordering::Equal => {
+                let e = reaped.unwrap_err();
+                assert!(
+                    matches!(e, DeviceError::DeviceFault { .. } | DeviceError::Timeout { .. }),
+                    "run {n} carries its own fault: {e}"
+                );
+                assert_eq!(e.run_id(), Some(run_id(n)), "{e}");
+            }
+            std::cmp::Ordering::Greater => {
+                let e = reaped.unwrap_err();
+                assert!(
+                    matches!(&e, DeviceError::Abandoned { run_id: id, after, .. }
+                        if *id == run_id(n) && *after == run_id(faulty)),
+                    "run {n} is abandoned after run {faulty}: {e}"
+                );
+            }
+        }
+    }
+    match r.health() {
+        DeviceHealth::Unusable { cause } => assert_eq!(cause.run_id, run_id(faulty)),
+        h => panic!("the fault made the device unusable: {h:?}"),
+    }
+    drop(runs);
+    r.finalize().unwrap();
+    let mut fresh = DeviceRunner::attach(queue_options()).unwrap();
+    vector_once(&mut fresh, 1, &CallConfig::default());
+    fresh.finalize().unwrap();
+}
+
+/// A core exception in the `nth` multiply.
+fn fault(plan: &FaultPlan, nth: u32) {
+    plan.kernel_fault(FUNC_MUL, nth);
+}
+
+#[test]
+fn a_hung_kernel_in_run_three_is_its_own_failure_and_run_four_is_abandoned_reaped_first() {
+    // Nobody synchronises a stream: run 4's event wait must end when run 3's hang is detected
+    // (the scheduler's watchdog stops run 3's AICPU, whose failure fails run 4's records).
+    fault_in_queue(3, [3, 2, 0, 1], |plan, nth| plan.kernel_hang(FUNC_MUL, nth));
+}
+
+#[test]
+fn a_fault_in_run_two_of_four_fails_exactly_run_two_and_abandons_the_rest_in_order() {
+    fault_in_queue(2, [0, 1, 2, 3], fault);
+}
+
+#[test]
+fn a_fault_in_run_two_of_four_is_charged_to_it_when_the_runs_are_reaped_backwards() {
+    fault_in_queue(2, [3, 2, 1, 0], fault);
+}
+
+#[test]
+fn a_fault_in_the_first_queued_run_abandons_all_three_behind_it() {
+    fault_in_queue(1, [2, 0, 3, 1], fault);
+}
+
+#[test]
+fn dropped_queued_handles_are_reclaimed_and_the_queue_keeps_working() {
+    let mut r = DeviceRunner::attach(queue_options()).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let runs: Vec<_> = (0..3).map(|_| VectorRun::new(&mut r, 128)).collect();
+    let cfg = CallConfig::default();
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD / 2);
+    let cleanups = r.stats().terminal_cleanups;
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &runs[0].args, &cfg)).unwrap();
+    let a1 = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &runs[1].args, &cfg)).unwrap();
+    let a2 = r.launch_run(p2).unwrap();
+    let p3 = r.prepare(&RunRequest::new(run_id(3), slot, &runs[2].args, &cfg)).unwrap();
+    // A launched run queued behind run 1, and a prepared one, dropped.
+    drop(a2);
+    drop(p3);
+    assert!(r.reap_run(&a1, None).unwrap());
+    r.complete_run(a1).unwrap();
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 3, "every run got its cleanup");
+    // All four slots are free again.
+    r.sim_faults().unwrap().clear();
+    let again: Vec<_> = (0..4)
+        .map(|i| r.prepare(&RunRequest::new(run_id(10 + i), slot, &runs[0].args, &cfg)).unwrap())
+        .collect();
+    let mut it = again.into_iter();
+    let first = r.launch_run(it.next().unwrap()).unwrap();
+    for p in it {
+        r.abandon(p).unwrap();
+    }
+    r.reap_run(&first, None).unwrap();
+    r.complete_run(first).unwrap();
+    runs[0].check(&mut r);
+    runs[1].check(&mut r);
+    assert!(r.health().is_healthy());
+    for v in runs {
+        v.free(&mut r);
+    }
+    r.finalize().unwrap();
+}
