@@ -54,6 +54,8 @@ impl HostBuildGraph {
 #[derive(Debug)]
 pub(crate) struct HbgRun {
     graph: BuiltGraph,
+    /// Kernel names by func id, for `deps.dot` (filled only with dep_gen).
+    kernel_names: diag::dot::KernelNames,
     diag: DiagPlan,
     block_dim: u32,
     threads: u32,
@@ -182,8 +184,15 @@ impl ChipRuntime for HostBuildGraph {
             run_id: Some(run_id),
             message: "the graph is too large for a runtime image".into(),
         })?;
+        // `deps.dot` labels tasks by kernel name; only named kernels are listed.
+        let kernel_names = if diag.dep_gen {
+            diag::dot::kernel_names(inp.callable.children())
+        } else {
+            diag::dot::KernelNames::new()
+        };
         Ok(Box::new(HbgRun {
             graph,
+            kernel_names,
             diag,
             block_dim: inp.block_dim,
             threads: inp.threads,
@@ -248,7 +257,10 @@ impl BoundRun for HbgRun {
         if self.diag.dep_gen {
             let deps = diag::deps::deps_json(g, outcome == Outcome::Success, out.origin());
             out.write("deps.json", deps.to_string().as_bytes());
-            out.write("deps.dot", diag::dot::deps_dot(g, out.origin()).as_bytes());
+            out.write(
+                "deps.dot",
+                diag::dot::deps_dot(g, &self.kernel_names, out.origin()).as_bytes(),
+            );
         }
         if self.diag.scope_stats && outcome != Outcome::FailedBeforeLaunch {
             out.write(
