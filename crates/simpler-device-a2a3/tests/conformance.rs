@@ -596,6 +596,14 @@ fn diagnostics_write_parseable_files_only_under_the_prefix() {
         .filter(|e| e["ph"] == "X" && e["pid"] == 1)
         .count();
     assert_eq!(x, 5, "one X event per (task, block) dispatch");
+    let kernels: BTreeSet<&str> = perfetto["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["pid"] == 1)
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(kernels, BTreeSet::from(["add", "add_scalar", "mul"]), "slices named by kernel");
     let records: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("l2_swimlane_records.json")).unwrap())
             .unwrap();

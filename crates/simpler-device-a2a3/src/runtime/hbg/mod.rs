@@ -54,7 +54,7 @@ impl HostBuildGraph {
 #[derive(Debug)]
 pub(crate) struct HbgRun {
     graph: BuiltGraph,
-    /// Kernel names by func id, for `deps.dot` (filled only with dep_gen).
+    /// Kernel names by func id, for `deps.dot` and the swimlane trace (filled only for them).
     kernel_names: diag::dot::KernelNames,
     diag: DiagPlan,
     block_dim: u32,
@@ -184,8 +184,9 @@ impl ChipRuntime for HostBuildGraph {
             run_id: Some(run_id),
             message: "the graph is too large for a runtime image".into(),
         })?;
-        // `deps.dot` labels tasks by kernel name; only named kernels are listed.
-        let kernel_names = if diag.dep_gen {
+        // `deps.dot` and the swimlane trace label tasks by kernel name; only named kernels are
+        // listed.
+        let kernel_names = if diag.dep_gen || diag.swimlane > 0 {
             diag::dot::kernel_names(inp.callable.children())
         } else {
             diag::dot::KernelNames::new()
@@ -249,7 +250,9 @@ impl BoundRun for HbgRun {
             let records = diag::swimlane::records_json(&capture).to_string();
             out.write("l2_swimlane_records.json", records.as_bytes());
             let origin = out.origin();
-            let perfetto = diag::swimlane::perfetto_json(&capture, &edges, origin).to_string();
+            let perfetto =
+                diag::swimlane::perfetto_json(&capture, &edges, &self.kernel_names, origin)
+                    .to_string();
             out.write("swimlane.perfetto.json", perfetto.as_bytes());
         }
         // The graph exists on the host whatever happened on the device, so `deps.json` is
