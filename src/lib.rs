@@ -30,3 +30,9 @@ pub use simpler_sched as sched;
 pub use simpler_tensormap as tensormap;
 pub use simpler_types as types;
 pub use simpler_worker as worker;
+
+/// The user guide, `docs/guide.md`: built only for doctests, so that every code block of the
+/// guide compiles and runs as written.
+#[cfg(all(doctest, feature = "sim"))]
+#[doc = include_str!("../docs/guide.md")]
+pub struct UserGuide;

@@ -192,12 +192,26 @@ impl SharedObjectKernel {
 pub struct CoreCallable {
     signature: Vec<ArgDirection>,
     code: KernelCode,
+    name: Option<String>,
 }
 
 impl CoreCallable {
     /// A kernel with its signature.
     pub fn new(signature: Vec<ArgDirection>, code: KernelCode) -> CoreCallable {
-        CoreCallable { signature, code }
+        CoreCallable { signature, code, name: None }
+    }
+
+    /// Names the kernel (at most [`NAME_MAX`] bytes): diagnostics such as `deps.dot` label its
+    /// tasks with the name instead of the func id.
+    #[must_use]
+    pub fn named(mut self, name: impl Into<String>) -> CoreCallable {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The kernel's name, if it was given one.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
     }
 
     /// A native kernel.
@@ -337,6 +351,12 @@ impl ChipCallableBuilder {
                     "func id {id} is out of range (must be below {MAX_FUNC_IDS})"
                 )));
             }
+            if let Some(name) = k.name.as_ref().filter(|n| n.len() > NAME_MAX) {
+                return Err(invalid(format!(
+                    "kernel {id} name {name:?} is {} bytes, at most {NAME_MAX} allowed",
+                    name.len()
+                )));
+            }
             if k.signature.len() > CORE_SIGNATURE_MAX {
                 return Err(invalid(format!(
                     "kernel {id} signature has {} entries, at most {CORE_SIGNATURE_MAX} allowed",
@@ -384,6 +404,7 @@ fn digest(b: &ChipCallableBuilder) -> [u8; 32] {
     for (id, k) in &b.children {
         h.update(id.to_le_bytes());
         put_bytes(&mut h, &k.signature.iter().map(|d| *d as u8).collect::<Vec<_>>());
+        put_bytes(&mut h, k.name.as_deref().unwrap_or_default().as_bytes());
         match &k.code {
             KernelCode::Native(f) => {
                 h.update([0u8]);

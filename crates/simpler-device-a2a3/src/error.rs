@@ -17,10 +17,12 @@ use simpler_types::{
 
 use crate::abi::CoreType;
 use crate::abi::codes::{AclCode, RuntimeCode, StallClass};
+use crate::runner::DevicePtr;
 
-/// Formats a device task id as `r<ring>:<local>`, the form errors and traces use.
+/// Formats a device task id as `task#r<ring>:<local>`: the task reference of every error
+/// (`run#3/task#0`), with the chip's ring and ring-local id in place of the sequence number.
 pub(crate) fn fmt_task(t: DeviceTaskId) -> String {
-    if t.is_valid() { format!("r{}:{}", t.ring(), t.local()) } else { "none".to_owned() }
+    if t.is_valid() { format!("task#r{}:{}", t.ring(), t.local()) } else { "no task".to_owned() }
 }
 
 /// Which of the two launches of a run.
@@ -88,7 +90,7 @@ impl fmt::Display for CoreFault {
             write!(f, ", func id {func}")?;
         }
         if let Some(task) = self.task {
-            write!(f, ", task {}", fmt_task(task))?;
+            write!(f, ", {}", fmt_task(task))?;
         }
         if !self.message.is_empty() {
             write!(f, ": {}", self.message)?;
@@ -169,7 +171,7 @@ impl fmt::Display for RuntimeFault {
         if let Some(stall) = &self.stall {
             write!(f, "scheduler timeout after {:?} ({}", stall.budget, stall.class)?;
             if let Some(task) = stall.stuck_task {
-                write!(f, ", task {}", fmt_task(task))?;
+                write!(f, ", {}", fmt_task(task))?;
             }
             if let Some((idx, ty)) = stall.stuck_core {
                 write!(f, " on {}{}", ty.name(), idx)?;
@@ -193,7 +195,7 @@ impl fmt::Display for RuntimeFault {
             )?;
         }
         if let Some(task) = self.task.filter(|_| self.stall.is_none()) {
-            write!(f, ", task {}", fmt_task(task))?;
+            write!(f, ", {}", fmt_task(task))?;
         }
         if !self.message.is_empty() {
             write!(f, ": {}", self.message)?;
@@ -494,7 +496,7 @@ pub enum DeviceError {
     /// A chip task's write-tagged tensor shares bytes with another tensor argument of the same
     /// task: its kernel would write memory it also reads or writes through the other argument.
     #[error(
-        "{run_id}: task {task}: write-tagged tensor {written} overlaps tensor {other} of the same \
+        "{run_id}/task#{task}: write-tagged tensor {written} overlaps tensor {other} of the same \
          task; a task must not write bytes it also accesses through another argument"
     )]
     OverlappingArguments {
@@ -585,14 +587,14 @@ pub enum DeviceError {
     },
     /// An address range is not inside one tracked device allocation.
     #[error(
-        "{}bad device pointer: {len} bytes at {addr:#x} are not inside one device allocation",
+        "{}bad device pointer: {len} bytes at {addr} are not inside one device allocation",
         fmt_run(run_id)
     )]
     BadDevicePointer {
         /// The run, when a run's arguments or image named the range.
         run_id: Option<RunId>,
         /// Start of the range.
-        addr: u64,
+        addr: DevicePtr,
         /// Length of the range.
         len: u64,
     },
@@ -961,6 +963,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn task_references_use_the_one_format() {
+        let e = DeviceError::OverlappingArguments {
+            run_id: RunId::FIRST,
+            task: 3,
+            written: 2,
+            other: 0,
+        };
+        assert!(e.to_string().starts_with("run#1/task#3: write-tagged tensor 2"), "{e}");
+        let fault = CoreFault {
+            code: AclCode(507015),
+            stream: StreamKind::AiCore,
+            core: None,
+            func_id: None,
+            task: Some(DeviceTaskId::new(0, 7)),
+            message: String::new(),
+            at_ticks: 0,
+        };
+        assert!(fault.to_string().ends_with(", task#r0:7"), "{fault}");
+    }
+
+    #[test]
+    fn a_bad_device_pointer_shows_its_address_in_hex() {
+        let e = DeviceError::BadDevicePointer { run_id: None, addr: DevicePtr(0x12c0000), len: 8 };
+        assert_eq!(
+            format!("{e:?}"),
+            "BadDevicePointer { run_id: None, addr: DevicePtr(0x12c0000), len: 8 }"
+        );
+        assert!(e.to_string().contains("8 bytes at 0x12c0000"), "{e}");
+    }
+
+    #[test]
     fn device_error_stays_small() {
         // Results of every call carry this type; keep the error path cheap to move.
         assert!(std::mem::size_of::<DeviceError>() <= 96, "{}", std::mem::size_of::<DeviceError>());
@@ -982,7 +1015,7 @@ mod tests {
         let text = e.to_string();
         assert!(
             text.starts_with(
-                "run#1: scheduler timeout after 10s (S1 running-stalled, task r1:42 on AIV3"
+                "run#1: scheduler timeout after 10s (S1 running-stalled, task#r1:42 on AIV3"
             ),
             "{text}"
         );

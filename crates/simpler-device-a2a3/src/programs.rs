@@ -188,7 +188,7 @@ pub mod add {
         ChipCallable::native(orchestration, three_args)
             .names("add", "add_config")
             .signature(vec![In, In, Out])
-            .kernel(ADD, CoreCallable::native(vec![In, In, Out], add_kernel))
+            .kernel(ADD, CoreCallable::native(vec![In, In, Out], add_kernel).named("add"))
     }
 
     /// The program as a callable.
@@ -238,9 +238,12 @@ pub mod vector {
         ChipCallable::native(orchestration, three_args)
             .names("vector_example", "vector_config")
             .signature(vec![In, In, Out])
-            .kernel(ADD, CoreCallable::native(vec![In, In, Out], add_kernel))
-            .kernel(ADD_SCALAR, CoreCallable::native(vec![In, Out, Scalar], add_scalar_kernel))
-            .kernel(MUL, CoreCallable::native(vec![In, In, Out], mul_kernel))
+            .kernel(ADD, CoreCallable::native(vec![In, In, Out], add_kernel).named("add"))
+            .kernel(
+                ADD_SCALAR,
+                CoreCallable::native(vec![In, Out, Scalar], add_scalar_kernel).named("add_scalar"),
+            )
+            .kernel(MUL, CoreCallable::native(vec![In, In, Out], mul_kernel).named("mul"))
     }
 
     /// The program as a callable.
@@ -341,8 +344,11 @@ pub mod bgemm {
         ChipCallable::native(orchestration, three_args)
             .names("bgemm", "bgemm_config")
             .signature(vec![In, In, InOut])
-            .kernel(GEMM, CoreCallable::native(vec![In, In, Out], gemm_kernel))
-            .kernel(ACC, CoreCallable::native(vec![InOut, In], accumulate_kernel))
+            .kernel(GEMM, CoreCallable::native(vec![In, In, Out], gemm_kernel).named("gemm"))
+            .kernel(
+                ACC,
+                CoreCallable::native(vec![InOut, In], accumulate_kernel).named("accumulate"),
+            )
     }
 
     /// The program as a callable.

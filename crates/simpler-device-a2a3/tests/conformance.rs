@@ -11,8 +11,8 @@ use common::*;
 use simpler_device_a2a3::abi::codes::RuntimeCode;
 use simpler_device_a2a3::{
     ArgDirection, CapacityResource, ChipCallable, CoreCallable, DeviceError, DeviceHealth,
-    DeviceRunner, KernelCall, KernelKind, Kernels, OrchArgs, OrchConfig, OrchCtx, OrchError,
-    RunRequest,
+    DevicePtr, DeviceRunner, KernelCall, KernelKind, Kernels, OrchArgs, OrchConfig, OrchCtx,
+    OrchError, RunRequest,
 };
 use simpler_tensormap::{ByteSpan, TensorKey, TensorMap};
 use simpler_types::{
@@ -274,7 +274,7 @@ fn terminal_cleanup_runs_once_on_every_exit_path() {
     bad.add_input(stray).unwrap().add_input(stray).unwrap().add_output(stray).unwrap();
     let err = r.run(&RunRequest::new(run_id(2), slot, &bad, &cfg)).unwrap_err();
     assert!(
-        matches!(err, DeviceError::BadDevicePointer { addr: 0x10, run_id: Some(id), .. } if id == run_id(2)),
+        matches!(err, DeviceError::BadDevicePointer { addr: DevicePtr(0x10), run_id: Some(id), .. } if id == run_id(2)),
         "{err}"
     );
     assert_eq!(cleanups(&r), c0 + 2);
@@ -596,6 +596,14 @@ fn diagnostics_write_parseable_files_only_under_the_prefix() {
         .filter(|e| e["ph"] == "X" && e["pid"] == 1)
         .count();
     assert_eq!(x, 5, "one X event per (task, block) dispatch");
+    let kernels: BTreeSet<&str> = perfetto["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["pid"] == 1)
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(kernels, BTreeSet::from(["add", "add_scalar", "mul"]), "slices named by kernel");
     let records: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("l2_swimlane_records.json")).unwrap())
             .unwrap();

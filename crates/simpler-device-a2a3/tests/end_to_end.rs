@@ -76,12 +76,15 @@ fn the_dependency_graph_is_also_written_as_graphviz_dot() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("deps.json")).unwrap()).unwrap();
     let dot = std::fs::read_to_string(dir.join("deps.dot")).unwrap();
     assert!(dot.starts_with("digraph deps {") && dot.trim_end().ends_with('}'), "{dot}");
-    let nodes = dot.lines().filter(|l| l.contains("[label=\"task ")).count();
+    let nodes = dot.lines().filter(|l| l.contains("[label=\"task#")).count();
     let edges: Vec<&str> = dot.lines().filter(|l| l.contains(" -> ")).collect();
     assert_eq!(nodes, json["tasks"].as_array().unwrap().len());
     assert_eq!(edges.len(), json["edges"].as_array().unwrap().len());
     assert_eq!(nodes, 5, "the vector example has five tasks");
-    assert!(dot.contains("task 0\\nAIV kernel 0"), "{dot}");
+    // Tasks are labelled with their core and kernel name, not with func ids.
+    assert!(dot.contains("[label=\"task#0\\nAIV add\"]"), "{dot}");
+    assert!(dot.contains("[label=\"task#1\\nAIV add_scalar\"]"), "{dot}");
+    assert!(dot.contains("[label=\"task#3\\nAIV mul\"]"), "{dot}");
     // c = a + b feeds d = c + 1: an edge from task 0 into task 1's input, tensor-map covered.
     assert!(
         edges

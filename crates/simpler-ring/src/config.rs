@@ -58,12 +58,22 @@ pub enum HeapBacking {
 }
 
 /// A span of addresses `[base, base + len)`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct HeapRegion {
     /// First address.
     pub base: u64,
     /// Length in bytes.
     pub len: u64,
+}
+
+/// As derived, with the base address in hex.
+impl std::fmt::Debug for HeapRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeapRegion")
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("len", &self.len)
+            .finish()
+    }
 }
 
 impl HeapRegion {
@@ -135,6 +145,12 @@ impl RingConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn heap_region_debug_shows_the_base_in_hex() {
+        let r = HeapRegion { base: 0x10_0000, len: 4096 };
+        assert_eq!(format!("{r:?}"), "HeapRegion { base: 0x100000, len: 4096 }");
+    }
 
     fn external(bases: [u64; 4], len: u64) -> RingConfig {
         RingConfig {

@@ -7,18 +7,18 @@ use simpler_types::{HEAP_RING_COUNT, RingIndex, SlotId};
 
 /// Why a [`Ring`](crate::Ring) or [`ScopeStack`](crate::ScopeStack) operation was refused.
 ///
-/// Messages name the ring and the sizes involved, so a capacity error says what to change.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// `Display` names the ring and the sizes involved and, for a capacity error, which
+/// [`RingConfig`](crate::RingConfig) field to change. A layer that configures the ring through
+/// settings of its own renders [`facts`](RingError::facts) and names its own setting instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RingError {
     /// The configuration given to [`Ring::new`](crate::Ring::new) is unusable.
-    #[error("invalid ring configuration: {reason}")]
     InvalidConfig {
         /// What is wrong, with the offending values.
         reason: String,
     },
     /// Reserving the anonymous mapping behind a heap ring failed.
-    #[error("could not map {bytes} bytes for heap {ring}: {reason}")]
     HeapMapFailed {
         /// The ring whose mapping failed.
         ring: RingIndex,
@@ -28,21 +28,13 @@ pub enum RingError {
         reason: String,
     },
     /// The ring was shut down; no allocation succeeds any more.
-    #[error("the ring is shut down")]
     Shutdown,
     /// A heap allocation was requested while heaps are disabled (`heap_bytes_per_ring == 0`).
-    #[error(
-        "heap allocation of {requested} bytes refused: heaps are disabled (heap_bytes_per_ring = 0)"
-    )]
     HeapDisabled {
         /// Bytes requested.
         requested: u64,
     },
     /// The request can never fit its ring, whatever the ring's state.
-    #[error(
-        "request of {requested} bytes ({}) can never fit {ring} of {ring_size} bytes; raise heap_bytes_per_ring",
-        AlignedText(*aligned)
-    )]
     RequestTooLarge {
         /// The ring the request was for.
         ring: RingIndex,
@@ -54,9 +46,6 @@ pub enum RingError {
         ring_size: u64,
     },
     /// The task window stayed full (at `max_live_slots`) until the deadline.
-    #[error(
-        "task window full: {live} of {limit} slots live after waiting {waited:?}; raise max_live_slots or keep fewer tasks alive"
-    )]
     TaskWindowExhausted {
         /// The configured `max_live_slots`.
         limit: u32,
@@ -66,10 +55,8 @@ pub enum RingError {
         waited: Duration,
     },
     /// A heap ring had no room until the deadline.
-    #[error("{0}")]
     HeapExhausted(Box<HeapExhausted>),
     /// `reset_to_empty` was called while slots were live.
-    #[error("ring not quiescent: {live_slots} slots live (heap slabs per ring: {live_allocs:?})")]
     NotQuiescent {
         /// Live task-window slots.
         live_slots: u32,
@@ -77,14 +64,95 @@ pub enum RingError {
         live_allocs: [u32; HEAP_RING_COUNT],
     },
     /// `ScopeStack::begin` at the maximum depth.
-    #[error("scope depth limit of {max} frames reached (the run's outer frame included)")]
     ScopeDepthExceeded {
         /// The maximum depth, outer frame included.
         max: usize,
     },
     /// `ScopeStack::end_into` with no open frame.
-    #[error("scope end without a matching begin")]
     ScopeUnderflow,
+}
+
+impl RingError {
+    /// What happened, without the advice that names a [`RingConfig`](crate::RingConfig) field:
+    /// for a layer whose users set the ring through settings of their own, which names those.
+    ///
+    /// ```
+    /// use simpler_ring::RingError;
+    ///
+    /// let e = RingError::HeapDisabled { requested: 64 };
+    /// assert_eq!(e.facts().to_string(), "heap allocation of 64 bytes refused: heaps are disabled");
+    /// assert_eq!(e.to_string(), "heap allocation of 64 bytes refused: heaps are disabled; set heap_bytes_per_ring above 0");
+    /// ```
+    pub fn facts(&self) -> impl fmt::Display + '_ {
+        Facts(self)
+    }
+
+    /// Which [`RingConfig`](crate::RingConfig) change avoids the error, for capacity errors.
+    fn advice(&self) -> Option<&'static str> {
+        match self {
+            RingError::HeapDisabled { .. } => Some("set heap_bytes_per_ring above 0"),
+            RingError::RequestTooLarge { .. } => Some("raise heap_bytes_per_ring"),
+            RingError::TaskWindowExhausted { .. } => {
+                Some("raise max_live_slots or keep fewer tasks alive")
+            }
+            RingError::HeapExhausted(_) => Some(
+                "raise heap_bytes_per_ring or alloc_timeout, or use a scope that keeps less alive",
+            ),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for RingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.facts(), f)?;
+        match self.advice() {
+            Some(advice) => write!(f, "; {advice}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for RingError {}
+
+/// [`RingError::facts`].
+struct Facts<'a>(&'a RingError);
+
+impl fmt::Display for Facts<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            RingError::InvalidConfig { reason } => {
+                write!(f, "invalid ring configuration: {reason}")
+            }
+            RingError::HeapMapFailed { ring, bytes, reason } => {
+                write!(f, "could not map {bytes} bytes for heap {ring}: {reason}")
+            }
+            RingError::Shutdown => f.write_str("the ring is shut down"),
+            RingError::HeapDisabled { requested } => {
+                write!(f, "heap allocation of {requested} bytes refused: heaps are disabled")
+            }
+            RingError::RequestTooLarge { ring, requested, aligned, ring_size } => write!(
+                f,
+                "request of {requested} bytes ({}) can never fit {ring} of {ring_size} bytes",
+                AlignedText(*aligned)
+            ),
+            RingError::TaskWindowExhausted { limit, live, waited } => {
+                write!(f, "task window full: {live} of {limit} slots live after waiting {waited:?}")
+            }
+            RingError::HeapExhausted(e) => fmt::Display::fmt(e, f),
+            RingError::NotQuiescent { live_slots, live_allocs } => write!(
+                f,
+                "ring not quiescent: {live_slots} slots live (heap slabs per ring: {live_allocs:?})"
+            ),
+            RingError::ScopeDepthExceeded { max } => {
+                write!(
+                    f,
+                    "scope depth limit of {max} frames reached (the run's outer frame included)"
+                )
+            }
+            RingError::ScopeUnderflow => f.write_str("scope end without a matching begin"),
+        }
+    }
 }
 
 /// Everything known about a heap allocation that found no room before its deadline.
@@ -113,6 +181,7 @@ pub struct HeapExhausted {
     pub waited: Duration,
 }
 
+/// The facts only; [`RingError`]'s `Display` adds which setting to change.
 impl fmt::Display for HeapExhausted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -132,7 +201,7 @@ impl fmt::Display for HeapExhausted {
         if let Some(slot) = self.oldest_live {
             write!(f, "; the oldest live slab ({slot}) pins the tail")?;
         }
-        f.write_str("; raise heap_bytes_per_ring or use a scope that keeps less alive")
+        Ok(())
     }
 }
 

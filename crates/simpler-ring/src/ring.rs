@@ -60,7 +60,7 @@ pub struct Allocation {
 }
 
 /// One heap slab.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct HeapSpan {
     /// The ring holding the slab.
     pub ring: RingIndex,
@@ -74,6 +74,20 @@ pub struct HeapSpan {
     pub requested: u64,
     /// Address of the slab: ring base + offset.
     pub addr: u64,
+}
+
+/// As derived, with the address in hex.
+impl std::fmt::Debug for HeapSpan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeapSpan")
+            .field("ring", &self.ring)
+            .field("seq", &self.seq)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .field("requested", &self.requested)
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .finish()
+    }
 }
 
 /// The task window and four heap rings of one engine.
@@ -310,6 +324,23 @@ mod tests {
 
     fn slot_only_ring() -> Ring<()> {
         Ring::new(RingConfig { heap_bytes_per_ring: 0, ..RingConfig::default() }).unwrap()
+    }
+
+    #[test]
+    fn heap_span_debug_shows_the_address_in_hex() {
+        let span = HeapSpan {
+            ring: RingIndex::ZERO,
+            seq: 3,
+            offset: 1024,
+            len: 1024,
+            requested: 100,
+            addr: 0x7f00_0000_0400,
+        };
+        assert_eq!(
+            format!("{span:?}"),
+            "HeapSpan { ring: RingIndex(0), seq: 3, offset: 1024, len: 1024, requested: 100, addr: \
+             0x7f0000000400 }"
+        );
     }
 
     #[test]

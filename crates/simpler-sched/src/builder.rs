@@ -104,6 +104,33 @@ impl<'e> RunBuilder<'e> {
 
     /// Submits a single NEXT_LEVEL task to worker `target` (its stable id). `eligible`, when
     /// given, must contain `target`.
+    ///
+    /// ```
+    /// # use simpler_sched::{
+    /// #     CallConfig, CallableId, CallableKind, DispatchedMember, Endpoint, EndpointCaps,
+    /// #     EndpointFailure, Engine, EngineConfig, TaskArgs, WorkerId, WorkerType,
+    /// # };
+    /// # struct Child(u32);
+    /// # impl Endpoint for Child {
+    /// #     fn caps(&self) -> EndpointCaps {
+    /// #         let name = format!("child {}", self.0);
+    /// #         EndpointCaps { worker_type: WorkerType::NextLevel, id: WorkerId(self.0), remote: false, name }
+    /// #     }
+    /// #     fn run(&mut self, _: DispatchedMember<'_>) -> Result<(), EndpointFailure> { Ok(()) }
+    /// # }
+    /// // An L4 engine over two child workers, which run graph callables.
+    /// let engine = Engine::start(EngineConfig {
+    ///     level: 4,
+    ///     next_level: vec![Box::new(Child(0)), Box::new(Child(1))],
+    ///     ..EngineConfig::default()
+    /// })?;
+    /// let step = CallableId::host_named("step", CallableKind::Graph);
+    /// let mut run = engine.begin_run()?;
+    /// run.submit_next_level(&step, TaskArgs::new(), &CallConfig::default(), WorkerId(1), None)?;
+    /// let id = run.close();
+    /// engine.wait(id)?.into_result()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline]
     pub fn submit_next_level(
         &mut self,
@@ -124,6 +151,35 @@ impl<'e> RunBuilder<'e> {
 
     /// Submits a NEXT_LEVEL group: member i runs on `targets[i]`; all members are dispatched
     /// together or not at all.
+    ///
+    /// ```
+    /// # use simpler_sched::{
+    /// #     CallConfig, CallableId, CallableKind, DispatchedMember, Endpoint, EndpointCaps,
+    /// #     EndpointFailure, Engine, EngineConfig, TaskArgs, WorkerId, WorkerType,
+    /// # };
+    /// # struct Child(u32);
+    /// # impl Endpoint for Child {
+    /// #     fn caps(&self) -> EndpointCaps {
+    /// #         let name = format!("child {}", self.0);
+    /// #         EndpointCaps { worker_type: WorkerType::NextLevel, id: WorkerId(self.0), remote: false, name }
+    /// #     }
+    /// #     fn run(&mut self, _: DispatchedMember<'_>) -> Result<(), EndpointFailure> { Ok(()) }
+    /// # }
+    /// // An L4 engine over two child workers, which run graph callables.
+    /// let engine = Engine::start(EngineConfig {
+    ///     level: 4,
+    ///     next_level: vec![Box::new(Child(0)), Box::new(Child(1))],
+    ///     ..EngineConfig::default()
+    /// })?;
+    /// let step = CallableId::host_named("step", CallableKind::Graph);
+    /// let mut run = engine.begin_run()?;
+    /// let members = vec![TaskArgs::new(), TaskArgs::new()];
+    /// let targets = [WorkerId(0), WorkerId(1)];
+    /// run.submit_next_level_group(&step, members, &CallConfig::default(), &targets, None)?;
+    /// let id = run.close();
+    /// engine.wait(id)?.into_result()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn submit_next_level_group(
         &mut self,
         callable: &CallableId,
@@ -137,6 +193,32 @@ impl<'e> RunBuilder<'e> {
     }
 
     /// Submits a single SUB task (any idle SUB worker; default configuration).
+    ///
+    /// ```
+    /// # use simpler_sched::{
+    /// #     CallableId, CallableKind, DispatchedMember, Endpoint, EndpointCaps, EndpointFailure,
+    /// #     Engine, EngineConfig, TaskArgs, WorkerId, WorkerType,
+    /// # };
+    /// # struct Sub(u32);
+    /// # impl Endpoint for Sub {
+    /// #     fn caps(&self) -> EndpointCaps {
+    /// #         let name = format!("sub {}", self.0);
+    /// #         EndpointCaps { worker_type: WorkerType::Sub, id: WorkerId(self.0), remote: false, name }
+    /// #     }
+    /// #     fn run(&mut self, _: DispatchedMember<'_>) -> Result<(), EndpointFailure> { Ok(()) }
+    /// # }
+    /// // Two sub workers (host closures, here endpoints that accept every task).
+    /// let engine = Engine::start(EngineConfig {
+    ///     sub: vec![Box::new(Sub(0)), Box::new(Sub(1))],
+    ///     ..EngineConfig::default()
+    /// })?;
+    /// let check = CallableId::host_named("check", CallableKind::Host);
+    /// let mut run = engine.begin_run()?;
+    /// run.submit_sub(&check, TaskArgs::new())?;
+    /// let id = run.close();
+    /// engine.wait(id)?.into_result()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline]
     pub fn submit_sub(
         &mut self,
@@ -147,6 +229,32 @@ impl<'e> RunBuilder<'e> {
     }
 
     /// Submits a SUB group: each member on a distinct idle SUB worker, all at once.
+    ///
+    /// ```
+    /// # use simpler_sched::{
+    /// #     CallableId, CallableKind, DispatchedMember, Endpoint, EndpointCaps, EndpointFailure,
+    /// #     Engine, EngineConfig, TaskArgs, WorkerId, WorkerType,
+    /// # };
+    /// # struct Sub(u32);
+    /// # impl Endpoint for Sub {
+    /// #     fn caps(&self) -> EndpointCaps {
+    /// #         let name = format!("sub {}", self.0);
+    /// #         EndpointCaps { worker_type: WorkerType::Sub, id: WorkerId(self.0), remote: false, name }
+    /// #     }
+    /// #     fn run(&mut self, _: DispatchedMember<'_>) -> Result<(), EndpointFailure> { Ok(()) }
+    /// # }
+    /// // Two sub workers (host closures, here endpoints that accept every task).
+    /// let engine = Engine::start(EngineConfig {
+    ///     sub: vec![Box::new(Sub(0)), Box::new(Sub(1))],
+    ///     ..EngineConfig::default()
+    /// })?;
+    /// let check = CallableId::host_named("check", CallableKind::Host);
+    /// let mut run = engine.begin_run()?;
+    /// run.submit_sub_group(&check, vec![TaskArgs::new(); 2])?;
+    /// let id = run.close();
+    /// engine.wait(id)?.into_result()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn submit_sub_group(
         &mut self,
         callable: &CallableId,

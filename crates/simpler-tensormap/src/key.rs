@@ -15,7 +15,7 @@ use simpler_types::WorkerId;
 ///
 /// Equality compares the variant and every field (rule A.1.4): the same address on two chips is
 /// two buffers, and the same address as host memory and as child memory is two buffers.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum TensorKey {
     /// Host memory (`Tensor.child_memory == 0`), named by the buffer's base address.
     Host {
@@ -62,6 +62,31 @@ impl fmt::Display for RemoteSpace {
     }
 }
 
+/// As derived, with addresses and offsets in hex: `Host { addr: 0x1000 }`.
+impl fmt::Debug for TensorKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hex = |v: u64| format!("{v:#x}");
+        match *self {
+            TensorKey::Host { addr } => {
+                f.debug_struct("Host").field("addr", &format_args!("{}", hex(addr))).finish()
+            }
+            TensorKey::Child { worker, addr } => f
+                .debug_struct("Child")
+                .field("worker", &worker)
+                .field("addr", &format_args!("{}", hex(addr)))
+                .finish(),
+            TensorKey::Remote { space, owner, buffer_id, generation, offset } => f
+                .debug_struct("Remote")
+                .field("space", &space)
+                .field("owner", &owner)
+                .field("buffer_id", &buffer_id)
+                .field("generation", &generation)
+                .field("offset", &format_args!("{}", hex(offset)))
+                .finish(),
+        }
+    }
+}
+
 impl fmt::Display for TensorKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
@@ -80,6 +105,21 @@ impl fmt::Display for TensorKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_shows_addresses_and_offsets_in_hex() {
+        assert_eq!(format!("{:?}", TensorKey::Host { addr: 0x1000 }), "Host { addr: 0x1000 }");
+        let child = TensorKey::Child { worker: WorkerId(2), addr: 0x12c0000 };
+        assert!(format!("{child:?}").ends_with("addr: 0x12c0000 }"), "{child:?}");
+        let remote = TensorKey::Remote {
+            space: RemoteSpace::Buffer,
+            owner: WorkerId(1),
+            buffer_id: 7,
+            generation: 1,
+            offset: 0x40,
+        };
+        assert!(format!("{remote:?}").contains("buffer_id: 7, generation: 1, offset: 0x40 }"));
+    }
 
     #[test]
     fn keys_differing_in_any_field_are_distinct() {

@@ -124,6 +124,20 @@ impl TensorMap {
 
     /// The writers of bytes of `key` overlapping `span`: [`dependencies`](Self::dependencies)
     /// for an [`Access::Read`].
+    ///
+    /// ```
+    /// use simpler_tensormap::{ByteSpan, RunId, SlotId, TensorKey, TensorMap};
+    ///
+    /// let map = TensorMap::new();
+    /// let (run, key) = (RunId::FIRST, TensorKey::Host { addr: 0x1000 });
+    /// let writer = SlotId::new(0, 1);
+    /// map.insert(run, key, ByteSpan::with_len(0x1000, 256).unwrap(), writer);
+    /// // Bytes 0x10f0.. overlap what `writer` wrote; bytes 0x1100.. do not.
+    /// let mut found = Vec::new();
+    /// map.lookup_overlapping(run, &key, ByteSpan::with_len(0x10f0, 64).unwrap(), |s| found.push(s));
+    /// map.lookup_overlapping(run, &key, ByteSpan::with_len(0x1100, 64).unwrap(), |s| found.push(s));
+    /// assert_eq!(found, [writer]);
+    /// ```
     #[inline]
     pub fn lookup_overlapping(
         &self,
@@ -137,6 +151,20 @@ impl TensorMap {
 
     /// Makes `slot` the writer of `span` of `key`: [`record`](Self::record) of an
     /// [`Access::Overwrite`].
+    ///
+    /// ```
+    /// use simpler_tensormap::{ByteSpan, RunId, SlotId, TensorKey, TensorMap};
+    ///
+    /// let map = TensorMap::new();
+    /// let (run, key) = (RunId::FIRST, TensorKey::Host { addr: 0x1000 });
+    /// let whole = ByteSpan::with_len(0x1000, 256).unwrap();
+    /// map.insert(run, key, ByteSpan::with_len(0x1000, 64).unwrap(), SlotId::new(0, 1));
+    /// // A write covering the first one supersedes it: later readers find only the new writer.
+    /// assert_eq!(map.insert(run, key, whole, SlotId::new(1, 1)), 1);
+    /// let mut found = Vec::new();
+    /// map.lookup_overlapping(run, &key, whole, |s| found.push(s));
+    /// assert_eq!(found, [SlotId::new(1, 1)]);
+    /// ```
     pub fn insert(&self, run: RunId, key: TensorKey, span: ByteSpan, slot: SlotId) -> usize {
         self.record(run, key, span, Access::Overwrite, slot)
     }

@@ -30,8 +30,8 @@ use parking_lot::{Mutex, RwLock};
 use simpler_device_a2a3::{
     ChipCallable, DeviceError, DeviceRunner, Platform, RunnerOptions, RuntimeVariant,
 };
-use simpler_ring::RingConfig;
-use simpler_sched::{Endpoint, Engine, EngineConfig};
+use simpler_ring::{RingConfig, RingError};
+use simpler_sched::{Endpoint, Engine, EngineConfig, SchedError};
 use simpler_types::{CallConfig, CallableId, CallableKind, TaskArgsView, WorkerId};
 
 use crate::child::ChildEndpoint;
@@ -176,7 +176,7 @@ macro_rules! chip_builder_methods {
 }
 
 /// Methods of the builders that run an engine (L3, L4+); they need the fields `common`,
-/// `subs`, `heap_ring_size` and `host_regs`.
+/// `subs`, `heap_ring_size`, `alloc_timeout` and `host_regs`.
 macro_rules! engine_builder_methods {
     () => {
         /// Number of sub workers (host-closure threads).
@@ -190,6 +190,13 @@ macro_rules! engine_builder_methods {
         #[must_use]
         pub fn heap_ring_size(mut self, bytes: u64) -> Self {
             self.heap_ring_size = bytes;
+            self
+        }
+
+        /// Deadline of a blocking heap allocation (default 10 s).
+        #[must_use]
+        pub fn alloc_timeout(mut self, t: Duration) -> Self {
+            self.alloc_timeout = t;
             self
         }
 
@@ -507,13 +514,6 @@ impl HostWorkerBuilder {
         self
     }
 
-    /// Deadline of a blocking heap allocation (default 10 s).
-    #[must_use]
-    pub fn alloc_timeout(mut self, t: Duration) -> Self {
-        self.alloc_timeout = t;
-        self
-    }
-
     /// The registered chip callables as manifest entries (entry name, content digest), in
     /// registration order.
     #[cfg(feature = "mpi")]
@@ -629,8 +629,24 @@ fn build_engine(
             }) as Box<dyn Endpoint>
         })
         .collect();
+    let heap = ring.heap_bytes_per_ring;
     let config = EngineConfig { ring, next_level, sub, level, ..EngineConfig::default() };
-    Engine::start(config).map_err(|e| start_err(StartCause::Engine(e.to_string()), path))
+    Engine::start(config).map_err(|e| {
+        let text = match e {
+            // The ring names the field of its own configuration; this worker's user set the
+            // size through the builder's heap_ring_size.
+            SchedError::Ring(RingError::InvalidConfig { .. })
+                if !heap.is_multiple_of(simpler_types::HEAP_ALIGN) =>
+            {
+                format!(
+                    "heap_ring_size = {heap} is not a multiple of {} bytes",
+                    simpler_types::HEAP_ALIGN
+                )
+            }
+            other => other.to_string(),
+        };
+        start_err(StartCause::Engine(text), path)
+    })
 }
 
 /// What an L4+ builder adopts as a child: a builder of level − 1.
@@ -700,6 +716,7 @@ pub struct CompositeWorkerBuilder {
     children: Vec<ChildSpec>,
     subs: usize,
     heap_ring_size: u64,
+    alloc_timeout: Duration,
     host_regs: Vec<(CallableHandle, String, Arc<HostFn>)>,
     graph_regs: Vec<(CallableHandle, String, Arc<GraphFn>)>,
 }
@@ -721,6 +738,7 @@ impl CompositeWorkerBuilder {
             children: Vec::new(),
             subs: 0,
             heap_ring_size: DEFAULT_HEAP_RING_SIZE,
+            alloc_timeout: DEFAULT_ALLOC_TIMEOUT,
             host_regs: Vec::new(),
             graph_regs: Vec::new(),
         }
@@ -887,7 +905,11 @@ impl CompositeWorkerBuilder {
                 next_level.insert(at, Box::new(ep));
             }
         }
-        let ring = RingConfig { heap_bytes_per_ring: self.heap_ring_size, ..RingConfig::default() };
+        let ring = RingConfig {
+            heap_bytes_per_ring: self.heap_ring_size,
+            alloc_timeout: self.alloc_timeout,
+            ..RingConfig::default()
+        };
         // On failure the endpoints are dropped, which closes every child into `residue`.
         let engine =
             build_engine(self.level, ring, next_level, self.subs, &lineage, &registry, &path)

@@ -17,6 +17,7 @@ use simpler_types::{
 };
 
 use crate::handle::CallableHandle;
+use crate::host_buffer::HostAddr;
 
 /// A boxed error returned by user callbacks and closures.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -42,7 +43,7 @@ impl fmt::Display for BuildFailure {
             BuildFailure::Callback(e) => write!(f, "orchestration returned an error: {e}"),
             BuildFailure::Panicked(p) => write!(f, "orchestration panicked: {p}"),
             BuildFailure::Engine(e) => {
-                write!(f, "engine rejected the submission: {e}{}", worker_setting(e))
+                write!(f, "engine rejected the submission: {}", InWorkerTerms(e))
             }
             BuildFailure::Device(e) => write!(f, "chip refused to prepare the run: {e}"),
         }
@@ -196,14 +197,14 @@ pub enum WorkerError {
         message: String,
     },
     /// An engine call inside a graph callback failed.
-    #[error("{0}{hint}", hint = worker_setting(.0))]
+    #[error("{}", InWorkerTerms(.0))]
     Engine(SchedError),
     /// A chip task names host memory (`child_memory = 0`) that is not a [`HostBuffer`], so
     /// its chip lane could not stage it (refused at submit).
     ///
     /// [`HostBuffer`]: crate::HostBuffer
     #[error(
-        "chip task argument {arg} names host memory at {addr:#x} ({len} bytes) that is not a HostBuffer; \
+        "chip task argument {arg} names host memory at {addr} ({len} bytes) that is not a HostBuffer; \
          allocate it with HostBuffer::new and pass HostBuffer::tensor, or put it in chip memory \
          (Worker::chip_memory / GraphBuilder::chip_memory, then DeviceBuffer::tensor)"
     )]
@@ -211,7 +212,7 @@ pub enum WorkerError {
         /// Index of the tensor argument.
         arg: usize,
         /// The tensor's buffer address.
-        addr: u64,
+        addr: HostAddr,
         /// The tensor's buffer size in bytes.
         len: u64,
     },
@@ -221,7 +222,7 @@ pub enum WorkerError {
     ///
     /// [`HostBuffer`]: crate::HostBuffer
     #[error(
-        "task argument {arg} has its base address {addr:#x} inside the HostBuffer at {buffer:#x} \
+        "task argument {arg} has its base address {addr} inside the HostBuffer at {buffer} \
          rather than at it, so it would not be ordered against that buffer's other tensors; take \
          HostBuffer::tensor and a view of it (Tensor::view / slice) instead of offsetting the address"
     )]
@@ -229,9 +230,9 @@ pub enum WorkerError {
         /// Index of the tensor argument.
         arg: usize,
         /// The tensor's base address.
-        addr: u64,
+        addr: HostAddr,
         /// The address of the host buffer it lies in.
-        buffer: u64,
+        buffer: HostAddr,
     },
     /// A chip task tags a [`HostBuffer`] tensor `NoDep` (refused at submit): the chip lane
     /// could not tell whether the task writes it, and copying back bytes the engine does not
@@ -250,7 +251,7 @@ pub enum WorkerError {
     /// A chip task names host memory while the chips run in child processes (PROCESS mode),
     /// where no chip lane can reach this process's host buffers (refused at submit).
     #[error(
-        "chip task argument {arg} names host memory at {addr:#x}, but chip {chip} runs in a child \
+        "chip task argument {arg} names host memory at {addr}, but chip {chip} runs in a child \
          process (ChildMode::Process), which cannot stage this process's HostBuffers; use \
          ChildMode::Thread, or put the tensor in chip memory (GraphBuilder::chip_memory, then \
          DeviceBuffer::tensor)"
@@ -259,14 +260,14 @@ pub enum WorkerError {
         /// Index of the tensor argument.
         arg: usize,
         /// The tensor's buffer address.
-        addr: u64,
+        addr: HostAddr,
         /// The chip the task was submitted to.
         chip: WorkerId,
     },
     /// An L2 chip run names host memory (refused at submit): an L2 worker runs on chip memory
     /// only; host data is staged by an L3 worker's chip lanes.
     #[error(
-        "chip run argument {arg} names host memory at {addr:#x}, which an L2 worker cannot stage; \
+        "chip run argument {arg} names host memory at {addr}, which an L2 worker cannot stage; \
          put it in chip memory (Worker::memory, then DeviceBuffer::tensor), or run the task in an \
          L3 worker's graph with a HostBuffer, which its chip lane stages"
     )]
@@ -274,7 +275,7 @@ pub enum WorkerError {
         /// Index of the tensor argument.
         arg: usize,
         /// The tensor's buffer address.
-        addr: u64,
+        addr: HostAddr,
     },
     /// A sub task names chip memory, which a host closure cannot read (refused at submit).
     #[error(
@@ -308,20 +309,45 @@ impl From<MemError> for WorkerError {
     }
 }
 
-/// The worker setting behind a capacity limit the engine reports in its own (ring) terms, so
-/// that the hint names the call the worker's user can make.
-fn worker_setting(e: &SchedError) -> &'static str {
+/// An engine error in the words of the worker's API. The engine names a capacity limit by the
+/// ring setting its own users set (`heap_bytes_per_ring`, `max_live_slots`); a worker's user
+/// sets the worker builder's instead, so the worker keeps the ring's facts and replaces its
+/// advice. The error itself stays the engine's typed value.
+struct InWorkerTerms<'a>(&'a SchedError);
+
+impl fmt::Display for InWorkerTerms<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let SchedError::Capacity { source, oldest_live } = self.0 else {
+            return fmt::Display::fmt(self.0, f);
+        };
+        f.write_str("capacity exhausted")?;
+        if let Some(t) = oldest_live {
+            write!(f, " (oldest live: {t})")?;
+        }
+        write!(f, ": {}", source.facts())?;
+        match worker_advice(source) {
+            Some(advice) => write!(f, "; {advice}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The worker builder setting (or the graph habit) that avoids a ring capacity error.
+fn worker_advice(e: &simpler_ring::RingError) -> Option<&'static str> {
     use simpler_ring::RingError;
     match e {
-        SchedError::Capacity { source, .. } => match source {
-            RingError::HeapExhausted(_) | RingError::RequestTooLarge { .. } => {
-                " (on a worker, the heap ring size is the builder's heap_ring_size, and the wait \
-                 for room its alloc_timeout)"
-            }
-            RingError::HeapDisabled { .. } => " (on a worker, set the builder's heap_ring_size)",
-            _ => "",
-        },
-        _ => "",
+        RingError::HeapDisabled { .. } => Some("set the worker builder's heap_ring_size above 0"),
+        RingError::RequestTooLarge { .. } => Some("raise the worker builder's heap_ring_size"),
+        RingError::HeapExhausted(_) => Some(
+            "raise the worker builder's heap_ring_size or alloc_timeout, or use a scope \
+             (GraphBuilder::scope) that keeps less alive",
+        ),
+        RingError::TaskWindowExhausted { .. } => Some(
+            "a worker's task window has no size setting; keep fewer tasks alive at once: end \
+             scopes (GraphBuilder::scope) so that their tasks retire, or split the graph into \
+             several runs",
+        ),
+        _ => None,
     }
 }
 
@@ -726,6 +752,31 @@ impl CloseError {
         self.drain_timeout.is_some()
     }
 
+    /// Whether the worker itself closed cleanly (nothing went wrong in the drain or the
+    /// teardown, nothing leaked) and the error only reports runs that failed without anyone
+    /// waiting for them.
+    ///
+    /// ```
+    /// # use simpler_worker::{Worker, Orchestration};
+    /// # use simpler_device_a2a3::{Platform, RuntimeVariant};
+    /// # let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+    /// # let bad = b.register_host("bad", |_| Err("unseen".into()));
+    /// # let worker = b.start()?;
+    /// # drop(worker.submit(Orchestration::graph(move |g, _, _| { g.submit_sub(bad, Default::default())?; Ok(()) }))?);
+    /// match worker.close() {
+    ///     Ok(()) => {}
+    ///     Err(e) if e.worker_closed_cleanly() => eprintln!("closed; earlier runs failed: {e}"),
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn worker_closed_cleanly(&self) -> bool {
+        self.teardown.is_empty()
+            && self.drain_timeout.is_none()
+            && self.leaked.is_empty()
+            && !self.reentrant
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.unobserved_runs.is_empty()
             && self.unobserved_runs_not_kept == 0
@@ -748,11 +799,8 @@ impl CloseError {
         }
         if !self.unobserved_runs.is_empty() {
             let runs: Vec<String> = self.unobserved_runs.iter().map(|r| format!("{r}")).collect();
-            let lead = if parts.is_empty() && self.teardown.is_empty() && self.leaked.is_empty() {
-                "the worker closed cleanly, but "
-            } else {
-                ""
-            };
+            let lead =
+                if self.worker_closed_cleanly() { "the worker closed cleanly, but " } else { "" };
             parts.push(format!(
                 "{lead}{} run(s) failed that nobody waited for: {}",
                 runs.len(),
@@ -832,5 +880,31 @@ fn mech_prefix(m: &FailureMechanism) -> String {
         FailureMechanism::Panicked => "panicked: ".to_owned(),
         FailureMechanism::TaskFailed | FailureMechanism::EndpointFailed => String::new(),
         other => format!("{other}: "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use simpler_ring::RingError;
+    use simpler_sched::SchedError;
+
+    use super::WorkerError;
+
+    /// A worker's task window has no size setting, so the worker's advice names what its user
+    /// can change instead of the ring's `max_live_slots` (unreachable in practice: the window
+    /// holds `u32::MAX` tasks).
+    #[test]
+    fn a_full_task_window_is_reported_with_advice_a_worker_user_can_follow() {
+        let source = RingError::TaskWindowExhausted { limit: 8, live: 8, waited: Duration::ZERO };
+        let e = WorkerError::Engine(SchedError::Capacity { source, oldest_live: None });
+        assert_eq!(
+            e.to_string(),
+            "capacity exhausted: task window full: 8 of 8 slots live after waiting 0ns; a \
+             worker's task window has no size setting; keep fewer tasks alive at once: end \
+             scopes (GraphBuilder::scope) so that their tasks retire, or split the graph into \
+             several runs"
+        );
     }
 }

@@ -214,7 +214,11 @@ impl<'a> GraphBuilder<'a> {
         if self.inner.chips_in_processes
             && let Some((arg, t)) = crate::staging::first_host_tensor(args)
         {
-            return Err(WorkerError::HostTensorInChildProcess { arg, addr: t.addr, chip: target });
+            return Err(WorkerError::HostTensorInChildProcess {
+                arg,
+                addr: crate::HostAddr(t.addr),
+                chip: target,
+            });
         }
         let bufs = crate::staging::host_buffers_of(args)?;
         self.keep_buffers(bufs);
@@ -231,6 +235,29 @@ impl<'a> GraphBuilder<'a> {
     }
 
     /// Submits a task to chip or child `target` (L3: a chip callable; L4+: a graph).
+    ///
+    /// ```
+    /// use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
+    /// use simpler_device_a2a3::{Platform, RuntimeVariant};
+    /// use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
+    /// use simpler_worker::{HostBuffer, Orchestration, Worker};
+    ///
+    /// let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).chips(&[0]);
+    /// let add = b.register_chip(add::callable()?); // f = a + b
+    /// let worker = b.start()?;
+    /// let a = HostBuffer::from_bytes(&f32_to_le_bytes(&[1.0; 16]))?;
+    /// let f = HostBuffer::new(64)?;
+    /// let (ta, tf) = (a.tensor(&[16], DataType::Float32)?, f.tensor(&[16], DataType::Float32)?);
+    /// worker.run(Orchestration::graph(move |g, _, _| {
+    ///     let mut args = TaskArgs::new();
+    ///     args.add_input(ta)?.add_input(ta)?.add_output(tf)?;
+    ///     g.submit_next_level(add, args, &CallConfig::default(), WorkerId(0))?;
+    ///     Ok(())
+    /// }))?;
+    /// assert_eq!(f32_from_le_bytes(&f.to_vec()), [2.0; 16]);
+    /// worker.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn submit_next_level(
         &mut self,
         handle: CallableHandle,
@@ -247,6 +274,36 @@ impl<'a> GraphBuilder<'a> {
     }
 
     /// Submits a group: member i runs on `targets[i]`, all members dispatched together.
+    ///
+    /// ```
+    /// use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
+    /// use simpler_device_a2a3::{Platform, RuntimeVariant};
+    /// use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
+    /// use simpler_worker::{HostBuffer, Orchestration, Worker};
+    ///
+    /// let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).chips(&[0, 1]);
+    /// let add = b.register_chip(add::callable()?);
+    /// let worker = b.start()?;
+    /// // Member i runs on chip i; each writes its own output.
+    /// let a = HostBuffer::from_bytes(&f32_to_le_bytes(&[1.0; 16]))?;
+    /// let outs = [HostBuffer::new(64)?, HostBuffer::new(64)?];
+    /// let ta = a.tensor(&[16], DataType::Float32)?;
+    /// let touts = [outs[0].tensor(&[16], DataType::Float32)?, outs[1].tensor(&[16], DataType::Float32)?];
+    /// worker.run(Orchestration::graph(move |g, _, _| {
+    ///     let mut members = Vec::new();
+    ///     for out in touts {
+    ///         let mut args = TaskArgs::new();
+    ///         args.add_input(ta)?.add_input(ta)?.add_output(out)?;
+    ///         members.push(args);
+    ///     }
+    ///     let chips = [WorkerId(0), WorkerId(1)];
+    ///     g.submit_next_level_group(add, members, &CallConfig::default(), &chips)?;
+    ///     Ok(())
+    /// }))?;
+    /// assert_eq!(f32_from_le_bytes(&outs[1].to_vec()), [2.0; 16]);
+    /// worker.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn submit_next_level_group(
         &mut self,
         handle: CallableHandle,
@@ -267,6 +324,31 @@ impl<'a> GraphBuilder<'a> {
     }
 
     /// Submits a host-closure task to any idle sub worker.
+    ///
+    /// ```
+    /// use simpler_device_a2a3::{Platform, RuntimeVariant};
+    /// use simpler_types::{DataType, TaskArgs};
+    /// use simpler_worker::{HostBuffer, Orchestration, Worker};
+    ///
+    /// let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+    /// let fill = b.register_host("fill", |args| {
+    ///     let out = args.tensor(0).and_then(HostBuffer::of_tensor).ok_or("no buffer")?;
+    ///     out.write(0, &[7; 16])?;
+    ///     Ok(())
+    /// });
+    /// let worker = b.start()?;
+    /// let buf = HostBuffer::new(16)?;
+    /// let t = buf.tensor(&[16], DataType::UInt8)?;
+    /// worker.run(Orchestration::graph(move |g, _, _| {
+    ///     let mut args = TaskArgs::new();
+    ///     args.add_output(t)?;
+    ///     g.submit_sub(fill, args)?;
+    ///     Ok(())
+    /// }))?;
+    /// assert_eq!(buf.to_vec(), [7; 16]);
+    /// worker.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn submit_sub(
         &mut self,
         handle: CallableHandle,
@@ -281,6 +363,31 @@ impl<'a> GraphBuilder<'a> {
     }
 
     /// Submits a host-closure group: each member on a distinct idle sub worker.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// use simpler_device_a2a3::{Platform, RuntimeVariant};
+    /// use simpler_types::TaskArgs;
+    /// use simpler_worker::{Orchestration, Worker};
+    ///
+    /// let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(2);
+    /// let ran = Arc::new(AtomicU32::new(0));
+    /// let seen = Arc::clone(&ran);
+    /// let count = b.register_host("count", move |_| {
+    ///     seen.fetch_add(1, Ordering::Relaxed);
+    ///     Ok(())
+    /// });
+    /// let worker = b.start()?;
+    /// worker.run(Orchestration::graph(move |g, _, _| {
+    ///     g.submit_sub_group(count, vec![TaskArgs::new(); 2])?; // both sub workers at once
+    ///     Ok(())
+    /// }))?;
+    /// assert_eq!(ran.load(Ordering::Relaxed), 2);
+    /// worker.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn submit_sub_group(
         &mut self,
         handle: CallableHandle,

@@ -18,6 +18,29 @@ use simpler_types::{DataType, Tensor};
 
 use crate::error::MemError;
 
+/// An address in this process's memory, as errors carry it: `Debug` and `Display` show it in
+/// hex. Compares equal to the plain `u64` (for example [`HostBuffer::addr`]).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HostAddr(pub u64);
+
+impl std::fmt::Debug for HostAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostAddr({:#x})", self.0)
+    }
+}
+
+impl std::fmt::Display for HostAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+impl PartialEq<u64> for HostAddr {
+    fn eq(&self, other: &u64) -> bool {
+        self.0 == *other
+    }
+}
+
 /// The bytes of one host buffer.
 struct Bytes {
     data: Mutex<Box<[u8]>>,

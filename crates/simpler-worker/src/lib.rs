@@ -116,7 +116,7 @@ pub use error::{
 };
 pub use graph::{GraphBuilder, GraphCallback, Orchestration};
 pub use handle::{CallableHandle, GraphFn, HostFn};
-pub use host_buffer::HostBuffer;
+pub use host_buffer::{HostAddr, HostBuffer};
 pub use memory::{ChipMemory, DeviceBuffer};
 #[cfg(feature = "sim")]
 pub use process::ChildFault;

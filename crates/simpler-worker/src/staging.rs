@@ -20,7 +20,7 @@ use simpler_types::{
 
 use crate::chip::{ChipState, device_failure};
 use crate::error::WorkerError;
-use crate::host_buffer::HostBuffer;
+use crate::host_buffer::{HostAddr, HostBuffer};
 
 /// Whether tensor `t` names host memory a chip lane has to stage.
 fn is_host(t: &Tensor) -> bool {
@@ -45,7 +45,7 @@ pub(crate) fn host_buffers_of(args: &TaskArgs) -> Result<Vec<HostBuffer>, Worker
     for (arg, t) in args.tensors().iter().enumerate().filter(|(_, t)| is_host(t)) {
         let buf = HostBuffer::covering(t.addr, t.size).ok_or(WorkerError::HostTensorNotStaged {
             arg,
-            addr: t.addr,
+            addr: HostAddr(t.addr),
             len: t.size,
         })?;
         check_base(arg, t, &buf)?;
@@ -76,7 +76,11 @@ fn check_base(arg: usize, t: &Tensor, buf: &HostBuffer) -> Result<(), WorkerErro
     if t.addr == buf.addr() {
         return Ok(());
     }
-    Err(WorkerError::HostTensorOffsetBase { arg, addr: t.addr, buffer: buf.addr() })
+    Err(WorkerError::HostTensorOffsetBase {
+        arg,
+        addr: HostAddr(t.addr),
+        buffer: HostAddr(buf.addr()),
+    })
 }
 
 /// Adds `buf` to `out` unless a handle of the same bytes is there already.

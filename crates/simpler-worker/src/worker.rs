@@ -647,7 +647,7 @@ impl Worker {
             return Err(WorkerError::ForeignHandle { handle });
         }
         if let Some((arg, t)) = crate::staging::first_host_tensor(&args) {
-            return Err(WorkerError::HostTensorAtL2 { arg, addr: t.addr });
+            return Err(WorkerError::HostTensorAtL2 { arg, addr: crate::HostAddr(t.addr) });
         }
         let pin = match self.inner.registry.read().handles.get(&handle.seq) {
             Some((_, r)) => r.clone(),

@@ -7,7 +7,7 @@ use common::{add_callable, host};
 use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
-use simpler_worker::{BuildFailure, HostBuffer, Orchestration, Worker, WorkerError};
+use simpler_worker::{BuildFailure, HostAddr, HostBuffer, Orchestration, Worker, WorkerError};
 
 const N: u32 = 1024;
 
@@ -124,7 +124,7 @@ fn host_memory_that_is_not_a_host_buffer_is_refused_at_submit() {
         panic!("not a build failure of the callback: {err:?}");
     };
     match e.downcast_ref::<WorkerError>() {
-        Some(WorkerError::HostTensorNotStaged { arg: 1, addr: 0x1000, .. }) => {}
+        Some(WorkerError::HostTensorNotStaged { arg: 1, addr: HostAddr(0x1000), .. }) => {}
         other => panic!("{other:?}"),
     }
     assert!(err.to_string().contains("HostBuffer::new"), "{err}");

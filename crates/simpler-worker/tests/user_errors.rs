@@ -4,6 +4,9 @@
 mod common;
 
 use common::host;
+use std::time::Duration;
+
+use simpler_sched::SchedError;
 use simpler_types::{DataType, TaskArgs};
 use simpler_worker::{BuildFailure, Orchestration, WorkerError};
 
@@ -22,18 +25,84 @@ fn an_error_a_graph_callback_returns_keeps_its_type() {
     w.close().expect("close");
 }
 
+/// The engine error a graph callback's `alloc` met, as the run reports it.
+fn alloc_failure(w: &simpler_worker::Worker, elems: u32, times: usize) -> WorkerError {
+    w.run(Orchestration::graph(move |g, _, _| {
+        for _ in 0..times {
+            g.alloc(&[elems], DataType::Float32)?;
+        }
+        Ok(())
+    }))
+    .expect_err("the heap ring refuses")
+}
+
+/// Asserts that `err` is the engine's typed capacity error and that its text ends with `tail`
+/// and names no ring field the worker's user cannot set.
+fn assert_capacity_text(err: &WorkerError, tail: &str) {
+    let WorkerError::Build { cause: BuildFailure::Engine(SchedError::Capacity { .. }), .. } = err
+    else {
+        panic!("{err:?}");
+    };
+    let text = err.to_string();
+    assert!(text.ends_with(tail), "{text}");
+    assert!(!text.contains("heap_bytes_per_ring") && !text.contains("max_live_slots"), "{text}");
+}
+
 #[test]
 fn a_heap_ring_that_is_too_small_is_reported_with_the_worker_setting() {
     let w = host().sub_workers(1).heap_ring_size(1 << 16).start().expect("start");
-    let err = w
-        .run(Orchestration::graph(|g, _, _| {
-            g.alloc(&[1 << 20], DataType::Float32)?;
-            Ok(())
-        }))
-        .expect_err("never fits");
-    let text = err.to_string();
-    assert!(text.contains("heap_ring_size"), "{text}");
+    let err = alloc_failure(&w, 1 << 20, 1);
+    assert_capacity_text(
+        &err,
+        "capacity exhausted: request of 4194304 bytes (4194304 aligned) can never fit ring 0 of \
+         65536 bytes; raise the worker builder's heap_ring_size",
+    );
     w.close().expect("close");
+}
+
+#[test]
+fn a_full_heap_ring_is_reported_with_the_worker_settings() {
+    let w = host().heap_ring_size(1 << 16).alloc_timeout(Duration::ZERO).start().expect("start");
+    let err = alloc_failure(&w, 1 << 14, 2);
+    assert_capacity_text(
+        &err,
+        "; raise the worker builder's heap_ring_size or alloc_timeout, or use a scope \
+         (GraphBuilder::scope) that keeps less alive",
+    );
+    w.close().expect("close");
+}
+
+#[test]
+fn disabled_heaps_are_reported_with_the_worker_setting() {
+    let w = host().heap_ring_size(0).start().expect("start");
+    let err = alloc_failure(&w, 16, 1);
+    assert_capacity_text(
+        &err,
+        "capacity exhausted: heap allocation of 64 bytes refused: heaps are disabled; set the \
+         worker builder's heap_ring_size above 0",
+    );
+    w.close().expect("close");
+}
+
+#[test]
+fn an_l4_heap_ring_that_is_too_small_is_reported_with_the_worker_setting() {
+    let mut l4 = simpler_worker::Worker::composite(4).heap_ring_size(1 << 16);
+    l4.child(host()).expect("adopt");
+    let w = l4.alloc_timeout(Duration::ZERO).start().expect("start");
+    let err = alloc_failure(&w, 1 << 20, 1);
+    assert_capacity_text(
+        &err,
+        "can never fit ring 0 of 65536 bytes; raise the worker builder's heap_ring_size",
+    );
+    w.close().expect("close");
+}
+
+#[test]
+fn a_heap_ring_size_the_ring_refuses_is_named_by_the_worker_setting() {
+    let err = host().heap_ring_size(1000).start().expect_err("not a multiple of 1024");
+    let text = err.to_string();
+    assert!(text.contains("heap_ring_size = 1000 is not a multiple of 1024 bytes"), "{text}");
+    assert!(!text.contains("heap_bytes_per_ring"), "{text}");
 }
 
 #[test]
@@ -73,6 +142,11 @@ fn a_clean_close_that_reports_unobserved_failures_says_the_close_itself_succeede
         "{text}"
     );
     assert!(text.contains("unseen"), "{text}");
+    assert!(e.worker_closed_cleanly(), "{e:?}");
+    // Nothing in the words says the close itself went wrong.
+    for teardown_word in ["teardown", "leaked", "timed out", "close failed", "closing failed"] {
+        assert!(!text.contains(teardown_word), "{text}");
+    }
 }
 
 #[test]
@@ -86,6 +160,9 @@ fn debug_output_shows_addresses_in_hex() {
     assert!(format!("{host:?}").contains(&format!("addr: {:#x}", host.addr())));
     let ptr = simpler_device_a2a3::DevicePtr(0x12c0000);
     assert_eq!(format!("{ptr:?}"), "DevicePtr(0x12c0000)");
+    let e = WorkerError::HostTensorAtL2 { arg: 1, addr: simpler_worker::HostAddr(0x1000) };
+    assert_eq!(format!("{e:?}"), "HostTensorAtL2 { arg: 1, addr: HostAddr(0x1000) }");
+    assert!(e.to_string().contains("names host memory at 0x1000"), "{e}");
     mem.free(buf).expect("free");
     w.close().expect("close");
 }

@@ -173,7 +173,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             if !self.queues[q].push((u64::from(task) << 32) | u64::from(b)) {
                 self.p.log(
                     LogLevel::Error,
-                    format_args!("ready queue {q} overflowed at task {task}"),
+                    format_args!("ready queue {q} overflowed at task#{task}"),
                 );
             }
         }

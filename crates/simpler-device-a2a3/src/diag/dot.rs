@@ -1,20 +1,50 @@
 //! `deps.dot`: the dependency graph of `deps.json` as Graphviz DOT, for people who would rather
 //! look than read (`dot -Tsvg deps.dot -o deps.svg`).
 //!
-//! A node is a task, labelled with its index, core shape and kernel func ids; an edge goes from
-//! producer to consumer, labelled with the consumer's argument, its tag, the tensor of
-//! `deps.json` and how the dependency was found (tensor-map overlap, covered or partial, or a
-//! `manual_dep` creator; creator edges are dashed).
+//! A node is a task, labelled with its reference (`task#3`) and, per core it runs on, the core
+//! and the kernel's name (`AIV add`; `func 2` for a kernel registered without a name); an edge
+//! goes from producer to consumer, labelled with the consumer's argument, its tag, the tensor
+//! of `deps.json` and how the dependency was found (tensor-map overlap, covered or partial, or
+//! a `manual_dep` creator; creator edges are dashed).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use simpler_types::TaskId;
 
+use crate::abi::image::TaskShape;
+use crate::callable::CoreCallable;
 use crate::runtime::hbg::builder::{BuiltGraph, EdgeSource, Overlap};
 
-/// `deps.dot` of `g`; `origin` (the engine task one level up) titles the graph.
-pub(crate) fn deps_dot(g: &BuiltGraph, origin: Option<TaskId>) -> String {
+/// Names of a callable's named kernels, by func id.
+pub(crate) type KernelNames = BTreeMap<i32, String>;
+
+/// The names of the named kernels among `kernels` (a chip callable's children).
+pub(crate) fn kernel_names(kernels: &[(u32, CoreCallable)]) -> KernelNames {
+    kernels
+        .iter()
+        .filter_map(|(id, k)| Some((i32::try_from(*id).ok()?, k.name()?.to_owned())))
+        .collect()
+}
+
+/// The core a task's kernel slot runs on: AIC, AIV0, AIV1 for a mix task.
+fn core_of(shape: TaskShape, slot: usize) -> &'static str {
+    match (shape, slot) {
+        (TaskShape::Mix, 0) => "AIC",
+        (TaskShape::Mix, 1) => "AIV0",
+        (TaskShape::Mix, _) => "AIV1",
+        (other, _) => other.name(),
+    }
+}
+
+/// Escapes `text` for a quoted DOT string.
+fn quoted(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// `deps.dot` of `g`, its kernels named by `names`; `origin` (the engine task one level up)
+/// titles the graph.
+pub(crate) fn deps_dot(g: &BuiltGraph, names: &KernelNames, origin: Option<TaskId>) -> String {
     // Tensor ids as `deps.json` numbers them: by first appearance of (address, version).
     let mut tensor_ids: BTreeMap<(u64, i32), usize> = BTreeMap::new();
     for t in g.tensors.iter().filter(|t| !t.is_null()) {
@@ -29,14 +59,15 @@ pub(crate) fn deps_dot(g: &BuiltGraph, origin: Option<TaskId>) -> String {
     let _ = writeln!(out, "  node [shape=box, style=rounded, fontname=\"monospace\"];");
     let _ = writeln!(out, "  edge [fontname=\"monospace\", fontsize=10];");
     for (i, t) in g.tasks.iter().enumerate() {
-        let kernels: Vec<String> =
-            t.func_ids.iter().filter(|&&f| f >= 0).map(|f| f.to_string()).collect();
-        let _ = writeln!(
-            out,
-            "  t{i} [label=\"task {i}\\n{} kernel {}\"];",
-            t.shape.name(),
-            if kernels.is_empty() { "-".to_owned() } else { kernels.join(",") }
-        );
+        let mut label = format!("task#{i}");
+        for (slot, &f) in t.func_ids.iter().enumerate().filter(|&(_, &f)| f >= 0) {
+            let kernel = names.get(&f).map_or_else(|| format!("func {f}"), |n| quoted(n));
+            let _ = write!(label, "\\n{} {kernel}", core_of(t.shape, slot));
+        }
+        if t.func_ids.iter().all(|&f| f < 0) {
+            label.push_str("\\n(no kernel)");
+        }
+        let _ = writeln!(out, "  t{i} [label=\"{label}\"];");
     }
     for e in &g.edges {
         let arg = g.tasks.get(e.succ as usize).map(|t| t.tensors.start + e.arg as usize);

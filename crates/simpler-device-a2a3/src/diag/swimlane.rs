@@ -102,11 +102,13 @@ pub(crate) fn records_json(c: &SwimlaneCapture) -> Value {
     })
 }
 
-/// `swimlane.perfetto.json`. `edges` are `(pred, succ)` device task ids for flow arrows;
-/// `origin` (the engine task that started the run) goes into the trace metadata.
+/// `swimlane.perfetto.json`. `edges` are `(pred, succ)` device task ids for flow arrows; a
+/// kernel's slices are named by `names` (its func id when it has no name); `origin` (the engine
+/// task that started the run) goes into the trace metadata.
 pub(crate) fn perfetto_json(
     c: &SwimlaneCapture,
     edges: &[(u64, u64)],
+    names: &crate::diag::dot::KernelNames,
     origin: Option<TaskId>,
 ) -> Value {
     let t0 = c
@@ -126,7 +128,8 @@ pub(crate) fn perfetto_json(
     for (w, r) in &c.records {
         events.push(json!({
             "ph": "X", "pid": 1, "tid": w,
-            "name": format!("func {}", r.func_id),
+            "name": i32::try_from(r.func_id).ok().and_then(|f| names.get(&f)).cloned()
+                .unwrap_or_else(|| format!("func {}", r.func_id)),
             "ts": us(r.start), "dur": us(r.end) - us(r.start),
             "args": {"task_id": r.task_id, "func_id": r.func_id, "block_idx": r.block_idx, "reg_token": r.token},
         }));

@@ -139,7 +139,7 @@ impl DeviceRunner {
     pub fn free(&mut self, ptr: DevicePtr) -> Result<(), DeviceError> {
         let core = self.core()?;
         if !core.user_allocs.contains_key(&ptr.0) {
-            return Err(DeviceError::BadDevicePointer { run_id: None, addr: ptr.0, len: 0 });
+            return Err(DeviceError::BadDevicePointer { run_id: None, addr: ptr, len: 0 });
         }
         if core.health.get().is_healthy() {
             core.refuse_while_referenced("free")?;
@@ -155,7 +155,7 @@ impl DeviceRunner {
         core.check_copy("memset", ptr.0, bytes)?;
         core.backend.fill(ptr.0, value, bytes).then_some(()).ok_or(DeviceError::BadDevicePointer {
             run_id: None,
-            addr: ptr.0,
+            addr: ptr,
             len: bytes,
         })
     }
@@ -167,7 +167,7 @@ impl DeviceRunner {
         core.check_copy("copy_to_device", dst.0, len)?;
         core.backend.write(dst.0, src).then_some(()).ok_or(DeviceError::BadDevicePointer {
             run_id: None,
-            addr: dst.0,
+            addr: dst,
             len,
         })
     }
@@ -179,7 +179,7 @@ impl DeviceRunner {
         core.check_copy("copy_from_device", src.0, len)?;
         core.backend.read(src.0, dst).then_some(()).ok_or(DeviceError::BadDevicePointer {
             run_id: None,
-            addr: src.0,
+            addr: src,
             len,
         })
     }
@@ -238,6 +238,31 @@ impl DeviceRunner {
     }
 
     /// `prepare`, `launch_run`, `reap_run`, `complete_run`, in the seed's order.
+    ///
+    /// ```
+    /// use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
+    /// use simpler_device_a2a3::{DevicePtr, DeviceRunner, RunRequest, RunnerOptions, RuntimeVariant};
+    /// use simpler_types::{CallConfig, DataType, RunId, TaskArgs, Tensor};
+    ///
+    /// let mut runner = DeviceRunner::attach(RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph))?;
+    /// let slot = runner.register_callable(&add::callable()?)?; // f = a + b
+    /// let [a, b, f] = [runner.malloc(64)?, runner.malloc(64)?, runner.malloc(64)?];
+    /// runner.copy_to_device(a, &f32_to_le_bytes(&[1.0; 16]))?;
+    /// runner.copy_to_device(b, &f32_to_le_bytes(&[2.0; 16]))?;
+    /// let on_chip = |p: DevicePtr| {
+    ///     Tensor::external(p.addr(), &[16], DataType::Float32).map(|t| t.child_memory(true))
+    /// };
+    /// let mut args = TaskArgs::new();
+    /// args.add_input(on_chip(a)?)?.add_input(on_chip(b)?)?.add_output(on_chip(f)?)?;
+    /// let run = RunId::from_raw(1).expect("non-zero");
+    /// let report = runner.run(&RunRequest::new(run, slot, &args, &CallConfig::default()))?;
+    /// assert_eq!(report.tasks, 1);
+    /// let mut out = vec![0u8; 64];
+    /// runner.copy_from_device(&mut out, f)?;
+    /// assert_eq!(f32_from_le_bytes(&out), [3.0; 16]);
+    /// runner.finalize()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn run(&mut self, req: &RunRequest<'_>) -> Result<RunReport, DeviceError> {
         let core = self.core()?;
         let prepared = core.prepare(req)?;

@@ -11,7 +11,7 @@ use crate::abi::launch::CoreKernelHeader;
 use crate::backend::{LoadedCode, ResolvedKernels};
 use crate::callable::ChipCallable;
 use crate::error::{DeviceError, MemPurpose};
-use crate::runner::ChipSlot;
+use crate::runner::{ChipSlot, DevicePtr};
 
 /// One registered callable.
 #[derive(Debug)]
@@ -135,7 +135,7 @@ impl Core {
                     self.backend.free(addr);
                     return Err(DeviceError::BadDevicePointer {
                         run_id: None,
-                        addr,
+                        addr: DevicePtr(addr),
                         len: bytes.len() as u64,
                     });
                 }

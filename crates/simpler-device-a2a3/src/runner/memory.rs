@@ -9,7 +9,7 @@
 use simpler_types::{RunId, Tensor, TensorArgType};
 
 use super::staging::{StagedTensor, host_slice};
-use super::{Core, RunState, oom};
+use super::{Core, DevicePtr, RunState, oom};
 use crate::backend::Backend;
 use crate::error::{DeviceError, MemPurpose};
 use crate::runtime::BuildEnv;
@@ -104,7 +104,11 @@ impl Core {
         let ok = self.user_allocs.range(..=addr).next_back().is_some_and(|(&start, &n)| {
             addr.checked_add(len).is_some_and(|end| end <= start + n) && addr < start + n.max(1)
         });
-        if ok { Ok(()) } else { Err(DeviceError::BadDevicePointer { run_id: None, addr, len }) }
+        if ok {
+            Ok(())
+        } else {
+            Err(DeviceError::BadDevicePointer { run_id: None, addr: DevicePtr(addr), len })
+        }
     }
 
     /// The image arena, grown when too small (any failure releases all arenas).
@@ -184,7 +188,7 @@ impl Core {
                 if self.backend.find(t.addr, t.size) != Some(MemPurpose::User) {
                     return Err(DeviceError::BadDevicePointer {
                         run_id: Some(run_id),
-                        addr: t.addr,
+                        addr: DevicePtr(t.addr),
                         len: t.size,
                     });
                 }
@@ -233,7 +237,7 @@ impl Core {
                 if !self.backend.write(dev, src) {
                     return Err(DeviceError::BadDevicePointer {
                         run_id: Some(run_id),
-                        addr: dev,
+                        addr: DevicePtr(dev),
                         len: t.size,
                     });
                 }

@@ -477,7 +477,7 @@ impl Core {
         if !self.backend.write(image_addr, &self.slots[s].res.host_image) {
             return Err(DeviceError::BadDevicePointer {
                 run_id: Some(run_id),
-                addr: image_addr,
+                addr: DevicePtr(image_addr),
                 len,
             });
         }
@@ -499,7 +499,7 @@ impl Core {
         if !self.backend.write(ka_addr, bytemuck::bytes_of(&ka)) {
             return Err(DeviceError::BadDevicePointer {
                 run_id: Some(run_id),
-                addr: ka_addr,
+                addr: DevicePtr(ka_addr),
                 len: size_of::<KernelArgs>() as u64,
             });
         }
@@ -1023,7 +1023,7 @@ impl Core {
                     {
                         refused.get_or_insert(DeviceError::BadDevicePointer {
                             run_id: Some(run.run_id),
-                            addr: s.dev_addr,
+                            addr: DevicePtr(s.dev_addr),
                             len: s.bytes,
                         });
                     }

@@ -237,27 +237,27 @@ impl<'e> GraphBuilder<'e> {
         let task_index = self.task_total;
         let Some(shape) = TaskShape::from_u32(shape) else {
             return i64::from(
-                self.invalid(format!("task {task_index}: unknown task shape {shape}")),
+                self.invalid(format!("task#{task_index}: unknown task shape {shape}")),
             );
         };
         if let Err(m) = self.check_kernels(func_ids, shape, block_num) {
-            return i64::from(self.invalid(format!("task {task_index}: {m}")));
+            return i64::from(self.invalid(format!("task#{task_index}: {m}")));
         }
         if tensors.len() > CORE_MAX_TENSOR_ARGS {
             return i64::from(self.invalid(format!(
-                "task {task_index}: {} tensors, at most {CORE_MAX_TENSOR_ARGS} per kernel task",
+                "task#{task_index}: {} tensors, at most {CORE_MAX_TENSOR_ARGS} per kernel task",
                 tensors.len()
             )));
         }
         if scalars.len() > CORE_MAX_SCALAR_ARGS {
             return i64::from(self.invalid(format!(
-                "task {task_index}: {} scalars, at most {CORE_MAX_SCALAR_ARGS} per kernel task",
+                "task#{task_index}: {} scalars, at most {CORE_MAX_SCALAR_ARGS} per kernel task",
                 scalars.len()
             )));
         }
         if tensors.len() + scalars.len() > LOCAL_CONTEXT_SLOT {
             return i64::from(self.invalid(format!(
-                "task {task_index}: {} arguments do not fit the {LOCAL_CONTEXT_SLOT} argument slots",
+                "task#{task_index}: {} arguments do not fit the {LOCAL_CONTEXT_SLOT} argument slots",
                 tensors.len() + scalars.len()
             )));
         }
@@ -266,13 +266,13 @@ impl<'e> GraphBuilder<'e> {
             let raw = tags.get(i).copied().unwrap_or(0);
             let Some(tag) = TensorArgType::from_i32(raw) else {
                 return i64::from(
-                    self.invalid(format!("task {task_index}, tensor {i}: unknown tag {raw}")),
+                    self.invalid(format!("task#{task_index}, tensor {i}: unknown tag {raw}")),
                 );
             };
             parsed_tags[i] = tag;
             if let Err(m) = self.check_tensor(t, tag) {
                 return i64::from(
-                    self.invalid(format!("task {task_index}, tensor {i} ({tag}): {m}")),
+                    self.invalid(format!("task#{task_index}, tensor {i} ({tag}): {m}")),
                 );
             }
         }
@@ -672,7 +672,7 @@ unsafe extern "C-unwind" fn op_submit(rt: *mut c_void, desc: *const SubmitDesc) 
         || d.num_scalars as usize > CORE_MAX_SCALAR_ARGS
     {
         return i64::from(b.invalid(format!(
-            "task {}: {} tensors and {} scalars exceed the per-task caps of {CORE_MAX_TENSOR_ARGS} and {CORE_MAX_SCALAR_ARGS}",
+            "task#{}: {} tensors and {} scalars exceed the per-task caps of {CORE_MAX_TENSOR_ARGS} and {CORE_MAX_SCALAR_ARGS}",
             b.task_total, d.num_tensors, d.num_scalars
         )));
     }

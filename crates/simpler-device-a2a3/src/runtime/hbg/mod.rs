@@ -54,6 +54,8 @@ impl HostBuildGraph {
 #[derive(Debug)]
 pub(crate) struct HbgRun {
     graph: BuiltGraph,
+    /// Kernel names by func id, for `deps.dot` and the swimlane trace (filled only for them).
+    kernel_names: diag::dot::KernelNames,
     diag: DiagPlan,
     block_dim: u32,
     threads: u32,
@@ -182,8 +184,16 @@ impl ChipRuntime for HostBuildGraph {
             run_id: Some(run_id),
             message: "the graph is too large for a runtime image".into(),
         })?;
+        // `deps.dot` and the swimlane trace label tasks by kernel name; only named kernels are
+        // listed.
+        let kernel_names = if diag.dep_gen || diag.swimlane > 0 {
+            diag::dot::kernel_names(inp.callable.children())
+        } else {
+            diag::dot::KernelNames::new()
+        };
         Ok(Box::new(HbgRun {
             graph,
+            kernel_names,
             diag,
             block_dim: inp.block_dim,
             threads: inp.threads,
@@ -240,7 +250,9 @@ impl BoundRun for HbgRun {
             let records = diag::swimlane::records_json(&capture).to_string();
             out.write("l2_swimlane_records.json", records.as_bytes());
             let origin = out.origin();
-            let perfetto = diag::swimlane::perfetto_json(&capture, &edges, origin).to_string();
+            let perfetto =
+                diag::swimlane::perfetto_json(&capture, &edges, &self.kernel_names, origin)
+                    .to_string();
             out.write("swimlane.perfetto.json", perfetto.as_bytes());
         }
         // The graph exists on the host whatever happened on the device, so `deps.json` is
@@ -248,7 +260,10 @@ impl BoundRun for HbgRun {
         if self.diag.dep_gen {
             let deps = diag::deps::deps_json(g, outcome == Outcome::Success, out.origin());
             out.write("deps.json", deps.to_string().as_bytes());
-            out.write("deps.dot", diag::dot::deps_dot(g, out.origin()).as_bytes());
+            out.write(
+                "deps.dot",
+                diag::dot::deps_dot(g, &self.kernel_names, out.origin()).as_bytes(),
+            );
         }
         if self.diag.scope_stats && outcome != Outcome::FailedBeforeLaunch {
             out.write(
