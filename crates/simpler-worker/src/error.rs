@@ -294,6 +294,11 @@ pub enum WorkerError {
         /// What happened.
         message: String,
     },
+    /// A task for a remote child names a tensor whose bytes cannot travel with it (refused at
+    /// submit).
+    #[cfg(feature = "mpi")]
+    #[error(transparent)]
+    RemoteTensor(crate::remote::TensorRefusal),
 }
 
 impl From<MemError> for WorkerError {

@@ -221,6 +221,21 @@ impl<'a> GraphBuilder<'a> {
         Ok(())
     }
 
+    /// L4+: refuses tensors of a task for a remote child that cannot cross hosts (anything but
+    /// a [`HostBuffer`](crate::HostBuffer) tensor) and keeps the buffers alive until the run is
+    /// published, so its endpoint finds them when it ships the task.
+    #[cfg(feature = "mpi")]
+    fn check_remote_tensors(
+        &mut self,
+        args: &TaskArgs,
+        target: WorkerId,
+    ) -> Result<(), WorkerError> {
+        let Some(&rank) = self.inner.remote_children.get(&target) else { return Ok(()) };
+        let bufs = crate::remote::refuse_unshippable(args, target, rank)?;
+        self.keep_buffers(bufs);
+        Ok(())
+    }
+
     /// Keeps `bufs` alive until the run is published, each buffer once per run.
     fn keep_buffers(&mut self, bufs: Vec<crate::HostBuffer>) {
         for b in bufs {
@@ -242,6 +257,8 @@ impl<'a> GraphBuilder<'a> {
         self.check_limits(handle, config, target)?;
         self.check_owner(&args, target)?;
         self.keep_host_buffers(&args, target)?;
+        #[cfg(feature = "mpi")]
+        self.check_remote_tensors(&args, target)?;
         let id = handle.id;
         self.rb()?.submit_next_level(&id, args, config, target, None).map_err(engine_err)
     }
@@ -261,6 +278,8 @@ impl<'a> GraphBuilder<'a> {
         for (a, t) in args.iter().zip(targets) {
             self.check_owner(a, *t)?;
             self.keep_host_buffers(a, *t)?;
+            #[cfg(feature = "mpi")]
+            self.check_remote_tensors(a, *t)?;
         }
         let id = handle.id;
         self.rb()?.submit_next_level_group(&id, args, config, targets, None).map_err(engine_err)

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
-use simpler_types::{CallableId, CallableKind, FailureSource, TaskArgs, WorkerId, WorkerType};
+use simpler_types::{CallableId, CallableKind, FailureSource, WorkerId, WorkerType};
 
 use super::error::RemoteError;
 use super::frames::{ManifestEntry, Outcome, Packet};
@@ -209,6 +209,11 @@ impl Adoption {
         }
     }
 
+    /// The started children and their ranks.
+    pub(crate) fn ranks(&self) -> HashMap<WorkerId, i32> {
+        self.started.iter().map(|(id, s)| (*id, s.rank)).collect()
+    }
+
     /// The NEXT_LEVEL endpoints of the started sessions.
     pub(crate) fn into_endpoints(self, residue: &Arc<Mutex<Vec<Residue>>>) -> Vec<RemoteEndpoint> {
         let ids = self.ids;
@@ -335,22 +340,16 @@ impl Session {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        let tensors = task.args.tensors.len();
-        if tensors > 0 {
-            return Err(RemoteError::TensorArgs {
-                rank: self.rank,
-                task: task.task,
-                count: tensors,
-            });
-        }
-        let args = TaskArgs::from_view(task.args)
-            .map_err(|e| RemoteError::Protocol { rank: self.rank, what: format!("args: {e}") })?
-            .encode();
+        let (args, back) = super::tensors::pack(self.rank, task.task, task.args)?;
         let seq = self.transport.next_seq();
         let packet = Packet::Task { seq, graph, config: task.config.clone(), args };
         self.transport.send(self.rank, &packet)?;
         let wanted = |p: &Packet| matches!(p, Packet::Completion { seq: s, .. } if *s == seq);
         match self.wait(None, Some(task), wanted) {
+            Ok(Packet::Completion { outcome: Outcome::Ok { written }, .. }) => {
+                back.write_back(self.rank, &written)?;
+                Ok(Outcome::Ok { written: Vec::new() })
+            }
             Ok(Packet::Completion { outcome, .. }) => Ok(outcome),
             Ok(_) => unreachable!("wait returns only frames its filter accepts"),
             Err(Waited::Failed(e)) => {
@@ -418,7 +417,7 @@ impl RemoteEndpoint {
 
 fn failure_of(e: RemoteError) -> EndpointFailure {
     let f = match &e {
-        RemoteError::TensorArgs { .. } => EndpointFailure::task_failed(e.to_string()),
+        RemoteError::Unshippable { .. } => EndpointFailure::task_failed(e.to_string()),
         _ => EndpointFailure::endpoint_failed(e.to_string()),
     };
     f.with_source(FailureSource::new(e))
@@ -443,7 +442,7 @@ impl Endpoint for RemoteEndpoint {
             }));
         };
         match self.session.call(*graph, &task).map_err(failure_of)? {
-            Outcome::Ok => Ok(()),
+            Outcome::Ok { .. } => Ok(()),
             Outcome::TaskFailed { failure } => {
                 let e = RemoteError::TaskFailed {
                     rank,

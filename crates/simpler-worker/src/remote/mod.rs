@@ -13,12 +13,14 @@
 //! | `frames` | the wire format of every message |
 //! | `endpoint` | [`RemoteL3`], the start handshake on rank 0 and the NEXT_LEVEL endpoint |
 //! | `serve` | [`serve_l3`] and [`ServedGraphs`] on ranks `1..N` |
+//! | `tensors` | host tensors of remote tasks: the submit check, packing, written bytes back |
 //! | `error` | [`RemoteError`], [`ServeError`] |
 
 mod endpoint;
 mod error;
 mod frames;
 mod serve;
+mod tensors;
 mod transport;
 
 use std::sync::Arc;
@@ -26,9 +28,10 @@ use std::time::Duration;
 
 pub(crate) use endpoint::Adoption;
 pub use endpoint::{DEFAULT_LIVENESS, RemoteL3};
-pub use error::{RemoteError, ServeError};
+pub use error::{RemoteError, ServeError, TensorProblem, TensorRefusal};
 pub use frames::DecodeError;
 pub use serve::{ServedGraphs, serve_l3};
+pub(crate) use tensors::refuse_unshippable;
 
 pub(crate) use frames::ManifestEntry;
 use simpler_types::CallableKind;
