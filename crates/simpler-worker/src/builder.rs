@@ -881,7 +881,7 @@ impl CompositeWorkerBuilder {
             })
             .collect();
         #[cfg(feature = "mpi")]
-        let remote_children = remote.ranks();
+        let remote_children = remote.children();
         #[cfg(feature = "mpi")]
         {
             for ep in remote.into_endpoints(&residue) {

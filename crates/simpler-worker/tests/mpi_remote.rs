@@ -390,6 +390,30 @@ fn host_buffers_across_hosts(job: &MpiJob) -> Res {
             r.as_ref().err().map(|e| e.to_string()).unwrap_or_default()
         );
     }
+
+    // A graph registered after start is refused at submit for a remote child (its rank serves
+    // only the graphs compared at start), and the child keeps serving.
+    let late = w.register_graph("late", |_, _, _| Ok(()))?;
+    let refused = Arc::new(Mutex::new(None));
+    let out = Arc::clone(&refused);
+    w.run(Orchestration::graph(move |g, _, _| {
+        let r = g.submit_next_level(late, TaskArgs::new(), &CallConfig::default(), WorkerId(0));
+        *out.lock().map_err(|_| "poisoned")? = Some(r.map(|_| ()));
+        Ok(())
+    }))?;
+    let refused = refused.lock().map_err(|_| "poisoned")?.take();
+    check(
+        matches!(
+            &refused,
+            Some(Err(WorkerError::NotServedRemotely { child: WorkerId(0), rank: 1, .. }))
+        ),
+        || format!("a late graph for a remote child gave {refused:?}"),
+    )?;
+    println!(
+        "rank 0: refused at submit: {}",
+        refused.and_then(Result::err).map(|e| e.to_string()).unwrap_or_default()
+    );
+    w.run(on_both(h[0]))?;
     w.close()?;
     Ok(())
 }

@@ -209,9 +209,12 @@ impl Adoption {
         }
     }
 
-    /// The started children and their ranks.
-    pub(crate) fn ranks(&self) -> HashMap<WorkerId, i32> {
-        self.started.iter().map(|(id, s)| (*id, s.rank)).collect()
+    /// What submits to the started children are checked against.
+    pub(crate) fn children(&self) -> RemoteChildren {
+        RemoteChildren {
+            ranks: self.started.iter().map(|(id, s)| (*id, s.rank)).collect(),
+            graphs: self.ids.keys().copied().collect(),
+        }
     }
 
     /// The NEXT_LEVEL endpoints of the started sessions.
@@ -226,6 +229,38 @@ impl Adoption {
                 residue: Arc::clone(residue),
             })
             .collect()
+    }
+}
+
+/// The remote children of a started L4 worker, for the submit-time checks of their tasks.
+#[derive(Default)]
+pub(crate) struct RemoteChildren {
+    /// Child id → rank.
+    ranks: HashMap<WorkerId, i32>,
+    /// The graphs every remote child serves: those of the manifest compared at start.
+    graphs: std::collections::HashSet<CallableId>,
+}
+
+impl RemoteChildren {
+    /// Refuses a task for remote child `target` that its rank cannot run: a graph registered
+    /// after start (not in the manifest), or tensors that cannot cross hosts. Returns the host
+    /// buffers the run keeps alive for the endpoint; nothing for a local child.
+    pub(crate) fn check_task(
+        &self,
+        graph: &CallableId,
+        name: impl FnOnce() -> String,
+        args: &simpler_types::TaskArgs,
+        target: WorkerId,
+    ) -> Result<Vec<crate::HostBuffer>, crate::WorkerError> {
+        let Some(&rank) = self.ranks.get(&target) else { return Ok(Vec::new()) };
+        if !self.graphs.contains(graph) {
+            return Err(crate::WorkerError::NotServedRemotely {
+                graph: name(),
+                child: target,
+                rank,
+            });
+        }
+        super::tensors::refuse_unshippable(args, target, rank)
     }
 }
 
@@ -417,7 +452,9 @@ impl RemoteEndpoint {
 
 fn failure_of(e: RemoteError) -> EndpointFailure {
     let f = match &e {
-        RemoteError::Unshippable { .. } => EndpointFailure::task_failed(e.to_string()),
+        RemoteError::Unshippable { .. } | RemoteError::UnknownGraph { .. } => {
+            EndpointFailure::task_failed(e.to_string())
+        }
         _ => EndpointFailure::endpoint_failed(e.to_string()),
     };
     f.with_source(FailureSource::new(e))

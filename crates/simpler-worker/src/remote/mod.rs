@@ -26,12 +26,11 @@ mod transport;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use endpoint::Adoption;
+pub(crate) use endpoint::{Adoption, RemoteChildren};
 pub use endpoint::{DEFAULT_LIVENESS, RemoteL3};
 pub use error::{RemoteError, ServeError, TensorProblem, TensorRefusal};
 pub use frames::DecodeError;
 pub use serve::{ServedGraphs, serve_l3};
-pub(crate) use tensors::refuse_unshippable;
 
 pub(crate) use frames::ManifestEntry;
 use simpler_types::CallableKind;
