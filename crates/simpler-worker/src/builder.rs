@@ -899,6 +899,8 @@ impl CompositeWorkerBuilder {
             })
             .collect();
         #[cfg(feature = "mpi")]
+        let remote_children = remote.children();
+        #[cfg(feature = "mpi")]
         {
             for ep in remote.into_endpoints(&residue) {
                 let at = next_level.partition_point(|e| e.caps().id < ep.id());
@@ -926,6 +928,10 @@ impl CompositeWorkerBuilder {
         inner.registry = registry;
         inner.lineage = lineage;
         inner.subtree_lineages = subtree_lineages;
+        #[cfg(feature = "mpi")]
+        {
+            inner.remote_children = remote_children;
+        }
         Ok(Worker { inner: Arc::new(inner) })
     }
 }

@@ -295,6 +295,27 @@ pub enum WorkerError {
         /// What happened.
         message: String,
     },
+    /// A task for a remote child names a tensor whose bytes cannot travel with it (refused at
+    /// submit).
+    #[cfg(feature = "mpi")]
+    #[error(transparent)]
+    RemoteTensor(crate::remote::TensorRefusal),
+    /// A graph registered after start went to a remote child, whose rank serves only the
+    /// graphs compared at start (refused at submit).
+    #[cfg(feature = "mpi")]
+    #[error(
+        "graph '{graph}' was registered after start, and child {child} (an L3 worker on MPI rank \
+         {rank}) serves only the graphs registered before start; register it on the composite \
+         builder and in the ServedGraphs of rank {rank}, under the same name and in the same order"
+    )]
+    NotServedRemotely {
+        /// The graph's name.
+        graph: String,
+        /// The remote child.
+        child: WorkerId,
+        /// Its rank.
+        rank: i32,
+    },
 }
 
 impl From<MemError> for WorkerError {

@@ -225,6 +225,22 @@ impl<'a> GraphBuilder<'a> {
         Ok(())
     }
 
+    /// L4+: refuses a task for a remote child that its rank cannot run (a graph registered
+    /// after start; a tensor other than a [`HostBuffer`](crate::HostBuffer) tensor) and keeps
+    /// the buffers alive until the run is published, so its endpoint finds them.
+    #[cfg(feature = "mpi")]
+    fn check_remote_task(
+        &mut self,
+        handle: CallableHandle,
+        args: &TaskArgs,
+        target: WorkerId,
+    ) -> Result<(), WorkerError> {
+        let name = || self.inner.name_of(&handle.id).unwrap_or_else(|| handle.to_string());
+        let bufs = self.inner.remote_children.check_task(&handle.id, name, args, target)?;
+        self.keep_buffers(bufs);
+        Ok(())
+    }
+
     /// Keeps `bufs` alive until the run is published, each buffer once per run.
     fn keep_buffers(&mut self, bufs: Vec<crate::HostBuffer>) {
         for b in bufs {
@@ -269,6 +285,8 @@ impl<'a> GraphBuilder<'a> {
         self.check_limits(handle, config, target)?;
         self.check_owner(&args, target)?;
         self.keep_host_buffers(&args, target)?;
+        #[cfg(feature = "mpi")]
+        self.check_remote_task(handle, &args, target)?;
         let id = handle.id;
         self.rb()?.submit_next_level(&id, args, config, target, None).map_err(engine_err)
     }
@@ -318,6 +336,8 @@ impl<'a> GraphBuilder<'a> {
         for (a, t) in args.iter().zip(targets) {
             self.check_owner(a, *t)?;
             self.keep_host_buffers(a, *t)?;
+            #[cfg(feature = "mpi")]
+            self.check_remote_task(handle, a, *t)?;
         }
         let id = handle.id;
         self.rb()?.submit_next_level_group(&id, args, config, targets, None).map_err(engine_err)

@@ -183,18 +183,20 @@ fn stage_in(
 /// The offsets `[lo, hi)` into `host` of the bytes tensor `t` can touch (its bounding span,
 /// the one the engine orders by).
 fn written_span(t: &Tensor, host: &HostBuffer) -> Result<(usize, usize), DeviceError> {
-    let bad = || DeviceError::InvalidArgs {
+    span_in(t, host.addr(), host.len()).ok_or_else(|| DeviceError::InvalidArgs {
         run_id: None,
         message: format!("host tensor at {:#x} has no byte span inside its HostBuffer", t.addr),
-    };
-    let (start, end) = t.byte_span().ok_or_else(bad)?;
-    let base = host.addr();
-    if start < base || end > base + host.len() {
-        return Err(bad());
+    })
+}
+
+/// The offsets `[lo, hi)` into the buffer of `len` bytes at `base` of the bytes tensor `t` can
+/// touch (its bounding span), if they lie inside it.
+pub(crate) fn span_in(t: &Tensor, base: u64, len: u64) -> Option<(usize, usize)> {
+    let (start, end) = t.byte_span()?;
+    if start < base || end > base.checked_add(len)? {
+        return None;
     }
-    let lo = usize::try_from(start - base).map_err(|_| bad())?;
-    let hi = usize::try_from(end - base).map_err(|_| bad())?;
-    Ok((lo, hi))
+    Some((usize::try_from(start - base).ok()?, usize::try_from(end - base).ok()?))
 }
 
 /// Copies the written spans of the device copies back into their host buffers.
@@ -211,7 +213,7 @@ fn stage_out(state: &mut ChipState, staged: &[Staged]) -> Result<(), DeviceError
 }
 
 /// `spans` sorted, with overlapping or touching ones joined.
-fn merged(spans: &[(usize, usize)]) -> Vec<(usize, usize)> {
+pub(crate) fn merged(spans: &[(usize, usize)]) -> Vec<(usize, usize)> {
     let mut sorted = spans.to_vec();
     sorted.sort_unstable();
     let mut out: Vec<(usize, usize)> = Vec::with_capacity(sorted.len());

@@ -70,6 +70,10 @@ pub(crate) struct Inner {
     /// Whether the chips run in child processes (L3, PROCESS mode), whose lanes cannot reach
     /// this process's host buffers.
     pub(crate) chips_in_processes: bool,
+    /// The children that are L3 workers on other MPI ranks (L4+): their tasks are checked at
+    /// submit (graphs they serve, tensors that can cross hosts).
+    #[cfg(feature = "mpi")]
+    pub(crate) remote_children: crate::remote::RemoteChildren,
     pub(crate) subs: usize,
     /// Lifecycle, operation leases and the close attempt (`gate`).
     pub(crate) gate: CloseGate,
@@ -827,6 +831,8 @@ pub(crate) fn new_inner(
         body,
         chip_limits: None,
         chips_in_processes: false,
+        #[cfg(feature = "mpi")]
+        remote_children: crate::remote::RemoteChildren::default(),
         subs,
         gate: CloseGate::new(),
         accepted: Mutex::new(VecDeque::new()),

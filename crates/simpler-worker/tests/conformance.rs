@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{HANG, add_callable, host, register_hold};
 use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes};
-use simpler_device_a2a3::{Platform, RuntimeVariant};
+use simpler_device_a2a3::{DeviceError, Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
 use simpler_worker::{
     BuildFailure, Lifecycle, Orchestration, RunErrorKind, RunHandle, StartCause, Worker,
@@ -233,7 +233,14 @@ fn the_65th_distinct_chip_callable_is_a_capacity_error_and_uses_no_slot() {
     }
     let extra = add_callable(999);
     let e = w.register_chip(&extra).expect_err("65th");
-    assert!(matches!(e, WorkerError::Registration { chip: WorkerId(0), .. }), "{e}");
+    // The same typed error whether the chip lives in this process or in its own.
+    match &e {
+        WorkerError::Registration { chip: WorkerId(0), source, .. } => assert!(
+            matches!(**source, DeviceError::TooManyCallables { capacity: 64 }),
+            "{source:?}"
+        ),
+        other => panic!("{other}"),
+    }
     assert_eq!(w.chip_callable_refs(WorkerId(0), extra.id()).expect("refs"), 0);
     // The lowest freed slot is reused once the chip confirmed the removal.
     w.unregister(handles[3]).expect("free one");

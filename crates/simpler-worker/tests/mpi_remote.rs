@@ -15,11 +15,13 @@ use std::time::{Duration, Instant};
 
 use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
-use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
-use simpler_worker::remote::{MpiJob, RemoteError, RemoteL3, ServeError, ServedGraphs, serve_l3};
+use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
+use simpler_worker::remote::{
+    MpiJob, RemoteError, RemoteL3, ServeError, ServedGraphs, TensorProblem, TensorRefusal, serve_l3,
+};
 use simpler_worker::{
-    CallableHandle, CompositeWorkerBuilder, DeviceBuffer, Orchestration, StartCause, Worker,
-    WorkerError,
+    CallableHandle, CompositeWorkerBuilder, DeviceBuffer, HostBuffer, Orchestration, StartCause,
+    Worker, WorkerError,
 };
 
 const RANKS: &str = "3";
@@ -32,7 +34,7 @@ const STALL: Duration = Duration::from_secs(5);
 const N: usize = 1024;
 
 /// The graphs every rank registers, in this order (rank 2 renames one in the mismatch case).
-const GRAPHS: [&str; 6] = ["setup", "compute", "verify", "fail", "stall", "die"];
+const GRAPHS: [&str; 7] = ["setup", "compute", "verify", "fail", "stall", "die", "host_add"];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -249,6 +251,8 @@ fn conformance_rank0(job: &MpiJob) -> Res {
     w.close()?;
     println!("rank 0: clean shutdown of both remote L3 workers");
 
+    host_buffers_across_hosts(job)?;
+
     // A hung rank: rank 2's MPI thread stops answering; its run fails within the budget
     // while rank 1 keeps working.
     let (b, h) = l4(job, SHORT_LIVENESS);
@@ -298,6 +302,134 @@ fn conformance_rank0(job: &MpiJob) -> Res {
     Ok(())
 }
 
+/// Host buffers of rank 0 cross hosts: on each remote L3 a task reads two of them and writes
+/// the first half of a third (InOut), whose chip lane stages them there; a sub task of rank 0
+/// ordered after it by that buffer checks the sum and that the other half kept its bytes.
+/// Chip memory of rank 0 and host memory outside a HostBuffer are refused at submit.
+fn host_buffers_across_hosts(job: &MpiJob) -> Res {
+    let (b, h) = l4(job, Duration::from_secs(10));
+    let mut b = b.sub_workers(1);
+    let checked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = Arc::clone(&checked);
+    let verify_sum = b.register_host("verify_sum", move |args| {
+        let (x, y, c) = (host_f32(&args, 0)?, host_f32(&args, 1)?, host_f32(&args, 2)?);
+        let expected: Vec<f32> =
+            add::reference(&x, &y).into_iter().chain(std::iter::repeat_n(-1.0, N)).collect();
+        let verdict = if c == expected { "ok".to_owned() } else { "wrong bytes".to_owned() };
+        seen.lock().map_err(|_| "poisoned")?.push(verdict);
+        Ok(())
+    });
+    let w = b.start()?;
+    for child in 0..2u32 {
+        let x = HostBuffer::from_bytes(&f32_to_le_bytes(&ramp(child, 0)))?;
+        let y = HostBuffer::from_bytes(&f32_to_le_bytes(&ramp(child, 1)))?;
+        let c = HostBuffer::from_bytes(&f32_to_le_bytes(&vec![-1.0; 2 * N]))?;
+        let (tx, ty) =
+            (x.tensor(&[N as u32], DataType::Float32)?, y.tensor(&[N as u32], DataType::Float32)?);
+        let tc = c.tensor(&[2 * N as u32], DataType::Float32)?;
+        let first_half = tc.view(&[N as u32], &[0])?;
+        let host_add = h[6];
+        w.run(Orchestration::graph(move |g, _, _| {
+            let mut a = TaskArgs::new();
+            a.add_input(tx)?.add_input(ty)?.add_inout(first_half)?;
+            g.submit_next_level(host_add, a, &CallConfig::default(), WorkerId(child))?;
+            let mut a = TaskArgs::new();
+            a.add_input(tx)?.add_input(ty)?.add_input(tc)?;
+            g.submit_sub(verify_sum, a)?;
+            Ok(())
+        }))?;
+    }
+    let verdicts = checked.lock().map_err(|_| "poisoned")?.clone();
+    check(verdicts == ["ok", "ok"], || {
+        format!("the sub tasks after the remote tasks saw {verdicts:?}")
+    })?;
+    println!(
+        "rank 0: host buffers went to both remote L3 workers and their written halves came back"
+    );
+
+    // Refused at submit, with the typed error: chip memory of this host, plain host memory.
+    let chip_memory =
+        Tensor::with_buffer(0x10_0000, 4096, &[N as u32], DataType::Float32)?.child_memory(true);
+    let plain = vec![0u8; 4096];
+    let plain = Tensor::with_buffer(plain.as_ptr() as u64, 4096, &[N as u32], DataType::Float32)?;
+    let host_add = h[6];
+    let refusals = Arc::new(Mutex::new(Vec::new()));
+    let out = Arc::clone(&refusals);
+    w.run(Orchestration::graph(move |g, _, _| {
+        for t in [chip_memory, plain] {
+            let mut a = TaskArgs::new();
+            a.add_input(t)?;
+            let r = g.submit_next_level(host_add, a, &CallConfig::default(), WorkerId(1));
+            out.lock().map_err(|_| "poisoned")?.push(r.map(|_| ()));
+        }
+        Ok(())
+    }))?;
+    let refusals = std::mem::take(&mut *refusals.lock().map_err(|_| "poisoned")?);
+    let problems: Vec<Option<TensorProblem>> = refusals
+        .iter()
+        .map(|r| match r {
+            Err(WorkerError::RemoteTensor(TensorRefusal {
+                arg: 0,
+                child: WorkerId(1),
+                rank: 2,
+                problem,
+            })) => Some(problem.clone()),
+            _ => None,
+        })
+        .collect();
+    check(
+        matches!(
+            problems.as_slice(),
+            [Some(TensorProblem::ChipMemory { .. }), Some(TensorProblem::NotHostBuffer { .. })]
+        ),
+        || format!("the unshippable tensors were not refused at submit: {refusals:?}"),
+    )?;
+    for r in &refusals {
+        println!(
+            "rank 0: refused at submit: {}",
+            r.as_ref().err().map(|e| e.to_string()).unwrap_or_default()
+        );
+    }
+
+    // A graph registered after start is refused at submit for a remote child (its rank serves
+    // only the graphs compared at start), and the child keeps serving.
+    let late = w.register_graph("late", |_, _, _| Ok(()))?;
+    let refused = Arc::new(Mutex::new(None));
+    let out = Arc::clone(&refused);
+    w.run(Orchestration::graph(move |g, _, _| {
+        let r = g.submit_next_level(late, TaskArgs::new(), &CallConfig::default(), WorkerId(0));
+        *out.lock().map_err(|_| "poisoned")? = Some(r.map(|_| ()));
+        Ok(())
+    }))?;
+    let refused = refused.lock().map_err(|_| "poisoned")?.take();
+    check(
+        matches!(
+            &refused,
+            Some(Err(WorkerError::NotServedRemotely { child: WorkerId(0), rank: 1, .. }))
+        ),
+        || format!("a late graph for a remote child gave {refused:?}"),
+    )?;
+    println!(
+        "rank 0: refused at submit: {}",
+        refused.and_then(Result::err).map(|e| e.to_string()).unwrap_or_default()
+    );
+    w.run(on_both(h[0]))?;
+    w.close()?;
+    Ok(())
+}
+
+/// The input `which` of remote child `child`'s host-buffer task.
+fn ramp(child: u32, which: u32) -> Vec<f32> {
+    (0..N).map(|i| i as f32 * 0.5 + (child * 100 + which * 10) as f32).collect()
+}
+
+/// Host tensor `i` of a sub task, read from its HostBuffer.
+fn host_f32(args: &simpler_types::TaskArgsView<'_>, i: usize) -> Result<Vec<f32>, String> {
+    let t = args.tensor(i).ok_or(format!("no tensor {i}"))?;
+    let buf = HostBuffer::of_tensor(t).ok_or(format!("tensor {i} is not a HostBuffer"))?;
+    Ok(f32_from_le_bytes(&buf.to_vec()))
+}
+
 fn killed_rank0(job: &MpiJob) -> Res {
     let (b, h) = l4(job, Duration::from_secs(3));
     let w = b.start()?;
@@ -313,6 +445,8 @@ fn killed_rank0(job: &MpiJob) -> Res {
 // Serving ranks
 
 fn conformance_serving(job: &Arc<MpiJob>) -> Res {
+    // Remote tasks and errors; host buffers across hosts; the hung rank.
+    serve(job, &GRAPHS)?;
     serve(job, &GRAPHS)?;
     serve(job, &GRAPHS)?;
     let mut renamed = GRAPHS;
@@ -330,7 +464,7 @@ fn conformance_serving(job: &Arc<MpiJob>) -> Res {
 }
 
 /// One session: an L3 worker with one simulated chip and one sub worker, serving `names`.
-fn serve(job: &Arc<MpiJob>, names: &[&str; 6]) -> Result<(), ServeError> {
+fn serve(job: &Arc<MpiJob>, names: &[&str; 7]) -> Result<(), ServeError> {
     let rank = job.rank();
     let mut b =
         Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).chips(&[0]).sub_workers(1);
@@ -381,5 +515,10 @@ fn serve(job: &Arc<MpiJob>, names: &[&str; 6]) -> Result<(), ServeError> {
             Ok(())
         });
     }
+    // Rank 0's host buffers, staged onto this rank's chip by its lane.
+    graphs.register(names[6], move |g, view, _| {
+        g.submit_next_level(add, TaskArgs::from_view(view)?, &CallConfig::default(), WorkerId(0))?;
+        Ok(())
+    });
     serve_l3(job, b, graphs)
 }

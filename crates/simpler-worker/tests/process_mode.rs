@@ -1,7 +1,7 @@
 //! PROCESS mode: chips in child processes. Start, runs and memory through the mailbox, crash
 //! isolation (a segfault or abort kills only its child), a hung child killed after its budget,
-//! start failures, refused content; each test counts what could leak (zombies, descriptors,
-//! threads).
+//! start failures, refused content, chip processes of a killed worker exiting on their own;
+//! each test counts what could leak (zombies, descriptors, threads).
 
 mod common;
 
@@ -324,4 +324,79 @@ fn submit_refuses_a_host_buffer_on_a_chip_task_in_process_mode() {
     );
     assert!(err.to_string().contains("ChildMode::Thread"), "{err}");
     w.close().expect("close");
+}
+
+/// Set in the environment of the helper process of the orphan test.
+const ORPHAN_HELPER: &str = "SIMPLER_TEST_ORPHAN_HELPER";
+
+/// Whether `pid` has ended: gone, or a zombie waiting for a reaper that is not this process.
+fn ended(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, t)| t.trim_start().starts_with('Z')),
+    }
+}
+
+/// The helper of the orphan test (does nothing unless started by it): an L3 worker with two
+/// chip processes, chip 1 hung inside a task; it prints both pids and waits to be killed.
+#[test]
+fn orphan_helper() {
+    if std::env::var_os(ORPHAN_HELPER).is_none() {
+        return;
+    }
+    let mut b = process_host(&[0, 1], options());
+    let h = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let (args, _) = inputs(&w, WorkerId(1));
+    // Asked before chip 1's lane is stuck in the task.
+    let pid = |c| w.chip_process_id(WorkerId(c)).unwrap().expect("pid");
+    let pids = (pid(0), pid(1));
+    assert!(w.arm_chip_process_fault(WorkerId(1), ChildFault::Hang).unwrap());
+    let _stuck = w.submit(on_chip(h, args, WorkerId(1))).expect("submit");
+    // Give chip 1's process time to take the task before the test kills this process.
+    std::thread::sleep(Duration::from_millis(200));
+    println!("chip-pids {} {}", pids.0, pids.1);
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// A worker process killed outright (no close, no drop) leaves no chip process behind: the
+/// idle one and the one stuck in a task both exit on their own.
+#[test]
+fn chip_processes_of_a_killed_worker_exit_on_their_own() {
+    use std::io::BufRead;
+    let _serial = serial();
+    let mut helper = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .args(["--exact", "orphan_helper", "--nocapture", "--test-threads=1"])
+        .env(ORPHAN_HELPER, "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("helper");
+    let stdout = helper.stdout.take().expect("stdout");
+    let pids: Vec<u32> = std::io::BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            // The harness may have put "test orphan_helper ... " in front on the same line.
+            let (_, p) = l.split_once("chip-pids ")?;
+            Some(p.split(' ').map(|n| n.parse().unwrap()).collect())
+        })
+        .expect("the helper printed its chip pids");
+    assert!(pids.iter().all(|&p| !ended(p)), "both chip processes run");
+    helper.kill().expect("kill the helper");
+    helper.wait().expect("reap the helper");
+    // Only catches a chip process that never exits; they normally go within milliseconds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !pids.iter().all(|&p| ended(p)) {
+        if std::time::Instant::now() > deadline {
+            // Leave nothing behind even when failing.
+            for &p in &pids {
+                let _ = std::process::Command::new("kill").args(["-9", &p.to_string()]).status();
+            }
+            panic!("a chip process outlived its worker: {pids:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

@@ -16,7 +16,7 @@ use simpler_types::{
 use super::catalog;
 use super::mailbox::{Mailbox, state};
 use super::spawn::MAILBOX_FD;
-use super::wire::{FailureFrame, Malformed, Reader, Writer, decode_config, op, status};
+use super::wire::{FailureFrame, Malformed, Reader, Refusal, Writer, decode_config, op, status};
 use crate::chip::{ChipState, Residue};
 use crate::error::MemError;
 use crate::faults::Faults;
@@ -88,7 +88,23 @@ struct Child {
 }
 
 fn frame(outcome: EndpointOutcome, message: String) -> FailureFrame {
-    FailureFrame { outcome, mechanism: FailureMechanism::EndpointFailed, code: None, message }
+    FailureFrame {
+        outcome,
+        mechanism: FailureMechanism::EndpointFailed,
+        code: None,
+        message,
+        refusal: None,
+    }
+}
+
+/// A refused registration: typed when the parent can rebuild the error (see [`Refusal`]).
+fn refusal_frame(e: &DeviceError) -> FailureFrame {
+    match Refusal::of(e) {
+        Some((refusal, message)) => {
+            FailureFrame { message, refusal: Some(refusal), ..device_frame(e) }
+        }
+        None => device_frame(e),
+    }
 }
 
 fn device_frame(e: &DeviceError) -> FailureFrame {
@@ -102,6 +118,7 @@ fn device_frame(e: &DeviceError) -> FailureFrame {
         mechanism: e.mechanism(),
         code: e.device_code(),
         message: e.to_string(),
+        refusal: None,
     }
 }
 
@@ -112,12 +129,14 @@ fn mem_frame(e: &MemError) -> FailureFrame {
             mechanism: FailureMechanism::EndpointFailed,
             code: *code,
             message: message.clone(),
+            refusal: None,
         },
         MemError::Device { message, code, .. } => FailureFrame {
             outcome: EndpointOutcome::TaskFailure,
             mechanism: FailureMechanism::TaskFailed,
             code: *code,
             message: message.clone(),
+            refusal: None,
         },
         other => frame(EndpointOutcome::TaskFailure, other.to_string()),
     }
@@ -258,15 +277,19 @@ impl Child {
             op::REGISTER => {
                 let digest = r.digest().map_err(malformed)?;
                 let bytes = r.bytes().map_err(malformed)?;
-                let c = catalog::resolve(bytes, &digest)
-                    .map_err(|e| frame(EndpointOutcome::TaskFailure, e.to_string()))?;
+                let c = catalog::resolve(bytes, &digest).map_err(|e| {
+                    refusal_frame(&DeviceError::InvalidCallable {
+                        run_id: None,
+                        reason: e.to_string(),
+                    })
+                })?;
                 if state.is_unusable(&c.id()) {
-                    return Err(frame(
-                        EndpointOutcome::TaskFailure,
-                        format!("unusable on chip {} after a failed removal", self.chip),
-                    ));
+                    return Err(refusal_frame(&DeviceError::Busy {
+                        call: "register_callable",
+                        state: format!("unusable on chip {} after a failed removal", self.chip),
+                    }));
                 }
-                state.register(&c).map_err(|e| device_frame(&e))?;
+                state.register(&c).map_err(|e| refusal_frame(&e))?;
                 self.contents.insert(digest, c.id());
             }
             op::RELEASE => {
@@ -304,6 +327,7 @@ impl Child {
                     mechanism: f.mechanism,
                     code: f.device_code,
                     message: f.message,
+                    refusal: None,
                 })?;
             }
             op::MALLOC => {

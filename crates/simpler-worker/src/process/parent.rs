@@ -396,10 +396,10 @@ impl ChipProcess {
                 self.held.entry(content.digest).or_insert((content, 0)).1 += 1;
                 Ok(())
             }
-            Ok(Some(f)) if f.message.starts_with("too many callables") => {
-                Err(DeviceError::TooManyCallables { capacity: 64 })
-            }
-            Ok(Some(f)) => Err(busy("register_callable", f.message)),
+            Ok(Some(f)) => Err(match f.refusal {
+                Some(refusal) => refusal.device_error(f.message),
+                None => busy("register_callable", f.message),
+            }),
             Err(e) => Err(busy("register_callable", e.to_string())),
         }
     }

@@ -9,6 +9,7 @@ use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use simpler_device_a2a3::DeviceError;
 use simpler_types::{
     CallConfig, DeviceCode, EndpointOutcome, FailureMechanism, RingOverride, RingSel, TimeoutBudget,
 };
@@ -119,6 +120,55 @@ pub(crate) struct FailureFrame {
     pub(crate) mechanism: FailureMechanism,
     pub(crate) code: Option<DeviceCode>,
     pub(crate) message: String,
+    /// Set by a refused registration: which device error it was, `message` holding its text
+    /// field, so the parent returns the error a chip lane in its own process would.
+    pub(crate) refusal: Option<Refusal>,
+}
+
+/// The device errors a registration in a chip process can end with, by kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// `DeviceError::TooManyCallables`.
+    TooManyCallables { capacity: u32 },
+    /// `DeviceError::InvalidCallable` (message: the reason).
+    InvalidCallable,
+    /// `DeviceError::Busy` of `register_callable` (message: the state).
+    Busy,
+    /// `DeviceError::Finalized` of `register_callable`.
+    Finalized,
+}
+
+impl Refusal {
+    /// The kind of `e` and its text field; `None` for errors a registration does not end
+    /// with (they cross as text, like any failure).
+    pub(crate) fn of(e: &DeviceError) -> Option<(Refusal, String)> {
+        Some(match e {
+            DeviceError::TooManyCallables { capacity } => {
+                (Refusal::TooManyCallables { capacity: *capacity as u32 }, String::new())
+            }
+            DeviceError::InvalidCallable { reason, .. } => {
+                (Refusal::InvalidCallable, reason.clone())
+            }
+            DeviceError::Busy { state, .. } => (Refusal::Busy, state.clone()),
+            DeviceError::Finalized { .. } => (Refusal::Finalized, String::new()),
+            _ => return None,
+        })
+    }
+
+    /// The device error of this kind with text `message`.
+    pub(crate) fn device_error(self, message: String) -> DeviceError {
+        const CALL: &str = "register_callable";
+        match self {
+            Refusal::TooManyCallables { capacity } => {
+                DeviceError::TooManyCallables { capacity: capacity as usize }
+            }
+            Refusal::InvalidCallable => {
+                DeviceError::InvalidCallable { run_id: None, reason: message }
+            }
+            Refusal::Busy => DeviceError::Busy { call: CALL, state: message },
+            Refusal::Finalized => DeviceError::Finalized { call: CALL },
+        }
+    }
 }
 
 impl FailureFrame {
@@ -142,6 +192,13 @@ impl FailureFrame {
             None => w.u8(0),
         };
         w.str(&self.message);
+        match self.refusal {
+            None => w.u8(0),
+            Some(Refusal::TooManyCallables { capacity }) => w.u8(1).u32(capacity),
+            Some(Refusal::InvalidCallable) => w.u8(2),
+            Some(Refusal::Busy) => w.u8(3),
+            Some(Refusal::Finalized) => w.u8(4),
+        };
     }
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<FailureFrame, Malformed> {
@@ -167,7 +224,16 @@ impl FailureFrame {
             }
             _ => None,
         };
-        Ok(FailureFrame { outcome, mechanism, code, message: r.str()?.to_owned() })
+        let message = r.str()?.to_owned();
+        let refusal = match r.u8()? {
+            0 => None,
+            1 => Some(Refusal::TooManyCallables { capacity: r.u32()? }),
+            2 => Some(Refusal::InvalidCallable),
+            3 => Some(Refusal::Busy),
+            4 => Some(Refusal::Finalized),
+            _ => return Err(Malformed("refusal kind")),
+        };
+        Ok(FailureFrame { outcome, mechanism, code, message, refusal })
     }
 }
 
@@ -264,11 +330,23 @@ mod tests {
             },
             code: Some(DeviceCode::new(507015, "ACL_ERROR_RT_AICORE_EXCEPTION")),
             message: "r1: boom".into(),
+            refusal: None,
         };
         let mut w = Writer::default();
         f.encode(&mut w);
         assert_eq!(FailureFrame::decode(&mut Reader(&w.0)).expect("decodes"), f);
         assert!(FailureFrame::decode(&mut Reader(&w.0[..3])).is_err());
+        for refusal in [
+            Refusal::TooManyCallables { capacity: 64 },
+            Refusal::InvalidCallable,
+            Refusal::Busy,
+            Refusal::Finalized,
+        ] {
+            let f = FailureFrame { refusal: Some(refusal), ..f.clone() };
+            let mut w = Writer::default();
+            f.encode(&mut w);
+            assert_eq!(FailureFrame::decode(&mut Reader(&w.0)).expect("decodes"), f);
+        }
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
-use simpler_types::{CallableId, CallableKind, FailureSource, TaskArgs, WorkerId, WorkerType};
+use simpler_types::{CallableId, CallableKind, FailureSource, WorkerId, WorkerType};
 
 use super::error::RemoteError;
 use super::frames::{ManifestEntry, Outcome, Packet};
@@ -209,6 +209,14 @@ impl Adoption {
         }
     }
 
+    /// What submits to the started children are checked against.
+    pub(crate) fn children(&self) -> RemoteChildren {
+        RemoteChildren {
+            ranks: self.started.iter().map(|(id, s)| (*id, s.rank)).collect(),
+            graphs: self.ids.keys().copied().collect(),
+        }
+    }
+
     /// The NEXT_LEVEL endpoints of the started sessions.
     pub(crate) fn into_endpoints(self, residue: &Arc<Mutex<Vec<Residue>>>) -> Vec<RemoteEndpoint> {
         let ids = self.ids;
@@ -221,6 +229,38 @@ impl Adoption {
                 residue: Arc::clone(residue),
             })
             .collect()
+    }
+}
+
+/// The remote children of a started L4 worker, for the submit-time checks of their tasks.
+#[derive(Default)]
+pub(crate) struct RemoteChildren {
+    /// Child id → rank.
+    ranks: HashMap<WorkerId, i32>,
+    /// The graphs every remote child serves: those of the manifest compared at start.
+    graphs: std::collections::HashSet<CallableId>,
+}
+
+impl RemoteChildren {
+    /// Refuses a task for remote child `target` that its rank cannot run: a graph registered
+    /// after start (not in the manifest), or tensors that cannot cross hosts. Returns the host
+    /// buffers the run keeps alive for the endpoint; nothing for a local child.
+    pub(crate) fn check_task(
+        &self,
+        graph: &CallableId,
+        name: impl FnOnce() -> String,
+        args: &simpler_types::TaskArgs,
+        target: WorkerId,
+    ) -> Result<Vec<crate::HostBuffer>, crate::WorkerError> {
+        let Some(&rank) = self.ranks.get(&target) else { return Ok(Vec::new()) };
+        if !self.graphs.contains(graph) {
+            return Err(crate::WorkerError::NotServedRemotely {
+                graph: name(),
+                child: target,
+                rank,
+            });
+        }
+        super::tensors::refuse_unshippable(args, target, rank)
     }
 }
 
@@ -335,22 +375,16 @@ impl Session {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        let tensors = task.args.tensors.len();
-        if tensors > 0 {
-            return Err(RemoteError::TensorArgs {
-                rank: self.rank,
-                task: task.task,
-                count: tensors,
-            });
-        }
-        let args = TaskArgs::from_view(task.args)
-            .map_err(|e| RemoteError::Protocol { rank: self.rank, what: format!("args: {e}") })?
-            .encode();
+        let (args, back) = super::tensors::pack(self.rank, task.task, task.args)?;
         let seq = self.transport.next_seq();
         let packet = Packet::Task { seq, graph, config: task.config.clone(), args };
         self.transport.send(self.rank, &packet)?;
         let wanted = |p: &Packet| matches!(p, Packet::Completion { seq: s, .. } if *s == seq);
         match self.wait(None, Some(task), wanted) {
+            Ok(Packet::Completion { outcome: Outcome::Ok { written }, .. }) => {
+                back.write_back(self.rank, &written)?;
+                Ok(Outcome::Ok { written: Vec::new() })
+            }
             Ok(Packet::Completion { outcome, .. }) => Ok(outcome),
             Ok(_) => unreachable!("wait returns only frames its filter accepts"),
             Err(Waited::Failed(e)) => {
@@ -418,7 +452,9 @@ impl RemoteEndpoint {
 
 fn failure_of(e: RemoteError) -> EndpointFailure {
     let f = match &e {
-        RemoteError::TensorArgs { .. } => EndpointFailure::task_failed(e.to_string()),
+        RemoteError::Unshippable { .. } | RemoteError::UnknownGraph { .. } => {
+            EndpointFailure::task_failed(e.to_string())
+        }
         _ => EndpointFailure::endpoint_failed(e.to_string()),
     };
     f.with_source(FailureSource::new(e))
@@ -443,7 +479,7 @@ impl Endpoint for RemoteEndpoint {
             }));
         };
         match self.session.call(*graph, &task).map_err(failure_of)? {
-            Outcome::Ok => Ok(()),
+            Outcome::Ok { .. } => Ok(()),
             Outcome::TaskFailed { failure } => {
                 let e = RemoteError::TaskFailed {
                     rank,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use simpler_types::{RunId, TaskId};
+use simpler_types::{RunId, TaskId, WorkerId};
 
 use crate::error::{CloseError, StartError};
 
@@ -124,15 +124,18 @@ pub enum RemoteError {
         /// The graph's name (or id, when unnamed).
         graph: String,
     },
-    /// Tensor arguments cannot cross hosts yet: only scalars do.
-    #[error("task {task} for rank {rank} has {count} tensor arguments; only scalars cross hosts")]
-    TensorArgs {
+    /// A tensor of a task could not be packed for its rank at execution (the submit check
+    /// refuses these; this catches a buffer that went away in between). Fails only the task.
+    #[error("task {task} for rank {rank}: argument {arg} is {what}, which cannot cross hosts")]
+    Unshippable {
         /// The rank.
         rank: i32,
         /// The task at rank 0.
         task: TaskId,
-        /// How many tensors it had.
-        count: usize,
+        /// Index of the tensor argument.
+        arg: usize,
+        /// What the tensor is.
+        what: String,
     },
     /// A frame did not decode or did not fit the protocol.
     #[error("protocol error with rank {rank}: {what}")]
@@ -148,6 +151,65 @@ pub enum RemoteError {
         /// Rank 0's reason.
         reason: String,
     },
+}
+
+/// A task for a remote child names a tensor whose bytes cannot travel with it; refused at
+/// submit (`WorkerError::RemoteTensor`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "task argument {arg} for child {child} (an L3 worker on MPI rank {rank}) {problem}",
+    problem = self.problem.describe()
+)]
+pub struct TensorRefusal {
+    /// Index of the tensor argument.
+    pub arg: usize,
+    /// The remote child.
+    pub child: WorkerId,
+    /// Its rank.
+    pub rank: i32,
+    /// What is wrong with the tensor.
+    pub problem: TensorProblem,
+}
+
+/// Why a tensor cannot go to a remote child.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TensorProblem {
+    /// It lives in chip memory of this host, which the remote rank cannot reach.
+    ChipMemory {
+        /// The tensor's buffer address.
+        addr: u64,
+    },
+    /// It names host memory that is not a `HostBuffer`, whose bytes the endpoint cannot find.
+    NotHostBuffer {
+        /// The tensor's buffer address.
+        addr: u64,
+        /// The tensor's buffer size in bytes.
+        len: u64,
+    },
+    /// It is tagged `NoDep`: whether the task writes it, and so whether its bytes come back,
+    /// is unknown.
+    NoDep,
+}
+
+impl TensorProblem {
+    fn describe(&self) -> String {
+        match self {
+            TensorProblem::ChipMemory { addr } => format!(
+                "lives in chip memory at {addr:#x} of this host, which another host cannot read; \
+                 pass a HostBuffer tensor instead (its bytes travel with the task and written \
+                 bytes come back), or let the remote graph allocate chip memory on its own chip"
+            ),
+            TensorProblem::NotHostBuffer { addr, len } => format!(
+                "names host memory at {addr:#x} ({len} bytes) that is not a HostBuffer, so its \
+                 bytes cannot be found to send; allocate it with HostBuffer::new and pass \
+                 HostBuffer::tensor"
+            ),
+            TensorProblem::NoDep => "is a HostBuffer tensor tagged NoDep, so it is unknown \
+                 whether its bytes come back; tag it Input, Output or InOut"
+                .to_owned(),
+        }
+    }
 }
 
 fn task_text(run: Option<RunId>, task: Option<TaskId>) -> String {

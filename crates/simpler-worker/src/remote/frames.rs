@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use simpler_types::{
     CallConfig, CallableId, CallableKind, CallableNamespace, CancelReason, FailureMechanism,
-    RingOverride, RingSel, RunId, TaskFailure, TaskId, TimeoutBudget, WorkerId, WorkerRef,
-    WorkerType,
+    MAX_TENSOR_DIMS, RingOverride, RingSel, RunId, TaskFailure, TaskId, Tensor, TensorArgType,
+    TimeoutBudget, WorkerId, WorkerRef, WorkerType,
 };
 
 /// Version of the frame layout; both ends must agree.
-pub(crate) const VERSION: u16 = 1;
+pub(crate) const VERSION: u16 = 2;
 
 /// Error frames longer than this are cut (innermost message first), so one failure can never
 /// grow a completion without bound.
@@ -32,14 +32,49 @@ pub(crate) struct ManifestEntry {
     pub(crate) digest: [u8; 32],
 }
 
+/// A task's arguments as they cross hosts: tensors name a buffer of the frame, never an
+/// address of the sending host (`docs/multi-host.md` §"Tensors across hosts").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct WireArgs {
+    pub(crate) tensors: Vec<WireTensor>,
+    pub(crate) scalars: Vec<u64>,
+    /// The host buffers the tensors lie in, each once.
+    pub(crate) buffers: Vec<WireBuffer>,
+}
+
+/// One tensor argument: its descriptor with `addr` holding the offset of the view's base in
+/// its buffer, its tag, and which buffer of the frame it lies in (`None`: a null tensor).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct WireTensor {
+    pub(crate) tensor: Tensor,
+    pub(crate) tag: TensorArgType,
+    pub(crate) buffer: Option<u32>,
+}
+
+/// One host buffer of a task: its length, and its bytes unless the task only overwrites it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct WireBuffer {
+    pub(crate) len: u64,
+    pub(crate) bytes: Option<Vec<u8>>,
+}
+
+/// Bytes a remote task wrote, on their way back: `bytes.len()` bytes at `offset` of buffer
+/// `buffer` of the task's frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct WrittenSpan {
+    pub(crate) buffer: u32,
+    pub(crate) offset: u64,
+    pub(crate) bytes: Vec<u8>,
+}
+
 /// One level of a remote failure chain, outermost first.
 pub(crate) type WireFailure = TaskFailure;
 
 /// What a task's remote run ended with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
-    /// The run succeeded.
-    Ok,
+    /// The run succeeded; the bytes its write-tagged tensors can touch come back.
+    Ok { written: Vec<WrittenSpan> },
     /// A task of the remote run failed: its failure chain (the remote L3 level first).
     TaskFailed { failure: WireFailure },
     /// The remote run failed without a task to blame (build error, closed worker): text only.
@@ -58,7 +93,7 @@ pub(crate) enum Packet {
     /// Rank 0 → serving rank: start refused; close the L3 worker and return this reason.
     Refuse { reason: String },
     /// Rank 0 → serving rank: run graph `graph` (its manifest ordinal) once.
-    Task { seq: u64, graph: u32, config: CallConfig, args: Vec<u8> },
+    Task { seq: u64, graph: u32, config: CallConfig, args: WireArgs },
     /// Serving rank → rank 0: how task `seq` ended.
     Completion { seq: u64, outcome: Outcome },
     /// Rank 0 → serving rank: close the L3 worker and end the session.
@@ -117,13 +152,21 @@ impl Packet {
                 w.u64(*seq);
                 w.u32(*graph);
                 w.config(config);
-                w.blob(args);
+                w.args(args);
             }
             Packet::Completion { seq, outcome } => {
                 w.u8(kind::COMPLETION);
                 w.u64(*seq);
                 match outcome {
-                    Outcome::Ok => w.u8(0),
+                    Outcome::Ok { written } => {
+                        w.u8(0);
+                        w.u32(written.len() as u32);
+                        for s in written {
+                            w.u32(s.buffer);
+                            w.u64(s.offset);
+                            w.blob(&s.bytes);
+                        }
+                    }
                     Outcome::TaskFailed { failure } => {
                         w.u8(1);
                         let chain: Vec<&TaskFailure> = failure.chain().collect();
@@ -188,12 +231,21 @@ impl Packet {
                 seq: r.u64()?,
                 graph: r.u32()?,
                 config: r.config()?,
-                args: r.blob()?.to_vec(),
+                args: r.args()?,
             },
             kind::COMPLETION => {
                 let seq = r.u64()?;
                 let outcome = match r.u8()? {
-                    0 => Outcome::Ok,
+                    0 => {
+                        let n = r.count(16)?;
+                        let mut written = Vec::with_capacity(n);
+                        for _ in 0..n {
+                            let buffer = r.u32()?;
+                            let offset = r.u64()?;
+                            written.push(WrittenSpan { buffer, offset, bytes: r.blob()?.to_vec() });
+                        }
+                        Outcome::Ok { written }
+                    }
                     1 => {
                         let n = r.count(1)?;
                         let mut levels = Vec::with_capacity(n);
@@ -255,6 +307,20 @@ fn callable_kind(v: u8) -> Result<CallableKind, DecodeError> {
         2 => CallableKind::Host,
         3 => CallableKind::Graph,
         other => return Err(DecodeError(format!("callable kind {other}"))),
+    })
+}
+
+/// The bytes of one tensor entry of [`WireArgs`] (descriptor, tag, buffer flag) at least.
+const WIRE_TENSOR_MIN: usize = 4 * 8 + 2 * 4 + 4 + 2 * MAX_TENSOR_DIMS * 4 + 8 + 2;
+
+fn tag(v: u8) -> Result<TensorArgType, DecodeError> {
+    Ok(match v {
+        0 => TensorArgType::Input,
+        1 => TensorArgType::Output,
+        2 => TensorArgType::InOut,
+        3 => TensorArgType::OutputExisting,
+        4 => TensorArgType::NoDep,
+        other => return Err(DecodeError(format!("tensor tag {other}"))),
     })
 }
 
@@ -330,6 +396,51 @@ impl Writer {
                 self.u64(v);
             }
             None => self.u8(0),
+        }
+    }
+
+    fn args(&mut self, a: &WireArgs) {
+        self.u32(a.tensors.len() as u32);
+        for t in &a.tensors {
+            self.tensor(&t.tensor);
+            self.u8(t.tag as u8);
+            self.opt_u32(t.buffer);
+        }
+        self.u32(a.scalars.len() as u32);
+        for &v in &a.scalars {
+            self.u64(v);
+        }
+        self.u32(a.buffers.len() as u32);
+        for b in &a.buffers {
+            self.u64(b.len);
+            match &b.bytes {
+                Some(bytes) => {
+                    self.u8(1);
+                    self.blob(bytes);
+                }
+                None => self.u8(0),
+            }
+        }
+    }
+
+    /// A tensor descriptor field by field (its reserved bytes stay behind).
+    fn tensor(&mut self, t: &Tensor) {
+        self.u64(t.addr);
+        self.u64(t.size);
+        self.u64(t.owner_task_id);
+        self.u64(t.start_offset);
+        self.u32(t.version as u32);
+        self.u32(t.ndims);
+        self.u8(t.dtype);
+        self.u8(t.manual_dep);
+        self.u8(t.is_contiguous);
+        self.u8(t.child_memory);
+        for &s in &t.shapes {
+            self.u32(s);
+        }
+        self.u64(t.extent_elems);
+        for &s in &t.strides {
+            self.u32(s);
         }
     }
 
@@ -483,6 +594,54 @@ impl<'a> Reader<'a> {
         RunId::from_raw(v).ok_or_else(|| DecodeError("run id 0".to_owned()))
     }
 
+    fn args(&mut self) -> Result<WireArgs, DecodeError> {
+        let n = self.count(WIRE_TENSOR_MIN)?;
+        let mut tensors = Vec::with_capacity(n);
+        for _ in 0..n {
+            let tensor = self.tensor()?;
+            let tag = tag(self.u8()?)?;
+            tensors.push(WireTensor { tensor, tag, buffer: self.opt_u32()? });
+        }
+        let n = self.count(8)?;
+        let mut scalars = Vec::with_capacity(n);
+        for _ in 0..n {
+            scalars.push(self.u64()?);
+        }
+        let n = self.count(9)?;
+        let mut buffers = Vec::with_capacity(n);
+        for _ in 0..n {
+            let len = self.u64()?;
+            let bytes = if self.flag()? { Some(self.blob()?.to_vec()) } else { None };
+            buffers.push(WireBuffer { len, bytes });
+        }
+        Ok(WireArgs { tensors, scalars, buffers })
+    }
+
+    /// A tensor descriptor; checked by the receiver once its address is its own.
+    fn tensor(&mut self) -> Result<Tensor, DecodeError> {
+        // Every field below is overwritten; the reserved bytes stay zero.
+        let mut t = Tensor::external(0, &[1], simpler_types::DataType::UInt8)
+            .map_err(|e| DecodeError(format!("tensor: {e}")))?;
+        t.addr = self.u64()?;
+        t.size = self.u64()?;
+        t.owner_task_id = self.u64()?;
+        t.start_offset = self.u64()?;
+        t.version = self.u32()? as i32;
+        t.ndims = self.u32()?;
+        t.dtype = self.u8()?;
+        t.manual_dep = self.u8()?;
+        t.is_contiguous = self.u8()?;
+        t.child_memory = self.u8()?;
+        for s in &mut t.shapes {
+            *s = self.u32()?;
+        }
+        t.extent_elems = self.u64()?;
+        for s in &mut t.strides {
+            *s = self.u32()?;
+        }
+        Ok(t)
+    }
+
     fn config(&mut self) -> Result<CallConfig, DecodeError> {
         let mut b = CallConfig::builder()
             .block_dim(self.u32()?)
@@ -571,6 +730,24 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
 
+    /// Arguments with a view of a copied-in buffer, a blind output, a null tensor and scalars.
+    fn wire_args() -> WireArgs {
+        let t = Tensor::with_buffer(0, 64, &[4, 4], simpler_types::DataType::Float32).unwrap();
+        let view = t.view(&[2, 2], &[1, 1]).unwrap().manual_dep(true).version(3);
+        WireArgs {
+            tensors: vec![
+                WireTensor { tensor: view, tag: TensorArgType::InOut, buffer: Some(0) },
+                WireTensor { tensor: t, tag: TensorArgType::Output, buffer: Some(1) },
+                WireTensor { tensor: t, tag: TensorArgType::Input, buffer: None },
+            ],
+            scalars: vec![42, u64::MAX],
+            buffers: vec![
+                WireBuffer { len: 64, bytes: Some(vec![5; 64]) },
+                WireBuffer { len: 64, bytes: None },
+            ],
+        }
+    }
+
     fn round_trip(p: Packet) {
         let bytes = p.encode();
         assert_eq!(Packet::decode(&bytes), Ok(p));
@@ -611,8 +788,13 @@ mod tests {
             },
             Packet::Accept,
             Packet::Refuse { reason: "r".into() },
-            Packet::Task { seq: 5, graph: 1, config, args: vec![1, 2, 3] },
-            Packet::Completion { seq: 5, outcome: Outcome::Ok },
+            Packet::Task { seq: 5, graph: 1, config, args: wire_args() },
+            Packet::Completion {
+                seq: 5,
+                outcome: Outcome::Ok {
+                    written: vec![WrittenSpan { buffer: 1, offset: 8, bytes: vec![7; 12] }],
+                },
+            },
             Packet::Completion { seq: 6, outcome: Outcome::TaskFailed { failure: outer } },
             Packet::Completion {
                 seq: 7,
@@ -630,7 +812,7 @@ mod tests {
     #[test]
     fn corrupt_frames_are_errors_not_panics() {
         let good =
-            Packet::Task { seq: 1, graph: 0, config: CallConfig::default(), args: vec![0; 16] }
+            Packet::Task { seq: 1, graph: 0, config: CallConfig::default(), args: wire_args() }
                 .encode();
         for cut in 0..good.len() {
             assert!(Packet::decode(&good[..cut]).is_err(), "prefix of {cut} bytes decoded");

@@ -13,20 +13,22 @@
 //! | `frames` | the wire format of every message |
 //! | `endpoint` | [`RemoteL3`], the start handshake on rank 0 and the NEXT_LEVEL endpoint |
 //! | `serve` | [`serve_l3`] and [`ServedGraphs`] on ranks `1..N` |
+//! | `tensors` | host tensors of remote tasks: the submit check, packing, written bytes back |
 //! | `error` | [`RemoteError`], [`ServeError`] |
 
 mod endpoint;
 mod error;
 mod frames;
 mod serve;
+mod tensors;
 mod transport;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use endpoint::Adoption;
+pub(crate) use endpoint::{Adoption, RemoteChildren};
 pub use endpoint::{DEFAULT_LIVENESS, RemoteL3};
-pub use error::{RemoteError, ServeError};
+pub use error::{RemoteError, ServeError, TensorProblem, TensorRefusal};
 pub use frames::DecodeError;
 pub use serve::{ServedGraphs, serve_l3};
 

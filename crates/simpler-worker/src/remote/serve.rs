@@ -6,8 +6,9 @@
 //!    or the start error, after which `serve_l3` returns it).
 //! 3. `Refuse` → close the worker, return [`RemoteError::Refused`]. `Accept` → serve.
 //! 4. Serve: each `Task` runs the named graph once as a whole L3 run on the calling thread
-//!    (one task at a time) and is answered by `Completion` with the outcome and, on failure,
-//!    the failure chain.
+//!    (one task at a time), over host buffers of this rank holding the task's tensors
+//!    (`tensors`), and is answered by `Completion` with the outcome: on success the bytes its
+//!    write-tagged tensors can touch, on failure the failure chain.
 //! 5. `Shutdown` → close the worker, reply `ShutdownDone` with what the close reported,
 //!    close the inbox and return.
 
@@ -15,10 +16,11 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
-use simpler_types::{CallConfig, TaskArgs, TaskArgsView};
+use simpler_types::{CallConfig, TaskArgsView};
 
 use super::error::{RemoteError, ServeError};
-use super::frames::{ManifestEntry, Outcome, Packet};
+use super::frames::{ManifestEntry, Outcome, Packet, WireArgs};
+use super::tensors::unpack;
 use super::transport::Transport;
 use super::{MpiJob, graph_entry};
 use crate::builder::HostWorkerBuilder;
@@ -124,7 +126,7 @@ fn serve_session(
     loop {
         match next(t, inbox)? {
             Packet::Task { seq, graph, config, args } => {
-                let outcome = run_task(&worker, &graphs, graph, config, &args);
+                let outcome = run_task(&worker, &graphs, graph, config, args);
                 t.send(0, &Packet::Completion { seq, outcome })?;
             }
             // 5.
@@ -154,27 +156,29 @@ fn next(t: &Transport, inbox: &Receiver<Packet>) -> Result<Packet, RemoteError> 
     }
 }
 
-/// Runs one task as a whole L3 run and turns its result into an outcome.
+/// Runs one task as a whole L3 run over host buffers of this rank and turns its result into
+/// an outcome (with the bytes its write-tagged tensors can touch, on success).
 fn run_task(
     worker: &Worker,
     graphs: &ServedGraphs,
     graph: u32,
     config: CallConfig,
-    args: &[u8],
+    args: WireArgs,
 ) -> Outcome {
     let level = worker.level();
     let Some((_, g)) = graphs.entries.get(graph as usize) else {
         return Outcome::RunFailed { level, message: format!("no graph with ordinal {graph}") };
     };
-    let args = match TaskArgs::decode(args) {
+    let inbound = match unpack(args) {
         Ok(a) => a,
         Err(e) => return Outcome::RunFailed { level, message: format!("task arguments: {e}") },
     };
     let g = Arc::clone(g);
-    let orch =
-        Orchestration::graph(move |gb, view, cfg| g(gb, view, cfg)).args(args).config(config);
+    let orch = Orchestration::graph(move |gb, view, cfg| g(gb, view, cfg))
+        .args(inbound.args.clone())
+        .config(config);
     match worker.run(orch) {
-        Ok(()) => Outcome::Ok,
+        Ok(()) => Outcome::Ok { written: inbound.written() },
         Err(WorkerError::Run(e)) => match e.run_failure().and_then(|r| r.task_failure()) {
             Some(t) => Outcome::TaskFailed { failure: (**t).clone() },
             None => Outcome::RunFailed { level, message: e.to_string() },

@@ -11,9 +11,11 @@
 //!    `MAX_BACKLOG` frames, until an inbox opens: the peer may be faster than this rank);
 //!    answer every `Ping` on the health communicator with a `Pong`; ping every watched rank
 //!    once per its interval. Any frame from a rank refreshes that rank's `last_heard`.
-//! 3. It never blocks in MPI except in a standard send (frames are small, and the peer's MPI
-//!    thread receives them whenever it is alive). When idle it yields for a short while, then
-//!    parks on the command channel with a timeout that grows to 1 ms.
+//! 3. It never blocks in MPI except in a standard send (the peer's MPI thread receives every
+//!    frame whenever it is alive; a frame with tensor bytes may wait for that, but the peer
+//!    never waits in a send to this rank meanwhile: one task per remote L3 is in flight).
+//!    When idle it yields for a short while, then parks on the command channel with a
+//!    timeout that grows to 1 ms.
 //! 4. `Finalize` (from `MpiJob::finalize` or its drop) leaves the loop and finalizes MPI on
 //!    the same thread; the caller joins it.
 //!

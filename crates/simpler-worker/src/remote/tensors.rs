@@ -1,0 +1,235 @@
+//! Host tensors of remote tasks (`docs/multi-host.md` §"Tensors across hosts").
+//!
+//! A task for a remote L3 child may name host memory in [`HostBuffer`]s of rank 0. Its frame
+//! carries each distinct buffer once: its length, and its bytes unless every tensor of it only
+//! overwrites all of it (`Output`, `OutputExisting` over the whole buffer). Tensors name
+//! (buffer of the frame, offset) instead of an address. The serving rank puts each buffer in a
+//! fresh `HostBuffer` of its own, runs the task on those, and after a successful run sends back
+//! the bytes each write-tagged tensor can touch (its bounding span, merged per buffer) and
+//! nothing else: the L4 engine ordered the task by those spans, so another task may be using
+//! the buffer's other bytes meanwhile. Rank 0 checks that the spans it gets are exactly the
+//! ones it expects and writes them into its buffers.
+//!
+//! Chip memory of rank 0 means nothing on another host, so a chip-memory tensor, like host
+//! memory outside a `HostBuffer` and a `NoDep` tag, is refused when the task is submitted
+//! ([`refuse_unshippable`]).
+
+use simpler_types::{TaskArgs, TaskArgsView, TaskId, Tensor, TensorArgType, WorkerId};
+
+use super::error::{RemoteError, TensorRefusal};
+use super::frames::{WireArgs, WireBuffer, WireTensor, WrittenSpan};
+use crate::error::WorkerError;
+use crate::host_buffer::HostBuffer;
+use crate::staging::{merged, push_unique, span_in};
+
+/// The submit-time check of a task for remote child `child` (on `rank`): every tensor is null
+/// or lies in a live [`HostBuffer`] at its base and is not tagged `NoDep`. Returns the buffers,
+/// which the run keeps alive until the endpoint has shipped them.
+pub(crate) fn refuse_unshippable(
+    args: &TaskArgs,
+    child: WorkerId,
+    rank: i32,
+) -> Result<Vec<HostBuffer>, WorkerError> {
+    let mut out = Vec::new();
+    for (arg, t) in args.tensors().iter().enumerate().filter(|(_, t)| !t.is_null()) {
+        let refuse =
+            |problem| WorkerError::RemoteTensor(TensorRefusal { arg, child, rank, problem });
+        if t.is_child_memory() {
+            return Err(refuse(super::error::TensorProblem::ChipMemory { addr: t.addr }));
+        }
+        let Some(buf) = HostBuffer::covering(t.addr, t.size) else {
+            return Err(refuse(super::error::TensorProblem::NotHostBuffer {
+                addr: t.addr,
+                len: t.size,
+            }));
+        };
+        if t.addr != buf.addr() {
+            return Err(WorkerError::HostTensorOffsetBase {
+                arg,
+                addr: t.addr,
+                buffer: buf.addr(),
+            });
+        }
+        if args.tags().get(arg) == Some(&TensorArgType::NoDep) {
+            return Err(refuse(super::error::TensorProblem::NoDep));
+        }
+        push_unique(&mut out, buf);
+    }
+    Ok(out)
+}
+
+/// What rank 0 keeps of a packed task: where its written bytes go when they come back.
+pub(crate) struct WriteBack {
+    /// Rank 0's buffers, in frame order.
+    buffers: Vec<HostBuffer>,
+    /// The spans the serving rank must send back, in order.
+    expected: Vec<(u32, usize, usize)>,
+}
+
+/// Packs `args` of `task` for `rank` (see the module docs). The submit check ran already; a
+/// tensor that fails it anyway fails only this task.
+pub(crate) fn pack(
+    rank: i32,
+    task: TaskId,
+    args: TaskArgsView<'_>,
+) -> Result<(WireArgs, WriteBack), RemoteError> {
+    let refuse = |arg: usize, what: &str| RemoteError::Unshippable {
+        rank,
+        task,
+        arg,
+        what: what.to_owned(),
+    };
+    let mut buffers: Vec<HostBuffer> = Vec::new();
+    let mut copy_in: Vec<bool> = Vec::new();
+    let mut spans: Vec<(u32, (usize, usize))> = Vec::new();
+    let mut tensors = Vec::with_capacity(args.tensors.len());
+    for (i, t) in args.tensors.iter().enumerate() {
+        let tag = args.tags.get(i).copied().unwrap_or_default();
+        if t.is_null() {
+            tensors.push(WireTensor { tensor: *t, tag, buffer: None });
+            continue;
+        }
+        if t.is_child_memory() || tag == TensorArgType::NoDep {
+            return Err(refuse(i, "a chip-memory or NoDep tensor"));
+        }
+        let host = HostBuffer::covering(t.addr, t.size)
+            .ok_or_else(|| refuse(i, "host memory that is not a live HostBuffer"))?;
+        let k = match buffers.iter().position(|b| HostBuffer::same(b, &host)) {
+            Some(k) => k,
+            None => {
+                buffers.push(host);
+                copy_in.push(false);
+                buffers.len() - 1
+            }
+        };
+        let host = &buffers[k];
+        let span = span_in(t, host.addr(), host.len())
+            .ok_or_else(|| refuse(i, "a view without a byte span inside its HostBuffer"))?;
+        let whole = span == (0, host.len() as usize);
+        copy_in[k] |=
+            !(whole && matches!(tag, TensorArgType::Output | TensorArgType::OutputExisting));
+        if tag.writes() {
+            spans.push((k as u32, span));
+        }
+        let mut wire = *t;
+        wire.addr = t.addr - host.addr();
+        tensors.push(WireTensor { tensor: wire, tag, buffer: Some(k as u32) });
+    }
+    let wire_buffers = buffers
+        .iter()
+        .zip(&copy_in)
+        .map(|(b, &copy)| WireBuffer { len: b.len(), bytes: copy.then(|| b.to_vec()) })
+        .collect();
+    let expected = write_back_plan(spans, buffers.len());
+    let wire = WireArgs { tensors, scalars: args.scalars.to_vec(), buffers: wire_buffers };
+    Ok((wire, WriteBack { buffers, expected }))
+}
+
+impl WriteBack {
+    /// Writes the spans the serving rank sent back into rank 0's buffers, after checking they
+    /// are exactly the expected ones (anything else would write bytes the engine did not
+    /// order for this task).
+    pub(crate) fn write_back(&self, rank: i32, written: &[WrittenSpan]) -> Result<(), RemoteError> {
+        let got = written.iter().map(|s| (s.buffer, s.offset as usize, s.bytes.len()));
+        let want = self.expected.iter().map(|&(b, lo, hi)| (b, lo, hi - lo));
+        if !got.eq(want) {
+            return Err(RemoteError::Protocol {
+                rank,
+                what: format!(
+                    "the completion carries {} written spans, not the {} its task's write tags \
+                     name",
+                    written.len(),
+                    self.expected.len()
+                ),
+            });
+        }
+        for s in written {
+            self.buffers[s.buffer as usize]
+                .write(s.offset, &s.bytes)
+                .map_err(|e| RemoteError::Protocol { rank, what: format!("written span: {e}") })?;
+        }
+        Ok(())
+    }
+}
+
+/// A task's arguments unpacked on the serving rank, over buffers of its own.
+pub(crate) struct Inbound {
+    pub(crate) args: TaskArgs,
+    buffers: Vec<HostBuffer>,
+    plan: Vec<(u32, usize, usize)>,
+}
+
+/// Unpacks `wire` into arguments over fresh host buffers of this rank.
+pub(crate) fn unpack(wire: WireArgs) -> Result<Inbound, String> {
+    let mut buffers = Vec::with_capacity(wire.buffers.len());
+    for (k, b) in wire.buffers.into_iter().enumerate() {
+        let buf = match b.bytes {
+            Some(bytes) if bytes.len() as u64 == b.len => HostBuffer::from_bytes(&bytes),
+            Some(bytes) => {
+                return Err(format!("buffer {k}: {} bytes for a length of {}", bytes.len(), b.len));
+            }
+            None => usize::try_from(b.len)
+                .map_err(|_| crate::error::MemError::OutOfRange { offset: 0, len: b.len, size: 0 })
+                .and_then(HostBuffer::new),
+        };
+        buffers.push(buf.map_err(|e| format!("buffer {k}: {e}"))?);
+    }
+    let mut args = TaskArgs::new();
+    let mut spans = Vec::new();
+    for (i, w) in wire.tensors.into_iter().enumerate() {
+        let mut t: Tensor = w.tensor;
+        if let Some(k) = w.buffer {
+            let buf =
+                buffers.get(k as usize).ok_or_else(|| format!("tensor {i}: no buffer {k}"))?;
+            t.addr = buf
+                .addr()
+                .checked_add(t.addr)
+                .filter(|_| t.size == buf.len())
+                .ok_or_else(|| format!("tensor {i} does not fit buffer {k}"))?;
+            if w.tag.writes() {
+                let span = span_in(&t, buf.addr(), buf.len())
+                    .ok_or_else(|| format!("tensor {i} has no byte span inside buffer {k}"))?;
+                spans.push((k, span));
+            }
+        } else if !t.is_null() {
+            return Err(format!("tensor {i} names no buffer"));
+        }
+        t.validate().map_err(|e| format!("tensor {i}: {e}"))?;
+        args.add_tensor(t, w.tag).map_err(|e| format!("tensor {i}: {e}"))?;
+    }
+    for v in wire.scalars {
+        args.add_scalar(v).map_err(|e| format!("scalars: {e}"))?;
+    }
+    let plan = write_back_plan(spans, buffers.len());
+    Ok(Inbound { args, buffers, plan })
+}
+
+impl Inbound {
+    /// The bytes the task's write-tagged tensors can touch, to send back after a successful
+    /// run.
+    pub(crate) fn written(&self) -> Vec<WrittenSpan> {
+        self.plan
+            .iter()
+            .map(|&(buffer, lo, hi)| {
+                let mut bytes = vec![0u8; hi - lo];
+                // The plan's spans lie inside their buffers (checked in `unpack`).
+                self.buffers[buffer as usize].with_bytes(|b| bytes.copy_from_slice(&b[lo..hi]));
+                WrittenSpan { buffer, offset: lo as u64, bytes }
+            })
+            .collect()
+    }
+}
+
+/// The written spans merged per buffer, buffers in frame order: what travels back, computed
+/// the same way on both sides.
+fn write_back_plan(spans: Vec<(u32, (usize, usize))>, buffers: usize) -> Vec<(u32, usize, usize)> {
+    let mut per_buffer: Vec<Vec<(usize, usize)>> = vec![Vec::new(); buffers];
+    for (k, span) in spans {
+        per_buffer[k as usize].push(span);
+    }
+    per_buffer
+        .iter()
+        .enumerate()
+        .flat_map(|(k, s)| merged(s).into_iter().map(move |(lo, hi)| (k as u32, lo, hi)))
+        .collect()
+}
