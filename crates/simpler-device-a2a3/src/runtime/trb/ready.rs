@@ -45,11 +45,7 @@ impl<'a> ReadyRing<'a> {
 
     /// The queue over `cells` and cursors that [`new`](Self::new) reset, without resetting them
     /// (for a thread that shares a queue another thread set up).
-    pub(crate) fn attach(
-        cells: &'a [ReadyCell],
-        head: &'a AtomicU64,
-        tail: &'a AtomicU64,
-    ) -> Self {
+    pub(crate) fn attach(cells: &'a [ReadyCell], head: &'a AtomicU64, tail: &'a AtomicU64) -> Self {
         ReadyRing { cells, head, tail }
     }
 

@@ -25,6 +25,8 @@ use super::sizing::RingSizes;
 pub(crate) const MAX_TASK_TENSORS: usize = 16;
 /// Most scalar arguments of one trb task.
 pub(crate) const MAX_TASK_SCALARS: usize = 16;
+/// Most tensor arguments of a trb orchestration (the chip entry's tensors).
+pub(crate) const MAX_ENTRY_TENSORS: usize = 64;
 /// Alignment of every section.
 const SECTION: u64 = 64;
 
@@ -148,10 +150,8 @@ impl ArenaLayout {
         for (l, s) in rings.iter_mut().zip(shape.rings) {
             let w = u64::from(s.task_window);
             l.words = take(w * size_of::<SlotWord>() as u64, SECTION)?;
-            l.records = take(
-                heap_records(s.task_window) as u64 * size_of::<HeapRecord>() as u64,
-                SECTION,
-            )?;
+            l.records =
+                take(heap_records(s.task_window) as u64 * size_of::<HeapRecord>() as u64, SECTION)?;
             l.slots = take(w * size_of::<SharedSlot>() as u64, SECTION)?;
             l.heap_seq = take(w * 16, SECTION)?;
             l.scope_held = take(w, SECTION)?;
@@ -183,12 +183,10 @@ impl ArenaLayout {
 pub(crate) struct RingStore<'a> {
     pub(crate) words: &'a [SlotWord],
     pub(crate) records: &'a mut [HeapRecord],
-    pub(crate) slots: &'a [SharedSlot],
     /// Per slot, the heap records it owns: `[first, end)` sequence numbers.
     pub(crate) heap_seq: &'a mut [[u64; 2]],
     /// Per slot, 1 while the scope's reference is still held.
     pub(crate) scope_held: &'a mut [u8],
-    pub(crate) deps: &'a [SharedDep],
 }
 
 /// All of an arena, as the engine's owner (the orchestration thread) holds it.
@@ -247,12 +245,10 @@ impl ArenaLayout {
             let counters: &'a [Counter] = slice(base, self.counters, COUNTERS as usize);
             SharedStorage {
                 sizes: s,
-                words: [0, 1, 2, 3].map(|r| {
-                    slice(base, self.rings[r].words, s[r].task_window as usize)
-                }),
-                slots: [0, 1, 2, 3].map(|r| {
-                    slice(base, self.rings[r].slots, s[r].task_window as usize)
-                }),
+                words: [0, 1, 2, 3]
+                    .map(|r| slice(base, self.rings[r].words, s[r].task_window as usize)),
+                slots: [0, 1, 2, 3]
+                    .map(|r| slice(base, self.rings[r].slots, s[r].task_window as usize)),
                 deps: [0, 1, 2, 3].map(|r| slice(base, self.rings[r].deps, s[r].dep_pool as usize)),
                 ready: slice(base, self.ready, cells),
                 ready_head: &counters[0].value,
@@ -281,10 +277,8 @@ impl ArenaLayout {
                 RingStore {
                     words: shared.words[r],
                     records: slice_mut(base, l.records, heap_records(s[r].task_window)),
-                    slots: shared.slots[r],
                     heap_seq: slice_mut(base, l.heap_seq, w),
                     scope_held: slice_mut(base, l.scope_held, w),
-                    deps: shared.deps[r],
                 }
             });
             Storage {

@@ -171,6 +171,11 @@ impl<'a> Completer<'a> {
         }
     }
 
+    /// Tasks completed since the engine was built (acquire: their effects are visible).
+    pub(crate) fn completed(&self) -> u64 {
+        self.completed.load(Acquire)
+    }
+
     /// The oldest ready task, if any; each ready task is handed out once.
     pub(crate) fn pop_ready(&self) -> Option<DeviceTaskId> {
         self.ready.pop().map(DeviceTaskId)
@@ -367,6 +372,17 @@ pub(crate) struct Submitted {
     pub(crate) heap_offset: Option<u64>,
 }
 
+/// A buffer placed by [`Engine::alloc`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Allocated {
+    /// The ring whose heap holds it.
+    pub(crate) ring: usize,
+    /// Its offset in that heap.
+    pub(crate) offset: u64,
+    /// The task that will own it: the next one submitted to the ring.
+    pub(crate) owner: DeviceTaskId,
+}
+
 /// The orchestration side of the state machine over one arena.
 pub(crate) struct Engine<'a> {
     rings: [Ring<'a>; HEAP_RING_COUNT],
@@ -419,6 +435,7 @@ impl<'a> Engine<'a> {
     }
 
     /// The handle scheduler threads complete tasks through.
+    #[cfg(test)]
     pub(crate) fn completer(&self) -> Completer<'a> {
         self.shared
     }
@@ -483,21 +500,26 @@ impl<'a> Engine<'a> {
 
     /// Submits a task with `accesses` and an output slab of `heap_bytes` (rounded up to the
     /// heap alignment; 0 = none). Nothing changes when it is refused.
+    #[cfg(test)]
     pub(crate) fn submit(
         &mut self,
         accesses: &[Access],
         heap_bytes: u64,
     ) -> Result<Submitted, SubmitRefusal> {
-        self.submit_with(accesses, heap_bytes, |_| {})
+        self.submit_with(accesses, heap_bytes, &[], |_| {})
     }
 
-    /// [`submit`](Self::submit), calling `fill` with the task's id once its slot is taken and
-    /// before any completer can see the task (the orchestration writes the task's dispatch
-    /// record there).
+    /// [`submit`](Self::submit), also holding the tasks of `keep` (the owners of the slabs the
+    /// task's buffers live in) until the task completes, without waiting for them, and calling
+    /// `fill` with the task's id once its slot is taken and before any completer can see the
+    /// task (the orchestration writes the task's dispatch record there). A `keep` entry that is
+    /// the task itself (buffers allocated for it) is skipped; one already consumed means a
+    /// buffer outlived its owner's scope, and the submit is refused as invalid.
     pub(crate) fn submit_with(
         &mut self,
         accesses: &[Access],
         heap_bytes: u64,
+        keep: &[u64],
         fill: impl FnOnce(DeviceTaskId),
     ) -> Result<Submitted, SubmitRefusal> {
         if self.open == 0 {
@@ -539,6 +561,25 @@ impl<'a> Engine<'a> {
                         count += 1;
                     }
                 });
+            }
+        }
+        // Producers below `linked` are waited for; the holders after them only kept.
+        let linked = count;
+        let own = DeviceTaskId::new(r as u8, self.rings[r].window.head()).0;
+        for &h in keep {
+            if h == own || self.producers[..count].contains(&h) {
+                continue;
+            }
+            if is_retired(&self.rings, h) {
+                return Err(SubmitRefusal::Invalid(
+                    "a buffer from alloc_tensors is used after the scope that allocated it ended",
+                ));
+            }
+            if count == MAX_FANIN {
+                overflow = true;
+            } else {
+                self.producers[count] = h;
+                count += 1;
             }
         }
         if overflow {
@@ -589,7 +630,7 @@ impl<'a> Engine<'a> {
         slot.refs.store(2, Relaxed);
         slot.dep_start.store(dep_start, Relaxed);
         let mut taken = 0u64;
-        for &p in &self.producers[..count] {
+        for (k, &p) in self.producers[..count].iter().enumerate() {
             // A producer consumed since the lookup (its scope closed) is no longer waited for.
             if !shared.acquire(p) {
                 continue;
@@ -601,7 +642,7 @@ impl<'a> Engine<'a> {
             let link = ((r as u64) << 32) | (entry_at % u64::from(ring.sizes.dep_pool));
             let ps = shared.rings[ring_of(p)].slot(p as u32);
             ps.locked(|| {
-                if ps.completed.load(Relaxed) == 0 {
+                if k < linked && ps.completed.load(Relaxed) == 0 {
                     entry.next.store(ps.fanout_head.load(Relaxed), Relaxed);
                     ps.fanout_head.store(link, Relaxed);
                     slot.fanin.fetch_add(1, Relaxed);
@@ -632,7 +673,7 @@ impl<'a> Engine<'a> {
     /// next task submitted to that ring, which owns them from then on: they are released with
     /// its slab. Returns the ring and the offset in its heap. Nothing changes when it is
     /// refused.
-    pub(crate) fn alloc(&mut self, bytes: u64) -> Result<(usize, u64), SubmitRefusal> {
+    pub(crate) fn alloc(&mut self, bytes: u64) -> Result<Allocated, SubmitRefusal> {
         if self.open == 0 {
             return Err(SubmitRefusal::Invalid("the orchestration already finished"));
         }
@@ -644,12 +685,13 @@ impl<'a> Engine<'a> {
         self.reclaim(r);
         let owner = DeviceTaskId::new(r as u8, self.rings[r].window.head()).0;
         let ring = &mut self.rings[r];
-        let Some(grant) = ring.heap.try_place(aligned).and_then(|p| ring.heap.push_record(p, owner))
+        let Some(grant) =
+            ring.heap.try_place(aligned).and_then(|p| ring.heap.push_record(p, owner))
         else {
             return Err(self.refuse(r, StallKind::Heap, aligned));
         };
         ring.pending = Some([ring.pending.map_or(grant.seq, |p| p[0]), grant.seq + 1]);
-        Ok((r, grant.offset))
+        Ok(Allocated { ring: r, offset: grant.offset, owner: DeviceTaskId(owner) })
     }
 
     /// Tasks submitted so far.
@@ -682,6 +724,7 @@ impl<'a> Engine<'a> {
     /// checks (the platform's spin-then-park wait). Every task the map names was submitted and
     /// completes once a scheduler runs it, so the wait ends unless the run is torn down, which
     /// `idle` reports by returning `false`; the wait then returns `false` too.
+    #[cfg(test)]
     pub(crate) fn wait_for_accessors(
         &self,
         key: u64,

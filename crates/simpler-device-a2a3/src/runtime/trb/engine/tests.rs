@@ -2,8 +2,8 @@
 //! concurrent completers and every ring stall.
 
 use std::cell::RefCell;
-use std::sync::atomic::AtomicBool;
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 
 use super::*;
 use crate::runtime::trb::storage::TrbArena;
