@@ -146,3 +146,169 @@ fn trb_runs_repeat_on_one_runner_with_small_rings_and_report_high_water_marks() 
     }
     r.finalize().unwrap();
 }
+
+// Ring stalls: each scenario fills ring 1 (the first nested scope) with tasks its open scope
+// holds, so no completion can make room; the run must end with the typed stall naming the ring,
+// its three sizes and its usage, and the runner must serve the next run.
+
+use simpler_device_a2a3::abi::codes::RuntimeCode;
+use simpler_device_a2a3::{DeviceError, OrchArgs, OrchConfig, OrchCtx, OrchError};
+use simpler_types::{CoreArgs, RingOverride, RingSel};
+
+const SCOPE: u64 = 0;
+const HEAP: u64 = 1;
+const DEP_POOL: u64 = 2;
+const TENSOR_MAP: u64 = 3;
+
+fn one_tensor_one_scalar(_: &OrchArgs<'_>) -> OrchConfig {
+    OrchConfig { expected_arg_count: 2 }
+}
+
+fn core_args(tensors: &[(Tensor, TensorArgType)]) -> Result<CoreArgs, OrchError> {
+    let mut a = CoreArgs::new();
+    for (t, tag) in tensors {
+        a.add_tensor(*t, *tag).map_err(|_| OrchError::from_status(-1))?;
+    }
+    Ok(a)
+}
+
+/// Scenario `scalar 0` inside one scope, over the scratch buffer `tensor 0` (256 f32).
+fn stalling_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{Input, Output};
+    let bad = || OrchError::from_status(-1);
+    let scratch = *args.tensor(0).ok_or_else(bad)?;
+    let scenario = args.scalar(0).ok_or_else(bad)?;
+    ctx.scope(|ctx| -> Result<(), OrchError> {
+        match scenario {
+            // Five tasks in a four-slot window.
+            SCOPE => {
+                for _ in 0..5 {
+                    ctx.submit_dummy(&CoreArgs::new())?;
+                }
+            }
+            // Five 1 KiB buffers, each produced by a task, in a 4 KiB heap.
+            HEAP => {
+                for _ in 0..5 {
+                    let t = ctx.alloc_tensor(&[256], DataType::Float32)?;
+                    ctx.submit_dummy(&core_args(&[(t, Output)])?)?;
+                }
+            }
+            // One producer and five readers of it: one dependency entry each, four in the pool.
+            DEP_POOL => {
+                ctx.submit_dummy(&core_args(&[(scratch, Output)])?)?;
+                for _ in 0..5 {
+                    ctx.submit_dummy(&core_args(&[(scratch, Input)])?)?;
+                }
+            }
+            // Tasks reading sixteen disjoint elements each, more than the map holds.
+            _ => {
+                for task in 0..16u32 {
+                    let mut reads = Vec::new();
+                    for k in 0..16u32 {
+                        let v = scratch.view(&[1], &[task * 16 + k]).map_err(|_| bad())?;
+                        reads.push((v, Input));
+                    }
+                    ctx.submit_dummy(&core_args(&reads)?)?;
+                }
+            }
+        }
+        Ok(())
+    })?
+}
+
+fn stalling_callable() -> ChipCallable {
+    let add = add::callable().unwrap();
+    let mut b = ChipCallable::native(stalling_orchestration, one_tensor_one_scalar)
+        .names("trb_stalls", "trb_stalls_config");
+    for (func_id, kernel) in add.children() {
+        b = b.kernel(*func_id, kernel.clone());
+    }
+    b.build().unwrap()
+}
+
+/// Runs `scenario` with ring 1 sized `ring1` (and every ring's window `window`), checks the
+/// stall it ends with, then runs the vector program on the same runner.
+fn check_stall(scenario: u64, window: u32, ring1: RingOverride, code: RuntimeCode, text: &str) {
+    let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    let stalls = r.register_callable(&stalling_callable()).unwrap();
+    let vector = r.register_callable(&vector::callable().unwrap()).unwrap();
+    let all =
+        RingOverride { task_window: Some(window), heap_bytes: Some(64 << 10), dep_pool: Some(64) };
+    let cfg = CallConfig::builder()
+        .ring_override(RingSel::All, all)
+        .ring_override(RingSel::Ring(1), ring1)
+        .build()
+        .unwrap();
+    let (p, scratch) = upload_f32(&mut r, &[0.0; 256]);
+    let mut args = TaskArgs::new();
+    args.add_tensor(scratch, TensorArgType::NoDep).unwrap();
+    args.add_scalar(scenario).unwrap();
+    let err =
+        r.run(&RunRequest::new(RunId::from_raw(1).unwrap(), stalls, &args, &cfg)).unwrap_err();
+    let DeviceError::Runtime { fault, .. } = &err else { panic!("not a runtime fault: {err}") };
+    assert_eq!(fault.code, code, "{err}");
+    assert_eq!(fault.ring, Some(1), "{err}");
+    let sizes = fault.sizes.expect("the ring's sizes");
+    assert_eq!(
+        (Some(sizes.task_window as u32), Some(sizes.heap_bytes), Some(sizes.dep_pool as u32)),
+        (ring1.task_window, ring1.heap_bytes, ring1.dep_pool),
+        "{err}"
+    );
+    assert!(fault.usage.is_some(), "{err}");
+    assert!(fault.message.contains(text), "{err}");
+    r.free(p).unwrap();
+    // The runner is still usable.
+    let good = vector_args(1024);
+    let (bytes, _) = run_once(&mut r, vector, 2, &good, &CallConfig::default());
+    assert_eq!(f32s(&bytes), vector::reference(&good[0].values, &good[1].values));
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_scope_holding_more_tasks_than_its_window_is_a_scope_deadlock() {
+    let ring1 = RingOverride { task_window: Some(4), heap_bytes: Some(4096), dep_pool: Some(16) };
+    check_stall(
+        SCOPE,
+        64,
+        ring1,
+        RuntimeCode::ScopeDeadlock,
+        "ring 1: scope needs 5 task slots, window 4",
+    );
+}
+
+#[test]
+fn a_scope_holding_more_buffers_than_its_heap_is_a_heap_ring_deadlock() {
+    let ring1 = RingOverride { task_window: Some(16), heap_bytes: Some(4096), dep_pool: Some(16) };
+    check_stall(
+        HEAP,
+        64,
+        ring1,
+        RuntimeCode::HeapRingDeadlock,
+        "ring 1: scope needs 1024 more heap bytes with 4096 of 4096",
+    );
+}
+
+#[test]
+fn a_scope_holding_more_edges_than_its_pool_is_a_dep_pool_overflow() {
+    let ring1 = RingOverride { task_window: Some(16), heap_bytes: Some(4096), dep_pool: Some(4) };
+    check_stall(
+        DEP_POOL,
+        64,
+        ring1,
+        RuntimeCode::DepPoolOverflow,
+        "ring 1: a task needs 1 dep entries with 4 of 4 in use",
+    );
+}
+
+#[test]
+fn a_scope_holding_more_accesses_than_the_tensor_map_is_a_tensormap_overflow() {
+    // Windows of 4 (ring 1: 32): a map of 4 × 44 = 176 entries; sixteen tasks read 256.
+    let ring1 = RingOverride { task_window: Some(32), heap_bytes: Some(4096), dep_pool: Some(16) };
+    check_stall(
+        TENSOR_MAP,
+        4,
+        ring1,
+        RuntimeCode::TensormapOverflow,
+        "ring 1: the tensor map's 176 entries",
+    );
+}
