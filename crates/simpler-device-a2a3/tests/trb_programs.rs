@@ -312,3 +312,71 @@ fn a_scope_holding_more_accesses_than_the_tensor_map_is_a_tensormap_overflow() {
         "ring 1: the tensor map's 176 entries",
     );
 }
+
+// The orchestration's own reads and writes of tensor bytes wait for the tasks the tensor map
+// knows: a read for the writers, a write for the readers.
+
+use simpler_device_a2a3::Kernels;
+
+const PROBE_ELEMS: u32 = 1 << 16;
+
+fn five_args(_: &OrchArgs<'_>) -> OrchConfig {
+    OrchConfig { expected_arg_count: 5 }
+}
+
+/// Arguments `a, b` (inputs), `out` (output), `y` (in-out), `z` (output): `x = a + b` by a task,
+/// read back at once into `out`; `z = y + y` by a task, then `y` overwritten at once.
+fn probing_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{Input, Output};
+    let bad = || OrchError::from_status(-1);
+    let t = |i| args.tensor(i).copied().ok_or_else(bad);
+    let (a, b, out, y, z) = (t(0)?, t(1)?, t(2)?, t(3)?, t(4)?);
+    let x = ctx.alloc_tensor(&[PROBE_ELEMS], DataType::Float32)?;
+    ctx.submit(Kernels::Aiv(add::ADD), &core_args(&[(a, Input), (b, Input), (x, Output)])?)?;
+    let mut bytes = vec![0u8; PROBE_ELEMS as usize * 4];
+    ctx.tensor_data(&x, &mut bytes)?;
+    ctx.set_tensor_data(&out, &bytes)?;
+    ctx.submit(Kernels::Aiv(add::ADD), &core_args(&[(y, Input), (y, Input), (z, Output)])?)?;
+    ctx.set_tensor_data(&y, &vec![0u8; PROBE_ELEMS as usize * 4])?;
+    Ok(())
+}
+
+#[test]
+fn tensor_data_waits_for_the_writer_and_set_tensor_data_for_the_readers() {
+    let add = add::callable().unwrap();
+    let mut b =
+        ChipCallable::native(probing_orchestration, five_args).names("probe", "probe_config");
+    for (func_id, kernel) in add.children() {
+        b = b.kernel(*func_id, kernel.clone());
+    }
+    let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    let slot = r.register_callable(&b.build().unwrap()).unwrap();
+    let n = PROBE_ELEMS as usize;
+    let av: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let bv: Vec<f32> = (0..n).map(|i| 0.5 * i as f32).collect();
+    let yv: Vec<f32> = (0..n).map(|i| 1.0 + i as f32).collect();
+    let mut ptrs = Vec::new();
+    let mut args = TaskArgs::new();
+    use TensorArgType::{InOut, Input, Output};
+    for (values, tag) in
+        [(&av, Input), (&bv, Input), (&vec![0.0; n], Output), (&yv, InOut), (&vec![0.0; n], Output)]
+    {
+        let (p, t) = upload_f32(&mut r, values);
+        args.add_tensor(t, tag).unwrap();
+        ptrs.push(p);
+    }
+    r.run(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &args, &CallConfig::default()))
+        .unwrap();
+    let out = download_f32(&mut r, ptrs[2], n);
+    let z = download_f32(&mut r, ptrs[4], n);
+    let y = download_f32(&mut r, ptrs[3], n);
+    let want_out: Vec<f32> = av.iter().zip(&bv).map(|(a, b)| a + b).collect();
+    let want_z: Vec<f32> = yv.iter().map(|y| y + y).collect();
+    assert!(out == want_out, "tensor_data read the buffer before its writer finished");
+    assert!(z == want_z, "set_tensor_data overwrote the buffer before its reader finished");
+    assert!(y.iter().all(|&v| v == 0.0));
+    for p in ptrs {
+        r.free(p).unwrap();
+    }
+    r.finalize().unwrap();
+}
