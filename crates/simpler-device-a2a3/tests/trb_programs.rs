@@ -380,3 +380,61 @@ fn tensor_data_waits_for_the_writer_and_set_tensor_data_for_the_readers() {
     }
     r.finalize().unwrap();
 }
+
+#[test]
+fn one_aicpu_thread_is_refused_since_one_orchestrates() {
+    let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    let slot = r.register_callable(&vector::callable().unwrap()).unwrap();
+    let one = CallConfig::builder().aicpu_thread_num(1).build().unwrap();
+    let mut args = TaskArgs::new();
+    let (p, t) = upload_f32(&mut r, &[0.0; 16]);
+    for _ in 0..3 {
+        args.add_tensor(t, TensorArgType::NoDep).unwrap();
+    }
+    let err = r.run(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &args, &one)).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::InvalidConfig { setting, .. } if setting == "aicpu_thread_num"),
+        "{err}"
+    );
+    r.free(p).unwrap();
+    let good = vector_args(256);
+    let two = CallConfig::builder().aicpu_thread_num(2).block_dim(1).build().unwrap();
+    let (bytes, _) = run_once(&mut r, slot, 2, &good, &two);
+    assert_eq!(f32s(&bytes), vector::reference(&good[0].values, &good[1].values));
+    r.finalize().unwrap();
+}
+
+/// `f = a + b` as one MIX task of two AIV members on each of three blocks, then the same as an
+/// AIV task of four blocks: every member computes the whole sum, so the output is `a + b` when
+/// every member of every block ran and the task completed once.
+fn mixed_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{Input, Output};
+    let bad = || OrchError::from_status(-1);
+    let t = |i| args.tensor(i).copied().ok_or_else(bad);
+    let (a, b, f) = (t(0)?, t(1)?, t(2)?);
+    let mix = Kernels::Mix { aic: None, aiv0: Some(add::ADD), aiv1: Some(add::ADD) };
+    let x = ctx.alloc_tensor(a.shape(), DataType::Float32)?;
+    ctx.submit_blocks(mix, &core_args(&[(a, Input), (b, Input), (x, Output)])?, 3)?;
+    ctx.submit_blocks(
+        Kernels::Aiv(add::ADD),
+        &core_args(&[(x, Input), (b, Input), (f, Output)])?,
+        4,
+    )?;
+    Ok(())
+}
+
+#[test]
+fn mix_and_multi_block_tasks_give_the_same_bits_on_both_runtimes() {
+    let add = add::callable().unwrap();
+    let mut b = ChipCallable::native(mixed_orchestration, common::three_args)
+        .names("mixed", "mixed_config");
+    for (func_id, kernel) in add.children() {
+        b = b.kernel(*func_id, kernel.clone());
+    }
+    let args = vector_args(4096);
+    let cfg = CallConfig::builder().block_dim(2).build().unwrap();
+    let got = f32s(&same_on_both(&b.build().unwrap(), &args, &cfg));
+    let want: Vec<f32> =
+        args[0].values.iter().zip(&args[1].values).map(|(a, b)| a + b + b).collect();
+    assert_eq!(got, want);
+}

@@ -45,8 +45,8 @@ pub(crate) struct TrbRun {
 
 impl ChipRuntime for TensormapAndRingbuffer {
     fn check_config(&self, run_id: Option<RunId>, config: &CallConfig) -> Result<(), DeviceError> {
-        // One thread orchestrates; at least one must schedule.
-        if config.aicpu_thread_num() < 2 {
+        // One thread orchestrates; at least one must schedule (0 asks for the default, 3).
+        if config.aicpu_thread_num() == 1 {
             return Err(DeviceError::InvalidConfig {
                 run_id,
                 setting: "aicpu_thread_num".into(),
