@@ -35,7 +35,11 @@ struct Bench {
 
 impl Bench {
     fn new() -> Bench {
-        let mut o = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
+        Bench::with_runtime(RuntimeVariant::HostBuildGraph)
+    }
+
+    fn with_runtime(runtime: RuntimeVariant) -> Bench {
+        let mut o = RunnerOptions::sim(0, runtime);
         // Knobs for studying the spin policy: spin rounds and yield rounds of every wait.
         if let Some(y) = std::env::var("SIMPLER_BENCH_YIELDS").ok().and_then(|v| v.parse().ok()) {
             o.sim.yield_iters = y;
@@ -127,6 +131,50 @@ fn s1(quick: bool) {
         ms(lo),
         ms(hi),
         ms(wmed)
+    );
+}
+
+// ----- S5: S1 under both runtimes -----
+
+/// S1 warm on a fresh runner of `runtime`: the median of `runs` runs and the output bytes.
+fn s1_warm(runtime: RuntimeVariant, runs: usize) -> (Duration, Duration, Vec<f32>) {
+    let n = 16384;
+    let mut b = Bench::with_runtime(runtime);
+    let c = vector::callable().expect("callable");
+    let slot = b.runner.register_callable(&c).expect("register");
+    let (a, bv): (Vec<f32>, Vec<f32>) =
+        ((0..n).map(|i| i as f32 * 0.5).collect(), (0..n).map(|i| 3.0 - i as f32).collect());
+    let (_, ta) = b.device_f32(&a, &[n as u32]);
+    let (_, tb) = b.device_f32(&bv, &[n as u32]);
+    let (pf, tf) = b.device_f32(&vec![0.0; n], &[n as u32]);
+    let mut args = TaskArgs::new();
+    args.add_input(ta).and_then(|a| a.add_input(tb)).and_then(|a| a.add_output(tf)).expect("args");
+    let cfg = CallConfig::default();
+    b.run(slot, &args, &cfg);
+    let mut warm = Vec::new();
+    let mut wall = Vec::new();
+    for _ in 0..runs {
+        let (t, w) = b.run(slot, &args, &cfg);
+        warm.push(t);
+        wall.extend(w);
+    }
+    let out = b.read_f32(pf, n);
+    assert!(out == vector::reference(&a, &bv), "S5 result under {runtime:?}");
+    (stats(warm).0, stats(wall).0, out)
+}
+
+fn s5(quick: bool) {
+    let runs = if quick { 3 } else { 100 };
+    let (hbg, hbg_wall, hbg_out) = s1_warm(RuntimeVariant::HostBuildGraph, runs);
+    let (trb, trb_wall, trb_out) = s1_warm(RuntimeVariant::TensormapAndRingbuffer, runs);
+    assert!(hbg_out == trb_out, "S5: the runtimes' outputs differ");
+    println!("S5 S1 warm under both runtimes (median of {runs} runs; outputs identical)");
+    println!("  host_build_graph:         {:.3} ms (device wall {:.3} ms)", ms(hbg), ms(hbg_wall));
+    println!(
+        "  tensormap_and_ringbuffer: {:.3} ms (device wall {:.3} ms), {:.2}x hbg",
+        ms(trb),
+        ms(trb_wall),
+        trb.as_secs_f64() / hbg.as_secs_f64()
     );
 }
 
@@ -333,5 +381,8 @@ fn main() {
     }
     if wanted("idle") {
         idle_cpu(quick);
+    }
+    if wanted("s5") {
+        s5(quick);
     }
 }

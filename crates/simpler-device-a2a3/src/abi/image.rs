@@ -37,6 +37,8 @@ use super::payload::PayloadPair;
 
 /// `ImageHeader::magic` of a host_build_graph image ("HBG1").
 pub const HBG_IMAGE_MAGIC: u32 = 0x3147_4248;
+/// `ImageHeader::magic` of a tensormap_and_ringbuffer image ("TRB1").
+pub const TRB_IMAGE_MAGIC: u32 = 0x3142_5254;
 /// AICPU threads an image has phase records for.
 pub const MAX_PHASE_THREADS: usize = 4;
 /// Number of ready queues: one per [`TaskShape`], indexed by its value.
@@ -138,8 +140,10 @@ pub struct ImageHeader {
     pub aicpu_swimlane_capacity: u32,
     /// Padding.
     pub reserved0: u32,
+    /// Offset of the runtime's own section ([`TrbHeader`] in a trb image; 0 in an hbg image).
+    pub runtime_off: u64,
     /// Padding to three cache lines (no implicit padding anywhere in the image).
-    pub reserved1: [u64; 5],
+    pub reserved1: [u64; 4],
 }
 
 const _: () = {
@@ -396,6 +400,73 @@ pub struct PhaseRecord {
 }
 
 const _: () = assert!(size_of::<PhaseRecord>() == 64);
+
+/// The runtime section of a tensormap_and_ringbuffer image: where the AICPU threads find the
+/// orchestration, its arguments and the arena (`docs/device-trb.md`). Written by the host only.
+///
+/// The arguments are `num_tensors` descriptors (128 bytes each), then `num_tensors` tags
+/// (`i32` wire values), then `num_scalars` scalars, starting at `args_off` (the scalars 8-byte
+/// aligned).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+pub struct TrbHeader {
+    /// Device address of the orchestration entry (a `NativeOrchFn`).
+    pub orch_entry: u64,
+    /// Device address of the arena (1024-aligned).
+    pub arena_base: u64,
+    /// Bytes of the arena.
+    pub arena_len: u64,
+    /// Task slots per ring.
+    pub task_window: [u32; 4],
+    /// Dependency entries per ring.
+    pub dep_pool: [u32; 4],
+    /// Heap bytes per ring.
+    pub heap_bytes: [u64; 4],
+    /// Tensor-map entries.
+    pub map_entries: u32,
+    /// Tensor-map buckets.
+    pub map_buckets: u32,
+    /// Tensor arguments of the orchestration.
+    pub num_tensors: u32,
+    /// Scalar arguments of the orchestration.
+    pub num_scalars: u32,
+    /// Image offset of the orchestration's arguments.
+    pub args_off: u64,
+    /// Image offset of the [`TrbStatus`].
+    pub status_off: u64,
+    /// Padding to two cache lines.
+    pub reserved: [u64; 1],
+}
+
+const _: () = assert!(size_of::<TrbHeader>() == 128);
+
+/// Bytes of message text a [`TrbStatus`] holds.
+pub const TRB_MESSAGE_BYTES: usize = 256;
+
+/// What the trb orchestration thread reports: its task count, the rings' high-water marks and
+/// the text of a latched error. Written by that thread only (the code itself and the failing
+/// ring's sizes and usage go to the [`SharedHeader`]); read by the schedulers (`submitted`,
+/// after `orch_done`) and by the host after the run.
+#[derive(Debug, Default)]
+#[repr(C, align(64))]
+pub struct TrbStatus {
+    /// Tasks the orchestration submitted; final once `SharedHeader::orch_done` is set.
+    pub submitted: AtomicU64,
+    /// Bytes of `message` in use.
+    pub message_len: AtomicU32,
+    /// Padding.
+    pub reserved0: u32,
+    /// Per ring, the high-water marks of task slots, heap bytes and dependency entries.
+    pub peaks: [[AtomicU64; 3]; 4],
+    /// High-water mark of live tensor-map entries.
+    pub map_peak: AtomicU64,
+    /// Padding.
+    pub reserved1: [u64; 1],
+    /// The latched error's text, eight bytes per word (little-endian).
+    pub message: [AtomicU64; TRB_MESSAGE_BYTES / 8],
+}
+
+const _: () = assert!(size_of::<TrbStatus>() == 128 + TRB_MESSAGE_BYTES);
 
 /// Sizing inputs of an image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,6 +11,8 @@
 //! - [`view`]: checked, typed access to the runtime image.
 //! - [`dispatch`]: one core's token state machine (ACK/FIN bookkeeping, double buffering).
 //! - [`scheduler`]: the `exec` entry: boot, handshake, scheduling loop, watchdog, shutdown.
+//! - `trb`: the tensormap_and_ringbuffer side of `exec`: the orchestration thread and the
+//!   scheduler threads that dispatch while it submits.
 //! - `program` (feature `aicpu-program`): the onboard AICPU program's init and exec entries
 //!   and its platform over the chip's register windows.
 
@@ -21,6 +23,7 @@ use crate::abi::regs::RegId;
 pub mod dispatch;
 pub mod program;
 pub mod scheduler;
+mod trb;
 pub mod view;
 
 pub use scheduler::{EXEC_HANDSHAKE_FAILED, EXEC_OK, EXEC_UNCLEAN_SHUTDOWN, exec};

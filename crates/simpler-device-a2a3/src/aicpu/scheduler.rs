@@ -52,18 +52,22 @@ pub const EXEC_UNCLEAN_SHUTDOWN: i32 = 1;
 pub const EXEC_HANDSHAKE_FAILED: i32 = 2;
 
 /// Ticks per millisecond of the 50 MHz counter.
-const TICKS_PER_MS: u64 = COUNTER_HZ / 1000;
+pub(super) const TICKS_PER_MS: u64 = COUNTER_HZ / 1000;
 
 /// How a bounded wait ended.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum WaitEnd {
+pub(super) enum WaitEnd {
     Done,
     TimedOut,
     Stopped,
 }
 
 /// Waits until `done()` holds, the counter reaches `deadline`, or the platform says stop.
-fn wait_for<P: AicpuPlatform>(p: &P, deadline: u64, mut done: impl FnMut() -> bool) -> WaitEnd {
+pub(super) fn wait_for<P: AicpuPlatform>(
+    p: &P,
+    deadline: u64,
+    mut done: impl FnMut() -> bool,
+) -> WaitEnd {
     let mut round = 0u32;
     loop {
         let epoch = p.wait_epoch();
@@ -82,24 +86,24 @@ fn wait_for<P: AicpuPlatform>(p: &P, deadline: u64, mut done: impl FnMut() -> bo
 }
 
 /// The core states a thread owns (at most all 72 cores).
-struct Owned {
-    cores: [CoreState; MAX_LAUNCH_CORES],
-    len: usize,
+pub(super) struct Owned {
+    pub(super) cores: [CoreState; MAX_LAUNCH_CORES],
+    pub(super) len: usize,
 }
 
 impl Owned {
-    fn new() -> Owned {
+    pub(super) fn new() -> Owned {
         Owned { cores: [CoreState::new(0, CoreType::Aic, 0, 0); MAX_LAUNCH_CORES], len: 0 }
     }
 
-    fn push(&mut self, w: CoreState) {
+    pub(super) fn push(&mut self, w: CoreState) {
         if self.len < MAX_LAUNCH_CORES {
             self.cores[self.len] = w;
             self.len += 1;
         }
     }
 
-    fn all(&self) -> &[CoreState] {
+    pub(super) fn all(&self) -> &[CoreState] {
         &self.cores[..self.len]
     }
 }
@@ -205,39 +209,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
 
     /// Step 2: handshake every owned core. Returns the first failing core.
     fn handshake(&mut self, budget: u64) -> Result<(), u32> {
-        let deadline = self.p.counter().saturating_add(budget);
-        for i in 0..self.owned.len {
-            let w = self.owned.cores[i].index;
-            self.p.claim_core(w);
-            let hs = self.view.handshake(w);
-            // Acquire pairs with the AICore's release store of `aicore_done`, so its
-            // `physical_core_id` and `core_type` writes are visible.
-            match wait_for(self.p, deadline, || hs.aicore_done.load(Acquire) != 0) {
-                WaitEnd::Done => {}
-                WaitEnd::TimedOut => {
-                    self.p.report_fault(
-                        Some(w),
-                        format_args!("core {w} never reported in (aicore_done stayed 0)"),
-                    );
-                    return Err(w);
-                }
-                WaitEnd::Stopped => return Err(w),
-            }
-            let phys = hs.physical_core_id.load(Relaxed);
-            if phys >= PHYSICAL_CORE_LIMIT {
-                self.p.report_fault(
-                    Some(w),
-                    format_args!("handshake failed: core {w} reported physical core id {phys} (limit {PHYSICAL_CORE_LIMIT})"),
-                );
-                return Err(w);
-            }
-            // Release: the AICore reads `task` after observing the open window (acquire).
-            hs.task.store(self.view.payload_pair_addr(w), Release);
-            self.p.reg_store(w, RegId::FastPathEnable, FAST_PATH_OPEN);
-            self.p.reg_store(w, RegId::DataMainBaseLow, AICPU_IDLE);
-            hs.aicpu_ready.store(1, Relaxed);
-        }
-        Ok(())
+        handshake(self.p, &self.view, self.owned.all(), budget)
     }
 
     /// Completes one member of `task`; completes the task when it was the last.
@@ -598,6 +570,49 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
     }
 }
 
+/// Step 2: handshakes `owned`'s cores (the image's handshake records, then the register
+/// window). Returns the first failing core.
+pub(super) fn handshake<P: AicpuPlatform>(
+    p: &P,
+    view: &ImageView<'_>,
+    owned: &[CoreState],
+    budget: u64,
+) -> Result<(), u32> {
+    let deadline = p.counter().saturating_add(budget);
+    for core in owned {
+        let w = core.index;
+        p.claim_core(w);
+        let hs = view.handshake(w);
+        // Acquire pairs with the AICore's release store of `aicore_done`, so its
+        // `physical_core_id` and `core_type` writes are visible.
+        match wait_for(p, deadline, || hs.aicore_done.load(Acquire) != 0) {
+            WaitEnd::Done => {}
+            WaitEnd::TimedOut => {
+                p.report_fault(
+                    Some(w),
+                    format_args!("core {w} never reported in (aicore_done stayed 0)"),
+                );
+                return Err(w);
+            }
+            WaitEnd::Stopped => return Err(w),
+        }
+        let phys = hs.physical_core_id.load(Relaxed);
+        if phys >= PHYSICAL_CORE_LIMIT {
+            p.report_fault(
+                Some(w),
+                format_args!("handshake failed: core {w} reported physical core id {phys} (limit {PHYSICAL_CORE_LIMIT})"),
+            );
+            return Err(w);
+        }
+        // Release: the AICore reads `task` after observing the open window (acquire).
+        hs.task.store(view.payload_pair_addr(w), Release);
+        p.reg_store(w, RegId::FastPathEnable, FAST_PATH_OPEN);
+        p.reg_store(w, RegId::DataMainBaseLow, AICPU_IDLE);
+        hs.aicpu_ready.store(1, Relaxed);
+    }
+    Ok(())
+}
+
 /// Sends the exit signal to `cores`, waits for every answer within `budget` ticks, then
 /// writes AICPU idle and closes the windows. Returns whether every core answered.
 pub fn shutdown_cores<P: AicpuPlatform>(
@@ -628,6 +643,9 @@ pub fn shutdown_cores<P: AicpuPlatform>(
 
 /// The AICPU `exec` entry for thread `thread` of a launch (`docs/device-handshake.md`).
 pub fn exec<P: AicpuPlatform>(p: &P, init: &InitArgs, view: &ImageView<'_>, thread: u32) -> i32 {
+    if view.trb_header().is_some() {
+        return super::trb::exec(p, init, view, thread);
+    }
     let h = view.header();
     let threads = h.aicpu_threads.clamp(1, crate::abi::MAX_AICPU_THREADS);
     let phase = view.phase(thread);

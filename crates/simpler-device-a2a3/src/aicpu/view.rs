@@ -21,7 +21,8 @@ use crate::abi::handshake::Handshake;
 use crate::abi::image::{
     AicpuRecord, CoreSlot, HBG_IMAGE_MAGIC, ImageHeader, MAX_PHASE_THREADS, PhaseRecord,
     READY_QUEUE_COUNT, ReadyQueueHeader, SECTION_ALIGN, SharedHeader, SwimlaneHeader,
-    SwimlaneRecord, TaskRecord, aicpu_swimlane_block_bytes, swimlane_block_bytes,
+    SwimlaneRecord, TRB_IMAGE_MAGIC, TaskRecord, TrbHeader, TrbStatus, aicpu_swimlane_block_bytes,
+    swimlane_block_bytes,
 };
 use crate::abi::payload::{DispatchPayload, PayloadPair};
 use crate::abi::{ABI_VERSION, MAX_FUNC_IDS, MAX_LAUNCH_CORES};
@@ -100,7 +101,8 @@ impl<'a> ImageView<'a> {
         // long enough for the header (checked above); the header is plain data written by the
         // host before the launch.
         let header = unsafe { &*(base as *const ImageHeader) };
-        if header.magic != HBG_IMAGE_MAGIC || header.abi_version != ABI_VERSION {
+        let magic_ok = header.magic == HBG_IMAGE_MAGIC || header.magic == TRB_IMAGE_MAGIC;
+        if !magic_ok || header.abi_version != ABI_VERSION {
             return Err(ViewError::BadHeader);
         }
         let check = |off: u64, bytes: u64, name: &'static str| -> Result<(), ViewError> {
@@ -149,6 +151,14 @@ impl<'a> ImageView<'a> {
             return Err(ViewError::BadSection("launch shape"));
         }
         let view = ImageView { base, header };
+        if header.magic == TRB_IMAGE_MAGIC {
+            check(header.runtime_off, size_of::<TrbHeader>() as u64, "trb header")?;
+            let trb = view.trb_header_unchecked();
+            check(trb.status_off, size_of::<TrbStatus>() as u64, "trb status")?;
+            let n = u64::from(trb.num_tensors);
+            let args = (n * 132).div_ceil(8) * 8 + u64::from(trb.num_scalars) * 8;
+            check(trb.args_off, args, "trb arguments")?;
+        }
         for q in 0..READY_QUEUE_COUNT {
             let rq = view.ready_header(q);
             if rq.capacity > 0 {
@@ -157,6 +167,23 @@ impl<'a> ImageView<'a> {
             }
         }
         Ok(view)
+    }
+
+    fn trb_header_unchecked(&self) -> &'a TrbHeader {
+        // SAFETY: only called after the section was checked to lie inside the image (64-byte
+        // aligned); the header is plain data written by the host before the launch.
+        unsafe { self.at(self.header.runtime_off) }
+    }
+
+    /// The trb runtime section, if this is a trb image.
+    pub fn trb_header(&self) -> Option<&'a TrbHeader> {
+        (self.header.magic == TRB_IMAGE_MAGIC).then(|| self.trb_header_unchecked())
+    }
+
+    /// The trb orchestration's status record, if this is a trb image.
+    pub fn trb_status(&self) -> Option<&'a TrbStatus> {
+        // SAFETY: checked in `from_raw_sections` for a trb image; all fields are atomics.
+        self.trb_header().map(|t| unsafe { self.at(t.status_off) })
     }
 
     /// The image base as a device address.
@@ -421,6 +448,11 @@ impl<'a> HostImageView<'a> {
     /// Phase record of AICPU thread `t` (< 4).
     pub(crate) fn phase(&self, t: u32) -> &'a PhaseRecord {
         self.view.phase(t)
+    }
+
+    /// The trb orchestration's status record, if this is a trb image.
+    pub(crate) fn trb_status(&self) -> Option<&'a TrbStatus> {
+        self.view.trb_status()
     }
 
     /// The swimlane records core `c` (< `num_aicore`) wrote, and how many it dropped.

@@ -972,6 +972,7 @@ impl Core {
             return;
         };
         run.latched = bound.latched_status(&view);
+        bound.read_back(&view, &mut run.report);
         let launch = run.aicore.as_ref().map_or(0, |l| l.started_ticks());
         match bound.timing(&view, launch) {
             Some((wall, phases)) => {

@@ -3,20 +3,19 @@
 //!
 //! - `orch`: the orchestration ops table and the safe `OrchCtx` (shared by both runtimes).
 //! - `hbg`: host_build_graph — the graph is built on the host and uploaded whole.
+//! - `trb`: tensormap_and_ringbuffer — the orchestration runs on an AICPU thread and the rings
+//!   reclaim task slots, heap and dependency entries as tasks finish.
 //!
 //! Everything that differs between the runtimes happens behind `ChipRuntime::bind` and the
 //! `BoundRun` methods: running (or preparing) the orchestration, the image layout and its
 //! writing, capacity checks, and reading the runtime's state back after the run (latched
 //! status, timing, swimlane records, the dependency graph and scope statistics). The runner
 //! stays the same for every runtime: it validates the request, stages the tensors, uploads the
-//! image the runtime wrote, launches, reaps and cleans up. The tensormap_and_ringbuffer runtime
-//! is not built yet; `select` gives a runner attached with it a runtime that refuses every
-//! run with `Unsupported`. `docs/device-seams.md` describes the data flow.
+//! image the runtime wrote, launches, reaps and cleans up. `docs/device-seams.md` describes the
+//! data flow.
 
 pub mod hbg;
 pub mod orch;
-// Not yet wired to an AICPU orchestration thread (`docs/device-trb.md`); its unit tests drive it.
-#[allow(dead_code)]
 pub(crate) mod trb;
 
 use std::fmt;
@@ -92,6 +91,11 @@ pub(crate) trait BoundRun: Send + fmt::Debug {
     /// report.
     fn describe(&self, report: &mut RunReport);
 
+    /// Records what only the run itself learned (a runtime that builds its graph on the
+    /// device: task counts, ring high-water marks), read from the image after both streams
+    /// completed.
+    fn read_back(&self, _image: &HostImageView<'_>, _report: &mut RunReport) {}
+
     /// The status the runtime latched during the run, read from the image after both streams
     /// completed; `None` when it latched none.
     fn latched_status(&self, image: &HostImageView<'_>) -> Option<RuntimeFault>;
@@ -112,29 +116,8 @@ pub(crate) fn select(variant: RuntimeVariant, scheduler_budget: Duration) -> Box
     match variant {
         RuntimeVariant::HostBuildGraph => Box::new(hbg::HostBuildGraph::new(scheduler_budget)),
         RuntimeVariant::TensormapAndRingbuffer => {
-            Box::new(NotBuilt { feature: "the tensormap_and_ringbuffer runtime" })
+            Box::new(trb::bind::TensormapAndRingbuffer::new(scheduler_budget))
         }
-    }
-}
-
-/// A runtime variant this version does not implement: every run is `Unsupported`.
-#[derive(Debug)]
-struct NotBuilt {
-    feature: &'static str,
-}
-
-impl ChipRuntime for NotBuilt {
-    fn check_config(&self, run_id: Option<RunId>, _: &CallConfig) -> Result<(), DeviceError> {
-        Err(DeviceError::Unsupported { run_id, feature: self.feature.into() })
-    }
-
-    fn bind(
-        &mut self,
-        inputs: &BindInputs<'_>,
-        _: &mut dyn BuildEnv,
-        _: &mut Vec<u8>,
-    ) -> Result<Box<dyn BoundRun>, DeviceError> {
-        Err(DeviceError::Unsupported { run_id: Some(inputs.run_id), feature: self.feature.into() })
     }
 }
 

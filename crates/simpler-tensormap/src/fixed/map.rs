@@ -2,17 +2,18 @@
 //!
 //! # Layout
 //!
-//! - `entries` is the pool. Every slot is either on the free list or in exactly one bucket
-//!   chain; both are singly linked through [`MapEntry::next`], and `NIL` ends a list.
+//! - `entries` is the pool. Every slot is on the free list, in exactly one bucket chain, or in
+//!   the untouched tail (`untouched..`, never handed out since the last clear, holding
+//!   anything); the lists are singly linked through [`MapEntry::next`], and `NIL` ends a list.
 //! - `buckets[b]` is the first slot of the chain of bucket `b`; a key's entries all lie in the
 //!   chain of the key's bucket (other keys that hash there share it). New entries go to the
 //!   front, so a chain holds its key's entries newest first.
 //!
 //! # Invariants
 //!
-//! 1. The free list and the chains partition the pool; no slot is in two lists and no list has
-//!    a cycle.
-//! 2. A slot is on the free list iff its role byte is vacant.
+//! 1. The free list, the chains and the untouched tail partition the pool; no slot is in two
+//!    lists and no list has a cycle.
+//! 2. A slot below `untouched` is on the free list iff its role byte is vacant.
 //! 3. Every chained entry's key hashes to its chain's bucket, and its span is not empty.
 //! 4. `writers` and `readers` count the chained entries of each role.
 
@@ -70,6 +71,9 @@ pub struct FixedTensorMap<'a, K> {
     shift: u32,
     /// First slot of the free list.
     free: u32,
+    /// Slots from this index on were never handed out since the last clear: free, whatever
+    /// they hold, so clearing needs no pass over the pool.
+    untouched: u32,
     writers: u32,
     readers: u32,
     peak: u32,
@@ -105,6 +109,7 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
             buckets,
             shift: 64 - len.trailing_zeros(),
             free: NIL,
+            untouched: 0,
             writers: 0,
             readers: 0,
             peak: 0,
@@ -113,18 +118,12 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
         Ok(map)
     }
 
-    /// Removes every entry (and resets the peak), in one pass over the pool and the buckets.
+    /// Removes every entry (and resets the peak), in one pass over the buckets; the pool is
+    /// handed out again from its first slot, in index order.
     pub fn clear(&mut self) {
         self.buckets.fill(NIL);
-        let mut next = NIL;
-        // Link the pool back to front, so slots are handed out in index order.
-        for (at, entry) in self.entries.iter_mut().enumerate().rev() {
-            entry.role = VACANT;
-            entry.next = next;
-            // `new` checked that every index fits below `NIL`.
-            next = at as u32;
-        }
-        self.free = next;
+        self.free = NIL;
+        self.untouched = 0;
         self.writers = 0;
         self.readers = 0;
         self.peak = 0;
@@ -336,8 +335,14 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
 
     fn pop_free(&mut self) -> Option<u32> {
         let at = self.free;
-        let entry = self.entries.get(at as usize)?;
-        self.free = entry.next;
+        if let Some(entry) = self.entries.get(at as usize) {
+            self.free = entry.next;
+            return Some(at);
+        }
+        // `new` checked that every index fits below `NIL`.
+        let at = self.untouched;
+        self.entries.get(at as usize)?;
+        self.untouched += 1;
         Some(at)
     }
 
@@ -386,7 +391,7 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
                 }
             }
         }
-        if seen != self.entries.len() {
+        if seen + (self.entries.len() - self.untouched as usize) != self.entries.len() {
             return Err("a slot is in no list");
         }
         if (writers, readers) != (self.writers, self.readers) {

@@ -34,7 +34,7 @@ pub(crate) struct ImageInputs<'a> {
     pub(crate) func_table: &'a [u64],
 }
 
-fn put(buf: &mut [u8], off: u64, bytes: &[u8]) {
+pub(crate) fn put(buf: &mut [u8], off: u64, bytes: &[u8]) {
     let start = off as usize;
     match buf.get_mut(start..start + bytes.len()) {
         Some(dst) => dst.copy_from_slice(bytes),
@@ -46,11 +46,11 @@ fn put_u32(buf: &mut [u8], off: u64, v: u32) {
     put(buf, off, &v.to_le_bytes());
 }
 
-fn put_i32(buf: &mut [u8], off: u64, v: i32) {
+pub(crate) fn put_i32(buf: &mut [u8], off: u64, v: i32) {
     put(buf, off, &v.to_le_bytes());
 }
 
-fn put_u64(buf: &mut [u8], off: u64, v: u64) {
+pub(crate) fn put_u64(buf: &mut [u8], off: u64, v: u64) {
     put(buf, off, &v.to_le_bytes());
 }
 
@@ -72,6 +72,64 @@ pub(crate) fn total_dispatches(g: &BuiltGraph) -> u64 {
         .filter(|t| t.shape != TaskShape::Dummy)
         .map(|t| u64::from(t.block_num) * u64::from(members(&t.func_ids, t.shape)))
         .sum()
+}
+
+/// The header of an image of `layout` whose magic names the runtime.
+pub(crate) fn frame_header(
+    layout: &ImageLayout,
+    inp: &ImageInputs<'_>,
+    magic: u32,
+    task_count: u32,
+    edge_count: u32,
+) -> ImageHeader {
+    ImageHeader {
+        magic,
+        abi_version: ABI_VERSION,
+        image_len: layout.len,
+        block_dim: inp.block_dim,
+        num_aicore: 3 * inp.block_dim,
+        aicpu_threads: inp.aicpu_threads,
+        task_count,
+        edge_count,
+        profiling: inp.profiling,
+        active_callable: inp.active_callable,
+        handshake_off: layout.handshake_off,
+        func_table_off: layout.func_table_off,
+        shared_off: layout.shared_off,
+        tasks_off: layout.tasks_off,
+        edges_off: layout.edges_off,
+        ready_off: layout.ready_off,
+        cores_off: layout.cores_off,
+        payloads_off: layout.payloads_off,
+        swimlane_off: layout.swimlane_off,
+        swimlane_capacity: inp.swimlane_capacity,
+        swimlane_level: inp.swimlane_level,
+        phases_off: layout.phases_off,
+        aicpu_swimlane_off: layout.aicpu_swimlane_off,
+        aicpu_swimlane_capacity: inp.aicpu_swimlane_capacity,
+        ..ImageHeader::default()
+    }
+}
+
+/// Writes the parts every runtime's image shares: the header, the pre-typed handshake
+/// records (L1, P6), the func table and the shared header's "none" markers.
+pub(crate) fn write_frame(
+    b: &mut [u8],
+    layout: &ImageLayout,
+    header: &ImageHeader,
+    inp: &ImageInputs<'_>,
+) {
+    put(b, 0, bytemuck::bytes_of(header));
+    for w in 0..MAX_LAUNCH_CORES as u32 {
+        let ty = if w < inp.block_dim { CoreType::Aic } else { CoreType::Aiv };
+        let off = layout.handshake_off + u64::from(w) * size_of::<Handshake>() as u64;
+        put_u32(b, off + offset_of!(Handshake, core_type) as u64, ty as u32);
+    }
+    for (i, &addr) in inp.func_table.iter().take(MAX_FUNC_IDS).enumerate() {
+        put_u64(b, layout.func_table_off + 8 * i as u64, addr);
+    }
+    put_u32(b, layout.shared_off + offset_of!(SharedHeader, fault_ring) as u64, u32::MAX);
+    put_u64(b, layout.shared_off + offset_of!(SharedHeader, stuck_task) as u64, u64::MAX);
 }
 
 /// Writes the image of `g` into `buf` (resized); returns its layout, or `None` when the sizes
@@ -126,51 +184,8 @@ pub(crate) fn write_image(
     buf.resize(usize::try_from(layout.len).ok()?, 0);
     let b = buf.as_mut_slice();
 
-    // Header.
-    let header = ImageHeader {
-        magic: HBG_IMAGE_MAGIC,
-        abi_version: ABI_VERSION,
-        image_len: layout.len,
-        block_dim: inp.block_dim,
-        num_aicore: 3 * inp.block_dim,
-        aicpu_threads: inp.aicpu_threads,
-        task_count,
-        edge_count,
-        profiling: inp.profiling,
-        active_callable: inp.active_callable,
-        handshake_off: layout.handshake_off,
-        func_table_off: layout.func_table_off,
-        shared_off: layout.shared_off,
-        tasks_off: layout.tasks_off,
-        edges_off: layout.edges_off,
-        ready_off: layout.ready_off,
-        cores_off: layout.cores_off,
-        payloads_off: layout.payloads_off,
-        swimlane_off: layout.swimlane_off,
-        swimlane_capacity: inp.swimlane_capacity,
-        swimlane_level: inp.swimlane_level,
-        phases_off: layout.phases_off,
-        aicpu_swimlane_off: layout.aicpu_swimlane_off,
-        aicpu_swimlane_capacity: inp.aicpu_swimlane_capacity,
-        ..ImageHeader::default()
-    };
-    put(b, 0, bytemuck::bytes_of(&header));
-
-    // Handshake records: zero (L1), pre-typed (P6).
-    for w in 0..MAX_LAUNCH_CORES as u32 {
-        let ty = if w < inp.block_dim { CoreType::Aic } else { CoreType::Aiv };
-        let off = layout.handshake_off + u64::from(w) * size_of::<Handshake>() as u64;
-        put_u32(b, off + offset_of!(Handshake, core_type) as u64, ty as u32);
-    }
-
-    // Func table.
-    for (i, &addr) in inp.func_table.iter().take(MAX_FUNC_IDS).enumerate() {
-        put_u64(b, layout.func_table_off + 8 * i as u64, addr);
-    }
-
-    // Shared header.
-    put_u32(b, layout.shared_off + offset_of!(SharedHeader, fault_ring) as u64, u32::MAX);
-    put_u64(b, layout.shared_off + offset_of!(SharedHeader, stuck_task) as u64, u64::MAX);
+    let header = frame_header(&layout, inp, HBG_IMAGE_MAGIC, task_count, edge_count);
+    write_frame(b, &layout, &header, inp);
 
     // Tasks, arguments, fanout.
     let mut fill = fan_start.clone();

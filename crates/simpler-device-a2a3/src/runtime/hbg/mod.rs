@@ -71,6 +71,41 @@ pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "panic".into())
 }
 
+/// Calls the orchestration's config function (user code: a panic is an orchestration failure
+/// of the run, never an unwind out of `prepare`) and checks the chip entry has the arguments it
+/// expects.
+pub(crate) fn check_arg_count(
+    run_id: simpler_types::RunId,
+    config: crate::callable::NativeConfigFn,
+    args: &OrchArgs<'_>,
+) -> Result<(), DeviceError> {
+    let expected = match std::panic::catch_unwind(AssertUnwindSafe(|| config(args))) {
+        Ok(c) => c.expected_arg_count as usize,
+        Err(p) => {
+            return Err(DeviceError::Orchestration {
+                run_id,
+                message: format!(
+                    "the orchestration's config function panicked: {}",
+                    panic_text(&*p)
+                ),
+            });
+        }
+    };
+    if args.len() < expected {
+        return Err(DeviceError::Runtime {
+            run_id,
+            fault: Box::new(RuntimeFault::new(
+                RuntimeCode::InvalidArgs,
+                format!(
+                    "the orchestration expects {expected} arguments, the chip entry got {}",
+                    args.len()
+                ),
+            )),
+        });
+    }
+    Ok(())
+}
+
 impl ChipRuntime for HostBuildGraph {
     fn check_config(
         &self,
@@ -101,32 +136,7 @@ impl ChipRuntime for HostBuildGraph {
             block_dim: inp.block_dim,
             funcs: inp.funcs.to_vec(),
         };
-        // The config function is user code like the entry: a panic in it is an orchestration
-        // failure of this run, never an unwind out of `prepare`.
-        let expected = match std::panic::catch_unwind(AssertUnwindSafe(|| config(&args))) {
-            Ok(c) => c.expected_arg_count as usize,
-            Err(p) => {
-                return Err(DeviceError::Orchestration {
-                    run_id,
-                    message: format!(
-                        "the orchestration's config function panicked: {}",
-                        panic_text(&*p)
-                    ),
-                });
-            }
-        };
-        if args.len() < expected {
-            return Err(DeviceError::Runtime {
-                run_id,
-                fault: Box::new(RuntimeFault::new(
-                    RuntimeCode::InvalidArgs,
-                    format!(
-                        "the orchestration expects {expected} arguments, the chip entry got {}",
-                        args.len()
-                    ),
-                )),
-            });
-        }
+        check_arg_count(run_id, config, &args)?;
         let graph = {
             let mut builder = GraphBuilder::new(run_id, limits, mem, inp.tensors);
             let rt = &mut builder as *mut GraphBuilder<'_> as *mut c_void;

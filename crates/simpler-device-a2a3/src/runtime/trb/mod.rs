@@ -8,14 +8,18 @@
 //!   window, heap ring, dependency pool, tensor map) and the typed stalls it reports; the
 //!   orchestration owns it, scheduler threads complete tasks through a shared handle.
 //! - `ready`: the bounded multi-producer, multi-consumer queue of ready task ids.
-//! - `arena_cache`: the storage of the last sizing, kept between runs.
+//! - `storage`: the arena's layout in device memory and the typed sections over it.
 //! - `accesses`: a submit's tensor arguments and tags as the engine's tensor-map accesses.
+//! - `bind`: the runtime's `ChipRuntime` and `BoundRun`.
+//! - `image`: the trb image (runtime section, orchestration arguments) and its status record.
 //!
-//! What is built and what is not yet is described in `docs/device-trb.md`: the engine is not
-//! yet wired to an AICPU orchestration thread, so `runtime::select` still refuses trb runs.
+//! The AICPU side (the orchestration thread and the scheduler threads) is `aicpu::trb`;
+//! `docs/device-trb.md` describes both halves.
 
 pub(crate) mod accesses;
-pub(crate) mod arena_cache;
+pub(crate) mod bind;
 pub(crate) mod engine;
+pub(crate) mod image;
 pub(crate) mod ready;
 pub(crate) mod sizing;
+pub(crate) mod storage;

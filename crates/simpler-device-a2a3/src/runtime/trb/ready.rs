@@ -43,6 +43,12 @@ impl<'a> ReadyRing<'a> {
         ReadyRing { cells, head, tail }
     }
 
+    /// The queue over `cells` and cursors that [`new`](Self::new) reset, without resetting them
+    /// (for a thread that shares a queue another thread set up).
+    pub(crate) fn attach(cells: &'a [ReadyCell], head: &'a AtomicU64, tail: &'a AtomicU64) -> Self {
+        ReadyRing { cells, head, tail }
+    }
+
     fn cell(&self, pos: u64) -> &ReadyCell {
         &self.cells[(pos % self.cells.len() as u64) as usize]
     }

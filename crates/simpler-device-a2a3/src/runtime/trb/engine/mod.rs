@@ -40,24 +40,21 @@
 
 use std::fmt;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
-use simpler_ring::fixed::{
-    FixedRecords, HeapRecord, HeapRingCore, SlotWord, TaskWindowCore, WindowRetirer,
-};
+use simpler_ring::fixed::{FixedRecords, HeapRingCore, TaskWindowCore, WindowRetirer};
 use simpler_tensormap::ByteSpan;
-use simpler_tensormap::fixed::{AccessMode, FixedMapError, FixedTensorMap, MapEntry};
+use simpler_tensormap::fixed::{AccessMode, FixedMapError, FixedTensorMap};
 use simpler_types::DeviceTaskId;
 use simpler_types::constants::{HEAP_ALIGN, HEAP_RING_COUNT};
 
-use super::ready::{ReadyCell, ReadyRing};
+use super::ready::ReadyRing;
 use super::sizing::RingSizes;
+use super::storage::{SharedStorage, Storage};
 use crate::abi::codes::RuntimeCode;
 
 /// End of a fanout list.
 const NIL: u64 = u64::MAX;
-/// No heap slab.
-const NO_SLAB: u64 = u64::MAX;
 /// Deepest scope nesting the engine tracks (the outer scope included).
 pub(crate) const MAX_SCOPE_DEPTH: usize = 64;
 /// Most distinct producers one task may have.
@@ -77,8 +74,10 @@ pub(crate) struct Access {
 /// The state of one task slot that completers touch.
 #[derive(Debug)]
 pub(crate) struct SharedSlot {
-    lock: AtomicBool,
-    completed: AtomicBool,
+    /// The fanout lock: 1 while held.
+    lock: AtomicU32,
+    /// 1 once the task completed.
+    completed: AtomicU32,
     fanout_head: AtomicU64,
     fanin: AtomicU32,
     refs: AtomicU32,
@@ -90,8 +89,8 @@ pub(crate) struct SharedSlot {
 impl Default for SharedSlot {
     fn default() -> SharedSlot {
         SharedSlot {
-            lock: AtomicBool::new(false),
-            completed: AtomicBool::new(false),
+            lock: AtomicU32::new(0),
+            completed: AtomicU32::new(0),
             fanout_head: AtomicU64::new(NIL),
             fanin: AtomicU32::new(0),
             refs: AtomicU32::new(0),
@@ -105,11 +104,11 @@ impl SharedSlot {
     /// Runs `f` under the slot's fanout lock (a spin lock around a few loads and stores).
     fn locked<R>(&self, f: impl FnOnce() -> R) -> R {
         // Acquire on taking / release on dropping: the critical sections are totally ordered.
-        while self.lock.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
+        while self.lock.compare_exchange_weak(0, 1, Acquire, Relaxed).is_err() {
             std::hint::spin_loop();
         }
         let r = f();
-        self.lock.store(false, Release);
+        self.lock.store(0, Release);
         r
     }
 }
@@ -122,75 +121,6 @@ pub(crate) struct SharedDep {
     consumer: AtomicU64,
     /// Next entry of the producer's fanout list (`(ring << 32) | index`, or `NIL`).
     next: AtomicU64,
-}
-
-/// The storage of one ring.
-#[derive(Debug)]
-struct RingStore {
-    words: Vec<SlotWord>,
-    records: Vec<HeapRecord>,
-    slots: Vec<SharedSlot>,
-    /// Per slot, owner only: the heap slab's sequence number, and whether the scope's
-    /// reference is still held.
-    heap_seq: Vec<u64>,
-    scope_held: Vec<bool>,
-    deps: Vec<SharedDep>,
-}
-
-/// All storage of a run's rings, tensor map and ready queue, allocated once per sizing and
-/// reused by every engine built over it.
-#[derive(Debug)]
-pub(crate) struct TrbArena {
-    sizes: [RingSizes; HEAP_RING_COUNT],
-    rings: Vec<RingStore>,
-    map_entries: Vec<MapEntry<u64>>,
-    map_buckets: Vec<u32>,
-    ready: Vec<ReadyCell>,
-    ready_head: AtomicU64,
-    ready_tail: AtomicU64,
-    completed: AtomicU64,
-}
-
-impl TrbArena {
-    /// Storage for rings of `sizes` and a tensor map of `map_entries` entries over
-    /// `map_buckets` buckets (a power of two).
-    pub(crate) fn new(
-        sizes: [RingSizes; HEAP_RING_COUNT],
-        map_entries: u32,
-        map_buckets: u32,
-    ) -> TrbArena {
-        let rings = sizes
-            .iter()
-            .map(|s| {
-                let w = s.task_window as usize;
-                RingStore {
-                    words: (0..w).map(|_| SlotWord::new(0)).collect(),
-                    records: vec![HeapRecord::default(); w],
-                    slots: (0..w).map(|_| SharedSlot::default()).collect(),
-                    heap_seq: vec![NO_SLAB; w],
-                    scope_held: vec![false; w],
-                    deps: (0..s.dep_pool).map(|_| SharedDep::default()).collect(),
-                }
-            })
-            .collect();
-        // Every live task is queued at most once.
-        let ready = sizes.iter().map(|s| s.task_window as usize).sum();
-        TrbArena {
-            sizes,
-            rings,
-            map_entries: vec![MapEntry::vacant(0); map_entries as usize],
-            map_buckets: vec![0; map_buckets as usize],
-            ready: (0..ready).map(|_| ReadyCell::default()).collect(),
-            ready_head: AtomicU64::new(0),
-            ready_tail: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
-        }
-    }
-
-    /// The sizes this arena was built for.
-    pub(crate) fn sizes(&self) -> [RingSizes; HEAP_RING_COUNT] {
-        self.sizes
-    }
 }
 
 /// What completers share of one ring.
@@ -225,6 +155,27 @@ pub(crate) struct Completer<'a> {
 }
 
 impl<'a> Completer<'a> {
+    /// A completer over the shared sections of storage an [`Engine`] was built over (the
+    /// engine resets them; attaching changes nothing).
+    pub(crate) fn attach(parts: SharedStorage<'a>) -> Completer<'a> {
+        let rings = [0, 1, 2, 3].map(|r| RingShared {
+            slots: parts.slots[r],
+            deps: parts.deps[r],
+            retirer: WindowRetirer::new(parts.words[r]).expect("power-of-two window"),
+            mask: parts.sizes[r].task_window - 1,
+        });
+        Completer {
+            rings,
+            ready: ReadyRing::attach(parts.ready, parts.ready_head, parts.ready_tail),
+            completed: parts.completed,
+        }
+    }
+
+    /// Tasks completed since the engine was built (acquire: their effects are visible).
+    pub(crate) fn completed(&self) -> u64 {
+        self.completed.load(Acquire)
+    }
+
     /// The oldest ready task, if any; each ready task is handed out once.
     pub(crate) fn pop_ready(&self) -> Option<DeviceTaskId> {
         self.ready.pop().map(DeviceTaskId)
@@ -270,7 +221,7 @@ impl<'a> Completer<'a> {
         let mut link = slot.locked(|| {
             // Release: an orchestration that sees the flag (`accessors_done`) sees the task's
             // effects too.
-            slot.completed.store(true, Release);
+            slot.completed.store(1, Release);
             slot.fanout_head.swap(NIL, Relaxed)
         });
         while link != NIL {
@@ -295,8 +246,13 @@ impl<'a> Completer<'a> {
 struct Ring<'a> {
     window: TaskWindowCore<'a>,
     heap: HeapRingCore<FixedRecords<'a>>,
-    heap_seq: &'a mut [u64],
-    scope_held: &'a mut [bool],
+    /// Per slot, the heap records it owns (`[first, end)` sequence numbers).
+    heap_seq: &'a mut [[u64; 2]],
+    /// Per slot, 1 while the scope's reference is held.
+    scope_held: &'a mut [u8],
+    /// Records of buffers allocated since the ring's last submit (`[first, end)`); the next
+    /// task submitted to the ring owns them.
+    pending: Option<[u64; 2]>,
     dep_head: u64,
     dep_tail: u64,
     sizes: RingSizes,
@@ -416,6 +372,17 @@ pub(crate) struct Submitted {
     pub(crate) heap_offset: Option<u64>,
 }
 
+/// A buffer placed by [`Engine::alloc`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Allocated {
+    /// The ring whose heap holds it.
+    pub(crate) ring: usize,
+    /// Its offset in that heap.
+    pub(crate) offset: u64,
+    /// The task that will own it: the next one submitted to the ring.
+    pub(crate) owner: DeviceTaskId,
+}
+
 /// The orchestration side of the state machine over one arena.
 pub(crate) struct Engine<'a> {
     rings: [Ring<'a>; HEAP_RING_COUNT],
@@ -431,47 +398,35 @@ pub(crate) struct Engine<'a> {
 }
 
 impl<'a> Engine<'a> {
-    /// An empty engine over `arena`, with the outer scope open.
-    pub(crate) fn new(arena: &'a mut TrbArena) -> Engine<'a> {
-        let sizes = arena.sizes;
-        arena.completed.store(0, Relaxed);
-        let mut stores = arena.rings.iter_mut();
-        let [a, b, c, d] = sizes.map(|s| {
+    /// An empty engine over `storage`, with the outer scope open. Resets every section a run
+    /// reads before it writes (slot words, ready queue, completion counter, tensor map), so the
+    /// storage may hold anything before, including the leftovers of an abandoned run.
+    pub(crate) fn new(storage: Storage<'a>) -> Engine<'a> {
+        let Storage { sizes, rings: stores, map_entries, map_buckets, shared: parts } = storage;
+        parts.completed.store(0, Relaxed);
+        let mut stores = stores.into_iter();
+        let rings = sizes.map(|s| {
             let st = stores.next().expect("one store per ring");
-            let RingStore { words, records, slots, heap_seq, scope_held, deps } = st;
-            let words: &'a [SlotWord] = words;
-            let ring = Ring {
-                window: TaskWindowCore::new(words).expect("power-of-two window"),
-                heap: HeapRingCore::new(s.heap_bytes, FixedRecords::new(records))
+            Ring {
+                window: TaskWindowCore::new(st.words).expect("power-of-two window"),
+                heap: HeapRingCore::new(s.heap_bytes, FixedRecords::new(st.records))
                     .expect("aligned heap"),
-                heap_seq,
-                scope_held,
+                heap_seq: st.heap_seq,
+                scope_held: st.scope_held,
+                pending: None,
                 dep_head: 0,
                 dep_tail: 0,
                 sizes: s,
                 peak_tasks: 0,
                 peak_deps: 0,
-            };
-            let shared = RingShared {
-                slots,
-                deps,
-                retirer: WindowRetirer::new(words).expect("power-of-two window"),
-                mask: s.task_window - 1,
-            };
-            (ring, shared)
+            }
         });
-        let shared_rings = [a.1, b.1, c.1, d.1];
-        let rings = [a.0, b.0, c.0, d.0];
-        let shared = Completer {
-            rings: shared_rings,
-            ready: ReadyRing::new(&arena.ready, &arena.ready_head, &arena.ready_tail),
-            completed: &arena.completed,
-        };
+        // Resets the queue's cells and cursors before any completer attaches.
+        ReadyRing::new(parts.ready, parts.ready_head, parts.ready_tail);
         Engine {
             rings,
-            shared,
-            map: FixedTensorMap::new(&mut arena.map_entries, &mut arena.map_buckets)
-                .expect("power-of-two buckets"),
+            shared: Completer::attach(parts),
+            map: FixedTensorMap::new(map_entries, map_buckets).expect("power-of-two buckets"),
             scopes: [(0, 0); MAX_SCOPE_DEPTH],
             open: 1,
             submitted: 0,
@@ -480,6 +435,7 @@ impl<'a> Engine<'a> {
     }
 
     /// The handle scheduler threads complete tasks through.
+    #[cfg(test)]
     pub(crate) fn completer(&self) -> Completer<'a> {
         self.shared
     }
@@ -533,8 +489,8 @@ impl<'a> Engine<'a> {
             let ring = &mut self.rings[r];
             // Ids a nested scope of the same ring released, or reclaimed ones, are skipped.
             let at = ring.window.slot_of(local);
-            if ring.window.is_live(local) && ring.scope_held[at] {
-                ring.scope_held[at] = false;
+            if ring.window.is_live(local) && ring.scope_held[at] != 0 {
+                ring.scope_held[at] = 0;
                 self.shared.release(DeviceTaskId::new(r as u8, local).0);
             }
             local = local.wrapping_add(1);
@@ -544,10 +500,27 @@ impl<'a> Engine<'a> {
 
     /// Submits a task with `accesses` and an output slab of `heap_bytes` (rounded up to the
     /// heap alignment; 0 = none). Nothing changes when it is refused.
+    #[cfg(test)]
     pub(crate) fn submit(
         &mut self,
         accesses: &[Access],
         heap_bytes: u64,
+    ) -> Result<Submitted, SubmitRefusal> {
+        self.submit_with(accesses, heap_bytes, &[], |_| {})
+    }
+
+    /// [`submit`](Self::submit), also holding the tasks of `keep` (the owners of the slabs the
+    /// task's buffers live in) until the task completes, without waiting for them, and calling
+    /// `fill` with the task's id once its slot is taken and before any completer can see the
+    /// task (the orchestration writes the task's dispatch record there). A `keep` entry that is
+    /// the task itself (buffers allocated for it) is skipped; one already consumed means a
+    /// buffer outlived its owner's scope, and the submit is refused as invalid.
+    pub(crate) fn submit_with(
+        &mut self,
+        accesses: &[Access],
+        heap_bytes: u64,
+        keep: &[u64],
+        fill: impl FnOnce(DeviceTaskId),
     ) -> Result<Submitted, SubmitRefusal> {
         if self.open == 0 {
             return Err(SubmitRefusal::Invalid("the orchestration already finished"));
@@ -590,6 +563,25 @@ impl<'a> Engine<'a> {
                 });
             }
         }
+        // Producers below `linked` are waited for; the holders after them only kept.
+        let linked = count;
+        let own = DeviceTaskId::new(r as u8, self.rings[r].window.head()).0;
+        for &h in keep {
+            if h == own || self.producers[..count].contains(&h) {
+                continue;
+            }
+            if is_retired(&self.rings, h) {
+                return Err(SubmitRefusal::Invalid(
+                    "a buffer from alloc_tensors is used after the scope that allocated it ended",
+                ));
+            }
+            if count == MAX_FANIN {
+                overflow = true;
+            } else {
+                self.producers[count] = h;
+                count += 1;
+            }
+        }
         if overflow {
             return Err(SubmitRefusal::Invalid("more distinct producers than one task may have"));
         }
@@ -609,23 +601,36 @@ impl<'a> Engine<'a> {
         // Commit. The slot is not visible to completers until it is linked into a producer's
         // fanout list (under that producer's lock) or pushed to the ready queue (release).
         let ring = &mut self.rings[r];
+        let id = DeviceTaskId::new(r as u8, ring.window.head()).0;
+        // The slab's record first: the only step that can still fail, before anything changed.
+        let grant = match placement {
+            None => None,
+            Some(p) => match ring.heap.push_record(p, id) {
+                Some(g) => Some(g),
+                None => return Err(self.refuse(r, StallKind::Heap, aligned)),
+            },
+        };
+        let ring = &mut self.rings[r];
         let local = ring.window.try_issue().expect("room checked above");
-        let id = DeviceTaskId::new(r as u8, local).0;
         let at = ring.window.slot_of(local);
-        let grant = placement.map(|p| ring.heap.push_record(p, id).expect("a record per slot"));
-        ring.heap_seq[at] = grant.map_or(NO_SLAB, |g| g.seq);
-        ring.scope_held[at] = true;
+        let first = ring.pending.map_or(grant.map_or(0, |g| g.seq), |p| p[0]);
+        let end = grant.map_or(ring.pending.map_or(0, |p| p[1]), |g| g.seq + 1);
+        ring.pending = None;
+        ring.heap_seq[at] = [first, end];
+        ring.scope_held[at] = 1;
         let dep_start = ring.dep_head;
         let shared = self.shared;
         let slot = shared.rings[r].slot(local);
-        slot.completed.store(false, Relaxed);
+        // The lock word too: storage may come from a run abandoned inside a critical section.
+        slot.lock.store(0, Relaxed);
+        slot.completed.store(0, Relaxed);
         slot.fanout_head.store(NIL, Relaxed);
         // One guard against becoming ready while linking; one until completion, one for the scope.
         slot.fanin.store(1, Relaxed);
         slot.refs.store(2, Relaxed);
         slot.dep_start.store(dep_start, Relaxed);
         let mut taken = 0u64;
-        for &p in &self.producers[..count] {
+        for (k, &p) in self.producers[..count].iter().enumerate() {
             // A producer consumed since the lookup (its scope closed) is no longer waited for.
             if !shared.acquire(p) {
                 continue;
@@ -637,7 +642,7 @@ impl<'a> Engine<'a> {
             let link = ((r as u64) << 32) | (entry_at % u64::from(ring.sizes.dep_pool));
             let ps = shared.rings[ring_of(p)].slot(p as u32);
             ps.locked(|| {
-                if !ps.completed.load(Relaxed) {
+                if k < linked && ps.completed.load(Relaxed) == 0 {
                     entry.next.store(ps.fanout_head.load(Relaxed), Relaxed);
                     ps.fanout_head.store(link, Relaxed);
                     slot.fanin.fetch_add(1, Relaxed);
@@ -656,11 +661,42 @@ impl<'a> Engine<'a> {
             debug_assert!(!matches!(inserted, Err(FixedMapError::Full { .. })));
         }
         self.submitted += 1;
+        fill(DeviceTaskId(id));
         // Drop the guard; with no producer pending the task is ready now.
         if slot.fanin.fetch_sub(1, AcqRel) == 1 {
             shared.push_ready(id);
         }
         Ok(Submitted { id: DeviceTaskId(id), heap_offset: grant.map(|g| g.offset) })
+    }
+
+    /// Places `bytes` (rounded up to the heap alignment) in the current ring's heap for the
+    /// next task submitted to that ring, which owns them from then on: they are released with
+    /// its slab. Returns the ring and the offset in its heap. Nothing changes when it is
+    /// refused.
+    pub(crate) fn alloc(&mut self, bytes: u64) -> Result<Allocated, SubmitRefusal> {
+        if self.open == 0 {
+            return Err(SubmitRefusal::Invalid("the orchestration already finished"));
+        }
+        let r = self.current_ring();
+        let aligned = bytes.max(1).div_ceil(HEAP_ALIGN) * HEAP_ALIGN;
+        if aligned > self.rings[r].sizes.heap_bytes {
+            return Err(SubmitRefusal::Invalid("buffer larger than the ring's heap"));
+        }
+        self.reclaim(r);
+        let owner = DeviceTaskId::new(r as u8, self.rings[r].window.head()).0;
+        let ring = &mut self.rings[r];
+        let Some(grant) =
+            ring.heap.try_place(aligned).and_then(|p| ring.heap.push_record(p, owner))
+        else {
+            return Err(self.refuse(r, StallKind::Heap, aligned));
+        };
+        ring.pending = Some([ring.pending.map_or(grant.seq, |p| p[0]), grant.seq + 1]);
+        Ok(Allocated { ring: r, offset: grant.offset, owner: DeviceTaskId(owner) })
+    }
+
+    /// Tasks submitted so far.
+    pub(crate) fn submitted(&self) -> u64 {
+        self.submitted
     }
 
     /// Whether every task that an access of `span` of `key` in `mode` would order after has
@@ -678,7 +714,7 @@ impl<'a> Engine<'a> {
             |o| is_retired(rings, o),
             |o| {
                 // Acquire: pairs with the completer's release, so the task's writes are visible.
-                done &= shared[ring_of(o)].slot(o as u32).completed.load(Acquire);
+                done &= shared[ring_of(o)].slot(o as u32).completed.load(Acquire) != 0;
             },
         );
         done
@@ -688,6 +724,7 @@ impl<'a> Engine<'a> {
     /// checks (the platform's spin-then-park wait). Every task the map names was submitted and
     /// completes once a scheduler runs it, so the wait ends unless the run is torn down, which
     /// `idle` reports by returning `false`; the wait then returns `false` too.
+    #[cfg(test)]
     pub(crate) fn wait_for_accessors(
         &self,
         key: u64,
@@ -730,7 +767,7 @@ impl<'a> Engine<'a> {
             _ => {
                 ring.window.live() > 0 && {
                     let oldest = ring.window.tail();
-                    !ring.scope_held[ring.window.slot_of(oldest)]
+                    ring.scope_held[ring.window.slot_of(oldest)] == 0
                 }
             }
         };
@@ -747,10 +784,11 @@ impl<'a> Engine<'a> {
         // The reclaimed slots keep their owner-side and shared fields until they are reissued.
         for local in (0..freed).map(|i| first.wrapping_add(i)) {
             let at = ring.window.slot_of(local);
-            if ring.heap_seq[at] != NO_SLAB {
-                ring.heap.mark_released(ring.heap_seq[at]);
-                ring.heap_seq[at] = NO_SLAB;
+            let [first, end] = ring.heap_seq[at];
+            for seq in first..end {
+                ring.heap.mark_released(seq);
             }
+            ring.heap_seq[at] = [0, 0];
             ring.dep_tail = shared.slot(local).dep_end.load(Relaxed);
         }
     }

@@ -3,8 +3,10 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 
 use super::*;
+use crate::runtime::trb::storage::TrbArena;
 
 fn sizes(task_window: u32, heap_bytes: u64, dep_pool: u32) -> [RingSizes; HEAP_RING_COUNT] {
     [RingSizes { task_window, heap_bytes, dep_pool }; HEAP_RING_COUNT]
@@ -52,7 +54,7 @@ fn drain(e: &mut Engine<'_>, done: &mut impl FnMut(DeviceTaskId)) {
 #[test]
 fn reads_wait_for_writers_writes_for_readers_and_inout_for_both() {
     let mut arena = TrbArena::new(sizes(16, 16 << 10, 16), 64, 16);
-    let mut e = Engine::new(&mut arena);
+    let mut e = Engine::new(arena.storage());
     let c = e.completer();
     let a = 0x10_000;
     let w0 = e.submit(&[access(a, AccessMode::Write)], 0).unwrap().id;
@@ -83,7 +85,7 @@ fn reads_wait_for_writers_writes_for_readers_and_inout_for_both() {
 /// Tasks of a chain must complete in submission order; every other order is allowed.
 fn stream(chain_len: u64, tasks: u64) {
     let mut arena = TrbArena::new(sizes(1024, 1 << 20, 1024), 4096, 1024);
-    let mut e = Engine::new(&mut arena);
+    let mut e = Engine::new(arena.storage());
     let mut completed = 0u64;
     let mut next_in_chain = HashMap::<u64, u64>::new();
     let index_of = RefCell::new(HashMap::<u64, (u64, u64)>::new());
@@ -136,7 +138,7 @@ fn scheduler_threads_complete_while_the_orchestration_submits_a_stream_of_chains
     const TASKS: u64 = 64 * 800;
     const CHAIN: u64 = 50;
     let mut arena = TrbArena::new(sizes(256, 256 << 10, 256), 2048, 512);
-    let mut e = Engine::new(&mut arena);
+    let mut e = Engine::new(arena.storage());
     let c = e.completer();
     let chains = (TASKS / CHAIN) as usize;
     // Per chain: how many of its tasks completed, checked against each task's position.
@@ -216,7 +218,7 @@ fn scheduler_threads_complete_while_the_orchestration_submits_a_stream_of_chains
 #[test]
 fn one_scope_needing_more_slots_than_the_window_is_a_scope_deadlock_naming_the_ring() {
     let mut arena = TrbArena::new(sizes(4, 64 << 10, 16), 64, 16);
-    let mut e = Engine::new(&mut arena);
+    let mut e = Engine::new(arena.storage());
     let mut done = |_| {};
     e.scope_begin().unwrap();
     e.scope_begin().unwrap();
@@ -235,7 +237,7 @@ fn one_scope_needing_more_slots_than_the_window_is_a_scope_deadlock_naming_the_r
 #[test]
 fn a_scope_holding_the_whole_heap_is_a_heap_ring_deadlock() {
     let mut arena = TrbArena::new(sizes(16, 4096, 16), 64, 16);
-    let mut e = Engine::new(&mut arena);
+    let mut e = Engine::new(arena.storage());
     let mut done = |_| {};
     e.scope_begin().unwrap();
     for i in 0..4 {
@@ -256,7 +258,7 @@ fn a_scope_holding_the_whole_heap_is_a_heap_ring_deadlock() {
 #[test]
 fn a_task_with_more_producers_than_the_dep_pool_is_a_dep_pool_overflow() {
     let mut arena = TrbArena::new(sizes(16, 64 << 10, 4), 64, 16);
-    let mut e = Engine::new(&mut arena);
+    let mut e = Engine::new(arena.storage());
     let mut done = |_| {};
     let reads: Vec<Access> = (0..5).map(|i| access(i << 12, AccessMode::Read)).collect();
     for r in &reads {
@@ -270,7 +272,7 @@ fn a_task_with_more_producers_than_the_dep_pool_is_a_dep_pool_overflow() {
 #[test]
 fn a_task_with_more_accesses_than_the_map_holds_is_a_tensormap_overflow() {
     let mut arena = TrbArena::new(sizes(16, 64 << 10, 16), 4, 1);
-    let mut e = Engine::new(&mut arena);
+    let mut e = Engine::new(arena.storage());
     let mut done = |_| {};
     e.scope_begin().unwrap();
     e.submit(&[access(0x1000, AccessMode::Write)], 0).unwrap();
@@ -292,7 +294,7 @@ fn a_task_with_more_accesses_than_the_map_holds_is_a_tensormap_overflow() {
 #[test]
 fn a_refused_submit_changes_nothing() {
     let mut arena = TrbArena::new(sizes(4, 4096, 16), 64, 16);
-    let mut e = Engine::new(&mut arena);
+    let mut e = Engine::new(arena.storage());
     e.scope_begin().unwrap();
     for i in 0..4 {
         e.submit(&[access(i << 12, AccessMode::Write)], 1).unwrap();
@@ -305,7 +307,7 @@ fn a_refused_submit_changes_nothing() {
 #[test]
 fn tensor_data_waits_for_writers_and_set_tensor_data_for_readers_too() {
     let mut arena = TrbArena::new(sizes(16, 16 << 10, 16), 64, 16);
-    let mut e = Engine::new(&mut arena);
+    let mut e = Engine::new(arena.storage());
     let c = e.completer();
     let a = access(0x10_000, AccessMode::Write);
     let w = e.submit(&[a], 0).unwrap().id;
@@ -358,7 +360,7 @@ fn rss_kib() -> Option<u64> {
 fn threaded_stream(chain: u64, tasks: u64) {
     const WINDOW: usize = 1024;
     let mut arena = TrbArena::new(sizes(WINDOW as u32, 1 << 20, 1024), 8192, 2048);
-    let mut e = Engine::new(&mut arena);
+    let mut e = Engine::new(arena.storage());
     let c = e.completer();
     let chains = tasks.div_ceil(chain) as usize;
     let progress: Vec<AtomicU64> = (0..chains).map(|_| AtomicU64::new(0)).collect();

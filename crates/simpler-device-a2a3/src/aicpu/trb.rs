@@ -1,0 +1,1226 @@
+//! The tensormap_and_ringbuffer side of `exec` (`docs/device-trb.md`).
+//!
+//! With `N` AICPU threads, thread `N − 1` orchestrates and threads `0 … N − 2` schedule:
+//!
+//! 1. The orchestration thread builds the engine over the arena the image names (which resets
+//!    what a run reads), publishes "runtime ready" (`ready_published`, release) and calls the
+//!    orchestration through the trb ops table. A submit that must wait for room idles on the
+//!    platform's wait; a stall or an invalid call latches a runtime code, its message and the
+//!    failing ring's sizes and usage. When the orchestration returns, the thread closes the
+//!    outer scope, stores the task count and sets `orch_done` (release), then waits for every
+//!    task to complete and records the rings' high-water marks.
+//! 2. Every scheduler thread `t` owns clusters `t, t + N − 1, …`, handshakes their cores, waits
+//!    for "runtime ready" (spin, then park), then loops: poll its busy cores' `COND`, complete
+//!    tasks whose last member finished (which may make consumers ready), and dispatch ready
+//!    tasks it popped to its idle cores. A thread without cores pops nothing.
+//! 3. The run ends when `orch_done` is set and every submitted task completed, when a runtime
+//!    code is latched, a thread aborted, or the platform says stop; a scheduler whose run made
+//!    no progress for the scheduler budget latches SCHEDULER_TIMEOUT, as under
+//!    host_build_graph.
+
+use core::ffi::c_void;
+use core::fmt::{self, Write};
+use core::ptr::{addr_of, addr_of_mut};
+use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::panic::AssertUnwindSafe;
+
+use simpler_tensormap::ByteSpan;
+use simpler_tensormap::fixed::AccessMode;
+use simpler_types::constants::HEAP_RING_COUNT;
+use simpler_types::{DeviceTaskId, TENSOR_DESC_SIZE, Tensor, TensorArgType};
+
+use super::dispatch::CoreState;
+use super::scheduler::{Owned, TICKS_PER_MS, WaitEnd, handshake, shutdown_cores, wait_for};
+use super::view::ImageView;
+use super::{AicpuPlatform, LogLevel};
+use crate::abi::codes::{RuntimeCode, StallClass};
+use crate::abi::image::{NO_FUNC, TRB_MESSAGE_BYTES, TaskShape, TrbHeader, TrbStatus};
+use crate::abi::launch::InitArgs;
+use crate::abi::payload::{
+    DispatchPayload, GLOBAL_CONTEXT_SLOT, GlobalContext, LOCAL_CONTEXT_SLOT, LocalContext,
+};
+use crate::abi::regs::RegId;
+use crate::abi::{CorePlace, CoreType, MAX_AICPU_THREADS};
+use crate::callable::{NativeOrchFn, OrchArgs};
+use crate::runtime::orch::{
+    ORCH_CAPACITY, ORCH_FAILED, ORCH_INVALID, ORCH_OK, ORCH_OPS_VERSION, OrchCtx, OrchOps,
+    SubmitDesc,
+};
+use crate::runtime::trb::accesses::Accesses;
+use crate::runtime::trb::engine::{Completer, Engine, RingStall, SubmitRefusal};
+use crate::runtime::trb::sizing::RingSizes;
+use crate::runtime::trb::storage::{
+    ArenaLayout, ArenaShape, MAX_ENTRY_TENSORS, MAX_TASK_SCALARS, MAX_TASK_TENSORS, SlotTask,
+};
+
+/// `exec` result: clean shutdown (the run's outcome is in the latched status).
+const EXEC_OK: i32 = super::EXEC_OK;
+
+/// The arena layout the runtime section describes, if it is usable.
+fn layout_of(t: &TrbHeader) -> Option<ArenaLayout> {
+    let rings = [0, 1, 2, 3].map(|r| RingSizes {
+        task_window: t.task_window[r],
+        heap_bytes: t.heap_bytes[r],
+        dep_pool: t.dep_pool[r],
+    });
+    let usable = rings.iter().all(|s| {
+        s.task_window >= 4
+            && s.task_window.is_power_of_two()
+            && s.heap_bytes > 0
+            && s.heap_bytes.is_multiple_of(1024)
+            && s.dep_pool >= 4
+    }) && t.map_buckets.is_power_of_two()
+        && t.arena_base != 0
+        && t.arena_base.is_multiple_of(1024);
+    if !usable {
+        return None;
+    }
+    let shape = ArenaShape { rings, map_entries: t.map_entries, map_buckets: t.map_buckets };
+    ArenaLayout::of(shape).filter(|l| l.len <= t.arena_len)
+}
+
+/// The trb `exec` of AICPU thread `thread`.
+pub(super) fn exec<P: AicpuPlatform>(
+    p: &P,
+    init: &InitArgs,
+    view: &ImageView<'_>,
+    thread: u32,
+) -> i32 {
+    let h = view.header();
+    let threads = h.aicpu_threads.clamp(1, MAX_AICPU_THREADS);
+    let phase = view.phase(thread);
+    phase.start.store(p.counter(), Relaxed);
+    let budget = u64::from(init.scheduler_timeout_ms).max(1) * TICKS_PER_MS;
+    let shutdown_budget = u64::from(init.shutdown_budget_ms).max(1) * TICKS_PER_MS;
+    let (Some(trb), Some(status)) = (view.trb_header(), view.trb_status()) else {
+        return EXEC_OK;
+    };
+    let layout = layout_of(trb);
+    if thread == threads - 1 {
+        orchestrate(p, view, trb, status, layout, threads);
+        phase.orchestration_end.store(p.counter(), Relaxed);
+        phase.end.store(p.counter(), Relaxed);
+        return EXEC_OK;
+    }
+    let mut s = Scheduler {
+        p,
+        view: *view,
+        status,
+        owned: Owned::new(),
+        pending: [Pending::NONE; PENDING],
+        pending_len: 0,
+        completer: None,
+        layout,
+        base: trb.arena_base as *mut u8,
+        thread,
+        completed_here: 0,
+        unpublished: Unpublished::default(),
+    };
+    let schedulers = threads - 1;
+    let mut k = thread;
+    while k < h.block_dim {
+        for w in CorePlace::cluster_cores(k, h.block_dim) {
+            if let Some(place) = CorePlace::of(w, h.block_dim) {
+                s.owned.push(CoreState::new(w, place.core_type, place.cluster, place.sub_block));
+            }
+        }
+        k += schedulers;
+    }
+    phase.orchestration_end.store(p.counter(), Relaxed);
+    if let Err(w) = handshake(p, view, s.owned.all(), budget) {
+        view.shared().abort.store(1, Release);
+        p.notify_schedulers();
+        p.log(LogLevel::Error, format_args!("AICPU thread {thread}: handshake failed on core {w}"));
+        shutdown_cores(p, s.owned.all().iter().map(|w| w.index), shutdown_budget);
+        phase.end.store(p.counter(), Relaxed);
+        return super::EXEC_HANDSHAKE_FAILED;
+    }
+    phase.handshake_end.store(p.counter(), Relaxed);
+    let shared = view.shared();
+    let ready_deadline = p.counter().saturating_add(budget);
+    let published = wait_for(p, ready_deadline, || {
+        shared.ready_published.load(Acquire) != 0 || shared.abort.load(Relaxed) != 0
+    });
+    if published == WaitEnd::Done {
+        if let Some(layout) = s.layout.filter(|_| shared.orch_error_code.load(Relaxed) == 0) {
+            // SAFETY: the orchestration thread built its engine over this arena (which resets
+            // it) before publishing "runtime ready" (acquired above); the shared sections are
+            // only accessed atomically, and the arena stays allocated for the launch.
+            s.completer = Some(Completer::attach(unsafe { layout.shared(s.base) }));
+        }
+        s.run(budget);
+    } else if published == WaitEnd::TimedOut {
+        s.latch_timeout(StallClass::OrchestratorIdle);
+    }
+    phase.scheduling_end.store(p.counter(), Relaxed);
+    phase.tasks_completed.store(s.completed_here, Relaxed);
+    let clean = shutdown_cores(p, s.owned.all().iter().map(|w| w.index), shutdown_budget);
+    phase.end.store(p.counter(), Relaxed);
+    if clean { EXEC_OK } else { super::EXEC_UNCLEAN_SHUTDOWN }
+}
+
+/// A fixed-size text buffer: formatting a message allocates nothing; longer text is cut.
+struct Text {
+    bytes: [u8; TRB_MESSAGE_BYTES],
+    len: usize,
+}
+
+impl Write for Text {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let room = self.bytes.len() - self.len;
+        let mut n = s.len().min(room);
+        while !s.is_char_boundary(n) {
+            n -= 1;
+        }
+        self.bytes[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+/// Stores `args` as the status record's message.
+fn store_message(status: &TrbStatus, args: fmt::Arguments<'_>) {
+    let mut t = Text { bytes: [0; TRB_MESSAGE_BYTES], len: 0 };
+    let _ = t.write_fmt(args);
+    for (word, chunk) in status.message.iter().zip(t.bytes.chunks(8)) {
+        let mut b = [0u8; 8];
+        b[..chunk.len()].copy_from_slice(chunk);
+        word.store(u64::from_le_bytes(b), Relaxed);
+    }
+    status.message_len.store(t.len as u32, Relaxed);
+}
+
+/// The orchestration thread's state: the ops table's context.
+struct TrbOrch<'a, P: AicpuPlatform> {
+    p: &'a P,
+    view: ImageView<'a>,
+    status: &'a TrbStatus,
+    layout: ArenaLayout,
+    base: *mut u8,
+    engine: Engine<'a>,
+    /// The chip entry's tensors: the buffers outside the arena an orchestration may touch.
+    entry: &'a [Tensor],
+    /// An error is latched (by this thread or a scheduler); every further call fails.
+    failed: bool,
+}
+
+/// Runs the orchestration on this thread (protocol step 1).
+fn orchestrate<P: AicpuPlatform>(
+    p: &P,
+    view: &ImageView<'_>,
+    trb: &TrbHeader,
+    status: &TrbStatus,
+    layout: Option<ArenaLayout>,
+    threads: u32,
+) {
+    let shared = view.shared();
+    let fail = |code: RuntimeCode, args: fmt::Arguments<'_>| {
+        if shared.orch_error_code.compare_exchange(0, code.raw(), AcqRel, Acquire).is_ok() {
+            store_message(status, args);
+        }
+        shared.orch_done.store(1, Release);
+        shared.ready_published.store(1, Release);
+        p.notify_schedulers();
+    };
+    let Some(layout) = layout else {
+        return fail(RuntimeCode::InvalidArgs, format_args!("the image names no usable arena"));
+    };
+    if threads < 2 {
+        return fail(
+            RuntimeCode::InvalidArgs,
+            format_args!("tensormap_and_ringbuffer needs at least 2 AICPU threads, got {threads}"),
+        );
+    }
+    let n = trb.num_tensors as usize;
+    if n > MAX_ENTRY_TENSORS || trb.orch_entry == 0 {
+        return fail(RuntimeCode::InvalidArgs, format_args!("malformed orchestration arguments"));
+    }
+    let args_base = view.base_addr() + trb.args_off;
+    let mut tensors = [<Tensor as bytemuck::Zeroable>::zeroed(); MAX_ENTRY_TENSORS];
+    let mut tags = [TensorArgType::NoDep; MAX_ENTRY_TENSORS];
+    for i in 0..n {
+        // SAFETY: the argument section was checked to lie inside the image (`ImageView`); it is
+        // host-written plain data.
+        let (bytes, tag) = unsafe {
+            (
+                ((args_base + 128 * i as u64) as *const [u8; TENSOR_DESC_SIZE]).read(),
+                ((args_base + 128 * n as u64 + 4 * i as u64) as *const i32).read(),
+            )
+        };
+        match (Tensor::from_bytes(&bytes), TensorArgType::from_i32(tag)) {
+            (Ok(t), Some(tag)) => (tensors[i], tags[i]) = (t, tag),
+            _ => {
+                return fail(
+                    RuntimeCode::InvalidArgs,
+                    format_args!("orchestration argument {i} is malformed"),
+                );
+            }
+        }
+    }
+    let scalars_off = (132 * n as u64).div_ceil(8) * 8;
+    // SAFETY: as above; the scalars are 8-byte aligned `u64`s inside the checked section.
+    let scalars = unsafe {
+        core::slice::from_raw_parts(
+            (args_base + scalars_off) as *const u64,
+            trb.num_scalars as usize,
+        )
+    };
+    let base = trb.arena_base as *mut u8;
+    // SAFETY: the host allocated `arena_len` bytes at `arena_base` for this launch (checked
+    // against the layout's length in `layout_of`); this thread is the only one that touches the
+    // owner sections, and the schedulers attach to the shared ones only after "runtime ready".
+    let storage = unsafe { layout.owner(base) };
+    let engine = Engine::new(storage);
+    // "Runtime ready": the engine reset the shared sections.
+    shared.ready_published.store(1, Release);
+    p.notify_schedulers();
+    let mut rt = TrbOrch {
+        p,
+        view: *view,
+        status,
+        layout,
+        base,
+        engine,
+        entry: &tensors[..n],
+        failed: false,
+    };
+    let args = OrchArgs::new(&tensors[..n], &tags[..n], scalars);
+    // SAFETY: the host wrote the address of a `NativeOrchFn` of this program (the runtime's
+    // bind refuses any other orchestration).
+    let entry: NativeOrchFn =
+        unsafe { core::mem::transmute::<usize, NativeOrchFn>(trb.orch_entry as usize) };
+    let ops = ops_table::<P>();
+    let ctx_ptr = (&mut rt as *mut TrbOrch<'_, P>).cast::<c_void>();
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `ctx_ptr` is `rt`, not used by anyone else while the context exists; the
+        // table's functions expect exactly that context.
+        let mut ctx = unsafe { OrchCtx::new(&ops, ctx_ptr) };
+        entry(&mut ctx, &args)
+    }));
+    match outcome {
+        Err(payload) => rt.latch(
+            RuntimeCode::OrchestrationFatal,
+            format_args!(
+                "the orchestration panicked: {}",
+                crate::runtime::hbg::panic_text(&*payload)
+            ),
+            None,
+        ),
+        Ok(Err(e)) if !rt.failed => rt.latch(
+            RuntimeCode::OrchestrationFatal,
+            format_args!("the orchestration returned an error: {e}"),
+            None,
+        ),
+        Ok(_) => {}
+    }
+    if !rt.failed && rt.engine.finish().is_err() {
+        rt.latch(RuntimeCode::InvalidArgs, format_args!("the outer scope was closed twice"), None);
+    }
+    status.submitted.store(rt.engine.submitted(), Relaxed);
+    shared.orch_done.store(1, Release);
+    p.notify_schedulers();
+    if !rt.failed {
+        let mut round = 0;
+        loop {
+            let epoch = p.wait_epoch();
+            if rt.engine.incomplete() == 0 || !rt.may_wait() {
+                break;
+            }
+            p.idle_wait(epoch, round, p.counter().saturating_add(TICKS_PER_MS));
+            round += 1;
+        }
+    }
+    rt.record_peaks();
+}
+
+/// The ops table of the trb orchestration over platform `P`.
+fn ops_table<P: AicpuPlatform>() -> OrchOps {
+    OrchOps {
+        version: ORCH_OPS_VERSION,
+        submit: op_submit::<P>,
+        scope_begin: op_scope_begin::<P>,
+        scope_end: op_scope_end::<P>,
+        alloc_tensors: op_alloc_tensors::<P>,
+        get_tensor_data: op_get_tensor_data::<P>,
+        set_tensor_data: op_set_tensor_data::<P>,
+        available_clusters: op_available_clusters::<P>,
+        available_aiv_cores: op_available_aiv_cores::<P>,
+        report_fatal: op_report_fatal::<P>,
+        log: op_log::<P>,
+    }
+}
+
+/// # Safety
+/// `rt` must be the `TrbOrch` of the `orchestrate` call in progress.
+unsafe fn orch<'r, P: AicpuPlatform>(rt: *mut c_void) -> &'r mut TrbOrch<'r, P> {
+    // SAFETY: the caller's guarantee; the context is used by one call at a time.
+    unsafe { &mut *rt.cast::<TrbOrch<'r, P>>() }
+}
+
+unsafe extern "C-unwind" fn op_submit<P: AicpuPlatform>(
+    rt: *mut c_void,
+    desc: *const SubmitDesc,
+) -> i64 {
+    // SAFETY: the ops table's contract.
+    let o = unsafe { orch::<P>(rt) };
+    // SAFETY: a non-null descriptor is valid for the call (`OrchCtx`).
+    match unsafe { desc.as_ref() } {
+        Some(d) => o.submit(d),
+        None => i64::from(o.invalid(format_args!("submit: null descriptor"))),
+    }
+}
+
+unsafe extern "C-unwind" fn op_scope_begin<P: AicpuPlatform>(rt: *mut c_void) -> i32 {
+    // SAFETY: the ops table's contract.
+    let o = unsafe { orch::<P>(rt) };
+    if o.failed {
+        return ORCH_FAILED;
+    }
+    match o.engine.scope_begin() {
+        Ok(()) => ORCH_OK,
+        Err(r) => o.refused(r),
+    }
+}
+
+unsafe extern "C-unwind" fn op_scope_end<P: AicpuPlatform>(rt: *mut c_void) -> i32 {
+    // SAFETY: the ops table's contract.
+    let o = unsafe { orch::<P>(rt) };
+    if o.failed {
+        return ORCH_FAILED;
+    }
+    match o.engine.scope_end() {
+        Ok(()) => ORCH_OK,
+        Err(r) => o.refused(r),
+    }
+}
+
+unsafe extern "C-unwind" fn op_alloc_tensors<P: AicpuPlatform>(
+    rt: *mut c_void,
+    tensors: *mut Tensor,
+    count: u32,
+) -> i32 {
+    // SAFETY: the ops table's contract.
+    let o = unsafe { orch::<P>(rt) };
+    if tensors.is_null() {
+        return o.invalid(format_args!("alloc_tensors: null descriptor array"));
+    }
+    // SAFETY: `OrchCtx::alloc_tensors` passes a slice of `count` descriptors.
+    let tensors = unsafe { core::slice::from_raw_parts_mut(tensors, count as usize) };
+    o.alloc(tensors)
+}
+
+unsafe extern "C-unwind" fn op_get_tensor_data<P: AicpuPlatform>(
+    rt: *mut c_void,
+    t: *const Tensor,
+    dst: *mut u8,
+    len: u64,
+) -> i32 {
+    // SAFETY: the ops table's contract.
+    let o = unsafe { orch::<P>(rt) };
+    // SAFETY: a non-null descriptor is valid for the call.
+    let Some(t) = (unsafe { t.as_ref() }) else {
+        return o.invalid(format_args!("tensor_data: null descriptor"));
+    };
+    match o.data_span(t, len, AccessMode::Read, "tensor_data") {
+        // SAFETY: `data_span` checked the span lies in the arena's heaps or an entry buffer and
+        // waited for its writers; `dst` is valid for `len` bytes (`OrchCtx::tensor_data`).
+        Ok(span) => unsafe {
+            core::ptr::copy_nonoverlapping(span.start as *const u8, dst, len as usize);
+            ORCH_OK
+        },
+        Err(status) => status,
+    }
+}
+
+unsafe extern "C-unwind" fn op_set_tensor_data<P: AicpuPlatform>(
+    rt: *mut c_void,
+    t: *const Tensor,
+    src: *const u8,
+    len: u64,
+) -> i32 {
+    // SAFETY: the ops table's contract.
+    let o = unsafe { orch::<P>(rt) };
+    // SAFETY: a non-null descriptor is valid for the call.
+    let Some(t) = (unsafe { t.as_ref() }) else {
+        return o.invalid(format_args!("set_tensor_data: null descriptor"));
+    };
+    match o.data_span(t, len, AccessMode::Write, "set_tensor_data") {
+        // SAFETY: as for `op_get_tensor_data`, having waited for the bytes' readers and
+        // writers; `src` is valid for `len` bytes.
+        Ok(span) => unsafe {
+            core::ptr::copy_nonoverlapping(src, span.start as *mut u8, len as usize);
+            ORCH_OK
+        },
+        Err(status) => status,
+    }
+}
+
+unsafe extern "C-unwind" fn op_available_clusters<P: AicpuPlatform>(rt: *mut c_void) -> u32 {
+    // SAFETY: the ops table's contract.
+    unsafe { orch::<P>(rt) }.view.header().block_dim
+}
+
+unsafe extern "C-unwind" fn op_available_aiv_cores<P: AicpuPlatform>(rt: *mut c_void) -> u32 {
+    // SAFETY: the ops table's contract.
+    2 * unsafe { orch::<P>(rt) }.view.header().block_dim
+}
+
+unsafe extern "C-unwind" fn op_report_fatal<P: AicpuPlatform>(
+    rt: *mut c_void,
+    code: i32,
+    msg: *const u8,
+    len: usize,
+) {
+    // SAFETY: the ops table's contract.
+    let o = unsafe { orch::<P>(rt) };
+    let code = RuntimeCode::from_raw(code).unwrap_or(RuntimeCode::OrchestrationFatal);
+    let text = message_text(msg, len);
+    o.latch(code, format_args!("{text}"), None);
+}
+
+unsafe extern "C-unwind" fn op_log<P: AicpuPlatform>(
+    rt: *mut c_void,
+    level: u32,
+    msg: *const u8,
+    len: usize,
+) {
+    // SAFETY: the ops table's contract.
+    let o = unsafe { orch::<P>(rt) };
+    let level = match level {
+        0 => LogLevel::Error,
+        1 => LogLevel::Warn,
+        2 => LogLevel::Info,
+        _ => LogLevel::Debug,
+    };
+    o.p.log(level, format_args!("orchestration: {}", message_text(msg, len)));
+}
+
+fn message_text<'a>(msg: *const u8, len: usize) -> &'a str {
+    if msg.is_null() {
+        return "";
+    }
+    // SAFETY: `OrchCtx` passes a `&str`'s pointer and length.
+    let bytes = unsafe { core::slice::from_raw_parts(msg, len) };
+    core::str::from_utf8(bytes).unwrap_or("(not UTF-8)")
+}
+
+/// Member kernels per block of a task of `shape` running `funcs`.
+fn members_per_block(shape: TaskShape, funcs: &[i32; 3]) -> u32 {
+    match shape {
+        TaskShape::Dummy => 1,
+        _ => funcs.iter().filter(|&&f| f != NO_FUNC).count() as u32,
+    }
+}
+
+impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
+    /// Latches `code` with a message (the first latch wins) and fails every further call.
+    fn latch(&mut self, code: RuntimeCode, args: fmt::Arguments<'_>, stall: Option<&RingStall>) {
+        self.failed = true;
+        let shared = self.view.shared();
+        if shared.orch_error_code.compare_exchange(0, code.raw(), AcqRel, Acquire).is_err() {
+            return;
+        }
+        store_message(self.status, args);
+        if let Some(s) = stall {
+            shared.fault_ring.store(u32::from(s.ring), Relaxed);
+            let sizes =
+                [u64::from(s.sizes.task_window), s.sizes.heap_bytes, s.sizes.dep_pool.into()];
+            let usage = [u64::from(s.tasks), s.heap, s.deps];
+            for (cell, v) in shared.fault_sizes.iter().zip(sizes) {
+                cell.store(v, Relaxed);
+            }
+            for (cell, v) in shared.fault_usage.iter().zip(usage) {
+                cell.store(v, Relaxed);
+            }
+        }
+        self.p.log(LogLevel::Error, format_args!("orchestration failed: {code}"));
+        self.p.notify_schedulers();
+    }
+
+    fn invalid(&mut self, args: fmt::Arguments<'_>) -> i32 {
+        if self.failed {
+            return ORCH_FAILED;
+        }
+        self.latch(RuntimeCode::InvalidArgs, args, None);
+        ORCH_INVALID
+    }
+
+    /// Latches a refusal that is not a wait.
+    fn refused(&mut self, r: SubmitRefusal) -> i32 {
+        match r {
+            SubmitRefusal::Stall(s) => {
+                self.latch(s.code(), format_args!("{s}"), Some(&s));
+                ORCH_CAPACITY
+            }
+            SubmitRefusal::Invalid(m) => self.invalid(format_args!("{m}")),
+            SubmitRefusal::Wait => ORCH_OK,
+        }
+    }
+
+    /// Whether waiting for completions can still end: no error latched elsewhere, no abort, no
+    /// teardown.
+    fn may_wait(&mut self) -> bool {
+        let shared = self.view.shared();
+        if self.p.should_stop()
+            || shared.sched_error_code.load(Relaxed) != 0
+            || shared.abort.load(Relaxed) != 0
+        {
+            self.failed = true;
+            return false;
+        }
+        true
+    }
+
+    /// Retries `attempt` while the engine says to wait, idling on the platform's wait.
+    fn retry<T>(
+        &mut self,
+        mut attempt: impl FnMut(&mut Self) -> Result<T, SubmitRefusal>,
+    ) -> Result<T, i32> {
+        let mut round = 0u32;
+        loop {
+            let epoch = self.p.wait_epoch();
+            match attempt(self) {
+                Ok(v) => return Ok(v),
+                Err(SubmitRefusal::Wait) => {
+                    if !self.may_wait() {
+                        return Err(ORCH_FAILED);
+                    }
+                    // A short deadline: a wakeup missed between the attempt and the park costs
+                    // at most one millisecond.
+                    self.p.idle_wait(epoch, round, self.p.counter().saturating_add(TICKS_PER_MS));
+                    round = round.saturating_add(1);
+                }
+                Err(r) => return Err(self.refused(r)),
+            }
+        }
+    }
+
+    /// Whether `[addr, addr + len)` lies in one ring heap of the arena, or in one of the chip
+    /// entry's buffers.
+    fn range_ok(&self, addr: u64, len: u64) -> bool {
+        let Some(end) = addr.checked_add(len) else { return false };
+        let base = self.base as u64;
+        let in_heap = (0..HEAP_RING_COUNT).any(|r| {
+            let start = base + self.layout.heap_off(r);
+            addr >= start && end <= start + self.layout.shape().rings[r].heap_bytes
+        });
+        in_heap || self.entry.iter().any(|t| t.size > 0 && addr >= t.addr && end <= t.addr + t.size)
+    }
+
+    /// The owner of the arena slab `t`'s buffer lives in, if it lives in one.
+    fn slab_owner(&self, t: &Tensor) -> Option<u64> {
+        let base = self.base as u64;
+        let in_heap = (0..HEAP_RING_COUNT).any(|r| {
+            let start = base + self.layout.heap_off(r);
+            t.addr >= start && t.addr < start + self.layout.shape().rings[r].heap_bytes
+        });
+        (in_heap && t.owner_task_id != DeviceTaskId::NONE.0).then_some(t.owner_task_id)
+    }
+
+    fn submit(&mut self, d: &SubmitDesc) -> i64 {
+        if self.failed {
+            return ORCH_FAILED.into();
+        }
+        let (nt, ns) = (d.num_tensors as usize, d.num_scalars as usize);
+        if nt > MAX_TASK_TENSORS || ns > MAX_TASK_SCALARS {
+            return self
+                .invalid(format_args!(
+                    "submit: {nt} tensors and {ns} scalars; a task takes at most \
+                     {MAX_TASK_TENSORS} and {MAX_TASK_SCALARS}"
+                ))
+                .into();
+        }
+        if (nt > 0 && (d.tensors.is_null() || d.tags.is_null())) || (ns > 0 && d.scalars.is_null())
+        {
+            return self.invalid(format_args!("submit: null argument array")).into();
+        }
+        // SAFETY: `OrchCtx::submit_raw` passes arrays of these lengths, valid for the call.
+        let (tensors, raw_tags, scalars) = unsafe {
+            (
+                core::slice::from_raw_parts(d.tensors, nt),
+                core::slice::from_raw_parts(d.tags, nt),
+                core::slice::from_raw_parts(d.scalars, ns),
+            )
+        };
+        let mut tags = [TensorArgType::NoDep; MAX_TASK_TENSORS];
+        for (i, &raw) in raw_tags.iter().enumerate() {
+            match TensorArgType::from_i32(raw) {
+                Some(t) => tags[i] = t,
+                None => {
+                    return self.invalid(format_args!("submit: tag {raw} of tensor {i}")).into();
+                }
+            }
+        }
+        let tags = &tags[..nt];
+        let Some(shape) = TaskShape::from_u32(d.shape) else {
+            return self.invalid(format_args!("submit: unknown task shape {}", d.shape)).into();
+        };
+        let funcs = d.func_ids;
+        for &f in &funcs {
+            if f != NO_FUNC && (f < 0 || self.view.func_addr(f as u32) == 0) {
+                return self
+                    .invalid(format_args!("submit: func id {f} is not registered by the callable"))
+                    .into();
+            }
+        }
+        let members = members_per_block(shape, &funcs);
+        let blocks = if shape == TaskShape::Dummy { 1 } else { d.block_num };
+        let shaped = match shape {
+            TaskShape::Aic => funcs[0] != NO_FUNC,
+            TaskShape::Aiv => funcs[1] != NO_FUNC,
+            TaskShape::Mix => members > 0,
+            TaskShape::Dummy => true,
+        };
+        if !shaped || blocks == 0 {
+            return self
+                .invalid(format_args!(
+                    "submit: a {} task needs its kernels and ≥ 1 block",
+                    shape.name()
+                ))
+                .into();
+        }
+        let mut keep = [0u64; MAX_TASK_TENSORS];
+        let mut kept = 0;
+        for (i, (t, &tag)) in tensors.iter().zip(tags).enumerate() {
+            if t.is_null() {
+                if tag.allows_null() {
+                    continue;
+                }
+                return self
+                    .invalid(format_args!(
+                        "submit: tensor {i} is written but has no buffer: pass one or get it \
+                         from alloc_tensors"
+                    ))
+                    .into();
+            }
+            if t.validate().is_err() || !self.range_ok(t.addr, t.size) {
+                return self
+                    .invalid(format_args!(
+                        "submit: tensor {i} ({} bytes at {:#x}) is not inside an argument \
+                         buffer or the runtime heap",
+                        t.size, t.addr
+                    ))
+                    .into();
+            }
+            if let Some(owner) = self.slab_owner(t) {
+                keep[kept] = owner;
+                kept += 1;
+            }
+        }
+        let accesses = match Accesses::of(tensors, tags) {
+            Ok(a) => a,
+            Err(e) => {
+                return self.invalid(format_args!("submit: {} tracked tensors", e.tracked)).into();
+            }
+        };
+        let task = TaskFill { funcs, shape, blocks, members, tensors, scalars };
+        let (layout, base) = (self.layout, self.base);
+        let keep = &keep[..kept];
+        let submitted = self.retry(|o| {
+            o.engine
+                .submit_with(accesses.as_slice(), 0, keep, |id| write_task(layout, base, id, &task))
+        });
+        match submitted {
+            Ok(s) => {
+                // Relaxed: watchdog evidence that the orchestration is busy.
+                self.view.shared().progress.fetch_add(1, Relaxed);
+                s.id.0 as i64
+            }
+            Err(status) => status.into(),
+        }
+    }
+
+    /// Places each descriptor's buffer in the current ring's heap, for the next task submitted
+    /// to that ring; the descriptor names that task as its buffer's owner.
+    fn alloc(&mut self, tensors: &mut [Tensor]) -> i32 {
+        if self.failed {
+            return ORCH_FAILED;
+        }
+        for (i, t) in tensors.iter_mut().enumerate() {
+            if !t.is_null() {
+                let addr = t.addr;
+                return self.invalid(format_args!(
+                    "alloc_tensors: descriptor {i} already has a buffer at {addr:#x}"
+                ));
+            }
+            let Some(bytes) = t.element_size().map(|e| e.saturating_mul(t.numel())) else {
+                let dtype = t.dtype;
+                return self.invalid(format_args!(
+                    "alloc_tensors: descriptor {i} has an unknown dtype {dtype}"
+                ));
+            };
+            match self.retry(|o| o.engine.alloc(bytes)) {
+                Ok(a) => {
+                    t.addr = self.base as u64 + self.layout.heap_off(a.ring) + a.offset;
+                    t.size = bytes;
+                    t.owner_task_id = a.owner.0;
+                }
+                Err(status) => return status,
+            }
+        }
+        ORCH_OK
+    }
+
+    /// Checks `t` for a copy of `len` bytes by `op` and waits for the tasks an access in
+    /// `mode` would order after (a read: the writers; a write: the readers and writers).
+    fn data_span(
+        &mut self,
+        t: &Tensor,
+        len: u64,
+        mode: AccessMode,
+        op: &str,
+    ) -> Result<ByteSpan, i32> {
+        if self.failed {
+            return Err(ORCH_FAILED);
+        }
+        let Some(span) = ByteSpan::of_tensor(t) else {
+            return Err(self.invalid(format_args!("{op}: the tensor has no bytes")));
+        };
+        if !t.contiguous() || span.len() != len {
+            return Err(self.invalid(format_args!(
+                "{op}: needs a contiguous view whose {} bytes match the {len}-byte buffer",
+                span.len()
+            )));
+        }
+        if !self.range_ok(span.start, span.len()) {
+            return Err(self.invalid(format_args!(
+                "{op}: {span} is not inside an argument buffer or the runtime heap"
+            )));
+        }
+        let mut round = 0u32;
+        loop {
+            let epoch = self.p.wait_epoch();
+            if self.engine.accessors_done(t.addr, span, mode) {
+                return Ok(span);
+            }
+            if !self.may_wait() {
+                return Err(ORCH_FAILED);
+            }
+            self.p.idle_wait(epoch, round, self.p.counter().saturating_add(TICKS_PER_MS));
+            round = round.saturating_add(1);
+        }
+    }
+
+    /// Writes the rings' and the tensor map's high-water marks into the status record.
+    fn record_peaks(&mut self) {
+        for r in 0..HEAP_RING_COUNT {
+            let peaks = [
+                u64::from(self.engine.ring_tasks(r).1),
+                self.engine.ring_heap(r).1,
+                self.engine.ring_deps(r).1,
+            ];
+            for (cell, v) in self.status.peaks[r].iter().zip(peaks) {
+                cell.store(v, Relaxed);
+            }
+        }
+        self.status.map_peak.store(u64::from(self.engine.map_entries().1), Relaxed);
+    }
+}
+
+/// What the dispatch record of a submitted task holds.
+struct TaskFill<'t> {
+    funcs: [i32; 3],
+    shape: TaskShape,
+    blocks: u32,
+    members: u32,
+    tensors: &'t [Tensor],
+    scalars: &'t [u64],
+}
+
+/// Writes `task`'s dispatch record into the slot `id` was issued.
+fn write_task(layout: ArenaLayout, base: *mut u8, id: DeviceTaskId, task: &TaskFill<'_>) {
+    let ring = ((id.0 >> 32) as usize).min(HEAP_RING_COUNT - 1);
+    let window = layout.shape().rings[ring].task_window;
+    let t = layout.task_ptr(base, ring, (id.0 as u32 & (window - 1)) as usize);
+    // SAFETY: the record of a slot just issued to this task: no scheduler reads it before the
+    // task is published (pushed ready, ordered by the queue's release), and the slot's previous
+    // task was reclaimed, so nobody reads it now. The counts were checked against the record's
+    // arrays by the caller.
+    unsafe {
+        addr_of_mut!((*t).task_id).write(id.0);
+        addr_of_mut!((*t).func_ids).write(task.funcs);
+        addr_of_mut!((*t).shape).write(task.shape as u32);
+        addr_of_mut!((*t).block_num).write(task.blocks);
+        addr_of_mut!((*t).num_tensors).write(task.tensors.len() as u32);
+        addr_of_mut!((*t).num_scalars).write(task.scalars.len() as u32);
+        for (i, tensor) in task.tensors.iter().enumerate() {
+            addr_of_mut!((*t).tensors[i]).write(tensor.to_bytes());
+        }
+        for (i, &s) in task.scalars.iter().enumerate() {
+            addr_of_mut!((*t).scalars[i]).write(s);
+        }
+        (*addr_of!((*t).members_remaining)).store(task.blocks * task.members, Relaxed);
+    }
+}
+
+/// Tasks a scheduler thread holds popped but not fully dispatched.
+const PENDING: usize = 4;
+
+/// A popped task's blocks still to dispatch.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    /// The core-state handle: `(ring << 28) | slot`.
+    handle: u32,
+    shape: TaskShape,
+    funcs: [i32; 3],
+    blocks: u32,
+    next_block: u32,
+}
+
+impl Pending {
+    const NONE: Pending = Pending {
+        handle: 0,
+        shape: TaskShape::Dummy,
+        funcs: [NO_FUNC; 3],
+        blocks: 0,
+        next_block: 0,
+    };
+}
+
+/// Counter changes a scheduler thread batches until the end of its iteration.
+#[derive(Clone, Copy, Debug, Default)]
+struct Unpublished {
+    dispatched: u32,
+    finished: u32,
+    progress: u64,
+    completed: bool,
+}
+
+/// One trb scheduler thread.
+struct Scheduler<'a, P: AicpuPlatform> {
+    p: &'a P,
+    view: ImageView<'a>,
+    status: &'a TrbStatus,
+    owned: Owned,
+    pending: [Pending; PENDING],
+    pending_len: usize,
+    completer: Option<Completer<'a>>,
+    layout: Option<ArenaLayout>,
+    base: *mut u8,
+    thread: u32,
+    completed_here: u64,
+    unpublished: Unpublished,
+}
+
+impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
+    fn task_ptr(&self, handle: u32) -> *mut SlotTask {
+        match self.layout {
+            Some(l) => {
+                l.task_ptr(self.base, (handle >> 28) as usize, (handle & 0x0FFF_FFFF) as usize)
+            }
+            None => core::ptr::null_mut(),
+        }
+    }
+
+    fn finished(&self) -> bool {
+        let shared = self.view.shared();
+        if shared.sched_error_code.load(Relaxed) != 0
+            || shared.orch_error_code.load(Relaxed) != 0
+            || shared.abort.load(Relaxed) != 0
+        {
+            return true;
+        }
+        let Some(c) = self.completer else { return true };
+        // Acquire: `submitted` is final once `orch_done` is seen.
+        shared.orch_done.load(Acquire) != 0 && c.completed() >= self.status.submitted.load(Relaxed)
+    }
+
+    /// One member of the task behind `handle` finished; completes the task after its last.
+    fn member_done(&mut self, handle: u32) {
+        let t = self.task_ptr(handle);
+        let Some(c) = self.completer else { return };
+        // SAFETY: the record of a task this thread dispatched, which cannot be reclaimed before
+        // its completion below; `task_id` was written before the task was published.
+        let (remaining, id) =
+            unsafe { (&*addr_of!((*t).members_remaining), addr_of!((*t).task_id).read()) };
+        // AcqRel: members finishing on other threads' cores are ordered before the completion.
+        if remaining.fetch_sub(1, AcqRel) == 1 {
+            c.complete(DeviceTaskId(id));
+            self.completed_here += 1;
+            self.unpublished.progress += 1;
+            self.unpublished.completed = true;
+        }
+    }
+
+    fn poll_cores(&mut self) -> bool {
+        let mut progressed = false;
+        for i in 0..self.owned.len {
+            if !self.owned.cores[i].busy() {
+                continue;
+            }
+            let w = self.owned.cores[i].index;
+            let before = (self.owned.cores[i].running(), self.owned.cores[i].pending());
+            let done = self.owned.cores[i].observe(self.p.reg_load(w, RegId::Cond));
+            if before != (self.owned.cores[i].running(), self.owned.cores[i].pending()) {
+                progressed = true;
+            }
+            for &handle in done.as_slice() {
+                self.unpublished.finished += 1;
+                self.member_done(handle);
+            }
+            if !done.as_slice().is_empty() {
+                let running = self.owned.cores[i].running().map_or(0, |d| {
+                    // SAFETY: a task still on the core: its record stays until it completes.
+                    unsafe { addr_of!((*self.task_ptr(d.task)).task_id).read() }.wrapping_add(1)
+                });
+                self.view.core_slot(w).running_task.store(running, Relaxed);
+            }
+        }
+        progressed
+    }
+
+    /// Fills payload `token & 1` of owned core `idx` and writes the token.
+    fn send(&mut self, idx: usize, handle: u32, func_id: u32, block: u32, blocks: u32) {
+        let t = self.task_ptr(handle);
+        let ws = &mut self.owned.cores[idx];
+        let Ok(token) = ws.issue(handle) else {
+            debug_assert!(false, "send called on a core that cannot accept");
+            return;
+        };
+        let w = ws.index;
+        let sub_block = ws.sub_block;
+        let ptr = self.view.payload_ptr(w, token & 1);
+        let mut payload = DispatchPayload::ZERO;
+        payload.kernel = self.view.func_addr(func_id);
+        payload.local = LocalContext { block_idx: block, block_num: blocks, async_ctx: 0 };
+        payload.func_id = func_id;
+        payload.global =
+            GlobalContext { sub_block_id: sub_block, reserved: 0, dma_workspace: [0; 2] };
+        // SAFETY: the record of a task this thread popped; written before it was published and
+        // unchanged until it completes, which needs this dispatch to finish.
+        let (task_id, nt, ns) = unsafe {
+            (
+                addr_of!((*t).task_id).read(),
+                (addr_of!((*t).num_tensors).read() as usize).min(MAX_TASK_TENSORS),
+                (addr_of!((*t).num_scalars).read() as usize).min(MAX_TASK_SCALARS),
+            )
+        };
+        payload.task_id = task_id;
+        for i in 0..nt {
+            // SAFETY: as above; the descriptor's address is what the kernel reads.
+            payload.args[i] = unsafe { addr_of!((*t).tensors[i]) } as i64;
+        }
+        for j in 0..ns.min(LOCAL_CONTEXT_SLOT - nt) {
+            // SAFETY: as above.
+            payload.args[nt + j] = unsafe { addr_of!((*t).scalars[j]).read() } as i64;
+        }
+        let pbase = ptr as u64;
+        payload.args[LOCAL_CONTEXT_SLOT] =
+            (pbase + core::mem::offset_of!(DispatchPayload, local) as u64) as i64;
+        payload.args[GLOBAL_CONTEXT_SLOT] =
+            (pbase + core::mem::offset_of!(DispatchPayload, global) as u64) as i64;
+        // SAFETY: `ptr` is payload `token & 1` of a core this thread owns; `issue` succeeded, so
+        // the buffer belongs to a finished token and the AICore reads it only after observing
+        // the token stored below (release).
+        unsafe { ptr.write(payload) };
+        self.p.reg_store(w, RegId::DataMainBaseLow, token);
+        self.unpublished.dispatched += 1;
+        self.unpublished.progress += 1;
+        let slot = self.view.core_slot(w);
+        slot.dispatched.fetch_add(1, Relaxed);
+        if self.owned.cores[idx].pending().is_none() {
+            slot.running_task.store(task_id.wrapping_add(1), Relaxed);
+        }
+    }
+
+    fn free_core(&self, ty: CoreType) -> Option<usize> {
+        let ws = self.owned.all();
+        ws.iter()
+            .position(|w| w.core_type == ty && w.is_idle())
+            .or_else(|| ws.iter().position(|w| w.core_type == ty && w.can_accept()))
+    }
+
+    fn idle_cluster(&self) -> Option<[usize; 3]> {
+        let ws = self.owned.all();
+        for (i, aic) in ws.iter().enumerate() {
+            if aic.core_type != CoreType::Aic || !aic.is_idle() {
+                continue;
+            }
+            let find = |sub: u32| {
+                ws.iter().position(|w| {
+                    w.core_type == CoreType::Aiv && w.cluster == aic.cluster && w.sub_block == sub
+                })
+            };
+            if let (Some(v0), Some(v1)) = (find(0), find(1))
+                && ws[v0].is_idle()
+                && ws[v1].is_idle()
+            {
+                return Some([i, v0, v1]);
+            }
+        }
+        None
+    }
+
+    /// Dispatches what it can of pending entry `k`; returns whether anything was sent.
+    fn dispatch_pending(&mut self, k: usize) -> bool {
+        let mut sent = false;
+        let e = self.pending[k];
+        let mut next = e.next_block;
+        while next < e.blocks {
+            match e.shape {
+                TaskShape::Mix => {
+                    let Some(cluster) = self.idle_cluster() else { break };
+                    for (m, &f) in e.funcs.iter().enumerate() {
+                        if f != NO_FUNC {
+                            self.send(cluster[m], e.handle, f as u32, next, e.blocks);
+                        }
+                    }
+                }
+                TaskShape::Aic | TaskShape::Aiv => {
+                    let (ty, member) = if e.shape == TaskShape::Aic {
+                        (CoreType::Aic, 0)
+                    } else {
+                        (CoreType::Aiv, 1)
+                    };
+                    let Some(idx) = self.free_core(ty) else { break };
+                    self.send(idx, e.handle, e.funcs[member].max(0) as u32, next, e.blocks);
+                }
+                TaskShape::Dummy => break,
+            }
+            next += 1;
+            sent = true;
+        }
+        self.pending[k].next_block = next;
+        sent
+    }
+
+    /// Dispatches pending blocks, then pops ready tasks while this thread has room for them.
+    fn dispatch(&mut self) -> bool {
+        let mut progressed = false;
+        let mut k = 0;
+        while k < self.pending_len {
+            progressed |= self.dispatch_pending(k);
+            if self.pending[k].next_block >= self.pending[k].blocks {
+                self.pending_len -= 1;
+                self.pending[k] = self.pending[self.pending_len];
+            } else {
+                k += 1;
+            }
+        }
+        let Some(c) = self.completer else { return progressed };
+        // A thread without cores pops nothing: it could never run what it took.
+        if self.owned.len == 0 {
+            return progressed;
+        }
+        while self.pending_len < PENDING && self.owned.all().iter().any(|w| w.can_accept()) {
+            let Some(id) = c.pop_ready() else { break };
+            progressed = true;
+            let ring = (id.0 >> 32) as u32;
+            let window = self.layout.map_or(1, |l| l.shape().rings[ring as usize % 4].task_window);
+            let handle = (ring << 28) | (id.0 as u32 & (window - 1));
+            let t = self.task_ptr(handle);
+            // SAFETY: a task this thread popped: its record was written before the push that
+            // published it (the pop acquires it) and stays until it completes.
+            let (shape, funcs, blocks) = unsafe {
+                (
+                    TaskShape::from_u32(addr_of!((*t).shape).read()).unwrap_or(TaskShape::Dummy),
+                    addr_of!((*t).func_ids).read(),
+                    addr_of!((*t).block_num).read().max(1),
+                )
+            };
+            if shape == TaskShape::Dummy {
+                c.complete(id);
+                self.completed_here += 1;
+                self.unpublished.progress += 1;
+                self.unpublished.completed = true;
+                continue;
+            }
+            self.pending[self.pending_len] =
+                Pending { handle, shape, funcs, blocks, next_block: 0 };
+            self.pending_len += 1;
+            let k = self.pending_len - 1;
+            self.dispatch_pending(k);
+            if self.pending[k].next_block >= blocks {
+                self.pending_len -= 1;
+            }
+        }
+        progressed
+    }
+
+    fn publish_counters(&mut self) {
+        let u = core::mem::take(&mut self.unpublished);
+        let shared = self.view.shared();
+        // Relaxed: statistics and watchdog evidence; no data is published through them.
+        if u.dispatched != u.finished {
+            shared.running.fetch_add(u.dispatched.wrapping_sub(u.finished), Relaxed);
+        }
+        if u.progress != 0 {
+            shared.progress.fetch_add(u.progress, Relaxed);
+        }
+        if u.completed {
+            // Completions may end the orchestration's wait, make consumers ready for other
+            // threads, or end the run.
+            self.p.notify_schedulers();
+        }
+    }
+
+    /// Latches SCHEDULER_TIMEOUT (first latch wins).
+    fn latch_timeout(&self, class: StallClass) {
+        let shared = self.view.shared();
+        if shared
+            .sched_error_code
+            .compare_exchange(0, RuntimeCode::SchedulerTimeout.raw(), AcqRel, Acquire)
+            .is_err()
+        {
+            return;
+        }
+        let running = shared.running.load(Relaxed);
+        let stuck = self.owned.all().iter().find_map(|w| {
+            w.running().map(|d| {
+                // SAFETY: a task still on the core: its record stays until it completes.
+                (w.index, unsafe { addr_of!((*self.task_ptr(d.task)).task_id).read() })
+            })
+        });
+        let class = if running > 0 || stuck.is_some() { StallClass::RunningStalled } else { class };
+        shared.error_thread.store(self.thread, Relaxed);
+        shared.stall_class.store(class as u32, Relaxed);
+        shared.stall_running.store(running, Relaxed);
+        shared.stall_ready.store(self.pending_len as u32, Relaxed);
+        match stuck {
+            Some((w, task)) => {
+                shared.stuck_core.store(w + 1, Relaxed);
+                shared.stuck_task.store(task, Relaxed);
+            }
+            None => shared.stuck_task.store(u64::MAX, Relaxed),
+        }
+        self.p.log(LogLevel::Error, format_args!("scheduler timeout: {}", class.label()));
+        self.p.notify_schedulers();
+    }
+
+    /// The scheduling loop (protocol steps 2 and 3).
+    fn run(&mut self, budget: u64) {
+        let shared = self.view.shared();
+        let mut round = 0u32;
+        let mut seen = shared.progress.load(Relaxed);
+        let mut since = self.p.counter();
+        loop {
+            let epoch = self.p.wait_epoch();
+            if self.finished() || self.p.should_stop() {
+                break;
+            }
+            let mut progressed = self.poll_cores();
+            progressed |= self.dispatch();
+            self.publish_counters();
+            if progressed {
+                round = 0;
+                continue;
+            }
+            let now = self.p.counter();
+            let p = shared.progress.load(Relaxed);
+            if p != seen {
+                seen = p;
+                since = now;
+            } else if now.saturating_sub(since) >= budget {
+                let class = if shared.orch_done.load(Relaxed) == 0 {
+                    StallClass::OrchestratorIdle
+                } else {
+                    StallClass::OnlyWaiting
+                };
+                self.latch_timeout(class);
+                break;
+            }
+            self.p.idle_wait(epoch, round, since.saturating_add(budget));
+            round = round.saturating_add(1);
+        }
+    }
+}

@@ -1,0 +1,440 @@
+//! The reference programs under tensormap_and_ringbuffer on the simulated chip: each runs on
+//! both runtimes and the outputs must be equal bit for bit.
+
+mod common;
+
+use common::*;
+use simpler_device_a2a3::programs::{add, bgemm, vector};
+use simpler_device_a2a3::{
+    ChipCallable, ChipSlot, DeviceRunner, RingDefaults, RunReport, RunRequest, RunnerOptions,
+    RuntimeVariant,
+};
+use simpler_types::{CallConfig, DataType, RunId, TaskArgs, Tensor, TensorArgType};
+
+/// Options for `runtime` with the usual generous budgets.
+fn options_for(runtime: RuntimeVariant) -> RunnerOptions {
+    let mut o = options(0);
+    o.runtime = runtime;
+    o
+}
+
+/// One argument of a program run: host values, tag and shape.
+struct Arg {
+    values: Vec<f32>,
+    tag: TensorArgType,
+    shape: Vec<u32>,
+}
+
+/// Runs `slot` once with `args` and returns the bytes of every written argument and the run's
+/// report.
+fn run_once(
+    r: &mut DeviceRunner,
+    slot: ChipSlot,
+    run: u64,
+    args: &[Arg],
+    cfg: &CallConfig,
+) -> (Vec<u8>, RunReport) {
+    let mut ptrs = Vec::new();
+    let mut task_args = TaskArgs::new();
+    for a in args {
+        let (p, flat) = upload_f32(r, &a.values);
+        let t =
+            Tensor::external(flat.addr, &a.shape, DataType::Float32).unwrap().child_memory(true);
+        task_args.add_tensor(t, a.tag).unwrap();
+        ptrs.push(p);
+    }
+    let req = RunRequest::new(RunId::from_raw(run).unwrap(), slot, &task_args, cfg);
+    let report = r.run(&req).unwrap();
+    let mut out = Vec::new();
+    for (a, p) in args.iter().zip(&ptrs) {
+        if a.tag != TensorArgType::Input {
+            let mut bytes = vec![0u8; a.values.len() * 4];
+            r.copy_from_device(&mut bytes, *p).unwrap();
+            out.extend_from_slice(&bytes);
+        }
+    }
+    for p in ptrs {
+        r.free(p).unwrap();
+    }
+    (out, report)
+}
+
+fn vector_args(n: usize) -> Vec<Arg> {
+    let a = (0..n).map(|i| i as f32 * 0.5).collect();
+    let b = (0..n).map(|i| 3.0 - i as f32).collect();
+    let shape = vec![n as u32];
+    vec![
+        Arg { values: a, tag: TensorArgType::Input, shape: shape.clone() },
+        Arg { values: b, tag: TensorArgType::Input, shape: shape.clone() },
+        Arg { values: vec![0.0; n], tag: TensorArgType::Output, shape },
+    ]
+}
+
+fn bgemm_args() -> Vec<Arg> {
+    let n = bgemm::N * bgemm::N;
+    let a: Vec<f32> = (0..n).map(|x| ((x * 7) % 13) as f32 * 0.125).collect();
+    let b: Vec<f32> = (0..n).map(|x| ((x * 5) % 11) as f32 * 0.25).collect();
+    let shape = bgemm::shape().to_vec();
+    vec![
+        Arg { values: bgemm::tile_major(&a), tag: TensorArgType::Input, shape: shape.clone() },
+        Arg { values: bgemm::tile_major(&b), tag: TensorArgType::Input, shape: shape.clone() },
+        Arg { values: vec![0.0; n], tag: TensorArgType::InOut, shape },
+    ]
+}
+
+/// Runs `callable` with `args` on both runtimes and returns trb's output after checking it
+/// equals hbg's bit for bit.
+fn same_on_both(callable: &ChipCallable, args: &[Arg], cfg: &CallConfig) -> Vec<u8> {
+    let mut outputs = Vec::new();
+    for runtime in [RuntimeVariant::HostBuildGraph, RuntimeVariant::TensormapAndRingbuffer] {
+        let mut r = DeviceRunner::attach(options_for(runtime)).unwrap();
+        let slot = r.register_callable(callable).unwrap();
+        outputs.push(run_once(&mut r, slot, 1, args, cfg).0);
+        r.finalize().unwrap();
+    }
+    assert!(outputs[0] == outputs[1], "trb's output differs from hbg's");
+    outputs.pop().unwrap()
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+#[test]
+fn add_gives_the_same_bits_on_both_runtimes() {
+    let args = vector_args(4096);
+    let got = f32s(&same_on_both(&add::callable().unwrap(), &args, &CallConfig::default()));
+    assert_eq!(got, add::reference(&args[0].values, &args[1].values));
+}
+
+#[test]
+fn vector_gives_the_same_bits_on_both_runtimes() {
+    let args = vector_args(16384);
+    let got = f32s(&same_on_both(&vector::callable().unwrap(), &args, &CallConfig::default()));
+    assert_eq!(got, vector::reference(&args[0].values, &args[1].values));
+}
+
+#[test]
+fn bgemm_gives_the_same_bits_on_both_runtimes() {
+    let args = bgemm_args();
+    let cfg = CallConfig::builder().block_dim(3).build().unwrap();
+    let got = f32s(&same_on_both(&bgemm::callable().unwrap(), &args, &cfg));
+    let n = bgemm::N * bgemm::N;
+    let a: Vec<f32> = (0..n).map(|x| ((x * 7) % 13) as f32 * 0.125).collect();
+    let b: Vec<f32> = (0..n).map(|x| ((x * 5) % 11) as f32 * 0.25).collect();
+    let want = bgemm::tile_major(&bgemm::reference(&a, &b));
+    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+    let max_err = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
+    assert!(max_err <= 1e-5 * scale, "max error {max_err}");
+}
+
+#[test]
+fn trb_runs_repeat_on_one_runner_with_small_rings_and_report_high_water_marks() {
+    let mut o = options_for(RuntimeVariant::TensormapAndRingbuffer);
+    o.rings = RingDefaults { task_window: 16, heap_bytes: 1 << 20, dep_pool: 16 };
+    let mut r = DeviceRunner::attach(o).unwrap();
+    let slot = r.register_callable(&vector::callable().unwrap()).unwrap();
+    let args = vector_args(1024);
+    let want = vector::reference(&args[0].values, &args[1].values);
+    for run in 1..=3 {
+        let (bytes, report) = run_once(&mut r, slot, run, &args, &CallConfig::default());
+        assert_eq!(f32s(&bytes), want, "run {run}");
+        // Five tasks at the top level, all held by the outer scope; four buffers of 4 KiB.
+        assert_eq!(report.tasks, 5, "run {run}");
+        assert_eq!(report.rings[0].task_window_max, 5, "run {run}");
+        assert_eq!(report.rings[0].heap_max, 4 * 4096, "run {run}");
+    }
+    r.finalize().unwrap();
+}
+
+// Ring stalls: each scenario fills ring 1 (the first nested scope) with tasks its open scope
+// holds, so no completion can make room; the run must end with the typed stall naming the ring,
+// its three sizes and its usage, and the runner must serve the next run.
+
+use simpler_device_a2a3::abi::codes::RuntimeCode;
+use simpler_device_a2a3::{DeviceError, OrchArgs, OrchConfig, OrchCtx, OrchError};
+use simpler_types::{CoreArgs, RingOverride, RingSel};
+
+const SCOPE: u64 = 0;
+const HEAP: u64 = 1;
+const DEP_POOL: u64 = 2;
+const TENSOR_MAP: u64 = 3;
+
+fn one_tensor_one_scalar(_: &OrchArgs<'_>) -> OrchConfig {
+    OrchConfig { expected_arg_count: 2 }
+}
+
+fn core_args(tensors: &[(Tensor, TensorArgType)]) -> Result<CoreArgs, OrchError> {
+    let mut a = CoreArgs::new();
+    for (t, tag) in tensors {
+        a.add_tensor(*t, *tag).map_err(|_| OrchError::from_status(-1))?;
+    }
+    Ok(a)
+}
+
+/// Scenario `scalar 0` inside one scope, over the scratch buffer `tensor 0` (256 f32).
+fn stalling_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{Input, Output};
+    let bad = || OrchError::from_status(-1);
+    let scratch = *args.tensor(0).ok_or_else(bad)?;
+    let scenario = args.scalar(0).ok_or_else(bad)?;
+    ctx.scope(|ctx| -> Result<(), OrchError> {
+        match scenario {
+            // Five tasks in a four-slot window.
+            SCOPE => {
+                for _ in 0..5 {
+                    ctx.submit_dummy(&CoreArgs::new())?;
+                }
+            }
+            // Five 1 KiB buffers, each produced by a task, in a 4 KiB heap.
+            HEAP => {
+                for _ in 0..5 {
+                    let t = ctx.alloc_tensor(&[256], DataType::Float32)?;
+                    ctx.submit_dummy(&core_args(&[(t, Output)])?)?;
+                }
+            }
+            // One producer and five readers of it: one dependency entry each, four in the pool.
+            DEP_POOL => {
+                ctx.submit_dummy(&core_args(&[(scratch, Output)])?)?;
+                for _ in 0..5 {
+                    ctx.submit_dummy(&core_args(&[(scratch, Input)])?)?;
+                }
+            }
+            // Tasks reading sixteen disjoint elements each, more than the map holds.
+            _ => {
+                for task in 0..16u32 {
+                    let mut reads = Vec::new();
+                    for k in 0..16u32 {
+                        let v = scratch.view(&[1], &[task * 16 + k]).map_err(|_| bad())?;
+                        reads.push((v, Input));
+                    }
+                    ctx.submit_dummy(&core_args(&reads)?)?;
+                }
+            }
+        }
+        Ok(())
+    })?
+}
+
+fn stalling_callable() -> ChipCallable {
+    let add = add::callable().unwrap();
+    let mut b = ChipCallable::native(stalling_orchestration, one_tensor_one_scalar)
+        .names("trb_stalls", "trb_stalls_config");
+    for (func_id, kernel) in add.children() {
+        b = b.kernel(*func_id, kernel.clone());
+    }
+    b.build().unwrap()
+}
+
+/// Runs `scenario` with ring 1 sized `ring1` (and every ring's window `window`), checks the
+/// stall it ends with, then runs the vector program on the same runner.
+fn check_stall(scenario: u64, window: u32, ring1: RingOverride, code: RuntimeCode, text: &str) {
+    let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    let stalls = r.register_callable(&stalling_callable()).unwrap();
+    let vector = r.register_callable(&vector::callable().unwrap()).unwrap();
+    let all =
+        RingOverride { task_window: Some(window), heap_bytes: Some(64 << 10), dep_pool: Some(64) };
+    let cfg = CallConfig::builder()
+        .ring_override(RingSel::All, all)
+        .ring_override(RingSel::Ring(1), ring1)
+        .build()
+        .unwrap();
+    let (p, scratch) = upload_f32(&mut r, &[0.0; 256]);
+    let mut args = TaskArgs::new();
+    args.add_tensor(scratch, TensorArgType::NoDep).unwrap();
+    args.add_scalar(scenario).unwrap();
+    let err =
+        r.run(&RunRequest::new(RunId::from_raw(1).unwrap(), stalls, &args, &cfg)).unwrap_err();
+    let DeviceError::Runtime { fault, .. } = &err else { panic!("not a runtime fault: {err}") };
+    assert_eq!(fault.code, code, "{err}");
+    assert_eq!(fault.ring, Some(1), "{err}");
+    let sizes = fault.sizes.expect("the ring's sizes");
+    assert_eq!(
+        (Some(sizes.task_window as u32), Some(sizes.heap_bytes), Some(sizes.dep_pool as u32)),
+        (ring1.task_window, ring1.heap_bytes, ring1.dep_pool),
+        "{err}"
+    );
+    assert!(fault.usage.is_some(), "{err}");
+    assert!(fault.message.contains(text), "{err}");
+    r.free(p).unwrap();
+    // The runner is still usable.
+    let good = vector_args(1024);
+    let (bytes, _) = run_once(&mut r, vector, 2, &good, &CallConfig::default());
+    assert_eq!(f32s(&bytes), vector::reference(&good[0].values, &good[1].values));
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_scope_holding_more_tasks_than_its_window_is_a_scope_deadlock() {
+    let ring1 = RingOverride { task_window: Some(4), heap_bytes: Some(4096), dep_pool: Some(16) };
+    check_stall(
+        SCOPE,
+        64,
+        ring1,
+        RuntimeCode::ScopeDeadlock,
+        "ring 1: scope needs 5 task slots, window 4",
+    );
+}
+
+#[test]
+fn a_scope_holding_more_buffers_than_its_heap_is_a_heap_ring_deadlock() {
+    let ring1 = RingOverride { task_window: Some(16), heap_bytes: Some(4096), dep_pool: Some(16) };
+    check_stall(
+        HEAP,
+        64,
+        ring1,
+        RuntimeCode::HeapRingDeadlock,
+        "ring 1: scope needs 1024 more heap bytes with 4096 of 4096",
+    );
+}
+
+#[test]
+fn a_scope_holding_more_edges_than_its_pool_is_a_dep_pool_overflow() {
+    let ring1 = RingOverride { task_window: Some(16), heap_bytes: Some(4096), dep_pool: Some(4) };
+    check_stall(
+        DEP_POOL,
+        64,
+        ring1,
+        RuntimeCode::DepPoolOverflow,
+        "ring 1: a task needs 1 dep entries with 4 of 4 in use",
+    );
+}
+
+#[test]
+fn a_scope_holding_more_accesses_than_the_tensor_map_is_a_tensormap_overflow() {
+    // Windows of 4 (ring 1: 32): a map of 4 × 44 = 176 entries; sixteen tasks read 256.
+    let ring1 = RingOverride { task_window: Some(32), heap_bytes: Some(4096), dep_pool: Some(16) };
+    check_stall(
+        TENSOR_MAP,
+        4,
+        ring1,
+        RuntimeCode::TensormapOverflow,
+        "ring 1: the tensor map's 176 entries",
+    );
+}
+
+// The orchestration's own reads and writes of tensor bytes wait for the tasks the tensor map
+// knows: a read for the writers, a write for the readers.
+
+use simpler_device_a2a3::Kernels;
+
+const PROBE_ELEMS: u32 = 1 << 16;
+
+fn five_args(_: &OrchArgs<'_>) -> OrchConfig {
+    OrchConfig { expected_arg_count: 5 }
+}
+
+/// Arguments `a, b` (inputs), `out` (output), `y` (in-out), `z` (output): `x = a + b` by a task,
+/// read back at once into `out`; `z = y + y` by a task, then `y` overwritten at once.
+fn probing_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{Input, Output};
+    let bad = || OrchError::from_status(-1);
+    let t = |i| args.tensor(i).copied().ok_or_else(bad);
+    let (a, b, out, y, z) = (t(0)?, t(1)?, t(2)?, t(3)?, t(4)?);
+    let x = ctx.alloc_tensor(&[PROBE_ELEMS], DataType::Float32)?;
+    ctx.submit(Kernels::Aiv(add::ADD), &core_args(&[(a, Input), (b, Input), (x, Output)])?)?;
+    let mut bytes = vec![0u8; PROBE_ELEMS as usize * 4];
+    ctx.tensor_data(&x, &mut bytes)?;
+    ctx.set_tensor_data(&out, &bytes)?;
+    ctx.submit(Kernels::Aiv(add::ADD), &core_args(&[(y, Input), (y, Input), (z, Output)])?)?;
+    ctx.set_tensor_data(&y, &vec![0u8; PROBE_ELEMS as usize * 4])?;
+    Ok(())
+}
+
+#[test]
+fn tensor_data_waits_for_the_writer_and_set_tensor_data_for_the_readers() {
+    let add = add::callable().unwrap();
+    let mut b =
+        ChipCallable::native(probing_orchestration, five_args).names("probe", "probe_config");
+    for (func_id, kernel) in add.children() {
+        b = b.kernel(*func_id, kernel.clone());
+    }
+    let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    let slot = r.register_callable(&b.build().unwrap()).unwrap();
+    let n = PROBE_ELEMS as usize;
+    let av: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let bv: Vec<f32> = (0..n).map(|i| 0.5 * i as f32).collect();
+    let yv: Vec<f32> = (0..n).map(|i| 1.0 + i as f32).collect();
+    let mut ptrs = Vec::new();
+    let mut args = TaskArgs::new();
+    use TensorArgType::{InOut, Input, Output};
+    for (values, tag) in
+        [(&av, Input), (&bv, Input), (&vec![0.0; n], Output), (&yv, InOut), (&vec![0.0; n], Output)]
+    {
+        let (p, t) = upload_f32(&mut r, values);
+        args.add_tensor(t, tag).unwrap();
+        ptrs.push(p);
+    }
+    r.run(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &args, &CallConfig::default()))
+        .unwrap();
+    let out = download_f32(&mut r, ptrs[2], n);
+    let z = download_f32(&mut r, ptrs[4], n);
+    let y = download_f32(&mut r, ptrs[3], n);
+    let want_out: Vec<f32> = av.iter().zip(&bv).map(|(a, b)| a + b).collect();
+    let want_z: Vec<f32> = yv.iter().map(|y| y + y).collect();
+    assert!(out == want_out, "tensor_data read the buffer before its writer finished");
+    assert!(z == want_z, "set_tensor_data overwrote the buffer before its reader finished");
+    assert!(y.iter().all(|&v| v == 0.0));
+    for p in ptrs {
+        r.free(p).unwrap();
+    }
+    r.finalize().unwrap();
+}
+
+#[test]
+fn one_aicpu_thread_is_refused_since_one_orchestrates() {
+    let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    let slot = r.register_callable(&vector::callable().unwrap()).unwrap();
+    let one = CallConfig::builder().aicpu_thread_num(1).build().unwrap();
+    let mut args = TaskArgs::new();
+    let (p, t) = upload_f32(&mut r, &[0.0; 16]);
+    for _ in 0..3 {
+        args.add_tensor(t, TensorArgType::NoDep).unwrap();
+    }
+    let err = r.run(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &args, &one)).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::InvalidConfig { setting, .. } if setting == "aicpu_thread_num"),
+        "{err}"
+    );
+    r.free(p).unwrap();
+    let good = vector_args(256);
+    let two = CallConfig::builder().aicpu_thread_num(2).block_dim(1).build().unwrap();
+    let (bytes, _) = run_once(&mut r, slot, 2, &good, &two);
+    assert_eq!(f32s(&bytes), vector::reference(&good[0].values, &good[1].values));
+    r.finalize().unwrap();
+}
+
+/// `f = a + b` as one MIX task of two AIV members on each of three blocks, then the same as an
+/// AIV task of four blocks: every member computes the whole sum, so the output is `a + b` when
+/// every member of every block ran and the task completed once.
+fn mixed_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{Input, Output};
+    let bad = || OrchError::from_status(-1);
+    let t = |i| args.tensor(i).copied().ok_or_else(bad);
+    let (a, b, f) = (t(0)?, t(1)?, t(2)?);
+    let mix = Kernels::Mix { aic: None, aiv0: Some(add::ADD), aiv1: Some(add::ADD) };
+    let x = ctx.alloc_tensor(a.shape(), DataType::Float32)?;
+    ctx.submit_blocks(mix, &core_args(&[(a, Input), (b, Input), (x, Output)])?, 3)?;
+    ctx.submit_blocks(
+        Kernels::Aiv(add::ADD),
+        &core_args(&[(x, Input), (b, Input), (f, Output)])?,
+        4,
+    )?;
+    Ok(())
+}
+
+#[test]
+fn mix_and_multi_block_tasks_give_the_same_bits_on_both_runtimes() {
+    let add = add::callable().unwrap();
+    let mut b = ChipCallable::native(mixed_orchestration, common::three_args)
+        .names("mixed", "mixed_config");
+    for (func_id, kernel) in add.children() {
+        b = b.kernel(*func_id, kernel.clone());
+    }
+    let args = vector_args(4096);
+    let cfg = CallConfig::builder().block_dim(2).build().unwrap();
+    let got = f32s(&same_on_both(&b.build().unwrap(), &args, &cfg));
+    let want: Vec<f32> =
+        args[0].values.iter().zip(&args[1].values).map(|(a, b)| a + b + b).collect();
+    assert_eq!(got, want);
+}
