@@ -6,6 +6,7 @@ use std::time::Duration;
 use simpler_types::{RunId, TaskId, WorkerId};
 
 use crate::error::{CloseError, StartError};
+use crate::host_buffer::HostAddr;
 
 /// What went wrong between rank 0 and a serving rank.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -178,12 +179,12 @@ pub enum TensorProblem {
     /// It lives in chip memory of this host, which the remote rank cannot reach.
     ChipMemory {
         /// The tensor's buffer address.
-        addr: u64,
+        addr: HostAddr,
     },
     /// It names host memory that is not a `HostBuffer`, whose bytes the endpoint cannot find.
     NotHostBuffer {
         /// The tensor's buffer address.
-        addr: u64,
+        addr: HostAddr,
         /// The tensor's buffer size in bytes.
         len: u64,
     },
@@ -196,12 +197,12 @@ impl TensorProblem {
     fn describe(&self) -> String {
         match self {
             TensorProblem::ChipMemory { addr } => format!(
-                "lives in chip memory at {addr:#x} of this host, which another host cannot read; \
+                "lives in chip memory at {addr} of this host, which another host cannot read; \
                  pass a HostBuffer tensor instead (its bytes travel with the task and written \
                  bytes come back), or let the remote graph allocate chip memory on its own chip"
             ),
             TensorProblem::NotHostBuffer { addr, len } => format!(
-                "names host memory at {addr:#x} ({len} bytes) that is not a HostBuffer, so its \
+                "names host memory at {addr} ({len} bytes) that is not a HostBuffer, so its \
                  bytes cannot be found to send; allocate it with HostBuffer::new and pass \
                  HostBuffer::tensor"
             ),
@@ -214,14 +215,14 @@ impl TensorProblem {
 
 fn task_text(run: Option<RunId>, task: Option<TaskId>) -> String {
     match (run, task) {
-        (_, Some(t)) => format!(" while {} task {} waited", t.run, t.seq),
+        (_, Some(t)) => format!(" while {t} waited"),
         (Some(r), None) => format!(" while {r} waited"),
         (None, None) => String::new(),
     }
 }
 
 fn task_seq(task: Option<u32>) -> String {
-    task.map(|t| format!(" at task {t}")).unwrap_or_default()
+    task.map(|t| format!(" at task#{t}")).unwrap_or_default()
 }
 
 /// Why `serve_l3` returned with an error on a serving rank.

@@ -19,7 +19,7 @@ use simpler_types::{TaskArgs, TaskArgsView, TaskId, Tensor, TensorArgType, Worke
 use super::error::{RemoteError, TensorRefusal};
 use super::frames::{WireArgs, WireBuffer, WireTensor, WrittenSpan};
 use crate::error::WorkerError;
-use crate::host_buffer::HostBuffer;
+use crate::host_buffer::{HostAddr, HostBuffer};
 use crate::staging::{merged, push_unique, span_in};
 
 /// The submit-time check of a task for remote child `child` (on `rank`): every tensor is null
@@ -35,19 +35,19 @@ pub(crate) fn refuse_unshippable(
         let refuse =
             |problem| WorkerError::RemoteTensor(TensorRefusal { arg, child, rank, problem });
         if t.is_child_memory() {
-            return Err(refuse(super::error::TensorProblem::ChipMemory { addr: t.addr }));
+            return Err(refuse(super::error::TensorProblem::ChipMemory { addr: HostAddr(t.addr) }));
         }
         let Some(buf) = HostBuffer::covering(t.addr, t.size) else {
             return Err(refuse(super::error::TensorProblem::NotHostBuffer {
-                addr: t.addr,
+                addr: HostAddr(t.addr),
                 len: t.size,
             }));
         };
         if t.addr != buf.addr() {
             return Err(WorkerError::HostTensorOffsetBase {
                 arg,
-                addr: t.addr,
-                buffer: buf.addr(),
+                addr: HostAddr(t.addr),
+                buffer: HostAddr(buf.addr()),
             });
         }
         if args.tags().get(arg) == Some(&TensorArgType::NoDep) {
