@@ -139,6 +139,9 @@ pub(crate) struct SlotSync {
     pub(crate) run: Option<Arc<RunRecord>>,
     /// Where the task is queued when ready.
     pub(crate) route: Route,
+    /// Whether the task left reader entries in the tensor map, which the pass that processes
+    /// its finish retires (set at publication; most tasks read nothing and skip that step).
+    pub(crate) reads: bool,
     /// Whether the slot is an `alloc()` buffer.
     pub(crate) is_alloc: bool,
     /// Live producers counted at publication.
@@ -177,6 +180,7 @@ impl SlotSync {
         self.head = None;
         self.run = None;
         self.route = Route::Unrouted;
+        self.reads = false;
         self.is_alloc = false;
         self.fanin_count = 0;
         self.fanin_released = 0;

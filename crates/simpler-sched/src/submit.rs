@@ -254,7 +254,7 @@ impl RunBuilder<'_> {
         slot.init_task(Head { id, task, callable: *callable }, Arc::clone(&run), route, n);
         orch.scopes.register(id);
 
-        {
+        let reads = {
             // The payload of a `Building` slot is read by nobody, so holding its lock across the
             // tensor-map guard contends with no one (lock order: payload → tensor map).
             let mut payload = slot.payload.write();
@@ -327,7 +327,8 @@ impl RunBuilder<'_> {
             for (i, a) in args.iter().enumerate() {
                 payload.push_member(a, orch.targets.get(i).copied().unwrap_or(i as u32));
             }
-        }
+            !payload.read_keys.is_empty()
+        };
 
         // 5. Attach to each producer, holding only that producer's lock.
         let me = Edge { slot: id, task };
@@ -363,7 +364,7 @@ impl RunBuilder<'_> {
         }
 
         // 6. Publish; 7. poisoned at submit; 8. queue.
-        match slot.publish(id, &orch.attached, live, failed.is_some()) {
+        match slot.publish(id, &orch.attached, live, failed.is_some(), reads) {
             Publish::Ready(route) => {
                 if core.deliver_ready(ReadyEntry { slot: id, route }).is_err() {
                     // The scheduler has stopped for good: the task can never run.
