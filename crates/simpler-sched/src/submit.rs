@@ -291,10 +291,7 @@ impl RunBuilder<'_> {
                     (None, _) => {}
                     // One access: its lookup and record share one hash probe.
                     (Some((access, (key, span))), None) => {
-                        payload.map_keys.push(key);
-                        if access == Access::Read {
-                            payload.read_keys.push(key);
-                        }
+                        payload.journal(key, access);
                         map.access(run.id, key, span, access, id, |p| orch.producers.push(p));
                     }
                     _ => {
@@ -304,10 +301,7 @@ impl RunBuilder<'_> {
                             });
                         }
                         for (access, (key, span)) in accesses() {
-                            payload.map_keys.push(key);
-                            if access == Access::Read {
-                                payload.read_keys.push(key);
-                            }
+                            payload.journal(key, access);
                             map.record(run.id, key, span, access, id);
                         }
                     }
