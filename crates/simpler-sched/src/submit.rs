@@ -294,6 +294,15 @@ impl RunBuilder<'_> {
                         payload.journal(key, access);
                         map.access(run.id, key, span, access, id, |p| orch.producers.push(p));
                     }
+                    // A few accesses of distinct keys: a record of one key cannot change what a
+                    // lookup of another finds, so each lookup shares its record's hash probe as
+                    // above and the order of the rule is kept trivially.
+                    _ if distinct_keys(accesses().map(|(_, (key, _))| key)) => {
+                        for (access, (key, span)) in accesses() {
+                            payload.journal(key, access);
+                            map.access(run.id, key, span, access, id, |p| orch.producers.push(p));
+                        }
+                    }
                     _ => {
                         for (access, (key, span)) in accesses() {
                             map.dependencies(run.id, &key, span, access, |p| {
@@ -380,6 +389,21 @@ impl RunBuilder<'_> {
     }
 }
 
+/// Most tracked accesses of one task checked for [`distinct_keys`]; a task with more takes the
+/// two-pass path, which is right for any keys.
+const DISTINCT_CHECK_LIMIT: usize = 8;
+
+/// Whether `keys` (at most [`DISTINCT_CHECK_LIMIT`] of them) are pairwise distinct.
+fn distinct_keys<K: PartialEq + Copy>(keys: impl Iterator<Item = K> + Clone) -> bool {
+    let earlier = keys.clone();
+    for (i, key) in keys.enumerate() {
+        if i >= DISTINCT_CHECK_LIMIT || earlier.clone().take(i).any(|k| k == key) {
+            return false;
+        }
+    }
+    true
+}
+
 /// A fault point for tests: code run on the submitting thread between the fail-fast check and
 /// the dependency lookups, to force interleavings that are otherwise a matter of timing.
 #[cfg(test)]
@@ -457,6 +481,14 @@ mod tests {
 
     fn tensor() -> Tensor {
         Tensor::external(0x1000, &[64], DataType::UInt8).unwrap()
+    }
+
+    #[test]
+    fn only_a_few_pairwise_distinct_keys_take_the_one_probe_path() {
+        assert!(super::distinct_keys([1, 2, 3].into_iter()));
+        assert!(!super::distinct_keys([1, 2, 1].into_iter()));
+        let many = 0..super::DISTINCT_CHECK_LIMIT as u32 + 1;
+        assert!(!super::distinct_keys(many), "past the limit the two-pass path is taken");
     }
 
     #[test]
