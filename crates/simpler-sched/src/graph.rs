@@ -9,8 +9,10 @@
 //!
 //! # Reclamation (exactly once, by the thread whose release reached the threshold)
 //!
-//! 1. Under the slot's payload lock: `tensor_map.erase_owned(run, slot, map_keys)`, so every
-//!    map entry keeps naming a live slot until the window entry is released.
+//! 1. Under the slot's payload lock: `tensor_map.erase_owned(run, slot, map_keys)` and, for a
+//!    task whose reader entries were not retired at its finish, `erase_reader_owned` of its
+//!    `read_keys`, so every map entry keeps naming a live slot until the window entry is
+//!    released.
 //! 2. For an `alloc()` slot: remove its alloc-registry entry if it still names this slot.
 //! 3. Clear the payload (capacities kept). The bookkeeping under the slot lock was already
 //!    cleared, and the run moved out, when the slot turned `Consumed`.
@@ -61,16 +63,20 @@ impl Core {
     /// A finished task stops holding back later writes: its reader entries leave the tensor
     /// map now rather than at reclamation (`docs/tensormap.md` §6). The caller still holds the
     /// task's self reference (or its reclamation is still owed to the caller), so the slot and
-    /// its payload cannot be recycled meanwhile; the payload is only read.
+    /// its payload cannot be recycled meanwhile. The task has finished, so no member holds its
+    /// payload, and the write lock is uncontended; emptying the journal of read keys tells the
+    /// reclaimer that nothing is left to erase for them. A reclaimer that came first cleared
+    /// the payload, and then nothing happens here.
     pub(crate) fn retire_reads(&self, id: SlotId) {
         let Some(slot) = self.ring.slot(id) else { return };
-        let payload = slot.payload.read();
+        let mut payload = slot.payload.write();
         if payload.id != Some(id) || payload.read_keys.is_empty() {
             return;
         }
         if let Some(task) = payload.task {
             self.tensor_map.erase_reader_owned(task.run, id, &payload.read_keys);
         }
+        payload.read_keys.clear();
     }
 
     pub(crate) fn reclaim(&self, id: SlotId, run: Arc<RunRecord>) {
@@ -83,6 +89,10 @@ impl Core {
             debug_assert_eq!(payload.id, Some(id), "reclaiming a payload of another occupant");
             if !payload.map_keys.is_empty() {
                 self.tensor_map.erase_owned(run.id, id, &payload.map_keys);
+            }
+            if !payload.read_keys.is_empty() {
+                // A task that never finished (cancelled, poisoned) still has its reader entries.
+                self.tensor_map.erase_reader_owned(run.id, id, &payload.read_keys);
             }
             if let Some(addr) = payload.alloc_addr {
                 let mut allocs = self.allocs.lock();

@@ -53,7 +53,7 @@ fn task(run: &Arc<RunRecord>, index: u32, state: TaskState) -> (Arc<TaskSlot>, S
         TaskState::Building => {}
         TaskState::Ready | TaskState::Running => {
             assert_eq!(
-                slot.publish(id, &[], 0, false),
+                slot.publish(id, &[], 0, false, false),
                 Publish::Ready(Route::Single { worker: 0 })
             );
             if state == TaskState::Running {
@@ -110,7 +110,7 @@ fn loom_publication_races_two_completing_producers_and_readies_once() {
                 other => panic!("unexpected attach result {other:?}"),
             }
         }
-        if let Publish::Ready(_) = c.publish(idc, &attached, live, false) {
+        if let Publish::Ready(_) = c.publish(idc, &attached, live, false, false) {
             readied.fetch_add(1, Ordering::SeqCst);
         }
         for t in producers {
@@ -164,7 +164,7 @@ fn loom_publication_races_a_failing_producer_and_propagates_once() {
             other => panic!("unexpected attach result {other:?}"),
         };
         let live = u32::from(root.is_none());
-        if c.publish(idc, &[attached], live, root.is_some()) == Publish::Poisoned {
+        if c.publish(idc, &[attached], live, root.is_some(), false) == Publish::Poisoned {
             let mut releases = Vec::new();
             assert!(c.fail_at_submit(idc, root.as_ref(), &mut releases).is_some());
             owners.fetch_add(1, Ordering::SeqCst);

@@ -287,19 +287,24 @@ impl SchedState {
                 tracing::debug!(slot = %c.slot, member = c.member, "stale completion ignored");
             }
             MemberDone::Waiting => {}
-            MemberDone::Finished { failure, reclaim } => {
+            MemberDone::Finished { failure, reclaim, reads } => {
                 match failure {
                     None => {
                         self.release_consumers(core);
-                        // Pass step 5 performs these after the dispatch.
-                        self.deferred.retired_readers.push(c.slot);
+                        // Pass step 5 performs these after the dispatch; a task without reader
+                        // entries owes no retirement, so a pass owing nothing else skips step 5.
+                        if reads {
+                            self.deferred.retired_readers.push(c.slot);
+                        }
                         self.deferred.releases.append(&mut self.scratch.releases);
                         if let Some(run) = reclaim {
                             self.deferred.reclaims.push((c.slot, run));
                         }
                     }
                     Some(f) => {
-                        core.retire_reads(c.slot);
+                        if reads {
+                            core.retire_reads(c.slot);
+                        }
                         core.propagate_failure(root_of(&f), &mut self.scratch);
                         core.release_all(&mut self.scratch.releases);
                         if let Some(run) = reclaim {

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use simpler_tensormap::TensorKey;
+use simpler_tensormap::{Access, TensorKey};
 use simpler_types::{
     CallConfig, CallableId, CallableKind, CallableNamespace, GroupMemberState, SlotId, TaskArgs,
     TaskArgsView, TaskFailure, TaskId, TaskState, Tensor, TensorArgType, WorkerType,
@@ -139,6 +139,9 @@ pub(crate) struct SlotSync {
     pub(crate) run: Option<Arc<RunRecord>>,
     /// Where the task is queued when ready.
     pub(crate) route: Route,
+    /// Whether the task left reader entries in the tensor map, which the pass that processes
+    /// its finish retires (set at publication; most tasks read nothing and skip that step).
+    pub(crate) reads: bool,
     /// Whether the slot is an `alloc()` buffer.
     pub(crate) is_alloc: bool,
     /// Live producers counted at publication.
@@ -177,6 +180,7 @@ impl SlotSync {
         self.head = None;
         self.run = None;
         self.route = Route::Unrouted;
+        self.reads = false;
         self.is_alloc = false;
         self.fanin_count = 0;
         self.fanin_released = 0;
@@ -238,11 +242,12 @@ pub(crate) struct Payload {
     config: Option<Box<CallConfig>>,
     /// Whether `config` holds this occupant's configuration (otherwise it is the default).
     custom_config: bool,
-    /// Keys this task recorded in the tensor map, as reader or writer (journal for the
-    /// owner-checked erase at reclamation).
+    /// Keys this task recorded in the tensor map as a writer (journal for the owner-checked
+    /// erase at reclamation).
     pub(crate) map_keys: Vec<TensorKey>,
-    /// The keys among `map_keys` this task recorded as a reader, whose entries go when the
-    /// task finishes (`Core::retire_reads`).
+    /// Keys this task recorded as a reader. Their entries go when the task finishes
+    /// (`Core::retire_reads`, which then empties this list), or at reclamation for a task that
+    /// never finished, so a finished reader's reclamation does not look its keys up again.
     pub(crate) read_keys: Vec<TensorKey>,
     /// Base address of the slab, for an `alloc()` buffer.
     pub(crate) alloc_addr: Option<u64>,
@@ -263,6 +268,14 @@ impl Payload {
         self.map_keys.clear();
         self.read_keys.clear();
         self.alloc_addr = None;
+    }
+
+    /// Journals a key the task records in the tensor map, by kind of entry.
+    pub(crate) fn journal(&mut self, key: TensorKey, access: Access) {
+        match access {
+            Access::Read => self.read_keys.push(key),
+            Access::Overwrite | Access::Update => self.map_keys.push(key),
+        }
     }
 
     /// Appends one member's arguments.

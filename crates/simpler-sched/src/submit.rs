@@ -254,7 +254,7 @@ impl RunBuilder<'_> {
         slot.init_task(Head { id, task, callable: *callable }, Arc::clone(&run), route, n);
         orch.scopes.register(id);
 
-        {
+        let reads = {
             // The payload of a `Building` slot is read by nobody, so holding its lock across the
             // tensor-map guard contends with no one (lock order: payload → tensor map).
             let mut payload = slot.payload.write();
@@ -291,11 +291,17 @@ impl RunBuilder<'_> {
                     (None, _) => {}
                     // One access: its lookup and record share one hash probe.
                     (Some((access, (key, span))), None) => {
-                        payload.map_keys.push(key);
-                        if access == Access::Read {
-                            payload.read_keys.push(key);
-                        }
+                        payload.journal(key, access);
                         map.access(run.id, key, span, access, id, |p| orch.producers.push(p));
+                    }
+                    // A few accesses of distinct keys: a record of one key cannot change what a
+                    // lookup of another finds, so each lookup shares its record's hash probe as
+                    // above and the order of the rule is kept trivially.
+                    _ if distinct_keys(accesses().map(|(_, (key, _))| key)) => {
+                        for (access, (key, span)) in accesses() {
+                            payload.journal(key, access);
+                            map.access(run.id, key, span, access, id, |p| orch.producers.push(p));
+                        }
                     }
                     _ => {
                         for (access, (key, span)) in accesses() {
@@ -304,10 +310,7 @@ impl RunBuilder<'_> {
                             });
                         }
                         for (access, (key, span)) in accesses() {
-                            payload.map_keys.push(key);
-                            if access == Access::Read {
-                                payload.read_keys.push(key);
-                            }
+                            payload.journal(key, access);
                             map.record(run.id, key, span, access, id);
                         }
                     }
@@ -327,7 +330,8 @@ impl RunBuilder<'_> {
             for (i, a) in args.iter().enumerate() {
                 payload.push_member(a, orch.targets.get(i).copied().unwrap_or(i as u32));
             }
-        }
+            !payload.read_keys.is_empty()
+        };
 
         // 5. Attach to each producer, holding only that producer's lock.
         let me = Edge { slot: id, task };
@@ -363,7 +367,7 @@ impl RunBuilder<'_> {
         }
 
         // 6. Publish; 7. poisoned at submit; 8. queue.
-        match slot.publish(id, &orch.attached, live, failed.is_some()) {
+        match slot.publish(id, &orch.attached, live, failed.is_some(), reads) {
             Publish::Ready(route) => {
                 if core.deliver_ready(ReadyEntry { slot: id, route }).is_err() {
                     // The scheduler has stopped for good: the task can never run.
@@ -383,6 +387,21 @@ impl RunBuilder<'_> {
         // 9.
         Ok(task)
     }
+}
+
+/// Most tracked accesses of one task checked for [`distinct_keys`]; a task with more takes the
+/// two-pass path, which is right for any keys.
+const DISTINCT_CHECK_LIMIT: usize = 8;
+
+/// Whether `keys` (at most [`DISTINCT_CHECK_LIMIT`] of them) are pairwise distinct.
+fn distinct_keys<K: PartialEq + Copy>(keys: impl Iterator<Item = K> + Clone) -> bool {
+    let earlier = keys.clone();
+    for (i, key) in keys.enumerate() {
+        if i >= DISTINCT_CHECK_LIMIT || earlier.clone().take(i).any(|k| k == key) {
+            return false;
+        }
+    }
+    true
 }
 
 /// A fault point for tests: code run on the submitting thread between the fail-fast check and
@@ -462,6 +481,14 @@ mod tests {
 
     fn tensor() -> Tensor {
         Tensor::external(0x1000, &[64], DataType::UInt8).unwrap()
+    }
+
+    #[test]
+    fn only_a_few_pairwise_distinct_keys_take_the_one_probe_path() {
+        assert!(super::distinct_keys([1, 2, 3].into_iter()));
+        assert!(!super::distinct_keys([1, 2, 1].into_iter()));
+        let many = 0..super::DISTINCT_CHECK_LIMIT as u32 + 1;
+        assert!(!super::distinct_keys(many), "past the limit the two-pass path is taken");
     }
 
     #[test]

@@ -123,6 +123,8 @@ pub(crate) enum MemberDone {
         failure: Option<Arc<TaskFailure>>,
         /// Set when the self release reached the threshold: the caller reclaims the slot.
         reclaim: Option<Arc<RunRecord>>,
+        /// The task has reader entries in the tensor map for the caller to retire.
+        reads: bool,
     },
 }
 
@@ -220,19 +222,22 @@ impl TaskSlot {
     }
 
     /// Step 3: publishes a `Building` slot with its attached producers, `live` of them still
-    /// to finish. `producer_failed` says an attached producer had already failed.
+    /// to finish. `producer_failed` says an attached producer had already failed; `reads` that
+    /// the task recorded reader entries in the tensor map.
     pub(crate) fn publish(
         &self,
         me: SlotId,
         producers: &[Edge],
         live: u32,
         producer_failed: bool,
+        reads: bool,
     ) -> Publish {
         let mut s = self.sync.lock();
         if !s.is(me) {
             debug_assert!(false, "publishing {me}, which is not the slot's occupant");
             return Publish::Poisoned;
         }
+        s.reads = reads;
         s.producers.extend_from_slice(producers);
         s.fanin_count = live;
         if producer_failed {
@@ -400,8 +405,9 @@ impl TaskSlot {
         consumers.extend(s.consumers.iter().map(|e| e.slot));
         releases.extend(s.producers.iter().map(|e| e.slot));
         s.fanout_released += 1;
+        let reads = s.reads;
         let reclaim = self.consume_if_due(&mut s, me);
-        MemberDone::Finished { failure, reclaim }
+        MemberDone::Finished { failure, reclaim, reads }
     }
 
     /// Step 8: releases one reference. `Some(run)` means the caller is the reclaimer.

@@ -21,7 +21,12 @@
 //!    place by emptying its span (`end = start`), which keeps the order without shifting anything.
 //!    Empty spans overlap nothing, so lookups skip dead entries for free.
 //! 2. `starts[owner]` lists the start of each live entry of `owner` (in `entries` or `long`), so
-//!    an owner-erase finds its entries by binary search instead of a scan.
+//!    an owner-erase finds its entries by binary search instead of a scan. Each start carries
+//!    the position the entry was placed at, a hint: an erase that finds the owner's live entry
+//!    of that start there kills it without searching. Entries move only when the list shifts
+//!    (an insertion before them, a compaction), after which the erase checks the hint, misses
+//!    and searches; a fan-out of readers appended to one span, which would otherwise walk the
+//!    dead entries of its finished readers on every erase, keeps its hints valid.
 //! 3. `max_len` is at least the length of every live entry in `entries`. A lookup for `[s, e)`
 //!    then scans only the entries whose start lies in `(s − max_len, e)` (the *candidates*): an
 //!    entry starting at or before `s − max_len` ends at or before `s`.
@@ -117,11 +122,28 @@ pub(crate) struct FootprintList {
     repeats: bool,
 }
 
+/// Where an indexed list placed one live entry of an owner (module docs, item 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Mark {
+    /// The entry's start.
+    start: u64,
+    /// Its position in `entries` when placed ([`NOT_PLACED`] for an entry of `long`); a hint
+    /// only, checked before use.
+    at: u32,
+}
+
+/// [`Mark::at`] of an entry kept in `long`, or placed past `u32::MAX`.
+const NOT_PLACED: u32 = u32::MAX;
+
+fn position(at: usize) -> u32 {
+    u32::try_from(at).unwrap_or(NOT_PLACED)
+}
+
 /// Bookkeeping of an indexed list (module docs, items 2–5).
 #[derive(Clone, Debug, Default)]
 struct OwnerIndex {
-    /// Starts of every live entry, per owner.
-    starts: FxHashMap<SlotId, SmallVec<[u64; 1]>>,
+    /// Starts of every live entry, per owner, with their placement hints.
+    starts: FxHashMap<SlotId, SmallVec<[Mark; 1]>>,
     /// Owners with two or more live entries.
     shared_owners: usize,
     /// Dead entries in the list.
@@ -133,25 +155,28 @@ struct OwnerIndex {
 }
 
 impl OwnerIndex {
-    fn remember(&mut self, owner: SlotId, start: u64) {
+    fn remember(&mut self, owner: SlotId, start: u64, at: u32) {
         let starts = self.starts.entry(owner).or_default();
-        starts.push(start);
+        starts.push(Mark { start, at });
         if starts.len() == 2 {
             self.shared_owners += 1;
         }
     }
 
     fn forget(&mut self, owner: SlotId, start: u64) {
-        let Some(starts) = self.starts.get_mut(&owner) else {
+        // One probe: the entry is looked up once and removed through the same handle.
+        let std::collections::hash_map::Entry::Occupied(mut starts) = self.starts.entry(owner)
+        else {
             debug_assert!(false, "{owner} has a live entry but no index record");
             return;
         };
-        if let Some(at) = starts.iter().position(|&s| s == start) {
-            starts.swap_remove(at);
+        let marks = starts.get_mut();
+        if let Some(at) = marks.iter().position(|m| m.start == start) {
+            marks.swap_remove(at);
         }
-        match starts.len() {
+        match marks.len() {
             0 => {
-                self.starts.remove(&owner);
+                starts.remove();
             }
             1 => self.shared_owners -= 1,
             _ => {}
@@ -296,8 +321,8 @@ impl FootprintList {
     pub(crate) fn add(&mut self, new: Entry) {
         debug_assert!(!new.span.is_empty(), "the store never inserts an empty span");
         if let Some(index) = &mut self.index {
-            index.remember(new.slot, new.span.start);
             if new.span.len() > index.max_len && index.long.len() < LONG_CAP {
+                index.remember(new.slot, new.span.start, NOT_PLACED);
                 index.long.push(new);
                 return;
             }
@@ -306,8 +331,10 @@ impl FootprintList {
         // After the entries with the same start, so that readers of one span (a fan-out over
         // one buffer) append instead of shifting the whole list each time.
         let at = self.entries.partition_point(|e| e.span.start <= new.span.start);
-        self.place(at, new);
-        if self.index.is_none() {
+        let placed = self.place(at, new);
+        if let Some(index) = &mut self.index {
+            index.remember(new.slot, new.span.start, position(placed));
+        } else {
             self.note_repeat(new.slot);
             if self.entries.len() > INDEX_AT {
                 self.build_index();
@@ -397,20 +424,22 @@ impl FootprintList {
             }
             long
         });
-        if goes_long {
+        let placed = if goes_long {
             self.entries.drain(write..read);
+            NOT_PLACED
         } else if read > write && write == lo {
             // Every entry starting inside `span` went away (the rewrite case): the new entry
             // takes the first vacated place, which keeps the start order.
             self.entries[lo] = new;
             self.entries.drain(lo + 1..read);
+            position(lo)
         } else {
             self.entries.drain(write..read);
-            self.place(lo, new);
-        }
+            position(self.place(lo, new))
+        };
         match &mut self.index {
             Some(index) => {
-                index.remember(new.slot, span.start);
+                index.remember(new.slot, span.start, placed);
                 if !goes_long {
                     index.max_len = index.max_len.max(span.len());
                 }
@@ -430,8 +459,8 @@ impl FootprintList {
     }
 
     /// Puts `new` at `at`, where every entry before `at` starts at or before it and every entry
-    /// from `at` on starts at or after it.
-    fn place(&mut self, at: usize, new: Entry) {
+    /// from `at` on starts at or after it, and returns where it went.
+    fn place(&mut self, at: usize, new: Entry) -> usize {
         // A dead entry just before `at` can be overwritten: it starts before `new`, and so does
         // everything before it, so the order holds without shifting the tail.
         if let Some(index) = &mut self.index
@@ -440,9 +469,10 @@ impl FootprintList {
         {
             self.entries[at - 1] = new;
             index.dead -= 1;
-            return;
+            return at - 1;
         }
         self.entries.insert(at, new);
+        at
     }
 
     /// Switches a plain list that just outgrew [`INDEX_AT`] to indexed mode. The [`LONG_CAP`]
@@ -456,14 +486,15 @@ impl FootprintList {
         lengths.sort_unstable_by(|a, b| b.cmp(a));
         // A plain list that outgrew `INDEX_AT` holds more than `LONG_CAP` entries.
         index.max_len = lengths.get(LONG_CAP).copied().unwrap_or(0);
-        for entry in &self.entries {
-            index.remember(entry.slot, entry.span.start);
-            if entry.span.len() > index.max_len {
-                index.long.push(*entry);
-            }
-        }
         let max_len = index.max_len;
+        for entry in self.entries.iter().filter(|e| e.span.len() > max_len) {
+            index.remember(entry.slot, entry.span.start, NOT_PLACED);
+            index.long.push(*entry);
+        }
         self.entries.retain(|e| e.span.len() <= max_len);
+        for (at, entry) in self.entries.iter().enumerate() {
+            index.remember(entry.slot, entry.span.start, position(at));
+        }
         self.index = Some(Box::new(index));
     }
 
@@ -492,12 +523,18 @@ impl FootprintList {
         if starts.len() >= 2 {
             index.shared_owners -= 1;
         }
-        for &start in &starts {
-            let from = self.entries.partition_point(|e| e.span.start < start);
-            let victim = self.entries[from..]
-                .iter_mut()
-                .take_while(|e| e.span.start == start)
-                .find(|e| e.slot == owner && !e.is_dead());
+        for &Mark { start, at } in &starts {
+            let owned = |e: &Entry| e.slot == owner && e.span.start == start && !e.is_dead();
+            let hinted = self.entries.get(at as usize).is_some_and(owned);
+            let victim = if hinted {
+                self.entries.get_mut(at as usize)
+            } else {
+                let from = self.entries.partition_point(|e| e.span.start < start);
+                self.entries[from..]
+                    .iter_mut()
+                    .take_while(|e| e.span.start == start)
+                    .find(|e| owned(e))
+            };
             if let Some(entry) = victim {
                 entry.span.end = entry.span.start;
                 index.dead += 1;
@@ -585,7 +622,7 @@ impl FootprintList {
             expected.entry(e.slot).or_default().push(e.span.start);
         }
         let mut actual: FxHashMap<SlotId, Vec<u64>> =
-            index.starts.iter().map(|(s, v)| (*s, v.to_vec())).collect();
+            index.starts.iter().map(|(s, v)| (*s, v.iter().map(|m| m.start).collect())).collect();
         for v in expected.values_mut().chain(actual.values_mut()) {
             v.sort_unstable();
         }
