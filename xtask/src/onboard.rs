@@ -14,6 +14,10 @@ pub const EXIT_ENVIRONMENT: u8 = 2;
 
 /// The requirement naming CANN's aarch64 cross compiler (the AICPU programs' linker).
 const CROSS_COMPILER: &str = "aarch64 cross compiler (AICPU programs)";
+/// The requirement naming `npu-smi` (only the architecture check needs it).
+const NPU_SMI: &str = "npu-smi (architecture check)";
+/// The requirement naming the CANN root.
+const CANN_ROOT: &str = "CANN toolkit (libascendcl.so)";
 
 /// Which task is asking: tests need the device side too.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -88,7 +92,7 @@ pub fn detect(p: &Probe<'_>, purpose: Purpose) -> Vec<Requirement> {
         p.first(roots.iter().map(|r| r.join("lib64/libascendcl.so")).collect(), None);
     let root = root_lib.as_ref().and_then(|l| l.parent()?.parent()).map(Path::to_path_buf);
     let mut out = vec![Requirement {
-        what: "CANN toolkit (libascendcl.so)",
+        what: CANN_ROOT,
         found: root.clone(),
         searched,
         fix: "install the CANN toolkit and `source <toolkit>/set_env.sh`, which sets ASCEND_HOME_PATH",
@@ -151,7 +155,7 @@ pub fn detect(p: &Probe<'_>, purpose: Purpose) -> Vec<Requirement> {
             vec![PathBuf::from("/usr/local/sbin/npu-smi"), PathBuf::from("/usr/local/bin/npu-smi")];
         let (found, searched) = p.first(smi, Some("npu-smi"));
         out.push(Requirement {
-            what: "npu-smi (architecture check)",
+            what: NPU_SMI,
             found,
             searched,
             fix: "npu-smi ships with the Ascend NPU driver package; or pass --skip-arch-check",
@@ -309,8 +313,13 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
     if args.iter().any(|a| a == "--standin") {
         return crate::onboard_test::standin(args, &devices);
     }
+    let skip_arch = args.iter().any(|a| a == "--skip-arch-check");
     println!("xtask onboard-test: devices {devices:?}; checking this server");
-    if !host_probe(|p| report(&detect(p, Purpose::Test))) {
+    let mut reqs = host_probe(|p| detect(p, Purpose::Test));
+    if skip_arch {
+        reqs.retain(|r| r.what != NPU_SMI);
+    }
+    if !report(&reqs) {
         eprintln!(
             "xtask onboard-test: this machine cannot run the onboard tests (see MISSING above); \
              on a machine without an Ascend A2/A3 NPU this is expected, and `cargo xtask ci` \
@@ -318,13 +327,54 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
         );
         return ExitCode::from(EXIT_ENVIRONMENT);
     }
+    let found = |what: &str| reqs.iter().find(|r| r.what == what).and_then(|r| r.found.clone());
+    if !arch_precheck(&devices, found(NPU_SMI).as_deref(), found(CANN_ROOT).as_deref(), skip_arch) {
+        return ExitCode::from(EXIT_ENVIRONMENT);
+    }
     eprintln!(
         "xtask onboard-test: the server is complete, but this version cannot run the case set \
-         on a chip yet: the architecture check, the ccec-built AICore executor and the test \
-         kernels are not wired; `--standin` runs the whole harness against the stand-in CANN \
-         library"
+         on a chip yet: the ccec-built AICore executor and test kernels are not wired; \
+         `--standin` runs the whole harness against the stand-in CANN library"
     );
     ExitCode::from(EXIT_ENVIRONMENT)
+}
+
+/// The architecture check of every device before any is touched; prints one line per device
+/// and returns whether the batch may go on. A refused device always stops it; a device whose
+/// architecture cannot be told stops it unless `skip` (`--skip-arch-check`).
+pub fn arch_precheck(
+    devices: &[u32],
+    npu_smi: Option<&Path>,
+    ascend_home: Option<&Path>,
+    skip: bool,
+) -> bool {
+    use crate::onboard_arch::{Verdict, check, describe};
+    let mut ok = true;
+    for &d in devices {
+        if skip && npu_smi.is_none() {
+            println!("  arch check: device {d}: skipped (--skip-arch-check, no npu-smi)");
+            continue;
+        }
+        let v = check(npu_smi, ascend_home, d);
+        println!("  arch check: {}", describe(d, &v));
+        match v {
+            Verdict::A2a3 { .. } => {}
+            Verdict::Refused { .. } => ok = false,
+            Verdict::Undetectable(_) if skip => {
+                println!("  arch check: device {d}: going on without it (--skip-arch-check)");
+            }
+            Verdict::Undetectable(_) => {
+                println!(
+                    "             fix: repair npu-smi, or pass --skip-arch-check if the chip is an A2/A3"
+                );
+                ok = false;
+            }
+        }
+    }
+    if !ok {
+        eprintln!("xtask onboard-test: the architecture check refused the batch (see above)");
+    }
+    ok
 }
 
 #[cfg(test)]
