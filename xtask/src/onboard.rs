@@ -16,6 +16,9 @@ pub const EXIT_ENVIRONMENT: u8 = 2;
 const CROSS_COMPILER: &str = "aarch64 cross compiler (AICPU programs)";
 /// The requirement naming `npu-smi` (only the architecture check needs it).
 const NPU_SMI: &str = "npu-smi (architecture check)";
+/// The requirements naming the AICore compiler and linker.
+const CCEC: &str = "ccec (AICore compiler)";
+const LD_LLD: &str = "ld.lld (links the mixed AICore binary)";
 /// The requirement naming the CANN root.
 const CANN_ROOT: &str = "CANN toolkit (libascendcl.so)";
 
@@ -105,7 +108,7 @@ pub fn detect(p: &Probe<'_>, purpose: Purpose) -> Vec<Requirement> {
     };
     let (found, searched) = p.first(under(&["bin/ccec", "compiler/ccec_compiler/bin/ccec"]), None);
     out.push(Requirement {
-        what: "ccec (AICore compiler)",
+        what: CCEC,
         found,
         searched,
         fix: "ccec ships with the CANN toolkit (compiler/ccec_compiler/bin); reinstall the toolkit",
@@ -113,7 +116,7 @@ pub fn detect(p: &Probe<'_>, purpose: Purpose) -> Vec<Requirement> {
     let (found, searched) =
         p.first(under(&["bin/ld.lld", "compiler/ccec_compiler/bin/ld.lld"]), Some("ld.lld"));
     out.push(Requirement {
-        what: "ld.lld (links the mixed AICore binary)",
+        what: LD_LLD,
         found,
         searched,
         fix: "ld.lld ships with the CANN toolkit's ccec compiler; or `apt-get install lld`",
@@ -283,22 +286,45 @@ pub fn build(args: &[String]) -> ExitCode {
         eprintln!("xtask build: the onboard toolchain is incomplete (see MISSING above)");
         return ExitCode::from(EXIT_ENVIRONMENT);
     }
-    let Some(linker) = reqs.iter().find(|r| r.what == CROSS_COMPILER).and_then(|r| r.found.clone())
-    else {
+    let Some(tools) = cann_tools(&reqs) else {
         return ExitCode::from(EXIT_ENVIRONMENT);
     };
-    match crate::onboard_build::aicpu_program(Some((crate::onboard_build::AICPU_TARGET, &linker))) {
-        Ok(so) => println!("xtask build: AICPU program {}", so.display()),
+    match crate::onboard_build::device_artifacts(runtime, &tools) {
+        Ok(manifest) => {
+            println!("xtask build: the {runtime} device programs are built");
+            println!("manifest {}", manifest.display());
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("xtask build: {e}");
-            return ExitCode::FAILURE;
+            ExitCode::FAILURE
         }
     }
-    eprintln!(
-        "xtask build: the AICPU program is built, but this version cannot compile the AICore \
-         executor with ccec yet, so no manifest is written"
-    );
-    ExitCode::from(EXIT_ENVIRONMENT)
+}
+
+/// The CANN tools a complete detection found.
+fn cann_tools(reqs: &[Requirement]) -> Option<crate::onboard_build::CannTools> {
+    let found = |what: &str| reqs.iter().find(|r| r.what == what).and_then(|r| r.found.clone());
+    Some(crate::onboard_build::CannTools {
+        ccec: found(CCEC)?,
+        ld_lld: found(LD_LLD)?,
+        cross_cc: found(CROSS_COMPILER)?,
+    })
+}
+
+/// Runs `cmd` for its output. A program written just before may still be open in a process
+/// another thread forked (`ETXTBSY`), which passes within moments, so that is retried.
+pub fn output_of(cmd: &mut std::process::Command) -> std::io::Result<std::process::Output> {
+    let mut tries = 0;
+    loop {
+        match cmd.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// `cargo xtask onboard-test [--device SPEC] [--skip-arch-check]`.
@@ -331,12 +357,27 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
     if !arch_precheck(&devices, found(NPU_SMI).as_deref(), found(CANN_ROOT).as_deref(), skip_arch) {
         return ExitCode::from(EXIT_ENVIRONMENT);
     }
-    eprintln!(
-        "xtask onboard-test: the server is complete, but this version cannot run the case set \
-         on a chip yet: the ccec-built AICore executor and test kernels are not wired; \
-         `--standin` runs the whole harness against the stand-in CANN library"
-    );
-    ExitCode::from(EXIT_ENVIRONMENT)
+    let Some(tools) = cann_tools(&reqs) else {
+        return ExitCode::from(EXIT_ENVIRONMENT);
+    };
+    // Compile outside the device locks.
+    let mut manifests = Vec::new();
+    for runtime in ["hbg", "trb"] {
+        match crate::onboard_build::device_artifacts(runtime, &tools) {
+            Ok(m) => manifests.push((runtime, m)),
+            Err(e) => {
+                eprintln!("xtask onboard-test: building the {runtime} device programs: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    match crate::onboard_test::run_batch(args, &devices, &manifests, false) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("xtask onboard-test: {e}");
+            ExitCode::from(EXIT_ENVIRONMENT)
+        }
+    }
 }
 
 /// The architecture check of every device before any is touched; prints one line per device
