@@ -14,6 +14,13 @@ pub const EXIT_ENVIRONMENT: u8 = 2;
 
 /// The requirement naming CANN's aarch64 cross compiler (the AICPU programs' linker).
 const CROSS_COMPILER: &str = "aarch64 cross compiler (AICPU programs)";
+/// The requirement naming `npu-smi` (only the architecture check needs it).
+const NPU_SMI: &str = "npu-smi (architecture check)";
+/// The requirements naming the AICore compiler and linker.
+const CCEC: &str = "ccec (AICore compiler)";
+const LD_LLD: &str = "ld.lld (links the mixed AICore binary)";
+/// The requirement naming the CANN root.
+const CANN_ROOT: &str = "CANN toolkit (libascendcl.so)";
 
 /// Which task is asking: tests need the device side too.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -88,7 +95,7 @@ pub fn detect(p: &Probe<'_>, purpose: Purpose) -> Vec<Requirement> {
         p.first(roots.iter().map(|r| r.join("lib64/libascendcl.so")).collect(), None);
     let root = root_lib.as_ref().and_then(|l| l.parent()?.parent()).map(Path::to_path_buf);
     let mut out = vec![Requirement {
-        what: "CANN toolkit (libascendcl.so)",
+        what: CANN_ROOT,
         found: root.clone(),
         searched,
         fix: "install the CANN toolkit and `source <toolkit>/set_env.sh`, which sets ASCEND_HOME_PATH",
@@ -101,7 +108,7 @@ pub fn detect(p: &Probe<'_>, purpose: Purpose) -> Vec<Requirement> {
     };
     let (found, searched) = p.first(under(&["bin/ccec", "compiler/ccec_compiler/bin/ccec"]), None);
     out.push(Requirement {
-        what: "ccec (AICore compiler)",
+        what: CCEC,
         found,
         searched,
         fix: "ccec ships with the CANN toolkit (compiler/ccec_compiler/bin); reinstall the toolkit",
@@ -109,7 +116,7 @@ pub fn detect(p: &Probe<'_>, purpose: Purpose) -> Vec<Requirement> {
     let (found, searched) =
         p.first(under(&["bin/ld.lld", "compiler/ccec_compiler/bin/ld.lld"]), Some("ld.lld"));
     out.push(Requirement {
-        what: "ld.lld (links the mixed AICore binary)",
+        what: LD_LLD,
         found,
         searched,
         fix: "ld.lld ships with the CANN toolkit's ccec compiler; or `apt-get install lld`",
@@ -151,7 +158,7 @@ pub fn detect(p: &Probe<'_>, purpose: Purpose) -> Vec<Requirement> {
             vec![PathBuf::from("/usr/local/sbin/npu-smi"), PathBuf::from("/usr/local/bin/npu-smi")];
         let (found, searched) = p.first(smi, Some("npu-smi"));
         out.push(Requirement {
-            what: "npu-smi (architecture check)",
+            what: NPU_SMI,
             found,
             searched,
             fix: "npu-smi ships with the Ascend NPU driver package; or pass --skip-arch-check",
@@ -279,22 +286,45 @@ pub fn build(args: &[String]) -> ExitCode {
         eprintln!("xtask build: the onboard toolchain is incomplete (see MISSING above)");
         return ExitCode::from(EXIT_ENVIRONMENT);
     }
-    let Some(linker) = reqs.iter().find(|r| r.what == CROSS_COMPILER).and_then(|r| r.found.clone())
-    else {
+    let Some(tools) = cann_tools(&reqs) else {
         return ExitCode::from(EXIT_ENVIRONMENT);
     };
-    match crate::onboard_build::aicpu_program(Some((crate::onboard_build::AICPU_TARGET, &linker))) {
-        Ok(so) => println!("xtask build: AICPU program {}", so.display()),
+    match crate::onboard_build::device_artifacts(runtime, &tools) {
+        Ok(manifest) => {
+            println!("xtask build: the {runtime} device programs are built");
+            println!("manifest {}", manifest.display());
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("xtask build: {e}");
-            return ExitCode::FAILURE;
+            ExitCode::FAILURE
         }
     }
-    eprintln!(
-        "xtask build: the AICPU program is built, but this version cannot compile the AICore \
-         executor with ccec yet, so no manifest is written"
-    );
-    ExitCode::from(EXIT_ENVIRONMENT)
+}
+
+/// The CANN tools a complete detection found.
+fn cann_tools(reqs: &[Requirement]) -> Option<crate::onboard_build::CannTools> {
+    let found = |what: &str| reqs.iter().find(|r| r.what == what).and_then(|r| r.found.clone());
+    Some(crate::onboard_build::CannTools {
+        ccec: found(CCEC)?,
+        ld_lld: found(LD_LLD)?,
+        cross_cc: found(CROSS_COMPILER)?,
+    })
+}
+
+/// Runs `cmd` for its output. A program written just before may still be open in a process
+/// another thread forked (`ETXTBSY`), which passes within moments, so that is retried.
+pub fn output_of(cmd: &mut std::process::Command) -> std::io::Result<std::process::Output> {
+    let mut tries = 0;
+    loop {
+        match cmd.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// `cargo xtask onboard-test [--device SPEC] [--skip-arch-check]`.
@@ -309,8 +339,13 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
     if args.iter().any(|a| a == "--standin") {
         return crate::onboard_test::standin(args, &devices);
     }
+    let skip_arch = args.iter().any(|a| a == "--skip-arch-check");
     println!("xtask onboard-test: devices {devices:?}; checking this server");
-    if !host_probe(|p| report(&detect(p, Purpose::Test))) {
+    let mut reqs = host_probe(|p| detect(p, Purpose::Test));
+    if skip_arch {
+        reqs.retain(|r| r.what != NPU_SMI);
+    }
+    if !report(&reqs) {
         eprintln!(
             "xtask onboard-test: this machine cannot run the onboard tests (see MISSING above); \
              on a machine without an Ascend A2/A3 NPU this is expected, and `cargo xtask ci` \
@@ -318,13 +353,69 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
         );
         return ExitCode::from(EXIT_ENVIRONMENT);
     }
-    eprintln!(
-        "xtask onboard-test: the server is complete, but this version cannot run the case set \
-         on a chip yet: the architecture check, the ccec-built AICore executor and the test \
-         kernels are not wired; `--standin` runs the whole harness against the stand-in CANN \
-         library"
-    );
-    ExitCode::from(EXIT_ENVIRONMENT)
+    let found = |what: &str| reqs.iter().find(|r| r.what == what).and_then(|r| r.found.clone());
+    if !arch_precheck(&devices, found(NPU_SMI).as_deref(), found(CANN_ROOT).as_deref(), skip_arch) {
+        return ExitCode::from(EXIT_ENVIRONMENT);
+    }
+    let Some(tools) = cann_tools(&reqs) else {
+        return ExitCode::from(EXIT_ENVIRONMENT);
+    };
+    // Compile outside the device locks.
+    let mut manifests = Vec::new();
+    for runtime in ["hbg", "trb"] {
+        match crate::onboard_build::device_artifacts(runtime, &tools) {
+            Ok(m) => manifests.push((runtime, m)),
+            Err(e) => {
+                eprintln!("xtask onboard-test: building the {runtime} device programs: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    match crate::onboard_test::run_batch(args, &devices, &manifests, false) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("xtask onboard-test: {e}");
+            ExitCode::from(EXIT_ENVIRONMENT)
+        }
+    }
+}
+
+/// The architecture check of every device before any is touched; prints one line per device
+/// and returns whether the batch may go on. A refused device always stops it; a device whose
+/// architecture cannot be told stops it unless `skip` (`--skip-arch-check`).
+pub fn arch_precheck(
+    devices: &[u32],
+    npu_smi: Option<&Path>,
+    ascend_home: Option<&Path>,
+    skip: bool,
+) -> bool {
+    use crate::onboard_arch::{Verdict, check, describe};
+    let mut ok = true;
+    for &d in devices {
+        if skip && npu_smi.is_none() {
+            println!("  arch check: device {d}: skipped (--skip-arch-check, no npu-smi)");
+            continue;
+        }
+        let v = check(npu_smi, ascend_home, d);
+        println!("  arch check: {}", describe(d, &v));
+        match v {
+            Verdict::A2a3 { .. } => {}
+            Verdict::Refused { .. } => ok = false,
+            Verdict::Undetectable(_) if skip => {
+                println!("  arch check: device {d}: going on without it (--skip-arch-check)");
+            }
+            Verdict::Undetectable(_) => {
+                println!(
+                    "             fix: repair npu-smi, or pass --skip-arch-check if the chip is an A2/A3"
+                );
+                ok = false;
+            }
+        }
+    }
+    if !ok {
+        eprintln!("xtask onboard-test: the architecture check refused the batch (see above)");
+    }
+    ok
 }
 
 #[cfg(test)]

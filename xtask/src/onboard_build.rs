@@ -182,3 +182,314 @@ pub fn host_artifacts(runtime: &str) -> Result<PathBuf, String> {
     let toolchain = serde_json::json!({ "rustc": rustc, "cc": cc, "c++": cxx, "target": "host" });
     cache_and_manifest(&built, runtime, &dir, toolchain)
 }
+
+// ----- The build with CANN's toolchain -----
+
+/// The CANN tools the device build runs (found by `onboard::detect`).
+#[derive(Clone, Debug)]
+pub struct CannTools {
+    /// `ccec`, the AICore compiler.
+    pub ccec: PathBuf,
+    /// `ld.lld`, which links the mixed AICore binary.
+    pub ld_lld: PathBuf,
+    /// CANN's aarch64 cross compiler (the AICPU programs).
+    pub cross_cc: PathBuf,
+}
+
+/// One tool invocation: the program and its arguments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invocation {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+}
+
+impl Invocation {
+    fn new(program: &Path, args: Vec<String>) -> Invocation {
+        Invocation { program: program.to_path_buf(), args }
+    }
+
+    /// Runs it; a failure names the command line and what the tool printed.
+    pub fn run(&self) -> Result<(), String> {
+        let line = format!("{} {}", self.program.display(), self.args.join(" "));
+        println!("  {line}");
+        let out =
+            crate::onboard::output_of(std::process::Command::new(&self.program).args(&self.args))
+                .map_err(|e| format!("could not run `{line}`: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "`{line}` failed ({}):\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+}
+
+/// The AICore architectures of an A2/A3 chip, with the role suffix of each compiled object: the
+/// cube cores (AIC) and the vector cores (AIV).
+pub const AICORE_ARCHES: [(&str, &str); 2] = [("dav-c220-cube", "aic"), ("dav-c220-vec", "aiv")];
+
+/// The entries the onboard backend launches in the mixed AICore binary.
+pub const AICORE_ENTRIES: [&str; 2] = ["aicore_kernel_0_mix_aic", "aicore_kernel_0_mix_aiv"];
+
+/// `ccec` once per architecture over the executor sources in `src`, then `ld.lld` linking both
+/// objects into the mixed ELF `out` (static, text at address 0).
+pub fn aicore_invocations(
+    tools: &CannTools,
+    src: &Path,
+    work: &Path,
+    out: &Path,
+) -> Vec<Invocation> {
+    let mut steps = Vec::new();
+    let mut objects = Vec::new();
+    for (arch, role) in AICORE_ARCHES {
+        let object = work.join(format!("executor_{role}.o"));
+        steps.push(Invocation::new(
+            &tools.ccec,
+            [
+                "-c",
+                "-x",
+                "cce",
+                "--cce-aicore-only",
+                "-O3",
+                "-std=c++17",
+                &format!("--cce-aicore-arch={arch}"),
+                &format!("-I{}", src.display()),
+                "-o",
+                &object.display().to_string(),
+                &src.join("executor.cpp").display().to_string(),
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        ));
+        objects.push(object.display().to_string());
+    }
+    let mut link: Vec<String> =
+        ["-m", "aicorelinux", "-Ttext=0", "-static", "-o"].map(str::to_owned).to_vec();
+    link.push(out.display().to_string());
+    link.extend(objects);
+    steps.push(Invocation::new(&tools.ld_lld, link));
+    steps
+}
+
+/// The bootstrap dispatcher, cross-compiled for the AICPU with its on-device install
+/// directory and a GNU build id.
+pub fn dispatcher_invocation(tools: &CannTools, src: &Path, out: &Path) -> Invocation {
+    let define = format!(
+        "-D{}=\"{}\"",
+        simpler_onboard_programs::INSTALL_DIR_DEFINE,
+        simpler_onboard_programs::DEVICE_INSTALL_DIR
+    );
+    Invocation::new(
+        &tools.cross_cc,
+        [
+            "-std=c99",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-D_POSIX_C_SOURCE=200809L",
+            &define,
+            "-shared",
+            "-fPIC",
+            "-Wl,--build-id=sha1",
+            "-o",
+            &out.display().to_string(),
+            &src.join("dispatcher.c").display().to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    )
+}
+
+/// The entries of [`AICORE_ENTRIES`] whose names the linked binary does not contain (its
+/// symbol names are in its string table, so a missing name is a missing entry).
+pub fn missing_entries(binary: &[u8]) -> Vec<&'static str> {
+    AICORE_ENTRIES
+        .into_iter()
+        .filter(|e| !binary.windows(e.len()).any(|w| w == e.as_bytes()))
+        .collect()
+}
+
+/// Compiles the dispatcher and the AICore executor with CANN's tools into `work`; returns the
+/// dispatcher's and the mixed binary's paths.
+pub fn device_programs(
+    tools: &CannTools,
+    work: &Path,
+    runtime: &str,
+) -> Result<(PathBuf, PathBuf), String> {
+    let src = work.join("src");
+    let io = |p: &Path, e: std::io::Error| format!("{}: {e}", p.display());
+    std::fs::create_dir_all(&src).map_err(|e| io(&src, e))?;
+    let sources = simpler_onboard_programs::EXECUTOR_SOURCES
+        .iter()
+        .chain([&("dispatcher.c", simpler_onboard_programs::DISPATCHER_SOURCE)]);
+    for (name, text) in sources {
+        std::fs::write(src.join(name), text).map_err(|e| io(&src.join(name), e))?;
+    }
+    let dispatcher = work.join("libsimpler_aicpu_dispatcher.so");
+    dispatcher_invocation(tools, &src, &dispatcher).run()?;
+    let executor = work.join(format!("aicore_{runtime}.o"));
+    for step in aicore_invocations(tools, &src, work, &executor) {
+        step.run()?;
+    }
+    let bytes = std::fs::read(&executor).map_err(|e| io(&executor, e))?;
+    let missing = missing_entries(&bytes);
+    if !missing.is_empty() {
+        return Err(format!(
+            "{} lacks the entries {missing:?} the onboard backend launches",
+            executor.display()
+        ));
+    }
+    Ok((dispatcher, executor))
+}
+
+/// `build --platform a2a3` with CANN: the three programs for the chip, cached, and their
+/// manifest at `target/simpler-onboard/<runtime>/manifest.json`.
+pub fn device_artifacts(runtime: &str, tools: &CannTools) -> Result<PathBuf, String> {
+    let program = aicpu_program(Some((AICPU_TARGET, &tools.cross_cc)))?;
+    let work = target_dir().join("simpler-onboard").join("device-build").join(runtime);
+    let (dispatcher, executor) = device_programs(tools, &work, runtime)?;
+    let version = |p: &Path| command_line(&p.display().to_string(), &["--version"]);
+    let (ccec, lld, cc) = (version(&tools.ccec), version(&tools.ld_lld), version(&tools.cross_cc));
+    let rustc = command_line(&std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()), &["-V"]);
+    let executor_src: String = simpler_onboard_programs::EXECUTOR_SOURCES
+        .iter()
+        .map(|(n, t)| format!("{n}\n{t}"))
+        .collect();
+    let built = [
+        Built {
+            name: "aicpu_program",
+            file: program,
+            inputs: format!("{rustc}\n{cc}\n{AICPU_TARGET}\n{PROGRAM_PROFILE}"),
+        },
+        Built {
+            name: "dispatcher",
+            file: dispatcher,
+            inputs: format!("{cc}\n{}", simpler_onboard_programs::DISPATCHER_SOURCE),
+        },
+        Built {
+            name: "aicore_executor",
+            file: executor,
+            inputs: format!("{ccec}\n{lld}\n{AICORE_ARCHES:?}\n{executor_src}"),
+        },
+    ];
+    let dir = target_dir().join("simpler-onboard").join(runtime);
+    let toolchain = serde_json::json!({
+        "rustc": rustc, "ccec": ccec, "ld.lld": lld, "aarch64 cc": cc, "target": AICPU_TARGET,
+    });
+    cache_and_manifest(&built, runtime, &dir, toolchain)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn tools(dir: &Path) -> CannTools {
+        CannTools {
+            ccec: dir.join("bin/ccec"),
+            ld_lld: dir.join("bin/ld.lld"),
+            cross_cc: dir.join("tools/hcc/bin/aarch64-target-linux-gnu-gcc"),
+        }
+    }
+
+    #[test]
+    fn the_executor_is_compiled_for_cube_and_vector_and_linked_into_one_mixed_binary() {
+        let t = tools(Path::new("/cann"));
+        let steps =
+            aicore_invocations(&t, Path::new("/s"), Path::new("/w"), Path::new("/w/aicore_hbg.o"));
+        assert_eq!(steps.len(), 3);
+        for (step, (arch, role)) in
+            steps.iter().zip([("dav-c220-cube", "aic"), ("dav-c220-vec", "aiv")])
+        {
+            assert_eq!(step.program, Path::new("/cann/bin/ccec"));
+            let want = format!(
+                "-c -x cce --cce-aicore-only -O3 -std=c++17 --cce-aicore-arch={arch} -I/s -o /w/executor_{role}.o /s/executor.cpp"
+            );
+            assert_eq!(step.args.join(" "), want);
+        }
+        assert_eq!(steps[2].program, Path::new("/cann/bin/ld.lld"));
+        assert_eq!(
+            steps[2].args.join(" "),
+            "-m aicorelinux -Ttext=0 -static -o /w/aicore_hbg.o /w/executor_aic.o /w/executor_aiv.o"
+        );
+    }
+
+    #[test]
+    fn the_dispatcher_is_cross_compiled_with_its_device_install_dir_and_a_build_id() {
+        let t = tools(Path::new("/cann"));
+        let step = dispatcher_invocation(&t, Path::new("/s"), Path::new("/w/d.so"));
+        assert_eq!(step.program, Path::new("/cann/tools/hcc/bin/aarch64-target-linux-gnu-gcc"));
+        let args = step.args.join(" ");
+        assert!(
+            args.contains("-DSIMPLER_DISPATCHER_INSTALL_DIR=\"/usr/lib64/aicpu_kernels/0/aicpu_kernels_device\""),
+            "{args}"
+        );
+        assert!(
+            args.ends_with("-shared -fPIC -Wl,--build-id=sha1 -o /w/d.so /s/dispatcher.c"),
+            "{args}"
+        );
+    }
+
+    /// A fake CANN whose tools log their arguments and write their `-o` output; `ld.lld`
+    /// writes `entries` into the binary.
+    fn fake_cann(dir: &Path, entries: &str) -> CannTools {
+        let t = tools(dir);
+        let log = dir.join("calls.log");
+        let script = |path: &Path, body: &str| {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(
+                path,
+                format!(
+                    "#!/bin/sh\necho \"$(basename $0) $*\" >> {}\nwhile [ $# -gt 0 ]; do\n  if [ \"$1\" = -o ]; then out=$2; fi\n  shift\ndone\n{body}\n",
+                    log.display()
+                ),
+            )
+            .unwrap();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        script(&t.ccec, "echo object > \"$out\"");
+        script(&t.cross_cc, "echo dispatcher > \"$out\"");
+        script(&t.ld_lld, &format!("printf '{entries}' > \"$out\""));
+        t
+    }
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("xtask-cce-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn with_the_tools_present_the_device_programs_are_built_by_them() {
+        let dir = scratch("ok");
+        let t = fake_cann(&dir, "\\0aicore_kernel_0_mix_aic\\0aicore_kernel_0_mix_aiv\\0");
+        let (dispatcher, executor) = device_programs(&t, &dir.join("work"), "hbg").unwrap();
+        assert!(dispatcher.is_file() && executor.ends_with("aicore_hbg.o"));
+        let calls = std::fs::read_to_string(dir.join("calls.log")).unwrap();
+        let tools: Vec<&str> = calls.lines().map(|l| l.split(' ').next().unwrap()).collect();
+        assert_eq!(tools, ["aarch64-target-linux-gnu-gcc", "ccec", "ccec", "ld.lld"]);
+        assert!(
+            dir.join("work/src/executor.cpp").is_file()
+                && dir.join("work/src/dispatcher.c").is_file()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_mixed_binary_without_both_entries_or_a_failing_tool_fails_the_build() {
+        let dir = scratch("entries");
+        let t = fake_cann(&dir, "\\0aicore_kernel_0_mix_aic\\0");
+        let err = device_programs(&t, &dir.join("work"), "hbg").unwrap_err();
+        assert!(err.contains("aicore_kernel_0_mix_aiv") && !err.contains("mix_aic\""), "{err}");
+        std::fs::write(&t.ccec, "#!/bin/sh\necho 'error: unknown target' >&2\nexit 1\n").unwrap();
+        let err = device_programs(&t, &dir.join("work"), "hbg").unwrap_err();
+        assert!(err.contains("ccec") && err.contains("unknown target"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -84,8 +84,46 @@ pub struct CaseResult {
     pub status: String,
     pub duration_ms: u64,
     pub error_class: Option<String>,
+    /// The device or runtime code of the error, and its name.
+    pub error_code: Option<i64>,
+    pub error_name: Option<String>,
     pub message: String,
+    /// The case's output directory (`host.log`, `device-log/`, diagnostics files).
     pub dir: String,
+    /// Bytes of CANN's logs the case appended (copied into `device-log/`).
+    pub device_log_bytes: u64,
+    /// A re-run after the device was recovered (the first run failed by fast-fail).
+    pub rerun: bool,
+    /// The effective budgets the case process reported.
+    pub budgets: Option<serde_json::Value>,
+}
+
+impl CaseResult {
+    /// A case that ended without its own report (killed, or its process died).
+    fn unreported(
+        case: String,
+        device: u32,
+        runtime: &str,
+        status: &str,
+        ms: u64,
+        why: String,
+    ) -> Self {
+        CaseResult {
+            case,
+            device,
+            runtime: runtime.to_owned(),
+            status: status.into(),
+            duration_ms: ms,
+            error_class: None,
+            error_code: None,
+            error_name: None,
+            message: why,
+            dir: String::new(),
+            device_log_bytes: 0,
+            rerun: false,
+            budgets: None,
+        }
+    }
 }
 
 /// What one case process did.
@@ -132,7 +170,13 @@ pub fn run_cases(
                 println!("  [{device}/{runtime}] {line}");
                 let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
                 match v["event"].as_str() {
-                    Some("budgets") => result.budgets = Some(v),
+                    Some("budgets") => {
+                        let mut b = v;
+                        if let Some(m) = b.as_object_mut() {
+                            m.remove("event");
+                        }
+                        result.budgets = Some(b);
+                    }
                     Some("start") => {
                         live = Some((v["case"].as_str().unwrap_or("?").to_owned(), Instant::now()));
                     }
@@ -146,8 +190,13 @@ pub fn run_cases(
                             status: s("status"),
                             duration_ms: v["ms"].as_u64().unwrap_or(0),
                             error_class: v["error_class"].as_str().map(str::to_owned),
+                            error_code: v["error_code"].as_i64(),
+                            error_name: v["error_name"].as_str().map(str::to_owned),
                             message: s("message"),
                             dir: s("dir"),
+                            device_log_bytes: v["device_log_bytes"].as_u64().unwrap_or(0),
+                            rerun: v["rerun"].as_bool().unwrap_or(false),
+                            budgets: result.budgets.clone(),
                         });
                     }
                     _ => {}
@@ -166,16 +215,12 @@ pub fn run_cases(
                     .status();
                 let _ = child.wait();
                 if let Some((case, started)) = live.take() {
-                    result.cases.push(CaseResult {
-                        case,
-                        device,
-                        runtime: runtime.to_owned(),
-                        status: "timeout".into(),
-                        duration_ms: started.elapsed().as_millis() as u64,
-                        error_class: None,
-                        message: which.clone(),
-                        dir: String::new(),
-                    });
+                    let ms = started.elapsed().as_millis() as u64;
+                    let mut c =
+                        CaseResult::unreported(case, device, runtime, "timeout", ms, which.clone());
+                    c.dir = out.join(&c.case).display().to_string();
+                    c.budgets = result.budgets.clone();
+                    result.cases.push(c);
                 }
                 result.timed_out = Some(format!("{which}\n{dump}"));
                 break;
@@ -184,16 +229,12 @@ pub fn run_cases(
                 let status = child.wait().map_err(|e| e.to_string())?;
                 result.exit = status.code();
                 if let Some((case, started)) = live.take() {
-                    result.cases.push(CaseResult {
-                        case,
-                        device,
-                        runtime: runtime.to_owned(),
-                        status: "failed".into(),
-                        duration_ms: started.elapsed().as_millis() as u64,
-                        error_class: None,
-                        message: format!("the case process ended mid-case ({status})"),
-                        dir: String::new(),
-                    });
+                    let ms = started.elapsed().as_millis() as u64;
+                    let why = format!("the case process ended mid-case ({status})");
+                    let mut c = CaseResult::unreported(case, device, runtime, "failed", ms, why);
+                    c.dir = out.join(&c.case).display().to_string();
+                    c.budgets = result.budgets.clone();
+                    result.cases.push(c);
                 }
                 break;
             }
@@ -227,15 +268,19 @@ fn dump_group(pgid: u32, case_dir: Option<PathBuf>) -> String {
     format!("process tree:\n{tree}last host log lines of the live case:\n{log}")
 }
 
-/// The exit code of a batch.
+/// The exit code of a batch. A case re-run after recovery counts by its re-run.
 pub fn exit_code(results: &[ProcessResult]) -> u8 {
+    let mut last = std::collections::BTreeMap::new();
+    for c in results.iter().flat_map(|r| &r.cases) {
+        last.insert((c.device, c.runtime.as_str(), c.case.as_str()), c.status.as_str());
+    }
     if results.iter().any(|r| r.timed_out.is_some()) {
         EXIT_TIMEOUT
     } else if results.iter().any(|r| r.exit == Some(2) && r.cases.is_empty()) {
         crate::onboard::EXIT_ENVIRONMENT
-    } else if results.iter().any(|r| {
-        r.exit != Some(0) || r.cases.iter().any(|c| c.status != "passed" && c.status != "skipped")
-    }) {
+    } else if results.iter().any(|r| r.exit != Some(0))
+        || last.values().any(|s| *s != "passed" && *s != "skipped")
+    {
         1
     } else {
         0
@@ -244,21 +289,26 @@ pub fn exit_code(results: &[ProcessResult]) -> u8 {
 
 fn print_summary(results: &[ProcessResult]) {
     println!(
-        "\n{:<28} {:>6} {:<7} {:<8} {:>8}  {:<12} detail",
-        "case", "device", "runtime", "status", "ms", "class"
+        "\n{:<26} {:>6} {:<7} {:<8} {:>8}  {:<12} {:<8} detail",
+        "case", "device", "runtime", "status", "ms", "class", "code"
     );
     for c in results.iter().flat_map(|r| &r.cases) {
         let mut detail = c.message.clone();
         detail.truncate(90);
+        let status = if c.rerun { format!("{}*", c.status) } else { c.status.clone() };
         println!(
-            "{:<28} {:>6} {:<7} {:<8} {:>8}  {:<12} {detail}",
+            "{:<26} {:>6} {:<7} {:<8} {:>8}  {:<12} {:<8} {detail}",
             c.case,
             c.device,
             c.runtime,
-            c.status,
+            status,
             c.duration_ms,
-            c.error_class.as_deref().unwrap_or("-")
+            c.error_class.as_deref().unwrap_or("-"),
+            c.error_code.map_or("-".to_owned(), |c| c.to_string())
         );
+    }
+    if results.iter().flat_map(|r| &r.cases).any(|c| c.rerun) {
+        println!("(* = re-run after the device was finalized and re-attached)");
     }
 }
 
@@ -324,9 +374,6 @@ pub fn standin(args: &[String], devices: &[u32]) -> ExitCode {
 
 /// The stand-in batch; returns its exit code (`Err` = it could not start: exit 2).
 pub fn standin_batch(args: &[String], devices: &[u32]) -> Result<u8, String> {
-    let case_limit = seconds(args, "--case-timeout", CASE_LIMIT)?;
-    let run_limit = seconds(args, "--timeout", RUN_LIMIT)?;
-    let run_deadline = Instant::now() + run_limit;
     println!("xtask onboard-test --standin: devices {devices:?}");
     println!(
         "  detect: stand-in mode, the stand-in CANN library replaces CANN, npu-smi and the driver"
@@ -337,7 +384,23 @@ pub fn standin_batch(args: &[String], devices: &[u32]) -> Result<u8, String> {
     for runtime in ["hbg", "trb"] {
         manifests.push((runtime, crate::onboard_build::host_artifacts(runtime)?));
     }
+    run_batch(args, devices, &manifests, true)
+}
+
+/// Builds the case binary, locks the devices and runs one case process per device and runtime
+/// (`manifests`: runtime → its manifest) under the limits; prints the summary, writes
+/// `summary.json` and returns the batch's exit code. With `standin` the case processes use the
+/// stand-in CANN library.
+pub fn run_batch(
+    args: &[String],
+    devices: &[u32],
+    manifests: &[(&str, PathBuf)],
+    standin: bool,
+) -> Result<u8, String> {
+    let case_limit = seconds(args, "--case-timeout", CASE_LIMIT)?;
+    let run_limit = seconds(args, "--timeout", RUN_LIMIT)?;
     let exe = case_binary()?;
+    let run_deadline = Instant::now() + run_limit;
     let root = target_dir().join("onboard-test");
     let _locks = devices
         .iter()
@@ -350,19 +413,21 @@ pub fn standin_batch(args: &[String], devices: &[u32]) -> Result<u8, String> {
     );
     let mut results = Vec::new();
     'devices: for &device in devices {
-        for (runtime, manifest) in &manifests {
+        for (runtime, manifest) in manifests {
             let out = batch.join(device.to_string()).join(runtime);
-            let device_log = out.join("device-log");
-            std::fs::create_dir_all(&device_log)
-                .map_err(|e| format!("{}: {e}", device_log.display()))?;
+            // CANN's (and the stand-in's) log directory for the process, created beforehand;
+            // the case process copies what each case appended into the case's `device-log/`.
+            let ascend_log = out.join("ascend-log");
+            std::fs::create_dir_all(&ascend_log)
+                .map_err(|e| format!("{}: {e}", ascend_log.display()))?;
             let mut cmd = Command::new(&exe);
             cmd.envs(BUDGETS)
                 .env("SIMPLER_ONBOARD_TEST_DEVICE", device.to_string())
                 .env("SIMPLER_ONBOARD_TEST_RUNTIME", runtime)
                 .env("SIMPLER_ONBOARD_TEST_OUT", &out)
-                .env("SIMPLER_ONBOARD_TEST_STANDIN", "1")
+                .env("SIMPLER_ONBOARD_TEST_STANDIN", if standin { "1" } else { "0" })
                 .env("SIMPLER_ONBOARD_ARTIFACTS", manifest)
-                .env("ASCEND_PROCESS_LOG_PATH", &device_log);
+                .env("ASCEND_PROCESS_LOG_PATH", &ascend_log);
             let r = run_cases(cmd, device, runtime, &out, case_limit, run_deadline)?;
             let stop = r.timed_out.is_some();
             if let Some(t) = &r.timed_out {
@@ -375,12 +440,21 @@ pub fn standin_batch(args: &[String], devices: &[u32]) -> Result<u8, String> {
         }
     }
     print_summary(&results);
-    let code = exit_code(&results);
+    let mut code = exit_code(&results);
+    let problems = if standin { output_problems(&results) } else { Vec::new() };
+    for p in &problems {
+        eprintln!("xtask onboard-test: harness output: {p}");
+    }
+    if code == 0 && !problems.is_empty() {
+        code = 1;
+    }
     let summary = serde_json::json!({
         "exit": code,
+        "standin": standin,
         "budgets": results.iter().find_map(|r| r.budgets.clone()),
         "limits": { "case_s": case_limit.as_secs(), "run_s": run_limit.as_secs() },
         "timed_out": results.iter().find_map(|r| r.timed_out.clone()),
+        "harness_problems": problems,
         "cases": results.iter().flat_map(|r| r.cases.clone()).collect::<Vec<_>>(),
     });
     std::fs::create_dir_all(&batch).map_err(|e| format!("{}: {e}", batch.display()))?;
@@ -389,6 +463,36 @@ pub fn standin_batch(args: &[String], devices: &[u32]) -> Result<u8, String> {
     std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
     println!("summary {}\nxtask onboard-test: exit {code}", path.display());
     Ok(code)
+}
+
+/// The harness's own outputs, checked after a stand-in batch (the stand-in writes a process
+/// log, so every case process must have copied some of it): each reported case has its
+/// `host.log`, and each process copied device-log bytes into its cases.
+pub fn output_problems(results: &[ProcessResult]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for r in results.iter().filter(|r| r.timed_out.is_none()) {
+        for c in r.cases.iter().filter(|c| !c.dir.is_empty() && c.status != "timeout") {
+            let log = Path::new(&c.dir).join("host.log");
+            if !log.is_file() {
+                problems.push(format!(
+                    "{}/{} {}: no {}",
+                    c.device,
+                    c.runtime,
+                    c.case,
+                    log.display()
+                ));
+            }
+        }
+        if let Some(c) = r.cases.first()
+            && r.cases.iter().all(|c| c.device_log_bytes == 0)
+        {
+            problems.push(format!(
+                "{}/{}: no case copied any device-log bytes from ASCEND_PROCESS_LOG_PATH",
+                c.device, c.runtime
+            ));
+        }
+    }
+    problems
 }
 
 #[cfg(test)]
@@ -419,6 +523,19 @@ mod tests {
             Duration::from_secs(10),
         );
         assert_eq!(exit_code(&[bad]), 1);
+    }
+
+    #[test]
+    fn a_fast_failed_case_that_passes_its_rerun_counts_as_passed() {
+        let script = r#"echo '{"event":"start","case":"a"}'
+echo '{"event":"end","case":"a","status":"failed","ms":1,"error_class":"Poisoned","error_code":507899}'
+echo '{"event":"start","case":"a"}'
+echo '{"event":"end","case":"a","status":"passed","ms":1,"rerun":true}'"#;
+        let r = run(script, Duration::from_secs(10));
+        assert_eq!(r.cases.len(), 2);
+        assert_eq!(r.cases[0].error_code, Some(507_899));
+        assert!(r.cases[1].rerun);
+        assert_eq!(exit_code(&[r]), 0);
     }
 
     #[test]

@@ -13,6 +13,10 @@
  * the log stays one ordered sequence across the libraries. The state is on the heap and
  * counts the copies using it: a copy still loaded (held by a loader that outlived the
  * install) never points into an unloaded one, and the last copy to unload frees it.
+ *
+ * As CANN does, the stand-in writes a process log when ASCEND_PROCESS_LOG_PATH names a
+ * directory: one line per call in <dir>/debug/plog/plog-<pid>_standin.log, so harnesses that
+ * collect CANN's logs have something to collect.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -21,6 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -222,8 +228,27 @@ static call begin(const char *func) {
     return c;
 }
 
+/* Appends the call to the process log under ASCEND_PROCESS_LOG_PATH, if set (best effort). */
+static void write_process_log(const standin_call *e) {
+    const char *root = getenv("ASCEND_PROCESS_LOG_PATH");
+    if (root == NULL || root[0] == '\0') return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/debug", root);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/debug/plog", root);
+    mkdir(path, 0755);
+    int n = snprintf(path, sizeof path, "%s/debug/plog/plog-%ld_standin.log", root, (long)getpid());
+    if (n < 0 || (size_t)n >= sizeof path) return;
+    FILE *f = fopen(path, "a");
+    if (f == NULL) return;
+    fprintf(f, "[%s] RUNTIME(%ld) %s: device %lld, return %d\n", e->ret == 0 ? "INFO" : "ERROR",
+            (long)getpid(), e->func, (long long)e->device, (int)e->ret);
+    fclose(f);
+}
+
 static int32_t finish(call *c, int32_t ret) {
     c->entry.ret = ret;
+    write_process_log(&c->entry);
     if (st->log_len < MAX_LOG) {
         st->log[st->log_len++] = c->entry;
     } else {

@@ -3,13 +3,23 @@
 //! as a JSON line on stdout (`cargo xtask onboard-test` reads them, enforces the limits and
 //! writes the summary; `docs/onboard-programs.md`).
 //!
+//! Two runners serve the cases. The onboard runner (the real chip through CANN, or the stand-in
+//! CANN library) carries every CANN-side step. Kernels execute on the chip; the stand-in
+//! executes nothing, so with it the steps that need kernels to run (golden checks, the hanging
+//! kernel, the diagnostics files) also run on the simulator with the device programs of the
+//! manifest: the host builds of the AICPU program and the C++ AICore executor, the code that
+//! ships.
+//!
 //! Environment:
 //! - `SIMPLER_ONBOARD_TEST_DEVICE` (default 0), `SIMPLER_ONBOARD_TEST_RUNTIME` (`hbg`, `trb`).
 //! - `SIMPLER_ONBOARD_TEST_OUT`: the directory of per-case output directories (default: a
 //!   temporary one).
 //! - `SIMPLER_ONBOARD_TEST_STANDIN=0` runs on the real chip through CANN; anything else (and
 //!   the default) runs against the stand-in CANN library, with the manifest from
-//!   `SIMPLER_ONBOARD_ARTIFACTS` or, without it, placeholder programs (what `cargo test` does).
+//!   `SIMPLER_ONBOARD_ARTIFACTS` or, without it, placeholder programs and the simulator's
+//!   compiled-in scheduler and executor (what `cargo test` does).
+//! - `ASCEND_PROCESS_LOG_PATH`: where CANN (and the stand-in) write their logs; the bytes a
+//!   case appended there are copied into the case's `device-log/`.
 //! - `SIMPLER_ONBOARD_TEST_HANG_CASE=<case>`: that case never returns (to test the limits).
 //! - The budgets come from `SIMPLER_SCHEDULER_TIMEOUT_MS`, `SIMPLER_OP_EXECUTE_TIMEOUT_US` and
 //!   `SIMPLER_STREAM_SYNC_TIMEOUT_MS`, validated as a set before the first case.
@@ -17,25 +27,68 @@
 //! Exit code: 0 when every case passed or was skipped, 1 otherwise, 2 when the set cannot start
 //! (invalid budgets, no stand-in library, bad environment).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use simpler_acl_sys::standin::{Call, FakeInstall};
-use simpler_device_a2a3::programs::add;
+use simpler_device_a2a3::programs::{add, vector};
 use simpler_device_a2a3::{
-    ArgDirection, ChipCallable, CoreCallable, DeviceError, DeviceRunner, KernelCode, OrchArgs,
-    OrchConfig, RunRequest, RunnerOptions, RuntimeVariant,
+    ArgDirection, CapacityResource, ChipCallable, ChipCallableBuilder, CoreCallable, DeviceError,
+    DevicePtr, DeviceRunner, KernelCode, Kernels, OrchArgs, OrchConfig, OrchCtx, OrchError,
+    RunRequest, RunnerOptions, RuntimeVariant, abi::codes::RuntimeCode,
 };
-use simpler_types::{CallConfig, DataType, RunId, TaskArgs, Tensor};
+use simpler_types::{
+    CallConfig, CoreArgs, DataType, RingSel, RunId, SwimlaneLevel, TaskArgs, Tensor,
+};
 
-/// How a case ended.
-enum Outcome {
-    Passed(String),
-    Failed(DeviceError),
-    FailedCheck(String),
-    Skipped(String),
+/// Device codes after which the device is treated as poisoned, whatever `health()` says.
+const POISON_CODES: [i32; 8] =
+    [207_001, 507_000, 507_014, 507_015, 507_017, 507_018, 507_046, 507_899];
+
+/// Golden-check tolerances: `|got - want| <= ATOL + RTOL * |want|`.
+const RTOL: f32 = 1e-5;
+const ATOL: f32 = 1e-5;
+
+/// Why a case step did not pass.
+enum Fail {
+    Device(DeviceError),
+    Check(String),
+    Skip(String),
+}
+
+impl From<DeviceError> for Fail {
+    fn from(e: DeviceError) -> Fail {
+        Fail::Device(e)
+    }
+}
+
+type Step<T> = Result<T, Fail>;
+
+/// The error of a step that must fail; a success is a failed check, and `Unsupported` stays an
+/// error (the case is skipped).
+fn failure_of(step: Step<()>, what: &str) -> Step<DeviceError> {
+    match step {
+        Ok(()) => Err(Fail::Check(format!("{what} succeeded"))),
+        Err(Fail::Device(e @ DeviceError::Unsupported { .. })) => Err(Fail::Device(e)),
+        Err(Fail::Device(e)) => Ok(e),
+        Err(other) => Err(other),
+    }
+}
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> Step<()> {
+    if ok { Ok(()) } else { Err(Fail::Check(what())) }
+}
+
+/// Which runner a step uses.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Target {
+    /// The onboard backend: the chip, or the stand-in CANN library.
+    Onboard,
+    /// The simulator running the manifest's device programs (stand-in mode only).
+    Programs,
 }
 
 /// Everything a case may use.
@@ -45,16 +98,24 @@ struct Bench {
     /// The stand-in install (`None` on a real chip).
     standin: Option<FakeInstall>,
     manifest: PathBuf,
+    /// The host builds of the AICPU program and AICore executor the manifest names (`None` for
+    /// placeholder programs: the simulator then runs its compiled-in ones).
+    programs: Option<(&'static Path, &'static Path)>,
     /// Keeps placeholder programs alive.
     _placeholders: Option<tempfile::TempDir>,
     runner: Option<DeviceRunner>,
+    sim: Option<DeviceRunner>,
     next_run: u64,
     /// Every stand-in call taken from its log so far (the log hands out each call once).
     seen: Vec<Call>,
+    /// The running case's output directory.
+    case_dir: PathBuf,
+    /// The running case's host-log lines.
+    notes: Vec<String>,
 }
 
 impl Bench {
-    fn options(&self) -> RunnerOptions {
+    fn onboard_options(&self) -> RunnerOptions {
         let o = RunnerOptions::onboard(self.device, self.runtime)
             .with_onboard_manifest(&self.manifest)
             .with_env_overrides();
@@ -64,11 +125,42 @@ impl Bench {
         }
     }
 
-    fn runner(&mut self) -> Result<&mut DeviceRunner, DeviceError> {
-        if self.runner.is_none() {
-            self.runner = Some(DeviceRunner::attach(self.options())?);
+    /// The simulator's options; the batch's budgets come from the environment in `on`.
+    fn sim_options(&self) -> RunnerOptions {
+        // The onboard shutdown budget, so an unanswered exit costs what it costs on a chip.
+        let mut o = RunnerOptions::sim(self.device, self.runtime)
+            .with_shutdown_budget(Duration::from_secs(1));
+        if let Some((program, executor)) = self.programs {
+            o = o.with_aicpu_program(program).with_aicore_executor(executor);
         }
-        Ok(self.runner.as_mut().expect("attached above"))
+        o
+    }
+
+    /// The targets that execute kernels: the chip, or with the stand-in the simulator.
+    fn kernel_target(&self) -> Target {
+        if self.standin.is_some() { Target::Programs } else { Target::Onboard }
+    }
+
+    fn slot(&mut self, t: Target) -> &mut Option<DeviceRunner> {
+        match t {
+            Target::Onboard => &mut self.runner,
+            Target::Programs => &mut self.sim,
+        }
+    }
+
+    fn on(&mut self, t: Target) -> Result<&mut DeviceRunner, DeviceError> {
+        if self.slot(t).is_none() {
+            let o = match t {
+                Target::Onboard => self.onboard_options(),
+                Target::Programs => self.sim_options().with_env_overrides(),
+            };
+            *self.slot(t) = Some(DeviceRunner::attach(o)?);
+        }
+        Ok(self.slot(t).as_mut().expect("attached above"))
+    }
+
+    fn runner(&mut self) -> Result<&mut DeviceRunner, DeviceError> {
+        self.on(Target::Onboard)
     }
 
     /// The stand-in calls since the previous `new_calls`, also kept in `seen`.
@@ -87,10 +179,18 @@ impl Bench {
     /// Poison handling: finalize the unusable runner (its force reset may report errors of the
     /// poisoned device, which are returned as a note) and attach a fresh one; only a failed
     /// attach is an error (the device did not come back).
-    fn recover(&mut self) -> Result<Option<String>, DeviceError> {
-        let note = self.runner.take().and_then(|r| r.finalize().err()).map(|e| e.to_string());
-        self.runner()?;
+    fn recover(&mut self, t: Target) -> Result<Option<String>, DeviceError> {
+        let note = self.slot(t).take().and_then(|r| r.finalize().err()).map(|e| e.to_string());
+        self.on(t)?;
         Ok(note)
+    }
+
+    fn healthy(&self, t: Target) -> bool {
+        let r = match t {
+            Target::Onboard => &self.runner,
+            Target::Programs => &self.sim,
+        };
+        r.as_ref().is_none_or(|r| r.health().is_healthy())
     }
 
     fn run_id(&mut self) -> RunId {
@@ -100,157 +200,609 @@ impl Bench {
 
     /// Finalizes the current runner (force-resetting a poisoned device) and attaches a fresh
     /// one.
-    fn reattach(&mut self) -> Result<(), DeviceError> {
-        if let Some(r) = self.runner.take() {
+    fn reattach(&mut self, t: Target) -> Result<(), DeviceError> {
+        if let Some(r) = self.slot(t).take() {
             r.finalize()?;
         }
-        self.runner()?;
+        self.on(t)?;
         Ok(())
     }
+
+    fn note(&mut self, line: impl Into<String>) {
+        self.notes.push(line.into());
+    }
+}
+
+// ----- Programs -----
+
+/// The programs the cases run.
+#[derive(Clone, Copy, Debug)]
+enum Program {
+    /// `f = a + b`.
+    Add,
+    /// The five-task vector example.
+    Vector,
+}
+
+/// Placeholder kernel code: what the onboard runner uploads for a kernel until the ccec-built
+/// test kernels exist. Only the stand-in, which executes nothing, runs it; on a chip the cases
+/// that would launch it are skipped (the runtime error fixtures fail before any launch).
+fn placeholder() -> KernelCode {
+    KernelCode::Text(vec![0; 64])
+}
+
+/// `base` with each of `kernels` as placeholder code.
+fn with_placeholders(
+    mut base: ChipCallableBuilder,
+    kernels: &[(u32, Vec<ArgDirection>)],
+) -> ChipCallable {
+    for (func, sig) in kernels {
+        base = base.kernel(*func, CoreCallable::new(sig.clone(), placeholder()));
+    }
+    base.build().expect("a valid callable")
 }
 
 fn three_args(_: &OrchArgs<'_>) -> OrchConfig {
     OrchConfig { expected_arg_count: 3 }
 }
 
-/// `f = a + b`: the reference kernel on a real chip is a ccec object (not built yet), so the
-/// callable carries placeholder text, which only the stand-in accepts.
-fn add_callable() -> ChipCallable {
-    use ArgDirection::{In, Out};
-    ChipCallable::native(add::orchestration, three_args)
-        .names("add", "add_config")
-        .signature(vec![In, In, Out])
-        .kernel(add::ADD, CoreCallable::new(vec![In, In, Out], KernelCode::Text(vec![0; 64])))
-        .build()
-        .expect("a valid callable")
+impl Program {
+    fn name(self) -> &'static str {
+        match self {
+            Program::Add => "vector_add",
+            Program::Vector => "vector_example",
+        }
+    }
+
+    /// The callable for `t`: native kernels on the simulator, kernel code onboard.
+    fn callable(self, t: Target) -> ChipCallable {
+        use ArgDirection::{In, Out, Scalar};
+        match (self, t) {
+            (Program::Add, Target::Programs) => add::callable().expect("a valid callable"),
+            (Program::Vector, Target::Programs) => vector::callable().expect("a valid callable"),
+            (Program::Add, Target::Onboard) => with_placeholders(
+                ChipCallable::native(add::orchestration, three_args)
+                    .names("add", "add_config")
+                    .signature(vec![In, In, Out]),
+                &[(add::ADD, vec![In, In, Out])],
+            ),
+            (Program::Vector, Target::Onboard) => with_placeholders(
+                ChipCallable::native(vector::orchestration, three_args)
+                    .names("vector_example", "vector_config")
+                    .signature(vec![In, In, Out]),
+                &[
+                    (vector::ADD, vec![In, In, Out]),
+                    (vector::ADD_SCALAR, vec![In, Out, Scalar]),
+                    (vector::MUL, vec![In, In, Out]),
+                ],
+            ),
+        }
+    }
+
+    fn reference(self, a: &[f32], b: &[f32]) -> Vec<f32> {
+        match self {
+            Program::Add => add::reference(a, b),
+            Program::Vector => vector::reference(a, b),
+        }
+    }
 }
 
-fn upload(r: &mut DeviceRunner, values: &[f32]) -> Result<Tensor, DeviceError> {
+fn upload(r: &mut DeviceRunner, values: &[f32]) -> Result<(DevicePtr, Tensor), DeviceError> {
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     let p = r.malloc(bytes.len() as u64)?;
     r.copy_to_device(p, &bytes)?;
-    Ok(Tensor::external(p.addr(), &[values.len() as u32], DataType::Float32)
+    let t = Tensor::external(p.addr(), &[values.len() as u32], DataType::Float32)
         .expect("a valid tensor")
-        .child_memory(true))
+        .child_memory(true);
+    Ok((p, t))
+}
+
+fn download(r: &mut DeviceRunner, p: DevicePtr, n: usize) -> Result<Vec<f32>, DeviceError> {
+    let mut bytes = vec![0u8; n * 4];
+    r.copy_from_device(&mut bytes, p)?;
+    Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+/// The first element outside the tolerances, if any.
+fn golden_mismatch(got: &[f32], want: &[f32]) -> Option<String> {
+    if got.len() != want.len() {
+        return Some(format!("{} elements, expected {}", got.len(), want.len()));
+    }
+    got.iter().zip(want).enumerate().find_map(|(i, (g, w))| {
+        let ok = (g - w).abs() <= ATOL + RTOL * w.abs();
+        (!ok).then(|| format!("element {i}: {g}, expected {w}"))
+    })
+}
+
+/// 128 × 128 f32 elements, as the conformance set's vector runs.
+const ELEMENTS: usize = 128 * 128;
+
+/// One run of `program` on `r` with fresh inputs; with `golden`, the output is compared with
+/// the host computation. The buffers and the callable are released on every path the device
+/// still accepts.
+fn run_program(
+    r: &mut DeviceRunner,
+    run: RunId,
+    program: Program,
+    t: Target,
+    cfg: &CallConfig,
+    golden: bool,
+) -> Step<()> {
+    let slot = r.register_callable(&program.callable(t))?;
+    let a: Vec<f32> = (0..ELEMENTS).map(|i| i as f32 * 0.5).collect();
+    let b: Vec<f32> = (0..ELEMENTS).map(|i| 3.0 - i as f32 * 0.25).collect();
+    let mut ptrs = Vec::new();
+    let mut go = |r: &mut DeviceRunner| -> Step<()> {
+        let mut args = TaskArgs::new();
+        for (values, out) in [(&a, false), (&b, false), (&vec![0.0; ELEMENTS], true)] {
+            let (p, tensor) = upload(r, values)?;
+            ptrs.push(p);
+            let added = if out { args.add_output(tensor) } else { args.add_input(tensor) };
+            added.expect("three tensors fit a task");
+        }
+        r.run(&RunRequest::new(run, slot, &args, cfg))?;
+        if golden {
+            let f = download(r, ptrs[2], ELEMENTS)?;
+            if let Some(m) = golden_mismatch(&f, &program.reference(&a, &b)) {
+                return Err(Fail::Check(format!("{}: {m}", program.name())));
+            }
+        }
+        Ok(())
+    };
+    let result = go(r);
+    if r.health().is_healthy() {
+        for p in ptrs {
+            r.free(p)?;
+        }
+        r.unregister_callable(slot)?;
+    }
+    result
+}
+
+/// The shapes golden checks run: `block_dim` 1–3 with 2–4 AICPU threads.
+fn shapes() -> Vec<CallConfig> {
+    [(1, 2), (2, 3), (3, 4)]
+        .into_iter()
+        .map(|(b, t)| {
+            CallConfig::builder().block_dim(b).aicpu_thread_num(t).build().expect("valid")
+        })
+        .collect()
+}
+
+/// `program` with golden checks where kernels execute, and (with the stand-in) once through
+/// the onboard runner, whose run proves the CANN-side path.
+fn golden(b: &mut Bench, program: Program) -> Step<String> {
+    if b.standin.is_none() {
+        return Err(Fail::Skip(format!(
+            "{}: the golden check on a chip needs the ccec-built test kernels, which the build \
+             does not produce yet",
+            program.name()
+        )));
+    }
+    let run = b.run_id();
+    run_program(b.runner()?, run, program, Target::Onboard, &CallConfig::default(), false)?;
+    b.note(format!("{}: the stand-in CANN run completed", program.name()));
+    let shapes = shapes();
+    for cfg in &shapes {
+        let run = b.run_id();
+        run_program(b.on(Target::Programs)?, run, program, Target::Programs, cfg, true)?;
+    }
+    let which = if b.programs.is_some() {
+        "the built AICPU program and AICore executor"
+    } else {
+        "the compiled-in scheduler and executor (no manifest)"
+    };
+    Ok(format!(
+        "stand-in CANN run completed; on the simulator with {which}: {} elements × {} shapes \
+         within rtol = atol = {RTOL:e}",
+        ELEMENTS,
+        shapes.len()
+    ))
 }
 
 // ----- Cases -----
 
-fn acl_smoke(b: &mut Bench) -> Outcome {
-    let r = match b.runner() {
-        Ok(r) => r,
-        Err(e) => return Outcome::Failed(e),
-    };
+fn acl_smoke(b: &mut Bench) -> Step<String> {
+    let r = b.runner()?;
     let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
-    let mut round_trip = || -> Result<Vec<u8>, DeviceError> {
-        let p = r.malloc(data.len() as u64)?;
-        r.copy_to_device(p, &data)?;
-        let mut back = vec![0u8; data.len()];
-        r.copy_from_device(&mut back, p)?;
-        r.free(p)?;
-        Ok(back)
-    };
-    match round_trip() {
-        Ok(back) if back == data => Outcome::Passed("4096-byte round trip".into()),
-        Ok(_) => Outcome::FailedCheck("the bytes copied back differ".into()),
-        Err(e) => Outcome::Failed(e),
-    }
+    let p = r.malloc(data.len() as u64)?;
+    r.copy_to_device(p, &data)?;
+    let mut back = vec![0u8; data.len()];
+    r.copy_from_device(&mut back, p)?;
+    r.free(p)?;
+    check(back == data, || "the bytes copied back differ".into())?;
+    Ok("4096-byte round trip".into())
 }
 
-fn attach_finalize_reattach(b: &mut Bench) -> Outcome {
-    match b.reattach().and_then(|()| b.reattach()) {
-        Ok(()) => Outcome::Passed("finalized and re-attached twice".into()),
-        Err(e) => Outcome::Failed(e),
-    }
+fn attach_finalize_reattach(b: &mut Bench) -> Step<String> {
+    b.reattach(Target::Onboard)?;
+    b.reattach(Target::Onboard)?;
+    Ok("finalized and re-attached twice".into())
 }
 
-fn vector_add(b: &mut Bench) -> Outcome {
-    let run = b.run_id();
-    let standin = b.standin.is_some();
-    let r = match b.runner() {
-        Ok(r) => r,
-        Err(e) => return Outcome::Failed(e),
-    };
-    let mut go = || -> Result<(), DeviceError> {
-        let slot = r.register_callable(&add_callable())?;
-        let mut args = TaskArgs::new();
-        let (a, bb, f) =
-            (upload(r, &[1.0; 256])?, upload(r, &[2.0; 256])?, upload(r, &[0.0; 256])?);
-        args.add_input(a)
-            .and_then(|x| x.add_input(bb))
-            .and_then(|x| x.add_output(f))
-            .expect("three tensors fit a task");
-        r.run(&RunRequest::new(run, slot, &args, &CallConfig::default()))?;
-        r.unregister_callable(slot)?;
-        Ok(())
-    };
-    match go() {
-        Ok(()) if standin => Outcome::Passed(
-            "run completed (the stand-in executes no kernel, so no golden check)".into(),
-        ),
-        Ok(()) => Outcome::Skipped("golden check needs the ccec-built add kernel".into()),
-        Err(e) => Outcome::Failed(e),
-    }
+fn vector_add(b: &mut Bench) -> Step<String> {
+    golden(b, Program::Add)
 }
 
-fn launch_order(b: &mut Bench) -> Outcome {
+fn vector_example(b: &mut Bench) -> Step<String> {
+    golden(b, Program::Vector)
+}
+
+fn launch_order(b: &mut Bench) -> Step<String> {
     if b.standin.is_none() {
-        return Outcome::Skipped("the launch order is read from the stand-in's call log".into());
+        return Err(Fail::Skip("the launch order is read from the stand-in's call log".into()));
     }
     b.new_calls();
-    if let Outcome::Failed(e) = vector_add(b) {
-        return Outcome::Failed(e);
-    }
+    let run = b.run_id();
+    run_program(b.runner()?, run, Program::Add, Target::Onboard, &CallConfig::default(), false)?;
     let log = b.new_calls();
     let at = |name: &str| log.iter().position(|c| c.func == name);
     match (at("rtKernelLaunchWithHandleV2"), at("rtsLaunchCpuKernel")) {
-        (Some(core), Some(cpu)) if core < cpu => {
-            Outcome::Passed("AICore launch before AICPU launch".into())
-        }
-        other => Outcome::FailedCheck(format!("launch positions (AICore, AICPU) = {other:?}")),
+        (Some(core), Some(cpu)) if core < cpu => Ok("AICore launch before AICPU launch".into()),
+        other => Err(Fail::Check(format!("launch positions (AICore, AICPU) = {other:?}"))),
     }
 }
 
-fn poison_then_recover(b: &mut Bench) -> Outcome {
+// Runtime error fixtures (host_build_graph: the graph is built on the host, so each fails
+// before any launch).
+
+fn noop_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let n = args.scalar(0).unwrap_or(0);
+    let Some(t) = args.tensor(0) else { return Ok(()) };
+    for _ in 0..n {
+        let mut a = CoreArgs::new();
+        // Status 5: the fixture's arguments are malformed.
+        a.add_inout(*t).map_err(|_| OrchError::from_status(5))?;
+        ctx.submit(Kernels::Aiv(NOOP), &a)?;
+    }
+    Ok(())
+}
+
+fn alloc_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let kib = args.scalar(0).unwrap_or(0) as u32;
+    for _ in 0..4 {
+        let _ = ctx.alloc_tensor(&[kib, 256], DataType::Float32);
+    }
+    Ok(())
+}
+
+fn fatal_orch(ctx: &mut OrchCtx<'_>, _args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    ctx.report_fatal(0, "the fixture gives up");
+    Ok(())
+}
+
+/// Func id of the fixtures' kernel.
+const NOOP: u32 = 3;
+
+/// Does nothing.
+unsafe extern "C-unwind" fn noop_kernel(_args: *mut i64) {}
+
+fn fixture(orch: simpler_device_a2a3::NativeOrchFn, expected: u32, t: Target) -> ChipCallable {
+    let config: simpler_device_a2a3::NativeConfigFn = match expected {
+        0 => |_| OrchConfig { expected_arg_count: 0 },
+        _ => |_| OrchConfig { expected_arg_count: 5 },
+    };
+    let base = ChipCallable::native(orch, config);
+    match t {
+        Target::Programs => base
+            .kernel(NOOP, CoreCallable::native(vec![], noop_kernel))
+            .build()
+            .expect("a valid callable"),
+        Target::Onboard => with_placeholders(base, &[(NOOP, vec![])]),
+    }
+}
+
+/// The fixtures on `t`; returns what each produced.
+fn fixtures_on(b: &mut Bench, t: Target) -> Step<Vec<String>> {
+    let runs: Vec<RunId> = (0..4).map(|_| b.run_id()).collect();
+    let r = b.on(t)?;
+    let launches = r.stats().aicore_launches;
+    let (p, tensor) = upload(r, &[0.0; 256])?;
+    let mut seen = Vec::new();
+    let mut expect = |r: &mut DeviceRunner,
+                      what: &str,
+                      callable: ChipCallable,
+                      args: TaskArgs,
+                      cfg: CallConfig,
+                      want: &dyn Fn(&DeviceError) -> bool,
+                      run: RunId|
+     -> Step<()> {
+        let slot = r.register_callable(&callable)?;
+        let res = r.run(&RunRequest::new(run, slot, &args, &cfg)).map(|_| ()).map_err(Fail::from);
+        r.unregister_callable(slot)?;
+        match failure_of(res, what)? {
+            e if want(&e) => {
+                seen.push(format!("{what}: {e}"));
+                Ok(())
+            }
+            e => Err(Fail::Check(format!("{what}: unexpected {e}"))),
+        }
+    };
+    let mut window = TaskArgs::new();
+    window.add_inout(tensor).expect("fits").add_scalar(20).expect("fits");
+    expect(
+        r,
+        "task window",
+        fixture(noop_orch, 0, t),
+        window,
+        CallConfig::builder().task_window(RingSel::Ring(0), 16).build().expect("valid"),
+        &|e| {
+            matches!(
+                e,
+                DeviceError::Capacity {
+                    ring: 0,
+                    resource: CapacityResource::TaskWindow,
+                    capacity: 16,
+                    needed: 20,
+                    ..
+                }
+            )
+        },
+        runs[0],
+    )?;
+    let mut heap = TaskArgs::new();
+    heap.add_scalar(256).expect("fits");
+    expect(
+        r,
+        "heap",
+        fixture(alloc_orch, 0, t),
+        heap,
+        CallConfig::builder().heap_bytes(RingSel::Ring(0), 512 << 10).build().expect("valid"),
+        &|e| matches!(e, DeviceError::Capacity { ring: 0, resource: CapacityResource::Heap, .. }),
+        runs[1],
+    )?;
+    let code = |want: RuntimeCode| move |e: &DeviceError| matches!(e, DeviceError::Runtime { fault, .. } if fault.code == want);
+    expect(
+        r,
+        "code 9",
+        fixture(fatal_orch, 0, t),
+        TaskArgs::new(),
+        CallConfig::default(),
+        &code(RuntimeCode::OrchestrationFatal),
+        runs[2],
+    )?;
+    expect(
+        r,
+        "code 5",
+        fixture(fatal_orch, 5, t),
+        TaskArgs::new(),
+        CallConfig::default(),
+        &code(RuntimeCode::InvalidArgs),
+        runs[3],
+    )?;
+    r.free(p)?;
+    check(r.stats().aicore_launches == launches, || {
+        format!("{t:?}: a fixture that fails on the host launched the device")
+    })?;
+    check(r.health().is_healthy(), || format!("{t:?}: the device is not healthy: {}", r.health()))?;
+    Ok(seen)
+}
+
+fn runtime_error_fixtures(b: &mut Bench) -> Step<String> {
+    let mut targets = vec![Target::Onboard];
+    if b.standin.is_some() {
+        targets.push(Target::Programs);
+    }
+    for t in targets {
+        for line in fixtures_on(b, t)? {
+            b.note(format!("{t:?}: {line}"));
+        }
+    }
+    // The device stays healthy: the next vector run passes.
+    let follow = golden(b, Program::Vector);
+    match follow {
+        Ok(_) => Ok("capacity (task window, heap), codes 5 and 9 reported; the device stayed \
+                     healthy and vector_example passed after them"
+            .into()),
+        Err(Fail::Skip(why)) => Ok(format!(
+            "capacity (task window, heap), codes 5 and 9 reported and the device stayed healthy; \
+             the follow-up vector run was skipped: {why}"
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+/// The diagnostics files of one traced vector run on `t`, checked to exist and parse.
+fn diagnostics_on(b: &mut Bench, t: Target, dir: &Path) -> Step<Vec<String>> {
+    let cfg = CallConfig::builder()
+        .swimlane(SwimlaneLevel::AicpuTiming)
+        .dep_gen(true)
+        .scope_stats(true)
+        .output_prefix(dir)
+        .build()
+        .expect("valid");
+    let run = b.run_id();
+    run_program(b.on(t)?, run, Program::Vector, t, &cfg, false)?;
+    let json = |name: &str| -> Step<serde_json::Value> {
+        let path = dir.join(name);
+        let bytes =
+            std::fs::read(&path).map_err(|e| Fail::Check(format!("{}: {e}", path.display())))?;
+        serde_json::from_slice(&bytes).map_err(|e| Fail::Check(format!("{}: {e}", path.display())))
+    };
+    let deps = json("deps.json")?;
+    let tasks = deps["tasks"].as_array().map_or(0, Vec::len);
+    check(tasks == 5, || format!("deps.json lists {tasks} tasks, expected 5"))?;
+    let mut found = vec!["deps.json".to_owned()];
+    if t == Target::Onboard && b.standin.is_some() {
+        // The stand-in executes nothing, so there are no device records to export.
+        return Ok(found);
+    }
+    let perfetto = json("swimlane.perfetto.json")?;
+    let x = perfetto["traceEvents"]
+        .as_array()
+        .map_or(0, |e| e.iter().filter(|e| e["ph"] == "X" && e["pid"] == 1).count());
+    check(x == 5, || format!("swimlane.perfetto.json has {x} task events, expected 5"))?;
+    let records = json("l2_swimlane_records.json")?;
+    let n = records["aicore_tasks"].as_array().map_or(0, Vec::len);
+    check(n == 5, || format!("l2_swimlane_records.json has {n} AICore records, expected 5"))?;
+    let stats_path = dir.join("scope_stats/scope_stats.jsonl");
+    let text = std::fs::read_to_string(&stats_path)
+        .map_err(|e| Fail::Check(format!("{}: {e}", stats_path.display())))?;
+    for (i, line) in text.lines().enumerate() {
+        serde_json::from_str::<serde_json::Value>(line)
+            .map_err(|e| Fail::Check(format!("{} line {}: {e}", stats_path.display(), i + 1)))?;
+    }
+    check(!text.trim().is_empty(), || format!("{} is empty", stats_path.display()))?;
+    found.extend(
+        ["swimlane.perfetto.json", "l2_swimlane_records.json", "scope_stats/scope_stats.jsonl"]
+            .map(str::to_owned),
+    );
+    Ok(found)
+}
+
+fn diagnostics_smoke(b: &mut Bench) -> Step<String> {
     if b.standin.is_none() {
-        return Outcome::Skipped(
-            "the hanging kernel needs a ccec-built kernel (not built yet)".into(),
-        );
+        // Placeholder kernel code must never reach an AICore.
+        return Err(Fail::Skip(
+            "the traced run on a chip needs the ccec-built test kernels, not built yet".into(),
+        ));
+    }
+    let mut done = Vec::new();
+    let mut targets = vec![Target::Onboard];
+    if b.standin.is_some() {
+        targets.push(Target::Programs);
+    }
+    for t in targets {
+        let dir = b.case_dir.join(match t {
+            Target::Onboard => "onboard",
+            Target::Programs => "simulator",
+        });
+        let files = diagnostics_on(b, t, &dir)?;
+        done.push(format!("{} under {}", files.join(", "), dir.display()));
+    }
+    Ok(format!("parsed {}", done.join("; ")))
+}
+
+fn poison_then_recover(b: &mut Bench) -> Step<String> {
+    if b.standin.is_none() {
+        return Err(Fail::Skip(
+            "poisoning on demand needs the stand-in; on a chip the hanging kernel poisons".into(),
+        ));
     }
     let next = b.calls_of("rtKernelLaunchWithHandleV2") + 1;
     if let Some(install) = &b.standin {
-        let _ = install.poison_at("rtKernelLaunchWithHandleV2", next, 507_899);
+        install
+            .poison_at("rtKernelLaunchWithHandleV2", next, 507_899)
+            .map_err(|e| Fail::Check(format!("arming the stand-in: {e}")))?;
     }
-    let poisoned = match vector_add(b) {
-        Outcome::Failed(e @ DeviceError::Unsupported { .. }) => return Outcome::Failed(e),
-        Outcome::Failed(e) => e,
-        _ => return Outcome::FailedCheck("the poisoned launch did not fail".into()),
-    };
-    let healthy = b.runner.as_ref().is_some_and(|r| r.health().is_healthy());
-    if healthy {
-        return Outcome::FailedCheck(format!("the device stayed healthy after {poisoned}"));
-    }
-    if let Err(e) = b.recover() {
-        return Outcome::Failed(e);
-    }
-    match vector_add(b) {
-        Outcome::Passed(_) => Outcome::Passed(format!(
-            "poisoned ({poisoned}); finalize, re-attach, vector_add passed"
-        )),
-        other => other,
-    }
+    let run = b.run_id();
+    let r = b.runner()?;
+    let step = run_program(r, run, Program::Add, Target::Onboard, &CallConfig::default(), false);
+    let poisoned = failure_of(step, "the poisoned launch")?;
+    check(!b.healthy(Target::Onboard), || format!("the device stayed healthy after {poisoned}"))?;
+    b.recover(Target::Onboard)?;
+    let run = b.run_id();
+    run_program(b.runner()?, run, Program::Add, Target::Onboard, &CallConfig::default(), false)?;
+    Ok(format!("poisoned ({poisoned}); finalize, re-attach, vector_add completed"))
 }
 
-type Case = fn(&mut Bench) -> Outcome;
+fn hang_then_recover(b: &mut Bench) -> Step<String> {
+    let t = b.kernel_target();
+    if t == Target::Onboard {
+        return Err(Fail::Skip(
+            "the hanging kernel on a chip is a ccec-built test kernel, not built yet".into(),
+        ));
+    }
+    // The simulated hang runs on a runner of its own with short budgets, so the case takes
+    // seconds whatever the batch's budgets are; the fresh runner after it has the batch's.
+    if let Some(r) = b.sim.take() {
+        r.finalize()?;
+    }
+    let short = b
+        .sim_options()
+        .with_scheduler_timeout(Duration::from_millis(300))
+        .with_op_execute_timeout(Duration::from_micros(600_000))
+        .with_stream_sync_timeout(Duration::from_millis(3_000));
+    let r = b.sim.insert(DeviceRunner::attach(short)?);
+    let faults =
+        r.sim_faults().ok_or_else(|| Fail::Check("no fault plan on the simulator".into()))?;
+    faults.kernel_hang(vector::ADD_SCALAR, 1);
+    let run = b.run_id();
+    let step = run_program(b.on(t)?, run, Program::Vector, t, &CallConfig::default(), false);
+    let hung = failure_of(step, "the run with a hanging kernel")?;
+    check(!b.healthy(t), || format!("the device stayed healthy after {hung}"))?;
+    let note = b.recover(t)?;
+    if let Some(n) = note {
+        b.note(format!("finalize after the hang reported: {n}"));
+    }
+    let run = b.run_id();
+    run_program(b.on(t)?, run, Program::Add, t, &CallConfig::default(), true)?;
+    Ok(format!("hang → {hung}; finalize, re-attach, vector_add passed its golden check"))
+}
+
+type Case = fn(&mut Bench) -> Step<String>;
 
 /// In order; fault-injection cases last.
 const CASES: &[(&str, Case)] = &[
     ("acl_smoke", acl_smoke),
     ("attach_finalize_reattach", attach_finalize_reattach),
     ("vector_add", vector_add),
+    ("vector_example", vector_example),
     ("launch_order", launch_order),
+    ("runtime_error_fixtures", runtime_error_fixtures),
+    ("diagnostics_smoke", diagnostics_smoke),
     ("poison_then_recover", poison_then_recover),
+    ("hang_then_recover", hang_then_recover),
 ];
+
+// ----- Device logs -----
+
+/// Sizes of the files under a log directory when a case started.
+struct LogMark {
+    sizes: BTreeMap<PathBuf, u64>,
+}
+
+fn log_files(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(ft) if ft.is_dir() => dirs.push(p),
+                Ok(ft) if ft.is_file() => out.push(p),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+impl LogMark {
+    fn take(root: &Path) -> LogMark {
+        let sizes = log_files(root)
+            .into_iter()
+            .filter_map(|p| Some((p.clone(), std::fs::metadata(&p).ok()?.len())))
+            .collect();
+        LogMark { sizes }
+    }
+
+    /// Copies what was appended under `root` since the mark into `dest`, keeping the relative
+    /// paths; returns the bytes copied.
+    fn copy_appended(&self, root: &Path, dest: &Path) -> std::io::Result<u64> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut copied = 0;
+        for path in log_files(root) {
+            let from = self.sizes.get(&path).copied().unwrap_or(0);
+            let mut f = std::fs::File::open(&path)?;
+            if f.metadata()?.len() <= from {
+                continue;
+            }
+            f.seek(SeekFrom::Start(from))?;
+            let mut bytes = Vec::new();
+            f.read_to_end(&mut bytes)?;
+            let rel = path.strip_prefix(root).unwrap_or(&path);
+            let target = dest.join(rel);
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(&target, &bytes)?;
+            copied += bytes.len() as u64;
+        }
+        Ok(copied)
+    }
+}
 
 // ----- Driver -----
 
@@ -285,6 +837,23 @@ fn placeholders() -> std::io::Result<(tempfile::TempDir, PathBuf)> {
     Ok((dir, manifest))
 }
 
+/// The host builds of the AICPU program and AICore executor a manifest names (relative paths
+/// are relative to the manifest).
+fn manifest_programs(manifest: &Path) -> Result<(&'static Path, &'static Path), String> {
+    let text =
+        std::fs::read_to_string(manifest).map_err(|e| format!("{}: {e}", manifest.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", manifest.display()))?;
+    let path = |name: &str| -> Result<&'static Path, String> {
+        let p = v["artifacts"][name]["path"]
+            .as_str()
+            .ok_or_else(|| format!("{} names no {name}", manifest.display()))?;
+        let p = manifest.parent().unwrap_or(Path::new(".")).join(p);
+        Ok(Box::leak(p.into_boxed_path()))
+    };
+    Ok((path("aicpu_program")?, path("aicore_executor")?))
+}
+
 fn setup() -> Result<(Bench, PathBuf, Option<tempfile::TempDir>), String> {
     let device = env("SIMPLER_ONBOARD_TEST_DEVICE")
         .map_or(Ok(0), |d| d.parse())
@@ -302,11 +871,15 @@ fn setup() -> Result<(Bench, PathBuf, Option<tempfile::TempDir>), String> {
     } else {
         None
     };
-    let (placeholders, manifest) = match env("SIMPLER_ONBOARD_ARTIFACTS") {
-        Some(m) => (None, PathBuf::from(m)),
+    let (placeholders, manifest, programs) = match env("SIMPLER_ONBOARD_ARTIFACTS") {
+        Some(m) => {
+            let m = PathBuf::from(m);
+            let programs = if standin { Some(manifest_programs(&m)?) } else { None };
+            (None, m, programs)
+        }
         None if standin => {
             let (d, m) = placeholders().map_err(|e| e.to_string())?;
-            (Some(d), m)
+            (Some(d), m, None)
         }
         None => return Err("SIMPLER_ONBOARD_ARTIFACTS names no manifest".into()),
     };
@@ -322,17 +895,92 @@ fn setup() -> Result<(Bench, PathBuf, Option<tempfile::TempDir>), String> {
         runtime,
         standin: install,
         manifest,
+        programs,
         _placeholders: placeholders,
         runner: None,
+        sim: None,
         next_run: 0,
         seen: Vec::new(),
+        case_dir: out.clone(),
+        notes: Vec::new(),
     };
     Ok((bench, out, out_tmp))
 }
 
-fn write_host_log(dir: &Path, text: &str) {
-    let _ = std::fs::create_dir_all(dir);
-    let _ = std::fs::write(dir.join("host.log"), text);
+/// How a case ended, as reported.
+struct Report {
+    status: &'static str,
+    class: Option<String>,
+    code: Option<(i32, &'static str)>,
+    message: String,
+    /// Failed only because the device was already poisoned (fast-fail): re-run after recovery.
+    fast_fail: bool,
+    /// The case left a device poisoned.
+    poisoning: bool,
+}
+
+fn report_of(step: Step<String>) -> Report {
+    let plain = |status, message| Report {
+        status,
+        class: None,
+        code: None,
+        message,
+        fast_fail: false,
+        poisoning: false,
+    };
+    match step {
+        Ok(m) => plain("passed", m),
+        Err(Fail::Skip(m)) => plain("skipped", m),
+        // What this build cannot do on this backend yet is skipped with the cause.
+        Err(Fail::Device(e @ DeviceError::Unsupported { .. })) => plain("skipped", e.to_string()),
+        Err(Fail::Check(m)) => plain("failed", m),
+        Err(Fail::Device(e)) => {
+            let class = format!("{:?}", e.class());
+            let code = e.device_code().map(|c| (c.code, c.name));
+            Report {
+                status: "failed",
+                fast_fail: class == "Poisoned",
+                poisoning: code.is_some_and(|(c, _)| POISON_CODES.contains(&c)),
+                class: Some(class),
+                code,
+                message: e.to_string(),
+            }
+        }
+    }
+}
+
+/// Runs one case with its output directory, host log and device-log copy; prints its lines.
+fn run_case(b: &mut Bench, out: &Path, name: &str, case: Case, rerun: bool) -> Report {
+    json_line(serde_json::json!({ "event": "start", "case": name }));
+    let dir = out.join(name);
+    let _ = std::fs::create_dir_all(&dir);
+    b.case_dir = dir.clone();
+    b.notes.clear();
+    let log_root = env("ASCEND_PROCESS_LOG_PATH").map(PathBuf::from);
+    let mark = log_root.as_deref().map(LogMark::take);
+    let started = Instant::now();
+    let r = report_of(case(b));
+    let ms = started.elapsed().as_millis() as u64;
+    let device_log = dir.join("device-log");
+    let log_bytes = match (&log_root, &mark) {
+        (Some(root), Some(mark)) => {
+            let _ = std::fs::create_dir_all(&device_log);
+            mark.copy_appended(root, &device_log).unwrap_or_else(|e| {
+                b.note(format!("copying the device log failed: {e}"));
+                0
+            })
+        }
+        _ => 0,
+    };
+    let mut host = b.notes.join("\n");
+    host.push_str(&format!("\n{}: {}\n", r.status, r.message));
+    let _ = std::fs::write(dir.join("host.log"), host.trim_start());
+    json_line(serde_json::json!({
+        "event": "end", "case": name, "status": r.status, "ms": ms,
+        "error_class": r.class, "error_code": r.code.map(|c| c.0), "error_name": r.code.map(|c| c.1),
+        "message": r.message, "rerun": rerun, "dir": dir, "device_log_bytes": log_bytes,
+    }));
+    r
 }
 
 fn main() -> ExitCode {
@@ -343,7 +991,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let budgets = match bench.options().resolve_timeouts() {
+    let budgets = match bench.onboard_options().resolve_timeouts() {
         Ok(t) => t,
         Err(e) => {
             eprintln!("onboard cases: the budgets are not a valid set: {e}");
@@ -360,66 +1008,62 @@ fn main() -> ExitCode {
     let mut failed = false;
     let mut quarantined: Option<String> = None;
     let mut fast_failed: Vec<(&str, Case)> = Vec::new();
-    let report = |name: &str, o: &Outcome, ms: u128, rerun: bool| {
-        let (status, class, message) = match o {
-            Outcome::Passed(m) => ("passed", None, m.clone()),
-            Outcome::Skipped(m) => ("skipped", None, m.clone()),
-            Outcome::FailedCheck(m) => ("failed", None, m.clone()),
-            Outcome::Failed(e) => ("failed", Some(format!("{:?}", e.class())), e.to_string()),
-        };
-        write_host_log(&out.join(name), &format!("{status}: {message}\n"));
-        json_line(serde_json::json!({
-            "event": "end", "case": name, "status": status, "ms": ms as u64,
-            "error_class": class, "message": message, "rerun": rerun,
-            "dir": out.join(name),
-        }));
-        status == "failed"
-    };
     for &(name, case) in CASES {
-        json_line(serde_json::json!({ "event": "start", "case": name }));
         if let Some(cause) = &quarantined {
-            report(name, &Outcome::Skipped(format!("device quarantined: {cause}")), 0, false);
+            json_line(serde_json::json!({ "event": "start", "case": name }));
+            let dir = out.join(name);
+            let _ = std::fs::create_dir_all(&dir);
+            let _ = std::fs::write(
+                dir.join("host.log"),
+                format!("skipped: device quarantined: {cause}\n"),
+            );
+            json_line(serde_json::json!({
+                "event": "end", "case": name, "status": "skipped", "ms": 0,
+                "message": format!("device quarantined: {cause}"), "dir": out.join(name),
+            }));
             continue;
         }
         if hang.as_deref() == Some(name) {
+            json_line(serde_json::json!({ "event": "start", "case": name }));
             loop {
                 std::thread::park();
             }
         }
-        let started = Instant::now();
-        let o = match case(&mut bench) {
-            // What this build cannot do on this backend yet is skipped with the cause.
-            Outcome::Failed(e @ DeviceError::Unsupported { .. }) => Outcome::Skipped(e.to_string()),
-            o => o,
-        };
-        let fast_fail =
-            matches!(&o, Outcome::Failed(e) if format!("{:?}", e.class()) == "Poisoned");
-        failed |= report(name, &o, started.elapsed().as_millis(), false) && !fast_fail;
-        if fast_fail {
+        let r = run_case(&mut bench, &out, name, case, false);
+        failed |= r.status == "failed" && !r.fast_fail;
+        if r.fast_fail {
             fast_failed.push((name, case));
         }
-        // Poison handling: a device left unusable is finalized (force reset) and re-attached;
-        // one that will not come back is quarantined.
-        if bench.runner.as_ref().is_some_and(|r| !r.health().is_healthy()) {
-            if let Err(e) = bench.recover() {
-                quarantined = Some(e.to_string());
-                failed = true;
-            } else {
-                for (name, case) in std::mem::take(&mut fast_failed) {
-                    json_line(serde_json::json!({ "event": "start", "case": name }));
-                    let started = Instant::now();
-                    let o = case(&mut bench);
-                    failed |= report(name, &o, started.elapsed().as_millis(), true);
+        // Poison handling: a device left unusable (or by a poisoning code) is finalized
+        // (force reset) and re-attached; one that will not come back is quarantined.
+        for t in [Target::Onboard, Target::Programs] {
+            let attached = match t {
+                Target::Onboard => bench.runner.is_some(),
+                Target::Programs => bench.sim.is_some(),
+            };
+            if !attached || (bench.healthy(t) && !(r.poisoning && t == Target::Onboard)) {
+                continue;
+            }
+            match bench.recover(t) {
+                Err(e) => {
+                    quarantined = Some(format!("{t:?} runner: {e}"));
+                    failed = true;
+                }
+                Ok(_) => {
+                    for (name, case) in std::mem::take(&mut fast_failed) {
+                        let r = run_case(&mut bench, &out, name, case, true);
+                        failed |= r.status == "failed";
+                    }
                 }
             }
         }
     }
     failed |= !fast_failed.is_empty();
-    if let Some(r) = bench.runner.take()
-        && let Err(e) = r.finalize()
-    {
-        eprintln!("onboard cases: the final finalize failed: {e}");
-        failed = true;
+    for r in [bench.runner.take(), bench.sim.take()].into_iter().flatten() {
+        if let Err(e) = r.finalize() {
+            eprintln!("onboard cases: the final finalize failed: {e}");
+            failed = true;
+        }
     }
     if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
 }
