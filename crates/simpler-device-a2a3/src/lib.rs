@@ -118,6 +118,7 @@ pub use kernel::{KernelCall, KernelFn};
 pub use options::SimOptions;
 pub use options::{
     LimitExceeded, Platform, PlatformLimits, RingDefaults, RunnerOptions, RuntimeVariant,
+    UnknownRuntime,
 };
 pub use runner::{
     AcceptanceSignal, ActiveRun, ChipSlot, DeviceHealth, DevicePtr, DeviceRunner, FinalizeReport,
