@@ -74,7 +74,8 @@
 //!   window and force-reset calls, and the host-mapping offset.
 //! - `src/callable.rs`: the contract of `SharedObjectKernel::new` (an `unsafe fn`).
 //! - `src/kernel.rs`: the kernel accessors over the argument slots.
-//! - `src/programs.rs`: the reference programs' kernels.
+//! - `src/programs.rs`, `src/programs/streaming.rs`, `src/programs/paged_attention.rs`: the
+//!   reference programs' kernels.
 //! - `src/runner/mod.rs`: the runner's host view of a run's image.
 //! - `src/runner/memory.rs` and `src/runner/staging.rs`: host-tensor staging.
 //! - `src/runner/types.rs`: the contract of `RunRequest::with_host_tensors` (an `unsafe fn`).
