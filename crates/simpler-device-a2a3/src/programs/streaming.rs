@@ -7,7 +7,7 @@
 //! sets a one-element accumulator to `seed(c)`, the middle ones add 1 each, the last adds the
 //! accumulator into lane `c mod lanes`. A chain of one task (`chain_len` 1: independent tasks)
 //! adds `seed(c)` into its lane directly. Every value is a small integer, so the f32 sums are
-//! exact and a run matches [`reference`] bit for bit on either runtime.
+//! exact and a run matches [`reference()`] bit for bit on either runtime.
 //!
 //! The graph is built to stream through bounded rings: the orchestration opens one scope per
 //! chain (or per [`SCOPE_TASKS`] independent tasks), and the only allocation is a chain's
