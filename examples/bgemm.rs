@@ -3,37 +3,47 @@
 //! each accumulation `C[i][j] += P` runs as an AIV task ordered on its output tile (InOut), so
 //! the 128 tasks form 16 independent chains of GEMM → accumulate pairs.
 //!
-//! Run it with `cargo run --release --example bgemm`. It checks the result against a host
+//! Run it with `cargo run --release --example bgemm [--runtime hbg|trb]` (default hbg). It checks the result against a host
 //! GEMM, prints the per-run time, and exits non-zero if the check fails.
+
+mod common;
 
 use std::process::ExitCode;
 use std::time::Instant;
 
+use common::Cli;
 use simpler_device_a2a3::programs::bgemm::{self, N};
 use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes};
-use simpler_device_a2a3::{DeviceRunner, RunRequest, RunnerOptions, RuntimeVariant};
+use simpler_device_a2a3::{DeviceRunner, RunRequest, RunnerOptions};
 use simpler_types::{CallConfig, DataType, RunId, TaskArgs, Tensor, TensorArgType};
 
 const RUNS: usize = 5;
 
 fn main() -> ExitCode {
-    match run() {
+    let cli = match Cli::from_env() {
+        Ok(cli) => cli,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(&cli) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", common::explain(cli.runtime, e));
             ExitCode::FAILURE
         }
     }
 }
 
-fn run() -> Result<bool, Box<dyn std::error::Error>> {
+fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
     let a: Vec<f32> = (0..N * N).map(|x| ((x * 7) % 13) as f32 * 0.125 - 0.75).collect();
     let b: Vec<f32> = (0..N * N).map(|x| ((x * 5) % 11) as f32 * 0.25 - 1.25).collect();
     let expected = bgemm::tile_major(&bgemm::reference(&a, &b));
 
     let callable = bgemm::callable()?;
-    let mut runner = DeviceRunner::attach(RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph))?;
+    let mut runner = DeviceRunner::attach(RunnerOptions::sim(0, cli.runtime))?;
     let slot = runner.register_callable(&callable)?;
     let bytes = (N * N * 4) as u64;
     let shape = bgemm::shape();

@@ -5,16 +5,20 @@
 //! the output back, and the engine runs the check after both chip tasks because its tensors
 //! read what they wrote.
 //!
-//! Run it with `cargo run --release --example l3_two_chips [iterations]`. It prints the check
+//! Run it with `cargo run --release --example l3_two_chips [iterations] [--runtime hbg|trb]`
+//! (default hbg). It prints the check
 //! result and the median time per iteration (one graph: both chips, then the check), and exits
 //! non-zero if a check fails.
+
+mod common;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::Cli;
+use simpler_device_a2a3::Platform;
 use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes, vector};
-use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
 use simpler_worker::{HostBuffer, Orchestration, Worker};
 
@@ -28,11 +32,18 @@ struct ChipBuffers {
 }
 
 fn main() -> ExitCode {
-    match run() {
+    let cli = match Cli::from_env() {
+        Ok(cli) => cli,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(&cli) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", common::explain(cli.runtime, e));
             ExitCode::FAILURE
         }
     }
@@ -43,11 +54,9 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
-fn run() -> Result<bool, Box<dyn std::error::Error>> {
-    let iterations: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(20);
-    let mut builder = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph)
-        .chips(&[0, 1])
-        .sub_workers(1);
+fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
+    let iterations: usize = cli.positional_or(0, 20);
+    let mut builder = Worker::host(Platform::A2a3Sim, cli.runtime).chips(&[0, 1]).sub_workers(1);
     let program = builder.register_chip(vector::callable()?);
 
     // Inputs differ per chip.
@@ -114,6 +123,9 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         }
         let t0 = Instant::now();
         if let Err(e) = worker.run(compute_then_check()) {
+            if let Some(refused) = common::refusal(cli.runtime, &e) {
+                return Err(refused.into());
+            }
             eprintln!("check failed: {e}");
             ok = false;
             break;

@@ -5,7 +5,10 @@
 //! the child, and `verify` reads the result back and fails its task on a mismatch, which
 //! reaches the L4 run with one error frame per level.
 //!
-//! Run it with `cargo run --release --example l4_compose [iterations]`.
+//! Run it with `cargo run --release --example l4_compose [iterations] [--runtime hbg|trb]`
+//! (default hbg).
+
+mod common;
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -13,8 +16,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::Cli;
+use simpler_device_a2a3::Platform;
 use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
-use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
 use simpler_worker::{CallableHandle, DeviceBuffer, Orchestration, Worker};
 
@@ -32,25 +36,30 @@ struct ChildState {
 }
 
 fn main() -> ExitCode {
-    match run() {
+    let cli = match Cli::from_env() {
+        Ok(cli) => cli,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(&cli) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", common::explain(cli.runtime, e));
             ExitCode::FAILURE
         }
     }
 }
 
-fn run() -> Result<bool, Box<dyn std::error::Error>> {
-    let iterations: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(20);
+fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
+    let iterations: usize = cli.positional_or(0, 20);
     let notes = Arc::new(AtomicUsize::new(0));
     let mut l4 = Worker::composite(4);
     let mut children: HashMap<u64, ChildState> = HashMap::new();
     for (i, device) in [(0u64, 0u32), (1, 1)] {
-        let mut l3 = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph)
-            .chips(&[device])
-            .sub_workers(1);
+        let mut l3 = Worker::host(Platform::A2a3Sim, cli.runtime).chips(&[device]).sub_workers(1);
         let add = l3.register_chip(add::callable()?);
         let n = Arc::clone(&notes);
         let note = l3.register_host("note", move |_| {
@@ -126,6 +135,9 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let ok = match worker.run(on_each_child(verify)) {
         Ok(()) => true,
         Err(e) => {
+            if let Some(refused) = common::refusal(cli.runtime, &e) {
+                return Err(refused.into());
+            }
             eprintln!("verify failed: {e}");
             false
         }

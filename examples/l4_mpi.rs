@@ -8,15 +8,20 @@
 //!
 //! ```sh
 //! cargo build --release --features mpi --example l4_mpi
-//! mpirun -np 3 --oversubscribe target/release/examples/l4_mpi
+//! mpirun -np 3 --oversubscribe target/release/examples/l4_mpi [--runtime hbg|trb]
 //! ```
+//!
+//! `--runtime` picks the serving ranks' chip runtime (default hbg).
 //!
 //! (As root, add `--allow-run-as-root`.) Open MPI comes from the distribution:
 //! `apt-get install openmpi-bin libopenmpi-dev libclang-dev`.
 
+mod common;
+
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
+use common::Cli;
 use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
@@ -27,24 +32,32 @@ const N: usize = 4096;
 type Res<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
+    let cli = match Cli::from_env() {
+        Ok(cli) => cli,
         Err(e) => {
             eprintln!("l4_mpi: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(cli.runtime) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("l4_mpi: {}", common::explain(cli.runtime, e));
             ExitCode::FAILURE
         }
     }
 }
 
-fn run() -> Res {
+fn run(runtime: RuntimeVariant) -> Res {
     let job = MpiJob::init()?;
     if job.size() < 2 {
         return Err("run it under mpirun with at least 2 ranks (see the file's docs)".into());
     }
-    let done = if job.rank() == 0 { drive(&job) } else { serve(&job) };
+    let done = if job.rank() == 0 { drive(&job) } else { serve(&job, runtime) };
     if let Err(e) = done {
         // Finalizing is collective and the other ranks may still wait for this one: exit
         // without it, which makes mpirun end the whole job.
+        let e = common::explain(runtime, e);
         eprintln!("l4_mpi: rank {}: {e}", job.rank());
         std::process::exit(1);
     }
@@ -81,10 +94,9 @@ fn drive(job: &MpiJob) -> Res {
 }
 
 /// Ranks 1..N: an L3 worker with one simulated chip and one sub worker.
-fn serve(job: &MpiJob) -> Res {
+fn serve(job: &MpiJob, runtime: RuntimeVariant) -> Res {
     let rank = job.rank();
-    let mut b =
-        Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).chips(&[0]).sub_workers(1);
+    let mut b = Worker::host(Platform::A2a3Sim, runtime).chips(&[0]).sub_workers(1);
     let add_handle = b.register_chip(add::callable()?);
     let input = move |which: usize| -> Vec<f32> {
         (0..N).map(|i| i as f32 * 0.5 + (rank as usize * 10 + which) as f32).collect()

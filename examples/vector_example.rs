@@ -2,35 +2,47 @@
 //! f32 values, as five kernel tasks (add, add-scalar, add-scalar, mul, add) built on the host
 //! (host_build_graph) and scheduled by the simulated AICPU onto simulated AICore cores.
 //!
-//! Run it with `cargo run --release --example vector_example [output_dir]`. It checks every
+//! Run it with `cargo run --release --example vector_example [output_dir] [--runtime hbg|trb]`
+//! (default hbg). It checks every
 //! element against a host computation, prints the cold and warm per-run times, writes a
 //! Perfetto swimlane trace (one lane per simulated core) and exits non-zero if the check fails.
+
+mod common;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use common::Cli;
 use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes, vector};
-use simpler_device_a2a3::{DevicePtr, DeviceRunner, RunRequest, RunnerOptions, RuntimeVariant};
+use simpler_device_a2a3::{DevicePtr, DeviceRunner, RunRequest, RunnerOptions};
 use simpler_types::{CallConfig, DataType, RunId, SwimlaneLevel, TaskArgs, Tensor};
 
 const N: usize = 16384;
 const WARM_RUNS: usize = 100;
 
 fn main() -> ExitCode {
-    match run() {
+    let cli = match Cli::from_env() {
+        Ok(cli) => cli,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(&cli) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", common::explain(cli.runtime, e));
             ExitCode::FAILURE
         }
     }
 }
 
-fn run() -> Result<bool, Box<dyn std::error::Error>> {
-    let out_dir: PathBuf = std::env::args_os()
-        .nth(1)
+fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
+    let out_dir: PathBuf = cli
+        .positional
+        .first()
         .map(PathBuf::from)
         .unwrap_or_else(|| std::env::temp_dir().join("simpler-vector-example"));
 
@@ -40,7 +52,7 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
 
     let callable = vector::callable()?;
 
-    let mut runner = DeviceRunner::attach(RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph))?;
+    let mut runner = DeviceRunner::attach(RunnerOptions::sim(0, cli.runtime))?;
     let slot = runner.register_callable(&callable)?;
     let bytes = (N * 4) as u64;
     let (pa, pb, pf): (DevicePtr, DevicePtr, DevicePtr) =

@@ -7,9 +7,13 @@
 //!   the built AICPU program and C++ AICore executor, docs, a short benchmark smoke run, the examples (the README's main job
 //!   first) and the `loom` models.
 //! - `tidy`: repository rules rustfmt and clippy do not check (see [`tidy`]).
-//! - `test [--deep]`: the workspace tests; `--deep` raises the property-test case count.
+//! - `test [--deep] [--runtime hbg|trb|all]`: the workspace tests; `--deep` raises the
+//!   property-test case count; `--runtime` picks the chip runtimes the device suites run under
+//!   (module `runtime_variants`).
 //! - `loom`: the `loom` model checks of the concurrency protocols (`cfg(simpler_loom)`).
 //! - `bench [cargo bench args]`: the criterion benchmarks in release mode.
+//! - `build [--runtime hbg|trb|all]`: the workspace and each runtime's host-built device programs
+//!   (module `runtime_variants`).
 //! - `build --platform a2a3` and `onboard-test`: the tasks for a real A2/A3 server; on any other
 //!   machine they list what is missing and exit 2 (module `onboard`).
 //! - `bindgen [--check]`: regenerate (or check) the CANN bindings of `simpler-acl-sys`.
@@ -24,6 +28,7 @@ mod onboard;
 mod onboard_arch;
 mod onboard_build;
 mod onboard_test;
+mod runtime_variants;
 mod tidy;
 
 use std::env;
@@ -68,10 +73,10 @@ fn main() -> ExitCode {
     let result = match task {
         "ci" => ci(),
         "tidy" => tidy::run(&workspace_root()),
-        "test" => test(rest.iter().any(|a| a == "--deep")),
+        "test" => runtime_variants::test(rest),
         "loom" => loom(),
         "bench" => bench(rest),
-        "build" => return onboard::build(rest),
+        "build" => return runtime_variants::build(rest),
         "onboard-test" => return onboard::onboard_test(rest),
         "bindgen" => bindgen::run(rest.iter().any(|a| a == "--check")),
         "mpi-test" => mpi_test(),
@@ -94,10 +99,14 @@ const USAGE: &str = "usage: cargo xtask <task>
 tasks:
   ci               tidy, format check, clippy -D warnings, tests, docs, bench smoke run, examples, loom models
   tidy             self-contained references, module docs, file sizes, unsafe inventories
-  test [--deep]    workspace tests (--deep: many more property-test cases)
+  test [--deep] [--runtime hbg|trb|all]
+                   workspace tests (--deep: many more property-test cases); --runtime picks the
+                   chip runtimes the device suites run under (default hbg)
   loom             loom model checks of the concurrency protocols
   bench [ARGS]     criterion benchmarks (release); ARGS go to `cargo bench`
-  build --platform a2a3 [--runtime hbg|trb] [--standin]
+  build [--runtime hbg|trb|all]
+                   every workspace target and each runtime's host-built device programs
+  build --platform a2a3 [--runtime hbg|trb|all] [--standin]
                    onboard programs (needs CANN; lists what is missing, exit 2); --standin
                    builds them for the host and writes target/simpler-onboard/standin/<rt>/manifest.json
   onboard-test [--device 0|0-3|0,2] [--standin] [--skip-arch-check] [--case-timeout S] [--timeout S]
@@ -130,7 +139,7 @@ fn ci() -> Result<(), String> {
         }
         cargo(&args, &[])?;
     }
-    test(false)?;
+    runtime_variants::ci_tests()?;
     process_mode_tests()?;
     onboard_build::programs_on_simulator()?;
     println!("\n==> cargo xtask onboard-test --standin --device 0,1");
@@ -147,14 +156,19 @@ fn ci() -> Result<(), String> {
     for example in EXAMPLES {
         cargo(&["run", "--release", "--example", example], &[])?;
     }
+    runtime_variants::ci_trb_examples()?;
     loom()?;
     println!("xtask ci: all steps passed in {:.0?}", started.elapsed());
     Ok(())
 }
 
-fn test(deep: bool) -> Result<(), String> {
-    let env: &[(&str, &str)] = if deep { &[("PROPTEST_CASES", DEEP_PROPTEST_CASES)] } else { &[] };
-    cargo(&["test", "--workspace", "--all-features", "--no-fail-fast"], env)
+/// The workspace tests, with `env` set.
+fn test(deep: bool, env: &[(&str, &str)]) -> Result<(), String> {
+    let mut env = env.to_vec();
+    if deep {
+        env.push(("PROPTEST_CASES", DEEP_PROPTEST_CASES));
+    }
+    cargo(&["test", "--workspace", "--all-features", "--no-fail-fast"], &env)
 }
 
 /// The MPI tests alone; `test` (and so `ci`) runs them too, as part of the workspace tests.

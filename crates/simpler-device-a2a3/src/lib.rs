@@ -78,7 +78,8 @@
 //!   window and force-reset calls, and the host-mapping offset.
 //! - `src/callable.rs`: the contract of `SharedObjectKernel::new` (an `unsafe fn`).
 //! - `src/kernel.rs`: the kernel accessors over the argument slots.
-//! - `src/programs.rs`: the reference programs' kernels.
+//! - `src/programs.rs`, `src/programs/streaming.rs`, `src/programs/paged_attention.rs`: the
+//!   reference programs' kernels.
 //! - `src/runner/mod.rs`: the runner's host view of a run's image.
 //! - `src/runner/memory.rs` and `src/runner/staging.rs`: host-tensor staging.
 //! - `src/runner/types.rs`: the contract of `RunRequest::with_host_tensors` (an `unsafe fn`).
@@ -122,6 +123,7 @@ pub use kernel::{KernelCall, KernelFn};
 pub use options::SimOptions;
 pub use options::{
     LimitExceeded, Platform, PlatformLimits, RingDefaults, RunnerOptions, RuntimeVariant,
+    UnknownRuntime,
 };
 pub use runner::{
     AcceptanceSignal, ActiveRun, ChipSlot, DeviceHealth, DevicePtr, DeviceRunner, FinalizeReport,

@@ -89,6 +89,44 @@ pub enum RuntimeVariant {
     TensormapAndRingbuffer,
 }
 
+impl RuntimeVariant {
+    /// Both variants, host_build_graph first.
+    pub const ALL: [RuntimeVariant; 2] =
+        [RuntimeVariant::HostBuildGraph, RuntimeVariant::TensormapAndRingbuffer];
+
+    /// The short name command lines use: `hbg` or `trb`.
+    pub fn short_name(self) -> &'static str {
+        match self {
+            RuntimeVariant::HostBuildGraph => "hbg",
+            RuntimeVariant::TensormapAndRingbuffer => "trb",
+        }
+    }
+}
+
+/// A runtime name that is not `hbg`, `trb`, `host_build_graph` or `tensormap_and_ringbuffer`.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+#[error(
+    "unknown chip runtime `{given}`: expected hbg (host_build_graph) or trb (tensormap_and_ringbuffer)"
+)]
+pub struct UnknownRuntime {
+    /// The name given.
+    pub given: String,
+}
+
+impl std::str::FromStr for RuntimeVariant {
+    type Err = UnknownRuntime;
+
+    /// Parses a short (`hbg`, `trb`) or full (`host_build_graph`, `tensormap_and_ringbuffer`)
+    /// name.
+    fn from_str(s: &str) -> Result<RuntimeVariant, UnknownRuntime> {
+        match s {
+            "hbg" | "host_build_graph" => Ok(RuntimeVariant::HostBuildGraph),
+            "trb" | "tensormap_and_ringbuffer" => Ok(RuntimeVariant::TensormapAndRingbuffer),
+            other => Err(UnknownRuntime { given: other.to_owned() }),
+        }
+    }
+}
+
 /// Runner defaults of the ring sizing, used where `CallConfig::runtime_env` is unset.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct RingDefaults {
@@ -320,6 +358,17 @@ impl RunnerOptions {
 mod tests {
     use super::*;
     use crate::timeouts::ENV_SCHEDULER_TIMEOUT_MS;
+
+    #[test]
+    fn runtime_names_parse_short_and_long_and_round_trip() {
+        for v in RuntimeVariant::ALL {
+            assert_eq!(v.short_name().parse::<RuntimeVariant>(), Ok(v));
+        }
+        assert_eq!("tensormap_and_ringbuffer".parse(), Ok(RuntimeVariant::TensormapAndRingbuffer));
+        let e = "ring".parse::<RuntimeVariant>().unwrap_err();
+        assert_eq!(e.given, "ring");
+        assert!(e.to_string().contains("hbg"), "{e}");
+    }
 
     #[test]
     fn the_environment_is_read_only_when_asked() {

@@ -8,6 +8,10 @@
 //!   tasks (add, add-scalar, add-scalar, mul, add) with four intermediate tensors.
 //! - [`bgemm`]: batched tile GEMM, `C += Σ_k A[i][k]·B[k][j]` over 64×64 f32 tiles, as 64 AIC
 //!   products each followed by an AIV accumulation ordered on its output tile.
+//! - [`streaming`]: a graph of any size in chains of small AIV tasks, scoped so that it streams
+//!   through bounded task and heap rings.
+//! - [`paged_attention`]: attention over a block-paged key/value cache, with task counts the
+//!   block table decides.
 //!
 //! The kernels check what they are handed: a tensor that is not a contiguous f32 view, or a
 //! missing scalar, makes the kernel write nothing rather than read out of bounds. The
@@ -388,6 +392,9 @@ pub mod bgemm {
         out
     }
 }
+
+pub mod paged_attention;
+pub mod streaming;
 
 #[cfg(all(test, feature = "sim"))]
 mod tests {

@@ -130,7 +130,8 @@ fn noop_callable(orch: simpler_device_a2a3::NativeOrchFn, expected: u32) -> Chip
 
 #[test]
 fn hbg_capacity_and_orchestration_errors_fail_before_launch_and_leave_the_device_healthy() {
-    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let hbg = simpler_device_a2a3::RuntimeVariant::HostBuildGraph;
+    let mut r = DeviceRunner::attach(options_on(0, hbg)).unwrap();
     let (p, t) = upload_f32(&mut r, &[0.0; 256]);
     let many = r.register_callable(&noop_callable(many_tasks_orch, 0)).unwrap();
     let alloc = r.register_callable(&noop_callable(big_alloc_orch, 0)).unwrap();

@@ -46,11 +46,29 @@ pub fn vector_callable() -> ChipCallable {
     vector::callable().unwrap()
 }
 
+/// The variable naming the chip runtime the shared suites run under: `hbg` (the default) or
+/// `trb` (`cargo xtask test --runtime`).
+pub const ENV_TEST_RUNTIME: &str = "SIMPLER_TEST_RUNTIME";
+
+/// The chip runtime [`options`] and [`fast_options`] attach with, from [`ENV_TEST_RUNTIME`];
+/// a name that is not a runtime stops the test with the variable named.
+pub fn runtime_under_test() -> RuntimeVariant {
+    match std::env::var(ENV_TEST_RUNTIME) {
+        Ok(name) => name.parse().unwrap_or_else(|e| panic!("{ENV_TEST_RUNTIME}: {e}")),
+        Err(_) => RuntimeVariant::HostBuildGraph,
+    }
+}
+
 /// Options for tests that expect success: budgets generous enough that a loaded machine never
-/// trips a watchdog (the environment is never read unless asked).
+/// trips a watchdog (the environment is never read unless asked), on the runtime under test.
 pub fn options(device_id: u32) -> RunnerOptions {
+    options_on(device_id, runtime_under_test())
+}
+
+/// [`options`] on `runtime`, for tests that name their runtime.
+pub fn options_on(device_id: u32, runtime: RuntimeVariant) -> RunnerOptions {
     with_built_programs(
-        RunnerOptions::sim(device_id, RuntimeVariant::HostBuildGraph)
+        RunnerOptions::sim(device_id, runtime)
             .with_scheduler_timeout(Duration::from_millis(5_000))
             .with_op_execute_timeout(Duration::from_micros(10_000_000))
             .with_stream_sync_timeout(Duration::from_millis(30_000)),
@@ -77,9 +95,9 @@ pub fn with_built_programs(mut o: RunnerOptions) -> RunnerOptions {
     o
 }
 
-/// Options with short budgets so failure tests stay fast.
+/// Options with short budgets so failure tests stay fast, on the runtime under test.
 pub fn fast_options(device_id: u32) -> RunnerOptions {
-    let mut o = RunnerOptions::sim(device_id, RuntimeVariant::HostBuildGraph)
+    let mut o = RunnerOptions::sim(device_id, runtime_under_test())
         .with_scheduler_timeout(Duration::from_millis(300))
         .with_op_execute_timeout(Duration::from_micros(600_000))
         .with_stream_sync_timeout(Duration::from_millis(3_000))
