@@ -75,7 +75,7 @@ impl Error for CliError {
     }
 }
 
-/// The chip runtime the example was asked for refused the run as unsupported by this build.
+/// The chip runtime the example was asked for refused the run as unsupported.
 #[derive(Debug)]
 pub struct RuntimeRefused {
     /// The runtime asked for.
@@ -88,8 +88,7 @@ impl fmt::Display for RuntimeRefused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "--runtime {}: the chip refused the run as unsupported ({}); this build runs chip \
-             programs with --runtime hbg",
+            "--runtime {}: the chip refused the run as unsupported ({})",
             self.runtime.short_name(),
             self.feature
         )

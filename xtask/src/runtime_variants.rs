@@ -7,21 +7,8 @@
 //! unset), so the suites in [`DEVICE_SUITES`] run once per runtime; everything else (the rest
 //! of the workspace, the hbg-specific and trb-specific tests, which name their runtime) runs
 //! in the hbg step.
-//!
-//! [`TRB_RUNS`] is the one switch that says whether the simulator runs tensormap_and_ringbuffer
-//! yet; while it is `false`, `ci` and `test --runtime all` print why the trb step is skipped and
-//! `test --runtime trb` fails saying so.
 
 use std::process::ExitCode;
-
-/// Whether the simulated chip runs tensormap_and_ringbuffer. Flip to `true` once trb runs are
-/// no longer refused; the trb step of `ci` and `test` then runs [`DEVICE_SUITES`] under trb.
-pub const TRB_RUNS: bool = false;
-
-/// Why the trb step is skipped while [`TRB_RUNS`] is `false`.
-const TRB_SKIPPED: &str = "the simulator still refuses tensormap_and_ringbuffer runs \
-                           (Unsupported); set TRB_RUNS in xtask/src/runtime_variants.rs once it \
-                           runs them";
 
 /// The variable the device crate's test fixtures read: `hbg` or `trb`.
 pub const ENV_TEST_RUNTIME: &str = "SIMPLER_TEST_RUNTIME";
@@ -70,13 +57,10 @@ pub fn selection(args: &[String], default: &[Runtime]) -> Result<Vec<Runtime>, S
 pub fn test(args: &[String]) -> Result<(), String> {
     let deep = args.iter().any(|a| a == "--deep");
     let runtimes = selection(args, &[Runtime::Hbg])?;
-    if runtimes == [Runtime::Trb] && !TRB_RUNS {
-        return Err(format!("cannot test trb yet: {TRB_SKIPPED}"));
-    }
     run_tests(&runtimes, deep)
 }
 
-/// The test step of `ci`: the workspace tests, then the trb step (or why it is skipped).
+/// The test step of `ci`: the workspace tests, then the device suites under trb.
 pub fn ci_tests() -> Result<(), String> {
     run_tests(&[Runtime::Hbg, Runtime::Trb], false)
 }
@@ -85,9 +69,6 @@ fn run_tests(runtimes: &[Runtime], deep: bool) -> Result<(), String> {
     for &runtime in runtimes {
         match runtime {
             Runtime::Hbg => crate::test(deep, &[(ENV_TEST_RUNTIME, Runtime::Hbg.name())])?,
-            Runtime::Trb if !TRB_RUNS => {
-                println!("\n==> skipping the trb test step: {TRB_SKIPPED}")
-            }
             Runtime::Trb => device_suites(Runtime::Trb, deep)?,
         }
     }
@@ -110,12 +91,8 @@ fn device_suites(runtime: Runtime, deep: bool) -> Result<(), String> {
 /// The chip-program examples `ci` runs again under trb (release builds, as the hbg runs).
 const TRB_EXAMPLES: &[&str] = &["vector_example", "bgemm"];
 
-/// The examples step of `ci` for trb: [`TRB_EXAMPLES`] with `--runtime trb` (or why skipped).
+/// The examples step of `ci` for trb: [`TRB_EXAMPLES`] with `--runtime trb`.
 pub fn ci_trb_examples() -> Result<(), String> {
-    if !TRB_RUNS {
-        println!("\n==> skipping the trb examples: {TRB_SKIPPED}");
-        return Ok(());
-    }
     for example in TRB_EXAMPLES {
         crate::cargo(&["run", "--release", "--example", example, "--", "--runtime", "trb"], &[])?;
     }

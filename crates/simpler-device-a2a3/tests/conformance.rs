@@ -256,9 +256,11 @@ fn sim_threads_named(prefix: &str) -> usize {
 #[test]
 fn terminal_cleanup_runs_once_on_every_exit_path() {
     // A short scheduler budget for the latched timeout below, and a shutdown budget long enough
-    // that the delayed kernel always answers the exit signal.
+    // that the delayed kernel always answers the exit signal. host_build_graph: the runs export
+    // their dependency graph, a diagnostic only that runtime collects.
+    let hbg = simpler_device_a2a3::RuntimeVariant::HostBuildGraph;
     let mut r = DeviceRunner::attach(
-        fast_options(0).with_shutdown_budget(std::time::Duration::from_secs(10)),
+        fast_options_on(0, hbg).with_shutdown_budget(std::time::Duration::from_secs(10)),
     )
     .unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();
@@ -561,7 +563,9 @@ fn scoped_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchErr
 #[test]
 fn diagnostics_write_parseable_files_only_under_the_prefix() {
     let dir = temp_dir("diag");
-    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let mut r =
+        DeviceRunner::attach(options_on(0, simpler_device_a2a3::RuntimeVariant::HostBuildGraph))
+            .unwrap();
     let cfg = CallConfig::builder()
         .swimlane(SwimlaneLevel::AicpuTiming)
         .dep_gen(true)
@@ -716,7 +720,9 @@ fn diagnostics_write_parseable_files_only_under_the_prefix() {
 #[test]
 fn the_engine_task_that_started_a_run_is_recorded_in_its_report_trace_and_deps() {
     let dir = temp_dir("origin");
-    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let mut r =
+        DeviceRunner::attach(options_on(0, simpler_device_a2a3::RuntimeVariant::HostBuildGraph))
+            .unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();
     let v = VectorRun::new(&mut r, 256);
     let cfg = CallConfig::builder()

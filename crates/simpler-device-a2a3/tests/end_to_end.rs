@@ -67,7 +67,9 @@ fn vector_example_passes_for_every_block_dim_and_thread_count() {
 fn the_dependency_graph_is_also_written_as_graphviz_dot() {
     let dir = std::env::temp_dir().join(format!("simpler-deps-dot-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let mut r =
+        DeviceRunner::attach(options_on(0, simpler_device_a2a3::RuntimeVariant::HostBuildGraph))
+            .unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();
     let cfg = CallConfig::builder().dep_gen(true).output_prefix(&dir).build().unwrap();
     vector_run(&mut r, slot, 1, 256, &cfg);

@@ -160,7 +160,6 @@ fn paged_attention_refuses_a_block_outside_the_cache_and_the_next_run_succeeds()
 }
 
 #[test]
-#[ignore = "tensormap_and_ringbuffer runs are refused (Unsupported) until that runtime is bound to the simulator"]
 fn independent_streaming_tasks_stream_through_a_1024_slot_window_on_trb() {
     let mut r = DeviceRunner::attach(small_rings(0)).unwrap();
     let tasks = trb_tasks();
@@ -169,7 +168,6 @@ fn independent_streaming_tasks_stream_through_a_1024_slot_window_on_trb() {
 }
 
 #[test]
-#[ignore = "tensormap_and_ringbuffer runs are refused (Unsupported) until that runtime is bound to the simulator"]
 fn chained_streaming_tasks_stream_through_a_1024_slot_window_and_1_mib_heap_on_trb() {
     let mut r = DeviceRunner::attach(small_rings(0)).unwrap();
     let tasks = trb_tasks() + 37;
@@ -179,10 +177,9 @@ fn chained_streaming_tasks_stream_through_a_1024_slot_window_and_1_mib_heap_on_t
 }
 
 #[test]
-#[ignore = "tensormap_and_ringbuffer runs are refused (Unsupported) until that runtime is bound to the simulator"]
 fn paged_attention_on_trb_matches_the_reference_and_hbg_bit_for_bit() {
     // More requests than the small window holds tasks, so request scopes must be reclaimed.
-    let p = PagedAttention::example(96);
+    let p = PagedAttention::example(128);
     assert!(p.tasks() > 1024, "{} tasks", p.tasks());
     let mut trb = DeviceRunner::attach(small_rings(0)).unwrap();
     let on_trb = attend(&mut trb, 1, &p).unwrap();

@@ -438,3 +438,42 @@ fn mix_and_multi_block_tasks_give_the_same_bits_on_both_runtimes() {
         args[0].values.iter().zip(&args[1].values).map(|(a, b)| a + b + b).collect();
     assert_eq!(got, want);
 }
+
+#[test]
+fn diagnostics_asked_of_trb_are_refused_by_name_and_the_runner_still_runs() {
+    let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    let slot = r.register_callable(&vector::callable().unwrap()).unwrap();
+    let args = vector_args(1024);
+    let mut task_args = TaskArgs::new();
+    let mut ptrs = Vec::new();
+    for a in &args {
+        let (p, flat) = upload_f32(&mut r, &a.values);
+        let t =
+            Tensor::external(flat.addr, &a.shape, DataType::Float32).unwrap().child_memory(true);
+        task_args.add_tensor(t, a.tag).unwrap();
+        ptrs.push(p);
+    }
+    let dir = std::env::temp_dir().join(format!("simpler-trb-diag-{}", std::process::id()));
+    let with = |b: simpler_types::CallConfigBuilder| b.output_prefix(&dir).build().unwrap();
+    let asks = [
+        ("dep_gen", with(CallConfig::builder().dep_gen(true))),
+        ("scope_stats", with(CallConfig::builder().scope_stats(true))),
+        ("swimlane", with(CallConfig::builder().swimlane_level(1))),
+    ];
+    for (i, (name, cfg)) in asks.iter().enumerate() {
+        let req = RunRequest::new(RunId::from_raw(10 + i as u64).unwrap(), slot, &task_args, cfg);
+        match r.run(&req) {
+            Err(DeviceError::Unsupported { feature, .. }) => {
+                assert!(feature.starts_with(name), "{name}: {feature}")
+            }
+            other => panic!("{name} under trb: expected Unsupported, got {other:?}"),
+        }
+    }
+    for p in ptrs {
+        r.free(p).unwrap();
+    }
+    assert!(!dir.exists(), "a refused run wrote diagnostics");
+    let (bytes, _) = run_once(&mut r, slot, 20, &args, &CallConfig::default());
+    assert_eq!(f32s(&bytes), vector::reference(&args[0].values, &args[1].values));
+    r.finalize().unwrap();
+}

@@ -97,7 +97,13 @@ pub fn with_built_programs(mut o: RunnerOptions) -> RunnerOptions {
 
 /// Options with short budgets so failure tests stay fast, on the runtime under test.
 pub fn fast_options(device_id: u32) -> RunnerOptions {
-    let mut o = RunnerOptions::sim(device_id, runtime_under_test())
+    fast_options_on(device_id, runtime_under_test())
+}
+
+/// [`fast_options`] on `runtime`, for tests that name their runtime.
+#[allow(dead_code)]
+pub fn fast_options_on(device_id: u32, runtime: RuntimeVariant) -> RunnerOptions {
+    let mut o = RunnerOptions::sim(device_id, runtime)
         .with_scheduler_timeout(Duration::from_millis(300))
         .with_op_execute_timeout(Duration::from_micros(600_000))
         .with_stream_sync_timeout(Duration::from_millis(3_000))

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use simpler_types::{CallConfig, RunId};
+use simpler_types::{CallConfig, DumpArgsLevel, RunId, SwimlaneLevel};
 
 use super::image::{TrbImage, TrbReport, write_image};
 use super::sizing;
@@ -52,6 +52,24 @@ impl ChipRuntime for TensormapAndRingbuffer {
                 setting: "aicpu_thread_num".into(),
                 value: config.aicpu_thread_num().to_string(),
                 rule: "at least 2 under tensormap_and_ringbuffer (one orchestrates)".into(),
+            });
+        }
+        // The diagnostics collectors are host_build_graph's; asking trb for them must not
+        // quietly produce no files.
+        let diagnostic = [
+            ("dep_gen", config.dep_gen()),
+            ("scope_stats", config.scope_stats()),
+            ("swimlane", config.swimlane() != SwimlaneLevel::Off),
+            ("dump_args", config.dump_args() != DumpArgsLevel::Off),
+            ("pmu", config.pmu().is_some()),
+        ];
+        if let Some((name, _)) = diagnostic.iter().find(|(_, on)| *on) {
+            return Err(DeviceError::Unsupported {
+                run_id,
+                feature: format!(
+                    "{name} under tensormap_and_ringbuffer (diagnostics are collected by \
+                     host_build_graph only; run with RuntimeVariant::HostBuildGraph)"
+                ),
             });
         }
         Ok(())
