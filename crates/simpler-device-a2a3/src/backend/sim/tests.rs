@@ -1,0 +1,46 @@
+//! Unit tests of the simulated backend: the event seam and partial AICPU-thread start retries.
+use super::*;
+use crate::backend::EventState;
+
+/// An event another backend recorded.
+#[derive(Debug)]
+struct ForeignEvent;
+
+impl EventState for ForeignEvent {
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
+}
+
+#[test]
+fn events_go_through_the_backend_seam_and_a_foreign_event_is_refused() {
+    let mut dev = SimDevice::new(0, SimOptions::default());
+    let ev = dev.record_event(StreamKind::Aicpu);
+    let op = Duration::from_secs(5);
+    assert_eq!(dev.event_synchronize(&ev, Duration::from_secs(5), op), Ok(()));
+    assert_eq!(dev.event_status(&ev, op), EventStatus::Complete);
+    assert!(dev.wait_event(StreamKind::AiCore, &ev));
+    let foreign: EventHandle = Arc::new(ForeignEvent);
+    assert!(!dev.wait_event(StreamKind::AiCore, &foreign));
+    assert!(matches!(dev.event_status(&foreign, op), EventStatus::Failed(_)));
+    assert!(
+        dev.synchronize(StreamKind::AiCore, Duration::from_secs(5), Duration::from_secs(5)).is_ok()
+    );
+    assert!(dev.shutdown_within(Duration::from_secs(10)).is_empty());
+}
+
+#[test]
+fn a_retried_aicpu_start_after_a_partial_spawn_failure_starts_only_the_missing_threads() {
+    let mut dev = SimDevice::new(0, SimOptions::default());
+    dev.spawn_budget = Some(2);
+    let err = dev.start_aicpu_threads().unwrap_err();
+    assert!(err.contains("AICPU thread 2"), "{err}");
+    assert_eq!(Backend::thread_stats(&dev).spawned, 2);
+    dev.spawn_budget = None;
+    dev.start_aicpu_threads().unwrap();
+    let names: Vec<&str> = dev.threads.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["sim0-aicpu0", "sim0-aicpu1", "sim0-aicpu2", "sim0-aicpu3"]);
+    dev.start_aicpu_threads().unwrap();
+    assert_eq!(Backend::thread_stats(&dev).spawned, MAX_AICPU_THREADS);
+    assert!(dev.shutdown_within(Duration::from_secs(10)).is_empty());
+}

@@ -1,0 +1,169 @@
+//! Start step 2: every chip of a builder attached in parallel on start-up threads, its
+//! callables prepared and prewarmed within the deadline; all or nothing.
+
+use super::*;
+
+/// Attaches every chip in parallel, prepares `callables` on each and prewarms; all or nothing.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attach_chips(
+    platform: Platform,
+    runtime: RuntimeVariant,
+    devices: &[u32],
+    callables: &[ChipCallable],
+    prewarm: Option<&CallConfig>,
+    options: Option<&Arc<ChipOptionsFn>>,
+    faults: &Faults,
+    process: Option<&Arc<ProcessOptions>>,
+    deadline: Option<Instant>,
+    budget: Duration,
+    path: &str,
+) -> Result<Vec<ChipState>, StartError> {
+    let (tx, rx) =
+        mpsc::channel::<(usize, Result<ChipState, (Option<simpler_types::DeviceCode>, String)>)>();
+    let mut pending: Vec<Option<String>> = Vec::new();
+    // An attach thread that has reported is joined at once (it only has to return), so that
+    // `start` leaves no thread of its own behind; one still attaching at the deadline is
+    // detached.
+    let mut attachers: Vec<Option<std::thread::JoinHandle<()>>> = Vec::new();
+    for (i, &device) in devices.iter().enumerate() {
+        let tx = tx.clone();
+        let callables = callables.to_vec();
+        let prewarm = prewarm.cloned();
+        let options = options.cloned();
+        let faults = faults.clone();
+        let process = process.cloned();
+        let chip_path = format!("{path} / chip {i} (device {device})");
+        let spawned =
+            std::thread::Builder::new().name(format!("simpler-attach-{device}")).spawn(move || {
+                // A panic (in the user's `chip_options` closure, or below) is caught here and
+                // reported as this chip's failure; uncaught, it would look like a timeout.
+                let r = catch_unwind(AssertUnwindSafe(|| {
+                    let chip = WorkerId(i as u32);
+                    if faults.hit(chip, Fault::Attach) {
+                        return Err(DeviceError::Busy {
+                            call: "attach",
+                            state: "an injected fault is armed".to_owned(),
+                        });
+                    }
+                    if let Some(opts) = process {
+                        let init = ChipInit { platform, runtime, device, prewarm };
+                        return crate::process::start_chip(
+                            chip, init, opts, deadline, &callables, faults,
+                        );
+                    }
+                    let opts = RunnerOptions::new(platform, device, runtime);
+                    let opts = match &options {
+                        Some(f) => f(opts),
+                        None => opts,
+                    };
+                    let mut runner = DeviceRunner::attach(opts)?;
+                    if let Some(cfg) = &prewarm {
+                        runner.prewarm(cfg)?;
+                    }
+                    let mut state = ChipState::new(chip, runner, faults);
+                    for c in &callables {
+                        state.register(c)?;
+                    }
+                    Ok::<_, DeviceError>(state)
+                }));
+                let r = match r {
+                    Ok(r) => r.map_err(|e| (e.device_code(), e.to_string())),
+                    Err(p) => {
+                        Err((None, format!("the attach panicked: {}", panic_text(p.as_ref()))))
+                    }
+                };
+                let _ = tx.send((i, r));
+            });
+        match spawned {
+            Ok(t) => attachers.push(Some(t)),
+            Err(e) => {
+                return Err(start_err(
+                    StartCause::Config(format!("cannot spawn an attach thread: {e}")),
+                    &chip_path,
+                ));
+            }
+        }
+        pending.push(Some(chip_path));
+    }
+    drop(tx);
+    let mut states: Vec<Option<ChipState>> = (0..devices.len()).map(|_| None).collect();
+    let mut failure: Option<StartError> = None;
+    while pending.iter().any(Option::is_some) {
+        let received = match deadline {
+            Some(d) => rx.recv_timeout(d.saturating_duration_since(Instant::now())),
+            None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+        };
+        if let Ok((i, _)) = &received
+            && let Some(t) = attachers.get_mut(*i).and_then(Option::take)
+        {
+            // The send is the thread's last act, so this join only waits for it to return.
+            let _ = t.join();
+        }
+        match received {
+            Ok((i, Ok(state))) => {
+                pending[i] = None;
+                states[i] = Some(state);
+            }
+            Ok((i, Err((code, message)))) => {
+                let p = pending[i].take().unwrap_or_default();
+                if failure.is_none() {
+                    failure = Some(start_err(
+                        StartCause::Device { chip: WorkerId(i as u32), code, message },
+                        &p,
+                    ));
+                }
+            }
+            Err(_) => {
+                let names: Vec<String> = pending.iter().flatten().cloned().collect();
+                let mut e = start_err(
+                    StartCause::DeadlineExceeded { pending: names.clone(), budget },
+                    names.first().map_or(path, String::as_str),
+                );
+                // Every chip pending at the deadline is named in the rollback.
+                let mut name = |what: String, message: &str| {
+                    e.rollback.push(TeardownError { what, message: message.into() });
+                };
+                if process.is_some() {
+                    // A chip process still starting is killed at this same deadline by its
+                    // start-up thread; waiting for that thread here means `start` returns with
+                    // every child reaped. One whose start-up finished after all is finalized
+                    // below with the others.
+                    for t in attachers.iter_mut().filter_map(Option::take) {
+                        let _ = t.join();
+                    }
+                    for (i, r) in rx.try_iter() {
+                        if let Ok(state) = r {
+                            states[i] = Some(state);
+                            if let Some(n) = pending[i].take() {
+                                name(n, "chip process started after the deadline; finalized");
+                            }
+                        }
+                    }
+                    for n in pending.iter().flatten() {
+                        name(n.clone(), "chip process killed and reaped while still starting");
+                    }
+                } else {
+                    for n in names {
+                        name(n, "attach thread detached while still starting");
+                    }
+                }
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    match failure {
+        None => Ok(states.into_iter().flatten().collect()),
+        Some(mut e) => {
+            for mut s in states.into_iter().flatten() {
+                for r in s.finalize() {
+                    e.rollback.push(TeardownError {
+                        what: format!("{path} / chip {}", s.chip),
+                        message: rollback_message(r),
+                    });
+                }
+            }
+            Err(e)
+        }
+    }
+}
