@@ -20,21 +20,7 @@ use simpler_types::{CallConfig, DataType, RunId, TaskArgs, Tensor, TensorArgType
 const RUNS: usize = 5;
 
 fn main() -> ExitCode {
-    let cli = match Cli::from_env() {
-        Ok(cli) => cli,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match run(&cli) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("error: {}", common::explain(cli.runtime, e));
-            ExitCode::FAILURE
-        }
-    }
+    common::main_with(run)
 }
 
 fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {

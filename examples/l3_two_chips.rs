@@ -32,21 +32,7 @@ struct ChipBuffers {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::from_env() {
-        Ok(cli) => cli,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match run(&cli) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("error: {}", common::explain(cli.runtime, e));
-            ExitCode::FAILURE
-        }
-    }
+    common::main_with(run)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {

@@ -5,6 +5,7 @@
 
 use std::error::Error;
 use std::fmt;
+use std::process::ExitCode;
 
 use simpler_device_a2a3::{DeviceError, RuntimeVariant, UnknownRuntime};
 use simpler_worker::{RunError, WorkerError};
@@ -119,5 +120,25 @@ pub fn explain(runtime: RuntimeVariant, e: Box<dyn Error>) -> Box<dyn Error> {
     match refusal(runtime, e.as_ref()) {
         Some(refused) => Box::new(refused),
         None => e,
+    }
+}
+
+/// An example's `main`: parses the command line, calls `run`, and turns its answer into the exit
+/// code (a failed check or an error is a failure; a refused runtime is explained as such).
+pub fn main_with(run: fn(&Cli) -> Result<bool, Box<dyn Error>>) -> ExitCode {
+    let cli = match Cli::from_env() {
+        Ok(cli) => cli,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(&cli) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {}", explain(cli.runtime, e));
+            ExitCode::FAILURE
+        }
     }
 }
