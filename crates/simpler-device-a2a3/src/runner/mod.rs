@@ -4,7 +4,8 @@
 //! with its numbered steps (P1–P18, L1–L3, R1–R3, C1–C3) and the terminal cleanup, which the
 //! comments below refer to, and `docs/pipelining.md` the resource slots and run handles. What
 //! differs between chip runtimes happens behind [`ChipRuntime`]; what differs between devices
-//! behind [`Backend`]; memory and arenas live in `memory`, callables in `callables`.
+//! behind [`Backend`]; memory and arenas live in `memory`, callables in `callables`, reaping
+//! (R1–R3) in `reap`.
 //!
 //! Run-state protocol. Every run lives in one of K resource slots (`RunnerOptions::
 //! pipeline_slots`, 1..=4) and is named by a lease on it ([`PreparedRun`], [`ActiveRun`]):
@@ -55,6 +56,7 @@ mod checks;
 mod health;
 mod lease;
 mod memory;
+mod reap;
 mod run_ids;
 mod staging;
 #[cfg(all(test, feature = "sim"))]
@@ -89,13 +91,11 @@ use crate::abi::ABI_VERSION;
 use crate::abi::codes::AclCode;
 use crate::abi::launch::KernelArgs;
 use crate::aicpu::view::HostImageView;
-use crate::backend::{
-    AllocFailure, Backend, EventHandle, EventStatus, LaunchHandle, StreamStatus, SyncError,
-};
+use crate::backend::{AllocFailure, Backend, EventHandle, LaunchHandle};
 use crate::diag::{DiagPlan, Exporter, Outcome};
 use crate::error::{
-    CoreFault, DeviceError, InitStep, KernelKind, MemPurpose, PoisonCause, PoisonStep,
-    RuntimeFault, StreamKind,
+    DeviceError, InitStep, KernelKind, MemPurpose, PoisonCause, PoisonStep, RuntimeFault,
+    StreamKind,
 };
 use crate::options::RunnerOptions;
 use crate::runtime::{BindInputs, BoundRun, ChipRuntime};
@@ -684,303 +684,6 @@ impl Core {
         self.stats.recoveries += 1;
         let drained = self.backend.drain(self.timeouts.stream_sync, self.timeouts.op_execute);
         tracing::error!(device = self.opts.device_id, %run_id, %step, %code, drained, "device unusable after a failed run");
-    }
-
-    /// Whether `reap_run` on `active` would return without waiting. Never blocks.
-    fn poll_run(&mut self, active: &ActiveRun) -> Result<bool, DeviceError> {
-        let s = self.check_lease("poll_run", &active.lease)?;
-        match self.slots[s].run.as_ref().map(|r| r.stage) {
-            Some(Stage::Launched)
-                if self.slots[s].run.as_ref().is_some_and(|r| r.events.is_some()) =>
-            {
-                let Some(run) = self.slots[s].run.as_ref() else { return Ok(false) };
-                Ok(self.abandoned_cause(run).is_some() || self.queued_end(run).is_some())
-            }
-            Some(Stage::Launched) => {
-                let op = self.timeouts.op_execute;
-                Ok([StreamKind::Aicpu, StreamKind::AiCore]
-                    .into_iter()
-                    .any(|k| matches!(self.backend.query(k, op), StreamStatus::Failed(_)))
-                    || [StreamKind::Aicpu, StreamKind::AiCore]
-                        .into_iter()
-                        .all(|k| self.backend.query(k, op) == StreamStatus::Idle))
-            }
-            Some(Stage::Reaped) => Ok(true),
-            Some(Stage::Prepared) | None => Err(busy("poll_run", "the run is not launched")),
-        }
-    }
-
-    /// Reaps `active` (R1–R3). With `within` shorter than the stream-sync budget, a run still
-    /// executing at the deadline returns `Ok(false)` and stays launched; otherwise a run that
-    /// does not finish within the budget is a stream-sync timeout.
-    fn reap_run(
-        &mut self,
-        active: &ActiveRun,
-        within: Option<Duration>,
-    ) -> Result<bool, DeviceError> {
-        self.reclaim_dropped();
-        let s = self.check_lease("reap_run", &active.lease)?;
-        if self.slots[s].run.as_ref().is_some_and(|r| r.stage == Stage::Reaped) {
-            return Ok(true);
-        }
-        let (s, mut run) = self.take_run("reap_run", &active.lease, Stage::Launched)?;
-        let reaped =
-            self.guarded(&mut run, Outcome::FailedAfterLaunch, |c, run| c.reap_steps(run, within));
-        match reaped {
-            Ok(true) => {
-                run.stage = Stage::Reaped;
-                self.slots[s].run = Some(run);
-                Ok(true)
-            }
-            Ok(false) => {
-                self.slots[s].run = Some(run);
-                Ok(false)
-            }
-            Err(e) => {
-                self.free_slot(s);
-                Err(e)
-            }
-        }
-    }
-
-    /// R1–R3 on a run taken out of its slot; a failure has run the terminal cleanup.
-    /// `Ok(false)`: the caller's shorter deadline passed first (nothing changed).
-    fn reap_steps(
-        &mut self,
-        run: &mut RunState,
-        within: Option<Duration>,
-    ) -> Result<bool, DeviceError> {
-        let (budget, op) = (self.timeouts.stream_sync, self.timeouts.op_execute);
-        let (sync, caller_deadline) = match within {
-            Some(d) if d < budget => (d, true),
-            _ => (budget, false),
-        };
-        if run.events.is_some() {
-            return self.reap_queued(run, sync, caller_deadline);
-        }
-        // R1: AICPU stream, then AICore stream.
-        let mut failure = None;
-        for (stream, step) in [
-            (StreamKind::Aicpu, PoisonStep::SyncAicpu),
-            (StreamKind::AiCore, PoisonStep::SyncAiCore),
-        ] {
-            match self.backend.synchronize(stream, sync, op) {
-                Ok(()) => {}
-                Err(SyncError::Timeout) if caller_deadline => return Ok(false),
-                Err(e) => {
-                    failure = Some((stream, step, e));
-                    break;
-                }
-            }
-        }
-        if let Some((stream, step, e)) = failure {
-            return Err(self.sync_failure(run, stream, step, e));
-        }
-        // R3: timing (soft), then the collectors in the outcome the latched status implies.
-        self.read_results(run);
-        let outcome =
-            if run.latched.is_some() { Outcome::FailedAfterLaunch } else { Outcome::Success };
-        self.stop_and_export(run, outcome);
-        Ok(true)
-    }
-
-    /// R1–R3 of a queued run: wait for the run's own end events (AICPU, then AICore), not
-    /// for the streams. A run behind a run whose failure made the device unusable ends as
-    /// `Abandoned` at once, without waiting for events that will never complete.
-    fn reap_queued(
-        &mut self,
-        run: &mut RunState,
-        sync: Duration,
-        caller_deadline: bool,
-    ) -> Result<bool, DeviceError> {
-        let op = self.timeouts.op_execute;
-        let ended = self.queued_end(run);
-        if !matches!(ended, Some(Ok(())))
-            && let Some(cause) = self.abandoned_cause(run)
-        {
-            return Err(self.abandon_behind(run, cause));
-        }
-        let Some(events) = run.events.as_ref() else { return Ok(false) };
-        let mut failure = None;
-        for (stream, step) in [
-            (StreamKind::Aicpu, PoisonStep::SyncAicpu),
-            (StreamKind::AiCore, PoisonStep::SyncAiCore),
-        ] {
-            match self.backend.event_synchronize(&events.end[stream_slot(stream)], sync, op) {
-                Ok(()) => {}
-                Err(SyncError::Timeout) if caller_deadline => return Ok(false),
-                Err(e) => {
-                    failure = Some((stream, step, e));
-                    break;
-                }
-            }
-        }
-        if let Some((stream, step, e)) = failure {
-            if let SyncError::Fault(f) = &e
-                && let Some(culprit) = self.failed_before(run)
-            {
-                let cause = PoisonCause { run_id: culprit, step, code: f.code };
-                self.recover_or_mark_unusable(culprit, step, f.code);
-                return Err(self.abandon_behind(run, cause));
-            }
-            return Err(self.sync_failure(run, stream, step, e));
-        }
-        self.read_results(run);
-        let outcome =
-            if run.latched.is_some() { Outcome::FailedAfterLaunch } else { Outcome::Success };
-        self.stop_and_export(run, outcome);
-        Ok(true)
-    }
-
-    /// How a queued run's end events stand without blocking: `None` while one is pending,
-    /// `Some(Ok)` when both completed, `Some(Err)` when one failed.
-    fn queued_end(&self, run: &RunState) -> Option<Result<(), ()>> {
-        let events = run.events.as_ref()?;
-        let op = self.timeouts.op_execute;
-        let mut all = Some(Ok(()));
-        for ev in &events.end {
-            match self.backend.event_status(ev, op) {
-                EventStatus::Complete => {}
-                EventStatus::Pending => all = None,
-                EventStatus::Failed(_) => return Some(Err(())),
-            }
-        }
-        all
-    }
-
-    /// The cause that made the device unusable, when another run's failure did.
-    fn abandoned_cause(&self, run: &RunState) -> Option<PoisonCause> {
-        match self.health.get() {
-            DeviceHealth::Unusable { cause } if cause.run_id != run.run_id => Some(cause),
-            _ => None,
-        }
-    }
-
-    /// The earlier run whose failure a queued run's failed `begin` event stands behind: the
-    /// latest run launched before it whose own `begin` events completed (so its own work
-    /// failed), or else the run that made the device unusable. `None`: the run's `begin`
-    /// events completed, the failure is its own.
-    fn failed_before(&self, run: &RunState) -> Option<RunId> {
-        let op = self.timeouts.op_execute;
-        let begun = |r: &RunState| {
-            r.events.as_ref().is_some_and(|e| {
-                e.begin
-                    .iter()
-                    .all(|b| !matches!(self.backend.event_status(b, op), EventStatus::Failed(_)))
-            })
-        };
-        if begun(run) {
-            return None;
-        }
-        let mut earlier: Vec<&RunState> = self
-            .runs()
-            .filter(|r| r.stage == Stage::Launched && r.launch_seq < run.launch_seq)
-            .collect();
-        earlier.sort_by_key(|r| std::cmp::Reverse(r.launch_seq));
-        earlier.into_iter().find(|r| begun(r)).map(|r| r.run_id).or_else(|| {
-            match self.health.get() {
-                DeviceHealth::Unusable { cause } => Some(cause.run_id),
-                DeviceHealth::Healthy => None,
-            }
-        })
-    }
-
-    /// Ends a queued run that stood behind another run's failure: terminal cleanup, and
-    /// `Abandoned` naming that run (never its error).
-    fn abandon_behind(&mut self, run: &mut RunState, cause: PoisonCause) -> DeviceError {
-        self.finish(run, Outcome::FailedAfterLaunch);
-        DeviceError::Abandoned {
-            run_id: run.run_id,
-            after: cause.run_id,
-            device_id: self.opts.device_id,
-            cause,
-        }
-    }
-
-    /// R2: recover, collect what the device reported (earliest fault first) and the latched
-    /// status when the device went idle, run the terminal cleanup, and type the error.
-    fn sync_failure(
-        &mut self,
-        run: &mut RunState,
-        stream: StreamKind,
-        step: PoisonStep,
-        e: SyncError,
-    ) -> DeviceError {
-        let (sync, op) = (self.timeouts.stream_sync, self.timeouts.op_execute);
-        let code = match &e {
-            SyncError::Timeout => AclCode::STREAM_SYNC_TIMEOUT,
-            SyncError::Fault(f) => f.code,
-        };
-        self.recover_or_mark_unusable(run.run_id, step, code);
-        let other =
-            if stream == StreamKind::Aicpu { StreamKind::AiCore } else { StreamKind::Aicpu };
-        let other_status = self.backend.query(other, op);
-        let idle = self.backend.drain(Duration::ZERO, op);
-        let runtime = if idle { self.latched_status(run) } else { None };
-        let mut faults = self.backend.take_faults();
-        if let StreamStatus::Failed(f) = other_status
-            && !faults.iter().any(|x| x.stream == other && x.code == f.code)
-        {
-            faults.push(CoreFault {
-                code: f.code,
-                stream: other,
-                core: None,
-                func_id: None,
-                task: None,
-                message: f.message,
-                at_ticks: u64::MAX,
-            });
-        }
-        faults.sort_by_key(|f| f.at_ticks);
-        self.finish(run, Outcome::FailedAfterLaunch);
-        let runtime = runtime.map(Box::new);
-        let run_id = run.run_id;
-        match e {
-            SyncError::Timeout => DeviceError::Timeout {
-                run_id,
-                budget: simpler_types::TimeoutBudget::StreamSync,
-                limit: sync,
-                runtime,
-                faults,
-            },
-            SyncError::Fault(f) if f.code == AclCode::AICORE_TIMEOUT => DeviceError::Timeout {
-                run_id,
-                budget: simpler_types::TimeoutBudget::OpExecute,
-                limit: op,
-                runtime,
-                faults,
-            },
-            SyncError::Fault(f) => {
-                let (code, stream) =
-                    faults.first().map_or((f.code, stream), |x| (x.code, x.stream));
-                DeviceError::DeviceFault { run_id, code, stream, faults, runtime }
-            }
-        }
-    }
-
-    /// The runtime's latched status (device idle).
-    fn latched_status(&self, run: &RunState) -> Option<RuntimeFault> {
-        let view = image_view(&*self.backend, run)?;
-        run.bound.as_ref()?.latched_status(&view)
-    }
-
-    /// R3's reads after both streams completed: latched status and device timing (soft).
-    fn read_results(&self, run: &mut RunState) {
-        let (Some(view), Some(bound)) = (image_view(&*self.backend, run), run.bound.as_ref())
-        else {
-            run.report.warnings.push("device timing could not be read".into());
-            return;
-        };
-        run.latched = bound.latched_status(&view);
-        bound.read_back(&view, &mut run.report);
-        let launch = run.aicore.as_ref().map_or(0, |l| l.started_ticks());
-        match bound.timing(&view, launch) {
-            Some((wall, phases)) => {
-                run.report.device_wall = Some(wall);
-                run.report.phases = Some(phases);
-            }
-            None => run.report.warnings.push("device timing records are incomplete".into()),
-        }
     }
 
     fn complete_run(&mut self, active: ActiveRun) -> Result<RunReport, DeviceError> {
