@@ -55,6 +55,10 @@ impl std::error::Error for BuildFailure {
         match self {
             BuildFailure::Callback(e) => Some(e.as_ref()),
             BuildFailure::Panicked(_) => None,
+            // The message already gives a capacity error's facts with the worker's advice; as a
+            // source it would repeat them with the ring crate's advice, which names settings a
+            // worker's user does not have. The typed value stays this variant's field.
+            BuildFailure::Engine(SchedError::Capacity { .. }) => None,
             BuildFailure::Engine(e) => Some(e),
             BuildFailure::Device(e) => Some(e),
         }

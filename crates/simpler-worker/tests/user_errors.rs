@@ -45,7 +45,13 @@ fn assert_capacity_text(err: &WorkerError, tail: &str) {
     };
     let text = err.to_string();
     assert!(text.ends_with(tail), "{text}");
-    assert!(!text.contains("heap_bytes_per_ring") && !text.contains("max_live_slots"), "{text}");
+    // What a chain printer shows (`{:?}` of anyhow or eyre walks `source()`) names no ring field.
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = next {
+        let text = e.to_string();
+        assert!(!text.contains("heap_bytes_per_ring") && !text.contains("max_live_slots"), "{text}");
+        next = e.source();
+    }
 }
 
 #[test]
