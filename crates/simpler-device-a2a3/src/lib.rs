@@ -55,9 +55,11 @@
 //! Unsafe inventory — every file that contains `unsafe`, and why:
 //! - `src/aicpu/view.rs`: the typed views over a runtime image in device memory.
 //! - `src/aicpu/scheduler.rs`: payload writes and AICPU dispatch records through raw pointers.
-//! - `src/aicpu/trb.rs`: the trb orchestration thread's ops table, its call of the
-//!   orchestration entry the image names, the orchestration's arguments and tensor copies, and
-//!   the per-slot dispatch records and payloads through raw pointers.
+//! - `src/aicpu/trb/orchestration.rs`: the trb orchestration thread's ops table, its call of
+//!   the orchestration entry the image names, the orchestration's arguments and tensor copies,
+//!   and the per-slot task records it writes through raw pointers.
+//! - `src/aicpu/trb/schedule.rs`: the trb scheduler threads' attach to the arena, and the
+//!   per-slot task records and dispatch payloads through raw pointers.
 //! - `src/runtime/trb/storage.rs`: the trb arena's typed sections over device memory.
 //! - `src/backend/sim/mod.rs`: reading a launch's `KernelArgs` and building image views over
 //!   simulated device memory.
