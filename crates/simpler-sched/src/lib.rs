@@ -103,8 +103,8 @@ pub use simpler_ring::{
     HeapBacking, HeapRegion, HeapRingStats, RingConfig, RingError, RingStats, WindowStats,
 };
 pub use simpler_types::{
-    CallConfig, CallableId, CallableKind, CallableNamespace, CancelReason, DataType,
-    EndpointOutcome, FailureMechanism, FailureSource, RunFailure, RunId, RunState, RunStatus,
-    SlotId, TaskArgs, TaskArgsView, TaskFailure, TaskId, TaskState, Tensor, TensorArgType,
-    WorkerId, WorkerRef, WorkerType,
+    CallConfig, CallableId, CallableKind, CallableNamespace, CancelReason, DataType, DeviceCode,
+    EndpointOutcome, FailureMechanism, FailureSource, GroupMemberState, RunFailure, RunId,
+    RunState, RunStatus, SlotId, TaskArgs, TaskArgsView, TaskFailure, TaskId, TaskState, Tensor,
+    TensorArgType, TypesError, WorkerId, WorkerRef, WorkerType,
 };

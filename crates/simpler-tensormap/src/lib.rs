@@ -73,4 +73,4 @@ pub use span::ByteSpan;
 
 // What the API takes, so that one dependency line suffices.
 #[cfg(feature = "std")]
-pub use simpler_types::{DataType, RunId, SlotId, Tensor, TensorArgType, WorkerId};
+pub use simpler_types::{DataType, RunId, SlotId, Tensor, TensorArgType, TypesError, WorkerId};

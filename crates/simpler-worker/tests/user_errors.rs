@@ -49,7 +49,10 @@ fn assert_capacity_text(err: &WorkerError, tail: &str) {
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = next {
         let text = e.to_string();
-        assert!(!text.contains("heap_bytes_per_ring") && !text.contains("max_live_slots"), "{text}");
+        assert!(
+            !text.contains("heap_bytes_per_ring") && !text.contains("max_live_slots"),
+            "{text}"
+        );
         next = e.source();
     }
 }

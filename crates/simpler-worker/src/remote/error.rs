@@ -127,7 +127,7 @@ pub enum RemoteError {
     },
     /// A tensor of a task could not be packed for its rank at execution (the submit check
     /// refuses these; this catches a buffer that went away in between). Fails only the task.
-    #[error("task {task} for rank {rank}: argument {arg} is {what}, which cannot cross hosts")]
+    #[error("{task} for rank {rank}: argument {arg} is {what}, which cannot cross hosts")]
     Unshippable {
         /// The rank.
         rank: i32,
