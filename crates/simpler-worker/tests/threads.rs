@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::{add_callable, host, register_hold, thread_count};
+use common::{add_callable, host, register_hold, thread_count, thread_count_settled};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::TaskArgs;
 use simpler_worker::{Orchestration, Worker};
@@ -37,7 +37,7 @@ fn no_thread_is_started_by_submit_and_none_outlives_a_worker() {
 
     // A zero startup timeout starts nothing.
     assert!(host().chips(&[0]).startup_timeout(std::time::Duration::ZERO).start().is_err());
-    assert_eq!(thread_count(), baseline);
+    assert_eq!(thread_count_settled(baseline), baseline);
 
     // Start-then-close with no run; the first submit starts no thread.
     let count = Arc::new(AtomicUsize::new(0));
@@ -57,18 +57,18 @@ fn no_thread_is_started_by_submit_and_none_outlives_a_worker() {
     .expect("run");
     assert_eq!(thread_count(), started);
     w.close().expect("close");
-    assert_eq!(thread_count(), baseline, "close joins every thread");
+    assert_eq!(thread_count_settled(baseline), baseline, "close joins every thread");
 
     // Dropping a started worker without close joins every thread and finalizes every chip.
     let w = host().chips(&[0, 1]).sub_workers(1).start().expect("start");
     drop(w);
-    assert_eq!(thread_count(), baseline, "drop joins every thread");
+    assert_eq!(thread_count_settled(baseline), baseline, "drop joins every thread");
 
     // Dropping an L2 worker and an L4 tree.
     drop(Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph).start().expect("l2"));
-    assert_eq!(thread_count(), baseline);
+    assert_eq!(thread_count_settled(baseline), baseline);
     drop(l4_tree());
-    assert_eq!(thread_count(), baseline, "an L4 tree leaves no thread");
+    assert_eq!(thread_count_settled(baseline), baseline, "an L4 tree leaves no thread");
 
     // Drop without close while a run is in flight: drop drains it.
     let mut b = host().sub_workers(1);
@@ -86,5 +86,5 @@ fn no_thread_is_started_by_submit_and_none_outlives_a_worker() {
     assert!(handle.is_done());
     assert!(matches!(handle.result(), Some(Ok(()))));
     drop(handle);
-    assert_eq!(thread_count(), baseline);
+    assert_eq!(thread_count_settled(baseline), baseline);
 }

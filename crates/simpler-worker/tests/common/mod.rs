@@ -53,6 +53,21 @@ pub fn thread_count() -> usize {
     std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
 }
 
+/// The thread count once it reaches `want`, or after 5 s the count then: a joined thread can
+/// still be listed in `/proc/self/task` for a moment, until the kernel has reaped it, so a count
+/// taken right after a join may be one high on a loaded machine. A leaked thread stays counted.
+#[allow(dead_code)]
+pub fn thread_count_settled(want: usize) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let n = thread_count();
+        if n == want || std::time::Instant::now() >= deadline {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Names of this process's threads starting with `prefix`.
 pub fn threads_named(prefix: &str) -> Vec<String> {
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
