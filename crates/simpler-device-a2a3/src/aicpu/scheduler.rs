@@ -106,6 +106,37 @@ impl Owned {
     pub(super) fn all(&self) -> &[CoreState] {
         &self.cores[..self.len]
     }
+
+    /// A core of `ty` that can take a token: idle ones first, then pending slots.
+    pub(super) fn free_core(&self, ty: CoreType) -> Option<usize> {
+        let ws = self.all();
+        ws.iter()
+            .position(|w| w.core_type == ty && w.is_idle())
+            .or_else(|| ws.iter().position(|w| w.core_type == ty && w.can_accept()))
+    }
+
+    /// An owned cluster whose three cores are idle: indices into `owned` of AIC, AIV0, AIV1.
+    pub(super) fn idle_cluster(&self) -> Option<[usize; 3]> {
+        let ws = self.all();
+        for (i, aic) in ws.iter().enumerate() {
+            if aic.core_type != CoreType::Aic || !aic.is_idle() {
+                continue;
+            }
+            let v0 = ws.iter().position(|w| {
+                w.core_type == CoreType::Aiv && w.cluster == aic.cluster && w.sub_block == 0
+            });
+            let v1 = ws.iter().position(|w| {
+                w.core_type == CoreType::Aiv && w.cluster == aic.cluster && w.sub_block == 1
+            });
+            if let (Some(v0), Some(v1)) = (v0, v1)
+                && ws[v0].is_idle()
+                && ws[v1].is_idle()
+            {
+                return Some([i, v0, v1]);
+            }
+        }
+        None
+    }
 }
 
 /// Number of member kernels of a task (1 for a dummy task, so it completes once).
@@ -371,37 +402,6 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         }
     }
 
-    /// A core of `ty` that can take a token: idle ones first, then pending slots.
-    fn free_core(&self, ty: CoreType) -> Option<usize> {
-        let ws = self.owned.all();
-        ws.iter()
-            .position(|w| w.core_type == ty && w.is_idle())
-            .or_else(|| ws.iter().position(|w| w.core_type == ty && w.can_accept()))
-    }
-
-    /// An owned cluster whose three cores are idle: indices into `owned` of AIC, AIV0, AIV1.
-    fn idle_cluster(&self) -> Option<[usize; 3]> {
-        let ws = self.owned.all();
-        for (i, aic) in ws.iter().enumerate() {
-            if aic.core_type != CoreType::Aic || !aic.is_idle() {
-                continue;
-            }
-            let v0 = ws.iter().position(|w| {
-                w.core_type == CoreType::Aiv && w.cluster == aic.cluster && w.sub_block == 0
-            });
-            let v1 = ws.iter().position(|w| {
-                w.core_type == CoreType::Aiv && w.cluster == aic.cluster && w.sub_block == 1
-            });
-            if let (Some(v0), Some(v1)) = (v0, v1)
-                && ws[v0].is_idle()
-                && ws[v1].is_idle()
-            {
-                return Some([i, v0, v1]);
-            }
-        }
-        None
-    }
-
     /// Dispatches ready blocks to owned cores; returns whether anything happened.
     fn dispatch(&mut self) -> bool {
         let mut progressed = false;
@@ -410,7 +410,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             progressed = true;
         }
         while !self.queues[TaskShape::Mix as usize].is_empty() {
-            let Some(cluster) = self.idle_cluster() else { break };
+            let Some(cluster) = self.owned.idle_cluster() else { break };
             let Some(v) = self.queues[TaskShape::Mix as usize].pop() else { break };
             let (task, block) = ((v >> 32) as u32, v as u32);
             let funcs = self.view.task(task).func_ids;
@@ -425,7 +425,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             [(TaskShape::Aic, CoreType::Aic, 0), (TaskShape::Aiv, CoreType::Aiv, 1)]
         {
             while !self.queues[shape as usize].is_empty() {
-                let Some(idx) = self.free_core(ty) else { break };
+                let Some(idx) = self.owned.free_core(ty) else { break };
                 let Some(v) = self.queues[shape as usize].pop() else { break };
                 let (task, block) = ((v >> 32) as u32, v as u32);
                 let f = self.view.task(task).func_ids[member];

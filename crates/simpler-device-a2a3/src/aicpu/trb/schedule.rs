@@ -261,34 +261,6 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         }
     }
 
-    fn free_core(&self, ty: CoreType) -> Option<usize> {
-        let ws = self.owned.all();
-        ws.iter()
-            .position(|w| w.core_type == ty && w.is_idle())
-            .or_else(|| ws.iter().position(|w| w.core_type == ty && w.can_accept()))
-    }
-
-    fn idle_cluster(&self) -> Option<[usize; 3]> {
-        let ws = self.owned.all();
-        for (i, aic) in ws.iter().enumerate() {
-            if aic.core_type != CoreType::Aic || !aic.is_idle() {
-                continue;
-            }
-            let find = |sub: u32| {
-                ws.iter().position(|w| {
-                    w.core_type == CoreType::Aiv && w.cluster == aic.cluster && w.sub_block == sub
-                })
-            };
-            if let (Some(v0), Some(v1)) = (find(0), find(1))
-                && ws[v0].is_idle()
-                && ws[v1].is_idle()
-            {
-                return Some([i, v0, v1]);
-            }
-        }
-        None
-    }
-
     /// Dispatches what it can of pending entry `k`; returns whether anything was sent.
     fn dispatch_pending(&mut self, k: usize) -> bool {
         let mut sent = false;
@@ -297,7 +269,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         while next < e.blocks {
             match e.shape {
                 TaskShape::Mix => {
-                    let Some(cluster) = self.idle_cluster() else { break };
+                    let Some(cluster) = self.owned.idle_cluster() else { break };
                     for (m, &f) in e.funcs.iter().enumerate() {
                         if f != NO_FUNC {
                             self.send(cluster[m], e.handle, f as u32, next, e.blocks);
@@ -310,7 +282,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
                     } else {
                         (CoreType::Aiv, 1)
                     };
-                    let Some(idx) = self.free_core(ty) else { break };
+                    let Some(idx) = self.owned.free_core(ty) else { break };
                     self.send(idx, e.handle, e.funcs[member].max(0) as u32, next, e.blocks);
                 }
                 TaskShape::Dummy => break,
