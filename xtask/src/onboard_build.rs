@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use simpler_onboard_programs::{AICORE_ROLES, EXECUTOR_ENTRY_SOURCE, ROLE_DEFINE};
+
 use crate::{cargo, target_dir};
 
 /// The cargo profile of the AICPU program (`panic = "abort"`, see the root manifest).
@@ -228,15 +230,24 @@ impl Invocation {
     }
 }
 
-/// The AICore architectures of an A2/A3 chip, with the role suffix of each compiled object: the
-/// cube cores (AIC) and the vector cores (AIV).
-pub const AICORE_ARCHES: [(&str, &str); 2] = [("dav-c220-cube", "aic"), ("dav-c220-vec", "aiv")];
+/// The CCE code-generation settings of the executor (the AICore stack sizes and cache handling
+/// the original's AICore build uses).
+const CCE_CODEGEN: [&str; 10] = [
+    "-mllvm",
+    "-cce-aicore-stack-size=0x8000",
+    "-mllvm",
+    "-cce-aicore-function-stack-size=0x8000",
+    "-mllvm",
+    "-cce-aicore-record-overflow=false",
+    "-mllvm",
+    "-cce-aicore-addr-transform",
+    "-mllvm",
+    "-cce-aicore-dcci-insert-for-scalar=false",
+];
 
-/// The entries the onboard backend launches in the mixed AICore binary.
-pub const AICORE_ENTRIES: [&str; 2] = ["aicore_kernel_0_mix_aic", "aicore_kernel_0_mix_aiv"];
-
-/// `ccec` once per architecture over the executor sources in `src`, then `ld.lld` linking both
-/// objects into the mixed ELF `out` (static, text at address 0).
+/// `ccec` once per role over the executor's entry in `src` (the role's define selects the
+/// entry it defines), then `ld.lld` linking both objects into the mixed ELF `out` (static,
+/// text at address 0), required to define every role's entry.
 pub fn aicore_invocations(
     tools: &CannTools,
     src: &Path,
@@ -245,31 +256,23 @@ pub fn aicore_invocations(
 ) -> Vec<Invocation> {
     let mut steps = Vec::new();
     let mut objects = Vec::new();
-    for (arch, role) in AICORE_ARCHES {
-        let object = work.join(format!("executor_{role}.o"));
-        steps.push(Invocation::new(
-            &tools.ccec,
-            [
-                "-c",
-                "-x",
-                "cce",
-                "--cce-aicore-only",
-                "-O3",
-                "-std=c++17",
-                &format!("--cce-aicore-arch={arch}"),
-                &format!("-I{}", src.display()),
-                "-o",
-                &object.display().to_string(),
-                &src.join("executor.cpp").display().to_string(),
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-        ));
+    for role in AICORE_ROLES {
+        let object = work.join(format!("executor_{}.o", role.suffix));
+        let mut args: Vec<String> =
+            ["-c", "-x", "cce", "--cce-aicore-only", "-O3", "-std=c++17"].map(str::to_owned).into();
+        args.push(format!("--cce-aicore-arch={}", role.arch));
+        args.extend(CCE_CODEGEN.map(str::to_owned));
+        args.push(format!("-D{ROLE_DEFINE}={}", role.vec));
+        args.push(format!("-I{}", src.display()));
+        args.extend(["-o".to_owned(), object.display().to_string()]);
+        args.push(src.join(EXECUTOR_ENTRY_SOURCE).display().to_string());
+        steps.push(Invocation::new(&tools.ccec, args));
         objects.push(object.display().to_string());
     }
     let mut link: Vec<String> =
-        ["-m", "aicorelinux", "-Ttext=0", "-static", "-o"].map(str::to_owned).to_vec();
-    link.push(out.display().to_string());
+        ["-m", "aicorelinux", "-Ttext=0", "-static", "-n"].map(str::to_owned).to_vec();
+    link.extend(AICORE_ROLES.map(|r| format!("--require-defined={}", r.entry)));
+    link.extend(["-o".to_owned(), out.display().to_string()]);
     link.extend(objects);
     steps.push(Invocation::new(&tools.ld_lld, link));
     steps
@@ -305,11 +308,13 @@ pub fn dispatcher_invocation(tools: &CannTools, src: &Path, out: &Path) -> Invoc
     )
 }
 
-/// The entries of [`AICORE_ENTRIES`] whose names the linked binary does not contain (its
-/// symbol names are in its string table, so a missing name is a missing entry).
+/// The role entries whose names the linked binary does not contain (its symbol names are in
+/// its string table, so a missing name is a missing entry; the linker already refuses to
+/// link without them, this checks the file that is shipped).
 pub fn missing_entries(binary: &[u8]) -> Vec<&'static str> {
-    AICORE_ENTRIES
+    AICORE_ROLES
         .into_iter()
+        .map(|r| r.entry)
         .filter(|e| !binary.windows(e.len()).any(|w| w == e.as_bytes()))
         .collect()
 }
@@ -374,7 +379,7 @@ pub fn device_artifacts(runtime: &str, tools: &CannTools) -> Result<PathBuf, Str
         Built {
             name: "aicore_executor",
             file: executor,
-            inputs: format!("{ccec}\n{lld}\n{AICORE_ARCHES:?}\n{executor_src}"),
+            inputs: format!("{ccec}\n{lld}\n{AICORE_ROLES:?}\n{CCE_CODEGEN:?}\n{executor_src}"),
         },
     ];
     let dir = target_dir().join("simpler-onboard").join(runtime);
@@ -399,25 +404,68 @@ mod tests {
     }
 
     #[test]
-    fn the_executor_is_compiled_for_cube_and_vector_and_linked_into_one_mixed_binary() {
+    fn the_executor_is_compiled_per_role_and_linked_into_one_binary_defining_both_entries() {
         let t = tools(Path::new("/cann"));
         let steps =
             aicore_invocations(&t, Path::new("/s"), Path::new("/w"), Path::new("/w/aicore_hbg.o"));
         assert_eq!(steps.len(), 3);
-        for (step, (arch, role)) in
-            steps.iter().zip([("dav-c220-cube", "aic"), ("dav-c220-vec", "aiv")])
+        for (step, (arch, role, vec)) in
+            steps.iter().zip([("dav-c220-cube", "aic", 0), ("dav-c220-vec", "aiv", 1)])
         {
             assert_eq!(step.program, Path::new("/cann/bin/ccec"));
-            let want = format!(
-                "-c -x cce --cce-aicore-only -O3 -std=c++17 --cce-aicore-arch={arch} -I/s -o /w/executor_{role}.o /s/executor.cpp"
+            let args = step.args.join(" ");
+            assert!(
+                args.starts_with(&format!(
+                    "-c -x cce --cce-aicore-only -O3 -std=c++17 --cce-aicore-arch={arch} -mllvm"
+                )),
+                "{args}"
             );
-            assert_eq!(step.args.join(" "), want);
+            assert!(
+                args.ends_with(&format!(
+                    "-DSIMPLER_AICORE_VEC={vec} -I/s -o /w/executor_{role}.o /s/entry.cpp"
+                )),
+                "{args}"
+            );
         }
         assert_eq!(steps[2].program, Path::new("/cann/bin/ld.lld"));
         assert_eq!(
             steps[2].args.join(" "),
-            "-m aicorelinux -Ttext=0 -static -o /w/aicore_hbg.o /w/executor_aic.o /w/executor_aiv.o"
+            "-m aicorelinux -Ttext=0 -static -n --require-defined=aicore_kernel_0_mix_aic \
+             --require-defined=aicore_kernel_0_mix_aiv -o /w/aicore_hbg.o /w/executor_aic.o \
+             /w/executor_aiv.o"
         );
+    }
+
+    /// The host build compiles the same entry source per role with the same define as the
+    /// ccec lines above: each role's object defines exactly the entry the link requires of
+    /// it, and the shared object exports both.
+    #[test]
+    fn the_host_build_of_each_role_defines_the_entry_the_link_requires() {
+        let dir = scratch("roles");
+        let so = simpler_onboard_programs::build_host_executor(&dir).unwrap();
+        let defined = |file: &Path| -> Vec<String> {
+            let out = std::process::Command::new("nm")
+                .args(["--defined-only", "-g"])
+                .arg(file)
+                .output()
+                .expect("nm");
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| l.split_whitespace().nth(2).map(str::to_owned))
+                .filter(|s| s.starts_with("aicore_kernel_"))
+                .collect()
+        };
+        let link = &aicore_invocations(&tools(&dir), &dir, &dir, &dir.join("x.o"))[2];
+        for role in AICORE_ROLES {
+            assert_eq!(defined(&dir.join(format!("entry_{}.o", role.suffix))), [role.entry]);
+            assert!(link.args.contains(&format!("--require-defined={}", role.entry)));
+        }
+        let mut exported = defined(&so);
+        exported.sort();
+        assert_eq!(exported, AICORE_ROLES.map(|r| r.entry));
+        assert!(missing_entries(&std::fs::read(&so).unwrap()).is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -475,8 +523,7 @@ mod tests {
         let tools: Vec<&str> = calls.lines().map(|l| l.split(' ').next().unwrap()).collect();
         assert_eq!(tools, ["aarch64-target-linux-gnu-gcc", "ccec", "ccec", "ld.lld"]);
         assert!(
-            dir.join("work/src/executor.cpp").is_file()
-                && dir.join("work/src/dispatcher.c").is_file()
+            dir.join("work/src/entry.cpp").is_file() && dir.join("work/src/dispatcher.c").is_file()
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
