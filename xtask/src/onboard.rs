@@ -342,8 +342,14 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
     let skip_arch = args.iter().any(|a| a == "--skip-arch-check");
     println!("xtask onboard-test: devices {devices:?}; checking this server");
     let mut reqs = host_probe(|p| detect(p, Purpose::Test));
-    if skip_arch {
-        reqs.retain(|r| r.what != NPU_SMI);
+    // The architecture check falls back to `aclrtGetSocName` without `npu-smi`, so a missing
+    // one is reported but required by nobody.
+    let npu_smi = reqs.iter().position(|r| r.what == NPU_SMI).map(|i| reqs.remove(i));
+    if let Some(r) = &npu_smi {
+        match &r.found {
+            Some(p) => println!("  found    {:<52} {}", r.what, p.display()),
+            None => println!("  absent   {} (the arch check asks CANN's aclrtGetSocName)", r.what),
+        }
     }
     if !report(&reqs) {
         eprintln!(
@@ -354,7 +360,10 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
         return ExitCode::from(EXIT_ENVIRONMENT);
     }
     let found = |what: &str| reqs.iter().find(|r| r.what == what).and_then(|r| r.found.clone());
-    if !arch_precheck(&devices, found(NPU_SMI).as_deref(), found(CANN_ROOT).as_deref(), skip_arch) {
+    let smi = npu_smi.and_then(|r| r.found);
+    let fallback =
+        || crate::onboard_arch::acl_soc_name(simpler_acl_sys::SearchConfig::from_process_env());
+    if !arch_precheck(&devices, smi.as_deref(), found(CANN_ROOT).as_deref(), skip_arch, &fallback) {
         return ExitCode::from(EXIT_ENVIRONMENT);
     }
     let Some(tools) = cann_tools(&reqs) else {
@@ -388,15 +397,12 @@ pub fn arch_precheck(
     npu_smi: Option<&Path>,
     ascend_home: Option<&Path>,
     skip: bool,
+    fallback: crate::onboard_arch::SocFallback<'_>,
 ) -> bool {
     use crate::onboard_arch::{Verdict, check, describe};
     let mut ok = true;
     for &d in devices {
-        if skip && npu_smi.is_none() {
-            println!("  arch check: device {d}: skipped (--skip-arch-check, no npu-smi)");
-            continue;
-        }
-        let v = check(npu_smi, ascend_home, d);
+        let v = check(npu_smi, ascend_home, d, fallback);
         println!("  arch check: {}", describe(d, &v));
         match v {
             Verdict::A2a3 { .. } => {}
@@ -406,7 +412,7 @@ pub fn arch_precheck(
             }
             Verdict::Undetectable(_) => {
                 println!(
-                    "             fix: repair npu-smi, or pass --skip-arch-check if the chip is an A2/A3"
+                    "             fix: repair npu-smi or CANN, or pass --skip-arch-check if the chip is an A2/A3"
                 );
                 ok = false;
             }

@@ -356,6 +356,13 @@ pub fn device_programs(
 /// manifest at `target/simpler-onboard/<runtime>/manifest.json`.
 pub fn device_artifacts(runtime: &str, tools: &CannTools) -> Result<PathBuf, String> {
     let program = aicpu_program(Some((AICPU_TARGET, &tools.cross_cc)))?;
+    let baseline = crate::onboard_glibc::baseline()?;
+    let bytes = std::fs::read(&program).map_err(|e| format!("{}: {e}", program.display()))?;
+    let glibc = crate::onboard_glibc::check(&program.display().to_string(), &bytes, baseline)?;
+    println!(
+        "  glibc: the AICPU program needs {}, baseline {baseline}",
+        glibc.map_or("no versioned glibc symbol".to_owned(), |v| v.to_string())
+    );
     let work = target_dir().join("simpler-onboard").join("device-build").join(runtime);
     let (dispatcher, executor) = device_programs(tools, &work, runtime)?;
     let version = |p: &Path| command_line(&p.display().to_string(), &["--version"]);
@@ -385,6 +392,8 @@ pub fn device_artifacts(runtime: &str, tools: &CannTools) -> Result<PathBuf, Str
     let dir = target_dir().join("simpler-onboard").join(runtime);
     let toolchain = serde_json::json!({
         "rustc": rustc, "ccec": ccec, "ld.lld": lld, "aarch64 cc": cc, "target": AICPU_TARGET,
+        "glibc baseline": baseline.to_string(),
+        "glibc required": glibc.map(|v| v.to_string()),
     });
     cache_and_manifest(&built, runtime, &dir, toolchain)
 }
