@@ -17,7 +17,7 @@ const CROSS_COMPILER: &str = "aarch64 cross compiler (AICPU programs)";
 /// The requirement naming `npu-smi` (only the architecture check needs it).
 const NPU_SMI: &str = "npu-smi (architecture check)";
 /// The requirements naming the AICore compiler and linker.
-const CCEC: &str = "ccec (AICore compiler)";
+const CCEC: &str = "ccec (AICore executor and test kernels)";
 const LD_LLD: &str = "ld.lld (links the mixed AICore binary)";
 /// The requirement naming the CANN root.
 const CANN_ROOT: &str = "CANN toolkit (libascendcl.so)";

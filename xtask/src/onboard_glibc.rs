@@ -9,6 +9,8 @@
 
 use std::fmt;
 
+use crate::onboard_elf::{SHT_GNU_VERNEED, c_str, malformed, sections, u16_at, u32_at};
+
 /// The environment variable that overrides [`DEFAULT_BASELINE`].
 pub const BASELINE_VAR: &str = "SIMPLER_AICPU_GLIBC_BASELINE";
 
@@ -46,62 +48,25 @@ pub fn baseline() -> Result<GlibcVersion, String> {
     }
 }
 
-fn u16_at(b: &[u8], off: usize) -> Option<usize> {
-    Some(u16::from_le_bytes(b.get(off..off.checked_add(2)?)?.try_into().ok()?).into())
-}
-
-fn u32_at(b: &[u8], off: usize) -> Option<usize> {
-    usize::try_from(u32::from_le_bytes(b.get(off..off.checked_add(4)?)?.try_into().ok()?)).ok()
-}
-
-fn u64_at(b: &[u8], off: usize) -> Option<usize> {
-    usize::try_from(u64::from_le_bytes(b.get(off..off.checked_add(8)?)?.try_into().ok()?)).ok()
-}
-
-fn c_str(b: &[u8], off: usize) -> Option<&str> {
-    let rest = b.get(off..)?;
-    std::str::from_utf8(&rest[..rest.iter().position(|&c| c == 0)?]).ok()
-}
-
 /// The glibc versions a little-endian ELF64 object requires, as (version, library), highest
 /// first; an empty list when it requires none. A malformed object is an error.
 pub fn required(elf: &[u8]) -> Result<Vec<(GlibcVersion, String)>, String> {
-    const SHT_GNU_VERNEED: usize = 0x6fff_fffe;
-    let bad = || "not a well-formed little-endian ELF64 object".to_owned();
-    if elf.len() < 64 || &elf[..4] != b"\x7fELF" || elf[4] != 2 || elf[5] != 1 {
-        return Err(bad());
-    }
-    let shoff = u64_at(elf, 0x28).ok_or_else(bad)?;
-    let shentsize = u16_at(elf, 0x3a).ok_or_else(bad)?;
-    let shnum = u16_at(elf, 0x3c).ok_or_else(bad)?;
-    if shentsize < 64 {
-        return Err(bad());
-    }
-    let section = |i: usize| shoff.checked_add(i.checked_mul(shentsize)?);
+    let (sections, _) = sections(elf)?;
     let mut out = Vec::new();
-    for i in 0..shnum {
-        let sh = section(i).ok_or_else(bad)?;
-        if u32_at(elf, sh + 4).ok_or_else(bad)? != SHT_GNU_VERNEED {
-            continue;
-        }
-        let (off, count) = (u64_at(elf, sh + 24).ok_or_else(bad)?, u32_at(elf, sh + 44));
-        let strtab = section(u32_at(elf, sh + 40).ok_or_else(bad)?)
-            .and_then(|s| u64_at(elf, s + 24))
-            .ok_or_else(bad)?;
-        let mut need = off;
-        for _ in 0..count.ok_or_else(bad)? {
-            let file =
-                c_str(elf, strtab + u32_at(elf, need + 4).ok_or_else(bad)?).ok_or_else(bad)?;
-            let mut aux = need + u32_at(elf, need + 8).ok_or_else(bad)?;
-            for _ in 0..u16_at(elf, need + 2).ok_or_else(bad)? {
-                let name =
-                    c_str(elf, strtab + u32_at(elf, aux + 8).ok_or_else(bad)?).ok_or_else(bad)?;
+    for s in sections.iter().filter(|s| s.kind == SHT_GNU_VERNEED) {
+        let strtab = sections.get(s.link).ok_or_else(malformed)?.offset;
+        let mut need = s.offset;
+        for _ in 0..s.info {
+            let file = c_str(elf, strtab + u32_at(elf, need + 4)?)?;
+            let mut aux = need + u32_at(elf, need + 8)?;
+            for _ in 0..u16_at(elf, need + 2)? {
+                let name = c_str(elf, strtab + u32_at(elf, aux + 8)?)?;
                 if let Some(v) = name.strip_prefix("GLIBC_").and_then(GlibcVersion::parse) {
                     out.push((v, file.to_owned()));
                 }
-                aux += u32_at(elf, aux + 12).ok_or_else(bad)?;
+                aux += u32_at(elf, aux + 12)?;
             }
-            let next = u32_at(elf, need + 12).ok_or_else(bad)?;
+            let next = u32_at(elf, need + 12)?;
             if next == 0 {
                 break;
             }

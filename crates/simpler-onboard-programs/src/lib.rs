@@ -320,6 +320,76 @@ pub fn build_host_executor(dir: &std::path::Path) -> Result<std::path::PathBuf, 
     Ok(out)
 }
 
+/// The kernel ABI header the test kernels include.
+pub const KERNEL_ABI_HEADER: (&str, &str) =
+    ("kernel_abi.h", include_str!("../kernels/kernel_abi.h"));
+
+/// One test kernel of the onboard case set: its name, the vector example's func id it
+/// implements, and its CCE C++ source (one `kernel_entry` per object, as CANN's kernels).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TestKernel {
+    /// `add`, `add_scalar`, `mul`.
+    pub name: &'static str,
+    /// The func id it is registered under in the vector example.
+    pub func_id: u32,
+    /// Its source file name.
+    pub file: &'static str,
+    /// Its source text.
+    pub source: &'static str,
+}
+
+/// The vector example's kernels (`out = x + y`, `out = x + s`, `out = x * y` over f32) as CCE
+/// sources: compiled by ccec for the AIV on a server, and for the host so the simulator runs
+/// the same source.
+pub const TEST_KERNELS: [TestKernel; 3] = [
+    TestKernel {
+        name: "add",
+        func_id: 0,
+        file: "add.cpp",
+        source: include_str!("../kernels/add.cpp"),
+    },
+    TestKernel {
+        name: "add_scalar",
+        func_id: 1,
+        file: "add_scalar.cpp",
+        source: include_str!("../kernels/add_scalar.cpp"),
+    },
+    TestKernel {
+        name: "mul",
+        func_id: 2,
+        file: "mul.cpp",
+        source: include_str!("../kernels/mul.cpp"),
+    },
+];
+
+/// The entry every test kernel object defines.
+pub const KERNEL_ENTRY: &str = "kernel_entry";
+
+/// Compiles every [`TEST_KERNELS`] source for the host into its own shared object
+/// `lib<name>.so` in `dir` (feature `host-build`), exporting [`KERNEL_ENTRY`]; returns
+/// (kernel, path) in [`TEST_KERNELS`] order.
+#[cfg(feature = "host-build")]
+pub fn build_host_kernels(
+    dir: &std::path::Path,
+) -> Result<Vec<(TestKernel, std::path::PathBuf)>, String> {
+    let flags =
+        ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-fno-exceptions", "-fno-rtti"];
+    let mut sources = vec![KERNEL_ABI_HEADER];
+    sources.extend(TEST_KERNELS.iter().map(|k| (k.file, k.source)));
+    write_sources(dir, &sources)?;
+    let mut out = Vec::new();
+    for k in TEST_KERNELS {
+        let so = dir.join(format!("lib{}.so", k.name));
+        host_compile(
+            true,
+            &flags,
+            &["-shared".into(), "-o".into(), so.clone().into(), dir.join(k.file).into()],
+        )?;
+        out.push((k, so));
+    }
+    Ok(out)
+}
+
 /// Compiles the bootstrap dispatcher for the host into a shared object in `dir`, installing
 /// programs into `install_dir` instead of the device path (feature `host-build`).
 #[cfg(feature = "host-build")]
