@@ -27,6 +27,8 @@ mod bindgen;
 mod onboard;
 mod onboard_arch;
 mod onboard_build;
+mod onboard_elf;
+mod onboard_glibc;
 mod onboard_test;
 mod runtime_variants;
 mod tidy;

@@ -17,7 +17,7 @@ const CROSS_COMPILER: &str = "aarch64 cross compiler (AICPU programs)";
 /// The requirement naming `npu-smi` (only the architecture check needs it).
 const NPU_SMI: &str = "npu-smi (architecture check)";
 /// The requirements naming the AICore compiler and linker.
-const CCEC: &str = "ccec (AICore compiler)";
+const CCEC: &str = "ccec (AICore executor and test kernels)";
 const LD_LLD: &str = "ld.lld (links the mixed AICore binary)";
 /// The requirement naming the CANN root.
 const CANN_ROOT: &str = "CANN toolkit (libascendcl.so)";
@@ -247,6 +247,59 @@ pub fn parse_devices(spec: &str) -> Result<Vec<u32>, String> {
     Ok(out)
 }
 
+/// Which devices a batch runs on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// `--device 0`, `0-3` or `0,2`: exactly these.
+    Listed(Vec<u32>),
+    /// `--device auto [--device-num N]`: the first `count` of `candidates` (the visible
+    /// devices) whose lock another batch does not hold.
+    Auto { candidates: Vec<u32>, count: usize },
+}
+
+impl DeviceChoice {
+    /// The devices the batch may use (the architecture check looks at all of them).
+    pub fn candidates(&self) -> &[u32] {
+        match self {
+            DeviceChoice::Listed(d) => d,
+            DeviceChoice::Auto { candidates, .. } => candidates,
+        }
+    }
+}
+
+/// The `--device` / `--device-num` choice; `visible` lists the devices `auto` picks from.
+pub fn device_choice(
+    args: &[String],
+    visible: impl FnOnce() -> Vec<u32>,
+) -> Result<DeviceChoice, String> {
+    let spec = flag_value(args, "--device").unwrap_or("0");
+    let num = flag_value(args, "--device-num");
+    if spec != "auto" {
+        if num.is_some() {
+            return Err("--device-num goes with --device auto".into());
+        }
+        return parse_devices(spec).map(DeviceChoice::Listed);
+    }
+    let count = match num {
+        None => 1,
+        Some(n) => n
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("--device-num `{n}`: expected a positive number"))?,
+    };
+    let mut candidates = visible();
+    candidates.sort_unstable();
+    candidates.dedup();
+    if candidates.len() < count {
+        return Err(format!(
+            "--device auto --device-num {count}: only {} device(s) visible ({candidates:?})",
+            candidates.len()
+        ));
+    }
+    Ok(DeviceChoice::Auto { candidates, count })
+}
+
 pub fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).map(String::as_str)
 }
@@ -329,21 +382,39 @@ pub fn output_of(cmd: &mut std::process::Command) -> std::io::Result<std::proces
 
 /// `cargo xtask onboard-test [--device SPEC] [--skip-arch-check]`.
 pub fn onboard_test(args: &[String]) -> ExitCode {
-    let devices = match parse_devices(flag_value(args, "--device").unwrap_or("0")) {
+    let standin = args.iter().any(|a| a == "--standin");
+    let visible = || {
+        if standin {
+            (0..crate::onboard_test::STANDIN_DEVICES).collect()
+        } else {
+            host_probe(|p| (p.dev_entries)())
+                .iter()
+                .filter(|n| is_device_node(n))
+                .filter_map(|n| n.strip_prefix("davinci")?.parse().ok())
+                .collect()
+        }
+    };
+    let devices = match device_choice(args, visible) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("xtask onboard-test: {e}");
             return ExitCode::FAILURE;
         }
     };
-    if args.iter().any(|a| a == "--standin") {
+    if standin {
         return crate::onboard_test::standin(args, &devices);
     }
     let skip_arch = args.iter().any(|a| a == "--skip-arch-check");
     println!("xtask onboard-test: devices {devices:?}; checking this server");
     let mut reqs = host_probe(|p| detect(p, Purpose::Test));
-    if skip_arch {
-        reqs.retain(|r| r.what != NPU_SMI);
+    // The architecture check falls back to `aclrtGetSocName` without `npu-smi`, so a missing
+    // one is reported but required by nobody.
+    let npu_smi = reqs.iter().position(|r| r.what == NPU_SMI).map(|i| reqs.remove(i));
+    if let Some(r) = &npu_smi {
+        match &r.found {
+            Some(p) => println!("  found    {:<52} {}", r.what, p.display()),
+            None => println!("  absent   {} (the arch check asks CANN's aclrtGetSocName)", r.what),
+        }
     }
     if !report(&reqs) {
         eprintln!(
@@ -354,7 +425,16 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
         return ExitCode::from(EXIT_ENVIRONMENT);
     }
     let found = |what: &str| reqs.iter().find(|r| r.what == what).and_then(|r| r.found.clone());
-    if !arch_precheck(&devices, found(NPU_SMI).as_deref(), found(CANN_ROOT).as_deref(), skip_arch) {
+    let smi = npu_smi.and_then(|r| r.found);
+    let fallback =
+        || crate::onboard_arch::acl_soc_name(simpler_acl_sys::SearchConfig::from_process_env());
+    if !arch_precheck(
+        devices.candidates(),
+        smi.as_deref(),
+        found(CANN_ROOT).as_deref(),
+        skip_arch,
+        &fallback,
+    ) {
         return ExitCode::from(EXIT_ENVIRONMENT);
     }
     let Some(tools) = cann_tools(&reqs) else {
@@ -388,15 +468,12 @@ pub fn arch_precheck(
     npu_smi: Option<&Path>,
     ascend_home: Option<&Path>,
     skip: bool,
+    fallback: crate::onboard_arch::SocFallback<'_>,
 ) -> bool {
     use crate::onboard_arch::{Verdict, check, describe};
     let mut ok = true;
     for &d in devices {
-        if skip && npu_smi.is_none() {
-            println!("  arch check: device {d}: skipped (--skip-arch-check, no npu-smi)");
-            continue;
-        }
-        let v = check(npu_smi, ascend_home, d);
+        let v = check(npu_smi, ascend_home, d, fallback);
         println!("  arch check: {}", describe(d, &v));
         match v {
             Verdict::A2a3 { .. } => {}
@@ -406,7 +483,7 @@ pub fn arch_precheck(
             }
             Verdict::Undetectable(_) => {
                 println!(
-                    "             fix: repair npu-smi, or pass --skip-arch-check if the chip is an A2/A3"
+                    "             fix: repair npu-smi or CANN, or pass --skip-arch-check if the chip is an A2/A3"
                 );
                 ok = false;
             }
@@ -536,6 +613,26 @@ mod tests {
             assert!(parse_devices(bad).is_err(), "{bad}");
         }
         assert!(parse_devices("0,0-1").unwrap_err().contains("twice"));
+    }
+
+    #[test]
+    fn device_auto_picks_among_the_visible_devices_and_checks_its_count() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let visible = || vec![3, 0, 1];
+        assert_eq!(
+            device_choice(&args(&["--device", "auto"]), visible),
+            Ok(DeviceChoice::Auto { candidates: vec![0, 1, 3], count: 1 })
+        );
+        let two = device_choice(&args(&["--device", "auto", "--device-num", "2"]), visible);
+        assert_eq!(two.unwrap().candidates(), [0, 1, 3]);
+        let err = device_choice(&args(&["--device", "auto", "--device-num", "4"]), visible);
+        assert!(err.unwrap_err().contains("only 3 device(s) visible"));
+        for bad in ["0", "x"] {
+            let err = device_choice(&args(&["--device", "auto", "--device-num", bad]), visible);
+            assert!(err.unwrap_err().contains("positive number"), "{bad}");
+        }
+        assert!(device_choice(&args(&["--device", "0", "--device-num", "2"]), visible).is_err());
+        assert_eq!(device_choice(&args(&[]), visible), Ok(DeviceChoice::Listed(vec![0])));
     }
 
     #[test]

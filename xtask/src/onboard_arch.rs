@@ -12,8 +12,11 @@
 //!    `$ASCEND_HOME_PATH/<arch>-linux/data/platform_config/<SoC>.ini`; without that file it is
 //!    read off the SoC name's known prefixes.
 //! 3. `Ascend910B` (A2) and `Ascend910_93` (A3) pass; `Ascend950` (A5) and anything else are
-//!    refused, naming the SoC. A check that cannot tell (no `npu-smi`, it fails or prints
-//!    nothing usable) is an environment problem, unless `--skip-arch-check` is given.
+//!    refused, naming the SoC.
+//! 4. When `npu-smi` is missing, fails or prints nothing usable, the SoC name comes from CANN
+//!    itself: `aclrtGetSocName` after `aclInit` (no device is opened), then steps 2 and 3. A
+//!    check that still cannot tell is an environment problem, unless `--skip-arch-check` is
+//!    given.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -48,11 +51,28 @@ pub fn soc_name(board: &str) -> Result<String, String> {
         (None, Some(kind)) => format!("{kind}{name}"),
         (None, None) => return Err("npu-smi printed neither `NPU Name` nor `Chip Type`".into()),
     };
-    // The name becomes a file name below: letters, digits and `_` only.
-    if soc.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+    if is_soc_name(&soc) {
         Ok(soc)
     } else {
         Err(format!("npu-smi printed a chip name that is no SoC name: `{soc}`"))
+    }
+}
+
+/// The name becomes a file name: letters, digits and `_` only.
+fn is_soc_name(soc: &str) -> bool {
+    !soc.is_empty() && soc.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Where the check gets the SoC name when `npu-smi` cannot give it.
+pub type SocFallback<'a> = &'a dyn Fn() -> Result<String, String>;
+
+/// The SoC name CANN reports (`Cann::soc_name`: `aclrtGetSocName` between an `aclInit` and an
+/// `aclFinalize`, no device opened), CANN loaded by `config`'s search.
+pub fn acl_soc_name(config: simpler_acl_sys::SearchConfig) -> Result<String, String> {
+    match simpler_acl_sys::Cann::new(config).soc_name() {
+        Ok(Some(name)) => Ok(name),
+        Ok(None) => Err("aclrtGetSocName returned no name".into()),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -165,22 +185,40 @@ fn board_info(npu_smi: &Path, device: u32) -> Result<String, String> {
     }
 }
 
-/// The check of `device` with `npu_smi` (as detection found it) and the CANN root.
-pub fn check(npu_smi: Option<&Path>, ascend_home: Option<&Path>, device: u32) -> Verdict {
-    let Some(npu_smi) = npu_smi else {
-        return Verdict::Undetectable("npu-smi was not found".into());
-    };
-    let board = match board_info(npu_smi, device) {
-        Ok(b) => b,
-        Err(e) => return Verdict::Undetectable(e),
-    };
-    match soc_name(&board) {
+/// The check of `device` with `npu_smi` (as detection found it) and the CANN root; when
+/// `npu-smi` cannot name the SoC, `fallback` does.
+pub fn check(
+    npu_smi: Option<&Path>,
+    ascend_home: Option<&Path>,
+    device: u32,
+    fallback: SocFallback<'_>,
+) -> Verdict {
+    let why = match npu_smi_soc(npu_smi, device) {
         Ok(soc) => {
             let short = short_soc_version(&soc, ascend_home);
+            return classify(soc, short);
+        }
+        Err(why) => why,
+    };
+    match fallback() {
+        Ok(soc) if is_soc_name(&soc) => {
+            let short = short_soc_version(&soc, ascend_home).map(|(short, source)| {
+                (short, format!("{source}; SoC name from aclrtGetSocName ({why})"))
+            });
             classify(soc, short)
         }
-        Err(e) => Verdict::Undetectable(format!("device {device}: {e}")),
+        Ok(soc) => Verdict::Undetectable(format!(
+            "{why}; aclrtGetSocName answered `{soc}`, which is no SoC name"
+        )),
+        Err(e) => Verdict::Undetectable(format!("{why}; the fallback failed too: {e}")),
     }
+}
+
+/// The SoC name `npu-smi` gives for `device`, or why it gives none.
+fn npu_smi_soc(npu_smi: Option<&Path>, device: u32) -> Result<String, String> {
+    let npu_smi = npu_smi.ok_or("npu-smi was not found")?;
+    let board = board_info(npu_smi, device)?;
+    soc_name(&board).map_err(|e| format!("device {device}: {e}"))
 }
 
 /// One line for the report.
@@ -240,7 +278,17 @@ mod tests {
         fn check(&self, device: u32) -> Verdict {
             let path = format!("{}:/nonexistent", self.dir.join("bin").display());
             let npu_smi = on_path(&path, "npu-smi");
-            check(npu_smi.as_deref(), Some(&self.dir.join("cann")), device)
+            check(npu_smi.as_deref(), Some(&self.dir.join("cann")), device, &|| {
+                Err("no CANN here".into())
+            })
+        }
+
+        /// As `check`, with the SoC name fallback asking the stand-in CANN library.
+        fn check_with(&self, device: u32, cann: &simpler_acl_sys::standin::FakeInstall) -> Verdict {
+            let path = format!("{}:/nonexistent", self.dir.join("bin").display());
+            let npu_smi = on_path(&path, "npu-smi");
+            let fallback = || acl_soc_name(cann.config());
+            check(npu_smi.as_deref(), Some(&self.dir.join("cann")), device, &fallback)
         }
     }
 
@@ -321,7 +369,8 @@ mod tests {
     #[test]
     fn a_missing_failing_or_garbled_npu_smi_is_undetectable() {
         let none = FakeServer::new("none", None, &[]);
-        assert_eq!(none.check(0), Verdict::Undetectable("npu-smi was not found".into()));
+        assert!(matches!(none.check(0),
+            Verdict::Undetectable(why) if why.starts_with("npu-smi was not found")));
         let failing =
             FakeServer::new("fail", Some("echo 'dcmi module initialize failed' >&2; exit 8"), &[]);
         match failing.check(0) {
@@ -345,5 +394,38 @@ mod tests {
         assert!(
             matches!(sneaky.check(0), Verdict::Undetectable(why) if why.contains("no SoC name"))
         );
+    }
+
+    #[test]
+    fn without_a_usable_npu_smi_the_soc_name_comes_from_acl_rt_get_soc_name() {
+        let cann = simpler_acl_sys::standin::FakeInstall::standard().unwrap();
+        let none = FakeServer::new("acl-none", None, &[("Ascend910B1", "Ascend910B")]);
+        match none.check_with(0, &cann) {
+            Verdict::A2a3 { soc, short, source } => {
+                assert_eq!((soc.as_str(), short.as_str()), ("Ascend910B1", "Ascend910B"));
+                assert!(source.contains("Ascend910B1.ini"), "{source}");
+                assert!(source.contains("aclrtGetSocName (npu-smi was not found)"), "{source}");
+            }
+            v => panic!("{v:?}"),
+        }
+        let garbled = FakeServer::new("acl-garbled", Some("echo 'Segmentation fault'"), &[]);
+        cann.set_value("soc_name", 1).unwrap();
+        assert!(matches!(garbled.check_with(0, &cann),
+            Verdict::A2a3 { short, .. } if short == "Ascend910_93"));
+        cann.set_value("soc_name", 2).unwrap();
+        match garbled.check_with(0, &cann) {
+            Verdict::Refused { soc, why, .. } => {
+                assert_eq!(soc, "Ascend950PR_9599");
+                assert!(why.contains("A5"), "{why}");
+            }
+            v => panic!("{v:?}"),
+        }
+        cann.set_value("soc_name", 3).unwrap();
+        match garbled.check_with(0, &cann) {
+            Verdict::Undetectable(why) => {
+                assert!(why.contains("no `Chip Name`") && why.contains("returned no name"), "{why}")
+            }
+            v => panic!("{v:?}"),
+        }
     }
 }

@@ -4,6 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
+use simpler_onboard_programs::{
+    AICORE_ROLES, EXECUTOR_ENTRY_SOURCE, ROLE_DEFINE, TEST_KERNELS, TestKernel,
+};
+
 use crate::{cargo, target_dir};
 
 /// The cargo profile of the AICPU program (`panic = "abort"`, see the root manifest).
@@ -71,8 +75,8 @@ pub fn programs_on_simulator() -> Result<(), String> {
 
 /// One built artifact on its way into the cache and the manifest.
 struct Built {
-    /// Manifest key (`aicpu_program`, `dispatcher`, `aicore_executor`).
-    name: &'static str,
+    /// Manifest key (`aicpu_program`, `dispatcher`, `aicore_executor`, `kernel_<name>`).
+    name: String,
     file: PathBuf,
     /// What identifies the inputs: source text, compiler identity and flags.
     inputs: String,
@@ -134,7 +138,7 @@ fn cache_and_manifest(
         if let Some(id) = simpler_onboard_programs::build_id(&bytes) {
             a["build_id"] = id.iter().map(|b| format!("{b:02x}")).collect::<String>().into();
         }
-        artifacts.insert(b.name.into(), a);
+        artifacts.insert(b.name.clone(), a);
     }
     let manifest = serde_json::json!({
         "abi_version": abi,
@@ -167,17 +171,32 @@ pub fn host_artifacts(runtime: &str) -> Result<PathBuf, String> {
         .collect();
     let built = [
         Built {
-            name: "aicpu_program",
+            name: "aicpu_program".into(),
             file: program,
             inputs: format!("{rustc}\n{PROGRAM_PROFILE}"),
         },
         Built {
-            name: "dispatcher",
+            name: "dispatcher".into(),
             file: dispatcher,
             inputs: format!("{cc}\n{}", simpler_onboard_programs::DISPATCHER_SOURCE),
         },
-        Built { name: "aicore_executor", file: executor, inputs: format!("{cxx}\n{executor_src}") },
+        Built {
+            name: "aicore_executor".into(),
+            file: executor,
+            inputs: format!("{cxx}\n{executor_src}"),
+        },
     ];
+    let kernels = target_dir().join("simpler-onboard").join("host-kernels");
+    let built: Vec<Built> = built
+        .into_iter()
+        .chain(simpler_onboard_programs::build_host_kernels(&kernels)?.into_iter().map(
+            |(k, so)| Built {
+                name: format!("kernel_{}", k.name),
+                file: so,
+                inputs: kernel_inputs(&cxx, &k),
+            },
+        ))
+        .collect();
     let dir = target_dir().join("simpler-onboard").join("standin").join(runtime);
     let toolchain = serde_json::json!({ "rustc": rustc, "cc": cc, "c++": cxx, "target": "host" });
     cache_and_manifest(&built, runtime, &dir, toolchain)
@@ -228,15 +247,24 @@ impl Invocation {
     }
 }
 
-/// The AICore architectures of an A2/A3 chip, with the role suffix of each compiled object: the
-/// cube cores (AIC) and the vector cores (AIV).
-pub const AICORE_ARCHES: [(&str, &str); 2] = [("dav-c220-cube", "aic"), ("dav-c220-vec", "aiv")];
+/// The CCE code-generation settings of the executor (the AICore stack sizes and cache handling
+/// the original's AICore build uses).
+const CCE_CODEGEN: [&str; 10] = [
+    "-mllvm",
+    "-cce-aicore-stack-size=0x8000",
+    "-mllvm",
+    "-cce-aicore-function-stack-size=0x8000",
+    "-mllvm",
+    "-cce-aicore-record-overflow=false",
+    "-mllvm",
+    "-cce-aicore-addr-transform",
+    "-mllvm",
+    "-cce-aicore-dcci-insert-for-scalar=false",
+];
 
-/// The entries the onboard backend launches in the mixed AICore binary.
-pub const AICORE_ENTRIES: [&str; 2] = ["aicore_kernel_0_mix_aic", "aicore_kernel_0_mix_aiv"];
-
-/// `ccec` once per architecture over the executor sources in `src`, then `ld.lld` linking both
-/// objects into the mixed ELF `out` (static, text at address 0).
+/// `ccec` once per role over the executor's entry in `src` (the role's define selects the
+/// entry it defines), then `ld.lld` linking both objects into the mixed ELF `out` (static,
+/// text at address 0), required to define every role's entry.
 pub fn aicore_invocations(
     tools: &CannTools,
     src: &Path,
@@ -245,31 +273,23 @@ pub fn aicore_invocations(
 ) -> Vec<Invocation> {
     let mut steps = Vec::new();
     let mut objects = Vec::new();
-    for (arch, role) in AICORE_ARCHES {
-        let object = work.join(format!("executor_{role}.o"));
-        steps.push(Invocation::new(
-            &tools.ccec,
-            [
-                "-c",
-                "-x",
-                "cce",
-                "--cce-aicore-only",
-                "-O3",
-                "-std=c++17",
-                &format!("--cce-aicore-arch={arch}"),
-                &format!("-I{}", src.display()),
-                "-o",
-                &object.display().to_string(),
-                &src.join("executor.cpp").display().to_string(),
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-        ));
+    for role in AICORE_ROLES {
+        let object = work.join(format!("executor_{}.o", role.suffix));
+        let mut args: Vec<String> =
+            ["-c", "-x", "cce", "--cce-aicore-only", "-O3", "-std=c++17"].map(str::to_owned).into();
+        args.push(format!("--cce-aicore-arch={}", role.arch));
+        args.extend(CCE_CODEGEN.map(str::to_owned));
+        args.push(format!("-D{ROLE_DEFINE}={}", role.vec));
+        args.push(format!("-I{}", src.display()));
+        args.extend(["-o".to_owned(), object.display().to_string()]);
+        args.push(src.join(EXECUTOR_ENTRY_SOURCE).display().to_string());
+        steps.push(Invocation::new(&tools.ccec, args));
         objects.push(object.display().to_string());
     }
     let mut link: Vec<String> =
-        ["-m", "aicorelinux", "-Ttext=0", "-static", "-o"].map(str::to_owned).to_vec();
-    link.push(out.display().to_string());
+        ["-m", "aicorelinux", "-Ttext=0", "-static", "-n"].map(str::to_owned).to_vec();
+    link.extend(AICORE_ROLES.map(|r| format!("--require-defined={}", r.entry)));
+    link.extend(["-o".to_owned(), out.display().to_string()]);
     link.extend(objects);
     steps.push(Invocation::new(&tools.ld_lld, link));
     steps
@@ -305,11 +325,13 @@ pub fn dispatcher_invocation(tools: &CannTools, src: &Path, out: &Path) -> Invoc
     )
 }
 
-/// The entries of [`AICORE_ENTRIES`] whose names the linked binary does not contain (its
-/// symbol names are in its string table, so a missing name is a missing entry).
+/// The role entries whose names the linked binary does not contain (its symbol names are in
+/// its string table, so a missing name is a missing entry; the linker already refuses to
+/// link without them, this checks the file that is shipped).
 pub fn missing_entries(binary: &[u8]) -> Vec<&'static str> {
-    AICORE_ENTRIES
+    AICORE_ROLES
         .into_iter()
+        .map(|r| r.entry)
         .filter(|e| !binary.windows(e.len()).any(|w| w == e.as_bytes()))
         .collect()
 }
@@ -347,10 +369,88 @@ pub fn device_programs(
     Ok((dispatcher, executor))
 }
 
+/// What identifies a test kernel's build: the compiler, the kernel and the sources it reads.
+fn kernel_inputs(compiler: &str, k: &TestKernel) -> String {
+    let (header, abi) = simpler_onboard_programs::KERNEL_ABI_HEADER;
+    format!("{compiler}\n{}\n{}\n{}\n{header}\n{abi}", k.name, k.file, k.source)
+}
+
+/// The architecture the test kernels are compiled for (they run on the vector cores).
+const KERNEL_ARCH: &str = "dav-c220-vec";
+
+/// `ccec` on one test kernel for the vector cores, into the object `out`.
+pub fn kernel_invocation(tools: &CannTools, src: &Path, k: &TestKernel, out: &Path) -> Invocation {
+    let mut args: Vec<String> =
+        ["-c", "-x", "cce", "--cce-aicore-only", "-O3", "-std=c++17"].map(str::to_owned).into();
+    args.push(format!("--cce-aicore-arch={KERNEL_ARCH}"));
+    args.extend(CCE_CODEGEN.map(str::to_owned));
+    args.push(format!("-I{}", src.display()));
+    args.extend(["-o".to_owned(), out.display().to_string()]);
+    args.push(src.join(k.file).display().to_string());
+    Invocation::new(&tools.ccec, args)
+}
+
+/// The code of a kernel object: its `.text`, which is copied to device memory as it is and
+/// never linked, so an object with relocations against it (or without a `.text`) is refused.
+pub fn kernel_text(name: &str, elf: &[u8]) -> Result<Vec<u8>, String> {
+    use crate::onboard_elf::{SHT_NOBITS, SHT_REL, SHT_RELA, bytes, c_str, sections};
+    let fail = |why: String| format!("kernel {name}: {why}");
+    let (sections, shstrndx) = sections(elf).map_err(fail)?;
+    let names = sections.get(shstrndx).ok_or_else(|| fail("no section-name table".into()))?;
+    let mut text = None;
+    for (i, s) in sections.iter().enumerate() {
+        if c_str(elf, names.offset + s.name).map_err(fail)? == ".text" && s.kind != SHT_NOBITS {
+            text = Some(i);
+        }
+    }
+    let text = text.ok_or_else(|| fail("the object has no .text".into()))?;
+    if let Some(r) =
+        sections.iter().find(|s| (s.kind == SHT_REL || s.kind == SHT_RELA) && s.info == text)
+    {
+        let relocs = r.size / if r.kind == SHT_RELA { 24 } else { 16 };
+        return Err(fail(format!(
+            "its .text has {relocs} relocation(s); a kernel must be position independent and \
+             self-contained (no calls to other objects or global data), since its code is copied \
+             to the device unlinked"
+        )));
+    }
+    bytes(elf, &sections[text]).map(<[u8]>::to_vec).map_err(fail)
+}
+
+/// Compiles the test kernels with `ccec` into `work` and writes each one's code as
+/// `<name>.text`; returns (kernel, code file) in [`TEST_KERNELS`] order.
+pub fn device_kernels(
+    tools: &CannTools,
+    work: &Path,
+) -> Result<Vec<(TestKernel, PathBuf)>, String> {
+    let io = |p: &Path, e: std::io::Error| format!("{}: {e}", p.display());
+    std::fs::create_dir_all(work).map_err(|e| io(work, e))?;
+    let (header, abi) = simpler_onboard_programs::KERNEL_ABI_HEADER;
+    std::fs::write(work.join(header), abi).map_err(|e| io(&work.join(header), e))?;
+    let mut out = Vec::new();
+    for k in TEST_KERNELS {
+        std::fs::write(work.join(k.file), k.source).map_err(|e| io(&work.join(k.file), e))?;
+        let object = work.join(format!("{}.o", k.name));
+        kernel_invocation(tools, work, &k, &object).run()?;
+        let elf = std::fs::read(&object).map_err(|e| io(&object, e))?;
+        let text = work.join(format!("{}.text", k.name));
+        std::fs::write(&text, kernel_text(k.name, &elf)?).map_err(|e| io(&text, e))?;
+        out.push((k, text));
+    }
+    Ok(out)
+}
+
 /// `build --platform a2a3` with CANN: the three programs for the chip, cached, and their
 /// manifest at `target/simpler-onboard/<runtime>/manifest.json`.
 pub fn device_artifacts(runtime: &str, tools: &CannTools) -> Result<PathBuf, String> {
     let program = aicpu_program(Some((AICPU_TARGET, &tools.cross_cc)))?;
+    let baseline = crate::onboard_glibc::baseline()?;
+    let bytes = std::fs::read(&program).map_err(|e| format!("{}: {e}", program.display()))?;
+    let glibc = crate::onboard_glibc::check(&program.display().to_string(), &bytes, baseline)?;
+    println!(
+        "  glibc: the AICPU program needs {}, baseline {baseline}",
+        glibc.map_or("no versioned glibc symbol".to_owned(), |v| v.to_string())
+    );
     let work = target_dir().join("simpler-onboard").join("device-build").join(runtime);
     let (dispatcher, executor) = device_programs(tools, &work, runtime)?;
     let version = |p: &Path| command_line(&p.display().to_string(), &["--version"]);
@@ -362,24 +462,35 @@ pub fn device_artifacts(runtime: &str, tools: &CannTools) -> Result<PathBuf, Str
         .collect();
     let built = [
         Built {
-            name: "aicpu_program",
+            name: "aicpu_program".into(),
             file: program,
             inputs: format!("{rustc}\n{cc}\n{AICPU_TARGET}\n{PROGRAM_PROFILE}"),
         },
         Built {
-            name: "dispatcher",
+            name: "dispatcher".into(),
             file: dispatcher,
             inputs: format!("{cc}\n{}", simpler_onboard_programs::DISPATCHER_SOURCE),
         },
         Built {
-            name: "aicore_executor",
+            name: "aicore_executor".into(),
             file: executor,
-            inputs: format!("{ccec}\n{lld}\n{AICORE_ARCHES:?}\n{executor_src}"),
+            inputs: format!("{ccec}\n{lld}\n{AICORE_ROLES:?}\n{CCE_CODEGEN:?}\n{executor_src}"),
         },
     ];
+    let kernels = device_kernels(tools, &work.join("kernels"))?;
+    let built: Vec<Built> = built
+        .into_iter()
+        .chain(kernels.into_iter().map(|(k, text)| Built {
+            name: format!("kernel_{}", k.name),
+            file: text,
+            inputs: kernel_inputs(&format!("{ccec}\n{CCE_CODEGEN:?}"), &k),
+        }))
+        .collect();
     let dir = target_dir().join("simpler-onboard").join(runtime);
     let toolchain = serde_json::json!({
         "rustc": rustc, "ccec": ccec, "ld.lld": lld, "aarch64 cc": cc, "target": AICPU_TARGET,
+        "glibc baseline": baseline.to_string(),
+        "glibc required": glibc.map(|v| v.to_string()),
     });
     cache_and_manifest(&built, runtime, &dir, toolchain)
 }
@@ -399,25 +510,68 @@ mod tests {
     }
 
     #[test]
-    fn the_executor_is_compiled_for_cube_and_vector_and_linked_into_one_mixed_binary() {
+    fn the_executor_is_compiled_per_role_and_linked_into_one_binary_defining_both_entries() {
         let t = tools(Path::new("/cann"));
         let steps =
             aicore_invocations(&t, Path::new("/s"), Path::new("/w"), Path::new("/w/aicore_hbg.o"));
         assert_eq!(steps.len(), 3);
-        for (step, (arch, role)) in
-            steps.iter().zip([("dav-c220-cube", "aic"), ("dav-c220-vec", "aiv")])
+        for (step, (arch, role, vec)) in
+            steps.iter().zip([("dav-c220-cube", "aic", 0), ("dav-c220-vec", "aiv", 1)])
         {
             assert_eq!(step.program, Path::new("/cann/bin/ccec"));
-            let want = format!(
-                "-c -x cce --cce-aicore-only -O3 -std=c++17 --cce-aicore-arch={arch} -I/s -o /w/executor_{role}.o /s/executor.cpp"
+            let args = step.args.join(" ");
+            assert!(
+                args.starts_with(&format!(
+                    "-c -x cce --cce-aicore-only -O3 -std=c++17 --cce-aicore-arch={arch} -mllvm"
+                )),
+                "{args}"
             );
-            assert_eq!(step.args.join(" "), want);
+            assert!(
+                args.ends_with(&format!(
+                    "-DSIMPLER_AICORE_VEC={vec} -I/s -o /w/executor_{role}.o /s/entry.cpp"
+                )),
+                "{args}"
+            );
         }
         assert_eq!(steps[2].program, Path::new("/cann/bin/ld.lld"));
         assert_eq!(
             steps[2].args.join(" "),
-            "-m aicorelinux -Ttext=0 -static -o /w/aicore_hbg.o /w/executor_aic.o /w/executor_aiv.o"
+            "-m aicorelinux -Ttext=0 -static -n --require-defined=aicore_kernel_0_mix_aic \
+             --require-defined=aicore_kernel_0_mix_aiv -o /w/aicore_hbg.o /w/executor_aic.o \
+             /w/executor_aiv.o"
         );
+    }
+
+    /// The host build compiles the same entry source per role with the same define as the
+    /// ccec lines above: each role's object defines exactly the entry the link requires of
+    /// it, and the shared object exports both.
+    #[test]
+    fn the_host_build_of_each_role_defines_the_entry_the_link_requires() {
+        let dir = scratch("roles");
+        let so = simpler_onboard_programs::build_host_executor(&dir).unwrap();
+        let defined = |file: &Path| -> Vec<String> {
+            let out = std::process::Command::new("nm")
+                .args(["--defined-only", "-g"])
+                .arg(file)
+                .output()
+                .expect("nm");
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| l.split_whitespace().nth(2).map(str::to_owned))
+                .filter(|s| s.starts_with("aicore_kernel_"))
+                .collect()
+        };
+        let link = &aicore_invocations(&tools(&dir), &dir, &dir, &dir.join("x.o"))[2];
+        for role in AICORE_ROLES {
+            assert_eq!(defined(&dir.join(format!("entry_{}.o", role.suffix))), [role.entry]);
+            assert!(link.args.contains(&format!("--require-defined={}", role.entry)));
+        }
+        let mut exported = defined(&so);
+        exported.sort();
+        assert_eq!(exported, AICORE_ROLES.map(|r| r.entry));
+        assert!(missing_entries(&std::fs::read(&so).unwrap()).is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -475,8 +629,7 @@ mod tests {
         let tools: Vec<&str> = calls.lines().map(|l| l.split(' ').next().unwrap()).collect();
         assert_eq!(tools, ["aarch64-target-linux-gnu-gcc", "ccec", "ccec", "ld.lld"]);
         assert!(
-            dir.join("work/src/executor.cpp").is_file()
-                && dir.join("work/src/dispatcher.c").is_file()
+            dir.join("work/src/entry.cpp").is_file() && dir.join("work/src/dispatcher.c").is_file()
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -490,6 +643,65 @@ mod tests {
         std::fs::write(&t.ccec, "#!/bin/sh\necho 'error: unknown target' >&2\nexit 1\n").unwrap();
         let err = device_programs(&t, &dir.join("work"), "hbg").unwrap_err();
         assert!(err.contains("ccec") && err.contains("unknown target"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn each_test_kernel_is_compiled_by_ccec_for_the_vector_cores() {
+        let t = tools(Path::new("/cann"));
+        let k = &TEST_KERNELS[1];
+        let args = kernel_invocation(&t, Path::new("/s"), k, Path::new("/w/add_scalar.o")).args;
+        let args = args.join(" ");
+        assert!(
+            args.starts_with(
+                "-c -x cce --cce-aicore-only -O3 -std=c++17 --cce-aicore-arch=dav-c220-vec -mllvm"
+            ),
+            "{args}"
+        );
+        assert!(args.ends_with("-I/s -o /w/add_scalar.o /s/add_scalar.cpp"), "{args}");
+    }
+
+    /// A ccec stand-in that compiles the kernel with the host's C++ compiler (same source, same
+    /// include directory, same output), so `device_kernels` handles real ELF objects.
+    fn host_ccec(dir: &Path) -> CannTools {
+        let t = tools(dir);
+        std::fs::create_dir_all(t.ccec.parent().unwrap()).unwrap();
+        std::fs::write(
+            &t.ccec,
+            "#!/bin/sh\nfor a in \"$@\"; do\n  case \"$a\" in -I*) inc=$a;; esac\n  [ \"$prev\" = -o ] && out=$a\n  prev=$a; src=$a\ndone\nexec c++ -std=c++17 -O2 -fno-exceptions -c \"$inc\" -o \"$out\" \"$src\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&t.ccec, std::fs::Permissions::from_mode(0o755)).unwrap();
+        t
+    }
+
+    #[test]
+    fn the_kernels_code_is_their_text_and_an_object_with_relocations_is_refused() {
+        let dir = scratch("kernels");
+        let t = host_ccec(&dir);
+        let built = device_kernels(&t, &dir.join("work")).unwrap();
+        assert_eq!(
+            built.iter().map(|(k, _)| k.name).collect::<Vec<_>>(),
+            ["add", "add_scalar", "mul"]
+        );
+        for (k, text) in &built {
+            let code = std::fs::read(text).unwrap();
+            assert!(!code.is_empty() && !code.starts_with(b"\x7fELF"), "{}", k.name);
+        }
+        // A kernel calling into another object needs a relocation against its .text.
+        let src = dir.join("work/calls.cpp");
+        std::fs::write(&src, "extern \"C\" void other(long *);\nextern \"C\" void kernel_entry(long *a) { other(a); }\n").unwrap();
+        let object = dir.join("work/calls.o");
+        let status = std::process::Command::new("c++")
+            .args(["-c", "-O2", "-o"])
+            .arg(&object)
+            .arg(&src)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let err = kernel_text("calls", &std::fs::read(&object).unwrap()).unwrap_err();
+        assert!(err.contains("kernel calls") && err.contains("relocation"), "{err}");
+        assert!(kernel_text("junk", b"not an object").unwrap_err().contains("well-formed"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -16,6 +16,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::onboard::DeviceChoice;
 use crate::target_dir;
 
 /// Exit code of a run that hit a limit (as `timeout(1)`).
@@ -74,6 +75,41 @@ impl Drop for DeviceLock {
         let _ = std::fs::remove_file(&self.path);
     }
 }
+
+/// Takes the devices of `choice` for the batch: every listed one (a held lock refuses the
+/// batch), or the first free ones of `auto` in ascending order (busy ones are skipped; too few
+/// free refuses the batch, naming the busy ones, and releases what it took).
+pub fn lock_devices(dir: &Path, choice: &DeviceChoice) -> Result<Vec<(u32, DeviceLock)>, String> {
+    match choice {
+        DeviceChoice::Listed(devices) => {
+            devices.iter().map(|&d| Ok((d, DeviceLock::acquire(dir, d)?))).collect()
+        }
+        DeviceChoice::Auto { candidates, count } => {
+            let mut taken = Vec::new();
+            let mut busy = Vec::new();
+            for &d in candidates {
+                if taken.len() == *count {
+                    break;
+                }
+                match DeviceLock::acquire(dir, d) {
+                    Ok(lock) => taken.push((d, lock)),
+                    Err(e) => busy.push(e),
+                }
+            }
+            if taken.len() < *count {
+                return Err(format!(
+                    "--device auto: {} of {count} device(s) free among {candidates:?}: {}",
+                    taken.len(),
+                    busy.join("; ")
+                ));
+            }
+            Ok(taken)
+        }
+    }
+}
+
+/// The devices `--device auto` picks from under `--standin`.
+pub const STANDIN_DEVICES: u32 = 8;
 
 /// One case's result as the summary reports it.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -362,8 +398,8 @@ fn seconds(args: &[String], flag: &str, default: Duration) -> Result<Duration, S
 }
 
 /// `cargo xtask onboard-test --standin [--device SPEC] [--case-timeout S] [--timeout S]`.
-pub fn standin(args: &[String], devices: &[u32]) -> ExitCode {
-    match standin_batch(args, devices) {
+pub fn standin(args: &[String], devices: &DeviceChoice) -> ExitCode {
+    match standin_choice(args, devices) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("xtask onboard-test: {e}");
@@ -374,6 +410,11 @@ pub fn standin(args: &[String], devices: &[u32]) -> ExitCode {
 
 /// The stand-in batch; returns its exit code (`Err` = it could not start: exit 2).
 pub fn standin_batch(args: &[String], devices: &[u32]) -> Result<u8, String> {
+    standin_choice(args, &DeviceChoice::Listed(devices.to_vec()))
+}
+
+/// The stand-in batch on `devices`.
+fn standin_choice(args: &[String], devices: &DeviceChoice) -> Result<u8, String> {
     println!("xtask onboard-test --standin: devices {devices:?}");
     println!(
         "  detect: stand-in mode, the stand-in CANN library replaces CANN, npu-smi and the driver"
@@ -393,7 +434,7 @@ pub fn standin_batch(args: &[String], devices: &[u32]) -> Result<u8, String> {
 /// stand-in CANN library.
 pub fn run_batch(
     args: &[String],
-    devices: &[u32],
+    choice: &DeviceChoice,
     manifests: &[(&str, PathBuf)],
     standin: bool,
 ) -> Result<u8, String> {
@@ -402,17 +443,18 @@ pub fn run_batch(
     let exe = case_binary()?;
     let run_deadline = Instant::now() + run_limit;
     let root = target_dir().join("onboard-test");
-    let _locks = devices
-        .iter()
-        .map(|&d| DeviceLock::acquire(&root.join("locks"), d))
-        .collect::<Result<Vec<_>, _>>()?;
+    let locks = lock_devices(&root.join("locks"), choice)?;
+    let devices: Vec<u32> = locks.iter().map(|(d, _)| *d).collect();
+    if matches!(choice, DeviceChoice::Auto { .. }) {
+        println!("  devices: {devices:?} (the first free of {:?})", choice.candidates());
+    }
     let batch = root.join(timestamp());
     println!(
         "  budgets: scheduler {} ms, op execute {} us, stream sync {} ms; limits: {case_limit:?} per case, {run_limit:?} per run",
         BUDGETS[0].1, BUDGETS[1].1, BUDGETS[2].1
     );
     let mut results = Vec::new();
-    'devices: for &device in devices {
+    'devices: for &device in &devices {
         for (runtime, manifest) in manifests {
             let out = batch.join(device.to_string()).join(runtime);
             // CANN's (and the stand-in's) log directory for the process, created beforehand;
@@ -568,6 +610,31 @@ echo '{"event":"end","case":"a","status":"passed","ms":1,"rerun":true}'"#;
         let _b = DeviceLock::acquire(&dir, 3).unwrap();
         std::fs::write(dir.join("device-4.lock"), "999999999\n").unwrap();
         let _c = DeviceLock::acquire(&dir, 4).unwrap();
+    }
+
+    #[test]
+    fn auto_takes_the_first_free_devices_and_refuses_when_too_few_are_free() {
+        let dir = tempdir().join("auto");
+        let held = DeviceLock::acquire(&dir, 1).unwrap();
+        // A stale lock (its owner is gone) counts as free.
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("device-2.lock"), "999999999\n").unwrap();
+        let auto = |count| DeviceChoice::Auto { candidates: vec![0, 1, 2, 3], count };
+        let taken = lock_devices(&dir, &auto(3)).unwrap();
+        assert_eq!(taken.iter().map(|(d, _)| *d).collect::<Vec<_>>(), [0, 2, 3]);
+        // Everything is held now: a second batch gets nothing and says who holds device 1.
+        let err = lock_devices(&dir, &auto(1)).unwrap_err();
+        assert!(err.contains("0 of 1") && err.contains("device 1 is locked"), "{err}");
+        drop(taken);
+        // Too few free: what was taken is released again.
+        let err = lock_devices(&dir, &auto(4)).unwrap_err();
+        assert!(err.contains("3 of 4"), "{err}");
+        assert_eq!(lock_devices(&dir, &auto(3)).unwrap().len(), 3);
+        // A listed device that is held refuses the batch.
+        let err = lock_devices(&dir, &DeviceChoice::Listed(vec![0, 1])).unwrap_err();
+        assert!(err.contains("device 1 is locked"), "{err}");
+        drop(held);
+        assert_eq!(lock_devices(&dir, &DeviceChoice::Listed(vec![0, 1])).unwrap().len(), 2);
     }
 
     fn tempdir() -> PathBuf {

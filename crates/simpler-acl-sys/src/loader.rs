@@ -18,7 +18,7 @@
 //!    live in the same `Cann`, so a resolved pointer never outlives its library.
 //! 4. Later calls read the slot with one acquire load and call through the pointer.
 
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{CStr, CString, OsStr, OsString};
 use std::fmt;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -26,7 +26,7 @@ use std::sync::{Arc, OnceLock};
 
 use libloading::os::unix::{Library as RawLibrary, RTLD_GLOBAL, RTLD_LOCAL, RTLD_NOW};
 
-use crate::error::{AclError, Attempt, LoadError};
+use crate::error::{AclError, Attempt, Error, LoadError};
 use crate::generated::slots::{FUNCTIONS, Slots};
 
 /// A lazily resolved function pointer: empty until the first call, then the symbol or the
@@ -459,6 +459,34 @@ impl Cann {
         // SAFETY: the three out-pointers are valid, writable `i32`s for the call.
         let code = unsafe { self.aclrtGetVersion(&mut major, &mut minor, &mut patch) }.ok()?;
         (code == 0).then_some(CannVersion { major, minor, patch })
+    }
+
+    /// The SoC name `aclrtGetSocName` reports (`Ascend910B1`, …), between an `aclInit` and an
+    /// `aclFinalize` of its own (an ACL already initialised in this process is used as it is
+    /// and left so). No device is opened. `Ok(None)` when CANN answers no name.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Load`] when a library or symbol is missing, [`Error::Acl`] when `aclInit`
+    /// fails.
+    pub fn soc_name(&self) -> Result<Option<String>, Error> {
+        // 100002: ACL was already initialised in this process.
+        const REPEAT_INITIALIZE: i32 = 100_002;
+        // SAFETY: a null configuration path is allowed.
+        let init = unsafe { self.aclInit(std::ptr::null()) }?;
+        if init != 0 && init != REPEAT_INITIALIZE {
+            return Err(Error::Acl(self.error("aclInit", init)));
+        }
+        // SAFETY: no arguments; the answer is null or a NUL-terminated string CANN keeps alive.
+        let name = unsafe { self.aclrtGetSocName() }.map(|p| {
+            // SAFETY: as above; copied before anything else is called.
+            (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        });
+        if init == 0 {
+            // SAFETY: pairs the `aclInit` above; nothing of this call outlives it.
+            let _ = unsafe { self.aclFinalize() };
+        }
+        Ok(name?)
     }
 
     /// Turns the return code of an ACL or RTS call into a result, capturing CANN's recent error

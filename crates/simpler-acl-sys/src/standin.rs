@@ -14,7 +14,8 @@
 //! force reset that fail with 507899), `drain_result` (code of
 //! `aclrtSynchronizeDeviceWithTimeout`), `cube_core_limit`, `vector_core_limit`,
 //! `aicpu_occupy_mask`, `aicore_valid_mask`, `device_count`, `version_major`/`_minor`/`_patch`,
-//! `poisoned`. Faults ([`FakeInstall::fail_call`], [`FakeInstall::poison_at`]) make the nth
+//! `poisoned`, `soc_name` (what `aclrtGetSocName` answers: 0 `Ascend910B1` (default), 1
+//! `Ascend910_9391`, 2 `Ascend950PR_9599`, anything else no name). Faults ([`FakeInstall::fail_call`], [`FakeInstall::poison_at`]) make the nth
 //! call of a function return a chosen code.
 
 use std::collections::HashMap;

@@ -112,7 +112,11 @@ typedef struct state {
     int64_t aicore_valid_mask;
     int64_t device_count;
     int64_t version[3];
+    int64_t soc_name;              /* index into SOC_NAMES; out of range = no name (NULL) */
 } state;
+
+/* What aclrtGetSocName answers, chosen by the soc_name knob: an A2, an A3, an A5. */
+static const char *const SOC_NAMES[] = {"Ascend910B1", "Ascend910_9391", "Ascend950PR_9599"};
 
 /* The state this copy uses: its own until standin_share_state points it at the first copy's.
  * It lives on the heap, so a copy still loaded never points into one that was unloaded. */
@@ -133,6 +137,7 @@ static void set_defaults(state *s) {
     s->version[0] = 8;
     s->version[1] = 2;
     s->version[2] = 0;
+    s->soc_name = 0;
 }
 
 static void free_objects(state *s);
@@ -475,6 +480,7 @@ EXPORT int standin_set_value(const char *key, int64_t value) {
     else if (strcmp(key, "version_minor") == 0) st->version[1] = value;
     else if (strcmp(key, "version_patch") == 0) st->version[2] = value;
     else if (strcmp(key, "poisoned") == 0) st->poisoned = value != 0;
+    else if (strcmp(key, "soc_name") == 0) st->soc_name = value;
     else ret = -1;
     pthread_mutex_unlock(&st->lock);
     return ret;
@@ -581,8 +587,10 @@ EXPORT int aclrtGetDeviceCount(uint32_t *count) {
 
 EXPORT const char *aclrtGetSocName(void) {
     call c = begin(__func__);
+    int64_t i = st->soc_name;
+    c.entry.value = i;
     finish(&c, OK);
-    return "Ascend910B1";
+    return i >= 0 && i < (int64_t)(sizeof SOC_NAMES / sizeof SOC_NAMES[0]) ? SOC_NAMES[i] : NULL;
 }
 
 EXPORT int aclrtGetVersion(int32_t *majorVersion, int32_t *minorVersion, int32_t *patchVersion) {

@@ -267,6 +267,23 @@ fn probe_reports_where_each_library_came_from_and_the_version() {
 }
 
 #[test]
+fn the_soc_name_is_an_a2_by_default_and_follows_its_knob_including_no_name() {
+    let install = FakeInstall::standard().unwrap();
+    let cann = install.cann();
+    let name = || cann.soc_name().unwrap();
+    assert_eq!(name().as_deref(), Some("Ascend910B1"));
+    for (knob, want) in
+        [(1, Some("Ascend910_9391")), (2, Some("Ascend950PR_9599")), (3, None), (-1, None)]
+    {
+        install.set_value("soc_name", knob).unwrap();
+        assert_eq!(name().as_deref(), want, "knob {knob}");
+    }
+    let calls = install.take_calls().unwrap();
+    assert_eq!(&calls[..3], ["aclInit", "aclrtGetSocName", "aclFinalize"]);
+    assert!(!calls.iter().any(|c| c.starts_with("aclrtSetDevice")), "{calls:?}");
+}
+
+#[test]
 fn acl_errors_carry_name_meaning_and_cann_recent_message() {
     let install = FakeInstall::standard().unwrap();
     let cann = install.cann();

@@ -4,8 +4,9 @@
 //! Layer: beside `simpler-device-a2a3`, depending on nothing; the onboard backend and `xtask`
 //! use it. It must not load CANN or touch a device.
 //!
-//! It holds the AICore executor's C++ sources ([`EXECUTOR_SOURCES`]; with feature
-//! `host-build`, [`build_host_executor`] compiles them for the host so the simulator runs them)
+//! It holds the AICore executor's C++ sources ([`EXECUTOR_SOURCES`], compiled once per
+//! [`AICORE_ROLES`] entry; with feature `host-build`, [`build_host_executor`] compiles them for
+//! the host so the simulator runs the very entries CANN launches)
 //! and the bootstrap dispatcher: the small C shared object CANN's AICPU framework
 //! loads, which installs simpler's AICPU program as a file (protocol in
 //! `docs/onboard-programs.md`). This crate gives its source ([`DISPATCHER_SOURCE`]), the
@@ -242,27 +243,150 @@ pub fn installed_name(fingerprint: u64, device_id: u64) -> String {
     format!("simpler_inner_{fingerprint:016x}_{device_id}.so")
 }
 
-/// The AICore executor's sources, as (file name, text): the executor and its platform header
-/// with the two mappings (CCE for the AICore, host for the simulator). They are written side by
-/// side into one directory to compile.
-pub const EXECUTOR_SOURCES: [(&str, &str); 4] = [
-    ("executor.cpp", include_str!("../aicore/executor.cpp")),
+/// The AICore executor's sources, as (file name, text): the kernel entry, the executor loop,
+/// its platform header with the two mappings (CCE for the AICore, host for the simulator) and
+/// the host build's per-thread core binding. They are written side by side into one directory
+/// to compile.
+pub const EXECUTOR_SOURCES: [(&str, &str); 6] = [
+    ("entry.cpp", include_str!("../aicore/entry.cpp")),
+    ("executor.h", include_str!("../aicore/executor.h")),
     ("aicore_platform.h", include_str!("../aicore/aicore_platform.h")),
     ("aicore_platform_host.h", include_str!("../aicore/aicore_platform_host.h")),
     ("aicore_platform_cce.h", include_str!("../aicore/aicore_platform_cce.h")),
+    ("host_bind.cpp", include_str!("../aicore/host_bind.cpp")),
 ];
 
-/// The executor's entry in its host build (the simulator calls it once per core and launch).
-pub const EXECUTOR_HOST_ENTRY: &str = "simpler_aicore_execute";
+/// The source compiled once per core role into the AICore binary.
+pub const EXECUTOR_ENTRY_SOURCE: &str = "entry.cpp";
+
+/// The preprocessor setting that selects the role `entry.cpp` is compiled for (0 cube, 1
+/// vector), and with it the entry it defines.
+pub const ROLE_DEFINE: &str = "SIMPLER_AICORE_VEC";
+
+/// One AICore role of a mixed launch: the role suffix of its object, the CCE architecture it
+/// is compiled for, the value of [`ROLE_DEFINE`] and the kernel entry CANN launches on it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct AicoreRole {
+    /// `aic` or `aiv`.
+    pub suffix: &'static str,
+    /// The `--cce-aicore-arch` value.
+    pub arch: &'static str,
+    /// The value of [`ROLE_DEFINE`].
+    pub vec: u32,
+    /// The entry symbol the role's object defines.
+    pub entry: &'static str,
+}
+
+/// The two roles of an A2/A3 mixed launch: cube cores (AIC) and vector cores (AIV). The
+/// onboard backend launches the binary by these entries.
+pub const AICORE_ROLES: [AicoreRole; 2] = [
+    AicoreRole { suffix: "aic", arch: "dav-c220-cube", vec: 0, entry: "aicore_kernel_0_mix_aic" },
+    AicoreRole { suffix: "aiv", arch: "dav-c220-vec", vec: 1, entry: "aicore_kernel_0_mix_aiv" },
+];
+
+/// The host build's entry that binds a simulated core to the calling thread before the
+/// simulator calls a role's kernel entry.
+pub const HOST_BIND_ENTRY: &str = "simpler_aicore_bind";
 
 /// Compiles the AICore executor for the host into a shared object in `dir` (feature
-/// `host-build`: the `cc` crate picks the host's C++ compiler) and returns its path.
+/// `host-build`: the `cc` crate picks the host's C++ compiler) and returns its path. As on the
+/// AICore, `entry.cpp` is compiled once per role (objects `entry_aic.o` and `entry_aiv.o`,
+/// left in `dir`), and the objects are linked together with the host's core binding.
 #[cfg(feature = "host-build")]
 pub fn build_host_executor(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
     let out = dir.join("libsimpler_aicore_executor.so");
     let flags =
         ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-fno-exceptions", "-fno-rtti"];
-    host_shared_object(dir, &EXECUTOR_SOURCES, "executor.cpp", true, &flags, &out)?;
+    write_sources(dir, &EXECUTOR_SOURCES)?;
+    let mut objects = Vec::new();
+    for role in AICORE_ROLES {
+        let object = dir.join(format!("entry_{}.o", role.suffix));
+        let define = format!("-D{ROLE_DEFINE}={}", role.vec);
+        let mut args: Vec<std::ffi::OsString> = vec![define.into(), "-c".into(), "-o".into()];
+        args.extend([object.clone().into(), dir.join(EXECUTOR_ENTRY_SOURCE).into()]);
+        host_compile(true, &flags, &args)?;
+        objects.push(object);
+    }
+    let bind = dir.join("host_bind.o");
+    host_compile(
+        true,
+        &flags,
+        &["-c".into(), "-o".into(), bind.clone().into(), dir.join("host_bind.cpp").into()],
+    )?;
+    objects.push(bind);
+    let mut link: Vec<std::ffi::OsString> = vec!["-shared".into(), "-o".into(), out.clone().into()];
+    link.extend(objects.into_iter().map(Into::into));
+    host_compile(true, &flags, &link)?;
+    Ok(out)
+}
+
+/// The kernel ABI header the test kernels include.
+pub const KERNEL_ABI_HEADER: (&str, &str) =
+    ("kernel_abi.h", include_str!("../kernels/kernel_abi.h"));
+
+/// One test kernel of the onboard case set: its name, the vector example's func id it
+/// implements, and its CCE C++ source (one `kernel_entry` per object, as CANN's kernels).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TestKernel {
+    /// `add`, `add_scalar`, `mul`.
+    pub name: &'static str,
+    /// The func id it is registered under in the vector example.
+    pub func_id: u32,
+    /// Its source file name.
+    pub file: &'static str,
+    /// Its source text.
+    pub source: &'static str,
+}
+
+/// The vector example's kernels (`out = x + y`, `out = x + s`, `out = x * y` over f32) as CCE
+/// sources: compiled by ccec for the AIV on a server, and for the host so the simulator runs
+/// the same source.
+pub const TEST_KERNELS: [TestKernel; 3] = [
+    TestKernel {
+        name: "add",
+        func_id: 0,
+        file: "add.cpp",
+        source: include_str!("../kernels/add.cpp"),
+    },
+    TestKernel {
+        name: "add_scalar",
+        func_id: 1,
+        file: "add_scalar.cpp",
+        source: include_str!("../kernels/add_scalar.cpp"),
+    },
+    TestKernel {
+        name: "mul",
+        func_id: 2,
+        file: "mul.cpp",
+        source: include_str!("../kernels/mul.cpp"),
+    },
+];
+
+/// The entry every test kernel object defines.
+pub const KERNEL_ENTRY: &str = "kernel_entry";
+
+/// Compiles every [`TEST_KERNELS`] source for the host into its own shared object
+/// `lib<name>.so` in `dir` (feature `host-build`), exporting [`KERNEL_ENTRY`]; returns
+/// (kernel, path) in [`TEST_KERNELS`] order.
+#[cfg(feature = "host-build")]
+pub fn build_host_kernels(
+    dir: &std::path::Path,
+) -> Result<Vec<(TestKernel, std::path::PathBuf)>, String> {
+    let flags =
+        ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-fno-exceptions", "-fno-rtti"];
+    let mut sources = vec![KERNEL_ABI_HEADER];
+    sources.extend(TEST_KERNELS.iter().map(|k| (k.file, k.source)));
+    write_sources(dir, &sources)?;
+    let mut out = Vec::new();
+    for k in TEST_KERNELS {
+        let so = dir.join(format!("lib{}.so", k.name));
+        host_compile(
+            true,
+            &flags,
+            &["-shared".into(), "-o".into(), so.clone().into(), dir.join(k.file).into()],
+        )?;
+        out.push((k, so));
+    }
     Ok(out)
 }
 
@@ -284,33 +408,29 @@ pub fn build_host_dispatcher(
         "-D_POSIX_C_SOURCE=200809L",
         define.as_str(),
     ];
-    host_shared_object(
-        dir,
-        &[("dispatcher.c", DISPATCHER_SOURCE)],
-        "dispatcher.c",
+    write_sources(dir, &[("dispatcher.c", DISPATCHER_SOURCE)])?;
+    host_compile(
         false,
         &flags,
-        &out,
+        &["-shared".into(), "-o".into(), out.clone().into(), dir.join("dispatcher.c").into()],
     )?;
     Ok(out)
 }
 
-/// Writes `sources` into `dir` and compiles `main` with the host's C or C++ compiler into the
-/// shared object `out`.
+/// Writes `sources` into `dir`.
 #[cfg(feature = "host-build")]
-fn host_shared_object(
-    dir: &std::path::Path,
-    sources: &[(&str, &str)],
-    main: &str,
-    cpp: bool,
-    flags: &[&str],
-    out: &std::path::Path,
-) -> Result<(), String> {
+fn write_sources(dir: &std::path::Path, sources: &[(&str, &str)]) -> Result<(), String> {
     let io = |e: std::io::Error| format!("{}: {e}", dir.display());
     std::fs::create_dir_all(dir).map_err(io)?;
     for (name, text) in sources {
         std::fs::write(dir.join(name), text).map_err(io)?;
     }
+    Ok(())
+}
+
+/// Runs the host's C or C++ compiler with `flags`, position-independent code, and `args`.
+#[cfg(feature = "host-build")]
+fn host_compile(cpp: bool, flags: &[&str], args: &[std::ffi::OsString]) -> Result<(), String> {
     let target = env!("SIMPLER_ONBOARD_PROGRAMS_TARGET");
     let compiler = cc::Build::new()
         .cpp(cpp)
@@ -323,13 +443,10 @@ fn host_shared_object(
         .try_get_compiler()
         .map_err(|e| e.to_string())?;
     let mut command = compiler.to_command();
-    command.args(flags).args(["-shared", "-fPIC", "-o"]).arg(out).arg(dir.join(main));
+    command.args(flags).arg("-fPIC").args(args);
     let output = command.output().map_err(|e| format!("running the compiler: {e}"))?;
     if !output.status.success() {
-        return Err(format!(
-            "compiling {main} failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        ));
+        return Err(format!("{command:?} failed:\n{}", String::from_utf8_lossy(&output.stderr)));
     }
     Ok(())
 }

@@ -4,9 +4,12 @@
 //! for the host with its platform header mapped onto this simulator: its register window is the
 //! core's register block (registers at their MMIO offsets), and the parts only the simulator can
 //! do (parking on the block's event count, waking the AICPU owner of `COND`, the fault plan and
-//! the kernel call with its panic boundary) are the callbacks of [`CoreEnv`]. This module builds
-//! that environment for one core of a launch and calls the executor's entry; the preamble
-//! (argument block, core place, image view) is the one of the Rust executor.
+//! the kernel call with its panic boundary) are the callbacks of [`HostCore`]. This module binds
+//! that record for one core of a launch to the calling thread and calls the kernel entry of the
+//! core's role (`aicore_kernel_0_mix_aic` / `_aiv`) with the launch argument, as CANN launches
+//! it on a chip; the entry derives its core index, handshake record and swimlane block itself.
+//! The argument block and image are checked here first (a bad address would be a fault on the
+//! chip, and must not be a wild read of host memory).
 
 use std::ffi::c_void;
 use std::path::Path;
@@ -18,26 +21,25 @@ use super::loader::SharedObject;
 use super::regs::RegBlock;
 use super::stream::LaunchEntry;
 use super::wait::SpinPolicy;
-use crate::abi::CorePlace;
 use crate::abi::codes::AclCode;
-use crate::abi::launch::PROFILE_SWIMLANE;
+use crate::abi::{CorePlace, CoreType};
 use crate::error::{CoreFault, StreamKind};
 
 /// The executor's result when the launch was torn down under it.
 const EXECUTOR_ABORTED: i32 = -1;
 
-/// The environment of one core (C layout, mirrored by `aicore_platform_host.h`).
+/// One simulated core as the executor's host platform sees it (C layout, mirrored by
+/// `aicore_platform_host.h`): its hardware ids, register window, result and callbacks.
 #[repr(C)]
-struct CoreEnv {
+struct HostCore {
     ctx: *const c_void,
     window: u64,
-    handshake: u64,
-    swimlane_header: u64,
-    swimlane_records: u64,
-    swimlane_capacity: u32,
-    core_index: u32,
-    core_type: u32,
+    block_idx: u32,
+    block_num: u32,
+    subblock_id: u32,
+    subblock_dim: u32,
     physical_core_id: u32,
+    result: i32,
     epoch: extern "C" fn(*const c_void) -> u64,
     idle: extern "C" fn(*const c_void, u64, u32),
     should_stop: extern "C" fn(*const c_void) -> u32,
@@ -47,25 +49,44 @@ struct CoreEnv {
     call_kernel: extern "C" fn(*const c_void, u64, u32, u64, *mut i64) -> i32,
 }
 
-type ExecuteFn = unsafe extern "C" fn(env: *const CoreEnv) -> i32;
+/// The kernel entries of the cube and the vector role, as CANN launches them (the names
+/// `simpler_onboard_programs::AICORE_ROLES` gives: the `aicore_executor` test opens the
+/// host build through them).
+const ENTRIES: [&str; 2] = ["aicore_kernel_0_mix_aic", "aicore_kernel_0_mix_aiv"];
+/// The host build's per-thread core binding.
+const BIND_ENTRY: &str = "simpler_aicore_bind";
+
+type BindFn = unsafe extern "C" fn(core: *mut HostCore);
+type EntryFn = unsafe extern "C" fn(kernel_args: u64);
 
 /// The loaded host build of the C++ executor.
 #[derive(Debug)]
 pub(crate) struct CxxExecutor {
-    execute: ExecuteFn,
+    bind: BindFn,
+    /// The kernel entries of the cube and the vector role.
+    aic: EntryFn,
+    aiv: EntryFn,
     /// Keeps the code mapped; dropped after every simulated thread was joined.
     _object: SharedObject,
 }
 
 impl CxxExecutor {
-    /// Opens the executor at `path` and resolves its entry.
+    /// Opens the executor at `path` and resolves its binding and both kernel entries.
     pub(crate) fn open(path: &Path) -> Result<CxxExecutor, String> {
         // SAFETY: the executor is C++ of this project without static constructors.
         let object = unsafe { SharedObject::open(path) }?;
-        let sym = object.symbol("simpler_aicore_execute")?;
-        // SAFETY: the entry is `extern "C" int32_t simpler_aicore_execute(const env *)`.
-        let execute: ExecuteFn = unsafe { std::mem::transmute(sym) };
-        Ok(CxxExecutor { execute, _object: object })
+        let [aic, aiv] = ENTRIES.map(|e| object.symbol(e));
+        let bind = object.symbol(BIND_ENTRY)?;
+        // SAFETY: the binding is `extern "C" void simpler_aicore_bind(simpler_host_core *)`;
+        // the entries are `extern "C" void aicore_kernel_0_mix_*(uint64_t)` in the host build.
+        unsafe {
+            Ok(CxxExecutor {
+                bind: std::mem::transmute::<*mut c_void, BindFn>(bind),
+                aic: std::mem::transmute::<*mut c_void, EntryFn>(aic?),
+                aiv: std::mem::transmute::<*mut c_void, EntryFn>(aiv?),
+                _object: object,
+            })
+        }
     }
 }
 
@@ -153,27 +174,25 @@ pub(crate) fn run_core<H: CoreHost>(
     let Some(place) = CorePlace::of(w, args.block_dim) else {
         return 0;
     };
-    let (Some(view), Some(regs)) = (dev.core_image_view(&args), dev.regs(w)) else {
+    let (Some(_image), Some(regs)) = (dev.core_image_view(&args), dev.regs(w)) else {
         return AclCode::AICORE_EXCEPTION.get();
     };
-    let swimlane = args.profiling & PROFILE_SWIMLANE != 0 && view.header().swimlane_capacity > 0;
-    let (sw_header, sw_records) = if swimlane {
-        let (h, r) = view.swimlane(w);
-        (h as *const _ as u64, r as u64)
-    } else {
-        (0, 0)
+    // The hardware ids of core `w`: AIC `k` is block `k`; the AIV at `B + j` is sub-block
+    // `j % 2` of block `j / 2`.
+    let (block_idx, subblock_id, subblock_dim) = match place.core_type {
+        CoreType::Aic => (place.cluster, 0, 1),
+        CoreType::Aiv => (place.cluster, place.sub_block, 2),
     };
     let c = Ctx { dev, entry, regs, w, place, spin: dev.spin_policy() };
-    let env = CoreEnv {
+    let mut core = HostCore {
         ctx: (&c as *const Ctx<'_, H>).cast(),
         window: regs.window_base(),
-        handshake: view.handshake(w) as *const _ as u64,
-        swimlane_header: sw_header,
-        swimlane_records: sw_records,
-        swimlane_capacity: if swimlane { view.header().swimlane_capacity } else { 0 },
-        core_index: w,
-        core_type: place.core_type as u32,
+        block_idx,
+        block_num: args.block_dim,
+        subblock_id,
+        subblock_dim,
         physical_core_id: dev.faults().on_handshake(w).unwrap_or(w),
+        result: 0,
         epoch: epoch::<H>,
         idle: idle::<H>,
         should_stop: should_stop::<H>,
@@ -182,11 +201,21 @@ pub(crate) fn run_core<H: CoreHost>(
         report_in: report_in::<H>,
         call_kernel: kernel::<H>,
     };
-    // SAFETY: `env` and `c` outlive the call; the window, handshake record, swimlane buffers
-    // and payload pairs it names are memory of the device, alive while the launch runs. The
-    // executor reads payloads only after acquiring the token that published them, as the Rust
-    // executor does.
-    match unsafe { (exe.execute)(&env) } {
+    let entry_fn = match place.core_type {
+        CoreType::Aic => exe.aic,
+        CoreType::Aiv => exe.aiv,
+    };
+    // SAFETY: `core` and `c` outlive the call, and the binding is cleared before `core` goes
+    // away. The argument block and the image it names were checked above and are memory of
+    // the device, alive while the launch runs; the entry reads the handshake record, swimlane
+    // block and payload pairs inside that image, and payloads only after acquiring the token
+    // that published them, as the Rust executor does.
+    unsafe {
+        (exe.bind)(&mut core);
+        entry_fn(entry.args);
+        (exe.bind)(std::ptr::null_mut());
+    }
+    match core.result {
         EXECUTOR_ABORTED => AclCode::TASK_ABORT.get(),
         code => code,
     }

@@ -1,0 +1,16 @@
+// `out = x + s` over f32 with an f32 scalar s (the vector example's func 1): tensors x (in),
+// out (out), then the scalar.
+#include "kernel_abi.h"
+
+SIMPLER_KERNEL_ENTRY {
+    SimplerF32View x, out;
+    if (!simpler_f32_view(args, 0, &x) || !simpler_f32_view(args, 1, &out)) {
+        return;
+    }
+    float s = simpler_f32_scalar(args, 2, 0);
+    uint64_t n = simpler_min(out.len, x.len);
+    for (uint64_t i = 0; i < n; ++i) {
+        out.data[i] = x.data[i] + s;
+    }
+    simpler_kernel_flush(out.data, n);
+}

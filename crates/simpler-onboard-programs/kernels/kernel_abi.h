@@ -1,0 +1,90 @@
+// The kernel ABI as the test kernels see it (docs/onboard-programs.md, "Test kernels"): a kernel
+// is `kernel_entry(args)`, where args[i] for i < T is the device address of the i-th tensor's
+// 128-byte descriptor and args[T + j] the j-th scalar as a raw 64-bit word (value bytes low).
+// This header maps the few things that differ between the AICore (ccec: `__CCE__`) and the host
+// build the simulator loads: the global-memory qualifier, the entry's declaration and the write
+// back of a kernel's output before it returns. Only what ccec accepts appears here.
+#ifndef SIMPLER_KERNEL_ABI_H
+#define SIMPLER_KERNEL_ABI_H
+
+#include <stdint.h>
+
+#if defined(__CCE__) && !defined(SIMPLER_KERNEL_HOST)
+#define SIMPLER_GM __gm__
+#define SIMPLER_KERNEL_ENTRY extern "C" __aicore__ void kernel_entry(__gm__ int64_t *args)
+// A kernel's scalar stores sit in the data cache: write them back and wait for the write
+// before the executor reports FIN, so a consumer reads them.
+static inline void simpler_kernel_flush(SIMPLER_GM float *data, uint64_t len) {
+    uint64_t end = reinterpret_cast<uint64_t>(data + len);
+    for (uint64_t a = reinterpret_cast<uint64_t>(data) & ~63ull; a < end; a += 64) {
+        dcci(reinterpret_cast<__gm__ uint64_t *>(a), SINGLE_CACHE_LINE, CACHELINE_OUT);
+    }
+    dsb(DSB_DDR);
+}
+#else
+#define SIMPLER_GM
+#define SIMPLER_KERNEL_ENTRY \
+    extern "C" __attribute__((visibility("default"))) void kernel_entry(int64_t *args)
+static inline void simpler_kernel_flush(float *, uint64_t) {}
+#endif
+
+// Tensor descriptor offsets.
+#define SIMPLER_TENSOR_ADDR 0
+#define SIMPLER_TENSOR_START_OFFSET 24
+#define SIMPLER_TENSOR_NDIMS 36
+#define SIMPLER_TENSOR_DTYPE 40
+#define SIMPLER_TENSOR_IS_CONTIGUOUS 42
+#define SIMPLER_TENSOR_SHAPES 44
+#define SIMPLER_DTYPE_FLOAT32 0
+
+// A contiguous f32 view: its first element and its element count.
+struct SimplerF32View {
+    SIMPLER_GM float *data;
+    uint64_t len;
+};
+
+// Tensor `i` as a contiguous f32 view; false (the kernel then writes nothing) for a null
+// descriptor, another dtype, a strided view, a rank outside 1..5 or an element count that
+// overflows.
+static inline bool simpler_f32_view(SIMPLER_GM int64_t *args, uint32_t i, SimplerF32View *view) {
+    uint64_t desc = static_cast<uint64_t>(args[i]);
+    if (desc == 0) {
+        return false;
+    }
+    SIMPLER_GM uint8_t *d = reinterpret_cast<SIMPLER_GM uint8_t *>(desc);
+    uint64_t addr = *reinterpret_cast<SIMPLER_GM uint64_t *>(d + SIMPLER_TENSOR_ADDR);
+    uint64_t start = *reinterpret_cast<SIMPLER_GM uint64_t *>(d + SIMPLER_TENSOR_START_OFFSET);
+    uint32_t ndims = *reinterpret_cast<SIMPLER_GM uint32_t *>(d + SIMPLER_TENSOR_NDIMS);
+    if (addr == 0 || d[SIMPLER_TENSOR_DTYPE] != SIMPLER_DTYPE_FLOAT32 ||
+        d[SIMPLER_TENSOR_IS_CONTIGUOUS] == 0 || ndims < 1 || ndims > 5) {
+        return false;
+    }
+    uint64_t len = 1;
+    for (uint32_t k = 0; k < ndims; ++k) {
+        uint64_t extent = *reinterpret_cast<SIMPLER_GM uint32_t *>(d + SIMPLER_TENSOR_SHAPES + 4 * k);
+        if (extent != 0 && len > UINT64_MAX / 4 / extent) {
+            return false;
+        }
+        len *= extent;
+    }
+    if (start > (UINT64_MAX - addr) / 4) {
+        return false;
+    }
+    view->data = reinterpret_cast<SIMPLER_GM float *>(addr + start * 4);
+    view->len = len;
+    return true;
+}
+
+// Scalar `j` of a kernel with `tensors` tensors, as an f32 (its value bytes are the low four).
+static inline float simpler_f32_scalar(SIMPLER_GM int64_t *args, uint32_t tensors, uint32_t j) {
+    union {
+        uint32_t bits;
+        float value;
+    } u;
+    u.bits = static_cast<uint32_t>(static_cast<uint64_t>(args[tensors + j]));
+    return u.value;
+}
+
+static inline uint64_t simpler_min(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+#endif

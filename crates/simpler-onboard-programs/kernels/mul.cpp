@@ -1,0 +1,15 @@
+// `out = x * y` over f32 (the vector example's func 2): tensors x (in), y (in), out (out).
+#include "kernel_abi.h"
+
+SIMPLER_KERNEL_ENTRY {
+    SimplerF32View x, y, out;
+    if (!simpler_f32_view(args, 0, &x) || !simpler_f32_view(args, 1, &y) ||
+        !simpler_f32_view(args, 2, &out)) {
+        return;
+    }
+    uint64_t n = simpler_min(out.len, simpler_min(x.len, y.len));
+    for (uint64_t i = 0; i < n; ++i) {
+        out.data[i] = x.data[i] * y.data[i];
+    }
+    simpler_kernel_flush(out.data, n);
+}
