@@ -431,19 +431,6 @@ impl<'a> CoreImageView<'a> {
     }
 }
 
-/// What a trb orchestration thread recorded for the diagnostics.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct TrbDiagRecords {
-    /// Scope begin and end records, in order.
-    pub(crate) scopes: Vec<ScopeRecord>,
-    /// Scope events that did not fit.
-    pub(crate) scope_dropped: u32,
-    /// Submit records, in submit order.
-    pub(crate) submits: Vec<SubmitRecord>,
-    /// Submits that did not fit.
-    pub(crate) submit_dropped: u32,
-}
-
 /// The host's view of a runtime image after (or before) a launch: header, shared header,
 /// handshake records, phase records and the swimlane sections — the one decoder the runner and
 /// the diagnostics read the image with.
@@ -494,28 +481,12 @@ impl<'a> HostImageView<'a> {
         self.view.trb_status()
     }
 
-    /// The trb orchestration's scope and submit records and how many of each it dropped, if
-    /// the image has a diagnostics section.
-    pub(crate) fn trb_diag(&self) -> Option<TrbDiagRecords> {
-        use core::sync::atomic::Ordering::Acquire;
-        let (h, scopes, submits) = self.view.trb_diag()?;
-        let ns = h.scope_count.load(Acquire).min(h.scope_capacity) as usize;
-        let nu = h.submit_count.load(Acquire).min(h.submit_capacity) as usize;
-        // SAFETY: the first `count ≤ capacity` records of each block lie inside the checked
-        // section, were written by the orchestration thread before it bumped the count, and no
-        // device thread runs (the constructor's contract); records are integers read by value.
-        let (scopes, submits) = unsafe {
-            (
-                (0..ns).map(|i| scopes.add(i).read()).collect(),
-                (0..nu).map(|i| submits.add(i).read()).collect(),
-            )
-        };
-        Some(TrbDiagRecords {
-            scopes,
-            scope_dropped: h.scope_dropped.load(Acquire),
-            submits,
-            submit_dropped: h.submit_dropped.load(Acquire),
-        })
+    /// The trb diagnostics header and its scope and submit record blocks, if the image has a
+    /// diagnostics section; no device thread writes them while this view exists.
+    pub(crate) fn trb_diag(
+        &self,
+    ) -> Option<(&'a TrbDiagHeader, *const ScopeRecord, *const SubmitRecord)> {
+        self.view.trb_diag().map(|(h, s, u)| (h, s.cast_const(), u.cast_const()))
     }
 
     /// The swimlane records core `c` (< `num_aicore`) wrote, and how many it dropped.

@@ -10,14 +10,14 @@ use simpler_types::{CallConfig, RunId};
 
 use super::diag::{
     self as trb_diag, AICPU_RECORDS_PER_THREAD, Replay, SCOPE_RECORDS, SUBMIT_RECORDS,
-    SWIMLANE_RECORDS_PER_CORE,
+    SWIMLANE_RECORDS_PER_CORE, TrbDiagRecords,
 };
 use super::image::{TrbImage, TrbReport, write_image};
 use super::sizing;
 use super::storage::{ArenaLayout, ArenaShape, MAX_ENTRY_TENSORS};
 use crate::abi::codes::RuntimeCode;
 use crate::abi::launch::{PROFILE_DEP_GEN, PROFILE_SCOPE_STATS, PROFILE_SWIMLANE};
-use crate::aicpu::view::{HostImageView, TrbDiagRecords};
+use crate::aicpu::view::HostImageView;
 use crate::callable::{OrchArgs, Orchestration};
 use crate::diag::swimlane::SwimlaneCapture;
 use crate::diag::timing::RunPhases;
@@ -246,7 +246,7 @@ impl BoundRun for TrbRun {
     fn export(&self, image: Option<&HostImageView<'_>>, outcome: Outcome, out: &mut Exporter<'_>) {
         // Everything trb knows about the graph was recorded on the device.
         let Some(image) = image else { return };
-        let records = image.trb_diag().unwrap_or_default();
+        let records = TrbDiagRecords::read(image);
         let replay = if self.plan.dep_gen { self.replay(&records, out) } else { None };
         let ids = |i: u32| replay.as_ref().map_or(0, |r| r.ids[i as usize]);
         if self.plan.swimlane > 0 {

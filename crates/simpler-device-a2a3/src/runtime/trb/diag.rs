@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use simpler_types::{DeviceTaskId, RunId, Tensor};
 
 use crate::abi::image::{SUBMIT_RECORD_PRODUCERS, ScopeRecord, SubmitRecord};
-use crate::aicpu::view::TrbDiagRecords;
+use crate::aicpu::view::HostImageView;
 use crate::diag::scopes::{ScopeLine, ScopeSummary};
 use crate::error::DeviceError;
 use crate::runner::RunReport;
@@ -32,6 +32,47 @@ pub(crate) const AICPU_RECORDS_PER_THREAD: u32 = 16_384;
 pub(crate) const SCOPE_RECORDS: u32 = 4096;
 /// Submit records per run.
 pub(crate) const SUBMIT_RECORDS: u32 = 2048;
+
+/// What a trb orchestration thread recorded for the diagnostics.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TrbDiagRecords {
+    /// Scope begin and end records, in order.
+    pub(crate) scopes: Vec<ScopeRecord>,
+    /// Scope events that did not fit.
+    pub(crate) scope_dropped: u32,
+    /// Submit records, in submit order.
+    pub(crate) submits: Vec<SubmitRecord>,
+    /// Submits that did not fit.
+    pub(crate) submit_dropped: u32,
+}
+
+impl TrbDiagRecords {
+    /// The records of `image` (empty when it has no diagnostics section).
+    pub(crate) fn read(image: &HostImageView<'_>) -> TrbDiagRecords {
+        use std::sync::atomic::Ordering::Acquire;
+        let Some((h, scopes, submits)) = image.trb_diag() else {
+            return TrbDiagRecords::default();
+        };
+        let ns = h.scope_count.load(Acquire).min(h.scope_capacity) as usize;
+        let nu = h.submit_count.load(Acquire).min(h.submit_capacity) as usize;
+        // SAFETY: the first `count ≤ capacity` records of each block lie inside the section
+        // the view checked, were written by the orchestration thread before it bumped the
+        // count, and no device thread runs while a host view exists; records are integers read
+        // by value.
+        let (scopes, submits) = unsafe {
+            (
+                (0..ns).map(|i| scopes.add(i).read()).collect(),
+                (0..nu).map(|i| submits.add(i).read()).collect(),
+            )
+        };
+        TrbDiagRecords {
+            scopes,
+            scope_dropped: h.scope_dropped.load(Acquire),
+            submits,
+            submit_dropped: h.submit_dropped.load(Acquire),
+        }
+    }
+}
 
 /// The replay's device: every range is accepted (the device checked them), nothing is read.
 struct ReplayEnv;
