@@ -247,3 +247,117 @@ pub(crate) fn scope_stats(records: &TrbDiagRecords, report: &RunReport, fatal: b
     };
     crate::diag::scopes::jsonl(&summary, &lines)
 }
+
+#[cfg(test)]
+mod tests {
+    use simpler_types::{DataType, TensorArgType};
+
+    use super::*;
+    use crate::abi::image::{NO_FUNC, TaskShape};
+
+    const FUNC: i32 = 3;
+
+    fn buffer() -> Tensor {
+        Tensor::external(1 << 20, &[256], DataType::Float32).unwrap()
+    }
+
+    /// A record of an AIV task `id` accessing `buffer()` under `tag`, wired to `producers`.
+    fn submit(id: u64, depth: u32, tag: TensorArgType, producers: &[u64]) -> SubmitRecord {
+        let mut r = SubmitRecord {
+            task_id: id,
+            scope_depth: depth,
+            shape: TaskShape::Aiv as u32,
+            func_ids: [NO_FUNC, FUNC, NO_FUNC],
+            block_num: 1,
+            num_tensors: 1,
+            num_producers: producers.len() as u32,
+            reserved: [0; 6],
+            producers: [0; SUBMIT_RECORD_PRODUCERS],
+            tags: [0; 16],
+            tensors: [[0; 128]; 16],
+        };
+        r.producers[..producers.len()].copy_from_slice(producers);
+        r.tags[0] = tag.as_i32();
+        r.tensors[0] = buffer().to_bytes();
+        r
+    }
+
+    fn scope(begin: bool, depth: u32, submitted: u64) -> ScopeRecord {
+        ScopeRecord {
+            begin: u32::from(begin),
+            depth,
+            ring: depth,
+            submitted,
+            ..ScopeRecord::default()
+        }
+    }
+
+    fn replayed(records: &TrbDiagRecords) -> Replay {
+        let mut funcs = vec![false; 8];
+        funcs[FUNC as usize] = true;
+        replay(records, RunId::FIRST, 1, &funcs).unwrap()
+    }
+
+    const W: u64 = 0; // ring 0, local 0
+    const R: u64 = 1; // ring 0, local 1
+
+    #[test]
+    fn a_wiring_equal_to_the_replay_is_no_warning_and_keeps_the_device_ids() {
+        let records = TrbDiagRecords {
+            submits: vec![
+                submit(W, 0, TensorArgType::Output, &[]),
+                submit(R, 0, TensorArgType::Input, &[W]),
+            ],
+            ..TrbDiagRecords::default()
+        };
+        let r = replayed(&records);
+        assert_eq!(r.mismatches, Vec::<String>::new());
+        assert_eq!(r.ids, [W, R]);
+        assert_eq!(r.graph.tasks[1].preds, [0]);
+    }
+
+    #[test]
+    fn an_edge_the_device_missed_while_the_producer_was_held_is_a_warning() {
+        let records = TrbDiagRecords {
+            submits: vec![
+                submit(W, 0, TensorArgType::Output, &[]),
+                submit(R, 0, TensorArgType::Input, &[]),
+            ],
+            ..TrbDiagRecords::default()
+        };
+        let r = replayed(&records);
+        assert_eq!(r.mismatches.len(), 1, "{:?}", r.mismatches);
+        assert!(r.mismatches[0].contains("r0:0 → r0:1"), "{:?}", r.mismatches);
+    }
+
+    #[test]
+    fn an_edge_to_a_producer_whose_scope_closed_may_be_missing() {
+        let id_r = 2 << 32; // the reader is in ring 0 after the writer's ring-1 scope closed
+        let records = TrbDiagRecords {
+            scopes: vec![scope(true, 1, 0), scope(false, 1, 1)],
+            submits: vec![
+                submit(1 << 32, 1, TensorArgType::Output, &[]),
+                submit(id_r, 0, TensorArgType::Input, &[]),
+            ],
+            ..TrbDiagRecords::default()
+        };
+        let r = replayed(&records);
+        assert_eq!(r.mismatches, Vec::<String>::new());
+        assert_eq!(r.graph.tasks[1].preds, [0], "the replay still derives the edge");
+        assert_eq!(r.graph.tasks[0].scope_depth, 1);
+    }
+
+    #[test]
+    fn an_edge_the_replay_does_not_derive_is_a_warning() {
+        let records = TrbDiagRecords {
+            submits: vec![
+                submit(W, 0, TensorArgType::Input, &[]),
+                submit(R, 0, TensorArgType::Input, &[W]),
+            ],
+            ..TrbDiagRecords::default()
+        };
+        let r = replayed(&records);
+        assert_eq!(r.mismatches.len(), 1, "{:?}", r.mismatches);
+        assert!(r.mismatches[0].contains("the device wired r0:0 → r0:1"), "{:?}", r.mismatches);
+    }
+}
