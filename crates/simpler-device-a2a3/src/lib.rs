@@ -128,8 +128,8 @@ pub use kernel::{KernelCall, KernelFn};
 #[cfg(feature = "sim")]
 pub use options::SimOptions;
 pub use options::{
-    LimitExceeded, Platform, PlatformLimits, RingDefaults, RunnerOptions, RuntimeVariant,
-    UnknownRuntime,
+    ENV_RING_DEP_POOL, ENV_RING_HEAP, ENV_RING_TASK_WINDOW, LimitExceeded, Platform,
+    PlatformLimits, RingDefaults, RunnerOptions, RuntimeVariant, UnknownRuntime,
 };
 pub use runner::{
     AcceptanceSignal, ActiveRun, ChipSlot, DeviceHealth, DevicePtr, DeviceRunner, FinalizeReport,
