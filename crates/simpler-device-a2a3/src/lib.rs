@@ -54,13 +54,17 @@
 //!
 //! Unsafe inventory — every file that contains `unsafe`, and why:
 //! - `src/aicpu/view.rs`: the typed views over a runtime image in device memory.
-//! - `src/aicpu/scheduler.rs`: payload writes and AICPU dispatch records through raw pointers.
+//! - `src/aicpu/scheduler.rs`: payload writes through raw pointers.
+//! - `src/aicpu/trace.rs`: the AICPU dispatch records (swimlane level 2) through raw pointers.
+//! - `src/aicpu/trb/record.rs`: the trb orchestration thread's scope and submit records through
+//!   raw pointers.
 //! - `src/aicpu/trb/orchestration.rs`: the trb orchestration thread's ops table, its call of
 //!   the orchestration entry the image names, the orchestration's arguments and tensor copies,
 //!   and the per-slot task records it writes through raw pointers.
 //! - `src/aicpu/trb/schedule.rs`: the trb scheduler threads' attach to the arena, and the
 //!   per-slot task records and dispatch payloads through raw pointers.
 //! - `src/runtime/trb/storage.rs`: the trb arena's typed sections over device memory.
+//! - `src/runtime/trb/diag.rs`: the host's read of the trb scope and submit records.
 //! - `src/backend/sim/mod.rs`: reading a launch's `KernelArgs` and building image views over
 //!   simulated device memory.
 //! - `src/backend/sim/memory.rs`: simulated device memory (allocation and the host copies).
@@ -124,8 +128,8 @@ pub use kernel::{KernelCall, KernelFn};
 #[cfg(feature = "sim")]
 pub use options::SimOptions;
 pub use options::{
-    LimitExceeded, Platform, PlatformLimits, RingDefaults, RunnerOptions, RuntimeVariant,
-    UnknownRuntime,
+    ENV_RING_DEP_POOL, ENV_RING_HEAP, ENV_RING_TASK_WINDOW, LimitExceeded, Platform,
+    PlatformLimits, RingDefaults, RunnerOptions, RuntimeVariant, UnknownRuntime,
 };
 pub use runner::{
     AcceptanceSignal, ActiveRun, ChipSlot, DeviceHealth, DevicePtr, DeviceRunner, FinalizeReport,

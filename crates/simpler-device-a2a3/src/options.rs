@@ -144,6 +144,60 @@ impl Default for RingDefaults {
     }
 }
 
+/// The variable [`RunnerOptions::with_env_overrides`] lets `attach` take the default task
+/// window of every ring from.
+pub const ENV_RING_TASK_WINDOW: &str = "SIMPLER_RING_TASK_WINDOW";
+/// The variable for the default heap bytes of every ring.
+pub const ENV_RING_HEAP: &str = "SIMPLER_RING_HEAP";
+/// The variable for the default dependency-pool entries of every ring.
+pub const ENV_RING_DEP_POOL: &str = "SIMPLER_RING_DEP_POOL";
+
+impl RingDefaults {
+    /// `self` with each field still at its built-in default taken from `env` when it names a
+    /// value (a value set in code beats the environment, as for the timeouts). A value that is
+    /// not an unsigned decimal, or that no ring can take, is `InvalidConfig` naming the
+    /// variable.
+    fn with_env(self, env: &dyn Fn(&str) -> Option<String>) -> Result<RingDefaults, DeviceError> {
+        let read = |var: &'static str, rule: &str, ok: fn(u64) -> bool| {
+            let Some(raw) = env(var) else { return Ok(None) };
+            let t = raw.trim();
+            let digits = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+            match t.parse::<u64>() {
+                Ok(v) if digits && ok(v) => Ok(Some(v)),
+                _ => Err(DeviceError::InvalidConfig {
+                    run_id: None,
+                    setting: var.into(),
+                    value: raw.clone(),
+                    rule: rule.into(),
+                }),
+            }
+        };
+        let built_in = RingDefaults::default();
+        let mut out = self;
+        if out.task_window == built_in.task_window {
+            let rule = "an unsigned power of two from 4 to 2^31";
+            let ok = |v: u64| (4..=1 << 31).contains(&v) && v.is_power_of_two();
+            if let Some(v) = read(ENV_RING_TASK_WINDOW, rule, ok)? {
+                out.task_window = v as u32;
+            }
+        }
+        if out.heap_bytes == built_in.heap_bytes {
+            let rule = "an unsigned non-zero multiple of 1024";
+            if let Some(v) = read(ENV_RING_HEAP, rule, |v| v > 0 && v.is_multiple_of(1024))? {
+                out.heap_bytes = v;
+            }
+        }
+        if out.dep_pool == built_in.dep_pool {
+            let rule = "an unsigned integer from 4 to 2^31 - 1";
+            let ok = |v: u64| (4..=i32::MAX as u64).contains(&v);
+            if let Some(v) = read(ENV_RING_DEP_POOL, rule, ok)? {
+                out.dep_pool = v as u32;
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// Options of the simulated chip (feature `sim`).
 #[cfg(feature = "sim")]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -273,7 +327,9 @@ impl RunnerOptions {
 
     /// Lets `attach` apply the `SIMPLER_SCHEDULER_TIMEOUT_MS`, `SIMPLER_OP_EXECUTE_TIMEOUT_US`
     /// and `SIMPLER_STREAM_SYNC_TIMEOUT_MS` environment variables to the budgets not set in
-    /// code. Without this call the environment is never read.
+    /// code, and `SIMPLER_RING_TASK_WINDOW`, `SIMPLER_RING_HEAP` and `SIMPLER_RING_DEP_POOL`
+    /// to the ring defaults still at their built-in values. Without this call the environment
+    /// is never read.
     pub fn with_env_overrides(mut self) -> Self {
         self.read_env = true;
         self
@@ -341,6 +397,20 @@ impl RunnerOptions {
         self.resolve_timeouts_with(&|var| std::env::var(var).ok())
     }
 
+    /// The ring defaults `attach` uses: [`RunnerOptions::rings`], with the environment applied
+    /// as [`RunnerOptions::with_env_overrides`] says.
+    pub fn resolve_rings(&self) -> Result<RingDefaults, DeviceError> {
+        self.resolve_rings_with(&|var| std::env::var(var).ok())
+    }
+
+    /// `resolve_rings` with `env` standing in for the process environment.
+    fn resolve_rings_with(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<RingDefaults, DeviceError> {
+        if self.read_env { self.rings.with_env(env) } else { Ok(self.rings) }
+    }
+
     /// `resolve_timeouts` with `env` standing in for the process environment.
     fn resolve_timeouts_with(
         &self,
@@ -385,6 +455,39 @@ mod tests {
             .resolve_timeouts_with(&env)
             .unwrap();
         assert_eq!(cfg.scheduler, Duration::from_millis(300));
+    }
+
+    #[test]
+    fn ring_defaults_come_from_the_environment_only_when_asked_and_bad_values_name_the_variable() {
+        let opts = RunnerOptions::onboard(0, RuntimeVariant::TensormapAndRingbuffer);
+        let untouched = |_: &str| -> Option<String> { panic!("the environment was read") };
+        assert_eq!(opts.resolve_rings_with(&untouched).unwrap(), RingDefaults::default());
+        let env = |var: &str| match var {
+            ENV_RING_TASK_WINDOW => Some(" 1024 ".to_owned()),
+            ENV_RING_HEAP => Some("1048576".to_owned()),
+            _ => None,
+        };
+        let rings = opts.clone().with_env_overrides().resolve_rings_with(&env).unwrap();
+        assert_eq!(
+            rings,
+            RingDefaults { task_window: 1024, heap_bytes: 1 << 20, dep_pool: 16_384 }
+        );
+        // A value set in code beats the environment.
+        let mut coded = opts.clone().with_env_overrides();
+        coded.rings.task_window = 64;
+        assert_eq!(coded.resolve_rings_with(&env).unwrap().task_window, 64);
+        for (var, raw) in [
+            (ENV_RING_TASK_WINDOW, "48"),
+            (ENV_RING_TASK_WINDOW, "-4"),
+            (ENV_RING_HEAP, "1000"),
+            (ENV_RING_DEP_POOL, "2"),
+            (ENV_RING_DEP_POOL, "many"),
+        ] {
+            let bad = |v: &str| (v == var).then(|| raw.to_owned());
+            let e = opts.clone().with_env_overrides().resolve_rings_with(&bad).unwrap_err();
+            let DeviceError::InvalidConfig { setting, value, .. } = &e else { panic!("{e}") };
+            assert_eq!((setting.as_str(), value.as_str()), (var, raw), "{e}");
+        }
     }
 
     #[test]

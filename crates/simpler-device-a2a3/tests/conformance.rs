@@ -759,6 +759,8 @@ fn the_aicpu_scheduler_reaches_hardware_only_through_its_platform_trait() {
         include_str!("../src/aicpu/scheduler.rs"),
         include_str!("../src/aicpu/dispatch.rs"),
         include_str!("../src/aicpu/view.rs"),
+        include_str!("../src/aicpu/trace.rs"),
+        include_str!("../src/aicpu/trb/record.rs"),
     ];
     for src in sources {
         // Unit tests may use std freely; only the scheduler code itself is checked.

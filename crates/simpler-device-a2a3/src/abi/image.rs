@@ -434,8 +434,8 @@ pub struct TrbHeader {
     pub args_off: u64,
     /// Image offset of the [`TrbStatus`].
     pub status_off: u64,
-    /// Padding to two cache lines.
-    pub reserved: [u64; 1],
+    /// Image offset of the [`TrbDiagHeader`] and its records (0 = no diagnostics).
+    pub diag_off: u64,
 }
 
 const _: () = assert!(size_of::<TrbHeader>() == 128);
@@ -467,6 +467,104 @@ pub struct TrbStatus {
 }
 
 const _: () = assert!(size_of::<TrbStatus>() == 128 + TRB_MESSAGE_BYTES);
+
+/// The trb orchestration thread's diagnostic records (`docs/device-trb.md`): scope begin/end
+/// records (`scope_stats`, and `dep_gen` for its replay) and submit records (`dep_gen`), in
+/// fixed blocks that follow this header: `scope_capacity` [`ScopeRecord`]s, then
+/// `submit_capacity` [`SubmitRecord`]s. Capacities are written by the host; the counts by the
+/// orchestration thread only (a full block counts the record dropped); the host reads them
+/// after the run.
+#[derive(Debug, Default)]
+#[repr(C, align(64))]
+pub struct TrbDiagHeader {
+    /// Scope records the block holds (0 = none recorded).
+    pub scope_capacity: u32,
+    /// Submit records the block holds (0 = none recorded).
+    pub submit_capacity: u32,
+    /// Scope records written.
+    pub scope_count: AtomicU32,
+    /// Scope events that did not fit.
+    pub scope_dropped: AtomicU32,
+    /// Submit records written.
+    pub submit_count: AtomicU32,
+    /// Submits that did not fit.
+    pub submit_dropped: AtomicU32,
+    /// Padding to one cache line.
+    pub reserved: [u32; 10],
+}
+
+const _: () = assert!(size_of::<TrbDiagHeader>() == 64);
+
+/// One scope begin or end as the trb orchestration saw it: the ring the scope's tasks go to and
+/// its usage at that moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct ScopeRecord {
+    /// 1 = begin, 0 = end.
+    pub begin: u32,
+    /// Scope depth (the outer scope is 0, a user scope at top level 1).
+    pub depth: u32,
+    /// The ring the scope's tasks go to.
+    pub ring: u32,
+    /// Live tensor-map entries.
+    pub tensormap: u32,
+    /// Tasks submitted before this event (orders it among the submit records).
+    pub submitted: u64,
+    /// The ring's unreclaimed task slots.
+    pub task_window: u64,
+    /// The ring's occupied heap bytes.
+    pub heap: u64,
+    /// The ring's unreclaimed dependency entries.
+    pub dep_pool: u64,
+}
+
+const _: () = assert!(size_of::<ScopeRecord>() == 48);
+
+/// Producers a [`SubmitRecord`] lists.
+pub const SUBMIT_RECORD_PRODUCERS: usize = 16;
+/// Tensor arguments a [`SubmitRecord`] holds (a trb task's maximum).
+pub const SUBMIT_RECORD_TENSORS: usize = 16;
+
+/// One submitted trb task as the orchestration thread wired it: its kernels, its tensor
+/// arguments and tags, and the producers the device's tensor map found for it.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct SubmitRecord {
+    /// Device task id.
+    pub task_id: u64,
+    /// Scope depth at the submit.
+    pub scope_depth: u32,
+    /// `TaskShape` as `u32`.
+    pub shape: u32,
+    /// Func ids of the AIC, AIV0 and AIV1 kernels.
+    pub func_ids: [i32; 3],
+    /// Blocks.
+    pub block_num: u32,
+    /// Tensor arguments (≤ [`SUBMIT_RECORD_TENSORS`]).
+    pub num_tensors: u32,
+    /// Producers the tensor map found (may exceed the [`SUBMIT_RECORD_PRODUCERS`] listed).
+    pub num_producers: u32,
+    /// Padding to the producers.
+    pub reserved: [u32; 6],
+    /// The first producers, as device task ids.
+    pub producers: [u64; SUBMIT_RECORD_PRODUCERS],
+    /// Wire value of each tensor's tag.
+    pub tags: [i32; SUBMIT_RECORD_TENSORS],
+    /// Tensor descriptors (128 bytes each).
+    pub tensors: [[u8; 128]; SUBMIT_RECORD_TENSORS],
+}
+
+const _: () = assert!(size_of::<SubmitRecord>() == 64 + 8 * 16 + 4 * 16 + 128 * 16);
+
+/// Bytes of a trb diagnostics section of the given capacities.
+pub const fn trb_diag_bytes(scope_capacity: u32, submit_capacity: u32) -> u64 {
+    align_up(
+        size_of::<TrbDiagHeader>() as u64
+            + scope_capacity as u64 * size_of::<ScopeRecord>() as u64
+            + submit_capacity as u64 * size_of::<SubmitRecord>() as u64,
+        SECTION_ALIGN,
+    )
+}
 
 /// Sizing inputs of an image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

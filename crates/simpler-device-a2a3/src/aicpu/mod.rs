@@ -11,6 +11,7 @@
 //! - [`view`]: checked, typed access to the runtime image.
 //! - [`dispatch`]: one core's token state machine (ACK/FIN bookkeeping, double buffering).
 //! - [`scheduler`]: the `exec` entry: boot, handshake, scheduling loop, watchdog, shutdown.
+//! - `trace`: the AICPU dispatch records of swimlane level 2 (both runtimes).
 //! - `trb`: the tensormap_and_ringbuffer side of `exec`: the orchestration thread and the
 //!   scheduler threads that dispatch while it submits.
 //! - `program` (feature `aicpu-program`): the onboard AICPU program's init and exec entries
@@ -23,6 +24,7 @@ use crate::abi::regs::RegId;
 pub mod dispatch;
 pub mod program;
 pub mod scheduler;
+pub(crate) mod trace;
 mod trb;
 pub mod view;
 

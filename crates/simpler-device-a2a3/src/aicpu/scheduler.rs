@@ -31,10 +31,11 @@
 use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
 use super::dispatch::CoreState;
+use super::trace::Trace;
 use super::view::{ImageView, ReadyQueue};
 use super::{AicpuPlatform, LogLevel};
 use crate::abi::codes::{RuntimeCode, StallClass};
-use crate::abi::image::{AicpuRecord, NO_FUNC, READY_QUEUE_COUNT, TaskRecord, TaskShape};
+use crate::abi::image::{NO_FUNC, READY_QUEUE_COUNT, TaskRecord, TaskShape};
 use crate::abi::launch::InitArgs;
 use crate::abi::payload::{
     DispatchPayload, GLOBAL_CONTEXT_SLOT, GlobalContext, LOCAL_CONTEXT_SLOT, LocalContext,
@@ -187,16 +188,6 @@ struct Unpublished {
     progress: u64,
 }
 
-/// Per-core FIFOs of record indices (at most two dispatches are in flight per core).
-struct Trace {
-    capacity: u32,
-    fifo: [[u32; 2]; MAX_LAUNCH_CORES],
-    len: [u8; MAX_LAUNCH_CORES],
-}
-
-/// Marks a dispatch whose record did not fit.
-const NO_RECORD: u32 = u32::MAX;
-
 impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
     fn push_ready(&self, task: u32) {
         let t = self.view.task(task);
@@ -307,48 +298,15 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
 
     /// Appends an AICPU record for a dispatch to owned core `idx` (if tracing).
     fn record_dispatch(&mut self, idx: usize, task_id: u64, core: u32, token: u32) {
-        let now = self.p.counter();
-        let thread = self.thread;
-        let view = self.view;
-        let Some(tr) = self.trace.as_mut() else { return };
-        let (h, records) = view.aicpu_swimlane(thread);
-        // Relaxed: only this thread writes the count; the host reads it after the run.
-        let n = h.count.load(Relaxed);
-        let rec = if n < tr.capacity {
-            let r = AicpuRecord { task_id, core, token, dispatch: now, finish: 0 };
-            // SAFETY: record `n` < capacity lies inside this thread's block, which only this
-            // thread writes during the run.
-            unsafe { records.add(n as usize).write(r) };
-            h.count.store(n + 1, Relaxed);
-            n
-        } else {
-            h.dropped.fetch_add(1, Relaxed);
-            NO_RECORD
-        };
-        let len = tr.len[idx] as usize;
-        if len < 2 {
-            tr.fifo[idx][len] = rec;
-            tr.len[idx] += 1;
+        if let Some(tr) = self.trace.as_mut() {
+            tr.dispatch(&self.view, idx, self.p.counter(), task_id, core, token);
         }
     }
 
     /// Stamps the finish time of the oldest in-flight dispatch of owned core `idx`.
     fn record_finish(&mut self, idx: usize) {
-        let now = self.p.counter();
-        let thread = self.thread;
-        let view = self.view;
-        let Some(tr) = self.trace.as_mut() else { return };
-        if tr.len[idx] == 0 {
-            return;
-        }
-        let rec = tr.fifo[idx][0];
-        tr.fifo[idx][0] = tr.fifo[idx][1];
-        tr.len[idx] -= 1;
-        if rec != NO_RECORD && rec < tr.capacity {
-            let (_, records) = view.aicpu_swimlane(thread);
-            // SAFETY: record `rec` < capacity was written by this thread (above) and lies inside
-            // its block; only the `finish` field is written, through a raw pointer.
-            unsafe { core::ptr::addr_of_mut!((*records.add(rec as usize)).finish).write(now) };
+        if let Some(tr) = self.trace.as_mut() {
+            tr.finish(&self.view, idx, self.p.counter());
         }
     }
 
@@ -663,11 +621,7 @@ pub fn exec<P: AicpuPlatform>(p: &P, init: &InitArgs, view: &ImageView<'_>, thre
         completed_here: 0,
         unpublished: Unpublished::default(),
         pushed: false,
-        trace: (h.swimlane_level >= 2 && h.aicpu_swimlane_capacity > 0).then_some(Trace {
-            capacity: h.aicpu_swimlane_capacity,
-            fifo: [[NO_RECORD; 2]; MAX_LAUNCH_CORES],
-            len: [0; MAX_LAUNCH_CORES],
-        }),
+        trace: Trace::of(view, thread),
     };
     let mut k = thread;
     while k < h.block_dim {

@@ -20,9 +20,9 @@ use core::sync::atomic::AtomicU64;
 use crate::abi::handshake::Handshake;
 use crate::abi::image::{
     AicpuRecord, CoreSlot, HBG_IMAGE_MAGIC, ImageHeader, MAX_PHASE_THREADS, PhaseRecord,
-    READY_QUEUE_COUNT, ReadyQueueHeader, SECTION_ALIGN, SharedHeader, SwimlaneHeader,
-    SwimlaneRecord, TRB_IMAGE_MAGIC, TaskRecord, TrbHeader, TrbStatus, aicpu_swimlane_block_bytes,
-    swimlane_block_bytes,
+    READY_QUEUE_COUNT, ReadyQueueHeader, SECTION_ALIGN, ScopeRecord, SharedHeader, SubmitRecord,
+    SwimlaneHeader, SwimlaneRecord, TRB_IMAGE_MAGIC, TaskRecord, TrbDiagHeader, TrbHeader,
+    TrbStatus, aicpu_swimlane_block_bytes, swimlane_block_bytes, trb_diag_bytes,
 };
 use crate::abi::payload::{DispatchPayload, PayloadPair};
 use crate::abi::{ABI_VERSION, MAX_FUNC_IDS, MAX_LAUNCH_CORES};
@@ -158,6 +158,14 @@ impl<'a> ImageView<'a> {
             let n = u64::from(trb.num_tensors);
             let args = (n * 132).div_ceil(8) * 8 + u64::from(trb.num_scalars) * 8;
             check(trb.args_off, args, "trb arguments")?;
+            if trb.diag_off != 0 {
+                check(trb.diag_off, size_of::<TrbDiagHeader>() as u64, "trb diagnostics")?;
+                // SAFETY: the header was just checked to lie inside the image; plain u32
+                // capacities written by the host.
+                let d = unsafe { view.at::<TrbDiagHeader>(trb.diag_off) };
+                let bytes = trb_diag_bytes(d.scope_capacity, d.submit_capacity);
+                check(trb.diag_off, bytes, "trb diagnostics")?;
+            }
         }
         for q in 0..READY_QUEUE_COUNT {
             let rq = view.ready_header(q);
@@ -184,6 +192,24 @@ impl<'a> ImageView<'a> {
     pub fn trb_status(&self) -> Option<&'a TrbStatus> {
         // SAFETY: checked in `from_raw_sections` for a trb image; all fields are atomics.
         self.trb_header().map(|t| unsafe { self.at(t.status_off) })
+    }
+
+    /// The trb diagnostics header and raw pointers to its scope and submit records
+    /// (capacities in the header), if the image has them. Only the orchestration thread writes
+    /// the records; the host reads them after the run.
+    pub fn trb_diag(&self) -> Option<(&'a TrbDiagHeader, *mut ScopeRecord, *mut SubmitRecord)> {
+        let off = self.trb_header()?.diag_off;
+        if off == 0 {
+            return None;
+        }
+        // SAFETY: checked in `from_raw_sections` with its records; the header's counts are
+        // atomics and its capacities plain data written by the host.
+        let h = unsafe { self.at::<TrbDiagHeader>(off) };
+        let scopes = off + size_of::<TrbDiagHeader>() as u64;
+        let submits = scopes + u64::from(h.scope_capacity) * size_of::<ScopeRecord>() as u64;
+        // SAFETY: both record blocks lie inside the checked section.
+        let (sp, up) = unsafe { (self.base.add(scopes as usize), self.base.add(submits as usize)) };
+        Some((h, sp.cast(), up.cast()))
     }
 
     /// The image base as a device address.
@@ -455,6 +481,14 @@ impl<'a> HostImageView<'a> {
         self.view.trb_status()
     }
 
+    /// The trb diagnostics header and its scope and submit record blocks, if the image has a
+    /// diagnostics section; no device thread writes them while this view exists.
+    pub(crate) fn trb_diag(
+        &self,
+    ) -> Option<(&'a TrbDiagHeader, *const ScopeRecord, *const SubmitRecord)> {
+        self.view.trb_diag().map(|(h, s, u)| (h, s.cast_const(), u.cast_const()))
+    }
+
     /// The swimlane records core `c` (< `num_aicore`) wrote, and how many it dropped.
     pub(crate) fn swimlane_records(
         &self,
@@ -481,6 +515,13 @@ impl<'a> HostImageView<'a> {
         let n = if live { h.count.load(Acquire).min(cap) as usize } else { 0 };
         // SAFETY: as in `swimlane_records`, for thread `t`'s checked block.
         (0..n).map(move |i| unsafe { records.add(i).read() })
+    }
+
+    /// The AICPU records thread `t` (< 4) could not store.
+    pub(crate) fn aicpu_dropped(&self, t: u32) -> u32 {
+        use core::sync::atomic::Ordering::Acquire;
+        let live = self.header().aicpu_swimlane_capacity > 0 && (t as usize) < MAX_PHASE_THREADS;
+        if live { self.view.aicpu_swimlane(t).0.dropped.load(Acquire) } else { 0 }
     }
 }
 

@@ -1,22 +1,28 @@
 //! `deps.json` (`docs/device-chip.md`): the dependency graph of a run.
 //!
 //! host_build_graph derives its edges on the host through the tensor map, so the file is
-//! written from the builder's records; the replay the device runtime needs (device-captured
-//! submit records replayed through `simpler-tensormap`) would reproduce the same edges by
-//! construction. u64 values are strings, as the format requires.
+//! written from the builder's records. tensormap_and_ringbuffer wires its edges on the device;
+//! its submit records are replayed on the host through the same builder (`runtime::trb::replay`)
+//! and the file is written from that replay. u64 values are strings, as the format requires.
 
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
-use simpler_types::{DeviceTaskId, TaskId};
+use simpler_types::TaskId;
 
 use super::origin_json;
 
 use crate::runtime::hbg::builder::{BuiltGraph, EdgeSource, Overlap};
 
-/// `deps.json` of `g`; `complete` is false when the run did not finish; `origin` is the engine
-/// task one level up that started the run.
-pub(crate) fn deps_json(g: &BuiltGraph, complete: bool, origin: Option<TaskId>) -> Value {
+/// `deps.json` of `g`, whose task `i` has device task id `ids(i)`; `complete` is false when
+/// the run did not finish (or records were lost); `origin` is the engine task one level up that
+/// started the run.
+pub(crate) fn deps_json(
+    g: &BuiltGraph,
+    ids: &dyn Fn(u32) -> u64,
+    complete: bool,
+    origin: Option<TaskId>,
+) -> Value {
     let mut tensor_ids: BTreeMap<(u64, i32), usize> = BTreeMap::new();
     let mut tensors = Vec::new();
     for t in &g.tensors {
@@ -51,7 +57,7 @@ pub(crate) fn deps_json(g: &BuiltGraph, complete: bool, origin: Option<TaskId>) 
                 })
                 .collect();
             json!({
-                "task_id": DeviceTaskId::new(0, i as u32).0.to_string(),
+                "task_id": ids(i as u32).to_string(),
                 "scope": t.scope_depth,
                 "kernel_ids": t.func_ids,
                 "shape": t.shape.name(),
@@ -66,8 +72,8 @@ pub(crate) fn deps_json(g: &BuiltGraph, complete: bool, origin: Option<TaskId>) 
         .map(|e| {
             let version = g.tasks.get(e.succ as usize).and_then(|t| g.tensors.get(t.tensors.start + e.arg as usize)).map_or(0, |t| t.version);
             json!({
-                "pred": DeviceTaskId::new(0, e.pred).0.to_string(),
-                "succ": DeviceTaskId::new(0, e.succ).0.to_string(),
+                "pred": ids(e.pred).to_string(),
+                "succ": ids(e.succ).to_string(),
                 "arg": e.arg,
                 "source": match e.source { EdgeSource::Tensormap => "tensormap", EdgeSource::Creator => "creator" },
                 "overlap": match e.overlap { Overlap::Covered => "covered", Overlap::Partial => "partial" },

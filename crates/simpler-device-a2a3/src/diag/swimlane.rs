@@ -2,8 +2,9 @@
 //!
 //! `l2_swimlane_records.json` keeps the raw 50 MHz counters; `swimlane.perfetto.json` is Chrome
 //! Trace Event JSON for ui.perfetto.dev: one `X` event per (task, block) dispatch on one track
-//! per core (`AIC<k>`/`AIV<k>`), AICPU thread phases from level 2, and flow arrows per
-//! dependency edge when dep-gen is on.
+//! per core (`AIC<k>`/`AIV<k>`), AICPU thread phases and dispatches from level 2, the trb
+//! orchestration's submit spans from level 4, and flow arrows per dependency edge when dep-gen
+//! is on.
 
 use serde_json::{Value, json};
 use simpler_types::TaskId;
@@ -12,6 +13,7 @@ use super::origin_json;
 use super::timing::ThreadPhases;
 use crate::abi::image::{AicpuRecord, SwimlaneRecord};
 use crate::abi::{COUNTER_HZ, CorePlace, CoreType, NS_PER_TICK};
+use crate::aicpu::trace::SUBMIT_SPAN_CORE;
 use crate::aicpu::view::HostImageView;
 
 /// What a run captured.
@@ -26,6 +28,8 @@ pub(crate) struct SwimlaneCapture {
     pub(crate) dropped: Vec<u32>,
     /// `(AICPU thread, record)` from level 2.
     pub(crate) aicpu: Vec<(u32, AicpuRecord)>,
+    /// AICPU records the threads could not store.
+    pub(crate) aicpu_dropped: u32,
     pub(crate) phases: Vec<ThreadPhases>,
 }
 
@@ -49,8 +53,14 @@ impl SwimlaneCapture {
             records,
             dropped,
             aicpu,
+            aicpu_dropped: (0..threads).map(|t| image.aicpu_dropped(t)).sum(),
             phases: super::timing::phases(image, threads),
         }
+    }
+
+    /// Every record a core or an AICPU thread could not store.
+    pub(crate) fn total_dropped(&self) -> u64 {
+        self.dropped.iter().map(|&d| u64::from(d)).sum::<u64>() + u64::from(self.aicpu_dropped)
     }
 }
 
@@ -95,6 +105,7 @@ pub(crate) fn records_json(c: &SwimlaneCapture) -> Value {
             "core_types": core_types,
             "core_to_thread": core_to_thread,
             "dropped": c.dropped,
+            "aicpu_dropped": c.aicpu_dropped,
         },
         "aicore_tasks": aicore,
         "aicpu_tasks": c.aicpu.iter().map(|(t, r)| json!([t, r.task_id, r.core, r.token, r.dispatch, r.finish])).collect::<Vec<_>>(),
@@ -153,23 +164,35 @@ pub(crate) fn perfetto_json(
                 }
             }
         }
-        // One track per AICPU thread for its dispatches: token written → completion observed.
+        // One track per AICPU thread for its dispatches (token written → completion observed),
+        // and the trb orchestration thread's submit spans (level 4) in a process of their own.
         for (t, r) in &c.aicpu {
             if r.finish >= r.dispatch && r.finish > 0 {
+                let (pid, name) = if r.core == SUBMIT_SPAN_CORE {
+                    (4, "submit".to_owned())
+                } else {
+                    (3, format!("dispatch to {}", core_name(r.core, c.block_dim)))
+                };
                 events.push(json!({
-                    "ph": "X", "pid": 3, "tid": t,
-                    "name": format!("dispatch to {}", core_name(r.core, c.block_dim)),
+                    "ph": "X", "pid": pid, "tid": t, "name": name,
                     "ts": us(r.dispatch), "dur": us(r.finish) - us(r.dispatch),
                     "args": {"task_id": r.task_id, "core": r.core, "reg_token": r.token},
                 }));
             }
         }
-        if !c.aicpu.is_empty() {
+        let (spans, dispatches): (Vec<_>, Vec<_>) =
+            c.aicpu.iter().partition(|(_, r)| r.core == SUBMIT_SPAN_CORE);
+        if !dispatches.is_empty() {
             events.push(json!({"ph": "M", "name": "process_name", "pid": 3, "args": {"name": "AICPU dispatch"}}));
             for t in 0..c.threads {
                 events.push(json!({"ph": "M", "name": "thread_name", "pid": 3, "tid": t,
                                    "args": {"name": format!("AICPU{t} dispatch")}}));
             }
+        }
+        if let Some((t, _)) = spans.first() {
+            events.push(json!({"ph": "M", "name": "process_name", "pid": 4, "args": {"name": "AICPU orchestration"}}));
+            events.push(json!({"ph": "M", "name": "thread_name", "pid": 4, "tid": t,
+                               "args": {"name": format!("AICPU{t} submits")}}));
         }
     }
     // Flow arrows: from the last dispatch of the producer to the first of the consumer.

@@ -38,8 +38,9 @@ impl DeviceRunner {
     /// runner.finalize()?;
     /// # Ok::<(), simpler_device_a2a3::DeviceError>(())
     /// ```
-    pub fn attach(opts: RunnerOptions) -> Result<DeviceRunner, DeviceError> {
+    pub fn attach(mut opts: RunnerOptions) -> Result<DeviceRunner, DeviceError> {
         let timeouts = opts.resolve_timeouts()?;
+        opts.rings = opts.resolve_rings()?;
         tracing::info!(
             device = opts.device_id,
             scheduler_ms = timeouts.scheduler.as_millis() as u64,

@@ -19,6 +19,7 @@
 //!    host_build_graph.
 
 mod orchestration;
+mod record;
 mod schedule;
 
 use core::sync::atomic::Ordering::Relaxed;

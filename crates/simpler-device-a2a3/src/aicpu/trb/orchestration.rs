@@ -11,6 +11,7 @@ use simpler_tensormap::fixed::AccessMode;
 use simpler_types::constants::HEAP_RING_COUNT;
 use simpler_types::{DeviceTaskId, TENSOR_DESC_SIZE, Tensor, TensorArgType};
 
+use super::record::{self, OrchRecords};
 use crate::abi::codes::RuntimeCode;
 use crate::abi::image::{NO_FUNC, TRB_MESSAGE_BYTES, TaskShape, TrbHeader, TrbStatus};
 use crate::aicpu::scheduler::TICKS_PER_MS;
@@ -70,6 +71,10 @@ struct TrbOrch<'a, P: AicpuPlatform> {
     entry: &'a [Tensor],
     /// An error is latched (by this thread or a scheduler); every further call fails.
     failed: bool,
+    /// Scope and submit records, when the host asked for them.
+    records: Option<OrchRecords<'a>>,
+    /// Submit spans are recorded (swimlane level 4), into this thread's AICPU block.
+    spans: Option<u32>,
 }
 
 /// Runs the orchestration on this thread (protocol step 1).
@@ -151,6 +156,8 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
         engine,
         entry: &tensors[..n],
         failed: false,
+        records: OrchRecords::of(view),
+        spans: record::spans_on(view).then_some(threads - 1),
     };
     let args = OrchArgs::new(&tensors[..n], &tags[..n], scalars);
     // SAFETY: the host wrote the address of a `NativeOrchFn` of this program (the runtime's
@@ -245,7 +252,13 @@ unsafe extern "C-unwind" fn op_scope_begin<P: AicpuPlatform>(rt: *mut c_void) ->
         return ORCH_FAILED;
     }
     match o.engine.scope_begin() {
-        Ok(()) => ORCH_OK,
+        Ok(()) => {
+            if let Some(rec) = o.records.as_mut() {
+                rec.depth += 1;
+                rec.scope(record::scope_usage(&mut o.engine, true, rec.depth));
+            }
+            ORCH_OK
+        }
         Err(r) => o.refused(r),
     }
 }
@@ -256,8 +269,17 @@ unsafe extern "C-unwind" fn op_scope_end<P: AicpuPlatform>(rt: *mut c_void) -> i
     if o.failed {
         return ORCH_FAILED;
     }
+    // The scope's usage before its end releases it.
+    let end = o.records.as_ref().map(|r| r.depth);
+    let usage = end.map(|depth| record::scope_usage(&mut o.engine, false, depth));
     match o.engine.scope_end() {
-        Ok(()) => ORCH_OK,
+        Ok(()) => {
+            if let (Some(rec), Some(u)) = (o.records.as_mut(), usage) {
+                rec.scope(u);
+                rec.depth = rec.depth.saturating_sub(1);
+            }
+            ORCH_OK
+        }
         Err(r) => o.refused(r),
     }
 }
@@ -489,6 +511,7 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         if self.failed {
             return ORCH_FAILED.into();
         }
+        let span_start = if self.spans.is_some() { self.p.counter() } else { 0 };
         let (nt, ns) = (d.num_tensors as usize, d.num_scalars as usize);
         if nt > MAX_TASK_TENSORS || ns > MAX_TASK_SCALARS {
             return self
@@ -592,6 +615,20 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
             Ok(s) => {
                 // Relaxed: watchdog evidence that the orchestration is busy.
                 self.view.shared().progress.fetch_add(1, Relaxed);
+                if let Some(rec) = &self.records {
+                    rec.submit(&record::SubmitFacts {
+                        id: s.id.0,
+                        shape,
+                        funcs,
+                        blocks,
+                        tensors,
+                        tags,
+                        producers: self.engine.last_producers(),
+                    });
+                }
+                if let Some(thread) = self.spans {
+                    record::submit_span(&self.view, thread, s.id.0, span_start, self.p.counter());
+                }
                 s.id.0 as i64
             }
             Err(status) => status.into(),

@@ -16,6 +16,7 @@ use crate::abi::regs::RegId;
 use crate::abi::{CorePlace, CoreType};
 use crate::aicpu::dispatch::CoreState;
 use crate::aicpu::scheduler::{Owned, TICKS_PER_MS, WaitEnd, handshake, shutdown_cores, wait_for};
+use crate::aicpu::trace::Trace;
 use crate::aicpu::view::ImageView;
 use crate::aicpu::{AicpuPlatform, LogLevel};
 use crate::runtime::trb::engine::Completer;
@@ -48,6 +49,7 @@ pub(super) fn schedule<P: AicpuPlatform>(
         thread,
         completed_here: 0,
         unpublished: Unpublished::default(),
+        trace: Trace::of(view, thread),
     };
     let mut k = thread;
     while k < h.block_dim {
@@ -138,6 +140,8 @@ struct Scheduler<'a, P: AicpuPlatform> {
     thread: u32,
     completed_here: u64,
     unpublished: Unpublished,
+    /// AICPU dispatch records (swimlane level 2 and up).
+    trace: Option<Trace>,
 }
 
 impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
@@ -194,6 +198,9 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             }
             for &handle in done.as_slice() {
                 self.unpublished.finished += 1;
+                if let Some(tr) = self.trace.as_mut() {
+                    tr.finish(&self.view, i, self.p.counter());
+                }
                 self.member_done(handle);
             }
             if !done.as_slice().is_empty() {
@@ -252,6 +259,9 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         // the token stored below (release).
         unsafe { ptr.write(payload) };
         self.p.reg_store(w, RegId::DataMainBaseLow, token);
+        if let Some(tr) = self.trace.as_mut() {
+            tr.dispatch(&self.view, idx, self.p.counter(), task_id, w, token);
+        }
         self.unpublished.dispatched += 1;
         self.unpublished.progress += 1;
         let slot = self.view.core_slot(w);

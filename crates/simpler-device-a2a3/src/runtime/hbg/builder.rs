@@ -578,7 +578,7 @@ impl<'e> GraphBuilder<'e> {
         ORCH_OK
     }
 
-    fn scope_begin(&mut self) -> i32 {
+    pub(crate) fn scope_begin(&mut self) -> i32 {
         if self.scope_depth as usize + 1 >= MAX_SCOPE_DEPTH {
             return self
                 .invalid(format!("scope depth would exceed {} user levels", MAX_SCOPE_DEPTH - 1));
@@ -593,7 +593,7 @@ impl<'e> GraphBuilder<'e> {
         ORCH_OK
     }
 
-    fn scope_end(&mut self) -> i32 {
+    pub(crate) fn scope_end(&mut self) -> i32 {
         if self.scope_depth == 0 {
             return self.invalid("scope_end without a matching scope_begin".into());
         }

@@ -42,7 +42,7 @@ pub(crate) fn put(buf: &mut [u8], off: u64, bytes: &[u8]) {
     }
 }
 
-fn put_u32(buf: &mut [u8], off: u64, v: u32) {
+pub(crate) fn put_u32(buf: &mut [u8], off: u64, v: u32) {
     put(buf, off, &v.to_le_bytes());
 }
 

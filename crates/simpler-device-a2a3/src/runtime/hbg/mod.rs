@@ -248,7 +248,7 @@ impl BoundRun for HbgRun {
             && let Some(image) = image
         {
             let capture = SwimlaneCapture::read(image, self.diag.swimlane, self.threads);
-            out.report().swimlane_dropped = capture.dropped.iter().map(|&d| u64::from(d)).sum();
+            out.report().swimlane_dropped = capture.total_dropped();
             let edges: Vec<(u64, u64)> = if self.diag.dep_gen {
                 g.edges
                     .iter()
@@ -268,7 +268,8 @@ impl BoundRun for HbgRun {
         // The graph exists on the host whatever happened on the device, so `deps.json` is
         // written on every outcome (marked incomplete unless the run succeeded).
         if self.diag.dep_gen {
-            let deps = diag::deps::deps_json(g, outcome == Outcome::Success, out.origin());
+            let ids = |i: u32| DeviceTaskId::new(0, i).0;
+            let deps = diag::deps::deps_json(g, &ids, outcome == Outcome::Success, out.origin());
             out.write("deps.json", deps.to_string().as_bytes());
             out.write(
                 "deps.dot",

@@ -1,20 +1,27 @@
 //! `TensormapAndRingbuffer`, this runtime's `ChipRuntime`: binding a run checks the
 //! orchestration's arguments on the host, resolves the ring sizes, takes the arena from the
 //! runner's device memory and writes the image; the orchestration itself runs on the device.
-//! `TrbRun` reads the latched status, the orchestration's report and the device timing back.
+//! `TrbRun` reads the latched status, the orchestration's report and the device timing back,
+//! and exports the diagnostics the device recorded (`diag`).
 
 use std::time::Duration;
 
-use simpler_types::{CallConfig, DumpArgsLevel, RunId, SwimlaneLevel};
+use simpler_types::{CallConfig, RunId};
 
+use super::diag::{
+    self as trb_diag, AICPU_RECORDS_PER_THREAD, Replay, SCOPE_RECORDS, SUBMIT_RECORDS,
+    SWIMLANE_RECORDS_PER_CORE, TrbDiagRecords,
+};
 use super::image::{TrbImage, TrbReport, write_image};
 use super::sizing;
 use super::storage::{ArenaLayout, ArenaShape, MAX_ENTRY_TENSORS};
 use crate::abi::codes::RuntimeCode;
+use crate::abi::launch::{PROFILE_DEP_GEN, PROFILE_SCOPE_STATS, PROFILE_SWIMLANE};
 use crate::aicpu::view::HostImageView;
 use crate::callable::{OrchArgs, Orchestration};
+use crate::diag::swimlane::SwimlaneCapture;
 use crate::diag::timing::RunPhases;
-use crate::diag::{self, Exporter, Outcome};
+use crate::diag::{self, DiagPlan, Exporter, Outcome};
 use crate::error::{DeviceError, RingSizes, RuntimeFault};
 use crate::runner::{RingHighWater, RunReport};
 use crate::runtime::hbg::check_arg_count;
@@ -38,9 +45,16 @@ impl TensormapAndRingbuffer {
 /// A bound trb run.
 #[derive(Debug)]
 pub(crate) struct TrbRun {
+    run_id: RunId,
     block_dim: u32,
     threads: u32,
     scheduler_budget: Duration,
+    profiling: u32,
+    /// Which func ids the callable registers (for the dependency-graph replay).
+    funcs: Vec<bool>,
+    /// Kernel names by func id, for `deps.dot` and the swimlane trace.
+    kernel_names: diag::dot::KernelNames,
+    plan: DiagPlan,
 }
 
 impl ChipRuntime for TensormapAndRingbuffer {
@@ -52,24 +66,6 @@ impl ChipRuntime for TensormapAndRingbuffer {
                 setting: "aicpu_thread_num".into(),
                 value: config.aicpu_thread_num().to_string(),
                 rule: "at least 2 under tensormap_and_ringbuffer (one orchestrates)".into(),
-            });
-        }
-        // The diagnostics collectors are host_build_graph's; asking trb for them must not
-        // quietly produce no files.
-        let diagnostic = [
-            ("dep_gen", config.dep_gen()),
-            ("scope_stats", config.scope_stats()),
-            ("swimlane", config.swimlane() != SwimlaneLevel::Off),
-            ("dump_args", config.dump_args() != DumpArgsLevel::Off),
-            ("pmu", config.pmu().is_some()),
-        ];
-        if let Some((name, _)) = diagnostic.iter().find(|(_, on)| *on) {
-            return Err(DeviceError::Unsupported {
-                run_id,
-                feature: format!(
-                    "{name} under tensormap_and_ringbuffer (diagnostics are collected by \
-                     host_build_graph only; run with RuntimeVariant::HostBuildGraph)"
-                ),
             });
         }
         Ok(())
@@ -109,13 +105,26 @@ impl ChipRuntime for TensormapAndRingbuffer {
         // The runner keeps this allocation per slot and reuses it while it is large enough, so
         // runs of one sizing allocate their arena once.
         let arena_base = mem.heap_arena(arena.len)?;
+        // Profiling flags and record capacities: the device buffers are fixed, whatever the
+        // graph's size, since the graph is built during the run.
+        let plan = inp.diag.clone();
+        let mut profiling = 0;
+        if plan.swimlane > 0 {
+            profiling |= PROFILE_SWIMLANE;
+        }
+        if plan.dep_gen {
+            profiling |= PROFILE_DEP_GEN;
+        }
+        if plan.scope_stats {
+            profiling |= PROFILE_SCOPE_STATS;
+        }
         let frame = ImageInputs {
             block_dim: inp.block_dim,
             aicpu_threads: inp.threads,
-            profiling: 0,
-            swimlane_capacity: 0,
-            swimlane_level: 0,
-            aicpu_swimlane_capacity: 0,
+            profiling,
+            swimlane_capacity: if plan.swimlane > 0 { SWIMLANE_RECORDS_PER_CORE } else { 0 },
+            swimlane_level: plan.swimlane,
+            aicpu_swimlane_capacity: if plan.swimlane >= 2 { AICPU_RECORDS_PER_THREAD } else { 0 },
             active_callable: inp.stamp,
             func_table: inp.func_table,
         };
@@ -126,22 +135,64 @@ impl ChipRuntime for TensormapAndRingbuffer {
             tensors: inp.tensors,
             tags: inp.tags,
             scalars: inp.scalars,
+            scope_records: if plan.scope_stats || plan.dep_gen { SCOPE_RECORDS } else { 0 },
+            submit_records: if plan.dep_gen { SUBMIT_RECORDS } else { 0 },
         };
         write_image(host_image, &frame, &trb).ok_or_else(|| DeviceError::InvalidArgs {
             run_id: Some(run_id),
             message: "the arguments are too large for a runtime image".into(),
         })?;
+        let kernel_names = if plan.dep_gen || plan.swimlane > 0 {
+            diag::dot::kernel_names(inp.callable.children())
+        } else {
+            diag::dot::KernelNames::new()
+        };
         Ok(Box::new(TrbRun {
+            run_id,
             block_dim: inp.block_dim,
             threads: inp.threads,
             scheduler_budget: self.scheduler_budget,
+            profiling,
+            funcs: if plan.dep_gen { inp.funcs.to_vec() } else { Vec::new() },
+            kernel_names,
+            plan,
         }))
+    }
+}
+
+impl TrbRun {
+    /// The run's submit records replayed on the host; disagreements and lost records become
+    /// report warnings.
+    fn replay(&self, records: &TrbDiagRecords, out: &mut Exporter<'_>) -> Option<Replay> {
+        if records.submit_dropped > 0 {
+            out.warn(format!(
+                "dep_gen: {} submits did not fit the device's {SUBMIT_RECORDS} records; deps.json \
+                 holds the first {SUBMIT_RECORDS} and is marked incomplete",
+                records.submit_dropped
+            ));
+        }
+        match trb_diag::replay(records, self.run_id, self.block_dim, &self.funcs) {
+            Ok(r) => {
+                if let Some(first) = r.mismatches.first() {
+                    out.warn(format!(
+                        "dep_gen: {} edges differ between the device's wiring and the tensor-map \
+                         replay (first: {first})",
+                        r.mismatches.len()
+                    ));
+                }
+                Some(r)
+            }
+            Err(e) => {
+                out.warn(format!("dep_gen: no deps.json: {e}"));
+                None
+            }
+        }
     }
 }
 
 impl BoundRun for TrbRun {
     fn profiling(&self) -> u32 {
-        0
+        self.profiling
     }
 
     fn describe(&self, _: &mut RunReport) {}
@@ -192,5 +243,43 @@ impl BoundRun for TrbRun {
         diag::timing::wall_and_phases(launch_ticks, &diag::timing::phases(image, self.threads))
     }
 
-    fn export(&self, _: Option<&HostImageView<'_>>, _: Outcome, _: &mut Exporter<'_>) {}
+    fn export(&self, image: Option<&HostImageView<'_>>, outcome: Outcome, out: &mut Exporter<'_>) {
+        // Everything trb knows about the graph was recorded on the device.
+        let Some(image) = image else { return };
+        let records = TrbDiagRecords::read(image);
+        let replay = if self.plan.dep_gen { self.replay(&records, out) } else { None };
+        let ids = |i: u32| replay.as_ref().map_or(0, |r| r.ids[i as usize]);
+        if self.plan.swimlane > 0 {
+            let capture = SwimlaneCapture::read(image, self.plan.swimlane, self.threads);
+            out.report().swimlane_dropped = capture.total_dropped();
+            let edges: Vec<(u64, u64)> = replay.as_ref().map_or_else(Vec::new, |r| {
+                r.graph.edges.iter().map(|e| (ids(e.pred), ids(e.succ))).collect()
+            });
+            let records = diag::swimlane::records_json(&capture).to_string();
+            out.write("l2_swimlane_records.json", records.as_bytes());
+            let origin = out.origin();
+            let perfetto =
+                diag::swimlane::perfetto_json(&capture, &edges, &self.kernel_names, origin)
+                    .to_string();
+            out.write("swimlane.perfetto.json", perfetto.as_bytes());
+        }
+        if let Some(r) = &replay {
+            let complete = outcome == Outcome::Success && records.submit_dropped == 0;
+            let deps = diag::deps::deps_json(&r.graph, &ids, complete, out.origin());
+            out.write("deps.json", deps.to_string().as_bytes());
+            let dot = diag::dot::deps_dot(&r.graph, &self.kernel_names, out.origin());
+            out.write("deps.dot", dot.as_bytes());
+        }
+        if self.plan.scope_stats {
+            if records.scope_dropped > 0 {
+                out.warn(format!(
+                    "scope_stats: {} scope events did not fit the device's {SCOPE_RECORDS} records",
+                    records.scope_dropped
+                ));
+            }
+            let fatal = outcome != Outcome::Success;
+            let text = trb_diag::scope_stats(&records, out.report(), fatal);
+            out.write("scope_stats/scope_stats.jsonl", text.as_bytes());
+        }
+    }
 }

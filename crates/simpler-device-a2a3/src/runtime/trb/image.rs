@@ -2,7 +2,7 @@
 //! records, func table, shared header), then the runtime section — [`TrbHeader`], the
 //! [`TrbStatus`] the orchestration thread fills, and the orchestration's arguments.
 
-use core::mem::size_of;
+use core::mem::{offset_of, size_of};
 use core::sync::atomic::Ordering::{Acquire, Relaxed};
 
 use simpler_types::constants::HEAP_RING_COUNT;
@@ -10,10 +10,12 @@ use simpler_types::{Tensor, TensorArgType};
 
 use super::storage::ArenaLayout;
 use crate::abi::image::{
-    ImageLayout, ImageParams, READY_QUEUE_COUNT, TRB_IMAGE_MAGIC, TRB_MESSAGE_BYTES, TrbHeader,
-    TrbStatus,
+    ImageLayout, ImageParams, READY_QUEUE_COUNT, SECTION_ALIGN, TRB_IMAGE_MAGIC, TRB_MESSAGE_BYTES,
+    TrbDiagHeader, TrbHeader, TrbStatus, trb_diag_bytes,
 };
-use crate::runtime::hbg::image::{ImageInputs, frame_header, put, put_i32, put_u64, write_frame};
+use crate::runtime::hbg::image::{
+    ImageInputs, frame_header, put, put_i32, put_u32, put_u64, write_frame,
+};
 
 /// What the runtime section records.
 #[derive(Clone, Copy, Debug)]
@@ -28,6 +30,10 @@ pub(crate) struct TrbImage<'a> {
     pub(crate) tensors: &'a [Tensor],
     pub(crate) tags: &'a [TensorArgType],
     pub(crate) scalars: &'a [u64],
+    /// Scope records the diagnostics section holds (0 = none).
+    pub(crate) scope_records: u32,
+    /// Submit records the diagnostics section holds (0 = none).
+    pub(crate) submit_records: u32,
 }
 
 /// Bytes of the orchestration's arguments: descriptors, tags, then 8-aligned scalars.
@@ -43,14 +49,18 @@ pub(crate) fn write_image(
 ) -> Option<ImageLayout> {
     let head = (size_of::<TrbHeader>() + size_of::<TrbStatus>()) as u64;
     let args = args_bytes(trb.tensors.len(), trb.scalars.len());
+    // The diagnostics section follows the arguments, 64-aligned.
+    let diag_rel = (head + args).div_ceil(SECTION_ALIGN) * SECTION_ALIGN;
+    let with_diag = trb.scope_records > 0 || trb.submit_records > 0;
+    let diag = if with_diag { trb_diag_bytes(trb.scope_records, trb.submit_records) } else { 0 };
     let layout = ImageLayout::compute(&ImageParams {
         task_count: 0,
         edge_count: 0,
-        args_bytes: head + args,
+        args_bytes: diag_rel.checked_add(diag)?,
         num_aicore: 3 * frame.block_dim,
         queue_capacity: [0; READY_QUEUE_COUNT],
-        swimlane_capacity: 0,
-        aicpu_swimlane_capacity: 0,
+        swimlane_capacity: frame.swimlane_capacity,
+        aicpu_swimlane_capacity: frame.aicpu_swimlane_capacity,
     })?;
     buf.clear();
     buf.resize(usize::try_from(layout.len).ok()?, 0);
@@ -73,9 +83,14 @@ pub(crate) fn write_image(
         num_scalars: trb.scalars.len() as u32,
         args_off,
         status_off: layout.args_off + size_of::<TrbHeader>() as u64,
-        reserved: [0],
+        diag_off: if with_diag { layout.args_off + diag_rel } else { 0 },
     };
     put(b, layout.args_off, bytemuck::bytes_of(&section));
+    if with_diag {
+        let off = section.diag_off;
+        put_u32(b, off + offset_of!(TrbDiagHeader, scope_capacity) as u64, trb.scope_records);
+        put_u32(b, off + offset_of!(TrbDiagHeader, submit_capacity) as u64, trb.submit_records);
+    }
     let n = trb.tensors.len() as u64;
     for (i, t) in trb.tensors.iter().enumerate() {
         put(b, args_off + 128 * i as u64, &t.to_bytes());

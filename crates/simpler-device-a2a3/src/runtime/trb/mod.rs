@@ -11,6 +11,8 @@
 //! - `storage`: the arena's layout in device memory and the typed sections over it.
 //! - `accesses`: a submit's tensor arguments and tags as the engine's tensor-map accesses.
 //! - `bind`: the runtime's `ChipRuntime` and `BoundRun`.
+//! - `diag`: what a run asks the device to record for the diagnostics, the host replay of the
+//!   submit records, and the scope statistics.
 //! - `image`: the trb image (runtime section, orchestration arguments) and its status record.
 //!
 //! The AICPU side (the orchestration thread and the scheduler threads) is `aicpu::trb`;
@@ -18,6 +20,7 @@
 
 pub(crate) mod accesses;
 pub(crate) mod bind;
+pub(crate) mod diag;
 pub(crate) mod engine;
 pub(crate) mod image;
 pub(crate) mod ready;

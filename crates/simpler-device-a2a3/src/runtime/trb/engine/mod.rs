@@ -395,6 +395,8 @@ pub(crate) struct Engine<'a> {
     open: usize,
     submitted: u64,
     producers: [u64; MAX_FANIN],
+    /// How many of `producers` the last submit's lookups found (the rest are slab holders).
+    linked: usize,
 }
 
 impl<'a> Engine<'a> {
@@ -431,6 +433,7 @@ impl<'a> Engine<'a> {
             open: 1,
             submitted: 0,
             producers: [0; MAX_FANIN],
+            linked: 0,
         }
     }
 
@@ -565,6 +568,7 @@ impl<'a> Engine<'a> {
         }
         // Producers below `linked` are waited for; the holders after them only kept.
         let linked = count;
+        self.linked = linked;
         let own = DeviceTaskId::new(r as u8, self.rings[r].window.head()).0;
         for &h in keep {
             if h == own || self.producers[..count].contains(&h) {
@@ -692,6 +696,12 @@ impl<'a> Engine<'a> {
         };
         ring.pending = Some([ring.pending.map_or(grant.seq, |p| p[0]), grant.seq + 1]);
         Ok(Allocated { ring: r, offset: grant.offset, owner: DeviceTaskId(owner) })
+    }
+
+    /// The producers the last accepted submit found through the tensor map (for the dependency
+    /// graph's diagnostics).
+    pub(crate) fn last_producers(&self) -> &[u64] {
+        &self.producers[..self.linked]
     }
 
     /// Tasks submitted so far.

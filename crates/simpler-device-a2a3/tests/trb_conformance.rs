@@ -1,0 +1,468 @@
+//! Conformance items that name tensormap_and_ringbuffer, each test named after its item: the
+//! vector programs on every launch shape (1), orchestration faults that leave the device healthy
+//! (7; the ring stalls SCOPE_DEADLOCK, HEAP_RING_DEADLOCK, DEP_POOL_OVERFLOW and
+//! TENSORMAP_OVERFLOW are in `trb_programs.rs`), callable and arena reuse and ring sizing (13),
+//! and the diagnostics files (16).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use common::*;
+use simpler_device_a2a3::abi::codes::RuntimeCode;
+use simpler_device_a2a3::{
+    ArgDirection, ChipCallable, CoreCallable, DeviceError, DeviceHealth, DeviceRunner, Kernels,
+    OrchArgs, OrchConfig, OrchCtx, OrchError, RingDefaults, RunRequest, RunnerOptions,
+    RuntimeVariant,
+};
+use simpler_tensormap::{ByteSpan, TensorKey, TensorMap};
+use simpler_types::{
+    CallConfig, CoreArgs, RingOverride, RingSel, SlotId, SwimlaneLevel, TaskArgs, TypesError,
+};
+
+const TRB: RuntimeVariant = RuntimeVariant::TensormapAndRingbuffer;
+
+fn trb_runner() -> DeviceRunner {
+    DeviceRunner::attach(options_on(0, TRB)).unwrap()
+}
+
+// ----- 1. vector_add and the vector example on every shape -----
+
+fn vector_add_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let mut a = CoreArgs::new();
+    a.add_input(*args.tensor(0).unwrap()).unwrap();
+    a.add_input(*args.tensor(1).unwrap()).unwrap();
+    a.add_output(*args.tensor(2).unwrap()).unwrap();
+    ctx.submit(Kernels::Aiv(FUNC_ADD), &a)?;
+    Ok(())
+}
+
+#[test]
+fn item_1_vector_add_and_the_vector_example_pass_on_trb_for_block_dim_1_to_3_and_2_to_4_threads() {
+    let mut r = trb_runner();
+    use ArgDirection::{In, Out};
+    let add = ChipCallable::native(vector_add_orch, three_args)
+        .kernel(FUNC_ADD, CoreCallable::native(vec![In, In, Out], add_kernel))
+        .build()
+        .unwrap();
+    let add_slot = r.register_callable(&add).unwrap();
+    let ex_slot = r.register_callable(&vector_callable()).unwrap();
+    let n = 128 * 128;
+    let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let (px, tx) = upload_f32(&mut r, &x);
+    let (py, ty) = upload_f32(&mut r, &x);
+    let (pz, tz) = upload_f32(&mut r, &vec![0.0; n]);
+    let mut add_args = TaskArgs::new();
+    add_args.add_input(tx).unwrap().add_input(ty).unwrap().add_output(tz).unwrap();
+    let v = VectorRun::new(&mut r, n);
+    let mut run = 1;
+    for block_dim in 1..=3 {
+        for threads in 2..=4 {
+            let cfg = CallConfig::builder()
+                .block_dim(block_dim)
+                .aicpu_thread_num(threads)
+                .build()
+                .unwrap();
+            r.memset(pz, 0, (n * 4) as u64).unwrap();
+            let rep = r.run(&RunRequest::new(run_id(run), add_slot, &add_args, &cfg)).unwrap();
+            assert_eq!(rep.tasks, 1);
+            let z = download_f32(&mut r, pz, n);
+            assert!(
+                z.iter().enumerate().all(|(i, v)| *v == 2.0 * i as f32),
+                "vector_add, block_dim {block_dim}, threads {threads}"
+            );
+            r.memset(v.ptrs[2], 0, (n * 4) as u64).unwrap();
+            let rep = r.run(&RunRequest::new(run_id(run + 1), ex_slot, &v.args, &cfg)).unwrap();
+            assert_eq!(rep.tasks, 5);
+            v.check(&mut r);
+            run += 2;
+        }
+    }
+    v.free(&mut r);
+    for p in [px, py, pz] {
+        r.free(p).unwrap();
+    }
+    r.finalize().unwrap();
+}
+
+// ----- 7. Orchestration faults latch their codes; the device stays healthy -----
+
+fn unregistered_kernel_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let mut a = CoreArgs::new();
+    a.add_inout(*args.tensor(0).unwrap()).unwrap();
+    ctx.submit(Kernels::Aiv(FUNC_NOOP), &a)?;
+    // Func id 9 is not registered by the callable.
+    ctx.submit(Kernels::Aiv(9), &a)?;
+    Ok(())
+}
+
+fn fatal_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let mut a = CoreArgs::new();
+    a.add_inout(*args.tensor(0).unwrap()).unwrap();
+    ctx.submit(Kernels::Aiv(FUNC_NOOP), &a)?;
+    ctx.report_fatal(0, "the orchestration gave up");
+    Ok(())
+}
+
+fn panicking_orch(_: &mut OrchCtx<'_>, _: &OrchArgs<'_>) -> Result<(), OrchError> {
+    panic!("the orchestration panicked on purpose")
+}
+
+fn one_arg(_: &OrchArgs<'_>) -> OrchConfig {
+    OrchConfig { expected_arg_count: 1 }
+}
+
+fn two_args(_: &OrchArgs<'_>) -> OrchConfig {
+    OrchConfig { expected_arg_count: 2 }
+}
+
+fn noop_callable(
+    orch: simpler_device_a2a3::NativeOrchFn,
+    config: simpler_device_a2a3::NativeConfigFn,
+) -> ChipCallable {
+    ChipCallable::native(orch, config)
+        .kernel(FUNC_NOOP, CoreCallable::native(vec![], noop_kernel))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn item_7_trb_orchestration_faults_latch_invalid_args_and_orchestration_fatal_and_the_next_run_succeeds()
+ {
+    let mut r = trb_runner();
+    let (p, t) = upload_f32(&mut r, &[0.0; 64]);
+    let mut args = TaskArgs::new();
+    args.add_inout(t).unwrap();
+    let cases: [(ChipCallable, RuntimeCode, &str); 4] = [
+        (noop_callable(unregistered_kernel_orch, one_arg), RuntimeCode::InvalidArgs, "func id 9"),
+        (noop_callable(unregistered_kernel_orch, two_args), RuntimeCode::InvalidArgs, "expects 2"),
+        (noop_callable(fatal_orch, one_arg), RuntimeCode::OrchestrationFatal, "gave up"),
+        (noop_callable(panicking_orch, one_arg), RuntimeCode::OrchestrationFatal, "on purpose"),
+    ];
+    let ok_slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 1024);
+    for (i, (callable, code, text)) in cases.iter().enumerate() {
+        let slot = r.register_callable(callable).unwrap();
+        let err = r
+            .run(&RunRequest::new(run_id(10 + i as u64), slot, &args, &CallConfig::default()))
+            .unwrap_err();
+        let DeviceError::Runtime { fault, .. } = &err else { panic!("case {i}: {err}") };
+        assert_eq!(fault.code, *code, "case {i}: {err}");
+        assert!(fault.message.contains(text), "case {i}: {err}");
+        assert_eq!(r.health(), DeviceHealth::Healthy, "case {i}");
+        r.unregister_callable(slot).unwrap();
+        // The next run on the same runner succeeds.
+        r.run(&RunRequest::new(run_id(20 + i as u64), ok_slot, &v.args, &CallConfig::default()))
+            .unwrap();
+        v.check(&mut r);
+    }
+    v.free(&mut r);
+    r.free(p).unwrap();
+    r.finalize().unwrap();
+}
+
+// ----- 13. Callable and arena reuse; ring sizing -----
+
+fn chain_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let n = args.scalar(0).unwrap_or(0);
+    let t = *args.tensor(0).unwrap();
+    ctx.scope(|ctx| -> Result<(), OrchError> {
+        for _ in 0..n {
+            let mut a = CoreArgs::new();
+            a.add_inout(t).unwrap();
+            ctx.submit(Kernels::Aiv(FUNC_NOOP), &a)?;
+        }
+        Ok(())
+    })?
+}
+
+fn small_ring_options() -> RunnerOptions {
+    let mut o = options_on(0, TRB);
+    o.rings = RingDefaults { task_window: 16, heap_bytes: 64 << 10, dep_pool: 64 };
+    o
+}
+
+/// `n` chained tasks in one scope (ring 1) with `cfg`.
+fn run_chain(
+    r: &mut DeviceRunner,
+    slot: simpler_device_a2a3::ChipSlot,
+    run: u64,
+    n: u64,
+    cfg: &CallConfig,
+) -> Result<simpler_device_a2a3::RunReport, DeviceError> {
+    let (p, t) = upload_f32(r, &[0.0; 64]);
+    let mut args = TaskArgs::new();
+    args.add_inout(t).unwrap();
+    args.add_scalar(n).unwrap();
+    let out = r.run(&RunRequest::new(run_id(run), slot, &args, cfg));
+    r.free(p).unwrap();
+    out
+}
+
+#[test]
+fn item_13_rerunning_one_trb_callable_registers_once_and_builds_its_arena_once_and_a_larger_sizing_rebuilds_once()
+ {
+    let mut r = DeviceRunner::attach(small_ring_options()).unwrap();
+    let slot = r.register_callable(&noop_callable(chain_orch, two_args)).unwrap();
+    let cfg = CallConfig::default();
+    run_chain(&mut r, slot, 1, 8, &cfg).unwrap();
+    let first = r.stats();
+    assert_eq!(first.registrations, 1);
+    for run in 2..=6 {
+        run_chain(&mut r, slot, run, 8, &cfg).unwrap();
+    }
+    let again = r.stats();
+    assert_eq!(again.registrations, 1, "re-running registers nothing");
+    assert_eq!(again.chip_buffer_uploads, first.chip_buffer_uploads, "nothing is re-uploaded");
+    assert_eq!(again.arena_cache_misses, first.arena_cache_misses, "the arena is built once");
+    assert_eq!(again.runs_completed, 6);
+    // A larger ring sizing builds a new arena once, then reuses it.
+    let big = RingOverride { task_window: Some(64), heap_bytes: Some(256 << 10), dep_pool: None };
+    let bigger = CallConfig::builder().ring_override(RingSel::All, big).build().unwrap();
+    for run in 7..=9 {
+        run_chain(&mut r, slot, run, 8, &bigger).unwrap();
+    }
+    assert_eq!(r.stats().arena_cache_misses, again.arena_cache_misses + 1);
+    r.finalize().unwrap();
+}
+
+#[test]
+fn item_13_runtime_env_beats_the_runner_ring_defaults() {
+    let mut r = DeviceRunner::attach(small_ring_options()).unwrap();
+    let slot = r.register_callable(&noop_callable(chain_orch, two_args)).unwrap();
+    // Forty tasks in one scope do not fit the runner's 16-slot window of ring 1 ...
+    let err = run_chain(&mut r, slot, 1, 40, &CallConfig::default()).unwrap_err();
+    let DeviceError::Runtime { fault, .. } = &err else { panic!("{err}") };
+    assert_eq!(fault.code, RuntimeCode::ScopeDeadlock, "{err}");
+    assert_eq!((fault.ring, fault.sizes.map(|s| s.task_window)), (Some(1), Some(16)), "{err}");
+    // ... but fit the run's own 64-slot window for ring 1, whose high-water mark shows it.
+    let wide = RingOverride { task_window: Some(64), heap_bytes: None, dep_pool: None };
+    let cfg = CallConfig::builder().ring_override(RingSel::Ring(1), wide).build().unwrap();
+    let rep = run_chain(&mut r, slot, 2, 40, &cfg).unwrap();
+    assert_eq!(rep.rings[1].task_window_max, 40);
+    r.finalize().unwrap();
+}
+
+#[test]
+fn item_13_bad_ring_overrides_are_rejected_naming_the_ring_and_the_field() {
+    let mut r = DeviceRunner::attach(small_ring_options()).unwrap();
+    let slot = r.register_callable(&noop_callable(chain_orch, two_args)).unwrap();
+    // The configuration refuses what no ring can take, naming the ring ...
+    let build = |o: RingOverride| CallConfig::builder().ring_override(RingSel::Ring(2), o).build();
+    let window = RingOverride { task_window: Some(48), heap_bytes: None, dep_pool: None };
+    assert!(matches!(build(window), Err(TypesError::TaskWindowOutOfRange { ring: 2, value: 48 })));
+    let pool = RingOverride { task_window: None, heap_bytes: None, dep_pool: Some(2) };
+    assert!(matches!(build(pool), Err(TypesError::DepPoolOutOfRange { ring: 2, value: 2 })));
+    // ... and the runtime what its heap rings cannot, naming the ring, the field and the value.
+    let heap = RingOverride { task_window: None, heap_bytes: Some(1500), dep_pool: None };
+    let err = run_chain(&mut r, slot, 1, 4, &build(heap).unwrap()).unwrap_err();
+    let DeviceError::InvalidConfig { setting, value, .. } = &err else { panic!("{err}") };
+    assert_eq!((setting.as_str(), value.as_str()), ("ring 2 heap_bytes", "1500"), "{err}");
+    // An unusable runner default is named the same way.
+    let mut o = small_ring_options();
+    o.rings.task_window = 12;
+    let mut r2 = DeviceRunner::attach(o).unwrap();
+    let slot2 = r2.register_callable(&noop_callable(chain_orch, two_args)).unwrap();
+    let err = run_chain(&mut r2, slot2, 1, 4, &CallConfig::default()).unwrap_err();
+    assert!(err.to_string().contains("ring 0 task_window"), "{err}");
+    r2.finalize().unwrap();
+    // Nothing ran, and the runner still runs.
+    run_chain(&mut r, slot, 9, 4, &CallConfig::default()).unwrap();
+    r.finalize().unwrap();
+}
+
+// ----- 16. Diagnostics files -----
+
+fn scoped_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let t = *args.tensor(0).unwrap();
+    ctx.scope(|ctx| {
+        ctx.scope(|ctx| {
+            let mut a = CoreArgs::new();
+            a.add_inout(t).unwrap();
+            ctx.submit_blocks(Kernels::Aiv(FUNC_NOOP), &a, 3)
+        })
+    })???;
+    Ok(())
+}
+
+fn json(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn x_events(perfetto: &serde_json::Value, pid: u64) -> Vec<&serde_json::Value> {
+    perfetto["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["pid"] == pid)
+        .collect()
+}
+
+/// Every file under `dir`, relative to it.
+fn files_under(dir: &std::path::Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.insert(p.strip_prefix(dir).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn item_16_trb_diagnostics_write_parseable_files_only_under_the_prefix() {
+    let dir = temp_dir("trb-diag");
+    let mut r = trb_runner();
+    let cfg = CallConfig::builder()
+        .swimlane(SwimlaneLevel::OrchPhases)
+        .dep_gen(true)
+        .scope_stats(true)
+        .output_prefix(&dir)
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    let rep = vector_once(&mut r, 1, &cfg);
+    let host = t0.elapsed();
+    let wall = rep.device_wall.expect("device wall time");
+    assert!(wall > std::time::Duration::ZERO && wall <= host, "wall {wall:?} host {host:?}");
+    assert!(rep.warnings.is_empty(), "{:?}", rep.warnings);
+    assert_eq!(rep.swimlane_dropped, 0);
+    assert_eq!(
+        files_under(&dir),
+        BTreeSet::from([
+            "deps.dot".into(),
+            "deps.json".into(),
+            "l2_swimlane_records.json".into(),
+            "scope_stats/scope_stats.jsonl".into(),
+            "swimlane.perfetto.json".into(),
+        ])
+    );
+    assert!(rep.outputs.iter().all(|p| p.starts_with(&dir)), "{:?}", rep.outputs);
+
+    // One X event per (task, block) dispatch, named by kernel; one AICPU dispatch record each;
+    // one orchestration submit span per task (level 4).
+    let perfetto = json(&dir.join("swimlane.perfetto.json"));
+    let cores = x_events(&perfetto, 1);
+    assert_eq!(cores.len(), 5, "one X event per (task, block) dispatch");
+    let kernels: BTreeSet<&str> = cores.iter().filter_map(|e| e["name"].as_str()).collect();
+    assert_eq!(kernels, BTreeSet::from(["add", "add_scalar", "mul"]));
+    assert_eq!(x_events(&perfetto, 3).len(), 5, "AICPU dispatch spans");
+    assert_eq!(x_events(&perfetto, 4).len(), 5, "orchestration submit spans");
+    let records = json(&dir.join("l2_swimlane_records.json"));
+    assert_eq!(records["level"], 4);
+    assert_eq!(records["aicore_tasks"].as_array().unwrap().len(), 5);
+    let aicpu = records["aicpu_tasks"].as_array().unwrap();
+    assert_eq!(aicpu.len(), 10, "five dispatches and five submit spans");
+    assert!(aicpu.iter().all(|r| r[5].as_u64() >= r[4].as_u64() && r[4].as_u64() > Some(0)));
+    assert_eq!(records["metadata"]["clock_freq_hz"], 50_000_000);
+
+    // deps.json edges equal a replay of its own task records through the tensor map, and the
+    // vector example's known graph.
+    let deps = json(&dir.join("deps.json"));
+    assert_eq!(deps["complete"], true);
+    let run = simpler_types::RunId::FIRST;
+    let map = TensorMap::new();
+    let mut replayed = BTreeSet::new();
+    let ids: Vec<u64> = deps["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["task_id"].as_str().unwrap().parse().unwrap())
+        .collect();
+    for (i, task) in deps["tasks"].as_array().unwrap().iter().enumerate() {
+        let mut writes = Vec::new();
+        for arg in task["args"].as_array().unwrap() {
+            let range = arg["range"].as_array().unwrap();
+            let span = ByteSpan::new(
+                range[0].as_str().unwrap().parse().unwrap(),
+                range[1].as_str().unwrap().parse().unwrap(),
+            )
+            .unwrap();
+            let key = TensorKey::Host { addr: 0 };
+            let tag = arg["tag"].as_str().unwrap();
+            if tag == "INPUT" || tag == "INOUT" {
+                map.lookup_overlapping(run, &key, span, |p| {
+                    replayed.insert((ids[p.index as usize], ids[i]));
+                });
+            }
+            if tag != "INPUT" && tag != "NO_DEP" {
+                writes.push(span);
+            }
+        }
+        for w in writes {
+            map.insert(run, TensorKey::Host { addr: 0 }, w, SlotId::new(i as u32, 1));
+        }
+    }
+    let edges: BTreeSet<(u64, u64)> = deps["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["pred"].as_str().unwrap().parse().unwrap(),
+                e["succ"].as_str().unwrap().parse().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(edges, replayed);
+    assert_eq!(edges, BTreeSet::from([(0, 1), (0, 2), (1, 3), (2, 3), (3, 4), (0, 4)]));
+
+    // Scope statistics: one begin and one end per scope, the ring each scope used; a 3-block
+    // task is 3 dispatches.
+    let dir2 = temp_dir("trb-scopes");
+    let c = ChipCallable::native(scoped_orch, one_arg)
+        .kernel(FUNC_NOOP, CoreCallable::native(vec![], noop_kernel))
+        .build()
+        .unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let (p, t) = upload_f32(&mut r, &[0.0; 8]);
+    let mut args = TaskArgs::new();
+    args.add_inout(t).unwrap();
+    let cfg = CallConfig::builder()
+        .scope_stats(true)
+        .swimlane(SwimlaneLevel::AicoreTiming)
+        .output_prefix(&dir2)
+        .build()
+        .unwrap();
+    let rep = r.run(&RunRequest::new(run_id(2), slot, &args, &cfg)).unwrap();
+    let text = std::fs::read_to_string(dir2.join("scope_stats/scope_stats.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> =
+        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines[0]["total"], 4);
+    assert_eq!(lines[0]["dropped"], 0);
+    assert_eq!(lines[0]["task_window_max"][2], rep.rings[2].task_window_max);
+    let phases: Vec<(&str, u64, u64)> = lines[1..]
+        .iter()
+        .map(|l| {
+            (
+                l["phase"].as_str().unwrap(),
+                l["depth"].as_u64().unwrap(),
+                l["ring"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(phases, [("begin", 1, 1), ("begin", 2, 2), ("end", 2, 2), ("end", 1, 1)]);
+    // The inner scope's one task holds one slot of ring 2 at its end.
+    assert_eq!(lines[3]["task_window_end"], 1);
+    let perfetto = json(&dir2.join("swimlane.perfetto.json"));
+    assert_eq!(x_events(&perfetto, 1).len(), 3);
+
+    // Diagnostics off writes nothing, even with a prefix.
+    let dir3 = temp_dir("trb-quiet");
+    let cfg = CallConfig::builder().output_prefix(&dir3).build().unwrap();
+    let rep = r.run(&RunRequest::new(run_id(3), slot, &args, &cfg)).unwrap();
+    assert!(rep.outputs.is_empty());
+    assert_eq!(std::fs::read_dir(&dir3).unwrap().count(), 0);
+    r.free(p).unwrap();
+    r.finalize().unwrap();
+    for d in [dir, dir2, dir3] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
