@@ -394,6 +394,7 @@ impl<'e> RunBuilder<'e> {
                 "close with {open} user scope(s) still open; unwinding them"
             );
         }
+        drop_run_entries(core, &self.run);
         unwind_all(core, &mut orch);
         core.registry.end_building(self.run.id, orch);
         self.run.close();
@@ -419,6 +420,7 @@ impl<'e> RunBuilder<'e> {
         run.mark_failed(RunFailure::Submission { run: run.id, message });
         let mut orch = std::mem::take(&mut self.orch);
         core.cancel_run(&run, CancelReason::SubmissionFailed, true, &mut orch.graph);
+        drop_run_entries(core, &run);
         unwind_all(core, &mut orch);
         core.registry.end_building(run.id, orch);
         run.close();
@@ -438,8 +440,57 @@ impl Drop for RunBuilder<'_> {
     }
 }
 
+/// Drops the run's tensor-map entries all at once when submission ends
+/// (`docs/tensormap.md` §6): only a submit or an `alloc` of the run can look them up, so from
+/// here on they would be erased one by one at reclamation for nothing but their memory. The
+/// reclaims that follow (most of a run whose outer scope holds its tasks) then find no table.
+fn drop_run_entries(core: &Core, run: &RunRecord) {
+    core.tensor_map.erase_run(run.id);
+}
+
 /// Pops every frame, innermost first, and releases the scope reference of each slot.
 fn unwind_all(core: &Core, orch: &mut OrchState) {
     orch.scopes.unwind_into(&mut orch.released, 0);
     core.release_all(&mut orch.released);
+}
+
+#[cfg(all(test, not(simpler_loom)))]
+mod tests {
+    use simpler_types::{CallConfig, DataType, TaskArgs, TaskState, Tensor, WorkerId};
+
+    use crate::outcome::RunOutcome;
+    use crate::scheduler::tests::{chip, gated_engine, wait_until};
+
+    fn output(addr: u64) -> TaskArgs {
+        let mut args = TaskArgs::new();
+        args.add_output(Tensor::external(addr, &[64], DataType::UInt8).unwrap()).unwrap();
+        args
+    }
+
+    #[test]
+    fn ending_submission_drops_the_runs_map_entries_while_its_tasks_still_run() {
+        let (engine, tx) = gated_engine();
+        let map = &engine.core().tensor_map;
+        let cfg = CallConfig::default();
+        for close in [true, false] {
+            let mut b = engine.begin_run().unwrap();
+            let run = b.id();
+            let first = b.submit_next_level(&chip(), output(0x1000), &cfg, WorkerId(0), None);
+            let first = first.unwrap();
+            b.submit_next_level(&chip(), output(0x2000), &cfg, WorkerId(0), None).unwrap();
+            assert_eq!(map.len_run(run), 2);
+            wait_until(|| engine.task_snapshot(first).unwrap().state == TaskState::Running);
+            let run = if close { b.close() } else { b.fail("abandoned") };
+            assert_eq!(map.len_run(run), 0, "entries left after the submission ended");
+            assert_eq!(engine.task_snapshot(first).unwrap().state, TaskState::Running);
+            tx.send(()).unwrap();
+            if close {
+                tx.send(()).unwrap();
+            }
+            let outcome = engine.wait(run).unwrap();
+            assert_eq!(matches!(outcome, RunOutcome::Completed), close, "{outcome:?}");
+            engine.release(run).unwrap();
+        }
+        assert!(map.is_empty());
+    }
 }

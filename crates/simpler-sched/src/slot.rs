@@ -307,9 +307,10 @@ impl Payload {
         }
     }
 
-    /// Records the task's configuration (a copy only when it differs from the default).
-    pub(crate) fn set_config(&mut self, config: &CallConfig, default: &CallConfig) {
-        if config == default {
+    /// Records the task's configuration (a copy only when it is not the default, which
+    /// `Core::default_config` always is).
+    pub(crate) fn set_config(&mut self, config: &CallConfig) {
+        if config.is_default() {
             self.custom_config = false;
             return;
         }

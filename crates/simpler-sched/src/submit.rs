@@ -325,7 +325,7 @@ impl RunBuilder<'_> {
             payload.callable = Some(*callable);
             payload.worker_type = Some(worker_type);
             if let Some(config) = config {
-                payload.set_config(config, &core.default_config);
+                payload.set_config(config);
             }
             for (i, a) in args.iter().enumerate() {
                 payload.push_member(a, orch.targets.get(i).copied().unwrap_or(i as u32));

@@ -216,6 +216,24 @@ impl Default for CallConfig {
 }
 
 impl CallConfig {
+    /// Whether every setting is its default (`== CallConfig::default()`, without building one
+    /// or comparing field by field against it): a per-task test on the engine's submit path.
+    #[inline]
+    pub fn is_default(&self) -> bool {
+        self.block_dim == 0
+            && self.aicpu_thread_num == DEFAULT_AICPU_THREAD_NUM
+            && self.swimlane == SwimlaneLevel::Off
+            && self.dump_args == DumpArgsLevel::Off
+            && self.pmu.is_none()
+            && !self.dep_gen
+            && !self.scope_stats
+            && self
+                .runtime_env
+                .iter()
+                .all(|r| r.task_window.is_none() && r.heap_bytes.is_none() && r.dep_pool.is_none())
+            && self.output_prefix.is_none()
+    }
+
     /// A builder starting from the defaults.
     pub fn builder() -> CallConfigBuilder {
         CallConfig::default().to_builder()

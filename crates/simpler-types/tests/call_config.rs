@@ -218,3 +218,30 @@ fn ring_override_and_to_builder_round_trip() {
         d.output_prefix_shared().unwrap()
     ));
 }
+
+#[test]
+fn is_default_agrees_with_comparing_against_the_default_for_every_setting() {
+    // A diagnostic needs an output prefix, so those cases differ in two settings.
+    let default = CallConfig::default();
+    assert!(default.is_default());
+    let b = CallConfig::builder;
+    let one_each = [
+        b().block_dim(8),
+        b().aicpu_thread_num(4),
+        b().swimlane(SwimlaneLevel::SchedPhases).output_prefix("/tmp/out"),
+        b().dump_args(DumpArgsLevel::Full).output_prefix("/tmp/out"),
+        b().pmu(Some(PmuEvent::Memory)).output_prefix("/tmp/out"),
+        b().dep_gen(true).output_prefix("/tmp/out"),
+        b().scope_stats(true).output_prefix("/tmp/out"),
+        b().task_window(RingSel::Ring(3), 1024),
+        b().heap_bytes(RingSel::Ring(1), 4096),
+        b().dep_pool(RingSel::All, 64),
+        b().output_prefix("/tmp/out"),
+    ];
+    for builder in one_each {
+        let c = builder.build().unwrap();
+        assert_ne!(c, default);
+        assert!(!c.is_default(), "{c:?} reported as the default");
+    }
+    assert!(b().block_dim(0).build().unwrap().is_default(), "a default value set explicitly");
+}
