@@ -116,6 +116,11 @@ fn s4(quick: bool) {
     'runtime: for runtime in RuntimeVariant::ALL {
         for chain_len in [1, streaming::CHAIN] {
             let shape = if chain_len == 1 { "independent" } else { "chains of 100" };
+            let variant =
+                format!("{}{}", runtime.short_name(), if chain_len == 1 { 'i' } else { 'c' });
+            if std::env::var("SIMPLER_BENCH_S4").is_ok_and(|only| only != variant) {
+                continue;
+            }
             for &tasks in &sizes {
                 if runtime == RuntimeVariant::HostBuildGraph && tasks > HBG_MAX_TASKS {
                     println!(
