@@ -210,8 +210,10 @@ impl<'a> Completer<'a> {
 
     /// After making tasks ready: whether a scheduler thread other than the caller may be
     /// parked or about to park for want of them (`caller_idle`: the caller is counted idle).
+    /// Nobody needs waking for tasks already popped again (by the caller itself, typically,
+    /// when it completes a chain's task and dispatches its successor in the same round).
     pub(crate) fn idle_besides(&self, caller_idle: bool) -> bool {
-        self.idle.any_besides(caller_idle)
+        !self.ready.looks_empty() && self.idle.any_besides(caller_idle)
     }
 
     /// The oldest ready task, if any; each ready task is handed out once.
