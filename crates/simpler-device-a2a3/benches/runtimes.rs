@@ -14,7 +14,8 @@
 //! covers trb as soon as the simulator runs it. `cargo bench -p simpler-device-a2a3 --bench
 //! runtimes` runs both; `-- s4` or `-- s5` selects one; `-- --test` runs each once at a small
 //! size (what CI uses to check that the bench still works). `SIMPLER_BENCH_S4_MAX` caps the S4
-//! task count (default 1 000 000).
+//! task count (default 1 000 000); `SIMPLER_BENCH_S4=trbi` (runtime, then `i` independent or
+//! `c` chains) runs one S4 variant only, e.g. under a profiler.
 
 use std::time::{Duration, Instant};
 
