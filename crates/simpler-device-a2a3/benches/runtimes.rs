@@ -14,7 +14,8 @@
 //! covers trb as soon as the simulator runs it. `cargo bench -p simpler-device-a2a3 --bench
 //! runtimes` runs both; `-- s4` or `-- s5` selects one; `-- --test` runs each once at a small
 //! size (what CI uses to check that the bench still works). `SIMPLER_BENCH_S4_MAX` caps the S4
-//! task count (default 1 000 000).
+//! task count (default 1 000 000); `SIMPLER_BENCH_S4=trbi` (runtime, then `i` independent or
+//! `c` chains) runs one S4 variant only, e.g. under a profiler.
 
 use std::time::{Duration, Instant};
 
@@ -116,6 +117,11 @@ fn s4(quick: bool) {
     'runtime: for runtime in RuntimeVariant::ALL {
         for chain_len in [1, streaming::CHAIN] {
             let shape = if chain_len == 1 { "independent" } else { "chains of 100" };
+            let variant =
+                format!("{}{}", runtime.short_name(), if chain_len == 1 { 'i' } else { 'c' });
+            if std::env::var("SIMPLER_BENCH_S4").is_ok_and(|only| only != variant) {
+                continue;
+            }
             for &tasks in &sizes {
                 if runtime == RuntimeVariant::HostBuildGraph && tasks > HBG_MAX_TASKS {
                     println!(

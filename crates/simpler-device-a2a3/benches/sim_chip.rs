@@ -12,6 +12,10 @@
 //! override the simulator's spin and yield rounds; `SIMPLER_BENCH_S2=8c` (block_dim, then `i`
 //! independent or `c` chain) runs one S2 variant only.
 //!
+//! S2 runs every variant under both chip runtimes in the same invocation (host_build_graph,
+//! then tensormap_and_ringbuffer, each on its own runner with its default AICPU threads) and
+//! prints the trb/hbg ratio of the medians.
+//!
 //! S2 also reports, per task, the CPU time and the context switches of all the process's
 //! threads (from `/proc/self/task/*/{schedstat,status}`): on a shared host they vary far less
 //! than wall time, and a context switch is what a hand-off between simulated threads costs.
@@ -197,17 +201,72 @@ fn noop_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError
     Ok(())
 }
 
+/// One runner with the S2 program registered and its chain tensor.
+struct S2Chip {
+    bench: Bench,
+    slot: ChipSlot,
+    tensor: Tensor,
+    runtime: RuntimeVariant,
+}
+
+impl S2Chip {
+    fn new(runtime: RuntimeVariant) -> S2Chip {
+        let mut bench = Bench::with_runtime(runtime);
+        let c = ChipCallable::native(noop_orch, |_| OrchConfig { expected_arg_count: 3 })
+            .kernel(NOOP, CoreCallable::native(vec![], noop))
+            .build()
+            .expect("callable");
+        let slot = bench.runner.register_callable(&c).expect("register");
+        let (_, tensor) = bench.device_f32(&[0.0; 16], &[16]);
+        S2Chip { bench, slot, tensor, runtime }
+    }
+
+    /// Runs one S2 variant (one warm-up, then `reps` measured runs) and prints it; returns the
+    /// median host time per task in µs.
+    fn variant(&mut self, tasks: u64, block_dim: u32, chain: bool, reps: usize) -> f64 {
+        let mut args = TaskArgs::new();
+        args.add_inout(self.tensor)
+            .and_then(|a| a.add_scalar(tasks))
+            .and_then(|a| a.add_scalar(u64::from(chain)))
+            .expect("args");
+        let cfg = CallConfig::builder().block_dim(block_dim).build().expect("config");
+        let b = &mut self.bench;
+        b.run(self.slot, &args, &cfg);
+        let mut host = Vec::new();
+        let mut dev = Vec::new();
+        let c0 = thread_counters();
+        for _ in 0..reps {
+            let (h, w) = b.run(self.slot, &args, &cfg);
+            host.push(h);
+            dev.extend(w);
+        }
+        let c1 = thread_counters();
+        let per_task = |a: u64, b: u64| (b - a) as f64 / (reps as f64 * tasks as f64);
+        let (med, lo, hi) = stats(host);
+        let (dmed, _, _) = stats(dev);
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / tasks as f64;
+        println!(
+            "  {} block_dim {block_dim}, {:<11}: {:.3} µs/task (min {:.3}, max {:.3}); device wall {:.3} µs/task; CPU {:.3} µs/task; context switches/task {:.2} voluntary, {:.2} involuntary",
+            self.runtime.short_name(),
+            if chain { "chain" } else { "independent" },
+            per(med),
+            per(lo),
+            per(hi),
+            per(dmed),
+            per_task(c0.cpu_ns, c1.cpu_ns) / 1000.0,
+            per_task(c0.voluntary, c1.voluntary),
+            per_task(c0.involuntary, c1.involuntary)
+        );
+        per(med)
+    }
+}
+
 fn s2(quick: bool) {
-    let mut b = Bench::new();
-    let c = ChipCallable::native(noop_orch, |_| OrchConfig { expected_arg_count: 3 })
-        .kernel(NOOP, CoreCallable::native(vec![], noop))
-        .build()
-        .expect("callable");
-    let slot = b.runner.register_callable(&c).expect("register");
-    let (_, t) = b.device_f32(&[0.0; 16], &[16]);
+    let mut chips: Vec<S2Chip> = RuntimeVariant::ALL.iter().map(|&r| S2Chip::new(r)).collect();
     let tasks: u64 = if quick { 200 } else { 10_000 };
+    let reps = if quick { 1 } else { 5 };
     println!(
-        "S2 dispatch overhead ({tasks} no-op AIV kernel tasks in one run; host time of run() / tasks)"
+        "S2 dispatch overhead ({tasks} no-op AIV kernel tasks in one run; host time of run() / tasks; default AICPU threads: hbg 3, trb 4)"
     );
     for block_dim in [2u32, 8] {
         for chain in [false, true] {
@@ -216,38 +275,11 @@ fn s2(quick: bool) {
             {
                 continue;
             }
-            let mut args = TaskArgs::new();
-            args.add_inout(t)
-                .and_then(|a| a.add_scalar(tasks))
-                .and_then(|a| a.add_scalar(u64::from(chain)))
-                .expect("args");
-            let cfg = CallConfig::builder().block_dim(block_dim).build().expect("config");
-            b.run(slot, &args, &cfg);
-            let reps = if quick { 1 } else { 5 };
-            let mut host = Vec::new();
-            let mut dev = Vec::new();
-            let c0 = thread_counters();
-            for _ in 0..reps {
-                let (h, w) = b.run(slot, &args, &cfg);
-                host.push(h);
-                dev.extend(w);
+            let per: Vec<f64> =
+                chips.iter_mut().map(|c| c.variant(tasks, block_dim, chain, reps)).collect();
+            if let [hbg, trb] = per.as_slice() {
+                println!("    trb / hbg: {:.2}×", trb / hbg);
             }
-            let c1 = thread_counters();
-            let per_task = |a: u64, b: u64| (b - a) as f64 / (reps as f64 * tasks as f64);
-            let (med, lo, hi) = stats(host);
-            let (dmed, _, _) = stats(dev);
-            let per = |d: Duration| d.as_secs_f64() * 1e6 / tasks as f64;
-            println!(
-                "  block_dim {block_dim}, {:<11}: {:.3} µs/task (min {:.3}, max {:.3}); device wall {:.3} µs/task; CPU {:.3} µs/task; context switches/task {:.2} voluntary, {:.2} involuntary",
-                if chain { "chain" } else { "independent" },
-                per(med),
-                per(lo),
-                per(hi),
-                per(dmed),
-                per_task(c0.cpu_ns, c1.cpu_ns) / 1000.0,
-                per_task(c0.voluntary, c1.voluntary),
-                per_task(c0.involuntary, c1.involuntary)
-            );
         }
     }
 }

@@ -404,6 +404,21 @@ fn one_aicpu_thread_is_refused_since_one_orchestrates() {
     r.finalize().unwrap();
 }
 
+#[test]
+fn the_default_config_runs_trb_on_four_aicpu_threads_and_hbg_on_three() {
+    let args = vector_args(256);
+    for (runtime, threads) in
+        [(RuntimeVariant::TensormapAndRingbuffer, 4), (RuntimeVariant::HostBuildGraph, 3)]
+    {
+        let mut r = DeviceRunner::attach(options_for(runtime)).unwrap();
+        let slot = r.register_callable(&vector::callable().unwrap()).unwrap();
+        let (bytes, report) = run_once(&mut r, slot, 1, &args, &CallConfig::default());
+        assert_eq!(report.aicpu_threads, threads, "{runtime:?}");
+        assert_eq!(f32s(&bytes), vector::reference(&args[0].values, &args[1].values));
+        r.finalize().unwrap();
+    }
+}
+
 /// `f = a + b` as one MIX task of two AIV members on each of three blocks, then the same as an
 /// AIV task of four blocks: every member computes the whole sum, so the output is `a + b` when
 /// every member of every block ran and the task completed once.

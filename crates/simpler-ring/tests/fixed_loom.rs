@@ -68,3 +68,70 @@ fn two_retirers_of_one_id_win_once_and_a_late_loser_leaves_the_reused_slot_alone
         assert_eq!(window.reclaim(), 1);
     });
 }
+
+/// The waiter of a [`CountWatch`] either finds its target reached when it arms, or the advance
+/// that reaches it reports so: the "park" (waiting for a reported notification) always ends.
+#[test]
+fn a_count_watch_never_loses_the_wake_up_of_its_target() {
+    use simpler_ring::fixed::{CountWatch, WakeWord};
+    // Two advancers and a yielding waiter: a bound of three preemptions keeps the model to
+    // seconds and still covers every order of the two fences and the arm's store.
+    let mut model = loom::model::Builder::new();
+    model.preemption_bound = Some(3);
+    model.check(|| {
+        let words = Arc::new([WakeWord::new(0), WakeWord::new(0)]);
+        let notified = Arc::new(AtomicU64::new(0));
+        CountWatch::new(&words[0], &words[1]).reset();
+        let advancers: Vec<_> = (0..2)
+            .map(|_| {
+                let (words, notified) = (Arc::clone(&words), Arc::clone(&notified));
+                thread::spawn(move || {
+                    if CountWatch::new(&words[0], &words[1]).advance() {
+                        notified.fetch_add(1, Ordering::Release);
+                    }
+                })
+            })
+            .collect();
+        let w = CountWatch::new(&words[0], &words[1]);
+        if !w.arm(2) {
+            while notified.load(Ordering::Acquire) == 0 {
+                thread::yield_now();
+            }
+        }
+        for a in advancers {
+            a.join().unwrap();
+        }
+        assert!(notified.load(Ordering::Relaxed) <= 1, "one target reported twice");
+    });
+}
+
+/// A consumer that entered [`Idlers`] and found no work parks only if the producer that
+/// publishes work afterwards is told to wake it.
+#[test]
+fn idlers_never_let_a_consumer_park_past_published_work() {
+    use simpler_ring::fixed::{Idlers, WakeWord};
+    loom::model(|| {
+        let idle = Arc::new(WakeWord::new(0));
+        let work = Arc::new(AtomicU64::new(0));
+        let woken = Arc::new(AtomicU64::new(0));
+        let producer = {
+            let (idle, work, woken) = (Arc::clone(&idle), Arc::clone(&work), Arc::clone(&woken));
+            thread::spawn(move || {
+                work.store(1, Ordering::Release);
+                if Idlers::new(&idle).any_besides(false) {
+                    woken.store(1, Ordering::Release);
+                }
+            })
+        };
+        let idlers = Idlers::new(&idle);
+        idlers.enter();
+        if work.load(Ordering::Acquire) == 0 {
+            // Parks: only the producer's notification ends the wait.
+            while woken.load(Ordering::Acquire) == 0 {
+                thread::yield_now();
+            }
+        }
+        idlers.leave();
+        producer.join().unwrap();
+    });
+}

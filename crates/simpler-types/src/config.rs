@@ -28,8 +28,10 @@ use crate::constants::{HEAP_ALIGN, HEAP_RING_COUNT, OUTPUT_PREFIX_MAX, RING_TASK
 use crate::error::TypesError;
 use crate::ids::RingIndex;
 
-/// Default total AICPU threads (one orchestrator plus schedulers), as in the original.
-pub const DEFAULT_AICPU_THREAD_NUM: u32 = 3;
+/// `CallConfig::aicpu_thread_num` of the default config: 0, the chip runtime's own default
+/// (3 under host_build_graph, which only schedules; 4 under tensormap_and_ringbuffer: one
+/// orchestrating and three scheduling, as in the original).
+pub const DEFAULT_AICPU_THREAD_NUM: u32 = 0;
 
 /// Smallest task-window and dependency-pool override.
 const MIN_RING_COUNT: u64 = 4;
@@ -199,7 +201,8 @@ pub struct CallConfig {
 }
 
 impl Default for CallConfig {
-    /// Auto block count, 3 AICPU threads, every diagnostic off, no ring override, no prefix.
+    /// Auto block count, the runtime's default AICPU threads, every diagnostic off, no ring
+    /// override, no prefix.
     fn default() -> CallConfig {
         CallConfig {
             block_dim: 0,
@@ -268,7 +271,7 @@ impl CallConfig {
         self.block_dim
     }
 
-    /// Total AICPU threads.
+    /// Total AICPU threads; 0 = the chip runtime's default.
     pub fn aicpu_thread_num(&self) -> u32 {
         self.aicpu_thread_num
     }
@@ -367,7 +370,7 @@ impl CallConfigBuilder {
         self
     }
 
-    /// Total AICPU threads.
+    /// Total AICPU threads; 0 = the chip runtime's default.
     #[must_use]
     pub fn aicpu_thread_num(mut self, v: u32) -> Self {
         self.aicpu_thread_num = v;

@@ -15,7 +15,7 @@ fn ring(i: u8) -> RingIndex {
 #[test]
 fn defaults_match_the_spec_and_have_no_diagnostics() {
     let c = CallConfig::default();
-    assert_eq!((c.block_dim(), c.aicpu_thread_num()), (0, 3));
+    assert_eq!((c.block_dim(), c.aicpu_thread_num()), (0, 0));
     assert_eq!(
         (c.swimlane(), c.dump_args(), c.pmu()),
         (SwimlaneLevel::Off, DumpArgsLevel::Off, None)

@@ -32,7 +32,8 @@ pub const CORES_PER_CLUSTER: u32 = 3;
 pub const MAX_LAUNCH_CORES: usize = (CORES_PER_CLUSTER * MAX_BLOCK_DIM) as usize;
 /// Most AICPU threads one launch uses.
 pub const MAX_AICPU_THREADS: u32 = 4;
-/// The AICPU thread count a `CallConfig` value of 0 stands for (the original's default).
+/// The AICPU thread count a `CallConfig` value of 0 stands for under host_build_graph (the
+/// original's default there; tensormap_and_ringbuffer defaults to 4).
 pub const DEFAULT_AICPU_THREADS: u32 = 3;
 /// A reported physical core id at or above this value is a handshake failure (25 per die).
 pub const PHYSICAL_CORE_LIMIT: u32 = 75;

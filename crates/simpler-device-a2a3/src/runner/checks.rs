@@ -11,7 +11,7 @@ use simpler_types::{CallConfig, RunId};
 
 use super::{Core, MemoryLedger, RunnerStats, Stage, busy, unusable};
 use crate::abi::launch::InitArgs;
-use crate::abi::{ABI_VERSION, DEFAULT_AICPU_THREADS, MAX_AICPU_THREADS, MAX_BLOCK_DIM};
+use crate::abi::{ABI_VERSION, MAX_AICPU_THREADS, MAX_BLOCK_DIM};
 use crate::error::{DeviceError, InitStep, MemPurpose};
 
 impl Core {
@@ -108,14 +108,17 @@ impl Core {
             rule,
         };
         let threads = match cfg.aicpu_thread_num() {
-            0 => DEFAULT_AICPU_THREADS,
+            0 => self.runtime.default_aicpu_threads(),
             n => n,
         };
         if threads > MAX_AICPU_THREADS {
             return Err(invalid(
                 "CallConfig.aicpu_thread_num",
                 cfg.aicpu_thread_num(),
-                format!("must be in 1..={MAX_AICPU_THREADS} (0 = {DEFAULT_AICPU_THREADS})"),
+                format!(
+                    "must be in 1..={MAX_AICPU_THREADS} (0 = the runtime's default, {})",
+                    self.runtime.default_aicpu_threads()
+                ),
             ));
         }
         if cfg.block_dim() > self.max_block_dim {

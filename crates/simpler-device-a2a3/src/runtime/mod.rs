@@ -71,6 +71,11 @@ pub(crate) trait ChipRuntime: Send + fmt::Debug {
     /// Checks this runtime's own rules on a run's configuration (preparation step 3).
     fn check_config(&self, run_id: Option<RunId>, config: &CallConfig) -> Result<(), DeviceError>;
 
+    /// AICPU threads of a run whose `CallConfig::aicpu_thread_num` is 0 (the default).
+    fn default_aicpu_threads(&self) -> u32 {
+        crate::abi::DEFAULT_AICPU_THREADS
+    }
+
     /// Binds one run (preparation step 7): runs or prepares its orchestration, checks the
     /// capacities and writes the run's runtime image into `image` (resized), ready to upload.
     /// `mem` is the runner's device memory as the runtime may use it.

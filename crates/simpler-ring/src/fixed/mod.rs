@@ -15,13 +15,17 @@
 //! - [`TaskWindowCore`] is a power-of-two circular task window with monotonic local ids and
 //!   FIFO reclamation, for runtimes whose slots live in a fixed array; its retirement flags are
 //!   atomics in caller-provided memory, so other threads retire ids through a [`WindowRetirer`].
+//! - [`CountWatch`] and [`Idlers`] decide when a thread handing work to another must wake it,
+//!   so that a waiter hears once per batch instead of once per item, without a lost wake-up.
 
 mod bump;
 mod heap_ring;
 mod records;
 mod task_window;
+mod wake;
 
 pub use bump::{Placement, bump, largest_fit, occupied_bytes};
 pub use heap_ring::{HeapGrant, HeapRingCore, ReleaseOutcome};
 pub use records::{FixedRecords, HeapRecord, RecordStore};
 pub use task_window::{SlotWord, TaskWindowCore, WindowRetire, WindowRetirer};
+pub use wake::{CountWatch, Idlers, WakeWord};

@@ -28,6 +28,9 @@ use crate::runtime::trb::storage::{
     ArenaLayout, MAX_ENTRY_TENSORS, MAX_TASK_SCALARS, MAX_TASK_TENSORS,
 };
 
+/// A submit refused for room waits until `1 / WAIT_FRACTION` of the tasks in flight completed.
+const WAIT_FRACTION: u64 = 4;
+
 /// A fixed-size text buffer: formatting a message allocates nothing; longer text is cut.
 struct Text {
     bytes: [u8; TRB_MESSAGE_BYTES],
@@ -195,15 +198,10 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
     shared.orch_done.store(1, Release);
     p.notify_schedulers();
     if !rt.failed {
-        let mut round = 0;
-        loop {
-            let epoch = p.wait_epoch();
-            if rt.engine.incomplete() == 0 || !rt.may_wait() {
-                break;
-            }
-            p.idle_wait(epoch, round, p.counter().saturating_add(TICKS_PER_MS));
-            round += 1;
-        }
+        let all = rt.engine.completion_target(u64::MAX);
+        rt.wait_completions(all);
+        // Schedulers parked with nothing to do hear the run's end here.
+        p.notify_schedulers();
     }
     rt.record_peaks();
 }
@@ -466,22 +464,40 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         &mut self,
         mut attempt: impl FnMut(&mut Self) -> Result<T, SubmitRefusal>,
     ) -> Result<T, i32> {
-        let mut round = 0u32;
         loop {
-            let epoch = self.p.wait_epoch();
             match attempt(self) {
                 Ok(v) => return Ok(v),
                 Err(SubmitRefusal::Wait) => {
-                    if !self.may_wait() {
+                    // Back-pressure in batches: sleep until a quarter of the tasks in flight
+                    // completed instead of waking for every completion; the rest keep the
+                    // schedulers busy meanwhile.
+                    let more = (self.engine.incomplete() / WAIT_FRACTION).max(1);
+                    let target = self.engine.completion_target(more);
+                    if !self.wait_completions(target) {
                         return Err(ORCH_FAILED);
                     }
-                    // A short deadline: a wakeup missed between the attempt and the park costs
-                    // at most one millisecond.
-                    self.p.idle_wait(epoch, round, self.p.counter().saturating_add(TICKS_PER_MS));
-                    round = round.saturating_add(1);
                 }
                 Err(r) => return Err(self.refused(r)),
             }
+        }
+    }
+
+    /// Parks until the completion count reaches `target` (from
+    /// [`Engine::completion_target`]); `false` when the run is torn down or failed first.
+    fn wait_completions(&mut self, target: u64) -> bool {
+        let mut round = 0u32;
+        loop {
+            let epoch = self.p.wait_epoch();
+            if self.engine.arm_completions(target) {
+                return true;
+            }
+            if !self.may_wait() {
+                return false;
+            }
+            // The completion that reaches the target wakes this thread; the deadline only
+            // bounds how long a torn-down platform that notifies nobody keeps it.
+            self.p.idle_wait(epoch, round, self.p.counter().saturating_add(TICKS_PER_MS));
+            round = round.saturating_add(1);
         }
     }
 
@@ -613,6 +629,9 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         });
         match submitted {
             Ok(s) => {
+                if s.wake_schedulers {
+                    self.p.notify_schedulers();
+                }
                 // Relaxed: watchdog evidence that the orchestration is busy.
                 self.view.shared().progress.fetch_add(1, Relaxed);
                 if let Some(rec) = &self.records {
@@ -692,18 +711,14 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                 "{op}: {span} is not inside an argument buffer or the runtime heap"
             )));
         }
-        let mut round = 0u32;
-        loop {
-            let epoch = self.p.wait_epoch();
-            if self.engine.accessors_done(t.addr, span, mode) {
-                return Ok(span);
-            }
-            if !self.may_wait() {
+        // Each round waits for the next completion, which may be one of the accessors.
+        while !self.engine.accessors_done(t.addr, span, mode) {
+            let next = self.engine.completion_target(1);
+            if !self.wait_completions(next) {
                 return Err(ORCH_FAILED);
             }
-            self.p.idle_wait(epoch, round, self.p.counter().saturating_add(TICKS_PER_MS));
-            round = round.saturating_add(1);
         }
+        Ok(span)
     }
 
     /// Writes the rings' and the tensor map's high-water marks into the status record.

@@ -19,7 +19,7 @@ use crate::aicpu::scheduler::{Owned, TICKS_PER_MS, WaitEnd, handshake, shutdown_
 use crate::aicpu::trace::Trace;
 use crate::aicpu::view::ImageView;
 use crate::aicpu::{AicpuPlatform, LogLevel};
-use crate::runtime::trb::engine::Completer;
+use crate::runtime::trb::engine::{Completer, Completion};
 use crate::runtime::trb::storage::{ArenaLayout, MAX_TASK_SCALARS, MAX_TASK_TENSORS, SlotTask};
 
 /// Runs scheduler thread `thread` of `schedulers` (protocol steps 2 and 3).
@@ -50,6 +50,7 @@ pub(super) fn schedule<P: AicpuPlatform>(
         completed_here: 0,
         unpublished: Unpublished::default(),
         trace: Trace::of(view, thread),
+        idle: false,
     };
     let mut k = thread;
     while k < h.block_dim {
@@ -117,13 +118,16 @@ impl Pending {
     };
 }
 
-/// Counter changes a scheduler thread batches until the end of its iteration.
+/// Counter changes and wake-ups a scheduler thread batches until the end of its iteration.
 #[derive(Clone, Copy, Debug, Default)]
 struct Unpublished {
     dispatched: u32,
     finished: u32,
     progress: u64,
-    completed: bool,
+    /// Its completions made consumers ready.
+    readied: bool,
+    /// A completion reached the count the orchestration thread waits for.
+    wake_owner: bool,
 }
 
 /// One trb scheduler thread.
@@ -142,6 +146,8 @@ struct Scheduler<'a, P: AicpuPlatform> {
     unpublished: Unpublished,
     /// AICPU dispatch records (swimlane level 2 and up).
     trace: Option<Trace>,
+    /// Counted in the engine's idle schedulers (has room, found nothing ready).
+    idle: bool,
 }
 
 impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
@@ -167,6 +173,22 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         shared.orch_done.load(Acquire) != 0 && c.completed() >= self.status.submitted.load(Relaxed)
     }
 
+    /// Completes `id` and notes whom that must wake.
+    fn complete(&mut self, c: Completer<'a>, id: DeviceTaskId) {
+        let Completion { readied, wake_owner } = c.complete(id);
+        self.completed_here += 1;
+        self.unpublished.progress += 1;
+        self.unpublished.readied |= readied > 0;
+        self.unpublished.wake_owner |= wake_owner;
+    }
+
+    /// Whether this thread could take a ready task now.
+    fn has_room(&self) -> bool {
+        self.owned.len > 0
+            && self.pending_len < PENDING
+            && self.owned.all().iter().any(|w| w.can_accept())
+    }
+
     /// One member of the task behind `handle` finished; completes the task after its last.
     fn member_done(&mut self, handle: u32) {
         let t = self.task_ptr(handle);
@@ -177,10 +199,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             unsafe { (&*addr_of!((*t).members_remaining), addr_of!((*t).task_id).read()) };
         // AcqRel: members finishing on other threads' cores are ordered before the completion.
         if remaining.fetch_sub(1, AcqRel) == 1 {
-            c.complete(DeviceTaskId(id));
-            self.completed_here += 1;
-            self.unpublished.progress += 1;
-            self.unpublished.completed = true;
+            self.complete(c, DeviceTaskId(id));
         }
     }
 
@@ -339,10 +358,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
                 )
             };
             if shape == TaskShape::Dummy {
-                c.complete(id);
-                self.completed_here += 1;
-                self.unpublished.progress += 1;
-                self.unpublished.completed = true;
+                self.complete(c, id);
                 continue;
             }
             self.pending[self.pending_len] =
@@ -367,11 +383,30 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         if u.progress != 0 {
             shared.progress.fetch_add(u.progress, Relaxed);
         }
-        if u.completed {
-            // Completions may end the orchestration's wait, make consumers ready for other
-            // threads, or end the run.
+        // Wake the other threads only when someone waits for this: the orchestration thread
+        // for the completion count it armed (also how the run's end is heard), idle schedulers
+        // for the consumers made ready here.
+        let idle_others = || self.completer.is_some_and(|c| c.idle_besides(self.idle));
+        if u.wake_owner || (u.readied && idle_others()) {
             self.p.notify_schedulers();
         }
+    }
+
+    /// Enters or leaves the engine's idle schedulers: idle while it has room and found
+    /// nothing to do. Returns whether it just entered (it must then look again before parking).
+    fn track_idle(&mut self, progressed: bool) -> bool {
+        let Some(c) = self.completer else { return false };
+        let idle = !progressed && self.has_room();
+        if idle == self.idle {
+            return false;
+        }
+        self.idle = idle;
+        if idle {
+            c.idle_enter();
+        } else {
+            c.idle_leave();
+        }
+        idle
     }
 
     /// Latches SCHEDULER_TIMEOUT (first latch wins).
@@ -421,6 +456,10 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             let mut progressed = self.poll_cores();
             progressed |= self.dispatch();
             self.publish_counters();
+            // Announced idle just now: look at the ready queue once more before any park.
+            if self.track_idle(progressed) {
+                continue;
+            }
             if progressed {
                 round = 0;
                 continue;
@@ -442,5 +481,6 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             self.p.idle_wait(epoch, round, since.saturating_add(budget));
             round = round.saturating_add(1);
         }
+        self.track_idle(true);
     }
 }

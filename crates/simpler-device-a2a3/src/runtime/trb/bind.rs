@@ -42,6 +42,9 @@ impl TensormapAndRingbuffer {
     }
 }
 
+/// AICPU threads of a trb run that does not set `CallConfig::aicpu_thread_num`.
+pub(crate) const TRB_DEFAULT_AICPU_THREADS: u32 = 4;
+
 /// A bound trb run.
 #[derive(Debug)]
 pub(crate) struct TrbRun {
@@ -58,8 +61,13 @@ pub(crate) struct TrbRun {
 }
 
 impl ChipRuntime for TensormapAndRingbuffer {
+    /// One orchestrating and three scheduling, as the original runs trb on A2/A3.
+    fn default_aicpu_threads(&self) -> u32 {
+        TRB_DEFAULT_AICPU_THREADS
+    }
+
     fn check_config(&self, run_id: Option<RunId>, config: &CallConfig) -> Result<(), DeviceError> {
-        // One thread orchestrates; at least one must schedule (0 asks for the default, 3).
+        // One thread orchestrates; at least one must schedule (0 asks for the default, 4).
         if config.aicpu_thread_num() == 1 {
             return Err(DeviceError::InvalidConfig {
                 run_id,

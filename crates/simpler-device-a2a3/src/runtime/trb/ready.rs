@@ -76,6 +76,13 @@ impl<'a> ReadyRing<'a> {
         }
     }
 
+    /// Whether every value pushed so far (as far as this thread has seen) was popped. A stale
+    /// view only ever errs towards "not empty": `head` never passes `tail`, both only grow, and
+    /// a thread sees its own pushes.
+    pub(crate) fn looks_empty(&self) -> bool {
+        self.head.load(Relaxed) >= self.tail.load(Relaxed)
+    }
+
     /// Pops the oldest published value, if any.
     pub(crate) fn pop(&self) -> Option<u64> {
         let mut pos = self.head.load(Relaxed);

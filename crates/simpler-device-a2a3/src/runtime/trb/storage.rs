@@ -123,7 +123,7 @@ struct Counter {
     reserved: [u64; 7],
 }
 
-const COUNTERS: u64 = 3;
+const COUNTERS: u64 = 5;
 
 impl ArenaLayout {
     /// The layout of `shape`; `None` when its sizes overflow.
@@ -210,6 +210,10 @@ pub(crate) struct SharedStorage<'a> {
     pub(crate) ready_head: &'a AtomicU64,
     pub(crate) ready_tail: &'a AtomicU64,
     pub(crate) completed: &'a AtomicU64,
+    /// The completion count the owner waits for (`simpler_ring::fixed::CountWatch`).
+    pub(crate) owner_wake_at: &'a AtomicU64,
+    /// Scheduler threads idle for want of ready tasks (`simpler_ring::fixed::Idlers`).
+    pub(crate) idle_schedulers: &'a AtomicU64,
 }
 
 /// # Safety
@@ -254,6 +258,8 @@ impl ArenaLayout {
                 ready_head: &counters[0].value,
                 ready_tail: &counters[1].value,
                 completed: &counters[2].value,
+                owner_wake_at: &counters[3].value,
+                idle_schedulers: &counters[4].value,
             }
         }
     }

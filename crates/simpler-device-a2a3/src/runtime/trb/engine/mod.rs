@@ -42,7 +42,9 @@ use std::fmt;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-use simpler_ring::fixed::{FixedRecords, HeapRingCore, TaskWindowCore, WindowRetirer};
+use simpler_ring::fixed::{
+    CountWatch, FixedRecords, HeapRingCore, Idlers, TaskWindowCore, WindowRetirer,
+};
 use simpler_tensormap::ByteSpan;
 use simpler_tensormap::fixed::{AccessMode, FixedMapError, FixedTensorMap};
 use simpler_types::DeviceTaskId;
@@ -146,12 +148,30 @@ fn ring_of(id: u64) -> usize {
     (id >> 32) as usize
 }
 
+/// What one [`Completer::complete`] asks its caller to wake.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+#[must_use]
+pub(crate) struct Completion {
+    /// Consumers it made ready (pushed to the ready queue).
+    pub(crate) readied: u32,
+    /// It reached the completion count the owner waits for: wake the owner.
+    pub(crate) wake_owner: bool,
+}
+
 /// The scheduler side: pops ready tasks and completes them, from any thread.
+///
+/// Wake-ups (`docs/device-trb.md`, "Who wakes whom"): the owner waits for a completion count
+/// it arms ([`Engine::arm_completions`]); the completion reaching it reports `wake_owner`, and
+/// only that one. A scheduler thread that has a free core and found no ready task enters the
+/// idle count ([`idle_enter`](Self::idle_enter)) and re-checks before it parks; whoever makes a
+/// task ready asks [`idle_besides`](Self::idle_besides) (or [`Submitted::wake_schedulers`]) and
+/// wakes the schedulers only then.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Completer<'a> {
     rings: [RingShared<'a>; HEAP_RING_COUNT],
     ready: ReadyRing<'a>,
-    completed: &'a AtomicU64,
+    completed: CountWatch<'a>,
+    idle: Idlers<'a>,
 }
 
 impl<'a> Completer<'a> {
@@ -167,13 +187,33 @@ impl<'a> Completer<'a> {
         Completer {
             rings,
             ready: ReadyRing::attach(parts.ready, parts.ready_head, parts.ready_tail),
-            completed: parts.completed,
+            completed: CountWatch::new(parts.completed, parts.owner_wake_at),
+            idle: Idlers::new(parts.idle_schedulers),
         }
     }
 
     /// Tasks completed since the engine was built (acquire: their effects are visible).
     pub(crate) fn completed(&self) -> u64 {
-        self.completed.load(Acquire)
+        self.completed.count()
+    }
+
+    /// This scheduler thread has room for a task and found none ready: it counts as idle until
+    /// [`idle_leave`](Self::idle_leave), and must look at the ready queue again before parking.
+    pub(crate) fn idle_enter(&self) {
+        self.idle.enter();
+    }
+
+    /// This scheduler thread (which entered) is busy again.
+    pub(crate) fn idle_leave(&self) {
+        self.idle.leave();
+    }
+
+    /// After making tasks ready: whether a scheduler thread other than the caller may be
+    /// parked or about to park for want of them (`caller_idle`: the caller is counted idle).
+    /// Nobody needs waking for tasks already popped again (by the caller itself, typically,
+    /// when it completes a chain's task and dispatches its successor in the same round).
+    pub(crate) fn idle_besides(&self, caller_idle: bool) -> bool {
+        !self.ready.looks_empty() && self.idle.any_besides(caller_idle)
     }
 
     /// The oldest ready task, if any; each ready task is handed out once.
@@ -214,8 +254,9 @@ impl<'a> Completer<'a> {
     /// Records that `id`, a task this thread popped from the ready queue, finished: its
     /// consumers' fanins drop (those reaching zero become ready) and its producers and the task
     /// itself lose a reference.
-    pub(crate) fn complete(&self, id: DeviceTaskId) {
+    pub(crate) fn complete(&self, id: DeviceTaskId) -> Completion {
         let id = id.0;
+        let mut readied = 0;
         let ring = &self.rings[ring_of(id)];
         let slot = ring.slot(id as u32);
         let mut link = slot.locked(|| {
@@ -232,13 +273,16 @@ impl<'a> Completer<'a> {
             // AcqRel: the consumer runs after every producer's writes.
             if c.fanin.fetch_sub(1, AcqRel) == 1 {
                 self.push_ready(consumer);
+                readied += 1;
             }
         }
         for at in slot.dep_start.load(Relaxed)..slot.dep_end.load(Relaxed) {
             self.release(ring.dep(at).producer.load(Relaxed));
         }
-        self.completed.fetch_add(1, Release);
+        // Release (inside the watch): the owner that counts this completion sees its effects.
+        let wake_owner = self.completed.advance();
         self.release(id);
+        Completion { readied, wake_owner }
     }
 }
 
@@ -370,6 +414,8 @@ pub(crate) struct Submitted {
     pub(crate) id: DeviceTaskId,
     /// Offset of its output slab in its ring's heap (`None` when it asked for no bytes).
     pub(crate) heap_offset: Option<u64>,
+    /// It was ready at once and a scheduler thread may be parked for want of work: wake them.
+    pub(crate) wake_schedulers: bool,
 }
 
 /// A buffer placed by [`Engine::alloc`].
@@ -405,7 +451,8 @@ impl<'a> Engine<'a> {
     /// storage may hold anything before, including the leftovers of an abandoned run.
     pub(crate) fn new(storage: Storage<'a>) -> Engine<'a> {
         let Storage { sizes, rings: stores, map_entries, map_buckets, shared: parts } = storage;
-        parts.completed.store(0, Relaxed);
+        CountWatch::new(parts.completed, parts.owner_wake_at).reset();
+        Idlers::new(parts.idle_schedulers).reset();
         let mut stores = stores.into_iter();
         let rings = sizes.map(|s| {
             let st = stores.next().expect("one store per ring");
@@ -667,10 +714,15 @@ impl<'a> Engine<'a> {
         self.submitted += 1;
         fill(DeviceTaskId(id));
         // Drop the guard; with no producer pending the task is ready now.
-        if slot.fanin.fetch_sub(1, AcqRel) == 1 {
+        let ready = slot.fanin.fetch_sub(1, AcqRel) == 1;
+        if ready {
             shared.push_ready(id);
         }
-        Ok(Submitted { id: DeviceTaskId(id), heap_offset: grant.map(|g| g.offset) })
+        Ok(Submitted {
+            id: DeviceTaskId(id),
+            heap_offset: grant.map(|g| g.offset),
+            wake_schedulers: ready && shared.idle_besides(false),
+        })
     }
 
     /// Places `bytes` (rounded up to the heap alignment) in the current ring's heap for the
@@ -805,8 +857,23 @@ impl<'a> Engine<'a> {
 
     /// Tasks submitted and not yet completed.
     pub(crate) fn incomplete(&self) -> u64 {
-        // Acquire: pairs with the completers' release increments.
-        self.submitted - self.shared.completed.load(Acquire)
+        // Acquire (inside the watch): pairs with the completers' release increments.
+        self.submitted - self.shared.completed.count()
+    }
+
+    /// The completion count `more` further completions from now, at most every submitted task
+    /// (so a wait for it always ends once the submitted tasks run).
+    pub(crate) fn completion_target(&self, more: u64) -> u64 {
+        let done = self.shared.completed.count();
+        done + more.max(1).min(self.submitted.saturating_sub(done))
+    }
+
+    /// Asks to be woken once the completion count reaches `target`: the completion that brings
+    /// it there reports [`Completion::wake_owner`]. Returns `true` when it is there already (the
+    /// caller must not park then). Read the platform's wait epoch before calling, so that a
+    /// wake-up right after the call still ends the park.
+    pub(crate) fn arm_completions(&self, target: u64) -> bool {
+        self.shared.completed.arm(target)
     }
 
     /// Unreclaimed task slots of ring `r` and their high-water mark.

@@ -21,7 +21,7 @@ fn complete_ready_newest_first(e: &Engine<'_>, done: &mut impl FnMut(DeviceTaskI
     let c = e.completer();
     let ready: Vec<DeviceTaskId> = std::iter::from_fn(|| c.pop_ready()).collect();
     for &id in ready.iter().rev() {
-        c.complete(id);
+        let _ = c.complete(id);
         done(id);
     }
     ready.len()
@@ -64,18 +64,18 @@ fn reads_wait_for_writers_writes_for_readers_and_inout_for_both() {
     let rw4 = e.submit(&[access(a, AccessMode::ReadWrite)], 0).unwrap().id;
     assert_eq!(c.pop_ready(), Some(w0));
     assert_eq!(c.pop_ready(), None, "the readers wait for the writer");
-    c.complete(w0);
+    let _ = c.complete(w0);
     let mut readers = [c.pop_ready(), c.pop_ready(), c.pop_ready()];
     readers.sort();
     assert_eq!(readers, [None, Some(r1), Some(r2)], "both readers, in any order");
-    c.complete(r1);
+    let _ = c.complete(r1);
     assert_eq!(c.pop_ready(), None, "the overwrite waits for both readers");
-    c.complete(r2);
+    let _ = c.complete(r2);
     assert_eq!(c.pop_ready(), Some(w3));
     assert_eq!(c.pop_ready(), None, "the read-write waits for the writer");
-    c.complete(w3);
+    let _ = c.complete(w3);
     assert_eq!(c.pop_ready(), Some(rw4));
-    c.complete(rw4);
+    let _ = c.complete(rw4);
     assert_eq!(e.incomplete(), 0);
     assert_eq!(e.ring_tasks(0).0, 5, "the outer scope holds its tasks");
     e.finish().unwrap();
@@ -171,7 +171,7 @@ fn scheduler_threads_complete_while_the_orchestration_submits_a_stream_of_chains
                             if progress[chain].fetch_add(1, AcqRel) != pos {
                                 out_of_order.fetch_add(1, Relaxed);
                             }
-                            c.complete(id);
+                            let _ = c.complete(id);
                         }
                         None if finished.load(Acquire) => break,
                         None => std::thread::yield_now(),
@@ -317,7 +317,7 @@ fn tensor_data_waits_for_writers_and_set_tensor_data_for_readers_too() {
     assert!(!e.accessors_done(a.key, a.span, AccessMode::Read), "the writer runs");
     assert!(!e.accessors_done(a.key, a.span, AccessMode::Write), "the writer's reader runs");
     assert_eq!(c.pop_ready(), Some(w));
-    c.complete(w);
+    let _ = c.complete(w);
     assert!(e.accessors_done(a.key, a.span, AccessMode::Read), "reading needs the writer only");
     assert!(!e.accessors_done(a.key, a.span, AccessMode::Write), "writing waits for the reader");
     // The orchestration waits while a scheduler thread completes the reader.
@@ -331,7 +331,7 @@ fn tensor_data_waits_for_writers_and_set_tensor_data_for_readers_too() {
             };
             assert_eq!(id, r);
             std::thread::sleep(std::time::Duration::from_millis(20));
-            c.complete(id);
+            let _ = c.complete(id);
         });
         let mut rounds = 0;
         assert!(e.wait_for_accessors(a.key, a.span, AccessMode::Write, |_| {
@@ -385,7 +385,7 @@ fn threaded_stream(chain: u64, tasks: u64) {
                             if progress[ch].fetch_add(1, AcqRel) != pos {
                                 out_of_order.fetch_add(1, Relaxed);
                             }
-                            c.complete(id);
+                            let _ = c.complete(id);
                         }
                         None if finished.load(Acquire) => break,
                         None => std::thread::yield_now(),
