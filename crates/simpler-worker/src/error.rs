@@ -252,22 +252,6 @@ pub enum WorkerError {
         /// Index of the tensor argument.
         arg: usize,
     },
-    /// A chip task names host memory while the chips run in child processes (PROCESS mode),
-    /// where no chip lane can reach this process's host buffers (refused at submit).
-    #[error(
-        "chip task argument {arg} names host memory at {addr}, but chip {chip} runs in a child \
-         process (ChildMode::Process), which cannot stage this process's HostBuffers; use \
-         ChildMode::Thread, or put the tensor in chip memory (GraphBuilder::chip_memory, then \
-         DeviceBuffer::tensor)"
-    )]
-    HostTensorInChildProcess {
-        /// Index of the tensor argument.
-        arg: usize,
-        /// The tensor's buffer address.
-        addr: HostAddr,
-        /// The chip the task was submitted to.
-        chip: WorkerId,
-    },
     /// An L2 chip run names host memory (refused at submit): an L2 worker runs on chip memory
     /// only; host data is staged by an L3 worker's chip lanes.
     #[error(

@@ -207,18 +207,9 @@ impl<'a> GraphBuilder<'a> {
     /// L3: refuses host-memory tensors a chip lane cannot stage (anything but a
     /// [`HostBuffer`](crate::HostBuffer)) and keeps the buffers alive until the run is
     /// published, so the lane finds them when the task runs.
-    fn keep_host_buffers(&mut self, args: &TaskArgs, target: WorkerId) -> Result<(), WorkerError> {
+    fn keep_host_buffers(&mut self, args: &TaskArgs) -> Result<(), WorkerError> {
         if self.inner.level != 3 {
             return Ok(());
-        }
-        if self.inner.chips_in_processes
-            && let Some((arg, t)) = crate::staging::first_host_tensor(args)
-        {
-            return Err(WorkerError::HostTensorInChildProcess {
-                arg,
-                addr: crate::HostAddr(t.addr),
-                chip: target,
-            });
         }
         let bufs = crate::staging::host_buffers_of(args)?;
         self.keep_buffers(bufs);
@@ -284,7 +275,7 @@ impl<'a> GraphBuilder<'a> {
         self.resolve(handle, Target::NextLevel)?;
         self.check_limits(handle, config, target)?;
         self.check_owner(&args, target)?;
-        self.keep_host_buffers(&args, target)?;
+        self.keep_host_buffers(&args)?;
         #[cfg(feature = "mpi")]
         self.check_remote_task(handle, &args, target)?;
         let id = handle.id;
@@ -335,7 +326,7 @@ impl<'a> GraphBuilder<'a> {
         }
         for (a, t) in args.iter().zip(targets) {
             self.check_owner(a, *t)?;
-            self.keep_host_buffers(a, *t)?;
+            self.keep_host_buffers(a)?;
             #[cfg(feature = "mpi")]
             self.check_remote_task(handle, a, *t)?;
         }

@@ -67,9 +67,6 @@ pub(crate) struct Inner {
     pub(crate) body: Body,
     /// Launch limits of the chips' platform, checked at graph submit (L3 only).
     pub(crate) chip_limits: Option<PlatformLimits>,
-    /// Whether the chips run in child processes (L3, PROCESS mode), whose lanes cannot reach
-    /// this process's host buffers.
-    pub(crate) chips_in_processes: bool,
     /// The children that are L3 workers on other MPI ranks (L4+): their tasks are checked at
     /// submit (graphs they serve, tensors that can cross hosts).
     #[cfg(feature = "mpi")]
@@ -830,7 +827,6 @@ pub(crate) fn new_inner(
         subtree_lineages: Vec::new(),
         body,
         chip_limits: None,
-        chips_in_processes: false,
         #[cfg(feature = "mpi")]
         remote_children: crate::remote::RemoteChildren::default(),
         subs,
