@@ -216,18 +216,12 @@ impl<'a> GraphBuilder<'a> {
         Ok(())
     }
 
-    /// L4+: refuses a task for a remote child that its rank cannot run (a graph registered
-    /// after start; a tensor other than a [`HostBuffer`](crate::HostBuffer) tensor) and keeps
-    /// the buffers alive until the run is published, so its endpoint finds them.
+    /// L4+: refuses a task for a remote child whose tensors cannot cross hosts (anything but a
+    /// [`HostBuffer`](crate::HostBuffer) tensor) and keeps the buffers alive until the run is
+    /// published, so its endpoint finds them.
     #[cfg(feature = "mpi")]
-    fn check_remote_task(
-        &mut self,
-        handle: CallableHandle,
-        args: &TaskArgs,
-        target: WorkerId,
-    ) -> Result<(), WorkerError> {
-        let name = || self.inner.name_of(&handle.id).unwrap_or_else(|| handle.to_string());
-        let bufs = self.inner.remote_children.check_task(&handle.id, name, args, target)?;
+    fn check_remote_task(&mut self, args: &TaskArgs, target: WorkerId) -> Result<(), WorkerError> {
+        let bufs = self.inner.remote_children.check_task(args, target)?;
         self.keep_buffers(bufs);
         Ok(())
     }
@@ -277,7 +271,7 @@ impl<'a> GraphBuilder<'a> {
         self.check_owner(&args, target)?;
         self.keep_host_buffers(&args)?;
         #[cfg(feature = "mpi")]
-        self.check_remote_task(handle, &args, target)?;
+        self.check_remote_task(&args, target)?;
         let id = handle.id;
         self.rb()?.submit_next_level(&id, args, config, target, None).map_err(engine_err)
     }
@@ -328,7 +322,7 @@ impl<'a> GraphBuilder<'a> {
             self.check_owner(a, *t)?;
             self.keep_host_buffers(a)?;
             #[cfg(feature = "mpi")]
-            self.check_remote_task(handle, a, *t)?;
+            self.check_remote_task(a, *t)?;
         }
         let id = handle.id;
         self.rb()?.submit_next_level_group(&id, args, config, targets, None).map_err(engine_err)

@@ -409,7 +409,10 @@ impl Worker {
         Ok(self.register(name, None, Entry::Host(f)))
     }
 
-    /// Registers a graph a child runs (L4+, needs children).
+    /// Registers a graph a child runs (L4+, needs children). On a started worker with L3
+    /// children on other MPI ranks (feature `mpi`) it reaches every rank in two phases, all or
+    /// nothing: [`WorkerError::RemoteRegistration`] names the rank that refused
+    /// (`docs/multi-host.md`, "Registration after start").
     pub fn register_graph(
         &self,
         name: &str,
@@ -429,6 +432,12 @@ impl Worker {
             });
         }
         let g: Arc<GraphFn> = Arc::new(g);
+        #[cfg(feature = "mpi")]
+        return self
+            .inner
+            .remote_children
+            .register_graph(name, || self.register(name, None, Entry::Graph(g)));
+        #[cfg(not(feature = "mpi"))]
         Ok(self.register(name, None, Entry::Graph(g)))
     }
 
