@@ -252,22 +252,6 @@ pub enum WorkerError {
         /// Index of the tensor argument.
         arg: usize,
     },
-    /// A chip task names host memory while the chips run in child processes (PROCESS mode),
-    /// where no chip lane can reach this process's host buffers (refused at submit).
-    #[error(
-        "chip task argument {arg} names host memory at {addr}, but chip {chip} runs in a child \
-         process (ChildMode::Process), which cannot stage this process's HostBuffers; use \
-         ChildMode::Thread, or put the tensor in chip memory (GraphBuilder::chip_memory, then \
-         DeviceBuffer::tensor)"
-    )]
-    HostTensorInChildProcess {
-        /// Index of the tensor argument.
-        arg: usize,
-        /// The tensor's buffer address.
-        addr: HostAddr,
-        /// The chip the task was submitted to.
-        chip: WorkerId,
-    },
     /// An L2 chip run names host memory (refused at submit): an L2 worker runs on chip memory
     /// only; host data is staged by an L3 worker's chip lanes.
     #[error(
@@ -304,21 +288,22 @@ pub enum WorkerError {
     #[cfg(feature = "mpi")]
     #[error(transparent)]
     RemoteTensor(crate::remote::TensorRefusal),
-    /// A graph registered after start went to a remote child, whose rank serves only the
-    /// graphs compared at start (refused at submit).
+    /// A graph registered after start could not reach every remote L3 child: the rank named
+    /// refused it or failed; no rank serves it (the registration was rolled back everywhere)
+    /// and no handle was made.
     #[cfg(feature = "mpi")]
     #[error(
-        "graph '{graph}' was registered after start, and child {child} (an L3 worker on MPI rank \
-         {rank}) serves only the graphs registered before start; register it on the composite \
-         builder and in the ServedGraphs of rank {rank}, under the same name and in the same order"
+        "registering graph '{graph}' after start failed on MPI rank {rank}, rolled back on every \
+         rank: {cause}"
     )]
-    NotServedRemotely {
+    RemoteRegistration {
         /// The graph's name.
         graph: String,
-        /// The remote child.
-        child: WorkerId,
-        /// Its rank.
+        /// The first rank that refused or failed.
         rank: i32,
+        /// What that rank answered, or how it failed.
+        #[source]
+        cause: crate::remote::RemoteError,
     },
 }
 

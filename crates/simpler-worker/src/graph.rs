@@ -207,36 +207,21 @@ impl<'a> GraphBuilder<'a> {
     /// L3: refuses host-memory tensors a chip lane cannot stage (anything but a
     /// [`HostBuffer`](crate::HostBuffer)) and keeps the buffers alive until the run is
     /// published, so the lane finds them when the task runs.
-    fn keep_host_buffers(&mut self, args: &TaskArgs, target: WorkerId) -> Result<(), WorkerError> {
+    fn keep_host_buffers(&mut self, args: &TaskArgs) -> Result<(), WorkerError> {
         if self.inner.level != 3 {
             return Ok(());
-        }
-        if self.inner.chips_in_processes
-            && let Some((arg, t)) = crate::staging::first_host_tensor(args)
-        {
-            return Err(WorkerError::HostTensorInChildProcess {
-                arg,
-                addr: crate::HostAddr(t.addr),
-                chip: target,
-            });
         }
         let bufs = crate::staging::host_buffers_of(args)?;
         self.keep_buffers(bufs);
         Ok(())
     }
 
-    /// L4+: refuses a task for a remote child that its rank cannot run (a graph registered
-    /// after start; a tensor other than a [`HostBuffer`](crate::HostBuffer) tensor) and keeps
-    /// the buffers alive until the run is published, so its endpoint finds them.
+    /// L4+: refuses a task for a remote child whose tensors cannot cross hosts (anything but a
+    /// [`HostBuffer`](crate::HostBuffer) tensor) and keeps the buffers alive until the run is
+    /// published, so its endpoint finds them.
     #[cfg(feature = "mpi")]
-    fn check_remote_task(
-        &mut self,
-        handle: CallableHandle,
-        args: &TaskArgs,
-        target: WorkerId,
-    ) -> Result<(), WorkerError> {
-        let name = || self.inner.name_of(&handle.id).unwrap_or_else(|| handle.to_string());
-        let bufs = self.inner.remote_children.check_task(&handle.id, name, args, target)?;
+    fn check_remote_task(&mut self, args: &TaskArgs, target: WorkerId) -> Result<(), WorkerError> {
+        let bufs = self.inner.remote_children.check_task(args, target)?;
         self.keep_buffers(bufs);
         Ok(())
     }
@@ -284,9 +269,9 @@ impl<'a> GraphBuilder<'a> {
         self.resolve(handle, Target::NextLevel)?;
         self.check_limits(handle, config, target)?;
         self.check_owner(&args, target)?;
-        self.keep_host_buffers(&args, target)?;
+        self.keep_host_buffers(&args)?;
         #[cfg(feature = "mpi")]
-        self.check_remote_task(handle, &args, target)?;
+        self.check_remote_task(&args, target)?;
         let id = handle.id;
         self.rb()?.submit_next_level(&id, args, config, target, None).map_err(engine_err)
     }
@@ -335,9 +320,9 @@ impl<'a> GraphBuilder<'a> {
         }
         for (a, t) in args.iter().zip(targets) {
             self.check_owner(a, *t)?;
-            self.keep_host_buffers(a, *t)?;
+            self.keep_host_buffers(a)?;
             #[cfg(feature = "mpi")]
-            self.check_remote_task(handle, a, *t)?;
+            self.check_remote_task(a, *t)?;
         }
         let id = handle.id;
         self.rb()?.submit_next_level_group(&id, args, config, targets, None).map_err(engine_err)

@@ -11,6 +11,9 @@
 //!
 //! Tensors of one host buffer share one device copy, so views of the same bytes stay aliased
 //! on the chip as they are on the host.
+//!
+//! The device side is a [`StagingChip`]: the chip's runner in this process, or its child process
+//! in PROCESS mode (`process::host_tensors`), where every call is a mailbox request.
 
 use simpler_device_a2a3::{DeviceError, DevicePtr, DeviceRunner};
 use simpler_sched::EndpointFailure;
@@ -91,14 +94,49 @@ pub(crate) fn push_unique(out: &mut Vec<HostBuffer>, buf: HostBuffer) {
 }
 
 /// One host buffer staged for a chip task.
-struct Staged {
-    host: HostBuffer,
-    dev: DevicePtr,
+pub(crate) struct Staged {
+    pub(crate) host: HostBuffer,
+    /// The device copy's address on the chip.
+    pub(crate) dev: u64,
     copy_in: bool,
     /// Byte ranges (offsets into the buffer) the task's write-tagged tensors can touch: only
     /// these are copied back, since the engine may run a task writing other bytes of the same
     /// buffer at the same time.
     written: Vec<(usize, usize)>,
+}
+
+impl Staged {
+    /// The spans to copy back, sorted and joined.
+    pub(crate) fn written(&self) -> Vec<(usize, usize)> {
+        merged(&self.written)
+    }
+}
+
+/// The device side of staging: the chip in this process (THREAD mode) or in a child process
+/// (PROCESS mode, where every call is a mailbox request). Failures come back already mapped to
+/// the task's endpoint failure, each with its typed source.
+pub(crate) trait StagingChip {
+    /// Allocates a device copy of `len` bytes for task `origin`.
+    fn malloc(&mut self, len: u64, origin: TaskId) -> Result<u64, EndpointFailure>;
+    /// Copies all of `host` to the device copy at `dev`.
+    fn copy_in(
+        &mut self,
+        dev: u64,
+        host: &HostBuffer,
+        origin: TaskId,
+    ) -> Result<(), EndpointFailure>;
+    /// Runs the task on the rewritten arguments.
+    fn run(
+        &mut self,
+        callable: &CallableId,
+        args: TaskArgsView<'_>,
+        config: &CallConfig,
+        origin: TaskId,
+    ) -> Result<(), EndpointFailure>;
+    /// Copies the written spans of every device copy back into its host buffer.
+    fn copy_back(&mut self, staged: &[Staged], origin: TaskId) -> Result<(), EndpointFailure>;
+    /// Frees a device copy; a failure is only logged (the task's own result says more).
+    fn free(&mut self, dev: u64, origin: TaskId);
 }
 
 /// Runs a chip task whose arguments name host memory, staging it as the module docs say.
@@ -109,24 +147,74 @@ pub(crate) fn run_staged(
     config: &CallConfig,
     origin: TaskId,
 ) -> Result<(), EndpointFailure> {
+    match state.process.as_mut() {
+        Some(p) => stage_and_run(p, callable, args, config, origin),
+        None => stage_and_run(state, callable, args, config, origin),
+    }
+}
+
+fn stage_and_run(
+    chip: &mut impl StagingChip,
+    callable: &CallableId,
+    args: TaskArgsView<'_>,
+    config: &CallConfig,
+    origin: TaskId,
+) -> Result<(), EndpointFailure> {
     let mut device_args = TaskArgs::from_view(args).map_err(|e| {
         device_failure(DeviceError::InvalidArgs { run_id: None, message: e.to_string() })
     })?;
     let mut staged: Vec<Staged> = Vec::new();
-    let result = stage_in(state, &mut device_args, &mut staged)
-        .map_err(device_failure)
-        .and_then(|()| state.run(callable, device_args.view(), config, origin))
-        .and_then(|()| stage_out(state, &staged).map_err(device_failure));
-    // Freeing a device copy can only fail on a chip that is already failing; the task's own
-    // result says more, so a free error is logged.
-    if let Some(runner) = state.runner.as_mut() {
-        for s in &staged {
-            if let Err(e) = runner.free(s.dev) {
-                tracing::warn!(chip = %state.chip, %origin, "freeing a staging copy failed: {e}");
-            }
-        }
+    let result = stage_in(chip, &mut device_args, &mut staged, origin)
+        .and_then(|()| chip.run(callable, device_args.view(), config, origin))
+        .and_then(|()| chip.copy_back(&staged, origin));
+    for s in &staged {
+        chip.free(s.dev, origin);
     }
     result
+}
+
+impl StagingChip for ChipState {
+    fn malloc(&mut self, len: u64, _: TaskId) -> Result<u64, EndpointFailure> {
+        runner(self).and_then(|r| r.malloc(len)).map(|p| p.0).map_err(device_failure)
+    }
+
+    fn copy_in(&mut self, dev: u64, host: &HostBuffer, _: TaskId) -> Result<(), EndpointFailure> {
+        let runner = runner(self).map_err(device_failure)?;
+        host.with_bytes(|b| runner.copy_to_device(DevicePtr(dev), b)).map_err(device_failure)
+    }
+
+    fn run(
+        &mut self,
+        callable: &CallableId,
+        args: TaskArgsView<'_>,
+        config: &CallConfig,
+        origin: TaskId,
+    ) -> Result<(), EndpointFailure> {
+        ChipState::run(self, callable, args, config, origin)
+    }
+
+    fn copy_back(&mut self, staged: &[Staged], _: TaskId) -> Result<(), EndpointFailure> {
+        for s in staged {
+            for (lo, hi) in s.written() {
+                let runner = runner(self).map_err(device_failure)?;
+                s.host
+                    .with_bytes(|b| {
+                        runner.copy_from_device(&mut b[lo..hi], DevicePtr(s.dev + lo as u64))
+                    })
+                    .map_err(device_failure)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn free(&mut self, dev: u64, origin: TaskId) {
+        // Freeing a device copy can only fail on a chip that is already failing.
+        if let Some(runner) = self.runner.as_mut()
+            && let Err(e) = runner.free(DevicePtr(dev))
+        {
+            tracing::warn!(chip = %self.chip, %origin, "freeing a staging copy failed: {e}");
+        }
+    }
 }
 
 fn runner(state: &mut ChipState) -> Result<&mut DeviceRunner, DeviceError> {
@@ -135,24 +223,26 @@ fn runner(state: &mut ChipState) -> Result<&mut DeviceRunner, DeviceError> {
 
 /// Allocates and fills the device copies and points the tensors of `args` at them.
 fn stage_in(
-    state: &mut ChipState,
+    chip: &mut impl StagingChip,
     args: &mut TaskArgs,
     staged: &mut Vec<Staged>,
-) -> Result<(), DeviceError> {
+    origin: TaskId,
+) -> Result<(), EndpointFailure> {
     let tags: Vec<TensorArgType> = args.tags().to_vec();
     for (i, t) in args.tensors_mut().iter_mut().enumerate() {
         if !is_host(t) {
             continue;
         }
         let tag = tags.get(i).copied().unwrap_or_default();
-        let host =
-            HostBuffer::covering(t.addr, t.size).ok_or_else(|| DeviceError::InvalidArgs {
+        let host = HostBuffer::covering(t.addr, t.size).ok_or_else(|| {
+            device_failure(DeviceError::InvalidArgs {
                 run_id: None,
                 message: format!(
                     "chip argument {i}: host memory at {:#x} is not a live HostBuffer",
                     t.addr
                 ),
-            })?;
+            })
+        })?;
         // A blind write of the whole buffer needs no copy in; a partial one does, or the copy
         // back would return the bytes it did not write as garbage.
         let whole = t.byte_span() == Some((host.addr(), host.addr() + host.len()));
@@ -160,7 +250,7 @@ fn stage_in(
         let k = match staged.iter().position(|s| HostBuffer::same(&s.host, &host)) {
             Some(k) => k,
             None => {
-                let dev = runner(state)?.malloc(host.len())?;
+                let dev = chip.malloc(host.len(), origin)?;
                 staged.push(Staged { host, dev, copy_in: false, written: Vec::new() });
                 staged.len() - 1
             }
@@ -168,14 +258,13 @@ fn stage_in(
         let s = &mut staged[k];
         s.copy_in |= !(blind && whole);
         if tag.writes() {
-            s.written.push(written_span(t, &s.host)?);
+            s.written.push(written_span(t, &s.host).map_err(device_failure)?);
         }
-        t.addr = s.dev.0 + (t.addr - s.host.addr());
+        t.addr = s.dev + (t.addr - s.host.addr());
         t.child_memory = 1;
     }
     for s in staged.iter().filter(|s| s.copy_in) {
-        let runner = runner(state)?;
-        s.host.with_bytes(|b| runner.copy_to_device(s.dev, b))?;
+        chip.copy_in(s.dev, &s.host, origin)?;
     }
     Ok(())
 }
@@ -197,19 +286,6 @@ pub(crate) fn span_in(t: &Tensor, base: u64, len: u64) -> Option<(usize, usize)>
         return None;
     }
     Some((usize::try_from(start - base).ok()?, usize::try_from(end - base).ok()?))
-}
-
-/// Copies the written spans of the device copies back into their host buffers.
-fn stage_out(state: &mut ChipState, staged: &[Staged]) -> Result<(), DeviceError> {
-    for s in staged {
-        for &(lo, hi) in &merged(&s.written) {
-            let runner = runner(state)?;
-            s.host.with_bytes(|b| {
-                runner.copy_from_device(&mut b[lo..hi], DevicePtr(s.dev.0 + lo as u64))
-            })?;
-        }
-    }
-    Ok(())
 }
 
 /// `spans` sorted, with overlapping or touching ones joined.

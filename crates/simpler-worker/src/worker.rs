@@ -67,9 +67,6 @@ pub(crate) struct Inner {
     pub(crate) body: Body,
     /// Launch limits of the chips' platform, checked at graph submit (L3 only).
     pub(crate) chip_limits: Option<PlatformLimits>,
-    /// Whether the chips run in child processes (L3, PROCESS mode), whose lanes cannot reach
-    /// this process's host buffers.
-    pub(crate) chips_in_processes: bool,
     /// The children that are L3 workers on other MPI ranks (L4+): their tasks are checked at
     /// submit (graphs they serve, tensors that can cross hosts).
     #[cfg(feature = "mpi")]
@@ -412,7 +409,10 @@ impl Worker {
         Ok(self.register(name, None, Entry::Host(f)))
     }
 
-    /// Registers a graph a child runs (L4+, needs children).
+    /// Registers a graph a child runs (L4+, needs children). On a started worker with L3
+    /// children on other MPI ranks (feature `mpi`) it reaches every rank in two phases, all or
+    /// nothing: [`WorkerError::RemoteRegistration`] names the rank that refused
+    /// (`docs/multi-host.md`, "Registration after start").
     pub fn register_graph(
         &self,
         name: &str,
@@ -432,6 +432,12 @@ impl Worker {
             });
         }
         let g: Arc<GraphFn> = Arc::new(g);
+        #[cfg(feature = "mpi")]
+        return self
+            .inner
+            .remote_children
+            .register_graph(name, || self.register(name, None, Entry::Graph(g)));
+        #[cfg(not(feature = "mpi"))]
         Ok(self.register(name, None, Entry::Graph(g)))
     }
 
@@ -830,7 +836,6 @@ pub(crate) fn new_inner(
         subtree_lineages: Vec::new(),
         body,
         chip_limits: None,
-        chips_in_processes: false,
         #[cfg(feature = "mpi")]
         remote_children: crate::remote::RemoteChildren::default(),
         subs,

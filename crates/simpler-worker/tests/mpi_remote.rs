@@ -391,28 +391,33 @@ fn host_buffers_across_hosts(job: &MpiJob) -> Res {
         );
     }
 
-    // A graph registered after start is refused at submit for a remote child (its rank serves
-    // only the graphs compared at start), and the child keeps serving.
-    let late = w.register_graph("late", |_, _, _| Ok(()))?;
-    let refused = Arc::new(Mutex::new(None));
-    let out = Arc::clone(&refused);
-    w.run(Orchestration::graph(move |g, _, _| {
-        let r = g.submit_next_level(late, TaskArgs::new(), &CallConfig::default(), WorkerId(0));
-        *out.lock().map_err(|_| "poisoned")? = Some(r.map(|_| ()));
-        Ok(())
-    }))?;
-    let refused = refused.lock().map_err(|_| "poisoned")?.take();
+    // Graphs registered after start reach both ranks in two phases: "late" is served by both;
+    // "only_on_1" is refused by rank 2, which rolls it back on rank 1 too: "late2" then takes
+    // the next ordinal on both ranks and runs rank 1's own body.
+    let late = w.register_graph("late", |_, _, _| Err("runs on a serving rank".into()))?;
+    w.run(on_both(late))?;
+    println!("rank 0: a graph registered after start ran on both remote L3 workers");
+    let refused = w.register_graph("only_on_1", |_, _, _| Ok(()));
     check(
         matches!(
             &refused,
-            Some(Err(WorkerError::NotServedRemotely { child: WorkerId(0), rank: 1, .. }))
+            Err(WorkerError::RemoteRegistration {
+                rank: 2,
+                cause: RemoteError::RegistrationRefused { rank: 2, .. },
+                ..
+            })
         ),
-        || format!("a late graph for a remote child gave {refused:?}"),
+        || format!("a graph rank 2 does not serve gave {refused:?}"),
     )?;
     println!(
-        "rank 0: refused at submit: {}",
-        refused.and_then(Result::err).map(|e| e.to_string()).unwrap_or_default()
+        "rank 0: registration refused: {}",
+        refused.err().map(|e| e.to_string()).unwrap_or_default()
     );
+    let late2 = w.register_graph("late2", |_, _, _| Ok(()))?;
+    let ran = w.run(on_child(late2, 0));
+    check(matches!(&ran, Err(e) if e.to_string().contains("late2 ran on rank 1")), || {
+        format!("late2 on rank 1 gave {ran:?}")
+    })?;
     w.run(on_both(h[0]))?;
     w.close()?;
     Ok(())
@@ -520,5 +525,11 @@ fn serve(job: &Arc<MpiJob>, names: &[&str; 7]) -> Result<(), ServeError> {
         g.submit_next_level(add, TaskArgs::from_view(view)?, &CallConfig::default(), WorkerId(0))?;
         Ok(())
     });
+    // Registered by rank 0 after start (the host-buffer session); rank 2 lacks "only_on_1".
+    graphs.register_later("late", |_, _, _| Ok(()));
+    if rank == 1 {
+        graphs.register_later("only_on_1", |_, _, _| Ok(()));
+    }
+    graphs.register_later("late2", move |_, _, _| Err(format!("late2 ran on rank {rank}").into()));
     serve_l3(job, b, graphs)
 }

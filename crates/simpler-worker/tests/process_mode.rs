@@ -1,6 +1,7 @@
 //! PROCESS mode: chips in child processes. Start, runs and memory through the mailbox, crash
 //! isolation (a segfault or abort kills only its child), a hung child killed after its budget,
-//! start failures, refused content, chip processes of a killed worker exiting on their own;
+//! start failures, refused content, host buffers on chip tasks (and a child dying while one comes
+//! back), chip processes of a killed worker exiting on their own;
 //! each test counts what could leak (zombies, descriptors, threads).
 
 mod common;
@@ -299,31 +300,86 @@ fn a_child_stuck_in_shutdown_is_killed_after_the_deadline_named_and_does_not_del
     assert_eq!(mailboxes(), 0);
 }
 
-/// A host buffer on a chip task is refused at submit in PROCESS mode (no lane in a child
-/// process can reach it), with the hint to use THREAD mode or chip memory; nothing ran.
+/// Floats of the host-buffer tests: 160 KB per buffer, several mailbox payloads each way.
+const BIG: usize = 40_000;
+
+/// `f = a + b` on chip 0 over host buffers of `BIG` floats, `f` filled with 7 and tagged
+/// `Output` (a blind write of all of it: no copy in). Returns the buffers `[a, b, f]`, which
+/// must outlive the submit.
+fn host_add(h: CallableHandle) -> (Orchestration, [simpler_worker::HostBuffer; 3]) {
+    let buf = |v: Vec<f32>| simpler_worker::HostBuffer::from_bytes(&f32_to_le_bytes(&v)).unwrap();
+    let a = buf((0..BIG).map(|i| i as f32).collect());
+    let b = buf((0..BIG).map(|i| 0.5 * i as f32).collect());
+    let f = buf(vec![7.0; BIG]);
+    let mut args = TaskArgs::new();
+    let t = |x: &simpler_worker::HostBuffer| x.tensor(&[BIG as u32], DataType::Float32).unwrap();
+    args.add_input(t(&a)).unwrap();
+    args.add_input(t(&b)).unwrap();
+    args.add_output(t(&f)).unwrap();
+    (on_chip(h, args, WorkerId(0)), [a, b, f])
+}
+
+fn host_expected() -> Vec<f32> {
+    (0..BIG).map(|i| 1.5 * i as f32).collect()
+}
+
+/// Open descriptors of this process.
+fn fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+/// Host buffers on a chip task reach a chip process and its result comes back, in pieces that
+/// fit the mailbox; the staging copies are freed in the child.
 #[test]
-fn submit_refuses_a_host_buffer_on_a_chip_task_in_process_mode() {
+fn host_buffers_on_a_chip_task_cross_to_its_process_and_back() {
     let _serial = serial();
     let mut b = process_host(&[0], options());
     let h = b.register_chip(add_callable(0));
     let w = b.start().expect("start");
-    let (mut args, _f) = inputs(&w, WorkerId(0));
-    let buf = simpler_worker::HostBuffer::new(4 * N).expect("buffer");
-    let host_tensor = buf.tensor(&[N as u32], DataType::Float32).expect("tensor");
-    args.add_input(host_tensor).expect("arg");
-    let err = w.run(on_chip(h, args, WorkerId(0))).expect_err("refused");
-    let WorkerError::Build { cause: simpler_worker::BuildFailure::Callback(e), .. } = &err else {
-        panic!("{err:?}");
-    };
-    assert!(
-        matches!(
-            e.downcast_ref::<WorkerError>(),
-            Some(WorkerError::HostTensorInChildProcess { arg: 3, chip: WorkerId(0), .. })
-        ),
-        "{err:?}"
-    );
-    assert!(err.to_string().contains("ChildMode::Thread"), "{err}");
+    let ledger = || w.chip_memory(WorkerId(0)).unwrap().ledger().unwrap().user_allocations;
+    let before = ledger();
+    let (run, [_a, _b, f]) = host_add(h);
+    w.run(run).expect("run");
+    assert!(f32_from_le_bytes(&f.to_vec()) == host_expected(), "f = a + b came back");
+    assert_eq!(ledger(), before, "the staging copies were freed");
     w.close().expect("close");
+    assert_eq!(mailboxes(), 0);
+}
+
+/// A child that dies while a host tensor's written span comes back leaves the host buffer as
+/// it was before the task (copy-back is all or nothing); the death is reaped at once, nothing
+/// is restarted until the next use (not even to free the staging copies, which died with the
+/// process), nothing leaks, and the restarted chip then runs the task.
+#[test]
+fn a_child_dying_during_copy_back_leaves_the_host_buffer_untouched_and_leaks_nothing() {
+    let _serial = serial();
+    let threads_before = common::threads_named("sim").len();
+    let (fds_before, zombies_before) = (fds(), zombies());
+    let mut b = process_host(&[0], options().on_child_death(OnChildDeath::Restart));
+    let h = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let pid = w.chip_process_id(WorkerId(0)).unwrap().expect("pid");
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::SegfaultOnCopyBack).unwrap());
+    let (run, [_a, _b, f]) = host_add(h);
+    let e = w.submit(run).unwrap().wait().expect_err("crash");
+    match child_error(&e) {
+        Some(ChildError::Died { pid: p, exit: ChildExit::Signal(11), operation, .. }) => {
+            assert_eq!((p, operation), (pid, "copy_from"));
+        }
+        other => panic!("expected a death during copy-back, got {other:?} ({e})"),
+    }
+    let changed = f32_from_le_bytes(&f.to_vec()).iter().filter(|&&x| x != 7.0).count();
+    assert_eq!(changed, 0, "no byte came back");
+    assert!(!exists(pid), "the dead child was reaped");
+    assert_eq!(w.chip_process_id(WorkerId(0)).unwrap(), None, "no restart before the next use");
+    assert_eq!((mailboxes(), zombies()), (0, zombies_before));
+    let (run, [_a, _b, f]) = host_add(h);
+    w.run(run).expect("runs after the restart");
+    assert!(f32_from_le_bytes(&f.to_vec()) == host_expected(), "f = a + b came back");
+    assert_eq!(w.chip_memory(WorkerId(0)).unwrap().ledger().unwrap().user_allocations, 0);
+    w.close().expect("close");
+    assert_eq!((mailboxes(), zombies(), fds()), (0, zombies_before, fds_before));
+    assert_eq!(common::threads_named("sim").len(), threads_before, "no thread outlives the worker");
 }
 
 /// Set in the environment of the helper process of the orphan test.

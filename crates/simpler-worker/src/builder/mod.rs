@@ -441,7 +441,6 @@ impl HostWorkerBuilder {
         let mut inner =
             new_inner(self.common.instance, 3, body, Registry::default(), Vec::new(), self.subs);
         inner.chip_limits = Some(self.platform.limits());
-        inner.chips_in_processes = self.chip_mode == ChildMode::Process;
         inner.registry = registry;
         inner.lineage = lineage;
         Ok(Worker { inner: Arc::new(inner) })

@@ -341,6 +341,12 @@ impl Child {
                 state.copy_to(addr, data).map_err(|e| mem_frame(&e))?;
             }
             op::COPY_FROM => {
+                // Fault 5 counts down to the second copy (6), which crashes.
+                match self.fault {
+                    5 => self.fault = 6,
+                    6 => Self::crash_if_armed(1),
+                    _ => {}
+                }
                 let addr = r.u64().map_err(malformed)?;
                 let len = r.u64().map_err(malformed)? as usize;
                 let data = state.copy_from(addr, len).map_err(|e| mem_frame(&e))?;

@@ -18,6 +18,7 @@ use simpler_types::{DeviceCode, RunId, WorkerId};
 
 pub(crate) mod catalog;
 pub(crate) mod child;
+mod host_tensors;
 pub(crate) mod mailbox;
 pub(crate) mod parent;
 pub(crate) mod spawn;
@@ -271,6 +272,9 @@ pub enum ChildFault {
     Hang,
     /// The process stops answering when asked to shut down (armed now, not at the next run).
     HangOnShutdown,
+    /// The process dies of `SIGSEGV` at its second copy from device memory (armed now): a copy
+    /// of several pieces, such as a host tensor's written span coming back, is cut midway.
+    SegfaultOnCopyBack,
 }
 
 /// The main function of the `simpler-chip-child` binary; returns its exit status.

@@ -27,6 +27,17 @@ use super::{ChildError, ChildExit, OnChildDeath, ProcessOptions, spawn};
 use crate::chip::Residue;
 use crate::error::MemError;
 
+/// The largest piece of a copy in one request (the payload less its header fields).
+const PIECE: usize = PAYLOAD_BYTES - 64;
+
+/// How a memory request failed.
+pub(super) enum MemFailure {
+    /// The process failed (died, stopped answering, broke the protocol) or is unusable.
+    Child(ChildError),
+    /// The child's chip refused the request.
+    Device(FailureFrame),
+}
+
 /// A running chip process.
 struct Live {
     child: Child,
@@ -472,18 +483,10 @@ impl ChipProcess {
         self.out.bytes(&args.encode());
         match self.call(op::RUN, "run", run) {
             Ok(status::OK) => Ok(()),
-            Ok(_) => {
-                let f = self
-                    .failure_frame()
-                    .map_err(|e| child_failure(e, EndpointOutcome::EndpointFailure))?;
-                let source =
-                    ChildError::Device { chip, run, code: f.code, message: f.message.clone() };
-                let mut out = EndpointFailure::new(f.outcome, f.mechanism, f.message);
-                if let Some(c) = f.code {
-                    out = out.with_device_code(c);
-                }
-                Err(out.with_source(FailureSource::new(source)))
-            }
+            Ok(_) => match self.failure_frame() {
+                Ok(f) => Err(self.device_refusal(f, run)),
+                Err(e) => Err(child_failure(e, EndpointOutcome::EndpointFailure)),
+            },
             Err(e @ ChildError::Oversized { .. }) => {
                 Err(child_failure(e, EndpointOutcome::TaskFailure))
             }
@@ -491,67 +494,110 @@ impl ChipProcess {
         }
     }
 
-    fn mem_call(&mut self, code: u32, operation: &'static str) -> Result<(), MemError> {
-        let chip = self.chip;
+    /// The endpoint failure of a request the child's chip refused with frame `f`, with
+    /// `ChildError::Device` as its typed source.
+    pub(super) fn device_refusal(&self, f: FailureFrame, run: Option<RunId>) -> EndpointFailure {
+        let source =
+            ChildError::Device { chip: self.chip, run, code: f.code, message: f.message.clone() };
+        let mut out = EndpointFailure::new(f.outcome, f.mechanism, f.message);
+        if let Some(c) = f.code {
+            out = out.with_device_code(c);
+        }
+        out.with_source(FailureSource::new(source))
+    }
+
+    /// Whether a process is running (a later request on a dead chip would restart it first).
+    pub(super) fn is_live(&self) -> bool {
+        self.live.is_some()
+    }
+
+    /// One memory request (its frame in `self.out`): the child's own failure, or its chip's
+    /// refusal as a frame.
+    fn mem_request(&mut self, code: u32, operation: &'static str) -> Result<(), MemFailure> {
         match self.call(code, operation, None) {
             Ok(status::OK) => Ok(()),
-            Ok(_) => {
-                let f = self.failure_frame().map_err(|e| mem_child(chip, &e))?;
-                Err(if f.outcome == EndpointOutcome::EndpointFailure {
-                    MemError::DeviceUnusable { chip, message: f.message, code: f.code }
-                } else {
-                    MemError::Device { chip, message: f.message, code: f.code }
-                })
-            }
-            Err(e) => Err(mem_child(chip, &e)),
+            Ok(_) => Err(self.failure_frame().map_or_else(MemFailure::Child, MemFailure::Device)),
+            Err(e) => Err(MemFailure::Child(e)),
         }
     }
 
-    pub(crate) fn malloc(&mut self, bytes: u64) -> Result<u64, MemError> {
+    /// The memory error of `f`, as a chip in this process would return it.
+    fn mem_error(&self, f: MemFailure) -> MemError {
+        let chip = self.chip;
+        match f {
+            MemFailure::Child(e) => mem_child(chip, &e),
+            MemFailure::Device(f) if f.outcome == EndpointOutcome::EndpointFailure => {
+                MemError::DeviceUnusable { chip, message: f.message, code: f.code }
+            }
+            MemFailure::Device(f) => MemError::Device { chip, message: f.message, code: f.code },
+        }
+    }
+
+    pub(super) fn device_malloc(&mut self, bytes: u64) -> Result<u64, MemFailure> {
         self.out.0.clear();
         self.out.u64(bytes);
-        self.mem_call(op::MALLOC, "malloc")?;
-        Reader(&self.reply).u64().map_err(|e| mem_child(self.chip, &self.protocol(e.to_string())))
+        self.mem_request(op::MALLOC, "malloc")?;
+        Reader(&self.reply).u64().map_err(|e| MemFailure::Child(self.protocol(e.to_string())))
     }
 
-    pub(crate) fn free(&mut self, addr: u64) -> Result<(), MemError> {
+    pub(super) fn device_free(&mut self, addr: u64) -> Result<(), MemFailure> {
         self.out.0.clear();
         self.out.u64(addr);
-        self.mem_call(op::FREE, "free")
+        self.mem_request(op::FREE, "free")
     }
 
-    /// Copies in pieces that fit the mailbox.
-    pub(crate) fn copy_to(&mut self, addr: u64, data: &[u8]) -> Result<(), MemError> {
-        const PIECE: usize = PAYLOAD_BYTES - 64;
+    /// Copies `data` to `addr` in pieces that fit the mailbox.
+    pub(super) fn device_copy_to(&mut self, addr: u64, data: &[u8]) -> Result<(), MemFailure> {
         for (i, piece) in data.chunks(PIECE).enumerate() {
             self.out.0.clear();
             self.out.u64(addr + (i * PIECE) as u64).bytes(piece);
-            self.mem_call(op::COPY_TO, "copy_to")?;
+            self.mem_request(op::COPY_TO, "copy_to")?;
         }
         Ok(())
     }
 
-    pub(crate) fn copy_from(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, MemError> {
-        const PIECE: usize = PAYLOAD_BYTES - 64;
-        let mut out = Vec::with_capacity(len);
-        let mut at = 0;
-        while at < len || (len == 0 && at == 0) {
-            let n = PIECE.min(len - at);
+    /// Fills `out` from `addr` in pieces that fit the mailbox.
+    pub(super) fn device_copy_from(&mut self, addr: u64, out: &mut [u8]) -> Result<(), MemFailure> {
+        if out.is_empty() {
+            // Still one request, so that a bad address is refused as in THREAD mode.
             self.out.0.clear();
-            self.out.u64(addr + at as u64).u64(n as u64);
-            self.mem_call(op::COPY_FROM, "copy_from")?;
-            out.extend_from_slice(&self.reply);
-            at += n;
-            if n == 0 {
-                break;
-            }
+            self.out.u64(addr).u64(0);
+            return self.mem_request(op::COPY_FROM, "copy_from");
         }
+        for (i, piece) in out.chunks_mut(PIECE).enumerate() {
+            self.out.0.clear();
+            self.out.u64(addr + (i * PIECE) as u64).u64(piece.len() as u64);
+            self.mem_request(op::COPY_FROM, "copy_from")?;
+            if self.reply.len() != piece.len() {
+                let message = format!("copy_from: {} bytes for {}", self.reply.len(), piece.len());
+                return Err(MemFailure::Child(self.protocol(message)));
+            }
+            piece.copy_from_slice(&self.reply);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn malloc(&mut self, bytes: u64) -> Result<u64, MemError> {
+        self.device_malloc(bytes).map_err(|f| self.mem_error(f))
+    }
+
+    pub(crate) fn free(&mut self, addr: u64) -> Result<(), MemError> {
+        self.device_free(addr).map_err(|f| self.mem_error(f))
+    }
+
+    pub(crate) fn copy_to(&mut self, addr: u64, data: &[u8]) -> Result<(), MemError> {
+        self.device_copy_to(addr, data).map_err(|f| self.mem_error(f))
+    }
+
+    pub(crate) fn copy_from(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, MemError> {
+        let mut out = vec![0u8; len];
+        self.device_copy_from(addr, &mut out).map_err(|f| self.mem_error(f))?;
         Ok(out)
     }
 
     pub(crate) fn ledger(&mut self) -> Result<MemoryLedger, MemError> {
         self.out.0.clear();
-        self.mem_call(op::LEDGER, "ledger")?;
+        self.mem_request(op::LEDGER, "ledger").map_err(|f| self.mem_error(f))?;
         let mut r = Reader(&self.reply);
         let read = |r: &mut Reader<'_>| r.u64();
         match (read(&mut r), read(&mut r), read(&mut r), read(&mut r)) {
@@ -571,6 +617,7 @@ impl ChipProcess {
             super::ChildFault::Abort => 2,
             super::ChildFault::Hang => 3,
             super::ChildFault::HangOnShutdown => 4,
+            super::ChildFault::SegfaultOnCopyBack => 5,
         });
         self.call(op::ARM_FAULT, "arm fault", None).map(|_| ())
     }
@@ -648,7 +695,7 @@ fn mem_child(chip: WorkerId, e: &ChildError) -> MemError {
 }
 
 /// The endpoint failure of a child failure: the chip path failed, the typed error rides along.
-fn child_failure(e: ChildError, outcome: EndpointOutcome) -> EndpointFailure {
+pub(super) fn child_failure(e: ChildError, outcome: EndpointOutcome) -> EndpointFailure {
     let mechanism = match &e {
         ChildError::Unresponsive { budget, .. } => FailureMechanism::Timeout {
             budget: simpler_types::TimeoutBudget::Other("chip process reply"),

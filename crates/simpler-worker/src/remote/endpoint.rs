@@ -16,6 +16,13 @@
 //! past the liveness budget the task fails with `Unresponsive` and the endpoint stays failed
 //! (later tasks fail fast; no automatic re-add).
 //!
+//! Registration after start (`Worker::register_graph` on the started L4 worker), serialized
+//! among registrations and holding every session, so no task of a rank runs in between:
+//! phase 1 sends `Prepare` (the next ordinal, the name) to every rank in turn and waits for
+//! its `Prepared`; phase 2 sends `Commit` to every rank when all were ready, else `Abort` to
+//! every rank and fails naming the first rank that refused or failed. The graph's id gets its
+//! ordinal only after the commit, so no task of it can be submitted before.
+//!
 //! Shutdown (engine shutdown, or drop after a failed start): send `Shutdown`, wait for
 //! `ShutdownDone` (silence budget as above, at most `SHUTDOWN_BUDGET` in all), stop pinging,
 //! close the inbox. What the remote close reported, or a rank that never confirmed, becomes
@@ -27,7 +34,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
 use simpler_types::{CallableId, CallableKind, FailureSource, WorkerId, WorkerType};
 
@@ -44,6 +51,11 @@ pub const DEFAULT_LIVENESS: Duration = Duration::from_secs(10);
 const SHUTDOWN_BUDGET: Duration = Duration::from_secs(60);
 /// The level of a remote child.
 const REMOTE_LEVEL: u8 = 3;
+/// The longest rank 0 waits for a rank's answer to phase 1 of a registration.
+const PREPARE_BUDGET: Duration = Duration::from_secs(30);
+
+/// Graph callable id → (manifest ordinal, name): the graphs every remote child serves.
+type GraphOrdinals = Arc<RwLock<HashMap<CallableId, (u32, String)>>>;
 
 /// A child of an L4 worker that is the L3 worker served by another MPI rank.
 pub struct RemoteL3 {
@@ -85,11 +97,10 @@ impl RemoteL3 {
 /// The remote children of one L4 start, and what their manifests are compared with.
 pub(crate) struct Adoption {
     graphs: Vec<ManifestEntry>,
-    /// Graph callable id → (manifest ordinal, name).
-    ids: Arc<HashMap<CallableId, (u32, String)>>,
+    ids: GraphOrdinals,
     /// The first remote child's chip callables, with its rank.
     chips: Option<(i32, Vec<ManifestEntry>)>,
-    started: Vec<(WorkerId, Session)>,
+    started: Vec<(WorkerId, Arc<Mutex<Session>>)>,
 }
 
 impl Adoption {
@@ -101,7 +112,8 @@ impl Adoption {
             entries.push(graph_entry(i, name));
             ids.insert(id, (i as u32, name.to_owned()));
         }
-        Adoption { graphs: entries, ids: Arc::new(ids), chips: None, started: Vec::new() }
+        let ids = Arc::new(RwLock::new(ids));
+        Adoption { graphs: entries, ids, chips: None, started: Vec::new() }
     }
 
     /// Starts the session with `spec`'s rank as child `id` (steps 1–4).
@@ -190,13 +202,14 @@ impl Adoption {
             return Err(fail(e));
         }
         self.chips.get_or_insert((spec.rank, chips));
-        self.started.push((id, session));
+        self.started.push((id, Arc::new(Mutex::new(session))));
         Ok(())
     }
 
     /// Shuts the started sessions down after a failed start, reporting into `rollback`.
     pub(crate) fn rollback(self, rollback: &mut Vec<TeardownError>, path: &str) {
-        for (id, mut s) in self.started {
+        for (id, s) in self.started {
+            let mut s = s.lock();
             for r in s.shutdown() {
                 rollback.push(TeardownError {
                     what: format!("{path} / child {id} (rank {})", s.rank),
@@ -212,8 +225,10 @@ impl Adoption {
     /// What submits to the started children are checked against.
     pub(crate) fn children(&self) -> RemoteChildren {
         RemoteChildren {
-            ranks: self.started.iter().map(|(id, s)| (*id, s.rank)).collect(),
-            graphs: self.ids.keys().copied().collect(),
+            ranks: self.started.iter().map(|(id, s)| (*id, s.lock().rank)).collect(),
+            sessions: self.started.iter().map(|(_, s)| Arc::clone(s)).collect(),
+            graphs: Arc::clone(&self.ids),
+            registering: Mutex::new(()),
         }
     }
 
@@ -222,11 +237,15 @@ impl Adoption {
         let ids = self.ids;
         self.started
             .into_iter()
-            .map(|(id, session)| RemoteEndpoint {
-                id,
-                session,
-                graphs: Arc::clone(&ids),
-                residue: Arc::clone(residue),
+            .map(|(id, session)| {
+                let rank = session.lock().rank;
+                RemoteEndpoint {
+                    id,
+                    rank,
+                    session,
+                    graphs: Arc::clone(&ids),
+                    residue: Arc::clone(residue),
+                }
             })
             .collect()
     }
@@ -237,30 +256,62 @@ impl Adoption {
 pub(crate) struct RemoteChildren {
     /// Child id → rank.
     ranks: HashMap<WorkerId, i32>,
-    /// The graphs every remote child serves: those of the manifest compared at start.
-    graphs: std::collections::HashSet<CallableId>,
+    /// Every remote child's session, shared with its endpoint.
+    sessions: Vec<Arc<Mutex<Session>>>,
+    /// The graphs every remote child serves: those compared at start and those registered
+    /// after it.
+    graphs: GraphOrdinals,
+    /// Serializes registrations after start (each takes the next ordinal).
+    registering: Mutex<()>,
 }
 
 impl RemoteChildren {
-    /// Refuses a task for remote child `target` that its rank cannot run: a graph registered
-    /// after start (not in the manifest), or tensors that cannot cross hosts. Returns the host
-    /// buffers the run keeps alive for the endpoint; nothing for a local child.
+    /// Refuses a task for remote child `target` whose tensors cannot cross hosts. Returns the
+    /// host buffers the run keeps alive for the endpoint; nothing for a local child.
     pub(crate) fn check_task(
         &self,
-        graph: &CallableId,
-        name: impl FnOnce() -> String,
         args: &simpler_types::TaskArgs,
         target: WorkerId,
     ) -> Result<Vec<crate::HostBuffer>, crate::WorkerError> {
         let Some(&rank) = self.ranks.get(&target) else { return Ok(Vec::new()) };
-        if !self.graphs.contains(graph) {
-            return Err(crate::WorkerError::NotServedRemotely {
-                graph: name(),
-                child: target,
+        super::tensors::refuse_unshippable(args, target, rank)
+    }
+
+    /// Registers graph `name` on every remote child in two phases (module docs); `local`
+    /// makes the handle on rank 0 once every rank committed. Without remote children it is
+    /// just `local`.
+    pub(crate) fn register_graph(
+        &self,
+        name: &str,
+        local: impl FnOnce() -> crate::CallableHandle,
+    ) -> Result<crate::CallableHandle, crate::WorkerError> {
+        if self.sessions.is_empty() {
+            return Ok(local());
+        }
+        let _serial = self.registering.lock();
+        let ordinal = self.graphs.read().len() as u32;
+        let mut sessions: Vec<_> = self.sessions.iter().map(|s| s.lock()).collect();
+        // Phase 1.
+        let refused = sessions.iter_mut().find_map(|s| s.prepare(ordinal, name).err());
+        // Phase 2.
+        let decision =
+            if refused.is_some() { Packet::Abort { ordinal } } else { Packet::Commit { ordinal } };
+        for s in &sessions {
+            if let Err(e) = s.transport.send(s.rank, &decision) {
+                tracing::warn!(rank = s.rank, graph = name, error = %e, "could not send {decision:?}");
+            }
+        }
+        if let Some((rank, cause)) = refused {
+            return Err(crate::WorkerError::RemoteRegistration {
+                graph: name.to_owned(),
                 rank,
+                cause,
             });
         }
-        super::tensors::refuse_unshippable(args, target, rank)
+        let handle = local();
+        self.graphs.write().insert(handle.id, (ordinal, name.to_owned()));
+        drop(sessions);
+        Ok(handle)
     }
 }
 
@@ -397,6 +448,45 @@ impl Session {
         }
     }
 
+    /// Phase 1 of a registration after start on this rank: `Err` with the rank when it refused
+    /// or failed.
+    fn prepare(&mut self, ordinal: u32, name: &str) -> Result<(), (i32, RemoteError)> {
+        let rank = self.rank;
+        if let Some(e) = &self.failed {
+            return Err((rank, e.clone()));
+        }
+        if !self.open {
+            return Err((rank, RemoteError::Finalized));
+        }
+        let seq = self.transport.next_seq();
+        let packet = Packet::Prepare { seq, ordinal, name: name.to_owned() };
+        self.transport.send(rank, &packet).map_err(|e| (rank, e))?;
+        let deadline = Instant::now().checked_add(PREPARE_BUDGET);
+        let refused = |reason: String| RemoteError::RegistrationRefused {
+            rank,
+            graph: name.to_owned(),
+            reason,
+        };
+        match self.wait(
+            deadline,
+            None,
+            |p| matches!(p, Packet::Prepared { seq: s, .. } if *s == seq),
+        ) {
+            Ok(Packet::Prepared { refusal: None, .. }) => Ok(()),
+            Ok(Packet::Prepared { refusal: Some(reason), .. }) => Err((rank, refused(reason))),
+            Ok(_) => unreachable!("wait returns only frames its filter accepts"),
+            Err(Waited::Deadline) => {
+                Err((rank, refused(format!("no answer within {PREPARE_BUDGET:?}"))))
+            }
+            Err(Waited::Failed(e)) => {
+                if matches!(e, RemoteError::Unresponsive { .. }) {
+                    self.failed = Some(e.clone());
+                }
+                Err((rank, e))
+            }
+        }
+    }
+
     /// Ends the session with `Shutdown`; returns what the remote close reported.
     fn shutdown(&mut self) -> Vec<Residue> {
         if !self.open {
@@ -438,8 +528,10 @@ impl Drop for Session {
 /// The L4 endpoint of one remote L3 child.
 pub(crate) struct RemoteEndpoint {
     id: WorkerId,
-    session: Session,
-    graphs: Arc<HashMap<CallableId, (u32, String)>>,
+    rank: i32,
+    /// Shared with [`RemoteChildren`] for registrations after start.
+    session: Arc<Mutex<Session>>,
+    graphs: GraphOrdinals,
     residue: Arc<Mutex<Vec<Residue>>>,
 }
 
@@ -466,24 +558,25 @@ impl Endpoint for RemoteEndpoint {
             worker_type: WorkerType::NextLevel,
             id: self.id,
             remote: true,
-            name: format!("child {} (L3 on rank {})", self.id, self.session.rank),
+            name: format!("child {} (L3 on rank {})", self.id, self.rank),
         }
     }
 
     fn run(&mut self, task: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
-        let rank = self.session.rank;
-        let Some((graph, _)) = self.graphs.get(task.callable) else {
+        let rank = self.rank;
+        let Some(graph) = self.graphs.read().get(task.callable).map(|(o, _)| *o) else {
             return Err(failure_of(RemoteError::UnknownGraph {
                 rank,
                 graph: format!("{:?}", task.callable),
             }));
         };
-        match self.session.call(*graph, &task).map_err(failure_of)? {
+        let mut session = self.session.lock();
+        match session.call(graph, &task).map_err(failure_of)? {
             Outcome::Ok { .. } => Ok(()),
             Outcome::TaskFailed { failure } => {
                 let e = RemoteError::TaskFailed {
                     rank,
-                    host: self.session.host.clone(),
+                    host: session.host.clone(),
                     level: REMOTE_LEVEL,
                     run: failure.task.run,
                     task: Some(failure.task.seq),
@@ -494,19 +587,14 @@ impl Endpoint for RemoteEndpoint {
                     .with_cause(Arc::new(failure)))
             }
             Outcome::RunFailed { level, message } => {
-                let e = RemoteError::RunFailed {
-                    rank,
-                    host: self.session.host.clone(),
-                    level,
-                    message,
-                };
+                let e = RemoteError::RunFailed { rank, host: session.host.clone(), level, message };
                 Err(EndpointFailure::task_failed(e.to_string()).with_source(FailureSource::new(e)))
             }
         }
     }
 
     fn shutdown(&mut self) {
-        let r = self.session.shutdown();
+        let r = self.session.lock().shutdown();
         self.residue.lock().extend(r);
     }
 }
@@ -515,13 +603,13 @@ impl Drop for RemoteEndpoint {
     /// Shuts a session down whose endpoint was never shut down (an engine that failed to
     /// start). Never unwinds out of the drop.
     fn drop(&mut self) {
-        let session = &mut self.session;
-        match catch_unwind(AssertUnwindSafe(|| session.shutdown())) {
+        let session = &self.session;
+        match catch_unwind(AssertUnwindSafe(|| session.lock().shutdown())) {
             Ok(r) => self.residue.lock().extend(r),
             Err(_) => self
                 .residue
                 .lock()
-                .push(Residue::Failed(format!("rank {}: shutdown panicked", self.session.rank))),
+                .push(Residue::Failed(format!("rank {}: shutdown panicked", self.rank))),
         }
     }
 }

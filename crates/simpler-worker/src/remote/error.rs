@@ -152,6 +152,17 @@ pub enum RemoteError {
         /// Rank 0's reason.
         reason: String,
     },
+    /// A serving rank refused, or did not answer, phase 1 of a graph registration after start;
+    /// every rank rolled it back.
+    #[error("MPI rank {rank} cannot serve graph '{graph}' registered after start: {reason}")]
+    RegistrationRefused {
+        /// The refusing rank.
+        rank: i32,
+        /// The graph.
+        graph: String,
+        /// Why (the rank's own words, or that it did not answer in time).
+        reason: String,
+    },
 }
 
 /// A task for a remote child names a tensor whose bytes cannot travel with it; refused at

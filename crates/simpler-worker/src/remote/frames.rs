@@ -15,7 +15,7 @@ use simpler_types::{
 };
 
 /// Version of the frame layout; both ends must agree.
-pub(crate) const VERSION: u16 = 2;
+pub(crate) const VERSION: u16 = 3;
 
 /// Error frames longer than this are cut (innermost message first), so one failure can never
 /// grow a completion without bound.
@@ -104,6 +104,16 @@ pub(crate) enum Packet {
     Ping { nonce: u64 },
     /// Health answer (on the health communicator).
     Pong { nonce: u64 },
+    /// Rank 0 → serving rank: phase 1 of a registration after start: be ready to serve graph
+    /// `name` as ordinal `ordinal`, and answer.
+    /// `seq` is unique in the job, so a late answer to an earlier attempt is never taken.
+    Prepare { seq: u64, ordinal: u32, name: String },
+    /// Serving rank → rank 0: ready for `Prepare` `seq` (`refusal: None`), or why not.
+    Prepared { seq: u64, refusal: Option<String> },
+    /// Rank 0 → serving rank: phase 2, every rank was ready: serve the prepared graph.
+    Commit { ordinal: u32 },
+    /// Rank 0 → serving rank: phase 2, some rank refused: forget the prepared graph.
+    Abort { ordinal: u32 },
 }
 
 /// A frame that could not be decoded.
@@ -122,6 +132,10 @@ mod kind {
     pub(super) const SHUTDOWN_DONE: u8 = 8;
     pub(super) const PING: u8 = 9;
     pub(super) const PONG: u8 = 10;
+    pub(super) const PREPARE: u8 = 11;
+    pub(super) const PREPARED: u8 = 12;
+    pub(super) const COMMIT: u8 = 13;
+    pub(super) const ABORT: u8 = 14;
 }
 
 impl Packet {
@@ -198,6 +212,25 @@ impl Packet {
             Packet::Pong { nonce } => {
                 w.u8(kind::PONG);
                 w.u64(*nonce);
+            }
+            Packet::Prepare { seq, ordinal, name } => {
+                w.u8(kind::PREPARE);
+                w.u64(*seq);
+                w.u32(*ordinal);
+                w.str(name);
+            }
+            Packet::Prepared { seq, refusal } => {
+                w.u8(kind::PREPARED);
+                w.u64(*seq);
+                w.opt_str(refusal.as_deref().map(|r| truncate(r, MAX_ERROR_BYTES)));
+            }
+            Packet::Commit { ordinal } => {
+                w.u8(kind::COMMIT);
+                w.u32(*ordinal);
+            }
+            Packet::Abort { ordinal } => {
+                w.u8(kind::ABORT);
+                w.u32(*ordinal);
             }
         }
         w.0
@@ -280,6 +313,10 @@ impl Packet {
             }
             kind::PING => Packet::Ping { nonce: r.u64()? },
             kind::PONG => Packet::Pong { nonce: r.u64()? },
+            kind::PREPARE => Packet::Prepare { seq: r.u64()?, ordinal: r.u32()?, name: r.str()? },
+            kind::PREPARED => Packet::Prepared { seq: r.u64()?, refusal: r.opt_str()? },
+            kind::COMMIT => Packet::Commit { ordinal: r.u32()? },
+            kind::ABORT => Packet::Abort { ordinal: r.u32()? },
             other => return Err(DecodeError(format!("unknown kind {other}"))),
         };
         if r.at != bytes.len() {
@@ -804,6 +841,11 @@ mod tests {
             Packet::ShutdownDone { errors: vec!["e".into()] },
             Packet::Ping { nonce: 1 },
             Packet::Pong { nonce: 1 },
+            Packet::Prepare { seq: 7, ordinal: 2, name: "late".into() },
+            Packet::Prepared { seq: 7, refusal: None },
+            Packet::Prepared { seq: 7, refusal: Some("no".into()) },
+            Packet::Commit { ordinal: 2 },
+            Packet::Abort { ordinal: 2 },
         ] {
             round_trip(p);
         }

@@ -11,6 +11,11 @@
 //!    write-tagged tensors can touch, on failure the failure chain.
 //! 5. `Shutdown` → close the worker, reply `ShutdownDone` with what the close reported,
 //!    close the inbox and return.
+//!
+//! Between tasks, rank 0 may register a graph after start, in two phases: `Prepare` (answered
+//! `Prepared`, ready or with the refusal) and then `Commit` or `Abort`. A graph listed with
+//! [`ServedGraphs::register_later`] is prepared when its name comes as the next ordinal; on
+//! `Commit` it is served under that ordinal, on `Abort` it stays waiting.
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -37,6 +42,8 @@ const WAIT_SLICE: Duration = Duration::from_millis(100);
 #[derive(Default)]
 pub struct ServedGraphs {
     entries: Vec<(String, Arc<GraphFn>)>,
+    /// Graphs served once rank 0 registers them after start (by name).
+    later: Vec<(String, Arc<GraphFn>)>,
 }
 
 impl std::fmt::Debug for ServedGraphs {
@@ -64,6 +71,38 @@ impl ServedGraphs {
         self.entries.push((name.to_owned(), Arc::new(g)));
         self
     }
+
+    /// Adds a graph that rank 0 registers on its started L4 worker (`Worker::register_graph`):
+    /// it is not in this rank's start manifest and is served from the moment that
+    /// registration commits, under the ordinal rank 0 gives it.
+    pub fn register_later(
+        &mut self,
+        name: &str,
+        g: impl Fn(&mut GraphBuilder<'_>, TaskArgsView<'_>, &CallConfig) -> Result<(), BoxError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> &mut Self {
+        self.later.push((name.to_owned(), Arc::new(g)));
+        self
+    }
+
+    /// Phase 1 of a registration after start: whether graph `name` can be served as
+    /// `ordinal`, and its index among the later graphs.
+    fn prepare(&self, ordinal: u32, name: &str) -> Result<usize, String> {
+        if ordinal as usize != self.entries.len() {
+            return Err(format!(
+                "graph '{name}' comes as ordinal {ordinal}, but this rank serves {} graphs",
+                self.entries.len()
+            ));
+        }
+        self.later.iter().position(|(n, _)| n == name).ok_or_else(|| {
+            format!(
+                "this rank has no graph '{name}' to serve after start \
+                 (ServedGraphs::register_later)"
+            )
+        })
+    }
 }
 
 /// Serves rank 0's tasks with the L3 worker `builder` starts, until rank 0 shuts the session
@@ -88,7 +127,7 @@ fn serve_session(
     t: &Transport,
     inbox: &Receiver<Packet>,
     builder: HostWorkerBuilder,
-    graphs: ServedGraphs,
+    mut graphs: ServedGraphs,
 ) -> Result<(), ServeError> {
     // 1.
     loop {
@@ -123,8 +162,24 @@ fn serve_session(
         }
     }
     // 4.
+    // The later graph prepared by phase 1 of a registration: (ordinal, index in `later`).
+    let mut prepared: Option<(u32, usize)> = None;
     loop {
         match next(t, inbox)? {
+            Packet::Prepare { seq, ordinal, name } => {
+                let ready = graphs.prepare(ordinal, &name);
+                prepared = ready.as_ref().ok().map(|&k| (ordinal, k));
+                let refusal = ready.err();
+                t.send(0, &Packet::Prepared { seq, refusal })?;
+            }
+            Packet::Commit { ordinal } => match prepared.take() {
+                Some((o, k)) if o == ordinal => {
+                    let g = graphs.later.remove(k);
+                    graphs.entries.push(g);
+                }
+                other => tracing::warn!(ordinal, ?other, "a commit for nothing prepared"),
+            },
+            Packet::Abort { .. } => prepared = None,
             Packet::Task { seq, graph, config, args } => {
                 let outcome = run_task(&worker, &graphs, graph, config, args);
                 t.send(0, &Packet::Completion { seq, outcome })?;

@@ -1,0 +1,78 @@
+//! Host tensors on the chip tasks of a chip process (`docs/process-mode.md`, "Host tensors").
+//!
+//! The staging is THREAD mode's (`crate::staging`): one device copy per host buffer, copied in
+//! unless only blindly written, written spans copied back after a successful task. Here every
+//! device call is a memory request through the mailbox, so the bytes cross in its frames and
+//! no memory is shared with the child beyond the mailbox itself.
+//!
+//! Copy-back is all or nothing: every written span is read from the child first, and the host
+//! buffers change only once all were read. A child that dies or stops answering during a task
+//! therefore leaves every host buffer of it exactly as it was before the task.
+
+use simpler_sched::EndpointFailure;
+use simpler_types::{CallConfig, CallableId, EndpointOutcome, TaskArgsView, TaskId};
+
+use super::parent::{ChipProcess, MemFailure, child_failure};
+use crate::staging::{Staged, StagingChip};
+
+impl ChipProcess {
+    /// The task failure of a memory request made while staging the task `origin`.
+    fn staging_failure(&self, f: MemFailure, origin: TaskId) -> EndpointFailure {
+        match f {
+            MemFailure::Child(e) => child_failure(e, EndpointOutcome::EndpointFailure),
+            MemFailure::Device(frame) => self.device_refusal(frame, Some(origin.run)),
+        }
+    }
+}
+
+impl StagingChip for ChipProcess {
+    fn malloc(&mut self, len: u64, origin: TaskId) -> Result<u64, EndpointFailure> {
+        self.device_malloc(len).map_err(|f| self.staging_failure(f, origin))
+    }
+
+    fn copy_in(
+        &mut self,
+        dev: u64,
+        host: &crate::HostBuffer,
+        origin: TaskId,
+    ) -> Result<(), EndpointFailure> {
+        host.with_bytes(|b| self.device_copy_to(dev, b))
+            .map_err(|f| self.staging_failure(f, origin))
+    }
+
+    fn run(
+        &mut self,
+        callable: &CallableId,
+        args: TaskArgsView<'_>,
+        config: &CallConfig,
+        origin: TaskId,
+    ) -> Result<(), EndpointFailure> {
+        ChipProcess::run(self, callable, args, config, origin)
+    }
+
+    fn copy_back(&mut self, staged: &[Staged], origin: TaskId) -> Result<(), EndpointFailure> {
+        let mut read: Vec<(usize, usize, Vec<u8>)> = Vec::new();
+        for (k, s) in staged.iter().enumerate() {
+            for (lo, hi) in s.written() {
+                let mut bytes = vec![0u8; hi - lo];
+                self.device_copy_from(s.dev + lo as u64, &mut bytes)
+                    .map_err(|f| self.staging_failure(f, origin))?;
+                read.push((k, lo, bytes));
+            }
+        }
+        for (k, lo, bytes) in read {
+            staged[k].host.with_bytes(|b| b[lo..lo + bytes.len()].copy_from_slice(&bytes));
+        }
+        Ok(())
+    }
+
+    fn free(&mut self, dev: u64, origin: TaskId) {
+        // A copy in a process that ended died with it; freeing it would start a new process.
+        if !self.is_live() {
+            return;
+        }
+        if let Err(e) = ChipProcess::free(self, dev) {
+            tracing::warn!(%origin, "freeing a staging copy in a chip process failed: {e}");
+        }
+    }
+}
