@@ -6,6 +6,8 @@
 //!   The delay parks the simulated core, so, as on a real chip, the device does not use the
 //!   host's CPU while it executes (`docs/benchmarks-worker.md`, W3, says why this is the
 //!   faithful model). Throughput and per-run latency (submit → result) at each lane mode.
+//! - **W3 mostly parked**: the same shape with a fixed 300 us delay, so that the parked part
+//!   dominates the device time (the simulated cores' own CPU work is about 100 us per run).
 //! - **W3 CPU-bound**: the vector program over 16384 f32 with no delay: its simulated device
 //!   time is CPU work on the host's own cores, competing with the host's preparation.
 //! - **S1 back to back**: the CPU-bound shape, 100 runs in each lane mode; and S1 serial
@@ -227,8 +229,10 @@ enum Lane {
 /// takes the results in order.
 fn stream(lane: Lane, runs: usize, shape: Shape) -> Stream {
     let slots = if lane == Lane::Depth1 { 1 } else { 2 };
-    let mut b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph)
-        .chip_options(move |o| o.with_pipeline_slots(slots).with_device_queue(lane == Lane::Queued));
+    let mut b =
+        Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph).chip_options(move |o| {
+            o.with_pipeline_slots(slots).with_device_queue(lane == Lane::Queued)
+        });
     let h = b.register_chip(vector::callable().expect("program"));
     let w = b.start().expect("start");
     assert_eq!(w.pipeline_depth(), slots);
@@ -282,18 +286,25 @@ fn main() {
     let samples = if quick { 5 } else { 50 };
     let us = |d: Duration| d.as_secs_f64() * 1e6;
 
-    // W3: one cluster over 1024 f32, the device time made up to the host time by a kernel
-    // delay, which parks the simulated core: like a real chip, the device then does not use
-    // the host's CPU while it executes.
+    // W3: one cluster over 1024 f32, the device time made up to the host time per run by a
+    // kernel delay, which parks the simulated core: like a real chip, the device then does not
+    // use the host's CPU while it executes. The host time is what a run costs the host through
+    // the worker (a depth-1 stream without delay, less the simulated device time), at least
+    // the runner's own prepare + launch + complete.
     let small = Shape { n: 1024, block_dim: 1, delay: None };
     let (host, device) = calibrate(samples, small);
-    let delay = host.saturating_sub(device);
+    let through_worker = stream(Lane::Depth1, if quick { 20 } else { 300 }, small).per_run;
+    let host_worker = through_worker.saturating_sub(device).max(host);
+    let delay = host_worker;
     println!(
-        "calibration (1024 f32, one cluster): host time per run {:.1} us (prepare + launch + complete), simulated device time {:.1} us; W3 adds a {:.1} us parked kernel delay (device time about {:.1} us)",
+        "calibration (1024 f32, one cluster): runner host time per run {:.1} us (prepare + launch + complete), simulated device time {:.1} us (CPU work), depth-1 worker stream {:.1} us per run, so host time through the worker {:.1} us; W3 adds a {:.1} us parked kernel delay (device time about {:.1} us, {:.1} us of it parked)",
         us(host),
         us(device),
+        us(through_worker),
+        us(host_worker),
         us(delay),
         us(device + delay),
+        us(delay),
     );
     let w3 = Shape { delay: Some(delay).filter(|d| !d.is_zero()), ..small };
     // W3 CPU-bound: the vector program over 16384 f32, whose simulated device time is host
@@ -306,7 +317,14 @@ fn main() {
         us(device_big),
     );
     let lanes = [Lane::Depth1, Lane::Depth2, Lane::Queued];
-    let workloads = [("W3", runs, w3), ("W3 CPU-bound", runs, big), ("S1 back to back", s1_runs, big)];
+    // W3 mostly parked: a 300 us delay, so the parked part dominates the device time.
+    let parked = Shape { delay: Some(Duration::from_micros(300)), ..small };
+    let workloads = [
+        ("W3", runs, w3),
+        ("W3 mostly parked (300 us delay)", runs, parked),
+        ("W3 CPU-bound", runs, big),
+        ("S1 back to back", s1_runs, big),
+    ];
     let mut lane_results: Vec<[Vec<Stream>; 3]> =
         workloads.iter().map(|_| [Vec::new(), Vec::new(), Vec::new()]).collect();
     for _ in 0..rounds {
