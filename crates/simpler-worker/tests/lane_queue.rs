@@ -31,16 +31,15 @@ fn output(mem: &ChipMemory<'_>, f: &DeviceBuffer, n: u32) -> Vec<f32> {
 }
 
 fn queued_l2() -> (Worker, CallableHandle) {
-    let mut b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph).chip_options(
-        |o| {
+    let mut b =
+        Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph).chip_options(|o| {
             o.with_pipeline_slots(2)
                 .with_device_queue(true)
                 .with_scheduler_timeout(Duration::from_millis(300))
                 .with_op_execute_timeout(Duration::from_millis(600))
                 .with_stream_sync_timeout(Duration::from_secs(3))
                 .with_shutdown_budget(Duration::from_millis(200))
-        },
-    );
+        });
     let add = b.register_chip(add_callable(0));
     (b.start().expect("start"), add)
 }
