@@ -1,22 +1,21 @@
-//! Pipelined runs through an L2 worker (`docs/pipelining.md`), depth 1 against depth 2 in the
-//! same invocation, alternating:
+//! Pipelined runs through an L2 worker (`docs/pipelining.md`): depth 1, depth 2 and device
+//! queueing in the same invocation, alternating.
 //!
-//! - **W3**: back-to-back runs of the vector program (16384 f32) whose simulated device time is
-//!   set, with the simulator's kernel-delay hook, to about its measured host preparation time
-//!   (the delay parks the simulated core like a real device does not use a host CPU).
-//!   Throughput (runs/s) and per-run latency (submit → result) at each depth.
-//! - **W3 parked**: the same with one cluster (`block_dim` 1) over 1024 f32 and a fixed 300 µs
-//!   kernel delay, so most of the device time is parked rather than simulated on the host's
-//!   cores — closer to a real chip, whose execution does not compete with host preparation.
-//! - **S1 back to back**: the same program with no delay, 100 runs at each depth; and S1
-//!   serial (`run` = submit + wait, one run at a time), which pipelining cannot speed up and
-//!   must not slow down much (the lane polls a run in flight between jobs).
-//!
-//! - **Runner modes**: the same shapes on a runner directly, so the lane's hand-offs are out of
+//! - **W3**: back-to-back runs of the vector program over 1024 f32 on one cluster, whose device
+//!   time is made up to the measured host time per run by the simulator's kernel-delay hook.
+//!   The delay parks the simulated core, so, as on a real chip, the device does not use the
+//!   host's CPU while it executes (`docs/benchmarks-worker.md`, W3, says why this is the
+//!   faithful model). Throughput and per-run latency (submit → result) at each lane mode.
+//! - **W3 mostly parked**: the same shape with a fixed 300 us delay, so that the parked part
+//!   dominates the device time (the simulated cores' own CPU work is about 100 us per run).
+//! - **W3 CPU-bound**: the vector program over 16384 f32 with no delay: its simulated device
+//!   time is CPU work on the host's own cores, competing with the host's preparation.
+//! - **S1 back to back**: the CPU-bound shape, 100 runs in each lane mode; and S1 serial
+//!   (`run` = submit + wait, one run at a time), which pipelining cannot speed up.
+//! - **Runner modes**: the W3 shapes on a runner directly, so the lane's hand-offs are out of
 //!   the picture: depth 1 (`run`), depth 2 (prepare N+1 while N executes, launch it after
 //!   reaping N) and queued (device queueing: N+1 is launched before N is reaped). Per run the
-//!   host time of each phase (prepare, launch, the wait in reap, complete) is reported, which
-//!   says where the host time goes.
+//!   host time of each phase (prepare, launch, the wait in reap, complete) is reported.
 //!
 //! `cargo bench --bench pipelined [-- RUNS ROUNDS]` (defaults 1000 and 3; `-- --test` runs
 //! a short version). Plain timing with medians over the rounds, not criterion: one sample is
@@ -60,41 +59,41 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-/// Host preparation time and device time (launch → reaped) of one run of the program,
-/// measured on a runner directly (medians of `samples`).
-fn calibrate(samples: usize) -> (Duration, Duration) {
+/// Host time (prepare + launch + complete) and device time (the wait in `reap_run`) of one run
+/// of `shape` without a kernel delay, measured on a runner directly (medians of `samples`).
+fn calibrate(samples: usize, shape: Shape) -> (Duration, Duration) {
     let mut r = DeviceRunner::attach(RunnerOptions::sim(9, RuntimeVariant::HostBuildGraph))
         .expect("attach");
     let slot = r.register_callable(&vector::callable().expect("program")).expect("register");
     let mut args = TaskArgs::new();
     let mut ptrs = Vec::new();
     for i in 0..3 {
-        let p = r.malloc((N * 4) as u64).expect("malloc");
+        let p = r.malloc((shape.n * 4) as u64).expect("malloc");
         ptrs.push(p);
-        let t = Tensor::external(p.addr(), &[N as u32], DataType::Float32)
+        let t = Tensor::external(p.addr(), &[shape.n as u32], DataType::Float32)
             .expect("tensor")
             .child_memory(true);
         if i < 2 { args.add_input(t) } else { args.add_output(t) }.expect("arg");
     }
-    let cfg = CallConfig::default();
-    let (mut prep, mut device) = (Vec::new(), Vec::new());
+    let cfg = CallConfig::builder().block_dim(shape.block_dim).build().expect("config");
+    let (mut host, mut device) = (Vec::new(), Vec::new());
     for i in 0..samples {
         let id = RunId::from_raw(i as u64 + 1).expect("id");
         let t0 = Instant::now();
         let p = r.prepare(&RunRequest::new(id, slot, &args, &cfg)).expect("prepare");
-        let t1 = Instant::now();
         let a = r.launch_run(p).expect("launch");
+        let t1 = Instant::now();
         r.reap_run(&a, None).expect("reap");
         let t2 = Instant::now();
         r.complete_run(a).expect("complete");
-        prep.push(t1 - t0);
+        host.push((t1 - t0) + t2.elapsed());
         device.push(t2 - t1);
     }
     for p in ptrs {
         r.free(p).expect("free");
     }
     r.finalize().expect("finalize");
-    (median(prep), median(device))
+    (median(host), median(device))
 }
 
 /// How a runner-level stream drives its runs.
@@ -215,14 +214,28 @@ struct Stream {
     serial: Duration,
 }
 
-/// `runs` back-to-back submits through an L2 worker with `slots` resource slots (depth
-/// `min(slots, 2)`); a waiter thread takes the results in order.
-fn stream(slots: usize, runs: usize, shape: Shape) -> Stream {
-    let mut b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph)
-        .chip_options(move |o| o.with_pipeline_slots(slots));
+/// How an L2 worker's lane runs a stream.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Lane {
+    /// One resource slot: each run is prepared, launched, reaped and completed alone.
+    Depth1,
+    /// Two slots: run N+1 is prepared while N executes and launched after N is reaped.
+    Depth2,
+    /// Two slots and device queueing: N+1 is launched behind N before N is reaped.
+    Queued,
+}
+
+/// `runs` back-to-back submits through an L2 worker whose lane runs as `lane`; a waiter thread
+/// takes the results in order.
+fn stream(lane: Lane, runs: usize, shape: Shape) -> Stream {
+    let slots = if lane == Lane::Depth1 { 1 } else { 2 };
+    let mut b =
+        Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph).chip_options(move |o| {
+            o.with_pipeline_slots(slots).with_device_queue(lane == Lane::Queued)
+        });
     let h = b.register_chip(vector::callable().expect("program"));
     let w = b.start().expect("start");
-    assert_eq!(w.pipeline_depth(), slots.min(2));
+    assert_eq!(w.pipeline_depth(), slots);
     let args = program_args(&w.memory().expect("memory"), shape.n);
     let cfg = CallConfig::builder().block_dim(shape.block_dim).build().expect("config");
     let run = || Orchestration::chip(h, args.clone()).config(cfg.clone());
@@ -270,38 +283,59 @@ fn main() {
     let rounds: usize =
         args.get(1).and_then(|s| s.parse().ok()).unwrap_or(if quick { 1 } else { 3 });
     let s1_runs = if quick { 10 } else { 100 };
+    let samples = if quick { 5 } else { 50 };
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
 
-    let (prep, device) = calibrate(if quick { 5 } else { 50 });
-    // The hook can only lengthen the device time: when the device is already slower than the
-    // host preparation, W3 runs with no delay and the report says so.
-    let delay = prep.saturating_sub(device);
-    let device_w3 = device + delay;
+    // W3: one cluster over 1024 f32, the device time made up to the host time per run by a
+    // kernel delay, which parks the simulated core: like a real chip, the device then does not
+    // use the host's CPU while it executes. The host time is what a run costs the host through
+    // the worker (a depth-1 stream without delay, less the simulated device time), at least
+    // the runner's own prepare + launch + complete.
+    let small = Shape { n: 1024, block_dim: 1, delay: None };
+    let (host, device) = calibrate(samples, small);
+    let through_worker = stream(Lane::Depth1, if quick { 20 } else { 300 }, small).per_run;
+    let host_worker = through_worker.saturating_sub(device).max(host);
+    let delay = host_worker;
     println!(
-        "calibration: host preparation {:.1} us, device time {:.1} us without delay; W3 adds a {:.1} us kernel delay (device time about {:.1} us)",
-        prep.as_secs_f64() * 1e6,
-        device.as_secs_f64() * 1e6,
-        delay.as_secs_f64() * 1e6,
-        device_w3.as_secs_f64() * 1e6,
+        "calibration (1024 f32, one cluster): runner host time per run {:.1} us (prepare + launch + complete), simulated device time {:.1} us (CPU work), depth-1 worker stream {:.1} us per run, so host time through the worker {:.1} us; W3 adds a {:.1} us parked kernel delay (device time about {:.1} us, {:.1} us of it parked)",
+        us(host),
+        us(device),
+        us(through_worker),
+        us(host_worker),
+        us(delay),
+        us(device + delay),
+        us(delay),
     );
-    let w3_shape = Shape { n: N, block_dim: 0, delay: Some(delay).filter(|d| !d.is_zero()) };
-    let parked = Shape { n: 1024, block_dim: 1, delay: Some(Duration::from_micros(300)) };
-    let s1_shape = Shape { n: N, block_dim: 0, delay: None };
-    let mut w3: [Vec<Stream>; 2] = [Vec::new(), Vec::new()];
-    let mut w3p: [Vec<Stream>; 2] = [Vec::new(), Vec::new()];
-    let mut s1: [Vec<Stream>; 2] = [Vec::new(), Vec::new()];
+    let w3 = Shape { delay: Some(delay).filter(|d| !d.is_zero()), ..small };
+    // W3 CPU-bound: the vector program over 16384 f32, whose simulated device time is host
+    // CPU work on the same cores as the host's preparation.
+    let big = Shape { n: N, block_dim: 0, delay: None };
+    let (host_big, device_big) = calibrate(samples, big);
+    println!(
+        "calibration (16384 f32): host time per run {:.1} us, simulated device time {:.1} us (CPU work, no delay)",
+        us(host_big),
+        us(device_big),
+    );
+    let lanes = [Lane::Depth1, Lane::Depth2, Lane::Queued];
+    // W3 mostly parked: a 300 us delay, so the parked part dominates the device time.
+    let parked = Shape { delay: Some(Duration::from_micros(300)), ..small };
+    let workloads = [
+        ("W3", runs, w3),
+        ("W3 mostly parked (300 us delay)", runs, parked),
+        ("W3 CPU-bound", runs, big),
+        ("S1 back to back", s1_runs, big),
+    ];
+    let mut lane_results: Vec<[Vec<Stream>; 3]> =
+        workloads.iter().map(|_| [Vec::new(), Vec::new(), Vec::new()]).collect();
     for _ in 0..rounds {
-        for (i, slots) in [1usize, 2].into_iter().enumerate() {
-            w3[i].push(stream(slots, runs, w3_shape));
-            w3p[i].push(stream(slots, runs, parked));
-            s1[i].push(stream(slots, s1_runs, s1_shape));
+        for (w, (_, n, shape)) in workloads.iter().enumerate() {
+            for (l, lane) in lanes.into_iter().enumerate() {
+                lane_results[w][l].push(stream(lane, *n, *shape));
+            }
         }
     }
     let modes = [Mode::Depth1, Mode::Depth2, Mode::Queued];
-    for (name, n, shape) in [
-        ("W3 runner", runs, w3_shape),
-        ("W3 parked runner", runs, parked),
-        ("S1 runner", s1_runs, s1_shape),
-    ] {
+    for (name, n, shape) in [("W3 runner", runs, w3), ("W3 CPU-bound runner", runs, big)] {
         let mut per_mode = Vec::new();
         for mode in modes {
             let mut walls = Vec::new();
@@ -317,31 +351,27 @@ fn main() {
         for (mode, wall, ph) in per_mode {
             println!(
                 "{name}: {n} runs, {mode:?}: {:.1} us/run ({:.2}x depth 1); host per run: prepare {:.1} us, launch {:.1} us, reap wait {:.1} us, complete {:.1} us",
-                wall.as_secs_f64() * 1e6,
+                us(wall),
                 d1.as_secs_f64() / wall.as_secs_f64(),
-                ph.prepare.as_secs_f64() * 1e6,
-                ph.launch.as_secs_f64() * 1e6,
-                ph.reap.as_secs_f64() * 1e6,
-                ph.complete.as_secs_f64() * 1e6,
+                us(ph.prepare),
+                us(ph.launch),
+                us(ph.reap),
+                us(ph.complete),
             );
         }
     }
     let med = |v: &[Stream], f: fn(&Stream) -> Duration| median(v.iter().map(f).collect());
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
-    for (name, n, data) in
-        [("W3", runs, &w3), ("W3 parked", runs, &w3p), ("S1 back to back", s1_runs, &s1)]
-    {
+    for ((name, n, _), data) in workloads.iter().zip(&lane_results) {
         let d1 = med(&data[0], |s| s.per_run);
-        let d2 = med(&data[1], |s| s.per_run);
-        println!(
-            "{name}: {n} runs x {rounds} rounds: depth 1 {:.1} us/run (latency {:.1} us, serial run {:.1} us), depth 2 {:.1} us/run (latency {:.1} us, serial run {:.1} us); throughput depth 2 / depth 1 = {:.2}x",
-            us(d1),
-            us(med(&data[0], |s| s.latency)),
-            us(med(&data[0], |s| s.serial)),
-            us(d2),
-            us(med(&data[1], |s| s.latency)),
-            us(med(&data[1], |s| s.serial)),
-            d1.as_secs_f64() / d2.as_secs_f64(),
-        );
+        for (lane, streams) in lanes.iter().zip(data) {
+            let per_run = med(streams, |s| s.per_run);
+            println!(
+                "{name}: {n} runs x {rounds} rounds through an L2 worker, {lane:?}: {:.1} us/run ({:.2}x depth 1), latency {:.1} us, serial run {:.1} us",
+                us(per_run),
+                d1.as_secs_f64() / per_run.as_secs_f64(),
+                us(med(streams, |s| s.latency)),
+                us(med(streams, |s| s.serial)),
+            );
+        }
     }
 }

@@ -45,6 +45,7 @@ const LOOM_TARGETS: &[(&str, &[&str])] = &[
     ("simpler-ring", &["--test", "fixed_loom"]),
     ("simpler-sched", &["--lib", "loom"]),
     ("simpler-worker", &["--lib", "loom"]),
+    ("simpler-device-a2a3", &["--lib", "loom"]),
 ];
 
 /// Examples CI runs end to end (release builds; each checks its own result and exits non-zero

@@ -90,6 +90,7 @@
 //! - `src/runner/memory.rs` and `src/runner/staging.rs`: host-tensor staging.
 //! - `src/runner/types.rs`: the contract of `RunRequest::with_host_tensors` (an `unsafe fn`).
 //! - `src/runner/tests.rs`: a test kernel.
+//! - `src/runner/loom_models.rs`: the slot bytes of the `loom` models, as `loom` cells.
 //! - `src/runtime/orch.rs`, `src/runtime/hbg/mod.rs`, `src/runtime/hbg/builder.rs`: the
 //!   ops-table glue between an orchestration and the graph builder.
 

@@ -17,8 +17,11 @@
 //! ([`ChipState::in_flight`]), it is always the oldest unpublished run, and it is retired
 //! before any other job touches the runner except the next run's preparation — a control job
 //! (registration, memory, fault plan) retires it first, exactly as at depth 1. While a run is
-//! in flight and no job is queued the lane polls the run with a short, growing park between
-//! polls, so a finished run is published within that park even when no next run arrives.
+//! in flight and no job is queued the lane reaps the run in short, growing slices and looks for
+//! a job between them, so a finished run is published at once even when no next run arrives.
+//! With device queueing (`RunnerOptions::with_device_queue`) the run job launches N+1 behind N
+//! on the device before it retires N, so N+1's kernels follow N's with no host round trip;
+//! fences still publish in FIFO order and at most two runs are launched at once.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -340,9 +343,10 @@ impl ChipState {
     }
 
     /// The L2 lane's run job after the preparation: retires the run in flight (publishing its
-    /// fence), then launches `prepared`. At depth 2 the launched run stays in flight, to be
-    /// retired by the next run job, a control job or the lane's poll; at depth 1, or when the
-    /// run needs exclusive use, it is reaped and completed here.
+    /// fence), then launches `prepared` — or, with device queueing, launches `prepared` behind
+    /// the run in flight first and then retires that run. At depth 2 the launched run stays in
+    /// flight, to be retired by the next run job, a control job or the lane's poll; at depth 1,
+    /// or when the run needs exclusive use, it is reaped and completed here.
     pub(crate) fn launch_pipelined(
         &mut self,
         run: RunId,
@@ -350,12 +354,22 @@ impl ChipState {
         fence: Arc<LaneFence>,
         exclusive: bool,
     ) {
-        self.retire_in_flight();
+        let queued = !exclusive && self.device_queue() && self.in_flight.is_some();
+        if !queued {
+            self.retire_in_flight();
+        }
         if exclusive || self.pipeline_depth() < 2 {
             fence.set(self.finish_run(run, prepared).map_err(device_failure));
             return;
         }
-        match catch_unwind(AssertUnwindSafe(|| self.launch(prepared))) {
+        // With device queueing `prepared` is launched behind the run in flight (its kernels
+        // start when that run's end on the device, with no host round trip), and the run in
+        // flight is retired after it: fences still publish in FIFO order.
+        let launched = catch_unwind(AssertUnwindSafe(|| self.launch(prepared)));
+        if queued {
+            self.retire_in_flight();
+        }
+        match launched {
             Ok(Ok(active)) => self.in_flight = Some(InFlight { run, active, fence }),
             Ok(Err(e)) => fence.set(Err(device_failure(e))),
             Err(p) => fence.set(Err(device_failure(DeviceError::LaunchPanicked {
@@ -363,6 +377,12 @@ impl ChipState {
                 message: panic_text(p.as_ref()),
             }))),
         }
+    }
+
+    /// Whether the lane launches the next run behind the run in flight on the device
+    /// (`RunnerOptions::with_device_queue`) instead of after reaping it.
+    pub(crate) fn device_queue(&self) -> bool {
+        self.pipeline_depth() >= 2 && self.runner.as_ref().is_some_and(DeviceRunner::device_queue)
     }
 
     /// Reaps and completes the run in flight, if any, and publishes its fence.

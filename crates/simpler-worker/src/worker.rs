@@ -361,8 +361,9 @@ impl Worker {
     }
 
     /// Runs admitted at once: 2 for an L2 worker whose chip has at least two resource slots
-    /// (its lane prepares run N+1 while run N executes; runs with diagnostics still execute
-    /// alone), else 1 (`docs/pipelining.md`).
+    /// (its lane prepares run N+1 while run N executes, and with device queueing launches it
+    /// behind N; runs with diagnostics still execute alone), else 1. L3 and higher levels run
+    /// chip tasks at depth 1 (`docs/pipelining.md`, "Depth at L3").
     pub fn pipeline_depth(&self) -> usize {
         match &self.inner.body {
             Body::Chip(lane) => lane.depth,

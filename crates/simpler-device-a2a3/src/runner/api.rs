@@ -277,6 +277,12 @@ impl DeviceRunner {
         self.core_ref().map_or(0, |c| c.slots.len())
     }
 
+    /// Whether runs launched while another run executes queue behind it on the device
+    /// (`RunnerOptions::device_queue`).
+    pub fn device_queue(&self) -> bool {
+        self.core_ref().is_some_and(|c| c.opts.device_queue)
+    }
+
     /// The runner's health.
     pub fn health(&self) -> DeviceHealth {
         self.core_ref().map_or(DeviceHealth::Healthy, |c| c.health.get())

@@ -11,15 +11,43 @@
 use std::fmt;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use simpler_types::RunId;
+
+#[cfg(simpler_loom)]
+use self::loom_mutex::Mutex;
+#[cfg(not(simpler_loom))]
+use parking_lot::Mutex;
 
 use super::{Core, Stage};
 use crate::diag::Outcome;
 use crate::error::DeviceError;
 
-/// Leases handed back by dropped handles: `(slot, generation)`.
+/// Leases handed back by dropped handles: `(slot, generation)`. Writers: `Lease::drop` on any
+/// thread. Reader: the runner's thread, which drains it at its next call.
 pub(super) type ReturnQueue = Arc<Mutex<Vec<(usize, u64)>>>;
+
+/// The lowest free slot, given each slot's occupancy in slot order. `prepare` writes only the
+/// slot this returns, so it never writes a slot whose run is launched.
+pub(super) fn lowest_free(occupied: impl IntoIterator<Item = bool>) -> Option<usize> {
+    occupied.into_iter().position(|o| !o)
+}
+
+/// Whether `lease` was issued by the runner owning `returns` and names the slot's `current`
+/// generation (`None`: no such slot).
+pub(super) fn is_current(lease: &Lease, returns: &ReturnQueue, current: Option<u64>) -> bool {
+    Arc::ptr_eq(&lease.returns, returns) && current == Some(lease.generation)
+}
+
+/// Takes the leases dropped handles returned, keeping those whose generation is still
+/// `current_of(slot)`: a lease of an ended run is ignored.
+pub(super) fn take_returned(
+    returns: &ReturnQueue,
+    current_of: impl Fn(usize) -> Option<u64>,
+) -> Vec<(usize, u64)> {
+    let mut returned = std::mem::take(&mut *returns.lock());
+    returned.retain(|&(s, generation)| current_of(s) == Some(generation));
+    returned
+}
 
 /// One slot lease. Dropping a live lease queues it for the runner's cleanup.
 pub(super) struct Lease {
@@ -112,7 +140,7 @@ impl Core {
         lease: &Lease,
     ) -> Result<usize, DeviceError> {
         let current = self.slots.get(lease.slot).map(|s| s.generation);
-        if !Arc::ptr_eq(&lease.returns, &self.returns) || current != Some(lease.generation) {
+        if !is_current(lease, &self.returns, current) {
             return Err(DeviceError::StaleRun {
                 call,
                 run_id: lease.run_id,
@@ -133,11 +161,8 @@ impl Core {
     /// Cleans up the slots whose handles were dropped: a prepared run is abandoned, a launched
     /// one reaped first (its result is discarded), a reaped one released.
     pub(super) fn reclaim_dropped(&mut self) {
-        let returned = std::mem::take(&mut *self.returns.lock());
-        for (s, generation) in returned {
-            if self.slots.get(s).is_none_or(|x| x.generation != generation) {
-                continue;
-            }
+        let returned = take_returned(&self.returns, |s| self.slots.get(s).map(|x| x.generation));
+        for (s, _) in returned {
             let Some(mut run) = self.slots[s].run.take() else { continue };
             let run_id = run.run_id;
             match run.stage {
@@ -155,6 +180,23 @@ impl Core {
             }
             tracing::debug!(%run_id, slot = s, "cleaned up the slot of a dropped run handle");
             self.free_slot(s);
+        }
+    }
+}
+
+#[cfg(simpler_loom)]
+mod loom_mutex {
+    //! A `parking_lot`-shaped wrapper over `loom::sync::Mutex`, so the return queue is
+    //! model-checked (`loom_models`).
+
+    /// `loom::sync::Mutex` with a non-poisoning `lock()`.
+    #[derive(Debug, Default)]
+    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        /// Locks, ignoring poisoning (a panic inside a model already fails it).
+        pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
+            self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
         }
     }
 }

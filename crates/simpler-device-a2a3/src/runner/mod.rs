@@ -55,6 +55,8 @@ mod callables;
 mod checks;
 mod health;
 mod lease;
+#[cfg(all(test, simpler_loom))]
+mod loom_models;
 mod memory;
 mod reap;
 mod run_ids;
@@ -341,7 +343,7 @@ impl Core {
         unusable(self)?;
         // P3.
         let (block_dim, threads) = self.device_rules(Some(req.run_id), cfg)?;
-        let Some(s) = self.slots.iter().position(|x| x.run.is_none()) else {
+        let Some(s) = lease::lowest_free(self.slots.iter().map(|x| x.run.is_some())) else {
             let k = self.slots.len();
             return Err(busy("prepare", format!("all {k} resource slots hold runs")));
         };
