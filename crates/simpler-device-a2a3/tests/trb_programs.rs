@@ -438,3 +438,49 @@ fn mix_and_multi_block_tasks_give_the_same_bits_on_both_runtimes() {
         args[0].values.iter().zip(&args[1].values).map(|(a, b)| a + b + b).collect();
     assert_eq!(got, want);
 }
+
+fn four_args(_: &OrchArgs<'_>) -> OrchConfig {
+    OrchConfig { expected_arg_count: 4 }
+}
+
+/// Arguments `a, b` (inputs), `x` (in-out, zeros), `f` (output): `x = a + b` by a task whose
+/// write the tensor map does not see (`NoDep`), then `f = x · a` reading `x` as a `manual_dep`
+/// tensor created by the first task, so only the creator edge orders the two.
+fn manual_dep_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{Input, NoDep, Output};
+    let bad = || OrchError::from_status(-1);
+    let t = |i| args.tensor(i).copied().ok_or_else(bad);
+    let (a, b, x, f) = (t(0)?, t(1)?, t(2)?, t(3)?);
+    let creator =
+        ctx.submit(Kernels::Aiv(vector::ADD), &core_args(&[(a, Input), (b, Input), (x, NoDep)])?)?;
+    let x = x.manual_dep(true).with_owner(creator);
+    ctx.submit(Kernels::Aiv(vector::MUL), &core_args(&[(x, Input), (a, Input), (f, Output)])?)?;
+    Ok(())
+}
+
+#[test]
+fn a_manual_dep_tensor_waits_for_its_creator_on_both_runtimes() {
+    let mut b = ChipCallable::native(manual_dep_orchestration, four_args)
+        .names("manual_dep", "manual_dep_config");
+    for (func_id, kernel) in vector::callable().unwrap().children() {
+        b = b.kernel(*func_id, kernel.clone());
+    }
+    let callable = b.build().unwrap();
+    let mut args = vector_args(1024);
+    let n = args[0].values.len();
+    args.insert(2, Arg { values: vec![0.0; n], tag: TensorArgType::InOut, shape: vec![n as u32] });
+    let mut outputs = Vec::new();
+    for runtime in [RuntimeVariant::HostBuildGraph, RuntimeVariant::TensormapAndRingbuffer] {
+        let mut r = DeviceRunner::attach(options_for(runtime)).unwrap();
+        // A slow creator: a consumer not ordered after it would read `x` still zero.
+        r.sim_faults().unwrap().kernel_delay(vector::ADD, std::time::Duration::from_millis(200));
+        let slot = r.register_callable(&callable).unwrap();
+        outputs.push(run_once(&mut r, slot, 1, &args, &CallConfig::default()).0);
+        r.finalize().unwrap();
+    }
+    assert!(outputs[0] == outputs[1], "trb's output differs from hbg's");
+    let got = f32s(&outputs[1]);
+    let x = add::reference(&args[0].values, &args[1].values);
+    let f: Vec<f32> = x.iter().zip(&args[0].values).map(|(x, a)| x * a).collect();
+    assert_eq!(got, [x, f].concat(), "the consumer ran before its manual_dep creator finished");
+}

@@ -572,6 +572,7 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         }
         let mut keep = [0u64; MAX_TASK_TENSORS];
         let mut kept = 0;
+        let (mut creators, mut made) = ([0u64; MAX_TASK_TENSORS], 0);
         for (i, (t, &tag)) in tensors.iter().zip(tags).enumerate() {
             if t.is_null() {
                 if tag.allows_null() {
@@ -597,6 +598,10 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                 keep[kept] = owner;
                 kept += 1;
             }
+            if t.is_manual_dep() && t.owner_task_id != DeviceTaskId::NONE.0 {
+                creators[made] = t.owner_task_id;
+                made += 1;
+            }
         }
         let accesses = match Accesses::of(tensors, tags) {
             Ok(a) => a,
@@ -607,9 +612,11 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         let task = TaskFill { funcs, shape, blocks, members, tensors, scalars };
         let (layout, base) = (self.layout, self.base);
         let keep = &keep[..kept];
+        let creators = &creators[..made];
         let submitted = self.retry(|o| {
-            o.engine
-                .submit_with(accesses.as_slice(), 0, keep, |id| write_task(layout, base, id, &task))
+            o.engine.submit_with(accesses.as_slice(), 0, keep, creators, |id| {
+                write_task(layout, base, id, &task)
+            })
         });
         match submitted {
             Ok(s) => {
