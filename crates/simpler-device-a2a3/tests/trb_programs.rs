@@ -484,3 +484,44 @@ fn a_manual_dep_tensor_waits_for_its_creator_on_both_runtimes() {
     let f: Vec<f32> = x.iter().zip(&args[0].values).map(|(x, a)| x * a).collect();
     assert_eq!(got, [x, f].concat(), "the consumer ran before its manual_dep creator finished");
 }
+
+#[test]
+fn tensor_data_waiting_past_the_tensor_wait_budget_is_a_tensor_wait_timeout() {
+    let add = add::callable().unwrap();
+    let mut b =
+        ChipCallable::native(probing_orchestration, five_args).names("probe", "probe_config");
+    for (func_id, kernel) in add.children() {
+        b = b.kernel(*func_id, kernel.clone());
+    }
+    let mut o = options_for(RuntimeVariant::TensormapAndRingbuffer);
+    o.budgets.tensor_wait = std::time::Duration::from_millis(50);
+    let mut r = DeviceRunner::attach(o).unwrap();
+    // The writer `tensor_data` waits for takes far longer than the budget (and far less than
+    // the scheduler's no-progress budget, so only the tensor wait can fire).
+    r.sim_faults().unwrap().kernel_delay(add::ADD, std::time::Duration::from_millis(1000));
+    let slot = r.register_callable(&b.build().unwrap()).unwrap();
+    let n = PROBE_ELEMS as usize;
+    let mut ptrs = Vec::new();
+    let mut args = TaskArgs::new();
+    use TensorArgType::{InOut, Input, Output};
+    for tag in [Input, Input, Output, InOut, Output] {
+        let (p, t) = upload_f32(&mut r, &vec![1.0; n]);
+        args.add_tensor(t, tag).unwrap();
+        ptrs.push(p);
+    }
+    let err = r
+        .run(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &args, &CallConfig::default()))
+        .unwrap_err();
+    let DeviceError::Runtime { fault, .. } = &err else { panic!("not a runtime fault: {err}") };
+    assert_eq!(fault.code, RuntimeCode::TensorWaitTimeout, "{err}");
+    assert!(fault.message.contains("tensor_data") && fault.message.contains("50 ms"), "{err}");
+    for p in ptrs {
+        r.free(p).unwrap();
+    }
+    r.sim_faults().unwrap().clear();
+    let good = vector_args(256);
+    let vector = r.register_callable(&vector::callable().unwrap()).unwrap();
+    let (bytes, _) = run_once(&mut r, vector, 2, &good, &CallConfig::default());
+    assert_eq!(f32s(&bytes), vector::reference(&good[0].values, &good[1].values));
+    r.finalize().unwrap();
+}

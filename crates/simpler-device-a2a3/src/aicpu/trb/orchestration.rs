@@ -75,6 +75,8 @@ struct TrbOrch<'a, P: AicpuPlatform> {
     records: Option<OrchRecords<'a>>,
     /// Submit spans are recorded (swimlane level 4), into this thread's AICPU block.
     spans: Option<u32>,
+    /// The tensor-wait budget in counter ticks.
+    tensor_wait: u64,
 }
 
 /// Runs the orchestration on this thread (protocol step 1).
@@ -85,6 +87,7 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
     status: &TrbStatus,
     layout: Option<ArenaLayout>,
     threads: u32,
+    tensor_wait: u64,
 ) {
     let shared = view.shared();
     let fail = |code: RuntimeCode, args: fmt::Arguments<'_>| {
@@ -158,6 +161,7 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
         failed: false,
         records: OrchRecords::of(view),
         spans: record::spans_on(view).then_some(threads - 1),
+        tensor_wait,
     };
     let args = OrchArgs::new(&tensors[..n], &tags[..n], scalars);
     // SAFETY: the host wrote the address of a `NativeOrchFn` of this program (the runtime's
@@ -700,6 +704,7 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
             )));
         }
         let mut round = 0u32;
+        let deadline = self.p.counter().saturating_add(self.tensor_wait);
         loop {
             let epoch = self.p.wait_epoch();
             if self.engine.accessors_done(t.addr, span, mode) {
@@ -708,9 +713,24 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
             if !self.may_wait() {
                 return Err(ORCH_FAILED);
             }
+            if self.p.counter() >= deadline {
+                return Err(self.tensor_wait_timed_out(op, span));
+            }
             self.p.idle_wait(epoch, round, self.p.counter().saturating_add(TICKS_PER_MS));
             round = round.saturating_add(1);
         }
+    }
+
+    /// Latches TENSOR_WAIT_TIMEOUT for a `tensor_data`/`set_tensor_data` whose accessors did not
+    /// finish within the tensor-wait budget.
+    fn tensor_wait_timed_out(&mut self, op: &str, span: ByteSpan) -> i32 {
+        let ms = self.tensor_wait / TICKS_PER_MS;
+        self.latch(
+            RuntimeCode::TensorWaitTimeout,
+            format_args!("{op}: the tasks accessing {span} did not finish within {ms} ms"),
+            None,
+        );
+        ORCH_FAILED
     }
 
     /// Writes the rings' and the tensor map's high-water marks into the status record.
