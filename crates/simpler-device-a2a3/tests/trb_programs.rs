@@ -453,3 +453,90 @@ fn mix_and_multi_block_tasks_give_the_same_bits_on_both_runtimes() {
         args[0].values.iter().zip(&args[1].values).map(|(a, b)| a + b + b).collect();
     assert_eq!(got, want);
 }
+
+fn four_args(_: &OrchArgs<'_>) -> OrchConfig {
+    OrchConfig { expected_arg_count: 4 }
+}
+
+/// Arguments `a, b` (inputs), `x` (in-out, zeros), `f` (output): `x = a + b` by a task whose
+/// write the tensor map does not see (`NoDep`), then `f = x · a` reading `x` as a `manual_dep`
+/// tensor created by the first task, so only the creator edge orders the two.
+fn manual_dep_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{Input, NoDep, Output};
+    let bad = || OrchError::from_status(-1);
+    let t = |i| args.tensor(i).copied().ok_or_else(bad);
+    let (a, b, x, f) = (t(0)?, t(1)?, t(2)?, t(3)?);
+    let creator =
+        ctx.submit(Kernels::Aiv(vector::ADD), &core_args(&[(a, Input), (b, Input), (x, NoDep)])?)?;
+    let x = x.manual_dep(true).with_owner(creator);
+    ctx.submit(Kernels::Aiv(vector::MUL), &core_args(&[(x, Input), (a, Input), (f, Output)])?)?;
+    Ok(())
+}
+
+#[test]
+fn a_manual_dep_tensor_waits_for_its_creator_on_both_runtimes() {
+    let mut b = ChipCallable::native(manual_dep_orchestration, four_args)
+        .names("manual_dep", "manual_dep_config");
+    for (func_id, kernel) in vector::callable().unwrap().children() {
+        b = b.kernel(*func_id, kernel.clone());
+    }
+    let callable = b.build().unwrap();
+    let mut args = vector_args(1024);
+    let n = args[0].values.len();
+    args.insert(2, Arg { values: vec![0.0; n], tag: TensorArgType::InOut, shape: vec![n as u32] });
+    let mut outputs = Vec::new();
+    for runtime in [RuntimeVariant::HostBuildGraph, RuntimeVariant::TensormapAndRingbuffer] {
+        let mut r = DeviceRunner::attach(options_for(runtime)).unwrap();
+        // A slow creator: a consumer not ordered after it would read `x` still zero.
+        r.sim_faults().unwrap().kernel_delay(vector::ADD, std::time::Duration::from_millis(200));
+        let slot = r.register_callable(&callable).unwrap();
+        outputs.push(run_once(&mut r, slot, 1, &args, &CallConfig::default()).0);
+        r.finalize().unwrap();
+    }
+    assert!(outputs[0] == outputs[1], "trb's output differs from hbg's");
+    let got = f32s(&outputs[1]);
+    let x = add::reference(&args[0].values, &args[1].values);
+    let f: Vec<f32> = x.iter().zip(&args[0].values).map(|(x, a)| x * a).collect();
+    assert_eq!(got, [x, f].concat(), "the consumer ran before its manual_dep creator finished");
+}
+
+#[test]
+fn tensor_data_waiting_past_the_tensor_wait_budget_is_a_tensor_wait_timeout() {
+    let add = add::callable().unwrap();
+    let mut b =
+        ChipCallable::native(probing_orchestration, five_args).names("probe", "probe_config");
+    for (func_id, kernel) in add.children() {
+        b = b.kernel(*func_id, kernel.clone());
+    }
+    let mut o = options_for(RuntimeVariant::TensormapAndRingbuffer);
+    o.budgets.tensor_wait = std::time::Duration::from_millis(50);
+    let mut r = DeviceRunner::attach(o).unwrap();
+    // The writer `tensor_data` waits for takes far longer than the budget (and far less than
+    // the scheduler's no-progress budget, so only the tensor wait can fire).
+    r.sim_faults().unwrap().kernel_delay(add::ADD, std::time::Duration::from_millis(1000));
+    let slot = r.register_callable(&b.build().unwrap()).unwrap();
+    let n = PROBE_ELEMS as usize;
+    let mut ptrs = Vec::new();
+    let mut args = TaskArgs::new();
+    use TensorArgType::{InOut, Input, Output};
+    for tag in [Input, Input, Output, InOut, Output] {
+        let (p, t) = upload_f32(&mut r, &vec![1.0; n]);
+        args.add_tensor(t, tag).unwrap();
+        ptrs.push(p);
+    }
+    let err = r
+        .run(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &args, &CallConfig::default()))
+        .unwrap_err();
+    let DeviceError::Runtime { fault, .. } = &err else { panic!("not a runtime fault: {err}") };
+    assert_eq!(fault.code, RuntimeCode::TensorWaitTimeout, "{err}");
+    assert!(fault.message.contains("tensor_data") && fault.message.contains("50 ms"), "{err}");
+    for p in ptrs {
+        r.free(p).unwrap();
+    }
+    r.sim_faults().unwrap().clear();
+    let good = vector_args(256);
+    let vector = r.register_callable(&vector::callable().unwrap()).unwrap();
+    let (bytes, _) = run_once(&mut r, vector, 2, &good, &CallConfig::default());
+    assert_eq!(f32s(&bytes), vector::reference(&good[0].values, &good[1].values));
+    r.finalize().unwrap();
+}

@@ -70,8 +70,9 @@ pub struct InitArgs {
     pub scheduler_timeout_ms: u32,
     /// Budget for a core to answer the exit signal, in milliseconds.
     pub shutdown_budget_ms: u32,
-    /// Padding.
-    pub reserved: u32,
+    /// Budget for the orchestration's wait on a tensor's accessors (`tensor_data`,
+    /// `set_tensor_data`), in milliseconds.
+    pub tensor_wait_ms: u32,
     /// DMA workspace addresses (0 on the simulator).
     pub dma_workspace: [u64; 2],
 }

@@ -44,7 +44,7 @@ impl StoredInit {
             a.log_level,
             a.scheduler_timeout_ms,
             a.shutdown_budget_ms,
-            a.reserved,
+            a.tensor_wait_ms,
         ];
         for (cell, v) in self.words.iter().zip(w) {
             cell.store(v, Ordering::Relaxed);
@@ -65,7 +65,7 @@ impl StoredInit {
             log_level: w(2),
             scheduler_timeout_ms: w(3),
             shutdown_budget_ms: w(4),
-            reserved: w(5),
+            tensor_wait_ms: w(5),
             dma_workspace: [
                 self.dma[0].load(Ordering::Relaxed),
                 self.dma[1].load(Ordering::Relaxed),

@@ -419,13 +419,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             .iter()
             .find_map(|w| w.running().map(|d| (w.index, self.view.task(d.task).task_id)));
         if stuck.is_none() {
-            for w in 0..self.view.header().num_aicore {
-                let id = self.view.core_slot(w).running_task.load(Relaxed);
-                if id != 0 {
-                    stuck = Some((w, id - 1));
-                    break;
-                }
-            }
+            stuck = running_on_any_core(&self.view);
         }
         let class = if running > 0 || stuck.is_some() {
             StallClass::RunningStalled
@@ -526,6 +520,16 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
     fn shutdown(&self, budget: u64) -> bool {
         shutdown_cores(self.p, self.owned.all().iter().map(|w| w.index), budget)
     }
+}
+
+/// The first core any scheduler thread has a task running on, as `(core, device task id)`,
+/// read from the shared per-core slots: a stall latched by a thread that does not own the
+/// hung core still names it.
+pub(super) fn running_on_any_core(view: &ImageView<'_>) -> Option<(u32, u64)> {
+    (0..view.header().num_aicore).find_map(|w| {
+        let id = view.core_slot(w).running_task.load(Relaxed);
+        (id != 0).then(|| (w, id - 1))
+    })
 }
 
 /// Step 2: handshakes `owned`'s cores (the image's handshake records, then the register

@@ -66,7 +66,7 @@ impl Core {
             log_level: 1,
             scheduler_timeout_ms: ms(self.timeouts.scheduler),
             shutdown_budget_ms: ms(self.opts.budgets.shutdown_ack),
-            reserved: 0,
+            tensor_wait_ms: ms(self.opts.budgets.tensor_wait),
             dma_workspace: [0; 2],
         })?;
         self.initialized = true;

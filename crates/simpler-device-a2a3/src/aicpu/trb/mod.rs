@@ -32,6 +32,7 @@ use super::view::ImageView;
 use crate::abi::MAX_AICPU_THREADS;
 use crate::abi::image::TrbHeader;
 use crate::abi::launch::InitArgs;
+use crate::aicpu::scheduler::TICKS_PER_MS;
 use crate::runtime::trb::sizing::RingSizes;
 use crate::runtime::trb::storage::{ArenaLayout, ArenaShape};
 
@@ -76,7 +77,8 @@ pub(super) fn exec<P: AicpuPlatform>(
         return EXEC_OK;
     };
     if thread == threads - 1 {
-        orchestrate(p, view, trb, status, layout_of(trb), threads);
+        let tensor_wait = u64::from(init.tensor_wait_ms).max(1) * TICKS_PER_MS;
+        orchestrate(p, view, trb, status, layout_of(trb), threads, tensor_wait);
         phase.orchestration_end.store(p.counter(), Relaxed);
         phase.end.store(p.counter(), Relaxed);
         return EXEC_OK;

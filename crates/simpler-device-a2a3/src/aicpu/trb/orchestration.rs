@@ -62,6 +62,17 @@ fn store_message(status: &TrbStatus, args: fmt::Arguments<'_>) {
     status.message_len.store(t.len as u32, Relaxed);
 }
 
+/// How a wait for completions ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Waited {
+    /// The completion count reached the target.
+    Reached,
+    /// The run was torn down or failed first.
+    Stopped,
+    /// The caller's deadline passed first.
+    Deadline,
+}
+
 /// The orchestration thread's state: the ops table's context.
 struct TrbOrch<'a, P: AicpuPlatform> {
     p: &'a P,
@@ -78,6 +89,8 @@ struct TrbOrch<'a, P: AicpuPlatform> {
     records: Option<OrchRecords<'a>>,
     /// Submit spans are recorded (swimlane level 4), into this thread's AICPU block.
     spans: Option<u32>,
+    /// The tensor-wait budget in counter ticks.
+    tensor_wait: u64,
 }
 
 /// Runs the orchestration on this thread (protocol step 1).
@@ -88,6 +101,7 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
     status: &TrbStatus,
     layout: Option<ArenaLayout>,
     threads: u32,
+    tensor_wait: u64,
 ) {
     let shared = view.shared();
     let fail = |code: RuntimeCode, args: fmt::Arguments<'_>| {
@@ -161,6 +175,7 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
         failed: false,
         records: OrchRecords::of(view),
         spans: record::spans_on(view).then_some(threads - 1),
+        tensor_wait,
     };
     let args = OrchArgs::new(&tensors[..n], &tags[..n], scalars);
     // SAFETY: the host wrote the address of a `NativeOrchFn` of this program (the runtime's
@@ -485,14 +500,22 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
     /// Parks until the completion count reaches `target` (from
     /// [`Engine::completion_target`]); `false` when the run is torn down or failed first.
     fn wait_completions(&mut self, target: u64) -> bool {
+        self.wait_completions_until(target, u64::MAX) == Waited::Reached
+    }
+
+    /// [`Self::wait_completions`] that gives up once the platform counter reaches `deadline`.
+    fn wait_completions_until(&mut self, target: u64, deadline: u64) -> Waited {
         let mut round = 0u32;
         loop {
             let epoch = self.p.wait_epoch();
             if self.engine.arm_completions(target) {
-                return true;
+                return Waited::Reached;
             }
             if !self.may_wait() {
-                return false;
+                return Waited::Stopped;
+            }
+            if self.p.counter() >= deadline {
+                return Waited::Deadline;
             }
             // The completion that reaches the target wakes this thread; the deadline only
             // bounds how long a torn-down platform that notifies nobody keeps it.
@@ -588,6 +611,7 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         }
         let mut keep = [0u64; MAX_TASK_TENSORS];
         let mut kept = 0;
+        let (mut creators, mut made) = ([0u64; MAX_TASK_TENSORS], 0);
         for (i, (t, &tag)) in tensors.iter().zip(tags).enumerate() {
             if t.is_null() {
                 if tag.allows_null() {
@@ -613,6 +637,10 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                 keep[kept] = owner;
                 kept += 1;
             }
+            if t.is_manual_dep() && t.owner_task_id != DeviceTaskId::NONE.0 {
+                creators[made] = t.owner_task_id;
+                made += 1;
+            }
         }
         let accesses = match Accesses::of(tensors, tags) {
             Ok(a) => a,
@@ -623,9 +651,11 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         let task = TaskFill { funcs, shape, blocks, members, tensors, scalars };
         let (layout, base) = (self.layout, self.base);
         let keep = &keep[..kept];
+        let creators = &creators[..made];
         let submitted = self.retry(|o| {
-            o.engine
-                .submit_with(accesses.as_slice(), 0, keep, |id| write_task(layout, base, id, &task))
+            o.engine.submit_with(accesses.as_slice(), 0, keep, creators, |id| {
+                write_task(layout, base, id, &task)
+            })
         });
         match submitted {
             Ok(s) => {
@@ -711,14 +741,30 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                 "{op}: {span} is not inside an argument buffer or the runtime heap"
             )));
         }
-        // Each round waits for the next completion, which may be one of the accessors.
+        // Each round waits for the next completion, which may be one of the accessors; the
+        // tensor-wait budget bounds the whole wait.
+        let deadline = self.p.counter().saturating_add(self.tensor_wait);
         while !self.engine.accessors_done(t.addr, span, mode) {
             let next = self.engine.completion_target(1);
-            if !self.wait_completions(next) {
-                return Err(ORCH_FAILED);
+            match self.wait_completions_until(next, deadline) {
+                Waited::Reached => {}
+                Waited::Stopped => return Err(ORCH_FAILED),
+                Waited::Deadline => return Err(self.tensor_wait_timed_out(op, span)),
             }
         }
         Ok(span)
+    }
+
+    /// Latches TENSOR_WAIT_TIMEOUT for a `tensor_data`/`set_tensor_data` whose accessors did not
+    /// finish within the tensor-wait budget.
+    fn tensor_wait_timed_out(&mut self, op: &str, span: ByteSpan) -> i32 {
+        let ms = self.tensor_wait / TICKS_PER_MS;
+        self.latch(
+            RuntimeCode::TensorWaitTimeout,
+            format_args!("{op}: the tasks accessing {span} did not finish within {ms} ms"),
+            None,
+        );
+        ORCH_FAILED
     }
 
     /// Writes the rings' and the tensor map's high-water marks into the status record.

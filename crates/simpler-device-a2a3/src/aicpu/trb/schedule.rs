@@ -15,7 +15,9 @@ use crate::abi::payload::{
 use crate::abi::regs::RegId;
 use crate::abi::{CorePlace, CoreType};
 use crate::aicpu::dispatch::CoreState;
-use crate::aicpu::scheduler::{Owned, TICKS_PER_MS, WaitEnd, handshake, shutdown_cores, wait_for};
+use crate::aicpu::scheduler::{
+    Owned, TICKS_PER_MS, WaitEnd, handshake, running_on_any_core, shutdown_cores, wait_for,
+};
 use crate::aicpu::trace::Trace;
 use crate::aicpu::view::ImageView;
 use crate::aicpu::{AicpuPlatform, LogLevel};
@@ -426,6 +428,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
                 (w.index, unsafe { addr_of!((*self.task_ptr(d.task)).task_id).read() })
             })
         });
+        let stuck = stuck.or_else(|| running_on_any_core(&self.view));
         let class = if running > 0 || stuck.is_some() { StallClass::RunningStalled } else { class };
         shared.error_thread.store(self.thread, Relaxed);
         shared.stall_class.store(class as u32, Relaxed);

@@ -509,7 +509,7 @@ impl Backend for OnboardDevice {
             init.log_level,
             init.scheduler_timeout_ms,
             init.shutdown_budget_ms,
-            init.reserved,
+            init.tensor_wait_ms,
         ] {
             bytes.extend_from_slice(&v.to_le_bytes());
         }

@@ -3,8 +3,8 @@
 //!
 //! On the chip every tensor is device memory, so a buffer is named by its base address and a
 //! view by the bytes it can touch (its bounding span). `Input` reads, `Output` and
-//! `OutputExisting` overwrite blindly, `InOut` updates in place; `NoDep`, null and zero-size
-//! tensors are not tracked.
+//! `OutputExisting` overwrite blindly, `InOut` updates in place; `NoDep`, `manual_dep`, null
+//! and zero-size tensors are not tracked (a `manual_dep` tensor orders after its creator only).
 
 use simpler_tensormap::fixed::AccessMode;
 use simpler_tensormap::{Access as MapAccess, ByteSpan};
@@ -39,7 +39,7 @@ impl Accesses {
         let empty = Access { key: 0, span: ByteSpan { start: 0, end: 0 }, mode: AccessMode::Read };
         let mut out = Accesses { items: [empty; MAX_ACCESSES], len: 0 };
         let tracked = tensors.iter().zip(tags).filter_map(|(t, &tag)| {
-            let access = MapAccess::of(tag)?;
+            let access = MapAccess::of(tag).filter(|_| !t.is_manual_dep())?;
             let span = ByteSpan::of_tensor(t)?;
             Some(Access { key: t.addr, span, mode: access.into() })
         });
@@ -71,10 +71,11 @@ mod tests {
     }
 
     #[test]
-    fn tags_become_modes_and_untracked_arguments_are_left_out() {
+    fn tags_become_modes_and_untracked_or_manual_dep_arguments_are_left_out() {
         let t = [tensor(0x1000, 4), tensor(0x2000, 4), tensor(0x3000, 4), tensor(0x4000, 4)];
-        let tensors = [t[0], t[1], t[2], t[3], t[0], tensor(0, 4), tensor(0x5000, 0)];
-        let tags = [Input, Output, InOut, OutputExisting, NoDep, Input, Input];
+        let manual = t[1].manual_dep(true);
+        let tensors = [t[0], t[1], t[2], t[3], t[0], tensor(0, 4), tensor(0x5000, 0), manual];
+        let tags = [Input, Output, InOut, OutputExisting, NoDep, Input, Input, Input];
         let a = Accesses::of(&tensors, &tags).unwrap();
         let got: Vec<(u64, u64, u64, AccessMode)> =
             a.as_slice().iter().map(|a| (a.key, a.span.start, a.span.end, a.mode)).collect();

@@ -556,7 +556,7 @@ impl<'a> Engine<'a> {
         accesses: &[Access],
         heap_bytes: u64,
     ) -> Result<Submitted, SubmitRefusal> {
-        self.submit_with(accesses, heap_bytes, &[], |_| {})
+        self.submit_with(accesses, heap_bytes, &[], &[], |_| {})
     }
 
     /// [`submit`](Self::submit), also holding the tasks of `keep` (the owners of the slabs the
@@ -564,12 +564,15 @@ impl<'a> Engine<'a> {
     /// `fill` with the task's id once its slot is taken and before any completer can see the
     /// task (the orchestration writes the task's dispatch record there). A `keep` entry that is
     /// the task itself (buffers allocated for it) is skipped; one already consumed means a
-    /// buffer outlived its owner's scope, and the submit is refused as invalid.
+    /// buffer outlived its owner's scope, and the submit is refused as invalid. The task also
+    /// waits for each task of `creators` (the creators of its `manual_dep` tensors, which the
+    /// tensor map does not track) that has not retired.
     pub(crate) fn submit_with(
         &mut self,
         accesses: &[Access],
         heap_bytes: u64,
         keep: &[u64],
+        creators: &[u64],
         fill: impl FnOnce(DeviceTaskId),
     ) -> Result<Submitted, SubmitRefusal> {
         if self.open == 0 {
@@ -611,6 +614,18 @@ impl<'a> Engine<'a> {
                         count += 1;
                     }
                 });
+            }
+        }
+        for &c in creators {
+            // A retired creator needs no edge; the task's own id (not yet issued) counts as one.
+            if self.producers[..count].contains(&c) || is_retired(&self.rings, c) {
+                continue;
+            }
+            if count == MAX_FANIN {
+                overflow = true;
+            } else {
+                self.producers[count] = c;
+                count += 1;
             }
         }
         // Producers below `linked` are waited for; the holders after them only kept.
