@@ -18,16 +18,14 @@ use simpler_types::CallConfig;
 /// How long the first run's multiply is held so the later launches find it executing.
 const HOLD: Duration = Duration::from_millis(200);
 
-/// Four slots, device queueing on, budgets well above [`HOLD`]. The stream-sync budget is far
-/// above the hang detection (scheduler watchdog, then op timeout), so that on a loaded host a
-/// run queued behind a hung run still sees that run's failure before its own wait runs out.
+/// Four slots, device queueing on, budgets well above [`HOLD`].
 fn queue_options() -> RunnerOptions {
     fast_options(0)
         .with_pipeline_slots(4)
         .with_device_queue(true)
         .with_scheduler_timeout(Duration::from_secs(1))
         .with_op_execute_timeout(Duration::from_millis(1500))
-        .with_stream_sync_timeout(Duration::from_secs(20))
+        .with_stream_sync_timeout(Duration::from_secs(4))
 }
 
 /// Prepares and launches one run per vector set back to back, with no reap in between; every
