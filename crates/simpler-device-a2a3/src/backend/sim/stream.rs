@@ -423,10 +423,13 @@ impl SimStream {
     }
 }
 
-/// Ends the fired events and resumes every stream waiting on them.
+/// Ends the fired events in the order they were fired and resumes every stream waiting on
+/// them. The order matters: a run's `begin` record precedes its `end` record on a stream, and a
+/// host that sees `end` fail must find `begin` already ended (that is how it tells its own
+/// failure from an earlier run's).
 pub(crate) fn resume_waiters(fired: Fired, streams: &[SimStream], starter: &dyn Starter) {
-    let mut pending = fired;
-    while let Some((ev, outcome)) = pending.pop() {
+    let mut pending: VecDeque<_> = fired.into();
+    while let Some((ev, outcome)) = pending.pop_front() {
         for s in ev.fire(outcome) {
             if let Some(stream) = streams.get(s) {
                 pending.extend(stream.resume_event_wait(starter));
