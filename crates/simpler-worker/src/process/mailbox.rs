@@ -11,16 +11,11 @@
 //! payload: the worker while the state is `IDLE` or `DONE`, the child while it is `REQUEST`
 //! or `STARTING`. The small fields are atomics, so even a misbehaving peer causes wrong
 //! values, never a data race in this process.
-//!
-//! Wake-ups: a waiter that is about to park announces itself in the lane's `parked` count, and
-//! a publisher calls `futex::wake` only when that count is not zero, so a request or reply
-//! whose partner is still spinning costs no system call. See [`Mailbox::publish`] for why no
-//! wake is lost.
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use memmap2::MmapRaw;
 use rustix::fs::MemfdFlags;
@@ -30,7 +25,7 @@ use rustix::thread::futex;
 pub(crate) const MAILBOX_BYTES: usize = 64 * 1024;
 const MAGIC: u64 = u64::from_le_bytes(*b"SMPLRMBX");
 /// Bumped whenever the layout or a frame changes.
-pub(crate) const VERSION: u32 = 3;
+pub(crate) const VERSION: u32 = 2;
 const HEADER_BYTES: usize = 64;
 const LANE_BYTES: usize = 64;
 const PAYLOAD_OFFSET: usize = HEADER_BYTES + LANE_BYTES;
@@ -78,8 +73,6 @@ struct Lane {
     reply_seq: AtomicU64,
     status: AtomicU32,
     len: AtomicU32,
-    /// Waiters inside (or about to enter) `futex::wait` on `state`.
-    parked: AtomicU32,
 }
 
 const _: () = assert!(size_of::<Header>() == HEADER_BYTES);
@@ -88,24 +81,6 @@ const _: () = assert!(size_of::<Lane>() <= LANE_BYTES);
 /// A mapped mailbox, on either side.
 pub(crate) struct Mailbox {
     map: MmapRaw,
-    /// This side's spin phase in nanoseconds, adapted to how long its recent waits took.
-    spin_ns: AtomicU32,
-}
-
-/// The longest spin phase: a partner's answer later than this is waited for parked.
-const MAX_SPIN_NS: u32 = 200_000;
-/// A `yield_now` that took longer ran another thread: this core is not ours to spin on.
-const SHARED_CORE_NS: u128 = 20_000;
-
-/// How one wait ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Woken {
-    /// The state changed (to the value carried).
-    Changed(u32),
-    /// The state changed, but the park ran into its timeout: no wake-up came in time.
-    Late(u32),
-    /// The state is still the one waited on: the timeout passed, or the wait was interrupted.
-    Unchanged,
 }
 
 /// Why a child refused the mailbox it was given.
@@ -125,7 +100,7 @@ impl Mailbox {
         let fd = rustix::fs::memfd_create("simpler-chip-mailbox", MemfdFlags::CLOEXEC)?;
         rustix::fs::ftruncate(&fd, MAILBOX_BYTES as u64)?;
         let map = MmapRaw::map_raw(&File::from(fd.try_clone()?))?;
-        let mailbox = Mailbox { map, spin_ns: AtomicU32::new(MAX_SPIN_NS) };
+        let mailbox = Mailbox { map };
         let h = mailbox.header();
         h.version.store(VERSION, Ordering::Relaxed);
         h.layout.store(MAILBOX_BYTES as u32, Ordering::Relaxed);
@@ -142,7 +117,7 @@ impl Mailbox {
         if map.len() != MAILBOX_BYTES {
             return Err(OpenError::Size { found: map.len() });
         }
-        let mailbox = Mailbox { map, spin_ns: AtomicU32::new(MAX_SPIN_NS) };
+        let mailbox = Mailbox { map };
         let h = mailbox.header();
         if h.magic.load(Ordering::Acquire) != MAGIC {
             return Err(OpenError::Header("wrong magic"));
@@ -180,22 +155,12 @@ impl Mailbox {
         self.lane().state.load(Ordering::Acquire)
     }
 
-    /// Publishes `s` and wakes the other side if it parked.
-    ///
-    /// No lost wake-up: the publisher stores the state, then reads `parked`; a waiter
-    /// increments `parked`, then reads the state again before it parks, and the kernel compares
-    /// the word once more inside `futex::wait`. All four accesses are `SeqCst`, so in their
-    /// single order either the publisher's read of `parked` comes after the waiter's increment
-    /// (the publisher wakes; a waiter not yet queued finds the new word and does not sleep),
-    /// or it comes before it, and then the waiter's second read of the state follows the
-    /// publisher's store and sees the new value, so the waiter does not park at all.
+    /// Publishes `s` (`Release`) and wakes the other side.
     pub(crate) fn publish(&self, s: u32) {
         let lane = self.lane();
-        lane.state.store(s, Ordering::SeqCst);
-        if lane.parked.load(Ordering::SeqCst) != 0 {
-            // Waking fails only for a bad address, which a live mapping is not.
-            let _ = futex::wake(&lane.state, futex::Flags::empty(), u32::MAX);
-        }
+        lane.state.store(s, Ordering::Release);
+        // Waking fails only for a bad address, which a live mapping is not.
+        let _ = futex::wake(&lane.state, futex::Flags::empty(), u32::MAX);
     }
 
     /// Stores `s` without waking anyone (the worker's `DONE → IDLE`, which no one waits for).
@@ -203,76 +168,27 @@ impl Mailbox {
         self.lane().state.store(s, Ordering::Release);
     }
 
-    /// Waits while the state is `seen`, for at most about `timeout`; returns the state then.
-    ///
-    /// First spins (and yields) for this side's spin phase: an answer often comes within
-    /// tens of microseconds, and parking plus the wake-up would cost about as much again. The
-    /// phase adapts to the waits that parked: after one that ended within the longest phase
-    /// it becomes twice that wait, after one that did not it shrinks to a few spin hints (and
-    /// grows again once waits are short). A wait that ends while spinning keeps it. It stops
-    /// early when a yield ran another thread: the core is shared, the partner may need it.
+    /// Parks while the state is `seen`, for at most `timeout`; returns the state then.
+    /// Spins briefly first: a reply often comes within microseconds.
     pub(crate) fn wait_while(&self, seen: u32, timeout: Duration) -> u32 {
-        let started = Instant::now();
-        let budget = u128::from(self.spin_ns.load(Ordering::Relaxed));
-        let mut round = 0u32;
-        let mut spun = None;
-        loop {
+        for i in 0..256u32 {
             let s = self.state();
             if s != seen {
-                spun = Some(s);
-                break;
+                return s;
             }
-            let elapsed = started.elapsed().as_nanos();
-            if round >= 64 && elapsed >= budget {
-                break;
-            }
-            if round < 64 {
+            if i < 192 {
                 std::hint::spin_loop();
             } else {
-                let before = Instant::now();
                 std::thread::yield_now();
-                if before.elapsed().as_nanos() >= SHARED_CORE_NS {
-                    break;
-                }
             }
-            round += 1;
         }
-        let s = match spun {
-            Some(s) => s,
-            None => match self.park(seen, timeout) {
-                Woken::Changed(s) | Woken::Late(s) => s,
-                Woken::Unchanged => self.state(),
-            },
+        let ts = rustix::thread::futex::Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
         };
-        if spun.is_none() {
-            let took = started.elapsed().as_nanos();
-            let next = if took < u128::from(MAX_SPIN_NS) { (took * 2) as u32 } else { 0 };
-            self.spin_ns.store(next.min(MAX_SPIN_NS), Ordering::Relaxed);
-        }
-        s
-    }
-
-    /// Parks while the state is `seen`, for at most `timeout`, without spinning.
-    pub(crate) fn park(&self, seen: u32, timeout: Duration) -> Woken {
-        let lane = self.lane();
-        lane.parked.fetch_add(1, Ordering::SeqCst);
-        let result = if lane.state.load(Ordering::SeqCst) != seen {
-            Ok(())
-        } else {
-            let ts = rustix::thread::futex::Timespec {
-                tv_sec: timeout.as_secs() as i64,
-                tv_nsec: i64::from(timeout.subsec_nanos()),
-            };
-            futex::wait(&lane.state, futex::Flags::empty(), seen, Some(&ts)).map(|_| ())
-        };
-        lane.parked.fetch_sub(1, Ordering::SeqCst);
-        // EAGAIN (the state changed already) and a wake both mean "look again"; so do EINTR
-        // and ETIMEDOUT, which the caller's deadline and liveness checks then judge.
-        match (self.state(), result) {
-            (s, _) if s == seen => Woken::Unchanged,
-            (s, Err(rustix::io::Errno::TIMEDOUT)) => Woken::Late(s),
-            (s, _) => Woken::Changed(s),
-        }
+        // EAGAIN (the state changed already), EINTR and ETIMEDOUT all mean "look again".
+        let _ = futex::wait(&self.lane().state, futex::Flags::empty(), seen, Some(&ts));
+        self.state()
     }
 
     /// The pid the child wrote when it opened the mailbox (0 before).
@@ -352,55 +268,6 @@ impl Mailbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Request/reply ping-pong between two threads on two mappings of one mailbox, waiting
-    /// parked only (no spin phase) so that every hand-off goes through `parked` and the
-    /// futex. A lost wake-up shows as a park that ran into its (generous) timeout.
-    #[test]
-    fn no_wake_up_is_lost_between_request_and_reply() {
-        const ROUNDS: u64 = 5_000;
-        const TIMEOUT: Duration = Duration::from_secs(2);
-        fn wait(mb: &Mailbox, seen: u32) -> u32 {
-            match mb.park(seen, TIMEOUT) {
-                Woken::Changed(s) => s,
-                // A signal may interrupt a wait; a second unchanged one is a lost wake-up.
-                Woken::Unchanged => match mb.park(seen, TIMEOUT) {
-                    Woken::Changed(s) => s,
-                    w => panic!("lost wake-up waiting on state {seen}: {w:?}"),
-                },
-                Woken::Late(s) => panic!("lost wake-up: state {s} came without one"),
-            }
-        }
-        for _pair in 0..2 {
-            let (worker, fd) = Mailbox::create().expect("memfd");
-            let child = Mailbox::open(&fd, std::process::id()).expect("header");
-            worker.set_quietly(state::IDLE);
-            std::thread::scope(|s| {
-                s.spawn(|| {
-                    let mut seen = state::IDLE;
-                    for _ in 0..ROUNDS {
-                        loop {
-                            seen = wait(&child, seen);
-                            if seen == state::REQUEST {
-                                break;
-                            }
-                        }
-                        let (_, seq) = child.request();
-                        child.write_reply(0, seq, &[]).expect("fits");
-                        child.publish(state::DONE);
-                        seen = state::DONE;
-                    }
-                });
-                for seq in 1..=ROUNDS {
-                    worker.write_request(1, seq, &[]).expect("fits");
-                    worker.publish(state::REQUEST);
-                    assert_eq!(wait(&worker, state::REQUEST), state::DONE);
-                    assert_eq!(worker.reply(), (0, seq));
-                    worker.set_quietly(state::IDLE);
-                }
-            });
-        }
-    }
 
     #[test]
     fn a_mailbox_round_trips_a_frame_and_checks_its_header() {
