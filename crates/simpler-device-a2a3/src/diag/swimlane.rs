@@ -113,6 +113,19 @@ pub(crate) fn records_json(c: &SwimlaneCapture) -> Value {
     })
 }
 
+/// Writes both swimlane files of a run (`l2_swimlane_records.json`, `swimlane.perfetto.json`)
+/// through `out`; `edges` and `names` as for [`perfetto_json`].
+pub(crate) fn export(
+    out: &mut super::Exporter<'_>,
+    c: &SwimlaneCapture,
+    edges: &[(u64, u64)],
+    names: &crate::diag::dot::KernelNames,
+) {
+    out.write("l2_swimlane_records.json", records_json(c).to_string().as_bytes());
+    let perfetto = perfetto_json(c, edges, names, out.origin()).to_string();
+    out.write("swimlane.perfetto.json", perfetto.as_bytes());
+}
+
 /// `swimlane.perfetto.json`. `edges` are `(pred, succ)` device task ids for flow arrows; a
 /// kernel's slices are named by `names` (its func id when it has no name); `origin` (the engine
 /// task that started the run) goes into the trace metadata.

@@ -257,13 +257,7 @@ impl BoundRun for HbgRun {
             } else {
                 Vec::new()
             };
-            let records = diag::swimlane::records_json(&capture).to_string();
-            out.write("l2_swimlane_records.json", records.as_bytes());
-            let origin = out.origin();
-            let perfetto =
-                diag::swimlane::perfetto_json(&capture, &edges, &self.kernel_names, origin)
-                    .to_string();
-            out.write("swimlane.perfetto.json", perfetto.as_bytes());
+            diag::swimlane::export(out, &capture, &edges, &self.kernel_names);
         }
         // The graph exists on the host whatever happened on the device, so `deps.json` is
         // written on every outcome (marked incomplete unless the run succeeded).

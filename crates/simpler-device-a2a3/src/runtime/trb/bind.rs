@@ -263,13 +263,7 @@ impl BoundRun for TrbRun {
             let edges: Vec<(u64, u64)> = replay.as_ref().map_or_else(Vec::new, |r| {
                 r.graph.edges.iter().map(|e| (ids(e.pred), ids(e.succ))).collect()
             });
-            let records = diag::swimlane::records_json(&capture).to_string();
-            out.write("l2_swimlane_records.json", records.as_bytes());
-            let origin = out.origin();
-            let perfetto =
-                diag::swimlane::perfetto_json(&capture, &edges, &self.kernel_names, origin)
-                    .to_string();
-            out.write("swimlane.perfetto.json", perfetto.as_bytes());
+            diag::swimlane::export(out, &capture, &edges, &self.kernel_names);
         }
         if let Some(r) = &replay {
             let complete = outcome == Outcome::Success && records.submit_dropped == 0;
