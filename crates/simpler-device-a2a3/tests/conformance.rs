@@ -57,13 +57,17 @@ fn vector_add_and_the_vector_example_pass_for_block_dim_1_to_3_and_2_to_4_thread
                 .build()
                 .unwrap();
             r.memset(pz, 0, (n * 4) as u64).unwrap();
-            r.run(&RunRequest::new(run_id(run), add_slot, &add_args, &cfg)).unwrap();
+            let rep = r.run(&RunRequest::new(run_id(run), add_slot, &add_args, &cfg)).unwrap();
+            assert_eq!(rep.tasks, 1);
             let z = download_f32(&mut r, pz, n);
             assert!(
                 z.iter().enumerate().all(|(i, v)| *v == 2.0 * i as f32),
                 "vector_add, block_dim {block_dim}, threads {threads}"
             );
-            r.run(&RunRequest::new(run_id(run + 1), ex_slot, &v.args, &cfg)).unwrap();
+            // Cleared first, so an earlier shape's result cannot pass for this one's.
+            r.memset(v.ptrs[2], 0, (n * 4) as u64).unwrap();
+            let rep = r.run(&RunRequest::new(run_id(run + 1), ex_slot, &v.args, &cfg)).unwrap();
+            assert_eq!(rep.tasks, 5);
             v.check(&mut r);
             run += 2;
         }

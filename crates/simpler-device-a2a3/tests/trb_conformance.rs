@@ -1,8 +1,9 @@
-//! Conformance items that name tensormap_and_ringbuffer, each test named after its item: the
-//! vector programs on every launch shape (1), orchestration faults that leave the device healthy
+//! Conformance items that name tensormap_and_ringbuffer, each test named after its item:
+//! orchestration faults that leave the device healthy
 //! (7; the ring stalls SCOPE_DEADLOCK, HEAP_RING_DEADLOCK, DEP_POOL_OVERFLOW and
 //! TENSORMAP_OVERFLOW are in `trb_programs.rs`), callable and arena reuse and ring sizing (13),
-//! and the diagnostics files (16).
+//! and the diagnostics files (16). Item 1 (the vector programs on every launch shape) is
+//! `conformance.rs`'s test of it, which CI runs under both runtimes (`SIMPLER_TEST_RUNTIME`).
 
 mod common;
 
@@ -12,9 +13,8 @@ use std::time::Instant;
 use common::*;
 use simpler_device_a2a3::abi::codes::RuntimeCode;
 use simpler_device_a2a3::{
-    ArgDirection, ChipCallable, CoreCallable, DeviceError, DeviceHealth, DeviceRunner, Kernels,
-    OrchArgs, OrchConfig, OrchCtx, OrchError, RingDefaults, RunRequest, RunnerOptions,
-    RuntimeVariant,
+    ChipCallable, CoreCallable, DeviceError, DeviceHealth, DeviceRunner, Kernels, OrchArgs,
+    OrchConfig, OrchCtx, OrchError, RingDefaults, RunRequest, RunnerOptions, RuntimeVariant,
 };
 use simpler_tensormap::{ByteSpan, TensorKey, TensorMap};
 use simpler_types::{
@@ -25,65 +25,6 @@ const TRB: RuntimeVariant = RuntimeVariant::TensormapAndRingbuffer;
 
 fn trb_runner() -> DeviceRunner {
     DeviceRunner::attach(options_on(0, TRB)).unwrap()
-}
-
-// ----- 1. vector_add and the vector example on every shape -----
-
-fn vector_add_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
-    let mut a = CoreArgs::new();
-    a.add_input(*args.tensor(0).unwrap()).unwrap();
-    a.add_input(*args.tensor(1).unwrap()).unwrap();
-    a.add_output(*args.tensor(2).unwrap()).unwrap();
-    ctx.submit(Kernels::Aiv(FUNC_ADD), &a)?;
-    Ok(())
-}
-
-#[test]
-fn item_1_vector_add_and_the_vector_example_pass_on_trb_for_block_dim_1_to_3_and_2_to_4_threads() {
-    let mut r = trb_runner();
-    use ArgDirection::{In, Out};
-    let add = ChipCallable::native(vector_add_orch, three_args)
-        .kernel(FUNC_ADD, CoreCallable::native(vec![In, In, Out], add_kernel))
-        .build()
-        .unwrap();
-    let add_slot = r.register_callable(&add).unwrap();
-    let ex_slot = r.register_callable(&vector_callable()).unwrap();
-    let n = 128 * 128;
-    let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    let (px, tx) = upload_f32(&mut r, &x);
-    let (py, ty) = upload_f32(&mut r, &x);
-    let (pz, tz) = upload_f32(&mut r, &vec![0.0; n]);
-    let mut add_args = TaskArgs::new();
-    add_args.add_input(tx).unwrap().add_input(ty).unwrap().add_output(tz).unwrap();
-    let v = VectorRun::new(&mut r, n);
-    let mut run = 1;
-    for block_dim in 1..=3 {
-        for threads in 2..=4 {
-            let cfg = CallConfig::builder()
-                .block_dim(block_dim)
-                .aicpu_thread_num(threads)
-                .build()
-                .unwrap();
-            r.memset(pz, 0, (n * 4) as u64).unwrap();
-            let rep = r.run(&RunRequest::new(run_id(run), add_slot, &add_args, &cfg)).unwrap();
-            assert_eq!(rep.tasks, 1);
-            let z = download_f32(&mut r, pz, n);
-            assert!(
-                z.iter().enumerate().all(|(i, v)| *v == 2.0 * i as f32),
-                "vector_add, block_dim {block_dim}, threads {threads}"
-            );
-            r.memset(v.ptrs[2], 0, (n * 4) as u64).unwrap();
-            let rep = r.run(&RunRequest::new(run_id(run + 1), ex_slot, &v.args, &cfg)).unwrap();
-            assert_eq!(rep.tasks, 5);
-            v.check(&mut r);
-            run += 2;
-        }
-    }
-    v.free(&mut r);
-    for p in [px, py, pz] {
-        r.free(p).unwrap();
-    }
-    r.finalize().unwrap();
 }
 
 // ----- 7. Orchestration faults latch their codes; the device stays healthy -----
