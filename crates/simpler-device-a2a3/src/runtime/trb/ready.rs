@@ -14,7 +14,9 @@
 //! | CAS of `head` / `tail` | `Relaxed` | only claims a position; the cell's sequence carries the data |
 
 use core::sync::atomic::AtomicU64;
+
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use simpler_ring::fixed::WakeWord;
 
 /// One cell of the queue.
 #[derive(Debug, Default)]
@@ -27,14 +29,14 @@ pub(crate) struct ReadyCell {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ReadyRing<'a> {
     cells: &'a [ReadyCell],
-    head: &'a AtomicU64,
-    tail: &'a AtomicU64,
+    head: &'a WakeWord,
+    tail: &'a WakeWord,
 }
 
 impl<'a> ReadyRing<'a> {
     /// An empty queue over `cells` (at least one) and its two cursors; resets all of them, so
     /// no other thread may use them during the call.
-    pub(crate) fn new(cells: &'a [ReadyCell], head: &'a AtomicU64, tail: &'a AtomicU64) -> Self {
+    pub(crate) fn new(cells: &'a [ReadyCell], head: &'a WakeWord, tail: &'a WakeWord) -> Self {
         for (i, c) in cells.iter().enumerate() {
             c.seq.store(i as u64, Relaxed);
         }
@@ -45,7 +47,7 @@ impl<'a> ReadyRing<'a> {
 
     /// The queue over `cells` and cursors that [`new`](Self::new) reset, without resetting them
     /// (for a thread that shares a queue another thread set up).
-    pub(crate) fn attach(cells: &'a [ReadyCell], head: &'a AtomicU64, tail: &'a AtomicU64) -> Self {
+    pub(crate) fn attach(cells: &'a [ReadyCell], head: &'a WakeWord, tail: &'a WakeWord) -> Self {
         ReadyRing { cells, head, tail }
     }
 
@@ -116,7 +118,7 @@ mod tests {
     #[test]
     fn values_come_out_in_order_and_a_full_queue_refuses() {
         let cells: Vec<ReadyCell> = (0..4).map(|_| ReadyCell::default()).collect();
-        let (h, t) = (AtomicU64::new(7), AtomicU64::new(9));
+        let (h, t) = (WakeWord::new(7), WakeWord::new(9));
         let q = ReadyRing::new(&cells, &h, &t);
         for round in 0..3 {
             for v in 0..4 {
@@ -134,7 +136,7 @@ mod tests {
     fn concurrent_pushers_and_poppers_deliver_every_value_exactly_once() {
         const PER: u64 = 20_000;
         let cells: Vec<ReadyCell> = (0..64).map(|_| ReadyCell::default()).collect();
-        let (h, t) = (AtomicU64::new(0), AtomicU64::new(0));
+        let (h, t) = (WakeWord::new(0), WakeWord::new(0));
         let q = ReadyRing::new(&cells, &h, &t);
         let seen: Vec<AtomicBool> = (0..4 * PER).map(|_| AtomicBool::new(false)).collect();
         let popped = AtomicU64::new(0);

@@ -11,9 +11,9 @@
 //! published, read by the scheduler that popped it). `docs/device-trb.md` lists the sections.
 
 use core::mem::{align_of, size_of};
-use core::sync::atomic::{AtomicU32, AtomicU64};
+use core::sync::atomic::AtomicU32;
 
-use simpler_ring::fixed::{HeapRecord, SlotWord};
+use simpler_ring::fixed::{HeapRecord, SlotWord, WakeWord};
 use simpler_tensormap::fixed::MapEntry;
 use simpler_types::constants::{HEAP_ALIGN, HEAP_RING_COUNT};
 
@@ -119,7 +119,7 @@ pub(crate) fn heap_records(window: u32) -> usize {
 #[derive(Debug, Default)]
 #[repr(C, align(64))]
 struct Counter {
-    value: AtomicU64,
+    value: WakeWord,
     reserved: [u64; 7],
 }
 
@@ -207,13 +207,13 @@ pub(crate) struct SharedStorage<'a> {
     pub(crate) slots: [&'a [SharedSlot]; HEAP_RING_COUNT],
     pub(crate) deps: [&'a [SharedDep]; HEAP_RING_COUNT],
     pub(crate) ready: &'a [ReadyCell],
-    pub(crate) ready_head: &'a AtomicU64,
-    pub(crate) ready_tail: &'a AtomicU64,
-    pub(crate) completed: &'a AtomicU64,
+    pub(crate) ready_head: &'a WakeWord,
+    pub(crate) ready_tail: &'a WakeWord,
+    pub(crate) completed: &'a WakeWord,
     /// The completion count the owner waits for (`simpler_ring::fixed::CountWatch`).
-    pub(crate) owner_wake_at: &'a AtomicU64,
+    pub(crate) owner_wake_at: &'a WakeWord,
     /// Scheduler threads idle for want of ready tasks (`simpler_ring::fixed::Idlers`).
-    pub(crate) idle_schedulers: &'a AtomicU64,
+    pub(crate) idle_schedulers: &'a WakeWord,
 }
 
 /// # Safety
