@@ -24,6 +24,7 @@ use crate::abi::regs::RegId;
 pub mod dispatch;
 pub mod program;
 pub mod scheduler;
+mod text;
 pub(crate) mod trace;
 mod trb;
 pub mod view;

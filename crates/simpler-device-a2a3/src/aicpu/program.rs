@@ -14,9 +14,10 @@
 // Compiled only for the program crate (feature `aicpu-program`).
 #![cfg(feature = "aicpu-program")]
 
-use core::fmt::{self, Write};
+use core::fmt;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
+use super::text::FixedText;
 use super::view::ImageView;
 use super::{AicpuPlatform, LogLevel, exec};
 use crate::abi::ABI_VERSION;
@@ -182,12 +183,10 @@ impl MmioPlatform<'_> {
         // offsets' definition; every access to it is atomic.
         Some(unsafe { AtomicU32::from_ptr(addr) })
     }
-
-    fn text<'b>(buf: &'b mut LineBuf, args: fmt::Arguments<'_>) -> &'b [u8] {
-        let _ = buf.write_fmt(args);
-        &buf.bytes[..buf.len]
-    }
 }
+
+/// A log or fault line handed to the host services; longer lines are cut.
+type LogLine = FixedText<240>;
 
 impl AicpuPlatform for MmioPlatform<'_> {
     fn reg_load(&self, core: u32, reg: RegId) -> u32 {
@@ -250,8 +249,8 @@ impl AicpuPlatform for MmioPlatform<'_> {
         // Onboard the log sink is not wired yet: lines are dropped (the latched status and
         // the fault records carry what the host reports).
         if let Some(s) = self.services {
-            let mut buf = LineBuf::new();
-            let text = Self::text(&mut buf, args);
+            let line = LogLine::format(args);
+            let text = line.as_bytes();
             let level = match level {
                 LogLevel::Error => 0,
                 LogLevel::Warn => 1,
@@ -264,8 +263,8 @@ impl AicpuPlatform for MmioPlatform<'_> {
 
     fn report_fault(&self, core: Option<u32>, args: fmt::Arguments<'_>) {
         if let Some(s) = self.services {
-            let mut buf = LineBuf::new();
-            let text = Self::text(&mut buf, args);
+            let line = LogLine::format(args);
+            let text = line.as_bytes();
             let core = core.map_or(-1, i64::from);
             (s.report_fault)(s.ctx, self.thread, core, text.as_ptr(), text.len());
         }
@@ -288,29 +287,4 @@ fn system_counter() -> u64 {
     static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let ns = ORIGIN.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64;
     ns / crate::abi::NS_PER_TICK
-}
-
-/// A fixed-size line buffer: formatting a log line allocates nothing; longer lines are cut.
-struct LineBuf {
-    bytes: [u8; 240],
-    len: usize,
-}
-
-impl LineBuf {
-    fn new() -> LineBuf {
-        LineBuf { bytes: [0; 240], len: 0 }
-    }
-}
-
-impl Write for LineBuf {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let room = self.bytes.len() - self.len;
-        let mut n = s.len().min(room);
-        while !s.is_char_boundary(n) {
-            n -= 1;
-        }
-        self.bytes[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
-        self.len += n;
-        Ok(())
-    }
 }

@@ -1,7 +1,7 @@
 //! The trb orchestration thread: its call of the orchestration and the ops table behind it.
 
 use core::ffi::c_void;
-use core::fmt::{self, Write};
+use core::fmt;
 use core::ptr::{addr_of, addr_of_mut};
 use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::panic::AssertUnwindSafe;
@@ -15,6 +15,7 @@ use super::record::{self, OrchRecords};
 use crate::abi::codes::RuntimeCode;
 use crate::abi::image::{NO_FUNC, TRB_MESSAGE_BYTES, TaskShape, TrbHeader, TrbStatus};
 use crate::aicpu::scheduler::TICKS_PER_MS;
+use crate::aicpu::text::FixedText;
 use crate::aicpu::view::ImageView;
 use crate::aicpu::{AicpuPlatform, LogLevel};
 use crate::callable::{NativeOrchFn, OrchArgs};
@@ -31,35 +32,15 @@ use crate::runtime::trb::storage::{
 /// A submit refused for room waits until `1 / WAIT_FRACTION` of the tasks in flight completed.
 const WAIT_FRACTION: u64 = 4;
 
-/// A fixed-size text buffer: formatting a message allocates nothing; longer text is cut.
-struct Text {
-    bytes: [u8; TRB_MESSAGE_BYTES],
-    len: usize,
-}
-
-impl Write for Text {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let room = self.bytes.len() - self.len;
-        let mut n = s.len().min(room);
-        while !s.is_char_boundary(n) {
-            n -= 1;
-        }
-        self.bytes[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
-        self.len += n;
-        Ok(())
-    }
-}
-
 /// Stores `args` as the status record's message.
 fn store_message(status: &TrbStatus, args: fmt::Arguments<'_>) {
-    let mut t = Text { bytes: [0; TRB_MESSAGE_BYTES], len: 0 };
-    let _ = t.write_fmt(args);
-    for (word, chunk) in status.message.iter().zip(t.bytes.chunks(8)) {
+    let t = FixedText::<TRB_MESSAGE_BYTES>::format(args);
+    for (word, chunk) in status.message.iter().zip(t.padded().chunks(8)) {
         let mut b = [0u8; 8];
         b[..chunk.len()].copy_from_slice(chunk);
         word.store(u64::from_le_bytes(b), Relaxed);
     }
-    status.message_len.store(t.len as u32, Relaxed);
+    status.message_len.store(t.as_bytes().len() as u32, Relaxed);
 }
 
 /// How a wait for completions ended.
