@@ -7,6 +7,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Instant;
 
+use common::diag::*;
 use common::*;
 use simpler_device_a2a3::abi::codes::RuntimeCode;
 use simpler_device_a2a3::{
@@ -14,9 +15,8 @@ use simpler_device_a2a3::{
     DevicePtr, DeviceRunner, KernelCall, KernelKind, Kernels, OrchArgs, OrchConfig, OrchCtx,
     OrchError, RunRequest,
 };
-use simpler_tensormap::{ByteSpan, TensorKey, TensorMap};
 use simpler_types::{
-    CallConfig, CoreArgs, DataType, RingSel, SlotId, SwimlaneLevel, TaskArgs, Tensor, TensorArgType,
+    CallConfig, CoreArgs, DataType, RingSel, SwimlaneLevel, TaskArgs, Tensor, TensorArgType,
 };
 
 // ----- 1. vector_add on every shape -----
@@ -552,18 +552,6 @@ fn the_kernel_abi_probe_sees_descriptors_scalars_and_contexts() {
 
 // ----- 16. Diagnostics files -----
 
-fn scoped_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
-    let t = *args.tensor(0).unwrap();
-    ctx.scope(|ctx| {
-        ctx.scope(|ctx| {
-            let mut a = CoreArgs::new();
-            a.add_inout(t).unwrap();
-            ctx.submit_blocks(Kernels::Aiv(FUNC_NOOP), &a, 3)
-        })
-    })???;
-    Ok(())
-}
-
 #[test]
 fn diagnostics_write_parseable_files_only_under_the_prefix() {
     let dir = temp_dir("diag");
@@ -595,93 +583,30 @@ fn diagnostics_write_parseable_files_only_under_the_prefix() {
             "swimlane.perfetto.json".into()
         ])
     );
-    let perfetto: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("swimlane.perfetto.json")).unwrap())
-            .unwrap();
-    let x = perfetto["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["ph"] == "X" && e["pid"] == 1)
-        .count();
-    assert_eq!(x, 5, "one X event per (task, block) dispatch");
-    let kernels: BTreeSet<&str> = perfetto["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["ph"] == "X" && e["pid"] == 1)
-        .filter_map(|e| e["name"].as_str())
-        .collect();
+    let perfetto = json(&dir.join("swimlane.perfetto.json"));
+    let cores = x_events(&perfetto, 1);
+    assert_eq!(cores.len(), 5, "one X event per (task, block) dispatch");
+    let kernels: BTreeSet<&str> = cores.iter().filter_map(|e| e["name"].as_str()).collect();
     assert_eq!(kernels, BTreeSet::from(["add", "add_scalar", "mul"]), "slices named by kernel");
-    let records: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("l2_swimlane_records.json")).unwrap())
-            .unwrap();
+    let records = json(&dir.join("l2_swimlane_records.json"));
     assert_eq!(records["aicore_tasks"].as_array().unwrap().len(), 5);
     // Level 2 adds one AICPU record per dispatch: token written, then completion observed.
     let aicpu = records["aicpu_tasks"].as_array().unwrap();
     assert_eq!(aicpu.len(), 5);
     assert!(aicpu.iter().all(|r| r[5].as_u64().unwrap() >= r[4].as_u64().unwrap() && r[4].as_u64().unwrap() > 0));
-    let dispatch_tracks = perfetto["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["ph"] == "X" && e["pid"] == 3)
-        .count();
-    assert_eq!(dispatch_tracks, 5);
+    assert_eq!(x_events(&perfetto, 3).len(), 5, "AICPU dispatch spans");
     assert_eq!(records["metadata"]["clock_freq_hz"], 50_000_000);
 
     // deps.json edges equal a replay of its own submit records through the tensor map.
-    let deps: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("deps.json")).unwrap()).unwrap();
+    let deps = json(&dir.join("deps.json"));
     assert_eq!(deps["complete"], true);
-    let run = simpler_types::RunId::FIRST;
-    let map = TensorMap::new();
-    let mut replayed = BTreeSet::new();
-    for (i, task) in deps["tasks"].as_array().unwrap().iter().enumerate() {
-        let mut writes = Vec::new();
-        for arg in task["args"].as_array().unwrap() {
-            let range = arg["range"].as_array().unwrap();
-            let span = ByteSpan::new(
-                range[0].as_str().unwrap().parse().unwrap(),
-                range[1].as_str().unwrap().parse().unwrap(),
-            )
-            .unwrap();
-            let key = TensorKey::Host { addr: 0 };
-            let tag = arg["tag"].as_str().unwrap();
-            if tag == "INPUT" || tag == "INOUT" {
-                map.lookup_overlapping(run, &key, span, |p| {
-                    replayed.insert((p.index, i as u32));
-                });
-            }
-            if tag != "INPUT" && tag != "NO_DEP" {
-                writes.push(span);
-            }
-        }
-        for w in writes {
-            map.insert(run, TensorKey::Host { addr: 0 }, w, SlotId::new(i as u32, 1));
-        }
-    }
-    let wired: BTreeSet<(u32, u32)> = deps["edges"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["pred"].as_str().unwrap().parse::<u32>().unwrap(),
-                e["succ"].as_str().unwrap().parse::<u32>().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(wired, replayed);
+    let wired = wired_edges(&deps);
+    assert_eq!(wired, replayed_edges(&deps));
     assert_eq!(wired, BTreeSet::from([(0, 1), (0, 2), (1, 3), (2, 3), (3, 4), (0, 4)]));
 
     // Scope statistics: one begin and one end per scope; a 3-block task is 3 dispatches.
     let dir2 = temp_dir("scopes");
-    let c = ChipCallable::native(scoped_orch, |_| OrchConfig { expected_arg_count: 1 })
-        .kernel(FUNC_NOOP, CoreCallable::native(vec![], noop_kernel))
-        .build()
-        .unwrap();
-    let slot = r.register_callable(&c).unwrap();
+    let slot = r.register_callable(&scoped_callable()).unwrap();
     let (p, t) = upload_f32(&mut r, &[0.0; 8]);
     let mut args = TaskArgs::new();
     args.add_inout(t).unwrap();
@@ -692,22 +617,11 @@ fn diagnostics_write_parseable_files_only_under_the_prefix() {
         .build()
         .unwrap();
     r.run(&RunRequest::new(run_id(2), slot, &args, &cfg)).unwrap();
-    let text = std::fs::read_to_string(dir2.join("scope_stats/scope_stats.jsonl")).unwrap();
-    let lines: Vec<serde_json::Value> =
-        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines = scope_stats(&dir2);
     assert_eq!(lines[0]["total"], 4);
     assert_eq!(lines[1..].iter().filter(|l| l["phase"] == "begin").count(), 2);
     assert_eq!(lines[1..].iter().filter(|l| l["phase"] == "end").count(), 2);
-    let perfetto: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir2.join("swimlane.perfetto.json")).unwrap())
-            .unwrap();
-    let x = perfetto["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["ph"] == "X" && e["pid"] == 1)
-        .count();
-    assert_eq!(x, 3);
+    assert_eq!(x_events(&json(&dir2.join("swimlane.perfetto.json")), 1).len(), 3);
 
     // Diagnostics off writes nothing, even with a prefix.
     let dir3 = temp_dir("quiet");

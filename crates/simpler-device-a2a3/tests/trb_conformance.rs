@@ -10,15 +10,15 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Instant;
 
+use common::diag::*;
 use common::*;
 use simpler_device_a2a3::abi::codes::RuntimeCode;
 use simpler_device_a2a3::{
     ChipCallable, CoreCallable, DeviceError, DeviceHealth, DeviceRunner, Kernels, OrchArgs,
     OrchConfig, OrchCtx, OrchError, RingDefaults, RunRequest, RunnerOptions, RuntimeVariant,
 };
-use simpler_tensormap::{ByteSpan, TensorKey, TensorMap};
 use simpler_types::{
-    CallConfig, CoreArgs, RingOverride, RingSel, SlotId, SwimlaneLevel, TaskArgs, TypesError,
+    CallConfig, CoreArgs, RingOverride, RingSel, SwimlaneLevel, TaskArgs, TypesError,
 };
 
 const TRB: RuntimeVariant = RuntimeVariant::TensormapAndRingbuffer;
@@ -215,48 +215,6 @@ fn item_13_bad_ring_overrides_are_rejected_naming_the_ring_and_the_field() {
 
 // ----- 16. Diagnostics files -----
 
-fn scoped_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
-    let t = *args.tensor(0).unwrap();
-    ctx.scope(|ctx| {
-        ctx.scope(|ctx| {
-            let mut a = CoreArgs::new();
-            a.add_inout(t).unwrap();
-            ctx.submit_blocks(Kernels::Aiv(FUNC_NOOP), &a, 3)
-        })
-    })???;
-    Ok(())
-}
-
-fn json(path: &std::path::Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
-
-fn x_events(perfetto: &serde_json::Value, pid: u64) -> Vec<&serde_json::Value> {
-    perfetto["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["ph"] == "X" && e["pid"] == pid)
-        .collect()
-}
-
-/// Every file under `dir`, relative to it.
-fn files_under(dir: &std::path::Path) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                todo.push(p);
-            } else {
-                out.insert(p.strip_prefix(dir).unwrap().to_string_lossy().into_owned());
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn item_16_trb_diagnostics_write_parseable_files_only_under_the_prefix() {
     let dir = temp_dir("trb-diag");
@@ -308,61 +266,14 @@ fn item_16_trb_diagnostics_write_parseable_files_only_under_the_prefix() {
     // vector example's known graph.
     let deps = json(&dir.join("deps.json"));
     assert_eq!(deps["complete"], true);
-    let run = simpler_types::RunId::FIRST;
-    let map = TensorMap::new();
-    let mut replayed = BTreeSet::new();
-    let ids: Vec<u64> = deps["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["task_id"].as_str().unwrap().parse().unwrap())
-        .collect();
-    for (i, task) in deps["tasks"].as_array().unwrap().iter().enumerate() {
-        let mut writes = Vec::new();
-        for arg in task["args"].as_array().unwrap() {
-            let range = arg["range"].as_array().unwrap();
-            let span = ByteSpan::new(
-                range[0].as_str().unwrap().parse().unwrap(),
-                range[1].as_str().unwrap().parse().unwrap(),
-            )
-            .unwrap();
-            let key = TensorKey::Host { addr: 0 };
-            let tag = arg["tag"].as_str().unwrap();
-            if tag == "INPUT" || tag == "INOUT" {
-                map.lookup_overlapping(run, &key, span, |p| {
-                    replayed.insert((ids[p.index as usize], ids[i]));
-                });
-            }
-            if tag != "INPUT" && tag != "NO_DEP" {
-                writes.push(span);
-            }
-        }
-        for w in writes {
-            map.insert(run, TensorKey::Host { addr: 0 }, w, SlotId::new(i as u32, 1));
-        }
-    }
-    let edges: BTreeSet<(u64, u64)> = deps["edges"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["pred"].as_str().unwrap().parse().unwrap(),
-                e["succ"].as_str().unwrap().parse().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(edges, replayed);
+    let edges = wired_edges(&deps);
+    assert_eq!(edges, replayed_edges(&deps));
     assert_eq!(edges, BTreeSet::from([(0, 1), (0, 2), (1, 3), (2, 3), (3, 4), (0, 4)]));
 
     // Scope statistics: one begin and one end per scope, the ring each scope used; a 3-block
     // task is 3 dispatches.
     let dir2 = temp_dir("trb-scopes");
-    let c = ChipCallable::native(scoped_orch, one_arg)
-        .kernel(FUNC_NOOP, CoreCallable::native(vec![], noop_kernel))
-        .build()
-        .unwrap();
-    let slot = r.register_callable(&c).unwrap();
+    let slot = r.register_callable(&scoped_callable()).unwrap();
     let (p, t) = upload_f32(&mut r, &[0.0; 8]);
     let mut args = TaskArgs::new();
     args.add_inout(t).unwrap();
@@ -373,9 +284,7 @@ fn item_16_trb_diagnostics_write_parseable_files_only_under_the_prefix() {
         .build()
         .unwrap();
     let rep = r.run(&RunRequest::new(run_id(2), slot, &args, &cfg)).unwrap();
-    let text = std::fs::read_to_string(dir2.join("scope_stats/scope_stats.jsonl")).unwrap();
-    let lines: Vec<serde_json::Value> =
-        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines = scope_stats(&dir2);
     assert_eq!(lines[0]["total"], 4);
     assert_eq!(lines[0]["dropped"], 0);
     assert_eq!(lines[0]["task_window_max"][2], rep.rings[2].task_window_max);

@@ -2,6 +2,8 @@
 //! one of `simpler_device_a2a3::programs`) and runner helpers.
 #![allow(dead_code)]
 
+pub mod diag;
+
 use std::time::Duration;
 
 pub use simpler_device_a2a3::programs::vector;
