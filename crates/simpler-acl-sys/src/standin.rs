@@ -15,7 +15,10 @@
 //! `aclrtSynchronizeDeviceWithTimeout`), `cube_core_limit`, `vector_core_limit`,
 //! `aicpu_occupy_mask`, `aicore_valid_mask`, `device_count`, `version_major`/`_minor`/`_patch`,
 //! `poisoned`, `soc_name` (what `aclrtGetSocName` answers: 0 `Ascend910B1` (default), 1
-//! `Ascend910_9391`, 2 `Ascend950PR_9599`, anything else no name). Faults ([`FakeInstall::fail_call`], [`FakeInstall::poison_at`]) make the nth
+//! `Ascend910_9391`, 2 `Ascend950PR_9599`, anything else no name), `register_reply` (how a
+//! launch of the AICPU program's `simpler_aicpu_register_callable` answers, played by the
+//! stand-in: 0 success with the object's address as both functions, a positive value that
+//! failure status, a negative one no reply at all). Faults ([`FakeInstall::fail_call`], [`FakeInstall::poison_at`]) make the nth
 //! call of a function return a chosen code.
 
 use std::collections::HashMap;

@@ -113,6 +113,7 @@ typedef struct state {
     int64_t device_count;
     int64_t version[3];
     int64_t soc_name;              /* index into SOC_NAMES; out of range = no name (NULL) */
+    int64_t register_reply;        /* what a register-entry launch answers; see answer_register */
 } state;
 
 /* What aclrtGetSocName answers, chosen by the soc_name knob: an A2, an A3, an A5. */
@@ -138,6 +139,7 @@ static void set_defaults(state *s) {
     s->version[1] = 2;
     s->version[2] = 0;
     s->soc_name = 0;
+    s->register_reply = 0;
 }
 
 static void free_objects(state *s);
@@ -481,6 +483,7 @@ EXPORT int standin_set_value(const char *key, int64_t value) {
     else if (strcmp(key, "version_patch") == 0) st->version[2] = value;
     else if (strcmp(key, "poisoned") == 0) st->poisoned = value != 0;
     else if (strcmp(key, "soc_name") == 0) st->soc_name = value;
+    else if (strcmp(key, "register_reply") == 0) st->register_reply = value;
     else ret = -1;
     pthread_mutex_unlock(&st->lock);
     return ret;
@@ -944,6 +947,46 @@ EXPORT int32_t rtsFuncGetByName(void *binHandle, const char *kernelName, void **
     return fail(&c, E_PARAM, "the binary has no op of that name");
 }
 
+/* The AICPU program's register entry, as far as a library that runs no device code can play
+ * it: the launch's argument block (the simulator crate's `RegisterArgs`: abi_version, op, slot,
+ * reserved, then object address, object length and reply address as qwords at 16, 24, 32) is
+ * checked against the live allocations, and the reply (status, message length, entry, config)
+ * is written into the reply block. Knob `register_reply`: 0 answers success with the object's
+ * address as both functions (an unload answers success), a positive value answers that failure
+ * status, a negative one writes nothing (a program that never ran). */
+#define REGISTER_ARGS_LEN 296
+#define REGISTER_REPLY_LEN 256
+static int answer_register(call *c, const rtCpuKernelArgs_t *a) {
+    if (a->baseArgs.argsSize != REGISTER_ARGS_LEN || a->baseArgs.args == NULL)
+        return fail(c, E_PARAM, "register entry: the argument block is not 296 bytes");
+    const uint8_t *args = (const uint8_t *)a->baseArgs.args;
+    uint32_t op;
+    uint64_t object, object_len, reply;
+    memcpy(&op, args + 4, 4);
+    memcpy(&object, args + 16, 8);
+    memcpy(&object_len, args + 24, 8);
+    memcpy(&reply, args + 32, 8);
+    if (find_range(reply, REGISTER_REPLY_LEN) == NULL)
+        return fail(c, E_PARAM, "register entry: the reply block is outside every allocation");
+    if (op == 1 && (object_len == 0 || find_range(object, object_len) == NULL))
+        return fail(c, E_PARAM, "register entry: the object is outside every allocation");
+    if (st->register_reply < 0) return finish(c, OK);
+    uint8_t *r = (uint8_t *)(uintptr_t)reply;
+    memset(r, 0, REGISTER_REPLY_LEN);
+    uint32_t status = (uint32_t)st->register_reply;
+    memcpy(r, &status, 4);
+    if (status != 0) {
+        static const char text[] = "refused by the stand-in";
+        uint32_t len = sizeof text - 1;
+        memcpy(r + 4, &len, 4);
+        memcpy(r + 24, text, len);
+    } else if (op == 1) {
+        memcpy(r + 8, &object, 8);
+        memcpy(r + 16, &object, 8);
+    }
+    return finish(c, OK);
+}
+
 EXPORT int32_t rtsLaunchCpuKernel(void *funcHandle, uint32_t blockDim, void *stm,
                                   const rtKernelLaunchCfg_t *cfg, rtCpuKernelArgs_t *argsInfo) {
     call c = begin(__func__);
@@ -958,6 +1001,8 @@ EXPORT int32_t rtsLaunchCpuKernel(void *funcHandle, uint32_t blockDim, void *stm
         return fail(&c, E_PARAM, "not a function of a loaded binary");
     if (find(OBJ_STREAM, c.entry.stream) == NULL) return fail(&c, E_PARAM, "not a live stream");
     if (argsInfo == NULL) return fail(&c, E_PARAM, "no arguments");
+    if (strncmp(f->ops[0], "simpler_aicpu_register_callable", 31) == 0)
+        return answer_register(&c, argsInfo);
     return finish(&c, OK);
 }
 
