@@ -13,6 +13,9 @@
 //! - `simpler_aicpu_init`: the runner's `InitArgs`; 0 or a non-zero refusal (ABI mismatch).
 //! - `simpler_aicpu_exec`: the device address of the run's `KernelArgs`; the scheduler's exec
 //!   result.
+//! - `simpler_aicpu_register_callable`: a `RegisterArgs` block (tensormap_and_ringbuffer: load
+//!   or close a `DeviceObject` orchestration under a callable slot); the reply goes to device
+//!   memory the block names.
 //! - `simpler_aicpu_abi_version`: the ABI version this object speaks (the loader checks it).
 //!
 //! Unsafe inventory:
@@ -42,6 +45,19 @@ pub unsafe extern "C" fn simpler_aicpu_init(args: *const c_void) -> i32 {
 pub unsafe extern "C" fn simpler_aicpu_exec(args: *const c_void) -> i32 {
     // SAFETY: forwarded contract.
     unsafe { simpler_device_a2a3::aicpu::program::exec_entry(args.cast()) }
+}
+
+/// The register entry (tensormap_and_ringbuffer): loads or closes a `DeviceObject`
+/// orchestration under a callable slot and writes the reply the host reads back.
+///
+/// # Safety
+///
+/// `args` points at the launch's `RegisterArgs` bytes, whose reply block and object range are
+/// valid device memory for the launch.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn simpler_aicpu_register_callable(args: *const c_void) -> i32 {
+    // SAFETY: forwarded contract.
+    unsafe { simpler_device_a2a3::aicpu::program::register_entry(args.cast()) }
 }
 
 /// The ABI version of the layouts this object was built against.

@@ -115,24 +115,62 @@ pub enum Orchestration {
         /// The config function.
         config: NativeConfigFn,
     },
-    /// An aarch64 shared object exporting C entry and config functions (onboard
-    /// tensormap_and_ringbuffer only).
-    DeviceObject {
-        /// The object's bytes.
+    /// A shared object exporting C entry and config functions, loaded on the AICPU side at
+    /// registration (tensormap_and_ringbuffer only): an aarch64 object onboard, a host build on
+    /// the simulator.
+    DeviceObject(OrchestrationObject),
+}
+
+/// A `DeviceObject` orchestration: the shared object's bytes and the symbols of its C entry
+/// (`COrchEntryFn`) and config (`COrchConfigFn`) functions (`docs/device-chip.md`).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct OrchestrationObject {
+    image: Vec<u8>,
+    entry: String,
+    config: String,
+}
+
+impl OrchestrationObject {
+    /// The object `image` exporting `entry` and `config`.
+    ///
+    /// # Safety
+    ///
+    /// Registering a callable with this orchestration loads the object on the AICPU side (on
+    /// the simulator: into this process), which runs its initializers, and each run calls
+    /// `config` and `entry` with the C orchestration ABI. The initializers must be sound to run
+    /// there, both symbols must be functions of those types, and the entry must honour the
+    /// orchestration contract: touch only the chip entry's tensors and the buffers the ops
+    /// table hands out, and call the ops table only during the call, with the context it got.
+    pub unsafe fn new(
         image: Vec<u8>,
-        /// Entry symbol.
-        entry: String,
-        /// Config symbol.
-        config: String,
-    },
+        entry: impl Into<String>,
+        config: impl Into<String>,
+    ) -> OrchestrationObject {
+        OrchestrationObject { image, entry: entry.into(), config: config.into() }
+    }
+
+    /// The object's bytes.
+    pub fn image(&self) -> &[u8] {
+        &self.image
+    }
+
+    /// The entry symbol.
+    pub fn entry(&self) -> &str {
+        &self.entry
+    }
+
+    /// The config symbol.
+    pub fn config(&self) -> &str {
+        &self.config
+    }
 }
 
 impl fmt::Debug for Orchestration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Orchestration::Native { entry, .. } => write!(f, "Native({:#x})", *entry as usize),
-            Orchestration::DeviceObject { image, entry, .. } => {
-                write!(f, "DeviceObject({entry}, {} bytes)", image.len())
+            Orchestration::DeviceObject(o) => {
+                write!(f, "DeviceObject({}, {} bytes)", o.entry, o.image.len())
             }
         }
     }
@@ -390,11 +428,11 @@ fn digest(b: &ChipCallableBuilder) -> [u8; 32] {
             h.update((*entry as usize as u64).to_le_bytes());
             h.update((*config as usize as u64).to_le_bytes());
         }
-        Orchestration::DeviceObject { image, entry, config } => {
+        Orchestration::DeviceObject(o) => {
             h.update([1u8]);
-            put_bytes(&mut h, image);
-            put_bytes(&mut h, entry.as_bytes());
-            put_bytes(&mut h, config.as_bytes());
+            put_bytes(&mut h, &o.image);
+            put_bytes(&mut h, o.entry.as_bytes());
+            put_bytes(&mut h, o.config.as_bytes());
         }
     }
     put_bytes(&mut h, &b.signature.iter().map(|d| *d as u8).collect::<Vec<_>>());

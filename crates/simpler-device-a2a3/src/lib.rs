@@ -73,8 +73,11 @@
 //! - `src/backend/sim/cxx_core.rs`: calling the C++ AICore executor with its environment.
 //! - `src/backend/sim/program.rs`: calling the built AICPU program's C entries and its host
 //!   services' context pointer.
-//! - `src/aicpu/program.rs`: the AICPU program's entries over raw argument bytes, register
+//! - `src/aicpu/program/mod.rs`: the AICPU program's entries over raw argument bytes, register
 //!   windows by address and the cache-maintenance and counter instructions.
+//! - `src/aicpu/program/register.rs`: the register entry's argument block, object bytes and
+//!   reply through raw device addresses, and the dynamic loading of the orchestration object.
+//! - `src/backend/sim/orchestration.rs`: the simulator's own load of an orchestration object.
 //! - `src/backend/onboard/owners.rs`: the CANN calls of the safe owners (streams, device
 //!   buffers and copies, host mappings, events, the loaded AICPU program) and their `Send` /
 //!   `Sync` impls over CANN handles.
@@ -82,7 +85,8 @@
 //!   AICore executor registration.
 //! - `src/backend/onboard/mod.rs`: attach, stream, core-limit, launch, sync, drain, register
 //!   window and force-reset calls, and the host-mapping offset.
-//! - `src/callable.rs`: the contract of `SharedObjectKernel::new` (an `unsafe fn`).
+//! - `src/callable.rs`: the contracts of `SharedObjectKernel::new` and
+//!   `OrchestrationObject::new` (`unsafe fn`s).
 //! - `src/kernel.rs`: the kernel accessors over the argument slots.
 //! - `src/programs.rs`, `src/programs/streaming.rs`, `src/programs/paged_attention.rs`: the
 //!   reference programs' kernels.
@@ -118,7 +122,7 @@ pub use backend::onboard::{ENV_ONBOARD_ARTIFACTS, OnboardOptions};
 pub use backend::sim::{FaultPlan, FiredFault};
 pub use callable::{
     ArgDirection, ChipCallable, ChipCallableBuilder, CoreCallable, KernelCode, NativeConfigFn,
-    NativeOrchFn, OrchArgs, OrchConfig, Orchestration, SharedObjectKernel,
+    NativeOrchFn, OrchArgs, OrchConfig, Orchestration, OrchestrationObject, SharedObjectKernel,
 };
 pub use diag::timing::RunPhases;
 pub use error::{

@@ -30,6 +30,7 @@ use simpler_types::{CoreArgs, DataType, Tensor, TensorArgType};
 
 use crate::callable::{
     ArgDirection, ChipCallable, ChipCallableBuilder, CoreCallable, OrchArgs, OrchConfig,
+    Orchestration,
 };
 use crate::error::DeviceError;
 use crate::kernel::KernelCall;
@@ -238,8 +239,14 @@ pub mod vector {
 
     /// The program's builder, named `vector_example` / `vector_config`.
     pub fn builder() -> ChipCallableBuilder {
+        builder_with(Orchestration::Native { entry: orchestration, config: three_args })
+    }
+
+    /// The program's kernels and signature around another `orchestration` of the same graph,
+    /// such as the C one a `DeviceObject` carries.
+    pub fn builder_with(orchestration: Orchestration) -> ChipCallableBuilder {
         use ArgDirection::{In, Out, Scalar};
-        ChipCallable::native(orchestration, three_args)
+        ChipCallable::builder(orchestration)
             .names("vector_example", "vector_config")
             .signature(vec![In, In, Out])
             .kernel(ADD, CoreCallable::native(vec![In, In, Out], add_kernel).named("add"))

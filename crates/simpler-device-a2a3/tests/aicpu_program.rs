@@ -75,3 +75,59 @@ fn a_program_that_cannot_be_loaded_is_refused_naming_the_file() {
         other => panic!("expected a LoadPrograms error, got {other:?}"),
     }
 }
+
+#[test]
+fn a_c_orchestration_loads_through_the_programs_register_entry_and_runs() {
+    use simpler_device_a2a3::RuntimeVariant;
+    use simpler_onboard_programs::VECTOR_ORCHESTRATION;
+    let Some(path) = program() else { return };
+    let o = options_on(0, RuntimeVariant::TensormapAndRingbuffer).with_aicpu_program(path);
+    let mut r = DeviceRunner::attach(o).unwrap();
+    let (entry, config) = VECTOR_ORCHESTRATION;
+    let c = c_vector_callable(entry, config);
+    // Registered, run, unloaded and registered again: the unload left the slot loadable.
+    for (run, threads) in (1..).zip([2, 3, 4]) {
+        let slot = r.register_callable(&c).unwrap();
+        let v = VectorRun::new(&mut r, 4096);
+        let cfg = CallConfig::builder().block_dim(2).aicpu_thread_num(threads).build().unwrap();
+        r.run(&RunRequest::new(RunId::from_raw(run).unwrap(), slot, &v.args, &cfg)).unwrap();
+        v.check(&mut r);
+        v.free(&mut r);
+        r.unregister_callable(slot).unwrap();
+    }
+    // The program's own refusal comes back typed.
+    match r.register_callable(&c_vector_callable("no_such_entry", config)) {
+        Err(DeviceError::OrchestrationLoad { failure, message, .. }) => {
+            assert_eq!(failure, Some(simpler_device_a2a3::abi::launch::RegisterFailure::Symbol));
+            assert!(message.contains("no_such_entry"), "{message}");
+        }
+        other => panic!("expected an OrchestrationLoad, got {other:?}"),
+    }
+    r.finalize().unwrap();
+}
+
+#[test]
+fn two_runners_over_one_loaded_program_keep_their_orchestration_slots_apart() {
+    use simpler_device_a2a3::RuntimeVariant;
+    use simpler_onboard_programs::VECTOR_ORCHESTRATION;
+    let Some(path) = program() else { return };
+    let o = || options_on(0, RuntimeVariant::TensormapAndRingbuffer).with_aicpu_program(path);
+    let (mut first, mut second) =
+        (DeviceRunner::attach(o()).unwrap(), DeviceRunner::attach(o()).unwrap());
+    let (entry, config) = VECTOR_ORCHESTRATION;
+    let c = c_vector_callable(entry, config);
+    // Both take slot 0 of the one program this process loaded.
+    let a = first.register_callable(&c).unwrap();
+    let b = second.register_callable(&c).unwrap();
+    assert_eq!((a.index(), b.index()), (0, 0));
+    second.unregister_callable(b).unwrap();
+    second.finalize().unwrap();
+    // The second runner's load and unload left the first runner's object open.
+    let v = VectorRun::new(&mut first, 4096);
+    let cfg = CallConfig::default();
+    first.run(&RunRequest::new(RunId::from_raw(1).unwrap(), a, &v.args, &cfg)).unwrap();
+    v.check(&mut first);
+    v.free(&mut first);
+    first.unregister_callable(a).unwrap();
+    first.finalize().unwrap();
+}

@@ -38,7 +38,8 @@ use simpler_device_a2a3::programs::{add, vector};
 use simpler_device_a2a3::{
     ArgDirection, CapacityResource, ChipCallable, ChipCallableBuilder, CoreCallable, DeviceError,
     DevicePtr, DeviceRunner, KernelCode, Kernels, OrchArgs, OrchConfig, OrchCtx, OrchError,
-    RunRequest, RunnerOptions, RuntimeVariant, abi::codes::RuntimeCode,
+    Orchestration, OrchestrationObject, RunRequest, RunnerOptions, RuntimeVariant,
+    abi::codes::RuntimeCode,
 };
 use simpler_types::{
     CallConfig, CoreArgs, DataType, RingSel, RunId, SwimlaneLevel, TaskArgs, Tensor,
@@ -254,9 +255,14 @@ impl Program {
         }
     }
 
-    /// The callable for `t`: native kernels on the simulator, kernel code onboard.
-    fn callable(self, t: Target) -> ChipCallable {
+    /// The callable for `t` under `runtime`: native kernels on the simulator, kernel code
+    /// onboard, where tensormap_and_ringbuffer runs a `DeviceObject` orchestration.
+    fn callable(self, t: Target, runtime: RuntimeVariant) -> ChipCallable {
         use ArgDirection::{In, Out, Scalar};
+        let onboard_trb = t == Target::Onboard && runtime == RuntimeVariant::TensormapAndRingbuffer;
+        if onboard_trb {
+            return self.device_object_callable();
+        }
         match (self, t) {
             (Program::Add, Target::Programs) => add::callable().expect("a valid callable"),
             (Program::Vector, Target::Programs) => vector::callable().expect("a valid callable"),
@@ -277,6 +283,33 @@ impl Program {
                 ],
             ),
         }
+    }
+
+    /// The program with a placeholder orchestration object and placeholder kernels: what the
+    /// onboard tensormap_and_ringbuffer runner registers until the aarch64 builds exist. Only the
+    /// stand-in, which plays the register entry and executes nothing, takes it.
+    fn device_object_callable(self) -> ChipCallable {
+        use ArgDirection::{In, Out, Scalar};
+        let (entry, kernels) = match self {
+            Program::Add => ("add", vec![(add::ADD, vec![In, In, Out])]),
+            Program::Vector => (
+                "vector_example",
+                vec![
+                    (vector::ADD, vec![In, In, Out]),
+                    (vector::ADD_SCALAR, vec![In, Out, Scalar]),
+                    (vector::MUL, vec![In, In, Out]),
+                ],
+            ),
+        };
+        // SAFETY: the stand-in never loads or runs the bytes; a chip never gets this callable
+        // (the cases that would register it there are skipped).
+        let object = unsafe {
+            OrchestrationObject::new(b"\x7fELF placeholder orchestration".to_vec(), entry, "config")
+        };
+        let base = ChipCallable::builder(Orchestration::DeviceObject(object))
+            .names(entry, "config")
+            .signature(vec![In, In, Out]);
+        with_placeholders(base, &kernels)
     }
 
     fn reference(self, a: &[f32], b: &[f32]) -> Vec<f32> {
@@ -324,11 +357,11 @@ fn run_program(
     r: &mut DeviceRunner,
     run: RunId,
     program: Program,
-    t: Target,
+    (t, runtime): (Target, RuntimeVariant),
     cfg: &CallConfig,
     golden: bool,
 ) -> Step<()> {
-    let slot = r.register_callable(&program.callable(t))?;
+    let slot = r.register_callable(&program.callable(t, runtime))?;
     let a: Vec<f32> = (0..ELEMENTS).map(|i| i as f32 * 0.5).collect();
     let b: Vec<f32> = (0..ELEMENTS).map(|i| 3.0 - i as f32 * 0.25).collect();
     let mut ptrs = Vec::new();
@@ -372,6 +405,7 @@ fn shapes() -> Vec<CallConfig> {
 /// `program` with golden checks where kernels execute, and (with the stand-in) once through
 /// the onboard runner, whose run proves the CANN-side path.
 fn golden(b: &mut Bench, program: Program) -> Step<String> {
+    let rt = b.runtime;
     if b.standin.is_none() {
         return Err(Fail::Skip(format!(
             "{}: the golden check on a chip needs the ccec-built test kernels, which the build \
@@ -380,12 +414,12 @@ fn golden(b: &mut Bench, program: Program) -> Step<String> {
         )));
     }
     let run = b.run_id();
-    run_program(b.runner()?, run, program, Target::Onboard, &CallConfig::default(), false)?;
+    run_program(b.runner()?, run, program, (Target::Onboard, rt), &CallConfig::default(), false)?;
     b.note(format!("{}: the stand-in CANN run completed", program.name()));
     let shapes = shapes();
     for cfg in &shapes {
         let run = b.run_id();
-        run_program(b.on(Target::Programs)?, run, program, Target::Programs, cfg, true)?;
+        run_program(b.on(Target::Programs)?, run, program, (Target::Programs, rt), cfg, true)?;
     }
     let which = if b.programs.is_some() {
         "the built AICPU program and AICore executor"
@@ -429,14 +463,27 @@ fn vector_example(b: &mut Bench) -> Step<String> {
 }
 
 fn launch_order(b: &mut Bench) -> Step<String> {
+    let rt = b.runtime;
     if b.standin.is_none() {
         return Err(Fail::Skip("the launch order is read from the stand-in's call log".into()));
     }
     b.new_calls();
     let run = b.run_id();
-    run_program(b.runner()?, run, Program::Add, Target::Onboard, &CallConfig::default(), false)?;
+    run_program(
+        b.runner()?,
+        run,
+        Program::Add,
+        (Target::Onboard, rt),
+        &CallConfig::default(),
+        false,
+    )?;
     let log = b.new_calls();
-    let at = |name: &str| log.iter().position(|c| c.func == name);
+    // The run's launches, not the register entry's (tensormap_and_ringbuffer loads its
+    // orchestration object at registration, through an AICPU launch of its own).
+    let at = |name: &str| {
+        log.iter()
+            .position(|c| c.func == name && !c.text.starts_with("simpler_aicpu_register_callable"))
+    };
     match (at("rtKernelLaunchWithHandleV2"), at("rtsLaunchCpuKernel")) {
         (Some(core), Some(cpu)) if core < cpu => Ok("AICore launch before AICPU launch".into()),
         other => Err(Fail::Check(format!("launch positions (AICore, AICPU) = {other:?}"))),
@@ -613,6 +660,7 @@ fn runtime_error_fixtures(b: &mut Bench) -> Step<String> {
 
 /// The diagnostics files of one traced vector run on `t`, checked to exist and parse.
 fn diagnostics_on(b: &mut Bench, t: Target, dir: &Path) -> Step<Vec<String>> {
+    let rt = b.runtime;
     let cfg = CallConfig::builder()
         .swimlane(SwimlaneLevel::AicpuTiming)
         .dep_gen(true)
@@ -621,7 +669,7 @@ fn diagnostics_on(b: &mut Bench, t: Target, dir: &Path) -> Step<Vec<String>> {
         .build()
         .expect("valid");
     let run = b.run_id();
-    run_program(b.on(t)?, run, Program::Vector, t, &cfg, false)?;
+    run_program(b.on(t)?, run, Program::Vector, (t, rt), &cfg, false)?;
     let json = |name: &str| -> Step<serde_json::Value> {
         let path = dir.join(name);
         let bytes =
@@ -687,6 +735,7 @@ fn diagnostics_smoke(b: &mut Bench) -> Step<String> {
 }
 
 fn poison_then_recover(b: &mut Bench) -> Step<String> {
+    let rt = b.runtime;
     if b.standin.is_none() {
         return Err(Fail::Skip(
             "poisoning on demand needs the stand-in; on a chip the hanging kernel poisons".into(),
@@ -700,16 +749,25 @@ fn poison_then_recover(b: &mut Bench) -> Step<String> {
     }
     let run = b.run_id();
     let r = b.runner()?;
-    let step = run_program(r, run, Program::Add, Target::Onboard, &CallConfig::default(), false);
+    let step =
+        run_program(r, run, Program::Add, (Target::Onboard, rt), &CallConfig::default(), false);
     let poisoned = failure_of(step, "the poisoned launch")?;
     check(!b.healthy(Target::Onboard), || format!("the device stayed healthy after {poisoned}"))?;
     b.recover(Target::Onboard)?;
     let run = b.run_id();
-    run_program(b.runner()?, run, Program::Add, Target::Onboard, &CallConfig::default(), false)?;
+    run_program(
+        b.runner()?,
+        run,
+        Program::Add,
+        (Target::Onboard, rt),
+        &CallConfig::default(),
+        false,
+    )?;
     Ok(format!("poisoned ({poisoned}); finalize, re-attach, vector_add completed"))
 }
 
 fn hang_then_recover(b: &mut Bench) -> Step<String> {
+    let rt = b.runtime;
     let t = b.kernel_target();
     if t == Target::Onboard {
         return Err(Fail::Skip(
@@ -731,7 +789,7 @@ fn hang_then_recover(b: &mut Bench) -> Step<String> {
         r.sim_faults().ok_or_else(|| Fail::Check("no fault plan on the simulator".into()))?;
     faults.kernel_hang(vector::ADD_SCALAR, 1);
     let run = b.run_id();
-    let step = run_program(b.on(t)?, run, Program::Vector, t, &CallConfig::default(), false);
+    let step = run_program(b.on(t)?, run, Program::Vector, (t, rt), &CallConfig::default(), false);
     let hung = failure_of(step, "the run with a hanging kernel")?;
     check(!b.healthy(t), || format!("the device stayed healthy after {hung}"))?;
     let note = b.recover(t)?;
@@ -739,7 +797,7 @@ fn hang_then_recover(b: &mut Bench) -> Step<String> {
         b.note(format!("finalize after the hang reported: {n}"));
     }
     let run = b.run_id();
-    run_program(b.on(t)?, run, Program::Add, t, &CallConfig::default(), true)?;
+    run_program(b.on(t)?, run, Program::Add, (t, rt), &CallConfig::default(), true)?;
     Ok(format!("hang → {hung}; finalize, re-attach, vector_add passed its golden check"))
 }
 

@@ -20,8 +20,8 @@ use simpler_acl_sys::standin::{Call, FakeInstall, ObjectKind};
 use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{
     AcceptanceSignal, ArgDirection, ChipCallable, CoreCallable, DeviceError, DeviceHealth,
-    DevicePtr, DeviceRunner, InitStep, KernelCode, KernelKind, RunRequest, RunnerOptions,
-    RuntimeVariant,
+    DevicePtr, DeviceRunner, InitStep, KernelCode, KernelKind, Orchestration, OrchestrationObject,
+    RunRequest, RunnerOptions, RuntimeVariant,
 };
 use simpler_types::{CallConfig, DataType, RunId, TaskArgs, Tensor, TimeoutBudget};
 
@@ -89,12 +89,15 @@ impl Onboard {
             std::fs::write(dir.path().join(name), bytes).unwrap();
         }
         let manifest = dir.path().join("manifest.json");
+        let abi = simpler_device_a2a3::abi::ABI_VERSION;
         std::fs::write(
             &manifest,
-            r#"{ "abi_version": 1, "artifacts": {
-                "aicpu_program": { "path": "libsimpler_aicpu_hbg.so" },
-                "dispatcher": { "path": "libsimpler_aicpu_dispatcher.so" },
-                "aicore_executor": { "path": "aicore_hbg.o" } } }"#,
+            format!(
+                r#"{{ "abi_version": {abi}, "artifacts": {{
+                "aicpu_program": {{ "path": "libsimpler_aicpu_hbg.so" }},
+                "dispatcher": {{ "path": "libsimpler_aicpu_dispatcher.so" }},
+                "aicore_executor": {{ "path": "aicore_hbg.o" }} }} }}"#
+            ),
         )
         .unwrap();
         Onboard { install, _programs: dir, manifest }
@@ -116,14 +119,21 @@ impl Onboard {
     }
 }
 
-impl Bench for Onboard {
-    fn options(&self, device: u32) -> RunnerOptions {
-        RunnerOptions::onboard(device, RuntimeVariant::HostBuildGraph)
+impl Onboard {
+    /// The bench's options under `runtime`.
+    fn options_on(&self, device: u32, runtime: RuntimeVariant) -> RunnerOptions {
+        RunnerOptions::onboard(device, runtime)
             .with_onboard_manifest(&self.manifest)
             .with_cann(Arc::new(self.install.cann()))
             .with_scheduler_timeout(Duration::from_millis(300))
             .with_op_execute_timeout(Duration::from_micros(600_000))
             .with_stream_sync_timeout(Duration::from_millis(STREAM_SYNC_MS as u64))
+    }
+}
+
+impl Bench for Onboard {
+    fn options(&self, device: u32) -> RunnerOptions {
+        self.options_on(device, RuntimeVariant::HostBuildGraph)
     }
 
     fn add_callable(&self) -> ChipCallable {
@@ -903,4 +913,108 @@ fn a_queued_run_behind_a_run_whose_event_sync_failed_is_abandoned_after_it() {
     );
     drop((v1, v2));
     let _ = r.finalize();
+}
+
+// ----- tensormap_and_ringbuffer: `DeviceObject` orchestrations through the register entry -----
+
+/// `f = a + b` with a placeholder orchestration object and kernel text: the stand-in plays the
+/// register entry and executes nothing.
+fn add_object_callable() -> ChipCallable {
+    use ArgDirection::{In, Out};
+    // SAFETY: the stand-in never loads or runs the bytes.
+    let object = unsafe {
+        OrchestrationObject::new(b"\x7fELF placeholder orchestration".to_vec(), "add", "add_config")
+    };
+    ChipCallable::builder(Orchestration::DeviceObject(object))
+        .signature(vec![In, In, Out])
+        .kernel(add::ADD, CoreCallable::new(vec![In, In, Out], KernelCode::Text(vec![0; 64])))
+        .build()
+        .unwrap()
+}
+
+fn register_launches(log: &[Call]) -> Vec<&Call> {
+    log.iter()
+        .filter(|c| {
+            c.func == "rtsLaunchCpuKernel" && c.text.starts_with("simpler_aicpu_register_callable")
+        })
+        .collect()
+}
+
+#[test]
+fn a_trb_device_object_is_loaded_and_closed_through_the_register_entry() {
+    let b = Onboard::new();
+    let mut r =
+        DeviceRunner::attach(b.options_on(0, RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    let before = b.live()[2];
+    b.log();
+    let slot = r.register_callable(&add_object_callable()).unwrap();
+    let log = b.log();
+    let launches = register_launches(&log);
+    assert_eq!(launches.len(), 1, "{:?}", names(&log));
+    // One 296-byte argument block on the AICPU stream, then a sync of that stream.
+    assert_eq!((launches[0].size, launches[0].block_dim), (Some(296), Some(1)));
+    let at = log.iter().position(|c| std::ptr::eq(c, launches[0])).unwrap();
+    let sync = log[at..].iter().position(|c| c.func == "aclrtSynchronizeStreamWithTimeout");
+    assert!(sync.is_some(), "no sync after the register launch: {:?}", names(&log));
+    assert_eq!(log[at + sync.unwrap()].stream, launches[0].stream);
+    // The object's and the reply's staging buffers are freed; the kernel's text and the chip
+    // buffer stay.
+    assert_eq!(b.live()[2], before + 2);
+    // A run takes the loaded orchestration; unregistering closes it through the same entry.
+    let v = AddRun::new(&mut r);
+    r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap();
+    v.free(&mut r);
+    b.log();
+    r.unregister_callable(slot).unwrap();
+    assert_eq!(register_launches(&b.log()).len(), 1);
+    r.finalize().unwrap();
+    assert_eq!(b.live(), [0; 5]);
+}
+
+#[test]
+fn a_register_entry_that_refuses_or_never_answers_is_a_typed_error_and_nothing_leaks() {
+    use simpler_device_a2a3::abi::launch::RegisterFailure;
+    let b = Onboard::new();
+    let mut r =
+        DeviceRunner::attach(b.options_on(0, RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    let before = b.live()[2];
+    for (knob, want) in [(4, Some(RegisterFailure::Symbol)), (-1, None)] {
+        b.install.set_value("register_reply", knob).unwrap();
+        match r.register_callable(&add_object_callable()) {
+            Err(DeviceError::OrchestrationLoad { failure, entry, slot: 0, message }) => {
+                assert_eq!((failure, entry.as_str()), (want, "add"), "{message}");
+            }
+            other => panic!("register_reply {knob}: expected OrchestrationLoad, got {other:?}"),
+        }
+        assert_eq!(b.live()[2], before, "register_reply {knob}: a buffer leaked");
+        assert!(r.health().is_healthy());
+    }
+    b.install.set_value("register_reply", 0).unwrap();
+    let slot = r.register_callable(&add_object_callable()).unwrap();
+    r.unregister_callable(slot).unwrap();
+    r.finalize().unwrap();
+    assert_eq!(b.live(), [0; 5]);
+}
+
+#[test]
+fn onboard_a_native_trb_orchestration_and_an_hbg_device_object_are_refused() {
+    let b = Onboard::new();
+    let mut r =
+        DeviceRunner::attach(b.options_on(0, RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    match r.register_callable(&b.add_callable()) {
+        Err(DeviceError::InvalidCallable { reason, .. }) => {
+            assert!(reason.contains("Native") && reason.contains("DeviceObject"), "{reason}");
+        }
+        other => panic!("expected InvalidCallable, got {other:?}"),
+    }
+    r.finalize().unwrap();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    match r.register_callable(&add_object_callable()) {
+        Err(DeviceError::InvalidCallable { reason, .. }) => {
+            assert!(reason.contains("host_build_graph"), "{reason}");
+        }
+        other => panic!("expected InvalidCallable, got {other:?}"),
+    }
+    r.finalize().unwrap();
+    assert_eq!(b.live(), [0; 5]);
 }

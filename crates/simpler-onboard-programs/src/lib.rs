@@ -362,6 +362,40 @@ pub const TEST_KERNELS: [TestKernel; 3] = [
     },
 ];
 
+/// The C orchestration ABI header (`orch_abi.h`): the ops table, descriptors and entry types a
+/// tensormap_and_ringbuffer `DeviceObject` orchestration is written against.
+pub const ORCH_ABI_HEADER: (&str, &str) =
+    ("orch_abi.h", include_str!("../orchestrations/orch_abi.h"));
+
+/// The orchestration object's sources: the vector example as a C orchestration and the error
+/// fixtures linked beside it.
+pub const ORCHESTRATION_SOURCES: [(&str, &str); 2] = [
+    ("vector_orch.c", include_str!("../orchestrations/vector_orch.c")),
+    ("fixtures_orch.c", include_str!("../orchestrations/fixtures_orch.c")),
+];
+
+/// The vector example's C entry and config symbols in the orchestration object.
+pub const VECTOR_ORCHESTRATION: (&str, &str) = ("vector_example", "vector_config");
+/// A config symbol of the object that asks for four arguments.
+pub const FOUR_ARGS_CONFIG: &str = "four_args_config";
+/// An entry symbol of the object that returns status 7 without submitting.
+pub const FAILING_ENTRY: &str = "failing_entry";
+
+/// Compiles [`ORCHESTRATION_SOURCES`] for the host into `liborchestrations.so` in `dir`
+/// (feature `host-build`), the object the simulator registers as a `DeviceObject`.
+#[cfg(feature = "host-build")]
+pub fn build_host_orchestrations(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
+    let flags = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"];
+    let mut sources = vec![ORCH_ABI_HEADER];
+    sources.extend(ORCHESTRATION_SOURCES);
+    write_sources(dir, &sources)?;
+    let out = dir.join("liborchestrations.so");
+    let mut args: Vec<std::ffi::OsString> = vec!["-shared".into(), "-o".into(), out.clone().into()];
+    args.extend(ORCHESTRATION_SOURCES.iter().map(|(f, _)| dir.join(f).into()));
+    host_compile(false, &flags, &args)?;
+    Ok(out)
+}
+
 /// The entry every test kernel object defines.
 pub const KERNEL_ENTRY: &str = "kernel_entry";
 

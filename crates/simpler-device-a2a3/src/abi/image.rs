@@ -410,7 +410,8 @@ const _: () = assert!(size_of::<PhaseRecord>() == 64);
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(64))]
 pub struct TrbHeader {
-    /// Device address of the orchestration entry (a `NativeOrchFn`).
+    /// Device address of the orchestration entry: a `NativeOrchFn` or a C entry, as
+    /// `orch_kind` says.
     pub orch_entry: u64,
     /// Device address of the arena (1024-aligned).
     pub arena_base: u64,
@@ -436,9 +437,26 @@ pub struct TrbHeader {
     pub status_off: u64,
     /// Image offset of the [`TrbDiagHeader`] and its records (0 = no diagnostics).
     pub diag_off: u64,
+    /// Device address of the C config function (`ORCH_KIND_C`; 0 otherwise).
+    pub orch_config: u64,
+    /// [`ORCH_KIND_NATIVE`] or [`ORCH_KIND_C`].
+    pub orch_kind: u32,
+    /// Padding.
+    pub reserved0: u32,
+    /// Padding.
+    pub reserved1: [u64; 6],
 }
 
-const _: () = assert!(size_of::<TrbHeader>() == 128);
+const _: () = assert!(size_of::<TrbHeader>() == 192);
+const _: () = assert!(core::mem::offset_of!(TrbHeader, orch_config) == 128);
+const _: () = assert!(core::mem::offset_of!(TrbHeader, orch_kind) == 136);
+
+/// `TrbHeader::orch_kind`: `orch_entry` is a Rust `NativeOrchFn` of the program running the
+/// image (the simulator).
+pub const ORCH_KIND_NATIVE: u32 = 0;
+/// `TrbHeader::orch_kind`: `orch_entry` and `orch_config` are the C functions of an
+/// orchestration object the AICPU side loaded at registration (`docs/device-trb.md`).
+pub const ORCH_KIND_C: u32 = 1;
 
 /// Bytes of message text a [`TrbStatus`] holds.
 pub const TRB_MESSAGE_BYTES: usize = 256;

@@ -16,6 +16,7 @@
 
 #[cfg(feature = "onboard")]
 pub(crate) mod onboard;
+pub(crate) mod orch_object;
 #[cfg(feature = "sim")]
 pub(crate) mod sim;
 
@@ -28,6 +29,7 @@ use crate::abi::launch::InitArgs;
 use crate::callable::ChipCallable;
 use crate::error::{CoreFault, DeviceError, MemPurpose, StreamKind};
 use crate::options::{Platform, RunnerOptions};
+use crate::runtime::DeviceOrchestration;
 
 /// Why an allocation was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -181,6 +183,25 @@ pub(crate) trait Backend: Send + fmt::Debug {
     /// Resolves every kernel of `c` to an address this backend can launch; a code variant it
     /// cannot execute is `InvalidCallable`.
     fn resolve_kernels(&self, c: &ChipCallable) -> Result<ResolvedKernels, DeviceError>;
+
+    /// Whether a tensormap_and_ringbuffer run may call a `Native` (host-code) orchestration on
+    /// this device's AICPU threads.
+    fn runs_native_device_orchestration(&self) -> bool;
+
+    /// Loads a `DeviceObject` orchestration (`object`, exporting `entry` and `config`) on the
+    /// AICPU side under callable `slot` (tensormap_and_ringbuffer): its function addresses,
+    /// and host-side code to keep while it is registered, if any.
+    fn load_orchestration(
+        &mut self,
+        slot: u32,
+        object: &[u8],
+        entry: &str,
+        config: &str,
+    ) -> Result<(DeviceOrchestration, Option<LoadedCode>), DeviceError>;
+
+    /// Closes the orchestration loaded under `slot` on the AICPU side; a failure is logged
+    /// (the slot's next load replaces the object anyway).
+    fn unload_orchestration(&mut self, slot: u32);
 
     /// Allocates `bytes` of device memory (1024-byte aligned, zero-filled).
     fn malloc(&self, bytes: u64, purpose: MemPurpose) -> Result<u64, AllocFailure>;

@@ -372,7 +372,7 @@ pub enum ErrorClass {
 ///   | `Poisoned` | `Unusable`, `Abandoned` | unusable |
 ///   | `Usage` | `InvalidConfig`, `InvalidArgs`, `RunIdReused`, `OverlappingArguments`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `StaleRun`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
 ///   | `Resources` | `OutOfMemory`, `Capacity` | unchanged |
-///   | `Setup` | `Init`, `Diagnostics`, `Orchestration`, `LaunchPanicked` | unchanged |
+///   | `Setup` | `Init`, `Diagnostics`, `Orchestration`, `OrchestrationLoad`, `LaunchPanicked` | unchanged |
 ///
 /// - [`timed_out`](Self::timed_out) (and [`is_timeout`](Self::is_timeout)) answers "did it
 ///   time out or hang?" with the budget that fired: a `Timeout`, a `Runtime` scheduler stall,
@@ -516,6 +516,20 @@ pub enum DeviceError {
         run_id: Option<RunId>,
         /// What was wrong, naming the values.
         reason: String,
+    },
+    /// The AICPU side did not load a `DeviceObject` orchestration at registration
+    /// (tensormap_and_ringbuffer); the registration was undone.
+    #[error("callable slot {slot}: the AICPU side did not load orchestration {entry:?}: {}{message}", fmt_load_failure(*failure))]
+    OrchestrationLoad {
+        /// The slot being registered.
+        slot: u32,
+        /// The orchestration's entry symbol.
+        entry: String,
+        /// What the AICPU program's register entry reported; `None` when it wrote no reply
+        /// (the launch never ran it).
+        failure: Option<crate::abi::launch::RegisterFailure>,
+        /// The entry's text, or what the host saw.
+        message: String,
     },
     /// No callable is registered in the slot.
     #[error("{}unknown callable slot {slot}", fmt_run(run_id))]
@@ -719,6 +733,18 @@ fn fmt_faults(faults: &[CoreFault]) -> String {
     s
 }
 
+/// The prefix naming a register-entry failure in `OrchestrationLoad`'s message.
+fn fmt_load_failure(f: Option<crate::abi::launch::RegisterFailure>) -> &'static str {
+    use crate::abi::launch::RegisterFailure;
+    match f {
+        None => "the register entry wrote no reply: ",
+        Some(RegisterFailure::BadArgs) => "malformed registration: ",
+        Some(RegisterFailure::Write) => "writing the object failed: ",
+        Some(RegisterFailure::Load) => "the loader refused the object: ",
+        Some(RegisterFailure::Symbol) => "a symbol is missing: ",
+    }
+}
+
 impl DeviceError {
     /// The run the error belongs to, if it came from one.
     pub fn run_id(&self) -> Option<RunId> {
@@ -745,6 +771,7 @@ impl DeviceError {
             | DeviceError::CallableNotPrepared { run_id, .. }
             | DeviceError::LaunchPanicked { run_id, .. }
             | DeviceError::Init { run_id, .. } => *run_id,
+            DeviceError::OrchestrationLoad { .. } => None,
             #[cfg(feature = "onboard")]
             DeviceError::Acl { run_id, .. } => *run_id,
             #[cfg(feature = "onboard")]
@@ -814,6 +841,7 @@ impl DeviceError {
             DeviceError::Init { .. }
             | DeviceError::Diagnostics { .. }
             | DeviceError::LaunchPanicked { .. }
+            | DeviceError::OrchestrationLoad { .. }
             | DeviceError::Orchestration { .. } => ErrorClass::Setup,
             #[cfg(feature = "onboard")]
             DeviceError::Load { .. } | DeviceError::Acl { .. } => ErrorClass::Setup,
@@ -917,6 +945,7 @@ impl DeviceError {
             | DeviceError::LaunchPanicked { .. }
             | DeviceError::Diagnostics { .. }
             | DeviceError::InvalidCallable { .. }
+            | DeviceError::OrchestrationLoad { .. }
             | DeviceError::TooManyCallables { .. }
             | DeviceError::CallableInUse { .. }
             | DeviceError::BadDevicePointer { .. }

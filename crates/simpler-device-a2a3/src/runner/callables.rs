@@ -9,9 +9,11 @@ use crate::abi::MAX_CALLABLE_SLOTS;
 use crate::abi::MAX_FUNC_IDS;
 use crate::abi::launch::CoreKernelHeader;
 use crate::backend::{LoadedCode, ResolvedKernels};
-use crate::callable::ChipCallable;
+use crate::callable::{ChipCallable, Orchestration};
 use crate::error::{DeviceError, MemPurpose};
+use crate::options::RuntimeVariant;
 use crate::runner::{ChipSlot, DevicePtr};
+use crate::runtime::DeviceOrchestration;
 
 /// One registered callable.
 #[derive(Debug)]
@@ -26,8 +28,12 @@ pub(crate) struct Registered {
     pub(crate) func_table: Box<[u64]>,
     /// Which func ids are registered.
     pub(crate) funcs: Vec<bool>,
-    /// Code holding kernels of this callable; unloaded when it is unregistered.
+    /// Code holding kernels of this callable (and its orchestration, when the AICPU side
+    /// loaded it); unloaded when it is unregistered.
     pub(crate) code: Vec<LoadedCode>,
+    /// The orchestration as the AICPU side loaded it (a `DeviceObject` under
+    /// tensormap_and_ringbuffer).
+    pub(crate) device_orchestration: Option<DeviceOrchestration>,
 }
 
 /// An uploaded chip buffer and how many registrations share it.
@@ -117,7 +123,7 @@ impl Core {
         let Some(slot) = self.callables.free_slot() else {
             return Err(DeviceError::TooManyCallables { capacity: MAX_CALLABLE_SLOTS });
         };
-        let resolved = self.backend.resolve_kernels(c)?;
+        let mut resolved = self.backend.resolve_kernels(c)?;
         let bytes = chip_buffer_bytes(c, &resolved);
         let hash = fnv1a64(&bytes);
         let headers_base = match self.callables.buffers.get_mut(&hash) {
@@ -144,6 +150,13 @@ impl Core {
                 addr
             }
         };
+        let device_orchestration = match self.load_orchestration(slot, c, &mut resolved.code) {
+            Ok(d) => d,
+            Err(e) => {
+                self.release_buffer(hash);
+                return Err(e);
+            }
+        };
         let (func_table, funcs) = func_table_of(&resolved);
         tracing::debug!(
             device = self.opts.device_id,
@@ -161,9 +174,49 @@ impl Core {
             func_table,
             funcs,
             code: resolved.code,
+            device_orchestration,
         });
         self.stats.registrations += 1;
         Ok(ChipSlot(slot as u32))
+    }
+
+    /// Where `c`'s orchestration runs under this runner's runtime: host_build_graph runs a
+    /// `Native` one on the host; tensormap_and_ringbuffer runs a `Native` one on the AICPU
+    /// where the backend can call host code (the simulator), and has the backend load a
+    /// `DeviceObject` there (`code` keeps it loaded).
+    fn load_orchestration(
+        &mut self,
+        slot: usize,
+        c: &ChipCallable,
+        code: &mut Vec<LoadedCode>,
+    ) -> Result<Option<DeviceOrchestration>, DeviceError> {
+        let refuse = |reason: String| Err(DeviceError::InvalidCallable { run_id: None, reason });
+        match (self.opts.runtime, c.orchestration()) {
+            (RuntimeVariant::HostBuildGraph, Orchestration::Native { .. }) => Ok(None),
+            (RuntimeVariant::HostBuildGraph, Orchestration::DeviceObject(o)) => refuse(format!(
+                "orchestration {:?} is a device object, which runs only under tensormap_and_ringbuffer; host_build_graph runs a Native orchestration on the host",
+                o.entry()
+            )),
+            (RuntimeVariant::TensormapAndRingbuffer, Orchestration::Native { .. }) => {
+                if self.backend.runs_native_device_orchestration() {
+                    Ok(None)
+                } else {
+                    refuse(
+                        "a Native orchestration is host code, which this device's AICPU cannot run; tensormap_and_ringbuffer here needs a DeviceObject orchestration".into(),
+                    )
+                }
+            }
+            (RuntimeVariant::TensormapAndRingbuffer, Orchestration::DeviceObject(o)) => {
+                let (loaded, held) = self.backend.load_orchestration(
+                    slot as u32,
+                    o.image(),
+                    o.entry(),
+                    o.config(),
+                )?;
+                code.extend(held);
+                Ok(Some(loaded))
+            }
+        }
     }
 
     /// Frees `slot`; a slot a prepared or in-flight run uses is `CallableInUse`.
@@ -184,16 +237,39 @@ impl Core {
             // slots, and their callables are refused above.
             self.callables.retired_code.append(&mut reg.code);
         }
-        if let Some(buf) = self.callables.buffers.get_mut(&reg.buffer_hash) {
+        if reg.device_orchestration.is_some() && self.health.get().is_healthy() {
+            // As for the code above: only a healthy runner knows no thread is inside it.
+            self.backend.unload_orchestration(slot.0);
+        }
+        self.release_buffer(reg.buffer_hash);
+        Ok(())
+    }
+
+    /// Closes every orchestration the AICPU side holds for this runner (before finalize
+    /// resets the device), when no thread can be inside one.
+    pub(super) fn unload_orchestrations(&mut self) {
+        if !self.health.get().is_healthy() {
+            return;
+        }
+        for slot in 0..MAX_CALLABLE_SLOTS {
+            if self.callables.get(slot as u32).is_some_and(|r| r.device_orchestration.is_some()) {
+                self.backend.unload_orchestration(slot as u32);
+            }
+        }
+    }
+
+    /// Drops one registration's reference to the chip buffer of content `hash`, freeing it
+    /// with the last one.
+    fn release_buffer(&mut self, hash: u64) {
+        if let Some(buf) = self.callables.buffers.get_mut(&hash) {
             buf.refs -= 1;
             if buf.refs == 0 {
                 let addr = buf.addr;
-                self.callables.buffers.remove(&reg.buffer_hash);
+                self.callables.buffers.remove(&hash);
                 if self.health.get().is_healthy() {
                     self.backend.free(addr);
                 }
             }
         }
-        Ok(())
     }
 }

@@ -280,7 +280,12 @@ fn busy(call: &'static str, state: impl Into<String>) -> DeviceError {
     DeviceError::Busy { call, state: state.into() }
 }
 
-fn oom(run_id: Option<RunId>, bytes: u64, purpose: MemPurpose, f: AllocFailure) -> DeviceError {
+pub(crate) fn oom(
+    run_id: Option<RunId>,
+    bytes: u64,
+    purpose: MemPurpose,
+    f: AllocFailure,
+) -> DeviceError {
     DeviceError::OutOfMemory {
         run_id,
         bytes,
@@ -447,6 +452,7 @@ impl Core {
         let inputs = BindInputs {
             run_id,
             callable: &reg.callable,
+            device_orchestration: reg.device_orchestration,
             funcs: &reg.funcs,
             func_table: &reg.func_table,
             stamp: (reg.generation << 8) | u64::from(req.callable.0),
@@ -842,6 +848,7 @@ impl Core {
             self.finish(&mut run, outcome);
             self.free_slot(s);
         }
+        self.unload_orchestrations();
         // (4)–(5) Reset the device, join its threads, free everything.
         let allocations = self.backend.memory_counts().allocations as usize;
         report.stuck_threads = self.backend.shutdown();

@@ -35,6 +35,16 @@ use crate::runner::RunReport;
 
 pub(crate) use self::hbg::builder::BuildEnv;
 
+/// A `DeviceObject` orchestration as the AICPU side loaded it at registration: the device
+/// addresses of its C entry and config functions.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct DeviceOrchestration {
+    /// The `COrchEntryFn`.
+    pub(crate) entry: u64,
+    /// The `COrchConfigFn`.
+    pub(crate) config: u64,
+}
+
 /// What a runtime needs to bind one run: the request after the runner's checks and staging.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BindInputs<'a> {
@@ -42,6 +52,9 @@ pub(crate) struct BindInputs<'a> {
     pub(crate) run_id: RunId,
     /// The registered callable.
     pub(crate) callable: &'a crate::callable::ChipCallable,
+    /// Its orchestration as the AICPU side loaded it (a `DeviceObject` under
+    /// tensormap_and_ringbuffer), `None` for a host-run or `Native` one.
+    pub(crate) device_orchestration: Option<DeviceOrchestration>,
     /// Which func ids the callable registers.
     pub(crate) funcs: &'a [bool],
     /// Kernel entry address per func id (0 = unset).

@@ -93,6 +93,35 @@ pub struct OrchOps {
     pub log: unsafe extern "C-unwind" fn(rt: *mut c_void, level: u32, msg: *const u8, len: usize),
 }
 
+/// The arguments a C orchestration's entry and config functions receive: the chip entry's
+/// tensors, their tags (`TensorArgType` wire values) and its scalars, valid for the call.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct COrchArgs {
+    /// `num_tensors` descriptors.
+    pub tensors: *const Tensor,
+    /// `num_tensors` tags.
+    pub tags: *const i32,
+    /// `num_scalars` scalars.
+    pub scalars: *const u64,
+    /// Tensor arguments.
+    pub num_tensors: u32,
+    /// Scalar arguments.
+    pub num_scalars: u32,
+}
+
+/// The entry of a `DeviceObject` orchestration: builds the run's graph through `ops` with the
+/// runtime context `rt`; 0 = success, anything else fails the run with that status.
+pub type COrchEntryFn = unsafe extern "C-unwind" fn(
+    ops: *const OrchOps,
+    rt: *mut c_void,
+    args: *const COrchArgs,
+) -> i32;
+
+/// The config function of a `DeviceObject` orchestration: the number of arguments (tensors plus
+/// scalars) its entry expects.
+pub type COrchConfigFn = unsafe extern "C-unwind" fn(args: *const COrchArgs) -> u32;
+
 /// An ops-table call failed; the runtime latched the detailed error, which the run reports.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[non_exhaustive]

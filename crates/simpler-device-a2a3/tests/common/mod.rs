@@ -131,6 +131,28 @@ pub fn download_f32(r: &mut DeviceRunner, p: DevicePtr, n: usize) -> Vec<f32> {
     bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
+/// The host build of the C orchestration object (the vector example and its error fixtures),
+/// compiled once per test process.
+pub fn c_orchestrations() -> &'static [u8] {
+    use std::sync::OnceLock;
+    static OBJECT: OnceLock<Vec<u8>> = OnceLock::new();
+    OBJECT.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let so = simpler_onboard_programs::build_host_orchestrations(dir.path()).unwrap();
+        std::fs::read(so).unwrap()
+    })
+}
+
+/// The vector example's kernels around the C orchestration object's `entry` and `config`.
+pub fn c_vector_callable(entry: &str, config: &str) -> ChipCallable {
+    // SAFETY: the object is the project's own C orchestrations built for this host; its
+    // functions have the orchestration ABI and touch only what the ops table hands out.
+    let object = unsafe {
+        simpler_device_a2a3::OrchestrationObject::new(c_orchestrations().to_vec(), entry, config)
+    };
+    vector::builder_with(simpler_device_a2a3::Orchestration::DeviceObject(object)).build().unwrap()
+}
+
 /// Device buffers and chip arguments of one vector-example run of `n` elements.
 pub struct VectorRun {
     pub ptrs: [DevicePtr; 3],

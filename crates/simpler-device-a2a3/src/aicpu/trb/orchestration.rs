@@ -13,15 +13,17 @@ use simpler_types::{DeviceTaskId, TENSOR_DESC_SIZE, Tensor, TensorArgType};
 
 use super::record::{self, OrchRecords};
 use crate::abi::codes::RuntimeCode;
-use crate::abi::image::{NO_FUNC, TRB_MESSAGE_BYTES, TaskShape, TrbHeader, TrbStatus};
+use crate::abi::image::{
+    NO_FUNC, ORCH_KIND_C, ORCH_KIND_NATIVE, TRB_MESSAGE_BYTES, TaskShape, TrbHeader, TrbStatus,
+};
 use crate::aicpu::scheduler::TICKS_PER_MS;
 use crate::aicpu::text::FixedText;
 use crate::aicpu::view::ImageView;
 use crate::aicpu::{AicpuPlatform, LogLevel};
 use crate::callable::{NativeOrchFn, OrchArgs};
 use crate::runtime::orch::{
-    ORCH_CAPACITY, ORCH_FAILED, ORCH_INVALID, ORCH_OK, ORCH_OPS_VERSION, OrchCtx, OrchOps,
-    SubmitDesc,
+    COrchArgs, COrchConfigFn, COrchEntryFn, ORCH_CAPACITY, ORCH_FAILED, ORCH_INVALID, ORCH_OK,
+    ORCH_OPS_VERSION, OrchCtx, OrchError, OrchOps, SubmitDesc,
 };
 use crate::runtime::trb::accesses::Accesses;
 use crate::runtime::trb::engine::{Engine, RingStall, SubmitRefusal};
@@ -103,12 +105,13 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
         );
     }
     let n = trb.num_tensors as usize;
-    if n > MAX_ENTRY_TENSORS || trb.orch_entry == 0 {
+    if n > MAX_ENTRY_TENSORS || trb.orch_entry == 0 || !known_kind(trb) {
         return fail(RuntimeCode::InvalidArgs, format_args!("malformed orchestration arguments"));
     }
     let args_base = view.base_addr() + trb.args_off;
     let mut tensors = [<Tensor as bytemuck::Zeroable>::zeroed(); MAX_ENTRY_TENSORS];
     let mut tags = [TensorArgType::NoDep; MAX_ENTRY_TENSORS];
+    let mut wire_tags = [0i32; MAX_ENTRY_TENSORS];
     for i in 0..n {
         // SAFETY: the argument section was checked to lie inside the image (`ImageView`); it is
         // host-written plain data.
@@ -119,7 +122,7 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
             )
         };
         match (Tensor::from_bytes(&bytes), TensorArgType::from_i32(tag)) {
-            (Ok(t), Some(tag)) => (tensors[i], tags[i]) = (t, tag),
+            (Ok(t), Some(t_tag)) => (tensors[i], tags[i], wire_tags[i]) = (t, t_tag, tag),
             _ => {
                 return fail(
                     RuntimeCode::InvalidArgs,
@@ -136,6 +139,42 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
             trb.num_scalars as usize,
         )
     };
+    let c_args = COrchArgs {
+        tensors: tensors.as_ptr(),
+        tags: wire_tags.as_ptr(),
+        scalars: scalars.as_ptr(),
+        num_tensors: n as u32,
+        num_scalars: trb.num_scalars,
+    };
+    if trb.orch_kind == ORCH_KIND_C {
+        // SAFETY: the host wrote the config address the AICPU side resolved when it loaded the
+        // orchestration object (`docs/device-trb.md`); `c_args` and what it points at live
+        // across the call.
+        let config =
+            unsafe { core::mem::transmute::<usize, COrchConfigFn>(trb.orch_config as usize) };
+        // SAFETY: as above.
+        match std::panic::catch_unwind(AssertUnwindSafe(|| unsafe { config(&c_args) })) {
+            Err(payload) => {
+                return fail(
+                    RuntimeCode::OrchestrationFatal,
+                    format_args!(
+                        "the orchestration's config function panicked: {}",
+                        crate::runtime::hbg::panic_text(&*payload)
+                    ),
+                );
+            }
+            Ok(expected) if (n + scalars.len()) < expected as usize => {
+                return fail(
+                    RuntimeCode::InvalidArgs,
+                    format_args!(
+                        "the orchestration expects {expected} arguments, the chip entry got {}",
+                        n + scalars.len()
+                    ),
+                );
+            }
+            Ok(_) => {}
+        }
+    }
     let base = trb.arena_base as *mut u8;
     // SAFETY: the host allocated `arena_len` bytes at `arena_base` for this launch (checked
     // against the layout's length in `layout_of`); this thread is the only one that touches the
@@ -158,19 +197,31 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
         spans: record::spans_on(view).then_some(threads - 1),
         tensor_wait,
     };
-    let args = OrchArgs::new(&tensors[..n], &tags[..n], scalars);
-    // SAFETY: the host wrote the address of a `NativeOrchFn` of this program (the runtime's
-    // bind refuses any other orchestration).
-    let entry: NativeOrchFn =
-        unsafe { core::mem::transmute::<usize, NativeOrchFn>(trb.orch_entry as usize) };
     let ops = ops_table::<P>();
     let ctx_ptr = (&mut rt as *mut TrbOrch<'_, P>).cast::<c_void>();
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: `ctx_ptr` is `rt`, not used by anyone else while the context exists; the
-        // table's functions expect exactly that context.
-        let mut ctx = unsafe { OrchCtx::new(&ops, ctx_ptr) };
-        entry(&mut ctx, &args)
-    }));
+    let outcome = if trb.orch_kind == ORCH_KIND_C {
+        // SAFETY: the host wrote the entry address the AICPU side resolved when it loaded the
+        // orchestration object.
+        let entry = unsafe { core::mem::transmute::<usize, COrchEntryFn>(trb.orch_entry as usize) };
+        std::panic::catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: `ctx_ptr` is `rt`, used by nobody else during the call; the table's
+            // functions expect exactly that context; `c_args` lives across the call.
+            let status = unsafe { entry(&ops, ctx_ptr, &c_args) };
+            if status == ORCH_OK { Ok(()) } else { Err(OrchError::from_status(status)) }
+        }))
+    } else {
+        let args = OrchArgs::new(&tensors[..n], &tags[..n], scalars);
+        // SAFETY: the host wrote the address of a `NativeOrchFn` of this program (the
+        // runtime's bind writes `ORCH_KIND_NATIVE` only for a `Native` orchestration).
+        let entry: NativeOrchFn =
+            unsafe { core::mem::transmute::<usize, NativeOrchFn>(trb.orch_entry as usize) };
+        std::panic::catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: `ctx_ptr` is `rt`, not used by anyone else while the context exists; the
+            // table's functions expect exactly that context.
+            let mut ctx = unsafe { OrchCtx::new(&ops, ctx_ptr) };
+            entry(&mut ctx, &args)
+        }))
+    };
     match outcome {
         Err(payload) => rt.latch(
             RuntimeCode::OrchestrationFatal,
@@ -200,6 +251,16 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
         p.notify_schedulers();
     }
     rt.record_peaks();
+}
+
+/// Whether the header names an orchestration kind this program calls (a C kind needs its
+/// config function too).
+fn known_kind(trb: &TrbHeader) -> bool {
+    match trb.orch_kind {
+        ORCH_KIND_NATIVE => true,
+        ORCH_KIND_C => trb.orch_config != 0,
+        _ => false,
+    }
 }
 
 /// The ops table of the trb orchestration over platform `P`.
@@ -232,10 +293,10 @@ unsafe extern "C-unwind" fn op_submit<P: AicpuPlatform>(
 ) -> i64 {
     // SAFETY: the ops table's contract.
     let o = unsafe { orch::<P>(rt) };
-    // SAFETY: a non-null descriptor is valid for the call (`OrchCtx`).
-    match unsafe { desc.as_ref() } {
+    // SAFETY: a non-null, aligned descriptor is valid for the call (the ops table's contract).
+    match unsafe { c_ref(desc) } {
         Some(d) => o.submit(d),
-        None => i64::from(o.invalid(format_args!("submit: null descriptor"))),
+        None => i64::from(o.invalid(format_args!("submit: null or misaligned descriptor"))),
     }
 }
 
@@ -285,10 +346,14 @@ unsafe extern "C-unwind" fn op_alloc_tensors<P: AicpuPlatform>(
 ) -> i32 {
     // SAFETY: the ops table's contract.
     let o = unsafe { orch::<P>(rt) };
-    if tensors.is_null() {
-        return o.invalid(format_args!("alloc_tensors: null descriptor array"));
+    if count == 0 {
+        return if o.failed { ORCH_FAILED } else { ORCH_OK };
     }
-    // SAFETY: `OrchCtx::alloc_tensors` passes a slice of `count` descriptors.
+    if tensors.is_null() || !tensors.is_aligned() {
+        return o.invalid(format_args!("alloc_tensors: null or misaligned descriptor array"));
+    }
+    // SAFETY: non-null and aligned; the caller passes `count` descriptors it owns for the call
+    // (the ops table's contract).
     let tensors = unsafe { core::slice::from_raw_parts_mut(tensors, count as usize) };
     o.alloc(tensors)
 }
@@ -301,10 +366,13 @@ unsafe extern "C-unwind" fn op_get_tensor_data<P: AicpuPlatform>(
 ) -> i32 {
     // SAFETY: the ops table's contract.
     let o = unsafe { orch::<P>(rt) };
-    // SAFETY: a non-null descriptor is valid for the call.
-    let Some(t) = (unsafe { t.as_ref() }) else {
-        return o.invalid(format_args!("tensor_data: null descriptor"));
+    // SAFETY: a non-null, aligned descriptor is valid for the call.
+    let Some(t) = (unsafe { c_ref(t) }) else {
+        return o.invalid(format_args!("tensor_data: null or misaligned descriptor"));
     };
+    if dst.is_null() && len > 0 {
+        return o.invalid(format_args!("tensor_data: null destination"));
+    }
     match o.data_span(t, len, AccessMode::Read, "tensor_data") {
         // SAFETY: `data_span` checked the span lies in the arena's heaps or an entry buffer and
         // waited for its writers; `dst` is valid for `len` bytes (`OrchCtx::tensor_data`).
@@ -324,10 +392,13 @@ unsafe extern "C-unwind" fn op_set_tensor_data<P: AicpuPlatform>(
 ) -> i32 {
     // SAFETY: the ops table's contract.
     let o = unsafe { orch::<P>(rt) };
-    // SAFETY: a non-null descriptor is valid for the call.
-    let Some(t) = (unsafe { t.as_ref() }) else {
-        return o.invalid(format_args!("set_tensor_data: null descriptor"));
+    // SAFETY: a non-null, aligned descriptor is valid for the call.
+    let Some(t) = (unsafe { c_ref(t) }) else {
+        return o.invalid(format_args!("set_tensor_data: null or misaligned descriptor"));
     };
+    if src.is_null() && len > 0 {
+        return o.invalid(format_args!("set_tensor_data: null source"));
+    }
     match o.data_span(t, len, AccessMode::Write, "set_tensor_data") {
         // SAFETY: as for `op_get_tensor_data`, having waited for the bytes' readers and
         // writers; `src` is valid for `len` bytes.
@@ -377,6 +448,36 @@ unsafe extern "C-unwind" fn op_log<P: AicpuPlatform>(
         _ => LogLevel::Debug,
     };
     o.p.log(level, format_args!("orchestration: {}", message_text(msg, len)));
+}
+
+/// The `n` elements a caller of the ops table passed at `p`: empty for `n == 0` whatever `p`
+/// is (C passes null for an empty array); `None` when `p` is null or misaligned.
+///
+/// # Safety
+///
+/// A non-null, aligned `p` with `n > 0` points at `n` initialised elements valid for `'a`.
+unsafe fn c_slice<'a, T>(p: *const T, n: usize) -> Option<&'a [T]> {
+    if n == 0 {
+        return Some(&[]);
+    }
+    if p.is_null() || !p.is_aligned() {
+        return None;
+    }
+    // SAFETY: non-null and aligned; the caller's guarantee for the rest.
+    Some(unsafe { core::slice::from_raw_parts(p, n) })
+}
+
+/// The element a caller of the ops table passed at `p`; `None` when null or misaligned.
+///
+/// # Safety
+///
+/// A non-null, aligned `p` points at an initialised element valid for `'a`.
+unsafe fn c_ref<'a, T>(p: *const T) -> Option<&'a T> {
+    if !p.is_aligned() {
+        return None;
+    }
+    // SAFETY: aligned; null gives `None`; the caller's guarantee for the rest.
+    unsafe { p.as_ref() }
 }
 
 fn message_text<'a>(msg: *const u8, len: usize) -> &'a str {
@@ -541,17 +642,12 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                 ))
                 .into();
         }
-        if (nt > 0 && (d.tensors.is_null() || d.tags.is_null())) || (ns > 0 && d.scalars.is_null())
-        {
-            return self.invalid(format_args!("submit: null argument array")).into();
-        }
-        // SAFETY: `OrchCtx::submit_raw` passes arrays of these lengths, valid for the call.
-        let (tensors, raw_tags, scalars) = unsafe {
-            (
-                core::slice::from_raw_parts(d.tensors, nt),
-                core::slice::from_raw_parts(d.tags, nt),
-                core::slice::from_raw_parts(d.scalars, ns),
-            )
+        // SAFETY: the caller passes arrays of these lengths, valid for the call (the ops
+        // table's contract); `c_slice` refuses null and misaligned ones.
+        let arrays =
+            unsafe { (c_slice(d.tensors, nt), c_slice(d.tags, nt), c_slice(d.scalars, ns)) };
+        let (Some(tensors), Some(raw_tags), Some(scalars)) = arrays else {
+            return self.invalid(format_args!("submit: null or misaligned argument array")).into();
         };
         let mut tags = [TensorArgType::NoDep; MAX_TASK_TENSORS];
         for (i, &raw) in raw_tags.iter().enumerate() {

@@ -41,6 +41,7 @@ use simpler_acl_sys::{Cann, Error as CannError, SearchConfig};
 pub use self::manifest::ENV_ONBOARD_ARTIFACTS;
 use self::owners::{DeviceBuffer, Event, HostMapping, Stream, code_of};
 use self::programs::{AicoreBinary, Loaded};
+use super::orch_object::{self, RegisterOp};
 use super::{
     AllocFailure, Backend, EventHandle, EventState, EventStatus, LaunchHandle, LaunchState,
     MemoryCounts, ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats,
@@ -50,6 +51,7 @@ use crate::abi::launch::InitArgs;
 use crate::callable::{ChipCallable, KernelCode};
 use crate::error::{CoreFault, DeviceError, InitStep, MemPurpose, StreamKind};
 use crate::options::RunnerOptions;
+use crate::runtime::DeviceOrchestration;
 
 /// The `block_dim` limit when the core-limit query fails (the original's default).
 const FALLBACK_BLOCK_DIM: u32 = 24;
@@ -484,6 +486,50 @@ impl OnboardDevice {
     }
 }
 
+impl OnboardDevice {
+    /// Launches the program's register entry with `args` as one AICPU thread and waits for it
+    /// within the init budget.
+    fn launch_register(
+        &self,
+        slot: u32,
+        entry: &str,
+        args: &crate::abi::launch::RegisterArgs,
+    ) -> Result<(), DeviceError> {
+        let (Some(streams), Some(programs)) = (&self.streams, &self.programs) else {
+            return Err(DeviceError::OrchestrationLoad {
+                slot,
+                entry: entry.to_owned(),
+                failure: None,
+                message: "the device programs are not loaded".into(),
+            });
+        };
+        let Some(register) = programs.register else {
+            return Err(DeviceError::OrchestrationLoad {
+                slot,
+                entry: entry.to_owned(),
+                failure: None,
+                message: "the AICPU program exports no simpler_aicpu_register_callable".into(),
+            });
+        };
+        let mut bytes = bytemuck::bytes_of(args).to_vec();
+        let mut cpu = cpu_args(&mut bytes);
+        // SAFETY: live function handle and stream; `cpu` points at `bytes`, alive for the call
+        // (CANN copies the argument bytes); no launch config.
+        let ret = unsafe {
+            self.ctx.cann.rtsLaunchCpuKernel(
+                register,
+                1,
+                streams.aicpu.raw(),
+                std::ptr::null(),
+                &mut cpu,
+            )
+        };
+        self.ctx.check("rtsLaunchCpuKernel", ret).map_err(|e| acl(None, e))?;
+        programs::sync(&self.ctx, &streams.aicpu, ms(self.opts.budgets.init_sync))
+            .map_err(|e| acl(None, e))
+    }
+}
+
 impl Backend for OnboardDevice {
     fn start_programs(&mut self) -> Result<(), DeviceError> {
         self.bind().map_err(|e| acl(Some(InitStep::BindDevice), e))?;
@@ -563,6 +609,42 @@ impl Backend for OnboardDevice {
             out.code.push(super::LoadedCode::new(KernelText { addr, table }));
         }
         Ok(out)
+    }
+
+    fn runs_native_device_orchestration(&self) -> bool {
+        // The AICPU runs the device program, not this process: a Rust function pointer of the
+        // host means nothing there.
+        false
+    }
+
+    fn load_orchestration(
+        &mut self,
+        slot: u32,
+        object: &[u8],
+        entry: &str,
+        config: &str,
+    ) -> Result<(DeviceOrchestration, Option<super::LoadedCode>), DeviceError> {
+        self.deferred(None)?;
+        let dir = simpler_onboard_programs::DEVICE_INSTALL_DIR;
+        let op = RegisterOp::Load { object, entry, config, dir };
+        let reply =
+            orch_object::call(self, (0, slot), op, |args| self.launch_register(slot, entry, args))?;
+        Ok((orch_object::loaded(slot, entry, &reply)?, None))
+    }
+
+    fn unload_orchestration(&mut self, slot: u32) {
+        let reply = orch_object::call(self, (0, slot), RegisterOp::Unload, |args| {
+            self.launch_register(slot, "", args)
+        });
+        match reply {
+            Ok(r) if r.status == crate::abi::launch::REGISTER_OK => {}
+            Ok(r) => {
+                tracing::warn!(device = self.ctx.device, slot, status = r.status, message = %r.message(), "closing an orchestration object failed")
+            }
+            Err(e) => {
+                tracing::warn!(device = self.ctx.device, slot, error = %e, "closing an orchestration object failed")
+            }
+        }
     }
 
     fn malloc(&self, bytes: u64, purpose: MemPurpose) -> Result<u64, AllocFailure> {

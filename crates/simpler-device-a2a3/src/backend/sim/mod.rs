@@ -38,6 +38,7 @@ mod cxx_core;
 mod faults;
 mod loader;
 mod memory;
+mod orchestration;
 mod program;
 mod regs;
 mod stream;
@@ -72,9 +73,10 @@ use crate::backend::{
     AllocFailure, Backend, EventHandle, EventStatus, LaunchHandle, LaunchState, LoadedCode,
     MemoryCounts, ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats,
 };
-use crate::callable::{ChipCallable, KernelCode, Orchestration};
+use crate::callable::{ChipCallable, KernelCode};
 use crate::error::{CoreFault, DeviceError, InitStep, KernelKind, MemPurpose, StreamKind};
 use crate::options::SimOptions;
+use crate::runtime::DeviceOrchestration;
 
 use self::stream::LaunchEntry as SimLaunch;
 
@@ -464,6 +466,8 @@ pub(crate) struct SimDevice {
     aicore_spawned: u32,
     /// AICPU threads started so far; a retried start resumes from here.
     aicpu_spawned: u32,
+    /// Where the AICPU side writes `DeviceObject` orchestrations.
+    orch_dir: self::orchestration::ObjectDir,
     /// Successful spawns still allowed before spawning fails (unit tests of partial starts).
     #[cfg(test)]
     spawn_budget: Option<u32>,
@@ -529,6 +533,7 @@ impl SimDevice {
             threads: Vec::new(),
             aicore_spawned: 0,
             aicpu_spawned: 0,
+            orch_dir: self::orchestration::ObjectDir::new(device_id),
             #[cfg(test)]
             spawn_budget: None,
             #[cfg(test)]
@@ -669,14 +674,6 @@ impl LaunchState for SimLaunch {
 /// Resolves every kernel of `c` to a host function the simulated cores can call: `Native`
 /// kernels directly, shared objects through the loader (kept open in the result).
 fn resolve_for_sim(c: &ChipCallable) -> Result<ResolvedKernels, DeviceError> {
-    if let Orchestration::DeviceObject { entry, .. } = c.orchestration() {
-        return Err(DeviceError::InvalidCallable {
-            run_id: None,
-            reason: format!(
-                "orchestration {entry:?} is a device object, which only the onboard tensormap_and_ringbuffer runtime can run; the simulator needs a Native orchestration"
-            ),
-        });
-    }
     let mut r = ResolvedKernels::default();
     for (id, k) in c.children() {
         let addr = match k.code() {
@@ -750,6 +747,26 @@ impl Backend for SimDevice {
 
     fn resolve_kernels(&self, c: &ChipCallable) -> Result<ResolvedKernels, DeviceError> {
         resolve_for_sim(c)
+    }
+
+    fn runs_native_device_orchestration(&self) -> bool {
+        // The simulated AICPU threads run in this process, so a Rust orchestration's function
+        // pointer is callable there.
+        true
+    }
+
+    fn load_orchestration(
+        &mut self,
+        slot: u32,
+        object: &[u8],
+        entry: &str,
+        config: &str,
+    ) -> Result<(DeviceOrchestration, Option<LoadedCode>), DeviceError> {
+        self::orchestration::load(self, slot, object, entry, config)
+    }
+
+    fn unload_orchestration(&mut self, slot: u32) {
+        self::orchestration::unload(self, slot);
     }
 
     fn malloc(&self, bytes: u64, purpose: MemPurpose) -> Result<u64, AllocFailure> {

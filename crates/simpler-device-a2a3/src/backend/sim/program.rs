@@ -13,7 +13,7 @@ use std::path::Path;
 use super::loader::SharedObject;
 use super::stream::LaunchEntry;
 use super::{SimAicpu, SimShared};
-use crate::abi::launch::{InitArgs, KernelArgs};
+use crate::abi::launch::{InitArgs, KernelArgs, RegisterArgs};
 use crate::abi::services::HostServices;
 use crate::aicpu::{AicpuPlatform, LogLevel};
 
@@ -25,6 +25,8 @@ type EntryFn = unsafe extern "C" fn(args: *const c_void) -> i32;
 pub(crate) struct AicpuProgram {
     init: EntryFn,
     exec: EntryFn,
+    /// The register entry, which a program built for host_build_graph only may lack.
+    register: Option<EntryFn>,
     /// Keeps the entries' code mapped; dropped after every thread that could run it was joined.
     _object: SharedObject,
 }
@@ -50,7 +52,20 @@ impl AicpuProgram {
         let init: EntryFn = unsafe { std::mem::transmute(object.symbol("simpler_aicpu_init")?) };
         // SAFETY: as above.
         let exec: EntryFn = unsafe { std::mem::transmute(object.symbol("simpler_aicpu_exec")?) };
-        Ok(AicpuProgram { init, exec, _object: object })
+        let register = match object.symbol("simpler_aicpu_register_callable") {
+            // SAFETY: as above.
+            Ok(sym) => Some(unsafe { std::mem::transmute::<*mut c_void, EntryFn>(sym) }),
+            Err(_) => None,
+        };
+        Ok(AicpuProgram { init, exec, register, _object: object })
+    }
+
+    /// Runs the register entry on `args` (the launch's argument bytes); `None` when the
+    /// program exports no register entry.
+    pub(crate) fn register(&self, args: &RegisterArgs) -> Option<i32> {
+        // SAFETY: the entry reads a `RegisterArgs` from the pointer, which is one; its reply
+        // block and object range are device memory of this simulator, live across the call.
+        self.register.map(|entry| unsafe { entry((args as *const RegisterArgs).cast()) })
     }
 
     /// Runs the init entry with the runner's init arguments.

@@ -16,6 +16,7 @@ use super::image::{TrbImage, TrbReport, write_image};
 use super::sizing;
 use super::storage::{ArenaLayout, ArenaShape, MAX_ENTRY_TENSORS};
 use crate::abi::codes::RuntimeCode;
+use crate::abi::image::{ORCH_KIND_C, ORCH_KIND_NATIVE};
 use crate::abi::launch::{PROFILE_DEP_GEN, PROFILE_SCOPE_STATS, PROFILE_SWIMLANE};
 use crate::aicpu::view::HostImageView;
 use crate::callable::{OrchArgs, Orchestration};
@@ -86,14 +87,28 @@ impl ChipRuntime for TensormapAndRingbuffer {
         host_image: &mut Vec<u8>,
     ) -> Result<Box<dyn BoundRun>, DeviceError> {
         let run_id = inp.run_id;
-        let Orchestration::Native { entry, config } = inp.callable.orchestration().clone() else {
-            return Err(DeviceError::InvalidCallable {
-                run_id: Some(run_id),
-                reason: "tensormap_and_ringbuffer on this platform needs a Native orchestration"
-                    .into(),
-            });
+        // A `Native` orchestration's argument count is checked here; a C one's config function
+        // runs on the AICPU, which checks it there.
+        let (orch_entry, orch_config, orch_kind) = match (
+            inp.callable.orchestration(),
+            inp.device_orchestration,
+        ) {
+            (Orchestration::Native { entry, config }, _) => {
+                let args = OrchArgs::new(inp.tensors, inp.tags, inp.scalars);
+                check_arg_count(run_id, *config, &args)?;
+                (*entry as usize as u64, 0, ORCH_KIND_NATIVE)
+            }
+            (Orchestration::DeviceObject(_), Some(d)) => (d.entry, d.config, ORCH_KIND_C),
+            (Orchestration::DeviceObject(o), None) => {
+                return Err(DeviceError::InvalidCallable {
+                    run_id: Some(run_id),
+                    reason: format!(
+                        "the device-object orchestration {:?} was not loaded on the AICPU side at registration",
+                        o.entry()
+                    ),
+                });
+            }
         };
-        check_arg_count(run_id, config, &OrchArgs::new(inp.tensors, inp.tags, inp.scalars))?;
         if inp.tensors.len() > MAX_ENTRY_TENSORS {
             return Err(DeviceError::InvalidArgs {
                 run_id: Some(run_id),
@@ -137,7 +152,9 @@ impl ChipRuntime for TensormapAndRingbuffer {
             func_table: inp.func_table,
         };
         let trb = TrbImage {
-            orch_entry: entry as usize as u64,
+            orch_entry,
+            orch_config,
+            orch_kind,
             arena_base,
             arena,
             tensors: inp.tensors,

@@ -22,6 +22,10 @@ use crate::runtime::hbg::image::{
 pub(crate) struct TrbImage<'a> {
     /// Device address of the orchestration entry.
     pub(crate) orch_entry: u64,
+    /// Device address of a C orchestration's config function (0 for a `Native` one).
+    pub(crate) orch_config: u64,
+    /// `ORCH_KIND_NATIVE` or `ORCH_KIND_C`.
+    pub(crate) orch_kind: u32,
     /// Device address of the arena.
     pub(crate) arena_base: u64,
     /// The arena's layout.
@@ -84,6 +88,10 @@ pub(crate) fn write_image(
         args_off,
         status_off: layout.args_off + size_of::<TrbHeader>() as u64,
         diag_off: if with_diag { layout.args_off + diag_rel } else { 0 },
+        orch_config: trb.orch_config,
+        orch_kind: trb.orch_kind,
+        reserved0: 0,
+        reserved1: [0; 6],
     };
     put(b, layout.args_off, bytemuck::bytes_of(&section));
     if with_diag {

@@ -14,6 +14,10 @@
 // Compiled only for the program crate (feature `aicpu-program`).
 #![cfg(feature = "aicpu-program")]
 
+mod register;
+
+pub use self::register::register_entry;
+
 use core::fmt;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 

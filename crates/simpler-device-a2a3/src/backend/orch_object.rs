@@ -1,0 +1,116 @@
+//! The host side of the AICPU program's register entry, shared by every backend that runs the
+//! program: stage the orchestration object and an unanswered reply in device memory, have the
+//! backend launch the entry on the block, read the reply back (`docs/onboard-programs.md`).
+
+use super::Backend;
+use crate::abi::launch::{
+    REGISTER_NO_REPLY, REGISTER_OK, RegisterArgs, RegisterFailure, RegisterReply,
+};
+use crate::error::{DeviceError, MemPurpose};
+use crate::runner::DevicePtr;
+use crate::runtime::DeviceOrchestration;
+
+/// What one register call asks for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RegisterOp<'a> {
+    /// Load `object` exporting `entry` and `config`, writing it into `dir` on the AICPU side.
+    Load { object: &'a [u8], entry: &'a str, config: &'a str, dir: &'a str },
+    /// Close the object kept under the slot.
+    Unload,
+}
+
+/// Runs one register call for `owner`'s `slot` on `dev`: `launch` runs the entry with the
+/// block as its argument bytes and returns once the entry finished. The staging buffers are
+/// freed whatever happens.
+pub(crate) fn call(
+    dev: &dyn Backend,
+    (owner, slot): (u32, u32),
+    op: RegisterOp<'_>,
+    launch: impl FnOnce(&RegisterArgs) -> Result<(), DeviceError>,
+) -> Result<RegisterReply, DeviceError> {
+    let mut staged = Staged { dev, addrs: Vec::new() };
+    let reply_addr = staged.put(bytemuck::bytes_of(&RegisterReply::unanswered()))?;
+    let args = match op {
+        RegisterOp::Load { object, entry, config, dir } => {
+            let object_addr = staged.put(object)?;
+            RegisterArgs::load(
+                (owner, slot),
+                (object_addr, object.len() as u64),
+                reply_addr,
+                entry,
+                config,
+                dir,
+            )
+            .ok_or_else(|| DeviceError::InvalidCallable {
+                run_id: None,
+                reason: format!(
+                    "orchestration entry {entry:?}, config {config:?} or directory {dir:?} is too long or holds a NUL byte"
+                ),
+            })?
+        }
+        RegisterOp::Unload => RegisterArgs::unload((owner, slot), reply_addr),
+    };
+    launch(&args)?;
+    let mut reply = RegisterReply::unanswered();
+    if !dev.read(reply_addr, bytemuck::bytes_of_mut(&mut reply)) {
+        return Err(DeviceError::BadDevicePointer {
+            run_id: None,
+            addr: DevicePtr(reply_addr),
+            len: size_of::<RegisterReply>() as u64,
+        });
+    }
+    Ok(reply)
+}
+
+/// The loaded orchestration a reply names, or the typed refusal naming `slot` and `entry`.
+pub(crate) fn loaded(
+    slot: u32,
+    entry: &str,
+    reply: &RegisterReply,
+) -> Result<DeviceOrchestration, DeviceError> {
+    let refuse = |failure: Option<RegisterFailure>, message: String| {
+        Err(DeviceError::OrchestrationLoad { slot, entry: entry.to_owned(), failure, message })
+    };
+    match reply.status {
+        REGISTER_OK if reply.entry != 0 && reply.config != 0 => {
+            Ok(DeviceOrchestration { entry: reply.entry, config: reply.config })
+        }
+        REGISTER_OK => refuse(None, "the reply names no function address".into()),
+        REGISTER_NO_REPLY => refuse(None, "the AICPU program did not answer".into()),
+        status => match RegisterFailure::from_raw(status) {
+            Some(f) => refuse(Some(f), reply.message()),
+            None => refuse(None, format!("unknown reply status {status}: {}", reply.message())),
+        },
+    }
+}
+
+/// Device buffers of one register call, freed on drop.
+struct Staged<'a> {
+    dev: &'a dyn Backend,
+    addrs: Vec<u64>,
+}
+
+impl Staged<'_> {
+    /// Copies `bytes` into a fresh device buffer; its address.
+    fn put(&mut self, bytes: &[u8]) -> Result<u64, DeviceError> {
+        let len = bytes.len() as u64;
+        let addr = self
+            .dev
+            .malloc(len, MemPurpose::Runtime)
+            .map_err(|f| crate::runner::oom(None, len, MemPurpose::Runtime, f))?;
+        self.addrs.push(addr);
+        if self.dev.write(addr, bytes) {
+            Ok(addr)
+        } else {
+            Err(DeviceError::BadDevicePointer { run_id: None, addr: DevicePtr(addr), len })
+        }
+    }
+}
+
+impl Drop for Staged<'_> {
+    fn drop(&mut self) {
+        for &a in &self.addrs {
+            self.dev.free(a);
+        }
+    }
+}
