@@ -512,21 +512,31 @@ impl OnboardDevice {
             });
         };
         let mut bytes = bytemuck::bytes_of(args).to_vec();
-        let mut cpu = cpu_args(&mut bytes);
-        // SAFETY: live function handle and stream; `cpu` points at `bytes`, alive for the call
-        // (CANN copies the argument bytes); no launch config.
+        self.run_aicpu_entry(streams, register, &mut bytes).map_err(|e| acl(None, e))
+    }
+
+    /// Launches `func`, an entry of the AICPU program, as one thread with `bytes` as its
+    /// argument bytes on the AICPU stream, and waits for it within the init budget.
+    fn run_aicpu_entry(
+        &self,
+        streams: &Streams,
+        func: simpler_acl_sys::types::rtFuncHandle,
+        bytes: &mut [u8],
+    ) -> Result<(), CannError> {
+        let mut args = cpu_args(bytes);
+        // SAFETY: live function handle and stream; `args` points at `bytes`, alive for the
+        // call (CANN copies the argument bytes); no launch config.
         let ret = unsafe {
             self.ctx.cann.rtsLaunchCpuKernel(
-                register,
+                func,
                 1,
                 streams.aicpu.raw(),
                 std::ptr::null(),
-                &mut cpu,
+                &mut args,
             )
         };
-        self.ctx.check("rtsLaunchCpuKernel", ret).map_err(|e| acl(None, e))?;
+        self.ctx.check("rtsLaunchCpuKernel", ret)?;
         programs::sync(&self.ctx, &streams.aicpu, ms(self.opts.budgets.init_sync))
-            .map_err(|e| acl(None, e))
     }
 }
 
@@ -562,21 +572,7 @@ impl Backend for OnboardDevice {
         for v in init.dma_workspace {
             bytes.extend_from_slice(&v.to_le_bytes());
         }
-        let mut args = cpu_args(&mut bytes);
-        // SAFETY: live function handle and stream; `args` points at `bytes`, alive for the
-        // call (CANN copies the argument bytes); no launch config.
-        let ret = unsafe {
-            self.ctx.cann.rtsLaunchCpuKernel(
-                programs.init,
-                1,
-                streams.aicpu.raw(),
-                std::ptr::null(),
-                &mut args,
-            )
-        };
-        self.ctx.check("rtsLaunchCpuKernel", ret).map_err(|e| acl(step, e))?;
-        programs::sync(&self.ctx, &streams.aicpu, ms(self.opts.budgets.init_sync))
-            .map_err(|e| acl(step, e))
+        self.run_aicpu_entry(streams, programs.init, &mut bytes).map_err(|e| acl(step, e))
     }
 
     fn max_block_dim(&self) -> u32 {
