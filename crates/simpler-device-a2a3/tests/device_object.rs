@@ -164,3 +164,31 @@ fn host_build_graph_refuses_a_device_object_orchestration() {
     }
     r.finalize().unwrap();
 }
+
+#[test]
+fn loading_or_closing_an_object_while_a_run_is_launched_is_busy() {
+    let mut r = trb();
+    let (entry, config) = VECTOR_ORCHESTRATION;
+    let c = c_vector_callable(entry, config);
+    let loaded = r.register_callable(&c).unwrap();
+    let native = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, N);
+    let cfg = CallConfig::default();
+    let prepared = r.prepare(&RunRequest::new(RunId::from_raw(1).unwrap(), native, &v.args, &cfg));
+    let active = r.launch_run(prepared.unwrap()).unwrap();
+    for refused in [r.register_callable(&c).map(|_| ()), r.unregister_callable(loaded)] {
+        match refused {
+            Err(DeviceError::Busy { state, .. }) => assert!(state.contains("run#1"), "{state}"),
+            other => panic!("expected Busy, got {other:?}"),
+        }
+    }
+    r.reap_run(&active, None).unwrap();
+    r.complete_run(active).unwrap();
+    v.check(&mut r);
+    v.free(&mut r);
+    // Once the run is reaped both go through, and the object still runs.
+    r.unregister_callable(loaded).unwrap();
+    output_bytes(&mut r, 2, &c, &cfg);
+    r.unregister_callable(native).unwrap();
+    r.finalize().unwrap();
+}

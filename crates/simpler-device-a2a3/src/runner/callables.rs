@@ -207,6 +207,7 @@ impl Core {
                 }
             }
             (RuntimeVariant::TensormapAndRingbuffer, Orchestration::DeviceObject(o)) => {
+                self.no_run_launched("register_callable")?;
                 let (loaded, held) = self.backend.load_orchestration(
                     slot as u32,
                     o.image(),
@@ -226,6 +227,9 @@ impl Core {
         }
         if let Some(run) = self.runs().find(|r| r.callable == slot) {
             return Err(DeviceError::CallableInUse { slot: slot.0, run_id: run.run_id });
+        }
+        if self.callables.get(slot.0).is_some_and(|r| r.device_orchestration.is_some()) {
+            self.no_run_launched("unregister_callable")?;
         }
         let Some(mut reg) = self.callables.slots[slot.0 as usize].take() else {
             return Err(DeviceError::UnknownCallable { run_id: None, slot: slot.0 });
@@ -255,6 +259,22 @@ impl Core {
             if self.callables.get(slot as u32).is_some_and(|r| r.device_orchestration.is_some()) {
                 self.backend.unload_orchestration(slot as u32);
             }
+        }
+    }
+
+    /// Refuses `call` while a run is launched: loading or closing an orchestration object is a
+    /// launch on the AICPU stream, which would queue behind the run and take its completion
+    /// (and a fault of the run) as its own.
+    fn no_run_launched(&self, call: &'static str) -> Result<(), DeviceError> {
+        match self.runs().find(|r| r.stage == super::Stage::Launched) {
+            Some(r) => Err(super::busy(
+                call,
+                format!(
+                    "{} is launched (a device-object orchestration loads on the AICPU stream)",
+                    r.run_id
+                ),
+            )),
+            None => Ok(()),
         }
     }
 
