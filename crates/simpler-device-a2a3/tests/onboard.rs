@@ -392,6 +392,19 @@ fn run_program(
     result
 }
 
+/// One `vector_add` run through the onboard runner, without a golden check.
+fn add_onboard(b: &mut Bench) -> Step<()> {
+    let (run, rt) = (b.run_id(), b.runtime);
+    run_program(
+        b.runner()?,
+        run,
+        Program::Add,
+        (Target::Onboard, rt),
+        &CallConfig::default(),
+        false,
+    )
+}
+
 /// The shapes golden checks run: `block_dim` 1–3 with 2–4 AICPU threads.
 fn shapes() -> Vec<CallConfig> {
     [(1, 2), (2, 3), (3, 4)]
@@ -463,20 +476,11 @@ fn vector_example(b: &mut Bench) -> Step<String> {
 }
 
 fn launch_order(b: &mut Bench) -> Step<String> {
-    let rt = b.runtime;
     if b.standin.is_none() {
         return Err(Fail::Skip("the launch order is read from the stand-in's call log".into()));
     }
     b.new_calls();
-    let run = b.run_id();
-    run_program(
-        b.runner()?,
-        run,
-        Program::Add,
-        (Target::Onboard, rt),
-        &CallConfig::default(),
-        false,
-    )?;
+    add_onboard(b)?;
     let log = b.new_calls();
     // The run's launches, not the register entry's (tensormap_and_ringbuffer loads its
     // orchestration object at registration, through an AICPU launch of its own).
@@ -754,15 +758,7 @@ fn poison_then_recover(b: &mut Bench) -> Step<String> {
     let poisoned = failure_of(step, "the poisoned launch")?;
     check(!b.healthy(Target::Onboard), || format!("the device stayed healthy after {poisoned}"))?;
     b.recover(Target::Onboard)?;
-    let run = b.run_id();
-    run_program(
-        b.runner()?,
-        run,
-        Program::Add,
-        (Target::Onboard, rt),
-        &CallConfig::default(),
-        false,
-    )?;
+    add_onboard(b)?;
     Ok(format!("poisoned ({poisoned}); finalize, re-attach, vector_add completed"))
 }
 
