@@ -24,6 +24,8 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use cpu_time::ProcessTime;
+
 use simpler::device_a2a3::programs::{f32_to_le_bytes, vector};
 use simpler::device_a2a3::{DeviceRunner, Platform, RunRequest, RunnerOptions, RuntimeVariant};
 use simpler::types::{CallConfig, DataType, RunId, TaskArgs, Tensor, WorkerId};
@@ -114,6 +116,8 @@ struct Phases {
     launch: Duration,
     reap: Duration,
     complete: Duration,
+    /// CPU time of the whole process per run (host thread and simulated device threads).
+    cpu: Duration,
 }
 
 /// `runs` back-to-back runs on a runner directly in `mode`; wall time per run and the host
@@ -145,7 +149,7 @@ fn runner_stream(mode: Mode, runs: usize, shape: Shape) -> (Duration, Phases) {
         next_id += 1;
         RunId::from_raw(next_id).expect("id")
     };
-    let t0 = Instant::now();
+    let (t0, cpu0) = (Instant::now(), ProcessTime::now());
     let mut in_flight = None;
     for i in 0..=runs {
         // Prepare run i (while run i-1 executes at depth 2 and queued).
@@ -193,7 +197,7 @@ fn runner_stream(mode: Mode, runs: usize, shape: Shape) -> (Duration, Phases) {
             }
         };
     }
-    let total = t0.elapsed();
+    let (total, cpu) = (t0.elapsed(), cpu0.elapsed());
     for p in ptrs {
         r.free(p).expect("free");
     }
@@ -204,12 +208,15 @@ fn runner_stream(mode: Mode, runs: usize, shape: Shape) -> (Duration, Phases) {
         launch: per(ph.launch),
         reap: per(ph.reap),
         complete: per(ph.complete),
+        cpu: per(cpu),
     };
     (total / runs as u32, phases)
 }
 
 struct Stream {
     per_run: Duration,
+    /// CPU time of the whole process (host threads and simulated device threads) per run.
+    cpu: Duration,
     latency: Duration,
     serial: Duration,
 }
@@ -262,7 +269,7 @@ fn stream(lane: Lane, runs: usize, shape: Shape) -> Stream {
         w.run(run()).expect("serial run");
         serial.push(t.elapsed());
     }
-    let t0 = Instant::now();
+    let (t0, cpu0) = (Instant::now(), ProcessTime::now());
     for _ in 0..runs {
         let submitted = Instant::now();
         let handle = w.submit(run()).expect("submit");
@@ -270,9 +277,15 @@ fn stream(lane: Lane, runs: usize, shape: Shape) -> Stream {
     }
     drop(tx);
     let latencies = waiter.join().expect("waiter thread");
-    let total = t0.elapsed();
+    let (total, cpu) = (t0.elapsed(), cpu0.elapsed());
     w.close().expect("close");
-    Stream { per_run: total / runs as u32, latency: median(latencies), serial: median(serial) }
+    let per = |d: Duration| d / runs as u32;
+    Stream {
+        per_run: per(total),
+        cpu: per(cpu),
+        latency: median(latencies),
+        serial: median(serial),
+    }
 }
 
 fn main() {
@@ -288,14 +301,16 @@ fn main() {
 
     // W3: one cluster over 1024 f32, the device time made up to the host time per run by a
     // kernel delay, which parks the simulated core: like a real chip, the device then does not
-    // use the host's CPU while it executes. The host time is what a run costs the host through
+    // use the host's CPU for that part. The host time is what a run costs the host through
     // the worker (a depth-1 stream without delay, less the simulated device time), at least
-    // the runner's own prepare + launch + complete.
+    // the runner's own prepare + launch + complete; the delay is that host time less the
+    // simulated device time, so device and host time per run are about equal.
     let small = Shape { n: 1024, block_dim: 1, delay: None };
     let (host, device) = calibrate(samples, small);
     let through_worker = stream(Lane::Depth1, if quick { 20 } else { 300 }, small).per_run;
     let host_worker = through_worker.saturating_sub(device).max(host);
-    let delay = host_worker;
+    // Device time = simulated CPU work + the parked delay, made equal to the host time.
+    let delay = host_worker.saturating_sub(device);
     println!(
         "calibration (1024 f32, one cluster): runner host time per run {:.1} us (prepare + launch + complete), simulated device time {:.1} us (CPU work), depth-1 worker stream {:.1} us per run, so host time through the worker {:.1} us; W3 adds a {:.1} us parked kernel delay (device time about {:.1} us, {:.1} us of it parked)",
         us(host),
@@ -350,9 +365,10 @@ fn main() {
         let d1 = per_mode[0].1;
         for (mode, wall, ph) in per_mode {
             println!(
-                "{name}: {n} runs, {mode:?}: {:.1} us/run ({:.2}x depth 1); host per run: prepare {:.1} us, launch {:.1} us, reap wait {:.1} us, complete {:.1} us",
+                "{name}: {n} runs, {mode:?}: {:.1} us/run ({:.2}x depth 1), CPU {:.1} us/run; host per run: prepare {:.1} us, launch {:.1} us, reap wait {:.1} us, complete {:.1} us",
                 us(wall),
                 d1.as_secs_f64() / wall.as_secs_f64(),
+                us(ph.cpu),
                 us(ph.prepare),
                 us(ph.launch),
                 us(ph.reap),
@@ -366,9 +382,10 @@ fn main() {
         for (lane, streams) in lanes.iter().zip(data) {
             let per_run = med(streams, |s| s.per_run);
             println!(
-                "{name}: {n} runs x {rounds} rounds through an L2 worker, {lane:?}: {:.1} us/run ({:.2}x depth 1), latency {:.1} us, serial run {:.1} us",
+                "{name}: {n} runs x {rounds} rounds through an L2 worker, {lane:?}: {:.1} us/run ({:.2}x depth 1), CPU {:.1} us/run, latency {:.1} us, serial run {:.1} us",
                 us(per_run),
                 d1.as_secs_f64() / per_run.as_secs_f64(),
+                us(med(streams, |s| s.cpu)),
                 us(med(streams, |s| s.latency)),
                 us(med(streams, |s| s.serial)),
             );
