@@ -186,9 +186,18 @@ pub fn host_artifacts(runtime: &str) -> Result<PathBuf, String> {
             inputs: format!("{cxx}\n{executor_src}"),
         },
     ];
+    let orchestrations = simpler_onboard_programs::build_host_orchestrations(
+        &target_dir().join("simpler-onboard").join("host-orchestrations"),
+    )?;
+    let orchestrations = Built {
+        name: "orchestrations".into(),
+        file: orchestrations,
+        inputs: orchestration_inputs(&cc),
+    };
     let kernels = target_dir().join("simpler-onboard").join("host-kernels");
     let built: Vec<Built> = built
         .into_iter()
+        .chain([orchestrations])
         .chain(simpler_onboard_programs::build_host_kernels(&kernels)?.into_iter().map(
             |(k, so)| Built {
                 name: format!("kernel_{}", k.name),
@@ -323,6 +332,47 @@ pub fn dispatcher_invocation(tools: &CannTools, src: &Path, out: &Path) -> Invoc
         .map(str::to_owned)
         .to_vec(),
     )
+}
+
+/// The orchestration object (the C orchestrations a tensormap_and_ringbuffer run registers as a
+/// `DeviceObject`), cross-compiled for the AICPU with the host build's flags and a build id.
+pub fn orchestration_invocation(tools: &CannTools, src: &Path, out: &Path) -> Invocation {
+    let mut args: Vec<String> =
+        simpler_onboard_programs::ORCHESTRATION_CFLAGS.map(str::to_owned).to_vec();
+    args.extend(["-shared", "-fPIC", "-Wl,--build-id=sha1", "-o"].map(str::to_owned));
+    args.push(out.display().to_string());
+    args.extend(
+        simpler_onboard_programs::ORCHESTRATION_SOURCES
+            .iter()
+            .map(|(f, _)| src.join(f).display().to_string()),
+    );
+    Invocation::new(&tools.cross_cc, args)
+}
+
+/// Writes the orchestration sources into `work/src` and cross-compiles the object into `work`.
+pub fn device_orchestrations(tools: &CannTools, work: &Path) -> Result<PathBuf, String> {
+    let src = work.join("src");
+    let io = |p: &Path, e: std::io::Error| format!("{}: {e}", p.display());
+    std::fs::create_dir_all(&src).map_err(|e| io(&src, e))?;
+    let sources = [simpler_onboard_programs::ORCH_ABI_HEADER]
+        .into_iter()
+        .chain(simpler_onboard_programs::ORCHESTRATION_SOURCES);
+    for (name, text) in sources {
+        std::fs::write(src.join(name), text).map_err(|e| io(&src.join(name), e))?;
+    }
+    let out = work.join(simpler_onboard_programs::ORCHESTRATION_OBJECT);
+    orchestration_invocation(tools, &src, &out).run()?;
+    Ok(out)
+}
+
+/// What identifies the orchestration object's build: the compiler, the flags and the sources.
+fn orchestration_inputs(compiler: &str) -> String {
+    let sources: String = [simpler_onboard_programs::ORCH_ABI_HEADER]
+        .iter()
+        .chain(&simpler_onboard_programs::ORCHESTRATION_SOURCES)
+        .map(|(n, t)| format!("{n}\n{t}"))
+        .collect();
+    format!("{compiler}\n{:?}\n{sources}", simpler_onboard_programs::ORCHESTRATION_CFLAGS)
 }
 
 /// The role entries whose names the linked binary does not contain (its symbol names are in
@@ -477,9 +527,15 @@ pub fn device_artifacts(runtime: &str, tools: &CannTools) -> Result<PathBuf, Str
             inputs: format!("{ccec}\n{lld}\n{AICORE_ROLES:?}\n{CCE_CODEGEN:?}\n{executor_src}"),
         },
     ];
+    let orchestrations = Built {
+        name: "orchestrations".into(),
+        file: device_orchestrations(tools, &work.join("orchestrations"))?,
+        inputs: orchestration_inputs(&cc),
+    };
     let kernels = device_kernels(tools, &work.join("kernels"))?;
     let built: Vec<Built> = built
         .into_iter()
+        .chain([orchestrations])
         .chain(kernels.into_iter().map(|(k, text)| Built {
             name: format!("kernel_{}", k.name),
             file: text,
@@ -588,6 +644,43 @@ mod tests {
             args.ends_with("-shared -fPIC -Wl,--build-id=sha1 -o /w/d.so /s/dispatcher.c"),
             "{args}"
         );
+    }
+
+    /// The cross compiler's arguments are the host compiler's, so the host's `cc` standing in
+    /// for it builds the very object the chip would get, for the host: it exports every C
+    /// entry and config the programs name.
+    #[test]
+    fn the_orchestration_object_is_cross_compiled_with_every_entry_and_a_build_id() {
+        let t = tools(Path::new("/cann"));
+        let step = orchestration_invocation(&t, Path::new("/s"), Path::new("/w/liborch.so"));
+        assert_eq!(step.program, t.cross_cc);
+        assert_eq!(
+            step.args.join(" "),
+            "-std=c11 -O2 -Wall -Wextra -Werror -shared -fPIC -Wl,--build-id=sha1 \
+             -o /w/liborch.so /s/vector_orch.c /s/fixtures_orch.c"
+        );
+        let dir = scratch("orch");
+        let t = tools(&dir);
+        std::fs::create_dir_all(t.cross_cc.parent().unwrap()).unwrap();
+        std::fs::write(&t.cross_cc, "#!/bin/sh\nexec cc \"$@\"\n").unwrap();
+        std::fs::set_permissions(&t.cross_cc, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let so = device_orchestrations(&t, &dir.join("work")).unwrap();
+        let out = std::process::Command::new("nm")
+            .args(["-D", "--defined-only"])
+            .arg(&so)
+            .output()
+            .expect("nm");
+        let symbols = String::from_utf8_lossy(&out.stdout);
+        let (vector, add) = (
+            simpler_onboard_programs::VECTOR_ORCHESTRATION,
+            simpler_onboard_programs::ADD_ORCHESTRATION,
+        );
+        for name in [vector.0, vector.1, add.0, add.1, simpler_onboard_programs::FAILING_ENTRY] {
+            assert!(symbols.lines().any(|l| l.ends_with(&format!(" {name}"))), "{name}: {symbols}");
+        }
+        let elf = std::fs::read(&so).unwrap();
+        assert!(elf.windows(4).any(|w| w == b"GNU\0"), "a GNU build-id note");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A fake CANN whose tools log their arguments and write their `-o` output; `ld.lld`

@@ -189,8 +189,14 @@ pub mod add {
     /// The program's builder, named `add` / `add_config`; rename it with
     /// [`ChipCallableBuilder::names`] to get a callable of distinct content.
     pub fn builder() -> ChipCallableBuilder {
+        builder_with(Orchestration::Native { entry: orchestration, config: three_args })
+    }
+
+    /// The program's kernel and signature around another `orchestration` of the same task,
+    /// such as the C one a `DeviceObject` carries.
+    pub fn builder_with(orchestration: Orchestration) -> ChipCallableBuilder {
         use ArgDirection::{In, Out};
-        ChipCallable::native(orchestration, three_args)
+        ChipCallable::builder(orchestration)
             .names("add", "add_config")
             .signature(vec![In, In, Out])
             .kernel(ADD, CoreCallable::native(vec![In, In, Out], add_kernel).named("add"))

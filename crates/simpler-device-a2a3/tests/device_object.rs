@@ -10,11 +10,14 @@ mod common;
 use common::*;
 use simpler_device_a2a3::abi::codes::RuntimeCode;
 use simpler_device_a2a3::abi::launch::RegisterFailure;
+use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{
     ChipCallable, DeviceError, DeviceRunner, Orchestration, OrchestrationObject, RunRequest,
     RuntimeVariant,
 };
-use simpler_onboard_programs::{FAILING_ENTRY, FOUR_ARGS_CONFIG, VECTOR_ORCHESTRATION};
+use simpler_onboard_programs::{
+    ADD_ORCHESTRATION, FAILING_ENTRY, FOUR_ARGS_CONFIG, VECTOR_ORCHESTRATION,
+};
 use simpler_types::{CallConfig, RunId};
 
 const N: usize = 4096;
@@ -59,6 +62,27 @@ fn the_c_vector_orchestration_gives_the_rust_ones_bytes_at_every_shape() {
         let from_rust = output_bytes(&mut r, run + 2, &native, &cfg);
         assert!(from_c == from_rust, "shape {i}: the C orchestration's output differs");
     }
+    r.finalize().unwrap();
+}
+
+#[test]
+fn the_c_add_orchestration_adds() {
+    let mut r = trb();
+    let (entry, config) = ADD_ORCHESTRATION;
+    // SAFETY: the project's own C orchestrations built for this host (see `c_vector_callable`).
+    let object = unsafe { OrchestrationObject::new(c_orchestrations().to_vec(), entry, config) };
+    let c = add::builder_with(Orchestration::DeviceObject(object)).build().unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let v = VectorRun::new(&mut r, N);
+    r.run(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &v.args, &CallConfig::default()))
+        .unwrap();
+    let mut out = vec![0u8; N * 4];
+    r.copy_from_device(&mut out, v.ptrs[2]).unwrap();
+    let got: Vec<f32> =
+        out.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(got, add::reference(&v.a, &v.b));
+    v.free(&mut r);
+    r.unregister_callable(slot).unwrap();
     r.finalize().unwrap();
 }
 

@@ -225,20 +225,78 @@ enum Program {
     Vector,
 }
 
-/// Placeholder kernel code: what the onboard runner uploads for a kernel until the ccec-built
-/// test kernels exist. Only the stand-in, which executes nothing, runs it; on a chip the cases
-/// that would launch it are skipped (the runtime error fixtures fail before any launch).
+/// The code the manifest names beside the device programs: the test kernels (`kernel_<name>`;
+/// on a chip their ccec-built `.text`) and the C orchestration object (`orchestrations`).
+#[derive(Default)]
+struct ManifestCode {
+    kernels: BTreeMap<String, Vec<u8>>,
+    orchestrations: Option<Vec<u8>>,
+}
+
+/// Read once in `setup`; empty with placeholder programs.
+static CODE: std::sync::OnceLock<ManifestCode> = std::sync::OnceLock::new();
+
+fn code() -> &'static ManifestCode {
+    CODE.get_or_init(ManifestCode::default)
+}
+
+impl ManifestCode {
+    /// The kernels and the object `manifest` names (a name it lacks stays absent).
+    fn read(manifest: &Path) -> Result<ManifestCode, String> {
+        let v = manifest_json(manifest)?;
+        let base = manifest.parent().unwrap_or(Path::new("."));
+        let file = |name: &str| -> Result<Option<Vec<u8>>, String> {
+            let Some(p) = v["artifacts"][name]["path"].as_str() else { return Ok(None) };
+            let p = base.join(p);
+            std::fs::read(&p).map(Some).map_err(|e| format!("{name} at {}: {e}", p.display()))
+        };
+        let mut kernels = BTreeMap::new();
+        for k in simpler_onboard_programs::TEST_KERNELS {
+            if let Some(bytes) = file(&format!("kernel_{}", k.name))? {
+                kernels.insert(k.name.to_owned(), bytes);
+            }
+        }
+        Ok(ManifestCode { kernels, orchestrations: file("orchestrations")? })
+    }
+
+    /// What `program` under `runtime` lacks to run real code on a chip, if anything.
+    fn missing_for(&self, program: Program, runtime: RuntimeVariant) -> Option<String> {
+        let mut missing: Vec<String> = program
+            .kernels()
+            .into_iter()
+            .filter(|(_, _, name)| !self.kernels.contains_key(*name))
+            .map(|(_, _, name)| format!("kernel_{name}"))
+            .collect();
+        if runtime == RuntimeVariant::TensormapAndRingbuffer && self.orchestrations.is_none() {
+            missing.push("orchestrations".into());
+        }
+        (!missing.is_empty()).then(|| {
+            format!(
+                "{}: the manifest names no {} (`cargo xtask build --platform a2a3` builds them)",
+                program.name(),
+                missing.join(", ")
+            )
+        })
+    }
+}
+
+/// Placeholder kernel code, for a kernel the manifest does not name. Only the stand-in, which
+/// executes nothing, runs it; on a chip the cases that would launch it are skipped (the runtime
+/// error fixtures fail before any launch).
 fn placeholder() -> KernelCode {
     KernelCode::Text(vec![0; 64])
 }
 
-/// `base` with each of `kernels` as placeholder code.
-fn with_placeholders(
+/// `base` with each of `kernels` as the manifest's code, or placeholder code where it names
+/// none.
+fn with_kernel_code(
     mut base: ChipCallableBuilder,
-    kernels: &[(u32, Vec<ArgDirection>)],
+    kernels: &[(u32, Vec<ArgDirection>, &str)],
 ) -> ChipCallable {
-    for (func, sig) in kernels {
-        base = base.kernel(*func, CoreCallable::new(sig.clone(), placeholder()));
+    for (func, sig, name) in kernels {
+        let code =
+            code().kernels.get(*name).map_or_else(placeholder, |c| KernelCode::Text(c.clone()));
+        base = base.kernel(*func, CoreCallable::new(sig.clone(), code));
     }
     base.build().expect("a valid callable")
 }
@@ -255,61 +313,68 @@ impl Program {
         }
     }
 
-    /// The callable for `t` under `runtime`: native kernels on the simulator, kernel code
-    /// onboard, where tensormap_and_ringbuffer runs a `DeviceObject` orchestration.
-    fn callable(self, t: Target, runtime: RuntimeVariant) -> ChipCallable {
+    /// The program's kernels: func id, signature, test-kernel name.
+    fn kernels(self) -> Vec<(u32, Vec<ArgDirection>, &'static str)> {
         use ArgDirection::{In, Out, Scalar};
+        match self {
+            Program::Add => vec![(add::ADD, vec![In, In, Out], "add")],
+            Program::Vector => vec![
+                (vector::ADD, vec![In, In, Out], "add"),
+                (vector::ADD_SCALAR, vec![In, Out, Scalar], "add_scalar"),
+                (vector::MUL, vec![In, In, Out], "mul"),
+            ],
+        }
+    }
+
+    /// The callable for `t` under `runtime`: native kernels on the simulator, the manifest's
+    /// kernel code onboard, where tensormap_and_ringbuffer runs the manifest's C orchestration
+    /// object as a `DeviceObject`.
+    fn callable(self, t: Target, runtime: RuntimeVariant) -> ChipCallable {
+        use ArgDirection::{In, Out};
         let onboard_trb = t == Target::Onboard && runtime == RuntimeVariant::TensormapAndRingbuffer;
         if onboard_trb {
             return self.device_object_callable();
         }
-        match (self, t) {
-            (Program::Add, Target::Programs) => add::callable().expect("a valid callable"),
-            (Program::Vector, Target::Programs) => vector::callable().expect("a valid callable"),
-            (Program::Add, Target::Onboard) => with_placeholders(
-                ChipCallable::native(add::orchestration, three_args)
-                    .names("add", "add_config")
-                    .signature(vec![In, In, Out]),
-                &[(add::ADD, vec![In, In, Out])],
-            ),
-            (Program::Vector, Target::Onboard) => with_placeholders(
-                ChipCallable::native(vector::orchestration, three_args)
-                    .names("vector_example", "vector_config")
-                    .signature(vec![In, In, Out]),
-                &[
-                    (vector::ADD, vec![In, In, Out]),
-                    (vector::ADD_SCALAR, vec![In, Out, Scalar]),
-                    (vector::MUL, vec![In, In, Out]),
-                ],
-            ),
+        let native = match self {
+            Program::Add => {
+                ChipCallable::native(add::orchestration, three_args).names("add", "add_config")
+            }
+            Program::Vector => ChipCallable::native(vector::orchestration, three_args)
+                .names("vector_example", "vector_config"),
+        };
+        match t {
+            Target::Programs => match self {
+                Program::Add => add::callable().expect("a valid callable"),
+                Program::Vector => vector::callable().expect("a valid callable"),
+            },
+            Target::Onboard => {
+                with_kernel_code(native.signature(vec![In, In, Out]), &self.kernels())
+            }
         }
     }
 
-    /// The program with a placeholder orchestration object and placeholder kernels: what the
-    /// onboard tensormap_and_ringbuffer runner registers until the aarch64 builds exist. Only the
-    /// stand-in, which plays the register entry and executes nothing, takes it.
+    /// The program as a `DeviceObject` callable: the manifest's orchestration object with the
+    /// program's C entry, or a placeholder object where the manifest names none (only the
+    /// stand-in, which plays the register entry and loads nothing, takes that one).
     fn device_object_callable(self) -> ChipCallable {
-        use ArgDirection::{In, Out, Scalar};
-        let (entry, kernels) = match self {
-            Program::Add => ("add", vec![(add::ADD, vec![In, In, Out])]),
-            Program::Vector => (
-                "vector_example",
-                vec![
-                    (vector::ADD, vec![In, In, Out]),
-                    (vector::ADD_SCALAR, vec![In, Out, Scalar]),
-                    (vector::MUL, vec![In, In, Out]),
-                ],
-            ),
+        use ArgDirection::{In, Out};
+        let (entry, config) = match self {
+            Program::Add => simpler_onboard_programs::ADD_ORCHESTRATION,
+            Program::Vector => simpler_onboard_programs::VECTOR_ORCHESTRATION,
         };
-        // SAFETY: the stand-in never loads or runs the bytes; a chip never gets this callable
-        // (the cases that would register it there are skipped).
-        let object = unsafe {
-            OrchestrationObject::new(b"\x7fELF placeholder orchestration".to_vec(), entry, "config")
-        };
+        let bytes = code()
+            .orchestrations
+            .clone()
+            .unwrap_or_else(|| b"\x7fELF placeholder orchestration".to_vec());
+        // SAFETY: the manifest's object is the project's C orchestrations, built by `cargo
+        // xtask build` for the target the manifest is for; its entries have the orchestration
+        // ABI and touch only what the ops table hands out. The placeholder never reaches a chip
+        // (the cases that would register it there are skipped) and the stand-in loads nothing.
+        let object = unsafe { OrchestrationObject::new(bytes, entry, config) };
         let base = ChipCallable::builder(Orchestration::DeviceObject(object))
-            .names(entry, "config")
+            .names(entry, config)
             .signature(vec![In, In, Out]);
-        with_placeholders(base, &kernels)
+        with_kernel_code(base, &self.kernels())
     }
 
     fn reference(self, a: &[f32], b: &[f32]) -> Vec<f32> {
@@ -420,15 +485,20 @@ fn shapes() -> Vec<CallConfig> {
 fn golden(b: &mut Bench, program: Program) -> Step<String> {
     let rt = b.runtime;
     if b.standin.is_none() {
-        return Err(Fail::Skip(format!(
-            "{}: the golden check on a chip needs the ccec-built test kernels, which the build \
-             does not produce yet",
-            program.name()
-        )));
+        return golden_on_chip(b, program);
     }
     let run = b.run_id();
+    b.new_calls();
     run_program(b.runner()?, run, program, (Target::Onboard, rt), &CallConfig::default(), false)?;
     b.note(format!("{}: the stand-in CANN run completed", program.name()));
+    if let (RuntimeVariant::TensormapAndRingbuffer, Some(object)) = (rt, &code().orchestrations) {
+        // The manifest's object, not a placeholder, went to the device for the register entry.
+        let len = object.len() as i64;
+        let copied =
+            b.new_calls().iter().any(|c| c.func.ends_with("Memcpy") && c.size == Some(len));
+        check(copied, || format!("no copy of the manifest's {len}-byte orchestration object"))?;
+        b.note(format!("{}: the manifest's orchestration object was registered", program.name()));
+    }
     let shapes = shapes();
     for cfg in &shapes {
         let run = b.run_id();
@@ -539,7 +609,7 @@ fn fixture(orch: simpler_device_a2a3::NativeOrchFn, expected: u32, t: Target) ->
             .kernel(NOOP, CoreCallable::native(vec![], noop_kernel))
             .build()
             .expect("a valid callable"),
-        Target::Onboard => with_placeholders(base, &[(NOOP, vec![])]),
+        Target::Onboard => with_kernel_code(base, &[(NOOP, vec![], "noop")]),
     }
 }
 
@@ -629,6 +699,25 @@ fn fixtures_on(b: &mut Bench, t: Target) -> Step<Vec<String>> {
     Ok(seen)
 }
 
+/// `program` on the chip at every shape with golden checks, with the manifest's kernels (and
+/// under trb its orchestration object).
+fn golden_on_chip(b: &mut Bench, program: Program) -> Step<String> {
+    let rt = b.runtime;
+    if let Some(why) = code().missing_for(program, rt) {
+        return Err(Fail::Skip(why));
+    }
+    let shapes = shapes();
+    for cfg in &shapes {
+        let run = b.run_id();
+        run_program(b.runner()?, run, program, (Target::Onboard, rt), cfg, true)?;
+    }
+    Ok(format!(
+        "on the chip with the manifest's kernels: {ELEMENTS} elements × {} shapes within \
+         rtol = atol = {RTOL:e}",
+        shapes.len()
+    ))
+}
+
 fn runtime_error_fixtures(b: &mut Bench) -> Step<String> {
     if b.runtime == RuntimeVariant::TensormapAndRingbuffer {
         // These fixtures overflow host_build_graph's resident graph; trb streams such a graph
@@ -716,11 +805,11 @@ fn diagnostics_on(b: &mut Bench, t: Target, dir: &Path) -> Step<Vec<String>> {
 }
 
 fn diagnostics_smoke(b: &mut Bench) -> Step<String> {
-    if b.standin.is_none() {
+    if b.standin.is_none()
+        && let Some(why) = code().missing_for(Program::Vector, b.runtime)
+    {
         // Placeholder kernel code must never reach an AICore.
-        return Err(Fail::Skip(
-            "the traced run on a chip needs the ccec-built test kernels, not built yet".into(),
-        ));
+        return Err(Fail::Skip(format!("the traced run on a chip: {why}")));
     }
     let mut done = Vec::new();
     let mut targets = vec![Target::Onboard];
@@ -907,10 +996,7 @@ fn placeholders() -> std::io::Result<(tempfile::TempDir, PathBuf)> {
 /// The host builds of the AICPU program and AICore executor a manifest names (relative paths
 /// are relative to the manifest).
 fn manifest_programs(manifest: &Path) -> Result<(&'static Path, &'static Path), String> {
-    let text =
-        std::fs::read_to_string(manifest).map_err(|e| format!("{}: {e}", manifest.display()))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", manifest.display()))?;
+    let v = manifest_json(manifest)?;
     let path = |name: &str| -> Result<&'static Path, String> {
         let p = v["artifacts"][name]["path"]
             .as_str()
@@ -919,6 +1005,12 @@ fn manifest_programs(manifest: &Path) -> Result<(&'static Path, &'static Path), 
         Ok(Box::leak(p.into_boxed_path()))
     };
     Ok((path("aicpu_program")?, path("aicore_executor")?))
+}
+
+fn manifest_json(manifest: &Path) -> Result<serde_json::Value, String> {
+    let text =
+        std::fs::read_to_string(manifest).map_err(|e| format!("{}: {e}", manifest.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", manifest.display()))
 }
 
 fn setup() -> Result<(Bench, PathBuf, Option<tempfile::TempDir>), String> {
@@ -942,6 +1034,7 @@ fn setup() -> Result<(Bench, PathBuf, Option<tempfile::TempDir>), String> {
         Some(m) => {
             let m = PathBuf::from(m);
             let programs = if standin { Some(manifest_programs(&m)?) } else { None };
+            let _ = CODE.set(ManifestCode::read(&m)?);
             (None, m, programs)
         }
         None if standin => {

@@ -1,6 +1,8 @@
-// The vector example as a C orchestration: f = (a + b + 1)(a + b + 2) + (a + b) over f32 in
-// five AIV tasks (func 0: out = x + y, func 1: out = x + s, func 2: out = x * y) over four
-// intermediate buffers of a's shape. Chip arguments: a (in), b (in), f (out).
+// The vector programs as C orchestrations, chip arguments a (in), b (in), f (out) over f32:
+// - vector_example: f = (a + b + 1)(a + b + 2) + (a + b) in five AIV tasks (func 0:
+//   out = x + y, func 1: out = x + s, func 2: out = x * y) over four intermediate buffers of
+//   a's shape;
+// - vector_add: f = a + b in one AIV task (func 0).
 #include "orch_abi.h"
 
 enum { ADD = 0, ADD_SCALAR = 1, MUL = 2 };
@@ -47,4 +49,12 @@ int32_t vector_example(const SimplerOrchOps *ops, void *rt, const SimplerOrchArg
     if (r >= 0) r = submit_aiv(ops, rt, ADD, g, IN, c, IN, f, OUT, NULL);
     if (r < 0) return (int32_t)r;
     return SIMPLER_ORCH_OK;
+}
+
+int32_t vector_add(const SimplerOrchOps *ops, void *rt, const SimplerOrchArgs *args) {
+    if (ops->version != SIMPLER_ORCH_OPS_VERSION || args->num_tensors < 3) return -1;
+    const SimplerTensor *t = args->tensors;
+    int64_t r = submit_aiv(ops, rt, ADD, &t[0], SIMPLER_TAG_INPUT, &t[1], SIMPLER_TAG_INPUT,
+                           &t[2], SIMPLER_TAG_OUTPUT, NULL);
+    return r < 0 ? (int32_t)r : SIMPLER_ORCH_OK;
 }

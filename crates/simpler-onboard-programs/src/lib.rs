@@ -376,20 +376,28 @@ pub const ORCHESTRATION_SOURCES: [(&str, &str); 2] = [
 
 /// The vector example's C entry and config symbols in the orchestration object.
 pub const VECTOR_ORCHESTRATION: (&str, &str) = ("vector_example", "vector_config");
+/// The C entry and config symbols of `f = a + b` (one AIV task, func 0) in the object.
+pub const ADD_ORCHESTRATION: (&str, &str) = ("vector_add", "vector_config");
 /// A config symbol of the object that asks for four arguments.
 pub const FOUR_ARGS_CONFIG: &str = "four_args_config";
 /// An entry symbol of the object that returns status 7 without submitting.
 pub const FAILING_ENTRY: &str = "failing_entry";
 
+/// The C flags of the orchestration object, for the host and the AICPU alike.
+pub const ORCHESTRATION_CFLAGS: [&str; 5] = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"];
+
+/// The file name of the built orchestration object.
+pub const ORCHESTRATION_OBJECT: &str = "liborchestrations.so";
+
 /// Compiles [`ORCHESTRATION_SOURCES`] for the host into `liborchestrations.so` in `dir`
 /// (feature `host-build`), the object the simulator registers as a `DeviceObject`.
 #[cfg(feature = "host-build")]
 pub fn build_host_orchestrations(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
-    let flags = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"];
+    let flags = ORCHESTRATION_CFLAGS;
     let mut sources = vec![ORCH_ABI_HEADER];
     sources.extend(ORCHESTRATION_SOURCES);
     write_sources(dir, &sources)?;
-    let out = dir.join("liborchestrations.so");
+    let out = dir.join(ORCHESTRATION_OBJECT);
     let mut args: Vec<std::ffi::OsString> = vec!["-shared".into(), "-o".into(), out.clone().into()];
     args.extend(ORCHESTRATION_SOURCES.iter().map(|(f, _)| dir.join(f).into()));
     host_compile(false, &flags, &args)?;
