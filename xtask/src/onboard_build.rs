@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use simpler_onboard_programs::{
-    AICORE_ROLES, EXECUTOR_ENTRY_SOURCE, ROLE_DEFINE, TEST_KERNELS, TestKernel,
+    AICORE_ROLES, BUILT_KERNELS, EXECUTOR_ENTRY_SOURCE, ROLE_DEFINE, TestKernel,
 };
 
 use crate::{cargo, target_dir};
@@ -468,7 +468,7 @@ pub fn kernel_text(name: &str, elf: &[u8]) -> Result<Vec<u8>, String> {
 }
 
 /// Compiles the test kernels with `ccec` into `work` and writes each one's code as
-/// `<name>.text`; returns (kernel, code file) in [`TEST_KERNELS`] order.
+/// `<name>.text`; returns (kernel, code file) in [`BUILT_KERNELS`] order.
 pub fn device_kernels(
     tools: &CannTools,
     work: &Path,
@@ -478,7 +478,7 @@ pub fn device_kernels(
     let (header, abi) = simpler_onboard_programs::KERNEL_ABI_HEADER;
     std::fs::write(work.join(header), abi).map_err(|e| io(&work.join(header), e))?;
     let mut out = Vec::new();
-    for k in TEST_KERNELS {
+    for k in BUILT_KERNELS {
         std::fs::write(work.join(k.file), k.source).map_err(|e| io(&work.join(k.file), e))?;
         let object = work.join(format!("{}.o", k.name));
         kernel_invocation(tools, work, &k, &object).run()?;
@@ -742,7 +742,7 @@ mod tests {
     #[test]
     fn each_test_kernel_is_compiled_by_ccec_for_the_vector_cores() {
         let t = tools(Path::new("/cann"));
-        let k = &TEST_KERNELS[1];
+        let k = &BUILT_KERNELS[1];
         let args = kernel_invocation(&t, Path::new("/s"), k, Path::new("/w/add_scalar.o")).args;
         let args = args.join(" ");
         assert!(
@@ -775,7 +775,7 @@ mod tests {
         let built = device_kernels(&t, &dir.join("work")).unwrap();
         assert_eq!(
             built.iter().map(|(k, _)| k.name).collect::<Vec<_>>(),
-            ["add", "add_scalar", "mul"]
+            ["add", "add_scalar", "mul", "hang"]
         );
         for (k, text) in &built {
             let code = std::fs::read(text).unwrap();

@@ -251,7 +251,7 @@ impl ManifestCode {
             std::fs::read(&p).map(Some).map_err(|e| format!("{name} at {}: {e}", p.display()))
         };
         let mut kernels = BTreeMap::new();
-        for k in simpler_onboard_programs::TEST_KERNELS {
+        for k in simpler_onboard_programs::BUILT_KERNELS {
             if let Some(bytes) = file(&format!("kernel_{}", k.name))? {
                 kernels.insert(k.name.to_owned(), bytes);
             }
@@ -261,9 +261,18 @@ impl ManifestCode {
 
     /// What `program` under `runtime` lacks to run real code on a chip, if anything.
     fn missing_for(&self, program: Program, runtime: RuntimeVariant) -> Option<String> {
-        let mut missing: Vec<String> = program
-            .kernels()
-            .into_iter()
+        self.missing_with(program, &program.kernels(), runtime)
+    }
+
+    /// [`missing_for`](Self::missing_for) with `kernels` as the program's kernels.
+    fn missing_with(
+        &self,
+        program: Program,
+        kernels: &[(u32, Vec<ArgDirection>, &str)],
+        runtime: RuntimeVariant,
+    ) -> Option<String> {
+        let mut missing: Vec<String> = kernels
+            .iter()
             .filter(|(_, _, name)| !self.kernels.contains_key(*name))
             .map(|(_, _, name)| format!("kernel_{name}"))
             .collect();
@@ -330,10 +339,21 @@ impl Program {
     /// kernel code onboard, where tensormap_and_ringbuffer runs the manifest's C orchestration
     /// object as a `DeviceObject`.
     fn callable(self, t: Target, runtime: RuntimeVariant) -> ChipCallable {
+        self.callable_with(t, runtime, &self.kernels())
+    }
+
+    /// [`callable`](Self::callable) with `kernels` as the onboard kernels (e.g. the hanging
+    /// kernel in place of one of them).
+    fn callable_with(
+        self,
+        t: Target,
+        runtime: RuntimeVariant,
+        kernels: &[(u32, Vec<ArgDirection>, &str)],
+    ) -> ChipCallable {
         use ArgDirection::{In, Out};
         let onboard_trb = t == Target::Onboard && runtime == RuntimeVariant::TensormapAndRingbuffer;
         if onboard_trb {
-            return self.device_object_callable();
+            return self.device_object_callable(kernels);
         }
         let native = match self {
             Program::Add => {
@@ -347,16 +367,14 @@ impl Program {
                 Program::Add => add::callable().expect("a valid callable"),
                 Program::Vector => vector::callable().expect("a valid callable"),
             },
-            Target::Onboard => {
-                with_kernel_code(native.signature(vec![In, In, Out]), &self.kernels())
-            }
+            Target::Onboard => with_kernel_code(native.signature(vec![In, In, Out]), kernels),
         }
     }
 
     /// The program as a `DeviceObject` callable: the manifest's orchestration object with the
     /// program's C entry, or a placeholder object where the manifest names none (only the
     /// stand-in, which plays the register entry and loads nothing, takes that one).
-    fn device_object_callable(self) -> ChipCallable {
+    fn device_object_callable(self, kernels: &[(u32, Vec<ArgDirection>, &str)]) -> ChipCallable {
         use ArgDirection::{In, Out};
         let (entry, config) = match self {
             Program::Add => simpler_onboard_programs::ADD_ORCHESTRATION,
@@ -374,7 +392,7 @@ impl Program {
         let base = ChipCallable::builder(Orchestration::DeviceObject(object))
             .names(entry, config)
             .signature(vec![In, In, Out]);
-        with_kernel_code(base, &self.kernels())
+        with_kernel_code(base, kernels)
     }
 
     fn reference(self, a: &[f32], b: &[f32]) -> Vec<f32> {
@@ -426,7 +444,20 @@ fn run_program(
     cfg: &CallConfig,
     golden: bool,
 ) -> Step<()> {
-    let slot = r.register_callable(&program.callable(t, runtime))?;
+    run_callable(r, run, program, &program.callable(t, runtime), cfg, golden)
+}
+
+/// One run of `callable` (which computes `program`) on `r`, with its buffers freed and its
+/// slot unregistered afterwards while the runner is healthy.
+fn run_callable(
+    r: &mut DeviceRunner,
+    run: RunId,
+    program: Program,
+    callable: &ChipCallable,
+    cfg: &CallConfig,
+    golden: bool,
+) -> Step<()> {
+    let slot = r.register_callable(callable)?;
     let a: Vec<f32> = (0..ELEMENTS).map(|i| i as f32 * 0.5).collect();
     let b: Vec<f32> = (0..ELEMENTS).map(|i| 3.0 - i as f32 * 0.25).collect();
     let mut ptrs = Vec::new();
@@ -855,9 +886,7 @@ fn hang_then_recover(b: &mut Bench) -> Step<String> {
     let rt = b.runtime;
     let t = b.kernel_target();
     if t == Target::Onboard {
-        return Err(Fail::Skip(
-            "the hanging kernel on a chip is a ccec-built test kernel, not built yet".into(),
-        ));
+        return hang_on_chip(b);
     }
     // The simulated hang runs on a runner of its own with short budgets, so the case takes
     // seconds whatever the batch's budgets are; the fresh runner after it has the batch's.
@@ -883,6 +912,38 @@ fn hang_then_recover(b: &mut Bench) -> Step<String> {
     }
     let run = b.run_id();
     run_program(b.on(t)?, run, Program::Add, (t, rt), &CallConfig::default(), true)?;
+    Ok(format!("hang → {hung}; finalize, re-attach, vector_add passed its golden check"))
+}
+
+/// The vector example with the manifest's hanging kernel in place of `add_scalar`: the
+/// op-execute watchdog ends it and poisons the chip; finalize, re-attach, then `vector_add`
+/// must pass its golden check on the fresh runner.
+fn hang_on_chip(b: &mut Bench) -> Step<String> {
+    let rt = b.runtime;
+    let hang = simpler_onboard_programs::HANG_KERNEL;
+    let kernels: Vec<_> = Program::Vector
+        .kernels()
+        .into_iter()
+        .map(|(f, sig, name)| if f == hang.func_id { (f, sig, hang.name) } else { (f, sig, name) })
+        .collect();
+    let missing = code()
+        .missing_with(Program::Vector, &kernels, rt)
+        .or_else(|| code().missing_for(Program::Add, rt));
+    if let Some(why) = missing {
+        return Err(Fail::Skip(format!("the hanging kernel on a chip: {why}")));
+    }
+    let callable = Program::Vector.callable_with(Target::Onboard, rt, &kernels);
+    let run = b.run_id();
+    let step =
+        run_callable(b.runner()?, run, Program::Vector, &callable, &CallConfig::default(), false);
+    let hung = failure_of(step, "the run with the hanging kernel")?;
+    check(!b.healthy(Target::Onboard), || format!("the chip stayed healthy after {hung}"))?;
+    if let Some(n) = b.recover(Target::Onboard)? {
+        b.note(format!("finalize after the hang reported: {n}"));
+    }
+    let run = b.run_id();
+    let cfg = CallConfig::default();
+    run_program(b.runner()?, run, Program::Add, (Target::Onboard, rt), &cfg, true)?;
     Ok(format!("hang → {hung}; finalize, re-attach, vector_add passed its golden check"))
 }
 

@@ -17,7 +17,8 @@ use simpler_device_a2a3::{DeviceRunner, RunRequest};
 use simpler_onboard_programs::TEST_KERNELS;
 use simpler_types::CallConfig;
 
-/// The host builds: their directory, (func id, kernel object) per kernel, the C++ executor.
+/// The host builds: their directory, (func id, kernel object) per vector-example kernel (the
+/// hanging kernel is built too but never run here), the C++ executor.
 type Built = (tempfile::TempDir, Vec<(u32, PathBuf)>, PathBuf);
 
 /// The host builds of the kernels and of the C++ executor, once per test process.
@@ -28,6 +29,7 @@ fn built() -> &'static Built {
         let kernels = simpler_onboard_programs::build_host_kernels(&dir.path().join("kernels"))
             .unwrap()
             .into_iter()
+            .filter(|(k, _)| TEST_KERNELS.contains(k))
             .map(|(k, so)| (k.func_id, so))
             .collect();
         let exe =

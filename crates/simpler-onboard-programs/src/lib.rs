@@ -328,7 +328,7 @@ pub const KERNEL_ABI_HEADER: (&str, &str) =
 /// implements, and its CCE C++ source (one `kernel_entry` per object, as CANN's kernels).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct TestKernel {
-    /// `add`, `add_scalar`, `mul`.
+    /// `add`, `add_scalar`, `mul`, `hang`.
     pub name: &'static str,
     /// The func id it is registered under in the vector example.
     pub func_id: u32,
@@ -361,6 +361,20 @@ pub const TEST_KERNELS: [TestKernel; 3] = [
         source: include_str!("../kernels/mul.cpp"),
     },
 ];
+
+/// The hanging kernel of the onboard case set, registered in place of `add_scalar` (func 1):
+/// it never returns on its own, so on a chip the op-execute watchdog ends it and poisons the
+/// device. Built with the others; the simulator never runs it (its hang is the fault plan's).
+pub const HANG_KERNEL: TestKernel = TestKernel {
+    name: "hang",
+    func_id: 1,
+    file: "hang.cpp",
+    source: include_str!("../kernels/hang.cpp"),
+};
+
+/// Every kernel the builds compile: [`TEST_KERNELS`], then [`HANG_KERNEL`].
+pub const BUILT_KERNELS: [TestKernel; 4] =
+    [TEST_KERNELS[0], TEST_KERNELS[1], TEST_KERNELS[2], HANG_KERNEL];
 
 /// The C orchestration ABI header (`orch_abi.h`): the ops table, descriptors and entry types a
 /// tensormap_and_ringbuffer `DeviceObject` orchestration is written against.
@@ -407,9 +421,9 @@ pub fn build_host_orchestrations(dir: &std::path::Path) -> Result<std::path::Pat
 /// The entry every test kernel object defines.
 pub const KERNEL_ENTRY: &str = "kernel_entry";
 
-/// Compiles every [`TEST_KERNELS`] source for the host into its own shared object
+/// Compiles every [`BUILT_KERNELS`] source for the host into its own shared object
 /// `lib<name>.so` in `dir` (feature `host-build`), exporting [`KERNEL_ENTRY`]; returns
-/// (kernel, path) in [`TEST_KERNELS`] order.
+/// (kernel, path) in [`BUILT_KERNELS`] order.
 #[cfg(feature = "host-build")]
 pub fn build_host_kernels(
     dir: &std::path::Path,
@@ -417,10 +431,10 @@ pub fn build_host_kernels(
     let flags =
         ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-fno-exceptions", "-fno-rtti"];
     let mut sources = vec![KERNEL_ABI_HEADER];
-    sources.extend(TEST_KERNELS.iter().map(|k| (k.file, k.source)));
+    sources.extend(BUILT_KERNELS.iter().map(|k| (k.file, k.source)));
     write_sources(dir, &sources)?;
     let mut out = Vec::new();
-    for k in TEST_KERNELS {
+    for k in BUILT_KERNELS {
         let so = dir.join(format!("lib{}.so", k.name));
         host_compile(
             true,
