@@ -436,7 +436,7 @@ impl Drop for ExitGuard {
 
 fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
     dev.gate.wake();
-    exact_timers();
+    wait::exact_timers();
     let _guard = ExitGuard(dev.clone());
     while let Some((stream, entry)) = dev.take_job(role, index) {
         let run = std::panic::catch_unwind(AssertUnwindSafe(|| match role {
@@ -457,16 +457,6 @@ fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
             }
         };
         dev.finish(stream, &entry, code);
-    }
-}
-
-/// Makes this thread's timed sleeps end when asked. Linux lets a normal thread's timers fire up
-/// to 50 µs late (its timer slack), which would turn a 80 µs kernel delay into 130 µs of device
-/// time; a chip's timers have no such slack. Best effort: a kernel that refuses keeps its slack.
-fn exact_timers() {
-    #[cfg(target_os = "linux")]
-    if let Err(e) = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1)) {
-        tracing::debug!(error = %e, "simulated thread keeps the default timer slack");
     }
 }
 

@@ -218,6 +218,16 @@ impl WaitState {
     }
 }
 
+/// Makes this thread's timed sleeps end when asked. Linux lets a normal thread's timers fire up
+/// to 50 µs late (its timer slack), which would turn a 80 µs kernel delay into 130 µs of device
+/// time; a chip's timers have no such slack. Best effort: a kernel that refuses keeps its slack.
+pub(crate) fn exact_timers() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1)) {
+        tracing::debug!(error = %e, "simulated thread keeps the default timer slack");
+    }
+}
+
 thread_local! {
     static WAIT_STATE: WaitState = const { WaitState::new() };
 }
