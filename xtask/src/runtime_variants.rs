@@ -14,7 +14,8 @@ use std::process::ExitCode;
 pub const ENV_TEST_RUNTIME: &str = "SIMPLER_TEST_RUNTIME";
 
 /// The device crate's integration suites that run once per runtime.
-pub const DEVICE_SUITES: &[&str] = &["conformance", "end_to_end", "streaming_paged", "faults"];
+pub const DEVICE_SUITES: &[&str] =
+    &["conformance", "end_to_end", "streaming_paged", "faults", "bad_input"];
 
 /// One chip runtime.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

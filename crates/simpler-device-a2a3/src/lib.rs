@@ -126,8 +126,8 @@ pub use callable::{
 };
 pub use diag::timing::RunPhases;
 pub use error::{
-    CapacityResource, CoreFault, DeviceError, ErrorClass, InitStep, KernelKind, MemPurpose,
-    PoisonCause, PoisonStep, RingSizes, RuntimeFault, StallInfo, StreamKind,
+    ArgOverlap, CapacityResource, CoreFault, DeviceError, ErrorClass, InitStep, KernelKind,
+    MemPurpose, PoisonCause, PoisonStep, RingSizes, RuntimeFault, StallInfo, StreamKind,
 };
 pub use kernel::{KernelCall, KernelFn};
 #[cfg(feature = "sim")]

@@ -72,4 +72,4 @@ pub use ids::{
 pub use state::{EndpointOutcome, GroupMemberState, RunState, TaskState};
 pub use status::RunStatus;
 pub use tag::TensorArgType;
-pub use tensor::Tensor;
+pub use tensor::{Tensor, overlapping_write};

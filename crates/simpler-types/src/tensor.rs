@@ -502,6 +502,28 @@ impl fmt::Debug for Tensor {
     }
 }
 
+/// The first pair `(written, other)` of one task's tensor arguments where the write-tagged
+/// `written` shares bytes with `other`: a kernel would hold a writable view over bytes it also
+/// reads or writes through another argument. Spans are [`Tensor::byte_span`]s, so two views
+/// of one buffer that only interleave count as overlapping (conservative); empty and null
+/// tensors overlap nothing. Both chip runtimes refuse such a task with this pair. Quadratic in
+/// the argument count (at most a few dozen) and allocation-free, for device-side submits.
+pub fn overlapping_write(
+    tensors: &[Tensor],
+    tags: &[crate::TensorArgType],
+) -> Option<(usize, usize)> {
+    for (w, (t, tag)) in tensors.iter().zip(tags).enumerate() {
+        let Some((ws, we)) = t.byte_span().filter(|_| tag.writes()) else { continue };
+        let hit = tensors.iter().enumerate().find(|&(o, other)| {
+            o != w && other.byte_span().is_some_and(|(os, oe)| os < we && ws < oe)
+        });
+        if let Some((o, _)) = hit {
+            return Some((w, o));
+        }
+    }
+    None
+}
+
 /// `FLOAT16[2, 3, 4] @0x1000+0` style: dtype, shape, base address and element offset.
 impl fmt::Display for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -519,6 +541,21 @@ mod tests {
 
     fn t(shape: &[u32]) -> Tensor {
         Tensor::external(0x1000, shape, DataType::Float32).unwrap()
+    }
+
+    #[test]
+    fn a_write_overlapping_another_argument_names_both_and_adjacent_views_pass() {
+        use crate::TensorArgType::{InOut, Input, NoDep, Output};
+        let buf = Tensor::external(0x1000, &[64], DataType::Float32).unwrap();
+        let (lo, hi) = (buf.view(&[32], &[0]).unwrap(), buf.view(&[32], &[32]).unwrap());
+        let mid = buf.view(&[16], &[24]).unwrap();
+        let other = Tensor::external(0x9000, &[64], DataType::Float32).unwrap();
+        assert_eq!(overlapping_write(&[buf, other, buf], &[Input, Input, Output]), Some((2, 0)));
+        assert_eq!(overlapping_write(&[other, lo, mid], &[Input, Input, InOut]), Some((2, 1)));
+        assert_eq!(overlapping_write(&[lo, hi], &[Input, Output]), None, "adjacent halves");
+        assert_eq!(overlapping_write(&[buf, buf], &[Input, NoDep]), None, "two readers");
+        let empty = buf.view(&[0], &[0]).unwrap();
+        assert_eq!(overlapping_write(&[buf, empty], &[Input, Output]), None, "an empty view");
     }
 
     #[test]

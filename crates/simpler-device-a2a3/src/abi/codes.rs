@@ -61,8 +61,8 @@ impl fmt::Display for AclCode {
 
 /// A code latched by a chip runtime in the shared-memory header (`docs/device-chip.md`).
 ///
-/// Values 1–11 are orchestration codes, 100–103 scheduler codes; 6 is retired. Names for 7, 9,
-/// 10 and 101–103 are this crate's (the numbers are the original's).
+/// Values 1–12 are orchestration codes, 100–103 scheduler codes; 6 is retired. Names for 7, 9,
+/// 10 and 101–103 are this crate's (the numbers are the original's); 12 is this crate's own.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[non_exhaustive]
 pub enum RuntimeCode {
@@ -87,6 +87,9 @@ pub enum RuntimeCode {
     CallableMismatch,
     /// 11: the tensor-map pool stayed full with no progress.
     TensormapOverflow,
+    /// 12: a submitted task writes bytes it also names through another argument (the task's
+    /// index and the two argument indices are in the fault-usage cells).
+    OverlappingArguments,
     /// 100: the scheduler made no progress within its budget.
     SchedulerTimeout,
     /// 101: an asynchronous completion timed out (reserved).
@@ -114,6 +117,7 @@ impl RuntimeCode {
             9 => RuntimeCode::OrchestrationFatal,
             10 => RuntimeCode::CallableMismatch,
             11 => RuntimeCode::TensormapOverflow,
+            12 => RuntimeCode::OverlappingArguments,
             100 => RuntimeCode::SchedulerTimeout,
             101 => RuntimeCode::AsyncCompletionTimeout,
             102 => RuntimeCode::AsyncCompletionFailed,
@@ -135,6 +139,7 @@ impl RuntimeCode {
             RuntimeCode::OrchestrationFatal => 9,
             RuntimeCode::CallableMismatch => 10,
             RuntimeCode::TensormapOverflow => 11,
+            RuntimeCode::OverlappingArguments => 12,
             RuntimeCode::SchedulerTimeout => 100,
             RuntimeCode::AsyncCompletionTimeout => 101,
             RuntimeCode::AsyncCompletionFailed => 102,
@@ -156,6 +161,7 @@ impl RuntimeCode {
             RuntimeCode::OrchestrationFatal => "ORCHESTRATION_FATAL",
             RuntimeCode::CallableMismatch => "CALLABLE_MISMATCH",
             RuntimeCode::TensormapOverflow => "TENSORMAP_OVERFLOW",
+            RuntimeCode::OverlappingArguments => "OVERLAPPING_ARGUMENTS",
             RuntimeCode::SchedulerTimeout => "SCHEDULER_TIMEOUT",
             RuntimeCode::AsyncCompletionTimeout => "ASYNC_COMPLETION_TIMEOUT",
             RuntimeCode::AsyncCompletionFailed => "ASYNC_COMPLETION_FAILED",

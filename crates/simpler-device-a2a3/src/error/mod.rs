@@ -146,8 +146,22 @@ pub struct RuntimeFault {
     pub stall: Option<StallInfo>,
     /// AICPU thread that latched the code, if known.
     pub thread: Option<u32>,
+    /// The arguments of an `OVERLAPPING_ARGUMENTS` refusal.
+    pub overlap: Option<ArgOverlap>,
     /// Human text (for example the orchestration's `report_fatal` message).
     pub message: String,
+}
+
+/// A submitted task that writes bytes it also names through another argument, as a device-side
+/// orchestration reports it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ArgOverlap {
+    /// The task's index in submission order.
+    pub task: u64,
+    /// Index of the write-tagged tensor.
+    pub written: usize,
+    /// Index of the tensor it overlaps.
+    pub other: usize,
 }
 
 impl RuntimeFault {
@@ -161,7 +175,19 @@ impl RuntimeFault {
             task: None,
             stall: None,
             thread: None,
+            overlap: None,
             message: message.into(),
+        }
+    }
+
+    /// The error a run that latched this fault ends with: overlapping arguments are the same
+    /// `OverlappingArguments` under every runtime, anything else a `Runtime` error.
+    pub(crate) fn into_error(self, run_id: RunId) -> DeviceError {
+        match self.overlap {
+            Some(ArgOverlap { task, written, other }) => {
+                DeviceError::OverlappingArguments { run_id, task, written, other }
+            }
+            None => DeviceError::Runtime { run_id, fault: Box::new(self) },
         }
     }
 }

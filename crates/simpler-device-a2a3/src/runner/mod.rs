@@ -719,7 +719,7 @@ impl Core {
         self.handshake_report(run);
         // C2.
         let result = match run.latched.take() {
-            Some(fault) => Err(DeviceError::Runtime { run_id: run.run_id, fault: Box::new(fault) }),
+            Some(fault) => Err(fault.into_error(run.run_id)),
             None => {
                 // Every copy-back is attempted; the first one the backend refuses fails the
                 // run, so stale host bytes never pass for its output.

@@ -74,6 +74,22 @@ struct TrbOrch<'a, P: AicpuPlatform> {
     spans: Option<u32>,
     /// The tensor-wait budget in counter ticks.
     tensor_wait: u64,
+    /// Tasks submitted so far (the next task's index in submission order).
+    submitted: u64,
+}
+
+/// What a latched fault carries beyond its code and message, in the shared fault cells.
+#[derive(Clone, Copy)]
+enum FaultDetail<'s> {
+    None,
+    /// A ring stall: the ring, its sizes and its usage.
+    Stall(&'s RingStall),
+    /// Overlapping arguments: the task's index, the written and the other argument.
+    Overlap {
+        task: u64,
+        written: usize,
+        other: usize,
+    },
 }
 
 /// Runs the orchestration on this thread (protocol step 1).
@@ -196,6 +212,7 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
         records: OrchRecords::of(view),
         spans: record::spans_on(view).then_some(threads - 1),
         tensor_wait,
+        submitted: 0,
     };
     let ops = ops_table::<P>();
     let ctx_ptr = (&mut rt as *mut TrbOrch<'_, P>).cast::<c_void>();
@@ -229,17 +246,21 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
                 "the orchestration panicked: {}",
                 crate::runtime::hbg::panic_text(&*payload)
             ),
-            None,
+            FaultDetail::None,
         ),
         Ok(Err(e)) if !rt.failed => rt.latch(
             RuntimeCode::OrchestrationFatal,
             format_args!("the orchestration returned an error: {e}"),
-            None,
+            FaultDetail::None,
         ),
         Ok(_) => {}
     }
     if !rt.failed && rt.engine.finish().is_err() {
-        rt.latch(RuntimeCode::InvalidArgs, format_args!("the outer scope was closed twice"), None);
+        rt.latch(
+            RuntimeCode::InvalidArgs,
+            format_args!("the outer scope was closed twice"),
+            FaultDetail::None,
+        );
     }
     status.submitted.store(rt.engine.submitted(), Relaxed);
     shared.orch_done.store(1, Release);
@@ -430,7 +451,7 @@ unsafe extern "C-unwind" fn op_report_fatal<P: AicpuPlatform>(
     let o = unsafe { orch::<P>(rt) };
     let code = RuntimeCode::from_raw(code).unwrap_or(RuntimeCode::OrchestrationFatal);
     let text = message_text(msg, len);
-    o.latch(code, format_args!("{text}"), None);
+    o.latch(code, format_args!("{text}"), FaultDetail::None);
 }
 
 unsafe extern "C-unwind" fn op_log<P: AicpuPlatform>(
@@ -499,14 +520,19 @@ fn members_per_block(shape: TaskShape, funcs: &[i32; 3]) -> u32 {
 
 impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
     /// Latches `code` with a message (the first latch wins) and fails every further call.
-    fn latch(&mut self, code: RuntimeCode, args: fmt::Arguments<'_>, stall: Option<&RingStall>) {
+    fn latch(&mut self, code: RuntimeCode, args: fmt::Arguments<'_>, detail: FaultDetail<'_>) {
         self.failed = true;
         let shared = self.view.shared();
         if shared.orch_error_code.compare_exchange(0, code.raw(), AcqRel, Acquire).is_err() {
             return;
         }
         store_message(self.status, args);
-        if let Some(s) = stall {
+        if let FaultDetail::Overlap { task, written, other } = detail {
+            for (cell, v) in shared.fault_usage.iter().zip([task, written as u64, other as u64]) {
+                cell.store(v, Relaxed);
+            }
+        }
+        if let FaultDetail::Stall(s) = detail {
             shared.fault_ring.store(u32::from(s.ring), Relaxed);
             let sizes =
                 [u64::from(s.sizes.task_window), s.sizes.heap_bytes, s.sizes.dep_pool.into()];
@@ -526,7 +552,7 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         if self.failed {
             return ORCH_FAILED;
         }
-        self.latch(RuntimeCode::InvalidArgs, args, None);
+        self.latch(RuntimeCode::InvalidArgs, args, FaultDetail::None);
         ORCH_INVALID
     }
 
@@ -534,7 +560,7 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
     fn refused(&mut self, r: SubmitRefusal) -> i32 {
         match r {
             SubmitRefusal::Stall(s) => {
-                self.latch(s.code(), format_args!("{s}"), Some(&s));
+                self.latch(s.code(), format_args!("{s}"), FaultDetail::Stall(&s));
                 ORCH_CAPACITY
             }
             SubmitRefusal::Invalid(m) => self.invalid(format_args!("{m}")),
@@ -701,7 +727,9 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                     ))
                     .into();
             }
-            if t.validate().is_err() || !self.range_ok(t.addr, t.size) {
+            // A zero-byte buffer names no memory (a host tensor of no elements is not staged,
+            // so its address is the host's): nothing to check.
+            if t.validate().is_err() || (t.size != 0 && !self.range_ok(t.addr, t.size)) {
                 return self
                     .invalid(format_args!(
                         "submit: tensor {i} ({} bytes at {:#x}) is not inside an argument \
@@ -718,6 +746,22 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                 creators[made] = t.owner_task_id;
                 made += 1;
             }
+        }
+        if let Some((written, other)) = simpler_types::overlapping_write(tensors, tags) {
+            if self.failed {
+                return ORCH_FAILED.into();
+            }
+            let task = self.submitted;
+            let tag = tags[written];
+            self.latch(
+                RuntimeCode::OverlappingArguments,
+                format_args!(
+                    "submit: task {task}: tensor {written} ({tag}) writes bytes tensor {other} \
+                     also names"
+                ),
+                FaultDetail::Overlap { task, written, other },
+            );
+            return ORCH_INVALID.into();
         }
         let accesses = match Accesses::of(tensors, tags) {
             Ok(a) => a,
@@ -736,6 +780,7 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         });
         match submitted {
             Ok(s) => {
+                self.submitted += 1;
                 if s.wake_schedulers {
                     self.p.notify_schedulers();
                 }
@@ -839,7 +884,7 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         self.latch(
             RuntimeCode::TensorWaitTimeout,
             format_args!("{op}: the tasks accessing {span} did not finish within {ms} ms"),
-            None,
+            FaultDetail::None,
         );
         ORCH_FAILED
     }

@@ -149,31 +149,6 @@ fn span_of(t: &Tensor) -> Option<ByteSpan> {
     t.byte_span().and_then(|(s, e)| ByteSpan::new(s, e))
 }
 
-/// The first pair `(written, other)` of a task's tensor arguments where the write-tagged
-/// `written` shares bytes with `other`: a kernel would hold a writable view over bytes it also
-/// reads or writes through another argument. Spans are the views' byte ranges in device
-/// memory, so two views of one buffer that only interleave count as overlapping
-/// (conservative, as the engine's check of one member's writes).
-fn overlapping_args(tensors: &[Tensor], tags: &[TensorArgType]) -> Option<(usize, usize)> {
-    // Callers checked `tensors.len() <= CORE_MAX_TENSOR_ARGS`; no allocation on the submit path.
-    let mut buf = [None; CORE_MAX_TENSOR_ARGS];
-    for (b, t) in buf.iter_mut().zip(tensors) {
-        *b = span_of(t);
-    }
-    let spans = &buf[..tensors.len().min(CORE_MAX_TENSOR_ARGS)];
-    for (w, (span, tag)) in spans.iter().zip(tags).enumerate() {
-        let Some(span) = span.filter(|_| tag.writes()) else { continue };
-        let hit = spans
-            .iter()
-            .enumerate()
-            .find(|&(o, other)| o != w && other.is_some_and(|other| other.overlaps(span)));
-        if let Some((o, _)) = hit {
-            return Some((w, o));
-        }
-    }
-    None
-}
-
 fn slot_of(task: u32) -> SlotId {
     SlotId::new(task, 1)
 }
@@ -276,7 +251,7 @@ impl<'e> GraphBuilder<'e> {
                 );
             }
         }
-        if let Some((written, other)) = overlapping_args(tensors, &parsed_tags) {
+        if let Some((written, other)) = simpler_types::overlapping_write(tensors, &parsed_tags) {
             let run_id = self.run_id;
             let task = task_index;
             return i64::from(self.latch(DeviceError::OverlappingArguments {

@@ -23,7 +23,7 @@ use crate::callable::{OrchArgs, Orchestration};
 use crate::diag::swimlane::SwimlaneCapture;
 use crate::diag::timing::RunPhases;
 use crate::diag::{self, DiagPlan, Exporter, Outcome};
-use crate::error::{DeviceError, RingSizes, RuntimeFault};
+use crate::error::{ArgOverlap, DeviceError, RingSizes, RuntimeFault};
 use crate::runner::{RingHighWater, RunReport};
 use crate::runtime::hbg::check_arg_count;
 use crate::runtime::hbg::image::ImageInputs;
@@ -245,6 +245,11 @@ impl BoundRun for TrbRun {
         fault.thread = Some(self.threads.saturating_sub(1));
         if let Some(status) = image.trb_status() {
             fault.message = TrbReport::read(status).message;
+        }
+        if fault.code == RuntimeCode::OverlappingArguments {
+            let [task, written, other] = shared.fault_usage.each_ref().map(|c| c.load(Acquire));
+            let index = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+            fault.overlap = Some(ArgOverlap { task, written: index(written), other: index(other) });
         }
         let ring = shared.fault_ring.load(Acquire);
         if ring != u32::MAX && fault.code != RuntimeCode::InvalidArgs {
