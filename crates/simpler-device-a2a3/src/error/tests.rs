@@ -1,5 +1,6 @@
 //! Unit tests of the device errors: the task-reference format, hex addresses, size and wording.
 use super::*;
+use crate::abi::codes::StallClass;
 
 #[test]
 fn task_references_use_the_one_format() {
