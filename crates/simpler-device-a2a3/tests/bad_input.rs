@@ -458,6 +458,40 @@ fn a_task_writing_bytes_another_of_its_arguments_names_is_refused_naming_both() 
     still_works(&mut r, 4);
 }
 
+/// Two good `c = a + b` tasks, then `a = a + b`: the third task writes its own input.
+fn third_task_overlaps_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let (a, b, c) = (*args.tensor(0).unwrap(), *args.tensor(1).unwrap(), *args.tensor(2).unwrap());
+    for out in [c, c, a] {
+        let mut t = CoreArgs::new();
+        t.add_input(a).unwrap();
+        t.add_input(b).unwrap();
+        t.add_output(out).unwrap();
+        ctx.submit(Kernels::Aiv(FUNC_ADD), &t)?;
+    }
+    Ok(())
+}
+
+/// The refusal names the task by its index in submission order under both runtimes (under
+/// tensormap_and_ringbuffer the index travels from the device in the fault cells).
+#[test]
+fn an_overlapping_task_after_good_ones_is_named_by_its_submission_index() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let c = ChipCallable::native(third_task_overlaps_orch, three_args)
+        .kernel(FUNC_ADD, CoreCallable::native(vec![], add_kernel))
+        .build()
+        .unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    let err =
+        r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::OverlappingArguments { task: 2, written: 2, other: 0, .. }),
+        "{err}"
+    );
+    v.free(&mut r);
+    still_works(&mut r, 2);
+}
+
 #[test]
 fn zero_element_chip_tensors_are_empty_views_the_kernels_see_as_empty() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
