@@ -492,6 +492,33 @@ fn an_overlapping_task_after_good_ones_is_named_by_its_submission_index() {
     still_works(&mut r, 2);
 }
 
+fn reports_the_overlap_code_orch(ctx: &mut OrchCtx<'_>, _: &OrchArgs<'_>) -> Result<(), OrchError> {
+    ctx.report_fatal(RuntimeCode::OverlappingArguments.raw(), "the orchestration's own words");
+    Ok(())
+}
+
+/// Only the runtime writes an overlap's detail: an orchestration reporting that code itself
+/// gets its own fatal error with its message, never an `OverlappingArguments` of zeros.
+#[test]
+fn an_orchestration_reporting_the_overlap_code_is_its_own_fatal_error() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let c = ChipCallable::native(reports_the_overlap_code_orch, |_| OrchConfig::default())
+        .kernel(FUNC_NOOP, CoreCallable::native(vec![], noop_kernel))
+        .build()
+        .unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let err = r
+        .run(&RunRequest::new(run_id(1), slot, &TaskArgs::new(), &CallConfig::default()))
+        .unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::Runtime { fault, .. }
+            if fault.code == RuntimeCode::OrchestrationFatal
+                && fault.message.contains("the orchestration's own words")),
+        "{err}"
+    );
+    still_works(&mut r, 2);
+}
+
 #[test]
 fn zero_element_chip_tensors_are_empty_views_the_kernels_see_as_empty() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();

@@ -2,8 +2,8 @@
 // is `kernel_entry(args)`, where args[i] for i < T is the device address of the i-th tensor's
 // 128-byte descriptor and args[T + j] the j-th scalar as a raw 64-bit word (value bytes low).
 // This header maps the few things that differ between the AICore (ccec: `__CCE__`) and the host
-// build the simulator loads: the global-memory qualifier, the entry's declaration, the write
-// back of a kernel's output before it returns and the invalidation before a re-read. Only what ccec accepts appears here.
+// build the simulator loads: the global-memory qualifier, the entry's declaration and the write
+// back of a kernel's output before it returns. Only what ccec accepts appears here.
 #ifndef SIMPLER_KERNEL_ABI_H
 #define SIMPLER_KERNEL_ABI_H
 
@@ -21,17 +21,11 @@ static inline void simpler_kernel_flush(SIMPLER_GM float *data, uint64_t len) {
     }
     dsb(DSB_DDR);
 }
-// Drops the cache line holding `data`, so the next scalar load reads memory.
-static inline void simpler_kernel_invalidate(SIMPLER_GM float *data) {
-    uint64_t a = reinterpret_cast<uint64_t>(data) & ~63ull;
-    dcci(reinterpret_cast<__gm__ uint64_t *>(a), SINGLE_CACHE_LINE);
-}
 #else
 #define SIMPLER_GM
 #define SIMPLER_KERNEL_ENTRY \
     extern "C" __attribute__((visibility("default"))) void kernel_entry(int64_t *args)
 static inline void simpler_kernel_flush(float *, uint64_t) {}
-static inline void simpler_kernel_invalidate(float *) {}
 #endif
 
 // Tensor descriptor offsets.

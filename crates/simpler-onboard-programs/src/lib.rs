@@ -363,8 +363,9 @@ pub const TEST_KERNELS: [TestKernel; 3] = [
 ];
 
 /// The hanging kernel of the onboard case set, registered in place of `add_scalar` (func 1):
-/// it never returns on its own, so on a chip the op-execute watchdog ends it and poisons the
-/// device. Built with the others; the simulator never runs it (its hang is the fault plan's).
+/// it never returns (a volatile re-read of its first argument slot, forever), so on a chip
+/// the op-execute watchdog ends it and poisons the device. Built with the others; the
+/// simulator never runs it (its hang is the fault plan's).
 pub const HANG_KERNEL: TestKernel = TestKernel {
     name: "hang",
     func_id: 1,

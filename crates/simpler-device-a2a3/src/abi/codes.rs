@@ -170,6 +170,16 @@ impl RuntimeCode {
         }
     }
 
+    /// The code an orchestration's `report_fatal(code, …)` latches: `code` itself, except that
+    /// 0 and `OVERLAPPING_ARGUMENTS` (whose detail only the runtime writes) become
+    /// `ORCHESTRATION_FATAL`.
+    pub const fn reported_by_orchestration(code: i32) -> RuntimeCode {
+        match RuntimeCode::from_raw(code) {
+            None | Some(RuntimeCode::OverlappingArguments) => RuntimeCode::OrchestrationFatal,
+            Some(c) => c,
+        }
+    }
+
     /// Whether the code comes from the scheduler (100 and above) rather than orchestration.
     pub const fn is_scheduler(self) -> bool {
         self.raw() >= 100

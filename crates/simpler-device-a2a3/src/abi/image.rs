@@ -204,7 +204,8 @@ pub struct SharedHeader {
     pub abort: AtomicU32,
     /// Ring sizes at a capacity failure: task window, heap bytes, dep pool.
     pub fault_sizes: [AtomicU64; 3],
-    /// Ring usage at a capacity failure, in the same order.
+    /// Ring usage at a capacity failure, in the same order; for `OVERLAPPING_ARGUMENTS` the
+    /// refused task's index, the written and the other argument's index.
     pub fault_usage: [AtomicU64; 3],
     /// Thread-index claims of the AICPU program: each exec participant takes
     /// `fetch_add(1) % aicpu_threads` (every launch starts exactly that many participants, so

@@ -74,8 +74,6 @@ struct TrbOrch<'a, P: AicpuPlatform> {
     spans: Option<u32>,
     /// The tensor-wait budget in counter ticks.
     tensor_wait: u64,
-    /// Tasks submitted so far (the next task's index in submission order).
-    submitted: u64,
 }
 
 /// What a latched fault carries beyond its code and message, in the shared fault cells.
@@ -212,7 +210,6 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
         records: OrchRecords::of(view),
         spans: record::spans_on(view).then_some(threads - 1),
         tensor_wait,
-        submitted: 0,
     };
     let ops = ops_table::<P>();
     let ctx_ptr = (&mut rt as *mut TrbOrch<'_, P>).cast::<c_void>();
@@ -449,7 +446,7 @@ unsafe extern "C-unwind" fn op_report_fatal<P: AicpuPlatform>(
 ) {
     // SAFETY: the ops table's contract.
     let o = unsafe { orch::<P>(rt) };
-    let code = RuntimeCode::from_raw(code).unwrap_or(RuntimeCode::OrchestrationFatal);
+    let code = RuntimeCode::reported_by_orchestration(code);
     let text = message_text(msg, len);
     o.latch(code, format_args!("{text}"), FaultDetail::None);
 }
@@ -748,10 +745,8 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
             }
         }
         if let Some((written, other)) = simpler_types::overlapping_write(tensors, tags) {
-            if self.failed {
-                return ORCH_FAILED.into();
-            }
-            let task = self.submitted;
+            // The refused task's index in submission order.
+            let task = self.engine.submitted();
             let tag = tags[written];
             self.latch(
                 RuntimeCode::OverlappingArguments,
@@ -780,7 +775,6 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         });
         match submitted {
             Ok(s) => {
-                self.submitted += 1;
                 if s.wake_schedulers {
                     self.p.notify_schedulers();
                 }

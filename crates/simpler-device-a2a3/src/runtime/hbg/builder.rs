@@ -583,10 +583,7 @@ impl<'e> GraphBuilder<'e> {
     }
 
     fn report_fatal(&mut self, code: i32, message: String) {
-        let code = match RuntimeCode::from_raw(code) {
-            Some(c) => c,
-            None => RuntimeCode::OrchestrationFatal,
-        };
+        let code = RuntimeCode::reported_by_orchestration(code);
         let run_id = self.run_id;
         if self.error.is_none() {
             self.error = Some(DeviceError::Runtime {
