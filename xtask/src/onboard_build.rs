@@ -352,14 +352,7 @@ pub fn orchestration_invocation(tools: &CannTools, src: &Path, out: &Path) -> In
 /// Writes the orchestration sources into `work/src` and cross-compiles the object into `work`.
 pub fn device_orchestrations(tools: &CannTools, work: &Path) -> Result<PathBuf, String> {
     let src = work.join("src");
-    let io = |p: &Path, e: std::io::Error| format!("{}: {e}", p.display());
-    std::fs::create_dir_all(&src).map_err(|e| io(&src, e))?;
-    let sources = [simpler_onboard_programs::ORCH_ABI_HEADER]
-        .into_iter()
-        .chain(simpler_onboard_programs::ORCHESTRATION_SOURCES);
-    for (name, text) in sources {
-        std::fs::write(src.join(name), text).map_err(|e| io(&src.join(name), e))?;
-    }
+    simpler_onboard_programs::write_orchestration_sources(&src)?;
     let out = work.join(simpler_onboard_programs::ORCHESTRATION_OBJECT);
     orchestration_invocation(tools, &src, &out).run()?;
     Ok(out)
@@ -367,9 +360,8 @@ pub fn device_orchestrations(tools: &CannTools, work: &Path) -> Result<PathBuf, 
 
 /// What identifies the orchestration object's build: the compiler, the flags and the sources.
 fn orchestration_inputs(compiler: &str) -> String {
-    let sources: String = [simpler_onboard_programs::ORCH_ABI_HEADER]
+    let sources: String = simpler_onboard_programs::ORCHESTRATION_FILES
         .iter()
-        .chain(&simpler_onboard_programs::ORCHESTRATION_SOURCES)
         .map(|(n, t)| format!("{n}\n{t}"))
         .collect();
     format!("{compiler}\n{:?}\n{sources}", simpler_onboard_programs::ORCHESTRATION_CFLAGS)

@@ -389,6 +389,11 @@ pub const ORCHESTRATION_SOURCES: [(&str, &str); 2] = [
     ("fixtures_orch.c", include_str!("../orchestrations/fixtures_orch.c")),
 ];
 
+/// Every file the orchestration object is compiled from: the ABI header, then
+/// [`ORCHESTRATION_SOURCES`].
+pub const ORCHESTRATION_FILES: [(&str, &str); 3] =
+    [ORCH_ABI_HEADER, ORCHESTRATION_SOURCES[0], ORCHESTRATION_SOURCES[1]];
+
 /// The vector example's C entry and config symbols in the orchestration object.
 pub const VECTOR_ORCHESTRATION: (&str, &str) = ("vector_example", "vector_config");
 /// The C entry and config symbols of `f = a + b` (one AIV task, func 0) in the object.
@@ -409,14 +414,18 @@ pub const ORCHESTRATION_OBJECT: &str = "liborchestrations.so";
 #[cfg(feature = "host-build")]
 pub fn build_host_orchestrations(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
     let flags = ORCHESTRATION_CFLAGS;
-    let mut sources = vec![ORCH_ABI_HEADER];
-    sources.extend(ORCHESTRATION_SOURCES);
-    write_sources(dir, &sources)?;
+    write_orchestration_sources(dir)?;
     let out = dir.join(ORCHESTRATION_OBJECT);
     let mut args: Vec<std::ffi::OsString> = vec!["-shared".into(), "-o".into(), out.clone().into()];
     args.extend(ORCHESTRATION_SOURCES.iter().map(|(f, _)| dir.join(f).into()));
     host_compile(false, &flags, &args)?;
     Ok(out)
+}
+
+/// Writes [`ORCHESTRATION_FILES`] into `dir` (feature `host-build`), for a host or a cross build.
+#[cfg(feature = "host-build")]
+pub fn write_orchestration_sources(dir: &std::path::Path) -> Result<(), String> {
+    write_sources(dir, &ORCHESTRATION_FILES)
 }
 
 /// The entry every test kernel object defines.

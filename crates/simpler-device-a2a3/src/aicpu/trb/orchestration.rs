@@ -524,22 +524,23 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
             return;
         }
         store_message(self.status, args);
-        if let FaultDetail::Overlap { task, written, other } = detail {
-            for (cell, v) in shared.fault_usage.iter().zip([task, written as u64, other as u64]) {
-                cell.store(v, Relaxed);
+        let usage = match detail {
+            FaultDetail::None => None,
+            FaultDetail::Stall(s) => {
+                shared.fault_ring.store(u32::from(s.ring), Relaxed);
+                let sizes =
+                    [u64::from(s.sizes.task_window), s.sizes.heap_bytes, s.sizes.dep_pool.into()];
+                for (cell, v) in shared.fault_sizes.iter().zip(sizes) {
+                    cell.store(v, Relaxed);
+                }
+                Some([u64::from(s.tasks), s.heap, s.deps])
             }
-        }
-        if let FaultDetail::Stall(s) = detail {
-            shared.fault_ring.store(u32::from(s.ring), Relaxed);
-            let sizes =
-                [u64::from(s.sizes.task_window), s.sizes.heap_bytes, s.sizes.dep_pool.into()];
-            let usage = [u64::from(s.tasks), s.heap, s.deps];
-            for (cell, v) in shared.fault_sizes.iter().zip(sizes) {
-                cell.store(v, Relaxed);
+            FaultDetail::Overlap { task, written, other } => {
+                Some([task, written as u64, other as u64])
             }
-            for (cell, v) in shared.fault_usage.iter().zip(usage) {
-                cell.store(v, Relaxed);
-            }
+        };
+        for (cell, v) in shared.fault_usage.iter().zip(usage.into_iter().flatten()) {
+            cell.store(v, Relaxed);
         }
         self.p.log(LogLevel::Error, format_args!("orchestration failed: {code}"));
         self.p.notify_schedulers();
