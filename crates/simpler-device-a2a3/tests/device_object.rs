@@ -69,18 +69,12 @@ fn the_c_vector_orchestration_gives_the_rust_ones_bytes_at_every_shape() {
 fn the_c_add_orchestration_adds() {
     let mut r = trb();
     let (entry, config) = ADD_ORCHESTRATION;
-    // SAFETY: the project's own C orchestrations built for this host (see `c_vector_callable`).
-    let object = unsafe { OrchestrationObject::new(c_orchestrations().to_vec(), entry, config) };
-    let c = add::builder_with(Orchestration::DeviceObject(object)).build().unwrap();
+    let c = add::builder_with(c_orchestration(entry, config)).build().unwrap();
     let slot = r.register_callable(&c).unwrap();
     let v = VectorRun::new(&mut r, N);
     r.run(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &v.args, &CallConfig::default()))
         .unwrap();
-    let mut out = vec![0u8; N * 4];
-    r.copy_from_device(&mut out, v.ptrs[2]).unwrap();
-    let got: Vec<f32> =
-        out.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-    assert_eq!(got, add::reference(&v.a, &v.b));
+    assert_eq!(download_f32(&mut r, v.ptrs[2], N), add::reference(&v.a, &v.b));
     v.free(&mut r);
     r.unregister_callable(slot).unwrap();
     r.finalize().unwrap();

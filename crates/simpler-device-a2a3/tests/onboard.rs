@@ -355,6 +355,12 @@ impl Program {
         if onboard_trb {
             return self.device_object_callable(kernels);
         }
+        if t == Target::Programs {
+            return match self {
+                Program::Add => add::callable().expect("a valid callable"),
+                Program::Vector => vector::callable().expect("a valid callable"),
+            };
+        }
         let native = match self {
             Program::Add => {
                 ChipCallable::native(add::orchestration, three_args).names("add", "add_config")
@@ -362,13 +368,7 @@ impl Program {
             Program::Vector => ChipCallable::native(vector::orchestration, three_args)
                 .names("vector_example", "vector_config"),
         };
-        match t {
-            Target::Programs => match self {
-                Program::Add => add::callable().expect("a valid callable"),
-                Program::Vector => vector::callable().expect("a valid callable"),
-            },
-            Target::Onboard => with_kernel_code(native.signature(vec![In, In, Out]), kernels),
-        }
+        with_kernel_code(native.signature(vec![In, In, Out]), kernels)
     }
 
     /// The program as a `DeviceObject` callable: the manifest's orchestration object with the

@@ -145,12 +145,17 @@ pub fn c_orchestrations() -> &'static [u8] {
 
 /// The vector example's kernels around the C orchestration object's `entry` and `config`.
 pub fn c_vector_callable(entry: &str, config: &str) -> ChipCallable {
+    vector::builder_with(c_orchestration(entry, config)).build().unwrap()
+}
+
+/// [`c_orchestrations`] as a `DeviceObject` orchestration with `entry` and `config`.
+pub fn c_orchestration(entry: &str, config: &str) -> simpler_device_a2a3::Orchestration {
     // SAFETY: the object is the project's own C orchestrations built for this host; its
     // functions have the orchestration ABI and touch only what the ops table hands out.
     let object = unsafe {
         simpler_device_a2a3::OrchestrationObject::new(c_orchestrations().to_vec(), entry, config)
     };
-    vector::builder_with(simpler_device_a2a3::Orchestration::DeviceObject(object)).build().unwrap()
+    simpler_device_a2a3::Orchestration::DeviceObject(object)
 }
 
 /// Device buffers and chip arguments of one vector-example run of `n` elements.
