@@ -12,6 +12,14 @@ use simpler_types::{
     CallConfig, CoreArgs, DataType, RingSel, SwimlaneLevel, TaskArgs, Tensor, TypesError,
 };
 
+/// `orch` with the default config and the no-op kernel as `FUNC_NOOP`.
+fn with_noop_kernel(orch: simpler_device_a2a3::NativeOrchFn) -> ChipCallable {
+    ChipCallable::native(orch, |_| OrchConfig::default())
+        .kernel(FUNC_NOOP, CoreCallable::native(vec![], noop_kernel))
+        .build()
+        .unwrap()
+}
+
 fn still_works(r: &mut DeviceRunner, run: u64) {
     vector_once(r, run, &CallConfig::default());
 }
@@ -42,10 +50,7 @@ fn far_func_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchE
 #[test]
 fn a_submit_with_an_out_of_range_func_id_is_invalid_args() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
-    let c = ChipCallable::native(far_func_orch, |_| OrchConfig::default())
-        .kernel(FUNC_NOOP, CoreCallable::native(vec![], noop_kernel))
-        .build()
-        .unwrap();
+    let c = with_noop_kernel(far_func_orch);
     let slot = r.register_callable(&c).unwrap();
     let (p, t) = upload_f32(&mut r, &[0.0; 4]);
     let mut args = TaskArgs::new();
@@ -502,10 +507,7 @@ fn reports_the_overlap_code_orch(ctx: &mut OrchCtx<'_>, _: &OrchArgs<'_>) -> Res
 #[test]
 fn an_orchestration_reporting_the_overlap_code_is_its_own_fatal_error() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
-    let c = ChipCallable::native(reports_the_overlap_code_orch, |_| OrchConfig::default())
-        .kernel(FUNC_NOOP, CoreCallable::native(vec![], noop_kernel))
-        .build()
-        .unwrap();
+    let c = with_noop_kernel(reports_the_overlap_code_orch);
     let slot = r.register_callable(&c).unwrap();
     let err = r
         .run(&RunRequest::new(run_id(1), slot, &TaskArgs::new(), &CallConfig::default()))
