@@ -1,7 +1,7 @@
 //! Conformance items that name tensormap_and_ringbuffer, each test named after its item:
 //! orchestration faults that leave the device healthy
 //! (7; the ring stalls SCOPE_DEADLOCK, HEAP_RING_DEADLOCK, DEP_POOL_OVERFLOW and
-//! TENSORMAP_OVERFLOW are in `trb_programs.rs`), callable and arena reuse and ring sizing (13),
+//! TENSORMAP_OVERFLOW are in `trb_programs.rs`), callable and arena reuse (partial arena resets included) and ring sizing (13),
 //! and the diagnostics files (16). Item 1 (the vector programs on every launch shape) is
 //! `conformance.rs`'s test of it, which CI runs under both runtimes (`SIMPLER_TEST_RUNTIME`).
 
@@ -165,6 +165,46 @@ fn item_13_rerunning_one_trb_callable_registers_once_and_builds_its_arena_once_a
         run_chain(&mut r, slot, run, 8, &bigger).unwrap();
     }
     assert_eq!(r.stats().arena_cache_misses, again.arena_cache_misses + 1);
+    r.finalize().unwrap();
+}
+
+#[test]
+fn item_13_a_kept_arena_is_reset_partially_only_after_a_clean_run_of_the_same_sizing() {
+    let mut r = DeviceRunner::attach(small_ring_options()).unwrap();
+    let chain = r.register_callable(&noop_callable(chain_orch, two_args)).unwrap();
+    let vector = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 1024);
+    let cfg = CallConfig::default();
+    let reused = |rep: simpler_device_a2a3::RunReport| rep.arena_reused;
+    assert!(!reused(run_chain(&mut r, chain, 1, 8, &cfg).unwrap()), "a fresh arena");
+    assert!(reused(run_chain(&mut r, chain, 2, 8, &cfg).unwrap()));
+    // Another callable over the same sizing reuses the arena too, and computes right.
+    let rep = r.run(&RunRequest::new(run_id(3), vector, &v.args, &cfg)).unwrap();
+    assert!(rep.arena_reused);
+    v.check(&mut r);
+    v.clear(&mut r);
+    // A run that fails mid-way (40 tasks in one scope of a 16-slot window) leaves its
+    // leftovers unknown: the next run resets everything.
+    let err = run_chain(&mut r, chain, 4, 40, &cfg).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::Runtime { fault, .. } if fault.code == RuntimeCode::ScopeDeadlock)
+    );
+    let rep = r.run(&RunRequest::new(run_id(5), vector, &v.args, &cfg)).unwrap();
+    assert!(!rep.arena_reused, "after a failed run");
+    v.check(&mut r);
+    v.clear(&mut r);
+    // A smaller sizing fits the same allocation but lays it out anew.
+    let narrow = RingOverride { task_window: Some(8), heap_bytes: None, dep_pool: None };
+    let small = CallConfig::builder().ring_override(RingSel::All, narrow).build().unwrap();
+    let misses = r.stats().arena_cache_misses;
+    assert!(!reused(run_chain(&mut r, chain, 6, 4, &small).unwrap()), "another layout");
+    assert!(reused(run_chain(&mut r, chain, 7, 4, &small).unwrap()));
+    assert!(!reused(run_chain(&mut r, chain, 8, 4, &cfg).unwrap()), "back to the first layout");
+    assert_eq!(r.stats().arena_cache_misses, misses, "one allocation throughout");
+    let rep = r.run(&RunRequest::new(run_id(9), vector, &v.args, &cfg)).unwrap();
+    assert!(rep.arena_reused);
+    v.check(&mut r);
+    v.free(&mut r);
     r.finalize().unwrap();
 }
 

@@ -400,6 +400,27 @@ proptest! {
     }
 
     #[test]
+    fn fixed_map_reused_after_a_sequence_is_a_new_map(
+        first in prop::collection::vec(op(true), 1..80),
+        then in prop::collection::vec(op(true), 1..80),
+        capacity in 1usize..12,
+        log_buckets in 0u32..3,
+    ) {
+        let mut entries = vec![MapEntry::<u64>::default(); capacity];
+        let mut buckets = vec![0u32; 1 << log_buckets];
+        let base = |b: usize| 0x1000 * (b as u64 + 1);
+        let map = FixedTensorMap::new(&mut entries, &mut buckets).unwrap();
+        let mut subject = FixedTracker { map, key: base, base, capacity: capacity as u32 };
+        check(&mut subject, capacity, &first)?;
+        let handed_out = subject.map.handed_out();
+        FixedTensorMap::reuse(&mut entries, &mut buckets, handed_out).unwrap();
+        prop_assert!(buckets.iter().all(|&b| b == u32::MAX), "every bucket empty: {:?}", buckets);
+        let map = FixedTensorMap::reuse(&mut entries, &mut buckets, 0).unwrap();
+        let mut subject = FixedTracker { map, key: base, base, capacity: capacity as u32 };
+        check(&mut subject, capacity, &then)?;
+    }
+
+    #[test]
     fn host_map_matches_the_entry_model(
         ops in prop::collection::vec(op(true), 1..80),
     ) {

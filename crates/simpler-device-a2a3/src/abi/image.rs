@@ -442,8 +442,10 @@ pub struct TrbHeader {
     pub orch_config: u64,
     /// [`ORCH_KIND_NATIVE`] or [`ORCH_KIND_C`].
     pub orch_kind: u32,
-    /// Padding.
-    pub reserved0: u32,
+    /// 1 when the arena is the allocation the previous run of the same resource slot used,
+    /// untouched since: the device may then reset only what that run's reuse record names
+    /// (`docs/device-trb.md`); 0 makes it reset every section.
+    pub arena_kept: u32,
     /// Padding.
     pub reserved1: [u64; 6],
 }
@@ -473,8 +475,9 @@ pub struct TrbStatus {
     pub submitted: AtomicU64,
     /// Bytes of `message` in use.
     pub message_len: AtomicU32,
-    /// Padding.
-    pub reserved0: u32,
+    /// 1 when the run reset only what the previous run over its arena used, 0 when it reset
+    /// every section (or never reached the reset).
+    pub arena_partial_reset: AtomicU32,
     /// Per ring, the high-water marks of task slots, heap bytes and dependency entries.
     pub peaks: [[AtomicU64; 3]; 4],
     /// High-water mark of live tensor-map entries.

@@ -12,7 +12,7 @@ use super::staging::{StagedTensor, host_slice};
 use super::{Core, DevicePtr, RunState, oom};
 use crate::backend::Backend;
 use crate::error::{DeviceError, MemPurpose};
-use crate::runtime::BuildEnv;
+use crate::runtime::{BuildEnv, HeapArena};
 
 /// One pooled allocation.
 #[derive(Debug, Default, Clone, Copy)]
@@ -64,10 +64,10 @@ impl BuildEnv for RunMemory<'_> {
         self.backend.write(addr, data)
     }
 
-    fn heap_arena(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    fn heap_arena(&mut self, bytes: u64) -> Result<HeapArena, DeviceError> {
         if let Some(a) = *self.heap {
             if a.len >= bytes {
-                return Ok(a.addr);
+                return Ok(HeapArena { addr: a.addr, kept: true });
             }
             self.backend.free(a.addr);
             *self.heap = None;
@@ -78,7 +78,7 @@ impl BuildEnv for RunMemory<'_> {
             .malloc(bytes, MemPurpose::HeapArena)
             .map_err(|f| oom(Some(self.run_id), bytes, MemPurpose::HeapArena, f))?;
         *self.heap = Some(Arena { addr, len: bytes });
-        Ok(addr)
+        Ok(HeapArena { addr, kept: false })
     }
 }
 

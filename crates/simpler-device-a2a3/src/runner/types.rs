@@ -192,6 +192,9 @@ pub struct RunReport {
     pub rings: [RingHighWater; 4],
     /// Tensor-map entries at the peak.
     pub tensormap_max: u64,
+    /// tensormap_and_ringbuffer: the device reset only what the previous run over the same
+    /// arena used, rather than the whole arena (`docs/device-trb.md`, "Reusing an arena").
+    pub arena_reused: bool,
     /// Swimlane records dropped because a core's buffer was full.
     pub swimlane_dropped: u64,
     /// Files written under `output_prefix`.

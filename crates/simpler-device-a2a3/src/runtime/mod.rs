@@ -33,7 +33,7 @@ use crate::error::{DeviceError, RuntimeFault, StallInfo};
 use crate::options::{RingDefaults, RuntimeVariant};
 use crate::runner::RunReport;
 
-pub(crate) use self::hbg::builder::BuildEnv;
+pub(crate) use self::hbg::builder::{BuildEnv, HeapArena};
 
 /// A `DeviceObject` orchestration as the AICPU side loaded it at registration: the device
 /// addresses of its C entry and config functions.

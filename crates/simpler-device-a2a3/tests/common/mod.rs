@@ -188,6 +188,11 @@ impl VectorRun {
         }
     }
 
+    /// Zeroes the output, so that the next check sees only what the next run wrote.
+    pub fn clear(&self, r: &mut DeviceRunner) {
+        r.copy_to_device(self.ptrs[2], &vec![0u8; 4 * self.a.len()]).unwrap();
+    }
+
     pub fn free(self, r: &mut DeviceRunner) {
         for p in self.ptrs {
             r.free(p).unwrap();

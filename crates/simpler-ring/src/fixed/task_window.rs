@@ -139,9 +139,22 @@ impl<'a> TaskWindowCore<'a> {
     /// `None` unless the length is a power of two no larger than [`Self::MAX_WINDOW`]. Every
     /// word is overwritten, so the memory may hold anything before.
     pub fn new(words: &'a [SlotWord]) -> Option<Self> {
+        Self::reuse(words, words.len())
+    }
+
+    /// An empty window over words that a window over the same words left behind after issuing
+    /// `issued` ids, rewriting only the first `min(issued, W)` words: the ones those ids took.
+    ///
+    /// With nothing written to the words since, the result is the window [`new`](Self::new)
+    /// builds, for a cost proportional to what the previous window used rather than to `W`.
+    /// An `issued` that undercounts leaves words holding old tags; the protocol still holds for
+    /// every id issued from then on (each issue overwrites its slot first), but a retire of an
+    /// id never issued may then match a leftover tag. `None` under the same length rule as
+    /// [`new`](Self::new).
+    pub fn reuse(words: &'a [SlotWord], issued: usize) -> Option<Self> {
         let mask = WindowRetirer::new(words)?.mask;
         let window = TaskWindowCore { words, mask, head: 0, tail: 0 };
-        for (slot, word) in (0u32..).zip(words) {
+        for (slot, word) in (0u32..).zip(&words[..issued.min(words.len())]) {
             // The id one lap before the first: retired and stale, so no retire matches it.
             word.store(retired_tag(slot.wrapping_sub(window.capacity())), Ordering::Relaxed);
         }
@@ -293,6 +306,34 @@ mod tests {
         assert_eq!(w.retire(1), WindowRetire::NotLive);
         assert_eq!(w.try_issue(), Some(0));
         assert_eq!(w.reclaim(), 0);
+    }
+
+    #[test]
+    fn reuse_after_a_window_rewrites_exactly_the_words_it_used() {
+        let fresh: Vec<u64> = {
+            let words = words(8);
+            TaskWindowCore::new(&words).unwrap();
+            words.iter().map(|w| w.load(Ordering::Relaxed)).collect()
+        };
+        for issued in 0..12 {
+            let words = words(8);
+            let mut w = TaskWindowCore::new(&words).unwrap();
+            for _ in 0..issued {
+                let local = w.try_issue().unwrap_or_else(|| {
+                    w.retire(w.tail());
+                    w.try_issue().unwrap()
+                });
+                if local.is_multiple_of(3) {
+                    w.retire(local);
+                }
+            }
+            let mut again = TaskWindowCore::reuse(&words, issued).unwrap();
+            let now: Vec<u64> = words.iter().map(|w| w.load(Ordering::Relaxed)).collect();
+            assert_eq!(now, fresh, "after {issued} issues");
+            assert_eq!((again.head(), again.live()), (0, 0));
+            assert_eq!(again.retire(0), WindowRetire::NotLive);
+            assert_eq!(again.try_issue(), Some(0));
+        }
     }
 
     #[test]

@@ -30,6 +30,14 @@ pub enum FixedMapError {
         /// The largest pool supported.
         max: usize,
     },
+    /// [`FixedTensorMap::reuse`](super::FixedTensorMap::reuse) was told that more slots were
+    /// handed out than the pool has.
+    HandedOutBeyondPool {
+        /// The count given.
+        handed_out: u32,
+        /// Entries in the pool.
+        capacity: usize,
+    },
 }
 
 impl fmt::Display for FixedMapError {
@@ -48,6 +56,10 @@ impl fmt::Display for FixedMapError {
             FixedMapError::TooManyEntries { len, max } => {
                 write!(f, "tensor map entry pool has {len} entries; at most {max} are supported")
             }
+            FixedMapError::HandedOutBeyondPool { handed_out, capacity } => write!(
+                f,
+                "tensor map reuse names {handed_out} handed-out entries of a {capacity}-entry pool"
+            ),
         }
     }
 }

@@ -118,6 +118,60 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
         Ok(map)
     }
 
+    /// An empty map over storage that a map over the same two slices left behind, having handed
+    /// out the pool's first `handed_out` slots ([`handed_out`](Self::handed_out) at its end),
+    /// with nothing written to the slices since.
+    ///
+    /// Only the buckets that those slots' chained entries hash to are cleared, so the cost is
+    /// proportional to what the previous map used rather than to the bucket count; the result
+    /// is the map [`new`](Self::new) builds. Storage that does not hold such leftovers (fresh
+    /// memory, a map over other slices, a map interrupted mid-operation) needs
+    /// [`new`](Self::new): leftover chains would be found by later lookups. Errors as
+    /// [`new`](Self::new), and [`FixedMapError::HandedOutBeyondPool`] when `handed_out` exceeds
+    /// the pool.
+    pub fn reuse(
+        entries: &'a mut [MapEntry<K>],
+        buckets: &'a mut [u32],
+        handed_out: u32,
+    ) -> Result<Self, FixedMapError> {
+        let len = buckets.len();
+        if !len.is_power_of_two() || len > Self::MAX_BUCKETS {
+            return Err(FixedMapError::BucketsNotPowerOfTwo { len });
+        }
+        if entries.len() > Self::MAX_ENTRIES {
+            return Err(FixedMapError::TooManyEntries {
+                len: entries.len(),
+                max: Self::MAX_ENTRIES,
+            });
+        }
+        let used = handed_out as usize;
+        if used > entries.len() {
+            return Err(FixedMapError::HandedOutBeyondPool { handed_out, capacity: entries.len() });
+        }
+        let shift = 64 - len.trailing_zeros();
+        // Invariants 2 and 3: a bucket is non-empty only while the entry at its chain's head is
+        // chained, and that entry's key hashes to it.
+        for entry in entries[..used].iter().filter(|e| e.role().is_some()) {
+            buckets[bucket_of(&entry.key, shift)] = NIL;
+        }
+        Ok(FixedTensorMap {
+            entries,
+            buckets,
+            shift,
+            free: NIL,
+            untouched: 0,
+            writers: 0,
+            readers: 0,
+            peak: 0,
+        })
+    }
+
+    /// Slots of the pool handed out since construction or the last [`clear`](Self::clear): what
+    /// [`reuse`](Self::reuse) needs to know about this map's storage.
+    pub fn handed_out(&self) -> u32 {
+        self.untouched
+    }
+
     /// Removes every entry (and resets the peak), in one pass over the buckets; the pool is
     /// handed out again from its first slot, in index order.
     pub fn clear(&mut self) {
@@ -449,6 +503,28 @@ mod tests {
         let mut garbage = [7; 1];
         let map = FixedTensorMap::new(&mut entries, &mut garbage).unwrap();
         assert_eq!((map.capacity(), map.bucket_count(), map.len()), (2, 1, 0));
+        map.check_invariants().unwrap();
+        assert_eq!(
+            FixedTensorMap::reuse(&mut entries, &mut [0; 1], 3).unwrap_err(),
+            FixedMapError::HandedOutBeyondPool { handed_out: 3, capacity: 2 }
+        );
+        assert!(FixedTensorMap::reuse(&mut entries, &mut [0; 3], 0).is_err());
+    }
+
+    #[test]
+    fn reuse_clears_the_buckets_of_what_the_previous_map_chained() {
+        let mut entries = [MapEntry::<u64>::default(); 8];
+        let mut buckets = [0; 64];
+        let mut map = FixedTensorMap::new(&mut entries, &mut buckets).unwrap();
+        for key in 0..6 {
+            map.insert(key * 4096, span(0, 8), Write, key, LIVE).unwrap();
+        }
+        map.erase_owned(2, &[2 * 4096]);
+        let handed_out = map.handed_out();
+        assert_eq!(handed_out, 6);
+        let map = FixedTensorMap::reuse(&mut entries, &mut buckets, handed_out).unwrap();
+        assert!(map.is_empty() && map.handed_out() == 0);
+        assert!(found(&map, 0, span(0, 8), ReadWrite).is_empty());
         map.check_invariants().unwrap();
     }
 

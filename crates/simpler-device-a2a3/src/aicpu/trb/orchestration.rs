@@ -26,7 +26,7 @@ use crate::runtime::orch::{
     ORCH_OPS_VERSION, OrchCtx, OrchError, OrchOps, SubmitDesc,
 };
 use crate::runtime::trb::accesses::Accesses;
-use crate::runtime::trb::engine::{Engine, RingStall, SubmitRefusal};
+use crate::runtime::trb::engine::{ArenaReset, Engine, RingStall, SubmitRefusal};
 use crate::runtime::trb::storage::{
     ArenaLayout, MAX_ENTRY_TENSORS, MAX_TASK_SCALARS, MAX_TASK_TENSORS,
 };
@@ -194,7 +194,7 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
     // against the layout's length in `layout_of`); this thread is the only one that touches the
     // owner sections, and the schedulers attach to the shared ones only after "runtime ready".
     let storage = unsafe { layout.owner(base) };
-    let engine = Engine::new(storage);
+    let engine = Engine::new(storage, trb.arena_kept != 0);
     // "Runtime ready": the engine reset the shared sections.
     shared.ready_published.store(1, Release);
     p.notify_schedulers();
@@ -264,7 +264,9 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
     p.notify_schedulers();
     if !rt.failed {
         let all = rt.engine.completion_target(u64::MAX);
-        rt.wait_completions(all);
+        if rt.wait_completions(all) && shared.orch_error_code.load(Acquire) == 0 {
+            rt.engine.end_clean();
+        }
         // Schedulers parked with nothing to do hear the run's end here.
         p.notify_schedulers();
     }
@@ -897,6 +899,8 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
             }
         }
         self.status.map_peak.store(u64::from(self.engine.map_entries().1), Relaxed);
+        let partial = self.engine.arena_reset() == ArenaReset::Partial;
+        self.status.arena_partial_reset.store(u32::from(partial), Relaxed);
     }
 }
 

@@ -47,8 +47,18 @@ pub(crate) trait BuildEnv {
     fn read(&self, addr: u64, out: &mut [u8]) -> bool;
     /// Writes device memory.
     fn write(&mut self, addr: u64, data: &[u8]) -> bool;
-    /// The base address of a heap arena of at least `bytes` bytes (allocated on first use).
-    fn heap_arena(&mut self, bytes: u64) -> Result<u64, DeviceError>;
+    /// A heap arena of at least `bytes` bytes (allocated on first use).
+    fn heap_arena(&mut self, bytes: u64) -> Result<HeapArena, DeviceError>;
+}
+
+/// The heap arena a run uses.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct HeapArena {
+    /// Its device address.
+    pub(crate) addr: u64,
+    /// It is the allocation the previous run of the same resource slot used, untouched since,
+    /// rather than one made for this run.
+    pub(crate) kept: bool,
 }
 
 /// Limits of one build.
@@ -472,9 +482,9 @@ impl<'e> GraphBuilder<'e> {
             let base = match self.heap_base {
                 Some(b) => b,
                 None => match self.env.heap_arena(self.limits.heap_bytes) {
-                    Ok(b) => {
-                        self.heap_base = Some(b);
-                        b
+                    Ok(a) => {
+                        self.heap_base = Some(a.addr);
+                        a.addr
                     }
                     Err(e) => return self.latch(e),
                 },
@@ -810,8 +820,8 @@ mod tests {
         fn write(&mut self, addr: u64, data: &[u8]) -> bool {
             self.device_range_ok(addr, data.len() as u64)
         }
-        fn heap_arena(&mut self, _bytes: u64) -> Result<u64, DeviceError> {
-            Ok(BUF + 0x8_0000)
+        fn heap_arena(&mut self, _bytes: u64) -> Result<HeapArena, DeviceError> {
+            Ok(HeapArena { addr: BUF + 0x8_0000, kept: false })
         }
     }
 

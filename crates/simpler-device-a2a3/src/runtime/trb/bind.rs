@@ -127,7 +127,7 @@ impl ChipRuntime for TensormapAndRingbuffer {
         let arena = ArenaLayout::of(ArenaShape::of(sizes)).ok_or_else(too_large)?;
         // The runner keeps this allocation per slot and reuses it while it is large enough, so
         // runs of one sizing allocate their arena once.
-        let arena_base = mem.heap_arena(arena.len)?;
+        let heap = mem.heap_arena(arena.len)?;
         // Profiling flags and record capacities: the device buffers are fixed, whatever the
         // graph's size, since the graph is built during the run.
         let plan = inp.diag.clone();
@@ -155,7 +155,8 @@ impl ChipRuntime for TensormapAndRingbuffer {
             orch_entry,
             orch_config,
             orch_kind,
-            arena_base,
+            arena_base: heap.addr,
+            arena_kept: heap.kept,
             arena,
             tensors: inp.tensors,
             tags: inp.tags,
@@ -230,6 +231,7 @@ impl BoundRun for TrbRun {
             *hw = RingHighWater { task_window_max: p[0], heap_max: p[1], dep_pool_max: p[2] };
         }
         report.tensormap_max = r.map_peak;
+        report.arena_reused = r.arena_partial_reset;
     }
 
     fn latched_status(&self, image: &HostImageView<'_>) -> Option<RuntimeFault> {

@@ -22,7 +22,7 @@ use crate::aicpu::view::HostImageView;
 use crate::diag::scopes::{ScopeLine, ScopeSummary};
 use crate::error::DeviceError;
 use crate::runner::RunReport;
-use crate::runtime::hbg::builder::{BuildEnv, BuildLimits, BuiltGraph, GraphBuilder};
+use crate::runtime::hbg::builder::{BuildEnv, BuildLimits, BuiltGraph, GraphBuilder, HeapArena};
 
 /// AICore swimlane records per core.
 pub(crate) const SWIMLANE_RECORDS_PER_CORE: u32 = 4096;
@@ -87,7 +87,7 @@ impl BuildEnv for ReplayEnv {
     fn write(&mut self, _: u64, _: &[u8]) -> bool {
         false
     }
-    fn heap_arena(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    fn heap_arena(&mut self, bytes: u64) -> Result<HeapArena, DeviceError> {
         Err(DeviceError::Unsupported {
             run_id: None,
             feature: format!("allocating {bytes} bytes while replaying a dependency graph"),

@@ -28,6 +28,8 @@ pub(crate) struct TrbImage<'a> {
     pub(crate) orch_kind: u32,
     /// Device address of the arena.
     pub(crate) arena_base: u64,
+    /// The arena holds what the previous run of its resource slot left (`TrbHeader::arena_kept`).
+    pub(crate) arena_kept: bool,
     /// The arena's layout.
     pub(crate) arena: ArenaLayout,
     /// The orchestration's tensors, tags and scalars.
@@ -90,7 +92,7 @@ pub(crate) fn write_image(
         diag_off: if with_diag { layout.args_off + diag_rel } else { 0 },
         orch_config: trb.orch_config,
         orch_kind: trb.orch_kind,
-        reserved0: 0,
+        arena_kept: u32::from(trb.arena_kept),
         reserved1: [0; 6],
     };
     put(b, layout.args_off, bytemuck::bytes_of(&section));
@@ -122,6 +124,8 @@ pub(crate) struct TrbReport {
     pub(crate) peaks: [[u64; 3]; HEAP_RING_COUNT],
     /// Live tensor-map entries at their highest.
     pub(crate) map_peak: u64,
+    /// The run reset only what the previous run over its arena used.
+    pub(crate) arena_partial_reset: bool,
     /// The latched error's text.
     pub(crate) message: String,
 }
@@ -136,6 +140,7 @@ impl TrbReport {
             submitted: status.submitted.load(Relaxed),
             peaks: [0, 1, 2, 3].map(|r| [0, 1, 2].map(|k| status.peaks[r][k].load(Relaxed))),
             map_peak: status.map_peak.load(Relaxed),
+            arena_partial_reset: status.arena_partial_reset.load(Relaxed) != 0,
             message: String::from_utf8_lossy(&bytes[..len]).into_owned(),
         }
     }

@@ -37,7 +37,17 @@ impl<'a> ReadyRing<'a> {
     /// An empty queue over `cells` (at least one) and its two cursors; resets all of them, so
     /// no other thread may use them during the call.
     pub(crate) fn new(cells: &'a [ReadyCell], head: &'a WakeWord, tail: &'a WakeWord) -> Self {
-        for (i, c) in cells.iter().enumerate() {
+        tail.store(cells.len() as u64, Relaxed);
+        Self::reuse(cells, head, tail)
+    }
+
+    /// An empty queue over cells and cursors that a queue over the same cells left behind, with
+    /// nothing written to them since: resets only the cells its pushes used (every push took
+    /// the cell of its position, and `tail` counts the pushes), then both cursors. Same
+    /// exclusivity as [`new`](Self::new).
+    pub(crate) fn reuse(cells: &'a [ReadyCell], head: &'a WakeWord, tail: &'a WakeWord) -> Self {
+        let used = tail.load(Relaxed).min(cells.len() as u64) as usize;
+        for (i, c) in cells[..used].iter().enumerate() {
             c.seq.store(i as u64, Relaxed);
         }
         head.store(0, Relaxed);
@@ -129,6 +139,26 @@ mod tests {
                 assert_eq!(q.pop(), Some(round * 10 + v));
             }
             assert_eq!(q.pop(), None);
+        }
+    }
+
+    #[test]
+    fn reuse_after_a_queue_resets_exactly_the_cells_it_used() {
+        let seqs = |cells: &[ReadyCell]| -> Vec<u64> {
+            cells.iter().map(|c| c.seq.load(Relaxed)).collect()
+        };
+        let fresh: Vec<u64> = (0..8).collect();
+        for pushes in 0..20u64 {
+            let cells: Vec<ReadyCell> = (0..8).map(|_| ReadyCell::default()).collect();
+            let (h, t) = (WakeWord::new(0), WakeWord::new(0));
+            let q = ReadyRing::new(&cells, &h, &t);
+            for v in 0..pushes {
+                assert!(q.push(v));
+                assert_eq!(q.pop(), Some(v));
+            }
+            let q = ReadyRing::reuse(&cells, &h, &t);
+            assert_eq!(seqs(&cells), fresh, "after {pushes} pushes");
+            assert!(q.push(5) && q.pop() == Some(5) && q.pop().is_none());
         }
     }
 

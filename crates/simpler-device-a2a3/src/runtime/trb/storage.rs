@@ -84,6 +84,93 @@ const _: () = {
     assert!(core::mem::offset_of!(SlotTask, tensors) == 64);
 };
 
+/// [`ReuseRecord::state`] of a record that describes its run's leftovers.
+const REUSE_CLEAN: u64 = 0x7472_625f_636c_6e31;
+
+/// What the last run over an arena left behind, so that the next run over the same allocation
+/// resets only that: the first section of every layout (offset 0, whatever the shape), written
+/// by the orchestration thread alone. `docs/device-trb.md` ("Reusing an arena") has the rules.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C, align(64))]
+pub(crate) struct ReuseRecord {
+    /// [`REUSE_CLEAN`] once a run ended with every task complete; anything else asks for a
+    /// full reset.
+    state: u64,
+    /// The shape of the arena the run used.
+    task_window: [u32; HEAP_RING_COUNT],
+    dep_pool: [u32; HEAP_RING_COUNT],
+    heap_bytes: [u64; HEAP_RING_COUNT],
+    map_entries: u32,
+    map_buckets: u32,
+    /// Tasks the run submitted (over all rings): a bound on the slots each ring's window and
+    /// the ready queue used.
+    submitted: u64,
+    /// Tensor-map pool slots the run handed out.
+    map_handed_out: u32,
+    reserved: u32,
+}
+
+/// What a clean previous run over the same storage left: the extents a partial reset covers.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Leftovers {
+    pub(crate) submitted: u64,
+    pub(crate) map_handed_out: u32,
+}
+
+impl ReuseRecord {
+    fn shape_is(
+        &self,
+        sizes: &[RingSizes; HEAP_RING_COUNT],
+        entries: usize,
+        buckets: usize,
+    ) -> bool {
+        (0..HEAP_RING_COUNT).all(|r| {
+            self.task_window[r] == sizes[r].task_window
+                && self.dep_pool[r] == sizes[r].dep_pool
+                && self.heap_bytes[r] == sizes[r].heap_bytes
+        }) && self.map_entries as usize == entries
+            && self.map_buckets as usize == buckets
+    }
+
+    /// The leftovers the record describes, if it is clean and was written for storage of this
+    /// shape; then marks it dirty, so that a run that does not end cleanly leaves a full reset
+    /// to the next one.
+    pub(crate) fn take(
+        &mut self,
+        sizes: &[RingSizes; HEAP_RING_COUNT],
+        entries: usize,
+        buckets: usize,
+    ) -> Option<Leftovers> {
+        let clean = self.state == REUSE_CLEAN
+            && self.shape_is(sizes, entries, buckets)
+            && self.map_handed_out as usize <= entries;
+        self.state = 0;
+        clean
+            .then_some(Leftovers { submitted: self.submitted, map_handed_out: self.map_handed_out })
+    }
+
+    /// Records that a run over storage of this shape ended cleanly with these leftovers.
+    pub(crate) fn put(
+        &mut self,
+        sizes: &[RingSizes; HEAP_RING_COUNT],
+        entries: usize,
+        buckets: usize,
+        left: Leftovers,
+    ) {
+        *self = ReuseRecord {
+            state: REUSE_CLEAN,
+            task_window: sizes.map(|s| s.task_window),
+            dep_pool: sizes.map(|s| s.dep_pool),
+            heap_bytes: sizes.map(|s| s.heap_bytes),
+            map_entries: entries as u32,
+            map_buckets: buckets as u32,
+            submitted: left.submitted,
+            map_handed_out: left.map_handed_out,
+            reserved: 0,
+        };
+    }
+}
+
 /// Section offsets of one ring.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct RingLayout {
@@ -101,6 +188,7 @@ struct RingLayout {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct ArenaLayout {
     shape: ArenaShape,
+    reuse: u64,
     rings: [RingLayout; HEAP_RING_COUNT],
     map_entries: u64,
     map_buckets: u64,
@@ -134,6 +222,7 @@ impl ArenaLayout {
             at = off.checked_add(bytes)?;
             Some(off)
         };
+        let reuse = take(size_of::<ReuseRecord>() as u64, SECTION)?;
         let mut rings = [RingLayout {
             heap: 0,
             words: 0,
@@ -164,7 +253,16 @@ impl ArenaLayout {
         let cells: u64 = shape.rings.iter().map(|r| u64::from(r.task_window)).sum();
         let ready = take(cells * size_of::<ReadyCell>() as u64, SECTION)?;
         let counters = take(COUNTERS * size_of::<Counter>() as u64, SECTION)?;
-        Some(ArenaLayout { shape, rings, map_entries, map_buckets, ready, counters, len: at })
+        Some(ArenaLayout {
+            shape,
+            reuse,
+            rings,
+            map_entries,
+            map_buckets,
+            ready,
+            counters,
+            len: at,
+        })
     }
 
     /// The shape laid out.
@@ -193,6 +291,7 @@ pub(crate) struct RingStore<'a> {
 #[derive(Debug)]
 pub(crate) struct Storage<'a> {
     pub(crate) sizes: [RingSizes; HEAP_RING_COUNT],
+    pub(crate) reuse: &'a mut ReuseRecord,
     pub(crate) rings: [RingStore<'a>; HEAP_RING_COUNT],
     pub(crate) map_entries: &'a mut [MapEntry<u64>],
     pub(crate) map_buckets: &'a mut [u32],
@@ -269,7 +368,8 @@ impl ArenaLayout {
     /// # Safety
     ///
     /// As [`shared`](Self::shared), and nobody but the returned storage accesses the owner
-    /// sections (heap records, heap sequence numbers, scope flags, tensor map) for `'a`.
+    /// sections (reuse record, heap records, heap sequence numbers, scope flags, tensor map)
+    /// for `'a`.
     pub(crate) unsafe fn owner<'a>(&self, base: *mut u8) -> Storage<'a> {
         let s = self.shape.rings;
         // SAFETY: the caller's guarantee; the owner sections are disjoint from each other and
@@ -289,6 +389,7 @@ impl ArenaLayout {
             });
             Storage {
                 sizes: s,
+                reuse: &mut slice_mut(base, self.reuse, 1)[0],
                 rings,
                 map_entries: slice_mut(base, self.map_entries, self.shape.map_entries as usize),
                 map_buckets: slice_mut(base, self.map_buckets, self.shape.map_buckets as usize),
@@ -313,6 +414,7 @@ struct Aligned1024([u8; 1024]);
 
 /// An arena in host memory, for tests of the engine on host threads.
 #[cfg(test)]
+#[derive(Clone)]
 pub(crate) struct TrbArena {
     layout: ArenaLayout,
     buf: Vec<Aligned1024>,
@@ -337,5 +439,45 @@ impl TrbArena {
     pub(crate) fn storage(&mut self) -> Storage<'_> {
         // SAFETY: the buffer is 1024-aligned, `len` bytes long and exclusively borrowed.
         unsafe { self.layout.owner(self.buf.as_mut_ptr().cast()) }
+    }
+
+    /// Every byte of the arena.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: the blocks are plain bytes, borrowed shared for the slice's life.
+        unsafe { core::slice::from_raw_parts(self.buf.as_ptr().cast(), self.buf.len() * 1024) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sizes(task_window: u32) -> [RingSizes; HEAP_RING_COUNT] {
+        [RingSizes { task_window, heap_bytes: 4096, dep_pool: 16 }; HEAP_RING_COUNT]
+    }
+
+    #[test]
+    fn a_reuse_record_is_taken_once_and_only_for_its_own_shape() {
+        let left = Leftovers { submitted: 7, map_handed_out: 9 };
+        let mut record = ReuseRecord::default();
+        assert_eq!(record.take(&sizes(16), 64, 16), None, "never written");
+        record.put(&sizes(16), 64, 16, left);
+        assert_eq!(record.take(&sizes(32), 64, 16), None, "another window");
+        record.put(&sizes(16), 64, 16, left);
+        assert_eq!(record.take(&sizes(16), 64, 32), None, "another bucket count");
+        record.put(&sizes(16), 64, 16, left);
+        assert_eq!(record.take(&sizes(16), 64, 16), Some(left));
+        assert_eq!(record.take(&sizes(16), 64, 16), None, "taking marks it dirty");
+        record.put(&sizes(16), 8, 16, left);
+        assert_eq!(record.take(&sizes(16), 8, 16), None, "more handed out than the pool holds");
+    }
+
+    #[test]
+    fn every_layout_starts_with_the_reuse_record() {
+        for window in [1, 16, 1024] {
+            let layout = ArenaLayout::of(ArenaShape::of(sizes(window))).unwrap();
+            assert_eq!(layout.reuse, 0);
+            assert!(layout.heap_off(0) >= size_of::<ReuseRecord>() as u64);
+        }
     }
 }

@@ -52,7 +52,7 @@ use simpler_types::constants::{HEAP_ALIGN, HEAP_RING_COUNT};
 
 use super::ready::ReadyRing;
 use super::sizing::RingSizes;
-use super::storage::{SharedStorage, Storage};
+use super::storage::{Leftovers, ReuseRecord, SharedStorage, Storage};
 use crate::abi::codes::RuntimeCode;
 
 /// End of a fanout list.
@@ -429,8 +429,19 @@ pub(crate) struct Allocated {
     pub(crate) owner: DeviceTaskId,
 }
 
+/// How [`Engine::new`] made its arena's sections ready.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum ArenaReset {
+    /// Every section, whatever it held.
+    Full,
+    /// Only what the clean previous run over the same allocation used.
+    Partial,
+}
+
 /// The orchestration side of the state machine over one arena.
 pub(crate) struct Engine<'a> {
+    reuse: &'a mut ReuseRecord,
+    reset: ArenaReset,
     rings: [Ring<'a>; HEAP_RING_COUNT],
     shared: Completer<'a>,
     map: FixedTensorMap<'a, u64>,
@@ -449,15 +460,24 @@ impl<'a> Engine<'a> {
     /// An empty engine over `storage`, with the outer scope open. Resets every section a run
     /// reads before it writes (slot words, ready queue, completion counter, tensor map), so the
     /// storage may hold anything before, including the leftovers of an abandoned run.
-    pub(crate) fn new(storage: Storage<'a>) -> Engine<'a> {
-        let Storage { sizes, rings: stores, map_entries, map_buckets, shared: parts } = storage;
+    ///
+    /// With `kept` (the allocation is the one the previous run of its resource slot used, and
+    /// nothing else wrote it since) and a clean reuse record of the same shape, only what that
+    /// run used is reset; the result is the same.
+    pub(crate) fn new(storage: Storage<'a>, kept: bool) -> Engine<'a> {
+        let Storage { sizes, reuse, rings: stores, map_entries, map_buckets, shared: parts } =
+            storage;
+        let left = reuse.take(&sizes, map_entries.len(), map_buckets.len()).filter(|_| kept);
+        // A partial reset rewrites the window words and ready cells the previous run's tasks
+        // took: each of its submits took one of each.
+        let used = left.map_or(usize::MAX, |l| usize::try_from(l.submitted).unwrap_or(usize::MAX));
         CountWatch::new(parts.completed, parts.owner_wake_at).reset();
         Idlers::new(parts.idle_schedulers).reset();
         let mut stores = stores.into_iter();
         let rings = sizes.map(|s| {
             let st = stores.next().expect("one store per ring");
             Ring {
-                window: TaskWindowCore::new(st.words).expect("power-of-two window"),
+                window: TaskWindowCore::reuse(st.words, used).expect("power-of-two window"),
                 heap: HeapRingCore::new(s.heap_bytes, FixedRecords::new(st.records))
                     .expect("aligned heap"),
                 heap_seq: st.heap_seq,
@@ -471,17 +491,48 @@ impl<'a> Engine<'a> {
             }
         });
         // Resets the queue's cells and cursors before any completer attaches.
-        ReadyRing::new(parts.ready, parts.ready_head, parts.ready_tail);
+        let map = match left {
+            Some(l) => {
+                ReadyRing::reuse(parts.ready, parts.ready_head, parts.ready_tail);
+                FixedTensorMap::reuse(map_entries, map_buckets, l.map_handed_out)
+            }
+            None => {
+                ReadyRing::new(parts.ready, parts.ready_head, parts.ready_tail);
+                FixedTensorMap::new(map_entries, map_buckets)
+            }
+        };
         Engine {
+            reuse,
+            reset: if left.is_some() { ArenaReset::Partial } else { ArenaReset::Full },
             rings,
             shared: Completer::attach(parts),
-            map: FixedTensorMap::new(map_entries, map_buckets).expect("power-of-two buckets"),
+            map: map.expect("power-of-two buckets, a checked hand-out count"),
             scopes: [(0, 0); MAX_SCOPE_DEPTH],
             open: 1,
             submitted: 0,
             producers: [0; MAX_FANIN],
             linked: 0,
         }
+    }
+
+    /// How the engine made its arena ready.
+    pub(crate) fn arena_reset(&self) -> ArenaReset {
+        self.reset
+    }
+
+    /// Records in the arena's reuse record what this run used, so that the next run over the
+    /// same allocation resets only that; `false` (and a record asking for a full reset) unless
+    /// the orchestration finished and every submitted task completed. Call it last: after
+    /// every completion, nothing but a late slot retire (inside the recorded extents) touches
+    /// the arena again during the launch.
+    pub(crate) fn end_clean(&mut self) -> bool {
+        if self.open != 0 || self.incomplete() != 0 {
+            return false;
+        }
+        let left = Leftovers { submitted: self.submitted, map_handed_out: self.map.handed_out() };
+        let sizes = self.rings.each_ref().map(|r| r.sizes);
+        self.reuse.put(&sizes, self.map.capacity() as usize, self.map.bucket_count(), left);
+        true
     }
 
     /// The handle scheduler threads complete tasks through.

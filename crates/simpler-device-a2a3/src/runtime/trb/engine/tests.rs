@@ -54,7 +54,7 @@ fn drain(e: &mut Engine<'_>, done: &mut impl FnMut(DeviceTaskId)) {
 #[test]
 fn reads_wait_for_writers_writes_for_readers_and_inout_for_both() {
     let mut arena = TrbArena::new(sizes(16, 16 << 10, 16), 64, 16);
-    let mut e = Engine::new(arena.storage());
+    let mut e = Engine::new(arena.storage(), false);
     let c = e.completer();
     let a = 0x10_000;
     let w0 = e.submit(&[access(a, AccessMode::Write)], 0).unwrap().id;
@@ -85,7 +85,7 @@ fn reads_wait_for_writers_writes_for_readers_and_inout_for_both() {
 /// Tasks of a chain must complete in submission order; every other order is allowed.
 fn stream(chain_len: u64, tasks: u64) {
     let mut arena = TrbArena::new(sizes(1024, 1 << 20, 1024), 4096, 1024);
-    let mut e = Engine::new(arena.storage());
+    let mut e = Engine::new(arena.storage(), false);
     let mut completed = 0u64;
     let mut next_in_chain = HashMap::<u64, u64>::new();
     let index_of = RefCell::new(HashMap::<u64, (u64, u64)>::new());
@@ -138,7 +138,7 @@ fn scheduler_threads_complete_while_the_orchestration_submits_a_stream_of_chains
     const TASKS: u64 = 64 * 800;
     const CHAIN: u64 = 50;
     let mut arena = TrbArena::new(sizes(256, 256 << 10, 256), 2048, 512);
-    let mut e = Engine::new(arena.storage());
+    let mut e = Engine::new(arena.storage(), false);
     let c = e.completer();
     let chains = (TASKS / CHAIN) as usize;
     // Per chain: how many of its tasks completed, checked against each task's position.
@@ -218,7 +218,7 @@ fn scheduler_threads_complete_while_the_orchestration_submits_a_stream_of_chains
 #[test]
 fn one_scope_needing_more_slots_than_the_window_is_a_scope_deadlock_naming_the_ring() {
     let mut arena = TrbArena::new(sizes(4, 64 << 10, 16), 64, 16);
-    let mut e = Engine::new(arena.storage());
+    let mut e = Engine::new(arena.storage(), false);
     let mut done = |_| {};
     e.scope_begin().unwrap();
     e.scope_begin().unwrap();
@@ -237,7 +237,7 @@ fn one_scope_needing_more_slots_than_the_window_is_a_scope_deadlock_naming_the_r
 #[test]
 fn a_scope_holding_the_whole_heap_is_a_heap_ring_deadlock() {
     let mut arena = TrbArena::new(sizes(16, 4096, 16), 64, 16);
-    let mut e = Engine::new(arena.storage());
+    let mut e = Engine::new(arena.storage(), false);
     let mut done = |_| {};
     e.scope_begin().unwrap();
     for i in 0..4 {
@@ -258,7 +258,7 @@ fn a_scope_holding_the_whole_heap_is_a_heap_ring_deadlock() {
 #[test]
 fn a_task_with_more_producers_than_the_dep_pool_is_a_dep_pool_overflow() {
     let mut arena = TrbArena::new(sizes(16, 64 << 10, 4), 64, 16);
-    let mut e = Engine::new(arena.storage());
+    let mut e = Engine::new(arena.storage(), false);
     let mut done = |_| {};
     let reads: Vec<Access> = (0..5).map(|i| access(i << 12, AccessMode::Read)).collect();
     for r in &reads {
@@ -272,7 +272,7 @@ fn a_task_with_more_producers_than_the_dep_pool_is_a_dep_pool_overflow() {
 #[test]
 fn a_task_with_more_accesses_than_the_map_holds_is_a_tensormap_overflow() {
     let mut arena = TrbArena::new(sizes(16, 64 << 10, 16), 4, 1);
-    let mut e = Engine::new(arena.storage());
+    let mut e = Engine::new(arena.storage(), false);
     let mut done = |_| {};
     e.scope_begin().unwrap();
     e.submit(&[access(0x1000, AccessMode::Write)], 0).unwrap();
@@ -294,7 +294,7 @@ fn a_task_with_more_accesses_than_the_map_holds_is_a_tensormap_overflow() {
 #[test]
 fn a_refused_submit_changes_nothing() {
     let mut arena = TrbArena::new(sizes(4, 4096, 16), 64, 16);
-    let mut e = Engine::new(arena.storage());
+    let mut e = Engine::new(arena.storage(), false);
     e.scope_begin().unwrap();
     for i in 0..4 {
         e.submit(&[access(i << 12, AccessMode::Write)], 1).unwrap();
@@ -307,7 +307,7 @@ fn a_refused_submit_changes_nothing() {
 #[test]
 fn tensor_data_waits_for_writers_and_set_tensor_data_for_readers_too() {
     let mut arena = TrbArena::new(sizes(16, 16 << 10, 16), 64, 16);
-    let mut e = Engine::new(arena.storage());
+    let mut e = Engine::new(arena.storage(), false);
     let c = e.completer();
     let a = access(0x10_000, AccessMode::Write);
     let w = e.submit(&[a], 0).unwrap().id;
@@ -360,7 +360,7 @@ fn rss_kib() -> Option<u64> {
 fn threaded_stream(chain: u64, tasks: u64) {
     const WINDOW: usize = 1024;
     let mut arena = TrbArena::new(sizes(WINDOW as u32, 1 << 20, 1024), 8192, 2048);
-    let mut e = Engine::new(arena.storage());
+    let mut e = Engine::new(arena.storage(), false);
     let c = e.completer();
     let chains = tasks.div_ceil(chain) as usize;
     let progress: Vec<AtomicU64> = (0..chains).map(|_| AtomicU64::new(0)).collect();
@@ -452,4 +452,72 @@ fn a_threaded_stream_of_independent_tasks_runs_in_bounded_rings() {
 #[test]
 fn a_threaded_stream_of_100_task_chains_runs_in_order_in_bounded_rings() {
     threaded_stream(100, stream_tasks());
+}
+
+/// Runs a mixed workload to its end on `e`: chains and fan-ins over a few buffers, the tasks
+/// `nested` picks in a nested scope (ring 1), completing ready tasks whenever the rings push
+/// back.
+fn run_mixed(e: &mut Engine<'_>, tasks: u64, nested: fn(u64) -> bool) {
+    let mut done = |_| {};
+    for i in 0..tasks {
+        let nested = nested(i);
+        if nested {
+            e.scope_begin().unwrap();
+        }
+        let key = (i % 3) << 12;
+        let mode = [AccessMode::Write, AccessMode::Read, AccessMode::ReadWrite][(i % 3) as usize];
+        submit_with_back_pressure(
+            e,
+            &[access(key, mode), access(0x8000, AccessMode::Read)],
+            1024,
+            &mut done,
+        )
+        .unwrap();
+        if nested {
+            e.scope_end().unwrap();
+        }
+    }
+    e.finish().unwrap();
+    drain(e, &mut done);
+}
+
+#[test]
+fn a_kept_arena_after_a_clean_run_is_reset_partially_to_the_same_bytes_as_a_full_reset() {
+    // 20 tasks use part of a 64-slot window, in one ring or two; 100 wrap ring 1's 16 slots.
+    let mostly: fn(u64) -> bool = |i| i % 8 != 0;
+    for (window, tasks, nested) in
+        [(64, 20, (|_| false) as fn(u64) -> bool), (64, 20, mostly), (16, 100, mostly)]
+    {
+        let mut arena = TrbArena::new(sizes(window, 64 << 10, 64), 4 * window * 4, window * 4);
+        let mut e = Engine::new(arena.storage(), false);
+        assert_eq!(e.arena_reset(), ArenaReset::Full, "a fresh arena");
+        run_mixed(&mut e, tasks, nested);
+        assert!(e.end_clean());
+        let mut full = arena.clone();
+        assert_eq!(Engine::new(full.storage(), false).arena_reset(), ArenaReset::Full);
+        let mut e = Engine::new(arena.storage(), true);
+        assert_eq!(e.arena_reset(), ArenaReset::Partial);
+        assert!(arena.bytes() == full.bytes(), "window {window}, {tasks} tasks: bytes differ");
+        // And the reused arena runs the workload again.
+        e = Engine::new(arena.storage(), true);
+        run_mixed(&mut e, tasks, nested);
+        assert!(e.end_clean());
+    }
+}
+
+#[test]
+fn a_run_that_does_not_end_cleanly_leaves_a_full_reset_to_the_next() {
+    let mut arena = TrbArena::new(sizes(16, 64 << 10, 64), 256, 64);
+    let mut e = Engine::new(arena.storage(), false);
+    run_mixed(&mut e, 10, |i| i % 2 == 0);
+    assert!(e.end_clean());
+    let mut e = Engine::new(arena.storage(), true);
+    assert_eq!(e.arena_reset(), ArenaReset::Partial);
+    e.submit(&[access(0, AccessMode::Write)], 0).unwrap();
+    assert!(!e.end_clean(), "the orchestration has not finished");
+    e.finish().unwrap();
+    assert!(!e.end_clean(), "a task has not completed");
+    let e = Engine::new(arena.storage(), true);
+    assert_eq!(e.arena_reset(), ArenaReset::Full, "the abandoned run's leftovers are unknown");
+    assert_eq!(Engine::new(arena.storage(), true).arena_reset(), ArenaReset::Full);
 }
