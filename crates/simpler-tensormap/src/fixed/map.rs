@@ -89,31 +89,12 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
     /// An empty map over `entries` (the pool; its capacity) and `buckets` (a power of two).
     ///
     /// Both slices are overwritten, so their previous contents do not matter. This walks the
-    /// whole pool once; nothing allocates, then or later.
+    /// whole bucket array once; nothing allocates, then or later.
     pub fn new(
         entries: &'a mut [MapEntry<K>],
         buckets: &'a mut [u32],
     ) -> Result<Self, FixedMapError> {
-        let len = buckets.len();
-        if !len.is_power_of_two() || len > Self::MAX_BUCKETS {
-            return Err(FixedMapError::BucketsNotPowerOfTwo { len });
-        }
-        if entries.len() > Self::MAX_ENTRIES {
-            return Err(FixedMapError::TooManyEntries {
-                len: entries.len(),
-                max: Self::MAX_ENTRIES,
-            });
-        }
-        let mut map = FixedTensorMap {
-            entries,
-            buckets,
-            shift: 64 - len.trailing_zeros(),
-            free: NIL,
-            untouched: 0,
-            writers: 0,
-            readers: 0,
-            peak: 0,
-        };
+        let mut map = Self::over(entries, buckets)?;
         map.clear();
         Ok(map)
     }
@@ -134,6 +115,21 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
         buckets: &'a mut [u32],
         handed_out: u32,
     ) -> Result<Self, FixedMapError> {
+        let capacity = entries.len();
+        let map = Self::over(entries, buckets)?;
+        let Some(used) = map.entries.get(..handed_out as usize) else {
+            return Err(FixedMapError::HandedOutBeyondPool { handed_out, capacity });
+        };
+        // Invariants 2 and 3: a bucket is non-empty only while the entry at its chain's head is
+        // chained, and that entry's key hashes to it.
+        for entry in used.iter().filter(|e| e.role().is_some()) {
+            map.buckets[bucket_of(&entry.key, map.shift)] = NIL;
+        }
+        Ok(map)
+    }
+
+    /// The map's fields over checked storage, with nothing written to it yet.
+    fn over(entries: &'a mut [MapEntry<K>], buckets: &'a mut [u32]) -> Result<Self, FixedMapError> {
         let len = buckets.len();
         if !len.is_power_of_two() || len > Self::MAX_BUCKETS {
             return Err(FixedMapError::BucketsNotPowerOfTwo { len });
@@ -144,20 +140,10 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
                 max: Self::MAX_ENTRIES,
             });
         }
-        let used = handed_out as usize;
-        if used > entries.len() {
-            return Err(FixedMapError::HandedOutBeyondPool { handed_out, capacity: entries.len() });
-        }
-        let shift = 64 - len.trailing_zeros();
-        // Invariants 2 and 3: a bucket is non-empty only while the entry at its chain's head is
-        // chained, and that entry's key hashes to it.
-        for entry in entries[..used].iter().filter(|e| e.role().is_some()) {
-            buckets[bucket_of(&entry.key, shift)] = NIL;
-        }
         Ok(FixedTensorMap {
             entries,
             buckets,
-            shift,
+            shift: 64 - len.trailing_zeros(),
             free: NIL,
             untouched: 0,
             writers: 0,
