@@ -34,8 +34,9 @@ const NIL: u32 = u32::MAX;
 /// when the pool is exhausted an insert returns [`FixedMapError::Full`]. Owners are opaque `u64`
 /// tags (a device task id, a packed slot id). Whether an owner has *retired* (finished, so that
 /// nothing needs to wait for it any more) is the caller's knowledge; lookups and inserts take it
-/// as a predicate, skip retired owners' entries, and inserts prune those they pass. The rules
-/// (which entries an access finds, which ones an insert supersedes) are in
+/// as a predicate, skip retired owners' entries, and inserts prune those they pass (an insert's
+/// predicate may name fewer retired owners than the lookups', see [`insert`](Self::insert)).
+/// The rules (which entries an access finds, which ones an insert supersedes) are in
 /// `docs/tensormap-fixed.md`.
 ///
 /// ```
@@ -211,6 +212,11 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
     /// still orders after the readers it replaced; a `ReadWrite` entry has the duty itself.
     /// Partly covered entries stay. A reader entry supersedes nothing. Entries of retired owners
     /// met in the key's chain are pruned on the way (they hand no duty over).
+    ///
+    /// `is_retired` may be narrower than the lookups' predicate (true only for some retired
+    /// owners) when the full test is costly: entries it does not name stay longer (lookups still
+    /// skip them), and one the new writer covers hands its duty over as a live entry would,
+    /// which can add an edge to a live task but never loses one.
     ///
     /// An empty `span` records nothing and returns `Ok(0)`. When the pool has no vacant slot,
     /// the whole pool is pruned of retired owners first; [`FixedMapError::Full`] only when that

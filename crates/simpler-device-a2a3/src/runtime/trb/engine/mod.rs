@@ -312,6 +312,13 @@ fn is_retired(rings: &[Ring<'_>], owner: u64) -> bool {
     })
 }
 
+/// Whether `owner`'s slot was reclaimed: the window's tail passed it. A test of the owner's own
+/// window counters, with no load of a slot word the completers write; inserts prune by it
+/// (see `submit_with`), lookups by [`is_retired`].
+fn is_reclaimed(rings: &[Ring<'_>], owner: u64) -> bool {
+    rings.get(ring_of(owner)).is_none_or(|r| !r.window.is_live(owner as u32))
+}
+
 /// What stalled, in the words of the runtime codes.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub(crate) enum StallKind {
@@ -773,8 +780,14 @@ impl<'a> Engine<'a> {
         ring.peak_deps = ring.peak_deps.max(ring.dep_head - ring.dep_tail);
         for a in accesses {
             let rings = &self.rings;
+            // An insert prunes what it passes in its key's chain. It prunes only reclaimed
+            // owners: testing every entry for retirement loads a slot word the completers
+            // write, once per entry per insert, which dominated the map's cost for a buffer
+            // written slice by slice (all its entries share one chain). Entries of tasks retired
+            // but not yet reclaimed stay until the tail passes them; lookups skip them, and one
+            // a write covers hands its write-ordering duty on, an edge to a live task at most.
             // Room was checked above; a refused insert would change nothing.
-            let inserted = self.map.insert(a.key, a.span, a.mode, id, |o| is_retired(rings, o));
+            let inserted = self.map.insert(a.key, a.span, a.mode, id, |o| is_reclaimed(rings, o));
             debug_assert!(!matches!(inserted, Err(FixedMapError::Full { .. })));
         }
         self.submitted += 1;

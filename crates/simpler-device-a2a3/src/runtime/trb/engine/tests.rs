@@ -134,6 +134,34 @@ fn a_stream_of_100_task_chains_far_larger_than_the_window_runs_in_order() {
 }
 
 #[test]
+fn inserts_prune_the_entries_of_reclaimed_tasks_from_their_chain() {
+    // 2000 tasks each update their own 4-byte slice of one buffer, so every entry lies in one
+    // chain, which only inserts prune (nothing else would before the 4096-entry pool fills).
+    let mut arena = TrbArena::new(sizes(16, 16 << 10, 16), 4096, 16);
+    let mut e = Engine::new(arena.storage(), false);
+    let mut done = |_| {};
+    let buf = 0x40_0000u64;
+    for scope in 0..250u64 {
+        e.scope_begin().unwrap();
+        for i in 0..8 {
+            let start = buf + (scope * 8 + i) * 4;
+            let slice = Access {
+                key: buf,
+                span: ByteSpan::new(start, start + 4).unwrap(),
+                mode: AccessMode::ReadWrite,
+            };
+            submit_with_back_pressure(&mut e, &[slice], 0, &mut done).unwrap();
+        }
+        e.scope_end().unwrap();
+        complete_ready_newest_first(&e, &mut done);
+    }
+    let (held, peak) = e.map_entries();
+    assert!(peak <= 2 * 16, "{peak} entries held at once for a 16-slot window ({held} at the end)");
+    e.finish().unwrap();
+    drain(&mut e, &mut done);
+}
+
+#[test]
 fn scheduler_threads_complete_while_the_orchestration_submits_a_stream_of_chains() {
     const TASKS: u64 = 64 * 800;
     const CHAIN: u64 = 50;
