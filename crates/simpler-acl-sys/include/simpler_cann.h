@@ -48,6 +48,7 @@ static const int ACL_ERROR_RT_AICORE_EXCEPTION = 507015;
 static const int ACL_ERROR_RT_AICPU_TIMEOUT = 507017;
 static const int ACL_ERROR_RT_AICPU_EXCEPTION = 507018;
 static const int ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046;
+static const int ACL_ERROR_RT_EVENT_SYNC_TIMEOUT = 507047;
 static const int ACL_ERROR_RT_DRV_INTERNAL_ERROR = 507899;
 
 typedef enum aclrtMemMallocPolicy {

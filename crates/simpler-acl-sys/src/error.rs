@@ -111,6 +111,7 @@ pub const ERROR_NAMES: &[(i32, &str, &str)] = &[
     (507017, "ACL_ERROR_RT_AICPU_TIMEOUT", "an AICPU task exceeded its execution timeout"),
     (507018, "ACL_ERROR_RT_AICPU_EXCEPTION", "an AICPU task raised an exception"),
     (507046, "ACL_ERROR_RT_STREAM_SYNC_TIMEOUT", "the host timed out waiting for the stream"),
+    (507047, "ACL_ERROR_RT_EVENT_SYNC_TIMEOUT", "the host timed out waiting for the event"),
     (
         507899,
         "ACL_ERROR_RT_DRV_INTERNAL_ERROR",

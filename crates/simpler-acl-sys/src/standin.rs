@@ -10,8 +10,8 @@
 //! is one ordered sequence across libraries, and a [`Cann`] may outlive its install.
 //!
 //! Knobs ([`FakeInstall::set_value`]): `sync_timeout_stream` (creation index, 1-based, of the
-//! stream whose syncs return 507046), `reset_probe_failures` (stream creations right after a
-//! force reset that fail with 507899), `drain_result` (code of
+//! stream whose stream syncs return 507046 and event syncs 507047), `reset_probe_failures`
+//! (stream creations right after a force reset that fail with 507899), `drain_result` (code of
 //! `aclrtSynchronizeDeviceWithTimeout`), `cube_core_limit`, `vector_core_limit`,
 //! `aicpu_occupy_mask`, `aicore_valid_mask`, `device_count`, `version_major`/`_minor`/`_patch`,
 //! `poisoned`, `soc_name` (what `aclrtGetSocName` answers: 0 `Ascend910B1` (default), 1

@@ -35,6 +35,7 @@
 #define E_PARAM 107000           /* ACL_ERROR_RT_PARAM_INVALID */
 #define E_REPEAT_INIT 100002     /* ACL_ERROR_REPEAT_INITIALIZE */
 #define E_SYNC_TIMEOUT 507046    /* ACL_ERROR_RT_STREAM_SYNC_TIMEOUT */
+#define E_EVENT_SYNC_TIMEOUT 507047 /* ACL_ERROR_RT_EVENT_SYNC_TIMEOUT */
 #define E_DRV_INTERNAL 507899    /* ACL_ERROR_RT_DRV_INTERNAL_ERROR */
 
 #define NAME_LEN 48
@@ -758,7 +759,8 @@ EXPORT int aclrtSynchronizeEventWithTimeout(void *event, int32_t timeout) {
     object *s = find(OBJ_STREAM, e->owner);
     c.entry.stream = e->owner;
     if (s != NULL && st->sync_timeout_stream != 0 && (int64_t)s->size == st->sync_timeout_stream)
-        return fail(&c, E_SYNC_TIMEOUT, "the event's stream did not finish within the timeout");
+        return fail(&c, E_EVENT_SYNC_TIMEOUT,
+                    "the event's stream did not finish within the timeout");
     return finish(&c, OK);
 }
 

@@ -892,6 +892,34 @@ fn queued_runs_are_framed_by_cann_events_and_reaped_by_event_syncs_not_stream_sy
 }
 
 #[test]
+fn a_queued_run_whose_event_wait_runs_out_is_still_running_not_a_device_fault() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    let cfg = CallConfig::default();
+    let p = r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
+    let a = r.launch_run(p).unwrap();
+    // CANN answers an event wait that ran out with ACL_ERROR_RT_EVENT_SYNC_TIMEOUT: within a
+    // caller's short deadline the run is still executing, and the chip stays usable.
+    b.install.fail_call("aclrtSynchronizeEventWithTimeout", 1, 507_047).unwrap();
+    assert!(!r.reap_run(&a, Some(Duration::from_millis(1))).unwrap());
+    assert!(matches!(r.health(), DeviceHealth::Healthy), "{:?}", r.health());
+    assert!(r.reap_run(&a, None).unwrap());
+    r.complete_run(a).unwrap();
+    // With the whole stream-sync budget spent it is a timeout of that budget, not a fault.
+    let p = r.prepare(&RunRequest::new(run_id(2), slot, &v.args, &cfg)).unwrap();
+    let a = r.launch_run(p).unwrap();
+    // Calls are counted since the install was made: the first reap made one event wait, the
+    // second two (both end events), so run 2's AICPU end wait is the fourth.
+    b.install.fail_call("aclrtSynchronizeEventWithTimeout", 4, 507_047).unwrap();
+    let err = r.reap_run(&a, None).unwrap_err();
+    assert!(matches!(err, DeviceError::Timeout { budget: TimeoutBudget::StreamSync, .. }), "{err}");
+    drop(v);
+    let _ = r.finalize();
+}
+
+#[test]
 fn a_queued_run_behind_a_run_whose_event_sync_failed_is_abandoned_after_it() {
     let b = Onboard::new();
     let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();

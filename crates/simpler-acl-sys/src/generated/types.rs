@@ -155,6 +155,7 @@ pub const ACL_ERROR_RT_AICORE_EXCEPTION: ::core::ffi::c_int = 507015;
 pub const ACL_ERROR_RT_AICPU_TIMEOUT: ::core::ffi::c_int = 507017;
 pub const ACL_ERROR_RT_AICPU_EXCEPTION: ::core::ffi::c_int = 507018;
 pub const ACL_ERROR_RT_STREAM_SYNC_TIMEOUT: ::core::ffi::c_int = 507046;
+pub const ACL_ERROR_RT_EVENT_SYNC_TIMEOUT: ::core::ffi::c_int = 507047;
 pub const ACL_ERROR_RT_DRV_INTERNAL_ERROR: ::core::ffi::c_int = 507899;
 pub const ACL_MEM_MALLOC_HUGE_FIRST: aclrtMemMallocPolicy = 0;
 pub const ACL_MEM_MALLOC_HUGE_ONLY: aclrtMemMallocPolicy = 1;

@@ -25,6 +25,9 @@ impl AclCode {
     pub const AICPU_EXCEPTION: AclCode = AclCode(507_018);
     /// Stream synchronisation exceeded its budget.
     pub const STREAM_SYNC_TIMEOUT: AclCode = AclCode(507_046);
+    /// An event synchronisation exceeded its budget (what `aclrtSynchronizeEventWithTimeout`
+    /// returns where the stream form returns [`STREAM_SYNC_TIMEOUT`](Self::STREAM_SYNC_TIMEOUT)).
+    pub const EVENT_SYNC_TIMEOUT: AclCode = AclCode(507_047);
     /// Driver internal error: the device is poisoned.
     pub const DEVICE_POISONED: AclCode = AclCode(507_899);
     /// A device task was aborted.
@@ -46,6 +49,7 @@ impl AclCode {
             507_017 => "ACL_ERROR_RT_AICPU_TIMEOUT",
             507_018 => "ACL_ERROR_RT_AICPU_EXCEPTION",
             507_046 => "ACL_ERROR_RT_STREAM_SYNC_TIMEOUT",
+            507_047 => "ACL_ERROR_RT_EVENT_SYNC_TIMEOUT",
             507_899 => "ACL_ERROR_RT_DRV_INTERNAL_ERROR",
             107_022 => "ACL_ERROR_RT_DEVICE_TASK_ABORT",
             _ => "ACL_ERROR_UNKNOWN",

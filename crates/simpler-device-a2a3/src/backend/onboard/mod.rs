@@ -889,7 +889,15 @@ impl Backend for OnboardDevice {
         let Some(event) = ours.0.as_ref() else { return Err(SyncError::Timeout) };
         match event.synchronize(ms(timeout)) {
             Ok(()) => Ok(()),
-            Err(e) if code_of(&e) == AclCode::STREAM_SYNC_TIMEOUT.get() => Err(SyncError::Timeout),
+            // CANN answers an event wait that ran out with its own code; the stream code is
+            // taken too, so that no runtime version turns a slow run into a device fault.
+            Err(e)
+                if [AclCode::EVENT_SYNC_TIMEOUT, AclCode::STREAM_SYNC_TIMEOUT]
+                    .iter()
+                    .any(|c| c.get() == code_of(&e)) =>
+            {
+                Err(SyncError::Timeout)
+            }
             Err(e) => {
                 self.poison();
                 Err(SyncError::Fault(stream_fault(e)))
