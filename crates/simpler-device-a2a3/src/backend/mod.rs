@@ -250,13 +250,15 @@ pub(crate) trait Backend: Send + fmt::Debug {
     /// The state of `stream`, without blocking.
     fn query(&self, stream: StreamKind, op_execute: Duration) -> StreamStatus;
 
-    /// Records an event on `stream`.
-    fn record_event(&mut self, stream: StreamKind) -> EventHandle;
+    /// Records an event on `stream`; `Err` with the device's code when it could not be
+    /// recorded (the runner then treats the launch it frames as failed).
+    fn record_event(&mut self, stream: StreamKind) -> Result<EventHandle, AclCode>;
 
     /// Makes the entries enqueued on `stream` after this call wait until `event` completed; a
     /// failed `event` puts `stream` into the same sticky error, so nothing behind the wait
-    /// runs. `false` if `event` was not recorded by this backend.
-    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> bool;
+    /// runs. `Err` with the device's code when the wait could not be enqueued, or
+    /// [`AclCode::INTERNAL_ERROR`] when `event` was not recorded by this backend.
+    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> Result<(), AclCode>;
 
     /// The state of `event`, without blocking; `op_execute` is the per-launch AICore budget
     /// (an overdue AICore entry fails its stream, as in `query`).

@@ -626,53 +626,82 @@ impl Core {
         }
         self.launches += 1;
         run.launch_seq = self.launches;
-        // The previous run's AICPU writes AICPU-idle into the token registers after its exit
-        // acknowledgement: this run's cores must not start before that. (Our own events are
-        // always accepted by `wait_event`.)
-        let begin_core = queued.then(|| {
-            if let Some(prev) = self.last_aicpu_end.take() {
-                self.backend.wait_event(StreamKind::AiCore, &prev);
-            }
-            self.backend.record_event(StreamKind::AiCore)
-        });
+        // An event record or stream wait that frames a kernel and fails is that kernel's
+        // launch failure: without it the run cannot be ordered or reaped by its events. The
+        // previous run's AICPU writes AICPU-idle into the token registers after its exit
+        // acknowledgement, so this run's cores must not start before that.
+        let begin_core = match queued.then(|| self.frame_aicore()).transpose() {
+            Ok(begin_core) => begin_core,
+            Err(code) => return Err(self.launch_failed(run, KernelKind::AiCore, code)),
+        };
         // L2: AICore first.
         match self.backend.launch_aicore(run.block_dim, args) {
             Ok(l) => {
                 self.stats.aicore_launches += 1;
                 run.aicore = Some(l);
             }
-            Err(code) => {
-                self.recover_or_mark_unusable(run.run_id, PoisonStep::LaunchAiCore, code);
-                self.finish(run, Outcome::FailedBeforeLaunch);
-                let kernel = KernelKind::AiCore;
-                return Err(DeviceError::Launch { run_id: run.run_id, kernel, code });
-            }
+            Err(code) => return Err(self.launch_failed(run, KernelKind::AiCore, code)),
         }
         // The AICPU starts only once the AICore kernel started (its launch resets the cores'
         // DATA_MAIN_BASE, which would erase what the AICPU publishes).
-        let framed = begin_core.map(|begin_core| {
-            let end_core = self.backend.record_event(StreamKind::AiCore);
-            self.backend.wait_event(StreamKind::Aicpu, &begin_core);
-            let begin_cpu = self.backend.record_event(StreamKind::Aicpu);
-            (begin_core, end_core, begin_cpu)
-        });
+        let framed = match begin_core.map(|b| self.frame_aicpu(b)).transpose() {
+            Ok(framed) => framed,
+            Err(code) => return Err(self.launch_failed(run, KernelKind::Aicpu, code)),
+        };
         // L3: then AICPU.
         match self.backend.launch_aicpu(run.threads, args) {
             Ok(_) => self.stats.aicpu_launches += 1,
-            Err(code) => {
-                self.recover_or_mark_unusable(run.run_id, PoisonStep::LaunchAicpu, code);
-                self.finish(run, Outcome::FailedAfterLaunch);
-                let kernel = KernelKind::Aicpu;
-                return Err(DeviceError::Launch { run_id: run.run_id, kernel, code });
-            }
+            Err(code) => return Err(self.launch_failed(run, KernelKind::Aicpu, code)),
         }
         if let Some((begin_core, end_core, begin_cpu)) = framed {
-            let end_cpu = self.backend.record_event(StreamKind::Aicpu);
+            let end_cpu = match self.backend.record_event(StreamKind::Aicpu) {
+                Ok(e) => e,
+                Err(code) => return Err(self.launch_failed(run, KernelKind::Aicpu, code)),
+            };
             self.last_aicpu_end = Some(Arc::clone(&end_cpu));
             run.events =
                 Some(RunEvents { begin: [begin_cpu, begin_core], end: [end_cpu, end_core] });
         }
         Ok(())
+    }
+
+    /// A queued run's AICore stream waits for the previous run's AICPU end, then records the
+    /// run's AICore begin.
+    fn frame_aicore(&mut self) -> Result<EventHandle, AclCode> {
+        if let Some(prev) = self.last_aicpu_end.take() {
+            self.backend.wait_event(StreamKind::AiCore, &prev)?;
+        }
+        self.backend.record_event(StreamKind::AiCore)
+    }
+
+    /// After a queued run's AICore kernel: its AICore end, the AICPU stream's wait for its
+    /// AICore begin, and its AICPU begin.
+    fn frame_aicpu(
+        &mut self,
+        begin_core: EventHandle,
+    ) -> Result<(EventHandle, EventHandle, EventHandle), AclCode> {
+        let end_core = self.backend.record_event(StreamKind::AiCore)?;
+        self.backend.wait_event(StreamKind::Aicpu, &begin_core)?;
+        let begin_cpu = self.backend.record_event(StreamKind::Aicpu)?;
+        Ok((begin_core, end_core, begin_cpu))
+    }
+
+    /// A launch step of `kernel` failed with `code`: the device is poisoned (whatever of the
+    /// run is already on its streams must not be taken for a healthy run), the terminal
+    /// cleanup runs, and the error names the kernel.
+    fn launch_failed(
+        &mut self,
+        run: &mut RunState,
+        kernel: KernelKind,
+        code: AclCode,
+    ) -> DeviceError {
+        let (step, outcome) = match kernel {
+            KernelKind::AiCore => (PoisonStep::LaunchAiCore, Outcome::FailedBeforeLaunch),
+            KernelKind::Aicpu => (PoisonStep::LaunchAicpu, Outcome::FailedAfterLaunch),
+        };
+        self.recover_or_mark_unusable(run.run_id, step, code);
+        self.finish(run, outcome);
+        DeviceError::Launch { run_id: run.run_id, kernel, code }
     }
 
     /// L1: every `aicore_done` of the launch reads 0 on the device, whatever the image held

@@ -115,7 +115,7 @@ impl LaunchState for OnboardLaunch {
 
 /// An event as the runner keeps it.
 #[derive(Debug)]
-struct OnboardEvent(Option<Event>);
+struct OnboardEvent(Event);
 
 impl EventState for OnboardEvent {
     fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
@@ -443,10 +443,8 @@ impl OnboardDevice {
         }
     }
 
-    /// The force-reset probe: bind, create and destroy a stream, allocate and free 64 bytes,
-    /// unbind.
     /// The live CANN event behind `event`, with this thread bound; an event of another
-    /// backend, or one whose record failed, is the fault a wait on it reports.
+    /// backend is the fault a wait on it reports.
     fn our_event(&self, event: &EventHandle) -> Result<Arc<OnboardEvent>, StreamFault> {
         self.bind().map_err(stream_fault)?;
         let refused =
@@ -455,12 +453,11 @@ impl OnboardDevice {
             .into_any()
             .downcast::<OnboardEvent>()
             .map_err(|_| refused("the event was not recorded by this device"))?;
-        if ours.0.is_none() {
-            return Err(refused("the event's record failed"));
-        }
         Ok(ours)
     }
 
+    /// The force-reset probe: bind, create and destroy a stream, allocate and free 64 bytes,
+    /// unbind.
     fn probe(&self) -> Result<(), CannError> {
         let (cann, device) = (&self.ctx.cann, self.ctx.device);
         // SAFETY: plain integer argument.
@@ -845,25 +842,28 @@ impl Backend for OnboardDevice {
         StreamStatus::Busy
     }
 
-    fn record_event(&mut self, stream: StreamKind) -> EventHandle {
-        let event = self.stream(stream).and_then(|s| {
-            Event::record(&self.ctx, s)
-                .map_err(
-                    |e| tracing::warn!(device = self.ctx.device, error = %e, "event not recorded"),
-                )
-                .ok()
-        });
-        Arc::new(OnboardEvent(event))
+    fn record_event(&mut self, stream: StreamKind) -> Result<EventHandle, AclCode> {
+        let s = self.stream(stream).ok_or(AclCode::INTERNAL_ERROR)?;
+        match Event::record(&self.ctx, s) {
+            Ok(event) => Ok(Arc::new(OnboardEvent(event))),
+            Err(e) => {
+                tracing::warn!(device = self.ctx.device, error = %e, "event not recorded");
+                Err(AclCode(code_of(&e)))
+            }
+        }
     }
 
-    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> bool {
+    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> Result<(), AclCode> {
         let Ok(ours) = Arc::clone(event).into_any().downcast::<OnboardEvent>() else {
-            return false;
+            return Err(AclCode::INTERNAL_ERROR);
         };
-        let (Some(s), Some(e)) = (self.stream(stream), ours.0.as_ref()) else { return false };
+        let s = self.stream(stream).ok_or(AclCode::INTERNAL_ERROR)?;
         // SAFETY: both handles are live.
-        let ret = unsafe { self.ctx.cann.aclrtStreamWaitEvent(s.raw(), e.raw()) };
-        self.ctx.check("aclrtStreamWaitEvent", ret).is_ok()
+        let ret = unsafe { self.ctx.cann.aclrtStreamWaitEvent(s.raw(), ours.0.raw()) };
+        self.ctx.check("aclrtStreamWaitEvent", ret).map_err(|e| {
+            tracing::warn!(device = self.ctx.device, error = %e, "stream wait not enqueued");
+            AclCode(code_of(&e))
+        })
     }
 
     fn event_status(&self, event: &EventHandle, _op_execute: Duration) -> EventStatus {
@@ -871,8 +871,7 @@ impl Backend for OnboardDevice {
             Ok(e) => e,
             Err(f) => return EventStatus::Failed(f),
         };
-        let Some(event) = ours.0.as_ref() else { return EventStatus::Pending };
-        match event.status() {
+        match ours.0.status() {
             Ok(true) => EventStatus::Complete,
             Ok(false) => EventStatus::Pending,
             Err(e) => EventStatus::Failed(stream_fault(e)),
@@ -886,8 +885,7 @@ impl Backend for OnboardDevice {
         _op_execute: Duration,
     ) -> Result<(), SyncError> {
         let ours = self.our_event(event).map_err(SyncError::Fault)?;
-        let Some(event) = ours.0.as_ref() else { return Err(SyncError::Timeout) };
-        match event.synchronize(ms(timeout)) {
+        match ours.0.synchronize(ms(timeout)) {
             Ok(()) => Ok(()),
             // CANN answers an event wait that ran out with its own code; the stream code is
             // taken too, so that no runtime version turns a slow run into a device fault.

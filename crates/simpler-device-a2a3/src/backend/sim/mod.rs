@@ -855,20 +855,20 @@ impl Backend for SimDevice {
         dev.streams[stream_index(stream)].query(Some(op_execute), &|| dev.wake_all())
     }
 
-    fn record_event(&mut self, stream: StreamKind) -> EventHandle {
+    fn record_event(&mut self, stream: StreamKind) -> Result<EventHandle, AclCode> {
         let ev = Arc::new(SimEvent::default());
         let entry = LaunchEntry::new(EntryKind::Record(ev.clone()), 0);
         let fired = self.shared.streams[stream_index(stream)].enqueue(entry, &*self.shared);
         resume_waiters(fired, &self.shared.streams, &*self.shared);
-        ev
+        Ok(ev)
     }
 
-    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> bool {
-        let Some(ev) = sim_event(event) else { return false };
+    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> Result<(), AclCode> {
+        let Some(ev) = sim_event(event) else { return Err(foreign_event().code) };
         let entry = LaunchEntry::new(EntryKind::WaitEvent(ev), 0);
         let fired = self.shared.streams[stream_index(stream)].enqueue(entry, &*self.shared);
         resume_waiters(fired, &self.shared.streams, &*self.shared);
-        true
+        Ok(())
     }
 
     fn event_status(&self, event: &EventHandle, op_execute: Duration) -> EventStatus {

@@ -15,13 +15,13 @@ impl EventState for ForeignEvent {
 #[test]
 fn events_go_through_the_backend_seam_and_a_foreign_event_is_refused() {
     let mut dev = SimDevice::new(0, SimOptions::default());
-    let ev = dev.record_event(StreamKind::Aicpu);
+    let ev = dev.record_event(StreamKind::Aicpu).unwrap();
     let op = Duration::from_secs(5);
     assert_eq!(dev.event_synchronize(&ev, Duration::from_secs(5), op), Ok(()));
     assert_eq!(dev.event_status(&ev, op), EventStatus::Complete);
-    assert!(dev.wait_event(StreamKind::AiCore, &ev));
+    assert_eq!(dev.wait_event(StreamKind::AiCore, &ev), Ok(()));
     let foreign: EventHandle = Arc::new(ForeignEvent);
-    assert!(!dev.wait_event(StreamKind::AiCore, &foreign));
+    assert_eq!(dev.wait_event(StreamKind::AiCore, &foreign), Err(AclCode::INTERNAL_ERROR));
     assert!(matches!(dev.event_status(&foreign, op), EventStatus::Failed(_)));
     assert!(
         dev.synchronize(StreamKind::AiCore, Duration::from_secs(5), Duration::from_secs(5)).is_ok()
