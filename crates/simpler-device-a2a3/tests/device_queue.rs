@@ -5,13 +5,14 @@
 
 mod common;
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use simpler_device_a2a3::{
     AcceptanceSignal, ActiveRun, ChipSlot, DeviceError, DeviceHealth, DeviceRunner, FaultPlan,
-    RunRequest, RunnerOptions,
+    KernelKind, RunRequest, RunnerOptions,
 };
 use simpler_types::CallConfig;
 
@@ -204,5 +205,63 @@ fn dropped_queued_handles_are_reclaimed_and_the_queue_keeps_working() {
     for v in runs {
         v.free(&mut r);
     }
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_queued_run_reaped_first_gets_the_stream_sync_budget_for_itself_not_for_the_runs_ahead() {
+    // Four runs of 700 ms each, one behind the other: the last one ends about 2.8 s after the
+    // first started, beyond one 2.6 s stream-sync budget, while each run needs far less.
+    let hold = Duration::from_millis(700);
+    let opts = fast_options(0)
+        .with_pipeline_slots(4)
+        .with_device_queue(true)
+        .with_scheduler_timeout(Duration::from_secs(1))
+        .with_op_execute_timeout(Duration::from_millis(1500))
+        .with_stream_sync_timeout(Duration::from_millis(2600));
+    let mut r = DeviceRunner::attach(opts).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let runs: Vec<_> = (0..4).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let cfg = CallConfig::default();
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, hold);
+    let mut active: Vec<Option<ActiveRun>> =
+        launch_queue(&mut r, slot, &runs, &cfg).into_iter().map(Some).collect();
+    for i in [3, 0, 1, 2] {
+        let a = active[i].take().unwrap();
+        let n = i as u64 + 1;
+        r.reap_run(&a, None).unwrap_or_else(|e| panic!("run {n}: {e}"));
+        assert_eq!(r.complete_run(a).unwrap().run_id, Some(run_id(n)));
+    }
+    assert!(r.health().is_healthy());
+    for v in &runs {
+        v.check(&mut r);
+    }
+    for v in runs {
+        v.free(&mut r);
+    }
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_run_launched_before_a_launch_that_unwound_reaps_as_itself() {
+    let mut r = DeviceRunner::attach(queue_options()).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let runs: Vec<_> = (0..2).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let cfg = CallConfig::default();
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD);
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &runs[0].args, &cfg)).unwrap();
+    let a1 = r.launch_run(p1).unwrap();
+    // Run 2's launch unwinds right after its AICore kernel was enqueued, while run 1 executes:
+    // the device is unusable through run 2, which run 1 did not stand behind.
+    r.sim_faults().unwrap().panic_after_launch(KernelKind::AiCore, 1);
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &runs[1].args, &cfg)).unwrap();
+    assert!(catch_unwind(AssertUnwindSafe(|| r.launch_run(p2))).is_err());
+    match r.health() {
+        DeviceHealth::Unusable { cause } => assert_eq!(cause.run_id, run_id(2)),
+        h => panic!("the unwound launch made the device unusable: {h:?}"),
+    }
+    assert!(r.reap_run(&a1, None).unwrap_or_else(|e| panic!("run 1 ran ahead of run 2: {e}")));
+    assert_eq!(r.complete_run(a1).unwrap().run_id, Some(run_id(1)));
+    drop(runs);
     r.finalize().unwrap();
 }

@@ -84,6 +84,7 @@ impl DeviceRunner {
                 slots,
                 last_aicpu_end: None,
                 launches: 0,
+                poisoned_at: None,
                 returns: Default::default(),
                 used_runs: Default::default(),
                 stats: RunnerStats::default(),

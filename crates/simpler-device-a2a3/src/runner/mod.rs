@@ -224,7 +224,7 @@ impl Drop for FinishOnUnwind<'_> {
                     step: PoisonStep::Unwind,
                     code: AclCode::INTERNAL_ERROR,
                 };
-                self.core.health.poison(cause);
+                self.core.poison(cause, self.run.launch_seq);
             }
             self.core.finish(self.run, self.outcome);
         }
@@ -250,6 +250,10 @@ struct Core {
     last_aicpu_end: Option<EventHandle>,
     /// Runs launched so far (the next run's `launch_seq` is one more).
     launches: u64,
+    /// The `launch_seq` of the run whose failure made the device unusable: runs launched
+    /// after it stood behind it, runs launched before it did not. `None` while healthy, and
+    /// when the cause was no launched run (then every launched run counts as behind it).
+    poisoned_at: Option<u64>,
     /// Leases of dropped handles, cleaned up at the next call.
     returns: ReturnQueue,
     used_runs: UsedRunIds,
@@ -699,7 +703,7 @@ impl Core {
             KernelKind::AiCore => (PoisonStep::LaunchAiCore, Outcome::FailedBeforeLaunch),
             KernelKind::Aicpu => (PoisonStep::LaunchAicpu, Outcome::FailedAfterLaunch),
         };
-        self.recover_or_mark_unusable(run.run_id, step, code);
+        self.recover_or_mark_unusable(run.run_id, run.launch_seq, step, code);
         self.finish(run, outcome);
         DeviceError::Launch { run_id: run.run_id, kernel, code }
     }
@@ -714,10 +718,26 @@ impl Core {
         }
     }
 
+    /// Marks the device unusable with `cause` (the first cause stays) and, with the first
+    /// cause, where the run behind it was launched (`launch_seq`, 0 for a run never launched).
+    fn poison(&mut self, cause: PoisonCause, launch_seq: u64) {
+        if self.health.get().is_healthy() {
+            self.poisoned_at = (launch_seq > 0).then_some(launch_seq);
+        }
+        self.health.poison(cause);
+    }
+
     /// Bounded drain, then unconditionally unusable (`docs/device-runner.md`, "Recovery").
-    fn recover_or_mark_unusable(&mut self, run_id: RunId, step: PoisonStep, code: AclCode) {
+    /// `launch_seq` places the failed run in the launch order (0: never launched).
+    fn recover_or_mark_unusable(
+        &mut self,
+        run_id: RunId,
+        launch_seq: u64,
+        step: PoisonStep,
+        code: AclCode,
+    ) {
         // Poison first: neither the drain nor the log (a tracing layer may panic) can skip it.
-        self.health.poison(PoisonCause { run_id, step, code });
+        self.poison(PoisonCause { run_id, step, code }, launch_seq);
         self.stats.recoveries += 1;
         let drained = self.backend.drain(self.timeouts.stream_sync, self.timeouts.op_execute);
         tracing::error!(device = self.opts.device_id, %run_id, %step, %code, drained, "device unusable after a failed run");

@@ -78,6 +78,7 @@ impl Core {
         within: Option<Duration>,
     ) -> Result<bool, DeviceError> {
         let (budget, op) = (self.timeouts.stream_sync, self.timeouts.op_execute);
+        let budget = if run.events.is_some() { self.queued_budget(run, budget) } else { budget };
         let (sync, caller_deadline) = match within {
             Some(d) if d < budget => (d, true),
             _ => (budget, false),
@@ -121,9 +122,14 @@ impl Core {
         caller_deadline: bool,
     ) -> Result<bool, DeviceError> {
         let op = self.timeouts.op_execute;
+        // A run launched after the run that made the device unusable is abandoned even if its
+        // events completed: that failure did not necessarily stop the streams (a timeout, an
+        // unwind), so what it computed cannot be trusted. Only when the cause has no place in
+        // the launch order does a run whose end events both completed count as having run
+        // before the failure.
         let ended = self.queued_end(run);
-        if !matches!(ended, Some(Ok(())))
-            && let Some(cause) = self.abandoned_cause(run)
+        if let Some(cause) = self.abandoned_cause(run)
+            && (self.poisoned_at.is_some() || !matches!(ended, Some(Ok(()))))
         {
             return Err(self.abandon_behind(run, cause));
         }
@@ -144,10 +150,10 @@ impl Core {
         }
         if let Some((stream, step, e)) = failure {
             if let SyncError::Fault(f) = &e
-                && let Some(culprit) = self.failed_before(run)
+                && let Some((culprit, culprit_seq)) = self.failed_before(run)
             {
                 let cause = PoisonCause { run_id: culprit, step, code: f.code };
-                self.recover_or_mark_unusable(culprit, step, f.code);
+                self.recover_or_mark_unusable(culprit, culprit_seq, step, f.code);
                 return Err(self.abandon_behind(run, cause));
             }
             return Err(self.sync_failure(run, stream, step, e));
@@ -175,19 +181,38 @@ impl Core {
         all
     }
 
-    /// The cause that made the device unusable, when another run's failure did.
+    /// The stream-sync budget of a queued run: one budget for itself and one for each run
+    /// launched before it that has not ended yet, since its end events complete only after
+    /// theirs (the streams are FIFO). So each run of the queue gets the budget for its own
+    /// execution, whatever order the runs are reaped in.
+    fn queued_budget(&self, run: &RunState, budget: Duration) -> Duration {
+        let ahead = self
+            .runs()
+            .filter(|r| r.stage == Stage::Launched && r.launch_seq < run.launch_seq)
+            .filter(|r| self.queued_end(r).is_none())
+            .count();
+        budget.saturating_mul(u32::try_from(ahead).unwrap_or(u32::MAX).saturating_add(1))
+    }
+
+    /// The cause that made the device unusable, when the failure of a run launched before
+    /// `run` did (or of one with no place in the launch order).
     fn abandoned_cause(&self, run: &RunState) -> Option<PoisonCause> {
         match self.health.get() {
-            DeviceHealth::Unusable { cause } if cause.run_id != run.run_id => Some(cause),
+            DeviceHealth::Unusable { cause }
+                if cause.run_id != run.run_id
+                    && self.poisoned_at.is_none_or(|at| run.launch_seq > at) =>
+            {
+                Some(cause)
+            }
             _ => None,
         }
     }
 
-    /// The earlier run whose failure a queued run's failed `begin` event stands behind: the
-    /// latest run launched before it whose own `begin` events completed (so its own work
-    /// failed), or else the run that made the device unusable. `None`: the run's `begin`
-    /// events completed, the failure is its own.
-    fn failed_before(&self, run: &RunState) -> Option<RunId> {
+    /// The earlier run whose failure a queued run's failed `begin` event stands behind, with
+    /// its `launch_seq`: the latest run launched before it whose own `begin` events completed
+    /// (so its own work failed), or else the run that made the device unusable. `None`: the
+    /// run's `begin` events completed, the failure is its own.
+    fn failed_before(&self, run: &RunState) -> Option<(RunId, u64)> {
         let op = self.timeouts.op_execute;
         let begun = |r: &RunState| {
             r.events.as_ref().is_some_and(|e| {
@@ -204,9 +229,11 @@ impl Core {
             .filter(|r| r.stage == Stage::Launched && r.launch_seq < run.launch_seq)
             .collect();
         earlier.sort_by_key(|r| std::cmp::Reverse(r.launch_seq));
-        earlier.into_iter().find(|r| begun(r)).map(|r| r.run_id).or_else(|| {
+        earlier.into_iter().find(|r| begun(r)).map(|r| (r.run_id, r.launch_seq)).or_else(|| {
             match self.health.get() {
-                DeviceHealth::Unusable { cause } => Some(cause.run_id),
+                DeviceHealth::Unusable { cause } => {
+                    Some((cause.run_id, self.poisoned_at.unwrap_or(0)))
+                }
                 DeviceHealth::Healthy => None,
             }
         })
@@ -238,7 +265,7 @@ impl Core {
             SyncError::Timeout => AclCode::STREAM_SYNC_TIMEOUT,
             SyncError::Fault(f) => f.code,
         };
-        self.recover_or_mark_unusable(run.run_id, step, code);
+        self.recover_or_mark_unusable(run.run_id, run.launch_seq, step, code);
         let other =
             if stream == StreamKind::Aicpu { StreamKind::AiCore } else { StreamKind::Aicpu };
         let other_status = self.backend.query(other, op);
