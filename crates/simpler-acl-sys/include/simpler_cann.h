@@ -51,6 +51,11 @@ static const int ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046;
 static const int ACL_ERROR_RT_EVENT_SYNC_TIMEOUT = 507047;
 static const int ACL_ERROR_RT_DRV_INTERNAL_ERROR = 507899;
 
+/* aclrtSetStreamFailureMode: whether a stream goes on after a failed task (the default) or
+   stops, failing everything behind it. */
+static const uint64_t ACL_CONTINUE_ON_FAILURE = 0;
+static const uint64_t ACL_STOP_ON_FAILURE = 1;
+
 typedef enum aclrtMemMallocPolicy {
     ACL_MEM_MALLOC_HUGE_FIRST = 0,
     ACL_MEM_MALLOC_HUGE_ONLY = 1,
@@ -296,6 +301,7 @@ aclError aclrtCreateStream(aclrtStream *stream);
 aclError aclrtDestroyStream(aclrtStream stream);
 aclError aclrtSynchronizeStream(aclrtStream stream);
 aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t timeout);
+aclError aclrtSetStreamFailureMode(aclrtStream stream, uint64_t mode);
 aclError aclrtSynchronizeDeviceWithTimeout(int32_t timeout);
 aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy);
 aclError aclrtFree(void *devPtr);

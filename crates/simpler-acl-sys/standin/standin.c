@@ -657,6 +657,16 @@ EXPORT int aclrtSynchronizeStreamWithTimeout(void *stream, int32_t timeout) {
     return sync_stream(&c, stream, timeout);
 }
 
+EXPORT int aclrtSetStreamFailureMode(void *stream, uint64_t mode) {
+    call c = begin(__func__);
+    c.entry.stream = (uint64_t)(uintptr_t)stream;
+    c.entry.value = (int64_t)mode;
+    if (c.injected) return finish(&c, c.injected);
+    if (find(OBJ_STREAM, c.entry.stream) == NULL) return fail(&c, E_PARAM, "not a live stream");
+    if (mode > 1) return fail(&c, E_PARAM, "unknown failure mode");
+    return finish(&c, OK);
+}
+
 EXPORT int aclrtSynchronizeDeviceWithTimeout(int32_t timeout) {
     call c = begin(__func__);
     c.entry.timeout = timeout;

@@ -686,6 +686,39 @@ fn three_failed_force_resets_are_the_finalize_error() {
 }
 
 #[test]
+fn both_streams_stop_on_failure() {
+    let b = Onboard::new();
+    let r = DeviceRunner::attach(b.options(0)).unwrap();
+    let log = b.log();
+    let (aicpu, aicore) = streams(&log);
+    let modes: Vec<(Option<u64>, Option<i64>)> = log
+        .iter()
+        .filter(|c| c.func == "aclrtSetStreamFailureMode")
+        .map(|c| (c.stream, c.value))
+        .collect();
+    assert_eq!(modes, [(Some(aicpu), Some(1)), (Some(aicore), Some(1))], "{:?}", names(&log));
+    drop(r);
+}
+
+#[test]
+fn device_queueing_refuses_streams_that_cannot_stop_on_failure() {
+    let b = Onboard::new();
+    b.install.fail_call("aclrtSetStreamFailureMode", 1, 207_000).unwrap();
+    let err = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap_err();
+    match &err {
+        DeviceError::Acl { init: Some(InitStep::CreateStream), source, .. } => {
+            assert_eq!((source.func, source.code), ("aclrtSetStreamFailureMode", 207_000));
+        }
+        e => panic!("{e}"),
+    }
+    assert_eq!(b.live(), [0; 5], "both streams were destroyed");
+    // Without queueing the runner attaches: nothing it does relies on the mode.
+    let b = Onboard::new();
+    b.install.fail_call("aclrtSetStreamFailureMode", 1, 207_000).unwrap();
+    DeviceRunner::attach(b.options(0)).unwrap().finalize().unwrap();
+}
+
+#[test]
 fn a_failed_second_stream_destroys_the_first_and_names_the_code() {
     let b = Onboard::new();
     b.install.fail_call("rtStreamCreate", 2, 207_001).unwrap();

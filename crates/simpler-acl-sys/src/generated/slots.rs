@@ -87,6 +87,9 @@ pub type aclrtSynchronizeEventWithTimeout =
 #[doc = " The C signature of `aclrtStreamWaitEvent`."]
 pub type aclrtStreamWaitEvent =
     unsafe extern "C" fn(stream: aclrtStream, event: aclrtEvent) -> aclError;
+#[doc = " The C signature of `aclrtSetStreamFailureMode`."]
+pub type aclrtSetStreamFailureMode =
+    unsafe extern "C" fn(stream: aclrtStream, mode: u64) -> aclError;
 #[doc = " The C signature of `rtSetDevice`."]
 pub type rtSetDevice = unsafe extern "C" fn(devId: i32) -> rtError_t;
 #[doc = " The C signature of `rtDeviceReset`."]
@@ -250,6 +253,7 @@ pub(crate) struct Slots {
     pub(crate) aclrtQueryEventStatus: Slot<aclrtQueryEventStatus>,
     pub(crate) aclrtSynchronizeEventWithTimeout: Slot<aclrtSynchronizeEventWithTimeout>,
     pub(crate) aclrtStreamWaitEvent: Slot<aclrtStreamWaitEvent>,
+    pub(crate) aclrtSetStreamFailureMode: Slot<aclrtSetStreamFailureMode>,
     pub(crate) rtSetDevice: Slot<rtSetDevice>,
     pub(crate) rtDeviceReset: Slot<rtDeviceReset>,
     pub(crate) rtStreamCreate: Slot<rtStreamCreate>,
@@ -321,6 +325,7 @@ pub const FUNCTIONS: &[FunctionInfo] = &[
         required: false,
     },
     FunctionInfo { name: "aclrtStreamWaitEvent", library: Library::Acl, required: false },
+    FunctionInfo { name: "aclrtSetStreamFailureMode", library: Library::Acl, required: false },
     FunctionInfo { name: "rtSetDevice", library: Library::Runtime, required: true },
     FunctionInfo { name: "rtDeviceReset", library: Library::Runtime, required: true },
     FunctionInfo { name: "rtStreamCreate", library: Library::Runtime, required: true },

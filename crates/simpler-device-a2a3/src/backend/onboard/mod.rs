@@ -33,8 +33,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use simpler_acl_sys::types::{
     ACL_ERROR_REPEAT_INITIALIZE, ACL_RT_DEV_RES_CUBE_CORE, ACL_RT_DEV_RES_VECTOR_CORE,
-    ADDR_MAP_TYPE_REG_AIC_CTRL, AddrMapInPara, AddrMapOutPara, CTRL_TYPE_ADDR_MAP,
-    RT_SCHEM_MODE_BATCH, rtArgsEx_t, rtCpuKernelArgs_t, rtTaskCfgInfo_t,
+    ACL_STOP_ON_FAILURE, ADDR_MAP_TYPE_REG_AIC_CTRL, AddrMapInPara, AddrMapOutPara,
+    CTRL_TYPE_ADDR_MAP, RT_SCHEM_MODE_BATCH, rtArgsEx_t, rtCpuKernelArgs_t, rtTaskCfgInfo_t,
 };
 use simpler_acl_sys::{Cann, Error as CannError, SearchConfig};
 
@@ -292,7 +292,8 @@ impl OnboardDevice {
     }
 
     /// Ensure_initialized step 1: the AICPU stream, then the AICore stream (the first is
-    /// destroyed again if the second fails), then the core limits.
+    /// destroyed again if the second fails), both set to stop on failure, then the core
+    /// limits.
     fn create_streams(&mut self) -> Result<(), DeviceError> {
         if self.streams.is_some() {
             return Ok(());
@@ -301,9 +302,29 @@ impl OnboardDevice {
         let aicpu = Stream::create(&self.ctx).map_err(|e| acl(step, e))?;
         // On failure `aicpu` drops here: destroyed without a sync.
         let aicore = Stream::create(&self.ctx).map_err(|e| acl(step, e))?;
+        self.stop_on_failure(&aicpu)?;
+        self.stop_on_failure(&aicore)?;
         self.max_block_dim = self.query_block_dim(&aicore);
         self.streams = Some(Streams { aicpu, aicore });
         Ok(())
+    }
+
+    /// Makes `stream` stop at its first failed task and fail everything behind it, as the
+    /// simulator's streams do; CANN's default is to go on. Device queueing relies on it: a run
+    /// queued behind a failed one must never complete as if nothing happened, so with
+    /// queueing a stream that cannot be set is an init failure; without, it is only logged.
+    fn stop_on_failure(&self, stream: &Stream) -> Result<(), DeviceError> {
+        // SAFETY: live stream, plain integer mode.
+        let ret =
+            unsafe { self.ctx.cann.aclrtSetStreamFailureMode(stream.raw(), ACL_STOP_ON_FAILURE) };
+        match self.ctx.check("aclrtSetStreamFailureMode", ret) {
+            Ok(()) => Ok(()),
+            Err(e) if self.opts.device_queue => Err(acl(Some(InitStep::CreateStream), e)),
+            Err(e) => {
+                tracing::warn!(device = self.ctx.device, error = %e, "a stream goes on after a failed task");
+                Ok(())
+            }
+        }
     }
 
     /// `min(cube cores, vector cores / 2)`, or 24 when a query fails.
