@@ -124,7 +124,7 @@ impl ChipRuntime for TensormapAndRingbuffer {
             run_id: Some(run_id),
             message: "the ring sizes are too large for one arena".into(),
         };
-        let arena = ArenaLayout::of(ArenaShape::of(sizes)).ok_or_else(too_large)?;
+        let arena = ArenaShape::of(sizes).and_then(ArenaLayout::of).ok_or_else(too_large)?;
         // The runner keeps this allocation per slot and reuses it while it is large enough, so
         // runs of one sizing allocate their arena once.
         let heap = mem.heap_arena(arena.len)?;

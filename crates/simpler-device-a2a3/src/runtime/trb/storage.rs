@@ -43,11 +43,13 @@ pub(crate) struct ArenaShape {
 
 impl ArenaShape {
     /// The shape of rings of `rings`: the tensor map holds four entries per task slot of every
-    /// ring, over a quarter as many buckets.
-    pub(crate) fn of(rings: [RingSizes; HEAP_RING_COUNT]) -> ArenaShape {
-        let slots: u32 = rings.iter().map(|r| r.task_window).sum();
-        let map_entries = slots.saturating_mul(4);
-        ArenaShape { rings, map_entries, map_buckets: slots.next_power_of_two() }
+    /// ring, over a quarter as many buckets. `None` when those counts do not fit the map's
+    /// `u32` indices (windows legal one by one can add up past them).
+    pub(crate) fn of(rings: [RingSizes; HEAP_RING_COUNT]) -> Option<ArenaShape> {
+        let slots = rings.iter().try_fold(0u32, |sum, r| sum.checked_add(r.task_window))?;
+        let map_entries = slots.checked_mul(4)?;
+        let map_buckets = slots.checked_next_power_of_two()?;
+        Some(ArenaShape { rings, map_entries, map_buckets })
     }
 }
 
@@ -107,8 +109,12 @@ pub(crate) struct ReuseRecord {
     submitted: u64,
     /// Tensor-map pool slots the run handed out.
     map_handed_out: u32,
-    reserved: u32,
+    /// Fills the record to two whole 64-byte alignment units, so that it has no padding:
+    /// copying the arena's bytes then never reads an uninitialised one.
+    reserved: [u32; 9],
 }
+
+const _: () = assert!(size_of::<ReuseRecord>() == 128);
 
 /// What a clean previous run over the same storage left: the extents a partial reset covers.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -166,7 +172,7 @@ impl ReuseRecord {
             map_buckets: buckets as u32,
             submitted: left.submitted,
             map_handed_out: left.map_handed_out,
-            reserved: 0,
+            reserved: [0; 9],
         };
     }
 }
@@ -475,7 +481,7 @@ mod tests {
     #[test]
     fn every_layout_starts_with_the_reuse_record() {
         for window in [1, 16, 1024] {
-            let layout = ArenaLayout::of(ArenaShape::of(sizes(window))).unwrap();
+            let layout = ArenaLayout::of(ArenaShape::of(sizes(window)).unwrap()).unwrap();
             assert_eq!(layout.reuse, 0);
             assert!(layout.heap_off(0) >= size_of::<ReuseRecord>() as u64);
         }
