@@ -131,3 +131,28 @@ fn two_runners_over_one_loaded_program_keep_their_orchestration_slots_apart() {
     first.unregister_callable(a).unwrap();
     first.finalize().unwrap();
 }
+
+#[test]
+fn finalize_with_a_run_still_inside_an_orchestration_object_leaves_the_object_loaded() {
+    use std::time::Duration;
+
+    use simpler_device_a2a3::RuntimeVariant;
+    use simpler_onboard_programs::WAITING_ADD_ORCHESTRATION;
+    let Some(path) = program() else { return };
+    let o = options_on(0, RuntimeVariant::TensormapAndRingbuffer).with_aicpu_program(path);
+    let mut r = DeviceRunner::attach(o).unwrap();
+    let (entry, config) = WAITING_ADD_ORCHESTRATION;
+    let slot = r.register_callable(&c_vector_callable(entry, config)).unwrap();
+    let v = VectorRun::new(&mut r, 1024);
+    // The entry waits inside the object for its add task, which takes a second.
+    r.sim_faults().unwrap().kernel_delay(FUNC_ADD, Duration::from_secs(1));
+    let cfg = CallConfig::default();
+    let p = r.prepare(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &v.args, &cfg)).unwrap();
+    let active = r.launch_run(p).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // Closing the object now would unmap the code the AICPU thread returns into once the
+    // device reset ends its wait: the process would crash here.
+    drop(active);
+    let report = r.finalize().unwrap();
+    assert_eq!(report.abandoned_run, Some(RunId::from_raw(1).unwrap()));
+}

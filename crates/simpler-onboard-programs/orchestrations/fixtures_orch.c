@@ -15,3 +15,30 @@ int32_t failing_entry(const SimplerOrchOps *ops, void *rt, const SimplerOrchArgs
     (void)args;
     return 7;
 }
+
+// Room for `waiting_add`'s read of f (f32, at most 16384 elements).
+static uint8_t waiting_add_copy[16384 * 4];
+
+// f = a + b (func 0), then a read of f, which waits for that task: an entry that is still
+// running inside the object while its task executes.
+int32_t waiting_add(const SimplerOrchOps *ops, void *rt, const SimplerOrchArgs *args) {
+    if (ops->version != SIMPLER_ORCH_OPS_VERSION || args->num_tensors < 3) return -1;
+    const SimplerTensor *t = args->tensors;
+    SimplerTensor tensors[3] = {t[0], t[1], t[2]};
+    int32_t tags[3] = {SIMPLER_TAG_INPUT, SIMPLER_TAG_INPUT, SIMPLER_TAG_OUTPUT};
+    SimplerSubmitDesc d = {
+        .func_ids = {SIMPLER_NO_FUNC, 0, SIMPLER_NO_FUNC},
+        .shape = SIMPLER_SHAPE_AIV,
+        .block_num = 1,
+        .num_tensors = 3,
+        .num_scalars = 0,
+        .tensors = tensors,
+        .tags = tags,
+        .scalars = NULL,
+    };
+    int64_t r = ops->submit(rt, &d);
+    if (r < 0) return (int32_t)r;
+    uint64_t bytes = t[2].extent_elems * 4;
+    if (bytes > sizeof waiting_add_copy) return -1;
+    return ops->get_tensor_data(rt, &t[2], waiting_add_copy, bytes);
+}

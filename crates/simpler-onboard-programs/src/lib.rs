@@ -402,6 +402,9 @@ pub const ADD_ORCHESTRATION: (&str, &str) = ("vector_add", "vector_config");
 pub const FOUR_ARGS_CONFIG: &str = "four_args_config";
 /// An entry symbol of the object that returns status 7 without submitting.
 pub const FAILING_ENTRY: &str = "failing_entry";
+/// The C entry and config symbols of `f = a + b` (func 0) followed by a read of `f`, so that
+/// the entry waits inside the object until the task completed.
+pub const WAITING_ADD_ORCHESTRATION: (&str, &str) = ("waiting_add", "vector_config");
 
 /// The C flags of the orchestration object, for the host and the AICPU alike.
 pub const ORCHESTRATION_CFLAGS: [&str; 5] = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"];

@@ -885,6 +885,11 @@ impl Core {
 
     fn finalize(mut self) -> Result<FinalizeReport, DeviceError> {
         let mut report = FinalizeReport::default();
+        // A launched run may still execute an orchestration object's code on an AICPU thread
+        // until the device is reset below; closing the object before that (the simulator's
+        // built program closes it on the calling thread) would pull the code out from under
+        // it. Such objects stay loaded instead.
+        let launched = self.runs().any(|r| r.stage == Stage::Launched);
         // (3) Terminal cleanup of every unfinished run, dropped handles' included.
         drop(std::mem::take(&mut *self.returns.lock()));
         for s in 0..self.slots.len() {
@@ -897,7 +902,14 @@ impl Core {
             self.finish(&mut run, outcome);
             self.free_slot(s);
         }
-        self.unload_orchestrations();
+        if launched {
+            tracing::warn!(
+                device = self.opts.device_id,
+                "finalize with a launched run: orchestration objects stay loaded"
+            );
+        } else {
+            self.unload_orchestrations();
+        }
         // (4)–(5) Reset the device, join its threads, free everything.
         let allocations = self.backend.memory_counts().allocations as usize;
         report.stuck_threads = self.backend.shutdown();
