@@ -232,3 +232,47 @@ fn the_slot_count_is_checked_at_attach() {
         assert!(matches!(err, DeviceError::InvalidConfig { .. }), "{bad}: {err}");
     }
 }
+
+/// The tensor run 1's orchestration allocated in its slot's heap, kept for run 2.
+static STASHED: std::sync::Mutex<Option<simpler_types::Tensor>> = std::sync::Mutex::new(None);
+
+fn stash_orch(
+    ctx: &mut simpler_device_a2a3::OrchCtx<'_>,
+    _: &simpler_device_a2a3::OrchArgs<'_>,
+) -> Result<(), simpler_device_a2a3::OrchError> {
+    let t = ctx.alloc_tensor(&[16], simpler_types::DataType::Float32)?;
+    *STASHED.lock().unwrap() = Some(t);
+    Ok(())
+}
+
+fn write_stashed_orch(
+    ctx: &mut simpler_device_a2a3::OrchCtx<'_>,
+    _: &simpler_device_a2a3::OrchArgs<'_>,
+) -> Result<(), simpler_device_a2a3::OrchError> {
+    let t = STASHED.lock().unwrap().expect("run 1 stashed its tensor");
+    ctx.set_tensor_data(&t, &[0; 64])
+}
+
+#[test]
+fn an_orchestration_cannot_write_into_the_heap_of_another_slots_run() {
+    use simpler_device_a2a3::{ChipCallable, OrchConfig};
+    let mut r = DeviceRunner::attach(options()).unwrap();
+    let callable = |orch| {
+        ChipCallable::native(orch, |_| OrchConfig { expected_arg_count: 0, ..Default::default() })
+            .build()
+            .unwrap()
+    };
+    let stash = r.register_callable(&callable(stash_orch)).unwrap();
+    let write = r.register_callable(&callable(write_stashed_orch)).unwrap();
+    let (cfg, args) = (CallConfig::default(), simpler_types::TaskArgs::new());
+    // Run 1 allocates in slot 0's heap and stays prepared; run 2 prepares in slot 1 meanwhile.
+    let p1 = r.prepare(&RunRequest::new(run_id(1), stash, &args, &cfg)).unwrap();
+    let err = r.prepare(&RunRequest::new(run_id(2), write, &args, &cfg)).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::InvalidArgs { message, .. }
+            if message.contains("set_tensor_data") && message.contains("not inside")),
+        "{err}"
+    );
+    r.abandon(p1).unwrap();
+    r.finalize().unwrap();
+}

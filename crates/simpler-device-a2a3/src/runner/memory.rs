@@ -21,6 +21,13 @@ pub(super) struct Arena {
     pub(super) len: u64,
 }
 
+impl Arena {
+    /// Whether `len` bytes at `addr` lie inside the arena.
+    fn holds(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr && addr.checked_add(len).is_some_and(|end| end <= self.addr + self.len)
+    }
+}
+
 /// The pooled arenas of one resource slot, kept across the slot's runs.
 #[derive(Debug, Default)]
 pub(super) struct Arenas {
@@ -35,25 +42,30 @@ fn staging_bytes(size: u64) -> Option<u64> {
     size.div_ceil(1024).checked_mul(1024)
 }
 
-/// Whether kernels may be handed memory of this purpose: user allocations, the GM heap and
-/// staging. Runtime images, kernel arguments and chip buffers are the runtime's own; a tensor
-/// pointing into them could let a kernel rewrite what the scheduler trusts.
-fn kernel_visible(p: Option<MemPurpose>) -> bool {
-    matches!(p, Some(MemPurpose::User | MemPurpose::HeapArena | MemPurpose::Staging))
-}
-
 /// The device memory a chip runtime may use while it binds a run.
 pub(super) struct RunMemory<'a> {
     pub(super) backend: &'a dyn Backend,
+    /// The slot's GM heap arena.
     pub(super) heap: &'a mut Option<Arena>,
+    /// The slot's staging arena, where the run's host tensors were staged before the bind.
+    pub(super) staging: Option<Arena>,
     pub(super) run_id: RunId,
     /// Arena allocations this bind made (arena-cache misses).
     pub(super) misses: u64,
 }
 
 impl BuildEnv for RunMemory<'_> {
+    /// Kernels and the orchestration may be handed user allocations and this slot's own GM
+    /// heap and staging. Runtime images, kernel arguments and chip buffers are the runtime's
+    /// own (a tensor pointing into them could let a kernel rewrite what the scheduler trusts);
+    /// another slot's arenas belong to a run that may be executing while this one prepares.
     fn device_range_ok(&self, addr: u64, len: u64) -> bool {
-        kernel_visible(self.backend.find(addr, len))
+        match self.backend.find(addr, len) {
+            Some(MemPurpose::User) => true,
+            Some(MemPurpose::HeapArena) => self.heap.is_some_and(|a| a.holds(addr, len)),
+            Some(MemPurpose::Staging) => self.staging.is_some_and(|a| a.holds(addr, len)),
+            _ => false,
+        }
     }
 
     fn read(&self, addr: u64, out: &mut [u8]) -> bool {

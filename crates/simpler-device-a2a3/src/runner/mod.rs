@@ -470,8 +470,13 @@ impl Core {
             rings: self.opts.rings,
         };
         let res = &mut self.slots[s].res;
-        let mut mem =
-            RunMemory { backend: &*self.backend, heap: &mut res.arenas.heap, run_id, misses: 0 };
+        let mut mem = RunMemory {
+            backend: &*self.backend,
+            heap: &mut res.arenas.heap,
+            staging: res.arenas.staging,
+            run_id,
+            misses: 0,
+        };
         let bound = self.runtime.bind(&inputs, &mut mem, &mut res.host_image);
         self.stats.arena_cache_misses += mem.misses;
         if let Err(DeviceError::OutOfMemory { purpose: MemPurpose::HeapArena, .. }) = &bound {
