@@ -144,12 +144,14 @@ fn finalize_with_a_run_still_inside_an_orchestration_object_leaves_the_object_lo
     let (entry, config) = WAITING_ADD_ORCHESTRATION;
     let slot = r.register_callable(&c_vector_callable(entry, config)).unwrap();
     let v = VectorRun::new(&mut r, 1024);
-    // The entry waits inside the object for its add task, which takes a second.
-    r.sim_faults().unwrap().kernel_delay(FUNC_ADD, Duration::from_secs(1));
+    // The entry waits inside the object for its add task, which takes three seconds.
+    r.sim_faults().unwrap().kernel_delay(FUNC_ADD, Duration::from_secs(3));
     let cfg = CallConfig::default();
     let p = r.prepare(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &v.args, &cfg)).unwrap();
     let active = r.launch_run(p).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    // Until the orchestration reached its wait: the run is still executing then.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!r.poll_run(&active).unwrap(), "the add task is still held");
     // Closing the object now would unmap the code the AICPU thread returns into once the
     // device reset ends its wait: the process would crash here.
     drop(active);

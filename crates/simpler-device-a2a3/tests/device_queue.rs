@@ -210,15 +210,17 @@ fn dropped_queued_handles_are_reclaimed_and_the_queue_keeps_working() {
 
 #[test]
 fn a_queued_run_reaped_first_gets_the_stream_sync_budget_for_itself_not_for_the_runs_ahead() {
-    // Four runs of 700 ms each, one behind the other: the last one ends about 2.8 s after the
-    // first started, beyond one 2.6 s stream-sync budget, while each run needs far less.
-    let hold = Duration::from_millis(700);
+    // Four runs of one second each, one behind the other: the last one ends about 4 s after
+    // the first started, beyond one 3.6 s stream-sync budget, while each run needs far less.
+    // (The scheduler budget, which must stay over 1.5 s below the stream-sync one, keeps a
+    // second of margin over a held kernel.)
+    let hold = Duration::from_secs(1);
     let opts = fast_options(0)
         .with_pipeline_slots(4)
         .with_device_queue(true)
-        .with_scheduler_timeout(Duration::from_secs(1))
-        .with_op_execute_timeout(Duration::from_millis(1500))
-        .with_stream_sync_timeout(Duration::from_millis(2600));
+        .with_scheduler_timeout(Duration::from_secs(2))
+        .with_op_execute_timeout(Duration::from_millis(2500))
+        .with_stream_sync_timeout(Duration::from_millis(3600));
     let mut r = DeviceRunner::attach(opts).unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();
     let runs: Vec<_> = (0..4).map(|_| VectorRun::new(&mut r, 256)).collect();
@@ -248,7 +250,8 @@ fn a_run_launched_before_a_launch_that_unwound_reaps_as_itself() {
     let slot = r.register_callable(&vector_callable()).unwrap();
     let runs: Vec<_> = (0..2).map(|_| VectorRun::new(&mut r, 256)).collect();
     let cfg = CallConfig::default();
-    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD);
+    // Held well past the unwind, so that run 1 is still executing when the device is poisoned.
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD * 4);
     let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &runs[0].args, &cfg)).unwrap();
     let a1 = r.launch_run(p1).unwrap();
     // Run 2's launch unwinds right after its AICore kernel was enqueued, while run 1 executes:
@@ -256,6 +259,7 @@ fn a_run_launched_before_a_launch_that_unwound_reaps_as_itself() {
     r.sim_faults().unwrap().panic_after_launch(KernelKind::AiCore, 1);
     let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &runs[1].args, &cfg)).unwrap();
     assert!(catch_unwind(AssertUnwindSafe(|| r.launch_run(p2))).is_err());
+    assert!(!r.poll_run(&a1).unwrap(), "run 1 still executes behind the poisoning");
     match r.health() {
         DeviceHealth::Unusable { cause } => assert_eq!(cause.run_id, run_id(2)),
         h => panic!("the unwound launch made the device unusable: {h:?}"),

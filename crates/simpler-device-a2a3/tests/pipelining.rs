@@ -258,9 +258,7 @@ fn an_orchestration_cannot_write_into_the_heap_of_another_slots_run() {
     use simpler_device_a2a3::{ChipCallable, OrchConfig};
     let mut r = DeviceRunner::attach(options()).unwrap();
     let callable = |orch| {
-        ChipCallable::native(orch, |_| OrchConfig { expected_arg_count: 0, ..Default::default() })
-            .build()
-            .unwrap()
+        ChipCallable::native(orch, |_| OrchConfig { expected_arg_count: 0 }).build().unwrap()
     };
     let stash = r.register_callable(&callable(stash_orch)).unwrap();
     let write = r.register_callable(&callable(write_stashed_orch)).unwrap();

@@ -252,7 +252,7 @@ struct Core {
     launches: u64,
     /// The `launch_seq` of the run whose failure made the device unusable: runs launched
     /// after it stood behind it, runs launched before it did not. `None` while healthy, and
-    /// when the cause was no launched run (then every launched run counts as behind it).
+    /// when the cause was no launched run (every launched run then counts as behind it).
     poisoned_at: Option<u64>,
     /// Leases of dropped handles, cleaned up at the next call.
     returns: ReturnQueue,

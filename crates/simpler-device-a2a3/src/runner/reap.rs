@@ -102,7 +102,7 @@ impl Core {
             }
         }
         if let Some((stream, step, e)) = failure {
-            return Err(self.sync_failure(run, stream, step, e));
+            return Err(self.sync_failure(run, stream, step, e, sync));
         }
         // R3: timing (soft), then the collectors in the outcome the latched status implies.
         self.read_results(run);
@@ -124,13 +124,8 @@ impl Core {
         let op = self.timeouts.op_execute;
         // A run launched after the run that made the device unusable is abandoned even if its
         // events completed: that failure did not necessarily stop the streams (a timeout, an
-        // unwind), so what it computed cannot be trusted. Only when the cause has no place in
-        // the launch order does a run whose end events both completed count as having run
-        // before the failure.
-        let ended = self.queued_end(run);
-        if let Some(cause) = self.abandoned_cause(run)
-            && (self.poisoned_at.is_some() || !matches!(ended, Some(Ok(()))))
-        {
+        // unwind), so what it computed cannot be trusted.
+        if let Some(cause) = self.abandoned_cause(run) {
             return Err(self.abandon_behind(run, cause));
         }
         let Some(events) = run.events.as_ref() else { return Ok(false) };
@@ -156,7 +151,7 @@ impl Core {
                 self.recover_or_mark_unusable(culprit, culprit_seq, step, f.code);
                 return Err(self.abandon_behind(run, cause));
             }
-            return Err(self.sync_failure(run, stream, step, e));
+            return Err(self.sync_failure(run, stream, step, e, sync));
         }
         self.read_results(run);
         let outcome =
@@ -252,15 +247,17 @@ impl Core {
     }
 
     /// R2: recover, collect what the device reported (earliest fault first) and the latched
-    /// status when the device went idle, run the terminal cleanup, and type the error.
+    /// status when the device went idle, run the terminal cleanup, and type the error; a
+    /// timeout names `waited`, the stream-sync budget the run was given.
     fn sync_failure(
         &mut self,
         run: &mut RunState,
         stream: StreamKind,
         step: PoisonStep,
         e: SyncError,
+        waited: Duration,
     ) -> DeviceError {
-        let (sync, op) = (self.timeouts.stream_sync, self.timeouts.op_execute);
+        let op = self.timeouts.op_execute;
         let code = match &e {
             SyncError::Timeout => AclCode::STREAM_SYNC_TIMEOUT,
             SyncError::Fault(f) => f.code,
@@ -293,7 +290,7 @@ impl Core {
             SyncError::Timeout => DeviceError::Timeout {
                 run_id,
                 budget: simpler_types::TimeoutBudget::StreamSync,
-                limit: sync,
+                limit: waited,
                 runtime,
                 faults,
             },

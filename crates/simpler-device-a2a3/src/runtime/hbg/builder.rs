@@ -431,7 +431,7 @@ impl<'e> GraphBuilder<'e> {
         t.validate().map_err(|e| format!("invalid descriptor: {e}"))?;
         if t.size > 0 && !self.env.device_range_ok(t.addr, t.size) {
             return Err(format!(
-                "buffer of {} bytes at {:#x} is not inside one device allocation",
+                "buffer of {} bytes at {:#x} is not inside one device allocation of this run (a user allocation, or this run's heap or staging arena)",
                 t.size, t.addr
             ));
         }
@@ -554,7 +554,7 @@ impl<'e> GraphBuilder<'e> {
         // arguments, chip buffers) hold what the scheduler trusts and are never writable here.
         if !self.env.device_range_ok(span.start, span.len()) {
             return self.invalid(format!(
-                "set_tensor_data: {span} is not inside one user, heap or staging allocation"
+                "set_tensor_data: {span} is not inside one user allocation or this run's heap or staging arena"
             ));
         }
         if !self.env.write(span.start, data) {
