@@ -1000,8 +1000,9 @@ fn a_queued_run_whose_event_wait_runs_out_is_still_running_not_a_device_fault() 
     let _ = r.finalize();
 }
 
-#[test]
-fn a_queued_run_behind_a_run_whose_wait_timed_out_is_abandoned_though_its_events_completed() {
+/// Queues runs 1 and 2, arms a fault with `arm`, reaps run 1 and returns its error after
+/// checking that run 2 then ends `Abandoned { after: run 1 }`.
+fn first_of_two_queued_runs_fails(arm: impl FnOnce(&FakeInstall)) -> DeviceError {
     let b = Onboard::new();
     let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
     let slot = r.register_callable(&b.add_callable()).unwrap();
@@ -1011,12 +1012,8 @@ fn a_queued_run_behind_a_run_whose_wait_timed_out_is_abandoned_though_its_events
     let a1 = r.launch_run(p1).unwrap();
     let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
     let a2 = r.launch_run(p2).unwrap();
-    // Run 1's AICPU end wait runs out with the whole budget: run 1's own timeout.
-    b.install.fail_call("aclrtSynchronizeEventWithTimeout", 1, 507_047).unwrap();
-    let err = r.reap_run(&a1, None).unwrap_err();
-    assert!(matches!(err, DeviceError::Timeout { run_id: id, .. } if id == run_id(1)), "{err}");
-    // A timeout stops no stream, so run 2's events still completed (the stand-in completes
-    // them at once); it stood behind run 1 all the same and must not pass for a good run.
+    arm(&b.install);
+    let first = r.reap_run(&a1, None).unwrap_err();
     let err = r.reap_run(&a2, None).unwrap_err();
     assert!(
         matches!(err, DeviceError::Abandoned { run_id: id, after, .. } if id == run_id(2) && after == run_id(1)),
@@ -1024,30 +1021,27 @@ fn a_queued_run_behind_a_run_whose_wait_timed_out_is_abandoned_though_its_events
     );
     drop((v1, v2));
     let _ = r.finalize();
+    first
+}
+
+#[test]
+fn a_queued_run_behind_a_run_whose_wait_timed_out_is_abandoned_though_its_events_completed() {
+    // Run 1's AICPU end wait runs out with the whole budget: run 1's own timeout. A timeout
+    // stops no stream, so run 2's events still completed (the stand-in completes them at
+    // once); it stood behind run 1 all the same and must not pass for a good run.
+    let err = first_of_two_queued_runs_fails(|install| {
+        install.fail_call("aclrtSynchronizeEventWithTimeout", 1, 507_047).unwrap();
+    });
+    assert!(matches!(err, DeviceError::Timeout { run_id: id, .. } if id == run_id(1)), "{err}");
 }
 
 #[test]
 fn a_queued_run_behind_a_run_whose_event_sync_failed_is_abandoned_after_it() {
-    let b = Onboard::new();
-    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
-    let slot = r.register_callable(&b.add_callable()).unwrap();
-    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
-    let cfg = CallConfig::default();
-    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
-    let a1 = r.launch_run(p1).unwrap();
-    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
-    let a2 = r.launch_run(p2).unwrap();
     // Run 1's AICPU end event reports an AICPU exception and the device stays failed.
-    b.install.poison_at("aclrtSynchronizeEventWithTimeout", 1, 507_018).unwrap();
-    let err = r.reap_run(&a1, None).unwrap_err();
+    let err = first_of_two_queued_runs_fails(|install| {
+        install.poison_at("aclrtSynchronizeEventWithTimeout", 1, 507_018).unwrap();
+    });
     assert!(matches!(err, DeviceError::DeviceFault { run_id: id, .. } if id == run_id(1)), "{err}");
-    let err = r.reap_run(&a2, None).unwrap_err();
-    assert!(
-        matches!(err, DeviceError::Abandoned { run_id: id, after, .. } if id == run_id(2) && after == run_id(1)),
-        "{err}"
-    );
-    drop((v1, v2));
-    let _ = r.finalize();
 }
 
 // ----- tensormap_and_ringbuffer: `DeviceObject` orchestrations through the register entry -----
