@@ -269,3 +269,35 @@ fn a_run_launched_before_a_launch_that_unwound_reaps_as_itself() {
     drop(runs);
     r.finalize().unwrap();
 }
+
+#[test]
+fn a_fault_report_names_the_core_type_of_the_launch_that_ran_not_of_the_one_queued_behind_it() {
+    use simpler_device_a2a3::abi::CoreType;
+    let mut r = DeviceRunner::attach(queue_options()).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let runs: Vec<_> = (0..3).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let shape = |block_dim| CallConfig::builder().block_dim(block_dim).build().unwrap();
+    let (wide, narrow) = (shape(2), shape(1));
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD * 4);
+    let p0 = r.prepare(&RunRequest::new(run_id(1), slot, &runs[0].args, &wide)).unwrap();
+    let a0 = r.launch_run(p0).unwrap();
+    // Once run 1's cores handshook, the next handshake of core 1 (run 2's) reports a bad id.
+    std::thread::sleep(HOLD);
+    assert!(!r.poll_run(&a0).unwrap(), "run 1 is held");
+    r.sim_faults().unwrap().handshake_fault(1, 80);
+    // Run 2 runs one cluster, where core 1 is an AIV; run 3, queued behind it, two clusters,
+    // where core 1 is an AIC.
+    let p1 = r.prepare(&RunRequest::new(run_id(2), slot, &runs[1].args, &narrow)).unwrap();
+    let a1 = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(3), slot, &runs[2].args, &wide)).unwrap();
+    let a2 = r.launch_run(p2).unwrap();
+    assert!(r.reap_run(&a0, None).unwrap());
+    r.complete_run(a0).unwrap();
+    let err = r.reap_run(&a1, None).unwrap_err();
+    let DeviceError::DeviceFault { faults, .. } = &err else { panic!("{err}") };
+    let named: Vec<_> = faults.iter().filter_map(|f| f.core).collect();
+    assert!(named.contains(&(1, CoreType::Aiv)), "{err}: {named:?}");
+    assert!(matches!(r.reap_run(&a2, None), Err(DeviceError::Abandoned { .. })));
+    drop(runs);
+    r.finalize().unwrap();
+}

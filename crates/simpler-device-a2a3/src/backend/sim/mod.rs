@@ -141,8 +141,8 @@ pub(crate) struct SimShared {
     spins: AtomicU32,
     /// Awake simulated threads, gating the spin phase of every wait.
     gate: SpinGate,
-    /// `block_dim` of the latest AICore launch; written by the launching host thread, read
-    /// relaxed by fault reports only (a stale value mislabels a core type in a message).
+    /// `block_dim` of the AICore launch that started last (a queued one may follow it); set
+    /// when its entry starts, read relaxed by fault reports only (stale: a mislabelled type).
     block_dim: AtomicU32,
     /// Threads alive: incremented by the host at spawn, decremented by each thread's exit guard
     /// under `exit_lock`; read by finalize (waiting on `exit_cv`) and statistics.
@@ -332,6 +332,7 @@ impl Starter for SimShared {
     fn post(&self, stream: usize, entry: &Arc<LaunchEntry>) {
         match entry.kind {
             EntryKind::AiCore { block_dim } => {
+                self.block_dim.store(block_dim, Ordering::Relaxed); // Relaxed: see the field.
                 for w in 0..3 * block_dim {
                     let block = &self.regs[w as usize];
                     // Silicon resets DATA_MAIN_BASE at launch; the simulator also clears COND
@@ -812,7 +813,6 @@ impl Backend for SimDevice {
             return Err(AclCode::LAUNCH_FAILED);
         }
         self.ensure_aicore_cores(3 * block_dim).map_err(|_| AclCode::LAUNCH_FAILED)?;
-        self.shared.block_dim.store(block_dim, Ordering::Relaxed);
         let entry = LaunchEntry::new(EntryKind::AiCore { block_dim }, args);
         #[cfg(test)]
         self.host_log.lock().push(HostCall::LaunchAiCore);
