@@ -925,8 +925,8 @@ fn queued_runs_are_framed_by_cann_events_and_reaped_by_event_syncs_not_stream_sy
 }
 
 /// Launches run 1 and then run 2 on a queueing runner whose `nth` call of `func` fails with
-/// 507899; returns run 2's launch error and the runner, with run 1 reaped and completed.
-fn second_launch_with_failing(func: &str, nth: u64) -> (DeviceError, DeviceRunner, Onboard) {
+/// 507899; returns run 2's launch error, after checking that run 1 reaps as itself.
+fn second_launch_with_failing(func: &str, nth: u64) -> DeviceError {
     let b = Onboard::new();
     let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
     let slot = r.register_callable(&b.add_callable()).unwrap();
@@ -945,31 +945,30 @@ fn second_launch_with_failing(func: &str, nth: u64) -> (DeviceError, DeviceRunne
     assert!(r.reap_run(&a1, None).unwrap());
     r.complete_run(a1).unwrap();
     drop((v1, v2));
-    (err, r, b)
+    let _ = r.finalize();
+    err
 }
 
 #[test]
 fn a_stream_wait_that_fails_to_enqueue_fails_the_launch_it_frames() {
     // Run 2's AICore stream must wait for run 1's AICPU end: the second stream wait overall.
-    let (err, r, _b) = second_launch_with_failing("aclrtStreamWaitEvent", 2);
+    let err = second_launch_with_failing("aclrtStreamWaitEvent", 2);
     assert!(
         matches!(err, DeviceError::Launch { run_id: id, kernel: KernelKind::AiCore, code }
             if id == run_id(2) && code.get() == 507_899),
         "{err}"
     );
-    let _ = r.finalize();
 }
 
 #[test]
 fn an_event_that_fails_to_record_fails_the_launch_it_frames() {
     // Run 1 records four events; run 2's AICore end, after its AICore kernel, is the sixth.
-    let (err, r, _b) = second_launch_with_failing("aclrtRecordEvent", 6);
+    let err = second_launch_with_failing("aclrtRecordEvent", 6);
     assert!(
         matches!(err, DeviceError::Launch { run_id: id, kernel: KernelKind::Aicpu, code }
             if id == run_id(2) && code.get() == 507_899),
         "{err}"
     );
-    let _ = r.finalize();
 }
 
 #[test]

@@ -181,12 +181,14 @@ impl Core {
     /// theirs (the streams are FIFO). So each run of the queue gets the budget for its own
     /// execution, whatever order the runs are reaped in.
     fn queued_budget(&self, run: &RunState, budget: Duration) -> Duration {
-        let ahead = self
-            .runs()
-            .filter(|r| r.stage == Stage::Launched && r.launch_seq < run.launch_seq)
-            .filter(|r| self.queued_end(r).is_none())
-            .count();
+        let ahead =
+            self.launched_before(run.launch_seq).filter(|r| self.queued_end(r).is_none()).count();
         budget.saturating_mul(u32::try_from(ahead).unwrap_or(u32::MAX).saturating_add(1))
+    }
+
+    /// The runs still launched (not reaped) that were launched before position `launch_seq`.
+    fn launched_before(&self, launch_seq: u64) -> impl Iterator<Item = &RunState> {
+        self.runs().filter(move |r| r.stage == Stage::Launched && r.launch_seq < launch_seq)
     }
 
     /// The cause that made the device unusable, when the failure of a run launched before
@@ -219,10 +221,7 @@ impl Core {
         if begun(run) {
             return None;
         }
-        let mut earlier: Vec<&RunState> = self
-            .runs()
-            .filter(|r| r.stage == Stage::Launched && r.launch_seq < run.launch_seq)
-            .collect();
+        let mut earlier: Vec<&RunState> = self.launched_before(run.launch_seq).collect();
         earlier.sort_by_key(|r| std::cmp::Reverse(r.launch_seq));
         earlier.into_iter().find(|r| begun(r)).map(|r| (r.run_id, r.launch_seq)).or_else(|| {
             match self.health.get() {
