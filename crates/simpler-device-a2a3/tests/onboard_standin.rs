@@ -564,6 +564,43 @@ fn an_aicore_stream_sync_timeout_follows_a_good_aicpu_sync() {
 }
 
 #[test]
+fn a_run_reaped_in_slices_on_a_device_that_never_finishes_times_out_at_the_stream_sync_budget() {
+    let b = Onboard::new();
+    let (mut r, slot, v, (aicpu, _)) = prepared(&b);
+    // Every sync of the AICPU stream runs out: the device never finishes the run.
+    b.install.set_value("sync_timeout_stream", 1).unwrap();
+    let p = r.prepare(&RunRequest::new(run_id(6), slot, &v.args, &CallConfig::default())).unwrap();
+    let a = r.launch_run(p).unwrap();
+    // Reaped the way the L2 lane does between jobs: short bounded waits that give up, with the
+    // lane's other work in between.
+    let mut slices = 0u32;
+    let end = loop {
+        match r.reap_run(&a, Some(Duration::from_millis(5))) {
+            Ok(false) => slices += 1,
+            other => break other,
+        }
+        assert!(slices < 6_000, "the slices never used up the stream-sync budget");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    match &end {
+        Err(DeviceError::Timeout { budget: TimeoutBudget::StreamSync, limit, .. }) => {
+            assert_eq!(*limit, Duration::from_millis(STREAM_SYNC_MS as u64));
+        }
+        other => panic!("a run the device never finishes must time out, got {other:?}"),
+    }
+    assert!(slices > 0, "the slices before the budget passed left the run launched");
+    // The last sync asked only for what was left of the budget.
+    let log = b.log();
+    let last = log.iter().rev().find(|c| c.func == "aclrtSynchronizeStreamWithTimeout").unwrap();
+    assert_eq!(last.stream, Some(aicpu));
+    assert!(last.timeout.is_some_and(|t| (0..=5).contains(&t)), "{last:?}");
+    assert!(matches!(r.health(), DeviceHealth::Unusable { .. }));
+    v.free(&mut r);
+    r.finalize().unwrap();
+    assert_eq!(b.live(), [0; 5]);
+}
+
+#[test]
 fn an_unusable_runner_makes_no_cann_call_at_all() {
     let b = Onboard::new();
     let (mut r, slot, v, _) = prepared(&b);

@@ -70,7 +70,7 @@ use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use simpler_types::RunId;
 
@@ -154,6 +154,9 @@ struct RunState {
     events: Option<RunEvents>,
     /// Position of the run in launch order (0 = not launched).
     launch_seq: u64,
+    /// When the first reap of the run began waiting; the stream-sync budget runs from here
+    /// across every later reap, so a run reaped in slices still times out.
+    reap_started: Option<Instant>,
     latched: Option<RuntimeFault>,
     acceptance: Option<(Arc<AcceptanceSignal>, u64)>,
     latches: Latches,
@@ -406,6 +409,7 @@ impl Core {
             aicore: None,
             events: None,
             launch_seq: 0,
+            reap_started: None,
             latched: None,
             acceptance: req.acceptance().map(|a| (Arc::clone(a), req.run_id.get())),
             latches: Latches::default(),

@@ -2,7 +2,7 @@
 //! on the run's own end events, blaming a queued run's failure on the run it stood behind, and
 //! typing a sync failure.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use simpler_types::RunId;
 
@@ -72,20 +72,46 @@ impl Core {
 
     /// R1–R3 on a run taken out of its slot; a failure has run the terminal cleanup.
     /// `Ok(false)`: the caller's shorter deadline passed first (nothing changed).
+    ///
+    /// The stream-sync budget runs from the run's first reap across all of them, so a caller
+    /// that reaps in slices (the L2 lane between jobs) gets a timeout once the budget has
+    /// passed, not a wait that never ends on a device that never finishes.
     pub(super) fn reap_steps(
         &mut self,
         run: &mut RunState,
         within: Option<Duration>,
     ) -> Result<bool, DeviceError> {
-        let (budget, op) = (self.timeouts.stream_sync, self.timeouts.op_execute);
+        let budget = self.timeouts.stream_sync;
         let budget = if run.events.is_some() { self.queued_budget(run, budget) } else { budget };
+        // The first reap has the whole budget (a run reaped once waits exactly as in `run()`).
+        let remaining = match run.reap_started {
+            Some(started) => budget.saturating_sub(started.elapsed()),
+            None => {
+                run.reap_started = Some(Instant::now());
+                budget
+            }
+        };
         let (sync, caller_deadline) = match within {
-            Some(d) if d < budget => (d, true),
-            _ => (budget, false),
+            Some(d) if d < remaining => (d, true),
+            _ => (remaining, false),
         };
         if run.events.is_some() {
-            return self.reap_queued(run, sync, caller_deadline);
+            self.reap_queued(run, sync, caller_deadline, budget)
+        } else {
+            self.reap_streams(run, sync, caller_deadline, budget)
         }
+    }
+
+    /// R1–R3 of a run launched alone: wait for both streams. `budget` is what a timeout
+    /// reports as the limit that passed.
+    fn reap_streams(
+        &mut self,
+        run: &mut RunState,
+        sync: Duration,
+        caller_deadline: bool,
+        budget: Duration,
+    ) -> Result<bool, DeviceError> {
+        let op = self.timeouts.op_execute;
         // R1: AICPU stream, then AICore stream.
         let mut failure = None;
         for (stream, step) in [
@@ -102,7 +128,7 @@ impl Core {
             }
         }
         if let Some((stream, step, e)) = failure {
-            return Err(self.sync_failure(run, stream, step, e, sync));
+            return Err(self.sync_failure(run, stream, step, e, budget));
         }
         // R3: timing (soft), then the collectors in the outcome the latched status implies.
         self.read_results(run);
@@ -120,6 +146,7 @@ impl Core {
         run: &mut RunState,
         sync: Duration,
         caller_deadline: bool,
+        budget: Duration,
     ) -> Result<bool, DeviceError> {
         let op = self.timeouts.op_execute;
         // A run launched after the run that made the device unusable is abandoned even if its
@@ -151,7 +178,7 @@ impl Core {
                 self.recover_or_mark_unusable(culprit, culprit_seq, step, f.code);
                 return Err(self.abandon_behind(run, cause));
             }
-            return Err(self.sync_failure(run, stream, step, e, sync));
+            return Err(self.sync_failure(run, stream, step, e, budget));
         }
         self.read_results(run);
         let outcome =
