@@ -38,15 +38,21 @@ pub(super) fn is_current(lease: &Lease, returns: &ReturnQueue, current: Option<u
     Arc::ptr_eq(&lease.returns, returns) && current == Some(lease.generation)
 }
 
-/// Takes the leases dropped handles returned, keeping those whose generation is still
-/// `current_of(slot)`: a lease of an ended run is ignored.
+/// Takes the oldest lease a dropped handle returned whose generation is still
+/// `current_of(slot)`; leases of ended runs before it are discarded. One at a time, so a panic
+/// while one slot is cleaned up leaves the others queued for the next call.
 pub(super) fn take_returned(
     returns: &ReturnQueue,
     current_of: impl Fn(usize) -> Option<u64>,
-) -> Vec<(usize, u64)> {
-    let mut returned = std::mem::take(&mut *returns.lock());
-    returned.retain(|&(s, generation)| current_of(s) == Some(generation));
-    returned
+) -> Option<usize> {
+    let mut returned = returns.lock();
+    while !returned.is_empty() {
+        let (s, generation) = returned.remove(0);
+        if current_of(s) == Some(generation) {
+            return Some(s);
+        }
+    }
+    None
 }
 
 /// One slot lease. Dropping a live lease queues it for the runner's cleanup.
@@ -161,14 +167,15 @@ impl Core {
     /// Cleans up the slots whose handles were dropped: a prepared run is abandoned, a launched
     /// one reaped first (its result is discarded), a reaped one released.
     pub(super) fn reclaim_dropped(&mut self) {
-        let returned = take_returned(&self.returns, |s| self.slots.get(s).map(|x| x.generation));
-        for (s, _) in returned {
+        while let Some(s) =
+            take_returned(&self.returns, |s| self.slots.get(s).map(|x| x.generation))
+        {
             let Some(mut run) = self.slots[s].run.take() else { continue };
             let run_id = run.run_id;
             match run.stage {
                 Stage::Prepared => self.finish(&mut run, Outcome::FailedBeforeLaunch),
                 Stage::Launched => {
-                    let r = self.guarded(&mut run, Outcome::FailedAfterLaunch, |c, run| {
+                    let r = self.guarded(s, &mut run, Outcome::FailedAfterLaunch, |c, run| {
                         c.reap_steps(run, None)
                     });
                     if let Err(e) = r {

@@ -137,13 +137,15 @@ impl Slots {
 
     /// `reclaim_dropped`: frees the slots whose current lease a handle dropped.
     fn reclaim(&mut self) -> Vec<usize> {
-        let generation = self.generation;
-        let returned = take_returned(&self.returns, |s| generation.get(s).copied());
-        let slots: Vec<usize> = returned.into_iter().map(|(s, _)| s).collect();
-        for &s in &slots {
+        let mut slots = Vec::new();
+        loop {
+            let generation = self.generation;
+            let Some(s) = take_returned(&self.returns, |s| generation.get(s).copied()) else {
+                return slots;
+            };
             self.end(s);
+            slots.push(s);
         }
-        slots
     }
 }
 

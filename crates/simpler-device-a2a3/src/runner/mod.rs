@@ -214,6 +214,8 @@ struct Slot {
 struct FinishOnUnwind<'a> {
     core: &'a mut Core,
     run: &'a mut RunState,
+    /// The slot the run was taken out of.
+    slot: usize,
     outcome: Outcome,
     device_may_run: bool,
 }
@@ -230,6 +232,9 @@ impl Drop for FinishOnUnwind<'_> {
                 self.core.poison(cause, self.run.launch_seq);
             }
             self.core.finish(self.run, self.outcome);
+            // The run is over: a handle that survived the unwind (borrowed by `reap_run`, or
+            // dropped later) must find its lease stale, never a run prepared into the slot since.
+            self.core.free_slot(self.slot);
         }
     }
 }
@@ -424,7 +429,7 @@ impl Core {
         };
         // P6–P16; on failure (or a panic) the terminal cleanup runs in before-launch mode.
         let bound =
-            self.guarded(&mut run, Outcome::FailedBeforeLaunch, |core, run| core.bind(s, req, run));
+            self.guarded(s, &mut run, Outcome::FailedBeforeLaunch, |core, run| core.bind(s, req, run));
         match bound.map_err(|e| e.in_run(req.run_id)) {
             Ok(()) => {
                 let generation = self.slots[s].generation;
@@ -546,10 +551,11 @@ impl Core {
         Ok(a)
     }
 
-    /// Runs `steps` on a run taken out of its slot, with the terminal cleanup armed for an
-    /// unwinding panic (the cleanup runs on panics too).
+    /// Runs `steps` on a run taken out of slot `slot`, with the terminal cleanup armed for an
+    /// unwinding panic (the cleanup runs on panics too, and the slot is freed).
     fn guarded<T>(
         &mut self,
+        slot: usize,
         run: &mut RunState,
         on_panic: Outcome,
         steps: impl FnOnce(&mut Core, &mut RunState) -> T,
@@ -558,7 +564,8 @@ impl Core {
         // the launch nothing runs, and a reaped run's streams have completed.
         let device_may_run = matches!(run.stage, Stage::Prepared | Stage::Launched)
             && on_panic == Outcome::FailedAfterLaunch;
-        let mut guard = FinishOnUnwind { core: self, run, outcome: on_panic, device_may_run };
+        let mut guard =
+            FinishOnUnwind { core: self, run, slot, outcome: on_panic, device_may_run };
         let FinishOnUnwind { core, run, .. } = &mut guard;
         steps(core, run)
     }
@@ -608,7 +615,7 @@ impl Core {
         // A refused lease drops live: a stale one is ignored by the reclaim, a foreign one
         // goes back to the runner that issued it.
         let (s, mut run) = self.take_run("launch_run", &lease, Stage::Prepared)?;
-        let launched = self.guarded(&mut run, Outcome::FailedAfterLaunch, Core::launch_steps);
+        let launched = self.guarded(s, &mut run, Outcome::FailedAfterLaunch, Core::launch_steps);
         match launched {
             Ok(()) => {
                 run.stage = Stage::Launched;
@@ -766,7 +773,7 @@ impl Core {
             }
         };
         lease.consume();
-        let r = self.guarded(&mut run, Outcome::FailedAfterLaunch, Core::complete_steps);
+        let r = self.guarded(s, &mut run, Outcome::FailedAfterLaunch, Core::complete_steps);
         self.free_slot(s);
         r
     }

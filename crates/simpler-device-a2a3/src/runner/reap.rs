@@ -52,7 +52,7 @@ impl Core {
         }
         let (s, mut run) = self.take_run("reap_run", &active.lease, Stage::Launched)?;
         let reaped =
-            self.guarded(&mut run, Outcome::FailedAfterLaunch, |c, run| c.reap_steps(run, within));
+            self.guarded(s, &mut run, Outcome::FailedAfterLaunch, |c, run| c.reap_steps(run, within));
         match reaped {
             Ok(true) => {
                 run.stage = Stage::Reaped;

@@ -58,19 +58,28 @@ fn a_panic_while_a_run_is_held_runs_the_terminal_cleanup() {
     let args = TaskArgs::new();
     let cfg = CallConfig::default();
     let prepared = r.prepare(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap();
+    let s = prepared.slot();
     let core = r.core.as_mut().unwrap();
-    let mut run = core.slots[prepared.slot()].run.take().unwrap();
+    let mut run = core.slots[s].run.take().unwrap();
     let before = core.stats;
     let caught = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        core.guarded(&mut run, Outcome::FailedBeforeLaunch, |_, _| panic!("injected"))
+        core.guarded(s, &mut run, Outcome::FailedBeforeLaunch, |_, _| panic!("injected"))
     }));
     assert!(caught.is_err());
     assert_eq!(core.stats.terminal_cleanups, before.terminal_cleanups + 1);
     assert_eq!(core.stats.exports, before.exports + 1);
     assert!(run.latches.released && run.latches.stopped);
     // A normal exit leaves the run to its caller.
-    let kept = core.guarded(&mut run, Outcome::FailedBeforeLaunch, |_, _| 7);
+    let kept = core.guarded(s, &mut run, Outcome::FailedBeforeLaunch, |_, _| 7);
     assert_eq!((kept, core.stats.terminal_cleanups), (7, before.terminal_cleanups + 1));
+    // The unwind freed the slot: the handle that outlived it is stale and, dropped once a new
+    // run took the slot, cleans up nothing of that run.
+    let next = r.prepare(&RunRequest::new(RunId::FIRST.next().unwrap(), slot, &args, &cfg)).unwrap();
+    assert_eq!(next.slot(), s, "the lowest free slot is taken again");
+    drop(prepared);
+    let a = r.launch_run(next).expect("the run prepared after the unwind is its slot's owner");
+    r.reap_run(&a, None).unwrap();
+    r.complete_run(a).unwrap();
     r.finalize().unwrap();
 }
 
