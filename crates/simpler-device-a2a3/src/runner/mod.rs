@@ -428,8 +428,8 @@ impl Core {
             },
         };
         // P6–P16; on failure (or a panic) the terminal cleanup runs in before-launch mode.
-        let bound =
-            self.guarded(s, &mut run, Outcome::FailedBeforeLaunch, |core, run| core.bind(s, req, run));
+        let bound = self
+            .guarded(s, &mut run, Outcome::FailedBeforeLaunch, |core, run| core.bind(s, req, run));
         match bound.map_err(|e| e.in_run(req.run_id)) {
             Ok(()) => {
                 let generation = self.slots[s].generation;
@@ -564,8 +564,7 @@ impl Core {
         // the launch nothing runs, and a reaped run's streams have completed.
         let device_may_run = matches!(run.stage, Stage::Prepared | Stage::Launched)
             && on_panic == Outcome::FailedAfterLaunch;
-        let mut guard =
-            FinishOnUnwind { core: self, run, slot, outcome: on_panic, device_may_run };
+        let mut guard = FinishOnUnwind { core: self, run, slot, outcome: on_panic, device_may_run };
         let FinishOnUnwind { core, run, .. } = &mut guard;
         steps(core, run)
     }

@@ -12,6 +12,18 @@ use crate::backend::{EventStatus, StreamStatus, SyncError};
 use crate::diag::Outcome;
 use crate::error::{CoreFault, DeviceError, PoisonCause, PoisonStep, RuntimeFault, StreamKind};
 
+/// How long one reap waits on each synchronisation, and what its timeout reports.
+#[derive(Clone, Copy)]
+struct ReapWait {
+    /// The wait of each synchronisation.
+    sync: Duration,
+    /// Whether `sync` is the caller's shorter deadline: running out of it leaves the run
+    /// launched instead of failing it.
+    caller_deadline: bool,
+    /// The run's stream-sync budget, the limit a timeout reports.
+    budget: Duration,
+}
+
 impl Core {
     /// Whether `reap_run` on `active` would return without waiting. Never blocks.
     pub(super) fn poll_run(&mut self, active: &ActiveRun) -> Result<bool, DeviceError> {
@@ -51,8 +63,8 @@ impl Core {
             return Ok(true);
         }
         let (s, mut run) = self.take_run("reap_run", &active.lease, Stage::Launched)?;
-        let reaped =
-            self.guarded(s, &mut run, Outcome::FailedAfterLaunch, |c, run| c.reap_steps(run, within));
+        let reaped = self
+            .guarded(s, &mut run, Outcome::FailedAfterLaunch, |c, run| c.reap_steps(run, within));
         match reaped {
             Ok(true) => {
                 run.stage = Stage::Reaped;
@@ -91,26 +103,20 @@ impl Core {
                 budget
             }
         };
-        let (sync, caller_deadline) = match within {
-            Some(d) if d < remaining => (d, true),
-            _ => (remaining, false),
+        let wait = match within {
+            Some(d) if d < remaining => ReapWait { sync: d, caller_deadline: true, budget },
+            _ => ReapWait { sync: remaining, caller_deadline: false, budget },
         };
         if run.events.is_some() {
-            self.reap_queued(run, sync, caller_deadline, budget)
+            self.reap_queued(run, wait)
         } else {
-            self.reap_streams(run, sync, caller_deadline, budget)
+            self.reap_streams(run, wait)
         }
     }
 
-    /// R1–R3 of a run launched alone: wait for both streams. `budget` is what a timeout
-    /// reports as the limit that passed.
-    fn reap_streams(
-        &mut self,
-        run: &mut RunState,
-        sync: Duration,
-        caller_deadline: bool,
-        budget: Duration,
-    ) -> Result<bool, DeviceError> {
+    /// R1–R3 of a run launched alone: wait for both streams.
+    fn reap_streams(&mut self, run: &mut RunState, wait: ReapWait) -> Result<bool, DeviceError> {
+        let ReapWait { sync, caller_deadline, budget } = wait;
         let op = self.timeouts.op_execute;
         // R1: AICPU stream, then AICore stream.
         let mut failure = None;
@@ -141,13 +147,8 @@ impl Core {
     /// R1–R3 of a queued run: wait for the run's own end events (AICPU, then AICore), not
     /// for the streams. A run behind a run whose failure made the device unusable ends as
     /// `Abandoned` at once, without waiting for events that will never complete.
-    fn reap_queued(
-        &mut self,
-        run: &mut RunState,
-        sync: Duration,
-        caller_deadline: bool,
-        budget: Duration,
-    ) -> Result<bool, DeviceError> {
+    fn reap_queued(&mut self, run: &mut RunState, wait: ReapWait) -> Result<bool, DeviceError> {
+        let ReapWait { sync, caller_deadline, budget } = wait;
         let op = self.timeouts.op_execute;
         // A run launched after the run that made the device unusable is abandoned even if its
         // events completed: that failure did not necessarily stop the streams (a timeout, an

@@ -74,7 +74,8 @@ fn a_panic_while_a_run_is_held_runs_the_terminal_cleanup() {
     assert_eq!((kept, core.stats.terminal_cleanups), (7, before.terminal_cleanups + 1));
     // The unwind freed the slot: the handle that outlived it is stale and, dropped once a new
     // run took the slot, cleans up nothing of that run.
-    let next = r.prepare(&RunRequest::new(RunId::FIRST.next().unwrap(), slot, &args, &cfg)).unwrap();
+    let next =
+        r.prepare(&RunRequest::new(RunId::FIRST.next().unwrap(), slot, &args, &cfg)).unwrap();
     assert_eq!(next.slot(), s, "the lowest free slot is taken again");
     drop(prepared);
     let a = r.launch_run(next).expect("the run prepared after the unwind is its slot's owner");
