@@ -245,6 +245,48 @@ fn a_queued_run_reaped_first_gets_the_stream_sync_budget_for_itself_not_for_the_
 }
 
 #[test]
+fn a_queued_run_reaped_in_slices_keeps_the_budget_it_had_while_runs_were_ahead_of_it() {
+    // As above, but the last run is reaped first in short slices, as the L2 lane does: its
+    // budget, fixed at its first reap with three runs ahead, still covers its end after they
+    // finished (about 4 s after the first started, beyond one 3.6 s budget).
+    let hold = Duration::from_secs(1);
+    let opts = fast_options(0)
+        .with_pipeline_slots(4)
+        .with_device_queue(true)
+        .with_scheduler_timeout(Duration::from_secs(2))
+        .with_op_execute_timeout(Duration::from_millis(2500))
+        .with_stream_sync_timeout(Duration::from_millis(3600));
+    let mut r = DeviceRunner::attach(opts).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let runs: Vec<_> = (0..4).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let cfg = CallConfig::default();
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, hold);
+    let mut active: Vec<Option<ActiveRun>> =
+        launch_queue(&mut r, slot, &runs, &cfg).into_iter().map(Some).collect();
+    let last = active[3].take().unwrap();
+    let mut slices = 0u32;
+    while !r.reap_run(&last, Some(Duration::from_millis(50))).unwrap_or_else(|e| panic!("{e}")) {
+        slices += 1;
+        assert!(slices < 1_000, "run 4 never ended");
+    }
+    assert!(slices > 0, "run 4 was still behind the others at its first slice");
+    assert_eq!(r.complete_run(last).unwrap().run_id, Some(run_id(4)));
+    for (i, a) in active.into_iter().enumerate().take(3) {
+        let a = a.unwrap();
+        r.reap_run(&a, None).unwrap_or_else(|e| panic!("run {}: {e}", i + 1));
+        r.complete_run(a).unwrap();
+    }
+    assert!(r.health().is_healthy());
+    for v in &runs {
+        v.check(&mut r);
+    }
+    for v in runs {
+        v.free(&mut r);
+    }
+    r.finalize().unwrap();
+}
+
+#[test]
 fn a_run_launched_before_a_launch_that_unwound_reaps_as_itself() {
     let mut r = DeviceRunner::attach(queue_options()).unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();

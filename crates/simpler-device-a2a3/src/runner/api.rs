@@ -216,10 +216,11 @@ impl DeviceRunner {
         self.core()?.poll_run(run)
     }
 
-    /// Waits for a launched run (R1–R3). `within` bounds the wait: if it is shorter than the
-    /// stream-sync budget and passes first, the run stays launched and the call returns
-    /// `Ok(false)`; `None` waits up to the budget, after which the run fails with a timeout.
-    /// A run already reaped returns `Ok(true)` at once.
+    /// Waits for a launched run (R1–R3). The stream-sync budget runs from the run's first
+    /// reap across all of them. `within` bounds the wait: if it is shorter than what is left
+    /// of the budget and passes first, the run stays launched and the call returns
+    /// `Ok(false)`; `None` waits for the rest of the budget, after which the run fails with a
+    /// timeout. A run already reaped returns `Ok(true)` at once.
     pub fn reap_run(
         &mut self,
         run: &ActiveRun,

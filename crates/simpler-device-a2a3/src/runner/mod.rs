@@ -25,7 +25,7 @@
 //!    terminal cleanup.
 //!
 //! Slot invariants: a slot holds at most one run; its generation changes exactly when its run
-//! ends, so a lease of an ended run is stale and refused; nothing a run in one slot reads is
+//! ends (or a runner call holding it unwinds), so a lease of an ended run is stale and refused; nothing a run in one slot reads is
 //! written by the preparation of another (host image, image arena, heap arena, staging arena
 //! and kernel arguments are per slot; the streams, register table, programs and callable table
 //! are only read while a run executes). Calls out of order return `Busy`.
@@ -154,9 +154,10 @@ struct RunState {
     events: Option<RunEvents>,
     /// Position of the run in launch order (0 = not launched).
     launch_seq: u64,
-    /// When the first reap of the run began waiting; the stream-sync budget runs from here
-    /// across every later reap, so a run reaped in slices still times out.
-    reap_started: Option<Instant>,
+    /// When the first reap of the run began waiting, and the stream-sync budget it was given
+    /// then; the budget runs from there across every later reap, so a run reaped in slices
+    /// still times out.
+    reap_started: Option<(Instant, Duration)>,
     latched: Option<RuntimeFault>,
     acceptance: Option<(Arc<AcceptanceSignal>, u64)>,
     latches: Latches,
@@ -194,7 +195,8 @@ struct SlotResources {
 /// One resource slot: at most one run, and the resources its runs reuse.
 #[derive(Debug, Default)]
 struct Slot {
-    /// Changes exactly when the slot's run ends (leases of the ended run become stale).
+    /// Changes exactly when the slot's run ends or a runner call holding it unwinds (leases of
+    /// the ended run become stale).
     generation: u64,
     run: Option<RunState>,
     res: SlotResources,
@@ -218,11 +220,14 @@ struct FinishOnUnwind<'a> {
     slot: usize,
     outcome: Outcome,
     device_may_run: bool,
+    /// Whether the thread was already unwinding when the guard was armed (a runner call made
+    /// from a `Drop` during an unwind): then a normal return is not a panic of this call.
+    unwinding_before: bool,
 }
 
 impl Drop for FinishOnUnwind<'_> {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if std::thread::panicking() && !self.unwinding_before {
             if self.device_may_run {
                 let cause = PoisonCause {
                     run_id: self.run.run_id,
@@ -564,7 +569,15 @@ impl Core {
         // the launch nothing runs, and a reaped run's streams have completed.
         let device_may_run = matches!(run.stage, Stage::Prepared | Stage::Launched)
             && on_panic == Outcome::FailedAfterLaunch;
-        let mut guard = FinishOnUnwind { core: self, run, slot, outcome: on_panic, device_may_run };
+        let unwinding_before = std::thread::panicking();
+        let mut guard = FinishOnUnwind {
+            core: self,
+            run,
+            slot,
+            outcome: on_panic,
+            device_may_run,
+            unwinding_before,
+        };
         let FinishOnUnwind { core, run, .. } = &mut guard;
         steps(core, run)
     }

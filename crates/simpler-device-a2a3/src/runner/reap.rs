@@ -49,9 +49,10 @@ impl Core {
         }
     }
 
-    /// Reaps `active` (R1–R3). With `within` shorter than the stream-sync budget, a run still
-    /// executing at the deadline returns `Ok(false)` and stays launched; otherwise a run that
-    /// does not finish within the budget is a stream-sync timeout.
+    /// Reaps `active` (R1–R3). With `within` shorter than what is left of the stream-sync
+    /// budget since the run's first reap, a run still executing at the deadline returns
+    /// `Ok(false)` and stays launched; otherwise a run that does not finish within the budget
+    /// is a stream-sync timeout.
     pub(super) fn reap_run(
         &mut self,
         active: &ActiveRun,
@@ -93,14 +94,17 @@ impl Core {
         run: &mut RunState,
         within: Option<Duration>,
     ) -> Result<bool, DeviceError> {
-        let budget = self.timeouts.stream_sync;
-        let budget = if run.events.is_some() { self.queued_budget(run, budget) } else { budget };
-        // The first reap has the whole budget (a run reaped once waits exactly as in `run()`).
-        let remaining = match run.reap_started {
-            Some(started) => budget.saturating_sub(started.elapsed()),
+        // The budget is fixed at the first reap, which has all of it (a run reaped once waits
+        // exactly as in `run()`). For a queued run it counts the runs still ahead then; fewer
+        // can only be ahead later, so the first figure covers every later reap.
+        let (budget, remaining) = match run.reap_started {
+            Some((started, budget)) => (budget, budget.saturating_sub(started.elapsed())),
             None => {
-                run.reap_started = Some(Instant::now());
-                budget
+                let budget = self.timeouts.stream_sync;
+                let budget =
+                    if run.events.is_some() { self.queued_budget(run, budget) } else { budget };
+                run.reap_started = Some((Instant::now(), budget));
+                (budget, budget)
             }
         };
         let wait = match within {

@@ -84,6 +84,46 @@ fn a_panic_while_a_run_is_held_runs_the_terminal_cleanup() {
     r.finalize().unwrap();
 }
 
+#[test]
+fn a_runner_call_made_from_a_drop_during_an_unwind_is_not_its_own_panic() {
+    // An RAII wrapper that reaps and completes its run in `drop`, dropped by an unrelated
+    // panic: the calls return normally, so the run completes and the device stays healthy.
+    struct CompleteOnDrop<'a> {
+        runner: &'a std::cell::RefCell<DeviceRunner>,
+        run: Option<ActiveRun>,
+        result: &'a std::cell::RefCell<Option<Result<RunReport, DeviceError>>>,
+    }
+    impl Drop for CompleteOnDrop<'_> {
+        fn drop(&mut self) {
+            let mut r = self.runner.borrow_mut();
+            let Some(a) = self.run.take() else { return };
+            let done = r.reap_run(&a, None).and_then(|_| r.complete_run(a));
+            *self.result.borrow_mut() = Some(done);
+        }
+    }
+    let opts = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
+    let runner = std::cell::RefCell::new(DeviceRunner::attach(opts).unwrap());
+    let c = ChipCallable::native(empty_orch, |_| OrchConfig::default()).build().unwrap();
+    let (args, cfg) = (TaskArgs::new(), CallConfig::default());
+    let active = {
+        let mut r = runner.borrow_mut();
+        let slot = r.register_callable(&c).unwrap();
+        let p = r.prepare(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap();
+        r.launch_run(p).unwrap()
+    };
+    let result = std::cell::RefCell::new(None);
+    let caught = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let _wrapper = CompleteOnDrop { runner: &runner, run: Some(active), result: &result };
+        panic!("unrelated");
+    }));
+    assert!(caught.is_err());
+    let done = result.into_inner().expect("the wrapper ran");
+    assert_eq!(done.expect("completed during the unwind").run_id, Some(RunId::FIRST));
+    let mut r = runner.into_inner();
+    assert!(r.health().is_healthy());
+    r.finalize().unwrap();
+}
+
 /// Writes 1.0 into every element of its one output tensor.
 unsafe extern "C-unwind" fn fill_ones(args: *mut i64) {
     // SAFETY: the runner passes one tensor descriptor, the run's output buffer.
