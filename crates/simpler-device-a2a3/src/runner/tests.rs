@@ -119,7 +119,7 @@ fn a_runner_call_made_from_a_drop_during_an_unwind_is_not_its_own_panic() {
     assert!(caught.is_err());
     let done = result.into_inner().expect("the wrapper ran");
     assert_eq!(done.expect("completed during the unwind").run_id, Some(RunId::FIRST));
-    let mut r = runner.into_inner();
+    let r = runner.into_inner();
     assert!(r.health().is_healthy());
     r.finalize().unwrap();
 }
