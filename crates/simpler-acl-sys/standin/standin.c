@@ -75,12 +75,15 @@ typedef struct counter {
 enum object_kind { OBJ_NONE, OBJ_STREAM, OBJ_EVENT, OBJ_MEMORY, OBJ_MAPPING, OBJ_KERNEL_BIN,
                    OBJ_CPU_BIN, OBJ_FUNC, OBJ_COMM };
 
+/* An event recorded on a stream the device stopped before reaching it (pending_after_records). */
+#define RECORDED_NOT_REACHED 2
+
 typedef struct object {
     enum object_kind kind;
     uint64_t handle;        /* for memory and mappings: the address */
     uint64_t size;          /* memory size; for a stream: its creation index */
     uint64_t owner;         /* a func's binary; an event's last stream */
-    int recorded;
+    int recorded;           /* an event: 0 never recorded, 1 complete, RECORDED_NOT_REACHED */
     char ops[MAX_OPS][64];  /* a CPU binary's op types; a func's name in ops[0] */
     int nops;
 } object;
@@ -105,6 +108,8 @@ typedef struct state {
     int after_force_reset;
     /* knobs (standin_set_value) */
     int64_t sync_timeout_stream;   /* creation index (1-based) whose syncs time out; 0 = none */
+    int64_t pending_after_records; /* event records that still complete; later ones stay
+                                    * pending (the device stopped there); -1 = all complete */
     int64_t reset_probe_failures;  /* stream creations right after a force reset that fail */
     int64_t drain_result;
     int64_t cube_core_limit;
@@ -129,6 +134,7 @@ static __thread int bound_device = -1;
 static void set_defaults(state *s) {
     s->next_handle = 1;
     s->sync_timeout_stream = 0;
+    s->pending_after_records = -1;
     s->reset_probe_failures = 0;
     s->drain_result = OK;
     s->cube_core_limit = 24;
@@ -472,6 +478,7 @@ EXPORT int standin_set_value(const char *key, int64_t value) {
     int ret = 0;
     if (key == NULL) ret = -1;
     else if (strcmp(key, "sync_timeout_stream") == 0) st->sync_timeout_stream = value;
+    else if (strcmp(key, "pending_after_records") == 0) st->pending_after_records = value;
     else if (strcmp(key, "reset_probe_failures") == 0) st->reset_probe_failures = value;
     else if (strcmp(key, "drain_result") == 0) st->drain_result = value;
     else if (strcmp(key, "cube_core_limit") == 0) st->cube_core_limit = value;
@@ -743,8 +750,16 @@ EXPORT int aclrtRecordEvent(void *event, void *stream) {
     object *e = find(OBJ_EVENT, (uint64_t)(uintptr_t)event);
     if (e == NULL || find(OBJ_STREAM, c.entry.stream) == NULL)
         return fail(&c, E_PARAM, "not a live event or stream");
-    /* Nothing runs, so a recorded event is complete at once. */
-    e->recorded = 1;
+    /* Nothing runs, so a recorded event is complete at once, unless the device is made to
+     * stop: then the records past the knob's count are never reached. */
+    if (st->pending_after_records < 0) {
+        e->recorded = 1;
+    } else if (st->pending_after_records > 0) {
+        e->recorded = 1;
+        st->pending_after_records--;
+    } else {
+        e->recorded = RECORDED_NOT_REACHED;
+    }
     e->owner = c.entry.stream;
     return finish(&c, OK);
 }
@@ -755,7 +770,7 @@ EXPORT int aclrtQueryEventStatus(void *event, int *status) {
     if (c.injected) return finish(&c, c.injected);
     object *e = find(OBJ_EVENT, (uint64_t)(uintptr_t)event);
     if (e == NULL || status == NULL) return fail(&c, E_PARAM, "not a live event");
-    *status = e->recorded ? 1 : 0;
+    *status = e->recorded == 1 ? 1 : 0;
     return finish(&c, OK);
 }
 
@@ -771,6 +786,8 @@ EXPORT int aclrtSynchronizeEventWithTimeout(void *event, int32_t timeout) {
     if (s != NULL && st->sync_timeout_stream != 0 && (int64_t)s->size == st->sync_timeout_stream)
         return fail(&c, E_EVENT_SYNC_TIMEOUT,
                     "the event's stream did not finish within the timeout");
+    if (e->recorded == RECORDED_NOT_REACHED)
+        return fail(&c, E_EVENT_SYNC_TIMEOUT, "the device did not reach the event within the timeout");
     return finish(&c, OK);
 }
 

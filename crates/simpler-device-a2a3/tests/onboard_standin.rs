@@ -1036,6 +1036,42 @@ fn a_queued_run_whose_event_wait_runs_out_is_still_running_not_a_device_fault() 
     let _ = r.finalize();
 }
 
+#[test]
+fn a_queued_run_that_never_began_times_out_as_abandoned_behind_the_run_the_device_stopped_in() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
+    let cfg = CallConfig::default();
+    // The device stops inside run 1: its AICore begin, the first of its four event records, is
+    // reached and nothing after it (run 2 never begins).
+    b.install.set_value("pending_after_records", 1).unwrap();
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
+    let a1 = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
+    let a2 = r.launch_run(p2).unwrap();
+    // Run 2 is reaped first and its wait runs out: the timeout is run 1's, not run 2's.
+    match r.reap_run(&a2, None) {
+        Err(DeviceError::Abandoned { run_id: id, after, .. }) => {
+            assert_eq!((id, after), (run_id(2), run_id(1)));
+        }
+        other => panic!("run 2 never began, so it is abandoned behind run 1: {other:?}"),
+    }
+    match r.health() {
+        DeviceHealth::Unusable { cause } => assert_eq!(cause.run_id, run_id(1)),
+        h => panic!("{h:?}"),
+    }
+    // Run 1 began and never ended: its own reap is its own stream-sync timeout.
+    let err = r.reap_run(&a1, None).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::Timeout { run_id: id, budget: TimeoutBudget::StreamSync, .. }
+            if id == run_id(1)),
+        "{err}"
+    );
+    drop((v1, v2));
+    let _ = r.finalize();
+}
+
 /// Queues runs 1 and 2, arms a fault with `arm`, reaps run 1 and returns its error after
 /// checking that run 2 then ends `Abandoned { after: run 1 }`.
 fn first_of_two_queued_runs_fails(arm: impl FnOnce(&FakeInstall)) -> DeviceError {

@@ -183,6 +183,14 @@ impl Core {
                 self.recover_or_mark_unusable(culprit, culprit_seq, step, f.code);
                 return Err(self.abandon_behind(run, cause));
             }
+            if matches!(e, SyncError::Timeout)
+                && let Some((culprit, culprit_seq)) = self.stuck_ahead(run)
+            {
+                let code = AclCode::STREAM_SYNC_TIMEOUT;
+                let cause = PoisonCause { run_id: culprit, step, code };
+                self.recover_or_mark_unusable(culprit, culprit_seq, step, code);
+                return Err(self.abandon_behind(run, cause));
+            }
             return Err(self.sync_failure(run, stream, step, e, budget));
         }
         self.read_results(run);
@@ -263,6 +271,23 @@ impl Core {
                 DeviceHealth::Healthy => None,
             }
         })
+    }
+
+    /// The run a queued run's timeout belongs to when the run never began: the earliest run
+    /// launched before it that has not ended (the streams are FIFO, so that run is where the
+    /// device stopped). `None` when the run began on either stream, or nothing is ahead.
+    fn stuck_ahead(&self, run: &RunState) -> Option<(RunId, u64)> {
+        let op = self.timeouts.op_execute;
+        let events = run.events.as_ref()?;
+        let never_began =
+            events.begin.iter().all(|b| self.backend.event_status(b, op) == EventStatus::Pending);
+        if !never_began {
+            return None;
+        }
+        self.launched_before(run.launch_seq)
+            .filter(|r| self.queued_end(r).is_none())
+            .min_by_key(|r| r.launch_seq)
+            .map(|r| (r.run_id, r.launch_seq))
     }
 
     /// Ends a queued run that stood behind another run's failure: terminal cleanup, and
