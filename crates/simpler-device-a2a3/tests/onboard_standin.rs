@@ -1036,40 +1036,59 @@ fn a_queued_run_whose_event_wait_runs_out_is_still_running_not_a_device_fault() 
     let _ = r.finalize();
 }
 
-#[test]
-fn a_queued_run_that_never_began_times_out_as_abandoned_behind_the_run_the_device_stopped_in() {
+/// Queues runs 1 and 2 on a device that stops after `records` more event records (each run
+/// records four: AICore begin and end, then AICPU begin and end), reaps run 2 first and then
+/// run 1; returns both results and the health in between.
+fn reap_the_second_first_on_a_device_stopping_after(
+    records: i64,
+) -> (DeviceError, DeviceHealth, Result<bool, DeviceError>) {
     let b = Onboard::new();
     let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
     let slot = r.register_callable(&b.add_callable()).unwrap();
     let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
     let cfg = CallConfig::default();
-    // The device stops inside run 1: its AICore begin, the first of its four event records, is
-    // reached and nothing after it (run 2 never begins).
-    b.install.set_value("pending_after_records", 1).unwrap();
+    b.install.set_value("pending_after_records", records).unwrap();
     let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
     let a1 = r.launch_run(p1).unwrap();
     let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
     let a2 = r.launch_run(p2).unwrap();
-    // Run 2 is reaped first and its wait runs out: the timeout is run 1's, not run 2's.
-    match r.reap_run(&a2, None) {
-        Err(DeviceError::Abandoned { run_id: id, after, .. }) => {
-            assert_eq!((id, after), (run_id(2), run_id(1)));
-        }
-        other => panic!("run 2 never began, so it is abandoned behind run 1: {other:?}"),
-    }
-    match r.health() {
-        DeviceHealth::Unusable { cause } => assert_eq!(cause.run_id, run_id(1)),
-        h => panic!("{h:?}"),
-    }
-    // Run 1 began and never ended: its own reap is its own stream-sync timeout.
-    let err = r.reap_run(&a1, None).unwrap_err();
-    assert!(
-        matches!(err, DeviceError::Timeout { run_id: id, budget: TimeoutBudget::StreamSync, .. }
-            if id == run_id(1)),
-        "{err}"
-    );
+    let second = r.reap_run(&a2, None).unwrap_err();
+    let health = r.health();
+    let first = r.reap_run(&a1, None);
     drop((v1, v2));
     let _ = r.finalize();
+    (second, health, first)
+}
+
+#[test]
+fn a_queued_run_that_never_began_times_out_as_abandoned_behind_the_run_the_device_stopped_in() {
+    // The device stops inside run 1: its AICore begin is reached, nothing after it.
+    let (second, health, first) = reap_the_second_first_on_a_device_stopping_after(1);
+    assert!(
+        matches!(second, DeviceError::Abandoned { run_id: id, after, .. }
+            if id == run_id(2) && after == run_id(1)),
+        "run 2 never began, so it is abandoned behind run 1: {second}"
+    );
+    assert!(matches!(health, DeviceHealth::Unusable { cause } if cause.run_id == run_id(1)));
+    // Run 1 began and never ended: its own reap is its own stream-sync timeout.
+    assert!(
+        matches!(first, Err(DeviceError::Timeout { run_id: id, budget: TimeoutBudget::StreamSync, .. })
+            if id == run_id(1)),
+        "{first:?}"
+    );
+}
+
+#[test]
+fn a_queued_run_that_never_began_behind_runs_that_all_ended_times_out_itself() {
+    // Run 1 ends (all four of its records are reached) and the device stops before run 2.
+    let (second, health, first) = reap_the_second_first_on_a_device_stopping_after(4);
+    assert!(
+        matches!(second, DeviceError::Timeout { run_id: id, budget: TimeoutBudget::StreamSync, .. }
+            if id == run_id(2)),
+        "nothing ahead of run 2 is left to blame: {second}"
+    );
+    assert!(matches!(health, DeviceHealth::Unusable { cause } if cause.run_id == run_id(2)));
+    assert!(matches!(first, Ok(true)), "run 1 ended before the device stopped: {first:?}");
 }
 
 /// Queues runs 1 and 2, arms a fault with `arm`, reaps run 1 and returns its error after

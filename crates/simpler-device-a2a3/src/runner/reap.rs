@@ -184,9 +184,8 @@ impl Core {
                 return Err(self.abandon_behind(run, cause));
             }
             if matches!(e, SyncError::Timeout)
-                && let Some((culprit, culprit_seq)) = self.stuck_ahead(run)
+                && let Some((culprit, culprit_seq, code)) = self.stuck_ahead(run)
             {
-                let code = AclCode::STREAM_SYNC_TIMEOUT;
                 let cause = PoisonCause { run_id: culprit, step, code };
                 self.recover_or_mark_unusable(culprit, culprit_seq, step, code);
                 return Err(self.abandon_behind(run, cause));
@@ -273,10 +272,12 @@ impl Core {
         })
     }
 
-    /// The run a queued run's timeout belongs to when the run never began: the earliest run
-    /// launched before it that has not ended (the streams are FIFO, so that run is where the
-    /// device stopped). `None` when the run began on either stream, or nothing is ahead.
-    fn stuck_ahead(&self, run: &RunState) -> Option<(RunId, u64)> {
+    /// The run a queued run's timeout belongs to when the run never began (none of its `begin`
+    /// events was reached): the device stopped in a run launched before it. Each unfinished
+    /// run ahead, in launch order, gets what is left of its own budget to end; the first that
+    /// does not end (or fails) is the culprit, with the code its wait ended with. `None` when
+    /// the run began, or every run ahead ended: then the timeout is the run's own.
+    fn stuck_ahead(&self, run: &RunState) -> Option<(RunId, u64, AclCode)> {
         let op = self.timeouts.op_execute;
         let events = run.events.as_ref()?;
         let never_began =
@@ -284,10 +285,23 @@ impl Core {
         if !never_began {
             return None;
         }
-        self.launched_before(run.launch_seq)
-            .filter(|r| self.queued_end(r).is_none())
-            .min_by_key(|r| r.launch_seq)
-            .map(|r| (r.run_id, r.launch_seq))
+        let mut ahead: Vec<&RunState> =
+            self.launched_before(run.launch_seq).filter(|r| self.queued_end(r).is_none()).collect();
+        ahead.sort_by_key(|r| r.launch_seq);
+        ahead.into_iter().find_map(|r| {
+            let left = match r.reap_started {
+                Some((started, budget)) => budget.saturating_sub(started.elapsed()),
+                None => self.timeouts.stream_sync,
+            };
+            let ends = r.events.as_ref().map_or(&[][..], |e| &e.end[..]);
+            ends.iter().find_map(|end| match self.backend.event_synchronize(end, left, op) {
+                Ok(()) => None,
+                Err(SyncError::Timeout) => {
+                    Some((r.run_id, r.launch_seq, AclCode::STREAM_SYNC_TIMEOUT))
+                }
+                Err(SyncError::Fault(f)) => Some((r.run_id, r.launch_seq, f.code)),
+            })
+        })
     }
 
     /// Ends a queued run that stood behind another run's failure: terminal cleanup, and
