@@ -13,7 +13,9 @@
 //! stream whose stream syncs return 507046 and event syncs 507047), `pending_after_records`
 //! (how many more event records complete; every later one stays pending — its query answers
 //! "not reached", its sync 507047 — as on a device that stopped there; −1, the default, lets
-//! every record complete), `reset_probe_failures`
+//! every record complete), `reach_after_syncs` (after that many more event syncs the stopped
+//! device goes on: every pending event is reached and later records complete; −1, the
+//! default, never), `reset_probe_failures`
 //! (stream creations right after a force reset that fail with 507899), `drain_result` (code of
 //! `aclrtSynchronizeDeviceWithTimeout`), `cube_core_limit`, `vector_core_limit`,
 //! `aicpu_occupy_mask`, `aicore_valid_mask`, `device_count`, `version_major`/`_minor`/`_patch`,

@@ -110,6 +110,8 @@ typedef struct state {
     int64_t sync_timeout_stream;   /* creation index (1-based) whose syncs time out; 0 = none */
     int64_t pending_after_records; /* event records that still complete; later ones stay
                                     * pending (the device stopped there); -1 = all complete */
+    int64_t reach_after_syncs;     /* event syncs after which the device goes on again: every
+                                    * pending event is reached; -1 = never */
     int64_t reset_probe_failures;  /* stream creations right after a force reset that fail */
     int64_t drain_result;
     int64_t cube_core_limit;
@@ -135,6 +137,7 @@ static void set_defaults(state *s) {
     s->next_handle = 1;
     s->sync_timeout_stream = 0;
     s->pending_after_records = -1;
+    s->reach_after_syncs = -1;
     s->reset_probe_failures = 0;
     s->drain_result = OK;
     s->cube_core_limit = 24;
@@ -479,6 +482,7 @@ EXPORT int standin_set_value(const char *key, int64_t value) {
     if (key == NULL) ret = -1;
     else if (strcmp(key, "sync_timeout_stream") == 0) st->sync_timeout_stream = value;
     else if (strcmp(key, "pending_after_records") == 0) st->pending_after_records = value;
+    else if (strcmp(key, "reach_after_syncs") == 0) st->reach_after_syncs = value;
     else if (strcmp(key, "reset_probe_failures") == 0) st->reset_probe_failures = value;
     else if (strcmp(key, "drain_result") == 0) st->drain_result = value;
     else if (strcmp(key, "cube_core_limit") == 0) st->cube_core_limit = value;
@@ -781,6 +785,14 @@ EXPORT int aclrtSynchronizeEventWithTimeout(void *event, int32_t timeout) {
     if (c.injected) return finish(&c, c.injected);
     object *e = find(OBJ_EVENT, (uint64_t)(uintptr_t)event);
     if (e == NULL) return fail(&c, E_PARAM, "not a live event");
+    if (st->reach_after_syncs == 0) {
+        /* The stopped device goes on: every event it had not reached is reached now. */
+        st->pending_after_records = -1;
+        for (size_t i = 0; i < MAX_OBJECTS; i++)
+            if (st->objects[i].kind == OBJ_EVENT && st->objects[i].recorded == RECORDED_NOT_REACHED)
+                st->objects[i].recorded = 1;
+    }
+    if (st->reach_after_syncs >= 0) st->reach_after_syncs--;
     object *s = find(OBJ_STREAM, e->owner);
     c.entry.stream = e->owner;
     if (s != NULL && st->sync_timeout_stream != 0 && (int64_t)s->size == st->sync_timeout_stream)

@@ -208,12 +208,14 @@ fn dropped_queued_handles_are_reclaimed_and_the_queue_keeps_working() {
     r.finalize().unwrap();
 }
 
-#[test]
-fn a_queued_run_reaped_first_gets_the_stream_sync_budget_for_itself_not_for_the_runs_ahead() {
-    // Four runs of one second each, one behind the other: the last one ends about 4 s after
-    // the first started, beyond one 3.6 s stream-sync budget, while each run needs far less.
-    // (The scheduler budget, which must stay over 1.5 s below the stream-sync one, keeps a
-    // second of margin over a held kernel.)
+/// Four runs of one second each, one behind the other, under a 3.6 s stream-sync budget: the
+/// last one ends about 4 s after the first started, beyond one budget, while each run needs far
+/// less. (The scheduler budget, which must stay over 1.5 s below the stream-sync one, keeps a
+/// second of margin over a held kernel.) `reap_last` reaps run 4 first; runs 1–3 follow in
+/// order, and every run must succeed with its own result.
+fn four_one_second_runs_reaping_the_last_first(
+    reap_last: impl FnOnce(&mut DeviceRunner, &ActiveRun),
+) {
     let hold = Duration::from_secs(1);
     let opts = fast_options(0)
         .with_pipeline_slots(4)
@@ -226,10 +228,11 @@ fn a_queued_run_reaped_first_gets_the_stream_sync_budget_for_itself_not_for_the_
     let runs: Vec<_> = (0..4).map(|_| VectorRun::new(&mut r, 256)).collect();
     let cfg = CallConfig::default();
     r.sim_faults().unwrap().kernel_delay(FUNC_MUL, hold);
-    let mut active: Vec<Option<ActiveRun>> =
-        launch_queue(&mut r, slot, &runs, &cfg).into_iter().map(Some).collect();
-    for i in [3, 0, 1, 2] {
-        let a = active[i].take().unwrap();
+    let mut active = launch_queue(&mut r, slot, &runs, &cfg);
+    let last = active.pop().unwrap();
+    reap_last(&mut r, &last);
+    assert_eq!(r.complete_run(last).unwrap().run_id, Some(run_id(4)));
+    for (i, a) in active.into_iter().enumerate() {
         let n = i as u64 + 1;
         r.reap_run(&a, None).unwrap_or_else(|e| panic!("run {n}: {e}"));
         assert_eq!(r.complete_run(a).unwrap().run_id, Some(run_id(n)));
@@ -245,45 +248,24 @@ fn a_queued_run_reaped_first_gets_the_stream_sync_budget_for_itself_not_for_the_
 }
 
 #[test]
+fn a_queued_run_reaped_first_gets_the_stream_sync_budget_for_itself_not_for_the_runs_ahead() {
+    four_one_second_runs_reaping_the_last_first(|r, last| {
+        r.reap_run(last, None).unwrap_or_else(|e| panic!("run 4: {e}"));
+    });
+}
+
+#[test]
 fn a_queued_run_reaped_in_slices_keeps_the_budget_it_had_while_runs_were_ahead_of_it() {
-    // As above, but the last run is reaped first in short slices, as the L2 lane does: its
-    // budget, fixed at its first reap with three runs ahead, still covers its end after they
-    // finished (about 4 s after the first started, beyond one 3.6 s budget).
-    let hold = Duration::from_secs(1);
-    let opts = fast_options(0)
-        .with_pipeline_slots(4)
-        .with_device_queue(true)
-        .with_scheduler_timeout(Duration::from_secs(2))
-        .with_op_execute_timeout(Duration::from_millis(2500))
-        .with_stream_sync_timeout(Duration::from_millis(3600));
-    let mut r = DeviceRunner::attach(opts).unwrap();
-    let slot = r.register_callable(&vector_callable()).unwrap();
-    let runs: Vec<_> = (0..4).map(|_| VectorRun::new(&mut r, 256)).collect();
-    let cfg = CallConfig::default();
-    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, hold);
-    let mut active: Vec<Option<ActiveRun>> =
-        launch_queue(&mut r, slot, &runs, &cfg).into_iter().map(Some).collect();
-    let last = active[3].take().unwrap();
-    let mut slices = 0u32;
-    while !r.reap_run(&last, Some(Duration::from_millis(50))).unwrap_or_else(|e| panic!("{e}")) {
-        slices += 1;
-        assert!(slices < 1_000, "run 4 never ended");
-    }
-    assert!(slices > 0, "run 4 was still behind the others at its first slice");
-    assert_eq!(r.complete_run(last).unwrap().run_id, Some(run_id(4)));
-    for (i, a) in active.into_iter().enumerate().take(3) {
-        let a = a.unwrap();
-        r.reap_run(&a, None).unwrap_or_else(|e| panic!("run {}: {e}", i + 1));
-        r.complete_run(a).unwrap();
-    }
-    assert!(r.health().is_healthy());
-    for v in &runs {
-        v.check(&mut r);
-    }
-    for v in runs {
-        v.free(&mut r);
-    }
-    r.finalize().unwrap();
+    // Reaped in short slices, as the L2 lane does: the budget fixed at its first reap, with
+    // three runs ahead, still covers its end after they finished.
+    four_one_second_runs_reaping_the_last_first(|r, last| {
+        let mut slices = 0u32;
+        while !r.reap_run(last, Some(Duration::from_millis(50))).unwrap_or_else(|e| panic!("{e}")) {
+            slices += 1;
+            assert!(slices < 1_000, "run 4 never ended");
+        }
+        assert!(slices > 0, "run 4 was still behind the others at its first slice");
+    });
 }
 
 #[test]

@@ -1037,10 +1037,12 @@ fn a_queued_run_whose_event_wait_runs_out_is_still_running_not_a_device_fault() 
 }
 
 /// Queues runs 1 and 2 on a device that stops after `records` more event records (each run
-/// records four: AICore begin and end, then AICPU begin and end), reaps run 2 first and then
-/// run 1; returns both results and the health in between.
+/// records four: AICore begin and end, then AICPU begin and end) and goes on again after
+/// `resume` more event syncs (−1: never), reaps run 2 first and then run 1; returns both
+/// results and the health in between.
 fn reap_the_second_first_on_a_device_stopping_after(
     records: i64,
+    resume: i64,
 ) -> (DeviceError, DeviceHealth, Result<bool, DeviceError>) {
     let b = Onboard::new();
     let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
@@ -1048,6 +1050,7 @@ fn reap_the_second_first_on_a_device_stopping_after(
     let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
     let cfg = CallConfig::default();
     b.install.set_value("pending_after_records", records).unwrap();
+    b.install.set_value("reach_after_syncs", resume).unwrap();
     let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
     let a1 = r.launch_run(p1).unwrap();
     let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
@@ -1063,7 +1066,7 @@ fn reap_the_second_first_on_a_device_stopping_after(
 #[test]
 fn a_queued_run_that_never_began_times_out_as_abandoned_behind_the_run_the_device_stopped_in() {
     // The device stops inside run 1: its AICore begin is reached, nothing after it.
-    let (second, health, first) = reap_the_second_first_on_a_device_stopping_after(1);
+    let (second, health, first) = reap_the_second_first_on_a_device_stopping_after(1, -1);
     assert!(
         matches!(second, DeviceError::Abandoned { run_id: id, after, .. }
             if id == run_id(2) && after == run_id(1)),
@@ -1079,9 +1082,23 @@ fn a_queued_run_that_never_began_times_out_as_abandoned_behind_the_run_the_devic
 }
 
 #[test]
+fn a_run_ahead_that_ends_while_it_is_checked_is_not_blamed_for_the_timeout() {
+    // The device stops inside run 1 and goes on right after run 2's wait ran out: run 1 ends
+    // within the budget it is given when run 2's timeout is attributed.
+    let (second, health, first) = reap_the_second_first_on_a_device_stopping_after(1, 1);
+    assert!(
+        matches!(second, DeviceError::Timeout { run_id: id, budget: TimeoutBudget::StreamSync, .. }
+            if id == run_id(2)),
+        "run 1 ended, so the timeout is run 2's own: {second}"
+    );
+    assert!(matches!(health, DeviceHealth::Unusable { cause } if cause.run_id == run_id(2)));
+    assert!(matches!(first, Ok(true)), "run 1 ended: {first:?}");
+}
+
+#[test]
 fn a_queued_run_that_never_began_behind_runs_that_all_ended_times_out_itself() {
     // Run 1 ends (all four of its records are reached) and the device stops before run 2.
-    let (second, health, first) = reap_the_second_first_on_a_device_stopping_after(4);
+    let (second, health, first) = reap_the_second_first_on_a_device_stopping_after(4, -1);
     assert!(
         matches!(second, DeviceError::Timeout { run_id: id, budget: TimeoutBudget::StreamSync, .. }
             if id == run_id(2)),
