@@ -25,10 +25,11 @@
 //!    terminal cleanup.
 //!
 //! Slot invariants: a slot holds at most one run; its generation changes exactly when its run
-//! ends (or a runner call holding it unwinds), so a lease of an ended run is stale and refused; nothing a run in one slot reads is
-//! written by the preparation of another (host image, image arena, heap arena, staging arena
-//! and kernel arguments are per slot; the streams, register table, programs and callable table
-//! are only read while a run executes). Calls out of order return `Busy`.
+//! ends (or a runner call holding it unwinds), so a lease of an ended run is stale and refused;
+//! nothing a run in one slot reads is written by the preparation of another (host image, image
+//! arena, heap arena, staging arena and kernel arguments are per slot; the streams, register
+//! table, programs and callable table are only read while a run executes). Calls out of order
+//! return `Busy`.
 //!
 //! The terminal cleanup (`finish`) has one latch per step (stop collectors, export, release), so
 //! it runs at most once per step whichever path reaches it first — a failure, success,

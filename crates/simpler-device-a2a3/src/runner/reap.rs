@@ -94,19 +94,8 @@ impl Core {
         run: &mut RunState,
         within: Option<Duration>,
     ) -> Result<bool, DeviceError> {
-        // The budget is fixed at the first reap, which has all of it (a run reaped once waits
-        // exactly as in `run()`). For a queued run it counts the runs still ahead then; fewer
-        // can only be ahead later, so the first figure covers every later reap.
-        let (budget, remaining) = match run.reap_started {
-            Some((started, budget)) => (budget, budget.saturating_sub(started.elapsed())),
-            None => {
-                let budget = self.timeouts.stream_sync;
-                let budget =
-                    if run.events.is_some() { self.queued_budget(run, budget) } else { budget };
-                run.reap_started = Some((Instant::now(), budget));
-                (budget, budget)
-            }
-        };
+        let (budget, remaining) = self.reap_budget(run);
+        run.reap_started.get_or_insert_with(|| (Instant::now(), budget));
         let wait = match within {
             Some(d) if d < remaining => ReapWait { sync: d, caller_deadline: true, budget },
             _ => ReapWait { sync: remaining, caller_deadline: false, budget },
@@ -115,6 +104,22 @@ impl Core {
             self.reap_queued(run, wait)
         } else {
             self.reap_streams(run, wait)
+        }
+    }
+
+    /// The stream-sync budget of `run` and what is left of it. The budget is fixed at the
+    /// first reap, which has all of it (a run reaped once waits exactly as in `run()`). For a
+    /// queued run it counts the runs still ahead then; fewer can only be ahead later, so the
+    /// first figure covers every later reap.
+    fn reap_budget(&self, run: &RunState) -> (Duration, Duration) {
+        match run.reap_started {
+            Some((started, budget)) => (budget, budget.saturating_sub(started.elapsed())),
+            None => {
+                let budget = self.timeouts.stream_sync;
+                let budget =
+                    if run.events.is_some() { self.queued_budget(run, budget) } else { budget };
+                (budget, budget)
+            }
         }
     }
 
@@ -289,10 +294,8 @@ impl Core {
             self.launched_before(run.launch_seq).filter(|r| self.queued_end(r).is_none()).collect();
         ahead.sort_by_key(|r| r.launch_seq);
         ahead.into_iter().find_map(|r| {
-            let left = match r.reap_started {
-                Some((started, budget)) => budget.saturating_sub(started.elapsed()),
-                None => self.timeouts.stream_sync,
-            };
+            // Every run ahead of `r` has ended by now, so an unreaped `r` gets one budget.
+            let (_, left) = self.reap_budget(r);
             let ends = r.events.as_ref().map_or(&[][..], |e| &e.end[..]);
             ends.iter().find_map(|end| match self.backend.event_synchronize(end, left, op) {
                 Ok(()) => None,
@@ -318,14 +321,14 @@ impl Core {
 
     /// R2: recover, collect what the device reported (earliest fault first) and the latched
     /// status when the device went idle, run the terminal cleanup, and type the error; a
-    /// timeout names `waited`, the stream-sync budget the run was given.
+    /// timeout names `budget`, the stream-sync budget the run was given.
     fn sync_failure(
         &mut self,
         run: &mut RunState,
         stream: StreamKind,
         step: PoisonStep,
         e: SyncError,
-        waited: Duration,
+        budget: Duration,
     ) -> DeviceError {
         let op = self.timeouts.op_execute;
         let code = match &e {
@@ -360,7 +363,7 @@ impl Core {
             SyncError::Timeout => DeviceError::Timeout {
                 run_id,
                 budget: simpler_types::TimeoutBudget::StreamSync,
-                limit: waited,
+                limit: budget,
                 runtime,
                 faults,
             },
