@@ -19,9 +19,9 @@ use common::three_args;
 use simpler_acl_sys::standin::{Call, FakeInstall, ObjectKind};
 use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{
-    AcceptanceSignal, ArgDirection, ChipCallable, CoreCallable, DeviceError, DeviceHealth,
-    DevicePtr, DeviceRunner, InitStep, KernelCode, KernelKind, Orchestration, OrchestrationObject,
-    RunRequest, RunnerOptions, RuntimeVariant,
+    AcceptanceSignal, ActiveRun, ArgDirection, ChipCallable, CoreCallable, DeviceError,
+    DeviceHealth, DevicePtr, DeviceRunner, InitStep, KernelCode, KernelKind, Orchestration,
+    OrchestrationObject, RunRequest, RunnerOptions, RuntimeVariant,
 };
 use simpler_types::{CallConfig, DataType, RunId, TaskArgs, Tensor, TimeoutBudget};
 
@@ -1036,6 +1036,28 @@ fn a_queued_run_whose_event_wait_runs_out_is_still_running_not_a_device_fault() 
     let _ = r.finalize();
 }
 
+/// Launches runs 1 and 2 back to back on a queueing runner, with `before_launch` applied to
+/// the stand-in first, and returns what `reap` makes of them; the runner is finalized after.
+fn with_two_queued_runs<T>(
+    before_launch: impl FnOnce(&FakeInstall),
+    reap: impl FnOnce(&mut DeviceRunner, &FakeInstall, &ActiveRun, &ActiveRun) -> T,
+) -> T {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
+    let cfg = CallConfig::default();
+    before_launch(&b.install);
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
+    let a1 = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
+    let a2 = r.launch_run(p2).unwrap();
+    let out = reap(&mut r, &b.install, &a1, &a2);
+    drop((v1, v2));
+    let _ = r.finalize();
+    out
+}
+
 /// Queues runs 1 and 2 on a device that stops after `records` more event records (each run
 /// records four: AICore begin and end, then AICPU begin and end) and goes on again after
 /// `resume` more event syncs (−1: never), reaps run 2 first and then run 1; returns both
@@ -1044,23 +1066,15 @@ fn reap_the_second_first_on_a_device_stopping_after(
     records: i64,
     resume: i64,
 ) -> (DeviceError, DeviceHealth, Result<bool, DeviceError>) {
-    let b = Onboard::new();
-    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
-    let slot = r.register_callable(&b.add_callable()).unwrap();
-    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
-    let cfg = CallConfig::default();
-    b.install.set_value("pending_after_records", records).unwrap();
-    b.install.set_value("reach_after_syncs", resume).unwrap();
-    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
-    let a1 = r.launch_run(p1).unwrap();
-    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
-    let a2 = r.launch_run(p2).unwrap();
-    let second = r.reap_run(&a2, None).unwrap_err();
-    let health = r.health();
-    let first = r.reap_run(&a1, None);
-    drop((v1, v2));
-    let _ = r.finalize();
-    (second, health, first)
+    let stop = |install: &FakeInstall| {
+        install.set_value("pending_after_records", records).unwrap();
+        install.set_value("reach_after_syncs", resume).unwrap();
+    };
+    with_two_queued_runs(stop, |r, _, a1, a2| {
+        let second = r.reap_run(a2, None).unwrap_err();
+        let health = r.health();
+        (second, health, r.reap_run(a1, None))
+    })
 }
 
 #[test]
@@ -1111,25 +1125,19 @@ fn a_queued_run_that_never_began_behind_runs_that_all_ended_times_out_itself() {
 /// Queues runs 1 and 2, arms a fault with `arm`, reaps run 1 and returns its error after
 /// checking that run 2 then ends `Abandoned { after: run 1 }`.
 fn first_of_two_queued_runs_fails(arm: impl FnOnce(&FakeInstall)) -> DeviceError {
-    let b = Onboard::new();
-    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
-    let slot = r.register_callable(&b.add_callable()).unwrap();
-    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
-    let cfg = CallConfig::default();
-    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
-    let a1 = r.launch_run(p1).unwrap();
-    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
-    let a2 = r.launch_run(p2).unwrap();
-    arm(&b.install);
-    let first = r.reap_run(&a1, None).unwrap_err();
-    let err = r.reap_run(&a2, None).unwrap_err();
-    assert!(
-        matches!(err, DeviceError::Abandoned { run_id: id, after, .. } if id == run_id(2) && after == run_id(1)),
-        "{err}"
-    );
-    drop((v1, v2));
-    let _ = r.finalize();
-    first
+    with_two_queued_runs(
+        |_| {},
+        |r, install, a1, a2| {
+            arm(install);
+            let first = r.reap_run(a1, None).unwrap_err();
+            let err = r.reap_run(a2, None).unwrap_err();
+            assert!(
+                matches!(err, DeviceError::Abandoned { run_id: id, after, .. } if id == run_id(2) && after == run_id(1)),
+                "{err}"
+            );
+            first
+        },
+    )
 }
 
 #[test]
