@@ -112,6 +112,9 @@ typedef struct state {
                                     * pending (the device stopped there); -1 = all complete */
     int64_t reach_after_syncs;     /* event syncs after which the device goes on again: every
                                     * pending event is reached; -1 = never */
+    int64_t sync_delay_stream;     /* creation index (1-based) whose syncs take sync_delay_ms */
+    int64_t sync_delay_ms;         /* how long such a sync takes (a timeout shorter than it runs
+                                    * out after the timeout instead); 0 = no delay */
     int64_t reset_probe_failures;  /* stream creations right after a force reset that fail */
     int64_t drain_result;
     int64_t cube_core_limit;
@@ -138,6 +141,8 @@ static void set_defaults(state *s) {
     s->sync_timeout_stream = 0;
     s->pending_after_records = -1;
     s->reach_after_syncs = -1;
+    s->sync_delay_stream = 0;
+    s->sync_delay_ms = 0;
     s->reset_probe_failures = 0;
     s->drain_result = OK;
     s->cube_core_limit = 24;
@@ -384,11 +389,24 @@ static int32_t destroy_object(call *c, enum object_kind kind, void *h) {
     return finish(c, OK);
 }
 
+/* The device's time to finish the work of the stream with creation index `index` before a
+ * sync of it with `timeout` (ms; < 0 = none) returns: whether it finished within the timeout.
+ * The state lock stays held: syncs of the stand-in are not meant to overlap. */
+static bool finish_within(int64_t index, int64_t timeout) {
+    if (st->sync_delay_ms <= 0 || index != st->sync_delay_stream) return true;
+    bool in_time = timeout < 0 || st->sync_delay_ms <= timeout;
+    int64_t ms = in_time ? st->sync_delay_ms : timeout;
+    usleep((useconds_t)(ms * 1000));
+    return in_time;
+}
+
 static int32_t sync_stream(call *c, void *stream, int64_t timeout) {
     c->entry.stream = (uint64_t)(uintptr_t)stream;
     c->entry.timeout = timeout;
     object *o = find(OBJ_STREAM, c->entry.stream);
     if (o == NULL) return fail(c, E_PARAM, "not a live stream");
+    if (!finish_within((int64_t)o->size, timeout))
+        return fail(c, E_SYNC_TIMEOUT, "the stream did not finish within the timeout");
     if (st->sync_timeout_stream != 0 && (int64_t)o->size == st->sync_timeout_stream)
         return fail(c, E_SYNC_TIMEOUT, "the stream did not finish within the timeout");
     return finish(c, OK);
@@ -483,6 +501,8 @@ EXPORT int standin_set_value(const char *key, int64_t value) {
     else if (strcmp(key, "sync_timeout_stream") == 0) st->sync_timeout_stream = value;
     else if (strcmp(key, "pending_after_records") == 0) st->pending_after_records = value;
     else if (strcmp(key, "reach_after_syncs") == 0) st->reach_after_syncs = value;
+    else if (strcmp(key, "sync_delay_stream") == 0) st->sync_delay_stream = value;
+    else if (strcmp(key, "sync_delay_ms") == 0) st->sync_delay_ms = value;
     else if (strcmp(key, "reset_probe_failures") == 0) st->reset_probe_failures = value;
     else if (strcmp(key, "drain_result") == 0) st->drain_result = value;
     else if (strcmp(key, "cube_core_limit") == 0) st->cube_core_limit = value;
@@ -795,6 +815,8 @@ EXPORT int aclrtSynchronizeEventWithTimeout(void *event, int32_t timeout) {
     if (st->reach_after_syncs >= 0) st->reach_after_syncs--;
     object *s = find(OBJ_STREAM, e->owner);
     c.entry.stream = e->owner;
+    if (s != NULL && e->recorded == 1 && !finish_within((int64_t)s->size, timeout))
+        return fail(&c, E_EVENT_SYNC_TIMEOUT, "the device did not reach the event within the timeout");
     if (s != NULL && st->sync_timeout_stream != 0 && (int64_t)s->size == st->sync_timeout_stream)
         return fail(&c, E_EVENT_SYNC_TIMEOUT,
                     "the event's stream did not finish within the timeout");

@@ -428,7 +428,13 @@ fn a_run_launches_aicore_then_aicpu_and_syncs_aicpu_then_aicore_with_the_budget(
         .filter(|c| c.func == "aclrtSynchronizeStreamWithTimeout")
         .map(|c| (c.stream, c.timeout))
         .collect();
-    assert_eq!(syncs, [(Some(aicpu), Some(STREAM_SYNC_MS)), (Some(aicore), Some(STREAM_SYNC_MS))]);
+    // The AICPU sync has the whole budget, the AICore sync what is left of it (the stand-in's
+    // AICPU sync returns at once, so nearly all of it).
+    assert_eq!(syncs.len(), 2, "{syncs:?}");
+    assert_eq!(syncs[0], (Some(aicpu), Some(STREAM_SYNC_MS)));
+    assert_eq!(syncs[1].0, Some(aicore));
+    let left = syncs[1].1.unwrap();
+    assert!((STREAM_SYNC_MS - 1_000..=STREAM_SYNC_MS).contains(&left), "{syncs:?}");
     assert_eq!(
         log[l2 + 2].func,
         "aclrtSynchronizeStreamWithTimeout",
@@ -598,6 +604,56 @@ fn a_run_reaped_in_slices_on_a_device_that_never_finishes_times_out_at_the_strea
     v.free(&mut r);
     r.finalize().unwrap();
     assert_eq!(b.live(), [0; 5]);
+}
+
+/// The device takes `DELAY_MS` of the stream-sync budget to finish the AICPU stream's work
+/// and never finishes the AICore stream's.
+const DELAY_MS: i64 = STREAM_SYNC_MS * 2 / 3;
+
+fn slow_aicpu_then_stuck_aicore(install: &FakeInstall) {
+    // Stream creation indices: 1 the AICPU stream, 2 the AICore stream.
+    install.set_value("sync_delay_stream", 1).unwrap();
+    install.set_value("sync_delay_ms", DELAY_MS).unwrap();
+    install.set_value("sync_timeout_stream", 2).unwrap();
+}
+
+/// The timeout argument of the last logged call of `func`, in milliseconds.
+fn last_timeout(log: &[Call], func: &str) -> i64 {
+    let last = log.iter().rev().find(|c| c.func == func).unwrap();
+    last.timeout.unwrap()
+}
+
+#[test]
+fn the_two_stream_syncs_of_a_reap_share_its_budget() {
+    let b = Onboard::new();
+    let (mut r, slot, v, _) = prepared(&b);
+    slow_aicpu_then_stuck_aicore(&b.install);
+    let err =
+        r.run(&RunRequest::new(run_id(7), slot, &v.args, &CallConfig::default())).unwrap_err();
+    assert!(matches!(err, DeviceError::Timeout { budget: TimeoutBudget::StreamSync, .. }), "{err}");
+    // The AICore sync may wait only what the AICPU sync left, not a whole budget again.
+    let aicore = last_timeout(&b.log(), "aclrtSynchronizeStreamWithTimeout");
+    assert!(aicore <= STREAM_SYNC_MS - DELAY_MS, "AICore sync given {aicore} ms");
+    v.free(&mut r);
+    r.finalize().unwrap();
+    assert_eq!(b.live(), [0; 5]);
+}
+
+#[test]
+fn the_two_end_event_syncs_of_a_queued_reap_share_its_budget() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    let p = r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap();
+    let a = r.launch_run(p).unwrap();
+    slow_aicpu_then_stuck_aicore(&b.install);
+    let err = r.reap_run(&a, None).unwrap_err();
+    assert!(matches!(err, DeviceError::Timeout { budget: TimeoutBudget::StreamSync, .. }), "{err}");
+    let aicore = last_timeout(&b.log(), "aclrtSynchronizeEventWithTimeout");
+    assert!(aicore <= STREAM_SYNC_MS - DELAY_MS, "AICore end-event sync given {aicore} ms");
+    drop(v);
+    let _ = r.finalize();
 }
 
 #[test]

@@ -12,16 +12,25 @@ use crate::backend::{EventStatus, StreamStatus, SyncError};
 use crate::diag::Outcome;
 use crate::error::{CoreFault, DeviceError, PoisonCause, PoisonStep, RuntimeFault, StreamKind};
 
-/// How long one reap waits on each synchronisation, and what its timeout reports.
+/// How long one reap waits, and what its timeout reports.
 #[derive(Clone, Copy)]
 struct ReapWait {
-    /// The wait of each synchronisation.
+    /// The wait of the whole reap: its synchronisations (one per stream) share it, each
+    /// getting what the ones before it left ([`left_of`]).
     sync: Duration,
     /// Whether `sync` is the caller's shorter deadline: running out of it leaves the run
     /// launched instead of failing it.
     caller_deadline: bool,
     /// The run's stream-sync budget, the limit a timeout reports.
     budget: Duration,
+}
+
+/// What is left of a wait of `whole` that began at `started` (`Duration::MAX`, no limit,
+/// stays unlimited). Consecutive synchronisations share one wait this way (the first has all
+/// of it): without it, each got the whole of it, and a reap whose first stream took most of
+/// its budget could wait nearly twice the budget.
+fn left_of(started: Instant, whole: Duration) -> Duration {
+    whole.saturating_sub(started.elapsed())
 }
 
 impl Core {
@@ -129,11 +138,13 @@ impl Core {
         let op = self.timeouts.op_execute;
         // R1: AICPU stream, then AICore stream.
         let mut failure = None;
+        let started = Instant::now();
         for (stream, step) in [
             (StreamKind::Aicpu, PoisonStep::SyncAicpu),
             (StreamKind::AiCore, PoisonStep::SyncAiCore),
         ] {
-            match self.backend.synchronize(stream, sync, op) {
+            let wait = if stream == StreamKind::Aicpu { sync } else { left_of(started, sync) };
+            match self.backend.synchronize(stream, wait, op) {
                 Ok(()) => {}
                 Err(SyncError::Timeout) if caller_deadline => return Ok(false),
                 Err(e) => {
@@ -167,11 +178,14 @@ impl Core {
         }
         let Some(events) = run.events.as_ref() else { return Ok(false) };
         let mut failure = None;
+        let started = Instant::now();
         for (stream, step) in [
             (StreamKind::Aicpu, PoisonStep::SyncAicpu),
             (StreamKind::AiCore, PoisonStep::SyncAiCore),
         ] {
-            match self.backend.event_synchronize(&events.end[stream_slot(stream)], sync, op) {
+            let end = &events.end[stream_slot(stream)];
+            let wait = if stream == StreamKind::Aicpu { sync } else { left_of(started, sync) };
+            match self.backend.event_synchronize(end, wait, op) {
                 Ok(()) => {}
                 Err(SyncError::Timeout) if caller_deadline => return Ok(false),
                 Err(e) => {
@@ -296,13 +310,16 @@ impl Core {
         ahead.into_iter().find_map(|r| {
             // Every run ahead of `r` has ended by now, so an unreaped `r` gets one budget.
             let (_, left) = self.reap_budget(r);
+            let started = Instant::now();
             let ends = r.events.as_ref().map_or(&[][..], |e| &e.end[..]);
-            ends.iter().find_map(|end| match self.backend.event_synchronize(end, left, op) {
-                Ok(()) => None,
-                Err(SyncError::Timeout) => {
-                    Some((r.run_id, r.launch_seq, AclCode::STREAM_SYNC_TIMEOUT))
+            ends.iter().find_map(|end| {
+                match self.backend.event_synchronize(end, left_of(started, left), op) {
+                    Ok(()) => None,
+                    Err(SyncError::Timeout) => {
+                        Some((r.run_id, r.launch_seq, AclCode::STREAM_SYNC_TIMEOUT))
+                    }
+                    Err(SyncError::Fault(f)) => Some((r.run_id, r.launch_seq, f.code)),
                 }
-                Err(SyncError::Fault(f)) => Some((r.run_id, r.launch_seq, f.code)),
             })
         })
     }
