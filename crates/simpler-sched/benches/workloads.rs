@@ -213,10 +213,13 @@ fn main() {
             .as_deref()
             .is_none_or(|f| if names.contains(&f) { name == f } else { name.contains(f) })
     };
+    // `SIMPLER_BENCH_SAMPLES=N` takes N samples instead of 5 (e.g. 1 and 6 under callgrind:
+    // the difference is the instruction count of five steady-state runs).
+    let samples = std::env::var("SIMPLER_BENCH_SAMPLES").ok().and_then(|v| v.parse().ok());
     let plan = if quick {
         Plan { warmups: 0, samples: 1, quick }
     } else {
-        Plan { warmups: 1, samples: 5, quick }
+        Plan { warmups: 1, samples: samples.unwrap_or(5).max(1), quick }
     };
     let (p1, p2, reps, width) = if quick { (200, 200, 2, 16) } else { (100_000, 10_000, 20, 1000) };
     let workloads = [
