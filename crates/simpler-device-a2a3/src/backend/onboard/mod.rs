@@ -846,14 +846,16 @@ impl Backend for OnboardDevice {
                 message: format!("the {stream} does not exist"),
             }));
         };
-        let synced = programs::sync(&self.ctx, s, ms(timeout));
-        if synced.is_err() {
-            self.poison();
-        }
-        match synced {
+        match programs::sync(&self.ctx, s, ms(timeout)) {
             Ok(()) => Ok(()),
+            // A wait that ran out says nothing about the device: the caller may have asked for
+            // a short slice of the budget. A timeout of the whole budget reaches the recovery
+            // drain, which marks the device for the force reset.
             Err(e) if code_of(&e) == AclCode::STREAM_SYNC_TIMEOUT.get() => Err(SyncError::Timeout),
-            Err(e) => Err(SyncError::Fault(fault(e))),
+            Err(e) => {
+                self.poison();
+                Err(SyncError::Fault(fault(e)))
+            }
         }
     }
 
