@@ -16,8 +16,8 @@
 //! every record complete), `reach_after_syncs` (after that many more event syncs the stopped
 //! device goes on: every pending event is reached and later records complete; −1, the
 //! default, never), `sync_delay_stream` and `sync_delay_ms` (every sync of that stream, or of
-//! an event recorded on it, takes that many milliseconds, or runs out after its timeout when
-//! that is shorter; 0, the default, no delay), `reset_probe_failures`
+//! a reached event recorded on it, takes that many milliseconds, or runs out after its timeout
+//! when that is shorter; 0, the default, no delay), `reset_probe_failures`
 //! (stream creations right after a force reset that fail with 507899), `drain_result` (code of
 //! `aclrtSynchronizeDeviceWithTimeout`), `cube_core_limit`, `vector_core_limit`,
 //! `aicpu_occupy_mask`, `aicore_valid_mask`, `device_count`, `version_major`/`_minor`/`_patch`,

@@ -18,6 +18,7 @@
  * directory: one line per call in <dir>/debug/plog/plog-<pid>_standin.log, so harnesses that
  * collect CANN's logs have something to collect.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -26,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -396,7 +398,9 @@ static bool finish_within(int64_t index, int64_t timeout) {
     if (st->sync_delay_ms <= 0 || index != st->sync_delay_stream) return true;
     bool in_time = timeout < 0 || st->sync_delay_ms <= timeout;
     int64_t ms = in_time ? st->sync_delay_ms : timeout;
-    usleep((useconds_t)(ms * 1000));
+    struct timespec left = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    /* A signal cuts a sleep short; sleep on for what it left. */
+    while (nanosleep(&left, &left) != 0 && errno == EINTR) {}
     return in_time;
 }
 

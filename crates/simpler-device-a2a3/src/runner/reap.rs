@@ -25,8 +25,8 @@ struct ReapWait {
     budget: Duration,
 }
 
-/// What is left of a wait of `whole` that began at `started` (`Duration::MAX`, no limit,
-/// stays unlimited). Consecutive synchronisations share one wait this way (the first has all
+/// What is left of a wait of `whole` that began at `started` (from `Duration::MAX`, no limit,
+/// a wait still too long for any deadline, so still no limit). Consecutive synchronisations share one wait this way (the first has all
 /// of it): without it, each got the whole of it, and a reap whose first stream took most of
 /// its budget could wait nearly twice the budget.
 fn left_of(started: Instant, whole: Duration) -> Duration {
