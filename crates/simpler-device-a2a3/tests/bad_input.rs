@@ -70,6 +70,49 @@ fn a_submit_with_an_out_of_range_func_id_is_invalid_args() {
     still_works(&mut r, 2);
 }
 
+/// A MIX task of three kernels whose block count, times its three members per block, wraps a
+/// `u32` to 2: a runtime that multiplied unchecked would complete it after two of its billions
+/// of members, and its consumers would run early.
+fn wrapping_blocks_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let mut a = CoreArgs::new();
+    a.add_inout(*args.tensor(0).unwrap()).unwrap();
+    let f = Some(FUNC_NOOP);
+    ctx.submit_blocks(Kernels::Mix { aic: f, aiv0: f, aiv1: f }, &a, 0x5555_5556)?;
+    Ok(())
+}
+
+fn one_block_too_many_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let mut a = CoreArgs::new();
+    a.add_inout(*args.tensor(0).unwrap()).unwrap();
+    ctx.submit_blocks(Kernels::Aiv(FUNC_NOOP), &a, (1 << 16) + 1)?;
+    Ok(())
+}
+
+#[test]
+fn a_task_of_more_than_65536_blocks_is_invalid_args_on_either_runtime() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let (p, t) = upload_f32(&mut r, &[0.0; 4]);
+    let mut args = TaskArgs::new();
+    args.add_inout(t).unwrap();
+    for (run, orch, blocks) in
+        [(1, wrapping_blocks_orch as _, "1431655766"), (2, one_block_too_many_orch as _, "65537")]
+    {
+        let slot = r.register_callable(&with_noop_kernel(orch)).unwrap();
+        let err =
+            r.run(&RunRequest::new(run_id(run), slot, &args, &CallConfig::default())).unwrap_err();
+        let named = match &err {
+            DeviceError::InvalidArgs { message, .. } => message.contains(blocks),
+            DeviceError::Runtime { fault, .. } => {
+                fault.code == RuntimeCode::InvalidArgs && fault.message.contains(blocks)
+            }
+            _ => false,
+        };
+        assert!(named, "block_num {blocks}: {err}");
+    }
+    r.free(p).unwrap();
+    still_works(&mut r, 3);
+}
+
 #[test]
 fn kernel_tasks_are_capped_at_32_tensors_and_16_scalars() {
     // The builder refuses the 33rd tensor and 17th scalar; raw ops-table callers are checked

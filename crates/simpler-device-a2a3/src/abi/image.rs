@@ -45,6 +45,9 @@ pub const MAX_PHASE_THREADS: usize = 4;
 pub const READY_QUEUE_COUNT: usize = 4;
 /// Marks an unset func id in [`TaskRecord::func_ids`].
 pub const NO_FUNC: i32 = -1;
+/// Most blocks of one task; both runtimes refuse more. With at most three members per block,
+/// the member count of a task (blocks × members) stays far inside a `u32`.
+pub const MAX_BLOCK_NUM: u32 = 1 << 16;
 /// Alignment of every image section.
 pub const SECTION_ALIGN: u64 = 64;
 

@@ -14,7 +14,8 @@ use simpler_types::{DeviceTaskId, TENSOR_DESC_SIZE, Tensor, TensorArgType};
 use super::record::{self, OrchRecords};
 use crate::abi::codes::RuntimeCode;
 use crate::abi::image::{
-    NO_FUNC, ORCH_KIND_C, ORCH_KIND_NATIVE, TRB_MESSAGE_BYTES, TaskShape, TrbHeader, TrbStatus,
+    MAX_BLOCK_NUM, NO_FUNC, ORCH_KIND_C, ORCH_KIND_NATIVE, TRB_MESSAGE_BYTES, TaskShape, TrbHeader,
+    TrbStatus,
 };
 use crate::aicpu::scheduler::TICKS_PER_MS;
 use crate::aicpu::text::FixedText;
@@ -709,6 +710,13 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                 .invalid(format_args!(
                     "submit: a {} task needs its kernels and ≥ 1 block",
                     shape.name()
+                ))
+                .into();
+        }
+        if blocks > MAX_BLOCK_NUM {
+            return self
+                .invalid(format_args!(
+                    "submit: block_num {blocks} out of range 1..={MAX_BLOCK_NUM}"
                 ))
                 .into();
         }

@@ -29,15 +29,12 @@ use simpler_types::{
 
 use crate::abi::MAX_FUNC_IDS;
 use crate::abi::codes::RuntimeCode;
-use crate::abi::image::{NO_FUNC, TaskShape};
+use crate::abi::image::{MAX_BLOCK_NUM, NO_FUNC, TaskShape};
 use crate::abi::payload::LOCAL_CONTEXT_SLOT;
 use crate::error::{CapacityResource, DeviceError, RuntimeFault};
 use crate::runtime::orch::{
     ORCH_CAPACITY, ORCH_FAILED, ORCH_INVALID, ORCH_OK, ORCH_OPS_VERSION, OrchOps, SubmitDesc,
 };
-
-/// Most blocks one task may run.
-pub(crate) const MAX_BLOCK_NUM: u32 = 1 << 16;
 
 /// What the builder needs from the device.
 pub(crate) trait BuildEnv {

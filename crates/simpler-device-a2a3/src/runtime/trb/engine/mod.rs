@@ -304,6 +304,12 @@ struct Ring<'a> {
     peak_deps: u64,
 }
 
+/// `bytes` rounded up to the heap alignment; `None` when that does not fit in a `u64` (a size
+/// no heap holds).
+fn heap_aligned(bytes: u64) -> Option<u64> {
+    bytes.div_ceil(HEAP_ALIGN).checked_mul(HEAP_ALIGN)
+}
+
 /// Whether the map may forget `owner`: its slot was retired (or already reclaimed).
 fn is_retired(rings: &[Ring<'_>], owner: u64) -> bool {
     rings.get(ring_of(owner)).is_none_or(|r| {
@@ -637,10 +643,10 @@ impl<'a> Engine<'a> {
             return Err(SubmitRefusal::Invalid("the orchestration already finished"));
         }
         let r = self.current_ring();
-        let aligned = heap_bytes.div_ceil(HEAP_ALIGN) * HEAP_ALIGN;
-        if aligned > self.rings[r].sizes.heap_bytes {
-            return Err(SubmitRefusal::Invalid("output slab larger than the ring's heap"));
-        }
+        let aligned = match heap_aligned(heap_bytes) {
+            Some(a) if a <= self.rings[r].sizes.heap_bytes => a,
+            _ => return Err(SubmitRefusal::Invalid("output slab larger than the ring's heap")),
+        };
         self.reclaim(r);
         let ring = &self.rings[r];
         if ring.window.live() == ring.window.capacity() {
@@ -813,10 +819,10 @@ impl<'a> Engine<'a> {
             return Err(SubmitRefusal::Invalid("the orchestration already finished"));
         }
         let r = self.current_ring();
-        let aligned = bytes.max(1).div_ceil(HEAP_ALIGN) * HEAP_ALIGN;
-        if aligned > self.rings[r].sizes.heap_bytes {
-            return Err(SubmitRefusal::Invalid("buffer larger than the ring's heap"));
-        }
+        let aligned = match heap_aligned(bytes.max(1)) {
+            Some(a) if a <= self.rings[r].sizes.heap_bytes => a,
+            _ => return Err(SubmitRefusal::Invalid("buffer larger than the ring's heap")),
+        };
         self.reclaim(r);
         let owner = DeviceTaskId::new(r as u8, self.rings[r].window.head()).0;
         let ring = &mut self.rings[r];

@@ -284,6 +284,22 @@ fn a_scope_holding_the_whole_heap_is_a_heap_ring_deadlock() {
 }
 
 #[test]
+fn a_size_too_large_to_round_up_is_refused_as_invalid_not_an_overflow() {
+    let mut arena = TrbArena::new(sizes(16, 4096, 16), 64, 16);
+    let mut e = Engine::new(arena.storage(), false);
+    for bytes in [u64::MAX, u64::MAX - 1023, 4097] {
+        assert!(matches!(e.alloc(bytes), Err(SubmitRefusal::Invalid(_))), "alloc of {bytes} bytes");
+        assert!(
+            matches!(e.submit(&[], bytes), Err(SubmitRefusal::Invalid(_))),
+            "submit of a {bytes}-byte slab"
+        );
+    }
+    // Nothing changed: a buffer and a slab that fit are still placed.
+    e.alloc(4096).unwrap();
+    e.submit(&[], 0).unwrap();
+}
+
+#[test]
 fn a_task_with_more_producers_than_the_dep_pool_is_a_dep_pool_overflow() {
     let mut arena = TrbArena::new(sizes(16, 64 << 10, 4), 64, 16);
     let mut e = Engine::new(arena.storage(), false);
