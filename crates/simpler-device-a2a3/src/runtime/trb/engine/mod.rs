@@ -279,9 +279,15 @@ impl<'a> Completer<'a> {
         for at in slot.dep_start.load(Relaxed)..slot.dep_end.load(Relaxed) {
             self.release(ring.dep(at).producer.load(Relaxed));
         }
+        // The task's own reference goes before it is counted: an orchestration that sees every
+        // submitted task counted must find each one's references released, or it would take the
+        // map entries of a task about to retire for entries nothing will free (a false
+        // TENSORMAP_OVERFLOW).
+        self.release(id);
+        #[cfg(test)]
+        tests::between_release_and_count();
         // Release (inside the watch): the owner that counts this completion sees its effects.
         let wake_owner = self.completed.advance();
-        self.release(id);
         Completion { readied, wake_owner }
     }
 }

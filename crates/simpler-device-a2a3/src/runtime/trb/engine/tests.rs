@@ -8,6 +8,21 @@ use std::sync::atomic::AtomicBool;
 use super::*;
 use crate::runtime::trb::storage::TrbArena;
 
+thread_local! {
+    /// Run by `Completer::complete` on this thread between releasing the task's own reference
+    /// and counting its completion.
+    static BETWEEN_RELEASE_AND_COUNT: RefCell<Option<Box<dyn FnMut()>>> =
+        const { RefCell::new(None) };
+}
+
+pub(super) fn between_release_and_count() {
+    BETWEEN_RELEASE_AND_COUNT.with(|h| {
+        if let Some(hook) = h.borrow_mut().as_mut() {
+            hook();
+        }
+    });
+}
+
 fn sizes(task_window: u32, heap_bytes: u64, dep_pool: u32) -> [RingSizes; HEAP_RING_COUNT] {
     [RingSizes { task_window, heap_bytes, dep_pool }; HEAP_RING_COUNT]
 }
@@ -311,6 +326,47 @@ fn a_task_with_more_producers_than_the_dep_pool_is_a_dep_pool_overflow() {
     let stall = submit_with_back_pressure(&mut e, &reads, 0, &mut done).unwrap_err();
     assert_eq!(stall.code(), RuntimeCode::DepPoolOverflow);
     assert!(stall.to_string().contains("ring 0: a task needs 5 dep entries"), "{stall}");
+}
+
+#[test]
+fn a_full_map_of_a_task_completing_now_is_a_wait_not_a_tensormap_overflow() {
+    // A map of 4 entries, all of task T's, whose scope is closed: T's completion frees them.
+    let mut arena = TrbArena::new(sizes(16, 64 << 10, 16), 4, 1);
+    let mut e = Engine::new(arena.storage(), false);
+    e.scope_begin().unwrap();
+    let writes: Vec<Access> = (1..5).map(|i| access(i << 12, AccessMode::Write)).collect();
+    let t = e.submit(&writes, 0).unwrap().id;
+    e.scope_end().unwrap();
+    let c = e.completer();
+    assert_eq!(c.pop_ready(), Some(t));
+    let at_hook = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let resume = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let next = [access(5 << 12, AccessMode::Write)];
+    std::thread::scope(|s| {
+        let (hook_at, hook_resume) = (at_hook.clone(), resume.clone());
+        let completer = s.spawn(move || {
+            // The completer stops inside `complete`, between the two steps of ending T.
+            BETWEEN_RELEASE_AND_COUNT.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move || {
+                    hook_at.wait();
+                    hook_resume.wait();
+                }));
+            });
+            let _ = c.complete(t);
+        });
+        at_hook.wait();
+        // Whatever the orchestration sees of T now, T will free the map: never a stall.
+        let seen = e.submit(&next, 0);
+        resume.wait();
+        completer.join().unwrap();
+        assert!(
+            !matches!(seen, Err(SubmitRefusal::Stall(_))),
+            "a submit while T completes was refused as a stall: {seen:?}"
+        );
+        if seen.is_err() {
+            e.submit(&next, 0).unwrap();
+        }
+    });
 }
 
 #[test]
