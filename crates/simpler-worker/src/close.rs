@@ -5,8 +5,9 @@
 //!
 //! 1. A caller acting for this worker (inside its callback, closure or child run, or a
 //!    closure or run of a descendant worker) gets `reentrant` at once.
-//! 2. Lock the lifecycle. An attempt in flight → park until it ends and return its result. A
-//!    finished attempt → return its result again, unless it was a drain timeout: then retry.
+//! 2. Lock the lifecycle. An attempt in flight → park until it ends and return its result
+//!    (`close_timeout`: past its budget first → `DrainTimeout`). A finished attempt → return
+//!    its result again, unless it was a drain timeout: then retry.
 //! 3. Claim: lifecycle := `Closed`, attempt := in flight, unlock. New submissions,
 //!    registrations and memory calls now fail with `Closed`; calls already past that check hold
 //!    an operation lease.
@@ -140,9 +141,18 @@ impl Inner {
                 ..CloseError::default()
             })
         };
-        let claim = match self.gate.claim(retryable, unwound) {
+        let claim = match self.gate.claim(retryable, unwound, deadline) {
             Ok(claim) => claim,
-            Err(result) => return result,
+            Err(Some(result)) => return result,
+            // Another closer's attempt outlasted this caller's budget: retryable, as a drain
+            // timeout of its own would be.
+            Err(None) => {
+                let pending_runs = self.accepted.lock().len();
+                return Err(CloseError {
+                    drain_timeout: Some(DrainTimeout { in_flight_ops: 0, pending_runs, budget }),
+                    ..CloseError::default()
+                });
+            }
         };
         // 4.
         if let Err(in_flight_ops) = claim.drain_leases(deadline) {

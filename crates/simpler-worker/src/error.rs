@@ -461,6 +461,10 @@ pub enum RunErrorKind {
     },
     /// The thread doing the cleanup unwound before it finished.
     CleanupInterrupted,
+    /// `RunHandle::wait` was called, before the run ended, from a thread acting for the run's
+    /// own worker (its callback, a closure or a child run), which the run may be waiting for:
+    /// refused instead of waiting forever. The run itself goes on.
+    Reentrant,
     /// An engine invariant broke.
     Internal,
 }

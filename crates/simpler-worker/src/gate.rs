@@ -7,10 +7,10 @@
 //!
 //! 1. **Lease.** An operation takes a lease unless the gate is closed; dropping the lease wakes
 //!    the waiters when it was the last one.
-//! 2. **Claim.** A closer parks while an attempt is in flight; a finished attempt hands its
-//!    result to every later closer, unless the caller says it may be retried (a drain
-//!    timeout). Otherwise the closer claims: the gate closes (no new lease from now on) and the
-//!    attempt is in flight.
+//! 2. **Claim.** A closer parks while an attempt is in flight, until its own deadline if it
+//!    has one; a finished attempt hands its result to every later closer, unless the caller
+//!    says it may be retried (a drain timeout). Otherwise the closer claims: the gate closes
+//!    (no new lease from now on) and the attempt is in flight.
 //! 3. **Drain.** The claimer waits until no lease is held, or until its deadline.
 //! 4. **Finish.** The claimer stores the attempt's result and wakes every parked closer. A
 //!    claim whose closer unwinds is finished by [`Claim`]'s drop with a result it makes, so no
@@ -127,18 +127,27 @@ impl<R: Clone> Gate<R> {
         matches!(&self.state.lock().attempt, Attempt::Done(r) if !retry(r))
     }
 
-    /// Step 2: the result of a finished attempt (`Err`), or a claim of a new one (`Ok`).
-    /// `on_unwind` makes the result stored should the claimer unwind before finishing.
+    /// Step 2: the result of a finished attempt (`Err(Some)`), or a claim of a new one
+    /// (`Ok`); `Err(None)` when `deadline` passed while another closer's attempt was still in
+    /// flight. `on_unwind` makes the result stored should the claimer unwind before finishing.
     pub(crate) fn claim<'a>(
         &'a self,
         retry: impl Fn(&R) -> bool,
         on_unwind: impl FnOnce() -> R + 'a,
-    ) -> Result<Claim<'a, R>, R> {
+        deadline: Option<Instant>,
+    ) -> Result<Claim<'a, R>, Option<R>> {
         let mut s = self.state.lock();
         loop {
-            match &s.attempt {
-                Attempt::InFlight => s = self.cv.wait(s),
-                Attempt::Done(r) if !retry(r) => return Err(r.clone()),
+            match (&s.attempt, deadline) {
+                (Attempt::InFlight, None) => s = self.cv.wait(s),
+                (Attempt::InFlight, Some(d)) => {
+                    let (g, timed_out) = self.cv.wait_until(s, d);
+                    s = g;
+                    if timed_out && matches!(s.attempt, Attempt::InFlight) {
+                        return Err(None);
+                    }
+                }
+                (Attempt::Done(r), _) if !retry(r) => return Err(Some(r.clone())),
                 _ => break,
             }
         }

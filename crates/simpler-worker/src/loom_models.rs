@@ -54,8 +54,8 @@ fn loom_concurrent_closes_tear_down_once_and_share_the_result() {
         let closer = {
             let (gate, teardowns) = (Arc::clone(&gate), Arc::clone(&teardowns));
             let (leased, op_done) = (Arc::clone(&leased), Arc::clone(&op_done));
-            move || match gate.claim(|_| false, || usize::MAX) {
-                Err(result) => result,
+            move || match gate.claim(|_| false, || usize::MAX, None) {
+                Err(result) => result.expect("no deadline"),
                 Ok(claim) => {
                     assert_eq!(claim.drain_leases(None), Ok(()));
                     if leased.load(Ordering::SeqCst) {
@@ -91,8 +91,8 @@ fn loom_a_retryable_close_is_retried_once_and_then_final() {
         let closer = {
             let (gate, attempts) = (Arc::clone(&gate), Arc::clone(&attempts));
             // The first attempt times out (result 0, retryable); later ones succeed (1).
-            move || match gate.claim(|r| *r == 0, || usize::MAX) {
-                Err(result) => result,
+            move || match gate.claim(|r| *r == 0, || usize::MAX, None) {
+                Err(result) => result.expect("no deadline"),
                 Ok(claim) => {
                     let n = attempts.fetch_add(1, Ordering::SeqCst);
                     let result = usize::from(n > 0);

@@ -34,6 +34,7 @@ use crate::chip::LaneFence;
 use crate::deferred_drop;
 use crate::election::{Election, Turn};
 use crate::error::{Frame, RunError, RunErrorKind, frames_of_task};
+use crate::reentry;
 use crate::worker::Inner;
 
 /// Where a run is in its worker's unobserved failures (`UnobservedFailures`).
@@ -397,7 +398,15 @@ impl RunHandle {
     }
 
     /// Waits for the run's result; the first waiter after the fence performs the cleanup.
+    ///
+    /// From a thread acting for the run's own worker (its orchestration callback, a host
+    /// closure, a child run) a run that has not ended yet is refused with
+    /// [`RunErrorKind::Reentrant`]: the run may be waiting for that very thread.
     pub fn wait(&self) -> Result<(), RunError> {
+        if !self.is_done() && reentry::is_acting_for(self.shared.inner.instance) {
+            let kind = RunErrorKind::Reentrant;
+            return Err(RunError::new(self.shared.run, kind, Vec::new(), Vec::new(), None));
+        }
         self.shared.inner.note_observed(&self.shared);
         match self.shared.wait_until(None) {
             Some(r) => r,

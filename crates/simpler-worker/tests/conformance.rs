@@ -509,6 +509,38 @@ fn submit_run_and_close_from_a_callback_or_closure_are_reentrant() {
     w.close().expect("close");
 }
 
+#[test]
+fn waiting_for_its_own_run_from_a_closure_is_reentrant_not_a_hang() {
+    let own: Arc<Mutex<Option<RunHandle>>> = Arc::new(Mutex::new(None));
+    let seen: Arc<Mutex<Option<Result<(), RunErrorKind>>>> = Arc::new(Mutex::new(None));
+    let (own2, seen2) = (Arc::clone(&own), Arc::clone(&seen));
+    let mut b = host().sub_workers(1);
+    let h = b.register_host("wait-own", move |_| {
+        // The submitter stores the handle as soon as `submit` returns.
+        let handle = loop {
+            if let Some(h) = own2.lock().unwrap().clone() {
+                break h;
+            }
+            std::thread::yield_now();
+        };
+        *seen2.lock().unwrap() = Some(handle.wait().map_err(|e| e.kind().clone()));
+        Ok(())
+    });
+    let w = b.start().expect("start");
+    let handle = w.submit(subs(h, 1)).expect("submit");
+    *own.lock().unwrap() = Some(handle.clone());
+    // The closure's wait is refused, so the closure returns and the run ends.
+    let result = handle.wait_timeout(HANG);
+    if !matches!(result, Some(Ok(()))) {
+        // The closure is stuck in its wait: dropping the worker would wait for it too.
+        std::mem::forget(w);
+        panic!("the run never ended: {result:?}");
+    }
+    assert_eq!(*seen.lock().unwrap(), Some(Err(RunErrorKind::Reentrant)));
+    own.lock().unwrap().take();
+    w.close().expect("close");
+}
+
 // ---- Close -----------------------------------------------------------------------------------
 
 #[test]
@@ -537,6 +569,36 @@ fn close_waits_for_a_run_in_flight_then_submit_and_registration_are_closed() {
     assert!(matches!(handle.result(), Some(Ok(()))), "the run completed, not aborted");
     assert!(matches!(w.submit(subs(hold, 1)), Err(WorkerError::Closed)));
     assert!(matches!(w.register_host("x", |_| Ok(())), Err(WorkerError::Closed)));
+}
+
+#[test]
+fn close_timeout_keeps_its_budget_while_another_close_is_in_flight() {
+    let mut b = host().sub_workers(1);
+    let (hold, gate) = register_hold(&mut b);
+    let w = Arc::new(b.start().expect("start"));
+    let handle = w.submit(subs(hold, 1)).expect("submit");
+    let w2 = Arc::clone(&w);
+    let closer = std::thread::spawn(move || w2.close());
+    let deadline = std::time::Instant::now() + HANG;
+    while w.lifecycle() != Lifecycle::Closed {
+        assert!(std::time::Instant::now() < deadline, "the closer never claimed the close");
+        std::thread::yield_now();
+    }
+    // The first close waits for the held run; a second closer with a budget must not.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let w3 = Arc::clone(&w);
+    let second = std::thread::spawn(move || {
+        let _ = tx.send(w3.close_timeout(Duration::from_millis(50)));
+    });
+    let timed = rx.recv_timeout(HANG);
+    gate.wait();
+    second.join().expect("second closer");
+    closer.join().expect("closer").expect("close");
+    let err = timed.expect("close_timeout waited past its budget for the other close").unwrap_err();
+    assert!(err.is_retryable() && err.drain_timeout.is_some(), "{err}");
+    assert!(matches!(handle.result(), Some(Ok(()))));
+    // The first close finished: a later close_timeout returns its result.
+    w.close_timeout(Duration::from_millis(50)).expect("the finished close");
 }
 
 /// Submits, on another thread, a run whose orchestration callback parks until the returned
