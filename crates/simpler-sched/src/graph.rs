@@ -61,12 +61,12 @@ impl Core {
 
     /// The reclamation steps (module docs). `run` was moved out of the slot at `Consumed`.
     /// A finished task stops holding back later writes: its reader entries leave the tensor
-    /// map now rather than at reclamation (`docs/tensormap.md` §6). The caller still holds the
-    /// task's self reference (or its reclamation is still owed to the caller), so the slot and
-    /// its payload cannot be recycled meanwhile. The task has finished, so no member holds its
-    /// payload, and the write lock is uncontended; emptying the journal of read keys tells the
-    /// reclaimer that nothing is left to erase for them. A reclaimer that came first cleared
-    /// the payload, and then nothing happens here.
+    /// map now rather than at reclamation (`docs/tensormap.md` §6). The task's self reference
+    /// was released when its completion was processed, so another thread may have reclaimed
+    /// the slot, and a new task may occupy it: the payload's id decides. The task has finished,
+    /// so no member holds its payload, and the write lock is uncontended; emptying the journal
+    /// of read keys tells a later reclaimer that nothing is left to erase for them. A reclaimer
+    /// that came first erased them and cleared the payload, and then nothing happens here.
     pub(crate) fn retire_reads(&self, id: SlotId) {
         let Some(slot) = self.ring.slot(id) else { return };
         let mut payload = slot.payload.write();

@@ -598,9 +598,13 @@ fn a_finished_reader_no_longer_holds_back_a_later_write() {
     let done = b.submit_next_level(&chip(1), args(&[(t, Input)]), &cfg(), w(0), None).unwrap();
     let running = b.submit_next_level(&chip(1), args(&[(t, Input)]), &cfg(), w(1), None).unwrap();
     h.release(done, Action::Succeed);
-    // The pass that completes a task retires its reads before it releases the task's own
-    // reference, so a released self reference means the reader entry is gone.
+    // The pass that processes a completion retires the task's reads in its last step. Passes
+    // run one at a time, so once a later completion (a probe's) was processed, that pass has
+    // ended and the reader entry is gone.
     eventually("the finished reader released itself", || snap(e, done).fanout_released >= 1);
+    let probe = b.submit_next_level(&chip(1), args(&[]), &cfg(), w(0), None).unwrap();
+    h.release(probe, Action::Succeed);
+    eventually("the probe completed", || snap(e, probe).state == TaskState::Completed);
     let write = b.submit_next_level(&chip(1), args(&[(t, Output)]), &cfg(), w(3), None).unwrap();
     assert_eq!(snap(e, write).producers, vec![running], "only the running reader");
     h.release(running, Action::Succeed);
