@@ -3,8 +3,8 @@
 //! therefore never dropped while the worker holds a lock or has a close attempt in flight.
 //!
 //! Protocol, per thread:
-//! 1. `submit` and `free` open a [`scope`] before they take a lease (and, for `submit`, the
-//!    admission lock); `close` opens one before its attempt begins.
+//! 1. `submit`, `free` and `unregister` open a [`scope`] before they take a lease (and, for
+//!    `submit`, the admission lock); `close` opens one before its attempt begins.
 //! 2. While a scope is open on the thread, [`drop_logged`] parks the values in it instead of
 //!    dropping them. Nested scopes (a callback submitting to another worker) add to the
 //!    outermost one, so nothing is dropped while any enclosing lock is still held.

@@ -562,6 +562,9 @@ impl Worker {
         if handle.worker != self.inner.instance {
             return Err(WorkerError::ForeignHandle { handle });
         }
+        // Declared before the lease: a closure's captures, dropped here when this was its last
+        // handle, may close the worker, which waits for every lease (`deferred_drop`).
+        let _deferred = deferred_drop::scope();
         let _lease = self.inner.lease()?;
         let mut reg = self.inner.registry.write();
         // Read under the registry write lock: a submit joins the accepted set before it looks
@@ -582,10 +585,17 @@ impl Worker {
         } else if last {
             reg.runnable.remove(&id);
         }
-        let Entry::Chip(chips) = r.entry else {
-            drop(reg);
-            drop(dropped);
-            return Ok(());
+        let chips = match &r.entry {
+            Entry::Chip(chips) => chips.clone(),
+            _ => {
+                drop(reg);
+                let parked = [Some(r), dropped].into_iter().flatten();
+                deferred_drop::drop_logged(
+                    None,
+                    parked.map(|v| Box::new(v) as Box<dyn Any + Send>).collect(),
+                );
+                return Ok(());
+            }
         };
         if let Some(newest) = newest {
             // Queued under the registry lock so that the flush of the retiring last run, which

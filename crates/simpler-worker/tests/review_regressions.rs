@@ -234,6 +234,24 @@ fn a_keep_alive_dropped_by_close_may_close_the_worker() {
 }
 
 #[test]
+fn a_closure_whose_captures_close_the_worker_may_be_unregistered() {
+    let slot = Arc::new(Mutex::new(None));
+    let (tx, rx) = mpsc::channel();
+    let mut b = host().sub_workers(1);
+    let keep = TouchesWorkerOnDrop { worker: Arc::clone(&slot), close: true, report: tx };
+    // The closure owns the keep-alive: unregistering its last handle drops it.
+    let h = b.register_host("closes on drop", move |_| {
+        let _owned = &keep;
+        Ok(())
+    });
+    let w = Arc::new(b.start().expect("start"));
+    *slot.lock().expect("slot") = Some(Arc::clone(&w));
+    let unregistered = bounded("unregister", move || w.unregister(h).is_ok());
+    assert_eq!(unregistered, Ok(true));
+    assert_eq!(rx.recv_timeout(HANG), Ok(true), "the captured value's close never returned");
+}
+
+#[test]
 fn a_panic_while_attaching_a_chip_is_a_device_error_naming_the_chip() {
     let e = host()
         .chips(&[0, 1])
