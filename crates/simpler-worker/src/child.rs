@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
-use simpler_types::{TaskArgs, WorkerId, WorkerType};
+use simpler_types::{FailureSource, TaskArgs, WorkerId, WorkerType};
 
 use crate::chip::Residue;
 use crate::error::{CloseError, WorkerError};
@@ -72,8 +72,15 @@ impl Endpoint for ChildEndpoint {
                 }
                 Err(f)
             }
-            Err(e @ WorkerError::Build { .. }) => Err(EndpointFailure::task_failed(e.to_string())),
-            Err(e) => Err(EndpointFailure::endpoint_failed(e.to_string())),
+            // The child's own error travels as the frame's source (`Frame::worker_error`).
+            Err(e @ WorkerError::Build { .. }) => {
+                let failure = EndpointFailure::task_failed(e.to_string());
+                Err(failure.with_source(FailureSource::new(e)))
+            }
+            Err(e) => {
+                let failure = EndpointFailure::endpoint_failed(e.to_string());
+                Err(failure.with_source(FailureSource::new(e)))
+            }
         }
     }
 

@@ -504,6 +504,13 @@ impl Frame {
         self.source.as_ref().and_then(FailureSource::downcast_ref::<DeviceError>)
     }
 
+    /// The worker error a child worker reported at this level, when the task was a child's
+    /// run that could not be built (its orchestration failed, the child's engine refused it):
+    /// match on it for the child's [`BuildFailure`], a callback's own error included.
+    pub fn worker_error(&self) -> Option<&WorkerError> {
+        self.source.as_ref().and_then(FailureSource::downcast_ref::<WorkerError>)
+    }
+
     /// The transport error this frame's failure came from, when the task ran on a remote
     /// rank: match on it for the rank, host, remote level, run and task.
     #[cfg(feature = "mpi")]

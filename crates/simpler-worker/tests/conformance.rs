@@ -1055,3 +1055,36 @@ fn a_chip_callable_unregistered_under_a_steady_depth_2_pipeline_is_released() {
     w.register_chip(&retired).expect("registrable again while the pipeline runs");
     previous.wait().expect("last run");
 }
+
+/// The error an L3 orchestration returns in `a_childs_build_failure_reaches_the_parent_typed`.
+#[derive(Debug)]
+struct ShardMissing(u32);
+
+impl std::fmt::Display for ShardMissing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "shard {} missing", self.0)
+    }
+}
+
+impl std::error::Error for ShardMissing {}
+
+#[test]
+fn a_childs_build_failure_reaches_the_parent_typed() {
+    let mut l4 = Worker::composite(4);
+    l4.child(host().sub_workers(1)).expect("adopt");
+    let orch = l4.register_graph("refuses", |_, _, _| Err(Box::new(ShardMissing(7)) as _));
+    let w = l4.start().expect("start");
+    let e = w
+        .run(Orchestration::graph(move |b, _, _| {
+            b.submit_next_level(orch, TaskArgs::new(), &CallConfig::default(), WorkerId(0))?;
+            Ok(())
+        }))
+        .expect_err("the child's orchestration fails");
+    let WorkerError::Run(e) = e else { panic!("{e}") };
+    let child = e.frames().iter().find_map(|f| f.worker_error()).expect("the child's error");
+    let WorkerError::Build { cause: BuildFailure::Callback(source), .. } = child else {
+        panic!("{child}")
+    };
+    assert_eq!(source.downcast_ref::<ShardMissing>().map(|s| s.0), Some(7), "{e}");
+    w.close().expect("close");
+}
