@@ -483,6 +483,11 @@ impl Worker {
         if let Some(bad) = chips.iter().find(|c| !known.contains(c)) {
             return Err(WorkerError::NoSuchChild { id: *bad });
         }
+        // From a closure on one of these chips' lanes the call could never be served there:
+        // refused before anything changed, so nothing needs rolling back.
+        for &chip in chips {
+            self.inner.off_lane("register_chip", chip)?;
+        }
         // Chip registrations are serialized among themselves (pending-removal check, lane
         // preparation, rollback), never with submits, so a callback may register.
         let _serial = self.inner.chip_registration.lock();
@@ -570,6 +575,15 @@ impl Worker {
         // Read under the registry write lock: a submit joins the accepted set before it looks
         // a callable up, so either this sees its run (and defers the removal) or the submit's
         // lookup comes after the removal (and gets `UnknownCallable`).
+        // As in `register_chip`: refused from one of the chips' own lanes before the handle is
+        // removed, so the handle and its chips' references stay as they were.
+        if let Some((_, Registration { entry: Entry::Chip(chips), .. })) =
+            reg.handles.get(&handle.seq)
+        {
+            for &chip in chips {
+                self.inner.off_lane("unregister", chip)?;
+            }
+        }
         let newest = self.inner.accepted.lock().back().map(|r| r.accept_seq);
         let Some((id, r)) = reg.handles.remove(&handle.seq) else {
             return Err(WorkerError::UnknownCallable { handle });

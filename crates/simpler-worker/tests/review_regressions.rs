@@ -373,6 +373,34 @@ fn a_memory_call_from_a_closure_on_its_own_l3_chip_lane_is_reentrant_and_other_c
     );
 }
 
+#[cfg(feature = "sim")]
+#[test]
+fn registering_and_unregistering_from_a_closure_on_the_chips_own_lane_is_reentrant() {
+    let mut b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph);
+    let add = b.register_chip(common::add_callable(0));
+    let w = Arc::new(b.start().unwrap());
+    let w2 = Arc::clone(&w);
+    let answers = bounded("registration calls on the lane", move || {
+        let (tx, rx) = mpsc::channel();
+        let w3 = Arc::clone(&w2);
+        w2.with_sim_faults(WorkerId(0), move |_| {
+            let name = |r: Result<(), WorkerError>| match r {
+                Err(WorkerError::Reentrant { op, .. }) => op.to_owned(),
+                other => format!("not reentrant: {other:?}"),
+            };
+            let registered = w3.register_chip(&common::add_callable(1)).map(drop);
+            let _ = tx.send([name(registered), name(w3.unregister(add))]);
+        })
+        .expect("lane");
+        rx.recv().expect("the closure ran")
+    });
+    assert_eq!(answers.unwrap(), ["register_chip", "unregister"]);
+    // Nothing changed: the handle still works and holds its one reference.
+    assert_eq!(w.chip_callable_refs(WorkerId(0), common::add_callable(0).id()).unwrap(), 1);
+    w.unregister(add).expect("unregister from outside the lane");
+    assert_eq!(w.chip_callable_refs(WorkerId(0), common::add_callable(0).id()).unwrap(), 0);
+}
+
 #[test]
 fn platform_limits_are_checked_at_l3_submit_with_an_error_naming_the_task_value_and_limit() {
     let mut b = host().chips(&[0, 1]);
