@@ -387,17 +387,19 @@ impl<'e> RunBuilder<'e> {
         let core = self.core();
         let mut orch = std::mem::take(&mut self.orch);
         let open = orch.scopes.depth().saturating_sub(1);
-        if open > 0 {
-            tracing::warn!(
-                parent: &self.run.span,
-                run = %self.run.id,
-                "close with {open} user scope(s) still open; unwinding them"
-            );
-        }
         drop_run_entries(core, &self.run);
         unwind_all(core, &mut orch);
         core.registry.end_building(self.run.id, orch);
         self.run.close();
+        // Last: a tracing layer that panics on the warning finds the run closed and the engine
+        // admitting the next one (warned earlier, such a panic left the building mark set).
+        if open > 0 {
+            tracing::warn!(
+                parent: &self.run.span,
+                run = %self.run.id,
+                "closed with {open} user scope(s) still open; unwound them"
+            );
+        }
         self.run.id
     }
 

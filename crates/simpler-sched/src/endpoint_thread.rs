@@ -225,15 +225,27 @@ pub(crate) fn endpoint_thread_main(
     name: WorkerRef,
     mut endpoint: Box<dyn Endpoint>,
 ) {
-    let _span = tracing::debug_span!("worker", level = core.level, worker = %name).entered();
+    // A tracing layer may panic entering or leaving a span, or on an event. Such a panic must
+    // not end this thread: its mails would go unserved and their runs would never end.
+    let span = catch_unwind(AssertUnwindSafe(|| {
+        tracing::debug_span!("worker", level = core.level, worker = %name).entered()
+    }))
+    .ok();
     if let Err(p) = catch_unwind(AssertUnwindSafe(|| endpoint.on_thread_start())) {
-        tracing::error!(worker = %name, "on_thread_start panicked: {}", panic_message(p.as_ref()));
+        let message = panic_message(p.as_ref());
+        quietly(|| tracing::error!(worker = %name, "on_thread_start panicked: {message}"));
     }
     let mailbox = core.mailbox(who);
     loop {
         match mailbox.recv() {
             Mail::Task { slot, member } => {
-                let result = run_member(&core, endpoint.as_mut(), slot, member);
+                let run = || run_member(&core, endpoint.as_mut(), slot, member);
+                let result = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|p| {
+                    Err(EndpointFailure::endpoint_failed(format!(
+                        "the endpoint thread panicked around the task (a tracing layer?): {}",
+                        panic_message(p.as_ref())
+                    )))
+                });
                 core.deliver_completion(MemberCompletion { slot, member, worker: who, result });
             }
             Mail::Job(job) => job(endpoint.as_mut()),
@@ -241,8 +253,15 @@ pub(crate) fn endpoint_thread_main(
         }
     }
     if let Err(p) = catch_unwind(AssertUnwindSafe(|| endpoint.shutdown())) {
-        tracing::error!(worker = %name, "endpoint shutdown panicked: {}", panic_message(p.as_ref()));
+        let message = panic_message(p.as_ref());
+        quietly(|| tracing::error!(worker = %name, "endpoint shutdown panicked: {message}"));
     }
+    quietly(|| drop(span));
+}
+
+/// Runs `log`, a logging call, ignoring a panic of the tracing layer it reaches.
+fn quietly(log: impl FnOnce()) {
+    let _ = catch_unwind(AssertUnwindSafe(log));
 }
 
 /// Step 2: runs one dispatched member and returns what the endpoint said.

@@ -666,8 +666,13 @@ pub(crate) fn scheduler_main(core: Arc<Core>) {
     }
 
     let _exit = ExitGuard(&core);
-    let _span = tracing::debug_span!("scheduler", level = core.level).entered();
-    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| scheduler_loop(&core))) {
+    // The span is entered and left inside the `catch_unwind` too: a tracing layer that panics
+    // there must not skip the loop's exit step (which cancels what is still queued).
+    let body = || {
+        let _span = tracing::debug_span!("scheduler", level = core.level).entered();
+        scheduler_loop(&core);
+    };
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(body)) {
         core.poison(&format!("scheduler thread panicked: {}", panic_message(payload.as_ref())));
     }
 }

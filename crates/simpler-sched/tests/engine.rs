@@ -538,6 +538,36 @@ fn close_with_open_user_scopes_warns_naming_the_run() {
     assert!(text.contains(&run.to_string()), "{text}");
 }
 
+/// A tracing layer that panics on every warning.
+struct PanicsOnWarn;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicsOnWarn {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            panic!("this layer refuses warnings");
+        }
+    }
+}
+
+#[test]
+fn a_tracing_layer_panicking_on_the_close_warning_leaves_the_run_closed() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let h = Harness::new();
+    let e = engine(&[0], 0, &h, false);
+    let subscriber = tracing_subscriber::registry().with(PanicsOnWarn);
+    let closed = tracing::subscriber::with_default(subscriber, || {
+        let mut b = e.begin_run().unwrap();
+        let id = b.id();
+        b.scope_begin().unwrap();
+        (id, std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.close())).is_err())
+    });
+    let (run, panicked) = closed;
+    assert!(panicked, "the layer panics on the warning");
+    assert!(wait(&e, run).is_completed(), "the run was closed before the warning");
+    let next = e.begin_run().expect("the engine admits the next run");
+    assert!(wait(&e, next.close()).is_completed());
+}
+
 #[test]
 fn begin_run_right_after_a_failed_or_dropped_runs_fence_never_sees_another_run_building() {
     // The fence of a failed (or dropped) builder's run fires only after the building mark is
