@@ -236,6 +236,13 @@ impl<'a> Completer<'a> {
         }
     }
 
+    /// Whether the live task `id` completed (the orchestration reads it: a live slot is not
+    /// reissued while it looks).
+    fn has_completed(&self, id: u64) -> bool {
+        // Acquire: pairs with the completer's release store.
+        self.rings[ring_of(id)].slot(id as u32).completed.load(Acquire) == 1
+    }
+
     /// Takes one reference of `id` unless it has none left (consumed); `false` then.
     fn acquire(&self, id: u64) -> bool {
         let refs = &self.rings[ring_of(id)].slot(id as u32).refs;
@@ -669,11 +676,16 @@ impl<'a> Engine<'a> {
         let mut count = 0usize;
         let mut overflow = false;
         {
-            let rings = &self.rings;
+            let (rings, shared) = (&self.rings, self.shared);
             let producers = &mut self.producers;
             for a in accesses {
-                let retired = |o| is_retired(rings, o);
-                self.map.lookup(&a.key, a.span, a.mode, retired, |o| {
+                // A blind write only orders after the accesses it finds (nothing flows from
+                // them into it), so one that already completed needs no edge; the buffer it
+                // writes, if a task's slab, is held through `keep`. Left out, thousands of
+                // finished readers held by an open scope do not count toward `MAX_FANIN`.
+                let blind = a.mode == AccessMode::Write;
+                let moot = |o| is_retired(rings, o) || (blind && shared.has_completed(o));
+                self.map.lookup(&a.key, a.span, a.mode, moot, |o| {
                     if producers[..count].contains(&o) {
                         return;
                     }
@@ -719,7 +731,10 @@ impl<'a> Engine<'a> {
             }
         }
         if overflow {
-            return Err(SubmitRefusal::Invalid("more distinct producers than one task may have"));
+            // The figure is `MAX_FANIN`.
+            return Err(SubmitRefusal::Invalid(
+                "more distinct producers than the 256 one task may wait on",
+            ));
         }
         let ring = &self.rings[r];
         if ring.dep_head - ring.dep_tail + count as u64 > u64::from(ring.sizes.dep_pool) {

@@ -315,6 +315,39 @@ fn a_size_too_large_to_round_up_is_refused_as_invalid_not_an_overflow() {
 }
 
 #[test]
+fn a_blind_write_after_more_finished_readers_than_a_task_may_have_producers_is_accepted() {
+    // 300 readers of slices of one buffer, all finished but held by the open outer scope, then
+    // one task overwriting the whole buffer: none of the readers needs an edge.
+    const READERS: u64 = MAX_FANIN as u64 + 44;
+    let mut arena = TrbArena::new(sizes(512, 64 << 10, 1024), 1024, 64);
+    let mut e = Engine::new(arena.storage(), false);
+    let mut done = |_| {};
+    let base = 0x10_0000u64;
+    let slice = |i: u64| Access {
+        key: base,
+        span: ByteSpan::new(base + 4 * i, base + 4 * i + 4).unwrap(),
+        mode: AccessMode::Read,
+    };
+    for i in 0..READERS {
+        e.submit(&[slice(i)], 0).unwrap();
+    }
+    drain(&mut e, &mut done);
+    let whole = Access {
+        key: base,
+        span: ByteSpan::new(base, base + 4 * READERS).unwrap(),
+        mode: AccessMode::Write,
+    };
+    let write = e.submit(&[whole], 0);
+    assert!(write.is_ok(), "{write:?}");
+    assert!(e.last_producers().is_empty(), "{:?}", e.last_producers());
+    // A reader still running is waited for.
+    e.submit(&[slice(0)], 0).unwrap();
+    let again = e.submit(&[whole], 0).unwrap();
+    assert_eq!(e.last_producers().len(), 2, "the running reader and the earlier write");
+    let _ = again;
+}
+
+#[test]
 fn a_task_with_more_producers_than_the_dep_pool_is_a_dep_pool_overflow() {
     let mut arena = TrbArena::new(sizes(16, 64 << 10, 4), 64, 16);
     let mut e = Engine::new(arena.storage(), false);
