@@ -345,6 +345,9 @@ pub(crate) enum StallKind {
     Scope,
     /// The heap cannot place a slab and the slabs in the way belong to an open scope.
     Heap,
+    /// The heap has room, but its table of slab records is full and its oldest records belong
+    /// to an open scope (a record per task slab and per buffer allocated for a task).
+    HeapRecords,
     /// The dependency pool cannot take a task's edges.
     DepPool,
     /// The tensor map holds only accesses of tasks that will not complete while the
@@ -371,6 +374,8 @@ pub(crate) struct RingStall {
     pub(crate) needed: u64,
     /// Tensor-map entries (capacity) for a tensor-map stall.
     pub(crate) map_capacity: u32,
+    /// Heap records of the ring (capacity), for a heap-record stall.
+    pub(crate) heap_records: u32,
 }
 
 impl RingStall {
@@ -378,7 +383,7 @@ impl RingStall {
     pub(crate) fn code(&self) -> RuntimeCode {
         match self.kind {
             StallKind::Scope => RuntimeCode::ScopeDeadlock,
-            StallKind::Heap => RuntimeCode::HeapRingDeadlock,
+            StallKind::Heap | StallKind::HeapRecords => RuntimeCode::HeapRingDeadlock,
             StallKind::DepPool => RuntimeCode::DepPoolOverflow,
             StallKind::Tensormap => RuntimeCode::TensormapOverflow,
         }
@@ -400,6 +405,12 @@ impl fmt::Display for RingStall {
                 f,
                 "scope needs {} more heap bytes with {} of {} held by the open scope",
                 self.needed, self.heap, s.heap_bytes
+            )?,
+            StallKind::HeapRecords => write!(
+                f,
+                "scope needs a heap record with all {} in use (one per task slab and per buffer \
+                 allocated for a task, twice the task window)",
+                self.heap_records
             )?,
             StallKind::DepPool => write!(
                 f,
@@ -758,7 +769,8 @@ impl<'a> Engine<'a> {
             None => None,
             Some(p) => match ring.heap.push_record(p, id) {
                 Some(g) => Some(g),
-                None => return Err(self.refuse(r, StallKind::Heap, aligned)),
+                // The placement fit: what is missing is a record.
+                None => return Err(self.refuse(r, StallKind::HeapRecords, 1)),
             },
         };
         let ring = &mut self.rings[r];
@@ -847,10 +859,11 @@ impl<'a> Engine<'a> {
         self.reclaim(r);
         let owner = DeviceTaskId::new(r as u8, self.rings[r].window.head()).0;
         let ring = &mut self.rings[r];
-        let Some(grant) =
-            ring.heap.try_place(aligned).and_then(|p| ring.heap.push_record(p, owner))
-        else {
+        let Some(placement) = ring.heap.try_place(aligned) else {
             return Err(self.refuse(r, StallKind::Heap, aligned));
+        };
+        let Some(grant) = ring.heap.push_record(placement, owner) else {
+            return Err(self.refuse(r, StallKind::HeapRecords, 1));
         };
         ring.pending = Some([ring.pending.map_or(grant.seq, |p| p[0]), grant.seq + 1]);
         Ok(Allocated { ring: r, offset: grant.offset, owner: DeviceTaskId(owner) })
@@ -923,6 +936,7 @@ impl<'a> Engine<'a> {
             deps: ring.dep_head - ring.dep_tail,
             needed,
             map_capacity: self.map.capacity(),
+            heap_records: u32::try_from(ring.heap.records().capacity()).unwrap_or(u32::MAX),
         };
         let can_free = match kind {
             // Map entries go when their owners are consumed; once nothing runs, none will be.

@@ -348,6 +348,24 @@ fn a_blind_write_after_more_finished_readers_than_a_task_may_have_producers_is_a
 }
 
 #[test]
+fn buffers_beyond_the_heap_records_are_a_heap_record_stall_not_a_full_heap() {
+    // Window 4: 8 heap records. Eight 1 KiB buffers for the next task fill them with 56 KiB of
+    // the 64 KiB heap still free.
+    let mut arena = TrbArena::new(sizes(4, 64 << 10, 16), 64, 16);
+    let mut e = Engine::new(arena.storage(), false);
+    e.scope_begin().unwrap();
+    for _ in 0..8 {
+        e.alloc(1024).unwrap();
+    }
+    let Err(SubmitRefusal::Stall(stall)) = e.alloc(1024) else {
+        panic!("a ninth buffer for one task must stall")
+    };
+    assert_eq!(stall.kind, StallKind::HeapRecords, "{stall}");
+    assert_eq!(stall.code(), RuntimeCode::HeapRingDeadlock);
+    assert!(stall.to_string().contains("needs a heap record with all 8 in use"), "{stall}");
+}
+
+#[test]
 fn a_task_with_more_producers_than_the_dep_pool_is_a_dep_pool_overflow() {
     let mut arena = TrbArena::new(sizes(16, 64 << 10, 4), 64, 16);
     let mut e = Engine::new(arena.storage(), false);
