@@ -79,9 +79,8 @@ pub(crate) struct Registry {
     pub(crate) handles: HashMap<u64, (CallableId, Registration)>,
     /// Closures and graphs by id, as the sub and child endpoints resolve them.
     pub(crate) runnable: HashMap<CallableId, Registration>,
-    /// Ids whose last handle was unregistered while runs were live, each with the acceptance
-    /// number of the newest run then.
-    pub(crate) pending_removal: Vec<(CallableId, u64)>,
+    /// Ids whose last handle was unregistered while runs were live.
+    pub(crate) pending_removal: Vec<CallableId>,
     pub(crate) next_seq: u64,
 }
 
@@ -100,14 +99,11 @@ impl Registry {
         self.handles.values().filter(|(i, _)| i == id).count()
     }
 
-    /// Drops the runnable entries whose deferred removal is `due` (given the acceptance number
-    /// it waits past); returns them so that their captures are dropped outside every lock.
-    pub(crate) fn flush_removals(&mut self, due: impl Fn(u64) -> bool) -> Vec<Registration> {
+    /// Drops runnable entries whose removal was deferred; returns them so that their captures
+    /// are dropped outside every lock.
+    pub(crate) fn flush_removals(&mut self) -> Vec<Registration> {
         let mut dropped = Vec::new();
-        let (now, later): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.pending_removal).into_iter().partition(|p| due(p.1));
-        self.pending_removal = later;
-        for (id, _) in now {
+        for id in std::mem::take(&mut self.pending_removal) {
             if self.handles_of(&id) == 0
                 && let Some(r) = self.runnable.remove(&id)
             {

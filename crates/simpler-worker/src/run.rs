@@ -60,8 +60,6 @@ pub(crate) enum Fence {
 /// The shared state of one accepted run.
 pub(crate) struct RunShared {
     pub(crate) run: RunId,
-    /// Its place in the worker's acceptance order (deferred unregistrations wait past it).
-    pub(crate) accept_seq: u64,
     pub(crate) inner: Arc<Inner>,
     pub(crate) fence: Fence,
     /// Who cleans the run up, and its result (`election`).
@@ -77,11 +75,8 @@ pub(crate) struct RunShared {
 
 impl RunShared {
     pub(crate) fn new(run: RunId, inner: Arc<Inner>, fence: Fence) -> Arc<RunShared> {
-        // Submits are admitted one at a time, so numbers follow the accepted set's order.
-        let accept_seq = inner.next_accept.fetch_add(1, Ordering::Relaxed);
         Arc::new(RunShared {
             run,
-            accept_seq,
             inner,
             fence,
             election: Election::new(),

@@ -20,7 +20,6 @@
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, mpsc};
 
 use parking_lot::{Mutex, RwLock};
@@ -75,18 +74,14 @@ pub(crate) struct Inner {
     pub(crate) subs: usize,
     /// Lifecycle, operation leases and the close attempt (`gate`).
     pub(crate) gate: CloseGate,
-    /// The runs accepted and not yet retired, in acceptance order.
     pub(crate) accepted: Mutex<VecDeque<Arc<RunShared>>>,
-    /// The acceptance number of the next run (`RunShared::accept_seq`).
-    pub(crate) next_accept: AtomicU64,
     pub(crate) admission: Mutex<()>,
     /// Serializes chip registrations.
     pub(crate) chip_registration: Mutex<()>,
     /// Failed runs published before anybody read them (`close` reports them; bounded).
     pub(crate) failed_runs: Mutex<UnobservedFailures>,
-    /// Chip callables whose last handle was unregistered while runs were live, each with the
-    /// acceptance number of the newest run then: released once no run up to it is accepted.
-    pub(crate) chip_pending: Mutex<Vec<(CallableId, Vec<WorkerId>, u64)>>,
+    /// Chip callables whose last handle was unregistered while runs were live.
+    pub(crate) chip_pending: Mutex<Vec<(CallableId, Vec<WorkerId>)>>,
     /// Device allocations made through the memory helpers, per chip: address → length. Read at
     /// submit to refuse a chip-memory tensor sent to a chip that does not own it.
     pub(crate) owned: Mutex<HashMap<WorkerId, BTreeMap<u64, u64>>>,
@@ -241,40 +236,29 @@ impl Inner {
         RunError::new(run, kind, vec![frame], Vec::new(), None)
     }
 
-    /// Removes `run` from the accepted set, then performs the deferred unregistrations no
-    /// accepted run can use any more: those made after every run still accepted. (Waiting for
-    /// the accepted set to empty instead would never release anything under a steady pipeline
-    /// of depth 2, where one run is always accepted.)
+    /// Removes `run` from the accepted set; when none is left, performs deferred
+    /// unregistrations.
     pub(crate) fn retire(&self, run: &Arc<RunShared>) {
-        let oldest = {
+        let empty = {
             let mut acc = self.accepted.lock();
             acc.retain(|r| !Arc::ptr_eq(r, run));
-            acc.front().map(|r| r.accept_seq)
+            acc.is_empty()
         };
-        let owed = !self.registry.read().pending_removal.is_empty()
-            || !self.chip_pending.lock().is_empty();
-        if owed {
-            // Due: unregistered when the newest accepted run was older than every run still
-            // accepted.
-            self.flush_removals(|newest_then| oldest.is_none_or(|o| o > newest_then));
+        if empty {
+            self.flush_removals();
         }
     }
 
-    fn flush_removals(&self, due: impl Fn(u64) -> bool) {
-        let dropped = self.registry.write().flush_removals(&due);
+    fn flush_removals(&self) {
+        let dropped = self.registry.write().flush_removals();
         // Outside the registry lock, and after the enclosing admission or close (module docs
         // of `deferred_drop`).
         deferred_drop::drop_logged(
             None,
             dropped.into_iter().map(|r| Box::new(r) as Box<dyn Any + Send>).collect(),
         );
-        let pending: Vec<(CallableId, Vec<WorkerId>, u64)> = {
-            let mut all = self.chip_pending.lock();
-            let (now, later) = std::mem::take(&mut *all).into_iter().partition(|p| due(p.2));
-            *all = later;
-            now
-        };
-        for (id, chips, _) in pending {
+        let pending = std::mem::take(&mut *self.chip_pending.lock());
+        for (id, chips) in pending {
             for chip in chips {
                 match self.on_chip(chip, move |s| s.release(&id)) {
                     Ok(Ok(())) => {}
@@ -492,8 +476,7 @@ impl Worker {
         // preparation, rollback), never with submits, so a callback may register.
         let _serial = self.inner.chip_registration.lock();
         let id = c.id();
-        if let Some((_, pending, _)) =
-            self.inner.chip_pending.lock().iter().find(|(i, _, _)| *i == id)
+        if let Some((_, pending)) = self.inner.chip_pending.lock().iter().find(|(i, _)| *i == id)
             && let Some(chip) = pending.iter().find(|p| chips.contains(p))
         {
             return Err(WorkerError::RemovalPending { callable: name, chip: *chip });
@@ -584,15 +567,15 @@ impl Worker {
                 self.inner.off_lane("unregister", chip)?;
             }
         }
-        let newest = self.inner.accepted.lock().back().map(|r| r.accept_seq);
+        let live = !self.inner.accepted.lock().is_empty();
         let Some((id, r)) = reg.handles.remove(&handle.seq) else {
             return Err(WorkerError::UnknownCallable { handle });
         };
         let last = reg.handles_of(&id) == 0;
         let mut dropped = None;
         if last && !matches!(r.entry, Entry::Chip(_)) {
-            if let Some(newest) = newest {
-                reg.pending_removal.push((id, newest));
+            if live {
+                reg.pending_removal.push(id);
             } else {
                 dropped = reg.runnable.remove(&id);
             }
@@ -611,10 +594,10 @@ impl Worker {
                 return Ok(());
             }
         };
-        if let Some(newest) = newest {
+        if live {
             // Queued under the registry lock so that the flush of the retiring last run, which
             // takes that lock first, cannot miss it.
-            self.inner.chip_pending.lock().push((id, chips, newest));
+            self.inner.chip_pending.lock().push((id, chips));
             return Ok(());
         }
         drop(reg);
@@ -883,7 +866,6 @@ pub(crate) fn new_inner(
         subs,
         gate: CloseGate::new(),
         accepted: Mutex::new(VecDeque::new()),
-        next_accept: AtomicU64::new(0),
         admission: Mutex::new(()),
         chip_registration: Mutex::new(()),
         failed_runs: Mutex::new(UnobservedFailures::default()),

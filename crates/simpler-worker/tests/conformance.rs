@@ -1028,34 +1028,6 @@ fn l2_prepare_failure_comes_back_from_submit_and_the_next_run_succeeds() {
     w.run(Orchestration::chip(add, args)).expect("next run");
 }
 
-#[test]
-fn a_chip_callable_unregistered_under_a_steady_depth_2_pipeline_is_released() {
-    // A serving loop at depth 2 submits run N+1 before it waits for run N, so one run is always
-    // accepted: the release of an unregistered callable must not wait for an empty set.
-    let mut b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph)
-        .chip_options(|o| o.with_pipeline_slots(2));
-    let add = b.register_chip(add_callable(0));
-    let w = b.start().expect("start");
-    assert_eq!(w.pipeline_depth(), 2);
-    let retired = add_callable(1);
-    let h = w.register_chip(&retired).expect("register");
-    let mem = w.memory().unwrap();
-    let mut args = TaskArgs::new();
-    for _ in 0..3 {
-        args.add_inout(mem.malloc(64).unwrap().tensor(&[16], DataType::Float32).unwrap()).unwrap();
-    }
-    let mut previous = w.submit(Orchestration::chip(add, args.clone())).expect("submit");
-    w.unregister(h).expect("unregister while a run is live");
-    for _ in 0..3 {
-        let next = w.submit(Orchestration::chip(add, args.clone())).expect("submit");
-        previous.wait().expect("run");
-        previous = next;
-    }
-    assert_eq!(w.chip_callable_refs(WorkerId(0), retired.id()).expect("refs"), 0);
-    w.register_chip(&retired).expect("registrable again while the pipeline runs");
-    previous.wait().expect("last run");
-}
-
 /// The error an L3 orchestration returns in `a_childs_build_failure_reaches_the_parent_typed`.
 #[derive(Debug)]
 struct ShardMissing(u32);
