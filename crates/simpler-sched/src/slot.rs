@@ -274,7 +274,7 @@ impl Payload {
     pub(crate) fn journal(&mut self, key: TensorKey, access: Access) {
         match access {
             Access::Read => self.read_keys.push(key),
-            Access::Overwrite | Access::Update => self.map_keys.push(key),
+            Access::Overwrite | Access::Scatter | Access::Update => self.map_keys.push(key),
         }
     }
 

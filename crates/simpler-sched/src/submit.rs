@@ -282,9 +282,10 @@ impl RunBuilder<'_> {
                 // (docs/tensormap.md).
                 let mut map = core.tensor_map.lock();
                 let accesses = || {
-                    let tags = args.iter().flat_map(|a| a.tags());
-                    tags.zip(&orch.footprints)
-                        .filter_map(|(&tag, fp)| Some((Access::of(tag)?, (*fp)?)))
+                    let tagged = args.iter().flat_map(|a| a.tensors().iter().zip(a.tags()));
+                    tagged
+                        .zip(&orch.footprints)
+                        .filter_map(|((t, &tag), fp)| Some((Access::of_view(tag, t)?, (*fp)?)))
                 };
                 let mut tracked = accesses();
                 match (tracked.next(), tracked.next()) {

@@ -612,3 +612,28 @@ fn a_finished_reader_no_longer_holds_back_a_later_write() {
     let run = b.close();
     assert!(wait(e, run).is_completed());
 }
+
+#[test]
+fn a_read_after_a_strided_write_still_waits_for_the_writer_of_the_bytes_in_its_gaps() {
+    // A 4×8 f32 matrix: row 0 is written densely, then the even columns through a strided view
+    // whose bounding range covers row 0; a read of row 0 needs both writers (the odd columns of
+    // row 0 are only the first one's).
+    let r = rig(&[0, 1, 3], 0);
+    let (h, e) = (&r.h, &r.e);
+    let m = simpler_types::Tensor::external(A, &[4, 8], DataType::Float32).unwrap();
+    let row = m.view(&[1, 8], &[0, 0]).unwrap();
+    let even = m.slice(1, 0, 8, 2).unwrap();
+    let mut b = e.begin_run().unwrap();
+    let first = b.submit_next_level(&chip(1), args(&[(row, Output)]), &cfg(), w(0), None).unwrap();
+    let second =
+        b.submit_next_level(&chip(1), args(&[(even, Output)]), &cfg(), w(1), None).unwrap();
+    let read = b.submit_next_level(&chip(1), args(&[(row, Input)]), &cfg(), w(3), None).unwrap();
+    let mut producers = snap(e, read).producers;
+    producers.sort();
+    assert_eq!(producers, vec![first, second]);
+    for t in [first, second, read] {
+        h.release(t, Action::Succeed);
+    }
+    let run = b.close();
+    assert!(wait(e, run).is_completed());
+}

@@ -1,6 +1,6 @@
 //! `Access`: what one tensor argument does to its bytes, as the map sees it.
 
-use simpler_types::TensorArgType;
+use simpler_types::{Tensor, TensorArgType};
 
 /// How a task touches a footprint: which earlier entries it must order after
 /// ([`TensorMap::dependencies`](crate::TensorMap::dependencies)) and which entry it leaves
@@ -10,6 +10,7 @@ use simpler_types::TensorArgType;
 /// |---|---|---|
 /// | `Read` | the writers of overlapping bytes | a reader entry beside the others |
 /// | `Overwrite` | the readers of overlapping bytes | a writer entry, superseding what it covers |
+/// | `Scatter` | as `Overwrite` | a writer entry, superseding only the readers it covers |
 /// | `Update` | the writers and the readers of overlapping bytes | a writer entry that also counts as a reader |
 ///
 /// "Readers" here are reader entries, in-place writers, and writers that superseded either: a
@@ -22,6 +23,11 @@ pub enum Access {
     /// Writes the bytes without reading them (`Output`, `OutputExisting`): no edge to the
     /// previous writer.
     Overwrite,
+    /// Writes some of its footprint's bytes without reading them: an `Output` whose view has
+    /// gaps (not contiguous), whose footprint is its bounding range. Ordered as `Overwrite`;
+    /// its entry takes the place of the readers it covers (it ordered after them) but not of
+    /// earlier writers, whose bytes in its gaps later readers must still wait for.
+    Scatter,
     /// Reads and writes the bytes in place (`InOut`).
     Update,
 }
@@ -37,14 +43,28 @@ impl Access {
         }
     }
 
+    /// The access of `tag` on the view `t`: as [`of`](Self::of), with an overwrite of a view
+    /// that has gaps made a [`Scatter`](Self::Scatter).
+    pub fn of_view(tag: TensorArgType, t: &Tensor) -> Option<Access> {
+        match Access::of(tag)? {
+            Access::Overwrite if !t.contiguous() => Some(Access::Scatter),
+            access => Some(access),
+        }
+    }
+
     /// Whether the access orders after earlier writers: `Read` and `Update`.
     pub const fn after_writers(self) -> bool {
         matches!(self, Access::Read | Access::Update)
     }
 
-    /// Whether the access orders after earlier readers: `Overwrite` and `Update`.
+    /// Whether the access orders after earlier readers: `Overwrite`, `Scatter` and `Update`.
     pub const fn after_readers(self) -> bool {
-        matches!(self, Access::Overwrite | Access::Update)
+        matches!(self, Access::Overwrite | Access::Scatter | Access::Update)
+    }
+
+    /// Whether the access writes without reading: `Overwrite` and `Scatter`.
+    pub const fn is_blind_write(self) -> bool {
+        matches!(self, Access::Overwrite | Access::Scatter)
     }
 }
 
@@ -65,5 +85,19 @@ mod tests {
         for (tag, access) in table {
             assert_eq!(Access::of(tag), access, "{tag}");
         }
+    }
+
+    #[test]
+    fn only_a_blind_write_of_a_view_with_gaps_is_a_scatter() {
+        use TensorArgType::*;
+        let m = Tensor::external(0x1000, &[4, 8], simpler_types::DataType::Float32).unwrap();
+        let row = m.view(&[1, 8], &[0, 0]).unwrap();
+        let even_columns = m.slice(1, 0, 8, 2).unwrap();
+        assert_eq!(Access::of_view(Output, &row), Some(Access::Overwrite));
+        assert_eq!(Access::of_view(Output, &even_columns), Some(Access::Scatter));
+        assert_eq!(Access::of_view(OutputExisting, &even_columns), Some(Access::Scatter));
+        assert_eq!(Access::of_view(Input, &even_columns), Some(Access::Read));
+        assert_eq!(Access::of_view(InOut, &even_columns), Some(Access::Update));
+        assert_eq!(Access::of_view(NoDep, &even_columns), None);
     }
 }

@@ -45,12 +45,12 @@ pub(crate) struct KeyEntries {
 
 impl KeyEntries {
     fn new(span: ByteSpan, access: Access, slot: SlotId) -> KeyEntries {
-        let entry = Entry { span, slot, orders_writes: access != Access::Overwrite };
+        let entry = Entry { span, slot, orders_writes: !access.is_blind_write() };
         match access {
             Access::Read => {
                 KeyEntries { writers: FootprintList::default(), readers: FootprintList::new(entry) }
             }
-            Access::Overwrite | Access::Update => {
+            Access::Overwrite | Access::Scatter | Access::Update => {
                 KeyEntries { writers: FootprintList::new(entry), readers: FootprintList::default() }
             }
         }
@@ -72,13 +72,18 @@ impl KeyEntries {
     /// side). A write supersedes the readers and writers its span covers, and its entry orders
     /// later writes when it reads (`Update`) or superseded an entry that did.
     fn record(&mut self, span: ByteSpan, access: Access, slot: SlotId) -> usize {
-        let mut entry = Entry { span, slot, orders_writes: access != Access::Overwrite };
+        let mut entry = Entry { span, slot, orders_writes: !access.is_blind_write() };
         if access == Access::Read {
             self.readers.add(entry);
             return 0;
         }
         let readers = self.readers.supersede(span);
         entry.orders_writes |= readers.orders_writes;
+        if access == Access::Scatter {
+            // Its gaps may hold bytes only an earlier writer wrote: that writer stays.
+            self.writers.add(entry);
+            return readers.count;
+        }
         readers.count + self.writers.insert(entry).count
     }
 
@@ -97,7 +102,7 @@ impl KeyEntries {
                 self.writers.visit_overlapping(span, |_| true, scratch, &mut visit);
                 self.readers.visit_overlapping(span, |_| true, scratch, visit);
             }
-            Access::Overwrite => {
+            Access::Overwrite | Access::Scatter => {
                 self.writers.visit_overlapping(span, |e| e.orders_writes, scratch, &mut visit);
                 self.readers.visit_overlapping(span, |_| true, scratch, visit);
             }

@@ -152,7 +152,7 @@ fn set(items: &[u32]) -> BTreeSet<u32> {
     items.iter().copied().collect()
 }
 
-use Access::{Overwrite, Read, Update};
+use Access::{Overwrite, Read, Scatter, Update};
 
 /// The original's issue #1306: `W0: InOut buf, R0: Input buf, W1: InOut buf`. `W1` must not
 /// overwrite `buf` while `R0` still reads it.
@@ -198,6 +198,19 @@ pub fn partial_overlaps_order_and_keep_the_reader<M: DependencyMap>(mut map: M) 
     assert_eq!(submit(&mut map, 1, &[(k, span(0x140, 0x180), Overwrite)]), set(&[]), "disjoint");
     assert_eq!(submit(&mut map, 2, &[(k, span(0x100, 0x120), Overwrite)]), set(&[0]));
     assert_eq!(submit(&mut map, 3, &[(k, span(0x120, 0x140), Overwrite)]), set(&[0]));
+}
+
+/// A blind write of a view with gaps (`Scatter`: its footprint is the bounding range) orders
+/// like any blind write, but the writers of bytes in its gaps keep their entries: a later read
+/// of those bytes still waits for them. A dense overwrite then takes the place of both.
+pub fn a_scatter_write_keeps_the_writers_in_its_gaps<M: DependencyMap>(mut map: M) {
+    let k = buf(0x100);
+    submit(&mut map, 0, &[(k, span(0x100, 0x120), Overwrite)]);
+    submit(&mut map, 1, &[(k, span(0x110, 0x130), Read)]);
+    assert_eq!(submit(&mut map, 2, &[(k, span(0x100, 0x17c), Scatter)]), set(&[1]), "readers only");
+    assert_eq!(submit(&mut map, 3, &[(k, span(0x100, 0x120), Read)]), set(&[0, 2]), "0 stays");
+    assert_eq!(submit(&mut map, 4, &[(k, span(0x100, 0x17c), Overwrite)]), set(&[2, 3]));
+    assert_eq!(submit(&mut map, 5, &[(k, span(0x100, 0x120), Read)]), set(&[4]));
 }
 
 /// A retired reader is forgotten: the next write takes no edge to it.
@@ -465,6 +478,10 @@ macro_rules! dependency_rules {
             #[test]
             fn partial_overlaps_order_and_keep_the_reader() {
                 super::partial_overlaps_order_and_keep_the_reader($make);
+            }
+            #[test]
+            fn a_scatter_write_keeps_the_writers_in_its_gaps() {
+                super::a_scatter_write_keeps_the_writers_in_its_gaps($make);
             }
             #[test]
             fn a_retired_reader_is_erased_owner_checked() {

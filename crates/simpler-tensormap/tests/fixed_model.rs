@@ -191,6 +191,7 @@ fn host_access(mode: AccessMode) -> simpler_tensormap::Access {
     match mode {
         AccessMode::Read => simpler_tensormap::Access::Read,
         AccessMode::Write => simpler_tensormap::Access::Overwrite,
+        AccessMode::ScatterWrite => simpler_tensormap::Access::Scatter,
         AccessMode::ReadWrite => simpler_tensormap::Access::Update,
     }
 }

@@ -19,6 +19,10 @@
 //! does wait for the readers. A blind write that replaces readers stands in for them, so a
 //! second blind write of the same bytes orders after it. Nothing needs to be opted into.
 //!
+//! Dependencies are tracked by each view's bounding byte range. A blind write of a view with
+//! gaps (strided or permuted) does not replace the earlier writers in its range: a later read of
+//! bytes in its gaps still waits for whoever wrote them.
+//!
 //! The runtime never allocates an output buffer on the caller's behalf: a write-tagged tensor
 //! with address 0 is rejected at submit by the engine.
 

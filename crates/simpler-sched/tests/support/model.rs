@@ -9,7 +9,8 @@
 //! - `Input` adds a reader entry beside the others; `Output`, `OutputExisting` and `InOut` drop
 //!   the writer and reader entries lying entirely inside their own footprint and add a writer
 //!   entry, which orders later writes when the writer is `InOut` or dropped an entry that did
-//!   (so two blind writers of one span with no read between them have no edge);
+//!   (so two blind writers of one span with no read between them have no edge); a blind writer
+//!   of a view with gaps (not contiguous) drops the reader entries only;
 //! - `NoDep` and null tensors do neither; a task never depends on itself;
 //! - all lookups of a task (every member, every tensor) come before any of its records, as the
 //!   engine decided (`submit.rs`, step 3): a member's read then sees the buffer's earlier writers
@@ -85,8 +86,11 @@ impl MapModel {
             tag == TensorArgType::InOut || readers.iter().any(|(e, _)| e.inside(&fp));
         readers.retain(|(e, _)| !e.inside(&fp));
         let writers = self.writers.entry(fp.key).or_default();
-        orders_writes |= writers.iter().any(|&(e, _, o)| o && e.inside(&fp));
-        writers.retain(|(e, ..)| !e.inside(&fp));
+        // A blind write of a view with gaps replaces no writer: the bytes in its gaps are theirs.
+        if fp.dense || tag.reads() {
+            orders_writes |= writers.iter().any(|&(e, _, o)| o && e.inside(&fp));
+            writers.retain(|(e, ..)| !e.inside(&fp));
+        }
         writers.push((fp, seq, orders_writes));
     }
 }
@@ -357,7 +361,7 @@ impl RunModel {
         self.allocs.insert(seq);
         let buffer = Buffer { base: addr, shape: Shape::Flat(bytes) };
         self.alloc_buffers.push(buffer);
-        let slab = Footprint { key: addr, lo: addr, hi: addr + u64::from(bytes) };
+        let slab = Footprint { key: addr, lo: addr, hi: addr + u64::from(bytes), dense: true };
         self.map.record(slab, TensorArgType::OutputExisting, seq);
     }
 }

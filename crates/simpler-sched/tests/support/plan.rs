@@ -267,6 +267,9 @@ pub struct Footprint {
     pub lo: u64,
     /// One past the last byte.
     pub hi: u64,
+    /// Whether the view writes every byte of `[lo, hi)` when written (contiguous): a blind
+    /// write of a view with gaps replaces no earlier writer.
+    pub dense: bool,
 }
 
 impl Footprint {
@@ -288,6 +291,12 @@ fn reduce(v: u8, n: u32) -> u32 {
 
 /// Builds the tensor a plan describes over `buffer` and its footprint (`None` when null).
 pub fn resolve(view: ViewPlan, buffer: Buffer) -> (Tensor, Option<Footprint>) {
+    let (t, fp) = resolve_bounds(view, buffer);
+    (t, fp.map(|f| Footprint { dense: t.contiguous(), ..f }))
+}
+
+/// [`resolve`] with the footprint's bounds only.
+fn resolve_bounds(view: ViewPlan, buffer: Buffer) -> (Tensor, Option<Footprint>) {
     let (outer, inner) = match buffer.shape {
         Shape::Flat(n) => (n, 1),
         Shape::Grid { rows, cols } => (rows, cols),
@@ -302,8 +311,9 @@ pub fn resolve(view: ViewPlan, buffer: Buffer) -> (Tensor, Option<Footprint>) {
     }
     let b = buffer.base;
     let grid = matches!(buffer.shape, Shape::Grid { .. });
-    let fp =
-        |lo: u32, hi: u32| Some(Footprint { key: b, lo: b + u64::from(lo), hi: b + u64::from(hi) });
+    let fp = |lo: u32, hi: u32| {
+        Some(Footprint { key: b, lo: b + u64::from(lo), hi: b + u64::from(hi), dense: true })
+    };
     // A window of a flat buffer is a range of it.
     let view = match (view, grid) {
         (ViewPlan::Window { row, rows, .. }, false) => ViewPlan::Range { start: row, len: rows },

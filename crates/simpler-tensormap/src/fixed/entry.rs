@@ -22,6 +22,11 @@ pub enum AccessMode {
     /// Reads and then writes the bytes: depends on their writers and their live readers, and is
     /// recorded as their writer.
     ReadWrite,
+    /// Overwrites some of the footprint's bytes (a view with gaps, whose footprint is its
+    /// bounding range): depends on what [`Write`](Self::Write) depends on; recorded as a writer
+    /// that takes the place only of the entries it found (earlier blind writers stay, as their
+    /// bytes in its gaps are still theirs).
+    ScatterWrite,
 }
 
 impl AccessMode {
@@ -32,14 +37,14 @@ impl AccessMode {
 
     /// `true` when a lookup for this access visits reader entries.
     pub const fn finds_readers(self) -> bool {
-        matches!(self, AccessMode::Write | AccessMode::ReadWrite)
+        matches!(self, AccessMode::Write | AccessMode::ScatterWrite | AccessMode::ReadWrite)
     }
 
     /// The kind of entry an insert for this access adds.
     pub const fn records_as(self) -> Role {
         match self {
             AccessMode::Read => Role::Reader,
-            AccessMode::Write | AccessMode::ReadWrite => Role::Writer,
+            AccessMode::Write | AccessMode::ScatterWrite | AccessMode::ReadWrite => Role::Writer,
         }
     }
 
@@ -70,6 +75,7 @@ impl From<Access> for AccessMode {
         match access {
             Access::Read => AccessMode::Read,
             Access::Overwrite => AccessMode::Write,
+            Access::Scatter => AccessMode::ScatterWrite,
             Access::Update => AccessMode::ReadWrite,
         }
     }

@@ -241,7 +241,12 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
             if is_retired(entry.owner) {
                 return true;
             }
-            let covered = role == Role::Writer && entry.key == key && span.contains(entry.span());
+            // A scatter write leaves the writers it did not order after (their bytes in its
+            // gaps are still theirs).
+            let covered = role == Role::Writer
+                && entry.key == key
+                && span.contains(entry.span())
+                && (mode != AccessMode::ScatterWrite || mode.finds_entry(entry));
             superseded += u32::from(covered);
             orders_writes |= covered && entry.orders_writes();
             covered

@@ -317,7 +317,7 @@ impl<'e> GraphBuilder<'e> {
                 }
                 continue;
             }
-            if let Some(access) = Access::of(tag) {
+            if let Some(access) = Access::of_view(tag, t) {
                 let key = TensorKey::Host { addr: t.addr };
                 let mut found: Vec<u32> = Vec::new();
                 self.map.dependencies(self.run_id, &key, span, access, |slot| {
@@ -353,7 +353,7 @@ impl<'e> GraphBuilder<'e> {
             let Some(span) = span_of(t) else { continue };
             let key = TensorKey::Host { addr: t.addr };
             self.touched.insert(self.run_id, key, span, slot_of(idx));
-            if let (Some(access), false) = (Access::of(tag), t.is_manual_dep()) {
+            if let (Some(access), false) = (Access::of_view(tag, t), t.is_manual_dep()) {
                 self.map.record(self.run_id, key, span, access, slot_of(idx));
                 if tag.writes() {
                     writes.push((t.addr, span));

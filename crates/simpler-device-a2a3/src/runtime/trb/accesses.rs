@@ -39,7 +39,7 @@ impl Accesses {
         let empty = Access { key: 0, span: ByteSpan { start: 0, end: 0 }, mode: AccessMode::Read };
         let mut out = Accesses { items: [empty; MAX_ACCESSES], len: 0 };
         let tracked = tensors.iter().zip(tags).filter_map(|(t, &tag)| {
-            let access = MapAccess::of(tag).filter(|_| !t.is_manual_dep())?;
+            let access = MapAccess::of_view(tag, t).filter(|_| !t.is_manual_dep())?;
             let span = ByteSpan::of_tensor(t)?;
             Some(Access { key: t.addr, span, mode: access.into() })
         });

@@ -694,7 +694,7 @@ impl<'a> Engine<'a> {
                 // them into it), so one that already completed needs no edge; the buffer it
                 // writes, if a task's slab, is held through `keep`. Left out, thousands of
                 // finished readers held by an open scope do not count toward `MAX_FANIN`.
-                let blind = a.mode == AccessMode::Write;
+                let blind = matches!(a.mode, AccessMode::Write | AccessMode::ScatterWrite);
                 let moot = |o| is_retired(rings, o) || (blind && shared.has_completed(o));
                 self.map.lookup(&a.key, a.span, a.mode, moot, |o| {
                     if producers[..count].contains(&o) {
