@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 
 use super::*;
+use crate::abi::codes::RuntimeCode;
 use crate::runtime::trb::storage::TrbArena;
 
 thread_local! {
