@@ -630,6 +630,27 @@ fn a_stream_sync_that_runs_out_at_the_callers_deadline_leaves_the_device_healthy
     assert_eq!(b.live(), [0; 5]);
 }
 
+#[test]
+fn finalize_with_a_launched_run_force_resets_the_device() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    let p = r.prepare(&RunRequest::new(run_id(9), slot, &v.args, &CallConfig::default())).unwrap();
+    let a = r.launch_run(p).unwrap();
+    // Reaped in a slice that ran out: the run may still execute when the caller gives up.
+    // Faults count calls since the install was made, so the log is counted from there.
+    let nth = count(&b.log(), "aclrtSynchronizeStreamWithTimeout") as u64 + 1;
+    b.install.fail_call("aclrtSynchronizeStreamWithTimeout", nth, 507_046).unwrap();
+    assert!(!r.reap_run(&a, Some(Duration::from_millis(1))).unwrap());
+    drop(a);
+    drop(v);
+    r.finalize().unwrap();
+    let log = b.log();
+    assert_eq!(count(&log, "aclrtResetDeviceForce"), 1, "{:?}", names(&log));
+    assert_eq!(b.live(), [0; 5]);
+}
+
 /// The device takes `DELAY_MS` of the stream-sync budget to finish the AICPU stream's work
 /// and never finishes the AICore stream's.
 const DELAY_MS: i64 = STREAM_SYNC_MS * 2 / 3;

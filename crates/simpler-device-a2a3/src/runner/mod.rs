@@ -936,6 +936,9 @@ impl Core {
                 device = self.opts.device_id,
                 "finalize with a launched run: orchestration objects stay loaded"
             );
+            // The device may still be executing it: a recovery drain (here one that gives up at
+            // once) marks the device for the force reset a plain reset would not do.
+            let _ = self.backend.drain(Duration::from_millis(1), self.timeouts.op_execute);
         } else {
             self.unload_orchestrations();
         }
