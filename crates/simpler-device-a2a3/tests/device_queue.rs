@@ -295,6 +295,33 @@ fn a_run_launched_before_a_launch_that_unwound_reaps_as_itself() {
 }
 
 #[test]
+fn runs_of_one_engine_run_queued_behind_its_failing_run_are_abandoned_not_taken_for_it() {
+    // Runs 1 and 2 are two tasks of one engine run: the same run id, told apart by origin.
+    let mut r = DeviceRunner::attach(queue_options()).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let runs: Vec<_> = (0..3).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let cfg = CallConfig::default();
+    let task = |seq| simpler_types::TaskId::new(run_id(5), seq);
+    let request = |i: usize| RunRequest::new(run_id(5), slot, &runs[i].args, &cfg);
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD * 4);
+    let p0 = r.prepare(&request(0).with_origin(task(0))).unwrap();
+    let a0 = r.launch_run(p0).unwrap();
+    let p2 = r.prepare(&request(2).with_origin(task(2))).unwrap();
+    // Task 1's launch unwinds once its AICore kernel is enqueued behind task 0's run.
+    r.sim_faults().unwrap().panic_after_launch(KernelKind::AiCore, 1);
+    let p1 = r.prepare(&request(1).with_origin(task(1))).unwrap();
+    assert!(catch_unwind(AssertUnwindSafe(|| r.launch_run(p1))).is_err());
+    // Task 2's run, launched after the failing one, is abandoned behind it.
+    let err = r.launch_run(p2).unwrap_err();
+    assert!(matches!(err, DeviceError::Abandoned { after, .. } if after == run_id(5)), "{err}");
+    // Task 0's run, ahead of the failure, still reaps as itself.
+    assert!(r.reap_run(&a0, None).unwrap_or_else(|e| panic!("task 0 ran ahead: {e}")));
+    r.complete_run(a0).unwrap();
+    drop(runs);
+    r.finalize().unwrap();
+}
+
+#[test]
 fn a_fault_report_names_the_core_type_of_the_launch_that_ran_not_of_the_one_queued_behind_it() {
     use simpler_device_a2a3::abi::CoreType;
     let mut r = DeviceRunner::attach(queue_options()).unwrap();

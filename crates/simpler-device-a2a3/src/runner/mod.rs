@@ -611,7 +611,10 @@ impl Core {
             let (run_id, device_id) = (lease.run_id, self.opts.device_id);
             drop(lease);
             self.reclaim_dropped();
-            return Err(if cause.run_id == run_id {
+            // A run being launched is never the launched run that failed; only a culprit that
+            // never launched (a failed preparation) may be this run, known by its id alone.
+            let own = self.poisoned_at.is_none() && cause.run_id == run_id;
+            return Err(if own {
                 DeviceError::Unusable { device_id, cause }
             } else {
                 DeviceError::Abandoned { run_id, after: cause.run_id, device_id, cause }

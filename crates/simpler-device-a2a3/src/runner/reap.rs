@@ -252,15 +252,15 @@ impl Core {
     /// The cause that made the device unusable, when the failure of a run launched before
     /// `run` did (or of one with no place in the launch order).
     fn abandoned_cause(&self, run: &RunState) -> Option<PoisonCause> {
-        match self.health.get() {
-            DeviceHealth::Unusable { cause }
-                if cause.run_id != run.run_id
-                    && self.poisoned_at.is_none_or(|at| run.launch_seq > at) =>
-            {
-                Some(cause)
-            }
-            _ => None,
-        }
+        let DeviceHealth::Unusable { cause } = self.health.get() else { return None };
+        // By launch position when the failing run was launched: runs of one engine run share a
+        // run id (they differ by origin), so the id alone cannot tell the culprit from the runs
+        // queued behind it.
+        let behind = match self.poisoned_at {
+            Some(at) => run.launch_seq > at,
+            None => cause.run_id != run.run_id,
+        };
+        behind.then_some(cause)
     }
 
     /// The earlier run whose failure a queued run's failed `begin` event stands behind, with
