@@ -452,7 +452,11 @@ impl<'e> GraphBuilder<'e> {
                     t.dtype
                 ));
             };
-            let aligned = bytes.max(1).div_ceil(HEAP_ALIGN) * HEAP_ALIGN;
+            let Some(aligned) = bytes.max(1).div_ceil(HEAP_ALIGN).checked_mul(HEAP_ALIGN) else {
+                return self.invalid(format!(
+                    "alloc_tensors: descriptor {i} needs {bytes} bytes, more than any heap holds"
+                ));
+            };
             let offset = self.heap_needed;
             self.heap_needed = self.heap_needed.saturating_add(aligned);
             if self.heap_needed > self.limits.heap_bytes {
@@ -843,6 +847,17 @@ mod tests {
 
     fn builder(env: &mut FakeEnv) -> GraphBuilder<'_> {
         GraphBuilder::new(RunId::FIRST, limits(), env, &[buf(0, 1024)])
+    }
+
+    #[test]
+    fn a_buffer_too_large_to_round_up_to_the_heap_alignment_is_invalid() {
+        let mut env = FakeEnv;
+        let mut b = builder(&mut env);
+        // 2 147 483 647 × 2 147 483 649 f32: 2^64 − 4 bytes, a valid shape.
+        let mut t =
+            [Tensor::external(0, &[2_147_483_647, 2_147_483_649], DataType::Float32).unwrap()];
+        assert_eq!(b.alloc(&mut t), ORCH_INVALID);
+        assert!(message(b.finish().unwrap_err()).contains("more than any heap holds"));
     }
 
     #[test]
