@@ -37,6 +37,7 @@ mod aicore;
 mod cxx_core;
 mod faults;
 mod loader;
+mod mailbox;
 mod memory;
 mod orchestration;
 mod program;
@@ -58,6 +59,7 @@ use self::loader::SharedObject;
 pub(crate) use self::wait::{EventCount, SpinGate, SpinPolicy};
 
 use self::aicore::CoreHost;
+use self::mailbox::{Mail, Mailbox};
 use self::memory::SimMemory;
 use self::regs::RegBlock;
 use self::stream::{
@@ -84,24 +86,6 @@ use self::stream::LaunchEntry as SimLaunch;
 pub(crate) const AICPU_STREAM: usize = 0;
 /// Stream index of the AICore stream.
 pub(crate) const AICORE_STREAM: usize = 1;
-
-/// A thread's mailbox: at most one job, or the quit request.
-#[derive(Debug, Default)]
-struct Mailbox {
-    state: Mutex<Mail>,
-    cv: Condvar,
-}
-
-#[derive(Debug, Default)]
-enum Mail {
-    #[default]
-    Empty,
-    Job {
-        stream: usize,
-        entry: Arc<LaunchEntry>,
-    },
-    Quit,
-}
 
 /// Role of a simulated thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,9 +234,7 @@ impl SimShared {
     }
 
     fn post(&self, role: Role, index: u32, mail: Mail) {
-        let mb = self.mailbox(role, index);
-        *mb.state.lock() = mail;
-        mb.cv.notify_one();
+        self.mailbox(role, index).put(mail);
     }
 
     /// Parks on the mailbox until it holds a job or quit; `None` = quit.

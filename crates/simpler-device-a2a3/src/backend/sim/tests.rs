@@ -44,3 +44,14 @@ fn a_retried_aicpu_start_after_a_partial_spawn_failure_starts_only_the_missing_t
     assert_eq!(Backend::thread_stats(&dev).spawned, MAX_AICPU_THREADS);
     assert!(dev.shutdown_within(Duration::from_secs(10)).is_empty());
 }
+
+#[test]
+fn a_job_posted_after_quit_does_not_take_its_place() {
+    // A queued launch can start its entry on a thread after the shutdown told it to quit.
+    let dev = SimDevice::new(0, SimOptions::default());
+    let shared = &*dev.shared;
+    shared.post(Role::Aicpu, 0, Mail::Quit);
+    let entry = stream::LaunchEntry::new(stream::EntryKind::Aicpu { threads: 1 }, 0);
+    shared.post(Role::Aicpu, 0, Mail::Job { stream: 0, entry });
+    assert!(matches!(*shared.mailbox(Role::Aicpu, 0).state.lock(), Mail::Quit));
+}

@@ -1,0 +1,41 @@
+//! A simulated thread's mailbox: at most one job, or the quit request (`docs/device-simulator.md`,
+//! "Thread protocol").
+
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::stream::LaunchEntry;
+
+/// A thread's mailbox: at most one job, or the quit request.
+#[derive(Debug, Default)]
+pub(super) struct Mailbox {
+    pub(super) state: Mutex<Mail>,
+    pub(super) cv: Condvar,
+}
+
+/// What a mailbox holds.
+#[derive(Debug, Default)]
+pub(super) enum Mail {
+    #[default]
+    Empty,
+    Job {
+        stream: usize,
+        entry: Arc<LaunchEntry>,
+    },
+    Quit,
+}
+
+impl Mailbox {
+    /// Leaves `mail` for the thread and wakes it. A thread told to quit serves nothing more: a
+    /// job a queued launch starts during the shutdown must not take the place of the `Quit`
+    /// the thread has not read yet (it would then park for good).
+    pub(super) fn put(&self, mail: Mail) {
+        let mut st = self.state.lock();
+        if !matches!(*st, Mail::Quit) {
+            *st = mail;
+        }
+        drop(st);
+        self.cv.notify_one();
+    }
+}
