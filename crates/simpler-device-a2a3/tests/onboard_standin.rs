@@ -606,19 +606,25 @@ fn a_run_reaped_in_slices_on_a_device_that_never_finishes_times_out_at_the_strea
     assert_eq!(b.live(), [0; 5]);
 }
 
-#[test]
-fn a_stream_sync_that_runs_out_at_the_callers_deadline_leaves_the_device_healthy() {
-    let b = Onboard::new();
+/// A run launched and reaped once in a slice whose first stream sync (of the AICPU stream) ran
+/// out: the caller gave up before the device finished.
+fn launched_and_reaped_in_a_slice_that_ran_out(b: &Onboard) -> (DeviceRunner, AddRun, ActiveRun) {
     let mut r = DeviceRunner::attach(b.options(0)).unwrap();
     let slot = r.register_callable(&b.add_callable()).unwrap();
     let v = AddRun::new(&mut r);
     let p = r.prepare(&RunRequest::new(run_id(8), slot, &v.args, &CallConfig::default())).unwrap();
     let a = r.launch_run(p).unwrap();
-    // The run's first stream sync (of the AICPU stream) runs out: the caller's slice passed
-    // first. Faults count calls since the install was made, so the log is counted from there.
+    // Faults count calls since the install was made, so the log is counted from there.
     let nth = count(&b.log(), "aclrtSynchronizeStreamWithTimeout") as u64 + 1;
     b.install.fail_call("aclrtSynchronizeStreamWithTimeout", nth, 507_046).unwrap();
     assert!(!r.reap_run(&a, Some(Duration::from_millis(1))).unwrap());
+    (r, v, a)
+}
+
+#[test]
+fn a_stream_sync_that_runs_out_at_the_callers_deadline_leaves_the_device_healthy() {
+    let b = Onboard::new();
+    let (mut r, v, a) = launched_and_reaped_in_a_slice_that_ran_out(&b);
     assert!(r.reap_run(&a, None).unwrap());
     r.complete_run(a).unwrap();
     assert!(matches!(r.health(), DeviceHealth::Healthy), "{:?}", r.health());
@@ -633,16 +639,8 @@ fn a_stream_sync_that_runs_out_at_the_callers_deadline_leaves_the_device_healthy
 #[test]
 fn finalize_with_a_launched_run_force_resets_the_device() {
     let b = Onboard::new();
-    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
-    let slot = r.register_callable(&b.add_callable()).unwrap();
-    let v = AddRun::new(&mut r);
-    let p = r.prepare(&RunRequest::new(run_id(9), slot, &v.args, &CallConfig::default())).unwrap();
-    let a = r.launch_run(p).unwrap();
-    // Reaped in a slice that ran out: the run may still execute when the caller gives up.
-    // Faults count calls since the install was made, so the log is counted from there.
-    let nth = count(&b.log(), "aclrtSynchronizeStreamWithTimeout") as u64 + 1;
-    b.install.fail_call("aclrtSynchronizeStreamWithTimeout", nth, 507_046).unwrap();
-    assert!(!r.reap_run(&a, Some(Duration::from_millis(1))).unwrap());
+    // The run may still execute when the caller gives up and finalizes.
+    let (r, v, a) = launched_and_reaped_in_a_slice_that_ran_out(&b);
     drop(a);
     drop(v);
     r.finalize().unwrap();
