@@ -26,11 +26,43 @@ struct ReapWait {
 }
 
 /// What is left of a wait of `whole` that began at `started` (from `Duration::MAX`, no limit,
-/// a wait still too long for any deadline, so still no limit). Consecutive synchronisations share one wait this way (the first has all
-/// of it): without it, each got the whole of it, and a reap whose first stream took most of
-/// its budget could wait nearly twice the budget.
+/// a wait still too long for any deadline, so still no limit). Consecutive synchronisations
+/// share one wait this way (the first has all of it): without it, each got the whole of it,
+/// and a reap whose first stream took most of its budget could wait nearly twice the budget.
 fn left_of(started: Instant, whole: Duration) -> Duration {
     whole.saturating_sub(started.elapsed())
+}
+
+/// How R1 ended.
+enum Synced {
+    /// Both sides completed.
+    Done,
+    /// The caller's shorter deadline passed first; nothing changed.
+    CallerDeadline,
+    /// The first failure: the side, its poison step, and what the wait answered.
+    Failed(StreamKind, PoisonStep, SyncError),
+}
+
+/// R1: the AICPU side, then the AICore side, each waited for by `sync` (a stream or the run's
+/// end event on it); the two share `wait.sync`, the AICore side getting what the AICPU side
+/// left ([`left_of`]). Stops at the first failure.
+fn sync_in_order(
+    wait: ReapWait,
+    mut sync: impl FnMut(StreamKind, Duration) -> Result<(), SyncError>,
+) -> Synced {
+    let started = Instant::now();
+    for (stream, step) in
+        [(StreamKind::Aicpu, PoisonStep::SyncAicpu), (StreamKind::AiCore, PoisonStep::SyncAiCore)]
+    {
+        let left =
+            if stream == StreamKind::Aicpu { wait.sync } else { left_of(started, wait.sync) };
+        match sync(stream, left) {
+            Ok(()) => {}
+            Err(SyncError::Timeout) if wait.caller_deadline => return Synced::CallerDeadline,
+            Err(e) => return Synced::Failed(stream, step, e),
+        }
+    }
+    Synced::Done
 }
 
 impl Core {
@@ -134,29 +166,20 @@ impl Core {
 
     /// R1–R3 of a run launched alone: wait for both streams.
     fn reap_streams(&mut self, run: &mut RunState, wait: ReapWait) -> Result<bool, DeviceError> {
-        let ReapWait { sync, caller_deadline, budget } = wait;
         let op = self.timeouts.op_execute;
         // R1: AICPU stream, then AICore stream.
-        let mut failure = None;
-        let started = Instant::now();
-        for (stream, step) in [
-            (StreamKind::Aicpu, PoisonStep::SyncAicpu),
-            (StreamKind::AiCore, PoisonStep::SyncAiCore),
-        ] {
-            let wait = if stream == StreamKind::Aicpu { sync } else { left_of(started, sync) };
-            match self.backend.synchronize(stream, wait, op) {
-                Ok(()) => {}
-                Err(SyncError::Timeout) if caller_deadline => return Ok(false),
-                Err(e) => {
-                    failure = Some((stream, step, e));
-                    break;
-                }
+        match sync_in_order(wait, |stream, left| self.backend.synchronize(stream, left, op)) {
+            Synced::Done => self.reaped(run),
+            Synced::CallerDeadline => Ok(false),
+            Synced::Failed(stream, step, e) => {
+                Err(self.sync_failure(run, stream, step, e, wait.budget))
             }
         }
-        if let Some((stream, step, e)) = failure {
-            return Err(self.sync_failure(run, stream, step, e, budget));
-        }
-        // R3: timing (soft), then the collectors in the outcome the latched status implies.
+    }
+
+    /// R3 of a run whose streams or end events completed: timing (soft), then the collectors in
+    /// the outcome the latched status implies.
+    fn reaped(&mut self, run: &mut RunState) -> Result<bool, DeviceError> {
         self.read_results(run);
         let outcome =
             if run.latched.is_some() { Outcome::FailedAfterLaunch } else { Outcome::Success };
@@ -168,7 +191,6 @@ impl Core {
     /// for the streams. A run behind a run whose failure made the device unusable ends as
     /// `Abandoned` at once, without waiting for events that will never complete.
     fn reap_queued(&mut self, run: &mut RunState, wait: ReapWait) -> Result<bool, DeviceError> {
-        let ReapWait { sync, caller_deadline, budget } = wait;
         let op = self.timeouts.op_execute;
         // A run launched after the run that made the device unusable is abandoned even if its
         // events completed: that failure did not necessarily stop the streams (a timeout, an
@@ -177,45 +199,29 @@ impl Core {
             return Err(self.abandon_behind(run, cause));
         }
         let Some(events) = run.events.as_ref() else { return Ok(false) };
-        let mut failure = None;
-        let started = Instant::now();
-        for (stream, step) in [
-            (StreamKind::Aicpu, PoisonStep::SyncAicpu),
-            (StreamKind::AiCore, PoisonStep::SyncAiCore),
-        ] {
-            let end = &events.end[stream_slot(stream)];
-            let wait = if stream == StreamKind::Aicpu { sync } else { left_of(started, sync) };
-            match self.backend.event_synchronize(end, wait, op) {
-                Ok(()) => {}
-                Err(SyncError::Timeout) if caller_deadline => return Ok(false),
-                Err(e) => {
-                    failure = Some((stream, step, e));
-                    break;
-                }
-            }
+        let synced = sync_in_order(wait, |stream, left| {
+            self.backend.event_synchronize(&events.end[stream_slot(stream)], left, op)
+        });
+        let (stream, step, e) = match synced {
+            Synced::Done => return self.reaped(run),
+            Synced::CallerDeadline => return Ok(false),
+            Synced::Failed(stream, step, e) => (stream, step, e),
+        };
+        if let SyncError::Fault(f) = &e
+            && let Some((culprit, culprit_seq)) = self.failed_before(run)
+        {
+            let cause = PoisonCause { run_id: culprit, step, code: f.code };
+            self.recover_or_mark_unusable(culprit, culprit_seq, step, f.code);
+            return Err(self.abandon_behind(run, cause));
         }
-        if let Some((stream, step, e)) = failure {
-            if let SyncError::Fault(f) = &e
-                && let Some((culprit, culprit_seq)) = self.failed_before(run)
-            {
-                let cause = PoisonCause { run_id: culprit, step, code: f.code };
-                self.recover_or_mark_unusable(culprit, culprit_seq, step, f.code);
-                return Err(self.abandon_behind(run, cause));
-            }
-            if matches!(e, SyncError::Timeout)
-                && let Some((culprit, culprit_seq, code)) = self.stuck_ahead(run)
-            {
-                let cause = PoisonCause { run_id: culprit, step, code };
-                self.recover_or_mark_unusable(culprit, culprit_seq, step, code);
-                return Err(self.abandon_behind(run, cause));
-            }
-            return Err(self.sync_failure(run, stream, step, e, budget));
+        if matches!(e, SyncError::Timeout)
+            && let Some((culprit, culprit_seq, code)) = self.stuck_ahead(run)
+        {
+            let cause = PoisonCause { run_id: culprit, step, code };
+            self.recover_or_mark_unusable(culprit, culprit_seq, step, code);
+            return Err(self.abandon_behind(run, cause));
         }
-        self.read_results(run);
-        let outcome =
-            if run.latched.is_some() { Outcome::FailedAfterLaunch } else { Outcome::Success };
-        self.stop_and_export(run, outcome);
-        Ok(true)
+        Err(self.sync_failure(run, stream, step, e, wait.budget))
     }
 
     /// How a queued run's end events stand without blocking: `None` while one is pending,
