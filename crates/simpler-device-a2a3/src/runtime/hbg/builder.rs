@@ -452,7 +452,7 @@ impl<'e> GraphBuilder<'e> {
                     t.dtype
                 ));
             };
-            let Some(aligned) = bytes.max(1).div_ceil(HEAP_ALIGN).checked_mul(HEAP_ALIGN) else {
+            let Some(aligned) = bytes.max(1).checked_next_multiple_of(HEAP_ALIGN) else {
                 return self.invalid(format!(
                     "alloc_tensors: descriptor {i} needs {bytes} bytes, more than any heap holds"
                 ));

@@ -318,12 +318,6 @@ struct Ring<'a> {
     peak_deps: u64,
 }
 
-/// `bytes` rounded up to the heap alignment; `None` when that does not fit in a `u64` (a size
-/// no heap holds).
-fn heap_aligned(bytes: u64) -> Option<u64> {
-    bytes.div_ceil(HEAP_ALIGN).checked_mul(HEAP_ALIGN)
-}
-
 /// Whether the map may forget `owner`: its slot was retired (or already reclaimed).
 fn is_retired(rings: &[Ring<'_>], owner: u64) -> bool {
     rings.get(ring_of(owner)).is_none_or(|r| {
@@ -573,7 +567,7 @@ impl<'a> Engine<'a> {
             return Err(SubmitRefusal::Invalid("the orchestration already finished"));
         }
         let r = self.current_ring();
-        let aligned = match heap_aligned(heap_bytes) {
+        let aligned = match heap_bytes.checked_next_multiple_of(HEAP_ALIGN) {
             Some(a) if a <= self.rings[r].sizes.heap_bytes => a,
             _ => return Err(SubmitRefusal::Invalid("output slab larger than the ring's heap")),
         };
@@ -648,7 +642,7 @@ impl<'a> Engine<'a> {
             }
         }
         if overflow {
-            // The figure is `MAX_FANIN`.
+            const _: () = assert!(MAX_FANIN == 256, "the message below names the limit");
             return Err(SubmitRefusal::Invalid(
                 "more distinct producers than the 256 one task may wait on",
             ));
@@ -758,7 +752,7 @@ impl<'a> Engine<'a> {
             return Err(SubmitRefusal::Invalid("the orchestration already finished"));
         }
         let r = self.current_ring();
-        let aligned = match heap_aligned(bytes.max(1)) {
+        let aligned = match bytes.max(1).checked_next_multiple_of(HEAP_ALIGN) {
             Some(a) if a <= self.rings[r].sizes.heap_bytes => a,
             _ => return Err(SubmitRefusal::Invalid("buffer larger than the ring's heap")),
         };
