@@ -118,6 +118,14 @@ impl Inner {
         if self.gate.is_closed() { Lifecycle::Closed } else { Lifecycle::Ready }
     }
 
+    /// A retryable close error: the drain of `budget` ran out with `in_flight_ops` operations
+    /// still holding leases and the accepted runs still pending.
+    fn drain_timed_out(&self, in_flight_ops: usize, budget: Duration) -> CloseError {
+        let pending_runs = self.accepted.lock().len();
+        let drain_timeout = Some(DrainTimeout { in_flight_ops, pending_runs, budget });
+        CloseError { drain_timeout, ..CloseError::default() }
+    }
+
     pub(crate) fn close(
         &self,
         deadline: Option<Instant>,
@@ -146,21 +154,11 @@ impl Inner {
             Err(Some(result)) => return result,
             // Another closer's attempt outlasted this caller's budget: retryable, as a drain
             // timeout of its own would be.
-            Err(None) => {
-                let pending_runs = self.accepted.lock().len();
-                return Err(CloseError {
-                    drain_timeout: Some(DrainTimeout { in_flight_ops: 0, pending_runs, budget }),
-                    ..CloseError::default()
-                });
-            }
+            Err(None) => return Err(self.drain_timed_out(0, budget)),
         };
         // 4.
         if let Err(in_flight_ops) = claim.drain_leases(deadline) {
-            let pending_runs = self.accepted.lock().len();
-            let err = CloseError {
-                drain_timeout: Some(DrainTimeout { in_flight_ops, pending_runs, budget }),
-                ..CloseError::default()
-            };
+            let err = self.drain_timed_out(in_flight_ops, budget);
             claim.finish(Err(err.clone()));
             return Err(err);
         }
@@ -177,15 +175,7 @@ impl Inner {
                     self.retire(&run);
                 }
                 None => {
-                    let pending_runs = self.accepted.lock().len();
-                    let err = CloseError {
-                        drain_timeout: Some(DrainTimeout {
-                            in_flight_ops: 0,
-                            pending_runs,
-                            budget,
-                        }),
-                        ..CloseError::default()
-                    };
+                    let err = self.drain_timed_out(0, budget);
                     claim.finish(Err(err.clone()));
                     return Err(err);
                 }
