@@ -555,9 +555,6 @@ impl Worker {
         let _deferred = deferred_drop::scope();
         let _lease = self.inner.lease()?;
         let mut reg = self.inner.registry.write();
-        // Read under the registry write lock: a submit joins the accepted set before it looks
-        // a callable up, so either this sees its run (and defers the removal) or the submit's
-        // lookup comes after the removal (and gets `UnknownCallable`).
         // As in `register_chip`: refused from one of the chips' own lanes before the handle is
         // removed, so the handle and its chips' references stay as they were.
         if let Some((_, Registration { entry: Entry::Chip(chips), .. })) =
@@ -567,6 +564,9 @@ impl Worker {
                 self.inner.off_lane("unregister", chip)?;
             }
         }
+        // Read under the registry write lock: a submit joins the accepted set before it looks
+        // a callable up, so either this sees its run (and defers the removal) or the submit's
+        // lookup comes after the removal (and gets `UnknownCallable`).
         let live = !self.inner.accepted.lock().is_empty();
         let Some((id, r)) = reg.handles.remove(&handle.seq) else {
             return Err(WorkerError::UnknownCallable { handle });
