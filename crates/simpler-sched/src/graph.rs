@@ -178,9 +178,11 @@ impl Core {
         self.release_all(&mut scratch.releases);
     }
 
-    /// Cancels one ready task that can no longer be dispatched (the scheduler has stopped) and
-    /// poisons its consumers.
-    pub(crate) fn cancel_ready(
+    /// Cancels one task that must not be dispatched and poisons its consumers: a ready task
+    /// the stopped scheduler can no longer run, or a task its submitter found its run aborted
+    /// for (still `Building`, or already claimed by a producer's failure with the propagation
+    /// owed to the submitter, which this settles).
+    pub(crate) fn cancel_unstarted(
         &self,
         id: SlotId,
         reason: CancelReason,
@@ -191,7 +193,7 @@ impl Core {
             id,
             ClaimCause::Cancel(reason),
             OnBuilding::Own,
-            false,
+            true,
             &mut scratch.consumers,
             &mut scratch.releases,
         );

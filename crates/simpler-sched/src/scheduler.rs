@@ -241,7 +241,7 @@ impl SchedState {
         leftover.extend(self.groups.drain(..));
         leftover.extend(self.subs.drain(..).map(|(s, _)| s));
         for id in leftover {
-            core.cancel_ready(id, CancelReason::Shutdown, &mut self.scratch);
+            core.cancel_unstarted(id, CancelReason::Shutdown, &mut self.scratch);
         }
     }
 
@@ -348,7 +348,7 @@ impl SchedState {
     fn route(&mut self, core: &Core, id: SlotId, route: Route) {
         if self.exited {
             // The scheduler has stopped for good: the task can never be dispatched.
-            core.cancel_ready(id, CancelReason::Shutdown, &mut self.scratch);
+            core.cancel_unstarted(id, CancelReason::Shutdown, &mut self.scratch);
             return;
         }
         match route {

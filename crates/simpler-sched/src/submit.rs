@@ -360,19 +360,29 @@ impl RunBuilder<'_> {
         // visible on the run: read it again now that every lookup and attach is done. A task
         // failure is recorded before the failed task can be reclaimed, so a producer the lookups
         // missed for that reason is seen here (`docs/engine-protocols.md` §3, step 6).
+        // The same read finds a shutdown abort that copied the run's slot list before this task
+        // was charged: that cancellation cannot reach the task, so it is cancelled here, or it
+        // would be dispatched after its run was reported aborted.
+        let mut aborted = None;
         if failed.is_none()
             && let Some(late) = run.failure()
-            && let Some(root) = late.task_failure()
         {
-            failed = Some(Arc::clone(root));
+            match &*late {
+                RunFailure::Aborted { reason, .. } => aborted = Some(*reason),
+                other => failed = other.task_failure().map(Arc::clone),
+            }
         }
 
-        // 6. Publish; 7. poisoned at submit; 8. queue.
-        match slot.publish(id, &orch.attached, live, failed.is_some(), reads) {
+        // 6. Publish; 7. poisoned or cancelled at submit; 8. queue.
+        let poisoned = failed.is_some() || aborted.is_some();
+        match slot.publish(id, &orch.attached, live, poisoned, reads) {
+            Publish::Poisoned if let Some(reason) = aborted => {
+                core.cancel_unstarted(id, reason, &mut orch.graph);
+            }
             Publish::Ready(route) => {
                 if core.deliver_ready(ReadyEntry { slot: id, route }).is_err() {
                     // The scheduler has stopped for good: the task can never run.
-                    core.cancel_ready(id, CancelReason::Shutdown, &mut orch.graph);
+                    core.cancel_unstarted(id, CancelReason::Shutdown, &mut orch.graph);
                 }
             }
             Publish::Pending => {}
@@ -439,15 +449,16 @@ mod tests {
     use std::time::Duration;
 
     use simpler_types::{
-        CallConfig, DataType, FailureMechanism, TaskArgs, TaskId, TaskState, Tensor, WorkerId,
-        WorkerType,
+        CallConfig, CancelReason, DataType, FailureMechanism, RunFailure, TaskArgs, TaskId,
+        TaskState, Tensor, WorkerId, WorkerType,
     };
 
     use super::fault;
     use crate::endpoint::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
     use crate::engine::{Engine, EngineConfig};
+    use crate::graph::GraphScratch;
     use crate::outcome::RunOutcome;
-    use crate::scheduler::tests::{chip, wait_until};
+    use crate::scheduler::tests::{chip, gated_engine, wait_until};
 
     /// A NEXT_LEVEL endpoint that logs every task it runs; the first one waits for a token and
     /// then fails, every later one succeeds at once.
@@ -542,5 +553,46 @@ mod tests {
         assert_eq!(f.task_failure().map(|t| t.task), Some(producer));
         // The run is terminal, so every dispatch that was ever going to happen has happened.
         assert_eq!(*ran.lock().unwrap(), vec![producer], "the consumer ran on a failed output");
+    }
+
+    #[test]
+    fn a_task_charged_after_a_shutdown_abort_copied_the_slot_list_is_cancelled_not_dispatched() {
+        // Shutdown aborts a run whose builder is live on another thread: it marks the run failed
+        // and cancels the slots it copied. A submit that passed the fail-fast check before the
+        // mark but was charged after the copy is reached by neither; it must cancel itself
+        // instead of being dispatched (the scheduler is still running until shutdown's next
+        // step). The hook replays that abort against a slot list without the new task.
+        let (engine, tx) = gated_engine();
+        let engine = Arc::new(engine);
+        let cfg = CallConfig::default();
+        let mut b = engine.begin_run().unwrap();
+        let run_id = b.id();
+        let hook_engine = Arc::clone(&engine);
+        fault::set_before_lookups(Some(Box::new(move || {
+            let core = hook_engine.core();
+            let run = core.registry.find(run_id).unwrap();
+            let late = run.lock().task_slots.pop().unwrap();
+            run.mark_failed(RunFailure::Aborted { run: run_id, reason: CancelReason::Shutdown });
+            core.cancel_run(&run, CancelReason::Shutdown, false, &mut GraphScratch::default());
+            run.lock().task_slots.push(late);
+        })));
+        let task = b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None);
+        fault::set_before_lookups(None);
+        let task = task.unwrap();
+
+        let snapshot = engine.task_snapshot(task).unwrap();
+        assert_eq!(snapshot.state, TaskState::Failed, "dispatched after its run was aborted");
+        let failure = snapshot.failure.unwrap();
+        assert!(
+            matches!(
+                failure.mechanism,
+                FailureMechanism::Cancelled { reason: CancelReason::Shutdown }
+            ),
+            "{failure:?}"
+        );
+        drop(tx);
+        let outcome = engine.wait_timeout(b.close(), Duration::from_secs(20)).unwrap();
+        let Some(RunOutcome::Failed(f)) = outcome else { panic!("{outcome:?}") };
+        assert!(matches!(*f, RunFailure::Aborted { .. }), "{f:?}");
     }
 }
