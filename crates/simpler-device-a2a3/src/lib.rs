@@ -95,7 +95,7 @@
 //! - `src/runner/types.rs`: the contract of `RunRequest::with_host_tensors` (an `unsafe fn`).
 //! - `src/runner/tests.rs`: a test kernel.
 //! - `src/runner/loom_models.rs`: the slot bytes of the `loom` models, as `loom` cells.
-//! - `src/runtime/orch.rs`, `src/runtime/hbg/mod.rs`, `src/runtime/hbg/builder.rs`: the
+//! - `src/runtime/orch.rs`, `src/runtime/hbg/mod.rs`, `src/runtime/hbg/builder/mod.rs`: the
 //!   ops-table glue between an orchestration and the graph builder.
 
 // With no backend feature the backend-neutral types and the simulator-facing image views have

@@ -140,7 +140,11 @@ pub(crate) struct GraphBuilder<'e> {
     limits: BuildLimits,
     env: &'e mut dyn BuildEnv,
     map: TensorMap,
+    /// Every span a task names, tracked or not (`set_tensor_data` refuses them).
     touched: TensorMap,
+    /// Spans written through `manual_dep` tensors, which `map` does not know
+    /// (`tensor_data` refuses them like tracked writes).
+    manual_writes: TensorMap,
     task_total: u64,
     graph: BuiltGraph,
     task_writes: Vec<Vec<(u64, ByteSpan)>>,
@@ -175,6 +179,7 @@ impl<'e> GraphBuilder<'e> {
             env,
             map: TensorMap::new(),
             touched: TensorMap::new(),
+            manual_writes: TensorMap::new(),
             task_total: 0,
             graph: BuiltGraph::default(),
             task_writes: Vec::new(),
@@ -298,7 +303,7 @@ impl<'e> GraphBuilder<'e> {
         // Look-ups first, inserts after, so a task never depends on itself.
         for (i, t) in tensors.iter().enumerate() {
             let tag = parsed_tags[i];
-            let Some(span) = span_of(t) else { continue };
+            // A `manual_dep` tensor orders after its creator whatever its size, as on trb.
             if t.is_manual_dep() {
                 let owner = t.owner();
                 if owner.is_valid() && owner.ring() == 0 && owner.local() < idx {
@@ -317,6 +322,7 @@ impl<'e> GraphBuilder<'e> {
                 }
                 continue;
             }
+            let Some(span) = span_of(t) else { continue };
             if let Some(access) = Access::of_view(tag, t) {
                 let key = TensorKey::Host { addr: t.addr };
                 let mut found: Vec<u32> = Vec::new();
@@ -353,6 +359,9 @@ impl<'e> GraphBuilder<'e> {
             let Some(span) = span_of(t) else { continue };
             let key = TensorKey::Host { addr: t.addr };
             self.touched.insert(self.run_id, key, span, slot_of(idx));
+            if t.is_manual_dep() && tag.writes() {
+                self.manual_writes.insert(self.run_id, key, span, slot_of(idx));
+            }
             if let (Some(access), false) = (Access::of_view(tag, t), t.is_manual_dep()) {
                 self.map.record(self.run_id, key, span, access, slot_of(idx));
                 if tag.writes() {
@@ -509,9 +518,10 @@ impl<'e> GraphBuilder<'e> {
             ));
         }
         let mut written = false;
-        self.map.lookup_overlapping(self.run_id, &TensorKey::Host { addr: t.addr }, span, |_| {
-            written = true
-        });
+        let key = TensorKey::Host { addr: t.addr };
+        for map in [&self.map, &self.manual_writes] {
+            map.lookup_overlapping(self.run_id, &key, span, |_| written = true);
+        }
         if written {
             return self.invalid(format!(
                 "tensor_data: {span} is written by a task of this graph, which has not run yet (host_build_graph runs tasks after the whole graph is built)"
@@ -801,184 +811,4 @@ pub(crate) static HBG_OPS: OrchOps = OrchOps {
 };
 
 #[cfg(test)]
-mod tests {
-    use simpler_types::DataType;
-
-    use super::*;
-
-    const BUF: u64 = 0x10_0000;
-
-    struct FakeEnv;
-
-    impl BuildEnv for FakeEnv {
-        fn device_range_ok(&self, addr: u64, len: u64) -> bool {
-            addr >= BUF && addr + len <= BUF + 0x10_0000
-        }
-        fn read(&self, addr: u64, out: &mut [u8]) -> bool {
-            out.fill(7);
-            self.device_range_ok(addr, out.len() as u64)
-        }
-        fn write(&mut self, addr: u64, data: &[u8]) -> bool {
-            self.device_range_ok(addr, data.len() as u64)
-        }
-        fn heap_arena(&mut self, _bytes: u64) -> Result<HeapArena, DeviceError> {
-            Ok(HeapArena { addr: BUF + 0x8_0000, kept: false })
-        }
-    }
-
-    fn limits() -> BuildLimits {
-        let mut funcs = vec![false; MAX_FUNC_IDS];
-        funcs[1] = true;
-        BuildLimits { task_window: 64, heap_bytes: 1 << 16, block_dim: 2, funcs }
-    }
-
-    fn buf(offset: u64, n: u32) -> Tensor {
-        Tensor::external(BUF + offset, &[n], DataType::Float32).unwrap()
-    }
-
-    const AIV: [i32; 3] = [NO_FUNC, 1, NO_FUNC];
-
-    fn message(e: DeviceError) -> String {
-        match e {
-            DeviceError::InvalidArgs { message, .. } => message,
-            other => panic!("expected InvalidArgs, got {other}"),
-        }
-    }
-
-    fn builder(env: &mut FakeEnv) -> GraphBuilder<'_> {
-        GraphBuilder::new(RunId::FIRST, limits(), env, &[buf(0, 1024)])
-    }
-
-    #[test]
-    fn a_buffer_too_large_to_round_up_to_the_heap_alignment_is_invalid() {
-        let mut env = FakeEnv;
-        let mut b = builder(&mut env);
-        // 2 147 483 647 × 2 147 483 649 f32: 2^64 − 4 bytes, a valid shape.
-        let mut t =
-            [Tensor::external(0, &[2_147_483_647, 2_147_483_649], DataType::Float32).unwrap()];
-        assert_eq!(b.alloc(&mut t), ORCH_INVALID);
-        assert!(message(b.finish().unwrap_err()).contains("more than any heap holds"));
-    }
-
-    #[test]
-    fn too_many_tensors_or_scalars_are_rejected_naming_the_counts() {
-        let mut env = FakeEnv;
-        let mut b = builder(&mut env);
-        let ts = vec![buf(0, 4); 33];
-        assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &ts, &[0; 33], &[]) < 0);
-        assert!(message(b.finish().unwrap_err()).contains("33 tensors"));
-        let mut env = FakeEnv;
-        let mut b = builder(&mut env);
-        assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[], &[], &[0; 17]) < 0);
-        assert!(message(b.finish().unwrap_err()).contains("17 scalars"));
-    }
-
-    #[test]
-    fn func_ids_must_be_in_range_and_registered() {
-        let mut env = FakeEnv;
-        let mut b = builder(&mut env);
-        assert!(b.submit([NO_FUNC, 1024, NO_FUNC], TaskShape::Aiv as u32, 1, &[], &[], &[]) < 0);
-        assert!(message(b.finish().unwrap_err()).contains("func id 1024 out of range"));
-        let mut env = FakeEnv;
-        let mut b = builder(&mut env);
-        assert!(b.submit([NO_FUNC, 7, NO_FUNC], TaskShape::Aiv as u32, 1, &[], &[], &[]) < 0);
-        assert!(message(b.finish().unwrap_err()).contains("func id 7 is not registered"));
-    }
-
-    #[test]
-    fn written_tensors_need_device_buffers() {
-        let mut env = FakeEnv;
-        let mut b = builder(&mut env);
-        let null = Tensor::external(0, &[4], DataType::Float32).unwrap();
-        assert!(
-            b.submit(
-                AIV,
-                TaskShape::Aiv as u32,
-                1,
-                &[null],
-                &[TensorArgType::Output.as_i32()],
-                &[]
-            ) < 0
-        );
-        assert!(message(b.finish().unwrap_err()).contains("needs a buffer"));
-        let mut env = FakeEnv;
-        let mut b = builder(&mut env);
-        let stray = Tensor::external(0x40, &[4], DataType::Float32).unwrap();
-        assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[stray], &[0], &[]) < 0);
-        assert!(message(b.finish().unwrap_err()).contains("not inside one device allocation"));
-    }
-
-    #[test]
-    fn disjoint_slice_writers_are_independent_and_a_whole_reader_depends_on_both() {
-        let mut env = FakeEnv;
-        let mut b = builder(&mut env);
-        let whole = buf(0, 1024);
-        let lo = whole.view(&[512], &[0]).unwrap();
-        let hi = whole.view(&[512], &[512]).unwrap();
-        let out = TensorArgType::Output.as_i32();
-        let inp = TensorArgType::Input.as_i32();
-        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[lo], &[out], &[]), 0);
-        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[hi], &[out], &[]), 1);
-        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[whole], &[inp], &[]), 2);
-        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[lo], &[inp], &[]), 3);
-        let g = b.finish().unwrap();
-        assert!(g.tasks[1].preds.is_empty(), "disjoint slices never create an edge");
-        assert_eq!(g.tasks[2].preds, vec![0, 1]);
-        assert_eq!(g.tasks[3].preds, vec![0]);
-        let overlap =
-            |pred, succ| g.edges.iter().find(|e| e.pred == pred && e.succ == succ).unwrap().overlap;
-        assert_eq!(overlap(0, 2), Overlap::Partial);
-        assert_eq!(overlap(0, 3), Overlap::Covered);
-    }
-
-    #[test]
-    fn a_write_after_a_read_waits_for_the_reader() {
-        // The original's issue #1306: W0 InOut, R0 Input, W1 InOut on one buffer.
-        let mut env = FakeEnv;
-        let mut b = builder(&mut env);
-        let t = buf(0, 256);
-        let (inout, inp) = (TensorArgType::InOut.as_i32(), TensorArgType::Input.as_i32());
-        let out = TensorArgType::Output.as_i32();
-        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[t], &[inout], &[]), 0);
-        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[t], &[inp], &[]), 1);
-        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[t], &[inp], &[]), 2);
-        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[t], &[inout], &[]), 3);
-        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[t], &[out], &[]), 4);
-        let g = b.finish().unwrap();
-        assert!(g.tasks[2].preds == vec![0], "readers stay concurrent");
-        let mut w1 = g.tasks[3].preds.clone();
-        w1.sort_unstable();
-        assert_eq!(w1, vec![0, 1, 2], "the second write waits for both readers");
-        assert_eq!(g.tasks[4].preds, vec![3], "a blind write after an InOut waits for it");
-    }
-
-    #[test]
-    fn tensor_data_reads_staged_inputs_but_not_in_graph_outputs() {
-        let mut env = FakeEnv;
-        let mut b = builder(&mut env);
-        let input = buf(0, 16);
-        let mut out = [0u8; 64];
-        assert_eq!(b.get_data(&input, &mut out), ORCH_OK);
-        assert_eq!(out[0], 7);
-        let produced = buf(0x1000, 16);
-        b.submit(
-            AIV,
-            TaskShape::Aiv as u32,
-            1,
-            &[produced],
-            &[TensorArgType::Output.as_i32()],
-            &[],
-        );
-        assert!(b.get_data(&produced, &mut out) < 0);
-        assert!(message(b.finish().unwrap_err()).contains("has not run yet"));
-    }
-
-    #[test]
-    fn the_first_error_wins_and_later_calls_are_refused() {
-        let mut env = FakeEnv;
-        let mut b = builder(&mut env);
-        assert!(b.scope_end() < 0);
-        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[], &[], &[]), i64::from(ORCH_FAILED));
-        assert!(message(b.finish().unwrap_err()).contains("scope_end without"));
-    }
-}
+mod tests;
