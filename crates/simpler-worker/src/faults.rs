@@ -250,6 +250,22 @@ mod tests {
         w.close().expect("close");
     }
 
+    #[test]
+    fn chip_diagnostics_after_close_answer_closed() {
+        let mut b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph);
+        let c = content(5);
+        b.register_chip(c.clone());
+        let w = b.start().expect("start");
+        assert_eq!(w.chip_callable_refs(WorkerId(0), c.id()).expect("refs"), 1);
+        w.close().expect("close");
+        let refs = w.chip_callable_refs(WorkerId(0), c.id());
+        assert!(matches!(refs, Err(WorkerError::Closed)), "{refs:?}");
+        let faults = w.with_sim_faults(WorkerId(0), |_| {});
+        assert!(matches!(faults, Err(WorkerError::Closed)), "{faults:?}");
+        let pid = w.chip_process_id(WorkerId(0));
+        assert!(matches!(pid, Err(WorkerError::Closed)), "{pid:?}");
+    }
+
     /// Counts its drops: registered closures are dropped once, after the teardown.
     struct DropCounter(std::sync::Arc<std::sync::atomic::AtomicUsize>);
 

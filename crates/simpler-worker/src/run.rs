@@ -303,8 +303,19 @@ impl Drop for ElectionGuard<'_> {
             return;
         }
         let run = self.run;
-        // Best effort: the engine's record may already be released, which is harmless.
-        let _ = catch_unwind(AssertUnwindSafe(|| run.release()));
+        // Best effort: the engine's record may already be released, which is harmless; any
+        // other failure is logged, since the error published below cannot carry it.
+        match catch_unwind(AssertUnwindSafe(|| run.release())) {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(run = %run.run, %error, "releasing an interrupted run failed");
+            }
+            Err(p) => tracing::warn!(
+                run = %run.run,
+                panic = %panic_text(p.as_ref()),
+                "releasing an interrupted run panicked"
+            ),
+        }
         let _ = catch_unwind(AssertUnwindSafe(|| run.inner.retire(run)));
         let err = RunError::new(
             run.run,

@@ -202,6 +202,7 @@ impl Inner {
         chip: WorkerId,
         f: impl FnOnce(&simpler_device_a2a3::FaultPlan) + Send + 'static,
     ) -> Result<bool, WorkerError> {
+        let _lease = self.lease()?;
         self.on_chip(chip, move |s| match s.runner.as_ref().and_then(|r| r.sim_faults()) {
             Some(plan) => {
                 f(plan);
@@ -643,6 +644,7 @@ impl Worker {
 
     /// References held on chip callable content `id` on `chip` (for diagnostics and tests).
     pub fn chip_callable_refs(&self, chip: WorkerId, id: CallableId) -> Result<usize, WorkerError> {
+        let _lease = self.inner.lease()?;
         self.inner.on_chip(chip, move |s| s.refs(&id))
     }
 

@@ -317,6 +317,7 @@ impl crate::Worker {
     /// The pid of chip `chip`'s process (`None` in THREAD mode or while the chip has no live
     /// process).
     pub fn chip_process_id(&self, chip: WorkerId) -> Result<Option<u32>, crate::WorkerError> {
+        let _lease = self.inner.lease()?;
         self.inner.on_chip(chip, |s| s.process.as_ref().and_then(parent::ChipProcess::pid))
     }
 
@@ -328,6 +329,7 @@ impl crate::Worker {
         chip: WorkerId,
         fault: ChildFault,
     ) -> Result<bool, crate::WorkerError> {
+        let _lease = self.inner.lease()?;
         let armed = self.inner.on_chip(chip, move |s| s.process.as_mut().map(|p| p.arm(fault)))?;
         match armed {
             None => Ok(false),
