@@ -41,7 +41,9 @@
 //! 7. An indexed list always holds more than [`UNINDEX_AT`] live entries: an insert that
 //!    supersedes entries, or an erase, that leaves [`UNINDEX_AT`] or fewer drops the index, the
 //!    dead entries and `long` (whose entries go back into `entries`), and the list is plain
-//!    again. The gap between the two thresholds keeps a list near the boundary from flapping.
+//!    again. The index, emptied, goes to the store's [`IndexSpares`] and the entry buffer stays
+//!    with the list (both unless oversized), so a buffer fanned in again and again allocates
+//!    nothing once the store has seen its fan-in. The gap between the two thresholds keeps a list near the boundary from flapping.
 //!    Because of this, a list with one entry is always plain, and the one-entry shortcuts of
 //!    insert and erase (which keep no index up to date) never meet an indexed list.
 //!
@@ -65,6 +67,14 @@ const UNINDEX_AT: usize = 8;
 /// lookup tests them all, so the number stays small; four covers a whole-buffer initializer and
 /// a few wide readers-turned-writers next to a fan-in.
 const LONG_CAP: usize = 4;
+
+/// Most owner indexes a store keeps for reuse once their lists no longer need them.
+const MAX_SPARES: usize = 4;
+
+/// An owner index whose table had room for more owners than this is freed rather than kept
+/// for reuse, and a list leaving indexed mode frees an entry buffer larger than this: a store
+/// keeps what a fan-in of this size needs, not what its largest fan-in ever needed.
+const RETAINED_CAPACITY: usize = 1 << 14;
 
 /// At most this many candidates are deduplicated in place by comparing each with the ones before
 /// it; more are collected into the store's reusable scratch buffer, sorted and deduplicated.
@@ -152,6 +162,43 @@ struct OwnerIndex {
     max_len: u64,
     /// Live entries kept out of `entries` and its `max_len`, unordered.
     long: SmallVec<[Entry; LONG_CAP]>,
+}
+
+/// Owner indexes that lists left behind, kept for the next list that needs one, so that a
+/// buffer fanned in and out again and again (one per diamond of the benchmark P3) builds its
+/// index without allocating once the store has seen that fan-in.
+#[derive(Debug, Default)]
+pub(crate) struct IndexSpares {
+    #[expect(
+        clippy::vec_box,
+        reason = "a list holds its index boxed: the boxes are what is reused"
+    )]
+    spares: Vec<Box<OwnerIndex>>,
+}
+
+impl IndexSpares {
+    /// An empty index, reused when one is spare.
+    fn take(&mut self) -> Box<OwnerIndex> {
+        self.spares.pop().unwrap_or_default()
+    }
+
+    /// Keeps `index`, emptied, unless enough are kept already or its table is oversized.
+    fn give(&mut self, mut index: Box<OwnerIndex>) {
+        if self.spares.len() < MAX_SPARES && index.starts.capacity() <= RETAINED_CAPACITY {
+            index.starts.clear();
+            index.long.clear();
+            index.shared_owners = 0;
+            index.dead = 0;
+            index.max_len = 0;
+            self.spares.push(index);
+        }
+    }
+
+    /// Number of indexes kept; used by tests.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.spares.len()
+    }
 }
 
 impl OwnerIndex {
@@ -302,23 +349,23 @@ impl FootprintList {
     /// was removed (superseded). Entries that the span only partly covers stay. If a removed
     /// entry ordered later writes, `new` takes that duty over (its `orders_writes` is set), so
     /// that supersession never lets a later write skip an earlier reader.
-    pub(crate) fn insert(&mut self, new: Entry) -> Superseded {
+    pub(crate) fn insert(&mut self, new: Entry, spares: &mut IndexSpares) -> Superseded {
         debug_assert!(!new.span.is_empty(), "the store never inserts an empty span");
-        self.replace(new.span, Some(new))
+        self.replace(new.span, Some(new), spares)
     }
 
     /// Removes every live entry that lies inside `span`, and returns what was removed.
     #[inline]
-    pub(crate) fn supersede(&mut self, span: ByteSpan) -> Superseded {
+    pub(crate) fn supersede(&mut self, span: ByteSpan, spares: &mut IndexSpares) -> Superseded {
         if self.entries.is_empty() && self.index.is_none() {
             // The usual reader list of a written buffer: nobody reads it.
             return Superseded::default();
         }
-        self.replace(span, None)
+        self.replace(span, None, spares)
     }
 
     /// Adds `new` without superseding anything: readers of the same bytes stay side by side.
-    pub(crate) fn add(&mut self, new: Entry) {
+    pub(crate) fn add(&mut self, new: Entry, spares: &mut IndexSpares) {
         debug_assert!(!new.span.is_empty(), "the store never inserts an empty span");
         if let Some(index) = &mut self.index {
             if new.span.len() > index.max_len && index.long.len() < LONG_CAP {
@@ -337,7 +384,7 @@ impl FootprintList {
         } else {
             self.note_repeat(new.slot);
             if self.entries.len() > INDEX_AT {
-                self.build_index();
+                self.build_index(spares);
             }
         }
     }
@@ -355,7 +402,12 @@ impl FootprintList {
     /// in start order, so the scan touches the superseded entries and the partial overlaps that
     /// start inside `span`, nothing else (plus the few `long` entries of an indexed list). Dead
     /// entries met on the way are dropped for free.
-    fn replace(&mut self, span: ByteSpan, new: Option<Entry>) -> Superseded {
+    fn replace(
+        &mut self,
+        span: ByteSpan,
+        new: Option<Entry>,
+        spares: &mut IndexSpares,
+    ) -> Superseded {
         if self.index.is_none()
             && let [only] = self.entries.as_mut_slice()
             && span.contains(only.span)
@@ -407,7 +459,7 @@ impl FootprintList {
         let Some(mut new) = new else {
             self.entries.drain(write..read);
             if self.index.is_some() && self.len() <= UNINDEX_AT {
-                self.drop_index();
+                self.drop_index(spares);
             }
             if self.entries.is_empty() {
                 self.repeats = false;
@@ -445,13 +497,13 @@ impl FootprintList {
                 }
                 if self.len() <= UNINDEX_AT {
                     // Supersession shrank the list (module docs, item 7).
-                    self.drop_index();
+                    self.drop_index(spares);
                 }
             }
             None => {
                 self.note_repeat(new.slot);
                 if self.entries.len() > INDEX_AT {
-                    self.build_index();
+                    self.build_index(spares);
                 }
             }
         }
@@ -479,13 +531,24 @@ impl FootprintList {
     /// longest entries go to `long` if they are longer than all the others; `max_len` bounds
     /// the rest.
     #[cold]
-    fn build_index(&mut self) {
-        let mut index = OwnerIndex::default();
+    fn build_index(&mut self, spares: &mut IndexSpares) {
+        let mut index = spares.take();
         index.starts.reserve(self.entries.len() * 2);
-        let mut lengths: Vec<u64> = self.entries.iter().map(|e| e.span.len()).collect();
-        lengths.sort_unstable_by(|a, b| b.cmp(a));
-        // A plain list that outgrew `INDEX_AT` holds more than `LONG_CAP` entries.
-        index.max_len = lengths.get(LONG_CAP).copied().unwrap_or(0);
+        // The `LONG_CAP + 1` greatest lengths, greatest first; a plain list that outgrew
+        // `INDEX_AT` holds more than `LONG_CAP` entries, so the last is the bound of the rest.
+        let mut greatest = [0u64; LONG_CAP + 1];
+        for len in self.entries.iter().map(|e| e.span.len()) {
+            let mut at = LONG_CAP;
+            if len <= greatest[at] {
+                continue;
+            }
+            while at > 0 && greatest[at - 1] < len {
+                greatest[at] = greatest[at - 1];
+                at -= 1;
+            }
+            greatest[at] = len;
+        }
+        index.max_len = greatest[LONG_CAP];
         let max_len = index.max_len;
         for entry in self.entries.iter().filter(|e| e.span.len() > max_len) {
             index.remember(entry.slot, entry.span.start, NOT_PLACED);
@@ -495,11 +558,11 @@ impl FootprintList {
         for (at, entry) in self.entries.iter().enumerate() {
             index.remember(entry.slot, entry.span.start, position(at));
         }
-        self.index = Some(Box::new(index));
+        self.index = Some(index);
     }
 
     /// Removes every live entry produced by `owner`; returns how many were removed.
-    pub(crate) fn remove_owned(&mut self, owner: SlotId) -> usize {
+    pub(crate) fn remove_owned(&mut self, owner: SlotId, spares: &mut IndexSpares) -> usize {
         let Some(index) = &mut self.index else {
             if let [only] = self.entries.as_slice() {
                 // The common case of a key with one entry, without `retain`'s bookkeeping.
@@ -549,7 +612,7 @@ impl FootprintList {
         let live = self.entries.len() - index.dead;
         let mostly_dead = index.dead > live;
         if live + index.long.len() <= UNINDEX_AT {
-            self.drop_index();
+            self.drop_index(spares);
         } else if mostly_dead {
             self.compact();
         }
@@ -568,17 +631,22 @@ impl FootprintList {
     }
 
     /// Leaves indexed mode: a list down to [`UNINDEX_AT`] live entries (module docs, item 7).
+    /// The index goes to `spares`, and the entry buffer is kept unless it is oversized, so a
+    /// list that fans in again reuses both.
     #[cold]
-    fn drop_index(&mut self) {
+    fn drop_index(&mut self, spares: &mut IndexSpares) {
         self.entries.retain(|e| !e.is_dead());
         if let Some(index) = self.index.take() {
             self.repeats = index.shared_owners > 0;
-            for entry in index.long {
+            for &entry in &index.long {
                 let at = self.entries.partition_point(|e| e.span.start <= entry.span.start);
                 self.entries.insert(at, entry);
             }
+            spares.give(index);
         }
-        self.entries.shrink_to_fit();
+        if self.entries.capacity() > RETAINED_CAPACITY {
+            self.entries.shrink_to_fit();
+        }
     }
 
     /// Checks the representation invariants of the module docs; used by tests.
@@ -685,15 +753,45 @@ mod tests {
     fn bytes(n: u64, owner: impl Fn(u64) -> SlotId) -> FootprintList {
         let mut list = FootprintList::new(writer(span(0, 1), owner(0)));
         for i in 1..n {
-            list.insert(writer(span(i, i + 1), owner(i)));
+            list.insert(writer(span(i, i + 1), owner(i)), &mut IndexSpares::default());
         }
         list
     }
 
     #[test]
+    fn a_list_fanned_in_again_reuses_the_index_and_the_buffer_it_left() {
+        // Readers of one buffer: a fan-out past `INDEX_AT`, retired, then again.
+        let mut spares = IndexSpares::default();
+        let reader =
+            |i: u64| Entry { span: span(0, 64), slot: slot(i as u32), orders_writes: true };
+        let mut list = FootprintList::new(reader(0));
+        let fan_out = |list: &mut FootprintList, spares: &mut IndexSpares| {
+            for i in 1..=INDEX_AT as u64 * 4 {
+                list.add(reader(i), spares);
+            }
+            list.check_invariants().unwrap();
+            let index = list.index.as_deref().map(std::ptr::from_ref).expect("indexed");
+            let buffer = list.entries.as_ptr();
+            for i in 1..=INDEX_AT as u64 * 4 {
+                assert_eq!(list.remove_owned(slot(i as u32), spares), 1);
+            }
+            list.check_invariants().unwrap();
+            assert!(list.index.is_none(), "back to a plain list");
+            (index, buffer)
+        };
+        let (first_index, first_buffer) = fan_out(&mut list, &mut spares);
+        assert_eq!(spares.len(), 1, "the index was kept");
+        let (second_index, second_buffer) = fan_out(&mut list, &mut spares);
+        assert_eq!(first_index, second_index, "the kept index was reused");
+        assert_eq!(first_buffer, second_buffer, "the entry buffer was kept");
+        assert_eq!(spares.len(), 1);
+        assert_eq!(list.live_entries(), [reader(0)]);
+    }
+
+    #[test]
     fn rewrite_of_the_same_bytes_replaces_in_place() {
         let mut list = FootprintList::new(writer(span(0, 8), slot(1)));
-        assert_eq!(list.insert(writer(span(0, 8), slot(2))).count, 1);
+        assert_eq!(list.insert(writer(span(0, 8), slot(2)), &mut IndexSpares::default()).count, 1);
         assert_eq!(list.live_entries(), [writer(span(0, 8), slot(2))]);
         list.check_invariants().unwrap();
     }
@@ -701,13 +799,16 @@ mod tests {
     #[test]
     fn partial_overlaps_survive_and_order_is_kept() {
         let mut list = FootprintList::new(writer(span(4, 12), slot(1)));
-        assert_eq!(list.insert(writer(span(0, 8), slot(2))).count, 0);
-        assert_eq!(list.insert(writer(span(10, 20), slot(3))).count, 0);
-        assert_eq!(list.insert(writer(span(6, 7), slot(4))).count, 0);
+        assert_eq!(list.insert(writer(span(0, 8), slot(2)), &mut IndexSpares::default()).count, 0);
+        assert_eq!(
+            list.insert(writer(span(10, 20), slot(3)), &mut IndexSpares::default()).count,
+            0
+        );
+        assert_eq!(list.insert(writer(span(6, 7), slot(4)), &mut IndexSpares::default()).count, 0);
         let starts: Vec<u64> = list.live_entries().iter().map(|e| e.span.start).collect();
         assert_eq!(starts, [0, 4, 6, 10]);
         // [3, 12) contains only [4, 12) and [6, 7).
-        assert_eq!(list.insert(writer(span(3, 12), slot(5))).count, 2);
+        assert_eq!(list.insert(writer(span(3, 12), slot(5)), &mut IndexSpares::default()).count, 2);
         let kept: Vec<_> = list.live_entries().iter().map(|e| (e.span, e.slot)).collect();
         assert_eq!(kept, [(span(0, 8), slot(2)), (span(3, 12), slot(5)), (span(10, 20), slot(3))]);
         list.check_invariants().unwrap();
@@ -719,7 +820,7 @@ mod tests {
         assert!(list.index.is_some());
         list.check_invariants().unwrap();
         for i in 0..INDEX_AT as u32 - 2 {
-            assert_eq!(list.remove_owned(slot(i)), 1);
+            assert_eq!(list.remove_owned(slot(i), &mut IndexSpares::default()), 1);
             list.check_invariants().unwrap();
         }
         assert!(list.index.is_none(), "three live entries left: plain again");
@@ -731,15 +832,25 @@ mod tests {
         let mut list = bytes(40, |i| slot(i as u32));
         assert!(list.index.is_some());
         // Three slices survive a write over the first 37 bytes: four live entries.
-        assert_eq!(list.insert(writer(span(0, 37), slot(100))).count, 37);
+        assert_eq!(
+            list.insert(writer(span(0, 37), slot(100)), &mut IndexSpares::default()).count,
+            37
+        );
         assert!(list.index.is_none(), "four live entries: plain again");
         list.check_invariants().unwrap();
-        assert_eq!(list.insert(writer(span(0, 40), slot(101))).count, 4);
-        assert_eq!(list.insert(writer(span(0, 1000), slot(102))).count, 1, "the one-entry rewrite");
+        assert_eq!(
+            list.insert(writer(span(0, 40), slot(101)), &mut IndexSpares::default()).count,
+            4
+        );
+        assert_eq!(
+            list.insert(writer(span(0, 1000), slot(102)), &mut IndexSpares::default()).count,
+            1,
+            "the one-entry rewrite"
+        );
         list.check_invariants().unwrap();
         assert_eq!(visited(&list, span(500, 501)), [slot(102)]);
-        assert_eq!(list.remove_owned(slot(101)), 0);
-        assert_eq!(list.remove_owned(slot(102)), 1);
+        assert_eq!(list.remove_owned(slot(101), &mut IndexSpares::default()), 0);
+        assert_eq!(list.remove_owned(slot(102), &mut IndexSpares::default()), 1);
         assert!(list.is_empty());
     }
 
@@ -748,7 +859,7 @@ mod tests {
         let mut list = bytes(40, |i| slot(i as u32));
         // Erasing 32 of 40 leaves 8 live and 32 dead; the index must go at 8 live entries.
         for i in 0..32 {
-            list.remove_owned(slot(i));
+            list.remove_owned(slot(i), &mut IndexSpares::default());
         }
         assert!(list.index.is_none());
         assert_eq!(list.len(), UNINDEX_AT);
@@ -759,7 +870,10 @@ mod tests {
     fn indexed_lookup_skips_entries_that_end_before_the_span_even_when_a_long_one_exists() {
         let mut list = FootprintList::new(writer(span(0, 1000), slot(1)));
         for i in 0..40 {
-            list.insert(writer(span(1000 + i, 1001 + i), slot(10 + i as u32)));
+            list.insert(
+                writer(span(1000 + i, 1001 + i), slot(10 + i as u32)),
+                &mut IndexSpares::default(),
+            );
         }
         assert!(list.index.is_some());
         assert_eq!(visited(&list, span(500, 501)), [slot(1)]);
@@ -773,9 +887,9 @@ mod tests {
         // is built), and a second long writer arrives later (long on insert).
         let mut list = FootprintList::new(writer(span(0, 1000), slot(9999)));
         for i in 0..1000 {
-            list.insert(writer(span(i, i + 1), slot(i as u32)));
+            list.insert(writer(span(i, i + 1), slot(i as u32)), &mut IndexSpares::default());
         }
-        list.insert(writer(span(2000, 3000), slot(5000)));
+        list.insert(writer(span(2000, 3000), slot(5000)), &mut IndexSpares::default());
         list.check_invariants().unwrap();
         let max_len = list.index.as_ref().unwrap().max_len;
         assert_eq!(max_len, 1);
@@ -783,7 +897,7 @@ mod tests {
         assert_eq!(visited(&list, span(500, 501)), [slot(500), slot(9999)]);
         assert_eq!(visited(&list, span(2500, 2501)), [slot(5000)]);
         assert_eq!(visited(&list, ByteSpan::ALL).len(), 1002);
-        assert_eq!(list.remove_owned(slot(9999)), 1);
+        assert_eq!(list.remove_owned(slot(9999), &mut IndexSpares::default()), 1);
         assert_eq!(visited(&list, span(500, 501)), [slot(500)]);
         list.check_invariants().unwrap();
     }
@@ -792,7 +906,10 @@ mod tests {
     fn long_entries_past_the_side_list_capacity_raise_max_len_and_stay_visible() {
         let mut list = bytes(40, |i| slot(i as u32));
         for k in 0..=LONG_CAP as u64 {
-            list.insert(writer(span(100 + 100 * k, 150 + 100 * k), slot(200 + k as u32)));
+            list.insert(
+                writer(span(100 + 100 * k, 150 + 100 * k), slot(200 + k as u32)),
+                &mut IndexSpares::default(),
+            );
         }
         list.check_invariants().unwrap();
         let index = list.index.as_ref().unwrap();
@@ -802,7 +919,7 @@ mod tests {
         }
         // Erasing everything but the long entries leaves few enough for a plain list, in order.
         for i in 0..40 {
-            list.remove_owned(slot(i));
+            list.remove_owned(slot(i), &mut IndexSpares::default());
         }
         assert!(list.index.is_none());
         list.check_invariants().unwrap();
@@ -831,8 +948,12 @@ mod tests {
             let order: Vec<u32> =
                 if reversed { (0..1000).rev().collect() } else { (0..1000).collect() };
             for (done, &i) in order.iter().enumerate() {
-                assert_eq!(list.remove_owned(slot(i)), 1);
-                assert_eq!(list.remove_owned(slot(i)), 0, "a second erase finds nothing");
+                assert_eq!(list.remove_owned(slot(i), &mut IndexSpares::default()), 1);
+                assert_eq!(
+                    list.remove_owned(slot(i), &mut IndexSpares::default()),
+                    0,
+                    "a second erase finds nothing"
+                );
                 assert_eq!(list.len(), 999 - done);
                 if done % 97 == 0 && !list.is_empty() {
                     list.check_invariants().unwrap();
@@ -845,9 +966,9 @@ mod tests {
     #[test]
     fn inserting_next_to_a_dead_entry_reuses_its_place() {
         let mut list = bytes(40, |i| slot(i as u32));
-        list.remove_owned(slot(20));
+        list.remove_owned(slot(20), &mut IndexSpares::default());
         let len = list.entries.len();
-        list.insert(writer(span(20, 21), slot(99)));
+        list.insert(writer(span(20, 21), slot(99)), &mut IndexSpares::default());
         assert_eq!(list.entries.len(), len, "the dead entry at 20 was taken over");
         list.check_invariants().unwrap();
         assert_eq!(visited(&list, span(20, 21)), [slot(99)]);
@@ -858,11 +979,11 @@ mod tests {
         let mut list = bytes(40, |i| slot(i as u32));
         // Slot 99 writes [50, 60), then [50, 55): the new span does not contain the old one, so
         // both stay, and the owner has two live entries with one start.
-        list.insert(writer(span(50, 60), slot(99)));
-        list.insert(writer(span(50, 55), slot(99)));
+        list.insert(writer(span(50, 60), slot(99)), &mut IndexSpares::default());
+        list.insert(writer(span(50, 55), slot(99)), &mut IndexSpares::default());
         list.check_invariants().unwrap();
         assert_eq!(visited(&list, span(52, 53)), [slot(99)]);
-        assert_eq!(list.remove_owned(slot(99)), 2);
+        assert_eq!(list.remove_owned(slot(99), &mut IndexSpares::default()), 2);
         list.check_invariants().unwrap();
         assert!(visited(&list, span(50, 60)).is_empty());
     }

@@ -24,7 +24,7 @@ use hashbrown::hash_table::Entry as TableEntry;
 use rustc_hash::FxBuildHasher;
 use simpler_types::SlotId;
 
-use crate::footprints::{Entry, FootprintList};
+use crate::footprints::{Entry, FootprintList, IndexSpares};
 use crate::{Access, ByteSpan, TensorKey};
 
 /// One slab slot: a key and its entries.
@@ -71,20 +71,26 @@ impl KeyEntries {
     /// A read adds a reader entry and supersedes nothing (readers of the same bytes stay side by
     /// side). A write supersedes the readers and writers its span covers, and its entry orders
     /// later writes when it reads (`Update`) or superseded an entry that did.
-    fn record(&mut self, span: ByteSpan, access: Access, slot: SlotId) -> usize {
+    fn record(
+        &mut self,
+        span: ByteSpan,
+        access: Access,
+        slot: SlotId,
+        spares: &mut IndexSpares,
+    ) -> usize {
         let mut entry = Entry { span, slot, orders_writes: !access.is_blind_write() };
         if access == Access::Read {
-            self.readers.add(entry);
+            self.readers.add(entry, spares);
             return 0;
         }
-        let readers = self.readers.supersede(span);
+        let readers = self.readers.supersede(span, spares);
         entry.orders_writes |= readers.orders_writes;
         if access == Access::Scatter {
             // Its gaps may hold bytes only an earlier writer wrote: that writer stays.
-            self.writers.add(entry);
+            self.writers.add(entry, spares);
             return readers.count;
         }
-        readers.count + self.writers.insert(entry).count
+        readers.count + self.writers.insert(entry, spares).count
     }
 
     /// Calls `visit` for the tasks `access` of `span` orders after (see [`Access`]).
@@ -109,9 +115,14 @@ impl KeyEntries {
         }
     }
 
-    fn remove_owned(&mut self, owner: SlotId, readers_only: bool) -> usize {
-        let writers = if readers_only { 0 } else { self.writers.remove_owned(owner) };
-        writers + self.readers.remove_owned(owner)
+    fn remove_owned(
+        &mut self,
+        owner: SlotId,
+        readers_only: bool,
+        spares: &mut IndexSpares,
+    ) -> usize {
+        let writers = if readers_only { 0 } else { self.writers.remove_owned(owner, spares) };
+        writers + self.readers.remove_owned(owner, spares)
     }
 }
 
@@ -121,6 +132,8 @@ pub(crate) struct KeyTable {
     index: HashTable<u32>,
     slots: Vec<Keyed>,
     free: Vec<u32>,
+    /// Owner indexes the lists left behind, for the next list that fans in.
+    spares: IndexSpares,
 }
 
 fn hash(key: &TensorKey) -> u64 {
@@ -134,6 +147,7 @@ impl KeyTable {
             index: HashTable::with_capacity(keys),
             slots: Vec::with_capacity(keys),
             free: Vec::new(),
+            spares: IndexSpares::default(),
         }
     }
 
@@ -185,7 +199,7 @@ impl KeyTable {
                 if let Some((scratch, visit)) = visit {
                     entries.visit(span, access, scratch, visit);
                 }
-                return entries.record(span, access, slot);
+                return entries.record(span, access, slot, &mut self.spares);
             }
             TableEntry::Vacant(vacant) => vacant,
         };
@@ -219,7 +233,7 @@ impl KeyTable {
             return 0;
         };
         let at = *found.get() as usize;
-        let removed = slots[at].entries.remove_owned(owner, readers_only);
+        let removed = slots[at].entries.remove_owned(owner, readers_only, &mut self.spares);
         if slots[at].entries.is_empty() {
             found.remove();
             // Drop the lists' buffers now rather than when the slot is reused.
