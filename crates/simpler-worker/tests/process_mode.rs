@@ -196,6 +196,31 @@ fn an_aborted_child_restarts_on_next_use_when_so_configured() {
 }
 
 #[test]
+fn unregistering_one_of_two_handles_while_the_child_is_dead_keeps_the_other_usable() {
+    let _serial = serial();
+    let mut b = process_host(&[0], options().on_child_death(OnChildDeath::Restart));
+    let content = add_callable(0);
+    let kept = b.register_chip(content.clone());
+    let dropped = b.register_chip(content.clone());
+    let w = b.start().expect("start");
+    assert_eq!(w.chip_callable_refs(WorkerId(0), content.id()).unwrap(), 2);
+    let first = w.chip_process_id(WorkerId(0)).unwrap().expect("pid");
+    let (args, _) = inputs(&w, WorkerId(0));
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::Abort).unwrap());
+    w.submit(on_chip(kept, args, WorkerId(0))).unwrap().wait().expect_err("abort");
+    // The child is dead: the release must not reach a restarted child that was already
+    // prepared without this reference.
+    w.unregister(dropped).expect("unregister");
+    let (args, f) = inputs(&w, WorkerId(0));
+    w.run(on_chip(kept, args, WorkerId(0))).expect("the remaining handle still runs");
+    assert_eq!(result(&w, WorkerId(0), &f), expected());
+    assert_eq!(w.chip_callable_refs(WorkerId(0), content.id()).unwrap(), 1);
+    let second = w.chip_process_id(WorkerId(0)).unwrap().expect("restarted");
+    w.close().expect("close");
+    assert!(!exists(first) && !exists(second));
+}
+
+#[test]
 fn a_hung_child_is_killed_after_its_budget_and_reaped_leaving_nothing_behind() {
     let _serial = serial();
     // The library's threads only (all named `simpler-…` or `sim…`): the test harness starts and
