@@ -26,6 +26,19 @@ pub enum RemoteError {
     /// The MPI thread of this rank has finalized.
     #[error("the MPI transport of this rank is finalized")]
     Finalized,
+    /// A frame for `rank` is larger than one MPI message carries (its count is a C `int`):
+    /// the task's tensors move too many bytes at once.
+    #[error(
+        "a {bytes}-byte frame for rank {rank} exceeds the {limit} bytes one MPI message carries"
+    )]
+    FrameTooLarge {
+        /// The destination rank.
+        rank: i32,
+        /// The encoded frame's size.
+        bytes: usize,
+        /// The largest frame.
+        limit: usize,
+    },
     /// A rank outside `1..size` (rank 0 runs the L4 worker).
     #[error("rank {rank} cannot host a remote L3 worker in a job of {size} ranks")]
     NoSuchRank {

@@ -402,7 +402,8 @@ impl Writer {
         self.0.extend_from_slice(b);
     }
     fn blob(&mut self, b: &[u8]) {
-        self.u32(b.len() as u32);
+        // Longer blobs make frames larger than any MPI message, which sending refuses.
+        self.u32(u32::try_from(b.len()).unwrap_or(u32::MAX));
         self.0.extend_from_slice(b);
     }
     fn str(&mut self, s: &str) {

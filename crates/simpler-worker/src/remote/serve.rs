@@ -26,7 +26,7 @@ use simpler_types::{CallConfig, TaskArgsView};
 use super::error::{RemoteError, ServeError};
 use super::frames::{ManifestEntry, Outcome, Packet, WireArgs};
 use super::tensors::unpack;
-use super::transport::Transport;
+use super::transport::{MAX_FRAME_BYTES, Transport, check_frame};
 use super::{MpiJob, graph_entry};
 use crate::builder::HostWorkerBuilder;
 use crate::error::{BoxError, WorkerError};
@@ -182,7 +182,7 @@ fn serve_session(
             Packet::Abort { .. } => prepared = None,
             Packet::Task { seq, graph, config, args } => {
                 let outcome = run_task(&worker, &graphs, graph, config, args);
-                t.send(0, &Packet::Completion { seq, outcome })?;
+                t.send_encoded(0, completion_frame(seq, outcome, worker.level(), MAX_FRAME_BYTES))?;
             }
             // 5.
             Packet::Shutdown => {
@@ -192,6 +192,19 @@ fn serve_session(
                 return closed.map_err(ServeError::from);
             }
             other => tracing::warn!(?other, "ignoring an unexpected frame from rank 0"),
+        }
+    }
+}
+
+/// The encoded `Completion` of task `seq`; when its written bytes make it larger than `limit`,
+/// a failed completion that says so instead, so that rank 0's task fails rather than waits.
+fn completion_frame(seq: u64, outcome: Outcome, level: u8, limit: usize) -> Vec<u8> {
+    let frame = Packet::Completion { seq, outcome }.encode();
+    match check_frame(0, frame.len(), limit) {
+        Ok(()) => frame,
+        Err(e) => {
+            let message = format!("the task's written bytes cannot come back: {e}");
+            Packet::Completion { seq, outcome: Outcome::RunFailed { level, message } }.encode()
         }
     }
 }
@@ -239,5 +252,35 @@ fn run_task(
             None => Outcome::RunFailed { level, message: e.to_string() },
         },
         Err(e) => Outcome::RunFailed { level, message: e.to_string() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::frames::WrittenSpan;
+
+    fn written(n: usize) -> Outcome {
+        Outcome::Ok { written: vec![WrittenSpan { buffer: 0, offset: 0, bytes: vec![7; n] }] }
+    }
+
+    #[test]
+    fn a_completion_too_large_for_one_frame_comes_back_as_a_failed_run() {
+        let small = completion_frame(5, written(16), 3, 1024);
+        assert!(matches!(
+            Packet::decode(&small),
+            Ok(Packet::Completion { seq: 5, outcome: Outcome::Ok { .. } })
+        ));
+        let large = completion_frame(6, written(4096), 3, 1024);
+        match Packet::decode(&large) {
+            Ok(Packet::Completion {
+                seq: 6,
+                outcome: Outcome::RunFailed { level: 3, message },
+            }) => {
+                assert!(message.contains("exceeds the 1024 bytes"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(large.len() <= 1024);
     }
 }

@@ -44,6 +44,14 @@ const MAX_BACKLOG: usize = 64;
 /// Tag of every frame (communicators keep data and health apart, not tags).
 const TAG: i32 = 1;
 
+/// The largest frame: an MPI message's element count is a C `int`.
+pub(crate) const MAX_FRAME_BYTES: usize = i32::MAX as usize;
+
+/// Refuses a frame of `bytes` for `rank` when it is larger than `limit`.
+pub(crate) fn check_frame(rank: i32, bytes: usize, limit: usize) -> Result<(), RemoteError> {
+    if bytes > limit { Err(RemoteError::FrameTooLarge { rank, bytes, limit }) } else { Ok(()) }
+}
+
 /// What other threads ask of the MPI thread.
 enum Command {
     Send {
@@ -143,7 +151,14 @@ impl Transport {
 
     /// Queues `packet` for rank `to` on the data communicator.
     pub(crate) fn send(&self, to: i32, packet: &Packet) -> Result<(), RemoteError> {
-        self.command(Command::Send { to, health: false, bytes: packet.encode() })
+        self.send_encoded(to, packet.encode())
+    }
+
+    /// Queues an encoded frame for rank `to`; a frame one MPI message cannot carry is refused
+    /// here, on the caller's thread, rather than failing inside the MPI thread.
+    pub(crate) fn send_encoded(&self, to: i32, bytes: Vec<u8>) -> Result<(), RemoteError> {
+        check_frame(to, bytes.len(), MAX_FRAME_BYTES)?;
+        self.command(Command::Send { to, health: false, bytes })
     }
 
     fn command(&self, c: Command) -> Result<(), RemoteError> {
@@ -286,12 +301,24 @@ fn mpi_thread(cmd_rx: Receiver<Command>, ready_tx: ReadyTx) {
     if ready_tx.send(Ok((ready, std::sync::Arc::clone(&shared)))).is_err() {
         return;
     }
+    // Set however the loop ends (a panic included), so that no caller waits on a thread that
+    // will never route another frame.
+    let stopped = StopOnExit(&shared);
     serve_loop(&world, &health, &shared, &cmd_rx);
-    shared.stopped.store(true, Ordering::Release);
+    drop(stopped);
     // Dropping the communicators and then the universe finalizes MPI on this thread.
     drop(health);
     drop(world);
     drop(universe);
+}
+
+/// Marks the transport stopped when dropped.
+struct StopOnExit<'a>(&'a Shared);
+
+impl Drop for StopOnExit<'_> {
+    fn drop(&mut self) {
+        self.0.stopped.store(true, Ordering::Release);
+    }
 }
 
 /// Step 2 and 3 of the module protocol.
