@@ -2,6 +2,7 @@
 //! and records a failed release in the device context, where the next fallible call of the
 //! backend returns it (`docs/device-onboard.md`, "Ownership").
 
+use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::ptr;
 use std::sync::Arc;
@@ -20,12 +21,12 @@ pub(crate) struct Ctx {
     pub(crate) device: i32,
     /// Release failures recorded in `Drop`, oldest first. Written by any owner's `Drop`, read
     /// by the backend's next fallible call; a leaf lock.
-    deferred: Mutex<Vec<CannError>>,
+    deferred: Mutex<VecDeque<CannError>>,
 }
 
 impl Ctx {
     pub(crate) fn new(cann: Arc<Cann>, device: i32) -> Arc<Ctx> {
-        Arc::new(Ctx { cann, device, deferred: Mutex::new(Vec::new()) })
+        Arc::new(Ctx { cann, device, deferred: Mutex::new(VecDeque::new()) })
     }
 
     /// The result of calling `func`: its load failure, or its return code as an `AclError`
@@ -43,13 +44,12 @@ impl Ctx {
     #[cold]
     pub(crate) fn record(&self, e: CannError) {
         tracing::warn!(device = self.device, error = %e, "CANN release failed; reported by the next call");
-        self.deferred.lock().push(e);
+        self.deferred.lock().push_back(e);
     }
 
     /// The oldest recorded failure, if any (the rest stay for the following calls).
     pub(crate) fn take_deferred(&self) -> Option<CannError> {
-        let mut d = self.deferred.lock();
-        (!d.is_empty()).then(|| d.remove(0))
+        self.deferred.lock().pop_front()
     }
 
     fn release(&self, func: &'static str, ret: Result<i32, LoadError>) {
