@@ -8,6 +8,7 @@
 //! call (or in `finalize`), after reaping the run if it was launched. `docs/pipelining.md`
 //! describes the protocol.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
@@ -22,9 +23,10 @@ use super::{Core, Stage};
 use crate::diag::Outcome;
 use crate::error::DeviceError;
 
-/// Leases handed back by dropped handles: `(slot, generation)`. Writers: `Lease::drop` on any
-/// thread. Reader: the runner's thread, which drains it at its next call.
-pub(super) type ReturnQueue = Arc<Mutex<Vec<(usize, u64)>>>;
+/// Leases handed back by dropped handles: `(slot, generation)`, oldest first. Writers:
+/// `Lease::drop` on any thread (at the back). Reader: the runner's thread, which drains it at
+/// its next call.
+pub(super) type ReturnQueue = Arc<Mutex<VecDeque<(usize, u64)>>>;
 
 /// The lowest free slot, given each slot's occupancy in slot order. `prepare` writes only the
 /// slot this returns, so it never writes a slot whose run is launched.
@@ -46,8 +48,7 @@ pub(super) fn take_returned(
     current_of: impl Fn(usize) -> Option<u64>,
 ) -> Option<usize> {
     let mut returned = returns.lock();
-    while !returned.is_empty() {
-        let (s, generation) = returned.remove(0);
+    while let Some((s, generation)) = returned.pop_front() {
         if current_of(s) == Some(generation) {
             return Some(s);
         }
@@ -86,7 +87,7 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if self.live {
-            self.returns.lock().push((self.slot, self.generation));
+            self.returns.lock().push_back((self.slot, self.generation));
         }
     }
 }

@@ -205,7 +205,7 @@ fn loom_a_handle_dropped_on_another_thread_frees_its_slot_once() {
         assert!(!slots.occupied[dropped_slot]);
         slots.complete(&dev, run2);
         // Reclaiming again finds nothing: the queue was drained and stale entries are ignored.
-        slots.returns.lock().push((dropped_slot, 0));
+        slots.returns.lock().push_back((dropped_slot, 0));
         assert_eq!(slots.reclaim(), Vec::<usize>::new(), "a stale returned lease is ignored");
         assert_eq!(device.join().unwrap(), vec![2]);
     });
