@@ -97,11 +97,17 @@ impl DeviceRunner {
     /// The attached state, after the cleanup of slots whose handles were dropped (so every
     /// call sees the slots a dropped handle held as free again).
     fn core(&mut self) -> Result<&mut Core, DeviceError> {
-        // `finalize` consumes the runner, so a live runner always has its core; the error is
-        // only reachable if that invariant breaks.
-        let core = self.core.as_mut().ok_or(DeviceError::Finalized { call: "call" })?;
+        let core = self.attached()?;
         core.reclaim_dropped();
         Ok(core)
+    }
+
+    /// The attached state, for the calls that clean up dropped handles themselves, within
+    /// their own wait (`poll_run`, `reap_run`).
+    fn attached(&mut self) -> Result<&mut Core, DeviceError> {
+        // `finalize` consumes the runner, so a live runner always has its core; the error is
+        // only reachable if that invariant breaks.
+        self.core.as_mut().ok_or(DeviceError::Finalized { call: "call" })
     }
 
     fn core_ref(&self) -> Option<&Core> {
@@ -211,22 +217,25 @@ impl DeviceRunner {
     }
 
     /// Whether `reap_run` on `run` would return without waiting (the run finished or failed).
-    /// Never blocks.
+    /// Never blocks, not even for a dropped run handle's run: one the device has not finished
+    /// is cleaned up by a later call.
     pub fn poll_run(&mut self, run: &ActiveRun) -> Result<bool, DeviceError> {
-        self.core()?.poll_run(run)
+        self.attached()?.poll_run(run)
     }
 
     /// Waits for a launched run (R1–R3). The stream-sync budget runs from the run's first
     /// reap across all of them. `within` bounds the wait: if it is shorter than what is left
     /// of the budget and passes first, the run stays launched and the call returns
     /// `Ok(false)`; `None` waits for the rest of the budget, after which the run fails with a
-    /// timeout. A run already reaped returns `Ok(true)` at once.
+    /// timeout. A run already reaped returns `Ok(true)` at once. With `within`, the cleanup of
+    /// dropped run handles waits no longer either: only for a dropped run queued ahead of
+    /// `run`, which `run` cannot end before.
     pub fn reap_run(
         &mut self,
         run: &ActiveRun,
         within: Option<Duration>,
     ) -> Result<bool, DeviceError> {
-        self.core()?.reap_run(run, within)
+        self.attached()?.reap_run(run, within)
     }
 
     /// Finishes a reaped run (C1–C3): latched status, copy-back, terminal cleanup; frees its

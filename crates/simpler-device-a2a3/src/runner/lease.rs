@@ -5,12 +5,16 @@
 //! (`DeviceError::StaleRun`). At most one live lease names a slot at a time. A handle dropped
 //! without being consumed by `launch_run`, `complete_run` or `abandon` hands its lease back
 //! through the runner's return queue; the runner runs that slot's terminal cleanup at its next
-//! call (or in `finalize`), after reaping the run if it was launched. `docs/pipelining.md`
-//! describes the protocol.
+//! call (or in `finalize`), after reaping the run if it was launched. A call that must not wait
+//! for the device (`poll_run`, `reap_run` with a deadline) reaps a dropped launched run only
+//! within its own wait: a run still executing then keeps its slot and its lease stays queued
+//! for a later call, and the stream-sync budget that began at that first reap still ends it.
+//! `docs/pipelining.md` describes the protocol.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Instant;
 
 use simpler_types::RunId;
 
@@ -19,13 +23,13 @@ use self::loom_mutex::Mutex;
 #[cfg(not(simpler_loom))]
 use parking_lot::Mutex;
 
-use super::{Core, Stage};
+use super::{Core, RunState, Stage};
 use crate::diag::Outcome;
 use crate::error::DeviceError;
 
 /// Leases handed back by dropped handles: `(slot, generation)`, oldest first. Writers:
 /// `Lease::drop` on any thread (at the back). Reader: the runner's thread, which drains it at
-/// its next call.
+/// its next call and alone puts a lease back (at the front, see [`keep_returned`]).
 pub(super) type ReturnQueue = Arc<Mutex<VecDeque<(usize, u64)>>>;
 
 /// The lowest free slot, given each slot's occupancy in slot order. `prepare` writes only the
@@ -41,19 +45,28 @@ pub(super) fn is_current(lease: &Lease, returns: &ReturnQueue, current: Option<u
 }
 
 /// Takes the oldest lease a dropped handle returned whose generation is still
-/// `current_of(slot)`; leases of ended runs before it are discarded. One at a time, so a panic
-/// while one slot is cleaned up leaves the others queued for the next call.
+/// `current_of(slot)`, after the first `kept` (those this cleanup put back); leases of ended
+/// runs before it are discarded. One at a time, so a panic while one slot is cleaned up leaves
+/// the others queued for the next call.
 pub(super) fn take_returned(
     returns: &ReturnQueue,
+    kept: usize,
     current_of: impl Fn(usize) -> Option<u64>,
-) -> Option<usize> {
+) -> Option<(usize, u64)> {
     let mut returned = returns.lock();
-    while let Some((s, generation)) = returned.pop_front() {
+    while let Some((s, generation)) = returned.remove(kept) {
         if current_of(s) == Some(generation) {
-            return Some(s);
+            return Some((s, generation));
         }
     }
     None
+}
+
+/// Puts back a lease [`take_returned`] took, as the `kept`th (0-based) of those this cleanup
+/// keeps for a later call: ahead of the rest, in the order they were taken, and skipped by
+/// the following takes of the same cleanup.
+pub(super) fn keep_returned(returns: &ReturnQueue, kept: usize, lease: (usize, u64)) {
+    returns.lock().insert(kept, lease);
 }
 
 /// One slot lease. Dropping a live lease queues it for the runner's cleanup.
@@ -107,7 +120,8 @@ pub struct PreparedRun {
 }
 
 /// A launched run (`DeviceRunner::launch_run`). Dropping it discards the run's result: the
-/// runner waits for the device to finish it and releases its slot at its next call.
+/// runner waits for the device to finish it and releases its slot at its next call (`poll_run`
+/// and `reap_run` with a deadline do not wait: they leave a run still executing queued).
 #[must_use = "dropping a launched run discards its result"]
 #[derive(Debug)]
 pub struct ActiveRun {
@@ -166,21 +180,43 @@ impl Core {
     }
 
     /// Cleans up the slots whose handles were dropped: a prepared run is abandoned, a launched
-    /// one reaped first (its result is discarded), a reaped one released.
+    /// one reaped first (its result is discarded; the reap may take the run's whole stream-sync
+    /// budget), a reaped one released.
     pub(super) fn reclaim_dropped(&mut self) {
-        while let Some(s) =
-            take_returned(&self.returns, |s| self.slots.get(s).map(|x| x.generation))
+        self.reclaim_dropped_within(|_| None);
+    }
+
+    /// [`Core::reclaim_dropped`] for a call that must not wait for the device: the reap of a
+    /// dropped launched run waits until `until(run)` at most (`None`: its budget). A run still
+    /// executing then keeps its slot, and its lease stays queued for a later call.
+    pub(super) fn reclaim_dropped_within(&mut self, until: impl Fn(&RunState) -> Option<Instant>) {
+        // Leases put back by this cleanup, at the front of the queue.
+        let mut kept = 0;
+        while let Some((s, generation)) =
+            take_returned(&self.returns, kept, |s| self.slots.get(s).map(|x| x.generation))
         {
             let Some(mut run) = self.slots[s].run.take() else { continue };
             let run_id = run.run_id;
             match run.stage {
                 Stage::Prepared => self.finish(&mut run, Outcome::FailedBeforeLaunch),
                 Stage::Launched => {
+                    let until = until(&run);
                     let r = self.guarded(s, &mut run, Outcome::FailedAfterLaunch, |c, run| {
-                        c.reap_steps(run, None)
+                        c.reap_dropped(run, until)
                     });
-                    if let Err(e) = r {
-                        tracing::warn!(%run_id, error = %e, "a dropped launched run failed");
+                    match r {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            // Still executing at the deadline: it keeps its slot, and its
+                            // lease waits for a later call.
+                            self.slots[s].run = Some(run);
+                            keep_returned(&self.returns, kept, (s, generation));
+                            kept += 1;
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::warn!(%run_id, error = %e, "a dropped launched run failed");
+                        }
                     }
                     self.finish(&mut run, Outcome::FailedAfterLaunch);
                 }

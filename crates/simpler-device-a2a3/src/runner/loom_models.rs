@@ -2,7 +2,8 @@
 //! test -p simpler-device-a2a3 --release --lib loom`).
 //!
 //! The models drive the runner's real slot protocol — [`Lease`] and its drop into the return
-//! queue, [`lowest_free`], [`is_current`], [`take_returned`] and the generation bump — from a
+//! queue, [`lowest_free`], [`is_current`], [`take_returned`], [`keep_returned`] and the
+//! generation bump — from a
 //! runner thread, a device thread that executes the launched slot, and a thread that drops a
 //! handle. Each slot's per-run resources are a `loom` cell: the runner's preparation writes
 //! it and the device reads it while the run executes, so a preparation that could touch the
@@ -16,7 +17,7 @@ use loom::sync::{Condvar, Mutex};
 use loom::thread;
 use simpler_types::RunId;
 
-use super::lease::{Lease, ReturnQueue, is_current, lowest_free, take_returned};
+use super::lease::{Lease, ReturnQueue, is_current, keep_returned, lowest_free, take_returned};
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
@@ -140,7 +141,8 @@ impl Slots {
         let mut slots = Vec::new();
         loop {
             let generation = self.generation;
-            let Some(s) = take_returned(&self.returns, |s| generation.get(s).copied()) else {
+            let Some((s, _)) = take_returned(&self.returns, 0, |s| generation.get(s).copied())
+            else {
                 return slots;
             };
             self.end(s);
@@ -208,5 +210,41 @@ fn loom_a_handle_dropped_on_another_thread_frees_its_slot_once() {
         slots.returns.lock().push_back((dropped_slot, 0));
         assert_eq!(slots.reclaim(), Vec::<usize>::new(), "a stale returned lease is ignored");
         assert_eq!(device.join().unwrap(), vec![2]);
+    });
+}
+
+/// A cleanup that must not wait takes a dropped launched run's lease, finds the device still
+/// executing it and keeps it, while another handle is dropped on another thread: the rest of
+/// that cleanup skips the kept lease, a later cleanup takes it first (ahead of the lease
+/// dropped after it), and each slot is reclaimed exactly once.
+#[test]
+fn loom_a_kept_lease_stays_queued_ahead_and_is_reclaimed_once_later() {
+    model(|| {
+        let dev = Device::new();
+        let mut slots = Slots::new();
+        let executing = slots.prepare(&dev, 1);
+        let other = slots.prepare(&dev, 2);
+        let (executing_slot, other_slot) = (executing.slot, other.slot);
+        drop(executing);
+        let dropper = thread::spawn(move || drop(other));
+        let current = |g: [u64; 2]| move |s: usize| g.get(s).copied();
+        let taken = take_returned(&slots.returns, 0, current(slots.generation));
+        assert_eq!(taken, Some((executing_slot, 0)), "the lease dropped first is taken first");
+        keep_returned(&slots.returns, 0, (executing_slot, 0));
+        let mut reclaimed = Vec::new();
+        if let Some((s, _)) = take_returned(&slots.returns, 1, current(slots.generation)) {
+            assert_eq!(s, other_slot, "the same cleanup took the kept lease again");
+            slots.end(s);
+            reclaimed.push(s);
+        }
+        dropper.join().unwrap();
+        let later = slots.reclaim();
+        assert_eq!(later.first(), Some(&executing_slot), "the kept lease is taken first");
+        reclaimed.extend(later);
+        reclaimed.sort_unstable();
+        let mut expected = vec![executing_slot, other_slot];
+        expected.sort_unstable();
+        assert_eq!(reclaimed, expected, "each slot is reclaimed exactly once");
+        assert_eq!(slots.reclaim(), Vec::<usize>::new());
     });
 }

@@ -735,7 +735,8 @@ impl Core {
             KernelKind::AiCore => (PoisonStep::LaunchAiCore, Outcome::FailedBeforeLaunch),
             KernelKind::Aicpu => (PoisonStep::LaunchAicpu, Outcome::FailedAfterLaunch),
         };
-        self.recover_or_mark_unusable(run.run_id, run.launch_seq, step, code);
+        let drain = self.timeouts.stream_sync;
+        self.recover_or_mark_unusable(run.run_id, run.launch_seq, step, code, drain);
         self.finish(run, outcome);
         DeviceError::Launch { run_id: run.run_id, kernel, code }
     }
@@ -759,19 +760,20 @@ impl Core {
         self.health.poison(cause);
     }
 
-    /// Bounded drain, then unconditionally unusable (`docs/device-runner.md`, "Recovery").
-    /// `launch_seq` places the failed run in the launch order (0: never launched).
+    /// Unconditionally unusable, then a drain of at most `drain` (`docs/device-runner.md`,
+    /// "Recovery"). `launch_seq` places the failed run in the launch order (0: never launched).
     fn recover_or_mark_unusable(
         &mut self,
         run_id: RunId,
         launch_seq: u64,
         step: PoisonStep,
         code: AclCode,
+        drain: Duration,
     ) {
         // Poison first: neither the drain nor the log (a tracing layer may panic) can skip it.
         self.poison(PoisonCause { run_id, step, code }, launch_seq);
         self.stats.recoveries += 1;
-        let drained = self.backend.drain(self.timeouts.stream_sync, self.timeouts.op_execute);
+        let drained = self.backend.drain(drain, self.timeouts.op_execute);
         tracing::error!(device = self.opts.device_id, %run_id, %step, %code, drained, "device unusable after a failed run");
     }
 

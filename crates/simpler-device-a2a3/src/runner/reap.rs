@@ -23,6 +23,25 @@ struct ReapWait {
     caller_deadline: bool,
     /// The run's stream-sync budget, the limit a timeout reports.
     budget: Duration,
+    /// When the reap must be over (the cleanup of a dropped run in a call that must not wait):
+    /// the waits for the runs ahead and the recovery drain stop there too. `None`: no limit
+    /// but the budgets.
+    hard: Option<Instant>,
+}
+
+/// The shortest recovery drain: a zero drain only asks whether the device is idle, and the
+/// onboard backend marks the device for the force reset only in a drain that waits.
+const MIN_RECOVERY_DRAIN: Duration = Duration::from_millis(1);
+
+/// Whether a queued run that timed out before it began stood behind a run that did not end.
+enum Ahead {
+    /// Every run ahead ended: the timeout is the run's own.
+    Ended,
+    /// This run ahead did not end within what was left of its own budget, or failed: the
+    /// culprit, its `launch_seq` and the code its wait ended with.
+    Stuck(RunId, u64, AclCode),
+    /// A run ahead still had budget left when the reap's hard deadline passed: undecided.
+    Undecided,
 }
 
 /// What is left of a wait of `whole` that began at `started` (from `Duration::MAX`, no limit,
@@ -66,8 +85,12 @@ fn sync_in_order(
 }
 
 impl Core {
-    /// Whether `reap_run` on `active` would return without waiting. Never blocks.
+    /// Whether `reap_run` on `active` would return without waiting. Never blocks: a dropped
+    /// launched run is cleaned up only if the device already finished (or failed) it, or its
+    /// budget ran out; otherwise it stays queued.
     pub(super) fn poll_run(&mut self, active: &ActiveRun) -> Result<bool, DeviceError> {
+        let now = Instant::now();
+        self.reclaim_dropped_within(|_| Some(now));
         let s = self.check_lease("poll_run", &active.lease)?;
         match self.slots[s].run.as_ref().map(|r| r.stage) {
             Some(Stage::Launched)
@@ -94,19 +117,44 @@ impl Core {
     /// budget since the run's first reap, a run still executing at the deadline returns
     /// `Ok(false)` and stays launched; otherwise a run that does not finish within the budget
     /// is a stream-sync timeout.
+    ///
+    /// With `within`, the cleanup of dropped handles shares the deadline: a dropped launched
+    /// run queued ahead of `active` is waited for until then (`active` cannot end before it),
+    /// any other is only looked at; one still executing stays queued.
     pub(super) fn reap_run(
         &mut self,
         active: &ActiveRun,
         within: Option<Duration>,
     ) -> Result<bool, DeviceError> {
-        self.reclaim_dropped();
+        let now = Instant::now();
+        let deadline = within.and_then(|d| now.checked_add(d));
+        match deadline {
+            Some(deadline) => {
+                let ahead_of = self
+                    .check_lease("reap_run", &active.lease)
+                    .ok()
+                    .and_then(|s| self.slots[s].run.as_ref())
+                    .filter(|r| r.stage == Stage::Launched)
+                    .map(|r| r.launch_seq);
+                self.reclaim_dropped_within(|r| {
+                    Some(if ahead_of.is_some_and(|seq| r.launch_seq < seq) {
+                        deadline
+                    } else {
+                        now
+                    })
+                });
+            }
+            None => self.reclaim_dropped(),
+        }
         let s = self.check_lease("reap_run", &active.lease)?;
         if self.slots[s].run.as_ref().is_some_and(|r| r.stage == Stage::Reaped) {
             return Ok(true);
         }
         let (s, mut run) = self.take_run("reap_run", &active.lease, Stage::Launched)?;
-        let reaped = self
-            .guarded(s, &mut run, Outcome::FailedAfterLaunch, |c, run| c.reap_steps(run, within));
+        let within = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let reaped = self.guarded(s, &mut run, Outcome::FailedAfterLaunch, |c, run| {
+            c.reap_steps(run, within, None)
+        });
         match reaped {
             Ok(true) => {
                 run.stage = Stage::Reaped;
@@ -129,23 +177,38 @@ impl Core {
     ///
     /// The stream-sync budget runs from the run's first reap across all of them, so a caller
     /// that reaps in slices (the L2 lane between jobs) gets a timeout once the budget has
-    /// passed, not a wait that never ends on a device that never finishes.
-    pub(super) fn reap_steps(
+    /// passed, not a wait that never ends on a device that never finishes. Nothing waits past
+    /// `hard` ([`ReapWait::hard`]); an undecided timeout there is `Ok(false)` too.
+    fn reap_steps(
         &mut self,
         run: &mut RunState,
         within: Option<Duration>,
+        hard: Option<Instant>,
     ) -> Result<bool, DeviceError> {
         let (budget, remaining) = self.reap_budget(run);
         run.reap_started.get_or_insert_with(|| (Instant::now(), budget));
         let wait = match within {
-            Some(d) if d < remaining => ReapWait { sync: d, caller_deadline: true, budget },
-            _ => ReapWait { sync: remaining, caller_deadline: false, budget },
+            Some(d) if d < remaining => ReapWait { sync: d, caller_deadline: true, budget, hard },
+            _ => ReapWait { sync: remaining, caller_deadline: false, budget, hard },
         };
         if run.events.is_some() {
             self.reap_queued(run, wait)
         } else {
             self.reap_streams(run, wait)
         }
+    }
+
+    /// R1–R3 of a dropped launched run (its result is discarded) that waits until `until` at
+    /// most (`None`: as long as `reap_run` without a deadline). `Ok(false)`: the device had not
+    /// finished it by then; nothing changed. Its budget begins at the first of these reaps, so
+    /// a run that is only ever looked at still times out once the budget has passed.
+    pub(super) fn reap_dropped(
+        &mut self,
+        run: &mut RunState,
+        until: Option<Instant>,
+    ) -> Result<bool, DeviceError> {
+        let within = until.map(|u| u.saturating_duration_since(Instant::now()));
+        self.reap_steps(run, within, until)
     }
 
     /// The stream-sync budget of `run` and what is left of it. The budget is fixed at the
@@ -171,9 +234,7 @@ impl Core {
         match sync_in_order(wait, |stream, left| self.backend.synchronize(stream, left, op)) {
             Synced::Done => self.reaped(run),
             Synced::CallerDeadline => Ok(false),
-            Synced::Failed(stream, step, e) => {
-                Err(self.sync_failure(run, stream, step, e, wait.budget))
-            }
+            Synced::Failed(stream, step, e) => Err(self.sync_failure(run, stream, step, e, wait)),
         }
     }
 
@@ -211,17 +272,23 @@ impl Core {
             && let Some((culprit, culprit_seq)) = self.failed_before(run)
         {
             let cause = PoisonCause { run_id: culprit, step, code: f.code };
-            self.recover_or_mark_unusable(culprit, culprit_seq, step, f.code);
+            let drain = self.recovery_drain(wait.hard);
+            self.recover_or_mark_unusable(culprit, culprit_seq, step, f.code, drain);
             return Err(self.abandon_behind(run, cause));
         }
-        if matches!(e, SyncError::Timeout)
-            && let Some((culprit, culprit_seq, code)) = self.stuck_ahead(run)
-        {
-            let cause = PoisonCause { run_id: culprit, step, code };
-            self.recover_or_mark_unusable(culprit, culprit_seq, step, code);
-            return Err(self.abandon_behind(run, cause));
+        if matches!(e, SyncError::Timeout) {
+            match self.stuck_ahead(run, wait.hard) {
+                Ahead::Ended => {}
+                Ahead::Stuck(culprit, culprit_seq, code) => {
+                    let cause = PoisonCause { run_id: culprit, step, code };
+                    let drain = self.recovery_drain(wait.hard);
+                    self.recover_or_mark_unusable(culprit, culprit_seq, step, code, drain);
+                    return Err(self.abandon_behind(run, cause));
+                }
+                Ahead::Undecided => return Ok(false),
+            }
         }
-        Err(self.sync_failure(run, stream, step, e, wait.budget))
+        Err(self.sync_failure(run, stream, step, e, wait))
     }
 
     /// How a queued run's end events stand without blocking: `None` while one is pending,
@@ -299,34 +366,53 @@ impl Core {
 
     /// The run a queued run's timeout belongs to when the run never began (none of its `begin`
     /// events was reached): the device stopped in a run launched before it. Each unfinished
-    /// run ahead, in launch order, gets what is left of its own budget to end; the first that
-    /// does not end (or fails) is the culprit, with the code its wait ended with. `None` when
-    /// the run began, or every run ahead ended: then the timeout is the run's own.
-    fn stuck_ahead(&self, run: &RunState) -> Option<(RunId, u64, AclCode)> {
+    /// run ahead, in launch order, gets what is left of its own budget to end, but no wait past
+    /// `hard`; the first that does not end (or fails) is the culprit, with the code its wait
+    /// ended with. `Ended` when the run began, or every run ahead ended: then the timeout is
+    /// the run's own.
+    fn stuck_ahead(&self, run: &RunState, hard: Option<Instant>) -> Ahead {
         let op = self.timeouts.op_execute;
-        let events = run.events.as_ref()?;
+        let Some(events) = run.events.as_ref() else { return Ahead::Ended };
         let never_began =
             events.begin.iter().all(|b| self.backend.event_status(b, op) == EventStatus::Pending);
         if !never_began {
-            return None;
+            return Ahead::Ended;
         }
         let mut ahead: Vec<&RunState> =
             self.launched_before(run.launch_seq).filter(|r| self.queued_end(r).is_none()).collect();
         ahead.sort_by_key(|r| r.launch_seq);
-        ahead.into_iter().find_map(|r| {
-            // Every run ahead of `r` has ended by now, so an unreaped `r` gets one budget.
-            let (_, left) = self.reap_budget(r);
-            let started = Instant::now();
-            let ends = r.events.as_ref().map_or(&[][..], |e| &e.end[..]);
-            ends.iter().find_map(|end| {
-                match self.backend.event_synchronize(end, left_of(started, left), op) {
-                    Ok(()) => None,
-                    Err(SyncError::Timeout) => {
-                        Some((r.run_id, r.launch_seq, AclCode::STREAM_SYNC_TIMEOUT))
+        ahead
+            .into_iter()
+            .find_map(|r| {
+                // Every run ahead of `r` has ended by now, so an unreaped `r` gets one budget.
+                let (_, left) = self.reap_budget(r);
+                let started = Instant::now();
+                let cut = hard.map(|h| h.saturating_duration_since(started)).filter(|h| *h < left);
+                let wait = cut.unwrap_or(left);
+                let ends = r.events.as_ref().map_or(&[][..], |e| &e.end[..]);
+                ends.iter().find_map(|end| {
+                    match self.backend.event_synchronize(end, left_of(started, wait), op) {
+                        Ok(()) => None,
+                        // Cut short by `hard`: `r` may still end within its budget.
+                        Err(SyncError::Timeout) if cut.is_some() => Some(Ahead::Undecided),
+                        Err(SyncError::Timeout) => {
+                            Some(Ahead::Stuck(r.run_id, r.launch_seq, AclCode::STREAM_SYNC_TIMEOUT))
+                        }
+                        Err(SyncError::Fault(f)) => {
+                            Some(Ahead::Stuck(r.run_id, r.launch_seq, f.code))
+                        }
                     }
-                    Err(SyncError::Fault(f)) => Some((r.run_id, r.launch_seq, f.code)),
-                }
+                })
             })
+            .unwrap_or(Ahead::Ended)
+    }
+
+    /// How long the recovery drain of a reap may wait: the stream-sync budget, or, for a reap
+    /// that must be over by `hard`, what is left until then (at least [`MIN_RECOVERY_DRAIN`]).
+    fn recovery_drain(&self, hard: Option<Instant>) -> Duration {
+        let full = self.timeouts.stream_sync;
+        hard.map_or(full, |h| {
+            h.saturating_duration_since(Instant::now()).max(MIN_RECOVERY_DRAIN).min(full)
         })
     }
 
@@ -344,21 +430,22 @@ impl Core {
 
     /// R2: recover, collect what the device reported (earliest fault first) and the latched
     /// status when the device went idle, run the terminal cleanup, and type the error; a
-    /// timeout names `budget`, the stream-sync budget the run was given.
+    /// timeout names `wait.budget`, the stream-sync budget the run was given.
     fn sync_failure(
         &mut self,
         run: &mut RunState,
         stream: StreamKind,
         step: PoisonStep,
         e: SyncError,
-        budget: Duration,
+        wait: ReapWait,
     ) -> DeviceError {
         let op = self.timeouts.op_execute;
         let code = match &e {
             SyncError::Timeout => AclCode::STREAM_SYNC_TIMEOUT,
             SyncError::Fault(f) => f.code,
         };
-        self.recover_or_mark_unusable(run.run_id, run.launch_seq, step, code);
+        let drain = self.recovery_drain(wait.hard);
+        self.recover_or_mark_unusable(run.run_id, run.launch_seq, step, code, drain);
         let other =
             if stream == StreamKind::Aicpu { StreamKind::AiCore } else { StreamKind::Aicpu };
         let other_status = self.backend.query(other, op);
@@ -386,7 +473,7 @@ impl Core {
             SyncError::Timeout => DeviceError::Timeout {
                 run_id,
                 budget: simpler_types::TimeoutBudget::StreamSync,
-                limit: budget,
+                limit: wait.budget,
                 runtime,
                 faults,
             },
