@@ -1,15 +1,17 @@
 //! Device queueing on the simulator: runs launched behind a launched, unreaped run on the same
 //! streams, each completed by its own events; a fault charged to its run with the runs queued
-//! behind it abandoned, whatever order they are reaped in; dropped queued handles
-//! (`docs/pipelining.md`, "Device queueing").
+//! behind it abandoned, whatever order they are reaped in; dropped queued handles, which a
+//! poll or a reap with a deadline never waits for beyond that deadline (`docs/pipelining.md`,
+//! "Device queueing").
 
 mod common;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
+use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{
     AcceptanceSignal, ActiveRun, ChipSlot, DeviceError, DeviceHealth, DeviceRunner, FaultPlan,
     KernelKind, RunRequest, RunnerOptions,
@@ -351,4 +353,132 @@ fn a_fault_report_names_the_core_type_of_the_launch_that_ran_not_of_the_one_queu
     assert!(matches!(r.reap_run(&a2, None), Err(DeviceError::Abandoned { .. })));
     drop(runs);
     r.finalize().unwrap();
+}
+
+/// How long the multiply of a run whose handle is dropped is held, in the tests of the calls
+/// that must not wait for it. They assert a bound on how long a call blocked, not a speed: a
+/// quarter of this, where waiting for the dropped run would take nearly all of it.
+const DROPPED_HOLD: Duration = Duration::from_secs(1);
+
+/// Two slots, device queueing on, and the budgets of the one-second runs above.
+fn two_slot_queue() -> RunnerOptions {
+    fast_options(0)
+        .with_pipeline_slots(2)
+        .with_device_queue(true)
+        .with_scheduler_timeout(Duration::from_secs(2))
+        .with_op_execute_timeout(Duration::from_millis(2500))
+        .with_stream_sync_timeout(Duration::from_millis(3600))
+}
+
+/// Runs 1 and 2 of the vector example queued back to back, each held [`DROPPED_HOLD`]; run 1's
+/// handle is dropped while it executes. Returns run 2's handle and the cleanups before the drop.
+fn second_behind_a_dropped_first(
+    r: &mut DeviceRunner,
+    runs: &[VectorRun],
+    cfg: &CallConfig,
+) -> (ActiveRun, u64) {
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, DROPPED_HOLD);
+    let mut active = launch_queue(r, slot, runs, cfg);
+    let second = active.pop().unwrap();
+    let cleanups = r.stats().terminal_cleanups;
+    drop(active);
+    (second, cleanups)
+}
+
+/// Both slots take a run again, and finalize finds nothing left over.
+fn both_slots_free_and_nothing_left(mut r: DeviceRunner, runs: Vec<VectorRun>) {
+    assert!(r.health().is_healthy());
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let cfg = CallConfig::default();
+    let again: Vec<_> = (0..2)
+        .map(|i| r.prepare(&RunRequest::new(run_id(10 + i), slot, &runs[0].args, &cfg)).unwrap())
+        .collect();
+    for p in again {
+        r.abandon(p).unwrap();
+    }
+    for v in runs {
+        v.free(&mut r);
+    }
+    assert_eq!(r.finalize().unwrap().abandoned_run, None, "no run was left to finalize");
+}
+
+#[test]
+fn a_poll_never_waits_for_a_dropped_run_still_executing_ahead_and_a_later_poll_cleans_it_up() {
+    let mut r = DeviceRunner::attach(two_slot_queue()).unwrap();
+    let runs: Vec<_> = (0..2).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let cfg = CallConfig::default();
+    let (second, cleanups) = second_behind_a_dropped_first(&mut r, &runs, &cfg);
+    let started = Instant::now();
+    assert!(!r.poll_run(&second).unwrap(), "run 2 is queued behind the held run 1");
+    let took = started.elapsed();
+    assert!(took < DROPPED_HOLD / 4, "the poll waited {took:?} for the dropped run 1");
+    assert_eq!(r.stats().terminal_cleanups, cleanups, "run 1 still executes: it stays queued");
+    // Run 1 ends before run 2, and the poll that sees run 2 done has cleaned run 1 up.
+    let give_up = Instant::now() + 4 * DROPPED_HOLD;
+    while !r.poll_run(&second).unwrap() {
+        assert!(Instant::now() < give_up, "run 2 never ended");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 1, "the dropped run 1 was cleaned up");
+    assert!(r.reap_run(&second, None).unwrap());
+    assert_eq!(r.complete_run(second).unwrap().run_id, Some(run_id(2)));
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 2);
+    for v in &runs {
+        v.check(&mut r);
+    }
+    r.sim_faults().unwrap().clear();
+    both_slots_free_and_nothing_left(r, runs);
+}
+
+#[test]
+fn a_reap_with_a_deadline_waits_no_longer_than_it_for_a_dropped_run_queued_ahead() {
+    let mut r = DeviceRunner::attach(two_slot_queue()).unwrap();
+    let runs: Vec<_> = (0..2).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let cfg = CallConfig::default();
+    let (second, cleanups) = second_behind_a_dropped_first(&mut r, &runs, &cfg);
+    let started = Instant::now();
+    assert!(!r.reap_run(&second, Some(Duration::from_millis(50))).unwrap(), "run 2 is behind");
+    let took = started.elapsed();
+    assert!(took < DROPPED_HOLD / 4, "the reap waited {took:?} for the dropped run 1");
+    assert_eq!(r.stats().terminal_cleanups, cleanups, "run 1 still executes: it stays queued");
+    // Without a deadline the dropped run ahead is reaped first, then run 2.
+    assert!(r.reap_run(&second, None).unwrap());
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 1, "the dropped run 1 was cleaned up");
+    assert_eq!(r.complete_run(second).unwrap().run_id, Some(run_id(2)));
+    for v in &runs {
+        v.check(&mut r);
+    }
+    r.sim_faults().unwrap().clear();
+    both_slots_free_and_nothing_left(r, runs);
+}
+
+#[test]
+fn a_reap_with_a_deadline_does_not_wait_for_a_dropped_run_queued_behind() {
+    let mut r = DeviceRunner::attach(two_slot_queue()).unwrap();
+    let sum = r.register_callable(&add::callable().unwrap()).unwrap();
+    let vector = r.register_callable(&vector_callable()).unwrap();
+    let runs: Vec<_> = (0..2).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let cfg = CallConfig::default();
+    // Run 1 only adds; run 2, queued behind it, runs the held multiply.
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, DROPPED_HOLD);
+    let p1 = r.prepare(&RunRequest::new(run_id(1), sum, &runs[0].args, &cfg)).unwrap();
+    let first = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), vector, &runs[1].args, &cfg)).unwrap();
+    let cleanups = r.stats().terminal_cleanups;
+    drop(r.launch_run(p2).unwrap());
+    let started = Instant::now();
+    assert!(r.reap_run(&first, Some(DROPPED_HOLD / 2)).unwrap(), "run 1 ends on its own");
+    let took = started.elapsed();
+    assert!(took < DROPPED_HOLD / 4, "the reap waited {took:?} for the dropped run 2 behind");
+    assert_eq!(r.stats().terminal_cleanups, cleanups, "run 2 still executes: it stays queued");
+    // Completing run 1 may wait: it reaps the dropped run 2 first.
+    assert_eq!(r.complete_run(first).unwrap().run_id, Some(run_id(1)));
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 2);
+    let sums = download_f32(&mut r, runs[0].ptrs[2], runs[0].a.len());
+    let expected: Vec<f32> = runs[0].a.iter().zip(&runs[0].b).map(|(a, b)| a + b).collect();
+    assert_eq!(sums, expected);
+    runs[1].check(&mut r);
+    r.sim_faults().unwrap().clear();
+    both_slots_free_and_nothing_left(r, runs);
 }

@@ -13,7 +13,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::three_args;
 use simpler_acl_sys::standin::{Call, FakeInstall, ObjectKind};
@@ -1223,6 +1223,97 @@ fn a_queued_run_that_never_began_behind_runs_that_all_ended_times_out_itself() {
     );
     assert!(matches!(health, DeviceHealth::Unusable { cause } if cause.run_id == run_id(2)));
     assert!(matches!(first, Ok(true)), "run 1 ended before the device stopped: {first:?}");
+}
+
+/// Checks that every event sync and drain in `log` asked for the shortest wait (1 ms).
+fn no_wait_asked(log: &[Call]) {
+    let waits = ["aclrtSynchronizeEventWithTimeout", "aclrtSynchronizeDeviceWithTimeout"];
+    for c in log.iter().filter(|c| waits.contains(&c.func.as_str())) {
+        assert_eq!(c.timeout, Some(1), "a poll asked the device for a wait: {c:?}");
+    }
+}
+
+#[test]
+fn a_dropped_queued_run_only_ever_polled_past_asks_for_no_long_wait_and_still_times_out() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
+    let cfg = CallConfig::default();
+    // The device stops inside run 1 (its AICPU end is never reached) and never goes on.
+    b.install.set_value("pending_after_records", 3).unwrap();
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
+    let a1 = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
+    let a2 = r.launch_run(p2).unwrap();
+    drop(a1);
+    b.log();
+    // Run 2 is only polled: each poll looks at the dropped run 1 without waiting for it, and
+    // run 1 still times out once its stream-sync budget, begun at the first poll, has passed.
+    let started = Instant::now();
+    let mut polls = 0u32;
+    while !r.poll_run(&a2).unwrap() {
+        polls += 1;
+        assert!(started.elapsed() < Duration::from_secs(20), "the dropped run 1 never timed out");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let log = b.log();
+    no_wait_asked(&log);
+    assert_eq!(count(&log, "aclrtSynchronizeDeviceWithTimeout"), 1, "one recovery drain");
+    assert!(polls > 0, "the first polls left run 1 queued");
+    assert!(started.elapsed() >= Duration::from_millis(STREAM_SYNC_MS as u64));
+    assert!(matches!(r.health(), DeviceHealth::Unusable { cause } if cause.run_id == run_id(1)));
+    let err = r.reap_run(&a2, None).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::Abandoned { run_id: id, after, .. }
+            if id == run_id(2) && after == run_id(1)),
+        "{err}"
+    );
+    v1.free(&mut r);
+    v2.free(&mut r);
+    r.finalize().unwrap();
+    // The short drain still marked the timed-out device for the force reset.
+    assert_eq!(count(&b.log(), "aclrtResetDeviceForce"), 1);
+    assert_eq!(b.live(), [0; 5]);
+}
+
+#[test]
+fn polls_never_blame_a_dropped_run_that_never_began_on_the_run_ahead_before_that_runs_budget() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
+    let cfg = CallConfig::default();
+    // The device stops inside run 1 (only its AICore begin is reached): run 2 never begins.
+    b.install.set_value("pending_after_records", 1).unwrap();
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
+    let a1 = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
+    drop(r.launch_run(p2).unwrap());
+    b.log();
+    // Run 1 is only polled, past the budget of the dropped run 2 (two budgets: run 1 was
+    // ahead of it). Run 1's own budget has not begun (it was never reaped), so the polls
+    // cannot tell whether run 1 is stuck: run 2 stays queued and nobody is blamed.
+    let past = Duration::from_millis(2 * STREAM_SYNC_MS as u64 + 500);
+    let started = Instant::now();
+    while started.elapsed() < past {
+        assert!(!r.poll_run(&a1).unwrap(), "run 1 never ends");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    no_wait_asked(&b.log());
+    assert!(r.health().is_healthy(), "a poll blamed a run: {:?}", r.health());
+    // Reaped without a deadline, run 1 is the run the device stopped in.
+    let err = r.reap_run(&a1, None).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::Timeout { run_id: id, budget: TimeoutBudget::StreamSync, .. }
+            if id == run_id(1)),
+        "{err}"
+    );
+    assert!(matches!(r.health(), DeviceHealth::Unusable { cause } if cause.run_id == run_id(1)));
+    v1.free(&mut r);
+    v2.free(&mut r);
+    assert_eq!(r.finalize().unwrap().abandoned_run, None, "the dropped run 2 was cleaned up");
+    assert_eq!(b.live(), [0; 5]);
 }
 
 /// Queues runs 1 and 2, arms a fault with `arm`, reaps run 1 and returns its error after
