@@ -385,6 +385,9 @@ impl Session {
                     return Err(Waited::Failed(RemoteError::Finalized));
                 }
             }
+            if let Some(e) = self.transport.protocol_failure(self.rank) {
+                return Err(Waited::Failed(e));
+            }
             if self.transport.silent_for(self.rank) > self.liveness {
                 return Err(Waited::Failed(RemoteError::Unresponsive {
                     rank: self.rank,
@@ -439,7 +442,7 @@ impl Session {
             Ok(Packet::Completion { outcome, .. }) => Ok(outcome),
             Ok(_) => unreachable!("wait returns only frames its filter accepts"),
             Err(Waited::Failed(e)) => {
-                if matches!(e, RemoteError::Unresponsive { .. }) {
+                if matches!(e, RemoteError::Unresponsive { .. } | RemoteError::Protocol { .. }) {
                     self.failed = Some(e.clone());
                 }
                 Err(e)
@@ -479,7 +482,7 @@ impl Session {
                 Err((rank, refused(format!("no answer within {PREPARE_BUDGET:?}"))))
             }
             Err(Waited::Failed(e)) => {
-                if matches!(e, RemoteError::Unresponsive { .. }) {
+                if matches!(e, RemoteError::Unresponsive { .. } | RemoteError::Protocol { .. }) {
                     self.failed = Some(e.clone());
                 }
                 Err((rank, e))

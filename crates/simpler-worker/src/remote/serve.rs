@@ -218,7 +218,11 @@ fn next(t: &Transport, inbox: &Receiver<Packet>) -> Result<Packet, RemoteError> 
     loop {
         match inbox.recv_timeout(WAIT_SLICE) {
             Ok(p) => return Ok(p),
-            Err(RecvTimeoutError::Timeout) if !t.is_stopped() => {}
+            Err(RecvTimeoutError::Timeout) if !t.is_stopped() => {
+                if let Some(e) = t.protocol_failure(0) {
+                    return Err(e);
+                }
+            }
             Err(_) => return Err(RemoteError::Finalized),
         }
     }

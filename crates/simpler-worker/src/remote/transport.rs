@@ -76,6 +76,10 @@ struct Shared {
     /// Per rank: ping interval in nanoseconds; 0 = not watched.
     ping_every: Vec<AtomicU64>,
     inboxes: Mutex<Vec<Inbox>>,
+    /// Per rank: what was wrong with the first frame from it that did not decode since its
+    /// session opened. The frame's sequence number is unknown, so every wait on that rank
+    /// fails with it rather than waiting for a reply that was lost.
+    malformed: Mutex<Vec<Option<String>>>,
     /// Set by the MPI thread when it leaves its loop (finalized or failed).
     stopped: AtomicBool,
 }
@@ -87,8 +91,29 @@ enum Inbox {
 }
 
 impl Shared {
+    fn new(size: i32) -> Shared {
+        let per_rank = 0..size.max(0);
+        Shared {
+            epoch: Instant::now(),
+            last_heard: per_rank.clone().map(|_| AtomicU64::new(0)).collect(),
+            ping_every: per_rank.clone().map(|_| AtomicU64::new(0)).collect(),
+            inboxes: Mutex::new(
+                per_rank.clone().map(|_| Inbox::Closed(Default::default())).collect(),
+            ),
+            malformed: Mutex::new(per_rank.map(|_| None).collect()),
+            stopped: AtomicBool::new(false),
+        }
+    }
+
     fn now_nanos(&self) -> u64 {
         self.epoch.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
+    }
+
+    /// The protocol error of a frame from `rank` that did not decode, if one arrived.
+    fn protocol_failure(&self, rank: i32) -> Option<RemoteError> {
+        let malformed = self.malformed.lock();
+        let what = malformed.get(usize::try_from(rank).ok()?)?.clone()?;
+        Some(RemoteError::Protocol { rank, what: format!("a frame did not decode: {what}") })
     }
 }
 
@@ -183,6 +208,9 @@ impl Transport {
             let _ = tx.send(p);
         }
         *slot = Inbox::Open(tx);
+        if let Some(m) = self.shared.malformed.lock().get_mut(rank as usize) {
+            *m = None;
+        }
         Ok(rx)
     }
 
@@ -224,6 +252,12 @@ impl Transport {
         let heard =
             self.shared.last_heard.get(rank as usize).map_or(0, |h| h.load(Ordering::Acquire));
         Duration::from_nanos(self.shared.now_nanos().saturating_sub(heard))
+    }
+
+    /// The protocol error of a frame from `rank` that did not decode since its inbox opened:
+    /// a wait on `rank` fails with it.
+    pub(crate) fn protocol_failure(&self, rank: i32) -> Option<RemoteError> {
+        self.shared.protocol_failure(rank)
     }
 
     /// Whether the MPI thread has left its loop.
@@ -289,13 +323,7 @@ fn mpi_thread(cmd_rx: Receiver<Command>, ready_tx: ReadyTx) {
         return;
     }
     let size = world.size();
-    let shared = std::sync::Arc::new(Shared {
-        epoch: Instant::now(),
-        last_heard: (0..size).map(|_| AtomicU64::new(0)).collect(),
-        ping_every: (0..size).map(|_| AtomicU64::new(0)).collect(),
-        inboxes: Mutex::new((0..size).map(|_| Inbox::Closed(Default::default())).collect()),
-        stopped: AtomicBool::new(false),
-    });
+    let shared = std::sync::Arc::new(Shared::new(size));
     let host = mpi::environment::processor_name().unwrap_or_else(|_| "unknown host".to_owned());
     let ready = Ready { rank: world.rank(), size, host };
     if ready_tx.send(Ok((ready, std::sync::Arc::clone(&shared)))).is_err() {
@@ -422,6 +450,9 @@ fn route(shared: &Shared, from: i32, bytes: &[u8]) {
         Ok(p) => p,
         Err(e) => {
             tracing::error!(rank = from, error = %e, "dropping a malformed frame");
+            if let Some(m @ None) = shared.malformed.lock().get_mut(from as usize) {
+                *m = Some(e.to_string());
+            }
             return;
         }
     };
@@ -443,5 +474,26 @@ fn route(shared: &Shared, from: i32, bytes: &[u8]) {
             backlog.push_back(packet);
         }
         None => tracing::error!(rank = from, "a frame from a rank outside the world"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_that_does_not_decode_fails_the_waits_on_its_rank() {
+        let shared = Shared::new(3);
+        route(&shared, 1, &Packet::Hello.encode());
+        assert!(shared.protocol_failure(1).is_none());
+        route(&shared, 1, &[0xff; 5]);
+        match shared.protocol_failure(1) {
+            Some(RemoteError::Protocol { rank: 1, what }) => {
+                assert!(what.contains("did not decode"), "{what}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(shared.protocol_failure(2).is_none(), "only that rank's waits fail");
+        assert!(shared.protocol_failure(7).is_none());
     }
 }
