@@ -21,7 +21,8 @@
 //!   in the forked child (`dup2`/`fcntl` only).
 //! - `src/process/child.rs`: taking ownership of the inherited mailbox descriptor.
 //! - `src/remote/transport.rs` (feature `mpi`): setting MPI's errors-return handler, which the
-//!   `mpi` crate has no safe call for.
+//!   `mpi` crate has no safe call for, and a standard send that reports MPI's error code (the
+//!   crate's own send drops it).
 //!
 //! # Example
 //!

@@ -385,7 +385,7 @@ impl Session {
                     return Err(Waited::Failed(RemoteError::Finalized));
                 }
             }
-            if let Some(e) = self.transport.protocol_failure(self.rank) {
+            if let Some(e) = self.transport.lost_frame(self.rank) {
                 return Err(Waited::Failed(e));
             }
             if self.transport.silent_for(self.rank) > self.liveness {
@@ -442,7 +442,12 @@ impl Session {
             Ok(Packet::Completion { outcome, .. }) => Ok(outcome),
             Ok(_) => unreachable!("wait returns only frames its filter accepts"),
             Err(Waited::Failed(e)) => {
-                if matches!(e, RemoteError::Unresponsive { .. } | RemoteError::Protocol { .. }) {
+                if matches!(
+                    e,
+                    RemoteError::Unresponsive { .. }
+                        | RemoteError::Protocol { .. }
+                        | RemoteError::Mpi { .. }
+                ) {
                     self.failed = Some(e.clone());
                 }
                 Err(e)
@@ -482,7 +487,12 @@ impl Session {
                 Err((rank, refused(format!("no answer within {PREPARE_BUDGET:?}"))))
             }
             Err(Waited::Failed(e)) => {
-                if matches!(e, RemoteError::Unresponsive { .. } | RemoteError::Protocol { .. }) {
+                if matches!(
+                    e,
+                    RemoteError::Unresponsive { .. }
+                        | RemoteError::Protocol { .. }
+                        | RemoteError::Mpi { .. }
+                ) {
                     self.failed = Some(e.clone());
                 }
                 Err((rank, e))

@@ -219,7 +219,7 @@ fn next(t: &Transport, inbox: &Receiver<Packet>) -> Result<Packet, RemoteError> 
         match inbox.recv_timeout(WAIT_SLICE) {
             Ok(p) => return Ok(p),
             Err(RecvTimeoutError::Timeout) if !t.is_stopped() => {
-                if let Some(e) = t.protocol_failure(0) {
+                if let Some(e) = t.lost_frame(0) {
                     return Err(e);
                 }
             }

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use mpi::Threading;
 use mpi::topology::{Communicator, SimpleCommunicator};
-use mpi::traits::{Destination, MatchedReceiveVec, Source};
+use mpi::traits::{MatchedReceiveVec, Source};
 use parking_lot::Mutex;
 
 use super::error::RemoteError;
@@ -76,10 +76,10 @@ struct Shared {
     /// Per rank: ping interval in nanoseconds; 0 = not watched.
     ping_every: Vec<AtomicU64>,
     inboxes: Mutex<Vec<Inbox>>,
-    /// Per rank: what was wrong with the first frame from it that did not decode since its
-    /// session opened. The frame's sequence number is unknown, so every wait on that rank
-    /// fails with it rather than waiting for a reply that was lost.
-    malformed: Mutex<Vec<Option<String>>>,
+    /// Per rank: the first frame lost since its session opened, one from it that did not
+    /// decode or one to it that MPI refused. Which task's frame it was is unknown, so every
+    /// wait on that rank fails with it rather than waiting for a reply that will not come.
+    lost: Mutex<Vec<Option<RemoteError>>>,
     /// Set by the MPI thread when it leaves its loop (finalized or failed).
     stopped: AtomicBool,
 }
@@ -100,7 +100,7 @@ impl Shared {
             inboxes: Mutex::new(
                 per_rank.clone().map(|_| Inbox::Closed(Default::default())).collect(),
             ),
-            malformed: Mutex::new(per_rank.map(|_| None).collect()),
+            lost: Mutex::new(per_rank.map(|_| None).collect()),
             stopped: AtomicBool::new(false),
         }
     }
@@ -109,11 +109,17 @@ impl Shared {
         self.epoch.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
     }
 
-    /// The protocol error of a frame from `rank` that did not decode, if one arrived.
-    fn protocol_failure(&self, rank: i32) -> Option<RemoteError> {
-        let malformed = self.malformed.lock();
-        let what = malformed.get(usize::try_from(rank).ok()?)?.clone()?;
-        Some(RemoteError::Protocol { rank, what: format!("a frame did not decode: {what}") })
+    /// The error of the first frame lost to or from `rank` since its session opened.
+    fn lost_frame(&self, rank: i32) -> Option<RemoteError> {
+        self.lost.lock().get(usize::try_from(rank).ok()?)?.clone()
+    }
+
+    /// Records `e` as the frame lost to or from `rank`, unless one is recorded already.
+    fn lose_frame(&self, rank: i32, e: RemoteError) {
+        let mut lost = self.lost.lock();
+        if let Some(slot @ None) = usize::try_from(rank).ok().and_then(|r| lost.get_mut(r)) {
+            *slot = Some(e);
+        }
     }
 }
 
@@ -208,8 +214,8 @@ impl Transport {
             let _ = tx.send(p);
         }
         *slot = Inbox::Open(tx);
-        if let Some(m) = self.shared.malformed.lock().get_mut(rank as usize) {
-            *m = None;
+        if let Some(lost) = self.shared.lost.lock().get_mut(rank as usize) {
+            *lost = None;
         }
         Ok(rx)
     }
@@ -254,10 +260,10 @@ impl Transport {
         Duration::from_nanos(self.shared.now_nanos().saturating_sub(heard))
     }
 
-    /// The protocol error of a frame from `rank` that did not decode since its inbox opened:
-    /// a wait on `rank` fails with it.
-    pub(crate) fn protocol_failure(&self, rank: i32) -> Option<RemoteError> {
-        self.shared.protocol_failure(rank)
+    /// The error of the first frame lost to or from `rank` since its inbox opened (one that
+    /// did not decode, or a send MPI refused): a wait on `rank` fails with it.
+    pub(crate) fn lost_frame(&self, rank: i32) -> Option<RemoteError> {
+        self.shared.lost_frame(rank)
     }
 
     /// Whether the MPI thread has left its loop.
@@ -368,7 +374,7 @@ fn serve_loop(
         }
         for c in pending {
             busy = true;
-            if !run_command(world, health, c) {
+            if !run_command(world, health, shared, c) {
                 return;
             }
         }
@@ -386,7 +392,8 @@ fn serve_loop(
             heard(shared, from);
             if let Ok(Packet::Ping { nonce }) = Packet::decode(&bytes) {
                 let pong = Packet::Pong { nonce }.encode();
-                health.process_at_rank(from).send_with_tag(&pong[..], TAG);
+                // A lost pong only delays hearing from this rank; liveness judges that.
+                let _ = send(health, from, &pong);
             }
         }
         let now = shared.now_nanos();
@@ -395,7 +402,7 @@ fn serve_loop(
             if every != 0 && now >= next_ping[r as usize] {
                 nonce += 1;
                 let ping = Packet::Ping { nonce }.encode();
-                health.process_at_rank(r).send_with_tag(&ping[..], TAG);
+                let _ = send(health, r, &ping);
                 next_ping[r as usize] = now + every;
             }
         }
@@ -413,7 +420,7 @@ fn serve_loop(
         match cmd_rx.recv_timeout(park) {
             Ok(c) => {
                 last_activity = Instant::now();
-                if !run_command(world, health, c) {
+                if !run_command(world, health, shared, c) {
                     return;
                 }
             }
@@ -423,12 +430,48 @@ fn serve_loop(
     }
 }
 
+/// Sends `bytes` to rank `to` with a standard send, reporting MPI's error code, which the
+/// `mpi` crate's send drops. `bytes` fits a C `int` count: `Transport::send_encoded` refuses
+/// longer frames.
+#[allow(unsafe_code)]
+fn send(comm: &SimpleCommunicator, to: i32, bytes: &[u8]) -> Result<(), RemoteError> {
+    use mpi::datatype::Equivalence;
+    use mpi::raw::AsRaw;
+    let count = i32::try_from(bytes.len()).map_err(|_| RemoteError::FrameTooLarge {
+        rank: to,
+        bytes: bytes.len(),
+        limit: MAX_FRAME_BYTES,
+    })?;
+    // SAFETY: `bytes` is valid for `count` bytes for the whole (blocking) call and MPI only
+    // reads it; the datatype is the predefined one of `u8`; `comm` is a live communicator of
+    // the MPI this thread initialized.
+    let code = unsafe {
+        mpi::ffi::MPI_Send(
+            bytes.as_ptr().cast(),
+            count,
+            u8::equivalent_datatype().as_raw(),
+            to,
+            TAG,
+            comm.as_raw(),
+        )
+    };
+    if code == 0 { Ok(()) } else { Err(RemoteError::Mpi { op: "MPI_Send", code }) }
+}
+
 /// Runs one command; `false` ends the loop.
-fn run_command(world: &SimpleCommunicator, health: &SimpleCommunicator, c: Command) -> bool {
+fn run_command(
+    world: &SimpleCommunicator,
+    health: &SimpleCommunicator,
+    shared: &Shared,
+    c: Command,
+) -> bool {
     match c {
         Command::Send { to, health: on_health, bytes } => {
             let comm = if on_health { health } else { world };
-            comm.process_at_rank(to).send_with_tag(&bytes[..], TAG);
+            if let Err(e) = send(comm, to, &bytes) {
+                tracing::error!(rank = to, error = %e, "a frame could not be sent");
+                shared.lose_frame(to, e);
+            }
             true
         }
         Command::Stall(d) => {
@@ -450,9 +493,8 @@ fn route(shared: &Shared, from: i32, bytes: &[u8]) {
         Ok(p) => p,
         Err(e) => {
             tracing::error!(rank = from, error = %e, "dropping a malformed frame");
-            if let Some(m @ None) = shared.malformed.lock().get_mut(from as usize) {
-                *m = Some(e.to_string());
-            }
+            let what = format!("a frame did not decode: {e}");
+            shared.lose_frame(from, RemoteError::Protocol { rank: from, what });
             return;
         }
     };
@@ -485,15 +527,15 @@ mod tests {
     fn a_frame_that_does_not_decode_fails_the_waits_on_its_rank() {
         let shared = Shared::new(3);
         route(&shared, 1, &Packet::Hello.encode());
-        assert!(shared.protocol_failure(1).is_none());
+        assert!(shared.lost_frame(1).is_none());
         route(&shared, 1, &[0xff; 5]);
-        match shared.protocol_failure(1) {
+        match shared.lost_frame(1) {
             Some(RemoteError::Protocol { rank: 1, what }) => {
                 assert!(what.contains("did not decode"), "{what}");
             }
             other => panic!("{other:?}"),
         }
-        assert!(shared.protocol_failure(2).is_none(), "only that rank's waits fail");
-        assert!(shared.protocol_failure(7).is_none());
+        assert!(shared.lost_frame(2).is_none(), "only that rank's waits fail");
+        assert!(shared.lost_frame(7).is_none());
     }
 }
