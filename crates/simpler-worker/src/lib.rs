@@ -21,8 +21,10 @@
 //!   in the forked child (`dup2`/`fcntl` only).
 //! - `src/process/child.rs`: taking ownership of the inherited mailbox descriptor.
 //! - `src/remote/transport.rs` (feature `mpi`): setting MPI's errors-return handler, which the
-//!   `mpi` crate has no safe call for, and a standard send that reports MPI's error code (the
-//!   crate's own send drops it).
+//!   `mpi` crate has no safe call for.
+//! - `src/remote/sends.rs` (feature `mpi`): nonblocking sends whose buffers the module owns
+//!   until MPI has completed them (the crate's scoped requests cannot outlive a loop
+//!   iteration).
 //!
 //! # Example
 //!

@@ -3,7 +3,8 @@
 //!
 //! Run without MPI's launcher, the binary launches itself twice under `mpirun` and checks
 //! the jobs' exit codes: the conformance job (a remote task on each L3, a remote task error
-//! with its rank frame, a hung rank failing its runs within the liveness budget, a manifest
+//! with its rank frame, a stalled rank that does not silence the others while a large frame
+//! waits for it, a hung rank failing its runs within the liveness budget, a manifest
 //! mismatch refusing start, clean shutdown of every rank) must exit 0; the killed-rank job
 //! (rank 2 aborts in a task) must exit non-zero within its budget instead of hanging.
 //! Without `mpirun` on `PATH` it fails when `CI` is set and says it is skipped otherwise.
@@ -34,7 +35,22 @@ const STALL: Duration = Duration::from_secs(5);
 const N: usize = 1024;
 
 /// The graphs every rank registers, in this order (rank 2 renames one in the mismatch case).
-const GRAPHS: [&str; 7] = ["setup", "compute", "verify", "fail", "stall", "die", "host_add"];
+const GRAPHS: [&str; 10] = [
+    "setup",
+    "compute",
+    "verify",
+    "fail",
+    "stall",
+    "die",
+    "host_add",
+    "stall_soon",
+    "sink",
+    "sleep",
+];
+/// How long after answering `stall_soon` the rank's MPI thread stalls.
+const STALL_DELAY: Duration = Duration::from_millis(300);
+/// How long the `sleep` task computes: longer than [`SHORT_LIVENESS`].
+const LONG_TASK: Duration = Duration::from_millis(2500);
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -252,6 +268,7 @@ fn conformance_rank0(job: &MpiJob) -> Res {
     println!("rank 0: clean shutdown of both remote L3 workers");
 
     host_buffers_across_hosts(job)?;
+    stalled_rank_does_not_silence_the_others(job)?;
 
     // A hung rank: rank 2's MPI thread stops answering; its run fails within the budget
     // while rank 1 keeps working.
@@ -299,6 +316,47 @@ fn conformance_rank0(job: &MpiJob) -> Res {
             return Err("an L4 with a mismatched remote manifest started".into());
         }
     }
+    Ok(())
+}
+
+/// Rank 2's MPI thread stalls (a hung host) while rank 0 sends it a 1 MiB frame, which MPI
+/// sends by rendezvous: rank 0's MPI thread must keep hearing rank 1, whose task computes for
+/// longer than the liveness budget and must succeed. Rank 2's task fails as unresponsive.
+fn stalled_rank_does_not_silence_the_others(job: &MpiJob) -> Res {
+    let (b, h) = l4(job, SHORT_LIVENESS);
+    let w = b.start()?;
+    w.run(on_child(h[7], 1))?;
+    let stall_ends = Instant::now() + STALL_DELAY + STALL;
+    std::thread::sleep(STALL_DELAY * 2);
+    let big = HostBuffer::from_bytes(&vec![0u8; 1 << 20])?;
+    let t = big.tensor(&[1 << 20], DataType::UInt8)?;
+    let sink = h[8];
+    let to_stalled = w.submit(Orchestration::graph(move |g, _, _| {
+        let mut a = TaskArgs::new();
+        a.add_input(t)?;
+        g.submit_next_level(sink, a, &CallConfig::default(), WorkerId(1))?;
+        Ok(())
+    }))?;
+    let t0 = Instant::now();
+    let long = w.run(on_child(h[9], 0));
+    check(long.is_ok(), || {
+        format!("rank 1's task failed while rank 2 was stalled ({:.2?}): {long:?}", t0.elapsed())
+    })?;
+    println!("rank 0: rank 1's {LONG_TASK:?} task succeeded while rank 2 was stalled");
+    let stalled = to_stalled.wait();
+    check(matches!(&stalled, Err(e) if e.to_string().contains("rank 2")), || {
+        format!("the task to the stalled rank gave {stalled:?}")
+    })?;
+    drop(big);
+    match w.close() {
+        Ok(()) => println!("rank 0: closed after the stalled rank"),
+        Err(e) => {
+            check(e.to_string().contains("rank 2"), || format!("close blamed someone else: {e}"))?;
+            println!("rank 0: close reported the stalled rank: {e}");
+        }
+    }
+    // The next session starts with the same short budget: let rank 2 wake up first.
+    std::thread::sleep(stall_ends.saturating_duration_since(Instant::now()) + STALL_DELAY);
     Ok(())
 }
 
@@ -450,10 +508,11 @@ fn killed_rank0(job: &MpiJob) -> Res {
 // Serving ranks
 
 fn conformance_serving(job: &Arc<MpiJob>) -> Res {
-    // Remote tasks and errors; host buffers across hosts; the hung rank.
-    serve(job, &GRAPHS)?;
-    serve(job, &GRAPHS)?;
-    serve(job, &GRAPHS)?;
+    // Remote tasks and errors; host buffers; a stalled rank 2 not silencing rank 1; the hung
+    // rank.
+    for _ in 0..4 {
+        serve(job, &GRAPHS)?;
+    }
     let mut renamed = GRAPHS;
     if job.rank() == 2 {
         renamed[1] = "compute_v2";
@@ -469,7 +528,7 @@ fn conformance_serving(job: &Arc<MpiJob>) -> Res {
 }
 
 /// One session: an L3 worker with one simulated chip and one sub worker, serving `names`.
-fn serve(job: &Arc<MpiJob>, names: &[&str; 7]) -> Result<(), ServeError> {
+fn serve(job: &Arc<MpiJob>, names: &[&str; 10]) -> Result<(), ServeError> {
     let rank = job.rank();
     let mut b =
         Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).chips(&[0]).sub_workers(1);
@@ -478,6 +537,20 @@ fn serve(job: &Arc<MpiJob>, names: &[&str; 7]) -> Result<(), ServeError> {
     let j = Arc::clone(job);
     let stall = b.register_host("stall", move |_| Ok(j.stall_for(STALL)?));
     let die = b.register_host("die", |_| std::process::abort());
+    let j = Arc::clone(job);
+    let stall_soon = b.register_host("stall_soon", move |_| {
+        // Answered first: the MPI thread stalls only once the completion is on its way.
+        let j = Arc::clone(&j);
+        std::thread::spawn(move || {
+            std::thread::sleep(STALL_DELAY);
+            let _ = j.stall_for(STALL);
+        });
+        Ok(())
+    });
+    let sleep = b.register_host("sleep", |_| {
+        std::thread::sleep(LONG_TASK);
+        Ok(())
+    });
     let bufs: Arc<Mutex<Option<[DeviceBuffer; 3]>>> = Arc::default();
     let input = move |which: usize| -> Vec<f32> {
         (0..N).map(|i| i as f32 + (rank as usize * 10 + which) as f32).collect()
@@ -523,6 +596,16 @@ fn serve(job: &Arc<MpiJob>, names: &[&str; 7]) -> Result<(), ServeError> {
     // Rank 0's host buffers, staged onto this rank's chip by its lane.
     graphs.register(names[6], move |g, view, _| {
         g.submit_next_level(add, TaskArgs::from_view(view)?, &CallConfig::default(), WorkerId(0))?;
+        Ok(())
+    });
+    graphs.register(names[7], move |g, _, _| {
+        g.submit_sub(stall_soon, TaskArgs::new())?;
+        Ok(())
+    });
+    // Takes rank 0's host buffers and does nothing with them.
+    graphs.register(names[8], |_, _, _| Ok(()));
+    graphs.register(names[9], move |g, _, _| {
+        g.submit_sub(sleep, TaskArgs::new())?;
         Ok(())
     });
     // Registered by rank 0 after start (the host-buffer session); rank 2 lacks "only_on_1".

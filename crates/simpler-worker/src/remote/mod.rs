@@ -19,6 +19,7 @@
 mod endpoint;
 mod error;
 mod frames;
+mod sends;
 mod serve;
 mod tensors;
 mod transport;

@@ -11,16 +11,18 @@
 //!    `MAX_BACKLOG` frames, until an inbox opens: the peer may be faster than this rank);
 //!    answer every `Ping` on the health communicator with a `Pong`; ping every watched rank
 //!    once per its interval. Any frame from a rank refreshes that rank's `last_heard`.
-//! 3. It never blocks in MPI except in a standard send (the peer's MPI thread receives every
-//!    frame whenever it is alive; a frame with tensor bytes may wait for that, but the peer
-//!    never waits in a send to this rank meanwhile: one task per remote L3 is in flight).
-//!    When idle it yields for a short while, then parks on the command channel with a
-//!    timeout that grows to 1 ms.
-//! 4. `Finalize` (from `MpiJob::finalize` or its drop) leaves the loop and finalizes MPI on
+//! 3. It never blocks in MPI: sends are started and polled (`sends.rs`), so a peer that does
+//!    not receive for a while (a stalled host) delays only the frames to it, never the frames
+//!    from the other ranks. A rank with a ping or pong still on its way gets no new one. When
+//!    idle it yields for a short while, then parks on the command channel with a timeout that
+//!    grows to 1 ms.
+//! 4. Leaving the loop, it gives the frames still being sent a short grace to complete (a
+//!    `Shutdown` reply, say), then frees their requests.
+//! 5. `Finalize` (from `MpiJob::finalize` or its drop) leaves the loop and finalizes MPI on
 //!    the same thread; the caller joins it.
 //!
 //! Liveness is judged by the waiting threads, not here: a waiter compares `last_heard` of its
-//! rank with its budget, so even an MPI thread stuck in a send cannot keep a waiter waiting.
+//! rank with its budget.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -34,6 +36,7 @@ use parking_lot::Mutex;
 
 use super::error::RemoteError;
 use super::frames::Packet;
+use super::sends::InFlight;
 
 /// After the last activity the thread yields (stays hot) for this long before parking.
 const HOT_SPELL: Duration = Duration::from_millis(2);
@@ -43,6 +46,9 @@ const MAX_PARK: Duration = Duration::from_millis(1);
 const MAX_BACKLOG: usize = 64;
 /// Tag of every frame (communicators keep data and health apart, not tags).
 const TAG: i32 = 1;
+
+/// How long a leaving MPI thread waits for the frames it is still sending.
+const SEND_GRACE: Duration = Duration::from_millis(500);
 
 /// The largest frame: an MPI message's element count is a C `int`.
 pub(crate) const MAX_FRAME_BYTES: usize = i32::MAX as usize;
@@ -366,16 +372,17 @@ fn serve_loop(
     let mut next_ping: Vec<u64> = vec![0; size as usize];
     let mut nonce = 0u64;
     let mut last_activity = Instant::now();
+    let mut sending: Vec<InFlight> = Vec::new();
     loop {
-        let mut busy = false;
+        let mut busy = poll_sends(shared, &mut sending);
         let mut pending = Vec::new();
         while let Ok(c) = cmd_rx.try_recv() {
             pending.push(c);
         }
         for c in pending {
             busy = true;
-            if !run_command(world, health, shared, c) {
-                return;
+            if !run_command(world, health, shared, &mut sending, c) {
+                return drain_sends(shared, &mut sending);
             }
         }
         while let Some(probed) = world.any_process().immediate_matched_probe() {
@@ -390,19 +397,28 @@ fn serve_loop(
             let (bytes, status) = probed.matched_receive_vec::<u8>();
             let from = status.source_rank();
             heard(shared, from);
-            if let Ok(Packet::Ping { nonce }) = Packet::decode(&bytes) {
-                let pong = Packet::Pong { nonce }.encode();
+            if let Ok(Packet::Ping { nonce }) = Packet::decode(&bytes)
+                && !health_frame_on_its_way(&sending, from)
+            {
                 // A lost pong only delays hearing from this rank; liveness judges that.
-                let _ = send(health, from, &pong);
+                let pong = Packet::Pong { nonce }.encode();
+                if let Ok(f) = InFlight::start(health, from, true, TAG, pong) {
+                    sending.push(f);
+                }
             }
         }
         let now = shared.now_nanos();
         for r in 0..size {
             let every = shared.ping_every[r as usize].load(Ordering::Acquire);
-            if every != 0 && now >= next_ping[r as usize] {
+            // A schedule longer than the interval is an earlier session's (a watch with a
+            // shorter budget): the next ping is due now, not when that one said.
+            let due = now >= next_ping[r as usize] || next_ping[r as usize] > now + every;
+            if every != 0 && due && !health_frame_on_its_way(&sending, r) {
                 nonce += 1;
                 let ping = Packet::Ping { nonce }.encode();
-                let _ = send(health, r, &ping);
+                if let Ok(f) = InFlight::start(health, r, true, TAG, ping) {
+                    sending.push(f);
+                }
                 next_ping[r as usize] = now + every;
             }
         }
@@ -420,42 +436,49 @@ fn serve_loop(
         match cmd_rx.recv_timeout(park) {
             Ok(c) => {
                 last_activity = Instant::now();
-                if !run_command(world, health, shared, c) {
-                    return;
+                if !run_command(world, health, shared, &mut sending, c) {
+                    return drain_sends(shared, &mut sending);
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
+            Err(RecvTimeoutError::Disconnected) => return drain_sends(shared, &mut sending),
         }
     }
 }
 
-/// Sends `bytes` to rank `to` with a standard send, reporting MPI's error code, which the
-/// `mpi` crate's send drops. `bytes` fits a C `int` count: `Transport::send_encoded` refuses
-/// longer frames.
-#[allow(unsafe_code)]
-fn send(comm: &SimpleCommunicator, to: i32, bytes: &[u8]) -> Result<(), RemoteError> {
-    use mpi::datatype::Equivalence;
-    use mpi::raw::AsRaw;
-    let count = i32::try_from(bytes.len()).map_err(|_| RemoteError::FrameTooLarge {
-        rank: to,
-        bytes: bytes.len(),
-        limit: MAX_FRAME_BYTES,
-    })?;
-    // SAFETY: `bytes` is valid for `count` bytes for the whole (blocking) call and MPI only
-    // reads it; the datatype is the predefined one of `u8`; `comm` is a live communicator of
-    // the MPI this thread initialized.
-    let code = unsafe {
-        mpi::ffi::MPI_Send(
-            bytes.as_ptr().cast(),
-            count,
-            u8::equivalent_datatype().as_raw(),
-            to,
-            TAG,
-            comm.as_raw(),
-        )
-    };
-    if code == 0 { Ok(()) } else { Err(RemoteError::Mpi { op: "MPI_Send", code }) }
+/// Whether a ping or pong to `rank` is still being sent.
+fn health_frame_on_its_way(sending: &[InFlight], rank: i32) -> bool {
+    sending.iter().any(|f| f.health && f.to == rank)
+}
+
+/// Drops the sends MPI has completed; a data frame MPI failed is recorded as lost. Returns
+/// whether any completed.
+fn poll_sends(shared: &Shared, sending: &mut Vec<InFlight>) -> bool {
+    let before = sending.len();
+    sending.retain_mut(|f| match f.done() {
+        Ok(done) => !done,
+        Err(e) => {
+            if !f.health {
+                tracing::error!(rank = f.to, error = %e, "a frame could not be sent");
+                shared.lose_frame(f.to, e);
+            }
+            false
+        }
+    });
+    sending.len() < before
+}
+
+/// Gives the frames still being sent [`SEND_GRACE`] to complete; the rest are given up.
+fn drain_sends(shared: &Shared, sending: &mut Vec<InFlight>) {
+    let until = Instant::now() + SEND_GRACE;
+    while !sending.is_empty() && Instant::now() < until {
+        poll_sends(shared, sending);
+        std::thread::yield_now();
+    }
+    if !sending.is_empty() {
+        tracing::warn!(frames = sending.len(), "leaving with frames still being sent");
+    }
+    sending.clear();
 }
 
 /// Runs one command; `false` ends the loop.
@@ -463,14 +486,18 @@ fn run_command(
     world: &SimpleCommunicator,
     health: &SimpleCommunicator,
     shared: &Shared,
+    sending: &mut Vec<InFlight>,
     c: Command,
 ) -> bool {
     match c {
         Command::Send { to, health: on_health, bytes } => {
             let comm = if on_health { health } else { world };
-            if let Err(e) = send(comm, to, &bytes) {
-                tracing::error!(rank = to, error = %e, "a frame could not be sent");
-                shared.lose_frame(to, e);
+            match InFlight::start(comm, to, on_health, TAG, bytes) {
+                Ok(f) => sending.push(f),
+                Err(e) => {
+                    tracing::error!(rank = to, error = %e, "a frame could not be sent");
+                    shared.lose_frame(to, e);
+                }
             }
             true
         }
