@@ -11,21 +11,19 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::standin::{AddRun, Onboard, STREAM_SYNC_MS, count, names, position};
 use common::three_args;
-use simpler_acl_sys::standin::{Call, FakeInstall, ObjectKind};
+use simpler_acl_sys::standin::{Call, FakeInstall};
 use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{
     AcceptanceSignal, ActiveRun, ArgDirection, ChipCallable, CoreCallable, DeviceError,
-    DeviceHealth, DevicePtr, DeviceRunner, InitStep, KernelCode, KernelKind, Orchestration,
+    DeviceHealth, DeviceRunner, InitStep, KernelCode, KernelKind, Orchestration,
     OrchestrationObject, RunRequest, RunnerOptions, RuntimeVariant,
 };
-use simpler_types::{CallConfig, DataType, RunId, TaskArgs, Tensor, TimeoutBudget};
-
-const STREAM_SYNC_MS: i64 = 3_000;
+use simpler_types::{CallConfig, RunId, TimeoutBudget};
 
 fn run_id(n: u64) -> RunId {
     RunId::from_raw(n).unwrap()
@@ -64,73 +62,6 @@ impl Bench for Sim {
     }
 }
 
-/// A fake CANN install and a manifest of placeholder device programs.
-struct Onboard {
-    install: FakeInstall,
-    _programs: tempfile::TempDir,
-    manifest: PathBuf,
-}
-
-impl Onboard {
-    fn new() -> Onboard {
-        Onboard::from_install(FakeInstall::standard().unwrap())
-    }
-
-    fn from_install(install: FakeInstall) -> Onboard {
-        if install.live(ObjectKind::Streams).is_ok() {
-            install.set_value("device_count", 8).unwrap();
-        }
-        let dir = tempfile::tempdir().unwrap();
-        for (name, bytes) in [
-            ("libsimpler_aicpu_hbg.so", &b"\x7fELF placeholder AICPU program"[..]),
-            ("libsimpler_aicpu_dispatcher.so", b"\x7fELF placeholder dispatcher"),
-            ("aicore_hbg.o", b"\x7fELF placeholder AICore executor"),
-        ] {
-            std::fs::write(dir.path().join(name), bytes).unwrap();
-        }
-        let manifest = dir.path().join("manifest.json");
-        let abi = simpler_device_a2a3::abi::ABI_VERSION;
-        std::fs::write(
-            &manifest,
-            format!(
-                r#"{{ "abi_version": {abi}, "artifacts": {{
-                "aicpu_program": {{ "path": "libsimpler_aicpu_hbg.so" }},
-                "dispatcher": {{ "path": "libsimpler_aicpu_dispatcher.so" }},
-                "aicore_executor": {{ "path": "aicore_hbg.o" }} }} }}"#
-            ),
-        )
-        .unwrap();
-        Onboard { install, _programs: dir, manifest }
-    }
-
-    fn log(&self) -> Vec<Call> {
-        self.install.take_log().unwrap()
-    }
-
-    fn live(&self) -> [usize; 5] {
-        [
-            ObjectKind::Streams,
-            ObjectKind::Events,
-            ObjectKind::Allocations,
-            ObjectKind::Mappings,
-            ObjectKind::CpuBinaries,
-        ]
-        .map(|k| self.install.live(k).unwrap())
-    }
-}
-
-impl Onboard {
-    /// The bench's options under `runtime`.
-    fn options_on(&self, device: u32, runtime: RuntimeVariant) -> RunnerOptions {
-        RunnerOptions::onboard(device, runtime)
-            .with_onboard_manifest(&self.manifest)
-            .with_cann(Arc::new(self.install.cann()))
-            .with_scheduler_timeout(Duration::from_millis(300))
-            .with_op_execute_timeout(Duration::from_micros(600_000))
-            .with_stream_sync_timeout(Duration::from_millis(STREAM_SYNC_MS as u64))
-    }
-}
-
 impl Bench for Onboard {
     fn options(&self, device: u32) -> RunnerOptions {
         self.options_on(device, RuntimeVariant::HostBuildGraph)
@@ -153,45 +84,6 @@ impl Bench for Onboard {
 
     fn executes_kernels(&self) -> bool {
         false
-    }
-}
-
-/// Device buffers and arguments of one `f = a + b` run.
-struct AddRun {
-    ptrs: [DevicePtr; 3],
-    args: TaskArgs,
-}
-
-fn upload(r: &mut DeviceRunner, values: &[f32]) -> (DevicePtr, Tensor) {
-    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let p = r.malloc(bytes.len() as u64).unwrap();
-    r.copy_to_device(p, &bytes).unwrap();
-    let t = Tensor::external(p.addr(), &[values.len() as u32], DataType::Float32)
-        .unwrap()
-        .child_memory(true);
-    (p, t)
-}
-
-impl AddRun {
-    fn new(r: &mut DeviceRunner) -> AddRun {
-        let (pa, ta) = upload(r, &[1.0; 64]);
-        let (pb, tb) = upload(r, &[2.0; 64]);
-        let (pf, tf) = upload(r, &[0.0; 64]);
-        let mut args = TaskArgs::new();
-        args.add_input(ta).unwrap().add_input(tb).unwrap().add_output(tf).unwrap();
-        AddRun { ptrs: [pa, pb, pf], args }
-    }
-
-    fn output(&self, r: &mut DeviceRunner) -> Vec<f32> {
-        let mut bytes = vec![0u8; 64 * 4];
-        r.copy_from_device(&mut bytes, self.ptrs[2]).unwrap();
-        bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-    }
-
-    fn free(self, r: &mut DeviceRunner) {
-        for p in self.ptrs {
-            r.free(p).unwrap();
-        }
     }
 }
 
@@ -329,20 +221,6 @@ on_both_backends! {
 }
 
 // ----- Log-driven tests (onboard only) -----
-
-fn names(log: &[Call]) -> Vec<&str> {
-    log.iter().map(|c| c.func.as_str()).collect()
-}
-
-fn position(log: &[Call], func: &str) -> usize {
-    log.iter()
-        .position(|c| c.func == func)
-        .unwrap_or_else(|| panic!("no {func} in {:?}", names(log)))
-}
-
-fn count(log: &[Call], func: &str) -> usize {
-    log.iter().filter(|c| c.func == func).count()
-}
 
 /// The two stream handles, AICPU first, from an attach log.
 fn streams(log: &[Call]) -> (u64, u64) {

@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 pub mod diag;
+#[cfg(feature = "onboard")]
+pub mod standin;
 
 use std::time::Duration;
 
