@@ -35,6 +35,7 @@
 /* Return codes the stand-in produces. */
 #define OK 0
 #define E_PARAM 107000           /* ACL_ERROR_RT_PARAM_INVALID */
+#define MAX_DEVICES 64
 #define E_REPEAT_INIT 100002     /* ACL_ERROR_REPEAT_INITIALIZE */
 #define E_SYNC_TIMEOUT 507046    /* ACL_ERROR_RT_STREAM_SYNC_TIMEOUT */
 #define E_EVENT_SYNC_TIMEOUT 507047 /* ACL_ERROR_RT_EVENT_SYNC_TIMEOUT */
@@ -108,6 +109,10 @@ typedef struct state {
     int poisoned;
     int acl_initialized;
     int after_force_reset;
+    /* Per device, as CANN counts them: sets since the device was last released. A reset
+     * takes one off and releases the device at 0; a force reset releases it at once; either
+     * is refused when the count is already 0. */
+    uint32_t set_count[MAX_DEVICES];
     /* knobs (standin_set_value) */
     int64_t sync_timeout_stream;   /* creation index (1-based) whose syncs time out; 0 = none */
     int64_t pending_after_records; /* event records that still complete; later ones stay
@@ -416,10 +421,30 @@ static int32_t sync_stream(call *c, void *stream, int64_t timeout) {
     return finish(c, OK);
 }
 
+static int valid_device(int32_t device) {
+    return device >= 0 && device < st->device_count && device < MAX_DEVICES;
+}
+
 static int32_t bind(call *c, int32_t device) {
     c->entry.device = device;
-    if (device < 0 || device >= st->device_count) return fail(c, E_PARAM, "no such device");
+    if (!valid_device(device)) return fail(c, E_PARAM, "no such device");
     bound_device = device;
+    st->set_count[device]++;
+    return finish(c, OK);
+}
+
+/* A reset: one set off (`force`: all of them), refused when none is left. */
+static int32_t reset(call *c, int32_t device, int force) {
+    c->entry.device = device;
+    if (!valid_device(device)) return fail(c, E_PARAM, "no such device");
+    if (st->set_count[device] == 0) {
+        return fail(c, E_PARAM, "the device was released already (no set since the last reset)");
+    }
+    st->set_count[device] = force ? 0 : st->set_count[device] - 1;
+    if (force) {
+        st->poisoned = 0;
+        st->after_force_reset = 1;
+    }
     return finish(c, OK);
 }
 
@@ -459,6 +484,7 @@ EXPORT void standin_reset(void) {
     st->poisoned = 0;
     st->acl_initialized = 0;
     st->after_force_reset = 0;
+    memset(st->set_count, 0, sizeof st->set_count);
     set_defaults(st);
     pthread_mutex_unlock(&st->lock);
 }
@@ -594,16 +620,14 @@ EXPORT int aclrtResetDevice(int32_t deviceId) {
     call c = begin(__func__);
     c.entry.device = deviceId;
     if (c.injected) return finish(&c, c.injected);
-    return finish(&c, OK);
+    return reset(&c, deviceId, 0);
 }
 
 EXPORT int aclrtResetDeviceForce(int32_t deviceId) {
     call c = begin(__func__);
     c.entry.device = deviceId;
     if (c.injected) return finish(&c, c.injected);
-    st->poisoned = 0;
-    st->after_force_reset = 1;
-    return finish(&c, OK);
+    return reset(&c, deviceId, 1);
 }
 
 EXPORT int aclrtGetDevice(int32_t *deviceId) {
@@ -853,7 +877,7 @@ EXPORT int32_t rtDeviceReset(int32_t devId) {
     call c = begin(__func__);
     c.entry.device = devId;
     if (c.injected) return finish(&c, c.injected);
-    return finish(&c, OK);
+    return reset(&c, devId, 0);
 }
 
 EXPORT int32_t rtStreamCreate(void **stm, int32_t priority) {

@@ -83,8 +83,9 @@
 //!   `Sync` impls over CANN handles.
 //! - `src/backend/onboard/programs.rs`: the bootstrap launch, AICPU program loading and the
 //!   AICore executor registration.
-//! - `src/backend/onboard/mod.rs`: attach, stream, core-limit, launch, sync, drain, register
-//!   window and force-reset calls, and the host-mapping offset.
+//! - `src/backend/onboard/mod.rs`: attach, stream, core-limit, launch, sync, drain and
+//!   register window calls, and the host-mapping offset.
+//! - `src/backend/onboard/reset.rs`: the finalize resets, soft and forced, and the probe.
 //! - `src/callable.rs`: the contracts of `SharedObjectKernel::new` and
 //!   `OrchestrationObject::new` (`unsafe fn`s).
 //! - `src/kernel.rs`: the kernel accessors over the argument slots.

@@ -947,6 +947,9 @@ impl Core {
         } else {
             self.unload_orchestrations();
         }
+        // The last run's AICPU end event (device queueing) is released before the reset:
+        // CANN wants events destroyed before the device they belong to.
+        self.last_aicpu_end = None;
         // (4)–(5) Reset the device, join its threads, free everything.
         let allocations = self.backend.memory_counts().allocations as usize;
         report.stuck_threads = self.backend.shutdown();

@@ -7,7 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use simpler_acl_sys::standin::{Call, FakeInstall, ObjectKind};
-use simpler_device_a2a3::{DevicePtr, DeviceRunner, RunnerOptions, RuntimeVariant};
+use simpler_device_a2a3::programs::add;
+use simpler_device_a2a3::{
+    ArgDirection, ChipCallable, CoreCallable, DevicePtr, DeviceRunner, KernelCode, RunnerOptions,
+    RuntimeVariant,
+};
 use simpler_types::{DataType, TaskArgs, Tensor};
 
 /// The stream-sync budget of the fixture's options, in ms.
@@ -69,6 +73,11 @@ impl Onboard {
 }
 
 impl Onboard {
+    /// The bench's options for host_build_graph.
+    pub fn options(&self, device: u32) -> RunnerOptions {
+        self.options_on(device, RuntimeVariant::HostBuildGraph)
+    }
+
     /// The bench's options under `runtime`.
     pub fn options_on(&self, device: u32, runtime: RuntimeVariant) -> RunnerOptions {
         RunnerOptions::onboard(device, runtime)
@@ -78,6 +87,18 @@ impl Onboard {
             .with_op_execute_timeout(Duration::from_micros(600_000))
             .with_stream_sync_timeout(Duration::from_millis(STREAM_SYNC_MS as u64))
     }
+}
+
+/// The one-task `f = a + b` program with a placeholder AICore kernel (the stand-in runs no
+/// device code).
+pub fn add_callable() -> ChipCallable {
+    use ArgDirection::{In, Out};
+    ChipCallable::native(add::orchestration, super::three_args)
+        .names("add", "add_config")
+        .signature(vec![In, In, Out])
+        .kernel(add::ADD, CoreCallable::new(vec![In, In, Out], KernelCode::Text(vec![0; 64])))
+        .build()
+        .unwrap()
 }
 
 /// Device buffers and arguments of one `f = a + b` run.

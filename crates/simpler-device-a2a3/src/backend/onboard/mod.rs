@@ -12,35 +12,41 @@
 //!    sync).
 //! 3. Unload the AICPU program; the AICore registration has no unregister and is forgotten.
 //! 4. Unregister every host mapping, then free every tracked allocation.
-//! 5. Soft reset: `rtDeviceReset`.
-//! 6. If a launch, sync or drain failed during the runner's life: `aclInit` (a repeated
-//!    initialisation is tolerated; `aclFinalize` only if this call initialised ACL), then up
-//!    to three `aclrtResetDeviceForce`, each verified by a probe (bind, create and destroy a
-//!    stream, allocate and free 64 bytes, unbind). All three failing is the finalize error.
+//! 5. Healthy: one soft reset (`rtDeviceReset`) per bind the runner made, since CANN counts
+//!    binds and releases the device when the count is back to 0 (a reset with nothing bound
+//!    is refused; a runner whose bind never succeeded resets nothing).
+//! 6. If a launch, sync or drain failed during the runner's life: no soft reset (one that
+//!    brought the count to 0 would make CANN refuse the force reset), but `aclInit` (a
+//!    repeated initialisation is tolerated; `aclFinalize` only if this call initialised ACL),
+//!    then up to three `aclrtResetDeviceForce`, each verified by a probe (bind, create and
+//!    destroy a stream, allocate and free 64 bytes, unbind), each after a bind of its own
+//!    unless the runner's binds are still counted (the first, when it bound). All three
+//!    failing is the finalize error.
 
 mod manifest;
 mod owners;
 mod programs;
+mod reset;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::ThreadId;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use simpler_acl_sys::types::{
-    ACL_ERROR_REPEAT_INITIALIZE, ACL_RT_DEV_RES_CUBE_CORE, ACL_RT_DEV_RES_VECTOR_CORE,
-    ACL_STOP_ON_FAILURE, ADDR_MAP_TYPE_REG_AIC_CTRL, AddrMapInPara, AddrMapOutPara,
-    CTRL_TYPE_ADDR_MAP, RT_SCHEM_MODE_BATCH, rtArgsEx_t, rtCpuKernelArgs_t, rtTaskCfgInfo_t,
+    ACL_RT_DEV_RES_CUBE_CORE, ACL_RT_DEV_RES_VECTOR_CORE, ACL_STOP_ON_FAILURE,
+    ADDR_MAP_TYPE_REG_AIC_CTRL, AddrMapInPara, AddrMapOutPara, CTRL_TYPE_ADDR_MAP,
+    RT_SCHEM_MODE_BATCH, rtArgsEx_t, rtCpuKernelArgs_t, rtTaskCfgInfo_t,
 };
 use simpler_acl_sys::{Cann, Error as CannError, SearchConfig};
 
 pub use self::manifest::ENV_ONBOARD_ARTIFACTS;
 use self::owners::{DeviceBuffer, Event, HostMapping, Stream, code_of};
 use self::programs::{AicoreBinary, Loaded};
+use self::reset::Binds;
 use super::orch_object::{self, RegisterOp};
 use super::{
     AllocFailure, Backend, EventHandle, EventState, EventStatus, LaunchHandle, LaunchState,
@@ -169,8 +175,8 @@ struct Streams {
 pub(crate) struct OnboardDevice {
     ctx: Arc<owners::Ctx>,
     opts: RunnerOptions,
-    /// The thread bound last (CANN binds a device per thread).
-    bound: Mutex<Option<ThreadId>>,
+    /// Which thread is bound, and how many binds CANN has counted (finalize resets as many).
+    bound: Mutex<Binds>,
     streams: Option<Streams>,
     max_block_dim: u32,
     programs: Option<Loaded>,
@@ -234,7 +240,7 @@ impl OnboardDevice {
         let me = OnboardDevice {
             ctx,
             opts: opts.clone(),
-            bound: Mutex::new(None),
+            bound: Mutex::new(Binds::default()),
             streams: None,
             max_block_dim: FALLBACK_BLOCK_DIM,
             programs: None,
@@ -266,12 +272,13 @@ impl OnboardDevice {
     fn bind(&self) -> Result<(), CannError> {
         let me = std::thread::current().id();
         let mut bound = self.bound.lock();
-        if *bound == Some(me) {
+        if bound.last == Some(me) {
             return Ok(());
         }
         // SAFETY: plain integer argument.
         self.ctx.check("rtSetDevice", unsafe { self.ctx.cann.rtSetDevice(self.ctx.device) })?;
-        *bound = Some(me);
+        bound.last = Some(me);
+        bound.count += 1;
         Ok(())
     }
 
@@ -415,55 +422,6 @@ impl OnboardDevice {
         AclCode(code_of(&e))
     }
 
-    /// Finalize steps 5 and 6 (see the module docs).
-    fn reset_device(&mut self) -> Result<(), DeviceError> {
-        let cann = Arc::clone(&self.ctx.cann);
-        let device = self.ctx.device;
-        // SAFETY: plain integer argument.
-        let soft = self.ctx.check("rtDeviceReset", unsafe { cann.rtDeviceReset(device) });
-        *self.bound.lock() = None;
-        if !self.poisoned.load(Ordering::Relaxed) {
-            return soft.map_err(|e| acl(None, e));
-        }
-        // SAFETY: null config path = defaults.
-        let init = unsafe { cann.aclInit(std::ptr::null()) };
-        // A poisoned device may refuse even `aclInit`; the force resets are still the way
-        // back, so its failure is only reported if they do not succeed either.
-        let (owns_acl, init_error) = match init {
-            Ok(0) => (true, None),
-            Ok(ACL_ERROR_REPEAT_INITIALIZE) => (false, None),
-            ret => (false, self.ctx.check("aclInit", ret).err()),
-        };
-        let mut last = None;
-        for attempt in 1..=FORCE_RESETS {
-            // SAFETY: plain integer argument.
-            let forced = self
-                .ctx
-                .check("aclrtResetDeviceForce", unsafe { cann.aclrtResetDeviceForce(device) });
-            match forced.and_then(|()| self.probe()) {
-                Ok(()) => {
-                    tracing::info!(device, attempt, "device recovered by a force reset");
-                    last = None;
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!(device, attempt, error = %e, "force reset not verified");
-                    last = Some(e);
-                }
-            }
-        }
-        if owns_acl {
-            // SAFETY: no arguments; pairs with the `aclInit` above.
-            if let Err(e) = self.ctx.check("aclFinalize", unsafe { cann.aclFinalize() }) {
-                last.get_or_insert(e);
-            }
-        }
-        match last.map(|e| init_error.unwrap_or(e)) {
-            Some(e) => Err(acl(None, e)),
-            None => Ok(()),
-        }
-    }
-
     /// The live CANN event behind `event`, with this thread bound; an event of another
     /// backend is the fault a wait on it reports.
     fn our_event(&self, event: &EventHandle) -> Result<Arc<OnboardEvent>, StreamFault> {
@@ -475,32 +433,6 @@ impl OnboardDevice {
             .downcast::<OnboardEvent>()
             .map_err(|_| refused("the event was not recorded by this device"))?;
         Ok(ours)
-    }
-
-    /// The force-reset probe: bind, create and destroy a stream, allocate and free 64 bytes,
-    /// unbind.
-    fn probe(&self) -> Result<(), CannError> {
-        let (cann, device) = (&self.ctx.cann, self.ctx.device);
-        // SAFETY: plain integer argument.
-        self.ctx.check("aclrtSetDevice", unsafe { cann.aclrtSetDevice(device) })?;
-        let result = (|| {
-            let mut s = std::ptr::null_mut();
-            // SAFETY: valid out-pointer.
-            self.ctx.check("aclrtCreateStream", unsafe { cann.aclrtCreateStream(&mut s) })?;
-            // SAFETY: the stream just created.
-            self.ctx.check("aclrtDestroyStream", unsafe { cann.aclrtDestroyStream(s) })?;
-            let mut p = std::ptr::null_mut();
-            // SAFETY: valid out-pointer; policy ACL_MEM_MALLOC_HUGE_FIRST.
-            let ret = unsafe {
-                cann.aclrtMalloc(&mut p, 64, simpler_acl_sys::types::ACL_MEM_MALLOC_HUGE_FIRST)
-            };
-            self.ctx.check("aclrtMalloc", ret)?;
-            // SAFETY: the allocation just made.
-            self.ctx.check("aclrtFree", unsafe { cann.aclrtFree(p) })
-        })();
-        // SAFETY: plain integer argument; pairs with the bind above.
-        let unbind = self.ctx.check("aclrtResetDevice", unsafe { cann.aclrtResetDevice(device) });
-        result.and(unbind)
     }
 }
 

@@ -1,0 +1,114 @@
+//! Giving the device back at finalize (steps 5 and 6 of the module docs of `onboard`): the
+//! runner's binds, which CANN counts per device and process, the soft resets that balance
+//! them on a healthy device, and on a poisoned one the force-reset loop with its probe.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::ThreadId;
+
+use simpler_acl_sys::Error as CannError;
+use simpler_acl_sys::types::ACL_ERROR_REPEAT_INITIALIZE;
+
+use super::{FORCE_RESETS, OnboardDevice, acl};
+use crate::error::DeviceError;
+
+/// The binds of one runner: CANN counts every `rtSetDevice` per device and process.
+#[derive(Debug, Default)]
+pub(super) struct Binds {
+    /// The thread bound last (CANN binds a device per thread).
+    pub(super) last: Option<ThreadId>,
+    /// Successful binds not yet reset.
+    pub(super) count: u32,
+}
+
+impl OnboardDevice {
+    /// Finalize steps 5 and 6 (see the module docs).
+    pub(super) fn reset_device(&mut self) -> Result<(), DeviceError> {
+        let cann = Arc::clone(&self.ctx.cann);
+        let device = self.ctx.device;
+        let binds = std::mem::take(&mut *self.bound.lock()).count;
+        if !self.poisoned.load(Ordering::Relaxed) {
+            let mut first = None;
+            for _ in 0..binds {
+                // SAFETY: plain integer argument.
+                let soft = self.ctx.check("rtDeviceReset", unsafe { cann.rtDeviceReset(device) });
+                if let Err(e) = soft {
+                    first.get_or_insert(e);
+                }
+            }
+            return first.map_or(Ok(()), |e| Err(acl(None, e)));
+        }
+        // SAFETY: null config path = defaults.
+        let init = unsafe { cann.aclInit(std::ptr::null()) };
+        // A poisoned device may refuse even `aclInit`; the force resets are still the way
+        // back, so its failure is only reported if they do not succeed either.
+        let (owns_acl, init_error) = match init {
+            Ok(0) => (true, None),
+            Ok(ACL_ERROR_REPEAT_INITIALIZE) => (false, None),
+            ret => (false, self.ctx.check("aclInit", ret).err()),
+        };
+        let mut last = None;
+        for attempt in 1..=FORCE_RESETS {
+            // CANN refuses a force reset of a device released already: the runner's binds
+            // count for the first attempt; an earlier attempt (or its probe) released it.
+            let set = if attempt == 1 && binds > 0 {
+                Ok(())
+            } else {
+                // SAFETY: plain integer argument.
+                self.ctx.check("rtSetDevice", unsafe { cann.rtSetDevice(device) })
+            };
+            let forced = set.and_then(|()| {
+                // SAFETY: plain integer argument.
+                let ret = unsafe { cann.aclrtResetDeviceForce(device) };
+                self.ctx.check("aclrtResetDeviceForce", ret)
+            });
+            match forced.and_then(|()| self.probe()) {
+                Ok(()) => {
+                    tracing::info!(device, attempt, "device recovered by a force reset");
+                    last = None;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(device, attempt, error = %e, "force reset not verified");
+                    last = Some(e);
+                }
+            }
+        }
+        if owns_acl {
+            // SAFETY: no arguments; pairs with the `aclInit` above.
+            if let Err(e) = self.ctx.check("aclFinalize", unsafe { cann.aclFinalize() }) {
+                last.get_or_insert(e);
+            }
+        }
+        match last.map(|e| init_error.unwrap_or(e)) {
+            Some(e) => Err(acl(None, e)),
+            None => Ok(()),
+        }
+    }
+
+    /// The force-reset probe: bind, create and destroy a stream, allocate and free 64 bytes,
+    /// unbind.
+    fn probe(&self) -> Result<(), CannError> {
+        let (cann, device) = (&self.ctx.cann, self.ctx.device);
+        // SAFETY: plain integer argument.
+        self.ctx.check("aclrtSetDevice", unsafe { cann.aclrtSetDevice(device) })?;
+        let result = (|| {
+            let mut s = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            self.ctx.check("aclrtCreateStream", unsafe { cann.aclrtCreateStream(&mut s) })?;
+            // SAFETY: the stream just created.
+            self.ctx.check("aclrtDestroyStream", unsafe { cann.aclrtDestroyStream(s) })?;
+            let mut p = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; policy ACL_MEM_MALLOC_HUGE_FIRST.
+            let ret = unsafe {
+                cann.aclrtMalloc(&mut p, 64, simpler_acl_sys::types::ACL_MEM_MALLOC_HUGE_FIRST)
+            };
+            self.ctx.check("aclrtMalloc", ret)?;
+            // SAFETY: the allocation just made.
+            self.ctx.check("aclrtFree", unsafe { cann.aclrtFree(p) })
+        })();
+        // SAFETY: plain integer argument; pairs with the bind above.
+        let unbind = self.ctx.check("aclrtResetDevice", unsafe { cann.aclrtResetDevice(device) });
+        result.and(unbind)
+    }
+}

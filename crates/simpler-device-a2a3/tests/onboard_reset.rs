@@ -1,0 +1,74 @@
+//! How the onboard backend gives the device back at finalize, against the stand-in CANN
+//! library, which counts device binds as CANN does (a reset takes one off and releases the
+//! device at 0, a force reset releases it at once, either is refused once it is released):
+//! every bind is reset, a refused bind resets nothing, and the last queued run's end event is
+//! destroyed before the reset.
+
+mod common;
+
+use common::standin::{AddRun, Onboard, add_callable, count, names, position};
+use simpler_acl_sys::standin::Call;
+use simpler_device_a2a3::{DeviceRunner, RunRequest};
+use simpler_types::{CallConfig, RunId};
+
+fn succeeded(log: &[Call], funcs: &[&str]) -> usize {
+    log.iter().filter(|c| c.ret == 0 && funcs.contains(&c.func.as_str())).count()
+}
+
+/// Binds and resets that CANN counted in `log`; equal when the device is released.
+fn binds_and_resets(log: &[Call]) -> (usize, usize) {
+    (
+        succeeded(log, &["rtSetDevice", "aclrtSetDevice"]),
+        succeeded(log, &["rtDeviceReset", "aclrtResetDevice"]),
+    )
+}
+
+#[test]
+fn a_runner_used_from_three_threads_is_reset_once_per_bind() {
+    let b = Onboard::new();
+    let options = b.options(0);
+    // Attached on one thread, run on this one, finalized on a third: three binds.
+    let mut r = std::thread::spawn(move || DeviceRunner::attach(options).unwrap()).join().unwrap();
+    let slot = r.register_callable(&add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    let run = RunId::from_raw(1).unwrap();
+    r.run(&RunRequest::new(run, slot, &v.args, &CallConfig::default())).unwrap();
+    v.free(&mut r);
+    std::thread::spawn(move || r.finalize().unwrap()).join().unwrap();
+    let log = b.log();
+    let (binds, resets) = binds_and_resets(&log);
+    assert!(binds >= 3, "{:?}", names(&log));
+    assert_eq!(resets, binds, "the device stays set after finalize: {:?}", names(&log));
+    assert!(log.iter().all(|c| c.ret == 0), "{:?}", names(&log));
+    assert_eq!(count(&log, "aclrtResetDeviceForce"), 0);
+}
+
+#[test]
+fn a_runner_whose_bind_was_refused_resets_nothing() {
+    let b = Onboard::new();
+    // Every bind refused, the one at attach and the one finalize tries.
+    b.install.fail_call("rtSetDevice", 0, 107_000).unwrap();
+    DeviceRunner::attach(b.options(0)).unwrap_err();
+    let log = b.log();
+    assert_eq!(binds_and_resets(&log), (0, 0), "{:?}", names(&log));
+    assert_eq!(count(&log, "rtDeviceReset"), 0, "a reset with nothing bound: {:?}", names(&log));
+}
+
+#[test]
+fn the_last_queued_runs_end_event_is_destroyed_before_the_device_is_reset() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
+    let slot = r.register_callable(&add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    let run = RunId::from_raw(1).unwrap();
+    r.run(&RunRequest::new(run, slot, &v.args, &CallConfig::default())).unwrap();
+    v.free(&mut r);
+    b.log();
+    r.finalize().unwrap();
+    let log = b.log();
+    let last_destroy = log.iter().rposition(|c| c.func == "aclrtDestroyEvent");
+    let last_destroy =
+        last_destroy.unwrap_or_else(|| panic!("no event destroyed: {:?}", names(&log)));
+    assert!(last_destroy < position(&log, "rtDeviceReset"), "{:?}", names(&log));
+    assert_eq!(b.live(), [0; 5]);
+}
