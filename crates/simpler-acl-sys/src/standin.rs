@@ -27,6 +27,10 @@
 //! stand-in: 0 success with the object's address as both functions, a positive value that
 //! failure status, a negative one no reply at all). Faults ([`FakeInstall::fail_call`], [`FakeInstall::poison_at`]) make the nth
 //! call of a function return a chosen code.
+//!
+//! Device sets are counted per device as CANN counts them: `rtSetDevice`/`aclrtSetDevice` add
+//! one, `rtDeviceReset`/`aclrtResetDevice` take one off, `aclrtResetDeviceForce` releases the
+//! device at once, and a reset of a device with no set left returns 107000.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};

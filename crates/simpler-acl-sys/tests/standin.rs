@@ -538,6 +538,7 @@ fn poison_is_sticky_until_force_reset_and_the_reset_probe_fails_k_times() {
     let mut p: *mut c_void = ptr::null_mut();
     // SAFETY: valid out-pointers; the launch fails before it reads its arguments.
     unsafe {
+        assert_eq!(cann.rtSetDevice(0), Ok(0));
         assert_eq!(cann.rtStreamCreate(&mut stream, 0), Ok(0));
         let code = cann.rtKernelLaunchWithHandleV2(
             ptr::null_mut(),
@@ -552,9 +553,13 @@ fn poison_is_sticky_until_force_reset_and_the_reset_probe_fails_k_times() {
         assert_eq!(cann.rtMalloc(&mut p, 64, RT_MEMORY_HBM, 0), Ok(507899));
         assert_eq!(cann.rtStreamDestroy(stream), Ok(507899));
         assert_eq!(cann.aclrtSynchronizeDeviceWithTimeout(1000), Ok(507899));
-        // The force-reset loop: reset, probe (create a stream); twice the probe fails.
+        // The force-reset loop: reset, probe (create a stream); twice the probe fails. A
+        // retry sets the device again: the reset before it released it.
         let mut probes = Vec::new();
-        for _ in 0..3 {
+        for attempt in 0..3 {
+            if attempt > 0 {
+                assert_eq!(cann.rtSetDevice(0), Ok(0));
+            }
             assert_eq!(cann.aclrtResetDeviceForce(0), Ok(0));
             let mut probe: aclrtStream = ptr::null_mut();
             let code = cann.aclrtCreateStream(&mut probe).unwrap();
@@ -570,6 +575,26 @@ fn poison_is_sticky_until_force_reset_and_the_reset_probe_fails_k_times() {
     let log = install.take_log().unwrap();
     let resets = log.iter().filter(|c| c.func == "aclrtResetDeviceForce").count();
     assert_eq!(resets, 3);
+}
+
+#[test]
+fn device_sets_are_counted_and_a_released_device_refuses_any_reset() {
+    let install = FakeInstall::standard().unwrap();
+    let cann = install.cann();
+    // SAFETY: plain integer arguments.
+    unsafe {
+        assert_eq!(cann.rtDeviceReset(0), Ok(107000), "nothing set yet");
+        assert_eq!(cann.aclrtResetDeviceForce(0), Ok(107000), "nothing set yet");
+        assert_eq!(cann.rtSetDevice(0), Ok(0));
+        assert_eq!(cann.aclrtSetDevice(0), Ok(0));
+        assert_eq!(cann.rtDeviceReset(0), Ok(0), "one set left");
+        assert_eq!(cann.aclrtResetDeviceForce(0), Ok(0), "releases the rest");
+        assert_eq!(cann.aclrtResetDevice(0), Ok(107000), "released already");
+        assert_eq!(cann.aclrtResetDeviceForce(0), Ok(107000), "released already");
+        assert_eq!(cann.rtSetDevice(0), Ok(0));
+        assert_eq!(cann.rtDeviceReset(0), Ok(0));
+        assert_eq!(cann.rtDeviceReset(0), Ok(107000), "a reset takes one set off");
+    }
 }
 
 #[test]
