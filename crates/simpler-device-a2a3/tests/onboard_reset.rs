@@ -1,12 +1,13 @@
 //! How the onboard backend gives the device back at finalize, against the stand-in CANN
 //! library, which counts device binds as CANN does (a reset takes one off and releases the
 //! device at 0, a force reset releases it at once, either is refused once it is released):
-//! every bind is reset, a refused bind resets nothing, and the last queued run's end event is
-//! destroyed before the reset.
+//! every bind is reset, a refused bind resets nothing, the last queued run's end event is
+//! destroyed before the reset, and a setup kernel whose wait failed keeps its buffers until
+//! the force reset it leads to.
 
 mod common;
 
-use common::standin::{AddRun, Onboard, add_callable, count, names, position};
+use common::standin::{AddRun, Onboard, add_callable, add_object_callable, count, names, position};
 use simpler_acl_sys::standin::Call;
 use simpler_device_a2a3::{DeviceRunner, RunRequest};
 use simpler_types::{CallConfig, RunId};
@@ -71,4 +72,37 @@ fn the_last_queued_runs_end_event_is_destroyed_before_the_device_is_reset() {
         last_destroy.unwrap_or_else(|| panic!("no event destroyed: {:?}", names(&log)));
     assert!(last_destroy < position(&log, "rtDeviceReset"), "{:?}", names(&log));
     assert_eq!(b.live(), [0; 5]);
+}
+
+#[test]
+fn a_bootstrap_wait_that_fails_leaves_its_buffers_to_the_force_reset() {
+    let b = Onboard::new();
+    // The first stream sync is the wait for the bootstrap kernel.
+    b.install.fail_call("aclrtSynchronizeStreamWithTimeout", 1, 507_046).unwrap();
+    DeviceRunner::attach(b.options(0)).unwrap_err();
+    let log = b.log();
+    let failed = position(&log, "aclrtSynchronizeStreamWithTimeout");
+    let freed = count(&log[failed..], "rtFree");
+    assert_eq!(freed, 0, "freed while the kernel may still read them: {:?}", names(&log));
+    assert_eq!(count(&log, "aclrtResetDeviceForce"), 1, "{:?}", names(&log));
+    assert!(log.iter().filter(|c| c.func.contains("Reset")).all(|c| c.ret == 0));
+}
+
+#[test]
+fn a_register_wait_that_fails_keeps_the_staged_object_and_reply_until_the_reset() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(
+        b.options_on(0, simpler_device_a2a3::RuntimeVariant::TensormapAndRingbuffer),
+    )
+    .unwrap();
+    let syncs = count(&b.log(), "aclrtSynchronizeStreamWithTimeout") as u64;
+    b.install.fail_call("aclrtSynchronizeStreamWithTimeout", syncs + 1, 507_046).unwrap();
+    let before = b.live()[2];
+    r.register_callable(&add_object_callable()).unwrap_err();
+    // The callable's own buffers go; the staged object and reply stay for the entry that may
+    // still read and write them.
+    assert_eq!(b.live()[2], before + 2, "{:?}", names(&b.log()));
+    drop(r);
+    let log = b.log();
+    assert_eq!(count(&log, "aclrtResetDeviceForce"), 1, "{:?}", names(&log));
 }

@@ -14,13 +14,14 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::standin::{AddRun, Onboard, STREAM_SYNC_MS, count, names, position};
+use common::standin::{
+    AddRun, Onboard, STREAM_SYNC_MS, add_object_callable, count, names, position,
+};
 use simpler_acl_sys::standin::{Call, FakeInstall};
 use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{
-    AcceptanceSignal, ActiveRun, ArgDirection, ChipCallable, CoreCallable, DeviceError,
-    DeviceHealth, DeviceRunner, InitStep, KernelCode, KernelKind, Orchestration,
-    OrchestrationObject, RunRequest, RunnerOptions, RuntimeVariant,
+    AcceptanceSignal, ActiveRun, ChipCallable, DeviceError, DeviceHealth, DeviceRunner, InitStep,
+    KernelKind, RunRequest, RunnerOptions, RuntimeVariant,
 };
 use simpler_types::{CallConfig, RunId, TimeoutBudget};
 
@@ -1229,21 +1230,6 @@ fn a_queued_run_behind_a_run_whose_event_sync_failed_is_abandoned_after_it() {
 }
 
 // ----- tensormap_and_ringbuffer: `DeviceObject` orchestrations through the register entry -----
-
-/// `f = a + b` with a placeholder orchestration object and kernel text: the stand-in plays the
-/// register entry and executes nothing.
-fn add_object_callable() -> ChipCallable {
-    use ArgDirection::{In, Out};
-    // SAFETY: the stand-in never loads or runs the bytes.
-    let object = unsafe {
-        OrchestrationObject::new(b"\x7fELF placeholder orchestration".to_vec(), "add", "add_config")
-    };
-    ChipCallable::builder(Orchestration::DeviceObject(object))
-        .signature(vec![In, In, Out])
-        .kernel(add::ADD, CoreCallable::new(vec![In, In, Out], KernelCode::Text(vec![0; 64])))
-        .build()
-        .unwrap()
-}
 
 fn register_launches(log: &[Call]) -> Vec<&Call> {
     log.iter()

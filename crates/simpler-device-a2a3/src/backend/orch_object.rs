@@ -21,7 +21,8 @@ pub(crate) enum RegisterOp<'a> {
 
 /// Runs one register call for `owner`'s `slot` on `dev`: `launch` runs the entry with the
 /// block as its argument bytes and returns once the entry finished. The staging buffers are
-/// freed whatever happens.
+/// freed when it returns, unless `launch` failed: the entry may still read the object and
+/// write the reply, so they stay allocated until the device is reset at finalize.
 pub(crate) fn call(
     dev: &dyn Backend,
     (owner, slot): (u32, u32),
@@ -50,7 +51,10 @@ pub(crate) fn call(
         }
         RegisterOp::Unload => RegisterArgs::unload((owner, slot), reply_addr),
     };
-    launch(&args)?;
+    if let Err(e) = launch(&args) {
+        staged.addrs.clear();
+        return Err(e);
+    }
     let mut reply = RegisterReply::unanswered();
     if !dev.read(reply_addr, bytemuck::bytes_of_mut(&mut reply)) {
         return Err(DeviceError::BadDevicePointer {

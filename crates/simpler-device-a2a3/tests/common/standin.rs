@@ -9,8 +9,8 @@ use std::time::Duration;
 use simpler_acl_sys::standin::{Call, FakeInstall, ObjectKind};
 use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{
-    ArgDirection, ChipCallable, CoreCallable, DevicePtr, DeviceRunner, KernelCode, RunnerOptions,
-    RuntimeVariant,
+    ArgDirection, ChipCallable, CoreCallable, DevicePtr, DeviceRunner, KernelCode, Orchestration,
+    OrchestrationObject, RunnerOptions, RuntimeVariant,
 };
 use simpler_types::{DataType, TaskArgs, Tensor};
 
@@ -95,6 +95,21 @@ pub fn add_callable() -> ChipCallable {
     use ArgDirection::{In, Out};
     ChipCallable::native(add::orchestration, super::three_args)
         .names("add", "add_config")
+        .signature(vec![In, In, Out])
+        .kernel(add::ADD, CoreCallable::new(vec![In, In, Out], KernelCode::Text(vec![0; 64])))
+        .build()
+        .unwrap()
+}
+
+/// `f = a + b` with a placeholder orchestration object and kernel text: the stand-in plays the
+/// register entry and executes nothing.
+pub fn add_object_callable() -> ChipCallable {
+    use ArgDirection::{In, Out};
+    // SAFETY: the stand-in never loads or runs the bytes.
+    let object = unsafe {
+        OrchestrationObject::new(b"\x7fELF placeholder orchestration".to_vec(), "add", "add_config")
+    };
+    ChipCallable::builder(Orchestration::DeviceObject(object))
         .signature(vec![In, In, Out])
         .kernel(add::ADD, CoreCallable::new(vec![In, In, Out], KernelCode::Text(vec![0; 64])))
         .build()

@@ -32,7 +32,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -182,9 +181,6 @@ pub(crate) struct OnboardDevice {
     programs: Option<Loaded>,
     aicore: Option<AicoreBinary>,
     allocations: Allocations,
-    /// A launch, sync or recovery drain happened after a failure: finalize force-resets.
-    /// Set by the launch, sync and drain paths (runner thread), read by `shutdown`.
-    poisoned: AtomicBool,
     /// The finalize error, taken by the runner.
     error: Option<DeviceError>,
     shut_down: bool,
@@ -196,7 +192,7 @@ impl fmt::Debug for OnboardDevice {
             .field("device", &self.ctx.device)
             .field("streams", &self.streams)
             .field("allocations", &self.allocations.lock().len())
-            .field("poisoned", &self.poisoned.load(Ordering::Relaxed))
+            .field("poisoned", &self.ctx.is_poisoned())
             .finish()
     }
 }
@@ -246,7 +242,6 @@ impl OnboardDevice {
             programs: None,
             aicore: None,
             allocations: Arc::new(Mutex::new(BTreeMap::new())),
-            poisoned: AtomicBool::new(false),
             error: None,
             shut_down: false,
         };
@@ -262,10 +257,9 @@ impl OnboardDevice {
         Ok(me)
     }
 
-    /// Remembers that finalize must force-reset. Relaxed: the runner's single thread writes
-    /// and reads it.
+    /// Remembers that finalize must force-reset.
     fn poison(&self) {
-        self.poisoned.store(true, Ordering::Relaxed);
+        self.ctx.poison();
     }
 
     /// Binds the calling thread unless it is the thread bound last.
@@ -486,7 +480,7 @@ impl OnboardDevice {
             )
         };
         self.ctx.check("rtsLaunchCpuKernel", ret)?;
-        programs::sync(&self.ctx, &streams.aicpu, ms(self.opts.budgets.init_sync))
+        programs::wait_setup(&self.ctx, &streams.aicpu, ms(self.opts.budgets.init_sync))
     }
 }
 

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::ptr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 use simpler_acl_sys::types::{
@@ -22,11 +23,29 @@ pub(crate) struct Ctx {
     /// Release failures recorded in `Drop`, oldest first. Written by any owner's `Drop`, read
     /// by the backend's next fallible call; a leaf lock.
     deferred: Mutex<VecDeque<CannError>>,
+    /// A launch, sync, setup wait or recovery drain failed: finalize force-resets. Relaxed:
+    /// written and read on the runner's thread, or before the runner exists.
+    poisoned: AtomicBool,
 }
 
 impl Ctx {
     pub(crate) fn new(cann: Arc<Cann>, device: i32) -> Arc<Ctx> {
-        Arc::new(Ctx { cann, device, deferred: Mutex::new(VecDeque::new()) })
+        Arc::new(Ctx {
+            cann,
+            device,
+            deferred: Mutex::new(VecDeque::new()),
+            poisoned: false.into(),
+        })
+    }
+
+    /// Remembers that finalize must force-reset.
+    pub(crate) fn poison(&self) {
+        self.poisoned.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether finalize must force-reset.
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Relaxed)
     }
 
     /// The result of calling `func`: its load failure, or its return code as an `AclError`

@@ -140,7 +140,8 @@ fn op_type(entry: &str, fp: u64) -> String {
 }
 
 /// Uploads dispatcher and program, writes their `DeviceArgs`, launches the framework's init
-/// kernel on one AICPU and waits for it. The buffers are freed when it returns.
+/// kernel on one AICPU and waits for it. The buffers are freed when it returns, unless the
+/// wait failed: the kernel may still read them, so they are left to the device reset.
 fn bootstrap(
     ctx: &Arc<Ctx>,
     aicpu: &Stream,
@@ -191,7 +192,18 @@ fn bootstrap(
         )
     };
     ctx.check("rtAicpuKernelLaunchExWithArgs", ret)?;
-    sync(ctx, aicpu, sync_ms)
+    let waited = wait_setup(ctx, aicpu, sync_ms);
+    if waited.is_err() {
+        std::mem::forget((dispatcher, program, args_buf));
+    }
+    waited
+}
+
+/// The wait for a setup kernel just launched on `stream` (the bootstrap, the init or the
+/// register entry). A failed wait leaves the kernel running or the device in an unknown
+/// state, so finalize must force-reset.
+pub(crate) fn wait_setup(ctx: &Ctx, stream: &Stream, ms: i32) -> Result<(), CannError> {
+    sync(ctx, stream, ms).inspect_err(|_| ctx.poison())
 }
 
 /// `aclrtSynchronizeStreamWithTimeout` of `stream` with `ms`.

@@ -3,7 +3,6 @@
 //! them on a healthy device, and on a poisoned one the force-reset loop with its probe.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::thread::ThreadId;
 
 use simpler_acl_sys::Error as CannError;
@@ -27,7 +26,7 @@ impl OnboardDevice {
         let cann = Arc::clone(&self.ctx.cann);
         let device = self.ctx.device;
         let binds = std::mem::take(&mut *self.bound.lock()).count;
-        if !self.poisoned.load(Ordering::Relaxed) {
+        if !self.ctx.is_poisoned() {
             let mut first = None;
             for _ in 0..binds {
                 // SAFETY: plain integer argument.
