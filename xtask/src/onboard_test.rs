@@ -33,46 +33,46 @@ const BUDGETS: [(&str, &str); 3] = [
     ("SIMPLER_STREAM_SYNC_TIMEOUT_MS", "4000"),
 ];
 
-/// A device held exclusively for the batch: the lock file holds the owner's pid and is removed
-/// on drop. A lock whose pid is no longer running is stale and taken over.
+/// A device held exclusively for the batch: an exclusive OS lock on `device-<N>.lock`, which
+/// the kernel drops when the holder closes the file or dies, so there are no stale locks to
+/// judge and no window between creating the file and owning it. The file holds the holder's
+/// pid for the message of a refused batch; it stays in place between batches.
 #[derive(Debug)]
 pub struct DeviceLock {
-    path: PathBuf,
+    _file: std::fs::File,
 }
 
 impl DeviceLock {
     pub fn acquire(dir: &Path, device: u32) -> Result<DeviceLock, String> {
+        use std::io::{Read, Seek, Write};
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let path = dir.join(format!("device-{device}.lock"));
-        for _ in 0..2 {
-            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(mut f) => {
-                    use std::io::Write;
-                    let _ = writeln!(f, "{}", std::process::id());
-                    return Ok(DeviceLock { path });
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let owner = std::fs::read_to_string(&path).unwrap_or_default();
-                    let pid = owner.trim();
-                    if !pid.is_empty() && Path::new("/proc").join(pid).exists() {
-                        return Err(format!(
-                            "device {device} is locked by process {pid} ({})",
-                            path.display()
-                        ));
-                    }
-                    // Stale: the owner is gone.
-                    let _ = std::fs::remove_file(&path);
-                }
-                Err(e) => return Err(format!("{}: {e}", path.display())),
+        let shown = |e: std::io::Error| format!("{}: {e}", path.display());
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(shown)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut owner = String::new();
+                let _ = file.read_to_string(&mut owner);
+                let owner = owner.trim();
+                let who = if owner.is_empty() { "another process" } else { owner };
+                return Err(format!(
+                    "device {device} is locked by process {who} ({})",
+                    path.display()
+                ));
             }
+            Err(std::fs::TryLockError::Error(e)) => return Err(shown(e)),
         }
-        Err(format!("device {device}: could not take {}", path.display()))
-    }
-}
-
-impl Drop for DeviceLock {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        file.set_len(0).map_err(shown)?;
+        file.rewind().map_err(shown)?;
+        writeln!(file, "{}", std::process::id()).map_err(shown)?;
+        Ok(DeviceLock { _file: file })
     }
 }
 
@@ -602,14 +602,30 @@ echo '{"event":"end","case":"a","status":"passed","ms":1,"rerun":true}'"#;
     }
 
     #[test]
-    fn a_device_lock_is_exclusive_stale_locks_are_taken_over_and_drop_releases() {
+    fn a_device_lock_is_exclusive_a_left_over_file_is_free_and_drop_releases() {
         let dir = tempdir();
         let a = DeviceLock::acquire(&dir, 3).unwrap();
-        assert!(DeviceLock::acquire(&dir, 3).unwrap_err().contains("locked by process"));
+        let pid = std::process::id().to_string();
+        let err = DeviceLock::acquire(&dir, 3).unwrap_err();
+        assert!(err.contains(&format!("locked by process {pid}")), "{err}");
         drop(a);
         let _b = DeviceLock::acquire(&dir, 3).unwrap();
+        // A file left by a holder that is gone, whatever it holds (a dead pid, nothing at all:
+        // the moment between creating a pid file and writing it), is no lock.
         std::fs::write(dir.join("device-4.lock"), "999999999\n").unwrap();
         let _c = DeviceLock::acquire(&dir, 4).unwrap();
+        std::fs::write(dir.join("device-5.lock"), "").unwrap();
+        let d = DeviceLock::acquire(&dir, 5).unwrap();
+        assert!(
+            DeviceLock::acquire(&dir, 5).is_err(),
+            "a held lock is held however its file reads"
+        );
+        drop(d);
+        // A holder that has not written its pid yet still holds the device.
+        let early = std::fs::File::create(dir.join("device-6.lock")).unwrap();
+        early.try_lock().unwrap();
+        let err = DeviceLock::acquire(&dir, 6).unwrap_err();
+        assert!(err.contains("device 6 is locked by process another process"), "{err}");
     }
 
     #[test]
