@@ -105,4 +105,23 @@ fn a_register_wait_that_fails_keeps_the_staged_object_and_reply_until_the_reset(
     drop(r);
     let log = b.log();
     assert_eq!(count(&log, "aclrtResetDeviceForce"), 1, "{:?}", names(&log));
+    // Not freed at finalize either (before the reset): the reset reclaims them, which the
+    // stand-in does not model, so they stay counted.
+    assert_eq!(b.live()[2], 2, "{:?}", names(&log));
+}
+
+#[test]
+fn a_refused_register_launch_frees_its_staged_buffers_at_once() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(
+        b.options_on(0, simpler_device_a2a3::RuntimeVariant::TensormapAndRingbuffer),
+    )
+    .unwrap();
+    let launches = count(&b.log(), "rtsLaunchCpuKernel") as u64;
+    b.install.fail_call("rtsLaunchCpuKernel", launches + 1, 507_899).unwrap();
+    let before = b.live()[2];
+    r.register_callable(&add_object_callable()).unwrap_err();
+    assert_eq!(b.live()[2], before, "nothing runs, so nothing is kept: {:?}", names(&b.log()));
+    r.finalize().unwrap();
+    assert_eq!(b.live()[2], 0);
 }

@@ -209,6 +209,11 @@ pub(crate) trait Backend: Send + fmt::Debug {
     /// Frees an allocation; `None` if `addr` does not start one.
     fn free(&self, addr: u64) -> Option<MemPurpose>;
 
+    /// Gives up an allocation a device kernel may still use (its wait failed): it is never
+    /// freed, now or at finalize, and the device reset reclaims it. A backend whose kernels
+    /// cannot outlive their wait keeps it tracked (freed at finalize).
+    fn abandon(&self, _addr: u64) {}
+
     /// Purpose of the allocation holding `[addr, addr + len)`, if one does.
     fn find(&self, addr: u64, len: u64) -> Option<MemPurpose>;
 

@@ -19,15 +19,29 @@ pub(crate) enum RegisterOp<'a> {
     Unload,
 }
 
+/// A register launch that failed. `may_run`: the entry was launched but not seen to finish,
+/// so it may still read the staged object and write the reply.
+pub(crate) struct LaunchFailed {
+    pub(crate) error: DeviceError,
+    pub(crate) may_run: bool,
+}
+
+impl From<DeviceError> for LaunchFailed {
+    /// A refused launch: nothing runs.
+    fn from(error: DeviceError) -> LaunchFailed {
+        LaunchFailed { error, may_run: false }
+    }
+}
+
 /// Runs one register call for `owner`'s `slot` on `dev`: `launch` runs the entry with the
 /// block as its argument bytes and returns once the entry finished. The staging buffers are
-/// freed when it returns, unless `launch` failed: the entry may still read the object and
-/// write the reply, so they stay allocated until the device is reset at finalize.
+/// freed when it returns, unless the entry may still be running: then they are abandoned to
+/// the device reset ([`Backend::abandon`]).
 pub(crate) fn call(
     dev: &dyn Backend,
     (owner, slot): (u32, u32),
     op: RegisterOp<'_>,
-    launch: impl FnOnce(&RegisterArgs) -> Result<(), DeviceError>,
+    launch: impl FnOnce(&RegisterArgs) -> Result<(), LaunchFailed>,
 ) -> Result<RegisterReply, DeviceError> {
     let mut staged = Staged { dev, addrs: Vec::new() };
     let reply_addr = staged.put(bytemuck::bytes_of(&RegisterReply::unanswered()))?;
@@ -51,9 +65,13 @@ pub(crate) fn call(
         }
         RegisterOp::Unload => RegisterArgs::unload((owner, slot), reply_addr),
     };
-    if let Err(e) = launch(&args) {
-        staged.addrs.clear();
-        return Err(e);
+    if let Err(LaunchFailed { error, may_run }) = launch(&args) {
+        if may_run {
+            for addr in staged.addrs.drain(..) {
+                dev.abandon(addr);
+            }
+        }
+        return Err(error);
     }
     let mut reply = RegisterReply::unanswered();
     if !dev.read(reply_addr, bytemuck::bytes_of_mut(&mut reply)) {

@@ -170,6 +170,13 @@ struct Streams {
     aicore: Stream,
 }
 
+/// An AICPU entry that failed: refused at launch, or `launched` and its wait failed (it may
+/// still be running).
+struct EntryFailed {
+    error: CannError,
+    launched: bool,
+}
+
 /// One A2/A3 chip through CANN.
 pub(crate) struct OnboardDevice {
     ctx: Arc<owners::Ctx>,
@@ -272,7 +279,7 @@ impl OnboardDevice {
         // SAFETY: plain integer argument.
         self.ctx.check("rtSetDevice", unsafe { self.ctx.cann.rtSetDevice(self.ctx.device) })?;
         bound.last = Some(me);
-        bound.count += 1;
+        bound.count = bound.count.saturating_add(1);
         Ok(())
     }
 
@@ -438,14 +445,15 @@ impl OnboardDevice {
         slot: u32,
         entry: &str,
         args: &crate::abi::launch::RegisterArgs,
-    ) -> Result<(), DeviceError> {
+    ) -> Result<(), orch_object::LaunchFailed> {
         let (Some(streams), Some(programs)) = (&self.streams, &self.programs) else {
             return Err(DeviceError::OrchestrationLoad {
                 slot,
                 entry: entry.to_owned(),
                 failure: None,
                 message: "the device programs are not loaded".into(),
-            });
+            }
+            .into());
         };
         let Some(register) = programs.register else {
             return Err(DeviceError::OrchestrationLoad {
@@ -453,10 +461,14 @@ impl OnboardDevice {
                 entry: entry.to_owned(),
                 failure: None,
                 message: "the AICPU program exports no simpler_aicpu_register_callable".into(),
-            });
+            }
+            .into());
         };
         let mut bytes = bytemuck::bytes_of(args).to_vec();
-        self.run_aicpu_entry(streams, register, &mut bytes).map_err(|e| acl(None, e))
+        self.run_aicpu_entry(streams, register, &mut bytes).map_err(|f| orch_object::LaunchFailed {
+            error: acl(None, f.error),
+            may_run: f.launched,
+        })
     }
 
     /// Launches `func`, an entry of the AICPU program, as one thread with `bytes` as its
@@ -466,7 +478,7 @@ impl OnboardDevice {
         streams: &Streams,
         func: simpler_acl_sys::types::rtFuncHandle,
         bytes: &mut [u8],
-    ) -> Result<(), CannError> {
+    ) -> Result<(), EntryFailed> {
         let mut args = cpu_args(bytes);
         // SAFETY: live function handle and stream; `args` points at `bytes`, alive for the
         // call (CANN copies the argument bytes); no launch config.
@@ -479,8 +491,10 @@ impl OnboardDevice {
                 &mut args,
             )
         };
-        self.ctx.check("rtsLaunchCpuKernel", ret)?;
+        let refused = |error| EntryFailed { error, launched: false };
+        self.ctx.check("rtsLaunchCpuKernel", ret).map_err(refused)?;
         programs::wait_setup(&self.ctx, &streams.aicpu, ms(self.opts.budgets.init_sync))
+            .map_err(|error| EntryFailed { error, launched: true })
     }
 }
 
@@ -516,7 +530,7 @@ impl Backend for OnboardDevice {
         for v in init.dma_workspace {
             bytes.extend_from_slice(&v.to_le_bytes());
         }
-        self.run_aicpu_entry(streams, programs.init, &mut bytes).map_err(|e| acl(step, e))
+        self.run_aicpu_entry(streams, programs.init, &mut bytes).map_err(|f| acl(step, f.error))
     }
 
     fn max_block_dim(&self) -> u32 {
@@ -604,6 +618,14 @@ impl Backend for OnboardDevice {
         let _ = self.bind();
         // Dropping the entry unregisters its mapping, then frees the memory.
         self.allocations.lock().remove(&addr).map(|a| a.purpose)
+    }
+
+    fn abandon(&self, addr: u64) {
+        // Out of the table, so finalize does not free it before the reset; the force reset
+        // the failed wait asked for reclaims it.
+        if let Some(a) = self.allocations.lock().remove(&addr) {
+            std::mem::forget(a);
+        }
     }
 
     fn find(&self, addr: u64, len: u64) -> Option<MemPurpose> {

@@ -17,7 +17,7 @@ pub(super) struct Binds {
     /// The thread bound last (CANN binds a device per thread).
     pub(super) last: Option<ThreadId>,
     /// Successful binds not yet reset.
-    pub(super) count: u32,
+    pub(super) count: u64,
 }
 
 impl OnboardDevice {

@@ -73,7 +73,8 @@ pub(super) fn load(
                 entry: entry.to_owned(),
                 failure: None,
                 message: "the AICPU program exports no simpler_aicpu_register_callable".into(),
-            }),
+            }
+            .into()),
         }
     })?;
     Ok((orch_object::loaded(slot, entry, &reply)?, None))
