@@ -202,7 +202,6 @@ impl Inner {
         chip: WorkerId,
         f: impl FnOnce(&simpler_device_a2a3::FaultPlan) + Send + 'static,
     ) -> Result<bool, WorkerError> {
-        let _lease = self.lease()?;
         self.on_chip(chip, move |s| match s.runner.as_ref().and_then(|r| r.sim_faults()) {
             Some(plan) => {
                 f(plan);
@@ -639,6 +638,9 @@ impl Worker {
         chip: WorkerId,
         f: impl FnOnce(&simpler_device_a2a3::FaultPlan) + Send + 'static,
     ) -> Result<bool, WorkerError> {
+        // The worker's own entry takes a lease (after close: `Closed`); the graph context's
+        // runs inside an orchestration the close drains, so it does not.
+        let _lease = self.inner.lease()?;
         self.inner.with_sim_faults(chip, f)
     }
 

@@ -327,7 +327,7 @@ fn stalled_rank_does_not_silence_the_others(job: &MpiJob) -> Res {
     let w = b.start()?;
     w.run(on_child(h[7], 1))?;
     let stall_ends = Instant::now() + STALL_DELAY + STALL;
-    std::thread::sleep(STALL_DELAY * 2);
+    std::thread::sleep(STALL_DELAY + Duration::from_secs(1));
     let big = HostBuffer::from_bytes(&vec![0u8; 1 << 20])?;
     let t = big.tensor(&[1 << 20], DataType::UInt8)?;
     let sink = h[8];

@@ -557,9 +557,10 @@ impl RemoteEndpoint {
 
 fn failure_of(e: RemoteError) -> EndpointFailure {
     let f = match &e {
-        RemoteError::Unshippable { .. } | RemoteError::UnknownGraph { .. } => {
-            EndpointFailure::task_failed(e.to_string())
-        }
+        // The task's own arguments or graph: the endpoint is fine.
+        RemoteError::Unshippable { .. }
+        | RemoteError::UnknownGraph { .. }
+        | RemoteError::FrameTooLarge { .. } => EndpointFailure::task_failed(e.to_string()),
         _ => EndpointFailure::endpoint_failed(e.to_string()),
     };
     f.with_source(FailureSource::new(e))

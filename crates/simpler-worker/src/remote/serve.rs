@@ -213,7 +213,7 @@ fn protocol(what: String) -> RemoteError {
     RemoteError::Protocol { rank: 0, what }
 }
 
-/// The next frame from rank 0; fails only when the transport stops.
+/// The next frame from rank 0; fails when the transport stops or a frame from rank 0 was lost.
 fn next(t: &Transport, inbox: &Receiver<Packet>) -> Result<Packet, RemoteError> {
     loop {
         match inbox.recv_timeout(WAIT_SLICE) {

@@ -11,11 +11,13 @@
 //!    `MAX_BACKLOG` frames, until an inbox opens: the peer may be faster than this rank);
 //!    answer every `Ping` on the health communicator with a `Pong`; ping every watched rank
 //!    once per its interval. Any frame from a rank refreshes that rank's `last_heard`.
-//! 3. It never blocks in MPI: sends are started and polled (`sends.rs`), so a peer that does
-//!    not receive for a while (a stalled host) delays only the frames to it, never the frames
-//!    from the other ranks. A rank with a ping or pong still on its way gets no new one. When
-//!    idle it yields for a short while, then parks on the command channel with a timeout that
-//!    grows to 1 ms.
+//! 3. It never waits for a send: sends are started and polled (`sends.rs`), so a peer that
+//!    does not receive for a while (a stalled host) delays only the frames to it, never the
+//!    frames from the other ranks. A rank with a ping or pong still on its way gets no new one.
+//!    A receive is only started for a frame that has arrived (a matched probe), and takes as
+//!    long as its bytes take to move. While a data frame is being sent the loop stays hot;
+//!    otherwise, idle, it yields for a short while, then parks on the command channel with a
+//!    timeout that grows to 1 ms.
 //! 4. Leaving the loop, it gives the frames still being sent a short grace to complete (a
 //!    `Shutdown` reply, say), then frees their requests.
 //! 5. `Finalize` (from `MpiJob::finalize` or its drop) leaves the loop and finalizes MPI on
@@ -248,7 +250,8 @@ impl Transport {
             (self.shared.last_heard.get(rank as usize), self.shared.ping_every.get(rank as usize))
         {
             h.store(now, Ordering::Release);
-            p.store(interval.as_nanos().max(1) as u64, Ordering::Release);
+            let nanos = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX).max(1);
+            p.store(nanos, Ordering::Release);
         }
     }
 
@@ -374,7 +377,9 @@ fn serve_loop(
     let mut last_activity = Instant::now();
     let mut sending: Vec<InFlight> = Vec::new();
     loop {
-        let mut busy = poll_sends(shared, &mut sending);
+        // A data frame still on its way keeps the loop hot: some transports move its bytes
+        // only inside MPI calls, so parking between tests would slow it.
+        let mut busy = poll_sends(shared, &mut sending) || sending.iter().any(|f| !f.health);
         let mut pending = Vec::new();
         while let Ok(c) = cmd_rx.try_recv() {
             pending.push(c);
@@ -412,14 +417,15 @@ fn serve_loop(
             let every = shared.ping_every[r as usize].load(Ordering::Acquire);
             // A schedule longer than the interval is an earlier session's (a watch with a
             // shorter budget): the next ping is due now, not when that one said.
-            let due = now >= next_ping[r as usize] || next_ping[r as usize] > now + every;
+            let due =
+                now >= next_ping[r as usize] || next_ping[r as usize] > now.saturating_add(every);
             if every != 0 && due && !health_frame_on_its_way(&sending, r) {
                 nonce += 1;
                 let ping = Packet::Ping { nonce }.encode();
                 if let Ok(f) = InFlight::start(health, r, true, TAG, ping) {
                     sending.push(f);
                 }
-                next_ping[r as usize] = now + every;
+                next_ping[r as usize] = now.saturating_add(every);
             }
         }
         if busy {
