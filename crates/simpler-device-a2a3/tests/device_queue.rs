@@ -412,7 +412,7 @@ fn a_poll_never_waits_for_a_dropped_run_still_executing_ahead_and_a_later_poll_c
     let started = Instant::now();
     assert!(!r.poll_run(&second).unwrap(), "run 2 is queued behind the held run 1");
     let took = started.elapsed();
-    assert!(took < DROPPED_HOLD / 4, "the poll waited {took:?} for the dropped run 1");
+    assert!(took < DROPPED_HOLD / 2, "the poll waited {took:?} for the dropped run 1");
     assert_eq!(r.stats().terminal_cleanups, cleanups, "run 1 still executes: it stays queued");
     // Run 1 ends before run 2, and the poll that sees run 2 done has cleaned run 1 up.
     let give_up = Instant::now() + 4 * DROPPED_HOLD;
@@ -440,7 +440,7 @@ fn a_reap_with_a_deadline_waits_no_longer_than_it_for_a_dropped_run_queued_ahead
     let started = Instant::now();
     assert!(!r.reap_run(&second, Some(Duration::from_millis(50))).unwrap(), "run 2 is behind");
     let took = started.elapsed();
-    assert!(took < DROPPED_HOLD / 4, "the reap waited {took:?} for the dropped run 1");
+    assert!(took < DROPPED_HOLD / 2, "the reap waited {took:?} for the dropped run 1");
     assert_eq!(r.stats().terminal_cleanups, cleanups, "run 1 still executes: it stays queued");
     // Without a deadline the dropped run ahead is reaped first, then run 2.
     assert!(r.reap_run(&second, None).unwrap());
@@ -470,7 +470,8 @@ fn a_reap_with_a_deadline_does_not_wait_for_a_dropped_run_queued_behind() {
     let started = Instant::now();
     assert!(r.reap_run(&first, Some(DROPPED_HOLD / 2)).unwrap(), "run 1 ends on its own");
     let took = started.elapsed();
-    assert!(took < DROPPED_HOLD / 4, "the reap waited {took:?} for the dropped run 2 behind");
+    // Waiting for run 2 would take its whole hold; run 1 alone ends well before it.
+    assert!(took < DROPPED_HOLD * 3 / 4, "the reap waited {took:?} for the dropped run 2 behind");
     assert_eq!(r.stats().terminal_cleanups, cleanups, "run 2 still executes: it stays queued");
     // Completing run 1 may wait: it reaps the dropped run 2 first.
     assert_eq!(r.complete_run(first).unwrap().run_id, Some(run_id(1)));

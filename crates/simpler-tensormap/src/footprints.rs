@@ -43,7 +43,8 @@
 //!    dead entries and `long` (whose entries go back into `entries`), and the list is plain
 //!    again. The index, emptied, goes to the store's [`IndexSpares`] and the entry buffer stays
 //!    with the list (both unless oversized), so a buffer fanned in again and again allocates
-//!    nothing once the store has seen its fan-in. The gap between the two thresholds keeps a list near the boundary from flapping.
+//!    nothing once the store has seen its fan-in. The gap between the two thresholds keeps a
+//!    list near the boundary from flapping.
 //!    Because of this, a list with one entry is always plain, and the one-entry shortcuts of
 //!    insert and erase (which keep no index up to date) never meet an indexed list.
 //!
@@ -72,9 +73,9 @@ const LONG_CAP: usize = 4;
 const MAX_SPARES: usize = 4;
 
 /// An owner index whose table had room for more owners than this is freed rather than kept
-/// for reuse, and a list leaving indexed mode frees an entry buffer larger than this: a store
-/// keeps what a fan-in of this size needs, not what its largest fan-in ever needed.
-const RETAINED_CAPACITY: usize = 1 << 14;
+/// for reuse, and a list leaving indexed mode frees an entry buffer larger than this (128 KiB):
+/// a store keeps what a fan-in of this size needs, not what its largest fan-in ever needed.
+const RETAINED_CAPACITY: usize = 1 << 12;
 
 /// At most this many candidates are deduplicated in place by comparing each with the ones before
 /// it; more are collected into the store's reusable scratch buffer, sorted and deduplicated.

@@ -217,8 +217,9 @@ impl DeviceRunner {
     }
 
     /// Whether `reap_run` on `run` would return without waiting (the run finished or failed).
-    /// Never blocks, not even for a dropped run handle's run: one the device has not finished
-    /// is cleaned up by a later call.
+    /// Never waits for the device: a dropped run handle's run is only asked about (on the
+    /// onboard backend that is CANN's shortest sync, 1 ms), and one the device has not
+    /// finished is cleaned up by a later call.
     pub fn poll_run(&mut self, run: &ActiveRun) -> Result<bool, DeviceError> {
         self.attached()?.poll_run(run)
     }
