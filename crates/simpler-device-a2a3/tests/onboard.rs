@@ -27,6 +27,8 @@
 //! Exit code: 0 when every case passed or was skipped, 1 otherwise, 2 when the set cannot start
 //! (invalid budgets, no stand-in library, bad environment).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -1031,29 +1033,6 @@ fn env(var: &str) -> Option<String> {
     std::env::var(var).ok().filter(|v| !v.is_empty())
 }
 
-fn placeholders() -> std::io::Result<(tempfile::TempDir, PathBuf)> {
-    let dir = tempfile::tempdir()?;
-    for (name, bytes) in [
-        ("aicpu_program.so", &b"\x7fELF placeholder AICPU program"[..]),
-        ("dispatcher.so", b"\x7fELF placeholder dispatcher"),
-        ("aicore_executor.o", b"\x7fELF placeholder AICore executor"),
-    ] {
-        std::fs::write(dir.path().join(name), bytes)?;
-    }
-    let manifest = dir.path().join("manifest.json");
-    let abi = simpler_device_a2a3::abi::ABI_VERSION;
-    std::fs::write(
-        &manifest,
-        format!(
-            r#"{{ "abi_version": {abi}, "artifacts": {{
-                "aicpu_program": {{ "path": "aicpu_program.so" }},
-                "dispatcher": {{ "path": "dispatcher.so" }},
-                "aicore_executor": {{ "path": "aicore_executor.o" }} }} }}"#
-        ),
-    )?;
-    Ok((dir, manifest))
-}
-
 /// The host builds of the AICPU program and AICore executor a manifest names (relative paths
 /// are relative to the manifest).
 fn manifest_programs(manifest: &Path) -> Result<(&'static Path, &'static Path), String> {
@@ -1099,7 +1078,7 @@ fn setup() -> Result<(Bench, PathBuf, Option<tempfile::TempDir>), String> {
             (None, m, programs)
         }
         None if standin => {
-            let (d, m) = placeholders().map_err(|e| e.to_string())?;
+            let (d, m) = common::standin::placeholder_programs().map_err(|e| e.to_string())?;
             (Some(d), m, None)
         }
         None => return Err("SIMPLER_ONBOARD_ARTIFACTS names no manifest".into()),

@@ -12,10 +12,37 @@ use simpler_device_a2a3::{
     ArgDirection, ChipCallable, CoreCallable, DevicePtr, DeviceRunner, KernelCode, Orchestration,
     OrchestrationObject, RunnerOptions, RuntimeVariant,
 };
-use simpler_types::{DataType, TaskArgs, Tensor};
+use simpler_types::TaskArgs;
+
+use super::upload_f32;
 
 /// The stream-sync budget of the fixture's options, in ms.
 pub const STREAM_SYNC_MS: i64 = 3_000;
+
+/// Placeholder device programs (bytes that look like ELF files) and a manifest naming them:
+/// what the stand-in accepts, since it checks only the binary descriptor.
+pub fn placeholder_programs() -> std::io::Result<(tempfile::TempDir, PathBuf)> {
+    let dir = tempfile::tempdir()?;
+    for (name, bytes) in [
+        ("libsimpler_aicpu_hbg.so", &b"\x7fELF placeholder AICPU program"[..]),
+        ("libsimpler_aicpu_dispatcher.so", b"\x7fELF placeholder dispatcher"),
+        ("aicore_hbg.o", b"\x7fELF placeholder AICore executor"),
+    ] {
+        std::fs::write(dir.path().join(name), bytes)?;
+    }
+    let manifest = dir.path().join("manifest.json");
+    let abi = simpler_device_a2a3::abi::ABI_VERSION;
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"{{ "abi_version": {abi}, "artifacts": {{
+                "aicpu_program": {{ "path": "libsimpler_aicpu_hbg.so" }},
+                "dispatcher": {{ "path": "libsimpler_aicpu_dispatcher.so" }},
+                "aicore_executor": {{ "path": "aicore_hbg.o" }} }} }}"#
+        ),
+    )?;
+    Ok((dir, manifest))
+}
 
 /// A fake CANN install and a manifest of placeholder device programs.
 pub struct Onboard {
@@ -33,26 +60,7 @@ impl Onboard {
         if install.live(ObjectKind::Streams).is_ok() {
             install.set_value("device_count", 8).unwrap();
         }
-        let dir = tempfile::tempdir().unwrap();
-        for (name, bytes) in [
-            ("libsimpler_aicpu_hbg.so", &b"\x7fELF placeholder AICPU program"[..]),
-            ("libsimpler_aicpu_dispatcher.so", b"\x7fELF placeholder dispatcher"),
-            ("aicore_hbg.o", b"\x7fELF placeholder AICore executor"),
-        ] {
-            std::fs::write(dir.path().join(name), bytes).unwrap();
-        }
-        let manifest = dir.path().join("manifest.json");
-        let abi = simpler_device_a2a3::abi::ABI_VERSION;
-        std::fs::write(
-            &manifest,
-            format!(
-                r#"{{ "abi_version": {abi}, "artifacts": {{
-                "aicpu_program": {{ "path": "libsimpler_aicpu_hbg.so" }},
-                "dispatcher": {{ "path": "libsimpler_aicpu_dispatcher.so" }},
-                "aicore_executor": {{ "path": "aicore_hbg.o" }} }} }}"#
-            ),
-        )
-        .unwrap();
+        let (dir, manifest) = placeholder_programs().unwrap();
         Onboard { install, _programs: dir, manifest }
     }
 
@@ -122,21 +130,11 @@ pub struct AddRun {
     pub args: TaskArgs,
 }
 
-pub fn upload(r: &mut DeviceRunner, values: &[f32]) -> (DevicePtr, Tensor) {
-    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let p = r.malloc(bytes.len() as u64).unwrap();
-    r.copy_to_device(p, &bytes).unwrap();
-    let t = Tensor::external(p.addr(), &[values.len() as u32], DataType::Float32)
-        .unwrap()
-        .child_memory(true);
-    (p, t)
-}
-
 impl AddRun {
     pub fn new(r: &mut DeviceRunner) -> AddRun {
-        let (pa, ta) = upload(r, &[1.0; 64]);
-        let (pb, tb) = upload(r, &[2.0; 64]);
-        let (pf, tf) = upload(r, &[0.0; 64]);
+        let (pa, ta) = upload_f32(r, &[1.0; 64]);
+        let (pb, tb) = upload_f32(r, &[2.0; 64]);
+        let (pf, tf) = upload_f32(r, &[0.0; 64]);
         let mut args = TaskArgs::new();
         args.add_input(ta).unwrap().add_input(tb).unwrap().add_output(tf).unwrap();
         AddRun { ptrs: [pa, pb, pf], args }
