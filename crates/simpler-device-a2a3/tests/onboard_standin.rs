@@ -521,6 +521,19 @@ fn finalize_with_a_launched_run_force_resets_the_device() {
     assert_eq!(b.live(), [0; 5]);
 }
 
+#[test]
+fn finalize_with_a_launched_run_from_a_thread_that_cannot_bind_still_force_resets() {
+    let b = Onboard::new();
+    let (r, v, a) = launched_and_reaped_in_a_slice_that_ran_out(&b);
+    drop(a);
+    drop(v);
+    // Every later bind is refused: the finalizing thread is not the one bound.
+    b.install.fail_call("rtSetDevice", 0, 107_000).unwrap();
+    let finalized = std::thread::spawn(move || r.finalize().map(drop)).join().unwrap();
+    let log = b.log();
+    assert_eq!(count(&log, "aclrtResetDeviceForce"), 1, "{finalized:?}: {:?}", names(&log));
+}
+
 /// The device takes `DELAY_MS` of the stream-sync budget to finish the AICPU stream's work
 /// and never finishes the AICore stream's.
 const DELAY_MS: i64 = STREAM_SYNC_MS * 2 / 3;

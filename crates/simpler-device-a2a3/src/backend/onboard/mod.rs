@@ -814,6 +814,7 @@ impl Backend for OnboardDevice {
     }
 
     fn record_event(&mut self, stream: StreamKind) -> Result<EventHandle, AclCode> {
+        self.bind().map_err(|e| AclCode(code_of(&e)))?;
         let s = self.stream(stream).ok_or(AclCode::INTERNAL_ERROR)?;
         match Event::record(&self.ctx, s) {
             Ok(event) => Ok(Arc::new(OnboardEvent(event))),
@@ -828,6 +829,7 @@ impl Backend for OnboardDevice {
         let Ok(ours) = Arc::clone(event).into_any().downcast::<OnboardEvent>() else {
             return Err(AclCode::INTERNAL_ERROR);
         };
+        self.bind().map_err(|e| AclCode(code_of(&e)))?;
         let s = self.stream(stream).ok_or(AclCode::INTERNAL_ERROR)?;
         // SAFETY: both handles are live.
         let ret = unsafe { self.ctx.cann.aclrtStreamWaitEvent(s.raw(), ours.0.raw()) };
@@ -877,11 +879,15 @@ impl Backend for OnboardDevice {
     fn drain(&self, timeout: Duration, _op_execute: Duration) -> bool {
         // A zero budget asks "idle now?": CANN has no such query, and a zero timeout means
         // "wait forever" to it, so the answer is "not known idle" without a call.
-        if timeout.is_zero() || self.bind().is_err() {
+        if timeout.is_zero() {
             return false;
         }
-        // Only recover-or-mark-unusable drains with a budget: the runner is poisoned.
+        // Only recover-or-mark-unusable drains with a budget: the runner is poisoned, also
+        // when this thread cannot bind to drain (finalize must still force-reset).
         self.poison();
+        if self.bind().is_err() {
+            return false;
+        }
         // SAFETY: plain integer argument.
         let ret = unsafe { self.ctx.cann.aclrtSynchronizeDeviceWithTimeout(ms(timeout)) };
         self.ctx.check("aclrtSynchronizeDeviceWithTimeout", ret).is_ok()
