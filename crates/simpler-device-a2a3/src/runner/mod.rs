@@ -735,8 +735,7 @@ impl Core {
             KernelKind::AiCore => (PoisonStep::LaunchAiCore, Outcome::FailedBeforeLaunch),
             KernelKind::Aicpu => (PoisonStep::LaunchAicpu, Outcome::FailedAfterLaunch),
         };
-        let drain = self.timeouts.stream_sync;
-        self.recover_or_mark_unusable(run.run_id, run.launch_seq, step, code, drain);
+        self.recover_or_mark_unusable(run.run_id, run.launch_seq, step, code, None);
         self.finish(run, outcome);
         DeviceError::Launch { run_id: run.run_id, kernel, code }
     }
@@ -760,20 +759,22 @@ impl Core {
         self.health.poison(cause);
     }
 
-    /// Unconditionally unusable, then a drain of at most `drain` (`docs/device-runner.md`,
-    /// "Recovery"). `launch_seq` places the failed run in the launch order (0: never launched).
+    /// Unconditionally unusable, then a drain of the stream-sync budget, or of what is left
+    /// until `hard` for a reap that must be over by then ([`Core::recovery_drain`];
+    /// `docs/device-runner.md`, "Recovery"). `launch_seq` places the failed run in the launch
+    /// order (0: never launched).
     fn recover_or_mark_unusable(
         &mut self,
         run_id: RunId,
         launch_seq: u64,
         step: PoisonStep,
         code: AclCode,
-        drain: Duration,
+        hard: Option<Instant>,
     ) {
         // Poison first: neither the drain nor the log (a tracing layer may panic) can skip it.
         self.poison(PoisonCause { run_id, step, code }, launch_seq);
         self.stats.recoveries += 1;
-        let drained = self.backend.drain(drain, self.timeouts.op_execute);
+        let drained = self.backend.drain(self.recovery_drain(hard), self.timeouts.op_execute);
         tracing::error!(device = self.opts.device_id, %run_id, %step, %code, drained, "device unusable after a failed run");
     }
 
@@ -943,7 +944,7 @@ impl Core {
             );
             // The device may still be executing it: a recovery drain (here one that gives up at
             // once) marks the device for the force reset a plain reset would not do.
-            let _ = self.backend.drain(Duration::from_millis(1), self.timeouts.op_execute);
+            let _ = self.backend.drain(reap::MIN_RECOVERY_DRAIN, self.timeouts.op_execute);
         } else {
             self.unload_orchestrations();
         }

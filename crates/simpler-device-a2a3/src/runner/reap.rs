@@ -31,7 +31,7 @@ struct ReapWait {
 
 /// The shortest recovery drain: a zero drain only asks whether the device is idle, and the
 /// onboard backend marks the device for the force reset only in a drain that waits.
-const MIN_RECOVERY_DRAIN: Duration = Duration::from_millis(1);
+pub(super) const MIN_RECOVERY_DRAIN: Duration = Duration::from_millis(1);
 
 /// Whether a queued run that timed out before it began stood behind a run that did not end.
 enum Ahead {
@@ -272,8 +272,7 @@ impl Core {
             && let Some((culprit, culprit_seq)) = self.failed_before(run)
         {
             let cause = PoisonCause { run_id: culprit, step, code: f.code };
-            let drain = self.recovery_drain(wait.hard);
-            self.recover_or_mark_unusable(culprit, culprit_seq, step, f.code, drain);
+            self.recover_or_mark_unusable(culprit, culprit_seq, step, f.code, wait.hard);
             return Err(self.abandon_behind(run, cause));
         }
         if matches!(e, SyncError::Timeout) {
@@ -281,8 +280,7 @@ impl Core {
                 Ahead::Ended => {}
                 Ahead::Stuck(culprit, culprit_seq, code) => {
                     let cause = PoisonCause { run_id: culprit, step, code };
-                    let drain = self.recovery_drain(wait.hard);
-                    self.recover_or_mark_unusable(culprit, culprit_seq, step, code, drain);
+                    self.recover_or_mark_unusable(culprit, culprit_seq, step, code, wait.hard);
                     return Err(self.abandon_behind(run, cause));
                 }
                 Ahead::Undecided => return Ok(false),
@@ -409,7 +407,7 @@ impl Core {
 
     /// How long the recovery drain of a reap may wait: the stream-sync budget, or, for a reap
     /// that must be over by `hard`, what is left until then (at least [`MIN_RECOVERY_DRAIN`]).
-    fn recovery_drain(&self, hard: Option<Instant>) -> Duration {
+    pub(super) fn recovery_drain(&self, hard: Option<Instant>) -> Duration {
         let full = self.timeouts.stream_sync;
         hard.map_or(full, |h| {
             h.saturating_duration_since(Instant::now()).max(MIN_RECOVERY_DRAIN).min(full)
@@ -444,8 +442,7 @@ impl Core {
             SyncError::Timeout => AclCode::STREAM_SYNC_TIMEOUT,
             SyncError::Fault(f) => f.code,
         };
-        let drain = self.recovery_drain(wait.hard);
-        self.recover_or_mark_unusable(run.run_id, run.launch_seq, step, code, drain);
+        self.recover_or_mark_unusable(run.run_id, run.launch_seq, step, code, wait.hard);
         let other =
             if stream == StreamKind::Aicpu { StreamKind::AiCore } else { StreamKind::Aicpu };
         let other_status = self.backend.query(other, op);
