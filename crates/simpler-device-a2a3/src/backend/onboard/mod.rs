@@ -170,13 +170,6 @@ struct Streams {
     aicore: Stream,
 }
 
-/// An AICPU entry that failed: refused at launch, or `launched` and its wait failed (it may
-/// still be running).
-struct EntryFailed {
-    error: CannError,
-    launched: bool,
-}
-
 /// One A2/A3 chip through CANN.
 pub(crate) struct OnboardDevice {
     ctx: Arc<owners::Ctx>,
@@ -465,20 +458,19 @@ impl OnboardDevice {
             .into());
         };
         let mut bytes = bytemuck::bytes_of(args).to_vec();
-        self.run_aicpu_entry(streams, register, &mut bytes).map_err(|f| orch_object::LaunchFailed {
-            error: acl(None, f.error),
-            may_run: f.launched,
-        })
+        self.run_aicpu_entry(streams, register, &mut bytes, None)
     }
 
     /// Launches `func`, an entry of the AICPU program, as one thread with `bytes` as its
-    /// argument bytes on the AICPU stream, and waits for it within the init budget.
+    /// argument bytes on the AICPU stream, and waits for it within the init budget. A failure
+    /// is the error of `step`; `may_run` when the launch was accepted and only the wait failed.
     fn run_aicpu_entry(
         &self,
         streams: &Streams,
         func: simpler_acl_sys::types::rtFuncHandle,
         bytes: &mut [u8],
-    ) -> Result<(), EntryFailed> {
+        step: Option<InitStep>,
+    ) -> Result<(), orch_object::LaunchFailed> {
         let mut args = cpu_args(bytes);
         // SAFETY: live function handle and stream; `args` points at `bytes`, alive for the
         // call (CANN copies the argument bytes); no launch config.
@@ -491,10 +483,10 @@ impl OnboardDevice {
                 &mut args,
             )
         };
-        let refused = |error| EntryFailed { error, launched: false };
-        self.ctx.check("rtsLaunchCpuKernel", ret).map_err(refused)?;
+        let failed = |may_run| move |e| orch_object::LaunchFailed { error: acl(step, e), may_run };
+        self.ctx.check("rtsLaunchCpuKernel", ret).map_err(failed(false))?;
         programs::wait_setup(&self.ctx, &streams.aicpu, ms(self.opts.budgets.init_sync))
-            .map_err(|error| EntryFailed { error, launched: true })
+            .map_err(failed(true))
     }
 }
 
@@ -530,7 +522,7 @@ impl Backend for OnboardDevice {
         for v in init.dma_workspace {
             bytes.extend_from_slice(&v.to_le_bytes());
         }
-        self.run_aicpu_entry(streams, programs.init, &mut bytes).map_err(|f| acl(step, f.error))
+        self.run_aicpu_entry(streams, programs.init, &mut bytes, step).map_err(|f| f.error)
     }
 
     fn max_block_dim(&self) -> u32 {
