@@ -506,17 +506,27 @@ impl<'e> GraphBuilder<'e> {
         ORCH_OK
     }
 
-    fn get_data(&mut self, t: &Tensor, out: &mut [u8]) -> i32 {
+    /// The bytes `t` names for `op` (`tensor_data` or `set_tensor_data`) with a `len`-byte
+    /// buffer: a contiguous view of exactly that many bytes, else the latched invalid-args
+    /// status.
+    fn data_span(&mut self, t: &Tensor, len: usize, op: &str) -> Result<ByteSpan, i32> {
         let Some(span) = span_of(t) else {
-            return self.invalid("tensor_data: the tensor has no bytes".into());
+            return Err(self.invalid(format!("{op}: the tensor has no bytes")));
         };
-        if !t.contiguous() || span.len() != out.len() as u64 {
-            return self.invalid(format!(
-                "tensor_data: needs a contiguous view whose {} bytes match the {}-byte buffer",
-                span.len(),
-                out.len()
-            ));
+        if !t.contiguous() || span.len() != len as u64 {
+            return Err(self.invalid(format!(
+                "{op}: needs a contiguous view whose {} bytes match the {len}-byte buffer",
+                span.len()
+            )));
         }
+        Ok(span)
+    }
+
+    fn get_data(&mut self, t: &Tensor, out: &mut [u8]) -> i32 {
+        let span = match self.data_span(t, out.len(), "tensor_data") {
+            Ok(span) => span,
+            Err(status) => return status,
+        };
         let mut written = false;
         let key = TensorKey::Host { addr: t.addr };
         for map in [&self.map, &self.manual_writes] {
@@ -539,16 +549,10 @@ impl<'e> GraphBuilder<'e> {
     }
 
     fn set_data(&mut self, t: &Tensor, data: &[u8]) -> i32 {
-        let Some(span) = span_of(t) else {
-            return self.invalid("set_tensor_data: the tensor has no bytes".into());
+        let span = match self.data_span(t, data.len(), "set_tensor_data") {
+            Ok(span) => span,
+            Err(status) => return status,
         };
-        if !t.contiguous() || span.len() != data.len() as u64 {
-            return self.invalid(format!(
-                "set_tensor_data: needs a contiguous view whose {} bytes match the {}-byte buffer",
-                span.len(),
-                data.len()
-            ));
-        }
         let mut used = false;
         self.touched.lookup_overlapping(
             self.run_id,
