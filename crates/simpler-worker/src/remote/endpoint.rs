@@ -406,6 +406,20 @@ impl Session {
         }
     }
 
+    /// A wait's failure, returned as it is; one that ends the session for good (the rank stopped
+    /// answering, or a frame to or from it was lost) is kept, so later tasks fail at once.
+    fn wait_failed(&mut self, e: RemoteError) -> RemoteError {
+        if matches!(
+            e,
+            RemoteError::Unresponsive { .. }
+                | RemoteError::Protocol { .. }
+                | RemoteError::Mpi { .. }
+        ) {
+            self.failed = Some(e.clone());
+        }
+        e
+    }
+
     /// Tells the rank its start was refused, then ends the session.
     fn refuse(&mut self, reason: &str) {
         if let Err(e) =
@@ -441,17 +455,7 @@ impl Session {
             }
             Ok(Packet::Completion { outcome, .. }) => Ok(outcome),
             Ok(_) => unreachable!("wait returns only frames its filter accepts"),
-            Err(Waited::Failed(e)) => {
-                if matches!(
-                    e,
-                    RemoteError::Unresponsive { .. }
-                        | RemoteError::Protocol { .. }
-                        | RemoteError::Mpi { .. }
-                ) {
-                    self.failed = Some(e.clone());
-                }
-                Err(e)
-            }
+            Err(Waited::Failed(e)) => Err(self.wait_failed(e)),
             Err(Waited::Deadline) => unreachable!("a task wait has no deadline"),
         }
     }
@@ -486,17 +490,7 @@ impl Session {
             Err(Waited::Deadline) => {
                 Err((rank, refused(format!("no answer within {PREPARE_BUDGET:?}"))))
             }
-            Err(Waited::Failed(e)) => {
-                if matches!(
-                    e,
-                    RemoteError::Unresponsive { .. }
-                        | RemoteError::Protocol { .. }
-                        | RemoteError::Mpi { .. }
-                ) {
-                    self.failed = Some(e.clone());
-                }
-                Err((rank, e))
-            }
+            Err(Waited::Failed(e)) => Err((rank, self.wait_failed(e))),
         }
     }
 
