@@ -188,12 +188,13 @@ fn dropped_queued_handles_are_reclaimed_and_the_queue_keeps_working() {
     drop(p3);
     assert!(r.reap_run(&a1, None).unwrap());
     r.complete_run(a1).unwrap();
-    assert_eq!(r.stats().terminal_cleanups, cleanups + 3, "every run got its cleanup");
-    // All four slots are free again.
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 2, "run 2 behind run 1 still executes");
+    // All four slots are free again: the prepare that needs run 2's slot waits for it.
     r.sim_faults().unwrap().clear();
     let again: Vec<_> = (0..4)
         .map(|i| r.prepare(&RunRequest::new(run_id(10 + i), slot, &runs[0].args, &cfg)).unwrap())
         .collect();
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 3, "every run got its cleanup");
     let mut it = again.into_iter();
     let first = r.launch_run(it.next().unwrap()).unwrap();
     for p in it {
@@ -473,13 +474,73 @@ fn a_reap_with_a_deadline_does_not_wait_for_a_dropped_run_queued_behind() {
     // Waiting for run 2 would take its whole hold; run 1 alone ends well before it.
     assert!(took < DROPPED_HOLD * 3 / 4, "the reap waited {took:?} for the dropped run 2 behind");
     assert_eq!(r.stats().terminal_cleanups, cleanups, "run 2 still executes: it stays queued");
-    // Completing run 1 may wait: it reaps the dropped run 2 first.
+    // Neither a reap without a deadline nor the completion of run 1 waits for run 2 behind it.
+    assert!(r.reap_run(&first, None).unwrap());
     assert_eq!(r.complete_run(first).unwrap().run_id, Some(run_id(1)));
-    assert_eq!(r.stats().terminal_cleanups, cleanups + 2);
+    let took = started.elapsed();
+    assert!(took < DROPPED_HOLD * 3 / 4, "run 1's completion waited {took:?} for run 2 behind");
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 1, "run 2 still executes: it stays queued");
+    // A call that needs the device to itself (a copy) still waits for it.
+    runs[1].check(&mut r);
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 2, "the dropped run 2 was cleaned up");
     let sums = download_f32(&mut r, runs[0].ptrs[2], runs[0].a.len());
     let expected: Vec<f32> = runs[0].a.iter().zip(&runs[0].b).map(|(a, b)| a + b).collect();
     assert_eq!(sums, expected);
-    runs[1].check(&mut r);
+    r.sim_faults().unwrap().clear();
+    both_slots_free_and_nothing_left(r, runs);
+}
+
+#[test]
+fn the_next_run_is_prepared_and_queued_behind_a_dropped_run_without_waiting_for_it() {
+    let mut r = DeviceRunner::attach(two_slot_queue()).unwrap();
+    let runs: Vec<_> = (0..2).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let cfg = CallConfig::default();
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, DROPPED_HOLD);
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &runs[0].args, &cfg)).unwrap();
+    let cleanups = r.stats().terminal_cleanups;
+    drop(r.launch_run(p1).unwrap());
+    let started = Instant::now();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &runs[1].args, &cfg)).unwrap();
+    let second = r.launch_run(p2).unwrap();
+    let took = started.elapsed();
+    assert!(took < DROPPED_HOLD / 2, "prepare and launch waited {took:?} for the dropped run 1");
+    assert_eq!(r.stats().terminal_cleanups, cleanups, "run 1 still executes: it stays queued");
+    // Run 2's reap waits for run 1 ahead of it, then for itself.
+    assert!(r.reap_run(&second, None).unwrap());
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 1, "the dropped run 1 was cleaned up");
+    assert_eq!(r.complete_run(second).unwrap().run_id, Some(run_id(2)));
+    for v in &runs {
+        v.check(&mut r);
+    }
+    r.sim_faults().unwrap().clear();
+    both_slots_free_and_nothing_left(r, runs);
+}
+
+#[test]
+fn without_device_queueing_a_free_slot_is_prepared_at_once_and_the_launch_waits_for_the_dropped_run()
+ {
+    let mut r = DeviceRunner::attach(two_slot_queue().with_device_queue(false)).unwrap();
+    let runs: Vec<_> = (0..2).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let cfg = CallConfig::default();
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, DROPPED_HOLD);
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &runs[0].args, &cfg)).unwrap();
+    let cleanups = r.stats().terminal_cleanups;
+    drop(r.launch_run(p1).unwrap());
+    let started = Instant::now();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &runs[1].args, &cfg)).unwrap();
+    let took = started.elapsed();
+    assert!(took < DROPPED_HOLD / 2, "the prepare waited {took:?} for the dropped run 1");
+    assert_eq!(r.stats().terminal_cleanups, cleanups, "run 1 still executes: it stays queued");
+    // The exclusive execution claim: the launch waits for run 1 instead of refusing run 2.
+    let second = r.launch_run(p2).unwrap();
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 1, "the dropped run 1 was cleaned up");
+    assert!(r.reap_run(&second, None).unwrap());
+    assert_eq!(r.complete_run(second).unwrap().run_id, Some(run_id(2)));
+    for v in &runs {
+        v.check(&mut r);
+    }
     r.sim_faults().unwrap().clear();
     both_slots_free_and_nothing_left(r, runs);
 }

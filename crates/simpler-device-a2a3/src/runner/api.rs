@@ -102,8 +102,8 @@ impl DeviceRunner {
         Ok(core)
     }
 
-    /// The attached state, for the calls that clean up dropped handles themselves, within
-    /// their own wait (`poll_run`, `reap_run`).
+    /// The attached state, for the calls of the pipelined path, which clean up dropped handles
+    /// themselves and wait only for those they need gone (`docs/pipelining.md`).
     fn attached(&mut self) -> Result<&mut Core, DeviceError> {
         // `finalize` consumes the runner, so a live runner always has its core; the error is
         // only reachable if that invariant breaks.
@@ -205,15 +205,18 @@ impl DeviceRunner {
     /// Prepares a run (P1–P18) in a free resource slot and returns its lease. May be called
     /// while another run executes (it writes only its own slot); with every slot in use, or
     /// when this run or a run in progress uses a diagnostic that needs exclusive use, `Busy`.
+    /// The run of a dropped handle still executing is waited for only in those two cases.
     pub fn prepare(&mut self, req: &RunRequest<'_>) -> Result<PreparedRun, DeviceError> {
-        self.core()?.prepare(req)
+        self.attached()?.prepare(req)
     }
 
     /// Launches a prepared run: AICore kernel first, then AICPU (L1–L3), then publishes the
     /// request's acceptance signal. No synchronisation. While another run is launched and not
-    /// reaped the launch is refused with `Busy` and the prepared run is abandoned.
+    /// reaped the launch is refused with `Busy` and the prepared run is abandoned; the run of a
+    /// dropped handle is waited for instead (with device queueing, not even that: the launch
+    /// queues behind it).
     pub fn launch_run(&mut self, prepared: PreparedRun) -> Result<ActiveRun, DeviceError> {
-        self.core()?.launch_run(prepared)
+        self.attached()?.launch_run(prepared)
     }
 
     /// Whether `reap_run` on `run` would return without waiting (the run finished or failed).
@@ -228,9 +231,9 @@ impl DeviceRunner {
     /// reap across all of them. `within` bounds the wait: if it is shorter than what is left
     /// of the budget and passes first, the run stays launched and the call returns
     /// `Ok(false)`; `None` waits for the rest of the budget, after which the run fails with a
-    /// timeout. A run already reaped returns `Ok(true)` at once. With `within`, the cleanup of
-    /// dropped run handles waits no longer either: only for a dropped run queued ahead of
-    /// `run`, which `run` cannot end before.
+    /// timeout. A run already reaped returns `Ok(true)` at once. The cleanup of dropped run
+    /// handles waits only for a dropped run queued ahead of `run`, which `run` cannot end
+    /// before, and no longer than `within`.
     pub fn reap_run(
         &mut self,
         run: &ActiveRun,
@@ -240,14 +243,16 @@ impl DeviceRunner {
     }
 
     /// Finishes a reaped run (C1–C3): latched status, copy-back, terminal cleanup; frees its
-    /// slot.
+    /// slot. Does not wait for a dropped handle's run still executing (a later call cleans it
+    /// up).
     pub fn complete_run(&mut self, run: ActiveRun) -> Result<RunReport, DeviceError> {
-        self.core()?.complete_run(run)
+        self.attached()?.complete_run(run)
     }
 
-    /// Drops a prepared, unlaunched run (its terminal cleanup runs) and frees its slot.
+    /// Drops a prepared, unlaunched run (its terminal cleanup runs) and frees its slot. Does not
+    /// wait for a dropped handle's run still executing.
     pub fn abandon(&mut self, prepared: PreparedRun) -> Result<(), DeviceError> {
-        self.core()?.abandon(prepared)
+        self.attached()?.abandon(prepared)
     }
 
     /// `prepare`, `launch_run`, `reap_run`, `complete_run`, in the seed's order.

@@ -186,6 +186,14 @@ impl Core {
         self.reclaim_dropped_within(|_| None);
     }
 
+    /// [`Core::reclaim_dropped`] without waiting for the device: only the dropped runs it already
+    /// finished (or failed, or whose budget ran out) are cleaned up; one still executing keeps
+    /// its slot and its lease stays queued for a later call.
+    pub(super) fn sweep_dropped(&mut self) {
+        let now = Instant::now();
+        self.reclaim_dropped_within(|_| Some(now));
+    }
+
     /// [`Core::reclaim_dropped`] for a call that must not wait for the device: the reap of a
     /// dropped launched run waits until `until(run)` at most (`None`: its budget). A run still
     /// executing then keeps its slot, and its lease stays queued for a later call.

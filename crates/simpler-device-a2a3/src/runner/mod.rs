@@ -347,13 +347,21 @@ impl Core {
         self.slots.iter().filter_map(|s| s.run.as_ref())
     }
 
+    /// Whether a prepare must wait for the dropped runs still executing: no slot is free, or
+    /// the run (`exclusive`) or a run in a slot uses a diagnostic that needs the device alone.
+    fn needs_dropped_runs_gone(&self, exclusive: bool) -> bool {
+        lease::lowest_free(self.slots.iter().map(|x| x.run.is_some())).is_none()
+            || (exclusive && self.runs().next().is_some())
+            || self.runs().any(|r| diag_feature(&r.diag).is_some())
+    }
+
     /// The launched, unreaped run, if any (the exclusive execution claim holds at most one).
     fn launched(&self) -> Option<&RunState> {
         self.runs().find(|r| r.stage == Stage::Launched)
     }
 
     fn prepare(&mut self, req: &RunRequest<'_>) -> Result<PreparedRun, DeviceError> {
-        self.reclaim_dropped();
+        self.sweep_dropped();
         // P1.
         let cfg = req.config;
         let diag = DiagPlan {
@@ -362,6 +370,9 @@ impl Core {
             scope_stats: cfg.scope_stats(),
             prefix: cfg.output_prefix_shared().cloned(),
         };
+        if self.needs_dropped_runs_gone(diag_feature(&diag).is_some()) {
+            self.reclaim_dropped();
+        }
         // P2.
         unusable(self)?;
         // P3.
@@ -603,14 +614,18 @@ impl Core {
     }
 
     fn launch_run(&mut self, prepared: PreparedRun) -> Result<ActiveRun, DeviceError> {
-        self.reclaim_dropped();
+        self.sweep_dropped();
+        if !self.opts.device_queue && self.launched().is_some() {
+            // The exclusive execution claim: a dropped run still executing is waited for.
+            self.reclaim_dropped();
+        }
         let lease = prepared.lease;
         self.check_lease("launch_run", &lease)?;
         if let DeviceHealth::Unusable { cause } = self.health.get() {
             // Prepared while the run that poisoned the device still executed: it never runs.
             let (run_id, device_id) = (lease.run_id, self.opts.device_id);
             drop(lease);
-            self.reclaim_dropped();
+            self.sweep_dropped();
             // A run being launched is never the launched run that failed; only a culprit that
             // never launched (a failed preparation) may be this run, known by its id alone.
             let own = self.poisoned_at.is_none() && cause.run_id == run_id;
@@ -625,7 +640,7 @@ impl Core {
             // now), so no slot is left behind by a handle the caller no longer has.
             let state = format!("{} is launched and not reaped", other.run_id);
             drop(lease);
-            self.reclaim_dropped();
+            self.sweep_dropped();
             return Err(busy("launch_run", state));
         }
         // A refused lease drops live: a stale one is ignored by the reclaim, a foreign one
@@ -779,7 +794,7 @@ impl Core {
     }
 
     fn complete_run(&mut self, active: ActiveRun) -> Result<RunReport, DeviceError> {
-        self.reclaim_dropped();
+        self.sweep_dropped();
         let lease = active.lease;
         let (s, mut run) = match self.take_run("complete_run", &lease, Stage::Reaped) {
             Ok(x) => x,
@@ -787,7 +802,7 @@ impl Core {
                 // The handle was moved in, so the caller keeps nothing: a current lease is
                 // cleaned up like a dropped handle, now; a stale or foreign one is ignored here.
                 drop(lease);
-                self.reclaim_dropped();
+                self.sweep_dropped();
                 return Err(e);
             }
         };
@@ -840,7 +855,7 @@ impl Core {
     }
 
     fn abandon(&mut self, prepared: PreparedRun) -> Result<(), DeviceError> {
-        self.reclaim_dropped();
+        self.sweep_dropped();
         let lease = prepared.lease;
         let (s, mut run) = self.take_run("abandon", &lease, Stage::Prepared)?;
         lease.consume();

@@ -118,9 +118,9 @@ impl Core {
     /// `Ok(false)` and stays launched; otherwise a run that does not finish within the budget
     /// is a stream-sync timeout.
     ///
-    /// With `within`, the cleanup of dropped handles shares the deadline: a dropped launched
-    /// run queued ahead of `active` is waited for until then (`active` cannot end before it),
-    /// any other is only looked at; one still executing stays queued.
+    /// The cleanup of dropped handles shares the deadline: a dropped launched run queued ahead
+    /// of `active` is waited for until then (`active` cannot end before it), any other is only
+    /// looked at; one still executing stays queued.
     pub(super) fn reap_run(
         &mut self,
         active: &ActiveRun,
@@ -128,24 +128,17 @@ impl Core {
     ) -> Result<bool, DeviceError> {
         let now = Instant::now();
         let deadline = within.and_then(|d| now.checked_add(d));
-        match deadline {
-            Some(deadline) => {
-                let ahead_of = self
-                    .check_lease("reap_run", &active.lease)
-                    .ok()
-                    .and_then(|s| self.slots[s].run.as_ref())
-                    .filter(|r| r.stage == Stage::Launched)
-                    .map(|r| r.launch_seq);
-                self.reclaim_dropped_within(|r| {
-                    Some(if ahead_of.is_some_and(|seq| r.launch_seq < seq) {
-                        deadline
-                    } else {
-                        now
-                    })
-                });
-            }
-            None => self.reclaim_dropped(),
-        }
+        let ahead_of = self
+            .check_lease("reap_run", &active.lease)
+            .ok()
+            .and_then(|s| self.slots[s].run.as_ref())
+            .filter(|r| r.stage == Stage::Launched)
+            .map(|r| r.launch_seq);
+        // A dropped run queued ahead is waited for until the deadline (`None`: its budget), as
+        // `active` cannot end before it; any other dropped run is only looked at.
+        self.reclaim_dropped_within(|r| {
+            if ahead_of.is_some_and(|seq| r.launch_seq < seq) { deadline } else { Some(now) }
+        });
         let s = self.check_lease("reap_run", &active.lease)?;
         if self.slots[s].run.as_ref().is_some_and(|r| r.stage == Stage::Reaped) {
             return Ok(true);
