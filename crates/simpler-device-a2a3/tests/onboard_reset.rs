@@ -2,14 +2,17 @@
 //! library, which counts device binds as CANN does (a reset takes one off and releases the
 //! device at 0, a force reset releases it at once, either is refused once it is released):
 //! every bind is reset, a refused bind resets nothing, the last queued run's end event is
-//! destroyed before the reset, and a setup kernel whose wait failed keeps its buffers until
-//! the force reset it leads to.
+//! destroyed before the reset, a setup kernel whose wait failed keeps its buffers until
+//! the force reset it leads to, and a run still launched at finalize keeps every tracked
+//! allocation until the force reset passed (leaked when it never does).
 
 mod common;
 
+use std::time::Duration;
+
 use common::standin::{AddRun, Onboard, add_callable, add_object_callable, count, names, position};
 use simpler_acl_sys::standin::Call;
-use simpler_device_a2a3::{DeviceRunner, RunRequest};
+use simpler_device_a2a3::{ActiveRun, DeviceRunner, RunRequest};
 use simpler_types::{CallConfig, RunId};
 
 fn succeeded(log: &[Call], funcs: &[&str]) -> usize {
@@ -124,4 +127,73 @@ fn a_refused_register_launch_frees_its_staged_buffers_at_once() {
     assert_eq!(b.live()[2], before, "nothing runs, so nothing is kept: {:?}", names(&b.log()));
     r.finalize().unwrap();
     assert_eq!(b.live()[2], 0);
+}
+
+/// A runner whose run is still launched: the one reap so far gave up at the caller's deadline,
+/// so the device may still be executing it. The log is cleared.
+fn with_a_launched_run(b: &Onboard) -> (DeviceRunner, AddRun, ActiveRun) {
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    let run = RunId::from_raw(1).unwrap();
+    let p = r.prepare(&RunRequest::new(run, slot, &v.args, &CallConfig::default())).unwrap();
+    let a = r.launch_run(p).unwrap();
+    // Faults count calls since the install was made, and nothing drained the log before.
+    let nth = count(&b.log(), "aclrtSynchronizeStreamWithTimeout") as u64 + 1;
+    b.install.fail_call("aclrtSynchronizeStreamWithTimeout", nth, 507_046).unwrap();
+    assert!(!r.reap_run(&a, Some(Duration::from_millis(1))).unwrap());
+    b.log();
+    (r, v, a)
+}
+
+/// The addresses `rtFree` was called with in `log`.
+fn freed(log: &[Call]) -> Vec<i64> {
+    log.iter().filter(|c| c.func == "rtFree").filter_map(|c| c.value).collect()
+}
+
+#[test]
+fn a_run_still_launched_at_finalize_keeps_its_buffers_until_the_force_reset() {
+    for by_drop in [false, true] {
+        let b = Onboard::new();
+        let (r, v, a) = with_a_launched_run(&b);
+        let live = b.live()[2];
+        drop(a);
+        if by_drop {
+            drop(r);
+        } else {
+            r.finalize().unwrap();
+        }
+        let log = b.log();
+        let reset = position(&log, "aclrtResetDeviceForce");
+        assert_eq!(
+            freed(&log[..reset]),
+            [0i64; 0],
+            "by drop: {by_drop}: freed while the launch may still use them: {:?}",
+            names(&log)
+        );
+        // Freed once the reset stopped the device: every tracked allocation, the run's
+        // tensors among them.
+        let after = freed(&log[reset..]);
+        assert_eq!(after.len(), live, "by drop: {by_drop}: {:?}", names(&log));
+        for p in v.ptrs {
+            assert!(after.contains(&(p.addr() as i64)), "by drop: {by_drop}: {p:?} not freed");
+        }
+        assert!(log.iter().all(|c| c.ret == 0), "by drop: {by_drop}: {:?}", names(&log));
+        assert_eq!(b.live(), [0; 5], "by drop: {by_drop}");
+    }
+}
+
+#[test]
+fn a_run_still_launched_when_every_force_reset_fails_leaks_its_buffers() {
+    let b = Onboard::new();
+    let (r, _v, a) = with_a_launched_run(&b);
+    let live = b.live()[2];
+    drop(a);
+    // Every probe after a force reset fails: the device may still be running the launch.
+    b.install.set_value("reset_probe_failures", 3).unwrap();
+    r.finalize().unwrap_err();
+    let log = b.log();
+    assert_eq!(count(&log, "aclrtResetDeviceForce"), 3, "{:?}", names(&log));
+    assert_eq!(freed(&log), [0i64; 0], "freed on a device that was never reset: {:?}", names(&log));
+    assert_eq!(b.live()[2], live, "{:?}", names(&log));
 }

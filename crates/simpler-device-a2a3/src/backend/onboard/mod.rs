@@ -11,17 +11,19 @@
 //! 2. Destroy both streams without synchronising (a stream in its error state would wedge a
 //!    sync).
 //! 3. Unload the AICPU program; the AICore registration has no unregister and is forgotten.
-//! 4. Unregister every host mapping, then free every tracked allocation.
+//! 4. Unregister every host mapping, then, on a healthy device, free every tracked allocation.
 //! 5. Healthy: one soft reset (`rtDeviceReset`) per bind the runner made, since CANN counts
 //!    binds and releases the device when the count is back to 0 (a reset with nothing bound
 //!    is refused; a runner whose bind never succeeded resets nothing).
-//! 6. If a launch, sync or drain failed during the runner's life: no soft reset (one that
-//!    brought the count to 0 would make CANN refuse the force reset), but `aclInit` (a
-//!    repeated initialisation is tolerated; `aclFinalize` only if this call initialised ACL),
-//!    then up to three `aclrtResetDeviceForce`, each verified by a probe (bind, create and
-//!    destroy a stream, allocate and free 64 bytes, unbind), each after a bind of its own
-//!    unless the runner's binds are still counted (the first, when it bound). All three
-//!    failing is the finalize error.
+//! 6. If a launch, sync or drain failed during the runner's life, or a run was still
+//!    launched: no soft reset (one that brought the count to 0 would make CANN refuse the
+//!    force reset), but `aclInit` (a repeated initialisation is tolerated; `aclFinalize` only
+//!    if this call initialised ACL), then up to three `aclrtResetDeviceForce`, each verified
+//!    by a probe (bind, create and destroy a stream, allocate and free 64 bytes, unbind), each
+//!    after a bind of its own unless the runner's binds are still counted (the first, when it
+//!    bound). All three failing is the finalize error. The device may run a launch until the
+//!    reset, so the tracked allocations are freed only after a reset passed (bound for the
+//!    frees, then released again), and leaked with a warning when none did.
 
 mod manifest;
 mod owners;
@@ -147,8 +149,8 @@ struct Allocation {
 type Allocations = Arc<Mutex<BTreeMap<u64, Allocation>>>;
 
 /// A callable's kernel code in device memory, kept while the callable is registered. The
-/// memory is an entry of the backend's allocation table, so finalize frees it before the
-/// reset even if the callable outlives the backend; dropping this frees it earlier.
+/// memory is an entry of the backend's allocation table, so finalize frees it even if the
+/// callable outlives the backend; dropping this frees it earlier.
 #[derive(Debug)]
 struct KernelText {
     addr: u64,
@@ -903,10 +905,22 @@ impl Backend for OnboardDevice {
         self.programs = None;
         // CANN has no unregister for the AICore registration; the reset releases it.
         self.aicore = None;
-        std::mem::take(&mut *self.allocations.lock());
+        let mut allocations = std::mem::take(&mut *self.allocations.lock());
+        for a in allocations.values_mut() {
+            a.mapping = None;
+        }
+        // A device that is force-reset may still be running a launch that reads or writes any
+        // tracked allocation: those are freed only once the reset has stopped it.
+        let held = if self.ctx.is_poisoned() {
+            allocations
+        } else {
+            drop(allocations);
+            BTreeMap::new()
+        };
         let reset = self.reset_device();
+        let released = self.release_after_reset(held, reset.is_ok());
         let first = self.ctx.take_deferred().map(|e| acl(None, e));
-        self.error = first.or(reset.err());
+        self.error = first.or(reset.err()).or(released.err().map(|e| acl(None, e)));
         Vec::new()
     }
 

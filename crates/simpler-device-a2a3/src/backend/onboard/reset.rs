@@ -1,14 +1,16 @@
 //! Giving the device back at finalize (steps 5 and 6 of the module docs of `onboard`): the
 //! runner's binds, which CANN counts per device and process, the soft resets that balance
-//! them on a healthy device, and on a poisoned one the force-reset loop with its probe.
+//! them on a healthy device, and on a poisoned one the force-reset loop with its probe and
+//! the release of the allocations that had to outlive it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::thread::ThreadId;
 
 use simpler_acl_sys::Error as CannError;
 use simpler_acl_sys::types::ACL_ERROR_REPEAT_INITIALIZE;
 
-use super::{FORCE_RESETS, OnboardDevice, acl};
+use super::{Allocation, FORCE_RESETS, OnboardDevice, acl};
 use crate::error::DeviceError;
 
 /// The binds of one runner: CANN counts every `rtSetDevice` per device and process.
@@ -83,6 +85,43 @@ impl OnboardDevice {
             Some(e) => Err(acl(None, e)),
             None => Ok(()),
         }
+    }
+
+    /// Frees `held`, the allocations a launch could still use until the force reset, once a
+    /// reset passed: the probe released the device, so it is bound for the frees and released
+    /// again. Without a passed reset the device may still use them: they are leaked.
+    pub(super) fn release_after_reset(
+        &self,
+        held: BTreeMap<u64, Allocation>,
+        reset_passed: bool,
+    ) -> Result<(), CannError> {
+        if held.is_empty() {
+            return Ok(());
+        }
+        let (cann, device) = (&self.ctx.cann, self.ctx.device);
+        let bytes: u64 = held.values().map(|a| a.buffer.len()).sum();
+        let leak = |held: BTreeMap<u64, Allocation>, why: &str| {
+            tracing::warn!(
+                device,
+                allocations = held.len(),
+                bytes,
+                "leaking {bytes} bytes of device memory: {why}"
+            );
+            std::mem::forget(held);
+        };
+        if !reset_passed {
+            leak(held, "no force reset passed, so a launch may still use it");
+            return Ok(());
+        }
+        // SAFETY: plain integer argument.
+        if let Err(e) = self.ctx.check("rtSetDevice", unsafe { cann.rtSetDevice(device) }) {
+            leak(held, "the device could not be bound to free it");
+            return Err(e);
+        }
+        // Each buffer's `Drop` frees it; a refused free is recorded like any release.
+        drop(held);
+        // SAFETY: plain integer argument; pairs with the bind above.
+        self.ctx.check("rtDeviceReset", unsafe { cann.rtDeviceReset(device) })
     }
 
     /// The force-reset probe: bind, create and destroy a stream, allocate and free 64 bytes,
