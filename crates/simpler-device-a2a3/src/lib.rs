@@ -127,8 +127,9 @@ pub use callable::{
 };
 pub use diag::timing::RunPhases;
 pub use error::{
-    ArgOverlap, CapacityResource, CoreFault, DeviceError, ErrorClass, InitStep, KernelKind,
-    MemPurpose, PoisonCause, PoisonStep, RingSizes, RuntimeFault, StallInfo, StreamKind,
+    ArgOverlap, CapacityResource, CopyKind, CoreFault, DeviceError, ErrorClass, InitStep,
+    KernelKind, MemPurpose, PoisonCause, PoisonStep, RingSizes, RuntimeFault, StallInfo,
+    StreamKind,
 };
 pub use kernel::{KernelCall, KernelFn};
 #[cfg(feature = "sim")]

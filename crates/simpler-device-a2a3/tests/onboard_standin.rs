@@ -20,8 +20,8 @@ use common::standin::{
 use simpler_acl_sys::standin::{Call, FakeInstall};
 use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{
-    AcceptanceSignal, ActiveRun, ChipCallable, DeviceError, DeviceHealth, DeviceRunner, InitStep,
-    KernelKind, RunRequest, RunnerOptions, RuntimeVariant,
+    AcceptanceSignal, ActiveRun, ChipCallable, CopyKind, DeviceError, DeviceHealth, DeviceRunner,
+    ErrorClass, InitStep, KernelKind, MemPurpose, RunRequest, RunnerOptions, RuntimeVariant,
 };
 use simpler_types::{CallConfig, RunId, TimeoutBudget};
 
@@ -1342,4 +1342,103 @@ fn onboard_a_native_trb_orchestration_and_an_hbg_device_object_are_refused() {
     }
     r.finalize().unwrap();
     assert_eq!(b.live(), [0; 5]);
+}
+
+// ----- Refused allocations and copies keep CANN's error -----
+
+/// The CANN error in `err`'s source chain, if any (boxed, as `DeviceError` keeps it).
+fn acl_source(err: &DeviceError) -> Option<&simpler_acl_sys::AclError> {
+    use simpler_acl_sys::AclError;
+    let mut source = std::error::Error::source(err);
+    while let Some(s) = source {
+        if let Some(acl) = s.downcast_ref::<AclError>() {
+            return Some(acl);
+        }
+        if let Some(acl) = s.downcast_ref::<Box<AclError>>() {
+            return Some(acl);
+        }
+        source = s.source();
+    }
+    None
+}
+
+#[test]
+fn an_allocation_cann_refuses_for_another_reason_than_memory_carries_cann_s_code() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    b.install.fail_call("rtMalloc", 0, 107_000).unwrap();
+    let err = r.malloc(4096).unwrap_err();
+    assert!(!matches!(err, DeviceError::OutOfMemory { .. }), "not out of memory: {err}");
+    assert_eq!(err.device_code().map(|c| c.code), Some(107_000), "{err}");
+    let acl = acl_source(&err).unwrap_or_else(|| panic!("no CANN error in {err:?}"));
+    assert_eq!((acl.func, acl.code), ("rtMalloc", 107_000));
+    assert!(
+        matches!(
+            err,
+            DeviceError::AllocRefused { run_id: None, bytes: 4096, purpose: MemPurpose::User, .. }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.class(), ErrorClass::Setup);
+    assert!(r.health().is_healthy());
+    r.finalize().unwrap();
+    assert_eq!(b.live(), [0; 5]);
+}
+
+#[test]
+fn an_allocation_cann_refuses_for_want_of_memory_is_a_resources_error_with_its_code() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    b.install.fail_call("rtMalloc", 0, 207_001).unwrap();
+    let err = r.malloc(4096).unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Resources, "{err}");
+    assert_eq!(acl_source(&err).map(|a| a.code), Some(207_001), "{err:?}");
+    assert!(err.to_string().contains("ACL_ERROR_RT_MEMORY_ALLOCATION"), "{err}");
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_copy_or_memset_cann_refuses_carries_cann_s_code_and_is_no_bad_pointer() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let p = r.malloc(4096).unwrap();
+    b.install.fail_call("rtMemcpy", 0, 507_899).unwrap();
+    b.install.fail_call("aclrtMemset", 0, 507_899).unwrap();
+    let refused = [
+        ("rtMemcpy", CopyKind::ToDevice, r.copy_to_device(p, &[1; 16]).unwrap_err()),
+        ("rtMemcpy", CopyKind::FromDevice, r.copy_from_device(&mut [0; 16], p).unwrap_err()),
+        ("aclrtMemset", CopyKind::Fill, r.memset(p, 7, 16).unwrap_err()),
+    ];
+    for (func, kind, err) in refused {
+        assert!(!matches!(err, DeviceError::BadDevicePointer { .. }), "{func}: {err}");
+        assert_eq!(err.device_code().map(|c| c.code), Some(507_899), "{func}: {err}");
+        let acl = acl_source(&err).unwrap_or_else(|| panic!("{func}: no CANN error in {err:?}"));
+        assert_eq!((acl.func, acl.code), (func, 507_899));
+        assert!(
+            matches!(err, DeviceError::CopyRefused { kind: k, len: 16, addr, .. } if k == kind && addr == p),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("ACL_ERROR_RT_DRV_INTERNAL_ERROR"), "{err}");
+    }
+    // A range the runner's table refuses is still a bad pointer, without a device call.
+    assert!(matches!(
+        r.copy_to_device(p.offset(4095), &[1, 2]),
+        Err(DeviceError::BadDevicePointer { len: 2, .. })
+    ));
+    assert!(r.health().is_healthy());
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_refused_image_upload_fails_the_run_it_prepares_with_cann_s_code() {
+    let b = Onboard::new();
+    let (mut r, slot, v, _) = prepared(&b);
+    b.install.fail_call("rtMemcpy", 0, 507_899).unwrap();
+    let cfg = CallConfig::default();
+    let err = r.prepare(&RunRequest::new(run_id(3), slot, &v.args, &cfg)).unwrap_err();
+    assert_eq!(err.run_id(), Some(run_id(3)), "{err}");
+    assert!(!matches!(err, DeviceError::BadDevicePointer { .. }), "{err}");
+    assert_eq!(acl_source(&err).map(|a| (a.func, a.code)), Some(("rtMemcpy", 507_899)), "{err:?}");
+    assert!(matches!(err, DeviceError::CopyRefused { kind: CopyKind::ToDevice, .. }), "{err:?}");
+    r.finalize().unwrap();
 }

@@ -32,12 +32,21 @@ use crate::options::{Platform, RunnerOptions};
 use crate::runtime::DeviceOrchestration;
 
 /// Why an allocation was refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum AllocFailure {
     /// The device's memory limit would be exceeded.
     Limit(u64),
     /// The allocator refused.
     Host,
+    /// The device refused; the backend's typed error naming the size, purpose and its code.
+    #[cfg(feature = "onboard")]
+    Refused(Box<DeviceError>),
+}
+
+/// A transfer's result when the only refusal is a range outside every allocation.
+pub(crate) fn in_range(done: bool, addr: u64, len: u64) -> Result<(), DeviceError> {
+    let addr = crate::runner::DevicePtr(addr);
+    if done { Ok(()) } else { Err(DeviceError::BadDevicePointer { run_id: None, addr, len }) }
 }
 
 /// Per-purpose byte and allocation counts of a device's memory.
@@ -217,14 +226,15 @@ pub(crate) trait Backend: Send + fmt::Debug {
     /// Purpose of the allocation holding `[addr, addr + len)`, if one does.
     fn find(&self, addr: u64, len: u64) -> Option<MemPurpose>;
 
-    /// Copies `src` to device memory at `dst`; `false` if the device refused.
-    fn write(&self, dst: u64, src: &[u8]) -> bool;
+    /// Copies `src` to device memory at `dst`. A range outside every allocation is
+    /// `BadDevicePointer`; what the device itself refused keeps its typed error.
+    fn write(&self, dst: u64, src: &[u8]) -> Result<(), DeviceError>;
 
-    /// Copies device memory at `src` into `dst`; `false` if the device refused.
-    fn read(&self, src: u64, dst: &mut [u8]) -> bool;
+    /// Copies device memory at `src` into `dst`; errors as for `write`.
+    fn read(&self, src: u64, dst: &mut [u8]) -> Result<(), DeviceError>;
 
-    /// Sets `len` bytes at `dst` to `value`; `false` if the device refused.
-    fn fill(&self, dst: u64, value: u8, len: u64) -> bool;
+    /// Sets `len` bytes at `dst` to `value`; errors as for `write`.
+    fn fill(&self, dst: u64, value: u8, len: u64) -> Result<(), DeviceError>;
 
     /// The host address through which the device range `[addr, addr + len)` can be read and
     /// written (the simulator: identity; onboard: a host mapping), `None` if it cannot be

@@ -7,7 +7,6 @@ use crate::abi::launch::{
     REGISTER_NO_REPLY, REGISTER_OK, RegisterArgs, RegisterFailure, RegisterReply,
 };
 use crate::error::{DeviceError, MemPurpose};
-use crate::runner::DevicePtr;
 use crate::runtime::DeviceOrchestration;
 
 /// What one register call asks for.
@@ -74,13 +73,7 @@ pub(crate) fn call(
         return Err(error);
     }
     let mut reply = RegisterReply::unanswered();
-    if !dev.read(reply_addr, bytemuck::bytes_of_mut(&mut reply)) {
-        return Err(DeviceError::BadDevicePointer {
-            run_id: None,
-            addr: DevicePtr(reply_addr),
-            len: size_of::<RegisterReply>() as u64,
-        });
-    }
+    dev.read(reply_addr, bytemuck::bytes_of_mut(&mut reply))?;
     Ok(reply)
 }
 
@@ -121,11 +114,7 @@ impl Staged<'_> {
             .malloc(len, MemPurpose::Runtime)
             .map_err(|f| crate::runner::oom(None, len, MemPurpose::Runtime, f))?;
         self.addrs.push(addr);
-        if self.dev.write(addr, bytes) {
-            Ok(addr)
-        } else {
-            Err(DeviceError::BadDevicePointer { run_id: None, addr: DevicePtr(addr), len })
-        }
+        self.dev.write(addr, bytes).map(|()| addr)
     }
 }
 

@@ -225,6 +225,27 @@ impl fmt::Display for MemPurpose {
     }
 }
 
+/// Which transfer between host and device memory (`CopyRefused`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum CopyKind {
+    /// Host memory to device memory.
+    ToDevice,
+    /// Device memory to host memory.
+    FromDevice,
+    /// Setting device memory to one byte value.
+    Fill,
+}
+
+impl fmt::Display for CopyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CopyKind::ToDevice => "copy to device",
+            CopyKind::FromDevice => "copy from device",
+            CopyKind::Fill => "memset",
+        })
+    }
+}
+
 /// How an error is grouped (the table in [`DeviceError`]'s docs).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[non_exhaustive]
@@ -269,8 +290,8 @@ pub enum ErrorClass {
 ///   | `DeviceFault` | any other `DeviceFault`; `Timeout { budget: OpExecute }` | unusable |
 ///   | `Poisoned` | `Unusable`, `Abandoned` | unusable |
 ///   | `Usage` | `InvalidConfig`, `InvalidArgs`, `RunIdReused`, `OverlappingArguments`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `StaleRun`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
-///   | `Resources` | `OutOfMemory`, `Capacity` | unchanged |
-///   | `Setup` | `Init`, `Diagnostics`, `Orchestration`, `OrchestrationLoad`, `LaunchPanicked` | unchanged |
+///   | `Resources` | `OutOfMemory`, `Capacity`; onboard `AllocRefused` for want of memory | unchanged |
+///   | `Setup` | `Init`, `Diagnostics`, `Orchestration`, `OrchestrationLoad`, `LaunchPanicked`; onboard `Load`, `Acl`, `CopyRefused` and any other `AllocRefused` | unchanged |
 ///
 /// - [`timed_out`](Self::timed_out) (and [`is_timeout`](Self::is_timeout)) answers "did it
 ///   time out or hang?" with the budget that fired: a `Timeout`, a `Runtime` scheduler stall,
@@ -518,7 +539,8 @@ pub enum DeviceError {
         /// The feature.
         feature: String,
     },
-    /// A device allocation failed.
+    /// The simulated device's memory ran out (its limit, or the host allocator refused). The
+    /// onboard backend reports what CANN refused as `AllocRefused`, with CANN's code.
     #[error(
         "{}out of device memory: {bytes} bytes for the {purpose}{}",
         fmt_run(run_id),
@@ -599,6 +621,47 @@ pub enum DeviceError {
         #[source]
         source: Box<simpler_acl_sys::AclError>,
     },
+    /// CANN refused a device allocation (onboard backend), for want of memory (207001,
+    /// classed with `OutOfMemory`) or for another reason its code names.
+    #[cfg(feature = "onboard")]
+    #[error(
+        "{}device allocation of {bytes} bytes for the {purpose} refused: {source}",
+        fmt_run(run_id)
+    )]
+    AllocRefused {
+        /// The run, if the allocation was a run's.
+        run_id: Option<RunId>,
+        /// Requested bytes.
+        bytes: u64,
+        /// What the allocation was for.
+        purpose: MemPurpose,
+        /// The refused call: function, code, its CANN name and meaning, CANN's recent message.
+        #[source]
+        source: Box<simpler_acl_sys::AclError>,
+    },
+    /// CANN refused a copy or memset of a range inside one tracked allocation (onboard
+    /// backend).
+    #[cfg(feature = "onboard")]
+    #[error("{}{kind} of {len} bytes at {addr} refused: {source}", fmt_run(run_id))]
+    CopyRefused {
+        /// The run, if the transfer was a run's.
+        run_id: Option<RunId>,
+        /// Which transfer.
+        kind: CopyKind,
+        /// Start of the device range.
+        addr: DevicePtr,
+        /// Length of the range.
+        len: u64,
+        /// The refused call: function, code, its CANN name and meaning, CANN's recent message.
+        #[source]
+        source: Box<simpler_acl_sys::AclError>,
+    },
+}
+
+/// Whether CANN's `code` says the device ran out of memory.
+#[cfg(feature = "onboard")]
+fn out_of_memory(code: i32) -> bool {
+    code == simpler_acl_sys::types::ACL_ERROR_RT_MEMORY_ALLOCATION
 }
 
 #[cfg(feature = "onboard")]
@@ -671,7 +734,9 @@ impl DeviceError {
             | DeviceError::Init { run_id, .. } => *run_id,
             DeviceError::OrchestrationLoad { .. } => None,
             #[cfg(feature = "onboard")]
-            DeviceError::Acl { run_id, .. } => *run_id,
+            DeviceError::Acl { run_id, .. }
+            | DeviceError::AllocRefused { run_id, .. }
+            | DeviceError::CopyRefused { run_id, .. } => *run_id,
             #[cfg(feature = "onboard")]
             DeviceError::Load { .. } => None,
             DeviceError::Unusable { .. }
@@ -697,7 +762,9 @@ impl DeviceError {
                 run_id.get_or_insert(run);
             }
             #[cfg(feature = "onboard")]
-            DeviceError::Acl { run_id, .. } => {
+            DeviceError::Acl { run_id, .. }
+            | DeviceError::AllocRefused { run_id, .. }
+            | DeviceError::CopyRefused { run_id, .. } => {
                 run_id.get_or_insert(run);
             }
             _ => {}
@@ -742,7 +809,14 @@ impl DeviceError {
             | DeviceError::OrchestrationLoad { .. }
             | DeviceError::Orchestration { .. } => ErrorClass::Setup,
             #[cfg(feature = "onboard")]
-            DeviceError::Load { .. } | DeviceError::Acl { .. } => ErrorClass::Setup,
+            DeviceError::AllocRefused { source, .. } if out_of_memory(source.code) => {
+                ErrorClass::Resources
+            }
+            #[cfg(feature = "onboard")]
+            DeviceError::Load { .. }
+            | DeviceError::Acl { .. }
+            | DeviceError::AllocRefused { .. }
+            | DeviceError::CopyRefused { .. } => ErrorClass::Setup,
         }
     }
 
@@ -801,7 +875,11 @@ impl DeviceError {
                 Some(DeviceCode::new(AclCode::LAUNCH_FAILED.get(), AclCode::LAUNCH_FAILED.name()))
             }
             #[cfg(feature = "onboard")]
-            DeviceError::Acl { source, .. } => Some(DeviceCode::new(source.code, source.name)),
+            DeviceError::Acl { source, .. }
+            | DeviceError::AllocRefused { source, .. }
+            | DeviceError::CopyRefused { source, .. } => {
+                Some(DeviceCode::new(source.code, source.name))
+            }
             _ => None,
         }
     }
@@ -849,7 +927,18 @@ impl DeviceError {
             | DeviceError::BadDevicePointer { .. }
             | DeviceError::Init { .. } => FailureMechanism::EndpointFailed,
             #[cfg(feature = "onboard")]
-            DeviceError::Load { .. } | DeviceError::Acl { .. } => FailureMechanism::EndpointFailed,
+            DeviceError::AllocRefused { bytes, purpose, source, .. }
+                if out_of_memory(source.code) =>
+            {
+                FailureMechanism::CapacityExhausted {
+                    what: format!("device memory: {bytes} bytes for the {purpose}"),
+                }
+            }
+            #[cfg(feature = "onboard")]
+            DeviceError::Load { .. }
+            | DeviceError::Acl { .. }
+            | DeviceError::AllocRefused { .. }
+            | DeviceError::CopyRefused { .. } => FailureMechanism::EndpointFailed,
             DeviceError::Launch { .. }
             | DeviceError::DeviceFault { .. }
             | DeviceError::Timeout { .. }

@@ -161,11 +161,7 @@ impl DeviceRunner {
     pub fn memset(&mut self, ptr: DevicePtr, value: u8, bytes: u64) -> Result<(), DeviceError> {
         let core = self.core()?;
         core.check_copy("memset", ptr.0, bytes)?;
-        core.backend.fill(ptr.0, value, bytes).then_some(()).ok_or(DeviceError::BadDevicePointer {
-            run_id: None,
-            addr: ptr,
-            len: bytes,
-        })
+        core.backend.fill(ptr.0, value, bytes)
     }
 
     /// Copies `src` to device memory at `dst`.
@@ -173,11 +169,7 @@ impl DeviceRunner {
         let core = self.core()?;
         let len = src.len() as u64;
         core.check_copy("copy_to_device", dst.0, len)?;
-        core.backend.write(dst.0, src).then_some(()).ok_or(DeviceError::BadDevicePointer {
-            run_id: None,
-            addr: dst,
-            len,
-        })
+        core.backend.write(dst.0, src)
     }
 
     /// Copies device memory at `src` into `dst`.
@@ -185,11 +177,7 @@ impl DeviceRunner {
         let core = self.core()?;
         let len = dst.len() as u64;
         core.check_copy("copy_from_device", src.0, len)?;
-        core.backend.read(src.0, dst).then_some(()).ok_or(DeviceError::BadDevicePointer {
-            run_id: None,
-            addr: src,
-            len,
-        })
+        core.backend.read(src.0, dst)
     }
 
     /// Registers a callable in the lowest free of the 64 slots.

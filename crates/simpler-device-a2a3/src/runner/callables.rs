@@ -12,7 +12,7 @@ use crate::backend::{LoadedCode, ResolvedKernels};
 use crate::callable::{ChipCallable, Orchestration};
 use crate::error::{DeviceError, MemPurpose};
 use crate::options::RuntimeVariant;
-use crate::runner::{ChipSlot, DevicePtr};
+use crate::runner::ChipSlot;
 use crate::runtime::DeviceOrchestration;
 
 /// One registered callable.
@@ -137,13 +137,9 @@ impl Core {
                     .backend
                     .malloc(bytes.len() as u64, MemPurpose::ChipBuffer)
                     .map_err(|f| oom(None, bytes.len() as u64, MemPurpose::ChipBuffer, f))?;
-                if !self.backend.write(addr, &bytes) {
+                if let Err(e) = self.backend.write(addr, &bytes) {
                     self.backend.free(addr);
-                    return Err(DeviceError::BadDevicePointer {
-                        run_id: None,
-                        addr: DevicePtr(addr),
-                        len: bytes.len() as u64,
-                    });
+                    return Err(e);
                 }
                 self.callables.buffers.insert(hash, ChipBuffer { addr, refs: 1 });
                 self.stats.chip_buffer_uploads += 1;

@@ -48,13 +48,16 @@ impl Core {
         if self.regs_table.is_none() {
             let table = self.backend.register_table();
             let bytes: &[u8] = bytemuck::cast_slice(&table);
-            let a = self
-                .backend
-                .malloc(bytes.len() as u64, MemPurpose::Runtime)
-                .map_err(|_| init(InitStep::QueryCores, "allocating the register table failed"))?;
-            if !self.backend.write(a, bytes) {
+            let len = bytes.len() as u64;
+            // What the device refused keeps its typed error.
+            let a = self.backend.malloc(len, MemPurpose::Runtime).map_err(|f| match f {
+                #[cfg(feature = "onboard")]
+                crate::backend::AllocFailure::Refused(e) => *e,
+                _ => init(InitStep::QueryCores, "allocating the register table failed"),
+            })?;
+            if let Err(e) = self.backend.write(a, bytes) {
                 self.backend.free(a);
-                return Err(init(InitStep::QueryCores, "uploading the register table failed"));
+                return Err(e);
             }
             self.regs_table = Some(a);
         }

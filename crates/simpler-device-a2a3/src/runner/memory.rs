@@ -52,6 +52,8 @@ pub(super) struct RunMemory<'a> {
     pub(super) run_id: RunId,
     /// Arena allocations this bind made (arena-cache misses).
     pub(super) misses: u64,
+    /// The heap arena's allocation was refused (every pooled arena is then released).
+    pub(super) heap_refused: bool,
 }
 
 impl BuildEnv for RunMemory<'_> {
@@ -68,12 +70,22 @@ impl BuildEnv for RunMemory<'_> {
         }
     }
 
+    // The orchestration API answers with a status code only; the typed refusal is logged.
     fn read(&self, addr: u64, out: &mut [u8]) -> bool {
-        self.backend.read(addr, out)
+        let read = self.backend.read(addr, out);
+        read.inspect_err(
+            |e| tracing::warn!(run = %self.run_id, error = %e, "orchestration read refused"),
+        )
+        .is_ok()
     }
 
     fn write(&mut self, addr: u64, data: &[u8]) -> bool {
-        self.backend.write(addr, data)
+        let written = self.backend.write(addr, data);
+        written
+            .inspect_err(
+                |e| tracing::warn!(run = %self.run_id, error = %e, "orchestration write refused"),
+            )
+            .is_ok()
     }
 
     fn heap_arena(&mut self, bytes: u64) -> Result<HeapArena, DeviceError> {
@@ -85,10 +97,10 @@ impl BuildEnv for RunMemory<'_> {
             *self.heap = None;
         }
         self.misses += 1;
-        let addr = self
-            .backend
-            .malloc(bytes, MemPurpose::HeapArena)
-            .map_err(|f| oom(Some(self.run_id), bytes, MemPurpose::HeapArena, f))?;
+        let addr = self.backend.malloc(bytes, MemPurpose::HeapArena).map_err(|f| {
+            self.heap_refused = true;
+            oom(Some(self.run_id), bytes, MemPurpose::HeapArena, f)
+        })?;
         *self.heap = Some(Arena { addr, len: bytes });
         Ok(HeapArena { addr, kept: false })
     }
@@ -246,13 +258,7 @@ impl Core {
                         message: format!("chip argument {i}: size overflows"),
                     });
                 };
-                if !self.backend.write(dev, src) {
-                    return Err(DeviceError::BadDevicePointer {
-                        run_id: Some(run_id),
-                        addr: DevicePtr(dev),
-                        len: t.size,
-                    });
-                }
+                self.backend.write(dev, src).map_err(|e| e.in_run(run_id))?;
             }
             run.staged.push(StagedTensor {
                 host_addr: t.addr,

@@ -304,15 +304,18 @@ pub(crate) fn oom(
     purpose: MemPurpose,
     f: AllocFailure,
 ) -> DeviceError {
-    DeviceError::OutOfMemory {
-        run_id,
-        bytes,
-        purpose,
-        limit: match f {
-            AllocFailure::Limit(l) => Some(l),
-            AllocFailure::Host => None,
-        },
-    }
+    let limit = match f {
+        AllocFailure::Limit(l) => Some(l),
+        AllocFailure::Host => None,
+        #[cfg(feature = "onboard")]
+        AllocFailure::Refused(e) => {
+            return match run_id {
+                Some(r) => e.in_run(r),
+                None => *e,
+            };
+        }
+    };
+    DeviceError::OutOfMemory { run_id, bytes, purpose, limit }
 }
 
 /// The diagnostic a run latched that needs exclusive use of the runner, if any.
@@ -502,10 +505,11 @@ impl Core {
             staging: res.arenas.staging,
             run_id,
             misses: 0,
+            heap_refused: false,
         };
         let bound = self.runtime.bind(&inputs, &mut mem, &mut res.host_image);
         self.stats.arena_cache_misses += mem.misses;
-        if let Err(DeviceError::OutOfMemory { purpose: MemPurpose::HeapArena, .. }) = &bound {
+        if mem.heap_refused {
             // As for the image and staging arenas: a failed arena allocation releases every
             // pooled arena, so the retry starts from free device memory.
             self.release_arenas(s);
@@ -517,13 +521,9 @@ impl Core {
         // P14: upload the image (the slot's device copy is reused while it is large enough).
         let len = self.slots[s].res.host_image.len() as u64;
         let image_addr = self.image_arena(s, run_id, len)?;
-        if !self.backend.write(image_addr, &self.slots[s].res.host_image) {
-            return Err(DeviceError::BadDevicePointer {
-                run_id: Some(run_id),
-                addr: DevicePtr(image_addr),
-                len,
-            });
-        }
+        self.backend
+            .write(image_addr, &self.slots[s].res.host_image)
+            .map_err(|e| e.in_run(run_id))?;
         run.image_addr = image_addr;
         run.image_len = len;
         // P16: upload KernelArgs into the slot's block.
@@ -539,13 +539,7 @@ impl Core {
             ..KernelArgs::default()
         };
         let ka_addr = self.kernel_args_block(s, run_id)?;
-        if !self.backend.write(ka_addr, bytemuck::bytes_of(&ka)) {
-            return Err(DeviceError::BadDevicePointer {
-                run_id: Some(run_id),
-                addr: DevicePtr(ka_addr),
-                len: size_of::<KernelArgs>() as u64,
-            });
-        }
+        self.backend.write(ka_addr, bytemuck::bytes_of(&ka)).map_err(|e| e.in_run(run_id))?;
         run.kernel_args = ka_addr;
         // L1 at prepare time, in the slot's own image: with device queueing the host does not
         // run between the previous run's end and this run's start.
@@ -830,13 +824,9 @@ impl Core {
                     // SAFETY: `with_host_tensors`' contract makes the host range writable and
                     // unused by anyone else until the run ends.
                     if let Some(dst) = unsafe { host_slice_mut(s.host_addr, s.bytes) }
-                        && !self.backend.read(s.dev_addr, dst)
+                        && let Err(e) = self.backend.read(s.dev_addr, dst)
                     {
-                        refused.get_or_insert(DeviceError::BadDevicePointer {
-                            run_id: Some(run.run_id),
-                            addr: DevicePtr(s.dev_addr),
-                            len: s.bytes,
-                        });
+                        refused.get_or_insert(e.in_run(run.run_id));
                     }
                 }
                 match refused {

@@ -255,7 +255,7 @@ fn set_tensor_data_cannot_write_the_runtimes_own_buffers() {
     let err = r.run(&RunRequest::new(RunId::FIRST, slot, &args, &cfg)).unwrap_err();
     assert!(err.to_string().contains("set_tensor_data"), "{err}");
     let mut b = [0u8; 4];
-    assert!(r.core.as_ref().unwrap().backend.read(kernel_args, &mut b));
+    r.core.as_ref().unwrap().backend.read(kernel_args, &mut b).unwrap();
     assert_ne!(b, [0xEE; 4], "the kernel argument block was not written");
     // A user allocation stays writable.
     r.copy_from_device(&mut b, p).unwrap();
@@ -300,7 +300,7 @@ fn runs_after_runs_start_from_cleared_handshakes() {
 /// refused while a run is launched).
 fn device_hash(core: &Core, addr: u64, len: u64) -> u64 {
     let mut bytes = vec![0u8; len as usize];
-    assert!(core.backend.read(addr, &mut bytes));
+    core.backend.read(addr, &mut bytes).unwrap();
     hash_bytes(&bytes)
 }
 

@@ -26,6 +26,7 @@
 //!    frees, then released again), and leaked with a warning when none did.
 
 mod manifest;
+mod memory;
 mod owners;
 mod programs;
 mod reset;
@@ -45,6 +46,7 @@ use simpler_acl_sys::types::{
 use simpler_acl_sys::{Cann, Error as CannError, SearchConfig};
 
 pub use self::manifest::ENV_ONBOARD_ARTIFACTS;
+use self::memory::{Allocation, Allocations, KernelText};
 use self::owners::{DeviceBuffer, Event, HostMapping, Stream, code_of};
 use self::programs::{AicoreBinary, Loaded};
 use self::reset::Binds;
@@ -56,7 +58,7 @@ use super::{
 use crate::abi::codes::AclCode;
 use crate::abi::launch::InitArgs;
 use crate::callable::{ChipCallable, KernelCode};
-use crate::error::{CoreFault, DeviceError, InitStep, MemPurpose, StreamKind};
+use crate::error::{CopyKind, CoreFault, DeviceError, InitStep, MemPurpose, StreamKind};
 use crate::options::RunnerOptions;
 use crate::runtime::DeviceOrchestration;
 
@@ -133,36 +135,6 @@ impl EventState for OnboardEvent {
 /// A CANN failure as a stream's sticky error.
 fn stream_fault(e: CannError) -> StreamFault {
     StreamFault { code: AclCode(code_of(&e)), message: e.to_string() }
-}
-
-/// One tracked allocation and its host mapping, if one was made.
-#[derive(Debug)]
-struct Allocation {
-    purpose: MemPurpose,
-    // Declared before `buffer`: the mapping is unregistered before the memory is freed.
-    mapping: Option<HostMapping>,
-    buffer: DeviceBuffer,
-}
-
-/// Every device allocation of the backend by start address, shared with the kernel code of
-/// registered callables. A leaf lock.
-type Allocations = Arc<Mutex<BTreeMap<u64, Allocation>>>;
-
-/// A callable's kernel code in device memory, kept while the callable is registered. The
-/// memory is an entry of the backend's allocation table, so finalize frees it even if the
-/// callable outlives the backend; dropping this frees it earlier.
-#[derive(Debug)]
-struct KernelText {
-    addr: u64,
-    table: std::sync::Weak<Mutex<BTreeMap<u64, Allocation>>>,
-}
-
-impl Drop for KernelText {
-    fn drop(&mut self) {
-        if let Some(table) = self.table.upgrade() {
-            table.lock().remove(&self.addr);
-        }
-    }
 }
 
 /// The streams, created by `start_programs`.
@@ -391,18 +363,6 @@ impl OnboardDevice {
         Ok(())
     }
 
-    fn with_allocation<T>(
-        &self,
-        addr: u64,
-        len: u64,
-        f: impl FnOnce(&mut Allocation, u64) -> T,
-    ) -> Option<T> {
-        let mut allocs = self.allocations.lock();
-        let (base, a) = allocs.range_mut(..=addr).next_back()?;
-        let offset = addr - base;
-        (offset.checked_add(len)? <= a.buffer.len()).then(|| f(a, offset))
-    }
-
     fn launch_args(&self) -> Result<(), AclCode> {
         self.bind().map_err(|e| AclCode(code_of(&e)))?;
         if let Some(e) = self.ctx.take_deferred() {
@@ -596,16 +556,7 @@ impl Backend for OnboardDevice {
     }
 
     fn malloc(&self, bytes: u64, purpose: MemPurpose) -> Result<u64, AllocFailure> {
-        self.bind().map_err(|_| AllocFailure::Host)?;
-        let buffer = DeviceBuffer::alloc(&self.ctx, bytes).map_err(|e| {
-            tracing::warn!(device = self.ctx.device, bytes, error = %e, "device allocation refused");
-            AllocFailure::Host
-        })?;
-        // The contract of both backends: fresh memory reads as zero.
-        buffer.fill(0, 0, bytes).map_err(|_| AllocFailure::Host)?;
-        let addr = buffer.addr();
-        self.allocations.lock().insert(addr, Allocation { purpose, mapping: None, buffer });
-        Ok(addr)
+        self.alloc_tracked(bytes, purpose)
     }
 
     fn free(&self, addr: u64) -> Option<MemPurpose> {
@@ -626,25 +577,18 @@ impl Backend for OnboardDevice {
         self.with_allocation(addr, len, |a, _| a.purpose)
     }
 
-    fn write(&self, dst: u64, src: &[u8]) -> bool {
-        self.bind().is_ok()
-            && self
-                .with_allocation(dst, src.len() as u64, |a, off| a.buffer.write(off, src).is_ok())
-                .unwrap_or(false)
+    fn write(&self, dst: u64, src: &[u8]) -> Result<(), DeviceError> {
+        let len = src.len() as u64;
+        self.transfer(CopyKind::ToDevice, dst, len, |a, off| a.buffer.write(off, src))
     }
 
-    fn read(&self, src: u64, dst: &mut [u8]) -> bool {
-        self.bind().is_ok()
-            && self
-                .with_allocation(src, dst.len() as u64, |a, off| a.buffer.read(off, dst).is_ok())
-                .unwrap_or(false)
+    fn read(&self, src: u64, dst: &mut [u8]) -> Result<(), DeviceError> {
+        let len = dst.len() as u64;
+        self.transfer(CopyKind::FromDevice, src, len, |a, off| a.buffer.read(off, dst))
     }
 
-    fn fill(&self, dst: u64, value: u8, len: u64) -> bool {
-        self.bind().is_ok()
-            && self
-                .with_allocation(dst, len, |a, off| a.buffer.fill(off, value, len).is_ok())
-                .unwrap_or(false)
+    fn fill(&self, dst: u64, value: u8, len: u64) -> Result<(), DeviceError> {
+        self.transfer(CopyKind::Fill, dst, len, |a, off| a.buffer.fill(off, value, len))
     }
 
     fn host_map(&self, addr: u64, len: u64) -> Option<*mut u8> {

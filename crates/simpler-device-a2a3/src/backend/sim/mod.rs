@@ -73,7 +73,7 @@ use crate::aicpu::view::{CoreImageView, ImageView};
 use crate::aicpu::{AicpuPlatform, LogLevel};
 use crate::backend::{
     AllocFailure, Backend, EventHandle, EventStatus, LaunchHandle, LaunchState, LoadedCode,
-    MemoryCounts, ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats,
+    MemoryCounts, ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats, in_range,
 };
 use crate::callable::{ChipCallable, KernelCode};
 use crate::error::{CoreFault, DeviceError, InitStep, KernelKind, MemPurpose, StreamKind};
@@ -765,16 +765,17 @@ impl Backend for SimDevice {
         self.shared.memory.find(addr, len)
     }
 
-    fn write(&self, dst: u64, src: &[u8]) -> bool {
-        self.shared.memory.write(dst, src)
+    fn write(&self, dst: u64, src: &[u8]) -> Result<(), DeviceError> {
+        in_range(self.shared.memory.write(dst, src), dst, src.len() as u64)
     }
 
-    fn read(&self, src: u64, dst: &mut [u8]) -> bool {
-        !self.shared.faults.on_read() && self.shared.memory.read(src, dst)
+    fn read(&self, src: u64, dst: &mut [u8]) -> Result<(), DeviceError> {
+        let done = !self.shared.faults.on_read() && self.shared.memory.read(src, dst);
+        in_range(done, src, dst.len() as u64)
     }
 
-    fn fill(&self, dst: u64, value: u8, len: u64) -> bool {
-        self.shared.memory.fill(dst, value, len)
+    fn fill(&self, dst: u64, value: u8, len: u64) -> Result<(), DeviceError> {
+        in_range(self.shared.memory.fill(dst, value, len), dst, len)
     }
 
     fn host_map(&self, addr: u64, len: u64) -> Option<*mut u8> {
