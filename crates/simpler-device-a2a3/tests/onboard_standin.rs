@@ -22,6 +22,7 @@ use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{
     AcceptanceSignal, ActiveRun, ChipCallable, CopyKind, DeviceError, DeviceHealth, DeviceRunner,
     ErrorClass, InitStep, KernelKind, MemPurpose, RunRequest, RunnerOptions, RuntimeVariant,
+    StreamKind,
 };
 use simpler_types::{CallConfig, RunId, TimeoutBudget};
 
@@ -1441,4 +1442,32 @@ fn a_refused_image_upload_fails_the_run_it_prepares_with_cann_s_code() {
     assert_eq!(acl_source(&err).map(|a| (a.func, a.code)), Some(("rtMemcpy", 507_899)), "{err:?}");
     assert!(matches!(err, DeviceError::CopyRefused { kind: CopyKind::ToDevice, .. }), "{err:?}");
     r.finalize().unwrap();
+}
+
+// ----- A refused stream or event sync keeps CANN's error -----
+
+#[test]
+fn a_stream_sync_cann_refuses_reaches_the_runs_error_with_cann_s_typed_error() {
+    for (queue, func) in
+        [(false, "aclrtSynchronizeStreamWithTimeout"), (true, "aclrtSynchronizeEventWithTimeout")]
+    {
+        let b = Onboard::new();
+        let mut r = DeviceRunner::attach(b.options(0).with_device_queue(queue)).unwrap();
+        let slot = r.register_callable(&b.add_callable()).unwrap();
+        let v = AddRun::new(&mut r);
+        b.install.fail_call(func, 0, 507_018).unwrap();
+        let cfg = CallConfig::default();
+        let err = r.run(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap_err();
+        let acl = acl_source(&err).unwrap_or_else(|| panic!("{func}: no CANN error in {err:?}"));
+        assert_eq!((acl.func, acl.code), (func, 507_018), "{err:?}");
+        assert!(acl.recent.as_deref().is_some_and(|m| m.contains("injected fault")), "{acl:?}");
+        match &err {
+            DeviceError::DeviceFault { acl: Some(acl), stream, .. } => {
+                assert_eq!((acl.func, acl.code, *stream), (func, 507_018, StreamKind::Aicpu));
+            }
+            other => panic!("{func}: {other:?}"),
+        }
+        v.free(&mut r);
+        r.finalize().unwrap();
+    }
 }

@@ -73,6 +73,21 @@ pub(crate) struct StreamFault {
     pub(crate) code: AclCode,
     /// What happened, in words.
     pub(crate) message: String,
+    /// The CANN call that reported it (onboard), kept typed for the runner's error.
+    #[cfg(feature = "onboard")]
+    pub(crate) acl: Option<Box<simpler_acl_sys::AclError>>,
+}
+
+impl StreamFault {
+    /// A fault no CANN call reported.
+    pub(crate) fn new(code: AclCode, message: impl Into<String>) -> StreamFault {
+        StreamFault {
+            code,
+            message: message.into(),
+            #[cfg(feature = "onboard")]
+            acl: None,
+        }
+    }
 }
 
 /// What a stream synchronisation returns on failure.

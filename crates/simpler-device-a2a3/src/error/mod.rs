@@ -359,6 +359,11 @@ pub enum DeviceError {
         faults: Vec<CoreFault>,
         /// The latched runtime status, if any.
         runtime: Option<Box<RuntimeFault>>,
+        /// Onboard: the CANN call whose failure reported the fault (the stream or event sync),
+        /// with its code, name and CANN's recent message.
+        #[cfg(feature = "onboard")]
+        #[source]
+        acl: Option<Box<simpler_acl_sys::AclError>>,
     },
     /// The run was prepared (or queued) behind run `after`, whose failure made the device
     /// unusable before this run could execute; the run never ran. Its own error is never

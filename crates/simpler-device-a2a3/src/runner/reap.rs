@@ -477,7 +477,15 @@ impl Core {
             SyncError::Fault(f) => {
                 let (code, stream) =
                     faults.first().map_or((f.code, stream), |x| (x.code, x.stream));
-                DeviceError::DeviceFault { run_id, code, stream, faults, runtime }
+                DeviceError::DeviceFault {
+                    run_id,
+                    code,
+                    stream,
+                    faults,
+                    runtime,
+                    #[cfg(feature = "onboard")]
+                    acl: f.acl,
+                }
             }
         }
     }

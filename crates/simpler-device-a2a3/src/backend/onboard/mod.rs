@@ -132,9 +132,13 @@ impl EventState for OnboardEvent {
     }
 }
 
-/// A CANN failure as a stream's sticky error.
+/// A CANN failure as a stream's sticky error, keeping the typed error.
 fn stream_fault(e: CannError) -> StreamFault {
-    StreamFault { code: AclCode(code_of(&e)), message: e.to_string() }
+    let mut fault = StreamFault::new(AclCode(code_of(&e)), e.to_string());
+    if let CannError::Acl(acl) = e {
+        fault.acl = Some(Box::new(acl));
+    }
+    fault
 }
 
 /// The streams, created by `start_programs`.
@@ -382,8 +386,7 @@ impl OnboardDevice {
     /// backend is the fault a wait on it reports.
     fn our_event(&self, event: &EventHandle) -> Result<Arc<OnboardEvent>, StreamFault> {
         self.bind().map_err(stream_fault)?;
-        let refused =
-            |message: &str| StreamFault { code: AclCode::INTERNAL_ERROR, message: message.into() };
+        let refused = |message: &str| StreamFault::new(AclCode::INTERNAL_ERROR, message);
         let ours = Arc::clone(event)
             .into_any()
             .downcast::<OnboardEvent>()
@@ -727,10 +730,10 @@ impl Backend for OnboardDevice {
         let fault = stream_fault;
         self.bind().map_err(|e| SyncError::Fault(fault(e)))?;
         let Some(s) = self.stream(stream) else {
-            return Err(SyncError::Fault(StreamFault {
-                code: AclCode::INTERNAL_ERROR,
-                message: format!("the {stream} does not exist"),
-            }));
+            return Err(SyncError::Fault(StreamFault::new(
+                AclCode::INTERNAL_ERROR,
+                format!("the {stream} does not exist"),
+            )));
         };
         match programs::sync(&self.ctx, s, ms(timeout)) {
             Ok(()) => Ok(()),

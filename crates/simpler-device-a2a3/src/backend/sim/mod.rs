@@ -634,10 +634,7 @@ fn sim_event(event: &EventHandle) -> Option<Arc<SimEvent>> {
 }
 
 fn foreign_event() -> StreamFault {
-    StreamFault {
-        code: AclCode::INTERNAL_ERROR,
-        message: "the event was not recorded by this simulated device".into(),
-    }
+    StreamFault::new(AclCode::INTERNAL_ERROR, "the event was not recorded by this simulated device")
 }
 
 /// The simulated streams by kind.

@@ -257,7 +257,7 @@ impl SimStream {
             && st.error.is_none()
         {
             let message = format!("{} waited on a failed event: {}", self.kind, f.message);
-            st.error = Some(StreamFault { code: f.code, message });
+            st.error = Some(StreamFault::new(f.code, message));
         }
     }
 
@@ -270,10 +270,10 @@ impl SimStream {
             st.completed += 1;
             let code = entry.result();
             if code != 0 && st.error.is_none() {
-                st.error = Some(StreamFault {
-                    code: self.fault_code(code),
-                    message: format!("{} entry failed with participant code {code}", self.kind),
-                });
+                st.error = Some(StreamFault::new(
+                    self.fault_code(code),
+                    format!("{} entry failed with participant code {code}", self.kind),
+                ));
             }
         }
         self.advance_locked(&mut st, starter)
@@ -325,10 +325,10 @@ impl SimStream {
         if started.is_some_and(|t| t.elapsed() >= budget) {
             running.aborted.store(true, Ordering::Release);
             if st.error.is_none() {
-                st.error = Some(StreamFault {
-                    code: AclCode::AICORE_TIMEOUT,
-                    message: format!("AICore entry exceeded the op-execute budget of {budget:?}"),
-                });
+                st.error = Some(StreamFault::new(
+                    AclCode::AICORE_TIMEOUT,
+                    format!("AICore entry exceeded the op-execute budget of {budget:?}"),
+                ));
             }
             wake_all();
             self.cv.notify_all();
