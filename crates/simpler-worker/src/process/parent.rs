@@ -47,6 +47,15 @@ struct Live {
     mailbox: Mailbox,
 }
 
+impl Live {
+    /// Kills the process group, then reaps the leader. Taking `self` means a reaped process
+    /// is never signalled: once reaped, its pid and group id may name another process.
+    fn kill_and_reap(mut self) {
+        kill_group(self.pid);
+        let _ = self.child.wait();
+    }
+}
+
 impl Drop for Live {
     /// Every path that drops a `Live` reaped its process first (module invariant).
     fn drop(&mut self) {
@@ -229,20 +238,19 @@ impl ChipProcess {
         }
     }
 
-    /// `Some` (and reaped) when the process has ended.
+    /// `Some` (and reaped) when the process has ended. Never signals: a process found ended
+    /// may have been reaped already, and its pid and group id reused.
     fn exited(&mut self) -> Option<ChildExit> {
         let live = self.live.as_mut()?;
-        match live.child.try_wait() {
-            Ok(Some(status)) => {
-                self.live = None;
-                Some(ChildExit::of(status))
-            }
-            Ok(None) => None,
-            Err(_) => {
-                self.kill();
-                Some(ChildExit::Code(-1))
-            }
-        }
+        let exit = match live.child.try_wait() {
+            Ok(Some(status)) => ChildExit::of(status),
+            Ok(None) => return None,
+            // No such child (ECHILD): something else in this process reaped it, so its status
+            // is unknown and its pid is no longer ours to signal.
+            Err(_) => ChildExit::Code(-1),
+        };
+        self.live = None;
+        Some(exit)
     }
 
     /// Waits for a process that announced its exit (`INIT_FAILED`, `EXITED`) for a short
@@ -258,11 +266,10 @@ impl ChipProcess {
         self.kill();
     }
 
-    /// Kills the process group and reaps the process.
+    /// Kills the process group and reaps the process (nothing once it was reaped).
     fn kill(&mut self) {
-        if let Some(mut live) = self.live.take() {
-            kill_group(live.pid);
-            let _ = live.child.wait();
+        if let Some(live) = self.live.take() {
+            live.kill_and_reap();
         }
     }
 
@@ -686,6 +693,8 @@ impl Drop for ChipProcess {
 }
 
 fn kill_group(pid: u32) {
+    #[cfg(test)]
+    tests::SIGNALLED.with(|s| s.borrow_mut().push(pid));
     if let Some(p) = Pid::from_raw(pid as i32) {
         // ESRCH: the group is gone already.
         let _ = rustix::process::kill_process_group(p, Signal::KILL);
@@ -711,3 +720,6 @@ pub(super) fn child_failure(e: ChildError, outcome: EndpointOutcome) -> Endpoint
     };
     EndpointFailure::new(outcome, mechanism, e.to_string()).with_source(FailureSource::new(e))
 }
+
+#[cfg(test)]
+mod tests;

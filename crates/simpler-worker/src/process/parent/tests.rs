@@ -1,0 +1,58 @@
+//! Unit tests of the worker's side of a chip process: what is signalled once a process was
+//! reaped.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use rustix::process::{Pid, PidfdFlags, WaitOptions};
+use simpler_device_a2a3::{Platform, RuntimeVariant};
+use simpler_types::WorkerId;
+
+use super::{ChipInit, ChipProcess, Live, Mailbox, ProcessOptions, Writer, spawn};
+
+thread_local! {
+    /// Every pid whose process group `kill_group` signalled on this thread.
+    pub(super) static SIGNALLED: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A chip process around a running `/bin/true` (it ignores the chip arguments).
+fn process_of_true() -> (ChipProcess, u32) {
+    let (mailbox, fd) = Mailbox::create().expect("memfd");
+    let child = spawn::spawn(Path::new("/bin/true"), 0, fd).expect("spawn /bin/true");
+    let pid = child.id();
+    let raw = Pid::from_raw(pid as i32).expect("pid > 0");
+    let pidfd = rustix::process::pidfd_open(raw, PidfdFlags::empty()).expect("pidfd");
+    let process = ChipProcess {
+        chip: WorkerId(0),
+        init: ChipInit {
+            platform: Platform::A2a3Sim,
+            runtime: RuntimeVariant::HostBuildGraph,
+            device: 0,
+            prewarm: None,
+        },
+        opts: Arc::new(ProcessOptions::default()),
+        live: Some(Live { child, pid, _pidfd: pidfd, mailbox }),
+        failed: None,
+        seq: 0,
+        held: HashMap::new(),
+        digests: HashMap::new(),
+        out: Writer::default(),
+        reply: Vec::new(),
+    };
+    (process, pid)
+}
+
+#[test]
+fn a_process_reaped_elsewhere_is_dropped_without_a_signal() {
+    let (mut p, pid) = process_of_true();
+    // Reaped behind the `Child`'s back, as a `waitpid(-1)` elsewhere in the process would: from
+    // here on the pid and its group id may belong to an unrelated process.
+    let raw = Pid::from_raw(pid as i32).expect("pid > 0");
+    rustix::process::waitpid(Some(raw), WaitOptions::empty()).expect("reap");
+    assert!(p.exited().is_some(), "a child that cannot be waited for has ended");
+    assert!(p.live.is_none());
+    drop(p);
+    SIGNALLED.with(|s| assert!(!s.borrow().contains(&pid), "signalled reaped pid {pid}"));
+}
