@@ -275,6 +275,12 @@ impl Child {
         };
         match code {
             op::REGISTER => {
+                // Faults 7 and 8 act on the next registration: an abort or a hang.
+                match self.fault {
+                    7 => Self::crash_if_armed(2),
+                    8 => Self::crash_if_armed(3),
+                    _ => {}
+                }
                 let digest = r.digest().map_err(malformed)?;
                 let bytes = r.bytes().map_err(malformed)?;
                 let c = catalog::resolve(bytes, &digest).map_err(|e| {

@@ -275,6 +275,10 @@ pub enum ChildFault {
     /// The process dies of `SIGSEGV` at its second copy from device memory (armed now): a copy
     /// of several pieces, such as a host tensor's written span coming back, is cut midway.
     SegfaultOnCopyBack,
+    /// The process aborts (`SIGABRT`) at its next registration (armed now, not at the next run).
+    AbortOnRegister,
+    /// The process stops answering at its next registration (armed now, not at the next run).
+    HangOnRegister,
 }
 
 /// The main function of the `simpler-chip-child` binary; returns its exit status.

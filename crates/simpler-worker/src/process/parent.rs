@@ -631,6 +631,8 @@ impl ChipProcess {
             super::ChildFault::Hang => 3,
             super::ChildFault::HangOnShutdown => 4,
             super::ChildFault::SegfaultOnCopyBack => 5,
+            super::ChildFault::AbortOnRegister => 7,
+            super::ChildFault::HangOnRegister => 8,
         });
         self.call(op::ARM_FAULT, "arm fault", None).map(|_| ())
     }
