@@ -40,7 +40,7 @@ use simpler_types::{
     WorkerId, WorkerType,
 };
 
-use crate::error::{MemError, WorkerError};
+use crate::error::{MemError, RegistrationFailure, WorkerError};
 use crate::faults::{Fault, Faults};
 use crate::run::panic_text;
 
@@ -168,7 +168,7 @@ impl ChipState {
     /// Prepares `c` (or adds a reference to identical content already prepared). The caller
     /// checks [`is_unusable`](Self::is_unusable) first: content whose removal failed is in an
     /// unknown state on the device and is never prepared again before close.
-    pub(crate) fn register(&mut self, c: &ChipCallable) -> Result<(), DeviceError> {
+    pub(crate) fn register(&mut self, c: &ChipCallable) -> Result<(), RegistrationFailure> {
         if let Some(p) = &mut self.process {
             return p.register(c);
         }
@@ -180,10 +180,11 @@ impl ChipState {
             return Err(DeviceError::Busy {
                 call: "register_callable",
                 state: format!("unusable on chip {} after a failed removal", self.chip),
-            });
+            }
+            .into());
         }
         if self.faults.hit(self.chip, Fault::Register) {
-            return Err(injected("register_callable"));
+            return Err(injected("register_callable").into());
         }
         let slot = self.runner()?.register_callable(c)?;
         self.prepared.insert(c.id(), Prepared { slot, refs: 1 });
@@ -191,7 +192,7 @@ impl ChipState {
     }
 
     /// Drops one reference to `id`, removing it from the chip at the last.
-    pub(crate) fn release(&mut self, id: &CallableId) -> Result<(), DeviceError> {
+    pub(crate) fn release(&mut self, id: &CallableId) -> Result<(), RegistrationFailure> {
         if let Some(p) = &mut self.process {
             return p.release(id);
         }
@@ -214,7 +215,7 @@ impl ChipState {
             Err(e) => {
                 self.prepared.remove(id);
                 self.unusable.insert(*id);
-                Err(e)
+                Err(e.into())
             }
         }
     }
@@ -532,7 +533,8 @@ impl ChipState {
 fn mem_err(chip: WorkerId, e: &DeviceError) -> MemError {
     match e {
         DeviceError::Unusable { .. } => {
-            MemError::DeviceUnusable { chip, message: e.to_string(), code: e.device_code() }
+            let (message, code) = (e.to_string(), e.device_code());
+            MemError::DeviceUnusable { chip, message, code, child: None }
         }
         _ => MemError::Device { chip, message: e.to_string(), code: e.device_code() },
     }

@@ -18,6 +18,7 @@ use simpler_types::{
 
 use crate::handle::CallableHandle;
 use crate::host_buffer::HostAddr;
+use crate::process::ChildError;
 
 /// A boxed error returned by user callbacks and closures.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -142,9 +143,9 @@ pub enum WorkerError {
         callable: String,
         /// The chip that failed.
         chip: WorkerId,
-        /// The chip's error.
+        /// The chip's error, or its process's (PROCESS mode).
         #[source]
-        source: Box<DeviceError>,
+        source: Box<RegistrationFailure>,
         /// Chips whose rollback failed; the (chip, callable) pair is unusable there.
         rollback_failed: Vec<WorkerId>,
     },
@@ -199,6 +200,9 @@ pub enum WorkerError {
         code: Option<DeviceCode>,
         /// What made it unusable.
         message: String,
+        /// PROCESS mode: the failure of the chip's process that made it unusable.
+        #[source]
+        child: Option<Box<ChildError>>,
     },
     /// An engine call inside a graph callback failed.
     #[error("{}", InWorkerTerms(.0))]
@@ -311,8 +315,8 @@ impl From<MemError> for WorkerError {
     /// An unusable chip is reported as [`WorkerError::DeviceUnusable`] whichever call met it.
     fn from(e: MemError) -> WorkerError {
         match e {
-            MemError::DeviceUnusable { chip, message, code } => {
-                WorkerError::DeviceUnusable { chip, code, message }
+            MemError::DeviceUnusable { chip, message, code, child } => {
+                WorkerError::DeviceUnusable { chip, code, message, child }
             }
             other => WorkerError::Memory(other),
         }
@@ -358,6 +362,48 @@ fn worker_advice(e: &simpler_ring::RingError) -> Option<&'static str> {
              several runs",
         ),
         _ => None,
+    }
+}
+
+/// Why a chip failed to prepare or to remove a chip callable (carried by
+/// [`WorkerError::Registration`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistrationFailure {
+    /// The chip's device refused, in this process or in the chip's own.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// The chip's process failed (PROCESS mode): it died, stopped answering or broke the
+    /// protocol, the chip is unusable since it did, or its device failed in a way that has no
+    /// [`DeviceError`] here (`ChildError::Device`).
+    #[error(transparent)]
+    Child(#[from] ChildError),
+}
+
+impl RegistrationFailure {
+    /// The device's error, when the device refused.
+    pub fn device_error(&self) -> Option<&DeviceError> {
+        match self {
+            RegistrationFailure::Device(e) => Some(e),
+            RegistrationFailure::Child(_) => None,
+        }
+    }
+
+    /// The failure of the chip's process (PROCESS mode).
+    pub fn child_error(&self) -> Option<&ChildError> {
+        match self {
+            RegistrationFailure::Child(e) => Some(e),
+            RegistrationFailure::Device(_) => None,
+        }
+    }
+
+    /// The device's code, when one exists.
+    pub fn device_code(&self) -> Option<DeviceCode> {
+        match self {
+            RegistrationFailure::Device(e) => e.device_code(),
+            RegistrationFailure::Child(ChildError::Device { code, .. }) => *code,
+            RegistrationFailure::Child(_) => None,
+        }
     }
 }
 
@@ -411,6 +457,9 @@ pub enum MemError {
         message: String,
         /// The device's code, when one exists.
         code: Option<DeviceCode>,
+        /// PROCESS mode: the failure of the chip's process behind it.
+        #[source]
+        child: Option<Box<ChildError>>,
     },
     /// The tensor descriptor could not be built.
     #[error("tensor over a device buffer: {0}")]

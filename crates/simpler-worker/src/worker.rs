@@ -33,12 +33,13 @@ use crate::builder::{ChipWorkerBuilder, CompositeWorkerBuilder, HostWorkerBuilde
 use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence, Residue};
 use crate::close::{CloseGate, Lifecycle, UnobservedFailures};
 use crate::deferred_drop;
-use crate::error::{BoxError, BuildFailure, Frame, RunError, WorkerError};
+use crate::error::{BoxError, BuildFailure, Frame, RegistrationFailure, RunError, WorkerError};
 use crate::graph::{GraphBuilder, OrchBody, Orchestration};
 use crate::handle::{
     CallableHandle, Entry, GraphFn, HostFn, Registration, Registry, SharedRegistry, name_in,
 };
 use crate::memory::ChipMemory;
+use crate::process::ChildError;
 use crate::reentry;
 use crate::run::{Fence, RunHandle, RunShared, frames_of, kind_of, kind_of_mechanism, panic_text};
 
@@ -501,18 +502,26 @@ impl Worker {
                     }
                     return Err(WorkerError::CallableUnusable { callable: name, chip });
                 }
-                Err(e) => DeviceError::Busy { call: "register_callable", state: e.to_string() },
+                Err(e) => {
+                    DeviceError::Busy { call: "register_callable", state: e.to_string() }.into()
+                }
             };
             let rollback_failed = self.roll_back_chips(&done, id, &name);
-            if let DeviceError::Unusable { .. } = failure {
+            // An unusable chip is reported as such whichever call met it.
+            if matches!(
+                failure,
+                RegistrationFailure::Device(DeviceError::Unusable { .. })
+                    | RegistrationFailure::Child(ChildError::Unusable { .. })
+            ) {
                 if !rollback_failed.is_empty() {
                     tracing::error!(callable = %name, "rolling back chip(s) {rollback_failed:?} failed; the pairs are unusable");
                 }
-                return Err(WorkerError::DeviceUnusable {
-                    chip,
-                    code: failure.device_code(),
-                    message: failure.to_string(),
-                });
+                let (code, message) = (failure.device_code(), failure.to_string());
+                let child = match failure {
+                    RegistrationFailure::Child(e) => Some(Box::new(e)),
+                    _ => None,
+                };
+                return Err(WorkerError::DeviceUnusable { chip, code, message, child });
             }
             return Err(WorkerError::Registration {
                 callable: name,
@@ -603,7 +612,7 @@ impl Worker {
         drop(reg);
         // Every chip is tried; a failed removal leaves that pair unusable (the chip state
         // marks it), as a failed registration rollback does.
-        let mut first: Option<(WorkerId, DeviceError)> = None;
+        let mut first: Option<(WorkerId, RegistrationFailure)> = None;
         let mut failed = Vec::new();
         for chip in chips {
             let released = match self.inner.on_chip(chip, move |s| s.release(&id)) {
@@ -611,7 +620,8 @@ impl Worker {
                 Err(e) => Err(DeviceError::Busy {
                     call: "unregister_callable",
                     state: format!("the chip lane refused the call: {e}"),
-                }),
+                }
+                .into()),
             };
             if let Err(e) = released {
                 tracing::warn!(%chip, callable = %r.name, "unregistration failed: {e}");

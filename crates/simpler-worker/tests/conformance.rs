@@ -247,7 +247,7 @@ fn the_65th_distinct_chip_callable_is_a_capacity_error_and_uses_no_slot() {
     // The same typed error whether the chip lives in this process or in its own.
     match &e {
         WorkerError::Registration { chip: WorkerId(0), source, .. } => assert!(
-            matches!(**source, DeviceError::TooManyCallables { capacity: 64 }),
+            matches!(source.device_error(), Some(DeviceError::TooManyCallables { capacity: 64 })),
             "{source:?}"
         ),
         other => panic!("{other}"),

@@ -311,6 +311,58 @@ fn content_a_child_cannot_build_is_refused_at_registration_and_changes_nothing()
 }
 
 #[test]
+fn a_child_that_dies_registering_fails_the_registration_with_its_death_typed() {
+    let _serial = serial();
+    let w = process_host(&[0], options()).start().expect("start");
+    let pid = w.chip_process_id(WorkerId(0)).unwrap().expect("pid");
+    let kept = w.register_chip(&add_callable(0)).expect("register");
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::AbortOnRegister).unwrap());
+    let refused = add_callable(1);
+    match w.register_chip(&refused) {
+        Err(WorkerError::Registration { callable, chip, source, .. }) => {
+            assert_eq!((callable.as_str(), chip), (refused.entry_name(), WorkerId(0)));
+            match source.child_error() {
+                Some(ChildError::Died { chip, pid: p, exit, operation, .. }) => assert_eq!(
+                    (*chip, *p, *exit, *operation),
+                    (WorkerId(0), pid, ChildExit::Signal(6), "register")
+                ),
+                other => panic!("expected the child's death, got {other:?} ({source})"),
+            }
+        }
+        other => panic!("expected a refused registration, got {other:?}"),
+    }
+    assert!(!exists(pid), "the dead child was reaped");
+    // The chip is unusable now: registration, removal and memory each say so with the
+    // death as the typed cause.
+    let died_registering = |e: &ChildError| match e {
+        ChildError::Unusable { cause, .. } => {
+            matches!(**cause, ChildError::Died { operation: "register", .. })
+        }
+        _ => false,
+    };
+    match w.register_chip(&add_callable(2)) {
+        Err(WorkerError::DeviceUnusable { chip: WorkerId(0), child: Some(c), .. }) => {
+            assert!(died_registering(&c), "{c}")
+        }
+        other => panic!("expected an unusable chip, got {other:?}"),
+    }
+    match w.unregister(kept) {
+        Err(WorkerError::Registration { source, .. }) => {
+            assert!(source.child_error().is_some_and(died_registering), "{source}")
+        }
+        other => panic!("expected a failed removal, got {other:?}"),
+    }
+    match w.chip_memory(WorkerId(0)).unwrap().malloc(64) {
+        Err(WorkerError::DeviceUnusable { chip: WorkerId(0), child: Some(c), .. }) => {
+            assert!(died_registering(&c), "{c}")
+        }
+        other => panic!("expected an unusable chip, got {other:?}"),
+    }
+    w.close().expect("close");
+    assert_eq!(mailboxes(), 0);
+}
+
+#[test]
 fn a_child_stuck_in_shutdown_is_killed_after_the_deadline_named_and_does_not_delay_the_others() {
     let _serial = serial();
     let opts = options().shutdown_timeout(Duration::from_millis(300));

@@ -2,6 +2,25 @@
 //! callables prepared and prewarmed within the deadline; all or nothing.
 
 use super::*;
+use crate::error::RegistrationFailure;
+
+/// How one chip's start-up failed, as its start-up thread reports it.
+pub(crate) enum AttachFailure {
+    /// The chip or its process failed: the device's code, when one exists, and what happened.
+    Failed { code: Option<simpler_types::DeviceCode>, message: String },
+}
+
+impl From<DeviceError> for AttachFailure {
+    fn from(e: DeviceError) -> AttachFailure {
+        AttachFailure::Failed { code: e.device_code(), message: e.to_string() }
+    }
+}
+
+impl From<RegistrationFailure> for AttachFailure {
+    fn from(e: RegistrationFailure) -> AttachFailure {
+        AttachFailure::Failed { code: e.device_code(), message: e.to_string() }
+    }
+}
 
 /// Attaches every chip in parallel, prepares `callables` on each and prewarms; all or nothing.
 #[allow(clippy::too_many_arguments)]
@@ -18,8 +37,7 @@ pub(super) fn attach_chips(
     budget: Duration,
     path: &str,
 ) -> Result<Vec<ChipState>, StartError> {
-    let (tx, rx) =
-        mpsc::channel::<(usize, Result<ChipState, (Option<simpler_types::DeviceCode>, String)>)>();
+    let (tx, rx) = mpsc::channel::<(usize, Result<ChipState, AttachFailure>)>();
     let mut pending: Vec<Option<String>> = Vec::new();
     // An attach thread that has reported is joined at once (it only has to return), so that
     // `start` leaves no thread of its own behind; one still attaching at the deadline is
@@ -43,7 +61,8 @@ pub(super) fn attach_chips(
                         return Err(DeviceError::Busy {
                             call: "attach",
                             state: "an injected fault is armed".to_owned(),
-                        });
+                        }
+                        .into());
                     }
                     if let Some(opts) = process {
                         let init = ChipInit { platform, runtime, device, prewarm };
@@ -64,13 +83,14 @@ pub(super) fn attach_chips(
                     for c in &callables {
                         state.register(c)?;
                     }
-                    Ok::<_, DeviceError>(state)
+                    Ok::<_, AttachFailure>(state)
                 }));
                 let r = match r {
-                    Ok(r) => r.map_err(|e| (e.device_code(), e.to_string())),
-                    Err(p) => {
-                        Err((None, format!("the attach panicked: {}", panic_text(p.as_ref()))))
-                    }
+                    Ok(r) => r,
+                    Err(p) => Err(AttachFailure::Failed {
+                        code: None,
+                        message: format!("the attach panicked: {}", panic_text(p.as_ref())),
+                    }),
                 };
                 let _ = tx.send((i, r));
             });
@@ -104,7 +124,7 @@ pub(super) fn attach_chips(
                 pending[i] = None;
                 states[i] = Some(state);
             }
-            Ok((i, Err((code, message)))) => {
+            Ok((i, Err(AttachFailure::Failed { code, message }))) => {
                 let p = pending[i].take().unwrap_or_default();
                 if failure.is_none() {
                     failure = Some(start_err(

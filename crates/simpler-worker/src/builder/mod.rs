@@ -49,6 +49,7 @@ use crate::run::panic_text;
 use crate::worker::{Body, Worker, new_inner};
 
 mod attach;
+pub(crate) use attach::AttachFailure;
 use attach::attach_chips;
 
 /// Worker instance numbers: they only tell handles of different workers apart.

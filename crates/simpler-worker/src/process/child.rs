@@ -18,7 +18,7 @@ use super::mailbox::{Mailbox, state};
 use super::spawn::MAILBOX_FD;
 use super::wire::{FailureFrame, Malformed, Reader, Refusal, Writer, decode_config, op, status};
 use crate::chip::{ChipState, Residue};
-use crate::error::MemError;
+use crate::error::{MemError, RegistrationFailure};
 use crate::faults::Faults;
 
 /// How often a waiting child checks that its parent is alive.
@@ -104,6 +104,18 @@ fn refusal_frame(e: &DeviceError) -> FailureFrame {
             FailureFrame { message, refusal: Some(refusal), ..device_frame(e) }
         }
         None => device_frame(e),
+    }
+}
+
+/// A failed registration or removal of this process's chip. Its chip lives in this process,
+/// so the failure is the device's; a chip process's failure would cross as text.
+fn registration_frame(
+    e: &RegistrationFailure,
+    refusal: fn(&DeviceError) -> FailureFrame,
+) -> FailureFrame {
+    match e {
+        RegistrationFailure::Device(d) => refusal(d),
+        other => frame(EndpointOutcome::EndpointFailure, other.to_string()),
     }
 }
 
@@ -295,7 +307,7 @@ impl Child {
                         state: format!("unusable on chip {} after a failed removal", self.chip),
                     }));
                 }
-                state.register(&c).map_err(|e| refusal_frame(&e))?;
+                state.register(&c).map_err(|e| registration_frame(&e, refusal_frame))?;
                 self.contents.insert(digest, c.id());
             }
             op::RELEASE => {
@@ -305,7 +317,7 @@ impl Child {
                 if state.refs(&id) == 0 {
                     self.contents.remove(&digest);
                 }
-                released.map_err(|e| device_frame(&e))?;
+                released.map_err(|e| registration_frame(&e, device_frame))?;
             }
             op::QUERY => {
                 let digest = r.digest().map_err(malformed)?;

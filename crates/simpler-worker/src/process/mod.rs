@@ -296,22 +296,24 @@ pub(crate) fn start_chip(
     deadline: Option<std::time::Instant>,
     callables: &[simpler_device_a2a3::ChipCallable],
     faults: crate::faults::Faults,
-) -> Result<crate::chip::ChipState, simpler_device_a2a3::DeviceError> {
-    use simpler_device_a2a3::DeviceError;
+) -> Result<crate::chip::ChipState, crate::builder::AttachFailure> {
+    use crate::builder::AttachFailure;
     // A little past the start deadline: `start` itself reports the deadline and then waits
     // for this thread, which kills and reaps a child still starting.
     let deadline = deadline.map(|d| d + Duration::from_millis(20));
-    let failed =
-        |message: String| DeviceError::Busy { call: "starting the chip process", state: message };
     let process = parent::ChipProcess::start(chip, init, opts, deadline).map_err(|f| match f {
-        parent::StartFailure::Child(e) | parent::StartFailure::Deadline(e) => failed(e.to_string()),
-        parent::StartFailure::Device(f) => failed(f.message),
+        parent::StartFailure::Child(e) | parent::StartFailure::Deadline(e) => {
+            AttachFailure::Failed { code: None, message: e.to_string() }
+        }
+        parent::StartFailure::Device(f) => {
+            AttachFailure::Failed { code: f.code, message: f.message }
+        }
     })?;
     let mut state = crate::chip::ChipState::in_process(chip, process, faults);
     for c in callables {
         if let Err(e) = state.register(c) {
             let _ = state.finalize();
-            return Err(e);
+            return Err(e.into());
         }
     }
     Ok(state)

@@ -25,7 +25,7 @@ use super::mailbox::{Mailbox, PAYLOAD_BYTES, state};
 use super::wire::{FailureFrame, Malformed, Reader, Writer, encode_config, op, status};
 use super::{ChildError, ChildExit, OnChildDeath, ProcessOptions, spawn};
 use crate::chip::Residue;
-use crate::error::MemError;
+use crate::error::{MemError, RegistrationFailure};
 
 /// The largest piece of a copy in one request (the payload less its header fields).
 const PIECE: usize = PAYLOAD_BYTES - 64;
@@ -397,7 +397,7 @@ impl ChipProcess {
 
     /// Prepares `c` in the process (or adds a reference). Content the process cannot build
     /// is refused here, before anything is sent.
-    pub(crate) fn register(&mut self, c: &ChipCallable) -> Result<(), DeviceError> {
+    pub(crate) fn register(&mut self, c: &ChipCallable) -> Result<(), RegistrationFailure> {
         let Some(content) = catalog::content_of(c) else {
             return Err(DeviceError::Unsupported {
                 run_id: None,
@@ -406,24 +406,34 @@ impl ChipProcess {
                      can cross, native code does not",
                     c.entry_name()
                 ),
-            });
+            }
+            .into());
         };
-        match self.register_content(&content) {
-            Ok(None) => {
+        match self.register_content(&content)? {
+            None => {
                 self.digests.insert(c.id(), content.digest);
                 self.held.entry(content.digest).or_insert((content, 0)).1 += 1;
                 Ok(())
             }
-            Ok(Some(f)) => Err(match f.refusal {
-                Some(refusal) => refusal.device_error(f.message),
-                None => busy("register_callable", f.message),
-            }),
-            Err(e) => Err(busy("register_callable", e.to_string())),
+            Some(f) => Err(self.refusal(f)),
+        }
+    }
+
+    /// What the child's chip refusing a registration or removal with frame `f` means here:
+    /// the device error a chip of this process would give when the frame names its kind, else
+    /// the device's failure as the child reported it.
+    fn refusal(&self, f: FailureFrame) -> RegistrationFailure {
+        match f.refusal {
+            Some(refusal) => refusal.device_error(f.message).into(),
+            None => {
+                let (chip, code, message) = (self.chip, f.code, f.message);
+                ChildError::Device { chip, run: None, code, message }.into()
+            }
         }
     }
 
     /// Drops one reference to `id` in the process.
-    pub(crate) fn release(&mut self, id: &CallableId) -> Result<(), DeviceError> {
+    pub(crate) fn release(&mut self, id: &CallableId) -> Result<(), RegistrationFailure> {
         let Some(digest) = self.digests.get(id).copied() else { return Ok(()) };
         self.out.0.clear();
         self.out.0.extend_from_slice(&digest);
@@ -440,13 +450,12 @@ impl ChipProcess {
             // count and then drop one reference more.
             return Ok(());
         }
-        match self.call(op::RELEASE, "release", None) {
-            Ok(status::OK) => Ok(()),
-            Ok(_) => Err(busy(
-                "unregister_callable",
-                self.failure_frame().map_or_else(|e| e.to_string(), |f| f.message),
-            )),
-            Err(e) => Err(busy("unregister_callable", e.to_string())),
+        match self.call(op::RELEASE, "release", None)? {
+            status::OK => Ok(()),
+            _ => {
+                let f = self.failure_frame()?;
+                Err(self.refusal(f))
+            }
         }
     }
 
@@ -538,9 +547,9 @@ impl ChipProcess {
     fn mem_error(&self, f: MemFailure) -> MemError {
         let chip = self.chip;
         match f {
-            MemFailure::Child(e) => mem_child(chip, &e),
+            MemFailure::Child(e) => mem_child(chip, e),
             MemFailure::Device(f) if f.outcome == EndpointOutcome::EndpointFailure => {
-                MemError::DeviceUnusable { chip, message: f.message, code: f.code }
+                MemError::DeviceUnusable { chip, message: f.message, code: f.code, child: None }
             }
             MemFailure::Device(f) => MemError::Device { chip, message: f.message, code: f.code },
         }
@@ -617,7 +626,7 @@ impl ChipProcess {
             (Ok(committed), Ok(user_allocations), Ok(pooled_arenas), Ok(runtime_buffers)) => {
                 Ok(MemoryLedger { committed, user_allocations, pooled_arenas, runtime_buffers })
             }
-            _ => Err(mem_child(self.chip, &self.protocol("short ledger".into()))),
+            _ => Err(mem_child(self.chip, self.protocol("short ledger".into()))),
         }
     }
 
@@ -703,12 +712,13 @@ fn kill_group(pid: u32) {
     }
 }
 
-fn busy(call: &'static str, state: String) -> DeviceError {
-    DeviceError::Busy { call, state }
-}
-
-fn mem_child(chip: WorkerId, e: &ChildError) -> MemError {
-    MemError::DeviceUnusable { chip, message: e.to_string(), code: None }
+/// A memory call met a failed chip process: the chip is unusable, and why stays typed.
+fn mem_child(chip: WorkerId, e: ChildError) -> MemError {
+    let code = match &e {
+        ChildError::Device { code, .. } => *code,
+        _ => None,
+    };
+    MemError::DeviceUnusable { chip, message: e.to_string(), code, child: Some(Box::new(e)) }
 }
 
 /// The endpoint failure of a child failure: the chip path failed, the typed error rides along.
