@@ -1,8 +1,9 @@
 //! PROCESS mode: chips in child processes. Start, runs and memory through the mailbox, crash
 //! isolation (a segfault or abort kills only its child), a hung child killed after its budget,
-//! start failures, refused content, host buffers on chip tasks (and a child dying while one comes
-//! back), chip processes of a killed worker exiting on their own;
-//! each test counts what could leak (zombies, descriptors, threads).
+//! start failures (a child wedged in a registration during start among them), a child dying
+//! during a registration, refused content, host buffers on chip tasks (and a child dying while
+//! one comes back), chip processes of a killed worker exiting on their own; each test counts
+//! what could leak (zombies, descriptors, threads).
 
 mod common;
 
@@ -286,6 +287,34 @@ fn start_failures_name_the_binary_the_exit_status_or_the_deadline_and_reap_every
     assert!(!exists(grandchild), "the stuck subtree died as a group");
     assert_eq!(mailboxes(), 0);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_child_wedged_registering_during_start_fails_start_at_its_deadline_naming_chip_and_step() {
+    let _serial = serial();
+    let zombies_before = zombies();
+    // The start deadline is far shorter than the control timeout, which the wedged
+    // registration must not wait out.
+    let control = Duration::from_secs(30);
+    let opts = options().control_timeout(control).fault_at_start(ChildFault::HangOnRegister);
+    let startup = Duration::from_millis(1500);
+    let mut b = process_host(&[0], opts).startup_timeout(startup);
+    b.register_chip(add_callable(0));
+    let began = std::time::Instant::now();
+    let e = b.start().expect_err("the child never answers its registration");
+    match &e.cause {
+        StartCause::DeadlineExceeded { pending, budget } => {
+            assert_eq!(*budget, startup);
+            assert_eq!(pending.len(), 1, "{e}");
+            assert!(pending[0].contains("chip 0"), "{e}");
+            assert!(pending[0].contains("preparing 'add_0' in its process"), "{e}");
+        }
+        other => panic!("expected the start deadline, got {other}"),
+    }
+    assert!(e.path.contains("chip 0"), "{}", e.path);
+    assert!(began.elapsed() < control, "start waited for the control timeout: {e}");
+    assert_eq!(zombies(), zombies_before, "the wedged child was reaped");
+    assert_eq!(mailboxes(), 0);
 }
 
 #[test]

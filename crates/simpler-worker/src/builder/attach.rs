@@ -8,6 +8,8 @@ use crate::error::RegistrationFailure;
 pub(crate) enum AttachFailure {
     /// The chip or its process failed: the device's code, when one exists, and what happened.
     Failed { code: Option<simpler_types::DeviceCode>, message: String },
+    /// The start deadline passed during `step` (a chip process was killed and reaped).
+    Deadline { step: String },
 }
 
 impl From<DeviceError> for AttachFailure {
@@ -108,6 +110,9 @@ pub(super) fn attach_chips(
     drop(tx);
     let mut states: Vec<Option<ChipState>> = (0..devices.len()).map(|_| None).collect();
     let mut failure: Option<StartError> = None;
+    // The step a chip process was in when the start deadline passed, when it said.
+    let mut steps: Vec<Option<String>> = vec![None; devices.len()];
+    let mut deadline_passed = false;
     while pending.iter().any(Option::is_some) {
         let received = match deadline {
             Some(d) => rx.recv_timeout(d.saturating_duration_since(Instant::now())),
@@ -133,44 +138,63 @@ pub(super) fn attach_chips(
                     ));
                 }
             }
+            Ok((i, Err(AttachFailure::Deadline { step }))) => {
+                steps[i] = Some(step);
+                deadline_passed = true;
+                break;
+            }
             Err(_) => {
-                let names: Vec<String> = pending.iter().flatten().cloned().collect();
-                let mut e = start_err(
-                    StartCause::DeadlineExceeded { pending: names.clone(), budget },
-                    names.first().map_or(path, String::as_str),
-                );
-                // Every chip pending at the deadline is named in the rollback.
-                let mut name = |what: String, message: &str| {
-                    e.rollback.push(TeardownError { what, message: message.into() });
-                };
-                if process.is_some() {
-                    // A chip process still starting is killed at this same deadline by its
-                    // start-up thread; waiting for that thread here means `start` returns with
-                    // every child reaped. One whose start-up finished after all is finalized
-                    // below with the others.
-                    for t in attachers.iter_mut().filter_map(Option::take) {
-                        let _ = t.join();
-                    }
-                    for (i, r) in rx.try_iter() {
-                        if let Ok(state) = r {
-                            states[i] = Some(state);
-                            if let Some(n) = pending[i].take() {
-                                name(n, "chip process started after the deadline; finalized");
-                            }
-                        }
-                    }
-                    for n in pending.iter().flatten() {
-                        name(n.clone(), "chip process killed and reaped while still starting");
-                    }
-                } else {
-                    for n in names {
-                        name(n, "attach thread detached while still starting");
-                    }
-                }
-                failure = Some(e);
+                deadline_passed = true;
                 break;
             }
         }
+    }
+    if deadline_passed {
+        let at_deadline: Vec<(usize, String)> =
+            pending.iter().enumerate().filter_map(|(i, p)| Some((i, p.clone()?))).collect();
+        let mut rollback: Vec<(String, &str)> = Vec::new();
+        if process.is_some() {
+            // A chip process still starting is killed at this same deadline by its start-up
+            // thread; waiting for that thread here means `start` returns with every child
+            // reaped. One whose start-up finished after all is finalized below with the others.
+            for t in attachers.iter_mut().filter_map(Option::take) {
+                let _ = t.join();
+            }
+            for (i, r) in rx.try_iter() {
+                match r {
+                    Ok(state) => {
+                        states[i] = Some(state);
+                        if let Some(n) = pending[i].take() {
+                            rollback
+                                .push((n, "chip process started after the deadline; finalized"));
+                        }
+                    }
+                    Err(AttachFailure::Deadline { step }) => steps[i] = Some(step),
+                    Err(AttachFailure::Failed { .. }) => {}
+                }
+            }
+            for n in pending.iter().flatten() {
+                rollback.push((n.clone(), "chip process killed and reaped while still starting"));
+            }
+        } else {
+            for n in pending.iter().flatten() {
+                rollback.push((n.clone(), "attach thread detached while still starting"));
+            }
+        }
+        // Every chip pending at the deadline is named, with its step when known.
+        let names: Vec<String> = at_deadline
+            .iter()
+            .map(|(i, n)| match &steps[*i] {
+                Some(step) => format!("{n}: {step}"),
+                None => n.clone(),
+            })
+            .collect();
+        let first = at_deadline.first().map_or(path, |(_, n)| n.as_str());
+        let mut e = start_err(StartCause::DeadlineExceeded { pending: names, budget }, first);
+        let rollback =
+            rollback.into_iter().map(|(what, m)| TeardownError { what, message: m.into() });
+        e.rollback.extend(rollback);
+        failure = Some(e);
     }
     match failure {
         None => Ok(states.into_iter().flatten().collect()),

@@ -57,6 +57,8 @@ pub struct ProcessOptions {
     pub(crate) run_timeout: Duration,
     pub(crate) shutdown_timeout: Duration,
     pub(crate) on_death: OnChildDeath,
+    #[cfg(feature = "sim")]
+    pub(crate) start_fault: Option<ChildFault>,
 }
 
 impl Default for ProcessOptions {
@@ -69,6 +71,8 @@ impl Default for ProcessOptions {
             run_timeout: Duration::from_secs(300),
             shutdown_timeout: Duration::from_secs(10),
             on_death: OnChildDeath::ChipUnusable,
+            #[cfg(feature = "sim")]
+            start_fault: None,
         }
     }
 }
@@ -109,6 +113,16 @@ impl ProcessOptions {
     #[must_use]
     pub fn on_child_death(mut self, policy: OnChildDeath) -> Self {
         self.on_death = policy;
+        self
+    }
+
+    /// Arms `fault` in every chip process at `start`, as soon as it is ready and before the
+    /// builder's chip callables are prepared there (simulator builds; crash tests of the
+    /// start). A restarted process starts without it.
+    #[cfg(feature = "sim")]
+    #[must_use]
+    pub fn fault_at_start(mut self, fault: ChildFault) -> Self {
+        self.start_fault = Some(fault);
         self
     }
 }
@@ -288,7 +302,8 @@ pub fn chip_child_main() -> i32 {
 }
 
 /// Starts chip `chip` in a child process and prepares `callables` there: the PROCESS-mode
-/// half of a chip's attach at `start`.
+/// half of a chip's attach at `start`. No wait passes the start deadline; one that would names
+/// its step.
 pub(crate) fn start_chip(
     chip: WorkerId,
     init: parent::ChipInit,
@@ -298,25 +313,52 @@ pub(crate) fn start_chip(
     faults: crate::faults::Faults,
 ) -> Result<crate::chip::ChipState, crate::builder::AttachFailure> {
     use crate::builder::AttachFailure;
+    use crate::error::RegistrationFailure;
     // A little past the start deadline: `start` itself reports the deadline and then waits
     // for this thread, which kills and reaps a child still starting.
     let deadline = deadline.map(|d| d + Duration::from_millis(20));
-    let process = parent::ChipProcess::start(chip, init, opts, deadline).map_err(|f| match f {
-        parent::StartFailure::Child(e) | parent::StartFailure::Deadline(e) => {
-            AttachFailure::Failed { code: None, message: e.to_string() }
-        }
-        parent::StartFailure::Device(f) => {
-            AttachFailure::Failed { code: f.code, message: f.message }
-        }
-    })?;
-    let mut state = crate::chip::ChipState::in_process(chip, process, faults);
+    #[cfg(feature = "sim")]
+    let start_fault = opts.start_fault;
+    let mut process =
+        parent::ChipProcess::start(chip, init, opts, deadline).map_err(|f| match f {
+            parent::StartFailure::Deadline(ChildError::Unresponsive { pid, .. }) => {
+                AttachFailure::Deadline {
+                    step: format!("waiting for its process (pid {pid}) to be ready"),
+                }
+            }
+            parent::StartFailure::Child(e) | parent::StartFailure::Deadline(e) => {
+                AttachFailure::Failed { code: None, message: e.to_string() }
+            }
+            parent::StartFailure::Device(f) => {
+                AttachFailure::Failed { code: f.code, message: f.message }
+            }
+        })?;
+    let pid = process.pid().unwrap_or_default();
+    // A request the process did not answer by the start deadline is the deadline's failure.
+    let failed = |process: &mut parent::ChipProcess, e: RegistrationFailure, step: String| {
+        let late = deadline.is_some_and(|d| std::time::Instant::now() >= d);
+        let failure = match e {
+            RegistrationFailure::Child(ChildError::Unresponsive { .. }) if late => {
+                AttachFailure::Deadline { step: format!("{step} in its process (pid {pid})") }
+            }
+            e => e.into(),
+        };
+        let _ = process.shutdown();
+        failure
+    };
+    #[cfg(feature = "sim")]
+    if let Some(fault) = start_fault
+        && let Err(e) = process.arm(fault)
+    {
+        return Err(failed(&mut process, e.into(), "arming a fault".into()));
+    }
     for c in callables {
-        if let Err(e) = state.register(c) {
-            let _ = state.finalize();
-            return Err(e.into());
+        if let Err(e) = process.register(c) {
+            return Err(failed(&mut process, e, format!("preparing '{}'", c.entry_name())));
         }
     }
-    Ok(state)
+    process.started();
+    Ok(crate::chip::ChipState::in_process(chip, process, faults))
 }
 
 impl crate::Worker {

@@ -81,6 +81,8 @@ pub(crate) struct ChipProcess {
     /// The failure that ended the last process (fail fast, or restart on next use).
     failed: Option<ChildError>,
     seq: u64,
+    /// While the chip starts: the start deadline, which no wait of its start may pass.
+    start_deadline: Option<Instant>,
     /// Content the chip holds: digest → (content, references), replayed after a restart.
     held: HashMap<[u8; 32], (Content, usize)>,
     /// This process's callable id → the digest it crosses as.
@@ -121,7 +123,8 @@ fn runtime_tag(r: RuntimeVariant) -> u8 {
 }
 
 impl ChipProcess {
-    /// Starts the process of chip `chip` and waits for `READY` until `deadline`.
+    /// Starts the process of chip `chip` and waits for `READY` until `deadline`, which also
+    /// bounds every later wait until [`started`](Self::started).
     pub(crate) fn start(
         chip: WorkerId,
         init: ChipInit,
@@ -135,6 +138,7 @@ impl ChipProcess {
             live: None,
             failed: None,
             seq: 0,
+            start_deadline: deadline,
             held: HashMap::new(),
             digests: HashMap::new(),
             out: Writer::default(),
@@ -142,6 +146,22 @@ impl ChipProcess {
         };
         p.launch(deadline)?;
         Ok(p)
+    }
+
+    /// Ends the start: later waits have their own budgets only.
+    pub(crate) fn started(&mut self) {
+        self.start_deadline = None;
+    }
+
+    /// The deadline of a wait with `budget`, and the budget that can run out: while the chip
+    /// starts, no wait passes the start deadline.
+    fn wait_deadline(&self, budget: Duration) -> (Option<Instant>, Duration) {
+        let now = Instant::now();
+        match (now.checked_add(budget), self.start_deadline) {
+            (Some(own), Some(cap)) if cap < own => (Some(cap), cap.saturating_duration_since(now)),
+            (None, Some(cap)) => (Some(cap), cap.saturating_duration_since(now)),
+            (own, _) => (own, budget),
+        }
     }
 
     /// The pid of the running process.
@@ -256,8 +276,8 @@ impl ChipProcess {
     /// Waits for a process that announced its exit (`INIT_FAILED`, `EXITED`) for a short
     /// while, then kills its group; reaps it either way.
     fn reap_after_exit(&mut self) {
-        let until = Instant::now() + self.opts.shutdown_timeout;
-        while Instant::now() < until {
+        let (until, _) = self.wait_deadline(self.opts.shutdown_timeout);
+        while until.is_none_or(|u| Instant::now() < u) {
             if self.exited().is_some() || self.live.is_none() {
                 return;
             }
@@ -337,7 +357,7 @@ impl ChipProcess {
         let chip = self.chip;
         let budget =
             if code == op::RUN { self.opts.run_timeout } else { self.opts.control_timeout };
-        let deadline = Instant::now().checked_add(budget);
+        let (deadline, budget) = self.wait_deadline(budget);
         let live = self.live.as_ref().expect("ensured");
         let seq = self.seq + 1;
         live.mailbox.write_request(code, seq, &self.out.0).map_err(|len| {
@@ -653,7 +673,7 @@ impl ChipProcess {
         let Some(live) = self.live.as_ref() else { return Vec::new() };
         let pid = live.pid;
         live.mailbox.publish(state::SHUTDOWN);
-        let deadline = Instant::now() + self.opts.shutdown_timeout;
+        let (deadline, budget) = self.wait_deadline(self.opts.shutdown_timeout);
         let mut seen = state::SHUTDOWN;
         let mut residue = Vec::new();
         loop {
@@ -684,11 +704,10 @@ impl ChipProcess {
                 }
                 return residue;
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 self.kill();
                 residue.push(Residue::Failed(format!(
-                    "chip {chip}: its process (pid {pid}) did not finalize within {:?}; its process group was killed",
-                    self.opts.shutdown_timeout
+                    "chip {chip}: its process (pid {pid}) did not finalize within {budget:?}; its process group was killed"
                 )));
                 return residue;
             }

@@ -36,6 +36,7 @@ fn process_of_true() -> (ChipProcess, u32) {
         live: Some(Live { child, pid, _pidfd: pidfd, mailbox }),
         failed: None,
         seq: 0,
+        start_deadline: None,
         held: HashMap::new(),
         digests: HashMap::new(),
         out: Writer::default(),
