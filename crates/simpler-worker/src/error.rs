@@ -371,12 +371,14 @@ fn worker_advice(e: &simpler_ring::RingError) -> Option<&'static str> {
 #[non_exhaustive]
 pub enum RegistrationFailure {
     /// The chip's device refused, in this process or in the chip's own.
-    #[error(transparent)]
+    // Not transparent: the error itself, not only its own source, is next in a source chain,
+    // so code that walks the chain for a `DeviceError` or a `ChildError` finds it.
+    #[error("{0}")]
     Device(#[from] DeviceError),
     /// The chip's process failed (PROCESS mode): it died, stopped answering or broke the
     /// protocol, the chip is unusable since it did, or its device failed in a way that has no
     /// [`DeviceError`] here (`ChildError::Device`).
-    #[error(transparent)]
+    #[error("{0}")]
     Child(#[from] ChildError),
 }
 

@@ -347,8 +347,15 @@ fn a_child_that_dies_registering_fails_the_registration_with_its_death_typed() {
     let kept = w.register_chip(&add_callable(0)).expect("register");
     assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::AbortOnRegister).unwrap());
     let refused = add_callable(1);
-    match w.register_chip(&refused) {
-        Err(WorkerError::Registration { callable, chip, source, .. }) => {
+    let e = w.register_chip(&refused).expect_err("the child dies registering");
+    // The death is in the error's source chain as itself.
+    let mut chain = std::error::Error::source(&e);
+    while let Some(next) = chain.filter(|s| !s.is::<ChildError>()) {
+        chain = next.source();
+    }
+    assert!(chain.is_some(), "no ChildError in the source chain of {e}");
+    match e {
+        WorkerError::Registration { callable, chip, source, .. } => {
             assert_eq!((callable.as_str(), chip), (refused.entry_name(), WorkerId(0)));
             match source.child_error() {
                 Some(ChildError::Died { chip, pid: p, exit, operation, .. }) => assert_eq!(
