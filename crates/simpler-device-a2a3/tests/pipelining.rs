@@ -274,3 +274,69 @@ fn an_orchestration_cannot_write_into_the_heap_of_another_slots_run() {
     r.abandon(p1).unwrap();
     r.finalize().unwrap();
 }
+
+/// The value [`stamp_then_add`] writes into its first argument before adding.
+const STAMP: f32 = 100.0;
+
+/// `a[..] = STAMP` through `set_tensor_data`, then `f = a + b` (the add program's task).
+fn stamp_then_add(
+    ctx: &mut simpler_device_a2a3::OrchCtx<'_>,
+    args: &simpler_device_a2a3::OrchArgs<'_>,
+) -> Result<(), simpler_device_a2a3::OrchError> {
+    let a = *args.tensor(0).expect("three arguments");
+    let bytes: Vec<u8> =
+        std::iter::repeat_n(STAMP.to_ne_bytes(), a.numel() as usize).flatten().collect();
+    ctx.set_tensor_data(&a, &bytes)?;
+    simpler_device_a2a3::programs::add::orchestration(ctx, args)
+}
+
+#[test]
+fn an_orchestration_writing_user_memory_waits_for_the_run_executing_before_it() {
+    use simpler_device_a2a3::Orchestration;
+    use simpler_device_a2a3::programs::add;
+    let mut r = DeviceRunner::attach(options()).unwrap();
+    let plain = r.register_callable(&add::callable().unwrap()).unwrap();
+    let stamping = add::builder_with(Orchestration::Native {
+        entry: stamp_then_add,
+        config: |_| simpler_device_a2a3::OrchConfig { expected_arg_count: 3 },
+    })
+    .names("stamp_then_add", "stamp_then_add_config")
+    .build()
+    .unwrap();
+    let stamping = r.register_callable(&stamping).unwrap();
+    let a: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    let b = vec![1.0f32; 64];
+    let ((pa, ta), (pb, tb)) = (upload_f32(&mut r, &a), upload_f32(&mut r, &b));
+    let (p1, t1) = upload_f32(&mut r, &[0.0; 64]);
+    let (p2, t2) = upload_f32(&mut r, &[0.0; 64]);
+    let args = |out| {
+        let mut args = simpler_types::TaskArgs::new();
+        args.add_input(ta).unwrap().add_input(tb).unwrap().add_output(out).unwrap();
+        args
+    };
+    let (args1, args2) = (args(t1), args(t2));
+    let cfg = CallConfig::default();
+    // Run 1's add reads `a` only once the kernel delay has passed; run 2's orchestration
+    // overwrites `a` while run 2 is prepared, which is while run 1 executes.
+    r.sim_faults().unwrap().kernel_delay(add::ADD, HOLD);
+    let p = r.prepare(&RunRequest::new(run_id(1), plain, &args1, &cfg)).unwrap();
+    let first = r.launch_run(p).unwrap();
+    let p = r.prepare(&RunRequest::new(run_id(2), stamping, &args2, &cfg)).unwrap();
+    r.sim_faults().unwrap().clear();
+    assert!(r.reap_run(&first, None).unwrap());
+    assert_eq!(r.complete_run(first).unwrap().overlap, Overlap::NothingInFlight);
+    assert_eq!(download_f32(&mut r, p1, 64), add::reference(&a, &b), "run 1 read the old `a`");
+    let second = r.launch_run(p).unwrap();
+    assert!(r.reap_run(&second, None).unwrap());
+    let report = r.complete_run(second).unwrap();
+    assert_eq!(
+        report.overlap,
+        Overlap::Waited { with: run_id(1), reason: "the orchestration wrote user memory" }
+    );
+    let stamped = vec![STAMP; 64];
+    assert_eq!(download_f32(&mut r, p2, 64), add::reference(&stamped, &b));
+    for p in [pa, pb, p1, p2] {
+        r.free(p).unwrap();
+    }
+    r.finalize().unwrap();
+}

@@ -191,9 +191,11 @@ impl DeviceRunner {
     }
 
     /// Prepares a run (P1–P18) in a free resource slot and returns its lease. May be called
-    /// while another run executes (it writes only its own slot); with every slot in use, or
-    /// when this run or a run in progress uses a diagnostic that needs exclusive use, `Busy`.
-    /// The run of a dropped handle still executing is waited for only in those two cases.
+    /// while another run executes: it writes only its own slot, and an orchestration's write
+    /// into a user allocation waits until the device finished the launched runs
+    /// (`RunReport::overlap` then says so). With every slot in use, or when this run or a run
+    /// in progress uses a diagnostic that needs exclusive use, `Busy`; the run of a dropped
+    /// handle still executing is waited for only in those two cases.
     pub fn prepare(&mut self, req: &RunRequest<'_>) -> Result<PreparedRun, DeviceError> {
         self.attached()?.prepare(req)
     }

@@ -6,12 +6,14 @@
 //! allocates anew; any failed arena allocation releases all three, so the retry starts from
 //! free device memory.
 
+use std::time::{Duration, Instant};
+
 use simpler_types::{RunId, Tensor, TensorArgType};
 
 use super::staging::{StagedTensor, host_slice};
 use super::{Core, DevicePtr, RunState, oom};
 use crate::backend::Backend;
-use crate::error::{DeviceError, MemPurpose};
+use crate::error::{DeviceError, MemPurpose, StreamKind};
 use crate::runtime::{BuildEnv, HeapArena};
 
 /// One pooled allocation.
@@ -54,6 +56,39 @@ pub(super) struct RunMemory<'a> {
     pub(super) misses: u64,
     /// The heap arena's allocation was refused (every pooled arena is then released).
     pub(super) heap_refused: bool,
+    /// The runs on the device while this one prepares, until a write waited for them.
+    pub(super) executing: Option<Executing>,
+    /// The run a write of the orchestration waited for, if one had to.
+    pub(super) waited_for: Option<RunId>,
+}
+
+/// The launched runs a preparation overlaps with: the last one launched (the streams finish
+/// it after every run launched before it) and how long the device may take for all of them.
+pub(super) struct Executing {
+    pub(super) last: RunId,
+    pub(super) budget: Duration,
+    pub(super) op_execute: Duration,
+}
+
+impl RunMemory<'_> {
+    /// Waits until the device has finished every launched run. A user allocation the
+    /// orchestration writes may be one an executing run still reads or writes: the write may
+    /// happen only after it (`docs/pipelining.md`, "What a preparation may write").
+    fn wait_for_executing(&mut self) -> bool {
+        let Some(e) = self.executing.take() else { return true };
+        let deadline = Instant::now() + e.budget;
+        for stream in [StreamKind::Aicpu, StreamKind::AiCore] {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Err(error) = self.backend.synchronize(stream, left, e.op_execute) {
+                tracing::warn!(run = %self.run_id, executing = %e.last, ?error, %stream, "the runs executing before an orchestration's write did not finish");
+                // Every later write is refused the same way.
+                self.executing = Some(Executing { budget: Duration::ZERO, ..e });
+                return false;
+            }
+        }
+        self.waited_for = Some(e.last);
+        true
+    }
 }
 
 impl BuildEnv for RunMemory<'_> {
@@ -80,6 +115,10 @@ impl BuildEnv for RunMemory<'_> {
     }
 
     fn write(&mut self, addr: u64, data: &[u8]) -> bool {
+        let user = self.backend.find(addr, data.len() as u64) == Some(MemPurpose::User);
+        if user && !self.wait_for_executing() {
+            return false;
+        }
         let written = self.backend.write(addr, data);
         written
             .inspect_err(

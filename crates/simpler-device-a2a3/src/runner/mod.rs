@@ -87,7 +87,7 @@ pub use types::{
 use self::callables::CallableTable;
 use self::health::HealthCell;
 use self::lease::{Lease, ReturnQueue};
-use self::memory::{Arenas, RunMemory};
+use self::memory::{Arenas, Executing, RunMemory};
 use self::run_ids::UsedRunIds;
 use self::staging::{StagedTensor, host_slice_mut};
 use crate::abi::ABI_VERSION;
@@ -358,6 +358,19 @@ impl Core {
             || self.runs().any(|r| diag_feature(&r.diag).is_some())
     }
 
+    /// The runs launched and not reaped, as a preparation overlapping them sees them.
+    fn executing(&self) -> Option<Executing> {
+        let launched = self.runs().filter(|r| r.stage == Stage::Launched);
+        let (count, last) = launched.fold((0u32, None::<&RunState>), |(n, last), r| {
+            (n + 1, if last.is_some_and(|l| l.launch_seq > r.launch_seq) { last } else { Some(r) })
+        });
+        Some(Executing {
+            last: last?.run_id,
+            budget: self.timeouts.stream_sync.saturating_mul(count),
+            op_execute: self.timeouts.op_execute,
+        })
+    }
+
     /// The launched, unreaped run, if any (the exclusive execution claim holds at most one).
     fn launched(&self) -> Option<&RunState> {
         self.runs().find(|r| r.stage == Stage::Launched)
@@ -498,6 +511,7 @@ impl Core {
             diag: &run.diag,
             rings: self.opts.rings,
         };
+        let executing = self.executing();
         let res = &mut self.slots[s].res;
         let mut mem = RunMemory {
             backend: &*self.backend,
@@ -506,9 +520,15 @@ impl Core {
             run_id,
             misses: 0,
             heap_refused: false,
+            executing,
+            waited_for: None,
         };
         let bound = self.runtime.bind(&inputs, &mut mem, &mut res.host_image);
         self.stats.arena_cache_misses += mem.misses;
+        if let (Some(with), Overlap::Overlapped { .. }) = (mem.waited_for, &run.report.overlap) {
+            run.report.overlap =
+                Overlap::Waited { with, reason: "the orchestration wrote user memory" };
+        }
         if mem.heap_refused {
             // As for the image and staging arenas: a failed arena allocation releases every
             // pooled arena, so the retry starts from free device memory.

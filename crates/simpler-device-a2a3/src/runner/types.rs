@@ -217,6 +217,14 @@ pub enum Overlap {
         /// The run that was executing.
         with: RunId,
     },
+    /// Prepared while run `with` executed, but part of the preparation waited for the device
+    /// to finish it (and every run launched before it): `reason`.
+    Waited {
+        /// The last run that was executing.
+        with: RunId,
+        /// What had to wait.
+        reason: &'static str,
+    },
     /// The run needs exclusive use of the runner (a diagnostic reads whole-device state), so
     /// it was prepared with no other run in progress.
     Exclusive {
