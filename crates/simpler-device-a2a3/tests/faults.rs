@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::*;
 use simpler_device_a2a3::abi::codes::{AclCode, RuntimeCode, StallClass};
 use simpler_device_a2a3::{
@@ -255,4 +257,30 @@ fn a_panicking_config_function_is_an_orchestration_error_with_cleanup() {
     v.free(&mut r);
     vector_once(&mut r, 2, &CallConfig::default());
     r.finalize().unwrap();
+}
+
+#[test]
+fn finalize_releases_a_delayed_kernel_instead_of_detaching_its_core() {
+    let mut opts = fast_options(0);
+    opts.sim.join_budget = Duration::from_millis(500);
+    let mut r = DeviceRunner::attach(opts).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    let cfg = CallConfig::default();
+    // Far longer than the join budget: only a delay the reset ends lets finalize join it.
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, Duration::from_secs(30));
+    let p = r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
+    let active = r.launch_run(p).unwrap();
+    while !r
+        .sim_faults()
+        .unwrap()
+        .fired()
+        .iter()
+        .any(|f| matches!(f, FiredFault::KernelDelayed { .. }))
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(active);
+    let report = r.finalize().unwrap();
+    assert!(report.stuck_threads.is_empty(), "detached: {:?}", report.stuck_threads);
 }

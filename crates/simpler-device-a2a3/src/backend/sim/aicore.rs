@@ -295,7 +295,15 @@ pub(crate) fn call_kernel<H: CoreHost>(
             policy.wait_until(&regs.wake, None, || dev.is_reset() || entry.is_aborted());
             return KernelOutcome::Hung;
         }
-        KernelAction::Delay(d) => std::thread::sleep(d),
+        KernelAction::Delay(d) => {
+            // Parked, not asleep: a reset or the op-execute watchdog releases a delayed kernel
+            // as it releases a hung one, so finalize never has to detach its thread.
+            let until = std::time::Instant::now().checked_add(d);
+            let stop = || dev.is_reset() || entry.is_aborted();
+            if dev.spin_policy().wait_until(&regs.wake, until, stop) {
+                return KernelOutcome::Hung;
+            }
+        }
     }
     if kernel == 0 {
         return KernelOutcome::Faulted(format!("no kernel registered for func id {func_id}"));
