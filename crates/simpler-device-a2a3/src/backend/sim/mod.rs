@@ -63,7 +63,7 @@ use self::mailbox::{Mail, Mailbox};
 use self::memory::SimMemory;
 use self::regs::RegBlock;
 use self::stream::{
-    EntryKind, LaunchEntry, SimEvent, SimStream, Starter, earliest, resume_waiters,
+    EntryKind, LaunchEntry, SimEvent, SimStream, Starter, resume_waiters, synchronize_event,
 };
 use crate::abi::codes::AclCode;
 use crate::abi::launch::{InitArgs, KernelArgs};
@@ -792,7 +792,10 @@ impl Backend for SimDevice {
         if self.shared.faults.on_launch(KernelKind::AiCore) {
             return Err(AclCode::LAUNCH_FAILED);
         }
-        self.ensure_aicore_cores(3 * block_dim).map_err(|_| AclCode::LAUNCH_FAILED)?;
+        // An entry of no cores would never complete, and hold its stream for good.
+        let cores = block_dim.checked_mul(3).filter(|&n| n != 0 && n as usize <= MAX_LAUNCH_CORES);
+        let Some(cores) = cores else { return Err(AclCode::LAUNCH_FAILED) };
+        self.ensure_aicore_cores(cores).map_err(|_| AclCode::LAUNCH_FAILED)?;
         let entry = LaunchEntry::new(EntryKind::AiCore { block_dim }, args);
         #[cfg(test)]
         self.host_log.lock().push(HostCall::LaunchAiCore);
@@ -877,22 +880,7 @@ impl Backend for SimDevice {
         };
         let dev = &*self.shared;
         let deadline = wait::deadline_after(timeout);
-        loop {
-            // The watchdog runs here too: nobody may be synchronising the stream whose
-            // overdue AICore entry holds this event back.
-            let mut wake = deadline;
-            for s in &dev.streams {
-                wake = earliest(wake, s.watchdog(Some(op_execute), &|| dev.wake_all()));
-            }
-            match ev.wait_until(wake) {
-                Some(Ok(())) => return Ok(()),
-                Some(Err(f)) => return Err(SyncError::Fault(f)),
-                None if deadline.is_some_and(|d| Instant::now() >= d) => {
-                    return Err(SyncError::Timeout);
-                }
-                None => {}
-            }
-        }
+        synchronize_event(&ev, &dev.streams, deadline, op_execute, &|| dev.wake_all())
     }
 
     fn drain(&self, timeout: Duration, op_execute: Duration) -> bool {

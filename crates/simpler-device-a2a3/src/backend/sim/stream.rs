@@ -439,6 +439,42 @@ pub(crate) fn resume_waiters(fired: Fired, streams: &[SimStream], starter: &dyn 
 }
 
 /// The earlier of two optional deadlines (`None` = no deadline).
+/// Waits until `ev` ended or `deadline` passes, applying the op-execute watchdog of `streams`
+/// meanwhile: nobody may be synchronising the stream whose overdue AICore entry holds the event
+/// back. An entry that starts while this waits does not wake it, so it looks again at least
+/// every `op_execute`, and once more before it reports a timeout.
+pub(crate) fn synchronize_event(
+    ev: &SimEvent,
+    streams: &[SimStream],
+    deadline: Option<Instant>,
+    op_execute: Duration,
+    wake_all: &dyn Fn(),
+) -> Result<(), SyncError> {
+    loop {
+        let mut wake = earliest(deadline, Instant::now().checked_add(op_execute));
+        for s in streams {
+            wake = earliest(wake, s.watchdog(Some(op_execute), wake_all));
+        }
+        let outcome = match ev.wait_until(wake) {
+            None if deadline.is_some_and(|d| Instant::now() >= d) => {
+                for s in streams {
+                    s.watchdog(Some(op_execute), wake_all);
+                }
+                match ev.outcome() {
+                    None => return Err(SyncError::Timeout),
+                    ended => ended,
+                }
+            }
+            outcome => outcome,
+        };
+        match outcome {
+            Some(Ok(())) => return Ok(()),
+            Some(Err(f)) => return Err(SyncError::Fault(f)),
+            None => {}
+        }
+    }
+}
+
 pub(crate) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -591,6 +627,51 @@ mod tests {
         finish_all(&s, &st, &a, 1, AclCode::TASK_ABORT.get());
         let deadline = Instant::now() + Duration::from_secs(1);
         assert!(s[1].wait_idle(Some(deadline), None, &|| {}));
+    }
+
+    #[test]
+    fn an_event_wait_sees_an_aicore_entry_that_starts_after_it_parked_overrun_op_execute() {
+        let s = streams();
+        let st = FakeStarter::default();
+        // The AICore stream waits on `gate`, then runs an entry nobody finishes, then records.
+        let gate = Arc::new(SimEvent::default());
+        resume_waiters(
+            s[1].enqueue(LaunchEntry::new(EntryKind::WaitEvent(gate.clone()), 0), &st),
+            &s,
+            &st,
+        );
+        let stuck = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
+        resume_waiters(s[1].enqueue(stuck.clone(), &st), &s, &st);
+        let end = Arc::new(SimEvent::default());
+        resume_waiters(
+            s[1].enqueue(LaunchEntry::new(EntryKind::Record(end.clone()), 0), &st),
+            &s,
+            &st,
+        );
+        assert!(st.posted.lock().is_empty(), "nothing runs before the gate fires");
+        // The gate fires, and the stuck entry starts, while the host is parked on `end`.
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                resume_waiters(vec![(gate.clone(), Ok(()))], &s, &st);
+                // The stuck entry's cores leave once the watchdog aborted it, as on the device.
+                let give_up = Instant::now() + Duration::from_secs(6);
+                while !stuck.is_aborted() && Instant::now() < give_up {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                finish_all(&s, &st, &stuck, 1, AclCode::TASK_ABORT.get());
+            });
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let r = synchronize_event(&end, &s, Some(deadline), Duration::from_millis(100), &|| {});
+            assert!(
+                matches!(
+                    r,
+                    Err(SyncError::Fault(StreamFault { code: AclCode::AICORE_TIMEOUT, .. }))
+                ),
+                "{r:?}"
+            );
+        });
+        assert!(stuck.is_aborted(), "the watchdog released the stuck entry");
     }
 
     #[test]

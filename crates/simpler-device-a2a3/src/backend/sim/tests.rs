@@ -55,3 +55,14 @@ fn a_job_posted_after_quit_does_not_take_its_place() {
     shared.post(Role::Aicpu, 0, Mail::Job { stream: 0, entry });
     assert!(matches!(*shared.mailbox(Role::Aicpu, 0).state.lock(), Mail::Quit));
 }
+
+#[test]
+fn an_aicore_launch_of_no_cores_or_too_many_is_refused_not_left_running() {
+    let mut dev = SimDevice::new(0, SimOptions::default());
+    for block_dim in [0, MAX_LAUNCH_CORES as u32 / 3 + 1, u32::MAX / 2] {
+        assert_eq!(dev.launch_aicore(block_dim, 0).err(), Some(AclCode::LAUNCH_FAILED));
+    }
+    let op = Duration::from_secs(1);
+    assert_eq!(dev.synchronize(StreamKind::AiCore, Duration::from_millis(200), op), Ok(()));
+    assert!(dev.shutdown_within(Duration::from_secs(10)).is_empty());
+}
