@@ -37,6 +37,9 @@ use crate::error::{Frame, RunError, RunErrorKind, frames_of_task};
 use crate::reentry;
 use crate::worker::Inner;
 
+/// The longest single wait on an engine fence; a wait without deadline repeats it.
+const FENCE_POLL: Duration = Duration::from_secs(1);
+
 /// Where a run is in its worker's unobserved failures (`UnobservedFailures`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[repr(u8)]
@@ -161,14 +164,19 @@ impl RunShared {
         match &self.fence {
             Fence::Engine => {
                 let Some(engine) = self.inner.engine() else { return true };
-                match deadline {
-                    None => {
-                        let _ = engine.wait(self.run);
-                        true
-                    }
-                    Some(d) => {
-                        let left = d.saturating_duration_since(Instant::now());
-                        !matches!(engine.wait_timeout(self.run, left), Ok(None))
+                // `Engine::wait` refuses a run whose builder is still open (another thread's
+                // graph callback, seen by `free` or a later waiter): polling `wait_timeout`
+                // waits for it instead. An unknown run has no fence left to wait for; the
+                // release step reports it.
+                loop {
+                    let slice = match deadline {
+                        None => FENCE_POLL,
+                        Some(d) => d.saturating_duration_since(Instant::now()).min(FENCE_POLL),
+                    };
+                    match engine.wait_timeout(self.run, slice) {
+                        Ok(Some(_)) | Err(_) => return true,
+                        Ok(None) if deadline.is_some_and(|d| Instant::now() >= d) => return false,
+                        Ok(None) => {}
                     }
                 }
             }

@@ -453,3 +453,39 @@ fn platform_limits_are_checked_at_l3_submit_with_an_error_naming_the_task_value_
     }
     w.close().expect("close");
 }
+
+#[test]
+fn free_during_another_threads_graph_callback_waits_for_that_run() {
+    let mut b = host().chips(&[0]).sub_workers(1);
+    let noop = b.register_host("noop", |_| Ok(()));
+    let w = Arc::new(b.start().expect("start"));
+    let buf = w.chip_memory(WorkerId(0)).expect("chip 0").malloc(64).expect("malloc");
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let builder = Arc::clone(&w);
+    let submitter = std::thread::spawn(move || {
+        let handle = builder.submit(Orchestration::graph(move |g, _, _| {
+            g.submit_sub(noop, TaskArgs::new())?;
+            let _ = entered_tx.send(());
+            // Held open until the test lets it go: the run is still being built meanwhile.
+            let _ = release_rx.recv_timeout(HANG);
+            Ok(())
+        }))?;
+        Ok::<_, WorkerError>(handle.wait())
+    });
+    entered_rx.recv_timeout(HANG).expect("the graph callback ran");
+    let (freed_tx, freed_rx) = mpsc::channel();
+    let freer = Arc::clone(&w);
+    std::thread::spawn(move || {
+        let _ = freed_tx.send(freer.chip_memory(WorkerId(0)).and_then(|m| m.free(buf)));
+    });
+    // The free waits for the run being built; it must not return while the callback is open.
+    let early = freed_rx.recv_timeout(Duration::from_millis(200));
+    assert!(early.is_err(), "free returned while the run was still being built: {early:?}");
+    release_tx.send(()).expect("the callback waits");
+    let waited = submitter.join().expect("the submitting thread");
+    assert!(matches!(waited, Ok(Ok(()))), "the run's own outcome: {waited:?}");
+    let freed = freed_rx.recv_timeout(HANG).expect("free returned after the run");
+    assert!(freed.is_ok(), "{freed:?}");
+    w.close().expect("close");
+}
