@@ -11,7 +11,9 @@
 //!
 //! A second mark names the chip lane the current thread is serving a call on. A call that
 //! would queue on that same lane and wait for it (a memory call from a closure the lane runs)
-//! could never be served, so it is `Reentrant` too.
+//! could never be served, so it is `Reentrant` too. Such a call also acts for the lane's worker
+//! and its ancestors (their runs may need the lane), so `submit`, `run` and `close` from it are
+//! `Reentrant` as from a callback.
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;

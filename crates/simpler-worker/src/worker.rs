@@ -165,6 +165,10 @@ impl Inner {
 
     /// Runs `f` on chip `chip`'s lane, behind work already queued there. From a call already
     /// running on that lane it is `Reentrant`.
+    ///
+    /// While `f` runs, its thread also acts for this worker and its ancestors: a run of theirs
+    /// may need this very lane, so `submit`, `run`, `close` or a wait for a run from `f` would
+    /// wait for itself and are `Reentrant` instead.
     pub(crate) fn on_chip<R: Send + 'static>(
         &self,
         chip: WorkerId,
@@ -172,8 +176,10 @@ impl Inner {
     ) -> Result<R, WorkerError> {
         self.off_lane("a call on the chip's lane", chip)?;
         let instance = self.instance;
+        let lineage = Arc::clone(&self.lineage);
         let f = move |s: &mut ChipState| {
             let _on_lane = reentry::enter_lane(instance, chip);
+            let _acting = reentry::enter_lineage(&lineage);
             f(s)
         };
         match &self.body {

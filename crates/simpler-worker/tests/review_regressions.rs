@@ -489,3 +489,61 @@ fn free_during_another_threads_graph_callback_waits_for_that_run() {
     assert!(freed.is_ok(), "{freed:?}");
     w.close().expect("close");
 }
+
+#[cfg(feature = "sim")]
+/// `submit`, `run` and `close` on `w`, made from a closure running on chip `chip`'s own lane;
+/// `orch` makes an orchestration that needs that chip.
+fn run_calls_from_the_lane(
+    w: Arc<Worker>,
+    chip: WorkerId,
+    orch: impl Fn() -> Orchestration + Send + 'static,
+) -> Result<[String; 3], String> {
+    bounded("submit, run and close on the lane", move || {
+        let (tx, rx) = mpsc::channel();
+        let w2 = Arc::clone(&w);
+        w.with_sim_faults(chip, move |_| {
+            let name = |r: Result<(), WorkerError>| match r {
+                Err(WorkerError::Reentrant { op, .. }) => op.to_owned(),
+                other => format!("not reentrant: {other:?}"),
+            };
+            let submitted = name(w2.submit(orch()).map(drop));
+            let ran = name(w2.run(orch()));
+            let closed = match w2.close() {
+                Err(e) if e.reentrant => "close".to_owned(),
+                other => format!("not reentrant: {other:?}"),
+            };
+            let _ = tx.send([submitted, ran, closed]);
+        })
+        .expect("lane");
+        let answers = rx.recv().expect("the closure ran");
+        // Nothing was left behind on the lane or in the close gate.
+        w.close().expect("close from outside the lane");
+        answers
+    })
+}
+
+#[cfg(feature = "sim")]
+#[test]
+fn submit_run_and_close_from_a_closure_on_an_l2_workers_lane_are_reentrant() {
+    let mut b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph);
+    let add = b.register_chip(common::add_callable(0));
+    let w = Arc::new(b.start().unwrap());
+    let answers =
+        run_calls_from_the_lane(w, WorkerId(0), move || Orchestration::chip(add, TaskArgs::new()));
+    assert_eq!(answers.unwrap(), ["submit", "run", "close"]);
+}
+
+#[cfg(feature = "sim")]
+#[test]
+fn submit_run_and_close_from_a_closure_on_an_l3_chip_lane_are_reentrant() {
+    let mut b = host().chips(&[0]);
+    let add = b.register_chip(common::add_callable(0));
+    let w = Arc::new(b.start().unwrap());
+    let answers = run_calls_from_the_lane(w, WorkerId(0), move || {
+        Orchestration::graph(move |g, _, _| {
+            g.submit_next_level(add, TaskArgs::new(), &CallConfig::default(), WorkerId(0))?;
+            Ok(())
+        })
+    });
+    assert_eq!(answers.unwrap(), ["submit", "run", "close"]);
+}
