@@ -671,21 +671,20 @@ impl ChipLane {
         &self,
         f: impl FnOnce(&mut ChipState) -> R + Send + 'static,
     ) -> Result<R, WorkerError> {
+        self.queue_call(f)?.wait()
+    }
+
+    /// Queues `f` as control work and returns at once; [`LaneReply::wait`] gives its result.
+    pub(crate) fn queue_call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut ChipState) -> R + Send + 'static,
+    ) -> Result<LaneReply<R>, WorkerError> {
         let (tx, rx) = mpsc::sync_channel(1);
         self.post(Box::new(move |s| {
             let _ = tx
                 .send(catch_unwind(AssertUnwindSafe(|| f(s))).map_err(|p| panic_text(p.as_ref())));
         }))?;
-        match rx.recv() {
-            Ok(Ok(r)) => Ok(r),
-            Ok(Err(text)) => Err(WorkerError::Lane {
-                chip: self.chip,
-                message: format!("the call panicked on the lane: {text}"),
-            }),
-            Err(_) => {
-                Err(WorkerError::Lane { chip: self.chip, message: "the job was dropped".into() })
-            }
-        }
+        Ok(LaneReply { chip: self.chip, rx })
     }
 
     /// Stops the lane after its queued jobs and joins it; returns teardown residue.
@@ -698,6 +697,28 @@ impl ChipLane {
                 vec![Residue::Failed(format!("chip {}: lane thread panicked", self.chip))]
             }
             None => Vec::new(),
+        }
+    }
+}
+
+/// The result of a call queued on an L2 lane ([`ChipLane::queue_call`]).
+pub(crate) struct LaneReply<R> {
+    chip: WorkerId,
+    rx: mpsc::Receiver<Result<R, String>>,
+}
+
+impl<R> LaneReply<R> {
+    /// Waits for the call to run on the lane.
+    pub(crate) fn wait(self) -> Result<R, WorkerError> {
+        match self.rx.recv() {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(text)) => Err(WorkerError::Lane {
+                chip: self.chip,
+                message: format!("the call panicked on the lane: {text}"),
+            }),
+            Err(_) => {
+                Err(WorkerError::Lane { chip: self.chip, message: "the job was dropped".into() })
+            }
         }
     }
 }

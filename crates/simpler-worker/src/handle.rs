@@ -7,7 +7,8 @@
 //!
 //! Unregistering removes a handle from the submittable table at once (later submits get
 //! `UnknownCallable`); the runnable entry stays until no run accepted before the unregister is
-//! still live, so a queued task never loses its callable (the run pins it).
+//! still live, so a queued task never loses its callable (the run pins it). An L2 worker's chip
+//! release is instead queued on its lane behind the runs already queued there.
 
 use std::collections::HashMap;
 use std::fmt;

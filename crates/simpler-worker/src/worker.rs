@@ -12,7 +12,8 @@
 //! Two inner locks are nested: the lifecycle lock before the accepted set (close counts the
 //! pending runs when a drain times out) and the registry write lock before the accepted set
 //! and the pending-chip list (unregister decides and queues a deferred removal atomically with
-//! respect to admission and retirement). Every other inner lock (a run's cell, the
+//! respect to admission and retirement). At L2 the registry lock is also held while a job is
+//! queued on the lane (a run by submit, a release by unregister), never while one is waited for. Every other inner lock (a run's cell, the
 //! owned-allocation map) is taken alone. The admission lock is held across a submit's callback (a callback
 //! may still register: registration never takes it); nothing else is held while user code
 //! runs or while waiting for a run.
@@ -30,7 +31,7 @@ use simpler_types::{
 };
 
 use crate::builder::{ChipWorkerBuilder, CompositeWorkerBuilder, HostWorkerBuilder};
-use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence, Residue};
+use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence, LaneReply, Residue};
 use crate::close::{CloseGate, Lifecycle, UnobservedFailures};
 use crate::deferred_drop;
 use crate::error::{BoxError, BuildFailure, Frame, RegistrationFailure, RunError, WorkerError};
@@ -81,7 +82,8 @@ pub(crate) struct Inner {
     pub(crate) chip_registration: Mutex<()>,
     /// Failed runs published before anybody read them (`close` reports them; bounded).
     pub(crate) failed_runs: Mutex<UnobservedFailures>,
-    /// Chip callables whose last handle was unregistered while runs were live.
+    /// Chip callables whose handle was unregistered while runs were live (L3; an L2 lane orders
+    /// the release behind its runs instead).
     pub(crate) chip_pending: Mutex<Vec<(CallableId, Vec<WorkerId>)>>,
     /// Device allocations made through the memory helpers, per chip: address → length. Read at
     /// submit to refuse a chip-memory tensor sent to a chip that does not own it.
@@ -560,7 +562,9 @@ impl Worker {
     }
 
     /// Unregisters a handle. Runs already accepted keep the callable; later submits with the
-    /// handle get `UnknownCallable`.
+    /// handle get `UnknownCallable`. At L2 the chip's release queues on its lane behind those
+    /// runs, so it returns once the run in flight has finished; at L3, while runs are live, the
+    /// release waits for the last of them.
     pub fn unregister(&self, handle: CallableHandle) -> Result<(), WorkerError> {
         if handle.worker != self.inner.instance {
             return Err(WorkerError::ForeignHandle { handle });
@@ -609,6 +613,27 @@ impl Worker {
                 return Ok(());
             }
         };
+        if let Body::Chip(lane) = &self.inner.body {
+            // Never deferred at L2: the lane runs the release after every run queued before it
+            // (a submit queues its run under the registry lock, after its lookup) and retires
+            // the run in flight first, so no run that uses the callable still executes. Queued
+            // under the write lock, waited for without it.
+            let reply = lane.queue_call(move |s| s.release(&id));
+            drop(reg);
+            return match reply.and_then(LaneReply::wait) {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => {
+                    tracing::warn!(chip = %lane.chip, callable = %r.name, "unregistration failed: {e}");
+                    Err(WorkerError::Registration {
+                        callable: r.name.to_string(),
+                        chip: lane.chip,
+                        source: Box::new(e),
+                        rollback_failed: vec![lane.chip],
+                    })
+                }
+                Err(e) => Err(e),
+            };
+        }
         if live {
             // Queued under the registry lock so that the flush of the retiring last run, which
             // takes that lock first, cannot miss it.
@@ -704,15 +729,11 @@ impl Worker {
         if let Some((arg, t)) = crate::staging::first_host_tensor(&args) {
             return Err(WorkerError::HostTensorAtL2 { arg, addr: crate::HostAddr(t.addr) });
         }
-        let pin = match self.inner.registry.read().handles.get(&handle.seq) {
-            Some((_, r)) => r.clone(),
-            None => return Err(WorkerError::UnknownCallable { handle }),
-        };
         let fence = Arc::new(LaneFence::default());
         let lane_fence = Arc::clone(&fence);
         let id = handle.id;
         let (tx, rx) = mpsc::sync_channel::<(Option<RunId>, Result<(), DeviceError>)>(1);
-        lane.post_run(Box::new(move |s: &mut ChipState| {
+        let job = Box::new(move |s: &mut ChipState| {
             let (run, prepared) = s.begin_run(&id, args.view(), &config, None);
             let (reply, prepared) = match prepared {
                 Ok(p) => (Ok(()), Some(p)),
@@ -723,7 +744,19 @@ impl Worker {
                 let exclusive = config.diagnostics_any();
                 s.launch_pipelined(run, p, lane_fence, exclusive);
             }
-        }))?;
+        });
+        // Looked up and queued under the registry lock: an unregister of the handle, which
+        // queues the chip's release under the write lock, either comes first (the lookup
+        // fails) or queues the release behind this run.
+        let pin = {
+            let reg = self.inner.registry.read();
+            let Some((_, r)) = reg.handles.get(&handle.seq) else {
+                return Err(WorkerError::UnknownCallable { handle });
+            };
+            let pin = r.clone();
+            lane.post_run(job)?;
+            pin
+        };
         let (run, prepared) = rx.recv().map_err(|_| WorkerError::Lane {
             chip: lane.chip,
             message: "the lane dropped the run".into(),

@@ -170,3 +170,41 @@ fn submitters_and_memory_calls_on_several_threads_hammer_the_depth_two_lane() {
     });
     w.close().expect("close");
 }
+
+#[test]
+fn a_callable_unregistered_during_a_pipelined_loop_is_removed_without_the_loop_going_idle() {
+    let (w, keep) = l2(2);
+    assert_eq!(w.pipeline_depth(), 2);
+    let other = add_callable(1);
+    let dropped = w.register_chip(&other).expect("register");
+    let mem = w.memory().unwrap();
+    let (_bufs, args) = buffers(&mem, 64, 1.0);
+    // A run is always live from here on: at depth 2 each submit waits only for the older run.
+    let mut prev = w.submit(Orchestration::chip(keep, args.clone())).expect("submit");
+    w.unregister(dropped).expect("unregister while a run is live");
+    for _ in 0..20 {
+        let next = w.submit(Orchestration::chip(keep, args.clone())).expect("submit");
+        prev.wait_timeout(HANG).expect("no hang").expect("run");
+        prev = next;
+    }
+    assert_eq!(w.chip_callable_refs(WorkerId(0), other.id()).unwrap(), 0, "still on the chip");
+    w.register_chip(&other).expect("the same content registers again");
+    prev.wait_timeout(HANG).expect("no hang").expect("run");
+    w.close().expect("close");
+}
+
+#[test]
+fn a_callable_unregistered_while_its_run_executes_is_removed_only_after_that_run() {
+    let (w, add) = l2(2);
+    let mem = w.memory().unwrap();
+    let (bufs, args) = buffers(&mem, 64, 6.0);
+    w.with_sim_faults(WorkerId(0), |p| p.kernel_delay(0, Duration::from_millis(50))).unwrap();
+    let h = w.submit(Orchestration::chip(add, args.clone())).unwrap();
+    w.unregister(add).expect("unregister while its run executes");
+    h.wait_timeout(HANG).expect("no hang").expect("the run keeps its callable");
+    assert!(output(&mem, &bufs[2], 64).iter().all(|&v| v == 7.0));
+    assert_eq!(w.chip_callable_refs(WorkerId(0), add_callable(0).id()).unwrap(), 0);
+    let refused = w.submit(Orchestration::chip(add, args));
+    assert!(matches!(refused, Err(simpler_worker::WorkerError::UnknownCallable { .. })));
+    w.close().expect("close");
+}
