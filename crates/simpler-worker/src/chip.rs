@@ -458,7 +458,7 @@ impl ChipState {
             return p.malloc(bytes);
         }
         let chip = self.chip;
-        let p = self.runner().and_then(|r| r.malloc(bytes)).map_err(|e| mem_err(chip, &e))?;
+        let p = self.runner().and_then(|r| r.malloc(bytes)).map_err(|e| mem_err(chip, e))?;
         self.allocations.insert(p.addr(), bytes);
         Ok(p.addr())
     }
@@ -468,7 +468,7 @@ impl ChipState {
             return p.free(addr);
         }
         let chip = self.chip;
-        self.runner().and_then(|r| r.free(DevicePtr(addr))).map_err(|e| mem_err(chip, &e))?;
+        self.runner().and_then(|r| r.free(DevicePtr(addr))).map_err(|e| mem_err(chip, e))?;
         self.allocations.remove(&addr);
         Ok(())
     }
@@ -480,7 +480,7 @@ impl ChipState {
         let chip = self.chip;
         self.runner()
             .and_then(|r| r.copy_to_device(DevicePtr(addr), data))
-            .map_err(|e| mem_err(chip, &e))
+            .map_err(|e| mem_err(chip, e))
     }
 
     pub(crate) fn copy_from(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, MemError> {
@@ -491,7 +491,7 @@ impl ChipState {
         let mut out = vec![0u8; len];
         self.runner()
             .and_then(|r| r.copy_from_device(&mut out, DevicePtr(addr)))
-            .map_err(|e| mem_err(chip, &e))?;
+            .map_err(|e| mem_err(chip, e))?;
         Ok(out)
     }
 
@@ -500,7 +500,7 @@ impl ChipState {
             return p.ledger();
         }
         let chip = self.chip;
-        Ok(self.runner().map_err(|e| mem_err(chip, &e))?.stats().memory)
+        Ok(self.runner().map_err(|e| mem_err(chip, e))?.stats().memory)
     }
 
     /// Finalizes the runner (after retiring a run in flight); returns what it left behind:
@@ -530,13 +530,15 @@ impl ChipState {
     }
 }
 
-fn mem_err(chip: WorkerId, e: &DeviceError) -> MemError {
-    match e {
-        DeviceError::Unusable { .. } => {
-            let (message, code) = (e.to_string(), e.device_code());
-            MemError::DeviceUnusable { chip, message, code, child: None }
-        }
-        _ => MemError::Device { chip, message: e.to_string(), code: e.device_code() },
+/// The memory error of a device call on `chip`; the device's error stays typed beside its text.
+fn mem_err(chip: WorkerId, e: DeviceError) -> MemError {
+    let (message, code) = (e.to_string(), e.device_code());
+    let unusable = matches!(e, DeviceError::Unusable { .. });
+    let device = Some(Arc::new(e));
+    if unusable {
+        MemError::DeviceUnusable { chip, message, code, child: None, device }
+    } else {
+        MemError::Device { chip, message, code, device }
     }
 }
 

@@ -503,15 +503,17 @@ impl Worker {
                     continue;
                 }
                 Ok(Some(Err(e))) => e,
-                Ok(None) => {
+                // The pair is unusable, or the lane could not serve the call (its own typed
+                // error): nothing to add about the device.
+                Ok(None) | Err(_) => {
                     let rollback_failed = self.roll_back_chips(&done, id, &name);
                     if !rollback_failed.is_empty() {
                         tracing::error!(callable = %name, "rolling back chip(s) {rollback_failed:?} failed; the pairs are unusable");
                     }
-                    return Err(WorkerError::CallableUnusable { callable: name, chip });
-                }
-                Err(e) => {
-                    DeviceError::Busy { call: "register_callable", state: e.to_string() }.into()
+                    return Err(match r {
+                        Err(e) => e,
+                        _ => WorkerError::CallableUnusable { callable: name, chip },
+                    });
                 }
             };
             let rollback_failed = self.roll_back_chips(&done, id, &name);
@@ -525,11 +527,11 @@ impl Worker {
                     tracing::error!(callable = %name, "rolling back chip(s) {rollback_failed:?} failed; the pairs are unusable");
                 }
                 let (code, message) = (failure.device_code(), failure.to_string());
-                let child = match failure {
-                    RegistrationFailure::Child(e) => Some(Box::new(e)),
-                    _ => None,
+                let (child, device) = match failure {
+                    RegistrationFailure::Child(e) => (Some(Box::new(e)), None),
+                    RegistrationFailure::Device(e) => (None, Some(Arc::new(e))),
                 };
-                return Err(WorkerError::DeviceUnusable { chip, code, message, child });
+                return Err(WorkerError::DeviceUnusable { chip, code, message, child, device });
             }
             return Err(WorkerError::Registration {
                 callable: name,
@@ -643,31 +645,32 @@ impl Worker {
         drop(reg);
         // Every chip is tried; a failed removal leaves that pair unusable (the chip state
         // marks it), as a failed registration rollback does.
-        let mut first: Option<(WorkerId, RegistrationFailure)> = None;
+        // The first failure wins: the chip's (as a `Registration` error), or the lane's own
+        // error when the lane could not serve the call.
+        let mut first: Option<(WorkerId, Result<RegistrationFailure, WorkerError>)> = None;
         let mut failed = Vec::new();
         for chip in chips {
-            let released = match self.inner.on_chip(chip, move |s| s.release(&id)) {
-                Ok(r) => r,
-                Err(e) => Err(DeviceError::Busy {
-                    call: "unregister_callable",
-                    state: format!("the chip lane refused the call: {e}"),
-                }
-                .into()),
+            let failure = match self.inner.on_chip(chip, move |s| s.release(&id)) {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => Ok(e),
+                Err(e) => Err(e),
             };
-            if let Err(e) = released {
-                tracing::warn!(%chip, callable = %r.name, "unregistration failed: {e}");
-                failed.push(chip);
-                first.get_or_insert((chip, e));
+            match &failure {
+                Ok(e) => tracing::warn!(%chip, callable = %r.name, "unregistration failed: {e}"),
+                Err(e) => tracing::warn!(%chip, callable = %r.name, "unregistration failed: {e}"),
             }
+            failed.push(chip);
+            first.get_or_insert((chip, failure));
         }
         match first {
             None => Ok(()),
-            Some((chip, e)) => Err(WorkerError::Registration {
+            Some((chip, Ok(e))) => Err(WorkerError::Registration {
                 callable: r.name.to_string(),
                 chip,
                 source: Box::new(e),
                 rollback_failed: failed,
             }),
+            Some((_, Err(e))) => Err(e),
         }
     }
 
@@ -768,7 +771,7 @@ impl Worker {
                 return Err(WorkerError::Build { run, cause: BuildFailure::Device(Box::new(e)) });
             }
             (None, Err(e)) => {
-                return Err(WorkerError::Lane { chip: lane.chip, message: e.to_string() });
+                return Err(WorkerError::Device { chip: lane.chip, source: Box::new(e) });
             }
             (None, Ok(())) => {
                 return Err(WorkerError::Lane { chip: lane.chip, message: "no run id".into() });

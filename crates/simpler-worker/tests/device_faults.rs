@@ -1,13 +1,16 @@
 //! Device faults through the worker: a faulting kernel fails its run with the device's code in
-//! the error chain; an unusable chip fails later work on it fast while other chips carry on.
+//! the error chain; an unusable chip fails later work on it fast while other chips carry on; the
+//! device's own error stays typed in the source chain of every call that met it.
 
 mod common;
 
+use std::error::Error;
 use std::time::Duration;
 
 use common::{add_callable, host};
+use simpler_device_a2a3::{DeviceError, Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
-use simpler_worker::{CallableHandle, Orchestration, RunErrorKind, Worker, WorkerError};
+use simpler_worker::{CallableHandle, MemError, Orchestration, RunErrorKind, Worker, WorkerError};
 
 fn chip_args(w: &Worker, chip: WorkerId) -> TaskArgs {
     let mem = w.chip_memory(chip).expect("chip");
@@ -63,4 +66,76 @@ fn a_kernel_fault_fails_the_run_with_the_device_code_and_other_chips_carry_on() 
         w.register_chip(&add_callable(9)),
         Err(WorkerError::DeviceUnusable { chip: WorkerId(0), .. })
     ));
+}
+
+/// The first [`DeviceError`] in `e`'s source chain, `e` included.
+fn device_in_chain<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a DeviceError> {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(d) = e.downcast_ref::<DeviceError>() {
+            return Some(d);
+        }
+        next = e.source();
+    }
+    None
+}
+
+/// An L2 worker (its chip always in this process) with short device budgets.
+fn l2() -> (Worker, CallableHandle) {
+    let mut b =
+        Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph).chip_options(|o| {
+            o.with_memory_limit(1 << 30)
+                .with_scheduler_timeout(Duration::from_millis(300))
+                .with_op_execute_timeout(Duration::from_millis(600))
+                .with_stream_sync_timeout(Duration::from_secs(3))
+                .with_shutdown_budget(Duration::from_millis(200))
+        });
+    let add = b.register_chip(add_callable(0));
+    (b.start().expect("start"), add)
+}
+
+#[test]
+fn a_malloc_beyond_the_memory_limit_keeps_the_devices_error_typed() {
+    let (w, _) = l2();
+    let e = w.memory().unwrap().malloc(2 << 30).expect_err("beyond the simulator's limit");
+    let next = Error::source(&e).and_then(|s| s.downcast_ref::<DeviceError>());
+    assert!(matches!(next, Some(DeviceError::OutOfMemory { .. })), "{e:?}");
+    match &e {
+        WorkerError::Memory(MemError::Device { chip: WorkerId(0), device: Some(d), .. }) => {
+            assert!(matches!(**d, DeviceError::OutOfMemory { .. }), "{d}")
+        }
+        other => panic!("expected a device memory error, got {other:?}"),
+    }
+    w.close().expect("close");
+}
+
+#[test]
+fn an_unusable_chip_keeps_the_devices_error_typed_for_memory_registration_and_submit() {
+    let (w, add) = l2();
+    let mem = w.memory().unwrap();
+    let mut args = TaskArgs::new();
+    for _ in 0..3 {
+        args.add_inout(mem.malloc(256).unwrap().tensor(&[64], DataType::Float32).unwrap()).unwrap();
+    }
+    assert!(w.with_sim_faults(WorkerId(0), |plan| plan.kernel_fault(0, 1)).expect("lane"));
+    w.run(Orchestration::chip(add, args.clone())).expect_err("the kernel faults");
+    let unusable = |e: &WorkerError| {
+        let next = Error::source(e).and_then(|s| s.downcast_ref::<DeviceError>());
+        assert!(matches!(next, Some(DeviceError::Unusable { .. })), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                WorkerError::DeviceUnusable { chip: WorkerId(0), device: Some(d), .. }
+                    if matches!(**d, DeviceError::Unusable { .. })
+            ),
+            "{e:?}"
+        );
+    };
+    unusable(&mem.malloc(64).expect_err("memory"));
+    unusable(&w.register_chip(&add_callable(1)).expect_err("registration"));
+    // A run refused at its preparation: the device's error is in the build failure's chain.
+    let e = w.submit(Orchestration::chip(add, args)).expect_err("refused at prepare");
+    assert!(matches!(e, WorkerError::Build { .. }), "{e:?}");
+    assert!(matches!(device_in_chain(&e), Some(DeviceError::Unusable { .. })), "{e:?}");
+    let _ = w.close();
 }

@@ -167,6 +167,14 @@ fn a_segfault_fails_only_its_run_naming_chip_signal_and_run_and_the_chip_stays_u
         w.chip_memory(WorkerId(0)).unwrap().malloc(64),
         Err(WorkerError::DeviceUnusable { chip: WorkerId(0), .. })
     ));
+    // Arming a fault says the same, with the process's failure typed as the next source.
+    match w.arm_chip_process_fault(WorkerId(0), ChildFault::Abort) {
+        Err(e @ WorkerError::DeviceUnusable { chip: WorkerId(0), child: Some(_), .. }) => {
+            let next = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<ChildError>());
+            assert!(matches!(next, Some(ChildError::Unusable { .. })), "{e}");
+        }
+        other => panic!("expected an unusable chip, got {other:?}"),
+    }
     w.close().expect("close");
     assert_eq!(mailboxes(), 0);
 }

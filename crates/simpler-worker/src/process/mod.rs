@@ -382,7 +382,8 @@ impl crate::Worker {
         match armed {
             None => Ok(false),
             Some(Ok(())) => Ok(true),
-            Some(Err(e)) => Err(crate::WorkerError::Lane { chip, message: e.to_string() }),
+            // The chip process failed: its chip is unusable, as for a memory call.
+            Some(Err(e)) => Err(parent::mem_child(chip, e).into()),
         }
     }
 }

@@ -569,9 +569,12 @@ impl ChipProcess {
         match f {
             MemFailure::Child(e) => mem_child(chip, e),
             MemFailure::Device(f) if f.outcome == EndpointOutcome::EndpointFailure => {
-                MemError::DeviceUnusable { chip, message: f.message, code: f.code, child: None }
+                let (message, code) = (f.message, f.code);
+                MemError::DeviceUnusable { chip, message, code, child: None, device: None }
             }
-            MemFailure::Device(f) => MemError::Device { chip, message: f.message, code: f.code },
+            MemFailure::Device(f) => {
+                MemError::Device { chip, message: f.message, code: f.code, device: None }
+            }
         }
     }
 
@@ -731,13 +734,15 @@ fn kill_group(pid: u32) {
     }
 }
 
-/// A memory call met a failed chip process: the chip is unusable, and why stays typed.
-fn mem_child(chip: WorkerId, e: ChildError) -> MemError {
+/// A memory (or other control) call met a failed chip process: the chip is unusable, and why
+/// stays typed.
+pub(super) fn mem_child(chip: WorkerId, e: ChildError) -> MemError {
     let code = match &e {
         ChildError::Device { code, .. } => *code,
         _ => None,
     };
-    MemError::DeviceUnusable { chip, message: e.to_string(), code, child: Some(Box::new(e)) }
+    let (message, child) = (e.to_string(), Some(Box::new(e)));
+    MemError::DeviceUnusable { chip, message, code, child, device: None }
 }
 
 /// The endpoint failure of a child failure: the chip path failed, the typed error rides along.
