@@ -58,9 +58,11 @@
 //! - `src/aicpu/trace.rs`: the AICPU dispatch records (swimlane level 2) through raw pointers.
 //! - `src/aicpu/trb/record.rs`: the trb orchestration thread's scope and submit records through
 //!   raw pointers.
-//! - `src/aicpu/trb/orchestration.rs`: the trb orchestration thread's ops table, its call of
-//!   the orchestration entry the image names, the orchestration's arguments and tensor copies,
-//!   and the per-slot task records it writes through raw pointers.
+//! - `src/aicpu/trb/orchestration/mod.rs`: the trb orchestration thread's call of the
+//!   orchestration entry the image names, the orchestration's arguments, and the per-slot task
+//!   records it writes through raw pointers.
+//! - `src/aicpu/trb/orchestration/ops.rs`: the trb ops table's C-ABI functions over the raw
+//!   arguments an orchestration passes, and its tensor copies.
 //! - `src/aicpu/trb/schedule.rs`: the trb scheduler threads' attach to the arena, and the
 //!   per-slot task records and dispatch payloads through raw pointers.
 //! - `src/runtime/trb/storage.rs`: the trb arena's typed sections over device memory.
