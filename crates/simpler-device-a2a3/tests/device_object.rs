@@ -16,7 +16,8 @@ use simpler_device_a2a3::{
     RuntimeVariant,
 };
 use simpler_onboard_programs::{
-    ADD_ORCHESTRATION, FAILING_ENTRY, FOUR_ARGS_CONFIG, VECTOR_ORCHESTRATION,
+    ADD_ORCHESTRATION, AIV_WITH_EXTRA_KERNELS, FAILING_ENTRY, FOUR_ARGS_CONFIG,
+    VECTOR_ORCHESTRATION,
 };
 use simpler_types::{CallConfig, RunId};
 
@@ -164,6 +165,20 @@ fn a_c_config_asking_for_more_arguments_and_a_failing_c_entry_fail_the_run_typed
     // The device stayed healthy: the vector example runs after both.
     assert!(r.health().is_healthy());
     output_bytes(&mut r, 3, &c_vector_callable(entry, config), &CallConfig::default());
+    r.finalize().unwrap();
+}
+
+#[test]
+fn an_aiv_task_naming_kernels_in_its_other_slots_is_invalid_args_not_a_hang() {
+    let mut r = trb();
+    // One AIV block runs one kernel: counting the other two as members would leave the task
+    // waiting for dispatches that never come.
+    let (entry, config) = AIV_WITH_EXTRA_KERNELS;
+    let m = run_fault(&mut r, 1, &c_vector_callable(entry, config), RuntimeCode::InvalidArgs);
+    assert!(m.contains("an AIV task needs exactly one AIV kernel"), "{m}");
+    assert!(r.health().is_healthy());
+    let (entry, config) = VECTOR_ORCHESTRATION;
+    output_bytes(&mut r, 2, &c_vector_callable(entry, config), &CallConfig::default());
     r.finalize().unwrap();
 }
 

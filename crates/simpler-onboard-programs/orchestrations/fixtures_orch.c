@@ -42,3 +42,24 @@ int32_t waiting_add(const SimplerOrchOps *ops, void *rt, const SimplerOrchArgs *
     if (bytes > sizeof waiting_add_copy) return -1;
     return ops->get_tensor_data(rt, &t[2], waiting_add_copy, bytes);
 }
+
+// f = a + b as an AIV task (func 0) whose AIC and second AIV slots name func 0 too instead of
+// SIMPLER_NO_FUNC: a descriptor the runtime must refuse, since only the AIV kernel would run.
+int32_t aiv_with_extra_kernels(const SimplerOrchOps *ops, void *rt, const SimplerOrchArgs *args) {
+    if (ops->version != SIMPLER_ORCH_OPS_VERSION || args->num_tensors < 3) return -1;
+    const SimplerTensor *t = args->tensors;
+    SimplerTensor tensors[3] = {t[0], t[1], t[2]};
+    int32_t tags[3] = {SIMPLER_TAG_INPUT, SIMPLER_TAG_INPUT, SIMPLER_TAG_OUTPUT};
+    SimplerSubmitDesc d = {
+        .func_ids = {0, 0, 0},
+        .shape = SIMPLER_SHAPE_AIV,
+        .block_num = 1,
+        .num_tensors = 3,
+        .num_scalars = 0,
+        .tensors = tensors,
+        .tags = tags,
+        .scalars = NULL,
+    };
+    int64_t r = ops->submit(rt, &d);
+    return r < 0 ? (int32_t)r : SIMPLER_ORCH_OK;
+}

@@ -406,6 +406,10 @@ pub const FAILING_ENTRY: &str = "failing_entry";
 /// the entry waits inside the object until the task completed.
 pub const WAITING_ADD_ORCHESTRATION: (&str, &str) = ("waiting_add", "vector_config");
 
+/// The C entry and config symbols of `f = a + b` submitted as an AIV task whose other two
+/// kernel slots name func 0 instead of none, which the runtime refuses.
+pub const AIV_WITH_EXTRA_KERNELS: (&str, &str) = ("aiv_with_extra_kernels", "vector_config");
+
 /// The C flags of the orchestration object, for the host and the AICPU alike.
 pub const ORCHESTRATION_CFLAGS: [&str; 5] = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"];
 

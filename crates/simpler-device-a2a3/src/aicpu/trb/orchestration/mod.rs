@@ -287,11 +287,22 @@ fn known_kind(trb: &TrbHeader) -> bool {
     }
 }
 
-/// Member kernels per block of a task of `shape` running `funcs`.
-fn members_per_block(shape: TaskShape, funcs: &[i32; 3]) -> u32 {
+/// Member kernels per block of a task of `shape` running `funcs`, or why those kernels do not
+/// fit the shape (host_build_graph's rules). An AIC or AIV block is one dispatch of one kernel,
+/// so a second kernel named beside it would be counted as a member no core ever runs.
+fn members_per_block(shape: TaskShape, funcs: &[i32; 3]) -> Result<u32, &'static str> {
+    let named = funcs.map(|f| f != NO_FUNC);
     match shape {
-        TaskShape::Dummy => 1,
-        _ => funcs.iter().filter(|&&f| f != NO_FUNC).count() as u32,
+        TaskShape::Dummy if named != [false; 3] => Err("a dummy task names kernels"),
+        TaskShape::Dummy => Ok(1),
+        TaskShape::Aic if named != [true, false, false] => {
+            Err("an AIC task needs exactly the AIC kernel")
+        }
+        TaskShape::Aiv if named != [false, true, false] => {
+            Err("an AIV task needs exactly one AIV kernel")
+        }
+        TaskShape::Mix if named == [false; 3] => Err("a MIX task names no kernel"),
+        _ => Ok(named.iter().filter(|&&n| n).count() as u32),
     }
 }
 
@@ -474,20 +485,14 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                     .into();
             }
         }
-        let members = members_per_block(shape, &funcs);
-        let blocks = if shape == TaskShape::Dummy { 1 } else { d.block_num };
-        let shaped = match shape {
-            TaskShape::Aic => funcs[0] != NO_FUNC,
-            TaskShape::Aiv => funcs[1] != NO_FUNC,
-            TaskShape::Mix => members > 0,
-            TaskShape::Dummy => true,
+        let members = match members_per_block(shape, &funcs) {
+            Ok(m) => m,
+            Err(why) => return self.invalid(format_args!("submit: {why}")).into(),
         };
-        if !shaped || blocks == 0 {
+        let blocks = if shape == TaskShape::Dummy { 1 } else { d.block_num };
+        if blocks == 0 {
             return self
-                .invalid(format_args!(
-                    "submit: a {} task needs its kernels and ≥ 1 block",
-                    shape.name()
-                ))
+                .invalid(format_args!("submit: a {} task needs ≥ 1 block", shape.name()))
                 .into();
         }
         if blocks > MAX_BLOCK_NUM {
@@ -724,3 +729,6 @@ fn write_task(layout: ArenaLayout, base: *mut u8, id: DeviceTaskId, task: &TaskF
         (*addr_of!((*t).members_remaining)).store(task.blocks * task.members, Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests;
