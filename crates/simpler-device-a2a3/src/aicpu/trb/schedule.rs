@@ -177,7 +177,10 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
 
     /// Completes `id` and notes whom that must wake.
     fn complete(&mut self, c: Completer<'a>, id: DeviceTaskId) {
-        let Completion { readied, wake_owner } = c.complete(id);
+        let Completion { readied, wake_owner, unqueued } = c.complete(id);
+        if unqueued > 0 {
+            self.latch_unqueued(unqueued);
+        }
         self.completed_here += 1;
         self.unpublished.progress += 1;
         self.unpublished.readied |= readied > 0;
@@ -409,6 +412,19 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             c.idle_leave();
         }
         idle
+    }
+
+    /// Latches FLOW_CONTROL_DEADLOCK (first latch wins): a completion made `count` consumers
+    /// ready that the ready queue refused, so they can never run.
+    fn latch_unqueued(&self, count: u32) {
+        let shared = self.view.shared();
+        let code = RuntimeCode::FlowControlDeadlock.raw();
+        if shared.sched_error_code.compare_exchange(0, code, AcqRel, Acquire).is_err() {
+            return;
+        }
+        shared.error_thread.store(self.thread, Relaxed);
+        self.p.log(LogLevel::Error, format_args!("the ready queue refused {count} ready tasks"));
+        self.p.notify_schedulers();
     }
 
     /// Latches SCHEDULER_TIMEOUT (first latch wins).

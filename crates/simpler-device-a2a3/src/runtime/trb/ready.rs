@@ -5,7 +5,12 @@
 //! `i` of a queue of `n` cells is free for the push at position `p` when its sequence is `p`,
 //! and holds that push's value for the pop at position `p` when its sequence is `p + 1`; the pop
 //! then sets it to `p + n`, freeing it for the push one lap later. Positions are claimed with a
-//! compare-and-swap on `tail` (push) or `head` (pop), so no thread waits for another.
+//! compare-and-swap on `tail` (push) or `head` (pop).
+//!
+//! A pop frees its cell in a second step after its claim, so a push that reaches a cell whose
+//! previous value was claimed but not yet freed waits for that step (a few instructions, longer
+//! only while the popping thread is preempted between the two) rather than report a full
+//! queue and lose a ready task. Only a queue whose every cell holds an unclaimed value refuses.
 //!
 //! | Access | Ordering | Why |
 //! |---|---|---|
@@ -17,6 +22,19 @@ use core::sync::atomic::AtomicU64;
 
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use simpler_ring::fixed::WakeWord;
+
+/// Rounds a push re-reads a cell whose value no pop has claimed before it reports a full queue.
+const FULL_ROUNDS: u32 = 16;
+
+/// Waits a little before round `round` of a push's re-read: spins first, then gives the core
+/// away, since a long wait means the popping thread is not running.
+fn backoff(round: u32) {
+    if round < 64 {
+        core::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
 
 /// One cell of the queue.
 #[derive(Debug, Default)]
@@ -65,9 +83,11 @@ impl<'a> ReadyRing<'a> {
         &self.cells[(pos % self.cells.len() as u64) as usize]
     }
 
-    /// Pushes `value`; `false` when every cell is full.
+    /// Pushes `value`; `false` when every cell holds a value no pop has claimed yet.
     pub(crate) fn push(&self, value: u64) -> bool {
+        let n = self.cells.len() as u64;
         let mut pos = self.tail.load(Relaxed);
+        let mut round = 0u32;
         loop {
             let cell = self.cell(pos);
             let seq = cell.seq.load(Acquire);
@@ -80,11 +100,21 @@ impl<'a> ReadyRing<'a> {
                     }
                     Err(now) => pos = now,
                 }
-            } else if seq < pos {
-                return false;
-            } else {
-                pos = self.tail.load(Relaxed);
+                continue;
             }
+            if seq < pos {
+                // The cell still holds the value pushed one lap back. Once its pop claimed it
+                // (`head` passed that position) the cell is freed next: wait. Unclaimed, every
+                // cell is full; a few rounds first, so that a lagging view of `head` is not
+                // taken for that.
+                let claimed = pos.checked_sub(n).is_some_and(|lap| self.head.load(Relaxed) > lap);
+                if !claimed && round >= FULL_ROUNDS {
+                    return false;
+                }
+                backoff(round);
+                round = round.saturating_add(1);
+            }
+            pos = self.tail.load(Relaxed);
         }
     }
 
@@ -140,6 +170,29 @@ mod tests {
             }
             assert_eq!(q.pop(), None);
         }
+    }
+
+    #[test]
+    fn a_push_waits_for_a_pop_that_claimed_its_cell_instead_of_refusing() {
+        let cells: Vec<ReadyCell> = (0..2).map(|_| ReadyCell::default()).collect();
+        let (h, t) = (WakeWord::new(0), WakeWord::new(0));
+        let q = ReadyRing::new(&cells, &h, &t);
+        assert!(q.push(10));
+        // A popper claims position 0 and stalls before it frees cell 0.
+        assert!(h.compare_exchange(0, 1, Relaxed, Relaxed).is_ok());
+        assert!(q.push(11));
+        assert_eq!(q.pop(), Some(11));
+        // Only 10 is live, but position 2 is cell 0 again: the push waits for the stalled pop.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                assert_eq!(cells[0].value.load(Relaxed), 10);
+                cells[0].seq.store(2, Release);
+            });
+            assert!(q.push(12), "a push refused while one value of two cells was live");
+        });
+        assert_eq!(q.pop(), Some(12));
+        assert_eq!(q.pop(), None);
     }
 
     #[test]

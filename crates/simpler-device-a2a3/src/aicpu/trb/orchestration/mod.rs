@@ -353,6 +353,15 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                 ORCH_CAPACITY
             }
             SubmitRefusal::Invalid(m) => self.invalid(format_args!("{m}")),
+            SubmitRefusal::Unqueued(id) => {
+                let (ring, local) = (id.0 >> 32, id.0 as u32);
+                self.latch(
+                    RuntimeCode::FlowControlDeadlock,
+                    format_args!("the ready queue refused task r{ring}:{local}"),
+                    FaultDetail::None,
+                );
+                ORCH_FAILED
+            }
             SubmitRefusal::Wait => ORCH_OK,
         }
     }

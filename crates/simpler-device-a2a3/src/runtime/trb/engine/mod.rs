@@ -157,6 +157,9 @@ pub(crate) struct Completion {
     pub(crate) readied: u32,
     /// It reached the completion count the owner waits for: wake the owner.
     pub(crate) wake_owner: bool,
+    /// Consumers it made ready that the ready queue refused: they can never run, so the run
+    /// must fail (the queue's sizing rules it out; see [`Completer::push_ready`]).
+    pub(crate) unqueued: u32,
 }
 
 /// The scheduler side: pops ready tasks and completes them, from any thread.
@@ -222,10 +225,13 @@ impl<'a> Completer<'a> {
         self.ready.pop().map(DeviceTaskId)
     }
 
-    fn push_ready(&self, id: u64) {
-        // The queue has a cell for every slot of every ring, and a task is queued once.
-        let pushed = self.ready.push(id);
-        debug_assert!(pushed, "the ready queue holds every live task");
+    /// Queues the ready task `id`; `false` when the queue refused it. It never does: the queue
+    /// has a cell for every slot of every ring, a task is queued once and holds its slot until
+    /// it completes, so fewer values than cells are ever unclaimed, and a push waits for a pop
+    /// that claimed its cell. The callers still turn a refusal into a failed run, not a lost
+    /// task.
+    fn push_ready(&self, id: u64) -> bool {
+        self.ready.push(id)
     }
 
     /// Drops one reference of `id`; the last one retires its slot.
@@ -264,7 +270,7 @@ impl<'a> Completer<'a> {
     /// itself lose a reference.
     pub(crate) fn complete(&self, id: DeviceTaskId) -> Completion {
         let id = id.0;
-        let mut readied = 0;
+        let (mut readied, mut unqueued) = (0, 0);
         let ring = &self.rings[ring_of(id)];
         let slot = ring.slot(id as u32);
         let mut link = slot.locked(|| {
@@ -280,8 +286,11 @@ impl<'a> Completer<'a> {
             let c = self.rings[ring_of(consumer)].slot(consumer as u32);
             // AcqRel: the consumer runs after every producer's writes.
             if c.fanin.fetch_sub(1, AcqRel) == 1 {
-                self.push_ready(consumer);
-                readied += 1;
+                if self.push_ready(consumer) {
+                    readied += 1;
+                } else {
+                    unqueued += 1;
+                }
             }
         }
         for at in slot.dep_start.load(Relaxed)..slot.dep_end.load(Relaxed) {
@@ -296,7 +305,7 @@ impl<'a> Completer<'a> {
         tests::between_release_and_count();
         // Release (inside the watch): the owner that counts this completion sees its effects.
         let wake_owner = self.completed.advance();
-        Completion { readied, wake_owner }
+        Completion { readied, wake_owner, unqueued }
     }
 }
 
@@ -342,6 +351,9 @@ pub(crate) enum SubmitRefusal {
     Stall(RingStall),
     /// The submit itself is malformed (a slab larger than the heap, scopes nested too deep).
     Invalid(&'static str),
+    /// The task was submitted and is ready, but the ready queue refused it, so it can never run
+    /// and the run must fail (the queue's sizing rules it out).
+    Unqueued(DeviceTaskId),
 }
 
 /// A submitted task.
@@ -733,8 +745,8 @@ impl<'a> Engine<'a> {
         fill(DeviceTaskId(id));
         // Drop the guard; with no producer pending the task is ready now.
         let ready = slot.fanin.fetch_sub(1, AcqRel) == 1;
-        if ready {
-            shared.push_ready(id);
+        if ready && !shared.push_ready(id) {
+            return Err(SubmitRefusal::Unqueued(DeviceTaskId(id)));
         }
         Ok(Submitted {
             id: DeviceTaskId(id),

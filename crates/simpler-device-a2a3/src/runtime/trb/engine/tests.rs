@@ -55,6 +55,7 @@ fn submit_with_back_pressure(
             Ok(s) => return Ok(s),
             Err(SubmitRefusal::Stall(s)) => return Err(s),
             Err(SubmitRefusal::Invalid(m)) => panic!("invalid submit: {m}"),
+            Err(SubmitRefusal::Unqueued(id)) => panic!("the ready queue refused {id:?}"),
             Err(SubmitRefusal::Wait) => {
                 assert!(complete_ready_newest_first(e, done) > 0, "a wait with nothing ready");
             }
