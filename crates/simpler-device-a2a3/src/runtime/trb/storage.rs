@@ -104,9 +104,9 @@ pub(crate) struct ReuseRecord {
     heap_bytes: [u64; HEAP_RING_COUNT],
     map_entries: u32,
     map_buckets: u32,
-    /// Tasks the run submitted (over all rings): a bound on the slots each ring's window and
-    /// the ready queue used.
-    submitted: u64,
+    /// Slots the run issued (tasks and buffer holders, over all rings): a bound on the slots
+    /// each ring's window used.
+    issued: u64,
     /// Tensor-map pool slots the run handed out.
     map_handed_out: u32,
     /// Fills the record to two whole 64-byte alignment units, so that it has no padding:
@@ -119,7 +119,7 @@ const _: () = assert!(size_of::<ReuseRecord>() == 128);
 /// What a clean previous run over the same storage left: the extents a partial reset covers.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct Leftovers {
-    pub(crate) submitted: u64,
+    pub(crate) issued: u64,
     pub(crate) map_handed_out: u32,
 }
 
@@ -151,8 +151,7 @@ impl ReuseRecord {
             && self.shape_is(sizes, entries, buckets)
             && self.map_handed_out as usize <= entries;
         self.state = 0;
-        clean
-            .then_some(Leftovers { submitted: self.submitted, map_handed_out: self.map_handed_out })
+        clean.then_some(Leftovers { issued: self.issued, map_handed_out: self.map_handed_out })
     }
 
     /// Records that a run over storage of this shape ended cleanly with these leftovers.
@@ -170,7 +169,7 @@ impl ReuseRecord {
             heap_bytes: sizes.map(|s| s.heap_bytes),
             map_entries: entries as u32,
             map_buckets: buckets as u32,
-            submitted: left.submitted,
+            issued: left.issued,
             map_handed_out: left.map_handed_out,
             reserved: [0; 9],
         };
@@ -185,7 +184,7 @@ struct RingLayout {
     records: u64,
     slots: u64,
     heap_seq: u64,
-    scope_held: u64,
+    flags: u64,
     deps: u64,
     tasks: u64,
 }
@@ -204,7 +203,7 @@ pub(crate) struct ArenaLayout {
     pub(crate) len: u64,
 }
 
-/// Heap records per ring: a task owns its own slab plus the buffers allocated for it.
+/// Heap records per ring: twice the window, room for a slab per task and per buffer.
 pub(crate) fn heap_records(window: u32) -> usize {
     2 * window as usize
 }
@@ -235,7 +234,7 @@ impl ArenaLayout {
             records: 0,
             slots: 0,
             heap_seq: 0,
-            scope_held: 0,
+            flags: 0,
             deps: 0,
             tasks: 0,
         }; HEAP_RING_COUNT];
@@ -249,7 +248,7 @@ impl ArenaLayout {
                 take(heap_records(s.task_window) as u64 * size_of::<HeapRecord>() as u64, SECTION)?;
             l.slots = take(w * size_of::<SharedSlot>() as u64, SECTION)?;
             l.heap_seq = take(w * 16, SECTION)?;
-            l.scope_held = take(w, SECTION)?;
+            l.flags = take(w, SECTION)?;
             l.deps = take(u64::from(s.dep_pool) * size_of::<SharedDep>() as u64, SECTION)?;
             l.tasks = take(w.checked_mul(size_of::<SlotTask>() as u64)?, SECTION)?;
         }
@@ -289,8 +288,8 @@ pub(crate) struct RingStore<'a> {
     pub(crate) records: &'a mut [HeapRecord],
     /// Per slot, the heap records it owns: `[first, end)` sequence numbers.
     pub(crate) heap_seq: &'a mut [[u64; 2]],
-    /// Per slot, 1 while the scope's reference is still held.
-    pub(crate) scope_held: &'a mut [u8],
+    /// Per slot: whether its scope's reference is still held, whether it is a buffer holder.
+    pub(crate) flags: &'a mut [u8],
 }
 
 /// All of an arena, as the engine's owner (the orchestration thread) holds it.
@@ -390,7 +389,7 @@ impl ArenaLayout {
                     words: shared.words[r],
                     records: slice_mut(base, l.records, heap_records(s[r].task_window)),
                     heap_seq: slice_mut(base, l.heap_seq, w),
-                    scope_held: slice_mut(base, l.scope_held, w),
+                    flags: slice_mut(base, l.flags, w),
                 }
             });
             Storage {
@@ -464,7 +463,7 @@ mod tests {
 
     #[test]
     fn a_reuse_record_is_taken_once_and_only_for_its_own_shape() {
-        let left = Leftovers { submitted: 7, map_handed_out: 9 };
+        let left = Leftovers { issued: 7, map_handed_out: 9 };
         let mut record = ReuseRecord::default();
         assert_eq!(record.take(&sizes(16), 64, 16), None, "never written");
         record.put(&sizes(16), 64, 16, left);

@@ -442,14 +442,25 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         in_heap || self.entry.iter().any(|t| t.size > 0 && addr >= t.addr && end <= t.addr + t.size)
     }
 
-    /// The owner of the arena slab `t`'s buffer lives in, if it lives in one.
-    fn slab_owner(&self, t: &Tensor) -> Option<u64> {
+    /// The holder of the runtime-heap buffer `t` names (`None` for a tensor outside the
+    /// heaps), or why its bytes are not a buffer of an open scope: a heap tensor must start at
+    /// a live buffer from `alloc_tensors` and, unless `manual_dep` (whose owner is its
+    /// creator), name that buffer's holder as its owner, so that a descriptor kept past its
+    /// scope is refused even once its bytes belong to another buffer.
+    fn heap_buffer(&self, t: &Tensor) -> Result<Option<u64>, &'static str> {
         let base = self.base as u64;
-        let in_heap = (0..HEAP_RING_COUNT).any(|r| {
+        let rings = self.layout.shape().rings;
+        let heap = (0..HEAP_RING_COUNT).find_map(|r| {
             let start = base + self.layout.heap_off(r);
-            t.addr >= start && t.addr < start + self.layout.shape().rings[r].heap_bytes
+            (t.addr >= start && t.addr - start < rings[r].heap_bytes).then(|| (r, t.addr - start))
         });
-        (in_heap && t.owner_task_id != DeviceTaskId::NONE.0).then_some(t.owner_task_id)
+        let Some((r, offset)) = heap else { return Ok(None) };
+        let holder = self.engine.buffer_holder(r, offset, t.size)?;
+        if !t.is_manual_dep() && t.owner_task_id != holder {
+            return Err("a tensor in the runtime heap does not name its buffer's owner: a \
+                        descriptor of a buffer whose scope ended, its bytes since reallocated?");
+        }
+        Ok(Some(holder))
     }
 
     fn submit(&mut self, d: &SubmitDesc) -> i64 {
@@ -537,9 +548,18 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                     ))
                     .into();
             }
-            if let Some(owner) = self.slab_owner(t) {
-                keep[kept] = owner;
-                kept += 1;
+            // A buffer in the runtime heap is held by its holder while this task runs.
+            if t.size != 0 {
+                match self.heap_buffer(t) {
+                    Ok(None) => {}
+                    Ok(Some(holder)) => {
+                        keep[kept] = holder;
+                        kept += 1;
+                    }
+                    Err(why) => {
+                        return self.invalid(format_args!("submit: tensor {i}: {why}")).into();
+                    }
+                }
             }
             if t.is_manual_dep() && t.owner_task_id != DeviceTaskId::NONE.0 {
                 creators[made] = t.owner_task_id;
@@ -602,8 +622,8 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         }
     }
 
-    /// Places each descriptor's buffer in the current ring's heap, for the next task submitted
-    /// to that ring; the descriptor names that task as its buffer's owner.
+    /// Places each descriptor's buffer in the current ring's heap for the innermost open scope;
+    /// the descriptor names the buffer's holder as its owner.
     fn alloc(&mut self, tensors: &mut [Tensor]) -> i32 {
         if self.failed {
             return ORCH_FAILED;

@@ -3,7 +3,8 @@
 //! A task submitted at scope depth `d` lives in ring `min(d, 3)` (depth 0 is the run's outer
 //! scope): it takes a slot of that ring's task window, a slab of its heap ring for its outputs,
 //! and one dependency entry per producer. Producers are found through the fixed tensor map (a
-//! read finds writers, a write finds readers, a read-write both).
+//! read finds writers, a write finds readers, a read-write both). Buffers allocated for a scope
+//! live under a holder slot of that scope (`buffers`).
 //!
 //! # Roles
 //!
@@ -53,6 +54,7 @@ use super::ready::ReadyRing;
 use super::sizing::RingSizes;
 use super::storage::{Leftovers, ReuseRecord, SharedStorage, Storage};
 
+mod buffers;
 mod stall;
 pub(crate) use stall::{RingStall, StallKind};
 
@@ -62,6 +64,10 @@ const NIL: u64 = u64::MAX;
 pub(crate) const MAX_SCOPE_DEPTH: usize = 64;
 /// Most distinct producers one task may have.
 pub(crate) const MAX_FANIN: usize = 256;
+/// Slot flag: the scope that issued the slot is open and holds its reference.
+const SCOPE_HELD: u8 = 1;
+/// Slot flag: the slot holds buffers of its scope and runs nothing (`buffers`).
+const HOLDER: u8 = 2;
 
 /// One tensor access of a submitted task.
 #[derive(Clone, Copy, Debug)]
@@ -315,11 +321,8 @@ struct Ring<'a> {
     heap: HeapRingCore<FixedRecords<'a>>,
     /// Per slot, the heap records it owns (`[first, end)` sequence numbers).
     heap_seq: &'a mut [[u64; 2]],
-    /// Per slot, 1 while the scope's reference is held.
-    scope_held: &'a mut [u8],
-    /// Records of buffers allocated since the ring's last submit (`[first, end)`); the next
-    /// task submitted to the ring owns them.
-    pending: Option<[u64; 2]>,
+    /// Per slot, [`SCOPE_HELD`] and [`HOLDER`].
+    flags: &'a mut [u8],
     dep_head: u64,
     dep_tail: u64,
     sizes: RingSizes,
@@ -332,6 +335,27 @@ fn is_retired(rings: &[Ring<'_>], owner: u64) -> bool {
     rings.get(ring_of(owner)).is_none_or(|r| {
         let local = owner as u32;
         !r.window.is_live(local) || r.window.is_retired(local)
+    })
+}
+
+/// Why a submit naming a buffer whose scope ended is refused.
+const USED_AFTER_SCOPE: &str =
+    "a buffer from alloc_tensors is used after the scope that allocated it ended";
+
+/// Whether `id` names a live slot whose scope is still open, so that it cannot retire before
+/// the owner closes that scope.
+fn scope_holds(rings: &[Ring<'_>], id: u64) -> bool {
+    rings.get(ring_of(id)).is_some_and(|r| {
+        let local = id as u32;
+        r.window.is_live(local) && r.flags[r.window.slot_of(local)] & SCOPE_HELD != 0
+    })
+}
+
+/// Whether `id` names a live buffer holder (which no task needs to wait for).
+fn is_holder(rings: &[Ring<'_>], id: u64) -> bool {
+    rings.get(ring_of(id)).is_some_and(|r| {
+        let local = id as u32;
+        r.window.is_live(local) && r.flags[r.window.slot_of(local)] & HOLDER != 0
     })
 }
 
@@ -349,7 +373,8 @@ pub(crate) enum SubmitRefusal {
     Wait,
     /// Room can never come.
     Stall(RingStall),
-    /// The submit itself is malformed (a slab larger than the heap, scopes nested too deep).
+    /// The submit itself is malformed (a slab larger than the heap, scopes nested too deep, a
+    /// buffer used after the scope that allocated it ended).
     Invalid(&'static str),
     /// The task was submitted and is ready, but the ready queue refused it, so it can never run
     /// and the run must fail (the queue's sizing rules it out).
@@ -374,8 +399,20 @@ pub(crate) struct Allocated {
     pub(crate) ring: usize,
     /// Its offset in that heap.
     pub(crate) offset: u64,
-    /// The task that will own it: the next one submitted to the ring.
+    /// Its holder: the slot of the allocating scope that keeps it, which a task using the
+    /// buffer names in `keep`.
     pub(crate) owner: DeviceTaskId,
+}
+
+/// One open scope.
+#[derive(Clone, Copy, Debug)]
+struct Scope {
+    /// The ring its tasks go to.
+    ring: u8,
+    /// The first local id it issued there.
+    first: u32,
+    /// Its newest buffer holder, if any (`buffers`).
+    holder: Option<u64>,
 }
 
 /// How [`Engine::new`] made its arena's sections ready.
@@ -394,12 +431,13 @@ pub(crate) struct Engine<'a> {
     rings: [Ring<'a>; HEAP_RING_COUNT],
     shared: Completer<'a>,
     map: FixedTensorMap<'a, u64>,
-    /// Per open scope (index 0 is the outer scope): the ring its tasks go to and the first
-    /// local id it issued there.
-    scopes: [(u8, u32); MAX_SCOPE_DEPTH],
+    /// The open scopes, the outer one first.
+    scopes: [Scope; MAX_SCOPE_DEPTH],
     /// Open scopes; 0 once the outer scope closed.
     open: usize,
     submitted: u64,
+    /// Buffer holders issued.
+    holders: u64,
     producers: [u64; MAX_FANIN],
     /// How many of `producers` the last submit's lookups found (the rest are slab holders).
     linked: usize,
@@ -417,9 +455,9 @@ impl<'a> Engine<'a> {
         let Storage { sizes, reuse, rings: stores, map_entries, map_buckets, shared: parts } =
             storage;
         let left = reuse.take(&sizes, map_entries.len(), map_buckets.len()).filter(|_| kept);
-        // A partial reset rewrites the window words and ready cells the previous run's tasks
-        // took: each of its submits took one of each.
-        let used = left.map_or(usize::MAX, |l| usize::try_from(l.submitted).unwrap_or(usize::MAX));
+        // A partial reset rewrites the window words the previous run's slots took (each task and
+        // each buffer holder took one); the ready queue resets the cells its pushes took.
+        let used = left.map_or(usize::MAX, |l| usize::try_from(l.issued).unwrap_or(usize::MAX));
         CountWatch::new(parts.completed, parts.owner_wake_at).reset();
         Idlers::new(parts.idle_schedulers).reset();
         let mut stores = stores.into_iter();
@@ -430,8 +468,7 @@ impl<'a> Engine<'a> {
                 heap: HeapRingCore::new(s.heap_bytes, FixedRecords::new(st.records))
                     .expect("aligned heap"),
                 heap_seq: st.heap_seq,
-                scope_held: st.scope_held,
-                pending: None,
+                flags: st.flags,
                 dep_head: 0,
                 dep_tail: 0,
                 sizes: s,
@@ -456,9 +493,10 @@ impl<'a> Engine<'a> {
             rings,
             shared: Completer::attach(parts),
             map: map.expect("power-of-two buckets, a checked hand-out count"),
-            scopes: [(0, 0); MAX_SCOPE_DEPTH],
+            scopes: [Scope { ring: 0, first: 0, holder: None }; MAX_SCOPE_DEPTH],
             open: 1,
             submitted: 0,
+            holders: 0,
             producers: [0; MAX_FANIN],
             linked: 0,
         }
@@ -478,7 +516,8 @@ impl<'a> Engine<'a> {
         if self.open != 0 || self.incomplete() != 0 {
             return false;
         }
-        let left = Leftovers { submitted: self.submitted, map_handed_out: self.map.handed_out() };
+        let issued = self.submitted + self.holders;
+        let left = Leftovers { issued, map_handed_out: self.map.handed_out() };
         let sizes = self.rings.each_ref().map(|r| r.sizes);
         self.reuse.put(&sizes, self.map.capacity() as usize, self.map.bucket_count(), left);
         true
@@ -505,7 +544,8 @@ impl<'a> Engine<'a> {
         }
         self.open += 1;
         let r = self.current_ring();
-        self.scopes[self.open - 1] = (r as u8, self.rings[r].window.head());
+        let first = self.rings[r].window.head();
+        self.scopes[self.open - 1] = Scope { ring: r as u8, first, holder: None };
         Ok(())
     }
 
@@ -531,7 +571,7 @@ impl<'a> Engine<'a> {
     }
 
     fn close_scope(&mut self) {
-        let (r, first) = self.scopes[self.open - 1];
+        let Scope { ring: r, first, .. } = self.scopes[self.open - 1];
         self.open -= 1;
         let r = r as usize;
         let mut local = first;
@@ -539,8 +579,8 @@ impl<'a> Engine<'a> {
             let ring = &mut self.rings[r];
             // Ids a nested scope of the same ring released, or reclaimed ones, are skipped.
             let at = ring.window.slot_of(local);
-            if ring.window.is_live(local) && ring.scope_held[at] != 0 {
-                ring.scope_held[at] = 0;
+            if ring.window.is_live(local) && ring.flags[at] & SCOPE_HELD != 0 {
+                ring.flags[at] &= !SCOPE_HELD;
                 self.shared.release(DeviceTaskId::new(r as u8, local).0);
             }
             local = local.wrapping_add(1);
@@ -559,14 +599,15 @@ impl<'a> Engine<'a> {
         self.submit_with(accesses, heap_bytes, &[], &[], |_| {})
     }
 
-    /// [`submit`](Self::submit), also holding the tasks of `keep` (the owners of the slabs the
-    /// task's buffers live in) until the task completes, without waiting for them, and calling
-    /// `fill` with the task's id once its slot is taken and before any completer can see the
-    /// task (the orchestration writes the task's dispatch record there). A `keep` entry that is
-    /// the task itself (buffers allocated for it) is skipped; one already consumed means a
-    /// buffer outlived its owner's scope, and the submit is refused as invalid. The task also
-    /// waits for each task of `creators` (the creators of its `manual_dep` tensors, which the
-    /// tensor map does not track) that has not retired.
+    /// [`submit`](Self::submit), also holding the slots of `keep` (the holders of the buffers
+    /// the task uses, or the tasks whose slabs they are) until the task completes, without
+    /// waiting for them, and calling `fill` with the task's id once its slot is taken and before
+    /// any completer can see the task (the orchestration writes the task's dispatch record
+    /// there). A `keep` entry whose scope ended means a buffer outlived the scope that allocated
+    /// it, and the submit is refused as invalid. The task also waits for each task of
+    /// `creators` (the creators of its `manual_dep` tensors, which the tensor map does not
+    /// track) that has not retired; a buffer holder named as a creator runs nothing and is
+    /// ignored.
     pub(crate) fn submit_with(
         &mut self,
         accesses: &[Access],
@@ -623,7 +664,9 @@ impl<'a> Engine<'a> {
         }
         for &c in creators {
             // A retired creator needs no edge; the task's own id (not yet issued) counts as one.
-            if self.producers[..count].contains(&c) || is_retired(&self.rings, c) {
+            // A holder (the owner an allocated buffer's descriptor names) runs nothing.
+            let rings = &self.rings;
+            if self.producers[..count].contains(&c) || is_retired(rings, c) || is_holder(rings, c) {
                 continue;
             }
             if count == MAX_FANIN {
@@ -635,16 +678,14 @@ impl<'a> Engine<'a> {
         }
         // Producers below `linked` are waited for; the holders after them only kept.
         let linked = count;
-        self.linked = linked;
-        let own = DeviceTaskId::new(r as u8, self.rings[r].window.head()).0;
         for &h in keep {
-            if h == own || self.producers[..count].contains(&h) {
-                continue;
+            // Its scope holds it until the owner closes that scope: no completion can consume
+            // it during this submit.
+            if !scope_holds(&self.rings, h) {
+                return Err(SubmitRefusal::Invalid(USED_AFTER_SCOPE));
             }
-            if is_retired(&self.rings, h) {
-                return Err(SubmitRefusal::Invalid(
-                    "a buffer from alloc_tensors is used after the scope that allocated it ended",
-                ));
+            if self.producers[..count].contains(&h) {
+                continue;
             }
             if count == MAX_FANIN {
                 overflow = true;
@@ -672,27 +713,30 @@ impl<'a> Engine<'a> {
                 return Err(self.refuse(r, StallKind::Tensormap, u64::from(needed)));
             }
         }
+        let (count, linked) = self.acquire_producers(count, linked, keep)?;
         // Commit. The slot is not visible to completers until it is linked into a producer's
         // fanout list (under that producer's lock) or pushed to the ready queue (release).
         let ring = &mut self.rings[r];
         let id = DeviceTaskId::new(r as u8, ring.window.head()).0;
-        // The slab's record first: the only step that can still fail, before anything changed.
+        // The slab's record first: the only step that can still fail, before anything changed
+        // but the references just taken.
         let grant = match placement {
             None => None,
             Some(p) => match ring.heap.push_record(p, id) {
                 Some(g) => Some(g),
                 // The placement fit: what is missing is a record.
-                None => return Err(self.refuse(r, StallKind::HeapRecords, 1)),
+                None => {
+                    self.release_producers(count);
+                    return Err(self.refuse(r, StallKind::HeapRecords, 1));
+                }
             },
         };
+        self.linked = linked;
         let ring = &mut self.rings[r];
         let local = ring.window.try_issue().expect("room checked above");
         let at = ring.window.slot_of(local);
-        let first = ring.pending.map_or(grant.map_or(0, |g| g.seq), |p| p[0]);
-        let end = grant.map_or(ring.pending.map_or(0, |p| p[1]), |g| g.seq + 1);
-        ring.pending = None;
-        ring.heap_seq[at] = [first, end];
-        ring.scope_held[at] = 1;
+        ring.heap_seq[at] = grant.map_or([0, 0], |g| [g.seq, g.seq + 1]);
+        ring.flags[at] = SCOPE_HELD;
         let dep_start = ring.dep_head;
         let shared = self.shared;
         let slot = shared.rings[r].slot(local);
@@ -704,13 +748,8 @@ impl<'a> Engine<'a> {
         slot.fanin.store(1, Relaxed);
         slot.refs.store(2, Relaxed);
         slot.dep_start.store(dep_start, Relaxed);
-        let mut taken = 0u64;
         for (k, &p) in self.producers[..count].iter().enumerate() {
-            // A producer consumed since the lookup (its scope closed) is no longer waited for.
-            if !shared.acquire(p) {
-                continue;
-            }
-            let entry_at = dep_start + taken;
+            let entry_at = dep_start + k as u64;
             let entry = shared.rings[r].dep(entry_at);
             entry.producer.store(p, Relaxed);
             entry.consumer.store(id, Relaxed);
@@ -723,10 +762,9 @@ impl<'a> Engine<'a> {
                     slot.fanin.fetch_add(1, Relaxed);
                 }
             });
-            taken += 1;
         }
-        slot.dep_end.store(dep_start + taken, Relaxed);
-        ring.dep_head += taken;
+        slot.dep_end.store(dep_start + count as u64, Relaxed);
+        ring.dep_head += count as u64;
         ring.peak_tasks = ring.peak_tasks.max(ring.window.live());
         ring.peak_deps = ring.peak_deps.max(ring.dep_head - ring.dep_tail);
         for a in accesses {
@@ -755,30 +793,39 @@ impl<'a> Engine<'a> {
         })
     }
 
-    /// Places `bytes` (rounded up to the heap alignment) in the current ring's heap for the
-    /// next task submitted to that ring, which owns them from then on: they are released with
-    /// its slab. Returns the ring and the offset in its heap. Nothing changes when it is
-    /// refused.
-    pub(crate) fn alloc(&mut self, bytes: u64) -> Result<Allocated, SubmitRefusal> {
-        if self.open == 0 {
-            return Err(SubmitRefusal::Invalid("the orchestration already finished"));
+    /// Takes a reference on each of the first `count` producers before the submit commits
+    /// (those below `linked` are waited for, the rest only held). One waited for that has none
+    /// left was consumed since its lookup, so it completed: nothing to wait for or hold, and it
+    /// is dropped. A slot of `keep` cannot be consumed while its scope holds it; if one were,
+    /// the references taken are returned and the submit is refused rather than run without it.
+    /// Returns how many producers are left and how many of them are waited for.
+    fn acquire_producers(
+        &mut self,
+        count: usize,
+        linked: usize,
+        keep: &[u64],
+    ) -> Result<(usize, usize), SubmitRefusal> {
+        let (mut held, mut waited) = (0, 0);
+        for k in 0..count {
+            let p = self.producers[k];
+            if self.shared.acquire(p) {
+                self.producers[held] = p;
+                held += 1;
+                waited += usize::from(k < linked);
+            } else if k >= linked || keep.contains(&p) {
+                self.release_producers(held);
+                return Err(SubmitRefusal::Invalid(USED_AFTER_SCOPE));
+            }
         }
-        let r = self.current_ring();
-        let aligned = match bytes.max(1).checked_next_multiple_of(HEAP_ALIGN) {
-            Some(a) if a <= self.rings[r].sizes.heap_bytes => a,
-            _ => return Err(SubmitRefusal::Invalid("buffer larger than the ring's heap")),
-        };
-        self.reclaim(r);
-        let owner = DeviceTaskId::new(r as u8, self.rings[r].window.head()).0;
-        let ring = &mut self.rings[r];
-        let Some(placement) = ring.heap.try_place(aligned) else {
-            return Err(self.refuse(r, StallKind::Heap, aligned));
-        };
-        let Some(grant) = ring.heap.push_record(placement, owner) else {
-            return Err(self.refuse(r, StallKind::HeapRecords, 1));
-        };
-        ring.pending = Some([ring.pending.map_or(grant.seq, |p| p[0]), grant.seq + 1]);
-        Ok(Allocated { ring: r, offset: grant.offset, owner: DeviceTaskId(owner) })
+        Ok((held, waited))
+    }
+
+    /// Returns the references [`acquire_producers`](Self::acquire_producers) took on the first
+    /// `count` producers.
+    fn release_producers(&self, count: usize) {
+        for &p in &self.producers[..count] {
+            self.shared.release(p);
+        }
     }
 
     /// The producers the last accepted submit found through the tensor map (for the dependency
@@ -861,7 +908,7 @@ impl<'a> Engine<'a> {
             _ => {
                 ring.window.live() > 0 && {
                     let oldest = ring.window.tail();
-                    ring.scope_held[ring.window.slot_of(oldest)] == 0
+                    ring.flags[ring.window.slot_of(oldest)] & SCOPE_HELD == 0
                 }
             }
         };

@@ -50,8 +50,19 @@ fn submit_with_back_pressure(
     heap: u64,
     done: &mut impl FnMut(DeviceTaskId),
 ) -> Result<Submitted, RingStall> {
+    submit_keeping(e, accesses, heap, &[], done)
+}
+
+/// [`submit_with_back_pressure`] of a task that also holds the slots of `keep`.
+fn submit_keeping(
+    e: &mut Engine<'_>,
+    accesses: &[Access],
+    heap: u64,
+    keep: &[u64],
+    done: &mut impl FnMut(DeviceTaskId),
+) -> Result<Submitted, RingStall> {
     loop {
-        match e.submit(accesses, heap) {
+        match e.submit_with(accesses, heap, keep, &[], |_| {}) {
             Ok(s) => return Ok(s),
             Err(SubmitRefusal::Stall(s)) => return Err(s),
             Err(SubmitRefusal::Invalid(m)) => panic!("invalid submit: {m}"),
@@ -59,6 +70,23 @@ fn submit_with_back_pressure(
             Err(SubmitRefusal::Wait) => {
                 assert!(complete_ready_newest_first(e, done) > 0, "a wait with nothing ready");
             }
+        }
+    }
+}
+
+/// Allocates, completing ready tasks while the engine says to wait.
+fn alloc_with_back_pressure(
+    e: &mut Engine<'_>,
+    bytes: u64,
+    done: &mut impl FnMut(DeviceTaskId),
+) -> Allocated {
+    loop {
+        match e.alloc(bytes) {
+            Ok(a) => return a,
+            Err(SubmitRefusal::Wait) => {
+                assert!(complete_ready_newest_first(e, done) > 0, "a wait with nothing ready");
+            }
+            Err(other) => panic!("alloc of {bytes} bytes: {other:?}"),
         }
     }
 }
@@ -367,6 +395,117 @@ fn buffers_beyond_the_heap_records_are_a_heap_record_stall_not_a_full_heap() {
     assert!(stall.to_string().contains("needs a heap record with all 8 in use"), "{stall}");
 }
 
+/// Completes `id`, which must be ready now, and every task it makes ready.
+fn complete_now(e: &Engine<'_>, id: DeviceTaskId) {
+    let c = e.completer();
+    let mut popped = Vec::new();
+    while let Some(p) = c.pop_ready() {
+        popped.push(p);
+    }
+    assert!(popped.contains(&id), "{id:?} is not ready: {popped:?}");
+    for p in popped {
+        if p == id {
+            let _ = c.complete(p);
+        } else {
+            assert!(c.ready.push(p.0));
+        }
+    }
+}
+
+#[test]
+fn a_buffer_outlives_a_task_of_a_nested_scope_of_its_ring() {
+    // Depths 3 and 4 share ring 3: the buffer of the depth-3 scope must not go with the
+    // nested scope's task, however that task's slot is reclaimed.
+    let mut arena = TrbArena::new(sizes(16, 64 << 10, 16), 64, 16);
+    let mut e = Engine::new(arena.storage(), false);
+    for _ in 0..3 {
+        e.scope_begin().unwrap();
+    }
+    let a = e.alloc(1024).unwrap();
+    assert_eq!(a.ring, 3);
+    e.scope_begin().unwrap();
+    let t = e.submit(&[], 0).unwrap().id;
+    e.scope_end().unwrap();
+    complete_now(&e, t);
+    let b = e.alloc(1024).unwrap();
+    assert_ne!(b.offset, a.offset, "the open scope's buffer was reallocated");
+    assert_eq!(e.buffer_holder(3, a.offset, 1024), Ok(a.owner.0));
+}
+
+#[test]
+fn a_buffer_of_an_outer_scope_is_used_in_a_nested_scope() {
+    let mut arena = TrbArena::new(sizes(16, 64 << 10, 16), 64, 16);
+    let mut e = Engine::new(arena.storage(), false);
+    let a = e.alloc(1024).unwrap();
+    e.scope_begin().unwrap();
+    let write = access(0x1000, AccessMode::Write);
+    let p = e.submit_with(&[write], 0, &[a.owner.0], &[], |_| {});
+    assert!(p.is_ok(), "{p:?}");
+    // Holding the buffer is no dependency: the task is ready at once.
+    assert!(e.last_producers().is_empty());
+    assert_eq!(e.completer().pop_ready(), Some(p.unwrap().id));
+}
+
+#[test]
+fn a_buffer_is_released_once_its_scope_ended_and_every_task_using_it_completed() {
+    let mut arena = TrbArena::new(sizes(16, 4096, 16), 64, 16);
+    let mut e = Engine::new(arena.storage(), false);
+    e.scope_begin().unwrap();
+    let x = e.alloc(2048).unwrap();
+    let y = e.alloc(1024).unwrap();
+    assert_eq!(x.owner, y.owner, "one holder for the scope's buffers");
+    let user = e.submit_with(&[], 0, &[x.owner.0], &[], |_| {}).unwrap().id;
+    e.scope_end().unwrap();
+    // The scope ended; its buffer is not to be used again, but its user still runs.
+    let again = e.submit_with(&[], 0, &[x.owner.0], &[], |_| {});
+    assert_eq!(again, Err(SubmitRefusal::Invalid(USED_AFTER_SCOPE)));
+    assert_eq!(e.buffer_holder(1, x.offset, 2048), Err(USED_AFTER_SCOPE));
+    e.scope_begin().unwrap();
+    assert!(matches!(e.alloc(2048), Err(SubmitRefusal::Wait)), "the user holds the bytes");
+    complete_now(&e, user);
+    let z = e.alloc(2048).unwrap();
+    assert_eq!(z.offset, x.offset, "released after the user completed");
+    assert!(e.buffer_holder(1, x.offset, 4096).is_err(), "longer than the buffer");
+}
+
+#[test]
+fn buffers_are_found_by_address_across_the_heap_wrap() {
+    // Ring 1's heap of 8 KiB ends up holding b at 3 KiB (its scope ended, its user runs), then
+    // c at 6 KiB and d at 0 (the heap wrapped), both of the open scope.
+    let mut arena = TrbArena::new(sizes(16, 8 << 10, 16), 64, 16);
+    let mut e = Engine::new(arena.storage(), false);
+    let mut users = Vec::new();
+    for bytes in [3 << 10, 3 << 10] {
+        e.scope_begin().unwrap();
+        let buf = e.alloc(bytes).unwrap();
+        users.push((buf, e.submit_with(&[], 0, &[buf.owner.0], &[], |_| {}).unwrap().id));
+        e.scope_end().unwrap();
+    }
+    let [(a, ua), (b, _)] = users[..] else { unreachable!() };
+    assert_eq!((a.offset, b.offset), (0, 3 << 10));
+    complete_now(&e, ua);
+    e.scope_begin().unwrap();
+    let c = e.alloc(2 << 10).unwrap();
+    let d = e.alloc(2 << 10).unwrap();
+    assert_eq!((c.offset, d.offset), (6 << 10, 0));
+    assert_eq!(e.buffer_holder(1, c.offset, 2 << 10), Ok(c.owner.0));
+    assert_eq!(e.buffer_holder(1, d.offset, 2 << 10), Ok(c.owner.0));
+    assert_eq!(e.buffer_holder(1, b.offset, 3 << 10), Err(USED_AFTER_SCOPE));
+    assert!(e.buffer_holder(1, 1 << 10, 1).is_err(), "inside a buffer, not at its start");
+    assert!(e.buffer_holder(1, 7 << 10, 1).is_err(), "no buffer there");
+    assert!(e.buffer_holder(0, 0, 1).is_err(), "nothing in ring 0");
+}
+
+#[test]
+fn a_buffer_holder_named_as_a_creator_is_no_producer() {
+    let mut arena = TrbArena::new(sizes(16, 64 << 10, 16), 64, 16);
+    let mut e = Engine::new(arena.storage(), false);
+    let a = e.alloc(1024).unwrap();
+    let t = e.submit_with(&[], 0, &[a.owner.0], &[a.owner.0], |_| {}).unwrap().id;
+    assert!(e.last_producers().is_empty());
+    assert_eq!(e.completer().pop_ready(), Some(t));
+}
+
 #[test]
 fn a_task_with_more_producers_than_the_dep_pool_is_a_dep_pool_overflow() {
     let mut arena = TrbArena::new(sizes(16, 64 << 10, 4), 64, 16);
@@ -608,8 +747,8 @@ fn a_threaded_stream_of_100_task_chains_runs_in_order_in_bounded_rings() {
 }
 
 /// Runs a mixed workload to its end on `e`: chains and fan-ins over a few buffers, the tasks
-/// `nested` picks in a nested scope (ring 1), completing ready tasks whenever the rings push
-/// back.
+/// `nested` picks in a nested scope (ring 1), every other one of those using a buffer allocated
+/// in its scope, completing ready tasks whenever the rings push back.
 fn run_mixed(e: &mut Engine<'_>, tasks: u64, nested: fn(u64) -> bool) {
     let mut done = |_| {};
     for i in 0..tasks {
@@ -617,12 +756,17 @@ fn run_mixed(e: &mut Engine<'_>, tasks: u64, nested: fn(u64) -> bool) {
         if nested {
             e.scope_begin().unwrap();
         }
+        let keep = match nested && i % 2 == 0 {
+            true => vec![alloc_with_back_pressure(e, 1024, &mut done).owner.0],
+            false => vec![],
+        };
         let key = (i % 3) << 12;
         let mode = [AccessMode::Write, AccessMode::Read, AccessMode::ReadWrite][(i % 3) as usize];
-        submit_with_back_pressure(
+        submit_keeping(
             e,
             &[access(key, mode), access(0x8000, AccessMode::Read)],
             1024,
+            &keep,
             &mut done,
         )
         .unwrap();
