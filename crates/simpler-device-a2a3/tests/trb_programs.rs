@@ -531,6 +531,73 @@ fn a_manual_dep_tensor_waits_for_its_creator_on_both_runtimes() {
     assert_eq!(got, [x, f].concat(), "the consumer ran before its manual_dep creator finished");
 }
 
+/// Arguments `a, b` (inputs, `PROBE_ELEMS` f32), `f` (output) and a scalar choosing the use:
+/// `x = a + b` into a buffer of a scope that then ends (after the write finished, so the
+/// buffer's bytes are free at once); a second scope allocates `y`, which takes those bytes, and
+/// a task writes it; then the stale descriptor of `x` is read (0), written (1) or submitted (2).
+fn stale_buffer_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{Input, Output};
+    let bad = || OrchError::from_status(-1);
+    let t = |i| args.tensor(i).copied().ok_or_else(bad);
+    let (a, b, f) = (t(0)?, t(1)?, t(2)?);
+    let use_of_x = args.scalar(0).ok_or_else(bad)?;
+    let mut bytes = vec![0u8; PROBE_ELEMS as usize * 4];
+    let x = ctx.scope(|ctx| -> Result<Tensor, OrchError> {
+        let x = ctx.alloc_tensor(&[PROBE_ELEMS], DataType::Float32)?;
+        ctx.submit(Kernels::Aiv(add::ADD), &core_args(&[(a, Input), (b, Input), (x, Output)])?)?;
+        ctx.tensor_data(&x, &mut bytes)?;
+        Ok(x)
+    })??;
+    ctx.scope(|ctx| -> Result<(), OrchError> {
+        let y = ctx.alloc_tensor(&[PROBE_ELEMS], DataType::Float32)?;
+        ctx.submit(Kernels::Aiv(add::ADD), &core_args(&[(a, Input), (a, Input), (y, Output)])?)?;
+        match use_of_x {
+            0 => ctx.tensor_data(&x, &mut bytes),
+            1 => ctx.set_tensor_data(&x, &bytes),
+            _ => ctx
+                .submit(Kernels::Aiv(add::ADD), &core_args(&[(x, Input), (b, Input), (f, Output)])?)
+                .map(|_| ()),
+        }
+    })?
+}
+
+#[test]
+fn a_buffer_used_after_its_scope_ended_is_refused_even_once_its_bytes_are_reused() {
+    let add = add::callable().unwrap();
+    let mut b =
+        ChipCallable::native(stale_buffer_orchestration, four_args).names("stale", "stale_config");
+    for (func_id, kernel) in add.children() {
+        b = b.kernel(*func_id, kernel.clone());
+    }
+    let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    // A slow writer of `y`: a read of `x`'s bytes not refused would race with it.
+    r.sim_faults().unwrap().kernel_delay(add::ADD, std::time::Duration::from_millis(20));
+    let slot = r.register_callable(&b.build().unwrap()).unwrap();
+    let n = PROBE_ELEMS as usize;
+    for (run, op) in [(1, "tensor_data"), (2, "set_tensor_data"), (3, "submit")] {
+        let mut ptrs = Vec::new();
+        let mut args = TaskArgs::new();
+        for tag in [TensorArgType::Input, TensorArgType::Input, TensorArgType::Output] {
+            let (p, t) = upload_f32(&mut r, &vec![1.0; n]);
+            args.add_tensor(t, tag).unwrap();
+            ptrs.push(p);
+        }
+        args.add_scalar(run - 1).unwrap();
+        let cfg = CallConfig::default();
+        let req = RunRequest::new(RunId::from_raw(run).unwrap(), slot, &args, &cfg);
+        let err = r.run(&req).unwrap_err();
+        let DeviceError::Runtime { fault, .. } = &err else { panic!("{op}: {err}") };
+        assert_eq!(fault.code, RuntimeCode::InvalidArgs, "{op}: {err}");
+        assert!(fault.message.starts_with(op), "{op}: {err}");
+        assert!(fault.message.contains("does not name its buffer's owner"), "{op}: {err}");
+        for p in ptrs {
+            r.free(p).unwrap();
+        }
+    }
+    r.sim_faults().unwrap().clear();
+    r.finalize().unwrap();
+}
+
 #[test]
 fn tensor_data_waiting_past_the_tensor_wait_budget_is_a_tensor_wait_timeout() {
     let add = add::callable().unwrap();

@@ -653,8 +653,9 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         ORCH_OK
     }
 
-    /// Checks `t` for a copy of `len` bytes by `op` and waits for the tasks an access in
-    /// `mode` would order after (a read: the writers; a write: the readers and writers).
+    /// Checks `t` for a copy of `len` bytes by `op` (a view inside an entry buffer, or inside a
+    /// heap buffer whose scope is still open) and waits for the tasks an access in `mode` would
+    /// order after (a read: the writers; a write: the readers and writers).
     fn data_span(
         &mut self,
         t: &Tensor,
@@ -674,10 +675,15 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                 span.len()
             )));
         }
-        if !self.range_ok(span.start, span.len()) {
+        if t.validate().is_err() || !self.range_ok(span.start, span.len()) {
             return Err(self.invalid(format_args!(
                 "{op}: {span} is not inside an argument buffer or the runtime heap"
             )));
+        }
+        // The bytes of a heap buffer stay allocated while its scope is open, which only this
+        // thread can end, so they cannot become another buffer's during the copy.
+        if let Err(why) = self.heap_buffer(t) {
+            return Err(self.invalid(format_args!("{op}: {why}")));
         }
         // Each round waits for the next completion, which may be one of the accessors; the
         // tensor-wait budget bounds the whole wait.

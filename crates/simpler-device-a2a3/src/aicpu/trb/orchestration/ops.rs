@@ -123,8 +123,10 @@ unsafe extern "C-unwind" fn op_get_tensor_data<P: AicpuPlatform>(
         return o.invalid(format_args!("tensor_data: null destination"));
     }
     match o.data_span(t, len, AccessMode::Read, "tensor_data") {
-        // SAFETY: `data_span` checked the span lies in the arena's heaps or an entry buffer and
-        // waited for its writers; `dst` is valid for `len` bytes (`OrchCtx::tensor_data`).
+        // SAFETY: `data_span` checked that the span lies in an entry buffer or in a heap buffer
+        // whose scope is open (only this thread ends scopes, so no other buffer takes the
+        // bytes during the copy), and waited for the tasks writing it; `dst` is valid for
+        // `len` bytes (`OrchCtx::tensor_data`).
         Ok(span) => unsafe {
             core::ptr::copy_nonoverlapping(span.start as *const u8, dst, len as usize);
             ORCH_OK
@@ -149,8 +151,8 @@ unsafe extern "C-unwind" fn op_set_tensor_data<P: AicpuPlatform>(
         return o.invalid(format_args!("set_tensor_data: null source"));
     }
     match o.data_span(t, len, AccessMode::Write, "set_tensor_data") {
-        // SAFETY: as for `op_get_tensor_data`, having waited for the bytes' readers and
-        // writers; `src` is valid for `len` bytes.
+        // SAFETY: as for `op_get_tensor_data`, having waited for the tasks reading or writing
+        // the bytes; `src` is valid for `len` bytes.
         Ok(span) => unsafe {
             core::ptr::copy_nonoverlapping(src, span.start as *mut u8, len as usize);
             ORCH_OK
