@@ -7,7 +7,7 @@
 //! holder's slab records are released when it is reclaimed, so a buffer's bytes stay allocated
 //! exactly while its scope is open or a task still uses them, and a task of a nested scope may
 //! use them like its own. Consecutive allocations of one scope share a holder while its
-//! records are the newest of the ring, so a scope costs one slot for its buffers, not one each.
+//! records are the newest of the ring, so a scope usually spends one slot on its buffers.
 //!
 //! The orchestration names a buffer by its address: [`Engine::buffer_holder`] finds the live
 //! slab that starts there and checks that its scope is still open.
