@@ -13,10 +13,11 @@
 //! pending runs when a drain times out) and the registry write lock before the accepted set
 //! and the pending-chip list (unregister decides and queues a deferred removal atomically with
 //! respect to admission and retirement). At L2 the registry lock is also held while a job is
-//! queued on the lane (a run by submit, a release by unregister), never while one is waited for. Every other inner lock (a run's cell, the
-//! owned-allocation map) is taken alone. The admission lock is held across a submit's callback (a callback
-//! may still register: registration never takes it); nothing else is held while user code
-//! runs or while waiting for a run.
+//! queued on the lane (a run by submit, a release by unregister), never while one is waited
+//! for. Every other inner lock (a run's cell, the owned-allocation map) is taken alone. The
+//! admission lock is held across a submit's callback (a callback may still register:
+//! registration never takes it); nothing else is held while user code runs or while waiting
+//! for a run.
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap, VecDeque};
