@@ -446,12 +446,7 @@ fn a_reap_with_a_deadline_waits_no_longer_than_it_for_a_dropped_run_queued_ahead
     // Without a deadline the dropped run ahead is reaped first, then run 2.
     assert!(r.reap_run(&second, None).unwrap());
     assert_eq!(r.stats().terminal_cleanups, cleanups + 1, "the dropped run 1 was cleaned up");
-    assert_eq!(r.complete_run(second).unwrap().run_id, Some(run_id(2)));
-    for v in &runs {
-        v.check(&mut r);
-    }
-    r.sim_faults().unwrap().clear();
-    both_slots_free_and_nothing_left(r, runs);
+    second_completes_and_all_is_released(r, second, runs);
 }
 
 #[test]
@@ -490,25 +485,29 @@ fn a_reap_with_a_deadline_does_not_wait_for_a_dropped_run_queued_behind() {
     both_slots_free_and_nothing_left(r, runs);
 }
 
-#[test]
-fn the_next_run_is_prepared_and_queued_behind_a_dropped_run_without_waiting_for_it() {
-    let mut r = DeviceRunner::attach(two_slot_queue()).unwrap();
+/// Run 1 of the vector example, held [`DROPPED_HOLD`], launched and its handle dropped at
+/// once; returns the runner, both runs' buffers, the callable and the cleanups before the drop.
+fn first_launched_and_dropped(
+    opts: RunnerOptions,
+) -> (DeviceRunner, Vec<VectorRun>, ChipSlot, u64) {
+    let mut r = DeviceRunner::attach(opts).unwrap();
     let runs: Vec<_> = (0..2).map(|_| VectorRun::new(&mut r, 256)).collect();
     let slot = r.register_callable(&vector_callable()).unwrap();
-    let cfg = CallConfig::default();
     r.sim_faults().unwrap().kernel_delay(FUNC_MUL, DROPPED_HOLD);
+    let cfg = CallConfig::default();
     let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &runs[0].args, &cfg)).unwrap();
     let cleanups = r.stats().terminal_cleanups;
     drop(r.launch_run(p1).unwrap());
-    let started = Instant::now();
-    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &runs[1].args, &cfg)).unwrap();
-    let second = r.launch_run(p2).unwrap();
-    let took = started.elapsed();
-    assert!(took < DROPPED_HOLD / 2, "prepare and launch waited {took:?} for the dropped run 1");
-    assert_eq!(r.stats().terminal_cleanups, cleanups, "run 1 still executes: it stays queued");
-    // Run 2's reap waits for run 1 ahead of it, then for itself.
+    (r, runs, slot, cleanups)
+}
+
+/// Run 2 completes as itself, both outputs are right, and both slots are free again.
+fn second_completes_and_all_is_released(
+    mut r: DeviceRunner,
+    second: ActiveRun,
+    runs: Vec<VectorRun>,
+) {
     assert!(r.reap_run(&second, None).unwrap());
-    assert_eq!(r.stats().terminal_cleanups, cleanups + 1, "the dropped run 1 was cleaned up");
     assert_eq!(r.complete_run(second).unwrap().run_id, Some(run_id(2)));
     for v in &runs {
         v.check(&mut r);
@@ -518,16 +517,27 @@ fn the_next_run_is_prepared_and_queued_behind_a_dropped_run_without_waiting_for_
 }
 
 #[test]
+fn the_next_run_is_prepared_and_queued_behind_a_dropped_run_without_waiting_for_it() {
+    let (mut r, runs, slot, cleanups) = first_launched_and_dropped(two_slot_queue());
+    let cfg = CallConfig::default();
+    let started = Instant::now();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &runs[1].args, &cfg)).unwrap();
+    let second = r.launch_run(p2).unwrap();
+    let took = started.elapsed();
+    assert!(took < DROPPED_HOLD / 2, "prepare and launch waited {took:?} for the dropped run 1");
+    assert_eq!(r.stats().terminal_cleanups, cleanups, "run 1 still executes: it stays queued");
+    // Run 2's reap waits for run 1 ahead of it, then for itself.
+    assert!(r.reap_run(&second, None).unwrap());
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 1, "the dropped run 1 was cleaned up");
+    second_completes_and_all_is_released(r, second, runs);
+}
+
+#[test]
 fn without_device_queueing_a_free_slot_is_prepared_at_once_and_the_launch_waits_for_the_dropped_run()
  {
-    let mut r = DeviceRunner::attach(two_slot_queue().with_device_queue(false)).unwrap();
-    let runs: Vec<_> = (0..2).map(|_| VectorRun::new(&mut r, 256)).collect();
-    let slot = r.register_callable(&vector_callable()).unwrap();
+    let (mut r, runs, slot, cleanups) =
+        first_launched_and_dropped(two_slot_queue().with_device_queue(false));
     let cfg = CallConfig::default();
-    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, DROPPED_HOLD);
-    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &runs[0].args, &cfg)).unwrap();
-    let cleanups = r.stats().terminal_cleanups;
-    drop(r.launch_run(p1).unwrap());
     let started = Instant::now();
     let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &runs[1].args, &cfg)).unwrap();
     let took = started.elapsed();
@@ -536,11 +546,5 @@ fn without_device_queueing_a_free_slot_is_prepared_at_once_and_the_launch_waits_
     // The exclusive execution claim: the launch waits for run 1 instead of refusing run 2.
     let second = r.launch_run(p2).unwrap();
     assert_eq!(r.stats().terminal_cleanups, cleanups + 1, "the dropped run 1 was cleaned up");
-    assert!(r.reap_run(&second, None).unwrap());
-    assert_eq!(r.complete_run(second).unwrap().run_id, Some(run_id(2)));
-    for v in &runs {
-        v.check(&mut r);
-    }
-    r.sim_faults().unwrap().clear();
-    both_slots_free_and_nothing_left(r, runs);
+    second_completes_and_all_is_released(r, second, runs);
 }

@@ -8,7 +8,7 @@ use std::error::Error;
 use std::time::Duration;
 
 use common::{add_callable, host};
-use simpler_device_a2a3::{DeviceError, Platform, RuntimeVariant};
+use simpler_device_a2a3::DeviceError;
 use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
 use simpler_worker::{CallableHandle, MemError, Orchestration, RunErrorKind, Worker, WorkerError};
 
@@ -82,16 +82,7 @@ fn device_in_chain<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a DeviceError> 
 
 /// An L2 worker (its chip always in this process) with short device budgets.
 fn l2() -> (Worker, CallableHandle) {
-    let mut b =
-        Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph).chip_options(|o| {
-            o.with_memory_limit(1 << 30)
-                .with_scheduler_timeout(Duration::from_millis(300))
-                .with_op_execute_timeout(Duration::from_millis(600))
-                .with_stream_sync_timeout(Duration::from_secs(3))
-                .with_shutdown_budget(Duration::from_millis(200))
-        });
-    let add = b.register_chip(add_callable(0));
-    (b.start().expect("start"), add)
+    common::l2_with(|o| o.with_memory_limit(1 << 30))
 }
 
 #[test]

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use common::{HANG, add_callable};
 use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes};
-use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{DataType, TaskArgs, WorkerId};
 use simpler_worker::{ChipMemory, DeviceBuffer, Orchestration, RunHandle, Worker};
 
@@ -32,17 +31,7 @@ fn output(mem: &ChipMemory<'_>, f: &DeviceBuffer, n: u32) -> Vec<f32> {
 }
 
 fn l2(slots: usize) -> (Worker, simpler_worker::CallableHandle) {
-    // Short budgets: a faulting kernel is detected by the scheduler budget.
-    let mut b =
-        Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph).chip_options(move |o| {
-            o.with_pipeline_slots(slots)
-                .with_scheduler_timeout(Duration::from_millis(300))
-                .with_op_execute_timeout(Duration::from_millis(600))
-                .with_stream_sync_timeout(Duration::from_secs(3))
-                .with_shutdown_budget(Duration::from_millis(200))
-        });
-    let add = b.register_chip(add_callable(0));
-    (b.start().expect("start"), add)
+    common::l2_with(move |o| o.with_pipeline_slots(slots))
 }
 
 #[test]

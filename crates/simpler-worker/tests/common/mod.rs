@@ -7,8 +7,28 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use simpler_device_a2a3::programs::add;
-use simpler_device_a2a3::{ChipCallable, Platform, RuntimeVariant};
+use simpler_device_a2a3::{ChipCallable, Platform, RunnerOptions, RuntimeVariant};
 use simpler_worker::{CallableHandle, HostWorkerBuilder, Worker};
+
+/// Short device budgets for an L2 worker's chip: a faulting kernel is detected by the scheduler
+/// budget within a fraction of a second.
+pub fn short_budgets(o: RunnerOptions) -> RunnerOptions {
+    o.with_scheduler_timeout(Duration::from_millis(300))
+        .with_op_execute_timeout(Duration::from_millis(600))
+        .with_stream_sync_timeout(Duration::from_secs(3))
+        .with_shutdown_budget(Duration::from_millis(200))
+}
+
+/// An L2 worker on the simulator with [`short_budgets`], `options` applied on top, and the add
+/// program registered.
+pub fn l2_with(
+    options: impl Fn(RunnerOptions) -> RunnerOptions + Send + Sync + 'static,
+) -> (Worker, CallableHandle) {
+    let mut b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph)
+        .chip_options(move |o| options(short_budgets(o)));
+    let add = b.register_chip(add_callable(0));
+    (b.start().expect("start"), add)
+}
 
 /// Generous upper bound that only catches hangs.
 pub const HANG: Duration = Duration::from_secs(60);
