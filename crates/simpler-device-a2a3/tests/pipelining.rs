@@ -290,8 +290,19 @@ fn stamp_then_add(
     simpler_device_a2a3::programs::add::orchestration(ctx, args)
 }
 
-#[test]
-fn an_orchestration_writing_user_memory_waits_for_the_run_executing_before_it() {
+/// A runner with the add program twice, plainly and behind [`stamp_then_add`], and the buffers
+/// of two runs sharing `a` and `b`: (runner, plain, stamping, [a, b, f1, f2], a, b, args 1, args 2).
+#[allow(clippy::type_complexity)]
+fn stamping_runner() -> (
+    DeviceRunner,
+    simpler_device_a2a3::ChipSlot,
+    simpler_device_a2a3::ChipSlot,
+    [simpler_device_a2a3::DevicePtr; 4],
+    Vec<f32>,
+    Vec<f32>,
+    simpler_types::TaskArgs,
+    simpler_types::TaskArgs,
+) {
     use simpler_device_a2a3::Orchestration;
     use simpler_device_a2a3::programs::add;
     let mut r = DeviceRunner::attach(options()).unwrap();
@@ -315,6 +326,13 @@ fn an_orchestration_writing_user_memory_waits_for_the_run_executing_before_it() 
         args
     };
     let (args1, args2) = (args(t1), args(t2));
+    (r, plain, stamping, [pa, pb, p1, p2], a, b, args1, args2)
+}
+
+#[test]
+fn an_orchestration_writing_user_memory_waits_for_the_run_executing_before_it() {
+    use simpler_device_a2a3::programs::add;
+    let (mut r, plain, stamping, [pa, pb, p1, p2], a, b, args1, args2) = stamping_runner();
     let cfg = CallConfig::default();
     // Run 1's add reads `a` only once the kernel delay has passed; run 2's orchestration
     // overwrites `a` while run 2 is prepared, which is while run 1 executes.
@@ -338,5 +356,26 @@ fn an_orchestration_writing_user_memory_waits_for_the_run_executing_before_it() 
     for p in [pa, pb, p1, p2] {
         r.free(p).unwrap();
     }
+    r.finalize().unwrap();
+}
+
+#[test]
+fn an_orchestration_writing_behind_a_run_that_faults_abandons_its_run() {
+    use simpler_device_a2a3::programs::add;
+    let (mut r, plain, stamping, _, _, _, args1, args2) = stamping_runner();
+    let cfg = CallConfig::default();
+    r.sim_faults().unwrap().kernel_fault(add::ADD, 1);
+    let p = r.prepare(&RunRequest::new(run_id(1), plain, &args1, &cfg)).unwrap();
+    let first = r.launch_run(p).unwrap();
+    // Run 2's write waits for run 1, which never finishes its add: run 2 is abandoned behind
+    // run 1, not failed with an error of its own.
+    let err = r.prepare(&RunRequest::new(run_id(2), stamping, &args2, &cfg)).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::Abandoned { run_id: r2, after, cause, .. }
+            if *r2 == run_id(2) && *after == run_id(1) && cause.run_id == run_id(1)),
+        "{err}"
+    );
+    let own = r.reap_run(&first, None).unwrap_err();
+    assert_eq!(own.run_id(), Some(run_id(1)), "{own}");
     r.finalize().unwrap();
 }

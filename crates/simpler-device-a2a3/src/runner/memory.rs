@@ -12,8 +12,9 @@ use simpler_types::{RunId, Tensor, TensorArgType};
 
 use super::staging::{StagedTensor, host_slice};
 use super::{Core, DevicePtr, RunState, oom};
-use crate::backend::Backend;
-use crate::error::{DeviceError, MemPurpose, StreamKind};
+use crate::abi::codes::AclCode;
+use crate::backend::{Backend, SyncError};
+use crate::error::{DeviceError, MemPurpose, PoisonCause, PoisonStep, StreamKind};
 use crate::runtime::{BuildEnv, HeapArena};
 
 /// One pooled allocation.
@@ -60,6 +61,9 @@ pub(super) struct RunMemory<'a> {
     pub(super) executing: Option<Executing>,
     /// The run a write of the orchestration waited for, if one had to.
     pub(super) waited_for: Option<RunId>,
+    /// Why that wait failed (the runs ahead faulted or did not finish): the run being
+    /// prepared can never be launched behind them.
+    pub(super) ahead_failed: Option<PoisonCause>,
 }
 
 /// The launched runs a preparation overlaps with: the last one launched (the streams finish
@@ -80,7 +84,15 @@ impl RunMemory<'_> {
         for stream in [StreamKind::Aicpu, StreamKind::AiCore] {
             let left = deadline.saturating_duration_since(Instant::now());
             if let Err(error) = self.backend.synchronize(stream, left, e.op_execute) {
-                tracing::warn!(run = %self.run_id, executing = %e.last, ?error, %stream, "the runs executing before an orchestration's write did not finish");
+                let code = match error {
+                    SyncError::Fault(f) => f.code,
+                    SyncError::Timeout => AclCode::STREAM_SYNC_TIMEOUT,
+                };
+                let step = match stream {
+                    StreamKind::Aicpu => PoisonStep::SyncAicpu,
+                    StreamKind::AiCore => PoisonStep::SyncAiCore,
+                };
+                self.ahead_failed = Some(PoisonCause { run_id: e.last, step, code });
                 // Every later write is refused the same way.
                 self.executing = Some(Executing { budget: Duration::ZERO, ..e });
                 return false;

@@ -522,17 +522,25 @@ impl Core {
             heap_refused: false,
             executing,
             waited_for: None,
+            ahead_failed: None,
         };
         let bound = self.runtime.bind(&inputs, &mut mem, &mut res.host_image);
         self.stats.arena_cache_misses += mem.misses;
-        if let (Some(with), Overlap::Overlapped { .. }) = (mem.waited_for, &run.report.overlap) {
-            run.report.overlap =
-                Overlap::Waited { with, reason: "the orchestration wrote user memory" };
-        }
+        let (ahead_failed, waited_for) = (mem.ahead_failed, mem.waited_for);
         if mem.heap_refused {
             // As for the image and staging arenas: a failed arena allocation releases every
             // pooled arena, so the retry starts from free device memory.
             self.release_arenas(s);
+        }
+        if let Some(cause) = ahead_failed {
+            // The orchestration could not write what it asked for, because a run ahead faulted
+            // or did not finish: this run is abandoned behind it, never failed with its own error.
+            let device_id = self.opts.device_id;
+            return Err(DeviceError::Abandoned { run_id, after: cause.run_id, device_id, cause });
+        }
+        if let (Some(with), Overlap::Overlapped { .. }) = (waited_for, &run.report.overlap) {
+            run.report.overlap =
+                Overlap::Waited { with, reason: "the orchestration wrote user memory" };
         }
         let bound = bound?;
         bound.describe(&mut run.report);
