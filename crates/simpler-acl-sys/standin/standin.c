@@ -85,7 +85,7 @@ typedef struct object {
     enum object_kind kind;
     uint64_t handle;        /* for memory and mappings: the address */
     uint64_t size;          /* memory size; for a stream: its creation index */
-    uint64_t owner;         /* a func's binary; an event's last stream */
+    uint64_t owner;         /* a func's binary; an event's last stream; memory's device */
     int recorded;           /* an event: 0 never recorded, 1 complete, RECORDED_NOT_REACHED */
     char ops[MAX_OPS][64];  /* a CPU binary's op types; a func's name in ops[0] */
     int nops;
@@ -340,6 +340,7 @@ static int32_t alloc_memory(call *c, void **out, uint64_t size) {
     }
     o->handle = (uint64_t)(uintptr_t)p;
     o->size = size;
+    o->owner = (uint64_t)(int64_t)bound_device;
     *out = p;
     c->entry.value = (int64_t)o->handle;
     return finish(c, OK);
@@ -444,6 +445,14 @@ static int32_t reset(call *c, int32_t device, int force) {
     if (force) {
         st->poisoned = 0;
         st->after_force_reset = 1;
+        /* The device's memory goes back with it: a later free of it is refused. */
+        for (size_t i = 0; i < MAX_OBJECTS; i++) {
+            object *o = &st->objects[i];
+            if (o->kind == OBJ_MEMORY && (int64_t)o->owner == device) {
+                free((void *)(uintptr_t)o->handle);
+                o->kind = OBJ_NONE;
+            }
+        }
     }
     return finish(c, OK);
 }

@@ -670,14 +670,11 @@ fn an_unusable_device_is_force_reset_until_the_probe_passes() {
         result.unwrap();
         assert_eq!(count(&log, "aclrtResetDeviceForce"), k as usize + 1, "k = {k}");
         assert!(log.iter().filter(|c| c.func.contains("Reset")).all(|c| c.ret == 0), "k = {k}");
-        // The runner's buffers are freed only after the reset passed, with the device bound for
-        // the frees and released again.
+        // The runner's buffers are never freed, before the reset or after it: the reset gives
+        // them back with the device, and ACL is finalized last.
         let end = position(&log, "aclFinalize") + 1;
-        let (reset, frees) = log.split_at(end);
-        assert_eq!(names(&frees[..1]), ["rtSetDevice"], "k = {k}: {:?}", names(&log));
-        assert_eq!(names(&frees[frees.len() - 1..]), ["rtDeviceReset"], "k = {k}");
-        assert!(frees.len() > 2, "k = {k}: {:?}", names(&log));
-        assert!(names(&frees[1..frees.len() - 1]).iter().all(|f| *f == "rtFree"), "k = {k}");
+        assert_eq!(end, log.len(), "k = {k}: {:?}", names(&log));
+        let reset = &log[..];
         assert_eq!(count(reset, "rtFree"), 0, "k = {k}: {:?}", names(&log));
         // No soft reset first: it would release the device, and CANN then refuses the force
         // reset. A retry binds again, since the attempt before it released the device.
@@ -720,11 +717,10 @@ fn three_failed_force_resets_are_the_finalize_error() {
     let text = err.to_string();
     assert!(text.contains("aclrtCreateStream: 507899 ACL_ERROR_RT_DRV_INTERNAL_ERROR"), "{text}");
     assert!(text.contains("symptom of an earlier device fault"), "{text}");
-    // The device may still use the runner's buffers: they are leaked, not freed.
+    // The device may still use the runner's buffers: they are leaked, not freed (the
+    // stand-in's force resets took them back all the same).
     assert_eq!(count(&log, "rtFree"), 0, "{:?}", names(&log));
-    let [streams, events, allocations, mappings, binaries] = b.live();
-    assert_eq!([streams, events, mappings, binaries], [0; 4]);
-    assert!(allocations > 0);
+    assert_eq!(b.live(), [0; 5]);
 }
 
 #[test]

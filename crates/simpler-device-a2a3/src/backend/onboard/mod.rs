@@ -22,8 +22,8 @@
 //!    by a probe (bind, create and destroy a stream, allocate and free 64 bytes, unbind), each
 //!    after a bind of its own unless the runner's binds are still counted (the first, when it
 //!    bound). All three failing is the finalize error. The device may run a launch until the
-//!    reset, so the tracked allocations are freed only after a reset passed (bound for the
-//!    frees, then released again), and leaked with a warning when none did.
+//!    reset, so the tracked allocations are never freed: a passed reset gives them back with
+//!    the device, and without one they are leaked with a warning.
 
 mod manifest;
 mod memory;
@@ -857,7 +857,7 @@ impl Backend for OnboardDevice {
             a.mapping = None;
         }
         // A device that is force-reset may still be running a launch that reads or writes any
-        // tracked allocation: those are freed only once the reset has stopped it.
+        // tracked allocation: those are not freed here but given back by the reset itself.
         let held = if self.ctx.is_poisoned() {
             allocations
         } else {
@@ -865,9 +865,9 @@ impl Backend for OnboardDevice {
             BTreeMap::new()
         };
         let reset = self.reset_device();
-        let released = self.release_after_reset(held, reset.is_ok());
+        self.forget_after_reset(held, reset.is_ok());
         let first = self.ctx.take_deferred().map(|e| acl(None, e));
-        self.error = first.or(reset.err()).or(released.err().map(|e| acl(None, e)));
+        self.error = first.or(reset.err());
         Vec::new()
     }
 

@@ -87,41 +87,32 @@ impl OnboardDevice {
         }
     }
 
-    /// Frees `held`, the allocations a launch could still use until the force reset, once a
-    /// reset passed: the probe released the device, so it is bound for the frees and released
-    /// again. Without a passed reset the device may still use them: they are leaked.
-    pub(super) fn release_after_reset(
-        &self,
-        held: BTreeMap<u64, Allocation>,
-        reset_passed: bool,
-    ) -> Result<(), CannError> {
+    /// Lets go of `held`, the allocations a launch could still use until the force reset,
+    /// without freeing them: a passed force reset gave the device's memory back with it (a
+    /// free now would name memory CANN no longer tracks), and without one the device may
+    /// still use them, so they are leaked.
+    pub(super) fn forget_after_reset(&self, held: BTreeMap<u64, Allocation>, reset_passed: bool) {
         if held.is_empty() {
-            return Ok(());
+            return;
         }
-        let (cann, device) = (&self.ctx.cann, self.ctx.device);
+        let (device, allocations) = (self.ctx.device, held.len());
         let bytes: u64 = held.values().map(|a| a.buffer.len()).sum();
-        let leak = |held: BTreeMap<u64, Allocation>, why: &str| {
+        if reset_passed {
+            tracing::debug!(
+                device,
+                allocations,
+                bytes,
+                "device memory given back by the force reset"
+            );
+        } else {
             tracing::warn!(
                 device,
-                allocations = held.len(),
+                allocations,
                 bytes,
-                "leaking {bytes} bytes of device memory: {why}"
+                "leaking {bytes} bytes of device memory: no force reset passed, so a launch may still use it"
             );
-            std::mem::forget(held);
-        };
-        if !reset_passed {
-            leak(held, "no force reset passed, so a launch may still use it");
-            return Ok(());
         }
-        // SAFETY: plain integer argument.
-        if let Err(e) = self.ctx.check("rtSetDevice", unsafe { cann.rtSetDevice(device) }) {
-            leak(held, "the device could not be bound to free it");
-            return Err(e);
-        }
-        // Each buffer's `Drop` frees it; a refused free is recorded like any release.
-        drop(held);
-        // SAFETY: plain integer argument; pairs with the bind above.
-        self.ctx.check("rtDeviceReset", unsafe { cann.rtDeviceReset(device) })
+        std::mem::forget(held);
     }
 
     /// The force-reset probe: bind, create and destroy a stream, allocate and free 64 bytes,
