@@ -129,6 +129,15 @@ pub enum RegistrationFailure {
 }
 
 impl RegistrationFailure {
+    /// The device's or the process's error itself: what a source chain names after the error
+    /// that carries this one (this wrapper only says which of the two it is).
+    pub(crate) fn as_error(&self) -> &(dyn std::error::Error + 'static) {
+        match self {
+            RegistrationFailure::Device(e) => e,
+            RegistrationFailure::Child(e) => e,
+        }
+    }
+
     /// The device's error, when the device refused.
     pub fn device_error(&self) -> Option<&DeviceError> {
         match self {

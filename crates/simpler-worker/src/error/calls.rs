@@ -329,7 +329,7 @@ impl Error for WorkerError {
             WorkerError::Memory(e) => e.source(),
             #[cfg(feature = "mpi")]
             WorkerError::RemoteTensor(e) => e.source(),
-            WorkerError::Registration { source, .. } => Some(&**source),
+            WorkerError::Registration { source, .. } => Some(source.as_error()),
             WorkerError::DeviceUnusable { child, device, .. } => unusable_source(child, device),
             WorkerError::Device { source, .. } => Some(&**source),
             #[cfg(feature = "mpi")]
