@@ -176,7 +176,9 @@ fn dropped_queued_handles_are_reclaimed_and_the_queue_keeps_working() {
     let slot = r.register_callable(&vector_callable()).unwrap();
     let runs: Vec<_> = (0..3).map(|_| VectorRun::new(&mut r, 128)).collect();
     let cfg = CallConfig::default();
-    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD / 2);
+    // Held long enough that run 2 still executes when run 1's completion looks at it, and
+    // well inside the scheduler budget.
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD * 2);
     let cleanups = r.stats().terminal_cleanups;
     let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &runs[0].args, &cfg)).unwrap();
     let a1 = r.launch_run(p1).unwrap();

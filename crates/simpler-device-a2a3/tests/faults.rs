@@ -262,7 +262,7 @@ fn a_panicking_config_function_is_an_orchestration_error_with_cleanup() {
 #[test]
 fn finalize_releases_a_delayed_kernel_instead_of_detaching_its_core() {
     let mut opts = fast_options(0);
-    opts.sim.join_budget = Duration::from_millis(500);
+    opts.sim.join_budget = Duration::from_secs(5);
     let mut r = DeviceRunner::attach(opts).unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();
     let v = VectorRun::new(&mut r, 64);

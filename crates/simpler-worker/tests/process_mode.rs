@@ -302,10 +302,11 @@ fn a_child_wedged_registering_during_start_fails_start_at_its_deadline_naming_ch
     let _serial = serial();
     let zombies_before = zombies();
     // The start deadline is far shorter than the control timeout, which the wedged
-    // registration must not wait out.
-    let control = Duration::from_secs(30);
+    // registration must not wait out, and long enough for the child to come up on a loaded
+    // machine, so that the step pending at the deadline is the registration.
+    let control = Duration::from_secs(90);
     let opts = options().control_timeout(control).fault_at_start(ChildFault::HangOnRegister);
-    let startup = Duration::from_millis(1500);
+    let startup = Duration::from_secs(10);
     let mut b = process_host(&[0], opts).startup_timeout(startup);
     b.register_chip(add_callable(0));
     let began = std::time::Instant::now();

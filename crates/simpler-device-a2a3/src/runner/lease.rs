@@ -5,11 +5,11 @@
 //! (`DeviceError::StaleRun`). At most one live lease names a slot at a time. A handle dropped
 //! without being consumed by `launch_run`, `complete_run` or `abandon` hands its lease back
 //! through the runner's return queue; the runner runs that slot's terminal cleanup at its next
-//! call (or in `finalize`), after reaping the run if it was launched. A call that must not wait
-//! for the device (`poll_run`, `reap_run` with a deadline) reaps a dropped launched run only
-//! within its own wait: a run still executing then keeps its slot and its lease stays queued
-//! for a later call, and the stream-sync budget that began at that first reap still ends it.
-//! `docs/pipelining.md` describes the protocol.
+//! call (or in `finalize`), after reaping the run if it was launched. A call that does not need
+//! that run gone (the pipelined calls, `docs/pipelining.md` "Calls that do not wait for a
+//! dropped run") reaps a dropped launched run only within its own wait: a run still executing
+//! then keeps its slot and its lease stays queued for a later call, and the stream-sync budget
+//! that began at that first reap still ends it. `docs/pipelining.md` describes the protocol.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -120,8 +120,9 @@ pub struct PreparedRun {
 }
 
 /// A launched run (`DeviceRunner::launch_run`). Dropping it discards the run's result: the
-/// runner waits for the device to finish it and releases its slot at its next call (`poll_run`
-/// and `reap_run` with a deadline do not wait: they leave a run still executing queued).
+/// runner releases its slot once the device finished it, waiting for that only in the calls
+/// that need it gone (`docs/pipelining.md`, "Calls that do not wait for a dropped run"); the
+/// others leave a run still executing queued.
 #[must_use = "dropping a launched run discards its result"]
 #[derive(Debug)]
 pub struct ActiveRun {

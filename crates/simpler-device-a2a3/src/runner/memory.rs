@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use simpler_types::{RunId, Tensor, TensorArgType};
 
 use super::staging::{StagedTensor, host_slice};
-use super::{Core, DevicePtr, RunState, oom};
+use super::{Core, DevicePtr, RunState, Stage, oom};
 use crate::abi::codes::AclCode;
 use crate::backend::{Backend, SyncError};
 use crate::error::{DeviceError, MemPurpose, PoisonCause, PoisonStep, StreamKind};
@@ -158,6 +158,19 @@ impl BuildEnv for RunMemory<'_> {
 }
 
 impl Core {
+    /// The runs launched and not reaped, as a preparation overlapping them sees them.
+    pub(super) fn executing(&self) -> Option<Executing> {
+        let launched = self.runs().filter(|r| r.stage == Stage::Launched);
+        let (count, last) = launched.fold((0u32, None::<&RunState>), |(n, last), r| {
+            (n + 1, if last.is_some_and(|l| l.launch_seq > r.launch_seq) { last } else { Some(r) })
+        });
+        Some(Executing {
+            last: last?.run_id,
+            budget: self.timeouts.stream_sync.saturating_mul(count),
+            op_execute: self.timeouts.op_execute,
+        })
+    }
+
     /// Allocates `bytes` of user memory.
     pub(super) fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
         if bytes == 0 {

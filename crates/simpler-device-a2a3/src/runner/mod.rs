@@ -87,7 +87,7 @@ pub use types::{
 use self::callables::CallableTable;
 use self::health::HealthCell;
 use self::lease::{Lease, ReturnQueue};
-use self::memory::{Arenas, Executing, RunMemory};
+use self::memory::{Arenas, RunMemory};
 use self::run_ids::UsedRunIds;
 use self::staging::{StagedTensor, host_slice_mut};
 use crate::abi::ABI_VERSION;
@@ -356,19 +356,6 @@ impl Core {
         lease::lowest_free(self.slots.iter().map(|x| x.run.is_some())).is_none()
             || (exclusive && self.runs().next().is_some())
             || self.runs().any(|r| diag_feature(&r.diag).is_some())
-    }
-
-    /// The runs launched and not reaped, as a preparation overlapping them sees them.
-    fn executing(&self) -> Option<Executing> {
-        let launched = self.runs().filter(|r| r.stage == Stage::Launched);
-        let (count, last) = launched.fold((0u32, None::<&RunState>), |(n, last), r| {
-            (n + 1, if last.is_some_and(|l| l.launch_seq > r.launch_seq) { last } else { Some(r) })
-        });
-        Some(Executing {
-            last: last?.run_id,
-            budget: self.timeouts.stream_sync.saturating_mul(count),
-            op_execute: self.timeouts.op_execute,
-        })
     }
 
     /// The launched, unreaped run, if any (the exclusive execution claim holds at most one).
