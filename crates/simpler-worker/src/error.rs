@@ -158,8 +158,7 @@ impl RegistrationFailure {
     pub fn device_code(&self) -> Option<DeviceCode> {
         match self {
             RegistrationFailure::Device(e) => e.device_code(),
-            RegistrationFailure::Child(ChildError::Device { code, .. }) => *code,
-            RegistrationFailure::Child(_) => None,
+            RegistrationFailure::Child(e) => e.device_code(),
         }
     }
 }

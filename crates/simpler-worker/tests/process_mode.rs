@@ -1,9 +1,10 @@
 //! PROCESS mode: chips in child processes. Start, runs and memory through the mailbox, crash
 //! isolation (a segfault or abort kills only its child), a hung child killed after its budget,
 //! start failures (a child wedged in a registration during start among them), a child dying
-//! during a registration, refused content, host buffers on chip tasks (and a child dying while
-//! one comes back), chip processes of a killed worker exiting on their own; each test counts
-//! what could leak (zombies, descriptors, threads).
+//! during a registration, a restart whose chip refuses content it held, refused content, host
+//! buffers on chip tasks (and a child dying while one comes back), chip processes of a killed
+//! worker exiting on their own; each test counts what could leak (zombies, descriptors,
+//! threads).
 
 mod common;
 
@@ -227,6 +228,66 @@ fn unregistering_one_of_two_handles_while_the_child_is_dead_keeps_the_other_usab
     let second = w.chip_process_id(WorkerId(0)).unwrap().expect("restarted");
     w.close().expect("close");
     assert!(!exists(first) && !exists(second));
+}
+
+/// The restart failure of chip 0 inside `e`: (restarted pid, callable, device code, device
+/// text) when `e` is the chip's refusal to prepare held content again.
+fn refused_restore(e: &ChildError) -> Option<(u32, String, Option<i32>, String)> {
+    let ChildError::Unusable { chip: WorkerId(0), cause } = e else { return None };
+    let ChildError::Restore { chip: WorkerId(0), pid, callable, cause } = &**cause else {
+        return None;
+    };
+    match &**cause {
+        ChildError::Device { chip: WorkerId(0), run: None, code, message } => {
+            Some((*pid, callable.clone(), code.map(|c| c.code), message.clone()))
+        }
+        _ => None,
+    }
+}
+
+/// A restarted process whose chip refuses content the chip held fails the restart: the run that
+/// started it gets the refusal typed (chip, callable, device code and text) instead of running
+/// without its content, the refusing process is ended and reaped, and the next use tries again.
+#[test]
+fn a_restart_whose_chip_refuses_held_content_fails_naming_the_callable_and_the_refusal() {
+    let _serial = serial();
+    let zombies_before = zombies();
+    let opts = options()
+        .on_child_death(OnChildDeath::Restart)
+        .fault_at_restart(ChildFault::RefuseOnRegister);
+    let mut b = process_host(&[0], opts);
+    let h = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let first = w.chip_process_id(WorkerId(0)).unwrap().expect("pid");
+    let (args, _) = inputs(&w, WorkerId(0));
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::Abort).unwrap());
+    w.submit(on_chip(h, args.clone(), WorkerId(0))).unwrap().wait().expect_err("abort");
+    // This run restarts the chip, whose new process refuses to prepare 'add_0' again.
+    let e = w.submit(on_chip(h, args, WorkerId(0))).unwrap().wait().expect_err("refused");
+    let Some((second, callable, code, message)) =
+        child_error(&e).as_ref().and_then(refused_restore)
+    else {
+        panic!("expected a failed restart naming the refusal, got {:?} ({e})", child_error(&e));
+    };
+    assert_eq!((callable.as_str(), code), ("add_0", Some(207_001)), "{e}");
+    assert!(message.contains("out of device memory"), "{message}");
+    assert!(e.to_string().contains("'add_0'"), "{e}");
+    assert_eq!(e.device_code().map(|c| c.code), Some(207_001), "{e}");
+    assert_ne!(second, first);
+    assert!(!exists(first) && !exists(second), "both processes were reaped");
+    assert_eq!(w.chip_process_id(WorkerId(0)).unwrap(), None, "no process holds less than held");
+    assert_eq!((mailboxes(), zombies()), (0, zombies_before));
+    // The next use restarts again, and is refused the same way by a third process.
+    match w.chip_memory(WorkerId(0)).unwrap().malloc(64) {
+        Err(WorkerError::DeviceUnusable { chip: WorkerId(0), child: Some(c), code, .. }) => {
+            let (third, ..) = refused_restore(&c).unwrap_or_else(|| panic!("{c}"));
+            assert!(third != second && !exists(third), "{c}");
+            assert_eq!(code.map(|c| c.code), Some(207_001), "{c}");
+        }
+        other => panic!("expected a failed restart, got {other:?}"),
+    }
+    w.close().expect("close");
+    assert_eq!((mailboxes(), zombies()), (0, zombies_before));
 }
 
 #[test]

@@ -29,6 +29,8 @@ fn build(program: Build, entry: &str, config: &str) -> Option<ChipCallable> {
 pub(crate) struct Content {
     pub(crate) bytes: Vec<u8>,
     pub(crate) digest: [u8; 32],
+    /// The callable's entry name, which errors about the content name it by.
+    pub(crate) entry: String,
 }
 
 impl Content {
@@ -39,7 +41,7 @@ impl Content {
             bytes.push(0);
         }
         let digest = Sha256::digest(&bytes).into();
-        Content { bytes, digest }
+        Content { bytes, digest, entry: entry.to_owned() }
     }
 }
 

@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::time::Duration;
 
-use simpler_device_a2a3::{DeviceError, DeviceRunner, Platform, RunnerOptions, RuntimeVariant};
+use simpler_device_a2a3::{
+    DeviceError, DeviceRunner, MemPurpose, Platform, RunnerOptions, RuntimeVariant,
+};
 use simpler_types::{
     CallableId, EndpointOutcome, FailureMechanism, RunId, TaskArgs, TaskId, WorkerId,
 };
@@ -287,7 +289,7 @@ impl Child {
         };
         match code {
             op::REGISTER => {
-                // Faults 7 and 8 act on the next registration: an abort or a hang.
+                // Faults 7, 8 and 9 act on the next registration: an abort, a hang, a refusal.
                 match self.fault {
                     7 => Self::crash_if_armed(2),
                     8 => Self::crash_if_armed(3),
@@ -295,6 +297,17 @@ impl Child {
                 }
                 let digest = r.digest().map_err(malformed)?;
                 let bytes = r.bytes().map_err(malformed)?;
+                // Fault 9 refuses this registration only, as a chip whose callable buffer
+                // cannot be allocated would.
+                if self.fault == 9 {
+                    self.fault = 0;
+                    return Err(refusal_frame(&DeviceError::OutOfMemory {
+                        run_id: None,
+                        bytes: bytes.len() as u64,
+                        purpose: MemPurpose::ChipBuffer,
+                        limit: None,
+                    }));
+                }
                 let c = catalog::resolve(bytes, &digest).map_err(|e| {
                     refusal_frame(&DeviceError::InvalidCallable {
                         run_id: None,

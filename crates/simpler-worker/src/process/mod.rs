@@ -45,7 +45,8 @@ pub enum OnChildDeath {
     #[default]
     ChipUnusable,
     /// The next call on the chip starts a new process and prepares the content the chip
-    /// held again. Device allocations made before the death are gone.
+    /// held again. Device allocations made before the death are gone. A restart that cannot
+    /// prepare all of it fails that call and ends the new process; the next call tries again.
     Restart,
 }
 
@@ -59,6 +60,8 @@ pub struct ProcessOptions {
     pub(crate) on_death: OnChildDeath,
     #[cfg(feature = "sim")]
     pub(crate) start_fault: Option<ChildFault>,
+    #[cfg(feature = "sim")]
+    pub(crate) restart_fault: Option<ChildFault>,
 }
 
 impl Default for ProcessOptions {
@@ -73,6 +76,8 @@ impl Default for ProcessOptions {
             on_death: OnChildDeath::ChipUnusable,
             #[cfg(feature = "sim")]
             start_fault: None,
+            #[cfg(feature = "sim")]
+            restart_fault: None,
         }
     }
 }
@@ -118,11 +123,22 @@ impl ProcessOptions {
 
     /// Arms `fault` in every chip process at `start`, as soon as it is ready and before the
     /// builder's chip callables are prepared there (simulator builds; crash tests of the
-    /// start). A restarted process starts without it.
+    /// start). A restarted process starts without it (see
+    /// [`fault_at_restart`](Self::fault_at_restart)).
     #[cfg(feature = "sim")]
     #[must_use]
     pub fn fault_at_start(mut self, fault: ChildFault) -> Self {
         self.start_fault = Some(fault);
+        self
+    }
+
+    /// Arms `fault` in every restarted chip process ([`OnChildDeath::Restart`]), as soon as it
+    /// is ready and before the content the chip held is prepared there again (simulator
+    /// builds; crash tests of the restart).
+    #[cfg(feature = "sim")]
+    #[must_use]
+    pub fn fault_at_restart(mut self, fault: ChildFault) -> Self {
+        self.restart_fault = Some(fault);
         self
     }
 }
@@ -204,7 +220,8 @@ pub enum ChildError {
         /// The budget that ran out.
         budget: Duration,
     },
-    /// An earlier failure made the chip unusable ([`OnChildDeath::ChipUnusable`]).
+    /// An earlier failure made the chip unusable ([`OnChildDeath::ChipUnusable`]), or a restart
+    /// failed ([`OnChildDeath::Restart`]).
     #[error("chip {chip} is unusable since: {cause}")]
     Unusable {
         /// The chip.
@@ -240,6 +257,21 @@ pub enum ChildError {
         /// What failed (paths tried, the OS error).
         message: String,
     },
+    /// A restarted process did not prepare again content the chip held
+    /// ([`OnChildDeath::Restart`]): the restart failed and that process was ended and reaped.
+    #[error(
+        "chip {chip}: its restarted process (pid {pid}) did not prepare '{callable}' again: {cause}"
+    )]
+    Restore {
+        /// The chip.
+        chip: WorkerId,
+        /// The restarted process.
+        pid: u32,
+        /// The callable's entry name.
+        callable: String,
+        /// Why: the chip's refusal ([`ChildError::Device`]), or the request's failure.
+        cause: Box<ChildError>,
+    },
     /// The chip's device reported a failure inside the process.
     #[error("chip {chip}: {message}")]
     Device {
@@ -268,7 +300,20 @@ impl ChildError {
             | ChildError::Oversized { chip, .. }
             | ChildError::Protocol { chip, .. }
             | ChildError::Spawn { chip, .. }
+            | ChildError::Restore { chip, .. }
             | ChildError::Device { chip, .. } => *chip,
+        }
+    }
+
+    /// The device code behind this failure: a device's, also as the cause of an unusable chip
+    /// or of a failed restart.
+    pub fn device_code(&self) -> Option<DeviceCode> {
+        match self {
+            ChildError::Device { code, .. } => *code,
+            ChildError::Unusable { cause, .. } | ChildError::Restore { cause, .. } => {
+                cause.device_code()
+            }
+            _ => None,
         }
     }
 }
@@ -293,6 +338,9 @@ pub enum ChildFault {
     AbortOnRegister,
     /// The process stops answering at its next registration (armed now, not at the next run).
     HangOnRegister,
+    /// The chip refuses the next registration as out of device memory, and only that one
+    /// (armed now, not at the next run).
+    RefuseOnRegister,
 }
 
 /// The main function of the `simpler-chip-child` binary; returns its exit status.

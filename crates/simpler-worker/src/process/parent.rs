@@ -330,10 +330,45 @@ impl ChipProcess {
             }
         }
         self.failed = None;
+        if let Err(e) = self.restore() {
+            // The new process lacks content the worker still counts as held: end it (the
+            // failed request may have reaped it already), so that the next use starts again
+            // from `held`.
+            let pid = self.pid();
+            for r in self.shutdown() {
+                tracing::warn!(chip = %self.chip, ?pid, "ending a restarted chip process: {r:?}");
+            }
+            self.failed = Some(e.clone());
+            return Err(ChildError::Unusable { chip: self.chip, cause: Box::new(e) });
+        }
+        Ok(())
+    }
+
+    /// Prepares every held reference again in a just-restarted process; the first refusal or
+    /// failed request is the error, naming the content.
+    fn restore(&mut self) -> Result<(), ChildError> {
+        let (chip, pid) = (self.chip, self.pid().unwrap_or_default());
+        #[cfg(feature = "sim")]
+        if let Some(fault) = self.opts.restart_fault {
+            self.arm(fault)?;
+        }
         let held: Vec<(Content, usize)> = self.held.values().cloned().collect();
         for (content, refs) in held {
             for _ in 0..refs {
-                self.register_content(&content)?;
+                let cause = match self.register_content(&content) {
+                    Ok(None) => continue,
+                    Ok(Some(f)) => {
+                        let code = f.code;
+                        let message = match f.refusal {
+                            Some(kind) => kind.device_error(f.message).to_string(),
+                            None => f.message,
+                        };
+                        ChildError::Device { chip, run: None, code, message }
+                    }
+                    Err(e) => e,
+                };
+                let callable = content.entry;
+                return Err(ChildError::Restore { chip, pid, callable, cause: Box::new(cause) });
             }
         }
         Ok(())
@@ -665,6 +700,7 @@ impl ChipProcess {
             super::ChildFault::SegfaultOnCopyBack => 5,
             super::ChildFault::AbortOnRegister => 7,
             super::ChildFault::HangOnRegister => 8,
+            super::ChildFault::RefuseOnRegister => 9,
         });
         self.call(op::ARM_FAULT, "arm fault", None).map(|_| ())
     }
@@ -737,11 +773,8 @@ fn kill_group(pid: u32) {
 /// A memory (or other control) call met a failed chip process: the chip is unusable, and why
 /// stays typed.
 pub(super) fn mem_child(chip: WorkerId, e: ChildError) -> MemError {
-    let code = match &e {
-        ChildError::Device { code, .. } => *code,
-        _ => None,
-    };
-    let (message, child) = (e.to_string(), Some(Box::new(e)));
+    let (code, message) = (e.device_code(), e.to_string());
+    let child = Some(Box::new(e));
     MemError::DeviceUnusable { chip, message, code, child, device: None }
 }
 
@@ -754,7 +787,11 @@ pub(super) fn child_failure(e: ChildError, outcome: EndpointOutcome) -> Endpoint
         },
         _ => FailureMechanism::EndpointFailed,
     };
-    EndpointFailure::new(outcome, mechanism, e.to_string()).with_source(FailureSource::new(e))
+    let mut out = EndpointFailure::new(outcome, mechanism, e.to_string());
+    if let Some(c) = e.device_code() {
+        out = out.with_device_code(c);
+    }
+    out.with_source(FailureSource::new(e))
 }
 
 #[cfg(test)]
