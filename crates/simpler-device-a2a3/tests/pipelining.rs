@@ -293,7 +293,9 @@ fn stamp_then_add(
 /// A runner with the add program twice, plainly and behind [`stamp_then_add`], and the buffers
 /// of two runs sharing `a` and `b`: (runner, plain, stamping, [a, b, f1, f2], a, b, args 1, args 2).
 #[allow(clippy::type_complexity)]
-fn stamping_runner() -> (
+fn stamping_runner(
+    opts: simpler_device_a2a3::RunnerOptions,
+) -> (
     DeviceRunner,
     simpler_device_a2a3::ChipSlot,
     simpler_device_a2a3::ChipSlot,
@@ -305,7 +307,7 @@ fn stamping_runner() -> (
 ) {
     use simpler_device_a2a3::Orchestration;
     use simpler_device_a2a3::programs::add;
-    let mut r = DeviceRunner::attach(options()).unwrap();
+    let mut r = DeviceRunner::attach(opts).unwrap();
     let plain = r.register_callable(&add::callable().unwrap()).unwrap();
     let stamping = add::builder_with(Orchestration::Native {
         entry: stamp_then_add,
@@ -332,7 +334,7 @@ fn stamping_runner() -> (
 #[test]
 fn an_orchestration_writing_user_memory_waits_for_the_run_executing_before_it() {
     use simpler_device_a2a3::programs::add;
-    let (mut r, plain, stamping, [pa, pb, p1, p2], a, b, args1, args2) = stamping_runner();
+    let (mut r, plain, stamping, [pa, pb, p1, p2], a, b, args1, args2) = stamping_runner(options());
     let cfg = CallConfig::default();
     // Run 1's add reads `a` only once the kernel delay has passed; run 2's orchestration
     // overwrites `a` while run 2 is prepared, which is while run 1 executes.
@@ -362,7 +364,7 @@ fn an_orchestration_writing_user_memory_waits_for_the_run_executing_before_it() 
 #[test]
 fn an_orchestration_writing_behind_a_run_that_faults_abandons_its_run() {
     use simpler_device_a2a3::programs::add;
-    let (mut r, plain, stamping, _, _, _, args1, args2) = stamping_runner();
+    let (mut r, plain, stamping, _, _, _, args1, args2) = stamping_runner(options());
     let cfg = CallConfig::default();
     r.sim_faults().unwrap().kernel_fault(add::ADD, 1);
     let p = r.prepare(&RunRequest::new(run_id(1), plain, &args1, &cfg)).unwrap();
@@ -375,7 +377,35 @@ fn an_orchestration_writing_behind_a_run_that_faults_abandons_its_run() {
             if *r2 == run_id(2) && *after == run_id(1) && cause.run_id == run_id(1)),
         "{err}"
     );
+    assert!(!r.health().is_healthy(), "run 1's failure made the device unusable");
     let own = r.reap_run(&first, None).unwrap_err();
     assert_eq!(own.run_id(), Some(run_id(1)), "{own}");
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_write_behind_queued_runs_names_the_first_that_failed_not_the_last_launched() {
+    use simpler_device_a2a3::programs::add;
+    let opts = options().with_pipeline_slots(3).with_device_queue(true);
+    let (mut r, plain, stamping, _, _, _, args1, args2) = stamping_runner(opts);
+    let cfg = CallConfig::default();
+    // Run 1 faults; run 2, queued behind it, never starts.
+    r.sim_faults().unwrap().kernel_fault(add::ADD, 1);
+    let p = r.prepare(&RunRequest::new(run_id(1), plain, &args1, &cfg)).unwrap();
+    let first = r.launch_run(p).unwrap();
+    let p = r.prepare(&RunRequest::new(run_id(2), plain, &args2, &cfg)).unwrap();
+    let second = r.launch_run(p).unwrap();
+    let err = r.prepare(&RunRequest::new(run_id(3), stamping, &args2, &cfg)).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::Abandoned { after, cause, .. }
+            if *after == run_id(1) && cause.run_id == run_id(1)),
+        "{err}"
+    );
+    assert_eq!(r.reap_run(&first, None).unwrap_err().run_id(), Some(run_id(1)));
+    let behind = r.reap_run(&second, None).unwrap_err();
+    assert!(
+        matches!(behind, DeviceError::Abandoned { after, .. } if after == run_id(1)),
+        "{behind}"
+    );
     r.finalize().unwrap();
 }

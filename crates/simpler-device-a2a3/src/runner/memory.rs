@@ -79,6 +79,10 @@ impl RunMemory<'_> {
     /// orchestration writes may be one an executing run still reads or writes: the write may
     /// happen only after it (`docs/pipelining.md`, "What a preparation may write").
     fn wait_for_executing(&mut self) -> bool {
+        if self.ahead_failed.is_some() {
+            // Once refused, every later write of the preparation is too: its run is abandoned.
+            return false;
+        }
         let Some(e) = self.executing.take() else { return true };
         let deadline = Instant::now() + e.budget;
         for stream in [StreamKind::Aicpu, StreamKind::AiCore] {
@@ -93,8 +97,6 @@ impl RunMemory<'_> {
                     StreamKind::AiCore => PoisonStep::SyncAiCore,
                 };
                 self.ahead_failed = Some(PoisonCause { run_id: e.last, step, code });
-                // Every later write is refused the same way.
-                self.executing = Some(Executing { budget: Duration::ZERO, ..e });
                 return false;
             }
         }
@@ -158,6 +160,42 @@ impl BuildEnv for RunMemory<'_> {
 }
 
 impl Core {
+    /// The error of a preparation whose orchestration could not write what it asked for: a
+    /// run ahead faulted or did not finish within its whole budget, which makes the device
+    /// unusable as its reap would. The run being prepared is abandoned behind that run, never
+    /// failed with an error of its own.
+    pub(super) fn abandoned_behind_failed_wait(
+        &mut self,
+        run_id: RunId,
+        failed: PoisonCause,
+    ) -> DeviceError {
+        let device_id = self.opts.device_id;
+        let Some((culprit, seq)) = self.first_unfinished_launched() else {
+            // Every launched run ended meanwhile; the write was still refused.
+            return DeviceError::Abandoned {
+                run_id,
+                after: failed.run_id,
+                device_id,
+                cause: failed,
+            };
+        };
+        let cause = PoisonCause { run_id: culprit, ..failed };
+        self.recover_or_mark_unusable(culprit, seq, cause.step, cause.code, None);
+        DeviceError::Abandoned { run_id, after: culprit, device_id, cause }
+    }
+
+    /// The first launched run, in launch order, that has not ended well (with its launch
+    /// sequence): the one a preparation whose wait for the launched runs failed names.
+    pub(super) fn first_unfinished_launched(&self) -> Option<(RunId, u64)> {
+        let mut launched: Vec<&RunState> =
+            self.runs().filter(|r| r.stage == Stage::Launched).collect();
+        launched.sort_by_key(|r| r.launch_seq);
+        launched
+            .into_iter()
+            .find(|r| r.events.is_none() || self.queued_end(r) != Some(Ok(())))
+            .map(|r| (r.run_id, r.launch_seq))
+    }
+
     /// The runs launched and not reaped, as a preparation overlapping them sees them.
     pub(super) fn executing(&self) -> Option<Executing> {
         let launched = self.runs().filter(|r| r.stage == Stage::Launched);

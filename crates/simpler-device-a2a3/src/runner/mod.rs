@@ -519,11 +519,8 @@ impl Core {
             // pooled arena, so the retry starts from free device memory.
             self.release_arenas(s);
         }
-        if let Some(cause) = ahead_failed {
-            // The orchestration could not write what it asked for, because a run ahead faulted
-            // or did not finish: this run is abandoned behind it, never failed with its own error.
-            let device_id = self.opts.device_id;
-            return Err(DeviceError::Abandoned { run_id, after: cause.run_id, device_id, cause });
+        if let Some(failed) = ahead_failed {
+            return Err(self.abandoned_behind_failed_wait(run_id, failed));
         }
         if let (Some(with), Overlap::Overlapped { .. }) = (waited_for, &run.report.overlap) {
             run.report.overlap =
@@ -787,7 +784,7 @@ impl Core {
     /// until `hard` for a reap that must be over by then ([`Core::recovery_drain`];
     /// `docs/device-runner.md`, "Recovery"). `launch_seq` places the failed run in the launch
     /// order (0: never launched).
-    fn recover_or_mark_unusable(
+    pub(super) fn recover_or_mark_unusable(
         &mut self,
         run_id: RunId,
         launch_seq: u64,

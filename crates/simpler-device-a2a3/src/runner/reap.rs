@@ -284,7 +284,7 @@ impl Core {
 
     /// How a queued run's end events stand without blocking: `None` while one is pending,
     /// `Some(Ok)` when both completed, `Some(Err)` when one failed.
-    fn queued_end(&self, run: &RunState) -> Option<Result<(), ()>> {
+    pub(super) fn queued_end(&self, run: &RunState) -> Option<Result<(), ()>> {
         let events = run.events.as_ref()?;
         let op = self.timeouts.op_execute;
         let mut all = Some(Ok(()));

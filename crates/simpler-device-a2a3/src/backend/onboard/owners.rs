@@ -169,6 +169,16 @@ impl DeviceBuffer {
         self.ctx.check("rtMemcpy", ret)
     }
 
+    /// Lets go of the buffer without `rtFree`: for memory a force reset gave back with the
+    /// device. Only the owner's context reference is released.
+    pub(crate) fn disown(self) {
+        let mut this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; `ctx` is read out once and dropped
+        // here, the rest of the buffer holds no resource of the host.
+        drop(unsafe { std::ptr::read(&this.ctx) });
+        this.addr = ptr::null_mut();
+    }
+
     /// `aclrtMemset` of `len` bytes at `offset` (the caller checked the range).
     pub(crate) fn fill(&self, offset: u64, value: u8, len: u64) -> Result<(), CannError> {
         let dst = (self.addr() + offset) as *mut c_void;

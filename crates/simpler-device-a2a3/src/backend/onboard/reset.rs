@@ -89,8 +89,8 @@ impl OnboardDevice {
 
     /// Lets go of `held`, the allocations a launch could still use until the force reset,
     /// without freeing them: a passed force reset gave the device's memory back with it (a
-    /// free now would name memory CANN no longer tracks), and without one the device may
-    /// still use them, so they are leaked.
+    /// free now would name memory CANN no longer tracks), so they are disowned; without one
+    /// the device may still use them, so they are leaked.
     pub(super) fn forget_after_reset(&self, held: BTreeMap<u64, Allocation>, reset_passed: bool) {
         if held.is_empty() {
             return;
@@ -104,6 +104,9 @@ impl OnboardDevice {
                 bytes,
                 "device memory given back by the force reset"
             );
+            for a in held.into_values() {
+                a.buffer.disown();
+            }
         } else {
             tracing::warn!(
                 device,
@@ -111,8 +114,8 @@ impl OnboardDevice {
                 bytes,
                 "leaking {bytes} bytes of device memory: no force reset passed, so a launch may still use it"
             );
+            std::mem::forget(held);
         }
-        std::mem::forget(held);
     }
 
     /// The force-reset probe: bind, create and destroy a stream, allocate and free 64 bytes,
