@@ -287,22 +287,18 @@ pub(crate) fn call_kernel<H: CoreHost>(
     func_id: u32,
     args: *mut i64,
 ) -> KernelOutcome {
-    match dev.faults().on_kernel(func_id, w) {
-        KernelAction::Run => {}
+    let park = match dev.faults().on_kernel(func_id, w) {
+        KernelAction::Run => None,
         KernelAction::Fault => return KernelOutcome::Faulted("injected kernel fault".into()),
-        KernelAction::Hang => {
-            let policy = dev.spin_policy();
-            policy.wait_until(&regs.wake, None, || dev.is_reset() || entry.is_aborted());
+        KernelAction::Hang => Some(None),
+        KernelAction::Delay(d) => Some(std::time::Instant::now().checked_add(d)),
+    };
+    if let Some(until) = park {
+        // Parked, not asleep: a reset or the op-execute watchdog releases a hung kernel, and a
+        // delayed one before its time, so finalize never has to detach the core's thread.
+        let stop = || dev.is_reset() || entry.is_aborted();
+        if dev.spin_policy().wait_until(&regs.wake, until, stop) {
             return KernelOutcome::Hung;
-        }
-        KernelAction::Delay(d) => {
-            // Parked, not asleep: a reset or the op-execute watchdog releases a delayed kernel
-            // as it releases a hung one, so finalize never has to detach its thread.
-            let until = std::time::Instant::now().checked_add(d);
-            let stop = || dev.is_reset() || entry.is_aborted();
-            if dev.spin_policy().wait_until(&regs.wake, until, stop) {
-                return KernelOutcome::Hung;
-            }
         }
     }
     if kernel == 0 {
