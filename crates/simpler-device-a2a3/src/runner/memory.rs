@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use simpler_types::{RunId, Tensor, TensorArgType};
 
 use super::staging::{StagedTensor, host_slice};
-use super::{Core, DevicePtr, RunState, Stage, oom};
+use super::{Core, DevicePtr, RunState, oom};
 use crate::abi::codes::AclCode;
 use crate::backend::{Backend, SyncError};
 use crate::error::{DeviceError, MemPurpose, PoisonCause, PoisonStep, StreamKind};
@@ -187,8 +187,7 @@ impl Core {
     /// The first launched run, in launch order, that has not ended well (with its launch
     /// sequence): the one a preparation whose wait for the launched runs failed names.
     pub(super) fn first_unfinished_launched(&self) -> Option<(RunId, u64)> {
-        let mut launched: Vec<&RunState> =
-            self.runs().filter(|r| r.stage == Stage::Launched).collect();
+        let mut launched: Vec<&RunState> = self.launched_before(u64::MAX).collect();
         launched.sort_by_key(|r| r.launch_seq);
         launched
             .into_iter()
@@ -198,12 +197,10 @@ impl Core {
 
     /// The runs launched and not reaped, as a preparation overlapping them sees them.
     pub(super) fn executing(&self) -> Option<Executing> {
-        let launched = self.runs().filter(|r| r.stage == Stage::Launched);
-        let (count, last) = launched.fold((0u32, None::<&RunState>), |(n, last), r| {
-            (n + 1, if last.is_some_and(|l| l.launch_seq > r.launch_seq) { last } else { Some(r) })
-        });
+        let last = self.launched_before(u64::MAX).max_by_key(|r| r.launch_seq)?;
+        let count = self.launched_before(u64::MAX).count() as u32;
         Some(Executing {
-            last: last?.run_id,
+            last: last.run_id,
             budget: self.timeouts.stream_sync.saturating_mul(count),
             op_execute: self.timeouts.op_execute,
         })

@@ -309,7 +309,7 @@ impl Core {
     }
 
     /// The runs still launched (not reaped) that were launched before position `launch_seq`.
-    fn launched_before(&self, launch_seq: u64) -> impl Iterator<Item = &RunState> {
+    pub(super) fn launched_before(&self, launch_seq: u64) -> impl Iterator<Item = &RunState> {
         self.runs().filter(move |r| r.stage == Stage::Launched && r.launch_seq < launch_seq)
     }
 
