@@ -91,15 +91,22 @@ fn a_bootstrap_wait_that_fails_leaves_its_buffers_to_the_force_reset() {
     assert!(log.iter().filter(|c| c.func.contains("Reset")).all(|c| c.ret == 0));
 }
 
-#[test]
-fn a_register_wait_that_fails_keeps_the_staged_object_and_reply_until_the_reset() {
+/// A trb runner on the stand-in whose next call of `func` (the register entry's, at the next
+/// registration) fails with `code`.
+fn trb_runner_failing_next(func: &str, code: i32) -> (Onboard, DeviceRunner) {
     let b = Onboard::new();
-    let mut r = DeviceRunner::attach(
+    let r = DeviceRunner::attach(
         b.options_on(0, simpler_device_a2a3::RuntimeVariant::TensormapAndRingbuffer),
     )
     .unwrap();
-    let syncs = count(&b.log(), "aclrtSynchronizeStreamWithTimeout") as u64;
-    b.install.fail_call("aclrtSynchronizeStreamWithTimeout", syncs + 1, 507_046).unwrap();
+    let calls = count(&b.log(), func) as u64;
+    b.install.fail_call(func, calls + 1, code).unwrap();
+    (b, r)
+}
+
+#[test]
+fn a_register_wait_that_fails_keeps_the_staged_object_and_reply_until_the_reset() {
+    let (b, mut r) = trb_runner_failing_next("aclrtSynchronizeStreamWithTimeout", 507_046);
     let before = b.live()[2];
     r.register_callable(&add_object_callable()).unwrap_err();
     // The callable's own buffers go; the staged object and reply stay for the entry that may
@@ -116,13 +123,7 @@ fn a_register_wait_that_fails_keeps_the_staged_object_and_reply_until_the_reset(
 
 #[test]
 fn a_refused_register_launch_frees_its_staged_buffers_at_once() {
-    let b = Onboard::new();
-    let mut r = DeviceRunner::attach(
-        b.options_on(0, simpler_device_a2a3::RuntimeVariant::TensormapAndRingbuffer),
-    )
-    .unwrap();
-    let launches = count(&b.log(), "rtsLaunchCpuKernel") as u64;
-    b.install.fail_call("rtsLaunchCpuKernel", launches + 1, 507_899).unwrap();
+    let (b, mut r) = trb_runner_failing_next("rtsLaunchCpuKernel", 507_899);
     let before = b.live()[2];
     r.register_callable(&add_object_callable()).unwrap_err();
     assert_eq!(b.live()[2], before, "nothing runs, so nothing is kept: {:?}", names(&b.log()));
