@@ -135,7 +135,7 @@ pub use error::{
 };
 pub use kernel::{KernelCall, KernelFn};
 #[cfg(feature = "sim")]
-pub use options::SimOptions;
+pub use options::{CoreDispatch, SimOptions};
 pub use options::{
     ENV_RING_DEP_POOL, ENV_RING_HEAP, ENV_RING_TASK_WINDOW, LimitExceeded, Platform,
     PlatformLimits, RingDefaults, RunnerOptions, RuntimeVariant, UnknownRuntime,

@@ -225,6 +225,29 @@ pub struct SimOptions {
     /// The host build of the C++ AICore executor (`libsimpler_aicore_executor.so`) the cores
     /// run instead of the Rust executor; `None` = the Rust executor.
     pub aicore_executor: Option<&'static std::path::Path>,
+    /// Which host thread runs a dispatched kernel (default [`CoreDispatch::Auto`]).
+    pub core_dispatch: CoreDispatch,
+    /// Host cores the simulator plans its threads for (whether a waiter may spin, whether a
+    /// kernel runs on the dispatching thread); `None` = the cores the process may use.
+    pub host_cores: Option<u32>,
+}
+
+/// Which host thread runs a kernel the AICPU dispatched to a simulated core. The protocol is
+/// the same either way (the core's registers, ACK, FIN and swimlane records); only the thread
+/// that performs the core's side of it changes (`docs/device-simulator.md`, "Who runs a
+/// dispatch").
+#[cfg(feature = "sim")]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+#[non_exhaustive]
+pub enum CoreDispatch {
+    /// The AICPU thread that wrote the token runs the kernel while every host core (see
+    /// [`SimOptions::host_cores`]) is taken by an awake simulated thread and the core's own
+    /// thread is not at the token already: waking that thread would only trade places with
+    /// one that has work. Otherwise the core's thread runs it.
+    #[default]
+    Auto,
+    /// Always the core's own thread.
+    CoreThread,
 }
 
 #[cfg(feature = "sim")]
@@ -238,6 +261,8 @@ impl Default for SimOptions {
             join_budget: Duration::from_secs(10),
             aicpu_program: None,
             aicore_executor: None,
+            core_dispatch: CoreDispatch::Auto,
+            host_cores: None,
         }
     }
 }
@@ -387,6 +412,21 @@ impl RunnerOptions {
     #[cfg(feature = "sim")]
     pub fn with_aicore_executor(mut self, path: &'static std::path::Path) -> Self {
         self.sim.aicore_executor = Some(path);
+        self
+    }
+
+    /// Chooses which host thread runs a dispatched kernel (see [`CoreDispatch`]).
+    #[cfg(feature = "sim")]
+    pub fn with_core_dispatch(mut self, dispatch: CoreDispatch) -> Self {
+        self.sim.core_dispatch = dispatch;
+        self
+    }
+
+    /// Plans the simulator's threads for a host of `cores` cores (see
+    /// [`SimOptions::host_cores`]).
+    #[cfg(feature = "sim")]
+    pub fn with_host_cores(mut self, cores: u32) -> Self {
+        self.sim.host_cores = Some(cores);
         self
     }
 

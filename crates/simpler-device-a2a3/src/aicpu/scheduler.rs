@@ -35,7 +35,7 @@ use super::trace::Trace;
 use super::view::{ImageView, ReadyQueue};
 use super::{AicpuPlatform, LogLevel};
 use crate::abi::codes::{RuntimeCode, StallClass};
-use crate::abi::image::{NO_FUNC, READY_QUEUE_COUNT, TaskRecord, TaskShape};
+use crate::abi::image::{NO_FUNC, PhaseRecord, READY_QUEUE_COUNT, TaskRecord, TaskShape};
 use crate::abi::launch::InitArgs;
 use crate::abi::payload::{
     DispatchPayload, GLOBAL_CONTEXT_SLOT, GlobalContext, LOCAL_CONTEXT_SLOT, LocalContext,
@@ -603,6 +603,16 @@ pub fn shutdown_cores<P: AicpuPlatform>(
     clean
 }
 
+/// Ends the phases of a scheduling thread that owns no core: it took part in nothing after
+/// its start (and, for the last thread, the boot).
+pub(super) fn idle_thread_ends<P: AicpuPlatform>(p: &P, phase: &PhaseRecord) {
+    let now = p.counter();
+    phase.handshake_end.store(now, Relaxed);
+    phase.scheduling_end.store(now, Relaxed);
+    phase.tasks_completed.store(0, Relaxed);
+    phase.end.store(now, Relaxed);
+}
+
 /// The AICPU `exec` entry for thread `thread` of a launch (`docs/device-handshake.md`).
 pub fn exec<P: AicpuPlatform>(p: &P, init: &InitArgs, view: &ImageView<'_>, thread: u32) -> i32 {
     if view.trb_header().is_some() {
@@ -640,6 +650,12 @@ pub fn exec<P: AicpuPlatform>(p: &P, init: &InitArgs, view: &ImageView<'_>, thre
         s.boot();
     }
     phase.orchestration_end.store(p.counter(), Relaxed);
+    if s.owned.len == 0 {
+        // Fewer clusters than threads: this one could only complete dummy tasks, which every
+        // thread that owns cores pops too, and those threads watch for stalls themselves.
+        idle_thread_ends(p, phase);
+        return EXEC_OK;
+    }
     if let Err(w) = s.handshake(budget) {
         view.shared().abort.store(1, Release);
         p.notify_schedulers();

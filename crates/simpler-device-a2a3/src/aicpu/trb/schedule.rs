@@ -16,7 +16,8 @@ use crate::abi::regs::RegId;
 use crate::abi::{CorePlace, CoreType};
 use crate::aicpu::dispatch::CoreState;
 use crate::aicpu::scheduler::{
-    Owned, TICKS_PER_MS, WaitEnd, handshake, running_on_any_core, shutdown_cores, wait_for,
+    Owned, TICKS_PER_MS, WaitEnd, handshake, idle_thread_ends, running_on_any_core, shutdown_cores,
+    wait_for,
 };
 use crate::aicpu::trace::Trace;
 use crate::aicpu::view::ImageView;
@@ -64,6 +65,13 @@ pub(super) fn schedule<P: AicpuPlatform>(
         k += schedulers;
     }
     phase.orchestration_end.store(p.counter(), Relaxed);
+    if s.owned.len == 0 {
+        // Fewer clusters than scheduling threads: this one could never dispatch, and the
+        // threads that own cores watch for stalls themselves; staying would only put one more
+        // thread to wake on every published task.
+        idle_thread_ends(p, phase);
+        return EXEC_OK;
+    }
     if let Err(w) = handshake(p, view, s.owned.all(), budget) {
         view.shared().abort.store(1, Release);
         p.notify_schedulers();

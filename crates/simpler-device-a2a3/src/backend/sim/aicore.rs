@@ -14,6 +14,7 @@
 //!    resets.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use simpler_types::DeviceTaskId;
@@ -24,9 +25,10 @@ use super::stream::LaunchEntry as SimLaunch;
 use super::wait::SpinPolicy;
 use crate::abi::CorePlace;
 use crate::abi::codes::AclCode;
-use crate::abi::image::SwimlaneRecord;
+use crate::abi::image::{SwimlaneHeader, SwimlaneRecord};
 use crate::abi::launch::KernelArgs;
 use crate::abi::launch::PROFILE_SWIMLANE;
+use crate::abi::payload::DispatchPayload;
 use crate::abi::regs::{AICPU_IDLE, Cond, EXIT_SIGNAL, EXITED_VALUE, IDLE_VALUE, RegId};
 use crate::aicpu::view::CoreImageView;
 use crate::error::{CoreFault, StreamKind};
@@ -107,7 +109,7 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Runs core `w` of an AICore launch entry; returns 0 or the device code of its fault.
-pub(crate) fn run_core<H: CoreHost>(dev: &H, entry: &SimLaunch, w: u32) -> i32 {
+pub(crate) fn run_core<H: CoreHost>(dev: &H, entry: &Arc<SimLaunch>, w: u32) -> i32 {
     let stop = || dev.is_reset() || entry.is_aborted();
     let Some(args) = dev.read_kernel_args(entry.args) else {
         return AclCode::AICORE_EXCEPTION.get();
@@ -172,109 +174,216 @@ pub(crate) fn run_core<H: CoreHost>(dev: &H, entry: &SimLaunch, w: u32) -> i32 {
         );
     }
     let swimlane = args.profiling & PROFILE_SWIMLANE != 0 && view.header().swimlane_capacity > 0;
-    let mut last = AICPU_IDLE;
+    let (lane, records) = view.swimlane(w);
+    *regs.serving.lock() = Some(Serving {
+        w,
+        place_type: place.core_type,
+        last: AICPU_IDLE,
+        entry: entry.clone(),
+        payloads: [view.payload_ptr(w, 0), view.payload_ptr(w, 1)],
+        swimlane: swimlane.then_some((lane as *const SwimlaneHeader, records)),
+        swimlane_capacity: view.header().swimlane_capacity,
+        ended: None,
+    });
+    // Leaves the loop: the serving state goes before the core's participant ends, so no
+    // AICPU thread serves a token from an image the launch no longer keeps alive.
+    let leave = |slot: &mut Option<Serving>, code: i32| {
+        *slot = None;
+        code
+    };
     let mut round = 0u32;
 
     // Step 4.
     loop {
         let epoch = regs.wake.epoch();
+        let mut slot = regs.serving.lock();
+        let Some(s) = slot.as_mut() else { return AclCode::TASK_ABORT.get() };
+        if let Some(code) = s.ended {
+            // The AICPU thread that served the last token saw its kernel fail.
+            return leave(&mut slot, code);
+        }
         let v = regs.load(RegId::DataMainBaseLow);
-        match step_for(v, last) {
+        match step_for(v, s.last) {
             Step::Exit => {
                 dev.store_cond(w, EXITED_VALUE);
-                return 0;
+                return leave(&mut slot, 0);
             }
             Step::Wait => {
+                drop(slot);
                 if stop() {
-                    return AclCode::TASK_ABORT.get();
+                    return leave(&mut regs.serving.lock(), AclCode::TASK_ABORT.get());
                 }
                 spin.backoff(round, &regs.wake, epoch, None);
                 round = round.saturating_add(1);
-                continue;
             }
-            Step::Run => round = 0,
-        }
-        let p = view.payload_ptr(w, v & 1);
-        // SAFETY: the AICPU filled payload `v & 1` before storing `v` (release), which this
-        // core loaded with acquire; it does not write the payload again until this token is
-        // ACKed or FINed. Only plain fields are read, by value.
-        let (kernel, src, task_id, func_id, block_idx) = unsafe {
-            (
-                std::ptr::addr_of!((*p).kernel).read(),
-                std::ptr::addr_of!((*p).src_payload).read(),
-                std::ptr::addr_of!((*p).task_id).read(),
-                std::ptr::addr_of!((*p).func_id).read(),
-                std::ptr::addr_of!((*p).local.block_idx).read(),
-            )
-        };
-        if src != 0 {
-            // Gated early dispatch (reserved): wait for the doorbell; exit wins.
-            let mut gate_round = 0u32;
-            loop {
-                let e = regs.wake.epoch();
-                match doorbell_step(
-                    regs.load(RegId::DataMainBaseLow),
-                    regs.load(RegId::DataMainBaseHigh),
-                    v,
-                ) {
-                    Step::Exit => {
-                        dev.store_cond(w, EXITED_VALUE);
-                        return 0;
-                    }
-                    Step::Run => break,
-                    Step::Wait if stop() => return AclCode::TASK_ABORT.get(),
-                    Step::Wait => {
-                        spin.backoff(gate_round, &regs.wake, e, None);
-                        gate_round = gate_round.saturating_add(1);
-                    }
+            Step::Run => {
+                round = 0;
+                match serve(dev, regs, s, v, Gate::Wait) {
+                    Served::Done | Served::Declined => {}
+                    Served::Ended(code) => return leave(&mut slot, code),
                 }
             }
         }
-        dev.store_cond(w, Cond::ack(v).0);
-        // The counter is read only for swimlane records: a clock read per kernel edge is a
-        // measurable share of a no-op task.
-        let start = if swimlane { dev.ticks() } else { 0 };
-        // SAFETY: `p` points at a payload inside the image; `args` is its argument array.
-        let args_ptr = unsafe { std::ptr::addr_of_mut!((*p).args) } as *mut i64;
-        match call_kernel(dev, entry, regs, w, kernel, func_id, args_ptr) {
-            KernelOutcome::Finished => {}
-            KernelOutcome::Faulted(msg) => {
-                return fault(msg, Some(func_id), Some(task_id), AclCode::AICORE_EXCEPTION);
-            }
-            KernelOutcome::Hung => {
-                return fault(
-                    "kernel hung until the op-execute watchdog fired".into(),
-                    Some(func_id),
-                    Some(task_id),
-                    AclCode::AICORE_TIMEOUT,
-                );
+    }
+}
+
+/// A core's state between tokens while it serves a launch (steps 3 and 4), kept in its
+/// register block so the AICPU thread that writes a token can serve it itself
+/// (`docs/device-simulator.md`, "Who runs a dispatch"). Present from step 3 until the
+/// core's thread leaves the loop; whoever holds the block's `serving` lock serves.
+#[derive(Debug)]
+pub(crate) struct Serving {
+    w: u32,
+    place_type: crate::abi::CoreType,
+    /// The last token served.
+    last: u32,
+    entry: Arc<SimLaunch>,
+    /// The core's two payload buffers in the launch's image.
+    payloads: [*mut DispatchPayload; 2],
+    /// The core's swimlane header and records, when the launch records a swimlane.
+    swimlane: Option<(*const SwimlaneHeader, *mut SwimlaneRecord)>,
+    swimlane_capacity: u32,
+    /// The code the core's participant ends with, set when a token served by another thread
+    /// failed (its thread then leaves with it).
+    ended: Option<i32>,
+}
+
+// SAFETY: the pointers address the launch's image, which stays alive while the core's
+// participant runs; the state is only reached through the block's lock, and the core's thread
+// removes it before its participant ends.
+unsafe impl Send for Serving {}
+
+/// Whether serving may wait for a gated payload's doorbell.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    Wait,
+    Decline,
+}
+
+/// What serving one token did.
+enum Served {
+    /// ACK, kernel, FIN.
+    Done,
+    /// Nothing: the payload is gated and this server may not wait.
+    Declined,
+    /// The core's participant ends with this code (a fault without FIN, exit, or abort).
+    Ended(i32),
+}
+
+/// Serves token `v` of the core whose state is `s` (step 4 from the payload read to FIN).
+fn serve<H: CoreHost>(dev: &H, regs: &RegBlock, s: &mut Serving, v: u32, gate: Gate) -> Served {
+    let w = s.w;
+    let p = s.payloads[(v & 1) as usize];
+    // SAFETY: the AICPU filled payload `v & 1` before storing `v` (release), which was loaded
+    // with acquire; it does not write the payload again until this token is ACKed or FINed.
+    // Only plain fields are read, by value.
+    let (kernel, src, task_id, func_id, block_idx) = unsafe {
+        (
+            std::ptr::addr_of!((*p).kernel).read(),
+            std::ptr::addr_of!((*p).src_payload).read(),
+            std::ptr::addr_of!((*p).task_id).read(),
+            std::ptr::addr_of!((*p).func_id).read(),
+            std::ptr::addr_of!((*p).local.block_idx).read(),
+        )
+    };
+    if src != 0 {
+        if gate == Gate::Decline {
+            return Served::Declined;
+        }
+        // Gated early dispatch (reserved): wait for the doorbell; exit wins.
+        let stop = || dev.is_reset() || s.entry.is_aborted();
+        let mut gate_round = 0u32;
+        loop {
+            let e = regs.wake.epoch();
+            match doorbell_step(
+                regs.load(RegId::DataMainBaseLow),
+                regs.load(RegId::DataMainBaseHigh),
+                v,
+            ) {
+                Step::Exit => {
+                    dev.store_cond(w, EXITED_VALUE);
+                    return Served::Ended(0);
+                }
+                Step::Run => break,
+                Step::Wait if stop() => return Served::Ended(AclCode::TASK_ABORT.get()),
+                Step::Wait => {
+                    dev.spin_policy().backoff(gate_round, &regs.wake, e, None);
+                    gate_round = gate_round.saturating_add(1);
+                }
             }
         }
-        last = v;
-        if swimlane {
-            let end = dev.ticks();
-            let (h, records) = view.swimlane(w);
-            let n = h.count.load(Ordering::Relaxed);
-            if n < view.header().swimlane_capacity {
-                let rec = SwimlaneRecord {
-                    task_id,
-                    token: v,
-                    func_id,
-                    start,
-                    end,
-                    block_idx,
-                    reserved: 0,
-                };
-                // SAFETY: record `n` < capacity lies inside this core's swimlane block, which
-                // only this core writes during the run.
-                unsafe { records.add(n as usize).write(rec) };
-                // Relaxed: the host reads the records after the stream completed.
-                h.count.store(n + 1, Ordering::Relaxed);
-            } else {
-                h.dropped.fetch_add(1, Ordering::Relaxed);
-            }
+    }
+    dev.store_cond(w, Cond::ack(v).0);
+    // The counter is read only for swimlane records: a clock read per kernel edge is a
+    // measurable share of a no-op task.
+    let start = if s.swimlane.is_some() { dev.ticks() } else { 0 };
+    // SAFETY: `p` points at a payload inside the image; `args` is its argument array.
+    let args_ptr = unsafe { std::ptr::addr_of_mut!((*p).args) } as *mut i64;
+    let failed = match call_kernel(dev, &s.entry, regs, w, kernel, func_id, args_ptr) {
+        KernelOutcome::Finished => None,
+        KernelOutcome::Faulted(msg) => Some((msg, AclCode::AICORE_EXCEPTION)),
+        KernelOutcome::Hung => Some((
+            "kernel hung until the op-execute watchdog fired".to_owned(),
+            AclCode::AICORE_TIMEOUT,
+        )),
+    };
+    if let Some((message, code)) = failed {
+        dev.record_fault(CoreFault {
+            code,
+            stream: StreamKind::AiCore,
+            core: Some((w, s.place_type)),
+            func_id: Some(func_id),
+            task: Some(DeviceTaskId(task_id)),
+            message,
+            at_ticks: dev.ticks(),
+        });
+        return Served::Ended(code.get());
+    }
+    s.last = v;
+    if let Some((h, records)) = s.swimlane {
+        let end = dev.ticks();
+        // SAFETY: the header lies in this core's swimlane block of the live image.
+        let h = unsafe { &*h };
+        let n = h.count.load(Ordering::Relaxed);
+        if n < s.swimlane_capacity {
+            let rec =
+                SwimlaneRecord { task_id, token: v, func_id, start, end, block_idx, reserved: 0 };
+            // SAFETY: record `n` < capacity lies inside this core's swimlane block, which
+            // only the holder of this core's serving lock writes during the run.
+            unsafe { records.add(n as usize).write(rec) };
+            // Relaxed: the host reads the records after the stream completed.
+            h.count.store(n + 1, Ordering::Relaxed);
+        } else {
+            h.dropped.fetch_add(1, Ordering::Relaxed);
         }
-        dev.store_cond(w, Cond::fin(v).0);
+    }
+    dev.store_cond(w, Cond::fin(v).0);
+    Served::Done
+}
+
+/// Serves the token just written to core `c` on the calling (AICPU) thread instead of waking
+/// the core's thread; returns whether it did. It does not when the core's thread holds its
+/// state, is not serving yet (handshake), the register holds no new token (exit, idle), the
+/// payload is gated, or the kernel failed — then the caller wakes the core's thread, which
+/// reports the failure as its own.
+pub(crate) fn serve_here<H: CoreHost>(dev: &H, c: u32) -> bool {
+    let Some(regs) = dev.regs(c) else { return false };
+    let Some(mut slot) = regs.serving.try_lock() else { return false };
+    let Some(s) = slot.as_mut() else { return false };
+    if s.ended.is_some() {
+        return false;
+    }
+    let v = regs.load(RegId::DataMainBaseLow);
+    if step_for(v, s.last) != Step::Run {
+        return false;
+    }
+    match serve(dev, regs, s, v, Gate::Decline) {
+        Served::Done => true,
+        Served::Declined => false,
+        Served::Ended(code) => {
+            s.ended = Some(code);
+            false
+        }
     }
 }
 

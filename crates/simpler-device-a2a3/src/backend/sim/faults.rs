@@ -149,7 +149,7 @@ impl FaultPlan {
         self.fired.lock().clone()
     }
 
-    fn is_armed(&self) -> bool {
+    pub(crate) fn is_armed(&self) -> bool {
         self.armed.load(Ordering::Relaxed)
     }
 

@@ -77,7 +77,7 @@ use crate::backend::{
 };
 use crate::callable::{ChipCallable, KernelCode};
 use crate::error::{CoreFault, DeviceError, InitStep, KernelKind, MemPurpose, StreamKind};
-use crate::options::SimOptions;
+use crate::options::{CoreDispatch, SimOptions};
 use crate::runtime::DeviceOrchestration;
 
 use self::stream::LaunchEntry as SimLaunch;
@@ -176,6 +176,21 @@ impl SimShared {
         match self.owner[w as usize].load(Ordering::Acquire) {
             0 => self.notify_all_aicpu(),
             t => self.aicpu_wake[(t - 1) as usize % self.aicpu_wake.len()].notify(),
+        }
+    }
+
+    /// After a store to core `c`'s `DATA_MAIN_BASE`: serves a new token on this thread when
+    /// the options allow it, otherwise wakes the core's thread (`docs/device-simulator.md`,
+    /// "Who runs a dispatch").
+    pub(crate) fn ring_core(&self, c: u32, block: &RegBlock) {
+        // An injected hang or delay parks the thread that runs the kernel, and the C++
+        // executor keeps its state on its own thread: both need the core's thread.
+        let here = self.opts.core_dispatch == CoreDispatch::Auto
+            && self.gate.saturated()
+            && !self.faults.is_armed()
+            && self.executor.get().is_none();
+        if !(here && aicore::serve_here(self, c)) {
+            block.wake.notify();
         }
     }
 
@@ -357,7 +372,7 @@ impl AicpuPlatform for SimAicpu<'_> {
         let Some(block) = self.dev.regs.get(core as usize) else { return };
         block.store(reg, value);
         if matches!(reg, RegId::DataMainBaseLow | RegId::DataMainBaseHigh) {
-            block.wake.notify();
+            self.dev.ring_core(core, block);
         }
     }
 
@@ -429,6 +444,11 @@ fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
                 None => aicore::run_core(&*dev, &entry, index),
             },
         }));
+        if role == Role::AiCore {
+            // Normally gone already; after a panic in the simulator no AICPU thread may serve
+            // from the ended launch's image.
+            dev.regs[index as usize].serving.lock().take();
+        }
         let code = match run {
             Ok(code) => code,
             Err(_) => {
@@ -505,7 +525,9 @@ impl SimDevice {
             aicpu_mail: mailboxes(MAX_AICPU_THREADS as usize),
             aicore_mail: mailboxes(MAX_LAUNCH_CORES),
             spins: AtomicU32::new(opts.spin_iters.unwrap_or(64)),
-            gate: SpinGate::new(std::thread::available_parallelism().map_or(1, |n| n.get() as u32)),
+            gate: SpinGate::new(opts.host_cores.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+            })),
             block_dim: AtomicU32::new(0),
             alive: AtomicU32::new(0),
             parked: AtomicU32::new(0),

@@ -145,7 +145,13 @@ extern "C" fn idle_wait(ctx: *const c_void, thread: u32, observed: u64, round: u
 extern "C" fn notify_core(ctx: *const c_void, core: u32) {
     let p = platform(ctx, 0);
     if let Some(b) = p.dev.regs.get(core as usize) {
-        b.wake.notify();
+        // A kernel served here runs inside this callback: a panic must not cross the C
+        // boundary (kernel panics are caught at the kernel; this guards the simulator's own).
+        let rung =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.dev.ring_core(core, b)));
+        if rung.is_err() {
+            b.wake.notify();
+        }
     }
 }
 

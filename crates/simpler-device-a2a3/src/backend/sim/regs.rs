@@ -6,6 +6,9 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use parking_lot::Mutex;
+
+use super::aicore::Serving;
 use super::wait::EventCount;
 use crate::abi::regs::RegId;
 
@@ -29,6 +32,9 @@ pub(crate) struct RegBlock {
     window: [AtomicU32; WINDOW_WORDS],
     /// Bumped by every store to `DATA_MAIN_BASE` (the AICore waits for those) and by resets.
     pub(crate) wake: EventCount,
+    /// The core's serving state while it serves a launch; whoever holds the lock serves the
+    /// next token (the core's thread, or the AICPU thread that wrote the token).
+    pub(crate) serving: Mutex<Option<Serving>>,
 }
 
 impl Default for RegBlock {
@@ -36,6 +42,7 @@ impl Default for RegBlock {
         RegBlock {
             window: [const { AtomicU32::new(0) }; WINDOW_WORDS],
             wake: EventCount::default(),
+            serving: Mutex::new(None),
         }
     }
 }

@@ -59,6 +59,12 @@ impl SpinGate {
     fn may_spin(&self) -> bool {
         self.awake.load(Ordering::Relaxed) <= self.cores
     }
+
+    /// Every host core is taken by an awake thread of the device: a thread woken now would
+    /// have to take a core from one of them.
+    pub(crate) fn saturated(&self) -> bool {
+        self.awake.load(Ordering::Relaxed) >= self.cores
+    }
 }
 
 /// An epoch counter with parked waiters.
