@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::diag::json;
@@ -17,151 +18,208 @@ use simpler_types::{CallConfig, CoreArgs, SwimlaneLevel, TaskArgs};
 const RUNTIMES: [RuntimeVariant; 2] =
     [RuntimeVariant::HostBuildGraph, RuntimeVariant::TensormapAndRingbuffer];
 
-/// Tasks (and output tensors) of one run.
-const TASKS: usize = 4;
+/// Tasks of one run: a chain, each an `InOut` of the same one-element tensor.
+const CHAIN: u64 = 12;
 
 const WHERE: u32 = 0;
 const PANICS: u32 = 1;
+const SPINS: u32 = 2;
+const SLOW: u32 = 3;
 
-/// Writes 1 to its output if it runs on a simulated AICPU thread, 2 on a simulated core's.
+/// What `where_am_i` adds for a kernel run on an AICPU thread, and on a core's own thread.
+const ON_AICPU: f32 = 1.0;
+const ON_CORE: f32 = 1000.0;
+
+fn on_aicpu_thread() -> bool {
+    std::thread::current().name().unwrap_or_default().contains("-aicpu")
+}
+
+/// Adds [`ON_AICPU`] or [`ON_CORE`] to its tensor, by the thread it runs on.
 unsafe extern "C-unwind" fn where_am_i(args: *mut i64) {
     // SAFETY: the runtime passes a valid argument vector with one f32 tensor.
     let k = unsafe { KernelCall::from_raw(args, 1) };
-    // SAFETY: the task's only tensor, written by this task alone.
+    // SAFETY: the task's only tensor; the chain orders every task touching it.
     let out = unsafe { k.slice_mut::<f32>(0) }.unwrap();
-    let name = std::thread::current().name().unwrap_or_default().to_owned();
-    out[0] = if name.contains("-aicpu") {
-        1.0
-    } else if name.contains("-aicore") {
-        2.0
-    } else {
-        -1.0
-    };
+    out[0] += if on_aicpu_thread() { ON_AICPU } else { ON_CORE };
 }
 
-/// Panics when it runs on a simulated AICPU thread; writes 2 on a core's own thread.
+/// Panics on an AICPU thread; `where_am_i` on a core's own thread.
 unsafe extern "C-unwind" fn panics_on_aicpu(args: *mut i64) {
-    if std::thread::current().name().unwrap_or_default().contains("-aicpu") {
+    if on_aicpu_thread() {
         panic!("deliberate kernel panic");
     }
-    // SAFETY: as in `where_am_i`.
+    // SAFETY: forwarded.
     unsafe { where_am_i(args) };
 }
 
-/// One AIV task per argument tensor, running `scalar(0)` as its kernel.
-fn one_task_per_tensor(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+/// Released by the test that makes `spins_on_aicpu` hang, once it is done.
+static RELEASE: AtomicBool = AtomicBool::new(false);
+
+/// Does not return on an AICPU thread until [`RELEASE`]; `where_am_i` on a core's own thread.
+unsafe extern "C-unwind" fn spins_on_aicpu(args: *mut i64) {
+    if on_aicpu_thread() {
+        while !RELEASE.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    // SAFETY: forwarded.
+    unsafe { where_am_i(args) };
+}
+
+/// Takes 3 ms on an AICPU thread (longer than the simulator runs kernels there); then
+/// `where_am_i`.
+unsafe extern "C-unwind" fn slow_on_aicpu(args: *mut i64) {
+    if on_aicpu_thread() {
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    // SAFETY: forwarded.
+    unsafe { where_am_i(args) };
+}
+
+/// `scalar(1)` AIV tasks of kernel `scalar(0)`, each an `InOut` of tensor 0.
+fn chain(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
     let bad = OrchError::from_status(-1);
     let func = args.scalar(0).ok_or(bad)? as u32;
-    for i in 0..TASKS {
+    for _ in 0..args.scalar(1).ok_or(bad)? {
         let mut task = CoreArgs::new();
-        task.add_inout(*args.tensor(i).ok_or(bad)?).map_err(|_| bad)?;
+        task.add_inout(*args.tensor(0).ok_or(bad)?).map_err(|_| bad)?;
         ctx.submit(Kernels::Aiv(func), &task)?;
     }
     Ok(())
 }
 
 fn callable() -> ChipCallable {
-    ChipCallable::native(one_task_per_tensor, |_| OrchConfig {
-        expected_arg_count: TASKS as u32 + 1,
-    })
-    .kernel(WHERE, CoreCallable::native(vec![ArgDirection::InOut], where_am_i))
-    .kernel(PANICS, CoreCallable::native(vec![ArgDirection::InOut], panics_on_aicpu))
-    .build()
-    .unwrap()
+    let inout = || vec![ArgDirection::InOut];
+    ChipCallable::native(chain, |_| OrchConfig { expected_arg_count: 3 })
+        .kernel(WHERE, CoreCallable::native(inout(), where_am_i))
+        .kernel(PANICS, CoreCallable::native(inout(), panics_on_aicpu))
+        .kernel(SPINS, CoreCallable::native(inout(), spins_on_aicpu))
+        .kernel(SLOW, CoreCallable::native(inout(), slow_on_aicpu))
+        .build()
+        .unwrap()
 }
 
-/// The Rust core executor: the C++ one always runs kernels on the core's thread.
-fn rust_cores(mut o: RunnerOptions) -> RunnerOptions {
+/// A simulator planned for one host core, with the Rust core executor (the C++ one always runs
+/// kernels on the core's thread): every awake thread makes the host "busy".
+fn one_host_core(mut o: RunnerOptions) -> RunnerOptions {
     o.sim.aicore_executor = None;
-    o
+    o.with_host_cores(1)
 }
 
-/// Runs `func` once per output on `r`; returns the outputs or the run's error.
-fn run(
+/// Runs a chain of `tasks` kernels `func` on one cluster; returns the tensor's final value
+/// (how many ran on an AICPU thread is `value % ON_CORE`) or the run's error.
+fn run_chain(
     r: &mut DeviceRunner,
     run: u64,
     func: u32,
+    tasks: u64,
     cfg: &CallConfig,
-) -> Result<Vec<f32>, DeviceError> {
+) -> Result<f32, DeviceError> {
     let slot = r.register_callable(&callable()).unwrap();
+    let (p, t) = upload_f32(r, &[0.0]);
     let mut args = TaskArgs::new();
-    let mut ptrs = Vec::new();
-    for _ in 0..TASKS {
-        let (p, t) = upload_f32(r, &[0.0]);
-        args.add_inout(t).unwrap();
-        ptrs.push(p);
-    }
+    args.add_inout(t).unwrap();
     args.add_scalar(u64::from(func)).unwrap();
+    args.add_scalar(tasks).unwrap();
     let result = r.run(&RunRequest::new(run_id(run), slot, &args, cfg));
-    let out = result.map(|_| ptrs.iter().map(|&p| download_f32(r, p, 1)[0]).collect());
-    for p in ptrs {
-        r.free(p).unwrap();
-    }
+    let out = result.map(|_| download_f32(r, p, 1)[0]);
+    r.free(p).unwrap();
     out
 }
 
-/// A simulator planned for one host core: every kernel may run on the dispatching thread.
-fn one_host_core(o: RunnerOptions) -> RunnerOptions {
-    rust_cores(o).with_host_cores(1)
+fn one_cluster() -> CallConfig {
+    CallConfig::builder().block_dim(1).build().unwrap()
 }
 
 #[test]
 fn kernels_run_on_the_dispatching_thread_only_when_core_dispatch_allows_it() {
     for runtime in RUNTIMES {
         for dispatch in [CoreDispatch::Auto, CoreDispatch::CoreThread] {
+            let dir = temp_dir(&format!("where-{runtime:?}-{dispatch:?}"));
             let o = one_host_core(options_on(0, runtime)).with_core_dispatch(dispatch);
             let mut r = DeviceRunner::attach(o).unwrap();
-            let mut outputs = Vec::new();
-            for n in 1..=3 {
-                outputs.extend(run(&mut r, n, WHERE, &CallConfig::default()).unwrap());
-            }
+            let cfg = CallConfig::builder()
+                .block_dim(1)
+                .swimlane(SwimlaneLevel::AicoreTiming)
+                .output_prefix(&dir)
+                .build()
+                .unwrap();
+            let value = run_chain(&mut r, 1, WHERE, CHAIN, &cfg).unwrap();
             r.finalize().unwrap();
-            assert!(outputs.iter().all(|&v| v == 1.0 || v == 2.0), "{runtime:?}: {outputs:?}");
-            // Auto: a core's thread serves a token only when it is at the token already (the
-            // first one of a launch, say); the rest run where they were dispatched.
-            let on_aicpu = outputs.iter().filter(|&&v| v == 1.0).count();
+            let (on_core, on_aicpu) = ((value / ON_CORE) as u64, (value % ON_CORE) as u64);
+            assert_eq!(on_core + on_aicpu, CHAIN, "{runtime:?} {dispatch:?}: {value}");
             match dispatch {
-                CoreDispatch::CoreThread => assert_eq!(on_aicpu, 0, "{runtime:?}: {outputs:?}"),
-                _ => assert!(on_aicpu > 0, "{runtime:?} {dispatch:?}: {outputs:?}"),
+                CoreDispatch::CoreThread => assert_eq!(on_aicpu, 0, "{runtime:?}: {value}"),
+                // A core's thread serves a token only when it is at it already (the first of
+                // a launch, say); a chain's later tokens find it parked.
+                _ => assert!(on_aicpu > 0, "{runtime:?} {dispatch:?}: {value}"),
             }
+            // Tokens served on the AICPU thread keep the core's swimlane records.
+            let records = json(&dir.join("l2_swimlane_records.json"));
+            let tasks = records["aicore_tasks"].as_array().unwrap();
+            assert_eq!(tasks.len() as u64, CHAIN, "{runtime:?} {dispatch:?}");
+            for t in tasks {
+                let (start, end) = (t[4].as_u64().unwrap(), t[5].as_u64().unwrap());
+                assert!(0 < start && start <= end, "{runtime:?} {dispatch:?}: {t}");
+            }
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }
 
 #[test]
-fn a_kernel_panicking_on_the_dispatching_thread_is_an_aicore_fault_and_the_device_recovers() {
+fn a_kernel_panicking_on_the_dispatching_thread_is_one_aicore_fault_and_the_device_works_after() {
     for runtime in RUNTIMES {
-        let mut faulted = false;
-        for attempt in 1..=5 {
-            let mut r = DeviceRunner::attach(one_host_core(fast_options_on(1, runtime))).unwrap();
-            match run(&mut r, attempt, PANICS, &CallConfig::default()) {
-                // Every kernel happened to run on its core's thread.
-                Ok(out) => assert_eq!(out, [2.0; TASKS], "{runtime:?}"),
-                Err(err) => {
-                    let DeviceError::DeviceFault { faults, .. } = &err else {
-                        panic!("{runtime:?}: {err}")
-                    };
-                    assert!(
-                        faults.iter().any(|f| f.code == AclCode::AICORE_EXCEPTION
-                            && f.func_id == Some(PANICS)
-                            && f.core.is_some()
-                            && f.message.contains("deliberate kernel panic")),
-                        "{runtime:?}: {err}"
-                    );
-                    faulted = true;
-                }
-            }
-            assert!(r.finalize().unwrap().stuck_threads.is_empty(), "{runtime:?}");
-            if faulted {
-                break;
-            }
-        }
-        assert!(faulted, "{runtime:?}: no kernel ran on a dispatching thread in 5 runs");
+        let mut r = DeviceRunner::attach(one_host_core(fast_options_on(1, runtime))).unwrap();
+        let err = run_chain(&mut r, 1, PANICS, CHAIN, &one_cluster()).unwrap_err();
+        let DeviceError::DeviceFault { faults, .. } = &err else { panic!("{runtime:?}: {err}") };
+        // The chain stops at the first kernel that ran on an AICPU thread.
+        let panicked: Vec<_> = faults.iter().filter(|f| f.func_id == Some(PANICS)).collect();
+        assert_eq!(panicked.len(), 1, "{runtime:?}: {err}");
+        let f = panicked[0];
+        assert_eq!(f.code, AclCode::AICORE_EXCEPTION, "{runtime:?}: {err}");
+        assert!(f.core.is_some() && f.task.is_some(), "{runtime:?}: {err}");
+        assert!(f.message.contains("deliberate kernel panic"), "{runtime:?}: {err}");
+        assert!(r.finalize().unwrap().stuck_threads.is_empty(), "{runtime:?}");
         let mut r = DeviceRunner::attach(one_host_core(options_on(1, runtime))).unwrap();
-        let out = run(&mut r, 9, WHERE, &CallConfig::default()).unwrap();
-        assert!(out.iter().all(|&v| v == 1.0 || v == 2.0), "{runtime:?}: {out:?}");
+        let value = run_chain(&mut r, 2, WHERE, CHAIN, &one_cluster()).unwrap();
+        assert_eq!((value / ON_CORE) as u64 + (value % ON_CORE) as u64, CHAIN, "{runtime:?}");
         r.finalize().unwrap();
     }
+}
+
+/// After a kernel that ran long on an AICPU thread, the core's later tokens of the launch go to
+/// the core's own thread, so the AICPU thread keeps polling its cores and watching for stalls.
+#[test]
+fn a_long_kernel_sends_the_rest_of_its_cores_launch_back_to_the_core_thread() {
+    for runtime in RUNTIMES {
+        let mut r = DeviceRunner::attach(one_host_core(options_on(4, runtime))).unwrap();
+        let value = run_chain(&mut r, 1, SLOW, CHAIN, &one_cluster()).unwrap();
+        r.finalize().unwrap();
+        let (on_core, on_aicpu) = ((value / ON_CORE) as u64, (value % ON_CORE) as u64);
+        assert_eq!(on_core + on_aicpu, CHAIN, "{runtime:?}: {value}");
+        // At most one per AIV core of the cluster ran long on the AICPU thread.
+        assert!(on_aicpu <= 2, "{runtime:?}: {on_aicpu} of {CHAIN} on the AICPU thread");
+    }
+}
+
+/// A kernel that never returns on the AICPU thread serving it: the run fails with a typed
+/// timeout instead of hanging, the core's own thread leaves the stopped launch (it does not wait
+/// for the state that thread holds), and finalize names the one AICPU thread it had to leave.
+#[test]
+fn a_kernel_that_never_returns_on_the_dispatching_thread_fails_the_run_and_finalize_names_it() {
+    let o = one_host_core(fast_options_on(2, RuntimeVariant::HostBuildGraph));
+    let mut r = DeviceRunner::attach(o).unwrap();
+    let err = run_chain(&mut r, 1, SPINS, CHAIN, &one_cluster()).unwrap_err();
+    let stuck = r.finalize().unwrap().stuck_threads;
+    RELEASE.store(true, Ordering::Release);
+    // The AICPU stream cannot end while its thread is inside the kernel: the run times out on
+    // the stream-sync budget, with the op-execute watchdog's verdict on the AICore stream.
+    assert!(err.is_timeout() && err.run_id() == Some(run_id(1)), "{err}");
+    let DeviceError::Timeout { faults, .. } = &err else { panic!("{err}") };
+    assert!(faults.iter().any(|f| f.code == AclCode::AICORE_TIMEOUT), "{err:?}");
+    assert_eq!(stuck.len(), 1, "{stuck:?}");
+    assert!(stuck[0].contains("-aicpu"), "{stuck:?}");
 }
 
 #[test]
@@ -171,7 +229,7 @@ fn scheduling_threads_without_a_cluster_end_before_the_run_does() {
     const MARGIN: u64 = 20 * 50_000;
     for runtime in RUNTIMES {
         let dir = temp_dir(&format!("coreless-{runtime:?}"));
-        let mut r = DeviceRunner::attach(options_on(2, runtime)).unwrap();
+        let mut r = DeviceRunner::attach(options_on(3, runtime)).unwrap();
         r.sim_faults().unwrap().kernel_delay(WHERE, DELAY);
         let cfg = CallConfig::builder()
             .block_dim(1)
@@ -179,7 +237,7 @@ fn scheduling_threads_without_a_cluster_end_before_the_run_does() {
             .output_prefix(&dir)
             .build()
             .unwrap();
-        run(&mut r, 1, WHERE, &cfg).unwrap();
+        run_chain(&mut r, 1, WHERE, 2, &cfg).unwrap();
         r.finalize().unwrap();
         let records = json(&dir.join("l2_swimlane_records.json"));
         let phases = records["phases"].as_array().unwrap();
@@ -194,11 +252,14 @@ fn scheduling_threads_without_a_cluster_end_before_the_run_does() {
         let busy_until = at(0, "scheduling_end");
         for t in 1..schedulers {
             assert!(
+                0 < at(t, "start") && at(t, "start") <= at(t, "end"),
+                "{runtime:?}: {phases:?}"
+            );
+            assert!(
                 at(t, "end") + MARGIN < busy_until,
                 "{runtime:?}: thread {t} without a cluster stayed until {} (thread 0 scheduled until {busy_until})",
                 at(t, "end")
             );
-            assert_eq!(at(t, "tasks_completed"), 0);
         }
         let _ = std::fs::remove_dir_all(dir);
     }

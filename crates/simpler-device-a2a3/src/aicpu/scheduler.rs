@@ -349,8 +349,9 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         // pending: the buffer belongs to a finished token and the AICore does not read it until
         // it observes the token stored below (release).
         unsafe { ptr.write(payload) };
+        // Bookkeeping first: the store may run the kernel before it returns (a simulator's
+        // AICPU thread can serve the token itself), and the dispatch record must precede it.
         self.record_dispatch(idx, t.task_id, w, token);
-        self.p.reg_store(w, RegId::DataMainBaseLow, token);
         self.unpublished.dispatched += 1;
         self.unpublished.progress += 1;
         let slot = self.view.core_slot(w);
@@ -358,6 +359,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         if self.owned.cores[idx].pending().is_none() {
             slot.running_task.store(t.task_id.wrapping_add(1), Relaxed);
         }
+        self.p.reg_store(w, RegId::DataMainBaseLow, token);
     }
 
     /// Dispatches ready blocks to owned cores; returns whether anything happened.

@@ -290,7 +290,8 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         // the buffer belongs to a finished token and the AICore reads it only after observing
         // the token stored below (release).
         unsafe { ptr.write(payload) };
-        self.p.reg_store(w, RegId::DataMainBaseLow, token);
+        // Bookkeeping first: the store may run the kernel before it returns (a simulator's
+        // AICPU thread can serve the token itself), and the dispatch record must precede it.
         if let Some(tr) = self.trace.as_mut() {
             tr.dispatch(&self.view, idx, self.p.counter(), task_id, w, token);
         }
@@ -301,6 +302,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         if self.owned.cores[idx].pending().is_none() {
             slot.running_task.store(task_id.wrapping_add(1), Relaxed);
         }
+        self.p.reg_store(w, RegId::DataMainBaseLow, token);
     }
 
     /// Dispatches what it can of pending entry `k`; returns whether anything was sent.

@@ -175,7 +175,10 @@ pub(crate) fn run_core<H: CoreHost>(dev: &H, entry: &Arc<SimLaunch>, w: u32) -> 
     }
     let swimlane = args.profiling & PROFILE_SWIMLANE != 0 && view.header().swimlane_capacity > 0;
     let (lane, records) = view.swimlane(w);
-    *regs.serving.lock() = Some(Serving {
+    let Some(mut slot) = lock_serving(regs, &stop) else {
+        return kernel_outlived_launch(dev, w, place.core_type);
+    };
+    *slot = Some(Serving {
         w,
         place_type: place.core_type,
         last: AICPU_IDLE,
@@ -184,10 +187,15 @@ pub(crate) fn run_core<H: CoreHost>(dev: &H, entry: &Arc<SimLaunch>, w: u32) -> 
         swimlane: swimlane.then_some((lane as *const SwimlaneHeader, records)),
         swimlane_capacity: view.header().swimlane_capacity,
         ended: None,
+        short_kernels: true,
     });
+    regs.abandoned.store(false, Ordering::SeqCst);
+    drop(slot);
     // Leaves the loop: the serving state goes before the core's participant ends, so no
-    // AICPU thread serves a token from an image the launch no longer keeps alive.
+    // AICPU thread serves a token from an image the launch no longer keeps alive. A failure
+    // an AICPU thread saw while serving for this core wins over a plain abort.
     let leave = |slot: &mut Option<Serving>, code: i32| {
+        let code = slot.as_ref().and_then(|s| s.ended).unwrap_or(code);
         *slot = None;
         code
     };
@@ -196,7 +204,9 @@ pub(crate) fn run_core<H: CoreHost>(dev: &H, entry: &Arc<SimLaunch>, w: u32) -> 
     // Step 4.
     loop {
         let epoch = regs.wake.epoch();
-        let mut slot = regs.serving.lock();
+        let Some(mut slot) = lock_serving(regs, &stop) else {
+            return kernel_outlived_launch(dev, w, place.core_type);
+        };
         let Some(s) = slot.as_mut() else { return AclCode::TASK_ABORT.get() };
         if let Some(code) = s.ended {
             // The AICPU thread that served the last token saw its kernel fail.
@@ -208,11 +218,9 @@ pub(crate) fn run_core<H: CoreHost>(dev: &H, entry: &Arc<SimLaunch>, w: u32) -> 
                 dev.store_cond(w, EXITED_VALUE);
                 return leave(&mut slot, 0);
             }
+            Step::Wait if stop() => return leave(&mut slot, AclCode::TASK_ABORT.get()),
             Step::Wait => {
                 drop(slot);
-                if stop() {
-                    return leave(&mut regs.serving.lock(), AclCode::TASK_ABORT.get());
-                }
                 spin.backoff(round, &regs.wake, epoch, None);
                 round = round.saturating_add(1);
             }
@@ -225,6 +233,47 @@ pub(crate) fn run_core<H: CoreHost>(dev: &H, entry: &Arc<SimLaunch>, w: u32) -> 
             }
         }
     }
+}
+
+/// How long a core's thread waits for its serving lock between looks at whether the launch
+/// was stopped (an AICPU thread holds the lock while it runs a kernel for the core).
+const LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// The core's serving lock, or `None` once the launch is stopped while an AICPU thread still
+/// holds it: a kernel it serves for this core has not returned.
+fn lock_serving<'r>(
+    regs: &'r RegBlock,
+    stop: &impl Fn() -> bool,
+) -> Option<parking_lot::MutexGuard<'r, Option<Serving>>> {
+    loop {
+        if let Some(guard) = regs.serving.try_lock_for(LOCK_POLL) {
+            return Some(guard);
+        }
+        if stop() {
+            return None;
+        }
+    }
+}
+
+/// The core's thread leaves a stopped launch while an AICPU thread is still inside a kernel
+/// it serves for the core: the core's participant ends as a hang, and the state, which that
+/// thread still holds, is marked abandoned so nothing is served from it again.
+fn kernel_outlived_launch<H: CoreHost>(dev: &H, w: u32, core_type: crate::abi::CoreType) -> i32 {
+    if let Some(regs) = dev.regs(w) {
+        regs.abandoned.store(true, Ordering::SeqCst);
+    }
+    dev.record_fault(CoreFault {
+        code: AclCode::AICORE_TIMEOUT,
+        stream: StreamKind::AiCore,
+        core: Some((w, core_type)),
+        func_id: None,
+        task: None,
+        message: "a kernel the AICPU thread runs for this core had not returned when the launch \
+                  was stopped"
+            .into(),
+        at_ticks: dev.ticks(),
+    });
+    AclCode::AICORE_TIMEOUT.get()
 }
 
 /// A core's state between tokens while it serves a launch (steps 3 and 4), kept in its
@@ -246,7 +295,15 @@ pub(crate) struct Serving {
     /// The code the core's participant ends with, set when a token served by another thread
     /// failed (its thread then leaves with it).
     ended: Option<i32>,
+    /// Whether every kernel served on an AICPU thread for this launch returned within
+    /// [`INLINE_KERNEL_LIMIT`]; once one did not, the core's thread serves the rest.
+    short_kernels: bool,
 }
+
+/// The longest kernel after which a core's later tokens of the launch are still served on the
+/// AICPU thread: an AICPU thread inside a kernel neither polls its other cores nor watches for
+/// stalls, so long kernels go back to the core's own thread.
+const INLINE_KERNEL_LIMIT: std::time::Duration = std::time::Duration::from_millis(1);
 
 // SAFETY: the pointers address the launch's image, which stays alive while the core's
 // participant runs; the state is only reached through the block's lock, and the core's thread
@@ -369,15 +426,34 @@ fn serve<H: CoreHost>(dev: &H, regs: &RegBlock, s: &mut Serving, v: u32, gate: G
 pub(crate) fn serve_here<H: CoreHost>(dev: &H, c: u32) -> bool {
     let Some(regs) = dev.regs(c) else { return false };
     let Some(mut slot) = regs.serving.try_lock() else { return false };
+    if regs.abandoned.swap(false, Ordering::SeqCst) {
+        // Left behind by a kernel that outlived its launch (`kernel_outlived_launch`).
+        *slot = None;
+        return false;
+    }
     let Some(s) = slot.as_mut() else { return false };
-    if s.ended.is_some() {
+    if s.ended.is_some() || !s.short_kernels {
         return false;
     }
     let v = regs.load(RegId::DataMainBaseLow);
     if step_for(v, s.last) != Step::Run {
         return false;
     }
-    match serve(dev, regs, s, v, Gate::Decline) {
+    let start = std::time::Instant::now();
+    // A panic here would be the simulator's own (a kernel's is caught at the kernel): it
+    // ends the core's participant as a fault instead of unwinding through the AICPU program.
+    let served =
+        std::panic::catch_unwind(AssertUnwindSafe(|| serve(dev, regs, s, v, Gate::Decline)))
+            .unwrap_or(Served::Ended(AclCode::AICORE_EXCEPTION.get()));
+    if start.elapsed() > INLINE_KERNEL_LIMIT {
+        s.short_kernels = false;
+    }
+    if regs.abandoned.swap(false, Ordering::SeqCst) {
+        // The core's thread left while the kernel ran: its state must not outlive this call.
+        *slot = None;
+        return true;
+    }
+    match served {
         Served::Done => true,
         Served::Declined => false,
         Served::Ended(code) => {

@@ -444,10 +444,15 @@ fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
                 None => aicore::run_core(&*dev, &entry, index),
             },
         }));
-        if role == Role::AiCore {
+        if role == Role::AiCore
+            && let Some(regs) = dev.regs.get(index as usize)
+        {
             // Normally gone already; after a panic in the simulator no AICPU thread may serve
-            // from the ended launch's image.
-            dev.regs[index as usize].serving.lock().take();
+            // from the ended launch's image (one still holding the state drops it).
+            match regs.serving.try_lock() {
+                Some(mut slot) => *slot = None,
+                None => regs.abandoned.store(true, Ordering::SeqCst),
+            }
         }
         let code = match run {
             Ok(code) => code,

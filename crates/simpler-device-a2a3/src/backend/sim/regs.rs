@@ -4,7 +4,7 @@
 //! offset. The register table holds the blocks' addresses, so the built AICPU program, which
 //! addresses registers as `window + offset`, runs against them unchanged.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 
@@ -35,6 +35,9 @@ pub(crate) struct RegBlock {
     /// The core's serving state while it serves a launch; whoever holds the lock serves the
     /// next token (the core's thread, or the AICPU thread that wrote the token).
     pub(crate) serving: Mutex<Option<Serving>>,
+    /// Set by the core's thread when it left a stopped launch while an AICPU thread still held
+    /// `serving` (a kernel that did not return); the next holder drops the state.
+    pub(crate) abandoned: AtomicBool,
 }
 
 impl Default for RegBlock {
@@ -43,6 +46,7 @@ impl Default for RegBlock {
             window: [const { AtomicU32::new(0) }; WINDOW_WORDS],
             wake: EventCount::default(),
             serving: Mutex::new(None),
+            abandoned: AtomicBool::new(false),
         }
     }
 }
