@@ -2,12 +2,12 @@
 //! queueing in the same invocation, alternating.
 //!
 //! - **W3**: back-to-back runs of the vector program over 1024 f32 on one cluster, whose device
-//!   time is made up to the measured host time per run by the simulator's kernel-delay hook.
-//!   The delay parks the simulated core, so, as on a real chip, the device does not use the
-//!   host's CPU while it executes (`docs/benchmarks-worker.md`, W3, says why this is the
+//!   time is made up to the measured host time per run by its `g = d · e` kernel, which sleeps
+//!   for the difference after computing. A sleeping kernel does not use the host's CPU, as a
+//!   chip's device time does not (`docs/benchmarks-worker.md`, W3, says why this is the
 //!   faithful model). Throughput and per-run latency (submit → result) at each lane mode.
-//! - **W3 mostly parked**: the same shape with a fixed 300 us delay, so that the parked part
-//!   dominates the device time (the simulated cores' own CPU work is about 100 us per run).
+//! - **W3 mostly parked**: the same shape with a fixed 300 us sleep, so that the parked part
+//!   dominates the device time.
 //! - **W3 CPU-bound**: the vector program over 16384 f32 with no delay: its simulated device
 //!   time is CPU work on the host's own cores, competing with the host's preparation.
 //! - **S1 back to back**: the CPU-bound shape, 100 runs in each lane mode; and S1 serial
@@ -21,19 +21,55 @@
 //! a short version). Plain timing with medians over the rounds, not criterion: one sample is
 //! a whole stream of runs.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use cpu_time::ProcessTime;
 
 use simpler::device_a2a3::programs::{f32_to_le_bytes, vector};
-use simpler::device_a2a3::{DeviceRunner, Platform, RunRequest, RunnerOptions, RuntimeVariant};
-use simpler::types::{CallConfig, DataType, RunId, TaskArgs, Tensor, WorkerId};
+use simpler::device_a2a3::{
+    ChipCallable, DeviceRunner, KernelCall, Platform, RunRequest, RunnerOptions, RuntimeVariant,
+};
+use simpler::types::{CallConfig, DataType, RunId, TaskArgs, Tensor};
 use simpler::worker::{ChipMemory, Orchestration, Worker};
 
 const N: usize = 16384;
 
-/// One workload of the stream: elements, cluster count (0 = default), kernel delay.
+/// Nanoseconds the `g = d · e` kernel sleeps after computing: the device time a stream adds.
+static DEVICE_WAIT_NS: AtomicU64 = AtomicU64::new(0);
+
+/// `g = d · e`, then [`DEVICE_WAIT_NS`] of sleep.
+unsafe extern "C-unwind" fn mul_then_wait(args: *mut i64) {
+    // SAFETY: the vector program's product task: tensors `d`, `e` (in) and `g` (out), f32, of
+    // one shape; `g` does not alias the inputs.
+    let k = unsafe { KernelCall::from_raw(args, 3) };
+    // SAFETY: as above.
+    let views = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
+    if let (Some(d), Some(e), Some(g)) = views {
+        for ((g, d), e) in g.iter_mut().zip(d).zip(e) {
+            *g = d * e;
+        }
+    }
+    let wait = DEVICE_WAIT_NS.load(Ordering::Relaxed);
+    if wait > 0 {
+        std::thread::sleep(Duration::from_nanos(wait));
+    }
+}
+
+/// The vector program with [`mul_then_wait`] as its product kernel.
+fn program() -> ChipCallable {
+    vector::builder_with_mul(mul_then_wait).build().expect("program")
+}
+
+/// Sets the device time the streams that follow add per run.
+fn set_device_wait(shape: Shape) {
+    let ns = shape.delay.map_or(0, |d| d.as_nanos() as u64);
+    DEVICE_WAIT_NS.store(ns, Ordering::Relaxed);
+}
+
+/// One workload of the stream: elements, cluster count (0 = default), the product kernel's
+/// sleep (device time that uses no CPU).
 #[derive(Clone, Copy)]
 struct Shape {
     n: usize,
@@ -62,11 +98,12 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 /// Host time (prepare + launch + complete) and device time (the wait in `reap_run`) of one run
-/// of `shape` without a kernel delay, measured on a runner directly (medians of `samples`).
+/// of `shape`, measured on a runner directly (medians of `samples`).
 fn calibrate(samples: usize, shape: Shape) -> (Duration, Duration) {
+    set_device_wait(shape);
     let mut r = DeviceRunner::attach(RunnerOptions::sim(9, RuntimeVariant::HostBuildGraph))
         .expect("attach");
-    let slot = r.register_callable(&vector::callable().expect("program")).expect("register");
+    let slot = r.register_callable(&program()).expect("register");
     let mut args = TaskArgs::new();
     let mut ptrs = Vec::new();
     for i in 0..3 {
@@ -127,7 +164,7 @@ fn runner_stream(mode: Mode, runs: usize, shape: Shape) -> (Duration, Phases) {
         .with_pipeline_slots(if mode == Mode::Depth1 { 1 } else { 2 })
         .with_device_queue(mode == Mode::Queued);
     let mut r = DeviceRunner::attach(opts).expect("attach");
-    let slot = r.register_callable(&vector::callable().expect("program")).expect("register");
+    let slot = r.register_callable(&program()).expect("register");
     let mut args = TaskArgs::new();
     let mut ptrs = Vec::new();
     for i in 0..3 {
@@ -138,9 +175,7 @@ fn runner_stream(mode: Mode, runs: usize, shape: Shape) -> (Duration, Phases) {
             .child_memory(true);
         if i < 2 { args.add_input(t) } else { args.add_output(t) }.expect("arg");
     }
-    if let Some(d) = shape.delay {
-        r.sim_faults().expect("sim").kernel_delay(vector::MUL, d);
-    }
+    set_device_wait(shape);
     let cfg = CallConfig::builder().block_dim(shape.block_dim).build().expect("config");
     let mut ph = Phases::default();
     let timed = |acc: &mut Duration, t: Instant| *acc += t.elapsed();
@@ -240,16 +275,13 @@ fn stream(lane: Lane, runs: usize, shape: Shape) -> Stream {
         Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph).chip_options(move |o| {
             o.with_pipeline_slots(slots).with_device_queue(lane == Lane::Queued)
         });
-    let h = b.register_chip(vector::callable().expect("program"));
+    let h = b.register_chip(program());
     let w = b.start().expect("start");
     assert_eq!(w.pipeline_depth(), slots);
     let args = program_args(&w.memory().expect("memory"), shape.n);
     let cfg = CallConfig::builder().block_dim(shape.block_dim).build().expect("config");
     let run = || Orchestration::chip(h, args.clone()).config(cfg.clone());
-    if let Some(d) = shape.delay {
-        w.with_sim_faults(WorkerId(0), move |plan| plan.kernel_delay(vector::MUL, d))
-            .expect("fault plan");
-    }
+    set_device_wait(shape);
     // Warm up (arenas of every slot).
     for _ in 0..4 {
         w.run(run()).expect("warm-up run");
@@ -300,7 +332,7 @@ fn main() {
     let us = |d: Duration| d.as_secs_f64() * 1e6;
 
     // W3: one cluster over 1024 f32, the device time made up to the host time per run by a
-    // kernel delay, which parks the simulated core: like a real chip, the device then does not
+    // sleep in its product kernel, which uses no CPU: like a real chip, the device then does not
     // use the host's CPU for that part. The host time is what a run costs the host through
     // the worker (a depth-1 stream without delay, less the simulated device time), at least
     // the runner's own prepare + launch + complete; the delay is that host time less the
@@ -309,10 +341,10 @@ fn main() {
     let (host, device) = calibrate(samples, small);
     let through_worker = stream(Lane::Depth1, if quick { 20 } else { 300 }, small).per_run;
     let host_worker = through_worker.saturating_sub(device).max(host);
-    // Device time = simulated CPU work + the parked delay, made equal to the host time.
+    // Device time = simulated CPU work + the sleep, made equal to the host time.
     let delay = host_worker.saturating_sub(device);
     println!(
-        "calibration (1024 f32, one cluster): runner host time per run {:.1} us (prepare + launch + complete), simulated device time {:.1} us (CPU work), depth-1 worker stream {:.1} us per run, so host time through the worker {:.1} us; W3 adds a {:.1} us parked kernel delay (device time about {:.1} us, {:.1} us of it parked)",
+        "calibration (1024 f32, one cluster): runner host time per run {:.1} us (prepare + launch + complete), simulated device time {:.1} us (CPU work), depth-1 worker stream {:.1} us per run, so host time through the worker {:.1} us; W3's product kernel adds a {:.1} us sleep (device time about {:.1} us, {:.1} us of it asleep)",
         us(host),
         us(device),
         us(through_worker),
@@ -332,11 +364,11 @@ fn main() {
         us(device_big),
     );
     let lanes = [Lane::Depth1, Lane::Depth2, Lane::Queued];
-    // W3 mostly parked: a 300 us delay, so the parked part dominates the device time.
+    // W3 mostly parked: a 300 us sleep, so the parked part dominates the device time.
     let parked = Shape { delay: Some(Duration::from_micros(300)), ..small };
     let workloads = [
         ("W3", runs, w3),
-        ("W3 mostly parked (300 us delay)", runs, parked),
+        ("W3 mostly parked (300 us sleep)", runs, parked),
         ("W3 CPU-bound", runs, big),
         ("S1 back to back", s1_runs, big),
     ];

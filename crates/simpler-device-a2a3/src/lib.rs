@@ -70,7 +70,8 @@
 //! - `src/backend/sim/mod.rs`: reading a launch's `KernelArgs` and building image views over
 //!   simulated device memory.
 //! - `src/backend/sim/memory.rs`: simulated device memory (allocation and the host copies).
-//! - `src/backend/sim/aicore.rs`: the AICore executor's payload reads and kernel call.
+//! - `src/backend/sim/aicore.rs`: the AICore executor's payload reads and kernel call, and the
+//!   image pointers its launch state keeps (`Send`).
 //! - `src/backend/sim/loader.rs`: the shared-object kernel loader (`dlopen`/`dlsym`).
 //! - `src/backend/sim/cxx_core.rs`: calling the C++ AICore executor with its environment.
 //! - `src/backend/sim/program.rs`: calling the built AICPU program's C entries and its host

@@ -240,10 +240,11 @@ pub struct SimOptions {
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 #[non_exhaustive]
 pub enum CoreDispatch {
-    /// The AICPU thread that wrote the token runs the kernel while every host core (see
-    /// [`SimOptions::host_cores`]) is taken by an awake simulated thread and the core's own
-    /// thread is not at the token already: waking that thread would only trade places with
-    /// one that has work. Otherwise the core's thread runs it.
+    /// A core's launch starts without waking its thread: the AICPU thread that writes the
+    /// core's registers also opens its window and answers its exit signal, and runs a kernel
+    /// it dispatched while every host core (see [`SimOptions::host_cores`]) is taken by an
+    /// awake simulated thread — waking the core's thread would only trade places with one
+    /// that has work. Otherwise, and whenever a fault is armed, the core's thread runs it.
     #[default]
     Auto,
     /// Always the core's own thread.

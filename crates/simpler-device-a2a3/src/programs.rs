@@ -33,7 +33,7 @@ use crate::callable::{
     Orchestration,
 };
 use crate::error::DeviceError;
-use crate::kernel::KernelCall;
+use crate::kernel::{KernelCall, KernelFn};
 use crate::runtime::orch::{Kernels, OrchCtx, OrchError};
 
 /// The status every reference orchestration fails with.
@@ -251,6 +251,17 @@ pub mod vector {
     /// The program's kernels and signature around another `orchestration` of the same graph,
     /// such as the C one a `DeviceObject` carries.
     pub fn builder_with(orchestration: Orchestration) -> ChipCallableBuilder {
+        kernels_around(orchestration, mul_kernel)
+    }
+
+    /// The program with another kernel for `g = d · e` ([`MUL`]; tensors `d`, `e` in, `g`
+    /// out), such as one that also takes a given device time. It must compute the same f32
+    /// products for [`reference`] to hold.
+    pub fn builder_with_mul(mul: KernelFn) -> ChipCallableBuilder {
+        kernels_around(Orchestration::Native { entry: orchestration, config: three_args }, mul)
+    }
+
+    fn kernels_around(orchestration: Orchestration, mul: KernelFn) -> ChipCallableBuilder {
         use ArgDirection::{In, Out, Scalar};
         ChipCallable::builder(orchestration)
             .names("vector_example", "vector_config")
@@ -260,7 +271,7 @@ pub mod vector {
                 ADD_SCALAR,
                 CoreCallable::native(vec![In, Out, Scalar], add_scalar_kernel).named("add_scalar"),
             )
-            .kernel(MUL, CoreCallable::native(vec![In, In, Out], mul_kernel).named("mul"))
+            .kernel(MUL, CoreCallable::native(vec![In, In, Out], mul).named("mul"))
     }
 
     /// The program as a callable.

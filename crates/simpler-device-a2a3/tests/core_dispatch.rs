@@ -264,3 +264,55 @@ fn scheduling_threads_without_a_cluster_end_before_the_run_does() {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// Context switches so far of device `device`'s simulated core threads (Linux thread stats).
+#[cfg(target_os = "linux")]
+fn core_thread_switches(device: u32) -> u64 {
+    let prefix = format!("sim{device}-aicore");
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with(&prefix) {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        for line in status.lines() {
+            if let Some(n) = line
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
+                total += n.trim().parse::<u64>().unwrap();
+            }
+        }
+    }
+    total
+}
+
+/// Under `Auto` on a busy host, launches neither wake nor run the simulated core threads: the
+/// thread that starts the AICore entry reports each core in, and the AICPU thread opens, serves
+/// and ends its part. Under `CoreThread` every launch runs them.
+#[cfg(target_os = "linux")]
+#[test]
+fn under_auto_launches_leave_the_core_threads_parked() {
+    for runtime in RUNTIMES {
+        for (device, dispatch) in [(6, CoreDispatch::Auto), (7, CoreDispatch::CoreThread)] {
+            let o = one_host_core(options_on(device, runtime)).with_core_dispatch(dispatch);
+            let mut r = DeviceRunner::attach(o).unwrap();
+            // The first run spawns the core threads.
+            run_chain(&mut r, 1, WHERE, 4, &one_cluster()).unwrap();
+            wait_all_parked(&r);
+            let before = core_thread_switches(device);
+            for n in 2..=4 {
+                let value = run_chain(&mut r, n, WHERE, 4, &one_cluster()).unwrap();
+                assert_eq!((value / ON_CORE) as u64 + (value % ON_CORE) as u64, 4);
+            }
+            wait_all_parked(&r);
+            let switched = core_thread_switches(device) - before;
+            r.finalize().unwrap();
+            match dispatch {
+                CoreDispatch::CoreThread => assert!(switched > 0, "{runtime:?}"),
+                _ => assert_eq!(switched, 0, "{runtime:?}: core threads ran during launches"),
+            }
+        }
+    }
+}

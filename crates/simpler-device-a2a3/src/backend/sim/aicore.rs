@@ -23,13 +23,14 @@ use super::faults::{FaultPlan, KernelAction};
 use super::regs::RegBlock;
 use super::stream::LaunchEntry as SimLaunch;
 use super::wait::SpinPolicy;
-use crate::abi::CorePlace;
 use crate::abi::codes::AclCode;
+use crate::abi::handshake::Handshake;
 use crate::abi::image::{SwimlaneHeader, SwimlaneRecord};
 use crate::abi::launch::KernelArgs;
 use crate::abi::launch::PROFILE_SWIMLANE;
 use crate::abi::payload::DispatchPayload;
 use crate::abi::regs::{AICPU_IDLE, Cond, EXIT_SIGNAL, EXITED_VALUE, IDLE_VALUE, RegId};
+use crate::abi::{CorePlace, CoreType};
 use crate::aicpu::view::CoreImageView;
 use crate::error::{CoreFault, StreamKind};
 use crate::kernel::KernelFn;
@@ -108,211 +109,189 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Runs core `w` of an AICore launch entry; returns 0 or the device code of its fault.
-pub(crate) fn run_core<H: CoreHost>(dev: &H, entry: &Arc<SimLaunch>, w: u32) -> i32 {
-    let stop = || dev.is_reset() || entry.is_aborted();
-    let Some(args) = dev.read_kernel_args(entry.args) else {
-        return AclCode::AICORE_EXCEPTION.get();
-    };
-    let Some(place) = CorePlace::of(w, args.block_dim) else {
-        return 0;
-    };
-    let fault = |message: String, func_id: Option<u32>, task: Option<u64>, code: AclCode| {
-        dev.record_fault(CoreFault {
-            code,
-            stream: StreamKind::AiCore,
-            core: Some((w, place.core_type)),
-            func_id,
-            task: task.map(DeviceTaskId),
-            message,
-            at_ticks: dev.ticks(),
-        });
-        code.get()
-    };
-    let Some(view) = dev.core_image_view(&args) else {
-        return fault(
-            "the launch names no valid runtime image".into(),
-            None,
-            None,
-            AclCode::AICORE_EXCEPTION,
-        );
-    };
-    let Some(regs) = dev.regs(w) else { return 0 };
-    let spin = dev.spin_policy();
-
-    // Step 1: report in.
-    let hs = view.handshake(w);
-    let phys = dev.faults().on_handshake(w).unwrap_or(w);
-    hs.physical_core_id.store(phys, Ordering::Relaxed);
-    hs.core_type.store(place.core_type as u32, Ordering::Relaxed);
-    // Release: the AICPU acquires `aicore_done` and then reads the two fields above.
-    hs.aicore_done.store(w + 1, Ordering::Release);
-    dev.notify_all_aicpu();
-
-    // Step 2: wait for the window.
-    spin.wait_until(&regs.wake, None, || regs.load(RegId::DataMainBaseLow) != 0 || stop());
-    match regs.load(RegId::DataMainBaseLow) {
-        0 => return AclCode::TASK_ABORT.get(),
-        // The AICPU gave up before opening the window (a handshake failure) and asks this
-        // core to leave: answer without touching the payload.
-        EXIT_SIGNAL => {
-            dev.store_cond(w, EXITED_VALUE);
-            return 0;
-        }
-        _ => {}
-    }
-
-    // Step 3.
-    dev.store_cond(w, IDLE_VALUE);
-    let pair = hs.task.load(Ordering::Acquire);
-    if pair != view.payload_pair_addr(w) {
-        return fault(
-            format!("handshake task address {pair:#x} is not this core's payload pair"),
-            None,
-            None,
-            AclCode::AICORE_EXCEPTION,
-        );
-    }
-    let swimlane = args.profiling & PROFILE_SWIMLANE != 0 && view.header().swimlane_capacity > 0;
-    let (lane, records) = view.swimlane(w);
-    let Some(mut slot) = lock_serving(regs, &stop) else {
-        return kernel_outlived_launch(dev, w, place.core_type);
-    };
-    *slot = Some(Serving {
-        w,
-        place_type: place.core_type,
-        last: AICPU_IDLE,
-        entry: entry.clone(),
-        payloads: [view.payload_ptr(w, 0), view.payload_ptr(w, 1)],
-        swimlane: swimlane.then_some((lane as *const SwimlaneHeader, records)),
-        swimlane_capacity: view.header().swimlane_capacity,
-        ended: None,
-        short_kernels: true,
-    });
-    regs.abandoned.store(false, Ordering::SeqCst);
-    drop(slot);
-    // Leaves the loop: the serving state goes before the core's participant ends, so no
-    // AICPU thread serves a token from an image the launch no longer keeps alive. A failure
-    // an AICPU thread saw while serving for this core wins over a plain abort.
-    let leave = |slot: &mut Option<Serving>, code: i32| {
-        let code = slot.as_ref().and_then(|s| s.ended).unwrap_or(code);
-        *slot = None;
-        code
-    };
-    let mut round = 0u32;
-
-    // Step 4.
-    loop {
-        let epoch = regs.wake.epoch();
-        let Some(mut slot) = lock_serving(regs, &stop) else {
-            return kernel_outlived_launch(dev, w, place.core_type);
-        };
-        let Some(s) = slot.as_mut() else { return AclCode::TASK_ABORT.get() };
-        if let Some(code) = s.ended {
-            // The AICPU thread that served the last token saw its kernel fail.
-            return leave(&mut slot, code);
-        }
-        let v = regs.load(RegId::DataMainBaseLow);
-        match step_for(v, s.last) {
-            Step::Exit => {
-                dev.store_cond(w, EXITED_VALUE);
-                return leave(&mut slot, 0);
-            }
-            Step::Wait if stop() => return leave(&mut slot, AclCode::TASK_ABORT.get()),
-            Step::Wait => {
-                drop(slot);
-                spin.backoff(round, &regs.wake, epoch, None);
-                round = round.saturating_add(1);
-            }
-            Step::Run => {
-                round = 0;
-                match serve(dev, regs, s, v, Gate::Wait) {
-                    Served::Done | Served::Declined => {}
-                    Served::Ended(code) => return leave(&mut slot, code),
-                }
-            }
-        }
-    }
-}
-
-/// How long a core's thread waits for its serving lock between looks at whether the launch
-/// was stopped (an AICPU thread holds the lock while it runs a kernel for the core).
-const LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(2);
-
-/// The core's serving lock, or `None` once the launch is stopped while an AICPU thread still
-/// holds it: a kernel it serves for this core has not returned.
-fn lock_serving<'r>(
-    regs: &'r RegBlock,
-    stop: &impl Fn() -> bool,
-) -> Option<parking_lot::MutexGuard<'r, Option<Serving>>> {
-    loop {
-        if let Some(guard) = regs.serving.try_lock_for(LOCK_POLL) {
-            return Some(guard);
-        }
-        if stop() {
-            return None;
-        }
-    }
-}
-
-/// The core's thread leaves a stopped launch while an AICPU thread is still inside a kernel
-/// it serves for the core: the core's participant ends as a hang, and the state, which that
-/// thread still holds, is marked abandoned so nothing is served from it again.
-fn kernel_outlived_launch<H: CoreHost>(dev: &H, w: u32, core_type: crate::abi::CoreType) -> i32 {
-    if let Some(regs) = dev.regs(w) {
-        regs.abandoned.store(true, Ordering::SeqCst);
-    }
-    dev.record_fault(CoreFault {
-        code: AclCode::AICORE_TIMEOUT,
-        stream: StreamKind::AiCore,
-        core: Some((w, core_type)),
-        func_id: None,
-        task: None,
-        message: "a kernel the AICPU thread runs for this core had not returned when the launch \
-                  was stopped"
-            .into(),
-        at_ticks: dev.ticks(),
-    });
-    AclCode::AICORE_TIMEOUT.get()
-}
-
-/// A core's state between tokens while it serves a launch (steps 3 and 4), kept in its
-/// register block so the AICPU thread that writes a token can serve it itself
-/// (`docs/device-simulator.md`, "Who runs a dispatch"). Present from step 3 until the
-/// core's thread leaves the loop; whoever holds the block's `serving` lock serves.
+/// A core's part in the AICore launch it serves, from step 1 until it leaves. It lives in the
+/// core's register block under a lock (`RegBlock::serving`); whoever holds the lock advances
+/// it: the core's own thread, or an AICPU thread that just wrote one of the core's registers
+/// (`drive.rs`; `docs/device-simulator.md`, "Who runs a dispatch").
 #[derive(Debug)]
-pub(crate) struct Serving {
+pub(crate) struct CoreLaunch {
+    /// The stream and entry the core's participant reports its end to.
+    pub(super) stream: usize,
+    pub(super) entry: Arc<SimLaunch>,
     w: u32,
-    place_type: crate::abi::CoreType,
+    pub(super) core_type: CoreType,
+    /// Whether the core's own thread drives the launch (it was posted the launch, or adopted
+    /// it); otherwise AICPU threads do while the thread sits on its mailbox.
+    pub(super) threaded: bool,
+    /// Step 3 is done: the window is open.
+    open: bool,
+    /// The core's handshake record and the payload pair address its `task` must hold.
+    hs: *const Handshake,
+    pair: u64,
     /// The last token served.
     last: u32,
-    entry: Arc<SimLaunch>,
     /// The core's two payload buffers in the launch's image.
     payloads: [*mut DispatchPayload; 2],
     /// The core's swimlane header and records, when the launch records a swimlane.
     swimlane: Option<(*const SwimlaneHeader, *mut SwimlaneRecord)>,
     swimlane_capacity: u32,
-    /// The code the core's participant ends with, set when a token served by another thread
-    /// failed (its thread then leaves with it).
-    ended: Option<i32>,
-    /// Whether every kernel served on an AICPU thread for this launch returned within
-    /// [`INLINE_KERNEL_LIMIT`]; once one did not, the core's thread serves the rest.
-    short_kernels: bool,
+    /// The code a threaded launch ends with, set when an AICPU thread serving one of its
+    /// tokens saw the kernel fail (the core's thread then leaves with it).
+    pub(super) ended: Option<i32>,
+    /// Whether every kernel an AICPU thread served for this launch returned within the
+    /// inline limit (`drive.rs`); once one did not, the core's thread serves the rest.
+    pub(super) short_kernels: bool,
 }
 
-/// The longest kernel after which a core's later tokens of the launch are still served on the
-/// AICPU thread: an AICPU thread inside a kernel neither polls its other cores nor watches for
-/// stalls, so long kernels go back to the core's own thread.
-const INLINE_KERNEL_LIMIT: std::time::Duration = std::time::Duration::from_millis(1);
-
 // SAFETY: the pointers address the launch's image, which stays alive while the core's
-// participant runs; the state is only reached through the block's lock, and the core's thread
-// removes it before its participant ends.
-unsafe impl Send for Serving {}
+// participant runs; the state is only reached through the block's lock, and whoever ends the
+// participant removes it first.
+unsafe impl Send for CoreLaunch {}
+
+/// Reads core `w`'s view of `entry` for step 1; `Err` is the code the core's participant ends
+/// with at once (0 when the launch does not use the core).
+pub(crate) fn prepare<H: CoreHost>(
+    dev: &H,
+    stream: usize,
+    entry: &Arc<SimLaunch>,
+    w: u32,
+    threaded: bool,
+) -> Result<CoreLaunch, i32> {
+    let Some(args) = dev.read_kernel_args(entry.args) else {
+        return Err(AclCode::AICORE_EXCEPTION.get());
+    };
+    let Some(place) = CorePlace::of(w, args.block_dim) else {
+        return Err(0);
+    };
+    let Some(view) = dev.core_image_view(&args) else {
+        let code = AclCode::AICORE_EXCEPTION;
+        dev.record_fault(CoreFault {
+            code,
+            stream: StreamKind::AiCore,
+            core: Some((w, place.core_type)),
+            func_id: None,
+            task: None,
+            message: "the launch names no valid runtime image".into(),
+            at_ticks: dev.ticks(),
+        });
+        return Err(code.get());
+    };
+    let swimlane = args.profiling & PROFILE_SWIMLANE != 0 && view.header().swimlane_capacity > 0;
+    let (lane, records) = view.swimlane(w);
+    Ok(CoreLaunch {
+        stream,
+        entry: entry.clone(),
+        w,
+        core_type: place.core_type,
+        threaded,
+        open: false,
+        hs: view.handshake(w),
+        pair: view.payload_pair_addr(w),
+        last: AICPU_IDLE,
+        payloads: [view.payload_ptr(w, 0), view.payload_ptr(w, 1)],
+        swimlane: swimlane.then_some((lane as *const SwimlaneHeader, records)),
+        swimlane_capacity: view.header().swimlane_capacity,
+        ended: None,
+        short_kernels: true,
+    })
+}
+
+impl CoreLaunch {
+    fn handshake(&self) -> &Handshake {
+        // SAFETY: the core's record in the launch's image, alive while the launch is (above).
+        unsafe { &*self.hs }
+    }
+
+    /// Step 1: reports in.
+    pub(crate) fn report_in<H: CoreHost>(&self, dev: &H) {
+        let hs = self.handshake();
+        let phys = dev.faults().on_handshake(self.w).unwrap_or(self.w);
+        hs.physical_core_id.store(phys, Ordering::Relaxed);
+        hs.core_type.store(self.core_type as u32, Ordering::Relaxed);
+        // Release: the AICPU acquires `aicore_done` and then reads the two fields above.
+        hs.aicore_done.store(self.w + 1, Ordering::Release);
+        dev.notify_all_aicpu();
+    }
+}
+
+/// What one move of a core's launch did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Moved {
+    /// Opened the window or served a token; look again.
+    Progress,
+    /// Nothing to do until a register changes.
+    Wait,
+    /// A token is waiting that this mover may not serve (or a gated one it may not wait for).
+    Declined,
+    /// The core's participant ends with this code.
+    Ended(i32),
+}
+
+/// Advances `l` by one move without waiting for anything but, with `gate` [`Gate::Wait`], a
+/// gated payload's doorbell: step 2's check and step 3 once the window opened, then step 4
+/// (a token, or the exit signal). Tokens are served only when `serve_tokens`.
+pub(crate) fn advance<H: CoreHost>(
+    dev: &H,
+    regs: &RegBlock,
+    l: &mut CoreLaunch,
+    serve_tokens: bool,
+    gate: Gate,
+) -> Moved {
+    if let Some(code) = l.ended {
+        return Moved::Ended(code);
+    }
+    let v = regs.load(RegId::DataMainBaseLow);
+    if !l.open {
+        return match v {
+            0 => Moved::Wait,
+            // The AICPU gave up before opening the window (a handshake failure) and asks this
+            // core to leave: answer without touching the payload.
+            EXIT_SIGNAL => {
+                dev.store_cond(l.w, EXITED_VALUE);
+                Moved::Ended(0)
+            }
+            _ => open_window(dev, l),
+        };
+    }
+    match step_for(v, l.last) {
+        Step::Exit => {
+            dev.store_cond(l.w, EXITED_VALUE);
+            Moved::Ended(0)
+        }
+        Step::Wait => Moved::Wait,
+        Step::Run if !serve_tokens => Moved::Declined,
+        Step::Run => match serve(dev, regs, l, v, gate) {
+            Served::Done => Moved::Progress,
+            Served::Declined => Moved::Declined,
+            Served::Ended(code) => Moved::Ended(code),
+        },
+    }
+}
+
+/// Step 3.
+fn open_window<H: CoreHost>(dev: &H, l: &mut CoreLaunch) -> Moved {
+    dev.store_cond(l.w, IDLE_VALUE);
+    let pair = l.handshake().task.load(Ordering::Acquire);
+    if pair != l.pair {
+        let code = AclCode::AICORE_EXCEPTION;
+        dev.record_fault(CoreFault {
+            code,
+            stream: StreamKind::AiCore,
+            core: Some((l.w, l.core_type)),
+            func_id: None,
+            task: None,
+            message: format!("handshake task address {pair:#x} is not this core's payload pair"),
+            at_ticks: dev.ticks(),
+        });
+        return Moved::Ended(code.get());
+    }
+    l.open = true;
+    Moved::Progress
+}
 
 /// Whether serving may wait for a gated payload's doorbell.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Gate {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Gate {
     Wait,
     Decline,
 }
@@ -328,7 +307,7 @@ enum Served {
 }
 
 /// Serves token `v` of the core whose state is `s` (step 4 from the payload read to FIN).
-fn serve<H: CoreHost>(dev: &H, regs: &RegBlock, s: &mut Serving, v: u32, gate: Gate) -> Served {
+fn serve<H: CoreHost>(dev: &H, regs: &RegBlock, s: &mut CoreLaunch, v: u32, gate: Gate) -> Served {
     let w = s.w;
     let p = s.payloads[(v & 1) as usize];
     // SAFETY: the AICPU filled payload `v & 1` before storing `v` (release), which was loaded
@@ -388,7 +367,7 @@ fn serve<H: CoreHost>(dev: &H, regs: &RegBlock, s: &mut Serving, v: u32, gate: G
         dev.record_fault(CoreFault {
             code,
             stream: StreamKind::AiCore,
-            core: Some((w, s.place_type)),
+            core: Some((w, s.core_type)),
             func_id: Some(func_id),
             task: Some(DeviceTaskId(task_id)),
             message,
@@ -416,51 +395,6 @@ fn serve<H: CoreHost>(dev: &H, regs: &RegBlock, s: &mut Serving, v: u32, gate: G
     }
     dev.store_cond(w, Cond::fin(v).0);
     Served::Done
-}
-
-/// Serves the token just written to core `c` on the calling (AICPU) thread instead of waking
-/// the core's thread; returns whether it did. It does not when the core's thread holds its
-/// state, is not serving yet (handshake), the register holds no new token (exit, idle), the
-/// payload is gated, or the kernel failed — then the caller wakes the core's thread, which
-/// reports the failure as its own.
-pub(crate) fn serve_here<H: CoreHost>(dev: &H, c: u32) -> bool {
-    let Some(regs) = dev.regs(c) else { return false };
-    let Some(mut slot) = regs.serving.try_lock() else { return false };
-    if regs.abandoned.swap(false, Ordering::SeqCst) {
-        // Left behind by a kernel that outlived its launch (`kernel_outlived_launch`).
-        *slot = None;
-        return false;
-    }
-    let Some(s) = slot.as_mut() else { return false };
-    if s.ended.is_some() || !s.short_kernels {
-        return false;
-    }
-    let v = regs.load(RegId::DataMainBaseLow);
-    if step_for(v, s.last) != Step::Run {
-        return false;
-    }
-    let start = std::time::Instant::now();
-    // A panic here would be the simulator's own (a kernel's is caught at the kernel): it
-    // ends the core's participant as a fault instead of unwinding through the AICPU program.
-    let served =
-        std::panic::catch_unwind(AssertUnwindSafe(|| serve(dev, regs, s, v, Gate::Decline)))
-            .unwrap_or(Served::Ended(AclCode::AICORE_EXCEPTION.get()));
-    if start.elapsed() > INLINE_KERNEL_LIMIT {
-        s.short_kernels = false;
-    }
-    if regs.abandoned.swap(false, Ordering::SeqCst) {
-        // The core's thread left while the kernel ran: its state must not outlive this call.
-        *slot = None;
-        return true;
-    }
-    match served {
-        Served::Done => true,
-        Served::Declined => false,
-        Served::Ended(code) => {
-            s.ended = Some(code);
-            false
-        }
-    }
 }
 
 pub(crate) fn call_kernel<H: CoreHost>(

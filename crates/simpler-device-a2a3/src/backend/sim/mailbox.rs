@@ -23,6 +23,8 @@ pub(super) enum Mail {
         stream: usize,
         entry: Arc<LaunchEntry>,
     },
+    /// A core's thread takes over the launch AICPU threads were driving for it (`drive.rs`).
+    Adopt,
     Quit,
 }
 
@@ -30,9 +32,12 @@ impl Mailbox {
     /// Leaves `mail` for the thread and wakes it. A thread told to quit serves nothing more: a
     /// job a queued launch starts during the shutdown must not take the place of the `Quit`
     /// the thread has not read yet (it would then park for good).
+    /// An adoption never replaces a job: a core with a posted launch has no launch to adopt
+    /// (an adoption asked for before that launch was posted is stale).
     pub(super) fn put(&self, mail: Mail) {
         let mut st = self.state.lock();
-        if !matches!(*st, Mail::Quit) {
+        let keep = matches!((&*st, &mail), (Mail::Quit, _) | (Mail::Job { .. }, Mail::Adopt));
+        if !keep {
             *st = mail;
         }
         drop(st);

@@ -35,6 +35,7 @@
 
 mod aicore;
 mod cxx_core;
+mod drive;
 mod faults;
 mod loader;
 mod mailbox;
@@ -43,10 +44,10 @@ mod orchestration;
 mod program;
 mod regs;
 mod stream;
+mod threads;
 mod wait;
 
 use std::fmt;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::thread::JoinHandle;
@@ -183,14 +184,16 @@ impl SimShared {
     /// the options allow it, otherwise wakes the core's thread (`docs/device-simulator.md`,
     /// "Who runs a dispatch").
     pub(crate) fn ring_core(&self, c: u32, block: &RegBlock) {
-        // An injected hang or delay parks the thread that runs the kernel, and the C++
-        // executor keeps its state on its own thread: both need the core's thread.
+        // An injected hang or delay parks the thread that runs the kernel: it needs the
+        // core's thread.
         let here = self.opts.core_dispatch == CoreDispatch::Auto
             && self.gate.saturated()
-            && !self.faults.is_armed()
-            && self.executor.get().is_none();
-        if !(here && aicore::serve_here(self, c)) {
-            block.wake.notify();
+            && !self.faults.is_armed();
+        match drive::ring(self, c, here) {
+            drive::Ring::Handled => {}
+            drive::Ring::Wake => block.wake.notify(),
+            drive::Ring::Adopt => self.post(Role::AiCore, c, Mail::Adopt),
+            drive::Ring::Finish(stream, entry, code) => self.finish(stream, &entry, code),
         }
     }
 
@@ -201,10 +204,15 @@ impl SimShared {
         }
     }
 
+    /// Wakes every simulated thread's waits (an abort or a reset): core threads parked on
+    /// their register block, and those whose launch AICPU threads drive, which must adopt it.
     fn wake_all(&self) {
         self.notify_all_aicpu();
-        for block in self.regs.iter() {
+        for (c, block) in self.regs.iter().enumerate() {
             block.wake.notify();
+            if block.unthreaded.load(Ordering::SeqCst) {
+                self.post(Role::AiCore, c as u32, Mail::Adopt);
+            }
         }
     }
 
@@ -252,26 +260,7 @@ impl SimShared {
         self.mailbox(role, index).put(mail);
     }
 
-    /// Parks on the mailbox until it holds a job or quit; `None` = quit.
-    fn take_job(&self, role: Role, index: u32) -> Option<(usize, Arc<LaunchEntry>)> {
-        let mb = self.mailbox(role, index);
-        let mut st = mb.state.lock();
-        loop {
-            match std::mem::take(&mut *st) {
-                Mail::Job { stream, entry } => return Some((stream, entry)),
-                Mail::Quit => return None,
-                Mail::Empty => {
-                    self.parked.fetch_add(1, Ordering::Relaxed);
-                    self.gate.sleep();
-                    mb.cv.wait(&mut st);
-                    self.gate.wake();
-                    self.parked.fetch_sub(1, Ordering::Relaxed);
-                }
-            }
-        }
-    }
-
-    fn finish(&self, stream: usize, entry: &Arc<LaunchEntry>, code: i32) {
+    pub(super) fn finish(&self, stream: usize, entry: &Arc<LaunchEntry>, code: i32) {
         if entry.finish_participant(code) {
             let fired = self.streams[stream].complete(entry, self);
             resume_waiters(fired, &self.streams, self);
@@ -338,7 +327,15 @@ impl Starter for SimShared {
                     block.store(RegId::DataMainBaseHigh, 0);
                     block.store(RegId::Cond, 0);
                     self.owner[w as usize].store(0, Ordering::Relaxed);
-                    self.post(Role::AiCore, w, Mail::Job { stream, entry: entry.clone() });
+                    // Unthreaded unless a fault is armed (an injected hang, delay or handshake
+                    // fault needs the core's thread) or another executor runs the cores.
+                    let unthreaded = self.opts.core_dispatch == CoreDispatch::Auto
+                        && !self.faults.is_armed()
+                        && self.executor.get().is_none()
+                        && drive::start_unthreaded(self, stream, entry, w);
+                    if !unthreaded {
+                        self.post(Role::AiCore, w, Mail::Job { stream, entry: entry.clone() });
+                    }
                 }
             }
             EntryKind::Aicpu { threads } => {
@@ -417,54 +414,6 @@ impl AicpuPlatform for SimAicpu<'_> {
 
     fn report_fault(&self, core: Option<u32>, args: fmt::Arguments<'_>) {
         self.dev.record_aicpu_fault(core, args.to_string());
-    }
-}
-
-/// Decrements `alive` and signals finalize when a simulated thread leaves (also on panic).
-struct ExitGuard(Arc<SimShared>);
-
-impl Drop for ExitGuard {
-    fn drop(&mut self) {
-        self.0.gate.sleep();
-        let _g = self.0.exit_lock.lock();
-        self.0.alive.fetch_sub(1, Ordering::AcqRel);
-        self.0.exit_cv.notify_all();
-    }
-}
-
-fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
-    dev.gate.wake();
-    wait::exact_timers();
-    let _guard = ExitGuard(dev.clone());
-    while let Some((stream, entry)) = dev.take_job(role, index) {
-        let run = std::panic::catch_unwind(AssertUnwindSafe(|| match role {
-            Role::Aicpu => dev.run_aicpu(&entry, index),
-            Role::AiCore => match dev.executor.get() {
-                Some(exe) => cxx_core::run_core(&*dev, &entry, index, exe),
-                None => aicore::run_core(&*dev, &entry, index),
-            },
-        }));
-        if role == Role::AiCore
-            && let Some(regs) = dev.regs.get(index as usize)
-        {
-            // Normally gone already; after a panic in the simulator no AICPU thread may serve
-            // from the ended launch's image (one still holding the state drops it).
-            match regs.serving.try_lock() {
-                Some(mut slot) => *slot = None,
-                None => regs.abandoned.store(true, Ordering::SeqCst),
-            }
-        }
-        let code = match run {
-            Ok(code) => code,
-            Err(_) => {
-                // A bug in the simulator itself; report it as a fault of the participant.
-                match role {
-                    Role::Aicpu => 3,
-                    Role::AiCore => AclCode::AICORE_EXCEPTION.get(),
-                }
-            }
-        };
-        dev.finish(stream, &entry, code);
     }
 }
 
@@ -568,7 +517,7 @@ impl SimDevice {
         self.shared.alive.fetch_add(1, Ordering::AcqRel);
         match std::thread::Builder::new()
             .name(name.clone())
-            .spawn(move || thread_main(dev, role, index))
+            .spawn(move || threads::thread_main(dev, role, index))
         {
             Ok(h) => {
                 self.threads.push((name, h));

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 
-use super::aicore::Serving;
+use super::aicore::CoreLaunch;
 use super::wait::EventCount;
 use crate::abi::regs::RegId;
 
@@ -32,9 +32,11 @@ pub(crate) struct RegBlock {
     window: [AtomicU32; WINDOW_WORDS],
     /// Bumped by every store to `DATA_MAIN_BASE` (the AICore waits for those) and by resets.
     pub(crate) wake: EventCount,
-    /// The core's serving state while it serves a launch; whoever holds the lock serves the
-    /// next token (the core's thread, or the AICPU thread that wrote the token).
-    pub(crate) serving: Mutex<Option<Serving>>,
+    /// The core's part in the launch it serves; whoever holds the lock advances it (the
+    /// core's thread, or the AICPU thread that wrote a register: `drive.rs`).
+    pub(crate) serving: Mutex<Option<CoreLaunch>>,
+    /// Set while AICPU threads drive the core's launch and its thread sits on its mailbox.
+    pub(crate) unthreaded: AtomicBool,
     /// Set by the core's thread when it left a stopped launch while an AICPU thread still held
     /// `serving` (a kernel that did not return); the next holder drops the state.
     pub(crate) abandoned: AtomicBool,
@@ -47,6 +49,7 @@ impl Default for RegBlock {
             wake: EventCount::default(),
             serving: Mutex::new(None),
             abandoned: AtomicBool::new(false),
+            unthreaded: AtomicBool::new(false),
         }
     }
 }

@@ -1,0 +1,253 @@
+//! Who drives a simulated core's launch: its own thread, or the AICPU thread that writes its
+//! registers (`docs/device-simulator.md`, "Who runs a dispatch").
+//!
+//! A core's launch state ([`CoreLaunch`]) sits in its register block under a lock. A launch
+//! the simulator starts *unthreaded* is reported in by whoever starts the AICore entry, and
+//! then advanced by the owning AICPU thread after each of its register stores: opening the
+//! window, serving tokens, answering the exit signal and ending the core's participant. The
+//! core's thread stays parked on its mailbox unless something needs a thread: a token the
+//! AICPU thread may not serve (the host has a free core for it, a fault is armed, the payload
+//! is gated, or a kernel ran long), an abort or a reset. Then the core's thread is posted
+//! `Adopt`, takes the state over and drives the rest of the launch as a threaded one.
+//!
+//! Invariants:
+//! - Whoever ends a core's participant first removes its state, under the lock; only the
+//!   remover reports the end, so a participant ends exactly once.
+//! - Every register store either advances the state, or finds it locked or threaded and wakes
+//!   the core's thread (whose loop reads the epoch before it takes the lock), or asks it to
+//!   adopt: no store goes unseen.
+//! - While a launch is unthreaded, `RegBlock::unthreaded` is set; anything that must reach the
+//!   core's thread (an abort, a reset) posts it `Adopt`.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use parking_lot::MutexGuard;
+
+use super::aicore::{CoreHost, CoreLaunch, Gate, Moved, advance, prepare};
+use super::regs::RegBlock;
+use super::stream::LaunchEntry as SimLaunch;
+use crate::abi::CoreType;
+use crate::abi::codes::AclCode;
+use crate::error::{CoreFault, StreamKind};
+
+/// The longest kernel after which a core's later tokens of the launch are still served on the
+/// AICPU thread: an AICPU thread inside a kernel neither polls its other cores nor watches for
+/// stalls, so long kernels go back to the core's own thread.
+const INLINE_KERNEL_LIMIT: Duration = Duration::from_millis(1);
+
+/// How long a core's thread waits for its lock between looks at whether the launch was
+/// stopped (an AICPU thread holds the lock while it runs a kernel for the core).
+const LOCK_POLL: Duration = Duration::from_millis(2);
+
+/// What the simulator must do after an AICPU thread's register store rang a core.
+pub(crate) enum Ring {
+    /// Nothing: the store was handled (or needs nothing).
+    Handled,
+    /// Wake the core's thread parked on its register block.
+    Wake,
+    /// Post the core's thread `Adopt`.
+    Adopt,
+    /// The core's participant ended here: report `code` to its entry.
+    Finish(usize, Arc<SimLaunch>, i32),
+}
+
+/// Runs core `w`'s part of `entry` on the core's own thread (a launch posted to it).
+pub(crate) fn run_on_thread<H: CoreHost>(
+    dev: &H,
+    stream: usize,
+    entry: &Arc<SimLaunch>,
+    w: u32,
+) -> i32 {
+    let Some(regs) = dev.regs(w) else { return 0 };
+    let launch = match prepare(dev, stream, entry, w, true) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    let core_type = launch.core_type;
+    let stop = || dev.is_reset() || entry.is_aborted();
+    let Some(mut slot) = lock(regs, &stop) else {
+        return kernel_outlived_launch(dev, w, core_type);
+    };
+    regs.abandoned.store(false, Ordering::SeqCst);
+    slot.insert(launch).report_in(dev);
+    drop(slot);
+    drive_on_thread(dev, regs, w, entry, core_type)
+}
+
+/// Starts core `w`'s part of `entry` unthreaded: reports in and leaves the rest to the AICPU
+/// thread's register stores. `false` when it cannot (the state is held by a kernel that outlived
+/// an earlier launch, or the launch is unusable): the caller posts the launch to the thread.
+pub(crate) fn start_unthreaded<H: CoreHost>(
+    dev: &H,
+    stream: usize,
+    entry: &Arc<SimLaunch>,
+    w: u32,
+) -> bool {
+    let Some(regs) = dev.regs(w) else { return false };
+    let Ok(launch) = prepare(dev, stream, entry, w, false) else { return false };
+    let Some(mut slot) = regs.serving.try_lock() else { return false };
+    regs.abandoned.store(false, Ordering::SeqCst);
+    regs.unthreaded.store(true, Ordering::SeqCst);
+    // Reported in under the lock: the AICPU opens the window only after it, and a store that
+    // finds the lock held while `unthreaded` is set waits for it (`ring`).
+    slot.insert(launch).report_in(dev);
+    true
+}
+
+/// Takes over core `w`'s launch if AICPU threads drive it, and runs it to its end on the
+/// calling core thread; returns the stream, entry and code to report, or `None` when there was
+/// nothing to adopt.
+pub(crate) fn adopt<H: CoreHost>(dev: &H, w: u32) -> Option<(usize, Arc<SimLaunch>, i32)> {
+    let regs = dev.regs(w)?;
+    let mut slot = lock(regs, &|| dev.is_reset())?;
+    let l = slot.as_mut().filter(|l| !l.threaded)?;
+    l.threaded = true;
+    regs.unthreaded.store(false, Ordering::SeqCst);
+    let (stream, entry, core_type) = (l.stream, l.entry.clone(), l.core_type);
+    drop(slot);
+    let code = drive_on_thread(dev, regs, w, &entry, core_type);
+    Some((stream, entry, code))
+}
+
+/// The core thread's loop over a threaded launch (steps 2–4, waiting between moves).
+fn drive_on_thread<H: CoreHost>(
+    dev: &H,
+    regs: &RegBlock,
+    w: u32,
+    entry: &SimLaunch,
+    core_type: CoreType,
+) -> i32 {
+    let stop = || dev.is_reset() || entry.is_aborted();
+    let spin = dev.spin_policy();
+    let mut round = 0u32;
+    loop {
+        let epoch = regs.wake.epoch();
+        let Some(mut slot) = lock(regs, &stop) else {
+            return kernel_outlived_launch(dev, w, core_type);
+        };
+        let Some(l) = slot.as_mut() else { return AclCode::TASK_ABORT.get() };
+        match advance(dev, regs, l, true, Gate::Wait) {
+            Moved::Progress => round = 0,
+            Moved::Ended(code) => return leave(&mut slot, code),
+            Moved::Wait | Moved::Declined if stop() => {
+                return leave(&mut slot, AclCode::TASK_ABORT.get());
+            }
+            Moved::Wait | Moved::Declined => {
+                drop(slot);
+                spin.backoff(round, &regs.wake, epoch, None);
+                round = round.saturating_add(1);
+            }
+        }
+    }
+}
+
+/// Ends the launch in `slot`: a failure an AICPU thread saw while serving for the core wins
+/// over the caller's code (a plain abort, typically).
+fn leave(slot: &mut Option<CoreLaunch>, code: i32) -> i32 {
+    let code = slot.as_ref().and_then(|l| l.ended).unwrap_or(code);
+    *slot = None;
+    code
+}
+
+/// The core's lock, or `None` once `stop` holds while another thread still has it: a kernel an
+/// AICPU thread serves for this core has not returned.
+fn lock<'r>(
+    regs: &'r RegBlock,
+    stop: &dyn Fn() -> bool,
+) -> Option<MutexGuard<'r, Option<CoreLaunch>>> {
+    loop {
+        if let Some(guard) = regs.serving.try_lock_for(LOCK_POLL) {
+            return Some(guard);
+        }
+        if stop() {
+            return None;
+        }
+    }
+}
+
+/// The core's thread leaves a stopped launch while an AICPU thread is still inside a kernel it
+/// serves for the core: the participant ends as a hang, and the state, which that thread still
+/// holds, is marked abandoned so that nothing is served from it again.
+fn kernel_outlived_launch<H: CoreHost>(dev: &H, w: u32, core_type: CoreType) -> i32 {
+    if let Some(regs) = dev.regs(w) {
+        regs.abandoned.store(true, Ordering::SeqCst);
+    }
+    dev.record_fault(CoreFault {
+        code: AclCode::AICORE_TIMEOUT,
+        stream: StreamKind::AiCore,
+        core: Some((w, core_type)),
+        func_id: None,
+        task: None,
+        message: "a kernel the AICPU thread runs for this core had not returned when the launch \
+                  was stopped"
+            .into(),
+        at_ticks: dev.ticks(),
+    });
+    AclCode::AICORE_TIMEOUT.get()
+}
+
+/// After an AICPU thread stored to core `c`'s `DATA_MAIN_BASE`: advances the core's launch on
+/// this thread as far as it goes without waiting, serving tokens only when `serve_here` (the
+/// host has no free core for the core's thread, and nothing needs that thread); says what else
+/// the simulator must do.
+pub(crate) fn ring<H: CoreHost>(dev: &H, c: u32, serve_here: bool) -> Ring {
+    let Some(regs) = dev.regs(c) else { return Ring::Handled };
+    let mut slot = loop {
+        if let Some(guard) = regs.serving.try_lock() {
+            break guard;
+        }
+        // Held by the thread that started an unthreaded launch, for the few stores of step 1,
+        // or by the core's thread, which reads the registers again after it.
+        if !regs.unthreaded.load(Ordering::SeqCst) {
+            return Ring::Wake;
+        }
+        std::thread::yield_now();
+    };
+    if regs.abandoned.swap(false, Ordering::SeqCst) {
+        // Left behind by a kernel that outlived its launch (`kernel_outlived_launch`).
+        *slot = None;
+        return Ring::Wake;
+    }
+    let Some(l) = slot.as_mut() else { return Ring::Wake };
+    if l.threaded && (!serve_here || l.ended.is_some()) {
+        return Ring::Wake;
+    }
+    loop {
+        let may_serve = serve_here && l.short_kernels;
+        let start = Instant::now();
+        // A panic here would be the simulator's own (a kernel's is caught at the kernel): it
+        // ends the core's participant as a fault instead of unwinding through the AICPU program.
+        let moved = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            advance(dev, regs, l, may_serve, Gate::Decline)
+        }))
+        .unwrap_or(Moved::Ended(AclCode::AICORE_EXCEPTION.get()));
+        if start.elapsed() > INLINE_KERNEL_LIMIT {
+            l.short_kernels = false;
+        }
+        if regs.abandoned.swap(false, Ordering::SeqCst) {
+            // The core's thread left while the kernel ran: the state must not outlive this call.
+            *slot = None;
+            return Ring::Handled;
+        }
+        match (moved, l.threaded) {
+            (Moved::Progress, false) => {}
+            // A threaded core's thread reads the registers itself; this served the one token.
+            (Moved::Progress, true) => return Ring::Handled,
+            (Moved::Wait, _) => return Ring::Handled,
+            (Moved::Declined, true) => return Ring::Wake,
+            (Moved::Declined, false) => return Ring::Adopt,
+            (Moved::Ended(code), true) => {
+                l.ended = Some(code);
+                return Ring::Wake;
+            }
+            (Moved::Ended(code), false) => {
+                regs.unthreaded.store(false, Ordering::SeqCst);
+                let Some(l) = slot.take() else { return Ring::Handled };
+                return Ring::Finish(l.stream, l.entry, code);
+            }
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The simulated threads' main loop (`docs/device-simulator.md`, "Thread protocol").
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::mailbox::Mail;
+use super::stream::LaunchEntry;
+use super::{Role, SimShared, cxx_core, drive, wait};
+use crate::abi::codes::AclCode;
+
+/// Decrements `alive` and signals finalize when a simulated thread leaves (also on panic).
+struct ExitGuard(Arc<SimShared>);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        self.0.gate.sleep();
+        let _g = self.0.exit_lock.lock();
+        self.0.alive.fetch_sub(1, Ordering::AcqRel);
+        self.0.exit_cv.notify_all();
+    }
+}
+
+impl SimShared {
+    /// Parks on the mailbox until it holds a job, an adoption or quit.
+    fn take_mail(&self, role: Role, index: u32) -> Mail {
+        let mb = self.mailbox(role, index);
+        let mut st = mb.state.lock();
+        loop {
+            match std::mem::take(&mut *st) {
+                Mail::Empty => {
+                    self.parked.fetch_add(1, Ordering::Relaxed);
+                    self.gate.sleep();
+                    mb.cv.wait(&mut st);
+                    self.gate.wake();
+                    self.parked.fetch_sub(1, Ordering::Relaxed);
+                }
+                mail => return mail,
+            }
+        }
+    }
+
+    /// Takes over core `index`'s launch if AICPU threads drive it and reports its end.
+    fn adopt_core(&self, index: u32) {
+        let adopted = std::panic::catch_unwind(AssertUnwindSafe(|| drive::adopt(self, index)));
+        match adopted {
+            Ok(Some((stream, entry, code))) => self.finish(stream, &entry, code),
+            Ok(None) => {}
+            // A bug in the simulator itself: the state may be half-advanced, so drop it.
+            Err(_) => self.drop_core_state(index),
+        }
+    }
+
+    /// Drops core `index`'s launch state after a panic in the simulator, so that no AICPU
+    /// thread serves from an ended launch's image (one still holding the state drops it).
+    fn drop_core_state(&self, index: u32) {
+        let Some(regs) = self.regs.get(index as usize) else { return };
+        regs.unthreaded.store(false, Ordering::SeqCst);
+        match regs.serving.try_lock() {
+            Some(mut slot) => *slot = None,
+            None => regs.abandoned.store(true, Ordering::SeqCst),
+        }
+    }
+
+    /// Runs one posted participant; returns its code.
+    fn run_participant(
+        &self,
+        role: Role,
+        index: u32,
+        stream: usize,
+        entry: &Arc<LaunchEntry>,
+    ) -> i32 {
+        let run = std::panic::catch_unwind(AssertUnwindSafe(|| match role {
+            Role::Aicpu => self.run_aicpu(entry, index),
+            Role::AiCore => match self.executor.get() {
+                Some(exe) => cxx_core::run_core(self, entry, index, exe),
+                None => drive::run_on_thread(self, stream, entry, index),
+            },
+        }));
+        match run {
+            Ok(code) => code,
+            // A bug in the simulator itself; report it as a fault of the participant.
+            Err(_) => match role {
+                Role::Aicpu => 3,
+                Role::AiCore => {
+                    self.drop_core_state(index);
+                    AclCode::AICORE_EXCEPTION.get()
+                }
+            },
+        }
+    }
+}
+
+/// Thread protocol: park on the mailbox; run a posted participant and report its result, or
+/// adopt a core's launch; on `Quit`, a core's thread first ends a launch it still has to adopt.
+pub(super) fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
+    dev.gate.wake();
+    wait::exact_timers();
+    let _guard = ExitGuard(dev.clone());
+    loop {
+        match dev.take_mail(role, index) {
+            Mail::Job { stream, entry } => {
+                let code = dev.run_participant(role, index, stream, &entry);
+                dev.finish(stream, &entry, code);
+            }
+            Mail::Adopt if role == Role::AiCore => dev.adopt_core(index),
+            Mail::Adopt | Mail::Empty => {}
+            Mail::Quit => {
+                if role == Role::AiCore {
+                    dev.adopt_core(index);
+                }
+                return;
+            }
+        }
+    }
+}
