@@ -294,24 +294,39 @@ fn core_thread_switches(device: u32) -> u64 {
 #[cfg(target_os = "linux")]
 #[test]
 fn under_auto_launches_leave_the_core_threads_parked() {
+    // The switch count of a thread that has just parked can still move once (its last switch
+    // into the wait); read it until two readings agree.
+    let settled = |device: u32| loop {
+        let a = core_thread_switches(device);
+        std::thread::sleep(Duration::from_millis(20));
+        if core_thread_switches(device) == a {
+            return a;
+        }
+    };
     for runtime in RUNTIMES {
         for (device, dispatch) in [(6, CoreDispatch::Auto), (7, CoreDispatch::CoreThread)] {
             let o = one_host_core(options_on(device, runtime)).with_core_dispatch(dispatch);
             let mut r = DeviceRunner::attach(o).unwrap();
             // The first run spawns the core threads.
             run_chain(&mut r, 1, WHERE, 4, &one_cluster()).unwrap();
-            wait_all_parked(&r);
-            let before = core_thread_switches(device);
+            // A kernel preempted for over a millisecond on a loaded host sends the rest of its
+            // core's launch to the core's thread (the inline limit), so `Auto` needs one clean
+            // launch of three; `CoreThread` wakes the core threads in every one.
+            let mut switched = Vec::new();
             for n in 2..=4 {
+                wait_all_parked(&r);
+                let before = settled(device);
                 let value = run_chain(&mut r, n, WHERE, 4, &one_cluster()).unwrap();
                 assert_eq!((value / ON_CORE) as u64 + (value % ON_CORE) as u64, 4);
+                wait_all_parked(&r);
+                switched.push(settled(device) - before);
             }
-            wait_all_parked(&r);
-            let switched = core_thread_switches(device) - before;
             r.finalize().unwrap();
             match dispatch {
-                CoreDispatch::CoreThread => assert!(switched > 0, "{runtime:?}"),
-                _ => assert_eq!(switched, 0, "{runtime:?}: core threads ran during launches"),
+                CoreDispatch::CoreThread => {
+                    assert!(switched.iter().all(|&s| s > 0), "{runtime:?}: {switched:?}")
+                }
+                _ => assert!(switched.contains(&0), "{runtime:?}: core threads ran: {switched:?}"),
             }
         }
     }

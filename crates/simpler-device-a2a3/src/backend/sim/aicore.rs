@@ -115,8 +115,7 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 /// (`drive.rs`; `docs/device-simulator.md`, "Who runs a dispatch").
 #[derive(Debug)]
 pub(crate) struct CoreLaunch {
-    /// The stream and entry the core's participant reports its end to.
-    pub(super) stream: usize,
+    /// The entry the core's participant belongs to.
     pub(super) entry: Arc<SimLaunch>,
     w: u32,
     pub(super) core_type: CoreType,
@@ -148,38 +147,53 @@ pub(crate) struct CoreLaunch {
 // participant removes it first.
 unsafe impl Send for CoreLaunch {}
 
-/// Reads core `w`'s view of `entry` for step 1; `Err` is the code the core's participant ends
-/// with at once (0 when the launch does not use the core).
+/// Why a core's launch state could not be built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unprepared {
+    /// The launch does not use the core: its participant ends at once with 0.
+    NotUsed,
+    /// The launch's argument block is not device memory.
+    NoArgs,
+    /// The launch names no valid runtime image.
+    NoImage(CoreType),
+}
+
+impl Unprepared {
+    /// Records the fault (if any) and returns the code the core's participant ends with.
+    pub(crate) fn end<H: CoreHost>(self, dev: &H, w: u32) -> i32 {
+        match self {
+            Unprepared::NotUsed => 0,
+            Unprepared::NoArgs => AclCode::AICORE_EXCEPTION.get(),
+            Unprepared::NoImage(core_type) => {
+                let code = AclCode::AICORE_EXCEPTION;
+                dev.record_fault(CoreFault {
+                    code,
+                    stream: StreamKind::AiCore,
+                    core: Some((w, core_type)),
+                    func_id: None,
+                    task: None,
+                    message: "the launch names no valid runtime image".into(),
+                    at_ticks: dev.ticks(),
+                });
+                code.get()
+            }
+        }
+    }
+}
+
+/// Reads core `w`'s view of `entry` for step 1.
 pub(crate) fn prepare<H: CoreHost>(
     dev: &H,
-    stream: usize,
     entry: &Arc<SimLaunch>,
     w: u32,
     threaded: bool,
-) -> Result<CoreLaunch, i32> {
-    let Some(args) = dev.read_kernel_args(entry.args) else {
-        return Err(AclCode::AICORE_EXCEPTION.get());
-    };
-    let Some(place) = CorePlace::of(w, args.block_dim) else {
-        return Err(0);
-    };
-    let Some(view) = dev.core_image_view(&args) else {
-        let code = AclCode::AICORE_EXCEPTION;
-        dev.record_fault(CoreFault {
-            code,
-            stream: StreamKind::AiCore,
-            core: Some((w, place.core_type)),
-            func_id: None,
-            task: None,
-            message: "the launch names no valid runtime image".into(),
-            at_ticks: dev.ticks(),
-        });
-        return Err(code.get());
-    };
+) -> Result<CoreLaunch, Unprepared> {
+    let args = dev.read_kernel_args(entry.args).ok_or(Unprepared::NoArgs)?;
+    let place = CorePlace::of(w, args.block_dim).ok_or(Unprepared::NotUsed)?;
+    let view = dev.core_image_view(&args).ok_or(Unprepared::NoImage(place.core_type))?;
     let swimlane = args.profiling & PROFILE_SWIMLANE != 0 && view.header().swimlane_capacity > 0;
     let (lane, records) = view.swimlane(w);
     Ok(CoreLaunch {
-        stream,
         entry: entry.clone(),
         w,
         core_type: place.core_type,

@@ -11,13 +11,16 @@
 //! `Adopt`, takes the state over and drives the rest of the launch as a threaded one.
 //!
 //! Invariants:
-//! - Whoever ends a core's participant first removes its state, under the lock; only the
-//!   remover reports the end, so a participant ends exactly once.
+//! - A core's participant ends exactly once. A threaded launch is ended by the core's thread
+//!   (an AICPU thread that saw its kernel fail only records the code in the state). An
+//!   unthreaded launch is ended by whoever takes `RegBlock::unthreaded` (the AICPU thread that
+//!   answers the exit signal or sees a kernel fail, or the core's thread that adopts it), and
+//!   the state is removed, under the lock, before the end is reported.
 //! - Every register store either advances the state, or finds it locked or threaded and wakes
 //!   the core's thread (whose loop reads the epoch before it takes the lock), or asks it to
 //!   adopt: no store goes unseen.
-//! - While a launch is unthreaded, `RegBlock::unthreaded` is set; anything that must reach the
-//!   core's thread (an abort, a reset) posts it `Adopt`.
+//! - While a launch is unthreaded, anything that must reach the core's thread (an abort, a
+//!   reset) posts it `Adopt`.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -55,16 +58,11 @@ pub(crate) enum Ring {
 }
 
 /// Runs core `w`'s part of `entry` on the core's own thread (a launch posted to it).
-pub(crate) fn run_on_thread<H: CoreHost>(
-    dev: &H,
-    stream: usize,
-    entry: &Arc<SimLaunch>,
-    w: u32,
-) -> i32 {
+pub(crate) fn run_on_thread<H: CoreHost>(dev: &H, entry: &Arc<SimLaunch>, w: u32) -> i32 {
     let Some(regs) = dev.regs(w) else { return 0 };
-    let launch = match prepare(dev, stream, entry, w, true) {
+    let launch = match prepare(dev, entry, w, true) {
         Ok(l) => l,
-        Err(code) => return code,
+        Err(why) => return why.end(dev, w),
     };
     let core_type = launch.core_type;
     let stop = || dev.is_reset() || entry.is_aborted();
@@ -87,29 +85,61 @@ pub(crate) fn start_unthreaded<H: CoreHost>(
     w: u32,
 ) -> bool {
     let Some(regs) = dev.regs(w) else { return false };
-    let Ok(launch) = prepare(dev, stream, entry, w, false) else { return false };
+    let Ok(launch) = prepare(dev, entry, w, false) else { return false };
     let Some(mut slot) = regs.serving.try_lock() else { return false };
     regs.abandoned.store(false, Ordering::SeqCst);
-    regs.unthreaded.store(true, Ordering::SeqCst);
+    *regs.unthreaded.lock() = Some((stream, entry.clone()));
     // Reported in under the lock: the AICPU opens the window only after it, and a store that
-    // finds the lock held while `unthreaded` is set waits for it (`ring`).
+    // finds the lock held while the launch is unthreaded waits for it (`ring`).
     slot.insert(launch).report_in(dev);
     true
 }
 
-/// Takes over core `w`'s launch if AICPU threads drive it, and runs it to its end on the
-/// calling core thread; returns the stream, entry and code to report, or `None` when there was
-/// nothing to adopt.
-pub(crate) fn adopt<H: CoreHost>(dev: &H, w: u32) -> Option<(usize, Arc<SimLaunch>, i32)> {
+/// A launch a core's thread took over from the AICPU threads.
+pub(crate) struct Adopted {
+    pub(crate) stream: usize,
+    pub(crate) entry: Arc<SimLaunch>,
+    core_type: CoreType,
+}
+
+/// What a core's thread got from [`adopt`].
+pub(crate) enum Adoption {
+    /// The launch, to drive to its end.
+    Taken(Adopted),
+    /// A launch that ends at once with `code`: the core's thread could not take the state
+    /// before the launch was stopped, because an AICPU thread is still inside a kernel it
+    /// serves for the core.
+    Ended { stream: usize, entry: Arc<SimLaunch>, code: i32 },
+}
+
+/// Takes over core `w`'s launch if AICPU threads drive it.
+pub(crate) fn adopt<H: CoreHost>(dev: &H, w: u32) -> Option<Adoption> {
     let regs = dev.regs(w)?;
-    let mut slot = lock(regs, &|| dev.is_reset())?;
-    let l = slot.as_mut().filter(|l| !l.threaded)?;
+    let (stream, entry) = regs.unthreaded.lock().clone()?;
+    let stop = || dev.is_reset() || entry.is_aborted();
+    let Some(mut slot) = lock(regs, &stop) else {
+        // Whoever takes the launch ends it; the AICPU thread drops the state when it returns.
+        let (stream, entry) = regs.unthreaded.lock().take()?;
+        let code = kernel_outlived_launch(dev, w, slot_core_type(dev, &entry, w));
+        return Some(Adoption::Ended { stream, entry, code });
+    };
+    let l = slot.as_mut().filter(|l| !l.threaded && Arc::ptr_eq(&l.entry, &entry))?;
+    regs.unthreaded.lock().take()?;
     l.threaded = true;
-    regs.unthreaded.store(false, Ordering::SeqCst);
-    let (stream, entry, core_type) = (l.stream, l.entry.clone(), l.core_type);
-    drop(slot);
-    let code = drive_on_thread(dev, regs, w, &entry, core_type);
-    Some((stream, entry, code))
+    Some(Adoption::Taken(Adopted { stream, entry, core_type: l.core_type }))
+}
+
+/// The type of core `w` in `entry`'s launch, for a fault report made without its state.
+fn slot_core_type<H: CoreHost>(dev: &H, entry: &SimLaunch, w: u32) -> CoreType {
+    dev.read_kernel_args(entry.args)
+        .and_then(|a| crate::abi::CorePlace::of(w, a.block_dim))
+        .map_or(CoreType::Aiv, |p| p.core_type)
+}
+
+/// Runs an adopted launch to its end on the core's thread; returns the code to report.
+pub(crate) fn drive_adopted<H: CoreHost>(dev: &H, w: u32, a: &Adopted) -> i32 {
+    let Some(regs) = dev.regs(w) else { return AclCode::TASK_ABORT.get() };
+    drive_on_thread(dev, regs, w, &a.entry, a.core_type)
 }
 
 /// The core thread's loop over a threaded launch (steps 2–4, waiting between moves).
@@ -201,7 +231,7 @@ pub(crate) fn ring<H: CoreHost>(dev: &H, c: u32, serve_here: bool) -> Ring {
         }
         // Held by the thread that started an unthreaded launch, for the few stores of step 1,
         // or by the core's thread, which reads the registers again after it.
-        if !regs.unthreaded.load(Ordering::SeqCst) {
+        if regs.unthreaded.lock().is_none() {
             return Ring::Wake;
         }
         std::thread::yield_now();
@@ -244,9 +274,13 @@ pub(crate) fn ring<H: CoreHost>(dev: &H, c: u32, serve_here: bool) -> Ring {
                 return Ring::Wake;
             }
             (Moved::Ended(code), false) => {
-                regs.unthreaded.store(false, Ordering::SeqCst);
-                let Some(l) = slot.take() else { return Ring::Handled };
-                return Ring::Finish(l.stream, l.entry, code);
+                *slot = None;
+                // Taken by a core's thread that gave up waiting for this kernel: it reported
+                // the end.
+                let Some((stream, entry)) = regs.unthreaded.lock().take() else {
+                    return Ring::Handled;
+                };
+                return Ring::Finish(stream, entry, code);
             }
         }
     }

@@ -210,7 +210,7 @@ impl SimShared {
         self.notify_all_aicpu();
         for (c, block) in self.regs.iter().enumerate() {
             block.wake.notify();
-            if block.unthreaded.load(Ordering::SeqCst) {
+            if block.unthreaded.lock().is_some() {
                 self.post(Role::AiCore, c as u32, Mail::Adopt);
             }
         }

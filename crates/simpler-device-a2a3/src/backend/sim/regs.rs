@@ -4,11 +4,13 @@
 //! offset. The register table holds the blocks' addresses, so the built AICPU program, which
 //! addresses registers as `window + offset`, runs against them unchanged.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 
 use super::aicore::CoreLaunch;
+use super::stream::LaunchEntry;
 use super::wait::EventCount;
 use crate::abi::regs::RegId;
 
@@ -35,8 +37,9 @@ pub(crate) struct RegBlock {
     /// The core's part in the launch it serves; whoever holds the lock advances it (the
     /// core's thread, or the AICPU thread that wrote a register: `drive.rs`).
     pub(crate) serving: Mutex<Option<CoreLaunch>>,
-    /// Set while AICPU threads drive the core's launch and its thread sits on its mailbox.
-    pub(crate) unthreaded: AtomicBool,
+    /// The stream and entry of the core's launch while AICPU threads drive it and its thread
+    /// sits on its mailbox. Whoever takes it ends that participant (`drive.rs`).
+    pub(crate) unthreaded: Mutex<Option<(usize, Arc<LaunchEntry>)>>,
     /// Set by the core's thread when it left a stopped launch while an AICPU thread still held
     /// `serving` (a kernel that did not return); the next holder drops the state.
     pub(crate) abandoned: AtomicBool,
@@ -49,7 +52,7 @@ impl Default for RegBlock {
             wake: EventCount::default(),
             serving: Mutex::new(None),
             abandoned: AtomicBool::new(false),
-            unthreaded: AtomicBool::new(false),
+            unthreaded: Mutex::new(None),
         }
     }
 }

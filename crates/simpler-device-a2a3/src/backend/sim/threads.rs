@@ -43,19 +43,29 @@ impl SimShared {
     /// Takes over core `index`'s launch if AICPU threads drive it and reports its end.
     fn adopt_core(&self, index: u32) {
         let adopted = std::panic::catch_unwind(AssertUnwindSafe(|| drive::adopt(self, index)));
-        match adopted {
-            Ok(Some((stream, entry, code))) => self.finish(stream, &entry, code),
-            Ok(None) => {}
-            // A bug in the simulator itself: the state may be half-advanced, so drop it.
-            Err(_) => self.drop_core_state(index),
-        }
+        let a = match adopted {
+            Ok(Some(drive::Adoption::Taken(a))) => a,
+            Ok(Some(drive::Adoption::Ended { stream, entry, code })) => {
+                return self.finish(stream, &entry, code);
+            }
+            Ok(None) => return,
+            // A bug in the simulator itself before the launch was taken: nobody took it.
+            Err(_) => return,
+        };
+        let driven =
+            std::panic::catch_unwind(AssertUnwindSafe(|| drive::drive_adopted(self, index, &a)));
+        let code = driven.unwrap_or_else(|_| {
+            // A bug in the simulator itself; report it as a fault of the participant.
+            self.drop_core_state(index);
+            AclCode::AICORE_EXCEPTION.get()
+        });
+        self.finish(a.stream, &a.entry, code);
     }
 
     /// Drops core `index`'s launch state after a panic in the simulator, so that no AICPU
     /// thread serves from an ended launch's image (one still holding the state drops it).
     fn drop_core_state(&self, index: u32) {
         let Some(regs) = self.regs.get(index as usize) else { return };
-        regs.unthreaded.store(false, Ordering::SeqCst);
         match regs.serving.try_lock() {
             Some(mut slot) => *slot = None,
             None => regs.abandoned.store(true, Ordering::SeqCst),
@@ -63,18 +73,12 @@ impl SimShared {
     }
 
     /// Runs one posted participant; returns its code.
-    fn run_participant(
-        &self,
-        role: Role,
-        index: u32,
-        stream: usize,
-        entry: &Arc<LaunchEntry>,
-    ) -> i32 {
+    fn run_participant(&self, role: Role, index: u32, entry: &Arc<LaunchEntry>) -> i32 {
         let run = std::panic::catch_unwind(AssertUnwindSafe(|| match role {
             Role::Aicpu => self.run_aicpu(entry, index),
             Role::AiCore => match self.executor.get() {
                 Some(exe) => cxx_core::run_core(self, entry, index, exe),
-                None => drive::run_on_thread(self, stream, entry, index),
+                None => drive::run_on_thread(self, entry, index),
             },
         }));
         match run {
@@ -100,7 +104,7 @@ pub(super) fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
     loop {
         match dev.take_mail(role, index) {
             Mail::Job { stream, entry } => {
-                let code = dev.run_participant(role, index, stream, &entry);
+                let code = dev.run_participant(role, index, &entry);
                 dev.finish(stream, &entry, code);
             }
             Mail::Adopt if role == Role::AiCore => dev.adopt_core(index),
