@@ -256,7 +256,7 @@ pub mod vector {
 
     /// The program with another kernel for `g = d · e` ([`MUL`]; tensors `d`, `e` in, `g`
     /// out), such as one that also takes a given device time. It must compute the same f32
-    /// products for [`reference`] to hold.
+    /// products for [`reference()`] to hold.
     pub fn builder_with_mul(mul: KernelFn) -> ChipCallableBuilder {
         kernels_around(Orchestration::Native { entry: orchestration, config: three_args }, mul)
     }
