@@ -106,10 +106,10 @@ pub(crate) struct Adopted {
 pub(crate) enum Adoption {
     /// The launch, to drive to its end.
     Taken(Adopted),
-    /// A launch that ends at once with `code`: the core's thread could not take the state
-    /// before the launch was stopped, because an AICPU thread is still inside a kernel it
-    /// serves for the core.
-    Ended { stream: usize, entry: Arc<SimLaunch>, code: i32 },
+    /// A launch that ends at once ([`end_outlived`]): the core's thread could not take the
+    /// state before the launch was stopped, because an AICPU thread is still inside a kernel
+    /// it serves for the core.
+    GaveUp { stream: usize, entry: Arc<SimLaunch> },
 }
 
 /// Takes over core `w`'s launch if AICPU threads drive it.
@@ -119,9 +119,10 @@ pub(crate) fn adopt<H: CoreHost>(dev: &H, w: u32) -> Option<Adoption> {
     let stop = || dev.is_reset() || entry.is_aborted();
     let Some(mut slot) = lock(regs, &stop) else {
         // Whoever takes the launch ends it; the AICPU thread drops the state when it returns.
-        let (stream, entry) = regs.unthreaded.lock().take()?;
-        let code = kernel_outlived_launch(dev, w, slot_core_type(dev, &entry, w));
-        return Some(Adoption::Ended { stream, entry, code });
+        // Only the launch this thread was asked about: it may have ended meanwhile and the
+        // core's next launch taken its place.
+        let (stream, entry) = regs.unthreaded.lock().take_if(|(_, e)| Arc::ptr_eq(e, &entry))?;
+        return Some(Adoption::GaveUp { stream, entry });
     };
     let l = slot.as_mut().filter(|l| !l.threaded && Arc::ptr_eq(&l.entry, &entry))?;
     regs.unthreaded.lock().take()?;
@@ -129,11 +130,14 @@ pub(crate) fn adopt<H: CoreHost>(dev: &H, w: u32) -> Option<Adoption> {
     Some(Adoption::Taken(Adopted { stream, entry, core_type: l.core_type }))
 }
 
-/// The type of core `w` in `entry`'s launch, for a fault report made without its state.
-fn slot_core_type<H: CoreHost>(dev: &H, entry: &SimLaunch, w: u32) -> CoreType {
-    dev.read_kernel_args(entry.args)
+/// Ends core `w`'s part of `entry`, which its thread gave up adopting
+/// ([`Adoption::GaveUp`]); returns the code to report.
+pub(crate) fn end_outlived<H: CoreHost>(dev: &H, entry: &SimLaunch, w: u32) -> i32 {
+    let core_type = dev
+        .read_kernel_args(entry.args)
         .and_then(|a| crate::abi::CorePlace::of(w, a.block_dim))
-        .map_or(CoreType::Aiv, |p| p.core_type)
+        .map_or(CoreType::Aiv, |p| p.core_type);
+    kernel_outlived_launch(dev, w, core_type)
 }
 
 /// Runs an adopted launch to its end on the core's thread; returns the code to report.

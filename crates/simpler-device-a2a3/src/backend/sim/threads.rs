@@ -45,11 +45,16 @@ impl SimShared {
         let adopted = std::panic::catch_unwind(AssertUnwindSafe(|| drive::adopt(self, index)));
         let a = match adopted {
             Ok(Some(drive::Adoption::Taken(a))) => a,
-            Ok(Some(drive::Adoption::Ended { stream, entry, code })) => {
+            Ok(Some(drive::Adoption::GaveUp { stream, entry })) => {
+                let ended = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    drive::end_outlived(self, &entry, index)
+                }));
+                let code = ended.unwrap_or(AclCode::AICORE_TIMEOUT.get());
                 return self.finish(stream, &entry, code);
             }
             Ok(None) => return,
-            // A bug in the simulator itself before the launch was taken: nobody took it.
+            // A bug in the simulator itself before the launch was taken (`adopt` takes it last,
+            // after everything that could fail): nobody took it.
             Err(_) => return,
         };
         let driven =
