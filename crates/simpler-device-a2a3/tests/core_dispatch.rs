@@ -131,6 +131,22 @@ fn one_cluster() -> CallConfig {
     CallConfig::builder().block_dim(1).build().unwrap()
 }
 
+/// One cluster, with AICore swimlane records written under `dir`.
+fn one_cluster_traced(dir: &std::path::Path) -> CallConfig {
+    CallConfig::builder()
+        .block_dim(1)
+        .swimlane(SwimlaneLevel::AicoreTiming)
+        .output_prefix(dir)
+        .build()
+        .unwrap()
+}
+
+/// How many of a chain's kernels ran on a core's own thread and how many on an AICPU thread,
+/// from the chain's final value.
+fn split(value: f32) -> (u64, u64) {
+    ((value / ON_CORE) as u64, (value % ON_CORE) as u64)
+}
+
 #[test]
 fn kernels_run_on_the_dispatching_thread_only_when_core_dispatch_allows_it() {
     for runtime in RUNTIMES {
@@ -138,15 +154,9 @@ fn kernels_run_on_the_dispatching_thread_only_when_core_dispatch_allows_it() {
             let dir = temp_dir(&format!("where-{runtime:?}-{dispatch:?}"));
             let o = one_host_core(options_on(0, runtime)).with_core_dispatch(dispatch);
             let mut r = DeviceRunner::attach(o).unwrap();
-            let cfg = CallConfig::builder()
-                .block_dim(1)
-                .swimlane(SwimlaneLevel::AicoreTiming)
-                .output_prefix(&dir)
-                .build()
-                .unwrap();
-            let value = run_chain(&mut r, 1, WHERE, CHAIN, &cfg).unwrap();
+            let value = run_chain(&mut r, 1, WHERE, CHAIN, &one_cluster_traced(&dir)).unwrap();
             r.finalize().unwrap();
-            let (on_core, on_aicpu) = ((value / ON_CORE) as u64, (value % ON_CORE) as u64);
+            let (on_core, on_aicpu) = split(value);
             assert_eq!(on_core + on_aicpu, CHAIN, "{runtime:?} {dispatch:?}: {value}");
             match dispatch {
                 CoreDispatch::CoreThread => assert_eq!(on_aicpu, 0, "{runtime:?}: {value}"),
@@ -183,7 +193,8 @@ fn a_kernel_panicking_on_the_dispatching_thread_is_one_aicore_fault_and_the_devi
         assert!(r.finalize().unwrap().stuck_threads.is_empty(), "{runtime:?}");
         let mut r = DeviceRunner::attach(one_host_core(options_on(1, runtime))).unwrap();
         let value = run_chain(&mut r, 2, WHERE, CHAIN, &one_cluster()).unwrap();
-        assert_eq!((value / ON_CORE) as u64 + (value % ON_CORE) as u64, CHAIN, "{runtime:?}");
+        let (on_core, on_aicpu) = split(value);
+        assert_eq!(on_core + on_aicpu, CHAIN, "{runtime:?}");
         r.finalize().unwrap();
     }
 }
@@ -196,7 +207,7 @@ fn a_long_kernel_sends_the_rest_of_its_cores_launch_back_to_the_core_thread() {
         let mut r = DeviceRunner::attach(one_host_core(options_on(4, runtime))).unwrap();
         let value = run_chain(&mut r, 1, SLOW, CHAIN, &one_cluster()).unwrap();
         r.finalize().unwrap();
-        let (on_core, on_aicpu) = ((value / ON_CORE) as u64, (value % ON_CORE) as u64);
+        let (on_core, on_aicpu) = split(value);
         assert_eq!(on_core + on_aicpu, CHAIN, "{runtime:?}: {value}");
         // At most one per AIV core of the cluster ran long on the AICPU thread.
         assert!(on_aicpu <= 2, "{runtime:?}: {on_aicpu} of {CHAIN} on the AICPU thread");
@@ -231,13 +242,7 @@ fn scheduling_threads_without_a_cluster_end_before_the_run_does() {
         let dir = temp_dir(&format!("coreless-{runtime:?}"));
         let mut r = DeviceRunner::attach(options_on(3, runtime)).unwrap();
         r.sim_faults().unwrap().kernel_delay(WHERE, DELAY);
-        let cfg = CallConfig::builder()
-            .block_dim(1)
-            .swimlane(SwimlaneLevel::AicoreTiming)
-            .output_prefix(&dir)
-            .build()
-            .unwrap();
-        run_chain(&mut r, 1, WHERE, 2, &cfg).unwrap();
+        run_chain(&mut r, 1, WHERE, 2, &one_cluster_traced(&dir)).unwrap();
         r.finalize().unwrap();
         let records = json(&dir.join("l2_swimlane_records.json"));
         let phases = records["phases"].as_array().unwrap();
@@ -317,7 +322,8 @@ fn under_auto_launches_leave_the_core_threads_parked() {
                 wait_all_parked(&r);
                 let before = settled(device);
                 let value = run_chain(&mut r, n, WHERE, 4, &one_cluster()).unwrap();
-                assert_eq!((value / ON_CORE) as u64 + (value % ON_CORE) as u64, 4);
+                let (on_core, on_aicpu) = split(value);
+                assert_eq!(on_core + on_aicpu, 4);
                 wait_all_parked(&r);
                 switched.push(settled(device) - before);
             }
