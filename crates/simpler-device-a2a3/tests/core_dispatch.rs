@@ -13,7 +13,7 @@ use simpler_device_a2a3::{
     ArgDirection, ChipCallable, CoreCallable, CoreDispatch, DeviceError, DeviceRunner, KernelCall,
     Kernels, OrchArgs, OrchConfig, OrchCtx, OrchError, RunRequest, RunnerOptions, RuntimeVariant,
 };
-use simpler_types::{CallConfig, CoreArgs, SwimlaneLevel, TaskArgs};
+use simpler_types::{CallConfig, CoreArgs, SwimlaneLevel, TaskArgs, TimeoutBudget};
 
 const RUNTIMES: [RuntimeVariant; 2] =
     [RuntimeVariant::HostBuildGraph, RuntimeVariant::TensormapAndRingbuffer];
@@ -25,6 +25,7 @@ const WHERE: u32 = 0;
 const PANICS: u32 = 1;
 const SPINS: u32 = 2;
 const SLOW: u32 = 3;
+const NAPS: u32 = 4;
 
 /// What `where_am_i` adds for a kernel run on an AICPU thread, and on a core's own thread.
 const ON_AICPU: f32 = 1.0;
@@ -76,6 +77,16 @@ unsafe extern "C-unwind" fn slow_on_aicpu(args: *mut i64) {
     unsafe { where_am_i(args) };
 }
 
+/// Microseconds `naps` sleeps, wherever it runs.
+static NAP_US: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Sleeps [`NAP_US`]; then `where_am_i`.
+unsafe extern "C-unwind" fn naps(args: *mut i64) {
+    std::thread::sleep(Duration::from_micros(NAP_US.load(Ordering::Relaxed)));
+    // SAFETY: forwarded.
+    unsafe { where_am_i(args) };
+}
+
 /// `scalar(1)` AIV tasks of kernel `scalar(0)`, each an `InOut` of tensor 0.
 fn chain(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
     let bad = OrchError::from_status(-1);
@@ -95,6 +106,7 @@ fn callable() -> ChipCallable {
         .kernel(PANICS, CoreCallable::native(inout(), panics_on_aicpu))
         .kernel(SPINS, CoreCallable::native(inout(), spins_on_aicpu))
         .kernel(SLOW, CoreCallable::native(inout(), slow_on_aicpu))
+        .kernel(NAPS, CoreCallable::native(inout(), naps))
         .build()
         .unwrap()
 }
@@ -335,5 +347,44 @@ fn under_auto_launches_leave_the_core_threads_parked() {
                 _ => assert!(switched.contains(&0), "{runtime:?}: core threads ran: {switched:?}"),
             }
         }
+    }
+}
+
+/// Hammers the hand-offs between an AICPU thread serving a core, the core's thread adopting
+/// it, the watchdogs and `finalize`: chains of kernels that sleep around the scheduler and
+/// op-execute budgets, so that stall latches, exit signals, aborts and resets meet a core
+/// served on either thread at every point. Whatever each run's outcome, it must end (typed)
+/// and `finalize` must find no thread stuck; a fresh runner works afterwards.
+#[test]
+fn runs_ending_by_any_path_leave_no_thread_behind() {
+    for runtime in RUNTIMES {
+        for round in 0..12u64 {
+            // 0.2 to 4.6 ms per kernel against a 1 ms scheduler and 3 ms op-execute budget.
+            NAP_US.store(200 + (round * 397) % 4400, Ordering::Relaxed);
+            let mut o = one_host_core(RunnerOptions::sim(8, runtime))
+                .with_scheduler_timeout(Duration::from_millis(1))
+                .with_op_execute_timeout(Duration::from_millis(3))
+                .with_stream_sync_timeout(Duration::from_millis(2_000))
+                .with_shutdown_budget(Duration::from_millis(50));
+            o.sim.join_budget = Duration::from_secs(5);
+            let mut r = DeviceRunner::attach(o).unwrap();
+            if let Err(err) = run_chain(&mut r, 1, NAPS, 6, &one_cluster()) {
+                // A core whose participant never ended would hold its entry to the
+                // stream-sync budget: every run must end by its own verdict first.
+                let lost =
+                    matches!(&err, DeviceError::Timeout { budget: TimeoutBudget::StreamSync, .. });
+                assert!(
+                    !lost && err.run_id() == Some(run_id(1)),
+                    "{runtime:?} round {round}: {err}"
+                );
+            }
+            let stuck = r.finalize().unwrap().stuck_threads;
+            assert!(stuck.is_empty(), "{runtime:?} round {round}: {stuck:?}");
+        }
+        NAP_US.store(0, Ordering::Relaxed);
+        let mut r = DeviceRunner::attach(one_host_core(options_on(8, runtime))).unwrap();
+        let (on_core, on_aicpu) = split(run_chain(&mut r, 2, NAPS, 6, &one_cluster()).unwrap());
+        assert_eq!(on_core + on_aicpu, 6, "{runtime:?}");
+        r.finalize().unwrap();
     }
 }
