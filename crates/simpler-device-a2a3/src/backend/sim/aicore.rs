@@ -16,6 +16,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use simpler_types::DeviceTaskId;
 
@@ -109,6 +110,46 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// Records a fault of core `core` (with the func id and device task id of the kernel it ran,
+/// if any) for the host to report; returns its device code.
+pub(crate) fn record_core_fault<H: CoreHost>(
+    dev: &H,
+    code: AclCode,
+    core: (u32, CoreType),
+    kernel: Option<(u32, u64)>,
+    message: String,
+) -> i32 {
+    dev.record_fault(CoreFault {
+        code,
+        stream: StreamKind::AiCore,
+        core: Some(core),
+        func_id: kernel.map(|(f, _)| f),
+        task: kernel.map(|(_, t)| DeviceTaskId(t)),
+        message,
+        at_ticks: dev.ticks(),
+    });
+    code.get()
+}
+
+/// Records a kernel call that did not finish as core `core`'s fault; returns its device code,
+/// or `None` when the kernel finished.
+pub(crate) fn kernel_failure<H: CoreHost>(
+    dev: &H,
+    core: (u32, CoreType),
+    func_id: u32,
+    task_id: u64,
+    outcome: KernelOutcome,
+) -> Option<i32> {
+    let (message, code) = match outcome {
+        KernelOutcome::Finished => return None,
+        KernelOutcome::Faulted(m) => (m, AclCode::AICORE_EXCEPTION),
+        KernelOutcome::Hung => {
+            ("kernel hung until the op-execute watchdog fired".to_owned(), AclCode::AICORE_TIMEOUT)
+        }
+    };
+    Some(record_core_fault(dev, code, core, Some((func_id, task_id)), message))
+}
+
 /// A core's part in the AICore launch it serves, from step 1 until it leaves. It lives in the
 /// core's register block under a lock (`RegBlock::serving`); whoever holds the lock advances
 /// it: the core's own thread, or an AICPU thread that just wrote one of the core's registers
@@ -137,10 +178,15 @@ pub(crate) struct CoreLaunch {
     /// The code a threaded launch ends with, set when an AICPU thread serving one of its
     /// tokens saw the kernel fail (the core's thread then leaves with it).
     pub(super) ended: Option<i32>,
-    /// Whether every kernel an AICPU thread served for this launch returned within the
-    /// inline limit (`drive.rs`); once one did not, the core's thread serves the rest.
+    /// Whether every kernel an AICPU thread served for this launch returned within
+    /// [`INLINE_KERNEL_LIMIT`]; once one did not, the core's thread serves the rest.
     pub(super) short_kernels: bool,
 }
+
+/// The longest kernel after which a core's later tokens of the launch are still served on the
+/// AICPU thread: an AICPU thread inside a kernel neither polls its other cores nor watches for
+/// stalls, so long kernels go back to the core's own thread.
+const INLINE_KERNEL_LIMIT: Duration = Duration::from_millis(1);
 
 // SAFETY: the pointers address the launch's image, which stays alive while the core's
 // participant runs; the state is only reached through the block's lock, and whoever ends the
@@ -164,19 +210,13 @@ impl Unprepared {
         match self {
             Unprepared::NotUsed => 0,
             Unprepared::NoArgs => AclCode::AICORE_EXCEPTION.get(),
-            Unprepared::NoImage(core_type) => {
-                let code = AclCode::AICORE_EXCEPTION;
-                dev.record_fault(CoreFault {
-                    code,
-                    stream: StreamKind::AiCore,
-                    core: Some((w, core_type)),
-                    func_id: None,
-                    task: None,
-                    message: "the launch names no valid runtime image".into(),
-                    at_ticks: dev.ticks(),
-                });
-                code.get()
-            }
+            Unprepared::NoImage(core_type) => record_core_fault(
+                dev,
+                AclCode::AICORE_EXCEPTION,
+                (w, core_type),
+                None,
+                "the launch names no valid runtime image".into(),
+            ),
         }
     }
 }
@@ -287,23 +327,20 @@ fn open_window<H: CoreHost>(dev: &H, l: &mut CoreLaunch) -> Moved {
     dev.store_cond(l.w, IDLE_VALUE);
     let pair = l.handshake().task.load(Ordering::Acquire);
     if pair != l.pair {
-        let code = AclCode::AICORE_EXCEPTION;
-        dev.record_fault(CoreFault {
-            code,
-            stream: StreamKind::AiCore,
-            core: Some((l.w, l.core_type)),
-            func_id: None,
-            task: None,
-            message: format!("handshake task address {pair:#x} is not this core's payload pair"),
-            at_ticks: dev.ticks(),
-        });
-        return Moved::Ended(code.get());
+        return Moved::Ended(record_core_fault(
+            dev,
+            AclCode::AICORE_EXCEPTION,
+            (l.w, l.core_type),
+            None,
+            format!("handshake task address {pair:#x} is not this core's payload pair"),
+        ));
     }
     l.open = true;
     Moved::Progress
 }
 
-/// Whether serving may wait for a gated payload's doorbell.
+/// Whether serving may wait for a gated payload's doorbell: the core's thread may, an AICPU
+/// thread serving for it may not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Gate {
     Wait,
@@ -369,25 +406,14 @@ fn serve<H: CoreHost>(dev: &H, regs: &RegBlock, s: &mut CoreLaunch, v: u32, gate
     let start = if s.swimlane.is_some() { dev.ticks() } else { 0 };
     // SAFETY: `p` points at a payload inside the image; `args` is its argument array.
     let args_ptr = unsafe { std::ptr::addr_of_mut!((*p).args) } as *mut i64;
-    let failed = match call_kernel(dev, &s.entry, regs, w, kernel, func_id, args_ptr) {
-        KernelOutcome::Finished => None,
-        KernelOutcome::Faulted(msg) => Some((msg, AclCode::AICORE_EXCEPTION)),
-        KernelOutcome::Hung => Some((
-            "kernel hung until the op-execute watchdog fired".to_owned(),
-            AclCode::AICORE_TIMEOUT,
-        )),
-    };
-    if let Some((message, code)) = failed {
-        dev.record_fault(CoreFault {
-            code,
-            stream: StreamKind::AiCore,
-            core: Some((w, s.core_type)),
-            func_id: Some(func_id),
-            task: Some(DeviceTaskId(task_id)),
-            message,
-            at_ticks: dev.ticks(),
-        });
-        return Served::Ended(code.get());
+    // Only a kernel an AICPU thread serves is timed (`short_kernels`).
+    let started = (gate == Gate::Decline).then(Instant::now);
+    let outcome = call_kernel(dev, &s.entry, regs, w, kernel, func_id, args_ptr);
+    if started.is_some_and(|t| t.elapsed() > INLINE_KERNEL_LIMIT) {
+        s.short_kernels = false;
+    }
+    if let Some(code) = kernel_failure(dev, (w, s.core_type), func_id, task_id, outcome) {
+        return Served::Ended(code);
     }
     s.last = v;
     if let Some((h, records)) = s.swimlane {

@@ -14,16 +14,13 @@
 use std::ffi::c_void;
 use std::path::Path;
 
-use simpler_types::DeviceTaskId;
-
-use super::aicore::{CoreHost, KernelOutcome, call_kernel};
+use super::aicore::{CoreHost, call_kernel, kernel_failure};
 use super::loader::SharedObject;
 use super::regs::RegBlock;
 use super::stream::LaunchEntry;
 use super::wait::SpinPolicy;
 use crate::abi::codes::AclCode;
 use crate::abi::{CorePlace, CoreType};
-use crate::error::{CoreFault, StreamKind};
 
 /// The executor's result when the launch was torn down under it.
 const EXECUTOR_ABORTED: i32 = -1;
@@ -141,23 +138,8 @@ extern "C" fn kernel<H: CoreHost>(
     args: *mut i64,
 ) -> i32 {
     let c = ctx::<H>(p);
-    let (message, code) = match call_kernel(c.dev, c.entry, c.regs, c.w, kernel, func_id, args) {
-        KernelOutcome::Finished => return 0,
-        KernelOutcome::Faulted(m) => (m, AclCode::AICORE_EXCEPTION),
-        KernelOutcome::Hung => {
-            ("kernel hung until the op-execute watchdog fired".to_owned(), AclCode::AICORE_TIMEOUT)
-        }
-    };
-    c.dev.record_fault(CoreFault {
-        code,
-        stream: StreamKind::AiCore,
-        core: Some((c.w, c.place.core_type)),
-        func_id: Some(func_id),
-        task: Some(DeviceTaskId(task_id)),
-        message,
-        at_ticks: c.dev.ticks(),
-    });
-    code.get()
+    let outcome = call_kernel(c.dev, c.entry, c.regs, c.w, kernel, func_id, args);
+    kernel_failure(c.dev, (c.w, c.place.core_type), func_id, task_id, outcome).unwrap_or(0)
 }
 
 /// Runs core `w` of an AICore launch entry through the C++ executor; returns 0 or the device

@@ -25,21 +25,15 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::MutexGuard;
 
-use super::aicore::{CoreHost, CoreLaunch, Gate, Moved, advance, prepare};
+use super::aicore::{CoreHost, CoreLaunch, Gate, Moved, advance, prepare, record_core_fault};
 use super::regs::RegBlock;
 use super::stream::LaunchEntry as SimLaunch;
 use crate::abi::CoreType;
 use crate::abi::codes::AclCode;
-use crate::error::{CoreFault, StreamKind};
-
-/// The longest kernel after which a core's later tokens of the launch are still served on the
-/// AICPU thread: an AICPU thread inside a kernel neither polls its other cores nor watches for
-/// stalls, so long kernels go back to the core's own thread.
-const INLINE_KERNEL_LIMIT: Duration = Duration::from_millis(1);
 
 /// How long a core's thread waits for its lock between looks at whether the launch was
 /// stopped (an AICPU thread holds the lock while it runs a kernel for the core).
@@ -209,18 +203,21 @@ fn kernel_outlived_launch<H: CoreHost>(dev: &H, w: u32, core_type: CoreType) -> 
     if let Some(regs) = dev.regs(w) {
         regs.abandoned.store(true, Ordering::SeqCst);
     }
-    dev.record_fault(CoreFault {
-        code: AclCode::AICORE_TIMEOUT,
-        stream: StreamKind::AiCore,
-        core: Some((w, core_type)),
-        func_id: None,
-        task: None,
-        message: "a kernel the AICPU thread runs for this core had not returned when the launch \
-                  was stopped"
+    record_core_fault(
+        dev,
+        AclCode::AICORE_TIMEOUT,
+        (w, core_type),
+        None,
+        "a kernel the AICPU thread runs for this core had not returned when the launch was \
+         stopped"
             .into(),
-        at_ticks: dev.ticks(),
-    });
-    AclCode::AICORE_TIMEOUT.get()
+    )
+}
+
+/// Takes the mark `kernel_outlived_launch` leaves (a plain load first: the mark is rare and
+/// this runs after every move an AICPU thread makes for a core).
+fn take_abandoned(regs: &RegBlock) -> bool {
+    regs.abandoned.load(Ordering::SeqCst) && regs.abandoned.swap(false, Ordering::SeqCst)
 }
 
 /// After an AICPU thread stored to core `c`'s `DATA_MAIN_BASE`: advances the core's launch on
@@ -240,7 +237,7 @@ pub(crate) fn ring<H: CoreHost>(dev: &H, c: u32, serve_here: bool) -> Ring {
         }
         std::thread::yield_now();
     };
-    if regs.abandoned.swap(false, Ordering::SeqCst) {
+    if take_abandoned(regs) {
         // Left behind by a kernel that outlived its launch (`kernel_outlived_launch`).
         *slot = None;
         return Ring::Wake;
@@ -251,17 +248,13 @@ pub(crate) fn ring<H: CoreHost>(dev: &H, c: u32, serve_here: bool) -> Ring {
     }
     loop {
         let may_serve = serve_here && l.short_kernels;
-        let start = Instant::now();
         // A panic here would be the simulator's own (a kernel's is caught at the kernel): it
         // ends the core's participant as a fault instead of unwinding through the AICPU program.
         let moved = std::panic::catch_unwind(AssertUnwindSafe(|| {
             advance(dev, regs, l, may_serve, Gate::Decline)
         }))
         .unwrap_or(Moved::Ended(AclCode::AICORE_EXCEPTION.get()));
-        if start.elapsed() > INLINE_KERNEL_LIMIT {
-            l.short_kernels = false;
-        }
-        if regs.abandoned.swap(false, Ordering::SeqCst) {
+        if take_abandoned(regs) {
             // The core's thread left while the kernel ran: the state must not outlive this call.
             *slot = None;
             return Ring::Handled;

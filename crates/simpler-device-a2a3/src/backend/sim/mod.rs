@@ -184,17 +184,20 @@ impl SimShared {
     /// the options allow it, otherwise wakes the core's thread (`docs/device-simulator.md`,
     /// "Who runs a dispatch").
     pub(crate) fn ring_core(&self, c: u32, block: &RegBlock) {
-        // An injected hang or delay parks the thread that runs the kernel: it needs the
-        // core's thread.
-        let here = self.opts.core_dispatch == CoreDispatch::Auto
-            && self.gate.saturated()
-            && !self.faults.is_armed();
+        let here = self.aicpu_may_serve_cores() && self.gate.saturated();
         match drive::ring(self, c, here) {
             drive::Ring::Handled => {}
             drive::Ring::Wake => block.wake.notify(),
             drive::Ring::Adopt => self.post(Role::AiCore, c, Mail::Adopt),
             drive::Ring::Finish(stream, entry, code) => self.finish(stream, &entry, code),
         }
+    }
+
+    /// Whether AICPU threads may do a core's part of a launch (`drive.rs`): under
+    /// `CoreDispatch::Auto`, and not while a fault is armed (an injected hang, delay or
+    /// handshake fault needs the core's own thread).
+    fn aicpu_may_serve_cores(&self) -> bool {
+        self.opts.core_dispatch == CoreDispatch::Auto && !self.faults.is_armed()
     }
 
     /// Wakes every AICPU thread.
@@ -319,6 +322,9 @@ impl Starter for SimShared {
         match entry.kind {
             EntryKind::AiCore { block_dim } => {
                 self.block_dim.store(block_dim, Ordering::Relaxed); // Relaxed: see the field.
+                // Unthreaded when AICPU threads may do the cores' part, unless another
+                // executor runs the cores.
+                let unthreaded = self.aicpu_may_serve_cores() && self.executor.get().is_none();
                 for w in 0..3 * block_dim {
                     let block = &self.regs[w as usize];
                     // Silicon resets DATA_MAIN_BASE at launch; the simulator also clears COND
@@ -327,13 +333,7 @@ impl Starter for SimShared {
                     block.store(RegId::DataMainBaseHigh, 0);
                     block.store(RegId::Cond, 0);
                     self.owner[w as usize].store(0, Ordering::Relaxed);
-                    // Unthreaded unless a fault is armed (an injected hang, delay or handshake
-                    // fault needs the core's thread) or another executor runs the cores.
-                    let unthreaded = self.opts.core_dispatch == CoreDispatch::Auto
-                        && !self.faults.is_armed()
-                        && self.executor.get().is_none()
-                        && drive::start_unthreaded(self, stream, entry, w);
-                    if !unthreaded {
+                    if !(unthreaded && drive::start_unthreaded(self, stream, entry, w)) {
                         self.post(Role::AiCore, w, Mail::Job { stream, entry: entry.clone() });
                     }
                 }
