@@ -99,6 +99,16 @@ pub(crate) enum SyncError {
     Timeout,
 }
 
+impl SyncError {
+    /// The device code a run that failed this way is charged with.
+    pub(crate) fn code(&self) -> AclCode {
+        match self {
+            SyncError::Fault(f) => f.code,
+            SyncError::Timeout => AclCode::STREAM_SYNC_TIMEOUT,
+        }
+    }
+}
+
 /// Non-blocking state of a stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum StreamStatus {

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use simpler_types::{RunId, Tensor, TensorArgType};
 
+use super::reap::SYNC_ORDER;
 use super::staging::{StagedTensor, host_slice};
 use super::{Core, DevicePtr, RunState, oom};
-use crate::abi::codes::AclCode;
-use crate::backend::{Backend, SyncError};
-use crate::error::{DeviceError, MemPurpose, PoisonCause, PoisonStep, StreamKind};
+use crate::backend::Backend;
+use crate::error::{DeviceError, MemPurpose, PoisonCause};
 use crate::runtime::{BuildEnv, HeapArena};
 
 /// One pooled allocation.
@@ -85,17 +85,10 @@ impl RunMemory<'_> {
         }
         let Some(e) = self.executing.take() else { return true };
         let deadline = Instant::now() + e.budget;
-        for stream in [StreamKind::Aicpu, StreamKind::AiCore] {
+        for (stream, step) in SYNC_ORDER {
             let left = deadline.saturating_duration_since(Instant::now());
             if let Err(error) = self.backend.synchronize(stream, left, e.op_execute) {
-                let code = match error {
-                    SyncError::Fault(f) => f.code,
-                    SyncError::Timeout => AclCode::STREAM_SYNC_TIMEOUT,
-                };
-                let step = match stream {
-                    StreamKind::Aicpu => PoisonStep::SyncAicpu,
-                    StreamKind::AiCore => PoisonStep::SyncAiCore,
-                };
+                let code = error.code();
                 self.ahead_failed = Some(PoisonCause { run_id: e.last, step, code });
                 return false;
             }
@@ -187,11 +180,9 @@ impl Core {
     /// The first launched run, in launch order, that has not ended well (with its launch
     /// sequence): the one a preparation whose wait for the launched runs failed names.
     pub(super) fn first_unfinished_launched(&self) -> Option<(RunId, u64)> {
-        let mut launched: Vec<&RunState> = self.launched_before(u64::MAX).collect();
-        launched.sort_by_key(|r| r.launch_seq);
-        launched
-            .into_iter()
-            .find(|r| r.events.is_none() || self.queued_end(r) != Some(Ok(())))
+        self.launched_before(u64::MAX)
+            .filter(|r| r.events.is_none() || self.queued_end(r) != Some(Ok(())))
+            .min_by_key(|r| r.launch_seq)
             .map(|r| (r.run_id, r.launch_seq))
     }
 

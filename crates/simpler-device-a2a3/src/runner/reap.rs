@@ -62,6 +62,10 @@ enum Synced {
     Failed(StreamKind, PoisonStep, SyncError),
 }
 
+/// The streams a run's end is waited for on, in order, with the step a failure is charged to.
+pub(super) const SYNC_ORDER: [(StreamKind, PoisonStep); 2] =
+    [(StreamKind::Aicpu, PoisonStep::SyncAicpu), (StreamKind::AiCore, PoisonStep::SyncAiCore)];
+
 /// R1: the AICPU side, then the AICore side, each waited for by `sync` (a stream or the run's
 /// end event on it); the two share `wait.sync`, the AICore side getting what the AICPU side
 /// left ([`left_of`]). Stops at the first failure.
@@ -70,9 +74,7 @@ fn sync_in_order(
     mut sync: impl FnMut(StreamKind, Duration) -> Result<(), SyncError>,
 ) -> Synced {
     let started = Instant::now();
-    for (stream, step) in
-        [(StreamKind::Aicpu, PoisonStep::SyncAicpu), (StreamKind::AiCore, PoisonStep::SyncAiCore)]
-    {
+    for (stream, step) in SYNC_ORDER {
         let left =
             if stream == StreamKind::Aicpu { wait.sync } else { left_of(started, wait.sync) };
         match sync(stream, left) {
@@ -431,11 +433,7 @@ impl Core {
         wait: ReapWait,
     ) -> DeviceError {
         let op = self.timeouts.op_execute;
-        let code = match &e {
-            SyncError::Timeout => AclCode::STREAM_SYNC_TIMEOUT,
-            SyncError::Fault(f) => f.code,
-        };
-        self.recover_or_mark_unusable(run.run_id, run.launch_seq, step, code, wait.hard);
+        self.recover_or_mark_unusable(run.run_id, run.launch_seq, step, e.code(), wait.hard);
         let other =
             if stream == StreamKind::Aicpu { StreamKind::AiCore } else { StreamKind::Aicpu };
         let other_status = self.backend.query(other, op);
