@@ -245,9 +245,11 @@ pub enum CoreDispatch {
     /// it dispatched while every host core (see [`SimOptions::host_cores`]) is taken by an
     /// awake simulated thread — waking the core's thread would only trade places with one
     /// that has work. Otherwise, and whenever a fault is armed, the core's thread runs it.
+    /// AICPU participants whose part never waits (threads that own no cluster) run on the
+    /// thread of one that may, instead of being woken for it.
     #[default]
     Auto,
-    /// Always the core's own thread.
+    /// Always the core's own thread (and every AICPU participant on its own thread).
     CoreThread,
 }
 

@@ -282,14 +282,14 @@ fn scheduling_threads_without_a_cluster_end_before_the_run_does() {
     }
 }
 
-/// Context switches so far of device `device`'s simulated core threads (Linux thread stats).
+/// Context switches so far of the threads whose names start with `prefix` (Linux thread
+/// stats).
 #[cfg(target_os = "linux")]
-fn core_thread_switches(device: u32) -> u64 {
-    let prefix = format!("sim{device}-aicore");
+fn thread_switches(prefix: &str) -> u64 {
     let mut total = 0;
     for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
         let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with(&prefix) {
+        if !comm.starts_with(prefix) {
             continue;
         }
         let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
@@ -313,13 +313,7 @@ fn core_thread_switches(device: u32) -> u64 {
 fn under_auto_launches_leave_the_core_threads_parked() {
     // The switch count of a thread that has just parked can still move once (its last switch
     // into the wait); read it until two readings agree.
-    let settled = |device: u32| loop {
-        let a = core_thread_switches(device);
-        std::thread::sleep(Duration::from_millis(20));
-        if core_thread_switches(device) == a {
-            return a;
-        }
-    };
+    let settled = |device: u32| settled_switches(&format!("sim{device}-aicore"));
     for runtime in RUNTIMES {
         for (device, dispatch) in [(6, CoreDispatch::Auto), (7, CoreDispatch::CoreThread)] {
             let o = one_host_core(options_on(device, runtime)).with_core_dispatch(dispatch);
@@ -345,6 +339,60 @@ fn under_auto_launches_leave_the_core_threads_parked() {
                     assert!(switched.iter().all(|&s| s > 0), "{runtime:?}: {switched:?}")
                 }
                 _ => assert!(switched.contains(&0), "{runtime:?}: core threads ran: {switched:?}"),
+            }
+        }
+    }
+}
+
+/// [`thread_switches`] once two readings agree: the count of a thread that has just parked can
+/// still move once (its last switch into the wait).
+#[cfg(target_os = "linux")]
+fn settled_switches(prefix: &str) -> u64 {
+    loop {
+        let a = thread_switches(prefix);
+        std::thread::sleep(Duration::from_millis(20));
+        if thread_switches(prefix) == a {
+            return a;
+        }
+    }
+}
+
+/// Under `Auto`, an AICPU thread whose part of a launch never waits (it owns no cluster and
+/// does not orchestrate) is not woken for it: the part runs on the thread of a participant that
+/// is woken anyway, before that participant's own part. With one cluster and three AICPU
+/// threads that is thread 1 under both runtimes. Under `CoreThread` every participant runs on
+/// its own thread.
+#[cfg(target_os = "linux")]
+#[test]
+fn aicpu_parts_that_never_wait_ride_along_under_auto() {
+    for runtime in RUNTIMES {
+        for (device, dispatch) in [(10, CoreDispatch::Auto), (11, CoreDispatch::CoreThread)] {
+            // The compiled-in AICPU program: the simulator asks it which parts never wait.
+            let mut o = one_host_core(options_on(device, runtime)).with_core_dispatch(dispatch);
+            o.sim.aicpu_program = None;
+            let mut r = DeviceRunner::attach(o).unwrap();
+            // The first run spawns the threads.
+            run_chain(&mut r, 1, WHERE, 4, &one_cluster()).unwrap();
+            let thread1 = format!("sim{device}-aicpu1");
+            let mut switched = Vec::new();
+            for n in 2..=4 {
+                wait_all_parked(&r);
+                let before = settled_switches(&thread1);
+                let (on_core, on_aicpu) =
+                    split(run_chain(&mut r, n, WHERE, 4, &one_cluster()).unwrap());
+                assert_eq!(on_core + on_aicpu, 4);
+                wait_all_parked(&r);
+                switched.push(settled_switches(&thread1) - before);
+            }
+            r.finalize().unwrap();
+            match dispatch {
+                CoreDispatch::CoreThread => {
+                    assert!(switched.iter().all(|&s| s > 0), "{runtime:?}: {switched:?}")
+                }
+                _ => assert!(
+                    switched.iter().all(|&s| s == 0),
+                    "{runtime:?}: AICPU thread 1 ran: {switched:?}"
+                ),
             }
         }
     }

@@ -29,7 +29,7 @@ pub(crate) mod trace;
 mod trb;
 pub mod view;
 
-pub use scheduler::{EXEC_HANDSHAKE_FAILED, EXEC_OK, EXEC_UNCLEAN_SHUTDOWN, exec};
+pub use scheduler::{EXEC_HANDSHAKE_FAILED, EXEC_OK, EXEC_UNCLEAN_SHUTDOWN, exec, part_is_brief};
 
 /// Severity of an AICPU log line.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

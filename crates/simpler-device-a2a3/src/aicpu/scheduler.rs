@@ -615,6 +615,18 @@ pub(super) fn idle_thread_ends<P: AicpuPlatform>(p: &P, phase: &PhaseRecord) {
     phase.end.store(now, Relaxed);
 }
 
+/// Whether AICPU thread `thread`'s part of this launch ends without waiting for anything: it
+/// owns no cluster, so it only records its phases (and, as the last thread, publishes the
+/// boot). A simulator may run such a part on another participant's thread, before that
+/// participant's own part (`docs/device-simulator.md`, "Who runs a dispatch").
+pub fn part_is_brief(view: &ImageView<'_>, thread: u32) -> bool {
+    if view.trb_header().is_some() {
+        return super::trb::part_is_brief(view, thread);
+    }
+    let h = view.header();
+    thread < h.aicpu_threads.clamp(1, crate::abi::MAX_AICPU_THREADS) && thread >= h.block_dim
+}
+
 /// The AICPU `exec` entry for thread `thread` of a launch (`docs/device-handshake.md`).
 pub fn exec<P: AicpuPlatform>(p: &P, init: &InitArgs, view: &ImageView<'_>, thread: u32) -> i32 {
     if view.trb_header().is_some() {

@@ -62,6 +62,13 @@ fn layout_of(t: &TrbHeader) -> Option<ArenaLayout> {
     ArenaLayout::of(shape).filter(|l| l.len <= t.arena_len)
 }
 
+/// Whether scheduler thread `thread`'s part ends at once (it owns no cluster); the last thread
+/// orchestrates and never is.
+pub(super) fn part_is_brief(view: &ImageView<'_>, thread: u32) -> bool {
+    let h = view.header();
+    thread + 1 < h.aicpu_threads.clamp(1, MAX_AICPU_THREADS) && thread >= h.block_dim
+}
+
 /// The trb `exec` of AICPU thread `thread`.
 pub(super) fn exec<P: AicpuPlatform>(
     p: &P,

@@ -22,6 +22,9 @@ pub(super) enum Mail {
     Job {
         stream: usize,
         entry: Arc<LaunchEntry>,
+        /// Other AICPU participants of the same entry whose parts never wait (a bit per
+        /// thread index): this thread runs them, in index order, before its own part.
+        brief: u32,
     },
     /// A core's thread takes over the launch AICPU threads were driving for it (`drive.rs`).
     Adopt,

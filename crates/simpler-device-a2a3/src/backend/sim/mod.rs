@@ -184,7 +184,7 @@ impl SimShared {
     /// the options allow it, otherwise wakes the core's thread (`docs/device-simulator.md`,
     /// "Who runs a dispatch").
     pub(crate) fn ring_core(&self, c: u32, block: &RegBlock) {
-        let here = self.aicpu_may_serve_cores() && self.gate.saturated();
+        let here = self.may_spare_threads() && self.gate.saturated();
         match drive::ring(self, c, here) {
             drive::Ring::Handled => {}
             drive::Ring::Wake => block.wake.notify(),
@@ -193,10 +193,10 @@ impl SimShared {
         }
     }
 
-    /// Whether AICPU threads may do a core's part of a launch (`drive.rs`): under
-    /// `CoreDispatch::Auto`, and not while a fault is armed (an injected hang, delay or
-    /// handshake fault needs the core's own thread).
-    fn aicpu_may_serve_cores(&self) -> bool {
+    /// Whether the simulator may spare its threads wake-ups (`drive.rs`, and brief AICPU parts
+    /// riding along with another participant): under `CoreDispatch::Auto`, and not while a
+    /// fault is armed (an injected hang, delay or handshake fault needs the core's own thread).
+    fn may_spare_threads(&self) -> bool {
         self.opts.core_dispatch == CoreDispatch::Auto && !self.faults.is_armed()
     }
 
@@ -298,6 +298,20 @@ impl SimShared {
         code
     }
 
+    /// The AICPU participants of `entry` (a bit per thread) whose parts never wait, which may
+    /// run on another participant's thread: none unless the simulator runs its own AICPU
+    /// program (a built one numbers its threads itself) and [`may_spare_threads`](Self::may_spare_threads).
+    fn brief_aicpu_parts(&self, entry: &LaunchEntry, threads: u32) -> u32 {
+        if !self.may_spare_threads() || self.program.get().is_some() {
+            return 0;
+        }
+        let Some(args) = self.read_kernel_args(entry.args) else { return 0 };
+        let Some(view) = self.image_view(&args) else { return 0 };
+        (0..threads.min(u32::BITS))
+            .filter(|&t| crate::aicpu::part_is_brief(&view, t))
+            .fold(0, |set, t| set | 1 << t)
+    }
+
     fn record_aicpu_fault(&self, core: Option<u32>, message: String) {
         self.record_fault(CoreFault {
             code: AclCode::AICPU_EXCEPTION,
@@ -324,7 +338,7 @@ impl Starter for SimShared {
                 self.block_dim.store(block_dim, Ordering::Relaxed); // Relaxed: see the field.
                 // Unthreaded when AICPU threads may do the cores' part, unless another
                 // executor runs the cores.
-                let unthreaded = self.aicpu_may_serve_cores() && self.executor.get().is_none();
+                let unthreaded = self.may_spare_threads() && self.executor.get().is_none();
                 for w in 0..3 * block_dim {
                     let block = &self.regs[w as usize];
                     // Silicon resets DATA_MAIN_BASE at launch; the simulator also clears COND
@@ -334,13 +348,19 @@ impl Starter for SimShared {
                     block.store(RegId::Cond, 0);
                     self.owner[w as usize].store(0, Ordering::Relaxed);
                     if !(unthreaded && drive::start_unthreaded(self, stream, entry, w)) {
-                        self.post(Role::AiCore, w, Mail::Job { stream, entry: entry.clone() });
+                        let job = Mail::Job { stream, entry: entry.clone(), brief: 0 };
+                        self.post(Role::AiCore, w, job);
                     }
                 }
             }
             EntryKind::Aicpu { threads } => {
-                for t in 0..threads {
-                    self.post(Role::Aicpu, t, Mail::Job { stream, entry: entry.clone() });
+                // Parts that never wait ride along with the first part that may: waking a
+                // thread only to record that it owns nothing costs more than the part itself.
+                let brief = self.brief_aicpu_parts(entry, threads);
+                let host = (0..threads).find(|t| brief & (1 << t) == 0).unwrap_or(0);
+                for t in (0..threads).filter(|&t| t == host || brief & (1 << t) == 0) {
+                    let brief = if t == host { brief & !(1 << t) } else { 0 };
+                    self.post(Role::Aicpu, t, Mail::Job { stream, entry: entry.clone(), brief });
                 }
             }
             EntryKind::Record(_) | EntryKind::WaitEvent(_) => {}

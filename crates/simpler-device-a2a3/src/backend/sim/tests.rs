@@ -52,7 +52,7 @@ fn a_job_posted_after_quit_does_not_take_its_place() {
     let shared = &*dev.shared;
     shared.post(Role::Aicpu, 0, Mail::Quit);
     let entry = stream::LaunchEntry::new(stream::EntryKind::Aicpu { threads: 1 }, 0);
-    shared.post(Role::Aicpu, 0, Mail::Job { stream: 0, entry });
+    shared.post(Role::Aicpu, 0, Mail::Job { stream: 0, entry, brief: 0 });
     assert!(matches!(*shared.mailbox(Role::Aicpu, 0).state.lock(), Mail::Quit));
 }
 

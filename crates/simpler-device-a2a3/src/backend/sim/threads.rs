@@ -108,7 +108,11 @@ pub(super) fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
     let _guard = ExitGuard(dev.clone());
     loop {
         match dev.take_mail(role, index) {
-            Mail::Job { stream, entry } => {
+            Mail::Job { stream, entry, brief } => {
+                for part in (0..u32::BITS).filter(|t| brief & (1 << t) != 0) {
+                    let code = dev.run_participant(role, part, &entry);
+                    dev.finish(stream, &entry, code);
+                }
                 let code = dev.run_participant(role, index, &entry);
                 dev.finish(stream, &entry, code);
             }
