@@ -244,7 +244,8 @@ pub enum CoreDispatch {
     /// core's registers also opens its window and answers its exit signal, and runs a kernel
     /// it dispatched while every host core (see [`SimOptions::host_cores`]) is taken by an
     /// awake simulated thread — waking the core's thread would only trade places with one
-    /// that has work. Otherwise, and whenever a fault is armed, the core's thread runs it.
+    /// that has work — or when it has no other work in flight and nothing else to do. Otherwise,
+    /// and whenever a fault is armed, the core's thread runs it.
     /// AICPU participants whose part never waits (threads that own no cluster) run on the
     /// thread of one that may, instead of being woken for it.
     #[default]

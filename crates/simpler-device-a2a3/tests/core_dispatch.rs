@@ -26,6 +26,7 @@ const PANICS: u32 = 1;
 const SPINS: u32 = 2;
 const SLOW: u32 = 3;
 const NAPS: u32 = 4;
+const NAPS_300US: u32 = 5;
 
 /// What `where_am_i` adds for a kernel run on an AICPU thread, and on a core's own thread.
 const ON_AICPU: f32 = 1.0;
@@ -87,6 +88,13 @@ unsafe extern "C-unwind" fn naps(args: *mut i64) {
     unsafe { where_am_i(args) };
 }
 
+/// Sleeps 300 us, wherever it runs; then `where_am_i`.
+unsafe extern "C-unwind" fn naps_300us(args: *mut i64) {
+    std::thread::sleep(Duration::from_micros(300));
+    // SAFETY: forwarded.
+    unsafe { where_am_i(args) };
+}
+
 /// `scalar(1)` AIV tasks of kernel `scalar(0)`, each an `InOut` of tensor 0.
 fn chain(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
     let bad = OrchError::from_status(-1);
@@ -107,6 +115,7 @@ fn callable() -> ChipCallable {
         .kernel(SPINS, CoreCallable::native(inout(), spins_on_aicpu))
         .kernel(SLOW, CoreCallable::native(inout(), slow_on_aicpu))
         .kernel(NAPS, CoreCallable::native(inout(), naps))
+        .kernel(NAPS_300US, CoreCallable::native(inout(), naps_300us))
         .build()
         .unwrap()
 }
@@ -223,6 +232,51 @@ fn a_long_kernel_sends_the_rest_of_its_cores_launch_back_to_the_core_thread() {
         assert_eq!(on_core + on_aicpu, CHAIN, "{runtime:?}: {value}");
         // At most one per AIV core of the cluster ran long on the AICPU thread.
         assert!(on_aicpu <= 2, "{runtime:?}: {on_aicpu} of {CHAIN} on the AICPU thread");
+    }
+}
+
+/// A simulator planned for a host with cores to spare: no awake thread makes it "busy".
+fn many_host_cores(mut o: RunnerOptions) -> RunnerOptions {
+    o.sim.aicore_executor = None;
+    o.with_host_cores(64)
+}
+
+/// With host cores to spare, an AICPU thread still runs a dispatch itself when it is the only
+/// one in flight and the thread has nothing else to do: a chain never needs a core's thread.
+/// (Preempted on a loaded host, a kernel can take longer than the simulator runs kernels there
+/// and send its core's later tokens to the core's thread; one clean run of three is required.)
+#[test]
+fn with_host_cores_to_spare_a_chain_runs_on_the_aicpu_thread_that_has_nothing_else_to_do() {
+    for runtime in RUNTIMES {
+        let mut r = DeviceRunner::attach(many_host_cores(options_on(12, runtime))).unwrap();
+        let mut splits = Vec::new();
+        for n in 1..=3 {
+            let (on_core, on_aicpu) =
+                split(run_chain(&mut r, n, WHERE, CHAIN, &one_cluster()).unwrap());
+            assert_eq!(on_core + on_aicpu, CHAIN, "{runtime:?}");
+            splits.push((on_core, on_aicpu));
+        }
+        r.finalize().unwrap();
+        assert!(splits.contains(&(0, CHAIN)), "{runtime:?}: (on cores, on AICPU) {splits:?}");
+    }
+}
+
+/// With host cores to spare, a kernel an AICPU thread ran only because it had nothing else to
+/// do sends its core's later tokens of the launch to the core's thread once it ran longer than
+/// a few thread wake-ups (newly ready work for the thread's other cores would wait for it).
+#[test]
+fn with_host_cores_to_spare_a_kernel_over_100us_sends_its_cores_later_tokens_to_its_thread() {
+    for runtime in RUNTIMES {
+        let mut r = DeviceRunner::attach(many_host_cores(options_on(13, runtime))).unwrap();
+        let value = run_chain(&mut r, 1, NAPS_300US, CHAIN, &one_cluster()).unwrap();
+        r.finalize().unwrap();
+        let (on_core, on_aicpu) = split(value);
+        assert_eq!(on_core + on_aicpu, CHAIN, "{runtime:?}: {value}");
+        // One per AIV core of the cluster ran on the AICPU thread.
+        assert!(
+            (1..=2).contains(&on_aicpu),
+            "{runtime:?}: {on_aicpu} of {CHAIN} on the AICPU thread"
+        );
     }
 }
 

@@ -69,6 +69,15 @@ pub trait AicpuPlatform {
     /// `observed` or the counter reaches `deadline` (onboard: a bounded spin).
     fn idle_wait(&self, observed: u64, round: u32, deadline: u64);
 
+    /// The idle wait of a scheduling thread's loop, `busy` of whose cores have a dispatch not
+    /// yet seen finished. A platform whose cores are host threads may use the count: the
+    /// simulator runs a lone dispatch itself here instead of waking a thread for it
+    /// (`docs/device-simulator.md`, "Who runs a dispatch"). Otherwise [`idle_wait`](Self::idle_wait).
+    fn scheduler_idle_wait(&self, observed: u64, round: u32, deadline: u64, busy: u32) {
+        let _ = busy;
+        self.idle_wait(observed, round, deadline);
+    }
+
     /// Wakes every AICPU thread of the launch (new ready work, run finished, boot published).
     fn notify_schedulers(&self);
 

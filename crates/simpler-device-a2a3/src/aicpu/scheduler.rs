@@ -108,6 +108,11 @@ impl Owned {
         &self.cores[..self.len]
     }
 
+    /// How many of the cores have a dispatch in flight.
+    pub(super) fn busy(&self) -> u32 {
+        self.all().iter().filter(|w| w.busy()).count() as u32
+    }
+
     /// A core of `ty` that can take a token: idle ones first, then pending slots.
     pub(super) fn free_core(&self, ty: CoreType) -> Option<usize> {
         let ws = self.all();
@@ -513,7 +518,8 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
                 self.latch_stall();
                 break;
             }
-            self.p.idle_wait(epoch, round, since.saturating_add(budget));
+            let busy = self.owned.busy();
+            self.p.scheduler_idle_wait(epoch, round, since.saturating_add(budget), busy);
             round = round.saturating_add(1);
         }
     }

@@ -507,7 +507,8 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
                 self.latch_timeout(class);
                 break;
             }
-            self.p.idle_wait(epoch, round, since.saturating_add(budget));
+            let busy = self.owned.busy();
+            self.p.scheduler_idle_wait(epoch, round, since.saturating_add(budget), busy);
             round = round.saturating_add(1);
         }
         self.track_idle(true);

@@ -178,15 +178,34 @@ pub(crate) struct CoreLaunch {
     /// The code a threaded launch ends with, set when an AICPU thread serving one of its
     /// tokens saw the kernel fail (the core's thread then leaves with it).
     pub(super) ended: Option<i32>,
-    /// Whether every kernel an AICPU thread served for this launch returned within
-    /// [`INLINE_KERNEL_LIMIT`]; once one did not, the core's thread serves the rest.
+    /// Whether every kernel an AICPU thread served for this launch returned within the limit
+    /// it was served under ([`Server::Aicpu`]); once one did not, the core's thread serves the
+    /// rest.
     pub(super) short_kernels: bool,
 }
 
-/// The longest kernel after which a core's later tokens of the launch are still served on the
-/// AICPU thread: an AICPU thread inside a kernel neither polls its other cores nor watches for
-/// stalls, so long kernels go back to the core's own thread.
-const INLINE_KERNEL_LIMIT: Duration = Duration::from_millis(1);
+/// Who may serve a core's token in an [`advance`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Server {
+    /// Nobody here: a token needs the core's thread (the move declines it).
+    Nobody,
+    /// The core's own thread, which may wait for a gated payload's doorbell.
+    CoreThread,
+    /// The AICPU thread that wrote the core's registers, which may not wait. An AICPU thread
+    /// inside a kernel neither polls its other cores nor watches for stalls, so a kernel that
+    /// runs longer than `limit` sends the core's later tokens of the launch to its thread.
+    Aicpu { limit: Duration },
+}
+
+impl Server {
+    /// An AICPU thread serving because every host core is taken by an awake simulated thread
+    /// (`docs/device-simulator.md`, "Who runs a dispatch").
+    pub(crate) const BUSY_HOST: Server = Server::Aicpu { limit: Duration::from_millis(1) };
+    /// An AICPU thread serving its only dispatch in flight when it had nothing else to do. A
+    /// newly ready task for its other cores waits for the kernel, so the limit is a few
+    /// wake-ups of a parked thread on a virtual machine, the cost serving here saves.
+    pub(crate) const LONE: Server = Server::Aicpu { limit: Duration::from_micros(100) };
+}
 
 // SAFETY: the pointers address the launch's image, which stays alive while the core's
 // participant runs; the state is only reached through the block's lock, and whoever ends the
@@ -281,15 +300,14 @@ pub(crate) enum Moved {
     Ended(i32),
 }
 
-/// Advances `l` by one move without waiting for anything but, with `gate` [`Gate::Wait`], a
+/// Advances `l` by one move without waiting for anything but, for the core's own thread, a
 /// gated payload's doorbell: step 2's check and step 3 once the window opened, then step 4
-/// (a token, or the exit signal). Tokens are served only when `serve_tokens`.
+/// (a token, or the exit signal). A token is served when `server` may serve it.
 pub(crate) fn advance<H: CoreHost>(
     dev: &H,
     regs: &RegBlock,
     l: &mut CoreLaunch,
-    serve_tokens: bool,
-    gate: Gate,
+    server: Server,
 ) -> Moved {
     if let Some(code) = l.ended {
         return Moved::Ended(code);
@@ -313,8 +331,9 @@ pub(crate) fn advance<H: CoreHost>(
             Moved::Ended(0)
         }
         Step::Wait => Moved::Wait,
-        Step::Run if !serve_tokens => Moved::Declined,
-        Step::Run => match serve(dev, regs, l, v, gate) {
+        Step::Run if server == Server::Nobody => Moved::Declined,
+        Step::Run if matches!(server, Server::Aicpu { .. }) && !l.short_kernels => Moved::Declined,
+        Step::Run => match serve(dev, regs, l, v, server) {
             Served::Done => Moved::Progress,
             Served::Declined => Moved::Declined,
             Served::Ended(code) => Moved::Ended(code),
@@ -339,14 +358,6 @@ fn open_window<H: CoreHost>(dev: &H, l: &mut CoreLaunch) -> Moved {
     Moved::Progress
 }
 
-/// Whether serving may wait for a gated payload's doorbell: the core's thread may, an AICPU
-/// thread serving for it may not.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Gate {
-    Wait,
-    Decline,
-}
-
 /// What serving one token did.
 enum Served {
     /// ACK, kernel, FIN.
@@ -358,7 +369,13 @@ enum Served {
 }
 
 /// Serves token `v` of the core whose state is `s` (step 4 from the payload read to FIN).
-fn serve<H: CoreHost>(dev: &H, regs: &RegBlock, s: &mut CoreLaunch, v: u32, gate: Gate) -> Served {
+fn serve<H: CoreHost>(
+    dev: &H,
+    regs: &RegBlock,
+    s: &mut CoreLaunch,
+    v: u32,
+    server: Server,
+) -> Served {
     let w = s.w;
     let p = s.payloads[(v & 1) as usize];
     // SAFETY: the AICPU filled payload `v & 1` before storing `v` (release), which was loaded
@@ -374,7 +391,7 @@ fn serve<H: CoreHost>(dev: &H, regs: &RegBlock, s: &mut CoreLaunch, v: u32, gate
         )
     };
     if src != 0 {
-        if gate == Gate::Decline {
+        if server != Server::CoreThread {
             return Served::Declined;
         }
         // Gated early dispatch (reserved): wait for the doorbell; exit wins.
@@ -407,9 +424,12 @@ fn serve<H: CoreHost>(dev: &H, regs: &RegBlock, s: &mut CoreLaunch, v: u32, gate
     // SAFETY: `p` points at a payload inside the image; `args` is its argument array.
     let args_ptr = unsafe { std::ptr::addr_of_mut!((*p).args) } as *mut i64;
     // Only a kernel an AICPU thread serves is timed (`short_kernels`).
-    let started = (gate == Gate::Decline).then(Instant::now);
+    let limit = match server {
+        Server::Aicpu { limit } => Some((Instant::now(), limit)),
+        Server::Nobody | Server::CoreThread => None,
+    };
     let outcome = call_kernel(dev, &s.entry, regs, w, kernel, func_id, args_ptr);
-    if started.is_some_and(|t| t.elapsed() > INLINE_KERNEL_LIMIT) {
+    if limit.is_some_and(|(started, limit)| started.elapsed() > limit) {
         s.short_kernels = false;
     }
     if let Some(code) = kernel_failure(dev, (w, s.core_type), func_id, task_id, outcome) {

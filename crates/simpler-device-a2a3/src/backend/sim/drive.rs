@@ -22,14 +22,15 @@
 //! - While a launch is unthreaded, anything that must reach the core's thread (an abort, a
 //!   reset) posts it `Adopt`.
 
+use std::cell::Cell;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::MutexGuard;
 
-use super::aicore::{CoreHost, CoreLaunch, Gate, Moved, advance, prepare, record_core_fault};
+use super::aicore::{CoreHost, CoreLaunch, Moved, Server, advance, prepare, record_core_fault};
 use super::regs::RegBlock;
 use super::stream::LaunchEntry as SimLaunch;
 use crate::abi::CoreType;
@@ -157,7 +158,7 @@ fn drive_on_thread<H: CoreHost>(
             return kernel_outlived_launch(dev, w, core_type);
         };
         let Some(l) = slot.as_mut() else { return AclCode::TASK_ABORT.get() };
-        match advance(dev, regs, l, true, Gate::Wait) {
+        match advance(dev, regs, l, Server::CoreThread) {
             Moved::Progress => round = 0,
             Moved::Ended(code) => return leave(&mut slot, code),
             Moved::Wait | Moved::Declined if stop() => {
@@ -221,10 +222,9 @@ fn take_abandoned(regs: &RegBlock) -> bool {
 }
 
 /// After an AICPU thread stored to core `c`'s `DATA_MAIN_BASE`: advances the core's launch on
-/// this thread as far as it goes without waiting, serving tokens only when `serve_here` (the
-/// host has no free core for the core's thread, and nothing needs that thread); says what else
-/// the simulator must do.
-pub(crate) fn ring<H: CoreHost>(dev: &H, c: u32, serve_here: bool) -> Ring {
+/// this thread as far as it goes without waiting, serving tokens only as `server` allows
+/// ([`Server::Nobody`] or [`Server::Aicpu`]); says what else the simulator must do.
+pub(crate) fn ring<H: CoreHost>(dev: &H, c: u32, server: Server) -> Ring {
     let Some(regs) = dev.regs(c) else { return Ring::Handled };
     let mut slot = loop {
         if let Some(guard) = regs.serving.try_lock() {
@@ -243,17 +243,14 @@ pub(crate) fn ring<H: CoreHost>(dev: &H, c: u32, serve_here: bool) -> Ring {
         return Ring::Wake;
     }
     let Some(l) = slot.as_mut() else { return Ring::Wake };
-    if l.threaded && (!serve_here || l.ended.is_some()) {
+    if l.threaded && (server == Server::Nobody || l.ended.is_some()) {
         return Ring::Wake;
     }
     loop {
-        let may_serve = serve_here && l.short_kernels;
         // A panic here would be the simulator's own (a kernel's is caught at the kernel): it
         // ends the core's participant as a fault instead of unwinding through the AICPU program.
-        let moved = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            advance(dev, regs, l, may_serve, Gate::Decline)
-        }))
-        .unwrap_or(Moved::Ended(AclCode::AICORE_EXCEPTION.get()));
+        let moved = std::panic::catch_unwind(AssertUnwindSafe(|| advance(dev, regs, l, server)))
+            .unwrap_or(Moved::Ended(AclCode::AICORE_EXCEPTION.get()));
         if take_abandoned(regs) {
             // The core's thread left while the kernel ran: the state must not outlive this call.
             *slot = None;
@@ -281,4 +278,63 @@ pub(crate) fn ring<H: CoreHost>(dev: &H, c: u32, serve_here: bool) -> Ring {
             }
         }
     }
+}
+
+/// The cores whose tokens one AICPU thread's stores rang while the host had a free core for
+/// their threads, held instead of waking those threads at once (`docs/device-simulator.md`,
+/// "Who runs a dispatch"). A held token is never forgotten: when the AICPU thread has nothing
+/// else to do and no core of its own runs a kernel on its thread, it runs held tokens itself
+/// for as long as waking a thread would have taken and hands the rest to their cores' threads;
+/// otherwise it hands them over at its next idle wait, at the start of an iteration of its loop
+/// once the oldest was held for that long, or when its part ends (also by unwinding).
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    cores: Cell<u128>,
+    /// When the oldest of `cores` was held.
+    since: Cell<Option<Instant>>,
+}
+
+/// How long an AICPU thread runs held tokens itself, or holds one while busy with other work,
+/// before it hands the rest to their cores' threads: about what waking a parked thread costs on
+/// a virtual machine.
+pub(crate) const HOLD_BUDGET: Duration = Duration::from_micros(20);
+
+impl Held {
+    /// Holds core `c`; `false` when it cannot (the caller wakes the core's thread now).
+    pub(crate) fn hold(&self, c: u32) -> bool {
+        let Some(bit) = 1u128.checked_shl(c) else { return false };
+        if self.cores.get() == 0 {
+            self.since.set(Some(Instant::now()));
+        }
+        self.cores.set(self.cores.get() | bit);
+        true
+    }
+
+    /// At the start of an iteration: every held core once the oldest was held past
+    /// [`HOLD_BUDGET`], to hand to their threads now.
+    pub(crate) fn overdue(&self) -> u128 {
+        match self.since.get() {
+            Some(t) if t.elapsed() > HOLD_BUDGET => self.take_all(),
+            _ => 0,
+        }
+    }
+
+    /// At an idle wait of a scheduling thread, `busy` of whose cores have a dispatch in flight
+    /// (the held ones included): every held core, and whether the thread may run them itself
+    /// (no core of its own is running a kernel on its thread).
+    pub(crate) fn take_at_idle(&self, busy: u32) -> (u128, bool) {
+        let cores = self.take_all();
+        (cores, cores != 0 && cores.count_ones() == busy)
+    }
+
+    /// Every held core.
+    pub(crate) fn take_all(&self) -> u128 {
+        self.since.set(None);
+        self.cores.replace(0)
+    }
+}
+
+/// The cores in `set`, lowest first.
+pub(crate) fn cores_of(set: u128) -> impl Iterator<Item = u32> {
+    (0..u128::BITS).filter(move |c| set & (1 << c) != 0)
 }

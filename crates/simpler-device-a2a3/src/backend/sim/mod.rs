@@ -7,9 +7,9 @@
 //! re-spawned per run. Between launches every thread parks on its mailbox without a timeout, so
 //! an idle device uses no CPU.
 //!
-//! The AICPU threads run the real scheduler ([`crate::aicpu`]) through [`SimAicpu`], this
-//! module's implementation of [`AicpuPlatform`], or, with `SimOptions::aicpu_program`, the built
-//! AICPU program through its C entries (`program`); the AICore cores run the simulated executor
+//! The AICPU threads run the real scheduler ([`crate::aicpu`]) through [`SimAicpu`]
+//! (`platform`), the simulator's AICPU platform, or, with `SimOptions::aicpu_program`, the
+//! built AICPU program through its C entries (`program`); the AICore cores run the simulated executor
 //! (`aicore`) or, with `SimOptions::aicore_executor`, the C++ executor written for the AICore
 //! (`cxx_core`).
 //!
@@ -41,6 +41,7 @@ mod loader;
 mod mailbox;
 mod memory;
 mod orchestration;
+mod platform;
 mod program;
 mod regs;
 mod stream;
@@ -59,9 +60,10 @@ pub use self::faults::{FaultPlan, FiredFault};
 use self::loader::SharedObject;
 pub(crate) use self::wait::{EventCount, SpinGate, SpinPolicy};
 
-use self::aicore::CoreHost;
+use self::aicore::{CoreHost, Server};
 use self::mailbox::{Mail, Mailbox};
 use self::memory::SimMemory;
+pub(crate) use self::platform::SimAicpu;
 use self::regs::RegBlock;
 use self::stream::{
     EntryKind, LaunchEntry, SimEvent, SimStream, Starter, resume_waiters, synchronize_event,
@@ -71,7 +73,6 @@ use crate::abi::launch::{InitArgs, KernelArgs};
 use crate::abi::regs::RegId;
 use crate::abi::{CorePlace, CoreType, MAX_AICPU_THREADS, MAX_LAUNCH_CORES, NS_PER_TICK};
 use crate::aicpu::view::{CoreImageView, ImageView};
-use crate::aicpu::{AicpuPlatform, LogLevel};
 use crate::backend::{
     AllocFailure, Backend, EventHandle, EventStatus, LaunchHandle, LaunchState, LoadedCode,
     MemoryCounts, ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats, in_range,
@@ -184,12 +185,29 @@ impl SimShared {
     /// the options allow it, otherwise wakes the core's thread (`docs/device-simulator.md`,
     /// "Who runs a dispatch").
     pub(crate) fn ring_core(&self, c: u32, block: &RegBlock) {
-        let here = self.may_spare_threads() && self.gate.saturated();
-        match drive::ring(self, c, here) {
+        let server = match self.may_spare_threads() && self.gate.saturated() {
+            true => Server::BUSY_HOST,
+            false => Server::Nobody,
+        };
+        self.after_ring(c, block, drive::ring(self, c, server));
+    }
+
+    /// Does what a ring of core `c` left to do.
+    fn after_ring(&self, c: u32, block: &RegBlock, ring: drive::Ring) {
+        match ring {
             drive::Ring::Handled => {}
             drive::Ring::Wake => block.wake.notify(),
             drive::Ring::Adopt => self.post(Role::AiCore, c, Mail::Adopt),
             drive::Ring::Finish(stream, entry, code) => self.finish(stream, &entry, code),
+        }
+    }
+
+    /// Hands the held tokens of `cores` to the cores' threads.
+    fn hand_over(&self, cores: u128) {
+        for c in drive::cores_of(cores) {
+            if let Some(block) = self.regs.get(c as usize) {
+                self.after_ring(c, block, drive::ring(self, c, Server::Nobody));
+            }
         }
     }
 
@@ -287,7 +305,7 @@ impl SimShared {
         let code = match self.program.get() {
             Some(program) => program.exec(self, entry, &args, init),
             None => {
-                let platform = SimAicpu { dev: self, entry, thread, spin: self.spin_policy() };
+                let platform = SimAicpu::new(self, entry, thread);
                 crate::aicpu::exec(&platform, &init, &view, thread)
             }
         };
@@ -369,71 +387,6 @@ impl Starter for SimShared {
 
     fn ticks(&self) -> u64 {
         SimShared::ticks(self)
-    }
-}
-
-/// The simulator's [`AicpuPlatform`]: registers are atomics, idle waits spin then park.
-pub(crate) struct SimAicpu<'a> {
-    dev: &'a SimShared,
-    entry: &'a LaunchEntry,
-    thread: u32,
-    spin: SpinPolicy<'a>,
-}
-
-impl AicpuPlatform for SimAicpu<'_> {
-    fn reg_load(&self, core: u32, reg: RegId) -> u32 {
-        self.dev.regs.get(core as usize).map_or(0, |b| b.load(reg))
-    }
-
-    fn reg_store(&self, core: u32, reg: RegId, value: u32) {
-        let Some(block) = self.dev.regs.get(core as usize) else { return };
-        block.store(reg, value);
-        if matches!(reg, RegId::DataMainBaseLow | RegId::DataMainBaseHigh) {
-            self.dev.ring_core(core, block);
-        }
-    }
-
-    fn counter(&self) -> u64 {
-        self.dev.ticks()
-    }
-
-    fn wait_epoch(&self) -> u64 {
-        self.dev.aicpu_wake[self.thread as usize].epoch()
-    }
-
-    fn idle_wait(&self, observed: u64, round: u32, deadline: u64) {
-        let ec = &self.dev.aicpu_wake[self.thread as usize];
-        self.spin.backoff(round, ec, observed, Some(self.dev.instant_of(deadline)));
-    }
-
-    fn notify_schedulers(&self) {
-        self.dev.notify_all_aicpu();
-    }
-
-    fn claim_core(&self, core: u32) {
-        if let Some(o) = self.dev.owner.get(core as usize) {
-            // Release: ordered before the window-opening register store, which the core
-            // acquires before it first writes COND.
-            o.store(self.thread + 1, Ordering::Release);
-        }
-    }
-
-    fn should_stop(&self) -> bool {
-        self.dev.is_reset() || self.entry.is_aborted()
-    }
-
-    fn log(&self, level: LogLevel, args: fmt::Arguments<'_>) {
-        let (d, t) = (self.dev.device_id, self.thread);
-        match level {
-            LogLevel::Error => tracing::error!(device = d, aicpu = t, "{args}"),
-            LogLevel::Warn => tracing::warn!(device = d, aicpu = t, "{args}"),
-            LogLevel::Info => tracing::info!(device = d, aicpu = t, "{args}"),
-            LogLevel::Debug => tracing::debug!(device = d, aicpu = t, "{args}"),
-        }
-    }
-
-    fn report_fault(&self, core: Option<u32>, args: fmt::Arguments<'_>) {
-        self.dev.record_aicpu_fault(core, args.to_string());
     }
 }
 

@@ -119,7 +119,7 @@ fn platform<'a>(ctx: *const c_void, thread: u32) -> SimAicpu<'a> {
     // SAFETY: `ctx` is the `Host` of the exec call in progress (`AicpuProgram::exec`).
     let h = unsafe { &*ctx.cast::<Host<'a>>() };
     let thread = thread.min(crate::abi::MAX_AICPU_THREADS - 1);
-    SimAicpu { dev: h.dev, entry: h.entry, thread, spin: h.dev.spin_policy() }
+    SimAicpu::new(h.dev, h.entry, thread)
 }
 
 fn text<'a>(msg: *const u8, len: usize) -> std::borrow::Cow<'a, str> {
