@@ -705,12 +705,14 @@ impl Worker {
         let _deferred = deferred_drop::scope();
         let _lease = self.inner.lease()?;
         let admission = self.inner.admission.lock();
-        // Wait, as an ordinary waiter, until fewer than the pipeline depth of the earlier
-        // accepted runs are unpublished.
-        self.inner.wait_accepted_below(self.pipeline_depth());
         let r = match &self.inner.body {
             Body::Chip(lane) => self.submit_chip(lane, orch),
-            Body::Engine { engine, .. } => self.submit_graph(engine, orch),
+            Body::Engine { engine, .. } => {
+                // Wait, as an ordinary waiter, until fewer than the pipeline depth of the
+                // earlier accepted runs are unpublished.
+                self.inner.wait_accepted_below(self.pipeline_depth());
+                self.submit_graph(engine, orch)
+            }
         };
         drop(admission);
         r
@@ -761,7 +763,14 @@ impl Worker {
             lane.post_run(job)?;
             pin
         };
-        let (run, prepared) = rx.recv().map_err(|_| WorkerError::Lane {
+        // The job is queued before the admission wait: the lane takes it up the moment it has
+        // published the head (it publishes in FIFO order and prepares one run at a time), not
+        // after this thread has woken to post it. The same order makes the reply come after
+        // that publication, so the wait below, as an ordinary waiter, until fewer than the
+        // pipeline depth of the earlier accepted runs are unpublished, finds them published.
+        let reply = rx.recv();
+        self.inner.wait_accepted_below(self.pipeline_depth());
+        let (run, prepared) = reply.map_err(|_| WorkerError::Lane {
             chip: lane.chip,
             message: "the lane dropped the run".into(),
         })?;

@@ -61,6 +61,37 @@ fn an_l2_worker_pipelines_at_depth_two_and_each_run_keeps_its_own_result() {
     w.close().expect("close");
 }
 
+/// At depth 2 (with and without device queueing) a submit returns while the run before it is
+/// still on the chip, but only once the run before that one is published: at most two accepted
+/// runs are unpublished, however early the lane is handed the next run's job.
+#[test]
+fn a_third_submit_is_admitted_only_once_the_head_is_published() {
+    for queue in [false, true] {
+        let (w, add) = common::l2_with(move |o| o.with_pipeline_slots(2).with_device_queue(queue));
+        let mem = w.memory().unwrap();
+        let runs: Vec<_> = (0..5).map(|i| buffers(&mem, 64, i as f32)).collect();
+        w.with_sim_faults(WorkerId(0), |p| p.kernel_delay(0, Duration::from_millis(30))).unwrap();
+        let mut handles: Vec<RunHandle> = Vec::new();
+        for (i, (_, a)) in runs.iter().enumerate() {
+            handles.push(w.submit(Orchestration::chip(add, a.clone())).unwrap());
+            if i >= 2 {
+                assert!(
+                    handles[i - 2].is_done(),
+                    "queue {queue}: run {i} admitted before run {}",
+                    i - 2
+                );
+            }
+        }
+        for h in &handles {
+            h.wait_timeout(HANG).expect("no hang").expect("run");
+        }
+        for (i, (bufs, _)) in runs.iter().enumerate() {
+            assert!(output(&mem, &bufs[2], 64).iter().all(|&v| v == i as f32 + 1.0), "run {i}");
+        }
+        w.close().expect("close");
+    }
+}
+
 #[test]
 fn one_resource_slot_means_depth_one() {
     let (w, add) = l2(1);
