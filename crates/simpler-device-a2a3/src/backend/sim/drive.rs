@@ -335,6 +335,46 @@ impl Held {
 }
 
 /// The cores in `set`, lowest first.
-pub(crate) fn cores_of(set: u128) -> impl Iterator<Item = u32> {
-    (0..u128::BITS).filter(move |c| set & (1 << c) != 0)
+pub(crate) fn cores_of(mut set: u128) -> impl Iterator<Item = u32> {
+    std::iter::from_fn(move || {
+        let c = (set != 0).then(|| set.trailing_zeros())?;
+        set &= set - 1;
+        Some(c)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cores_of_yields_the_set_bits_lowest_first() {
+        assert_eq!(cores_of(0).count(), 0);
+        let set = (1u128 << 127) | (1 << 64) | (1 << 3) | 1;
+        assert_eq!(cores_of(set).collect::<Vec<_>>(), [0, 3, 64, 127]);
+    }
+
+    #[test]
+    fn held_cores_go_to_the_thread_at_idle_only_when_they_are_all_its_busy_cores() {
+        let held = Held::default();
+        assert!(held.hold(1) && held.hold(2));
+        assert!(!held.hold(128), "a core past the set is woken at once");
+        // Core 5 runs a kernel on its own thread: the held ones go to their threads.
+        assert_eq!(held.take_at_idle(3), (0b110, false));
+        assert_eq!(held.take_all(), 0, "taken once");
+        assert!(held.hold(7));
+        assert_eq!(held.take_at_idle(1), (1 << 7, true));
+    }
+
+    #[test]
+    fn a_core_held_past_the_budget_is_overdue_at_the_next_iteration() {
+        let held = Held::default();
+        assert_eq!(held.overdue(), 0);
+        held.hold(4);
+        assert_eq!(held.overdue(), 0, "held just now");
+        std::thread::sleep(HOLD_BUDGET * 2);
+        held.hold(9);
+        assert_eq!(held.overdue(), (1 << 4) | (1 << 9), "the oldest decides");
+        assert_eq!(held.overdue(), 0);
+    }
 }
