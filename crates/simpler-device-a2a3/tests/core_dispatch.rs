@@ -235,9 +235,11 @@ fn a_long_kernel_sends_the_rest_of_its_cores_launch_back_to_the_core_thread() {
     }
 }
 
-/// A simulator planned for a host with cores to spare: no awake thread makes it "busy".
+/// A simulator planned for a host with cores to spare (no awake thread makes it "busy"),
+/// running its own AICPU program (a built one's register stores are not held).
 fn many_host_cores(mut o: RunnerOptions) -> RunnerOptions {
     o.sim.aicore_executor = None;
+    o.sim.aicpu_program = None;
     o.with_host_cores(64)
 }
 

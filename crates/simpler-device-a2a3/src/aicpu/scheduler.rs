@@ -35,7 +35,9 @@ use super::trace::Trace;
 use super::view::{ImageView, ReadyQueue};
 use super::{AicpuPlatform, LogLevel};
 use crate::abi::codes::{RuntimeCode, StallClass};
-use crate::abi::image::{NO_FUNC, PhaseRecord, READY_QUEUE_COUNT, TaskRecord, TaskShape};
+use crate::abi::image::{
+    ImageHeader, NO_FUNC, PhaseRecord, READY_QUEUE_COUNT, TRB_IMAGE_MAGIC, TaskRecord, TaskShape,
+};
 use crate::abi::launch::InitArgs;
 use crate::abi::payload::{
     DispatchPayload, GLOBAL_CONTEXT_SLOT, GlobalContext, LOCAL_CONTEXT_SLOT, LocalContext,
@@ -625,11 +627,10 @@ pub(super) fn idle_thread_ends<P: AicpuPlatform>(p: &P, phase: &PhaseRecord) {
 /// owns no cluster, so it only records its phases (and, as the last thread, publishes the
 /// boot). A simulator may run such a part on another participant's thread, before that
 /// participant's own part (`docs/device-simulator.md`, "Who runs a dispatch").
-pub fn part_is_brief(view: &ImageView<'_>, thread: u32) -> bool {
-    if view.trb_header().is_some() {
-        return super::trb::part_is_brief(view, thread);
+pub fn part_is_brief(h: &ImageHeader, thread: u32) -> bool {
+    if h.magic == TRB_IMAGE_MAGIC {
+        return super::trb::part_is_brief(h, thread);
     }
-    let h = view.header();
     thread < h.aicpu_threads.clamp(1, crate::abi::MAX_AICPU_THREADS) && thread >= h.block_dim
 }
 

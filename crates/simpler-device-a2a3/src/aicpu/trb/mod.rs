@@ -30,7 +30,7 @@ use schedule::schedule;
 use super::AicpuPlatform;
 use super::view::ImageView;
 use crate::abi::MAX_AICPU_THREADS;
-use crate::abi::image::TrbHeader;
+use crate::abi::image::{ImageHeader, TrbHeader};
 use crate::abi::launch::InitArgs;
 use crate::aicpu::scheduler::TICKS_PER_MS;
 use crate::runtime::trb::sizing::RingSizes;
@@ -64,8 +64,7 @@ fn layout_of(t: &TrbHeader) -> Option<ArenaLayout> {
 
 /// Whether scheduler thread `thread`'s part ends at once (it owns no cluster); the last thread
 /// orchestrates and never is.
-pub(super) fn part_is_brief(view: &ImageView<'_>, thread: u32) -> bool {
-    let h = view.header();
+pub(super) fn part_is_brief(h: &ImageHeader, thread: u32) -> bool {
     thread + 1 < h.aicpu_threads.clamp(1, MAX_AICPU_THREADS) && thread >= h.block_dim
 }
 

@@ -423,13 +423,13 @@ fn serve<H: CoreHost>(
     let start = if s.swimlane.is_some() { dev.ticks() } else { 0 };
     // SAFETY: `p` points at a payload inside the image; `args` is its argument array.
     let args_ptr = unsafe { std::ptr::addr_of_mut!((*p).args) } as *mut i64;
-    // Only a kernel an AICPU thread serves is timed (`short_kernels`).
-    let limit = match server {
-        Server::Aicpu { limit } => Some((Instant::now(), limit)),
-        Server::Nobody | Server::CoreThread => None,
-    };
+    let started = Instant::now();
     let outcome = call_kernel(dev, &s.entry, regs, w, kernel, func_id, args_ptr);
-    if limit.is_some_and(|(started, limit)| started.elapsed() > limit) {
+    let took = started.elapsed();
+    regs.last_kernel_ns.store(took.as_nanos().clamp(1, u64::MAX as u128) as u64, Ordering::Relaxed);
+    if let Server::Aicpu { limit } = server
+        && took > limit
+    {
         s.short_kernels = false;
     }
     if let Some(code) = kernel_failure(dev, (w, s.core_type), func_id, task_id, outcome) {

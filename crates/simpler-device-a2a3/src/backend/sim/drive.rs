@@ -18,7 +18,9 @@
 //!   the state is removed, under the lock, before the end is reported.
 //! - Every register store either advances the state, or finds it locked or threaded and wakes
 //!   the core's thread (whose loop reads the epoch before it takes the lock), or asks it to
-//!   adopt: no store goes unseen.
+//!   adopt: no store goes unseen. A token that asks for adoption may be held by the AICPU thread
+//!   that stored it ([`Held`]) until that thread next idles or waits; it is then served there or
+//!   the adoption is asked for, never dropped.
 //! - While a launch is unthreaded, anything that must reach the core's thread (an abort, a
 //!   reset) posts it `Adopt`.
 
@@ -281,10 +283,13 @@ pub(crate) fn ring<H: CoreHost>(dev: &H, c: u32, server: Server) -> Ring {
 }
 
 /// The cores whose tokens one AICPU thread's stores rang while the host had a free core for
-/// their threads, held instead of waking those threads at once (`docs/device-simulator.md`,
-/// "Who runs a dispatch"). A held token is never forgotten: when the AICPU thread has nothing
-/// else to do and no core of its own runs a kernel on its thread, it runs held tokens itself
-/// for as long as waking a thread would have taken and hands the rest to their cores' threads;
+/// their threads, held instead of posting those threads `Adopt` at once
+/// (`docs/device-simulator.md`, "Who runs a dispatch"). Only tokens of launches AICPU threads
+/// drive are held, and such a core accepts no second token before it acknowledged the first, so
+/// a held bit stands for exactly one unserved token. A held token is never forgotten: when the
+/// AICPU thread has nothing else to do and no core of its own runs a kernel on its thread, it
+/// runs the first itself (and the others too while their cores' last kernels were quick and
+/// the time stays under what waking a thread costs) and hands the rest to their cores' threads;
 /// otherwise it hands them over at its next idle wait, at the start of an iteration of its loop
 /// once the oldest was held for that long, or when its part ends (also by unwinding).
 #[derive(Debug, Default)]

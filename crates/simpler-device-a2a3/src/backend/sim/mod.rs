@@ -324,9 +324,10 @@ impl SimShared {
             return 0;
         }
         let Some(args) = self.read_kernel_args(entry.args) else { return 0 };
-        let Some(view) = self.image_view(&args) else { return 0 };
+        // The header is all it needs: no walk over the task section under the stream's lock.
+        let Some(view) = self.core_image_view(&args) else { return 0 };
         (0..threads.min(u32::BITS))
-            .filter(|&t| crate::aicpu::part_is_brief(&view, t))
+            .filter(|&t| crate::aicpu::part_is_brief(view.header(), t))
             .fold(0, |set, t| set | 1 << t)
     }
 

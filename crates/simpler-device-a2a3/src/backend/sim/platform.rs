@@ -1,8 +1,8 @@
 //! The simulator's [`AicpuPlatform`] for the AICPU threads (`docs/device-simulator.md`).
 
 use std::fmt;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::sync::atomic::Ordering::{self, Relaxed};
+use std::time::{Duration, Instant};
 
 use super::aicore::Server;
 use super::stream::LaunchEntry;
@@ -47,9 +47,11 @@ impl AicpuPlatform for SimAicpu<'_> {
         if self.dev.gate.saturated() || !self.dev.may_spare_threads() {
             return self.dev.ring_core(core, block);
         }
-        // A free host core: the token is held rather than handed to the core's thread at once.
+        // A free host core: a token of a launch AICPU threads drive is held rather than handed
+        // to the core's thread at once. (A launch its thread drives is woken for every store:
+        // its thread reads the registers itself, and one held bit could stand for two stores.)
         match drive::ring(self.dev, core, Server::Nobody) {
-            drive::Ring::Wake | drive::Ring::Adopt if self.held.hold(core) => {}
+            drive::Ring::Adopt if self.held.hold(core) => {}
             ring => self.dev.after_ring(core, block, ring),
         }
     }
@@ -71,14 +73,25 @@ impl AicpuPlatform for SimAicpu<'_> {
 
     fn scheduler_idle_wait(&self, observed: u64, round: u32, deadline: u64, busy: u32) {
         let (held, here) = self.held.take_at_idle(busy);
-        if !here {
+        // A fault armed since the tokens were held needs the cores' threads.
+        if !here || !self.dev.may_spare_threads() {
             self.dev.hand_over(held);
             return self.idle_wait(observed, round, deadline);
         }
-        // Nothing else to do: run them here while that costs less than waking their threads.
-        // The caller looks at its cores again before waiting.
+        // Nothing else to do: run the first here, and the others too when their cores' last
+        // kernels were quick (while that costs less than waking their threads); otherwise
+        // their threads run them meanwhile. The caller looks at its cores again before waiting.
+        let first = held.trailing_zeros();
+        let rest = held & !(1 << first);
+        let quick = drive::cores_of(rest).all(|c| {
+            let ns = self.dev.regs.get(c as usize).map_or(0, |b| b.last_kernel_ns.load(Relaxed));
+            ns != 0 && Duration::from_nanos(ns) < drive::HOLD_BUDGET
+        });
+        if !quick {
+            self.dev.hand_over(rest);
+        }
         let started = Instant::now();
-        for c in drive::cores_of(held) {
+        for c in drive::cores_of(if quick { held } else { 1 << first }) {
             if started.elapsed() > drive::HOLD_BUDGET {
                 self.dev.hand_over(held & (u128::MAX << c));
                 break;

@@ -5,7 +5,7 @@
 //! addresses registers as `window + offset`, runs against them unchanged.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -43,6 +43,9 @@ pub(crate) struct RegBlock {
     /// Set by the core's thread when it left a stopped launch while an AICPU thread still held
     /// `serving` (a kernel that did not return); the next holder drops the state.
     pub(crate) abandoned: AtomicBool,
+    /// How long the core's last kernel ran, in nanoseconds, whoever served it (0: none yet);
+    /// an AICPU thread runs several held tokens itself only when each was quick last time.
+    pub(crate) last_kernel_ns: AtomicU64,
 }
 
 impl Default for RegBlock {
@@ -53,6 +56,7 @@ impl Default for RegBlock {
             serving: Mutex::new(None),
             abandoned: AtomicBool::new(false),
             unthreaded: Mutex::new(None),
+            last_kernel_ns: AtomicU64::new(0),
         }
     }
 }
