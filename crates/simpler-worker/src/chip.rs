@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use simpler_device_a2a3::{
@@ -74,6 +74,8 @@ pub(crate) struct ChipState {
     pub(crate) process: Option<crate::process::parent::ChipProcess>,
     /// The launched, unreaped run of an L2 lane (depth 2), with the fence it publishes.
     in_flight: Option<InFlight>,
+    /// When the run in flight was last published (just before its fence was set).
+    published_at: Option<Instant>,
     /// Whether depth 1 for a run with diagnostics was logged (once per chip).
     exclusive_logged: bool,
 }
@@ -88,6 +90,10 @@ struct InFlight {
 /// The first and the longest reap slice of a run in flight, between looks for the next job.
 const REAP_SLICE_MIN: Duration = Duration::from_micros(200);
 const REAP_SLICE_MAX: Duration = Duration::from_millis(5);
+
+/// How long a lane whose runs come back to back waits for the next run's job, with a run in
+/// flight, before it waits for the device instead ([`next_job`]).
+const JOB_WAIT: Duration = Duration::from_micros(50);
 
 /// What finalizing a chip left behind.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -122,6 +128,7 @@ impl ChipState {
             faults,
             process: None,
             in_flight: None,
+            published_at: None,
             exclusive_logged: false,
         }
     }
@@ -143,6 +150,7 @@ impl ChipState {
             faults,
             process: Some(process),
             in_flight: None,
+            published_at: None,
             exclusive_logged: false,
         }
     }
@@ -396,6 +404,7 @@ impl ChipState {
                     message: panic_text(p.as_ref()),
                 })
             });
+        self.published_at = Some(Instant::now());
         fence.set(done.map_err(device_failure));
     }
 
@@ -417,12 +426,14 @@ impl ChipState {
             }
             Ok(Err(e)) => {
                 if let Some(f) = self.in_flight.take() {
+                    self.published_at = Some(Instant::now());
                     f.fence.set(Err(device_failure(e)));
                 }
                 true
             }
             Err(p) => {
                 if let Some(f) = self.in_flight.take() {
+                    self.published_at = Some(Instant::now());
                     f.fence.set(Err(device_failure(DeviceError::LaunchPanicked {
                         run_id: Some(f.run),
                         message: panic_text(p.as_ref()),
@@ -610,7 +621,8 @@ type LaneFn = Box<dyn FnOnce(&mut ChipState) + Send>;
 /// Work for an L2 lane.
 enum LaneJob {
     /// A run: may prepare while the run in flight executes (it retires that run itself).
-    Run(LaneFn),
+    /// Stamped when posted.
+    Run(LaneFn, Instant),
     /// Anything else: runs after the run in flight was retired, as at depth 1.
     Control(LaneFn),
 }
@@ -631,9 +643,10 @@ impl ChipLane {
         let (tx, rx) = mpsc::channel::<LaneJob>();
         let thread = std::thread::Builder::new().name(name).spawn(move || {
             let mut state = state;
-            while let Some(job) = next_job(&rx, &mut state) {
+            let mut back_to_back = false;
+            while let Some(job) = next_job(&rx, &mut back_to_back, &mut state) {
                 let f = match job {
-                    LaneJob::Run(f) => f,
+                    LaneJob::Run(f, _) => f,
                     LaneJob::Control(f) => {
                         state.retire_in_flight();
                         f
@@ -659,7 +672,7 @@ impl ChipLane {
 
     /// Queues a run job, which may prepare while the previous run executes.
     pub(crate) fn post_run(&self, job: LaneFn) -> Result<(), WorkerError> {
-        self.send(LaneJob::Run(job))
+        self.send(LaneJob::Run(job, Instant::now()))
     }
 
     fn send(&self, job: LaneJob) -> Result<(), WorkerError> {
@@ -727,20 +740,51 @@ impl<R> LaneReply<R> {
 
 /// The lane's next job; `None` once the channel closed. With a run in flight, reaps it in
 /// growing slices and takes a job that arrived between two slices.
-fn next_job(rx: &mpsc::Receiver<LaneJob>, state: &mut ChipState) -> Option<LaneJob> {
+///
+/// While runs come `back_to_back` (the last time the lane reaped a run, the next run's job was
+/// already waiting), it first waits up to [`JOB_WAIT`] for the job, so that the next run is
+/// prepared while this one executes instead of after it was reaped; the submitter posts it a
+/// thread wake-up after the lane replied to its previous submit, often after the lane is here.
+/// A wait that times out ends the streak, so a lone run waited for by its submitter is
+/// published as soon as the device finished it, at most one run after a stream stops.
+fn next_job(
+    rx: &mpsc::Receiver<LaneJob>,
+    back_to_back: &mut bool,
+    state: &mut ChipState,
+) -> Option<LaneJob> {
     let mut slice = REAP_SLICE_MIN;
     while state.in_flight.is_some() {
-        match rx.try_recv() {
-            Ok(job) => return Some(job),
-            Err(mpsc::TryRecvError::Disconnected) => return None,
-            Err(mpsc::TryRecvError::Empty) => {}
+        let job = if std::mem::take(back_to_back) {
+            rx.recv_timeout(JOB_WAIT).map_err(|e| e == mpsc::RecvTimeoutError::Disconnected)
+        } else {
+            rx.try_recv().map_err(|e| e == mpsc::TryRecvError::Disconnected)
+        };
+        match job {
+            Ok(job) => {
+                *back_to_back = matches!(job, LaneJob::Run(..));
+                return Some(job);
+            }
+            Err(true) => return None,
+            Err(false) => {}
         }
         if state.reap_in_flight_within(slice) {
             break;
         }
         slice = (slice * 2).min(REAP_SLICE_MAX);
     }
-    rx.recv().ok()
+    match rx.try_recv() {
+        // The next run's job was posted before the run in flight was published: the lane
+        // should have waited for it (one posted after it answers the publication).
+        Ok(job) => {
+            *back_to_back = match (&job, state.published_at) {
+                (LaneJob::Run(_, posted), Some(published)) => *posted < published,
+                _ => false,
+            };
+            Some(job)
+        }
+        Err(mpsc::TryRecvError::Disconnected) => None,
+        Err(mpsc::TryRecvError::Empty) => rx.recv().ok(),
+    }
 }
 
 /// The fence of an L2 run: set by the lane once the run was reaped, with the run's failure
