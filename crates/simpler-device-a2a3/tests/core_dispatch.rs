@@ -244,22 +244,38 @@ fn many_host_cores(mut o: RunnerOptions) -> RunnerOptions {
 }
 
 /// With host cores to spare, an AICPU thread still runs a dispatch itself when it is the only
-/// one in flight and the thread has nothing else to do: a chain never needs a core's thread.
-/// (Preempted on a loaded host, a kernel can take longer than the simulator runs kernels there
-/// and send its core's later tokens to the core's thread; one clean run of three is required.)
+/// one in flight, the thread has nothing else to do and the core's last kernel returned
+/// quickly: once each core ran a kernel, a chain never needs a core's thread. (The first run's
+/// first kernels go to the cores' threads; preempted on a loaded host, a kernel can take
+/// longer than the simulator runs kernels there and send its core's later tokens to the
+/// core's thread; one clean run of three is required.)
 #[test]
 fn with_host_cores_to_spare_a_chain_runs_on_the_aicpu_thread_that_has_nothing_else_to_do() {
     for runtime in RUNTIMES {
         let mut r = DeviceRunner::attach(many_host_cores(options_on(12, runtime))).unwrap();
         let mut splits = Vec::new();
-        for n in 1..=3 {
+        for n in 1..=4 {
             let (on_core, on_aicpu) =
                 split(run_chain(&mut r, n, WHERE, CHAIN, &one_cluster()).unwrap());
             assert_eq!(on_core + on_aicpu, CHAIN, "{runtime:?}");
             splits.push((on_core, on_aicpu));
         }
         r.finalize().unwrap();
-        assert!(splits.contains(&(0, CHAIN)), "{runtime:?}: (on cores, on AICPU) {splits:?}");
+        assert!(splits[0].0 > 0, "{runtime:?}: a core's first kernel ran inline: {splits:?}");
+        assert!(splits[1..].contains(&(0, CHAIN)), "{runtime:?}: (on cores, on AICPU) {splits:?}");
+    }
+}
+
+/// With host cores to spare, a core's first kernel runs on the core's own thread: one that
+/// never returned would be caught there by the stall watchdog instead of holding the AICPU
+/// thread (`spins_on_aicpu` would not return on an AICPU thread).
+#[test]
+fn with_host_cores_to_spare_a_cores_first_kernel_runs_on_its_own_thread() {
+    for runtime in RUNTIMES {
+        let mut r = DeviceRunner::attach(many_host_cores(fast_options_on(14, runtime))).unwrap();
+        let value = run_chain(&mut r, 1, SPINS, 1, &one_cluster()).unwrap();
+        r.finalize().unwrap();
+        assert_eq!(split(value), (1, 0), "{runtime:?}: {value}");
     }
 }
 
@@ -270,7 +286,9 @@ fn with_host_cores_to_spare_a_chain_runs_on_the_aicpu_thread_that_has_nothing_el
 fn with_host_cores_to_spare_a_kernel_over_100us_sends_its_cores_later_tokens_to_its_thread() {
     for runtime in RUNTIMES {
         let mut r = DeviceRunner::attach(many_host_cores(options_on(13, runtime))).unwrap();
-        let value = run_chain(&mut r, 1, NAPS_300US, CHAIN, &one_cluster()).unwrap();
+        // Quick kernels first, so that the AICPU thread runs the naps' first ones itself.
+        run_chain(&mut r, 1, WHERE, CHAIN, &one_cluster()).unwrap();
+        let value = run_chain(&mut r, 2, NAPS_300US, CHAIN, &one_cluster()).unwrap();
         r.finalize().unwrap();
         let (on_core, on_aicpu) = split(value);
         assert_eq!(on_core + on_aicpu, CHAIN, "{runtime:?}: {value}");

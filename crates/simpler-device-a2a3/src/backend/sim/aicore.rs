@@ -184,6 +184,9 @@ pub(crate) struct CoreLaunch {
     pub(super) short_kernels: bool,
 }
 
+/// The longest kernel an AICPU thread runs for want of other work ([`Server::LONE`]).
+pub(crate) const LONE_KERNEL_LIMIT: Duration = Duration::from_micros(100);
+
 /// Who may serve a core's token in an [`advance`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Server {
@@ -204,7 +207,7 @@ impl Server {
     /// An AICPU thread serving its only dispatch in flight when it had nothing else to do. A
     /// newly ready task for its other cores waits for the kernel, so the limit is a few
     /// wake-ups of a parked thread on a virtual machine, the cost serving here saves.
-    pub(crate) const LONE: Server = Server::Aicpu { limit: Duration::from_micros(100) };
+    pub(crate) const LONE: Server = Server::Aicpu { limit: LONE_KERNEL_LIMIT };
 }
 
 // SAFETY: the pointers address the launch's image, which stays alive while the core's

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::atomic::Ordering::{self, Relaxed};
 use std::time::{Duration, Instant};
 
-use super::aicore::Server;
+use super::aicore::{LONE_KERNEL_LIMIT, Server};
 use super::stream::LaunchEntry;
 use super::wait::SpinPolicy;
 use super::{SimShared, drive};
@@ -24,6 +24,14 @@ pub(crate) struct SimAicpu<'a> {
 impl<'a> SimAicpu<'a> {
     pub(super) fn new(dev: &'a SimShared, entry: &'a LaunchEntry, thread: u32) -> SimAicpu<'a> {
         SimAicpu { dev, entry, thread, spin: dev.spin_policy(), held: drive::Held::default() }
+    }
+}
+
+impl SimAicpu<'_> {
+    /// Whether core `c`'s last kernel (whoever served it) returned within `limit`.
+    fn last_kernel_under(&self, c: u32, limit: Duration) -> bool {
+        let ns = self.dev.regs.get(c as usize).map_or(0, |b| b.last_kernel_ns.load(Relaxed));
+        ns != 0 && Duration::from_nanos(ns) < limit
     }
 }
 
@@ -73,20 +81,23 @@ impl AicpuPlatform for SimAicpu<'_> {
 
     fn scheduler_idle_wait(&self, observed: u64, round: u32, deadline: u64, busy: u32) {
         let (held, here) = self.held.take_at_idle(busy);
-        // A fault armed since the tokens were held needs the cores' threads.
-        if !here || !self.dev.may_spare_threads() {
+        let first = held.trailing_zeros();
+        // Only a core whose last kernel returned quickly: a core's first kernel, or one after a
+        // long one, runs on its thread, where a kernel that never returns is caught by the
+        // stall watchdog instead of holding this thread. A fault armed since the tokens were
+        // held needs the cores' threads too.
+        if !here
+            || !self.dev.may_spare_threads()
+            || !self.last_kernel_under(first, LONE_KERNEL_LIMIT)
+        {
             self.dev.hand_over(held);
             return self.idle_wait(observed, round, deadline);
         }
         // Nothing else to do: run the first here, and the others too when their cores' last
         // kernels were quick (while that costs less than waking their threads); otherwise
         // their threads run them meanwhile. The caller looks at its cores again before waiting.
-        let first = held.trailing_zeros();
         let rest = held & !(1 << first);
-        let quick = drive::cores_of(rest).all(|c| {
-            let ns = self.dev.regs.get(c as usize).map_or(0, |b| b.last_kernel_ns.load(Relaxed));
-            ns != 0 && Duration::from_nanos(ns) < drive::HOLD_BUDGET
-        });
+        let quick = drive::cores_of(rest).all(|c| self.last_kernel_under(c, drive::HOLD_BUDGET));
         if !quick {
             self.dev.hand_over(rest);
         }
