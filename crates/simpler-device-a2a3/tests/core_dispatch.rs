@@ -88,9 +88,14 @@ unsafe extern "C-unwind" fn naps(args: *mut i64) {
     unsafe { where_am_i(args) };
 }
 
-/// Sleeps 300 us, wherever it runs; then `where_am_i`.
+/// While set, `naps_300us` does not sleep (one test owns it).
+static NAP_300US_QUICK: AtomicBool = AtomicBool::new(false);
+
+/// Sleeps 300 us, wherever it runs (unless [`NAP_300US_QUICK`]); then `where_am_i`.
 unsafe extern "C-unwind" fn naps_300us(args: *mut i64) {
-    std::thread::sleep(Duration::from_micros(300));
+    if !NAP_300US_QUICK.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_micros(300));
+    }
     // SAFETY: forwarded.
     unsafe { where_am_i(args) };
 }
@@ -266,16 +271,22 @@ fn with_host_cores_to_spare_a_chain_runs_on_the_aicpu_thread_that_has_nothing_el
     }
 }
 
-/// With host cores to spare, a core's first kernel runs on the core's own thread: one that
-/// never returned would be caught there by the stall watchdog instead of holding the AICPU
-/// thread (`spins_on_aicpu` would not return on an AICPU thread).
+/// With host cores to spare, a kernel new to a core runs on the core's own thread, however
+/// quick the core's other kernels were: one that never returned would be caught there by the
+/// stall watchdog instead of holding the AICPU thread (`spins_on_aicpu` would not return on an
+/// AICPU thread).
 #[test]
-fn with_host_cores_to_spare_a_cores_first_kernel_runs_on_its_own_thread() {
+fn with_host_cores_to_spare_a_kernel_new_to_a_core_runs_on_its_own_thread() {
     for runtime in RUNTIMES {
         let mut r = DeviceRunner::attach(many_host_cores(fast_options_on(14, runtime))).unwrap();
         let value = run_chain(&mut r, 1, SPINS, 1, &one_cluster()).unwrap();
+        assert_eq!(split(value), (1, 0), "{runtime:?}, a fresh device: {value}");
+        for n in 2..=3 {
+            run_chain(&mut r, n, WHERE, CHAIN, &one_cluster()).unwrap();
+            let value = run_chain(&mut r, 10 + n, SPINS, 1, &one_cluster()).unwrap();
+            assert_eq!(split(value), (1, 0), "{runtime:?}, after quick kernels: {value}");
+        }
         r.finalize().unwrap();
-        assert_eq!(split(value), (1, 0), "{runtime:?}: {value}");
     }
 }
 
@@ -286,9 +297,13 @@ fn with_host_cores_to_spare_a_cores_first_kernel_runs_on_its_own_thread() {
 fn with_host_cores_to_spare_a_kernel_over_100us_sends_its_cores_later_tokens_to_its_thread() {
     for runtime in RUNTIMES {
         let mut r = DeviceRunner::attach(many_host_cores(options_on(13, runtime))).unwrap();
-        // Quick kernels first, so that the AICPU thread runs the naps' first ones itself.
-        run_chain(&mut r, 1, WHERE, CHAIN, &one_cluster()).unwrap();
-        let value = run_chain(&mut r, 2, NAPS_300US, CHAIN, &one_cluster()).unwrap();
+        // The naps quick once on each core first (a kernel runs on the AICPU thread only after
+        // it returned quickly on the core before), then long.
+        NAP_300US_QUICK.store(true, Ordering::Relaxed);
+        run_chain(&mut r, 1, NAPS_300US, CHAIN, &one_cluster()).unwrap();
+        run_chain(&mut r, 2, NAPS_300US, CHAIN, &one_cluster()).unwrap();
+        NAP_300US_QUICK.store(false, Ordering::Relaxed);
+        let value = run_chain(&mut r, 3, NAPS_300US, CHAIN, &one_cluster()).unwrap();
         r.finalize().unwrap();
         let (on_core, on_aicpu) = split(value);
         assert_eq!(on_core + on_aicpu, CHAIN, "{runtime:?}: {value}");

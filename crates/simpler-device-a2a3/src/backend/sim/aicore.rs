@@ -197,17 +197,21 @@ pub(crate) enum Server {
     /// The AICPU thread that wrote the core's registers, which may not wait. An AICPU thread
     /// inside a kernel neither polls its other cores nor watches for stalls, so a kernel that
     /// runs longer than `limit` sends the core's later tokens of the launch to its thread.
-    Aicpu { limit: Duration },
+    /// With `proven`, only a kernel whose last run on this core returned within `limit`: a
+    /// kernel new to the core, which might never return, stays where the stall watchdog can
+    /// see it.
+    Aicpu { limit: Duration, proven: bool },
 }
 
 impl Server {
     /// An AICPU thread serving because every host core is taken by an awake simulated thread
     /// (`docs/device-simulator.md`, "Who runs a dispatch").
-    pub(crate) const BUSY_HOST: Server = Server::Aicpu { limit: Duration::from_millis(1) };
+    pub(crate) const BUSY_HOST: Server =
+        Server::Aicpu { limit: Duration::from_millis(1), proven: false };
     /// An AICPU thread serving its only dispatch in flight when it had nothing else to do. A
     /// newly ready task for its other cores waits for the kernel, so the limit is a few
     /// wake-ups of a parked thread on a virtual machine, the cost serving here saves.
-    pub(crate) const LONE: Server = Server::Aicpu { limit: LONE_KERNEL_LIMIT };
+    pub(crate) const LONE: Server = Server::Aicpu { limit: LONE_KERNEL_LIMIT, proven: true };
 }
 
 // SAFETY: the pointers address the launch's image, which stays alive while the core's
@@ -393,6 +397,11 @@ fn serve<H: CoreHost>(
             std::ptr::addr_of!((*p).local.block_idx).read(),
         )
     };
+    if let Server::Aicpu { limit, proven: true } = server
+        && !regs.last_kernel.ran_within(kernel, limit)
+    {
+        return Served::Declined;
+    }
     if src != 0 {
         if server != Server::CoreThread {
             return Served::Declined;
@@ -429,8 +438,8 @@ fn serve<H: CoreHost>(
     let started = Instant::now();
     let outcome = call_kernel(dev, &s.entry, regs, w, kernel, func_id, args_ptr);
     let took = started.elapsed();
-    regs.last_kernel_ns.store(took.as_nanos().clamp(1, u64::MAX as u128) as u64, Ordering::Relaxed);
-    if let Server::Aicpu { limit } = server
+    regs.last_kernel.record(kernel, took);
+    if let Server::Aicpu { limit, .. } = server
         && took > limit
     {
         s.short_kernels = false;

@@ -286,10 +286,11 @@ pub(crate) fn ring<H: CoreHost>(dev: &H, c: u32, server: Server) -> Ring {
 /// their threads, held instead of posting those threads `Adopt` at once
 /// (`docs/device-simulator.md`, "Who runs a dispatch"). Only tokens of launches AICPU threads
 /// drive are held, and such a core accepts no second token before it acknowledged the first, so
-/// a held bit stands for exactly one unserved token. A held token is never forgotten: when the
+/// a held bit stands for at most one unserved token. A held token is never forgotten: when the
 /// AICPU thread has nothing else to do and no core of its own runs a kernel on its thread, it
-/// runs the first itself (and the others too while their cores' last kernels were quick and
-/// the time stays under what waking a thread costs) and hands the rest to their cores' threads;
+/// runs the first itself when that kernel returned quickly on the core before (and the others
+/// too while their cores' last kernels were quick and the time stays under what waking a
+/// thread costs) and hands the rest to their cores' threads;
 /// otherwise it hands them over at its next idle wait, at the start of an iteration of its loop
 /// once the oldest was held for that long, or when its part ends (also by unwinding).
 #[derive(Debug, Default)]

@@ -1,10 +1,10 @@
 //! The simulator's [`AicpuPlatform`] for the AICPU threads (`docs/device-simulator.md`).
 
 use std::fmt;
-use std::sync::atomic::Ordering::{self, Relaxed};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::aicore::{LONE_KERNEL_LIMIT, Server};
+use super::aicore::Server;
 use super::stream::LaunchEntry;
 use super::wait::SpinPolicy;
 use super::{SimShared, drive};
@@ -30,8 +30,7 @@ impl<'a> SimAicpu<'a> {
 impl SimAicpu<'_> {
     /// Whether core `c`'s last kernel (whoever served it) returned within `limit`.
     fn last_kernel_under(&self, c: u32, limit: Duration) -> bool {
-        let ns = self.dev.regs.get(c as usize).map_or(0, |b| b.last_kernel_ns.load(Relaxed));
-        ns != 0 && Duration::from_nanos(ns) < limit
+        self.dev.regs.get(c as usize).is_some_and(|b| b.last_kernel.returned_within(limit))
     }
 }
 
@@ -81,30 +80,28 @@ impl AicpuPlatform for SimAicpu<'_> {
 
     fn scheduler_idle_wait(&self, observed: u64, round: u32, deadline: u64, busy: u32) {
         let (held, here) = self.held.take_at_idle(busy);
-        let first = held.trailing_zeros();
-        // Only a core whose last kernel returned quickly: a core's first kernel, or one after a
-        // long one, runs on its thread, where a kernel that never returns is caught by the
-        // stall watchdog instead of holding this thread. A fault armed since the tokens were
-        // held needs the cores' threads too.
-        if !here
-            || !self.dev.may_spare_threads()
-            || !self.last_kernel_under(first, LONE_KERNEL_LIMIT)
-        {
+        // A fault armed since the tokens were held needs the cores' threads.
+        if !here || !self.dev.may_spare_threads() {
             self.dev.hand_over(held);
             return self.idle_wait(observed, round, deadline);
         }
-        // Nothing else to do: run the first here, and the others too when their cores' last
-        // kernels were quick (while that costs less than waking their threads); otherwise
-        // their threads run them meanwhile. The caller looks at its cores again before waiting.
+        // Nothing else to do: run the first here (`Server::LONE` declines a kernel that did not
+        // return quickly on the core before, which then goes to the core's thread, where the
+        // stall watchdog sees a kernel that never returns), and the others too when their
+        // cores' last kernels were quick (while that costs less than waking their threads);
+        // otherwise their threads run them meanwhile. The caller looks at its cores again
+        // before waiting.
+        let first = held.trailing_zeros();
         let rest = held & !(1 << first);
         let quick = drive::cores_of(rest).all(|c| self.last_kernel_under(c, drive::HOLD_BUDGET));
         if !quick {
             self.dev.hand_over(rest);
         }
+        let here = if quick { held } else { 1 << first };
         let started = Instant::now();
-        for c in drive::cores_of(if quick { held } else { 1 << first }) {
+        for c in drive::cores_of(here) {
             if started.elapsed() > drive::HOLD_BUDGET {
-                self.dev.hand_over(held & (u128::MAX << c));
+                self.dev.hand_over(here & (u128::MAX << c));
                 break;
             }
             if let Some(block) = self.dev.regs.get(c as usize) {

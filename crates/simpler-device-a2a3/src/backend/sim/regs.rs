@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -43,9 +44,37 @@ pub(crate) struct RegBlock {
     /// Set by the core's thread when it left a stopped launch while an AICPU thread still held
     /// `serving` (a kernel that did not return); the next holder drops the state.
     pub(crate) abandoned: AtomicBool,
-    /// How long the core's last kernel ran, in nanoseconds, whoever served it (0: none yet);
-    /// an AICPU thread runs several held tokens itself only when each was quick last time.
-    pub(crate) last_kernel_ns: AtomicU64,
+    /// The core's last kernel and how long it ran, whoever served it.
+    pub(crate) last_kernel: LastKernel,
+}
+
+/// A core's last kernel (its code address) and how long it ran: an AICPU thread runs a held
+/// token itself only when the same kernel returned quickly on the core before
+/// (`docs/device-simulator.md`, "Who runs a dispatch"). Written by whoever serves a token,
+/// under the core's `serving` lock; read under it too, or as a hint.
+#[derive(Debug, Default)]
+pub(crate) struct LastKernel {
+    kernel: AtomicU64,
+    /// Nanoseconds, at least 1 once a kernel ran (0: none yet).
+    ns: AtomicU64,
+}
+
+impl LastKernel {
+    pub(crate) fn record(&self, kernel: u64, took: Duration) {
+        self.kernel.store(kernel, Ordering::Relaxed);
+        self.ns.store(took.as_nanos().clamp(1, u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+    }
+
+    /// Whether `kernel` was the last kernel and returned within `limit`.
+    pub(crate) fn ran_within(&self, kernel: u64, limit: Duration) -> bool {
+        self.kernel.load(Ordering::Relaxed) == kernel && self.returned_within(limit)
+    }
+
+    /// Whether the last kernel, whichever it was, returned within `limit`.
+    pub(crate) fn returned_within(&self, limit: Duration) -> bool {
+        let ns = self.ns.load(Ordering::Relaxed);
+        ns != 0 && Duration::from_nanos(ns) < limit
+    }
 }
 
 impl Default for RegBlock {
@@ -56,7 +85,7 @@ impl Default for RegBlock {
             serving: Mutex::new(None),
             abandoned: AtomicBool::new(false),
             unthreaded: Mutex::new(None),
-            last_kernel_ns: AtomicU64::new(0),
+            last_kernel: LastKernel::default(),
         }
     }
 }
