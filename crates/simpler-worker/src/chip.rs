@@ -655,8 +655,16 @@ impl ChipLane {
                 // A panicking job (a user closure given to the lane) must not stop the lane:
                 // every later call and the final teardown still need it. The job's own result
                 // channel is dropped by the unwind, which its caller reports.
+                let before = state.in_flight.as_ref().map(|f| f.run);
                 if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(&mut state))) {
                     tracing::error!(%chip, "a chip lane job panicked: {}", panic_text(p.as_ref()));
+                }
+                // A streak needs runs that go in flight one after another: a job that left no
+                // new run in flight (a failed preparation, a run reaped at once) ends it, so
+                // that quickly failing submits cannot keep the run in flight from being reaped.
+                let after = state.in_flight.as_ref().map(|f| f.run);
+                if after.is_none() || after == before {
+                    back_to_back = false;
                 }
             }
             state.finalize()
@@ -741,12 +749,14 @@ impl<R> LaneReply<R> {
 /// The lane's next job; `None` once the channel closed. With a run in flight, reaps it in
 /// growing slices and takes a job that arrived between two slices.
 ///
-/// While runs come `back_to_back` (the last time the lane reaped a run, the next run's job was
-/// already waiting), it first waits up to [`JOB_WAIT`] for the job, so that the next run is
-/// prepared while this one executes instead of after it was reaped; the submitter posts it a
-/// thread wake-up after the lane replied to its previous submit, often after the lane is here.
-/// A wait that times out ends the streak, so a lone run waited for by its submitter is
-/// published as soon as the device finished it, at most one run after a stream stops.
+/// While runs come `back_to_back` (the last time the lane reaped a run, the next run's job had
+/// been posted before that run was published; or the last run job was taken while a run was
+/// in flight and put its own run in flight), it first waits up to [`JOB_WAIT`] for the job, so
+/// that the next run is prepared while this one executes instead of after it was reaped: the
+/// submitter posts it a thread wake-up after the lane replied to its previous submit, often
+/// after the lane is here. A wait that times out, a job that puts no new run in flight, and
+/// an idle lane end the streak, so a lone run waited for by its submitter is published as soon
+/// as the device finished it, at most one run after a stream stops.
 fn next_job(
     rx: &mpsc::Receiver<LaneJob>,
     back_to_back: &mut bool,
@@ -783,7 +793,10 @@ fn next_job(
             Some(job)
         }
         Err(mpsc::TryRecvError::Disconnected) => None,
-        Err(mpsc::TryRecvError::Empty) => rx.recv().ok(),
+        Err(mpsc::TryRecvError::Empty) => {
+            *back_to_back = false;
+            rx.recv().ok()
+        }
     }
 }
 
