@@ -253,13 +253,13 @@ fn many_host_cores(mut o: RunnerOptions) -> RunnerOptions {
 /// quickly: once each core ran a kernel, a chain never needs a core's thread. (The first run's
 /// first kernels go to the cores' threads; preempted on a loaded host, a kernel can take
 /// longer than the simulator runs kernels there and send its core's later tokens to the
-/// core's thread; one clean run of three is required.)
+/// core's thread; one clean run of five is required.)
 #[test]
 fn with_host_cores_to_spare_a_chain_runs_on_the_aicpu_thread_that_has_nothing_else_to_do() {
     for runtime in RUNTIMES {
         let mut r = DeviceRunner::attach(many_host_cores(options_on(12, runtime))).unwrap();
         let mut splits = Vec::new();
-        for n in 1..=4 {
+        for n in 1..=6 {
             let (on_core, on_aicpu) =
                 split(run_chain(&mut r, n, WHERE, CHAIN, &one_cluster()).unwrap());
             assert_eq!(on_core + on_aicpu, CHAIN, "{runtime:?}");
@@ -297,20 +297,29 @@ fn with_host_cores_to_spare_a_kernel_new_to_a_core_runs_on_its_own_thread() {
 fn with_host_cores_to_spare_a_kernel_over_100us_sends_its_cores_later_tokens_to_its_thread() {
     for runtime in RUNTIMES {
         let mut r = DeviceRunner::attach(many_host_cores(options_on(13, runtime))).unwrap();
-        // The naps quick once on each core first (a kernel runs on the AICPU thread only after
-        // it returned quickly on the core before), then long.
-        NAP_300US_QUICK.store(true, Ordering::Relaxed);
-        run_chain(&mut r, 1, NAPS_300US, CHAIN, &one_cluster()).unwrap();
-        run_chain(&mut r, 2, NAPS_300US, CHAIN, &one_cluster()).unwrap();
-        NAP_300US_QUICK.store(false, Ordering::Relaxed);
-        let value = run_chain(&mut r, 3, NAPS_300US, CHAIN, &one_cluster()).unwrap();
+        // The naps quick on each core first (a kernel runs on the AICPU thread only after it
+        // returned quickly on the core before), then long. A quick run preempted on a loaded
+        // host leaves a long history, so up to three attempts; none may run more than one long
+        // nap per core on the AICPU thread.
+        let mut on_aicpu_per_attempt = Vec::new();
+        for attempt in 0..3 {
+            NAP_300US_QUICK.store(true, Ordering::Relaxed);
+            run_chain(&mut r, 2 * attempt + 1, NAPS_300US, CHAIN, &one_cluster()).unwrap();
+            NAP_300US_QUICK.store(false, Ordering::Relaxed);
+            let value = run_chain(&mut r, 2 * attempt + 2, NAPS_300US, CHAIN, &one_cluster());
+            let (on_core, on_aicpu) = split(value.unwrap());
+            assert_eq!(on_core + on_aicpu, CHAIN, "{runtime:?}");
+            // At most one per AIV core of the cluster ran on the AICPU thread.
+            assert!(on_aicpu <= 2, "{runtime:?}: {on_aicpu} of {CHAIN} on the AICPU thread");
+            on_aicpu_per_attempt.push(on_aicpu);
+            if on_aicpu > 0 {
+                break;
+            }
+        }
         r.finalize().unwrap();
-        let (on_core, on_aicpu) = split(value);
-        assert_eq!(on_core + on_aicpu, CHAIN, "{runtime:?}: {value}");
-        // One per AIV core of the cluster ran on the AICPU thread.
         assert!(
-            (1..=2).contains(&on_aicpu),
-            "{runtime:?}: {on_aicpu} of {CHAIN} on the AICPU thread"
+            on_aicpu_per_attempt.iter().any(|&n| n > 0),
+            "{runtime:?}: no long nap ran on the AICPU thread: {on_aicpu_per_attempt:?}"
         );
     }
 }
