@@ -84,7 +84,7 @@ int32_t derive_env(const PlatCore &plat, uint64_t args, CoreEnv *env) {
         plat_load_u64(image + IH_IMAGE_LEN) != image_len ||
         plat_load_u32(image + IH_NUM_AICORE) != num_aicore ||
         handshake_off > image_len ||
-        image_len - handshake_off < uint64_t(MAX_LAUNCH_CORES) * HANDSHAKE_SIZE) {
+        image_len - handshake_off < uint64_t(num_aicore) * HANDSHAKE_SIZE) {
         return SIMPLER_AICORE_BAD_LAUNCH;
     }
     env->handshake = image + handshake_off + uint64_t(env->core_index) * HANDSHAKE_SIZE;

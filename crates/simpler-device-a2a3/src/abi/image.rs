@@ -655,6 +655,12 @@ pub const fn swimlane_block_bytes(capacity: u32) -> u64 {
     )
 }
 
+/// How many handshake, core-slot and payload records an image for `num_aicore` cores holds:
+/// one per core, at least one, at most [`MAX_LAUNCH_CORES`].
+pub fn launch_cores(num_aicore: u32) -> u32 {
+    num_aicore.clamp(1, MAX_LAUNCH_CORES as u32)
+}
+
 impl ImageLayout {
     /// Computes the layout; `None` if the sizes overflow `u64`.
     pub fn compute(p: &ImageParams) -> Option<ImageLayout> {
@@ -664,7 +670,8 @@ impl ImageLayout {
             at = align_up(at.checked_add(bytes)?, SECTION_ALIGN);
             Some(off)
         };
-        let cores = MAX_LAUNCH_CORES as u64;
+        // Records for the launch's cores only (at least one), not for all the chip has.
+        let cores = u64::from(launch_cores(p.num_aicore));
         let handshake_off = take(cores * size_of::<Handshake>() as u64)?;
         let func_table_off = take(super::MAX_FUNC_IDS as u64 * 8)?;
         let shared_off = take(size_of::<SharedHeader>() as u64)?;

@@ -22,7 +22,7 @@ use crate::abi::image::{
     AicpuRecord, CoreSlot, HBG_IMAGE_MAGIC, ImageHeader, MAX_PHASE_THREADS, PhaseRecord,
     READY_QUEUE_COUNT, ReadyQueueHeader, SECTION_ALIGN, ScopeRecord, SharedHeader, SubmitRecord,
     SwimlaneHeader, SwimlaneRecord, TRB_IMAGE_MAGIC, TaskRecord, TrbDiagHeader, TrbHeader,
-    TrbStatus, aicpu_swimlane_block_bytes, swimlane_block_bytes, trb_diag_bytes,
+    TrbStatus, aicpu_swimlane_block_bytes, launch_cores, swimlane_block_bytes, trb_diag_bytes,
 };
 use crate::abi::payload::{DispatchPayload, PayloadPair};
 use crate::abi::{ABI_VERSION, MAX_FUNC_IDS, MAX_LAUNCH_CORES};
@@ -112,7 +112,7 @@ impl<'a> ImageView<'a> {
             }
             Ok(())
         };
-        let cores = MAX_LAUNCH_CORES as u64;
+        let cores = u64::from(launch_cores(header.num_aicore));
         // The writer reserves one record for an empty graph (`ImageLayout::compute`).
         let tasks = u64::from(header.task_count.max(1));
         check(header.handshake_off, cores * size_of::<Handshake>() as u64, "handshake")?;
@@ -236,10 +236,17 @@ impl<'a> ImageView<'a> {
         unsafe { self.at(self.header.shared_off) }
     }
 
-    /// Handshake record of core `w` (< 72).
+    /// The index of core `w`'s records, clamped into the image's records (a `w` past the
+    /// launch's cores reads the last core's).
+    fn core_record(&self, w: u32) -> u64 {
+        u64::from(w.min(launch_cores(self.header.num_aicore) - 1))
+    }
+
+    /// Handshake record of core `w` (< `num_aicore`).
     pub fn handshake(&self, w: u32) -> &'a Handshake {
-        let w = (w as usize).min(MAX_LAUNCH_CORES - 1) as u64;
-        // SAFETY: the section holds 72 records (checked in `from_raw`); `w` is clamped.
+        let w = self.core_record(w);
+        // SAFETY: the section holds `launch_cores(num_aicore)` records (checked in
+        // `from_raw`); `w` is clamped to them.
         unsafe { self.at(self.header.handshake_off + w * size_of::<Handshake>() as u64) }
     }
 
@@ -319,14 +326,15 @@ impl<'a> ImageView<'a> {
 
     /// Slot of core `w`.
     pub fn core_slot(&self, w: u32) -> &'a CoreSlot {
-        let w = (w as usize).min(MAX_LAUNCH_CORES - 1) as u64;
-        // SAFETY: 72 slots (checked in `from_raw`); `w` is clamped; all fields are atomics.
+        let w = self.core_record(w);
+        // SAFETY: `launch_cores(num_aicore)` slots (checked in `from_raw`); `w` is clamped to
+        // them; all fields are atomics.
         unsafe { self.at(self.header.cores_off + w * size_of::<CoreSlot>() as u64) }
     }
 
     /// Device address of core `w`'s payload pair.
     pub fn payload_pair_addr(&self, w: u32) -> u64 {
-        let w = (w as usize).min(MAX_LAUNCH_CORES - 1) as u64;
+        let w = self.core_record(w);
         self.base_addr() + self.header.payloads_off + w * size_of::<PayloadPair>() as u64
     }
 
@@ -410,7 +418,7 @@ impl<'a> CoreImageView<'a> {
         self.view.header()
     }
 
-    /// Handshake record of core `w` (< 72).
+    /// Handshake record of core `w` (< `num_aicore`).
     pub(crate) fn handshake(&self, w: u32) -> &'a Handshake {
         self.view.handshake(w)
     }
@@ -466,7 +474,7 @@ impl<'a> HostImageView<'a> {
         self.view.shared()
     }
 
-    /// Handshake record of core `c` (< 72).
+    /// Handshake record of core `c` (< `num_aicore`).
     pub(crate) fn handshake(&self, c: u32) -> &'a Handshake {
         self.view.handshake(c)
     }

@@ -16,9 +16,9 @@ use super::builder::BuiltGraph;
 use crate::abi::handshake::Handshake;
 use crate::abi::image::{
     HBG_IMAGE_MAGIC, ImageHeader, ImageLayout, ImageParams, NO_FUNC, READY_QUEUE_COUNT,
-    ReadyQueueHeader, SECTION_ALIGN, SharedHeader, TaskRecord, TaskShape,
+    ReadyQueueHeader, SECTION_ALIGN, SharedHeader, TaskRecord, TaskShape, launch_cores,
 };
-use crate::abi::{ABI_VERSION, CoreType, MAX_FUNC_IDS, MAX_LAUNCH_CORES};
+use crate::abi::{ABI_VERSION, CoreType, MAX_FUNC_IDS};
 
 /// Launch facts the image records.
 #[derive(Clone, Copy, Debug)]
@@ -120,7 +120,7 @@ pub(crate) fn write_frame(
     inp: &ImageInputs<'_>,
 ) {
     put(b, 0, bytemuck::bytes_of(header));
-    for w in 0..MAX_LAUNCH_CORES as u32 {
+    for w in 0..launch_cores(header.num_aicore) {
         let ty = if w < inp.block_dim { CoreType::Aic } else { CoreType::Aiv };
         let off = layout.handshake_off + u64::from(w) * size_of::<Handshake>() as u64;
         put_u32(b, off + offset_of!(Handshake, core_type) as u64, ty as u32);
