@@ -48,33 +48,58 @@ pub(crate) struct RegBlock {
     pub(crate) last_kernel: LastKernel,
 }
 
-/// A core's last kernel (its code address) and how long it ran: an AICPU thread runs a held
+/// How long a core's recent kernels ran, by kernel (code address): an AICPU thread runs a held
 /// token itself only when the same kernel returned quickly on the core before
-/// (`docs/device-simulator.md`, "Who runs a dispatch"). Written by whoever serves a token,
-/// under the core's `serving` lock; read under it too, or as a hint.
+/// (`docs/device-simulator.md`, "Who runs a dispatch"). A small fully associative table (a
+/// kernel evicts the oldest entry), so a core that alternates between a few kernels keeps each
+/// one's time; a hashed table would let two kernels that collide evict each other at every
+/// launch. Written by whoever serves a token, under the core's `serving` lock; read under it
+/// too, or as a hint.
 #[derive(Debug, Default)]
 pub(crate) struct LastKernel {
-    kernel: AtomicU64,
-    /// Nanoseconds, at least 1 once a kernel ran (0: none yet).
-    ns: AtomicU64,
+    /// `(kernel, nanoseconds)`; nanoseconds 0 for an empty entry.
+    entries: [(AtomicU64, AtomicU64); KERNEL_ENTRIES],
+    /// The entry the next new kernel takes.
+    next: AtomicU32,
+    /// Nanoseconds of the core's last kernel, whichever it was (0: none yet).
+    last_ns: AtomicU64,
 }
 
+/// Kernels whose times a core remembers at once.
+const KERNEL_ENTRIES: usize = 8;
+
 impl LastKernel {
+    fn entry(&self, kernel: u64) -> Option<&(AtomicU64, AtomicU64)> {
+        self.entries
+            .iter()
+            .find(|(k, t)| k.load(Ordering::Relaxed) == kernel && t.load(Ordering::Relaxed) != 0)
+    }
+
     pub(crate) fn record(&self, kernel: u64, took: Duration) {
-        self.kernel.store(kernel, Ordering::Relaxed);
-        self.ns.store(took.as_nanos().clamp(1, u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+        let ns = took.as_nanos().clamp(1, u128::from(u64::MAX)) as u64;
+        let (k, t) = self.entry(kernel).unwrap_or_else(|| {
+            let i = self.next.fetch_add(1, Ordering::Relaxed) as usize % KERNEL_ENTRIES;
+            &self.entries[i]
+        });
+        k.store(kernel, Ordering::Relaxed);
+        t.store(ns, Ordering::Relaxed);
+        self.last_ns.store(ns, Ordering::Relaxed);
     }
 
-    /// Whether `kernel` was the last kernel and returned within `limit`.
+    /// Whether `kernel` returned within `limit` the last time it ran on the core (and is still
+    /// remembered).
     pub(crate) fn ran_within(&self, kernel: u64, limit: Duration) -> bool {
-        self.kernel.load(Ordering::Relaxed) == kernel && self.returned_within(limit)
+        self.entry(kernel).is_some_and(|(_, t)| within(t.load(Ordering::Relaxed), limit))
     }
 
-    /// Whether the last kernel, whichever it was, returned within `limit`.
+    /// Whether the core's last kernel, whichever it was, returned within `limit`.
     pub(crate) fn returned_within(&self, limit: Duration) -> bool {
-        let ns = self.ns.load(Ordering::Relaxed);
-        ns != 0 && Duration::from_nanos(ns) < limit
+        within(self.last_ns.load(Ordering::Relaxed), limit)
     }
+}
+
+fn within(ns: u64, limit: Duration) -> bool {
+    ns != 0 && Duration::from_nanos(ns) < limit
 }
 
 impl Default for RegBlock {
@@ -108,5 +133,46 @@ impl RegBlock {
     /// The address of the control window (the block's own address), for the register table.
     pub(crate) fn window_base(&self) -> u64 {
         self as *const RegBlock as u64
+    }
+}
+
+#[cfg(test)]
+mod last_kernel_tests {
+    use super::*;
+
+    #[test]
+    fn a_core_remembers_each_of_a_few_alternating_kernels() {
+        let l = LastKernel::default();
+        let quick = Duration::from_micros(5);
+        let limit = Duration::from_micros(100);
+        assert!(!l.ran_within(0x1000, limit) && !l.returned_within(limit), "nothing ran yet");
+        // Three kernels alternating on one core (any two of which a hashed table could
+        // collide on) all stay known.
+        for _ in 0..4 {
+            for k in [0x1000, 0x2000, 0x3040] {
+                l.record(k, quick);
+            }
+        }
+        for k in [0x1000, 0x2000, 0x3040] {
+            assert!(l.ran_within(k, limit), "{k:#x}");
+        }
+        assert!(!l.ran_within(0x4000, limit), "a kernel new to the core");
+        l.record(0x2000, Duration::from_micros(300));
+        assert!(!l.ran_within(0x2000, limit) && l.ran_within(0x1000, limit));
+        assert!(!l.returned_within(limit), "the last kernel was long");
+    }
+
+    #[test]
+    fn a_new_kernel_evicts_the_oldest_entry_only() {
+        let l = LastKernel::default();
+        let quick = Duration::from_micros(5);
+        let limit = Duration::from_micros(100);
+        for k in 1..=KERNEL_ENTRIES as u64 + 1 {
+            l.record(k << 8, quick);
+        }
+        assert!(!l.ran_within(1 << 8, limit), "the oldest went");
+        for k in 2..=KERNEL_ENTRIES as u64 + 1 {
+            assert!(l.ran_within(k << 8, limit), "{k}");
+        }
     }
 }
