@@ -8,15 +8,15 @@
 //! | Section | Contents |
 //! |---|---|
 //! | header | [`ImageHeader`]: counts and section offsets |
-//! | handshake | [`Handshake`] × 72 |
+//! | handshake | [`Handshake`] × launch cores (`num_aicore`, at least 1) |
 //! | func table | `u64` × 1024: device address of each func id's kernel (0 = unset) |
 //! | shared | [`SharedHeader`]: latched status, stall details, progress counters |
 //! | tasks | [`TaskRecord`] × task count |
 //! | edges | `u32` × edge count: fanout lists (consumer task indices) |
 //! | args | per task, its tensor descriptors (128 B each) then its scalars (`u64` each) |
 //! | ready | [`ReadyQueueHeader`] × 4 (one per [`TaskShape`]), then each queue's `u64` cells |
-//! | cores | [`CoreSlot`] × 72 |
-//! | payloads | [`PayloadPair`] × 72 |
+//! | cores | [`CoreSlot`] × launch cores |
+//! | payloads | [`PayloadPair`] × launch cores |
 //! | swimlane | per launched core: [`SwimlaneHeader`] then [`SwimlaneRecord`] × capacity |
 //! | phases | [`PhaseRecord`] × 4 (one per AICPU thread) |
 //! | AICPU swimlane | per AICPU thread: [`SwimlaneHeader`] then [`AicpuRecord`] × capacity |

@@ -105,6 +105,15 @@ impl<'a> ImageView<'a> {
         if !magic_ok || header.abi_version != ABI_VERSION {
             return Err(ViewError::BadHeader);
         }
+        // A launch has at least one block of three cores: `swimlane` and `handshake` clamp a
+        // core index into `0..num_aicore`, which needs the range to be non-empty. Checked
+        // before the sections, whose sizes it bounds.
+        if header.block_dim == 0
+            || header.num_aicore as usize > MAX_LAUNCH_CORES
+            || header.block_dim.checked_mul(3) != Some(header.num_aicore)
+        {
+            return Err(ViewError::BadSection("launch shape"));
+        }
         let check = |off: u64, bytes: u64, name: &'static str| -> Result<(), ViewError> {
             let end = off.checked_add(bytes).ok_or(ViewError::BadSection(name))?;
             if !off.is_multiple_of(SECTION_ALIGN) || end > len || end > header.image_len {
@@ -142,14 +151,6 @@ impl<'a> ImageView<'a> {
             MAX_PHASE_THREADS as u64 * aicpu_swimlane_block_bytes(header.aicpu_swimlane_capacity),
             "AICPU swimlane",
         )?;
-        // A launch has at least one block of three cores: `swimlane` and `handshake` clamp a
-        // core index into `0..num_aicore`, which needs the range to be non-empty.
-        if header.block_dim == 0
-            || header.num_aicore as usize > MAX_LAUNCH_CORES
-            || header.block_dim.checked_mul(3) != Some(header.num_aicore)
-        {
-            return Err(ViewError::BadSection("launch shape"));
-        }
         let view = ImageView { base, header };
         if header.magic == TRB_IMAGE_MAGIC {
             check(header.runtime_off, size_of::<TrbHeader>() as u64, "trb header")?;
@@ -246,7 +247,7 @@ impl<'a> ImageView<'a> {
     pub fn handshake(&self, w: u32) -> &'a Handshake {
         let w = self.core_record(w);
         // SAFETY: the section holds `launch_cores(num_aicore)` records (checked in
-        // `from_raw`); `w` is clamped to them.
+        // `from_raw_sections`); `w` is clamped to them.
         unsafe { self.at(self.header.handshake_off + w * size_of::<Handshake>() as u64) }
     }
 
@@ -327,8 +328,8 @@ impl<'a> ImageView<'a> {
     /// Slot of core `w`.
     pub fn core_slot(&self, w: u32) -> &'a CoreSlot {
         let w = self.core_record(w);
-        // SAFETY: `launch_cores(num_aicore)` slots (checked in `from_raw`); `w` is clamped to
-        // them; all fields are atomics.
+        // SAFETY: `launch_cores(num_aicore)` slots (checked in `from_raw_sections`); `w` is
+        // clamped to them; all fields are atomics.
         unsafe { self.at(self.header.cores_off + w * size_of::<CoreSlot>() as u64) }
     }
 
@@ -631,11 +632,21 @@ mod tests {
     /// A zeroed image whose header has a consistent layout for `num_aicore` cores and claims
     /// `block_dim`, checked by `HostImageView::from_raw`.
     fn host_view_of(block_dim: u32, num_aicore: u32) -> Result<(), ViewError> {
+        image_laid_out_for(num_aicore, block_dim, num_aicore)
+    }
+
+    /// A view of an image laid out for `layout_cores` cores whose header claims `block_dim`
+    /// and `num_aicore`.
+    fn image_laid_out_for(
+        layout_cores: u32,
+        block_dim: u32,
+        num_aicore: u32,
+    ) -> Result<(), ViewError> {
         let p = ImageParams {
             task_count: 0,
             edge_count: 0,
             args_bytes: 0,
-            num_aicore,
+            num_aicore: layout_cores,
             queue_capacity: [0; READY_QUEUE_COUNT],
             swimlane_capacity: 0,
             aicpu_swimlane_capacity: 0,
@@ -682,6 +693,15 @@ mod tests {
         assert_eq!(host_view_of(0, 0), Err(ViewError::BadSection("launch shape")));
         // `3 * block_dim` wraps to 2 in u32.
         assert_eq!(host_view_of(0x5555_5556, 2), Err(ViewError::BadSection("launch shape")));
+    }
+
+    #[test]
+    fn a_header_claiming_more_cores_than_its_records_hold_is_refused() {
+        assert_eq!(image_laid_out_for(6, 2, 6), Ok(()));
+        // Laid out for one block, the header claims two: the per-core sections are too short
+        // (or overlap the next section) for the cores it names.
+        assert!(image_laid_out_for(3, 2, 6).is_err());
+        assert!(image_laid_out_for(3, 24, 72).is_err());
     }
 
     #[test]

@@ -257,6 +257,12 @@ pub(crate) fn prepare<H: CoreHost>(
     let args = dev.read_kernel_args(entry.args).ok_or(Unprepared::NoArgs)?;
     let place = CorePlace::of(w, args.block_dim).ok_or(Unprepared::NotUsed)?;
     let view = dev.core_image_view(&args).ok_or(Unprepared::NoImage(place.core_type))?;
+    // The image's records are for its own launch shape: a core it has no record for must not
+    // take another core's (the view clamps indices into its records).
+    let h = view.header();
+    if h.block_dim != args.block_dim || h.num_aicore != args.num_aicore {
+        return Err(Unprepared::NoImage(place.core_type));
+    }
     let swimlane = args.profiling & PROFILE_SWIMLANE != 0 && view.header().swimlane_capacity > 0;
     let (lane, records) = view.swimlane(w);
     Ok(CoreLaunch {
