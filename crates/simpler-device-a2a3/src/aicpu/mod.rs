@@ -85,6 +85,14 @@ pub trait AicpuPlatform {
     /// thread. Called before the core's window is opened.
     fn claim_core(&self, core: u32);
 
+    /// Core `core` reported physical core id `physical` at the handshake (checked below
+    /// [`PHYSICAL_CORE_LIMIT`](crate::abi::PHYSICAL_CORE_LIMIT)), before any register store to
+    /// it: a chip's register table is indexed by physical core id, which the launch does not
+    /// fix in advance.
+    fn map_core(&self, core: u32, physical: u32) {
+        let _ = (core, physical);
+    }
+
     /// Whether the launch is being torn down (device reset or abandoned entry): every wait gives
     /// up and the scheduler shuts down.
     fn should_stop(&self) -> bool;

@@ -576,6 +576,7 @@ pub(super) fn handshake<P: AicpuPlatform>(
             );
             return Err(w);
         }
+        p.map_core(w, phys);
         // Release: the AICore reads `task` after observing the open window (acquire).
         hs.task.store(view.payload_pair_addr(w), Release);
         p.reg_store(w, RegId::FastPathEnable, FAST_PATH_OPEN);

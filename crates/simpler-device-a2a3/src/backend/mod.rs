@@ -269,7 +269,10 @@ pub(crate) trait Backend: Send + fmt::Debug {
     /// Memory counts for the ledger.
     fn memory_counts(&self) -> MemoryCounts;
 
-    /// One control-window address per AICore core (the register table of the launch).
+    /// The register table of every launch: one control-window address per physical AICore
+    /// core id, at least `PHYSICAL_CORE_LIMIT` entries (0 for an id without a window). The
+    /// AICPU program finds a core's window by the physical id the core reports at its
+    /// handshake.
     fn register_table(&self) -> Vec<u64>;
 
     /// Launches the AICore kernel on `3 * block_dim` cores with the `KernelArgs` at `args`.

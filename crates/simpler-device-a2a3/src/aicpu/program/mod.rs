@@ -19,15 +19,15 @@ mod register;
 pub use self::register::register_entry;
 
 use core::fmt;
-use core::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering, fence};
 
 use super::text::FixedText;
 use super::view::ImageView;
 use super::{AicpuPlatform, LogLevel, exec};
-use crate::abi::ABI_VERSION;
 use crate::abi::launch::{InitArgs, KernelArgs};
 use crate::abi::regs::RegId;
 use crate::abi::services::HostServices;
+use crate::abi::{ABI_VERSION, MAX_LAUNCH_CORES, PHYSICAL_CORE_LIMIT};
 
 /// Entry result: the argument block or the image names another ABI version, or is malformed.
 pub const ENTRY_BAD_ARGS: i32 = 3;
@@ -103,9 +103,9 @@ pub unsafe fn init_entry(args: *const u8) -> i32 {
 /// # Safety
 ///
 /// `args` must point at the launch's argument bytes: the device address of a [`KernelArgs`]
-/// (8 bytes, no alignment assumed). That block, its runtime image, its register table and every
-/// register window the table names must be valid device memory for the whole launch, laid out
-/// as the ABI describes; a non-zero `host_services` must point at a [`HostServices`] table that
+/// (8 bytes, no alignment assumed). That block, its runtime image, its register table (an
+/// entry per physical core id below `PHYSICAL_CORE_LIMIT`) and every register window the table
+/// names must be valid device memory for the whole launch, laid out as the ABI describes; a non-zero `host_services` must point at a [`HostServices`] table that
 /// stays valid for the launch.
 pub unsafe fn exec_entry(args: *const u8) -> i32 {
     if args.is_null() {
@@ -130,12 +130,7 @@ pub unsafe fn exec_entry(args: *const u8) -> i32 {
     let threads = view.header().aicpu_threads.clamp(1, crate::abi::MAX_AICPU_THREADS);
     let thread = view.shared().aicpu_claim.fetch_add(1, Ordering::AcqRel) % threads;
     let init = services.map_or_else(|| INIT.load(), |s| s.init);
-    let platform = MmioPlatform {
-        regs_table: ka.regs_table as *const u64,
-        cores: ka.num_aicore,
-        thread,
-        services,
-    };
+    let platform = MmioPlatform::new(ka.regs_table as *const u64, ka.num_aicore, thread, services);
     exec(&platform, &init, &view, thread)
 }
 
@@ -170,15 +165,43 @@ pub struct MmioPlatform<'a> {
     cores: u32,
     thread: u32,
     services: Option<&'a HostServices>,
+    /// The physical core id each owned core reported at its handshake ([`UNMAPPED`] before).
+    physical: [AtomicU8; MAX_LAUNCH_CORES],
 }
 
-impl MmioPlatform<'_> {
-    fn cell(&self, core: u32, reg: RegId) -> Option<&AtomicU32> {
+/// A core whose physical id is not known yet.
+const UNMAPPED: u8 = u8::MAX;
+
+impl<'a> MmioPlatform<'a> {
+    fn new(
+        regs_table: *const u64,
+        cores: u32,
+        thread: u32,
+        services: Option<&'a HostServices>,
+    ) -> MmioPlatform<'a> {
+        let physical = [const { AtomicU8::new(UNMAPPED) }; MAX_LAUNCH_CORES];
+        MmioPlatform { regs_table, cores, thread, services, physical }
+    }
+
+    /// The register-table entry of `core`: its physical core id once its handshake reported
+    /// one. Before that only a host that runs the program (whose physical ids are the core
+    /// indices) has an entry for it: on a chip the core's window is not known yet.
+    fn table_index(&self, core: u32) -> Option<u32> {
         if core >= self.cores {
             return None;
         }
-        // SAFETY: the register table holds `num_aicore` window addresses (exec's contract).
-        let window = unsafe { self.regs_table.add(core as usize).read() };
+        match self.physical.get(core as usize)?.load(Ordering::Relaxed) {
+            UNMAPPED => self.services.map(|_| core),
+            physical => Some(u32::from(physical)),
+        }
+    }
+
+    fn cell(&self, core: u32, reg: RegId) -> Option<&AtomicU32> {
+        let index = self.table_index(core)?;
+        // SAFETY: the register table holds an entry for every physical core id below
+        // PHYSICAL_CORE_LIMIT, which bounds both a mapped id (checked at the handshake) and a
+        // core index (below num_aicore ≤ 72) (exec's contract).
+        let window = unsafe { self.regs_table.add(index as usize).read() };
         if window == 0 {
             return None;
         }
@@ -245,6 +268,15 @@ impl AicpuPlatform for MmioPlatform<'_> {
         }
     }
 
+    fn map_core(&self, core: u32, physical: u32) {
+        // Only ids the table has an entry for (the handshake refuses the others first).
+        if let Some(slot) = self.physical.get(core as usize)
+            && physical < PHYSICAL_CORE_LIMIT
+        {
+            slot.store(physical as u8, Ordering::Relaxed);
+        }
+    }
+
     fn should_stop(&self) -> bool {
         self.services.is_some_and(|s| (s.should_stop)(s.ctx) != 0)
     }
@@ -291,4 +323,42 @@ fn system_counter() -> u64 {
     static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let ns = ORIGIN.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64;
     ns / crate::abi::NS_PER_TICK
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 75 fake control windows, big enough for every register's offset.
+    fn windows() -> Vec<Vec<AtomicU32>> {
+        let words = (RegId::Cond.mmio_offset() as usize / 4) + 1;
+        (0..PHYSICAL_CORE_LIMIT).map(|_| (0..words).map(|_| AtomicU32::new(0)).collect()).collect()
+    }
+
+    fn word(w: &[Vec<AtomicU32>], window: usize, reg: RegId) -> u32 {
+        w[window][reg.mmio_offset() as usize / 4].load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn a_cores_registers_are_the_window_of_the_physical_id_it_reported() {
+        let w = windows();
+        let table: Vec<u64> = w.iter().map(|win| win.as_ptr() as u64).collect();
+        let p = MmioPlatform::new(table.as_ptr(), 6, 0, None);
+        // On a chip a core has no window before its handshake named its physical id.
+        p.reg_store(1, RegId::DataMainBaseLow, 7);
+        assert!((0..w.len()).all(|i| word(&w, i, RegId::DataMainBaseLow) == 0));
+        // Core 1 (an AIV at block_dim 1) runs on physical core 40.
+        p.map_core(1, 40);
+        p.reg_store(1, RegId::DataMainBaseLow, 9);
+        assert_eq!(word(&w, 40, RegId::DataMainBaseLow), 9);
+        assert_eq!(word(&w, 1, RegId::DataMainBaseLow), 0, "not the window at the core index");
+        w[40][RegId::Cond.mmio_offset() as usize / 4].store(5, Ordering::Relaxed);
+        assert_eq!(p.reg_load(1, RegId::Cond), 5);
+        // An id past the table, or a core past the launch, reaches no window.
+        p.map_core(2, PHYSICAL_CORE_LIMIT);
+        p.reg_store(2, RegId::DataMainBaseLow, 3);
+        p.map_core(6, 10);
+        p.reg_store(6, RegId::DataMainBaseLow, 3);
+        assert!((0..w.len()).all(|i| i == 40 || word(&w, i, RegId::DataMainBaseLow) == 0));
+    }
 }

@@ -71,7 +71,9 @@ use self::stream::{
 use crate::abi::codes::AclCode;
 use crate::abi::launch::{InitArgs, KernelArgs};
 use crate::abi::regs::RegId;
-use crate::abi::{CorePlace, CoreType, MAX_AICPU_THREADS, MAX_LAUNCH_CORES, NS_PER_TICK};
+use crate::abi::{
+    CorePlace, CoreType, MAX_AICPU_THREADS, MAX_LAUNCH_CORES, NS_PER_TICK, PHYSICAL_CORE_LIMIT,
+};
 use crate::aicpu::view::{CoreImageView, ImageView};
 use crate::backend::{
     AllocFailure, Backend, EventHandle, EventStatus, LaunchHandle, LaunchState, LoadedCode,
@@ -735,7 +737,10 @@ impl Backend for SimDevice {
     }
 
     fn register_table(&self) -> Vec<u64> {
-        self.shared.regs.iter().map(RegBlock::window_base).collect()
+        // A simulated core's physical id is its core index.
+        let mut table: Vec<u64> = self.shared.regs.iter().map(RegBlock::window_base).collect();
+        table.resize(table.len().max(PHYSICAL_CORE_LIMIT as usize), 0);
+        table
     }
 
     fn launch_aicore(&mut self, block_dim: u32, args: u64) -> Result<LaunchHandle, AclCode> {
