@@ -34,8 +34,9 @@ pub struct KernelArgs {
     pub image_base: u64,
     /// Length of the runtime image in bytes.
     pub image_len: u64,
-    /// Device address of the register table (one `u64` control-window address per core;
-    /// the simulator's table holds register-block addresses).
+    /// Device address of the register table: one `u64` control-window address per physical
+    /// core id, at least `PHYSICAL_CORE_LIMIT` of them (the simulator's holds its register
+    /// blocks' addresses, its physical ids being core indices).
     pub regs_table: u64,
     /// Profiling flag bits (`PROFILE_*`).
     pub profiling: u32,

@@ -85,10 +85,12 @@ pub trait AicpuPlatform {
     /// thread. Called before the core's window is opened.
     fn claim_core(&self, core: u32);
 
-    /// Core `core` reported physical core id `physical` at the handshake (checked below
-    /// [`PHYSICAL_CORE_LIMIT`](crate::abi::PHYSICAL_CORE_LIMIT)), before any register store to
-    /// it: a chip's register table is indexed by physical core id, which the launch does not
-    /// fix in advance.
+    /// Core `core` reported physical core id `physical` at the handshake (below
+    /// [`PHYSICAL_CORE_LIMIT`](crate::abi::PHYSICAL_CORE_LIMIT), and no other core of the
+    /// thread's): a chip's register table is indexed by physical core id, which the launch does
+    /// not fix in advance. A platform may drop stores to, and read 0 from, a core not mapped
+    /// yet (a chip cannot address it); the scheduler maps a core before it opens its window,
+    /// and after a failed handshake every core that reported in, so its exit signal arrives.
     fn map_core(&self, core: u32, physical: u32) {
         let _ = (core, physical);
     }

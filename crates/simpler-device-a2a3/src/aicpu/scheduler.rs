@@ -543,7 +543,8 @@ pub(super) fn running_on_any_core(view: &ImageView<'_>) -> Option<(u32, u64)> {
 }
 
 /// Step 2: handshakes `owned`'s cores (the image's handshake records, then the register
-/// window). Returns the first failing core.
+/// window). Returns the first failing core; every core that reported a usable physical id by
+/// then is mapped to it, so that the shutdown's exit signal reaches it.
 pub(super) fn handshake<P: AicpuPlatform>(
     p: &P,
     view: &ImageView<'_>,
@@ -551,6 +552,12 @@ pub(super) fn handshake<P: AicpuPlatform>(
     budget: u64,
 ) -> Result<(), u32> {
     let deadline = p.counter().saturating_add(budget);
+    // Physical ids mapped so far: two cores of one thread never share a window.
+    let mut mapped = 0u128;
+    let failed = |w: u32, mapped: u128| {
+        map_reported(p, view, owned, mapped);
+        Err(w)
+    };
     for core in owned {
         let w = core.index;
         p.claim_core(w);
@@ -564,9 +571,9 @@ pub(super) fn handshake<P: AicpuPlatform>(
                     Some(w),
                     format_args!("core {w} never reported in (aicore_done stayed 0)"),
                 );
-                return Err(w);
+                return failed(w, mapped);
             }
-            WaitEnd::Stopped => return Err(w),
+            WaitEnd::Stopped => return failed(w, mapped),
         }
         let phys = hs.physical_core_id.load(Relaxed);
         if phys >= PHYSICAL_CORE_LIMIT {
@@ -574,8 +581,16 @@ pub(super) fn handshake<P: AicpuPlatform>(
                 Some(w),
                 format_args!("handshake failed: core {w} reported physical core id {phys} (limit {PHYSICAL_CORE_LIMIT})"),
             );
-            return Err(w);
+            return failed(w, mapped);
         }
+        if mapped & (1 << phys) != 0 {
+            p.report_fault(
+                Some(w),
+                format_args!("handshake failed: core {w} reported physical core id {phys}, which another core of this thread reported too"),
+            );
+            return failed(w, mapped);
+        }
+        mapped |= 1 << phys;
         p.map_core(w, phys);
         // Release: the AICore reads `task` after observing the open window (acquire).
         hs.task.store(view.payload_pair_addr(w), Release);
@@ -584,6 +599,27 @@ pub(super) fn handshake<P: AicpuPlatform>(
         hs.aicpu_ready.store(1, Relaxed);
     }
     Ok(())
+}
+
+/// After a failed handshake: maps every owned core that has reported in with a usable physical
+/// id not taken yet (`mapped`), so the exit signal of the shutdown reaches it.
+fn map_reported<P: AicpuPlatform>(
+    p: &P,
+    view: &ImageView<'_>,
+    owned: &[CoreState],
+    mut mapped: u128,
+) {
+    for core in owned {
+        let hs = view.handshake(core.index);
+        if hs.aicore_done.load(Acquire) == 0 {
+            continue;
+        }
+        let phys = hs.physical_core_id.load(Relaxed);
+        if phys < PHYSICAL_CORE_LIMIT && mapped & (1 << phys) == 0 {
+            mapped |= 1 << phys;
+            p.map_core(core.index, phys);
+        }
+    }
 }
 
 /// Sends the exit signal to `cores`, waits for every answer within `budget` ticks, then
@@ -717,6 +753,7 @@ mod tests {
         answers_exit: Vec<bool>,
         clock: Cell<u64>,
         faults: RefCell<Vec<Option<u32>>>,
+        mapped: RefCell<Vec<(u32, u32)>>,
     }
 
     impl Scripted {
@@ -726,6 +763,7 @@ mod tests {
                 answers_exit,
                 clock: Cell::new(0),
                 faults: RefCell::new(Vec::new()),
+                mapped: RefCell::new(Vec::new()),
             }
         }
     }
@@ -753,6 +791,9 @@ mod tests {
         fn idle_wait(&self, _observed: u64, _round: u32, _deadline: u64) {}
         fn notify_schedulers(&self) {}
         fn claim_core(&self, _core: u32) {}
+        fn map_core(&self, core: u32, physical: u32) {
+            self.mapped.borrow_mut().push((core, physical));
+        }
         fn should_stop(&self) -> bool {
             false
         }
@@ -771,6 +812,95 @@ mod tests {
             assert_eq!(p.reg_load(w, RegId::DataMainBaseLow), AICPU_IDLE, "window left idle");
             assert_eq!(p.reg_load(w, RegId::FastPathEnable), FAST_PATH_CLOSE, "window closed");
         }
+    }
+
+    /// 64-aligned image memory.
+    #[derive(Clone, Copy)]
+    #[repr(C, align(64))]
+    struct Block([u8; 64]);
+
+    /// An image of one block (three cores) whose cores reported `(aicore_done, physical id)`.
+    fn reported(cores: [(u32, u32); 3]) -> Vec<Block> {
+        use crate::abi::image::{HBG_IMAGE_MAGIC, ImageHeader, ImageLayout, ImageParams};
+        let l = ImageLayout::compute(&ImageParams {
+            task_count: 0,
+            edge_count: 0,
+            args_bytes: 0,
+            num_aicore: 3,
+            queue_capacity: [0; READY_QUEUE_COUNT],
+            swimlane_capacity: 0,
+            aicpu_swimlane_capacity: 0,
+        })
+        .unwrap();
+        let header = ImageHeader {
+            magic: HBG_IMAGE_MAGIC,
+            abi_version: crate::abi::ABI_VERSION,
+            image_len: l.len,
+            block_dim: 1,
+            num_aicore: 3,
+            handshake_off: l.handshake_off,
+            func_table_off: l.func_table_off,
+            shared_off: l.shared_off,
+            tasks_off: l.tasks_off,
+            edges_off: l.edges_off,
+            ready_off: l.ready_off,
+            cores_off: l.cores_off,
+            payloads_off: l.payloads_off,
+            swimlane_off: l.swimlane_off,
+            phases_off: l.phases_off,
+            aicpu_swimlane_off: l.aicpu_swimlane_off,
+            ..ImageHeader::default()
+        };
+        let mut mem = vec![Block([0; 64]); (l.len as usize).div_ceil(64)];
+        let bytes = bytemuck::bytes_of(&header);
+        // SAFETY: `mem` holds at least `l.len ≥ size_of::<ImageHeader>()` bytes.
+        unsafe {
+            core::ptr::copy_nonoverlapping(bytes.as_ptr(), mem.as_mut_ptr().cast(), bytes.len())
+        };
+        let view = with_view(&mut mem);
+        for (w, (done, phys)) in cores.into_iter().enumerate() {
+            let hs = view.handshake(w as u32);
+            hs.physical_core_id.store(phys, Relaxed);
+            hs.aicore_done.store(done, Relaxed);
+        }
+        mem
+    }
+
+    fn with_view(mem: &mut [Block]) -> ImageView<'_> {
+        let len = (mem.len() * 64) as u64;
+        // SAFETY: `mem` is `len` 64-aligned bytes that outlive the view, touched only through
+        // it meanwhile.
+        unsafe { ImageView::from_raw(mem.as_mut_ptr().cast(), len) }.unwrap()
+    }
+
+    fn owned_cluster() -> [CoreState; 3] {
+        [
+            CoreState::new(0, CoreType::Aic, 0, 0),
+            CoreState::new(1, CoreType::Aiv, 0, 0),
+            CoreState::new(2, CoreType::Aiv, 0, 1),
+        ]
+    }
+
+    #[test]
+    fn a_physical_id_reported_twice_fails_the_handshake_and_the_others_are_mapped_for_exit() {
+        let mut mem = reported([(1, 10), (1, 10), (1, 20)]);
+        let p = Scripted::new(vec![true; 3]);
+        assert_eq!(handshake(&p, &with_view(&mut mem), &owned_cluster(), 50_000), Err(1));
+        assert_eq!(*p.faults.borrow(), vec![Some(1)]);
+        // Core 2 reported in after the failing core: mapped so the exit signal reaches it.
+        assert_eq!(*p.mapped.borrow(), vec![(0, 10), (2, 20)]);
+    }
+
+    #[test]
+    fn a_core_that_never_reported_fails_the_handshake_and_the_ones_that_did_are_mapped() {
+        let mut mem = reported([(1, 10), (0, 0), (1, 74)]);
+        let p = Scripted::new(vec![true; 3]);
+        assert_eq!(handshake(&p, &with_view(&mut mem), &owned_cluster(), 50_000), Err(1));
+        assert_eq!(*p.mapped.borrow(), vec![(0, 10), (2, 74)]);
+        let mut mem = reported([(1, 75), (1, 3), (1, 4)]);
+        let p = Scripted::new(vec![true; 3]);
+        assert_eq!(handshake(&p, &with_view(&mut mem), &owned_cluster(), 50_000), Err(0));
+        assert_eq!(*p.mapped.borrow(), vec![(1, 3), (2, 4)], "an id past the table is not");
     }
 
     #[test]

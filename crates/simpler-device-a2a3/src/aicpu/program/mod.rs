@@ -105,8 +105,9 @@ pub unsafe fn init_entry(args: *const u8) -> i32 {
 /// `args` must point at the launch's argument bytes: the device address of a [`KernelArgs`]
 /// (8 bytes, no alignment assumed). That block, its runtime image, its register table (an
 /// entry per physical core id below `PHYSICAL_CORE_LIMIT`) and every register window the table
-/// names must be valid device memory for the whole launch, laid out as the ABI describes; a non-zero `host_services` must point at a [`HostServices`] table that
-/// stays valid for the launch.
+/// names must be valid device memory for the whole launch, laid out as the ABI describes; a
+/// non-zero `host_services` must point at a [`HostServices`] table that stays valid for the
+/// launch.
 pub unsafe fn exec_entry(args: *const u8) -> i32 {
     if args.is_null() {
         return ENTRY_BAD_ARGS;
@@ -199,8 +200,8 @@ impl<'a> MmioPlatform<'a> {
     fn cell(&self, core: u32, reg: RegId) -> Option<&AtomicU32> {
         let index = self.table_index(core)?;
         // SAFETY: the register table holds an entry for every physical core id below
-        // PHYSICAL_CORE_LIMIT, which bounds both a mapped id (checked at the handshake) and a
-        // core index (below num_aicore ≤ 72) (exec's contract).
+        // PHYSICAL_CORE_LIMIT (exec's contract), which bounds both a mapped id (`map_core`)
+        // and a core index (below the 72 entries of `physical`, checked above).
         let window = unsafe { self.regs_table.add(index as usize).read() };
         if window == 0 {
             return None;
