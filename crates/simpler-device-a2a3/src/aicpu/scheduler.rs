@@ -745,6 +745,7 @@ mod tests {
     use core::cell::{Cell, RefCell};
 
     use super::*;
+    use crate::aicpu::view::test_image::{self, Block};
 
     /// A scripted platform: registers in cells, a counter that advances on every read, and
     /// cores that answer the exit signal only if told to.
@@ -814,49 +815,9 @@ mod tests {
         }
     }
 
-    /// 64-aligned image memory.
-    #[derive(Clone, Copy)]
-    #[repr(C, align(64))]
-    struct Block([u8; 64]);
-
     /// An image of one block (three cores) whose cores reported `(aicore_done, physical id)`.
     fn reported(cores: [(u32, u32); 3]) -> Vec<Block> {
-        use crate::abi::image::{HBG_IMAGE_MAGIC, ImageHeader, ImageLayout, ImageParams};
-        let l = ImageLayout::compute(&ImageParams {
-            task_count: 0,
-            edge_count: 0,
-            args_bytes: 0,
-            num_aicore: 3,
-            queue_capacity: [0; READY_QUEUE_COUNT],
-            swimlane_capacity: 0,
-            aicpu_swimlane_capacity: 0,
-        })
-        .unwrap();
-        let header = ImageHeader {
-            magic: HBG_IMAGE_MAGIC,
-            abi_version: crate::abi::ABI_VERSION,
-            image_len: l.len,
-            block_dim: 1,
-            num_aicore: 3,
-            handshake_off: l.handshake_off,
-            func_table_off: l.func_table_off,
-            shared_off: l.shared_off,
-            tasks_off: l.tasks_off,
-            edges_off: l.edges_off,
-            ready_off: l.ready_off,
-            cores_off: l.cores_off,
-            payloads_off: l.payloads_off,
-            swimlane_off: l.swimlane_off,
-            phases_off: l.phases_off,
-            aicpu_swimlane_off: l.aicpu_swimlane_off,
-            ..ImageHeader::default()
-        };
-        let mut mem = vec![Block([0; 64]); (l.len as usize).div_ceil(64)];
-        let bytes = bytemuck::bytes_of(&header);
-        // SAFETY: `mem` holds at least `l.len ≥ size_of::<ImageHeader>()` bytes.
-        unsafe {
-            core::ptr::copy_nonoverlapping(bytes.as_ptr(), mem.as_mut_ptr().cast(), bytes.len())
-        };
+        let mut mem = test_image::empty(3, 1, 3);
         let view = with_view(&mut mem);
         for (w, (done, phys)) in cores.into_iter().enumerate() {
             let hs = view.handshake(w as u32);

@@ -619,30 +619,23 @@ impl<'a> ReadyQueue<'a> {
     }
 }
 
+/// Empty-graph images for tests of the view and of its readers.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::abi::image::{ImageLayout, ImageParams};
+pub(crate) mod test_image {
+    use crate::abi::ABI_VERSION;
+    use crate::abi::image::{
+        HBG_IMAGE_MAGIC, ImageHeader, ImageLayout, ImageParams, READY_QUEUE_COUNT,
+    };
 
     /// Section-aligned backing memory for a test image.
     #[derive(Clone, Copy)]
     #[repr(C, align(64))]
-    struct Block([u8; 64]);
+    pub(crate) struct Block([u8; 64]);
 
-    /// A zeroed image whose header has a consistent layout for `num_aicore` cores and claims
-    /// `block_dim`, checked by `HostImageView::from_raw`.
-    fn host_view_of(block_dim: u32, num_aicore: u32) -> Result<(), ViewError> {
-        image_laid_out_for(num_aicore, block_dim, num_aicore)
-    }
-
-    /// A view of an image laid out for `layout_cores` cores whose header claims `block_dim`
-    /// and `num_aicore`.
-    fn image_laid_out_for(
-        layout_cores: u32,
-        block_dim: u32,
-        num_aicore: u32,
-    ) -> Result<(), ViewError> {
-        let p = ImageParams {
+    /// A zeroed empty-graph image laid out for `layout_cores` cores whose header claims
+    /// `block_dim` and `num_aicore`; its length in bytes is `64 * len()`.
+    pub(crate) fn empty(layout_cores: u32, block_dim: u32, num_aicore: u32) -> Vec<Block> {
+        let l = ImageLayout::compute(&ImageParams {
             task_count: 0,
             edge_count: 0,
             args_bytes: 0,
@@ -650,12 +643,12 @@ mod tests {
             queue_capacity: [0; READY_QUEUE_COUNT],
             swimlane_capacity: 0,
             aicpu_swimlane_capacity: 0,
-        };
-        let l = ImageLayout::compute(&p).unwrap();
+        })
+        .unwrap();
         let header = ImageHeader {
             magic: HBG_IMAGE_MAGIC,
             abi_version: ABI_VERSION,
-            image_len: l.len,
+            image_len: l.len.div_ceil(64) * 64,
             block_dim,
             num_aicore,
             handshake_off: l.handshake_off,
@@ -672,13 +665,38 @@ mod tests {
             ..ImageHeader::default()
         };
         let mut mem = vec![Block([0; 64]); (l.len as usize).div_ceil(64)];
-        let base = mem.as_mut_ptr().cast::<u8>();
         let bytes = bytemuck::bytes_of(&header);
         // SAFETY: `mem` holds at least `l.len ≥ size_of::<ImageHeader>()` bytes.
-        unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), base, bytes.len()) };
-        // SAFETY: `mem` is `l.len` zeroed, 64-aligned bytes that outlive the view, and nothing
-        // else touches them meanwhile.
-        let view = unsafe { HostImageView::from_raw(base, l.len) }?;
+        unsafe {
+            core::ptr::copy_nonoverlapping(bytes.as_ptr(), mem.as_mut_ptr().cast(), bytes.len())
+        };
+        mem
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::image::{ImageLayout, ImageParams};
+
+    /// A zeroed image whose header has a consistent layout for `num_aicore` cores and claims
+    /// `block_dim`, checked by `HostImageView::from_raw`.
+    fn host_view_of(block_dim: u32, num_aicore: u32) -> Result<(), ViewError> {
+        image_laid_out_for(num_aicore, block_dim, num_aicore)
+    }
+
+    /// A view of an image laid out for `layout_cores` cores whose header claims `block_dim`
+    /// and `num_aicore`.
+    fn image_laid_out_for(
+        layout_cores: u32,
+        block_dim: u32,
+        num_aicore: u32,
+    ) -> Result<(), ViewError> {
+        let mut mem = test_image::empty(layout_cores, block_dim, num_aicore);
+        let len = (mem.len() * 64) as u64;
+        // SAFETY: `mem` is `len` zeroed (but for the header), 64-aligned bytes that outlive
+        // the view, and nothing else touches them meanwhile.
+        let view = unsafe { HostImageView::from_raw(mem.as_mut_ptr().cast(), len) }?;
         // Core 0's swimlane header must lie inside the checked section.
         let (records, dropped) = view.swimlane_records(0);
         assert_eq!((records.count(), dropped), (0, 0));
