@@ -404,8 +404,13 @@ impl ChipState {
                     message: panic_text(p.as_ref()),
                 })
             });
+        self.publish(&fence, done);
+    }
+
+    /// Sets the fence of the run in flight, which it took, to `result`, noting when.
+    fn publish(&mut self, fence: &LaneFence, result: Result<(), DeviceError>) {
         self.published_at = Some(Instant::now());
-        fence.set(done.map_err(device_failure));
+        fence.set(result.map_err(device_failure));
     }
 
     /// Reaps the run in flight for at most `slice`; retires it if it finished (or failed).
@@ -426,18 +431,17 @@ impl ChipState {
             }
             Ok(Err(e)) => {
                 if let Some(f) = self.in_flight.take() {
-                    self.published_at = Some(Instant::now());
-                    f.fence.set(Err(device_failure(e)));
+                    self.publish(&f.fence, Err(e));
                 }
                 true
             }
             Err(p) => {
                 if let Some(f) = self.in_flight.take() {
-                    self.published_at = Some(Instant::now());
-                    f.fence.set(Err(device_failure(DeviceError::LaunchPanicked {
-                        run_id: Some(f.run),
-                        message: panic_text(p.as_ref()),
-                    })));
+                    let message = panic_text(p.as_ref());
+                    self.publish(
+                        &f.fence,
+                        Err(DeviceError::LaunchPanicked { run_id: Some(f.run), message }),
+                    );
                 }
                 true
             }

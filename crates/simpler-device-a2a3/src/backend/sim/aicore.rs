@@ -404,7 +404,7 @@ fn serve<H: CoreHost>(
         )
     };
     if let Server::Aicpu { limit, proven: true } = server
-        && !regs.last_kernel.ran_within(kernel, limit)
+        && !regs.kernel_times.ran_within(kernel, limit)
     {
         return Served::Declined;
     }
@@ -444,7 +444,7 @@ fn serve<H: CoreHost>(
     let started = Instant::now();
     let outcome = call_kernel(dev, &s.entry, regs, w, kernel, func_id, args_ptr);
     let took = started.elapsed();
-    regs.last_kernel.record(kernel, took);
+    regs.kernel_times.record(kernel, took);
     if let Server::Aicpu { limit, .. } = server
         && took > limit
     {

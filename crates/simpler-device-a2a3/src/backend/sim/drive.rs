@@ -290,9 +290,9 @@ pub(crate) fn ring<H: CoreHost>(dev: &H, c: u32, server: Server) -> Ring {
 /// AICPU thread has nothing else to do and no core of its own runs a kernel on its thread, it
 /// runs the first itself when that kernel returned quickly on the core before (and the others
 /// too while their cores' last kernels were quick and the time stays under what waking a
-/// thread costs) and hands the rest to their cores' threads;
-/// otherwise it hands them over at its next idle wait, at the start of an iteration of its loop
-/// once the oldest was held for that long, or when its part ends (also by unwinding).
+/// thread costs) and hands the rest to their cores' threads; otherwise it hands them over at
+/// its next idle wait, at the start of an iteration of its loop once the oldest was held for
+/// that long, or when its part ends (also by unwinding).
 #[derive(Debug, Default)]
 pub(crate) struct Held {
     cores: Cell<u128>,
@@ -340,7 +340,7 @@ impl Held {
     }
 }
 
-/// The cores in `set`, lowest first.
+/// The members of `set` (cores, or AICPU participants), lowest first.
 pub(crate) fn cores_of(mut set: u128) -> impl Iterator<Item = u32> {
     std::iter::from_fn(move || {
         let c = (set != 0).then(|| set.trailing_zeros())?;

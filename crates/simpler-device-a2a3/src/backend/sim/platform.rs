@@ -25,12 +25,10 @@ impl<'a> SimAicpu<'a> {
     pub(super) fn new(dev: &'a SimShared, entry: &'a LaunchEntry, thread: u32) -> SimAicpu<'a> {
         SimAicpu { dev, entry, thread, spin: dev.spin_policy(), held: drive::Held::default() }
     }
-}
 
-impl SimAicpu<'_> {
     /// Whether core `c`'s last kernel (whoever served it) returned within `limit`.
     fn last_kernel_under(&self, c: u32, limit: Duration) -> bool {
-        self.dev.regs.get(c as usize).is_some_and(|b| b.last_kernel.returned_within(limit))
+        self.dev.regs.get(c as usize).is_some_and(|b| b.kernel_times.returned_within(limit))
     }
 }
 
@@ -79,9 +77,9 @@ impl AicpuPlatform for SimAicpu<'_> {
     }
 
     fn scheduler_idle_wait(&self, observed: u64, round: u32, deadline: u64, busy: u32) {
-        let (held, here) = self.held.take_at_idle(busy);
+        let (held, nothing_else) = self.held.take_at_idle(busy);
         // A fault armed since the tokens were held needs the cores' threads.
-        if !here || !self.dev.may_spare_threads() {
+        if !nothing_else || !self.dev.may_spare_threads() {
             self.dev.hand_over(held);
             return self.idle_wait(observed, round, deadline);
         }
@@ -97,11 +95,11 @@ impl AicpuPlatform for SimAicpu<'_> {
         if !quick {
             self.dev.hand_over(rest);
         }
-        let here = if quick { held } else { 1 << first };
+        let serve_here = if quick { held } else { 1 << first };
         let started = Instant::now();
-        for c in drive::cores_of(here) {
+        for c in drive::cores_of(serve_here) {
             if started.elapsed() > drive::HOLD_BUDGET {
-                self.dev.hand_over(here & (u128::MAX << c));
+                self.dev.hand_over(serve_here & (u128::MAX << c));
                 break;
             }
             if let Some(block) = self.dev.regs.get(c as usize) {

@@ -44,8 +44,8 @@ pub(crate) struct RegBlock {
     /// Set by the core's thread when it left a stopped launch while an AICPU thread still held
     /// `serving` (a kernel that did not return); the next holder drops the state.
     pub(crate) abandoned: AtomicBool,
-    /// The core's last kernel and how long it ran, whoever served it.
-    pub(crate) last_kernel: LastKernel,
+    /// How long the core's recent kernels ran, whoever served them.
+    pub(crate) kernel_times: KernelTimes,
 }
 
 /// How long a core's recent kernels ran, by kernel (code address): an AICPU thread runs a held
@@ -56,7 +56,7 @@ pub(crate) struct RegBlock {
 /// launch. Written by whoever serves a token, under the core's `serving` lock; read under it
 /// too, or as a hint.
 #[derive(Debug, Default)]
-pub(crate) struct LastKernel {
+pub(crate) struct KernelTimes {
     /// `(kernel, nanoseconds)`; nanoseconds 0 for an empty entry.
     entries: [(AtomicU64, AtomicU64); KERNEL_ENTRIES],
     /// The entry the next new kernel takes.
@@ -68,7 +68,7 @@ pub(crate) struct LastKernel {
 /// Kernels whose times a core remembers at once.
 const KERNEL_ENTRIES: usize = 8;
 
-impl LastKernel {
+impl KernelTimes {
     fn entry(&self, kernel: u64) -> Option<&(AtomicU64, AtomicU64)> {
         self.entries
             .iter()
@@ -110,7 +110,7 @@ impl Default for RegBlock {
             serving: Mutex::new(None),
             abandoned: AtomicBool::new(false),
             unthreaded: Mutex::new(None),
-            last_kernel: LastKernel::default(),
+            kernel_times: KernelTimes::default(),
         }
     }
 }
@@ -137,12 +137,12 @@ impl RegBlock {
 }
 
 #[cfg(test)]
-mod last_kernel_tests {
+mod kernel_times_tests {
     use super::*;
 
     #[test]
     fn a_core_remembers_each_of_a_few_alternating_kernels() {
-        let l = LastKernel::default();
+        let l = KernelTimes::default();
         let quick = Duration::from_micros(5);
         let limit = Duration::from_micros(100);
         assert!(!l.ran_within(0x1000, limit) && !l.returned_within(limit), "nothing ran yet");
@@ -164,7 +164,7 @@ mod last_kernel_tests {
 
     #[test]
     fn a_new_kernel_evicts_the_oldest_entry_only() {
-        let l = LastKernel::default();
+        let l = KernelTimes::default();
         let quick = Duration::from_micros(5);
         let limit = Duration::from_micros(100);
         for k in 1..=KERNEL_ENTRIES as u64 + 1 {

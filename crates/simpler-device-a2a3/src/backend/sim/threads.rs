@@ -109,7 +109,7 @@ pub(super) fn thread_main(dev: Arc<SimShared>, role: Role, index: u32) {
     loop {
         match dev.take_mail(role, index) {
             Mail::Job { stream, entry, brief } => {
-                for part in (0..u32::BITS).filter(|t| brief & (1 << t) != 0) {
+                for part in drive::cores_of(u128::from(brief)) {
                     let code = dev.run_participant(role, part, &entry);
                     dev.finish(stream, &entry, code);
                 }
