@@ -11,7 +11,7 @@ use simpler_tensormap::TensorMap;
 use simpler_types::{CallConfig, RunFailure, SlotId, TaskId, WorkerId, WorkerRef, WorkerType};
 
 use crate::endpoint_thread::Mailbox;
-use crate::inbox::{Inbox, WorkerSlot};
+use crate::inbox::{IdleDriver, Inbox, WorkerSlot};
 use crate::registry::Registry;
 use crate::scheduler::SchedState;
 use crate::slot::TaskSlot;
@@ -79,6 +79,9 @@ pub(crate) struct Core {
     pub(crate) default_config: CallConfig,
     /// Statistics (padded: written on every pass).
     pub(crate) counters: CachePadded<Counters>,
+    /// Held by an endpoint thread that spins for mail and runs the passes of tasks published
+    /// ready meanwhile (padded: read by every ready submit, written by idle endpoint threads).
+    pub(crate) idle_driver: CachePadded<IdleDriver>,
     /// Set once by shutdown step 1. Readers: every submit and alloc, lock-free.
     pub(crate) stopping: AtomicBool,
     /// Set once, when the scheduler thread has left its loop.
@@ -122,6 +125,7 @@ impl Core {
             stall_warn_after: parts.stall_warn_after,
             default_config: CallConfig::default(),
             counters: CachePadded::new(Counters::default()),
+            idle_driver: CachePadded::new(IdleDriver::default()),
             stopping: AtomicBool::new(false),
             scheduler_exit: Signal::default(),
         }

@@ -4,7 +4,9 @@
 //!
 //! 0. Call `on_thread_start` (a chip endpoint binds its device lane here, so this thread *is*
 //!    the lane).
-//! 1. Take the next mail: spin briefly on the mailbox's `pending` hint, then park.
+//! 1. Take the next mail: spin briefly on the mailbox's `pending` hint, then park. While
+//!    spinning, hold the idle-driver role if it is free: run the scheduler pass for tasks the
+//!    orchestration published ready meanwhile, so that its thread does not (`inbox`, steps 6–9).
 //! 2. A task member: read its arguments from the slot (immutable since publication; the slot
 //!    stays `Running` until this member reports), call `Endpoint::run` under `catch_unwind`,
 //!    release the arguments, and deliver the completion to the scheduler (combining protocol in
@@ -134,10 +136,26 @@ impl Mailbox {
         }
     }
 
-    /// Takes the next mail, spinning briefly and then parking until one arrives.
-    fn recv(&self) -> Mail {
-        // Relaxed: only decides whether to keep spinning; the queue is read under the lock.
-        sync::spin_until(|| self.pending.load(Ordering::Relaxed));
+    /// Takes the next mail, spinning briefly and then parking until one arrives. While it
+    /// spins, the thread may hold the idle-driver role and run the passes of tasks published
+    /// ready meanwhile (`inbox`, steps 6–9).
+    fn recv(&self, core: &Core) -> Mail {
+        loop {
+            let driver = core.idle_driver.take();
+            // Relaxed: only decides whether to keep spinning; the queue is read under the lock,
+            // the inbox by the drive after the role is given back.
+            let stopped = sync::spin_until(|| {
+                self.pending.load(Ordering::Relaxed)
+                    || (driver && core.inbox.pending() && !core.pass_in_progress())
+            });
+            if driver {
+                core.give_back_idle_driver();
+            }
+            // Spin over, or mail arrived (possibly sent by the pass just run): take it or park.
+            if !stopped || self.pending.load(Ordering::Relaxed) {
+                break;
+            }
+        }
         let mut s = self.state.lock();
         loop {
             if let Some(mail) = s.queue.pop_front() {
@@ -237,7 +255,7 @@ pub(crate) fn endpoint_thread_main(
     }
     let mailbox = core.mailbox(who);
     loop {
-        match mailbox.recv() {
+        match mailbox.recv(&core) {
             Mail::Task { slot, member } => {
                 let run = || run_member(&core, endpoint.as_mut(), slot, member);
                 let result = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|p| {

@@ -27,10 +27,37 @@
 //! 5. **Close.** The scheduler's final drain closes the inbox: later appends are refused and the
 //!    producer resolves what it owned itself.
 //!
+//! # Idle driver
+//!
+//! A submitting thread that runs the pass for every task it publishes ready pays for the
+//! scheduler's work on the thread that orchestrates, usually the bottleneck. When an endpoint
+//! thread is idle anyway, it can run that pass instead. [`IdleDriver`] is that hand-off:
+//!
+//! 6. **Take the role.** An endpoint thread about to spin for mail takes the role if nobody holds
+//!    it (one holder at a most, so two idle threads never race each other for the scheduler
+//!    lock). While spinning it also watches `pending` and stops spinning when an event is
+//!    waiting and the scheduler lock looks free.
+//! 7. **Leave.** A producer with a ready task that sees the role held appends the task (step 1's
+//!    append, without trying the lock), then reads the role with a read-modify-write: still
+//!    held, it returns, leaving the pass to the holder; otherwise it drives (step 2) itself.
+//! 8. **Give back.** The holder stops spinning (mail arrived, an event is waiting, or its spin
+//!    is over) by clearing the role with a read-modify-write, then drives (step 2). It never
+//!    keeps or drops the role any other way.
+//! 9. **Why nothing is lost.** Every access to the role that decides anything is a
+//!    read-modify-write, so they are totally ordered and each reads the latest value. If the
+//!    producer's read comes first, it found the role held and returned; the holder's clear comes
+//!    later, reads from it (acquire after release), and therefore sees the append when it drives.
+//!    If the clear comes first, the producer finds the role clear and drives itself — unless
+//!    another thread took the role in between, which then owes the same clear and drive. A driver
+//!    that finds the lock taken stops as in step 2: the holder drives after unlocking. Modelled in
+//!    `loom_models`.
+//!
 //! | Field | Writers | Readers |
 //! |---|---|---|
 //! | `pending` | producers (step 1) and drainers (step 4), under the inbox lock | drivers (step 2),
-//! lock-free after a SeqCst fence |
+//! lock-free after a SeqCst fence; the idle driver while spinning (a hint) |
+//! | `IdleDriver::held` | endpoint threads (steps 6 and 8) and producers (step 7), by
+//! read-modify-writes only | the same, and producers' first look (a hint) |
 
 use simpler_types::SlotId;
 
@@ -161,6 +188,79 @@ impl Inbox {
     }
 }
 
+/// The idle-driver role (module docs, steps 6–9).
+#[derive(Default)]
+pub(crate) struct IdleDriver {
+    held: AtomicBool,
+}
+
+impl IdleDriver {
+    /// Step 6: takes the role if nobody holds it. The holder must give it back with
+    /// [`give_back_then_drive`](Self::give_back_then_drive).
+    pub(crate) fn take(&self) -> bool {
+        // Relaxed: taking the role orders nothing; steps 7 and 8 do (step 9).
+        self.held.compare_exchange(false, true, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    }
+
+    /// Step 7's first look: whether leaving a ready task to a holder is worth trying.
+    pub(crate) fn seems_held(&self) -> bool {
+        // Relaxed: a hint; `leave` decides with a read-modify-write.
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Step 7: appends `entry` and reports whether the holder will run the pass. `Ok(false)`:
+    /// the role was given back meanwhile, and the caller must drive itself.
+    pub(crate) fn leave(&self, inbox: &Inbox, entry: ReadyEntry) -> Result<bool, Closed> {
+        inbox.push_ready(entry)?;
+        // AcqRel read-modify-write (step 9): release, so that a clear reading from it sees the
+        // append; acquire, so that a role found clear is seen with what its holder did.
+        let left = self.held.fetch_or(false, Ordering::AcqRel);
+        #[cfg(all(test, not(simpler_loom)))]
+        if left {
+            tests::LEFT_HERE.with(|n| n.set(n.get() + 1));
+        }
+        Ok(left)
+    }
+
+    /// Step 8: gives the role back, then drives if an event is waiting.
+    pub(crate) fn give_back_then_drive<S>(
+        &self,
+        inbox: &Inbox,
+        lock: &Mutex<S>,
+        pass: impl FnMut(&mut MutexGuard<'_, S>),
+    ) {
+        // AcqRel read-modify-write (step 9): acquire, so that an append whose producer read the
+        // role held is seen by the drive below.
+        self.held.swap(false, Ordering::AcqRel);
+        drive(inbox, lock, pass);
+    }
+}
+
+/// Step 1 for a task published ready, with the hand-off of step 7: leaves it to the idle
+/// driver if one holds the role, otherwise runs `own_pass` on it under `lock` if the lock is
+/// free, or appends it; then drives (step 2) unless the idle driver took it over.
+pub(crate) fn deliver_ready<S>(
+    inbox: &Inbox,
+    driver: &IdleDriver,
+    lock: &Mutex<S>,
+    entry: ReadyEntry,
+    own_pass: impl FnOnce(&mut MutexGuard<'_, S>, ReadyEntry),
+    pass: impl FnMut(&mut MutexGuard<'_, S>),
+) -> Result<(), Closed> {
+    if driver.seems_held() {
+        if !driver.leave(inbox, entry)? {
+            drive(inbox, lock, pass);
+        }
+        return Ok(());
+    }
+    match lock.try_lock() {
+        Some(mut guard) => own_pass(&mut guard, entry),
+        None => inbox.push_ready(entry)?,
+    }
+    drive(inbox, lock, pass);
+    Ok(())
+}
+
 /// Takes `lock` (blocking), runs `body` under it, unlocks, then drives (step 2): events left in
 /// the inbox by threads that found the lock taken meanwhile are never stranded.
 pub(crate) fn locked_then_drive<S, R>(
@@ -192,5 +292,16 @@ pub(crate) fn drive<S>(
         };
         pass(&mut guard);
         drop(guard);
+    }
+}
+
+#[cfg(all(test, not(simpler_loom)))]
+pub(crate) mod tests {
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Ready tasks this thread left to an idle driver (step 7), so that a test can tell the
+        /// hand-off happened.
+        pub(crate) static LEFT_HERE: Cell<u64> = const { Cell::new(0) };
     }
 }

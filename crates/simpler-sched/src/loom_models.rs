@@ -14,7 +14,9 @@ use simpler_types::{
     RunState, SlotId, TaskFailure, TaskId, TaskState,
 };
 
-use crate::inbox::{Inbox, InboxBatch, ReadyEntry, drive, locked_then_drive};
+use crate::inbox::{
+    IdleDriver, Inbox, InboxBatch, ReadyEntry, deliver_ready, drive, locked_then_drive,
+};
 use crate::outcome::RunOutcome;
 use crate::run_record::RunRecord;
 use crate::slot::{Edge, Head, Route, TaskSlot};
@@ -360,5 +362,44 @@ fn loom_combining_never_strands_an_event() {
         producer.join().unwrap();
         scheduler_thread.join().unwrap();
         assert_eq!(sched.lock().0, 3, "every event was processed");
+    });
+}
+
+/// The idle-driver hand-off (`inbox`, steps 6–9): a producer delivers two ready tasks while an
+/// endpoint thread takes the role, watches once and gives it back, and a second endpoint thread
+/// does the same (so the role can change hands between a producer's look and its
+/// read-modify-write). Every task is processed by some pass before everyone returns, whether the
+/// producer ran it, left it to a holder, or found the role given back.
+#[test]
+fn loom_idle_driver_never_strands_a_ready_task() {
+    model_bounded(3, || {
+        let inbox = Arc::new(Inbox::default());
+        let driver = Arc::new(IdleDriver::default());
+        let sched = Arc::new(Mutex::new((0usize, InboxBatch::default())));
+        let pass = |state: &mut (usize, InboxBatch), inbox: &Inbox| {
+            inbox.take(&mut state.1);
+            state.0 += state.1.ready.len();
+            state.1.ready.clear();
+        };
+        let idle_thread = |inbox: Arc<Inbox>, driver: Arc<IdleDriver>, sched: Arc<Mutex<_>>| {
+            thread::spawn(move || {
+                if driver.take() {
+                    // The spin's one look (a hint), then the give-back every holder owes.
+                    let _ = inbox.pending();
+                    thread::yield_now();
+                    driver.give_back_then_drive(&inbox, &sched, |g| pass(g, &inbox));
+                }
+            })
+        };
+        let first = idle_thread(inbox.clone(), driver.clone(), sched.clone());
+        let second = idle_thread(inbox.clone(), driver.clone(), sched.clone());
+        for i in 1..=2 {
+            let entry = ReadyEntry { slot: SlotId::new(i, 1), route: Route::Group };
+            deliver_ready(&inbox, &driver, &sched, entry, |g, _| g.0 += 1, |g| pass(g, &inbox))
+                .unwrap();
+        }
+        first.join().unwrap();
+        second.join().unwrap();
+        assert_eq!(sched.lock().0, 2, "every ready task was processed");
     });
 }

@@ -66,7 +66,7 @@ use crate::core::Core;
 use crate::endpoint::{EndpointFailure, panic_message};
 use crate::graph::GraphScratch;
 use crate::inbox::{
-    Closed, InboxBatch, MemberCompletion, ReadyEntry, WorkerSlot, drive, locked_then_drive,
+    self, Closed, InboxBatch, MemberCompletion, ReadyEntry, WorkerSlot, drive, locked_then_drive,
 };
 use crate::run_record::RunRecord;
 use crate::slot::Route;
@@ -616,15 +616,31 @@ impl Core {
         drive(&self.inbox, &self.sched, |state| self.run_pass(state, Own::Nothing));
     }
 
-    /// Delivers a task published ready (combining step 1). `Err(Closed)` once the scheduler
-    /// has stopped for good: the caller must cancel the task.
+    /// Step 8 for an endpoint thread that held the idle-driver role: gives it back, then runs
+    /// the passes of whatever was left for it.
+    pub(crate) fn give_back_idle_driver(&self) {
+        self.idle_driver.give_back_then_drive(&self.inbox, &self.sched, |state| {
+            self.run_pass(state, Own::Nothing)
+        });
+    }
+
+    /// Whether a pass seems to be running (a hint for the idle driver's spin).
+    pub(crate) fn pass_in_progress(&self) -> bool {
+        self.sched.is_locked()
+    }
+
+    /// Delivers a task published ready (combining step 1), leaving it to an idle endpoint
+    /// thread when one holds the idle-driver role (steps 7–9). `Err(Closed)` once the
+    /// scheduler has stopped for good: the caller must cancel the task.
     pub(crate) fn deliver_ready(&self, entry: ReadyEntry) -> Result<(), Closed> {
-        match self.sched.try_lock() {
-            Some(mut state) => self.run_pass(&mut state, Own::Ready(entry)),
-            None => self.inbox.push_ready(entry)?,
-        }
-        self.drive();
-        Ok(())
+        inbox::deliver_ready(
+            &self.inbox,
+            &self.idle_driver,
+            &self.sched,
+            entry,
+            |state, entry| self.run_pass(state, Own::Ready(entry)),
+            |state| self.run_pass(state, Own::Nothing),
+        )
     }
 
     /// Delivers a member completion (combining step 1).
@@ -781,6 +797,53 @@ pub(crate) mod tests {
             assert!(Instant::now() < deadline, "condition never held");
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// A NEXT_LEVEL endpoint that finishes every member at once.
+    struct Quick(WorkerId);
+
+    impl Endpoint for Quick {
+        fn caps(&self) -> EndpointCaps {
+            EndpointCaps {
+                worker_type: WorkerType::NextLevel,
+                id: self.0,
+                remote: false,
+                name: "quick".into(),
+            }
+        }
+
+        fn run(&mut self, _: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn ready_tasks_left_to_an_idle_endpoint_thread_all_run() {
+        // The orchestration submits independent tasks and pauses now and then, so that the
+        // endpoint threads go idle and take the idle-driver role; tasks published while one
+        // holds it are left in the inbox for its pass. A task stranded there would keep its run
+        // from ending.
+        let engine = Engine::start(EngineConfig {
+            next_level: vec![Box::new(Quick(WorkerId(0))), Box::new(Quick(WorkerId(1)))],
+            ..EngineConfig::default()
+        })
+        .unwrap();
+        let cfg = CallConfig::default();
+        let before = crate::inbox::tests::LEFT_HERE.with(|n| n.get());
+        for r in 0..20 {
+            let mut b = engine.begin_run().unwrap();
+            for i in 0..400u32 {
+                if i % 40 == 0 {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(i % 2), None).unwrap();
+            }
+            let outcome = engine.wait_timeout(b.close(), Duration::from_secs(20)).unwrap();
+            assert_eq!(outcome, Some(RunOutcome::Completed), "run {r}: a ready task was stranded");
+        }
+        let left = crate::inbox::tests::LEFT_HERE.with(|n| n.get()) - before;
+        assert!(left > 0, "no task was left to an idle endpoint thread: nothing was tested");
+        assert!(engine.shutdown(Instant::now() + Duration::from_secs(20)).is_ok());
     }
 
     #[test]

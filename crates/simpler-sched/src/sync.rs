@@ -114,6 +114,12 @@ mod loom_impl {
             self.0.lock().unwrap_or_else(PoisonError::into_inner)
         }
 
+        /// Whether the lock is taken: always `false` here, since its only use is a spin hint,
+        /// which a model does not need (and loom has no such query).
+        pub(crate) fn is_locked(&self) -> bool {
+            false
+        }
+
         /// Locks if free.
         pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
             match self.0.try_lock() {
