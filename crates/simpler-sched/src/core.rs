@@ -80,7 +80,7 @@ pub(crate) struct Core {
     /// Statistics (padded: written on every pass).
     pub(crate) counters: CachePadded<Counters>,
     /// Held by an endpoint thread that spins for mail and runs the passes of tasks published
-    /// ready meanwhile (padded: read by every ready submit, written by idle endpoint threads).
+    /// ready meanwhile (padded: touched by ready submits and by idle endpoint threads).
     pub(crate) idle_driver: CachePadded<IdleDriver>,
     /// Set once by shutdown step 1. Readers: every submit and alloc, lock-free.
     pub(crate) stopping: AtomicBool,

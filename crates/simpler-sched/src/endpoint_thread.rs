@@ -141,18 +141,20 @@ impl Mailbox {
     /// ready meanwhile (`inbox`, steps 6–9).
     fn recv(&self, core: &Core) -> Mail {
         loop {
-            let driver = core.idle_driver.take();
+            let holds_role = core.idle_driver.take();
             // Relaxed: only decides whether to keep spinning; the queue is read under the lock,
             // the inbox by the drive after the role is given back.
-            let stopped = sync::spin_until(|| {
+            let interrupted = sync::spin_until(|| {
                 self.pending.load(Ordering::Relaxed)
-                    || (driver && core.inbox.pending() && !core.pass_in_progress())
+                    || (holds_role && core.inbox.pending() && !core.pass_in_progress())
             });
-            if driver {
+            if holds_role {
+                // Before this thread's own mail: the passes may dispatch to it anyway, and a
+                // holder owes its drive however its spin ended.
                 core.give_back_idle_driver();
             }
             // Spin over, or mail arrived (possibly sent by the pass just run): take it or park.
-            if !stopped || self.pending.load(Ordering::Relaxed) {
+            if !interrupted || self.pending.load(Ordering::Relaxed) {
                 break;
             }
         }

@@ -13,7 +13,8 @@
 //! 1. **Deliver.** A producer with an event tries the scheduler lock. With it, it runs a pass
 //!    that first drains the inbox (so earlier events keep their order) and then handles its own
 //!    event. Without it, it appends the event here (`pending := true`, under the inbox lock).
-//! 2. **Drive.** Every producer then, and every lock holder after unlocking — including the
+//! 2. **Drive.** Every producer then (except one that left its task to the idle driver, step 7),
+//!    and every lock holder after unlocking — including the
 //!    scheduler thread, which takes the lock blocking ([`locked_then_drive`]) — loops: SeqCst
 //!    fence; if `pending` is false, stop; if the lock cannot be taken, stop (its holder will drive
 //!    after unlocking); otherwise run a pass and repeat.
@@ -34,30 +35,35 @@
 //! thread is idle anyway, it can run that pass instead. [`IdleDriver`] is that hand-off:
 //!
 //! 6. **Take the role.** An endpoint thread about to spin for mail takes the role if nobody holds
-//!    it (one holder at a most, so two idle threads never race each other for the scheduler
-//!    lock). While spinning it also watches `pending` and stops spinning when an event is
-//!    waiting and the scheduler lock looks free.
-//! 7. **Leave.** A producer with a ready task that sees the role held appends the task (step 1's
-//!    append, without trying the lock), then reads the role with a read-modify-write: still
-//!    held, it returns, leaving the pass to the holder; otherwise it drives (step 2) itself.
+//!    it (one holder at most, so two idle threads never race each other for the scheduler lock).
+//!    While spinning it also watches `pending` and stops spinning when an event is waiting and
+//!    the scheduler lock looks free.
+//! 7. **Leave.** A producer with a ready task that sees the role held, and no event already
+//!    waiting, appends the task (step 1's append, without trying the lock), then reads the role
+//!    with a read-modify-write: still held, it returns, leaving the pass to the holder; otherwise
+//!    it drives (step 2) itself. An event already waiting means the holder has not kept up (it
+//!    may be off its CPU), so the producer delivers as in step 1: at most one task waits for a
+//!    holder at a time.
 //! 8. **Give back.** The holder stops spinning (mail arrived, an event is waiting, or its spin
-//!    is over) by clearing the role with a read-modify-write, then drives (step 2). It never
-//!    keeps or drops the role any other way.
-//! 9. **Why nothing is lost.** Every access to the role that decides anything is a
-//!    read-modify-write, so they are totally ordered and each reads the latest value. If the
-//!    producer's read comes first, it found the role held and returned; the holder's clear comes
-//!    later, reads from it (acquire after release), and therefore sees the append when it drives.
-//!    If the clear comes first, the producer finds the role clear and drives itself — unless
-//!    another thread took the role in between, which then owes the same clear and drive. A driver
-//!    that finds the lock taken stops as in step 2: the holder drives after unlocking. Modelled in
-//!    `loom_models`.
+//!    is over) by clearing the role with a read-modify-write, then drives (step 2), before it
+//!    takes its own mail. It never keeps or drops the role any other way.
+//! 9. **Why nothing is lost.** Every write to the role is a read-modify-write, so they are
+//!    totally ordered and each reads the latest value. If the producer's read comes first, it
+//!    found the role held and returned; the holder's clear comes later in that order and reads
+//!    from it or from a later write of the chain (the producer's release, the clear's acquire),
+//!    so the append happens before the clear, and before the SeqCst fence of the drive that
+//!    follows: that drive sees `pending`, or finds the lock taken by a holder that drives after
+//!    unlocking (step 2). If the clear comes first, the producer finds the role clear and drives
+//!    itself — unless another thread took the role in between, which then owes the same clear
+//!    and drive. Modelled in `loom_models`.
 //!
 //! | Field | Writers | Readers |
 //! |---|---|---|
 //! | `pending` | producers (step 1) and drainers (step 4), under the inbox lock | drivers (step 2),
 //! lock-free after a SeqCst fence; the idle driver while spinning (a hint) |
 //! | `IdleDriver::held` | endpoint threads (steps 6 and 8) and producers (step 7), by
-//! read-modify-writes only | the same, and producers' first look (a hint) |
+//! read-modify-writes only (a plain store would break step 9) | the same, and first looks
+//! (hints) |
 
 use simpler_types::SlotId;
 
@@ -212,12 +218,12 @@ impl IdleDriver {
     /// the role was given back meanwhile, and the caller must drive itself.
     pub(crate) fn leave(&self, inbox: &Inbox, entry: ReadyEntry) -> Result<bool, Closed> {
         inbox.push_ready(entry)?;
-        // AcqRel read-modify-write (step 9): release, so that a clear reading from it sees the
-        // append; acquire, so that a role found clear is seen with what its holder did.
-        let left = self.held.fetch_or(false, Ordering::AcqRel);
+        // A read-modify-write that writes nothing new (step 9); release, so that the clear that
+        // reads from it sees the append.
+        let left = self.held.fetch_or(false, Ordering::Release);
         #[cfg(all(test, not(simpler_loom)))]
         if left {
-            tests::LEFT_HERE.with(|n| n.set(n.get() + 1));
+            test_counters::LEFT_HERE.with(|n| n.set(n.get() + 1));
         }
         Ok(left)
     }
@@ -229,9 +235,9 @@ impl IdleDriver {
         lock: &Mutex<S>,
         pass: impl FnMut(&mut MutexGuard<'_, S>),
     ) {
-        // AcqRel read-modify-write (step 9): acquire, so that an append whose producer read the
-        // role held is seen by the drive below.
-        self.held.swap(false, Ordering::AcqRel);
+        // A read-modify-write (step 9); acquire, so that an append whose producer read the role
+        // held is seen by the drive below.
+        self.held.swap(false, Ordering::Acquire);
         drive(inbox, lock, pass);
     }
 }
@@ -247,7 +253,7 @@ pub(crate) fn deliver_ready<S>(
     own_pass: impl FnOnce(&mut MutexGuard<'_, S>, ReadyEntry),
     pass: impl FnMut(&mut MutexGuard<'_, S>),
 ) -> Result<(), Closed> {
-    if driver.seems_held() {
+    if driver.seems_held() && !inbox.pending() {
         if !driver.leave(inbox, entry)? {
             drive(inbox, lock, pass);
         }
@@ -296,7 +302,7 @@ pub(crate) fn drive<S>(
 }
 
 #[cfg(all(test, not(simpler_loom)))]
-pub(crate) mod tests {
+pub(crate) mod test_counters {
     use std::cell::Cell;
 
     thread_local! {

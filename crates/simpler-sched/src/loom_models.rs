@@ -365,11 +365,12 @@ fn loom_combining_never_strands_an_event() {
     });
 }
 
-/// The idle-driver hand-off (`inbox`, steps 6–9): a producer delivers two ready tasks while an
-/// endpoint thread takes the role, watches once and gives it back, and a second endpoint thread
-/// does the same (so the role can change hands between a producer's look and its
-/// read-modify-write). Every task is processed by some pass before everyone returns, whether the
-/// producer ran it, left it to a holder, or found the role given back.
+/// The idle-driver hand-off (`inbox`, steps 6–9): a producer delivers two ready tasks while two
+/// endpoint threads each take the role once (watching once, then giving it back), so the role can
+/// change hands between a producer's look and its read-modify-write. Every task is processed by
+/// some pass before everyone returns, whether the producer ran it, left it to a holder, or found
+/// the role given back. (A thread taking the role a second time would rescue what an earlier
+/// holder missed and hide exactly the defects this model is for.)
 #[test]
 fn loom_idle_driver_never_strands_a_ready_task() {
     model_bounded(3, || {
