@@ -56,6 +56,11 @@
 //!    unlocking (step 2). If the clear comes first, the producer finds the role clear and drives
 //!    itself — unless another thread took the role in between, which then owes the same clear
 //!    and drive. Modelled in `loom_models`.
+//! 10. **Only where throughput counts.** Leaving trades the submitting thread's time for the
+//!     holder's reaction time (it notices between two spin steps, a yield being a system call).
+//!     A short run is all latency, so a run's first tasks are never left (the submit decides).
+//!     When a run's submission ends, its thread waits for the run from then on, so it drives
+//!     (step 2) once: whatever it left and the holder has not taken yet is dispatched at once.
 //!
 //! | Field | Writers | Readers |
 //! |---|---|---|
@@ -242,18 +247,19 @@ impl IdleDriver {
     }
 }
 
-/// Step 1 for a task published ready, with the hand-off of step 7: leaves it to the idle
-/// driver if one holds the role, otherwise runs `own_pass` on it under `lock` if the lock is
-/// free, or appends it; then drives (step 2) unless the idle driver took it over.
+/// Step 1 for a task published ready, with the hand-off of step 7 when `may_leave`: leaves it to
+/// the idle driver if one holds the role, otherwise runs `own_pass` on it under `lock` if the
+/// lock is free, or appends it; then drives (step 2) unless the idle driver took it over.
 pub(crate) fn deliver_ready<S>(
     inbox: &Inbox,
     driver: &IdleDriver,
     lock: &Mutex<S>,
     entry: ReadyEntry,
+    may_leave: bool,
     own_pass: impl FnOnce(&mut MutexGuard<'_, S>, ReadyEntry),
     pass: impl FnMut(&mut MutexGuard<'_, S>),
 ) -> Result<(), Closed> {
-    if driver.seems_held() && !inbox.pending() {
+    if may_leave && driver.seems_held() && !inbox.pending() {
         if !driver.leave(inbox, entry)? {
             drive(inbox, lock, pass);
         }
@@ -309,5 +315,103 @@ pub(crate) mod test_counters {
         /// Ready tasks this thread left to an idle driver (step 7), so that a test can tell the
         /// hand-off happened.
         pub(crate) static LEFT_HERE: Cell<u64> = const { Cell::new(0) };
+    }
+}
+
+#[cfg(all(test, not(simpler_loom)))]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use simpler_types::{CallConfig, TaskArgs, TaskState, WorkerId, WorkerType};
+
+    use crate::endpoint::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
+    use crate::engine::{Engine, EngineConfig};
+    use crate::outcome::RunOutcome;
+    use crate::scheduler::tests::{chip, gated_engine, wait_until};
+
+    /// A NEXT_LEVEL endpoint that finishes every member at once.
+    struct Quick(WorkerId);
+
+    impl Endpoint for Quick {
+        fn caps(&self) -> EndpointCaps {
+            EndpointCaps {
+                worker_type: WorkerType::NextLevel,
+                id: self.0,
+                remote: false,
+                name: "quick".into(),
+            }
+        }
+
+        fn run(&mut self, _: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn ready_tasks_left_to_an_idle_endpoint_thread_all_run() {
+        // The orchestration submits independent tasks and pauses now and then, so that the
+        // endpoint threads go idle and take the idle-driver role; tasks published while one
+        // holds it are left in the inbox for its pass. Each run's last task is submitted after
+        // a pause and must run before the run is closed (closing drives, and would rescue it):
+        // only the holder's give-back can find it then.
+        let engine = Engine::start(EngineConfig {
+            next_level: vec![Box::new(Quick(WorkerId(0))), Box::new(Quick(WorkerId(1)))],
+            ..EngineConfig::default()
+        })
+        .unwrap();
+        let cfg = CallConfig::default();
+        let before = super::test_counters::LEFT_HERE.with(|n| n.get());
+        for r in 0..20 {
+            let mut b = engine.begin_run().unwrap();
+            let mut last = None;
+            for i in 0..400u32 {
+                if i % 40 == 0 || i == 399 {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                let target = WorkerId(i % 2);
+                last = Some(b.submit_next_level(&chip(), TaskArgs::new(), &cfg, target, None));
+            }
+            let last = last.unwrap().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while engine.task_snapshot(last).unwrap().state != TaskState::Completed {
+                assert!(Instant::now() < deadline, "run {r}: a ready task was stranded");
+                std::thread::yield_now();
+            }
+            let outcome = engine.wait_timeout(b.close(), Duration::from_secs(20)).unwrap();
+            assert_eq!(outcome, Some(RunOutcome::Completed), "run {r}");
+        }
+        let left = super::test_counters::LEFT_HERE.with(|n| n.get()) - before;
+        assert!(left > 0, "no task was left to an idle endpoint thread: nothing was tested");
+        assert!(engine.shutdown(Instant::now() + Duration::from_secs(20)).is_ok());
+    }
+
+    #[test]
+    fn closing_a_run_passes_what_its_submits_left_to_the_idle_driver() {
+        // The test thread holds the idle-driver role and never gives it back until the end, as a
+        // holder off its CPU would; the gate keeps every task from finishing, so no completion
+        // pass drains the inbox either. The task after the first sixteen is left there; closing
+        // the run must take it out (inbox step 10) rather than wait for the holder.
+        let (engine, tx) = gated_engine();
+        let core = engine.core();
+        // The gate's thread holds the role while it spins after starting; it gives it back when
+        // it parks.
+        wait_until(|| core.idle_driver.take());
+        let cfg = CallConfig::default();
+        let mut b = engine.begin_run().unwrap();
+        for _ in 0..17 {
+            b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None).unwrap();
+        }
+        assert!(core.inbox.pending(), "the seventeenth task was not left in the inbox");
+        let run = b.close();
+        let stranded = core.inbox.pending();
+        core.give_back_idle_driver();
+        for _ in 0..17 {
+            tx.send(()).unwrap();
+        }
+        assert_eq!(
+            engine.wait_timeout(run, Duration::from_secs(20)).unwrap(),
+            Some(RunOutcome::Completed)
+        );
+        assert!(!stranded, "closing left the task in the inbox");
     }
 }

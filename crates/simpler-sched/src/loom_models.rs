@@ -396,8 +396,16 @@ fn loom_idle_driver_never_strands_a_ready_task() {
         let second = idle_thread(inbox.clone(), driver.clone(), sched.clone());
         for i in 1..=2 {
             let entry = ReadyEntry { slot: SlotId::new(i, 1), route: Route::Group };
-            deliver_ready(&inbox, &driver, &sched, entry, |g, _| g.0 += 1, |g| pass(g, &inbox))
-                .unwrap();
+            deliver_ready(
+                &inbox,
+                &driver,
+                &sched,
+                entry,
+                true,
+                |g, _| g.0 += 1,
+                |g| pass(g, &inbox),
+            )
+            .unwrap();
         }
         first.join().unwrap();
         second.join().unwrap();

@@ -380,7 +380,8 @@ impl RunBuilder<'_> {
                 core.cancel_unstarted(id, reason, &mut orch.graph);
             }
             Publish::Ready(route) => {
-                if core.deliver_ready(ReadyEntry { slot: id, route }).is_err() {
+                let may_leave = orch.issued > LATENCY_BOUND_TASKS;
+                if core.deliver_ready(ReadyEntry { slot: id, route }, may_leave).is_err() {
                     // The scheduler has stopped for good: the task can never run.
                     core.cancel_unstarted(id, CancelReason::Shutdown, &mut orch.graph);
                 }
@@ -399,6 +400,12 @@ impl RunBuilder<'_> {
         Ok(task)
     }
 }
+
+/// Ready tasks of a run that its submitting thread always dispatches itself, never leaving them
+/// to an idle endpoint thread (`inbox`, step 10): up to here a run is short, and its dispatches
+/// count as latency. Measured: one- to sixteen-task runs lost 0.1–0.4 µs each when every ready
+/// task could be left.
+const LATENCY_BOUND_TASKS: u32 = 16;
 
 /// Most tracked accesses of one task checked for [`distinct_keys`]; a task with more takes the
 /// two-pass path, which is right for any keys.
