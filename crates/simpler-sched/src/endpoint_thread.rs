@@ -6,7 +6,7 @@
 //!    the lane).
 //! 1. Take the next mail: spin briefly on the mailbox's `pending` hint, then park. While
 //!    spinning, hold the idle-driver role if it is free: run the scheduler pass for tasks the
-//!    orchestration published ready meanwhile, so that its thread does not (`inbox`, steps 6–9).
+//!    orchestration published ready meanwhile, so that its thread does not (`inbox`, steps 6–10).
 //! 2. A task member: read its arguments from the slot (immutable since publication; the slot
 //!    stays `Running` until this member reports), call `Endpoint::run` under `catch_unwind`,
 //!    release the arguments, and deliver the completion to the scheduler (combining protocol in
@@ -138,7 +138,7 @@ impl Mailbox {
 
     /// Takes the next mail, spinning briefly and then parking until one arrives. While it
     /// spins, the thread may hold the idle-driver role and run the passes of tasks published
-    /// ready meanwhile (`inbox`, steps 6–9).
+    /// ready meanwhile (`inbox`, steps 6–10).
     fn recv(&self, core: &Core) -> Mail {
         loop {
             let holds_role = core.idle_driver.take();

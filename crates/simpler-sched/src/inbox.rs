@@ -14,10 +14,10 @@
 //!    that first drains the inbox (so earlier events keep their order) and then handles its own
 //!    event. Without it, it appends the event here (`pending := true`, under the inbox lock).
 //! 2. **Drive.** Every producer then (except one that left its task to the idle driver, step 7),
-//!    and every lock holder after unlocking — including the
-//!    scheduler thread, which takes the lock blocking ([`locked_then_drive`]) — loops: SeqCst
-//!    fence; if `pending` is false, stop; if the lock cannot be taken, stop (its holder will drive
-//!    after unlocking); otherwise run a pass and repeat.
+//!    and every lock holder after unlocking — including the scheduler thread, which takes the
+//!    lock blocking ([`locked_then_drive`]) — loops: SeqCst fence; if `pending` is false, stop;
+//!    if the lock cannot be taken, stop (its holder will drive after unlocking); otherwise run a
+//!    pass and repeat.
 //! 3. **Why nothing is lost.** A producer's append (before its fence) and a holder's unlock
 //!    (before its fence) are ordered by the two SeqCst fences: either the holder's check sees
 //!    `pending`, or the producer's `try_lock` sees the lock free (or taken by a later holder,
@@ -308,13 +308,13 @@ pub(crate) fn drive<S>(
 }
 
 #[cfg(all(test, not(simpler_loom)))]
-pub(crate) mod test_counters {
+mod test_counters {
     use std::cell::Cell;
 
     thread_local! {
         /// Ready tasks this thread left to an idle driver (step 7), so that a test can tell the
         /// hand-off happened.
-        pub(crate) static LEFT_HERE: Cell<u64> = const { Cell::new(0) };
+        pub(super) static LEFT_HERE: Cell<u64> = const { Cell::new(0) };
     }
 }
 
