@@ -230,8 +230,11 @@ pub(crate) struct Payload {
     pub(crate) worker_type: Option<WorkerType>,
     /// Tensors of every member.
     pub(crate) tensors: Vec<Tensor>,
-    /// One tag per entry of `tensors`.
-    pub(crate) tags: Vec<TensorArgType>,
+    /// One tag per entry of `tensors`. Up to four are stored in the slot itself, like the first
+    /// key of each journal below: a small task's submit then touches no heap line for them,
+    /// which at 100 000 live tasks is a cache miss each (`docs/decisions/sched.md`, "Small
+    /// slots"). The slot stays at eight cache lines.
+    pub(crate) tags: SmallVec<[TensorArgType; 4]>,
     /// Scalars of every member.
     pub(crate) scalars: Vec<u64>,
     /// One span per member.
@@ -244,11 +247,11 @@ pub(crate) struct Payload {
     custom_config: bool,
     /// Keys this task recorded in the tensor map as a writer (journal for the owner-checked
     /// erase at reclamation).
-    pub(crate) map_keys: Vec<TensorKey>,
+    pub(crate) map_keys: SmallVec<[TensorKey; 1]>,
     /// Keys this task recorded as a reader. Their entries go when the task finishes
     /// (`Core::retire_reads`, which then empties this list), or at reclamation for a task that
     /// never finished, so a finished reader's reclamation does not look its keys up again.
-    pub(crate) read_keys: Vec<TensorKey>,
+    pub(crate) read_keys: SmallVec<[TensorKey; 1]>,
     /// Base address of the slab, for an `alloc()` buffer.
     pub(crate) alloc_addr: Option<u64>,
 }
@@ -374,5 +377,18 @@ impl TaskSlot {
             members: s.members.to_vec(),
             failure: s.failure.clone(),
         }
+    }
+}
+
+#[cfg(all(test, not(simpler_loom)))]
+mod tests {
+    use super::TaskSlot;
+
+    #[test]
+    fn a_slot_fits_in_eight_cache_lines() {
+        // Every live task holds one; a larger slot costs P1 more than it saves (see the
+        // decisions record, "Small slots").
+        let size = size_of::<TaskSlot>();
+        assert!(size <= 512, "a task slot takes {size} bytes");
     }
 }
