@@ -233,7 +233,8 @@ pub(crate) struct Payload {
     /// One tag per entry of `tensors`. Up to four are stored in the slot itself, like the first
     /// key of each journal below: a small task's submit then touches no heap line for them,
     /// which at 100 000 live tasks is a cache miss each (`docs/decisions/sched.md`, "Small
-    /// slots"). The slot stays at eight cache lines.
+    /// slots"), unless the slot once held a larger task (a list that grew keeps its heap block,
+    /// as a vector keeps its capacity). The slot stays at eight cache lines.
     pub(crate) tags: SmallVec<[TensorArgType; 4]>,
     /// Scalars of every member.
     pub(crate) scalars: Vec<u64>,

@@ -297,9 +297,9 @@ impl RunBuilder<'_> {
                     }
                     // A few accesses of distinct keys: a record of one key cannot change what a
                     // lookup of another finds, so each lookup shares its record's hash probe as
-                    // above and the order of the rule is kept trivially. The keys checked are
-                    // every footprint's, a superset of the tracked accesses' (so "distinct" still
-                    // holds for these), read straight from the list instead of re-deriving the
+                    // above and the order of the rule is kept trivially. The keys checked are the
+                    // footprints', which are the tracked accesses' keys (a footprint is taken for
+                    // every tracked tag), read straight from the list instead of re-deriving the
                     // accesses once per pair.
                     _ if distinct_keys(orch.footprints.iter().flatten().map(|&(key, _)| key)) => {
                         for (access, (key, span)) in accesses() {
