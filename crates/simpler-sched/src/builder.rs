@@ -385,9 +385,10 @@ impl<'e> RunBuilder<'e> {
     pub fn close(mut self) -> RunId {
         self.finished = true;
         let core = self.core();
-        // Tasks left to an idle endpoint thread are dispatched now rather than when it notices:
-        // from here on the caller waits for the run, and the bookkeeping below overlaps them.
-        core.drive_left_ready();
+        // Tasks left to an idle endpoint thread are dispatched now rather than when it notices
+        // (`inbox`, step 10): from here on the caller waits for the run, and the bookkeeping
+        // below overlaps them.
+        core.drive();
         let mut orch = std::mem::take(&mut self.orch);
         let open = orch.scopes.depth().saturating_sub(1);
         drop_run_entries(core, &self.run);

@@ -612,7 +612,7 @@ impl Core {
     }
 
     /// Combining step 2 (see `inbox`).
-    fn drive(&self) {
+    pub(crate) fn drive(&self) {
         drive(&self.inbox, &self.sched, |state| self.run_pass(state, Own::Nothing));
     }
 
@@ -622,12 +622,6 @@ impl Core {
         self.idle_driver.give_back_then_drive(&self.inbox, &self.sched, |state| {
             self.run_pass(state, Own::Nothing)
         });
-    }
-
-    /// Step 10 (`inbox`): the end of a run's submission drives, so that what the submitting
-    /// thread left to an idle endpoint thread does not wait for that thread to notice.
-    pub(crate) fn drive_left_ready(&self) {
-        self.drive();
     }
 
     /// Whether a pass seems to be running (a hint for the idle driver's spin).

@@ -263,7 +263,7 @@ pub(crate) fn prepare<H: CoreHost>(
     if h.block_dim != args.block_dim || h.num_aicore != args.num_aicore {
         return Err(Unprepared::NoImage(place.core_type));
     }
-    let swimlane = args.profiling & PROFILE_SWIMLANE != 0 && view.header().swimlane_capacity > 0;
+    let swimlane = args.profiling & PROFILE_SWIMLANE != 0 && h.swimlane_capacity > 0;
     let (lane, records) = view.swimlane(w);
     Ok(CoreLaunch {
         entry: entry.clone(),

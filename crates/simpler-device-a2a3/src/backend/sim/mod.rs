@@ -187,11 +187,17 @@ impl SimShared {
     /// the options allow it, otherwise wakes the core's thread (`docs/device-simulator.md`,
     /// "Who runs a dispatch").
     pub(crate) fn ring_core(&self, c: u32, block: &RegBlock) {
-        let server = match self.may_spare_threads() && self.gate.saturated() {
+        self.after_ring(c, block, drive::ring(self, c, self.ring_server()));
+    }
+
+    /// Who serves a token an AICPU thread's store rang, unless that thread holds it: the
+    /// thread itself while every host core is taken by an awake simulated thread and the
+    /// options allow it, otherwise nobody here (the core's thread).
+    fn ring_server(&self) -> Server {
+        match self.may_spare_threads() && self.gate.saturated() {
             true => Server::BUSY_HOST,
             false => Server::Nobody,
-        };
-        self.after_ring(c, block, drive::ring(self, c, server));
+        }
     }
 
     /// Does what a ring of core `c` left to do.

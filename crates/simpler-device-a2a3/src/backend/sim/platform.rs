@@ -49,14 +49,16 @@ impl AicpuPlatform for SimAicpu<'_> {
         if !matches!(reg, RegId::DataMainBaseLow | RegId::DataMainBaseHigh) {
             return;
         }
-        if self.dev.gate.saturated() || !self.dev.may_spare_threads() {
-            return self.dev.ring_core(core, block);
-        }
-        // A free host core: a token of a launch AICPU threads drive is held rather than handed
-        // to the core's thread at once. (A launch its thread drives is woken for every store:
-        // its thread reads the registers itself, and one held bit could stand for two stores.)
-        match drive::ring(self.dev, core, Server::Nobody) {
-            drive::Ring::Adopt if self.held.hold(core) => {}
+        let server = self.dev.ring_server();
+        match drive::ring(self.dev, core, server) {
+            // A free host core (the token was not served here): a token of a launch AICPU
+            // threads drive is held rather than handed to the core's thread at once. (A launch
+            // its thread drives is woken for every store: its thread reads the registers itself,
+            // and one held bit could stand for two stores.)
+            drive::Ring::Adopt
+                if server == Server::Nobody
+                    && self.dev.may_spare_threads()
+                    && self.held.hold(core) => {}
             ring => self.dev.after_ring(core, block, ring),
         }
     }
