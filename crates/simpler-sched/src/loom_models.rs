@@ -412,3 +412,54 @@ fn loom_idle_driver_never_strands_a_ready_task() {
         assert_eq!(sched.lock().0, 2, "every ready task was processed");
     });
 }
+
+/// Joining a pending inbox (`inbox`, step 1a): a producer delivers three ready tasks that may be
+/// left while another thread holds the scheduler lock for a pass of its own and drives after it,
+/// so the later tasks can join an inbox that the first made pending instead of driving. Every
+/// task is processed by some pass before everyone returns: a join rides on the drain owed to the
+/// event that made the inbox pending.
+#[test]
+fn loom_joining_a_pending_inbox_never_strands_a_ready_task() {
+    model_bounded(3, || {
+        let inbox = Arc::new(Inbox::default());
+        let driver = Arc::new(IdleDriver::default());
+        let sched = Arc::new(Mutex::new((0usize, InboxBatch::default())));
+        let pass = |state: &mut (usize, InboxBatch), inbox: &Inbox| {
+            inbox.take(&mut state.1);
+            state.0 += state.1.ready.len();
+            state.1.ready.clear();
+        };
+        let completing = {
+            let (inbox, sched) = (inbox.clone(), sched.clone());
+            thread::spawn(move || {
+                locked_then_drive(
+                    &inbox,
+                    &sched,
+                    |g| {
+                        thread::yield_now();
+                        pass(g, &inbox);
+                    },
+                    |g| pass(g, &inbox),
+                );
+            })
+        };
+        for i in 1..=3 {
+            let entry = ReadyEntry { slot: SlotId::new(i, 1), route: Route::Group };
+            deliver_ready(
+                &inbox,
+                &driver,
+                &sched,
+                entry,
+                true,
+                |g, _| {
+                    pass(g, &inbox);
+                    g.0 += 1;
+                },
+                |g| pass(g, &inbox),
+            )
+            .unwrap();
+        }
+        completing.join().unwrap();
+        assert_eq!(sched.lock().0, 3, "every ready task was processed");
+    });
+}
