@@ -10,6 +10,7 @@ use simpler_ring::{Allocation, Ring, RingError};
 use simpler_tensormap::TensorMap;
 use simpler_types::{CallConfig, RunFailure, SlotId, TaskId, WorkerId, WorkerRef, WorkerType};
 
+use crate::endpoint::quietly;
 use crate::endpoint_thread::Mailbox;
 use crate::inbox::{IdleDriver, Inbox, WorkerSlot};
 use crate::registry::Registry;
@@ -186,13 +187,49 @@ impl Core {
     /// Engine poisoning (`docs/engine-protocols.md` §5): every non-terminal run fails now with an
     /// internal error, and `begin_run` refuses new runs.
     #[cold]
+    ///
+    /// Never unwinds: it runs on whichever thread caught the panic (an endpoint thread, the
+    /// scheduler thread), which must go on serving, so the runs fail before anything is logged
+    /// and a tracing layer that panics on the report is ignored.
     pub(crate) fn poison(&self, message: &str) {
-        tracing::error!(level = self.level, "engine poisoned: {message}");
         for run in self.registry.poison() {
             run.force_failed(RunFailure::Internal {
                 run: run.id,
                 message: format!("engine poisoned: {message}"),
             });
         }
+        quietly(|| tracing::error!(level = self.level, "engine poisoned: {message}"));
+    }
+}
+
+#[cfg(all(test, not(simpler_loom)))]
+mod tests {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use crate::outcome::RunOutcome;
+    use crate::scheduler::tests::{gated_engine, one_running_task};
+
+    /// A tracing layer that panics on every event.
+    struct PanicsOnEvent;
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicsOnEvent {
+        fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            panic!("deliberate: the subscriber panics");
+        }
+    }
+
+    #[test]
+    fn poisoning_fails_every_run_and_never_unwinds_even_when_the_subscriber_panics() {
+        let (engine, tx) = gated_engine();
+        let (run, _) = one_running_task(&engine);
+        let subscriber = tracing_subscriber::registry().with(PanicsOnEvent);
+        let unwound = tracing::subscriber::with_default(subscriber, || {
+            let poison = || engine.core().poison("deliberate");
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(poison)).is_err()
+        });
+        assert!(!unwound, "poisoning unwound into the thread that caught the engine's panic");
+        assert!(engine.is_poisoned());
+        assert!(matches!(engine.wait(run).unwrap(), RunOutcome::Failed(_)));
+        tx.send(()).unwrap();
     }
 }

@@ -153,6 +153,12 @@ impl EndpointFailure {
     }
 }
 
+/// Runs `log`, a logging call, ignoring a panic of the tracing layer it reaches: an engine thread
+/// must outlive a subscriber that panics.
+pub(crate) fn quietly(log: impl FnOnce()) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(log));
+}
+
 /// Text of a caught panic payload.
 pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&'static str>() {

@@ -33,7 +33,7 @@ use std::time::Duration;
 use simpler_types::{SlotId, WorkerRef};
 
 use crate::core::Core;
-use crate::endpoint::{DispatchedMember, Endpoint, EndpointFailure, panic_message};
+use crate::endpoint::{DispatchedMember, Endpoint, EndpointFailure, panic_message, quietly};
 use crate::error::SchedError;
 use crate::inbox::{MemberCompletion, WorkerSlot};
 use crate::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
@@ -277,11 +277,6 @@ pub(crate) fn endpoint_thread_main(
         quietly(|| tracing::error!(worker = %name, "endpoint shutdown panicked: {message}"));
     }
     quietly(|| drop(span));
-}
-
-/// Runs `log`, a logging call, ignoring a panic of the tracing layer it reaches.
-fn quietly(log: impl FnOnce()) {
-    let _ = catch_unwind(AssertUnwindSafe(log));
 }
 
 /// Step 2: runs one dispatched member and returns what the endpoint said.

@@ -772,7 +772,7 @@ pub(crate) mod tests {
     }
 
     /// Begins and closes a run of one task, and waits until that task runs on the gate.
-    fn one_running_task(engine: &Engine) -> (RunId, TaskId) {
+    pub(crate) fn one_running_task(engine: &Engine) -> (RunId, TaskId) {
         let mut b = engine.begin_run().unwrap();
         let t = b.submit_next_level(
             &chip(),
