@@ -5,7 +5,9 @@
 //! switches per task of all threads (from `/proc/self/task/*/status`: voluntary ones are parks
 //! and yields that gave the CPU away, involuntary ones preemptions), and the process's peak
 //! resident memory (reset before each workload; the task window keeps its capacity across
-//! workloads, so only the first workload's figure is its own).
+//! workloads, so only the first workload's figure is its own). The header and the last line give
+//! the round trip of a cache line between two threads, the floor of every cross-thread hand-off,
+//! which on a virtual machine changes with where the host places the vCPUs.
 //!
 //! `cargo bench -p simpler-sched --bench workloads [-- NAME]` runs everything (or the workloads
 //! whose name contains NAME); `-- --test` runs each workload once at a tiny size.
@@ -202,6 +204,52 @@ fn measure_p6(h: &Harness, plan: &Plan) {
     println!("fit: a = {} µs per run, b = {} µs per task", show(&a_values, 2), show(&b_values, 3));
 }
 
+/// Median nanoseconds of one round trip of a cache line between two spinning threads (usually
+/// on two CPUs): what every cross-thread hand-off of the engine pays at least. On a virtual
+/// machine it changes with where the host places the vCPUs (80–120 ns or 350–380 ns on the
+/// development machine), and every engine's figures move with it, so the header reports it at
+/// the start and at the end.
+fn cross_thread_round_trip_ns(quick: bool) -> f64 {
+    const BATCHES: u64 = 4;
+    let trips: u64 = if quick { 500 } else { 20_000 };
+    let wait_for = |flag: &AtomicU64, value: u64| {
+        let mut spins = 0u32;
+        while flag.load(Ordering::Acquire) != value {
+            spins += 1;
+            if spins.is_multiple_of(1024) {
+                // Both threads on one CPU: let the other one run.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    };
+    let flag = AtomicU64::new(0);
+    let mut batches: Vec<f64> = std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..trips * BATCHES {
+                wait_for(&flag, 2 * i + 1);
+                flag.store(2 * i + 2, Ordering::Release);
+            }
+        });
+        // The first batch is a warm-up: a new thread starts on its parent's CPU and is moved
+        // to the other one by the kernel's balancing only after a while.
+        (0..BATCHES)
+            .map(|b| {
+                let start = Instant::now();
+                for i in b * trips..(b + 1) * trips {
+                    flag.store(2 * i + 1, Ordering::Release);
+                    wait_for(&flag, 2 * i + 2);
+                }
+                start.elapsed().as_secs_f64() * 1e9 / trips as f64
+            })
+            .skip(1)
+            .collect()
+    });
+    batches.sort_by(f64::total_cmp);
+    batches[batches.len() / 2]
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--test");
@@ -241,8 +289,11 @@ fn main() {
         })
         .unwrap_or_default();
     println!(
-        "simpler-sched workloads: {cpus} CPUs ({model}); median of {} after {} warm-up",
-        plan.samples, plan.warmups
+        "simpler-sched workloads: {cpus} CPUs ({model}); median of {} after {} warm-up; \
+         cross-thread round trip {:.0} ns",
+        plan.samples,
+        plan.warmups,
+        cross_thread_round_trip_ns(quick)
     );
     println!();
     println!(
@@ -259,4 +310,6 @@ fn main() {
     if wanted("P6") {
         measure_p6(&h, &plan);
     }
+    println!();
+    println!("cross-thread round trip at the end: {:.0} ns", cross_thread_round_trip_ns(quick));
 }
