@@ -204,16 +204,20 @@ impl Core {
 
 #[cfg(all(test, not(simpler_loom)))]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use tracing_subscriber::layer::SubscriberExt;
 
     use crate::outcome::RunOutcome;
     use crate::scheduler::tests::{gated_engine, one_running_task};
 
-    /// A tracing layer that panics on every event.
-    struct PanicsOnEvent;
+    /// A tracing layer that panics on every event, after noting that it saw one.
+    struct PanicsOnEvent(Arc<AtomicBool>);
 
     impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicsOnEvent {
         fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            self.0.store(true, Ordering::Relaxed);
             panic!("deliberate: the subscriber panics");
         }
     }
@@ -222,11 +226,16 @@ mod tests {
     fn poisoning_fails_every_run_and_never_unwinds_even_when_the_subscriber_panics() {
         let (engine, tx) = gated_engine();
         let (run, _) = one_running_task(&engine);
-        let subscriber = tracing_subscriber::registry().with(PanicsOnEvent);
+        let seen = Arc::new(AtomicBool::new(false));
+        let subscriber = tracing_subscriber::registry().with(PanicsOnEvent(Arc::clone(&seen)));
         let unwound = tracing::subscriber::with_default(subscriber, || {
+            // Another test's thread without a subscriber may have cached the log call's
+            // interest as "never"; ask again so that the event reaches this layer.
+            tracing::callsite::rebuild_interest_cache();
             let poison = || engine.core().poison("deliberate");
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(poison)).is_err()
         });
+        assert!(seen.load(Ordering::Relaxed), "the report never reached the panicking layer");
         assert!(!unwound, "poisoning unwound into the thread that caught the engine's panic");
         assert!(engine.is_poisoned());
         assert!(matches!(engine.wait(run).unwrap(), RunOutcome::Failed(_)));

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use simpler_types::{CancelReason, SlotId, TaskFailure, TaskState};
 
 use crate::core::Core;
+use crate::endpoint::quietly;
 use crate::run_record::RunRecord;
 use crate::sync::Ordering;
 use crate::task_protocol::{Claim, ClaimCause, OnBuilding};
@@ -44,7 +45,8 @@ impl Core {
     /// id is ignored (its owner already reclaimed it).
     pub(crate) fn release(&self, id: SlotId) {
         let Some(slot) = self.ring.slot(id) else {
-            tracing::debug!(%id, "release of a stale slot ignored");
+            // Quietly: releases also run outside passes (closing, the scheduler's exit).
+            quietly(|| tracing::debug!(%id, "release of a stale slot ignored"));
             return;
         };
         if let Some(run) = slot.release_ref(id) {

@@ -13,14 +13,16 @@
 //! 1. **Deliver.** A producer with an event tries the scheduler lock. With it, it runs a pass
 //!    that first drains the inbox (so earlier events keep their order) and then handles its own
 //!    event. Without it, it appends the event here (`pending := true`, under the inbox lock).
-//!    1a. **Join.** A ready task that may be left (step 10) and finds events already waiting
-//!    (checked under the inbox lock) is appended behind them, up to [`JOIN_LIMIT`] waiting ready
-//!    tasks, and its producer neither drives nor reads the role: whoever made the inbox pending
-//!    owes it a drain (step 2, 3 or 8), and a drain takes everything appended before it. A
-//!    stream of ready tasks then costs one inbox lock each instead of a lock, a fence and a
-//!    contended scheduler-lock attempt or role read.
-//! 2. **Drive.** Every producer then (except one that left its task to the idle driver, step 7),
-//!    and every lock holder after unlocking — including the scheduler thread, which takes the
+//!    - **Join.** A ready task that may be left (step 10) and finds events already waiting
+//!      (checked under the inbox lock) is appended behind them, up to [`JOIN_LIMIT`] waiting
+//!      ready tasks, and its producer neither drives nor reads the role: whoever made the inbox
+//!      pending owes it a drain (step 2, 3 or 8), and a drain takes everything appended before
+//!      it. A stream of ready tasks then costs one inbox lock each instead of a lock, a fence
+//!      and a contended scheduler-lock attempt or role read. The price: joined tasks wait for
+//!      that owner, which the operating system may have descheduled, as tasks appended behind
+//!      a pass in progress always have (`docs/decisions/sched.md`).
+//! 2. **Drive.** Every producer then (except one that joined, or left its task to the idle
+//!    driver, step 7), and every lock holder after unlocking — including the scheduler thread, which takes the
 //!    lock blocking ([`locked_then_drive`]) — loops: SeqCst fence; if `pending` is false, stop;
 //!    if the lock cannot be taken, stop (its holder will drive after unlocking); otherwise run a
 //!    pass and repeat.
@@ -47,9 +49,9 @@
 //! 7. **Leave.** A producer with a ready task that sees the role held, and no event already
 //!    waiting, appends the task (step 1's append, without trying the lock), then reads the role
 //!    with a read-modify-write: still held, it returns, leaving the pass to the holder; otherwise
-//!    it drives (step 2) itself. With an event already waiting the producer joins it (step 1a)
-//!    instead; past [`JOIN_LIMIT`] waiting ready tasks the holder has not kept up (it may be off
-//!    its CPU), and the producer delivers as in step 1, draining them all.
+//!    it drives (step 2) itself. With an event already waiting the producer joins it (step 1)
+//!    instead; past [`JOIN_LIMIT`] waiting ready tasks (the left one included) the holder has
+//!    not kept up (it may be off its CPU), and the producer delivers as in step 1.
 //! 8. **Give back.** The holder stops spinning (mail arrived, an event is waiting, or its spin
 //!    is over) by clearing the role with a read-modify-write, then drives (step 2), before it
 //!    takes its own mail. It never keeps or drops the role any other way.
@@ -70,9 +72,9 @@
 //!
 //! | Field | Writers | Readers |
 //! |---|---|---|
-//! | `pending` | producers (step 1) and drainers (step 4), under the inbox lock, only when it
-//! changes | joiners (step 1a), under the inbox lock; drivers (step 2), lock-free after a SeqCst
-//! fence; the idle driver while spinning and producers before joining (hints) |
+//! | `pending` | producers (step 1, only when it changes) and drainers (steps 4 and 5), under
+//! the inbox lock | joiners (step 1), under the inbox lock; drivers (step 2), lock-free after a
+//! SeqCst fence; the idle driver while spinning and producers before joining (hints) |
 //! | `IdleDriver::held` | endpoint threads (steps 6 and 8) and producers (step 7), by
 //! read-modify-writes only (a plain store would break step 9) | the same, and first looks
 //! (hints) |
@@ -160,7 +162,7 @@ impl Inbox {
         Ok(())
     }
 
-    /// Step 1a: appends `entry` if events are already waiting and fewer than `limit` ready tasks
+    /// Step 1's join: appends `entry` if events are already waiting and fewer than `limit` ready tasks
     /// among them, and reports whether it did. Such an append owes no drive: the event that set
     /// `pending` is owed a drain, and a drain takes everything appended before it.
     pub(crate) fn join_pending(&self, entry: ReadyEntry, limit: usize) -> Result<bool, Closed> {
@@ -280,10 +282,9 @@ impl IdleDriver {
     }
 }
 
-/// Step 1 for a task published ready, with steps 1a and 7 when `may_leave`: joins events already
-/// waiting, or leaves it to the idle driver if one holds the role; otherwise runs `own_pass` on
-/// it under `lock` if the lock is free, or appends it; then drives (step 2) unless the task
-/// joined or the idle driver took it over.
+/// Step 1 for a task published ready, with the join and step 7 when `may_leave`: joins events
+/// already waiting, or leaves it to the idle driver if one holds the role; otherwise runs `own_pass` on it under `lock` if the lock is free, or
+/// appends it; then drives (step 2) unless the task joined or the idle driver took it over.
 pub(crate) fn deliver_ready<S>(
     inbox: &Inbox,
     driver: &IdleDriver,
@@ -313,8 +314,8 @@ pub(crate) fn deliver_ready<S>(
     Ok(())
 }
 
-/// Most ready tasks waiting in the inbox that a producer joins instead of delivering (step 1a):
-/// the most that wait on a holder that has fallen behind. Measured (P1, 8 alternating rounds):
+/// Most ready tasks waiting in the inbox that a producer joins instead of delivering (step 1):
+/// the most that wait on a thread that has fallen behind. Measured (P1, 8 alternating rounds):
 /// 8 and 32 gave the same gain.
 pub(crate) const JOIN_LIMIT: usize = 32;
 

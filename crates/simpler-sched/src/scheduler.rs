@@ -63,7 +63,7 @@ use smallvec::SmallVec;
 use simpler_types::{CancelReason, RunFailure, SlotId, TaskFailure, TaskState};
 
 use crate::core::Core;
-use crate::endpoint::{EndpointFailure, panic_message};
+use crate::endpoint::{EndpointFailure, panic_message, quietly};
 use crate::graph::GraphScratch;
 use crate::inbox::{
     self, Closed, InboxBatch, MemberCompletion, ReadyEntry, WorkerSlot, drive, locked_then_drive,
@@ -629,8 +629,8 @@ impl Core {
         self.sched.is_locked()
     }
 
-    /// Delivers a task published ready (combining step 1), leaving it to an idle endpoint
-    /// thread when `may_leave` and one holds the idle-driver role (steps 7–10). `Err(Closed)`
+    /// Delivers a task published ready (combining step 1), joining events already waiting or
+    /// leaving it to an idle endpoint thread when `may_leave` (steps 1 and 7–10). `Err(Closed)`
     /// once the scheduler has stopped for good: the caller must cancel the task.
     pub(crate) fn deliver_ready(&self, entry: ReadyEntry, may_leave: bool) -> Result<(), Closed> {
         inbox::deliver_ready(
@@ -650,8 +650,11 @@ impl Core {
             Some(mut state) => self.run_pass(&mut state, Own::Completion(completion)),
             None => {
                 if self.inbox.push_completion(completion).is_err() {
-                    // Cannot happen: the inbox closes only when no worker is busy.
-                    tracing::error!(level = self.level, "completion refused by a closed inbox");
+                    // Cannot happen: the inbox closes only when no worker is busy. Logged
+                    // quietly: this runs on an endpoint thread, outside any pass.
+                    quietly(|| {
+                        tracing::error!(level = self.level, "completion refused by a closed inbox")
+                    });
                 }
             }
         }
