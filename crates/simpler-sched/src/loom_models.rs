@@ -20,7 +20,7 @@ use crate::inbox::{
 use crate::outcome::RunOutcome;
 use crate::run_record::RunRecord;
 use crate::slot::{Edge, Head, Route, TaskSlot};
-use crate::sync::{Mutex, Ordering};
+use crate::sync::{Mutex, MutexGuard, Ordering};
 use crate::task_protocol::{Attach, Claim, ClaimCause, MemberDone, OnBuilding, Publish};
 
 const CALLABLE: CallableId =
@@ -365,6 +365,26 @@ fn loom_combining_never_strands_an_event() {
     });
 }
 
+/// A model scheduler: the count of ready tasks processed, and a pass's scratch batch.
+type ModelSched = Arc<Mutex<(usize, InboxBatch)>>;
+
+/// A model pass: drains the inbox and counts the ready tasks it found.
+fn count_pass(state: &mut (usize, InboxBatch), inbox: &Inbox) {
+    inbox.take(&mut state.1);
+    state.0 += state.1.ready.len();
+    state.1.ready.clear();
+}
+
+/// A producer delivering `n` ready tasks that may be left or join. Its own pass counts only its
+/// own task, not the inbox, so that it rescues nothing another thread owes.
+fn deliver_ready_tasks(inbox: &Inbox, driver: &IdleDriver, sched: &ModelSched, n: u32) {
+    for i in 1..=n {
+        let entry = ReadyEntry { slot: SlotId::new(i, 1), route: Route::Group };
+        deliver_ready(inbox, driver, sched, entry, true, |g, _| g.0 += 1, |g| count_pass(g, inbox))
+            .unwrap();
+    }
+}
+
 /// The idle-driver hand-off (`inbox`, steps 6–9): a producer delivers two ready tasks while two
 /// endpoint threads each take the role once (watching once, then giving it back), so the role can
 /// change hands between a producer's look and its read-modify-write. Every task is processed by
@@ -376,89 +396,48 @@ fn loom_idle_driver_never_strands_a_ready_task() {
     model_bounded(3, || {
         let inbox = Arc::new(Inbox::default());
         let driver = Arc::new(IdleDriver::default());
-        let sched = Arc::new(Mutex::new((0usize, InboxBatch::default())));
-        let pass = |state: &mut (usize, InboxBatch), inbox: &Inbox| {
-            inbox.take(&mut state.1);
-            state.0 += state.1.ready.len();
-            state.1.ready.clear();
-        };
-        let idle_thread = |inbox: Arc<Inbox>, driver: Arc<IdleDriver>, sched: Arc<Mutex<_>>| {
+        let sched: ModelSched = Arc::new(Mutex::new((0, InboxBatch::default())));
+        let idle_thread = |inbox: Arc<Inbox>, driver: Arc<IdleDriver>, sched: ModelSched| {
             thread::spawn(move || {
                 if driver.take() {
                     // The spin's one look (a hint), then the give-back every holder owes.
                     let _ = inbox.pending();
                     thread::yield_now();
-                    driver.give_back_then_drive(&inbox, &sched, |g| pass(g, &inbox));
+                    driver.give_back_then_drive(&inbox, &sched, |g| count_pass(g, &inbox));
                 }
             })
         };
         let first = idle_thread(inbox.clone(), driver.clone(), sched.clone());
         let second = idle_thread(inbox.clone(), driver.clone(), sched.clone());
-        for i in 1..=2 {
-            let entry = ReadyEntry { slot: SlotId::new(i, 1), route: Route::Group };
-            deliver_ready(
-                &inbox,
-                &driver,
-                &sched,
-                entry,
-                true,
-                |g, _| g.0 += 1,
-                |g| pass(g, &inbox),
-            )
-            .unwrap();
-        }
+        deliver_ready_tasks(&inbox, &driver, &sched, 2);
         first.join().unwrap();
         second.join().unwrap();
         assert_eq!(sched.lock().0, 2, "every ready task was processed");
     });
 }
 
-/// Joining a pending inbox (`inbox`, step 1a): a producer delivers three ready tasks that may be
-/// left while another thread holds the scheduler lock for a pass of its own and drives after it,
-/// so the later tasks can join an inbox that the first made pending instead of driving. Every
-/// task is processed by some pass before everyone returns: a join rides on the drain owed to the
-/// event that made the inbox pending.
+/// Joining a pending inbox (`inbox`, step 1's join): a producer delivers three ready tasks that
+/// may be left while another thread holds the scheduler lock for a pass of its own and drives
+/// after it, so the later tasks can join an inbox that the first made pending instead of
+/// driving. Every task is processed by some pass before everyone returns: a join rides on the
+/// drain owed to the event that made the inbox pending.
 #[test]
 fn loom_joining_a_pending_inbox_never_strands_a_ready_task() {
     model_bounded(3, || {
         let inbox = Arc::new(Inbox::default());
         let driver = Arc::new(IdleDriver::default());
-        let sched = Arc::new(Mutex::new((0usize, InboxBatch::default())));
-        let pass = |state: &mut (usize, InboxBatch), inbox: &Inbox| {
-            inbox.take(&mut state.1);
-            state.0 += state.1.ready.len();
-            state.1.ready.clear();
-        };
+        let sched: ModelSched = Arc::new(Mutex::new((0, InboxBatch::default())));
         let completing = {
             let (inbox, sched) = (inbox.clone(), sched.clone());
             thread::spawn(move || {
-                locked_then_drive(
-                    &inbox,
-                    &sched,
-                    |g| {
-                        thread::yield_now();
-                        pass(g, &inbox);
-                    },
-                    |g| pass(g, &inbox),
-                );
+                let body = |g: &mut MutexGuard<'_, (usize, InboxBatch)>| {
+                    thread::yield_now();
+                    count_pass(g, &inbox);
+                };
+                locked_then_drive(&inbox, &sched, body, |g| count_pass(g, &inbox));
             })
         };
-        for i in 1..=3 {
-            let entry = ReadyEntry { slot: SlotId::new(i, 1), route: Route::Group };
-            deliver_ready(
-                &inbox,
-                &driver,
-                &sched,
-                entry,
-                true,
-                |g, _| {
-                    pass(g, &inbox);
-                    g.0 += 1;
-                },
-                |g| pass(g, &inbox),
-            )
-            .unwrap();
-        }
+        deliver_ready_tasks(&inbox, &driver, &sched, 3);
         completing.join().unwrap();
         assert_eq!(sched.lock().0, 3, "every ready task was processed");
     });
