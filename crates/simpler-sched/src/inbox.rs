@@ -22,10 +22,10 @@
 //!      that owner, which the operating system may have descheduled, as tasks appended behind
 //!      a pass in progress always have (`docs/decisions/sched.md`).
 //! 2. **Drive.** Every producer then (except one that joined, or left its task to the idle
-//!    driver, step 7), and every lock holder after unlocking — including the scheduler thread, which takes the
-//!    lock blocking ([`locked_then_drive`]) — loops: SeqCst fence; if `pending` is false, stop;
-//!    if the lock cannot be taken, stop (its holder will drive after unlocking); otherwise run a
-//!    pass and repeat.
+//!    driver, step 7), and every lock holder after unlocking — including the scheduler thread,
+//!    which takes the lock blocking ([`locked_then_drive`]) — loops: SeqCst fence; if `pending`
+//!    is false, stop; if the lock cannot be taken, stop (its holder will drive after
+//!    unlocking); otherwise run a pass and repeat.
 //! 3. **Why nothing is lost.** A producer's append (before its fence) and a holder's unlock
 //!    (before its fence) are ordered by the two SeqCst fences: either the holder's check sees
 //!    `pending`, or the producer's `try_lock` sees the lock free (or taken by a later holder,
