@@ -206,7 +206,7 @@ fn measure_p6(h: &Harness, plan: &Plan) {
 
 /// Median nanoseconds of one round trip of a cache line between two spinning threads (usually
 /// on two CPUs): what every cross-thread hand-off of the engine pays at least. On a virtual
-/// machine it changes with where the host places the vCPUs (80–120 ns or 350–380 ns on the
+/// machine it changes with where the host places the vCPUs (50–150 ns or 350–380 ns on the
 /// development machine), and every engine's figures move with it, so the header reports it at
 /// the start and at the end.
 fn cross_thread_round_trip_ns(quick: bool) -> f64 {

@@ -148,11 +148,14 @@ pub(crate) struct Inbox {
 pub(crate) struct Closed;
 
 impl Inbox {
+    /// The inbox locked for an append; `Err(Closed)` once the scheduler's final drain closed it.
+    fn open_for_append(&self) -> Result<MutexGuard<'_, InboxState>, Closed> {
+        let s = self.state.lock();
+        if s.closed { Err(Closed) } else { Ok(s) }
+    }
+
     fn push(&self, f: impl FnOnce(&mut InboxBatch)) -> Result<(), Closed> {
-        let mut s = self.state.lock();
-        if s.closed {
-            return Err(Closed);
-        }
+        let mut s = self.open_for_append()?;
         f(&mut s.batch);
         // Relaxed: published by the inbox unlock and, for drivers, by the SeqCst fences of
         // protocol step 3. Every write is made under the inbox lock, so the load is exact.
@@ -162,14 +165,11 @@ impl Inbox {
         Ok(())
     }
 
-    /// Step 1's join: appends `entry` if events are already waiting and fewer than `limit` ready tasks
-    /// among them, and reports whether it did. Such an append owes no drive: the event that set
-    /// `pending` is owed a drain, and a drain takes everything appended before it.
+    /// Step 1's join: appends `entry` if events are already waiting and fewer than `limit`
+    /// ready tasks among them, and reports whether it did. Such an append owes no drive: the
+    /// event that set `pending` is owed a drain, and a drain takes everything appended before it.
     pub(crate) fn join_pending(&self, entry: ReadyEntry, limit: usize) -> Result<bool, Closed> {
-        let mut s = self.state.lock();
-        if s.closed {
-            return Err(Closed);
-        }
+        let mut s = self.open_for_append()?;
         // Relaxed: under the inbox lock, like every write of `pending`.
         if !self.pending.load(Ordering::Relaxed) || s.batch.ready.len() >= limit {
             return Ok(false);
@@ -283,8 +283,9 @@ impl IdleDriver {
 }
 
 /// Step 1 for a task published ready, with the join and step 7 when `may_leave`: joins events
-/// already waiting, or leaves it to the idle driver if one holds the role; otherwise runs `own_pass` on it under `lock` if the lock is free, or
-/// appends it; then drives (step 2) unless the task joined or the idle driver took it over.
+/// already waiting, or leaves it to the idle driver if one holds the role; otherwise runs
+/// `own_pass` on it under `lock` if the lock is free, or appends it; then drives (step 2) unless
+/// the task joined or the idle driver took it over.
 pub(crate) fn deliver_ready<S>(
     inbox: &Inbox,
     driver: &IdleDriver,

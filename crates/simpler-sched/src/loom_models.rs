@@ -368,6 +368,12 @@ fn loom_combining_never_strands_an_event() {
 /// A model scheduler: the count of ready tasks processed, and a pass's scratch batch.
 type ModelSched = Arc<Mutex<(usize, InboxBatch)>>;
 
+/// A fresh inbox, idle-driver role and model scheduler.
+fn ready_model() -> (Arc<Inbox>, Arc<IdleDriver>, ModelSched) {
+    let sched = Arc::new(Mutex::new((0, InboxBatch::default())));
+    (Arc::new(Inbox::default()), Arc::new(IdleDriver::default()), sched)
+}
+
 /// A model pass: drains the inbox and counts the ready tasks it found.
 fn count_pass(state: &mut (usize, InboxBatch), inbox: &Inbox) {
     inbox.take(&mut state.1);
@@ -394,9 +400,7 @@ fn deliver_ready_tasks(inbox: &Inbox, driver: &IdleDriver, sched: &ModelSched, n
 #[test]
 fn loom_idle_driver_never_strands_a_ready_task() {
     model_bounded(3, || {
-        let inbox = Arc::new(Inbox::default());
-        let driver = Arc::new(IdleDriver::default());
-        let sched: ModelSched = Arc::new(Mutex::new((0, InboxBatch::default())));
+        let (inbox, driver, sched) = ready_model();
         let idle_thread = |inbox: Arc<Inbox>, driver: Arc<IdleDriver>, sched: ModelSched| {
             thread::spawn(move || {
                 if driver.take() {
@@ -424,9 +428,7 @@ fn loom_idle_driver_never_strands_a_ready_task() {
 #[test]
 fn loom_joining_a_pending_inbox_never_strands_a_ready_task() {
     model_bounded(3, || {
-        let inbox = Arc::new(Inbox::default());
-        let driver = Arc::new(IdleDriver::default());
-        let sched: ModelSched = Arc::new(Mutex::new((0, InboxBatch::default())));
+        let (inbox, driver, sched) = ready_model();
         let completing = {
             let (inbox, sched) = (inbox.clone(), sched.clone());
             thread::spawn(move || {
