@@ -1,13 +1,13 @@
 //! Pipelined runs through an L2 worker (`docs/pipelining.md`): depth 1, depth 2 and device
 //! queueing in the same invocation, alternating.
 //!
-//! - **W3**: back-to-back runs of the vector program over 1024 f32 on one cluster, whose device
-//!   time is made up to the measured host time per run by its `g = d · e` kernel, which sleeps
-//!   for the difference after computing. A sleeping kernel does not use the host's CPU, as a
-//!   chip's device time does not (`docs/benchmarks-worker.md`, W3, says why this is the
-//!   faithful model). Throughput and per-run latency (submit → result) at each lane mode.
-//! - **W3 mostly parked**: the same shape with a fixed 300 us sleep, so that the parked part
-//!   dominates the device time.
+//! - **W3**: back-to-back runs of the vector program over 1024 f32 on one cluster, whose
+//!   `g = d · e` kernel declares a time on the chip equal to the measured host time per run
+//!   (`model_device_time`). The simulator's threads neither sleep nor spin for it, as a chip's
+//!   compute uses no host CPU (`docs/benchmarks-worker.md`, W3, says why this is the faithful
+//!   model). Throughput and per-run latency (submit → result) at each lane mode.
+//! - **W3 long device time**: the same shape with a fixed 300 us on the chip, so that the
+//!   device time dominates.
 //! - **W3 CPU-bound**: the vector program over 16384 f32 with no delay: its simulated device
 //!   time is CPU work on the host's own cores, competing with the host's preparation.
 //! - **S1 back to back**: the CPU-bound shape, 100 runs in each lane mode; and S1 serial
@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use cpu_time::ProcessTime;
 
+use simpler::device_a2a3::kernel::model_device_time;
 use simpler::device_a2a3::programs::{f32_to_le_bytes, vector};
 use simpler::device_a2a3::{
     ChipCallable, DeviceRunner, KernelCall, Platform, RunRequest, RunnerOptions, RuntimeVariant,
@@ -36,10 +37,10 @@ use simpler::worker::{ChipMemory, Orchestration, Worker};
 
 const N: usize = 16384;
 
-/// Nanoseconds the `g = d · e` kernel sleeps after computing: the device time a stream adds.
-static DEVICE_WAIT_NS: AtomicU64 = AtomicU64::new(0);
+/// Nanoseconds the `g = d · e` kernel declares it takes on the chip.
+static CHIP_TIME_NS: AtomicU64 = AtomicU64::new(0);
 
-/// `g = d · e`, then [`DEVICE_WAIT_NS`] of sleep.
+/// `g = d · e`, declaring [`CHIP_TIME_NS`] of time on the chip.
 unsafe extern "C-unwind" fn mul_then_wait(args: *mut i64) {
     // SAFETY: the vector program's product task: tensors `d`, `e` (in) and `g` (out), f32, of
     // one shape; `g` does not alias the inputs.
@@ -51,10 +52,7 @@ unsafe extern "C-unwind" fn mul_then_wait(args: *mut i64) {
             *g = d * e;
         }
     }
-    let wait = DEVICE_WAIT_NS.load(Ordering::Relaxed);
-    if wait > 0 {
-        std::thread::sleep(Duration::from_nanos(wait));
-    }
+    model_device_time(Duration::from_nanos(CHIP_TIME_NS.load(Ordering::Relaxed)));
 }
 
 /// The vector program with [`mul_then_wait`] as its product kernel.
@@ -62,19 +60,19 @@ fn program() -> ChipCallable {
     vector::builder_with_mul(mul_then_wait).build().expect("program")
 }
 
-/// Sets the device time the streams that follow add per run.
-fn set_device_wait(shape: Shape) {
-    let ns = shape.delay.map_or(0, |d| d.as_nanos() as u64);
-    DEVICE_WAIT_NS.store(ns, Ordering::Relaxed);
+/// Sets the time on the chip the product kernel of the streams that follow declares.
+fn set_chip_time(shape: Shape) {
+    let ns = shape.chip_time.map_or(0, |d| d.as_nanos() as u64);
+    CHIP_TIME_NS.store(ns, Ordering::Relaxed);
 }
 
 /// One workload of the stream: elements, cluster count (0 = default), the product kernel's
-/// sleep (device time that uses no CPU).
+/// declared time on the chip (`None`: its host build's compute is the device time).
 #[derive(Clone, Copy)]
 struct Shape {
     n: usize,
     block_dim: u32,
-    delay: Option<Duration>,
+    chip_time: Option<Duration>,
 }
 
 fn program_args(mem: &ChipMemory<'_>, n: usize) -> TaskArgs {
@@ -100,7 +98,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 /// Host time (prepare + launch + complete) and device time (the wait in `reap_run`) of one run
 /// of `shape`, measured on a runner directly (medians of `samples`).
 fn calibrate(samples: usize, shape: Shape) -> (Duration, Duration) {
-    set_device_wait(shape);
+    set_chip_time(shape);
     let mut r = DeviceRunner::attach(RunnerOptions::sim(9, RuntimeVariant::HostBuildGraph))
         .expect("attach");
     let slot = r.register_callable(&program()).expect("register");
@@ -175,7 +173,7 @@ fn runner_stream(mode: Mode, runs: usize, shape: Shape) -> (Duration, Phases) {
             .child_memory(true);
         if i < 2 { args.add_input(t) } else { args.add_output(t) }.expect("arg");
     }
-    set_device_wait(shape);
+    set_chip_time(shape);
     let cfg = CallConfig::builder().block_dim(shape.block_dim).build().expect("config");
     let mut ph = Phases::default();
     let timed = |acc: &mut Duration, t: Instant| *acc += t.elapsed();
@@ -281,7 +279,7 @@ fn stream(lane: Lane, runs: usize, shape: Shape) -> Stream {
     let args = program_args(&w.memory().expect("memory"), shape.n);
     let cfg = CallConfig::builder().block_dim(shape.block_dim).build().expect("config");
     let run = || Orchestration::chip(h, args.clone()).config(cfg.clone());
-    set_device_wait(shape);
+    set_chip_time(shape);
     // Warm up (arenas of every slot).
     for _ in 0..4 {
         w.run(run()).expect("warm-up run");
@@ -331,44 +329,52 @@ fn main() {
     let samples = if quick { 5 } else { 50 };
     let us = |d: Duration| d.as_secs_f64() * 1e6;
 
-    // W3: one cluster over 1024 f32, the device time made up to the host time per run by a
-    // sleep in its product kernel, which uses no CPU: like a real chip, the device then does not
-    // use the host's CPU for that part. The host time is what a run costs the host through
-    // the worker (a depth-1 stream without delay, less the simulated device time), at least
-    // the runner's own prepare + launch + complete; the delay is that host time less the
-    // simulated device time, so device and host time per run are about equal.
-    let small = Shape { n: 1024, block_dim: 1, delay: None };
+    // W3: one cluster over 1024 f32, whose product kernel declares a time on the chip equal
+    // to the host's own time per run: what a depth-1 stream adds to its declared time (the
+    // host's part of the time between two runs, which pipelining can hide). That part depends
+    // on the declared time (a longer wait parks the host's threads, whose wake-ups then take
+    // longer), so it is found as a fixed point: starting from 300 us, declare the host part
+    // just measured and measure again, three times. Measured at each level, since the worker's
+    // lane and waiter add to the runner's.
+    let small = Shape { n: 1024, block_dim: 1, chip_time: None };
     let (host, device) = calibrate(samples, small);
-    let through_worker = stream(Lane::Depth1, if quick { 20 } else { 300 }, small).per_run;
-    let host_worker = through_worker.saturating_sub(device).max(host);
-    // Device time = simulated CPU work + the sleep, made equal to the host time.
-    let delay = host_worker.saturating_sub(device);
+    let calibration_runs = if quick { 20 } else { 300 };
+    let host_part = |per_run_with: &dyn Fn(Shape) -> Duration| {
+        let mut chip_time = Duration::from_micros(300);
+        let mut steps = Vec::new();
+        for _ in 0..3 {
+            let shape = Shape { chip_time: Some(chip_time), ..small };
+            chip_time = per_run_with(shape).saturating_sub(chip_time).max(Duration::from_micros(1));
+            steps.push(format!("{:.1}", us(chip_time)));
+        }
+        (chip_time, steps.join(" -> "))
+    };
+    let (host_runner, runner_steps) =
+        host_part(&|shape| runner_stream(Mode::Depth1, calibration_runs, shape).0);
+    let (host_worker, worker_steps) =
+        host_part(&|shape| stream(Lane::Depth1, calibration_runs, shape).per_run);
     println!(
-        "calibration (1024 f32, one cluster): runner host time per run {:.1} us (prepare + launch + complete), simulated device time {:.1} us (CPU work), depth-1 worker stream {:.1} us per run, so host time through the worker {:.1} us; W3's product kernel adds a {:.1} us sleep (device time about {:.1} us, {:.1} us of it asleep)",
+        "calibration (1024 f32, one cluster): runner prepare + launch + complete {:.1} us per run, simulated device time without a declared time {:.1} us (the host build's compute and hand-offs); host part per run (a depth-1 stream less its declared time): runner {runner_steps} us, through the worker {worker_steps} us; W3's product kernel declares the last of each as its time on the chip",
         us(host),
         us(device),
-        us(through_worker),
-        us(host_worker),
-        us(delay),
-        us(device + delay),
-        us(delay),
     );
-    let w3 = Shape { delay: Some(delay).filter(|d| !d.is_zero()), ..small };
+    let w3 = Shape { chip_time: Some(host_worker), ..small };
+    let w3_runner = Shape { chip_time: Some(host_runner), ..small };
+    let long = Shape { chip_time: Some(Duration::from_micros(300)), ..small };
     // W3 CPU-bound: the vector program over 16384 f32, whose simulated device time is host
     // CPU work on the same cores as the host's preparation.
-    let big = Shape { n: N, block_dim: 0, delay: None };
+    let big = Shape { n: N, block_dim: 0, chip_time: None };
     let (host_big, device_big) = calibrate(samples, big);
     println!(
-        "calibration (16384 f32): host time per run {:.1} us, simulated device time {:.1} us (CPU work, no delay)",
+        "calibration (16384 f32): host time per run {:.1} us, simulated device time {:.1} us (CPU work, nothing declared)",
         us(host_big),
         us(device_big),
     );
     let lanes = [Lane::Depth1, Lane::Depth2, Lane::Queued];
-    // W3 mostly parked: a 300 us sleep, so the parked part dominates the device time.
-    let parked = Shape { delay: Some(Duration::from_micros(300)), ..small };
+    // W3 long device time: 300 us on the chip, so the device time dominates.
     let workloads = [
         ("W3", runs, w3),
-        ("W3 mostly parked (300 us sleep)", runs, parked),
+        ("W3 long device time (300 us)", runs, long),
         ("W3 CPU-bound", runs, big),
         ("S1 back to back", s1_runs, big),
     ];
@@ -382,7 +388,7 @@ fn main() {
         }
     }
     let modes = [Mode::Depth1, Mode::Depth2, Mode::Queued];
-    for (name, n, shape) in [("W3 runner", runs, w3), ("W3 CPU-bound runner", runs, big)] {
+    for (name, n, shape) in [("W3 runner", runs, w3_runner), ("W3 CPU-bound runner", runs, big)] {
         let mut per_mode = Vec::new();
         for mode in modes {
             let mut walls = Vec::new();

@@ -14,7 +14,9 @@
 //! knows its own signature (how many tensors it takes), which [`KernelCall::from_raw`] needs to
 //! tell descriptor slots from scalar slots.
 
+use std::cell::Cell;
 use std::marker::PhantomData;
+use std::time::Duration;
 
 use simpler_types::{Scalar, Tensor, from_scalar};
 
@@ -135,6 +137,31 @@ impl<'a> KernelCall<'a> {
         // SAFETY: as in `slice`, plus exclusivity guaranteed by the caller.
         Some(unsafe { std::slice::from_raw_parts_mut(t.data_addr() as usize as *mut T, len) })
     }
+}
+
+thread_local! {
+    /// Time on the chip the kernel running on this thread declared, in nanoseconds.
+    static MODELLED_NS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Declares how long the running kernel takes on the chip (`docs/device-simulator.md`,
+/// "Modelled device time"), whatever its host build takes to compute.
+///
+/// The simulator adds the time to the kernel's launch (the declared times of one launch add
+/// up): the launch's completion, and every event and stream synchronisation behind it, becomes
+/// visible to the host no sooner than that long after the launch started, or after the
+/// launches ahead of it on the stream ended if that is later. The host build's own compute is
+/// hidden inside that time when it is shorter. No simulated thread sleeps or spins for it, as
+/// a chip's compute uses no host CPU. Outside a kernel the simulator runs, the call has no
+/// effect.
+pub fn model_device_time(time: Duration) {
+    let ns = u64::try_from(time.as_nanos()).unwrap_or(u64::MAX);
+    MODELLED_NS.with(|m| m.set(m.get().saturating_add(ns)));
+}
+
+/// Takes the device time declared on this thread since the last call.
+pub(crate) fn take_modelled_device_time() -> u64 {
+    MODELLED_NS.with(|m| m.replace(0))
 }
 
 /// `block_idx` of the running kernel.

@@ -509,12 +509,16 @@ pub(crate) fn call_kernel<H: CoreHost>(
     // keeps its objects until finalize has joined every simulated thread, and a thread finalize
     // had to detach keeps them open for the life of the process.
     let f: KernelFn = unsafe { std::mem::transmute::<usize, KernelFn>(kernel as usize) };
+    // Time declared on this thread outside a kernel belongs to no launch.
+    crate::kernel::take_modelled_device_time();
     // SAFETY: `args` points at the payload's 50 argument slots, laid out as the kernel ABI
     // requires; what the kernel does with its tensors is its own contract.
-    match std::panic::catch_unwind(AssertUnwindSafe(|| unsafe { f(args) })) {
+    let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| unsafe { f(args) })) {
         Ok(()) => KernelOutcome::Finished,
         Err(p) => KernelOutcome::Faulted(format!("kernel panicked: {}", panic_message(&*p))),
-    }
+    };
+    entry.add_modelled_time(crate::kernel::take_modelled_device_time());
+    outcome
 }
 
 #[cfg(test)]

@@ -22,6 +22,16 @@
 //!    it (sticky 507014) and sets `aborted`, which releases the participants' waits; the entry
 //!    still completes in step 4 once they return.
 //!
+//! Modelled device time (`docs/device-simulator.md`): kernels may declare how long they take
+//! on the chip ([`crate::kernel::model_device_time`]). Each stream keeps `busy_until`, the
+//! modelled end of its latest completed entry. An entry that starts before it has its modelled
+//! start moved there; at completion `busy_until` becomes at least modelled start + the time
+//! its kernels declared. Entries still run in real time at once: only what the host (or
+//! another stream) observes waits for the modelled time. An event takes the stream's
+//! `busy_until` when it fires as the instant it becomes visible; a stream waiting on it takes
+//! that instant into its own `busy_until`. Both only grow, so a later record on a stream never
+//! becomes visible before an earlier one.
+//!
 //! Lock order: stream lock → mailbox lock. Event callbacks run after the stream lock is
 //! released.
 
@@ -32,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::wait::{deadline_after, wait_on};
+use super::wait::{deadline_after, sleep_until_precisely, wait_on};
 use crate::abi::codes::AclCode;
 use crate::backend::{StreamFault, StreamStatus, SyncError};
 use crate::error::StreamKind;
@@ -66,6 +76,9 @@ pub(crate) struct LaunchEntry {
     pub(crate) started_ticks: AtomicU64,
     /// Host instant when the entry started; written by the starter, read by the watchdog.
     started_at: Mutex<Option<Instant>>,
+    /// Time on the chip its kernels declared, in nanoseconds; added to by the kernels'
+    /// threads, read by the completing participant.
+    modelled_ns: AtomicU64,
 }
 
 impl LaunchEntry {
@@ -83,6 +96,7 @@ impl LaunchEntry {
             aborted: AtomicBool::new(false),
             started_ticks: AtomicU64::new(0),
             started_at: Mutex::new(None),
+            modelled_ns: AtomicU64::new(0),
         })
     }
 
@@ -102,6 +116,16 @@ impl LaunchEntry {
         self.remaining.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
+    /// Adds device time a kernel of this entry declared (`ns` nanoseconds; the kernels of one
+    /// entry count as if they ran one after another).
+    pub(crate) fn add_modelled_time(&self, ns: u64) {
+        if ns > 0 {
+            // Relaxed: read by the completing participant after its AcqRel `remaining` decrement,
+            // which every kernel's participant passed after adding.
+            self.modelled_ns.fetch_add(ns, Ordering::Relaxed);
+        }
+    }
+
     fn result(&self) -> i32 {
         self.result.load(Ordering::Acquire)
     }
@@ -118,6 +142,23 @@ struct StreamState {
     enqueued: u64,
     completed: u64,
     error: Option<StreamFault>,
+    /// Modelled end of the latest completed entry (module docs); `None` or past when the
+    /// stream's modelled time has caught up with the host's clock.
+    busy_until: Option<Instant>,
+    /// Modelled start of the running entry: when it started, or `busy_until` if that was later.
+    modelled_start: Option<Instant>,
+}
+
+impl StreamState {
+    /// Whether the stream's modelled time is still ahead of the host's clock at `now`.
+    fn busy_at(&self, now: Instant) -> Option<Instant> {
+        self.busy_until.filter(|t| *t > now)
+    }
+
+    /// Takes `visible_at` (an event this stream waited on) into `busy_until`.
+    fn wait_for_modelled(&mut self, visible_at: Option<Instant>) {
+        self.busy_until = latest(self.busy_until, visible_at);
+    }
 }
 
 /// A simulated event: completes when the entries before its record completed, or fails when
@@ -135,8 +176,13 @@ pub(crate) type EventOutcome = Result<(), StreamFault>;
 struct EventInner {
     /// `None` while pending; set once by `fire`.
     outcome: Option<EventOutcome>,
+    /// When the ending becomes visible (the recording stream's modelled time); `None` = at once.
+    visible_at: Option<Instant>,
     waiting_streams: Vec<usize>,
 }
+
+/// An event's ending as the device sees it: the outcome and when the host may see it.
+type Ending = (EventOutcome, Option<Instant>);
 
 impl crate::backend::EventState for SimEvent {
     fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
@@ -145,41 +191,63 @@ impl crate::backend::EventState for SimEvent {
 }
 
 impl SimEvent {
-    /// How the event ended, `None` while it is pending. Never blocks on the device.
+    /// How the event ended as the host sees it: `None` while it is pending or its modelled
+    /// time has not passed. Never blocks on the device.
     pub(crate) fn outcome(&self) -> Option<EventOutcome> {
-        self.state.lock().outcome.clone()
+        let (outcome, visible_at) = self.ending()?;
+        visible_at.is_none_or(|t| Instant::now() >= t).then_some(outcome)
     }
 
-    /// Waits until the event ended or `wake` passes; returns the outcome if it ended.
+    /// The ending as the device sees it, whatever its modelled time.
+    fn ending(&self) -> Option<Ending> {
+        let st = self.state.lock();
+        st.outcome.clone().map(|o| (o, st.visible_at))
+    }
+
+    /// Waits until the host may see the event's ending or `wake` passes; returns the outcome if
+    /// it may. The modelled time is waited for without the event's lock.
     pub(crate) fn wait_until(&self, wake: Option<Instant>) -> Option<EventOutcome> {
-        let mut st = self.state.lock();
-        if st.outcome.is_none() {
-            wait_on(&self.cv, &mut st, wake);
+        let ending = {
+            let mut st = self.state.lock();
+            if st.outcome.is_none() {
+                wait_on(&self.cv, &mut st, wake);
+            }
+            st.outcome.clone().map(|o| (o, st.visible_at))
+        };
+        let (outcome, visible_at) = ending?;
+        if let Some(t) = visible_at {
+            sleep_until_precisely(earliest(Some(t), wake).unwrap_or(t));
+            if Instant::now() < t {
+                return None;
+            }
         }
-        st.outcome.clone()
+        Some(outcome)
     }
 
     /// Either returns how the event ended or registers `stream` to be resumed by it.
-    fn outcome_or_register(&self, stream: usize) -> Option<EventOutcome> {
+    fn ending_or_register(&self, stream: usize) -> Option<Ending> {
         let mut st = self.state.lock();
         if st.outcome.is_none() {
             st.waiting_streams.push(stream);
         }
-        st.outcome.clone()
+        st.outcome.clone().map(|o| (o, st.visible_at))
     }
 
-    /// Ends the event (the first outcome stays); returns the streams waiting on it.
-    fn fire(&self, outcome: EventOutcome) -> Vec<usize> {
+    /// Ends the event (the first ending stays); returns the streams waiting on it.
+    fn fire(&self, outcome: EventOutcome, visible_at: Option<Instant>) -> Vec<usize> {
         let mut st = self.state.lock();
-        st.outcome.get_or_insert(outcome);
+        if st.outcome.is_none() {
+            st.outcome = Some(outcome);
+            st.visible_at = visible_at;
+        }
         self.cv.notify_all();
         std::mem::take(&mut st.waiting_streams)
     }
 }
 
-/// Events that ended while a stream lock was held; their waiting streams are resumed by
-/// `resume_waiters` after the lock is released.
-pub(crate) type Fired = Vec<(Arc<SimEvent>, EventOutcome)>;
+/// Events that ended while a stream lock was held, with their outcome and visible instant;
+/// their waiting streams are resumed by `resume_waiters` after the lock is released.
+pub(crate) type Fired = Vec<(Arc<SimEvent>, EventOutcome, Option<Instant>)>;
 
 /// Who starts the participants of an entry (the device's job posting).
 pub(crate) trait Starter {
@@ -222,25 +290,27 @@ impl SimStream {
             if let Some(err) = &st.error {
                 st.completed += 1;
                 if let EntryKind::Record(ev) = &e.kind {
-                    fired.push((ev.clone(), Err(err.clone())));
+                    fired.push((ev.clone(), Err(err.clone()), st.busy_until));
                 }
                 continue;
             }
             match &e.kind {
                 EntryKind::Record(ev) => {
                     st.completed += 1;
-                    fired.push((ev.clone(), Ok(())));
+                    fired.push((ev.clone(), Ok(()), st.busy_until));
                 }
-                EntryKind::WaitEvent(ev) => match ev.outcome_or_register(self.index) {
-                    Some(outcome) => {
+                EntryKind::WaitEvent(ev) => match ev.ending_or_register(self.index) {
+                    Some(ending) => {
                         st.completed += 1;
-                        self.latch_waited(st, outcome);
+                        self.latch_waited(st, ending);
                     }
                     None => st.running = Some(e),
                 },
                 EntryKind::AiCore { .. } | EntryKind::Aicpu { .. } => {
                     e.started_ticks.store(starter.ticks() + 1, Ordering::Release);
-                    *e.started_at.lock() = Some(Instant::now());
+                    let now = Instant::now();
+                    *e.started_at.lock() = Some(now);
+                    st.modelled_start = latest(Some(now), st.busy_until);
                     st.running = Some(e.clone());
                     starter.post(self.index, &e);
                 }
@@ -251,8 +321,10 @@ impl SimStream {
     }
 
     /// A wait on a failed event fails this stream with the same error: what was ordered after
-    /// the failed work must not run.
-    fn latch_waited(&self, st: &mut StreamState, outcome: EventOutcome) {
+    /// the failed work must not run. A completed one moves the stream's modelled time up to the
+    /// event's.
+    fn latch_waited(&self, st: &mut StreamState, (outcome, visible_at): Ending) {
+        st.wait_for_modelled(visible_at);
         if let Err(f) = outcome
             && st.error.is_none()
         {
@@ -268,6 +340,10 @@ impl SimStream {
         if st.running.as_ref().is_some_and(|r| Arc::ptr_eq(r, entry)) {
             st.running = None;
             st.completed += 1;
+            if let Some(start) = st.modelled_start.take() {
+                let declared = Duration::from_nanos(entry.modelled_ns.load(Ordering::Relaxed));
+                st.busy_until = latest(st.busy_until, start.checked_add(declared));
+            }
             let code = entry.result();
             if code != 0 && st.error.is_none() {
                 st.error = Some(StreamFault::new(
@@ -283,13 +359,13 @@ impl SimStream {
     pub(crate) fn resume_event_wait(&self, starter: &dyn Starter) -> Fired {
         let mut st = self.state.lock();
         let waited = match st.running.as_ref().map(|r| &r.kind) {
-            Some(EntryKind::WaitEvent(ev)) => ev.outcome(),
+            Some(EntryKind::WaitEvent(ev)) => ev.ending(),
             _ => None,
         };
-        if let Some(outcome) = waited {
+        if let Some(ending) = waited {
             st.running = None;
             st.completed += 1;
-            self.latch_waited(&mut st, outcome);
+            self.latch_waited(&mut st, ending);
         }
         self.advance_locked(&mut st, starter)
     }
@@ -371,11 +447,16 @@ impl SimStream {
             if let Some(e) = &st.error {
                 return Err(SyncError::Fault(e.clone()));
             }
-            if st.completed >= target {
-                return Ok(());
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
                 return Err(SyncError::Timeout);
+            }
+            if st.completed >= target {
+                // Completed on the device; visible once the modelled time has passed.
+                let Some(busy) = st.busy_at(now) else { return Ok(()) };
+                let until = earliest(Some(busy), deadline).unwrap_or(busy);
+                parking_lot::MutexGuard::unlocked(&mut st, || sleep_until_precisely(until));
+                continue;
             }
             let wake = earliest(Self::op_deadline(&st, op_budget), deadline);
             wait_on(&self.cv, &mut st, wake);
@@ -388,7 +469,12 @@ impl SimStream {
         self.watchdog_locked(&mut st, op_budget, wake_all);
         match &st.error {
             Some(e) => StreamStatus::Failed(e.clone()),
-            None if st.running.is_none() && st.queue.is_empty() => StreamStatus::Idle,
+            None if st.running.is_none()
+                && st.queue.is_empty()
+                && st.busy_at(Instant::now()).is_none() =>
+            {
+                StreamStatus::Idle
+            }
             None => StreamStatus::Busy,
         }
     }
@@ -429,8 +515,8 @@ impl SimStream {
 /// failure from an earlier run's).
 pub(crate) fn resume_waiters(fired: Fired, streams: &[SimStream], starter: &dyn Starter) {
     let mut pending: VecDeque<_> = fired.into();
-    while let Some((ev, outcome)) = pending.pop_front() {
-        for s in ev.fire(outcome) {
+    while let Some((ev, outcome, visible_at)) = pending.pop_front() {
+        for s in ev.fire(outcome, visible_at) {
             if let Some(stream) = streams.get(s) {
                 pending.extend(stream.resume_event_wait(starter));
             }
@@ -438,7 +524,6 @@ pub(crate) fn resume_waiters(fired: Fired, streams: &[SimStream], starter: &dyn 
     }
 }
 
-/// The earlier of two optional deadlines (`None` = no deadline).
 /// Waits until `ev` ended or `deadline` passes, applying the op-execute watchdog of `streams`
 /// meanwhile: nobody may be synchronising the stream whose overdue AICore entry holds the event
 /// back. An entry that starts while this waits does not wake it, so it looks again at least
@@ -475,9 +560,18 @@ pub(crate) fn synchronize_event(
     }
 }
 
+/// The earlier of two optional deadlines (`None` = no deadline).
 pub(crate) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The later of two optional instants (`None` = none).
+fn latest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
         (a, b) => a.or(b),
     }
 }
@@ -653,7 +747,7 @@ mod tests {
         std::thread::scope(|scope| {
             scope.spawn(|| {
                 std::thread::sleep(Duration::from_millis(50));
-                resume_waiters(vec![(gate.clone(), Ok(()))], &s, &st);
+                resume_waiters(vec![(gate.clone(), Ok(()), None)], &s, &st);
                 // The stuck entry's cores leave once the watchdog aborted it, as on the device.
                 let give_up = Instant::now() + Duration::from_secs(6);
                 while !stuck.is_aborted() && Instant::now() < give_up {
@@ -672,6 +766,73 @@ mod tests {
             );
         });
         assert!(stuck.is_aborted(), "the watchdog released the stuck entry");
+    }
+
+    fn record(s: &[SimStream], st: &FakeStarter, stream: usize) -> Arc<SimEvent> {
+        let ev = Arc::new(SimEvent::default());
+        let entry = LaunchEntry::new(EntryKind::Record(ev.clone()), 0);
+        resume_waiters(s[stream].enqueue(entry, st), s, st);
+        ev
+    }
+
+    #[test]
+    fn modelled_time_holds_back_what_the_host_sees_and_queues_behind_earlier_modelled_time() {
+        const MODELLED: Duration = Duration::from_millis(60);
+        let s = streams();
+        let st = FakeStarter::default();
+        let a = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
+        let b = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
+        let started = Instant::now();
+        resume_waiters(s[1].enqueue(a.clone(), &st), &s, &st);
+        let after_a = record(&s, &st, 1);
+        resume_waiters(s[1].enqueue(b.clone(), &st), &s, &st);
+        let after_b = record(&s, &st, 1);
+        // The AICPU stream waits on `after_b`, then records: it inherits b's modelled end.
+        resume_waiters(
+            s[0].enqueue(LaunchEntry::new(EntryKind::WaitEvent(after_b.clone()), 0), &st),
+            &s,
+            &st,
+        );
+        let behind_wait = record(&s, &st, 0);
+
+        a.add_modelled_time(MODELLED.as_nanos() as u64);
+        finish_all(&s, &st, &a, 1, 0);
+        assert_eq!(st.posted.lock().len(), 2, "b runs at once in real time");
+        b.add_modelled_time(MODELLED.as_nanos() as u64);
+        finish_all(&s, &st, &b, 1, 0);
+        assert_eq!(after_a.outcome(), None, "a's modelled time has not passed");
+        assert_eq!(s[1].query(None, &|| {}), StreamStatus::Busy, "busy for the host meanwhile");
+
+        assert_eq!(after_a.wait_until(None), Some(Ok(())));
+        assert!(started.elapsed() >= MODELLED, "a's record became visible early");
+        assert_eq!(
+            s[1].synchronize(Duration::from_secs(5), None, &|| {}),
+            Ok(()),
+            "the sync waits out the modelled time"
+        );
+        assert!(started.elapsed() >= 2 * MODELLED, "b's modelled time starts after a's");
+        assert_eq!(after_b.outcome(), Some(Ok(())));
+        assert_eq!(s[1].query(None, &|| {}), StreamStatus::Idle);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        assert_eq!(synchronize_event(&behind_wait, &s, Some(deadline), MODELLED, &|| {}), Ok(()));
+    }
+
+    #[test]
+    fn a_failure_behind_modelled_time_never_becomes_visible_before_the_record_ahead_of_it() {
+        let s = streams();
+        let st = FakeStarter::default();
+        let a = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
+        resume_waiters(s[1].enqueue(a.clone(), &st), &s, &st);
+        let begin = record(&s, &st, 1);
+        let bad = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
+        resume_waiters(s[1].enqueue(bad.clone(), &st), &s, &st);
+        let end = record(&s, &st, 1);
+        a.add_modelled_time(Duration::from_millis(50).as_nanos() as u64);
+        finish_all(&s, &st, &a, 1, 0);
+        finish_all(&s, &st, &bad, 1, AclCode::AICORE_EXCEPTION.get());
+        assert_eq!(end.outcome(), None, "the failure waits for the modelled time ahead of it");
+        let Some(Err(_)) = end.wait_until(None) else { panic!("the end record must fail") };
+        assert_eq!(begin.outcome(), Some(Ok(())), "the record ahead was visible first");
     }
 
     #[test]

@@ -224,6 +224,28 @@ impl WaitState {
     }
 }
 
+/// Waits until `t` on the host's clock and ends within a few microseconds of it: a timed sleep
+/// while more than [`PRECISE_WINDOW`] remains, then yields until `t`. A host wait for modelled
+/// device time uses it: a timed sleep alone ends 10–20 µs late on a virtual machine even
+/// without timer slack, which would lengthen every modelled time by that much.
+pub(crate) fn sleep_until_precisely(t: Instant) {
+    loop {
+        let now = Instant::now();
+        let Some(left) = t.checked_duration_since(now).filter(|d| !d.is_zero()) else { return };
+        match left.checked_sub(PRECISE_WINDOW) {
+            Some(coarse) if !coarse.is_zero() => std::thread::sleep(coarse),
+            _ => {
+                std::hint::spin_loop();
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// How much of a precise wait is spent yielding rather than asleep: more than a timed sleep's
+/// lateness with the default 50 µs timer slack.
+const PRECISE_WINDOW: Duration = Duration::from_micros(100);
+
 /// Makes this thread's timed sleeps end when asked. Linux lets a normal thread's timers fire up
 /// to 50 µs late (its timer slack), which would turn a 80 µs kernel delay into 130 µs of device
 /// time; a chip's timers have no such slack. Best effort: a kernel that refuses keeps its slack.
