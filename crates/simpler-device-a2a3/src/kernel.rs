@@ -147,8 +147,10 @@ thread_local! {
 /// Declares how long the running kernel takes on the chip (`docs/device-simulator.md`,
 /// "Modelled device time"), whatever its host build takes to compute.
 ///
-/// The simulator adds the time to the kernel's launch (the declared times of one launch add
-/// up): the launch's completion, and every event and stream synchronisation behind it, becomes
+/// The simulator adds the time to the run's AICore launch, where the declared times of all
+/// its kernels on every core add up as if they ran one after another (exact for one kernel or
+/// a chain, longer than the chip would take for kernels that run in parallel): the launch's
+/// completion, and every event and stream synchronisation behind it, becomes
 /// visible to the host no sooner than that long after the launch started, or after the
 /// launches ahead of it on the stream ended if that is later. The host build's own compute is
 /// hidden inside that time when it is shorter. No simulated thread sleeps or spins for it, as

@@ -116,13 +116,18 @@ impl LaunchEntry {
         self.remaining.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
-    /// Adds device time a kernel of this entry declared (`ns` nanoseconds; the kernels of one
-    /// entry count as if they ran one after another).
+    /// Adds time on the chip a kernel of this entry declared (`ns` nanoseconds; all kernels of
+    /// the entry, on every core, count as if they ran one after another), saturating.
     pub(crate) fn add_modelled_time(&self, ns: u64) {
         if ns > 0 {
-            // Relaxed: read by the completing participant after its AcqRel `remaining` decrement,
-            // which every kernel's participant passed after adding.
-            self.modelled_ns.fetch_add(ns, Ordering::Relaxed);
+            // Relaxed: read by the completing participant after its AcqRel `remaining`
+            // decrement. A core's participant ends after the kernels it served returned, and the
+            // thread that ends it has synchronised with the one that ran them (the core's
+            // completion store and the exit handshake), so the decrements order the additions
+            // before the read.
+            let _ = self
+                .modelled_ns
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(t.saturating_add(ns)));
         }
     }
 
@@ -150,7 +155,7 @@ struct StreamState {
 }
 
 impl StreamState {
-    /// Whether the stream's modelled time is still ahead of the host's clock at `now`.
+    /// The stream's modelled end if it is still ahead of the host's clock at `now`.
     fn busy_at(&self, now: Instant) -> Option<Instant> {
         self.busy_until.filter(|t| *t > now)
     }
@@ -216,7 +221,7 @@ impl SimEvent {
         };
         let (outcome, visible_at) = ending?;
         if let Some(t) = visible_at {
-            sleep_until_precisely(earliest(Some(t), wake).unwrap_or(t));
+            sleep_until_precisely(wake.map_or(t, |w| w.min(t)));
             if Instant::now() < t {
                 return None;
             }
@@ -448,13 +453,17 @@ impl SimStream {
                 return Err(SyncError::Fault(e.clone()));
             }
             let now = Instant::now();
+            // Completed on the device; visible once the modelled time has passed. Looked at
+            // before the deadline, so a sync without time left still sees a finished stream.
+            let busy = st.busy_at(now);
+            if st.completed >= target && busy.is_none() {
+                return Ok(());
+            }
             if deadline.is_some_and(|d| now >= d) {
                 return Err(SyncError::Timeout);
             }
-            if st.completed >= target {
-                // Completed on the device; visible once the modelled time has passed.
-                let Some(busy) = st.busy_at(now) else { return Ok(()) };
-                let until = earliest(Some(busy), deadline).unwrap_or(busy);
+            if let Some(busy) = busy.filter(|_| st.completed >= target) {
+                let until = deadline.map_or(busy, |d| d.min(busy));
                 parking_lot::MutexGuard::unlocked(&mut st, || sleep_until_precisely(until));
                 continue;
             }
@@ -801,6 +810,7 @@ mod tests {
         b.add_modelled_time(MODELLED.as_nanos() as u64);
         finish_all(&s, &st, &b, 1, 0);
         assert_eq!(after_a.outcome(), None, "a's modelled time has not passed");
+        assert_eq!(behind_wait.outcome(), None, "the waiting stream took b's modelled end");
         assert_eq!(s[1].query(None, &|| {}), StreamStatus::Busy, "busy for the host meanwhile");
 
         assert_eq!(after_a.wait_until(None), Some(Ok(())));
@@ -833,6 +843,23 @@ mod tests {
         assert_eq!(end.outcome(), None, "the failure waits for the modelled time ahead of it");
         let Some(Err(_)) = end.wait_until(None) else { panic!("the end record must fail") };
         assert_eq!(begin.outcome(), Some(Ok(())), "the record ahead was visible first");
+    }
+
+    #[test]
+    fn a_sync_without_time_left_sees_a_finished_stream_and_times_out_inside_modelled_time() {
+        let s = streams();
+        let st = FakeStarter::default();
+        assert_eq!(s[1].synchronize(Duration::ZERO, None, &|| {}), Ok(()), "idle stream");
+        let a = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
+        resume_waiters(s[1].enqueue(a.clone(), &st), &s, &st);
+        let end = record(&s, &st, 1);
+        a.add_modelled_time(Duration::from_secs(60).as_nanos() as u64);
+        finish_all(&s, &st, &a, 1, 0);
+        let short = Duration::from_millis(20);
+        assert_eq!(s[1].synchronize(short, None, &|| {}), Err(SyncError::Timeout));
+        let deadline = Some(Instant::now() + short);
+        assert_eq!(synchronize_event(&end, &s, deadline, short, &|| {}), Err(SyncError::Timeout));
+        assert_eq!(end.outcome(), None, "still inside the modelled time");
     }
 
     #[test]
