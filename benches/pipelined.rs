@@ -334,17 +334,18 @@ fn main() {
     // host's part of the time between two runs, which pipelining can hide). That part depends
     // on the declared time (a longer wait parks the host's threads, whose wake-ups then take
     // longer), so it is found as a fixed point: starting from 300 us, declare the host part
-    // just measured and measure again, three times. Measured at each level, since the worker's
-    // lane and waiter add to the runner's.
+    // just measured (the median of three streams) and measure again, four times. Measured at
+    // each level, since the worker's lane and waiter add to the runner's.
     let small = Shape { n: 1024, block_dim: 1, chip_time: None };
     let (host, device) = calibrate(samples, small);
     let calibration_runs = if quick { 20 } else { 300 };
     let host_part = |per_run_with: &dyn Fn(Shape) -> Duration| {
         let mut chip_time = Duration::from_micros(300);
         let mut steps = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..4 {
             let shape = Shape { chip_time: Some(chip_time), ..small };
-            chip_time = per_run_with(shape).saturating_sub(chip_time).max(Duration::from_micros(1));
+            let per_run = median((0..3).map(|_| per_run_with(shape)).collect());
+            chip_time = per_run.saturating_sub(chip_time).max(Duration::from_micros(1));
             steps.push(format!("{:.1}", us(chip_time)));
         }
         (chip_time, steps.join(" -> "))

@@ -2,6 +2,7 @@
 //! "Thread protocol").
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -12,6 +13,9 @@ use super::stream::LaunchEntry;
 pub(super) struct Mailbox {
     pub(super) state: Mutex<Mail>,
     pub(super) cv: Condvar,
+    /// Set by `put` after it left mail; read without the lock by a thread lingering before it
+    /// parks, cleared by that thread under the lock when it takes the mail.
+    pub(super) posted: AtomicBool,
 }
 
 /// What a mailbox holds.
@@ -43,6 +47,9 @@ impl Mailbox {
         if !keep {
             *st = mail;
         }
+        // Release: a lingering thread that sees the flag finds the mail under the lock anyway;
+        // the flag only ends its linger early.
+        self.posted.store(true, Ordering::Release);
         drop(st);
         self.cv.notify_one();
     }

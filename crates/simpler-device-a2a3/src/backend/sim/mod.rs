@@ -4,8 +4,8 @@
 //! fault plan and a virtual 50 MHz counter. Nothing is global: any number of devices coexist in
 //! one process. Four AICPU threads (`sim<d>-aicpu<i>`) start in `ensure_initialized`; AICore
 //! cores (`sim<d>-aicore<i>`) start on first need, up to `3 * max(block_dim used)`; none is
-//! re-spawned per run. Between launches every thread parks on its mailbox without a timeout, so
-//! an idle device uses no CPU.
+//! re-spawned per run. Between launches every thread parks on its mailbox without a timeout (an
+//! AICPU thread after lingering 30 µs for the next job), so an idle device uses no CPU.
 //!
 //! The AICPU threads run the real scheduler ([`crate::aicpu`]) through [`SimAicpu`]
 //! (`platform`), the simulator's AICPU platform, or, with `SimOptions::aicpu_program`, the

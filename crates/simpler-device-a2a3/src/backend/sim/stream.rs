@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::wait::{deadline_after, sleep_until_precisely, wait_on};
+use super::wait::{deadline_after, linger, sleep_until_precisely, wait_on};
 use crate::abi::codes::AclCode;
 use crate::backend::{StreamFault, StreamStatus, SyncError};
 use crate::error::StreamKind;
@@ -214,6 +214,10 @@ impl SimEvent {
     pub(crate) fn wait_until(&self, wake: Option<Instant>) -> Option<EventOutcome> {
         let ending = {
             let mut st = self.state.lock();
+            if st.outcome.is_none() {
+                let ended = || self.state.try_lock().is_some_and(|st| st.outcome.is_some());
+                parking_lot::MutexGuard::unlocked(&mut st, || linger(ended));
+            }
             if st.outcome.is_none() {
                 wait_on(&self.cv, &mut st, wake);
             }
@@ -447,6 +451,7 @@ impl SimStream {
         let deadline = deadline_after(timeout);
         let mut st = self.state.lock();
         let target = st.enqueued;
+        let mut lingered = false;
         loop {
             self.watchdog_locked(&mut st, op_budget, wake_all);
             if let Some(e) = &st.error {
@@ -465,6 +470,16 @@ impl SimStream {
             if let Some(busy) = busy.filter(|_| st.completed >= target) {
                 let until = deadline.map_or(busy, |d| d.min(busy));
                 parking_lot::MutexGuard::unlocked(&mut st, || sleep_until_precisely(until));
+                continue;
+            }
+            if !lingered {
+                lingered = true;
+                let done = || {
+                    self.state
+                        .try_lock()
+                        .is_some_and(|st| st.completed >= target || st.error.is_some())
+                };
+                parking_lot::MutexGuard::unlocked(&mut st, || linger(done));
                 continue;
             }
             let wake = earliest(Self::op_deadline(&st, op_budget), deadline);

@@ -26,8 +26,16 @@ impl SimShared {
     fn take_mail(&self, role: Role, index: u32) -> Mail {
         let mb = self.mailbox(role, index);
         let mut st = mb.state.lock();
+        let mut lingered = false;
         loop {
+            mb.posted.store(false, Ordering::Relaxed);
             match std::mem::take(&mut *st) {
+                Mail::Empty if !lingered && role == Role::Aicpu => {
+                    lingered = true;
+                    parking_lot::MutexGuard::unlocked(&mut st, || {
+                        wait::linger(|| mb.posted.load(Ordering::Acquire))
+                    });
+                }
                 Mail::Empty => {
                     self.parked.fetch_add(1, Ordering::Relaxed);
                     self.gate.sleep();
