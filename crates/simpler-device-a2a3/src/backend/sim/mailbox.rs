@@ -14,7 +14,7 @@ pub(super) struct Mailbox {
     pub(super) state: Mutex<Mail>,
     pub(super) cv: Condvar,
     /// Set by `put` after it left mail; read without the lock by a thread lingering before it
-    /// parks, cleared by that thread under the lock when it takes the mail.
+    /// parks, cleared by that thread under the lock before each look at the mail.
     pub(super) posted: AtomicBool,
 }
 

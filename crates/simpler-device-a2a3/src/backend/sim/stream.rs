@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::wait::{deadline_after, linger, sleep_until_precisely, wait_on};
+use super::wait::{deadline_after, earliest, linger, sleep_until_precisely, wait_on};
 use crate::abi::codes::AclCode;
 use crate::backend::{StreamFault, StreamStatus, SyncError};
 use crate::error::StreamKind;
@@ -214,9 +214,9 @@ impl SimEvent {
     pub(crate) fn wait_until(&self, wake: Option<Instant>) -> Option<EventOutcome> {
         let ending = {
             let mut st = self.state.lock();
-            if st.outcome.is_none() {
+            if st.outcome.is_none() && wake.is_none_or(|w| Instant::now() < w) {
                 let ended = || self.state.try_lock().is_some_and(|st| st.outcome.is_some());
-                parking_lot::MutexGuard::unlocked(&mut st, || linger(ended));
+                parking_lot::MutexGuard::unlocked(&mut st, || linger(ended, wake));
             }
             if st.outcome.is_none() {
                 wait_on(&self.cv, &mut st, wake);
@@ -479,7 +479,8 @@ impl SimStream {
                         .try_lock()
                         .is_some_and(|st| st.completed >= target || st.error.is_some())
                 };
-                parking_lot::MutexGuard::unlocked(&mut st, || linger(done));
+                let wake = earliest(Self::op_deadline(&st, op_budget), deadline);
+                parking_lot::MutexGuard::unlocked(&mut st, || linger(done, wake));
                 continue;
             }
             let wake = earliest(Self::op_deadline(&st, op_budget), deadline);
@@ -581,14 +582,6 @@ pub(crate) fn synchronize_event(
             Some(Err(f)) => return Err(SyncError::Fault(f)),
             None => {}
         }
-    }
-}
-
-/// The earlier of two optional deadlines (`None` = no deadline).
-pub(crate) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }
 

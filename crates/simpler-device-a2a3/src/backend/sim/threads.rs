@@ -22,7 +22,8 @@ impl Drop for ExitGuard {
 }
 
 impl SimShared {
-    /// Parks on the mailbox until it holds a job, an adoption or quit.
+    /// Parks on the mailbox until it holds a job, an adoption or quit; an AICPU thread first
+    /// lingers for the next job (`wait::linger`).
     fn take_mail(&self, role: Role, index: u32) -> Mail {
         let mb = self.mailbox(role, index);
         let mut st = mb.state.lock();
@@ -33,7 +34,7 @@ impl SimShared {
                 Mail::Empty if !lingered && role == Role::Aicpu => {
                     lingered = true;
                     parking_lot::MutexGuard::unlocked(&mut st, || {
-                        wait::linger(|| mb.posted.load(Ordering::Acquire))
+                        wait::linger(|| mb.posted.load(Ordering::Acquire), None)
                     });
                 }
                 Mail::Empty => {

@@ -10,6 +10,9 @@
 //!    ([`SpinGate`]) — then `yield_now` for `yields` rounds, then
 //!    park until the epoch differs from the one read in step 1 or the deadline passes; go to 1.
 //!
+//! Two waits [`linger`] instead before they park (an AICPU thread's empty mailbox, a host
+//! thread's stream or event synchronisation): they yield for up to 30 µs whatever the gate says.
+//!
 //! Every writer of a waited-for value changes the value first and then calls
 //! [`EventCount::notify`], which bumps the epoch. A waiter that read the epoch before the write
 //! either sees the new value in step 2 or finds the epoch changed when it parks, so no wakeup is
@@ -55,7 +58,8 @@ impl SpinGate {
 
     /// Spinning needs a core nobody else of the device wants: every awake thread (the waiter
     /// and whoever it waits on included) must have a core of its own. The host thread that
-    /// launched the run is parked in stream synchronisation meanwhile, so it needs no core.
+    /// launched the run is parked in stream synchronisation meanwhile (after its first 30 µs,
+    /// [`linger`]), so it needs no core.
     fn may_spin(&self) -> bool {
         self.awake.load(Ordering::Relaxed) <= self.cores
     }
@@ -242,20 +246,33 @@ pub(crate) fn sleep_until_precisely(t: Instant) {
     }
 }
 
-/// Yields until `ready()` holds or [`LINGER`] has passed, before a wait parks: on a virtual
-/// machine a parked thread woken from another vCPU costs about 10 µs of wall time and CPU on
-/// both sides, more than a short device step takes. Returns whether `ready()` held.
-pub(crate) fn linger(ready: impl Fn() -> bool) -> bool {
-    let start = Instant::now();
+/// Yields until `ready()` holds, [`LINGER`] has passed or `until` comes, before a wait parks:
+/// on a virtual machine a parked thread woken from another vCPU costs about 10 µs of wall time
+/// and CPU on both sides, more than a short device step takes. Returns whether `ready()` held.
+pub(crate) fn linger(ready: impl Fn() -> bool, until: Option<Instant>) -> bool {
+    linger_for(ready, LINGER, until)
+}
+
+fn linger_for(ready: impl Fn() -> bool, budget: Duration, until: Option<Instant>) -> bool {
+    let end = Instant::now().checked_add(budget);
+    let end = earliest(end, until);
     loop {
         if ready() {
             return true;
         }
-        if start.elapsed() >= LINGER {
+        if end.is_none_or(|e| Instant::now() >= e) {
             return false;
         }
         std::hint::spin_loop();
         std::thread::yield_now();
+    }
+}
+
+/// The earlier of two optional deadlines (`None` = no deadline).
+pub(crate) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -452,14 +469,17 @@ mod tests {
     #[test]
     fn a_linger_ends_when_the_condition_holds_or_after_its_budget() {
         let looks = std::cell::Cell::new(0);
-        assert!(linger(|| {
+        let third = || {
             looks.set(looks.get() + 1);
             looks.get() == 3
-        }));
+        };
+        assert!(linger_for(third, Duration::from_secs(60), None));
         assert_eq!(looks.get(), 3, "it stops looking once the condition held");
         let start = Instant::now();
-        assert!(!linger(|| false));
+        assert!(!linger(|| false, None));
         assert!(start.elapsed() >= LINGER, "gave up before its budget");
+        let past = Some(Instant::now());
+        assert!(!linger_for(|| false, Duration::from_secs(60), past), "the deadline ends it");
     }
 
     #[test]
