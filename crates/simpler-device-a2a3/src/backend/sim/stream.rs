@@ -189,6 +189,12 @@ struct EventInner {
 /// An event's ending as the device sees it: the outcome and when the host may see it.
 type Ending = (EventOutcome, Option<Instant>);
 
+impl EventInner {
+    fn ending(&self) -> Option<Ending> {
+        self.outcome.clone().map(|o| (o, self.visible_at))
+    }
+}
+
 impl crate::backend::EventState for SimEvent {
     fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
         self
@@ -205,8 +211,7 @@ impl SimEvent {
 
     /// The ending as the device sees it, whatever its modelled time.
     fn ending(&self) -> Option<Ending> {
-        let st = self.state.lock();
-        st.outcome.clone().map(|o| (o, st.visible_at))
+        self.state.lock().ending()
     }
 
     /// Waits until the host may see the event's ending or `wake` passes; returns the outcome if
@@ -221,7 +226,7 @@ impl SimEvent {
             if st.outcome.is_none() {
                 wait_on(&self.cv, &mut st, wake);
             }
-            st.outcome.clone().map(|o| (o, st.visible_at))
+            st.ending()
         };
         let (outcome, visible_at) = ending?;
         if let Some(t) = visible_at {
@@ -239,7 +244,7 @@ impl SimEvent {
         if st.outcome.is_none() {
             st.waiting_streams.push(stream);
         }
-        st.outcome.clone().map(|o| (o, st.visible_at))
+        st.ending()
     }
 
     /// Ends the event (the first ending stays); returns the streams waiting on it.
@@ -636,23 +641,28 @@ mod tests {
         }
     }
 
+    /// Enqueues a record on `stream` and returns its event.
+    fn record(s: &[SimStream], st: &FakeStarter, stream: usize) -> Arc<SimEvent> {
+        let ev = Arc::new(SimEvent::default());
+        let entry = LaunchEntry::new(EntryKind::Record(ev.clone()), 0);
+        resume_waiters(s[stream].enqueue(entry, st), s, st);
+        ev
+    }
+
+    /// Enqueues a wait on `ev` on `stream`.
+    fn wait_event(s: &[SimStream], st: &FakeStarter, stream: usize, ev: &Arc<SimEvent>) {
+        let entry = LaunchEntry::new(EntryKind::WaitEvent(ev.clone()), 0);
+        resume_waiters(s[stream].enqueue(entry, st), s, st);
+    }
+
     #[test]
     fn a_stream_waiting_on_an_event_holds_later_entries_until_the_record_completes() {
         let s = streams();
         let st = FakeStarter::default();
         let first = LaunchEntry::new(EntryKind::Aicpu { threads: 1 }, 0);
         resume_waiters(s[0].enqueue(first.clone(), &st), &s, &st);
-        let ev = Arc::new(SimEvent::default());
-        resume_waiters(
-            s[0].enqueue(LaunchEntry::new(EntryKind::Record(ev.clone()), 0), &st),
-            &s,
-            &st,
-        );
-        resume_waiters(
-            s[1].enqueue(LaunchEntry::new(EntryKind::WaitEvent(ev.clone()), 0), &st),
-            &s,
-            &st,
-        );
+        let ev = record(&s, &st, 0);
+        wait_event(&s, &st, 1, &ev);
         let held = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
         resume_waiters(s[1].enqueue(held.clone(), &st), &s, &st);
         assert_eq!(st.posted.lock().len(), 1, "only the first AICPU entry started");
@@ -672,25 +682,11 @@ mod tests {
         let st = FakeStarter::default();
         let bad = LaunchEntry::new(EntryKind::Aicpu { threads: 1 }, 0);
         resume_waiters(s[0].enqueue(bad.clone(), &st), &s, &st);
-        let behind = Arc::new(SimEvent::default());
-        resume_waiters(
-            s[0].enqueue(LaunchEntry::new(EntryKind::Record(behind.clone()), 0), &st),
-            &s,
-            &st,
-        );
-        resume_waiters(
-            s[1].enqueue(LaunchEntry::new(EntryKind::WaitEvent(behind.clone()), 0), &st),
-            &s,
-            &st,
-        );
+        let behind = record(&s, &st, 0);
+        wait_event(&s, &st, 1, &behind);
         let held = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
         resume_waiters(s[1].enqueue(held, &st), &s, &st);
-        let after = Arc::new(SimEvent::default());
-        resume_waiters(
-            s[1].enqueue(LaunchEntry::new(EntryKind::Record(after.clone()), 0), &st),
-            &s,
-            &st,
-        );
+        let after = record(&s, &st, 1);
         assert_eq!(behind.outcome(), None, "pending while the entry before it runs");
         finish_all(&s, &st, &bad, 0, 7);
         let Some(Err(f)) = behind.wait_until(None) else { panic!("the record must fail") };
@@ -746,19 +742,10 @@ mod tests {
         let st = FakeStarter::default();
         // The AICore stream waits on `gate`, then runs an entry nobody finishes, then records.
         let gate = Arc::new(SimEvent::default());
-        resume_waiters(
-            s[1].enqueue(LaunchEntry::new(EntryKind::WaitEvent(gate.clone()), 0), &st),
-            &s,
-            &st,
-        );
+        wait_event(&s, &st, 1, &gate);
         let stuck = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
         resume_waiters(s[1].enqueue(stuck.clone(), &st), &s, &st);
-        let end = Arc::new(SimEvent::default());
-        resume_waiters(
-            s[1].enqueue(LaunchEntry::new(EntryKind::Record(end.clone()), 0), &st),
-            &s,
-            &st,
-        );
+        let end = record(&s, &st, 1);
         assert!(st.posted.lock().is_empty(), "nothing runs before the gate fires");
         // The gate fires, and the stuck entry starts, while the host is parked on `end`.
         std::thread::scope(|scope| {
@@ -785,13 +772,6 @@ mod tests {
         assert!(stuck.is_aborted(), "the watchdog released the stuck entry");
     }
 
-    fn record(s: &[SimStream], st: &FakeStarter, stream: usize) -> Arc<SimEvent> {
-        let ev = Arc::new(SimEvent::default());
-        let entry = LaunchEntry::new(EntryKind::Record(ev.clone()), 0);
-        resume_waiters(s[stream].enqueue(entry, st), s, st);
-        ev
-    }
-
     #[test]
     fn modelled_time_holds_back_what_the_host_sees_and_queues_behind_earlier_modelled_time() {
         const MODELLED: Duration = Duration::from_millis(60);
@@ -805,11 +785,7 @@ mod tests {
         resume_waiters(s[1].enqueue(b.clone(), &st), &s, &st);
         let after_b = record(&s, &st, 1);
         // The AICPU stream waits on `after_b`, then records: it inherits b's modelled end.
-        resume_waiters(
-            s[0].enqueue(LaunchEntry::new(EntryKind::WaitEvent(after_b.clone()), 0), &st),
-            &s,
-            &st,
-        );
+        wait_event(&s, &st, 0, &after_b);
         let behind_wait = record(&s, &st, 0);
 
         a.add_modelled_time(MODELLED.as_nanos() as u64);
