@@ -186,11 +186,11 @@ impl Core {
 
     /// Engine poisoning (`docs/engine-protocols.md` §5): every non-terminal run fails now with an
     /// internal error, and `begin_run` refuses new runs.
-    #[cold]
     ///
     /// Never unwinds: it runs on whichever thread caught the panic (an endpoint thread, the
     /// scheduler thread), which must go on serving, so the runs fail before anything is logged
     /// and a tracing layer that panics on the report is ignored.
+    #[cold]
     pub(crate) fn poison(&self, message: &str) {
         for run in self.registry.poison() {
             run.force_failed(RunFailure::Internal {
