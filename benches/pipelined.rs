@@ -41,7 +41,7 @@ const N: usize = 16384;
 static CHIP_TIME_NS: AtomicU64 = AtomicU64::new(0);
 
 /// `g = d · e`, declaring [`CHIP_TIME_NS`] of time on the chip.
-unsafe extern "C-unwind" fn mul_then_wait(args: *mut i64) {
+unsafe extern "C-unwind" fn mul_declaring_chip_time(args: *mut i64) {
     // SAFETY: the vector program's product task: tensors `d`, `e` (in) and `g` (out), f32, of
     // one shape; `g` does not alias the inputs.
     let k = unsafe { KernelCall::from_raw(args, 3) };
@@ -55,9 +55,9 @@ unsafe extern "C-unwind" fn mul_then_wait(args: *mut i64) {
     model_device_time(Duration::from_nanos(CHIP_TIME_NS.load(Ordering::Relaxed)));
 }
 
-/// The vector program with [`mul_then_wait`] as its product kernel.
+/// The vector program with [`mul_declaring_chip_time`] as its product kernel.
 fn program() -> ChipCallable {
-    vector::builder_with_mul(mul_then_wait).build().expect("program")
+    vector::builder_with_mul(mul_declaring_chip_time).build().expect("program")
 }
 
 /// Sets the time on the chip the product kernel of the streams that follow declares.
