@@ -42,6 +42,7 @@ use simpler_types::{
 
 use crate::error::{MemError, RegistrationFailure, WorkerError};
 use crate::faults::{Fault, Faults};
+use crate::linger;
 use crate::run::panic_text;
 
 /// One registered content on one chip.
@@ -760,7 +761,9 @@ impl<R> LaneReply<R> {
 /// submitter posts it a thread wake-up after the lane replied to its previous submit, often
 /// after the lane is here. A wait that times out, a job that puts no new run in flight, and
 /// an idle lane end the streak, so a lone run waited for by its submitter is published as soon
-/// as the device finished it, at most one run after a stream stops.
+/// as the device finished it, at most one run after a stream stops. Both that wait and an
+/// idle lane's wait yield first ([`linger`]), as the next job usually follows within
+/// microseconds.
 fn next_job(
     rx: &mpsc::Receiver<LaneJob>,
     back_to_back: &mut bool,
@@ -769,7 +772,12 @@ fn next_job(
     let mut slice = REAP_SLICE_MIN;
     while state.in_flight.is_some() {
         let job = if std::mem::take(back_to_back) {
-            rx.recv_timeout(JOB_WAIT).map_err(|e| e == mpsc::RecvTimeoutError::Disconnected)
+            match linger::try_recv(rx) {
+                Err(mpsc::TryRecvError::Empty) => rx
+                    .recv_timeout(JOB_WAIT.saturating_sub(linger::LINGER))
+                    .map_err(|e| e == mpsc::RecvTimeoutError::Disconnected),
+                got => got.map_err(|e| e == mpsc::TryRecvError::Disconnected),
+            }
         } else {
             rx.try_recv().map_err(|e| e == mpsc::TryRecvError::Disconnected)
         };
@@ -799,7 +807,7 @@ fn next_job(
         Err(mpsc::TryRecvError::Disconnected) => None,
         Err(mpsc::TryRecvError::Empty) => {
             *back_to_back = false;
-            rx.recv().ok()
+            linger::try_recv(rx).ok().or_else(|| rx.recv().ok())
         }
     }
 }

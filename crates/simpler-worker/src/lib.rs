@@ -93,6 +93,7 @@ mod gate;
 mod graph;
 mod handle;
 mod host_buffer;
+mod linger;
 mod memory;
 #[allow(unsafe_code)]
 mod process;
