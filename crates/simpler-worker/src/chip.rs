@@ -772,9 +772,10 @@ fn next_job(
     let mut slice = REAP_SLICE_MIN;
     while state.in_flight.is_some() {
         let job = if std::mem::take(back_to_back) {
-            match linger::try_recv(rx) {
+            let deadline = Instant::now() + JOB_WAIT;
+            match linger::try_recv(rx, Some(deadline)) {
                 Err(mpsc::TryRecvError::Empty) => rx
-                    .recv_timeout(JOB_WAIT.saturating_sub(linger::LINGER))
+                    .recv_timeout(deadline.saturating_duration_since(Instant::now()))
                     .map_err(|e| e == mpsc::RecvTimeoutError::Disconnected),
                 got => got.map_err(|e| e == mpsc::TryRecvError::Disconnected),
             }
@@ -807,7 +808,7 @@ fn next_job(
         Err(mpsc::TryRecvError::Disconnected) => None,
         Err(mpsc::TryRecvError::Empty) => {
             *back_to_back = false;
-            linger::try_recv(rx).ok().or_else(|| rx.recv().ok())
+            linger::try_recv(rx, None).ok().or_else(|| rx.recv().ok())
         }
     }
 }

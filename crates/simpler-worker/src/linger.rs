@@ -12,13 +12,24 @@ use std::time::{Duration, Instant};
 /// How long a receive yields before it parks.
 pub(crate) const LINGER: Duration = Duration::from_micros(30);
 
-/// Yields until `rx` holds a message or [`LINGER`] has passed: the message, or what the last
-/// look found (`Empty` after the linger, `Disconnected` at once).
-pub(crate) fn try_recv<T>(rx: &Receiver<T>) -> Result<T, TryRecvError> {
-    let end = Instant::now() + LINGER;
+/// Yields until `rx` holds a message, [`LINGER`] has passed or `until` comes: the message, or
+/// what the last look found (`Empty` once the time is up, `Disconnected` at once).
+pub(crate) fn try_recv<T>(rx: &Receiver<T>, until: Option<Instant>) -> Result<T, TryRecvError> {
+    try_recv_for(rx, LINGER, until)
+}
+
+fn try_recv_for<T>(
+    rx: &Receiver<T>,
+    budget: Duration,
+    until: Option<Instant>,
+) -> Result<T, TryRecvError> {
+    let start = Instant::now();
+    let end = start.checked_add(budget).map_or(until, |e| Some(until.map_or(e, |u| u.min(e))));
     loop {
         match rx.try_recv() {
-            Err(TryRecvError::Empty) if Instant::now() < end => std::thread::yield_now(),
+            Err(TryRecvError::Empty) if end.is_none_or(|e| Instant::now() < e) => {
+                std::thread::yield_now()
+            }
             got => return got,
         }
     }
@@ -34,19 +45,26 @@ mod tests {
     fn a_linger_takes_a_message_sent_meanwhile_and_gives_up_after_its_budget() {
         let (tx, rx) = mpsc::channel();
         let sender = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_micros(5));
+            std::thread::sleep(Duration::from_millis(1));
             tx.send(7).expect("send");
             tx
         });
-        // The sender may be late on a loaded machine: then the linger ends empty, and the
-        // message is still there for the next receive.
-        let got = try_recv(&rx).or_else(|_| rx.recv().map_err(|_| TryRecvError::Disconnected));
-        assert_eq!(got, Ok(7));
+        // A budget long enough for any machine: only a linger that stops looking misses it.
+        assert_eq!(try_recv_for(&rx, Duration::from_secs(60), None), Ok(7));
         let tx = sender.join().expect("sender");
         let start = Instant::now();
-        assert_eq!(try_recv(&rx), Err(TryRecvError::Empty));
+        assert_eq!(try_recv(&rx, None), Err(TryRecvError::Empty));
         assert!(start.elapsed() >= LINGER, "gave up before its budget");
+        let past = Some(Instant::now());
+        assert_eq!(try_recv_for(&rx, Duration::from_secs(60), past), Err(TryRecvError::Empty));
+        assert!(
+            past.is_some_and(|p| p.elapsed() < Duration::from_secs(30)),
+            "the deadline ends it"
+        );
         drop(tx);
-        assert_eq!(try_recv(&rx), Err(TryRecvError::Disconnected));
+        assert_eq!(
+            try_recv_for(&rx, Duration::from_secs(60), None),
+            Err(TryRecvError::Disconnected)
+        );
     }
 }

@@ -768,7 +768,8 @@ impl Worker {
         // after this thread has woken to post it. The same order makes the reply come after
         // that publication, so the wait below, as an ordinary waiter, until fewer than the
         // pipeline depth of the earlier accepted runs are unpublished, finds them published.
-        let reply = crate::linger::try_recv(&rx).or_else(|_| rx.recv());
+        // The reply usually comes one preparation later: yield for it before parking.
+        let reply = crate::linger::try_recv(&rx, None).or_else(|_| rx.recv());
         self.inner.wait_accepted_below(self.pipeline_depth());
         let (run, prepared) = reply.map_err(|_| WorkerError::Lane {
             chip: lane.chip,
