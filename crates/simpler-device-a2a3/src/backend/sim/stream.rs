@@ -641,6 +641,18 @@ mod tests {
         }
     }
 
+    /// Enqueues a one-participant kernel entry on `stream` (an AICPU entry on stream 0, an
+    /// AICore entry on stream 1) and returns it.
+    fn launch(s: &[SimStream], st: &FakeStarter, stream: usize) -> Arc<LaunchEntry> {
+        let kind = match stream {
+            0 => EntryKind::Aicpu { threads: 1 },
+            _ => EntryKind::AiCore { block_dim: 1 },
+        };
+        let entry = LaunchEntry::new(kind, 0);
+        resume_waiters(s[stream].enqueue(entry.clone(), st), s, st);
+        entry
+    }
+
     /// Enqueues a record on `stream` and returns its event.
     fn record(s: &[SimStream], st: &FakeStarter, stream: usize) -> Arc<SimEvent> {
         let ev = Arc::new(SimEvent::default());
@@ -659,12 +671,10 @@ mod tests {
     fn a_stream_waiting_on_an_event_holds_later_entries_until_the_record_completes() {
         let s = streams();
         let st = FakeStarter::default();
-        let first = LaunchEntry::new(EntryKind::Aicpu { threads: 1 }, 0);
-        resume_waiters(s[0].enqueue(first.clone(), &st), &s, &st);
+        let first = launch(&s, &st, 0);
         let ev = record(&s, &st, 0);
         wait_event(&s, &st, 1, &ev);
-        let held = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
-        resume_waiters(s[1].enqueue(held.clone(), &st), &s, &st);
+        let held = launch(&s, &st, 1);
         assert_eq!(st.posted.lock().len(), 1, "only the first AICPU entry started");
         assert_eq!(ev.outcome(), None);
         finish_all(&s, &st, &first, 0, 0);
@@ -680,12 +690,10 @@ mod tests {
     fn an_event_behind_a_failed_entry_fails_and_fails_the_stream_waiting_on_it() {
         let s = streams();
         let st = FakeStarter::default();
-        let bad = LaunchEntry::new(EntryKind::Aicpu { threads: 1 }, 0);
-        resume_waiters(s[0].enqueue(bad.clone(), &st), &s, &st);
+        let bad = launch(&s, &st, 0);
         let behind = record(&s, &st, 0);
         wait_event(&s, &st, 1, &behind);
-        let held = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
-        resume_waiters(s[1].enqueue(held, &st), &s, &st);
+        launch(&s, &st, 1);
         let after = record(&s, &st, 1);
         assert_eq!(behind.outcome(), None, "pending while the entry before it runs");
         finish_all(&s, &st, &bad, 0, 7);
@@ -703,10 +711,8 @@ mod tests {
     fn a_failed_entry_makes_the_stream_sticky_and_abandons_later_entries() {
         let s = streams();
         let st = FakeStarter::default();
-        let a = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
-        let b = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
-        resume_waiters(s[1].enqueue(a.clone(), &st), &s, &st);
-        resume_waiters(s[1].enqueue(b, &st), &s, &st);
+        let a = launch(&s, &st, 1);
+        launch(&s, &st, 1);
         finish_all(&s, &st, &a, 1, AclCode::AICORE_EXCEPTION.get());
         assert_eq!(st.posted.lock().len(), 1, "the entry behind the failure never started");
         let err = s[1].synchronize(Duration::from_secs(1), None, &|| {}).unwrap_err();
@@ -721,8 +727,7 @@ mod tests {
     fn the_op_execute_watchdog_fails_an_overdue_aicore_entry_and_aborts_it() {
         let s = streams();
         let st = FakeStarter::default();
-        let a = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
-        resume_waiters(s[1].enqueue(a.clone(), &st), &s, &st);
+        let a = launch(&s, &st, 1);
         let woke = std::sync::atomic::AtomicBool::new(false);
         let err = s[1]
             .synchronize(Duration::from_secs(5), Some(Duration::from_millis(20)), &|| {
@@ -743,8 +748,7 @@ mod tests {
         // The AICore stream waits on `gate`, then runs an entry nobody finishes, then records.
         let gate = Arc::new(SimEvent::default());
         wait_event(&s, &st, 1, &gate);
-        let stuck = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
-        resume_waiters(s[1].enqueue(stuck.clone(), &st), &s, &st);
+        let stuck = launch(&s, &st, 1);
         let end = record(&s, &st, 1);
         assert!(st.posted.lock().is_empty(), "nothing runs before the gate fires");
         // The gate fires, and the stuck entry starts, while the host is parked on `end`.
@@ -777,12 +781,10 @@ mod tests {
         const MODELLED: Duration = Duration::from_millis(60);
         let s = streams();
         let st = FakeStarter::default();
-        let a = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
-        let b = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
         let started = Instant::now();
-        resume_waiters(s[1].enqueue(a.clone(), &st), &s, &st);
+        let a = launch(&s, &st, 1);
         let after_a = record(&s, &st, 1);
-        resume_waiters(s[1].enqueue(b.clone(), &st), &s, &st);
+        let b = launch(&s, &st, 1);
         let after_b = record(&s, &st, 1);
         // The AICPU stream waits on `after_b`, then records: it inherits b's modelled end.
         wait_event(&s, &st, 0, &after_b);
@@ -815,11 +817,9 @@ mod tests {
     fn a_failure_behind_modelled_time_never_becomes_visible_before_the_record_ahead_of_it() {
         let s = streams();
         let st = FakeStarter::default();
-        let a = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
-        resume_waiters(s[1].enqueue(a.clone(), &st), &s, &st);
+        let a = launch(&s, &st, 1);
         let begin = record(&s, &st, 1);
-        let bad = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
-        resume_waiters(s[1].enqueue(bad.clone(), &st), &s, &st);
+        let bad = launch(&s, &st, 1);
         let end = record(&s, &st, 1);
         a.add_modelled_time(Duration::from_millis(50).as_nanos() as u64);
         finish_all(&s, &st, &a, 1, 0);
@@ -834,8 +834,7 @@ mod tests {
         let s = streams();
         let st = FakeStarter::default();
         assert_eq!(s[1].synchronize(Duration::ZERO, None, &|| {}), Ok(()), "idle stream");
-        let a = LaunchEntry::new(EntryKind::AiCore { block_dim: 1 }, 0);
-        resume_waiters(s[1].enqueue(a.clone(), &st), &s, &st);
+        let a = launch(&s, &st, 1);
         let end = record(&s, &st, 1);
         a.add_modelled_time(Duration::from_secs(60).as_nanos() as u64);
         finish_all(&s, &st, &a, 1, 0);
@@ -850,8 +849,7 @@ mod tests {
     fn a_sync_times_out_with_the_stream_sync_budget() {
         let s = streams();
         let st = FakeStarter::default();
-        let a = LaunchEntry::new(EntryKind::Aicpu { threads: 1 }, 0);
-        resume_waiters(s[0].enqueue(a.clone(), &st), &s, &st);
+        let a = launch(&s, &st, 0);
         assert_eq!(
             s[0].synchronize(Duration::from_millis(10), None, &|| {}),
             Err(SyncError::Timeout)
