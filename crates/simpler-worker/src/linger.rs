@@ -23,8 +23,10 @@ fn try_recv_for<T>(
     budget: Duration,
     until: Option<Instant>,
 ) -> Result<T, TryRecvError> {
-    let start = Instant::now();
-    let end = start.checked_add(budget).map_or(until, |e| Some(until.map_or(e, |u| u.min(e))));
+    let end = match (Instant::now().checked_add(budget), until) {
+        (Some(e), Some(u)) => Some(e.min(u)),
+        (e, u) => e.or(u),
+    };
     loop {
         match rx.try_recv() {
             Err(TryRecvError::Empty) if end.is_none_or(|e| Instant::now() < e) => {
