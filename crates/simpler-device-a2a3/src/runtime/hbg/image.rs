@@ -125,11 +125,30 @@ pub(crate) fn write_frame(
         let off = layout.handshake_off + u64::from(w) * size_of::<Handshake>() as u64;
         put_u32(b, off + offset_of!(Handshake, core_type) as u64, ty as u32);
     }
-    for (i, &addr) in inp.func_table.iter().take(MAX_FUNC_IDS).enumerate() {
-        put_u64(b, layout.func_table_off + 8 * i as u64, addr);
+    // One pass over the section rather than a bounds-checked write per entry: the table is
+    // half the image of a small graph.
+    let table = &inp.func_table[..inp.func_table.len().min(MAX_FUNC_IDS)];
+    let start = layout.func_table_off as usize;
+    match b.get_mut(start..start + 8 * table.len()) {
+        Some(dst) => {
+            for (d, addr) in dst.chunks_exact_mut(8).zip(table) {
+                d.copy_from_slice(&addr.to_le_bytes());
+            }
+        }
+        None => debug_assert!(false, "function table outside the layout"),
     }
     put_u32(b, layout.shared_off + offset_of!(SharedHeader, fault_ring) as u64, u32::MAX);
     put_u64(b, layout.shared_off + offset_of!(SharedHeader, stuck_task) as u64, u64::MAX);
+}
+
+/// The per-task tables `write_image` computes, kept by the runtime so a stream of runs writes
+/// its images without allocating.
+#[derive(Debug, Default)]
+pub(crate) struct ImageScratch {
+    arg_offs: Vec<u64>,
+    fan_count: Vec<u32>,
+    fan_start: Vec<u32>,
+    fill: Vec<u32>,
 }
 
 /// Writes the image of `g` into `buf` (resized); returns its layout, or `None` when the sizes
@@ -138,11 +157,13 @@ pub(crate) fn write_image(
     buf: &mut Vec<u8>,
     g: &BuiltGraph,
     inp: &ImageInputs<'_>,
+    scratch: &mut ImageScratch,
 ) -> Option<ImageLayout> {
     let n = g.tasks.len();
     let task_count = u32::try_from(n).ok()?;
+    let ImageScratch { arg_offs, fan_count, fan_start, fill } = scratch;
     // Per-task argument blocks.
-    let mut arg_offs = Vec::with_capacity(n);
+    arg_offs.clear();
     let mut args_bytes = 0u64;
     for t in &g.tasks {
         arg_offs.push(args_bytes);
@@ -150,18 +171,17 @@ pub(crate) fn write_image(
         args_bytes = args_bytes.checked_add(align(bytes))?;
     }
     // Fanout lists (CSR by producer).
-    let mut fan_count = vec![0u32; n];
-    for t in &g.tasks {
-        for &p in &t.preds {
-            if let Some(c) = fan_count.get_mut(p as usize) {
-                *c += 1;
-            }
+    fan_count.clear();
+    fan_count.resize(n, 0);
+    for &p in &g.preds {
+        if let Some(c) = fan_count.get_mut(p as usize) {
+            *c += 1;
         }
     }
-    let mut fan_start = vec![0u32; n];
+    fan_start.clear();
     let mut acc = 0u32;
-    for (s, c) in fan_start.iter_mut().zip(&fan_count) {
-        *s = acc;
+    for c in fan_count.iter() {
+        fan_start.push(acc);
         acc = acc.checked_add(*c)?;
     }
     let edge_count = acc;
@@ -188,7 +208,8 @@ pub(crate) fn write_image(
     write_frame(b, &layout, &header, inp);
 
     // Tasks, arguments, fanout.
-    let mut fill = fan_start.clone();
+    fill.clear();
+    fill.extend_from_slice(fan_start);
     for (i, t) in g.tasks.iter().enumerate() {
         let off = layout.tasks_off + i as u64 * size_of::<TaskRecord>() as u64;
         let f = |field: usize| off + field as u64;
@@ -200,12 +221,13 @@ pub(crate) fn write_image(
         put_u32(b, f(offset_of!(TaskRecord, block_num)), t.block_num);
         put_u32(b, f(offset_of!(TaskRecord, num_tensors)), t.tensors.len() as u32);
         put_u32(b, f(offset_of!(TaskRecord, num_scalars)), t.scalars.len() as u32);
-        put_u32(b, f(offset_of!(TaskRecord, fanin_count)), t.preds.len() as u32);
+        let preds = g.preds_of(t);
+        put_u32(b, f(offset_of!(TaskRecord, fanin_count)), preds.len() as u32);
         put_u32(b, f(offset_of!(TaskRecord, fanout_start)), fan_start[i]);
         put_u32(b, f(offset_of!(TaskRecord, fanout_count)), fan_count[i]);
         let args_off = layout.args_off + arg_offs[i];
         put_u64(b, f(offset_of!(TaskRecord, args_off)), args_off);
-        put_u32(b, f(offset_of!(TaskRecord, fanin_refcount)), t.preds.len() as u32);
+        put_u32(b, f(offset_of!(TaskRecord, fanin_refcount)), preds.len() as u32);
         let blocks = if t.shape == TaskShape::Dummy { 1 } else { t.block_num };
         put_u32(
             b,
@@ -219,7 +241,7 @@ pub(crate) fn write_image(
         for (k, s) in g.scalars[t.scalars.clone()].iter().enumerate() {
             put_u64(b, scalars_off + 8 * k as u64, *s);
         }
-        for &p in &t.preds {
+        for &p in preds {
             let slot = &mut fill[p as usize];
             put_u32(b, layout.edges_off + 4 * u64::from(*slot), i as u32);
             *slot += 1;

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use simpler_types::DeviceTaskId;
 
-use self::builder::{BuildEnv, BuildLimits, BuiltGraph, GraphBuilder, HBG_OPS};
-use self::image::{ImageInputs, total_dispatches, write_image};
+use self::builder::{BuildEnv, BuildLimits, BuildScratch, BuiltGraph, GraphBuilder, HBG_OPS};
+use self::image::{ImageInputs, ImageScratch, total_dispatches, write_image};
 use super::{BindInputs, BoundRun, ChipRuntime};
 use crate::abi::codes::RuntimeCode;
 use crate::abi::launch::{PROFILE_DEP_GEN, PROFILE_SCOPE_STATS, PROFILE_SWIMLANE};
@@ -41,19 +41,38 @@ const SWIMLANE_CAPACITY_MAX: u64 = 1 << 16;
 pub(crate) struct HostBuildGraph {
     /// The scheduler no-progress budget, reported with a latched scheduler timeout.
     scheduler_budget: Duration,
+    /// Kept across runs, so binding a run of a shape seen before allocates nothing.
+    build: BuildScratch,
+    image: ImageScratch,
 }
 
 impl HostBuildGraph {
     /// The runtime of a runner whose scheduler budget is `scheduler_budget`.
     pub(crate) fn new(scheduler_budget: Duration) -> HostBuildGraph {
-        HostBuildGraph { scheduler_budget }
+        HostBuildGraph {
+            scheduler_budget,
+            build: BuildScratch::default(),
+            image: ImageScratch::default(),
+        }
     }
 }
 
-/// A bound host_build_graph run: the graph it built and what the image records.
+/// The sizes of a built graph a run report gives.
+#[derive(Clone, Copy, Debug)]
+struct GraphSize {
+    tasks: usize,
+    edges: usize,
+    tensors: usize,
+    heap_used: u64,
+}
+
+/// A bound host_build_graph run: the size of the graph it built and what the image records.
 #[derive(Debug)]
 pub(crate) struct HbgRun {
-    graph: BuiltGraph,
+    size: GraphSize,
+    /// The graph itself, kept only for the diagnostics that export it (`deps.json`, swimlane
+    /// edges, scope statistics); otherwise it went back to the runtime's scratch.
+    graph: Option<BuiltGraph>,
     /// Kernel names by func id, for `deps.dot` and the swimlane trace (filled only for them).
     kernel_names: diag::dot::KernelNames,
     diag: DiagPlan,
@@ -134,11 +153,11 @@ impl ChipRuntime for HostBuildGraph {
             task_window: ring0.task_window.unwrap_or(inp.rings.task_window),
             heap_bytes: ring0.heap_bytes.unwrap_or(inp.rings.heap_bytes),
             block_dim: inp.block_dim,
-            funcs: inp.funcs.to_vec(),
+            funcs: inp.funcs,
         };
         check_arg_count(run_id, config, &args)?;
         let graph = {
-            let mut builder = GraphBuilder::new(run_id, limits, mem, inp.tensors);
+            let mut builder = GraphBuilder::new(run_id, limits, mem, inp.tensors, &mut self.build);
             let rt = &mut builder as *mut GraphBuilder<'_> as *mut c_void;
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 // SAFETY: `rt` is the builder above, exclusively borrowed by this call; the
@@ -189,6 +208,7 @@ impl ChipRuntime for HostBuildGraph {
                 active_callable: inp.stamp,
                 func_table: inp.func_table,
             },
+            &mut self.image,
         )
         .ok_or_else(|| DeviceError::InvalidArgs {
             run_id: Some(run_id),
@@ -201,7 +221,20 @@ impl ChipRuntime for HostBuildGraph {
         } else {
             diag::dot::KernelNames::new()
         };
+        let size = GraphSize {
+            tasks: graph.tasks.len(),
+            edges: graph.edge_count,
+            tensors: graph.tensors.len(),
+            heap_used: graph.heap_used,
+        };
+        let graph = if diag.dep_gen || diag.swimlane > 0 || diag.scope_stats {
+            Some(graph)
+        } else {
+            self.build.recycle(graph);
+            None
+        };
         Ok(Box::new(HbgRun {
+            size,
             graph,
             kernel_names,
             diag,
@@ -219,15 +252,15 @@ impl BoundRun for HbgRun {
     }
 
     fn describe(&self, report: &mut RunReport) {
-        let g = &self.graph;
-        report.tasks = g.tasks.len() as u32;
-        report.edges = g.edge_count as u64;
+        let g = self.size;
+        report.tasks = g.tasks as u32;
+        report.edges = g.edges as u64;
         report.rings[0] = RingHighWater {
-            task_window_max: g.tasks.len() as u64,
+            task_window_max: g.tasks as u64,
             heap_max: g.heap_used,
-            dep_pool_max: g.edge_count as u64,
+            dep_pool_max: g.edges as u64,
         };
-        report.tensormap_max = g.tensors.len() as u64;
+        report.tensormap_max = g.tensors as u64;
     }
 
     fn latched_status(&self, image: &HostImageView<'_>) -> Option<RuntimeFault> {
@@ -243,7 +276,7 @@ impl BoundRun for HbgRun {
     }
 
     fn export(&self, image: Option<&HostImageView<'_>>, outcome: Outcome, out: &mut Exporter<'_>) {
-        let g = &self.graph;
+        let Some(g) = &self.graph else { return };
         if self.diag.swimlane > 0
             && let Some(image) = image
         {

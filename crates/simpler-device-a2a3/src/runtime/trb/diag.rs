@@ -22,7 +22,9 @@ use crate::aicpu::view::HostImageView;
 use crate::diag::scopes::{ScopeLine, ScopeSummary};
 use crate::error::DeviceError;
 use crate::runner::RunReport;
-use crate::runtime::hbg::builder::{BuildEnv, BuildLimits, BuiltGraph, GraphBuilder, HeapArena};
+use crate::runtime::hbg::builder::{
+    BuildEnv, BuildLimits, BuildScratch, BuiltGraph, GraphBuilder, HeapArena,
+};
 
 /// AICore swimlane records per core.
 pub(crate) const SWIMLANE_RECORDS_PER_CORE: u32 = 4096;
@@ -136,14 +138,10 @@ pub(crate) fn replay(
     block_dim: u32,
     funcs: &[bool],
 ) -> Result<Replay, String> {
-    let limits = BuildLimits {
-        task_window: u32::MAX,
-        heap_bytes: u64::MAX,
-        block_dim,
-        funcs: funcs.to_vec(),
-    };
+    let limits = BuildLimits { task_window: u32::MAX, heap_bytes: u64::MAX, block_dim, funcs };
     let mut env = ReplayEnv;
-    let mut b = GraphBuilder::new(run_id, limits, &mut env, &[]);
+    let mut scratch = BuildScratch::default();
+    let mut b = GraphBuilder::new(run_id, limits, &mut env, &[], &mut scratch);
     let mut ids: Vec<u64> = Vec::with_capacity(records.submits.len());
     let mut index: HashMap<u64, u32> = HashMap::new();
     let mut track = ScopeTrack { open: vec![0], closed_at: vec![u64::MAX] };
@@ -199,7 +197,7 @@ fn compare(
         let succ = task_name(ids[i]);
         let listed = (r.num_producers as usize).min(SUBMIT_RECORD_PRODUCERS);
         let wired = &r.producers[..listed];
-        let replayed: Vec<u64> = task.preds.iter().map(|&p| ids[p as usize]).collect();
+        let replayed: Vec<u64> = g.preds_of(task).iter().map(|&p| ids[p as usize]).collect();
         for &p in wired.iter().filter(|p| !replayed.contains(p)) {
             out.push(format!(
                 "the device wired {} → {succ}; the replay has no such edge",
@@ -209,7 +207,7 @@ fn compare(
         if r.num_producers as usize > listed {
             continue;
         }
-        for (&p, &pi) in replayed.iter().zip(&task.preds) {
+        for (&p, &pi) in replayed.iter().zip(g.preds_of(task)) {
             let scope_open = closed_at[scope_of[pi as usize]] > i as u64;
             if scope_open && !wired.contains(&p) {
                 out.push(format!(
@@ -313,7 +311,7 @@ mod tests {
         let r = replayed(&records);
         assert_eq!(r.mismatches, Vec::<String>::new());
         assert_eq!(r.ids, [W, R]);
-        assert_eq!(r.graph.tasks[1].preds, [0]);
+        assert_eq!(r.graph.preds_of(&r.graph.tasks[1]), [0]);
     }
 
     #[test]
@@ -343,7 +341,7 @@ mod tests {
         };
         let r = replayed(&records);
         assert_eq!(r.mismatches, Vec::<String>::new());
-        assert_eq!(r.graph.tasks[1].preds, [0], "the replay still derives the edge");
+        assert_eq!(r.graph.preds_of(&r.graph.tasks[1]), [0], "the replay still derives the edge");
         assert_eq!(r.graph.tasks[0].scope_depth, 1);
     }
 

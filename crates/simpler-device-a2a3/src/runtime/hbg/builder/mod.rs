@@ -59,8 +59,8 @@ pub(crate) struct HeapArena {
 }
 
 /// Limits of one build.
-#[derive(Clone, Debug)]
-pub(crate) struct BuildLimits {
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BuildLimits<'a> {
     /// Task-window entries of ring 0 (the whole graph).
     pub(crate) task_window: u32,
     /// Heap bytes of ring 0.
@@ -68,7 +68,7 @@ pub(crate) struct BuildLimits {
     /// Clusters of the launch.
     pub(crate) block_dim: u32,
     /// Func ids the callable registers.
-    pub(crate) funcs: Vec<bool>,
+    pub(crate) funcs: &'a [bool],
 }
 
 /// Where a dependency edge came from.
@@ -108,7 +108,8 @@ pub(crate) struct HostTask {
     pub(crate) block_num: u32,
     pub(crate) tensors: Range<usize>,
     pub(crate) scalars: Range<usize>,
-    pub(crate) preds: Vec<u32>,
+    /// Into [`BuiltGraph::preds`].
+    pub(crate) preds: Range<usize>,
     pub(crate) scope_depth: u32,
 }
 
@@ -121,35 +122,96 @@ pub(crate) struct ScopeEvent {
     pub(crate) heap: u64,
 }
 
-/// A finished graph.
+/// A finished graph. Tasks name their tensors, scalars and predecessors by range into the
+/// graph's shared vectors, so a graph reused for the next build allocates nothing.
 #[derive(Debug, Default)]
 pub(crate) struct BuiltGraph {
     pub(crate) tasks: Vec<HostTask>,
     pub(crate) tensors: Vec<Tensor>,
     pub(crate) tags: Vec<TensorArgType>,
     pub(crate) scalars: Vec<u64>,
+    pub(crate) preds: Vec<u32>,
     pub(crate) edges: Vec<DepEdge>,
     pub(crate) edge_count: usize,
     pub(crate) heap_used: u64,
     pub(crate) scopes: Vec<ScopeEvent>,
 }
 
-/// The builder. Its address is the `rt` pointer of the ops table.
-pub(crate) struct GraphBuilder<'e> {
-    run_id: RunId,
-    limits: BuildLimits,
-    env: &'e mut dyn BuildEnv,
+impl BuiltGraph {
+    /// The predecessors of `task`, in the order they were found.
+    pub(crate) fn preds_of(&self, task: &HostTask) -> &[u32] {
+        &self.preds[task.preds.clone()]
+    }
+
+    /// Empties the graph, keeping its capacity.
+    fn clear(&mut self) {
+        let BuiltGraph {
+            tasks,
+            tensors,
+            tags,
+            scalars,
+            preds,
+            edges,
+            edge_count,
+            heap_used,
+            scopes,
+        } = self;
+        tasks.clear();
+        tensors.clear();
+        tags.clear();
+        scalars.clear();
+        preds.clear();
+        edges.clear();
+        scopes.clear();
+        *edge_count = 0;
+        *heap_used = 0;
+    }
+}
+
+/// A tracked access of a recorded task, for telling covered from partial edges.
+#[derive(Clone, Copy, Debug)]
+struct TrackedAccess {
+    addr: u64,
+    span: ByteSpan,
+    writes: bool,
+    reads: bool,
+}
+
+/// What one build uses and the next may reuse: the tensor maps (emptied of the run when its
+/// builder drops), the per-task accesses and a spare graph. A runtime keeps one, so a stream of
+/// runs of one shape builds without allocating.
+#[derive(Debug, Default)]
+pub(crate) struct BuildScratch {
     map: TensorMap,
     /// Every span a task names, tracked or not (`set_tensor_data` refuses them).
     touched: TensorMap,
     /// Spans written through `manual_dep` tensors, which `map` does not know
     /// (`tensor_data` refuses them like tracked writes).
     manual_writes: TensorMap,
+    /// The tracked accesses of every task so far; task `i`'s are `task_accesses[i]`.
+    accesses: Vec<TrackedAccess>,
+    task_accesses: Vec<Range<usize>>,
+    /// The predecessors one lookup found.
+    found: Vec<u32>,
+    entry_spans: Vec<ByteSpan>,
+    spare: Option<BuiltGraph>,
+}
+
+impl BuildScratch {
+    /// Keeps `graph`'s allocations for the next build.
+    pub(crate) fn recycle(&mut self, graph: BuiltGraph) {
+        self.spare = Some(graph);
+    }
+}
+
+/// The builder. Its address is the `rt` pointer of the ops table.
+pub(crate) struct GraphBuilder<'e> {
+    run_id: RunId,
+    limits: BuildLimits<'e>,
+    env: &'e mut dyn BuildEnv,
+    scratch: &'e mut BuildScratch,
     task_total: u64,
     graph: BuiltGraph,
-    task_writes: Vec<Vec<(u64, ByteSpan)>>,
-    task_reads: Vec<Vec<(u64, ByteSpan)>>,
-    entry_spans: Vec<ByteSpan>,
     heap_base: Option<u64>,
     heap_needed: u64,
     scope_depth: u32,
@@ -166,25 +228,26 @@ fn slot_of(task: u32) -> SlotId {
 
 impl<'e> GraphBuilder<'e> {
     /// A builder for `run_id`; `entry` are the chip entry's (staged) tensors, readable through
-    /// `tensor_data`.
+    /// `tensor_data`. It builds into `scratch`'s spare graph, if any, and empties what it used
+    /// of `scratch` when it drops.
     pub(crate) fn new(
         run_id: RunId,
-        limits: BuildLimits,
+        limits: BuildLimits<'e>,
         env: &'e mut dyn BuildEnv,
         entry: &[Tensor],
+        scratch: &'e mut BuildScratch,
     ) -> Self {
+        let mut graph = scratch.spare.take().unwrap_or_default();
+        graph.clear();
+        scratch.entry_spans.clear();
+        scratch.entry_spans.extend(entry.iter().filter_map(span_of));
         GraphBuilder {
             run_id,
             limits,
             env,
-            map: TensorMap::new(),
-            touched: TensorMap::new(),
-            manual_writes: TensorMap::new(),
+            scratch,
             task_total: 0,
-            graph: BuiltGraph::default(),
-            task_writes: Vec::new(),
-            task_reads: Vec::new(),
-            entry_spans: entry.iter().filter_map(span_of).collect(),
+            graph,
             heap_base: None,
             heap_needed: 0,
             scope_depth: 0,
@@ -298,8 +361,14 @@ impl<'e> GraphBuilder<'e> {
             return i64::from(ORCH_FAILED);
         }
         let idx = task_index as u32;
-        let mut preds: Vec<u32> = Vec::new();
-        let mut edges: Vec<DepEdge> = Vec::new();
+        let preds_start = self.graph.preds.len();
+        let scratch = &mut *self.scratch;
+        let graph = &mut self.graph;
+        let add_pred = |preds: &mut Vec<u32>, pred: u32| {
+            if !preds[preds_start..].contains(&pred) {
+                preds.push(pred);
+            }
+        };
         // Look-ups first, inserts after, so a task never depends on itself.
         for (i, t) in tensors.iter().enumerate() {
             let tag = parsed_tags[i];
@@ -308,7 +377,7 @@ impl<'e> GraphBuilder<'e> {
                 let owner = t.owner();
                 if owner.is_valid() && owner.ring() == 0 && owner.local() < idx {
                     let pred = owner.local();
-                    edges.push(DepEdge {
+                    graph.edges.push(DepEdge {
                         pred,
                         succ: idx,
                         arg: i as u32,
@@ -316,30 +385,30 @@ impl<'e> GraphBuilder<'e> {
                         overlap: Overlap::Covered,
                         buffer: t.addr,
                     });
-                    if !preds.contains(&pred) {
-                        preds.push(pred);
-                    }
+                    add_pred(&mut graph.preds, pred);
                 }
                 continue;
             }
             let Some(span) = span_of(t) else { continue };
             if let Some(access) = Access::of_view(tag, t) {
                 let key = TensorKey::Host { addr: t.addr };
-                let mut found: Vec<u32> = Vec::new();
-                self.map.dependencies(self.run_id, &key, span, access, |slot| {
+                let found = &mut scratch.found;
+                found.clear();
+                scratch.map.dependencies(self.run_id, &key, span, access, |slot| {
                     if !found.contains(&slot.index) {
                         found.push(slot.index);
                     }
                 });
-                for pred in found {
-                    let covers = |spans: Option<&Vec<(u64, ByteSpan)>>| {
-                        spans.is_some_and(|ss| {
-                            ss.iter().any(|(k, s)| *k == t.addr && s.contains(span))
+                for &pred in &scratch.found {
+                    // Whether `pred` wrote (or, before this write, read) every byte of `span`.
+                    let covered = scratch.task_accesses.get(pred as usize).is_some_and(|r| {
+                        scratch.accesses[r.clone()].iter().any(|a| {
+                            a.addr == t.addr
+                                && (a.writes || (tag.writes() && a.reads))
+                                && a.span.contains(span)
                         })
-                    };
-                    let covered = covers(self.task_writes.get(pred as usize))
-                        || (tag.writes() && covers(self.task_reads.get(pred as usize)));
-                    edges.push(DepEdge {
+                    });
+                    graph.edges.push(DepEdge {
                         pred,
                         succ: idx,
                         arg: i as u32,
@@ -347,49 +416,47 @@ impl<'e> GraphBuilder<'e> {
                         overlap: if covered { Overlap::Covered } else { Overlap::Partial },
                         buffer: t.addr,
                     });
-                    if !preds.contains(&pred) {
-                        preds.push(pred);
-                    }
+                    add_pred(&mut graph.preds, pred);
                 }
             }
         }
-        let (mut writes, mut reads) = (Vec::new(), Vec::new());
+        let accesses_start = scratch.accesses.len();
         for (i, t) in tensors.iter().enumerate() {
             let tag = parsed_tags[i];
             let Some(span) = span_of(t) else { continue };
             let key = TensorKey::Host { addr: t.addr };
-            self.touched.insert(self.run_id, key, span, slot_of(idx));
+            scratch.touched.insert(self.run_id, key, span, slot_of(idx));
             if t.is_manual_dep() && tag.writes() {
-                self.manual_writes.insert(self.run_id, key, span, slot_of(idx));
+                scratch.manual_writes.insert(self.run_id, key, span, slot_of(idx));
             }
             if let (Some(access), false) = (Access::of_view(tag, t), t.is_manual_dep()) {
-                self.map.record(self.run_id, key, span, access, slot_of(idx));
-                if tag.writes() {
-                    writes.push((t.addr, span));
-                }
-                if tag.reads() {
-                    reads.push((t.addr, span));
+                scratch.map.record(self.run_id, key, span, access, slot_of(idx));
+                if tag.writes() || tag.reads() {
+                    scratch.accesses.push(TrackedAccess {
+                        addr: t.addr,
+                        span,
+                        writes: tag.writes(),
+                        reads: tag.reads(),
+                    });
                 }
             }
         }
-        let t0 = self.graph.tensors.len();
-        self.graph.tensors.extend_from_slice(tensors);
-        self.graph.tags.extend_from_slice(&parsed_tags[..tensors.len()]);
-        let s0 = self.graph.scalars.len();
-        self.graph.scalars.extend_from_slice(scalars);
-        self.graph.edge_count += preds.len();
-        self.graph.edges.extend(edges);
-        self.graph.tasks.push(HostTask {
+        scratch.task_accesses.push(accesses_start..scratch.accesses.len());
+        let t0 = graph.tensors.len();
+        graph.tensors.extend_from_slice(tensors);
+        graph.tags.extend_from_slice(&parsed_tags[..tensors.len()]);
+        let s0 = graph.scalars.len();
+        graph.scalars.extend_from_slice(scalars);
+        graph.edge_count += graph.preds.len() - preds_start;
+        graph.tasks.push(HostTask {
             func_ids,
             shape,
             block_num: block_num.max(1),
-            tensors: t0..self.graph.tensors.len(),
-            scalars: s0..self.graph.scalars.len(),
-            preds,
+            tensors: t0..graph.tensors.len(),
+            scalars: s0..graph.scalars.len(),
+            preds: preds_start..graph.preds.len(),
             scope_depth: self.scope_depth,
         });
-        self.task_writes.push(writes);
-        self.task_reads.push(reads);
         DeviceTaskId::new(0, idx).0 as i64
     }
 
@@ -529,7 +596,7 @@ impl<'e> GraphBuilder<'e> {
         };
         let mut written = false;
         let key = TensorKey::Host { addr: t.addr };
-        for map in [&self.map, &self.manual_writes] {
+        for map in [&self.scratch.map, &self.scratch.manual_writes] {
             map.lookup_overlapping(self.run_id, &key, span, |_| written = true);
         }
         if written {
@@ -537,7 +604,7 @@ impl<'e> GraphBuilder<'e> {
                 "tensor_data: {span} is written by a task of this graph, which has not run yet (host_build_graph runs tasks after the whole graph is built)"
             ));
         }
-        if !self.entry_spans.iter().any(|e| e.contains(span)) {
+        if !self.scratch.entry_spans.iter().any(|e| e.contains(span)) {
             return self.invalid(format!(
                 "tensor_data: {span} is not inside a host-staged input of this run"
             ));
@@ -554,7 +621,7 @@ impl<'e> GraphBuilder<'e> {
             Err(status) => return status,
         };
         let mut used = false;
-        self.touched.lookup_overlapping(
+        self.scratch.touched.lookup_overlapping(
             self.run_id,
             &TensorKey::Host { addr: t.addr },
             span,
@@ -627,12 +694,29 @@ impl<'e> GraphBuilder<'e> {
             self.scope_end();
         }
         self.graph.heap_used = self.heap_needed;
-        Ok(self.graph)
+        Ok(std::mem::take(&mut self.graph))
     }
 
     /// The latched error, if any (without finishing).
     pub(crate) fn has_error(&self) -> bool {
         self.error.is_some()
+    }
+}
+
+impl Drop for GraphBuilder<'_> {
+    /// Leaves the scratch empty for the next build, whatever ended this one (a finished graph,
+    /// a latched error, a panicking orchestration); an unfinished graph becomes the spare.
+    fn drop(&mut self) {
+        let s = &mut *self.scratch;
+        for map in [&s.map, &s.touched, &s.manual_writes] {
+            map.erase_run(self.run_id);
+        }
+        s.accesses.clear();
+        s.task_accesses.clear();
+        s.entry_spans.clear();
+        if s.spare.is_none() && self.graph.tasks.capacity() > 0 {
+            s.spare = Some(std::mem::take(&mut self.graph));
+        }
     }
 }
 

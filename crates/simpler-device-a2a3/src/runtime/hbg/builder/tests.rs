@@ -6,6 +6,7 @@ use super::*;
 
 const BUF: u64 = 0x10_0000;
 
+#[derive(Default)]
 struct FakeEnv;
 
 impl BuildEnv for FakeEnv {
@@ -24,10 +25,22 @@ impl BuildEnv for FakeEnv {
     }
 }
 
-fn limits() -> BuildLimits {
-    let mut funcs = vec![false; MAX_FUNC_IDS];
+/// Func id 1 registered.
+const FUNCS: [bool; MAX_FUNC_IDS] = {
+    let mut funcs = [false; MAX_FUNC_IDS];
     funcs[1] = true;
-    BuildLimits { task_window: 64, heap_bytes: 1 << 16, block_dim: 2, funcs }
+    funcs
+};
+
+fn limits() -> BuildLimits<'static> {
+    BuildLimits { task_window: 64, heap_bytes: 1 << 16, block_dim: 2, funcs: &FUNCS }
+}
+
+/// What a builder borrows: the device and the scratch kept across builds.
+#[derive(Default)]
+struct Fixture {
+    env: FakeEnv,
+    scratch: BuildScratch,
 }
 
 fn buf(offset: u64, n: u32) -> Tensor {
@@ -43,13 +56,17 @@ fn message(e: DeviceError) -> String {
     }
 }
 
-fn builder(env: &mut FakeEnv) -> GraphBuilder<'_> {
-    GraphBuilder::new(RunId::FIRST, limits(), env, &[buf(0, 1024)])
+fn builder(f: &mut Fixture) -> GraphBuilder<'_> {
+    build_run(f, RunId::FIRST)
+}
+
+fn build_run(f: &mut Fixture, run: RunId) -> GraphBuilder<'_> {
+    GraphBuilder::new(run, limits(), &mut f.env, &[buf(0, 1024)], &mut f.scratch)
 }
 
 #[test]
 fn a_buffer_too_large_to_round_up_to_the_heap_alignment_is_invalid() {
-    let mut env = FakeEnv;
+    let mut env = Fixture::default();
     let mut b = builder(&mut env);
     // 2 147 483 647 × 2 147 483 649 f32: 2^64 − 4 bytes, a valid shape.
     let mut t = [Tensor::external(0, &[2_147_483_647, 2_147_483_649], DataType::Float32).unwrap()];
@@ -59,12 +76,12 @@ fn a_buffer_too_large_to_round_up_to_the_heap_alignment_is_invalid() {
 
 #[test]
 fn too_many_tensors_or_scalars_are_rejected_naming_the_counts() {
-    let mut env = FakeEnv;
+    let mut env = Fixture::default();
     let mut b = builder(&mut env);
     let ts = vec![buf(0, 4); 33];
     assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &ts, &[0; 33], &[]) < 0);
     assert!(message(b.finish().unwrap_err()).contains("33 tensors"));
-    let mut env = FakeEnv;
+    let mut env = Fixture::default();
     let mut b = builder(&mut env);
     assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[], &[], &[0; 17]) < 0);
     assert!(message(b.finish().unwrap_err()).contains("17 scalars"));
@@ -72,11 +89,11 @@ fn too_many_tensors_or_scalars_are_rejected_naming_the_counts() {
 
 #[test]
 fn func_ids_must_be_in_range_and_registered() {
-    let mut env = FakeEnv;
+    let mut env = Fixture::default();
     let mut b = builder(&mut env);
     assert!(b.submit([NO_FUNC, 1024, NO_FUNC], TaskShape::Aiv as u32, 1, &[], &[], &[]) < 0);
     assert!(message(b.finish().unwrap_err()).contains("func id 1024 out of range"));
-    let mut env = FakeEnv;
+    let mut env = Fixture::default();
     let mut b = builder(&mut env);
     assert!(b.submit([NO_FUNC, 7, NO_FUNC], TaskShape::Aiv as u32, 1, &[], &[], &[]) < 0);
     assert!(message(b.finish().unwrap_err()).contains("func id 7 is not registered"));
@@ -84,7 +101,7 @@ fn func_ids_must_be_in_range_and_registered() {
 
 #[test]
 fn written_tensors_need_device_buffers() {
-    let mut env = FakeEnv;
+    let mut env = Fixture::default();
     let mut b = builder(&mut env);
     let null = Tensor::external(0, &[4], DataType::Float32).unwrap();
     assert!(
@@ -92,7 +109,7 @@ fn written_tensors_need_device_buffers() {
             < 0
     );
     assert!(message(b.finish().unwrap_err()).contains("needs a buffer"));
-    let mut env = FakeEnv;
+    let mut env = Fixture::default();
     let mut b = builder(&mut env);
     let stray = Tensor::external(0x40, &[4], DataType::Float32).unwrap();
     assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[stray], &[0], &[]) < 0);
@@ -101,7 +118,7 @@ fn written_tensors_need_device_buffers() {
 
 #[test]
 fn disjoint_slice_writers_are_independent_and_a_whole_reader_depends_on_both() {
-    let mut env = FakeEnv;
+    let mut env = Fixture::default();
     let mut b = builder(&mut env);
     let whole = buf(0, 1024);
     let lo = whole.view(&[512], &[0]).unwrap();
@@ -113,9 +130,9 @@ fn disjoint_slice_writers_are_independent_and_a_whole_reader_depends_on_both() {
     assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[whole], &[inp], &[]), 2);
     assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[lo], &[inp], &[]), 3);
     let g = b.finish().unwrap();
-    assert!(g.tasks[1].preds.is_empty(), "disjoint slices never create an edge");
-    assert_eq!(g.tasks[2].preds, vec![0, 1]);
-    assert_eq!(g.tasks[3].preds, vec![0]);
+    assert!(g.preds_of(&g.tasks[1]).is_empty(), "disjoint slices never create an edge");
+    assert_eq!(g.preds_of(&g.tasks[2]), vec![0, 1]);
+    assert_eq!(g.preds_of(&g.tasks[3]), vec![0]);
     let overlap =
         |pred, succ| g.edges.iter().find(|e| e.pred == pred && e.succ == succ).unwrap().overlap;
     assert_eq!(overlap(0, 2), Overlap::Partial);
@@ -125,7 +142,7 @@ fn disjoint_slice_writers_are_independent_and_a_whole_reader_depends_on_both() {
 #[test]
 fn a_write_after_a_read_waits_for_the_reader() {
     // The original's issue #1306: W0 InOut, R0 Input, W1 InOut on one buffer.
-    let mut env = FakeEnv;
+    let mut env = Fixture::default();
     let mut b = builder(&mut env);
     let t = buf(0, 256);
     let (inout, inp) = (TensorArgType::InOut.as_i32(), TensorArgType::Input.as_i32());
@@ -136,16 +153,16 @@ fn a_write_after_a_read_waits_for_the_reader() {
     assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[t], &[inout], &[]), 3);
     assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[t], &[out], &[]), 4);
     let g = b.finish().unwrap();
-    assert!(g.tasks[2].preds == vec![0], "readers stay concurrent");
-    let mut w1 = g.tasks[3].preds.clone();
+    assert!(g.preds_of(&g.tasks[2]) == vec![0], "readers stay concurrent");
+    let mut w1 = g.preds_of(&g.tasks[3]).to_vec();
     w1.sort_unstable();
     assert_eq!(w1, vec![0, 1, 2], "the second write waits for both readers");
-    assert_eq!(g.tasks[4].preds, vec![3], "a blind write after an InOut waits for it");
+    assert_eq!(g.preds_of(&g.tasks[4]), vec![3], "a blind write after an InOut waits for it");
 }
 
 #[test]
 fn tensor_data_reads_staged_inputs_but_not_in_graph_outputs() {
-    let mut env = FakeEnv;
+    let mut env = Fixture::default();
     let mut b = builder(&mut env);
     let input = buf(0, 16);
     let mut out = [0u8; 64];
@@ -159,7 +176,7 @@ fn tensor_data_reads_staged_inputs_but_not_in_graph_outputs() {
 
 #[test]
 fn a_zero_size_manual_dep_tensor_still_orders_after_its_creator() {
-    let mut env = FakeEnv;
+    let mut env = Fixture::default();
     let mut b = builder(&mut env);
     let out = TensorArgType::Output.as_i32();
     assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(0, 16)], &[out], &[]), 0);
@@ -170,7 +187,7 @@ fn a_zero_size_manual_dep_tensor_still_orders_after_its_creator() {
     let inp = TensorArgType::Input.as_i32();
     assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[empty], &[inp], &[]), 1);
     let g = b.finish().unwrap();
-    assert_eq!(g.tasks[1].preds, vec![0]);
+    assert_eq!(g.preds_of(&g.tasks[1]), vec![0]);
     assert_eq!(g.edges[0].source, EdgeSource::Creator);
 }
 
@@ -178,7 +195,7 @@ fn a_zero_size_manual_dep_tensor_still_orders_after_its_creator() {
 fn tensor_data_refuses_bytes_a_manual_dep_tensor_writes() {
     // The map does not track `manual_dep` tensors, but no task of the graph has run while
     // it is built: the staged bytes would be the value from before that write.
-    let mut env = FakeEnv;
+    let mut env = Fixture::default();
     let mut b = builder(&mut env);
     let input = buf(0, 16);
     let out = TensorArgType::Output.as_i32();
@@ -191,9 +208,65 @@ fn tensor_data_refuses_bytes_a_manual_dep_tensor_writes() {
 
 #[test]
 fn the_first_error_wins_and_later_calls_are_refused() {
-    let mut env = FakeEnv;
+    let mut env = Fixture::default();
     let mut b = builder(&mut env);
     assert!(b.scope_end() < 0);
     assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[], &[], &[]), i64::from(ORCH_FAILED));
     assert!(message(b.finish().unwrap_err()).contains("scope_end without"));
+}
+
+/// Whether every part of the scratch a build fills is empty again.
+fn scratch_is_empty(s: &BuildScratch) -> bool {
+    s.map.is_empty()
+        && s.touched.is_empty()
+        && s.manual_writes.is_empty()
+        && s.accesses.is_empty()
+        && s.task_accesses.is_empty()
+        && s.entry_spans.is_empty()
+}
+
+#[test]
+fn a_reused_scratch_carries_nothing_from_one_build_into_the_next() {
+    let mut f = Fixture::default();
+    let (out, inp) = (TensorArgType::Output.as_i32(), TensorArgType::Input.as_i32());
+    let manual = buf(0x2000, 16).manual_dep(true);
+    let second = RunId::FIRST.next().unwrap();
+    // The same run id twice as well: a runner reuses none, but the scratch must not care.
+    for run in [RunId::FIRST, RunId::FIRST, second] {
+        let mut b = build_run(&mut f, run);
+        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(0x1000, 16)], &[inp], &[]), 0);
+        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(0x1000, 16)], &[out], &[]), 1);
+        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[manual], &[out], &[]), 2);
+        let g = b.finish().unwrap();
+        assert_eq!(g.tasks.len(), 3, "{run}: only this build's tasks");
+        assert!(g.preds_of(&g.tasks[0]).is_empty(), "{run}: no edge to an earlier build's writer");
+        assert_eq!(g.preds_of(&g.tasks[1]), [0], "{run}");
+        assert_eq!((g.edges.len(), g.edge_count), (1, 1), "{run}");
+        assert!(scratch_is_empty(&f.scratch), "{run}: the builder emptied the scratch");
+        f.scratch.recycle(g);
+    }
+    // Nothing of the builds above is still known: their buffers are free for set_tensor_data
+    // and tensor_data.
+    let mut b = build_run(&mut f, second);
+    assert_eq!(b.set_data(&buf(0x1000, 16), &[0u8; 64]), ORCH_OK);
+    let mut data = [0u8; 64];
+    assert_eq!(b.get_data(&buf(0, 16), &mut data), ORCH_OK);
+    b.finish().unwrap();
+}
+
+#[test]
+fn a_builder_dropped_unfinished_leaves_the_scratch_empty() {
+    // What a panicking orchestration leaves behind: the builder is dropped without `finish`.
+    let mut f = Fixture::default();
+    let out = TensorArgType::Output.as_i32();
+    let mut b = builder(&mut f);
+    assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(0x1000, 16)], &[out], &[]), 0);
+    drop(b);
+    assert!(scratch_is_empty(&f.scratch));
+    let mut b = builder(&mut f);
+    let inp = TensorArgType::Input.as_i32();
+    assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(0x1000, 16)], &[inp], &[]), 0);
+    let g = b.finish().unwrap();
+    assert_eq!(g.tasks.len(), 1, "the unfinished graph's task is gone");
+    assert!(g.preds_of(&g.tasks[0]).is_empty());
 }
