@@ -79,7 +79,7 @@ pub(crate) fn jsonl(summary: &ScopeSummary, lines: &[ScopeLine]) -> String {
 
 /// The file of a host_build_graph graph.
 pub(crate) fn scope_stats_jsonl(g: &BuiltGraph) -> String {
-    let edges = g.edge_count as u64;
+    let edges = g.edge_count() as u64;
     let tensors = g.tensors.len() as u64;
     let summary = ScopeSummary {
         task_window_max: [g.tasks.len() as u64, 0, 0, 0],

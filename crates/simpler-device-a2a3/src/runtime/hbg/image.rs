@@ -173,7 +173,7 @@ pub(crate) fn write_image(
     // Fanout lists (CSR by producer).
     fan_count.clear();
     fan_count.resize(n, 0);
-    for &p in &g.preds {
+    for &p in g.tasks.iter().flat_map(|t| g.preds_of(t)) {
         if let Some(c) = fan_count.get_mut(p as usize) {
             *c += 1;
         }

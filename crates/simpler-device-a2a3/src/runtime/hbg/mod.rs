@@ -41,7 +41,7 @@ const SWIMLANE_CAPACITY_MAX: u64 = 1 << 16;
 pub(crate) struct HostBuildGraph {
     /// The scheduler no-progress budget, reported with a latched scheduler timeout.
     scheduler_budget: Duration,
-    /// Kept across runs, so binding a run of a shape seen before allocates nothing.
+    /// Kept across runs, so binding a run of a shape seen before allocates nothing per task.
     build: BuildScratch,
     image: ImageScratch,
 }
@@ -70,8 +70,9 @@ struct GraphSize {
 #[derive(Debug)]
 pub(crate) struct HbgRun {
     size: GraphSize,
-    /// The graph itself, kept only for the diagnostics that export it (`deps.json`, swimlane
-    /// edges, scope statistics); otherwise it went back to the runtime's scratch.
+    /// The graph itself, kept only for the diagnostics that export it (`deps.json` and `deps.dot`,
+    /// with the swimlane trace's edges, and scope statistics); otherwise it went back to the
+    /// runtime's scratch.
     graph: Option<BuiltGraph>,
     /// Kernel names by func id, for `deps.dot` and the swimlane trace (filled only for them).
     kernel_names: diag::dot::KernelNames,
@@ -195,7 +196,7 @@ impl ChipRuntime for HostBuildGraph {
         if diag.scope_stats {
             profiling |= PROFILE_SCOPE_STATS;
         }
-        write_image(
+        let written = write_image(
             host_image,
             &graph,
             &ImageInputs {
@@ -209,11 +210,14 @@ impl ChipRuntime for HostBuildGraph {
                 func_table: inp.func_table,
             },
             &mut self.image,
-        )
-        .ok_or_else(|| DeviceError::InvalidArgs {
-            run_id: Some(run_id),
-            message: "the graph is too large for a runtime image".into(),
-        })?;
+        );
+        if written.is_none() {
+            self.build.recycle(graph);
+            return Err(DeviceError::InvalidArgs {
+                run_id: Some(run_id),
+                message: "the graph is too large for a runtime image".into(),
+            });
+        }
         // `deps.dot` and the swimlane trace label tasks by kernel name; only named kernels are
         // listed.
         let kernel_names = if diag.dep_gen || diag.swimlane > 0 {
@@ -223,11 +227,11 @@ impl ChipRuntime for HostBuildGraph {
         };
         let size = GraphSize {
             tasks: graph.tasks.len(),
-            edges: graph.edge_count,
+            edges: graph.edge_count(),
             tensors: graph.tensors.len(),
             heap_used: graph.heap_used,
         };
-        let graph = if diag.dep_gen || diag.swimlane > 0 || diag.scope_stats {
+        let graph = if diag.dep_gen || diag.scope_stats {
             Some(graph)
         } else {
             self.build.recycle(graph);
@@ -276,22 +280,23 @@ impl BoundRun for HbgRun {
     }
 
     fn export(&self, image: Option<&HostImageView<'_>>, outcome: Outcome, out: &mut Exporter<'_>) {
-        let Some(g) = &self.graph else { return };
         if self.diag.swimlane > 0
             && let Some(image) = image
         {
             let capture = SwimlaneCapture::read(image, self.diag.swimlane, self.threads);
             out.report().swimlane_dropped = capture.total_dropped();
-            let edges: Vec<(u64, u64)> = if self.diag.dep_gen {
-                g.edges
+            // With `dep_gen` the graph is kept, and the trace shows its edges.
+            let edges: Vec<(u64, u64)> = match &self.graph {
+                Some(g) if self.diag.dep_gen => g
+                    .edges
                     .iter()
                     .map(|e| (DeviceTaskId::new(0, e.pred).0, DeviceTaskId::new(0, e.succ).0))
-                    .collect()
-            } else {
-                Vec::new()
+                    .collect(),
+                _ => Vec::new(),
             };
             diag::swimlane::export(out, &capture, &edges, &self.kernel_names);
         }
+        let Some(g) = &self.graph else { return };
         // The graph exists on the host whatever happened on the device, so `deps.json` is
         // written on every outcome (marked incomplete unless the run succeeded).
         if self.diag.dep_gen {

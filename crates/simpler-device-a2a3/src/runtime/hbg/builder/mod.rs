@@ -132,7 +132,6 @@ pub(crate) struct BuiltGraph {
     pub(crate) scalars: Vec<u64>,
     pub(crate) preds: Vec<u32>,
     pub(crate) edges: Vec<DepEdge>,
-    pub(crate) edge_count: usize,
     pub(crate) heap_used: u64,
     pub(crate) scopes: Vec<ScopeEvent>,
 }
@@ -143,19 +142,14 @@ impl BuiltGraph {
         &self.preds[task.preds.clone()]
     }
 
+    /// Dependency edges between distinct tasks (each task's predecessors counted once).
+    pub(crate) fn edge_count(&self) -> usize {
+        self.preds.len()
+    }
+
     /// Empties the graph, keeping its capacity.
     fn clear(&mut self) {
-        let BuiltGraph {
-            tasks,
-            tensors,
-            tags,
-            scalars,
-            preds,
-            edges,
-            edge_count,
-            heap_used,
-            scopes,
-        } = self;
+        let BuiltGraph { tasks, tensors, tags, scalars, preds, edges, heap_used, scopes } = self;
         tasks.clear();
         tensors.clear();
         tags.clear();
@@ -163,7 +157,6 @@ impl BuiltGraph {
         preds.clear();
         edges.clear();
         scopes.clear();
-        *edge_count = 0;
         *heap_used = 0;
     }
 }
@@ -177,9 +170,10 @@ struct TrackedAccess {
     reads: bool,
 }
 
-/// What one build uses and the next may reuse: the tensor maps (emptied of the run when its
-/// builder drops), the per-task accesses and a spare graph. A runtime keeps one, so a stream of
-/// runs of one shape builds without allocating.
+/// What one build uses and the next may reuse: the tensor maps, the per-task accesses and the
+/// entry spans (all emptied when the builder drops) and a spare graph (cleared when the next
+/// builder takes it). A runtime keeps one, so a stream of runs of one shape builds without
+/// allocating per task; what a graph larger than [`RETAINED_TASKS`] grew is not kept.
 #[derive(Debug, Default)]
 pub(crate) struct BuildScratch {
     map: TensorMap,
@@ -197,10 +191,25 @@ pub(crate) struct BuildScratch {
     spare: Option<BuiltGraph>,
 }
 
+/// Tasks whose per-task storage a scratch keeps for the next build; a larger graph's is freed,
+/// so one huge run does not pin its memory for the runner's lifetime.
+const RETAINED_TASKS: usize = 4096;
+
 impl BuildScratch {
-    /// Keeps `graph`'s allocations for the next build.
+    /// Keeps `graph`'s allocations for the next build, unless it grew past [`RETAINED_TASKS`].
     pub(crate) fn recycle(&mut self, graph: BuiltGraph) {
-        self.spare = Some(graph);
+        if graph.tasks.capacity() <= RETAINED_TASKS {
+            self.spare = Some(graph);
+        }
+    }
+
+    /// Whether nothing of a build is left (the state every build starts from).
+    fn is_empty(&self) -> bool {
+        self.map.is_empty()
+            && self.touched.is_empty()
+            && self.manual_writes.is_empty()
+            && self.accesses.is_empty()
+            && self.task_accesses.is_empty()
     }
 }
 
@@ -237,6 +246,7 @@ impl<'e> GraphBuilder<'e> {
         entry: &[Tensor],
         scratch: &'e mut BuildScratch,
     ) -> Self {
+        debug_assert!(scratch.is_empty(), "the previous builder emptied the scratch");
         let mut graph = scratch.spare.take().unwrap_or_default();
         graph.clear();
         scratch.entry_spans.clear();
@@ -401,13 +411,15 @@ impl<'e> GraphBuilder<'e> {
                 });
                 for &pred in &scratch.found {
                     // Whether `pred` wrote (or, before this write, read) every byte of `span`.
-                    let covered = scratch.task_accesses.get(pred as usize).is_some_and(|r| {
-                        scratch.accesses[r.clone()].iter().any(|a| {
-                            a.addr == t.addr
-                                && (a.writes || (tag.writes() && a.reads))
-                                && a.span.contains(span)
-                        })
-                    });
+                    let accesses = scratch.task_accesses.get(pred as usize);
+                    let covered =
+                        accesses.and_then(|r| scratch.accesses.get(r.clone())).is_some_and(|r| {
+                            r.iter().any(|a| {
+                                a.addr == t.addr
+                                    && (a.writes || (tag.writes() && a.reads))
+                                    && a.span.contains(span)
+                            })
+                        });
                     graph.edges.push(DepEdge {
                         pred,
                         succ: idx,
@@ -447,7 +459,6 @@ impl<'e> GraphBuilder<'e> {
         graph.tags.extend_from_slice(&parsed_tags[..tensors.len()]);
         let s0 = graph.scalars.len();
         graph.scalars.extend_from_slice(scalars);
-        graph.edge_count += graph.preds.len() - preds_start;
         graph.tasks.push(HostTask {
             func_ids,
             shape,
@@ -469,8 +480,13 @@ impl<'e> GraphBuilder<'e> {
         if block_num == 0 || block_num > MAX_BLOCK_NUM {
             return Err(format!("block_num {block_num} out of range 1..={MAX_BLOCK_NUM}"));
         }
-        let set: Vec<(usize, i32)> =
-            funcs.iter().copied().enumerate().filter(|(_, f)| *f != NO_FUNC).collect();
+        let mut named = [(0usize, 0i32); 3];
+        let mut count = 0;
+        for (slot, f) in funcs.iter().copied().enumerate().filter(|(_, f)| *f != NO_FUNC) {
+            named[count] = (slot, f);
+            count += 1;
+        }
+        let set = &named[..count];
         match shape {
             TaskShape::Dummy if !set.is_empty() => return Err("a dummy task names kernels".into()),
             TaskShape::Aic if set.len() != 1 || set[0].0 != 0 => {
@@ -482,7 +498,7 @@ impl<'e> GraphBuilder<'e> {
             TaskShape::Mix if set.is_empty() => return Err("a MIX task names no kernel".into()),
             _ => {}
         }
-        for (_, f) in set {
+        for &(_, f) in set {
             if f < 0 || f as usize >= MAX_FUNC_IDS {
                 return Err(format!("func id {f} out of range 0..{MAX_FUNC_IDS}"));
             }
@@ -714,8 +730,12 @@ impl Drop for GraphBuilder<'_> {
         s.accesses.clear();
         s.task_accesses.clear();
         s.entry_spans.clear();
+        if s.task_accesses.capacity() > RETAINED_TASKS {
+            s.accesses = Vec::new();
+            s.task_accesses = Vec::new();
+        }
         if s.spare.is_none() && self.graph.tasks.capacity() > 0 {
-            s.spare = Some(std::mem::take(&mut self.graph));
+            s.recycle(std::mem::take(&mut self.graph));
         }
     }
 }

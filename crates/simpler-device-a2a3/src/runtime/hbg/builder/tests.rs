@@ -66,8 +66,8 @@ fn build_run(f: &mut Fixture, run: RunId) -> GraphBuilder<'_> {
 
 #[test]
 fn a_buffer_too_large_to_round_up_to_the_heap_alignment_is_invalid() {
-    let mut env = Fixture::default();
-    let mut b = builder(&mut env);
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
     // 2 147 483 647 × 2 147 483 649 f32: 2^64 − 4 bytes, a valid shape.
     let mut t = [Tensor::external(0, &[2_147_483_647, 2_147_483_649], DataType::Float32).unwrap()];
     assert_eq!(b.alloc(&mut t), ORCH_INVALID);
@@ -76,41 +76,41 @@ fn a_buffer_too_large_to_round_up_to_the_heap_alignment_is_invalid() {
 
 #[test]
 fn too_many_tensors_or_scalars_are_rejected_naming_the_counts() {
-    let mut env = Fixture::default();
-    let mut b = builder(&mut env);
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
     let ts = vec![buf(0, 4); 33];
     assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &ts, &[0; 33], &[]) < 0);
     assert!(message(b.finish().unwrap_err()).contains("33 tensors"));
-    let mut env = Fixture::default();
-    let mut b = builder(&mut env);
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
     assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[], &[], &[0; 17]) < 0);
     assert!(message(b.finish().unwrap_err()).contains("17 scalars"));
 }
 
 #[test]
 fn func_ids_must_be_in_range_and_registered() {
-    let mut env = Fixture::default();
-    let mut b = builder(&mut env);
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
     assert!(b.submit([NO_FUNC, 1024, NO_FUNC], TaskShape::Aiv as u32, 1, &[], &[], &[]) < 0);
     assert!(message(b.finish().unwrap_err()).contains("func id 1024 out of range"));
-    let mut env = Fixture::default();
-    let mut b = builder(&mut env);
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
     assert!(b.submit([NO_FUNC, 7, NO_FUNC], TaskShape::Aiv as u32, 1, &[], &[], &[]) < 0);
     assert!(message(b.finish().unwrap_err()).contains("func id 7 is not registered"));
 }
 
 #[test]
 fn written_tensors_need_device_buffers() {
-    let mut env = Fixture::default();
-    let mut b = builder(&mut env);
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
     let null = Tensor::external(0, &[4], DataType::Float32).unwrap();
     assert!(
         b.submit(AIV, TaskShape::Aiv as u32, 1, &[null], &[TensorArgType::Output.as_i32()], &[])
             < 0
     );
     assert!(message(b.finish().unwrap_err()).contains("needs a buffer"));
-    let mut env = Fixture::default();
-    let mut b = builder(&mut env);
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
     let stray = Tensor::external(0x40, &[4], DataType::Float32).unwrap();
     assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[stray], &[0], &[]) < 0);
     assert!(message(b.finish().unwrap_err()).contains("not inside one device allocation"));
@@ -118,8 +118,8 @@ fn written_tensors_need_device_buffers() {
 
 #[test]
 fn disjoint_slice_writers_are_independent_and_a_whole_reader_depends_on_both() {
-    let mut env = Fixture::default();
-    let mut b = builder(&mut env);
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
     let whole = buf(0, 1024);
     let lo = whole.view(&[512], &[0]).unwrap();
     let hi = whole.view(&[512], &[512]).unwrap();
@@ -142,8 +142,8 @@ fn disjoint_slice_writers_are_independent_and_a_whole_reader_depends_on_both() {
 #[test]
 fn a_write_after_a_read_waits_for_the_reader() {
     // The original's issue #1306: W0 InOut, R0 Input, W1 InOut on one buffer.
-    let mut env = Fixture::default();
-    let mut b = builder(&mut env);
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
     let t = buf(0, 256);
     let (inout, inp) = (TensorArgType::InOut.as_i32(), TensorArgType::Input.as_i32());
     let out = TensorArgType::Output.as_i32();
@@ -162,8 +162,8 @@ fn a_write_after_a_read_waits_for_the_reader() {
 
 #[test]
 fn tensor_data_reads_staged_inputs_but_not_in_graph_outputs() {
-    let mut env = Fixture::default();
-    let mut b = builder(&mut env);
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
     let input = buf(0, 16);
     let mut out = [0u8; 64];
     assert_eq!(b.get_data(&input, &mut out), ORCH_OK);
@@ -176,8 +176,8 @@ fn tensor_data_reads_staged_inputs_but_not_in_graph_outputs() {
 
 #[test]
 fn a_zero_size_manual_dep_tensor_still_orders_after_its_creator() {
-    let mut env = Fixture::default();
-    let mut b = builder(&mut env);
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
     let out = TensorArgType::Output.as_i32();
     assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(0, 16)], &[out], &[]), 0);
     let empty = Tensor::external(BUF + 0x100, &[0], DataType::Float32)
@@ -195,8 +195,8 @@ fn a_zero_size_manual_dep_tensor_still_orders_after_its_creator() {
 fn tensor_data_refuses_bytes_a_manual_dep_tensor_writes() {
     // The map does not track `manual_dep` tensors, but no task of the graph has run while
     // it is built: the staged bytes would be the value from before that write.
-    let mut env = Fixture::default();
-    let mut b = builder(&mut env);
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
     let input = buf(0, 16);
     let out = TensorArgType::Output.as_i32();
     let manual = input.manual_dep(true);
@@ -208,8 +208,8 @@ fn tensor_data_refuses_bytes_a_manual_dep_tensor_writes() {
 
 #[test]
 fn the_first_error_wins_and_later_calls_are_refused() {
-    let mut env = Fixture::default();
-    let mut b = builder(&mut env);
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
     assert!(b.scope_end() < 0);
     assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[], &[], &[]), i64::from(ORCH_FAILED));
     assert!(message(b.finish().unwrap_err()).contains("scope_end without"));
@@ -241,7 +241,7 @@ fn a_reused_scratch_carries_nothing_from_one_build_into_the_next() {
         assert_eq!(g.tasks.len(), 3, "{run}: only this build's tasks");
         assert!(g.preds_of(&g.tasks[0]).is_empty(), "{run}: no edge to an earlier build's writer");
         assert_eq!(g.preds_of(&g.tasks[1]), [0], "{run}");
-        assert_eq!((g.edges.len(), g.edge_count), (1, 1), "{run}");
+        assert_eq!((g.edges.len(), g.edge_count()), (1, 1), "{run}");
         assert!(scratch_is_empty(&f.scratch), "{run}: the builder emptied the scratch");
         f.scratch.recycle(g);
     }
@@ -269,4 +269,49 @@ fn a_builder_dropped_unfinished_leaves_the_scratch_empty() {
     let g = b.finish().unwrap();
     assert_eq!(g.tasks.len(), 1, "the unfinished graph's task is gone");
     assert!(g.preds_of(&g.tasks[0]).is_empty());
+}
+
+#[test]
+fn an_image_written_with_reused_scratch_matches_one_written_fresh() {
+    use crate::runtime::hbg::image::{ImageInputs, ImageScratch, write_image};
+    let (out, inp) = (TensorArgType::Output.as_i32(), TensorArgType::Input.as_i32());
+    let func_table = vec![0x4000u64; MAX_FUNC_IDS];
+    let inputs = ImageInputs {
+        block_dim: 1,
+        aicpu_threads: 1,
+        profiling: 0,
+        swimlane_capacity: 0,
+        swimlane_level: 0,
+        aicpu_swimlane_capacity: 0,
+        active_callable: 1,
+        func_table: &func_table,
+    };
+    // A fan-out of `n` readers of one writer, then a fan-in.
+    let graph = |f: &mut Fixture, n: u64| {
+        let mut b = builder(f);
+        b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(0, 16)], &[out], &[]);
+        for i in 0..n {
+            b.submit(
+                AIV,
+                TaskShape::Aiv as u32,
+                1,
+                &[buf(0, 16), buf(0x100 * (i + 1), 16)],
+                &[inp, out],
+                &[],
+            );
+        }
+        let all: Vec<Tensor> = (0..n).map(|i| buf(0x100 * (i + 1), 16)).collect();
+        b.submit(AIV, TaskShape::Aiv as u32, 1, &all, &vec![inp; all.len()], &[]);
+        b.finish().unwrap()
+    };
+    let mut f = Fixture::default();
+    let (mut reused, mut image) = (ImageScratch::default(), Vec::new());
+    let large = graph(&mut f, 8);
+    write_image(&mut image, &large, &inputs, &mut reused).unwrap();
+    f.scratch.recycle(large);
+    let small = graph(&mut f, 3);
+    write_image(&mut image, &small, &inputs, &mut reused).unwrap();
+    let mut fresh = Vec::new();
+    write_image(&mut fresh, &small, &inputs, &mut ImageScratch::default()).unwrap();
+    assert_eq!(image, fresh, "the larger graph left nothing in the smaller one's image");
 }
