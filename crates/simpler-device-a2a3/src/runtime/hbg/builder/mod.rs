@@ -724,8 +724,13 @@ impl Drop for GraphBuilder<'_> {
     /// a latched error, a panicking orchestration); an unfinished graph becomes the spare.
     fn drop(&mut self) {
         let s = &mut *self.scratch;
-        for map in [&s.map, &s.touched, &s.manual_writes] {
+        for map in [&mut s.map, &mut s.touched, &mut s.manual_writes] {
             map.erase_run(self.run_id);
+            // Only this run's entries were ever inserted, so anything left means a record
+            // was interrupted (a panic inside the map): start the next build from a new map.
+            if !map.is_empty() {
+                *map = TensorMap::new();
+            }
         }
         s.accesses.clear();
         s.task_accesses.clear();
