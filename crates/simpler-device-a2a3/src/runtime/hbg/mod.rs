@@ -211,31 +211,30 @@ impl ChipRuntime for HostBuildGraph {
             },
             &mut self.image,
         );
-        if written.is_none() {
-            self.build.recycle(graph);
-            return Err(DeviceError::InvalidArgs {
-                run_id: Some(run_id),
-                message: "the graph is too large for a runtime image".into(),
-            });
-        }
-        // `deps.dot` and the swimlane trace label tasks by kernel name; only named kernels are
-        // listed.
-        let kernel_names = if diag.dep_gen || diag.swimlane > 0 {
-            diag::dot::kernel_names(inp.callable.children())
-        } else {
-            diag::dot::KernelNames::new()
-        };
         let size = GraphSize {
             tasks: graph.tasks.len(),
             edges: graph.edge_count(),
             tensors: graph.tensors.len(),
             heap_used: graph.heap_used,
         };
-        let graph = if diag.dep_gen || diag.scope_stats {
+        // Only the diagnostics that export the graph keep it; otherwise (and when the image
+        // could not be written) it goes back to the scratch for the next build.
+        let graph = if written.is_some() && (diag.dep_gen || diag.scope_stats) {
             Some(graph)
         } else {
             self.build.recycle(graph);
             None
+        };
+        written.ok_or_else(|| DeviceError::InvalidArgs {
+            run_id: Some(run_id),
+            message: "the graph is too large for a runtime image".into(),
+        })?;
+        // `deps.dot` and the swimlane trace label tasks by kernel name; only named kernels are
+        // listed.
+        let kernel_names = if diag.dep_gen || diag.swimlane > 0 {
+            diag::dot::kernel_names(inp.callable.children())
+        } else {
+            diag::dot::KernelNames::new()
         };
         Ok(Box::new(HbgRun {
             size,

@@ -210,6 +210,21 @@ impl BuildScratch {
             && self.manual_writes.is_empty()
             && self.accesses.is_empty()
             && self.task_accesses.is_empty()
+            && self.entry_spans.is_empty()
+    }
+
+    /// Whether task `pred` wrote every byte of `span` of the buffer at `addr` or, when the
+    /// successor writes, read them: the edge to it is then `Covered`.
+    fn covers(&self, pred: u32, addr: u64, span: ByteSpan, successor_writes: bool) -> bool {
+        let accesses =
+            self.task_accesses.get(pred as usize).and_then(|r| self.accesses.get(r.clone()));
+        accesses.is_some_and(|accesses| {
+            accesses.iter().any(|a| {
+                a.addr == addr
+                    && (a.writes || (successor_writes && a.reads))
+                    && a.span.contains(span)
+            })
+        })
     }
 }
 
@@ -410,16 +425,7 @@ impl<'e> GraphBuilder<'e> {
                     }
                 });
                 for &pred in &scratch.found {
-                    // Whether `pred` wrote (or, before this write, read) every byte of `span`.
-                    let accesses = scratch.task_accesses.get(pred as usize);
-                    let covered =
-                        accesses.and_then(|r| scratch.accesses.get(r.clone())).is_some_and(|r| {
-                            r.iter().any(|a| {
-                                a.addr == t.addr
-                                    && (a.writes || (tag.writes() && a.reads))
-                                    && a.span.contains(span)
-                            })
-                        });
+                    let covered = scratch.covers(pred, t.addr, span, tag.writes());
                     graph.edges.push(DepEdge {
                         pred,
                         succ: idx,

@@ -215,16 +215,6 @@ fn the_first_error_wins_and_later_calls_are_refused() {
     assert!(message(b.finish().unwrap_err()).contains("scope_end without"));
 }
 
-/// Whether every part of the scratch a build fills is empty again.
-fn scratch_is_empty(s: &BuildScratch) -> bool {
-    s.map.is_empty()
-        && s.touched.is_empty()
-        && s.manual_writes.is_empty()
-        && s.accesses.is_empty()
-        && s.task_accesses.is_empty()
-        && s.entry_spans.is_empty()
-}
-
 #[test]
 fn a_reused_scratch_carries_nothing_from_one_build_into_the_next() {
     let mut f = Fixture::default();
@@ -242,7 +232,7 @@ fn a_reused_scratch_carries_nothing_from_one_build_into_the_next() {
         assert!(g.preds_of(&g.tasks[0]).is_empty(), "{run}: no edge to an earlier build's writer");
         assert_eq!(g.preds_of(&g.tasks[1]), [0], "{run}");
         assert_eq!((g.edges.len(), g.edge_count()), (1, 1), "{run}");
-        assert!(scratch_is_empty(&f.scratch), "{run}: the builder emptied the scratch");
+        assert!(f.scratch.is_empty(), "{run}: the builder emptied the scratch");
         f.scratch.recycle(g);
     }
     // Nothing of the builds above is still known: their buffers are free for set_tensor_data
@@ -262,7 +252,7 @@ fn a_builder_dropped_unfinished_leaves_the_scratch_empty() {
     let mut b = builder(&mut f);
     assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(0x1000, 16)], &[out], &[]), 0);
     drop(b);
-    assert!(scratch_is_empty(&f.scratch));
+    assert!(f.scratch.is_empty());
     let mut b = builder(&mut f);
     let inp = TensorArgType::Input.as_i32();
     assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(0x1000, 16)], &[inp], &[]), 0);
