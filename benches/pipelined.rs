@@ -30,7 +30,7 @@ use cpu_time::ProcessTime;
 use simpler::device_a2a3::kernel::model_device_time;
 use simpler::device_a2a3::programs::{f32_to_le_bytes, vector};
 use simpler::device_a2a3::{
-    ChipCallable, DeviceRunner, KernelCall, Platform, RunRequest, RunnerOptions, RuntimeVariant,
+    ChipCallable, DeviceRunner, Platform, RunRequest, RunnerOptions, RuntimeVariant,
 };
 use simpler::types::{CallConfig, DataType, RunId, TaskArgs, Tensor};
 use simpler::worker::{ChipMemory, Orchestration, Worker};
@@ -42,16 +42,8 @@ static CHIP_TIME_NS: AtomicU64 = AtomicU64::new(0);
 
 /// `g = d · e`, declaring [`CHIP_TIME_NS`] of time on the chip.
 unsafe extern "C-unwind" fn mul_declaring_chip_time(args: *mut i64) {
-    // SAFETY: the vector program's product task: tensors `d`, `e` (in) and `g` (out), f32, of
-    // one shape; `g` does not alias the inputs.
-    let k = unsafe { KernelCall::from_raw(args, 3) };
-    // SAFETY: as above.
-    let views = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
-    if let (Some(d), Some(e), Some(g)) = views {
-        for ((g, d), e) in g.iter_mut().zip(d).zip(e) {
-            *g = d * e;
-        }
-    }
+    // SAFETY: the runtime's argument vector for the product task, passed on unchanged.
+    unsafe { vector::mul(args) };
     model_device_time(Duration::from_nanos(CHIP_TIME_NS.load(Ordering::Relaxed)));
 }
 

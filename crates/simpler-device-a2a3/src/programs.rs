@@ -255,10 +255,20 @@ pub mod vector {
     }
 
     /// The program with another kernel for `g = d · e` ([`MUL`]; tensors `d`, `e` in, `g`
-    /// out), such as one that also takes a given device time. It must compute the same f32
-    /// products for [`reference()`] to hold.
+    /// out), such as one that calls [`mul`] and declares a time on the chip. It must compute
+    /// the same f32 products for [`reference()`] to hold.
     pub fn builder_with_mul(mul: KernelFn) -> ChipCallableBuilder {
         kernels_around(Orchestration::Native { entry: orchestration, config: three_args }, mul)
+    }
+
+    /// The program's own `g = d · e` kernel ([`MUL`]), for a replacement to build on.
+    ///
+    /// # Safety
+    ///
+    /// `args` must be the argument vector the runtime passed to a task of [`MUL`]'s signature.
+    pub unsafe extern "C-unwind" fn mul(args: *mut i64) {
+        // SAFETY: forwarded contract.
+        unsafe { mul_kernel(args) }
     }
 
     fn kernels_around(orchestration: Orchestration, mul: KernelFn) -> ChipCallableBuilder {

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use simpler_device_a2a3::kernel::{KernelCall, model_device_time};
+use simpler_device_a2a3::kernel::model_device_time;
 use simpler_device_a2a3::programs::vector;
 use simpler_device_a2a3::{DeviceRunner, RunRequest};
 use simpler_types::CallConfig;
@@ -17,16 +17,8 @@ const CHIP_TIME: Duration = Duration::from_millis(40);
 
 /// `g = d · e`, declaring [`CHIP_TIME`] on the chip.
 unsafe extern "C-unwind" fn mul_declaring(args: *mut i64) {
-    // SAFETY: the vector program's product task: `d`, `e` (in) and `g` (out), f32, one shape,
-    // `g` aliasing neither input.
-    let k = unsafe { KernelCall::from_raw(args, 3) };
-    // SAFETY: as above.
-    let views = unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) };
-    if let (Some(d), Some(e), Some(g)) = views {
-        for ((g, d), e) in g.iter_mut().zip(d).zip(e) {
-            *g = d * e;
-        }
-    }
+    // SAFETY: the runtime's argument vector for the product task, passed on unchanged.
+    unsafe { vector::mul(args) };
     model_device_time(CHIP_TIME);
 }
 
