@@ -25,6 +25,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -819,11 +820,20 @@ fn next_job(
 pub(crate) struct LaneFence {
     pub(crate) done: Mutex<Option<Result<(), EndpointFailure>>>,
     pub(crate) cv: Condvar,
+    /// Mirrors `done.is_some()` without the lock, for a waiter that yields before it parks.
+    is_set: AtomicBool,
 }
 
 impl LaneFence {
     pub(crate) fn set(&self, r: Result<(), EndpointFailure>) {
         *self.done.lock() = Some(r);
+        // Release after the store: a waiter that sees the flag finds the result under the lock.
+        self.is_set.store(true, Ordering::Release);
         self.cv.notify_all();
+    }
+
+    /// Whether the fence is set (a hint: the result itself is read under `done`).
+    pub(crate) fn is_set(&self) -> bool {
+        self.is_set.load(Ordering::Acquire)
     }
 }

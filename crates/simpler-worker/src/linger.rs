@@ -1,15 +1,16 @@
-//! Receives that yield for a short while before they park (`docs/pipelining.md`, "The L2
-//! chip lane at depth 2", step 7).
+//! Waits that yield for a short while before they park (`docs/pipelining.md`, "The L2 chip
+//! lane at depth 2", step 7).
 //!
 //! A stream of runs hands each run over twice: the submitter's job to the lane, and the lane's
-//! reply to the submitter one preparation later. Each usually arrives within a few
-//! microseconds, and on a virtual machine a parked thread woken from another vCPU costs about
-//! 10 µs of wall time and CPU on both sides. So the receiving side yields first.
+//! reply to the submitter one preparation later; a serial `run` waits for its fence. Each
+//! usually arrives within a few microseconds, and on a virtual machine a parked thread woken
+//! from another vCPU costs about 10 µs of wall time and CPU on both sides. So the receiving
+//! side yields first.
 
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
-/// How long a receive yields before it parks.
+/// How long a wait yields before it parks.
 pub(crate) const LINGER: Duration = Duration::from_micros(30);
 
 /// Yields until `rx` holds a message, [`LINGER`] has passed or `until` comes: the message, or
@@ -23,23 +24,43 @@ fn try_recv_for<T>(
     budget: Duration,
     until: Option<Instant>,
 ) -> Result<T, TryRecvError> {
+    let look = || match rx.try_recv() {
+        Err(TryRecvError::Empty) => None,
+        got => Some(got),
+    };
+    poll_for(look, budget, until).unwrap_or(Err(TryRecvError::Empty))
+}
+
+/// Yields until `done()` holds, [`LINGER`] has passed or `until` comes; whether it held.
+pub(crate) fn until(mut done: impl FnMut() -> bool, until: Option<Instant>) -> bool {
+    poll_for(|| done().then_some(()), LINGER, until).is_some()
+}
+
+/// Yields between looks until `look` finds something, `budget` has passed or `until` comes.
+fn poll_for<T>(
+    mut look: impl FnMut() -> Option<T>,
+    budget: Duration,
+    until: Option<Instant>,
+) -> Option<T> {
     let end = match (Instant::now().checked_add(budget), until) {
         (Some(e), Some(u)) => Some(e.min(u)),
         (e, u) => e.or(u),
     };
     loop {
-        match rx.try_recv() {
-            Err(TryRecvError::Empty) if end.is_none_or(|e| Instant::now() < e) => {
-                std::thread::yield_now()
-            }
-            got => return got,
+        if let Some(found) = look() {
+            return Some(found);
         }
+        if end.is_some_and(|e| Instant::now() >= e) {
+            return None;
+        }
+        std::thread::yield_now();
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::mpsc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, mpsc};
 
     use super::*;
 
@@ -68,5 +89,34 @@ mod tests {
             try_recv_for(&rx, Duration::from_secs(60), None),
             Err(TryRecvError::Disconnected)
         );
+    }
+
+    #[test]
+    fn a_flag_linger_sees_a_flag_set_meanwhile_and_honours_its_budget_and_deadline() {
+        let flag = Arc::new(AtomicBool::new(false));
+        let setter = {
+            let flag = Arc::clone(&flag);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(1));
+                flag.store(true, Ordering::Release);
+            })
+        };
+        let look = || flag.load(Ordering::Acquire).then_some(());
+        assert_eq!(poll_for(look, Duration::from_secs(60), None), Some(()), "missed the flag");
+        setter.join().expect("setter");
+        let start = Instant::now();
+        assert!(!until(|| false, None));
+        assert!(start.elapsed() >= LINGER, "gave up before its budget");
+        let past = Some(Instant::now());
+        let mut looks = 0;
+        assert!(!until(
+            || {
+                looks += 1;
+                false
+            },
+            past
+        ));
+        assert_eq!(looks, 1, "a deadline already passed allows one look");
+        assert!(until(|| true, past), "a flag already set is seen past the deadline too");
     }
 }

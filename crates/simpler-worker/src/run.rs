@@ -34,6 +34,7 @@ use crate::chip::LaneFence;
 use crate::deferred_drop;
 use crate::election::{Election, Turn};
 use crate::error::{Frame, RunError, RunErrorKind, frames_of_task};
+use crate::linger;
 use crate::reentry;
 use crate::worker::Inner;
 
@@ -181,6 +182,11 @@ impl RunShared {
                 }
             }
             Fence::Lane(f) => {
+                // A lone run through the lane usually ends within tens of µs: yield for it
+                // before parking, as the lane's own hand-offs do (`linger`).
+                if linger::until(|| f.is_set(), deadline) {
+                    return true;
+                }
                 let mut done = f.done.lock();
                 while done.is_none() {
                     match deadline {
