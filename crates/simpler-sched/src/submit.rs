@@ -222,12 +222,12 @@ impl RunBuilder<'_> {
         worker_type: WorkerType,
     ) -> Result<TaskId, SchedError> {
         let core = self.core();
-        let run = Arc::clone(&self.run);
         let n = args.len();
 
         // 1. Claim a slot (slot only, no heap).
         let depth = self.orch.scopes.depth().saturating_sub(1);
         let allocation = core.claim(0, depth).map_err(|e| self.alloc_error(e))?;
+        let run = &self.run;
         let id = allocation.slot;
         let Some(slot) = core.ring.slot(id) else {
             core.ring.release(id);
@@ -251,7 +251,7 @@ impl RunBuilder<'_> {
             WorkerType::NextLevel if n > 1 => Route::Group,
             WorkerType::NextLevel => Route::Single { worker: orch.targets[0] },
         };
-        slot.init_task(Head { id, task, callable: *callable }, Arc::clone(&run), route, n);
+        slot.init_task(Head { id, task, callable: *callable }, Arc::clone(run), route, n);
         orch.scopes.register(id);
 
         let reads = {
