@@ -2,10 +2,12 @@
 //! queueing in the same invocation, alternating.
 //!
 //! - **W3**: back-to-back runs of the vector program over 1024 f32 on one cluster, whose
-//!   `g = d · e` kernel declares a time on the chip equal to the measured host time per run
-//!   (`model_device_time`). The simulator's threads neither sleep nor spin for it, as a chip's
-//!   compute uses no host CPU (`docs/benchmarks-worker.md`, W3, says why this is the faithful
-//!   model). Throughput and per-run latency (submit → result) at each lane mode.
+//!   `g = d · e` kernel declares a time on the chip (`model_device_time`) chosen so that a
+//!   run's device time equals the host's part of a depth-1 run: ten candidate times are
+//!   measured at depth 1 and the closest pair wins. The simulator's threads neither sleep nor
+//!   spin for it, as a chip's compute uses no host CPU (`docs/benchmarks-worker.md`, W3, says
+//!   why this is the faithful model). Throughput and per-run latency (submit → result) at each
+//!   lane mode.
 //! - **W3 long device time**: the same shape with a fixed 300 us on the chip, so that the
 //!   device time dominates.
 //! - **W3 CPU-bound**: the vector program over 16384 f32 with no delay: its simulated device
@@ -123,6 +125,38 @@ fn calibrate(samples: usize, shape: Shape) -> (Duration, Duration) {
     }
     r.finalize().expect("finalize");
     (median(host), median(device))
+}
+
+/// Declared times W3 tries, in microseconds.
+const W3_CANDIDATES_US: [u64; 10] = [2, 4, 6, 8, 10, 12, 14, 16, 20, 24];
+
+/// One candidate declared time of W3, measured at depth 1 (medians of three streams each).
+struct Candidate {
+    declared: Duration,
+    /// The runner's wait in `reap_run` per run.
+    device: Duration,
+    /// A runner stream's time per run.
+    runner_d1: Duration,
+    /// A stream's time per run through an L2 worker.
+    worker_d1: Duration,
+}
+
+fn measure_candidate(runs: usize, shape: Shape, declared: Duration) -> Candidate {
+    let shape = Shape { chip_time: Some(declared), ..shape };
+    let runner: Vec<(Duration, Phases)> =
+        (0..3).map(|_| runner_stream(Mode::Depth1, runs, shape)).collect();
+    Candidate {
+        declared,
+        device: median(runner.iter().map(|r| r.1.reap).collect()),
+        runner_d1: median(runner.iter().map(|r| r.0).collect()),
+        worker_d1: median((0..3).map(|_| stream(Lane::Depth1, runs, shape).per_run).collect()),
+    }
+}
+
+/// The candidate whose host part (`d1` less the device time) is closest to its device time.
+fn closest(scan: &[Candidate], d1: fn(&Candidate) -> Duration) -> &Candidate {
+    let gap = |c: &Candidate| d1(c).saturating_sub(c.device).abs_diff(c.device);
+    scan.iter().min_by_key(|c| gap(c)).expect("at least one candidate")
 }
 
 /// How a runner-level stream drives its runs.
@@ -321,38 +355,50 @@ fn main() {
     let samples = if quick { 5 } else { 50 };
     let us = |d: Duration| d.as_secs_f64() * 1e6;
 
-    // W3: one cluster over 1024 f32, whose product kernel declares a time on the chip equal
-    // to the host's own time per run: what a depth-1 stream adds to its declared time (the
-    // host's part of the time between two runs, which pipelining can hide). That part depends
-    // on the declared time (a longer wait parks the host's threads, whose wake-ups then take
-    // longer), so it is found as a fixed point: starting from 300 us, declare the host part
-    // just measured (the median of three streams) and measure again, four times. Measured at
-    // each level, since the worker's lane and waiter add to the runner's.
+    // W3: one cluster over 1024 f32, whose product kernel declares a time on the chip such
+    // that the run's device time equals the host's part of a depth-1 run. Both are measured at
+    // depth 1 for each candidate declared time: the device time as the runner's wait in
+    // `reap_run` (the declared time, or the simulator's own work when that is longer), the
+    // host part as a depth-1 stream's time per run less that device time. W3 takes the
+    // candidate where the two are closest, separately for the runner and through the worker,
+    // whose lane and waiter add to the runner's host part.
     let small = Shape { n: 1024, block_dim: 1, chip_time: None };
     let (host, device) = calibrate(samples, small);
     let calibration_runs = if quick { 20 } else { 300 };
-    let host_part = |per_run_with: &dyn Fn(Shape) -> Duration| {
-        let mut chip_time = Duration::from_micros(300);
-        let mut steps = Vec::new();
-        for _ in 0..4 {
-            let shape = Shape { chip_time: Some(chip_time), ..small };
-            let per_run = median((0..3).map(|_| per_run_with(shape)).collect());
-            chip_time = per_run.saturating_sub(chip_time).max(Duration::from_micros(1));
-            steps.push(format!("{:.1}", us(chip_time)));
-        }
-        (chip_time, steps.join(" -> "))
-    };
-    let (host_runner, runner_steps) =
-        host_part(&|shape| runner_stream(Mode::Depth1, calibration_runs, shape).0);
-    let (host_worker, worker_steps) =
-        host_part(&|shape| stream(Lane::Depth1, calibration_runs, shape).per_run);
+    let candidates: &[u64] = if quick { &[4, 12] } else { &W3_CANDIDATES_US };
+    let scan: Vec<Candidate> = candidates
+        .iter()
+        .map(|&us| measure_candidate(calibration_runs, small, Duration::from_micros(us)))
+        .collect();
     println!(
-        "calibration (1024 f32, one cluster): runner prepare + launch + complete {:.1} us per run, simulated device time without a declared time {:.1} us (the host build's compute and hand-offs); host part per run (a depth-1 stream less its declared time): runner {runner_steps} us, through the worker {worker_steps} us; W3's product kernel declares the last of each as its time on the chip",
+        "calibration (1024 f32, one cluster): runner prepare + launch + complete {:.1} us per run, simulated device time without a declared time {:.1} us (the host build's compute and hand-offs)",
         us(host),
         us(device),
     );
-    let w3 = Shape { chip_time: Some(host_worker), ..small };
-    let w3_runner = Shape { chip_time: Some(host_runner), ..small };
+    for c in &scan {
+        println!(
+            "  declared {:.0} us: device time {:.1} us; runner depth 1 {:.1} us/run (host part {:.1} us); worker depth 1 {:.1} us/run (host part {:.1} us)",
+            us(c.declared),
+            us(c.device),
+            us(c.runner_d1),
+            us(c.runner_d1.saturating_sub(c.device)),
+            us(c.worker_d1),
+            us(c.worker_d1.saturating_sub(c.device)),
+        );
+    }
+    let runner_pick = closest(&scan, |c| c.runner_d1);
+    let worker_pick = closest(&scan, |c| c.worker_d1);
+    println!(
+        "W3 declares {:.0} us through the worker (device {:.1} us, host part {:.1} us) and {:.0} us on the runner (device {:.1} us, host part {:.1} us)",
+        us(worker_pick.declared),
+        us(worker_pick.device),
+        us(worker_pick.worker_d1.saturating_sub(worker_pick.device)),
+        us(runner_pick.declared),
+        us(runner_pick.device),
+        us(runner_pick.runner_d1.saturating_sub(runner_pick.device)),
+    );
+    let w3 = Shape { chip_time: Some(worker_pick.declared), ..small };
+    let w3_runner = Shape { chip_time: Some(runner_pick.declared), ..small };
     let long = Shape { chip_time: Some(Duration::from_micros(300)), ..small };
     // W3 CPU-bound: the vector program over 16384 f32, whose simulated device time is host
     // CPU work on the same cores as the host's preparation.
