@@ -153,6 +153,11 @@ fn measure_candidate(runs: usize, shape: Shape, declared: Duration) -> Candidate
     }
 }
 
+/// Whether two times are within 25 % of the larger.
+fn about_equal(a: Duration, b: Duration) -> bool {
+    a.abs_diff(b) * 4 <= a.max(b)
+}
+
 /// The candidate whose host part (`d1` less the device time) is closest to its device time.
 fn closest(scan: &[Candidate], d1: fn(&Candidate) -> Duration) -> &Candidate {
     let gap = |c: &Candidate| d1(c).saturating_sub(c.device).abs_diff(c.device);
@@ -388,6 +393,19 @@ fn main() {
     }
     let runner_pick = closest(&scan, |c| c.runner_d1);
     let worker_pick = closest(&scan, |c| c.worker_d1);
+    for (level, pick, d1) in [
+        ("the worker", worker_pick, worker_pick.worker_d1),
+        ("the runner", runner_pick, runner_pick.runner_d1),
+    ] {
+        let host_part = d1.saturating_sub(pick.device);
+        if !about_equal(host_part, pick.device) {
+            println!(
+                "W3 condition not met through {level}: no candidate has a device time within 25 % of the host part (closest: device {:.1} us, host part {:.1} us), so W3 there measures that pair",
+                us(pick.device),
+                us(host_part),
+            );
+        }
+    }
     println!(
         "W3 declares {:.0} us through the worker (device {:.1} us, host part {:.1} us) and {:.0} us on the runner (device {:.1} us, host part {:.1} us)",
         us(worker_pick.declared),
