@@ -269,13 +269,13 @@ impl RunShared {
                     RunOutcome::Failed(f) => Err(self.inner.run_error(&f)),
                 })
             }
-            Fence::Lane(f) => {
-                let done = f.done.lock();
-                Ok(match done.as_ref() {
-                    Some(Ok(())) | None => Ok(()),
-                    Some(Err(e)) => Err(self.inner.lane_error(self.run, e)),
-                })
-            }
+            Fence::Lane(f) => match f.done.lock().as_ref() {
+                Some(Ok(())) => Ok(Ok(())),
+                Some(Err(e)) => Ok(Err(self.inner.lane_error(self.run, e))),
+                // The fence wait returns only once the lane has set the fence; should that ever
+                // change, the run is reported failed rather than done.
+                None => Err("the lane had not set the run's fence".to_owned()),
+            },
         }
     }
 
