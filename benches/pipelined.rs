@@ -164,6 +164,9 @@ fn closest(scan: &[Candidate], d1: fn(&Candidate) -> Duration) -> &Candidate {
     scan.iter().min_by_key(|c| gap(c)).expect("at least one candidate")
 }
 
+/// Untimed runs before a runner-level stream.
+const RUNNER_WARM_UP: usize = 20;
+
 /// How a runner-level stream drives its runs.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
@@ -213,6 +216,11 @@ fn runner_stream(mode: Mode, runs: usize, shape: Shape) -> (Duration, Phases) {
         next_id += 1;
         RunId::from_raw(next_id).expect("id")
     };
+    // Warm up (the simulated cores' threads, the build scratch, every slot), as the worker
+    // streams do, so that a short stream measures runs rather than a runner's first runs.
+    for _ in 0..RUNNER_WARM_UP {
+        r.run(&RunRequest::new(req_id(), slot, &args, &cfg)).expect("warm-up run");
+    }
     let (t0, cpu0) = (Instant::now(), ProcessTime::now());
     let mut in_flight = None;
     for i in 0..=runs {
@@ -369,7 +377,7 @@ fn main() {
     // whose lane and waiter add to the runner's host part.
     let small = Shape { n: 1024, block_dim: 1, chip_time: None };
     let (host, device) = calibrate(samples, small);
-    let calibration_runs = if quick { 20 } else { 300 };
+    let calibration_runs = if quick { 20 } else { 1000 };
     let candidates: &[u64] = if quick { &[4, 12] } else { &W3_CANDIDATES_US };
     let scan: Vec<Candidate> = candidates
         .iter()
