@@ -25,17 +25,18 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use simpler_device_a2a3::{
     ActiveRun, ChipCallable, ChipSlot, DeviceError, DevicePtr, DeviceRunner, MemoryLedger,
     PreparedRun, RunRequest,
 };
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
+
+use crate::lane_fence::LaneFence;
 use simpler_types::{
     CallConfig, CallableId, EndpointOutcome, FailureSource, RunId, TaskArgs, TaskArgsView, TaskId,
     WorkerId, WorkerType,
@@ -811,29 +812,5 @@ fn next_job(
             *back_to_back = false;
             linger::try_recv(rx, None).ok().or_else(|| rx.recv().ok())
         }
-    }
-}
-
-/// The fence of an L2 run: set by the lane once the run was reaped, with the run's failure
-/// mapped as at L3 ([`device_failure`]).
-#[derive(Default)]
-pub(crate) struct LaneFence {
-    pub(crate) done: Mutex<Option<Result<(), EndpointFailure>>>,
-    pub(crate) cv: Condvar,
-    /// Mirrors `done.is_some()` without the lock, for a waiter that yields before it parks.
-    is_set: AtomicBool,
-}
-
-impl LaneFence {
-    pub(crate) fn set(&self, r: Result<(), EndpointFailure>) {
-        *self.done.lock() = Some(r);
-        // Release after the store: a waiter that sees the flag finds the result under the lock.
-        self.is_set.store(true, Ordering::Release);
-        self.cv.notify_all();
-    }
-
-    /// Whether the fence is set (a hint: the result itself is read under `done`).
-    pub(crate) fn is_set(&self) -> bool {
-        self.is_set.load(Ordering::Acquire)
     }
 }

@@ -93,6 +93,7 @@ mod gate;
 mod graph;
 mod handle;
 mod host_buffer;
+mod lane_fence;
 mod linger;
 mod memory;
 #[allow(unsafe_code)]

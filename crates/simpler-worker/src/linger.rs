@@ -2,10 +2,10 @@
 //! lane at depth 2", step 7).
 //!
 //! A stream of runs hands each run over twice: the submitter's job to the lane, and the lane's
-//! reply to the submitter one preparation later; a serial `run` waits for its fence. Each
-//! usually arrives within a few microseconds, and on a virtual machine a parked thread woken
-//! from another vCPU costs about 10 µs of wall time and CPU on both sides. So the receiving
-//! side yields first.
+//! reply to the submitter one preparation later; whoever waits for an L2 run then waits for the
+//! lane to publish its fence. Each usually arrives within a few microseconds, and on a virtual
+//! machine a parked thread woken from another vCPU costs about 10 µs of wall time and CPU on
+//! both sides. So the receiving side yields first.
 
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
@@ -31,9 +31,17 @@ fn try_recv_for<T>(
     poll_for(look, budget, until).unwrap_or(Err(TryRecvError::Empty))
 }
 
-/// Yields until `done()` holds, [`LINGER`] has passed or `until` comes; whether it held.
-pub(crate) fn until(mut done: impl FnMut() -> bool, until: Option<Instant>) -> bool {
-    poll_for(|| done().then_some(()), LINGER, until).is_some()
+/// Yields until `done()` holds, [`LINGER`] has passed or `deadline` comes; whether it held.
+#[cfg(not(simpler_loom))]
+pub(crate) fn until(mut done: impl FnMut() -> bool, deadline: Option<Instant>) -> bool {
+    poll_for(|| done().then_some(()), LINGER, deadline).is_some()
+}
+
+/// One look: loom explores the interleavings itself, and a yielding loop would only multiply
+/// its states.
+#[cfg(simpler_loom)]
+pub(crate) fn until(mut done: impl FnMut() -> bool, _deadline: Option<Instant>) -> bool {
+    done()
 }
 
 /// Yields between looks until `look` finds something, `budget` has passed or `until` comes.

@@ -1,4 +1,4 @@
-//! `loom` models of the worker's close gate and cleanup election (run with
+//! `loom` models of the worker's close gate, cleanup election and L2 run fence (run with
 //! `RUSTFLAGS="--cfg simpler_loom" cargo test -p simpler-worker --release --lib loom`).
 //!
 //! Each model drives the real [`Gate`] or [`Election`] from several threads, with the worker's
@@ -13,6 +13,7 @@ use loom::thread;
 
 use crate::election::{Election, Turn};
 use crate::gate::Gate;
+use crate::lane_fence::LaneFence;
 use crate::sync::{Condvar, Mutex};
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
@@ -152,5 +153,31 @@ fn loom_waiters_elect_one_cleanup_and_share_its_result() {
         };
         assert!(Arc::ptr_eq(&mine, &theirs), "one published result");
         assert_eq!(cleanups.load(Ordering::SeqCst), 1);
+    });
+}
+
+/// The lane sets an L2 run's fence while two waiters wait for it: a waiter returns only once
+/// the fence is set, then finds the lane's result (the flag is never ahead of the result), and
+/// nobody parks for good.
+#[test]
+fn loom_a_lane_fence_waiter_returns_only_with_the_result_in_place() {
+    model(|| {
+        let fence = Arc::new(LaneFence::default());
+        let waiter = {
+            let fence = Arc::clone(&fence);
+            move || {
+                assert!(fence.wait(None), "a wait without a deadline returned unset");
+                assert!(fence.is_set());
+                fence.with_result(|r| assert!(matches!(r, Some(Ok(()))), "result not in place"));
+            }
+        };
+        let w = thread::spawn(waiter.clone());
+        let lane = {
+            let fence = Arc::clone(&fence);
+            thread::spawn(move || fence.set(Ok(())))
+        };
+        waiter();
+        lane.join().unwrap();
+        w.join().unwrap();
     });
 }

@@ -30,11 +30,10 @@ use std::time::{Duration, Instant};
 use simpler_sched::RunOutcome;
 use simpler_types::{FailureMechanism, RunFailure, RunId};
 
-use crate::chip::LaneFence;
 use crate::deferred_drop;
 use crate::election::{Election, Turn};
 use crate::error::{Frame, RunError, RunErrorKind, frames_of_task};
-use crate::linger;
+use crate::lane_fence::LaneFence;
 use crate::reentry;
 use crate::worker::Inner;
 
@@ -126,7 +125,7 @@ impl RunShared {
             Fence::Engine => {
                 self.inner.engine().is_none_or(|e| e.is_done(self.run).unwrap_or(true))
             }
-            Fence::Lane(f) => f.done.lock().is_some(),
+            Fence::Lane(f) => f.is_set(),
         }
     }
 
@@ -181,25 +180,7 @@ impl RunShared {
                     }
                 }
             }
-            Fence::Lane(f) => {
-                // A lone run through the lane usually ends within tens of µs: yield for it
-                // before parking, as the lane's own hand-offs do (`linger`).
-                if linger::until(|| f.is_set(), deadline) {
-                    return true;
-                }
-                let mut done = f.done.lock();
-                while done.is_none() {
-                    match deadline {
-                        None => f.cv.wait(&mut done),
-                        Some(d) => {
-                            if f.cv.wait_until(&mut done, d).timed_out() {
-                                return done.is_some();
-                            }
-                        }
-                    }
-                }
-                true
-            }
+            Fence::Lane(f) => f.wait(deadline),
         }
     }
 
@@ -269,13 +250,13 @@ impl RunShared {
                     RunOutcome::Failed(f) => Err(self.inner.run_error(&f)),
                 })
             }
-            Fence::Lane(f) => match f.done.lock().as_ref() {
+            Fence::Lane(f) => f.with_result(|done| match done {
                 Some(Ok(())) => Ok(Ok(())),
                 Some(Err(e)) => Ok(Err(self.inner.lane_error(self.run, e))),
                 // The fence wait returns only once the lane has set the fence; should that ever
                 // change, the run is reported failed rather than done.
                 None => Err("the lane had not set the run's fence".to_owned()),
-            },
+            }),
         }
     }
 

@@ -1,6 +1,6 @@
-//! Synchronization shim for the worker's small protocols (the close gate and the cleanup
-//! election), swapped for `loom`'s primitives under `cfg(simpler_loom)` so that the same code
-//! is model-checked (`loom_models`).
+//! Synchronization shim for the worker's small protocols (the close gate, the cleanup
+//! election and the L2 run's fence), swapped for `loom`'s primitives under `cfg(simpler_loom)`
+//! so that the same code is model-checked (`loom_models`).
 //!
 //! Normal builds use `parking_lot` (no poisoning). Under `cfg(simpler_loom)` the same names are
 //! thin wrappers over `loom::sync` with the `parking_lot` calling convention (`lock()` returns
@@ -8,6 +8,11 @@
 //! libraries offer. Loom has no timed waits: there a timed wait is an untimed one.
 
 use std::time::Instant;
+
+#[cfg(simpler_loom)]
+pub(crate) use loom::sync::atomic::{AtomicBool, Ordering};
+#[cfg(not(simpler_loom))]
+pub(crate) use std::sync::atomic::{AtomicBool, Ordering};
 
 #[cfg(simpler_loom)]
 pub(crate) use loom_impl::{Mutex, MutexGuard};

@@ -32,7 +32,7 @@ use simpler_types::{
 };
 
 use crate::builder::{ChipWorkerBuilder, CompositeWorkerBuilder, HostWorkerBuilder};
-use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneFence, LaneReply, Residue};
+use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneReply, Residue};
 use crate::close::{CloseGate, Lifecycle, UnobservedFailures};
 use crate::deferred_drop;
 use crate::error::{BoxError, BuildFailure, Frame, RegistrationFailure, RunError, WorkerError};
@@ -40,6 +40,7 @@ use crate::graph::{GraphBuilder, OrchBody, Orchestration};
 use crate::handle::{
     CallableHandle, Entry, GraphFn, HostFn, Registration, Registry, SharedRegistry, name_in,
 };
+use crate::lane_fence::LaneFence;
 use crate::memory::ChipMemory;
 use crate::process::ChildError;
 use crate::reentry;
