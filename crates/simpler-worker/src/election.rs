@@ -73,18 +73,13 @@ impl<T: Clone> Election<T> {
                 cell.elected = true;
                 return Turn::Elected;
             }
-            match deadline {
-                None => cell = self.cv.wait(cell),
-                Some(d) => {
-                    let (c, timed_out) = self.cv.wait_until(cell, d);
-                    cell = c;
-                    if timed_out {
-                        return match &cell.result {
-                            Some(r) => Turn::Published(r.clone()),
-                            None => Turn::Expired,
-                        };
-                    }
-                }
+            let (c, timed_out) = self.cv.wait_deadline(cell, deadline);
+            cell = c;
+            if timed_out {
+                return match &cell.result {
+                    Some(r) => Turn::Published(r.clone()),
+                    None => Turn::Expired,
+                };
             }
         }
     }

@@ -69,15 +69,10 @@ impl<R> Claim<'_, R> {
     pub(crate) fn drain_leases(&self, deadline: Option<Instant>) -> Result<(), usize> {
         let mut s = self.gate.state.lock();
         while s.leases > 0 {
-            match deadline {
-                None => s = self.gate.cv.wait(s),
-                Some(d) => {
-                    let (g, timed_out) = self.gate.cv.wait_until(s, d);
-                    s = g;
-                    if timed_out && s.leases > 0 {
-                        return Err(s.leases);
-                    }
-                }
+            let (g, timed_out) = self.gate.cv.wait_deadline(s, deadline);
+            s = g;
+            if timed_out && s.leases > 0 {
+                return Err(s.leases);
             }
         }
         Ok(())
@@ -138,16 +133,15 @@ impl<R: Clone> Gate<R> {
     ) -> Result<Claim<'a, R>, Option<R>> {
         let mut s = self.state.lock();
         loop {
-            match (&s.attempt, deadline) {
-                (Attempt::InFlight, None) => s = self.cv.wait(s),
-                (Attempt::InFlight, Some(d)) => {
-                    let (g, timed_out) = self.cv.wait_until(s, d);
+            match &s.attempt {
+                Attempt::InFlight => {
+                    let (g, timed_out) = self.cv.wait_deadline(s, deadline);
                     s = g;
                     if timed_out && matches!(s.attempt, Attempt::InFlight) {
                         return Err(None);
                     }
                 }
-                (Attempt::Done(r), _) if !retry(r) => return Err(Some(r.clone())),
+                Attempt::Done(r) if !retry(r) => return Err(Some(r.clone())),
                 _ => break,
             }
         }

@@ -52,15 +52,10 @@ impl LaneFence {
         }
         let mut done = self.done.lock();
         while done.is_none() {
-            match deadline {
-                None => done = self.cv.wait(done),
-                Some(d) => {
-                    let (guard, timed_out) = self.cv.wait_until(done, d);
-                    done = guard;
-                    if timed_out {
-                        return done.is_some();
-                    }
-                }
+            let (guard, timed_out) = self.cv.wait_deadline(done, deadline);
+            done = guard;
+            if timed_out {
+                return done.is_some();
             }
         }
         true

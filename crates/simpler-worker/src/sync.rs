@@ -64,6 +64,19 @@ impl Condvar {
         (self.wait(guard), false)
     }
 
+    /// Waits once, until notified or `deadline` passes (`None`: without limit); the guard and
+    /// whether the wait timed out.
+    pub(crate) fn wait_deadline<'a, T>(
+        &self,
+        guard: MutexGuard<'a, T>,
+        deadline: Option<Instant>,
+    ) -> (MutexGuard<'a, T>, bool) {
+        match deadline {
+            None => (self.wait(guard), false),
+            Some(d) => self.wait_until(guard, d),
+        }
+    }
+
     /// Wakes every waiter.
     pub(crate) fn notify_all(&self) {
         self.inner.notify_all();
