@@ -35,8 +35,6 @@ use simpler_device_a2a3::{
     PreparedRun, RunRequest,
 };
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
-
-use crate::lane_fence::LaneFence;
 use simpler_types::{
     CallConfig, CallableId, EndpointOutcome, FailureSource, RunId, TaskArgs, TaskArgsView, TaskId,
     WorkerId, WorkerType,
@@ -44,6 +42,7 @@ use simpler_types::{
 
 use crate::error::{MemError, RegistrationFailure, WorkerError};
 use crate::faults::{Fault, Faults};
+use crate::lane_fence::LaneFence;
 use crate::linger;
 use crate::run::panic_text;
 

@@ -38,7 +38,7 @@ impl LaneFence {
         self.cv.notify_all();
     }
 
-    /// Whether the fence is set (the result itself is read by [`result`](Self::result)).
+    /// Whether the fence is set (the result itself is read by [`with_result`](Self::with_result)).
     pub(crate) fn is_set(&self) -> bool {
         self.is_set.load(Ordering::Acquire)
     }

@@ -1,9 +1,10 @@
 //! `loom` models of the worker's close gate, cleanup election and L2 run fence (run with
 //! `RUSTFLAGS="--cfg simpler_loom" cargo test -p simpler-worker --release --lib loom`).
 //!
-//! Each model drives the real [`Gate`] or [`Election`] from several threads, with the worker's
-//! other work (teardown, the run's fence, the cleanup) stood in by counters and flags, and
-//! checks the protocol's promise under every interleaving loom explores. A lost wake-up shows
+//! Each model drives the real [`Gate`], [`Election`] or [`LaneFence`] from several threads,
+//! with the worker's other work (teardown, the run's fence in the election's model, the
+//! cleanup) stood in by counters and flags, and checks the protocol's promise under every
+//! interleaving loom explores. A lost wake-up shows
 //! as a deadlock, which loom reports.
 
 use std::sync::Arc;
