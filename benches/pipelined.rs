@@ -496,5 +496,15 @@ fn main() {
                 us(med(streams, |s| s.serial)),
             );
         }
+        // The calibration's pair holds only if these depth-1 streams saw the same host part.
+        if *name == "W3" {
+            let host_part = d1.saturating_sub(worker_pick.device);
+            println!(
+                "W3 depth-1 streams above: host part {:.1} us against the device's {:.1} us ({}within 25 %)",
+                us(host_part),
+                us(worker_pick.device),
+                if relative_gap(host_part, worker_pick.device) > 0.25 { "not " } else { "" },
+            );
+        }
     }
 }
