@@ -773,13 +773,8 @@ fn next_job(
     let mut slice = REAP_SLICE_MIN;
     while state.in_flight.is_some() {
         let job = if std::mem::take(back_to_back) {
-            let deadline = Instant::now() + JOB_WAIT;
-            match linger::try_recv(rx, Some(deadline)) {
-                Err(mpsc::TryRecvError::Empty) => rx
-                    .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                    .map_err(|e| e == mpsc::RecvTimeoutError::Disconnected),
-                got => got.map_err(|e| e == mpsc::TryRecvError::Disconnected),
-            }
+            linger::recv_until(rx, Instant::now() + JOB_WAIT)
+                .map_err(|e| e == mpsc::RecvTimeoutError::Disconnected)
         } else {
             rx.try_recv().map_err(|e| e == mpsc::TryRecvError::Disconnected)
         };
@@ -809,7 +804,7 @@ fn next_job(
         Err(mpsc::TryRecvError::Disconnected) => None,
         Err(mpsc::TryRecvError::Empty) => {
             *back_to_back = false;
-            linger::try_recv(rx, None).ok().or_else(|| rx.recv().ok())
+            linger::recv(rx).ok()
         }
     }
 }

@@ -7,15 +7,33 @@
 //! machine a parked thread woken from another vCPU costs about 10 µs of wall time and CPU on
 //! both sides. So the receiving side yields first.
 
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvError, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 /// How long a wait yields before it parks.
 pub(crate) const LINGER: Duration = Duration::from_micros(30);
 
+/// Receives from `rx`, yielding for up to [`LINGER`] before it blocks.
+pub(crate) fn recv<T>(rx: &Receiver<T>) -> Result<T, RecvError> {
+    match try_recv(rx, None) {
+        Err(TryRecvError::Empty) => rx.recv(),
+        got => got.map_err(|_| RecvError),
+    }
+}
+
+/// Receives from `rx` until `deadline`, yielding for up to [`LINGER`] before it blocks.
+pub(crate) fn recv_until<T>(rx: &Receiver<T>, deadline: Instant) -> Result<T, RecvTimeoutError> {
+    match try_recv(rx, Some(deadline)) {
+        Err(TryRecvError::Empty) => {
+            rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        }
+        got => got.map_err(|_| RecvTimeoutError::Disconnected),
+    }
+}
+
 /// Yields until `rx` holds a message, [`LINGER`] has passed or `until` comes: the message, or
 /// what the last look found (`Empty` once the time is up, `Disconnected` at once).
-pub(crate) fn try_recv<T>(rx: &Receiver<T>, until: Option<Instant>) -> Result<T, TryRecvError> {
+fn try_recv<T>(rx: &Receiver<T>, until: Option<Instant>) -> Result<T, TryRecvError> {
     try_recv_for(rx, LINGER, until)
 }
 
@@ -127,5 +145,25 @@ mod tests {
         ));
         assert_eq!(looks, 1, "a deadline already passed allows one look");
         assert!(until(|| true, past), "a flag already set is seen past the deadline too");
+    }
+
+    #[test]
+    fn a_receive_blocks_once_its_linger_is_over_and_a_timed_one_ends_at_its_deadline() {
+        let (tx, rx) = mpsc::channel();
+        let sender = std::thread::spawn(move || {
+            // Well past the linger, so only the blocking fallback can take it.
+            std::thread::sleep(Duration::from_millis(5));
+            tx.send(7).expect("send");
+            tx
+        });
+        assert_eq!(recv(&rx), Ok(7));
+        let tx = sender.join().expect("sender");
+        let start = Instant::now();
+        let deadline = start + Duration::from_millis(2);
+        assert_eq!(recv_until(&rx, deadline), Err(RecvTimeoutError::Timeout));
+        assert!(Instant::now() >= deadline, "gave up before its deadline");
+        drop(tx);
+        assert_eq!(recv(&rx), Err(RecvError));
+        assert_eq!(recv_until(&rx, Instant::now()), Err(RecvTimeoutError::Disconnected));
     }
 }

@@ -770,7 +770,7 @@ impl Worker {
         // that publication, so the wait below, as an ordinary waiter, until fewer than the
         // pipeline depth of the earlier accepted runs are unpublished, finds them published.
         // The reply usually comes one preparation later: yield for it before parking.
-        let reply = crate::linger::try_recv(&rx, None).or_else(|_| rx.recv());
+        let reply = crate::linger::recv(&rx);
         self.inner.wait_accepted_below(self.pipeline_depth());
         let (run, prepared) = reply.map_err(|_| WorkerError::Lane {
             chip: lane.chip,
