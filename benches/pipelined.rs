@@ -141,6 +141,18 @@ struct Candidate {
     worker_d1: Duration,
 }
 
+impl Candidate {
+    /// The host's part of a runner stream's run: its time less the device time.
+    fn runner_host(&self) -> Duration {
+        self.runner_d1.saturating_sub(self.device)
+    }
+
+    /// The host's part of a run through the worker.
+    fn worker_host(&self) -> Duration {
+        self.worker_d1.saturating_sub(self.device)
+    }
+}
+
 fn measure_candidate(runs: usize, shape: Shape, declared: Duration) -> Candidate {
     let shape = Shape { chip_time: Some(declared), ..shape };
     let runner: Vec<(Duration, Phases)> =
@@ -159,11 +171,10 @@ fn relative_gap(a: Duration, b: Duration) -> f64 {
     if larger == 0.0 { 0.0 } else { a.abs_diff(b).as_secs_f64() / larger }
 }
 
-/// The candidate whose host part (`d1` less the device time) is relatively closest to its
-/// device time, and that gap.
-fn closest(scan: &[Candidate], d1: fn(&Candidate) -> Duration) -> (&Candidate, f64) {
+/// The candidate whose host part is relatively closest to its device time, and that gap.
+fn closest(scan: &[Candidate], host: fn(&Candidate) -> Duration) -> (&Candidate, f64) {
     scan.iter()
-        .map(|c| (c, relative_gap(d1(c).saturating_sub(c.device), c.device)))
+        .map(|c| (c, relative_gap(host(c), c.device)))
         .min_by(|a, b| a.1.total_cmp(&b.1))
         .expect("at least one candidate")
 }
@@ -398,22 +409,22 @@ fn main() {
             us(c.declared),
             us(c.device),
             us(c.runner_d1),
-            us(c.runner_d1.saturating_sub(c.device)),
+            us(c.runner_host()),
             us(c.worker_d1),
-            us(c.worker_d1.saturating_sub(c.device)),
+            us(c.worker_host()),
         );
     }
-    let (runner_pick, runner_gap) = closest(&scan, |c| c.runner_d1);
-    let (worker_pick, worker_gap) = closest(&scan, |c| c.worker_d1);
-    for (level, pick, d1, gap) in [
-        ("the worker", worker_pick, worker_pick.worker_d1, worker_gap),
-        ("the runner", runner_pick, runner_pick.runner_d1, runner_gap),
+    let (runner_pick, runner_gap) = closest(&scan, Candidate::runner_host);
+    let (worker_pick, worker_gap) = closest(&scan, Candidate::worker_host);
+    for (level, pick, host_part, gap) in [
+        ("the worker", worker_pick, worker_pick.worker_host(), worker_gap),
+        ("the runner", runner_pick, runner_pick.runner_host(), runner_gap),
     ] {
         if gap > 0.25 {
             println!(
                 "W3 condition not met through {level}: no candidate's device time and host part are within 25 % of the larger (closest: device {:.1} us, host part {:.1} us), so W3 there measures that pair",
                 us(pick.device),
-                us(d1.saturating_sub(pick.device)),
+                us(host_part),
             );
         }
     }
@@ -421,10 +432,10 @@ fn main() {
         "W3 declares {:.0} us through the worker (device {:.1} us, host part {:.1} us) and {:.0} us on the runner (device {:.1} us, host part {:.1} us)",
         us(worker_pick.declared),
         us(worker_pick.device),
-        us(worker_pick.worker_d1.saturating_sub(worker_pick.device)),
+        us(worker_pick.worker_host()),
         us(runner_pick.declared),
         us(runner_pick.device),
-        us(runner_pick.runner_d1.saturating_sub(runner_pick.device)),
+        us(runner_pick.runner_host()),
     );
     let w3 = Shape { chip_time: Some(worker_pick.declared), ..small };
     let w3_runner = Shape { chip_time: Some(runner_pick.declared), ..small };
