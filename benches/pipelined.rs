@@ -8,6 +8,10 @@
 //!   threads neither sleep nor spin for it, as a chip's compute uses no host CPU
 //!   (`docs/benchmarks-worker.md`, W3, says why this is the faithful model). Throughput and
 //!   per-run latency (submit → result) at each lane mode.
+//! - **W3 streaming**: the streaming program's independent one-element tasks, as many as make
+//!   its device time (the simulated AICPU dispatching each task) equal to its host
+//!   preparation (building each task), both measured on a runner at depth 1 for 10 to 80
+//!   tasks; nothing is declared. Unlike W3, both sides are CPU work on the host's cores.
 //! - **W3 long device time**: the same shape with a fixed 300 us on the chip, so that the
 //!   device time dominates.
 //! - **W3 CPU-bound**: the vector program over 16384 f32 with no delay: its simulated device
@@ -30,9 +34,10 @@ use std::time::{Duration, Instant};
 use cpu_time::ProcessTime;
 
 use simpler::device_a2a3::kernel::model_device_time;
-use simpler::device_a2a3::programs::{f32_to_le_bytes, vector};
+use simpler::device_a2a3::programs::{f32_to_le_bytes, streaming, vector};
 use simpler::device_a2a3::{
-    ChipCallable, DeviceRunner, Platform, RunRequest, RunnerOptions, RuntimeVariant,
+    ChipCallable, ChipSlot, DevicePtr, DeviceRunner, Platform, RunRequest, RunnerOptions,
+    RuntimeVariant,
 };
 use simpler::types::{CallConfig, DataType, RunId, TaskArgs, Tensor};
 use simpler::worker::{ChipMemory, Orchestration, Worker};
@@ -49,9 +54,15 @@ unsafe extern "C-unwind" fn mul_declaring_chip_time(args: *mut i64) {
     model_device_time(Duration::from_nanos(CHIP_TIME_NS.load(Ordering::Relaxed)));
 }
 
-/// The vector program with [`mul_declaring_chip_time`] as its product kernel.
-fn program() -> ChipCallable {
-    vector::builder_with_mul(mul_declaring_chip_time).build().expect("program")
+/// The chip program of `shape`: the vector program with [`mul_declaring_chip_time`] as its
+/// product kernel, or the streaming program.
+fn program(shape: Shape) -> ChipCallable {
+    match shape.program {
+        Program::Vector => {
+            vector::builder_with_mul(mul_declaring_chip_time).build().expect("program")
+        }
+        Program::Streaming { .. } => streaming::callable().expect("program"),
+    }
 }
 
 /// Sets the time on the chip the product kernel of the streams that follow declares.
@@ -60,28 +71,85 @@ fn set_chip_time(shape: Shape) {
     CHIP_TIME_NS.store(ns, Ordering::Relaxed);
 }
 
-/// One workload of the stream: elements, cluster count (0 = default), the product kernel's
-/// declared time on the chip (`None`: its host build's compute is the device time).
+/// Which chip program a stream runs.
+#[derive(Clone, Copy)]
+enum Program {
+    /// The vector program over `n` f32 (five tasks).
+    Vector,
+    /// The streaming program: `tasks` independent one-element tasks into `n` lanes
+    /// (`tasks <= n`), whose device time is the simulated AICPU's dispatch of each task.
+    Streaming { tasks: u64 },
+}
+
+/// One workload of the stream: program, elements (lanes of the streaming program), cluster
+/// count (0 = default), the vector product kernel's declared time on the chip (`None`: the
+/// simulator's own work is the device time).
 #[derive(Clone, Copy)]
 struct Shape {
+    program: Program,
     n: usize,
     block_dim: u32,
     chip_time: Option<Duration>,
 }
 
-fn program_args(mem: &ChipMemory<'_>, n: usize) -> TaskArgs {
+/// The chip arguments of `shape` over buffers that `malloc` returns (child memory): the vector
+/// program's `a`, `b` (filled by `fill`) and `f`, or the streaming program's lanes.
+fn shape_args<B>(
+    shape: Shape,
+    mut malloc: impl FnMut(u64) -> B,
+    mut fill: impl FnMut(&B, &[f32]),
+    tensor: impl Fn(&B, u32) -> Tensor,
+) -> (TaskArgs, Vec<B>) {
+    let n = shape.n;
+    if let Program::Streaming { tasks } = shape.program {
+        let lanes = malloc((n * 4) as u64);
+        let args = streaming::run_args(tensor(&lanes, n as u32), tasks, 1).expect("arguments");
+        return (args, vec![lanes]);
+    }
     let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.25).collect();
     let b: Vec<f32> = (0..n).map(|i| 1.0 - (i % 13) as f32).collect();
     let mut args = TaskArgs::new();
+    let mut bufs = Vec::new();
     for (i, data) in [Some(&a), Some(&b), None].into_iter().enumerate() {
-        let buf = mem.malloc((n * 4) as u64).expect("malloc");
+        let buf = malloc((n * 4) as u64);
         if let Some(d) = data {
-            mem.copy_to(&buf, 0, &f32_to_le_bytes(d)).expect("copy");
+            fill(&buf, d);
         }
-        let t = buf.tensor(&[n as u32], DataType::Float32).expect("tensor");
+        let t = tensor(&buf, n as u32);
         if i < 2 { args.add_input(t) } else { args.add_output(t) }.expect("arg");
+        bufs.push(buf);
     }
-    args
+    (args, bufs)
+}
+
+/// [`shape_args`] in a worker's chip memory.
+fn program_args(mem: &ChipMemory<'_>, shape: Shape) -> TaskArgs {
+    shape_args(
+        shape,
+        |bytes| mem.malloc(bytes).expect("malloc"),
+        |buf, d| mem.copy_to(buf, 0, &f32_to_le_bytes(d)).expect("copy"),
+        |buf, n| buf.tensor(&[n], DataType::Float32).expect("tensor"),
+    )
+    .0
+}
+
+/// A runner with `shape`'s program registered and its arguments in the runner's memory (the
+/// vector program's inputs left unfilled: its results are not checked here).
+fn runner_with(
+    opts: RunnerOptions,
+    shape: Shape,
+) -> (DeviceRunner, ChipSlot, TaskArgs, Vec<DevicePtr>) {
+    let mut r = DeviceRunner::attach(opts).expect("attach");
+    let slot = r.register_callable(&program(shape)).expect("register");
+    let (args, ptrs) = shape_args(
+        shape,
+        |bytes| r.malloc(bytes).expect("malloc"),
+        |_, _| {},
+        |p, n| {
+            Tensor::external(p.addr(), &[n], DataType::Float32).expect("tensor").child_memory(true)
+        },
+    );
+    (r, slot, args, ptrs)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -93,19 +161,8 @@ fn median(mut v: Vec<Duration>) -> Duration {
 /// of `shape`, measured on a runner directly (medians of `samples`).
 fn calibrate(samples: usize, shape: Shape) -> (Duration, Duration) {
     set_chip_time(shape);
-    let mut r = DeviceRunner::attach(RunnerOptions::sim(9, RuntimeVariant::HostBuildGraph))
-        .expect("attach");
-    let slot = r.register_callable(&program()).expect("register");
-    let mut args = TaskArgs::new();
-    let mut ptrs = Vec::new();
-    for i in 0..3 {
-        let p = r.malloc((shape.n * 4) as u64).expect("malloc");
-        ptrs.push(p);
-        let t = Tensor::external(p.addr(), &[shape.n as u32], DataType::Float32)
-            .expect("tensor")
-            .child_memory(true);
-        if i < 2 { args.add_input(t) } else { args.add_output(t) }.expect("arg");
-    }
+    let opts = RunnerOptions::sim(9, RuntimeVariant::HostBuildGraph);
+    let (mut r, slot, args, ptrs) = runner_with(opts, shape);
     let cfg = CallConfig::builder().block_dim(shape.block_dim).build().expect("config");
     let (mut host, mut device) = (Vec::new(), Vec::new());
     for i in 0..samples {
@@ -126,6 +183,9 @@ fn calibrate(samples: usize, shape: Shape) -> (Duration, Duration) {
     r.finalize().expect("finalize");
     (median(host), median(device))
 }
+
+/// Task counts W3 streaming tries.
+const STREAMING_TASKS: [u64; 4] = [10, 20, 40, 80];
 
 /// Declared times W3 tries, in microseconds.
 const W3_CANDIDATES_US: [u64; 10] = [2, 4, 6, 8, 10, 12, 14, 16, 20, 24];
@@ -210,18 +270,7 @@ fn runner_stream(mode: Mode, runs: usize, shape: Shape) -> (Duration, Phases) {
     let opts = RunnerOptions::sim(8, RuntimeVariant::HostBuildGraph)
         .with_pipeline_slots(if mode == Mode::Depth1 { 1 } else { 2 })
         .with_device_queue(mode == Mode::Queued);
-    let mut r = DeviceRunner::attach(opts).expect("attach");
-    let slot = r.register_callable(&program()).expect("register");
-    let mut args = TaskArgs::new();
-    let mut ptrs = Vec::new();
-    for i in 0..3 {
-        let p = r.malloc((shape.n * 4) as u64).expect("malloc");
-        ptrs.push(p);
-        let t = Tensor::external(p.addr(), &[shape.n as u32], DataType::Float32)
-            .expect("tensor")
-            .child_memory(true);
-        if i < 2 { args.add_input(t) } else { args.add_output(t) }.expect("arg");
-    }
+    let (mut r, slot, args, ptrs) = runner_with(opts, shape);
     set_chip_time(shape);
     let cfg = CallConfig::builder().block_dim(shape.block_dim).build().expect("config");
     let mut ph = Phases::default();
@@ -327,10 +376,10 @@ fn stream(lane: Lane, runs: usize, shape: Shape) -> Stream {
         Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph).chip_options(move |o| {
             o.with_pipeline_slots(slots).with_device_queue(lane == Lane::Queued)
         });
-    let h = b.register_chip(program());
+    let h = b.register_chip(program(shape));
     let w = b.start().expect("start");
     assert_eq!(w.pipeline_depth(), slots);
-    let args = program_args(&w.memory().expect("memory"), shape.n);
+    let args = program_args(&w.memory().expect("memory"), shape);
     let cfg = CallConfig::builder().block_dim(shape.block_dim).build().expect("config");
     let run = || Orchestration::chip(h, args.clone()).config(cfg.clone());
     set_chip_time(shape);
@@ -390,7 +439,7 @@ fn main() {
     // host part as a depth-1 stream's time per run less that device time. W3 takes the
     // candidate where the two are closest, separately for the runner and through the worker,
     // whose lane and waiter add to the runner's host part.
-    let small = Shape { n: 1024, block_dim: 1, chip_time: None };
+    let small = Shape { program: Program::Vector, n: 1024, block_dim: 1, chip_time: None };
     let (host, device) = calibrate(samples, small);
     let calibration_runs = if quick { 20 } else { 1000 };
     let candidates: &[u64] = if quick { &[4, 12] } else { &W3_CANDIDATES_US };
@@ -442,17 +491,51 @@ fn main() {
     let long = Shape { chip_time: Some(Duration::from_micros(300)), ..small };
     // W3 CPU-bound: the vector program over 16384 f32, whose simulated device time is host
     // CPU work on the same cores as the host's preparation.
-    let big = Shape { n: N, block_dim: 0, chip_time: None };
+    let big = Shape { program: Program::Vector, n: N, block_dim: 0, chip_time: None };
     let (host_big, device_big) = calibrate(samples, big);
     println!(
         "calibration (16384 f32): host time per run {:.1} us, simulated device time {:.1} us (CPU work, nothing declared)",
         us(host_big),
         us(device_big),
     );
+    // W3 streaming: the streaming program with as many independent tasks as make its device
+    // time (the simulated AICPU dispatching each task) equal to its host preparation (building
+    // each task), both measured on a runner at depth 1; no time is declared.
+    let streaming_counts: &[u64] = if quick { &[10, 20] } else { &STREAMING_TASKS };
+    let streaming_scan: Vec<(Shape, Duration, Duration)> = streaming_counts
+        .iter()
+        .map(|&tasks| {
+            let shape = Shape { program: Program::Streaming { tasks }, n: 128, ..small };
+            let (host, device) = calibrate(samples, shape);
+            (shape, host, device)
+        })
+        .collect();
+    for (shape, host, device) in &streaming_scan {
+        let Program::Streaming { tasks } = shape.program else { unreachable!() };
+        println!(
+            "  streaming, {tasks} tasks: host preparation {:.1} us, device time {:.1} us per run",
+            us(*host),
+            us(*device),
+        );
+    }
+    let &(streaming_w3, streaming_host, streaming_device) = streaming_scan
+        .iter()
+        .min_by(|a, b| relative_gap(a.1, a.2).total_cmp(&relative_gap(b.1, b.2)))
+        .expect("at least one count");
+    let Program::Streaming { tasks: streaming_tasks } = streaming_w3.program else {
+        unreachable!()
+    };
+    println!(
+        "W3 streaming runs {streaming_tasks} tasks (host preparation {:.1} us, device {:.1} us: {}within 25 %)",
+        us(streaming_host),
+        us(streaming_device),
+        if relative_gap(streaming_host, streaming_device) > 0.25 { "not " } else { "" },
+    );
     let lanes = [Lane::Depth1, Lane::Depth2, Lane::Queued];
     // W3 long device time: 300 us on the chip, so the device time dominates.
     let workloads = [
         ("W3", runs, w3),
+        ("W3 streaming", runs, streaming_w3),
         ("W3 long device time (300 us)", runs, long),
         ("W3 CPU-bound", runs, big),
         ("S1 back to back", s1_runs, big),
@@ -467,7 +550,11 @@ fn main() {
         }
     }
     let modes = [Mode::Depth1, Mode::Depth2, Mode::Queued];
-    for (name, n, shape) in [("W3 runner", runs, w3_runner), ("W3 CPU-bound runner", runs, big)] {
+    for (name, n, shape) in [
+        ("W3 runner", runs, w3_runner),
+        ("W3 streaming runner", runs, streaming_w3),
+        ("W3 CPU-bound runner", runs, big),
+    ] {
         let mut per_mode = Vec::new();
         for mode in modes {
             let mut walls = Vec::new();
