@@ -449,9 +449,11 @@ impl Drop for RunBuilder<'_> {
 /// Drops the run's tensor-map entries all at once when submission ends
 /// (`docs/tensormap.md` §6): only a submit or an `alloc` of the run can look them up, so from
 /// here on they would be erased one by one at reclamation for nothing but their memory. The
-/// reclaims that follow (most of a run whose outer scope holds its tasks) then find no table.
+/// reclaims that follow (most of a run whose outer scope holds its tasks) see the run's mark
+/// and skip the map.
 fn drop_run_entries(core: &Core, run: &RunRecord) {
     core.tensor_map.erase_run(run.id);
+    run.mark_map_entries_dropped();
 }
 
 /// Pops every frame, innermost first, and releases the scope reference of each slot.
@@ -498,5 +500,33 @@ mod tests {
             engine.release(run).unwrap();
         }
         assert!(map.is_empty());
+    }
+
+    #[test]
+    fn a_task_reclaimed_while_submission_is_open_erases_its_own_map_entries() {
+        // Reclaimers skip the erase once submission has ended; one that skipped it before
+        // would leave an entry per reclaimed task for the rest of the run.
+        let (engine, tx) = gated_engine();
+        let map = &engine.core().tensor_map;
+        let cfg = CallConfig::default();
+        let mut b = engine.begin_run().unwrap();
+        let run = b.id();
+        for i in 0..4u64 {
+            let t = b
+                .scope(|b| {
+                    b.submit_next_level(&chip(), output(0x1000 * (i + 1)), &cfg, WorkerId(0), None)
+                })
+                .unwrap()
+                .unwrap();
+            assert_eq!(map.len_run(run), 1);
+            tx.send(()).unwrap();
+            // Counted after the reclamation's erase.
+            wait_until(|| engine.stats().reclaimed == i + 1);
+            assert_eq!(engine.task_snapshot(t).unwrap().state, TaskState::Consumed);
+            assert_eq!(map.len_run(run), 0, "task {i} left its entry behind");
+        }
+        let run = b.close();
+        assert!(engine.wait(run).unwrap().is_completed());
+        engine.release(run).unwrap();
     }
 }

@@ -89,10 +89,13 @@ impl Core {
         {
             let mut payload = slot.payload.write();
             debug_assert_eq!(payload.id, Some(id), "reclaiming a payload of another occupant");
-            if !payload.map_keys.is_empty() {
+            // After submission ended the run has no entries left (most of a run whose outer
+            // scope holds its tasks is reclaimed then): no lock and no probe per key.
+            let erase = !run.map_entries_dropped();
+            if erase && !payload.map_keys.is_empty() {
                 self.tensor_map.erase_owned(run.id, id, &payload.map_keys);
             }
-            if !payload.read_keys.is_empty() {
+            if erase && !payload.read_keys.is_empty() {
                 // A task that never finished (cancelled, poisoned) still has its reader entries.
                 self.tensor_map.erase_reader_owned(run.id, id, &payload.read_keys);
             }

@@ -38,6 +38,8 @@
 //! | `active` | orchestration thread (+1, step 1), reclaimers (−1, step 3) | reclaimers, fence
 //! check, status |
 //! | `has_failure` | failure recording, under `completion` | submit fail-fast check, lock-free |
+//! | `map_entries_dropped` | `close` and `fail`, once the run's tensor-map entries are removed |
+//! reclaimers, to skip erasing key by key |
 //! | `failed_tasks`, `cancelled_tasks` | whoever moves one of the run's tasks to `Failed` | the run
 //! summary |
 
@@ -59,6 +61,9 @@ pub(crate) struct RunRecord {
     active: AtomicU32,
     /// Lock-free mirror of `completion.first_failure.is_some()`.
     has_failure: AtomicBool,
+    /// Submission has ended and the run's tensor-map entries were removed with it; no later
+    /// submit can add one, so the run's reclaimers have nothing left to erase.
+    map_entries_dropped: AtomicBool,
     /// Tasks of this run that ended `Failed` other than by cancellation.
     failed_tasks: AtomicU32,
     /// Tasks of this run cancelled before they ran.
@@ -121,6 +126,7 @@ impl RunRecord {
             phase: AtomicU8::new(RunState::Building.as_u8()),
             active: AtomicU32::new(0),
             has_failure: AtomicBool::new(false),
+            map_entries_dropped: AtomicBool::new(false),
             failed_tasks: AtomicU32::new(0),
             cancelled_tasks: AtomicU32::new(0),
             completion: Mutex::new(Completion::default()),
@@ -175,6 +181,18 @@ impl RunRecord {
         // `completion` after any decrement.
         self.active.fetch_add(1, Ordering::Relaxed);
         Ok(TaskId::new(self.id, seq))
+    }
+
+    /// Called once submission has ended and the run's tensor-map entries are gone.
+    pub(crate) fn mark_map_entries_dropped(&self) {
+        // Release after the removal; a reclaimer that sees the mark erases nothing, and one
+        // that does not erases what is no longer there (owner-checked, a no-op).
+        self.map_entries_dropped.store(true, Ordering::Release);
+    }
+
+    /// Whether the run's tensor-map entries were removed when submission ended.
+    pub(crate) fn map_entries_dropped(&self) -> bool {
+        self.map_entries_dropped.load(Ordering::Acquire)
     }
 
     /// Records `failure` if the run has none yet and is not terminal (first error wins).
