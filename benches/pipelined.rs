@@ -102,6 +102,7 @@ fn shape_args<B>(
 ) -> (TaskArgs, Vec<B>) {
     let n = shape.n;
     if let Program::Streaming { tasks } = shape.program {
+        assert!(tasks <= n as u64, "{tasks} tasks share {n} lanes: they would not be independent");
         let lanes = malloc((n * 4) as u64);
         let args = streaming::run_args(tensor(&lanes, n as u32), tasks, 1).expect("arguments");
         return (args, vec![lanes]);
@@ -134,7 +135,8 @@ fn program_args(mem: &ChipMemory<'_>, shape: Shape) -> TaskArgs {
 }
 
 /// A runner with `shape`'s program registered and its arguments in the runner's memory (the
-/// vector program's inputs left unfilled: its results are not checked here).
+/// vector program's inputs and the streaming program's lanes left unfilled: results are not
+/// checked here).
 fn runner_with(
     opts: RunnerOptions,
     shape: Shape,

@@ -12,7 +12,7 @@
 //! 1. Under the slot's payload lock: `tensor_map.erase_owned(run, slot, map_keys)` and, for a
 //!    task whose reader entries were not retired at its finish, `erase_reader_owned` of its
 //!    `read_keys`, so every map entry keeps naming a live slot until the window entry is
-//!    released.
+//!    released; skipped once the run's whole table was dropped at the end of its submission.
 //! 2. For an `alloc()` slot: remove its alloc-registry entry if it still names this slot.
 //! 3. Clear the payload (capacities kept). The bookkeeping under the slot lock was already
 //!    cleared, and the run moved out, when the slot turned `Consumed`.
@@ -90,7 +90,7 @@ impl Core {
             let mut payload = slot.payload.write();
             debug_assert_eq!(payload.id, Some(id), "reclaiming a payload of another occupant");
             // After submission ended the run has no entries left (most of a run whose outer
-            // scope holds its tasks is reclaimed then): no lock and no probe per key.
+            // scope holds its tasks is reclaimed then): no map lock and no table search.
             let erase = !run.map_entries_dropped();
             if erase && !payload.map_keys.is_empty() {
                 self.tensor_map.erase_owned(run.id, id, &payload.map_keys);

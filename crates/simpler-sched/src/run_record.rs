@@ -185,8 +185,8 @@ impl RunRecord {
 
     /// Called once submission has ended and the run's tensor-map entries are gone.
     pub(crate) fn mark_map_entries_dropped(&self) {
-        // Release after the removal; a reclaimer that sees the mark erases nothing, and one
-        // that does not erases what is no longer there (owner-checked, a no-op).
+        // Release after the removal. A reclaimer that sees the mark erases nothing; one that
+        // races the removal without seeing it erases owner-checked, which finds nothing either.
         self.map_entries_dropped.store(true, Ordering::Release);
     }
 
