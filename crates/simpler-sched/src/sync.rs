@@ -218,7 +218,7 @@ const YIELDS: u32 = 32;
 /// about 2 µs: a 127-pause `Backoff`-style spin cost 5–6 µs per step, 64 pauses then yields
 /// 2.5–7 µs, 8 pauses then yields about 2.2 µs, steadily. Once steps cost well under 1 µs, a
 /// `yield_now` (a system call, slow on a virtual machine) became the slowest part of noticing
-/// the next step: with 32 pauses P2 was faster in 9 of 10 paired rounds (0.60–0.75 against
+/// the next step: with 32 pauses P2 was faster in 9 of 10 paired rounds (0.62–0.75 against
 /// 0.70–0.99 µs per step, outliers aside), P1 and P3 unchanged within their spread
 /// (`docs/benchmarks-sched.md`).
 pub(crate) fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
