@@ -504,29 +504,26 @@ fn main() {
     // time (the simulated AICPU dispatching each task) equal to its host preparation (building
     // each task), both measured on a runner at depth 1; no time is declared.
     let streaming_counts: &[u64] = if quick { &[10, 20] } else { &STREAMING_TASKS };
-    let streaming_scan: Vec<(Shape, Duration, Duration)> = streaming_counts
+    let streaming = |tasks| Shape { program: Program::Streaming { tasks }, n: 128, ..small };
+    let streaming_scan: Vec<(u64, Duration, Duration)> = streaming_counts
         .iter()
         .map(|&tasks| {
-            let shape = Shape { program: Program::Streaming { tasks }, n: 128, ..small };
-            let (host, device) = calibrate(samples, shape);
-            (shape, host, device)
+            let (host, device) = calibrate(samples, streaming(tasks));
+            (tasks, host, device)
         })
         .collect();
-    for (shape, host, device) in &streaming_scan {
-        let Program::Streaming { tasks } = shape.program else { unreachable!() };
+    for (tasks, host, device) in &streaming_scan {
         println!(
             "  streaming, {tasks} tasks: host preparation {:.1} us, device time {:.1} us per run",
             us(*host),
             us(*device),
         );
     }
-    let &(streaming_w3, streaming_host, streaming_device) = streaming_scan
+    let &(streaming_tasks, streaming_host, streaming_device) = streaming_scan
         .iter()
         .min_by(|a, b| relative_gap(a.1, a.2).total_cmp(&relative_gap(b.1, b.2)))
         .expect("at least one count");
-    let Program::Streaming { tasks: streaming_tasks } = streaming_w3.program else {
-        unreachable!()
-    };
+    let streaming_w3 = streaming(streaming_tasks);
     println!(
         "W3 streaming runs {streaming_tasks} tasks (host preparation {:.1} us, device {:.1} us: {}within 25 %)",
         us(streaming_host),
