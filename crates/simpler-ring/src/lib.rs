@@ -44,6 +44,6 @@ mod window;
 
 pub use config::{HeapBacking, HeapRegion, RingConfig};
 pub use error::{HeapExhausted, RingError};
-pub use ring::{Allocation, HeapSpan, Ring};
+pub use ring::{Allocation, HeapSpan, RELEASE_BATCH, ReleaseBatch, Ring};
 pub use scope::ScopeStack;
 pub use stats::{HeapRingStats, RingStats, WindowStats};

@@ -20,7 +20,9 @@
 //!    `false` and changes nothing.
 //! 2. If the entry owns a slab, release it on its ring (FIFO tail advance, rewind on drain, wake
 //!    the ring's waiters if space appeared).
-//! 3. Return the entry to the free list and wake one window waiter.
+//! 3. Return the entry to the free list and wake one window waiter. A [`ReleaseBatch`] does
+//!    this step for many releases at once (waking every waiter), when it is full, flushed or
+//!    dropped.
 //!
 //! # Shutdown
 //!
@@ -112,6 +114,67 @@ impl<S> fmt::Debug for Ring<S> {
             // A diagnostic snapshot orders nothing: it publishes no data and no decision rests
             // on the value read, so `Relaxed` suffices.
             .field("shutdown", &self.shutdown.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Most releases a [`ReleaseBatch`] holds before it returns their entries.
+pub const RELEASE_BATCH: usize = 16;
+
+/// Releases whose window entries go back to the free list together: each
+/// [`release`](Self::release) frees the slot's generation and slab at once, as
+/// [`Ring::release`] does, but the window lock is taken once per [`RELEASE_BATCH`] releases,
+/// when the batch is full, [`flush`](Self::flush)ed or dropped. Until then a released entry is
+/// neither live nor allocatable.
+///
+/// For a thread that releases many slots in a row (a scope's end). It must not wait for window
+/// space while it holds unreturned entries; nothing in this crate does.
+pub struct ReleaseBatch<'a, S: Default + Send + Sync> {
+    ring: &'a Ring<S>,
+    freed: [u32; RELEASE_BATCH],
+    len: usize,
+    /// Released entries whose generations are exhausted: they only stop counting as live.
+    retired: u32,
+}
+
+impl<S: Default + Send + Sync> ReleaseBatch<'_, S> {
+    /// As [`Ring::release`]: `false` (and no change) for a stale, repeated or never-issued id.
+    pub fn release(&mut self, slot: SlotId) -> bool {
+        let Some(index) = self.ring.release_entry(slot) else {
+            return false;
+        };
+        match index {
+            Some(index) => {
+                if self.len == RELEASE_BATCH {
+                    self.flush();
+                }
+                self.freed[self.len] = index;
+                self.len += 1;
+            }
+            None => self.retired += 1,
+        }
+        true
+    }
+
+    /// Returns every entry released so far to the window.
+    pub fn flush(&mut self) {
+        self.ring.window.free_indices(&self.freed[..self.len], self.retired);
+        self.len = 0;
+        self.retired = 0;
+    }
+}
+
+impl<S: Default + Send + Sync> Drop for ReleaseBatch<'_, S> {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+impl<S: Default + Send + Sync> fmt::Debug for ReleaseBatch<'_, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReleaseBatch")
+            .field("pending", &self.len)
+            .field("retired", &self.retired)
             .finish_non_exhaustive()
     }
 }
@@ -221,17 +284,32 @@ impl<S: Default + Send + Sync> Ring<S> {
     /// Releases a live slot and its slab; `false` (and no change) for a stale, repeated or
     /// never-issued id. Exactly one of several concurrent releases of one id returns `true`.
     pub fn release(&self, slot: SlotId) -> bool {
-        let Some(released) = self.window.begin_release(slot) else {
+        let Some(index) = self.release_entry(slot) else {
             return false;
         };
+        match index {
+            Some(index) => self.window.free_indices(&[index], 0),
+            None => self.window.free_indices(&[], 1),
+        }
+        true
+    }
+
+    /// A batch of releases that return their window entries together (see [`ReleaseBatch`]).
+    pub fn release_batch(&self) -> ReleaseBatch<'_, S> {
+        ReleaseBatch { ring: self, freed: [0; RELEASE_BATCH], len: 0, retired: 0 }
+    }
+
+    /// Release steps 1 and 2: whether `slot` was live and is now released, and, if so, the
+    /// entry's index unless its generations are exhausted.
+    fn release_entry(&self, slot: SlotId) -> Option<Option<u32>> {
+        let released = self.window.begin_release(slot)?;
         if let Some((ring, seq)) = released.heap {
             match &self.heaps {
                 Some(heaps) => heaps[ring.as_usize()].release(seq),
                 None => debug_assert!(false, "{slot} owns a slab while heaps are disabled"),
             }
         }
-        self.window.finish_release(slot, released);
-        true
+        Some((!released.retire).then_some(slot.index))
     }
 
     /// The payload of `id`, if `id` is live.
@@ -341,6 +419,63 @@ mod tests {
             "HeapSpan { ring: RingIndex(0), seq: 3, offset: 1024, len: 1024, requested: 100, addr: \
              0x7f0000000400 }"
         );
+    }
+
+    #[test]
+    fn a_release_batch_returns_its_entries_when_full_flushed_or_dropped() {
+        let n = RELEASE_BATCH + 6;
+        let ring: Ring<()> = Ring::new(RingConfig {
+            heap_bytes_per_ring: 0,
+            max_live_slots: Some(n as u32),
+            ..RingConfig::default()
+        })
+        .unwrap();
+        let slots: Vec<SlotId> = (0..n).map(|_| ring.try_alloc(0, 0).unwrap().slot).collect();
+        let mut batch = ring.release_batch();
+        for (i, &slot) in slots[..RELEASE_BATCH].iter().enumerate() {
+            assert!(batch.release(slot));
+            assert!(!batch.release(slot), "second release of {slot}");
+            assert!(!ring.is_live(slot));
+            // Released, but the entries are not back yet: the capped window stays full.
+            assert_eq!(ring.stats().window.live, n as u32, "after {} releases", i + 1);
+            assert_eq!(
+                ring.try_alloc(0, 0).map(|_| ()),
+                Err(RingError::TaskWindowExhausted {
+                    limit: n as u32,
+                    live: n as u32,
+                    waited: std::time::Duration::ZERO,
+                })
+            );
+        }
+        // The batch is full: the next release returns the first RELEASE_BATCH entries.
+        assert!(batch.release(slots[RELEASE_BATCH]));
+        assert_eq!(ring.stats().window.live, 6);
+        assert!(batch.release(slots[RELEASE_BATCH + 1]));
+        batch.flush();
+        assert_eq!(ring.stats().window.live, 4);
+        assert!(batch.release(slots[RELEASE_BATCH + 2]));
+        drop(batch);
+        assert_eq!(ring.stats().window.live, 3);
+        // Every returned entry is handed out again, none twice.
+        let again: std::collections::HashSet<u32> =
+            (0..n - 3).map(|_| ring.try_alloc(0, 0).unwrap().slot.index).collect();
+        assert_eq!(again.len(), n - 3);
+        assert!(ring.try_alloc(0, 0).is_err());
+    }
+
+    #[test]
+    fn a_release_batch_retires_an_exhausted_entry_instead_of_returning_it() {
+        let ring = slot_only_ring();
+        let first = ring.try_alloc(0, 0).unwrap().slot;
+        assert!(ring.release(first));
+        ring.window.force_generation(first.index, u32::MAX, false);
+        let last = ring.try_alloc(0, 0).unwrap().slot;
+        assert_eq!(last.generation, u32::MAX);
+        let mut batch = ring.release_batch();
+        assert!(batch.release(last));
+        drop(batch);
+        assert_eq!(ring.stats().window.live, 0);
+        assert_ne!(ring.try_alloc(0, 0).unwrap().slot.index, first.index);
     }
 
     #[test]

@@ -19,7 +19,9 @@
 //!    `g << 1` when `g == u32::MAX`: the entry is retired). Exactly one caller wins; losers and
 //!    stale ids change nothing. The winner reads the heap stamp, frees the slab, then
 //!    5. pushes the index on the free list (unless retired), uncounts it and wakes one window
-//!    waiter.
+//!    waiter. A batch of releases (`Ring::release_batch`) does step 5 for up to
+//!    `RELEASE_BATCH` entries under one lock acquisition, waking every waiter; until then its
+//!    released entries are neither live nor free, as between steps 4 and 5 of a single release.
 //!
 //! An id with the current generation of a *free* entry is never live, because its live bit is
 //! clear; forged ids cannot resurrect a free entry.
@@ -196,7 +198,7 @@ impl<S: Default> Window<S> {
 
     /// Step 3.
     pub(crate) fn cancel(&self, r: Reservation) {
-        self.free_index(r.slot.index, false);
+        self.free_indices(&[r.slot.index], 0);
     }
 
     /// Step 4: the generation CAS. `None` if `id` is stale, never issued, or already released.
@@ -217,20 +219,23 @@ impl<S: Default> Window<S> {
         Some(Released { heap, retire })
     }
 
-    /// Step 5.
-    pub(crate) fn finish_release(&self, id: SlotId, released: Released) {
-        self.free_index(id.index, released.retire);
-    }
-
-    fn free_index(&self, index: u32, retire: bool) {
-        let mut state = self.state.lock();
-        if !retire {
-            state.free.push(index);
+    /// Step 5 for several releases at once: `freed` go back on the free list, and `retired`
+    /// more entries (which never return) stop counting as live, in one lock acquisition.
+    pub(crate) fn free_indices(&self, freed: &[u32], retired: u32) {
+        let released = freed.len() as u32 + retired;
+        if released == 0 {
+            return;
         }
-        state.live = state.live.saturating_sub(1);
+        let mut state = self.state.lock();
+        state.free.extend_from_slice(freed);
+        state.live = state.live.saturating_sub(released);
         drop(state);
         if self.limit.is_some() {
-            self.cond.notify_one();
+            if released == 1 {
+                self.cond.notify_one();
+            } else {
+                self.cond.notify_all();
+            }
         }
     }
 

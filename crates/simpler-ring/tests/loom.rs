@@ -83,3 +83,27 @@ fn an_allocation_blocked_on_a_full_window_is_woken_by_a_release() {
         assert_eq!(got.slot.index, first.slot.index);
     });
 }
+
+#[test]
+fn allocations_blocked_on_a_full_window_are_woken_by_a_release_batch() {
+    // Two waiters, two entries returned by one flush: both must wake (a batch notifies every
+    // waiter, where a single release notifies one).
+    loom::model(|| {
+        let ring = ring(Some(2));
+        let first = ring.try_alloc(0, 0).unwrap();
+        let second = ring.try_alloc(0, 0).unwrap();
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let other = Arc::clone(&ring);
+                thread::spawn(move || other.alloc_until(0, 0, None))
+            })
+            .collect();
+        let mut batch = ring.release_batch();
+        assert!(batch.release(first.slot) && batch.release(second.slot));
+        drop(batch);
+        let mut got: Vec<u32> =
+            waiters.into_iter().map(|w| w.join().unwrap().unwrap().slot.index).collect();
+        got.sort_unstable();
+        assert_eq!(got, vec![first.slot.index, second.slot.index]);
+    });
+}

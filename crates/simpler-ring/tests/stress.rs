@@ -1,5 +1,5 @@
 //! Multi-threaded stress: producers allocate with back-pressure on a small ring, releasers free
-//! slots in scrambled order from other threads, and a final shutdown wakes a blocked allocation.
+//! slots in scrambled order from other threads (one of them in release batches), and a final shutdown wakes a blocked allocation.
 //! A ledger checks that no live slot is handed out twice, live slabs never overlap, and every
 //! successful allocation is released exactly once.
 
@@ -87,6 +87,10 @@ fn concurrent_allocations_and_releases_lose_nothing_and_never_overlap() {
             let (producers_done, released) = (&producers_done, &released);
             s.spawn(move || {
                 let mut rng = XorShift(0xD1B5_4A32_D192_ED03 ^ (r as u64 + 1));
+                // The second releaser returns window entries in batches of one to four,
+                // flushing before it waits (the producers may be waiting for those entries).
+                let mut batch = (r == 1).then(|| ring.release_batch());
+                let mut batched = 0;
                 loop {
                     let id = {
                         let mut q = queue.lock().unwrap();
@@ -95,6 +99,9 @@ fn concurrent_allocations_and_releases_lose_nothing_and_never_overlap() {
                                 // Scrambled order: releases often hit a slab behind a live one.
                                 let i = (rng.next() % q.len() as u64) as usize;
                                 break q.swap_remove_back(i);
+                            }
+                            if let Some(batch) = &mut batch {
+                                batch.flush();
                             }
                             if producers_done.load(Ordering::SeqCst) == PRODUCERS {
                                 break None;
@@ -106,8 +113,21 @@ fn concurrent_allocations_and_releases_lose_nothing_and_never_overlap() {
                     let payload = ring.slot(id).expect("a queued slot is live");
                     assert_eq!(payload.value.load(Ordering::Relaxed), id.pack());
                     assert!(ledger.lock().unwrap().remove(&id).is_some());
-                    assert!(ring.release(id), "first release of {id}");
-                    assert!(!ring.release(id), "second release of {id}");
+                    match &mut batch {
+                        Some(batch) => {
+                            assert!(batch.release(id), "first release of {id}");
+                            assert!(!ring.release(id), "second release of {id}");
+                            batched += 1;
+                            if batched > rng.next() % 4 {
+                                batch.flush();
+                                batched = 0;
+                            }
+                        }
+                        None => {
+                            assert!(ring.release(id), "first release of {id}");
+                            assert!(!ring.release(id), "second release of {id}");
+                        }
+                    }
                     released.fetch_add(1, Ordering::Relaxed);
                 }
             });

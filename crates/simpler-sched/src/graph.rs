@@ -18,14 +18,22 @@
 //!    cleared, and the run moved out, when the slot turned `Consumed`.
 //! 4. Mark the entry `Free` and `ring.release` it (frees the slab, bumps the generation).
 //! 5. Through the moved-out run: `active −= 1`, fence check at 0.
+//!
+//! A thread that reclaims several slots in a row (releasing a scope, settling a pass) does
+//! steps 4 and 5 in batches ([`Reclaims`]): each slot's generation and slab are released at
+//! once, but the window entries return under one lock acquisition and the run's count drops
+//! once, after them.
 
 use std::sync::Arc;
 
 use simpler_types::{CancelReason, SlotId, TaskFailure, TaskState};
 
+use simpler_ring::{RELEASE_BATCH, ReleaseBatch};
+
 use crate::core::Core;
 use crate::endpoint::quietly;
 use crate::run_record::RunRecord;
+use crate::slot::TaskSlot;
 use crate::sync::Ordering;
 use crate::task_protocol::{Claim, ClaimCause, OnBuilding};
 
@@ -40,24 +48,79 @@ pub(crate) struct GraphScratch {
     pub(crate) slots: Vec<SlotId>,
 }
 
+/// Reclamations that finish together (steps 4 and 5): their window entries go back in one
+/// window-lock acquisition per batch, the statistic and each run's count of active slots move
+/// once per batch, and a run's fence is checked only after every entry counted against it has
+/// gone back. Finishes when dropped, when full, and before a slot of another run is counted.
+pub(crate) struct Reclaims<'a> {
+    core: &'a Core,
+    entries: ReleaseBatch<'a, TaskSlot>,
+    /// The run whose reclaimed slots are not counted yet, and how many.
+    run: Option<(Arc<RunRecord>, u32)>,
+}
+
+impl<'a> Reclaims<'a> {
+    pub(crate) fn new(core: &'a Core) -> Self {
+        Reclaims { core, entries: core.ring.release_batch(), run: None }
+    }
+
+    /// Step 4 for `id`, counted against `run` at the next finish.
+    fn release(&mut self, id: SlotId, run: Arc<RunRecord>) {
+        match &mut self.run {
+            Some((pending, n)) if Arc::ptr_eq(pending, &run) && *n < RECLAIMS_PER_BATCH => {
+                *n += 1;
+            }
+            _ => {
+                self.finish();
+                self.run = Some((run, 1));
+            }
+        }
+        if !self.entries.release(id) {
+            debug_assert!(false, "{id} was released twice");
+        }
+    }
+
+    /// Step 5 for everything counted so far: the entries first, so that a thread the fence
+    /// wakes finds them free.
+    fn finish(&mut self) {
+        self.entries.flush();
+        let Some((run, n)) = self.run.take() else { return };
+        // Relaxed: a statistic.
+        self.core.counters.reclaimed.fetch_add(u64::from(n), Ordering::Relaxed);
+        run.reclaimed(n);
+    }
+}
+
+impl Drop for Reclaims<'_> {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// Most reclamations counted before a batch finishes, so that a long release list (a large
+/// scope's end) lets its run's fence, and the window's waiters, see progress as it goes.
+const RECLAIMS_PER_BATCH: u32 = RELEASE_BATCH as u32;
+
 impl Core {
-    /// Releases one reference on `id` and reclaims the slot if that was the last one. A stale
-    /// id is ignored (its owner already reclaimed it).
-    pub(crate) fn release(&self, id: SlotId) {
+    /// Releases every reference in `ids`, in order, and empties it; the reclamations this
+    /// causes finish as one batch.
+    pub(crate) fn release_all(&self, ids: &mut Vec<SlotId>) {
+        let mut reclaims = Reclaims::new(self);
+        for id in ids.drain(..) {
+            self.release_into(id, &mut reclaims);
+        }
+    }
+
+    /// Releases one reference on `id` and reclaims the slot (finishing with `reclaims`) if that
+    /// was the last one. A stale id is ignored (its owner already reclaimed it).
+    pub(crate) fn release_into(&self, id: SlotId, reclaims: &mut Reclaims<'_>) {
         let Some(slot) = self.ring.slot(id) else {
             // Quietly: releases also run outside passes (closing, the scheduler's exit).
             quietly(|| tracing::debug!(%id, "release of a stale slot ignored"));
             return;
         };
         if let Some(run) = slot.release_ref(id) {
-            self.reclaim(id, run);
-        }
-    }
-
-    /// Releases every reference in `ids`, in order, and empties it.
-    pub(crate) fn release_all(&self, ids: &mut Vec<SlotId>) {
-        for id in ids.drain(..) {
-            self.release(id);
+            self.reclaim_into(id, run, reclaims);
         }
     }
 
@@ -82,6 +145,16 @@ impl Core {
     }
 
     pub(crate) fn reclaim(&self, id: SlotId, run: Arc<RunRecord>) {
+        self.reclaim_into(id, run, &mut Reclaims::new(self));
+    }
+
+    /// The reclamation steps, steps 4 and 5 finishing with `reclaims`.
+    pub(crate) fn reclaim_into(
+        &self,
+        id: SlotId,
+        run: Arc<RunRecord>,
+        reclaims: &mut Reclaims<'_>,
+    ) {
         let Some(slot) = self.ring.slot(id) else {
             debug_assert!(false, "reclaiming {id}, which is no longer live");
             return;
@@ -108,12 +181,7 @@ impl Core {
             payload.clear();
         }
         slot.state.set(id, TaskState::Free);
-        if !self.ring.release(id) {
-            debug_assert!(false, "{id} was released twice");
-        }
-        // Relaxed: a statistic.
-        self.counters.reclaimed.fetch_add(1, Ordering::Relaxed);
-        run.reclaimed();
+        reclaims.release(id, run);
     }
 
     /// Poisons every consumer reachable from the failed task (whose consumers are in
@@ -217,18 +285,53 @@ impl Core {
 
 #[cfg(all(test, not(simpler_loom)))]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use simpler_types::{
-        CallConfig, CancelReason, DataType, RunFailure, TaskArgs, TaskState, Tensor, WorkerId,
+        CallConfig, CancelReason, DataType, RunFailure, RunId, TaskArgs, TaskState, Tensor,
+        WorkerId,
     };
 
-    use crate::graph::GraphScratch;
+    use crate::graph::{GraphScratch, Reclaims};
     use crate::outcome::RunOutcome;
+    use crate::run_record::RunRecord;
     use crate::scheduler::tests::{chip, gated_engine, slot_of, wait_until};
 
     fn tensor() -> Tensor {
         Tensor::external(0x1000, &[64], DataType::UInt8).unwrap()
+    }
+
+    #[test]
+    fn a_batch_counts_each_reclaimed_slot_against_its_own_run() {
+        // The engine admits one run at a time, so today a batch only ever holds slots of one
+        // run; counting against the run of each slot keeps it right should that change. Run 1
+        // has three window entries, run 2 one, interleaved in one batch larger than a window
+        // flush: each run's fence fires, with no internal failure, and only once its own
+        // entries are back in the window.
+        let (engine, _tx) = gated_engine();
+        let core = engine.core();
+        let first = Arc::new(RunRecord::new(RunId::FIRST, tracing::Span::none()));
+        let second = Arc::new(RunRecord::new(RunId::FIRST.next().unwrap(), tracing::Span::none()));
+        let owners = [&first, &first, &second, &first];
+        let live_before = core.ring.stats().window.live;
+        let mut slots = Vec::new();
+        for run in owners {
+            let slot = core.ring.try_alloc(0, 0).unwrap().slot;
+            run.charge(slot).unwrap();
+            slots.push(slot);
+        }
+        assert!(!first.close() && !second.close());
+        let mut reclaims = Reclaims::new(core);
+        for (&slot, run) in slots.iter().zip(owners) {
+            reclaims.release(slot, Arc::clone(run));
+        }
+        drop(reclaims);
+        for run in [&first, &second] {
+            assert_eq!(run.outcome(), Some(RunOutcome::Completed), "{}", run.id);
+        }
+        assert_eq!(core.ring.stats().window.live, live_before);
+        assert_eq!(engine.stats().reclaimed, 4);
     }
 
     #[test]

@@ -259,7 +259,7 @@ fn loom_run_fence_fires_once_and_wakes_the_waiter() {
             .map(|_| {
                 let (r, fired) = (r.clone(), fired.clone());
                 thread::spawn(move || {
-                    if r.reclaimed() {
+                    if r.reclaimed(1) {
                         fired.fetch_add(1, Ordering::SeqCst);
                     }
                 })

@@ -257,14 +257,15 @@ impl RunRecord {
         }
     }
 
-    /// Step 3: one charged slot was reclaimed. Returns whether the run turned terminal.
-    pub(crate) fn reclaimed(&self) -> bool {
-        // AcqRel: the decrement must not be reordered before the reclamation it reports, and
+    /// Step 3: `n` charged slots were reclaimed (`n > 0`). Returns whether the run turned
+    /// terminal.
+    pub(crate) fn reclaimed(&self, n: u32) -> bool {
+        // AcqRel: the decrement must not be reordered before the reclamations it reports, and
         // the thread that sees the count reach 0 goes on to read the run's state.
         let prev =
-            self.active.fetch_update(Ordering::AcqRel, Ordering::Acquire, |a| a.checked_sub(1));
+            self.active.fetch_update(Ordering::AcqRel, Ordering::Acquire, |a| a.checked_sub(n));
         match prev {
-            Ok(1) => self.check_fence(),
+            Ok(prev) if prev == n => self.check_fence(),
             Ok(_) => false,
             Err(_) => {
                 self.record(RunFailure::Internal {
@@ -406,15 +407,15 @@ mod tests {
         let r = record();
         r.charge(SlotId::new(0, 1)).unwrap();
         r.close();
-        assert!(r.reclaimed(), "the real reclamation fires the fence");
+        assert!(r.reclaimed(1), "the real reclamation fires the fence");
         assert_eq!(r.outcome(), Some(RunOutcome::Completed));
         // A second one is a bug elsewhere: it must not panic nor change the settled outcome.
-        assert!(!r.reclaimed());
+        assert!(!r.reclaimed(1));
         assert_eq!(r.active(), 0);
         assert_eq!(r.outcome(), Some(RunOutcome::Completed));
 
         let open = record();
-        assert!(!open.reclaimed(), "not closed: no fence");
+        assert!(!open.reclaimed(1), "not closed: no fence");
         assert!(matches!(open.failure().as_deref(), Some(RunFailure::Internal { .. })));
         assert!(open.close());
         assert!(matches!(open.outcome(), Some(RunOutcome::Failed(_))));
@@ -427,8 +428,8 @@ mod tests {
         assert_eq!(ids, vec![0, 1, 2]);
         assert!(!r.close());
         assert_eq!((r.phase(), r.active()), (RunState::Executing, 3));
-        assert!(!r.reclaimed() && !r.reclaimed());
-        assert!(r.reclaimed());
+        assert!(!r.reclaimed(1) && !r.reclaimed(1));
+        assert!(r.reclaimed(1));
         assert_eq!(r.phase(), RunState::Completed);
         assert_eq!(r.wait_until(Some(Instant::now())), Some(RunOutcome::Completed));
     }

@@ -64,7 +64,7 @@ use simpler_types::{CancelReason, RunFailure, SlotId, TaskFailure, TaskState};
 
 use crate::core::Core;
 use crate::endpoint::{EndpointFailure, panic_message, quietly};
-use crate::graph::GraphScratch;
+use crate::graph::{GraphScratch, Reclaims};
 use crate::inbox::{
     self, Closed, InboxBatch, MemberCompletion, ReadyEntry, WorkerSlot, drive, locked_then_drive,
 };
@@ -106,9 +106,12 @@ impl Deferred {
         for id in self.retired_readers.drain(..) {
             core.retire_reads(id);
         }
-        core.release_all(&mut self.releases);
+        let mut reclaims = Reclaims::new(core);
+        for id in self.releases.drain(..) {
+            core.release_into(id, &mut reclaims);
+        }
         for (id, run) in self.reclaims.drain(..) {
-            core.reclaim(id, run);
+            core.reclaim_into(id, run, &mut reclaims);
         }
     }
 }
@@ -838,7 +841,7 @@ pub(crate) mod tests {
         }
         // A stale reference release (conformance 26) is ignored as well.
         let before = engine.task_snapshot(second).unwrap().fanout_released;
-        core.release(old);
+        core.release_all(&mut vec![old]);
         assert_eq!(engine.task_snapshot(second).unwrap().fanout_released, before);
         assert_eq!(engine.task_snapshot(second).unwrap().state, TaskState::Running);
         assert!(b.status().failure.is_none(), "the stale failure was not recorded");
