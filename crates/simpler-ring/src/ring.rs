@@ -21,8 +21,8 @@
 //! 2. If the entry owns a slab, release it on its ring (FIFO tail advance, rewind on drain, wake
 //!    the ring's waiters if space appeared).
 //! 3. Return the entry to the free list and wake one window waiter. A [`ReleaseBatch`] does
-//!    this step for many releases at once (waking every waiter), when it is full, flushed or
-//!    dropped.
+//!    this step for up to [`RELEASE_BATCH`] releases at once (waking every waiter when more than
+//!    one entry returns), when that many are pending, flushed or dropped.
 //!
 //! # Shutdown
 //!
@@ -118,14 +118,15 @@ impl<S> fmt::Debug for Ring<S> {
     }
 }
 
-/// Most releases a [`ReleaseBatch`] holds before it returns their entries.
+/// Most released entries a [`ReleaseBatch`] holds: it returns them when this many are pending.
 pub const RELEASE_BATCH: usize = 16;
 
 /// Releases whose window entries go back to the free list together: each
 /// [`release`](Self::release) frees the slot's generation and slab at once, as
-/// [`Ring::release`] does, but the window lock is taken once per [`RELEASE_BATCH`] releases,
-/// when the batch is full, [`flush`](Self::flush)ed or dropped. Until then a released entry is
-/// neither live nor allocatable.
+/// [`Ring::release`] does, but the entries return under one window-lock acquisition, as soon as
+/// [`RELEASE_BATCH`] are pending, on [`flush`](Self::flush) or on drop. Until then a released
+/// entry is no longer live for its id, but it still counts as live in the statistics and
+/// against a capped window, and it cannot be handed out.
 ///
 /// For a thread that releases many slots in a row (a scope's end). It must not wait for window
 /// space while it holds unreturned entries; nothing in this crate does.
@@ -145,11 +146,11 @@ impl<S: Default + Send + Sync> ReleaseBatch<'_, S> {
         };
         match index {
             Some(index) => {
+                self.freed[self.len] = index;
+                self.len += 1;
                 if self.len == RELEASE_BATCH {
                     self.flush();
                 }
-                self.freed[self.len] = index;
-                self.len += 1;
             }
             None => self.retired += 1,
         }
@@ -432,7 +433,7 @@ mod tests {
         .unwrap();
         let slots: Vec<SlotId> = (0..n).map(|_| ring.try_alloc(0, 0).unwrap().slot).collect();
         let mut batch = ring.release_batch();
-        for (i, &slot) in slots[..RELEASE_BATCH].iter().enumerate() {
+        for (i, &slot) in slots[..RELEASE_BATCH - 1].iter().enumerate() {
             assert!(batch.release(slot));
             assert!(!batch.release(slot), "second release of {slot}");
             assert!(!ring.is_live(slot));
@@ -447,19 +448,23 @@ mod tests {
                 })
             );
         }
-        // The batch is full: the next release returns the first RELEASE_BATCH entries.
-        assert!(batch.release(slots[RELEASE_BATCH]));
+        // The batch fills: its RELEASE_BATCH entries return at once.
+        assert!(batch.release(slots[RELEASE_BATCH - 1]));
         assert_eq!(ring.stats().window.live, 6);
-        assert!(batch.release(slots[RELEASE_BATCH + 1]));
+        assert!(batch.release(slots[RELEASE_BATCH]) && batch.release(slots[RELEASE_BATCH + 1]));
         batch.flush();
         assert_eq!(ring.stats().window.live, 4);
         assert!(batch.release(slots[RELEASE_BATCH + 2]));
         drop(batch);
         assert_eq!(ring.stats().window.live, 3);
-        // Every returned entry is handed out again, none twice.
+        // Exactly the returned entries are handed out again, none twice, and no new entry is
+        // made in their place.
         let again: std::collections::HashSet<u32> =
             (0..n - 3).map(|_| ring.try_alloc(0, 0).unwrap().slot.index).collect();
-        assert_eq!(again.len(), n - 3);
+        let returned: std::collections::HashSet<u32> =
+            slots[..n - 3].iter().map(|s| s.index).collect();
+        assert_eq!(again, returned);
+        assert_eq!(ring.stats().window.capacity, n as u32);
         assert!(ring.try_alloc(0, 0).is_err());
     }
 

@@ -20,8 +20,9 @@
 //!    stale ids change nothing. The winner reads the heap stamp, frees the slab, then
 //!    5. pushes the index on the free list (unless retired), uncounts it and wakes one window
 //!    waiter. A batch of releases (`Ring::release_batch`) does step 5 for up to
-//!    `RELEASE_BATCH` entries under one lock acquisition, waking every waiter; until then its
-//!    released entries are neither live nor free, as between steps 4 and 5 of a single release.
+//!    `RELEASE_BATCH` entries under one lock acquisition, waking every waiter when more than one
+//!    returns; until then its released entries are not live for any id but still counted live,
+//!    as between steps 4 and 5 of a single release.
 //!
 //! An id with the current generation of a *free* entry is never live, because its live bit is
 //! clear; forged ids cannot resurrect a free entry.

@@ -1,6 +1,6 @@
 //! Multi-threaded stress: producers allocate with back-pressure on a small ring, releasers free
-//! slots in scrambled order from other threads (one of them in release batches), and a final shutdown wakes a blocked allocation.
-//! A ledger checks that no live slot is handed out twice, live slabs never overlap, and every
+//! slots in scrambled order from other threads (one of them in release batches), and a final
+//! shutdown wakes a blocked allocation. A ledger checks that no live slot is handed out twice, live slabs never overlap, and every
 //! successful allocation is released exactly once.
 
 mod common;
@@ -141,6 +141,9 @@ fn concurrent_allocations_and_releases_lose_nothing_and_never_overlap() {
     let stats = ring.stats();
     assert_eq!((stats.window.live, stats.window.total_allocs), (0, total));
     assert!(stats.window.peak_live <= 6);
+    // Entries are reused, never lost: an index a release failed to return would make the
+    // window materialize more entries than it ever holds live.
+    assert!(stats.window.capacity <= 6, "{} entries for at most 6 live", stats.window.capacity);
     let heap_waits: u64 = stats.heaps.iter().map(|h| h.waits).sum();
     eprintln!("window waits {}, heap waits {heap_waits}", stats.window.waits);
     assert!(stats.window.waits + heap_waits > 0, "the test must exercise back-pressure");

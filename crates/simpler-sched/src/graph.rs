@@ -48,10 +48,12 @@ pub(crate) struct GraphScratch {
     pub(crate) slots: Vec<SlotId>,
 }
 
-/// Reclamations that finish together (steps 4 and 5): their window entries go back in one
-/// window-lock acquisition per batch, the statistic and each run's count of active slots move
-/// once per batch, and a run's fence is checked only after every entry counted against it has
-/// gone back. Finishes when dropped, when full, and before a slot of another run is counted.
+/// Reclamations that finish together (steps 4 and 5): their window entries go back 16 at a time
+/// in one window-lock acquisition, the statistic and each run's count of active slots move once
+/// per batch, and a run's count drops only after every entry counted in it has gone back, so a
+/// thread its fence wakes finds them free. Finishes when dropped, after [`RECLAIMS_PER_BATCH`]
+/// slots, and when a slot of another run comes. Like a [`ReleaseBatch`], it must not be held
+/// across a wait for window space; nothing that reclaims waits for anything but short locks.
 pub(crate) struct Reclaims<'a> {
     core: &'a Core,
     entries: ReleaseBatch<'a, TaskSlot>,
@@ -64,19 +66,22 @@ impl<'a> Reclaims<'a> {
         Reclaims { core, entries: core.ring.release_batch(), run: None }
     }
 
-    /// Step 4 for `id`, counted against `run` at the next finish.
+    /// Step 4 for `id`, counted against `run` at the next finish. The entry is released before
+    /// it is counted, so a panic in between (a failed assertion) leaves the run short of its
+    /// fence rather than terminal with an entry still held.
     fn release(&mut self, id: SlotId, run: Arc<RunRecord>) {
+        if !self.entries.release(id) {
+            debug_assert!(false, "{id} was released twice");
+        }
         match &mut self.run {
             Some((pending, n)) if Arc::ptr_eq(pending, &run) && *n < RECLAIMS_PER_BATCH => {
                 *n += 1;
             }
             _ => {
+                // The slot just released goes back with the others; it is counted later.
                 self.finish();
                 self.run = Some((run, 1));
             }
-        }
-        if !self.entries.release(id) {
-            debug_assert!(false, "{id} was released twice");
         }
     }
 
@@ -97,8 +102,9 @@ impl Drop for Reclaims<'_> {
     }
 }
 
-/// Most reclamations counted before a batch finishes, so that a long release list (a large
-/// scope's end) lets its run's fence, and the window's waiters, see progress as it goes.
+/// Most reclamations counted before a batch finishes, so that during a long release list (a
+/// large scope's end) the run's active count and the reclaimed statistic, which status
+/// snapshots read, keep up with the slots actually reclaimed.
 const RECLAIMS_PER_BATCH: u32 = RELEASE_BATCH as u32;
 
 impl Core {
@@ -306,9 +312,8 @@ mod tests {
     fn a_batch_counts_each_reclaimed_slot_against_its_own_run() {
         // The engine admits one run at a time, so today a batch only ever holds slots of one
         // run; counting against the run of each slot keeps it right should that change. Run 1
-        // has three window entries, run 2 one, interleaved in one batch larger than a window
-        // flush: each run's fence fires, with no internal failure, and only once its own
-        // entries are back in the window.
+        // has three window entries and run 2 one, interleaved in one batch: each run's fence
+        // fires, with no internal failure, and every entry is back in the window.
         let (engine, _tx) = gated_engine();
         let core = engine.core();
         let first = Arc::new(RunRecord::new(RunId::FIRST, tracing::Span::none()));

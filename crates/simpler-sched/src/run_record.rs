@@ -12,8 +12,9 @@
 //!    `Executing` if work is still charged, and run the fence check (step 4) in the same
 //!    critical section. Closing only after the mark is cleared means nobody who sees the run
 //!    terminal can be refused by `begin_run` for it.
-//! 3. **Reclaim.** Whichever thread reclaims a slot decrements `active` exactly once (clamped at
-//!    0: an underflow records `RunFailure::Internal` instead of panicking). The thread that
+//! 3. **Reclaim.** Whichever thread reclaims a slot decrements `active` exactly once for it, for
+//!    one slot or for a batch of slots at once (clamped at 0: an underflow records
+//!    `RunFailure::Internal` instead of panicking, and still checks the fence). The thread that
 //!    brings it to 0 locks `completion` and runs the fence check.
 //! 4. **Fence check** (always under `completion`): if the run is not yet terminal, `closed` is
 //!    set and `active` is 0, store the outcome (`Failed` if `failed` or a failure is recorded,
@@ -35,7 +36,7 @@
 //! |---|---|---|
 //! | `phase` | fence check and [`RunRecord::force_failed`], under `completion` | anyone, lock-free
 //! (`is_done`, admission, fast checks) |
-//! | `active` | orchestration thread (+1, step 1), reclaimers (−1, step 3) | reclaimers, fence
+//! | `active` | orchestration thread (+1, step 1), reclaimers (−n, step 3) | reclaimers, fence
 //! check, status |
 //! | `has_failure` | failure recording, under `completion` | submit fail-fast check, lock-free |
 //! | `map_entries_dropped` | `close` and `fail`, once the run's tensor-map entries are removed |
@@ -262,19 +263,20 @@ impl RunRecord {
     pub(crate) fn reclaimed(&self, n: u32) -> bool {
         // AcqRel: the decrement must not be reordered before the reclamations it reports, and
         // the thread that sees the count reach 0 goes on to read the run's state.
-        let prev =
-            self.active.fetch_update(Ordering::AcqRel, Ordering::Acquire, |a| a.checked_sub(n));
-        match prev {
-            Ok(prev) if prev == n => self.check_fence(),
-            Ok(_) => false,
-            Err(_) => {
-                self.record(RunFailure::Internal {
-                    run: self.id,
-                    message: "a slot was reclaimed more often than it was charged".to_owned(),
-                });
-                self.check_fence()
-            }
+        // The closure always returns `Some`, so the update cannot fail.
+        let prev = self
+            .active
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |a| Some(a.saturating_sub(n)))
+            .unwrap_or_else(|a| a);
+        if prev < n {
+            // One reclamation too many (a bug elsewhere) must not keep the batch's real ones
+            // from counting: the count stops at 0 and the fence is checked.
+            self.record(RunFailure::Internal {
+                run: self.id,
+                message: "a slot was reclaimed more often than it was charged".to_owned(),
+            });
         }
+        if prev <= n { self.check_fence() } else { false }
     }
 
     /// Step 4 under a fresh lock. Returns whether the run turned terminal in this call.
@@ -419,6 +421,20 @@ mod tests {
         assert!(matches!(open.failure().as_deref(), Some(RunFailure::Internal { .. })));
         assert!(open.close());
         assert!(matches!(open.outcome(), Some(RunOutcome::Failed(_))));
+    }
+
+    #[test]
+    fn a_batch_counting_one_reclamation_too_many_still_brings_the_run_to_its_fence() {
+        let r = record();
+        for i in 0..3 {
+            r.charge(SlotId::new(i, 1)).unwrap();
+        }
+        r.close();
+        assert!(!r.reclaimed(1));
+        assert!(r.reclaimed(3), "two real reclamations and one too many reach the fence");
+        assert_eq!(r.active(), 0);
+        assert!(matches!(r.outcome(), Some(RunOutcome::Failed(_))), "{:?}", r.outcome());
+        assert!(matches!(r.failure().as_deref(), Some(RunFailure::Internal { .. })));
     }
 
     #[test]
