@@ -468,35 +468,37 @@ mod tests {
         assert!(ring.try_alloc(0, 0).is_err());
     }
 
-    #[test]
-    fn a_release_batch_retires_an_exhausted_entry_instead_of_returning_it() {
-        let ring = slot_only_ring();
-        let first = ring.try_alloc(0, 0).unwrap().slot;
-        assert!(ring.release(first));
-        ring.window.force_generation(first.index, u32::MAX, false);
-        let last = ring.try_alloc(0, 0).unwrap().slot;
-        assert_eq!(last.generation, u32::MAX);
-        let mut batch = ring.release_batch();
-        assert!(batch.release(last));
-        drop(batch);
-        assert_eq!(ring.stats().window.live, 0);
-        assert_ne!(ring.try_alloc(0, 0).unwrap().slot.index, first.index);
-    }
-
-    #[test]
-    fn an_entry_whose_generation_is_exhausted_is_retired_not_reused() {
-        let ring = slot_only_ring();
+    /// A live slot holding the last generation of its entry.
+    fn last_generation_slot(ring: &Ring<()>) -> SlotId {
         let first = ring.try_alloc(0, 0).unwrap().slot;
         assert!(ring.release(first));
         ring.window.force_generation(first.index, u32::MAX, false);
         let last = ring.try_alloc(0, 0).unwrap().slot;
         assert_eq!(last, SlotId::new(first.index, u32::MAX));
+        last
+    }
+
+    #[test]
+    fn a_release_batch_retires_an_exhausted_entry_instead_of_returning_it() {
+        let ring = slot_only_ring();
+        let last = last_generation_slot(&ring);
+        let mut batch = ring.release_batch();
+        assert!(batch.release(last));
+        drop(batch);
+        assert_eq!(ring.stats().window.live, 0);
+        assert_ne!(ring.try_alloc(0, 0).unwrap().slot.index, last.index);
+    }
+
+    #[test]
+    fn an_entry_whose_generation_is_exhausted_is_retired_not_reused() {
+        let ring = slot_only_ring();
+        let last = last_generation_slot(&ring);
         assert!(ring.release(last));
         assert!(!ring.is_live(last));
         assert!(!ring.release(last));
-        assert_eq!(ring.generation(first.index), Some(u32::MAX));
+        assert_eq!(ring.generation(last.index), Some(u32::MAX));
         let next = ring.try_alloc(0, 0).unwrap().slot;
-        assert_ne!(next.index, first.index, "a retired entry is never handed out again");
+        assert_ne!(next.index, last.index, "a retired entry is never handed out again");
         let stats = ring.stats().window;
         assert_eq!((stats.live, stats.capacity), (1, 2));
     }

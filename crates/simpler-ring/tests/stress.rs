@@ -1,7 +1,7 @@
 //! Multi-threaded stress: producers allocate with back-pressure on a small ring, releasers free
 //! slots in scrambled order from other threads (one of them in release batches), and a final
-//! shutdown wakes a blocked allocation. A ledger checks that no live slot is handed out twice, live slabs never overlap, and every
-//! successful allocation is released exactly once.
+//! shutdown wakes a blocked allocation. A ledger checks that no live slot is handed out twice,
+//! live slabs never overlap, and every successful allocation is released exactly once.
 
 mod common;
 
@@ -113,19 +113,17 @@ fn concurrent_allocations_and_releases_lose_nothing_and_never_overlap() {
                     let payload = ring.slot(id).expect("a queued slot is live");
                     assert_eq!(payload.value.load(Ordering::Relaxed), id.pack());
                     assert!(ledger.lock().unwrap().remove(&id).is_some());
-                    match &mut batch {
-                        Some(batch) => {
-                            assert!(batch.release(id), "first release of {id}");
-                            assert!(!ring.release(id), "second release of {id}");
-                            batched += 1;
-                            if batched > rng.next() % 4 {
-                                batch.flush();
-                                batched = 0;
-                            }
-                        }
-                        None => {
-                            assert!(ring.release(id), "first release of {id}");
-                            assert!(!ring.release(id), "second release of {id}");
+                    let first = match &mut batch {
+                        Some(batch) => batch.release(id),
+                        None => ring.release(id),
+                    };
+                    assert!(first, "first release of {id}");
+                    assert!(!ring.release(id), "second release of {id}");
+                    if let Some(batch) = &mut batch {
+                        batched += 1;
+                        if batched > rng.next() % 4 {
+                            batch.flush();
+                            batched = 0;
                         }
                     }
                     released.fetch_add(1, Ordering::Relaxed);
