@@ -34,7 +34,7 @@ use crate::error::SchedError;
 use crate::graph::GraphScratch;
 use crate::run_record::RunRecord;
 use crate::slot::{ALLOC_CALLABLE, Edge, Head};
-use crate::submit::{Eligible, Placement};
+use crate::submit::{Eligible, Placement, Tracked};
 
 /// Orchestrator state that outlives one run: the scope stack and reusable scratch buffers.
 #[derive(Default)]
@@ -45,6 +45,9 @@ pub(crate) struct OrchState {
     pub(crate) issued: u32,
     /// Footprint of every tensor of the current submit, members flattened.
     pub(crate) footprints: Vec<Option<(TensorKey, ByteSpan)>>,
+    /// The current submit's tracked accesses, in argument order: what its lookups and records
+    /// walk, derived once by validation.
+    pub(crate) tracked: Vec<Tracked>,
     /// Producers found for the current submit.
     pub(crate) producers: Vec<SlotId>,
     /// Producers the current submit attached to.

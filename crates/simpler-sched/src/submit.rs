@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use simpler_tensormap::{Access, footprint};
+use simpler_tensormap::{Access, ByteSpan, TensorKey, footprint};
 use simpler_types::{
     CallConfig, CallableId, CallableKind, CancelReason, RunFailure, TaskArgs, TaskFailure, TaskId,
     WorkerId, WorkerType,
@@ -39,6 +39,17 @@ impl<'a> Eligible<'a> {
         };
         one.iter().chain(per_member.iter().flatten()).copied()
     }
+}
+
+/// One tracked access of a submit: a tensor whose tag the tensor map tracks, with its footprint.
+#[derive(Clone, Copy)]
+pub(crate) struct Tracked {
+    /// How the task uses the bytes.
+    pub(crate) access: Access,
+    /// The buffer.
+    pub(crate) key: TensorKey,
+    /// The bytes of the buffer.
+    pub(crate) span: ByteSpan,
 }
 
 /// Where a submit's members run.
@@ -74,7 +85,7 @@ impl RunBuilder<'_> {
         self.build(callable, members, config, worker_type)
     }
 
-    /// Validation checks 1–11. Fills `orch.targets` and `orch.footprints`.
+    /// Validation checks 1–11. Fills `orch.targets`, `orch.footprints` and `orch.tracked`.
     fn validate(
         &mut self,
         callable: &CallableId,
@@ -169,6 +180,7 @@ impl RunBuilder<'_> {
         }
         // 8–11, tensor by tensor.
         orch.footprints.clear();
+        orch.tracked.clear();
         for (member, a) in args.iter().enumerate() {
             let target = match placement {
                 Placement::NextLevel { targets, .. } => Some(targets[member]),
@@ -185,12 +197,16 @@ impl RunBuilder<'_> {
                 }
                 // A footprint can only fail for child memory without a target, which check 10
                 // has just refused; map it to the same error should that ever change.
-                let fp = if Access::of(tag).is_some() {
+                let access = Access::of_view(tag, t);
+                let fp = if access.is_some() {
                     footprint(t, target)
                         .map_err(|_| SchedError::ChildMemoryOnSubTask { member, arg })?
                 } else {
                     None
                 };
+                if let (Some(access), Some((key, span))) = (access, fp) {
+                    orch.tracked.push(Tracked { access, key, span });
+                }
                 if let (true, Some((key, span))) = (tag.writes(), fp) {
                     let earlier = orch.footprints[first..].iter().zip(a.tags()).enumerate();
                     for (prev, (other, other_tag)) in earlier {
@@ -281,41 +297,33 @@ impl RunBuilder<'_> {
                 // a covering write has ordered after the readers it is about to supersede
                 // (docs/tensormap.md).
                 let mut map = core.tensor_map.lock();
-                let accesses = || {
-                    let tagged = args.iter().flat_map(|a| a.tensors().iter().zip(a.tags()));
-                    tagged
-                        .zip(&orch.footprints)
-                        .filter_map(|((t, &tag), fp)| Some((Access::of_view(tag, t)?, (*fp)?)))
-                };
-                let mut tracked = accesses();
-                match (tracked.next(), tracked.next()) {
-                    (None, _) => {}
+                let tracked = &orch.tracked;
+                let producers = &mut orch.producers;
+                match tracked.as_slice() {
+                    [] => {}
                     // One access: its lookup and record share one hash probe.
-                    (Some((access, (key, span))), None) => {
-                        payload.journal(key, access);
-                        map.access(run.id, key, span, access, id, |p| orch.producers.push(p));
+                    [t] => {
+                        payload.journal(t.key, t.access);
+                        map.access(run.id, t.key, t.span, t.access, id, |p| producers.push(p));
                     }
                     // A few accesses of distinct keys: a record of one key cannot change what a
                     // lookup of another finds, so each lookup shares its record's hash probe as
-                    // above and the order of the rule is kept trivially. The keys checked are the
-                    // footprints', which are the tracked accesses' keys (a footprint is taken for
-                    // every tracked tag), read straight from the list instead of re-deriving the
-                    // accesses once per pair.
-                    _ if distinct_keys(orch.footprints.iter().flatten().map(|&(key, _)| key)) => {
-                        for (access, (key, span)) in accesses() {
-                            payload.journal(key, access);
-                            map.access(run.id, key, span, access, id, |p| orch.producers.push(p));
+                    // above and the order of the rule is kept trivially.
+                    _ if distinct_keys(tracked.iter().map(|t| t.key)) => {
+                        for t in tracked {
+                            payload.journal(t.key, t.access);
+                            map.access(run.id, t.key, t.span, t.access, id, |p| producers.push(p));
                         }
                     }
                     _ => {
-                        for (access, (key, span)) in accesses() {
-                            map.dependencies(run.id, &key, span, access, |p| {
-                                orch.producers.push(p)
+                        for t in tracked {
+                            map.dependencies(run.id, &t.key, t.span, t.access, |p| {
+                                producers.push(p)
                             });
                         }
-                        for (access, (key, span)) in accesses() {
-                            payload.journal(key, access);
-                            map.record(run.id, key, span, access, id);
+                        for t in tracked {
+                            payload.journal(t.key, t.access);
+                            map.record(run.id, t.key, t.span, t.access, id);
                         }
                     }
                 }
