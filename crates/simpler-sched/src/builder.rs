@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use simpler_ring::{RingError, ScopeStack};
+use simpler_ring::{Allocation, RingError, ScopeStack};
 use simpler_tensormap::{ByteSpan, TensorKey, footprint};
 use simpler_types::{
     CallConfig, CallableId, CancelReason, DataType, MAX_TENSOR_DIMS, RunFailure, RunId, RunStatus,
@@ -32,6 +32,7 @@ use crate::core::Core;
 use crate::engine::Engine;
 use crate::error::SchedError;
 use crate::graph::GraphScratch;
+use crate::held_ready::Holding;
 use crate::run_record::RunRecord;
 use crate::slot::{ALLOC_CALLABLE, Edge, Head};
 use crate::submit::{Eligible, Placement, Tracked};
@@ -43,6 +44,8 @@ pub(crate) struct OrchState {
     pub(crate) scopes: ScopeStack,
     /// Tasks and allocs charged so far in the building run.
     pub(crate) issued: u32,
+    /// Ready tasks held while every endpoint thread is awake (`held_ready`).
+    pub(crate) holding: Holding,
     /// Footprint of every tensor of the current submit, members flattened.
     pub(crate) footprints: Vec<Option<(TensorKey, ByteSpan)>>,
     /// The current submit's tracked accesses, in argument order: what its lookups and records
@@ -294,7 +297,7 @@ impl<'e> RunBuilder<'e> {
             return Err(SchedError::TooManyTasks { run: self.run.id });
         }
         let depth = self.orch.scopes.depth().saturating_sub(1);
-        let allocation = core.claim(bytes, depth).map_err(|e| self.alloc_error(e))?;
+        let allocation = self.claim(bytes, depth)?;
         let id = allocation.slot;
         let (Some(heap), Some(slot)) = (allocation.heap, core.ring.slot(id)) else {
             core.ring.release(id);
@@ -330,6 +333,20 @@ impl<'e> RunBuilder<'e> {
         core.allocs.lock().insert(heap.addr, id);
         tracing::trace!(parent: &self.run.span, %task, addr = heap.addr, bytes, "alloc");
         Ok(tensor)
+    }
+
+    /// Claims a slot (and a slab for `bytes > 0`) on the ring of scope depth `depth`: without
+    /// waiting when there is room, which needs no clock read, otherwise blocking up to the
+    /// ring's deadline, after handing over the ready tasks it holds (`held_ready`, step 12: the
+    /// space it waits for may be theirs).
+    pub(crate) fn claim(&mut self, bytes: u64, depth: usize) -> Result<Allocation, SchedError> {
+        let core = self.core();
+        if let Ok(allocation) = core.ring.try_alloc(bytes, depth) {
+            return Ok(allocation);
+        }
+        let orch = &mut *self.orch;
+        core.hand_over(&mut orch.holding, &mut orch.graph);
+        core.ring.alloc(bytes, depth).map_err(|e| self.alloc_error(e))
     }
 
     /// Translates a ring allocation error, naming the task whose slab pins the ring's tail.
@@ -388,11 +405,12 @@ impl<'e> RunBuilder<'e> {
     pub fn close(mut self) -> RunId {
         self.finished = true;
         let core = self.core();
-        // Tasks left to an idle endpoint thread are dispatched now rather than when it notices
-        // (`inbox`, step 10): from here on the caller waits for the run, and the bookkeeping
-        // below overlaps them.
-        core.drive();
+        // Tasks held or left for an idle endpoint thread are dispatched now rather than when it
+        // notices (`inbox`, steps 10 and 12): from here on the caller waits for the run, and the
+        // bookkeeping below overlaps them.
         let mut orch = std::mem::take(&mut self.orch);
+        core.hand_over(&mut orch.holding, &mut orch.graph);
+        core.drive();
         let open = orch.scopes.depth().saturating_sub(1);
         drop_run_entries(core, &self.run);
         unwind_all(core, &mut orch);
@@ -428,6 +446,8 @@ impl<'e> RunBuilder<'e> {
         // no earlier than in `close` below, never while the mark still refuses `begin_run`.
         run.mark_failed(RunFailure::Submission { run: run.id, message });
         let mut orch = std::mem::take(&mut self.orch);
+        // Held tasks go to the scheduler, which skips them once they are cancelled below.
+        core.hand_over(&mut orch.holding, &mut orch.graph);
         core.cancel_run(&run, CancelReason::SubmissionFailed, true, &mut orch.graph);
         drop_run_entries(core, &run);
         unwind_all(core, &mut orch);

@@ -6,12 +6,13 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 use rustc_hash::FxHashMap;
 
-use simpler_ring::{Allocation, Ring, RingError};
+use simpler_ring::Ring;
 use simpler_tensormap::TensorMap;
 use simpler_types::{CallConfig, RunFailure, SlotId, TaskId, WorkerId, WorkerRef, WorkerType};
 
 use crate::endpoint::quietly;
 use crate::endpoint_thread::Mailbox;
+use crate::held_ready::HeldReady;
 use crate::inbox::{IdleDriver, Inbox, WorkerSlot};
 use crate::registry::Registry;
 use crate::scheduler::SchedState;
@@ -83,6 +84,9 @@ pub(crate) struct Core {
     /// Held by an endpoint thread that spins for mail and runs the passes of tasks published
     /// ready meanwhile (padded: touched by ready submits and by idle endpoint threads).
     pub(crate) idle_driver: CachePadded<IdleDriver>,
+    /// Ready tasks the submitting thread holds (padded: the submitter's lock, taken on every
+    /// held task).
+    pub(crate) held_ready: CachePadded<HeldReady>,
     /// Set once by shutdown step 1. Readers: every submit and alloc, lock-free.
     pub(crate) stopping: AtomicBool,
     /// Set once, when the scheduler thread has left its loop.
@@ -127,6 +131,7 @@ impl Core {
             default_config: CallConfig::default(),
             counters: CachePadded::new(Counters::default()),
             idle_driver: CachePadded::new(IdleDriver::default()),
+            held_ready: CachePadded::new(HeldReady::default()),
             stopping: AtomicBool::new(false),
             scheduler_exit: Signal::default(),
         }
@@ -161,13 +166,6 @@ impl Core {
                 (worker.id.0 < self.sub.len() as u32).then_some(WorkerSlot::Sub(worker.id.0))
             }
         }
-    }
-
-    /// Claims a slot (and a slab for `bytes > 0`) on the ring of scope depth `depth`: without
-    /// waiting when there is room, which needs no clock read, otherwise blocking up to the
-    /// ring's deadline.
-    pub(crate) fn claim(&self, bytes: u64, depth: usize) -> Result<Allocation, RingError> {
-        self.ring.try_alloc(bytes, depth).or_else(|_| self.ring.alloc(bytes, depth))
     }
 
     /// The task of a live slot.

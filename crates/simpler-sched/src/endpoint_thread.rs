@@ -4,9 +4,11 @@
 //!
 //! 0. Call `on_thread_start` (a chip endpoint binds its device lane here, so this thread *is*
 //!    the lane).
-//! 1. Take the next mail: spin briefly on the mailbox's `pending` hint, then park. While
-//!    spinning, hold the idle-driver role if it is free: run the scheduler pass for tasks the
-//!    orchestration published ready meanwhile, so that its thread does not (`inbox`, steps 6–10).
+//! 1. Take the next mail: spin briefly on the mailbox's `pending` hint, then park. Out of mail,
+//!    hold the idle-driver role while spinning if it is free: run the scheduler pass for tasks
+//!    the orchestration published ready meanwhile, so that its thread does not (`inbox`, steps
+//!    6–10), and take the ready tasks it holds when taking and giving back the role and before
+//!    parking (`held_ready`, steps 13–14).
 //! 2. A task member: read its arguments from the slot (immutable since publication; the slot
 //!    stays `Running` until this member reports), call `Endpoint::run` under `catch_unwind`,
 //!    release the arguments, and deliver the completion to the scheduler (combining protocol in
@@ -35,7 +37,7 @@ use simpler_types::{SlotId, WorkerRef};
 use crate::core::Core;
 use crate::endpoint::{DispatchedMember, Endpoint, EndpointFailure, panic_message, quietly};
 use crate::error::SchedError;
-use crate::inbox::{MemberCompletion, WorkerSlot};
+use crate::inbox::{MemberCompletion, ReadyEntry, WorkerSlot};
 use crate::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
 
 /// A control job queued for one worker.
@@ -138,12 +140,21 @@ impl Mailbox {
 
     /// Takes the next mail, spinning briefly and then parking until one arrives. While it
     /// spins, the thread may hold the idle-driver role and run the passes of tasks published
-    /// ready meanwhile (`inbox`, steps 6–10).
-    fn recv(&self, core: &Core) -> Mail {
+    /// ready meanwhile (`inbox`, steps 6–10), and it takes the tasks the submitting thread holds
+    /// when it has run out of mail and before it parks (`held_ready`, steps 13–14; `stolen` is
+    /// the thread's buffer for those, empty between calls).
+    fn recv(&self, core: &Core, stolen: &mut Vec<ReadyEntry>) -> Mail {
         loop {
+            // Relaxed: only decides whether to spin; the queue is read under the lock. Mail
+            // waiting is taken at once, without the role: step 13 is for a thread out of mail.
+            if self.pending.load(Ordering::Relaxed) {
+                break;
+            }
             let holds_role = core.idle_driver.take();
-            // Relaxed: only decides whether to keep spinning; the queue is read under the lock,
-            // the inbox by the drive after the role is given back.
+            if holds_role {
+                core.take_held(stolen);
+            }
+            // Relaxed: as above; the inbox is read by the drive after the role is given back.
             let interrupted = sync::spin_until(|| {
                 self.pending.load(Ordering::Relaxed)
                     || (holds_role && core.inbox.pending() && !core.pass_in_progress())
@@ -151,25 +162,39 @@ impl Mailbox {
             if holds_role {
                 // Before this thread's own mail: the passes may dispatch to it anyway, and a
                 // holder owes its drive however its spin ended.
-                core.give_back_idle_driver();
+                core.give_back_idle_driver(stolen);
             }
             // Spin over, or mail arrived (possibly sent by the pass just run): take it or park.
             if !interrupted || self.pending.load(Ordering::Relaxed) {
                 break;
             }
         }
+        if let Some(mail) = self.pop(&mut self.state.lock()) {
+            return mail;
+        }
+        // Counted as parked before the last look at the held tasks (`held_ready`, step 14).
+        core.held_ready.parking();
+        core.take_held(stolen);
         let mut s = self.state.lock();
-        loop {
-            if let Some(mail) = s.queue.pop_front() {
-                if s.queue.is_empty() {
-                    // Relaxed: cleared under the mailbox lock; a sender sets it again under it.
-                    self.pending.store(false, Ordering::Relaxed);
-                }
-                return mail;
+        let mail = loop {
+            if let Some(mail) = self.pop(&mut s) {
+                break mail;
             }
             s.sleeping = true;
             s = self.wake.wait(s);
+        };
+        drop(s);
+        core.held_ready.unparked();
+        mail
+    }
+
+    fn pop(&self, s: &mut MailboxState) -> Option<Mail> {
+        let mail = s.queue.pop_front()?;
+        if s.queue.is_empty() {
+            // Relaxed: cleared under the mailbox lock; a sender sets it again under it.
+            self.pending.store(false, Ordering::Relaxed);
         }
+        Some(mail)
     }
 }
 
@@ -256,8 +281,9 @@ pub(crate) fn endpoint_thread_main(
         quietly(|| tracing::error!(worker = %name, "on_thread_start panicked: {message}"));
     }
     let mailbox = core.mailbox(who);
+    let mut stolen = Vec::new();
     loop {
-        match mailbox.recv(&core) {
+        match mailbox.recv(&core, &mut stolen) {
             Mail::Task { slot, member } => {
                 let run = || run_member(&core, endpoint.as_mut(), slot, member);
                 let result = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|p| {

@@ -13,7 +13,7 @@
 //! 1. **Deliver.** A producer with an event tries the scheduler lock. With it, it runs a pass
 //!    that first drains the inbox (so earlier events keep their order) and then handles its own
 //!    event. Without it, it appends the event here (`pending := true`, under the inbox lock).
-//!    - **Join.** A ready task that may be left (step 10) and finds events already waiting
+//!    - **Join.** A ready task that may be held (step 10) and finds events already waiting
 //!      (checked under the inbox lock) is appended behind them, up to [`JOIN_LIMIT`] waiting
 //!      ready tasks, and its producer neither drives nor reads the role: whoever made the inbox
 //!      pending owes it a drain (step 2, 3 or 8), and a drain takes everything appended before
@@ -21,8 +21,8 @@
 //!      and a contended scheduler-lock attempt or role read. The price: joined tasks wait for
 //!      that owner, which the operating system may have descheduled, as tasks appended behind
 //!      a pass in progress always have (`docs/decisions/sched.md`).
-//! 2. **Drive.** Every producer then (except one that joined, or left its task to the idle
-//!    driver, step 7), and every lock holder after unlocking — including the scheduler thread,
+//! 2. **Drive.** Every producer then (except one that joined, or held or handed its task over
+//!    to the idle driver, steps 7 and 11–12), and every lock holder after unlocking — including the scheduler thread,
 //!    which takes the lock blocking ([`locked_then_drive`]) — loops: SeqCst fence; if `pending`
 //!    is false, stop; if the lock cannot be taken, stop (its holder will drive after
 //!    unlocking); otherwise run a pass and repeat.
@@ -46,15 +46,15 @@
 //!    it (one holder at most, so two idle threads never race each other for the scheduler lock).
 //!    While spinning it also watches `pending` and stops spinning when an event is waiting and
 //!    the scheduler lock looks free.
-//! 7. **Leave.** A producer with a ready task that sees the role held, and no event already
-//!    waiting, appends the task (step 1's append, without trying the lock), then reads the role
-//!    with a read-modify-write: still held, it returns, leaving the pass to the holder; otherwise
-//!    it drives (step 2) itself. With an event already waiting the producer joins it (step 1)
-//!    instead; past [`JOIN_LIMIT`] waiting ready tasks (the left one included) the holder has
-//!    not kept up (it may be off its CPU), and the producer delivers as in step 1.
+//! 7. **Hold and hand over.** A submitting thread with a ready task that may be held (step 10)
+//!    holds it while no endpoint thread is parked (`held_ready`, steps 11–15) and hands the
+//!    held tasks over in batches: it appends them here, then reads the role with a
+//!    read-modify-write; still held, it returns, leaving the pass to the holder; otherwise it
+//!    drives (step 2) itself.
 //! 8. **Give back.** The holder stops spinning (mail arrived, an event is waiting, or its spin
-//!    is over) by clearing the role with a read-modify-write, then drives (step 2), before it
-//!    takes its own mail. It never keeps or drops the role any other way.
+//!    is over) by clearing the role with a read-modify-write, takes the tasks the submitting
+//!    thread holds (`held_ready`, step 13), then drives (step 2), before it takes its own mail.
+//!    It never keeps or drops the role any other way.
 //! 9. **Why nothing is lost.** Every write to the role is a read-modify-write, so they are
 //!    totally ordered and each reads the latest value. If the producer's read comes first, it
 //!    found the role held and returned; the holder's clear comes later in that order and reads
@@ -64,18 +64,18 @@
 //!    unlocking (step 2). If the clear comes first, the producer finds the role clear and drives
 //!    itself — unless another thread took the role in between, which then owes the same clear
 //!    and drive. Modelled in `loom_models`.
-//! 10. **Only where throughput counts.** Leaving trades the submitting thread's time for the
-//!     holder's reaction time (it notices between two spin steps, a yield being a system call).
-//!     A short run is all latency, so a run's first tasks are never left (the submit decides).
-//!     When a run's submission ends, its thread waits for the run from then on, so it drives
-//!     (step 2) once: whatever it left and the holder has not taken yet is dispatched at once.
+//! 10. **Only where throughput counts.** Holding trades the submitting thread's time for the
+//!     endpoint threads' reaction time (a batch, or their running out of mail). A short run is all latency, so
+//!     a run's first tasks are never held or joined (the submit decides). When a run's
+//!     submission ends, its thread waits for the run from then on, so it hands over what it
+//!     holds and drives (step 2) once: nothing it held or handed over waits for the holder.
 //!
 //! | Field | Writers | Readers |
 //! |---|---|---|
 //! | `pending` | producers (step 1, only when it changes) and drainers (steps 4 and 5), under
 //! the inbox lock | joiners (step 1), under the inbox lock; drivers (step 2), lock-free after a
 //! SeqCst fence; the idle driver while spinning and producers before joining (hints) |
-//! | `IdleDriver::held` | endpoint threads (steps 6 and 8) and producers (step 7), by
+//! | `IdleDriver::held` | endpoint threads (steps 6 and 8) and producers (steps 7 and 11), by
 //! read-modify-writes only (a plain store would break step 9) | the same, and first looks
 //! (hints) |
 
@@ -83,6 +83,7 @@ use crossbeam_utils::CachePadded;
 use simpler_types::SlotId;
 
 use crate::endpoint::EndpointFailure;
+use crate::held_ready::{self, HeldReady};
 use crate::slot::Route;
 use crate::sync::{self, AtomicBool, Mutex, MutexGuard, Ordering};
 
@@ -189,6 +190,12 @@ impl Inbox {
         self.push(|b| b.ready.push(entry))
     }
 
+    /// Steps 12 and 13: appends every entry of `entries` (moved out, so `entries` is left
+    /// empty), or none once the inbox is closed.
+    pub(crate) fn push_ready_all(&self, entries: &mut Vec<ReadyEntry>) -> Result<(), Closed> {
+        self.push(|b| b.ready.append(entries))
+    }
+
     /// Step 1 for a completion whose worker could not take the scheduler lock. Cannot be
     /// refused in practice: the inbox closes only when no worker is busy.
     pub(crate) fn push_completion(&self, completion: MemberCompletion) -> Result<(), Closed> {
@@ -248,64 +255,58 @@ impl IdleDriver {
         self.held.compare_exchange(false, true, Ordering::Relaxed, Ordering::Relaxed).is_ok()
     }
 
-    /// Step 7's first look: whether leaving a ready task to a holder is worth trying.
-    pub(crate) fn seems_held(&self) -> bool {
-        // Relaxed: a hint; `leave` decides with a read-modify-write.
-        self.held.load(Ordering::Relaxed)
+    /// Step 7's read-modify-write: whether the role is still held. It writes nothing new
+    /// (step 9); release, so that the give-back that reads from it sees what the caller did
+    /// before.
+    pub(crate) fn still_held(&self) -> bool {
+        self.held.fetch_or(false, Ordering::Release)
     }
 
-    /// Step 7: appends `entry` and reports whether the holder will run the pass. `Ok(false)`:
-    /// the role was given back meanwhile, and the caller must drive itself.
-    pub(crate) fn leave(&self, inbox: &Inbox, entry: ReadyEntry) -> Result<bool, Closed> {
-        inbox.push_ready(entry)?;
-        // A read-modify-write that writes nothing new (step 9); release, so that the clear that
-        // reads from it sees the append.
-        let left = self.held.fetch_or(false, Ordering::Release);
-        #[cfg(all(test, not(simpler_loom)))]
-        if left {
-            test_counters::LEFT_HERE.with(|n| n.set(n.get() + 1));
-        }
-        Ok(left)
+    /// Step 12's hand-over: appends `entries` (leaving it empty) and reports whether the holder
+    /// will run the pass. `Ok(false)`: the role was given back meanwhile, and the caller must
+    /// drive itself.
+    pub(crate) fn leave_all(
+        &self,
+        inbox: &Inbox,
+        entries: &mut Vec<ReadyEntry>,
+    ) -> Result<bool, Closed> {
+        inbox.push_ready_all(entries)?;
+        Ok(self.still_held())
     }
 
-    /// Step 8: gives the role back, then drives if an event is waiting.
+    /// Step 8: gives the role back, takes the entries the submitting thread holds
+    /// (`held_ready`, step 13; `scratch` must be empty and is left empty), then drives if an
+    /// event is waiting.
     pub(crate) fn give_back_then_drive<S>(
         &self,
         inbox: &Inbox,
+        held: &HeldReady,
+        scratch: &mut Vec<ReadyEntry>,
         lock: &Mutex<S>,
         pass: impl FnMut(&mut MutexGuard<'_, S>),
     ) {
         // A read-modify-write (step 9); acquire, so that an append whose producer read the role
         // held is seen by the drive below.
         self.held.swap(false, Ordering::Acquire);
+        held_ready::steal(held, inbox, scratch);
         drive(inbox, lock, pass);
     }
 }
 
-/// Step 1 for a task published ready, with the join and step 7 when `may_leave`: joins events
-/// already waiting, or leaves it to the idle driver if one holds the role; otherwise runs
-/// `own_pass` on it under `lock` if the lock is free, or appends it; then drives (step 2) unless
-/// the task joined or the idle driver took it over.
+/// Step 1 for a task published ready, with the join when `may_leave`: joins events already
+/// waiting; otherwise runs `own_pass` on it under `lock` if the lock is free, or appends it; then
+/// drives (step 2) unless the task joined. (A task that may be held is held instead while an idle
+/// driver holds the role, steps 7 and 11–14.)
 pub(crate) fn deliver_ready<S>(
     inbox: &Inbox,
-    driver: &IdleDriver,
     lock: &Mutex<S>,
     entry: ReadyEntry,
     may_leave: bool,
     own_pass: impl FnOnce(&mut MutexGuard<'_, S>, ReadyEntry),
     pass: impl FnMut(&mut MutexGuard<'_, S>),
 ) -> Result<(), Closed> {
-    if may_leave {
-        if inbox.pending() {
-            if inbox.join_pending(entry, JOIN_LIMIT)? {
-                return Ok(());
-            }
-        } else if driver.seems_held() {
-            if !driver.leave(inbox, entry)? {
-                drive(inbox, lock, pass);
-            }
-            return Ok(());
-        }
+    if may_leave && inbox.pending() && inbox.join_pending(entry, JOIN_LIMIT)? {
+        return Ok(());
     }
     match lock.try_lock() {
         Some(mut guard) => own_pass(&mut guard, entry),
@@ -355,17 +356,6 @@ pub(crate) fn drive<S>(
 }
 
 #[cfg(all(test, not(simpler_loom)))]
-mod test_counters {
-    use std::cell::Cell;
-
-    thread_local! {
-        /// Ready tasks this thread left to an idle driver (step 7), so that a test can tell the
-        /// hand-off happened.
-        pub(super) static LEFT_HERE: Cell<u64> = const { Cell::new(0) };
-    }
-}
-
-#[cfg(all(test, not(simpler_loom)))]
 mod tests {
     use std::time::{Duration, Instant};
 
@@ -395,19 +385,19 @@ mod tests {
     }
 
     #[test]
-    fn ready_tasks_left_to_an_idle_endpoint_thread_all_run() {
+    fn ready_tasks_held_while_the_endpoint_threads_are_awake_all_run() {
         // The orchestration submits independent tasks and pauses now and then, so that the
-        // endpoint threads go idle and take the idle-driver role; tasks published while one
-        // holds it are left in the inbox for its pass. Each run's last task is submitted after
-        // a pause and must run before the run is closed (closing drives, and would rescue it):
-        // only the holder's give-back can find it then.
+        // endpoint threads run out of mail, take the idle-driver role and park; tasks published
+        // while both are awake are held (`held_ready`) and handed over in batches. Each run's
+        // last task is submitted after a pause and must run before the run is closed (closing
+        // hands over and drives, and would rescue it): only an endpoint thread's take can find
+        // it then.
         let engine = Engine::start(EngineConfig {
             next_level: vec![Box::new(Quick(WorkerId(0))), Box::new(Quick(WorkerId(1)))],
             ..EngineConfig::default()
         })
         .unwrap();
         let cfg = CallConfig::default();
-        let before = super::test_counters::LEFT_HERE.with(|n| n.get());
         for r in 0..20 {
             let mut b = engine.begin_run().unwrap();
             let mut last = None;
@@ -427,21 +417,22 @@ mod tests {
             let outcome = engine.wait_timeout(b.close(), Duration::from_secs(20)).unwrap();
             assert_eq!(outcome, Some(RunOutcome::Completed), "run {r}");
         }
-        let left = super::test_counters::LEFT_HERE.with(|n| n.get()) - before;
-        assert!(left > 0, "no task was left to an idle endpoint thread: nothing was tested");
+        let steals = engine.core().held_ready.steals.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(steals > 0, "no endpoint thread took a held task: nothing was tested");
         assert!(engine.shutdown(Instant::now() + Duration::from_secs(20)).is_ok());
     }
 
     #[test]
-    fn closing_a_run_passes_what_its_submits_left_to_the_idle_driver() {
-        // The test thread holds the idle-driver role and never gives it back until the end, as a
-        // holder off its CPU would; the gate keeps every task from finishing, so no completion
-        // pass drains the inbox either. The task after the first sixteen is left there, the next
-        // ones join it (step 1a) until `JOIN_LIMIT` of them wait, and the one after that runs
-        // the pass itself. The task after that is left again; closing the run must take it out
-        // (inbox step 10) rather than wait for the holder.
+    fn held_ready_tasks_are_stolen_at_give_back_handed_over_in_batches_and_at_close() {
+        // The test thread holds the idle-driver role, as an endpoint thread spinning for mail
+        // would; the gate keeps every task from finishing, so no completion pass drains anything.
+        // Past the first sixteen, a ready task is held (`held_ready`, step 11); giving the role
+        // back steals it (step 13); with the role held again, the sixteenth held task hands all
+        // sixteen over to the inbox without a pass (the holder owes it, step 12), and closing
+        // the run hands over and drives what is left (step 10).
         let (engine, tx) = gated_engine();
         let core = engine.core();
+        let mut stolen = Vec::new();
         // The gate's thread holds the role while it spins after starting; it gives it back when
         // it parks.
         wait_until(|| core.idle_driver.take());
@@ -453,25 +444,33 @@ mod tests {
         for _ in 0..17 {
             submit();
         }
-        assert_eq!(core.inbox.waiting_ready(), 1, "the seventeenth task was not left");
-        for _ in 1..super::JOIN_LIMIT {
+        assert_eq!(core.held_ready.len(), 1, "the seventeenth task was not held");
+        assert_eq!(core.inbox.waiting_ready(), 0);
+        core.give_back_idle_driver(&mut stolen);
+        assert_eq!(core.held_ready.len(), 0, "giving the role back did not steal the held task");
+        assert_eq!(core.inbox.waiting_ready(), 0, "the stolen task did not reach a pass");
+        assert!(stolen.is_empty());
+
+        assert!(core.idle_driver.take());
+        for held in 1..crate::held_ready::READY_BATCH {
             submit();
+            assert_eq!(core.held_ready.len(), held);
         }
-        assert_eq!(core.inbox.waiting_ready(), super::JOIN_LIMIT, "a task did not join");
         submit();
-        assert_eq!(core.inbox.waiting_ready(), 0, "past the join limit the submit drains");
+        assert_eq!(core.held_ready.len(), 0, "a full batch was not handed over");
+        assert_eq!(core.inbox.waiting_ready(), crate::held_ready::READY_BATCH);
         submit();
-        assert_eq!(core.inbox.waiting_ready(), 1, "a task after the drain was not left");
+        assert_eq!(core.held_ready.len(), 1);
         let run = b.close();
-        let stranded = core.inbox.pending();
-        core.give_back_idle_driver();
-        for _ in 0..17 + super::JOIN_LIMIT + 1 {
+        let stranded = core.inbox.pending() || core.held_ready.len() > 0;
+        core.give_back_idle_driver(&mut stolen);
+        for _ in 0..18 + crate::held_ready::READY_BATCH {
             tx.send(()).unwrap();
         }
         assert_eq!(
             engine.wait_timeout(run, Duration::from_secs(20)).unwrap(),
             Some(RunOutcome::Completed)
         );
-        assert!(!stranded, "closing left the task in the inbox");
+        assert!(!stranded, "closing left a task held or in the inbox");
     }
 }

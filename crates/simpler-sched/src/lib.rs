@@ -78,6 +78,7 @@ mod endpoint_thread;
 mod engine;
 mod error;
 mod graph;
+mod held_ready;
 mod inbox;
 mod outcome;
 mod registry;

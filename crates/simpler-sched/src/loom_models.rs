@@ -14,6 +14,7 @@ use simpler_types::{
     RunState, SlotId, TaskFailure, TaskId, TaskState,
 };
 
+use crate::held_ready::{HeldReady, Holding, hand_over_held, publish_ready, steal};
 use crate::inbox::{
     IdleDriver, Inbox, InboxBatch, ReadyEntry, deliver_ready, drive, locked_then_drive,
 };
@@ -368,10 +369,10 @@ fn loom_combining_never_strands_an_event() {
 /// A model scheduler: the count of ready tasks processed, and a pass's scratch batch.
 type ModelSched = Arc<Mutex<(usize, InboxBatch)>>;
 
-/// A fresh inbox, idle-driver role and model scheduler.
-fn ready_model() -> (Arc<Inbox>, Arc<IdleDriver>, ModelSched) {
+/// A fresh inbox, idle-driver role, held-entry buffer and model scheduler.
+fn ready_model() -> (Arc<Inbox>, Arc<IdleDriver>, Arc<HeldReady>, ModelSched) {
     let sched = Arc::new(Mutex::new((0, InboxBatch::default())));
-    (Arc::new(Inbox::default()), Arc::new(IdleDriver::default()), sched)
+    (Arc::new(Inbox::default()), Arc::new(IdleDriver::default()), Arc::default(), sched)
 }
 
 /// A model pass: drains the inbox and counts the ready tasks it found.
@@ -381,42 +382,101 @@ fn count_pass(state: &mut (usize, InboxBatch), inbox: &Inbox) {
     state.1.ready.clear();
 }
 
-/// A producer delivering `n` ready tasks that may be left or join. Its own pass counts only its
-/// own task, not the inbox, so that it rescues nothing another thread owes.
-fn deliver_ready_tasks(inbox: &Inbox, driver: &IdleDriver, sched: &ModelSched, n: u32) {
+/// A producer publishing `n` ready tasks that may be held or join (`held_ready::publish_ready`,
+/// as the submit does), then returning without handing over, as a submitting thread that stops
+/// submitting would. Its own pass counts only its own task, not the inbox, so that it rescues
+/// nothing another thread owes.
+fn publish_ready_tasks(
+    inbox: &Inbox,
+    driver: &IdleDriver,
+    held: &HeldReady,
+    sched: &ModelSched,
+    n: u32,
+) -> Holding {
+    let mut holding = Holding::default();
     for i in 1..=n {
         let entry = ReadyEntry { slot: SlotId::new(i, 1), route: Route::Group };
-        deliver_ready(inbox, driver, sched, entry, true, |g, _| g.0 += 1, |g| count_pass(g, inbox))
-            .unwrap();
+        let own = |g: &mut MutexGuard<'_, (usize, InboxBatch)>, _| g.0 += 1;
+        publish_ready(held, driver, inbox, sched, entry, true, &mut holding, own, |g| {
+            count_pass(g, inbox)
+        })
+        .unwrap();
     }
+    holding
 }
 
-/// The idle-driver hand-off (`inbox`, steps 6–9): a producer delivers two ready tasks while two
-/// endpoint threads each take the role once (watching once, then giving it back), so the role can
-/// change hands between a producer's look and its read-modify-write. Every task is processed by
-/// some pass before everyone returns, whether the producer ran it, left it to a holder, or found
-/// the role given back. (A thread taking the role a second time would rescue what an earlier
-/// holder missed and hide exactly the defects this model is for.)
+/// Held tasks and idle endpoint threads (`held_ready`, steps 11–15): a producer publishes two
+/// ready tasks and then stops, without handing over, as a submitting thread that stops
+/// submitting would. One endpoint thread takes the role once (taking held tasks, looking once,
+/// giving the role back) and then parks; the other parks at once. Parking here is the count and
+/// the last take of step 14, not the sleep. Every task is processed by some pass before everyone
+/// returns, whether the producer ran it, held it, or found a thread parked. (A thread taking the
+/// role a second time would rescue what an earlier holder missed and hide exactly the defects
+/// this model is for.)
 #[test]
 fn loom_idle_driver_never_strands_a_ready_task() {
-    model_bounded(3, || {
-        let (inbox, driver, sched) = ready_model();
-        let idle_thread = |inbox: Arc<Inbox>, driver: Arc<IdleDriver>, sched: ModelSched| {
+    model_bounded(2, || {
+        let (inbox, driver, held, sched) = ready_model();
+        let park = |inbox: &Inbox, held: &HeldReady, sched: &ModelSched| {
+            let mut stolen = Vec::new();
+            held.parking();
+            if steal(held, inbox, &mut stolen) {
+                drive(inbox, sched, |g| count_pass(g, inbox));
+            }
+        };
+        let idle = {
+            let (inbox, driver, held, sched) =
+                (inbox.clone(), driver.clone(), held.clone(), sched.clone());
             thread::spawn(move || {
                 if driver.take() {
-                    // The spin's one look (a hint), then the give-back every holder owes.
+                    let mut stolen = Vec::new();
+                    if steal(&held, &inbox, &mut stolen) {
+                        drive(&inbox, &sched, |g| count_pass(g, &inbox));
+                    }
                     let _ = inbox.pending();
-                    thread::yield_now();
-                    driver.give_back_then_drive(&inbox, &sched, |g| count_pass(g, &inbox));
+                    driver.give_back_then_drive(&inbox, &held, &mut stolen, &sched, |g| {
+                        count_pass(g, &inbox)
+                    });
                 }
+                park(&inbox, &held, &sched);
             })
         };
-        let first = idle_thread(inbox.clone(), driver.clone(), sched.clone());
-        let second = idle_thread(inbox.clone(), driver.clone(), sched.clone());
-        deliver_ready_tasks(&inbox, &driver, &sched, 2);
-        first.join().unwrap();
-        second.join().unwrap();
+        let parking = {
+            let (inbox, held, sched) = (inbox.clone(), held.clone(), sched.clone());
+            thread::spawn(move || park(&inbox, &held, &sched))
+        };
+        publish_ready_tasks(&inbox, &driver, &held, &sched, 2);
+        idle.join().unwrap();
+        parking.join().unwrap();
         assert_eq!(sched.lock().0, 2, "every ready task was processed");
+    });
+}
+
+/// The submitter's own hand-over (`held_ready`, step 12) against a holder that gives the role
+/// back meanwhile: the producer holds two tasks, then hands over (as at a full batch, a pending
+/// publish or the end of submission). Every task is processed once, whoever took it.
+#[test]
+fn loom_handing_over_held_tasks_races_a_steal_without_loss_or_duplicates() {
+    model_bounded(3, || {
+        let (inbox, driver, held, sched) = ready_model();
+        assert!(driver.take());
+        let holder = {
+            let (inbox, driver, held, sched) =
+                (inbox.clone(), driver.clone(), held.clone(), sched.clone());
+            thread::spawn(move || {
+                thread::yield_now();
+                let mut stolen = Vec::new();
+                driver.give_back_then_drive(&inbox, &held, &mut stolen, &sched, |g| {
+                    count_pass(g, &inbox)
+                });
+            })
+        };
+        let mut holding = publish_ready_tasks(&inbox, &driver, &held, &sched, 2);
+        hand_over_held(&held, &driver, &inbox, &sched, &mut holding, |g| count_pass(g, &inbox))
+            .unwrap();
+        holder.join().unwrap();
+        drive(&inbox, &sched, |g| count_pass(g, &inbox));
+        assert_eq!(sched.lock().0, 2, "every ready task was processed exactly once");
     });
 }
 
@@ -428,7 +488,7 @@ fn loom_idle_driver_never_strands_a_ready_task() {
 #[test]
 fn loom_joining_a_pending_inbox_never_strands_a_ready_task() {
     model_bounded(3, || {
-        let (inbox, driver, sched) = ready_model();
+        let (inbox, _, _, sched) = ready_model();
         let completing = {
             let (inbox, sched) = (inbox.clone(), sched.clone());
             thread::spawn(move || {
@@ -439,7 +499,11 @@ fn loom_joining_a_pending_inbox_never_strands_a_ready_task() {
                 locked_then_drive(&inbox, &sched, body, |g| count_pass(g, &inbox));
             })
         };
-        deliver_ready_tasks(&inbox, &driver, &sched, 3);
+        for i in 1..=3 {
+            let entry = ReadyEntry { slot: SlotId::new(i, 1), route: Route::Group };
+            let own = |g: &mut MutexGuard<'_, (usize, InboxBatch)>, _| g.0 += 1;
+            deliver_ready(&inbox, &sched, entry, true, own, |g| count_pass(g, &inbox)).unwrap();
+        }
         completing.join().unwrap();
         assert_eq!(sched.lock().0, 3, "every ready task was processed");
     });

@@ -66,7 +66,7 @@ use crate::core::Core;
 use crate::endpoint::{EndpointFailure, panic_message, quietly};
 use crate::graph::{GraphScratch, Reclaims};
 use crate::inbox::{
-    self, Closed, InboxBatch, MemberCompletion, ReadyEntry, WorkerSlot, drive, locked_then_drive,
+    InboxBatch, MemberCompletion, ReadyEntry, WorkerSlot, drive, locked_then_drive,
 };
 use crate::run_record::RunRecord;
 use crate::slot::Route;
@@ -599,7 +599,7 @@ fn record_member_failure(
 
 impl Core {
     /// Runs one pass under the held scheduler lock, poisoning the engine if it panics.
-    fn run_pass(&self, state: &mut MutexGuard<'_, SchedState>, own: Own) {
+    pub(crate) fn run_pass(&self, state: &mut MutexGuard<'_, SchedState>, own: Own) {
         let outcome = catch_unwind(AssertUnwindSafe(|| state.pass(self, own)));
         match outcome {
             Ok(false) => {}
@@ -621,30 +621,19 @@ impl Core {
 
     /// Step 8 for an endpoint thread that held the idle-driver role: gives it back, then runs
     /// the passes of whatever was left for it.
-    pub(crate) fn give_back_idle_driver(&self) {
-        self.idle_driver.give_back_then_drive(&self.inbox, &self.sched, |state| {
-            self.run_pass(state, Own::Nothing)
-        });
+    pub(crate) fn give_back_idle_driver(&self, scratch: &mut Vec<ReadyEntry>) {
+        self.idle_driver.give_back_then_drive(
+            &self.inbox,
+            &self.held_ready,
+            scratch,
+            &self.sched,
+            |state| self.run_pass(state, Own::Nothing),
+        );
     }
 
     /// Whether a pass seems to be running (a hint for the idle driver's spin).
     pub(crate) fn pass_in_progress(&self) -> bool {
         self.sched.is_locked()
-    }
-
-    /// Delivers a task published ready (combining step 1), joining events already waiting or
-    /// leaving it to an idle endpoint thread when `may_leave` (steps 1 and 7–10). `Err(Closed)`
-    /// once the scheduler has stopped for good: the caller must cancel the task.
-    pub(crate) fn deliver_ready(&self, entry: ReadyEntry, may_leave: bool) -> Result<(), Closed> {
-        inbox::deliver_ready(
-            &self.inbox,
-            &self.idle_driver,
-            &self.sched,
-            entry,
-            may_leave,
-            |state, entry| self.run_pass(state, Own::Ready(entry)),
-            |state| self.run_pass(state, Own::Nothing),
-        )
     }
 
     /// Delivers a member completion (combining step 1).

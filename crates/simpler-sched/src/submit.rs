@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use simpler_tensormap::{Access, ByteSpan, TensorKey, footprint};
 use simpler_types::{
-    CallConfig, CallableId, CallableKind, CancelReason, RunFailure, TaskArgs, TaskFailure, TaskId,
-    WorkerId, WorkerType,
+    CallConfig, CallableId, CallableKind, RunFailure, TaskArgs, TaskFailure, TaskId, WorkerId,
+    WorkerType,
 };
 
 use crate::builder::RunBuilder;
@@ -242,7 +242,7 @@ impl RunBuilder<'_> {
 
         // 1. Claim a slot (slot only, no heap).
         let depth = self.orch.scopes.depth().saturating_sub(1);
-        let allocation = core.claim(0, depth).map_err(|e| self.alloc_error(e))?;
+        let allocation = self.claim(0, depth)?;
         let run = &self.run;
         let id = allocation.slot;
         let Some(slot) = core.ring.slot(id) else {
@@ -392,12 +392,12 @@ impl RunBuilder<'_> {
             }
             Publish::Ready(route) => {
                 let may_leave = orch.issued > LATENCY_BOUND_TASKS;
-                if core.deliver_ready(ReadyEntry { slot: id, route }, may_leave).is_err() {
-                    // The scheduler has stopped for good: the task can never run.
-                    core.cancel_unstarted(id, CancelReason::Shutdown, &mut orch.graph);
-                }
+                let entry = ReadyEntry { slot: id, route };
+                core.publish_ready(entry, may_leave, &mut orch.holding, &mut orch.graph);
             }
-            Publish::Pending => {}
+            // It may wait for a held task: hand those over now rather than when an endpoint
+            // thread takes them (`held_ready`, step 12).
+            Publish::Pending => core.hand_over(&mut orch.holding, &mut orch.graph),
             Publish::Poisoned => {
                 let root = failed.as_ref().map(root_of);
                 if let Some(f) = slot.fail_at_submit(id, root, &mut orch.graph.releases) {
@@ -412,9 +412,9 @@ impl RunBuilder<'_> {
     }
 }
 
-/// Ready tasks of a run that its submitting thread always dispatches itself, never leaving them
-/// to an idle endpoint thread (`inbox`, step 10): up to here a run is short, and its dispatches
-/// count as latency. Measured: one- to sixteen-task runs lost 0.1–0.4 µs each when every ready
+/// Ready tasks of a run that its submitting thread always dispatches itself, never holding or
+/// leaving them for an idle endpoint thread (`inbox`, step 10): up to here a run is short, and
+/// its dispatches count as latency. Measured: one- to sixteen-task runs lost 0.1–0.4 µs each when every ready
 /// task could be left.
 const LATENCY_BOUND_TASKS: u32 = 16;
 
