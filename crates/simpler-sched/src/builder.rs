@@ -446,9 +446,9 @@ impl<'e> RunBuilder<'e> {
         // no earlier than in `close` below, never while the mark still refuses `begin_run`.
         run.mark_failed(RunFailure::Submission { run: run.id, message });
         let mut orch = std::mem::take(&mut self.orch);
-        // Held tasks go to the scheduler, which skips them once they are cancelled below.
-        core.hand_over(&mut orch.holding, &mut orch.graph);
         core.cancel_run(&run, CancelReason::SubmissionFailed, true, &mut orch.graph);
+        // Held tasks were cancelled just above; the pass skips them.
+        core.hand_over(&mut orch.holding, &mut orch.graph);
         drop_run_entries(core, &run);
         unwind_all(core, &mut orch);
         core.registry.end_building(run.id, orch);

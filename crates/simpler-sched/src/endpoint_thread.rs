@@ -7,8 +7,8 @@
 //! 1. Take the next mail: spin briefly on the mailbox's `pending` hint, then park. Out of mail,
 //!    hold the idle-driver role while spinning if it is free: run the scheduler pass for tasks
 //!    the orchestration published ready meanwhile, so that its thread does not (`inbox`, steps
-//!    6–10), and take the ready tasks it holds when taking and giving back the role and before
-//!    parking (`held_ready`, steps 13–14).
+//!    6–10), and take the ready tasks it holds when taking and giving back the role, before
+//!    parking, and when they have waited too long (`held_ready`, steps 13–15).
 //! 2. A task member: read its arguments from the slot (immutable since publication; the slot
 //!    stays `Running` until this member reports), call `Endpoint::run` under `catch_unwind`,
 //!    release the arguments, and deliver the completion to the scheduler (combining protocol in
@@ -37,6 +37,7 @@ use simpler_types::{SlotId, WorkerRef};
 use crate::core::Core;
 use crate::endpoint::{DispatchedMember, Endpoint, EndpointFailure, panic_message, quietly};
 use crate::error::SchedError;
+use crate::held_ready::StaleWatch;
 use crate::inbox::{MemberCompletion, ReadyEntry, WorkerSlot};
 use crate::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
 
@@ -140,10 +141,10 @@ impl Mailbox {
 
     /// Takes the next mail, spinning briefly and then parking until one arrives. While it
     /// spins, the thread may hold the idle-driver role and run the passes of tasks published
-    /// ready meanwhile (`inbox`, steps 6–10), and it takes the tasks the submitting thread holds
-    /// when it has run out of mail and before it parks (`held_ready`, steps 13–14; `stolen` is
-    /// the thread's buffer for those, empty between calls).
-    fn recv(&self, core: &Core, stolen: &mut Vec<ReadyEntry>) -> Mail {
+    /// ready meanwhile (`inbox`, steps 6–10), and it takes the ready tasks the submitting thread
+    /// holds when it has run out of mail, before it parks, and when they have waited too long
+    /// (`held_ready`, steps 13–15; `held` is the thread's state for those).
+    fn recv(&self, core: &Core, held: &mut HeldTake) -> Mail {
         loop {
             // Relaxed: only decides whether to spin; the queue is read under the lock. Mail
             // waiting is taken at once, without the role: step 13 is for a thread out of mail.
@@ -152,17 +153,22 @@ impl Mailbox {
             }
             let holds_role = core.idle_driver.take();
             if holds_role {
-                core.take_held(stolen);
+                core.take_held(&mut held.taken);
             }
+            let mut stale = false;
             // Relaxed: as above; the inbox is read by the drive after the role is given back.
             let interrupted = sync::spin_until(|| {
+                stale = core.held_ready.is_stale(&mut held.watch);
                 self.pending.load(Ordering::Relaxed)
                     || (holds_role && core.inbox.pending() && !core.pass_in_progress())
+                    || stale
             });
             if holds_role {
                 // Before this thread's own mail: the passes may dispatch to it anyway, and a
                 // holder owes its drive however its spin ended.
-                core.give_back_idle_driver(stolen);
+                core.give_back_idle_driver(&mut held.taken);
+            } else if stale {
+                core.take_held(&mut held.taken);
             }
             // Spin over, or mail arrived (possibly sent by the pass just run): take it or park.
             if !interrupted || self.pending.load(Ordering::Relaxed) {
@@ -174,7 +180,7 @@ impl Mailbox {
         }
         // Counted as parked before the last look at the held tasks (`held_ready`, step 14).
         core.held_ready.parking();
-        core.take_held(stolen);
+        core.take_held(&mut held.taken);
         let mut s = self.state.lock();
         let mail = loop {
             if let Some(mail) = self.pop(&mut s) {
@@ -196,6 +202,15 @@ impl Mailbox {
         }
         Some(mail)
     }
+}
+
+/// An endpoint thread's state for taking held ready tasks (`held_ready`, steps 13–15).
+#[derive(Default)]
+struct HeldTake {
+    /// Buffer for refused entries (empty between calls).
+    taken: Vec<ReadyEntry>,
+    /// The period of held tasks last seen.
+    watch: StaleWatch,
 }
 
 /// One-shot receiver of a control job's result
@@ -281,9 +296,9 @@ pub(crate) fn endpoint_thread_main(
         quietly(|| tracing::error!(worker = %name, "on_thread_start panicked: {message}"));
     }
     let mailbox = core.mailbox(who);
-    let mut stolen = Vec::new();
+    let mut held = HeldTake::default();
     loop {
-        match mailbox.recv(&core, &mut stolen) {
+        match mailbox.recv(&core, &mut held) {
             Mail::Task { slot, member } => {
                 let run = || run_member(&core, endpoint.as_mut(), slot, member);
                 let result = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|p| {
@@ -293,6 +308,11 @@ pub(crate) fn endpoint_thread_main(
                     )))
                 });
                 core.deliver_completion(MemberCompletion { slot, member, worker: who, result });
+                // A thread that never runs out of mail still takes held tasks that have waited
+                // too long (`held_ready`, step 15).
+                if core.held_ready.is_stale(&mut held.watch) {
+                    core.take_held(&mut held.taken);
+                }
             }
             Mail::Job(job) => job(endpoint.as_mut()),
             Mail::Stop => break,

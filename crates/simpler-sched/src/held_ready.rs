@@ -1,44 +1,50 @@
-//! Ready tasks the submitting thread holds while every endpoint thread is awake, and hands
-//! over in batches (`inbox`, steps 7 and 11–15; `docs/engine-protocols.md` §6).
+//! Ready tasks the submitting thread holds while every endpoint thread is awake, handed over in
+//! batches (steps 11–16, continuing the combining protocol of `inbox`;
+//! `docs/engine-protocols.md` §6).
 //!
 //! Handing one ready task to the scheduler costs the submitting thread the inbox lock, the
 //! inbox's `pending` word and the role word, each last written by the thread that drained the
 //! task before: a cache-line transfer apiece, per task, on the thread that is usually the
 //! bottleneck. Past a run's first tasks, while no endpoint thread is parked, a ready task is
-//! held here instead and handed over [`READY_BATCH`] at a time, or taken by an endpoint thread
-//! that runs out of mail.
+//! held here instead and handed over [`READY_BATCH`] at a time, or taken by an endpoint thread.
 //!
 //! # Protocol
 //!
 //! 11. **Hold.** The submitter appends the entry under the buffer lock. An entry that made the
-//!     buffer non-empty sets `nonempty`, then (after a SeqCst fence) reads `parked`: if an
-//!     endpoint thread is parked, the submitter hands over at once (step 12). An entry appended
-//!     behind others rides on the take those are owed (steps 13–15), as a join does (step 1).
-//!     While an endpoint thread is parked the submitter does not hold at all.
-//! 12. **Hand over.** The submitter takes every held entry, appends them to the inbox, then
-//!     reads the role as in step 7 and drives (step 2) unless a holder will. It hands over when
-//!     [`READY_BATCH`] entries are held, when it publishes a task that is not ready (it may wait
-//!     for held ones), before it waits for window or heap space, and when the run's submission
-//!     ends.
-//! 13. **Take when idle.** An endpoint thread whose mailbox is empty takes the held entries
-//!     (if `nonempty`) when it takes the idle-driver role and again when it gives it back
-//!     (step 8), appends them to the inbox and drives.
+//!     buffer non-empty opens a new period in `period`, then (after a SeqCst fence) reads
+//!     `parked`: if an endpoint thread is parked, the submitter hands over at once (step 12).
+//!     An entry appended behind others rides on the take those are owed (steps 13–16), as a
+//!     join does (step 1). While an endpoint thread is parked, a submit with nothing held
+//!     delivers as in steps 1–10 instead of holding.
+//! 12. **Hand over.** The submitter moves every held entry to the inbox under the buffer lock,
+//!     then reads the role as in step 7 and drives (step 2) unless a holder will. It hands over
+//!     when [`READY_BATCH`] entries are held, when it publishes a task that is not ready (it
+//!     may wait for held ones), before it waits for window or heap space, and when the run's
+//!     submission ends.
+//! 13. **Take when out of mail.** An endpoint thread with an empty mailbox moves the held
+//!     entries to the inbox (under the buffer lock, so they keep their order) when it takes the
+//!     idle-driver role and when it gives it back (step 8), and drives.
 //! 14. **Take before parking.** An endpoint thread about to park counts itself in `parked` (a
-//!     read-modify-write, then a SeqCst fence), takes the held entries if `nonempty`, appends
-//!     them to the inbox and drives, and only then locks its mailbox and parks; it leaves
-//!     `parked` once it has mail.
-//! 15. **Why nothing is held forever.** The append that made the buffer non-empty and a parking
-//!     thread's count are each followed by a SeqCst fence and a read of the other's word, so at
-//!     least one of them sees the other: either the submitter finds the thread parked and hands
-//!     over, or the thread finds `nonempty` and takes the entries (or finds them already taken
-//!     by whoever took them since). So entries are held only while every endpoint thread is
-//!     awake, and an awake thread takes them when it next runs out of mail (step 13) or parks
-//!     (step 14). Modelled in `loom_models`.
+//!     read-modify-write, then a SeqCst fence), takes the held entries, and only then locks its
+//!     mailbox and parks; it leaves `parked` once it has mail.
+//! 15. **Take when stale.** An endpoint thread that sees one period of held entries last
+//!     [`STALE_AFTER`], after a completion or while it spins, takes them: a submitting thread
+//!     that pauses without closing while every endpoint thread stays busy delays its held tasks
+//!     by that much, not until an endpoint thread runs out of mail.
+//! 16. **Why nothing is held forever.** The append that opened a period and a parking thread's
+//!     count are each followed by a SeqCst fence and a read of the other's word, so at least one
+//!     of them sees the other: either the submitter finds the thread parked and hands over, or
+//!     the thread finds entries held and takes them (or finds them already taken). So entries
+//!     are held only while every endpoint thread is awake, and an awake thread takes them when
+//!     it next runs out of mail, parks, or sees them stale. Modelled in `loom_models`.
 //!
-//! The buffer lock is a leaf. Held entries are ready slots charged to the run: an abort or a
+//! The buffer lock is a leaf except that a hand-over or take holds it while it appends to the
+//! inbox (lock-order rule 1). Held entries are ready slots charged to the run: an abort or a
 //! failure that cancels them finds them there, and a pass that meets a cancelled one skips it.
 //! An engine with a parked endpoint thread (an idle pool of SUB workers beside busy NEXT_LEVEL
-//! ones, say) holds nothing and delivers as before.
+//! ones, say) starts no holding and delivers as before.
+
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 use simpler_types::CancelReason;
@@ -47,98 +53,142 @@ use crate::core::Core;
 use crate::graph::GraphScratch;
 use crate::inbox::{Closed, IdleDriver, Inbox, ReadyEntry, deliver_ready, drive};
 use crate::scheduler::Own;
-use crate::sync::{self, AtomicBool, AtomicU32, Mutex, MutexGuard, Ordering};
+use crate::sync::{self, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// Most ready tasks held before the submitter hands them over. Measured (P1, fast mode): 16
-/// takes a P1 task from 0.38–0.40 to 0.25–0.30 µs.
+/// takes a P1 task from 0.38–0.40 to 0.28–0.29 µs.
 pub(crate) const READY_BATCH: usize = 16;
+
+/// How long one period of held entries may last before an endpoint thread that sees it takes
+/// them (step 15). A submitting thread that keeps submitting hands a batch over in a few
+/// microseconds.
+pub(crate) const STALE_AFTER: Duration = Duration::from_micros(50);
+
+#[derive(Default)]
+struct Held {
+    entries: Vec<ReadyEntry>,
+    /// Periods opened so far (step 11).
+    periods: u64,
+}
 
 /// The held entries (one submitting thread at a time: a single run builds).
 #[derive(Default)]
 pub(crate) struct HeldReady {
-    entries: Mutex<Vec<ReadyEntry>>,
-    /// Entries are held. Written under the lock; read without it by idle and parking endpoint
-    /// threads (steps 13–15), on a line the submitter writes only when the buffer turns
-    /// non-empty.
-    nonempty: CachePadded<AtomicBool>,
+    held: Mutex<Held>,
+    /// `periods << 1 | 1` while entries are held, `periods << 1` otherwise. Written under the
+    /// lock when the buffer turns non-empty or empty; read without it by endpoint threads
+    /// (steps 13–15), on a line the submitter writes once per period.
+    period: CachePadded<AtomicU64>,
     /// Endpoint threads parked or about to park (step 14). Read by the submitter on every ready
-    /// task (a hint) and after each first append (step 15).
+    /// task (a hint) and after opening a period (step 16).
     parked: CachePadded<AtomicU32>,
     /// Takes by endpoint threads that found entries, for tests.
     #[cfg(all(test, not(simpler_loom)))]
-    pub(crate) steals: std::sync::atomic::AtomicU64,
+    pub(crate) takes: std::sync::atomic::AtomicU64,
 }
 
 impl HeldReady {
-    /// Step 11's append. Returns whether the entry made the buffer non-empty, and how many
-    /// entries are held now.
+    /// Step 11's append. Returns whether the entry opened a period, and how many entries are
+    /// held now.
     fn append(&self, entry: ReadyEntry) -> (bool, usize) {
-        let mut entries = self.entries.lock();
-        let first = entries.is_empty();
-        entries.push(entry);
+        let mut held = self.held.lock();
+        let first = held.entries.is_empty();
+        held.entries.push(entry);
         if first {
-            // Relaxed: written under the lock; the holder's read is ordered by the role's
-            // read-modify-writes (step 14).
-            self.nonempty.store(true, Ordering::Relaxed);
+            held.periods += 1;
+            // Relaxed: written under the lock; readers that act on it take the lock, and step
+            // 16's fences order the parking thread's read.
+            self.period.store(held.periods << 1 | 1, Ordering::Relaxed);
         }
-        (first, entries.len())
+        (first, held.entries.len())
     }
 
-    /// Moves every held entry to the end of `into`; `false` when none was held.
-    fn take(&self, into: &mut Vec<ReadyEntry>) -> bool {
-        let mut entries = self.entries.lock();
-        if entries.is_empty() {
-            return false;
+    /// Moves every held entry to the inbox (steps 12–15); `Ok(false)` when none was held. On
+    /// `Err(Closed)` the entries are moved to `refused` instead: the scheduler has stopped.
+    fn move_to(&self, inbox: &Inbox, refused: &mut Vec<ReadyEntry>) -> Result<bool, Closed> {
+        let mut held = self.held.lock();
+        if held.entries.is_empty() {
+            return Ok(false);
         }
-        if into.is_empty() {
-            // Swapped, so that both vectors keep their capacity and neither side allocates.
-            std::mem::swap(&mut *entries, into);
-        } else {
-            into.append(&mut entries);
+        let moved = inbox.push_ready_all(&mut held.entries);
+        if moved.is_err() {
+            refused.append(&mut held.entries);
         }
         // Relaxed: under the lock, like every write.
-        self.nonempty.store(false, Ordering::Relaxed);
-        true
+        self.period.store(held.periods << 1, Ordering::Relaxed);
+        moved.map(|()| true)
     }
 
-    /// Whether entries seem held (steps 13 and 14; exact after the fence of step 15).
-    fn seems_nonempty(&self) -> bool {
+    /// Whether entries seem held (steps 13–15; exact after the fences of step 16).
+    fn seems_held(&self) -> bool {
         // Relaxed: see `append`.
-        self.nonempty.load(Ordering::Relaxed)
+        self.period.load(Ordering::Relaxed) & 1 == 1
     }
 
     /// Whether no endpoint thread is parked (a hint: step 11 decides after its fence).
     fn all_awake(&self) -> bool {
-        // Relaxed: a hint, or ordered by the fences of step 15.
+        // Relaxed: a hint, or ordered by the fences of step 16.
         self.parked.load(Ordering::Relaxed) == 0
     }
 
     /// Step 14's count, before the take; [`unparked`](Self::unparked) must follow once the
     /// thread has mail.
     pub(crate) fn parking(&self) {
-        // The fence pairs with the submitter's (step 15).
+        // The fence pairs with the submitter's (step 16).
         self.parked.fetch_add(1, Ordering::SeqCst);
         sync::fence_seq_cst();
     }
 
     /// Step 14's end: the thread has mail again.
     pub(crate) fn unparked(&self) {
-        // Relaxed: the count only; step 15's fences order what depends on it.
+        // Relaxed: the count only; step 16's fences order what depends on it.
         self.parked.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Step 15's look: whether the period `watch` saw before is still open after
+    /// [`STALE_AFTER`]. Reads the clock only while entries are held.
+    pub(crate) fn is_stale(&self, watch: &mut StaleWatch) -> bool {
+        // Relaxed: a hint; the take that follows works under the lock.
+        let period = self.period.load(Ordering::Relaxed);
+        if period & 1 == 0 {
+            watch.since = None;
+            return false;
+        }
+        let now = Instant::now();
+        match watch.since {
+            Some(since) if watch.period == period => now.duration_since(since) >= STALE_AFTER,
+            _ => {
+                *watch = StaleWatch { period, since: Some(now) };
+                false
+            }
+        }
     }
 
     /// Entries held, for tests.
     #[cfg(all(test, not(simpler_loom)))]
     pub(crate) fn len(&self) -> usize {
-        self.entries.lock().len()
+        self.held.lock().entries.len()
     }
+
+    /// Endpoint threads counted as parked, for tests.
+    #[cfg(all(test, not(simpler_loom)))]
+    pub(crate) fn parked(&self) -> u32 {
+        self.parked.load(Ordering::Relaxed)
+    }
+}
+
+/// What an endpoint thread remembers of the period it last saw (step 15).
+#[derive(Default)]
+pub(crate) struct StaleWatch {
+    period: u64,
+    since: Option<Instant>,
 }
 
 /// Step 11: holds `entry`; `true` when the caller must hand over now (step 12).
 pub(crate) fn hold(held: &HeldReady, entry: ReadyEntry) -> bool {
     match held.append(entry) {
         (true, _) => {
-            // Pairs with the parking thread's fence (step 15).
+            // Pairs with the parking thread's fence (step 16).
             sync::fence_seq_cst();
             !held.all_awake()
         }
@@ -146,56 +196,54 @@ pub(crate) fn hold(held: &HeldReady, entry: ReadyEntry) -> bool {
     }
 }
 
-/// Step 12: takes every held entry into `handing` (which must be empty) and appends them to the
-/// inbox, then drives unless a holder will. `Err(Closed)` leaves the entries in `handing`: the
-/// scheduler has stopped for good, and the caller must cancel them.
+/// Step 12: moves every held entry to the inbox, then drives unless a holder will.
+/// `Err(Closed)` leaves the entries in `refused`: the scheduler has stopped for good, and the
+/// caller must cancel them.
 pub(crate) fn hand_over<S>(
     held: &HeldReady,
     driver: &IdleDriver,
     inbox: &Inbox,
     lock: &Mutex<S>,
-    handing: &mut Vec<ReadyEntry>,
+    refused: &mut Vec<ReadyEntry>,
     pass: impl FnMut(&mut MutexGuard<'_, S>),
 ) -> Result<(), Closed> {
-    if !held.take(handing) {
-        return Ok(());
-    }
-    if !driver.leave_all(inbox, handing)? {
+    if held.move_to(inbox, refused)? && !driver.still_held() {
         drive(inbox, lock, pass);
     }
     Ok(())
 }
 
-/// Steps 13 and 14's take: moves the held entries, if any, to the inbox; `true` when it moved
-/// some (the caller then drives). `scratch` must be empty and is left empty.
-pub(crate) fn steal(held: &HeldReady, inbox: &Inbox, scratch: &mut Vec<ReadyEntry>) -> bool {
-    if held.seems_nonempty() && held.take(scratch) {
-        #[cfg(all(test, not(simpler_loom)))]
-        held.steals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // A closed inbox means the scheduler has stopped, after every run still live was aborted
-        // and its unstarted tasks cancelled: the entries name cancelled tasks.
-        let _ = inbox.push_ready_all(scratch);
-        scratch.clear();
-        return true;
+/// Steps 13–15's take, for an endpoint thread: moves the held entries, if any, to the inbox;
+/// `true` when it moved some (the caller then drives). Entries a closed inbox refuses name
+/// cancelled tasks (the scheduler stops only after every run still live was aborted and its
+/// unstarted tasks cancelled) and are dropped; `scratch` must be empty and is left empty.
+pub(crate) fn take(held: &HeldReady, inbox: &Inbox, scratch: &mut Vec<ReadyEntry>) -> bool {
+    if !held.seems_held() {
+        return false;
     }
-    false
+    let moved = held.move_to(inbox, scratch).unwrap_or(false);
+    scratch.clear();
+    #[cfg(all(test, not(simpler_loom)))]
+    if moved {
+        held.takes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    moved
 }
 
 /// What the submitting thread keeps for holding (in the orchestrator state).
 #[derive(Default)]
 pub(crate) struct Holding {
-    /// Entries may be held (the submitter held one and has not handed over since; a holder may
-    /// have stolen them meanwhile).
+    /// Entries may be held (the submitter held one and has not handed over since; an endpoint
+    /// thread may have taken them meanwhile).
     active: bool,
-    /// Entries being handed over (kept for its capacity); after `Err(Closed)`, the entries the
-    /// stopped scheduler refused.
-    pub(crate) handing: Vec<ReadyEntry>,
+    /// After `Err(Closed)`, the entries the stopped scheduler refused (kept for its capacity).
+    pub(crate) refused: Vec<ReadyEntry>,
 }
 
-/// A task published ready: held (step 11) while no endpoint thread is parked or entries are held
-/// already, past a run's first tasks (`may_leave`); otherwise delivered as in steps 1–10
-/// (`own_pass` runs on it if the scheduler lock is free). `Err(Closed)` once the
-/// scheduler has stopped for good, with the refused entries in `holding.handing`.
+/// A task published ready: held (step 11) past a run's first tasks (`may_hold`) while entries
+/// are held already or no endpoint thread is parked; otherwise delivered as in steps 1–10
+/// (`own_pass` runs on it if the scheduler lock is free). `Err(Closed)` once the scheduler has
+/// stopped for good, with the refused entries in `holding.refused`.
 #[allow(clippy::too_many_arguments, reason = "the protocol's parts, passed apart for the models")]
 pub(crate) fn publish_ready<S>(
     held: &HeldReady,
@@ -203,20 +251,20 @@ pub(crate) fn publish_ready<S>(
     inbox: &Inbox,
     lock: &Mutex<S>,
     entry: ReadyEntry,
-    may_leave: bool,
+    may_hold: bool,
     holding: &mut Holding,
     own_pass: impl FnOnce(&mut MutexGuard<'_, S>, ReadyEntry),
     mut pass: impl FnMut(&mut MutexGuard<'_, S>),
 ) -> Result<(), Closed> {
-    if may_leave && (holding.active || held.all_awake()) {
+    if may_hold && (holding.active || held.all_awake()) {
         holding.active = true;
         if hold(held, entry) {
             return hand_over_held(held, driver, inbox, lock, holding, pass);
         }
         return Ok(());
     }
-    deliver_ready(inbox, lock, entry, may_leave, own_pass, &mut pass).inspect_err(|_| {
-        holding.handing.push(entry);
+    deliver_ready(inbox, lock, entry, may_hold, own_pass, &mut pass).inspect_err(|_| {
+        holding.refused.push(entry);
     })
 }
 
@@ -233,7 +281,7 @@ pub(crate) fn hand_over_held<S>(
     if !std::mem::take(&mut holding.active) {
         return Ok(());
     }
-    hand_over(held, driver, inbox, lock, &mut holding.handing, pass)
+    hand_over(held, driver, inbox, lock, &mut holding.refused, pass)
 }
 
 impl Core {
@@ -242,7 +290,7 @@ impl Core {
     pub(crate) fn publish_ready(
         &self,
         entry: ReadyEntry,
-        may_leave: bool,
+        may_hold: bool,
         holding: &mut Holding,
         graph: &mut GraphScratch,
     ) {
@@ -252,7 +300,7 @@ impl Core {
             &self.inbox,
             &self.sched,
             entry,
-            may_leave,
+            may_hold,
             holding,
             |state, entry| self.run_pass(state, Own::Ready(entry)),
             |state| self.run_pass(state, Own::Nothing),
@@ -277,16 +325,16 @@ impl Core {
         }
     }
 
-    /// Steps 13 and 14 for an endpoint thread: takes the held entries, if any, and drives.
+    /// Steps 13–15 for an endpoint thread: takes the held entries, if any, and drives.
     pub(crate) fn take_held(&self, scratch: &mut Vec<ReadyEntry>) {
-        if steal(&self.held_ready, &self.inbox, scratch) {
+        if take(&self.held_ready, &self.inbox, scratch) {
             self.drive();
         }
     }
 
     /// The scheduler has stopped for good: the refused tasks can never run.
     fn cancel_refused(&self, holding: &mut Holding, graph: &mut GraphScratch) {
-        for entry in holding.handing.drain(..) {
+        for entry in holding.refused.drain(..) {
             self.cancel_unstarted(entry.slot, CancelReason::Shutdown, graph);
         }
     }
@@ -296,10 +344,64 @@ impl Core {
 mod tests {
     use std::time::Duration;
 
-    use simpler_types::{CallConfig, TaskArgs, TaskState, WorkerId};
+    use simpler_types::{CallConfig, DataType, TaskArgs, TaskState, Tensor, WorkerId, WorkerType};
 
+    use crate::endpoint::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
+    use crate::engine::{Engine, EngineConfig};
     use crate::outcome::RunOutcome;
     use crate::scheduler::tests::{chip, gated_engine, wait_until};
+
+    /// A NEXT_LEVEL endpoint whose every task takes `0.2 ms`.
+    struct Slow;
+
+    impl Endpoint for Slow {
+        fn caps(&self) -> EndpointCaps {
+            EndpointCaps {
+                worker_type: WorkerType::NextLevel,
+                id: WorkerId(0),
+                remote: false,
+                name: "slow".into(),
+            }
+        }
+
+        fn run(&mut self, _: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
+            std::thread::sleep(Duration::from_micros(200));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_task_held_while_its_endpoint_never_runs_out_of_mail_is_taken_once_stale() {
+        // The endpoint runs a chain of 100 tasks, each completion dispatching the next to the
+        // same thread, so its mailbox is never empty for 20 ms and it never parks. A task
+        // published meanwhile is held (step 11) and the submitting thread then stops submitting
+        // without closing: only the take of a stale period (step 15) can find it before the
+        // chain ends.
+        let engine = Engine::start(EngineConfig {
+            next_level: vec![Box::new(Slow)],
+            ..EngineConfig::default()
+        })
+        .unwrap();
+        let core = engine.core();
+        let cfg = CallConfig::default();
+        let buffer = Tensor::external(0x1000, &[64], DataType::UInt8).unwrap();
+        let mut b = engine.begin_run().unwrap();
+        let mut chain = Vec::new();
+        for _ in 0..100 {
+            let mut args = TaskArgs::new();
+            args.add_inout(buffer).unwrap();
+            chain.push(b.submit_next_level(&chip(), args, &cfg, WorkerId(0), None).unwrap());
+        }
+        wait_until(|| engine.task_snapshot(chain[1]).unwrap().state == TaskState::Completed);
+        assert_eq!(core.held_ready.parked(), 0);
+        let held = b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None).unwrap();
+        assert_eq!(core.held_ready.len(), 1, "the task was not held");
+        wait_until(|| engine.task_snapshot(held).unwrap().state == TaskState::Completed);
+        let last = engine.task_snapshot(chain[99]).unwrap().state;
+        assert_ne!(last, TaskState::Completed, "the held task waited for the whole chain");
+        let outcome = engine.wait_timeout(b.close(), Duration::from_secs(20)).unwrap();
+        assert_eq!(outcome, Some(RunOutcome::Completed));
+    }
 
     #[test]
     fn a_task_held_while_its_endpoint_was_busy_runs_when_the_endpoint_parks_without_the_role() {
@@ -316,6 +418,8 @@ mod tests {
         let mut submit = || b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None);
         let first = submit().unwrap();
         wait_until(|| engine.task_snapshot(first).unwrap().state == TaskState::Running);
+        // Awake once it has its first task (step 14).
+        wait_until(|| core.held_ready.parked() == 0);
         let mut last = first;
         for _ in 1..17 {
             last = submit().unwrap();
@@ -325,8 +429,8 @@ mod tests {
             tx.send(()).unwrap();
         }
         wait_until(|| engine.task_snapshot(last).unwrap().state == TaskState::Completed);
-        let mut stolen = Vec::new();
-        core.give_back_idle_driver(&mut stolen);
+        let mut taken = Vec::new();
+        core.give_back_idle_driver(&mut taken);
         let run = b.close();
         let outcome = engine.wait_timeout(run, Duration::from_secs(20)).unwrap();
         assert_eq!(outcome, Some(RunOutcome::Completed));

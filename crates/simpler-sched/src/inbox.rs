@@ -21,11 +21,11 @@
 //!      and a contended scheduler-lock attempt or role read. The price: joined tasks wait for
 //!      that owner, which the operating system may have descheduled, as tasks appended behind
 //!      a pass in progress always have (`docs/decisions/sched.md`).
-//! 2. **Drive.** Every producer then (except one that joined, or held or handed its task over
-//!    to the idle driver, steps 7 and 11–12), and every lock holder after unlocking — including the scheduler thread,
-//!    which takes the lock blocking ([`locked_then_drive`]) — loops: SeqCst fence; if `pending`
-//!    is false, stop; if the lock cannot be taken, stop (its holder will drive after
-//!    unlocking); otherwise run a pass and repeat.
+//! 2. **Drive.** Every producer then (except one that joined, held its task, or handed it over
+//!    to the idle driver: steps 7 and 11–12), and every lock holder after unlocking — including
+//!    the scheduler thread, which takes the lock blocking ([`locked_then_drive`]) — loops:
+//!    SeqCst fence; if `pending` is false, stop; if the lock cannot be taken, stop (its holder
+//!    will drive after unlocking); otherwise run a pass and repeat.
 //! 3. **Why nothing is lost.** A producer's append (before its fence) and a holder's unlock
 //!    (before its fence) are ordered by the two SeqCst fences: either the holder's check sees
 //!    `pending`, or the producer's `try_lock` sees the lock free (or taken by a later holder,
@@ -47,7 +47,7 @@
 //!    While spinning it also watches `pending` and stops spinning when an event is waiting and
 //!    the scheduler lock looks free.
 //! 7. **Hold and hand over.** A submitting thread with a ready task that may be held (step 10)
-//!    holds it while no endpoint thread is parked (`held_ready`, steps 11–15) and hands the
+//!    holds it while no endpoint thread is parked (`held_ready`, steps 11–16) and hands the
 //!    held tasks over in batches: it appends them here, then reads the role with a
 //!    read-modify-write; still held, it returns, leaving the pass to the holder; otherwise it
 //!    drives (step 2) itself.
@@ -65,17 +65,18 @@
 //!    itself — unless another thread took the role in between, which then owes the same clear
 //!    and drive. Modelled in `loom_models`.
 //! 10. **Only where throughput counts.** Holding trades the submitting thread's time for the
-//!     endpoint threads' reaction time (a batch, or their running out of mail). A short run is all latency, so
-//!     a run's first tasks are never held or joined (the submit decides). When a run's
-//!     submission ends, its thread waits for the run from then on, so it hands over what it
-//!     holds and drives (step 2) once: nothing it held or handed over waits for the holder.
+//!     endpoint threads' reaction time (a batch, running out of mail, or a stale period). A
+//!     short run is all latency, so a run's first tasks are never held or joined (the submit
+//!     decides). When a run's submission ends, its thread waits for the run from then on, so it
+//!     hands over what it holds and drives (step 2) once: nothing it held or handed over waits
+//!     for an endpoint thread.
 //!
 //! | Field | Writers | Readers |
 //! |---|---|---|
 //! | `pending` | producers (step 1, only when it changes) and drainers (steps 4 and 5), under
 //! the inbox lock | joiners (step 1), under the inbox lock; drivers (step 2), lock-free after a
 //! SeqCst fence; the idle driver while spinning and producers before joining (hints) |
-//! | `IdleDriver::held` | endpoint threads (steps 6 and 8) and producers (steps 7 and 11), by
+//! | `IdleDriver::held` | endpoint threads (steps 6 and 8) and producers (steps 7 and 12), by
 //! read-modify-writes only (a plain store would break step 9) | the same, and first looks
 //! (hints) |
 
@@ -190,8 +191,8 @@ impl Inbox {
         self.push(|b| b.ready.push(entry))
     }
 
-    /// Steps 12 and 13: appends every entry of `entries` (moved out, so `entries` is left
-    /// empty), or none once the inbox is closed.
+    /// Steps 12–15 (`held_ready`): appends every entry of `entries` (moved out, so `entries`
+    /// is left empty), or none once the inbox is closed.
     pub(crate) fn push_ready_all(&self, entries: &mut Vec<ReadyEntry>) -> Result<(), Closed> {
         self.push(|b| b.ready.append(entries))
     }
@@ -255,23 +256,11 @@ impl IdleDriver {
         self.held.compare_exchange(false, true, Ordering::Relaxed, Ordering::Relaxed).is_ok()
     }
 
-    /// Step 7's read-modify-write: whether the role is still held. It writes nothing new
-    /// (step 9); release, so that the give-back that reads from it sees what the caller did
-    /// before.
+    /// Step 7's read-modify-write, after an append: whether the role is still held, so that
+    /// the holder will run the pass (otherwise the caller drives). It writes nothing new (step
+    /// 9); release, so that the give-back that reads from it sees the append.
     pub(crate) fn still_held(&self) -> bool {
         self.held.fetch_or(false, Ordering::Release)
-    }
-
-    /// Step 12's hand-over: appends `entries` (leaving it empty) and reports whether the holder
-    /// will run the pass. `Ok(false)`: the role was given back meanwhile, and the caller must
-    /// drive itself.
-    pub(crate) fn leave_all(
-        &self,
-        inbox: &Inbox,
-        entries: &mut Vec<ReadyEntry>,
-    ) -> Result<bool, Closed> {
-        inbox.push_ready_all(entries)?;
-        Ok(self.still_held())
     }
 
     /// Step 8: gives the role back, takes the entries the submitting thread holds
@@ -288,24 +277,24 @@ impl IdleDriver {
         // A read-modify-write (step 9); acquire, so that an append whose producer read the role
         // held is seen by the drive below.
         self.held.swap(false, Ordering::Acquire);
-        held_ready::steal(held, inbox, scratch);
+        held_ready::take(held, inbox, scratch);
         drive(inbox, lock, pass);
     }
 }
 
-/// Step 1 for a task published ready, with the join when `may_leave`: joins events already
-/// waiting; otherwise runs `own_pass` on it under `lock` if the lock is free, or appends it; then
-/// drives (step 2) unless the task joined. (A task that may be held is held instead while an idle
-/// driver holds the role, steps 7 and 11–14.)
+/// Step 1 for a task published ready, with the join when `may_join` (past a run's first tasks,
+/// step 10): joins events already waiting; otherwise runs `own_pass` on it under `lock` if the
+/// lock is free, or appends it; then drives (step 2) unless the task joined. (Past a run's first
+/// tasks a ready task is held instead while every endpoint thread is awake, `held_ready`.)
 pub(crate) fn deliver_ready<S>(
     inbox: &Inbox,
     lock: &Mutex<S>,
     entry: ReadyEntry,
-    may_leave: bool,
+    may_join: bool,
     own_pass: impl FnOnce(&mut MutexGuard<'_, S>, ReadyEntry),
     pass: impl FnMut(&mut MutexGuard<'_, S>),
 ) -> Result<(), Closed> {
-    if may_leave && inbox.pending() && inbox.join_pending(entry, JOIN_LIMIT)? {
+    if may_join && inbox.pending() && inbox.join_pending(entry, JOIN_LIMIT)? {
         return Ok(());
     }
     match lock.try_lock() {
@@ -417,22 +406,22 @@ mod tests {
             let outcome = engine.wait_timeout(b.close(), Duration::from_secs(20)).unwrap();
             assert_eq!(outcome, Some(RunOutcome::Completed), "run {r}");
         }
-        let steals = engine.core().held_ready.steals.load(std::sync::atomic::Ordering::Relaxed);
-        assert!(steals > 0, "no endpoint thread took a held task: nothing was tested");
+        let takes = engine.core().held_ready.takes.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(takes > 0, "no endpoint thread took a held task: nothing was tested");
         assert!(engine.shutdown(Instant::now() + Duration::from_secs(20)).is_ok());
     }
 
     #[test]
-    fn held_ready_tasks_are_stolen_at_give_back_handed_over_in_batches_and_at_close() {
+    fn held_ready_tasks_are_taken_at_give_back_handed_over_in_batches_and_at_close() {
         // The test thread holds the idle-driver role, as an endpoint thread spinning for mail
         // would; the gate keeps every task from finishing, so no completion pass drains anything.
         // Past the first sixteen, a ready task is held (`held_ready`, step 11); giving the role
-        // back steals it (step 13); with the role held again, the sixteenth held task hands all
+        // back takes it (step 13); with the role held again, the sixteenth held task hands all
         // sixteen over to the inbox without a pass (the holder owes it, step 12), and closing
         // the run hands over and drives what is left (step 10).
         let (engine, tx) = gated_engine();
         let core = engine.core();
-        let mut stolen = Vec::new();
+        let mut taken = Vec::new();
         // The gate's thread holds the role while it spins after starting; it gives it back when
         // it parks.
         wait_until(|| core.idle_driver.take());
@@ -441,15 +430,18 @@ mod tests {
         let mut submit = || {
             b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None).unwrap();
         };
-        for _ in 0..17 {
+        for _ in 0..16 {
             submit();
         }
+        // The gate's thread counts as awake once it has its first task (`held_ready`, step 14).
+        wait_until(|| core.held_ready.parked() == 0);
+        submit();
         assert_eq!(core.held_ready.len(), 1, "the seventeenth task was not held");
         assert_eq!(core.inbox.waiting_ready(), 0);
-        core.give_back_idle_driver(&mut stolen);
-        assert_eq!(core.held_ready.len(), 0, "giving the role back did not steal the held task");
-        assert_eq!(core.inbox.waiting_ready(), 0, "the stolen task did not reach a pass");
-        assert!(stolen.is_empty());
+        core.give_back_idle_driver(&mut taken);
+        assert_eq!(core.held_ready.len(), 0, "giving the role back did not take the held task");
+        assert_eq!(core.inbox.waiting_ready(), 0, "the taken task did not reach a pass");
+        assert!(taken.is_empty());
 
         assert!(core.idle_driver.take());
         for held in 1..crate::held_ready::READY_BATCH {
@@ -463,7 +455,7 @@ mod tests {
         assert_eq!(core.held_ready.len(), 1);
         let run = b.close();
         let stranded = core.inbox.pending() || core.held_ready.len() > 0;
-        core.give_back_idle_driver(&mut stolen);
+        core.give_back_idle_driver(&mut taken);
         for _ in 0..18 + crate::held_ready::READY_BATCH {
             tx.send(()).unwrap();
         }

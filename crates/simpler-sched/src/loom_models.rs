@@ -14,7 +14,7 @@ use simpler_types::{
     RunState, SlotId, TaskFailure, TaskId, TaskState,
 };
 
-use crate::held_ready::{HeldReady, Holding, hand_over_held, publish_ready, steal};
+use crate::held_ready::{HeldReady, Holding, hand_over_held, publish_ready, take};
 use crate::inbox::{
     IdleDriver, Inbox, InboxBatch, ReadyEntry, deliver_ready, drive, locked_then_drive,
 };
@@ -405,49 +405,43 @@ fn publish_ready_tasks(
     holding
 }
 
-/// Held tasks and idle endpoint threads (`held_ready`, steps 11–15): a producer publishes two
+/// Held tasks and idle endpoint threads (`held_ready`, steps 11–16): a producer publishes two
 /// ready tasks and then stops, without handing over, as a submitting thread that stops
-/// submitting would. One endpoint thread takes the role once (taking held tasks, looking once,
-/// giving the role back) and then parks; the other parks at once. Parking here is the count and
-/// the last take of step 14, not the sleep. Every task is processed by some pass before everyone
-/// returns, whether the producer ran it, held it, or found a thread parked. (A thread taking the
-/// role a second time would rescue what an earlier holder missed and hide exactly the defects
-/// this model is for.)
+/// submitting would. Two endpoint threads each try once to take the role (taking held tasks,
+/// looking once, giving the role back) and then park, so the role can change hands between the
+/// producer's steps. Parking here is the count and the last take of step 14, not the sleep.
+/// Every task is processed by some pass before everyone returns, whether the producer ran it,
+/// held it, or found a thread parked. (A thread taking the role a second time would rescue what
+/// an earlier holder missed and hide exactly the defects this model is for.)
 #[test]
 fn loom_idle_driver_never_strands_a_ready_task() {
-    model_bounded(2, || {
+    model_bounded(3, || {
         let (inbox, driver, held, sched) = ready_model();
-        let park = |inbox: &Inbox, held: &HeldReady, sched: &ModelSched| {
-            let mut stolen = Vec::new();
-            held.parking();
-            if steal(held, inbox, &mut stolen) {
-                drive(inbox, sched, |g| count_pass(g, inbox));
-            }
-        };
-        let idle = {
-            let (inbox, driver, held, sched) =
-                (inbox.clone(), driver.clone(), held.clone(), sched.clone());
+        let endpoint = |inbox: Arc<Inbox>,
+                        driver: Arc<IdleDriver>,
+                        held: Arc<HeldReady>,
+                        sched: ModelSched| {
             thread::spawn(move || {
+                let mut taken = Vec::new();
+                let count = |g: &mut MutexGuard<'_, (usize, InboxBatch)>| count_pass(g, &inbox);
                 if driver.take() {
-                    let mut stolen = Vec::new();
-                    if steal(&held, &inbox, &mut stolen) {
-                        drive(&inbox, &sched, |g| count_pass(g, &inbox));
+                    if take(&held, &inbox, &mut taken) {
+                        drive(&inbox, &sched, count);
                     }
                     let _ = inbox.pending();
-                    driver.give_back_then_drive(&inbox, &held, &mut stolen, &sched, |g| {
-                        count_pass(g, &inbox)
-                    });
+                    driver.give_back_then_drive(&inbox, &held, &mut taken, &sched, count);
                 }
-                park(&inbox, &held, &sched);
+                held.parking();
+                if take(&held, &inbox, &mut taken) {
+                    drive(&inbox, &sched, count);
+                }
             })
         };
-        let parking = {
-            let (inbox, held, sched) = (inbox.clone(), held.clone(), sched.clone());
-            thread::spawn(move || park(&inbox, &held, &sched))
-        };
+        let first = endpoint(inbox.clone(), driver.clone(), held.clone(), sched.clone());
+        let second = endpoint(inbox.clone(), driver.clone(), held.clone(), sched.clone());
         publish_ready_tasks(&inbox, &driver, &held, &sched, 2);
-        idle.join().unwrap();
-        parking.join().unwrap();
+        first.join().unwrap();
+        second.join().unwrap();
         assert_eq!(sched.lock().0, 2, "every ready task was processed");
     });
 }
@@ -456,7 +450,7 @@ fn loom_idle_driver_never_strands_a_ready_task() {
 /// back meanwhile: the producer holds two tasks, then hands over (as at a full batch, a pending
 /// publish or the end of submission). Every task is processed once, whoever took it.
 #[test]
-fn loom_handing_over_held_tasks_races_a_steal_without_loss_or_duplicates() {
+fn loom_handing_over_held_tasks_races_a_take_without_loss_or_duplicates() {
     model_bounded(3, || {
         let (inbox, driver, held, sched) = ready_model();
         assert!(driver.take());
@@ -465,8 +459,8 @@ fn loom_handing_over_held_tasks_races_a_steal_without_loss_or_duplicates() {
                 (inbox.clone(), driver.clone(), held.clone(), sched.clone());
             thread::spawn(move || {
                 thread::yield_now();
-                let mut stolen = Vec::new();
-                driver.give_back_then_drive(&inbox, &held, &mut stolen, &sched, |g| {
+                let mut taken = Vec::new();
+                driver.give_back_then_drive(&inbox, &held, &mut taken, &sched, |g| {
                     count_pass(g, &inbox)
                 });
             })
@@ -475,7 +469,6 @@ fn loom_handing_over_held_tasks_races_a_steal_without_loss_or_duplicates() {
         hand_over_held(&held, &driver, &inbox, &sched, &mut holding, |g| count_pass(g, &inbox))
             .unwrap();
         holder.join().unwrap();
-        drive(&inbox, &sched, |g| count_pass(g, &inbox));
         assert_eq!(sched.lock().0, 2, "every ready task was processed exactly once");
     });
 }

@@ -391,9 +391,9 @@ impl RunBuilder<'_> {
                 core.cancel_unstarted(id, reason, &mut orch.graph);
             }
             Publish::Ready(route) => {
-                let may_leave = orch.issued > LATENCY_BOUND_TASKS;
+                let may_hold = orch.issued > LATENCY_BOUND_TASKS;
                 let entry = ReadyEntry { slot: id, route };
-                core.publish_ready(entry, may_leave, &mut orch.holding, &mut orch.graph);
+                core.publish_ready(entry, may_hold, &mut orch.holding, &mut orch.graph);
             }
             // It may wait for a held task: hand those over now rather than when an endpoint
             // thread takes them (`held_ready`, step 12).
@@ -412,10 +412,10 @@ impl RunBuilder<'_> {
     }
 }
 
-/// Ready tasks of a run that its submitting thread always dispatches itself, never holding or
-/// leaving them for an idle endpoint thread (`inbox`, step 10): up to here a run is short, and
-/// its dispatches count as latency. Measured: one- to sixteen-task runs lost 0.1–0.4 µs each when every ready
-/// task could be left.
+/// Ready tasks of a run that its submitting thread always dispatches itself, never holding them
+/// or joining them to waiting events (`inbox`, step 10): up to here a run is short, and its
+/// dispatches count as latency. Measured: one- to sixteen-task runs lost 0.1–0.4 µs each when
+/// every ready task could be left to an idle endpoint thread.
 const LATENCY_BOUND_TASKS: u32 = 16;
 
 /// Most tracked accesses of one task checked for [`distinct_keys`]; a task with more takes the
