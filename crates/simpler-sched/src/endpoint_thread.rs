@@ -37,8 +37,8 @@ use simpler_types::{SlotId, WorkerRef};
 use crate::core::Core;
 use crate::endpoint::{DispatchedMember, Endpoint, EndpointFailure, panic_message, quietly};
 use crate::error::SchedError;
-use crate::held_ready::StaleWatch;
-use crate::inbox::{MemberCompletion, ReadyEntry, WorkerSlot};
+use crate::held_ready::EndpointTake;
+use crate::inbox::{MemberCompletion, WorkerSlot};
 use crate::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
 
 /// A control job queued for one worker.
@@ -143,8 +143,8 @@ impl Mailbox {
     /// spins, the thread may hold the idle-driver role and run the passes of tasks published
     /// ready meanwhile (`inbox`, steps 6–10), and it takes the ready tasks the submitting thread
     /// holds when it has run out of mail, before it parks, and when they have waited too long
-    /// (`held_ready`, steps 13–15; `held` is the thread's state for those).
-    fn recv(&self, core: &Core, held: &mut HeldTake) -> Mail {
+    /// (`held_ready`, steps 13–15; `take` is the thread's state for those).
+    fn recv(&self, core: &Core, take: &mut EndpointTake) -> Mail {
         loop {
             // Relaxed: only decides whether to spin; the queue is read under the lock. Mail
             // waiting is taken at once, without the role: step 13 is for a thread out of mail.
@@ -153,12 +153,12 @@ impl Mailbox {
             }
             let holds_role = core.idle_driver.take();
             if holds_role {
-                core.take_held(&mut held.taken);
+                core.take_held(take);
             }
             let mut stale = false;
             // Relaxed: as above; the inbox is read by the drive after the role is given back.
             let interrupted = sync::spin_until(|| {
-                stale = core.held_ready.is_stale(&mut held.watch);
+                stale = core.held_ready.is_stale();
                 self.pending.load(Ordering::Relaxed)
                     || (holds_role && core.inbox.pending() && !core.pass_in_progress())
                     || stale
@@ -166,9 +166,9 @@ impl Mailbox {
             if holds_role {
                 // Before this thread's own mail: the passes may dispatch to it anyway, and a
                 // holder owes its drive however its spin ended.
-                core.give_back_idle_driver(&mut held.taken);
+                core.give_back_idle_driver(take);
             } else if stale {
-                core.take_held(&mut held.taken);
+                core.take_held(take);
             }
             // Spin over, or mail arrived (possibly sent by the pass just run): take it or park.
             if !interrupted || self.pending.load(Ordering::Relaxed) {
@@ -180,7 +180,7 @@ impl Mailbox {
         }
         // Counted as parked before the last look at the held tasks (`held_ready`, step 14).
         core.held_ready.parking();
-        core.take_held(&mut held.taken);
+        core.take_held(take);
         let mut s = self.state.lock();
         let mail = loop {
             if let Some(mail) = self.pop(&mut s) {
@@ -202,15 +202,6 @@ impl Mailbox {
         }
         Some(mail)
     }
-}
-
-/// An endpoint thread's state for taking held ready tasks (`held_ready`, steps 13–15).
-#[derive(Default)]
-struct HeldTake {
-    /// Buffer for refused entries (empty between calls).
-    taken: Vec<ReadyEntry>,
-    /// The period of held tasks last seen.
-    watch: StaleWatch,
 }
 
 /// One-shot receiver of a control job's result
@@ -296,9 +287,9 @@ pub(crate) fn endpoint_thread_main(
         quietly(|| tracing::error!(worker = %name, "on_thread_start panicked: {message}"));
     }
     let mailbox = core.mailbox(who);
-    let mut held = HeldTake::default();
+    let mut take = EndpointTake::default();
     loop {
-        match mailbox.recv(&core, &mut held) {
+        match mailbox.recv(&core, &mut take) {
             Mail::Task { slot, member } => {
                 let run = || run_member(&core, endpoint.as_mut(), slot, member);
                 let result = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|p| {
@@ -310,8 +301,8 @@ pub(crate) fn endpoint_thread_main(
                 core.deliver_completion(MemberCompletion { slot, member, worker: who, result });
                 // A thread that never runs out of mail still takes held tasks that have waited
                 // too long (`held_ready`, step 15).
-                if core.held_ready.is_stale(&mut held.watch) {
-                    core.take_held(&mut held.taken);
+                if core.held_ready.is_stale() {
+                    core.take_held(&mut take);
                 }
             }
             Mail::Job(job) => job(endpoint.as_mut()),

@@ -27,10 +27,11 @@
 //! 14. **Take before parking.** An endpoint thread about to park counts itself in `parked` (a
 //!     read-modify-write, then a SeqCst fence), takes the held entries, and only then locks its
 //!     mailbox and parks; it leaves `parked` once it has mail.
-//! 15. **Take when stale.** An endpoint thread that sees one period of held entries last
-//!     [`STALE_AFTER`], after a completion or while it spins, takes them: a submitting thread
-//!     that pauses without closing while every endpoint thread stays busy delays its held tasks
-//!     by that much, not until an endpoint thread runs out of mail.
+//! 15. **Take when stale.** An endpoint thread that finds, after a completion or while it
+//!     spins, that the open period began [`STALE_AFTER`] ago or more takes the held entries:
+//!     a submitting thread that pauses without closing while every endpoint thread stays busy
+//!     delays its held tasks by that much plus the task an endpoint thread is running, not
+//!     until an endpoint thread runs out of mail.
 //! 16. **Why nothing is held forever.** The append that opened a period and a parking thread's
 //!     count are each followed by a SeqCst fence and a read of the other's word, so at least one
 //!     of them sees the other: either the submitter finds the thread parked and hands over, or
@@ -42,7 +43,7 @@
 //! inbox (lock-order rule 1). Held entries are ready slots charged to the run: an abort or a
 //! failure that cancels them finds them there, and a pass that meets a cancelled one skips it.
 //! An engine with a parked endpoint thread (an idle pool of SUB workers beside busy NEXT_LEVEL
-//! ones, say) starts no holding and delivers as before.
+//! ones, say) starts no holding and delivers each ready task as in steps 1–10.
 
 use std::time::{Duration, Instant};
 
@@ -55,8 +56,9 @@ use crate::inbox::{Closed, IdleDriver, Inbox, ReadyEntry, deliver_ready, drive};
 use crate::scheduler::Own;
 use crate::sync::{self, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
 
-/// Most ready tasks held before the submitter hands them over. Measured (P1, fast mode): 16
-/// takes a P1 task from 0.38–0.40 to 0.28–0.29 µs.
+/// Most ready tasks held before the submitter hands them over (holding as a whole took a P1
+/// task from 0.38–0.41 to 0.27–0.29 µs in the machine's fast mode; 4, 8 and 32 measured alike
+/// in a first version).
 pub(crate) const READY_BATCH: usize = 16;
 
 /// How long one period of held entries may last before an endpoint thread that sees it takes
@@ -72,22 +74,47 @@ struct Held {
 }
 
 /// The held entries (one submitting thread at a time: a single run builds).
-#[derive(Default)]
 pub(crate) struct HeldReady {
     held: Mutex<Held>,
     /// `periods << 1 | 1` while entries are held, `periods << 1` otherwise. Written under the
-    /// lock when the buffer turns non-empty or empty; read without it by endpoint threads
-    /// (steps 13–15), on a line the submitter writes once per period.
+    /// lock when a period opens (the submitter) and when it closes (whoever moves the entries);
+    /// read without it by endpoint threads (steps 13–15).
     period: CachePadded<AtomicU64>,
-    /// Endpoint threads parked or about to park (step 14). Read by the submitter on every ready
-    /// task (a hint) and after opening a period (step 16).
+    /// When the open period began, in nanoseconds since `epoch` (step 15). Written with
+    /// `period`, under the lock.
+    opened: AtomicU64,
+    epoch: Instant,
+    /// Nanoseconds a period may last before it is stale ([`STALE_AFTER`]; tests change it).
+    stale_after: AtomicU64,
+    /// Endpoint threads parked or about to park (step 14). Read by the submitter when it
+    /// starts holding (a hint) and after opening a period (step 16).
     parked: CachePadded<AtomicU32>,
     /// Takes by endpoint threads that found entries, for tests.
     #[cfg(all(test, not(simpler_loom)))]
     pub(crate) takes: std::sync::atomic::AtomicU64,
 }
 
+impl Default for HeldReady {
+    fn default() -> HeldReady {
+        HeldReady {
+            held: Mutex::default(),
+            period: CachePadded::default(),
+            opened: AtomicU64::new(0),
+            epoch: Instant::now(),
+            stale_after: AtomicU64::new(STALE_AFTER.as_nanos() as u64),
+            parked: CachePadded::default(),
+            #[cfg(all(test, not(simpler_loom)))]
+            takes: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
 impl HeldReady {
+    /// Nanoseconds since `epoch`.
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
     /// Step 11's append. Returns whether the entry opened a period, and how many entries are
     /// held now.
     fn append(&self, entry: ReadyEntry) -> (bool, usize) {
@@ -97,7 +124,9 @@ impl HeldReady {
         if first {
             held.periods += 1;
             // Relaxed: written under the lock; readers that act on it take the lock, and step
-            // 16's fences order the parking thread's read.
+            // 16's fences order the parking thread's read. A stale read of `opened` only makes
+            // a take early or late by one period.
+            self.opened.store(self.now(), Ordering::Relaxed);
             self.period.store(held.periods << 1 | 1, Ordering::Relaxed);
         }
         (first, held.entries.len())
@@ -145,23 +174,22 @@ impl HeldReady {
         self.parked.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// Step 15's look: whether the period `watch` saw before is still open after
-    /// [`STALE_AFTER`]. Reads the clock only while entries are held.
-    pub(crate) fn is_stale(&self, watch: &mut StaleWatch) -> bool {
+    /// Step 15's look: whether a period is open and began at least `stale_after` ago. Reads
+    /// the clock only while entries are held.
+    pub(crate) fn is_stale(&self) -> bool {
         // Relaxed: a hint; the take that follows works under the lock.
-        let period = self.period.load(Ordering::Relaxed);
-        if period & 1 == 0 {
-            watch.since = None;
+        if self.period.load(Ordering::Relaxed) & 1 == 0 {
             return false;
         }
-        let now = Instant::now();
-        match watch.since {
-            Some(since) if watch.period == period => now.duration_since(since) >= STALE_AFTER,
-            _ => {
-                *watch = StaleWatch { period, since: Some(now) };
-                false
-            }
-        }
+        let opened = self.opened.load(Ordering::Relaxed);
+        self.now().saturating_sub(opened) >= self.stale_after.load(Ordering::Relaxed)
+    }
+
+    /// Makes a period stale after `after` (tests that must not see step 15).
+    #[cfg(all(test, not(simpler_loom)))]
+    pub(crate) fn set_stale_after(&self, after: Duration) {
+        let nanos = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX);
+        self.stale_after.store(nanos, Ordering::Relaxed);
     }
 
     /// Entries held, for tests.
@@ -175,13 +203,6 @@ impl HeldReady {
     pub(crate) fn parked(&self) -> u32 {
         self.parked.load(Ordering::Relaxed)
     }
-}
-
-/// What an endpoint thread remembers of the period it last saw (step 15).
-#[derive(Default)]
-pub(crate) struct StaleWatch {
-    period: u64,
-    since: Option<Instant>,
 }
 
 /// Step 11: holds `entry`; `true` when the caller must hand over now (step 12).
@@ -214,20 +235,27 @@ pub(crate) fn hand_over<S>(
 }
 
 /// Steps 13–15's take, for an endpoint thread: moves the held entries, if any, to the inbox;
-/// `true` when it moved some (the caller then drives). Entries a closed inbox refuses name
-/// cancelled tasks (the scheduler stops only after every run still live was aborted and its
-/// unstarted tasks cancelled) and are dropped; `scratch` must be empty and is left empty.
-pub(crate) fn take(held: &HeldReady, inbox: &Inbox, scratch: &mut Vec<ReadyEntry>) -> bool {
+/// `true` when it moved some (the caller then drives). `refused` must be empty; entries a
+/// closed inbox refuses are left in it, and the caller must cancel them.
+pub(crate) fn take(held: &HeldReady, inbox: &Inbox, refused: &mut Vec<ReadyEntry>) -> bool {
     if !held.seems_held() {
         return false;
     }
-    let moved = held.move_to(inbox, scratch).unwrap_or(false);
-    scratch.clear();
+    let moved = held.move_to(inbox, refused).unwrap_or(false);
     #[cfg(all(test, not(simpler_loom)))]
     if moved {
         held.takes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     moved
+}
+
+/// An endpoint thread's state for taking held tasks (steps 13–15).
+#[derive(Default)]
+pub(crate) struct EndpointTake {
+    /// Entries a closed inbox refused, to cancel (empty between takes).
+    pub(crate) refused: Vec<ReadyEntry>,
+    /// Work lists for cancelling them.
+    graph: GraphScratch,
 }
 
 /// What the submitting thread keeps for holding (in the orchestrator state).
@@ -237,7 +265,7 @@ pub(crate) struct Holding {
     /// thread may have taken them meanwhile).
     active: bool,
     /// After `Err(Closed)`, the entries the stopped scheduler refused (kept for its capacity).
-    pub(crate) refused: Vec<ReadyEntry>,
+    refused: Vec<ReadyEntry>,
 }
 
 /// A task published ready: held (step 11) past a run's first tasks (`may_hold`) while entries
@@ -326,9 +354,19 @@ impl Core {
     }
 
     /// Steps 13–15 for an endpoint thread: takes the held entries, if any, and drives.
-    pub(crate) fn take_held(&self, scratch: &mut Vec<ReadyEntry>) {
-        if take(&self.held_ready, &self.inbox, scratch) {
+    pub(crate) fn take_held(&self, state: &mut EndpointTake) {
+        if take(&self.held_ready, &self.inbox, &mut state.refused) {
             self.drive();
+        }
+        self.cancel_refused_by_endpoint(state);
+    }
+
+    /// Cancels what a closed inbox refused an endpoint thread's take (a run whose builder
+    /// outlived the scheduler, such as one the engine's poisoning made terminal without
+    /// cancelling its tasks).
+    pub(crate) fn cancel_refused_by_endpoint(&self, state: &mut EndpointTake) {
+        for entry in state.refused.drain(..) {
+            self.cancel_unstarted(entry.slot, CancelReason::Shutdown, &mut state.graph);
         }
     }
 
@@ -395,10 +433,11 @@ mod tests {
         wait_until(|| engine.task_snapshot(chain[1]).unwrap().state == TaskState::Completed);
         assert_eq!(core.held_ready.parked(), 0);
         let held = b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None).unwrap();
-        assert_eq!(core.held_ready.len(), 1, "the task was not held");
         wait_until(|| engine.task_snapshot(held).unwrap().state == TaskState::Completed);
         let last = engine.task_snapshot(chain[99]).unwrap().state;
         assert_ne!(last, TaskState::Completed, "the held task waited for the whole chain");
+        let takes = core.held_ready.takes.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(takes > 0, "the task was not held and taken: nothing was tested");
         let outcome = engine.wait_timeout(b.close(), Duration::from_secs(20)).unwrap();
         assert_eq!(outcome, Some(RunOutcome::Completed));
     }
@@ -412,6 +451,8 @@ mod tests {
         // stays open, so closing does not hand it over either.
         let (engine, tx) = gated_engine();
         let core = engine.core();
+        // Nor may a stale period (step 15) rescue it.
+        core.held_ready.set_stale_after(Duration::MAX);
         wait_until(|| core.idle_driver.take());
         let cfg = CallConfig::default();
         let mut b = engine.begin_run().unwrap();
@@ -429,8 +470,7 @@ mod tests {
             tx.send(()).unwrap();
         }
         wait_until(|| engine.task_snapshot(last).unwrap().state == TaskState::Completed);
-        let mut taken = Vec::new();
-        core.give_back_idle_driver(&mut taken);
+        core.give_back_idle_driver(&mut crate::held_ready::EndpointTake::default());
         let run = b.close();
         let outcome = engine.wait_timeout(run, Duration::from_secs(20)).unwrap();
         assert_eq!(outcome, Some(RunOutcome::Completed));

@@ -51,8 +51,8 @@
 //!    held tasks over in batches: it appends them here, then reads the role with a
 //!    read-modify-write; still held, it returns, leaving the pass to the holder; otherwise it
 //!    drives (step 2) itself.
-//! 8. **Give back.** The holder stops spinning (mail arrived, an event is waiting, or its spin
-//!    is over) by clearing the role with a read-modify-write, takes the tasks the submitting
+//! 8. **Give back.** The holder stops spinning (mail arrived, an event is waiting, held tasks
+//!    went stale, or its spin is over) by clearing the role with a read-modify-write, takes the tasks the submitting
 //!    thread holds (`held_ready`, step 13), then drives (step 2), before it takes its own mail.
 //!    It never keeps or drops the role any other way.
 //! 9. **Why nothing is lost.** Every write to the role is a read-modify-write, so they are
@@ -421,7 +421,7 @@ mod tests {
         // the run hands over and drives what is left (step 10).
         let (engine, tx) = gated_engine();
         let core = engine.core();
-        let mut taken = Vec::new();
+        let mut taken = crate::held_ready::EndpointTake::default();
         // The gate's thread holds the role while it spins after starting; it gives it back when
         // it parks.
         wait_until(|| core.idle_driver.take());
@@ -441,7 +441,7 @@ mod tests {
         core.give_back_idle_driver(&mut taken);
         assert_eq!(core.held_ready.len(), 0, "giving the role back did not take the held task");
         assert_eq!(core.inbox.waiting_ready(), 0, "the taken task did not reach a pass");
-        assert!(taken.is_empty());
+        assert!(taken.refused.is_empty());
 
         assert!(core.idle_driver.take());
         for held in 1..crate::held_ready::READY_BATCH {

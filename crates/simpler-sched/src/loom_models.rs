@@ -474,7 +474,7 @@ fn loom_handing_over_held_tasks_races_a_take_without_loss_or_duplicates() {
 }
 
 /// Joining a pending inbox (`inbox`, step 1's join): a producer delivers three ready tasks that
-/// may be left while another thread holds the scheduler lock for a pass of its own and drives
+/// may be joined while another thread holds the scheduler lock for a pass of its own and drives
 /// after it, so the later tasks can join an inbox that the first made pending instead of
 /// driving. Every task is processed by some pass before everyone returns: a join rides on the
 /// drain owed to the event that made the inbox pending.

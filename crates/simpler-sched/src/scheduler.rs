@@ -65,6 +65,7 @@ use simpler_types::{CancelReason, RunFailure, SlotId, TaskFailure, TaskState};
 use crate::core::Core;
 use crate::endpoint::{EndpointFailure, panic_message, quietly};
 use crate::graph::{GraphScratch, Reclaims};
+use crate::held_ready::EndpointTake;
 use crate::inbox::{
     InboxBatch, MemberCompletion, ReadyEntry, WorkerSlot, drive, locked_then_drive,
 };
@@ -621,14 +622,15 @@ impl Core {
 
     /// Step 8 for an endpoint thread that held the idle-driver role: gives it back, then runs
     /// the passes of whatever was left for it.
-    pub(crate) fn give_back_idle_driver(&self, scratch: &mut Vec<ReadyEntry>) {
+    pub(crate) fn give_back_idle_driver(&self, state: &mut EndpointTake) {
         self.idle_driver.give_back_then_drive(
             &self.inbox,
             &self.held_ready,
-            scratch,
+            &mut state.refused,
             &self.sched,
             |state| self.run_pass(state, Own::Nothing),
         );
+        self.cancel_refused_by_endpoint(state);
     }
 
     /// Whether a pass seems to be running (a hint for the idle driver's spin).
