@@ -178,7 +178,7 @@ impl HeldReady {
     /// the clock only while entries are held.
     pub(crate) fn is_stale(&self) -> bool {
         // Relaxed: a hint; the take that follows works under the lock.
-        if self.period.load(Ordering::Relaxed) & 1 == 0 {
+        if !self.seems_held() {
             return false;
         }
         let opened = self.opened.load(Ordering::Relaxed);
@@ -255,7 +255,7 @@ pub(crate) struct EndpointTake {
     /// Entries a closed inbox refused, to cancel (empty between takes).
     pub(crate) refused: Vec<ReadyEntry>,
     /// Work lists for cancelling them.
-    graph: GraphScratch,
+    pub(crate) graph: GraphScratch,
 }
 
 /// What the submitting thread keeps for holding (in the orchestrator state).
@@ -334,7 +334,7 @@ impl Core {
             |state| self.run_pass(state, Own::Nothing),
         );
         if published.is_err() {
-            self.cancel_refused(holding, graph);
+            self.cancel_refused(&mut holding.refused, graph);
         }
     }
 
@@ -349,7 +349,7 @@ impl Core {
             |state| self.run_pass(state, Own::Nothing),
         );
         if handed.is_err() {
-            self.cancel_refused(holding, graph);
+            self.cancel_refused(&mut holding.refused, graph);
         }
     }
 
@@ -358,21 +358,14 @@ impl Core {
         if take(&self.held_ready, &self.inbox, &mut state.refused) {
             self.drive();
         }
-        self.cancel_refused_by_endpoint(state);
+        self.cancel_refused(&mut state.refused, &mut state.graph);
     }
 
-    /// Cancels what a closed inbox refused an endpoint thread's take (a run whose builder
-    /// outlived the scheduler, such as one the engine's poisoning made terminal without
-    /// cancelling its tasks).
-    pub(crate) fn cancel_refused_by_endpoint(&self, state: &mut EndpointTake) {
-        for entry in state.refused.drain(..) {
-            self.cancel_unstarted(entry.slot, CancelReason::Shutdown, &mut state.graph);
-        }
-    }
-
-    /// The scheduler has stopped for good: the refused tasks can never run.
-    fn cancel_refused(&self, holding: &mut Holding, graph: &mut GraphScratch) {
-        for entry in holding.refused.drain(..) {
+    /// The scheduler has stopped for good: the tasks a closed inbox refused can never run.
+    /// An endpoint thread's take meets this when a run's builder outlived the scheduler (one
+    /// the engine's poisoning made terminal without cancelling its tasks, say).
+    pub(crate) fn cancel_refused(&self, refused: &mut Vec<ReadyEntry>, graph: &mut GraphScratch) {
+        for entry in refused.drain(..) {
             self.cancel_unstarted(entry.slot, CancelReason::Shutdown, graph);
         }
     }

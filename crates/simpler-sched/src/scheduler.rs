@@ -630,7 +630,7 @@ impl Core {
             &self.sched,
             |state| self.run_pass(state, Own::Nothing),
         );
-        self.cancel_refused_by_endpoint(state);
+        self.cancel_refused(&mut state.refused, &mut state.graph);
     }
 
     /// Whether a pass seems to be running (a hint for the idle driver's spin).
