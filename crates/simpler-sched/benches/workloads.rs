@@ -255,7 +255,7 @@ fn main() {
     let quick = args.iter().any(|a| a == "--test");
     let filter = args.iter().find(|a| !a.starts_with("--")).cloned();
     // A filter naming a workload exactly selects it alone; otherwise it is a substring.
-    let names = ["P1", "P1 gated", "P1a", "P2", "P2 gated", "P3", "P6"];
+    let names = ["P1", "P1 gated", "P1a", "P2", "P2 gated", "P3", "P6", "P1 idle SUB"];
     let wanted = |name: &str| {
         filter
             .as_deref()
@@ -309,6 +309,12 @@ fn main() {
     }
     if wanted("P6") {
         measure_p6(&h, &plan);
+    }
+    // P1 on an engine that also has an idle SUB endpoint, whose thread stays parked.
+    if wanted("P1 idle SUB") {
+        drop(h);
+        let h = Harness::start_with_subs(1);
+        measure(&h, &plan, "P1 idle SUB", Workload::Independent { tasks: p1 }, false);
     }
     println!();
     println!("cross-thread round trip at the end: {:.0} ns", cross_thread_round_trip_ns(quick));

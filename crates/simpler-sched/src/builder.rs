@@ -44,7 +44,7 @@ pub(crate) struct OrchState {
     pub(crate) scopes: ScopeStack,
     /// Tasks and allocs charged so far in the building run.
     pub(crate) issued: u32,
-    /// Ready tasks held while every endpoint thread is awake (`held_ready`).
+    /// Ready tasks held while the threads that could run them are awake (`held_ready`).
     pub(crate) holding: Holding,
     /// Footprint of every tensor of the current submit, members flattened.
     pub(crate) footprints: Vec<Option<(TensorKey, ByteSpan)>>,

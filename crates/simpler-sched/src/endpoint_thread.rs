@@ -144,7 +144,7 @@ impl Mailbox {
     /// ready meanwhile (`inbox`, steps 6–10), and it takes the ready tasks the submitting thread
     /// holds when it has run out of mail, before it parks, and when they have waited too long
     /// (`held_ready`, steps 13–15; `take` is the thread's state for those).
-    fn recv(&self, core: &Core, take: &mut EndpointTake) -> Mail {
+    fn recv(&self, core: &Core, who: WorkerSlot, take: &mut EndpointTake) -> Mail {
         loop {
             // Relaxed: only decides whether to spin; the queue is read under the lock. Mail
             // waiting is taken at once, without the role: step 13 is for a thread out of mail.
@@ -179,7 +179,7 @@ impl Mailbox {
             return mail;
         }
         // Counted as parked before the last look at the held tasks (`held_ready`, step 14).
-        core.held_ready.parking();
+        core.held_ready.parking(who);
         core.take_held(take);
         let mut s = self.state.lock();
         let mail = loop {
@@ -190,7 +190,7 @@ impl Mailbox {
             s = self.wake.wait(s);
         };
         drop(s);
-        core.held_ready.unparked();
+        core.held_ready.unparked(who);
         mail
     }
 
@@ -289,7 +289,7 @@ pub(crate) fn endpoint_thread_main(
     let mailbox = core.mailbox(who);
     let mut take = EndpointTake::default();
     loop {
-        match mailbox.recv(&core, &mut take) {
+        match mailbox.recv(&core, who, &mut take) {
             Mail::Task { slot, member } => {
                 let run = || run_member(&core, endpoint.as_mut(), slot, member);
                 let result = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|p| {

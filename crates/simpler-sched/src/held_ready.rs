@@ -1,21 +1,24 @@
-//! Ready tasks the submitting thread holds while every endpoint thread is awake, handed over in
-//! batches (steps 11–16, continuing the combining protocol of `inbox`;
+//! Ready tasks the submitting thread holds while the threads that could run them are awake,
+//! handed over in batches (steps 11–16, continuing the combining protocol of `inbox`;
 //! `docs/engine-protocols.md` §6).
 //!
 //! Handing one ready task to the scheduler costs the submitting thread the inbox lock, the
 //! inbox's `pending` word and the role word, each last written by the thread that drained the
 //! task before: a cache-line transfer apiece, per task, on the thread that is usually the
-//! bottleneck. Past a run's first tasks, while no endpoint thread is parked, a ready task is
-//! held here instead and handed over [`READY_BATCH`] at a time, or taken by an endpoint thread.
+//! bottleneck. Past a run's first tasks, while the endpoint threads that could run it are
+//! awake, a ready task is held here instead and handed over [`READY_BATCH`] at a time, or taken
+//! by an endpoint thread.
 //!
 //! # Protocol
 //!
 //! 11. **Hold.** The submitter appends the entry under the buffer lock. An entry that made the
-//!     buffer non-empty opens a new period in `period`, then (after a SeqCst fence) reads
-//!     `parked`: if an endpoint thread is parked, the submitter hands over at once (step 12).
-//!     An entry appended behind others rides on the take those are owed (steps 13–16), as a
-//!     join does (step 1). While an endpoint thread is parked, a submit with nothing held
-//!     delivers as in steps 1–10 instead of holding.
+//!     buffer non-empty opens a new period in `period`, then (after a SeqCst fence) reads which
+//!     endpoint threads are parked (`parked`) into the submitter's snapshot. An entry whose
+//!     threads the snapshot shows parked is handed over at once (step 12), with everything held
+//!     before it: its own thread (a single's target), any thread of its pool (a SUB task), or
+//!     any NEXT_LEVEL thread (a group) could run it now and sleeps instead. Other entries ride
+//!     on the take the period is owed (steps 13–16), as a join does (step 1). A submit with
+//!     nothing held whose threads look parked delivers as in steps 1–10 instead of holding.
 //! 12. **Hand over.** The submitter moves every held entry to the inbox under the buffer lock,
 //!     then reads the role as in step 7 and drives (step 2) unless a holder will. It hands over
 //!     when [`READY_BATCH`] entries are held, when it publishes a task that is not ready (it
@@ -24,7 +27,7 @@
 //! 13. **Take when out of mail.** An endpoint thread with an empty mailbox moves the held
 //!     entries to the inbox (under the buffer lock, so they keep their order) when it takes the
 //!     idle-driver role and when it gives it back (step 8), and drives.
-//! 14. **Take before parking.** An endpoint thread about to park counts itself in `parked` (a
+//! 14. **Take before parking.** An endpoint thread about to park marks itself in `parked` (a
 //!     read-modify-write, then a SeqCst fence), takes the held entries, and only then locks its
 //!     mailbox and parks; it leaves `parked` once it has mail.
 //! 15. **Take when stale.** An endpoint thread that finds, after a completion or while it
@@ -33,17 +36,24 @@
 //!     delays its held tasks by that much plus the task an endpoint thread is running, not
 //!     until an endpoint thread runs out of mail.
 //! 16. **Why nothing is held forever.** The append that opened a period and a parking thread's
-//!     count are each followed by a SeqCst fence and a read of the other's word, so at least one
-//!     of them sees the other: either the submitter finds the thread parked and hands over, or
-//!     the thread finds entries held and takes them (or finds them already taken). So entries
-//!     are held only while every endpoint thread is awake, and an awake thread takes them when
-//!     it next runs out of mail, parks, or sees them stale. Modelled in `loom_models`.
+//!     mark are each followed by a SeqCst fence and a read of the other's word, so at least one
+//!     of them sees the other: either the period's snapshot shows the thread parked, and every
+//!     entry it could run is handed over when appended, or the thread finds the period open
+//!     and takes what is held (or finds it already taken, and an entry appended later opens a
+//!     period whose snapshot shows the thread: the take and the append meet under the buffer
+//!     lock). So an entry is held only while a thread that could run it is awake, and an awake
+//!     thread takes it when it next runs out of mail, parks, or sees it stale. Modelled in
+//!     `loom_models`.
 //!
 //! The buffer lock is a leaf except that a hand-over or take holds it while it appends to the
 //! inbox (lock-order rule 1). Held entries are ready slots charged to the run: an abort or a
 //! failure that cancels them finds them there, and a pass that meets a cancelled one skips it.
-//! An engine with a parked endpoint thread (an idle pool of SUB workers beside busy NEXT_LEVEL
-//! ones, say) starts no holding and delivers each ready task as in steps 1–10.
+//! Threads are judged per target rather than engine-wide, so that an idle pool of SUB workers,
+//! parked beside busy NEXT_LEVEL ones, does not switch holding off for the NEXT_LEVEL tasks
+//! (measured: a P1 stream 35–45 % slower per task with one parked SUB thread in the engine).
+//! `parked` keeps one bit per NEXT_LEVEL thread below [`PARKED_BITS`] and one count for every
+//! other thread (SUB threads, and NEXT_LEVEL ones past the bits); a SUB task, a group, or a
+//! single for a thread past the bits is held only while that count is zero.
 
 use std::time::{Duration, Instant};
 
@@ -52,8 +62,9 @@ use simpler_types::CancelReason;
 
 use crate::core::Core;
 use crate::graph::GraphScratch;
-use crate::inbox::{Closed, IdleDriver, Inbox, ReadyEntry, deliver_ready, drive};
+use crate::inbox::{Closed, IdleDriver, Inbox, ReadyEntry, WorkerSlot, deliver_ready, drive};
 use crate::scheduler::Own;
+use crate::slot::Route;
 use crate::sync::{self, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// Most ready tasks held before the submitter hands them over (holding as a whole took a P1
@@ -65,6 +76,42 @@ pub(crate) const READY_BATCH: usize = 16;
 /// them (step 15). A submitting thread that keeps submitting hands a batch over in a few
 /// microseconds.
 pub(crate) const STALE_AFTER: Duration = Duration::from_micros(50);
+
+/// NEXT_LEVEL threads with a bit of their own in `parked` (registration indices below this).
+pub(crate) const PARKED_BITS: u32 = 64;
+
+/// Which endpoint threads are parked or about to park (step 14).
+#[derive(Default)]
+struct ParkedWords {
+    /// Bit `i`: NEXT_LEVEL thread `i` (for `i` below [`PARKED_BITS`]).
+    next_level: AtomicU64,
+    /// Every other thread: SUB threads, and NEXT_LEVEL threads past the bits.
+    others: AtomicU32,
+}
+
+/// The submitter's reading of `parked` when it opened a period (step 11).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Parked {
+    next_level: u64,
+    others: u32,
+}
+
+impl Parked {
+    /// Every thread parked: what a submitter assumes of a period it did not open itself (one a
+    /// builder before it left open), whose snapshot it never read.
+    const ALL: Parked = Parked { next_level: u64::MAX, others: u32::MAX };
+
+    /// Whether a thread that could run an entry with `route` is parked in this reading.
+    pub(crate) fn blocks(self, route: Route) -> bool {
+        match route {
+            Route::Single { worker } if worker < PARKED_BITS => self.next_level >> worker & 1 == 1,
+            Route::Single { .. } | Route::Sub { .. } => self.others != 0,
+            Route::Group => self.next_level != 0 || self.others != 0,
+            // Never queued; never held either.
+            Route::Unrouted => true,
+        }
+    }
+}
 
 #[derive(Default)]
 struct Held {
@@ -88,7 +135,7 @@ pub(crate) struct HeldReady {
     stale_after: AtomicU64,
     /// Endpoint threads parked or about to park (step 14). Read by the submitter when it
     /// starts holding (a hint) and after opening a period (step 16).
-    parked: CachePadded<AtomicU32>,
+    parked: CachePadded<ParkedWords>,
     /// Takes by endpoint threads that found entries, for tests.
     #[cfg(all(test, not(simpler_loom)))]
     pub(crate) takes: std::sync::atomic::AtomicU64,
@@ -154,24 +201,41 @@ impl HeldReady {
         self.period.load(Ordering::Relaxed) & 1 == 1
     }
 
-    /// Whether no endpoint thread is parked (a hint: step 11 decides after its fence).
-    fn all_awake(&self) -> bool {
+    /// Which endpoint threads are parked (a hint, or step 11's snapshot after its fence).
+    fn parked_now(&self) -> Parked {
         // Relaxed: a hint, or ordered by the fences of step 16.
-        self.parked.load(Ordering::Relaxed) == 0
+        Parked {
+            next_level: self.parked.next_level.load(Ordering::Relaxed),
+            others: self.parked.others.load(Ordering::Relaxed),
+        }
     }
 
-    /// Step 14's count, before the take; [`unparked`](Self::unparked) must follow once the
+    /// Step 14's mark, before the take; [`unparked`](Self::unparked) must follow once the
     /// thread has mail.
-    pub(crate) fn parking(&self) {
+    pub(crate) fn parking(&self, who: WorkerSlot) {
         // The fence pairs with the submitter's (step 16).
-        self.parked.fetch_add(1, Ordering::SeqCst);
+        match who {
+            WorkerSlot::NextLevel(i) if i < PARKED_BITS => {
+                self.parked.next_level.fetch_or(1 << i, Ordering::SeqCst);
+            }
+            WorkerSlot::NextLevel(_) | WorkerSlot::Sub(_) => {
+                self.parked.others.fetch_add(1, Ordering::SeqCst);
+            }
+        }
         sync::fence_seq_cst();
     }
 
     /// Step 14's end: the thread has mail again.
-    pub(crate) fn unparked(&self) {
-        // Relaxed: the count only; step 16's fences order what depends on it.
-        self.parked.fetch_sub(1, Ordering::Relaxed);
+    pub(crate) fn unparked(&self, who: WorkerSlot) {
+        // Relaxed: the mark only; step 16's fences order what depends on it.
+        match who {
+            WorkerSlot::NextLevel(i) if i < PARKED_BITS => {
+                self.parked.next_level.fetch_and(!(1 << i), Ordering::Relaxed);
+            }
+            WorkerSlot::NextLevel(_) | WorkerSlot::Sub(_) => {
+                self.parked.others.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Step 15's look: whether a period is open and began at least `stale_after` ago. Reads
@@ -198,22 +262,25 @@ impl HeldReady {
         self.held.lock().entries.len()
     }
 
-    /// Endpoint threads counted as parked, for tests.
+    /// Endpoint threads marked as parked, for tests.
     #[cfg(all(test, not(simpler_loom)))]
     pub(crate) fn parked(&self) -> u32 {
-        self.parked.load(Ordering::Relaxed)
+        let p = self.parked_now();
+        p.next_level.count_ones() + p.others
     }
 }
 
-/// Step 11: holds `entry`; `true` when the caller must hand over now (step 12).
-pub(crate) fn hold(held: &HeldReady, entry: ReadyEntry) -> bool {
+/// Step 11: holds `entry`; `true` when the caller must hand over now (step 12). `parked` is
+/// the snapshot of the period the entry belongs to: read here when the entry opens one.
+pub(crate) fn hold(held: &HeldReady, entry: ReadyEntry, parked: &mut Parked) -> bool {
     match held.append(entry) {
         (true, _) => {
             // Pairs with the parking thread's fence (step 16).
             sync::fence_seq_cst();
-            !held.all_awake()
+            *parked = held.parked_now();
+            parked.blocks(entry.route)
         }
-        (false, len) => len >= READY_BATCH,
+        (false, len) => len >= READY_BATCH || parked.blocks(entry.route),
     }
 }
 
@@ -259,17 +326,24 @@ pub(crate) struct EndpointTake {
 }
 
 /// What the submitting thread keeps for holding (in the orchestrator state).
-#[derive(Default)]
 pub(crate) struct Holding {
     /// Entries may be held (the submitter held one and has not handed over since; an endpoint
     /// thread may have taken them meanwhile).
     active: bool,
+    /// The snapshot of the last period this submitter opened (step 11).
+    parked: Parked,
     /// After `Err(Closed)`, the entries the stopped scheduler refused (kept for its capacity).
     refused: Vec<ReadyEntry>,
 }
 
+impl Default for Holding {
+    fn default() -> Holding {
+        Holding { active: false, parked: Parked::ALL, refused: Vec::new() }
+    }
+}
+
 /// A task published ready: held (step 11) past a run's first tasks (`may_hold`) while entries
-/// are held already or no endpoint thread is parked; otherwise delivered as in steps 1–10
+/// are held already or its threads look awake; otherwise delivered as in steps 1–10
 /// (`own_pass` runs on it if the scheduler lock is free). `Err(Closed)` once the scheduler has
 /// stopped for good, with the refused entries in `holding.refused`.
 #[allow(clippy::too_many_arguments, reason = "the protocol's parts, passed apart for the models")]
@@ -284,9 +358,9 @@ pub(crate) fn publish_ready<S>(
     own_pass: impl FnOnce(&mut MutexGuard<'_, S>, ReadyEntry),
     mut pass: impl FnMut(&mut MutexGuard<'_, S>),
 ) -> Result<(), Closed> {
-    if may_hold && (holding.active || held.all_awake()) {
+    if may_hold && (holding.active || !held.parked_now().blocks(entry.route)) {
         holding.active = true;
-        if hold(held, entry) {
+        if hold(held, entry, &mut holding.parked) {
             return hand_over_held(held, driver, inbox, lock, holding, pass);
         }
         return Ok(());
@@ -377,10 +451,103 @@ mod tests {
 
     use simpler_types::{CallConfig, DataType, TaskArgs, TaskState, Tensor, WorkerId, WorkerType};
 
+    use std::sync::mpsc;
+
+    use simpler_types::{CallableId, CallableKind, CallableNamespace, TaskId};
+
+    use crate::builder::RunBuilder;
+
     use crate::endpoint::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
     use crate::engine::{Engine, EngineConfig};
     use crate::outcome::RunOutcome;
-    use crate::scheduler::tests::{chip, gated_engine, wait_until};
+    use crate::scheduler::tests::{Gate, chip, gated_engine, wait_until};
+
+    /// A SUB endpoint that finishes every member at once.
+    struct Quick;
+
+    impl Endpoint for Quick {
+        fn caps(&self) -> EndpointCaps {
+            EndpointCaps {
+                worker_type: WorkerType::Sub,
+                id: WorkerId(0),
+                remote: false,
+                name: "quick".into(),
+            }
+        }
+
+        fn run(&mut self, _: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
+            Ok(())
+        }
+    }
+
+    /// A gated NEXT_LEVEL endpoint (the test's tokens finish its members) beside an idle SUB
+    /// one.
+    fn next_level_beside_a_sub() -> (Engine, mpsc::Sender<()>) {
+        let (tx, rx) = mpsc::channel();
+        let engine = Engine::start(EngineConfig {
+            next_level: vec![Box::new(Gate(rx))],
+            sub: vec![Box::new(Quick)],
+            ..EngineConfig::default()
+        })
+        .unwrap();
+        (engine, tx)
+    }
+
+    /// Opens a run whose first task occupies the NEXT_LEVEL thread, then submits sixteen more
+    /// for it (past `LATENCY_BOUND_TASKS`, so the last may be held), once the SUB thread alone
+    /// is parked. With the stale rule off, nothing but the submitting thread can then hand
+    /// held tasks over: the NEXT_LEVEL thread waits for a token and the SUB thread sleeps.
+    /// Returns the builder and the last task.
+    fn busy_next_level_while_the_sub_thread_sleeps(engine: &Engine) -> (RunBuilder<'_>, TaskId) {
+        let core = engine.core();
+        core.held_ready.set_stale_after(Duration::MAX);
+        let cfg = CallConfig::default();
+        let mut b = engine.begin_run().unwrap();
+        let first = b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None).unwrap();
+        wait_until(|| engine.task_snapshot(first).unwrap().state == TaskState::Running);
+        wait_until(|| core.held_ready.parked() == 1);
+        let mut last = first;
+        for _ in 1..17 {
+            last = b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None).unwrap();
+        }
+        (b, last)
+    }
+
+    fn host() -> CallableId {
+        CallableId::new([2; 32], CallableKind::Host, CallableNamespace::LocalHost)
+    }
+
+    #[test]
+    fn a_parked_sub_thread_does_not_stop_next_level_tasks_from_being_held() {
+        let (engine, tx) = next_level_beside_a_sub();
+        let (b, _) = busy_next_level_while_the_sub_thread_sleeps(&engine);
+        let core = engine.core();
+        assert_eq!(core.held_ready.len(), 1, "the seventeenth task was not held");
+        for _ in 0..17 {
+            tx.send(()).unwrap();
+        }
+        let outcome = engine.wait_timeout(b.close(), Duration::from_secs(20)).unwrap();
+        assert_eq!(outcome, Some(RunOutcome::Completed));
+    }
+
+    #[test]
+    fn a_sub_task_published_behind_held_tasks_runs_while_the_next_level_thread_stays_busy() {
+        // The SUB thread is parked when its task is published behind a held NEXT_LEVEL task,
+        // and nothing else would take the held tasks. The SUB task must be handed over at once
+        // (step 11), not held behind the others.
+        let (engine, tx) = next_level_beside_a_sub();
+        let (mut b, last) = busy_next_level_while_the_sub_thread_sleeps(&engine);
+        let core = engine.core();
+        assert_eq!(core.held_ready.len(), 1, "the seventeenth task was not held");
+        let sub = b.submit_sub(&host(), TaskArgs::new()).unwrap();
+        wait_until(|| engine.task_snapshot(sub).unwrap().state == TaskState::Completed);
+        assert_eq!(engine.task_snapshot(last).unwrap().state, TaskState::Ready);
+        for _ in 0..17 {
+            tx.send(()).unwrap();
+        }
+        let outcome = engine.wait_timeout(b.close(), Duration::from_secs(20)).unwrap();
+        assert_eq!(outcome, Some(RunOutcome::Completed));
+    }
 
     /// A NEXT_LEVEL endpoint whose every task takes `0.2 ms`.
     struct Slow;

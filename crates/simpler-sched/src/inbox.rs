@@ -47,8 +47,8 @@
 //!    While spinning it also watches `pending` and stops spinning when an event is waiting and
 //!    the scheduler lock looks free.
 //! 7. **Hold and hand over.** A submitting thread with a ready task that may be held (step 10)
-//!    holds it while no endpoint thread is parked (`held_ready`, steps 11–16) and hands the
-//!    held tasks over in batches: it appends them here, then reads the role with a
+//!    holds it while the threads that could run it are awake (`held_ready`, steps 11–16) and
+//!    hands the held tasks over in batches: it appends them here, then reads the role with a
 //!    read-modify-write; still held, it returns, leaving the pass to the holder; otherwise it
 //!    drives (step 2) itself.
 //! 8. **Give back.** The holder stops spinning (mail arrived, an event is waiting, held tasks
@@ -285,7 +285,8 @@ impl IdleDriver {
 /// Step 1 for a task published ready, with the join when `may_join` (past a run's first tasks,
 /// step 10): joins events already waiting; otherwise runs `own_pass` on it under `lock` if the
 /// lock is free, or appends it; then drives (step 2) unless the task joined. (Past a run's first
-/// tasks a ready task is held instead while every endpoint thread is awake, `held_ready`.)
+/// tasks a ready task is held instead while the threads that could run it are awake,
+/// `held_ready`.)
 pub(crate) fn deliver_ready<S>(
     inbox: &Inbox,
     lock: &Mutex<S>,

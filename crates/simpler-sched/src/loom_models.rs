@@ -16,7 +16,7 @@ use simpler_types::{
 
 use crate::held_ready::{HeldReady, Holding, hand_over_held, publish_ready, take};
 use crate::inbox::{
-    IdleDriver, Inbox, InboxBatch, ReadyEntry, deliver_ready, drive, locked_then_drive,
+    IdleDriver, Inbox, InboxBatch, ReadyEntry, WorkerSlot, deliver_ready, drive, locked_then_drive,
 };
 use crate::outcome::RunOutcome;
 use crate::run_record::RunRecord;
@@ -420,7 +420,8 @@ fn loom_idle_driver_never_strands_a_ready_task() {
         let endpoint = |inbox: Arc<Inbox>,
                         driver: Arc<IdleDriver>,
                         held: Arc<HeldReady>,
-                        sched: ModelSched| {
+                        sched: ModelSched,
+                        who: WorkerSlot| {
             thread::spawn(move || {
                 let mut taken = Vec::new();
                 let count = |g: &mut MutexGuard<'_, (usize, InboxBatch)>| count_pass(g, &inbox);
@@ -431,18 +432,70 @@ fn loom_idle_driver_never_strands_a_ready_task() {
                     let _ = inbox.pending();
                     driver.give_back_then_drive(&inbox, &held, &mut taken, &sched, count);
                 }
-                held.parking();
+                held.parking(who);
                 if take(&held, &inbox, &mut taken) {
                     drive(&inbox, &sched, count);
                 }
             })
         };
-        let first = endpoint(inbox.clone(), driver.clone(), held.clone(), sched.clone());
-        let second = endpoint(inbox.clone(), driver.clone(), held.clone(), sched.clone());
+        let first =
+            endpoint(inbox.clone(), driver.clone(), held.clone(), sched.clone(), NEXT_LEVEL_0);
+        let second = endpoint(
+            inbox.clone(),
+            driver.clone(),
+            held.clone(),
+            sched.clone(),
+            WorkerSlot::NextLevel(1),
+        );
         publish_ready_tasks(&inbox, &driver, &held, &sched, 2);
         first.join().unwrap();
         second.join().unwrap();
         assert_eq!(sched.lock().0, 2, "every ready task was processed");
+    });
+}
+
+const NEXT_LEVEL_0: WorkerSlot = WorkerSlot::NextLevel(0);
+
+/// Held tasks judged per target (`held_ready`, steps 11 and 16): NEXT_LEVEL thread 0 parks
+/// (its mark and its last take) while thread 1 stays busy and never takes. The producer
+/// publishes a task for thread 1, then one for thread 0, and stops without handing over. The
+/// task for the parked thread is processed before everyone returns, whichever side saw the
+/// other; the one for the busy thread may stay held (that thread takes it when it runs out of
+/// mail, parks or sees it stale).
+#[test]
+fn loom_a_task_for_a_parked_thread_is_not_held_behind_one_for_a_busy_thread() {
+    /// Slots of the ready tasks processed, and a pass's scratch batch.
+    type Processed = Arc<Mutex<(Vec<u32>, InboxBatch)>>;
+    fn record_pass(state: &mut (Vec<u32>, InboxBatch), inbox: &Inbox) {
+        inbox.take(&mut state.1);
+        state.0.extend(state.1.ready.drain(..).map(|r| r.slot.index));
+    }
+    model_bounded(3, || {
+        let (inbox, driver, held, _) = ready_model();
+        let sched: Processed = Arc::new(Mutex::new((Vec::new(), InboxBatch::default())));
+        let parker = {
+            let (inbox, held, sched) = (inbox.clone(), held.clone(), sched.clone());
+            thread::spawn(move || {
+                let mut taken = Vec::new();
+                held.parking(NEXT_LEVEL_0);
+                if take(&held, &inbox, &mut taken) {
+                    drive(&inbox, &sched, |g| record_pass(g, &inbox));
+                }
+            })
+        };
+        let mut holding = Holding::default();
+        for (index, worker) in [(1, 1), (2, 0)] {
+            let entry = ReadyEntry { slot: SlotId::new(index, 1), route: Route::Single { worker } };
+            let own = |g: &mut MutexGuard<'_, (Vec<u32>, InboxBatch)>, e: ReadyEntry| {
+                g.0.push(e.slot.index);
+            };
+            publish_ready(&held, &driver, &inbox, &sched, entry, true, &mut holding, own, |g| {
+                record_pass(g, &inbox)
+            })
+            .unwrap();
+        }
+        parker.join().unwrap();
+        assert!(sched.lock().0.contains(&2), "the task for the parked thread stayed held");
     });
 }
 

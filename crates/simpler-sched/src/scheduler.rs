@@ -736,7 +736,7 @@ pub(crate) mod tests {
     use crate::outcome::RunOutcome;
 
     /// A NEXT_LEVEL endpoint that finishes a member only when the test sends it a token.
-    struct Gate(mpsc::Receiver<()>);
+    pub(crate) struct Gate(pub(crate) mpsc::Receiver<()>);
 
     impl Endpoint for Gate {
         fn caps(&self) -> EndpointCaps {

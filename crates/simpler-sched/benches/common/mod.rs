@@ -61,13 +61,14 @@ impl Gate {
 /// An endpoint that succeeds at once (after the gate).
 struct Noop {
     id: u32,
+    worker_type: WorkerType,
     gate: Arc<Gate>,
 }
 
 impl Endpoint for Noop {
     fn caps(&self) -> EndpointCaps {
         EndpointCaps {
-            worker_type: WorkerType::NextLevel,
+            worker_type: self.worker_type,
             id: WorkerId(self.id),
             remote: false,
             name: format!("noop-{}", self.id),
@@ -148,12 +149,21 @@ impl Workload {
 impl Harness {
     /// Starts the engine (default rings: nothing here allocates heap slabs).
     pub fn start() -> Harness {
+        Harness::start_with_subs(0)
+    }
+
+    /// As [`start`](Self::start), with `subs` SUB endpoints as well, which the workloads never
+    /// use: they stay idle, their threads parked, as a worker's pool of host-closure workers
+    /// does while its chips are busy.
+    pub fn start_with_subs(subs: u32) -> Harness {
         let gate = Arc::new(Gate::default());
         gate.open();
-        let next_level: Vec<Box<dyn Endpoint>> = (0..2)
-            .map(|id| Box::new(Noop { id, gate: Arc::clone(&gate) }) as Box<dyn Endpoint>)
-            .collect();
-        let engine = Engine::start(EngineConfig { next_level, ..EngineConfig::default() })
+        let noop = |id, worker_type| {
+            Box::new(Noop { id, worker_type, gate: Arc::clone(&gate) }) as Box<dyn Endpoint>
+        };
+        let next_level = (0..2).map(|id| noop(id, WorkerType::NextLevel)).collect();
+        let sub = (0..subs).map(|id| noop(id, WorkerType::Sub)).collect();
+        let engine = Engine::start(EngineConfig { next_level, sub, ..EngineConfig::default() })
             .expect("engine starts");
         Harness {
             engine,
