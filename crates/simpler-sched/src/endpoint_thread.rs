@@ -178,7 +178,7 @@ impl Mailbox {
         if let Some(mail) = self.pop(&mut self.state.lock()) {
             return mail;
         }
-        // Counted as parked before the last look at the held tasks (`held_ready`, step 14).
+        // Marked as parked before the last look at the held tasks (`held_ready`, step 14).
         core.held_ready.parking(who);
         core.take_held(take);
         let mut s = self.state.lock();

@@ -15,10 +15,11 @@
 //!     buffer non-empty opens a new period in `period`, then (after a SeqCst fence) reads which
 //!     endpoint threads are parked (`parked`) into the submitter's snapshot. An entry whose
 //!     threads the snapshot shows parked is handed over at once (step 12), with everything held
-//!     before it: its own thread (a single's target), any thread of its pool (a SUB task), or
-//!     any NEXT_LEVEL thread (a group) could run it now and sleeps instead. Other entries ride
-//!     on the take the period is owed (steps 13–16), as a join does (step 1). A submit with
-//!     nothing held whose threads look parked delivers as in steps 1–10 instead of holding.
+//!     before it: a thread that could run it sleeps. A single's thread is its target; a SUB
+//!     task's are the SUB threads, a group's the NEXT_LEVEL threads, and either is handed over
+//!     if any of them is parked. Other entries ride on the take the period is owed (steps
+//!     13–16), as a join does (step 1). A submit with nothing held whose threads look parked
+//!     delivers as in steps 1–10 instead of holding.
 //! 12. **Hand over.** The submitter moves every held entry to the inbox under the buffer lock,
 //!     then reads the role as in step 7 and drives (step 2) unless a holder will. It hands over
 //!     when [`READY_BATCH`] entries are held, when it publishes a task that is not ready (it
@@ -38,12 +39,14 @@
 //! 16. **Why nothing is held forever.** The append that opened a period and a parking thread's
 //!     mark are each followed by a SeqCst fence and a read of the other's word, so at least one
 //!     of them sees the other: either the period's snapshot shows the thread parked, and every
-//!     entry it could run is handed over when appended, or the thread finds the period open
-//!     and takes what is held (or finds it already taken, and an entry appended later opens a
-//!     period whose snapshot shows the thread: the take and the append meet under the buffer
-//!     lock). So an entry is held only while a thread that could run it is awake, and an awake
-//!     thread takes it when it next runs out of mail, parks, or sees it stale. Modelled in
-//!     `loom_models`.
+//!     entry it could run is handed over when appended, or the thread reads `period` as that
+//!     period or a later state and takes what is then held. An entry appended behind others
+//!     joins a period nobody has taken since it opened (the buffer is not empty), so the take
+//!     it rides on is still owed; one appended after that take finds the buffer empty and
+//!     opens a period whose snapshot is read after the thread's mark. So an entry is held only
+//!     while no thread that could run it was parked when its period opened, and a thread that
+//!     parks later takes it first; an awake thread takes it when it next runs out of mail,
+//!     parks, or sees it stale. Modelled in `loom_models`.
 //!
 //! The buffer lock is a leaf except that a hand-over or take holds it while it appends to the
 //! inbox (lock-order rule 1). Held entries are ready slots charged to the run: an abort or a
@@ -51,9 +54,10 @@
 //! Threads are judged per target rather than engine-wide, so that an idle pool of SUB workers,
 //! parked beside busy NEXT_LEVEL ones, does not switch holding off for the NEXT_LEVEL tasks
 //! (measured: a P1 stream 35–45 % slower per task with one parked SUB thread in the engine).
-//! `parked` keeps one bit per NEXT_LEVEL thread below [`PARKED_BITS`] and one count for every
-//! other thread (SUB threads, and NEXT_LEVEL ones past the bits); a SUB task, a group, or a
-//! single for a thread past the bits is held only while that count is zero.
+//! `parked` keeps one bit per NEXT_LEVEL thread below [`PARKED_BITS`], a count of the SUB
+//! threads, and a count of the NEXT_LEVEL threads past the bits; a SUB task is held only while
+//! its count is zero, a group only while no NEXT_LEVEL thread is marked, a single for a thread
+//! past the bits only while theirs is zero.
 
 use std::time::{Duration, Instant};
 
@@ -80,33 +84,38 @@ pub(crate) const STALE_AFTER: Duration = Duration::from_micros(50);
 /// NEXT_LEVEL threads with a bit of their own in `parked` (registration indices below this).
 pub(crate) const PARKED_BITS: u32 = 64;
 
-/// Which endpoint threads are parked or about to park (step 14).
+/// Which endpoint threads are parked or about to park (step 14). Each thread changes only its
+/// own share, one read-modify-write per mark.
 #[derive(Default)]
 struct ParkedWords {
     /// Bit `i`: NEXT_LEVEL thread `i` (for `i` below [`PARKED_BITS`]).
     next_level: AtomicU64,
-    /// Every other thread: SUB threads, and NEXT_LEVEL threads past the bits.
-    others: AtomicU32,
+    /// NEXT_LEVEL threads past the bits.
+    next_level_past: AtomicU32,
+    /// SUB threads.
+    sub: AtomicU32,
 }
 
 /// The submitter's reading of `parked` when it opened a period (step 11).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Parked {
     next_level: u64,
-    others: u32,
+    next_level_past: u32,
+    sub: u32,
 }
 
 impl Parked {
     /// Every thread parked: what a submitter assumes of a period it did not open itself (one a
     /// builder before it left open), whose snapshot it never read.
-    const ALL: Parked = Parked { next_level: u64::MAX, others: u32::MAX };
+    const ALL: Parked = Parked { next_level: u64::MAX, next_level_past: u32::MAX, sub: u32::MAX };
 
     /// Whether a thread that could run an entry with `route` is parked in this reading.
     pub(crate) fn blocks(self, route: Route) -> bool {
         match route {
             Route::Single { worker } if worker < PARKED_BITS => self.next_level >> worker & 1 == 1,
-            Route::Single { .. } | Route::Sub { .. } => self.others != 0,
-            Route::Group => self.next_level != 0 || self.others != 0,
+            Route::Single { .. } => self.next_level_past != 0,
+            Route::Group => self.next_level != 0 || self.next_level_past != 0,
+            Route::Sub { .. } => self.sub != 0,
             // Never queued; never held either.
             Route::Unrouted => true,
         }
@@ -206,7 +215,8 @@ impl HeldReady {
         // Relaxed: a hint, or ordered by the fences of step 16.
         Parked {
             next_level: self.parked.next_level.load(Ordering::Relaxed),
-            others: self.parked.others.load(Ordering::Relaxed),
+            next_level_past: self.parked.next_level_past.load(Ordering::Relaxed),
+            sub: self.parked.sub.load(Ordering::Relaxed),
         }
     }
 
@@ -218,8 +228,11 @@ impl HeldReady {
             WorkerSlot::NextLevel(i) if i < PARKED_BITS => {
                 self.parked.next_level.fetch_or(1 << i, Ordering::SeqCst);
             }
-            WorkerSlot::NextLevel(_) | WorkerSlot::Sub(_) => {
-                self.parked.others.fetch_add(1, Ordering::SeqCst);
+            WorkerSlot::NextLevel(_) => {
+                self.parked.next_level_past.fetch_add(1, Ordering::SeqCst);
+            }
+            WorkerSlot::Sub(_) => {
+                self.parked.sub.fetch_add(1, Ordering::SeqCst);
             }
         }
         sync::fence_seq_cst();
@@ -232,8 +245,11 @@ impl HeldReady {
             WorkerSlot::NextLevel(i) if i < PARKED_BITS => {
                 self.parked.next_level.fetch_and(!(1 << i), Ordering::Relaxed);
             }
-            WorkerSlot::NextLevel(_) | WorkerSlot::Sub(_) => {
-                self.parked.others.fetch_sub(1, Ordering::Relaxed);
+            WorkerSlot::NextLevel(_) => {
+                self.parked.next_level_past.fetch_sub(1, Ordering::Relaxed);
+            }
+            WorkerSlot::Sub(_) => {
+                self.parked.sub.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }
@@ -266,7 +282,14 @@ impl HeldReady {
     #[cfg(all(test, not(simpler_loom)))]
     pub(crate) fn parked(&self) -> u32 {
         let p = self.parked_now();
-        p.next_level.count_ones() + p.others
+        p.next_level.count_ones() + p.next_level_past + p.sub
+    }
+
+    /// Whether exactly the SUB threads `sub` are marked as parked, and no NEXT_LEVEL one.
+    #[cfg(all(test, not(simpler_loom)))]
+    pub(crate) fn only_sub_parked(&self, sub: u32) -> bool {
+        let p = self.parked_now();
+        p == Parked { next_level: 0, next_level_past: 0, sub }
     }
 }
 
@@ -504,8 +527,10 @@ mod tests {
         let cfg = CallConfig::default();
         let mut b = engine.begin_run().unwrap();
         let first = b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None).unwrap();
+        // Running is set at dispatch, before the thread has left its park: wait for the marks
+        // themselves (step 14) to show the NEXT_LEVEL thread awake and the SUB thread parked.
         wait_until(|| engine.task_snapshot(first).unwrap().state == TaskState::Running);
-        wait_until(|| core.held_ready.parked() == 1);
+        wait_until(|| core.held_ready.only_sub_parked(1));
         let mut last = first;
         for _ in 1..17 {
             last = b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None).unwrap();

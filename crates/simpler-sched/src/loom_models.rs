@@ -395,7 +395,9 @@ fn publish_ready_tasks(
 ) -> Holding {
     let mut holding = Holding::default();
     for i in 1..=n {
-        let entry = ReadyEntry { slot: SlotId::new(i, 1), route: Route::Group };
+        // Alternating targets, so that the two endpoint threads of the models below each
+        // decide for their own tasks (`held_ready`, step 11).
+        let entry = ReadyEntry { slot: SlotId::new(i, 1), route: Route::Single { worker: i % 2 } };
         let own = |g: &mut MutexGuard<'_, (usize, InboxBatch)>, _| g.0 += 1;
         publish_ready(held, driver, inbox, sched, entry, true, &mut holding, own, |g| {
             count_pass(g, inbox)
@@ -409,7 +411,7 @@ fn publish_ready_tasks(
 /// ready tasks and then stops, without handing over, as a submitting thread that stops
 /// submitting would. Two endpoint threads each try once to take the role (taking held tasks,
 /// looking once, giving the role back) and then park, so the role can change hands between the
-/// producer's steps. Parking here is the count and the last take of step 14, not the sleep.
+/// producer's steps. Parking here is the mark and the last take of step 14, not the sleep.
 /// Every task is processed by some pass before everyone returns, whether the producer ran it,
 /// held it, or found a thread parked. (A thread taking the role a second time would rescue what
 /// an earlier holder missed and hide exactly the defects this model is for.)
@@ -495,7 +497,55 @@ fn loom_a_task_for_a_parked_thread_is_not_held_behind_one_for_a_busy_thread() {
             .unwrap();
         }
         parker.join().unwrap();
-        assert!(sched.lock().0.contains(&2), "the task for the parked thread stayed held");
+        // The first task is always held first, and every move takes all that is held.
+        assert_eq!(sched.lock().0, [1, 2], "the task for the parked thread stayed held");
+    });
+}
+
+/// As above for a SUB thread that parks twice within the producer's steps (mark and take, then
+/// mail unmarks it, then mark and take again), as a SUB worker that runs a task between two
+/// idle spells does; its count, not a bit, decides. The producer publishes a task for a busy
+/// NEXT_LEVEL thread, then two SUB tasks. Both SUB tasks are processed, after the first task.
+#[test]
+fn loom_sub_tasks_are_not_held_while_their_thread_parks_twice() {
+    type Processed = Arc<Mutex<(Vec<u32>, InboxBatch)>>;
+    fn record_pass(state: &mut (Vec<u32>, InboxBatch), inbox: &Inbox) {
+        inbox.take(&mut state.1);
+        state.0.extend(state.1.ready.drain(..).map(|r| r.slot.index));
+    }
+    model_bounded(2, || {
+        let (inbox, driver, held, _) = ready_model();
+        let sched: Processed = Arc::new(Mutex::new((Vec::new(), InboxBatch::default())));
+        let parker = {
+            let (inbox, held, sched) = (inbox.clone(), held.clone(), sched.clone());
+            thread::spawn(move || {
+                let sub = WorkerSlot::Sub(0);
+                let mut taken = Vec::new();
+                for round in 0..2 {
+                    held.parking(sub);
+                    if take(&held, &inbox, &mut taken) {
+                        drive(&inbox, &sched, |g| record_pass(g, &inbox));
+                    }
+                    if round == 0 {
+                        held.unparked(sub);
+                    }
+                }
+            })
+        };
+        let mut holding = Holding::default();
+        let routes = [(1, Route::Single { worker: 1 }), (2, Route::Sub { size: 1 })];
+        for (index, route) in routes.into_iter().chain([(3, Route::Sub { size: 1 })]) {
+            let entry = ReadyEntry { slot: SlotId::new(index, 1), route };
+            let own = |g: &mut MutexGuard<'_, (Vec<u32>, InboxBatch)>, e: ReadyEntry| {
+                g.0.push(e.slot.index);
+            };
+            publish_ready(&held, &driver, &inbox, &sched, entry, true, &mut holding, own, |g| {
+                record_pass(g, &inbox)
+            })
+            .unwrap();
+        }
+        parker.join().unwrap();
+        assert_eq!(sched.lock().0, [1, 2, 3], "a SUB task stayed held while its thread slept");
     });
 }
 
@@ -546,7 +596,10 @@ fn loom_joining_a_pending_inbox_never_strands_a_ready_task() {
             })
         };
         for i in 1..=3 {
-            let entry = ReadyEntry { slot: SlotId::new(i, 1), route: Route::Group };
+            // Alternating targets, so that the two endpoint threads of the models below each
+            // decide for their own tasks (`held_ready`, step 11).
+            let entry =
+                ReadyEntry { slot: SlotId::new(i, 1), route: Route::Single { worker: i % 2 } };
             let own = |g: &mut MutexGuard<'_, (usize, InboxBatch)>, _| g.0 += 1;
             deliver_ready(&inbox, &sched, entry, true, own, |g| count_pass(g, &inbox)).unwrap();
         }
