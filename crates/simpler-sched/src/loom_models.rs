@@ -440,65 +440,78 @@ fn loom_idle_driver_never_strands_a_ready_task() {
                 }
             })
         };
-        let first =
-            endpoint(inbox.clone(), driver.clone(), held.clone(), sched.clone(), NEXT_LEVEL_0);
-        let second = endpoint(
-            inbox.clone(),
-            driver.clone(),
-            held.clone(),
-            sched.clone(),
-            WorkerSlot::NextLevel(1),
-        );
+        let threads = [0, 1].map(|i| {
+            let who = WorkerSlot::NextLevel(i);
+            endpoint(inbox.clone(), driver.clone(), held.clone(), sched.clone(), who)
+        });
         publish_ready_tasks(&inbox, &driver, &held, &sched, 2);
-        first.join().unwrap();
-        second.join().unwrap();
+        for thread in threads {
+            thread.join().unwrap();
+        }
         assert_eq!(sched.lock().0, 2, "every ready task was processed");
     });
 }
 
-const NEXT_LEVEL_0: WorkerSlot = WorkerSlot::NextLevel(0);
+/// A model scheduler that records the slots of the ready tasks it processes, in order.
+type Recorded = Arc<Mutex<(Vec<u32>, InboxBatch)>>;
 
-/// Held tasks judged per target (`held_ready`, steps 11 and 16): NEXT_LEVEL thread 0 parks
-/// (its mark and its last take) while thread 1 stays busy and never takes. The producer
-/// publishes a task for thread 1, then one for thread 0, and stops without handing over. The
-/// task for the parked thread is processed before everyone returns, whichever side saw the
-/// other; the one for the busy thread may stay held (that thread takes it when it runs out of
-/// mail, parks or sees it stale).
+/// A model pass for [`Recorded`]: drains the inbox and records the ready tasks it found.
+fn record_pass(state: &mut (Vec<u32>, InboxBatch), inbox: &Inbox) {
+    inbox.take(&mut state.1);
+    state.0.extend(state.1.ready.drain(..).map(|r| r.slot.index));
+}
+
+/// Held tasks judged per target (`held_ready`, steps 11 and 16). `parker` runs on a thread
+/// beside a producer that publishes `routes` (slots 1, 2, …) as ready tasks that may be held
+/// and then stops without handing over; returns the slots processed, in order, once both are
+/// done.
+fn per_target_model(
+    routes: &[Route],
+    parker: impl FnOnce(&HeldReady, &Inbox, &Recorded) + Send + 'static,
+) -> Vec<u32> {
+    let (inbox, driver, held, _) = ready_model();
+    let sched: Recorded = Arc::new(Mutex::new((Vec::new(), InboxBatch::default())));
+    let parker = {
+        let (inbox, held, sched) = (inbox.clone(), held.clone(), sched.clone());
+        thread::spawn(move || parker(&held, &inbox, &sched))
+    };
+    let mut holding = Holding::default();
+    for (index, &route) in (1..).zip(routes) {
+        let entry = ReadyEntry { slot: SlotId::new(index, 1), route };
+        let own = |g: &mut MutexGuard<'_, (Vec<u32>, InboxBatch)>, e: ReadyEntry| {
+            g.0.push(e.slot.index);
+        };
+        publish_ready(&held, &driver, &inbox, &sched, entry, true, &mut holding, own, |g| {
+            record_pass(g, &inbox)
+        })
+        .unwrap();
+    }
+    parker.join().unwrap();
+    std::mem::take(&mut sched.lock().0)
+}
+
+/// A parking endpoint thread's mark and last take (step 14), not the sleep.
+fn park_and_take(held: &HeldReady, inbox: &Inbox, sched: &Recorded, who: WorkerSlot) {
+    let mut taken = Vec::new();
+    held.parking(who);
+    if take(held, inbox, &mut taken) {
+        drive(inbox, sched, |g| record_pass(g, inbox));
+    }
+}
+
+/// NEXT_LEVEL thread 0 parks while thread 1 stays busy and never takes. The producer publishes
+/// a task for thread 1, then one for thread 0. The task for the parked thread is processed
+/// before everyone returns, whichever side saw the other; the one for the busy thread may stay
+/// held (that thread takes it when it runs out of mail, parks or sees it stale).
 #[test]
 fn loom_a_task_for_a_parked_thread_is_not_held_behind_one_for_a_busy_thread() {
-    /// Slots of the ready tasks processed, and a pass's scratch batch.
-    type Processed = Arc<Mutex<(Vec<u32>, InboxBatch)>>;
-    fn record_pass(state: &mut (Vec<u32>, InboxBatch), inbox: &Inbox) {
-        inbox.take(&mut state.1);
-        state.0.extend(state.1.ready.drain(..).map(|r| r.slot.index));
-    }
     model_bounded(3, || {
-        let (inbox, driver, held, _) = ready_model();
-        let sched: Processed = Arc::new(Mutex::new((Vec::new(), InboxBatch::default())));
-        let parker = {
-            let (inbox, held, sched) = (inbox.clone(), held.clone(), sched.clone());
-            thread::spawn(move || {
-                let mut taken = Vec::new();
-                held.parking(NEXT_LEVEL_0);
-                if take(&held, &inbox, &mut taken) {
-                    drive(&inbox, &sched, |g| record_pass(g, &inbox));
-                }
-            })
-        };
-        let mut holding = Holding::default();
-        for (index, worker) in [(1, 1), (2, 0)] {
-            let entry = ReadyEntry { slot: SlotId::new(index, 1), route: Route::Single { worker } };
-            let own = |g: &mut MutexGuard<'_, (Vec<u32>, InboxBatch)>, e: ReadyEntry| {
-                g.0.push(e.slot.index);
-            };
-            publish_ready(&held, &driver, &inbox, &sched, entry, true, &mut holding, own, |g| {
-                record_pass(g, &inbox)
-            })
-            .unwrap();
-        }
-        parker.join().unwrap();
+        let routes = [Route::Single { worker: 1 }, Route::Single { worker: 0 }];
+        let processed = per_target_model(&routes, |held, inbox, sched| {
+            park_and_take(held, inbox, sched, WorkerSlot::NextLevel(0));
+        });
         // The first task is always held first, and every move takes all that is held.
-        assert_eq!(sched.lock().0, [1, 2], "the task for the parked thread stayed held");
+        assert_eq!(processed, [1, 2], "the task for the parked thread stayed held");
     });
 }
 
@@ -508,44 +521,14 @@ fn loom_a_task_for_a_parked_thread_is_not_held_behind_one_for_a_busy_thread() {
 /// NEXT_LEVEL thread, then two SUB tasks. Both SUB tasks are processed, after the first task.
 #[test]
 fn loom_sub_tasks_are_not_held_while_their_thread_parks_twice() {
-    type Processed = Arc<Mutex<(Vec<u32>, InboxBatch)>>;
-    fn record_pass(state: &mut (Vec<u32>, InboxBatch), inbox: &Inbox) {
-        inbox.take(&mut state.1);
-        state.0.extend(state.1.ready.drain(..).map(|r| r.slot.index));
-    }
     model_bounded(2, || {
-        let (inbox, driver, held, _) = ready_model();
-        let sched: Processed = Arc::new(Mutex::new((Vec::new(), InboxBatch::default())));
-        let parker = {
-            let (inbox, held, sched) = (inbox.clone(), held.clone(), sched.clone());
-            thread::spawn(move || {
-                let sub = WorkerSlot::Sub(0);
-                let mut taken = Vec::new();
-                for round in 0..2 {
-                    held.parking(sub);
-                    if take(&held, &inbox, &mut taken) {
-                        drive(&inbox, &sched, |g| record_pass(g, &inbox));
-                    }
-                    if round == 0 {
-                        held.unparked(sub);
-                    }
-                }
-            })
-        };
-        let mut holding = Holding::default();
-        let routes = [(1, Route::Single { worker: 1 }), (2, Route::Sub { size: 1 })];
-        for (index, route) in routes.into_iter().chain([(3, Route::Sub { size: 1 })]) {
-            let entry = ReadyEntry { slot: SlotId::new(index, 1), route };
-            let own = |g: &mut MutexGuard<'_, (Vec<u32>, InboxBatch)>, e: ReadyEntry| {
-                g.0.push(e.slot.index);
-            };
-            publish_ready(&held, &driver, &inbox, &sched, entry, true, &mut holding, own, |g| {
-                record_pass(g, &inbox)
-            })
-            .unwrap();
-        }
-        parker.join().unwrap();
-        assert_eq!(sched.lock().0, [1, 2, 3], "a SUB task stayed held while its thread slept");
+        let sub = Route::Sub { size: 1 };
+        let processed = per_target_model(&[Route::Single { worker: 1 }, sub, sub], |h, i, s| {
+            park_and_take(h, i, s, WorkerSlot::Sub(0));
+            h.unparked(WorkerSlot::Sub(0));
+            park_and_take(h, i, s, WorkerSlot::Sub(0));
+        });
+        assert_eq!(processed, [1, 2, 3], "a SUB task stayed held while its thread slept");
     });
 }
 
