@@ -520,9 +520,11 @@ impl ChipState {
         Ok(self.runner().map_err(|e| mem_err(chip, e))?.stats().memory)
     }
 
-    /// Finalizes the runner (after retiring a run in flight); returns what it left behind:
-    /// stuck device threads as leaked, a finalize error as failed.
+    /// Finalizes the runner after retiring a run in flight (whose fence is then published, so
+    /// its waiters never wait for a lane that is gone); returns what it left behind: stuck
+    /// device threads as leaked, a finalize error as failed.
     pub(crate) fn finalize(&mut self) -> Vec<Residue> {
+        self.retire_in_flight();
         if let Some(mut p) = self.process.take() {
             return p.shutdown();
         }
@@ -649,29 +651,14 @@ impl ChipLane {
         let (tx, rx) = mpsc::channel::<LaneJob>();
         let thread = std::thread::Builder::new().name(name).spawn(move || {
             let mut state = state;
-            let mut back_to_back = false;
-            while let Some(job) = next_job(&rx, &mut back_to_back, &mut state) {
-                let f = match job {
-                    LaneJob::Run(f, _) => f,
-                    LaneJob::Control(f) => {
-                        state.retire_in_flight();
-                        f
-                    }
-                };
-                // A panicking job (a user closure given to the lane) must not stop the lane:
-                // every later call and the final teardown still need it. The job's own result
-                // channel is dropped by the unwind, which its caller reports.
-                let before = state.in_flight.as_ref().map(|f| f.run);
-                if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(&mut state))) {
-                    tracing::error!(%chip, "a chip lane job panicked: {}", panic_text(p.as_ref()));
-                }
-                // A streak needs runs that go in flight one after another: a job that left no
-                // new run in flight (a failed preparation, a run reaped at once) ends it, so
-                // that quickly failing submits cannot keep the run in flight from being reaped.
-                let after = state.in_flight.as_ref().map(|f| f.run);
-                if after.is_none() || after == before {
-                    back_to_back = false;
-                }
+            // Whatever unwinds out of the loop (a tracing layer that panics while the loop
+            // logs, say), the teardown below still publishes the run in flight.
+            let served = catch_unwind(AssertUnwindSafe(|| serve(&rx, &mut state)));
+            if let Err(p) = served {
+                let text = panic_text(p.as_ref());
+                // The panic may have come from the tracing layer itself.
+                let log = || tracing::error!(%chip, "the chip lane stopped on a panic: {text}");
+                let _ = catch_unwind(AssertUnwindSafe(log));
             }
             state.finalize()
         })?;
@@ -752,6 +739,35 @@ impl<R> LaneReply<R> {
     }
 }
 
+/// The lane's loop: runs each job as it comes until the channel closes. A job's panic (a user
+/// closure given to the lane) is caught and logged, so later calls and the teardown still find
+/// the lane.
+fn serve(rx: &mpsc::Receiver<LaneJob>, state: &mut ChipState) {
+    let chip = state.chip;
+    let mut back_to_back = false;
+    while let Some(job) = next_job(rx, &mut back_to_back, state) {
+        let f = match job {
+            LaneJob::Run(f, _) => f,
+            LaneJob::Control(f) => {
+                state.retire_in_flight();
+                f
+            }
+        };
+        // The job's own result channel is dropped by the unwind, which its caller reports.
+        let before = state.in_flight.as_ref().map(|f| f.run);
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(state))) {
+            tracing::error!(%chip, "a chip lane job panicked: {}", panic_text(p.as_ref()));
+        }
+        // A streak needs runs that go in flight one after another: a job that left no new run
+        // in flight (a failed preparation, a run reaped at once) ends it, so that quickly
+        // failing submits cannot keep the run in flight from being reaped.
+        let after = state.in_flight.as_ref().map(|f| f.run);
+        if after.is_none() || after == before {
+            back_to_back = false;
+        }
+    }
+}
+
 /// The lane's next job; `None` once the channel closed. With a run in flight, reaps it in
 /// growing slices and takes a job that arrived between two slices.
 ///
@@ -806,5 +822,49 @@ fn next_job(
             *back_to_back = false;
             linger::recv(rx).ok()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use simpler_device_a2a3::programs::{add, f32_to_le_bytes};
+    use simpler_device_a2a3::{Platform, RuntimeVariant};
+    use simpler_types::{DataType, TaskArgs, WorkerId};
+
+    use crate::worker::Body;
+    use crate::{Orchestration, Worker};
+
+    #[test]
+    fn a_lane_that_stops_with_a_run_in_flight_publishes_that_run() {
+        // A slow kernel keeps the run on the chip while the lane's channel closes under it, as
+        // when the lane's loop ends for any reason with a run in flight: the teardown must
+        // retire the run, or whoever waits for it waits forever.
+        let mut b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph);
+        let callable = add::builder().names("add_0", "add_config").build().expect("callable");
+        let add = b.register_chip(callable);
+        let w = b.start().expect("start");
+        let mem = w.memory().expect("memory");
+        let n = 64;
+        let mut args = TaskArgs::new();
+        for x in [1.0f32, 2.0, 0.0] {
+            let buf = mem.malloc(u64::from(n) * 4).expect("malloc");
+            mem.copy_to(&buf, 0, &f32_to_le_bytes(&vec![x; n as usize])).expect("copy");
+            args.add_inout(buf.tensor(&[n], DataType::Float32).expect("tensor")).expect("arg");
+        }
+        w.with_sim_faults(WorkerId(0), |p| p.kernel_delay(0, Duration::from_millis(200)))
+            .expect("fault plan");
+        let run = w.submit(Orchestration::chip(add, args)).expect("submit");
+        assert!(!run.is_done(), "the run must still be on the chip when the lane stops");
+        let Body::Chip(lane) = &w.inner.body else { unreachable!("an L2 worker has a lane") };
+        let residue = lane.stop();
+        assert!(residue.is_empty(), "{residue:?}");
+        if run.wait_timeout(Duration::from_secs(20)).is_none() {
+            // Closing would wait for the same run forever.
+            std::mem::forget((run, w));
+            panic!("the run in flight was never published");
+        }
+        w.close().expect("close after the lane stopped");
     }
 }
