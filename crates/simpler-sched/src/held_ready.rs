@@ -105,8 +105,8 @@ pub(crate) struct Parked {
 }
 
 impl Parked {
-    /// Every thread parked: what a submitter assumes of a period it did not open itself (one a
-    /// builder before it left open), whose snapshot it never read.
+    /// Every thread parked: what a submitter's holding assumes before it has read a snapshot
+    /// of its own, so that an entry appended to a period it did not open is handed over.
     const ALL: Parked = Parked { next_level: u64::MAX, next_level_past: u32::MAX, sub: u32::MAX };
 
     /// Whether a thread that could run an entry with `route` is parked in this reading.
