@@ -69,7 +69,7 @@ use crate::graph::GraphScratch;
 use crate::inbox::{Closed, IdleDriver, Inbox, ReadyEntry, WorkerSlot, deliver_ready, drive};
 use crate::scheduler::Own;
 use crate::slot::Route;
-use crate::sync::{self, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::sync::{self, AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// Most ready tasks held before the submitter hands them over (holding as a whole took a P1
 /// task from 0.38–0.41 to 0.27–0.29 µs in the machine's fast mode; 4, 8 and 32 measured alike
@@ -84,30 +84,43 @@ pub(crate) const STALE_AFTER: Duration = Duration::from_micros(50);
 /// NEXT_LEVEL threads with a bit of their own in `parked` (registration indices below this).
 pub(crate) const PARKED_BITS: u32 = 64;
 
-/// Which endpoint threads are parked or about to park (step 14). Each thread changes only its
-/// own share, one read-modify-write per mark.
+/// Which endpoint threads are parked or about to park (step 14). Each thread adds its own
+/// share when it marks itself and subtracts it when it has mail ([`ParkedWords::share`]), one
+/// read-modify-write each: a bit is only ever added while clear and subtracted while set, so
+/// the adds and subtracts act as setting and clearing it.
 #[derive(Default)]
 struct ParkedWords {
     /// Bit `i`: NEXT_LEVEL thread `i` (for `i` below [`PARKED_BITS`]).
     next_level: AtomicU64,
     /// NEXT_LEVEL threads past the bits.
-    next_level_past: AtomicU32,
+    next_level_past: AtomicU64,
     /// SUB threads.
-    sub: AtomicU32,
+    sub: AtomicU64,
+}
+
+impl ParkedWords {
+    /// The word `who` marks itself in, and what it adds there.
+    fn share(&self, who: WorkerSlot) -> (&AtomicU64, u64) {
+        match who {
+            WorkerSlot::NextLevel(i) if i < PARKED_BITS => (&self.next_level, 1 << i),
+            WorkerSlot::NextLevel(_) => (&self.next_level_past, 1),
+            WorkerSlot::Sub(_) => (&self.sub, 1),
+        }
+    }
 }
 
 /// The submitter's reading of `parked` when it opened a period (step 11).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Parked {
     next_level: u64,
-    next_level_past: u32,
-    sub: u32,
+    next_level_past: u64,
+    sub: u64,
 }
 
 impl Parked {
     /// Every thread parked: what a submitter's holding assumes before it has read a snapshot
     /// of its own, so that an entry appended to a period it did not open is handed over.
-    const ALL: Parked = Parked { next_level: u64::MAX, next_level_past: u32::MAX, sub: u32::MAX };
+    const ALL: Parked = Parked { next_level: u64::MAX, next_level_past: u64::MAX, sub: u64::MAX };
 
     /// Whether a thread that could run an entry with `route` is parked in this reading.
     pub(crate) fn blocks(self, route: Route) -> bool {
@@ -223,35 +236,17 @@ impl HeldReady {
     /// Step 14's mark, before the take; [`unparked`](Self::unparked) must follow once the
     /// thread has mail.
     pub(crate) fn parking(&self, who: WorkerSlot) {
+        let (word, share) = self.parked.share(who);
         // The fence pairs with the submitter's (step 16).
-        match who {
-            WorkerSlot::NextLevel(i) if i < PARKED_BITS => {
-                self.parked.next_level.fetch_or(1 << i, Ordering::SeqCst);
-            }
-            WorkerSlot::NextLevel(_) => {
-                self.parked.next_level_past.fetch_add(1, Ordering::SeqCst);
-            }
-            WorkerSlot::Sub(_) => {
-                self.parked.sub.fetch_add(1, Ordering::SeqCst);
-            }
-        }
+        word.fetch_add(share, Ordering::SeqCst);
         sync::fence_seq_cst();
     }
 
     /// Step 14's end: the thread has mail again.
     pub(crate) fn unparked(&self, who: WorkerSlot) {
+        let (word, share) = self.parked.share(who);
         // Relaxed: the mark only; step 16's fences order what depends on it.
-        match who {
-            WorkerSlot::NextLevel(i) if i < PARKED_BITS => {
-                self.parked.next_level.fetch_and(!(1 << i), Ordering::Relaxed);
-            }
-            WorkerSlot::NextLevel(_) => {
-                self.parked.next_level_past.fetch_sub(1, Ordering::Relaxed);
-            }
-            WorkerSlot::Sub(_) => {
-                self.parked.sub.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
+        word.fetch_sub(share, Ordering::Relaxed);
     }
 
     /// Step 15's look: whether a period is open and began at least `stale_after` ago. Reads
@@ -280,14 +275,14 @@ impl HeldReady {
 
     /// Endpoint threads marked as parked, for tests.
     #[cfg(all(test, not(simpler_loom)))]
-    pub(crate) fn parked(&self) -> u32 {
+    pub(crate) fn parked(&self) -> u64 {
         let p = self.parked_now();
-        p.next_level.count_ones() + p.next_level_past + p.sub
+        u64::from(p.next_level.count_ones()) + p.next_level_past + p.sub
     }
 
     /// Whether exactly the SUB threads `sub` are marked as parked, and no NEXT_LEVEL one.
     #[cfg(all(test, not(simpler_loom)))]
-    pub(crate) fn only_sub_parked(&self, sub: u32) -> bool {
+    pub(crate) fn only_sub_parked(&self, sub: u64) -> bool {
         let p = self.parked_now();
         p == Parked { next_level: 0, next_level_past: 0, sub }
     }
@@ -470,16 +465,15 @@ impl Core {
 
 #[cfg(all(test, not(simpler_loom)))]
 mod tests {
+    use std::sync::mpsc;
     use std::time::Duration;
 
-    use simpler_types::{CallConfig, DataType, TaskArgs, TaskState, Tensor, WorkerId, WorkerType};
-
-    use std::sync::mpsc;
-
-    use simpler_types::{CallableId, CallableKind, CallableNamespace, TaskId};
+    use simpler_types::{
+        CallConfig, CallableId, CallableKind, CallableNamespace, DataType, TaskArgs, TaskId,
+        TaskState, Tensor, WorkerId, WorkerType,
+    };
 
     use crate::builder::RunBuilder;
-
     use crate::endpoint::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
     use crate::engine::{Engine, EngineConfig};
     use crate::outcome::RunOutcome;
