@@ -6,7 +6,8 @@
 //! One mutex holds the result, the elected flag and the values to drop after publication; one
 //! condition variable wakes parked waiters.
 //!
-//! 1. **Enter.** Published → a clone of the result. Another waiter elected → park until
+//! 1. **Enter.** Published → a clone of the result. Another waiter elected → yield briefly
+//!    (once per entry) while the elected one looks likely to publish soon, then park until
 //!    publication, un-election or the deadline. Otherwise become the elected waiter.
 //! 2. **Give up.** An elected waiter that stops before the cleanup (its deadline passed, or it
 //!    unwound) clears the flag and wakes every parked waiter: one of them is elected next.
@@ -15,11 +16,19 @@
 //!
 //! So the cleanup runs at most once per run, every waiter that returns a result returns the one
 //! stored, and no waiter parks for good while a result can still come.
+//!
+//! The yield of step 1 looks at a mirror of the elected flag kept outside the lock, stored
+//! under the lock whenever the flag changes. It is only a hint: whatever the yield saw, the
+//! waiter relocks and decides from the cell, so the protocol's guarantees do not depend on it.
+//! It exists because two threads often wait for the same L2 run (a stream's admission wait and
+//! the thread that collects its results), and a parked one costs a wake-up per run that a
+//! virtual machine charges as much as the run's own host work (`docs/pipelining.md`, step 7).
 
 use std::any::Any;
 use std::time::Instant;
 
-use crate::sync::{Condvar, Mutex};
+use crate::linger;
+use crate::sync::{AtomicBool, Condvar, Mutex, Ordering};
 
 struct Cell<T> {
     result: Option<T>,
@@ -31,6 +40,8 @@ struct Cell<T> {
 pub(crate) struct Election<T> {
     cell: Mutex<Cell<T>>,
     cv: Condvar,
+    /// Mirrors `cell.elected`, for a waiter that yields before it parks (module docs).
+    elected: AtomicBool,
 }
 
 /// What [`Election::enter`] decided.
@@ -49,6 +60,7 @@ impl<T: Clone> Election<T> {
         Election {
             cell: Mutex::new(Cell { result: None, elected: false, keep: Vec::new() }),
             cv: Condvar::default(),
+            elected: AtomicBool::new(false),
         }
     }
 
@@ -65,13 +77,21 @@ impl<T: Clone> Election<T> {
     /// Step 1.
     pub(crate) fn enter(&self, deadline: Option<Instant>) -> Turn<T> {
         let mut cell = self.cell.lock();
+        let mut yielded = false;
         loop {
             if let Some(r) = &cell.result {
                 return Turn::Published(r.clone());
             }
             if !cell.elected {
-                cell.elected = true;
+                self.set_elected(&mut cell, true);
                 return Turn::Elected;
+            }
+            if !yielded {
+                yielded = true;
+                drop(cell);
+                linger::until(|| !self.elected.load(Ordering::Acquire), deadline);
+                cell = self.cell.lock();
+                continue;
             }
             let (c, timed_out) = self.cv.wait_deadline(cell, deadline);
             cell = c;
@@ -87,7 +107,7 @@ impl<T: Clone> Election<T> {
     /// Step 2 (elected waiters only).
     pub(crate) fn give_up(&self) {
         let mut cell = self.cell.lock();
-        cell.elected = false;
+        self.set_elected(&mut cell, false);
         self.cv.notify_all();
     }
 
@@ -95,8 +115,64 @@ impl<T: Clone> Election<T> {
     pub(crate) fn publish(&self, result: T) -> Vec<Box<dyn Any + Send>> {
         let mut cell = self.cell.lock();
         cell.result = Some(result);
-        cell.elected = false;
+        self.set_elected(&mut cell, false);
         self.cv.notify_all();
         std::mem::take(&mut cell.keep)
+    }
+
+    /// Sets the elected flag and its mirror, under the lock.
+    fn set_elected(&self, cell: &mut Cell<T>, elected: bool) {
+        cell.elected = elected;
+        self.elected.store(elected, Ordering::Release);
+    }
+}
+
+// Timed waits and threads: normal builds only (`loom_models` checks the protocol itself).
+#[cfg(all(test, not(simpler_loom)))]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A second waiter that enters while `first` is elected, on its own thread.
+    fn second_waiter(e: &Arc<Election<u32>>) -> std::thread::JoinHandle<Turn<u32>> {
+        let e = Arc::clone(e);
+        std::thread::spawn(move || e.enter(None))
+    }
+
+    #[test]
+    fn a_waiter_behind_the_elected_one_gets_its_result_whether_it_yields_or_parks() {
+        // Publication a few microseconds in (the waiter is still yielding) and 20 ms in (it
+        // has parked).
+        for delay in [Duration::from_micros(5), Duration::from_millis(20)] {
+            let e = Arc::new(Election::new());
+            assert!(matches!(e.enter(None), Turn::Elected));
+            let waiter = second_waiter(&e);
+            std::thread::sleep(delay);
+            assert!(e.publish(7).is_empty());
+            match waiter.join().expect("waiter") {
+                Turn::Published(r) => assert_eq!(r, 7, "after {delay:?}"),
+                _ => panic!("the second waiter did not get the published result ({delay:?})"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_waiter_behind_one_that_gives_up_is_elected_next_and_a_deadline_ends_its_wait() {
+        let e = Arc::new(Election::new());
+        assert!(matches!(e.enter(None), Turn::Elected));
+        let deadline = Instant::now() + Duration::from_millis(5);
+        assert!(matches!(e.enter(Some(deadline)), Turn::Expired), "a deadline ends the wait");
+        assert!(Instant::now() >= deadline);
+        for delay in [Duration::from_micros(5), Duration::from_millis(20)] {
+            let waiter = second_waiter(&e);
+            std::thread::sleep(delay);
+            e.give_up();
+            assert!(
+                matches!(waiter.join().expect("waiter"), Turn::Elected),
+                "the waiter did not take over after {delay:?}"
+            );
+        }
     }
 }

@@ -5,8 +5,9 @@
 //! Fence-owned cleanup runs exactly once, on a waiting thread (`wait`, admission of the next
 //! run, or `close`), never on an engine thread:
 //!
-//! 1. Lock the run's cell. Published → return a clone. Another waiter elected → park until
-//!    publication, un-election or the deadline (`None`). Else become elected; unlock.
+//! 1. Lock the run's cell. Published → return a clone. Another waiter elected → yield briefly
+//!    (unlocked), then park until publication, un-election or the deadline (`None`). Else
+//!    become elected; unlock.
 //! 2. Wait for the fence with the remaining deadline. On expiry (or an unwind out of the wait):
 //!    relock, un-elect, wake every parked waiter (one of them takes over) and return `None`.
 //!    The run is untouched.
