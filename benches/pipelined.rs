@@ -1,13 +1,16 @@
 //! Pipelined runs through an L2 worker (`docs/pipelining.md`): depth 1, depth 2 and device
 //! queueing in the same invocation, alternating.
 //!
-//! - **W3**: back-to-back runs of the vector program over 1024 f32 on one cluster, whose
-//!   `g = d · e` kernel declares a time on the chip (`model_device_time`) chosen so that a
-//!   run's device time equals the host's part of a depth-1 run: ten candidate times are
-//!   measured at depth 1 and the closest pair (relative to the larger) wins. The simulator's
-//!   threads neither sleep nor spin for it, as a chip's compute uses no host CPU
-//!   (`docs/benchmarks-worker.md`, W3, says why this is the faithful model). Throughput and
-//!   per-run latency (submit → result) at each lane mode.
+//! - **W3**: back-to-back runs of the vector program over 1024 f32 on one cluster whose
+//!   orchestration also does 20 µs of host CPU work (a serving step's own preparation: block
+//!   tables, request metadata) and whose `g = d · e` kernel declares a time on the chip
+//!   (`model_device_time`) chosen so that a run's device time equals the host's part of a
+//!   depth-1 run: candidate times are measured at depth 1 and the closest pair (relative to
+//!   the larger) wins. The simulator's threads neither sleep nor spin for the declared time,
+//!   as a chip's compute uses no host CPU (`docs/benchmarks-worker.md`, W3, says why this is
+//!   the faithful model). Throughput and per-run latency (submit → result) at each lane mode.
+//! - **W3 lean host**: the same without host work, so that the preparation is the runtime's
+//!   own few microseconds and the simulator's own work per run is most of the device time.
 //! - **W3 streaming**: the streaming program's independent one-element tasks, as many as make
 //!   its device time (the simulated AICPU dispatching each task) equal to its host
 //!   preparation (building each task), both measured on a runner at depth 1 for 10 to 80
@@ -36,8 +39,8 @@ use cpu_time::ProcessTime;
 use simpler::device_a2a3::kernel::model_device_time;
 use simpler::device_a2a3::programs::{f32_to_le_bytes, streaming, vector};
 use simpler::device_a2a3::{
-    ChipCallable, ChipSlot, DevicePtr, DeviceRunner, Platform, RunRequest, RunnerOptions,
-    RuntimeVariant,
+    ChipCallable, ChipSlot, DevicePtr, DeviceRunner, OrchArgs, OrchCtx, OrchError,
+    Orchestration as ChipOrchestration, Platform, RunRequest, RunnerOptions, RuntimeVariant,
 };
 use simpler::types::{CallConfig, DataType, RunId, TaskArgs, Tensor};
 use simpler::worker::{ChipMemory, Orchestration, Worker};
@@ -47,6 +50,49 @@ const N: usize = 16384;
 /// Nanoseconds the `g = d · e` kernel declares it takes on the chip.
 static CHIP_TIME_NS: AtomicU64 = AtomicU64::new(0);
 
+/// Iterations of [`host_work`] the vector program's orchestration runs after building its graph.
+static HOST_WORK_ITERS: AtomicU64 = AtomicU64::new(0);
+
+/// Iterations of [`host_work`] per microsecond on this machine, measured once (`calibrate_host_work`).
+static HOST_WORK_PER_US: AtomicU64 = AtomicU64::new(0);
+
+/// `iters` rounds of a multiply-xor mix whose result the caller keeps: CPU work that the
+/// compiler cannot drop, standing in for a serving step's own host preparation (a block table,
+/// request metadata) in the orchestration.
+fn host_work(iters: u64) -> u64 {
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    for i in 0..iters {
+        x = std::hint::black_box(x.rotate_left(7) ^ i).wrapping_mul(0x0100_0000_01b3);
+    }
+    x
+}
+
+/// Measures [`HOST_WORK_PER_US`]: the fastest of five timed blocks, so that a preemption
+/// during one does not count as work.
+fn calibrate_host_work() {
+    const ITERS: u64 = 2_000_000;
+    let fastest = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            std::hint::black_box(host_work(ITERS));
+            t.elapsed()
+        })
+        .min()
+        .expect("five blocks");
+    let per_us = (ITERS as f64 / (fastest.as_secs_f64() * 1e6)).max(1.0);
+    HOST_WORK_PER_US.store(per_us as u64, Ordering::Relaxed);
+}
+
+/// The vector program's orchestration, then [`HOST_WORK_ITERS`] of host work.
+fn orchestration_with_host_work(
+    ctx: &mut OrchCtx<'_>,
+    args: &OrchArgs<'_>,
+) -> Result<(), OrchError> {
+    vector::orchestration(ctx, args)?;
+    std::hint::black_box(host_work(HOST_WORK_ITERS.load(Ordering::Relaxed)));
+    Ok(())
+}
+
 /// `g = d · e`, declaring [`CHIP_TIME_NS`] of time on the chip.
 unsafe extern "C-unwind" fn mul_declaring_chip_time(args: *mut i64) {
     // SAFETY: the runtime's argument vector for the product task, passed on unchanged.
@@ -54,21 +100,30 @@ unsafe extern "C-unwind" fn mul_declaring_chip_time(args: *mut i64) {
     model_device_time(Duration::from_nanos(CHIP_TIME_NS.load(Ordering::Relaxed)));
 }
 
-/// The chip program of `shape`: the vector program with [`mul_declaring_chip_time`] as its
-/// product kernel, or the streaming program.
+/// The chip program of `shape`: the vector program with [`orchestration_with_host_work`] and
+/// [`mul_declaring_chip_time`] as its product kernel, or the streaming program.
 fn program(shape: Shape) -> ChipCallable {
     match shape.program {
-        Program::Vector => {
-            vector::builder_with_mul(mul_declaring_chip_time).build().expect("program")
-        }
+        Program::Vector => vector::builder_around(
+            ChipOrchestration::Native {
+                entry: orchestration_with_host_work,
+                config: vector::config,
+            },
+            mul_declaring_chip_time,
+        )
+        .build()
+        .expect("program"),
         Program::Streaming { .. } => streaming::callable().expect("program"),
     }
 }
 
-/// Sets the time on the chip the product kernel of the streams that follow declares.
-fn set_chip_time(shape: Shape) {
+/// Sets the time on the chip the product kernel declares and the host work of the
+/// orchestration, for the streams that follow.
+fn apply_shape(shape: Shape) {
     let ns = shape.chip_time.map_or(0, |d| d.as_nanos() as u64);
     CHIP_TIME_NS.store(ns, Ordering::Relaxed);
+    let iters = shape.host_work.as_micros() as u64 * HOST_WORK_PER_US.load(Ordering::Relaxed);
+    HOST_WORK_ITERS.store(iters, Ordering::Relaxed);
 }
 
 /// Which chip program a stream runs.
@@ -83,13 +138,14 @@ enum Program {
 
 /// One workload of the stream: program, elements (lanes of the streaming program), cluster
 /// count (0 = default), the vector product kernel's declared time on the chip (`None`: the
-/// simulator's own work is the device time).
+/// simulator's own work is the device time) and the vector orchestration's host work.
 #[derive(Clone, Copy)]
 struct Shape {
     program: Program,
     n: usize,
     block_dim: u32,
     chip_time: Option<Duration>,
+    host_work: Duration,
 }
 
 /// The chip arguments of `shape` over buffers that `malloc` returns (child memory): the vector
@@ -162,7 +218,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 /// Host time (prepare + launch + complete) and device time (the wait in `reap_run`) of one run
 /// of `shape`, measured on a runner directly (medians of `samples`).
 fn calibrate(samples: usize, shape: Shape) -> (Duration, Duration) {
-    set_chip_time(shape);
+    apply_shape(shape);
     let opts = RunnerOptions::sim(9, RuntimeVariant::HostBuildGraph);
     let (mut r, slot, args, ptrs) = runner_with(opts, shape);
     let cfg = CallConfig::builder().block_dim(shape.block_dim).build().expect("config");
@@ -189,8 +245,15 @@ fn calibrate(samples: usize, shape: Shape) -> (Duration, Duration) {
 /// Task counts W3 streaming tries.
 const STREAMING_TASKS: [u64; 4] = [10, 20, 40, 80];
 
-/// Declared times W3 tries, in microseconds.
-const W3_CANDIDATES_US: [u64; 10] = [2, 4, 6, 8, 10, 12, 14, 16, 20, 24];
+/// The host work W3's orchestration does per run.
+const W3_HOST_WORK: Duration = Duration::from_micros(20);
+
+/// Declared times W3 tries, in microseconds (around its host part: the host work, plus the
+/// preparation's own few microseconds, plus the lane's hand-offs through the worker).
+const W3_CANDIDATES_US: [u64; 6] = [16, 20, 24, 28, 32, 36];
+
+/// Declared times "W3 lean host" tries, in microseconds.
+const LEAN_CANDIDATES_US: [u64; 10] = [2, 4, 6, 8, 10, 12, 14, 16, 20, 24];
 
 /// One candidate declared time of W3, measured at depth 1 (medians of three streams each).
 struct Candidate {
@@ -273,7 +336,7 @@ fn runner_stream(mode: Mode, runs: usize, shape: Shape) -> (Duration, Phases) {
         .with_pipeline_slots(if mode == Mode::Depth1 { 1 } else { 2 })
         .with_device_queue(mode == Mode::Queued);
     let (mut r, slot, args, ptrs) = runner_with(opts, shape);
-    set_chip_time(shape);
+    apply_shape(shape);
     let cfg = CallConfig::builder().block_dim(shape.block_dim).build().expect("config");
     let mut ph = Phases::default();
     let timed = |acc: &mut Duration, t: Instant| *acc += t.elapsed();
@@ -370,6 +433,28 @@ enum Lane {
     Queued,
 }
 
+/// How long the collecting thread of a stream yields for the next handle before it parks.
+const COLLECTOR_LINGER: Duration = Duration::from_micros(30);
+
+/// The next handle of a stream, `None` once the submitter is done. The collector yields for up
+/// to [`COLLECTOR_LINGER`] before it parks on the channel, as the worker's own waits do: at depth
+/// 1 the next handle comes only after the run just collected was published, so a collector that
+/// parked at once would be woken by the submitting thread once per run, and on a virtual machine
+/// that wake-up costs the submitter more than the lane's work per run.
+fn next_handle<T>(rx: &mpsc::Receiver<T>) -> Option<T> {
+    let start = Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(h) => return Some(h),
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) if start.elapsed() < COLLECTOR_LINGER => {
+                std::thread::yield_now()
+            }
+            Err(mpsc::TryRecvError::Empty) => return rx.recv().ok(),
+        }
+    }
+}
+
 /// `runs` back-to-back submits through an L2 worker whose lane runs as `lane`; a waiter thread
 /// takes the results in order.
 fn stream(lane: Lane, runs: usize, shape: Shape) -> Stream {
@@ -384,7 +469,7 @@ fn stream(lane: Lane, runs: usize, shape: Shape) -> Stream {
     let args = program_args(&w.memory().expect("memory"), shape);
     let cfg = CallConfig::builder().block_dim(shape.block_dim).build().expect("config");
     let run = || Orchestration::chip(h, args.clone()).config(cfg.clone());
-    set_chip_time(shape);
+    apply_shape(shape);
     // Warm up (arenas of every slot).
     for _ in 0..4 {
         w.run(run()).expect("warm-up run");
@@ -392,7 +477,7 @@ fn stream(lane: Lane, runs: usize, shape: Shape) -> Stream {
     let (tx, rx) = mpsc::channel::<(Instant, simpler::worker::RunHandle)>();
     let waiter = std::thread::spawn(move || {
         let mut latencies = Vec::new();
-        for (submitted, handle) in rx {
+        while let Some((submitted, handle)) = next_handle(&rx) {
             handle.wait().expect("run");
             latencies.push(submitted.elapsed());
         }
@@ -423,37 +508,24 @@ fn stream(lane: Lane, runs: usize, shape: Shape) -> Stream {
     }
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
-    let quick = std::env::args().any(|a| a == "--test");
-    let runs: usize =
-        args.first().and_then(|s| s.parse().ok()).unwrap_or(if quick { 20 } else { 1000 });
-    let rounds: usize =
-        args.get(1).and_then(|s| s.parse().ok()).unwrap_or(if quick { 1 } else { 3 });
-    let s1_runs = if quick { 10 } else { 100 };
-    let samples = if quick { 5 } else { 50 };
+/// W3's calibration for `base` (`docs/benchmarks-worker.md`, W3): each candidate declared
+/// time is measured at depth 1 on a runner and through the worker, and the candidate whose
+/// device time is closest to the host's part of a run wins, separately for each level (the
+/// worker's lane and waiter add to the runner's host part). The device time is the runner's
+/// wait in `reap_run`: the declared time, or the simulator's own work when that is longer.
+/// Returns the picked shapes (worker, runner) and the worker pick's device time.
+fn pick_declared(
+    name: &str,
+    runs: usize,
+    base: Shape,
+    candidates_us: &[u64],
+) -> (Shape, Shape, Duration) {
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-
-    // W3: one cluster over 1024 f32, whose product kernel declares a time on the chip such
-    // that the run's device time equals the host's part of a depth-1 run. Both are measured at
-    // depth 1 for each candidate declared time: the device time as the runner's wait in
-    // `reap_run` (the declared time, or the simulator's own work when that is longer), the
-    // host part as a depth-1 stream's time per run less that device time. W3 takes the
-    // candidate where the two are closest, separately for the runner and through the worker,
-    // whose lane and waiter add to the runner's host part.
-    let small = Shape { program: Program::Vector, n: 1024, block_dim: 1, chip_time: None };
-    let (host, device) = calibrate(samples, small);
-    let calibration_runs = if quick { 20 } else { 1000 };
-    let candidates: &[u64] = if quick { &[4, 12] } else { &W3_CANDIDATES_US };
-    let scan: Vec<Candidate> = candidates
+    let scan: Vec<Candidate> = candidates_us
         .iter()
-        .map(|&micros| measure_candidate(calibration_runs, small, Duration::from_micros(micros)))
+        .map(|&micros| measure_candidate(runs, base, Duration::from_micros(micros)))
         .collect();
-    println!(
-        "calibration (1024 f32, one cluster): runner prepare + launch + complete {:.1} us per run, simulated device time without a declared time {:.1} us (the host build's compute and hand-offs)",
-        us(host),
-        us(device),
-    );
+    println!("{name} (host work in the orchestration {:.0} us):", us(base.host_work));
     for c in &scan {
         println!(
             "  declared {:.0} us: device time {:.1} us; runner depth 1 {:.1} us/run (host part {:.1} us); worker depth 1 {:.1} us/run (host part {:.1} us)",
@@ -473,14 +545,14 @@ fn main() {
     ] {
         if gap > 0.25 {
             println!(
-                "W3 condition not met through {level}: no candidate's device time and host part are within 25 % of the larger (closest: device {:.1} us, host part {:.1} us), so W3 there measures that pair",
+                "{name} condition not met through {level}: no candidate's device time and host part are within 25 % of the larger (closest: device {:.1} us, host part {:.1} us), so {name} there measures that pair",
                 us(pick.device),
                 us(host_part),
             );
         }
     }
     println!(
-        "W3 declares {:.0} us through the worker (device {:.1} us, host part {:.1} us) and {:.0} us on the runner (device {:.1} us, host part {:.1} us)",
+        "{name} declares {:.0} us through the worker (device {:.1} us, host part {:.1} us) and {:.0} us on the runner (device {:.1} us, host part {:.1} us)",
         us(worker_pick.declared),
         us(worker_pick.device),
         us(worker_pick.worker_host()),
@@ -488,12 +560,56 @@ fn main() {
         us(runner_pick.device),
         us(runner_pick.runner_host()),
     );
-    let w3 = Shape { chip_time: Some(worker_pick.declared), ..small };
-    let w3_runner = Shape { chip_time: Some(runner_pick.declared), ..small };
+    (
+        Shape { chip_time: Some(worker_pick.declared), ..base },
+        Shape { chip_time: Some(runner_pick.declared), ..base },
+        worker_pick.device,
+    )
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let quick = std::env::args().any(|a| a == "--test");
+    let runs: usize =
+        args.first().and_then(|s| s.parse().ok()).unwrap_or(if quick { 20 } else { 1000 });
+    let rounds: usize =
+        args.get(1).and_then(|s| s.parse().ok()).unwrap_or(if quick { 1 } else { 3 });
+    let s1_runs = if quick { 10 } else { 100 };
+    let samples = if quick { 5 } else { 50 };
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+
+    calibrate_host_work();
+    let small = Shape {
+        program: Program::Vector,
+        n: 1024,
+        block_dim: 1,
+        chip_time: None,
+        host_work: Duration::ZERO,
+    };
+    let (host, device) = calibrate(samples, small);
+    println!(
+        "calibration (1024 f32, one cluster): runner prepare + launch + complete {:.1} us per run, simulated device time without a declared time {:.1} us (the host build's compute and hand-offs)",
+        us(host),
+        us(device),
+    );
+    let calibration_runs = if quick { 20 } else { 1000 };
+    let w3_base = Shape { host_work: W3_HOST_WORK, ..small };
+    let (w3, w3_runner, w3_device) = pick_declared(
+        "W3",
+        calibration_runs,
+        w3_base,
+        if quick { &[20, 28] } else { &W3_CANDIDATES_US },
+    );
+    let (lean, lean_runner, lean_device) = pick_declared(
+        "W3 lean host",
+        calibration_runs,
+        small,
+        if quick { &[4, 12] } else { &LEAN_CANDIDATES_US },
+    );
     let long = Shape { chip_time: Some(Duration::from_micros(300)), ..small };
     // W3 CPU-bound: the vector program over 16384 f32, whose simulated device time is host
     // CPU work on the same cores as the host's preparation.
-    let big = Shape { program: Program::Vector, n: N, block_dim: 0, chip_time: None };
+    let big = Shape { n: N, block_dim: 0, ..small };
     let (host_big, device_big) = calibrate(samples, big);
     println!(
         "calibration (16384 f32): host time per run {:.1} us, simulated device time {:.1} us (CPU work, nothing declared)",
@@ -534,6 +650,7 @@ fn main() {
     // W3 long device time: 300 us on the chip, so the device time dominates.
     let workloads = [
         ("W3", runs, w3),
+        ("W3 lean host", runs, lean),
         ("W3 streaming", runs, streaming_w3),
         ("W3 long device time (300 us)", runs, long),
         ("W3 CPU-bound", runs, big),
@@ -551,6 +668,7 @@ fn main() {
     let modes = [Mode::Depth1, Mode::Depth2, Mode::Queued];
     for (name, n, shape) in [
         ("W3 runner", runs, w3_runner),
+        ("W3 lean host runner", runs, lean_runner),
         ("W3 streaming runner", runs, streaming_w3),
         ("W3 CPU-bound runner", runs, big),
     ] {
@@ -594,13 +712,18 @@ fn main() {
             );
         }
         // The calibration's pair holds only if these depth-1 streams saw the same host part.
-        if *name == "W3" {
-            let host_part = d1.saturating_sub(worker_pick.device);
+        let device = match *name {
+            "W3" => Some(w3_device),
+            "W3 lean host" => Some(lean_device),
+            _ => None,
+        };
+        if let Some(device) = device {
+            let host_part = d1.saturating_sub(device);
             println!(
-                "W3 depth-1 streams above: host part {:.1} us against the device's {:.1} us ({}within 25 %)",
+                "{name} depth-1 streams above: host part {:.1} us against the device's {:.1} us ({}within 25 %)",
                 us(host_part),
-                us(worker_pick.device),
-                if relative_gap(host_part, worker_pick.device) > 0.25 { "not " } else { "" },
+                us(device),
+                if relative_gap(host_part, device) > 0.25 { "not " } else { "" },
             );
         }
     }

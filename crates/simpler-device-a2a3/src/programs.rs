@@ -254,11 +254,23 @@ pub mod vector {
         kernels_around(orchestration, mul_kernel)
     }
 
-    /// The program with another kernel for `g = d · e` ([`MUL`]; tensors `d`, `e` in, `g`
-    /// out), such as one that calls [`mul`] and declares a time on the chip. It must compute
-    /// the same f32 products for [`reference()`] to hold.
+    /// The program with another kernel for `g = d · e` ([`MUL`]), such as one that calls
+    /// [`mul`] and declares a time on the chip (see [`builder_around`]).
     pub fn builder_with_mul(mul: KernelFn) -> ChipCallableBuilder {
-        kernels_around(Orchestration::Native { entry: orchestration, config: three_args }, mul)
+        builder_around(Orchestration::Native { entry: orchestration, config }, mul)
+    }
+
+    /// The program with another orchestration of the same graph and another kernel for
+    /// `g = d · e` ([`MUL`]; tensors `d`, `e` in, `g` out), such as one that calls [`mul`] and
+    /// declares a time on the chip. The kernel must compute the same f32 products for
+    /// [`reference()`] to hold. [`orchestration`] and [`config`] are the program's own.
+    pub fn builder_around(orchestration: Orchestration, mul: KernelFn) -> ChipCallableBuilder {
+        kernels_around(orchestration, mul)
+    }
+
+    /// The orchestration's config function: three arguments (`a`, `b`, `f`).
+    pub fn config(args: &OrchArgs<'_>) -> OrchConfig {
+        three_args(args)
     }
 
     /// The program's own `g = d · e` kernel ([`MUL`]), for a replacement to build on.
