@@ -390,6 +390,13 @@ impl ChipState {
         }
     }
 
+    /// Publishes a run that never reached the device because a run ahead of it poisoned the
+    /// device ([`queued_behind`]): after the run in flight, so fences stay in FIFO order.
+    pub(crate) fn abandon(&mut self, fence: Arc<LaneFence>, e: DeviceError) {
+        self.retire_in_flight();
+        fence.set(Err(device_failure(e)));
+    }
+
     /// Whether the lane launches the next run behind the run in flight on the device
     /// (`RunnerOptions::with_device_queue`) instead of after reaping it.
     pub(crate) fn device_queue(&self) -> bool {
@@ -558,6 +565,25 @@ fn mem_err(chip: WorkerId, e: DeviceError) -> MemError {
         MemError::DeviceUnusable { chip, message, code, child: None, device }
     } else {
         MemError::Device { chip, message, code, device }
+    }
+}
+
+/// A preparation's `e` for run `run`, submitted while `behind` was the oldest run not yet
+/// finished: a device that a run from `behind` on made unusable abandons this run behind that
+/// run (`Abandoned { after }`), as it would had the lane prepared it before retiring the
+/// culprit; any other error is returned as it is.
+pub(crate) fn queued_behind(
+    e: DeviceError,
+    run: Option<RunId>,
+    behind: Option<RunId>,
+) -> DeviceError {
+    match (e, run, behind) {
+        (DeviceError::Unusable { device_id, cause }, Some(run_id), Some(oldest))
+            if oldest <= cause.run_id && cause.run_id < run_id =>
+        {
+            DeviceError::Abandoned { run_id, after: cause.run_id, device_id, cause }
+        }
+        (e, ..) => e,
     }
 }
 

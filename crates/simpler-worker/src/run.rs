@@ -121,7 +121,7 @@ impl RunShared {
         self.election.is_published()
     }
 
-    fn fence_fired(&self) -> bool {
+    pub(crate) fn fence_fired(&self) -> bool {
         match &self.fence {
             Fence::Engine => {
                 self.inner.engine().is_none_or(|e| e.is_done(self.run).unwrap_or(true))

@@ -302,6 +302,11 @@ impl Inner {
         }
     }
 
+    /// The oldest accepted run whose fence is not set yet: the run a new submit queues behind.
+    pub(crate) fn oldest_unfinished_run(&self) -> Option<RunId> {
+        self.accepted.lock().iter().find(|r| !r.fence_fired()).map(|r| r.run)
+    }
+
     /// A waiter that is not the run's user saw `run` published with `result`.
     pub(crate) fn note_published(&self, run: &Arc<RunShared>, result: &Result<(), RunError>) {
         if let Err(e) = result {
@@ -739,17 +744,28 @@ impl Worker {
         let fence = Arc::new(LaneFence::default());
         let lane_fence = Arc::clone(&fence);
         let id = handle.id;
+        // A run that poisons the device from here on was ahead of this one in the queue: this
+        // run is then abandoned behind it, whether the lane got to prepare it before retiring
+        // that run (depth 2) or after (depth 1, or a quick failure).
+        let behind = self.inner.oldest_unfinished_run();
         let (tx, rx) = mpsc::sync_channel::<(Option<RunId>, Result<(), DeviceError>)>(1);
         let job = Box::new(move |s: &mut ChipState| {
             let (run, prepared) = s.begin_run(&id, args.view(), &config, None);
-            let (reply, prepared) = match prepared {
-                Ok(p) => (Ok(()), Some(p)),
-                Err(e) => (Err(e), None),
-            };
-            let _ = tx.send((run, reply));
-            if let (Some(run), Some(p)) = (run, prepared) {
-                let exclusive = config.diagnostics_any();
-                s.launch_pipelined(run, p, lane_fence, exclusive);
+            match (run, prepared.map_err(|e| crate::chip::queued_behind(e, run, behind))) {
+                (Some(run), Ok(p)) => {
+                    let _ = tx.send((Some(run), Ok(())));
+                    s.launch_pipelined(run, p, lane_fence, config.diagnostics_any());
+                }
+                (Some(run), Err(e @ DeviceError::Abandoned { .. })) => {
+                    let _ = tx.send((Some(run), Ok(())));
+                    s.abandon(lane_fence, e);
+                }
+                (run, Err(e)) => {
+                    let _ = tx.send((run, Err(e)));
+                }
+                (None, Ok(_)) => {
+                    let _ = tx.send((None, Ok(())));
+                }
             }
         });
         // Looked up and queued under the registry lock: an unregister of the handle, which

@@ -1,7 +1,7 @@
 //! Depth-2 pipelining of an L2 worker's chip lane (`docs/pipelining.md`): run N+1 is prepared
 //! while run N executes and launched after N's result is published; results stay per run; a
-//! run behind one that made the chip unusable fails as abandoned, never with N's error; memory
-//! calls queue behind the run in flight exactly as at depth 1.
+//! run submitted behind one that made the chip unusable fails as abandoned at every depth,
+//! never with N's error; memory calls queue behind the run in flight exactly as at depth 1.
 
 mod common;
 
@@ -107,30 +107,41 @@ fn one_resource_slot_means_depth_one() {
 
 #[test]
 fn a_run_behind_a_run_that_made_the_chip_unusable_is_abandoned_not_charged_its_error() {
-    let (w, add) = l2(2);
-    let mem = w.memory().unwrap();
-    let (_b1, a1) = buffers(&mem, 64, 1.0);
-    let (_b2, a2) = buffers(&mem, 64, 2.0);
-    w.with_sim_faults(WorkerId(0), |p| p.kernel_fault(0, 1)).unwrap();
-    let h1 = w.submit(Orchestration::chip(add, a1)).expect("first submit");
-    // Prepared while run 1 executes (or refused as unusable if run 1 already failed).
-    let second = w.submit(Orchestration::chip(add, a2));
-    let e1 = h1.wait_timeout(HANG).expect("no hang").expect_err("run 1 faults");
-    let text1 = format!("{e1} {e1:?}");
-    assert!(!text1.contains("Abandoned"), "run 1 carries its own fault: {text1}");
-    match second {
-        Ok(h2) => {
-            let e2 = h2.wait_timeout(HANG).expect("no hang").expect_err("run 2 never runs");
-            let text2 = format!("{e2} {e2:?}");
-            assert!(
-                text2.contains("Abandoned { run_id: run#2, after: run#1")
-                    || text2.contains("Unusable"),
-                "run 2 is not charged run 1's fault: {text2}"
-            );
-        }
-        Err(e) => assert!(e.to_string().contains("unusable"), "{e}"),
+    // At depth 1 the lane retires run 1 before it prepares run 2; at depth 2 it prepares run 2
+    // first; with device queueing it also launches it. Run 2 was submitted while run 1 had not
+    // finished in each case, so it is abandoned behind run 1 in each, and a submit after run 1
+    // was published is refused as unusable.
+    for (slots, queue) in [(1, false), (2, false), (2, true)] {
+        let (w, add) =
+            common::l2_with(move |o| o.with_pipeline_slots(slots).with_device_queue(queue));
+        let mem = w.memory().unwrap();
+        let (_b1, a1) = buffers(&mem, 64, 1.0);
+        let (_b2, a2) = buffers(&mem, 64, 2.0);
+        let (_b3, a3) = buffers(&mem, 64, 3.0);
+        // Run 1 is held on the device long enough that run 2 is submitted before it fails,
+        // however slowly this thread gets back to its next submit.
+        w.with_sim_faults(WorkerId(0), |p| {
+            p.kernel_delay(0, Duration::from_millis(200));
+            p.kernel_fault(0, 1);
+        })
+        .unwrap();
+        let h1 = w.submit(Orchestration::chip(add, a1)).expect("first submit");
+        let h2 = w.submit(Orchestration::chip(add, a2)).unwrap_or_else(|e| {
+            panic!("{slots} slots, queue {queue}: run 2 was refused, not abandoned: {e}")
+        });
+        let e1 = h1.wait_timeout(HANG).expect("no hang").expect_err("run 1 faults");
+        let text1 = format!("{e1} {e1:?}");
+        assert!(!text1.contains("Abandoned"), "run 1 carries its own fault: {text1}");
+        let e2 = h2.wait_timeout(HANG).expect("no hang").expect_err("run 2 never runs");
+        let text2 = format!("{e2} {e2:?}");
+        assert!(
+            text2.contains("Abandoned { run_id: run#2, after: run#1"),
+            "{slots} slots, queue {queue}: run 2 is abandoned behind run 1: {text2}"
+        );
+        let e3 = w.submit(Orchestration::chip(add, a3)).expect_err("the chip is unusable");
+        assert!(e3.to_string().contains("unusable"), "{e3}");
+        let _ = w.close();
     }
-    let _ = w.close();
 }
 
 #[test]
