@@ -2,13 +2,14 @@
 //! queueing in the same invocation, alternating.
 //!
 //! - **W3**: back-to-back runs of the vector program over 1024 f32 on one cluster whose
-//!   orchestration also does 20 µs of host CPU work (a serving step's own preparation: block
-//!   tables, request metadata) and whose `g = d · e` kernel declares a time on the chip
-//!   (`model_device_time`) chosen so that a run's device time equals the host's part of a
-//!   depth-1 run: candidate times are measured at depth 1 and the closest pair (relative to
-//!   the larger) wins. The simulator's threads neither sleep nor spin for the declared time,
-//!   as a chip's compute uses no host CPU (`docs/benchmarks-worker.md`, W3, says why this is
-//!   the faithful model). Throughput and per-run latency (submit → result) at each lane mode.
+//!   orchestration also does 20 µs of host CPU work (standing in for the build of a larger
+//!   graph, without the simulated dispatch of its tasks) and whose `g = d · e` kernel
+//!   declares a time on the chip (`model_device_time`) chosen so that a run's device time
+//!   equals the host's part of a depth-1 run: candidate times are measured at depth 1 and the
+//!   closest pair (relative to the larger) wins. The simulator's threads neither sleep nor
+//!   spin for the declared time, as a chip's compute uses no host CPU
+//!   (`docs/benchmarks-worker.md`, W3, says why this is the faithful model). Throughput and
+//!   per-run latency (submit → result) at each lane mode.
 //! - **W3 lean host**: the same without host work, so that the preparation is the runtime's
 //!   own few microseconds and the simulator's own work per run is most of the device time.
 //! - **W3 streaming**: the streaming program's independent one-element tasks, as many as make
@@ -26,8 +27,8 @@
 //!   reaping N) and queued (device queueing: N+1 is launched before N is reaped). Per run the
 //!   host time of each phase (prepare, launch, the wait in reap, complete) is reported.
 //!
-//! `cargo bench --bench pipelined [-- RUNS ROUNDS]` (defaults 1000 and 3; `-- --test` runs
-//! a short version). Plain timing with medians over the rounds, not criterion: one sample is
+//! `cargo bench --bench pipelined [-- RUNS ROUNDS HOST_WORK_US]` (defaults 1000, 3 and W3's
+//! 20 µs of host work; `-- --test` runs a short version). Plain timing with medians over the rounds, not criterion: one sample is
 //! a whole stream of runs.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,7 +54,8 @@ static CHIP_TIME_NS: AtomicU64 = AtomicU64::new(0);
 /// Iterations of [`host_work`] the vector program's orchestration runs after building its graph.
 static HOST_WORK_ITERS: AtomicU64 = AtomicU64::new(0);
 
-/// Iterations of [`host_work`] per microsecond on this machine, measured once (`calibrate_host_work`).
+/// Iterations of [`host_work`] per microsecond on this machine (an `f64`'s bits), measured
+/// once by [`calibrate_host_work`]; 0 until then.
 static HOST_WORK_PER_US: AtomicU64 = AtomicU64::new(0);
 
 /// `iters` rounds of a multiply-xor mix whose result the caller keeps: CPU work that the
@@ -80,7 +82,7 @@ fn calibrate_host_work() {
         .min()
         .expect("five blocks");
     let per_us = (ITERS as f64 / (fastest.as_secs_f64() * 1e6)).max(1.0);
-    HOST_WORK_PER_US.store(per_us as u64, Ordering::Relaxed);
+    HOST_WORK_PER_US.store(per_us.to_bits(), Ordering::Relaxed);
 }
 
 /// The vector program's orchestration, then [`HOST_WORK_ITERS`] of host work.
@@ -104,10 +106,10 @@ unsafe extern "C-unwind" fn mul_declaring_chip_time(args: *mut i64) {
 /// [`mul_declaring_chip_time`] as its product kernel, or the streaming program.
 fn program(shape: Shape) -> ChipCallable {
     match shape.program {
-        Program::Vector => vector::builder_around(
+        Program::Vector => vector::builder_with_orchestration_and_mul(
             ChipOrchestration::Native {
                 entry: orchestration_with_host_work,
-                config: vector::config,
+                config: vector::orch_config,
             },
             mul_declaring_chip_time,
         )
@@ -122,7 +124,9 @@ fn program(shape: Shape) -> ChipCallable {
 fn apply_shape(shape: Shape) {
     let ns = shape.chip_time.map_or(0, |d| d.as_nanos() as u64);
     CHIP_TIME_NS.store(ns, Ordering::Relaxed);
-    let iters = shape.host_work.as_micros() as u64 * HOST_WORK_PER_US.load(Ordering::Relaxed);
+    let per_us = f64::from_bits(HOST_WORK_PER_US.load(Ordering::Relaxed));
+    assert!(shape.host_work.is_zero() || per_us > 0.0, "host work before its calibration");
+    let iters = (shape.host_work.as_secs_f64() * 1e6 * per_us).round() as u64;
     HOST_WORK_ITERS.store(iters, Ordering::Relaxed);
 }
 
@@ -245,17 +249,19 @@ fn calibrate(samples: usize, shape: Shape) -> (Duration, Duration) {
 /// Task counts W3 streaming tries.
 const STREAMING_TASKS: [u64; 4] = [10, 20, 40, 80];
 
-/// The host work W3's orchestration does per run.
-const W3_HOST_WORK: Duration = Duration::from_micros(20);
+/// The host work W3's orchestration does per run, in microseconds (the bench's third argument
+/// changes it).
+const W3_HOST_WORK_US: u64 = 20;
 
-/// Declared times W3 tries, in microseconds (around its host part: the host work, plus the
-/// preparation's own few microseconds, plus the lane's hand-offs through the worker).
-const W3_CANDIDATES_US: [u64; 6] = [16, 20, 24, 28, 32, 36];
+/// Declared times W3 tries, as multiples of its host work (its host part is the host work,
+/// plus the preparation's own few microseconds, plus the lane's hand-offs through the worker).
+const W3_CANDIDATES: [f64; 9] = [0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4];
 
 /// Declared times "W3 lean host" tries, in microseconds.
 const LEAN_CANDIDATES_US: [u64; 10] = [2, 4, 6, 8, 10, 12, 14, 16, 20, 24];
 
-/// One candidate declared time of W3, measured at depth 1 (medians of three streams each).
+/// One candidate declared time of a W3 shape, measured at depth 1 (medians of three streams
+/// each).
 struct Candidate {
     declared: Duration,
     /// The runner's wait in `reap_run` per run.
@@ -433,7 +439,8 @@ enum Lane {
     Queued,
 }
 
-/// How long the collecting thread of a stream yields for the next handle before it parks.
+/// How long the collecting thread of a stream yields for the next handle before it parks (the
+/// worker's own waits linger as long).
 const COLLECTOR_LINGER: Duration = Duration::from_micros(30);
 
 /// The next handle of a stream, `None` once the submitter is done. The collector yields for up
@@ -518,13 +525,11 @@ fn pick_declared(
     name: &str,
     runs: usize,
     base: Shape,
-    candidates_us: &[u64],
+    candidates: &[Duration],
 ) -> (Shape, Shape, Duration) {
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    let scan: Vec<Candidate> = candidates_us
-        .iter()
-        .map(|&micros| measure_candidate(runs, base, Duration::from_micros(micros)))
-        .collect();
+    let scan: Vec<Candidate> =
+        candidates.iter().map(|&declared| measure_candidate(runs, base, declared)).collect();
     println!("{name} (host work in the orchestration {:.0} us):", us(base.host_work));
     for c in &scan {
         println!(
@@ -543,6 +548,14 @@ fn pick_declared(
         ("the worker", worker_pick, worker_pick.worker_host(), worker_gap),
         ("the runner", runner_pick, runner_pick.runner_host(), runner_gap),
     ] {
+        let edge = [scan.first(), scan.last()].into_iter().flatten();
+        if scan.len() > 1 && edge.into_iter().any(|c| c.declared == pick.declared) {
+            println!(
+                "{name} through {level} picked the {} candidate ({:.0} us declared): the closest pair may lie outside the list",
+                if pick.declared == scan[0].declared { "smallest" } else { "largest" },
+                us(pick.declared),
+            );
+        }
         if gap > 0.25 {
             println!(
                 "{name} condition not met through {level}: no candidate's device time and host part are within 25 % of the larger (closest: device {:.1} us, host part {:.1} us), so {name} there measures that pair",
@@ -578,6 +591,8 @@ fn main() {
     let samples = if quick { 5 } else { 50 };
     let us = |d: Duration| d.as_secs_f64() * 1e6;
 
+    let w3_host_work =
+        Duration::from_micros(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(W3_HOST_WORK_US));
     calibrate_host_work();
     let small = Shape {
         program: Program::Vector,
@@ -593,19 +608,18 @@ fn main() {
         us(device),
     );
     let calibration_runs = if quick { 20 } else { 1000 };
-    let w3_base = Shape { host_work: W3_HOST_WORK, ..small };
-    let (w3, w3_runner, w3_device) = pick_declared(
-        "W3",
-        calibration_runs,
-        w3_base,
-        if quick { &[20, 28] } else { &W3_CANDIDATES_US },
-    );
-    let (lean, lean_runner, lean_device) = pick_declared(
-        "W3 lean host",
-        calibration_runs,
-        small,
-        if quick { &[4, 12] } else { &LEAN_CANDIDATES_US },
-    );
+    let w3_base = Shape { host_work: w3_host_work, ..small };
+    let w3_candidates: Vec<Duration> = if quick { &[1.0, 1.4][..] } else { &W3_CANDIDATES[..] }
+        .iter()
+        .map(|&m| w3_host_work.mul_f64(m))
+        .collect();
+    let lean_candidates: Vec<Duration> = if quick { &[4, 12][..] } else { &LEAN_CANDIDATES_US[..] }
+        .iter()
+        .map(|&m| Duration::from_micros(m))
+        .collect();
+    let (w3, w3_runner, w3_device) = pick_declared("W3", calibration_runs, w3_base, &w3_candidates);
+    let (lean, lean_runner, lean_device) =
+        pick_declared("W3 lean host", calibration_runs, small, &lean_candidates);
     let long = Shape { chip_time: Some(Duration::from_micros(300)), ..small };
     // W3 CPU-bound: the vector program over 16384 f32, whose simulated device time is host
     // CPU work on the same cores as the host's preparation.
@@ -648,18 +662,19 @@ fn main() {
     );
     let lanes = [Lane::Depth1, Lane::Depth2, Lane::Queued];
     // W3 long device time: 300 us on the chip, so the device time dominates.
+    // The device time each calibrated workload was matched with, for the check of its rounds.
     let workloads = [
-        ("W3", runs, w3),
-        ("W3 lean host", runs, lean),
-        ("W3 streaming", runs, streaming_w3),
-        ("W3 long device time (300 us)", runs, long),
-        ("W3 CPU-bound", runs, big),
-        ("S1 back to back", s1_runs, big),
+        ("W3", runs, w3, Some(w3_device)),
+        ("W3 lean host", runs, lean, Some(lean_device)),
+        ("W3 streaming", runs, streaming_w3, None),
+        ("W3 long device time (300 us)", runs, long, None),
+        ("W3 CPU-bound", runs, big, None),
+        ("S1 back to back", s1_runs, big, None),
     ];
     let mut lane_results: Vec<[Vec<Stream>; 3]> =
         workloads.iter().map(|_| [Vec::new(), Vec::new(), Vec::new()]).collect();
     for _ in 0..rounds {
-        for (w, (_, n, shape)) in workloads.iter().enumerate() {
+        for (w, (_, n, shape, _)) in workloads.iter().enumerate() {
             for (l, lane) in lanes.into_iter().enumerate() {
                 lane_results[w][l].push(stream(lane, *n, *shape));
             }
@@ -698,7 +713,7 @@ fn main() {
         }
     }
     let med = |v: &[Stream], f: fn(&Stream) -> Duration| median(v.iter().map(f).collect());
-    for ((name, n, _), data) in workloads.iter().zip(&lane_results) {
+    for ((name, n, _, matched), data) in workloads.iter().zip(&lane_results) {
         let d1 = med(&data[0], |s| s.per_run);
         for (lane, streams) in lanes.iter().zip(data) {
             let per_run = med(streams, |s| s.per_run);
@@ -712,12 +727,7 @@ fn main() {
             );
         }
         // The calibration's pair holds only if these depth-1 streams saw the same host part.
-        let device = match *name {
-            "W3" => Some(w3_device),
-            "W3 lean host" => Some(lean_device),
-            _ => None,
-        };
-        if let Some(device) = device {
+        if let Some(device) = *matched {
             let host_part = d1.saturating_sub(device);
             println!(
                 "{name} depth-1 streams above: host part {:.1} us against the device's {:.1} us ({}within 25 %)",

@@ -245,7 +245,7 @@ pub mod vector {
 
     /// The program's builder, named `vector_example` / `vector_config`.
     pub fn builder() -> ChipCallableBuilder {
-        builder_with(Orchestration::Native { entry: orchestration, config: three_args })
+        builder_with(Orchestration::Native { entry: orchestration, config: orch_config })
     }
 
     /// The program's kernels and signature around another `orchestration` of the same graph,
@@ -255,21 +255,29 @@ pub mod vector {
     }
 
     /// The program with another kernel for `g = d · e` ([`MUL`]), such as one that calls
-    /// [`mul`] and declares a time on the chip (see [`builder_around`]).
+    /// [`mul`] and declares a time on the chip (see [`builder_with_orchestration_and_mul`]).
     pub fn builder_with_mul(mul: KernelFn) -> ChipCallableBuilder {
-        builder_around(Orchestration::Native { entry: orchestration, config }, mul)
+        builder_with_orchestration_and_mul(
+            Orchestration::Native { entry: orchestration, config: orch_config },
+            mul,
+        )
     }
 
-    /// The program with another orchestration of the same graph and another kernel for
-    /// `g = d · e` ([`MUL`]; tensors `d`, `e` in, `g` out), such as one that calls [`mul`] and
-    /// declares a time on the chip. The kernel must compute the same f32 products for
-    /// [`reference()`] to hold. [`orchestration`] and [`config`] are the program's own.
-    pub fn builder_around(orchestration: Orchestration, mul: KernelFn) -> ChipCallableBuilder {
+    /// The program with both another orchestration and another kernel for `g = d · e`
+    /// ([`MUL`]; tensors `d`, `e` in, `g` out). The orchestration must submit the same graph as
+    /// [`orchestration`] (for instance by calling it, then doing host work of its own) and take
+    /// its config from [`orch_config`]; the kernel must compute the same f32 products (for
+    /// instance by calling [`mul`], then declaring a time on the chip). Then [`reference()`]
+    /// still holds.
+    pub fn builder_with_orchestration_and_mul(
+        orchestration: Orchestration,
+        mul: KernelFn,
+    ) -> ChipCallableBuilder {
         kernels_around(orchestration, mul)
     }
 
     /// The orchestration's config function: three arguments (`a`, `b`, `f`).
-    pub fn config(args: &OrchArgs<'_>) -> OrchConfig {
+    pub fn orch_config(args: &OrchArgs<'_>) -> OrchConfig {
         three_args(args)
     }
 
@@ -496,9 +504,21 @@ mod tests {
         let (a, b) = inputs(n);
         // NaN outputs (all bits set) equal nothing, so only written elements can match.
         let poisoned = vec![f32::from_bits(u32::MAX); n];
+        // A replacement orchestration and product kernel built on the program's own.
+        fn wrapped(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+            vector::orchestration(ctx, args)
+        }
+        let rebuilt = vector::builder_with_orchestration_and_mul(
+            Orchestration::Native { entry: wrapped, config: vector::orch_config },
+            vector::mul,
+        )
+        .names("vector_rebuilt", "vector_rebuilt_config")
+        .build()
+        .expect("rebuilt vector");
         for (callable, reference) in [
             (add::callable().expect("add"), add::reference(&a, &b)),
             (vector::callable().expect("vector"), vector::reference(&a, &b)),
+            (rebuilt, vector::reference(&a, &b)),
         ] {
             let args = [(a.clone(), Input), (b.clone(), Input), (poisoned.clone(), Output)];
             let got = run_once(&callable, &[n as u32], &args);

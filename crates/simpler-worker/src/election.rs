@@ -6,8 +6,9 @@
 //! One mutex holds the result, the elected flag and the values to drop after publication; one
 //! condition variable wakes parked waiters.
 //!
-//! 1. **Enter.** Published → a clone of the result. Another waiter elected → yield briefly
-//!    (once per entry) while the elected one looks likely to publish soon, then park until
+//! 1. **Enter.** Published → a clone of the result. Another waiter elected → yield for the
+//!    caller's linger budget (once per entry, never past the deadline; none at all for a zero
+//!    budget) until that waiter publishes or gives up, relock and decide again, then park until
 //!    publication, un-election or the deadline. Otherwise become the elected waiter.
 //! 2. **Give up.** An elected waiter that stops before the cleanup (its deadline passed, or it
 //!    unwound) clears the flag and wakes every parked waiter: one of them is elected next.
@@ -23,9 +24,11 @@
 //! It exists because two threads often wait for the same L2 run (a stream's admission wait and
 //! the thread that collects its results), and a parked one costs a wake-up per run that a
 //! virtual machine charges as much as the run's own host work (`docs/pipelining.md`, step 7).
+//! Runs of an engine (L3 and up) usually take far longer than a linger, so their waiters pass
+//! a zero budget and park at once.
 
 use std::any::Any;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::linger;
 use crate::sync::{AtomicBool, Condvar, Mutex, Ordering};
@@ -74,8 +77,8 @@ impl<T: Clone> Election<T> {
         self.cell.lock().result.is_some()
     }
 
-    /// Step 1.
-    pub(crate) fn enter(&self, deadline: Option<Instant>) -> Turn<T> {
+    /// Step 1, yielding for up to `linger` behind another elected waiter before parking.
+    pub(crate) fn enter(&self, deadline: Option<Instant>, linger: Duration) -> Turn<T> {
         let mut cell = self.cell.lock();
         let mut yielded = false;
         loop {
@@ -86,10 +89,10 @@ impl<T: Clone> Election<T> {
                 self.set_elected(&mut cell, true);
                 return Turn::Elected;
             }
-            if !yielded {
+            if !yielded && !linger.is_zero() {
                 yielded = true;
                 drop(cell);
-                linger::until(|| !self.elected.load(Ordering::Acquire), deadline);
+                linger::until_for(|| !self.elected.load(Ordering::Acquire), linger, deadline);
                 cell = self.cell.lock();
                 continue;
             }
@@ -130,49 +133,65 @@ impl<T: Clone> Election<T> {
 // Timed waits and threads: normal builds only (`loom_models` checks the protocol itself).
 #[cfg(all(test, not(simpler_loom)))]
 mod tests {
-    use std::sync::Arc;
+    use std::sync::{Arc, Barrier};
     use std::time::Duration;
 
     use super::*;
 
-    /// A second waiter that enters while `first` is elected, on its own thread.
-    fn second_waiter(e: &Arc<Election<u32>>) -> std::thread::JoinHandle<Turn<u32>> {
-        let e = Arc::clone(e);
-        std::thread::spawn(move || e.enter(None))
+    /// Long enough that a waiter given it is still yielding when the test acts.
+    const YIELDS: Duration = Duration::from_secs(60);
+
+    /// A fresh election with one waiter elected, and a second waiter entering behind it on its
+    /// own thread with `linger`; the barrier is passed just before it enters.
+    fn behind(linger: Duration) -> (Arc<Election<u32>>, std::thread::JoinHandle<Turn<u32>>) {
+        let e = Arc::new(Election::new());
+        assert!(matches!(e.enter(None, Duration::ZERO), Turn::Elected));
+        let entering = Arc::new(Barrier::new(2));
+        let waiter = {
+            let (e, entering) = (Arc::clone(&e), Arc::clone(&entering));
+            std::thread::spawn(move || {
+                entering.wait();
+                e.enter(None, linger)
+            })
+        };
+        entering.wait();
+        // Well inside the waiter's linger, or past its park with a zero one.
+        std::thread::sleep(Duration::from_millis(20));
+        (e, waiter)
     }
 
     #[test]
     fn a_waiter_behind_the_elected_one_gets_its_result_whether_it_yields_or_parks() {
-        // Publication a few microseconds in (the waiter is still yielding) and 20 ms in (it
-        // has parked).
-        for delay in [Duration::from_micros(5), Duration::from_millis(20)] {
-            let e = Arc::new(Election::new());
-            assert!(matches!(e.enter(None), Turn::Elected));
-            let waiter = second_waiter(&e);
-            std::thread::sleep(delay);
+        for linger in [YIELDS, Duration::ZERO] {
+            let (e, waiter) = behind(linger);
             assert!(e.publish(7).is_empty());
             match waiter.join().expect("waiter") {
-                Turn::Published(r) => assert_eq!(r, 7, "after {delay:?}"),
-                _ => panic!("the second waiter did not get the published result ({delay:?})"),
+                Turn::Published(r) => assert_eq!(r, 7, "linger {linger:?}"),
+                _ => panic!("the waiter did not get the published result (linger {linger:?})"),
             }
         }
     }
 
     #[test]
-    fn a_waiter_behind_one_that_gives_up_is_elected_next_and_a_deadline_ends_its_wait() {
-        let e = Arc::new(Election::new());
-        assert!(matches!(e.enter(None), Turn::Elected));
-        let deadline = Instant::now() + Duration::from_millis(5);
-        assert!(matches!(e.enter(Some(deadline)), Turn::Expired), "a deadline ends the wait");
-        assert!(Instant::now() >= deadline);
-        for delay in [Duration::from_micros(5), Duration::from_millis(20)] {
-            let waiter = second_waiter(&e);
-            std::thread::sleep(delay);
+    fn a_waiter_behind_one_that_gives_up_is_elected_next_whether_it_yields_or_parks() {
+        for linger in [YIELDS, Duration::ZERO] {
+            let (e, waiter) = behind(linger);
             e.give_up();
             assert!(
                 matches!(waiter.join().expect("waiter"), Turn::Elected),
-                "the waiter did not take over after {delay:?}"
+                "the waiter did not take over (linger {linger:?})"
             );
         }
+    }
+
+    #[test]
+    fn a_deadline_ends_the_wait_behind_an_elected_waiter_also_while_it_yields() {
+        let e = Election::<u32>::new();
+        assert!(matches!(e.enter(None, Duration::ZERO), Turn::Elected));
+        let deadline = Instant::now() + Duration::from_millis(5);
+        assert!(matches!(e.enter(Some(deadline), YIELDS), Turn::Expired));
+        assert!(Instant::now() >= deadline, "gave up before its deadline");
+        let past = Some(Instant::now());
+        assert!(matches!(e.enter(past, YIELDS), Turn::Expired), "a past deadline looks once");
     }
 }

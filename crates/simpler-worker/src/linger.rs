@@ -50,15 +50,28 @@ fn try_recv_for<T>(
 }
 
 /// Yields until `done()` holds, [`LINGER`] has passed or `deadline` comes; whether it held.
+pub(crate) fn until(done: impl FnMut() -> bool, deadline: Option<Instant>) -> bool {
+    until_for(done, LINGER, deadline)
+}
+
+/// As [`until`], for `budget` instead of [`LINGER`].
 #[cfg(not(simpler_loom))]
-pub(crate) fn until(mut done: impl FnMut() -> bool, deadline: Option<Instant>) -> bool {
-    poll_for(|| done().then_some(()), LINGER, deadline).is_some()
+pub(crate) fn until_for(
+    mut done: impl FnMut() -> bool,
+    budget: Duration,
+    deadline: Option<Instant>,
+) -> bool {
+    poll_for(|| done().then_some(()), budget, deadline).is_some()
 }
 
 /// One look: loom explores the interleavings itself, and a yielding loop would only multiply
 /// its states.
 #[cfg(simpler_loom)]
-pub(crate) fn until(mut done: impl FnMut() -> bool, _deadline: Option<Instant>) -> bool {
+pub(crate) fn until_for(
+    mut done: impl FnMut() -> bool,
+    _budget: Duration,
+    _deadline: Option<Instant>,
+) -> bool {
     done()
 }
 

@@ -124,7 +124,7 @@ fn loom_waiters_elect_one_cleanup_and_share_its_result() {
         let waiter = {
             let (election, fence) = (Arc::clone(&election), Arc::clone(&fence));
             let cleanups = Arc::clone(&cleanups);
-            move || match election.enter(None) {
+            move || match election.enter(None, crate::linger::LINGER) {
                 Turn::Published(r) => Some(r),
                 Turn::Expired => None,
                 Turn::Elected => {
@@ -138,7 +138,7 @@ fn loom_waiters_elect_one_cleanup_and_share_its_result() {
         };
         let quitter = {
             let election = Arc::clone(&election);
-            move || match election.enter(None) {
+            move || match election.enter(None, crate::linger::LINGER) {
                 Turn::Published(_) | Turn::Expired => {}
                 Turn::Elected => election.give_up(),
             }

@@ -5,9 +5,10 @@
 //! Fence-owned cleanup runs exactly once, on a waiting thread (`wait`, admission of the next
 //! run, or `close`), never on an engine thread:
 //!
-//! 1. Lock the run's cell. Published → return a clone. Another waiter elected → yield briefly
-//!    (unlocked), then park until publication, un-election or the deadline (`None`). Else
-//!    become elected; unlock.
+//! 1. Lock the run's cell. Published → return a clone. Another waiter elected → for an L2 run,
+//!    unlock and yield (never past the deadline) until it publishes or gives up, then relock and
+//!    decide again (published, or elected now, or still behind it); then park until
+//!    publication, un-election or the deadline (`None`). Else become elected; unlock.
 //! 2. Wait for the fence with the remaining deadline. On expiry (or an unwind out of the wait):
 //!    relock, un-elect, wake every parked waiter (one of them takes over) and return `None`.
 //!    The run is untouched.
@@ -35,6 +36,7 @@ use crate::deferred_drop;
 use crate::election::{Election, Turn};
 use crate::error::{Frame, RunError, RunErrorKind, frames_of_task};
 use crate::lane_fence::LaneFence;
+use crate::linger;
 use crate::reentry;
 use crate::worker::Inner;
 
@@ -136,7 +138,12 @@ impl RunShared {
         deadline: Option<Instant>,
     ) -> Option<Result<(), RunError>> {
         // 1.
-        match self.election.enter(deadline) {
+        // An L2 run usually ends within a linger of the elected waiter's; an engine's run rarely.
+        let linger = match self.fence {
+            Fence::Lane(_) => linger::LINGER,
+            Fence::Engine => Duration::ZERO,
+        };
+        match self.election.enter(deadline, linger) {
             Turn::Published(r) => return Some(r),
             Turn::Expired => return None,
             Turn::Elected => {}
