@@ -1252,6 +1252,60 @@ fn a_queued_run_behind_a_run_whose_event_sync_failed_is_abandoned_after_it() {
     assert!(matches!(err, DeviceError::DeviceFault { run_id: id, .. } if id == run_id(1)), "{err}");
 }
 
+#[test]
+fn a_queued_launch_refused_after_the_run_ahead_faulted_is_abandoned_behind_that_run() {
+    // Run 1 faults on the device while run 2 is being queued: the device reports it again at
+    // run 2's AICore launch, and run 1's AICPU end event reports it when looked at. Run 2 is
+    // abandoned behind run 1, and run 1's own reap is its own fault.
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
+    let cfg = CallConfig::default();
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
+    let a1 = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
+    let queries = count(&b.log(), "aclrtQueryEventStatus") as u64;
+    b.install.fail_call("aclrtQueryEventStatus", queries + 1, 507_018).unwrap();
+    let next_launch = r.stats().aicore_launches + 1;
+    b.install.fail_call("rtKernelLaunchWithHandleV2", next_launch, 507_018).unwrap();
+    b.install.fail_call("aclrtSynchronizeEventWithTimeout", 0, 507_018).unwrap();
+    let err = r.launch_run(p2).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::Abandoned { run_id: id, after, .. }
+            if *id == run_id(2) && *after == run_id(1)),
+        "run 2's refused launch stands behind run 1's fault: {err}"
+    );
+    assert!(matches!(r.health(), DeviceHealth::Unusable { cause } if cause.run_id == run_id(1)));
+    let first = r.reap_run(&a1, None).unwrap_err();
+    assert!(
+        matches!(first, DeviceError::DeviceFault { run_id: id, .. } if id == run_id(1)),
+        "run 1 carries its own fault: {first}"
+    );
+    drop((v1, v2));
+    let _ = r.finalize();
+}
+
+#[test]
+fn a_queued_launch_refused_while_the_run_ahead_is_healthy_is_its_own_failure() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
+    let cfg = CallConfig::default();
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
+    let a1 = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
+    b.fail_next_aicore_launch(&r);
+    let err = r.launch_run(p2).unwrap_err();
+    assert!(matches!(&err, DeviceError::Launch { run_id: id, .. } if *id == run_id(2)), "{err}");
+    assert!(matches!(r.health(), DeviceHealth::Unusable { cause } if cause.run_id == run_id(2)));
+    // Run 1 was launched before the failure: it is reaped as itself.
+    r.reap_run(&a1, None).expect("run 1 ran before run 2's failed launch");
+    drop((v1, v2));
+    let _ = r.finalize();
+}
+
 // ----- tensormap_and_ringbuffer: `DeviceObject` orchestrations through the register entry -----
 
 fn register_launches(log: &[Call]) -> Vec<&Call> {

@@ -745,7 +745,8 @@ impl Core {
 
     /// A launch step of `kernel` failed with `code`: the device is poisoned (whatever of the
     /// run is already on its streams must not be taken for a healthy run), the terminal
-    /// cleanup runs, and the error names the kernel.
+    /// cleanup runs, and the error names the kernel — unless a run ahead already failed
+    /// ([`abandoned_at_launch`](Core::abandoned_at_launch)).
     fn launch_failed(
         &mut self,
         run: &mut RunState,
@@ -756,6 +757,9 @@ impl Core {
             KernelKind::AiCore => (PoisonStep::LaunchAiCore, Outcome::FailedBeforeLaunch),
             KernelKind::Aicpu => (PoisonStep::LaunchAicpu, Outcome::FailedAfterLaunch),
         };
+        if let Some(abandoned) = self.abandoned_at_launch(run, outcome) {
+            return abandoned;
+        }
         self.recover_or_mark_unusable(run.run_id, run.launch_seq, step, code, None);
         self.finish(run, outcome);
         DeviceError::Launch { run_id: run.run_id, kernel, code }

@@ -300,6 +300,51 @@ impl Core {
         all
     }
 
+    /// A queued launch that failed while a run launched before it already reports a failed
+    /// end event stands behind that run's failure (a device reports an asynchronous fault
+    /// again at the next call on its streams): the earliest such run is the culprit, the
+    /// device is unusable with its cause, and `run` ends `Abandoned { after }` with its
+    /// terminal cleanup, as it would at its reap had the launch gone through. `None`: no run
+    /// ahead failed, the launch failure is the run's own.
+    pub(super) fn abandoned_at_launch(
+        &mut self,
+        run: &mut RunState,
+        outcome: Outcome,
+    ) -> Option<DeviceError> {
+        let (culprit, culprit_seq, cause) = self.failed_ahead(run)?;
+        self.recover_or_mark_unusable(culprit, culprit_seq, cause.step, cause.code, None);
+        self.finish(run, outcome);
+        let device_id = self.opts.device_id;
+        Some(DeviceError::Abandoned { run_id: run.run_id, after: culprit, device_id, cause })
+    }
+
+    /// The earliest run launched before `run` whose end event already reports a failure: its
+    /// id, its launch position and the cause of that failure (the stream it failed on, as a
+    /// sync step, and the code). Looks without blocking.
+    fn failed_ahead(&self, run: &RunState) -> Option<(RunId, u64, PoisonCause)> {
+        let op = self.timeouts.op_execute;
+        let mut ahead: Vec<&RunState> = self.launched_before(run.launch_seq).collect();
+        ahead.sort_by_key(|r| r.launch_seq);
+        ahead.into_iter().find_map(|r| {
+            let events = r.events.as_ref()?;
+            [
+                (StreamKind::Aicpu, PoisonStep::SyncAicpu),
+                (StreamKind::AiCore, PoisonStep::SyncAiCore),
+            ]
+            .into_iter()
+            .find_map(|(stream, step)| {
+                match self.backend.event_status(&events.end[stream_slot(stream)], op) {
+                    EventStatus::Failed(f) => Some((
+                        r.run_id,
+                        r.launch_seq,
+                        PoisonCause { run_id: r.run_id, step, code: f.code },
+                    )),
+                    EventStatus::Complete | EventStatus::Pending => None,
+                }
+            })
+        })
+    }
+
     /// The stream-sync budget of a queued run: one budget for itself and one for each run
     /// launched before it that has not ended yet, since its end events complete only after
     /// theirs (the streams are FIFO). So each run of the queue gets the budget for its own
