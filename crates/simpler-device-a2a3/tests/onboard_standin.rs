@@ -1252,11 +1252,14 @@ fn a_queued_run_behind_a_run_whose_event_sync_failed_is_abandoned_after_it() {
     assert!(matches!(err, DeviceError::DeviceFault { run_id: id, .. } if id == run_id(1)), "{err}");
 }
 
-#[test]
-fn a_queued_launch_refused_after_the_run_ahead_faulted_is_abandoned_behind_that_run() {
-    // Run 1 faults on the device while run 2 is being queued: the device reports it again at
-    // run 2's AICore launch, and run 1's AICPU end event reports it when looked at. Run 2 is
-    // abandoned behind run 1, and run 1's own reap is its own fault.
+/// Queues run 1, then makes the next `aclrtQueryEventStatus` (run 1's AICPU end event, looked
+/// at when run 2's launch is refused) fail with 507018 — once, or from then on for every call
+/// (`sticky`) — and run 2's AICore launch fail with `launch_code`; returns run 2's launch error,
+/// the health after it and run 1's reap.
+fn launch_behind_a_faulted_run(
+    sticky: bool,
+    launch_code: i32,
+) -> (DeviceError, DeviceHealth, Result<bool, DeviceError>) {
     let b = Onboard::new();
     let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
     let slot = r.register_callable(&b.add_callable()).unwrap();
@@ -1265,25 +1268,53 @@ fn a_queued_launch_refused_after_the_run_ahead_faulted_is_abandoned_behind_that_
     let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
     let a1 = r.launch_run(p1).unwrap();
     let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
-    let queries = count(&b.log(), "aclrtQueryEventStatus") as u64;
-    b.install.fail_call("aclrtQueryEventStatus", queries + 1, 507_018).unwrap();
+    // Counted from the whole log, which nothing above took.
+    let next_query = count(&b.log(), "aclrtQueryEventStatus") as u64 + 1;
+    if sticky {
+        b.install.poison_at("aclrtQueryEventStatus", next_query, 507_018).unwrap();
+    } else {
+        b.install.fail_call("aclrtQueryEventStatus", next_query, 507_018).unwrap();
+        b.install.fail_call("aclrtSynchronizeEventWithTimeout", 0, 507_018).unwrap();
+    }
     let next_launch = r.stats().aicore_launches + 1;
-    b.install.fail_call("rtKernelLaunchWithHandleV2", next_launch, 507_018).unwrap();
-    b.install.fail_call("aclrtSynchronizeEventWithTimeout", 0, 507_018).unwrap();
-    let err = r.launch_run(p2).unwrap_err();
-    assert!(
-        matches!(&err, DeviceError::Abandoned { run_id: id, after, .. }
-            if *id == run_id(2) && *after == run_id(1)),
-        "run 2's refused launch stands behind run 1's fault: {err}"
-    );
-    assert!(matches!(r.health(), DeviceHealth::Unusable { cause } if cause.run_id == run_id(1)));
-    let first = r.reap_run(&a1, None).unwrap_err();
-    assert!(
-        matches!(first, DeviceError::DeviceFault { run_id: id, .. } if id == run_id(1)),
-        "run 1 carries its own fault: {first}"
-    );
+    b.install.fail_call("rtKernelLaunchWithHandleV2", next_launch, launch_code).unwrap();
+    let second = r.launch_run(p2).unwrap_err();
+    let health = r.health();
+    let first = r.reap_run(&a1, None);
     drop((v1, v2));
     let _ = r.finalize();
+    (second, health, first)
+}
+
+#[test]
+fn a_queued_launch_refused_after_the_run_ahead_faulted_is_abandoned_behind_that_run() {
+    // Run 1 faults on the device while run 2 is being queued: the device reports the fault
+    // again at run 2's AICore launch, and on run 1's end event. Run 2 is abandoned behind run
+    // 1, and run 1's reap is its own fault — also on a device that fails every later call.
+    for sticky in [false, true] {
+        let (second, health, first) = launch_behind_a_faulted_run(sticky, 507_018);
+        assert!(
+            matches!(&second, DeviceError::Abandoned { run_id: id, after, .. }
+                if *id == run_id(2) && *after == run_id(1)),
+            "sticky {sticky}: run 2's refused launch stands behind run 1's fault: {second}"
+        );
+        assert!(matches!(health, DeviceHealth::Unusable { cause } if cause.run_id == run_id(1)));
+        assert!(
+            matches!(&first, Err(DeviceError::DeviceFault { run_id: id, .. }) if *id == run_id(1)),
+            "sticky {sticky}: run 1 carries its own fault: {first:?}"
+        );
+    }
+}
+
+#[test]
+fn a_queued_launch_refused_with_another_code_than_the_run_ahead_reports_is_its_own_failure() {
+    // The launch is refused with a code no kernel fault reports: not the fault of run 1 again.
+    let (second, health, _) = launch_behind_a_faulted_run(false, 207_001);
+    assert!(
+        matches!(&second, DeviceError::Launch { run_id: id, .. } if *id == run_id(2)),
+        "{second}"
+    );
+    assert!(matches!(health, DeviceHealth::Unusable { cause } if cause.run_id == run_id(2)));
 }
 
 #[test]

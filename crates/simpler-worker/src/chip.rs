@@ -570,20 +570,20 @@ fn mem_err(chip: WorkerId, e: DeviceError) -> MemError {
 
 /// A preparation's `e` for run `run`, submitted while `behind` was the oldest run not yet
 /// finished: a device that a run from `behind` on made unusable abandons this run behind that
-/// run (`Abandoned { after }`), as it would had the lane prepared it before retiring the
-/// culprit; any other error is returned as it is.
+/// run (`Ok` with the run and its `Abandoned { after }`), as it would had the lane prepared it
+/// before retiring the culprit; any other error comes back as it is (`Err`).
 pub(crate) fn queued_behind(
     e: DeviceError,
     run: Option<RunId>,
     behind: Option<RunId>,
-) -> DeviceError {
+) -> Result<(RunId, DeviceError), DeviceError> {
     match (e, run, behind) {
         (DeviceError::Unusable { device_id, cause }, Some(run_id), Some(oldest))
             if oldest <= cause.run_id && cause.run_id < run_id =>
         {
-            DeviceError::Abandoned { run_id, after: cause.run_id, device_id, cause }
+            Ok((run_id, DeviceError::Abandoned { run_id, after: cause.run_id, device_id, cause }))
         }
-        (e, ..) => e,
+        (e, ..) => Err(e),
     }
 }
 

@@ -703,7 +703,10 @@ impl Worker {
 
     /// Submits a run and returns its handle once the graph is built (L3+) or the run is
     /// prepared on the chip (L2). Graph-construction errors come back here, after the run was
-    /// drained and retired; task and device errors belong to the handle.
+    /// drained and retired; task and device errors belong to the handle. At L2 a run whose
+    /// preparation found the chip made unusable by a run that had not finished when this
+    /// submit began is accepted too: its handle reports it `Abandoned` behind that run
+    /// (`docs/pipelining.md`, step 2).
     pub fn submit(&self, orch: Orchestration) -> Result<RunHandle, WorkerError> {
         self.inner.reentrant("submit")?;
         // Declared before the lease and the admission lock, so it drops what it parked after
@@ -751,18 +754,20 @@ impl Worker {
         let (tx, rx) = mpsc::sync_channel::<(Option<RunId>, Result<(), DeviceError>)>(1);
         let job = Box::new(move |s: &mut ChipState| {
             let (run, prepared) = s.begin_run(&id, args.view(), &config, None);
-            match (run, prepared.map_err(|e| crate::chip::queued_behind(e, run, behind))) {
+            match (run, prepared) {
                 (Some(run), Ok(p)) => {
                     let _ = tx.send((Some(run), Ok(())));
                     s.launch_pipelined(run, p, lane_fence, config.diagnostics_any());
                 }
-                (Some(run), Err(e @ DeviceError::Abandoned { .. })) => {
-                    let _ = tx.send((Some(run), Ok(())));
-                    s.abandon(lane_fence, e);
-                }
-                (run, Err(e)) => {
-                    let _ = tx.send((run, Err(e)));
-                }
+                (run, Err(e)) => match crate::chip::queued_behind(e, run, behind) {
+                    Ok((run, abandoned)) => {
+                        let _ = tx.send((Some(run), Ok(())));
+                        s.abandon(lane_fence, abandoned);
+                    }
+                    Err(e) => {
+                        let _ = tx.send((run, Err(e)));
+                    }
+                },
                 (None, Ok(_)) => {
                     let _ = tx.send((None, Ok(())));
                 }

@@ -757,7 +757,7 @@ impl Core {
             KernelKind::AiCore => (PoisonStep::LaunchAiCore, Outcome::FailedBeforeLaunch),
             KernelKind::Aicpu => (PoisonStep::LaunchAicpu, Outcome::FailedAfterLaunch),
         };
-        if let Some(abandoned) = self.abandoned_at_launch(run, outcome) {
+        if let Some(abandoned) = self.abandoned_at_launch(run, outcome, code) {
             return abandoned;
         }
         self.recover_or_mark_unusable(run.run_id, run.launch_seq, step, code, None);

@@ -300,28 +300,40 @@ impl Core {
         all
     }
 
-    /// A queued launch that failed while a run launched before it already reports a failed
-    /// end event stands behind that run's failure (a device reports an asynchronous fault
-    /// again at the next call on its streams): the earliest such run is the culprit, the
-    /// device is unusable with its cause, and `run` ends `Abandoned { after }` with its
-    /// terminal cleanup, as it would at its reap had the launch gone through. `None`: no run
-    /// ahead failed, the launch failure is the run's own.
+    /// A queued launch refused with an execution fault (`code`) while a run launched before it
+    /// already reports that fault on an end event stands behind that run's failure (a device
+    /// reports an asynchronous fault again at the next call on its streams): the earliest such
+    /// run is the culprit, the device is unusable with its cause, and `run` ends
+    /// `Abandoned { after }` with its terminal cleanup, as it would at its reap had the launch
+    /// gone through. `None`: the launch failure is the run's own (another code, such as a
+    /// refused binding or a device that fails every call, or no run ahead reporting it).
     pub(super) fn abandoned_at_launch(
         &mut self,
         run: &mut RunState,
         outcome: Outcome,
+        code: AclCode,
     ) -> Option<DeviceError> {
-        let (culprit, culprit_seq, cause) = self.failed_ahead(run)?;
+        let execution_faults = [
+            AclCode::AICORE_TIMEOUT,
+            AclCode::AICORE_EXCEPTION,
+            AclCode::AICPU_TIMEOUT,
+            AclCode::AICPU_EXCEPTION,
+            AclCode::TASK_ABORT,
+        ];
+        if !execution_faults.contains(&code) {
+            return None;
+        }
+        let (culprit, culprit_seq, cause) = self.failed_ahead(run, code)?;
         self.recover_or_mark_unusable(culprit, culprit_seq, cause.step, cause.code, None);
         self.finish(run, outcome);
         let device_id = self.opts.device_id;
         Some(DeviceError::Abandoned { run_id: run.run_id, after: culprit, device_id, cause })
     }
 
-    /// The earliest run launched before `run` whose end event already reports a failure: its
-    /// id, its launch position and the cause of that failure (the stream it failed on, as a
-    /// sync step, and the code). Looks without blocking.
-    fn failed_ahead(&self, run: &RunState) -> Option<(RunId, u64, PoisonCause)> {
+    /// The earliest run launched before `run` whose end event already reports `code`: its id,
+    /// its launch position and the cause of that failure (the stream it failed on, as a sync
+    /// step). Looks without blocking.
+    fn failed_ahead(&self, run: &RunState, code: AclCode) -> Option<(RunId, u64, PoisonCause)> {
         let op = self.timeouts.op_execute;
         let mut ahead: Vec<&RunState> = self.launched_before(run.launch_seq).collect();
         ahead.sort_by_key(|r| r.launch_seq);
@@ -334,12 +346,10 @@ impl Core {
             .into_iter()
             .find_map(|(stream, step)| {
                 match self.backend.event_status(&events.end[stream_slot(stream)], op) {
-                    EventStatus::Failed(f) => Some((
-                        r.run_id,
-                        r.launch_seq,
-                        PoisonCause { run_id: r.run_id, step, code: f.code },
-                    )),
-                    EventStatus::Complete | EventStatus::Pending => None,
+                    EventStatus::Failed(f) if f.code == code => {
+                        Some((r.run_id, r.launch_seq, PoisonCause { run_id: r.run_id, step, code }))
+                    }
+                    EventStatus::Failed(_) | EventStatus::Complete | EventStatus::Pending => None,
                 }
             })
         })
@@ -394,6 +404,9 @@ impl Core {
         earlier.sort_by_key(|r| std::cmp::Reverse(r.launch_seq));
         earlier.into_iter().find(|r| begun(r)).map(|r| (r.run_id, r.launch_seq)).or_else(|| {
             match self.health.get() {
+                // A device that fails every query fails this run's `begin` events too; when
+                // the cause is this run itself, its failure is its own.
+                DeviceHealth::Unusable { .. } if self.poisoned_at == Some(run.launch_seq) => None,
                 DeviceHealth::Unusable { cause } => {
                     Some((cause.run_id, self.poisoned_at.unwrap_or(0)))
                 }
