@@ -1252,12 +1252,22 @@ fn a_queued_run_behind_a_run_whose_event_sync_failed_is_abandoned_after_it() {
     assert!(matches!(err, DeviceError::DeviceFault { run_id: id, .. } if id == run_id(1)), "{err}");
 }
 
-/// Queues run 1, then makes the next `aclrtQueryEventStatus` (run 1's AICPU end event, looked
-/// at when run 2's launch is refused) fail with 507018 — once, or from then on for every call
-/// (`sticky`) — and run 2's AICore launch fail with `launch_code`; returns run 2's launch error,
-/// the health after it and run 1's reap.
-fn launch_behind_a_faulted_run(
-    sticky: bool,
+/// How run 1 stands when run 2's queued launch is refused.
+#[derive(Clone, Copy, Debug)]
+enum RunAhead {
+    /// Still fine: nothing it reports fails.
+    Healthy,
+    /// Faulted with 507018: the next look at its AICPU end event reports it, once, and so do
+    /// its event syncs.
+    Faulted,
+    /// Faulted with 507018, and the device fails every call from that look on.
+    FaultedSticky,
+}
+
+/// Queues run 1, puts it in state `ahead`, makes run 2's AICore launch fail with `launch_code`,
+/// and returns run 2's launch error, the health after it and run 1's reap.
+fn launch_behind(
+    ahead: RunAhead,
     launch_code: i32,
 ) -> (DeviceError, DeviceHealth, Result<bool, DeviceError>) {
     let b = Onboard::new();
@@ -1270,11 +1280,15 @@ fn launch_behind_a_faulted_run(
     let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
     // Counted from the whole log, which nothing above took.
     let next_query = count(&b.log(), "aclrtQueryEventStatus") as u64 + 1;
-    if sticky {
-        b.install.poison_at("aclrtQueryEventStatus", next_query, 507_018).unwrap();
-    } else {
-        b.install.fail_call("aclrtQueryEventStatus", next_query, 507_018).unwrap();
-        b.install.fail_call("aclrtSynchronizeEventWithTimeout", 0, 507_018).unwrap();
+    match ahead {
+        RunAhead::Healthy => {}
+        RunAhead::Faulted => {
+            b.install.fail_call("aclrtQueryEventStatus", next_query, 507_018).unwrap();
+            b.install.fail_call("aclrtSynchronizeEventWithTimeout", 0, 507_018).unwrap();
+        }
+        RunAhead::FaultedSticky => {
+            b.install.poison_at("aclrtQueryEventStatus", next_query, 507_018).unwrap();
+        }
     }
     let next_launch = r.stats().aicore_launches + 1;
     b.install.fail_call("rtKernelLaunchWithHandleV2", next_launch, launch_code).unwrap();
@@ -1291,17 +1305,17 @@ fn a_queued_launch_refused_after_the_run_ahead_faulted_is_abandoned_behind_that_
     // Run 1 faults on the device while run 2 is being queued: the device reports the fault
     // again at run 2's AICore launch, and on run 1's end event. Run 2 is abandoned behind run
     // 1, and run 1's reap is its own fault — also on a device that fails every later call.
-    for sticky in [false, true] {
-        let (second, health, first) = launch_behind_a_faulted_run(sticky, 507_018);
+    for ahead in [RunAhead::Faulted, RunAhead::FaultedSticky] {
+        let (second, health, first) = launch_behind(ahead, 507_018);
         assert!(
             matches!(&second, DeviceError::Abandoned { run_id: id, after, .. }
                 if *id == run_id(2) && *after == run_id(1)),
-            "sticky {sticky}: run 2's refused launch stands behind run 1's fault: {second}"
+            "{ahead:?}: run 2's refused launch stands behind run 1's fault: {second}"
         );
         assert!(matches!(health, DeviceHealth::Unusable { cause } if cause.run_id == run_id(1)));
         assert!(
             matches!(&first, Err(DeviceError::DeviceFault { run_id: id, .. }) if *id == run_id(1)),
-            "sticky {sticky}: run 1 carries its own fault: {first:?}"
+            "{ahead:?}: run 1 carries its own fault: {first:?}"
         );
     }
 }
@@ -1309,7 +1323,7 @@ fn a_queued_launch_refused_after_the_run_ahead_faulted_is_abandoned_behind_that_
 #[test]
 fn a_queued_launch_refused_with_another_code_than_the_run_ahead_reports_is_its_own_failure() {
     // The launch is refused with a code no kernel fault reports: not the fault of run 1 again.
-    let (second, health, _) = launch_behind_a_faulted_run(false, 207_001);
+    let (second, health, _) = launch_behind(RunAhead::Faulted, 207_001);
     assert!(
         matches!(&second, DeviceError::Launch { run_id: id, .. } if *id == run_id(2)),
         "{second}"
@@ -1319,22 +1333,14 @@ fn a_queued_launch_refused_with_another_code_than_the_run_ahead_reports_is_its_o
 
 #[test]
 fn a_queued_launch_refused_while_the_run_ahead_is_healthy_is_its_own_failure() {
-    let b = Onboard::new();
-    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
-    let slot = r.register_callable(&b.add_callable()).unwrap();
-    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
-    let cfg = CallConfig::default();
-    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
-    let a1 = r.launch_run(p1).unwrap();
-    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
-    b.fail_next_aicore_launch(&r);
-    let err = r.launch_run(p2).unwrap_err();
-    assert!(matches!(&err, DeviceError::Launch { run_id: id, .. } if *id == run_id(2)), "{err}");
-    assert!(matches!(r.health(), DeviceHealth::Unusable { cause } if cause.run_id == run_id(2)));
+    let (second, health, first) = launch_behind(RunAhead::Healthy, 507_018);
+    assert!(
+        matches!(&second, DeviceError::Launch { run_id: id, .. } if *id == run_id(2)),
+        "{second}"
+    );
+    assert!(matches!(health, DeviceHealth::Unusable { cause } if cause.run_id == run_id(2)));
     // Run 1 was launched before the failure: it is reaped as itself.
-    r.reap_run(&a1, None).expect("run 1 ran before run 2's failed launch");
-    drop((v1, v2));
-    let _ = r.finalize();
+    first.expect("run 1 ran before run 2's failed launch");
 }
 
 // ----- tensormap_and_ringbuffer: `DeviceObject` orchestrations through the register entry -----

@@ -65,15 +65,8 @@ fn a_fault_on_a_queueing_lane_is_charged_to_its_run_and_the_queued_run_is_abando
     let mem = w.memory().unwrap();
     let (_b1, a1) = buffers(&mem, 64, 1.0);
     let (_b2, a2) = buffers(&mem, 64, 2.0);
-    // Run 1's kernel would take a second: the short budgets end it after some 600 ms (the
-    // op-execute watchdog) and its AICPU entry fails, so run 2 is prepared and queued behind it
-    // while it is still on the device. (A kernel fault would end it at once: a fault skips the
-    // delay.)
-    w.with_sim_faults(WorkerId(0), |p| {
-        p.kernel_delay(0, Duration::from_secs(1));
-        p.aicpu_fault(1);
-    })
-    .unwrap();
+    // Run 2 is prepared and queued behind run 1 while run 1 is still on the device.
+    common::hold_then_poison(&w);
     let h1 = w.submit(Orchestration::chip(add, a1)).expect("first submit");
     let h2 = w.submit(Orchestration::chip(add, a2)).expect("second submit");
     assert!(!h1.is_done(), "run 2 was prepared while run 1 executes");

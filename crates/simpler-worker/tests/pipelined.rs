@@ -118,14 +118,8 @@ fn a_run_behind_a_run_that_made_the_chip_unusable_is_abandoned_not_charged_its_e
         let (_b1, a1) = buffers(&mem, 64, 1.0);
         let (_b2, a2) = buffers(&mem, 64, 2.0);
         let (_b3, a3) = buffers(&mem, 64, 3.0);
-        // Run 1's kernel would take a second: the short budgets end it after some 600 ms (the
-        // op-execute watchdog) and its AICPU entry fails, leaving the chip unusable. Run 2 is
-        // submitted while run 1 is still on the device.
-        w.with_sim_faults(WorkerId(0), |p| {
-            p.kernel_delay(0, Duration::from_secs(1));
-            p.aicpu_fault(1);
-        })
-        .unwrap();
+        // Run 2 is submitted while run 1 is still on the device.
+        common::hold_then_poison(&w);
         let h1 = w.submit(Orchestration::chip(add, a1)).expect("first submit");
         let h2 = w.submit(Orchestration::chip(add, a2)).unwrap_or_else(|e| {
             panic!("{slots} slots, queue {queue}: run 2 was refused, not abandoned: {e}")

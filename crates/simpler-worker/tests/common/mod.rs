@@ -30,6 +30,18 @@ pub fn l2_with(
     (b.start().expect("start"), add)
 }
 
+/// Arms chip 0 of the L2 worker `w` (built with [`short_budgets`]) so that its next run holds
+/// the device for some 600 ms (a one-second kernel, ended by the op-execute watchdog) and then
+/// fails in its AICPU entry, which makes the chip unusable. A kernel fault would not do: it ends
+/// the run at once, skipping the kernel's delay.
+pub fn hold_then_poison(w: &Worker) {
+    w.with_sim_faults(simpler_types::WorkerId(0), |p| {
+        p.kernel_delay(0, Duration::from_secs(1));
+        p.aicpu_fault(1);
+    })
+    .expect("fault plan");
+}
+
 /// Generous upper bound that only catches hangs.
 pub const HANG: Duration = Duration::from_secs(60);
 
