@@ -264,7 +264,8 @@ const LEAN_CANDIDATES_US: [u64; 10] = [2, 4, 6, 8, 10, 12, 14, 16, 20, 24];
 /// each).
 struct Candidate {
     declared: Duration,
-    /// The runner's wait in `reap_run` per run.
+    /// The runner's launch and its wait in `reap_run` per run: the time the run is on the
+    /// device as the host sees it (a declared time runs from the launch's start).
     device: Duration,
     /// A runner stream's time per run.
     runner_d1: Duration,
@@ -290,7 +291,7 @@ fn measure_candidate(runs: usize, shape: Shape, declared: Duration) -> Candidate
         (0..3).map(|_| runner_stream(Mode::Depth1, runs, shape)).collect();
     Candidate {
         declared,
-        device: median(runner.iter().map(|r| r.1.reap).collect()),
+        device: median(runner.iter().map(|r| r.1.launch + r.1.reap).collect()),
         runner_d1: median(runner.iter().map(|r| r.0).collect()),
         worker_d1: median((0..3).map(|_| stream(Lane::Depth1, runs, shape).per_run).collect()),
     }
@@ -519,7 +520,8 @@ fn stream(lane: Lane, runs: usize, shape: Shape) -> Stream {
 /// time is measured at depth 1 on a runner and through the worker, and the candidate whose
 /// device time is closest to the host's part of a run wins, separately for each level (the
 /// worker's lane and waiter add to the runner's host part). The device time is the runner's
-/// wait in `reap_run`: the declared time, or the simulator's own work when that is longer.
+/// launch plus its wait in `reap_run` (from the launch's start to the run's end as the host
+/// sees it): the declared time, or the simulator's own work when that is longer.
 /// Returns the picked shapes (worker, runner) and the worker pick's device time.
 fn pick_declared(
     name: &str,
