@@ -38,6 +38,19 @@ impl AclCode {
         self.0
     }
 
+    /// Whether the code reports a fault of executing work (a kernel's exception or timeout, an
+    /// aborted task), which a device reports again at later calls on its streams.
+    pub const fn is_execution_fault(self) -> bool {
+        matches!(
+            self,
+            AclCode::AICORE_TIMEOUT
+                | AclCode::AICORE_EXCEPTION
+                | AclCode::AICPU_TIMEOUT
+                | AclCode::AICPU_EXCEPTION
+                | AclCode::TASK_ABORT
+        )
+    }
+
     /// The ACL constant name of a known code, `"ACL_ERROR_UNKNOWN"` otherwise.
     pub const fn name(self) -> &'static str {
         match self.0 {

@@ -313,14 +313,7 @@ impl Core {
         outcome: Outcome,
         code: AclCode,
     ) -> Option<DeviceError> {
-        let execution_faults = [
-            AclCode::AICORE_TIMEOUT,
-            AclCode::AICORE_EXCEPTION,
-            AclCode::AICPU_TIMEOUT,
-            AclCode::AICPU_EXCEPTION,
-            AclCode::TASK_ABORT,
-        ];
-        if !execution_faults.contains(&code) {
+        if !code.is_execution_fault() {
             return None;
         }
         let (culprit, culprit_seq, cause) = self.failed_ahead(run, code)?;
