@@ -328,9 +328,7 @@ impl Core {
     /// step). Looks without blocking.
     fn failed_ahead(&self, run: &RunState, code: AclCode) -> Option<(RunId, u64, PoisonCause)> {
         let op = self.timeouts.op_execute;
-        let mut ahead: Vec<&RunState> = self.launched_before(run.launch_seq).collect();
-        ahead.sort_by_key(|r| r.launch_seq);
-        ahead.into_iter().find_map(|r| {
+        self.ahead_in_launch_order(run).into_iter().find_map(|r| {
             let events = r.events.as_ref()?;
             [
                 (StreamKind::Aicpu, PoisonStep::SyncAicpu),
@@ -363,6 +361,13 @@ impl Core {
         self.runs().filter(move |r| r.stage == Stage::Launched && r.launch_seq < launch_seq)
     }
 
+    /// [`launched_before`](Self::launched_before) `run`, earliest first.
+    fn ahead_in_launch_order(&self, run: &RunState) -> Vec<&RunState> {
+        let mut ahead: Vec<&RunState> = self.launched_before(run.launch_seq).collect();
+        ahead.sort_by_key(|r| r.launch_seq);
+        ahead
+    }
+
     /// The cause that made the device unusable, when the failure of a run launched before
     /// `run` did (or of one with no place in the launch order).
     fn abandoned_cause(&self, run: &RunState) -> Option<PoisonCause> {
@@ -393,19 +398,17 @@ impl Core {
         if begun(run) {
             return None;
         }
-        let mut earlier: Vec<&RunState> = self.launched_before(run.launch_seq).collect();
-        earlier.sort_by_key(|r| std::cmp::Reverse(r.launch_seq));
-        earlier.into_iter().find(|r| begun(r)).map(|r| (r.run_id, r.launch_seq)).or_else(|| {
-            match self.health.get() {
-                // A device that fails every query fails this run's `begin` events too; when
-                // the cause is this run itself, its failure is its own.
-                DeviceHealth::Unusable { .. } if self.poisoned_at == Some(run.launch_seq) => None,
-                DeviceHealth::Unusable { cause } => {
-                    Some((cause.run_id, self.poisoned_at.unwrap_or(0)))
-                }
-                DeviceHealth::Healthy => None,
-            }
-        })
+        let latest_begun = self.ahead_in_launch_order(run).into_iter().rev().find(|r| begun(r));
+        if let Some(r) = latest_begun {
+            return Some((r.run_id, r.launch_seq));
+        }
+        match self.health.get() {
+            // A device that fails every query fails this run's `begin` events too; when the
+            // cause is this run itself, its failure is its own.
+            DeviceHealth::Unusable { .. } if self.poisoned_at == Some(run.launch_seq) => None,
+            DeviceHealth::Unusable { cause } => Some((cause.run_id, self.poisoned_at.unwrap_or(0))),
+            DeviceHealth::Healthy => None,
+        }
     }
 
     /// The run a queued run's timeout belongs to when the run never began (none of its `begin`
@@ -422,10 +425,12 @@ impl Core {
         if !never_began {
             return Ahead::Ended;
         }
-        let mut ahead: Vec<&RunState> =
-            self.launched_before(run.launch_seq).filter(|r| self.queued_end(r).is_none()).collect();
-        ahead.sort_by_key(|r| r.launch_seq);
-        ahead
+        let unfinished: Vec<&RunState> = self
+            .ahead_in_launch_order(run)
+            .into_iter()
+            .filter(|r| self.queued_end(r).is_none())
+            .collect();
+        unfinished
             .into_iter()
             .find_map(|r| {
                 // Every run ahead of `r` has ended by now, so an unreaped `r` gets one budget.
