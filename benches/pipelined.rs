@@ -28,8 +28,8 @@
 //!   host time of each phase (prepare, launch, the wait in reap, complete) is reported.
 //!
 //! `cargo bench --bench pipelined [-- RUNS ROUNDS HOST_WORK_US]` (defaults 1000, 3 and W3's
-//! 20 µs of host work; `-- --test` runs a short version). Plain timing with medians over the rounds, not criterion: one sample is
-//! a whole stream of runs.
+//! 20 µs of host work; `-- --test` runs a short version). Plain timing with medians over the
+//! rounds, not criterion: one sample is a whole stream of runs.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -59,8 +59,7 @@ static HOST_WORK_ITERS: AtomicU64 = AtomicU64::new(0);
 static HOST_WORK_PER_US: AtomicU64 = AtomicU64::new(0);
 
 /// `iters` rounds of a multiply-xor mix whose result the caller keeps: CPU work that the
-/// compiler cannot drop, standing in for a serving step's own host preparation (a block table,
-/// request metadata) in the orchestration.
+/// compiler cannot drop, standing in for the orchestration of a larger graph (W3).
 fn host_work(iters: u64) -> u64 {
     let mut x = 0x9e37_79b9_7f4a_7c15_u64;
     for i in 0..iters {
