@@ -571,19 +571,26 @@ fn mem_err(chip: WorkerId, e: DeviceError) -> MemError {
 /// A preparation's `e` for run `run`, submitted while `behind` was the oldest run not yet
 /// finished: a device that a run from `behind` on made unusable abandons this run behind that
 /// run (`Ok` with the run and its `Abandoned { after }`), as it would had the lane prepared it
-/// before retiring the culprit; any other error comes back as it is (`Err`).
+/// before retiring the culprit; so does a preparation the runner itself ended as abandoned
+/// behind such a run (its orchestration's write waited for a run ahead that faulted). Any
+/// other error comes back as it is (`Err`).
 pub(crate) fn queued_behind(
     e: DeviceError,
     run: Option<RunId>,
     behind: Option<RunId>,
 ) -> Result<(RunId, DeviceError), DeviceError> {
-    match (e, run, behind) {
-        (DeviceError::Unusable { device_id, cause }, Some(run_id), Some(oldest))
-            if oldest <= cause.run_id && cause.run_id < run_id =>
-        {
+    let (Some(run_id), Some(oldest)) = (run, behind) else { return Err(e) };
+    let ahead = |culprit: RunId| oldest <= culprit && culprit < run_id;
+    match e {
+        DeviceError::Unusable { device_id, cause } if ahead(cause.run_id) => {
             Ok((run_id, DeviceError::Abandoned { run_id, after: cause.run_id, device_id, cause }))
         }
-        (e, ..) => Err(e),
+        DeviceError::Abandoned { run_id: abandoned, after, .. }
+            if abandoned == run_id && ahead(after) =>
+        {
+            Ok((run_id, e))
+        }
+        e => Err(e),
     }
 }
 

@@ -143,6 +143,62 @@ fn a_run_behind_a_run_that_made_the_chip_unusable_is_abandoned_not_charged_its_e
     }
 }
 
+/// `a[..] = 7` through `set_tensor_data` (a write into user memory, which waits for the runs
+/// the device is executing), then `f = a + b` as the add program does.
+fn stamp_then_add(
+    ctx: &mut simpler_device_a2a3::OrchCtx<'_>,
+    args: &simpler_device_a2a3::OrchArgs<'_>,
+) -> Result<(), simpler_device_a2a3::OrchError> {
+    let a = *args.tensor(0).expect("three arguments");
+    ctx.set_tensor_data(&a, &f32_to_le_bytes(&vec![7.0; a.numel() as usize]))?;
+    simpler_device_a2a3::programs::add::orchestration(ctx, args)
+}
+
+#[test]
+fn a_run_whose_orchestration_write_waited_for_a_run_that_faulted_is_abandoned_behind_it() {
+    use simpler_device_a2a3::programs::add;
+    // Run 2's orchestration writes run 1's input while run 1 is on the device (depth 2: the
+    // lane prepares run 2 then), so the write waits for run 1, which faults. Run 2 never ran:
+    // it is accepted and abandoned behind run 1, as when the chip was found unusable, not
+    // refused at `submit` with a preparation error. At depth 1 the lane retires run 1 first.
+    for (slots, queue) in [(1, false), (2, false), (2, true)] {
+        let mut b = simpler_worker::Worker::chip(
+            simpler_device_a2a3::Platform::A2a3Sim,
+            0,
+            simpler_device_a2a3::RuntimeVariant::HostBuildGraph,
+        )
+        .chip_options(move |o| {
+            common::short_budgets(o).with_pipeline_slots(slots).with_device_queue(queue)
+        });
+        let plain = b.register_chip(add_callable(0));
+        let stamping = add::builder_with(simpler_device_a2a3::Orchestration::Native {
+            entry: stamp_then_add,
+            config: |_| simpler_device_a2a3::OrchConfig { expected_arg_count: 3 },
+        })
+        .names("stamp_then_add", "stamp_then_add_config")
+        .build()
+        .expect("valid callable");
+        let stamping = b.register_chip(stamping);
+        let w = b.start().expect("start");
+        let mem = w.memory().unwrap();
+        let (_b1, a1) = buffers(&mem, 64, 1.0);
+        common::hold_then_poison(&w);
+        let h1 = w.submit(Orchestration::chip(plain, a1.clone())).expect("first submit");
+        let h2 = w.submit(Orchestration::chip(stamping, a1)).unwrap_or_else(|e| {
+            panic!("{slots} slots, queue {queue}: run 2 was refused, not abandoned: {e}")
+        });
+        let e1 = h1.wait_timeout(HANG).expect("no hang").expect_err("run 1 faults");
+        assert!(!format!("{e1:?}").contains("Abandoned"), "run 1 carries its own fault: {e1:?}");
+        let e2 = h2.wait_timeout(HANG).expect("no hang").expect_err("run 2 never runs");
+        let text2 = format!("{e2} {e2:?}");
+        assert!(
+            text2.contains("Abandoned { run_id: run#2, after: run#1"),
+            "{slots} slots, queue {queue}: run 2 is abandoned behind run 1: {text2}"
+        );
+        let _ = w.close();
+    }
+}
+
 #[test]
 fn a_memory_call_waits_for_the_run_in_flight_as_at_depth_one() {
     let (w, add) = l2(2);
