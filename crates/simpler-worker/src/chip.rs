@@ -370,7 +370,8 @@ impl ChipState {
             self.retire_in_flight();
         }
         if exclusive || self.pipeline_depth() < 2 {
-            fence.set(self.finish_run(run, prepared).map_err(device_failure));
+            let finished = self.finish_run(run, prepared);
+            self.publish(&fence, finished);
             return;
         }
         // With device queueing `prepared` is launched behind the run in flight (its kernels
@@ -394,7 +395,7 @@ impl ChipState {
     /// device ([`queued_behind`]): after the run in flight, so fences stay in FIFO order.
     pub(crate) fn abandon(&mut self, fence: Arc<LaneFence>, e: DeviceError) {
         self.retire_in_flight();
-        fence.set(Err(device_failure(e)));
+        self.publish(&fence, Err(e));
     }
 
     /// Whether the lane launches the next run behind the run in flight on the device
@@ -416,7 +417,7 @@ impl ChipState {
         self.publish(&fence, done);
     }
 
-    /// Sets the fence of the run in flight, which it took, to `result`, noting when.
+    /// Sets the fence of a run this lane ends to `result`, noting when.
     fn publish(&mut self, fence: &LaneFence, result: Result<(), DeviceError>) {
         self.published_at = Some(Instant::now());
         fence.set(result.map_err(device_failure));
