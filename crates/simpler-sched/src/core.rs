@@ -8,13 +8,17 @@ use rustc_hash::FxHashMap;
 
 use simpler_ring::Ring;
 use simpler_tensormap::TensorMap;
-use simpler_types::{CallConfig, RunFailure, SlotId, TaskId, WorkerId, WorkerRef, WorkerType};
+use simpler_types::{
+    CallConfig, CancelReason, RunFailure, SlotId, TaskId, WorkerId, WorkerRef, WorkerType,
+};
 
 use crate::endpoint::quietly;
 use crate::endpoint_thread::Mailbox;
+use crate::graph::GraphScratch;
 use crate::held_ready::HeldReady;
 use crate::inbox::{IdleDriver, Inbox, WorkerSlot};
 use crate::registry::Registry;
+use crate::run_record::AbortCheck;
 use crate::scheduler::SchedState;
 use crate::slot::TaskSlot;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, Signal};
@@ -183,18 +187,33 @@ impl Core {
     }
 
     /// Engine poisoning (`docs/engine-protocols.md` §5): every non-terminal run fails now with an
-    /// internal error, and `begin_run` refuses new runs.
+    /// internal error, its unstarted tasks are cancelled, and `begin_run` refuses new runs.
+    ///
+    /// The failure is recorded before the cancellation, so a fence that the cancellation fires
+    /// reports it; the cancellation comes before the outcome is published, so no task of a run
+    /// whose waiter saw it fail is dispatched afterwards (a task claimed for dispatch before
+    /// it counts as started, as under an abort).
     ///
     /// Never unwinds: it runs on whichever thread caught the panic (an endpoint thread, the
-    /// scheduler thread), which must go on serving, so the runs fail before anything is logged
-    /// and a tracing layer that panics on the report is ignored.
+    /// scheduler thread), which must go on serving, so the runs fail before anything is logged,
+    /// a cancellation that panics (the engine's state may be what is broken) is skipped, and a
+    /// tracing layer that panics on the report is ignored.
     #[cold]
     pub(crate) fn poison(&self, message: &str) {
         for run in self.registry.poison() {
-            run.force_failed(RunFailure::Internal {
+            let failure = RunFailure::Internal {
                 run: run.id,
                 message: format!("engine poisoned: {message}"),
-            });
+            };
+            // A terminal run (registered until its release) keeps its outcome.
+            if run.mark_aborted(failure.clone(), false) != AbortCheck::Marked {
+                continue;
+            }
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let reason = CancelReason::EnginePoisoned;
+                self.cancel_run(&run, reason, false, &mut GraphScratch::default());
+            }));
+            run.force_failed(failure);
         }
         quietly(|| tracing::error!(level = self.level, "engine poisoned: {message}"));
     }
@@ -207,8 +226,10 @@ mod tests {
 
     use tracing_subscriber::layer::SubscriberExt;
 
+    use simpler_types::{CallConfig, TaskArgs, TaskState, WorkerId};
+
     use crate::outcome::RunOutcome;
-    use crate::scheduler::tests::{gated_engine, one_running_task};
+    use crate::scheduler::tests::{chip, gated_engine, one_running_task, wait_until};
 
     /// A tracing layer that panics on every event, after noting that it saw one.
     struct PanicsOnEvent(Arc<AtomicBool>);
@@ -237,6 +258,37 @@ mod tests {
         assert!(!unwound, "poisoning unwound into the thread that caught the engine's panic");
         assert!(engine.is_poisoned());
         assert!(matches!(engine.wait(run).unwrap(), RunOutcome::Failed(_)));
+        tx.send(()).unwrap();
+    }
+
+    #[test]
+    fn poisoning_cancels_the_unstarted_tasks_so_none_runs_after_its_run_was_reported_failed() {
+        // t1 runs on the gate; t2, on the same endpoint, waits its turn in the queue. Once the
+        // waiter has seen the run fail, t2 must never reach the endpoint, not even on the pass
+        // that takes t1's completion.
+        let (engine, tx) = gated_engine();
+        let cfg = CallConfig::default();
+        let mut b = engine.begin_run().unwrap();
+        let t1 = b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None).unwrap();
+        let t2 = b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None).unwrap();
+        let run = b.close();
+        wait_until(|| engine.task_snapshot(t1).unwrap().state == TaskState::Running);
+        assert_eq!(engine.task_snapshot(t2).unwrap().state, TaskState::Ready);
+        engine.core().poison("deliberate");
+        let RunOutcome::Failed(failure) = engine.wait(run).unwrap() else {
+            panic!("a poisoned run completed")
+        };
+        assert!(failure.to_string().contains("engine poisoned"), "{failure}");
+        // Cancelled, and reclaimed at once (its run holds no scope over it any more).
+        let t2_now = engine.task_snapshot(t2).unwrap().state;
+        assert!(
+            matches!(t2_now, TaskState::Failed | TaskState::Consumed),
+            "the queued task was left dispatchable: {t2_now:?}"
+        );
+        tx.send(()).unwrap();
+        wait_until(|| engine.stats().completions == 1);
+        assert_eq!(engine.stats().dispatched, 1, "t2 was dispatched after its run failed");
+        // A spare token, so that a wrongly dispatched t2 cannot hold the gate.
         tx.send(()).unwrap();
     }
 }

@@ -88,6 +88,8 @@ pub enum CancelReason {
     RunAborted,
     /// The engine shut down with the run in flight.
     Shutdown,
+    /// The engine was poisoned (an internal error) with the run in flight.
+    EnginePoisoned,
 }
 
 impl fmt::Display for CancelReason {
@@ -96,6 +98,7 @@ impl fmt::Display for CancelReason {
             CancelReason::SubmissionFailed => "submission failed",
             CancelReason::RunAborted => "run aborted",
             CancelReason::Shutdown => "engine shut down",
+            CancelReason::EnginePoisoned => "engine poisoned",
         })
     }
 }

@@ -380,8 +380,12 @@ const BUDGETS: [TimeoutBudget; 6] = [
     TimeoutBudget::Admission,
 ];
 
-const CANCEL_REASONS: [CancelReason; 3] =
-    [CancelReason::SubmissionFailed, CancelReason::RunAborted, CancelReason::Shutdown];
+const CANCEL_REASONS: [CancelReason; 4] = [
+    CancelReason::SubmissionFailed,
+    CancelReason::RunAborted,
+    CancelReason::Shutdown,
+    CancelReason::EnginePoisoned,
+];
 
 struct Writer(Vec<u8>);
 
