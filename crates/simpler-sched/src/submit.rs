@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use simpler_tensormap::{Access, ByteSpan, TensorKey, footprint};
 use simpler_types::{
-    CallConfig, CallableId, CallableKind, RunFailure, TaskArgs, TaskFailure, TaskId, WorkerId,
-    WorkerType,
+    CallConfig, CallableId, CallableKind, CancelReason, RunFailure, TaskArgs, TaskFailure, TaskId,
+    WorkerId, WorkerType,
 };
 
 use crate::builder::RunBuilder;
@@ -371,15 +371,18 @@ impl RunBuilder<'_> {
         // visible on the run: read it again now that every lookup and attach is done. A task
         // failure is recorded before the failed task can be reclaimed, so a producer the lookups
         // missed for that reason is seen here (`docs/engine-protocols.md` §3, step 6).
-        // The same read finds a shutdown abort that copied the run's slot list before this task
-        // was charged: that cancellation cannot reach the task, so it is cancelled here, or it
-        // would be dispatched after its run was reported aborted.
+        // The same read finds a shutdown abort, or the engine's poisoning, that copied the run's
+        // slot list before this task was charged: that cancellation cannot reach the task, so it
+        // is cancelled here, or it would be dispatched after its run was reported failed.
         let mut aborted = None;
         if failed.is_none()
             && let Some(late) = run.failure()
         {
             match &*late {
                 RunFailure::Aborted { reason, .. } => aborted = Some(*reason),
+                RunFailure::Internal { .. } if core.registry.is_poisoned() => {
+                    aborted = Some(CancelReason::EnginePoisoned);
+                }
                 other => failed = other.task_failure().map(Arc::clone),
             }
         }
@@ -571,6 +574,45 @@ mod tests {
         assert_eq!(f.task_failure().map(|t| t.task), Some(producer));
         // The run is terminal, so every dispatch that was ever going to happen has happened.
         assert_eq!(*ran.lock().unwrap(), vec![producer], "the consumer ran on a failed output");
+    }
+
+    #[test]
+    fn a_task_charged_after_poisoning_copied_the_slot_list_is_cancelled_not_dispatched() {
+        // As below for the engine's poisoning, which fails the run and cancels the slots it
+        // copied while a builder is live on another thread: a submit charged after the copy
+        // must cancel itself, or it would run after its run's waiter saw the run fail.
+        let (engine, tx) = gated_engine();
+        let engine = Arc::new(engine);
+        let cfg = CallConfig::default();
+        let mut b = engine.begin_run().unwrap();
+        let run_id = b.id();
+        let hook_engine = Arc::clone(&engine);
+        fault::set_before_lookups(Some(Box::new(move || {
+            let core = hook_engine.core();
+            let run = core.registry.find(run_id).unwrap();
+            let late = run.lock().task_slots.pop().unwrap();
+            core.poison("deliberate");
+            run.lock().task_slots.push(late);
+        })));
+        let task = b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None);
+        fault::set_before_lookups(None);
+        let task = task.unwrap();
+
+        let snapshot = engine.task_snapshot(task).unwrap();
+        assert_eq!(snapshot.state, TaskState::Failed, "dispatched after its run was poisoned");
+        let failure = snapshot.failure.unwrap();
+        assert!(
+            matches!(
+                failure.mechanism,
+                FailureMechanism::Cancelled { reason: CancelReason::EnginePoisoned }
+            ),
+            "{failure:?}"
+        );
+        assert_eq!(engine.stats().dispatched, 0);
+        drop(tx);
+        let outcome = engine.wait_timeout(b.close(), Duration::from_secs(20)).unwrap();
+        let Some(RunOutcome::Failed(f)) = outcome else { panic!("{outcome:?}") };
+        assert!(matches!(*f, RunFailure::Internal { .. }), "{f:?}");
     }
 
     #[test]
