@@ -15,7 +15,7 @@ use simpler_types::{
 };
 
 /// Version of the frame layout; both ends must agree.
-pub(crate) const VERSION: u16 = 3;
+pub(crate) const VERSION: u16 = 4;
 
 /// Error frames longer than this are cut (innermost message first), so one failure can never
 /// grow a completion without bound.
@@ -555,13 +555,14 @@ impl Writer {
                 self.u64(root.run.get());
                 self.u32(root.seq);
             }
-            FailureMechanism::Cancelled { reason } => {
+            FailureMechanism::Cancelled { reason }
+                if let Some(code) = CANCEL_REASONS.iter().position(|r| r == reason) =>
+            {
                 self.u8(7);
-                let code = CANCEL_REASONS.iter().position(|r| r == reason).unwrap_or(0);
                 self.u8(code as u8);
             }
-            // A mechanism added later crosses as an endpoint failure; its text is in the
-            // message.
+            // A mechanism (or cancel reason) added later crosses as an endpoint failure; its
+            // text is in the message.
             _ => self.u8(2),
         }
     }
@@ -853,6 +854,17 @@ mod tests {
             Packet::Abort { ordinal: 2 },
         ] {
             round_trip(p);
+        }
+    }
+
+    #[test]
+    fn a_cancelled_task_crosses_with_each_cancel_reason() {
+        let run = RunId::from_raw(7).unwrap();
+        let id = CallableId::new([3; 32], CallableKind::Host, CallableNamespace::LocalHost);
+        for reason in CANCEL_REASONS {
+            let mechanism = FailureMechanism::Cancelled { reason };
+            let failure = TaskFailure::new(TaskId::new(run, 1), id, mechanism, "cancelled");
+            round_trip(Packet::Completion { seq: 1, outcome: Outcome::TaskFailed { failure } });
         }
     }
 
