@@ -76,7 +76,7 @@ pub(crate) struct ChipState {
     pub(crate) process: Option<crate::process::parent::ChipProcess>,
     /// The launched, unreaped run of an L2 lane (depth 2), with the fence it publishes.
     in_flight: Option<InFlight>,
-    /// When the run in flight was last published (just before its fence was set).
+    /// When this lane last published a run (just before its fence was set).
     published_at: Option<Instant>,
     /// Whether depth 1 for a run with diagnostics was logged (once per chip).
     exclusive_logged: bool,
@@ -383,11 +383,14 @@ impl ChipState {
         }
         match launched {
             Ok(Ok(active)) => self.in_flight = Some(InFlight { run, active, fence }),
-            Ok(Err(e)) => fence.set(Err(device_failure(e))),
-            Err(p) => fence.set(Err(device_failure(DeviceError::LaunchPanicked {
-                run_id: Some(run),
-                message: panic_text(p.as_ref()),
-            }))),
+            Ok(Err(e)) => self.publish(&fence, Err(e)),
+            Err(p) => {
+                let message = panic_text(p.as_ref());
+                self.publish(
+                    &fence,
+                    Err(DeviceError::LaunchPanicked { run_id: Some(run), message }),
+                );
+            }
         }
     }
 
@@ -805,8 +808,8 @@ fn serve(rx: &mpsc::Receiver<LaneJob>, state: &mut ChipState) {
 /// The lane's next job; `None` once the channel closed. With a run in flight, reaps it in
 /// growing slices and takes a job that arrived between two slices.
 ///
-/// While runs come `back_to_back` (the last time the lane reaped a run, the next run's job had
-/// been posted before that run was published; or the last run job was taken while a run was
+/// While runs come `back_to_back` (the last time the lane published a run, the next run's job
+/// had been posted before that publication; or the last run job was taken while a run was
 /// in flight and put its own run in flight), it first waits up to [`JOB_WAIT`] for the job, so
 /// that the next run is prepared while this one executes instead of after it was reaped: the
 /// submitter posts it a thread wake-up after the lane replied to its previous submit, often
@@ -869,6 +872,46 @@ mod tests {
 
     use crate::worker::Body;
     use crate::{Orchestration, Worker};
+
+    #[test]
+    fn only_a_run_ahead_from_the_oldest_unfinished_one_makes_a_preparation_error_an_abandonment() {
+        use simpler_device_a2a3::abi::codes::AclCode;
+        use simpler_device_a2a3::{DeviceError, PoisonCause, PoisonStep};
+        use simpler_types::RunId;
+
+        use super::queued_behind;
+
+        let id = |n| RunId::from_raw(n).expect("nonzero");
+        let cause =
+            |n| PoisonCause { run_id: id(n), step: PoisonStep::SyncAicpu, code: AclCode(1) };
+        let unusable = |n| DeviceError::Unusable { device_id: 0, cause: cause(n) };
+        let abandoned = |run, after| DeviceError::Abandoned {
+            run_id: id(run),
+            after: id(after),
+            device_id: 0,
+            cause: cause(after),
+        };
+        // Run 5, submitted while run 3 was the oldest unfinished one.
+        let check = |e, behind: Option<u64>| queued_behind(e, Some(id(5)), behind.map(id));
+        for culprit in [3, 4] {
+            let (run, e) = check(unusable(culprit), Some(3)).expect("abandoned behind it");
+            assert_eq!(run, id(5));
+            assert!(
+                matches!(e, DeviceError::Abandoned { run_id, after, .. }
+                    if run_id == id(5) && after == id(culprit)),
+                "{e}"
+            );
+            let (_, e) = check(abandoned(5, culprit), Some(3)).expect("kept as it is");
+            assert!(matches!(e, DeviceError::Abandoned { after, .. } if after == id(culprit)));
+        }
+        // A culprit that had finished before the submit, the run itself or a later one, an
+        // abandonment of another run, no run ahead at all, or no run id: the error stands.
+        for e in [unusable(2), unusable(5), abandoned(5, 2), abandoned(5, 5), abandoned(4, 3)] {
+            assert!(check(e, Some(3)).is_err());
+        }
+        assert!(check(unusable(4), None).is_err());
+        assert!(queued_behind(unusable(4), None, Some(id(3))).is_err());
+    }
 
     #[test]
     fn a_lane_that_stops_with_a_run_in_flight_publishes_that_run() {

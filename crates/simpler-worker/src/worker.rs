@@ -705,7 +705,8 @@ impl Worker {
     /// prepared on the chip (L2). Graph-construction errors come back here, after the run was
     /// drained and retired; task and device errors belong to the handle. At L2 a run whose
     /// preparation found the chip made unusable by a run that had not finished when this
-    /// submit began is accepted too: its handle reports it `Abandoned` behind that run
+    /// submit began, or whose orchestration's write into user memory waited for such a run
+    /// and it failed, is accepted too: its handle reports it `Abandoned` behind that run
     /// (`docs/pipelining.md`, step 2).
     pub fn submit(&self, orch: Orchestration) -> Result<RunHandle, WorkerError> {
         self.inner.reentrant("submit")?;
