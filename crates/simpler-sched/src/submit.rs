@@ -576,11 +576,13 @@ mod tests {
         assert_eq!(*ran.lock().unwrap(), vec![producer], "the consumer ran on a failed output");
     }
 
-    #[test]
-    fn a_task_charged_after_poisoning_copied_the_slot_list_is_cancelled_not_dispatched() {
-        // As below for the engine's poisoning, which fails the run and cancels the slots it
-        // copied while a builder is live on another thread: a submit charged after the copy
-        // must cancel itself, or it would run after its run's waiter saw the run fail.
+    /// Submits one task while `cancel` (the hook, given the core and the run) fails the run and
+    /// cancels its slot list as copied before the task was charged, and checks that the task
+    /// cancelled itself with `reason` instead of being dispatched; returns the run's failure.
+    fn charge_after_a_cancellation_copied_the_slot_list(
+        reason: CancelReason,
+        cancel: impl Fn(&crate::core::Core, &Arc<crate::run_record::RunRecord>) + Send + 'static,
+    ) -> Arc<RunFailure> {
         let (engine, tx) = gated_engine();
         let engine = Arc::new(engine);
         let cfg = CallConfig::default();
@@ -591,7 +593,7 @@ mod tests {
             let core = hook_engine.core();
             let run = core.registry.find(run_id).unwrap();
             let late = run.lock().task_slots.pop().unwrap();
-            core.poison("deliberate");
+            cancel(core, &run);
             run.lock().task_slots.push(late);
         })));
         let task = b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None);
@@ -599,20 +601,17 @@ mod tests {
         let task = task.unwrap();
 
         let snapshot = engine.task_snapshot(task).unwrap();
-        assert_eq!(snapshot.state, TaskState::Failed, "dispatched after its run was poisoned");
+        assert_eq!(snapshot.state, TaskState::Failed, "dispatched after its run failed");
         let failure = snapshot.failure.unwrap();
         assert!(
-            matches!(
-                failure.mechanism,
-                FailureMechanism::Cancelled { reason: CancelReason::EnginePoisoned }
-            ),
+            matches!(failure.mechanism, FailureMechanism::Cancelled { reason: r } if r == reason),
             "{failure:?}"
         );
         assert_eq!(engine.stats().dispatched, 0);
         drop(tx);
         let outcome = engine.wait_timeout(b.close(), Duration::from_secs(20)).unwrap();
         let Some(RunOutcome::Failed(f)) = outcome else { panic!("{outcome:?}") };
-        assert!(matches!(*f, RunFailure::Internal { .. }), "{f:?}");
+        f
     }
 
     #[test]
@@ -622,37 +621,27 @@ mod tests {
         // mark but was charged after the copy is reached by neither; it must cancel itself
         // instead of being dispatched (the scheduler is still running until shutdown's next
         // step). The hook replays that abort against a slot list without the new task.
-        let (engine, tx) = gated_engine();
-        let engine = Arc::new(engine);
-        let cfg = CallConfig::default();
-        let mut b = engine.begin_run().unwrap();
-        let run_id = b.id();
-        let hook_engine = Arc::clone(&engine);
-        fault::set_before_lookups(Some(Box::new(move || {
-            let core = hook_engine.core();
-            let run = core.registry.find(run_id).unwrap();
-            let late = run.lock().task_slots.pop().unwrap();
-            run.mark_failed(RunFailure::Aborted { run: run_id, reason: CancelReason::Shutdown });
-            core.cancel_run(&run, CancelReason::Shutdown, false, &mut GraphScratch::default());
-            run.lock().task_slots.push(late);
-        })));
-        let task = b.submit_next_level(&chip(), TaskArgs::new(), &cfg, WorkerId(0), None);
-        fault::set_before_lookups(None);
-        let task = task.unwrap();
-
-        let snapshot = engine.task_snapshot(task).unwrap();
-        assert_eq!(snapshot.state, TaskState::Failed, "dispatched after its run was aborted");
-        let failure = snapshot.failure.unwrap();
-        assert!(
-            matches!(
-                failure.mechanism,
-                FailureMechanism::Cancelled { reason: CancelReason::Shutdown }
-            ),
-            "{failure:?}"
+        let f = charge_after_a_cancellation_copied_the_slot_list(
+            CancelReason::Shutdown,
+            |core, run| {
+                run.mark_failed(RunFailure::Aborted {
+                    run: run.id,
+                    reason: CancelReason::Shutdown,
+                });
+                core.cancel_run(run, CancelReason::Shutdown, false, &mut GraphScratch::default());
+            },
         );
-        drop(tx);
-        let outcome = engine.wait_timeout(b.close(), Duration::from_secs(20)).unwrap();
-        let Some(RunOutcome::Failed(f)) = outcome else { panic!("{outcome:?}") };
         assert!(matches!(*f, RunFailure::Aborted { .. }), "{f:?}");
+    }
+
+    #[test]
+    fn a_task_charged_after_poisoning_copied_the_slot_list_is_cancelled_not_dispatched() {
+        // The same for the engine's poisoning, which also fails the run and cancels the slots it
+        // copied: the late task would otherwise run after its run's waiter saw the run fail.
+        let poisoned = CancelReason::EnginePoisoned;
+        let f = charge_after_a_cancellation_copied_the_slot_list(poisoned, |core, _| {
+            core.poison("deliberate");
+        });
+        assert!(matches!(*f, RunFailure::Internal { .. }), "{f:?}");
     }
 }
