@@ -417,9 +417,8 @@ impl RunHandle {
     /// closure, a child run) a run that has not ended yet is refused with
     /// [`RunErrorKind::Reentrant`]: the run may be waiting for that very thread.
     pub fn wait(&self) -> Result<(), RunError> {
-        if !self.is_done() && reentry::is_acting_for(self.shared.inner.instance) {
-            let kind = RunErrorKind::Reentrant;
-            return Err(RunError::new(self.shared.run, kind, Vec::new(), Vec::new(), None));
+        if let Some(refused) = self.refused_from_this_thread() {
+            return Err(refused);
         }
         self.shared.inner.note_observed(&self.shared);
         match self.shared.wait_until(None) {
@@ -436,8 +435,15 @@ impl RunHandle {
     }
 
     /// As [`wait`](Self::wait), giving up after `timeout` with `None`. Never cancels the run or
-    /// disturbs other waiters.
+    /// disturbs other waiters. From a thread acting for the run's own worker a run that has not
+    /// ended is refused with [`RunErrorKind::Reentrant`] as by `wait`, unless `timeout` is zero
+    /// (a look, which never waits).
     pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<(), RunError>> {
+        if !timeout.is_zero()
+            && let Some(refused) = self.refused_from_this_thread()
+        {
+            return Some(Err(refused));
+        }
         // A timeout beyond what `Instant` can represent (`Duration::MAX`) means no deadline.
         let r = self.shared.wait_until(Instant::now().checked_add(timeout));
         if r.is_some() {
@@ -449,6 +455,14 @@ impl RunHandle {
     /// The result if the run is done (performing the cleanup if nobody has), else `None`.
     pub fn result(&self) -> Option<Result<(), RunError>> {
         self.wait_timeout(Duration::ZERO)
+    }
+
+    /// The `Reentrant` refusal of a wait for this run, unfinished, from a thread acting for its
+    /// own worker: the run may be waiting for that very thread.
+    fn refused_from_this_thread(&self) -> Option<RunError> {
+        (!self.is_done() && reentry::is_acting_for(self.shared.inner.instance)).then(|| {
+            RunError::new(self.shared.run, RunErrorKind::Reentrant, Vec::new(), Vec::new(), None)
+        })
     }
 }
 

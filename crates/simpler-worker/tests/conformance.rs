@@ -520,36 +520,53 @@ fn submit_run_and_close_from_a_callback_or_closure_are_reentrant() {
     w.close().expect("close");
 }
 
+/// How a closure waits for its own run.
+#[derive(Clone, Copy, Debug)]
+enum OwnWait {
+    Wait,
+    /// `wait_timeout(Duration::MAX)`, which means no deadline.
+    Forever,
+    /// `wait_timeout` with a long finite timeout, which would stall the run for all of it.
+    Long,
+}
+
 #[test]
 fn waiting_for_its_own_run_from_a_closure_is_reentrant_not_a_hang() {
-    let own: Arc<Mutex<Option<RunHandle>>> = Arc::new(Mutex::new(None));
-    let seen: Arc<Mutex<Option<Result<(), RunErrorKind>>>> = Arc::new(Mutex::new(None));
-    let (own2, seen2) = (Arc::clone(&own), Arc::clone(&seen));
-    let mut b = host().sub_workers(1);
-    let h = b.register_host("wait-own", move |_| {
-        // The submitter stores the handle as soon as `submit` returns.
-        let handle = loop {
-            if let Some(h) = own2.lock().unwrap().clone() {
-                break h;
-            }
-            std::thread::yield_now();
-        };
-        *seen2.lock().unwrap() = Some(handle.wait().map_err(|e| e.kind().clone()));
-        Ok(())
-    });
-    let w = b.start().expect("start");
-    let handle = w.submit(subs(h, 1)).expect("submit");
-    *own.lock().unwrap() = Some(handle.clone());
-    // The closure's wait is refused, so the closure returns and the run ends.
-    let result = handle.wait_timeout(HANG);
-    if !matches!(result, Some(Ok(()))) {
-        // The closure is stuck in its wait: dropping the worker would wait for it too.
-        std::mem::forget(w);
-        panic!("the run never ended: {result:?}");
+    for how in [OwnWait::Wait, OwnWait::Forever, OwnWait::Long] {
+        let own: Arc<Mutex<Option<RunHandle>>> = Arc::new(Mutex::new(None));
+        let seen: Arc<Mutex<Option<Result<(), RunErrorKind>>>> = Arc::new(Mutex::new(None));
+        let (own2, seen2) = (Arc::clone(&own), Arc::clone(&seen));
+        let mut b = host().sub_workers(1);
+        let h = b.register_host("wait-own", move |_| {
+            // The submitter stores the handle as soon as `submit` returns.
+            let handle = loop {
+                if let Some(h) = own2.lock().unwrap().clone() {
+                    break h;
+                }
+                std::thread::yield_now();
+            };
+            let got = match how {
+                OwnWait::Wait => Some(handle.wait()),
+                OwnWait::Forever => handle.wait_timeout(Duration::MAX),
+                OwnWait::Long => handle.wait_timeout(HANG * 2),
+            };
+            *seen2.lock().unwrap() = got.map(|r| r.map_err(|e| e.kind().clone()));
+            Ok(())
+        });
+        let w = b.start().expect("start");
+        let handle = w.submit(subs(h, 1)).expect("submit");
+        *own.lock().unwrap() = Some(handle.clone());
+        // The closure's wait is refused, so the closure returns and the run ends.
+        let result = handle.wait_timeout(HANG);
+        if !matches!(result, Some(Ok(()))) {
+            // The closure is stuck in its wait: dropping the worker would wait for it too.
+            std::mem::forget(w);
+            panic!("{how:?}: the run never ended: {result:?}");
+        }
+        assert_eq!(*seen.lock().unwrap(), Some(Err(RunErrorKind::Reentrant)), "{how:?}");
+        own.lock().unwrap().take();
+        w.close().expect("close");
     }
-    assert_eq!(*seen.lock().unwrap(), Some(Err(RunErrorKind::Reentrant)));
-    own.lock().unwrap().take();
-    w.close().expect("close");
 }
 
 // ---- Close -----------------------------------------------------------------------------------
