@@ -11,8 +11,10 @@
 //! 3. When the outermost scope's guard drops (after the admission lock was released, or after
 //!    close published its result), it drops every parked value, each under `catch_unwind`.
 //!
-//! With no scope open (a waiter publishing its run), values are dropped at once: the waiter
-//! holds no lock of the worker at that point.
+//! A run's elected waiter opens a scope around its cleanup and publication too, so what the
+//! cleanup releases (closures unregistered while the run was live) and the run's keep-alive
+//! values are dropped once the run is published: a drop that waits for that run finds it done
+//! instead of waiting for its own thread. With no scope open, values are dropped at once.
 
 use std::any::Any;
 use std::cell::RefCell;

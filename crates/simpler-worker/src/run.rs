@@ -157,11 +157,17 @@ impl RunShared {
         unelect.armed = false;
         // 3.
         let mut guard = ElectionGuard { run: self, armed: true };
+        // What the cleanup releases (closures unregistered while the run was live) is dropped
+        // after the publication: a drop that waits for this run would otherwise wait for this
+        // thread, its elected waiter.
+        let after_publication = deferred_drop::scope();
         // 4.
         let result = self.cleanup();
         // 5.
         guard.armed = false;
-        Some(self.publish(result))
+        let published = self.publish(result);
+        drop(after_publication);
+        Some(published)
     }
 
     fn wait_fence(&self, deadline: Option<Instant>) -> bool {

@@ -569,6 +569,48 @@ fn waiting_for_its_own_run_from_a_closure_is_reentrant_not_a_hang() {
     }
 }
 
+/// A value whose drop waits (up to five seconds) for the run handle put in its slot and notes
+/// whether that wait saw the run's result.
+struct WaitsWhenDropped {
+    run: Arc<Mutex<Option<RunHandle>>>,
+    saw_result: Arc<Mutex<Option<bool>>>,
+}
+
+impl Drop for WaitsWhenDropped {
+    fn drop(&mut self) {
+        if let Some(h) = self.run.lock().unwrap().take() {
+            let got = h.wait_timeout(Duration::from_secs(5));
+            *self.saw_result.lock().unwrap() = Some(matches!(got, Some(Ok(()))));
+        }
+    }
+}
+
+#[test]
+fn a_closure_unregistered_during_a_run_is_dropped_after_that_run_is_published() {
+    // The closure's removal waits for the run in flight, and the cleanup of that run drops it.
+    // A captured value whose drop waits for that run must find it published, not wait on the
+    // cleanup that is dropping it (its own thread, still the run's elected waiter).
+    let slot: Arc<Mutex<Option<RunHandle>>> = Arc::new(Mutex::new(None));
+    let saw_result = Arc::new(Mutex::new(None));
+    let mut b = host().sub_workers(1);
+    let (hold, gate) = register_hold(&mut b);
+    let w = b.start().expect("start");
+    let captured = WaitsWhenDropped { run: Arc::clone(&slot), saw_result: Arc::clone(&saw_result) };
+    let c = w
+        .register_host("captures", move |_| {
+            let _ = &captured;
+            Ok(())
+        })
+        .expect("register");
+    let run = w.submit(subs(hold, 1)).expect("submit");
+    w.unregister(c).expect("unregister, deferred behind the run");
+    *slot.lock().unwrap() = Some(run.clone());
+    gate.wait();
+    run.wait_timeout(HANG).expect("no hang").expect("run");
+    assert_eq!(*saw_result.lock().unwrap(), Some(true), "the drop waited on its own cleanup");
+    w.close().expect("close");
+}
+
 // ---- Close -----------------------------------------------------------------------------------
 
 #[test]
