@@ -170,6 +170,59 @@ fn a_fault_in_the_first_queued_run_abandons_all_three_behind_it() {
     fault_in_queue(1, [2, 0, 3, 1], fault);
 }
 
+/// Queues `healthy + 2` runs (the first `healthy` succeed, the next faults, the last is queued
+/// behind it), then a launch that fails by itself while they execute (the device's first cause
+/// is that launch). The faulty run is reaped first and leaves its slot; the run behind it is
+/// still charged to it, not to a healthy run ahead of it nor to the failed launch after it.
+fn run_behind_a_reaped_fault_with_a_later_launch_failure(healthy: u64) {
+    let mut r = DeviceRunner::attach(queue_options()).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let runs: Vec<_> = (0..healthy + 3).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let cfg = CallConfig::default();
+    let (faulty, behind, refused) = (healthy + 1, healthy + 2, healthy + 3);
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD / 4);
+    fault(r.sim_faults().unwrap(), faulty as u32);
+    let active = launch_queue(&mut r, slot, &runs[..behind as usize], &cfg);
+    r.sim_faults().unwrap().fail_launch(KernelKind::AiCore, 1);
+    let req = RunRequest::new(run_id(refused), slot, &runs[behind as usize].args, &cfg);
+    let p = r.prepare(&req).unwrap();
+    let e = r.launch_run(p).unwrap_err();
+    assert!(matches!(e, DeviceError::Launch { run_id: id, .. } if id == run_id(refused)), "{e}");
+    let mut active: Vec<Option<ActiveRun>> = active.into_iter().map(Some).collect();
+    let mut reap = |r: &mut DeviceRunner, n: u64| {
+        let a = active[n as usize - 1].take().unwrap();
+        r.reap_run(&a, None).and_then(|_| r.complete_run(a))
+    };
+    let e = reap(&mut r, faulty).unwrap_err();
+    assert_eq!(e.run_id(), Some(run_id(faulty)), "the faulty run carries its own error: {e}");
+    let e = reap(&mut r, behind).unwrap_err();
+    assert!(
+        matches!(&e, DeviceError::Abandoned { run_id: id, after, .. }
+            if *id == run_id(behind) && *after == run_id(faulty)),
+        "run {behind} is abandoned after run {faulty}, which was reaped before it: {e}"
+    );
+    for n in 1..=healthy {
+        let rep = reap(&mut r, n).unwrap_or_else(|e| panic!("run {n} ran before the fault: {e}"));
+        assert_eq!(rep.run_id, Some(run_id(n)));
+    }
+    match r.health() {
+        DeviceHealth::Unusable { cause } => assert_eq!(cause.run_id, run_id(refused)),
+        h => panic!("the failed launch made the device unusable: {h:?}"),
+    }
+    drop(runs);
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_run_behind_a_reaped_fault_is_charged_to_it_not_to_a_later_failed_launch() {
+    run_behind_a_reaped_fault_with_a_later_launch_failure(0);
+}
+
+#[test]
+fn a_run_behind_a_reaped_fault_is_charged_to_it_not_to_a_healthy_run_ahead_of_it() {
+    run_behind_a_reaped_fault_with_a_later_launch_failure(1);
+}
+
 #[test]
 fn dropped_queued_handles_are_reclaimed_and_the_queue_keeps_working() {
     let mut r = DeviceRunner::attach(queue_options()).unwrap();

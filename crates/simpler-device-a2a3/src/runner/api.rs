@@ -85,6 +85,7 @@ impl DeviceRunner {
                 last_aicpu_end: None,
                 launches: 0,
                 poisoned_at: None,
+                failed_runs: Vec::new(),
                 returns: Default::default(),
                 used_runs: Default::default(),
                 stats: RunnerStats::default(),

@@ -259,8 +259,7 @@ struct Core {
     user_allocs: BTreeMap<u64, u64>,
     regs_table: Option<u64>,
     slots: Vec<Slot>,
-    /// The end event on the AICPU stream of the run launched last (device queueing): the next
-    /// run's AICore kernel waits on it.
+    /// The AICPU end event of the run launched last: the next queued AICore kernel waits on it.
     last_aicpu_end: Option<EventHandle>,
     /// Runs launched so far (the next run's `launch_seq` is one more).
     launches: u64,
@@ -268,6 +267,9 @@ struct Core {
     /// after it stood behind it, runs launched before it did not. `None` while healthy, and
     /// when the cause was no launched run (every launched run then counts as behind it).
     poisoned_at: Option<u64>,
+    /// `(launch_seq, run_id)` of every launched run charged with a failure, so a run behind one
+    /// that was reaped first still finds it. Bounded: an unusable runner launches nothing more.
+    failed_runs: Vec<(u64, RunId)>,
     /// Leases of dropped handles, cleaned up at the next call.
     returns: ReturnQueue,
     used_runs: UsedRunIds,
@@ -780,6 +782,9 @@ impl Core {
     fn poison(&mut self, cause: PoisonCause, launch_seq: u64) {
         if self.health.get().is_healthy() {
             self.poisoned_at = (launch_seq > 0).then_some(launch_seq);
+        }
+        if launch_seq > 0 && !self.failed_runs.iter().any(|&(seq, _)| seq == launch_seq) {
+            self.failed_runs.push((launch_seq, cause.run_id));
         }
         self.health.poison(cause);
     }

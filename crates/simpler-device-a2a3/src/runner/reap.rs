@@ -383,9 +383,11 @@ impl Core {
     }
 
     /// The earlier run whose failure a queued run's failed `begin` event stands behind, with
-    /// its `launch_seq`: the latest run launched before it whose own `begin` events completed
-    /// (so its own work failed), or else the run that made the device unusable. `None`: the
-    /// run's `begin` events completed, the failure is its own.
+    /// its `launch_seq`: the latest run launched before it that either began (its own `begin`
+    /// events completed, so its own work failed) or already had a failure charged to it (it may
+    /// have been reaped and left its slot), or else the run that made the device unusable when
+    /// that run was launched before this one (or never launched). `None`: the run's `begin`
+    /// events completed, or no earlier run failed; the failure is its own.
     fn failed_before(&self, run: &RunState) -> Option<(RunId, u64)> {
         let op = self.timeouts.op_execute;
         let begun = |r: &RunState| {
@@ -398,14 +400,25 @@ impl Core {
         if begun(run) {
             return None;
         }
-        let latest_begun = self.ahead_in_launch_order(run).into_iter().rev().find(|r| begun(r));
-        if let Some(r) = latest_begun {
-            return Some((r.run_id, r.launch_seq));
+        let latest_begun = self
+            .ahead_in_launch_order(run)
+            .into_iter()
+            .rev()
+            .find(|r| begun(r))
+            .map(|r| (r.launch_seq, r.run_id));
+        let latest_failed =
+            self.failed_runs.iter().copied().filter(|&(seq, _)| seq < run.launch_seq).max();
+        if let Some((seq, id)) = latest_begun.max(latest_failed) {
+            return Some((id, seq));
         }
         match self.health.get() {
             // A device that fails every query fails this run's `begin` events too; when the
-            // cause is this run itself, its failure is its own.
-            DeviceHealth::Unusable { .. } if self.poisoned_at == Some(run.launch_seq) => None,
+            // cause is this run itself, or a run launched after it, the failure is its own.
+            DeviceHealth::Unusable { .. }
+                if self.poisoned_at.is_some_and(|at| at >= run.launch_seq) =>
+            {
+                None
+            }
             DeviceHealth::Unusable { cause } => Some((cause.run_id, self.poisoned_at.unwrap_or(0))),
             DeviceHealth::Healthy => None,
         }
