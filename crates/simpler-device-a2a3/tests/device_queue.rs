@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use simpler_device_a2a3::programs::add;
+use simpler_device_a2a3::kernel::model_device_time;
+use simpler_device_a2a3::programs::{add, vector};
 use simpler_device_a2a3::{
     AcceptanceSignal, ActiveRun, ChipSlot, DeviceError, DeviceHealth, DeviceRunner, FaultPlan,
     KernelKind, RunRequest, RunnerOptions,
@@ -324,6 +325,48 @@ fn a_queued_run_reaped_in_slices_keeps_the_budget_it_had_while_runs_were_ahead_o
         }
         assert!(slices > 0, "run 4 was still behind the others at its first slice");
     });
+}
+
+/// The stream-sync budget of the slow-run-ahead test (the least the runner accepts over its
+/// scheduler budget), and the time its run 1 declares on the chip: 2.3 budgets, as a long run
+/// of short kernels would take (no kernel overruns the op-execute watchdog).
+const SLOW_BUDGET: Duration = Duration::from_millis(2000);
+const SLOW_RUN: Duration = Duration::from_millis(4600);
+
+/// `g = d · e`, declaring [`SLOW_RUN`] on the chip.
+unsafe extern "C-unwind" fn slow_mul(args: *mut i64) {
+    // SAFETY: the runtime's argument vector for the product task, passed on unchanged.
+    unsafe { vector::mul(args) };
+    model_device_time(SLOW_RUN);
+}
+
+#[test]
+fn a_queued_run_whose_budget_ran_out_behind_a_slow_run_that_then_ended_gets_its_own_budget() {
+    // Run 2, queued behind run 1, only adds. Its reap (first, with two budgets: one for run 1,
+    // one for itself) runs out while run 1 still executes; run 1 then ends within the budget
+    // it is given, and only then can run 2 begin: its timeout would not be its own.
+    let opts = queue_options()
+        .with_scheduler_timeout(SLOW_BUDGET / 8)
+        .with_op_execute_timeout(SLOW_BUDGET / 4)
+        .with_stream_sync_timeout(SLOW_BUDGET);
+    let mut r = DeviceRunner::attach(opts).unwrap();
+    let slow = r.register_callable(&vector::builder_with_mul(slow_mul).build().unwrap()).unwrap();
+    let sum = r.register_callable(&add::callable().unwrap()).unwrap();
+    let runs: Vec<_> = (0..2).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let cfg = CallConfig::default();
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slow, &runs[0].args, &cfg)).unwrap();
+    let first = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), sum, &runs[1].args, &cfg)).unwrap();
+    let second = r.launch_run(p2).unwrap();
+    let reaped = r.reap_run(&second, None).unwrap_or_else(|e| panic!("run 2 never overran: {e}"));
+    assert!(reaped);
+    assert_eq!(r.complete_run(second).unwrap().run_id, Some(run_id(2)));
+    assert!(r.reap_run(&first, None).unwrap());
+    assert_eq!(r.complete_run(first).unwrap().run_id, Some(run_id(1)));
+    assert!(r.health().is_healthy());
+    runs[0].check(&mut r);
+    drop(runs);
+    r.finalize().unwrap();
 }
 
 #[test]

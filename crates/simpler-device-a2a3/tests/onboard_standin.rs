@@ -1066,13 +1066,13 @@ fn with_two_queued_runs<T>(
 fn reap_the_second_first_on_a_device_stopping_after(
     records: i64,
     resume: i64,
-) -> (DeviceError, DeviceHealth, Result<bool, DeviceError>) {
+) -> (Result<bool, DeviceError>, DeviceHealth, Result<bool, DeviceError>) {
     let stop = |install: &FakeInstall| {
         install.set_value("pending_after_records", records).unwrap();
         install.set_value("reach_after_syncs", resume).unwrap();
     };
     with_two_queued_runs(stop, |r, _, a1, a2| {
-        let second = r.reap_run(a2, None).unwrap_err();
+        let second = r.reap_run(a2, None);
         let health = r.health();
         (second, health, r.reap_run(a1, None))
     })
@@ -1083,9 +1083,9 @@ fn a_queued_run_that_never_began_times_out_as_abandoned_behind_the_run_the_devic
     // The device stops inside run 1: its AICore begin is reached, nothing after it.
     let (second, health, first) = reap_the_second_first_on_a_device_stopping_after(1, -1);
     assert!(
-        matches!(second, DeviceError::Abandoned { run_id: id, after, .. }
+        matches!(second, Err(DeviceError::Abandoned { run_id: id, after, .. })
             if id == run_id(2) && after == run_id(1)),
-        "run 2 never began, so it is abandoned behind run 1: {second}"
+        "run 2 never began, so it is abandoned behind run 1: {second:?}"
     );
     assert!(matches!(health, DeviceHealth::Unusable { cause } if cause.run_id == run_id(1)));
     // Run 1 began and never ended: its own reap is its own stream-sync timeout.
@@ -1097,16 +1097,13 @@ fn a_queued_run_that_never_began_times_out_as_abandoned_behind_the_run_the_devic
 }
 
 #[test]
-fn a_run_ahead_that_ends_while_it_is_checked_is_not_blamed_for_the_timeout() {
+fn a_run_ahead_that_ends_while_it_is_checked_is_not_blamed_and_the_run_behind_it_completes() {
     // The device stops inside run 1 and goes on right after run 2's wait ran out: run 1 ends
-    // within the budget it is given when run 2's timeout is attributed.
+    // within the budget it is given when run 2's timeout is looked into, and run 2, which could
+    // begin only then, gets a budget of its own and completes.
     let (second, health, first) = reap_the_second_first_on_a_device_stopping_after(1, 1);
-    assert!(
-        matches!(second, DeviceError::Timeout { run_id: id, budget: TimeoutBudget::StreamSync, .. }
-            if id == run_id(2)),
-        "run 1 ended, so the timeout is run 2's own: {second}"
-    );
-    assert!(matches!(health, DeviceHealth::Unusable { cause } if cause.run_id == run_id(2)));
+    assert!(matches!(second, Ok(true)), "run 2 ran once run 1 ended: {second:?}");
+    assert!(health.is_healthy(), "{health:?}");
     assert!(matches!(first, Ok(true)), "run 1 ended: {first:?}");
 }
 
@@ -1115,9 +1112,9 @@ fn a_queued_run_that_never_began_behind_runs_that_all_ended_times_out_itself() {
     // Run 1 ends (all four of its records are reached) and the device stops before run 2.
     let (second, health, first) = reap_the_second_first_on_a_device_stopping_after(4, -1);
     assert!(
-        matches!(second, DeviceError::Timeout { run_id: id, budget: TimeoutBudget::StreamSync, .. }
+        matches!(second, Err(DeviceError::Timeout { run_id: id, budget: TimeoutBudget::StreamSync, .. })
             if id == run_id(2)),
-        "nothing ahead of run 2 is left to blame: {second}"
+        "nothing ahead of run 2 is left to blame: {second:?}"
     );
     assert!(matches!(health, DeviceHealth::Unusable { cause } if cause.run_id == run_id(2)));
     assert!(matches!(first, Ok(true)), "run 1 ended before the device stopped: {first:?}");

@@ -35,8 +35,11 @@ pub(super) const MIN_RECOVERY_DRAIN: Duration = Duration::from_millis(1);
 
 /// Whether a queued run that timed out before it began stood behind a run that did not end.
 enum Ahead {
-    /// Every run ahead ended: the timeout is the run's own.
+    /// The run began, or nothing ahead of it was left to end: the timeout is the run's own.
     Ended,
+    /// Runs ahead were still executing when the wait ran out and have all ended since: the
+    /// run could begin only now.
+    Cleared,
     /// This run ahead did not end within what was left of its own budget, or failed: the
     /// culprit, its `launch_seq` and the code its wait ended with.
     Stuck(RunId, u64, AclCode),
@@ -273,6 +276,7 @@ impl Core {
         if matches!(e, SyncError::Timeout) {
             match self.stuck_ahead(run, wait.hard) {
                 Ahead::Ended => {}
+                Ahead::Cleared => return self.reap_after_cleared(run, wait),
                 Ahead::Stuck(culprit, culprit_seq, code) => {
                     let cause = PoisonCause { run_id: culprit, step, code };
                     self.recover_or_mark_unusable(culprit, culprit_seq, step, code, wait.hard);
@@ -282,6 +286,31 @@ impl Core {
             }
         }
         Err(self.sync_failure(run, stream, step, e, wait))
+    }
+
+    /// A queued run whose wait ran out before it began, behind runs that have all ended since,
+    /// gets one more stream-sync budget from now for its own execution (no wait past
+    /// `wait.hard`); the budget it reports on a timeout grows to match. Without this it would
+    /// be charged a timeout for the time the runs ahead took.
+    fn reap_after_cleared(
+        &mut self,
+        run: &mut RunState,
+        wait: ReapWait,
+    ) -> Result<bool, DeviceError> {
+        let own = self.timeouts.stream_sync;
+        let budget = match run.reap_started.as_mut() {
+            Some((started, budget)) => {
+                *budget = started.elapsed().saturating_add(own);
+                *budget
+            }
+            None => wait.budget.saturating_add(own),
+        };
+        let cut =
+            wait.hard.map(|h| h.saturating_duration_since(Instant::now())).filter(|h| *h < own);
+        let wait =
+            ReapWait { sync: cut.unwrap_or(own), caller_deadline: cut.is_some(), budget, ..wait };
+        // Every run ahead has ended, so a second timeout finds none left: it is the run's own.
+        self.reap_queued(run, wait)
     }
 
     /// How a queued run's end events stand without blocking: `None` while one is pending,
@@ -428,8 +457,8 @@ impl Core {
     /// events was reached): the device stopped in a run launched before it. Each unfinished
     /// run ahead, in launch order, gets what is left of its own budget to end, but no wait past
     /// `hard`; the first that does not end (or fails) is the culprit, with the code its wait
-    /// ended with. `Ended` when the run began, or every run ahead ended: then the timeout is
-    /// the run's own.
+    /// ended with. `Ended` when the run began, or no run ahead was left unfinished: then the
+    /// timeout is the run's own; `Cleared` when every unfinished run ahead ended in the wait.
     fn stuck_ahead(&self, run: &RunState, hard: Option<Instant>) -> Ahead {
         let op = self.timeouts.op_execute;
         let Some(events) = run.events.as_ref() else { return Ahead::Ended };
@@ -443,6 +472,9 @@ impl Core {
             .into_iter()
             .filter(|r| self.queued_end(r).is_none())
             .collect();
+        if unfinished.is_empty() {
+            return Ahead::Ended;
+        }
         unfinished
             .into_iter()
             .find_map(|r| {
@@ -466,7 +498,7 @@ impl Core {
                     }
                 })
             })
-            .unwrap_or(Ahead::Ended)
+            .unwrap_or(Ahead::Cleared)
     }
 
     /// How long the recovery drain of a reap may wait: the stream-sync budget, or, for a reap
