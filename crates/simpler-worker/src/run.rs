@@ -155,12 +155,13 @@ impl RunShared {
             return None;
         }
         unelect.armed = false;
-        // 3.
-        let mut guard = ElectionGuard { run: self, armed: true };
         // What the cleanup releases (closures unregistered while the run was live) is dropped
         // after the publication: a drop that waits for this run would otherwise wait for this
-        // thread, its elected waiter.
+        // thread, its elected waiter. Opened before the guard, so that on an unwind it closes
+        // after the guard has published too.
         let after_publication = deferred_drop::scope();
+        // 3.
+        let mut guard = ElectionGuard { run: self, armed: true };
         // 4.
         let result = self.cleanup();
         // 5.
@@ -580,6 +581,51 @@ mod tests {
         assert_eq!(handle.shared.cleanups.load(Ordering::Relaxed), 1);
         assert!(w.inner.accepted.lock().is_empty(), "the guard retired the run");
         w.close().expect("close does not hang");
+    }
+
+    /// Waits (up to two seconds) in its drop for the run put in its slot, and notes whether
+    /// that wait found the run published.
+    struct WaitsWhenDropped {
+        run: Arc<parking_lot::Mutex<Option<RunHandle>>>,
+        found_published: Arc<parking_lot::Mutex<Option<bool>>>,
+    }
+
+    impl Drop for WaitsWhenDropped {
+        fn drop(&mut self) {
+            if let Some(h) = self.run.lock().take() {
+                let got = h.wait_timeout(Duration::from_secs(2));
+                *self.found_published.lock() = Some(got.is_some());
+            }
+        }
+    }
+
+    #[test]
+    fn an_elected_waiter_unwinding_mid_cleanup_drops_what_it_released_after_publishing() {
+        let (w, hold, gate) = held_worker();
+        let slot = Arc::new(parking_lot::Mutex::new(None));
+        let found_published = Arc::new(parking_lot::Mutex::new(None));
+        let captured = WaitsWhenDropped {
+            run: Arc::clone(&slot),
+            found_published: Arc::clone(&found_published),
+        };
+        let c = w
+            .register_host("captures", move |_| {
+                let _ = &captured;
+                Ok(())
+            })
+            .expect("register");
+        w.inject_cleanup_failure("between cleanup steps", true);
+        let handle = w.submit(one(hold)).expect("submit");
+        w.unregister(c).expect("unregister, deferred behind the run");
+        *slot.lock() = Some(handle.clone());
+        gate.wait();
+        // The elected waiter unwinds; its guard retires the run (releasing the closure) and
+        // publishes, and only then may the closure's drop wait for the run.
+        let unwound = catch_unwind(AssertUnwindSafe(|| handle.wait()));
+        assert!(unwound.is_err(), "the injected panic unwinds out of wait");
+        w.inner.injected.lock().clear();
+        assert_eq!(*found_published.lock(), Some(true), "the drop waited on its own unwind");
+        w.close().expect("close");
     }
 
     #[test]
