@@ -92,6 +92,17 @@ pub enum CancelReason {
     EnginePoisoned,
 }
 
+impl CancelReason {
+    /// Every reason, in declaration order: a table that must cover them all (a wire format's)
+    /// can be checked against it.
+    pub const ALL: [CancelReason; 4] = [
+        CancelReason::SubmissionFailed,
+        CancelReason::RunAborted,
+        CancelReason::Shutdown,
+        CancelReason::EnginePoisoned,
+    ];
+}
+
 impl fmt::Display for CancelReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -415,6 +426,23 @@ mod tests {
 
     fn task(run: u64, seq: u32) -> TaskId {
         TaskId::new(RunId::from_raw(run).unwrap(), seq)
+    }
+
+    #[test]
+    fn every_cancel_reason_is_in_all_at_its_declaration_index() {
+        // Exhaustive inside this crate: a new reason does not compile here until it has an
+        // index, and then fails below until `ALL` lists it.
+        let index = |r: CancelReason| match r {
+            CancelReason::SubmissionFailed => 0,
+            CancelReason::RunAborted => 1,
+            CancelReason::Shutdown => 2,
+            CancelReason::EnginePoisoned => 3,
+        };
+        let last = index(CancelReason::EnginePoisoned);
+        assert_eq!(CancelReason::ALL.len(), last + 1);
+        for (i, r) in CancelReason::ALL.into_iter().enumerate() {
+            assert_eq!(index(r), i, "{r}");
+        }
     }
 
     #[test]

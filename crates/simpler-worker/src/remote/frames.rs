@@ -861,6 +861,10 @@ mod tests {
     fn a_cancelled_task_crosses_with_each_cancel_reason() {
         let run = RunId::from_raw(7).unwrap();
         let id = CallableId::new([3; 32], CallableKind::Host, CallableNamespace::LocalHost);
+        // The wire's table lists every reason there is, so none crosses as another mechanism.
+        for reason in CancelReason::ALL {
+            assert!(CANCEL_REASONS.contains(&reason), "{reason} has no wire code");
+        }
         for reason in CANCEL_REASONS {
             let mechanism = FailureMechanism::Cancelled { reason };
             let failure = TaskFailure::new(TaskId::new(run, 1), id, mechanism, "cancelled");
