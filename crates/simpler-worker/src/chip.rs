@@ -481,6 +481,20 @@ impl ChipState {
         }
     }
 
+    /// The chip process whose memory a buffer allocated now lives in (PROCESS mode; 0 for a
+    /// chip in this process, which has one runner for the worker's life).
+    pub(crate) fn memory_process(&self) -> u64 {
+        self.process.as_ref().map_or(0, |p| p.generation())
+    }
+
+    /// Refuses a buffer allocated in an earlier chip process (`memory_process` then).
+    pub(crate) fn check_memory_process(&mut self, process: u64) -> Result<(), MemError> {
+        match &mut self.process {
+            Some(p) => p.current_buffer(process),
+            None => Ok(()),
+        }
+    }
+
     pub(crate) fn malloc(&mut self, bytes: u64) -> Result<u64, MemError> {
         if let Some(p) = &mut self.process {
             return p.malloc(bytes);

@@ -5,6 +5,8 @@
 //! waiting in a graph. From a closure running on that same lane they are `Reentrant`: the call
 //! would queue behind the closure that waits for it.
 
+use std::collections::BTreeMap;
+
 use simpler_device_a2a3::MemoryLedger;
 use simpler_types::{DataType, Tensor, WorkerId};
 
@@ -16,8 +18,18 @@ use crate::worker::Inner;
 pub struct DeviceBuffer {
     worker: u64,
     chip: WorkerId,
+    /// The chip process that allocated it (PROCESS mode; 0 in this process).
+    process: u64,
     addr: u64,
     len: u64,
+}
+
+/// The allocations made through the memory helpers on one chip: address → length, all made by
+/// chip process `process` (those of an earlier process ended with it).
+#[derive(Default)]
+pub(crate) struct ChipAllocations {
+    pub(crate) process: u64,
+    pub(crate) by_addr: BTreeMap<u64, u64>,
 }
 
 impl std::fmt::Debug for DeviceBuffer {
@@ -96,9 +108,16 @@ impl ChipMemory<'_> {
     pub fn malloc(&self, bytes: u64) -> Result<DeviceBuffer, WorkerError> {
         self.inner.off_lane("malloc", self.chip)?;
         let _lease = self.inner.lease()?;
-        let addr = self.inner.on_chip(self.chip, move |s| s.malloc(bytes))??;
-        self.inner.owned.lock().entry(self.chip).or_default().insert(addr, bytes);
-        Ok(DeviceBuffer { worker: self.inner.instance, chip: self.chip, addr, len: bytes })
+        let (addr, process) = self
+            .inner
+            .on_chip(self.chip, move |s| s.malloc(bytes).map(|a| (a, s.memory_process())))??;
+        let mut owned = self.inner.owned.lock();
+        let allocations = owned.entry(self.chip).or_default();
+        if allocations.process != process {
+            *allocations = ChipAllocations { process, by_addr: BTreeMap::new() };
+        }
+        allocations.by_addr.insert(addr, bytes);
+        Ok(DeviceBuffer { worker: self.inner.instance, chip: self.chip, process, addr, len: bytes })
     }
 
     /// Frees a buffer of this chip, after every run accepted before the call is published, so
@@ -115,9 +134,12 @@ impl ChipMemory<'_> {
         let _deferred = crate::deferred_drop::scope();
         let _lease = self.inner.lease()?;
         self.inner.wait_accepted();
-        self.inner.on_chip(self.chip, move |s| s.free(buf.addr))??;
+        self.inner.on_chip(self.chip, move |s| {
+            s.check_memory_process(buf.process)?;
+            s.free(buf.addr)
+        })??;
         if let Some(m) = self.inner.owned.lock().get_mut(&self.chip) {
-            m.remove(&buf.addr);
+            m.by_addr.remove(&buf.addr);
         }
         Ok(())
     }
@@ -128,8 +150,11 @@ impl ChipMemory<'_> {
         self.inner.off_lane("copy_to", self.chip)?;
         let _lease = self.inner.lease()?;
         let bytes = data.to_vec();
-        let addr = buf.addr + offset;
-        Ok(self.inner.on_chip(self.chip, move |s| s.copy_to(addr, &bytes))??)
+        let (addr, process) = (buf.addr + offset, buf.process);
+        Ok(self.inner.on_chip(self.chip, move |s| {
+            s.check_memory_process(process)?;
+            s.copy_to(addr, &bytes)
+        })??)
     }
 
     /// Copies from the buffer at `offset` into `out`.
@@ -142,9 +167,11 @@ impl ChipMemory<'_> {
         self.check(buf, offset, out.len() as u64)?;
         self.inner.off_lane("copy_from", self.chip)?;
         let _lease = self.inner.lease()?;
-        let addr = buf.addr + offset;
-        let len = out.len();
-        let data = self.inner.on_chip(self.chip, move |s| s.copy_from(addr, len))??;
+        let (addr, process, len) = (buf.addr + offset, buf.process, out.len());
+        let data = self.inner.on_chip(self.chip, move |s| {
+            s.check_memory_process(process)?;
+            s.copy_from(addr, len)
+        })??;
         out.copy_from_slice(&data);
         Ok(())
     }

@@ -20,7 +20,7 @@
 //! for a run.
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, mpsc};
 
@@ -41,7 +41,7 @@ use crate::handle::{
     CallableHandle, Entry, GraphFn, HostFn, Registration, Registry, SharedRegistry, name_in,
 };
 use crate::lane_fence::LaneFence;
-use crate::memory::ChipMemory;
+use crate::memory::{ChipAllocations, ChipMemory};
 use crate::process::ChildError;
 use crate::reentry;
 use crate::run::{Fence, RunHandle, RunShared, frames_of, kind_of, kind_of_mechanism, panic_text};
@@ -87,9 +87,9 @@ pub(crate) struct Inner {
     /// Chip callables whose handle was unregistered while runs were live (L3; an L2 lane orders
     /// the release behind its runs instead).
     pub(crate) chip_pending: Mutex<Vec<(CallableId, Vec<WorkerId>)>>,
-    /// Device allocations made through the memory helpers, per chip: address → length. Read at
-    /// submit to refuse a chip-memory tensor sent to a chip that does not own it.
-    pub(crate) owned: Mutex<HashMap<WorkerId, BTreeMap<u64, u64>>>,
+    /// Device allocations made through the memory helpers, per chip. Read at submit to refuse a
+    /// chip-memory tensor sent to a chip that does not own it.
+    pub(crate) owned: Mutex<HashMap<WorkerId, ChipAllocations>>,
     #[cfg(test)]
     pub(crate) injected: Mutex<Vec<(&'static str, bool)>>,
     /// Teardowns performed (exactly one per worker; tests read it).
@@ -109,8 +109,8 @@ impl Inner {
     /// memory helpers, if `target` does not own them and another chip does.
     pub(crate) fn foreign_owner(&self, target: WorkerId, start: u64, end: u64) -> Option<WorkerId> {
         let owned = self.owned.lock();
-        let holds = |m: &BTreeMap<u64, u64>| {
-            m.range(..=start).next_back().is_some_and(|(a, l)| end <= a.saturating_add(*l))
+        let holds = |m: &ChipAllocations| {
+            m.by_addr.range(..=start).next_back().is_some_and(|(a, l)| end <= a.saturating_add(*l))
         };
         if owned.get(&target).is_some_and(holds) {
             return None;

@@ -16,7 +16,8 @@ use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
 use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
 use simpler_worker::{
     CallableHandle, ChildError, ChildExit, ChildFault, ChildMode, DeviceBuffer, HostWorkerBuilder,
-    OnChildDeath, Orchestration, ProcessOptions, RunError, StartCause, Worker, WorkerError,
+    MemError, OnChildDeath, Orchestration, ProcessOptions, RunError, StartCause, Worker,
+    WorkerError,
 };
 
 const N: usize = 64;
@@ -203,6 +204,40 @@ fn an_aborted_child_restarts_on_next_use_when_so_configured() {
     assert_eq!(result(&w, WorkerId(0), &f), expected());
     w.close().expect("close");
     assert!(!exists(first) && !exists(second));
+}
+
+#[test]
+fn a_buffer_of_a_dead_chip_process_is_refused_never_sent_to_the_restarted_one() {
+    let _serial = serial();
+    let mut b = process_host(&[0], options().on_child_death(OnChildDeath::Restart));
+    let h = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let (args, old) = inputs(&w, WorkerId(0));
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::Abort).unwrap());
+    w.submit(on_chip(h, args, WorkerId(0))).unwrap().wait().expect_err("abort");
+    // A restarted process starts its allocations afresh: the same requests may well return
+    // the same addresses, so a buffer of the dead process would reach another one's memory.
+    let (args, f) = inputs(&w, WorkerId(0));
+    let mem = w.chip_memory(WorkerId(0)).unwrap();
+    let stale = |e: &WorkerError| {
+        matches!(
+            e,
+            WorkerError::Memory(MemError::StaleBuffer {
+                chip: WorkerId(0),
+                buffer_process: 1,
+                process: 2
+            })
+        )
+    };
+    let e = mem.copy_to(&old, 0, &[0u8; 4]).expect_err("a buffer of the dead process");
+    assert!(stale(&e), "{e}");
+    let e = mem.copy_from(&old, 0, &mut [0u8; 4]).expect_err("a buffer of the dead process");
+    assert!(stale(&e), "{e}");
+    let e = mem.free(old).expect_err("a buffer of the dead process");
+    assert!(stale(&e), "{e}");
+    w.run(on_chip(h, args, WorkerId(0))).expect("runs after the restart");
+    assert_eq!(result(&w, WorkerId(0), &f), expected());
+    w.close().expect("close");
 }
 
 #[test]

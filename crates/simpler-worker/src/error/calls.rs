@@ -374,6 +374,16 @@ pub enum MemError {
         /// The chip the call addressed.
         chip: WorkerId,
     },
+    /// The buffer was allocated by an earlier process of its chip (PROCESS mode, restarted
+    /// after a death): its memory ended with that process.
+    StaleBuffer {
+        /// The chip.
+        chip: WorkerId,
+        /// The chip process that allocated the buffer (the first is 1).
+        buffer_process: u64,
+        /// The chip's current process.
+        process: u64,
+    },
     /// The access leaves the buffer.
     OutOfRange {
         /// Offset of the access.
@@ -425,6 +435,11 @@ impl fmt::Display for MemError {
             MemError::WrongChip { buffer_chip, chip } => {
                 write!(f, "buffer of chip {buffer_chip} used on chip {chip}")
             }
+            MemError::StaleBuffer { chip, buffer_process, process } => write!(
+                f,
+                "buffer of chip {chip} was allocated by its process #{buffer_process}, which has \
+                 been replaced by process #{process}: its memory is gone"
+            ),
             MemError::OutOfRange { offset, len, size } => {
                 write!(
                     f,

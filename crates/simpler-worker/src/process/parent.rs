@@ -78,6 +78,9 @@ pub(crate) struct ChipProcess {
     init: ChipInit,
     opts: Arc<ProcessOptions>,
     live: Option<Live>,
+    /// Processes started so far: the number of the current one. A device buffer names the
+    /// process that allocated it; its memory ended with that process.
+    generation: u64,
     /// The failure that ended the last process (fail fast, or restart on next use).
     failed: Option<ChildError>,
     seq: u64,
@@ -136,6 +139,7 @@ impl ChipProcess {
             init,
             opts,
             live: None,
+            generation: 0,
             failed: None,
             seq: 0,
             start_deadline: deadline,
@@ -220,6 +224,7 @@ impl ChipProcess {
                 }
                 state::READY => {
                     live.mailbox.set_quietly(state::IDLE);
+                    self.generation += 1;
                     return Ok(());
                 }
                 state::INIT_FAILED => {
@@ -653,6 +658,27 @@ impl ChipProcess {
                 return Err(MemFailure::Child(self.protocol(message)));
             }
             piece.copy_from_slice(&self.reply);
+        }
+        Ok(())
+    }
+
+    /// The number of the current process (the first is 1).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Refuses a buffer of an earlier process of this chip: its memory ended with that
+    /// process, and the current one may have handed its address to another buffer. The
+    /// process is made live first (restarted, under that policy), so a buffer of a process
+    /// that died since is refused too, never sent to its successor.
+    pub(crate) fn current_buffer(&mut self, generation: u64) -> Result<(), MemError> {
+        self.ensure_live().map_err(|e| mem_child(self.chip, e))?;
+        if generation != self.generation {
+            return Err(MemError::StaleBuffer {
+                chip: self.chip,
+                buffer_process: generation,
+                process: self.generation,
+            });
         }
         Ok(())
     }

@@ -34,6 +34,7 @@ fn process_of_true() -> (ChipProcess, u32) {
         },
         opts: Arc::new(ProcessOptions::default()),
         live: Some(Live { child, pid, _pidfd: pidfd, mailbox }),
+        generation: 1,
         failed: None,
         seq: 0,
         start_deadline: None,
