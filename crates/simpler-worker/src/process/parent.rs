@@ -3,16 +3,17 @@
 //! [`ChipProcess`] lives in the chip's `ChipState` on the chip's lane, so requests on one chip
 //! are serialized by the lane: one request in flight, sequence numbers strictly increasing.
 //! Invariant: while `live` is `Some`, the process is running or unreaped; every path that sees
-//! it end (death, kill after a timeout, shutdown) reaps it and drops the mailbox and pidfd in
-//! the same step, so no zombie, mailbox or descriptor outlives it.
+//! it end (death, kill after a timeout, shutdown) reaps it (or, for a killed process that does
+//! not end at once, hands it to a thread that reaps it) and drops the mailbox in the same step,
+//! so no zombie, mailbox or descriptor outlives it. An unreaped child keeps its pid, which is
+//! why the pid is signalled only through a `Live`.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
 use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustix::process::{Pid, PidfdFlags, Signal};
+use rustix::process::{Pid, Signal};
 use simpler_device_a2a3::{ChipCallable, DeviceError, MemoryLedger, Platform, RuntimeVariant};
 use simpler_sched::EndpointFailure;
 use simpler_types::{
@@ -38,21 +39,58 @@ pub(super) enum MemFailure {
     Device(FailureFrame),
 }
 
+/// How long a killed chip process is waited for before a thread of its own reaps it: a process
+/// in an uninterruptible device call dies only once that call returns.
+const REAP_AFTER_KILL: Duration = Duration::from_secs(2);
+
 /// A running chip process.
 struct Live {
     child: Child,
     pid: u32,
-    /// Keeps the pid from being reused while the process is unreaped.
-    _pidfd: OwnedFd,
     mailbox: Mailbox,
 }
 
 impl Live {
     /// Kills the process group, then reaps the leader. Taking `self` means a reaped process
     /// is never signalled: once reaped, its pid and group id may name another process.
-    fn kill_and_reap(mut self) {
+    fn kill_and_reap(self) {
         kill_group(self.pid);
-        let _ = self.child.wait();
+        let pid = self.pid;
+        if !self.reap_within(REAP_AFTER_KILL) {
+            tracing::warn!(pid, "a killed chip process has not ended; a thread reaps it later");
+        }
+    }
+
+    /// Reaps the process if it ends within `bound`. Otherwise a thread of its own reaps it
+    /// whenever it ends, and this returns `false`: the caller never waits longer than `bound`.
+    /// The process counts as live (it holds the spawner) until it is reaped.
+    fn reap_within(mut self, bound: Duration) -> bool {
+        let until = Instant::now().checked_add(bound);
+        loop {
+            match self.child.try_wait() {
+                // ECHILD: reaped elsewhere, nothing left to wait for.
+                Ok(Some(_)) | Err(_) => return true,
+                Ok(None) if until.is_some_and(|u| Instant::now() >= u) => break,
+                Ok(None) => std::thread::sleep(Duration::from_micros(200)),
+            }
+        }
+        let slot = Arc::new(parking_lot::Mutex::new(Some(self)));
+        let theirs = Arc::clone(&slot);
+        let reaper =
+            std::thread::Builder::new().name("simpler-chip-reap".into()).spawn(move || {
+                let taken = theirs.lock().take();
+                if let Some(mut live) = taken {
+                    let _ = live.child.wait();
+                }
+            });
+        if reaper.is_err() {
+            // No thread to hand it to: wait here after all.
+            let taken = slot.lock().take();
+            if let Some(mut live) = taken {
+                let _ = live.child.wait();
+            }
+        }
+        false
     }
 }
 
@@ -196,20 +234,7 @@ impl ChipProcess {
         let child = spawn::spawn(&binary, chip.0, fd)
             .map_err(|e| spawn_err(format!("{}: {e}", binary.display())))?;
         let pid = child.id();
-        let pidfd = match Pid::from_raw(pid as i32)
-            .ok_or_else(|| std::io::Error::other("pid 0"))
-            .and_then(|p| Ok(rustix::process::pidfd_open(p, PidfdFlags::empty())?))
-        {
-            Ok(fd) => fd,
-            Err(e) => {
-                let mut child = child;
-                kill_group(pid);
-                let _ = child.wait();
-                spawn::child_reaped();
-                return Err(spawn_err(format!("pidfd_open({pid}): {e}")));
-            }
-        };
-        self.live = Some(Live { child, pid, _pidfd: pidfd, mailbox });
+        self.live = Some(Live { child, pid, mailbox });
         let started = Instant::now();
         let mut seen = state::STARTING;
         loop {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use rustix::process::{Pid, PidfdFlags, WaitOptions};
+use rustix::process::{Pid, WaitOptions};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::WorkerId;
 
@@ -22,8 +22,6 @@ fn process_of_true() -> (ChipProcess, u32) {
     let (mailbox, fd) = Mailbox::create().expect("memfd");
     let child = spawn::spawn(Path::new("/bin/true"), 0, fd).expect("spawn /bin/true");
     let pid = child.id();
-    let raw = Pid::from_raw(pid as i32).expect("pid > 0");
-    let pidfd = rustix::process::pidfd_open(raw, PidfdFlags::empty()).expect("pidfd");
     let process = ChipProcess {
         chip: WorkerId(0),
         init: ChipInit {
@@ -33,7 +31,7 @@ fn process_of_true() -> (ChipProcess, u32) {
             prewarm: None,
         },
         opts: Arc::new(ProcessOptions::default()),
-        live: Some(Live { child, pid, _pidfd: pidfd, mailbox }),
+        live: Some(Live { child, pid, mailbox }),
         generation: 1,
         failed: None,
         seq: 0,
@@ -57,4 +55,32 @@ fn a_process_reaped_elsewhere_is_dropped_without_a_signal() {
     assert!(p.live.is_none());
     drop(p);
     SIGNALLED.with(|s| assert!(!s.borrow().contains(&pid), "signalled reaped pid {pid}"));
+}
+
+#[test]
+fn a_process_that_outlives_the_reap_bound_is_reaped_by_a_thread_of_its_own() {
+    // A process that ends on its own a while later stands for a killed one stuck in a device
+    // call: the reap gives up at its bound and the process is still reaped once it ends.
+    let dir = std::env::temp_dir().join(format!("simpler-reap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let script = dir.join("late.sh");
+    std::fs::write(&script, "#!/bin/sh\nsleep 0.3\n").expect("script");
+    let mut perms = std::fs::metadata(&script).expect("script").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&script, perms).expect("chmod");
+    let (mailbox, fd) = Mailbox::create().expect("memfd");
+    let child = spawn::spawn(&script, 0, fd).expect("spawn");
+    let pid = child.id();
+    let live = Live { child, pid, mailbox };
+    let started = std::time::Instant::now();
+    assert!(!live.reap_within(std::time::Duration::from_millis(20)), "it was still running");
+    assert!(started.elapsed() < std::time::Duration::from_millis(250), "the reap waited it out");
+    let proc_entry = std::path::PathBuf::from(format!("/proc/{pid}"));
+    let deadline = started + std::time::Duration::from_secs(10);
+    // A zombie keeps its `/proc` entry: the entry goes only once the process is reaped.
+    while proc_entry.exists() {
+        assert!(std::time::Instant::now() < deadline, "process {pid} was never reaped");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
