@@ -184,6 +184,20 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
         span: ByteSpan,
         mode: AccessMode,
         is_retired: impl Fn(u64) -> bool,
+        visit: impl FnMut(u64),
+    ) {
+        self.lookup_by_role(key, span, mode, |owner, _| is_retired(owner), visit);
+    }
+
+    /// [`lookup`](Self::lookup) with a predicate that also sees the entry's role, for a caller
+    /// that can leave out more than retired owners: a finished reader, say, which a later
+    /// write need not wait for and whose bytes it does not read.
+    pub fn lookup_by_role(
+        &self,
+        key: &K,
+        span: ByteSpan,
+        mode: AccessMode,
+        skip: impl Fn(u64, Role) -> bool,
         mut visit: impl FnMut(u64),
     ) {
         if span.is_empty() {
@@ -193,7 +207,7 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
             let found = mode.finds_entry(entry)
                 && entry.key == *key
                 && entry.span().overlaps(span)
-                && !is_retired(entry.owner);
+                && !entry.role().is_some_and(|role| skip(entry.owner, role));
             if found {
                 visit(entry.owner);
             }

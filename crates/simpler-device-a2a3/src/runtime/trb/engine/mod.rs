@@ -46,7 +46,7 @@ use simpler_ring::fixed::{
     CountWatch, FixedRecords, HeapRingCore, Idlers, TaskWindowCore, WindowRetirer,
 };
 use simpler_tensormap::ByteSpan;
-use simpler_tensormap::fixed::{AccessMode, FixedMapError, FixedTensorMap};
+use simpler_tensormap::fixed::{AccessMode, FixedMapError, FixedTensorMap, Role};
 use simpler_types::DeviceTaskId;
 use simpler_types::constants::{HEAP_ALIGN, HEAP_RING_COUNT};
 
@@ -645,11 +645,16 @@ impl<'a> Engine<'a> {
             for a in accesses {
                 // A blind write only orders after the accesses it finds (nothing flows from
                 // them into it), so one that already completed needs no edge; the buffer it
-                // writes, if a task's slab, is held through `keep`. Left out, thousands of
-                // finished readers held by an open scope do not count toward `MAX_FANIN`.
+                // writes, if a task's slab, is held through `keep`. An in-place update needs
+                // none to a finished reader either (it reads nothing the reader made). Left
+                // out, thousands of finished readers held by an open scope do not count toward
+                // `MAX_FANIN`.
                 let blind = matches!(a.mode, AccessMode::Write | AccessMode::ScatterWrite);
-                let moot = |o| is_retired(rings, o) || (blind && shared.has_completed(o));
-                self.map.lookup(&a.key, a.span, a.mode, moot, |o| {
+                let moot = |o, role| {
+                    is_retired(rings, o)
+                        || ((blind || role == Role::Reader) && shared.has_completed(o))
+                };
+                self.map.lookup_by_role(&a.key, a.span, a.mode, moot, |o| {
                     if producers[..count].contains(&o) {
                         return;
                     }

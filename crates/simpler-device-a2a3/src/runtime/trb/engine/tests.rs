@@ -346,8 +346,17 @@ fn a_size_too_large_to_round_up_is_refused_as_invalid_not_an_overflow() {
 
 #[test]
 fn a_blind_write_after_more_finished_readers_than_a_task_may_have_producers_is_accepted() {
-    // 300 readers of slices of one buffer, all finished but held by the open outer scope, then
-    // one task overwriting the whole buffer: none of the readers needs an edge.
+    write_after_more_finished_readers_than_a_task_may_have_producers(AccessMode::Write);
+}
+
+#[test]
+fn an_in_place_update_after_more_finished_readers_than_a_task_may_have_producers_is_accepted() {
+    write_after_more_finished_readers_than_a_task_may_have_producers(AccessMode::ReadWrite);
+}
+
+/// 300 readers of slices of one buffer, all finished but held by the open outer scope, then
+/// one task writing the whole buffer in `mode`: none of the readers needs an edge.
+fn write_after_more_finished_readers_than_a_task_may_have_producers(mode: AccessMode) {
     const READERS: u64 = MAX_FANIN as u64 + 44;
     let mut arena = TrbArena::new(sizes(512, 64 << 10, 1024), 1024, 64);
     let mut e = Engine::new(arena.storage(), false);
@@ -362,11 +371,7 @@ fn a_blind_write_after_more_finished_readers_than_a_task_may_have_producers_is_a
         e.submit(&[slice(i)], 0).unwrap();
     }
     drain(&mut e, &mut done);
-    let whole = Access {
-        key: base,
-        span: ByteSpan::new(base, base + 4 * READERS).unwrap(),
-        mode: AccessMode::Write,
-    };
+    let whole = Access { key: base, span: ByteSpan::new(base, base + 4 * READERS).unwrap(), mode };
     let write = e.submit(&[whole], 0);
     assert!(write.is_ok(), "{write:?}");
     assert!(e.last_producers().is_empty(), "{:?}", e.last_producers());
