@@ -57,6 +57,7 @@ use simpler_types::SlotId;
 use smallvec::SmallVec;
 
 use crate::ByteSpan;
+use crate::entry::{Covered, Entry, Superseded};
 
 /// A list with more entries than this builds an owner index.
 const INDEX_AT: usize = 32;
@@ -80,45 +81,6 @@ const RETAINED_CAPACITY: usize = 1 << 12;
 /// At most this many candidates are deduplicated in place by comparing each with the ones before
 /// it; more are collected into the store's reusable scratch buffer, sorted and deduplicated.
 const IN_PLACE_DEDUP_LIMIT: usize = 16;
-
-/// One task's claim on a byte range of a buffer.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) struct Entry {
-    /// The bytes the task touches; empty only for a dead entry of an indexed list.
-    pub(crate) span: ByteSpan,
-    /// The task's slot.
-    pub(crate) slot: SlotId,
-    /// `true` when a later write of these bytes must order after the task: it reads them, or it
-    /// took that duty over from the entries it superseded (see `docs/tensormap.md`).
-    pub(crate) orders_writes: bool,
-}
-
-/// What an insert or a supersession removed.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
-pub(crate) struct Superseded {
-    /// Number of entries removed.
-    pub(crate) count: usize,
-    /// Whether any removed entry ordered later writes.
-    pub(crate) orders_writes: bool,
-}
-
-impl Superseded {
-    fn take(&mut self, entry: &Entry) {
-        self.count += 1;
-        self.orders_writes |= entry.orders_writes;
-    }
-
-    fn merge(&mut self, other: Superseded) {
-        self.count += other.count;
-        self.orders_writes |= other.orders_writes;
-    }
-}
-
-impl Entry {
-    fn is_dead(&self) -> bool {
-        self.span.is_empty()
-    }
-}
 
 /// All entries of one buffer key, ordered by start. The default value (no entry) only fills
 /// unused slab slots; it is never stored under a key.
@@ -232,11 +194,11 @@ impl OwnerIndex {
     }
 
     /// Removes the entries of `long` that `span` contains.
-    fn supersede_long(&mut self, span: ByteSpan) -> Superseded {
+    fn supersede_long(&mut self, span: ByteSpan, covered: Covered) -> Superseded {
         let mut superseded = Superseded::default();
         let mut i = 0;
         while let Some(&entry) = self.long.get(i) {
-            if span.contains(entry.span) {
+            if covered.takes(span, &entry) {
                 self.long.swap_remove(i);
                 self.forget(entry.slot, entry.span.start);
                 superseded.take(&entry);
@@ -352,7 +314,18 @@ impl FootprintList {
     /// that supersession never lets a later write skip an earlier reader.
     pub(crate) fn insert(&mut self, new: Entry, spares: &mut IndexSpares) -> Superseded {
         debug_assert!(!new.span.is_empty(), "the store never inserts an empty span");
-        self.replace(new.span, Some(new), spares)
+        self.replace(new.span, Some(new), Covered::All, spares)
+    }
+
+    /// Inserts `new`, superseding only the covered entries that order later writes (those a
+    /// scatter write found and ordered after), and returns what was removed.
+    pub(crate) fn insert_over_ordering(
+        &mut self,
+        new: Entry,
+        spares: &mut IndexSpares,
+    ) -> Superseded {
+        debug_assert!(!new.span.is_empty(), "the store never inserts an empty span");
+        self.replace(new.span, Some(new), Covered::OrderingWrites, spares)
     }
 
     /// Removes every live entry that lies inside `span`, and returns what was removed.
@@ -362,7 +335,7 @@ impl FootprintList {
             // The usual reader list of a written buffer: nobody reads it.
             return Superseded::default();
         }
-        self.replace(span, None, spares)
+        self.replace(span, None, Covered::All, spares)
     }
 
     /// Adds `new` without superseding anything: readers of the same bytes stay side by side.
@@ -397,7 +370,7 @@ impl FootprintList {
         }
     }
 
-    /// Removes the live entries inside `span`, then adds `new` if given.
+    /// Removes the live entries inside `span` that `covered` takes, then adds `new` if given.
     ///
     /// Only entries starting at or after `span.start` can lie inside it, and they are contiguous
     /// in start order, so the scan touches the superseded entries and the partial overlaps that
@@ -407,11 +380,12 @@ impl FootprintList {
         &mut self,
         span: ByteSpan,
         new: Option<Entry>,
+        covered: Covered,
         spares: &mut IndexSpares,
     ) -> Superseded {
         if self.index.is_none()
             && let [only] = self.entries.as_mut_slice()
-            && span.contains(only.span)
+            && covered.takes(span, only)
         {
             // The common rewrite of one key's only entry (an `InOut` chain), without the scan.
             // Only a plain list may take it: it updates no owner index (module docs, item 7).
@@ -443,11 +417,11 @@ impl FootprintList {
                     index.dead -= 1;
                     continue;
                 }
-                if span.contains(entry.span) {
+                if covered.takes(span, &entry) {
                     index.forget(entry.slot, entry.span.start);
                 }
             }
-            if span.contains(entry.span) {
+            if covered.takes(span, &entry) {
                 superseded.take(&entry);
             } else {
                 self.entries[write] = entry;
@@ -455,7 +429,7 @@ impl FootprintList {
             }
         }
         if let Some(index) = &mut self.index {
-            superseded.merge(index.supersede_long(span));
+            superseded.merge(index.supersede_long(span, covered));
         }
         let Some(mut new) = new else {
             self.entries.drain(write..read);

@@ -24,7 +24,8 @@ use hashbrown::hash_table::Entry as TableEntry;
 use rustc_hash::FxBuildHasher;
 use simpler_types::SlotId;
 
-use crate::footprints::{Entry, FootprintList, IndexSpares};
+use crate::entry::Entry;
+use crate::footprints::{FootprintList, IndexSpares};
 use crate::{Access, ByteSpan, TensorKey};
 
 /// One slab slot: a key and its entries.
@@ -69,8 +70,9 @@ impl KeyEntries {
     /// Records `access` of `span` by `slot`; returns the number of entries superseded.
     ///
     /// A read adds a reader entry and supersedes nothing (readers of the same bytes stay side by
-    /// side). A write supersedes the readers and writers its span covers, and its entry orders
-    /// later writes when it reads (`Update`) or superseded an entry that did.
+    /// side). A write supersedes the readers and writers its span covers (a scatter write only
+    /// the writers it ordered after, those that order later writes), and its entry orders later
+    /// writes when it reads (`Update`) or superseded an entry that did.
     fn record(
         &mut self,
         span: ByteSpan,
@@ -86,9 +88,10 @@ impl KeyEntries {
         let readers = self.readers.supersede(span, spares);
         entry.orders_writes |= readers.orders_writes;
         if access == Access::Scatter {
-            // Its gaps may hold bytes only an earlier writer wrote: that writer stays.
-            self.writers.add(entry, spares);
-            return readers.count;
+            // Its gaps may hold bytes only an earlier writer wrote: a writer it did not order
+            // after stays. One it did order after goes: a later access of its bytes finds the
+            // scatter, which orders after it.
+            return readers.count + self.writers.insert_over_ordering(entry, spares).count;
         }
         readers.count + self.writers.insert(entry, spares).count
     }

@@ -43,6 +43,8 @@
 #[cfg(feature = "std")]
 mod access;
 #[cfg(feature = "std")]
+mod entry;
+#[cfg(feature = "std")]
 mod error;
 pub mod fixed;
 #[cfg(feature = "std")]

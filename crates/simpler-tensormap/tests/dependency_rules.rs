@@ -213,6 +213,27 @@ pub fn a_scatter_write_keeps_the_writers_in_its_gaps<M: DependencyMap>(mut map: 
     assert_eq!(submit(&mut map, 5, &[(k, span(0x100, 0x120), Read)]), set(&[4]));
 }
 
+/// A scatter write replaces the covered writers it ordered after (those that order later
+/// writes): a later access of their bytes finds the scatter, which orders after them. So a loop
+/// of strided writes and reads of one buffer keeps constant state.
+pub fn a_scatter_write_replaces_the_writers_it_ordered_after<M: DependencyMap>(mut map: M) {
+    let k = buf(0x100);
+    let (head, hull) = (span(0x100, 0x120), span(0x100, 0x17c));
+    submit(&mut map, 0, &[(k, head, Overwrite)]);
+    submit(&mut map, 1, &[(k, head, Read)]);
+    assert_eq!(submit(&mut map, 2, &[(k, head, Overwrite)]), set(&[1]));
+    assert_eq!(submit(&mut map, 3, &[(k, hull, Scatter)]), set(&[2]));
+    assert_eq!(map.entries(RUN), 1, "the scatter replaced write 2, which it ordered after");
+    assert_eq!(submit(&mut map, 4, &[(k, head, Read)]), set(&[3]));
+    for round in 0..100_u32 {
+        let t = 5 + 2 * round;
+        // The scatter before (which replaced readers) and the reader since.
+        assert_eq!(submit(&mut map, t, &[(k, hull, Scatter)]), set(&[t - 2, t - 1]));
+        assert_eq!(submit(&mut map, t + 1, &[(k, hull, Read)]), set(&[t]));
+        assert!(map.entries(RUN) <= 2, "round {round}: {} entries", map.entries(RUN));
+    }
+}
+
 /// A retired reader is forgotten: the next write takes no edge to it.
 pub fn a_retired_reader_is_erased_owner_checked<M: DependencyMap>(mut map: M) {
     let (k, s) = (buf(0x100), span(0x100, 0x200));
@@ -482,6 +503,10 @@ macro_rules! dependency_rules {
             #[test]
             fn a_scatter_write_keeps_the_writers_in_its_gaps() {
                 super::a_scatter_write_keeps_the_writers_in_its_gaps($make);
+            }
+            #[test]
+            fn a_scatter_write_replaces_the_writers_it_ordered_after() {
+                super::a_scatter_write_replaces_the_writers_it_ordered_after($make);
             }
             #[test]
             fn a_retired_reader_is_erased_owner_checked() {

@@ -10,7 +10,8 @@
 //!   the writer and reader entries lying entirely inside their own footprint and add a writer
 //!   entry, which orders later writes when the writer is `InOut` or dropped an entry that did
 //!   (so two blind writers of one span with no read between them have no edge); a blind writer
-//!   of a view with gaps (not contiguous) drops the reader entries only;
+//!   of a view with gaps (not contiguous) drops the reader entries and the writer entries that
+//!   order later writes only;
 //! - `NoDep` and null tensors do neither; a task never depends on itself;
 //! - all lookups of a task (every member, every tensor) come before any of its records, as the
 //!   engine decided (`submit.rs`, step 3): a member's read then sees the buffer's earlier writers
@@ -86,11 +87,11 @@ impl MapModel {
             tag == TensorArgType::InOut || readers.iter().any(|(e, _)| e.inside(&fp));
         readers.retain(|(e, _)| !e.inside(&fp));
         let writers = self.writers.entry(fp.key).or_default();
-        // A blind write of a view with gaps replaces no writer: the bytes in its gaps are theirs.
-        if fp.dense || tag.reads() {
-            orders_writes |= writers.iter().any(|&(e, _, o)| o && e.inside(&fp));
-            writers.retain(|(e, ..)| !e.inside(&fp));
-        }
+        orders_writes |= writers.iter().any(|&(e, _, o)| o && e.inside(&fp));
+        // A blind write of a view with gaps replaces only the writers it ordered after (those
+        // that order later writes): the bytes in its gaps of any other writer are theirs.
+        let every = fp.dense || tag.reads();
+        writers.retain(|&(e, _, o)| !(e.inside(&fp) && (every || o)));
         writers.push((fp, seq, orders_writes));
     }
 }
