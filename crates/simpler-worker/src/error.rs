@@ -384,8 +384,9 @@ impl fmt::Display for RunError {
 
 impl std::error::Error for RunError {}
 
-/// Which step of starting a worker failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Which step of starting a worker failed. Its [`source`](std::error::Error::source) is the
+/// typed error behind it, where there is one.
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum StartCause {
     /// The builder's configuration is invalid.
@@ -399,8 +400,8 @@ pub enum StartCause {
     },
     /// A child worker failed to start (its own error is in `child`).
     ChildFailed {
-        /// The child's error, rendered.
-        child: String,
+        /// Why the child failed (the path to it is the [`StartError`]'s).
+        child: Box<StartCause>,
     },
     /// The startup deadline passed with parts still starting.
     DeadlineExceeded {
@@ -417,6 +418,9 @@ pub enum StartCause {
         code: Option<DeviceCode>,
         /// The device's message.
         message: String,
+        /// The device's error (a chip in this process) or the chip process's failure (PROCESS
+        /// mode), when one exists; a chip process's own refusal crosses as code and message.
+        error: Option<Arc<RegistrationFailure>>,
     },
     /// The engine could not start.
     Engine(String),
@@ -438,7 +442,7 @@ impl fmt::Display for StartCause {
                 "startup deadline of {budget:?} exceeded; still pending: {}",
                 pending.join(", ")
             ),
-            StartCause::Device { chip, code, message } => {
+            StartCause::Device { chip, code, message, .. } => {
                 write!(f, "chip {chip} failed")?;
                 if let Some(c) = code {
                     write!(f, " with {c}")?;
@@ -452,9 +456,21 @@ impl fmt::Display for StartCause {
     }
 }
 
-/// A failed start. Everything started before the failure was already rolled back.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("starting {path} failed: {cause}{}", rollback_text(.rollback))]
+impl std::error::Error for StartCause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StartCause::Device { error: Some(e), .. } => Some(e.as_error()),
+            StartCause::ChildFailed { child } => Some(&**child),
+            #[cfg(feature = "mpi")]
+            StartCause::Remote(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// A failed start. Everything started before the failure was already rolled back. Its source
+/// is its cause's (the cause itself is part of its message).
+#[derive(Debug, Clone)]
 pub struct StartError {
     /// Why.
     pub cause: StartCause,
@@ -462,6 +478,18 @@ pub struct StartError {
     pub path: String,
     /// Errors met while rolling back.
     pub rollback: Vec<TeardownError>,
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "starting {} failed: {}{}", self.path, self.cause, rollback_text(&self.rollback))
+    }
+}
+
+impl std::error::Error for StartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.cause)
+    }
 }
 
 fn rollback_text(r: &[TeardownError]) -> String {

@@ -118,6 +118,9 @@ fn failing_chip_fails_the_start_naming_the_chip_and_device() {
         .expect_err("onboard backend is not built");
     assert!(matches!(e.cause, StartCause::Device { chip: WorkerId(0), .. }), "{e}");
     assert!(e.path.contains("chip 0 (device 7)"), "{}", e.path);
+    // The device's error stays typed behind the start error.
+    let device = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<DeviceError>());
+    assert!(device.is_some(), "{e}");
 }
 
 #[test]
@@ -127,8 +130,15 @@ fn failing_child_fails_the_start_naming_it_and_started_siblings_close() {
     l4.child(Worker::host(Platform::A2a3, RuntimeVariant::HostBuildGraph).chips(&[5]))
         .expect("child 1");
     let e = l4.start().expect_err("child 1 fails");
-    assert!(matches!(e.cause, StartCause::ChildFailed { .. }), "{e}");
+    let StartCause::ChildFailed { child } = &e.cause else { panic!("child 1 failed: {e}") };
+    assert!(matches!(**child, StartCause::Device { chip: WorkerId(0), .. }), "{e}");
     assert!(e.path.contains("L4 / child 1 (L3) / chip 0 (device 5)"), "{}", e.path);
+    // Through the child's cause to the device's error, typed all the way.
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source.filter(|s| !s.is::<DeviceError>()) {
+        source = s.source();
+    }
+    assert!(source.is_some(), "no device error in the chain of {e}");
 }
 
 #[test]

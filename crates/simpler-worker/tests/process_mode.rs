@@ -364,6 +364,9 @@ fn start_failures_name_the_binary_the_exit_status_or_the_deadline_and_reap_every
         .start()
         .expect_err("exits before READY");
     assert!(exits.to_string().contains("exited with status 1"), "{exits}");
+    // The process's failure stays typed behind the start error.
+    let died = std::error::Error::source(&exits).and_then(|s| s.downcast_ref::<ChildError>());
+    assert!(matches!(died, Some(ChildError::Died { .. })), "{exits}: {died:?}");
     // A child (and its subtree) that never gets ready: the start deadline kills the group.
     let dir = std::env::temp_dir().join(format!("simpler-hung-child-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

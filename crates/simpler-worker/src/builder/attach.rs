@@ -6,21 +6,27 @@ use crate::error::RegistrationFailure;
 
 /// How one chip's start-up failed, as its start-up thread reports it.
 pub(crate) enum AttachFailure {
-    /// The chip or its process failed: the device's code, when one exists, and what happened.
-    Failed { code: Option<simpler_types::DeviceCode>, message: String },
+    /// The chip or its process failed: the device's code, when one exists, what happened, and
+    /// the typed error, when there is one.
+    Failed {
+        code: Option<simpler_types::DeviceCode>,
+        message: String,
+        error: Option<Arc<RegistrationFailure>>,
+    },
     /// The start deadline passed during `step` (a chip process was killed and reaped).
     Deadline { step: String },
 }
 
 impl From<DeviceError> for AttachFailure {
     fn from(e: DeviceError) -> AttachFailure {
-        AttachFailure::Failed { code: e.device_code(), message: e.to_string() }
+        RegistrationFailure::Device(e).into()
     }
 }
 
 impl From<RegistrationFailure> for AttachFailure {
     fn from(e: RegistrationFailure) -> AttachFailure {
-        AttachFailure::Failed { code: e.device_code(), message: e.to_string() }
+        let (code, message) = (e.device_code(), e.to_string());
+        AttachFailure::Failed { code, message, error: Some(Arc::new(e)) }
     }
 }
 
@@ -92,6 +98,7 @@ pub(super) fn attach_chips(
                     Err(p) => Err(AttachFailure::Failed {
                         code: None,
                         message: format!("the attach panicked: {}", panic_text(p.as_ref())),
+                        error: None,
                     }),
                 };
                 let _ = tx.send((i, r));
@@ -129,13 +136,12 @@ pub(super) fn attach_chips(
                 pending[i] = None;
                 states[i] = Some(state);
             }
-            Ok((i, Err(AttachFailure::Failed { code, message }))) => {
+            Ok((i, Err(AttachFailure::Failed { code, message, error }))) => {
                 let p = pending[i].take().unwrap_or_default();
                 if failure.is_none() {
-                    failure = Some(start_err(
-                        StartCause::Device { chip: WorkerId(i as u32), code, message },
-                        &p,
-                    ));
+                    let chip = WorkerId(i as u32);
+                    failure =
+                        Some(start_err(StartCause::Device { chip, code, message, error }, &p));
                 }
             }
             Ok((i, Err(AttachFailure::Deadline { step }))) => {

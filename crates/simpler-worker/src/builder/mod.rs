@@ -684,7 +684,7 @@ impl CompositeWorkerBuilder {
                 }
                 Err(e) => {
                     let mut out = StartError {
-                        cause: StartCause::ChildFailed { child: e.cause.to_string() },
+                        cause: StartCause::ChildFailed { child: Box::new(e.cause) },
                         path: e.path,
                         rollback: e.rollback,
                     };

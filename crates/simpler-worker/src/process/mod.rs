@@ -375,10 +375,10 @@ pub(crate) fn start_chip(
                 }
             }
             parent::StartFailure::Child(e) | parent::StartFailure::Deadline(e) => {
-                AttachFailure::Failed { code: None, message: e.to_string() }
+                RegistrationFailure::Child(e).into()
             }
             parent::StartFailure::Device(f) => {
-                AttachFailure::Failed { code: f.code, message: f.message }
+                AttachFailure::Failed { code: f.code, message: f.message, error: None }
             }
         })?;
     let pid = process.pid().unwrap_or_default();
