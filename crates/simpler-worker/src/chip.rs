@@ -170,7 +170,7 @@ impl ChipState {
     /// Whether content `id` is unusable on this chip because removing it failed.
     pub(crate) fn is_unusable(&mut self, id: &CallableId) -> bool {
         if let Some(p) = &mut self.process {
-            return p.query(id).1;
+            return p.is_unusable(id);
         }
         self.unusable.contains(id)
     }
@@ -241,7 +241,7 @@ impl ChipState {
     /// References held on `id` (0 when not prepared).
     pub(crate) fn refs(&mut self, id: &CallableId) -> usize {
         if let Some(p) = &mut self.process {
-            return p.query(id).0;
+            return p.refs(id);
         }
         self.prepared.get(id).map_or(0, |p| p.refs)
     }

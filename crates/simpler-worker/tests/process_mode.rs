@@ -253,6 +253,9 @@ fn unregistering_one_of_two_handles_while_the_child_is_dead_keeps_the_other_usab
     let (args, _) = inputs(&w, WorkerId(0));
     assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::Abort).unwrap());
     w.submit(on_chip(kept, args, WorkerId(0))).unwrap().wait().expect_err("abort");
+    // The count is the worker's: asking for it neither restarts the dead child nor reads 0.
+    assert_eq!(w.chip_callable_refs(WorkerId(0), content.id()).unwrap(), 2);
+    assert_eq!(w.chip_process_id(WorkerId(0)).unwrap(), None, "a count restarted the child");
     // The child is dead: the release must not reach a restarted child that was already
     // prepared without this reference.
     w.unregister(dropped).expect("unregister");

@@ -544,18 +544,34 @@ impl ChipProcess {
         }
     }
 
-    /// (references, unusable) of `id` in the process; (0, false) when it cannot answer.
-    pub(crate) fn query(&mut self, id: &CallableId) -> (usize, bool) {
-        let Some(digest) = self.digests.get(id).copied() else { return (0, false) };
+    /// References the chip holds on `id`, as the worker counts them (what a restart prepares
+    /// again): known here, whether or not a process is running.
+    pub(crate) fn refs(&self, id: &CallableId) -> usize {
+        self.digests.get(id).and_then(|d| self.held.get(d)).map_or(0, |(_, refs)| *refs)
+    }
+
+    /// Whether the running process holds `id` as unusable (removing it failed there). Only a
+    /// live process is asked: a dead one is not restarted for this (the registration that
+    /// follows restarts it, or fails with why it cannot), and a restarted one starts with no
+    /// unusable content. A request that fails ends the process, which that registration then
+    /// meets too.
+    pub(crate) fn is_unusable(&mut self, id: &CallableId) -> bool {
+        let Some(digest) = self.digests.get(id).copied() else { return false };
+        if self.live.is_none() {
+            return false;
+        }
         self.out.0.clear();
         self.out.0.extend_from_slice(&digest);
-        match self.call(op::QUERY, "query", None) {
-            Ok(status::OK) => {
-                let mut r = Reader(&self.reply);
-                let refs = r.u64().unwrap_or(0) as usize;
-                (refs, r.u8().unwrap_or(0) != 0)
+        if !matches!(self.call(op::QUERY, "query", None), Ok(status::OK)) {
+            return false;
+        }
+        let mut r = Reader(&self.reply);
+        match (r.u64(), r.u8()) {
+            (Ok(_), Ok(unusable)) => unusable != 0,
+            _ => {
+                self.protocol("short query reply".into());
+                false
             }
-            _ => (0, false),
         }
     }
 
