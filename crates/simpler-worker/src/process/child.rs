@@ -16,7 +16,7 @@ use simpler_types::{
 };
 
 use super::catalog;
-use super::mailbox::{Mailbox, state};
+use super::mailbox::{Mailbox, PAYLOAD_BYTES, state};
 use super::spawn::MAILBOX_FD;
 use super::wire::{FailureFrame, Malformed, Reader, Refusal, Writer, decode_config, op, status};
 use crate::chip::{ChipState, Residue};
@@ -171,7 +171,7 @@ impl Child {
                 true
             }
             Err(f) => {
-                f.encode(&mut self.out);
+                f.encode_within(&mut self.out, PAYLOAD_BYTES);
                 let _ = self.mailbox.write_reply(status::FAILED, 0, &self.out.0);
                 self.mailbox.publish(state::INIT_FAILED);
                 false
@@ -276,7 +276,7 @@ impl Child {
             Ok(()) => status::OK,
             Err(f) => {
                 self.out.0.clear();
-                f.encode(&mut self.out);
+                f.encode_within(&mut self.out, PAYLOAD_BYTES);
                 status::FAILED
             }
         }

@@ -172,6 +172,27 @@ impl Refusal {
 }
 
 impl FailureFrame {
+    /// Encodes the frame in at most `limit` bytes (after what `w` holds), cutting its message
+    /// (at a character boundary, marked) if it would not fit: the outcome, mechanism and device
+    /// code always cross, so a failure that makes the chip unusable stays one.
+    pub(crate) fn encode_within(&self, w: &mut Writer, limit: usize) {
+        const CUT: &str = "… (cut to fit the mailbox)";
+        let start = w.0.len();
+        self.encode(w);
+        let len = w.0.len() - start;
+        if len <= limit {
+            return;
+        }
+        w.0.truncate(start);
+        let keep = self.message.len().saturating_sub(len - limit + CUT.len());
+        let mut end = keep;
+        while !self.message.is_char_boundary(end) {
+            end -= 1;
+        }
+        let message = format!("{}{CUT}", &self.message[..end]);
+        FailureFrame { message, ..self.clone() }.encode(w);
+    }
+
     pub(crate) fn encode(&self, w: &mut Writer) {
         w.u8(match self.outcome {
             EndpointOutcome::TaskFailure => 1,
@@ -319,6 +340,32 @@ pub(crate) fn decode_config(r: &mut Reader<'_>) -> Result<CallConfig, Malformed>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_frame_too_long_for_the_mailbox_keeps_its_outcome_and_code() {
+        // Multi-byte characters, so that the cut must find a character boundary.
+        let f = FailureFrame {
+            outcome: EndpointOutcome::EndpointFailure,
+            mechanism: FailureMechanism::DeviceFault,
+            code: Some(DeviceCode::new(507015, "ACL_ERROR_RT_AICORE_EXCEPTION")),
+            message: "é".repeat(100_000),
+            refusal: None,
+        };
+        let mut w = Writer::default();
+        w.u8(9);
+        f.encode_within(&mut w, 1000);
+        assert!(w.0.len() <= 1001, "{} bytes", w.0.len());
+        let mut r = Reader(&w.0[1..]);
+        let back = FailureFrame::decode(&mut r).expect("decodes");
+        assert_eq!((back.outcome, back.code), (f.outcome, f.code));
+        assert_eq!(back.mechanism, f.mechanism);
+        assert!(back.message.starts_with("éé") && back.message.ends_with("mailbox)"));
+        // A frame that fits is written as it is.
+        let mut fits = Writer::default();
+        let short = FailureFrame { message: "short".into(), ..f.clone() };
+        short.encode_within(&mut fits, 1000);
+        assert_eq!(FailureFrame::decode(&mut Reader(&fits.0)).unwrap(), short);
+    }
 
     #[test]
     fn a_failure_frame_round_trips() {
