@@ -370,6 +370,30 @@ fn start_failures_name_the_binary_the_exit_status_or_the_deadline_and_reap_every
     // The process's failure stays typed behind the start error.
     let died = std::error::Error::source(&exits).and_then(|s| s.downcast_ref::<ChildError>());
     assert!(matches!(died, Some(ChildError::Died { .. })), "{exits}: {died:?}");
+    // A child that exits on its own leaving a process in its group: the group is killed
+    // before the child is reaped.
+    let dir = std::env::temp_dir().join(format!("simpler-exiting-child-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (script, marker) = (dir.join("exiting-child"), dir.join("left.pid"));
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\nsleep 60 &\necho $! > {}\nexit 3\n", marker.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let left = process_host(&[0], ProcessOptions::default().child_path(&script))
+        .start()
+        .expect_err("exits before READY");
+    assert!(left.to_string().contains("exited with status 3"), "{left}");
+    let orphan: u32 = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
+    for _ in 0..200 {
+        if !exists(orphan) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!exists(orphan), "the process the child left in its group was killed");
+    let _ = std::fs::remove_dir_all(&dir);
     // A child (and its subtree) that never gets ready: the start deadline kills the group.
     let dir = std::env::temp_dir().join(format!("simpler-hung-child-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -13,7 +13,7 @@ use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustix::process::{Pid, Signal};
+use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use simpler_device_a2a3::{ChipCallable, DeviceError, MemoryLedger, Platform, RuntimeVariant};
 use simpler_sched::EndpointFailure;
 use simpler_types::{
@@ -288,10 +288,18 @@ impl ChipProcess {
         }
     }
 
-    /// `Some` (and reaped) when the process has ended. Never signals: a process found ended
-    /// may have been reaped already, and its pid and group id reused.
+    /// `Some` (and reaped) when the process has ended. Processes it left in its group are
+    /// killed before it is reaped: until then its pid, and so its group id, are still its own.
+    /// One that was reaped elsewhere is never signalled (its pid and group id may be reused).
     fn exited(&mut self) -> Option<ChildExit> {
         let live = self.live.as_mut()?;
+        let own = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+        match Pid::from_raw(live.pid as i32).map(|p| rustix::process::waitid(WaitId::Pid(p), own)) {
+            Some(Ok(None)) => return None,
+            Some(Ok(Some(_))) => kill_group(live.pid),
+            // Not our child any more (reaped elsewhere): `try_wait` below says so.
+            Some(Err(_)) | None => {}
+        }
         let exit = match live.child.try_wait() {
             Ok(Some(status)) => ChildExit::of(status),
             Ok(None) => return None,
