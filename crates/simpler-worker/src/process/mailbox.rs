@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use memmap2::MmapRaw;
-use rustix::fs::MemfdFlags;
+use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::thread::futex;
 
 /// Size of a mailbox in bytes.
@@ -97,8 +97,12 @@ pub(crate) enum OpenError {
 impl Mailbox {
     /// Creates a fresh mailbox (close-on-exec; the spawner passes it on explicitly).
     pub(crate) fn create() -> std::io::Result<(Mailbox, OwnedFd)> {
-        let fd = rustix::fs::memfd_create("simpler-chip-mailbox", MemfdFlags::CLOEXEC)?;
+        let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+        let fd = rustix::fs::memfd_create("simpler-chip-mailbox", flags)?;
         rustix::fs::ftruncate(&fd, MAILBOX_BYTES as u64)?;
+        // Sealed at its size: a child that shrank it would make this process fault (SIGBUS)
+        // on its next access of the mapping.
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         let map = MmapRaw::map_raw(&File::from(fd.try_clone()?))?;
         let mailbox = Mailbox { map };
         let h = mailbox.header();
@@ -268,6 +272,15 @@ impl Mailbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mailbox_cannot_be_resized_by_the_other_side() {
+        let (_mb, fd) = Mailbox::create().expect("memfd");
+        assert!(rustix::fs::ftruncate(&fd, 4096).is_err(), "shrunk under the mapping");
+        assert!(rustix::fs::ftruncate(&fd, 2 * MAILBOX_BYTES as u64).is_err(), "grown");
+        let seals = rustix::fs::fcntl_get_seals(&fd).expect("seals");
+        assert!(seals.contains(SealFlags::SEAL), "the seals themselves are sealed: {seals:?}");
+    }
 
     #[test]
     fn a_mailbox_round_trips_a_frame_and_checks_its_header() {
