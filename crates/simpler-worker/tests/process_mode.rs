@@ -372,55 +372,45 @@ fn start_failures_name_the_binary_the_exit_status_or_the_deadline_and_reap_every
     assert!(matches!(died, Some(ChildError::Died { .. })), "{exits}: {died:?}");
     // A child that exits on its own leaving a process in its group: the group is killed
     // before the child is reaped.
-    let dir = std::env::temp_dir().join(format!("simpler-exiting-child-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (script, marker) = (dir.join("exiting-child"), dir.join("left.pid"));
-    std::fs::write(
-        &script,
-        format!("#!/bin/sh\nsleep 60 &\necho $! > {}\nexit 3\n", marker.display()),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let left = process_host(&[0], ProcessOptions::default().child_path(&script))
-        .start()
-        .expect_err("exits before READY");
-    assert!(left.to_string().contains("exited with status 3"), "{left}");
-    let orphan: u32 = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
-    for _ in 0..200 {
-        if !exists(orphan) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(!exists(orphan), "the process the child left in its group was killed");
-    let _ = std::fs::remove_dir_all(&dir);
+    let left = child_leaving_a_process("exiting", "exit 3", |script| {
+        let e = process_host(&[0], ProcessOptions::default().child_path(script))
+            .start()
+            .expect_err("exits before READY");
+        assert!(e.to_string().contains("exited with status 3"), "{e}");
+    });
+    assert!(!left, "the process the child left in its group was killed");
     // A child (and its subtree) that never gets ready: the start deadline kills the group.
-    let dir = std::env::temp_dir().join(format!("simpler-hung-child-{}", std::process::id()));
+    let left = child_leaving_a_process("hung", "wait", |script| {
+        let e = process_host(&[0, 1], ProcessOptions::default().child_path(script))
+            .startup_timeout(Duration::from_millis(1500))
+            .start()
+            .expect_err("never ready");
+        assert!(matches!(e.cause, StartCause::DeadlineExceeded { .. }), "{e}");
+    });
+    assert!(!left, "the stuck subtree died as a group");
+    assert_eq!(mailboxes(), 0);
+}
+
+/// Runs `start` with a chip binary that starts `sleep 60` in its group, then runs `then` (a
+/// shell line); returns whether that process is still alive two seconds after `start` returned
+/// (it is reparented when killed, so this waits for init to reap it).
+fn child_leaving_a_process(name: &str, then: &str, start: impl FnOnce(&Path)) -> bool {
+    let dir = std::env::temp_dir().join(format!("simpler-{name}-child-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let script = dir.join("hung-child");
-    let marker = dir.join("grandchild.pid");
-    std::fs::write(
-        &script,
-        format!("#!/bin/sh\nsleep 60 &\necho $! > {}\nwait\n", marker.display()),
-    )
-    .unwrap();
+    let (script, marker) = (dir.join("child"), dir.join("left.pid"));
+    let body = format!("#!/bin/sh\nsleep 60 &\necho $! > {}\n{then}\n", marker.display());
+    std::fs::write(&script, body).unwrap();
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let hung = process_host(&[0, 1], ProcessOptions::default().child_path(&script))
-        .startup_timeout(Duration::from_millis(1500))
-        .start()
-        .expect_err("never ready");
-    assert!(matches!(hung.cause, StartCause::DeadlineExceeded { .. }), "{hung}");
-    let grandchild: u32 = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
-    // The grandchild was killed with its group; it is reparented, so wait for init to reap it.
+    start(&script);
+    let left: u32 = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
     for _ in 0..200 {
-        if !exists(grandchild) {
+        if !exists(left) {
             break;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(!exists(grandchild), "the stuck subtree died as a group");
-    assert_eq!(mailboxes(), 0);
     let _ = std::fs::remove_dir_all(&dir);
+    exists(left)
 }
 
 #[test]
