@@ -21,6 +21,15 @@ pub(crate) const VERSION: u16 = 4;
 /// grow a completion without bound.
 pub(crate) const MAX_ERROR_BYTES: usize = 64 * 1024;
 
+/// The most levels of a failure chain a completion carries (the outermost ones; a real chain
+/// has one per worker level). Decoding refuses more, so a hostile frame can neither reserve
+/// memory by its count nor nest `Arc`s deep enough to overflow the stack when dropped.
+pub(crate) const MAX_CHAIN_LEVELS: usize = 32;
+
+/// The fewest bytes one level of a failure chain takes on the wire (run id, seq, digest,
+/// kind, namespace, worker flag, member flag, mechanism, message length, code flag).
+const MIN_CHAIN_LEVEL_BYTES: usize = 8 + 4 + 32 + 1 + 1 + 1 + 1 + 1 + 4 + 1;
+
 /// A manifest entry: what a rank has registered, in registration order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ManifestEntry {
@@ -183,7 +192,8 @@ impl Packet {
                     }
                     Outcome::TaskFailed { failure } => {
                         w.u8(1);
-                        let chain: Vec<&TaskFailure> = failure.chain().collect();
+                        let chain: Vec<&TaskFailure> =
+                            failure.chain().take(MAX_CHAIN_LEVELS).collect();
                         w.u32(chain.len() as u32);
                         let mut budget = MAX_ERROR_BYTES;
                         for f in chain {
@@ -280,7 +290,10 @@ impl Packet {
                         Outcome::Ok { written }
                     }
                     1 => {
-                        let n = r.count(1)?;
+                        let n = r.count(MIN_CHAIN_LEVEL_BYTES)?;
+                        if n > MAX_CHAIN_LEVELS {
+                            return Err(DecodeError(format!("a failure chain of {n} levels")));
+                        }
                         let mut levels = Vec::with_capacity(n);
                         for _ in 0..n {
                             levels.push(r.failure()?);
@@ -794,6 +807,46 @@ mod tests {
     fn round_trip(p: Packet) {
         let bytes = p.encode();
         assert_eq!(Packet::decode(&bytes), Ok(p));
+    }
+
+    #[test]
+    fn a_failure_chain_crosses_at_most_its_outer_levels_and_a_deeper_one_is_refused() {
+        let run = RunId::from_raw(7).unwrap();
+        let id = CallableId::new([3; 32], CallableKind::Host, CallableNamespace::LocalHost);
+        let level =
+            |seq| TaskFailure::new(TaskId::new(run, seq), id, FailureMechanism::Panicked, "");
+        let mut chain = level(0);
+        for seq in 1..=40 {
+            chain = level(seq).caused_by(std::sync::Arc::new(chain));
+        }
+        let bytes =
+            Packet::Completion { seq: 1, outcome: Outcome::TaskFailed { failure: chain } }.encode();
+        let Ok(Packet::Completion { outcome: Outcome::TaskFailed { failure }, .. }) =
+            Packet::decode(&bytes)
+        else {
+            panic!("the chain decodes");
+        };
+        let seqs: Vec<u32> = failure.chain().map(|f| f.task.seq).collect();
+        assert_eq!(seqs, (9..=40).rev().collect::<Vec<u32>>(), "the outer 32 levels");
+        // A frame that claims more levels than that is refused before anything is reserved.
+        // A frame of valid levels, one more than the cap, is refused; so is a count no frame
+        // could hold, before anything is reserved.
+        for (claimed, written) in
+            [(MAX_CHAIN_LEVELS as u32 + 1, MAX_CHAIN_LEVELS + 1), (u32::MAX, 2)]
+        {
+            let mut w = Writer(Vec::new());
+            w.u16(VERSION);
+            w.u8(kind::COMPLETION);
+            w.u64(1);
+            w.u8(1);
+            w.u32(claimed);
+            let mut budget = MAX_ERROR_BYTES;
+            for seq in 0..written as u32 {
+                w.failure(&level(seq), &mut budget);
+            }
+            let refused = Packet::decode(&w.0);
+            assert!(refused.is_err(), "{claimed} levels: {refused:?}");
+        }
     }
 
     #[test]

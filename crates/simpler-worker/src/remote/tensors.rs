@@ -18,6 +18,7 @@ use simpler_types::{TaskArgs, TaskArgsView, TaskId, Tensor, TensorArgType, Worke
 
 use super::error::{RemoteError, TensorRefusal};
 use super::frames::{WireArgs, WireBuffer, WireTensor, WrittenSpan};
+use super::transport::MAX_FRAME_BYTES;
 use crate::error::WorkerError;
 use crate::host_buffer::{HostAddr, HostBuffer};
 use crate::staging::{merged, push_unique, span_in};
@@ -168,6 +169,11 @@ pub(crate) fn unpack(wire: WireArgs) -> Result<Inbound, String> {
             Some(bytes) => {
                 return Err(format!("buffer {k}: {} bytes for a length of {}", bytes.len(), b.len));
             }
+            // What is written into it must come back in one frame: no larger buffer is sent
+            // for, so none is allocated on a peer's word.
+            None if b.len > MAX_FRAME_BYTES as u64 => {
+                return Err(format!("buffer {k}: {} bytes, more than a frame holds", b.len));
+            }
             None => usize::try_from(b.len)
                 .map_err(|_| crate::error::MemError::OutOfRange { offset: 0, len: b.len, size: 0 })
                 .and_then(HostBuffer::new),
@@ -186,9 +192,10 @@ pub(crate) fn unpack(wire: WireArgs) -> Result<Inbound, String> {
                 .checked_add(t.addr)
                 .filter(|_| t.size == buf.len())
                 .ok_or_else(|| format!("tensor {i} does not fit buffer {k}"))?;
+            // Every tensor, read or written, must lie inside its buffer.
+            let span = span_in(&t, buf.addr(), buf.len())
+                .ok_or_else(|| format!("tensor {i} has no byte span inside buffer {k}"))?;
             if w.tag.writes() {
-                let span = span_in(&t, buf.addr(), buf.len())
-                    .ok_or_else(|| format!("tensor {i} has no byte span inside buffer {k}"))?;
                 spans.push((k, span));
             }
         } else if !t.is_null() {
@@ -232,4 +239,36 @@ fn write_back_plan(spans: Vec<(u32, (usize, usize))>, buffers: usize) -> Vec<(u3
         .enumerate()
         .flat_map(|(k, s)| merged(s).into_iter().map(move |(lo, hi)| (k as u32, lo, hi)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use simpler_types::DataType;
+
+    use super::*;
+
+    /// One input tensor of 64 bytes at `offset` into a 64-byte buffer sent with its bytes.
+    fn input_at(offset: u64) -> WireArgs {
+        let tensor = Tensor::with_buffer(offset, 64, &[4, 4], DataType::Float32).unwrap();
+        WireArgs {
+            tensors: vec![WireTensor { tensor, tag: TensorArgType::Input, buffer: Some(0) }],
+            scalars: Vec::new(),
+            buffers: vec![WireBuffer { len: 64, bytes: Some(vec![1; 64]) }],
+        }
+    }
+
+    #[test]
+    fn a_tensor_outside_its_buffer_or_a_buffer_no_frame_could_return_is_refused() {
+        assert!(unpack(input_at(0)).is_ok());
+        // An input is read on this rank: it must lie inside its buffer as a written one must.
+        let outside = unpack(input_at(8)).err().expect("an input past its buffer's end");
+        assert!(outside.contains("tensor 0"), "{outside}");
+        let huge = WireArgs {
+            tensors: Vec::new(),
+            scalars: Vec::new(),
+            buffers: vec![WireBuffer { len: 1 << 40, bytes: None }],
+        };
+        let refused = unpack(huge).err().expect("a buffer larger than a frame");
+        assert!(refused.contains("more than a frame holds"), "{refused}");
+    }
 }
