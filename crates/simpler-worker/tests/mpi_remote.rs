@@ -316,6 +316,22 @@ fn conformance_rank0(job: &MpiJob) -> Res {
             return Err("an L4 with a mismatched remote manifest started".into());
         }
     }
+
+    // A mismatch on rank 1, the first child: the start fails before it reaches rank 2, which
+    // is told so instead of waiting for a session that never opens.
+    let (b, _) = l4(job, Duration::from_secs(20));
+    match b.start() {
+        Err(e) => match &e.cause {
+            StartCause::Remote(RemoteError::ManifestMismatch { rank: 1, index: 1, .. }) => {
+                println!("rank 0: start refused at the first child: {e}");
+            }
+            other => return Err(format!("start failed for another reason: {other:?}").into()),
+        },
+        Ok(w) => {
+            w.close()?;
+            return Err("an L4 with a mismatched remote manifest started".into());
+        }
+    }
     Ok(())
 }
 
@@ -523,6 +539,23 @@ fn conformance_serving(job: &Arc<MpiJob>) -> Res {
             check(reason.contains("rank 2"), || format!("refusal without the rank: {reason}"))?;
         }
         (rank, other) => return Err(format!("rank {rank}: mismatch session: {other:?}").into()),
+    }
+    let mut renamed = GRAPHS;
+    if job.rank() == 1 {
+        renamed[1] = "compute_v2";
+    }
+    match (job.rank(), serve(job, &renamed)) {
+        (1, Err(ServeError::Remote(RemoteError::Refused { reason }))) => {
+            check(reason.contains("rank 1"), || format!("refusal without the rank: {reason}"))?;
+        }
+        (2, Err(ServeError::Remote(RemoteError::Refused { reason }))) => {
+            check(reason.contains("before reaching this rank"), || {
+                format!("an unreached rank's refusal does not say so: {reason}")
+            })?;
+        }
+        (rank, other) => {
+            return Err(format!("rank {rank}: first-child mismatch session: {other:?}").into());
+        }
     }
     Ok(())
 }

@@ -110,6 +110,23 @@ impl Common {
     }
 }
 
+/// Tells every remote L3 rank among `specs` (and their subtrees) that the start failed before
+/// reaching it (`e`), so that no serving rank waits for a session that never opens.
+fn refuse_unreached(specs: impl IntoIterator<Item = ChildSpec>, e: &StartError) {
+    #[cfg(feature = "mpi")]
+    for spec in specs {
+        match spec {
+            ChildSpec::Remote(r) => {
+                r.refuse_unreached(&format!("rank 0's start failed before reaching this rank: {e}"))
+            }
+            ChildSpec::Composite(c) => refuse_unreached(c.children, e),
+            ChildSpec::Host(_) => {}
+        }
+    }
+    #[cfg(not(feature = "mpi"))]
+    let _ = (specs.into_iter(), e);
+}
+
 fn start_err(cause: StartCause, path: &str) -> StartError {
     StartError { cause, path: path.to_owned(), rollback: Vec::new() }
 }
@@ -633,20 +650,29 @@ impl CompositeWorkerBuilder {
         self.start_within(deadline, path)
     }
 
-    fn start_within(self, deadline: Option<Instant>, path: String) -> Result<Worker, StartError> {
-        self.common.check_timeout(&path)?;
+    /// The checks of step 1 that need no child.
+    fn check_before_children(&self, path: &str) -> Result<(), StartError> {
+        self.common.check_timeout(path)?;
         if self.level < 4 {
             return Err(start_err(
                 StartCause::Config(format!("composite level {} < 4", self.level)),
-                &path,
+                path,
             ));
         }
-        check_host_closures_have_subs(&self.host_regs, self.subs, &path)?;
+        check_host_closures_have_subs(&self.host_regs, self.subs, path)?;
         if let Some((_, name, _)) = self.graph_regs.first().filter(|_| self.children.is_empty()) {
             return Err(start_err(
                 StartCause::NoEligibleTarget { callable: name.clone(), needs: "child workers" },
-                &path,
+                path,
             ));
+        }
+        Ok(())
+    }
+
+    fn start_within(self, deadline: Option<Instant>, path: String) -> Result<Worker, StartError> {
+        if let Err(e) = self.check_before_children(&path) {
+            refuse_unreached(self.children, &e);
+            return Err(e);
         }
         // 3.
         let mut started: Vec<Worker> = Vec::new();
@@ -656,27 +682,40 @@ impl CompositeWorkerBuilder {
             self.graph_regs.iter().map(|(h, name, _)| (h.id, name.as_str())),
         );
         let child_count = self.children.len();
-        for (i, spec) in self.children.into_iter().enumerate() {
+        let mut children = self.children.into_iter().enumerate();
+        while let Some((i, spec)) = children.next() {
             let child_path = format!("{path} / child {i} (L{})", spec.level());
             #[cfg(feature = "mpi")]
             let spec = match spec {
                 ChildSpec::Remote(r) => {
                     let child_path = format!("{path} / child {i} (L3 on rank {})", r.rank());
                     let timeout = self.common.startup_timeout;
-                    let r = past(deadline, timeout, &child_path, &path).and_then(|()| {
-                        remote.start(WorkerId(i as u32), r, deadline, timeout, &child_path)
-                    });
+                    let r = match past(deadline, timeout, &child_path, &path) {
+                        Ok(()) => {
+                            remote.start(WorkerId(i as u32), r, deadline, timeout, &child_path)
+                        }
+                        Err(e) => {
+                            refuse_unreached([ChildSpec::Remote(r)], &e);
+                            Err(e)
+                        }
+                    };
                     if let Err(mut e) = r {
                         rollback_children(started, &mut e.rollback, &path);
                         remote.rollback(&mut e.rollback, &path);
+                        refuse_unreached(children.map(|(_, s)| s), &e);
                         return Err(e);
                     }
                     continue;
                 }
                 local => local,
             };
-            let r = past(deadline, self.common.startup_timeout, &child_path, &path)
-                .and_then(|()| spec.start_within(deadline, child_path));
+            let r = match past(deadline, self.common.startup_timeout, &child_path, &path) {
+                Ok(()) => spec.start_within(deadline, child_path),
+                Err(e) => {
+                    refuse_unreached([spec], &e);
+                    Err(e)
+                }
+            };
             match r {
                 Ok(w) => {
                     started.push(w);
@@ -691,6 +730,7 @@ impl CompositeWorkerBuilder {
                     rollback_children(started, &mut out.rollback, &path);
                     #[cfg(feature = "mpi")]
                     remote.rollback(&mut out.rollback, &path);
+                    refuse_unreached(children.map(|(_, s)| s), &out);
                     return Err(out);
                 }
             }

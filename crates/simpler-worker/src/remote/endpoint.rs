@@ -92,6 +92,18 @@ impl RemoteL3 {
     pub fn rank(&self) -> i32 {
         self.rank
     }
+
+    /// Tells the rank that rank 0's start failed before it reached this child, so that its
+    /// `serve_l3` returns `Refused` instead of waiting for a session that never opens.
+    pub(crate) fn refuse_unreached(&self, reason: &str) {
+        let t = &self.transport;
+        if t.rank != 0 || self.rank < 1 || self.rank >= t.size {
+            return;
+        }
+        if let Err(e) = t.send(self.rank, &Packet::Refuse { reason: reason.to_owned() }) {
+            tracing::warn!(rank = self.rank, error = %e, "could not refuse an unreached rank");
+        }
+    }
 }
 
 /// The remote children of one L4 start, and what their manifests are compared with.
@@ -378,6 +390,9 @@ impl Session {
         let slice = (self.liveness / 8).clamp(Duration::from_millis(1), Duration::from_millis(50));
         loop {
             match self.inbox.recv_timeout(slice) {
+                Ok(Packet::Left { reason }) => {
+                    return Err(Waited::Failed(RemoteError::Left { rank: self.rank, reason }));
+                }
                 Ok(p) if want(&p) => return Ok(p),
                 Ok(p) => tracing::debug!(rank = self.rank, ?p, "skipping a stale frame"),
                 Err(RecvTimeoutError::Timeout) => {}
@@ -413,6 +428,7 @@ impl Session {
             e,
             RemoteError::Unresponsive { .. }
                 | RemoteError::Protocol { .. }
+                | RemoteError::Left { .. }
                 | RemoteError::Mpi { .. }
         ) {
             self.failed = Some(e.clone());

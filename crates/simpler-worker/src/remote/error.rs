@@ -159,6 +159,15 @@ pub enum RemoteError {
         /// What was wrong.
         what: String,
     },
+    /// A serving rank ended its session with an error and said so: nothing more comes from
+    /// it in this session.
+    #[error("rank {rank} left its session: {reason}")]
+    Left {
+        /// The rank.
+        rank: i32,
+        /// Its error.
+        reason: String,
+    },
     /// Rank 0 refused the start of this rank's session.
     #[error("rank 0 refused the start: {reason}")]
     Refused {

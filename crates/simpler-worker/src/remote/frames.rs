@@ -15,7 +15,7 @@ use simpler_types::{
 };
 
 /// Version of the frame layout; both ends must agree.
-pub(crate) const VERSION: u16 = 4;
+pub(crate) const VERSION: u16 = 5;
 
 /// Error frames longer than this are cut (innermost message first), so one failure can never
 /// grow a completion without bound.
@@ -123,6 +123,9 @@ pub(crate) enum Packet {
     Commit { ordinal: u32 },
     /// Rank 0 → serving rank: phase 2, some rank refused: forget the prepared graph.
     Abort { ordinal: u32 },
+    /// Serving rank → rank 0: the session ended on this rank with an error (a lost or
+    /// malformed frame, a failed send): nothing more will come from it in this session.
+    Left { reason: String },
 }
 
 /// A frame that could not be decoded.
@@ -145,6 +148,7 @@ mod kind {
     pub(super) const PREPARED: u8 = 12;
     pub(super) const COMMIT: u8 = 13;
     pub(super) const ABORT: u8 = 14;
+    pub(super) const LEFT: u8 = 15;
 }
 
 impl Packet {
@@ -169,6 +173,10 @@ impl Packet {
             Packet::Refuse { reason } => {
                 w.u8(kind::REFUSE);
                 w.str(reason);
+            }
+            Packet::Left { reason } => {
+                w.u8(kind::LEFT);
+                w.str(truncate(reason, MAX_ERROR_BYTES));
             }
             Packet::Task { seq, graph, config, args } => {
                 w.u8(kind::TASK);
@@ -270,6 +278,7 @@ impl Packet {
             }
             kind::ACCEPT => Packet::Accept,
             kind::REFUSE => Packet::Refuse { reason: r.str()? },
+            kind::LEFT => Packet::Left { reason: r.str()? },
             kind::TASK => Packet::Task {
                 seq: r.u64()?,
                 graph: r.u32()?,
@@ -884,6 +893,7 @@ mod tests {
             },
             Packet::Accept,
             Packet::Refuse { reason: "r".into() },
+            Packet::Left { reason: "lost a frame".into() },
             Packet::Task { seq: 5, graph: 1, config, args: wire_args() },
             Packet::Completion {
                 seq: 5,

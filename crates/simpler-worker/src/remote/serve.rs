@@ -129,10 +129,11 @@ fn serve_session(
     builder: HostWorkerBuilder,
     mut graphs: ServedGraphs,
 ) -> Result<(), ServeError> {
-    // 1.
+    // 1. Rank 0 refuses a rank its start never reached (it failed before).
     loop {
         match next(t, inbox)? {
             Packet::Hello => break,
+            Packet::Refuse { reason } => return Err(RemoteError::Refused { reason }.into()),
             other => tracing::debug!(?other, "ignoring a frame before the session opened"),
         }
     }
@@ -150,27 +151,38 @@ fn serve_session(
         }
     };
     t.send(0, &Packet::Manifest { host, entries, start_error: None })?;
+    // From here rank 0 may be waiting on this rank: a failure that ends the session here is
+    // told to it (`Left`) before the worker is closed.
+    let left = |e: RemoteError| {
+        if !t.is_stopped()
+            && let Err(send) = t.send(0, &Packet::Left { reason: e.to_string() })
+        {
+            tracing::warn!(error = %send, "could not tell rank 0 this rank left its session");
+        }
+        e
+    };
     // 3.
-    match next(t, inbox)? {
+    match next(t, inbox).map_err(left)? {
         Packet::Accept => {}
         Packet::Refuse { reason } => {
             worker.close()?;
             return Err(RemoteError::Refused { reason }.into());
         }
         other => {
-            return Err(protocol(format!("expected Accept or Refuse, got {other:?}")).into());
+            let e = protocol(format!("expected Accept or Refuse, got {other:?}"));
+            return Err(left(e).into());
         }
     }
     // 4.
     // The later graph prepared by phase 1 of a registration: (ordinal, index in `later`).
     let mut prepared: Option<(u32, usize)> = None;
     loop {
-        match next(t, inbox)? {
+        match next(t, inbox).map_err(left)? {
             Packet::Prepare { seq, ordinal, name } => {
                 let ready = graphs.prepare(ordinal, &name);
                 prepared = ready.as_ref().ok().map(|&k| (ordinal, k));
                 let refusal = ready.err();
-                t.send(0, &Packet::Prepared { seq, refusal })?;
+                t.send(0, &Packet::Prepared { seq, refusal }).map_err(left)?;
             }
             Packet::Commit { ordinal } => match prepared.take() {
                 Some((o, k)) if o == ordinal => {
@@ -182,7 +194,8 @@ fn serve_session(
             Packet::Abort { .. } => prepared = None,
             Packet::Task { seq, graph, config, args } => {
                 let outcome = run_task(&worker, &graphs, graph, config, args);
-                t.send_encoded(0, completion_frame(seq, outcome, worker.level(), MAX_FRAME_BYTES))?;
+                let frame = completion_frame(seq, outcome, worker.level(), MAX_FRAME_BYTES);
+                t.send_encoded(0, frame).map_err(left)?;
             }
             // 5.
             Packet::Shutdown => {
