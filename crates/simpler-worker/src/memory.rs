@@ -32,6 +32,20 @@ pub(crate) struct ChipAllocations {
     pub(crate) by_addr: BTreeMap<u64, u64>,
 }
 
+impl ChipAllocations {
+    /// Records `bytes` at `addr`, allocated by chip process `process`. Processes only follow
+    /// each other: a newer one's allocations replace the older ones' (which died with it);
+    /// one of an older process, met late (its `malloc` raced a restart), is not recorded.
+    fn record(&mut self, process: u64, addr: u64, bytes: u64) {
+        if process > self.process {
+            *self = ChipAllocations { process, by_addr: BTreeMap::new() };
+        }
+        if process == self.process {
+            self.by_addr.insert(addr, bytes);
+        }
+    }
+}
+
 impl std::fmt::Debug for DeviceBuffer {
     /// Addresses in hex, as everywhere else.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -112,11 +126,7 @@ impl ChipMemory<'_> {
             .inner
             .on_chip(self.chip, move |s| s.malloc(bytes).map(|a| (a, s.memory_process())))??;
         let mut owned = self.inner.owned.lock();
-        let allocations = owned.entry(self.chip).or_default();
-        if allocations.process != process {
-            *allocations = ChipAllocations { process, by_addr: BTreeMap::new() };
-        }
-        allocations.by_addr.insert(addr, bytes);
+        owned.entry(self.chip).or_default().record(process, addr, bytes);
         Ok(DeviceBuffer { worker: self.inner.instance, chip: self.chip, process, addr, len: bytes })
     }
 
@@ -181,5 +191,21 @@ impl ChipMemory<'_> {
         self.inner.off_lane("ledger", self.chip)?;
         let _lease = self.inner.lease()?;
         Ok(self.inner.on_chip(self.chip, |s| s.ledger())??)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_late_allocation_of_an_older_chip_process_does_not_replace_the_newer_ones() {
+        let mut a = ChipAllocations::default();
+        a.record(1, 0x100, 8);
+        a.record(2, 0x200, 8);
+        assert_eq!((a.process, a.by_addr.len()), (2, 1), "process 1's memory died with it");
+        a.record(1, 0x300, 8);
+        assert_eq!(a.process, 2);
+        assert_eq!(a.by_addr.keys().copied().collect::<Vec<_>>(), vec![0x200]);
     }
 }

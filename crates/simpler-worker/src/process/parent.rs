@@ -54,7 +54,14 @@ impl Live {
     /// Kills the process group, then reaps the leader. Taking `self` means a reaped process
     /// is never signalled: once reaped, its pid and group id may name another process.
     fn kill_and_reap(self) {
-        kill_group(self.pid);
+        // Only while the process is still this process's unreaped child: one reaped elsewhere
+        // may have had its pid, and so its group id, reused.
+        let own = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+        if Pid::from_raw(self.pid as i32)
+            .is_some_and(|p| rustix::process::waitid(WaitId::Pid(p), own).is_ok())
+        {
+            kill_group(self.pid);
+        }
         let pid = self.pid;
         if !self.reap_within(REAP_AFTER_KILL) {
             tracing::warn!(pid, "a killed chip process has not ended; a thread reaps it later");

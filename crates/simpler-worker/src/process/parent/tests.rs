@@ -58,6 +58,18 @@ fn a_process_reaped_elsewhere_is_dropped_without_a_signal() {
 }
 
 #[test]
+fn a_process_reaped_elsewhere_is_not_signalled_by_a_kill_either() {
+    let (mut p, pid) = process_of_true();
+    let raw = Pid::from_raw(pid as i32).expect("pid > 0");
+    rustix::process::waitpid(Some(raw), WaitOptions::empty()).expect("reap");
+    // The path of a timeout, a protocol error or a drop: it must not signal a pid that may
+    // name another process by now.
+    p.kill();
+    assert!(p.live.is_none());
+    SIGNALLED.with(|s| assert!(!s.borrow().contains(&pid), "signalled reaped pid {pid}"));
+}
+
+#[test]
 fn a_process_that_outlives_the_reap_bound_is_reaped_by_a_thread_of_its_own() {
     // A process that ends on its own a while later stands for a killed one stuck in a device
     // call: the reap gives up at its bound and the process is still reaped once it ends.
