@@ -925,7 +925,7 @@ mod tests {
         let run = RunId::from_raw(7).unwrap();
         let id = CallableId::new([3; 32], CallableKind::Host, CallableNamespace::LocalHost);
         // The wire's table lists every reason there is, so none crosses as another mechanism.
-        for reason in CancelReason::ALL {
+        for &reason in CancelReason::ALL {
             assert!(CANCEL_REASONS.contains(&reason), "{reason} has no wire code");
         }
         for reason in CANCEL_REASONS {
