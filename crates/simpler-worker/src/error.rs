@@ -460,7 +460,8 @@ impl std::error::Error for StartCause {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             StartCause::Device { error: Some(e), .. } => Some(e.as_error()),
-            StartCause::ChildFailed { child } => Some(&**child),
+            // The child's cause is in this one's text already: its own source is next.
+            StartCause::ChildFailed { child } => child.source(),
             #[cfg(feature = "mpi")]
             StartCause::Remote(e) => Some(e),
             _ => None,
