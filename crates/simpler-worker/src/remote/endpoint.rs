@@ -164,14 +164,21 @@ impl Adoption {
             failed: None,
             open: true,
         };
-        if let Err(e) = t.send(spec.rank, &Packet::Hello) {
+        // Session numbers come from the job's sequence, so a manifest of an earlier session
+        // (one that arrived after rank 0 gave up on it) never answers this one.
+        let nonce = t.next_seq();
+        if let Err(e) = t.send(spec.rank, &Packet::Hello { session: nonce }) {
             session.end();
             return Err(fail(e));
         }
         // 2.
-        let manifest = session.wait(deadline, None, |p| matches!(p, Packet::Manifest { .. }));
+        let manifest = session.wait(
+            deadline,
+            None,
+            |p| matches!(p, Packet::Manifest { session, .. } if *session == nonce),
+        );
         let (host, entries, start_error) = match manifest {
-            Ok(Packet::Manifest { host, entries, start_error }) => (host, entries, start_error),
+            Ok(Packet::Manifest { host, entries, start_error, .. }) => (host, entries, start_error),
             Ok(_) => unreachable!("wait returns only frames its filter accepts"),
             Err(Waited::Deadline) => {
                 session.refuse("the startup deadline passed");

@@ -93,10 +93,17 @@ pub(crate) enum Outcome {
 /// Every message of the protocol.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Packet {
-    /// Rank 0 → serving rank: open a session, reply with the manifest.
-    Hello,
-    /// Serving rank → rank 0: what it registered, or why its L3 worker did not start.
-    Manifest { host: String, entries: Vec<ManifestEntry>, start_error: Option<String> },
+    /// Rank 0 → serving rank: open session `session` (unique in the job), reply with the
+    /// manifest.
+    Hello { session: u64 },
+    /// Serving rank → rank 0: what it registered, or why its L3 worker did not start, for
+    /// session `session` (so a late manifest of an abandoned session is never taken).
+    Manifest {
+        session: u64,
+        host: String,
+        entries: Vec<ManifestEntry>,
+        start_error: Option<String>,
+    },
     /// Rank 0 → serving rank: the manifest matched, serve tasks.
     Accept,
     /// Rank 0 → serving rank: start refused; close the L3 worker and return this reason.
@@ -157,9 +164,13 @@ impl Packet {
         let mut w = Writer(Vec::with_capacity(64));
         w.u16(VERSION);
         match self {
-            Packet::Hello => w.u8(kind::HELLO),
-            Packet::Manifest { host, entries, start_error } => {
+            Packet::Hello { session } => {
+                w.u8(kind::HELLO);
+                w.u64(*session);
+            }
+            Packet::Manifest { session, host, entries, start_error } => {
                 w.u8(kind::MANIFEST);
+                w.u64(*session);
                 w.str(host);
                 w.u32(entries.len() as u32);
                 for e in entries {
@@ -262,8 +273,9 @@ impl Packet {
             return Err(DecodeError(format!("version {version}, expected {VERSION}")));
         }
         let p = match r.u8()? {
-            kind::HELLO => Packet::Hello,
+            kind::HELLO => Packet::Hello { session: r.u64()? },
             kind::MANIFEST => {
+                let session = r.u64()?;
                 let host = r.str()?;
                 let n = r.count(33)?;
                 let mut entries = Vec::with_capacity(n);
@@ -274,7 +286,7 @@ impl Packet {
                     entries.push(ManifestEntry { kind, name, digest });
                 }
                 let start_error = r.opt_str()?;
-                Packet::Manifest { host, entries, start_error }
+                Packet::Manifest { session, host, entries, start_error }
             }
             kind::ACCEPT => Packet::Accept,
             kind::REFUSE => Packet::Refuse { reason: r.str()? },
@@ -881,8 +893,9 @@ mod tests {
         )
         .caused_by(std::sync::Arc::new(inner));
         for p in [
-            Packet::Hello,
+            Packet::Hello { session: 3 },
             Packet::Manifest {
+                session: 3,
                 host: "h".into(),
                 entries: vec![ManifestEntry {
                     kind: CallableKind::Graph,

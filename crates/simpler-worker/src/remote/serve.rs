@@ -130,13 +130,13 @@ fn serve_session(
     mut graphs: ServedGraphs,
 ) -> Result<(), ServeError> {
     // 1. Rank 0 refuses a rank its start never reached (it failed before).
-    loop {
+    let session = loop {
         match next(t, inbox)? {
-            Packet::Hello => break,
+            Packet::Hello { session } => break session,
             Packet::Refuse { reason } => return Err(RemoteError::Refused { reason }.into()),
             other => tracing::debug!(?other, "ignoring a frame before the session opened"),
         }
-    }
+    };
     // 2.
     let mut entries: Vec<ManifestEntry> =
         graphs.entries.iter().enumerate().map(|(i, (name, _))| graph_entry(i, name)).collect();
@@ -146,11 +146,11 @@ fn serve_session(
         Ok(w) => w,
         Err(e) => {
             let start_error = Some(e.to_string());
-            t.send(0, &Packet::Manifest { host, entries, start_error })?;
+            t.send(0, &Packet::Manifest { session, host, entries, start_error })?;
             return Err(e.into());
         }
     };
-    t.send(0, &Packet::Manifest { host, entries, start_error: None })?;
+    t.send(0, &Packet::Manifest { session, host, entries, start_error: None })?;
     // From here rank 0 may be waiting on this rank: a failure that ends the session here is
     // told to it (`Left`) before the worker is closed.
     let left = |e: RemoteError| {

@@ -559,7 +559,7 @@ mod tests {
     #[test]
     fn a_frame_that_does_not_decode_fails_the_waits_on_its_rank() {
         let shared = Shared::new(3);
-        route(&shared, 1, &Packet::Hello.encode());
+        route(&shared, 1, &Packet::Hello { session: 1 }.encode());
         assert!(shared.lost_frame(1).is_none());
         route(&shared, 1, &[0xff; 5]);
         match shared.lost_frame(1) {
