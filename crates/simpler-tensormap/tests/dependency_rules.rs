@@ -298,7 +298,15 @@ pub enum Step {
 }
 
 fn access() -> impl Strategy<Value = Access> {
-    prop_oneof![3 => Just(Read), 2 => Just(Overwrite), 2 => Just(Update)]
+    prop_oneof![3 => Just(Read), 2 => Just(Overwrite), 2 => Just(Update), 1 => Just(Scatter)]
+}
+
+/// The bytes an access of `len` bytes at `start` touches: every one, but for a scatter write
+/// only every other one (its footprint, all the maps see, is the bounding range; the bytes in
+/// its gaps keep their earlier writer).
+fn touched(start: u64, len: u64, access: Access) -> impl Iterator<Item = u64> {
+    let step = if access == Scatter { 2 } else { 1 };
+    (start..start + len).step_by(step)
 }
 
 /// Random steps over three buffers of 24 bytes, so overlaps and coverings are frequent.
@@ -324,7 +332,7 @@ impl Exact {
     fn conflicts(&self, accesses: &[(u64, u64, u64, Access)]) -> BTreeSet<u32> {
         let mut out = BTreeSet::new();
         for &(b, start, len, access) in accesses {
-            for byte in start..start + len {
+            for byte in touched(start, len, access) {
                 if access.after_writers()
                     && let Some(&w) = self.last_writer.get(&(b, byte))
                 {
@@ -340,8 +348,8 @@ impl Exact {
 
     fn record(&mut self, task: u32, accesses: &[(u64, u64, u64, Access)]) {
         for &(b, start, len, access) in accesses {
-            for byte in start..start + len {
-                if access != Overwrite {
+            for byte in touched(start, len, access) {
+                if access.after_writers() || access == Read {
                     self.readers.entry((b, byte)).or_default().insert(task);
                 }
                 if access != Read {
@@ -351,6 +359,11 @@ impl Exact {
         }
     }
 }
+
+/// One entry as the model sees it: buffer, footprint, task, access, and whether it orders later
+/// writes (a read, an `InOut`, or a write that took that duty over from an entry it
+/// superseded: a stand-in).
+type ModelEntry = (u64, ByteSpan, u32, Access, bool);
 
 /// Runs `steps` against `map` and checks, after every task:
 /// 1. every conflict of the exact model with an unretired task is implied by the derived edges
@@ -366,10 +379,8 @@ pub fn check_steps<M: DependencyMap>(mut map: M, steps: &[Step]) -> Result<(), T
     let mut deps: Vec<BTreeSet<u32>> = Vec::new();
     let mut accesses_of: Vec<Vec<(u64, u64, u64, Access)>> = Vec::new();
     let mut retired: BTreeSet<u32> = BTreeSet::new();
-    // Accesses not superseded yet: (buffer, span, task, access), the map's entries.
-    let mut unsuperseded: Vec<(u64, ByteSpan, u32, Access)> = Vec::new();
-    // Writes that superseded a reader (or a write that did): they may order later writes.
-    let mut stand_ins: BTreeSet<u32> = BTreeSet::new();
+    // Accesses not superseded yet: the entries the maps must hold.
+    let mut unsuperseded: Vec<ModelEntry> = Vec::new();
     for step in steps {
         match step {
             Step::Task(accesses) => {
@@ -401,16 +412,16 @@ pub fn check_steps<M: DependencyMap>(mut map: M, steps: &[Step]) -> Result<(), T
                     );
                 }
                 // 2 and 3. Besides exact conflicts, an edge may come from an entry a later write
-                // only partly covered (footprints are kept conservatively), or from a stand-in.
+                // only partly covered (footprints are kept conservatively; a scatter's is its
+                // bounding range), or from a stand-in.
                 let entry_edge = |d: u32| {
-                    unsuperseded.iter().any(|&(eb, es, et, ea)| {
+                    unsuperseded.iter().any(|&(eb, es, et, ea, orders)| {
                         et == d
                             && keyed.iter().any(|&(key, s, a)| {
                                 key_addr(key) == eb
                                     && s.overlaps(es)
                                     && ((a.after_writers() && ea != Read)
-                                        || (a.after_readers()
-                                            && (ea != Overwrite || stand_ins.contains(&d))))
+                                        || (a.after_readers() && orders))
                             })
                     })
                 };
@@ -423,21 +434,22 @@ pub fn check_steps<M: DependencyMap>(mut map: M, steps: &[Step]) -> Result<(), T
                 }
                 accesses_of.push(accesses.clone());
                 // Representation bound, and stand-in bookkeeping: a write covering an access that
-                // orders later writes (a read, an `InOut`, a stand-in) becomes a stand-in.
+                // orders later writes becomes a stand-in. A write supersedes what it covers; a
+                // scatter only what it ordered after (the covered entries that order writes).
                 for &(key, s, access) in &keyed {
                     let b = key_addr(key);
+                    let mut orders = matches!(access, Read | Update);
                     if access != Read {
-                        let duty = |&(eb, es, et, ea): &(u64, ByteSpan, u32, Access)| {
-                            eb == b
-                                && s.contains(es)
-                                && (ea != Overwrite || stand_ins.contains(&et))
-                        };
-                        if unsuperseded.iter().any(duty) {
-                            stand_ins.insert(task);
+                        let covered = |&(eb, es, ..): &ModelEntry| eb == b && s.contains(es);
+                        let duty = |e: &ModelEntry| covered(e) && e.4;
+                        orders |= unsuperseded.iter().any(duty);
+                        if access == Scatter {
+                            unsuperseded.retain(|e| !duty(e));
+                        } else {
+                            unsuperseded.retain(|e| !covered(e));
                         }
-                        unsuperseded.retain(|&(eb, es, ..)| !(eb == b && s.contains(es)));
                     }
-                    unsuperseded.push((b, s, task, access));
+                    unsuperseded.push((b, s, task, access, orders));
                 }
                 exact.record(task, accesses);
                 deps.push(derived);
@@ -457,7 +469,7 @@ pub fn check_steps<M: DependencyMap>(mut map: M, steps: &[Step]) -> Result<(), T
                         accesses_of[t as usize].iter().map(|a| buf(a.0 * 0x1000)).collect();
                     map.retire(RUN, slot(t), &keys);
                     retired.insert(t);
-                    unsuperseded.retain(|&(_, _, et, _)| et != t);
+                    unsuperseded.retain(|&(_, _, et, ..)| et != t);
                 }
             }
         }
