@@ -310,8 +310,9 @@ impl RemoteChildren {
         let _serial = self.registering.lock();
         let ordinal = self.graphs.read().len() as u32;
         let mut sessions: Vec<_> = self.sessions.iter().map(|s| s.lock()).collect();
-        // Phase 1.
-        let refused = sessions.iter_mut().find_map(|s| s.prepare(ordinal, name).err());
+        // Phase 1: one budget for all ranks, not one per rank.
+        let deadline = Instant::now().checked_add(PREPARE_BUDGET);
+        let refused = sessions.iter_mut().find_map(|s| s.prepare(ordinal, name, deadline).err());
         // Phase 2.
         let decision =
             if refused.is_some() { Packet::Abort { ordinal } } else { Packet::Commit { ordinal } };
@@ -483,9 +484,14 @@ impl Session {
         }
     }
 
-    /// Phase 1 of a registration after start on this rank: `Err` with the rank when it refused
-    /// or failed.
-    fn prepare(&mut self, ordinal: u32, name: &str) -> Result<(), (i32, RemoteError)> {
+    /// Phase 1 of a registration after start on this rank, answered by `deadline`: `Err` with
+    /// the rank when it refused or failed.
+    fn prepare(
+        &mut self,
+        ordinal: u32,
+        name: &str,
+        deadline: Option<Instant>,
+    ) -> Result<(), (i32, RemoteError)> {
         let rank = self.rank;
         if let Some(e) = &self.failed {
             return Err((rank, e.clone()));
@@ -496,7 +502,6 @@ impl Session {
         let seq = self.transport.next_seq();
         let packet = Packet::Prepare { seq, ordinal, name: name.to_owned() };
         self.transport.send(rank, &packet).map_err(|e| (rank, e))?;
-        let deadline = Instant::now().checked_add(PREPARE_BUDGET);
         let refused = |reason: String| RemoteError::RegistrationRefused {
             rank,
             graph: name.to_owned(),
