@@ -332,6 +332,32 @@ fn conformance_rank0(job: &MpiJob) -> Res {
             return Err("an L4 with a mismatched remote manifest started".into());
         }
     }
+
+    // Two children on one rank: refused before any session opens, and the rank told once
+    // (a second refusal would be taken by its next session).
+    let mut b = Worker::composite(4);
+    for name in GRAPHS {
+        b.register_graph(name, |_, _, _| Err("runs on a serving rank".into()));
+    }
+    for _ in 0..2 {
+        b.child(RemoteL3::new(job, 1)).expect("an L3 child of an L4");
+    }
+    match b.start() {
+        Err(e) if matches!(e.cause, StartCause::Remote(RemoteError::RankInUse { rank: 1 })) => {
+            println!("rank 0: two children on rank 1 refused: {e}");
+        }
+        Err(e) => return Err(format!("start failed for another reason: {e}").into()),
+        Ok(w) => {
+            w.close()?;
+            return Err("an L4 with two children on one rank started".into());
+        }
+    }
+    // The next start on both ranks is served as usual.
+    let (b, h) = l4(job, Duration::from_secs(10));
+    let w = b.start()?;
+    w.run(on_both(h[0]))?;
+    w.close()?;
+    println!("rank 0: the next session on both ranks ran");
     Ok(())
 }
 
@@ -557,6 +583,17 @@ fn conformance_serving(job: &Arc<MpiJob>) -> Res {
             return Err(format!("rank {rank}: first-child mismatch session: {other:?}").into());
         }
     }
+    if job.rank() == 1 {
+        match serve(job, &GRAPHS) {
+            Err(ServeError::Remote(RemoteError::Refused { reason })) => {
+                check(reason.contains("before reaching this rank"), || {
+                    format!("a refusal before the session does not say so: {reason}")
+                })?;
+            }
+            other => return Err(format!("rank 1: two-children session: {other:?}").into()),
+        }
+    }
+    serve(job, &GRAPHS)?;
     Ok(())
 }
 

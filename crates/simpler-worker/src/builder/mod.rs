@@ -112,19 +112,54 @@ impl Common {
 
 /// Tells every remote L3 rank among `specs` (and their subtrees) that the start failed before
 /// reaching it (`e`), so that no serving rank waits for a session that never opens.
+/// Each rank once: a second `Refuse` would be left over for that rank's next session.
 fn refuse_unreached(specs: impl IntoIterator<Item = ChildSpec>, e: &StartError) {
     #[cfg(feature = "mpi")]
-    for spec in specs {
-        match spec {
-            ChildSpec::Remote(r) => {
-                r.refuse_unreached(&format!("rank 0's start failed before reaching this rank: {e}"))
-            }
-            ChildSpec::Composite(c) => refuse_unreached(c.children, e),
-            ChildSpec::Host(_) => {}
+    {
+        let mut unreached = Vec::new();
+        remote_children(specs, &mut unreached);
+        let reason = format!("rank 0's start failed before reaching this rank: {e}");
+        let mut refused = std::collections::BTreeSet::new();
+        for r in unreached.iter().filter(|r| refused.insert(r.rank())) {
+            r.refuse_unreached(&reason);
         }
     }
     #[cfg(not(feature = "mpi"))]
     let _ = (specs.into_iter(), e);
+}
+
+/// The remote L3 children among `specs` and their subtrees, in order.
+#[cfg(feature = "mpi")]
+fn remote_children(
+    specs: impl IntoIterator<Item = ChildSpec>,
+    out: &mut Vec<crate::remote::RemoteL3>,
+) {
+    for spec in specs {
+        match spec {
+            ChildSpec::Remote(r) => out.push(r),
+            ChildSpec::Composite(c) => remote_children(c.children, out),
+            ChildSpec::Host(_) => {}
+        }
+    }
+}
+
+/// The first rank two remote children of `specs` (at any depth) name: a rank serves one
+/// session at a time, and a second `Hello` or `Refuse` to it would be taken by its next one.
+#[cfg(feature = "mpi")]
+fn shared_rank(specs: &[ChildSpec]) -> Option<i32> {
+    fn ranks(specs: &[ChildSpec], out: &mut Vec<i32>) {
+        for spec in specs {
+            match spec {
+                ChildSpec::Remote(r) => out.push(r.rank()),
+                ChildSpec::Composite(c) => ranks(&c.children, out),
+                ChildSpec::Host(_) => {}
+            }
+        }
+    }
+    let mut all = Vec::new();
+    ranks(specs, &mut all);
+    all.sort_unstable();
+    all.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }
 
 fn start_err(cause: StartCause, path: &str) -> StartError {
@@ -663,6 +698,13 @@ impl CompositeWorkerBuilder {
         if let Some((_, name, _)) = self.graph_regs.first().filter(|_| self.children.is_empty()) {
             return Err(start_err(
                 StartCause::NoEligibleTarget { callable: name.clone(), needs: "child workers" },
+                path,
+            ));
+        }
+        #[cfg(feature = "mpi")]
+        if let Some(rank) = shared_rank(&self.children) {
+            return Err(start_err(
+                StartCause::Remote(crate::remote::RemoteError::RankInUse { rank }),
                 path,
             ));
         }

@@ -100,7 +100,8 @@ impl RemoteL3 {
         if t.rank != 0 || self.rank < 1 || self.rank >= t.size {
             return;
         }
-        if let Err(e) = t.send(self.rank, &Packet::Refuse { reason: reason.to_owned() }) {
+        let refuse = Packet::Refuse { session: None, reason: reason.to_owned() };
+        if let Err(e) = t.send(self.rank, &refuse) {
             tracing::warn!(rank = self.rank, error = %e, "could not refuse an unreached rank");
         }
     }
@@ -155,18 +156,19 @@ impl Adoption {
         // 1.
         let inbox = t.open_inbox(spec.rank).map_err(fail)?;
         t.watch(spec.rank, spec.liveness / 4);
+        // Session numbers come from the job's sequence, so a manifest or a `Left` of an earlier
+        // session (one that arrived after rank 0 gave up on it) never answers this one.
+        let nonce = t.next_seq();
         let mut session = Session {
             transport: Arc::clone(t),
             rank: spec.rank,
+            nonce,
             host: String::new(),
             liveness: spec.liveness,
             inbox,
             failed: None,
             open: true,
         };
-        // Session numbers come from the job's sequence, so a manifest of an earlier session
-        // (one that arrived after rank 0 gave up on it) never answers this one.
-        let nonce = t.next_seq();
         if let Err(e) = t.send(spec.rank, &Packet::Hello { session: nonce }) {
             session.end();
             return Err(fail(e));
@@ -377,6 +379,8 @@ enum Waited {
 pub(crate) struct Session {
     transport: Arc<Transport>,
     rank: i32,
+    /// The session number its `Hello` carried.
+    nonce: u64,
     host: String,
     liveness: Duration,
     inbox: Receiver<Packet>,
@@ -398,7 +402,7 @@ impl Session {
         let slice = (self.liveness / 8).clamp(Duration::from_millis(1), Duration::from_millis(50));
         loop {
             match self.inbox.recv_timeout(slice) {
-                Ok(Packet::Left { reason }) => {
+                Ok(Packet::Left { session, reason }) if session == self.nonce => {
                     return Err(Waited::Failed(RemoteError::Left { rank: self.rank, reason }));
                 }
                 Ok(p) if want(&p) => return Ok(p),
@@ -446,9 +450,10 @@ impl Session {
 
     /// Tells the rank its start was refused, then ends the session.
     fn refuse(&mut self, reason: &str) {
-        if let Err(e) =
-            self.transport.send(self.rank, &Packet::Refuse { reason: reason.to_owned() })
-        {
+        if let Err(e) = self.transport.send(
+            self.rank,
+            &Packet::Refuse { session: Some(self.nonce), reason: reason.to_owned() },
+        ) {
             tracing::warn!(rank = self.rank, error = %e, "could not send Refuse");
         }
         self.end();
@@ -516,7 +521,8 @@ impl Session {
             Ok(Packet::Prepared { refusal: Some(reason), .. }) => Err((rank, refused(reason))),
             Ok(_) => unreachable!("wait returns only frames its filter accepts"),
             Err(Waited::Deadline) => {
-                Err((rank, refused(format!("no answer within {PREPARE_BUDGET:?}"))))
+                let why = format!("no answer before the registration's {PREPARE_BUDGET:?} ran out");
+                Err((rank, refused(why)))
             }
             Err(Waited::Failed(e)) => Err((rank, self.wait_failed(e))),
         }
@@ -529,6 +535,12 @@ impl Session {
         }
         let rank = self.rank;
         let mut residue = Vec::new();
+        if let Some(e @ RemoteError::Left { .. }) = &self.failed {
+            // The rank already left this session: nobody there would answer a `Shutdown`.
+            residue.push(Residue::Failed(format!("rank {rank} ({}): {e}", self.host)));
+            self.end();
+            return residue;
+        }
         match self.transport.send(rank, &Packet::Shutdown) {
             Ok(()) => {
                 let deadline = Instant::now().checked_add(SHUTDOWN_BUDGET);

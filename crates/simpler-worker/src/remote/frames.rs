@@ -106,8 +106,10 @@ pub(crate) enum Packet {
     },
     /// Rank 0 → serving rank: the manifest matched, serve tasks.
     Accept,
-    /// Rank 0 → serving rank: start refused; close the L3 worker and return this reason.
-    Refuse { reason: String },
+    /// Rank 0 → serving rank: start of session `session` refused (`None`: rank 0's start
+    /// failed before it reached this rank, so no session opened); close the L3 worker and
+    /// return this reason. A refusal of another session is stale and ignored.
+    Refuse { session: Option<u64>, reason: String },
     /// Rank 0 → serving rank: run graph `graph` (its manifest ordinal) once.
     Task { seq: u64, graph: u32, config: CallConfig, args: WireArgs },
     /// Serving rank → rank 0: how task `seq` ended.
@@ -130,9 +132,9 @@ pub(crate) enum Packet {
     Commit { ordinal: u32 },
     /// Rank 0 → serving rank: phase 2, some rank refused: forget the prepared graph.
     Abort { ordinal: u32 },
-    /// Serving rank → rank 0: the session ended on this rank with an error (a lost or
-    /// malformed frame, a failed send): nothing more will come from it in this session.
-    Left { reason: String },
+    /// Serving rank → rank 0: session `session` ended on this rank with an error (a lost or
+    /// malformed frame, a failed send): nothing more will come from it in that session.
+    Left { session: u64, reason: String },
 }
 
 /// A frame that could not be decoded.
@@ -181,12 +183,14 @@ impl Packet {
                 w.opt_str(start_error.as_deref());
             }
             Packet::Accept => w.u8(kind::ACCEPT),
-            Packet::Refuse { reason } => {
+            Packet::Refuse { session, reason } => {
                 w.u8(kind::REFUSE);
+                w.opt_u64(*session);
                 w.str(reason);
             }
-            Packet::Left { reason } => {
+            Packet::Left { session, reason } => {
                 w.u8(kind::LEFT);
+                w.u64(*session);
                 w.str(truncate(reason, MAX_ERROR_BYTES));
             }
             Packet::Task { seq, graph, config, args } => {
@@ -289,8 +293,8 @@ impl Packet {
                 Packet::Manifest { session, host, entries, start_error }
             }
             kind::ACCEPT => Packet::Accept,
-            kind::REFUSE => Packet::Refuse { reason: r.str()? },
-            kind::LEFT => Packet::Left { reason: r.str()? },
+            kind::REFUSE => Packet::Refuse { session: r.opt_u64()?, reason: r.str()? },
+            kind::LEFT => Packet::Left { session: r.u64()?, reason: r.str()? },
             kind::TASK => Packet::Task {
                 seq: r.u64()?,
                 graph: r.u32()?,
@@ -905,8 +909,9 @@ mod tests {
                 start_error: Some("no".into()),
             },
             Packet::Accept,
-            Packet::Refuse { reason: "r".into() },
-            Packet::Left { reason: "lost a frame".into() },
+            Packet::Refuse { session: Some(3), reason: "r".into() },
+            Packet::Refuse { session: None, reason: "not reached".into() },
+            Packet::Left { session: 3, reason: "lost a frame".into() },
             Packet::Task { seq: 5, graph: 1, config, args: wire_args() },
             Packet::Completion {
                 seq: 5,

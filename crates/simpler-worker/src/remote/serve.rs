@@ -133,7 +133,9 @@ fn serve_session(
     let session = loop {
         match next(t, inbox)? {
             Packet::Hello { session } => break session,
-            Packet::Refuse { reason } => return Err(RemoteError::Refused { reason }.into()),
+            Packet::Refuse { session: None, reason } => {
+                return Err(RemoteError::Refused { reason }.into());
+            }
             other => tracing::debug!(?other, "ignoring a frame before the session opened"),
         }
     };
@@ -155,22 +157,25 @@ fn serve_session(
     // told to it (`Left`) before the worker is closed.
     let left = |e: RemoteError| {
         if !t.is_stopped()
-            && let Err(send) = t.send(0, &Packet::Left { reason: e.to_string() })
+            && let Err(send) = t.send(0, &Packet::Left { session, reason: e.to_string() })
         {
             tracing::warn!(error = %send, "could not tell rank 0 this rank left its session");
         }
         e
     };
-    // 3.
-    match next(t, inbox).map_err(left)? {
-        Packet::Accept => {}
-        Packet::Refuse { reason } => {
-            worker.close()?;
-            return Err(RemoteError::Refused { reason }.into());
-        }
-        other => {
-            let e = protocol(format!("expected Accept or Refuse, got {other:?}"));
-            return Err(left(e).into());
+    // 3. (A refusal of an earlier session, left over, is skipped.)
+    loop {
+        match next(t, inbox).map_err(left)? {
+            Packet::Accept => break,
+            Packet::Refuse { session: s, reason } if s.is_none_or(|s| s == session) => {
+                worker.close()?;
+                return Err(RemoteError::Refused { reason }.into());
+            }
+            Packet::Refuse { .. } => tracing::debug!("skipping a refusal of an earlier session"),
+            other => {
+                let e = protocol(format!("expected Accept or Refuse, got {other:?}"));
+                return Err(left(e).into());
+            }
         }
     }
     // 4.

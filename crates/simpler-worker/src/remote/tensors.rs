@@ -162,17 +162,20 @@ pub(crate) struct Inbound {
 
 /// Unpacks `wire` into arguments over fresh host buffers of this rank.
 pub(crate) fn unpack(wire: WireArgs) -> Result<Inbound, String> {
+    // The buffers sent without their bytes are allocated here: what is written into them must
+    // come back in one frame, so together they may be no larger than one (checked before
+    // anything is allocated on a peer's word).
+    let unsent = wire.buffers.iter().filter(|b| b.bytes.is_none()).map(|b| b.len);
+    let unsent = unsent.fold(0u64, u64::saturating_add);
+    if unsent > MAX_FRAME_BYTES as u64 {
+        return Err(format!("output buffers of {unsent} bytes, more than a frame holds"));
+    }
     let mut buffers = Vec::with_capacity(wire.buffers.len());
     for (k, b) in wire.buffers.into_iter().enumerate() {
         let buf = match b.bytes {
             Some(bytes) if bytes.len() as u64 == b.len => HostBuffer::from_bytes(&bytes),
             Some(bytes) => {
                 return Err(format!("buffer {k}: {} bytes for a length of {}", bytes.len(), b.len));
-            }
-            // What is written into it must come back in one frame: no larger buffer is sent
-            // for, so none is allocated on a peer's word.
-            None if b.len > MAX_FRAME_BYTES as u64 => {
-                return Err(format!("buffer {k}: {} bytes, more than a frame holds", b.len));
             }
             None => usize::try_from(b.len)
                 .map_err(|_| crate::error::MemError::OutOfRange { offset: 0, len: b.len, size: 0 })
@@ -269,6 +272,14 @@ mod tests {
             buffers: vec![WireBuffer { len: 1 << 40, bytes: None }],
         };
         let refused = unpack(huge).err().expect("a buffer larger than a frame");
+        assert!(refused.contains("more than a frame holds"), "{refused}");
+        // Nor may many buffers that each fit a frame, together.
+        let many = WireArgs {
+            tensors: Vec::new(),
+            scalars: Vec::new(),
+            buffers: (0..3).map(|_| WireBuffer { len: 1 << 30, bytes: None }).collect(),
+        };
+        let refused = unpack(many).err().expect("3 GiB of output buffers");
         assert!(refused.contains("more than a frame holds"), "{refused}");
     }
 }
