@@ -303,35 +303,10 @@ fn conformance_rank0(job: &MpiJob) -> Res {
     }
 
     // A manifest mismatch on rank 2 refuses the start, naming the rank.
-    let (b, _) = l4(job, Duration::from_secs(20));
-    match b.start() {
-        Err(e) => match &e.cause {
-            StartCause::Remote(RemoteError::ManifestMismatch { rank: 2, index: 1, .. }) => {
-                println!("rank 0: start refused: {e}");
-            }
-            other => return Err(format!("start failed for another reason: {other:?}").into()),
-        },
-        Ok(w) => {
-            w.close()?;
-            return Err("an L4 with a mismatched remote manifest started".into());
-        }
-    }
-
+    start_refused_by_mismatch(job, 2)?;
     // A mismatch on rank 1, the first child: the start fails before it reaches rank 2, which
     // is told so instead of waiting for a session that never opens.
-    let (b, _) = l4(job, Duration::from_secs(20));
-    match b.start() {
-        Err(e) => match &e.cause {
-            StartCause::Remote(RemoteError::ManifestMismatch { rank: 1, index: 1, .. }) => {
-                println!("rank 0: start refused at the first child: {e}");
-            }
-            other => return Err(format!("start failed for another reason: {other:?}").into()),
-        },
-        Ok(w) => {
-            w.close()?;
-            return Err("an L4 with a mismatched remote manifest started".into());
-        }
-    }
+    start_refused_by_mismatch(job, 1)?;
 
     // Two children on one rank: refused before any session opens, and the rank told once
     // (a second refusal would be taken by its next session).
@@ -359,6 +334,26 @@ fn conformance_rank0(job: &MpiJob) -> Res {
     w.close()?;
     println!("rank 0: the next session on both ranks ran");
     Ok(())
+}
+
+/// Starts the usual L4 and checks that `rank`'s manifest mismatch refuses it, naming the rank.
+fn start_refused_by_mismatch(job: &MpiJob, rank: i32) -> Res {
+    let (b, _) = l4(job, Duration::from_secs(20));
+    match b.start() {
+        Err(e) => match &e.cause {
+            StartCause::Remote(RemoteError::ManifestMismatch { rank: r, index: 1, .. })
+                if *r == rank =>
+            {
+                println!("rank 0: start refused by rank {rank}: {e}");
+                Ok(())
+            }
+            other => Err(format!("start failed for another reason: {other:?}").into()),
+        },
+        Ok(w) => {
+            w.close()?;
+            Err("an L4 with a mismatched remote manifest started".into())
+        }
+    }
 }
 
 /// Rank 2's MPI thread stalls (a hung host) while rank 0 sends it a 1 MiB frame, which MPI
