@@ -219,7 +219,8 @@ impl Adoption {
         }
         // 4.
         if let Err(e) = t.send(spec.rank, &Packet::Accept) {
-            session.end();
+            // The rank waits for `Accept` or `Refuse`: a refusal, if it gets through, ends it.
+            session.refuse(&format!("rank 0 could not accept the start: {e}"));
             return Err(fail(e));
         }
         self.chips.get_or_insert((spec.rank, chips));

@@ -48,7 +48,7 @@ pub enum RemoteError {
         size: i32,
     },
     /// Two remote children name the same rank.
-    #[error("rank {rank} already has a session with this rank")]
+    #[error("rank {rank} is already taken by another remote child")]
     RankInUse {
         /// The rank.
         rank: i32,

@@ -167,11 +167,11 @@ fn serve_session(
     loop {
         match next(t, inbox).map_err(left)? {
             Packet::Accept => break,
-            Packet::Refuse { session: s, reason } if s.is_none_or(|s| s == session) => {
+            Packet::Refuse { session: Some(s), reason } if s == session => {
                 worker.close()?;
                 return Err(RemoteError::Refused { reason }.into());
             }
-            Packet::Refuse { .. } => tracing::debug!("skipping a refusal of an earlier session"),
+            Packet::Refuse { .. } => tracing::debug!("skipping a refusal of another session"),
             other => {
                 let e = protocol(format!("expected Accept or Refuse, got {other:?}"));
                 return Err(left(e).into());
