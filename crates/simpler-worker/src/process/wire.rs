@@ -282,13 +282,24 @@ fn budget_of(tag: u8) -> TimeoutBudget {
     }
 }
 
-/// Device-code names are `'static`; names read from a frame are kept once per distinct name
-/// (a small, fixed set: the device's symbolic codes).
+/// The most distinct device-code names kept: a chip process of this build sends a few dozen at
+/// most (the device's symbolic codes); one that sends more is not trusted to grow this.
+const MAX_CODE_NAMES: usize = 256;
+
+/// Device-code names are `'static`; names read from a frame are kept once per distinct name,
+/// up to [`MAX_CODE_NAMES`] (the code itself always crosses).
 fn intern(name: &str) -> &'static str {
     static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
     let mut names = NAMES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    intern_in(&mut names, name)
+}
+
+fn intern_in(names: &mut HashSet<&'static str>, name: &str) -> &'static str {
     if let Some(n) = names.get(name) {
         return n;
+    }
+    if names.len() >= MAX_CODE_NAMES {
+        return "(a code name the chip process sent)";
     }
     let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
     names.insert(leaked);
@@ -340,6 +351,19 @@ pub(crate) fn decode_config(r: &mut Reader<'_>) -> Result<CallConfig, Malformed>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn code_names_from_frames_are_kept_up_to_a_bound() {
+        let mut names = HashSet::new();
+        let first = intern_in(&mut names, "ACL_ERROR_RT_AICORE_EXCEPTION");
+        assert!(std::ptr::eq(first, intern_in(&mut names, "ACL_ERROR_RT_AICORE_EXCEPTION")));
+        for i in 0..2 * MAX_CODE_NAMES {
+            intern_in(&mut names, &format!("NAME_{i}"));
+        }
+        assert_eq!(names.len(), MAX_CODE_NAMES);
+        assert_eq!(intern_in(&mut names, "UNSEEN"), "(a code name the chip process sent)");
+        assert!(std::ptr::eq(first, intern_in(&mut names, "ACL_ERROR_RT_AICORE_EXCEPTION")));
+    }
 
     #[test]
     fn a_failure_frame_too_long_for_the_mailbox_keeps_its_outcome_and_code() {
