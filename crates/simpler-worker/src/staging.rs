@@ -244,8 +244,10 @@ fn stage_in(
             })
         })?;
         // A blind write of the whole buffer needs no copy in; a partial one does, or the copy
-        // back would return the bytes it did not write as garbage.
-        let whole = t.byte_span() == Some((host.addr(), host.addr() + host.len()));
+        // back would return the bytes it did not write as garbage. A view with gaps (strided)
+        // writes only part of even the span it bounds.
+        let whole =
+            t.contiguous() && t.byte_span() == Some((host.addr(), host.addr() + host.len()));
         let blind = matches!(tag, TensorArgType::Output | TensorArgType::OutputExisting);
         let k = match staged.iter().position(|s| HostBuffer::same(&s.host, &host)) {
             Some(k) => k,

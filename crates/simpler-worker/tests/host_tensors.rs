@@ -103,6 +103,31 @@ fn views_of_one_host_buffer_share_one_staged_copy() {
     w.close().expect("close");
 }
 
+/// A strided output view whose bounding span is the whole buffer still writes only part of
+/// it: the buffer is copied in first, so the bytes in its gaps come back as they were.
+#[test]
+fn a_strided_output_over_a_whole_buffer_keeps_the_bytes_in_its_gaps() {
+    let mut b = host().chips(&[0]);
+    let add = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let out = filled(&[10.0, 20.0, 30.0, 40.0]);
+    // Elements 0 and 3: the view spans all 16 bytes, with elements 1 and 2 in its gaps.
+    let strided = out.tensor(&[4], DataType::Float32).unwrap().slice(0, 0, 4, 3).unwrap();
+    let (a, bb) = (filled(&[1.0, 2.0]), filled(&[3.0, 4.0]));
+    let ta = a.tensor(&[2], DataType::Float32).unwrap();
+    let tb = bb.tensor(&[2], DataType::Float32).unwrap();
+    w.run(Orchestration::graph(move |g, _, _| {
+        let mut args = TaskArgs::new();
+        args.add_input(ta)?.add_input(tb)?.add_output(strided)?;
+        g.submit_next_level(add, args, &CallConfig::default(), WorkerId(0))?;
+        Ok(())
+    }))
+    .expect("run");
+    // Whatever the kernel makes of the stride, element 2 lies in no element it may write.
+    assert_eq!(floats(&out)[2], 30.0, "{:?}", floats(&out));
+    w.close().expect("close");
+}
+
 /// Host memory that is not a `HostBuffer` is refused when the chip task is submitted, with an
 /// error the graph callback can match (it keeps its type through `Build { cause }`).
 #[test]

@@ -106,7 +106,8 @@ pub(crate) fn pack(
         let host = &buffers[k];
         let span = span_in(t, host.addr(), host.len())
             .ok_or_else(|| refuse(i, "a view without a byte span inside its HostBuffer"))?;
-        let whole = span == (0, host.len() as usize);
+        // Only a contiguous view writes every byte of the span it bounds.
+        let whole = t.contiguous() && span == (0, host.len() as usize);
         copy_in[k] |=
             !(whole && matches!(tag, TensorArgType::Output | TensorArgType::OutputExisting));
         if tag.writes() {
@@ -258,6 +259,22 @@ mod tests {
             scalars: Vec::new(),
             buffers: vec![WireBuffer { len: 64, bytes: Some(vec![1; 64]) }],
         }
+    }
+
+    #[test]
+    fn a_blind_output_over_a_whole_buffer_skips_the_copy_in_only_when_it_has_no_gaps() {
+        let task = TaskId::new(simpler_types::RunId::from_raw(1).unwrap(), 0);
+        let sent = |strided: bool| {
+            let buf = HostBuffer::new(16).unwrap();
+            let whole = buf.tensor(&[4], DataType::Float32).unwrap();
+            let t = if strided { whole.slice(0, 0, 4, 3).unwrap() } else { whole };
+            let mut args = TaskArgs::new();
+            args.add_output(t).unwrap();
+            let (wire, _) = pack(1, task, args.view()).map_err(|e| e.to_string()).unwrap();
+            wire.buffers[0].bytes.is_some()
+        };
+        assert!(!sent(false), "a dense overwrite needs none of the old bytes");
+        assert!(sent(true), "the bytes in a strided view's gaps must travel and come back");
     }
 
     #[test]
