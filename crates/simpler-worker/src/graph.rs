@@ -206,12 +206,15 @@ impl<'a> GraphBuilder<'a> {
 
     /// L3: refuses host-memory tensors a chip lane cannot stage (anything but a
     /// [`HostBuffer`](crate::HostBuffer)) and keeps the buffers alive until the run is
-    /// published, so the lane finds them when the task runs.
+    /// published, so the lane finds them when the task runs. L4+: keeps the host buffers a
+    /// child task's tensors lie in alive as long, so that the child's own graph finds them, and
+    /// not a later buffer at a reused address (it checks them itself when it submits).
     fn keep_host_buffers(&mut self, args: &TaskArgs) -> Result<(), WorkerError> {
-        if self.inner.level != 3 {
-            return Ok(());
-        }
-        let bufs = crate::staging::host_buffers_of(args)?;
+        let bufs = if self.inner.level == 3 {
+            crate::staging::host_buffers_of(args)?
+        } else {
+            crate::staging::sub_host_buffers_of(args)?
+        };
         self.keep_buffers(bufs);
         Ok(())
     }

@@ -6,6 +6,8 @@ mod common;
 use common::{add_callable, host};
 use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
+use std::sync::{Arc, Mutex};
+
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
 use simpler_worker::{BuildFailure, HostAddr, HostBuffer, Orchestration, Worker, WorkerError};
 
@@ -125,6 +127,45 @@ fn a_strided_output_over_a_whole_buffer_keeps_the_bytes_in_its_gaps() {
     .expect("run");
     // Whatever the kernel makes of the stride, element 2 lies in no element it may write.
     assert_eq!(floats(&out)[2], 30.0, "{:?}", floats(&out));
+    w.close().expect("close");
+}
+
+/// An L4 task for a local L3 child whose host buffer the L4 graph drops right after submitting:
+/// the run keeps it alive, so a buffer allocated next cannot take its address and be staged for
+/// the child's chip task in its place.
+#[test]
+fn an_l4_run_keeps_the_host_buffers_of_its_child_tasks_alive() {
+    let mut l3 = host().chips(&[0]);
+    let add = l3.register_chip(add_callable(0));
+    let mut l4 = Worker::composite(4);
+    l4.child(l3).expect("adopt");
+    let on_chip = l4.register_graph("on_chip", move |g, args, _| {
+        let mut chip_args = TaskArgs::new();
+        for (i, t) in args.tensors.iter().enumerate() {
+            chip_args.add_tensor(*t, args.tags[i])?;
+        }
+        g.submit_next_level(add, chip_args, &CallConfig::default(), WorkerId(0))?;
+        Ok(())
+    });
+    let w = l4.start().expect("start");
+    let out = HostBuffer::new(N as usize * 4).expect("buffer");
+    let tout = t(&out);
+    let impostors = Arc::new(Mutex::new(Vec::new()));
+    let keep = Arc::clone(&impostors);
+    w.run(Orchestration::graph(move |g, _, _| {
+        let ones = filled(&vec![1.0; N as usize]);
+        let mut args = TaskArgs::new();
+        args.add_input(t(&ones))?.add_input(t(&ones))?.add_output(tout)?;
+        g.submit_next_level(on_chip, args, &CallConfig::default(), WorkerId(0))?;
+        // Dropped here; had the run not kept it, the next buffer of its size could take its
+        // address before the child's graph looks it up.
+        drop(ones);
+        keep.lock().unwrap().push(filled(&vec![9.0; N as usize]));
+        Ok(())
+    }))
+    .expect("run");
+    assert_eq!(floats(&out), vec![2.0; N as usize]);
+    drop(impostors);
     w.close().expect("close");
 }
 
