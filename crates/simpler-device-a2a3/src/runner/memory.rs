@@ -39,6 +39,42 @@ pub(super) struct Arenas {
     pub(super) staging: Option<Arena>,
 }
 
+/// One host range staged for a run: every host tensor over it (views of one tensor) shares its
+/// staging slice.
+struct HostRange {
+    addr: u64,
+    size: u64,
+    /// Its staging slice.
+    dev: u64,
+    /// Whether the slice is filled from the host first.
+    fill: bool,
+    /// Byte ranges (within the range) that write-tagged views can touch: copied back.
+    written: Vec<(u64, u64)>,
+}
+
+impl HostRange {
+    fn new(addr: u64, size: u64) -> HostRange {
+        HostRange { addr, size, dev: 0, fill: false, written: Vec::new() }
+    }
+
+    fn overlaps(&self, addr: u64, size: u64) -> bool {
+        addr < self.addr.saturating_add(self.size) && self.addr < addr.saturating_add(size)
+    }
+}
+
+/// `spans` sorted, with overlapping or touching ones joined.
+fn merged(spans: &mut [(u64, u64)]) -> Vec<(u64, u64)> {
+    spans.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
+    for &(lo, hi) in spans.iter() {
+        match out.last_mut() {
+            Some(last) if lo <= last.1 => last.1 = last.1.max(hi),
+            _ => out.push((lo, hi)),
+        }
+    }
+    out
+}
+
 /// Bytes a host tensor of `size` bytes takes in the staging arena (1024-byte slices); `None`
 /// when that does not fit in a `u64`.
 fn staging_bytes(size: u64) -> Option<u64> {
@@ -269,8 +305,9 @@ impl Core {
     }
 
     /// Preparation step 7, staging: device tensors pass through (range-checked); host tensors
-    /// get a staging slice, copied in unless `Output`/`OutputExisting`. Returns the tensors the
-    /// orchestration sees.
+    /// share one staging slice per host range (views of one tensor), filled from the host
+    /// unless a contiguous blind write covers all of it, and only the bytes write-tagged views
+    /// can touch are copied back. Returns the tensors the orchestration sees.
     pub(super) fn stage_tensors(
         &mut self,
         s: usize,
@@ -280,24 +317,22 @@ impl Core {
         let run_id = req.run_id;
         let mut out: Vec<Tensor> = req.args.tensors().to_vec();
         let tags = req.args.tags();
+        let invalid = |message: String| DeviceError::InvalidArgs { run_id: Some(run_id), message };
         let mut total = 0u64;
+        let mut ranges: Vec<HostRange> = Vec::new();
+        // The range each argument stages into (`None`: device memory, null, or empty).
+        let mut range_of: Vec<Option<usize>> = vec![None; out.len()];
         for (i, t) in out.iter().enumerate() {
             let tag = tags.get(i).copied().unwrap_or_default();
             if t.is_null() {
                 if !tag.allows_null() {
-                    return Err(DeviceError::InvalidArgs {
-                        run_id: Some(run_id),
-                        message: format!(
-                            "chip argument {i} ({tag}) is null; a written tensor needs a buffer"
-                        ),
-                    });
+                    return Err(invalid(format!(
+                        "chip argument {i} ({tag}) is null; a written tensor needs a buffer"
+                    )));
                 }
                 continue;
             }
-            t.validate().map_err(|e| DeviceError::InvalidArgs {
-                run_id: Some(run_id),
-                message: format!("chip argument {i}: {e}"),
-            })?;
+            t.validate().map_err(|e| invalid(format!("chip argument {i}: {e}")))?;
             if t.is_child_memory() {
                 if self.backend.find(t.addr, t.size) != Some(MemPurpose::User) {
                     return Err(DeviceError::BadDevicePointer {
@@ -306,58 +341,85 @@ impl Core {
                         len: t.size,
                     });
                 }
-            } else {
-                if !req.allows_host_tensors() {
-                    return Err(DeviceError::InvalidArgs {
-                        run_id: Some(run_id),
-                        message: format!(
-                            "chip argument {i} is host memory at {:#x} (child_memory = 0); pass device memory from malloc with child_memory set, or build the request with RunRequest::with_host_tensors",
-                            t.addr
-                        ),
-                    });
-                }
-                total = staging_bytes(t.size).and_then(|n| total.checked_add(n)).ok_or_else(
-                    || DeviceError::InvalidArgs {
-                        run_id: Some(run_id),
-                        message: format!(
-                            "chip argument {i}: host tensor of {} bytes overflows the staging size",
-                            t.size
-                        ),
-                    },
-                )?;
+                continue;
             }
+            if !req.allows_host_tensors() {
+                return Err(invalid(format!(
+                    "chip argument {i} is host memory at {:#x} (child_memory = 0); pass device memory from malloc with child_memory set, or build the request with RunRequest::with_host_tensors",
+                    t.addr
+                )));
+            }
+            if t.size == 0 {
+                continue;
+            }
+            let k = match ranges.iter().position(|r| r.addr == t.addr && r.size == t.size) {
+                Some(k) => k,
+                None => {
+                    if let Some(r) = ranges.iter().find(|r| r.overlaps(t.addr, t.size)) {
+                        return Err(invalid(format!(
+                            "chip argument {i}: host memory [{:#x}, +{}) overlaps another argument's [{:#x}, +{}) without being the same range; pass views of one tensor",
+                            t.addr, t.size, r.addr, r.size
+                        )));
+                    }
+                    total = staging_bytes(t.size)
+                        .and_then(|n| total.checked_add(n))
+                        .ok_or_else(|| {
+                            invalid(format!(
+                                "chip argument {i}: host tensor of {} bytes overflows the staging size",
+                                t.size
+                            ))
+                        })?;
+                    ranges.push(HostRange::new(t.addr, t.size));
+                    ranges.len() - 1
+                }
+            };
+            let span = t
+                .byte_span()
+                .filter(|&(lo, hi)| lo >= t.addr && hi - t.addr <= t.size)
+                .map(|(lo, hi)| (lo - t.addr, hi - t.addr));
+            let r = &mut ranges[k];
+            // A blind write fills none of what it covers; only a contiguous one over the whole
+            // range leaves no byte the copy back would return as garbage.
+            let blind = matches!(tag, TensorArgType::Output | TensorArgType::OutputExisting);
+            r.fill |= !(blind && t.contiguous() && span == Some((0, t.size)));
+            if tag.writes() {
+                r.written.push(span.unwrap_or((0, t.size)));
+            }
+            range_of[i] = Some(k);
         }
         if total == 0 {
             return Ok(out);
         }
         let base = self.staging_arena(s, run_id, total)?;
         let mut off = 0u64;
-        for (i, t) in out.iter_mut().enumerate() {
-            if t.is_null() || t.is_child_memory() {
-                continue;
-            }
-            let tag = tags.get(i).copied().unwrap_or_default();
+        for r in &mut ranges {
             // Cannot overflow: the first pass summed these sizes into `total` with checked ops.
-            let dev = base + off;
-            off += staging_bytes(t.size).unwrap_or(0);
-            if !matches!(tag, TensorArgType::Output | TensorArgType::OutputExisting) {
+            r.dev = base + off;
+            off += staging_bytes(r.size).unwrap_or(0);
+            if r.fill {
                 // SAFETY: `with_host_tensors`' contract makes the host range readable.
-                let Some(src) = (unsafe { host_slice(t.addr, t.size) }) else {
-                    return Err(DeviceError::InvalidArgs {
-                        run_id: Some(run_id),
-                        message: format!("chip argument {i}: size overflows"),
-                    });
+                let Some(src) = (unsafe { host_slice(r.addr, r.size) }) else {
+                    return Err(invalid(format!("host range at {:#x}: size overflows", r.addr)));
                 };
-                self.backend.write(dev, src).map_err(|e| e.in_run(run_id))?;
+                self.backend.write(r.dev, src).map_err(|e| e.in_run(run_id))?;
             }
-            run.staged.push(StagedTensor {
-                host_addr: t.addr,
-                dev_addr: dev,
-                bytes: t.size,
-                copy_back: !matches!(tag, TensorArgType::Input | TensorArgType::NoDep),
-            });
-            t.addr = dev;
-            t.child_memory = 1;
+            for (lo, hi) in merged(&mut r.written) {
+                run.staged.push(StagedTensor {
+                    host_addr: r.addr + lo,
+                    dev_addr: r.dev + lo,
+                    bytes: hi - lo,
+                });
+            }
+        }
+        for (t, k) in out.iter_mut().zip(&range_of) {
+            if let Some(k) = k {
+                t.addr = ranges[*k].dev;
+                t.child_memory = 1;
+            } else if !t.is_null() && !t.is_child_memory() {
+                // Empty: it touches nothing, but must name device memory like the others.
+                t.addr = base;
+                t.child_memory = 1;
+            }
         }
         Ok(out)
     }

@@ -839,9 +839,6 @@ impl Core {
                 // run, so stale host bytes never pass for its output.
                 let mut refused = None;
                 for s in &run.staged {
-                    if !s.copy_back {
-                        continue;
-                    }
                     // SAFETY: `with_host_tensors`' contract makes the host range writable and
                     // unused by anyone else until the run ends.
                     if let Some(dst) = unsafe { host_slice_mut(s.host_addr, s.bytes) }

@@ -5,17 +5,16 @@
 //! run. Turning those addresses into slices is unsafe and lives here, justified by that
 //! constructor's contract.
 
-/// A staged host tensor.
+/// Bytes of a staged host range that write-tagged views can touch: copied back after a
+/// successful run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct StagedTensor {
-    /// Host address of the buffer.
+    /// Host address of the span.
     pub(crate) host_addr: u64,
     /// Device address of its staging copy.
     pub(crate) dev_addr: u64,
-    /// Bytes of the buffer.
+    /// Bytes of the span.
     pub(crate) bytes: u64,
-    /// Whether to copy it back after a successful run.
-    pub(crate) copy_back: bool,
 }
 
 /// The host bytes `[addr, addr + len)`.

@@ -103,7 +103,10 @@ impl<'a> RunRequest<'a> {
     }
 
     /// A request that may also carry host-memory tensors (`child_memory = 0`), which the runner
-    /// stages: copies in unless `Output`/`OutputExisting`, copies back unless `Input`/`NoDep`.
+    /// stages: views of one tensor (the same `[addr, addr + size)`) share one copy, filled from
+    /// the host unless a contiguous `Output`/`OutputExisting` view covers all of it; after a
+    /// successful run the bytes the `InOut`/`Output`/`OutputExisting` views can touch are copied
+    /// back, nothing else. Host ranges that overlap without being the same are refused.
     ///
     /// # Safety
     ///
