@@ -327,6 +327,7 @@ impl<'a> GraphBuilder<'a> {
             #[cfg(feature = "mpi")]
             self.check_remote_task(a, *t)?;
         }
+        crate::staging::check_group_host_writes(&args)?;
         let id = handle.id;
         self.rb()?.submit_next_level_group(&id, args, config, targets, None).map_err(engine_err)
     }

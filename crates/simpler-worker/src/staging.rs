@@ -73,6 +73,42 @@ pub(crate) fn sub_host_buffers_of(args: &TaskArgs) -> Result<Vec<HostBuffer>, Wo
     Ok(out)
 }
 
+/// Refuses a group in which one member writes host bytes another member also touches: each
+/// member's lane stages its own copy of the buffer, so which copy came back last would decide
+/// the result. (The engine orders members against earlier tasks, never against each other.)
+pub(crate) fn check_group_host_writes(members: &[TaskArgs]) -> Result<(), WorkerError> {
+    let spans = |m: &TaskArgs| -> Vec<(usize, (u64, u64), bool)> {
+        let tags = m.tags();
+        m.tensors()
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| is_host(t))
+            .filter_map(|(arg, t)| {
+                let writes = tags.get(arg).is_some_and(|tag| tag.writes());
+                t.byte_span().map(|span| (arg, span, writes))
+            })
+            .collect()
+    };
+    let all: Vec<_> = members.iter().map(spans).collect();
+    for (member, mine) in all.iter().enumerate() {
+        for &(arg, (lo, hi), _) in mine.iter().filter(|s| s.2) {
+            for (other, theirs) in all.iter().enumerate().filter(|(o, _)| *o != member) {
+                if let Some(&(other_arg, ..)) =
+                    theirs.iter().find(|&&(_, (l, h), _)| l < hi && lo < h)
+                {
+                    return Err(WorkerError::HostTensorSharedInGroup {
+                        member,
+                        arg,
+                        other,
+                        other_arg,
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The engine keys tensors by base address: a base inside `buf` but not at its start would not
 /// be ordered against the buffer's other views.
 fn check_base(arg: usize, t: &Tensor, buf: &HostBuffer) -> Result<(), WorkerError> {

@@ -169,6 +169,56 @@ fn an_l4_run_keeps_the_host_buffers_of_its_child_tasks_alive() {
     w.close().expect("close");
 }
 
+/// Group members run at once, each staging its own copy: a member writing host bytes another
+/// member reads or writes is refused at submit, naming both; disjoint parts of one buffer are
+/// fine.
+#[test]
+fn group_members_sharing_written_host_bytes_are_refused_at_submit() {
+    let mut b = host().chips(&[0, 1]);
+    let add = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let input = filled(&vec![1.0; N as usize]);
+    let out = HostBuffer::new(2 * N as usize * 4).expect("buffer");
+    let whole = out.tensor(&[2 * N], DataType::Float32).unwrap();
+    let halves = [whole.view(&[N], &[0]).unwrap(), whole.view(&[N], &[N]).unwrap()];
+    let run = |outs: [Tensor; 2]| {
+        let ti = t(&input);
+        w.run(Orchestration::graph(move |g, _, _| {
+            let members: Vec<TaskArgs> = outs
+                .iter()
+                .map(|o| {
+                    let mut a = TaskArgs::new();
+                    a.add_input(ti).unwrap().add_input(ti).unwrap().add_output(*o).unwrap();
+                    a
+                })
+                .collect();
+            g.submit_next_level_group(
+                add,
+                members,
+                &CallConfig::default(),
+                &[WorkerId(0), WorkerId(1)],
+            )?;
+            Ok(())
+        }))
+    };
+    run(halves).expect("members writing disjoint halves of one buffer");
+    assert_eq!(floats(&out), vec![2.0; 2 * N as usize]);
+    let e = run([halves[0], halves[0]]).expect_err("two members writing the same half");
+    let refused = std::error::Error::source(&e)
+        .and_then(|s| {
+            std::iter::successors(Some(s), |e| e.source())
+                .find_map(|e| e.downcast_ref::<WorkerError>())
+        })
+        .map(|e| {
+            matches!(
+                e,
+                WorkerError::HostTensorSharedInGroup { member: 0, arg: 2, other: 1, other_arg: 2 }
+            )
+        });
+    assert_eq!(refused, Some(true), "{e}");
+    w.close().expect("close");
+}
+
 /// Host memory that is not a `HostBuffer` is refused when the chip task is submitted, with an
 /// error the graph callback can match (it keeps its type through `Build { cause }`).
 #[test]

@@ -174,6 +174,21 @@ pub enum WorkerError {
         /// The address of the host buffer it lies in.
         buffer: HostAddr,
     },
+    /// Two members of one group reach the same bytes of a [`HostBuffer`] and one of them writes
+    /// them (refused at submit): members run at once, each staging its own copy, so the
+    /// result would depend on which copy came back last.
+    ///
+    /// [`HostBuffer`]: crate::HostBuffer
+    HostTensorSharedInGroup {
+        /// The member that writes.
+        member: usize,
+        /// Its tensor argument.
+        arg: usize,
+        /// The other member.
+        other: usize,
+        /// The other member's tensor argument over the same bytes.
+        other_arg: usize,
+    },
     /// A chip task tags a [`HostBuffer`] tensor `NoDep` (refused at submit): the chip lane
     /// could not tell whether the task writes it, and copying back bytes the engine does not
     /// order could overwrite another task's writes.
@@ -286,6 +301,12 @@ impl fmt::Display for WorkerError {
                  {buffer} rather than at it, so it would not be ordered against that buffer's \
                  other tensors; take HostBuffer::tensor and a view of it (Tensor::view / slice) \
                  instead of offsetting the address"
+            ),
+            WorkerError::HostTensorSharedInGroup { member, arg, other, other_arg } => write!(
+                f,
+                "group member {member} writes host bytes (argument {arg}) that member {other} \
+                 also touches (argument {other_arg}); members run at the same time, so give \
+                 each member its own HostBuffer or its own part of one"
             ),
             WorkerError::HostTensorNoDep { arg } => write!(
                 f,
