@@ -15,6 +15,8 @@
 //! The device side is a [`StagingChip`]: the chip's runner in this process, or its child process
 //! in PROCESS mode (`process::host_tensors`), where every call is a mailbox request.
 
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+
 use simpler_device_a2a3::{DeviceError, DevicePtr, DeviceRunner};
 use simpler_sched::EndpointFailure;
 use simpler_types::{
@@ -200,13 +202,17 @@ fn stage_and_run(
         device_failure(DeviceError::InvalidArgs { run_id: None, message: e.to_string() })
     })?;
     let mut staged: Vec<Staged> = Vec::new();
-    let result = stage_in(chip, &mut device_args, &mut staged, origin)
-        .and_then(|()| chip.run(callable, device_args.view(), config, origin))
-        .and_then(|()| chip.copy_back(&staged, origin));
+    // A panic on the way (a step, a logging layer) still frees the device copies made so far
+    // (the runner refuses a free the device may still need), then goes on unwinding.
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        stage_in(chip, &mut device_args, &mut staged, origin)
+            .and_then(|()| chip.run(callable, device_args.view(), config, origin))
+            .and_then(|()| chip.copy_back(&staged, origin))
+    }));
     for s in &staged {
         chip.free(s.dev, origin);
     }
-    result
+    result.unwrap_or_else(|panic| resume_unwind(panic))
 }
 
 impl StagingChip for ChipState {
@@ -338,4 +344,62 @@ pub(crate) fn merged(spans: &[(usize, usize)]) -> Vec<(usize, usize)> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+
+    use simpler_types::{CallableKind, CallableNamespace, DataType, RunId};
+
+    use super::*;
+
+    /// A chip that stages into numbered copies and panics when asked to run.
+    #[derive(Default)]
+    struct PanickingChip {
+        next: u64,
+        freed: Vec<u64>,
+    }
+
+    impl StagingChip for PanickingChip {
+        fn malloc(&mut self, _: u64, _: TaskId) -> Result<u64, EndpointFailure> {
+            self.next += 1;
+            Ok(self.next << 20)
+        }
+        fn copy_in(&mut self, _: u64, _: &HostBuffer, _: TaskId) -> Result<(), EndpointFailure> {
+            Ok(())
+        }
+        fn run(
+            &mut self,
+            _: &CallableId,
+            _: TaskArgsView<'_>,
+            _: &CallConfig,
+            _: TaskId,
+        ) -> Result<(), EndpointFailure> {
+            panic!("the run panicked on purpose")
+        }
+        fn copy_back(&mut self, _: &[Staged], _: TaskId) -> Result<(), EndpointFailure> {
+            Ok(())
+        }
+        fn free(&mut self, dev: u64, _: TaskId) {
+            self.freed.push(dev);
+        }
+    }
+
+    #[test]
+    fn a_panic_while_running_a_staged_task_still_frees_its_device_copies() {
+        let (a, f) = (HostBuffer::new(64).unwrap(), HostBuffer::new(64).unwrap());
+        let mut args = TaskArgs::new();
+        args.add_input(a.tensor(&[16], DataType::Float32).unwrap()).unwrap();
+        args.add_output(f.tensor(&[16], DataType::Float32).unwrap()).unwrap();
+        let id = CallableId::new([1; 32], CallableKind::Chip, CallableNamespace::LocalChip);
+        let origin = TaskId::new(RunId::from_raw(1).unwrap(), 0);
+        let mut chip = PanickingChip::default();
+        let cfg = CallConfig::default();
+        let unwound = catch_unwind(AssertUnwindSafe(|| {
+            stage_and_run(&mut chip, &id, args.view(), &cfg, origin)
+        }));
+        assert!(unwound.is_err(), "the panic goes on unwinding");
+        assert_eq!(chip.freed, vec![1 << 20, 2 << 20], "both device copies were freed");
+    }
 }
