@@ -84,8 +84,12 @@ impl Endpoint for ChildEndpoint {
         }
     }
 
+    /// Closes the child; a close that panics is reported as its residue (the endpoint thread
+    /// would only log it), so the parent's close returns it.
     fn shutdown(&mut self) {
-        self.close_child();
+        if catch_unwind(AssertUnwindSafe(|| self.close_child())).is_err() {
+            self.residue.lock().push(Residue::Failed(format!("child {}: close panicked", self.id)));
+        }
     }
 }
 
@@ -93,9 +97,7 @@ impl Drop for ChildEndpoint {
     /// Closes a child whose endpoint was never shut down (an engine that failed to start);
     /// after a shutdown there is nothing left to close. Never unwinds out of the drop.
     fn drop(&mut self) {
-        if catch_unwind(AssertUnwindSafe(|| self.close_child())).is_err() {
-            self.residue.lock().push(Residue::Failed(format!("child {}: close panicked", self.id)));
-        }
+        self.shutdown();
     }
 }
 

@@ -570,6 +570,9 @@ impl ChipState {
         if self.faults.hit(chip, Fault::Leak) {
             residue.push(Residue::Leaked(format!("chip {chip}: stuck device thread (injected)")));
         }
+        if self.faults.hit(chip, Fault::FinalizePanic) {
+            panic!("chip {chip}: finalize panicked (injected)");
+        }
         residue
     }
 }
@@ -657,8 +660,13 @@ impl Endpoint for ChipEndpoint {
         self.state.run(task.callable, task.args, task.config, task.task)
     }
 
+    /// Finalizes the chip; a finalize that panics is reported as the chip's residue (the
+    /// endpoint thread would only log it), so the worker's close returns it.
     fn shutdown(&mut self) {
-        let residue = self.state.finalize();
+        let residue = match catch_unwind(AssertUnwindSafe(|| self.state.finalize())) {
+            Ok(residue) => residue,
+            Err(_) => vec![Residue::Failed(format!("chip {}: finalize panicked", self.state.chip))],
+        };
         self.residue.lock().extend(residue);
     }
 }
@@ -667,11 +675,7 @@ impl Drop for ChipEndpoint {
     /// Finalizes a chip whose endpoint was never shut down (an engine that failed to start);
     /// after a shutdown there is nothing left to finalize. Never unwinds out of the drop.
     fn drop(&mut self) {
-        if catch_unwind(AssertUnwindSafe(|| self.shutdown())).is_err() {
-            self.residue
-                .lock()
-                .push(Residue::Failed(format!("chip {}: finalize panicked", self.state.chip)));
-        }
+        self.shutdown();
     }
 }
 

@@ -21,6 +21,8 @@ pub(crate) enum Fault {
     Finalize,
     /// Finalizing the chip leaves a device thread behind.
     Leak,
+    /// Finalizing the chip panics (after the runner was finalized).
+    FinalizePanic,
     /// Launching an L2 run panics on the lane.
     LaunchPanic,
 }
@@ -344,6 +346,14 @@ mod tests {
         assert_eq!(e.teardown.len(), 1, "{e}");
         assert!(e.teardown[0].message.contains("chip 0: finalize failed"), "{e}");
         assert_eq!(w.close().expect_err("replayed").leaked, e.leaked);
+
+        // L3: a finalize that panics on the endpoint thread is a teardown error too.
+        let b = host().chips(&[0]);
+        b.faults().arm(0, Fault::FinalizePanic);
+        let w = b.start().expect("start");
+        let e = w.close().expect_err("the panic is reported");
+        assert!(e.teardown.iter().any(|t| t.message.contains("chip 0: finalize panicked")), "{e}");
+        drop(w);
 
         // L4: a child's residue is the parent's residue.
         let mut l4 = Worker::composite(4);
