@@ -235,16 +235,24 @@ impl StagingChip for ChipState {
         ChipState::run(self, callable, args, config, origin)
     }
 
+    /// All or nothing: every written span is read from the device first, and the host
+    /// buffers are written only once all of them were (a failed read changes no host byte).
     fn copy_back(&mut self, staged: &[Staged], _: TaskId) -> Result<(), EndpointFailure> {
+        let runner = runner(self).map_err(device_failure)?;
+        let mut read: Vec<(&HostBuffer, usize, Vec<u8>)> = Vec::new();
         for s in staged {
             for (lo, hi) in s.written() {
-                let runner = runner(self).map_err(device_failure)?;
-                s.host
-                    .with_bytes(|b| {
-                        runner.copy_from_device(&mut b[lo..hi], DevicePtr(s.dev + lo as u64))
-                    })
+                let mut bytes = vec![0u8; hi - lo];
+                runner
+                    .copy_from_device(&mut bytes, DevicePtr(s.dev + lo as u64))
                     .map_err(device_failure)?;
+                read.push((&s.host, lo, bytes));
             }
+        }
+        for (host, lo, bytes) in read {
+            host.write(lo as u64, &bytes).map_err(|e| {
+                device_failure(DeviceError::InvalidArgs { run_id: None, message: e.to_string() })
+            })?;
         }
         Ok(())
     }
