@@ -186,6 +186,12 @@ impl FailureSource {
         FailureSource(Arc::new(error))
     }
 
+    /// Wraps an error already boxed (a closure's `Box<dyn Error>`), keeping its own type for
+    /// [`downcast_ref`](Self::downcast_ref).
+    pub fn from_boxed(error: Box<dyn std::error::Error + Send + Sync + 'static>) -> FailureSource {
+        FailureSource(Arc::from(error))
+    }
+
     /// The error, as a trait object.
     pub fn get(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
         &*self.0

@@ -258,6 +258,12 @@ impl Frame {
         self.source.as_ref().and_then(FailureSource::downcast_ref::<WorkerError>)
     }
 
+    /// The typed error the failing layer reported at this level, whatever its type (a host
+    /// closure's own error, a device error, a child worker's): downcast it to match on it.
+    pub fn error(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        self.source.as_ref().map(FailureSource::get)
+    }
+
     /// The transport error this frame's failure came from, when the task ran on a remote
     /// rank: match on it for the rank, host, remote level, run and task.
     #[cfg(feature = "mpi")]

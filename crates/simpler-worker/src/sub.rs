@@ -8,7 +8,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
-use simpler_types::{WorkerId, WorkerType};
+use simpler_types::{FailureSource, WorkerId, WorkerType};
 
 use crate::handle::{Entry, SharedRegistry};
 use crate::reentry;
@@ -58,7 +58,8 @@ impl Endpoint for SubEndpoint {
                     text.push_str(&s.to_string());
                     source = s.source();
                 }
-                Err(EndpointFailure::task_failed(text))
+                // The text for the frame, the error itself for `Frame::error`.
+                Err(EndpointFailure::task_failed(text).with_source(FailureSource::from_boxed(e)))
             }
             Err(p) => Err(EndpointFailure::panicked(panic_text(p.as_ref()))),
         }

@@ -25,6 +25,23 @@ fn an_error_a_graph_callback_returns_keeps_its_type() {
     w.close().expect("close");
 }
 
+#[test]
+fn an_error_a_host_closure_returns_keeps_its_type_on_its_frame() {
+    let mut b = host().sub_workers(1);
+    let h = b.register_host("not_ready", |_| Err(NotReady.into()));
+    let w = b.start().expect("start");
+    let err = w
+        .run(Orchestration::graph(move |g, _, _| {
+            g.submit_sub(h, TaskArgs::new())?;
+            Ok(())
+        }))
+        .expect_err("fails");
+    let WorkerError::Run(e) = &err else { panic!("{err:?}") };
+    let typed = e.frames().iter().find_map(|f| f.error()?.downcast_ref::<NotReady>());
+    assert!(typed.is_some(), "{e}");
+    w.close().expect("close");
+}
+
 /// The engine error a graph callback's `alloc` met, as the run reports it.
 fn alloc_failure(w: &simpler_worker::Worker, elems: u32, times: usize) -> WorkerError {
     w.run(Orchestration::graph(move |g, _, _| {
