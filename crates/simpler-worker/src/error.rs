@@ -251,9 +251,10 @@ impl Frame {
         self.source.as_ref().and_then(FailureSource::downcast_ref::<DeviceError>)
     }
 
-    /// The worker error a child worker reported at this level, when the task was a child's
-    /// run that could not be built (its orchestration failed, the child's engine refused it):
-    /// match on it for the child's [`BuildFailure`], a callback's own error included.
+    /// The worker error reported at this level, when it was one: a child's run that could not
+    /// be built (its orchestration failed, the child's engine refused it; match on it for the
+    /// child's [`BuildFailure`], a callback's own error included), or a host closure that
+    /// returned a [`WorkerError`].
     pub fn worker_error(&self) -> Option<&WorkerError> {
         self.source.as_ref().and_then(FailureSource::downcast_ref::<WorkerError>)
     }

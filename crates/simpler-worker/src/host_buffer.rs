@@ -53,8 +53,9 @@ struct Bytes {
 static LIVE: Mutex<BTreeMap<u64, Weak<Bytes>>> = Mutex::new(BTreeMap::new());
 
 /// Host memory that L3 chip tasks can take as tensors (`child_memory = 0`): the chip lane
-/// copies it to the chip before the task (unless every tag only writes it) and back after a
-/// successful task (unless every tag only reads it). Clones share the bytes.
+/// copies it to the chip before the task (unless every tensor of it is a contiguous blind write
+/// over all of it) and back after a successful task (the bytes its written tensors can touch).
+/// Clones share the bytes.
 ///
 /// ```
 /// use simpler_types::DataType;

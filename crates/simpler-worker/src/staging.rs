@@ -3,7 +3,8 @@
 //!
 //! A chip task whose tensors name a [`HostBuffer`] runs on a copy: the lane allocates one
 //! device buffer per distinct host buffer, copies the bytes in unless every tensor of that
-//! buffer is only written (`Output`, `OutputExisting`), rewrites the tensors to the device copy,
+//! buffer is a contiguous blind write (`Output`, `OutputExisting`) over all of it, rewrites the
+//! tensors to the device copy,
 //! runs the task and, after a successful run, copies back the bytes its write-tagged tensors can
 //! touch (each one's bounding span) and nothing else: the engine orders tasks by those spans,
 //! so another task may be writing the buffer's other bytes meanwhile. The device copies are

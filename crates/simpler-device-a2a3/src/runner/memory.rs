@@ -306,8 +306,8 @@ impl Core {
 
     /// Preparation step 7, staging: device tensors pass through (range-checked); host tensors
     /// share one staging slice per host range (views of one tensor), filled from the host
-    /// unless a contiguous blind write covers all of it, and only the bytes write-tagged views
-    /// can touch are copied back. Returns the tensors the orchestration sees.
+    /// unless every view of it is a contiguous blind write over all of it, and only the bytes
+    /// write-tagged views can touch are copied back. Returns the tensors the orchestration sees.
     pub(super) fn stage_tensors(
         &mut self,
         s: usize,

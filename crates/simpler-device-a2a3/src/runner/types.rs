@@ -104,7 +104,8 @@ impl<'a> RunRequest<'a> {
 
     /// A request that may also carry host-memory tensors (`child_memory = 0`), which the runner
     /// stages: views of one tensor (the same `[addr, addr + size)`) share one copy, filled from
-    /// the host unless a contiguous `Output`/`OutputExisting` view covers all of it; after a
+    /// the host unless every view of it is a contiguous `Output`/`OutputExisting` over all of
+    /// it; after a
     /// successful run the bytes the `InOut`/`Output`/`OutputExisting` views can touch are copied
     /// back, nothing else. Host ranges that overlap without being the same are refused.
     ///

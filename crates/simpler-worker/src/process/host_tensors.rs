@@ -1,7 +1,8 @@
 //! Host tensors on the chip tasks of a chip process (`docs/process-mode.md`, "Host tensors").
 //!
 //! The staging is THREAD mode's (`crate::staging`): one device copy per host buffer, copied in
-//! unless only blindly written, written spans copied back after a successful task. Here every
+//! unless every tensor of it is a contiguous blind write over all of it, written spans copied
+//! back after a successful task. Here every
 //! device call is a memory request through the mailbox, so the bytes cross in its frames and
 //! no memory is shared with the child beyond the mailbox itself.
 //!

@@ -2,7 +2,7 @@
 //!
 //! A task for a remote L3 child may name host memory in [`HostBuffer`]s of rank 0. Its frame
 //! carries each distinct buffer once: its length, and its bytes unless every tensor of it only
-//! overwrites all of it (`Output`, `OutputExisting` over the whole buffer). Tensors name
+//! overwrites all of it (`Output`, `OutputExisting`, contiguous over the whole buffer). Tensors name
 //! (buffer of the frame, offset) instead of an address. The serving rank puts each buffer in a
 //! fresh `HostBuffer` of its own, runs the task on those, and after a successful run sends back
 //! the bytes each write-tagged tensor can touch (its bounding span, merged per buffer) and
