@@ -116,8 +116,9 @@ impl Common {
 fn refuse_unreached(specs: impl IntoIterator<Item = ChildSpec>, e: &StartError) {
     #[cfg(feature = "mpi")]
     {
+        let specs: Vec<ChildSpec> = specs.into_iter().collect();
         let mut unreached = Vec::new();
-        remote_children(specs, &mut unreached);
+        remote_children(&specs, &mut unreached);
         let reason = format!("rank 0's start failed before reaching this rank: {e}");
         let mut refused = std::collections::BTreeSet::new();
         for r in unreached.iter().filter(|r| refused.insert(r.rank())) {
@@ -130,14 +131,11 @@ fn refuse_unreached(specs: impl IntoIterator<Item = ChildSpec>, e: &StartError) 
 
 /// The remote L3 children among `specs` and their subtrees, in order.
 #[cfg(feature = "mpi")]
-fn remote_children(
-    specs: impl IntoIterator<Item = ChildSpec>,
-    out: &mut Vec<crate::remote::RemoteL3>,
-) {
+fn remote_children<'a>(specs: &'a [ChildSpec], out: &mut Vec<&'a crate::remote::RemoteL3>) {
     for spec in specs {
         match spec {
             ChildSpec::Remote(r) => out.push(r),
-            ChildSpec::Composite(c) => remote_children(c.children, out),
+            ChildSpec::Composite(c) => remote_children(&c.children, out),
             ChildSpec::Host(_) => {}
         }
     }
@@ -147,17 +145,9 @@ fn remote_children(
 /// session at a time, and a second `Hello` or `Refuse` to it would be taken by its next one.
 #[cfg(feature = "mpi")]
 fn shared_rank(specs: &[ChildSpec]) -> Option<i32> {
-    fn ranks(specs: &[ChildSpec], out: &mut Vec<i32>) {
-        for spec in specs {
-            match spec {
-                ChildSpec::Remote(r) => out.push(r.rank()),
-                ChildSpec::Composite(c) => ranks(&c.children, out),
-                ChildSpec::Host(_) => {}
-            }
-        }
-    }
-    let mut all = Vec::new();
-    ranks(specs, &mut all);
+    let mut remote = Vec::new();
+    remote_children(specs, &mut remote);
+    let mut all: Vec<i32> = remote.iter().map(|r| r.rank()).collect();
     all.sort_unstable();
     all.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }

@@ -56,10 +56,7 @@ impl Live {
     fn kill_and_reap(self) {
         // Only while the process is still this process's unreaped child: one reaped elsewhere
         // may have had its pid, and so its group id, reused.
-        let own = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
-        if Pid::from_raw(self.pid as i32)
-            .is_some_and(|p| rustix::process::waitid(WaitId::Pid(p), own).is_ok())
-        {
+        if unreaped_child_ended(self.pid).is_some() {
             kill_group(self.pid);
         }
         let pid = self.pid;
@@ -300,12 +297,11 @@ impl ChipProcess {
     /// One that was reaped elsewhere is never signalled (its pid and group id may be reused).
     fn exited(&mut self) -> Option<ChildExit> {
         let live = self.live.as_mut()?;
-        let own = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
-        match Pid::from_raw(live.pid as i32).map(|p| rustix::process::waitid(WaitId::Pid(p), own)) {
-            Some(Ok(None)) => return None,
-            Some(Ok(Some(_))) => kill_group(live.pid),
+        match unreaped_child_ended(live.pid) {
+            Some(false) => return None,
+            Some(true) => kill_group(live.pid),
             // Not our child any more (reaped elsewhere): `try_wait` below says so.
-            Some(Err(_)) | None => {}
+            None => {}
         }
         let exit = match live.child.try_wait() {
             Ok(Some(status)) => ChildExit::of(status),
@@ -841,6 +837,15 @@ impl Drop for ChipProcess {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Whether child `pid` has ended, looked at without reaping it (`waitid` with `WNOWAIT`), so
+/// its pid and group id stay its own; `None` when it is not an unreaped child of this process
+/// any more (reaped elsewhere), whose ids must not be signalled.
+fn unreaped_child_ended(pid: u32) -> Option<bool> {
+    let peek = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+    let pid = Pid::from_raw(pid as i32)?;
+    rustix::process::waitid(WaitId::Pid(pid), peek).ok().map(|status| status.is_some())
 }
 
 fn kill_group(pid: u32) {
