@@ -630,3 +630,42 @@ fn zero_element_chip_tensors_are_empty_views_the_kernels_see_as_empty() {
     v.free(&mut r);
     still_works(&mut r, 3);
 }
+
+#[test]
+fn a_failed_kernel_argument_allocation_is_out_of_memory_for_the_runtime_not_an_init_failure() {
+    let small = CallConfig::builder()
+        .heap_bytes(RingSel::All, 1 << 20)
+        .task_window(RingSel::All, 64)
+        .dep_pool(RingSel::All, 64)
+        .build()
+        .unwrap();
+    // What a first run commits, measured on a runner without a tight limit: the kernel argument
+    // block is the last allocation of a slot's first run.
+    let committed = {
+        let mut r = DeviceRunner::attach(options(0)).unwrap();
+        let slot = r.register_callable(&vector_callable()).unwrap();
+        let v = VectorRun::new(&mut r, 64);
+        r.run(&RunRequest::new(run_id(1), slot, &v.args, &small)).unwrap();
+        let committed = r.stats().memory.committed;
+        v.free(&mut r);
+        r.finalize().unwrap();
+        committed
+    };
+    let mut o = options(0);
+    o.sim.memory_limit = committed - 1;
+    let mut r = DeviceRunner::attach(o).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    let err = r.run(&RunRequest::new(run_id(1), slot, &v.args, &small)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DeviceError::OutOfMemory { run_id: Some(run), purpose: MemPurpose::Runtime, .. }
+                if run == run_id(1)
+        ),
+        "{err:?}"
+    );
+    assert_eq!(r.health(), simpler_device_a2a3::DeviceHealth::Healthy, "nothing ran");
+    v.free(&mut r);
+    r.finalize().unwrap();
+}

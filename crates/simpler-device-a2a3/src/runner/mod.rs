@@ -97,8 +97,7 @@ use crate::aicpu::view::HostImageView;
 use crate::backend::{AllocFailure, Backend, EventHandle, LaunchHandle};
 use crate::diag::{DiagPlan, Exporter, Outcome};
 use crate::error::{
-    DeviceError, InitStep, KernelKind, MemPurpose, PoisonCause, PoisonStep, RuntimeFault,
-    StreamKind,
+    DeviceError, KernelKind, MemPurpose, PoisonCause, PoisonStep, RuntimeFault, StreamKind,
 };
 use crate::options::RunnerOptions;
 use crate::runtime::{BindInputs, BoundRun, ChipRuntime};
@@ -567,11 +566,10 @@ impl Core {
             return Ok(a);
         }
         let bytes = size_of::<KernelArgs>() as u64;
-        let a = self.backend.malloc(bytes, MemPurpose::Runtime).map_err(|f| DeviceError::Init {
-            run_id: Some(run_id),
-            step: InitStep::AicpuInit,
-            message: format!("allocating the kernel argument block failed: {f:?}"),
-        })?;
+        let a = self
+            .backend
+            .malloc(bytes, MemPurpose::Runtime)
+            .map_err(|f| oom(Some(run_id), bytes, MemPurpose::Runtime, f))?;
         self.slots[s].res.kernel_args = Some(a);
         Ok(a)
     }
