@@ -369,6 +369,50 @@ fn a_queued_run_whose_budget_ran_out_behind_a_slow_run_that_then_ended_gets_its_
     r.finalize().unwrap();
 }
 
+/// `g = d · e`, declaring [`MID_RUN`] on the chip: shorter than a budget, longer than the
+/// deadline left to a reap once the runs ahead have ended.
+unsafe extern "C-unwind" fn mid_mul(args: *mut i64) {
+    // SAFETY: the runtime's argument vector for the product task, passed on unchanged.
+    unsafe { vector::mul(args) };
+    model_device_time(MID_RUN);
+}
+
+const MID_RUN: Duration = Duration::from_millis(1000);
+
+#[test]
+fn a_queued_run_given_its_own_budget_behind_a_slow_run_is_not_waited_for_past_the_reaps_deadline() {
+    // As above, but run 2 takes a second of its own and is reaped with a deadline just past
+    // its two budgets: they run out while run 1 still executes, run 1 ends after the deadline,
+    // and run 2 gets its own budget from then; the reap must return at its deadline with run 2
+    // still launched, not wait for run 2 within that new budget.
+    let opts = queue_options()
+        .with_scheduler_timeout(SLOW_BUDGET / 8)
+        .with_op_execute_timeout(SLOW_BUDGET / 4)
+        .with_stream_sync_timeout(SLOW_BUDGET);
+    let mut r = DeviceRunner::attach(opts).unwrap();
+    let slow = r.register_callable(&vector::builder_with_mul(slow_mul).build().unwrap()).unwrap();
+    let mid = r.register_callable(&vector::builder_with_mul(mid_mul).build().unwrap()).unwrap();
+    let runs: Vec<_> = (0..2).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let cfg = CallConfig::default();
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slow, &runs[0].args, &cfg)).unwrap();
+    let first = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), mid, &runs[1].args, &cfg)).unwrap();
+    let second = r.launch_run(p2).unwrap();
+    let deadline = SLOW_BUDGET * 2 + SLOW_BUDGET / 20;
+    let reaped = r.reap_run(&second, Some(deadline)).unwrap_or_else(|e| panic!("run 2: {e}"));
+    assert!(!reaped, "the reap waited past its deadline for run 2, which had just begun");
+    assert!(r.reap_run(&second, None).unwrap(), "run 2 ends within its own budget");
+    assert_eq!(r.complete_run(second).unwrap().run_id, Some(run_id(2)));
+    assert!(r.reap_run(&first, None).unwrap());
+    assert_eq!(r.complete_run(first).unwrap().run_id, Some(run_id(1)));
+    assert!(r.health().is_healthy());
+    for v in &runs {
+        v.check(&mut r);
+    }
+    drop(runs);
+    r.finalize().unwrap();
+}
+
 #[test]
 fn a_run_launched_before_a_launch_that_unwound_reaps_as_itself() {
     let mut r = DeviceRunner::attach(queue_options()).unwrap();

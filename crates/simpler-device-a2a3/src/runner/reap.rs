@@ -27,6 +27,9 @@ struct ReapWait {
     /// the waits for the runs ahead and the recovery drain stop there too. `None`: no limit
     /// but the budgets.
     hard: Option<Instant>,
+    /// The caller's deadline, when it gave one: a wait the reap adds after its first (a queued
+    /// run's own budget once the runs ahead cleared) stops there too, leaving the run launched.
+    caller_until: Option<Instant>,
 }
 
 /// The shortest recovery drain: a zero drain only asks whether the device is idle, and the
@@ -184,10 +187,14 @@ impl Core {
         hard: Option<Instant>,
     ) -> Result<bool, DeviceError> {
         let (budget, remaining) = self.reap_budget(run);
-        run.reap_started.get_or_insert_with(|| (Instant::now(), budget));
+        let now = Instant::now();
+        run.reap_started.get_or_insert((now, budget));
+        let caller_until = within.and_then(|d| now.checked_add(d));
         let wait = match within {
-            Some(d) if d < remaining => ReapWait { sync: d, caller_deadline: true, budget, hard },
-            _ => ReapWait { sync: remaining, caller_deadline: false, budget, hard },
+            Some(d) if d < remaining => {
+                ReapWait { sync: d, caller_deadline: true, budget, hard, caller_until }
+            }
+            _ => ReapWait { sync: remaining, caller_deadline: false, budget, hard, caller_until },
         };
         if run.events.is_some() {
             self.reap_queued(run, wait)
@@ -290,7 +297,8 @@ impl Core {
 
     /// A queued run whose wait ran out before it began, behind runs that have all ended since,
     /// gets one more stream-sync budget from now for its own execution (no wait past
-    /// `wait.hard`); the budget it reports on a timeout grows to match. Without this it would
+    /// `wait.hard` or the caller's deadline); the budget it reports on a timeout grows to
+    /// match. Without this it would
     /// be charged a timeout for the time the runs ahead took.
     fn reap_after_cleared(
         &mut self,
@@ -305,8 +313,10 @@ impl Core {
             }
             None => wait.budget.saturating_add(own),
         };
-        let cut =
-            wait.hard.map(|h| h.saturating_duration_since(Instant::now())).filter(|h| *h < own);
+        // Neither past the reap's hard deadline nor past the caller's: at either the run stays
+        // launched, with its grown budget for the next reap.
+        let until = wait.hard.into_iter().chain(wait.caller_until).min();
+        let cut = until.map(|h| h.saturating_duration_since(Instant::now())).filter(|h| *h < own);
         let wait =
             ReapWait { sync: cut.unwrap_or(own), caller_deadline: cut.is_some(), budget, ..wait };
         // Every run ahead has ended, so a second timeout finds none left: it is the run's own.
