@@ -413,6 +413,61 @@ fn a_queued_run_given_its_own_budget_behind_a_slow_run_is_not_waited_for_past_th
     r.finalize().unwrap();
 }
 
+/// `g = d · e`, declaring [`OVERRUN`] on the chip: longer than the budgets of a queued run
+/// behind it and its own budget after them.
+unsafe extern "C-unwind" fn overrunning_mul(args: *mut i64) {
+    // SAFETY: the runtime's argument vector for the product task, passed on unchanged.
+    unsafe { vector::mul(args) };
+    model_device_time(OVERRUN);
+}
+
+const OVERRUN: Duration = Duration::from_millis(7500);
+
+#[test]
+fn a_queued_run_reaped_in_slices_behind_a_run_that_overruns_its_budget_is_abandoned_in_time() {
+    // Run 1 overruns: run 2's two budgets (4 s) pass, and run 1's own budget from then (2 s)
+    // passes too, before it ends at 7.5 s.
+    let opts = queue_options()
+        .with_scheduler_timeout(SLOW_BUDGET / 8)
+        .with_op_execute_timeout(SLOW_BUDGET / 4)
+        .with_stream_sync_timeout(SLOW_BUDGET);
+    let mut r = DeviceRunner::attach(opts).unwrap();
+    let slow =
+        r.register_callable(&vector::builder_with_mul(overrunning_mul).build().unwrap()).unwrap();
+    let sum = r.register_callable(&add::callable().unwrap()).unwrap();
+    let runs: Vec<_> = (0..2).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let cfg = CallConfig::default();
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slow, &runs[0].args, &cfg)).unwrap();
+    let first = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), sum, &runs[1].args, &cfg)).unwrap();
+    let second = r.launch_run(p2).unwrap();
+    // A deadline just past run 2's budgets: the wait for run 1 stops there too.
+    let deadline = SLOW_BUDGET * 2 + SLOW_BUDGET / 20;
+    let first_look = r.reap_run(&second, Some(deadline));
+    assert!(
+        matches!(first_look, Ok(false)),
+        "the reap returns at its deadline, run 1 undecided, not past it: {first_look:?}"
+    );
+    // Slices from there: run 1's budget runs from the first look at it, so run 2 ends as
+    // abandoned behind it once that budget has passed, before run 1 ends.
+    let mut slices = 0;
+    let e = loop {
+        match r.reap_run(&second, Some(SLOW_BUDGET / 4)) {
+            Ok(false) if slices < 40 => slices += 1,
+            other => break other.expect_err("run 2 is abandoned behind run 1, which overran"),
+        }
+    };
+    assert!(
+        matches!(&e, DeviceError::Abandoned { run_id: two, after: one, .. }
+            if *two == run_id(2) && *one == run_id(1)),
+        "{e:?}"
+    );
+    assert!(r.reap_run(&first, None).is_err(), "run 1 overran its budget");
+    assert!(!r.health().is_healthy());
+    drop(runs);
+    let _ = r.finalize();
+}
+
 #[test]
 fn a_run_launched_before_a_launch_that_unwound_reaps_as_itself() {
     let mut r = DeviceRunner::attach(queue_options()).unwrap();

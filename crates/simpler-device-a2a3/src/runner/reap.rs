@@ -281,7 +281,11 @@ impl Core {
             return Err(self.abandon_behind(run, cause));
         }
         if matches!(e, SyncError::Timeout) {
-            match self.stuck_ahead(run, wait.hard) {
+            // The wait for the runs ahead stops at the caller's deadline too: a run ahead cut
+            // short there is undecided and this run stays launched.
+            self.start_budgets_ahead(run);
+            let until = wait.hard.into_iter().chain(wait.caller_until).min();
+            match self.stuck_ahead(run, until) {
                 Ahead::Ended => {}
                 Ahead::Cleared => return self.reap_after_cleared(run, wait),
                 Ahead::Stuck(culprit, culprit_seq, code) => {
@@ -509,6 +513,26 @@ impl Core {
                 })
             })
             .unwrap_or(Ahead::Cleared)
+    }
+
+    /// Starts the stream-sync budget of every unfinished run ahead of `run` that no reap has
+    /// started yet: a look at a run ahead from the reap of a run behind it counts as its first
+    /// reap, as a look at a dropped run does. Without it every look gave a run ahead a whole
+    /// new budget, so a run behind reaped in slices behind a run ahead that never ends waited
+    /// forever.
+    fn start_budgets_ahead(&mut self, run: &RunState) {
+        let now = Instant::now();
+        let starts: Vec<(u64, Duration)> = self
+            .launched_before(run.launch_seq)
+            .filter(|r| r.reap_started.is_none() && self.queued_end(r).is_none())
+            .map(|r| (r.launch_seq, self.reap_budget(r).0))
+            .collect();
+        for slot in &mut self.slots {
+            let Some(r) = slot.run.as_mut() else { continue };
+            if let Some(&(_, budget)) = starts.iter().find(|(seq, _)| *seq == r.launch_seq) {
+                r.reap_started = Some((now, budget));
+            }
+        }
     }
 
     /// How long the recovery drain of a reap may wait: the stream-sync budget, or, for a reap
