@@ -382,6 +382,66 @@ fn tensor_data_waits_for_the_writer_and_set_tensor_data_for_the_readers() {
     r.finalize().unwrap();
 }
 
+fn three_args(_: &OrchArgs<'_>) -> OrchConfig {
+    OrchConfig { expected_arg_count: 3 }
+}
+
+/// Arguments `a, b` (inputs), `out` (output): `x = a + b` by a task, then `x` set to ones at
+/// once by the orchestration, then `out = x + x` by a task.
+fn overwriting_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{Input, Output};
+    let bad = || OrchError::from_status(-1);
+    let t = |i| args.tensor(i).copied().ok_or_else(bad);
+    let (a, b, out) = (t(0)?, t(1)?, t(2)?);
+    let x = ctx.alloc_tensor(&[PROBE_ELEMS], DataType::Float32)?;
+    ctx.submit(Kernels::Aiv(add::ADD), &core_args(&[(a, Input), (b, Input), (x, Output)])?)?;
+    ctx.set_tensor_data(
+        &x,
+        &simpler_device_a2a3::programs::f32_to_le_bytes(&vec![1.0; PROBE_ELEMS as usize]),
+    )?;
+    ctx.submit(Kernels::Aiv(add::ADD), &core_args(&[(x, Input), (x, Input), (out, Output)])?)?;
+    Ok(())
+}
+
+#[test]
+fn set_tensor_data_waits_for_the_writer_of_the_bytes_too() {
+    let add = add::callable().unwrap();
+    let mut b = ChipCallable::native(overwriting_orchestration, three_args)
+        .names("overwrite", "overwrite_config");
+    for (func_id, kernel) in add.children() {
+        b = b.kernel(*func_id, kernel.clone());
+    }
+    let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    let slot = r.register_callable(&b.build().unwrap()).unwrap();
+    // The writer of `x` is held on its core well past the orchestration's write.
+    r.sim_faults().unwrap().kernel_delay(add::ADD, std::time::Duration::from_millis(50));
+    let n = PROBE_ELEMS as usize;
+    let av: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut ptrs = Vec::new();
+    let mut args = TaskArgs::new();
+    for (values, tag) in [
+        (&av, TensorArgType::Input),
+        (&av, TensorArgType::Input),
+        (&vec![0.0; n], TensorArgType::Output),
+    ] {
+        let (p, t) = upload_f32(&mut r, values);
+        args.add_tensor(t, tag).unwrap();
+        ptrs.push(p);
+    }
+    r.run(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &args, &CallConfig::default()))
+        .unwrap();
+    let out = download_f32(&mut r, ptrs[2], n);
+    assert!(
+        out.iter().all(|&v| v == 2.0),
+        "the task writing x overwrote what set_tensor_data wrote (out[1] = {})",
+        out[1]
+    );
+    for p in ptrs {
+        r.free(p).unwrap();
+    }
+    r.finalize().unwrap();
+}
+
 #[test]
 fn one_aicpu_thread_is_refused_since_one_orchestrates() {
     let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();

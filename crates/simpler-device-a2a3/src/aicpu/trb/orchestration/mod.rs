@@ -655,7 +655,7 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
 
     /// Checks `t` for a copy of `len` bytes by `op` (a view inside an entry buffer, or inside a
     /// heap buffer whose scope is still open) and waits for the tasks an access in `mode` would
-    /// order after (a read: the writers; a write: the readers and writers).
+    /// order after (a read: the writers; an in-out access: the readers and writers).
     fn data_span(
         &mut self,
         t: &Tensor,

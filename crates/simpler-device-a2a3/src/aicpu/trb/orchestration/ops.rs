@@ -150,7 +150,11 @@ unsafe extern "C-unwind" fn op_set_tensor_data<P: AicpuPlatform>(
     if src.is_null() && len > 0 {
         return o.invalid(format_args!("set_tensor_data: null source"));
     }
-    match o.data_span(t, len, AccessMode::Write, "set_tensor_data") {
+    // An in-out access's wait: the readers and every writer of the bytes. A write-only
+    // access orders after a plain `Output` writer only when it must (it would be skipped),
+    // but this copy happens now, so a writer still to run would overwrite it, and one running
+    // would race it.
+    match o.data_span(t, len, AccessMode::ReadWrite, "set_tensor_data") {
         // SAFETY: as for `op_get_tensor_data`, having waited for the tasks reading or writing
         // the bytes; `src` is valid for `len` bytes.
         Ok(span) => unsafe {

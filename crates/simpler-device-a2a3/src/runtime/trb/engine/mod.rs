@@ -846,8 +846,8 @@ impl<'a> Engine<'a> {
 
     /// Whether every task that an access of `span` of `key` in `mode` would order after has
     /// completed: what the orchestration's `tensor_data` (a [`AccessMode::Read`]: the writers)
-    /// and `set_tensor_data` (a [`AccessMode::Write`]: the readers and the writers standing in
-    /// for them; [`AccessMode::ReadWrite`] for both) wait for before touching the bytes.
+    /// and `set_tensor_data` (an [`AccessMode::ReadWrite`]: the readers and the writers) wait
+    /// for before touching the bytes.
     pub(crate) fn accessors_done(&self, key: u64, span: ByteSpan, mode: AccessMode) -> bool {
         let rings = &self.rings;
         let shared = &self.shared.rings;
