@@ -95,6 +95,9 @@ pub(super) struct RunMemory<'a> {
     pub(super) heap_refused: bool,
     /// The runs on the device while this one prepares, until a write waited for them.
     pub(super) executing: Option<Executing>,
+    /// When a write began waiting for them: their budgets run from there, for their own reaps
+    /// too ([`Core::start_budgets`]).
+    pub(super) budgets_from: Option<Instant>,
     /// The run a write of the orchestration waited for, if one had to.
     pub(super) waited_for: Option<RunId>,
     /// Why that wait failed (the runs ahead faulted or did not finish): the run being
@@ -103,11 +106,23 @@ pub(super) struct RunMemory<'a> {
 }
 
 /// The launched runs a preparation overlaps with: the last one launched (the streams finish
-/// it after every run launched before it) and how long the device may take for all of them.
+/// it after every run launched before it) and the stream-sync budget of each, as its reap has
+/// it: when it began and how long it is (`None`: not begun, it begins with the wait).
 pub(super) struct Executing {
     pub(super) last: RunId,
-    pub(super) budget: Duration,
+    pub(super) budgets: Vec<(Option<Instant>, Duration)>,
     pub(super) op_execute: Duration,
+}
+
+impl Executing {
+    /// When the last budget of the runs ends, for a wait that begins at `now`.
+    fn deadline(&self, now: Instant) -> Instant {
+        self.budgets
+            .iter()
+            .filter_map(|&(started, budget)| started.unwrap_or(now).checked_add(budget))
+            .max()
+            .unwrap_or(now)
+    }
 }
 
 impl RunMemory<'_> {
@@ -120,7 +135,12 @@ impl RunMemory<'_> {
             return false;
         }
         let Some(e) = self.executing.take() else { return true };
-        let deadline = Instant::now() + e.budget;
+        // The wait gives each run what its own reap would: what is left of its budget, or a
+        // whole one from now. So a run it gives up on has spent its budget, and the run's own
+        // reap says so as well, instead of reporting success for a run named as the culprit.
+        let now = Instant::now();
+        self.budgets_from = Some(now);
+        let deadline = e.deadline(now);
         for (stream, step) in SYNC_ORDER {
             let left = deadline.saturating_duration_since(Instant::now());
             if let Err(error) = self.backend.synchronize(stream, left, e.op_execute) {
@@ -225,12 +245,11 @@ impl Core {
     /// The runs launched and not reaped, as a preparation overlapping them sees them.
     pub(super) fn executing(&self) -> Option<Executing> {
         let last = self.launched_before(u64::MAX).max_by_key(|r| r.launch_seq)?;
-        let count = self.launched_before(u64::MAX).count() as u32;
-        Some(Executing {
-            last: last.run_id,
-            budget: self.timeouts.stream_sync.saturating_mul(count),
-            op_execute: self.timeouts.op_execute,
-        })
+        let budgets = self
+            .launched_before(u64::MAX)
+            .map(|r| (r.reap_started.map(|(t, _)| t), self.reap_budget(r).0))
+            .collect();
+        Some(Executing { last: last.run_id, budgets, op_execute: self.timeouts.op_execute })
     }
 
     /// Allocates `bytes` of user memory.

@@ -509,13 +509,18 @@ impl Core {
             misses: 0,
             heap_refused: false,
             executing,
+            budgets_from: None,
             waited_for: None,
             ahead_failed: None,
         };
         let bound = self.runtime.bind(&inputs, &mut mem, &mut res.host_image);
         self.stats.arena_cache_misses += mem.misses;
         let (ahead_failed, waited_for) = (mem.ahead_failed, mem.waited_for);
-        if mem.heap_refused {
+        let (budgets_from, heap_refused) = (mem.budgets_from, mem.heap_refused);
+        if let Some(from) = budgets_from {
+            self.start_budgets(from, u64::MAX);
+        }
+        if heap_refused {
             // As for the image and staging arenas: a failed arena allocation releases every
             // pooled arena, so the retry starts from free device memory.
             self.release_arenas(s);

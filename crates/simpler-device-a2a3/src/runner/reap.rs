@@ -220,7 +220,7 @@ impl Core {
     /// first reap, which has all of it (a run reaped once waits exactly as in `run()`). For a
     /// queued run it counts the runs still ahead then; fewer can only be ahead later, so the
     /// first figure covers every later reap.
-    fn reap_budget(&self, run: &RunState) -> (Duration, Duration) {
+    pub(super) fn reap_budget(&self, run: &RunState) -> (Duration, Duration) {
         match run.reap_started {
             Some((started, budget)) => (budget, budget.saturating_sub(started.elapsed())),
             None => {
@@ -283,7 +283,7 @@ impl Core {
         if matches!(e, SyncError::Timeout) {
             // The wait for the runs ahead stops at the caller's deadline too: a run ahead cut
             // short there is undecided and this run stays launched.
-            self.start_budgets_ahead(run);
+            self.start_budgets(Instant::now(), run.launch_seq);
             let until = wait.hard.into_iter().chain(wait.caller_until).min();
             match self.stuck_ahead(run, until) {
                 Ahead::Ended => {}
@@ -515,22 +515,22 @@ impl Core {
             .unwrap_or(Ahead::Cleared)
     }
 
-    /// Starts the stream-sync budget of every unfinished run ahead of `run` that no reap has
-    /// started yet: a look at a run ahead from the reap of a run behind it counts as its first
-    /// reap, as a look at a dropped run does. Without it every look gave a run ahead a whole
-    /// new budget, so a run behind reaped in slices behind a run ahead that never ends waited
-    /// forever.
-    fn start_budgets_ahead(&mut self, run: &RunState) {
-        let now = Instant::now();
+    /// Begins at `from` the stream-sync budget of every unfinished run launched before
+    /// position `before` whose reap has not begun it. A look at a run from a wait that is not
+    /// its own reap counts as its first reap, as a look at a dropped run does: from the reap of
+    /// a run behind it (without this, every look gave a run ahead a whole new budget, and a run
+    /// behind reaped in slices behind a run that never ends waited forever), and from a
+    /// preparation's write that waited for it (whose verdict its own reap then shares).
+    pub(super) fn start_budgets(&mut self, from: Instant, before: u64) {
         let starts: Vec<(u64, Duration)> = self
-            .launched_before(run.launch_seq)
+            .launched_before(before)
             .filter(|r| r.reap_started.is_none() && self.queued_end(r).is_none())
             .map(|r| (r.launch_seq, self.reap_budget(r).0))
             .collect();
         for slot in &mut self.slots {
             let Some(r) = slot.run.as_mut() else { continue };
             if let Some(&(_, budget)) = starts.iter().find(|(seq, _)| *seq == r.launch_seq) {
-                r.reap_started = Some((now, budget));
+                r.reap_started = Some((from, budget));
             }
         }
     }
