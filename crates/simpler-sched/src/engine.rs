@@ -31,7 +31,7 @@ use simpler_types::{
 
 use crate::builder::{OrchState, RunBuilder};
 use crate::core::{Core, CoreParts};
-use crate::endpoint::{Endpoint, EndpointCaps, panic_message};
+use crate::endpoint::{Endpoint, EndpointCaps, panic_message, quietly};
 use crate::endpoint_thread::{JobReceiver, endpoint_thread_main, wrap_job};
 use crate::error::{SchedError, ShutdownError};
 use crate::graph::GraphScratch;
@@ -232,7 +232,11 @@ impl Engine {
         core.ring.reset_peaks();
         // Relaxed: a statistic.
         core.counters.runs_begun.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(parent: &admitted.run.span, run = %admitted.run.id, "run begun");
+        // quietly: the run is admitted and marked building, and only its builder clears the
+        // mark; a logging layer that panics here would leave it set for good.
+        quietly(
+            || tracing::debug!(parent: &admitted.run.span, run = %admitted.run.id, "run begun"),
+        );
         Ok(RunBuilder::new(self, admitted.run, admitted.orch))
     }
 
@@ -326,7 +330,9 @@ impl Engine {
         let (record, now_empty) = core.registry.remove_terminal(run)?;
         let left = core.tensor_map.erase_run(run);
         if left > 0 {
-            tracing::warn!(%run, entries = left, "released run still had tensor-map entries");
+            quietly(
+                || tracing::warn!(%run, entries = left, "released run still had tensor-map entries"),
+            );
         }
         let (tasks, peaks) = {
             let c = record.lock();
@@ -352,7 +358,7 @@ impl Engine {
                 }
             });
         }
-        tracing::debug!(%run, tasks, failed, cancelled, "run released");
+        quietly(|| tracing::debug!(%run, tasks, failed, cancelled, "run released"));
         Ok(RunSummary { id: run, outcome, tasks, failed, cancelled, peaks })
     }
 
@@ -377,7 +383,8 @@ impl Engine {
         let failure = RunFailure::Aborted { run: record.id, reason };
         let check = record.mark_aborted(failure, require_closed);
         if check == AbortCheck::Marked {
-            tracing::debug!(run = %record.id, %reason, "aborting run");
+            // quietly: the run is marked failed; its unstarted tasks must still be cancelled.
+            quietly(|| tracing::debug!(run = %record.id, %reason, "aborting run"));
             self.core.cancel_run(record, reason, false, &mut GraphScratch::default());
             record.check_fence();
         }
@@ -459,7 +466,8 @@ impl Engine {
         threads.stopped = true;
         let core = &self.core;
         let mut errors = Vec::new();
-        tracing::debug!(level = core.level, "engine shutting down");
+        // quietly: the engine is marked stopped, so a later call would not stop it again.
+        quietly(|| tracing::debug!(level = core.level, "engine shutting down"));
 
         // 1.
         // Release pairs with the Acquire in `Core::is_stopping`.
@@ -519,11 +527,13 @@ impl Engine {
                 Some(format!("{} ({}) running {task}", w.worker, w.name))
             })
             .collect();
-        tracing::warn!(
-            level = self.core.level,
-            "shutdown waiting for running tasks: {}",
-            busy.join("; ")
-        );
+        quietly(|| {
+            tracing::warn!(
+                level = self.core.level,
+                "shutdown waiting for running tasks: {}",
+                busy.join("; ")
+            )
+        });
     }
 }
 
@@ -531,7 +541,7 @@ impl Drop for Engine {
     fn drop(&mut self) {
         if let Err(e) = self.shutdown(Instant::now()) {
             for e in e.errors {
-                tracing::warn!(level = self.core.level, "engine drop: {e}");
+                quietly(|| tracing::warn!(level = self.core.level, "engine drop: {e}"));
             }
         }
     }

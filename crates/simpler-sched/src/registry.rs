@@ -17,6 +17,7 @@
 //! The building mark and the orchestrator state travel together: `end_building` returns the
 //! state and clears the mark in one critical section, so the next admitted run always finds it.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -100,13 +101,20 @@ impl Registry {
             let Some(id) = s.next else {
                 return Err(SchedError::RunIdsExhausted);
             };
-            let Some(orch) = s.orch.take() else {
+            if s.orch.is_none() {
                 // Only a leaked builder (`mem::forget`) can keep the state away while no run
                 // is marked building; the mark would then still be set, so this is unreachable.
                 return Err(SchedError::AnotherRunBuilding { building: id });
+            }
+            // Before anything changes: a logging layer that panics as the span opens must not
+            // leave the orchestrator state taken and no run building. The run then has none.
+            let span = catch_unwind(AssertUnwindSafe(|| make_span(id)))
+                .unwrap_or_else(|_| tracing::Span::none());
+            let Some(orch) = s.orch.take() else {
+                return Err(SchedError::AnotherRunBuilding { building: id });
             };
             s.next = id.next();
-            let run = Arc::new(RunRecord::new(id, make_span(id)));
+            let run = Arc::new(RunRecord::new(id, span));
             let previous = s.runs.last().cloned();
             s.runs.push(Arc::clone(&run));
             s.building = Some(id);

@@ -274,13 +274,15 @@ impl SchedState {
             Err(f) => match record_member_failure(core, c.slot, c.member, c.worker, f) {
                 Some(f) => Some(f),
                 None => {
-                    tracing::debug!(slot = %c.slot, "failed completion for a stale slot ignored");
+                    quietly(
+                        || tracing::debug!(slot = %c.slot, "failed completion for a stale slot ignored"),
+                    );
                     return;
                 }
             },
         };
         let Some(slot) = core.ring.slot(c.slot) else {
-            tracing::debug!(slot = %c.slot, "completion for a stale slot ignored");
+            quietly(|| tracing::debug!(slot = %c.slot, "completion for a stale slot ignored"));
             return;
         };
         let s = &mut self.scratch;
@@ -288,7 +290,9 @@ impl SchedState {
             slot.complete_member(c.slot, c.member, failure, &mut s.consumers, &mut s.releases);
         match done {
             MemberDone::Stale => {
-                tracing::debug!(slot = %c.slot, member = c.member, "stale completion ignored");
+                quietly(
+                    || tracing::debug!(slot = %c.slot, member = c.member, "stale completion ignored"),
+                );
             }
             MemberDone::Waiting => {}
             MemberDone::Finished { failure, reclaim, reads } => {
@@ -525,13 +529,15 @@ impl SchedState {
             .map(|t| t.to_string())
             .collect();
         let task = core.task_of(head).map_or_else(|| head.to_string(), |t| t.to_string());
-        tracing::warn!(
-            level = core.level,
-            "group task {task} blocked for {blocked:?} on busy targets [{}] while its idle \
-             targets hold queued singles [{}]",
-            busy.join(", "),
-            held.join(", ")
-        );
+        quietly(|| {
+            tracing::warn!(
+                level = core.level,
+                "group task {task} blocked for {blocked:?} on busy targets [{}] while its idle \
+                 targets hold queued singles [{}]",
+                busy.join(", "),
+                held.join(", ")
+            )
+        });
     }
 
     fn publish_counters(&self, core: &Core) {
@@ -593,7 +599,7 @@ fn record_member_failure(
     failure.source = f.source;
     failure.cause = f.cause;
     let failure = Arc::new(failure);
-    tracing::debug!(task = %head.task, member, "member failed: {}", failure.message);
+    quietly(|| tracing::debug!(task = %head.task, member, "member failed: {}", failure.message));
     run.record(RunFailure::Task(Arc::clone(&failure)));
     Some(failure)
 }
