@@ -101,6 +101,8 @@
 //! - `src/runner/loom_models.rs`: the slot bytes of the `loom` models, as `loom` cells.
 //! - `src/runtime/orch.rs`, `src/runtime/hbg/mod.rs`, `src/runtime/hbg/builder/mod.rs`: the
 //!   ops-table glue between an orchestration and the graph builder.
+//! - `src/runtime/hbg/builder/tests.rs`: calls of that glue with the malformed arrays a C
+//!   orchestration could pass.
 
 // With no backend feature the backend-neutral types and the simulator-facing image views have
 // no constructor; the crate still builds (every `attach` reports the missing feature), so the

@@ -338,3 +338,33 @@ mod smallvec_tags {
         }
     }
 }
+
+/// The `n` elements a caller of the ops table passed at `p`: empty for `n == 0` whatever `p`
+/// is (C passes null for an empty array); `None` when `p` is null or misaligned.
+///
+/// # Safety
+///
+/// A non-null, aligned `p` with `n > 0` points at `n` initialised elements valid for `'a`.
+pub(crate) unsafe fn c_slice<'a, T>(p: *const T, n: usize) -> Option<&'a [T]> {
+    if n == 0 {
+        return Some(&[]);
+    }
+    if p.is_null() || !p.is_aligned() {
+        return None;
+    }
+    // SAFETY: non-null and aligned; the caller's guarantee for the rest.
+    Some(unsafe { core::slice::from_raw_parts(p, n) })
+}
+
+/// The element a caller of the ops table passed at `p`; `None` when null or misaligned.
+///
+/// # Safety
+///
+/// A non-null, aligned `p` points at an initialised element valid for `'a`.
+pub(crate) unsafe fn c_ref<'a, T>(p: *const T) -> Option<&'a T> {
+    if !p.is_aligned() {
+        return None;
+    }
+    // SAFETY: aligned; null gives `None`; the caller's guarantee for the rest.
+    unsafe { p.as_ref() }
+}

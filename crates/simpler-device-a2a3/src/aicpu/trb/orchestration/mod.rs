@@ -22,6 +22,7 @@ use crate::aicpu::text::FixedText;
 use crate::aicpu::view::ImageView;
 use crate::aicpu::{AicpuPlatform, LogLevel};
 use crate::callable::{NativeOrchFn, OrchArgs};
+use crate::runtime::orch::c_slice;
 use crate::runtime::orch::{
     COrchArgs, COrchConfigFn, COrchEntryFn, ORCH_CAPACITY, ORCH_FAILED, ORCH_INVALID, ORCH_OK,
     OrchCtx, OrchError, SubmitDesc,
@@ -31,7 +32,7 @@ use crate::runtime::trb::engine::{ArenaReset, Engine, RingStall, SubmitRefusal};
 use crate::runtime::trb::storage::{
     ArenaLayout, MAX_ENTRY_TENSORS, MAX_TASK_SCALARS, MAX_TASK_TENSORS,
 };
-use ops::{c_slice, ops_table};
+use ops::ops_table;
 
 mod ops;
 

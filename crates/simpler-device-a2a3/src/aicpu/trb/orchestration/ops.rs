@@ -10,7 +10,7 @@ use super::super::record;
 use super::{FaultDetail, TrbOrch};
 use crate::abi::codes::RuntimeCode;
 use crate::aicpu::{AicpuPlatform, LogLevel};
-use crate::runtime::orch::{ORCH_FAILED, ORCH_OK, ORCH_OPS_VERSION, OrchOps, SubmitDesc};
+use crate::runtime::orch::{ORCH_FAILED, ORCH_OK, ORCH_OPS_VERSION, OrchOps, SubmitDesc, c_ref};
 
 /// The ops table of the trb orchestration over platform `P`.
 pub(super) fn ops_table<P: AicpuPlatform>() -> OrchOps {
@@ -203,36 +203,6 @@ unsafe extern "C-unwind" fn op_log<P: AicpuPlatform>(
         _ => LogLevel::Debug,
     };
     o.p.log(level, format_args!("orchestration: {}", message_text(msg, len)));
-}
-
-/// The `n` elements a caller of the ops table passed at `p`: empty for `n == 0` whatever `p`
-/// is (C passes null for an empty array); `None` when `p` is null or misaligned.
-///
-/// # Safety
-///
-/// A non-null, aligned `p` with `n > 0` points at `n` initialised elements valid for `'a`.
-pub(super) unsafe fn c_slice<'a, T>(p: *const T, n: usize) -> Option<&'a [T]> {
-    if n == 0 {
-        return Some(&[]);
-    }
-    if p.is_null() || !p.is_aligned() {
-        return None;
-    }
-    // SAFETY: non-null and aligned; the caller's guarantee for the rest.
-    Some(unsafe { core::slice::from_raw_parts(p, n) })
-}
-
-/// The element a caller of the ops table passed at `p`; `None` when null or misaligned.
-///
-/// # Safety
-///
-/// A non-null, aligned `p` points at an initialised element valid for `'a`.
-unsafe fn c_ref<'a, T>(p: *const T) -> Option<&'a T> {
-    if !p.is_aligned() {
-        return None;
-    }
-    // SAFETY: aligned; null gives `None`; the caller's guarantee for the rest.
-    unsafe { p.as_ref() }
 }
 
 fn message_text<'a>(msg: *const u8, len: usize) -> &'a str {

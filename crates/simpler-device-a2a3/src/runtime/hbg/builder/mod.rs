@@ -34,6 +34,7 @@ use crate::abi::payload::LOCAL_CONTEXT_SLOT;
 use crate::error::{CapacityResource, DeviceError, RuntimeFault};
 use crate::runtime::orch::{
     ORCH_CAPACITY, ORCH_FAILED, ORCH_INVALID, ORCH_OK, ORCH_OPS_VERSION, OrchOps, SubmitDesc,
+    c_ref, c_slice,
 };
 
 /// What the builder needs from the device.
@@ -762,23 +763,13 @@ unsafe fn builder<'a>(rt: *mut c_void) -> &'a mut GraphBuilder<'a> {
     unsafe { &mut *(rt as *mut GraphBuilder<'a>) }
 }
 
-/// # Safety
-/// `ptr` must be valid for `len` elements when `len > 0`.
-unsafe fn slice_or_empty<'a, T>(ptr: *const T, len: usize) -> &'a [T] {
-    if len == 0 || ptr.is_null() {
-        &[]
-    } else {
-        // SAFETY: the caller's contract.
-        unsafe { std::slice::from_raw_parts(ptr, len) }
-    }
-}
-
 unsafe extern "C-unwind" fn op_submit(rt: *mut c_void, desc: *const SubmitDesc) -> i64 {
     // SAFETY: the ops table is only handed out with a live builder as `rt`.
     let b = unsafe { builder(rt) };
-    // SAFETY: a non-null descriptor points at a `SubmitDesc` for the duration of the call.
-    let Some(d) = (unsafe { desc.as_ref() }) else {
-        return i64::from(b.invalid("submit: null task descriptor".into()));
+    // SAFETY: a non-null, aligned descriptor points at a `SubmitDesc` for the duration of the
+    // call.
+    let Some(d) = (unsafe { c_ref(desc) }) else {
+        return i64::from(b.invalid("submit: null or misaligned task descriptor".into()));
     };
     if d.num_tensors as usize > CORE_MAX_TENSOR_ARGS
         || d.num_scalars as usize > CORE_MAX_SCALAR_ARGS
@@ -788,14 +779,17 @@ unsafe extern "C-unwind" fn op_submit(rt: *mut c_void, desc: *const SubmitDesc) 
             b.task_total, d.num_tensors, d.num_scalars
         )));
     }
+    let (nt, ns) = (d.num_tensors as usize, d.num_scalars as usize);
     // SAFETY: the descriptor's arrays hold the counts it states (the orchestration's contract,
-    // upheld by `OrchCtx`); the counts were bounded above.
-    let (tensors, tags, scalars) = unsafe {
-        (
-            slice_or_empty(d.tensors, d.num_tensors as usize),
-            slice_or_empty(d.tags, d.num_tensors as usize),
-            slice_or_empty(d.scalars, d.num_scalars as usize),
-        )
+    // upheld by `OrchCtx`); the counts were bounded above; `c_slice` refuses null and
+    // misaligned ones.
+    let (tensors, tags, scalars) =
+        unsafe { (c_slice(d.tensors, nt), c_slice(d.tags, nt), c_slice(d.scalars, ns)) };
+    let (Some(tensors), Some(tags), Some(scalars)) = (tensors, tags, scalars) else {
+        return i64::from(b.invalid(format!(
+            "task#{}: a null or misaligned array for its {nt} tensors (and tags) or {ns} scalars",
+            b.task_total
+        )));
     };
     b.submit(d.func_ids, d.shape, d.block_num, tensors, tags, scalars)
 }
@@ -820,8 +814,8 @@ unsafe extern "C-unwind" fn op_alloc_tensors(
     if count == 0 {
         return ORCH_OK;
     }
-    if tensors.is_null() {
-        return b.invalid("alloc_tensors: null descriptor array".into());
+    if tensors.is_null() || !tensors.is_aligned() {
+        return b.invalid("alloc_tensors: null or misaligned descriptor array".into());
     }
     // SAFETY: the caller passes `count` descriptors it exclusively owns for the call.
     let ts = unsafe { std::slice::from_raw_parts_mut(tensors, count as usize) };
@@ -836,9 +830,9 @@ unsafe extern "C-unwind" fn op_get_tensor_data(
 ) -> i32 {
     // SAFETY: see `op_submit`.
     let b = unsafe { builder(rt) };
-    // SAFETY: a non-null descriptor pointer is valid for the call.
-    let Some(t) = (unsafe { t.as_ref() }) else {
-        return b.invalid("tensor_data: null descriptor".into());
+    // SAFETY: a non-null, aligned descriptor pointer is valid for the call.
+    let Some(t) = (unsafe { c_ref(t) }) else {
+        return b.invalid("tensor_data: null or misaligned descriptor".into());
     };
     let t = *t;
     if dst.is_null() && len > 0 {
@@ -864,16 +858,18 @@ unsafe extern "C-unwind" fn op_set_tensor_data(
 ) -> i32 {
     // SAFETY: see `op_submit`.
     let b = unsafe { builder(rt) };
-    // SAFETY: a non-null descriptor pointer is valid for the call.
-    let Some(t) = (unsafe { t.as_ref() }) else {
-        return b.invalid("set_tensor_data: null descriptor".into());
+    // SAFETY: a non-null, aligned descriptor pointer is valid for the call.
+    let Some(t) = (unsafe { c_ref(t) }) else {
+        return b.invalid("set_tensor_data: null or misaligned descriptor".into());
     };
     let t = *t;
     let Ok(n) = usize::try_from(len) else {
         return b.invalid("set_tensor_data: length overflows".into());
     };
     // SAFETY: the caller passes a source valid for `len` bytes.
-    let data = unsafe { slice_or_empty(src, n) };
+    let Some(data) = (unsafe { c_slice(src, n) }) else {
+        return b.invalid("set_tensor_data: null source".into());
+    };
     b.set_data(&t, data)
 }
 
@@ -896,7 +892,7 @@ unsafe extern "C-unwind" fn op_report_fatal(
     // SAFETY: see `op_submit`.
     let b = unsafe { builder(rt) };
     // SAFETY: the caller passes a message valid for `len` bytes.
-    let text = String::from_utf8_lossy(unsafe { slice_or_empty(msg, len) }).into_owned();
+    let text = String::from_utf8_lossy(unsafe { c_slice(msg, len) }.unwrap_or(&[])).into_owned();
     b.report_fatal(code, text);
 }
 
@@ -904,7 +900,7 @@ unsafe extern "C-unwind" fn op_log(rt: *mut c_void, level: u32, msg: *const u8, 
     // SAFETY: see `op_submit`.
     let b = unsafe { builder(rt) };
     // SAFETY: the caller passes a message valid for `len` bytes.
-    let text = String::from_utf8_lossy(unsafe { slice_or_empty(msg, len) });
+    let text = String::from_utf8_lossy(unsafe { c_slice(msg, len) }.unwrap_or(&[]));
     let run = b.run_id.get();
     match level {
         0 => tracing::error!(run, "orchestration: {text}"),

@@ -88,6 +88,50 @@ fn too_many_tensors_or_scalars_are_rejected_naming_the_counts() {
 }
 
 #[test]
+fn a_null_or_misaligned_argument_array_with_a_count_is_refused_not_read_as_empty() {
+    let ts = [buf(0, 4)];
+    let tags = [0i32; 2];
+    let scalars = [0u64; 2];
+    let desc =
+        |tensors: *const Tensor, tags: *const i32, scalars: *const u64, ns: u32| SubmitDesc {
+            func_ids: AIV,
+            shape: TaskShape::Aiv as u32,
+            block_num: 1,
+            num_tensors: 1,
+            num_scalars: ns,
+            reserved: 0,
+            tensors,
+            tags,
+            scalars,
+        };
+    // One tag one byte into the array: misaligned for an `i32`.
+    let misaligned_tags = tags.as_ptr().cast::<u8>().wrapping_add(1).cast::<i32>();
+    for (what, d) in [
+        ("null tensors", desc(std::ptr::null(), tags.as_ptr(), scalars.as_ptr(), 0)),
+        ("null tags", desc(ts.as_ptr(), std::ptr::null(), scalars.as_ptr(), 0)),
+        ("misaligned tags", desc(ts.as_ptr(), misaligned_tags, scalars.as_ptr(), 0)),
+        ("null scalars", desc(ts.as_ptr(), tags.as_ptr(), std::ptr::null(), 1)),
+    ] {
+        let mut f = Fixture::default();
+        let mut b = builder(&mut f);
+        let rt = (&mut b as *mut GraphBuilder<'_>).cast::<c_void>();
+        // SAFETY: `rt` is a live builder; `d` names arrays that are live (or null/misaligned,
+        // which is what is refused).
+        let status = unsafe { op_submit(rt, &d) };
+        assert_eq!(status, i64::from(ORCH_INVALID), "{what}");
+        assert!(message(b.finish().unwrap_err()).contains("null or misaligned"), "{what}");
+    }
+    // Null arrays with zero counts are empty, as C passes them.
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
+    let rt = (&mut b as *mut GraphBuilder<'_>).cast::<c_void>();
+    let mut d = desc(std::ptr::null(), std::ptr::null(), std::ptr::null(), 0);
+    d.num_tensors = 0;
+    // SAFETY: as above.
+    assert!(unsafe { op_submit(rt, &d) } >= 0);
+}
+
+#[test]
 fn func_ids_must_be_in_range_and_registered() {
     let mut f = Fixture::default();
     let mut b = builder(&mut f);
