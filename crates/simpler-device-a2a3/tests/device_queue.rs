@@ -381,10 +381,10 @@ const MID_RUN: Duration = Duration::from_millis(1000);
 
 #[test]
 fn a_queued_run_given_its_own_budget_behind_a_slow_run_is_not_waited_for_past_the_reaps_deadline() {
-    // As above, but run 2 takes a second of its own and is reaped with a deadline just past
-    // its two budgets: they run out while run 1 still executes, run 1 ends after the deadline,
-    // and run 2 gets its own budget from then; the reap must return at its deadline with run 2
-    // still launched, not wait for run 2 within that new budget.
+    // As above, but run 2 takes a second of its own and is reaped with a deadline between run
+    // 1's end (4.6 s) and run 2's (5.6 s): run 2's two budgets run out while run 1 still
+    // executes, run 1 ends, and run 2 gets its own budget from then; the reap must return at
+    // its deadline with run 2 still launched, not wait for run 2 within that new budget.
     let opts = queue_options()
         .with_scheduler_timeout(SLOW_BUDGET / 8)
         .with_op_execute_timeout(SLOW_BUDGET / 4)
@@ -398,7 +398,7 @@ fn a_queued_run_given_its_own_budget_behind_a_slow_run_is_not_waited_for_past_th
     let first = r.launch_run(p1).unwrap();
     let p2 = r.prepare(&RunRequest::new(run_id(2), mid, &runs[1].args, &cfg)).unwrap();
     let second = r.launch_run(p2).unwrap();
-    let deadline = SLOW_BUDGET * 2 + SLOW_BUDGET / 20;
+    let deadline = SLOW_BUDGET * 5 / 2;
     let reaped = r.reap_run(&second, Some(deadline)).unwrap_or_else(|e| panic!("run 2: {e}"));
     assert!(!reaped, "the reap waited past its deadline for run 2, which had just begun");
     assert!(r.reap_run(&second, None).unwrap(), "run 2 ends within its own budget");

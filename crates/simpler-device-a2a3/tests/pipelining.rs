@@ -399,31 +399,40 @@ fn an_orchestration_write_that_gives_up_on_a_run_gives_that_runs_reap_the_same_v
     // Run 1 takes longer than a budget of short kernels (no watchdog fires); run 2's
     // orchestration writes user memory while run 1 executes, so the write waits for it and
     // gives up after a budget. The device is unusable through run 1, and run 2 abandoned behind
-    // it; run 1's own reap, later, must not report it successful.
-    let opts = options()
-        .with_scheduler_timeout(SHORT_BUDGET / 8)
-        .with_op_execute_timeout(SHORT_BUDGET / 4)
-        .with_stream_sync_timeout(SHORT_BUDGET);
-    let (mut r, _, stamping, _, _, _, _, args2) = stamping_runner(opts);
-    let slow = r.register_callable(&vector::builder_with_mul(overrunning_mul).build().unwrap());
-    let v = VectorRun::new(&mut r, 64);
-    let cfg = CallConfig::default();
-    let p = r.prepare(&RunRequest::new(run_id(1), slow.unwrap(), &v.args, &cfg)).unwrap();
-    let first = r.launch_run(p).unwrap();
-    let err = r.prepare(&RunRequest::new(run_id(2), stamping, &args2, &cfg)).unwrap_err();
-    assert!(
-        matches!(&err, DeviceError::Abandoned { run_id: r2, after, .. }
-            if *r2 == run_id(2) && *after == run_id(1)),
-        "{err}"
-    );
-    assert!(!r.health().is_healthy(), "the device is unusable through run 1");
-    let own = r.reap_run(&first, None);
-    assert!(
-        matches!(&own, Err(e) if e.run_id() == Some(run_id(1))),
-        "run 1, named as the culprit, reaped as: {own:?}"
-    );
-    drop(v);
-    r.finalize().unwrap();
+    // it; run 1's own reap, later, must not report it successful: neither at once (its budget
+    // ran from the write's wait) nor once it has ended after all (as it may in the recovery
+    // drain, or before anybody reaps it).
+    for reap_after_its_end in [false, true] {
+        let opts = options()
+            .with_scheduler_timeout(SHORT_BUDGET / 8)
+            .with_op_execute_timeout(SHORT_BUDGET / 4)
+            .with_stream_sync_timeout(SHORT_BUDGET);
+        let (mut r, _, stamping, _, _, _, _, args2) = stamping_runner(opts);
+        let slow = r.register_callable(&vector::builder_with_mul(overrunning_mul).build().unwrap());
+        let v = VectorRun::new(&mut r, 64);
+        let cfg = CallConfig::default();
+        let p = r.prepare(&RunRequest::new(run_id(1), slow.unwrap(), &v.args, &cfg)).unwrap();
+        let first = r.launch_run(p).unwrap();
+        let err = r.prepare(&RunRequest::new(run_id(2), stamping, &args2, &cfg)).unwrap_err();
+        assert!(
+            matches!(&err, DeviceError::Abandoned { run_id: r2, after, .. }
+                if *r2 == run_id(2) && *after == run_id(1)),
+            "{err}"
+        );
+        assert!(!r.health().is_healthy(), "the device is unusable through run 1");
+        if reap_after_its_end {
+            // Run 1 declares one and a half budgets; one has passed in the write's wait.
+            std::thread::sleep(SHORT_BUDGET);
+        }
+        let own = r.reap_run(&first, None);
+        assert!(
+            matches!(&own, Err(e) if e.run_id() == Some(run_id(1))),
+            "reaped after its end: {reap_after_its_end}; run 1, named as the culprit, reaped \
+             as: {own:?}"
+        );
+        drop(v);
+        r.finalize().unwrap();
+    }
 }
 
 #[test]

@@ -219,10 +219,13 @@ impl DeviceRunner {
     }
 
     /// Waits for a launched run (R1–R3). The stream-sync budget runs from the run's first
-    /// reap across all of them. `within` bounds the wait: if it is shorter than what is left
-    /// of the budget and passes first, the run stays launched and the call returns
-    /// `Ok(false)`; `None` waits for the rest of the budget, after which the run fails with a
-    /// timeout. A run already reaped returns `Ok(true)` at once. The cleanup of dropped run
+    /// reap across all of them (or from an earlier wait for the run: a preparation's write, the
+    /// reap of a queued run behind it). `within` bounds the wait: if it is shorter than what is
+    /// left of the budget and passes first, the run stays launched and the call returns
+    /// `Ok(false)`, as it does for a queued run still waiting at `within` for a run ahead that
+    /// may end within its own budget; `None` waits for the rest of the budget, after which the
+    /// run fails with a timeout. Only the recovery drain after a failure the reap found may
+    /// outlast `within`. A run already reaped returns `Ok(true)` at once. The cleanup of dropped run
     /// handles waits only for a dropped run queued ahead of `run`, which `run` cannot end
     /// before, and no longer than `within`.
     pub fn reap_run(

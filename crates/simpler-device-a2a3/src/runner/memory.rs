@@ -95,9 +95,10 @@ pub(super) struct RunMemory<'a> {
     pub(super) heap_refused: bool,
     /// The runs on the device while this one prepares, until a write waited for them.
     pub(super) executing: Option<Executing>,
-    /// When a write began waiting for them: their budgets run from there, for their own reaps
-    /// too ([`Core::start_budgets`]).
-    pub(super) budgets_from: Option<Instant>,
+    /// When a write began waiting for them, and the budget it gave each run that no reap had
+    /// begun (by `launch_seq`): those budgets run from there for the runs' own reaps too
+    /// ([`Core::begin_budgets`]).
+    pub(super) budgets_begun: Option<(Instant, Vec<(u64, Duration)>)>,
     /// The run a write of the orchestration waited for, if one had to.
     pub(super) waited_for: Option<RunId>,
     /// Why that wait failed (the runs ahead faulted or did not finish): the run being
@@ -107,10 +108,11 @@ pub(super) struct RunMemory<'a> {
 
 /// The launched runs a preparation overlaps with: the last one launched (the streams finish
 /// it after every run launched before it) and the stream-sync budget of each, as its reap has
-/// it: when it began and how long it is (`None`: not begun, it begins with the wait).
+/// it: its `launch_seq`, when the budget began (`None`: not yet, it begins with the wait) and
+/// how long it is.
 pub(super) struct Executing {
     pub(super) last: RunId,
-    pub(super) budgets: Vec<(Option<Instant>, Duration)>,
+    pub(super) budgets: Vec<(u64, Option<Instant>, Duration)>,
     pub(super) op_execute: Duration,
 }
 
@@ -119,7 +121,7 @@ impl Executing {
     fn deadline(&self, now: Instant) -> Instant {
         self.budgets
             .iter()
-            .filter_map(|&(started, budget)| started.unwrap_or(now).checked_add(budget))
+            .filter_map(|&(_, started, budget)| started.unwrap_or(now).checked_add(budget))
             .max()
             .unwrap_or(now)
     }
@@ -139,7 +141,8 @@ impl RunMemory<'_> {
         // whole one from now. So a run it gives up on has spent its budget, and the run's own
         // reap says so as well, instead of reporting success for a run named as the culprit.
         let now = Instant::now();
-        self.budgets_from = Some(now);
+        let begun = e.budgets.iter().filter(|b| b.1.is_none()).map(|&(seq, _, b)| (seq, b));
+        self.budgets_begun = Some((now, begun.collect()));
         let deadline = e.deadline(now);
         for (stream, step) in SYNC_ORDER {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -247,7 +250,7 @@ impl Core {
         let last = self.launched_before(u64::MAX).max_by_key(|r| r.launch_seq)?;
         let budgets = self
             .launched_before(u64::MAX)
-            .map(|r| (r.reap_started.map(|(t, _)| t), self.reap_budget(r).0))
+            .map(|r| (r.launch_seq, r.reap_started.map(|(t, _)| t), self.reap_budget(r).0))
             .collect();
         Some(Executing { last: last.run_id, budgets, op_execute: self.timeouts.op_execute })
     }

@@ -266,9 +266,9 @@ struct Core {
     /// after it stood behind it, runs launched before it did not. `None` while healthy, and
     /// when the cause was no launched run (every launched run then counts as behind it).
     poisoned_at: Option<u64>,
-    /// `(launch_seq, run_id)` of every launched run charged with a failure, so a run behind one
-    /// that was reaped first still finds it. Bounded: an unusable runner launches nothing more.
-    failed_runs: Vec<(u64, RunId)>,
+    /// `(launch_seq, cause)` of each launched run charged with a failure, for the runs behind
+    /// it and its own reap (bounded: an unusable runner launches nothing more).
+    failed_runs: Vec<(u64, PoisonCause)>,
     /// Leases of dropped handles, cleaned up at the next call.
     returns: ReturnQueue,
     used_runs: UsedRunIds,
@@ -509,16 +509,16 @@ impl Core {
             misses: 0,
             heap_refused: false,
             executing,
-            budgets_from: None,
+            budgets_begun: None,
             waited_for: None,
             ahead_failed: None,
         };
         let bound = self.runtime.bind(&inputs, &mut mem, &mut res.host_image);
         self.stats.arena_cache_misses += mem.misses;
         let (ahead_failed, waited_for) = (mem.ahead_failed, mem.waited_for);
-        let (budgets_from, heap_refused) = (mem.budgets_from, mem.heap_refused);
-        if let Some(from) = budgets_from {
-            self.start_budgets(from, u64::MAX);
+        let (budgets_begun, heap_refused) = (mem.budgets_begun.take(), mem.heap_refused);
+        if let Some((from, budgets)) = budgets_begun {
+            self.begin_budgets(from, &budgets);
         }
         if heap_refused {
             // As for the image and staging arenas: a failed arena allocation releases every
@@ -787,7 +787,7 @@ impl Core {
             self.poisoned_at = (launch_seq > 0).then_some(launch_seq);
         }
         if launch_seq > 0 && !self.failed_runs.iter().any(|&(seq, _)| seq == launch_seq) {
-            self.failed_runs.push((launch_seq, cause.run_id));
+            self.failed_runs.push((launch_seq, cause));
         }
         self.health.poison(cause);
     }

@@ -237,10 +237,34 @@ impl Core {
         let op = self.timeouts.op_execute;
         // R1: AICPU stream, then AICore stream.
         match sync_in_order(wait, |stream, left| self.backend.synchronize(stream, left, op)) {
-            Synced::Done => self.reaped(run),
+            Synced::Done => self.reaped_unless_charged(run, wait),
             Synced::CallerDeadline => Ok(false),
             Synced::Failed(stream, step, e) => Err(self.sync_failure(run, stream, step, e, wait)),
         }
+    }
+
+    /// R3 of a run whose streams or end events completed, unless another wait gave up on it
+    /// first: a preparation's write or the reap of a run behind it that charged it with a
+    /// timeout and made the device unusable through it (it may have ended in the recovery
+    /// drain since). Its reap then reports that timeout, as its own wait would have, never a
+    /// success for the run the device's health names.
+    fn reaped_unless_charged(
+        &mut self,
+        run: &mut RunState,
+        wait: ReapWait,
+    ) -> Result<bool, DeviceError> {
+        let charged = self.failed_runs.iter().find(|(seq, c)| {
+            *seq == run.launch_seq
+                && c.run_id == run.run_id
+                && c.code == AclCode::STREAM_SYNC_TIMEOUT
+        });
+        let Some(&(_, cause)) = charged else { return self.reaped(run) };
+        let stream = if cause.step == PoisonStep::SyncAiCore {
+            StreamKind::AiCore
+        } else {
+            StreamKind::Aicpu
+        };
+        Err(self.sync_failure(run, stream, cause.step, SyncError::Timeout, wait))
     }
 
     /// R3 of a run whose streams or end events completed: timing (soft), then the collectors in
@@ -269,7 +293,7 @@ impl Core {
             self.backend.event_synchronize(&events.end[stream_slot(stream)], left, op)
         });
         let (stream, step, e) = match synced {
-            Synced::Done => return self.reaped(run),
+            Synced::Done => return self.reaped_unless_charged(run, wait),
             Synced::CallerDeadline => return Ok(false),
             Synced::Failed(stream, step, e) => (stream, step, e),
         };
@@ -449,8 +473,12 @@ impl Core {
             .rev()
             .find(|r| begun(r))
             .map(|r| (r.launch_seq, r.run_id));
-        let latest_failed =
-            self.failed_runs.iter().copied().filter(|&(seq, _)| seq < run.launch_seq).max();
+        let latest_failed = self
+            .failed_runs
+            .iter()
+            .map(|&(seq, c)| (seq, c.run_id))
+            .filter(|&(seq, _)| seq < run.launch_seq)
+            .max();
         if let Some((seq, id)) = latest_begun.max(latest_failed) {
             return Some((id, seq));
         }
@@ -519,16 +547,24 @@ impl Core {
     /// position `before` whose reap has not begun it. A look at a run from a wait that is not
     /// its own reap counts as its first reap, as a look at a dropped run does: from the reap of
     /// a run behind it (without this, every look gave a run ahead a whole new budget, and a run
-    /// behind reaped in slices behind a run that never ends waited forever), and from a
-    /// preparation's write that waited for it (whose verdict its own reap then shares).
+    /// behind reaped in slices behind a run that never ends waited forever).
     pub(super) fn start_budgets(&mut self, from: Instant, before: u64) {
         let starts: Vec<(u64, Duration)> = self
             .launched_before(before)
             .filter(|r| r.reap_started.is_none() && self.queued_end(r).is_none())
             .map(|r| (r.launch_seq, self.reap_budget(r).0))
             .collect();
+        self.begin_budgets(from, &starts);
+    }
+
+    /// Begins at `from` each `(launch_seq, budget)` of `starts` for its run, unless a reap has
+    /// begun that run's budget already.
+    pub(super) fn begin_budgets(&mut self, from: Instant, starts: &[(u64, Duration)]) {
         for slot in &mut self.slots {
             let Some(r) = slot.run.as_mut() else { continue };
+            if r.reap_started.is_some() {
+                continue;
+            }
             if let Some(&(_, budget)) = starts.iter().find(|(seq, _)| *seq == r.launch_seq) {
                 r.reap_started = Some((from, budget));
             }
