@@ -331,13 +331,46 @@ fn a_queued_run_reaped_in_slices_keeps_the_budget_it_had_while_runs_were_ahead_o
 /// scheduler budget), and the time its run 1 declares on the chip: 2.3 budgets, as a long run
 /// of short kernels would take (no kernel overruns the op-execute watchdog).
 const SLOW_BUDGET: Duration = Duration::from_millis(2000);
-const SLOW_RUN: Duration = Duration::from_millis(4600);
+/// Device times the product kernels below declare, in milliseconds: a run ahead slower than
+/// the budgets of a queued run behind it (4.6 s), a run shorter than a budget (1 s), and a run
+/// ahead that outlasts both the budgets behind it and its own after them (7.5 s).
+const SLOW_RUN_MS: u64 = 4600;
+const MID_RUN_MS: u64 = 1000;
+const OVERRUN_MS: u64 = 7500;
 
-/// `g = d · e`, declaring [`SLOW_RUN`] on the chip.
-unsafe extern "C-unwind" fn slow_mul(args: *mut i64) {
+/// `g = d · e`, declaring `MS` milliseconds on the chip.
+unsafe extern "C-unwind" fn declaring_mul<const MS: u64>(args: *mut i64) {
     // SAFETY: the runtime's argument vector for the product task, passed on unchanged.
     unsafe { vector::mul(args) };
-    model_device_time(SLOW_RUN);
+    model_device_time(Duration::from_millis(MS));
+}
+
+/// The queue options with [`SLOW_BUDGET`] as the stream-sync budget (the others to match).
+fn slow_budget_options() -> simpler_device_a2a3::RunnerOptions {
+    queue_options()
+        .with_scheduler_timeout(SLOW_BUDGET / 8)
+        .with_op_execute_timeout(SLOW_BUDGET / 4)
+        .with_stream_sync_timeout(SLOW_BUDGET)
+}
+
+/// Registers the vector program whose product kernel declares `MS` milliseconds.
+fn declaring<const MS: u64>(r: &mut DeviceRunner) -> simpler_device_a2a3::ChipSlot {
+    r.register_callable(&vector::builder_with_mul(declaring_mul::<MS>).build().unwrap()).unwrap()
+}
+
+/// Runs 1 (`first`) and 2 (`second`, queued behind it) over vectors of 256, launched.
+fn launch_two(
+    r: &mut DeviceRunner,
+    first: simpler_device_a2a3::ChipSlot,
+    second: simpler_device_a2a3::ChipSlot,
+) -> (Vec<VectorRun>, ActiveRun, ActiveRun) {
+    let runs: Vec<_> = (0..2).map(|_| VectorRun::new(r, 256)).collect();
+    let cfg = CallConfig::default();
+    let p1 = r.prepare(&RunRequest::new(run_id(1), first, &runs[0].args, &cfg)).unwrap();
+    let a1 = r.launch_run(p1).unwrap();
+    let p2 = r.prepare(&RunRequest::new(run_id(2), second, &runs[1].args, &cfg)).unwrap();
+    let a2 = r.launch_run(p2).unwrap();
+    (runs, a1, a2)
 }
 
 #[test]
@@ -345,19 +378,10 @@ fn a_queued_run_whose_budget_ran_out_behind_a_slow_run_that_then_ended_gets_its_
     // Run 2, queued behind run 1, only adds. Its reap (first, with two budgets: one for run 1,
     // one for itself) runs out while run 1 still executes; run 1 then ends within the budget
     // it is given, and only then can run 2 begin: its timeout would not be its own.
-    let opts = queue_options()
-        .with_scheduler_timeout(SLOW_BUDGET / 8)
-        .with_op_execute_timeout(SLOW_BUDGET / 4)
-        .with_stream_sync_timeout(SLOW_BUDGET);
-    let mut r = DeviceRunner::attach(opts).unwrap();
-    let slow = r.register_callable(&vector::builder_with_mul(slow_mul).build().unwrap()).unwrap();
+    let mut r = DeviceRunner::attach(slow_budget_options()).unwrap();
+    let slow = declaring::<SLOW_RUN_MS>(&mut r);
     let sum = r.register_callable(&add::callable().unwrap()).unwrap();
-    let runs: Vec<_> = (0..2).map(|_| VectorRun::new(&mut r, 256)).collect();
-    let cfg = CallConfig::default();
-    let p1 = r.prepare(&RunRequest::new(run_id(1), slow, &runs[0].args, &cfg)).unwrap();
-    let first = r.launch_run(p1).unwrap();
-    let p2 = r.prepare(&RunRequest::new(run_id(2), sum, &runs[1].args, &cfg)).unwrap();
-    let second = r.launch_run(p2).unwrap();
+    let (runs, first, second) = launch_two(&mut r, slow, sum);
     let reaped = r.reap_run(&second, None).unwrap_or_else(|e| panic!("run 2 never overran: {e}"));
     assert!(reaped);
     assert_eq!(r.complete_run(second).unwrap().run_id, Some(run_id(2)));
@@ -369,35 +393,16 @@ fn a_queued_run_whose_budget_ran_out_behind_a_slow_run_that_then_ended_gets_its_
     r.finalize().unwrap();
 }
 
-/// `g = d · e`, declaring [`MID_RUN`] on the chip: shorter than a budget, longer than the
-/// deadline left to a reap once the runs ahead have ended.
-unsafe extern "C-unwind" fn mid_mul(args: *mut i64) {
-    // SAFETY: the runtime's argument vector for the product task, passed on unchanged.
-    unsafe { vector::mul(args) };
-    model_device_time(MID_RUN);
-}
-
-const MID_RUN: Duration = Duration::from_millis(1000);
-
 #[test]
 fn a_queued_run_given_its_own_budget_behind_a_slow_run_is_not_waited_for_past_the_reaps_deadline() {
     // As above, but run 2 takes a second of its own and is reaped with a deadline between run
     // 1's end (4.6 s) and run 2's (5.6 s): run 2's two budgets run out while run 1 still
     // executes, run 1 ends, and run 2 gets its own budget from then; the reap must return at
     // its deadline with run 2 still launched, not wait for run 2 within that new budget.
-    let opts = queue_options()
-        .with_scheduler_timeout(SLOW_BUDGET / 8)
-        .with_op_execute_timeout(SLOW_BUDGET / 4)
-        .with_stream_sync_timeout(SLOW_BUDGET);
-    let mut r = DeviceRunner::attach(opts).unwrap();
-    let slow = r.register_callable(&vector::builder_with_mul(slow_mul).build().unwrap()).unwrap();
-    let mid = r.register_callable(&vector::builder_with_mul(mid_mul).build().unwrap()).unwrap();
-    let runs: Vec<_> = (0..2).map(|_| VectorRun::new(&mut r, 256)).collect();
-    let cfg = CallConfig::default();
-    let p1 = r.prepare(&RunRequest::new(run_id(1), slow, &runs[0].args, &cfg)).unwrap();
-    let first = r.launch_run(p1).unwrap();
-    let p2 = r.prepare(&RunRequest::new(run_id(2), mid, &runs[1].args, &cfg)).unwrap();
-    let second = r.launch_run(p2).unwrap();
+    let mut r = DeviceRunner::attach(slow_budget_options()).unwrap();
+    let slow = declaring::<SLOW_RUN_MS>(&mut r);
+    let mid = declaring::<MID_RUN_MS>(&mut r);
+    let (runs, first, second) = launch_two(&mut r, slow, mid);
     let deadline = SLOW_BUDGET * 5 / 2;
     let reaped = r.reap_run(&second, Some(deadline)).unwrap_or_else(|e| panic!("run 2: {e}"));
     assert!(!reaped, "the reap waited past its deadline for run 2, which had just begun");
@@ -413,34 +418,14 @@ fn a_queued_run_given_its_own_budget_behind_a_slow_run_is_not_waited_for_past_th
     r.finalize().unwrap();
 }
 
-/// `g = d · e`, declaring [`OVERRUN`] on the chip: longer than the budgets of a queued run
-/// behind it and its own budget after them.
-unsafe extern "C-unwind" fn overrunning_mul(args: *mut i64) {
-    // SAFETY: the runtime's argument vector for the product task, passed on unchanged.
-    unsafe { vector::mul(args) };
-    model_device_time(OVERRUN);
-}
-
-const OVERRUN: Duration = Duration::from_millis(7500);
-
 #[test]
 fn a_queued_run_reaped_in_slices_behind_a_run_that_overruns_its_budget_is_abandoned_in_time() {
     // Run 1 overruns: run 2's two budgets (4 s) pass, and run 1's own budget from then (2 s)
     // passes too, before it ends at 7.5 s.
-    let opts = queue_options()
-        .with_scheduler_timeout(SLOW_BUDGET / 8)
-        .with_op_execute_timeout(SLOW_BUDGET / 4)
-        .with_stream_sync_timeout(SLOW_BUDGET);
-    let mut r = DeviceRunner::attach(opts).unwrap();
-    let slow =
-        r.register_callable(&vector::builder_with_mul(overrunning_mul).build().unwrap()).unwrap();
+    let mut r = DeviceRunner::attach(slow_budget_options()).unwrap();
+    let slow = declaring::<OVERRUN_MS>(&mut r);
     let sum = r.register_callable(&add::callable().unwrap()).unwrap();
-    let runs: Vec<_> = (0..2).map(|_| VectorRun::new(&mut r, 256)).collect();
-    let cfg = CallConfig::default();
-    let p1 = r.prepare(&RunRequest::new(run_id(1), slow, &runs[0].args, &cfg)).unwrap();
-    let first = r.launch_run(p1).unwrap();
-    let p2 = r.prepare(&RunRequest::new(run_id(2), sum, &runs[1].args, &cfg)).unwrap();
-    let second = r.launch_run(p2).unwrap();
+    let (runs, first, second) = launch_two(&mut r, slow, sum);
     // A deadline just past run 2's budgets: the wait for run 1 stops there too.
     let deadline = SLOW_BUDGET * 2 + SLOW_BUDGET / 20;
     let first_look = r.reap_run(&second, Some(deadline));

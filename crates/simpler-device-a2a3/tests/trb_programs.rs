@@ -342,6 +342,23 @@ fn probing_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(
     Ok(())
 }
 
+/// Uploads each vector and adds it with its tag: the device buffers and the arguments.
+fn upload_args(
+    r: &mut DeviceRunner,
+    tensors: &[(&[f32], TensorArgType)],
+) -> (Vec<simpler_device_a2a3::DevicePtr>, TaskArgs) {
+    let mut args = TaskArgs::new();
+    let ptrs = tensors
+        .iter()
+        .map(|&(values, tag)| {
+            let (p, t) = upload_f32(r, values);
+            args.add_tensor(t, tag).unwrap();
+            p
+        })
+        .collect();
+    (ptrs, args)
+}
+
 #[test]
 fn tensor_data_waits_for_the_writer_and_set_tensor_data_for_the_readers() {
     let add = add::callable().unwrap();
@@ -356,16 +373,12 @@ fn tensor_data_waits_for_the_writer_and_set_tensor_data_for_the_readers() {
     let av: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let bv: Vec<f32> = (0..n).map(|i| 0.5 * i as f32).collect();
     let yv: Vec<f32> = (0..n).map(|i| 1.0 + i as f32).collect();
-    let mut ptrs = Vec::new();
-    let mut args = TaskArgs::new();
     use TensorArgType::{InOut, Input, Output};
-    for (values, tag) in
-        [(&av, Input), (&bv, Input), (&vec![0.0; n], Output), (&yv, InOut), (&vec![0.0; n], Output)]
-    {
-        let (p, t) = upload_f32(&mut r, values);
-        args.add_tensor(t, tag).unwrap();
-        ptrs.push(p);
-    }
+    let zeros = vec![0.0; n];
+    let (ptrs, args) = upload_args(
+        &mut r,
+        &[(&av, Input), (&bv, Input), (&zeros, Output), (&yv, InOut), (&zeros, Output)],
+    );
     r.run(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &args, &CallConfig::default()))
         .unwrap();
     let out = download_f32(&mut r, ptrs[2], n);
@@ -417,17 +430,8 @@ fn set_tensor_data_waits_for_the_writer_of_the_bytes_too() {
     r.sim_faults().unwrap().kernel_delay(add::ADD, std::time::Duration::from_millis(50));
     let n = PROBE_ELEMS as usize;
     let av: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    let mut ptrs = Vec::new();
-    let mut args = TaskArgs::new();
-    for (values, tag) in [
-        (&av, TensorArgType::Input),
-        (&av, TensorArgType::Input),
-        (&vec![0.0; n], TensorArgType::Output),
-    ] {
-        let (p, t) = upload_f32(&mut r, values);
-        args.add_tensor(t, tag).unwrap();
-        ptrs.push(p);
-    }
+    use TensorArgType::{Input, Output};
+    let (ptrs, args) = upload_args(&mut r, &[(&av, Input), (&av, Input), (&vec![0.0; n], Output)]);
     r.run(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &args, &CallConfig::default()))
         .unwrap();
     let out = download_f32(&mut r, ptrs[2], n);
