@@ -142,3 +142,77 @@ fn a_full_device_sized_pool_reports_its_capacity_and_usage() {
     map.prune_retired(old);
     assert_eq!(map.len(), 32_769);
 }
+
+#[test]
+fn a_write_needs_no_slot_of_its_own_when_it_replaces_an_entry_it_covers() {
+    let (mut entries, mut buckets) = storage(2, 2);
+    let mut map = FixedTensorMap::new(&mut entries, &mut buckets).unwrap();
+    submit(&mut map, 1, &[(BUF, span(BUF, BUF + 64), Write)], NOTHING_RETIRED);
+    submit(&mut map, 2, &[(BUF, span(BUF + 64, BUF + 128), Read)], NOTHING_RETIRED);
+    assert_eq!(map.len(), map.capacity(), "full");
+    let needed = |accesses: &[(u64, ByteSpan, AccessMode)]| {
+        map.slots_needed(accesses, |&a| a, NOTHING_RETIRED)
+    };
+    assert_eq!(needed(&[(BUF, span(BUF, BUF + 64), Write)]), 0, "replaces the writer");
+    assert_eq!(needed(&[(BUF, span(BUF, BUF + 128), ReadWrite)]), 0, "replaces both");
+    assert_eq!(needed(&[(BUF, span(BUF, BUF + 32), Write)]), 1, "covers nothing whole");
+    assert_eq!(needed(&[(BUF, span(BUF, BUF + 64), Read)]), 1, "a reader replaces nothing");
+    // The second write's entry to replace was the first's: counted as needing a slot.
+    let twice = [(BUF, span(BUF, BUF + 64), Write), (BUF, span(BUF, BUF + 64), Write)];
+    assert_eq!(needed(&twice), 1);
+    assert_eq!(needed(&[(BUF, span(BUF, BUF + 64), Write)][..0]), 0);
+    submit(&mut map, 3, &[(BUF, span(BUF, BUF + 128), Write)], NOTHING_RETIRED);
+    assert_eq!(map.len(), 1, "the write replaced both entries");
+}
+
+mod slots_needed {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn access() -> impl Strategy<Value = (u64, ByteSpan, AccessMode)> {
+        (0..2u64, 0..8u64, 1..=8u64, prop_oneof![Just(Read), Just(Write), Just(ReadWrite)])
+            .prop_map(|(b, start, len, mode)| {
+                let key = BUF + (b << 12);
+                let start = key + 32 * start;
+                (key, span(start, start + 32 * len), mode)
+            })
+    }
+
+    proptest! {
+        // Most draws fill the pool with tasks that the next one does not replace; many cases
+        // keep the ones it does frequent enough.
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        /// A task whose accesses need no more slots than are vacant, by `slots_needed`, is
+        /// inserted without the pool running out.
+        #[test]
+        fn inserts_within_the_figure_never_run_out(
+            capacity in 2..8usize,
+            earlier in prop::collection::vec(access(), 1..24),
+            task in prop::collection::vec(access(), 1..5),
+        ) {
+            let (mut entries, mut buckets) = storage(capacity, 4);
+            let mut map = FixedTensorMap::new(&mut entries, &mut buckets).unwrap();
+            for (owner, &(key, s, mode)) in earlier.iter().enumerate() {
+                map.lookup(&key, s, mode, NOTHING_RETIRED, |_| {});
+                if map.insert(key, s, mode, owner as u64 + 1, NOTHING_RETIRED).is_err() {
+                    break;
+                }
+            }
+            let needed = map.slots_needed(&task, |&a| a, NOTHING_RETIRED);
+            if map.capacity() - map.len() < needed {
+                return Ok(());
+            }
+            for &(key, s, mode) in &task {
+                map.lookup(&key, s, mode, NOTHING_RETIRED, |_| {});
+            }
+            for &(key, s, mode) in &task {
+                prop_assert!(
+                    map.insert(key, s, mode, 1000, NOTHING_RETIRED).is_ok(),
+                    "{needed} slots were to be enough"
+                );
+            }
+        }
+    }
+}

@@ -287,6 +287,47 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
         Ok(superseded)
     }
 
+    /// How many vacant slots the inserts of one task's `accesses` (in order, each seen through
+    /// `part`) take at most: one per non-empty access, but none for a write that covers a live
+    /// entry no earlier access of the list covers (its insert removes that entry before it takes
+    /// a slot, see [`insert`](Self::insert)). For a room check before a task's first insert:
+    /// counting every access refuses a write that replaces what it covers in a full pool.
+    /// Entries of retired owners, and covered entries of the task's own earlier inserts, are
+    /// not counted as freeing anything, so the figure never falls short. Allocates nothing.
+    pub fn slots_needed<A>(
+        &self,
+        accesses: &[A],
+        part: impl Fn(&A) -> (K, ByteSpan, AccessMode),
+        is_retired: impl Fn(u64) -> bool,
+    ) -> u32 {
+        let covers = |(key, span, mode): (K, ByteSpan, AccessMode), e: &MapEntry<K>| {
+            mode.records_as() == Role::Writer
+                && !span.is_empty()
+                && e.key == key
+                && span.contains(e.span())
+                && (mode != AccessMode::ScatterWrite || mode.finds_entry(e))
+        };
+        let mut needed = 0;
+        for (i, a) in accesses.iter().enumerate() {
+            let access = part(a);
+            if access.1.is_empty() {
+                continue;
+            }
+            let mut at = self.buckets[bucket_of(&access.0, self.shift)];
+            let mut frees = false;
+            while let Some(e) = self.entries.get(at as usize) {
+                let fresh = || !accesses[..i].iter().any(|b| covers(part(b), e));
+                if !is_retired(e.owner) && covers(access, e) && fresh() {
+                    frees = true;
+                    break;
+                }
+                at = e.next;
+            }
+            needed += u32::from(!frees);
+        }
+        needed
+    }
+
     /// Removes the entries of the listed keys that `owner` holds (writer and reader entries) and
     /// returns how many.
     ///

@@ -709,12 +709,19 @@ impl<'a> Engine<'a> {
         if ring.dep_head - ring.dep_tail + count as u64 > u64::from(ring.sizes.dep_pool) {
             return Err(self.refuse(r, StallKind::DepPool, count as u64));
         }
-        // Tensor-map room first, so that no insert below can fail.
+        // Tensor-map room first, so that no insert below can fail. Short of a slot per access,
+        // a write that replaces an entry it covers needs none of its own.
         let needed = accesses.iter().filter(|a| !a.span.is_empty()).count() as u32;
         if self.map.capacity() - self.map.len() < needed {
             let rings = &self.rings;
             self.map.prune_retired(|o| is_retired(rings, o));
-            if self.map.capacity() - self.map.len() < needed {
+            let vacant_needed = self.map.slots_needed(
+                accesses,
+                |a| (a.key, a.span, a.mode),
+                |o| is_retired(rings, o),
+            );
+            // The stall names the entries the task keeps, which no completion can shrink.
+            if self.map.capacity() - self.map.len() < vacant_needed {
                 return Err(self.refuse(r, StallKind::Tensormap, u64::from(needed)));
             }
         }

@@ -823,3 +823,26 @@ fn a_run_that_does_not_end_cleanly_leaves_a_full_reset_to_the_next() {
     assert_eq!(e.arena_reset(), ArenaReset::Full, "the abandoned run's leftovers are unknown");
     assert_eq!(Engine::new(arena.storage(), true).arena_reset(), ArenaReset::Full);
 }
+
+#[test]
+fn a_write_that_replaces_what_it_covers_in_a_full_map_is_not_a_tensormap_overflow() {
+    // A map of 8 entries, all readers of slices of one buffer held by the open outer scope
+    // (their task completed, nothing is retired): a whole write replaces them all.
+    let mut arena = TrbArena::new(sizes(16, 16 << 10, 16), 8, 4);
+    let mut e = Engine::new(arena.storage(), false);
+    let k = 0x10_000;
+    let slice = |i: u64| Access {
+        key: k,
+        span: ByteSpan::new(k + 32 * i, k + 32 * (i + 1)).unwrap(),
+        mode: AccessMode::Read,
+    };
+    let reads: Vec<Access> = (0..8).map(slice).collect();
+    e.submit(&reads, 0).unwrap();
+    drain(&mut e, &mut |_| {});
+    let whole =
+        Access { key: k, span: ByteSpan::new(k, k + 256).unwrap(), mode: AccessMode::Write };
+    let submitted = e.submit(&[whole], 0);
+    assert!(submitted.is_ok(), "{submitted:?}");
+    drain(&mut e, &mut |_| {});
+    e.finish().unwrap();
+}
