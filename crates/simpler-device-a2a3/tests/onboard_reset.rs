@@ -48,6 +48,45 @@ fn a_runner_used_from_three_threads_is_reset_once_per_bind() {
 }
 
 #[test]
+fn a_callable_registered_on_another_thread_than_the_attach_is_uploaded_after_a_bind() {
+    let b = Onboard::new();
+    let options = b.options(0);
+    let mut r = std::thread::spawn(move || DeviceRunner::attach(options).unwrap()).join().unwrap();
+    b.log();
+    r.register_callable(&add_callable()).unwrap();
+    let log = b.log();
+    assert!(
+        position(&log, "rtSetDevice") < position(&log, "rtMalloc"),
+        "the kernel text was uploaded before this thread was bound: {:?}",
+        names(&log)
+    );
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_thread_bound_for_another_runner_since_is_bound_again() {
+    let b = Onboard::new();
+    let mut zero = DeviceRunner::attach(b.options(0)).unwrap();
+    let mut one = DeviceRunner::attach(b.options(1)).unwrap();
+    let mut all = b.log();
+    // This thread is bound for device 1 now: runner 0's allocation must bind it back.
+    let p = zero.malloc(64).unwrap();
+    let log = b.log();
+    let bind = log.iter().position(|c| c.func == "rtSetDevice" && c.device == Some(0));
+    let bind = bind.unwrap_or_else(|| panic!("not bound back to device 0: {:?}", names(&log)));
+    assert!(bind < position(&log, "rtMalloc"), "{:?}", names(&log));
+    all.extend(log);
+    zero.free(p).unwrap();
+    let p = one.malloc(64).unwrap();
+    one.free(p).unwrap();
+    zero.finalize().unwrap();
+    one.finalize().unwrap();
+    all.extend(b.log());
+    let (binds, resets) = binds_and_resets(&all);
+    assert_eq!(binds, resets, "every bind is reset: {:?}", names(&all));
+}
+
+#[test]
 fn a_runner_whose_bind_was_refused_resets_nothing() {
     let b = Onboard::new();
     // Every bind refused, the one at attach and the one finalize tries.

@@ -152,7 +152,7 @@ struct Streams {
 pub(crate) struct OnboardDevice {
     ctx: Arc<owners::Ctx>,
     opts: RunnerOptions,
-    /// Which thread is bound, and how many binds CANN has counted (finalize resets as many).
+    /// How many binds CANN has counted (finalize resets as many), and which threads are bound.
     bound: Mutex<Binds>,
     streams: Option<Streams>,
     max_block_dim: u32,
@@ -214,7 +214,7 @@ impl OnboardDevice {
         let me = OnboardDevice {
             ctx,
             opts: opts.clone(),
-            bound: Mutex::new(Binds::default()),
+            bound: Mutex::new(Binds::new()),
             streams: None,
             max_block_dim: FALLBACK_BLOCK_DIM,
             programs: None,
@@ -240,17 +240,16 @@ impl OnboardDevice {
         self.ctx.poison();
     }
 
-    /// Binds the calling thread unless it is the thread bound last.
+    /// Binds the calling thread unless it is bound for this runner already (not since bound
+    /// for another runner: CANN binds one device per thread).
     fn bind(&self) -> Result<(), CannError> {
-        let me = std::thread::current().id();
         let mut bound = self.bound.lock();
-        if bound.last == Some(me) {
+        if bound.here() {
             return Ok(());
         }
         // SAFETY: plain integer argument.
         self.ctx.check("rtSetDevice", unsafe { self.ctx.cann.rtSetDevice(self.ctx.device) })?;
-        bound.last = Some(me);
-        bound.count = bound.count.saturating_add(1);
+        bound.bound_here();
         Ok(())
     }
 
@@ -500,6 +499,8 @@ impl Backend for OnboardDevice {
 
     fn resolve_kernels(&self, c: &ChipCallable) -> Result<ResolvedKernels, DeviceError> {
         self.deferred(None)?;
+        // The kernel texts are uploaded on this thread's device.
+        self.bind().map_err(|e| acl(None, e))?;
         let mut out = ResolvedKernels::default();
         for (func_id, core) in c.children() {
             let KernelCode::Text(text) = core.code() else {

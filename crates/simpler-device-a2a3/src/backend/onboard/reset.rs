@@ -3,9 +3,10 @@
 //! them on a healthy device, and on a poisoned one the force-reset loop with its probe and
 //! the release of the allocations that had to outlive it.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::thread::ThreadId;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use simpler_acl_sys::Error as CannError;
 use simpler_acl_sys::types::ACL_ERROR_REPEAT_INITIALIZE;
@@ -14,12 +15,39 @@ use super::{Allocation, FORCE_RESETS, OnboardDevice, acl};
 use crate::error::DeviceError;
 
 /// The binds of one runner: CANN counts every `rtSetDevice` per device and process.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Binds {
-    /// The thread bound last (CANN binds a device per thread).
-    pub(super) last: Option<ThreadId>,
+    /// This runner's identity among the process's runners, for [`BOUND_FOR`].
+    identity: u64,
     /// Successful binds not yet reset.
     pub(super) count: u64,
+}
+
+thread_local! {
+    /// The runner (its [`Binds`] identity) this thread was last bound for. CANN binds one
+    /// device per thread, so a thread bound since for another runner, of another device or of
+    /// the same one, must be bound again before it calls for this one.
+    static BOUND_FOR: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Identities of runners, from 1 (0: no runner).
+static NEXT_IDENTITY: AtomicU64 = AtomicU64::new(1);
+
+impl Binds {
+    pub(super) fn new() -> Binds {
+        Binds { identity: NEXT_IDENTITY.fetch_add(1, Ordering::Relaxed), count: 0 }
+    }
+
+    /// Whether the calling thread is bound for this runner.
+    pub(super) fn here(&self) -> bool {
+        BOUND_FOR.with(Cell::get) == self.identity
+    }
+
+    /// Counts a bind of the calling thread for this runner.
+    pub(super) fn bound_here(&mut self) {
+        self.count = self.count.saturating_add(1);
+        BOUND_FOR.with(|b| b.set(self.identity));
+    }
 }
 
 impl OnboardDevice {
@@ -27,7 +55,7 @@ impl OnboardDevice {
     pub(super) fn reset_device(&mut self) -> Result<(), DeviceError> {
         let cann = Arc::clone(&self.ctx.cann);
         let device = self.ctx.device;
-        let binds = std::mem::take(&mut *self.bound.lock()).count;
+        let binds = std::mem::take(&mut self.bound.lock().count);
         if !self.ctx.is_poisoned() {
             let mut first = None;
             for _ in 0..binds {
