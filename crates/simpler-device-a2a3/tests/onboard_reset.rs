@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::standin::{AddRun, Onboard, add_callable, add_object_callable, count, names, position};
@@ -173,7 +174,15 @@ fn a_refused_register_launch_frees_its_staged_buffers_at_once() {
 /// A runner whose run is still launched: the one reap so far gave up at the caller's deadline,
 /// so the device may still be executing it. The log is cleared.
 fn with_a_launched_run(b: &Onboard) -> (DeviceRunner, AddRun, ActiveRun) {
-    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    with_a_launched_run_on(b, b.options(0))
+}
+
+/// [`with_a_launched_run`] with `options`.
+fn with_a_launched_run_on(
+    b: &Onboard,
+    options: simpler_device_a2a3::RunnerOptions,
+) -> (DeviceRunner, AddRun, ActiveRun) {
+    let mut r = DeviceRunner::attach(options).unwrap();
     let slot = r.register_callable(&add_callable()).unwrap();
     let v = AddRun::new(&mut r);
     let run = RunId::from_raw(1).unwrap();
@@ -211,6 +220,21 @@ fn a_run_still_launched_at_finalize_has_its_buffers_given_back_by_the_force_rese
         assert!(log.iter().all(|c| c.ret == 0), "by drop: {by_drop}: {:?}", names(&log));
         assert_eq!(b.live(), [0; 5], "by drop: {by_drop}");
     }
+}
+
+#[test]
+fn a_force_reset_that_passed_disowns_the_held_buffers_even_if_acl_finalize_fails() {
+    let b = Onboard::new();
+    let cann = Arc::new(b.install.cann());
+    let (r, v, a) = with_a_launched_run_on(&b, b.options(0).with_cann(Arc::clone(&cann)));
+    drop(a);
+    b.install.fail_call("aclFinalize", 1, 507_000).unwrap();
+    r.finalize().unwrap_err();
+    let log = b.log();
+    assert!(count(&log, "aclrtResetDeviceForce") >= 1, "{:?}", names(&log));
+    drop(v);
+    // A leaked allocation keeps the library loaded through its context.
+    assert_eq!(Arc::strong_count(&cann), 1, "buffers the force reset gave back were leaked");
 }
 
 #[test]

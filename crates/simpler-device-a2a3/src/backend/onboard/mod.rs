@@ -865,8 +865,10 @@ impl Backend for OnboardDevice {
             drop(allocations);
             BTreeMap::new()
         };
-        let reset = self.reset_device();
-        self.forget_after_reset(held, reset.is_ok());
+        // Whether the memory was given back is the force reset's outcome alone: an `aclFinalize`
+        // that fails after it still fails finalize, but leaks nothing.
+        let (reset, forced_back) = self.reset_device();
+        self.forget_after_reset(held, forced_back);
         let first = self.ctx.take_deferred().map(|e| acl(None, e));
         self.error = first.or(reset.err());
         Vec::new()

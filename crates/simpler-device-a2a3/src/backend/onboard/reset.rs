@@ -51,8 +51,9 @@ impl Binds {
 }
 
 impl OnboardDevice {
-    /// Finalize steps 5 and 6 (see the module docs).
-    pub(super) fn reset_device(&mut self) -> Result<(), DeviceError> {
+    /// Finalize steps 5 and 6 (see the module docs): the first error, and whether a force
+    /// reset passed (it gave the device's memory back, whatever failed after it).
+    pub(super) fn reset_device(&mut self) -> (Result<(), DeviceError>, bool) {
         let cann = Arc::clone(&self.ctx.cann);
         let device = self.ctx.device;
         let binds = std::mem::take(&mut self.bound.lock().count);
@@ -65,7 +66,7 @@ impl OnboardDevice {
                     first.get_or_insert(e);
                 }
             }
-            return first.map_or(Ok(()), |e| Err(acl(None, e)));
+            return (first.map_or(Ok(()), |e| Err(acl(None, e))), false);
         }
         // SAFETY: null config path = defaults.
         let init = unsafe { cann.aclInit(std::ptr::null()) };
@@ -77,6 +78,7 @@ impl OnboardDevice {
             ret => (false, self.ctx.check("aclInit", ret).err()),
         };
         let mut last = None;
+        let mut forced_back = false;
         for attempt in 1..=FORCE_RESETS {
             // CANN refuses a force reset of a device released already: the runner's binds
             // count for the first attempt; an earlier attempt (or its probe) released it.
@@ -95,6 +97,7 @@ impl OnboardDevice {
                 Ok(()) => {
                     tracing::info!(device, attempt, "device recovered by a force reset");
                     last = None;
+                    forced_back = true;
                     break;
                 }
                 Err(e) => {
@@ -109,10 +112,11 @@ impl OnboardDevice {
                 last.get_or_insert(e);
             }
         }
-        match last.map(|e| init_error.unwrap_or(e)) {
+        let result = match last.map(|e| init_error.unwrap_or(e)) {
             Some(e) => Err(acl(None, e)),
             None => Ok(()),
-        }
+        };
+        (result, forced_back)
     }
 
     /// Lets go of `held`, the allocations a launch could still use until the force reset,
