@@ -330,6 +330,8 @@ static object *find_range(uint64_t addr, uint64_t len) {
 static int32_t alloc_memory(call *c, void **out, uint64_t size) {
     c->entry.size = (int64_t)size;
     if (out == NULL || size == 0) return fail(c, E_PARAM, "null out-pointer or zero size");
+    /* CANN allocates on the calling thread's device: with none bound there is no context. */
+    if (bound_device < 0) return fail(c, 107002, "no device bound on this thread (context is null)");
     void *p = NULL;
     if (posix_memalign(&p, 1024, size) != 0) return fail(c, 207001, "host allocation failed");
     memset(p, 0, size);

@@ -500,6 +500,8 @@ fn the_nth_call_fails_with_the_chosen_code_and_the_others_succeed() {
     let cann = install.cann();
     install.fail_call("rtMalloc", 2, ACL_ERROR_RT_MEMORY_ALLOCATION).unwrap();
     let mut p: *mut c_void = ptr::null_mut();
+    // SAFETY: plain integer argument.
+    assert_eq!(unsafe { cann.rtSetDevice(0) }, Ok(0));
     // SAFETY: valid out-pointers.
     let codes: Vec<i32> =
         (0..3).map(|_| unsafe { cann.rtMalloc(&mut p, 64, RT_MEMORY_HBM, 0) }.unwrap()).collect();
@@ -510,7 +512,7 @@ fn the_nth_call_fails_with_the_chosen_code_and_the_others_succeed() {
         "the failed call allocated nothing"
     );
     let rets: Vec<i64> = install.take_log().unwrap().iter().map(|c| c.ret).collect();
-    assert_eq!(rets, [0, 207001, 0]);
+    assert_eq!(rets, [0, 0, 207001, 0], "the bind, then the three allocations");
 }
 
 #[test]
@@ -640,6 +642,8 @@ fn driver_calls_map_memory_and_report_device_facts() {
     // SAFETY: valid pointers of the sizes passed.
     unsafe {
         let mut dev: *mut c_void = ptr::null_mut();
+        assert_eq!(cann.rtMalloc(&mut dev, 4096, RT_MEMORY_HBM, 0), Ok(107002), "nothing bound");
+        assert_eq!(cann.rtSetDevice(0), Ok(0));
         assert_eq!(cann.rtMalloc(&mut dev, 4096, RT_MEMORY_HBM, 0), Ok(0));
         let mut host: *mut c_void = ptr::null_mut();
         assert_eq!(cann.halHostRegister(dev, 4096, DEV_SVM_MAP_HOST, 0, &mut host), Ok(0));
