@@ -720,7 +720,8 @@ impl<'a> Engine<'a> {
                 |a| (a.key, a.span, a.mode),
                 |o| is_retired(rings, o),
             );
-            // The stall names the entries the task keeps, which no completion can shrink.
+            // The stall names one entry per access, as without the figure: a task with more
+            // accesses than the map holds still stalls at once.
             if self.map.capacity() - self.map.len() < vacant_needed {
                 return Err(self.refuse(r, StallKind::Tensormap, u64::from(needed)));
             }
