@@ -80,6 +80,16 @@ pub struct FixedTensorMap<'a, K> {
     peak: u32,
 }
 
+/// Whether an insert of `span` of `key` in `mode` removes `entry`: a write supersedes the
+/// entries of its key it covers whole, but a scatter write leaves the writers it did not order
+/// after (their bytes in its gaps are still theirs).
+fn replaces<K: Eq>(key: &K, span: ByteSpan, mode: AccessMode, entry: &MapEntry<K>) -> bool {
+    mode.records_as() == Role::Writer
+        && entry.key == *key
+        && span.contains(entry.span())
+        && (mode != AccessMode::ScatterWrite || mode.finds_entry(entry))
+}
+
 impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
     /// Largest entry pool: slot indices are `u32`, and one value is the end-of-list mark.
     pub const MAX_ENTRIES: usize = NIL as usize;
@@ -255,12 +265,7 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
             if is_retired(entry.owner) {
                 return true;
             }
-            // A scatter write leaves the writers it did not order after (their bytes in its
-            // gaps are still theirs).
-            let covered = role == Role::Writer
-                && entry.key == key
-                && span.contains(entry.span())
-                && (mode != AccessMode::ScatterWrite || mode.finds_entry(entry));
+            let covered = replaces(&key, span, mode, entry);
             superseded += u32::from(covered);
             orders_writes |= covered && entry.orders_writes();
             covered
@@ -301,11 +306,7 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
         is_retired: impl Fn(u64) -> bool,
     ) -> u32 {
         let covers = |(key, span, mode): (K, ByteSpan, AccessMode), e: &MapEntry<K>| {
-            mode.records_as() == Role::Writer
-                && !span.is_empty()
-                && e.key == key
-                && span.contains(e.span())
-                && (mode != AccessMode::ScatterWrite || mode.finds_entry(e))
+            !span.is_empty() && replaces(&key, span, mode, e)
         };
         let mut needed = 0;
         for (i, a) in accesses.iter().enumerate() {
