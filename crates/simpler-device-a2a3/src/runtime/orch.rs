@@ -52,6 +52,22 @@ pub struct SubmitDesc {
     pub scalars: *const u64,
 }
 
+impl SubmitDesc {
+    /// The descriptor's tensors, tags and scalars; `None` when an array with a non-zero count
+    /// is null or misaligned (C passes null for an empty one).
+    ///
+    /// # Safety
+    ///
+    /// Each non-null, aligned array holds the count the descriptor states, valid for `'a`.
+    pub(crate) unsafe fn arrays<'a>(&self) -> Option<(&'a [Tensor], &'a [i32], &'a [u64])> {
+        let (nt, ns) = (self.num_tensors as usize, self.num_scalars as usize);
+        // SAFETY: the caller's contract.
+        unsafe {
+            Some((c_slice(self.tensors, nt)?, c_slice(self.tags, nt)?, c_slice(self.scalars, ns)?))
+        }
+    }
+}
+
 /// The operations an orchestration may call. Every function receives the runtime's opaque
 /// context pointer first.
 #[derive(Clone, Copy)]

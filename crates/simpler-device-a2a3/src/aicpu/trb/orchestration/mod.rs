@@ -22,7 +22,6 @@ use crate::aicpu::text::FixedText;
 use crate::aicpu::view::ImageView;
 use crate::aicpu::{AicpuPlatform, LogLevel};
 use crate::callable::{NativeOrchFn, OrchArgs};
-use crate::runtime::orch::c_slice;
 use crate::runtime::orch::{
     COrchArgs, COrchConfigFn, COrchEntryFn, ORCH_CAPACITY, ORCH_FAILED, ORCH_INVALID, ORCH_OK,
     OrchCtx, OrchError, SubmitDesc,
@@ -479,10 +478,8 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                 .into();
         }
         // SAFETY: the caller passes arrays of these lengths, valid for the call (the ops
-        // table's contract); `c_slice` refuses null and misaligned ones.
-        let arrays =
-            unsafe { (c_slice(d.tensors, nt), c_slice(d.tags, nt), c_slice(d.scalars, ns)) };
-        let (Some(tensors), Some(raw_tags), Some(scalars)) = arrays else {
+        // table's contract); null and misaligned ones are refused.
+        let Some((tensors, raw_tags, scalars)) = (unsafe { d.arrays() }) else {
             return self.invalid(format_args!("submit: null or misaligned argument array")).into();
         };
         let mut tags = [TensorArgType::NoDep; MAX_TASK_TENSORS];

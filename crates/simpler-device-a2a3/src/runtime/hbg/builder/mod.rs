@@ -779,16 +779,12 @@ unsafe extern "C-unwind" fn op_submit(rt: *mut c_void, desc: *const SubmitDesc) 
             b.task_total, d.num_tensors, d.num_scalars
         )));
     }
-    let (nt, ns) = (d.num_tensors as usize, d.num_scalars as usize);
     // SAFETY: the descriptor's arrays hold the counts it states (the orchestration's contract,
-    // upheld by `OrchCtx`); the counts were bounded above; `c_slice` refuses null and
-    // misaligned ones.
-    let (tensors, tags, scalars) =
-        unsafe { (c_slice(d.tensors, nt), c_slice(d.tags, nt), c_slice(d.scalars, ns)) };
-    let (Some(tensors), Some(tags), Some(scalars)) = (tensors, tags, scalars) else {
+    // upheld by `OrchCtx`); the counts were bounded above; null and misaligned ones are refused.
+    let Some((tensors, tags, scalars)) = (unsafe { d.arrays() }) else {
         return i64::from(b.invalid(format!(
-            "task#{}: a null or misaligned array for its {nt} tensors (and tags) or {ns} scalars",
-            b.task_total
+            "task#{}: a null or misaligned array for its {} tensors (and tags) or {} scalars",
+            b.task_total, d.num_tensors, d.num_scalars
         )));
     };
     b.submit(d.func_ids, d.shape, d.block_num, tensors, tags, scalars)
