@@ -32,6 +32,13 @@ struct ReapWait {
     caller_until: Option<Instant>,
 }
 
+impl ReapWait {
+    /// The earlier of the hard deadline and the caller's: where a wait the reap adds stops.
+    fn until(&self) -> Option<Instant> {
+        self.hard.into_iter().chain(self.caller_until).min()
+    }
+}
+
 /// The shortest recovery drain: a zero drain only asks whether the device is idle, and the
 /// onboard backend marks the device for the force reset only in a drain that waits.
 pub(super) const MIN_RECOVERY_DRAIN: Duration = Duration::from_millis(1);
@@ -308,8 +315,7 @@ impl Core {
             // The wait for the runs ahead stops at the caller's deadline too: a run ahead cut
             // short there is undecided and this run stays launched.
             self.start_budgets(Instant::now(), run.launch_seq);
-            let until = wait.hard.into_iter().chain(wait.caller_until).min();
-            match self.stuck_ahead(run, until) {
+            match self.stuck_ahead(run, wait.until()) {
                 Ahead::Ended => {}
                 Ahead::Cleared => return self.reap_after_cleared(run, wait),
                 Ahead::Stuck(culprit, culprit_seq, code) => {
@@ -326,8 +332,7 @@ impl Core {
     /// A queued run whose wait ran out before it began, behind runs that have all ended since,
     /// gets one more stream-sync budget from now for its own execution (no wait past
     /// `wait.hard` or the caller's deadline); the budget it reports on a timeout grows to
-    /// match. Without this it would
-    /// be charged a timeout for the time the runs ahead took.
+    /// match. Without this it would be charged a timeout for the time the runs ahead took.
     fn reap_after_cleared(
         &mut self,
         run: &mut RunState,
@@ -343,8 +348,8 @@ impl Core {
         };
         // Neither past the reap's hard deadline nor past the caller's: at either the run stays
         // launched, with its grown budget for the next reap.
-        let until = wait.hard.into_iter().chain(wait.caller_until).min();
-        let cut = until.map(|h| h.saturating_duration_since(Instant::now())).filter(|h| *h < own);
+        let cut =
+            wait.until().map(|h| h.saturating_duration_since(Instant::now())).filter(|h| *h < own);
         let wait =
             ReapWait { sync: cut.unwrap_or(own), caller_deadline: cut.is_some(), budget, ..wait };
         // Every run ahead has ended, so a second timeout finds none left: it is the run's own.

@@ -152,7 +152,8 @@ struct Streams {
 pub(crate) struct OnboardDevice {
     ctx: Arc<owners::Ctx>,
     opts: RunnerOptions,
-    /// How many binds CANN has counted (finalize resets as many), and which threads are bound.
+    /// How many binds CANN has counted (finalize resets as many), and the identity a thread
+    /// records when it is bound for this runner.
     bound: Mutex<Binds>,
     streams: Option<Streams>,
     max_block_dim: u32,
