@@ -288,6 +288,18 @@ impl Tensor {
         if self.contiguous() { self.numel() } else { self.extent_elems }
     }
 
+    /// Whether a task accessing this view with `tag` overwrites every byte of
+    /// `[addr, addr + len)` without reading any: a blind write (`Output`, `OutputExisting`)
+    /// through a contiguous view whose bytes are exactly that range. Only then may a staged
+    /// copy of the range skip its copy in: otherwise the copy back returns the bytes the task
+    /// did not write (in a view's gaps, or beside it) as garbage.
+    pub fn overwrites_whole(&self, tag: crate::TensorArgType, addr: u64, len: u64) -> bool {
+        tag.writes()
+            && !tag.reads()
+            && self.contiguous()
+            && self.byte_span() == addr.checked_add(len).map(|end| (addr, end))
+    }
+
     /// The half-open byte footprint `[data_addr, data_addr + extent × element_size)` that
     /// dependency tracking uses.
     ///
@@ -541,6 +553,22 @@ mod tests {
 
     fn t(shape: &[u32]) -> Tensor {
         Tensor::external(0x1000, shape, DataType::Float32).unwrap()
+    }
+
+    #[test]
+    fn only_a_blind_write_of_a_contiguous_view_of_exactly_the_range_overwrites_it_whole() {
+        use crate::TensorArgType::{InOut, Input, Output, OutputExisting};
+        let m = t(&[4, 4]);
+        let (addr, len) = (0x1000, 64);
+        assert!(m.overwrites_whole(Output, addr, len));
+        assert!(m.overwrites_whole(OutputExisting, addr, len));
+        assert!(!m.overwrites_whole(InOut, addr, len), "reads the bytes first");
+        assert!(!m.overwrites_whole(Input, addr, len));
+        assert!(!m.overwrites_whole(Output, addr, len + 4), "a byte beside it");
+        assert!(!m.view(&[4, 2], &[0, 0]).unwrap().overwrites_whole(Output, addr, len), "a part");
+        // The transpose bounds the same bytes but is not contiguous.
+        assert!(!m.transpose(0, 1).unwrap().overwrites_whole(Output, addr, len), "strided");
+        assert!(!m.overwrites_whole(Output, u64::MAX, 2), "a range past the address space");
     }
 
     #[test]

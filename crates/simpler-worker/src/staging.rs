@@ -294,12 +294,9 @@ fn stage_in(
                 ),
             })
         })?;
-        // A blind write of the whole buffer needs no copy in; a partial one does, or the copy
-        // back would return the bytes it did not write as garbage. A view with gaps (strided)
-        // writes only part of even the span it bounds.
-        let whole =
-            t.contiguous() && t.byte_span() == Some((host.addr(), host.addr() + host.len()));
-        let blind = matches!(tag, TensorArgType::Output | TensorArgType::OutputExisting);
+        // A view that overwrites the whole buffer needs no copy in; any other does, or the copy
+        // back would return the bytes it did not write as garbage.
+        let whole = t.overwrites_whole(tag, host.addr(), host.len());
         let k = match staged.iter().position(|s| HostBuffer::same(&s.host, &host)) {
             Some(k) => k,
             None => {
@@ -309,7 +306,7 @@ fn stage_in(
             }
         };
         let s = &mut staged[k];
-        s.copy_in |= !(blind && whole);
+        s.copy_in |= !whole;
         if tag.writes() {
             s.written.push(written_span(t, &s.host).map_err(device_failure)?);
         }

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use simpler_types::{RunId, Tensor, TensorArgType};
+use simpler_types::{RunId, Tensor};
 
 use super::reap::SYNC_ORDER;
 use super::staging::{StagedTensor, host_slice};
@@ -400,10 +400,7 @@ impl Core {
                 .filter(|&(lo, hi)| lo >= t.addr && hi - t.addr <= t.size)
                 .map(|(lo, hi)| (lo - t.addr, hi - t.addr));
             let r = &mut ranges[k];
-            // A blind write fills none of what it covers; only a contiguous one over the whole
-            // range leaves no byte the copy back would return as garbage.
-            let blind = matches!(tag, TensorArgType::Output | TensorArgType::OutputExisting);
-            r.fill |= !(blind && t.contiguous() && span == Some((0, t.size)));
+            r.fill |= !t.overwrites_whole(tag, t.addr, t.size);
             if tag.writes() {
                 r.written.push(span.unwrap_or((0, t.size)));
             }

@@ -106,10 +106,7 @@ pub(crate) fn pack(
         let host = &buffers[k];
         let span = span_in(t, host.addr(), host.len())
             .ok_or_else(|| refuse(i, "a view without a byte span inside its HostBuffer"))?;
-        // Only a contiguous view writes every byte of the span it bounds.
-        let whole = t.contiguous() && span == (0, host.len() as usize);
-        copy_in[k] |=
-            !(whole && matches!(tag, TensorArgType::Output | TensorArgType::OutputExisting));
+        copy_in[k] |= !t.overwrites_whole(tag, host.addr(), host.len());
         if tag.writes() {
             spans.push((k as u32, span));
         }
