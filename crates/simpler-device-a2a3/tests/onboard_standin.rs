@@ -1555,3 +1555,24 @@ fn a_stream_sync_cann_refuses_reaches_the_runs_error_with_cann_s_typed_error() {
         r.finalize().unwrap();
     }
 }
+
+#[test]
+fn a_program_load_that_fails_removes_its_op_description_and_names_the_step() {
+    for func in ["rtsBinaryLoadFromFile", "rtsFuncGetByName"] {
+        let b = Onboard::new();
+        b.install.fail_call(func, 1, 507_899).unwrap();
+        let err = DeviceRunner::attach(b.options(0)).unwrap_err();
+        assert!(
+            matches!(&err, DeviceError::Acl { init: Some(InitStep::LoadPrograms), source, .. }
+                if source.code == 507_899),
+            "{func}: {err:?}"
+        );
+        let log = b.log();
+        let description = &log[position(&log, "rtsBinaryLoadFromFile")].text;
+        assert!(description.ends_with(".json"), "{func}: {description:?}");
+        assert!(
+            !std::path::Path::new(description).exists(),
+            "{func}: the failed load left {description} behind"
+        );
+    }
+}

@@ -358,7 +358,7 @@ impl OnboardDevice {
             let sync = ms(self.opts.budgets.init_sync);
             let loaded =
                 programs::load_aicpu(&self.ctx, &streams.aicpu, &programs, self.opts.runtime, sync);
-            self.programs = Some(loaded.map_err(|e| acl(step, e))?);
+            self.programs = Some(loaded?);
         }
         if self.aicore.is_none() {
             let bin = programs::register_aicore(&self.ctx, programs.aicore_executor);

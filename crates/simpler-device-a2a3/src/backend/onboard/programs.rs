@@ -3,7 +3,7 @@
 //! entries, and the AICore executor (registered once per runner: CANN has no unregister).
 
 use std::ffi::{CString, c_void};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -13,9 +13,11 @@ use simpler_acl_sys::types::{
 };
 use simpler_onboard_programs::{DeviceArgs, fingerprint, installed_name, kernel_args_bytes};
 
+use super::acl;
 use super::manifest::Programs;
 use super::owners::{CpuBinary, Ctx, DeviceBuffer, Stream};
 use crate::options::RuntimeVariant;
+use crate::{DeviceError, InitStep};
 
 /// The AICPU program's C entries.
 const ENTRY_INIT: &str = "simpler_aicpu_init";
@@ -41,17 +43,48 @@ pub(crate) struct Loaded {
     /// refused there; launched by callable registration once trb runs onboard.
     #[allow(dead_code)]
     pub(crate) register: Option<rtFuncHandle>,
-    /// The op description, removed on drop.
-    description: PathBuf,
+    /// The op description CANN loaded the program from.
+    _description: OpDescription,
 }
 
 // SAFETY: function handles are opaque tokens CANN accepts from any bound thread.
 unsafe impl Send for Loaded {}
 
-impl Drop for Loaded {
+/// An op-description file in the temporary directory, removed when dropped: once the program
+/// is unloaded, or as soon as a load that wrote it fails.
+#[derive(Debug)]
+struct OpDescription {
+    path: PathBuf,
+    /// `path` as CANN takes it.
+    c_path: CString,
+}
+
+impl OpDescription {
+    /// Writes `text` to a file of its own in `dir` (the fingerprint, the process and a counter
+    /// keep concurrent runners' files apart).
+    fn write(dir: &Path, fp: u64, text: &str) -> Result<OpDescription, DeviceError> {
+        let n = DESCRIPTIONS.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("simpler_inner_{fp:016x}_{}_{n}.json", std::process::id()));
+        let refuse = |why: String| DeviceError::Init {
+            run_id: None,
+            step: InitStep::LoadPrograms,
+            message: format!("the AICPU program's op description {}: {why}", path.display()),
+        };
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| refuse("the temporary directory's path holds a NUL byte".into()))?;
+        if let Err(e) = std::fs::write(&path, text) {
+            // A write that failed part way may have left the file.
+            let _ = std::fs::remove_file(&path);
+            return Err(refuse(format!("cannot be written: {e}")));
+        }
+        Ok(OpDescription { path, c_path })
+    }
+}
+
+impl Drop for OpDescription {
     fn drop(&mut self) {
         // Best effort: a leftover file in the temporary directory harms nothing.
-        let _ = std::fs::remove_file(&self.description);
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -83,16 +116,19 @@ pub(crate) fn register_aicore(ctx: &Ctx, image: Vec<u8>) -> Result<AicoreBinary,
 }
 
 /// Installs the AICPU program through the dispatcher, waits at most `sync_ms` for it, then
-/// loads the op description and resolves the entries.
+/// loads the op description and resolves the entries. A failed CANN call is a
+/// [`DeviceError::Acl`] of the `LoadPrograms` step; an op description that cannot be written is a
+/// [`DeviceError::Init`] of that step.
 pub(crate) fn load_aicpu(
     ctx: &Arc<Ctx>,
     aicpu: &Stream,
     programs: &Programs,
     runtime: RuntimeVariant,
     sync_ms: i32,
-) -> Result<Loaded, CannError> {
+) -> Result<Loaded, DeviceError> {
+    let cann = |e| acl(Some(InitStep::LoadPrograms), e);
     let fp = fingerprint(&programs.aicpu_program);
-    bootstrap(ctx, aicpu, programs, sync_ms)?;
+    bootstrap(ctx, aicpu, programs, sync_ms).map_err(cann)?;
     let mut entries = vec![ENTRY_INIT, ENTRY_EXEC];
     if runtime == RuntimeVariant::TensormapAndRingbuffer {
         entries.push(ENTRY_REGISTER);
@@ -109,30 +145,24 @@ pub(crate) fn load_aicpu(
             })
         })
         .collect();
-    let n = DESCRIPTIONS.fetch_add(1, Ordering::Relaxed);
-    let description = std::env::temp_dir()
-        .join(format!("simpler_inner_{fp:016x}_{}_{n}.json", std::process::id()));
-    let text = serde_json::json!({ "ops": ops }).to_string();
-    std::fs::write(&description, text).map_err(|e| {
-        CannError::Acl(simpler_acl_sys::AclError::new(
-            "rtsBinaryLoadFromFile",
-            507_000,
-            Some(format!("writing {}: {e}", description.display())),
-        ))
-    })?;
-    let path = CString::new(description.to_string_lossy().into_owned())
-        .map_err(|_| ctx.cann.error("rtsBinaryLoadFromFile", 507_000))?;
-    let binary = CpuBinary::load(ctx, &path)?;
+    let description = OpDescription::write(
+        &std::env::temp_dir(),
+        fp,
+        &serde_json::json!({ "ops": ops }).to_string(),
+    )?;
+    let binary = CpuBinary::load(ctx, &description.c_path).map_err(cann)?;
     let func = |e: &str| {
-        // Entry names and hex digits hold no NUL byte.
-        let name = CString::new(op_type(e, fp))
-            .map_err(|_| ctx.cann.error("rtsFuncGetByName", 507_000))?;
-        binary.function(&name)
+        let name = CString::new(op_type(e, fp)).map_err(|_| DeviceError::Init {
+            run_id: None,
+            step: InitStep::LoadPrograms,
+            message: format!("the AICPU entry name {e:?} holds a NUL byte"),
+        })?;
+        binary.function(&name).map_err(cann)
     };
     let init = func(ENTRY_INIT)?;
     let exec = func(ENTRY_EXEC)?;
     let register = if entries.len() > 2 { Some(func(ENTRY_REGISTER)?) } else { None };
-    Ok(Loaded { _binary: binary, init, exec, register, description })
+    Ok(Loaded { _binary: binary, init, exec, register, _description: description })
 }
 
 fn op_type(entry: &str, fp: u64) -> String {
@@ -211,4 +241,32 @@ pub(crate) fn sync(ctx: &Ctx, stream: &Stream, ms: i32) -> Result<(), CannError>
     // SAFETY: live stream.
     let ret = unsafe { ctx.cann.aclrtSynchronizeStreamWithTimeout(stream.raw(), ms) };
     ctx.check("aclrtSynchronizeStreamWithTimeout", ret)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_op_description_that_cannot_be_written_is_an_init_failure_naming_the_file() {
+        let missing = std::env::temp_dir().join("simpler-no-such-directory").join("below");
+        let err = OpDescription::write(&missing, 7, "{}").unwrap_err();
+        match err {
+            DeviceError::Init { step: InitStep::LoadPrograms, message, run_id: None } => {
+                assert!(message.contains("simpler-no-such-directory"), "{message}");
+                assert!(message.contains("cannot be written"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_op_description_is_removed_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = OpDescription::write(dir.path(), 7, "{}").unwrap();
+        let path = written.path.clone();
+        assert!(path.exists());
+        drop(written);
+        assert!(!path.exists());
+    }
 }
