@@ -350,8 +350,13 @@ static int32_t alloc_memory(call *c, void **out, uint64_t size) {
 
 static int32_t free_memory(call *c, void *p) {
     c->entry.value = (int64_t)(uintptr_t)p;
+    /* CANN frees in the calling thread's context: with none bound there is none, and in one
+     * of another device the allocation is not found. */
+    if (bound_device < 0) return fail(c, 107002, "no device bound on this thread (context is null)");
     object *o = find(OBJ_MEMORY, (uint64_t)(uintptr_t)p);
     if (o == NULL) return fail(c, E_PARAM, "not a live allocation");
+    if (o->owner != (uint64_t)(int64_t)bound_device)
+        return fail(c, E_PARAM, "an allocation of another device's context");
     free(p);
     o->kind = OBJ_NONE;
     return finish(c, OK);

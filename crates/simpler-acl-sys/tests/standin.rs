@@ -638,10 +638,11 @@ fn events_record_and_synchronize() {
 #[test]
 fn driver_calls_map_memory_and_report_device_facts() {
     let install = FakeInstall::standard().unwrap();
+    install.set_value("device_count", 2).unwrap();
     let cann = install.cann();
+    let mut dev: *mut c_void = ptr::null_mut();
     // SAFETY: valid pointers of the sizes passed.
     unsafe {
-        let mut dev: *mut c_void = ptr::null_mut();
         assert_eq!(cann.rtMalloc(&mut dev, 4096, RT_MEMORY_HBM, 0), Ok(107002), "nothing bound");
         assert_eq!(cann.rtSetDevice(0), Ok(0));
         assert_eq!(cann.rtMalloc(&mut dev, 4096, RT_MEMORY_HBM, 0), Ok(0));
@@ -668,8 +669,20 @@ fn driver_calls_map_memory_and_report_device_facts() {
         );
         assert_eq!(code, Ok(0));
         assert_ne!(output.ptr, 0);
-        assert_eq!(cann.rtFree(dev), Ok(0));
+        // A free happens in the calling thread's context, which must be the allocation's.
+        assert_eq!(cann.rtSetDevice(1), Ok(0));
+        assert_eq!(cann.rtFree(dev), Ok(107000), "freed in device 1's context");
+        assert_eq!(cann.rtSetDevice(0), Ok(0));
+        assert_eq!(cann.rtMalloc(&mut dev, 64, RT_MEMORY_HBM, 0), Ok(0));
     }
+    let addr = dev as usize;
+    std::thread::scope(|s| {
+        // SAFETY: `addr` is a live allocation; the stand-in refuses the free on this thread.
+        let unbound = s.spawn(|| unsafe { cann.rtFree(addr as *mut c_void) });
+        assert_eq!(unbound.join().unwrap(), Ok(107002), "nothing bound on that thread");
+    });
+    // SAFETY: as above, on the thread bound to the allocation's device.
+    assert_eq!(unsafe { cann.rtFree(dev) }, Ok(0));
 }
 
 #[test]

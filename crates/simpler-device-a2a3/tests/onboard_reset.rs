@@ -65,6 +65,28 @@ fn a_callable_registered_on_another_thread_than_the_attach_is_uploaded_after_a_b
 }
 
 #[test]
+fn a_callable_unregistered_on_a_thread_bound_for_another_runner_is_freed_in_its_own_context() {
+    let b = Onboard::new();
+    let mut zero = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = zero.register_callable(&add_callable()).unwrap();
+    // This thread is bound for device 1 now: freeing runner 0's chip buffer and kernel text
+    // must bind it back (the stand-in refuses a free in another device's context, as CANN).
+    let one = DeviceRunner::attach(b.options(1)).unwrap();
+    b.log();
+    zero.unregister_callable(slot).unwrap();
+    let log = b.log();
+    let frees: Vec<&Call> = log.iter().filter(|c| c.func == "rtFree").collect();
+    assert!(!frees.is_empty(), "the kernel text was not freed: {:?}", names(&log));
+    assert!(
+        frees.iter().all(|c| c.ret == 0),
+        "the kernel text was freed in another device's context: {:?}",
+        log.iter().map(|c| (c.func.as_str(), c.device, c.ret)).collect::<Vec<_>>()
+    );
+    zero.finalize().unwrap();
+    one.finalize().unwrap();
+}
+
+#[test]
 fn a_thread_bound_for_another_runner_since_is_bound_again() {
     let b = Onboard::new();
     let mut zero = DeviceRunner::attach(b.options(0)).unwrap();
