@@ -702,3 +702,46 @@ fn tensor_data_waiting_past_the_tensor_wait_budget_is_a_tensor_wait_timeout() {
     assert_eq!(f32s(&bytes), vector::reference(&good[0].values, &good[1].values));
     r.finalize().unwrap();
 }
+
+/// Arguments `a, b` (in-out, input) and `out` (output): `out = a + b` by a task, read back at
+/// once (so that task has finished), then `a = b + b` by a task: a blind write after a finished
+/// reader, which the device does not wait for.
+fn rewriting_a_finished_input(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{Input, Output};
+    let bad = || OrchError::from_status(-1);
+    let t = |i| args.tensor(i).copied().ok_or_else(bad);
+    let (a, b, out) = (t(0)?, t(1)?, t(2)?);
+    ctx.submit(Kernels::Aiv(add::ADD), &core_args(&[(a, Input), (b, Input), (out, Output)])?)?;
+    let mut bytes = vec![0u8; PROBE_ELEMS as usize * 4];
+    ctx.tensor_data(&out, &mut bytes)?;
+    ctx.submit(Kernels::Aiv(add::ADD), &core_args(&[(b, Input), (b, Input), (a, Output)])?)?;
+    Ok(())
+}
+
+#[test]
+fn dep_gen_does_not_call_an_edge_the_device_skipped_to_a_finished_reader_a_difference() {
+    let add = add::callable().unwrap();
+    let mut b = ChipCallable::native(rewriting_a_finished_input, three_args)
+        .names("rewrite", "rewrite_config");
+    for (func_id, kernel) in add.children() {
+        b = b.kernel(*func_id, kernel.clone());
+    }
+    let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    let slot = r.register_callable(&b.build().unwrap()).unwrap();
+    let n = PROBE_ELEMS as usize;
+    let (av, bv): (Vec<f32>, Vec<f32>) = ((0..n).map(|i| i as f32).collect(), vec![1.0; n]);
+    use TensorArgType::{InOut, Input, Output};
+    let (ptrs, args) = upload_args(&mut r, &[(&av, InOut), (&bv, Input), (&vec![0.0; n], Output)]);
+    let dir = temp_dir("trb-finished-reader-deps");
+    let cfg = CallConfig::builder().dep_gen(true).output_prefix(&dir).build().unwrap();
+    let rep = r.run(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &args, &cfg)).unwrap();
+    assert!(rep.warnings.is_empty(), "{:?}", rep.warnings);
+    let out = download_f32(&mut r, ptrs[2], n);
+    assert!(out.iter().zip(&av).all(|(o, a)| *o == a + 1.0), "out = a + b with a as uploaded");
+    assert!(download_f32(&mut r, ptrs[0], n).iter().all(|&v| v == 2.0), "a = b + b");
+    for p in ptrs {
+        r.free(p).unwrap();
+    }
+    r.finalize().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -547,6 +547,9 @@ const _: () = assert!(size_of::<ScopeRecord>() == 48);
 
 /// Producers a [`SubmitRecord`] lists.
 pub const SUBMIT_RECORD_PRODUCERS: usize = 16;
+/// Set in a listed producer the task found already finished and does not wait for (a device
+/// task id uses the low 40 bits).
+pub const FINISHED_PRODUCER: u64 = 1 << 63;
 /// Tensor arguments a [`SubmitRecord`] holds (a trb task's maximum).
 pub const SUBMIT_RECORD_TENSORS: usize = 16;
 
@@ -567,11 +570,12 @@ pub struct SubmitRecord {
     pub block_num: u32,
     /// Tensor arguments (≤ [`SUBMIT_RECORD_TENSORS`]).
     pub num_tensors: u32,
-    /// Producers the tensor map found (may exceed the [`SUBMIT_RECORD_PRODUCERS`] listed).
+    /// Producers the tensor map found (may exceed the [`SUBMIT_RECORD_PRODUCERS`] listed): the
+    /// ones waited for, then those found finished.
     pub num_producers: u32,
     /// Padding to the producers.
     pub reserved: [u32; 6],
-    /// The first producers, as device task ids.
+    /// The first producers, as device task ids; one found finished has [`FINISHED_PRODUCER`] set.
     pub producers: [u64; SUBMIT_RECORD_PRODUCERS],
     /// Wire value of each tensor's tag.
     pub tags: [i32; SUBMIT_RECORD_TENSORS],

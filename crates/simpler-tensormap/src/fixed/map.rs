@@ -207,7 +207,7 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
         key: &K,
         span: ByteSpan,
         mode: AccessMode,
-        skip: impl Fn(u64, Role) -> bool,
+        mut skip: impl FnMut(u64, Role) -> bool,
         mut visit: impl FnMut(u64),
     ) {
         if span.is_empty() {

@@ -10,8 +10,8 @@ use simpler_types::constants::HEAP_RING_COUNT;
 use simpler_types::{Tensor, TensorArgType};
 
 use crate::abi::image::{
-    AicpuRecord, SUBMIT_RECORD_PRODUCERS, SUBMIT_RECORD_TENSORS, ScopeRecord, SubmitRecord,
-    TaskShape, TrbDiagHeader,
+    AicpuRecord, FINISHED_PRODUCER, SUBMIT_RECORD_PRODUCERS, SUBMIT_RECORD_TENSORS, ScopeRecord,
+    SubmitRecord, TaskShape, TrbDiagHeader,
 };
 use crate::aicpu::trace::{SUBMIT_SPAN_CORE, append};
 use crate::aicpu::view::ImageView;
@@ -35,6 +35,10 @@ pub(super) struct SubmitFacts<'t> {
     pub(super) tensors: &'t [Tensor],
     pub(super) tags: &'t [TensorArgType],
     pub(super) producers: &'t [u64],
+    /// Producers found finished and not waited for.
+    pub(super) finished: &'t [u64],
+    /// Further producers found finished, not in `finished`.
+    pub(super) finished_beyond: usize,
 }
 
 impl<'a> OrchRecords<'a> {
@@ -47,6 +51,11 @@ impl<'a> OrchRecords<'a> {
             submits,
             depth: 0,
         })
+    }
+
+    /// Whether the host asked for submit records.
+    pub(super) fn submits(&self) -> bool {
+        self.header.submit_capacity > 0
     }
 
     /// Appends a scope record.
@@ -85,8 +94,11 @@ impl<'a> OrchRecords<'a> {
             addr_of_mut!((*r).block_num).write(f.blocks);
             let nt = f.tensors.len().min(SUBMIT_RECORD_TENSORS);
             addr_of_mut!((*r).num_tensors).write(nt as u32);
-            addr_of_mut!((*r).num_producers).write(f.producers.len() as u32);
-            for (i, &p) in f.producers.iter().take(SUBMIT_RECORD_PRODUCERS).enumerate() {
+            let found = f.producers.len() + f.finished.len() + f.finished_beyond;
+            addr_of_mut!((*r).num_producers).write(found as u32);
+            let finished = f.finished.iter().map(|&p| p | FINISHED_PRODUCER);
+            let listed = f.producers.iter().copied().chain(finished);
+            for (i, p) in listed.take(SUBMIT_RECORD_PRODUCERS).enumerate() {
                 addr_of_mut!((*r).producers[i]).write(p);
             }
             for i in 0..nt {

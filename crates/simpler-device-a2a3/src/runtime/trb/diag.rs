@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use simpler_types::{DeviceTaskId, RunId, Tensor};
 
-use crate::abi::image::{SUBMIT_RECORD_PRODUCERS, ScopeRecord, SubmitRecord};
+use crate::abi::image::{FINISHED_PRODUCER, SUBMIT_RECORD_PRODUCERS, ScopeRecord, SubmitRecord};
 use crate::aicpu::view::HostImageView;
 use crate::diag::scopes::{ScopeLine, ScopeSummary};
 use crate::error::DeviceError;
@@ -183,8 +183,10 @@ fn task_name(id: u64) -> String {
 
 /// The edges on which the device's wiring (each record's producers) and the replay disagree.
 /// A replayed edge the device did not wire is a disagreement only while the producer's scope
-/// was still open at the consumer's submit: once it closed, the producer may have finished and
-/// been retired, and then the device rightly waits for nothing.
+/// was still open at the consumer's submit and the device did not list the producer as found
+/// finished: once the scope closed, the producer may have finished and been retired, and a
+/// finished producer needs no edge from a blind write or from an in-place update after its read;
+/// in both cases the device rightly waits for nothing.
 fn compare(
     g: &BuiltGraph,
     ids: &[u64],
@@ -196,7 +198,9 @@ fn compare(
     for (i, (task, r)) in g.tasks.iter().zip(submits).enumerate() {
         let succ = task_name(ids[i]);
         let listed = (r.num_producers as usize).min(SUBMIT_RECORD_PRODUCERS);
-        let wired = &r.producers[..listed];
+        let (wired, finished): (Vec<u64>, Vec<u64>) =
+            r.producers[..listed].iter().partition(|&&p| p & FINISHED_PRODUCER == 0);
+        let finished: Vec<u64> = finished.iter().map(|&p| p & !FINISHED_PRODUCER).collect();
         let replayed: Vec<u64> = g.preds_of(task).iter().map(|&p| ids[p as usize]).collect();
         for &p in wired.iter().filter(|p| !replayed.contains(p)) {
             out.push(format!(
@@ -209,7 +213,7 @@ fn compare(
         }
         for (&p, &pi) in replayed.iter().zip(g.preds_of(task)) {
             let scope_open = closed_at[scope_of[pi as usize]] > i as u64;
-            if scope_open && !wired.contains(&p) {
+            if scope_open && !wired.contains(&p) && !finished.contains(&p) {
                 out.push(format!(
                     "the replay derives {} → {succ}; the device did not wire it",
                     task_name(p)
@@ -357,5 +361,34 @@ mod tests {
         let r = replayed(&records);
         assert_eq!(r.mismatches.len(), 1, "{:?}", r.mismatches);
         assert!(r.mismatches[0].contains("the device wired r0:0 → r0:1"), "{:?}", r.mismatches);
+    }
+
+    #[test]
+    fn an_edge_to_a_producer_the_device_found_finished_is_no_warning() {
+        // A blind write after a writer that already completed: the device lists it as found
+        // finished and waits for nothing; the replay derives the edge. Listed as waited-for
+        // instead, or not at all, the same edge is a difference.
+        let as_finished = [W | FINISHED_PRODUCER];
+        let cases: [(&[u64], usize); 3] = [(&as_finished, 0), (&[], 1), (&[W], 0)];
+        for (listed, warnings) in cases {
+            let records = TrbDiagRecords {
+                submits: vec![
+                    submit(W, 0, TensorArgType::Output, &[]),
+                    submit(R, 0, TensorArgType::InOut, listed),
+                ],
+                ..TrbDiagRecords::default()
+            };
+            let r = replayed(&records);
+            assert_eq!(r.mismatches.len(), warnings, "{listed:x?}: {:?}", r.mismatches);
+        }
+        let finished_only = TrbDiagRecords {
+            submits: vec![
+                submit(W, 0, TensorArgType::Output, &[]),
+                submit(R, 0, TensorArgType::Output, &[W | FINISHED_PRODUCER]),
+            ],
+            ..TrbDiagRecords::default()
+        };
+        // A producer listed as finished is never read as one the device wired.
+        assert_eq!(replayed(&finished_only).mismatches, Vec::<String>::new());
     }
 }

@@ -198,7 +198,11 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
     // against the layout's length in `layout_of`); this thread is the only one that touches the
     // owner sections, and the schedulers attach to the shared ones only after "runtime ready".
     let storage = unsafe { layout.owner(base) };
-    let engine = Engine::new(storage, trb.arena_kept != 0);
+    let mut engine = Engine::new(storage, trb.arena_kept != 0);
+    let records = OrchRecords::of(view);
+    if records.as_ref().is_some_and(OrchRecords::submits) {
+        engine.note_finished_producers();
+    }
     // "Runtime ready": the engine reset the shared sections.
     shared.ready_published.store(1, Release);
     p.notify_schedulers();
@@ -211,7 +215,7 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
         engine,
         entry: &tensors[..n],
         failed: false,
-        records: OrchRecords::of(view),
+        records,
         spans: record::spans_on(view).then_some(threads - 1),
         tensor_wait,
     };
@@ -609,6 +613,8 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                         tensors,
                         tags,
                         producers: self.engine.last_producers(),
+                        finished: self.engine.last_finished(),
+                        finished_beyond: self.engine.last_finished_beyond(),
                     });
                 }
                 if let Some(thread) = self.spans {

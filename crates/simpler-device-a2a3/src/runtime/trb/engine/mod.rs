@@ -55,6 +55,7 @@ use super::sizing::RingSizes;
 use super::storage::{Leftovers, ReuseRecord, SharedStorage, Storage};
 
 mod buffers;
+mod producers;
 mod stall;
 pub(crate) use stall::{RingStall, StallKind};
 
@@ -441,6 +442,7 @@ pub(crate) struct Engine<'a> {
     producers: [u64; MAX_FANIN],
     /// How many of `producers` the last submit's lookups found (the rest are slab holders).
     linked: usize,
+    finished: producers::Finished,
 }
 
 impl<'a> Engine<'a> {
@@ -499,6 +501,7 @@ impl<'a> Engine<'a> {
             holders: 0,
             producers: [0; MAX_FANIN],
             linked: 0,
+            finished: producers::Finished::new(),
         }
     }
 
@@ -640,7 +643,8 @@ impl<'a> Engine<'a> {
         let mut count = 0usize;
         let mut overflow = false;
         {
-            let (rings, shared) = (&self.rings, self.shared);
+            let (rings, shared, finished) = (&self.rings, self.shared, &mut self.finished);
+            finished.clear();
             let producers = &mut self.producers;
             for a in accesses {
                 // A blind write only orders after the accesses it finds (nothing flows from
@@ -651,8 +655,14 @@ impl<'a> Engine<'a> {
                 // `MAX_FANIN`.
                 let blind = matches!(a.mode, AccessMode::Write | AccessMode::ScatterWrite);
                 let moot = |o, role| {
-                    is_retired(rings, o)
-                        || ((blind || role == Role::Reader) && shared.has_completed(o))
+                    if is_retired(rings, o) {
+                        return true;
+                    }
+                    let done = (blind || role == Role::Reader) && shared.has_completed(o);
+                    if done {
+                        finished.note(o);
+                    }
+                    done
                 };
                 self.map.lookup_by_role(&a.key, a.span, a.mode, moot, |o| {
                     if producers[..count].contains(&o) {
@@ -745,6 +755,7 @@ impl<'a> Engine<'a> {
             },
         };
         self.linked = linked;
+        self.finished.drop_wired(&self.producers[..linked]);
         let ring = &mut self.rings[r];
         let local = ring.window.try_issue().expect("room checked above");
         let at = ring.window.slot_of(local);
@@ -804,47 +815,6 @@ impl<'a> Engine<'a> {
             heap_offset: grant.map(|g| g.offset),
             wake_schedulers: ready && shared.idle_besides(false),
         })
-    }
-
-    /// Takes a reference on each of the first `count` producers before the submit commits
-    /// (those below `linked` are waited for, the rest only held). One waited for that has none
-    /// left was consumed since its lookup, so it completed: nothing to wait for or hold, and it
-    /// is dropped. A slot of `keep` cannot be consumed while its scope holds it; if one were,
-    /// the references taken are returned and the submit is refused rather than run without it.
-    /// Returns how many producers are left and how many of them are waited for.
-    fn acquire_producers(
-        &mut self,
-        count: usize,
-        linked: usize,
-        keep: &[u64],
-    ) -> Result<(usize, usize), SubmitRefusal> {
-        let (mut held, mut waited) = (0, 0);
-        for k in 0..count {
-            let p = self.producers[k];
-            if self.shared.acquire(p) {
-                self.producers[held] = p;
-                held += 1;
-                waited += usize::from(k < linked);
-            } else if k >= linked || keep.contains(&p) {
-                self.release_producers(held);
-                return Err(SubmitRefusal::Invalid(USED_AFTER_SCOPE));
-            }
-        }
-        Ok((held, waited))
-    }
-
-    /// Returns the references [`acquire_producers`](Self::acquire_producers) took on the first
-    /// `count` producers.
-    fn release_producers(&self, count: usize) {
-        for &p in &self.producers[..count] {
-            self.shared.release(p);
-        }
-    }
-
-    /// The producers the last accepted submit found through the tensor map (for the dependency
-    /// graph's diagnostics).
-    pub(crate) fn last_producers(&self) -> &[u64] {
-        &self.producers[..self.linked]
     }
 
     /// Tasks submitted so far.

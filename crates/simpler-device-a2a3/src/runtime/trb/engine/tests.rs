@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicBool;
 
 use super::*;
 use crate::abi::codes::RuntimeCode;
+use crate::abi::image::SUBMIT_RECORD_PRODUCERS;
 use crate::runtime::trb::storage::TrbArena;
 
 thread_local! {
@@ -360,6 +361,7 @@ fn write_after_more_finished_readers_than_a_task_may_have_producers(mode: Access
     const READERS: u64 = MAX_FANIN as u64 + 44;
     let mut arena = TrbArena::new(sizes(512, 64 << 10, 1024), 1024, 64);
     let mut e = Engine::new(arena.storage(), false);
+    e.note_finished_producers();
     let mut done = |_| {};
     let base = 0x10_0000u64;
     let slice = |i: u64| Access {
@@ -375,10 +377,15 @@ fn write_after_more_finished_readers_than_a_task_may_have_producers(mode: Access
     let write = e.submit(&[whole], 0);
     assert!(write.is_ok(), "{write:?}");
     assert!(e.last_producers().is_empty(), "{:?}", e.last_producers());
+    // The diagnostics list the first finished readers and count the rest.
+    assert_eq!(e.last_finished().len(), SUBMIT_RECORD_PRODUCERS);
+    let noted = e.last_finished().len() + e.last_finished_beyond();
+    assert_eq!(noted as u64, READERS, "every finished reader is listed or counted");
     // A reader still running is waited for.
     e.submit(&[slice(0)], 0).unwrap();
     let again = e.submit(&[whole], 0).unwrap();
     assert_eq!(e.last_producers().len(), 2, "the running reader and the earlier write");
+    assert!(e.last_finished().is_empty(), "the first write superseded the finished readers");
     let _ = again;
 }
 
