@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::standin::{AddRun, Onboard, add_callable, add_object_callable, count, names, position};
 use simpler_acl_sys::standin::Call;
-use simpler_device_a2a3::{ActiveRun, DeviceRunner, RunRequest};
+use simpler_device_a2a3::{ActiveRun, DeviceError, DeviceRunner, RunRequest};
 use simpler_types::{CallConfig, RunId};
 
 fn succeeded(log: &[Call], funcs: &[&str]) -> usize {
@@ -83,6 +83,36 @@ fn a_callable_unregistered_on_a_thread_bound_for_another_runner_is_freed_in_its_
         log.iter().map(|c| (c.func.as_str(), c.device, c.ret)).collect::<Vec<_>>()
     );
     zero.finalize().unwrap();
+    one.finalize().unwrap();
+}
+
+#[test]
+fn a_free_whose_bind_fails_leaves_the_memory_to_finalize_and_reports_the_bind() {
+    let b = Onboard::new();
+    let mut zero = DeviceRunner::attach(b.options(0)).unwrap();
+    let p = zero.malloc(64).unwrap();
+    // This thread is bound for device 1 now, and binding it back for the free fails.
+    let one = DeviceRunner::attach(b.options(1)).unwrap();
+    let mut log = b.log();
+    let next_bind = count(&log, "rtSetDevice") as u64 + 1;
+    b.install.fail_call("rtSetDevice", next_bind, 507_899).unwrap();
+    zero.free(p).unwrap();
+    let freed = b.log();
+    assert_eq!(count(&freed, "rtFree"), 0, "freed in device 1's context: {:?}", names(&freed));
+    let err = zero.register_callable(&add_callable()).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::Acl { source, .. } if source.func == "rtSetDevice" && source.code == 507_899),
+        "{err:?}"
+    );
+    log.extend(freed);
+    zero.finalize().unwrap();
+    let finalized = b.log();
+    let frees: Vec<&Call> = finalized.iter().filter(|c| c.func == "rtFree").collect();
+    assert!(
+        frees.iter().any(|c| c.value == Some(p.addr() as i64) && c.ret == 0),
+        "finalize did not free the memory: {:?}",
+        names(&finalized)
+    );
     one.finalize().unwrap();
 }
 

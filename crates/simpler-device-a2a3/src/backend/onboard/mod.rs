@@ -565,7 +565,13 @@ impl Backend for OnboardDevice {
     }
 
     fn free(&self, addr: u64) -> Option<MemPurpose> {
-        let _ = self.bind();
+        if let Err(e) = self.bind() {
+            // Freed on this thread, the memory would be looked up in another context and the
+            // free refused: it stays in the table, for finalize to free, and the next fallible
+            // call reports the bind.
+            self.ctx.record(e);
+            return self.allocations.lock().get(&addr).map(|a| a.purpose);
+        }
         // Dropping the entry unregisters its mapping, then frees the memory.
         self.allocations.lock().remove(&addr).map(|a| a.purpose)
     }
