@@ -6,8 +6,8 @@ mod common;
 use common::*;
 use simpler_device_a2a3::programs::{add, bgemm, vector};
 use simpler_device_a2a3::{
-    ChipCallable, ChipSlot, DeviceRunner, RingDefaults, RunReport, RunRequest, RunnerOptions,
-    RuntimeVariant,
+    ChipCallable, ChipSlot, DeviceRunner, NativeConfigFn, NativeOrchFn, RingDefaults, RunReport,
+    RunRequest, RunnerOptions, RuntimeVariant,
 };
 use simpler_types::{CallConfig, DataType, RunId, TaskArgs, Tensor, TensorArgType};
 
@@ -218,10 +218,13 @@ fn stalling_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<
 }
 
 fn stalling_callable() -> ChipCallable {
-    let add = add::callable().unwrap();
-    let mut b = ChipCallable::native(stalling_orchestration, one_tensor_one_scalar)
-        .names("trb_stalls", "trb_stalls_config");
-    for (func_id, kernel) in add.children() {
+    over_add_kernels(stalling_orchestration, one_tensor_one_scalar, "trb_stalls")
+}
+
+/// `entry` and `config` (named `name` and `name_config`) over the `add` program's kernels.
+fn over_add_kernels(entry: NativeOrchFn, config: NativeConfigFn, name: &str) -> ChipCallable {
+    let mut b = ChipCallable::native(entry, config).names(name, format!("{name}_config"));
+    for (func_id, kernel) in add::callable().unwrap().children() {
         b = b.kernel(*func_id, kernel.clone());
     }
     b.build().unwrap()
@@ -361,14 +364,9 @@ fn upload_args(
 
 #[test]
 fn tensor_data_waits_for_the_writer_and_set_tensor_data_for_the_readers() {
-    let add = add::callable().unwrap();
-    let mut b =
-        ChipCallable::native(probing_orchestration, five_args).names("probe", "probe_config");
-    for (func_id, kernel) in add.children() {
-        b = b.kernel(*func_id, kernel.clone());
-    }
+    let callable = over_add_kernels(probing_orchestration, five_args, "probe");
     let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
-    let slot = r.register_callable(&b.build().unwrap()).unwrap();
+    let slot = r.register_callable(&callable).unwrap();
     let n = PROBE_ELEMS as usize;
     let av: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let bv: Vec<f32> = (0..n).map(|i| 0.5 * i as f32).collect();
@@ -395,10 +393,6 @@ fn tensor_data_waits_for_the_writer_and_set_tensor_data_for_the_readers() {
     r.finalize().unwrap();
 }
 
-fn three_args(_: &OrchArgs<'_>) -> OrchConfig {
-    OrchConfig { expected_arg_count: 3 }
-}
-
 /// Arguments `a, b` (inputs), `out` (output): `x = a + b` by a task, then `x` set to ones at
 /// once by the orchestration, then `out = x + x` by a task.
 fn overwriting_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
@@ -418,14 +412,9 @@ fn overwriting_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Resu
 
 #[test]
 fn set_tensor_data_waits_for_the_writer_of_the_bytes_too() {
-    let add = add::callable().unwrap();
-    let mut b = ChipCallable::native(overwriting_orchestration, three_args)
-        .names("overwrite", "overwrite_config");
-    for (func_id, kernel) in add.children() {
-        b = b.kernel(*func_id, kernel.clone());
-    }
+    let callable = over_add_kernels(overwriting_orchestration, three_args, "overwrite");
     let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
-    let slot = r.register_callable(&b.build().unwrap()).unwrap();
+    let slot = r.register_callable(&callable).unwrap();
     // The writer of `x` is held on its core well past the orchestration's write.
     r.sim_faults().unwrap().kernel_delay(add::ADD, std::time::Duration::from_millis(50));
     let n = PROBE_ELEMS as usize;
@@ -505,15 +494,10 @@ fn mixed_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(),
 
 #[test]
 fn mix_and_multi_block_tasks_give_the_same_bits_on_both_runtimes() {
-    let add = add::callable().unwrap();
-    let mut b = ChipCallable::native(mixed_orchestration, common::three_args)
-        .names("mixed", "mixed_config");
-    for (func_id, kernel) in add.children() {
-        b = b.kernel(*func_id, kernel.clone());
-    }
+    let callable = over_add_kernels(mixed_orchestration, three_args, "mixed");
     let args = vector_args(4096);
     let cfg = CallConfig::builder().block_dim(2).build().unwrap();
-    let got = f32s(&same_on_both(&b.build().unwrap(), &args, &cfg));
+    let got = f32s(&same_on_both(&callable, &args, &cfg));
     let want: Vec<f32> =
         args[0].values.iter().zip(&args[1].values).map(|(a, b)| a + b + b).collect();
     assert_eq!(got, want);
@@ -536,14 +520,9 @@ fn outer_buffer_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Res
 
 #[test]
 fn a_nested_scope_writes_a_buffer_of_the_top_level_on_both_runtimes() {
-    let add = add::callable().unwrap();
-    let mut b = ChipCallable::native(outer_buffer_orchestration, common::three_args)
-        .names("outer_buffer", "outer_buffer_config");
-    for (func_id, kernel) in add.children() {
-        b = b.kernel(*func_id, kernel.clone());
-    }
+    let callable = over_add_kernels(outer_buffer_orchestration, three_args, "outer_buffer");
     let args = vector_args(4096);
-    let got = f32s(&same_on_both(&b.build().unwrap(), &args, &CallConfig::default()));
+    let got = f32s(&same_on_both(&callable, &args, &CallConfig::default()));
     let want: Vec<f32> =
         args[0].values.iter().zip(&args[1].values).map(|(a, b)| a + b + b).collect();
     assert_eq!(got, want);
@@ -627,16 +606,11 @@ fn stale_buffer_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Res
 
 #[test]
 fn a_buffer_used_after_its_scope_ended_is_refused_even_once_its_bytes_are_reused() {
-    let add = add::callable().unwrap();
-    let mut b =
-        ChipCallable::native(stale_buffer_orchestration, four_args).names("stale", "stale_config");
-    for (func_id, kernel) in add.children() {
-        b = b.kernel(*func_id, kernel.clone());
-    }
+    let callable = over_add_kernels(stale_buffer_orchestration, four_args, "stale");
     let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
     // A slow writer of `y`: a read of `x`'s bytes not refused would race with it.
     r.sim_faults().unwrap().kernel_delay(add::ADD, std::time::Duration::from_millis(20));
-    let slot = r.register_callable(&b.build().unwrap()).unwrap();
+    let slot = r.register_callable(&callable).unwrap();
     let n = PROBE_ELEMS as usize;
     for (run, op) in [(1, "tensor_data"), (2, "set_tensor_data"), (3, "submit")] {
         let mut ptrs = Vec::new();
@@ -664,19 +638,14 @@ fn a_buffer_used_after_its_scope_ended_is_refused_even_once_its_bytes_are_reused
 
 #[test]
 fn tensor_data_waiting_past_the_tensor_wait_budget_is_a_tensor_wait_timeout() {
-    let add = add::callable().unwrap();
-    let mut b =
-        ChipCallable::native(probing_orchestration, five_args).names("probe", "probe_config");
-    for (func_id, kernel) in add.children() {
-        b = b.kernel(*func_id, kernel.clone());
-    }
+    let callable = over_add_kernels(probing_orchestration, five_args, "probe");
     let mut o = options_for(RuntimeVariant::TensormapAndRingbuffer);
     o.budgets.tensor_wait = std::time::Duration::from_millis(50);
     let mut r = DeviceRunner::attach(o).unwrap();
     // The writer `tensor_data` waits for takes far longer than the budget (and far less than
     // the scheduler's no-progress budget, so only the tensor wait can fire).
     r.sim_faults().unwrap().kernel_delay(add::ADD, std::time::Duration::from_millis(1000));
-    let slot = r.register_callable(&b.build().unwrap()).unwrap();
+    let slot = r.register_callable(&callable).unwrap();
     let n = PROBE_ELEMS as usize;
     let mut ptrs = Vec::new();
     let mut args = TaskArgs::new();
@@ -720,14 +689,9 @@ fn rewriting_a_finished_input(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Res
 
 #[test]
 fn dep_gen_does_not_call_an_edge_the_device_skipped_to_a_finished_reader_a_difference() {
-    let add = add::callable().unwrap();
-    let mut b = ChipCallable::native(rewriting_a_finished_input, three_args)
-        .names("rewrite", "rewrite_config");
-    for (func_id, kernel) in add.children() {
-        b = b.kernel(*func_id, kernel.clone());
-    }
+    let callable = over_add_kernels(rewriting_a_finished_input, three_args, "rewrite");
     let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
-    let slot = r.register_callable(&b.build().unwrap()).unwrap();
+    let slot = r.register_callable(&callable).unwrap();
     let n = PROBE_ELEMS as usize;
     let (av, bv): (Vec<f32>, Vec<f32>) = ((0..n).map(|i| i as f32).collect(), vec![1.0; n]);
     use TensorArgType::{InOut, Input, Output};
