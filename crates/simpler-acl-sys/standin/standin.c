@@ -87,6 +87,7 @@ typedef struct object {
     uint64_t size;          /* memory size; for a stream: its creation index */
     uint64_t owner;         /* a func's binary; an event's last stream; memory's device */
     int recorded;           /* an event: 0 never recorded, 1 complete, RECORDED_NOT_REACHED */
+    int64_t context;        /* a stream's or an event's device (the thread's bind at creation) */
     char ops[MAX_OPS][64];  /* a CPU binary's op types; a func's name in ops[0] */
     int nops;
 } object;
@@ -96,6 +97,8 @@ typedef struct state {
     int refs;                  /* copies using this state; the last one to unload frees it */
     int recent_key_created;
     pthread_key_t recent_key;  /* this thread's last failure reason (aclGetRecentErrMsg) */
+    int bound_key_created;
+    pthread_key_t bound_key;   /* this thread's bound device + 1, shared by every copy */
     standin_call log[MAX_LOG];
     size_t log_len;
     uint64_t log_dropped;
@@ -141,7 +144,23 @@ static const char *const SOC_NAMES[] = {"Ascend910B1", "Ascend910_9391", "Ascend
  * It lives on the heap, so a copy still loaded never points into one that was unloaded. */
 static state *st;
 static pthread_once_t own_once = PTHREAD_ONCE_INIT;
-static __thread int bound_device = -1;
+
+/* The device bound on the calling thread, -1 for none. Kept in the shared state, so that a
+ * bind through one copy (the runtime's rtSetDevice) holds for calls through another (the ACL
+ * library's), as one CANN context does. Called with the lock held. */
+static int bound_device_now(void) {
+    if (!st->bound_key_created) return -1;
+    return (int)(intptr_t)pthread_getspecific(st->bound_key) - 1;
+}
+
+/* Non-zero when the bind cannot be recorded (no thread key left). */
+static int set_bound_device(int device) {
+    if (!st->bound_key_created) {
+        if (pthread_key_create(&st->bound_key, NULL) != 0) return -1;
+        st->bound_key_created = 1;
+    }
+    return pthread_setspecific(st->bound_key, (void *)(intptr_t)(device + 1));
+}
 
 static void set_defaults(state *s) {
     s->next_handle = 1;
@@ -187,6 +206,7 @@ static void release(state *s) {
     if (!last) return;
     free_objects(s);
     if (s->recent_key_created) pthread_key_delete(s->recent_key);
+    if (s->bound_key_created) pthread_key_delete(s->bound_key);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
@@ -331,7 +351,7 @@ static int32_t alloc_memory(call *c, void **out, uint64_t size) {
     c->entry.size = (int64_t)size;
     if (out == NULL || size == 0) return fail(c, E_PARAM, "null out-pointer or zero size");
     /* CANN allocates on the calling thread's device: with none bound there is no context. */
-    if (bound_device < 0) return fail(c, 107002, "no device bound on this thread (context is null)");
+    if (bound_device_now() < 0) return fail(c, 107002, "no device bound on this thread (context is null)");
     void *p = NULL;
     if (posix_memalign(&p, 1024, size) != 0) return fail(c, 207001, "host allocation failed");
     memset(p, 0, size);
@@ -342,7 +362,7 @@ static int32_t alloc_memory(call *c, void **out, uint64_t size) {
     }
     o->handle = (uint64_t)(uintptr_t)p;
     o->size = size;
-    o->owner = (uint64_t)(int64_t)bound_device;
+    o->owner = (uint64_t)(int64_t)bound_device_now();
     *out = p;
     c->entry.value = (int64_t)o->handle;
     return finish(c, OK);
@@ -352,10 +372,10 @@ static int32_t free_memory(call *c, void *p) {
     c->entry.value = (int64_t)(uintptr_t)p;
     /* CANN frees in the calling thread's context: with none bound there is none, and in one
      * of another device the allocation is not found. */
-    if (bound_device < 0) return fail(c, 107002, "no device bound on this thread (context is null)");
+    if (bound_device_now() < 0) return fail(c, 107002, "no device bound on this thread (context is null)");
     object *o = find(OBJ_MEMORY, (uint64_t)(uintptr_t)p);
     if (o == NULL) return fail(c, E_PARAM, "not a live allocation");
-    if (o->owner != (uint64_t)(int64_t)bound_device)
+    if (o->owner != (uint64_t)(int64_t)bound_device_now())
         return fail(c, E_PARAM, "an allocation of another device's context");
     free(p);
     o->kind = OBJ_NONE;
@@ -382,6 +402,7 @@ static int32_t copy_memory(call *c, void *dst, uint64_t dest_max, const void *sr
 
 static int32_t create_stream(call *c, void **out) {
     if (out == NULL) return fail(c, E_PARAM, "null out-pointer");
+    if (bound_device_now() < 0) return fail(c, 107002, "no device bound on this thread (context is null)");
     if (st->after_force_reset) {
         st->after_force_reset = 0;
         if (st->reset_probe_failures > 0) {
@@ -392,14 +413,22 @@ static int32_t create_stream(call *c, void **out) {
     object *o = new_object(OBJ_STREAM);
     if (o == NULL) return fail(c, E_PARAM, "too many objects");
     o->size = ++st->streams_created;
+    o->context = bound_device_now();
     *out = (void *)(uintptr_t)o->handle;
     c->entry.stream = o->handle;
     return finish(c, OK);
 }
 
 static int32_t destroy_object(call *c, enum object_kind kind, void *h) {
+    /* Streams and events belong to a device's context, as memory does: CANN destroys them in
+     * the calling thread's. */
+    bool in_context = kind == OBJ_STREAM || kind == OBJ_EVENT;
+    if (in_context && bound_device_now() < 0)
+        return fail(c, 107002, "no device bound on this thread (context is null)");
     object *o = find(kind, (uint64_t)(uintptr_t)h);
     if (o == NULL) return fail(c, E_PARAM, "not a live handle");
+    if (in_context && o->context != bound_device_now())
+        return fail(c, E_PARAM, "a handle of another device's context");
     o->kind = OBJ_NONE;
     return finish(c, OK);
 }
@@ -436,7 +465,7 @@ static int valid_device(int32_t device) {
 static int32_t bind(call *c, int32_t device) {
     c->entry.device = device;
     if (!valid_device(device)) return fail(c, E_PARAM, "no such device");
-    bound_device = device;
+    if (set_bound_device(device) != 0) return fail(c, E_DRV_INTERNAL, "cannot record the bind");
     st->set_count[device]++;
     return finish(c, OK);
 }
@@ -649,9 +678,9 @@ EXPORT int aclrtResetDeviceForce(int32_t deviceId) {
 EXPORT int aclrtGetDevice(int32_t *deviceId) {
     call c = begin(__func__);
     if (c.injected) return finish(&c, c.injected);
-    if (deviceId == NULL || bound_device < 0) return fail(&c, E_PARAM, "no device bound");
-    *deviceId = bound_device;
-    c.entry.device = bound_device;
+    if (deviceId == NULL || bound_device_now() < 0) return fail(&c, E_PARAM, "no device bound");
+    *deviceId = bound_device_now();
+    c.entry.device = bound_device_now();
     return finish(&c, OK);
 }
 
@@ -745,7 +774,7 @@ EXPORT int aclrtSetStreamFailureMode(void *stream, uint64_t mode) {
 EXPORT int aclrtSynchronizeDeviceWithTimeout(int32_t timeout) {
     call c = begin(__func__);
     c.entry.timeout = timeout;
-    c.entry.device = bound_device;
+    c.entry.device = bound_device_now();
     if (c.injected) return finish(&c, c.injected);
     if (st->drain_result != OK) return fail(&c, (int32_t)st->drain_result, "drain result knob");
     return finish(&c, OK);
@@ -796,8 +825,10 @@ EXPORT int aclrtCreateEvent(void **event) {
     call c = begin(__func__);
     if (c.injected) return finish(&c, c.injected);
     if (event == NULL) return fail(&c, E_PARAM, "null out-pointer");
+    if (bound_device_now() < 0) return fail(&c, 107002, "no device bound on this thread (context is null)");
     object *o = new_object(OBJ_EVENT);
     if (o == NULL) return fail(&c, E_PARAM, "too many objects");
+    o->context = bound_device_now();
     *event = (void *)(uintptr_t)o->handle;
     c.entry.value = (int64_t)o->handle;
     return finish(&c, OK);

@@ -288,7 +288,9 @@ fn acl_errors_carry_name_meaning_and_cann_recent_message() {
     let install = FakeInstall::standard().unwrap();
     let cann = install.cann();
     let mut stream: aclrtStream = ptr::null_mut();
-    // SAFETY: `stream` is a valid out-pointer.
+    // SAFETY: a valid device id; `stream` is a valid out-pointer.
+    assert_eq!(unsafe { cann.aclrtSetDevice(0) }, Ok(0));
+    // SAFETY: as above.
     assert_eq!(unsafe { cann.aclrtCreateStream(&mut stream) }, Ok(0));
     install
         .fail_call("aclrtSynchronizeStreamWithTimeout", 1, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT)
@@ -523,6 +525,7 @@ fn sync_timeout_hits_only_the_chosen_stream() {
     let (mut first, mut second): (rtStream_t, rtStream_t) = (ptr::null_mut(), ptr::null_mut());
     // SAFETY: valid out-pointers and live handles.
     unsafe {
+        assert_eq!(cann.rtSetDevice(0), Ok(0));
         assert_eq!(cann.rtStreamCreate(&mut first, 0), Ok(0));
         assert_eq!(cann.rtStreamCreate(&mut second, 0), Ok(0));
         assert_eq!(cann.aclrtSynchronizeStreamWithTimeout(first, 100), Ok(0));
@@ -621,6 +624,8 @@ fn events_record_and_synchronize() {
     let mut status: aclrtEventRecordedStatus = 99;
     // SAFETY: valid out-pointers and live handles.
     unsafe {
+        assert_eq!(cann.aclrtCreateEvent(&mut event), Ok(107002), "nothing bound");
+        assert_eq!(cann.aclrtSetDevice(0), Ok(0));
         assert_eq!(cann.aclrtCreateStream(&mut stream), Ok(0));
         assert_eq!(cann.aclrtCreateEvent(&mut event), Ok(0));
         assert_eq!(cann.aclrtQueryEventStatus(event, &mut status), Ok(0));
@@ -741,6 +746,7 @@ fn hccl_functions_resolve_from_the_communication_library() {
         assert_eq!(cann.HcclGetRootInfo(&mut root), Ok(0));
         assert_eq!(cann.HcclCommInitRootInfo(2, &root, 0, &mut comm), Ok(0));
         assert_eq!(cann.HcclCommInitRootInfo(2, &root, 2, &mut comm.clone()), Ok(107000));
+        assert_eq!(cann.aclrtSetDevice(0), Ok(0));
         assert_eq!(cann.aclrtCreateStream(&mut stream), Ok(0));
         assert_eq!(cann.HcclBarrier(comm, stream), Ok(0));
         assert_eq!(cann.HcclCommDestroy(comm), Ok(0));
