@@ -33,8 +33,9 @@ mod reset;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -49,7 +50,7 @@ pub use self::manifest::ENV_ONBOARD_ARTIFACTS;
 use self::memory::{Allocation, Allocations, KernelText};
 use self::owners::{DeviceBuffer, Event, HostMapping, Stream, code_of};
 use self::programs::{AicoreBinary, Loaded};
-use self::reset::Binds;
+use self::reset::{Binds, SharedBinds, bind_for};
 use super::orch_object::{self, RegisterOp};
 use super::{
     AllocFailure, Backend, EventHandle, EventState, EventStatus, LaunchHandle, LaunchState,
@@ -122,9 +123,26 @@ impl LaunchState for OnboardLaunch {
     }
 }
 
-/// An event as the runner keeps it.
+/// An event as the runner keeps it. CANN destroys an event in the calling thread's context,
+/// so dropping it binds the thread for its runner first; an event that cannot be destroyed in
+/// its context is left to the device's reset.
 #[derive(Debug)]
-struct OnboardEvent(Event);
+struct OnboardEvent {
+    event: ManuallyDrop<Event>,
+    binds: Weak<Mutex<Binds>>,
+}
+
+impl Drop for OnboardEvent {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; the field is not used again.
+        let event = unsafe { ManuallyDrop::take(&mut self.event) };
+        if reset::bind_to_release(event.ctx(), &self.binds) {
+            drop(event);
+        } else {
+            event.disown();
+        }
+    }
+}
 
 impl EventState for OnboardEvent {
     fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
@@ -154,7 +172,7 @@ pub(crate) struct OnboardDevice {
     opts: RunnerOptions,
     /// How many binds CANN has counted (finalize resets as many), and the identity a thread
     /// records when it is bound for this runner.
-    bound: Mutex<Binds>,
+    bound: SharedBinds,
     streams: Option<Streams>,
     max_block_dim: u32,
     programs: Option<Loaded>,
@@ -215,7 +233,7 @@ impl OnboardDevice {
         let me = OnboardDevice {
             ctx,
             opts: opts.clone(),
-            bound: Mutex::new(Binds::new()),
+            bound: Arc::new(Mutex::new(Binds::new())),
             streams: None,
             max_block_dim: FALLBACK_BLOCK_DIM,
             programs: None,
@@ -244,14 +262,7 @@ impl OnboardDevice {
     /// Binds the calling thread unless it is bound for this runner already (not since bound
     /// for another runner: CANN binds one device per thread).
     fn bind(&self) -> Result<(), CannError> {
-        let mut bound = self.bound.lock();
-        if bound.here() {
-            return Ok(());
-        }
-        // SAFETY: plain integer argument.
-        self.ctx.check("rtSetDevice", unsafe { self.ctx.cann.rtSetDevice(self.ctx.device) })?;
-        bound.bound_here();
-        Ok(())
+        bind_for(&self.ctx, &self.bound)
     }
 
     /// The failure a release recorded in `Drop`, as the typed error of this call.
@@ -766,7 +777,10 @@ impl Backend for OnboardDevice {
         self.bind().map_err(|e| AclCode(code_of(&e)))?;
         let s = self.stream(stream).ok_or(AclCode::INTERNAL_ERROR)?;
         match Event::record(&self.ctx, s) {
-            Ok(event) => Ok(Arc::new(OnboardEvent(event))),
+            Ok(event) => Ok(Arc::new(OnboardEvent {
+                event: ManuallyDrop::new(event),
+                binds: Arc::downgrade(&self.bound),
+            })),
             Err(e) => {
                 tracing::warn!(device = self.ctx.device, error = %e, "event not recorded");
                 Err(AclCode(code_of(&e)))
@@ -781,7 +795,7 @@ impl Backend for OnboardDevice {
         self.bind().map_err(|e| AclCode(code_of(&e)))?;
         let s = self.stream(stream).ok_or(AclCode::INTERNAL_ERROR)?;
         // SAFETY: both handles are live.
-        let ret = unsafe { self.ctx.cann.aclrtStreamWaitEvent(s.raw(), ours.0.raw()) };
+        let ret = unsafe { self.ctx.cann.aclrtStreamWaitEvent(s.raw(), ours.event.raw()) };
         self.ctx.check("aclrtStreamWaitEvent", ret).map_err(|e| {
             tracing::warn!(device = self.ctx.device, error = %e, "stream wait not enqueued");
             AclCode(code_of(&e))
@@ -793,7 +807,7 @@ impl Backend for OnboardDevice {
             Ok(e) => e,
             Err(f) => return EventStatus::Failed(f),
         };
-        match ours.0.status() {
+        match ours.event.status() {
             Ok(true) => EventStatus::Complete,
             Ok(false) => EventStatus::Pending,
             Err(e) => EventStatus::Failed(stream_fault(e)),
@@ -807,7 +821,7 @@ impl Backend for OnboardDevice {
         _op_execute: Duration,
     ) -> Result<(), SyncError> {
         let ours = self.our_event(event).map_err(SyncError::Fault)?;
-        match ours.0.synchronize(ms(timeout)) {
+        match ours.event.synchronize(ms(timeout)) {
             Ok(()) => Ok(()),
             // CANN answers an event wait that ran out with its own code; the stream code is
             // taken too, so that no runtime version turns a slow run into a device fault.

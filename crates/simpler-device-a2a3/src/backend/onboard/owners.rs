@@ -254,6 +254,21 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
+    /// The context the event belongs to.
+    pub(crate) fn ctx(&self) -> &Ctx {
+        &self.ctx
+    }
+
+    /// Lets go of the event without `aclrtDestroyEvent`: for an event its device's reset
+    /// released, or one no thread could be bound to destroy in its context. Only the owner's
+    /// context reference is released.
+    pub(crate) fn disown(self) {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; `ctx` is read out once and dropped
+        // here, the handle is a token that holds no resource of the host.
+        drop(unsafe { std::ptr::read(&this.ctx) });
+    }
+
     /// Creates an event and records it on `stream`.
     pub(crate) fn record(ctx: &Arc<Ctx>, stream: &Stream) -> Result<Event, CannError> {
         let mut raw: aclrtEvent = ptr::null_mut();

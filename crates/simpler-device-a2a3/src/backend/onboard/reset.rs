@@ -5,12 +5,14 @@
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
+use parking_lot::Mutex;
 use simpler_acl_sys::Error as CannError;
 use simpler_acl_sys::types::ACL_ERROR_REPEAT_INITIALIZE;
 
+use super::owners::Ctx;
 use super::{Allocation, FORCE_RESETS, OnboardDevice, acl};
 use crate::error::DeviceError;
 
@@ -21,6 +23,49 @@ pub(super) struct Binds {
     identity: u64,
     /// Successful binds not yet reset.
     pub(super) count: u64,
+    /// Set once finalize reset the device: a handle released after that needs no bind (and
+    /// one would never be reset).
+    released: bool,
+}
+
+/// The binds of a runner, shared with the handles that must be released in its device's
+/// context (events), which may be dropped on any thread.
+pub(super) type SharedBinds = Arc<Mutex<Binds>>;
+
+/// Binds the calling thread for the runner of `binds` unless it is bound for it already (not
+/// since bound for another runner: CANN binds one device per thread).
+pub(super) fn bind_for(ctx: &Ctx, binds: &Mutex<Binds>) -> Result<(), CannError> {
+    bind_held(ctx, &mut binds.lock())
+}
+
+fn bind_held(ctx: &Ctx, bound: &mut Binds) -> Result<(), CannError> {
+    if bound.here() {
+        return Ok(());
+    }
+    // SAFETY: plain integer argument.
+    ctx.check("rtSetDevice", unsafe { ctx.cann.rtSetDevice(ctx.device) })?;
+    bound.bound_here();
+    Ok(())
+}
+
+/// Binds the calling thread for the runner of `binds` so that one of its handles can be released
+/// in its context; whether it may be. Not when the runner is gone or its device was reset (that
+/// released the handle; a bind now would never be reset), both decided in the same critical
+/// section as the bind, nor when the bind fails (recorded for the runner's next call): the
+/// handle is then left to the device's reset.
+pub(super) fn bind_to_release(ctx: &Ctx, binds: &Weak<Mutex<Binds>>) -> bool {
+    let Some(binds) = binds.upgrade() else { return false };
+    let mut bound = binds.lock();
+    if bound.released {
+        return false;
+    }
+    match bind_held(ctx, &mut bound) {
+        Ok(()) => true,
+        Err(e) => {
+            ctx.record(e);
+            false
+        }
+    }
 }
 
 thread_local! {
@@ -35,7 +80,7 @@ static NEXT_IDENTITY: AtomicU64 = AtomicU64::new(1);
 
 impl Binds {
     pub(super) fn new() -> Binds {
-        Binds { identity: NEXT_IDENTITY.fetch_add(1, Ordering::Relaxed), count: 0 }
+        Binds { identity: NEXT_IDENTITY.fetch_add(1, Ordering::Relaxed), count: 0, released: false }
     }
 
     /// Whether the calling thread is bound for this runner.
@@ -56,7 +101,11 @@ impl OnboardDevice {
     pub(super) fn reset_device(&mut self) -> (Result<(), DeviceError>, bool) {
         let cann = Arc::clone(&self.ctx.cann);
         let device = self.ctx.device;
-        let binds = std::mem::take(&mut self.bound.lock().count);
+        let binds = {
+            let mut bound = self.bound.lock();
+            bound.released = true;
+            std::mem::take(&mut bound.count)
+        };
         if !self.ctx.is_poisoned() {
             let mut first = None;
             for _ in 0..binds {
