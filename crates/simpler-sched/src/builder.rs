@@ -53,6 +53,9 @@ pub(crate) struct OrchState {
     pub(crate) tracked: Vec<Tracked>,
     /// Producers found for the current submit.
     pub(crate) producers: Vec<SlotId>,
+    /// Producers only a blind write of the current submit found (tasks that read what it
+    /// writes): one that finished needs no edge.
+    pub(crate) overwritten: Vec<SlotId>,
     /// Producers the current submit attached to.
     pub(crate) attached: Vec<Edge>,
     /// Registration indices of the current submit's targets.

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use simpler_tensormap::{Access, ByteSpan, TensorKey, footprint};
 use simpler_types::{
-    CallConfig, CallableId, CallableKind, CancelReason, RunFailure, TaskArgs, TaskFailure, TaskId,
-    WorkerId, WorkerType,
+    CallConfig, CallableId, CallableKind, CancelReason, RunFailure, SlotId, TaskArgs, TaskFailure,
+    TaskId, TaskState, WorkerId, WorkerType,
 };
 
 use crate::builder::RunBuilder;
@@ -280,6 +280,7 @@ impl RunBuilder<'_> {
             #[cfg(all(test, not(simpler_loom)))]
             fault::before_lookups();
             orch.producers.clear();
+            orch.overwritten.clear();
             let mut allocs = None;
             for t in args.iter().flat_map(|a| a.tensors()) {
                 if t.addr != 0 && core.ring.ring_of_addr(t.addr).is_some() {
@@ -298,13 +299,14 @@ impl RunBuilder<'_> {
                 // (docs/tensormap.md).
                 let mut map = core.tensor_map.lock();
                 let tracked = &orch.tracked;
-                let producers = &mut orch.producers;
+                let (found, overwritten) = (&mut orch.producers, &mut orch.overwritten);
                 match tracked.as_slice() {
                     [] => {}
                     // One access: its lookup and record share one hash probe.
                     [t] => {
                         payload.journal(t.key, t.access);
-                        map.access(run.id, t.key, t.span, t.access, id, |p| producers.push(p));
+                        let list = producers_of(t.access, found, overwritten);
+                        map.access(run.id, t.key, t.span, t.access, id, |p| list.push(p));
                     }
                     // A few accesses of distinct keys: a record of one key cannot change what a
                     // lookup of another finds, so each lookup shares its record's hash probe as
@@ -312,14 +314,14 @@ impl RunBuilder<'_> {
                     _ if distinct_keys(tracked.iter().map(|t| t.key)) => {
                         for t in tracked {
                             payload.journal(t.key, t.access);
-                            map.access(run.id, t.key, t.span, t.access, id, |p| producers.push(p));
+                            let list = producers_of(t.access, found, overwritten);
+                            map.access(run.id, t.key, t.span, t.access, id, |p| list.push(p));
                         }
                     }
                     _ => {
                         for t in tracked {
-                            map.dependencies(run.id, &t.key, t.span, t.access, |p| {
-                                producers.push(p)
-                            });
+                            let list = producers_of(t.access, found, overwritten);
+                            map.dependencies(run.id, &t.key, t.span, t.access, |p| list.push(p));
                         }
                         for t in tracked {
                             payload.journal(t.key, t.access);
@@ -330,6 +332,7 @@ impl RunBuilder<'_> {
             }
             // Duplicates are left in: attach skips a producer met twice (step 5).
             orch.producers.retain(|&p| p != id);
+            orch.overwritten.retain(|&p| p != id);
 
             // 4. Store the payload.
             payload.id = Some(id);
@@ -350,7 +353,15 @@ impl RunBuilder<'_> {
         orch.attached.clear();
         let mut live = 0u32;
         let mut failed: Option<Arc<TaskFailure>> = None;
-        for &p in &orch.producers {
+        // A producer only a blind write found that completed has done every read it stands
+        // for: no edge, and no hold on its slot. Its completion was published with Release
+        // before the state this Acquire load reads, so those reads happen before anything this
+        // task does (`docs/engine-protocols.md` §3, step 5).
+        let finished = |p: SlotId| {
+            core.ring.slot(p).is_none_or(|s| s.state.get(p) == Some(TaskState::Completed))
+        };
+        let overwritten = orch.overwritten.iter().filter(|&&p| !finished(p));
+        for &p in orch.producers.iter().chain(overwritten) {
             let Some(producer) = core.ring.slot(p) else { continue };
             match producer.attach(p, me) {
                 Attach::Skipped => {}
@@ -644,4 +655,15 @@ mod tests {
         });
         assert!(matches!(*f, RunFailure::Internal { .. }), "{f:?}");
     }
+}
+
+/// Where the producers an access finds go. A blind write finds only tasks that read the bytes
+/// or stand for readers they superseded (`docs/tensormap.md`); they are set apart, since one that
+/// finished needs no edge (`docs/engine-protocols.md` §3, step 5).
+fn producers_of<'a>(
+    access: Access,
+    found: &'a mut Vec<SlotId>,
+    overwritten: &'a mut Vec<SlotId>,
+) -> &'a mut Vec<SlotId> {
+    if access.is_blind_write() { overwritten } else { found }
 }

@@ -614,6 +614,33 @@ fn a_finished_reader_no_longer_holds_back_a_later_write() {
 }
 
 #[test]
+fn a_blind_write_takes_no_edge_to_a_finished_in_place_update_but_waits_for_a_running_one() {
+    // An in-place update's writer entry orders later writes until the update is reclaimed (the
+    // outer scope keeps it until close); once the update completed, a blind write of the same
+    // bytes needs neither an edge to it nor a hold on its slot.
+    let r = rig(&[0, 1, 3], 0);
+    let (h, e) = (&r.h, &r.e);
+    let mut b = e.begin_run().unwrap();
+    let t = buf(A, 64);
+    let done = b.submit_next_level(&chip(1), args(&[(t, InOut)]), &cfg(), w(0), None).unwrap();
+    h.release(done, Action::Succeed);
+    eventually("the update completed", || snap(e, done).state == TaskState::Completed);
+    let held = snap(e, done).fanout_total;
+    let blind = b.submit_next_level(&chip(1), args(&[(t, Output)]), &cfg(), w(1), None).unwrap();
+    assert_eq!(snap(e, blind).producers, vec![], "no edge to the finished update");
+    assert_eq!(snap(e, done).fanout_total, held, "the finished update is not held by the write");
+    // A running update is still waited for.
+    let running = b.submit_next_level(&chip(1), args(&[(t, InOut)]), &cfg(), w(0), None).unwrap();
+    let after = b.submit_next_level(&chip(1), args(&[(t, Output)]), &cfg(), w(3), None).unwrap();
+    assert_eq!(snap(e, after).producers, vec![running]);
+    for task in [blind, running, after] {
+        h.release(task, Action::Succeed);
+    }
+    let run = b.close();
+    assert!(wait(e, run).is_completed());
+}
+
+#[test]
 fn a_read_after_a_strided_write_still_waits_for_the_writer_of_the_bytes_in_its_gaps() {
     // A 4×8 f32 matrix: row 0 is written densely, then the even columns through a strided view
     // whose bounding range covers row 0; a read of row 0 needs both writers (the odd columns of
