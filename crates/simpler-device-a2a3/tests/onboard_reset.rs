@@ -87,6 +87,31 @@ fn a_callable_unregistered_on_a_thread_bound_for_another_runner_is_freed_in_its_
 }
 
 #[test]
+fn kernel_code_whose_bind_fails_is_left_to_finalize_not_freed_in_another_context() {
+    let b = Onboard::new();
+    let mut zero = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = zero.register_callable(&add_callable()).unwrap();
+    // This thread is bound for device 1 now; the binds for the chip buffer's free and for the
+    // kernel text's both fail.
+    let one = DeviceRunner::attach(b.options(1)).unwrap();
+    let next_bind = count(&b.log(), "rtSetDevice") as u64 + 1;
+    b.install.fail_call("rtSetDevice", next_bind, 507_899).unwrap();
+    b.install.fail_call("rtSetDevice", next_bind + 1, 507_899).unwrap();
+    zero.unregister_callable(slot).unwrap();
+    let log = b.log();
+    assert_eq!(count(&log, "rtFree"), 0, "freed in device 1's context: {:?}", names(&log));
+    zero.finalize().unwrap_err();
+    let finalized = b.log();
+    assert!(
+        finalized.iter().filter(|c| c.func == "rtFree").all(|c| c.ret == 0),
+        "{:?}",
+        finalized.iter().map(|c| (c.func.as_str(), c.ret)).collect::<Vec<_>>()
+    );
+    one.finalize().unwrap();
+    assert_eq!(b.live(), [0; 5], "finalize freed the chip buffer and the kernel text");
+}
+
+#[test]
 fn a_free_whose_bind_fails_leaves_the_memory_to_finalize_and_reports_the_bind() {
     let b = Onboard::new();
     let mut zero = DeviceRunner::attach(b.options(0)).unwrap();

@@ -8,7 +8,8 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 use simpler_acl_sys::Error as CannError;
 
-use super::owners::{DeviceBuffer, HostMapping};
+use super::owners::{Ctx, DeviceBuffer, HostMapping};
+use super::reset::{Binds, bind_to_release};
 use super::{OnboardDevice, acl};
 use crate::backend::AllocFailure;
 use crate::error::{CopyKind, DeviceError, MemPurpose};
@@ -29,16 +30,22 @@ pub(super) type Allocations = Arc<Mutex<BTreeMap<u64, Allocation>>>;
 
 /// A callable's kernel code in device memory, kept while the callable is registered. The
 /// memory is an entry of the backend's allocation table, so finalize frees it even if the
-/// callable outlives the backend; dropping this frees it earlier.
+/// callable outlives the backend; dropping this frees it earlier, once the thread is bound for
+/// the backend's runner (CANN frees in the calling thread's context). When that bind fails it
+/// stays in the table, for finalize.
 #[derive(Debug)]
 pub(super) struct KernelText {
     pub(super) addr: u64,
     pub(super) table: Weak<Mutex<BTreeMap<u64, Allocation>>>,
+    pub(super) ctx: Weak<Ctx>,
+    pub(super) binds: Weak<Mutex<Binds>>,
 }
 
 impl Drop for KernelText {
     fn drop(&mut self) {
-        if let Some(table) = self.table.upgrade() {
+        let (Some(table), Some(ctx)) = (self.table.upgrade(), self.ctx.upgrade()) else { return };
+        if bind_to_release(&ctx, &self.binds) {
+            // Dropping the entry frees the memory.
             table.lock().remove(&self.addr);
         }
     }

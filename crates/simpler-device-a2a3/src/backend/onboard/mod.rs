@@ -529,8 +529,12 @@ impl Backend for OnboardDevice {
             let entry = Allocation { purpose: MemPurpose::ChipBuffer, mapping: None, buffer };
             self.allocations.lock().insert(addr, entry);
             out.kernels.push((*func_id, addr));
-            let table = Arc::downgrade(&self.allocations);
-            out.code.push(super::LoadedCode::new(KernelText { addr, table }));
+            out.code.push(super::LoadedCode::new(KernelText {
+                addr,
+                table: Arc::downgrade(&self.allocations),
+                ctx: Arc::downgrade(&self.ctx),
+                binds: Arc::downgrade(&self.bound),
+            }));
         }
         Ok(out)
     }
