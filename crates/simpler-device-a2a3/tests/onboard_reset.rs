@@ -175,15 +175,21 @@ fn a_runner_whose_bind_was_refused_resets_nothing() {
     assert_eq!(count(&log, "rtDeviceReset"), 0, "a reset with nothing bound: {:?}", names(&log));
 }
 
-#[test]
-fn the_last_queued_runs_end_event_is_destroyed_before_the_device_is_reset() {
-    let b = Onboard::new();
+/// A device-queueing runner of device 0 after one run: it still holds the run's end event.
+fn after_a_queued_run(b: &Onboard) -> DeviceRunner {
     let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
     let slot = r.register_callable(&add_callable()).unwrap();
     let v = AddRun::new(&mut r);
     let run = RunId::from_raw(1).unwrap();
     r.run(&RunRequest::new(run, slot, &v.args, &CallConfig::default())).unwrap();
     v.free(&mut r);
+    r
+}
+
+#[test]
+fn the_last_queued_runs_end_event_is_destroyed_before_the_device_is_reset() {
+    let b = Onboard::new();
+    let r = after_a_queued_run(&b);
     b.log();
     r.finalize().unwrap();
     let log = b.log();
@@ -197,12 +203,7 @@ fn the_last_queued_runs_end_event_is_destroyed_before_the_device_is_reset() {
 #[test]
 fn events_are_destroyed_in_their_own_context_on_a_thread_bound_for_another_runner() {
     let b = Onboard::new();
-    let mut zero = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
-    let slot = zero.register_callable(&add_callable()).unwrap();
-    let v = AddRun::new(&mut zero);
-    let run = RunId::from_raw(1).unwrap();
-    zero.run(&RunRequest::new(run, slot, &v.args, &CallConfig::default())).unwrap();
-    v.free(&mut zero);
+    let zero = after_a_queued_run(&b);
     // This thread is bound for device 1 now; runner 0 still holds its last run's end event.
     let one = DeviceRunner::attach(b.options(1)).unwrap();
     b.log();
@@ -222,12 +223,7 @@ fn events_are_destroyed_in_their_own_context_on_a_thread_bound_for_another_runne
 #[test]
 fn an_event_whose_bind_fails_is_left_to_the_reset_not_destroyed_in_another_context() {
     let b = Onboard::new();
-    let mut zero = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
-    let slot = zero.register_callable(&add_callable()).unwrap();
-    let v = AddRun::new(&mut zero);
-    let run = RunId::from_raw(1).unwrap();
-    zero.run(&RunRequest::new(run, slot, &v.args, &CallConfig::default())).unwrap();
-    v.free(&mut zero);
+    let zero = after_a_queued_run(&b);
     let one = DeviceRunner::attach(b.options(1)).unwrap();
     let next_bind = count(&b.log(), "rtSetDevice") as u64 + 1;
     b.install.fail_call("rtSetDevice", next_bind, 507_899).unwrap();
