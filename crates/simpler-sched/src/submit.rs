@@ -353,16 +353,17 @@ impl RunBuilder<'_> {
         orch.attached.clear();
         let mut live = 0u32;
         let mut failed: Option<Arc<TaskFailure>> = None;
-        // A producer only a blind write found that completed has done every read it stands
-        // for: no edge, and no hold on its slot. Its completion was published with Release
-        // before the state this Acquire load reads, so those reads happen before anything this
-        // task does (`docs/engine-protocols.md` §3, step 5).
-        let finished = |p: SlotId| {
-            core.ring.slot(p).is_none_or(|s| s.state.get(p) == Some(TaskState::Completed))
-        };
-        let overwritten = orch.overwritten.iter().filter(|&&p| !finished(p));
-        for &p in orch.producers.iter().chain(overwritten) {
+        let found = orch.producers.iter().map(|&p| (p, false));
+        let overwritten = orch.overwritten.iter().map(|&p| (p, true));
+        for (p, only_overwritten) in found.chain(overwritten) {
             let Some(producer) = core.ring.slot(p) else { continue };
+            // A producer only a blind write found that completed has done every read it stands
+            // for: no edge, and no hold on its slot. Its completion was published with Release
+            // before the state this Acquire load reads, so those reads happen before anything
+            // this task does (`docs/engine-protocols.md` §3, step 5).
+            if only_overwritten && producer.state.get(p) == Some(TaskState::Completed) {
+                continue;
+            }
             match producer.attach(p, me) {
                 Attach::Skipped => {}
                 Attach::Live(t) => {
@@ -435,6 +436,17 @@ const LATENCY_BOUND_TASKS: u32 = 16;
 /// Most tracked accesses of one task checked for [`distinct_keys`]; a task with more takes the
 /// two-pass path, which is right for any keys.
 const DISTINCT_CHECK_LIMIT: usize = 8;
+
+/// Where the producers an access finds go. A blind write finds only tasks that read the bytes
+/// or stand for readers they superseded (`docs/tensormap.md`); they are set apart, since one that
+/// finished needs no edge (`docs/engine-protocols.md` §3, step 5).
+fn producers_of<'a>(
+    access: Access,
+    found: &'a mut Vec<SlotId>,
+    overwritten: &'a mut Vec<SlotId>,
+) -> &'a mut Vec<SlotId> {
+    if access.is_blind_write() { overwritten } else { found }
+}
 
 /// Whether `keys` (at most [`DISTINCT_CHECK_LIMIT`] of them) are pairwise distinct.
 fn distinct_keys<K: PartialEq + Copy>(keys: impl Iterator<Item = K> + Clone) -> bool {
@@ -655,15 +667,4 @@ mod tests {
         });
         assert!(matches!(*f, RunFailure::Internal { .. }), "{f:?}");
     }
-}
-
-/// Where the producers an access finds go. A blind write finds only tasks that read the bytes
-/// or stand for readers they superseded (`docs/tensormap.md`); they are set apart, since one that
-/// finished needs no edge (`docs/engine-protocols.md` §3, step 5).
-fn producers_of<'a>(
-    access: Access,
-    found: &'a mut Vec<SlotId>,
-    overwritten: &'a mut Vec<SlotId>,
-) -> &'a mut Vec<SlotId> {
-    if access.is_blind_write() { overwritten } else { found }
 }
