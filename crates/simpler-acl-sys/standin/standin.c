@@ -85,9 +85,9 @@ typedef struct object {
     enum object_kind kind;
     uint64_t handle;        /* for memory and mappings: the address */
     uint64_t size;          /* memory size; for a stream: its creation index */
-    uint64_t owner;         /* a func's binary; an event's last stream; memory's device */
+    uint64_t owner;         /* a func's binary; an event's last stream */
     int recorded;           /* an event: 0 never recorded, 1 complete, RECORDED_NOT_REACHED */
-    int64_t context;        /* a stream's or an event's device (the thread's bind at creation) */
+    int64_t context;        /* memory's, a stream's or an event's device (the creating thread's) */
     char ops[MAX_OPS][64];  /* a CPU binary's op types; a func's name in ops[0] */
     int nops;
 } object;
@@ -312,6 +312,11 @@ static int32_t fail(call *c, int32_t code, const char *why) {
     return finish(c, code);
 }
 
+/* A call on a context's objects from a thread with no device bound: CANN has no context there. */
+static int32_t no_context(call *c) {
+    return fail(c, 107002, "no device bound on this thread (context is null)");
+}
+
 /* ---- objects ---------------------------------------------------------------------------- */
 
 static object *new_object(enum object_kind kind) {
@@ -351,7 +356,7 @@ static int32_t alloc_memory(call *c, void **out, uint64_t size) {
     c->entry.size = (int64_t)size;
     if (out == NULL || size == 0) return fail(c, E_PARAM, "null out-pointer or zero size");
     /* CANN allocates on the calling thread's device: with none bound there is no context. */
-    if (bound_device_now() < 0) return fail(c, 107002, "no device bound on this thread (context is null)");
+    if (bound_device_now() < 0) return no_context(c);
     void *p = NULL;
     if (posix_memalign(&p, 1024, size) != 0) return fail(c, 207001, "host allocation failed");
     memset(p, 0, size);
@@ -362,7 +367,7 @@ static int32_t alloc_memory(call *c, void **out, uint64_t size) {
     }
     o->handle = (uint64_t)(uintptr_t)p;
     o->size = size;
-    o->owner = (uint64_t)(int64_t)bound_device_now();
+    o->context = bound_device_now();
     *out = p;
     c->entry.value = (int64_t)o->handle;
     return finish(c, OK);
@@ -372,10 +377,10 @@ static int32_t free_memory(call *c, void *p) {
     c->entry.value = (int64_t)(uintptr_t)p;
     /* CANN frees in the calling thread's context: with none bound there is none, and in one
      * of another device the allocation is not found. */
-    if (bound_device_now() < 0) return fail(c, 107002, "no device bound on this thread (context is null)");
+    if (bound_device_now() < 0) return no_context(c);
     object *o = find(OBJ_MEMORY, (uint64_t)(uintptr_t)p);
     if (o == NULL) return fail(c, E_PARAM, "not a live allocation");
-    if (o->owner != (uint64_t)(int64_t)bound_device_now())
+    if (o->context != bound_device_now())
         return fail(c, E_PARAM, "an allocation of another device's context");
     free(p);
     o->kind = OBJ_NONE;
@@ -402,7 +407,7 @@ static int32_t copy_memory(call *c, void *dst, uint64_t dest_max, const void *sr
 
 static int32_t create_stream(call *c, void **out) {
     if (out == NULL) return fail(c, E_PARAM, "null out-pointer");
-    if (bound_device_now() < 0) return fail(c, 107002, "no device bound on this thread (context is null)");
+    if (bound_device_now() < 0) return no_context(c);
     if (st->after_force_reset) {
         st->after_force_reset = 0;
         if (st->reset_probe_failures > 0) {
@@ -424,7 +429,7 @@ static int32_t destroy_object(call *c, enum object_kind kind, void *h) {
      * the calling thread's. */
     bool in_context = kind == OBJ_STREAM || kind == OBJ_EVENT;
     if (in_context && bound_device_now() < 0)
-        return fail(c, 107002, "no device bound on this thread (context is null)");
+        return no_context(c);
     object *o = find(kind, (uint64_t)(uintptr_t)h);
     if (o == NULL) return fail(c, E_PARAM, "not a live handle");
     if (in_context && o->context != bound_device_now())
@@ -484,7 +489,7 @@ static int32_t reset(call *c, int32_t device, int force) {
         /* The device's memory goes back with it: a later free of it is refused. */
         for (size_t i = 0; i < MAX_OBJECTS; i++) {
             object *o = &st->objects[i];
-            if (o->kind == OBJ_MEMORY && (int64_t)o->owner == device) {
+            if (o->kind == OBJ_MEMORY && o->context == device) {
                 free((void *)(uintptr_t)o->handle);
                 o->kind = OBJ_NONE;
             }
@@ -678,9 +683,10 @@ EXPORT int aclrtResetDeviceForce(int32_t deviceId) {
 EXPORT int aclrtGetDevice(int32_t *deviceId) {
     call c = begin(__func__);
     if (c.injected) return finish(&c, c.injected);
-    if (deviceId == NULL || bound_device_now() < 0) return fail(&c, E_PARAM, "no device bound");
-    *deviceId = bound_device_now();
-    c.entry.device = bound_device_now();
+    int bound = bound_device_now();
+    if (deviceId == NULL || bound < 0) return fail(&c, E_PARAM, "no device bound");
+    *deviceId = bound;
+    c.entry.device = bound;
     return finish(&c, OK);
 }
 
@@ -825,7 +831,7 @@ EXPORT int aclrtCreateEvent(void **event) {
     call c = begin(__func__);
     if (c.injected) return finish(&c, c.injected);
     if (event == NULL) return fail(&c, E_PARAM, "null out-pointer");
-    if (bound_device_now() < 0) return fail(&c, 107002, "no device bound on this thread (context is null)");
+    if (bound_device_now() < 0) return no_context(&c);
     object *o = new_object(OBJ_EVENT);
     if (o == NULL) return fail(&c, E_PARAM, "too many objects");
     o->context = bound_device_now();
