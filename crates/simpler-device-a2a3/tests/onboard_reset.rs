@@ -11,7 +11,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::standin::{AddRun, Onboard, add_callable, add_object_callable, count, names, position};
+use common::standin::{
+    AddRun, Onboard, add_callable, add_object_callable, codes, count, names, position,
+};
 use simpler_acl_sys::standin::Call;
 use simpler_device_a2a3::{ActiveRun, DeviceError, DeviceRunner, RunRequest};
 use simpler_types::{CallConfig, RunId};
@@ -80,7 +82,7 @@ fn a_callable_unregistered_on_a_thread_bound_for_another_runner_is_freed_in_its_
     assert!(
         frees.iter().all(|c| c.ret == 0),
         "the kernel text was freed in another device's context: {:?}",
-        log.iter().map(|c| (c.func.as_str(), c.device, c.ret)).collect::<Vec<_>>()
+        codes(&log)
     );
     zero.finalize().unwrap();
     one.finalize().unwrap();
@@ -105,7 +107,7 @@ fn kernel_code_whose_bind_fails_is_left_to_finalize_not_freed_in_another_context
     assert!(
         finalized.iter().filter(|c| c.func == "rtFree").all(|c| c.ret == 0),
         "{:?}",
-        finalized.iter().map(|c| (c.func.as_str(), c.ret)).collect::<Vec<_>>()
+        codes(&finalized)
     );
     one.finalize().unwrap();
     assert_eq!(b.live(), [0; 5], "finalize freed the chip buffer and the kernel text");
@@ -214,7 +216,7 @@ fn events_are_destroyed_in_their_own_context_on_a_thread_bound_for_another_runne
     assert!(
         destroyed.iter().all(|c| c.ret == 0),
         "an event was destroyed in another device's context: {:?}",
-        log.iter().map(|c| (c.func.as_str(), c.ret)).collect::<Vec<_>>()
+        codes(&log)
     );
     one.finalize().unwrap();
     assert_eq!(b.live(), [0; 5]);
@@ -232,7 +234,7 @@ fn an_event_whose_bind_fails_is_left_to_the_reset_not_destroyed_in_another_conte
     assert!(
         log.iter().all(|c| c.func != "aclrtDestroyEvent" || c.ret == 0),
         "an event was destroyed in another device's context: {:?}",
-        log.iter().map(|c| (c.func.as_str(), c.ret)).collect::<Vec<_>>()
+        codes(&log)
     );
     match finalized {
         Err(DeviceError::Acl { source, .. }) => assert_eq!(source.func, "rtSetDevice"),

@@ -157,6 +157,11 @@ pub fn names(log: &[Call]) -> Vec<&str> {
     log.iter().map(|c| c.func.as_str()).collect()
 }
 
+/// Each call with its return code, for a failure message.
+pub fn codes(log: &[Call]) -> Vec<(&str, i64)> {
+    log.iter().map(|c| (c.func.as_str(), c.ret)).collect()
+}
+
 pub fn position(log: &[Call], func: &str) -> usize {
     log.iter()
         .position(|c| c.func == func)
