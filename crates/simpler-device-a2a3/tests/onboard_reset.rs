@@ -1,7 +1,8 @@
 //! How the onboard backend gives the device back at finalize, against the stand-in CANN
 //! library, which counts device binds as CANN does (a reset takes one off and releases the
 //! device at 0, a force reset releases it at once, either is refused once it is released):
-//! every bind is reset, a refused bind resets nothing, the last queued run's end event is
+//! every bind is reset, a refused bind resets nothing, a finalize that cannot bind leaves
+//! every handle to the reset, the last queued run's end event is
 //! destroyed before the reset, a setup kernel whose wait failed keeps its buffers until
 //! the force reset it leads to, and a run still launched at finalize keeps every tracked
 //! allocation until the force reset passed (leaked when it never does).
@@ -137,6 +138,42 @@ fn a_free_whose_bind_fails_leaves_the_memory_to_finalize_and_reports_the_bind() 
         names(&finalized)
     );
     one.finalize().unwrap();
+}
+
+/// Calls that release a handle (memory, a mapping, a stream, an event, a program).
+const RELEASES: [&str; 5] =
+    ["rtFree", "halHostUnregister", "rtStreamDestroy", "aclrtDestroyEvent", "rtsBinaryUnload"];
+
+#[test]
+fn a_finalize_whose_bind_fails_leaves_every_handle_to_the_reset_and_reports_the_bind() {
+    let b = Onboard::new();
+    let mut zero = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = zero.register_callable(&add_callable()).unwrap();
+    let v = AddRun::new(&mut zero);
+    let run = RunId::from_raw(1).unwrap();
+    zero.run(&RunRequest::new(run, slot, &v.args, &CallConfig::default())).unwrap();
+    // This thread is bound for device 1 now, and binding it back for finalize fails.
+    let one = DeviceRunner::attach(b.options(1)).unwrap();
+    let next_bind = count(&b.log(), "rtSetDevice") as u64 + 1;
+    b.install.fail_call("rtSetDevice", next_bind, 507_899).unwrap();
+    let finalized = zero.finalize();
+    let log = b.log();
+    let released: Vec<(&str, i64)> =
+        codes(&log).into_iter().filter(|(f, _)| RELEASES.contains(f)).collect();
+    assert!(released.is_empty(), "released in device 1's context: {:?}", codes(&log));
+    match finalized {
+        Err(DeviceError::Acl { source, .. }) => {
+            assert_eq!((source.func, source.code), ("rtSetDevice", 507_899));
+        }
+        other => panic!("the failed bind is finalize's error: {other:?}"),
+    }
+    assert!(count(&log, "rtDeviceReset") > 0, "the device was not reset: {:?}", names(&log));
+    one.finalize().unwrap();
+    // Left to the device's reset, which releases a context's handles on CANN (the stand-in keeps
+    // counting them, so that a leak elsewhere still shows).
+    let [streams, _, allocations, _, programs] = b.live();
+    assert_eq!((streams, programs), (2, 1), "{:?}", b.live());
+    assert!(allocations >= v.ptrs.len(), "{:?}", b.live());
 }
 
 #[test]

@@ -873,7 +873,12 @@ impl Backend for OnboardDevice {
         if std::mem::replace(&mut self.shut_down, true) {
             return Vec::new();
         }
-        let _ = self.bind();
+        let unbound = self.bind().err();
+        if unbound.is_some() {
+            // Releases now would run in another device's context, or in none: the device's
+            // reset below releases the handles with its context instead.
+            self.ctx.leave_to_reset();
+        }
         self.streams = None;
         self.programs = None;
         // CANN has no unregister for the AICore registration; the reset releases it.
@@ -894,7 +899,7 @@ impl Backend for OnboardDevice {
         // that fails after it still fails finalize, but leaks nothing.
         let (reset, forced_back) = self.reset_device();
         self.forget_after_reset(held, forced_back);
-        let first = self.ctx.take_deferred().map(|e| acl(None, e));
+        let first = self.ctx.take_deferred().or(unbound).map(|e| acl(None, e));
         self.error = first.or(reset.err());
         Vec::new()
     }

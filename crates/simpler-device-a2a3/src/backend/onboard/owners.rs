@@ -26,6 +26,10 @@ pub(crate) struct Ctx {
     /// A launch, sync, setup wait or recovery drain failed: finalize force-resets. Relaxed:
     /// written and read on the runner's thread, or before the runner exists.
     poisoned: AtomicBool,
+    /// Finalize could not bind the thread: owners dropped from then on release nothing (a
+    /// release would run in whatever context the thread has) and leave their handles to the
+    /// device's reset. Relaxed: set and read on the thread that drops them.
+    left_to_reset: AtomicBool,
 }
 
 impl Ctx {
@@ -35,6 +39,7 @@ impl Ctx {
             device,
             deferred: Mutex::new(VecDeque::new()),
             poisoned: false.into(),
+            left_to_reset: false.into(),
         })
     }
 
@@ -71,8 +76,17 @@ impl Ctx {
         self.deferred.lock().pop_front()
     }
 
-    fn release(&self, func: &'static str, ret: Result<i32, LoadError>) {
-        if let Err(e) = self.check(func, ret) {
+    /// Leaves every handle released after this to the device's reset.
+    pub(crate) fn leave_to_reset(&self) {
+        self.left_to_reset.store(true, Ordering::Relaxed);
+    }
+
+    /// Calls `func` through `call` to release a handle, unless handles are left to the reset.
+    fn release(&self, func: &'static str, call: impl FnOnce() -> Result<i32, LoadError>) {
+        if self.left_to_reset.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Err(e) = self.check(func, call()) {
             self.record(e);
         }
     }
@@ -108,7 +122,7 @@ impl Stream {
 impl Drop for Stream {
     fn drop(&mut self) {
         // SAFETY: `raw` is a live stream this owner created; it is destroyed once.
-        self.ctx.release("rtStreamDestroy", unsafe { self.ctx.cann.rtStreamDestroy(self.raw) });
+        self.ctx.release("rtStreamDestroy", || unsafe { self.ctx.cann.rtStreamDestroy(self.raw) });
     }
 }
 
@@ -192,7 +206,7 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         // SAFETY: `addr` is a live allocation of this owner; it is freed once.
-        self.ctx.release("rtFree", unsafe { self.ctx.cann.rtFree(self.addr) });
+        self.ctx.release("rtFree", || unsafe { self.ctx.cann.rtFree(self.addr) });
     }
 }
 
@@ -237,7 +251,8 @@ impl Drop for HostMapping {
     fn drop(&mut self) {
         let (cann, device) = (&self.ctx.cann, self.ctx.device);
         // SAFETY: `dev` was registered by this owner and is unregistered once.
-        self.ctx.release("halHostUnregister", unsafe { cann.halHostUnregister(self.dev, device) });
+        self.ctx
+            .release("halHostUnregister", || unsafe { cann.halHostUnregister(self.dev, device) });
     }
 }
 
@@ -305,7 +320,8 @@ impl Event {
 impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: live handle of this owner, destroyed once.
-        self.ctx.release("aclrtDestroyEvent", unsafe { self.ctx.cann.aclrtDestroyEvent(self.raw) });
+        self.ctx
+            .release("aclrtDestroyEvent", || unsafe { self.ctx.cann.aclrtDestroyEvent(self.raw) });
     }
 }
 
@@ -355,7 +371,7 @@ impl CpuBinary {
 impl Drop for CpuBinary {
     fn drop(&mut self) {
         // SAFETY: live handle of this owner, unloaded once.
-        self.ctx.release("rtsBinaryUnload", unsafe { self.ctx.cann.rtsBinaryUnload(self.raw) });
+        self.ctx.release("rtsBinaryUnload", || unsafe { self.ctx.cann.rtsBinaryUnload(self.raw) });
     }
 }
 
