@@ -5,7 +5,8 @@
 //! the jobs' exit codes: the conformance job (a remote task on each L3, a remote task error
 //! with its rank frame, a stalled rank that does not silence the others while a large frame
 //! waits for it, a hung rank failing its runs within the liveness budget, a manifest
-//! mismatch refusing start, clean shutdown of every rank) must exit 0; the killed-rank job
+//! mismatch refusing start, clean shutdown of every rank, serving ranks giving a silent rank 0
+//! up) must exit 0; the killed-rank job
 //! (rank 2 aborts in a task) must exit non-zero within its budget instead of hanging.
 //! Without `mpirun` on `PATH` it fails when `CI` is set and says it is skipped otherwise.
 //! `cargo xtask mpi-test` runs it alone.
@@ -18,7 +19,8 @@ use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
 use simpler_worker::remote::{
-    MpiJob, RemoteError, RemoteL3, ServeError, ServedGraphs, TensorProblem, TensorRefusal, serve_l3,
+    DEFAULT_LIVENESS, MpiJob, RemoteError, RemoteL3, ServeError, ServedGraphs, TensorProblem,
+    TensorRefusal, serve_l3,
 };
 use simpler_worker::{
     CallableHandle, CompositeWorkerBuilder, DeviceBuffer, HostBuffer, Orchestration, StartCause,
@@ -333,6 +335,11 @@ fn conformance_rank0(job: &MpiJob) -> Res {
     w.run(on_both(h[0]))?;
     w.close()?;
     println!("rank 0: the next session on both ranks ran");
+
+    // This rank stops answering while ranks 1 and 2 wait for a session; each gives it up
+    // within its short budget (checked there). Finalizing waits for them.
+    job.stall_for(STALL)?;
+    std::thread::sleep(STALL + STALL_DELAY);
     Ok(())
 }
 
@@ -589,11 +596,29 @@ fn conformance_serving(job: &Arc<MpiJob>) -> Res {
         }
     }
     serve(job, &GRAPHS)?;
+    // Rank 0 stops answering while this rank waits for its next session: the wait ends with
+    // rank 0 unresponsive within the short budget, not when rank 0 comes back.
+    let t0 = Instant::now();
+    match serve_within(job, &GRAPHS, SHORT_LIVENESS) {
+        Err(ServeError::Remote(RemoteError::Unresponsive { rank: 0, level: 4, .. })) => {
+            println!("rank {}: gave silent rank 0 up after {:.2?}", job.rank(), t0.elapsed());
+        }
+        other => return Err(format!("rank {}: silent rank 0: {other:?}", job.rank()).into()),
+    }
     Ok(())
 }
 
 /// One session: an L3 worker with one simulated chip and one sub worker, serving `names`.
 fn serve(job: &Arc<MpiJob>, names: &[&str; 10]) -> Result<(), ServeError> {
+    serve_within(job, names, DEFAULT_LIVENESS)
+}
+
+/// [`serve`], giving the session up when rank 0 stays silent past `liveness`.
+fn serve_within(
+    job: &Arc<MpiJob>,
+    names: &[&str; 10],
+    liveness: Duration,
+) -> Result<(), ServeError> {
     let rank = job.rank();
     let mut b =
         Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).chips(&[0]).sub_workers(1);
@@ -679,5 +704,6 @@ fn serve(job: &Arc<MpiJob>, names: &[&str; 10]) -> Result<(), ServeError> {
         graphs.register_later("only_on_1", |_, _, _| Ok(()));
     }
     graphs.register_later("late2", move |_, _, _| Err(format!("late2 ran on rank {rank}").into()));
+    graphs.liveness(liveness);
     serve_l3(job, b, graphs)
 }

@@ -16,6 +16,10 @@
 //! `Prepared`, ready or with the refusal) and then `Commit` or `Abort`. A graph listed with
 //! [`ServedGraphs::register_later`] is prepared when its name comes as the next ordinal; on
 //! `Commit` it is served under that ordinal, on `Abort` it stays waiting.
+//!
+//! Throughout, the rank pings rank 0 four times per its liveness budget
+//! ([`ServedGraphs::liveness`]): a wait for rank 0's next frame that hears nothing from it past
+//! the budget ends the session with [`RemoteError::Unresponsive`] instead of waiting for good.
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -23,6 +27,7 @@ use std::time::Duration;
 
 use simpler_types::{CallConfig, TaskArgsView};
 
+use super::endpoint::DEFAULT_LIVENESS;
 use super::error::{RemoteError, ServeError};
 use super::frames::{ManifestEntry, Outcome, Packet, WireArgs};
 use super::tensors::unpack;
@@ -34,16 +39,26 @@ use crate::graph::{GraphBuilder, Orchestration};
 use crate::handle::GraphFn;
 use crate::worker::Worker;
 
-/// How often a serving rank that waits for rank 0 checks that its transport still runs.
+/// How often a serving rank that waits for rank 0 checks that its transport still runs and
+/// that rank 0 answers.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
+/// The level of rank 0's worker, named when it stops answering.
+const RANK0_LEVEL: u8 = 4;
 
 /// The graphs a serving rank runs for rank 0, registered in the same order and under the same
 /// names as rank 0 registers them on its L4 worker (checked at start).
-#[derive(Default)]
 pub struct ServedGraphs {
     entries: Vec<(String, Arc<GraphFn>)>,
     /// Graphs served once rank 0 registers them after start (by name).
     later: Vec<(String, Arc<GraphFn>)>,
+    /// How long rank 0 may stay silent before the session is given up.
+    liveness: Duration,
+}
+
+impl Default for ServedGraphs {
+    fn default() -> Self {
+        ServedGraphs { entries: Vec::new(), later: Vec::new(), liveness: DEFAULT_LIVENESS }
+    }
 }
 
 impl std::fmt::Debug for ServedGraphs {
@@ -87,6 +102,15 @@ impl ServedGraphs {
         self
     }
 
+    /// How long rank 0 may stay silent (its MPI thread answers no ping) while this rank waits
+    /// for its next frame before `serve_l3` gives the session up with
+    /// [`RemoteError::Unresponsive`] (default [`DEFAULT_LIVENESS`]). A rank 0 that is only idle
+    /// keeps answering.
+    pub fn liveness(&mut self, budget: Duration) -> &mut Self {
+        self.liveness = budget;
+        self
+    }
+
     /// Phase 1 of a registration after start: whether graph `name` can be served as
     /// `ordinal`, and its index among the later graphs.
     fn prepare(&self, ordinal: u32, name: &str) -> Result<usize, String> {
@@ -118,20 +142,57 @@ pub fn serve_l3(
         return Err(RemoteError::WrongRank { rank: 0, op: "serve an L3 worker" }.into());
     }
     let inbox = t.open_inbox(0)?;
-    let result = serve_session(t, &inbox, builder, graphs);
+    t.watch(0, graphs.liveness / 4);
+    let rank0 = Rank0 { t, inbox: &inbox, liveness: graphs.liveness };
+    let result = serve_session(&rank0, builder, graphs);
+    t.unwatch(0);
     t.close_inbox(0, &inbox);
     result
 }
 
+/// Rank 0 as a serving session hears it.
+struct Rank0<'a> {
+    t: &'a Transport,
+    inbox: &'a Receiver<Packet>,
+    liveness: Duration,
+}
+
+impl Rank0<'_> {
+    /// The next frame from rank 0; fails when the transport stops, a frame from rank 0 was
+    /// lost, or rank 0 stays silent past the liveness budget.
+    fn next(&self) -> Result<Packet, RemoteError> {
+        loop {
+            match self.inbox.recv_timeout(WAIT_SLICE.min(self.liveness / 4)) {
+                Ok(p) => return Ok(p),
+                Err(RecvTimeoutError::Timeout) if !self.t.is_stopped() => {
+                    if let Some(e) = self.t.lost_frame(0) {
+                        return Err(e);
+                    }
+                    if self.t.silent_for(0) > self.liveness {
+                        return Err(RemoteError::Unresponsive {
+                            rank: 0,
+                            level: RANK0_LEVEL,
+                            budget: self.liveness,
+                            run: None,
+                            task: None,
+                        });
+                    }
+                }
+                Err(_) => return Err(RemoteError::Finalized),
+            }
+        }
+    }
+}
+
 fn serve_session(
-    t: &Transport,
-    inbox: &Receiver<Packet>,
+    rank0: &Rank0<'_>,
     builder: HostWorkerBuilder,
     mut graphs: ServedGraphs,
 ) -> Result<(), ServeError> {
+    let t = rank0.t;
     // 1. Rank 0 refuses a rank its start never reached (it failed before).
     let session = loop {
-        match next(t, inbox)? {
+        match rank0.next()? {
             Packet::Hello { session } => break session,
             Packet::Refuse { session: None, reason } => {
                 return Err(RemoteError::Refused { reason }.into());
@@ -165,7 +226,7 @@ fn serve_session(
     };
     // 3. (A refusal of an earlier session, left over, is skipped.)
     loop {
-        match next(t, inbox).map_err(left)? {
+        match rank0.next().map_err(left)? {
             Packet::Accept => break,
             Packet::Refuse { session: Some(s), reason } if s == session => {
                 worker.close()?;
@@ -182,7 +243,7 @@ fn serve_session(
     // The later graph prepared by phase 1 of a registration: (ordinal, index in `later`).
     let mut prepared: Option<(u32, usize)> = None;
     loop {
-        match next(t, inbox).map_err(left)? {
+        match rank0.next().map_err(left)? {
             Packet::Prepare { seq, ordinal, name } => {
                 let ready = graphs.prepare(ordinal, &name);
                 prepared = ready.as_ref().ok().map(|&k| (ordinal, k));
@@ -229,21 +290,6 @@ fn completion_frame(seq: u64, outcome: Outcome, level: u8, limit: usize) -> Vec<
 
 fn protocol(what: String) -> RemoteError {
     RemoteError::Protocol { rank: 0, what }
-}
-
-/// The next frame from rank 0; fails when the transport stops or a frame from rank 0 was lost.
-fn next(t: &Transport, inbox: &Receiver<Packet>) -> Result<Packet, RemoteError> {
-    loop {
-        match inbox.recv_timeout(WAIT_SLICE) {
-            Ok(p) => return Ok(p),
-            Err(RecvTimeoutError::Timeout) if !t.is_stopped() => {
-                if let Some(e) = t.lost_frame(0) {
-                    return Err(e);
-                }
-            }
-            Err(_) => return Err(RemoteError::Finalized),
-        }
-    }
 }
 
 /// Runs one task as a whole L3 run over host buffers of this rank and turns its result into
