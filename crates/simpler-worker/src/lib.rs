@@ -25,6 +25,8 @@
 //! - `src/remote/sends.rs` (feature `mpi`): nonblocking sends whose buffers the module owns
 //!   until MPI has completed them (the crate's scoped requests cannot outlive a loop
 //!   iteration).
+//! - `src/remote/receives.rs` (feature `mpi`): nonblocking receives of matched frames whose
+//!   buffers the module owns until MPI has completed them, for the same reason.
 //!
 //! # Example
 //!

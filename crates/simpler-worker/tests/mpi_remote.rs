@@ -4,7 +4,7 @@
 //! Run without MPI's launcher, the binary launches itself twice under `mpirun` and checks
 //! the jobs' exit codes: the conformance job (a remote task on each L3, a remote task error
 //! with its rank frame, a stalled rank that does not silence the others while a large frame
-//! waits for it, a hung rank failing its runs within the liveness budget, a manifest
+//! waits for it, nor while a large frame from it is half received, a hung rank failing its runs within the liveness budget, a manifest
 //! mismatch refusing start, clean shutdown of every rank, serving ranks giving a silent rank 0
 //! up) must exit 0; the killed-rank job
 //! (rank 2 aborts in a task) must exit non-zero within its budget instead of hanging.
@@ -37,7 +37,7 @@ const STALL: Duration = Duration::from_secs(5);
 const N: usize = 1024;
 
 /// The graphs every rank registers, in this order (rank 2 renames one in the mismatch case).
-const GRAPHS: [&str; 10] = [
+const GRAPHS: [&str; 11] = [
     "setup",
     "compute",
     "verify",
@@ -48,6 +48,7 @@ const GRAPHS: [&str; 10] = [
     "stall_soon",
     "sink",
     "sleep",
+    "stall_mid_reply",
 ];
 /// How long after answering `stall_soon` the rank's MPI thread stalls.
 const STALL_DELAY: Duration = Duration::from_millis(300);
@@ -139,6 +140,9 @@ fn job(case: &str, budget: Duration) -> Result<(bool, Duration, String), String>
     let t0 = Instant::now();
     let mut child = Command::new("mpirun")
         .args(["-np", RANKS, "--oversubscribe"])
+        // Without single-copy shared memory a large frame's bytes move only while its sender's
+        // MPI thread runs, as across hosts (and as where the kernel refuses the copy).
+        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
         .arg(&exe)
         .arg(case)
         // CI runs as root, which mpirun refuses unless told so.
@@ -271,6 +275,7 @@ fn conformance_rank0(job: &MpiJob) -> Res {
 
     host_buffers_across_hosts(job)?;
     stalled_rank_does_not_silence_the_others(job)?;
+    half_received_frame_does_not_silence_the_others(job)?;
 
     // A hung rank: rank 2's MPI thread stops answering; its run fails within the budget
     // while rank 1 keeps working.
@@ -400,6 +405,55 @@ fn stalled_rank_does_not_silence_the_others(job: &MpiJob) -> Res {
         }
     }
     // The next session starts with the same short budget: let rank 2 wake up first.
+    std::thread::sleep(stall_ends.saturating_duration_since(Instant::now()) + STALL_DELAY);
+    Ok(())
+}
+
+/// Rank 1's MPI thread hangs part way through sending rank 0 an 8 MiB reply (the job runs
+/// without single-copy shared memory, so, as across hosts, a frame's bytes move only while its
+/// sender's MPI thread runs): rank 0's MPI thread must keep hearing rank 2 while that frame is
+/// half received, so rank 2's task, which computes for longer than the liveness budget, must
+/// succeed. Rank 1's task fails as unresponsive.
+fn half_received_frame_does_not_silence_the_others(job: &MpiJob) -> Res {
+    const REPLY: usize = 8 << 20;
+    let (b, h) = l4(job, SHORT_LIVENESS);
+    let w = b.start()?;
+    let reply = HostBuffer::from_bytes(&vec![0u8; REPLY])?;
+    let t = reply.tensor(&[REPLY as u32], DataType::UInt8)?;
+    let stall_mid_reply = h[10];
+    let stall_ends = Instant::now() + STALL;
+    let to_stalling = w.submit(Orchestration::graph(move |g, _, _| {
+        let mut a = TaskArgs::new();
+        a.add_output(t)?;
+        g.submit_next_level(stall_mid_reply, a, &CallConfig::default(), WorkerId(0))?;
+        Ok(())
+    }))?;
+    // Let rank 1 run its task and start its reply.
+    std::thread::sleep(STALL_DELAY);
+    let t0 = Instant::now();
+    let long = w.run(on_child(h[9], 1));
+    check(long.is_ok(), || {
+        format!(
+            "rank 2's task failed while a frame from rank 1 was half received ({:.2?}): {long:?}",
+            t0.elapsed()
+        )
+    })?;
+    println!(
+        "rank 0: rank 2's {LONG_TASK:?} task succeeded while a frame from rank 1 was half received"
+    );
+    let stalled = to_stalling.wait();
+    check(matches!(&stalled, Err(e) if e.to_string().contains("rank 1")), || {
+        format!("the task whose reply stalled gave {stalled:?}")
+    })?;
+    drop(reply);
+    match w.close() {
+        Ok(()) => println!("rank 0: closed after the stalled reply"),
+        Err(e) => {
+            check(e.to_string().contains("rank 1"), || format!("close blamed someone else: {e}"))?;
+            println!("rank 0: close reported the stalled rank: {e}");
+        }
+    }
+    // The next session starts with the same short budget: let rank 1 wake up first.
     std::thread::sleep(stall_ends.saturating_duration_since(Instant::now()) + STALL_DELAY);
     Ok(())
 }
@@ -554,7 +608,7 @@ fn killed_rank0(job: &MpiJob) -> Res {
 fn conformance_serving(job: &Arc<MpiJob>) -> Res {
     // Remote tasks and errors; host buffers; a stalled rank 2 not silencing rank 1; the hung
     // rank.
-    for _ in 0..4 {
+    for _ in 0..5 {
         serve(job, &GRAPHS)?;
     }
     let mut renamed = GRAPHS;
@@ -609,14 +663,14 @@ fn conformance_serving(job: &Arc<MpiJob>) -> Res {
 }
 
 /// One session: an L3 worker with one simulated chip and one sub worker, serving `names`.
-fn serve(job: &Arc<MpiJob>, names: &[&str; 10]) -> Result<(), ServeError> {
+fn serve(job: &Arc<MpiJob>, names: &[&str; 11]) -> Result<(), ServeError> {
     serve_within(job, names, DEFAULT_LIVENESS)
 }
 
 /// [`serve`], giving the session up when rank 0 stays silent past `liveness`.
 fn serve_within(
     job: &Arc<MpiJob>,
-    names: &[&str; 10],
+    names: &[&str; 11],
     liveness: Duration,
 ) -> Result<(), ServeError> {
     let rank = job.rank();
@@ -637,6 +691,9 @@ fn serve_within(
         });
         Ok(())
     });
+    let j = Arc::clone(job);
+    let stall_mid_reply =
+        b.register_host("stall_mid_reply", move |_| Ok(j.stall_after_next_send(STALL)?));
     let sleep = b.register_host("sleep", |_| {
         std::thread::sleep(LONG_TASK);
         Ok(())
@@ -696,6 +753,12 @@ fn serve_within(
     graphs.register(names[8], |_, _, _| Ok(()));
     graphs.register(names[9], move |g, _, _| {
         g.submit_sub(sleep, TaskArgs::new())?;
+        Ok(())
+    });
+    // Writes nothing, but its reply carries back the bytes of its output; this rank's MPI
+    // thread stalls once that reply is on its way.
+    graphs.register(names[10], move |g, _, _| {
+        g.submit_sub(stall_mid_reply, TaskArgs::new())?;
         Ok(())
     });
     // Registered by rank 0 after start (the host-buffer session); rank 2 lacks "only_on_1".

@@ -19,6 +19,7 @@
 mod endpoint;
 mod error;
 mod frames;
+mod receives;
 mod sends;
 mod serve;
 mod tensors;
@@ -81,6 +82,13 @@ impl MpiJob {
     /// drill (rank 0 fails the runs waiting on this rank once its budget runs out).
     pub fn stall_for(&self, d: Duration) -> Result<(), RemoteError> {
         self.transport.stall(d)
+    }
+
+    /// Makes this rank's MPI thread start sending its next frame and then answer nothing for
+    /// `d`, as a host that hangs part way through a send would: a drill for the ranks that
+    /// receive it (a large frame stays half received until this rank goes on).
+    pub fn stall_after_next_send(&self, d: Duration) -> Result<(), RemoteError> {
+        self.transport.stall_after_next_send(d)
     }
 
     /// Finalizes MPI and joins the MPI thread.

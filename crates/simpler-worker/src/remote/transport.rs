@@ -14,12 +14,16 @@
 //! 3. It never waits for a send: sends are started and polled (`sends.rs`), so a peer that
 //!    does not receive for a while (a stalled host) delays only the frames to it, never the
 //!    frames from the other ranks. A rank with a ping or pong still on its way gets no new one.
-//!    A receive is only started for a frame that has arrived (a matched probe), and takes as
-//!    long as its bytes take to move. While a data frame is being sent the loop stays hot;
+//!    Nor does it wait for a receive: the receive of a frame that has arrived (a matched
+//!    probe) is started and polled (`receives.rs`), and each rank's frames are routed in the
+//!    order they arrived, so a large frame from one rank, however slow its bytes, delays no
+//!    ping or pong and no frame from another rank. The health communicator's frames are a few
+//!    bytes and are received at once. While a data frame is being sent or received the loop
+//!    stays hot;
 //!    otherwise, idle, it yields for a short while, then parks on the command channel with a
 //!    timeout that grows to 1 ms.
-//! 4. Leaving the loop, it gives the frames still being sent a short grace to complete (a
-//!    `Shutdown` reply, say), then frees their requests.
+//! 4. Leaving the loop, it gives the frames still being sent or received a short grace to
+//!    complete (a `Shutdown` reply, say), then frees their requests.
 //! 5. `Finalize` (from `MpiJob::finalize` or its drop) leaves the loop and finalizes MPI on
 //!    the same thread; the caller joins it.
 //!
@@ -38,6 +42,7 @@ use parking_lot::Mutex;
 
 use super::error::RemoteError;
 use super::frames::Packet;
+use super::receives::Arriving;
 use super::sends::InFlight;
 
 /// After the last activity the thread yields (stays hot) for this long before parking.
@@ -49,8 +54,8 @@ const MAX_BACKLOG: usize = 64;
 /// Tag of every frame (communicators keep data and health apart, not tags).
 const TAG: i32 = 1;
 
-/// How long a leaving MPI thread waits for the frames it is still sending.
-const SEND_GRACE: Duration = Duration::from_millis(500);
+/// How long a leaving MPI thread waits for the frames it is still sending or receiving.
+const LEAVE_GRACE: Duration = Duration::from_millis(500);
 
 /// The largest frame: an MPI message's element count is a C `int`.
 pub(crate) const MAX_FRAME_BYTES: usize = i32::MAX as usize;
@@ -69,6 +74,9 @@ enum Command {
     },
     /// Stop answering anything for a while (a liveness drill).
     Stall(Duration),
+    /// Start the next data frame's send, then stall (a drill: a host hanging part way
+    /// through sending a frame).
+    StallAfterNextSend(Duration),
     Finalize,
 }
 
@@ -285,6 +293,11 @@ impl Transport {
         self.command(Command::Stall(d))
     }
 
+    /// Makes the MPI thread start sending the next data frame and then answer nothing for `d`.
+    pub(crate) fn stall_after_next_send(&self, d: Duration) -> Result<(), RemoteError> {
+        self.command(Command::StallAfterNextSend(d))
+    }
+
     /// Finalizes MPI (step 4) and joins the thread; a second call does nothing.
     pub(crate) fn finalize(&self) -> Result<(), RemoteError> {
         let Some(thread) = self.thread.lock().take() else { return Ok(()) };
@@ -376,6 +389,8 @@ fn serve_loop(
     let mut nonce = 0u64;
     let mut last_activity = Instant::now();
     let mut sending: Vec<InFlight> = Vec::new();
+    let mut receiving: Vec<Arriving> = Vec::new();
+    let mut stall_after_send = None;
     loop {
         // A data frame still on its way keeps the loop hot: some transports move its bytes
         // only inside MPI calls, so parking between tests would slow it.
@@ -386,17 +401,20 @@ fn serve_loop(
         }
         for c in pending {
             busy = true;
-            if !run_command(world, health, shared, &mut sending, c) {
-                return drain_sends(shared, &mut sending);
+            if !run_command(world, health, shared, &mut sending, &mut stall_after_send, c) {
+                return drain(shared, &mut sending, &mut receiving);
             }
         }
         while let Some(probed) = world.any_process().immediate_matched_probe() {
             busy = true;
-            let (bytes, status) = probed.matched_receive_vec::<u8>();
-            let from = status.source_rank();
+            let from = probed.1.source_rank();
             heard(shared, from);
-            route(shared, from, &bytes);
+            match Arriving::start(probed) {
+                Ok(frame) => receiving.push(frame),
+                Err(e) => lose_received(shared, from, e),
+            }
         }
+        busy |= poll_receives(shared, &mut receiving) || !receiving.is_empty();
         while let Some(probed) = health.any_process().immediate_matched_probe() {
             busy = true;
             let (bytes, status) = probed.matched_receive_vec::<u8>();
@@ -442,12 +460,14 @@ fn serve_loop(
         match cmd_rx.recv_timeout(park) {
             Ok(c) => {
                 last_activity = Instant::now();
-                if !run_command(world, health, shared, &mut sending, c) {
-                    return drain_sends(shared, &mut sending);
+                if !run_command(world, health, shared, &mut sending, &mut stall_after_send, c) {
+                    return drain(shared, &mut sending, &mut receiving);
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return drain_sends(shared, &mut sending),
+            Err(RecvTimeoutError::Disconnected) => {
+                return drain(shared, &mut sending, &mut receiving);
+            }
         }
     }
 }
@@ -474,17 +494,58 @@ fn poll_sends(shared: &Shared, sending: &mut Vec<InFlight>) -> bool {
     sending.len() < before
 }
 
-/// Gives the frames still being sent [`SEND_GRACE`] to complete; the rest are given up.
-fn drain_sends(shared: &Shared, sending: &mut Vec<InFlight>) {
-    let until = Instant::now() + SEND_GRACE;
-    while !sending.is_empty() && Instant::now() < until {
+/// Routes the frames MPI has received, each rank's in the order they were matched (a frame
+/// whose receive completed waits behind an earlier one from its rank); a receive MPI failed is
+/// a lost frame. Returns whether any completed.
+fn poll_receives(shared: &Shared, receiving: &mut Vec<Arriving>) -> bool {
+    let before = receiving.len();
+    let mut waiting: Vec<i32> = Vec::new();
+    receiving.retain_mut(|f| {
+        if waiting.contains(&f.from) {
+            return true;
+        }
+        match f.poll() {
+            Ok(Some(bytes)) => {
+                heard(shared, f.from);
+                route(shared, f.from, &bytes);
+                false
+            }
+            Ok(None) => {
+                waiting.push(f.from);
+                true
+            }
+            Err(e) => {
+                lose_received(shared, f.from, e);
+                false
+            }
+        }
+    });
+    receiving.len() < before
+}
+
+fn lose_received(shared: &Shared, from: i32, e: RemoteError) {
+    tracing::error!(rank = from, error = %e, "a frame could not be received");
+    shared.lose_frame(from, e);
+}
+
+/// Gives the frames still being sent or received [`LEAVE_GRACE`] to complete (a received one
+/// is routed as usual); the rest are given up.
+fn drain(shared: &Shared, sending: &mut Vec<InFlight>, receiving: &mut Vec<Arriving>) {
+    let until = Instant::now() + LEAVE_GRACE;
+    while !(sending.is_empty() && receiving.is_empty()) && Instant::now() < until {
         poll_sends(shared, sending);
+        poll_receives(shared, receiving);
         std::thread::yield_now();
     }
-    if !sending.is_empty() {
-        tracing::warn!(frames = sending.len(), "leaving with frames still being sent");
+    if !(sending.is_empty() && receiving.is_empty()) {
+        tracing::warn!(
+            sending = sending.len(),
+            receiving = receiving.len(),
+            "leaving with frames still on their way"
+        );
     }
     sending.clear();
+    receiving.clear();
 }
 
 /// Runs one command; `false` ends the loop.
@@ -493,6 +554,7 @@ fn run_command(
     health: &SimpleCommunicator,
     shared: &Shared,
     sending: &mut Vec<InFlight>,
+    stall_after_send: &mut Option<Duration>,
     c: Command,
 ) -> bool {
     match c {
@@ -505,10 +567,17 @@ fn run_command(
                     shared.lose_frame(to, e);
                 }
             }
+            if !on_health && let Some(d) = stall_after_send.take() {
+                std::thread::sleep(d);
+            }
             true
         }
         Command::Stall(d) => {
             std::thread::sleep(d);
+            true
+        }
+        Command::StallAfterNextSend(d) => {
+            *stall_after_send = Some(d);
             true
         }
         Command::Finalize => false,
