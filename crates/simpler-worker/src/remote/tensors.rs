@@ -104,11 +104,14 @@ pub(crate) fn pack(
             }
         };
         let host = &buffers[k];
-        let span = span_in(t, host.addr(), host.len())
-            .ok_or_else(|| refuse(i, "a view without a byte span inside its HostBuffer"))?;
-        copy_in[k] |= !t.overwrites_whole(tag, host.addr(), host.len());
-        if tag.writes() {
-            spans.push((k as u32, span));
+        // An empty view touches no byte: it needs none of the buffer's bytes and sends none back.
+        if t.numel() != 0 {
+            let span = span_in(t, host.addr(), host.len())
+                .ok_or_else(|| refuse(i, "a view without a byte span inside its HostBuffer"))?;
+            copy_in[k] |= !t.overwrites_whole(tag, host.addr(), host.len());
+            if tag.writes() {
+                spans.push((k as u32, span));
+            }
         }
         let mut wire = *t;
         wire.addr = t.addr - host.addr();
@@ -188,16 +191,20 @@ pub(crate) fn unpack(wire: WireArgs) -> Result<Inbound, String> {
         if let Some(k) = w.buffer {
             let buf =
                 buffers.get(k as usize).ok_or_else(|| format!("tensor {i}: no buffer {k}"))?;
+            // The memory the tensor names (`size` bytes at its offset), as its view's bytes,
+            // must lie inside its buffer, whether it is read or written.
+            let inside = t.addr.checked_add(t.size).is_some_and(|end| end <= buf.len());
             t.addr = buf
                 .addr()
                 .checked_add(t.addr)
-                .filter(|_| t.size == buf.len())
+                .filter(|_| inside)
                 .ok_or_else(|| format!("tensor {i} does not fit buffer {k}"))?;
-            // Every tensor, read or written, must lie inside its buffer.
-            let span = span_in(&t, buf.addr(), buf.len())
-                .ok_or_else(|| format!("tensor {i} has no byte span inside buffer {k}"))?;
-            if w.tag.writes() {
-                spans.push((k, span));
+            if t.numel() != 0 {
+                let span = span_in(&t, buf.addr(), buf.len())
+                    .ok_or_else(|| format!("tensor {i} has no byte span inside buffer {k}"))?;
+                if w.tag.writes() {
+                    spans.push((k, span));
+                }
             }
         } else if !t.is_null() {
             return Err(format!("tensor {i} names no buffer"));
@@ -272,6 +279,23 @@ mod tests {
         };
         assert!(!sent(false), "a dense overwrite needs none of the old bytes");
         assert!(sent(true), "the bytes in a strided view's gaps must travel and come back");
+    }
+
+    #[test]
+    fn a_tensor_naming_part_of_its_buffer_and_an_empty_view_cross_as_they_run_locally() {
+        let task = TaskId::new(simpler_types::RunId::from_raw(1).unwrap(), 0);
+        let buf = HostBuffer::from_bytes(&[3; 64]).unwrap();
+        // 16 bytes at the buffer's base, in a 64-byte buffer: accepted at submit.
+        let part = Tensor::external(buf.addr(), &[4], DataType::Float32).unwrap();
+        let empty = buf.tensor(&[0], DataType::Float32).unwrap();
+        let mut args = TaskArgs::new();
+        args.add_input(part).unwrap().add_output(empty).unwrap();
+        assert!(refuse_unshippable(&args, WorkerId(0), 1).is_ok());
+        let (wire, back) = pack(1, task, args.view()).map_err(|e| e.to_string()).unwrap();
+        let inbound = unpack(wire).unwrap();
+        assert_eq!(inbound.args.tensors()[0].size, 16);
+        assert!(inbound.written().is_empty(), "an empty output sends nothing back");
+        back.write_back(1, &inbound.written()).unwrap();
     }
 
     #[test]
