@@ -95,7 +95,8 @@
 //! - `src/programs.rs`, `src/programs/streaming.rs`, `src/programs/paged_attention.rs`: the
 //!   reference programs' kernels.
 //! - `src/runner/mod.rs`: the runner's host view of a run's image.
-//! - `src/runner/memory.rs` and `src/runner/staging.rs`: host-tensor staging.
+//! - `src/runner/memory.rs` and `src/runner/staging.rs`: host-tensor staging;
+//!   `src/runner/complete.rs`: the copy-back into the staged host ranges.
 //! - `src/runner/types.rs`: the contract of `RunRequest::with_host_tensors` (an `unsafe fn`).
 //! - `src/runner/tests.rs`: a test kernel.
 //! - `src/runner/loom_models.rs`: the slot bytes of the `loom` models, as `loom` cells.

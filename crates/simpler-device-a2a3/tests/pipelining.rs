@@ -226,6 +226,31 @@ fn handles_dropped_from_several_threads_while_the_runner_runs_are_all_reclaimed(
 }
 
 #[test]
+fn a_run_completed_before_it_was_reaped_is_reaped_first_and_its_outcome_returned() {
+    let mut r = DeviceRunner::attach(options()).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 256);
+    let cfg = CallConfig::default();
+    // Still executing when completed: it is waited for, and its result is checked.
+    r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD);
+    let p = r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
+    let a = r.launch_run(p).unwrap();
+    let rep = r.complete_run(a).unwrap();
+    assert_eq!(rep.run_id, Some(run_id(1)));
+    v.check(&mut r);
+    // One that faults: the fault is this call's error, not `Busy`.
+    r.sim_faults().unwrap().clear();
+    r.sim_faults().unwrap().kernel_fault(FUNC_MUL, 1);
+    let p = r.prepare(&RunRequest::new(run_id(2), slot, &v.args, &cfg)).unwrap();
+    let a = r.launch_run(p).unwrap();
+    let err = r.complete_run(a).unwrap_err();
+    assert_eq!(err.run_id(), Some(run_id(2)), "the run's fault is complete_run's error: {err}");
+    assert!(matches!(err, DeviceError::DeviceFault { .. } | DeviceError::Timeout { .. }), "{err}");
+    drop(v);
+    r.finalize().unwrap();
+}
+
+#[test]
 fn the_slot_count_is_checked_at_attach() {
     for bad in [0, 5] {
         let err = DeviceRunner::attach(fast_options(0).with_pipeline_slots(bad)).unwrap_err();

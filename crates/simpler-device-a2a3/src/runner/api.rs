@@ -237,8 +237,9 @@ impl DeviceRunner {
     }
 
     /// Finishes a reaped run (C1–C3): latched status, copy-back, terminal cleanup; frees its
-    /// slot. Does not wait for a dropped handle's run still executing (a later call cleans it
-    /// up).
+    /// slot. A run not reaped yet is reaped first (`reap_run(run, None)`), so its outcome is
+    /// never lost with the handle. Does not wait for a dropped handle's run still executing (a
+    /// later call cleans it up).
     pub fn complete_run(&mut self, run: ActiveRun) -> Result<RunReport, DeviceError> {
         self.attached()?.complete_run(run)
     }

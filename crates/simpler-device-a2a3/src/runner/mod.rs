@@ -54,6 +54,7 @@ mod acceptance;
 mod api;
 mod callables;
 mod checks;
+mod complete;
 mod health;
 mod lease;
 #[cfg(all(test, simpler_loom))]
@@ -89,7 +90,7 @@ use self::health::HealthCell;
 use self::lease::{Lease, ReturnQueue};
 use self::memory::{Arenas, RunMemory};
 use self::run_ids::UsedRunIds;
-use self::staging::{StagedTensor, host_slice_mut};
+use self::staging::StagedTensor;
 use crate::abi::ABI_VERSION;
 use crate::abi::codes::AclCode;
 use crate::abi::launch::KernelArgs;
@@ -811,60 +812,6 @@ impl Core {
         tracing::error!(device = self.opts.device_id, %run_id, %step, %code, drained, "device unusable after a failed run");
     }
 
-    fn complete_run(&mut self, active: ActiveRun) -> Result<RunReport, DeviceError> {
-        self.sweep_dropped();
-        let lease = active.lease;
-        let (s, mut run) = match self.take_run("complete_run", &lease, Stage::Reaped) {
-            Ok(x) => x,
-            Err(e) => {
-                // The handle was moved in, so the caller keeps nothing: a current lease is
-                // cleaned up like a dropped handle, now; a stale or foreign one is ignored here.
-                drop(lease);
-                self.sweep_dropped();
-                return Err(e);
-            }
-        };
-        lease.consume();
-        let r = self.guarded(s, &mut run, Outcome::FailedAfterLaunch, Core::complete_steps);
-        self.free_slot(s);
-        r
-    }
-
-    /// C1–C3 on a run taken out of its slot; the terminal cleanup has run either way.
-    fn complete_steps(&mut self, run: &mut RunState) -> Result<RunReport, DeviceError> {
-        // C1.
-        self.handshake_report(run);
-        // C2.
-        let result = match run.latched.take() {
-            Some(fault) => Err(fault.into_error(run.run_id)),
-            None => {
-                // Every copy-back is attempted; the first one the backend refuses fails the
-                // run, so stale host bytes never pass for its output.
-                let mut refused = None;
-                for s in &run.staged {
-                    // SAFETY: `with_host_tensors`' contract makes the host range writable and
-                    // unused by anyone else until the run ends.
-                    if let Some(dst) = unsafe { host_slice_mut(s.host_addr, s.bytes) }
-                        && let Err(e) = self.backend.read(s.dev_addr, dst)
-                    {
-                        refused.get_or_insert(e.in_run(run.run_id));
-                    }
-                }
-                match refused {
-                    Some(e) => Err(e),
-                    None => {
-                        self.stats.runs_completed += 1;
-                        Ok(())
-                    }
-                }
-            }
-        };
-        // C3.
-        let outcome = if result.is_ok() { Outcome::Success } else { Outcome::FailedAfterLaunch };
-        self.finish(run, outcome);
-        result.map(|()| std::mem::take(&mut run.report))
-    }
-
     fn abandon(&mut self, prepared: PreparedRun) -> Result<(), DeviceError> {
         self.sweep_dropped();
         let lease = prepared.lease;
@@ -873,27 +820,6 @@ impl Core {
         self.finish(&mut run, Outcome::FailedBeforeLaunch);
         self.free_slot(s);
         Ok(())
-    }
-
-    /// C1: the handshake record of every core of the launch, at debug level.
-    fn handshake_report(&self, run: &RunState) {
-        if !tracing::enabled!(tracing::Level::DEBUG) {
-            return;
-        }
-        let Some(view) = image_view(&*self.backend, run) else { return };
-        for c in 0..3 * run.block_dim {
-            let h = view.handshake(c);
-            tracing::debug!(
-                run = %run.run_id,
-                core = c,
-                aicore_done = h.aicore_done.load(Ordering::Relaxed),
-                aicpu_ready = h.aicpu_ready.load(Ordering::Relaxed),
-                task = h.task.load(Ordering::Relaxed),
-                core_type = h.core_type.load(Ordering::Relaxed),
-                physical = h.physical_core_id.load(Ordering::Relaxed),
-                "handshake"
-            );
-        }
     }
 
     /// Terminal cleanup steps 1 and 2, each at most once per run.
