@@ -486,3 +486,48 @@ fn a_write_behind_queued_runs_names_the_first_that_failed_not_the_last_launched(
     );
     r.finalize().unwrap();
 }
+
+/// How long [`slow_mul`] declares on the chip.
+const SLOW_MUL: Duration = Duration::from_millis(2500);
+
+/// `g = d · e`, declaring [`SLOW_MUL`] on the chip: its run is still executing, as the device
+/// sees it, after the host's kernels returned.
+unsafe extern "C-unwind" fn slow_mul(args: *mut i64) {
+    // SAFETY: the runtime's argument vector for the product task, passed on unchanged.
+    unsafe { simpler_device_a2a3::programs::vector::mul(args) };
+    simpler_device_a2a3::kernel::model_device_time(SLOW_MUL);
+}
+
+#[test]
+fn a_fault_queued_behind_a_run_still_executing_on_the_chip_is_charged_to_the_faulting_run() {
+    use simpler_device_a2a3::programs::vector;
+    // Run 1 is healthy and takes 2.5 s on the chip, longer than the device takes to report
+    // run 2's fault; run 2, queued behind it, faults. A
+    // device runs run 2 only once run 1 has ended, so run 2's fault cannot be seen while run 1
+    // still executes: run 3's write, which waits for both, must blame run 2, and run 1 end well.
+    let opts = options().with_pipeline_slots(3).with_device_queue(true);
+    let (mut r, _, stamping, _, _, _, _, args2) = stamping_runner(opts);
+    let slow = r.register_callable(&vector::builder_with_mul(slow_mul).build().unwrap()).unwrap();
+    let plain = r.register_callable(&vector_callable()).unwrap();
+    let (v1, v2) = (VectorRun::new(&mut r, 64), VectorRun::new(&mut r, 64));
+    let cfg = CallConfig::default();
+    // The second product executed is run 2's.
+    r.sim_faults().unwrap().kernel_fault(FUNC_MUL, 2);
+    let p = r.prepare(&RunRequest::new(run_id(1), slow, &v1.args, &cfg)).unwrap();
+    let first = r.launch_run(p).unwrap();
+    let p = r.prepare(&RunRequest::new(run_id(2), plain, &v2.args, &cfg)).unwrap();
+    let second = r.launch_run(p).unwrap();
+    let err = r.prepare(&RunRequest::new(run_id(3), stamping, &args2, &cfg)).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::Abandoned { run_id: r3, after, cause, .. }
+            if *r3 == run_id(3) && *after == run_id(2) && cause.run_id == run_id(2)),
+        "{err}"
+    );
+    assert!(r.reap_run(&first, None).unwrap());
+    r.complete_run(first).unwrap();
+    let own = r.reap_run(&second, None).unwrap_err();
+    assert_eq!(own.run_id(), Some(run_id(2)), "{own}");
+    assert!(matches!(own, DeviceError::DeviceFault { .. }), "{own}");
+    drop((v1, v2));
+    r.finalize().unwrap();
+}

@@ -459,20 +459,22 @@ impl SimStream {
         let mut lingered = false;
         loop {
             self.watchdog_locked(&mut st, op_budget, wake_all);
-            if let Some(e) = &st.error {
+            let now = Instant::now();
+            // Completed or failed on the device; visible once the modelled time of the entries
+            // before has passed (a device starts an entry only after they ended, so it cannot
+            // fail earlier). Looked at before the deadline, so a sync without time left still
+            // sees a finished stream.
+            let busy = st.busy_at(now);
+            if let Some(e) = st.error.as_ref().filter(|_| busy.is_none()) {
                 return Err(SyncError::Fault(e.clone()));
             }
-            let now = Instant::now();
-            // Completed on the device; visible once the modelled time has passed. Looked at
-            // before the deadline, so a sync without time left still sees a finished stream.
-            let busy = st.busy_at(now);
             if st.completed >= target && busy.is_none() {
                 return Ok(());
             }
             if deadline.is_some_and(|d| now >= d) {
                 return Err(SyncError::Timeout);
             }
-            if let Some(busy) = busy.filter(|_| st.completed >= target) {
+            if let Some(busy) = busy.filter(|_| st.completed >= target || st.error.is_some()) {
                 let until = deadline.map_or(busy, |d| d.min(busy));
                 parking_lot::MutexGuard::unlocked(&mut st, || sleep_until_precisely(until));
                 continue;
@@ -497,15 +499,14 @@ impl SimStream {
     pub(crate) fn query(&self, op_budget: Option<Duration>, wake_all: &dyn Fn()) -> StreamStatus {
         let mut st = self.state.lock();
         self.watchdog_locked(&mut st, op_budget, wake_all);
+        // As in `synchronize`: a fault shows once the modelled time before it has passed.
+        let busy = st.busy_at(Instant::now());
         match &st.error {
-            Some(e) => StreamStatus::Failed(e.clone()),
-            None if st.running.is_none()
-                && st.queue.is_empty()
-                && st.busy_at(Instant::now()).is_none() =>
-            {
+            Some(e) if busy.is_none() => StreamStatus::Failed(e.clone()),
+            None if st.running.is_none() && st.queue.is_empty() && busy.is_none() => {
                 StreamStatus::Idle
             }
-            None => StreamStatus::Busy,
+            _ => StreamStatus::Busy,
         }
     }
 
