@@ -19,8 +19,8 @@ use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
 use simpler_worker::remote::{
-    DEFAULT_LIVENESS, MpiJob, RemoteError, RemoteL3, ServeError, ServedGraphs, TensorProblem,
-    TensorRefusal, serve_l3,
+    DEFAULT_LIVENESS, MpiJob, RemoteError, RemoteL3, RemoteRunFailure, RemoteRunKind, ServeError,
+    ServedGraphs, TensorProblem, TensorRefusal, serve_l3,
 };
 use simpler_worker::{
     CallableHandle, CompositeWorkerBuilder, DeviceBuffer, HostBuffer, Orchestration, StartCause,
@@ -37,7 +37,7 @@ const STALL: Duration = Duration::from_secs(5);
 const N: usize = 1024;
 
 /// The graphs every rank registers, in this order (rank 2 renames one in the mismatch case).
-const GRAPHS: [&str; 11] = [
+const GRAPHS: [&str; 12] = [
     "setup",
     "compute",
     "verify",
@@ -49,6 +49,7 @@ const GRAPHS: [&str; 11] = [
     "sink",
     "sleep",
     "stall_mid_reply",
+    "build_fails",
 ];
 /// How long after answering `stall_soon` the rank's MPI thread stalls.
 const STALL_DELAY: Duration = Duration::from_millis(300);
@@ -268,6 +269,22 @@ fn conformance_rank0(job: &MpiJob) -> Res {
         format!("no L3 frame with the remote message: {frames:?}")
     })?;
     println!("rank 0: remote task error arrived: {text}");
+    // A remote run that fails with no task to blame crosses typed: what kind, and the message.
+    let e = match w.run(on_child(h[11], 0)) {
+        Err(WorkerError::Run(e)) => e,
+        other => return Err(format!("the failing remote build gave {other:?}").into()),
+    };
+    let remote = e.frames().iter().find_map(|f| f.remote_error()).cloned();
+    check(
+        matches!(&remote, Some(RemoteError::RunFailed {
+            rank: 1,
+            level: 3,
+            failure: RemoteRunFailure::Run { kind: RemoteRunKind::SubmissionFailed, message },
+            ..
+        }) if message.contains("no build on rank 1")),
+        || format!("the failed remote build arrived as {remote:?}"),
+    )?;
+    println!("rank 0: remote build failure arrived typed: {e}");
     w.run(on_both(h[1]))?;
     w.run(on_both(h[2]))?;
     w.close()?;
@@ -663,14 +680,14 @@ fn conformance_serving(job: &Arc<MpiJob>) -> Res {
 }
 
 /// One session: an L3 worker with one simulated chip and one sub worker, serving `names`.
-fn serve(job: &Arc<MpiJob>, names: &[&str; 11]) -> Result<(), ServeError> {
+fn serve(job: &Arc<MpiJob>, names: &[&str; 12]) -> Result<(), ServeError> {
     serve_within(job, names, DEFAULT_LIVENESS)
 }
 
 /// [`serve`], giving the session up when rank 0 stays silent past `liveness`.
 fn serve_within(
     job: &Arc<MpiJob>,
-    names: &[&str; 11],
+    names: &[&str; 12],
     liveness: Duration,
 ) -> Result<(), ServeError> {
     let rank = job.rank();
@@ -761,6 +778,7 @@ fn serve_within(
         g.submit_sub(stall_mid_reply, TaskArgs::new())?;
         Ok(())
     });
+    graphs.register(names[11], move |_, _, _| Err(format!("no build on rank {rank}").into()));
     // Registered by rank 0 after start (the host-buffer session); rank 2 lacks "only_on_1".
     graphs.register_later("late", |_, _, _| Ok(()));
     if rank == 1 {

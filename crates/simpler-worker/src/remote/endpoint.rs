@@ -635,8 +635,8 @@ impl Endpoint for RemoteEndpoint {
                     .with_source(FailureSource::new(e))
                     .with_cause(Arc::new(failure)))
             }
-            Outcome::RunFailed { level, message } => {
-                let e = RemoteError::RunFailed { rank, host: session.host.clone(), level, message };
+            Outcome::RunFailed { level, failure } => {
+                let e = RemoteError::RunFailed { rank, host: session.host.clone(), level, failure };
                 Err(EndpointFailure::task_failed(e.to_string()).with_source(FailureSource::new(e)))
             }
         }

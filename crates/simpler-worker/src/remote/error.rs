@@ -118,8 +118,9 @@ pub enum RemoteError {
         /// The remote failure, rendered.
         message: String,
     },
-    /// The remote run failed without a failing task (its graph's build, a closed worker).
-    #[error("rank {rank} ({host}): L{level} run failed: {message}")]
+    /// The remote run failed without a failing task (an unknown graph, arguments that did not
+    /// unpack, a reply too large, its graph's build, a closed worker).
+    #[error("rank {rank} ({host}): L{level} run failed: {failure}")]
     RunFailed {
         /// The rank.
         rank: i32,
@@ -127,8 +128,8 @@ pub enum RemoteError {
         host: String,
         /// The remote level.
         level: u8,
-        /// Its error, rendered.
-        message: String,
+        /// Why, as the serving rank reported it.
+        failure: RemoteRunFailure,
     },
     /// The graph of a task is not in the manifest checked at start.
     #[error("graph {graph} is not in the manifest of rank {rank}")]
@@ -252,6 +253,71 @@ fn task_text(run: Option<RunId>, task: Option<TaskId>) -> String {
         (Some(r), None) => format!(" while {r} waited"),
         (None, None) => String::new(),
     }
+}
+
+/// Why a remote run failed with no task to blame, as the serving rank reports it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RemoteRunFailure {
+    /// The task named a graph ordinal the rank does not serve.
+    #[error("no graph with ordinal {ordinal}")]
+    UnknownOrdinal {
+        /// The ordinal.
+        ordinal: u32,
+    },
+    /// The task's arguments do not unpack into buffers of the rank (a tensor outside its
+    /// buffer, output buffers larger than a reply can carry).
+    #[error("task arguments: {reason}")]
+    Arguments {
+        /// What does not fit.
+        reason: String,
+    },
+    /// The bytes the task wrote cannot come back: the reply would exceed a frame.
+    #[error(
+        "the task's written bytes cannot come back: a {bytes}-byte reply exceeds the {limit} \
+         bytes one frame carries"
+    )]
+    ReplyTooLarge {
+        /// The reply's size.
+        bytes: u64,
+        /// The largest frame.
+        limit: u64,
+    },
+    /// The rank's worker refused or failed the run.
+    #[error("{message}")]
+    Run {
+        /// What kind of failure.
+        kind: RemoteRunKind,
+        /// The remote error, rendered there.
+        message: String,
+    },
+}
+
+/// What kind of error the serving rank's worker returned for a run (its `RunErrorKind`,
+/// without the details that stay in the message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RemoteRunKind {
+    /// A task's callable failed.
+    TaskFailed,
+    /// The path to a callable failed.
+    EndpointFailed,
+    /// A device reported a fault.
+    DeviceFault,
+    /// A timeout fired.
+    Timeout,
+    /// A capacity ran out.
+    Capacity,
+    /// The graph's build failed.
+    SubmissionFailed,
+    /// The run was aborted (the worker shut down).
+    Aborted,
+    /// A cleanup step failed or was interrupted.
+    CleanupFailed,
+    /// An engine invariant broke.
+    Internal,
+    /// Not a run error: the worker refused the run (closed, unusable, bad input).
+    Refused,
 }
 
 fn task_seq(task: Option<u32>) -> String {

@@ -30,7 +30,9 @@ use std::time::Duration;
 
 pub(crate) use endpoint::{Adoption, RemoteChildren};
 pub use endpoint::{DEFAULT_LIVENESS, RemoteL3};
-pub use error::{RemoteError, ServeError, TensorProblem, TensorRefusal};
+pub use error::{
+    RemoteError, RemoteRunFailure, RemoteRunKind, ServeError, TensorProblem, TensorRefusal,
+};
 pub use frames::DecodeError;
 pub use serve::{ServedGraphs, serve_l3};
 

@@ -28,13 +28,13 @@ use std::time::Duration;
 use simpler_types::{CallConfig, TaskArgsView};
 
 use super::endpoint::DEFAULT_LIVENESS;
-use super::error::{RemoteError, ServeError};
+use super::error::{RemoteError, RemoteRunFailure, RemoteRunKind, ServeError};
 use super::frames::{ManifestEntry, Outcome, Packet, WireArgs};
 use super::tensors::unpack;
 use super::transport::{MAX_FRAME_BYTES, Transport, check_frame};
 use super::{MpiJob, graph_entry};
 use crate::builder::HostWorkerBuilder;
-use crate::error::{BoxError, WorkerError};
+use crate::error::{BoxError, RunErrorKind, WorkerError};
 use crate::graph::{GraphBuilder, Orchestration};
 use crate::handle::GraphFn;
 use crate::worker::Worker;
@@ -281,9 +281,10 @@ fn completion_frame(seq: u64, outcome: Outcome, level: u8, limit: usize) -> Vec<
     let frame = Packet::Completion { seq, outcome }.encode();
     match check_frame(0, frame.len(), limit) {
         Ok(()) => frame,
-        Err(e) => {
-            let message = format!("the task's written bytes cannot come back: {e}");
-            Packet::Completion { seq, outcome: Outcome::RunFailed { level, message } }.encode()
+        Err(_) => {
+            let failure =
+                RemoteRunFailure::ReplyTooLarge { bytes: frame.len() as u64, limit: limit as u64 };
+            Packet::Completion { seq, outcome: Outcome::RunFailed { level, failure } }.encode()
         }
     }
 }
@@ -302,12 +303,13 @@ fn run_task(
     args: WireArgs,
 ) -> Outcome {
     let level = worker.level();
+    let failed = |failure| Outcome::RunFailed { level, failure };
     let Some((_, g)) = graphs.entries.get(graph as usize) else {
-        return Outcome::RunFailed { level, message: format!("no graph with ordinal {graph}") };
+        return failed(RemoteRunFailure::UnknownOrdinal { ordinal: graph });
     };
     let inbound = match unpack(args) {
         Ok(a) => a,
-        Err(e) => return Outcome::RunFailed { level, message: format!("task arguments: {e}") },
+        Err(reason) => return failed(RemoteRunFailure::Arguments { reason }),
     };
     let g = Arc::clone(g);
     let orch = Orchestration::graph(move |gb, view, cfg| g(gb, view, cfg))
@@ -317,9 +319,42 @@ fn run_task(
         Ok(()) => Outcome::Ok { written: inbound.written() },
         Err(WorkerError::Run(e)) => match e.run_failure().and_then(|r| r.task_failure()) {
             Some(t) => Outcome::TaskFailed { failure: (**t).clone() },
-            None => Outcome::RunFailed { level, message: e.to_string() },
+            None => {
+                failed(RemoteRunFailure::Run { kind: kind_of(e.kind()), message: e.to_string() })
+            }
         },
-        Err(e) => Outcome::RunFailed { level, message: e.to_string() },
+        Err(e) => {
+            // The graph's build failed before the run began (its error went to the submit),
+            // the chip is out of use, or the worker turned the run down.
+            let kind = match &e {
+                WorkerError::Build { .. } => RemoteRunKind::SubmissionFailed,
+                WorkerError::DeviceUnusable { .. } | WorkerError::Device { .. } => {
+                    RemoteRunKind::DeviceFault
+                }
+                _ => RemoteRunKind::Refused,
+            };
+            failed(RemoteRunFailure::Run { kind, message: e.to_string() })
+        }
+    }
+}
+
+/// The kind a run error crosses as.
+fn kind_of(kind: &RunErrorKind) -> RemoteRunKind {
+    match kind {
+        RunErrorKind::TaskFailed => RemoteRunKind::TaskFailed,
+        RunErrorKind::EndpointFailed => RemoteRunKind::EndpointFailed,
+        RunErrorKind::DeviceFault { .. } => RemoteRunKind::DeviceFault,
+        RunErrorKind::Timeout { .. } => RemoteRunKind::Timeout,
+        RunErrorKind::Capacity { .. } => RemoteRunKind::Capacity,
+        RunErrorKind::SubmissionFailed => RemoteRunKind::SubmissionFailed,
+        RunErrorKind::Aborted => RemoteRunKind::Aborted,
+        RunErrorKind::CleanupFailed { .. } | RunErrorKind::CleanupInterrupted => {
+            RemoteRunKind::CleanupFailed
+        }
+        // A wait refused as reentrant never reaches here (the serving thread waits for its own
+        // run); counted as refused, like any call the worker turned down.
+        RunErrorKind::Reentrant => RemoteRunKind::Refused,
+        RunErrorKind::Internal => RemoteRunKind::Internal,
     }
 }
 
@@ -343,10 +378,12 @@ mod tests {
         match Packet::decode(&large) {
             Ok(Packet::Completion {
                 seq: 6,
-                outcome: Outcome::RunFailed { level: 3, message },
-            }) => {
-                assert!(message.contains("exceeds the 1024 bytes"), "{message}");
-            }
+                outcome:
+                    Outcome::RunFailed {
+                        level: 3,
+                        failure: RemoteRunFailure::ReplyTooLarge { bytes, limit: 1024 },
+                    },
+            }) => assert!(bytes > 1024, "{bytes}"),
             other => panic!("{other:?}"),
         }
         assert!(large.len() <= 1024);

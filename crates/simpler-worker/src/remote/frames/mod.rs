@@ -14,8 +14,43 @@ use simpler_types::{
     TimeoutBudget, WorkerId, WorkerRef, WorkerType,
 };
 
+use super::error::{RemoteRunFailure, RemoteRunKind};
+
+/// The wire code of a remote run failure's kind.
+fn run_kind_code(kind: RemoteRunKind) -> u8 {
+    match kind {
+        RemoteRunKind::TaskFailed => 0,
+        RemoteRunKind::EndpointFailed => 1,
+        RemoteRunKind::DeviceFault => 2,
+        RemoteRunKind::Timeout => 3,
+        RemoteRunKind::Capacity => 4,
+        RemoteRunKind::SubmissionFailed => 5,
+        RemoteRunKind::Aborted => 6,
+        RemoteRunKind::CleanupFailed => 7,
+        RemoteRunKind::Internal => 8,
+        RemoteRunKind::Refused => 9,
+    }
+}
+
+/// The kind of wire code `code` ([`run_kind_code`]).
+fn run_kind(code: u8) -> Result<RemoteRunKind, DecodeError> {
+    Ok(match code {
+        0 => RemoteRunKind::TaskFailed,
+        1 => RemoteRunKind::EndpointFailed,
+        2 => RemoteRunKind::DeviceFault,
+        3 => RemoteRunKind::Timeout,
+        4 => RemoteRunKind::Capacity,
+        5 => RemoteRunKind::SubmissionFailed,
+        6 => RemoteRunKind::Aborted,
+        7 => RemoteRunKind::CleanupFailed,
+        8 => RemoteRunKind::Internal,
+        9 => RemoteRunKind::Refused,
+        other => return Err(DecodeError(format!("run failure kind {other}"))),
+    })
+}
+
 /// Version of the frame layout; both ends must agree.
-pub(crate) const VERSION: u16 = 5;
+pub(crate) const VERSION: u16 = 6;
 
 /// Error frames longer than this are cut (innermost message first), so one failure can never
 /// grow a completion without bound.
@@ -86,8 +121,9 @@ pub(crate) enum Outcome {
     Ok { written: Vec<WrittenSpan> },
     /// A task of the remote run failed: its failure chain (the remote L3 level first).
     TaskFailed { failure: WireFailure },
-    /// The remote run failed without a task to blame (build error, closed worker): text only.
-    RunFailed { level: u8, message: String },
+    /// The remote run failed without a task to blame (an unknown graph, arguments that did
+    /// not unpack, a reply too large, a build error, a closed worker).
+    RunFailed { level: u8, failure: RemoteRunFailure },
 }
 
 /// Every message of the protocol.
@@ -223,10 +259,10 @@ impl Packet {
                             w.failure(f, &mut budget);
                         }
                     }
-                    Outcome::RunFailed { level, message } => {
+                    Outcome::RunFailed { level, failure } => {
                         w.u8(2);
                         w.u8(*level);
-                        w.str(truncate(message, MAX_ERROR_BYTES));
+                        w.run_failure(failure);
                     }
                 }
             }
@@ -335,7 +371,7 @@ impl Packet {
                             failure.ok_or_else(|| DecodeError("empty failure chain".to_owned()))?;
                         Outcome::TaskFailed { failure }
                     }
-                    2 => Outcome::RunFailed { level: r.u8()?, message: r.str()? },
+                    2 => Outcome::RunFailed { level: r.u8()?, failure: r.run_failure()? },
                     other => return Err(DecodeError(format!("outcome {other}"))),
                 };
                 Packet::Completion { seq, outcome }
@@ -572,6 +608,29 @@ impl Writer {
         }
     }
 
+    fn run_failure(&mut self, f: &RemoteRunFailure) {
+        match f {
+            RemoteRunFailure::UnknownOrdinal { ordinal } => {
+                self.u8(0);
+                self.u32(*ordinal);
+            }
+            RemoteRunFailure::Arguments { reason } => {
+                self.u8(1);
+                self.str(truncate(reason, MAX_ERROR_BYTES));
+            }
+            RemoteRunFailure::ReplyTooLarge { bytes, limit } => {
+                self.u8(2);
+                self.u64(*bytes);
+                self.u64(*limit);
+            }
+            RemoteRunFailure::Run { kind, message } => {
+                self.u8(3);
+                self.u8(run_kind_code(*kind));
+                self.str(truncate(message, MAX_ERROR_BYTES));
+            }
+        }
+    }
+
     fn mechanism(&mut self, m: &FailureMechanism) {
         match m {
             FailureMechanism::TaskFailed => self.u8(0),
@@ -781,6 +840,19 @@ impl<'a> Reader<'a> {
         Ok(f)
     }
 
+    fn run_failure(&mut self) -> Result<RemoteRunFailure, DecodeError> {
+        Ok(match self.u8()? {
+            0 => RemoteRunFailure::UnknownOrdinal { ordinal: self.u32()? },
+            1 => RemoteRunFailure::Arguments { reason: self.str()? },
+            2 => RemoteRunFailure::ReplyTooLarge { bytes: self.u64()?, limit: self.u64()? },
+            3 => {
+                let kind = run_kind(self.u8()?)?;
+                RemoteRunFailure::Run { kind, message: self.str()? }
+            }
+            other => return Err(DecodeError(format!("run failure {other}"))),
+        })
+    }
+
     fn mechanism(&mut self) -> Result<FailureMechanism, DecodeError> {
         Ok(match self.u8()? {
             0 => FailureMechanism::TaskFailed,
@@ -808,179 +880,4 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Arguments with a view of a copied-in buffer, a blind output, a null tensor and scalars.
-    fn wire_args() -> WireArgs {
-        let t = Tensor::with_buffer(0, 64, &[4, 4], simpler_types::DataType::Float32).unwrap();
-        let view = t.view(&[2, 2], &[1, 1]).unwrap().manual_dep(true).version(3);
-        WireArgs {
-            tensors: vec![
-                WireTensor { tensor: view, tag: TensorArgType::InOut, buffer: Some(0) },
-                WireTensor { tensor: t, tag: TensorArgType::Output, buffer: Some(1) },
-                WireTensor { tensor: t, tag: TensorArgType::Input, buffer: None },
-            ],
-            scalars: vec![42, u64::MAX],
-            buffers: vec![
-                WireBuffer { len: 64, bytes: Some(vec![5; 64]) },
-                WireBuffer { len: 64, bytes: None },
-            ],
-        }
-    }
-
-    fn round_trip(p: Packet) {
-        let bytes = p.encode();
-        assert_eq!(Packet::decode(&bytes), Ok(p));
-    }
-
-    #[test]
-    fn a_failure_chain_crosses_at_most_its_outer_levels_and_a_deeper_one_is_refused() {
-        let run = RunId::from_raw(7).unwrap();
-        let id = CallableId::new([3; 32], CallableKind::Host, CallableNamespace::LocalHost);
-        let level =
-            |seq| TaskFailure::new(TaskId::new(run, seq), id, FailureMechanism::Panicked, "");
-        let mut chain = level(0);
-        for seq in 1..=40 {
-            chain = level(seq).caused_by(std::sync::Arc::new(chain));
-        }
-        let bytes =
-            Packet::Completion { seq: 1, outcome: Outcome::TaskFailed { failure: chain } }.encode();
-        let Ok(Packet::Completion { outcome: Outcome::TaskFailed { failure }, .. }) =
-            Packet::decode(&bytes)
-        else {
-            panic!("the chain decodes");
-        };
-        let seqs: Vec<u32> = failure.chain().map(|f| f.task.seq).collect();
-        assert_eq!(seqs, (9..=40).rev().collect::<Vec<u32>>(), "the outer 32 levels");
-        // A frame that claims more levels than that is refused before anything is reserved.
-        // A frame of valid levels, one more than the cap, is refused; so is a count no frame
-        // could hold, before anything is reserved.
-        for (claimed, written) in
-            [(MAX_CHAIN_LEVELS as u32 + 1, MAX_CHAIN_LEVELS + 1), (u32::MAX, 2)]
-        {
-            let mut w = Writer(Vec::new());
-            w.u16(VERSION);
-            w.u8(kind::COMPLETION);
-            w.u64(1);
-            w.u8(1);
-            w.u32(claimed);
-            let mut budget = MAX_ERROR_BYTES;
-            for seq in 0..written as u32 {
-                w.failure(&level(seq), &mut budget);
-            }
-            let refused = Packet::decode(&w.0);
-            assert!(refused.is_err(), "{claimed} levels: {refused:?}");
-        }
-    }
-
-    #[test]
-    fn every_frame_round_trips() {
-        let config = CallConfig::builder()
-            .block_dim(4)
-            .heap_bytes(RingSel::Ring(2), 4096)
-            .output_prefix("out")
-            .build()
-            .unwrap();
-        let run = RunId::from_raw(7).unwrap();
-        let id = CallableId::new([3; 32], CallableKind::Host, CallableNamespace::LocalHost);
-        let inner = TaskFailure::new(TaskId::new(run, 2), id, FailureMechanism::Panicked, "boom")
-            .on_worker(WorkerRef::sub(1));
-        let outer = TaskFailure::new(
-            TaskId::new(run, 1),
-            id,
-            FailureMechanism::Timeout {
-                budget: TimeoutBudget::RingAlloc,
-                limit: Duration::from_secs(3),
-            },
-            "outer",
-        )
-        .caused_by(std::sync::Arc::new(inner));
-        for p in [
-            Packet::Hello { session: 3 },
-            Packet::Manifest {
-                session: 3,
-                host: "h".into(),
-                entries: vec![ManifestEntry {
-                    kind: CallableKind::Graph,
-                    name: "g".into(),
-                    digest: [9; 32],
-                }],
-                start_error: Some("no".into()),
-            },
-            Packet::Accept,
-            Packet::Refuse { session: Some(3), reason: "r".into() },
-            Packet::Refuse { session: None, reason: "not reached".into() },
-            Packet::Left { session: 3, reason: "lost a frame".into() },
-            Packet::Task { seq: 5, graph: 1, config, args: wire_args() },
-            Packet::Completion {
-                seq: 5,
-                outcome: Outcome::Ok {
-                    written: vec![WrittenSpan { buffer: 1, offset: 8, bytes: vec![7; 12] }],
-                },
-            },
-            Packet::Completion { seq: 6, outcome: Outcome::TaskFailed { failure: outer } },
-            Packet::Completion {
-                seq: 7,
-                outcome: Outcome::RunFailed { level: 3, message: "closed".into() },
-            },
-            Packet::Shutdown,
-            Packet::ShutdownDone { errors: vec!["e".into()] },
-            Packet::Ping { nonce: 1 },
-            Packet::Pong { nonce: 1 },
-            Packet::Prepare { seq: 7, ordinal: 2, name: "late".into() },
-            Packet::Prepared { seq: 7, refusal: None },
-            Packet::Prepared { seq: 7, refusal: Some("no".into()) },
-            Packet::Commit { ordinal: 2 },
-            Packet::Abort { ordinal: 2 },
-        ] {
-            round_trip(p);
-        }
-    }
-
-    #[test]
-    fn a_cancelled_task_crosses_with_each_cancel_reason() {
-        let run = RunId::from_raw(7).unwrap();
-        let id = CallableId::new([3; 32], CallableKind::Host, CallableNamespace::LocalHost);
-        // The wire's table lists every reason there is, so none crosses as another mechanism.
-        for &reason in CancelReason::ALL {
-            assert!(CANCEL_REASONS.contains(&reason), "{reason} has no wire code");
-        }
-        for reason in CANCEL_REASONS {
-            let mechanism = FailureMechanism::Cancelled { reason };
-            let failure = TaskFailure::new(TaskId::new(run, 1), id, mechanism, "cancelled");
-            round_trip(Packet::Completion { seq: 1, outcome: Outcome::TaskFailed { failure } });
-        }
-    }
-
-    #[test]
-    fn corrupt_frames_are_errors_not_panics() {
-        let good =
-            Packet::Task { seq: 1, graph: 0, config: CallConfig::default(), args: wire_args() }
-                .encode();
-        for cut in 0..good.len() {
-            assert!(Packet::decode(&good[..cut]).is_err(), "prefix of {cut} bytes decoded");
-        }
-        let mut other_version = good.clone();
-        other_version[0] = 9;
-        assert!(Packet::decode(&other_version).is_err());
-        let mut trailing = good;
-        trailing.push(0);
-        assert!(Packet::decode(&trailing).is_err());
-    }
-
-    #[test]
-    fn error_text_is_bounded() {
-        let run = RunId::from_raw(1).unwrap();
-        let id = CallableId::new([0; 32], CallableKind::Host, CallableNamespace::LocalHost);
-        let f = TaskFailure::new(
-            TaskId::new(run, 1),
-            id,
-            FailureMechanism::TaskFailed,
-            "x".repeat(MAX_ERROR_BYTES * 2),
-        );
-        let bytes =
-            Packet::Completion { seq: 1, outcome: Outcome::TaskFailed { failure: f } }.encode();
-        assert!(bytes.len() < MAX_ERROR_BYTES + 256, "{} bytes", bytes.len());
-    }
-}
+mod tests;
