@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use common::{add_callable, host};
 use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
+use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
 use simpler_worker::{
     CallableHandle, ChildError, ChildExit, ChildFault, ChildMode, DeviceBuffer, HostWorkerBuilder,
@@ -388,6 +389,20 @@ fn start_failures_name_the_binary_the_exit_status_or_the_deadline_and_reap_every
         assert!(matches!(e.cause, StartCause::DeadlineExceeded { .. }), "{e}");
     });
     assert!(!left, "the stuck subtree died as a group");
+    // A chip whose device does not attach in its process (no CANN install here): the device's
+    // failure stays typed behind the start error, as it does for a chip in this process.
+    let unattached = Worker::host(Platform::A2a3, RuntimeVariant::HostBuildGraph)
+        .chips(&[0])
+        .chip_mode(ChildMode::Process)
+        .process_options(options())
+        .start()
+        .expect_err("no device to attach");
+    let device =
+        std::error::Error::source(&unattached).and_then(|s| s.downcast_ref::<ChildError>());
+    assert!(
+        matches!(device, Some(ChildError::Device { chip: WorkerId(0), run: None, .. })),
+        "{unattached}: {device:?}"
+    );
     assert_eq!(mailboxes(), 0);
 }
 

@@ -378,7 +378,9 @@ pub(crate) fn start_chip(
                 RegistrationFailure::Child(e).into()
             }
             parent::StartFailure::Device(f) => {
-                AttachFailure::Failed { code: f.code, message: f.message, error: None }
+                let (code, message) = (f.code, f.message);
+                RegistrationFailure::Child(ChildError::Device { chip, run: None, code, message })
+                    .into()
             }
         })?;
     let pid = process.pid().unwrap_or_default();
