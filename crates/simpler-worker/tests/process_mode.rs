@@ -2,7 +2,8 @@
 //! isolation (a segfault or abort kills only its child), a hung child killed after its budget,
 //! start failures (a child wedged in a registration during start among them), a child dying
 //! during a registration, a restart whose chip refuses content it held, refused content, host
-//! buffers on chip tasks (and a child dying while one comes back), chip processes of a killed
+//! buffers on chip tasks (and a child dying while one comes back), a wild reply refused as a
+//! protocol failure, chip processes of a killed
 //! worker exiting on their own; each test counts what could leak (zombies, descriptors,
 //! threads).
 
@@ -133,6 +134,28 @@ fn chip_processes_serve_runs_and_memory_and_finalize_on_close() {
     assert_eq!(w.chip_callable_refs(WorkerId(0), add_callable(0).id()).unwrap(), 1);
     w.close().expect("close");
     assert!(pids.iter().all(|&p| !exists(p)), "every chip process was reaped");
+    assert_eq!(mailboxes(), 0);
+}
+
+#[test]
+fn a_wild_allocation_reply_is_a_protocol_failure_of_the_chip_not_a_panic() {
+    let _serial = serial();
+    let zombies_before = zombies();
+    let w = process_host(&[0, 1], options()).start().expect("start");
+    let pid = w.chip_process_id(WorkerId(0)).unwrap().expect("pid");
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::WildMalloc).unwrap());
+    let e = w.chip_memory(WorkerId(0)).unwrap().malloc(64).expect_err("a wild address");
+    assert!(
+        matches!(&e, WorkerError::DeviceUnusable { child: Some(c), .. }
+            if matches!(**c, ChildError::Protocol { chip: WorkerId(0), .. })),
+        "{e:?}"
+    );
+    assert!(!exists(pid) || ended(pid), "the chip's process was ended");
+    // The other chip is untouched.
+    let mem = w.chip_memory(WorkerId(1)).unwrap();
+    mem.free(mem.malloc(64).expect("chip 1 allocates")).expect("and frees");
+    let _ = w.close();
+    assert_eq!(zombies(), zombies_before);
     assert_eq!(mailboxes(), 0);
 }
 

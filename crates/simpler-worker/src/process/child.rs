@@ -363,6 +363,13 @@ impl Child {
             }
             op::MALLOC => {
                 let addr = state.malloc(r.u64().map_err(malformed)?).map_err(|e| mem_frame(&e))?;
+                // Fault 10 answers a wild address instead (the allocation stays the chip's).
+                let addr = if self.fault == 10 {
+                    self.fault = 0;
+                    u64::MAX - 7
+                } else {
+                    addr
+                };
                 self.out.u64(addr);
             }
             op::FREE => state.free(r.u64().map_err(malformed)?).map_err(|e| mem_frame(&e))?,

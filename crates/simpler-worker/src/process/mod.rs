@@ -341,6 +341,9 @@ pub enum ChildFault {
     /// The chip refuses the next registration as out of device memory, and only that one
     /// (armed now, not at the next run).
     RefuseOnRegister,
+    /// The next allocation answers an address whose range does not fit in 64 bits, as a
+    /// corrupted reply would (armed now, not at the next run).
+    WildMalloc,
 }
 
 /// The main function of the `simpler-chip-child` binary; returns its exit status.

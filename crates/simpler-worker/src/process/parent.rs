@@ -674,7 +674,15 @@ impl ChipProcess {
         self.out.0.clear();
         self.out.u64(bytes);
         self.mem_request(op::MALLOC, "malloc")?;
-        Reader(&self.reply).u64().map_err(|e| MemFailure::Child(self.protocol(e.to_string())))
+        let addr = Reader(&self.reply)
+            .u64()
+            .map_err(|e| MemFailure::Child(self.protocol(e.to_string())))?;
+        // Every later address of the allocation is `addr` plus an offset inside it.
+        if addr.checked_add(bytes).is_none() {
+            let message = format!("malloc: {bytes} bytes at {addr:#x} run past the address space");
+            return Err(MemFailure::Child(self.protocol(message)));
+        }
+        Ok(addr)
     }
 
     pub(super) fn device_free(&mut self, addr: u64) -> Result<(), MemFailure> {
@@ -779,6 +787,7 @@ impl ChipProcess {
             super::ChildFault::AbortOnRegister => 7,
             super::ChildFault::HangOnRegister => 8,
             super::ChildFault::RefuseOnRegister => 9,
+            super::ChildFault::WildMalloc => 10,
         });
         self.call(op::ARM_FAULT, "arm fault", None).map(|_| ())
     }
