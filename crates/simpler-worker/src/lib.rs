@@ -17,8 +17,8 @@
 //!
 //! - `src/process/mailbox.rs`: references to the atomics of the mapped mailbox and copies
 //!   into and out of its payload area, handed to one side at a time by the state word.
-//! - `src/process/spawn.rs`: the `pre_exec` hook that moves the mailbox descriptor into place
-//!   in the forked child (`dup2`/`fcntl` only).
+//! - `src/process/spawn.rs`: the `pre_exec` hook that leaves the mailbox the only descriptor
+//!   the forked child keeps across `exec` (`close_range`/`getrlimit`/`fcntl` only).
 //! - `src/process/child.rs`: taking ownership of the inherited mailbox descriptor.
 //! - `src/remote/transport.rs` (feature `mpi`): setting MPI's errors-return handler, which the
 //!   `mpi` crate has no safe call for.

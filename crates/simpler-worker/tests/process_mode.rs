@@ -3,7 +3,8 @@
 //! start failures (a child wedged in a registration during start among them), a child dying
 //! during a registration, a restart whose chip refuses content it held, refused content, host
 //! buffers on chip tasks (and a child dying while one comes back), a wild reply refused as a
-//! protocol failure, chip processes of a killed
+//! protocol failure, no descriptor of the worker's inherited but the mailbox, chip processes
+//! of a killed
 //! worker exiting on their own; each test counts what could leak (zombies, descriptors,
 //! threads).
 
@@ -559,6 +560,34 @@ fn a_child_that_dies_registering_fails_the_registration_with_its_death_typed() {
     }
     w.close().expect("close");
     assert_eq!(mailboxes(), 0);
+}
+
+/// What `/proc/<pid>/fd` links to: one entry per open descriptor (`pipe:[inode]`, a path).
+fn open_files(pid: &str) -> Vec<std::path::PathBuf> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("the process's descriptors");
+    dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok()).collect()
+}
+
+#[test]
+fn a_chip_process_inherits_no_descriptor_of_the_worker_but_its_mailbox() {
+    use std::os::fd::{AsFd, AsRawFd};
+    let _serial = serial();
+    // A pipe this process holds without close-on-exec, as code that did not ask for the flag
+    // leaves one.
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    rustix::io::fcntl_setfd(writer.as_fd(), rustix::io::FdFlags::empty()).expect("no cloexec");
+    let pipe = std::fs::read_link(format!("/proc/self/fd/{}", writer.as_raw_fd())).expect("name");
+    let w = process_host(&[0], options()).start().expect("start");
+    let pid = w.chip_process_id(WorkerId(0)).unwrap().expect("pid").to_string();
+    let files = open_files(&pid);
+    assert!(!files.contains(&pipe), "the chip process holds the worker's {pipe:?}: {files:?}");
+    // The mailbox came across (the process started and serves); it maps it and closes it.
+    let (args, f) = inputs(&w, WorkerId(0));
+    let h = w.register_chip(&add_callable(0)).expect("register");
+    w.run(on_chip(h, args, WorkerId(0))).expect("run");
+    assert_eq!(result(&w, WorkerId(0), &f), expected());
+    w.close().expect("close");
+    drop((reader, writer));
 }
 
 #[test]

@@ -17,7 +17,6 @@ use simpler_types::{
 
 use super::catalog;
 use super::mailbox::{Mailbox, PAYLOAD_BYTES, state};
-use super::spawn::MAILBOX_FD;
 use super::wire::{FailureFrame, Malformed, Reader, Refusal, Writer, decode_config, op, status};
 use crate::chip::{ChipState, Residue};
 use crate::error::{MemError, RegistrationFailure};
@@ -36,7 +35,9 @@ fn parent_alive(parent: u32) -> bool {
 }
 
 pub(crate) fn main() -> i32 {
-    let (Some(chip), Some(parent)) = (arg("--chip"), arg("--parent")) else {
+    let (Some(chip), Some(parent), Some(mailbox_fd)) =
+        (arg("--chip"), arg("--parent"), arg("--mailbox-fd").and_then(|f| i32::try_from(f).ok()))
+    else {
         eprintln!("simpler-chip-child is started by a worker in PROCESS mode, not by hand");
         return 3;
     };
@@ -46,9 +47,9 @@ pub(crate) fn main() -> i32 {
     if !parent_alive(parent) {
         return 2;
     }
-    // SAFETY: the worker placed the mailbox at this descriptor for this process before exec
-    // and nothing else in this process owns or closes it.
-    let fd = unsafe { OwnedFd::from_raw_fd(MAILBOX_FD) };
+    // SAFETY: the worker left the mailbox open at this descriptor for this process across the
+    // exec, and nothing else in this process owns or closes it.
+    let fd = unsafe { OwnedFd::from_raw_fd(mailbox_fd) };
     let mailbox = match Mailbox::open(&fd, parent) {
         Ok(m) => m,
         Err(e) => {

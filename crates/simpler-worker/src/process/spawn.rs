@@ -2,8 +2,11 @@
 //! that keeps running this (threaded) process's code (`docs/process-mode.md`, "Start").
 //!
 //! The child becomes the leader of a process group of its own, so a stuck subtree can be
-//! killed as a whole, and inherits exactly one extra descriptor: the mailbox, as fd
-//! [`MAILBOX_FD`]. Every child is started from one spawner thread that lives as long as any
+//! killed as a whole, and inherits exactly one descriptor beyond its standard streams: the
+//! mailbox, whose number it is given as `--mailbox-fd`. Every other descriptor of this process
+//! is marked close-on-exec in the forked child before `exec`, whether or not whoever opened it
+//! asked for that (a pipe or socket left open in a chip process would keep its peer from ever
+//! seeing it closed). Every child is started from one spawner thread that lives as long as any
 //! child does: Linux sends the parent-death signal when the *thread* that started a child
 //! ends, and start-up threads end right after `start`.
 
@@ -13,8 +16,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, mpsc};
 
-/// The descriptor number of the mailbox in the child.
-pub(crate) const MAILBOX_FD: i32 = 3;
 /// The name of the chip-process binary.
 pub(crate) const BINARY: &str = "simpler-chip-child";
 
@@ -107,30 +108,28 @@ pub(crate) fn child_reaped() {
     }
 }
 
-/// Starts `binary` for chip `chip` with `mailbox` as its fd [`MAILBOX_FD`]. The caller calls
-/// [`child_reaped`] once it reaped the child.
+/// Starts `binary` for chip `chip` with `mailbox` as its only inherited descriptor beyond the
+/// standard streams. The caller calls [`child_reaped`] once it reaped the child.
 pub(crate) fn spawn(binary: &Path, chip: u32, mailbox: OwnedFd) -> std::io::Result<Child> {
+    let raw = mailbox.as_raw_fd();
     let mut cmd = Command::new(binary);
     cmd.arg("--chip")
         .arg(chip.to_string())
         .arg("--parent")
         .arg(std::process::id().to_string())
+        .arg("--mailbox-fd")
+        .arg(raw.to_string())
         .stdin(Stdio::null())
         .process_group(0);
-    let raw = mailbox.as_raw_fd();
-    // SAFETY: the hook runs in the forked child before `exec` and only calls `dup2` or `fcntl`,
-    // which are async-signal-safe; `raw` stays open in the parent until `spawn` returned (the
-    // `OwnedFd` is moved into the closure below and dropped after it). `dup2` gives the copy
-    // no close-on-exec flag, so exactly this descriptor survives the exec.
+    // SAFETY: the hook runs in the forked child before `exec` and only makes system calls
+    // (`close_range`, `getrlimit`, `fcntl`), which are async-signal-safe; `raw` stays open in
+    // the parent until `spawn` returned (the `OwnedFd` is moved into the closure below and
+    // dropped after it), so the forked child has it at the same number.
     unsafe {
         cmd.pre_exec(move || {
-            // Already at its place, the descriptor only needs its close-on-exec flag cleared.
-            let r = if raw == MAILBOX_FD {
-                libc::fcntl(raw, libc::F_SETFD, 0)
-            } else {
-                libc::dup2(raw, MAILBOX_FD)
-            };
-            if r < 0 {
+            close_on_exec_from(3);
+            // The mailbox alone survives the exec.
+            if libc::fcntl(raw, libc::F_SETFD, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -141,4 +140,29 @@ pub(crate) fn spawn(binary: &Path, chip: u32, mailbox: OwnedFd) -> std::io::Resu
         drop(mailbox);
         child
     })
+}
+
+/// Marks every descriptor from `first` up close-on-exec: in one `close_range` call (Linux
+/// 5.11), else one `fcntl` per number below the descriptor limit.
+///
+/// # Safety
+///
+/// Only for a forked child before `exec`: it changes descriptors other code may own.
+unsafe fn close_on_exec_from(first: u32) {
+    // SAFETY: plain integer arguments; the caller is a forked child about to exec.
+    let marked =
+        unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+    if marked == 0 {
+        return;
+    }
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `limit` is a valid out-pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    let end = i32::try_from(limit.rlim_cur).unwrap_or(i32::MAX);
+    for fd in first as i32..end {
+        // SAFETY: plain integer arguments; a number with no descriptor fails with EBADF.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
 }
