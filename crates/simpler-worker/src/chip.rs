@@ -203,6 +203,16 @@ impl ChipState {
 
     /// Drops one reference to `id`, removing it from the chip at the last.
     pub(crate) fn release(&mut self, id: &CallableId) -> Result<(), RegistrationFailure> {
+        self.release_or_refuse(id, false)
+    }
+
+    /// [`ChipState::release`]; with `refuse`, the device refuses the removal (a drill of PROCESS
+    /// mode, `ChildFault::RefuseOnRelease`).
+    pub(crate) fn release_or_refuse(
+        &mut self,
+        id: &CallableId,
+        refuse: bool,
+    ) -> Result<(), RegistrationFailure> {
         if let Some(p) = &mut self.process {
             return p.release(id);
         }
@@ -212,7 +222,7 @@ impl ChipState {
             return Ok(());
         }
         let slot = p.slot;
-        let removed = if self.faults.hit(self.chip, Fault::Unregister) {
+        let removed = if refuse || self.faults.hit(self.chip, Fault::Unregister) {
             Err(injected("unregister_callable"))
         } else {
             self.runner()?.unregister_callable(slot)

@@ -3,7 +3,7 @@
 //! start failures (a child wedged in a registration during start among them), a child dying
 //! during a registration, a restart whose chip refuses content it held, refused content, host
 //! buffers on chip tasks (and a child dying while one comes back), a wild reply refused as a
-//! protocol failure, no descriptor of the worker's inherited but the mailbox, chip processes
+//! protocol failure, content whose removal failed unusable as in THREAD mode, no descriptor of the worker's inherited but the mailbox, chip processes
 //! of a killed
 //! worker exiting on their own; each test counts what could leak (zombies, descriptors,
 //! threads).
@@ -135,6 +135,30 @@ fn chip_processes_serve_runs_and_memory_and_finalize_on_close() {
     assert_eq!(w.chip_callable_refs(WorkerId(0), add_callable(0).id()).unwrap(), 1);
     w.close().expect("close");
     assert!(pids.iter().all(|&p| !exists(p)), "every chip process was reaped");
+    assert_eq!(mailboxes(), 0);
+}
+
+#[test]
+fn content_whose_removal_the_chip_refused_is_unusable_there_as_with_a_chip_in_this_process() {
+    let _serial = serial();
+    let w = process_host(&[0], options()).start().expect("start");
+    let c = add_callable(0);
+    let h = w.register_chip(&c).expect("register");
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::RefuseOnRelease).unwrap());
+    match w.unregister(h).expect_err("the removal is refused") {
+        WorkerError::Registration { chip, rollback_failed, .. } => {
+            assert_eq!((chip, rollback_failed), (WorkerId(0), vec![WorkerId(0)]));
+        }
+        other => panic!("unexpected {other}"),
+    }
+    match w.register_chip(&c).expect_err("unusable on chip 0") {
+        WorkerError::CallableUnusable { chip, callable } => {
+            assert_eq!((chip, callable.as_str()), (WorkerId(0), "add_0"));
+        }
+        other => panic!("unexpected {other}"),
+    }
+    assert_eq!(w.chip_callable_refs(WorkerId(0), c.id()).unwrap(), 0);
+    w.close().expect("close");
     assert_eq!(mailboxes(), 0);
 }
 

@@ -327,8 +327,14 @@ impl Child {
             op::RELEASE => {
                 let digest = r.digest().map_err(malformed)?;
                 let Some(id) = self.contents.get(&digest).copied() else { return Ok(()) };
-                let released = state.release(&id);
-                if state.refs(&id) == 0 {
+                // Fault 11 makes the chip refuse the removal.
+                let refuse = self.fault == 11;
+                if refuse {
+                    self.fault = 0;
+                }
+                let released = state.release_or_refuse(&id, refuse);
+                // Content whose removal failed stays known as unusable, so that `QUERY` says so.
+                if state.refs(&id) == 0 && !state.is_unusable(&id) {
                     self.contents.remove(&digest);
                 }
                 released.map_err(|e| registration_frame(&e, device_frame))?;

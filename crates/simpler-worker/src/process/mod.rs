@@ -344,6 +344,9 @@ pub enum ChildFault {
     /// The next allocation answers an address whose range does not fit in 64 bits, as a
     /// corrupted reply would (armed now, not at the next run).
     WildMalloc,
+    /// The chip refuses the next removal of content, which stays on the device and unusable
+    /// there (armed now, not at the next run).
+    RefuseOnRelease,
 }
 
 /// The main function of the `simpler-chip-child` binary; returns its exit status.

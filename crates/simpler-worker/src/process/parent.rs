@@ -533,21 +533,32 @@ impl ChipProcess {
         let Some(digest) = self.digests.get(id).copied() else { return Ok(()) };
         self.out.0.clear();
         self.out.0.extend_from_slice(&digest);
+        let mut last = false;
         if let Some((_, refs)) = self.held.get_mut(&digest) {
             *refs -= 1;
             if *refs == 0 {
                 self.held.remove(&digest);
-                self.digests.remove(id);
+                last = true;
             }
         }
         if self.live.is_none() && self.opts.on_death == OnChildDeath::Restart {
             // No process holds the reference: the restart prepares what `held` says now, which
             // no longer counts it. Sending the release would restart the process with that
             // count and then drop one reference more.
+            if last {
+                self.digests.remove(id);
+            }
             return Ok(());
         }
         match self.call(op::RELEASE, "release", None)? {
-            status::OK => Ok(()),
+            status::OK => {
+                if last {
+                    self.digests.remove(id);
+                }
+                Ok(())
+            }
+            // The digest stays known: the process holds the content as unusable, and a
+            // registration asks it so (`is_unusable`).
             _ => {
                 let f = self.failure_frame()?;
                 Err(self.refusal(f))
@@ -788,6 +799,7 @@ impl ChipProcess {
             super::ChildFault::HangOnRegister => 8,
             super::ChildFault::RefuseOnRegister => 9,
             super::ChildFault::WildMalloc => 10,
+            super::ChildFault::RefuseOnRelease => 11,
         });
         self.call(op::ARM_FAULT, "arm fault", None).map(|_| ())
     }
