@@ -629,6 +629,19 @@ fn a_child_stuck_in_shutdown_is_killed_after_the_deadline_named_and_does_not_del
     assert_eq!(mailboxes(), 0);
 }
 
+#[test]
+fn a_child_that_hangs_after_saying_it_exits_is_killed_at_the_shutdown_deadline_and_named() {
+    let _serial = serial();
+    let opts = options().shutdown_timeout(Duration::from_millis(300));
+    let w = process_host(&[0], opts).start().expect("start");
+    let pid = w.chip_process_id(WorkerId(0)).unwrap().unwrap();
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::HangAfterExit).unwrap());
+    let text = w.close().expect_err("chip 0 did not exit").to_string();
+    assert!(text.contains("did not exit") && text.contains(&pid.to_string()), "{text}");
+    assert!(!exists(pid), "reaped");
+    assert_eq!(mailboxes(), 0);
+}
+
 /// Floats of the host-buffer tests: 160 KB per buffer, several mailbox payloads each way.
 const BIG: usize = 40_000;
 

@@ -255,6 +255,12 @@ impl Child {
                     }
                     let _ = self.mailbox.write_reply(status::OK, self.last_seq, &self.out.0);
                     self.mailbox.publish(state::EXITED);
+                    // Fault 12: the process hangs after it said it exits.
+                    if self.fault == 12 {
+                        loop {
+                            std::thread::sleep(Duration::from_secs(1));
+                        }
+                    }
                     return 0;
                 }
                 other => {

@@ -347,6 +347,9 @@ pub enum ChildFault {
     /// The chip refuses the next removal of content, which stays on the device and unusable
     /// there (armed now, not at the next run).
     RefuseOnRelease,
+    /// The process finalizes its chip and says it exits when asked to shut down, and then
+    /// hangs instead (armed now, not at the next run).
+    HangAfterExit,
 }
 
 /// The main function of the `simpler-chip-child` binary; returns its exit status.

@@ -314,17 +314,24 @@ impl ChipProcess {
         Some(exit)
     }
 
-    /// Waits for a process that announced its exit (`INIT_FAILED`, `EXITED`) for a short
-    /// while, then kills its group; reaps it either way.
+    /// Waits for a process that announced its exit (`INIT_FAILED`) for a shutdown budget,
+    /// then kills its group; reaps it either way.
     fn reap_after_exit(&mut self) {
         let (until, _) = self.wait_deadline(self.opts.shutdown_timeout);
+        self.reap_after_exit_by(until);
+    }
+
+    /// Waits for a process that announced its exit until `until`, then kills its group; reaps
+    /// it either way. Whether it exited on its own.
+    fn reap_after_exit_by(&mut self, until: Option<Instant>) -> bool {
         while until.is_none_or(|u| Instant::now() < u) {
             if self.exited().is_some() || self.live.is_none() {
-                return;
+                return true;
             }
             std::thread::sleep(Duration::from_millis(1));
         }
         self.kill();
+        false
     }
 
     /// Kills the process group and reaps the process (nothing once it was reaped).
@@ -800,6 +807,7 @@ impl ChipProcess {
             super::ChildFault::RefuseOnRegister => 9,
             super::ChildFault::WildMalloc => 10,
             super::ChildFault::RefuseOnRelease => 11,
+            super::ChildFault::HangAfterExit => 12,
         });
         self.call(op::ARM_FAULT, "arm fault", None).map(|_| ())
     }
@@ -827,10 +835,20 @@ impl ChipProcess {
                     match (r.u8(), r.str()) {
                         (Ok(1), Ok(t)) => residue.push(Residue::Leaked(t.to_owned())),
                         (Ok(_), Ok(t)) => residue.push(Residue::Failed(t.to_owned())),
-                        _ => break,
+                        _ => {
+                            residue.push(Residue::Failed(format!(
+                                "chip {chip}: its process (pid {pid}) reported what its finalize left in a malformed reply"
+                            )));
+                            break;
+                        }
                     }
                 }
-                self.reap_after_exit();
+                // The same deadline: the exit counts against the shutdown's budget.
+                if !self.reap_after_exit_by(deadline) {
+                    residue.push(Residue::Failed(format!(
+                        "chip {chip}: its process (pid {pid}) finalized but did not exit within {budget:?}; its process group was killed"
+                    )));
+                }
                 return residue;
             }
             seen = s;
