@@ -22,11 +22,9 @@
 //! - `src/process/child.rs`: taking ownership of the inherited mailbox descriptor.
 //! - `src/remote/transport.rs` (feature `mpi`): setting MPI's errors-return handler, which the
 //!   `mpi` crate has no safe call for.
-//! - `src/remote/sends.rs` (feature `mpi`): nonblocking sends whose buffers the module owns
-//!   until MPI has completed them (the crate's scoped requests cannot outlive a loop
-//!   iteration).
-//! - `src/remote/receives.rs` (feature `mpi`): nonblocking receives of matched frames whose
-//!   buffers the module owns until MPI has completed them, for the same reason.
+//! - `src/remote/request.rs`, `src/remote/sends.rs` and `src/remote/receives.rs` (feature
+//!   `mpi`): nonblocking sends and receives whose buffers the module owns until MPI has
+//!   completed them (the crate's scoped requests cannot outlive a loop iteration).
 //!
 //! # Example
 //!

@@ -20,6 +20,7 @@ mod endpoint;
 mod error;
 mod frames;
 mod receives;
+mod request;
 mod sends;
 mod serve;
 mod tensors;
