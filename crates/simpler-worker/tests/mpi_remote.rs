@@ -23,8 +23,8 @@ use simpler_worker::remote::{
     ServedGraphs, TensorProblem, TensorRefusal, serve_l3,
 };
 use simpler_worker::{
-    CallableHandle, CompositeWorkerBuilder, DeviceBuffer, HostBuffer, Orchestration, StartCause,
-    Worker, WorkerError,
+    CallableHandle, CompositeWorkerBuilder, DeviceBuffer, HostBuffer, Orchestration, RunHandle,
+    StartCause, Worker, WorkerError,
 };
 
 const RANKS: &str = "3";
@@ -409,19 +409,27 @@ fn stalled_rank_does_not_silence_the_others(job: &MpiJob) -> Res {
         format!("rank 1's task failed while rank 2 was stalled ({:.2?}): {long:?}", t0.elapsed())
     })?;
     println!("rank 0: rank 1's {LONG_TASK:?} task succeeded while rank 2 was stalled");
-    let stalled = to_stalled.wait();
-    check(matches!(&stalled, Err(e) if e.to_string().contains("rank 2")), || {
+    after_the_stall(w, to_stalled, 2, stall_ends)?;
+    drop(big);
+    Ok(())
+}
+
+/// Checks that the task on the stalled `rank` failed naming it and that closing `w` blamed
+/// nobody else, then waits until the rank is awake again (the next session starts with the
+/// same short budget).
+fn after_the_stall(w: Worker, task: RunHandle, rank: i32, stall_ends: Instant) -> Res {
+    let stalled = task.wait();
+    let named = format!("rank {rank}");
+    check(matches!(&stalled, Err(e) if e.to_string().contains(&named)), || {
         format!("the task to the stalled rank gave {stalled:?}")
     })?;
-    drop(big);
     match w.close() {
-        Ok(()) => println!("rank 0: closed after the stalled rank"),
+        Ok(()) => println!("rank 0: closed after the stalled {named}"),
         Err(e) => {
-            check(e.to_string().contains("rank 2"), || format!("close blamed someone else: {e}"))?;
+            check(e.to_string().contains(&named), || format!("close blamed someone else: {e}"))?;
             println!("rank 0: close reported the stalled rank: {e}");
         }
     }
-    // The next session starts with the same short budget: let rank 2 wake up first.
     std::thread::sleep(stall_ends.saturating_duration_since(Instant::now()) + STALL_DELAY);
     Ok(())
 }
@@ -458,20 +466,8 @@ fn half_received_frame_does_not_silence_the_others(job: &MpiJob) -> Res {
     println!(
         "rank 0: rank 2's {LONG_TASK:?} task succeeded while a frame from rank 1 was half received"
     );
-    let stalled = to_stalling.wait();
-    check(matches!(&stalled, Err(e) if e.to_string().contains("rank 1")), || {
-        format!("the task whose reply stalled gave {stalled:?}")
-    })?;
+    after_the_stall(w, to_stalling, 1, stall_ends)?;
     drop(reply);
-    match w.close() {
-        Ok(()) => println!("rank 0: closed after the stalled reply"),
-        Err(e) => {
-            check(e.to_string().contains("rank 1"), || format!("close blamed someone else: {e}"))?;
-            println!("rank 0: close reported the stalled rank: {e}");
-        }
-    }
-    // The next session starts with the same short budget: let rank 1 wake up first.
-    std::thread::sleep(stall_ends.saturating_duration_since(Instant::now()) + STALL_DELAY);
     Ok(())
 }
 
