@@ -18,7 +18,8 @@
 //! - `src/process/mailbox.rs`: references to the atomics of the mapped mailbox and copies
 //!   into and out of its payload area, handed to one side at a time by the state word.
 //! - `src/process/spawn.rs`: the `pre_exec` hook that leaves the mailbox the only descriptor
-//!   the forked child keeps across `exec` (`close_range`/`getrlimit`/`fcntl` only).
+//!   the forked child keeps across `exec` (system calls only), and its fallback listing of
+//!   `/proc/self/fd`.
 //! - `src/process/child.rs`: taking ownership of the inherited mailbox descriptor.
 //! - `src/remote/transport.rs` (feature `mpi`): setting MPI's errors-return handler, which the
 //!   `mpi` crate has no safe call for.

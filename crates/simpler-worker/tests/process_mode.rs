@@ -143,9 +143,12 @@ fn content_whose_removal_the_chip_refused_is_unusable_there_as_with_a_chip_in_th
     let _serial = serial();
     let w = process_host(&[0], options()).start().expect("start");
     let c = add_callable(0);
-    let h = w.register_chip(&c).expect("register");
+    let (first, last) =
+        (w.register_chip(&c).expect("register"), w.register_chip(&c).expect("again"));
     assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::RefuseOnRelease).unwrap());
-    match w.unregister(h).expect_err("the removal is refused") {
+    // Dropping one of two references removes nothing: the drill waits for the removal.
+    w.unregister(first).expect("a reference dropped");
+    match w.unregister(last).expect_err("the removal is refused") {
         WorkerError::Registration { chip, rollback_failed, .. } => {
             assert_eq!((chip, rollback_failed), (WorkerId(0), vec![WorkerId(0)]));
         }
@@ -437,20 +440,26 @@ fn start_failures_name_the_binary_the_exit_status_or_the_deadline_and_reap_every
         assert!(matches!(e.cause, StartCause::DeadlineExceeded { .. }), "{e}");
     });
     assert!(!left, "the stuck subtree died as a group");
-    // A chip whose device does not attach in its process (no CANN install here): the device's
-    // failure stays typed behind the start error, as it does for a chip in this process.
-    let unattached = Worker::host(Platform::A2a3, RuntimeVariant::HostBuildGraph)
+    // A chip whose device does not attach in its process (an NPU where none is, or no
+    // onboard backend built): the device's failure stays typed behind the start error, as it
+    // does for a chip in this process. On a host with a real A2/A3 chip the start succeeds
+    // and there is nothing to check here.
+    let onboard = Worker::host(Platform::A2a3, RuntimeVariant::HostBuildGraph)
         .chips(&[0])
         .chip_mode(ChildMode::Process)
         .process_options(options())
-        .start()
-        .expect_err("no device to attach");
-    let device =
-        std::error::Error::source(&unattached).and_then(|s| s.downcast_ref::<ChildError>());
-    assert!(
-        matches!(device, Some(ChildError::Device { chip: WorkerId(0), run: None, .. })),
-        "{unattached}: {device:?}"
-    );
+        .start();
+    match onboard {
+        Ok(w) => w.close().expect("close"),
+        Err(unattached) => {
+            let device =
+                std::error::Error::source(&unattached).and_then(|s| s.downcast_ref::<ChildError>());
+            assert!(
+                matches!(device, Some(ChildError::Device { chip: WorkerId(0), run: None, .. })),
+                "{unattached}: {device:?}"
+            );
+        }
+    }
     assert_eq!(mailboxes(), 0);
 }
 

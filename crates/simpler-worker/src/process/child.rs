@@ -333,8 +333,8 @@ impl Child {
             op::RELEASE => {
                 let digest = r.digest().map_err(malformed)?;
                 let Some(id) = self.contents.get(&digest).copied() else { return Ok(()) };
-                // Fault 11 makes the chip refuse the removal.
-                let refuse = self.fault == 11;
+                // Fault 11 makes the chip refuse the removal (the release of the last reference).
+                let refuse = self.fault == 11 && state.refs(&id) == 1;
                 if refuse {
                     self.fault = 0;
                 }
@@ -379,7 +379,7 @@ impl Child {
                 // Fault 10 answers a wild address instead (the allocation stays the chip's).
                 let addr = if self.fault == 10 {
                     self.fault = 0;
-                    u64::MAX - 7
+                    u64::MAX
                 } else {
                     addr
                 };

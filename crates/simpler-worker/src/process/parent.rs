@@ -42,6 +42,9 @@ pub(super) enum MemFailure {
 /// How long a killed chip process is waited for before a thread of its own reaps it: a process
 /// in an uninterruptible device call dies only once that call returns.
 const REAP_AFTER_KILL: Duration = Duration::from_secs(2);
+/// The least time a process that stored `EXITED` gets to exit, however late in its shutdown
+/// budget it stored it.
+const EXIT_GRACE: Duration = Duration::from_millis(100);
 
 /// A running chip process.
 struct Live {
@@ -792,7 +795,7 @@ impl ChipProcess {
         }
     }
 
-    /// Arms `fault` for the process's next run.
+    /// Arms `fault` in the process: for its next run, or now, as the fault says.
     #[cfg(feature = "sim")]
     pub(crate) fn arm(&mut self, fault: super::ChildFault) -> Result<(), ChildError> {
         self.out.0.clear();
@@ -830,21 +833,28 @@ impl ChipProcess {
             if s == state::EXITED {
                 live.mailbox.read_payload(&mut self.reply);
                 let mut r = Reader(&self.reply);
-                let n = r.u32().unwrap_or(0);
-                for _ in 0..n {
-                    match (r.u8(), r.str()) {
-                        (Ok(1), Ok(t)) => residue.push(Residue::Leaked(t.to_owned())),
-                        (Ok(_), Ok(t)) => residue.push(Residue::Failed(t.to_owned())),
-                        _ => {
-                            residue.push(Residue::Failed(format!(
-                                "chip {chip}: its process (pid {pid}) reported what its finalize left in a malformed reply"
-                            )));
-                            break;
-                        }
+                let decoded = (|| {
+                    for _ in 0..r.u32().ok()? {
+                        residue.push(match (r.u8().ok()?, r.str().ok()?) {
+                            (1, t) => Residue::Leaked(t.to_owned()),
+                            (_, t) => Residue::Failed(t.to_owned()),
+                        });
                     }
+                    Some(())
+                })();
+                if decoded.is_none() {
+                    residue.push(Residue::Failed(format!(
+                        "chip {chip}: its process (pid {pid}) reported what its finalize left in a malformed reply"
+                    )));
                 }
-                // The same deadline: the exit counts against the shutdown's budget.
-                if !self.reap_after_exit_by(deadline) {
+                // The same deadline (the exit counts against the shutdown's budget), but never
+                // less than a short grace after `EXITED`.
+                let grace = Instant::now().checked_add(EXIT_GRACE);
+                let until = match (deadline, grace) {
+                    (Some(d), Some(g)) => Some(d.max(g)),
+                    (d, _) => d,
+                };
+                if !self.reap_after_exit_by(until) {
                     residue.push(Residue::Failed(format!(
                         "chip {chip}: its process (pid {pid}) finalized but did not exit within {budget:?}; its process group was killed"
                     )));

@@ -122,12 +122,12 @@ pub(crate) fn spawn(binary: &Path, chip: u32, mailbox: OwnedFd) -> std::io::Resu
         .stdin(Stdio::null())
         .process_group(0);
     // SAFETY: the hook runs in the forked child before `exec` and only makes system calls
-    // (`close_range`, `getrlimit`, `fcntl`), which are async-signal-safe; `raw` stays open in
-    // the parent until `spawn` returned (the `OwnedFd` is moved into the closure below and
-    // dropped after it), so the forked child has it at the same number.
+    // (`close_range`, else `open`, `getdents64`, `fcntl` and `close`), allocating nothing;
+    // `raw` stays open in the parent until `spawn` returned (the `OwnedFd` is moved into the
+    // closure below and dropped after it), so the forked child has it at the same number.
     unsafe {
         cmd.pre_exec(move || {
-            close_on_exec_from(3);
+            close_on_exec_from(3)?;
             // The mailbox alone survives the exec.
             if libc::fcntl(raw, libc::F_SETFD, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
@@ -143,26 +143,83 @@ pub(crate) fn spawn(binary: &Path, chip: u32, mailbox: OwnedFd) -> std::io::Resu
 }
 
 /// Marks every descriptor from `first` up close-on-exec: in one `close_range` call (Linux
-/// 5.11), else one `fcntl` per number below the descriptor limit.
-///
-/// # Safety
-///
-/// Only for a forked child before `exec`: it changes descriptors other code may own.
-unsafe fn close_on_exec_from(first: u32) {
-    // SAFETY: plain integer arguments; the caller is a forked child about to exec.
+/// 5.11), else one `fcntl` per descriptor `/proc/self/fd` lists. System calls only, no
+/// allocation: it runs in a forked child before `exec`.
+fn close_on_exec_from(first: u32) -> std::io::Result<()> {
+    // SAFETY: plain integer arguments.
     let marked =
         unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
     if marked == 0 {
-        return;
+        return Ok(());
     }
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `limit` is a valid out-pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return;
+    mark_listed_from(i32::try_from(first).unwrap_or(i32::MAX))
+}
+
+/// Marks every open descriptor from `first` up close-on-exec, as `/proc/self/fd` lists them
+/// (`getdents64` into a buffer on the stack).
+fn mark_listed_from(first: i32) -> std::io::Result<()> {
+    // The fixed part of a `linux_dirent64`: inode, offset, record length, type; the name follows.
+    const NAME_AT: usize = 19;
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    // SAFETY: a NUL-terminated path and plain flags.
+    let dir = unsafe { libc::open(c"/proc/self/fd".as_ptr(), flags) };
+    if dir < 0 {
+        return Err(std::io::Error::last_os_error());
     }
-    let end = i32::try_from(limit.rlim_cur).unwrap_or(i32::MAX);
-    for fd in first as i32..end {
-        // SAFETY: plain integer arguments; a number with no descriptor fails with EBADF.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let mut buf = [0u8; 2048];
+    let listed = loop {
+        // SAFETY: `buf` is valid for writes of its whole length.
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, dir, buf.as_mut_ptr(), buf.len()) };
+        let Ok(n) = usize::try_from(n) else { break Err(std::io::Error::last_os_error()) };
+        if n == 0 {
+            break Ok(());
+        }
+        let mut at = 0;
+        while at + NAME_AT <= n {
+            let len = usize::from(u16::from_ne_bytes([buf[at + 16], buf[at + 17]]));
+            if len < NAME_AT || at + len > n {
+                break;
+            }
+            // Entries are descriptor numbers, besides "." and "..".
+            let mut name = buf[at + NAME_AT..at + len].iter().take_while(|&&b| b != 0);
+            let fd = name.try_fold(0i32, |fd, &b| {
+                let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
+                fd.checked_mul(10)?.checked_add(i32::from(digit))
+            });
+            if let Some(fd) = fd.filter(|&fd| fd >= first && fd != dir) {
+                // SAFETY: plain integer arguments.
+                unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+            }
+            at += len;
+        }
+    };
+    // SAFETY: `dir` is the descriptor opened above, closed once.
+    unsafe { libc::close(dir) };
+    listed
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{AsFd, AsRawFd};
+
+    use super::*;
+
+    #[test]
+    fn the_listing_fallback_marks_every_descriptor_from_the_first_close_on_exec() {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        let (low, high) = if reader.as_raw_fd() < writer.as_raw_fd() {
+            (reader.as_fd(), writer.as_fd())
+        } else {
+            (writer.as_fd(), reader.as_fd())
+        };
+        for fd in [low, high] {
+            rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty()).expect("unmarked");
+        }
+        // Only descriptors from the higher one up: the rest of the test process is untouched.
+        mark_listed_from(high.as_raw_fd()).expect("listed");
+        let marked =
+            |fd| rustix::io::fcntl_getfd(fd).expect("flags").contains(rustix::io::FdFlags::CLOEXEC);
+        assert!(marked(high), "the descriptor at the first number is marked");
+        assert!(!marked(low), "a descriptor below it is not");
     }
 }

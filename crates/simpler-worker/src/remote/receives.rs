@@ -58,8 +58,8 @@ impl Arriving {
         Ok(Arriving { request, from })
     }
 
-    /// The frame's bytes once MPI has received all of them; `None` while it has not (and
-    /// after they were handed out).
+    /// The frame's bytes once MPI has received all of them (called again after that, an
+    /// empty buffer); `None` while it has not.
     pub(super) fn poll(&mut self) -> Result<Option<Vec<u8>>, RemoteError> {
         if !self.request.test()? {
             return Ok(None);

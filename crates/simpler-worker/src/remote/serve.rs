@@ -162,7 +162,8 @@ impl Rank0<'_> {
     /// lost, or rank 0 stays silent past the liveness budget.
     fn next(&self) -> Result<Packet, RemoteError> {
         loop {
-            match self.inbox.recv_timeout(WAIT_SLICE.min(self.liveness / 4)) {
+            let slice = (self.liveness / 4).clamp(Duration::from_millis(1), WAIT_SLICE);
+            match self.inbox.recv_timeout(slice) {
                 Ok(p) => return Ok(p),
                 Err(RecvTimeoutError::Timeout) if !self.t.is_stopped() => {
                     if let Some(e) = self.t.lost_frame(0) {

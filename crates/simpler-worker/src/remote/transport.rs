@@ -19,9 +19,9 @@
 //!    order they arrived, so a large frame from one rank, however slow its bytes, delays no
 //!    ping or pong and no frame from another rank. The health communicator's frames are a few
 //!    bytes and are received at once. While a data frame is being sent or received the loop
-//!    stays hot;
-//!    otherwise, idle, it yields for a short while, then parks on the command channel with a
-//!    timeout that grows to 1 ms.
+//!    never parks, but yields between polls when nothing moved (a frame stuck behind a stalled
+//!    peer leaves the core to others); otherwise, idle, it yields for a short while, then parks
+//!    on the command channel with a timeout that grows to 1 ms.
 //! 4. Leaving the loop, it gives the frames still being sent or received a short grace to
 //!    complete (a `Shutdown` reply, say), then frees their requests.
 //! 5. `Finalize` (from `MpiJob::finalize` or its drop) leaves the loop and finalizes MPI on
@@ -392,9 +392,7 @@ fn serve_loop(
     let mut receiving: Vec<Arriving> = Vec::new();
     let mut stall_after_send = None;
     loop {
-        // A data frame still on its way keeps the loop hot: some transports move its bytes
-        // only inside MPI calls, so parking between tests would slow it.
-        let mut busy = poll_sends(shared, &mut sending) || sending.iter().any(|f| !f.health);
+        let mut busy = poll_sends(shared, &mut sending);
         let mut pending = Vec::new();
         while let Ok(c) = cmd_rx.try_recv() {
             pending.push(c);
@@ -414,7 +412,7 @@ fn serve_loop(
                 Err(e) => lose_received(shared, from, e),
             }
         }
-        busy |= poll_receives(shared, &mut receiving) || !receiving.is_empty();
+        busy |= poll_receives(shared, &mut receiving);
         while let Some(probed) = health.any_process().immediate_matched_probe() {
             busy = true;
             let (bytes, status) = probed.matched_receive_vec::<u8>();
@@ -448,6 +446,13 @@ fn serve_loop(
         }
         if busy {
             last_activity = Instant::now();
+            continue;
+        }
+        // A data frame still on its way keeps the loop from parking, as some transports move
+        // its bytes only inside MPI calls; it yields between polls, so that a frame stuck
+        // behind a stalled peer leaves the core to whoever else needs it.
+        if sending.iter().any(|f| !f.health) || !receiving.is_empty() {
+            std::thread::yield_now();
             continue;
         }
         let idle = last_activity.elapsed();

@@ -151,6 +151,25 @@ fn every_frame_round_trips() {
     ] {
         round_trip(p);
     }
+    // Every kind of a run failure keeps its code.
+    for kind in [
+        RemoteRunKind::TaskFailed,
+        RemoteRunKind::EndpointFailed,
+        RemoteRunKind::DeviceFault,
+        RemoteRunKind::Timeout,
+        RemoteRunKind::Capacity,
+        RemoteRunKind::SubmissionFailed,
+        RemoteRunKind::Aborted,
+        RemoteRunKind::CleanupFailed,
+        RemoteRunKind::Internal,
+        RemoteRunKind::Refused,
+    ] {
+        let failure = RemoteRunFailure::Run { kind, message: "m".into() };
+        round_trip(Packet::Completion {
+            seq: 1,
+            outcome: Outcome::RunFailed { level: 3, failure },
+        });
+    }
 }
 
 #[test]
