@@ -4,7 +4,8 @@
 //! Run without MPI's launcher, the binary launches itself twice under `mpirun` and checks
 //! the jobs' exit codes: the conformance job (a remote task on each L3, a remote task error
 //! with its rank frame, a stalled rank that does not silence the others while a large frame
-//! waits for it, nor while a large frame from it is half received, a hung rank failing its runs within the liveness budget, a manifest
+//! waits for it, nor while a large frame from it is half received, a damaged reply failing its
+//! task while the session still closes cleanly, a hung rank failing its runs within the liveness budget, a manifest
 //! mismatch refusing start, clean shutdown of every rank, serving ranks giving a silent rank 0
 //! up) must exit 0; the killed-rank job
 //! (rank 2 aborts in a task) must exit non-zero within its budget instead of hanging.
@@ -37,7 +38,7 @@ const STALL: Duration = Duration::from_secs(5);
 const N: usize = 1024;
 
 /// The graphs every rank registers, in this order (rank 2 renames one in the mismatch case).
-const GRAPHS: [&str; 12] = [
+const GRAPHS: [&str; 13] = [
     "setup",
     "compute",
     "verify",
@@ -50,6 +51,7 @@ const GRAPHS: [&str; 12] = [
     "sleep",
     "stall_mid_reply",
     "build_fails",
+    "corrupt_reply",
 ];
 /// How long after answering `stall_soon` the rank's MPI thread stalls.
 const STALL_DELAY: Duration = Duration::from_millis(300);
@@ -293,6 +295,7 @@ fn conformance_rank0(job: &MpiJob) -> Res {
     host_buffers_across_hosts(job)?;
     stalled_rank_does_not_silence_the_others(job)?;
     half_received_frame_does_not_silence_the_others(job)?;
+    damaged_frame_fails_its_task_and_the_session_still_closes(job)?;
 
     // A hung rank: rank 2's MPI thread stops answering; its run fails within the budget
     // while rank 1 keeps working.
@@ -471,6 +474,27 @@ fn half_received_frame_does_not_silence_the_others(job: &MpiJob) -> Res {
     Ok(())
 }
 
+/// Rank 1's reply to a task arrives damaged (it does not decode): that task fails with a
+/// protocol error naming rank 1, and closing the worker still gets rank 1's confirmation of its
+/// shutdown instead of reporting its worker leaked.
+fn damaged_frame_fails_its_task_and_the_session_still_closes(job: &MpiJob) -> Res {
+    let (b, h) = l4(job, Duration::from_secs(10));
+    let w = b.start()?;
+    let e = match w.run(on_child(h[12], 0)) {
+        Err(WorkerError::Run(e)) => e,
+        other => return Err(format!("the damaged reply gave {other:?}").into()),
+    };
+    let remote = e.frames().iter().find_map(|f| f.remote_error()).cloned();
+    check(matches!(remote, Some(RemoteError::Protocol { rank: 1, .. })), || {
+        format!("the damaged reply failed its task with {e} ({remote:?})")
+    })?;
+    w.run(on_child(h[0], 1))?;
+    let closed = w.close();
+    check(closed.is_ok(), || format!("close after a damaged frame: {closed:?}"))?;
+    println!("rank 0: a damaged reply failed its task ({e}); the session closed cleanly");
+    Ok(())
+}
+
 /// Host buffers of rank 0 cross hosts: on each remote L3 a task reads two of them and writes
 /// the first half of a third (InOut), whose chip lane stages them there; a sub task of rank 0
 /// ordered after it by that buffer checks the sum and that the other half kept its bytes.
@@ -621,7 +645,7 @@ fn killed_rank0(job: &MpiJob) -> Res {
 fn conformance_serving(job: &Arc<MpiJob>) -> Res {
     // Remote tasks and errors; host buffers; a stalled rank 2 not silencing rank 1; the hung
     // rank.
-    for _ in 0..5 {
+    for _ in 0..6 {
         serve(job, &GRAPHS)?;
     }
     let mut renamed = GRAPHS;
@@ -676,14 +700,14 @@ fn conformance_serving(job: &Arc<MpiJob>) -> Res {
 }
 
 /// One session: an L3 worker with one simulated chip and one sub worker, serving `names`.
-fn serve(job: &Arc<MpiJob>, names: &[&str; 12]) -> Result<(), ServeError> {
+fn serve(job: &Arc<MpiJob>, names: &[&str; 13]) -> Result<(), ServeError> {
     serve_within(job, names, DEFAULT_LIVENESS)
 }
 
 /// [`serve`], giving the session up when rank 0 stays silent past `liveness`.
 fn serve_within(
     job: &Arc<MpiJob>,
-    names: &[&str; 12],
+    names: &[&str; 13],
     liveness: Duration,
 ) -> Result<(), ServeError> {
     let rank = job.rank();
@@ -703,6 +727,13 @@ fn serve_within(
             let _ = j.stall_for(STALL);
         });
         Ok(())
+    });
+    let j = Arc::clone(job);
+    // The reply goes out damaged, and then this rank's MPI thread stalls for a second, so that
+    // rank 0's shutdown of the session waits past its first slice for the confirmation.
+    let corrupt_reply = b.register_host("corrupt_reply", move |_| {
+        j.corrupt_next_send()?;
+        Ok(j.stall_after_next_send(Duration::from_secs(1))?)
     });
     let j = Arc::clone(job);
     let stall_mid_reply =
@@ -775,6 +806,10 @@ fn serve_within(
         Ok(())
     });
     graphs.register(names[11], move |_, _, _| Err(format!("no build on rank {rank}").into()));
+    graphs.register(names[12], move |g, _, _| {
+        g.submit_sub(corrupt_reply, TaskArgs::new())?;
+        Ok(())
+    });
     // Registered by rank 0 after start (the host-buffer session); rank 2 lacks "only_on_1".
     graphs.register_later("late", |_, _, _| Ok(()));
     if rank == 1 {

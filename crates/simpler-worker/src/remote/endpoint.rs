@@ -177,6 +177,7 @@ impl Adoption {
         let manifest = session.wait(
             deadline,
             None,
+            0,
             |p| matches!(p, Packet::Manifest { session, .. } if *session == nonce),
         );
         let (host, entries, start_error) = match manifest {
@@ -393,11 +394,13 @@ pub(crate) struct Session {
 
 impl Session {
     /// Waits for a frame `want` accepts (others are logged and skipped) until `deadline`,
-    /// failing when the rank stays silent past its liveness budget.
+    /// failing when the rank stays silent past its liveness budget or a frame to or from it is
+    /// lost (beyond the `lost_before` lost when the wait's request was sent).
     fn wait(
         &self,
         deadline: Option<Instant>,
         task: Option<&DispatchedMember<'_>>,
+        lost_before: u64,
         want: impl Fn(&Packet) -> bool,
     ) -> Result<Packet, Waited> {
         let slice = (self.liveness / 8).clamp(Duration::from_millis(1), Duration::from_millis(50));
@@ -413,7 +416,9 @@ impl Session {
                     return Err(Waited::Failed(RemoteError::Finalized));
                 }
             }
-            if let Some(e) = self.transport.lost_frame(self.rank) {
+            if self.transport.lost_count(self.rank) > lost_before
+                && let Some(e) = self.transport.lost_frame(self.rank)
+            {
                 return Err(Waited::Failed(e));
             }
             if self.transport.silent_for(self.rank) > self.liveness {
@@ -478,7 +483,7 @@ impl Session {
         let packet = Packet::Task { seq, graph, config: task.config.clone(), args };
         self.transport.send(self.rank, &packet)?;
         let wanted = |p: &Packet| matches!(p, Packet::Completion { seq: s, .. } if *s == seq);
-        match self.wait(None, Some(task), wanted) {
+        match self.wait(None, Some(task), 0, wanted) {
             Ok(Packet::Completion { outcome: Outcome::Ok { written }, .. }) => {
                 back.write_back(self.rank, &written)?;
                 Ok(Outcome::Ok { written: Vec::new() })
@@ -516,6 +521,7 @@ impl Session {
         match self.wait(
             deadline,
             None,
+            0,
             |p| matches!(p, Packet::Prepared { seq: s, .. } if *s == seq),
         ) {
             Ok(Packet::Prepared { refusal: None, .. }) => Ok(()),
@@ -542,10 +548,14 @@ impl Session {
             self.end();
             return residue;
         }
+        // A frame lost earlier in the session (a damaged reply) does not keep the rank from
+        // answering `Shutdown`: only one lost from now on ends this wait early.
+        let lost_before = self.transport.lost_count(rank);
         match self.transport.send(rank, &Packet::Shutdown) {
             Ok(()) => {
                 let deadline = Instant::now().checked_add(SHUTDOWN_BUDGET);
-                match self.wait(deadline, None, |p| matches!(p, Packet::ShutdownDone { .. })) {
+                let done = |p: &Packet| matches!(p, Packet::ShutdownDone { .. });
+                match self.wait(deadline, None, lost_before, done) {
                     Ok(Packet::ShutdownDone { errors }) => {
                         residue.extend(errors.into_iter().map(|e| {
                             Residue::Failed(format!("rank {rank} ({}): close: {e}", self.host))

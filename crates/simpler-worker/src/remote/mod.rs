@@ -94,6 +94,12 @@ impl MpiJob {
         self.transport.stall_after_next_send(d)
     }
 
+    /// Makes this rank's next frame arrive damaged (it does not decode): a drill for the rank
+    /// that receives it, whose waits on this rank then fail with `RemoteError::Protocol`.
+    pub fn corrupt_next_send(&self) -> Result<(), RemoteError> {
+        self.transport.corrupt_next_send()
+    }
+
     /// Finalizes MPI and joins the MPI thread.
     pub fn finalize(self) -> Result<(), RemoteError> {
         self.transport.finalize()

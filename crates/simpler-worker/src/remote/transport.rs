@@ -77,6 +77,9 @@ enum Command {
     /// Start the next data frame's send, then stall (a drill: a host hanging part way
     /// through sending a frame).
     StallAfterNextSend(Duration),
+    /// Corrupt the next data frame so that it does not decode (a drill: a frame damaged on
+    /// its way, or from a peer of another frame version).
+    CorruptNextSend,
     Finalize,
 }
 
@@ -92,10 +95,10 @@ struct Shared {
     /// Per rank: ping interval in nanoseconds; 0 = not watched.
     ping_every: Vec<AtomicU64>,
     inboxes: Mutex<Vec<Inbox>>,
-    /// Per rank: the first frame lost since its session opened, one from it that did not
-    /// decode or one to it that MPI refused. Which task's frame it was is unknown, so every
-    /// wait on that rank fails with it rather than waiting for a reply that will not come.
-    lost: Mutex<Vec<Option<RemoteError>>>,
+    /// Per rank: the frames lost since its session opened, ones from it that did not decode
+    /// or ones to it that MPI refused. Which task's frame it was is unknown, so every wait on
+    /// that rank fails with the first rather than waiting for a reply that will not come.
+    lost: Mutex<Vec<Lost>>,
     /// Set by the MPI thread when it leaves its loop (finalized or failed).
     stopped: AtomicBool,
 }
@@ -116,7 +119,7 @@ impl Shared {
             inboxes: Mutex::new(
                 per_rank.clone().map(|_| Inbox::Closed(Default::default())).collect(),
             ),
-            lost: Mutex::new(per_rank.map(|_| None).collect()),
+            lost: Mutex::new(per_rank.map(|_| Lost::default()).collect()),
             stopped: AtomicBool::new(false),
         }
     }
@@ -125,18 +128,36 @@ impl Shared {
         self.epoch.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
     }
 
-    /// The error of the first frame lost to or from `rank` since its session opened.
-    fn lost_frame(&self, rank: i32) -> Option<RemoteError> {
-        self.lost.lock().get(usize::try_from(rank).ok()?)?.clone()
-    }
-
-    /// Records `e` as the frame lost to or from `rank`, unless one is recorded already.
-    fn lose_frame(&self, rank: i32, e: RemoteError) {
-        let mut lost = self.lost.lock();
-        if let Some(slot @ None) = usize::try_from(rank).ok().and_then(|r| lost.get_mut(r)) {
-            *slot = Some(e);
+    /// The error of the first frame lost to or from `rank` since its session opened, and how
+    /// many were lost.
+    fn lost_frames(&self, rank: i32) -> (Option<RemoteError>, u64) {
+        let lost = self.lost.lock();
+        match usize::try_from(rank).ok().and_then(|r| lost.get(r)) {
+            Some(l) => (l.first.clone(), l.count),
+            None => (None, 0),
         }
     }
+
+    /// The error of the first frame lost to or from `rank` since its session opened.
+    fn lost_frame(&self, rank: i32) -> Option<RemoteError> {
+        self.lost_frames(rank).0
+    }
+
+    /// Records `e` as a frame lost to or from `rank` (the first one's error is kept).
+    fn lose_frame(&self, rank: i32, e: RemoteError) {
+        let mut lost = self.lost.lock();
+        if let Some(l) = usize::try_from(rank).ok().and_then(|r| lost.get_mut(r)) {
+            l.first.get_or_insert(e);
+            l.count += 1;
+        }
+    }
+}
+
+/// The frames lost to or from one rank since its session opened.
+#[derive(Default)]
+struct Lost {
+    first: Option<RemoteError>,
+    count: u64,
 }
 
 /// This rank's handle on the MPI thread.
@@ -231,7 +252,7 @@ impl Transport {
         }
         *slot = Inbox::Open(tx);
         if let Some(lost) = self.shared.lost.lock().get_mut(rank as usize) {
-            *lost = None;
+            *lost = Lost::default();
         }
         Ok(rx)
     }
@@ -283,6 +304,11 @@ impl Transport {
         self.shared.lost_frame(rank)
     }
 
+    /// How many frames to or from `rank` were lost since its inbox opened.
+    pub(crate) fn lost_count(&self, rank: i32) -> u64 {
+        self.shared.lost_frames(rank).1
+    }
+
     /// Whether the MPI thread has left its loop.
     pub(crate) fn is_stopped(&self) -> bool {
         self.shared.stopped.load(Ordering::Acquire)
@@ -296,6 +322,11 @@ impl Transport {
     /// Makes the MPI thread start sending the next data frame and then answer nothing for `d`.
     pub(crate) fn stall_after_next_send(&self, d: Duration) -> Result<(), RemoteError> {
         self.command(Command::StallAfterNextSend(d))
+    }
+
+    /// Makes the MPI thread send the next data frame with its version bytes inverted.
+    pub(crate) fn corrupt_next_send(&self) -> Result<(), RemoteError> {
+        self.command(Command::CorruptNextSend)
     }
 
     /// Finalizes MPI (step 4) and joins the thread; a second call does nothing.
@@ -390,7 +421,7 @@ fn serve_loop(
     let mut last_activity = Instant::now();
     let mut sending: Vec<InFlight> = Vec::new();
     let mut receiving: Vec<Arriving> = Vec::new();
-    let mut stall_after_send = None;
+    let mut drills = Drills::default();
     loop {
         let mut busy = poll_sends(shared, &mut sending);
         let mut pending = Vec::new();
@@ -399,7 +430,7 @@ fn serve_loop(
         }
         for c in pending {
             busy = true;
-            if !run_command(world, health, shared, &mut sending, &mut stall_after_send, c) {
+            if !run_command(world, health, shared, &mut sending, &mut drills, c) {
                 return drain(shared, &mut sending, &mut receiving);
             }
         }
@@ -465,7 +496,7 @@ fn serve_loop(
         match cmd_rx.recv_timeout(park) {
             Ok(c) => {
                 last_activity = Instant::now();
-                if !run_command(world, health, shared, &mut sending, &mut stall_after_send, c) {
+                if !run_command(world, health, shared, &mut sending, &mut drills, c) {
                     return drain(shared, &mut sending, &mut receiving);
                 }
             }
@@ -553,18 +584,30 @@ fn drain(shared: &Shared, sending: &mut Vec<InFlight>, receiving: &mut Vec<Arriv
     receiving.clear();
 }
 
+/// Drills armed for the next data frame this rank sends.
+#[derive(Default)]
+struct Drills {
+    stall_after_send: Option<Duration>,
+    corrupt_next_send: bool,
+}
+
 /// Runs one command; `false` ends the loop.
 fn run_command(
     world: &SimpleCommunicator,
     health: &SimpleCommunicator,
     shared: &Shared,
     sending: &mut Vec<InFlight>,
-    stall_after_send: &mut Option<Duration>,
+    drills: &mut Drills,
     c: Command,
 ) -> bool {
     match c {
-        Command::Send { to, health: on_health, bytes } => {
+        Command::Send { to, health: on_health, mut bytes } => {
             let comm = if on_health { health } else { world };
+            if !on_health && std::mem::take(&mut drills.corrupt_next_send) {
+                for b in bytes.iter_mut().take(2) {
+                    *b = !*b;
+                }
+            }
             match InFlight::start(comm, to, on_health, TAG, bytes) {
                 Ok(f) => sending.push(f),
                 Err(e) => {
@@ -572,7 +615,7 @@ fn run_command(
                     shared.lose_frame(to, e);
                 }
             }
-            if !on_health && let Some(d) = stall_after_send.take() {
+            if !on_health && let Some(d) = drills.stall_after_send.take() {
                 std::thread::sleep(d);
             }
             true
@@ -582,7 +625,11 @@ fn run_command(
             true
         }
         Command::StallAfterNextSend(d) => {
-            *stall_after_send = Some(d);
+            drills.stall_after_send = Some(d);
+            true
+        }
+        Command::CorruptNextSend => {
+            drills.corrupt_next_send = true;
             true
         }
         Command::Finalize => false,
