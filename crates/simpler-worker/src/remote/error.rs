@@ -294,30 +294,31 @@ pub enum RemoteRunFailure {
 }
 
 /// What kind of error the serving rank's worker returned for a run (its `RunErrorKind`,
-/// without the details that stay in the message).
+/// without the details that stay in the message). The discriminant is its wire code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
+#[repr(u8)]
 pub enum RemoteRunKind {
     /// A task's callable failed.
-    TaskFailed,
+    TaskFailed = 0,
     /// The path to a callable failed.
-    EndpointFailed,
+    EndpointFailed = 1,
     /// A device reported a fault.
-    DeviceFault,
+    DeviceFault = 2,
     /// A timeout fired.
-    Timeout,
+    Timeout = 3,
     /// A capacity ran out.
-    Capacity,
+    Capacity = 4,
     /// The graph's build failed.
-    SubmissionFailed,
+    SubmissionFailed = 5,
     /// The run was aborted (the worker shut down).
-    Aborted,
+    Aborted = 6,
     /// A cleanup step failed or was interrupted.
-    CleanupFailed,
+    CleanupFailed = 7,
     /// An engine invariant broke.
-    Internal,
+    Internal = 8,
     /// Not a run error: the worker refused the run (closed, unusable, bad input).
-    Refused,
+    Refused = 9,
 }
 
 fn task_seq(task: Option<u32>) -> String {

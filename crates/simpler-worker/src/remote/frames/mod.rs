@@ -16,39 +16,6 @@ use simpler_types::{
 
 use super::error::{RemoteRunFailure, RemoteRunKind};
 
-/// The wire code of a remote run failure's kind.
-fn run_kind_code(kind: RemoteRunKind) -> u8 {
-    match kind {
-        RemoteRunKind::TaskFailed => 0,
-        RemoteRunKind::EndpointFailed => 1,
-        RemoteRunKind::DeviceFault => 2,
-        RemoteRunKind::Timeout => 3,
-        RemoteRunKind::Capacity => 4,
-        RemoteRunKind::SubmissionFailed => 5,
-        RemoteRunKind::Aborted => 6,
-        RemoteRunKind::CleanupFailed => 7,
-        RemoteRunKind::Internal => 8,
-        RemoteRunKind::Refused => 9,
-    }
-}
-
-/// The kind of wire code `code` ([`run_kind_code`]).
-fn run_kind(code: u8) -> Result<RemoteRunKind, DecodeError> {
-    Ok(match code {
-        0 => RemoteRunKind::TaskFailed,
-        1 => RemoteRunKind::EndpointFailed,
-        2 => RemoteRunKind::DeviceFault,
-        3 => RemoteRunKind::Timeout,
-        4 => RemoteRunKind::Capacity,
-        5 => RemoteRunKind::SubmissionFailed,
-        6 => RemoteRunKind::Aborted,
-        7 => RemoteRunKind::CleanupFailed,
-        8 => RemoteRunKind::Internal,
-        9 => RemoteRunKind::Refused,
-        other => return Err(DecodeError(format!("run failure kind {other}"))),
-    })
-}
-
 /// Version of the frame layout; both ends must agree.
 pub(crate) const VERSION: u16 = 6;
 
@@ -421,6 +388,23 @@ fn callable_kind(v: u8) -> Result<CallableKind, DecodeError> {
     })
 }
 
+/// A remote run failure's kind from its wire code (its discriminant).
+fn run_kind(v: u8) -> Result<RemoteRunKind, DecodeError> {
+    Ok(match v {
+        0 => RemoteRunKind::TaskFailed,
+        1 => RemoteRunKind::EndpointFailed,
+        2 => RemoteRunKind::DeviceFault,
+        3 => RemoteRunKind::Timeout,
+        4 => RemoteRunKind::Capacity,
+        5 => RemoteRunKind::SubmissionFailed,
+        6 => RemoteRunKind::Aborted,
+        7 => RemoteRunKind::CleanupFailed,
+        8 => RemoteRunKind::Internal,
+        9 => RemoteRunKind::Refused,
+        other => return Err(DecodeError(format!("run failure kind {other}"))),
+    })
+}
+
 /// The bytes of one tensor entry of [`WireArgs`] (descriptor, tag, buffer flag) at least.
 const WIRE_TENSOR_MIN: usize = 4 * 8 + 2 * 4 + 4 + 2 * MAX_TENSOR_DIMS * 4 + 8 + 2;
 
@@ -625,7 +609,7 @@ impl Writer {
             }
             RemoteRunFailure::Run { kind, message } => {
                 self.u8(3);
-                self.u8(run_kind_code(*kind));
+                self.u8(*kind as u8);
                 self.str(truncate(message, MAX_ERROR_BYTES));
             }
         }
