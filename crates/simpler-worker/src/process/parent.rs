@@ -551,29 +551,26 @@ impl ChipProcess {
                 last = true;
             }
         }
-        if self.live.is_none() && self.opts.on_death == OnChildDeath::Restart {
+        let released = if self.live.is_none() && self.opts.on_death == OnChildDeath::Restart {
             // No process holds the reference: the restart prepares what `held` says now, which
             // no longer counts it. Sending the release would restart the process with that
             // count and then drop one reference more.
-            if last {
-                self.digests.remove(id);
-            }
-            return Ok(());
-        }
-        match self.call(op::RELEASE, "release", None)? {
-            status::OK => {
-                if last {
-                    self.digests.remove(id);
+            Ok(())
+        } else {
+            match self.call(op::RELEASE, "release", None)? {
+                status::OK => Ok(()),
+                _ => {
+                    let f = self.failure_frame()?;
+                    Err(self.refusal(f))
                 }
-                Ok(())
             }
-            // The digest stays known: the process holds the content as unusable, and a
-            // registration asks it so (`is_unusable`).
-            _ => {
-                let f = self.failure_frame()?;
-                Err(self.refusal(f))
-            }
+        };
+        // A refused removal keeps the digest known: the process holds the content as unusable,
+        // and a registration asks it so (`is_unusable`).
+        if last && released.is_ok() {
+            self.digests.remove(id);
         }
+        released
     }
 
     /// References the chip holds on `id`, as the worker counts them (what a restart prepares
