@@ -416,9 +416,7 @@ impl Session {
                     return Err(Waited::Failed(RemoteError::Finalized));
                 }
             }
-            if self.transport.lost_count(self.rank) > lost_before
-                && let Some(e) = self.transport.lost_frame(self.rank)
-            {
+            if let Some(e) = self.transport.lost_since(self.rank, lost_before) {
                 return Err(Waited::Failed(e));
             }
             if self.transport.silent_for(self.rank) > self.liveness {

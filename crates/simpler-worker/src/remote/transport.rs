@@ -128,19 +128,23 @@ impl Shared {
         self.epoch.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
     }
 
-    /// The error of the first frame lost to or from `rank` since its session opened, and how
-    /// many were lost.
-    fn lost_frames(&self, rank: i32) -> (Option<RemoteError>, u64) {
+    /// The error of the first frame lost to or from `rank` since its session opened, once more
+    /// than `before` were lost.
+    fn lost_since(&self, rank: i32, before: u64) -> Option<RemoteError> {
         let lost = self.lost.lock();
-        match usize::try_from(rank).ok().and_then(|r| lost.get(r)) {
-            Some(l) => (l.first.clone(), l.count),
-            None => (None, 0),
-        }
+        let l = lost.get(usize::try_from(rank).ok()?)?;
+        if l.count > before { l.first.clone() } else { None }
+    }
+
+    /// How many frames to or from `rank` were lost since its session opened.
+    fn lost_count(&self, rank: i32) -> u64 {
+        let lost = self.lost.lock();
+        usize::try_from(rank).ok().and_then(|r| lost.get(r)).map_or(0, |l| l.count)
     }
 
     /// The error of the first frame lost to or from `rank` since its session opened.
     fn lost_frame(&self, rank: i32) -> Option<RemoteError> {
-        self.lost_frames(rank).0
+        self.lost_since(rank, 0)
     }
 
     /// Records `e` as a frame lost to or from `rank` (the first one's error is kept).
@@ -304,9 +308,15 @@ impl Transport {
         self.shared.lost_frame(rank)
     }
 
+    /// The error of the first frame lost to or from `rank` since its inbox opened, once more
+    /// than `before` were lost.
+    pub(crate) fn lost_since(&self, rank: i32, before: u64) -> Option<RemoteError> {
+        self.shared.lost_since(rank, before)
+    }
+
     /// How many frames to or from `rank` were lost since its inbox opened.
     pub(crate) fn lost_count(&self, rank: i32) -> u64 {
-        self.shared.lost_frames(rank).1
+        self.shared.lost_count(rank)
     }
 
     /// Whether the MPI thread has left its loop.
