@@ -26,9 +26,10 @@ pub(crate) struct Ctx {
     /// A launch, sync, setup wait or recovery drain failed: finalize force-resets. Relaxed:
     /// written and read on the runner's thread, or before the runner exists.
     poisoned: AtomicBool,
-    /// Finalize could not bind the thread: owners dropped from then on release nothing (a
-    /// release would run in whatever context the thread has) and leave their handles to the
-    /// device's reset. Relaxed: set and read on the thread that drops them.
+    /// Finalize could not bind the thread (a release would run in whatever context the thread
+    /// has), or a force reset gave the device's handles back: owners dropped from then on
+    /// release nothing and leave their handles to the device's reset. Relaxed: set and read on
+    /// the thread that drops them.
     left_to_reset: AtomicBool,
 }
 
@@ -181,16 +182,6 @@ impl DeviceBuffer {
         // SAFETY: `dst` is writable for `n` bytes; the source range lies in this allocation.
         let ret = unsafe { self.ctx.cann.rtMemcpy(dst.as_mut_ptr().cast(), n, src, n, 2) };
         self.ctx.check("rtMemcpy", ret)
-    }
-
-    /// Lets go of the buffer without `rtFree`: for memory a force reset gave back with the
-    /// device. Only the owner's context reference is released.
-    pub(crate) fn disown(self) {
-        let mut this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `this` is never used or dropped again; `ctx` is read out once and dropped
-        // here, the rest of the buffer holds no resource of the host.
-        drop(unsafe { std::ptr::read(&this.ctx) });
-        this.addr = ptr::null_mut();
     }
 
     /// `aclrtMemset` of `len` bytes at `offset` (the caller checked the range).

@@ -170,8 +170,8 @@ impl OnboardDevice {
 
     /// Lets go of `held`, the allocations a launch could still use until the force reset,
     /// without freeing them: a passed force reset gave the device's memory back with it (a
-    /// free now would name memory CANN no longer tracks), so they are disowned; without one
-    /// the device may still use them, so they are leaked.
+    /// free now would name memory CANN no longer tracks), so every handle is left to it and
+    /// they are dropped; without one the device may still use them, so they are leaked.
     pub(super) fn forget_after_reset(&self, held: BTreeMap<u64, Allocation>, reset_passed: bool) {
         if held.is_empty() {
             return;
@@ -185,9 +185,8 @@ impl OnboardDevice {
                 bytes,
                 "device memory given back by the force reset"
             );
-            for a in held.into_values() {
-                a.buffer.disown();
-            }
+            self.ctx.leave_to_reset();
+            drop(held);
         } else {
             tracing::warn!(
                 device,
