@@ -23,6 +23,19 @@ fn succeeded(log: &[Call], funcs: &[&str]) -> usize {
     log.iter().filter(|c| c.ret == 0 && funcs.contains(&c.func.as_str())).count()
 }
 
+/// Asserts that `log` holds calls of `func` (releasing `what`) and that every one succeeded:
+/// none was made in another device's context, which the stand-in refuses as CANN does.
+fn called_and_all_succeeded(log: &[Call], func: &str, what: &str) {
+    let calls = count(log, func);
+    assert!(calls > 0, "{what}: no {func}: {:?}", names(log));
+    assert_eq!(
+        succeeded(log, &[func]),
+        calls,
+        "{what}: {func} in another device's context: {:?}",
+        codes(log)
+    );
+}
+
 /// Binds and resets that CANN counted in `log`; equal when the device is released.
 fn binds_and_resets(log: &[Call]) -> (usize, usize) {
     (
@@ -77,15 +90,7 @@ fn a_callable_unregistered_on_a_thread_bound_for_another_runner_is_freed_in_its_
     let one = DeviceRunner::attach(b.options(1)).unwrap();
     b.log();
     zero.unregister_callable(slot).unwrap();
-    let log = b.log();
-    let frees = count(&log, "rtFree");
-    assert!(frees > 0, "the kernel text was not freed: {:?}", names(&log));
-    assert_eq!(
-        succeeded(&log, &["rtFree"]),
-        frees,
-        "the kernel text was freed in another device's context: {:?}",
-        codes(&log)
-    );
+    called_and_all_succeeded(&b.log(), "rtFree", "the kernel text");
     zero.finalize().unwrap();
     one.finalize().unwrap();
 }
@@ -243,15 +248,7 @@ fn events_are_destroyed_in_their_own_context_on_a_thread_bound_for_another_runne
     let one = DeviceRunner::attach(b.options(1)).unwrap();
     b.log();
     zero.finalize().unwrap();
-    let log = b.log();
-    let destroyed = count(&log, "aclrtDestroyEvent");
-    assert!(destroyed > 0, "no event destroyed: {:?}", names(&log));
-    assert_eq!(
-        succeeded(&log, &["aclrtDestroyEvent"]),
-        destroyed,
-        "an event was destroyed in another device's context: {:?}",
-        codes(&log)
-    );
+    called_and_all_succeeded(&b.log(), "aclrtDestroyEvent", "the event");
     one.finalize().unwrap();
     assert_eq!(b.live(), [0; 5]);
 }

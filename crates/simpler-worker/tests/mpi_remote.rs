@@ -406,14 +406,22 @@ fn stalled_rank_does_not_silence_the_others(job: &MpiJob) -> Res {
         g.submit_next_level(sink, a, &CallConfig::default(), WorkerId(1))?;
         Ok(())
     }))?;
-    let t0 = Instant::now();
-    let long = w.run(on_child(h[9], 0));
-    check(long.is_ok(), || {
-        format!("rank 1's task failed while rank 2 was stalled ({:.2?}): {long:?}", t0.elapsed())
-    })?;
-    println!("rank 0: rank 1's {LONG_TASK:?} task succeeded while rank 2 was stalled");
+    long_task_succeeds(&w, h[9], 0, "rank 2 was stalled")?;
     after_the_stall(w, to_stalled, 2, stall_ends)?;
     drop(big);
+    Ok(())
+}
+
+/// Runs `sleep` (a task that computes for longer than the short liveness budget) on `child`,
+/// which must succeed while `meanwhile` holds.
+fn long_task_succeeds(w: &Worker, sleep: CallableHandle, child: u32, meanwhile: &str) -> Res {
+    let rank = child + 1;
+    let t0 = Instant::now();
+    let long = w.run(on_child(sleep, child));
+    check(long.is_ok(), || {
+        format!("rank {rank}'s task failed while {meanwhile} ({:.2?}): {long:?}", t0.elapsed())
+    })?;
+    println!("rank 0: rank {rank}'s {LONG_TASK:?} task succeeded while {meanwhile}");
     Ok(())
 }
 
@@ -458,17 +466,7 @@ fn half_received_frame_does_not_silence_the_others(job: &MpiJob) -> Res {
     }))?;
     // Let rank 1 run its task and start its reply.
     std::thread::sleep(STALL_DELAY);
-    let t0 = Instant::now();
-    let long = w.run(on_child(h[9], 1));
-    check(long.is_ok(), || {
-        format!(
-            "rank 2's task failed while a frame from rank 1 was half received ({:.2?}): {long:?}",
-            t0.elapsed()
-        )
-    })?;
-    println!(
-        "rank 0: rank 2's {LONG_TASK:?} task succeeded while a frame from rank 1 was half received"
-    );
+    long_task_succeeds(&w, h[9], 1, "a frame from rank 1 was half received")?;
     after_the_stall(w, to_stalling, 1, stall_ends)?;
     drop(reply);
     Ok(())
