@@ -18,6 +18,7 @@
 use std::time::Duration;
 
 use crate::error::DeviceError;
+use crate::runtime::trb::sizing::MAX_TASK_WINDOW;
 use crate::timeouts::{FixedBudgets, TimeoutConfig, TimeoutOverrides};
 
 /// Which chip the runner drives.
@@ -130,7 +131,7 @@ impl std::str::FromStr for RuntimeVariant {
 /// Runner defaults of the ring sizing, used where `CallConfig::runtime_env` is unset.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct RingDefaults {
-    /// Task-window entries (a power of two, at least 4).
+    /// Task-window entries (a power of two from 4 to 2^28).
     pub task_window: u32,
     /// Heap bytes (at least 1024).
     pub heap_bytes: u64,
@@ -175,8 +176,9 @@ impl RingDefaults {
         let built_in = RingDefaults::default();
         let mut out = self;
         if out.task_window == built_in.task_window {
-            let rule = "an unsigned power of two from 4 to 2^31";
-            let ok = |v: u64| (4..=1 << 31).contains(&v) && v.is_power_of_two();
+            const _: () = assert!(MAX_TASK_WINDOW == 1 << 28, "the rule below names the limit");
+            let rule = "an unsigned power of two from 4 to 2^28";
+            let ok = |v: u64| (4..=u64::from(MAX_TASK_WINDOW)).contains(&v) && v.is_power_of_two();
             if let Some(v) = read(ENV_RING_TASK_WINDOW, rule, ok)? {
                 out.task_window = v as u32;
             }

@@ -170,11 +170,11 @@ fn item_13_rerunning_one_trb_callable_registers_once_and_builds_its_arena_once_a
 
 #[test]
 fn item_13_task_windows_legal_one_by_one_but_too_many_together_are_invalid_args() {
-    // Four windows of the largest legal size hold 2^32 slots, past the tensor map's u32
-    // indices: a typed refusal naming the sizes, not an arithmetic overflow.
+    // Four windows of the largest legal size are more than one arena holds: a typed refusal
+    // naming the sizes, not an arithmetic overflow.
     let mut r = DeviceRunner::attach(small_ring_options()).unwrap();
     let slot = r.register_callable(&noop_callable(chain_orch, two_args)).unwrap();
-    let huge = CallConfig::builder().task_window(RingSel::All, 1 << 30).build().unwrap();
+    let huge = CallConfig::builder().task_window(RingSel::All, 1 << 28).build().unwrap();
     let err = run_chain(&mut r, slot, 1, 8, &huge).unwrap_err();
     assert!(
         matches!(&err, DeviceError::InvalidArgs { message, .. } if message.contains("ring sizes")),

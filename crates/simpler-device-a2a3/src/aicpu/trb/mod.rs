@@ -33,7 +33,7 @@ use crate::abi::MAX_AICPU_THREADS;
 use crate::abi::image::{ImageHeader, TrbHeader};
 use crate::abi::launch::InitArgs;
 use crate::aicpu::scheduler::TICKS_PER_MS;
-use crate::runtime::trb::sizing::RingSizes;
+use crate::runtime::trb::sizing::{MAX_TASK_WINDOW, RingSizes};
 use crate::runtime::trb::storage::{ArenaLayout, ArenaShape};
 
 /// `exec` result: clean shutdown (the run's outcome is in the latched status).
@@ -47,7 +47,7 @@ fn layout_of(t: &TrbHeader) -> Option<ArenaLayout> {
         dep_pool: t.dep_pool[r],
     });
     let usable = rings.iter().all(|s| {
-        s.task_window >= 4
+        (4..=MAX_TASK_WINDOW).contains(&s.task_window)
             && s.task_window.is_power_of_two()
             && s.heap_bytes > 0
             && s.heap_bytes.is_multiple_of(1024)
@@ -90,4 +90,31 @@ pub(super) fn exec<P: AicpuPlatform>(
         return EXEC_OK;
     }
     schedule(p, init, view, trb, status, thread, threads - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(task_window: u32) -> TrbHeader {
+        let mut t = TrbHeader {
+            arena_base: 1 << 20,
+            arena_len: u64::MAX,
+            task_window: [16; 4],
+            dep_pool: [16; 4],
+            heap_bytes: [1024; 4],
+            map_entries: 64,
+            map_buckets: 16,
+            ..TrbHeader::default()
+        };
+        t.task_window[2] = task_window;
+        t
+    }
+
+    #[test]
+    fn an_image_whose_window_does_not_fit_the_task_handle_has_no_layout() {
+        assert!(layout_of(&header(16)).is_some());
+        assert!(layout_of(&header(MAX_TASK_WINDOW)).is_some());
+        assert!(layout_of(&header(MAX_TASK_WINDOW << 1)).is_none());
+    }
 }

@@ -23,6 +23,7 @@ use crate::aicpu::trace::Trace;
 use crate::aicpu::view::ImageView;
 use crate::aicpu::{AicpuPlatform, LogLevel};
 use crate::runtime::trb::engine::{Completer, Completion};
+use crate::runtime::trb::sizing::{MAX_TASK_WINDOW, SLOT_BITS};
 use crate::runtime::trb::storage::{ArenaLayout, MAX_TASK_SCALARS, MAX_TASK_TENSORS, SlotTask};
 
 /// Runs scheduler thread `thread` of `schedulers` (protocol steps 2 and 3).
@@ -110,7 +111,7 @@ const PENDING: usize = 4;
 /// A popped task's blocks still to dispatch.
 #[derive(Clone, Copy, Debug)]
 struct Pending {
-    /// The core-state handle: `(ring << 28) | slot`.
+    /// The core-state handle: `(ring << SLOT_BITS) | slot`.
     handle: u32,
     shape: TaskShape,
     funcs: [i32; 3],
@@ -164,7 +165,8 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
     fn task_ptr(&self, handle: u32) -> *mut SlotTask {
         match self.layout {
             Some(l) => {
-                l.task_ptr(self.base, (handle >> 28) as usize, (handle & 0x0FFF_FFFF) as usize)
+                let slot = handle & (MAX_TASK_WINDOW - 1);
+                l.task_ptr(self.base, (handle >> SLOT_BITS) as usize, slot as usize)
             }
             None => core::ptr::null_mut(),
         }
@@ -361,7 +363,8 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             progressed = true;
             let ring = (id.0 >> 32) as u32;
             let window = self.layout.map_or(1, |l| l.shape().rings[ring as usize % 4].task_window);
-            let handle = (ring << 28) | (id.0 as u32 & (window - 1));
+            // Sizing keeps every window within `MAX_TASK_WINDOW`, so the slot fits its bits.
+            let handle = (ring << SLOT_BITS) | (id.0 as u32 & (window - 1));
             let t = self.task_ptr(handle);
             // SAFETY: a task this thread popped: its record was written before the push that
             // published it (the pop acquires it) and stays until it completes.

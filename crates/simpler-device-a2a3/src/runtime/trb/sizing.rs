@@ -7,10 +7,16 @@ use simpler_types::{CallConfig, RunId};
 use crate::error::DeviceError;
 use crate::options::RingDefaults;
 
+/// Bits of a slot index in the schedulers' per-core task handle (`ring << SLOT_BITS | slot`), and
+/// so the largest task window a ring may have.
+pub(crate) const SLOT_BITS: u32 = 28;
+/// The largest task window: every slot index fits in [`SLOT_BITS`].
+pub(crate) const MAX_TASK_WINDOW: u32 = 1 << SLOT_BITS;
+
 /// The three sizes of one ring.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub(crate) struct RingSizes {
-    /// Task slots (a power of two, at least 4).
+    /// Task slots (a power of two, at least 4, at most [`MAX_TASK_WINDOW`]).
     pub(crate) task_window: u32,
     /// Heap bytes (a non-zero multiple of the heap alignment).
     pub(crate) heap_bytes: u64,
@@ -20,7 +26,7 @@ pub(crate) struct RingSizes {
 
 /// The sizes of every ring of a run: the run's override per field, else the runner's default.
 ///
-/// An unusable size (a window that is not a power of two, a heap that is not a multiple of the
+/// An unusable size (a window that is not a power of two or is past [`MAX_TASK_WINDOW`], a heap that is not a multiple of the
 /// heap alignment, fewer than 4 dependency entries) is `InvalidConfig` naming the ring and the
 /// value, whichever source it came from.
 pub(crate) fn resolve(
@@ -41,11 +47,15 @@ pub(crate) fn resolve(
             value: value.to_string(),
             rule: rule.into(),
         };
-        if sizes.task_window < 4 || !sizes.task_window.is_power_of_two() {
+        if sizes.task_window < 4
+            || !sizes.task_window.is_power_of_two()
+            || sizes.task_window > MAX_TASK_WINDOW
+        {
+            const _: () = assert!(MAX_TASK_WINDOW == 1 << 28, "the rule below names the limit");
             return Err(bad(
                 "task_window",
                 sizes.task_window.into(),
-                "a power of two of at least 4",
+                "a power of two from 4 to 2^28",
             ));
         }
         if sizes.heap_bytes == 0 || !sizes.heap_bytes.is_multiple_of(HEAP_ALIGN) {
@@ -93,6 +103,23 @@ mod tests {
                 RingSizes { task_window: 16_384, heap_bytes: 256 << 20, dep_pool: 16_384 }
             );
         }
+    }
+
+    #[test]
+    fn a_window_whose_slots_do_not_fit_the_schedulers_handle_is_rejected() {
+        let config = |window| {
+            CallConfig::builder()
+                .ring_override(
+                    RingSel::Ring(3),
+                    RingOverride { task_window: Some(window), heap_bytes: None, dep_pool: None },
+                )
+                .build()
+                .unwrap()
+        };
+        assert!(resolve(None, &config(MAX_TASK_WINDOW), RingDefaults::default()).is_ok());
+        let e = resolve(None, &config(MAX_TASK_WINDOW << 1), RingDefaults::default()).unwrap_err();
+        assert!(e.to_string().contains("ring 3 task_window = \"536870912\""), "{e}");
+        assert!(e.to_string().contains("2^28"), "{e}");
     }
 
     #[test]
