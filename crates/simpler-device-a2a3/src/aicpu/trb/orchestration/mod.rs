@@ -366,6 +366,18 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                 );
                 ORCH_FAILED
             }
+            SubmitRefusal::Unrecorded { id, key, error } => {
+                let (ring, local) = (id.0 >> 32, id.0 as u32);
+                self.latch(
+                    RuntimeCode::TensormapOverflow,
+                    format_args!(
+                        "the tensor map did not record task r{ring}:{local}'s access of buffer \
+                         {key:#x} after its room check: {error}"
+                    ),
+                    FaultDetail::None,
+                );
+                ORCH_FAILED
+            }
             SubmitRefusal::Wait => ORCH_OK,
         }
     }

@@ -380,6 +380,17 @@ pub(crate) enum SubmitRefusal {
     /// The task was submitted and is ready, but the ready queue refused it, so it can never run
     /// and the run must fail (the queue's sizing rules it out).
     Unqueued(DeviceTaskId),
+    /// The task was submitted but the tensor map refused to record one of its accesses (the
+    /// room check before the commit rules it out), so later tasks would miss its edges and the
+    /// run must fail.
+    Unrecorded {
+        /// The task.
+        id: DeviceTaskId,
+        /// The buffer of the access.
+        key: u64,
+        /// The map's refusal.
+        error: FixedMapError,
+    },
 }
 
 /// A submitted task.
@@ -799,9 +810,15 @@ impl<'a> Engine<'a> {
             // written slice by slice (all its entries share one chain). Entries of tasks retired
             // but not yet reclaimed stay until the tail passes them; lookups skip them, and one
             // a write covers hands its write-ordering duty on, an edge to a live task at most.
-            // Room was checked above; a refused insert would change nothing.
-            let inserted = self.map.insert(a.key, a.span, a.mode, id, |o| is_reclaimed(rings, o));
-            debug_assert!(!matches!(inserted, Err(FixedMapError::Full { .. })));
+            // Room was checked above, so a refusal is a broken invariant: the task is linked
+            // and cannot be taken back, and later tasks would miss its edges, so the run fails.
+            if let Err(e) = self.map.insert(a.key, a.span, a.mode, id, |o| is_reclaimed(rings, o)) {
+                return Err(SubmitRefusal::Unrecorded {
+                    id: DeviceTaskId(id),
+                    key: a.key,
+                    error: e,
+                });
+            }
         }
         self.submitted += 1;
         fill(DeviceTaskId(id));
