@@ -26,9 +26,10 @@ use simpler_ring::fixed::WakeWord;
 /// Rounds a push re-reads a cell whose value no pop has claimed before it reports a full queue.
 const FULL_ROUNDS: u32 = 16;
 
-/// Waits a little before round `round` of a push's re-read: spins first, then gives the core
-/// away, since a long wait means the popping thread is not running.
-fn backoff(round: u32) {
+/// Waits a little before round `round` of a re-read of a word another thread is about to
+/// change (a cell a pop is freeing, a slot lock): spins first, then gives the core away, since
+/// a long wait means that thread is not running.
+pub(crate) fn backoff(round: u32) {
     if round < 64 {
         core::hint::spin_loop();
     } else {

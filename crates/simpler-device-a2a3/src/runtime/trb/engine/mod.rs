@@ -50,7 +50,7 @@ use simpler_tensormap::fixed::{AccessMode, FixedMapError, FixedTensorMap, Role};
 use simpler_types::DeviceTaskId;
 use simpler_types::constants::{HEAP_ALIGN, HEAP_RING_COUNT};
 
-use super::ready::ReadyRing;
+use super::ready::{ReadyRing, backoff};
 use super::sizing::RingSizes;
 use super::storage::{Leftovers, ReuseRecord, SharedStorage, Storage};
 
@@ -111,11 +111,14 @@ impl Default for SharedSlot {
 }
 
 impl SharedSlot {
-    /// Runs `f` under the slot's fanout lock (a spin lock around a few loads and stores).
+    /// Runs `f` under the slot's fanout lock (a spin lock around a few loads and stores that
+    /// cannot panic). A holder preempted inside them is waited for with the core given away.
     fn locked<R>(&self, f: impl FnOnce() -> R) -> R {
         // Acquire on taking / release on dropping: the critical sections are totally ordered.
+        let mut round = 0u32;
         while self.lock.compare_exchange_weak(0, 1, Acquire, Relaxed).is_err() {
-            std::hint::spin_loop();
+            backoff(round);
+            round = round.saturating_add(1);
         }
         let r = f();
         self.lock.store(0, Release);
