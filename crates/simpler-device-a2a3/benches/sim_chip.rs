@@ -24,13 +24,15 @@ use std::time::{Duration, Instant};
 
 use simpler_device_a2a3::programs::{bgemm, f32_from_le_bytes, f32_to_le_bytes, vector};
 use simpler_device_a2a3::{
-    ChipCallable, ChipSlot, CoreCallable, DevicePtr, DeviceRunner, Kernels, OrchArgs, OrchConfig,
-    OrchCtx, OrchError, RunRequest, RunnerOptions, RuntimeVariant,
+    ArgDirection, ChipCallable, ChipSlot, CoreCallable, DevicePtr, DeviceRunner, Kernels, OrchArgs,
+    OrchConfig, OrchCtx, OrchError, RunRequest, RunnerOptions, RuntimeVariant,
 };
 use simpler_types::{CallConfig, CoreArgs, DataType, RunId, TaskArgs, Tensor};
 
 /// Func id of the S2 no-op kernel (AIV).
 const NOOP: u32 = 3;
+/// Func id of the same no-op kernel for a chain of tasks updating one tensor in place (AIV).
+const NOOP_INOUT: u32 = 4;
 
 struct Bench {
     runner: DeviceRunner,
@@ -196,7 +198,11 @@ fn noop_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError
     let mut inout = CoreArgs::new();
     inout.add_inout(t).map_err(|_| bad)?;
     for _ in 0..n {
-        ctx.submit(Kernels::Aiv(NOOP), if chain { &inout } else { &empty })?;
+        if chain {
+            ctx.submit(Kernels::Aiv(NOOP_INOUT), &inout)?;
+        } else {
+            ctx.submit(Kernels::Aiv(NOOP), &empty)?;
+        }
     }
     Ok(())
 }
@@ -214,6 +220,7 @@ impl S2Chip {
         let mut bench = Bench::with_runtime(runtime);
         let c = ChipCallable::native(noop_orch, |_| OrchConfig { expected_arg_count: 3 })
             .kernel(NOOP, CoreCallable::native(vec![], noop))
+            .kernel(NOOP_INOUT, CoreCallable::native(vec![ArgDirection::InOut], noop))
             .build()
             .expect("callable");
         let slot = bench.runner.register_callable(&c).expect("register");
@@ -373,6 +380,7 @@ fn idle_cpu(quick: bool) {
     let mut b = Bench::new();
     let c = ChipCallable::native(noop_orch, |_| OrchConfig { expected_arg_count: 3 })
         .kernel(NOOP, CoreCallable::native(vec![], noop))
+        .kernel(NOOP_INOUT, CoreCallable::native(vec![ArgDirection::InOut], noop))
         .build()
         .expect("callable");
     let slot = b.runner.register_callable(&c).expect("register");

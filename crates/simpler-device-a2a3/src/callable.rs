@@ -234,7 +234,11 @@ pub struct CoreCallable {
 }
 
 impl CoreCallable {
-    /// A kernel with its signature.
+    /// A kernel with its signature: its arguments in order, every entry but
+    /// [`ArgDirection::Scalar`] a tensor (the tensors come first in the argument slots, then the
+    /// scalars). Every task naming the kernel must pass exactly these, each tensor tagged for
+    /// what the kernel does with it, or its submit is refused (`docs/device-chip.md`, "The
+    /// kernel ABI").
     pub fn new(signature: Vec<ArgDirection>, code: KernelCode) -> CoreCallable {
         CoreCallable { signature, code, name: None }
     }

@@ -4,9 +4,10 @@ mod common;
 
 use common::*;
 use simpler_device_a2a3::abi::codes::RuntimeCode;
+use simpler_device_a2a3::programs;
 use simpler_device_a2a3::{
-    ChipCallable, ChipSlot, CoreCallable, DeviceError, DeviceRunner, Kernels, MemPurpose, OrchArgs,
-    OrchConfig, OrchCtx, OrchError, RunRequest,
+    ArgDirection, ChipCallable, ChipSlot, CoreCallable, DeviceError, DeviceRunner, Kernels,
+    MemPurpose, OrchArgs, OrchConfig, OrchCtx, OrchError, RunRequest, RuntimeVariant,
 };
 use simpler_types::{
     CallConfig, CoreArgs, DataType, RingSel, SwimlaneLevel, TaskArgs, Tensor, TypesError,
@@ -15,7 +16,7 @@ use simpler_types::{
 /// `orch` with the default config and the no-op kernel as `FUNC_NOOP`.
 fn with_noop_kernel(orch: simpler_device_a2a3::NativeOrchFn) -> ChipCallable {
     ChipCallable::native(orch, |_| OrchConfig::default())
-        .kernel(FUNC_NOOP, CoreCallable::native(vec![], noop_kernel))
+        .kernel(FUNC_NOOP, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
         .build()
         .unwrap()
 }
@@ -559,7 +560,13 @@ fn third_task_overlaps_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Resul
 fn an_overlapping_task_after_good_ones_is_named_by_its_submission_index() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     let c = ChipCallable::native(third_task_overlaps_orch, three_args)
-        .kernel(FUNC_ADD, CoreCallable::native(vec![], add_kernel))
+        .kernel(
+            FUNC_ADD,
+            CoreCallable::native(
+                vec![ArgDirection::In, ArgDirection::In, ArgDirection::Out],
+                add_kernel,
+            ),
+        )
         .build()
         .unwrap();
     let slot = r.register_callable(&c).unwrap();
@@ -668,4 +675,84 @@ fn a_failed_kernel_argument_allocation_is_out_of_memory_for_the_runtime_not_an_i
     assert_eq!(r.health(), simpler_device_a2a3::DeviceHealth::Healthy, "nothing ran");
     v.free(&mut r);
     r.finalize().unwrap();
+}
+
+/// Submits the reference `add` kernel (three tensors: in, in, out) with no tensors and three
+/// scalars that hold the addresses of host descriptors.
+fn scalars_as_descriptors_orch(
+    ctx: &mut OrchCtx<'_>,
+    args: &OrchArgs<'_>,
+) -> Result<(), OrchError> {
+    let mut a = CoreArgs::new();
+    for j in 0..3 {
+        a.add_scalar(args.scalar(j).unwrap()).unwrap();
+    }
+    ctx.submit(Kernels::Aiv(programs::add::ADD), &a)?;
+    Ok(())
+}
+
+/// Tags the output of the reference `add` kernel as an input.
+fn output_tagged_input_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let mut a = CoreArgs::new();
+    for i in 0..3 {
+        a.add_input(*args.tensor(i).unwrap()).unwrap();
+    }
+    ctx.submit(Kernels::Aiv(programs::add::ADD), &a)?;
+    Ok(())
+}
+
+/// A kernel tells its descriptor slots from its scalar slots by its signature alone: a task
+/// that passes scalars where the signature declares tensors would have the kernel take them for
+/// descriptor addresses (here of host memory the runtime was never given), and an output tagged
+/// as an input would be written while readers run beside it. Both runtimes refuse such tasks.
+#[test]
+fn a_task_whose_arguments_do_not_match_its_kernels_signature_is_refused_before_it_runs() {
+    use simpler_device_a2a3::Orchestration;
+    use simpler_device_a2a3::programs::add;
+
+    let three = |_: &OrchArgs<'_>| OrchConfig { expected_arg_count: 3 };
+    for runtime in [RuntimeVariant::HostBuildGraph, RuntimeVariant::TensormapAndRingbuffer] {
+        let mut r = DeviceRunner::attach(options_on(0, runtime)).unwrap();
+        // Host memory never handed to the runtime, described by host descriptors.
+        let source = [1.5f32; 16];
+        let mut victim = [0f32; 16];
+        let x =
+            Box::new(Tensor::external(source.as_ptr() as u64, &[16], DataType::Float32).unwrap());
+        let out = Box::new(
+            Tensor::external(victim.as_mut_ptr() as u64, &[16], DataType::Float32).unwrap(),
+        );
+        let entry = Orchestration::Native { entry: scalars_as_descriptors_orch, config: three };
+        let c = add::builder_with(entry).names("scalars", "scalars_config").build().unwrap();
+        let slot = r.register_callable(&c).unwrap();
+        let mut args = TaskArgs::new();
+        for d in [&*x, &*x, &*out] {
+            args.add_scalar(d as *const Tensor as u64).unwrap();
+        }
+        let err = r.run(&RunRequest::new(run_id(1), slot, &args, &CallConfig::default()));
+        let want = "func id 0 takes 3 tensors and 0 scalars; the task passes 0 and 3";
+        assert!(refused_naming(&err, want), "{runtime:?}: {err:?}");
+        assert!(victim.iter().all(|&v| v == 0.0), "{runtime:?}: the kernel wrote {victim:?}");
+        // The output tagged as an input.
+        let entry = Orchestration::Native { entry: output_tagged_input_orch, config: three };
+        let c = add::builder_with(entry).names("tags", "tags_config").build().unwrap();
+        let slot = r.register_callable(&c).unwrap();
+        let v = VectorRun::new(&mut r, 16);
+        let err = r.run(&RunRequest::new(run_id(2), slot, &v.args, &CallConfig::default()));
+        let want = "func id 0 writes tensor 2, which the task tags INPUT";
+        assert!(refused_naming(&err, want), "{runtime:?}: {err:?}");
+        v.free(&mut r);
+        still_works(&mut r, 3);
+        r.finalize().unwrap();
+    }
+}
+
+/// Whether `res` is the invalid-arguments refusal of either runtime with `message` in it.
+fn refused_naming<T>(res: &Result<T, DeviceError>, message: &str) -> bool {
+    match res {
+        Err(DeviceError::InvalidArgs { message: m, .. }) => m.contains(message),
+        Err(DeviceError::Runtime { fault, .. }) => {
+            fault.code == RuntimeCode::InvalidArgs && fault.message.contains(message)
+        }
+        _ => false,
+    }
 }

@@ -127,7 +127,7 @@ fn noop_callable(orch: simpler_device_a2a3::NativeOrchFn, expected: u32) -> Chip
         _ => |_| OrchConfig { expected_arg_count: 5 },
     };
     ChipCallable::native(orch, config)
-        .kernel(FUNC_NOOP, CoreCallable::native(vec![], noop_kernel))
+        .kernel(FUNC_NOOP, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
         .build()
         .unwrap()
 }
@@ -420,7 +420,7 @@ fn timer_slack_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), Or
 fn simulated_threads_run_their_timers_without_slack() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     let c = ChipCallable::native(timer_slack_orch, |_| OrchConfig { expected_arg_count: 1 })
-        .kernel(13, CoreCallable::native(vec![], timer_slack_kernel))
+        .kernel(13, CoreCallable::native(vec![ArgDirection::Out], timer_slack_kernel))
         .build()
         .unwrap();
     let slot = r.register_callable(&c).unwrap();
@@ -483,11 +483,14 @@ fn callable_limits_are_enforced_with_the_values_named() {
         }
         other => panic!("expected InvalidCallable, got {other:?}"),
     };
-    invalid(base().kernel(1024, CoreCallable::native(vec![], noop_kernel)).build(), "1024");
+    invalid(
+        base().kernel(1024, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel)).build(),
+        "1024",
+    );
     invalid(
         base()
-            .kernel(3, CoreCallable::native(vec![], noop_kernel))
-            .kernel(3, CoreCallable::native(vec![], noop_kernel))
+            .kernel(3, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
+            .kernel(3, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
             .build(),
         "func id 3 is used twice",
     );
@@ -575,9 +578,9 @@ fn probe_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchErro
 fn the_kernel_abi_probe_sees_descriptors_scalars_and_contexts() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     let c = ChipCallable::native(probe_orch, |_| OrchConfig { expected_arg_count: 1 })
-        .kernel(10, CoreCallable::native(vec![], probe_aic))
-        .kernel(11, CoreCallable::native(vec![], probe_aiv0))
-        .kernel(12, CoreCallable::native(vec![], probe_aiv1))
+        .kernel(10, CoreCallable::native(vec![ArgDirection::Out, ArgDirection::Scalar], probe_aic))
+        .kernel(11, CoreCallable::native(vec![ArgDirection::Out, ArgDirection::Scalar], probe_aiv0))
+        .kernel(12, CoreCallable::native(vec![ArgDirection::Out, ArgDirection::Scalar], probe_aiv1))
         .build()
         .unwrap();
     let slot = r.register_callable(&c).unwrap();

@@ -9,8 +9,8 @@ use std::time::Duration;
 use common::*;
 use simpler_device_a2a3::abi::codes::{AclCode, RuntimeCode, StallClass};
 use simpler_device_a2a3::{
-    ChipCallable, CoreCallable, DeviceError, DeviceHealth, DeviceRunner, ErrorClass, FiredFault,
-    KernelKind, PoisonStep, RunRequest, StreamKind,
+    ArgDirection, ChipCallable, CoreCallable, DeviceError, DeviceHealth, DeviceRunner, ErrorClass,
+    FiredFault, KernelKind, PoisonStep, RunRequest, StreamKind,
 };
 use simpler_types::{CallConfig, FailureMechanism, TimeoutBudget};
 
@@ -210,7 +210,7 @@ fn panicking_orch(
 fn a_panicking_native_kernel_is_an_aicore_fault_not_an_abort() {
     let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
     let c = ChipCallable::native(panicking_orch, |_| Default::default())
-        .kernel(5, CoreCallable::native(vec![], panics))
+        .kernel(5, CoreCallable::native(vec![ArgDirection::InOut], panics))
         .build()
         .unwrap();
     let slot = r.register_callable(&c).unwrap();
@@ -237,7 +237,13 @@ fn panicking_config(_: &simpler_device_a2a3::OrchArgs<'_>) -> simpler_device_a2a
 fn a_panicking_config_function_is_an_orchestration_error_with_cleanup() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     let c = ChipCallable::native(vector::orchestration, panicking_config)
-        .kernel(FUNC_ADD, CoreCallable::native(vec![], add_kernel))
+        .kernel(
+            FUNC_ADD,
+            CoreCallable::native(
+                vec![ArgDirection::In, ArgDirection::In, ArgDirection::Out],
+                add_kernel,
+            ),
+        )
         .build()
         .unwrap();
     let slot = r.register_callable(&c).unwrap();

@@ -639,10 +639,10 @@ fn fixture(orch: simpler_device_a2a3::NativeOrchFn, expected: u32, t: Target) ->
     let base = ChipCallable::native(orch, config);
     match t {
         Target::Programs => base
-            .kernel(NOOP, CoreCallable::native(vec![], noop_kernel))
+            .kernel(NOOP, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
             .build()
             .expect("a valid callable"),
-        Target::Onboard => with_kernel_code(base, &[(NOOP, vec![], "noop")]),
+        Target::Onboard => with_kernel_code(base, &[(NOOP, vec![ArgDirection::InOut], "noop")]),
     }
 }
 

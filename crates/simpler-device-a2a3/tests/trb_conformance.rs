@@ -14,8 +14,9 @@ use common::diag::*;
 use common::*;
 use simpler_device_a2a3::abi::codes::RuntimeCode;
 use simpler_device_a2a3::{
-    ChipCallable, CoreCallable, DeviceError, DeviceHealth, DeviceRunner, Kernels, OrchArgs,
-    OrchConfig, OrchCtx, OrchError, RingDefaults, RunRequest, RunnerOptions, RuntimeVariant,
+    ArgDirection, ChipCallable, CoreCallable, DeviceError, DeviceHealth, DeviceRunner, Kernels,
+    OrchArgs, OrchConfig, OrchCtx, OrchError, RingDefaults, RunRequest, RunnerOptions,
+    RuntimeVariant,
 };
 use simpler_types::{
     CallConfig, CoreArgs, RingOverride, RingSel, SwimlaneLevel, TaskArgs, TypesError,
@@ -63,7 +64,7 @@ fn noop_callable(
     config: simpler_device_a2a3::NativeConfigFn,
 ) -> ChipCallable {
     ChipCallable::native(orch, config)
-        .kernel(FUNC_NOOP, CoreCallable::native(vec![], noop_kernel))
+        .kernel(FUNC_NOOP, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
         .build()
         .unwrap()
 }

@@ -449,13 +449,38 @@ pub struct TrbHeader {
     /// untouched since: the device may then reset only what that run's reuse record names
     /// (`docs/device-trb.md`); 0 makes it reset every section.
     pub arena_kept: u32,
+    /// Image offset of the callable's [`KernelArity`] records, in ascending func id.
+    pub kernels_off: u64,
+    /// Records at `kernels_off`.
+    pub kernel_count: u32,
     /// Padding.
-    pub reserved1: [u64; 6],
+    pub reserved0: u32,
+    /// Padding.
+    pub reserved1: [u64; 4],
 }
 
 const _: () = assert!(size_of::<TrbHeader>() == 192);
 const _: () = assert!(core::mem::offset_of!(TrbHeader, orch_config) == 128);
 const _: () = assert!(core::mem::offset_of!(TrbHeader, orch_kind) == 136);
+
+/// What one kernel's signature says of the arguments a task must pass it: a submit naming the
+/// kernel is refused unless its tensors, their tags and its scalars match.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct KernelArity {
+    /// The kernel's func id.
+    pub func_id: u32,
+    /// Tensor arguments (the signature's entries other than scalars).
+    pub tensors: u16,
+    /// Scalar arguments.
+    pub scalars: u16,
+    /// Bit `i`: the kernel reads tensor `i`.
+    pub reads: u32,
+    /// Bit `i`: the kernel writes tensor `i`.
+    pub writes: u32,
+}
+
+const _: () = assert!(size_of::<KernelArity>() == 16);
 
 /// `TrbHeader::orch_kind`: `orch_entry` is a Rust `NativeOrchFn` of the program running the
 /// image (the simulator).

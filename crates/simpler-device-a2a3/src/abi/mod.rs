@@ -47,7 +47,7 @@ pub const MAX_FUNC_IDS: usize = 1024;
 pub const MAX_CALLABLE_SLOTS: usize = 64;
 /// Version of the layouts in this module; bumped on any change so stale device programs are
 /// refused.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// Kind of an AICore core, as stored in the handshake record.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]

@@ -19,10 +19,11 @@ use core::sync::atomic::AtomicU64;
 
 use crate::abi::handshake::Handshake;
 use crate::abi::image::{
-    AicpuRecord, CoreSlot, HBG_IMAGE_MAGIC, ImageHeader, MAX_PHASE_THREADS, PhaseRecord,
-    READY_QUEUE_COUNT, ReadyQueueHeader, SECTION_ALIGN, ScopeRecord, SharedHeader, SubmitRecord,
-    SwimlaneHeader, SwimlaneRecord, TRB_IMAGE_MAGIC, TaskRecord, TrbDiagHeader, TrbHeader,
-    TrbStatus, aicpu_swimlane_block_bytes, launch_cores, swimlane_block_bytes, trb_diag_bytes,
+    AicpuRecord, CoreSlot, HBG_IMAGE_MAGIC, ImageHeader, KernelArity, MAX_PHASE_THREADS,
+    PhaseRecord, READY_QUEUE_COUNT, ReadyQueueHeader, SECTION_ALIGN, ScopeRecord, SharedHeader,
+    SubmitRecord, SwimlaneHeader, SwimlaneRecord, TRB_IMAGE_MAGIC, TaskRecord, TrbDiagHeader,
+    TrbHeader, TrbStatus, aicpu_swimlane_block_bytes, launch_cores, swimlane_block_bytes,
+    trb_diag_bytes,
 };
 use crate::abi::payload::{DispatchPayload, PayloadPair};
 use crate::abi::{ABI_VERSION, MAX_FUNC_IDS, MAX_LAUNCH_CORES};
@@ -159,6 +160,8 @@ impl<'a> ImageView<'a> {
             let n = u64::from(trb.num_tensors);
             let args = (n * 132).div_ceil(8) * 8 + u64::from(trb.num_scalars) * 8;
             check(trb.args_off, args, "trb arguments")?;
+            let kernels = u64::from(trb.kernel_count) * size_of::<KernelArity>() as u64;
+            check(trb.kernels_off, kernels, "trb kernels")?;
             if trb.diag_off != 0 {
                 check(trb.diag_off, size_of::<TrbDiagHeader>() as u64, "trb diagnostics")?;
                 // SAFETY: the header was just checked to lie inside the image; plain u32
@@ -187,6 +190,20 @@ impl<'a> ImageView<'a> {
     /// The trb runtime section, if this is a trb image.
     pub fn trb_header(&self) -> Option<&'a TrbHeader> {
         (self.header.magic == TRB_IMAGE_MAGIC).then(|| self.trb_header_unchecked())
+    }
+
+    /// The arities of the callable's kernels, in ascending func id (empty unless this is a trb
+    /// image).
+    pub fn trb_kernels(&self) -> &'a [KernelArity] {
+        let Some(t) = self.trb_header() else { return &[] };
+        // SAFETY: checked in `from_raw_sections` to lie inside the image, 64-aligned (the
+        // records need 4); plain data written by the host before the launch.
+        unsafe {
+            core::slice::from_raw_parts(
+                self.base.add(t.kernels_off as usize).cast::<KernelArity>(),
+                t.kernel_count as usize,
+            )
+        }
     }
 
     /// The trb orchestration's status record, if this is a trb image.

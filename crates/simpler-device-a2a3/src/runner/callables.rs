@@ -7,13 +7,14 @@ use std::sync::Arc;
 use super::{Core, oom, unusable};
 use crate::abi::MAX_CALLABLE_SLOTS;
 use crate::abi::MAX_FUNC_IDS;
+use crate::abi::image::KernelArity;
 use crate::abi::launch::CoreKernelHeader;
 use crate::backend::{LoadedCode, ResolvedKernels};
 use crate::callable::{ChipCallable, Orchestration};
 use crate::error::{DeviceError, MemPurpose};
 use crate::options::RuntimeVariant;
 use crate::runner::ChipSlot;
-use crate::runtime::DeviceOrchestration;
+use crate::runtime::{DeviceOrchestration, arity};
 
 /// One registered callable.
 #[derive(Debug)]
@@ -26,8 +27,8 @@ pub(crate) struct Registered {
     pub(crate) buffer_hash: u64,
     /// Kernel entry address per func id (0 = unset); written into each run's image.
     pub(crate) func_table: Box<[u64]>,
-    /// Which func ids are registered.
-    pub(crate) funcs: Vec<bool>,
+    /// The arity of every kernel, in ascending func id; written into each trb run's image.
+    pub(crate) kernels: Box<[KernelArity]>,
     /// Code holding kernels of this callable (and its orchestration, when the AICPU side
     /// loaded it); unloaded when it is unregistered.
     pub(crate) code: Vec<LoadedCode>,
@@ -82,17 +83,23 @@ pub(crate) fn chip_buffer_bytes(c: &ChipCallable, resolved: &ResolvedKernels) ->
     bytemuck::cast_slice(&headers).to_vec()
 }
 
-/// Kernel addresses by func id, and the set of func ids.
-pub(crate) fn func_table_of(resolved: &ResolvedKernels) -> (Box<[u64]>, Vec<bool>) {
+/// Kernel addresses by func id.
+pub(crate) fn func_table_of(resolved: &ResolvedKernels) -> Box<[u64]> {
     let mut table = vec![0u64; MAX_FUNC_IDS].into_boxed_slice();
-    let mut funcs = vec![false; MAX_FUNC_IDS];
     for &(id, addr) in &resolved.kernels {
         if let Some(slot) = table.get_mut(id as usize) {
             *slot = addr;
-            funcs[id as usize] = true;
         }
     }
-    (table, funcs)
+    table
+}
+
+/// The arity of each of `c`'s kernels, in ascending func id.
+pub(crate) fn kernel_arities(c: &ChipCallable) -> Box<[KernelArity]> {
+    let mut kernels: Vec<KernelArity> =
+        c.children().iter().map(|(id, k)| arity::arity_of(*id, k.signature())).collect();
+    kernels.sort_unstable_by_key(|k| k.func_id);
+    kernels.into_boxed_slice()
 }
 
 impl CallableTable {
@@ -153,7 +160,7 @@ impl Core {
                 return Err(e);
             }
         };
-        let (func_table, funcs) = func_table_of(&resolved);
+        let func_table = func_table_of(&resolved);
         tracing::debug!(
             device = self.opts.device_id,
             slot,
@@ -168,7 +175,7 @@ impl Core {
             generation,
             buffer_hash: hash,
             func_table,
-            funcs,
+            kernels: kernel_arities(c),
             code: resolved.code,
             device_orchestration,
         });

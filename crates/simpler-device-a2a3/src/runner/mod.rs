@@ -488,7 +488,7 @@ impl Core {
             run_id,
             callable: &reg.callable,
             device_orchestration: reg.device_orchestration,
-            funcs: &reg.funcs,
+            kernels: &reg.kernels,
             func_table: &reg.func_table,
             stamp: (reg.generation << 8) | u64::from(req.callable.0),
             tensors: &tensors,

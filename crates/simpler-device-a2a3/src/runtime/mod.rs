@@ -1,6 +1,7 @@
 //! The chip runtimes and the runtime seam: the `ChipRuntime` trait the runner binds a run
 //! through, and the `BoundRun` it gets back.
 //!
+//! - `arity`: what each kernel's signature says a task must pass it, checked at every submit.
 //! - `orch`: the orchestration ops table and the safe `OrchCtx` (shared by both runtimes).
 //! - `hbg`: host_build_graph — the graph is built on the host and uploaded whole.
 //! - `trb`: tensormap_and_ringbuffer — the orchestration runs on an AICPU thread and the rings
@@ -14,6 +15,7 @@
 //! image the runtime wrote, launches, reaps and cleans up. `docs/device-seams.md` describes the
 //! data flow.
 
+pub(crate) mod arity;
 pub mod hbg;
 pub mod orch;
 pub(crate) mod trb;
@@ -24,7 +26,7 @@ use std::time::Duration;
 use simpler_types::{CallConfig, DeviceTaskId, RunId, Tensor, TensorArgType};
 
 use crate::abi::codes::{RuntimeCode, StallClass};
-use crate::abi::image::SharedHeader;
+use crate::abi::image::{KernelArity, SharedHeader};
 use crate::abi::{CorePlace, CoreType};
 use crate::aicpu::view::HostImageView;
 use crate::diag::timing::RunPhases;
@@ -55,8 +57,8 @@ pub(crate) struct BindInputs<'a> {
     /// Its orchestration as the AICPU side loaded it (a `DeviceObject` under
     /// tensormap_and_ringbuffer), `None` for a host-run or `Native` one.
     pub(crate) device_orchestration: Option<DeviceOrchestration>,
-    /// Which func ids the callable registers.
-    pub(crate) funcs: &'a [bool],
+    /// The arity of every kernel the callable registers, in ascending func id.
+    pub(crate) kernels: &'a [KernelArity],
     /// Kernel entry address per func id (0 = unset).
     pub(crate) func_table: &'a [u64],
     /// The active-callable stamp (slot and registration generation) the image records.

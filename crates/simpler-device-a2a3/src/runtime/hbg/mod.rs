@@ -154,7 +154,8 @@ impl ChipRuntime for HostBuildGraph {
             task_window: ring0.task_window.unwrap_or(inp.rings.task_window),
             heap_bytes: ring0.heap_bytes.unwrap_or(inp.rings.heap_bytes),
             block_dim: inp.block_dim,
-            funcs: inp.funcs,
+            kernels: inp.kernels,
+            check_arity: true,
         };
         check_arg_count(run_id, config, &args)?;
         let graph = {

@@ -16,7 +16,7 @@ use super::image::{TrbImage, TrbReport, write_image};
 use super::sizing;
 use super::storage::{ArenaLayout, ArenaShape, MAX_ENTRY_TENSORS};
 use crate::abi::codes::RuntimeCode;
-use crate::abi::image::{ORCH_KIND_C, ORCH_KIND_NATIVE};
+use crate::abi::image::{KernelArity, ORCH_KIND_C, ORCH_KIND_NATIVE};
 use crate::abi::launch::{PROFILE_DEP_GEN, PROFILE_SCOPE_STATS, PROFILE_SWIMLANE};
 use crate::aicpu::view::HostImageView;
 use crate::callable::{OrchArgs, Orchestration};
@@ -54,8 +54,8 @@ pub(crate) struct TrbRun {
     threads: u32,
     scheduler_budget: Duration,
     profiling: u32,
-    /// Which func ids the callable registers (for the dependency-graph replay).
-    funcs: Vec<bool>,
+    /// The callable's kernels (for the dependency-graph replay).
+    kernels: Vec<KernelArity>,
     /// Kernel names by func id, for `deps.dot` and the swimlane trace.
     kernel_names: diag::dot::KernelNames,
     plan: DiagPlan,
@@ -161,6 +161,7 @@ impl ChipRuntime for TensormapAndRingbuffer {
             tensors: inp.tensors,
             tags: inp.tags,
             scalars: inp.scalars,
+            kernels: inp.kernels,
             scope_records: if plan.scope_stats || plan.dep_gen { SCOPE_RECORDS } else { 0 },
             submit_records: if plan.dep_gen { SUBMIT_RECORDS } else { 0 },
         };
@@ -179,7 +180,7 @@ impl ChipRuntime for TensormapAndRingbuffer {
             threads: inp.threads,
             scheduler_budget: self.scheduler_budget,
             profiling,
-            funcs: if plan.dep_gen { inp.funcs.to_vec() } else { Vec::new() },
+            kernels: if plan.dep_gen { inp.kernels.to_vec() } else { Vec::new() },
             kernel_names,
             plan,
         }))
@@ -197,7 +198,7 @@ impl TrbRun {
                 records.submit_dropped
             ));
         }
-        match trb_diag::replay(records, self.run_id, self.block_dim, &self.funcs) {
+        match trb_diag::replay(records, self.run_id, self.block_dim, &self.kernels) {
             Ok(r) => {
                 if let Some(first) = r.mismatches.first() {
                     out.warn(format!(

@@ -17,7 +17,9 @@ use std::collections::HashMap;
 
 use simpler_types::{DeviceTaskId, RunId, Tensor};
 
-use crate::abi::image::{FINISHED_PRODUCER, SUBMIT_RECORD_PRODUCERS, ScopeRecord, SubmitRecord};
+use crate::abi::image::{
+    FINISHED_PRODUCER, KernelArity, SUBMIT_RECORD_PRODUCERS, ScopeRecord, SubmitRecord,
+};
 use crate::aicpu::view::HostImageView;
 use crate::diag::scopes::{ScopeLine, ScopeSummary};
 use crate::error::DeviceError;
@@ -131,14 +133,22 @@ pub(crate) struct Replay {
 }
 
 /// Replays `records` (of a run of `run_id` on `block_dim` clusters whose callable registers
-/// `funcs`) through the host tensor map; an error names the record the builder refused.
+/// `kernels`) through the host tensor map; an error names the record the builder refused.
 pub(crate) fn replay(
     records: &TrbDiagRecords,
     run_id: RunId,
     block_dim: u32,
-    funcs: &[bool],
+    kernels: &[KernelArity],
 ) -> Result<Replay, String> {
-    let limits = BuildLimits { task_window: u32::MAX, heap_bytes: u64::MAX, block_dim, funcs };
+    // The device checked each submit against the kernels' signatures; the records keep no
+    // scalars to check again.
+    let limits = BuildLimits {
+        task_window: u32::MAX,
+        heap_bytes: u64::MAX,
+        block_dim,
+        kernels,
+        check_arity: false,
+    };
     let mut env = ReplayEnv;
     let mut scratch = BuildScratch::default();
     let mut b = GraphBuilder::new(run_id, limits, &mut env, &[], &mut scratch);
@@ -295,9 +305,8 @@ mod tests {
     }
 
     fn replayed(records: &TrbDiagRecords) -> Replay {
-        let mut funcs = vec![false; 8];
-        funcs[FUNC as usize] = true;
-        replay(records, RunId::FIRST, 1, &funcs).unwrap()
+        let kernels = [KernelArity { func_id: FUNC as u32, ..KernelArity::default() }];
+        replay(records, RunId::FIRST, 1, &kernels).unwrap()
     }
 
     const W: u64 = 0; // ring 0, local 0

@@ -1,6 +1,7 @@
 //! Writes a tensormap_and_ringbuffer image: the frame every image has (header, handshake
 //! records, func table, shared header), then the runtime section — [`TrbHeader`], the
-//! [`TrbStatus`] the orchestration thread fills, and the orchestration's arguments.
+//! [`TrbStatus`] the orchestration thread fills, the orchestration's arguments, the diagnostics
+//! records when asked for, and the kernels' arities every submit is checked against.
 
 use core::mem::{offset_of, size_of};
 use core::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -10,8 +11,8 @@ use simpler_types::{Tensor, TensorArgType};
 
 use super::storage::ArenaLayout;
 use crate::abi::image::{
-    ImageLayout, ImageParams, READY_QUEUE_COUNT, SECTION_ALIGN, TRB_IMAGE_MAGIC, TRB_MESSAGE_BYTES,
-    TrbDiagHeader, TrbHeader, TrbStatus, trb_diag_bytes,
+    ImageLayout, ImageParams, KernelArity, READY_QUEUE_COUNT, SECTION_ALIGN, TRB_IMAGE_MAGIC,
+    TRB_MESSAGE_BYTES, TrbDiagHeader, TrbHeader, TrbStatus, trb_diag_bytes,
 };
 use crate::runtime::hbg::image::{
     ImageInputs, frame_header, put, put_i32, put_u32, put_u64, write_frame,
@@ -36,6 +37,8 @@ pub(crate) struct TrbImage<'a> {
     pub(crate) tensors: &'a [Tensor],
     pub(crate) tags: &'a [TensorArgType],
     pub(crate) scalars: &'a [u64],
+    /// The callable's kernels, in ascending func id.
+    pub(crate) kernels: &'a [KernelArity],
     /// Scope records the diagnostics section holds (0 = none).
     pub(crate) scope_records: u32,
     /// Submit records the diagnostics section holds (0 = none).
@@ -59,10 +62,13 @@ pub(crate) fn write_image(
     let diag_rel = (head + args).div_ceil(SECTION_ALIGN) * SECTION_ALIGN;
     let with_diag = trb.scope_records > 0 || trb.submit_records > 0;
     let diag = if with_diag { trb_diag_bytes(trb.scope_records, trb.submit_records) } else { 0 };
+    // The kernels' arities follow, 64-aligned.
+    let kernels_rel = diag_rel.checked_add(diag)?.div_ceil(SECTION_ALIGN) * SECTION_ALIGN;
+    let kernels = trb.kernels.len() as u64 * size_of::<KernelArity>() as u64;
     let layout = ImageLayout::compute(&ImageParams {
         task_count: 0,
         edge_count: 0,
-        args_bytes: diag_rel.checked_add(diag)?,
+        args_bytes: kernels_rel.checked_add(kernels)?,
         num_aicore: 3 * frame.block_dim,
         queue_capacity: [0; READY_QUEUE_COUNT],
         swimlane_capacity: frame.swimlane_capacity,
@@ -93,7 +99,10 @@ pub(crate) fn write_image(
         orch_config: trb.orch_config,
         orch_kind: trb.orch_kind,
         arena_kept: u32::from(trb.arena_kept),
-        reserved1: [0; 6],
+        kernels_off: layout.args_off + kernels_rel,
+        kernel_count: u32::try_from(trb.kernels.len()).ok()?,
+        reserved0: 0,
+        reserved1: [0; 4],
     };
     put(b, layout.args_off, bytemuck::bytes_of(&section));
     if with_diag {
@@ -101,6 +110,7 @@ pub(crate) fn write_image(
         put_u32(b, off + offset_of!(TrbDiagHeader, scope_capacity) as u64, trb.scope_records);
         put_u32(b, off + offset_of!(TrbDiagHeader, submit_capacity) as u64, trb.submit_records);
     }
+    put(b, section.kernels_off, bytemuck::cast_slice(trb.kernels));
     let n = trb.tensors.len() as u64;
     for (i, t) in trb.tensors.iter().enumerate() {
         put(b, args_off + 128 * i as u64, &t.to_bytes());

@@ -22,6 +22,7 @@ use crate::aicpu::text::FixedText;
 use crate::aicpu::view::ImageView;
 use crate::aicpu::{AicpuPlatform, LogLevel};
 use crate::callable::{NativeOrchFn, OrchArgs};
+use crate::runtime::arity;
 use crate::runtime::orch::{
     COrchArgs, COrchConfigFn, COrchEntryFn, ORCH_CAPACITY, ORCH_FAILED, ORCH_INVALID, ORCH_OK,
     OrchCtx, OrchError, SubmitDesc,
@@ -517,6 +518,16 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                 return self
                     .invalid(format_args!("submit: func id {f} is not registered by the callable"))
                     .into();
+            }
+        }
+        let kernels = self.view.trb_kernels();
+        for &f in funcs.iter().filter(|&&f| f != NO_FUNC) {
+            let Some(k) = arity::find(kernels, f as u32) else {
+                let why = format_args!("submit: func id {f} has no signature in the image");
+                return self.invalid(why).into();
+            };
+            if let Err(m) = arity::check(k, tags, scalars.len()) {
+                return self.invalid(format_args!("submit: {m}")).into();
             }
         }
         let members = match members_per_block(shape, &funcs) {

@@ -29,9 +29,10 @@ use simpler_types::{
 
 use crate::abi::MAX_FUNC_IDS;
 use crate::abi::codes::RuntimeCode;
-use crate::abi::image::{MAX_BLOCK_NUM, NO_FUNC, TaskShape};
+use crate::abi::image::{KernelArity, MAX_BLOCK_NUM, NO_FUNC, TaskShape};
 use crate::abi::payload::LOCAL_CONTEXT_SLOT;
 use crate::error::{CapacityResource, DeviceError, RuntimeFault};
+use crate::runtime::arity;
 use crate::runtime::orch::{
     ORCH_CAPACITY, ORCH_FAILED, ORCH_INVALID, ORCH_OK, ORCH_OPS_VERSION, OrchOps, SubmitDesc,
     c_ref, c_slice,
@@ -68,8 +69,11 @@ pub(crate) struct BuildLimits<'a> {
     pub(crate) heap_bytes: u64,
     /// Clusters of the launch.
     pub(crate) block_dim: u32,
-    /// Func ids the callable registers.
-    pub(crate) funcs: &'a [bool],
+    /// The arity of every kernel the callable registers, in ascending func id.
+    pub(crate) kernels: &'a [KernelArity],
+    /// Whether a task's arguments must match its kernels' signatures (every build but the
+    /// replay of submits the device already checked, whose records keep no scalars).
+    pub(crate) check_arity: bool,
 }
 
 /// Where a dependency edge came from.
@@ -352,7 +356,17 @@ impl<'e> GraphBuilder<'e> {
                 );
             }
         }
-        if let Some((written, other)) = simpler_types::overlapping_write(tensors, &parsed_tags) {
+        let parsed_tags = &parsed_tags[..tensors.len()];
+        if self.limits.check_arity {
+            for f in func_ids.iter().filter(|&&f| f != NO_FUNC) {
+                // `check_kernels` found every named func id registered.
+                let Some(k) = arity::find(self.limits.kernels, *f as u32) else { continue };
+                if let Err(m) = arity::check(k, parsed_tags, scalars.len()) {
+                    return i64::from(self.invalid(format!("task#{task_index}: {m}")));
+                }
+            }
+        }
+        if let Some((written, other)) = simpler_types::overlapping_write(tensors, parsed_tags) {
             let run_id = self.run_id;
             let task = task_index;
             return i64::from(self.latch(DeviceError::OverlappingArguments {
@@ -509,7 +523,7 @@ impl<'e> GraphBuilder<'e> {
             if f < 0 || f as usize >= MAX_FUNC_IDS {
                 return Err(format!("func id {f} out of range 0..{MAX_FUNC_IDS}"));
             }
-            if !self.limits.funcs.get(f as usize).copied().unwrap_or(false) {
+            if arity::find(self.limits.kernels, f as u32).is_none() {
                 return Err(format!("func id {f} is not registered in the callable"));
             }
         }

@@ -25,15 +25,19 @@ impl BuildEnv for FakeEnv {
     }
 }
 
-/// Func id 1 registered.
-const FUNCS: [bool; MAX_FUNC_IDS] = {
-    let mut funcs = [false; MAX_FUNC_IDS];
-    funcs[1] = true;
-    funcs
-};
+/// Func id 1 registered; the tests of the graph pass it whatever arguments they need, so its
+/// arity is checked only where a test says so.
+const KERNELS: [KernelArity; 1] =
+    [KernelArity { func_id: 1, tensors: 0, scalars: 0, reads: 0, writes: 0 }];
 
 fn limits() -> BuildLimits<'static> {
-    BuildLimits { task_window: 64, heap_bytes: 1 << 16, block_dim: 2, funcs: &FUNCS }
+    BuildLimits {
+        task_window: 64,
+        heap_bytes: 1 << 16,
+        block_dim: 2,
+        kernels: &KERNELS,
+        check_arity: false,
+    }
 }
 
 /// What a builder borrows: the device and the scratch kept across builds.
@@ -141,6 +145,34 @@ fn func_ids_must_be_in_range_and_registered() {
     let mut b = builder(&mut f);
     assert!(b.submit([NO_FUNC, 7, NO_FUNC], TaskShape::Aiv as u32, 1, &[], &[], &[]) < 0);
     assert!(message(b.finish().unwrap_err()).contains("func id 7 is not registered"));
+}
+
+#[test]
+fn a_task_must_pass_its_kernels_what_their_signatures_declare() {
+    use crate::callable::ArgDirection::{In, Out};
+    let kernels = [crate::runtime::arity::arity_of(1, &[In, In, Out])];
+    let (input, output) = (TensorArgType::Input.as_i32(), TensorArgType::Output.as_i32());
+    let ts = [buf(0, 4), buf(64, 4), buf(128, 4)];
+    let submit = |tensors: &[Tensor], tags: &[i32], scalars: &[u64]| {
+        let mut f = Fixture::default();
+        let limits = BuildLimits { kernels: &kernels, check_arity: true, ..limits() };
+        let mut b =
+            GraphBuilder::new(RunId::FIRST, limits, &mut f.env, &[buf(0, 1024)], &mut f.scratch);
+        let status = b.submit(AIV, TaskShape::Aiv as u32, 1, tensors, tags, scalars);
+        (status, b.finish().err().map(message))
+    };
+    assert!(submit(&ts, &[input, input, output], &[]).0 >= 0);
+    // Scalars where the kernel looks for descriptors.
+    let (status, e) = submit(&[], &[], &[1, 2, 3]);
+    assert_eq!(status, i64::from(ORCH_INVALID));
+    assert_eq!(
+        e.as_deref(),
+        Some("task#0: func id 1 takes 3 tensors and 0 scalars; the task passes 0 and 3")
+    );
+    // A tensor the kernel writes, tagged as read only.
+    let (status, e) = submit(&ts, &[input, input, input], &[]);
+    assert_eq!(status, i64::from(ORCH_INVALID));
+    assert_eq!(e.as_deref(), Some("task#0: func id 1 writes tensor 2, which the task tags INPUT"));
 }
 
 #[test]
