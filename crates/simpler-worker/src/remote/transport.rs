@@ -450,7 +450,7 @@ fn serve_loop(
             heard(shared, from);
             match Arriving::start(probed) {
                 Ok(frame) => receiving.push(frame),
-                Err(e) => lose_received(shared, from, e),
+                Err(e) => lose(shared, from, Way::In, e),
             }
         }
         busy |= poll_receives(shared, &mut receiving);
@@ -531,8 +531,7 @@ fn poll_sends(shared: &Shared, sending: &mut Vec<InFlight>) -> bool {
         Ok(done) => !done,
         Err(e) => {
             if !f.health {
-                tracing::error!(rank = f.to, error = %e, "a frame could not be sent");
-                shared.lose_frame(f.to, e);
+                lose(shared, f.to, Way::Out, e);
             }
             false
         }
@@ -561,7 +560,7 @@ fn poll_receives(shared: &Shared, receiving: &mut Vec<Arriving>) -> bool {
                 true
             }
             Err(e) => {
-                lose_received(shared, f.from, e);
+                lose(shared, f.from, Way::In, e);
                 false
             }
         }
@@ -569,9 +568,23 @@ fn poll_receives(shared: &Shared, receiving: &mut Vec<Arriving>) -> bool {
     receiving.len() < before
 }
 
-fn lose_received(shared: &Shared, from: i32, e: RemoteError) {
-    tracing::error!(rank = from, error = %e, "a frame could not be received");
-    shared.lose_frame(from, e);
+/// Which way a lost frame was going.
+#[derive(Clone, Copy)]
+enum Way {
+    /// To the rank: MPI refused or failed its send.
+    Out,
+    /// From the rank: MPI failed its receive.
+    In,
+}
+
+/// Logs a data frame to or from `rank` that MPI lost and records it, so that the waits on that
+/// rank fail with `e` instead of waiting for a reply that will not come.
+fn lose(shared: &Shared, rank: i32, way: Way, e: RemoteError) {
+    match way {
+        Way::Out => tracing::error!(rank, error = %e, "a frame could not be sent"),
+        Way::In => tracing::error!(rank, error = %e, "a frame could not be received"),
+    }
+    shared.lose_frame(rank, e);
 }
 
 /// Gives the frames still being sent or received [`LEAVE_GRACE`] to complete (a received one
@@ -620,10 +633,7 @@ fn run_command(
             }
             match InFlight::start(comm, to, on_health, TAG, bytes) {
                 Ok(f) => sending.push(f),
-                Err(e) => {
-                    tracing::error!(rank = to, error = %e, "a frame could not be sent");
-                    shared.lose_frame(to, e);
-                }
+                Err(e) => lose(shared, to, Way::Out, e),
             }
             if !on_health && let Some(d) = drills.stall_after_send.take() {
                 std::thread::sleep(d);
