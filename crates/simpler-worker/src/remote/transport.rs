@@ -51,6 +51,8 @@ const HOT_SPELL: Duration = Duration::from_millis(2);
 const MAX_PARK: Duration = Duration::from_millis(1);
 /// Frames kept for a rank with no open inbox; older ones are dropped beyond this.
 const MAX_BACKLOG: usize = 64;
+/// The errors of lost frames kept per rank beside the first one's.
+const KEPT_LOSSES: usize = 16;
 /// Tag of every frame (communicators keep data and health apart, not tags).
 const TAG: i32 = 1;
 
@@ -97,7 +99,8 @@ struct Shared {
     inboxes: Mutex<Vec<Inbox>>,
     /// Per rank: the frames lost since its session opened, ones from it that did not decode
     /// or ones to it that MPI refused. Which task's frame it was is unknown, so every wait on
-    /// that rank fails with the first rather than waiting for a reply that will not come.
+    /// that rank fails with the first lost since its request rather than waiting for a reply
+    /// that will not come.
     lost: Mutex<Vec<Lost>>,
     /// Set by the MPI thread when it leaves its loop (finalized or failed).
     stopped: AtomicBool,
@@ -128,12 +131,11 @@ impl Shared {
         self.epoch.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64
     }
 
-    /// The error of the first frame lost to or from `rank` since its session opened, once more
-    /// than `before` were lost.
+    /// The error of the first frame lost to or from `rank` after the `before`-th since its
+    /// session opened (see [`Lost::since`]).
     fn lost_since(&self, rank: i32, before: u64) -> Option<RemoteError> {
         let lost = self.lost.lock();
-        let l = lost.get(usize::try_from(rank).ok()?)?;
-        if l.count > before { l.first.clone() } else { None }
+        lost.get(usize::try_from(rank).ok()?)?.since(before)
     }
 
     /// How many frames to or from `rank` were lost since its session opened.
@@ -147,12 +149,11 @@ impl Shared {
         self.lost_since(rank, 0)
     }
 
-    /// Records `e` as a frame lost to or from `rank` (the first one's error is kept).
+    /// Records `e` as a frame lost to or from `rank`.
     fn lose_frame(&self, rank: i32, e: RemoteError) {
         let mut lost = self.lost.lock();
         if let Some(l) = usize::try_from(rank).ok().and_then(|r| lost.get_mut(r)) {
-            l.first.get_or_insert(e);
-            l.count += 1;
+            l.record(e);
         }
     }
 }
@@ -160,8 +161,38 @@ impl Shared {
 /// The frames lost to or from one rank since its session opened.
 #[derive(Default)]
 struct Lost {
+    /// The first one's error.
     first: Option<RemoteError>,
+    /// The errors of the latest [`KEPT_LOSSES`], each with its number (the first is 1), oldest
+    /// first.
+    latest: std::collections::VecDeque<(u64, RemoteError)>,
     count: u64,
+}
+
+impl Lost {
+    fn record(&mut self, e: RemoteError) {
+        self.count += 1;
+        if self.first.is_none() {
+            self.first = Some(e.clone());
+        }
+        if self.latest.len() == KEPT_LOSSES {
+            self.latest.pop_front();
+        }
+        self.latest.push_back((self.count, e));
+    }
+
+    /// The error of the first frame lost after the `before`-th, the one that concerns a wait
+    /// whose request went out when `before` were lost; when more were lost since than are
+    /// kept, the earliest kept. `None` while no more than `before` were lost.
+    fn since(&self, before: u64) -> Option<RemoteError> {
+        if self.count <= before {
+            return None;
+        }
+        if before == 0 {
+            return self.first.clone();
+        }
+        self.latest.iter().find(|(n, _)| *n > before).map(|(_, e)| e.clone())
+    }
 }
 
 /// This rank's handle on the MPI thread.
@@ -308,8 +339,9 @@ impl Transport {
         self.shared.lost_frame(rank)
     }
 
-    /// The error of the first frame lost to or from `rank` since its inbox opened, once more
-    /// than `before` were lost.
+    /// The error of the first frame lost to or from `rank` after the `before`-th since its
+    /// inbox opened: a wait whose request went out when `before` were lost fails with the
+    /// loss that may concern it, not with an earlier one.
     pub(crate) fn lost_since(&self, rank: i32, before: u64) -> Option<RemoteError> {
         self.shared.lost_since(rank, before)
     }
@@ -711,5 +743,27 @@ mod tests {
         }
         assert!(shared.lost_frame(2).is_none(), "only that rank's waits fail");
         assert!(shared.lost_frame(7).is_none());
+    }
+
+    #[test]
+    fn a_wait_begun_after_a_loss_fails_with_the_first_frame_lost_since() {
+        let shared = Shared::new(2);
+        let refused = |code| RemoteError::Mpi { op: "MPI_Isend", code };
+        shared.lose_frame(1, refused(1));
+        // A wait whose request went out now: the loss before it does not concern it.
+        let mark = shared.lost_count(1);
+        assert_eq!(shared.lost_since(1, mark), None);
+        shared.lose_frame(1, refused(2));
+        shared.lose_frame(1, refused(3));
+        assert_eq!(shared.lost_since(1, mark), Some(refused(2)));
+        assert_eq!(shared.lost_since(1, 0), Some(refused(1)), "a wait from the start: the first");
+        // More lost since the mark than are kept: the earliest kept.
+        for code in 4..40 {
+            shared.lose_frame(1, refused(code));
+        }
+        let earliest_kept = 40 - KEPT_LOSSES as i32;
+        assert_eq!(shared.lost_since(1, mark), Some(refused(earliest_kept)));
+        assert_eq!(shared.lost_since(1, 0), Some(refused(1)));
+        assert_eq!(shared.lost_since(1, 39), None);
     }
 }
