@@ -163,12 +163,47 @@ pub(crate) struct Inbound {
 
 /// Unpacks `wire` into arguments over fresh host buffers of this rank.
 pub(crate) fn unpack(wire: WireArgs) -> Result<Inbound, String> {
-    // The buffers sent without their bytes are allocated here: what is written into them must
-    // come back in one frame, so together they may be no larger than one (checked before
-    // anything is allocated on a peer's word).
-    let unsent = wire.buffers.iter().filter(|b| b.bytes.is_none()).map(|b| b.len);
-    let unsent = unsent.fold(0u64, u64::saturating_add);
-    if unsent > MAX_FRAME_BYTES as u64 {
+    unpack_within(wire, MAX_FRAME_BYTES as u64)
+}
+
+/// [`unpack`], with `limit` the bytes one reply frame carries.
+fn unpack_within(wire: WireArgs, limit: u64) -> Result<Inbound, String> {
+    // The tensors are checked on their descriptors alone, before anything is allocated on a
+    // peer's word.
+    let mut spans = Vec::new();
+    for (i, w) in wire.tensors.iter().enumerate() {
+        let t = &w.tensor;
+        let Some(k) = w.buffer else {
+            if t.is_null() {
+                continue;
+            }
+            return Err(format!("tensor {i} names no buffer"));
+        };
+        let len =
+            wire.buffers.get(k as usize).ok_or_else(|| format!("tensor {i}: no buffer {k}"))?.len;
+        // The memory the tensor names (`size` bytes at its offset), as its view's bytes, must
+        // lie inside its buffer, whether it is read or written.
+        if t.addr.checked_add(t.size).is_none_or(|end| end > len) {
+            return Err(format!("tensor {i} does not fit buffer {k}"));
+        }
+        if t.numel() != 0 {
+            let span = span_at_offset(t, len)
+                .ok_or_else(|| format!("tensor {i} has no byte span inside buffer {k}"))?;
+            if w.tag.writes() {
+                spans.push((k, span));
+            }
+        }
+    }
+    let plan = write_back_plan(spans, wire.buffers.len());
+    // What is written into the buffers sent without their bytes has to come back in one frame,
+    // so together it may be no larger than one. Only the bytes that come back count: a buffer
+    // that only empty views name sends nothing back, whatever its length.
+    let unsent = plan
+        .iter()
+        .filter(|&&(k, _, _)| wire.buffers[k as usize].bytes.is_none())
+        .map(|&(_, lo, hi)| (hi - lo) as u64)
+        .fold(0u64, u64::saturating_add);
+    if unsent > limit {
         return Err(format!("output buffers of {unsent} bytes, more than a frame holds"));
     }
     let mut buffers = Vec::with_capacity(wire.buffers.len());
@@ -185,29 +220,14 @@ pub(crate) fn unpack(wire: WireArgs) -> Result<Inbound, String> {
         buffers.push(buf.map_err(|e| format!("buffer {k}: {e}"))?);
     }
     let mut args = TaskArgs::new();
-    let mut spans = Vec::new();
     for (i, w) in wire.tensors.into_iter().enumerate() {
         let mut t: Tensor = w.tensor;
         if let Some(k) = w.buffer {
-            let buf =
-                buffers.get(k as usize).ok_or_else(|| format!("tensor {i}: no buffer {k}"))?;
-            // The memory the tensor names (`size` bytes at its offset), as its view's bytes,
-            // must lie inside its buffer, whether it is read or written.
-            let inside = t.addr.checked_add(t.size).is_some_and(|end| end <= buf.len());
-            t.addr = buf
-                .addr()
+            // Its buffer exists and holds it (checked above).
+            let base = buffers[k as usize].addr();
+            t.addr = base
                 .checked_add(t.addr)
-                .filter(|_| inside)
                 .ok_or_else(|| format!("tensor {i} does not fit buffer {k}"))?;
-            if t.numel() != 0 {
-                let span = span_in(&t, buf.addr(), buf.len())
-                    .ok_or_else(|| format!("tensor {i} has no byte span inside buffer {k}"))?;
-                if w.tag.writes() {
-                    spans.push((k, span));
-                }
-            }
-        } else if !t.is_null() {
-            return Err(format!("tensor {i} names no buffer"));
         }
         t.validate().map_err(|e| format!("tensor {i}: {e}"))?;
         args.add_tensor(t, w.tag).map_err(|e| format!("tensor {i}: {e}"))?;
@@ -215,8 +235,16 @@ pub(crate) fn unpack(wire: WireArgs) -> Result<Inbound, String> {
     for v in wire.scalars {
         args.add_scalar(v).map_err(|e| format!("scalars: {e}"))?;
     }
-    let plan = write_back_plan(spans, buffers.len());
     Ok(Inbound { args, buffers, plan })
+}
+
+/// The offsets `[lo, hi)` of the bytes tensor `t` can touch in a buffer of `len` bytes, its
+/// `addr` holding its offset there (as on the wire), if they lie inside it.
+fn span_at_offset(t: &Tensor, len: u64) -> Option<(usize, usize)> {
+    // A tensor at address 0 is the null tensor: measure it at a base of 1 instead.
+    let mut at = *t;
+    at.addr = t.addr.checked_add(1)?;
+    span_in(&at, 1, len)
 }
 
 impl Inbound {
@@ -298,26 +326,56 @@ mod tests {
         back.write_back(1, &inbound.written()).unwrap();
     }
 
+    /// One tensor overwriting a whole buffer of `len` bytes sent without its bytes, `copies`
+    /// times.
+    fn outputs_over(len: u64, copies: usize) -> WireArgs {
+        let shape = [(len >> 20) as u32, 1 << 20];
+        let tensor = Tensor::with_buffer(0, len, &shape, DataType::UInt8).unwrap();
+        WireArgs {
+            tensors: (0..copies)
+                .map(|k| WireTensor { tensor, tag: TensorArgType::Output, buffer: Some(k as u32) })
+                .collect(),
+            scalars: Vec::new(),
+            buffers: (0..copies).map(|_| WireBuffer { len, bytes: None }).collect(),
+        }
+    }
+
     #[test]
     fn a_tensor_outside_its_buffer_or_a_buffer_no_frame_could_return_is_refused() {
         assert!(unpack(input_at(0)).is_ok());
         // An input is read on this rank: it must lie inside its buffer as a written one must.
         let outside = unpack(input_at(8)).err().expect("an input past its buffer's end");
         assert!(outside.contains("tensor 0"), "{outside}");
-        let huge = WireArgs {
-            tensors: Vec::new(),
-            scalars: Vec::new(),
-            buffers: vec![WireBuffer { len: 1 << 40, bytes: None }],
-        };
-        let refused = unpack(huge).err().expect("a buffer larger than a frame");
+        let refused = unpack(outputs_over(1 << 40, 1)).err().expect("a buffer larger than a frame");
         assert!(refused.contains("more than a frame holds"), "{refused}");
         // Nor may many buffers that each fit a frame, together.
-        let many = WireArgs {
-            tensors: Vec::new(),
-            scalars: Vec::new(),
-            buffers: (0..3).map(|_| WireBuffer { len: 1 << 30, bytes: None }).collect(),
-        };
-        let refused = unpack(many).err().expect("3 GiB of output buffers");
+        let refused = unpack(outputs_over(1 << 30, 3)).err().expect("3 GiB of output buffers");
         assert!(refused.contains("more than a frame holds"), "{refused}");
+    }
+
+    #[test]
+    fn a_buffer_only_empty_views_name_counts_nothing_against_the_reply_frame() {
+        let task = TaskId::new(simpler_types::RunId::from_raw(1).unwrap(), 0);
+        // Two 64-byte buffers of rank 0, against a reply frame of 48 bytes: one named only by
+        // an empty output view, the other overwritten whole, so both cross without their bytes.
+        let (a, b) = (HostBuffer::new(64).unwrap(), HostBuffer::new(64).unwrap());
+        let empty = a.tensor(&[0], DataType::Float32).unwrap();
+        let whole = b.tensor(&[16], DataType::Float32).unwrap();
+        let packed = |tensors: &[Tensor]| {
+            let mut args = TaskArgs::new();
+            for t in tensors {
+                args.add_output(*t).unwrap();
+            }
+            let (wire, _) = pack(1, task, args.view()).map_err(|e| e.to_string()).unwrap();
+            assert!(wire.buffers.iter().all(|b| b.bytes.is_none() && b.len == 64));
+            wire
+        };
+        match unpack_within(packed(&[empty]), 48) {
+            Ok(inbound) => assert!(inbound.written().is_empty()),
+            Err(e) => panic!("an empty view's buffer, of which nothing comes back: {e}"),
+        }
+        let refused = unpack_within(packed(&[empty, whole]), 48).err();
+        let refused = refused.expect("64 bytes to come back in a frame of 48");
+        assert!(refused.contains("output buffers of 64 bytes"), "{refused}");
     }
 }
