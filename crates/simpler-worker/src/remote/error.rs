@@ -339,6 +339,15 @@ pub enum ServeError {
     /// Closing the L3 worker at shutdown reported errors (rank 0 was told).
     #[error(transparent)]
     Close(Box<CloseError>),
+    /// Closing the L3 worker at shutdown reported errors, and rank 0 could not be told: its
+    /// `ShutdownDone` was not sent.
+    #[error("{close} (rank 0 was not told: {report})")]
+    CloseUnreported {
+        /// What the close reported.
+        close: Box<CloseError>,
+        /// Why `ShutdownDone` could not be sent.
+        report: RemoteError,
+    },
 }
 
 impl From<StartError> for ServeError {

@@ -10,7 +10,8 @@
 //!    (`tensors`), and is answered by `Completion` with the outcome: on success the bytes its
 //!    write-tagged tensors can touch, on failure the failure chain.
 //! 5. `Shutdown` → close the worker, reply `ShutdownDone` with what the close reported,
-//!    close the inbox and return.
+//!    close the inbox and return what the close reported; a reply that cannot be sent is
+//!    returned beside the close's errors ([`ServeError::CloseUnreported`]), never instead.
 //!
 //! Between tasks, rank 0 may register a graph after start, in two phases: `Prepare` (answered
 //! `Prepared`, ready or with the refusal) and then `Commit` or `Abort`. A graph listed with
@@ -34,7 +35,7 @@ use super::tensors::unpack;
 use super::transport::{MAX_FRAME_BYTES, Transport, check_frame};
 use super::{MpiJob, graph_entry};
 use crate::builder::HostWorkerBuilder;
-use crate::error::{BoxError, RunErrorKind, WorkerError};
+use crate::error::{BoxError, CloseError, RunErrorKind, WorkerError};
 use crate::graph::{GraphBuilder, Orchestration};
 use crate::handle::GraphFn;
 use crate::worker::Worker;
@@ -268,10 +269,34 @@ fn serve_session(
             Packet::Shutdown => {
                 let closed = worker.close();
                 let errors = closed.as_ref().err().map(|e| vec![e.to_string()]).unwrap_or_default();
-                t.send(0, &Packet::ShutdownDone { errors })?;
-                return closed.map_err(ServeError::from);
+                let told = t.send(0, &Packet::ShutdownDone { errors });
+                return shut_down(closed, told);
             }
             other => tracing::warn!(?other, "ignoring an unexpected frame from rank 0"),
+        }
+    }
+}
+
+/// What `serve_l3` returns once the worker closed at `Shutdown` (`closed`) and rank 0 was sent
+/// `ShutdownDone` (`told`). A close error comes first; a send that failed as well stays beside
+/// it, and is logged with it, rather than replacing it.
+fn shut_down(
+    closed: Result<(), CloseError>,
+    told: Result<(), RemoteError>,
+) -> Result<(), ServeError> {
+    match (closed, told) {
+        (closed, Ok(())) => closed.map_err(ServeError::from),
+        (Ok(()), Err(report)) => {
+            tracing::error!(error = %report, "could not send ShutdownDone to rank 0");
+            Err(report.into())
+        }
+        (Err(close), Err(report)) => {
+            tracing::error!(
+                close = %close,
+                error = %report,
+                "closing the L3 worker failed, and ShutdownDone could not tell rank 0"
+            );
+            Err(ServeError::CloseUnreported { close: Box::new(close), report })
         }
     }
 }
@@ -388,5 +413,32 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(large.len() <= 1024);
+    }
+
+    #[test]
+    fn a_close_error_that_could_not_reach_rank_0_is_returned_with_the_failed_send_beside_it() {
+        let close = || CloseError {
+            teardown: vec![crate::error::TeardownError {
+                what: "L3 / chip 0".to_owned(),
+                message: "the device did not release".to_owned(),
+            }],
+            ..CloseError::default()
+        };
+        match shut_down(Err(close()), Err(RemoteError::Finalized)) {
+            Err(ServeError::CloseUnreported { close, report: RemoteError::Finalized }) => {
+                assert_eq!(close.teardown[0].message, "the device did not release");
+            }
+            other => panic!("a close error whose ShutdownDone was lost gave {other:?}"),
+        }
+        let text = shut_down(Err(close()), Err(RemoteError::Finalized)).unwrap_err().to_string();
+        assert!(text.starts_with(&close().to_string()), "the close error comes first: {text}");
+        assert!(text.contains(&RemoteError::Finalized.to_string()), "{text}");
+        // Only one of them failed: that one, as before.
+        assert!(matches!(shut_down(Err(close()), Ok(())), Err(ServeError::Close(_))));
+        assert!(matches!(
+            shut_down(Ok(()), Err(RemoteError::Finalized)),
+            Err(ServeError::Remote(RemoteError::Finalized))
+        ));
+        assert!(shut_down(Ok(()), Ok(())).is_ok());
     }
 }
