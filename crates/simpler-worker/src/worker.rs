@@ -428,7 +428,8 @@ impl Worker {
 
     /// Registers a graph a child runs (L4+, needs children). On a started worker with L3
     /// children on other MPI ranks (feature `mpi`) it reaches every rank in two phases, all or
-    /// nothing: [`WorkerError::RemoteRegistration`] names the rank that refused
+    /// nothing: [`WorkerError::RemoteRegistration`] names the rank that refused. A rank the
+    /// commit then cannot reach fails for good, its tasks with `RemoteError::CommitLost`
     /// (`docs/multi-host.md`, "Registration after start").
     pub fn register_graph(
         &self,

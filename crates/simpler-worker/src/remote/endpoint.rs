@@ -21,7 +21,9 @@
 //! phase 1 sends `Prepare` (the next ordinal, the name) to every rank in turn and waits for
 //! its `Prepared`; phase 2 sends `Commit` to every rank when all were ready, else `Abort` to
 //! every rank and fails naming the first rank that refused or failed. The graph's id gets its
-//! ordinal only after the commit, so no task of it can be submitted before.
+//! ordinal only after the commit, so no task of it can be submitted before. A rank the `Commit`
+//! cannot be sent to does not serve the graph while the others do: its session fails for good
+//! with [`RemoteError::CommitLost`], so its tasks fail at once rather than reach it.
 //!
 //! Shutdown (engine shutdown, or drop after a failed start): send `Shutdown`, wait for
 //! `ShutdownDone` (silence budget as above, at most `SHUTDOWN_BUDGET` in all), stop pinging,
@@ -317,13 +319,25 @@ impl RemoteChildren {
         // Phase 1: one budget for all ranks, not one per rank.
         let deadline = Instant::now().checked_add(PREPARE_BUDGET);
         let refused = sessions.iter_mut().find_map(|s| s.prepare(ordinal, name, deadline).err());
-        // Phase 2.
+        // Phase 2. The decision stands once taken: a rank the commit cannot be sent to does
+        // not serve the graph the others serve from now on, so its session fails for good, and
+        // its tasks fail at once instead of reaching a rank that does not know the graph.
         let decision =
             if refused.is_some() { Packet::Abort { ordinal } } else { Packet::Commit { ordinal } };
-        for s in &sessions {
-            if let Err(e) = s.transport.send(s.rank, &decision) {
+        for s in &mut sessions {
+            let Err(e) = s.transport.send(s.rank, &decision) else { continue };
+            if refused.is_some() {
                 tracing::warn!(rank = s.rank, graph = name, error = %e, "could not send {decision:?}");
+                continue;
             }
+            let lost = RemoteError::CommitLost {
+                rank: s.rank,
+                graph: name.to_owned(),
+                ordinal,
+                cause: Box::new(e),
+            };
+            tracing::error!(rank = s.rank, graph = name, error = %lost, "the rank's session fails");
+            s.failed = Some(lost);
         }
         if let Some((rank, cause)) = refused {
             return Err(crate::WorkerError::RemoteRegistration {
@@ -667,6 +681,82 @@ impl Drop for RemoteEndpoint {
                 .residue
                 .lock()
                 .push(Residue::Failed(format!("rank {}: shutdown panicked", self.rank))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use simpler_types::{CallConfig, RunId, TaskArgs, TaskId};
+
+    use super::super::transport::detached;
+    use super::*;
+
+    /// An open session of rank 0 with `rank`, over `t`.
+    fn session(t: &Arc<Transport>, rank: i32) -> Arc<Mutex<Session>> {
+        let inbox = t.open_inbox(rank).unwrap();
+        t.watch(rank, Duration::from_secs(1));
+        Arc::new(Mutex::new(Session {
+            transport: Arc::clone(t),
+            rank,
+            nonce: 1,
+            host: format!("host{rank}"),
+            liveness: Duration::from_secs(10),
+            inbox,
+            failed: None,
+            open: true,
+        }))
+    }
+
+    #[test]
+    fn a_rank_the_commit_could_not_reach_fails_its_tasks_at_once_naming_the_lost_commit() {
+        let (t, wire) = detached::rank0(3);
+        let t = Arc::new(t);
+        let sessions = vec![session(&t, 1), session(&t, 2)];
+        let children = RemoteChildren {
+            sessions: sessions.clone(),
+            graphs: Arc::default(),
+            ..RemoteChildren::default()
+        };
+        let id = crate::handle::Registry::closure_id(1, 1, CallableKind::Graph);
+        // Both ranks are ready; the transport fails before the commits go out.
+        let ranks = std::thread::spawn(move || {
+            for _ in 0..2 {
+                let Some((rank, Packet::Prepare { seq, .. })) = wire.sent(Duration::from_secs(10))
+                else {
+                    return Err("no Prepare sent");
+                };
+                if rank == 2 {
+                    wire.cut();
+                }
+                wire.answer(rank, &Packet::Prepared { seq, refusal: None });
+            }
+            Ok(())
+        });
+        let handle = crate::CallableHandle { worker: 1, seq: 1, id };
+        let registered = children.register_graph("late", || handle);
+        assert_eq!(ranks.join().unwrap(), Ok(()));
+        assert!(registered.is_ok(), "{registered:?}");
+        let callable = id;
+        let config = CallConfig::default();
+        let args = TaskArgs::new();
+        let member = DispatchedMember {
+            task: TaskId::new(RunId::from_raw(1).unwrap(), 0),
+            member: 0,
+            group_size: 1,
+            callable: &callable,
+            config: &config,
+            args: args.view(),
+        };
+        for (rank, s) in [(1, &sessions[0]), (2, &sessions[1])] {
+            match s.lock().call(0, &member) {
+                Err(RemoteError::CommitLost { rank: r, graph, ordinal: 0, cause })
+                    if r == rank && graph == "late" =>
+                {
+                    assert_eq!(*cause, RemoteError::Finalized);
+                }
+                other => panic!("a task on rank {rank}, which missed the commit: {other:?}"),
+            }
         }
     }
 }

@@ -175,6 +175,20 @@ pub enum RemoteError {
         /// Rank 0's reason.
         reason: String,
     },
+    /// Rank 0 could not send a serving rank the `Commit` of a graph registered after start,
+    /// which the other ranks serve from then on: that rank does not, so its session is failed
+    /// for good and its tasks fail at once with this error.
+    #[error("rank {rank} was not sent the commit of graph '{graph}' (ordinal {ordinal}): {cause}")]
+    CommitLost {
+        /// The rank.
+        rank: i32,
+        /// The graph.
+        graph: String,
+        /// The ordinal the other ranks serve it under.
+        ordinal: u32,
+        /// Why the send failed.
+        cause: Box<RemoteError>,
+    },
     /// A serving rank refused, or did not answer, phase 1 of a graph registration after start;
     /// every rank rolled it back.
     #[error("MPI rank {rank} cannot serve graph '{graph}' registered after start: {reason}")]

@@ -725,6 +725,63 @@ fn route(shared: &Shared, from: i32, bytes: &[u8]) {
     }
 }
 
+/// A transport with no MPI thread, for tests of the threads that use one: the test takes the
+/// frames they send and routes answers to them, as the MPI thread would.
+#[cfg(test)]
+pub(crate) mod detached {
+    use super::*;
+
+    /// Where the frames of a detached transport go.
+    pub(crate) struct Wire {
+        /// `None` once cut: every send then fails, as when the MPI thread has gone.
+        cmd: Mutex<Option<Receiver<Command>>>,
+        shared: std::sync::Arc<Shared>,
+    }
+
+    /// Rank 0 of a job of `size` ranks, and its wire.
+    pub(crate) fn rank0(size: i32) -> (Transport, Wire) {
+        let (tx, rx) = mpsc::channel();
+        let shared = std::sync::Arc::new(Shared::new(size));
+        let transport = Transport {
+            shared: std::sync::Arc::clone(&shared),
+            cmd: Mutex::new(tx),
+            thread: Mutex::new(None),
+            next_seq: AtomicU64::new(1),
+            rank: 0,
+            size,
+            host: "detached".to_owned(),
+        };
+        (transport, Wire { cmd: Mutex::new(Some(rx)), shared })
+    }
+
+    impl Wire {
+        /// The next data frame sent within `d`, with the rank it is for.
+        pub(crate) fn sent(&self, d: Duration) -> Option<(i32, Packet)> {
+            let until = Instant::now() + d;
+            let cmd = self.cmd.lock();
+            loop {
+                let left = until.saturating_duration_since(Instant::now());
+                match cmd.as_ref()?.recv_timeout(left).ok()? {
+                    Command::Send { to, health: false, bytes } => {
+                        return Packet::decode(&bytes).ok().map(|p| (to, p));
+                    }
+                    _ => continue,
+                }
+            }
+        }
+
+        /// Routes `p` as a frame from `rank`.
+        pub(crate) fn answer(&self, rank: i32, p: &Packet) {
+            route(&self.shared, rank, &p.encode());
+        }
+
+        /// From now on every send fails.
+        pub(crate) fn cut(&self) {
+            self.cmd.lock().take();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
