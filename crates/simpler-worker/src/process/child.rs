@@ -160,9 +160,12 @@ fn mem_frame(e: &MemError) -> FailureFrame {
 impl Child {
     /// Reads the INIT frame, attaches the chip and publishes `READY` or `INIT_FAILED`.
     fn init(&mut self) -> bool {
-        self.mailbox.read_payload(&mut self.request);
+        let read = self.mailbox.read_payload(&mut self.request);
         let request = std::mem::take(&mut self.request);
-        let attached = self.attach(&request);
+        let attached = match read {
+            Ok(()) => self.attach(&request),
+            Err(e) => Err(frame(EndpointOutcome::EndpointFailure, e.to_string())),
+        };
         self.request = request;
         self.out.0.clear();
         match attached {
@@ -221,10 +224,18 @@ impl Child {
                         return 4;
                     }
                     self.last_seq = seq;
-                    self.mailbox.read_payload(&mut self.request);
+                    let read = self.mailbox.read_payload(&mut self.request);
                     // Quiet: the worker waits for DONE, whose store wakes it.
                     self.mailbox.set_quietly(state::ACCEPTED);
-                    let st = self.execute(code);
+                    let st = match read {
+                        Ok(()) => self.execute(code),
+                        Err(e) => {
+                            self.out.0.clear();
+                            frame(EndpointOutcome::EndpointFailure, e.to_string())
+                                .encode(&mut self.out);
+                            status::FAILED
+                        }
+                    };
                     if self.mailbox.write_reply(st, seq, &self.out.0).is_err() {
                         // A reply too large for the mailbox: send the failure instead.
                         self.out.0.clear();

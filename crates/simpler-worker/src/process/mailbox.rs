@@ -9,8 +9,15 @@
 //! small fields, then stores the state with `Release`; the other side loads the state with
 //! `Acquire` before it reads them. Only the side the state hands the mailbox to touches the
 //! payload: the worker while the state is `IDLE` or `DONE`, the child while it is `REQUEST`
-//! or `STARTING`. The small fields are atomics, so even a misbehaving peer causes wrong
-//! values, never a data race in this process.
+//! or `STARTING`.
+//!
+//! The other process is not trusted to keep to that: a child may write any byte of the mapping
+//! at any time (after it posted `DONE`, say). So this process accesses the mapping only through
+//! atomics — the header and lane fields, the reserved words, and the payload area as a slice of
+//! `AtomicU64` words copied in and out with relaxed loads and stores — never through a plain
+//! reference to bytes or a `memcpy`. A peer that writes concurrently then makes this side read
+//! torn or wrong values, which every reader validates (a payload length beyond the area is
+//! refused, frames are decoded with checked reads), never a data race in this process.
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
@@ -32,6 +39,9 @@ const PAYLOAD_OFFSET: usize = HEADER_BYTES + LANE_BYTES;
 /// Bytes available to one request or reply payload.
 pub(crate) const PAYLOAD_BYTES: usize = MAILBOX_BYTES - PAYLOAD_OFFSET;
 const RESERVED_BYTES: usize = HEADER_BYTES - 24;
+/// The payload area as 8-byte words (it starts 8-aligned and its size is a multiple of 8).
+const PAYLOAD_WORDS: usize = PAYLOAD_BYTES / 8;
+const _: () = assert!(PAYLOAD_OFFSET.is_multiple_of(8) && PAYLOAD_BYTES.is_multiple_of(8));
 
 /// States of the request lane (the futex word).
 pub(crate) mod state {
@@ -62,7 +72,7 @@ struct Header {
     layout: AtomicU32,
     parent_pid: AtomicU32,
     child_pid: AtomicU32,
-    reserved: [u8; RESERVED_BYTES],
+    reserved: [AtomicU64; RESERVED_BYTES / 8],
 }
 
 #[repr(C)]
@@ -92,6 +102,15 @@ pub(crate) enum OpenError {
     Size { found: usize },
     #[error("bad mailbox header: {0}")]
     Header(&'static str),
+}
+
+/// A payload length field that names more bytes than the payload area holds (a corrupt or
+/// hostile peer); nothing was copied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the payload length field says {len} bytes, the mailbox holds {PAYLOAD_BYTES}")]
+pub(crate) struct BadLength {
+    /// The length field as read.
+    pub(crate) len: u32,
 }
 
 impl Mailbox {
@@ -135,7 +154,7 @@ impl Mailbox {
         if h.parent_pid.load(Ordering::Relaxed) != parent {
             return Err(OpenError::Header("created by another process than the parent"));
         }
-        if h.reserved.iter().any(|&b| b != 0) {
+        if h.reserved.iter().any(|w| w.load(Ordering::Relaxed) != 0) {
             return Err(OpenError::Header("reserved bytes are not zero"));
         }
         h.child_pid.store(std::process::id(), Ordering::Relaxed);
@@ -144,14 +163,29 @@ impl Mailbox {
 
     fn header(&self) -> &Header {
         // SAFETY: the mapping is page-aligned, at least `MAILBOX_BYTES` long and lives as long
-        // as `self`; `Header` is `repr(C)` of atomics and bytes, valid for any bit pattern.
-        // Its only non-atomic part (`reserved`) is written by nobody after `create` zeroed it.
+        // as `self`; `Header` is `repr(C)` of atomics only, valid for any bit pattern, and
+        // atomics may be written by the other process at any time.
         unsafe { &*self.map.as_ptr().cast::<Header>() }
     }
 
     fn lane(&self) -> &Lane {
         // SAFETY: as in `header`; `Lane` is all atomics at an 8-aligned offset in the mapping.
         unsafe { &*self.map.as_ptr().add(HEADER_BYTES).cast::<Lane>() }
+    }
+
+    /// The payload area, as the only view this process takes of it: atomic words.
+    fn payload(&self) -> &[AtomicU64] {
+        // SAFETY: `PAYLOAD_OFFSET + PAYLOAD_WORDS * 8 == MAILBOX_BYTES`, inside the mapping,
+        // which lives as long as `self`; the offset is 8-aligned in a page-aligned mapping;
+        // `AtomicU64` is valid for any bit pattern and has the size and alignment of `u64`.
+        // Every access through this slice is atomic, so the other process writing any of these
+        // words at any time is not a data race here (module invariant).
+        unsafe {
+            std::slice::from_raw_parts(
+                self.map.as_ptr().add(PAYLOAD_OFFSET).cast::<AtomicU64>(),
+                PAYLOAD_WORDS,
+            )
+        }
     }
 
     /// The lane state (`Acquire`: the fields the other side wrote before it are visible).
@@ -223,15 +257,19 @@ impl Mailbox {
         if payload.len() > PAYLOAD_BYTES {
             return Err(payload.len());
         }
-        // SAFETY: the destination lies inside the mapping (bounds checked above); the state
-        // word hands the payload area to this side only (module invariant), so nobody in this
-        // process holds a reference to it and the peer does not touch it now.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                payload.as_ptr(),
-                self.map.as_mut_ptr().add(PAYLOAD_OFFSET),
-                payload.len(),
-            );
+        let words = self.payload();
+        let mut chunks = payload.chunks_exact(8);
+        for (word, chunk) in words.iter().zip(&mut chunks) {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(chunk);
+            word.store(u64::from_ne_bytes(bytes), Ordering::Relaxed);
+        }
+        let tail = chunks.remainder();
+        if !tail.is_empty() {
+            // The last word, zero past the end of the payload (the area is whole words).
+            let mut bytes = [0u8; 8];
+            bytes[..tail.len()].copy_from_slice(tail);
+            words[payload.len() / 8].store(u64::from_ne_bytes(bytes), Ordering::Relaxed);
         }
         self.lane().len.store(payload.len() as u32, Ordering::Relaxed);
         Ok(())
@@ -249,23 +287,28 @@ impl Mailbox {
         (lane.status.load(Ordering::Relaxed), lane.reply_seq.load(Ordering::Relaxed))
     }
 
-    /// Copies the current payload into `out` (cleared first). A length beyond the area (a
-    /// corrupt frame) is clamped; the decoder then reports the frame as malformed.
-    pub(crate) fn read_payload(&self, out: &mut Vec<u8>) {
-        let len = (self.lane().len.load(Ordering::Relaxed) as usize).min(PAYLOAD_BYTES);
+    /// Copies the current payload into `out` (cleared first). A length field beyond the area
+    /// (a corrupt or hostile peer) is refused before anything is copied: `out` stays empty.
+    pub(crate) fn read_payload(&self, out: &mut Vec<u8>) -> Result<(), BadLength> {
         out.clear();
-        out.reserve(len);
-        // SAFETY: the source lies inside the mapping; the state word hands the payload area
-        // to this side (module invariant); `out` has capacity for `len` bytes, all of which
-        // are initialised by the copy before `set_len`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.map.as_ptr().add(PAYLOAD_OFFSET),
-                out.as_mut_ptr(),
-                len,
-            );
-            out.set_len(len);
+        let field = self.lane().len.load(Ordering::Relaxed);
+        let len = field as usize;
+        if len > PAYLOAD_BYTES {
+            return Err(BadLength { len: field });
         }
+        out.reserve(len);
+        for word in &self.payload()[..len.div_ceil(8)] {
+            let bytes = word.load(Ordering::Relaxed).to_ne_bytes();
+            let take = (len - out.len()).min(8);
+            out.extend_from_slice(&bytes[..take]);
+        }
+        Ok(())
+    }
+
+    /// Stores a raw payload length field, as a corrupt peer would (tests of the reader).
+    #[cfg(test)]
+    pub(crate) fn set_payload_len(&self, len: u32) {
+        self.lane().len.store(len, Ordering::Relaxed);
     }
 }
 
@@ -289,7 +332,7 @@ mod tests {
         let child = Mailbox::open(&fd, std::process::id()).expect("header is valid");
         assert_eq!(child.request(), (7, 3));
         let mut buf = Vec::new();
-        child.read_payload(&mut buf);
+        child.read_payload(&mut buf).expect("a valid length");
         assert_eq!(buf, b"hello");
         assert_eq!(mb.child_pid(), std::process::id());
         assert!(matches!(Mailbox::open(&fd, 1), Err(OpenError::Header(_))));
@@ -303,5 +346,58 @@ mod tests {
         assert_eq!(mb.write_request(2, 2, &big), Err(PAYLOAD_BYTES + 1));
         assert_eq!(mb.request(), (1, 1));
         assert_eq!(mb.state(), state::STARTING);
+    }
+
+    #[test]
+    fn payloads_of_every_tail_length_and_the_whole_area_round_trip() {
+        let (mb, fd) = Mailbox::create().expect("memfd");
+        let peer = Mailbox::open(&fd, std::process::id()).expect("header is valid");
+        let mut buf = Vec::new();
+        for len in (0..=17).chain([PAYLOAD_BYTES - 1, PAYLOAD_BYTES]) {
+            let payload: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+            mb.write_reply(1, len as u64, &payload).expect("fits");
+            peer.read_payload(&mut buf).expect("a valid length");
+            assert_eq!(buf, payload, "{len} bytes");
+        }
+    }
+
+    #[test]
+    fn a_length_field_beyond_the_area_is_refused_before_anything_is_copied() {
+        let (mb, fd) = Mailbox::create().expect("memfd");
+        let peer = Mailbox::open(&fd, std::process::id()).expect("header is valid");
+        mb.write_reply(0, 1, b"reply").expect("fits");
+        let mut buf = b"left over".to_vec();
+        for len in [PAYLOAD_BYTES as u32 + 1, u32::MAX] {
+            mb.set_payload_len(len);
+            assert_eq!(peer.read_payload(&mut buf), Err(BadLength { len }));
+            assert!(buf.is_empty(), "{len}: {buf:?}");
+        }
+    }
+
+    #[test]
+    fn a_peer_writing_the_payload_while_it_is_read_yields_bytes_never_a_fault() {
+        // The peer of a real mailbox is another process; a second mapping on a thread writes
+        // the same pages just as freely while this side copies them out.
+        let (mb, fd) = Mailbox::create().expect("memfd");
+        let peer = Mailbox::open(&fd, std::process::id()).expect("header is valid");
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut n = 0u8;
+                while !stop.load(Ordering::Relaxed) {
+                    n = n.wrapping_add(1);
+                    let _ = peer.write_reply(0, 1, &vec![n; PAYLOAD_BYTES - usize::from(n)]);
+                    peer.set_payload_len(u32::from(n) << 12);
+                }
+            });
+            let mut buf = Vec::new();
+            for _ in 0..2000 {
+                match mb.read_payload(&mut buf) {
+                    Ok(()) => assert!(buf.len() <= PAYLOAD_BYTES),
+                    Err(BadLength { len }) => assert!(len as usize > PAYLOAD_BYTES),
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
     }
 }

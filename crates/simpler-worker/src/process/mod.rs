@@ -249,6 +249,20 @@ pub enum ChildError {
         /// What was wrong.
         message: String,
     },
+    /// A reply failed validation as it was read from the shared mailbox (a length field
+    /// beyond the payload area, an unknown status); the process was killed and the chip is
+    /// unusable.
+    #[error("chip {chip}: its process (pid {pid}) sent a bad reply to {operation}: {fault}")]
+    BadReply {
+        /// The chip.
+        chip: WorkerId,
+        /// The process.
+        pid: u32,
+        /// The request the reply answered (`start` for the start's failure report).
+        operation: &'static str,
+        /// What was wrong with it.
+        fault: ReplyFault,
+    },
     /// The process could not be started.
     #[error("chip {chip}: cannot start its process: {message}")]
     Spawn {
@@ -286,6 +300,26 @@ pub enum ChildError {
     },
 }
 
+/// What was wrong with a reply read from a chip process's mailbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplyFault {
+    /// Its length field names more bytes than the payload area holds.
+    #[error("its length field says {len} bytes, the mailbox holds {capacity}")]
+    Length {
+        /// The length field as read.
+        len: u32,
+        /// The payload area's size.
+        capacity: usize,
+    },
+    /// Its status is neither success nor failure.
+    #[error("status {status} is neither success (0) nor failure (1)")]
+    Status {
+        /// The status as read.
+        status: u32,
+    },
+}
+
 fn fmt_run(run: Option<RunId>) -> String {
     run.map(|r| format!(" of {r}")).unwrap_or_default()
 }
@@ -299,6 +333,7 @@ impl ChildError {
             | ChildError::Unusable { chip, .. }
             | ChildError::Oversized { chip, .. }
             | ChildError::Protocol { chip, .. }
+            | ChildError::BadReply { chip, .. }
             | ChildError::Spawn { chip, .. }
             | ChildError::Restore { chip, .. }
             | ChildError::Device { chip, .. } => *chip,

@@ -22,9 +22,9 @@ use simpler_types::{
 };
 
 use super::catalog::{self, Content};
-use super::mailbox::{Mailbox, PAYLOAD_BYTES, state};
+use super::mailbox::{BadLength, Mailbox, PAYLOAD_BYTES, state};
 use super::wire::{FailureFrame, Malformed, Reader, Writer, encode_config, op, status};
-use super::{ChildError, ChildExit, OnChildDeath, ProcessOptions, spawn};
+use super::{ChildError, ChildExit, OnChildDeath, ProcessOptions, ReplyFault, spawn};
 use crate::chip::Residue;
 use crate::error::{MemError, RegistrationFailure};
 
@@ -260,7 +260,10 @@ impl ChipProcess {
                     return Ok(());
                 }
                 state::INIT_FAILED => {
-                    live.mailbox.read_payload(&mut self.reply);
+                    if let Err(BadLength { len }) = live.mailbox.read_payload(&mut self.reply) {
+                        let fault = ReplyFault::Length { len, capacity: PAYLOAD_BYTES };
+                        return Err(StartFailure::Child(self.bad_reply("start", fault)));
+                    }
                     let frame = FailureFrame::decode(&mut Reader(&self.reply));
                     self.reap_after_exit();
                     return Err(match frame {
@@ -347,6 +350,15 @@ impl ChipProcess {
     fn protocol(&mut self, message: String) -> ChildError {
         self.kill();
         let e = ChildError::Protocol { chip: self.chip, message };
+        self.failed = Some(e.clone());
+        e
+    }
+
+    /// A reply that failed validation: the process is killed, the chip fails.
+    fn bad_reply(&mut self, operation: &'static str, fault: ReplyFault) -> ChildError {
+        let (chip, pid) = (self.chip, self.pid().unwrap_or_default());
+        self.kill();
+        let e = ChildError::BadReply { chip, pid, operation, fault };
         self.failed = Some(e.clone());
         e
     }
@@ -481,7 +493,13 @@ impl ChipProcess {
         if echoed != seq {
             return Err(self.protocol(format!("stale reply: request {seq}, reply {echoed}")));
         }
-        live.mailbox.read_payload(&mut self.reply);
+        if st != status::OK && st != status::FAILED {
+            return Err(self.bad_reply(operation, ReplyFault::Status { status: st }));
+        }
+        if let Err(BadLength { len }) = live.mailbox.read_payload(&mut self.reply) {
+            let fault = ReplyFault::Length { len, capacity: PAYLOAD_BYTES };
+            return Err(self.bad_reply(operation, fault));
+        }
         live.mailbox.set_quietly(state::IDLE);
         Ok(st)
     }
@@ -828,18 +846,23 @@ impl ChipProcess {
             };
             let s = live.mailbox.wait_while(seen, Duration::from_millis(10));
             if s == state::EXITED {
-                live.mailbox.read_payload(&mut self.reply);
+                let read = live.mailbox.read_payload(&mut self.reply);
                 let mut r = Reader(&self.reply);
-                let decoded = (|| {
+                let decoded = read.is_ok().then(|| {
                     for _ in 0..r.u32().ok()? {
                         residue.push(match (r.u8().ok()?, r.str().ok()?) {
                             (1, t) => Residue::Leaked(t.to_owned()),
-                            (_, t) => Residue::Failed(t.to_owned()),
+                            (0, t) => Residue::Failed(t.to_owned()),
+                            _ => return None,
                         });
                     }
                     Some(())
-                })();
-                if decoded.is_none() {
+                });
+                if let Err(e) = read {
+                    residue.push(Residue::Failed(format!(
+                        "chip {chip}: its process (pid {pid}) reported what its finalize left in a bad reply: {e}"
+                    )));
+                } else if decoded.flatten().is_none() {
                     residue.push(Residue::Failed(format!(
                         "chip {chip}: its process (pid {pid}) reported what its finalize left in a malformed reply"
                     )));

@@ -223,27 +223,31 @@ impl FailureFrame {
     }
 
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<FailureFrame, Malformed> {
+        // Every tag is one the encoder writes: anything else is a corrupt frame, not a default.
         let outcome = match r.u8()? {
             1 => EndpointOutcome::TaskFailure,
-            _ => EndpointOutcome::EndpointFailure,
+            2 => EndpointOutcome::EndpointFailure,
+            _ => return Err(Malformed("outcome")),
         };
         let mechanism = match r.u8()? {
             0 => FailureMechanism::TaskFailed,
             1 => FailureMechanism::Panicked,
+            2 => FailureMechanism::EndpointFailed,
             3 => FailureMechanism::DeviceFault,
             4 => {
-                let budget = budget_of(r.u8()?);
+                let budget = budget_of(r.u8()?)?;
                 FailureMechanism::Timeout { budget, limit: Duration::from_nanos(r.u64()?) }
             }
             5 => FailureMechanism::CapacityExhausted { what: r.str()?.to_owned() },
-            _ => FailureMechanism::EndpointFailed,
+            _ => return Err(Malformed("mechanism")),
         };
         let code = match r.u8()? {
+            0 => None,
             1 => {
                 let code = r.u32()? as i32;
                 Some(DeviceCode::new(code, intern(r.str()?)))
             }
-            _ => None,
+            _ => return Err(Malformed("device code tag")),
         };
         let message = r.str()?.to_owned();
         let refusal = match r.u8()? {
@@ -270,16 +274,17 @@ fn budget_tag(b: &TimeoutBudget) -> u8 {
     }
 }
 
-fn budget_of(tag: u8) -> TimeoutBudget {
-    match tag {
+fn budget_of(tag: u8) -> Result<TimeoutBudget, Malformed> {
+    Ok(match tag {
         0 => TimeoutBudget::OpExecute,
         1 => TimeoutBudget::StreamSync,
         2 => TimeoutBudget::DeviceScheduler,
         3 => TimeoutBudget::Handshake,
         4 => TimeoutBudget::RingAlloc,
         5 => TimeoutBudget::Admission,
-        _ => TimeoutBudget::Other("a budget of the chip process"),
-    }
+        6 => TimeoutBudget::Other("a budget of the chip process"),
+        _ => return Err(Malformed("timeout budget")),
+    })
 }
 
 /// The most distinct device-code names kept: a chip process of this build sends a few dozen at
@@ -417,6 +422,33 @@ mod tests {
             let mut w = Writer::default();
             f.encode(&mut w);
             assert_eq!(FailureFrame::decode(&mut Reader(&w.0)).expect("decodes"), f);
+        }
+    }
+
+    #[test]
+    fn a_failure_frame_with_a_tag_the_encoder_never_writes_is_malformed() {
+        let f = FailureFrame {
+            outcome: EndpointOutcome::TaskFailure,
+            mechanism: FailureMechanism::Timeout {
+                budget: TimeoutBudget::StreamSync,
+                limit: Duration::from_millis(5),
+            },
+            code: None,
+            message: "m".into(),
+            refusal: None,
+        };
+        let mut w = Writer::default();
+        f.encode(&mut w);
+        // Outcome, mechanism, budget, and the code tag after the 8-byte limit.
+        for (at, what) in
+            [(0, "outcome"), (1, "mechanism"), (2, "timeout budget"), (11, "device code tag")]
+        {
+            let mut bytes = w.0.clone();
+            bytes[at] = 0xee;
+            match FailureFrame::decode(&mut Reader(&bytes)) {
+                Err(Malformed(m)) => assert_eq!(m, what),
+                Ok(back) => panic!("tag {at} decoded as {back:?}"),
+            }
         }
     }
 

@@ -10,7 +10,10 @@ use rustix::process::{Pid, WaitOptions};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::WorkerId;
 
-use super::{ChipInit, ChipProcess, Live, Mailbox, ProcessOptions, Writer, spawn};
+use super::super::wire::op;
+use super::super::{ChildError, ReplyFault};
+use super::{ChipInit, ChipProcess, Live, Mailbox, PAYLOAD_BYTES, ProcessOptions, Writer, spawn};
+use crate::process::mailbox::state;
 
 thread_local! {
     /// Every pid whose process group `kill_group` signalled on this thread.
@@ -22,7 +25,12 @@ fn process_of_true() -> (ChipProcess, u32) {
     let (mailbox, fd) = Mailbox::create().expect("memfd");
     let child = spawn::spawn(Path::new("/bin/true"), 0, fd).expect("spawn /bin/true");
     let pid = child.id();
-    let process = ChipProcess {
+    (process_around(child, mailbox), pid)
+}
+
+fn process_around(child: std::process::Child, mailbox: Mailbox) -> ChipProcess {
+    let pid = child.id();
+    ChipProcess {
         chip: WorkerId(0),
         init: ChipInit {
             platform: Platform::A2a3Sim,
@@ -40,8 +48,75 @@ fn process_of_true() -> (ChipProcess, u32) {
         digests: HashMap::new(),
         out: Writer::default(),
         reply: Vec::new(),
-    };
-    (process, pid)
+    }
+}
+
+/// A chip process whose process only sleeps, and a mapping of its mailbox for this test to
+/// answer from as a hostile child would.
+/// The script stays until the caller removes the directory returned (the shell opens it after
+/// the exec).
+fn process_answered_here(name: &str) -> (ChipProcess, Mailbox, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("simpler-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let script = dir.join("sleep.sh");
+    std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").expect("script");
+    let mut perms = std::fs::metadata(&script).expect("script").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&script, perms).expect("chmod");
+    let (mailbox, fd) = Mailbox::create().expect("memfd");
+    let peer = Mailbox::open(&fd, std::process::id()).expect("header is valid");
+    let child = spawn::spawn(&script, 0, fd).expect("spawn");
+    mailbox.set_quietly(state::IDLE);
+    (process_around(child, mailbox), peer, dir)
+}
+
+/// Answers the next request on `peer` with `status`, an empty payload and then the raw
+/// length field `len`.
+fn answer_once(peer: &Mailbox, status: u32, len: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while peer.state() != state::REQUEST {
+        assert!(std::time::Instant::now() < deadline, "no request came");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let (_, seq) = peer.request();
+    peer.write_reply(status, seq, b"").expect("fits");
+    peer.set_payload_len(len);
+    peer.publish(state::DONE);
+}
+
+#[test]
+fn a_reply_whose_length_field_runs_past_the_mailbox_is_a_typed_failure_of_the_chip() {
+    let (mut p, peer, dir) = process_answered_here("bad-length");
+    let pid = p.pid().expect("live");
+    let len = PAYLOAD_BYTES as u32 + 1;
+    let e = std::thread::scope(|s| {
+        s.spawn(|| answer_once(&peer, 0, len));
+        p.out.0.clear();
+        p.call(op::LEDGER, "ledger", None).expect_err("a length beyond the area")
+    });
+    let fault = ReplyFault::Length { len, capacity: PAYLOAD_BYTES };
+    assert!(
+        matches!(&e, ChildError::BadReply { pid: q, operation: "ledger", fault: f, .. }
+            if *q == pid && *f == fault),
+        "{e:?}"
+    );
+    assert!(p.live.is_none(), "the process that sent it was not ended");
+    assert!(p.reply.is_empty(), "bytes were copied: {}", p.reply.len());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_reply_with_an_unknown_status_is_a_typed_failure_of_the_chip() {
+    let (mut p, peer, dir) = process_answered_here("bad-status");
+    let e = std::thread::scope(|s| {
+        s.spawn(|| answer_once(&peer, 7, 0));
+        p.out.0.clear();
+        p.call(op::LEDGER, "ledger", None).expect_err("status 7")
+    });
+    let fault = ReplyFault::Status { status: 7 };
+    assert!(matches!(&e, ChildError::BadReply { fault: f, .. } if *f == fault), "{e:?}");
+    assert!(p.live.is_none(), "the process that sent it was not ended");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
