@@ -107,6 +107,16 @@ pub(crate) enum Residue {
     Failed(String),
 }
 
+impl Residue {
+    /// The text a teardown report gives it.
+    pub(crate) fn into_message(self) -> String {
+        match self {
+            Residue::Leaked(what) => format!("leaked: {what}"),
+            Residue::Failed(message) => message,
+        }
+    }
+}
+
 /// The error of a device call on a chip whose runner was finalized.
 fn finalized() -> DeviceError {
     DeviceError::Finalized { call: "chip call" }

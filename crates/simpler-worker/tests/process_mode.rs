@@ -324,7 +324,7 @@ fn unregistering_one_of_two_handles_while_the_child_is_dead_keeps_the_other_usab
 /// text) when `e` is the chip's refusal to prepare held content again.
 fn refused_restore(e: &ChildError) -> Option<(u32, String, Option<i32>, String)> {
     let ChildError::Unusable { chip: WorkerId(0), cause } = e else { return None };
-    let ChildError::Restore { chip: WorkerId(0), pid, callable, cause } = &**cause else {
+    let ChildError::Restore { chip: WorkerId(0), pid, callable, cause, .. } = &**cause else {
         return None;
     };
     match &**cause {
@@ -514,15 +514,74 @@ fn a_child_wedged_registering_during_start_fails_start_at_its_deadline_naming_ch
     assert_eq!(mailboxes(), 0);
 }
 
+/// Content no chip process can build (native code).
+fn native_callable() -> simpler_device_a2a3::ChipCallable {
+    simpler_device_a2a3::ChipCallable::native(|_, _| Ok(()), |_| Default::default())
+        .names("native_only", "native_config")
+        .build()
+        .expect("valid")
+}
+
+/// A chip process that was ready when its start failed is shut down, and what that left
+/// behind (here: it said it exits, then hung and was killed) reaches the start error's
+/// rollback, named in its text.
+#[test]
+fn what_a_ready_chip_process_leaves_when_its_start_fails_is_in_the_start_error() {
+    let _serial = serial();
+    let zombies_before = zombies();
+    let opts = options()
+        .shutdown_timeout(Duration::from_millis(300))
+        .fault_at_start(ChildFault::HangAfterExit);
+    let mut b = process_host(&[0], opts);
+    b.register_chip(native_callable());
+    let e = b.start().expect_err("native content cannot cross");
+    assert!(matches!(e.cause, StartCause::Device { chip: WorkerId(0), .. }), "{e}");
+    let left: Vec<_> =
+        e.rollback.iter().filter(|r| r.message.contains("finalized but did not exit")).collect();
+    assert_eq!(left.len(), 1, "{e}");
+    assert!(left[0].what.ends_with("chip 0") && left[0].message.contains("chip 0"), "{e}");
+    assert!(e.to_string().contains("finalized but did not exit"), "{e}");
+    assert_eq!((mailboxes(), zombies()), (0, zombies_before));
+}
+
+/// A restart that fails after its process was ready reports what ending that process left
+/// behind with the failure (`ChildError::Restore::residue`), named in its text.
+#[test]
+fn what_a_failed_restart_leaves_behind_is_in_its_restore_error() {
+    let _serial = serial();
+    let zombies_before = zombies();
+    let opts = options()
+        .on_child_death(OnChildDeath::Restart)
+        .shutdown_timeout(Duration::from_millis(300))
+        .fault_at_restart(ChildFault::HangAfterExit)
+        .fault_at_restart(ChildFault::RefuseOnRegister);
+    let mut b = process_host(&[0], opts);
+    let h = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let (args, _) = inputs(&w, WorkerId(0));
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::Abort).unwrap());
+    w.submit(on_chip(h, args.clone(), WorkerId(0))).unwrap().wait().expect_err("abort");
+    let e = w.submit(on_chip(h, args, WorkerId(0))).unwrap().wait().expect_err("refused");
+    let Some(ChildError::Unusable { cause, .. }) = child_error(&e) else {
+        panic!("expected a failed restart, got {e}");
+    };
+    let ChildError::Restore { pid, residue, .. } = &*cause else {
+        panic!("expected a refused restore, got {cause}");
+    };
+    assert_eq!(residue.len(), 1, "{cause}");
+    assert!(residue[0].what.contains(&pid.to_string()), "{cause}");
+    assert!(residue[0].message.contains("finalized but did not exit"), "{cause}");
+    assert!(cause.to_string().contains("ending it left: "), "{cause}");
+    assert!(!exists(*pid), "the restarted process was reaped");
+    w.close().expect("close");
+    assert_eq!((mailboxes(), zombies()), (0, zombies_before));
+}
+
 #[test]
 fn content_a_child_cannot_build_is_refused_at_registration_and_changes_nothing() {
     let _serial = serial();
     let w = process_host(&[0], options()).start().expect("start");
-    let native = simpler_device_a2a3::ChipCallable::native(|_, _| Ok(()), |_| Default::default())
-        .names("native_only", "native_config")
-        .build()
-        .expect("valid");
-    match w.register_chip(&native) {
+    match w.register_chip(&native_callable()) {
         Err(WorkerError::Registration { chip, source, .. }) => {
             assert_eq!(chip, WorkerId(0));
             assert!(source.to_string().contains("chip process"), "{source}");

@@ -4,7 +4,10 @@
 use super::*;
 use crate::error::RegistrationFailure;
 
-/// How one chip's start-up failed, as its start-up thread reports it.
+/// How one chip's start-up failed, as its start-up thread reports it. `residue` is what ending
+/// the chip left behind: a chip process that failed after it was ready is shut down, and what
+/// its finalize or its end left (a stuck device thread, a process that had to be killed) goes
+/// to the start error's rollback.
 pub(crate) enum AttachFailure {
     /// The chip or its process failed: the device's code, when one exists, what happened, and
     /// the typed error, when there is one.
@@ -12,9 +15,23 @@ pub(crate) enum AttachFailure {
         code: Option<simpler_types::DeviceCode>,
         message: String,
         error: Option<Arc<RegistrationFailure>>,
+        residue: Vec<Residue>,
     },
-    /// The start deadline passed during `step` (a chip process was killed and reaped).
-    Deadline { step: String },
+    /// The start deadline passed during `step` (a chip process was killed and reaped, or shut
+    /// down).
+    Deadline { step: String, residue: Vec<Residue> },
+}
+
+impl AttachFailure {
+    /// The same failure, with what ending the chip left behind.
+    pub(crate) fn with_residue(mut self, left: Vec<Residue>) -> AttachFailure {
+        match &mut self {
+            AttachFailure::Failed { residue, .. } | AttachFailure::Deadline { residue, .. } => {
+                residue.extend(left);
+            }
+        }
+        self
+    }
 }
 
 impl From<DeviceError> for AttachFailure {
@@ -26,8 +43,17 @@ impl From<DeviceError> for AttachFailure {
 impl From<RegistrationFailure> for AttachFailure {
     fn from(e: RegistrationFailure) -> AttachFailure {
         let (code, message) = (e.device_code(), e.to_string());
-        AttachFailure::Failed { code, message, error: Some(Arc::new(e)) }
+        AttachFailure::Failed { code, message, error: Some(Arc::new(e)), residue: Vec::new() }
     }
+}
+
+/// The rollback entries of what ending chip `i` of `path` left behind.
+fn residue_entries(path: &str, i: usize, residue: Vec<Residue>) -> Vec<TeardownError> {
+    let what = format!("{path} / chip {i}");
+    residue
+        .into_iter()
+        .map(|r| TeardownError { what: what.clone(), message: rollback_message(r) })
+        .collect()
 }
 
 /// Attaches every chip in parallel, prepares `callables` on each and prewarms; all or nothing.
@@ -99,6 +125,7 @@ pub(super) fn attach_chips(
                         code: None,
                         message: format!("the attach panicked: {}", panic_text(p.as_ref())),
                         error: None,
+                        residue: Vec::new(),
                     }),
                 };
                 let _ = tx.send((i, r));
@@ -120,6 +147,9 @@ pub(super) fn attach_chips(
     // The step a chip process was in when the start deadline passed, when it said.
     let mut steps: Vec<Option<String>> = vec![None; devices.len()];
     let mut deadline_passed = false;
+    // What ending the chips that failed left behind, for the rollback of whichever failure
+    // `start` reports.
+    let mut left: Vec<TeardownError> = Vec::new();
     while pending.iter().any(Option::is_some) {
         let received = match deadline {
             Some(d) => rx.recv_timeout(d.saturating_duration_since(Instant::now())),
@@ -136,7 +166,8 @@ pub(super) fn attach_chips(
                 pending[i] = None;
                 states[i] = Some(state);
             }
-            Ok((i, Err(AttachFailure::Failed { code, message, error }))) => {
+            Ok((i, Err(AttachFailure::Failed { code, message, error, residue }))) => {
+                left.extend(residue_entries(path, i, residue));
                 let p = pending[i].take().unwrap_or_default();
                 if failure.is_none() {
                     let chip = WorkerId(i as u32);
@@ -144,7 +175,8 @@ pub(super) fn attach_chips(
                         Some(start_err(StartCause::Device { chip, code, message, error }, &p));
                 }
             }
-            Ok((i, Err(AttachFailure::Deadline { step }))) => {
+            Ok((i, Err(AttachFailure::Deadline { step, residue }))) => {
+                left.extend(residue_entries(path, i, residue));
                 steps[i] = Some(step);
                 deadline_passed = true;
                 break;
@@ -175,8 +207,13 @@ pub(super) fn attach_chips(
                                 .push((n, "chip process started after the deadline; finalized"));
                         }
                     }
-                    Err(AttachFailure::Deadline { step }) => steps[i] = Some(step),
-                    Err(AttachFailure::Failed { .. }) => {}
+                    Err(AttachFailure::Deadline { step, residue }) => {
+                        left.extend(residue_entries(path, i, residue));
+                        steps[i] = Some(step);
+                    }
+                    Err(AttachFailure::Failed { residue, .. }) => {
+                        left.extend(residue_entries(path, i, residue));
+                    }
                 }
             }
             for n in pending.iter().flatten() {
@@ -205,6 +242,7 @@ pub(super) fn attach_chips(
     match failure {
         None => Ok(states.into_iter().flatten().collect()),
         Some(mut e) => {
+            e.rollback.extend(left);
             for mut s in states.into_iter().flatten() {
                 for r in s.finalize() {
                     e.rollback.push(TeardownError {

@@ -857,10 +857,7 @@ fn with_residue(mut e: StartError, residue: &Mutex<Vec<Residue>>, path: &str) ->
 
 /// How a rollback reports what a finalized chip or closed child left behind.
 fn rollback_message(r: Residue) -> String {
-    match r {
-        Residue::Leaked(what) => format!("leaked: {what}"),
-        Residue::Failed(message) => message,
-    }
+    r.into_message()
 }
 
 /// Step 1: host closures need sub workers to run on.

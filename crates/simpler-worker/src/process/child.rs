@@ -68,6 +68,7 @@ pub(crate) fn main() -> i32 {
         request: Vec::new(),
         out: Writer::default(),
         fault: 0,
+        hang_after_exit: false,
     };
     if !child.init() {
         return 1;
@@ -88,6 +89,8 @@ struct Child {
     out: Writer,
     /// The armed crash fault (0 = none).
     fault: u8,
+    /// Fault 12, armed beside any other: the process hangs after it stored `EXITED`.
+    hang_after_exit: bool,
 }
 
 fn frame(outcome: EndpointOutcome, message: String) -> FailureFrame {
@@ -267,7 +270,7 @@ impl Child {
                     let _ = self.mailbox.write_reply(status::OK, self.last_seq, &self.out.0);
                     self.mailbox.publish(state::EXITED);
                     // Fault 12: the process hangs after it said it exits.
-                    if self.fault == 12 {
+                    if self.hang_after_exit {
                         loop {
                             std::thread::sleep(Duration::from_secs(1));
                         }
@@ -419,7 +422,10 @@ impl Child {
                 self.out.u64(l.committed).u64(l.user_allocations);
                 self.out.u64(l.pooled_arenas).u64(l.runtime_buffers);
             }
-            op::ARM_FAULT => self.fault = r.u8().map_err(malformed)?,
+            op::ARM_FAULT => match r.u8().map_err(malformed)? {
+                12 => self.hang_after_exit = true,
+                fault => self.fault = fault,
+            },
             other => {
                 return Err(frame(
                     EndpointOutcome::EndpointFailure,

@@ -59,9 +59,9 @@ pub struct ProcessOptions {
     pub(crate) shutdown_timeout: Duration,
     pub(crate) on_death: OnChildDeath,
     #[cfg(feature = "sim")]
-    pub(crate) start_fault: Option<ChildFault>,
+    pub(crate) start_faults: Vec<ChildFault>,
     #[cfg(feature = "sim")]
-    pub(crate) restart_fault: Option<ChildFault>,
+    pub(crate) restart_faults: Vec<ChildFault>,
 }
 
 impl Default for ProcessOptions {
@@ -75,9 +75,9 @@ impl Default for ProcessOptions {
             shutdown_timeout: Duration::from_secs(10),
             on_death: OnChildDeath::ChipUnusable,
             #[cfg(feature = "sim")]
-            start_fault: None,
+            start_faults: Vec::new(),
             #[cfg(feature = "sim")]
-            restart_fault: None,
+            restart_faults: Vec::new(),
         }
     }
 }
@@ -123,22 +123,24 @@ impl ProcessOptions {
 
     /// Arms `fault` in every chip process at `start`, as soon as it is ready and before the
     /// builder's chip callables are prepared there (simulator builds; crash tests of the
-    /// start). A restarted process starts without it (see
-    /// [`fault_at_restart`](Self::fault_at_restart)).
+    /// start). Called again, it arms each fault in turn: [`ChildFault::HangAfterExit`] holds
+    /// beside any other, of the others the last one armed holds. A restarted process starts
+    /// without them (see [`fault_at_restart`](Self::fault_at_restart)).
     #[cfg(feature = "sim")]
     #[must_use]
     pub fn fault_at_start(mut self, fault: ChildFault) -> Self {
-        self.start_fault = Some(fault);
+        self.start_faults.push(fault);
         self
     }
 
     /// Arms `fault` in every restarted chip process ([`OnChildDeath::Restart`]), as soon as it
     /// is ready and before the content the chip held is prepared there again (simulator
-    /// builds; crash tests of the restart).
+    /// builds; crash tests of the restart). Called again, it arms each fault in turn, as
+    /// [`fault_at_start`](Self::fault_at_start) does.
     #[cfg(feature = "sim")]
     #[must_use]
     pub fn fault_at_restart(mut self, fault: ChildFault) -> Self {
-        self.restart_fault = Some(fault);
+        self.restart_faults.push(fault);
         self
     }
 }
@@ -274,7 +276,8 @@ pub enum ChildError {
     /// A restarted process did not prepare again content the chip held
     /// ([`OnChildDeath::Restart`]): the restart failed and that process was ended and reaped.
     #[error(
-        "chip {chip}: its restarted process (pid {pid}) did not prepare '{callable}' again: {cause}"
+        "chip {chip}: its restarted process (pid {pid}) did not prepare '{callable}' again: {cause}{}",
+        fmt_residue(residue)
     )]
     Restore {
         /// The chip.
@@ -285,6 +288,9 @@ pub enum ChildError {
         callable: String,
         /// Why: the chip's refusal ([`ChildError::Device`]), or the request's failure.
         cause: Box<ChildError>,
+        /// What ending that process left behind (what its finalize could not release, a
+        /// process that had to be killed), one entry each; empty when it ended cleanly.
+        residue: Vec<crate::TeardownError>,
     },
     /// The chip's device reported a failure inside the process.
     #[error("chip {chip}: {message}")]
@@ -318,6 +324,14 @@ pub enum ReplyFault {
         /// The status as read.
         status: u32,
     },
+}
+
+fn fmt_residue(residue: &[crate::TeardownError]) -> String {
+    if residue.is_empty() {
+        return String::new();
+    }
+    let t: Vec<String> = residue.iter().map(ToString::to_string).collect();
+    format!("; ending it left: {}", t.join("; "))
 }
 
 fn fmt_run(run: Option<RunId>) -> String {
@@ -383,7 +397,7 @@ pub enum ChildFault {
     /// there (armed now, not at the next run).
     RefuseOnRelease,
     /// The process finalizes its chip and says it exits when asked to shut down, and then
-    /// hangs instead (armed now, not at the next run).
+    /// hangs instead (armed now, not at the next run; it holds beside any other fault).
     HangAfterExit,
 }
 
@@ -410,12 +424,13 @@ pub(crate) fn start_chip(
     // for this thread, which kills and reaps a child still starting.
     let deadline = deadline.map(|d| d + Duration::from_millis(20));
     #[cfg(feature = "sim")]
-    let start_fault = opts.start_fault;
+    let start_faults = opts.start_faults.clone();
     let mut process =
         parent::ChipProcess::start(chip, init, opts, deadline).map_err(|f| match f {
             parent::StartFailure::Deadline(ChildError::Unresponsive { pid, .. }) => {
                 AttachFailure::Deadline {
                     step: format!("waiting for its process (pid {pid}) to be ready"),
+                    residue: Vec::new(),
                 }
             }
             parent::StartFailure::Child(e) | parent::StartFailure::Deadline(e) => {
@@ -433,18 +448,20 @@ pub(crate) fn start_chip(
         let late = deadline.is_some_and(|d| std::time::Instant::now() >= d);
         let failure = match e {
             RegistrationFailure::Child(ChildError::Unresponsive { .. }) if late => {
-                AttachFailure::Deadline { step: format!("{step} in its process (pid {pid})") }
+                let step = format!("{step} in its process (pid {pid})");
+                AttachFailure::Deadline { step, residue: Vec::new() }
             }
             e => e.into(),
         };
-        let _ = process.shutdown();
-        failure
+        // The process was ready: what its shutdown leaves behind is the rollback's to report.
+        let residue = process.shutdown();
+        failure.with_residue(residue)
     };
     #[cfg(feature = "sim")]
-    if let Some(fault) = start_fault
-        && let Err(e) = process.arm(fault)
-    {
-        return Err(failed(&mut process, e.into(), "arming a fault".into()));
+    for fault in start_faults {
+        if let Err(e) = process.arm(fault) {
+            return Err(failed(&mut process, e.into(), "arming a fault".into()));
+        }
     }
     for c in callables {
         if let Err(e) = process.register(c) {

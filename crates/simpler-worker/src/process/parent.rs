@@ -393,13 +393,26 @@ impl ChipProcess {
             }
         }
         self.failed = None;
-        if let Err(e) = self.restore() {
+        if let Err(mut e) = self.restore() {
             // The new process lacks content the worker still counts as held: end it (the
             // failed request may have reaped it already), so that the next use starts again
-            // from `held`.
+            // from `held`. What that leaves behind is reported with the failure.
             let pid = self.pid();
-            for r in self.shutdown() {
-                tracing::warn!(chip = %self.chip, ?pid, "ending a restarted chip process: {r:?}");
+            let left = self.shutdown();
+            match &mut e {
+                ChildError::Restore { chip, pid, residue, .. } => {
+                    let what = format!("chip {chip}: restarted process (pid {pid})");
+                    let entry = |r: Residue| crate::TeardownError {
+                        what: what.clone(),
+                        message: r.into_message(),
+                    };
+                    residue.extend(left.into_iter().map(entry));
+                }
+                _ => {
+                    for r in left {
+                        tracing::warn!(chip = %self.chip, ?pid, "ending a restarted chip process: {r:?}");
+                    }
+                }
             }
             self.failed = Some(e.clone());
             return Err(ChildError::Unusable { chip: self.chip, cause: Box::new(e) });
@@ -412,7 +425,7 @@ impl ChipProcess {
     fn restore(&mut self) -> Result<(), ChildError> {
         let (chip, pid) = (self.chip, self.pid().unwrap_or_default());
         #[cfg(feature = "sim")]
-        if let Some(fault) = self.opts.restart_fault {
+        for fault in self.opts.restart_faults.clone() {
             self.arm(fault)?;
         }
         let held: Vec<(Content, usize)> = self.held.values().cloned().collect();
@@ -431,7 +444,14 @@ impl ChipProcess {
                     Err(e) => e,
                 };
                 let callable = content.entry;
-                return Err(ChildError::Restore { chip, pid, callable, cause: Box::new(cause) });
+                let cause = Box::new(cause);
+                return Err(ChildError::Restore {
+                    chip,
+                    pid,
+                    callable,
+                    cause,
+                    residue: Vec::new(),
+                });
             }
         }
         Ok(())
