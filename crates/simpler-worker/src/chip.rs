@@ -507,10 +507,16 @@ impl ChipState {
         self.process.as_ref().map_or(0, |p| p.generation())
     }
 
-    /// Refuses a buffer allocated in an earlier chip process (`memory_process` then).
-    pub(crate) fn check_memory_process(&mut self, process: u64) -> Result<(), MemError> {
+    /// Refuses buffer `addr` (`len` bytes), allocated in chip process `process`
+    /// (`memory_process` then), when that process has ended.
+    pub(crate) fn check_memory_process(
+        &mut self,
+        process: u64,
+        addr: u64,
+        len: u64,
+    ) -> Result<(), MemError> {
         match &mut self.process {
-            Some(p) => p.current_buffer(process),
+            Some(p) => p.current_buffer(process, addr, len),
             None => Ok(()),
         }
     }

@@ -145,7 +145,7 @@ impl ChipMemory<'_> {
         let _lease = self.inner.lease()?;
         self.inner.wait_accepted();
         self.inner.on_chip(self.chip, move |s| {
-            s.check_memory_process(buf.process)?;
+            s.check_memory_process(buf.process, buf.addr, buf.len)?;
             s.free(buf.addr)
         })??;
         if let Some(m) = self.inner.owned.lock().get_mut(&self.chip) {
@@ -160,10 +160,10 @@ impl ChipMemory<'_> {
         self.inner.off_lane("copy_to", self.chip)?;
         let _lease = self.inner.lease()?;
         let bytes = data.to_vec();
-        let (addr, process) = (buf.addr + offset, buf.process);
+        let (base, len, process) = (buf.addr, buf.len, buf.process);
         Ok(self.inner.on_chip(self.chip, move |s| {
-            s.check_memory_process(process)?;
-            s.copy_to(addr, &bytes)
+            s.check_memory_process(process, base, len)?;
+            s.copy_to(base + offset, &bytes)
         })??)
     }
 
@@ -177,10 +177,10 @@ impl ChipMemory<'_> {
         self.check(buf, offset, out.len() as u64)?;
         self.inner.off_lane("copy_from", self.chip)?;
         let _lease = self.inner.lease()?;
-        let (addr, process, len) = (buf.addr + offset, buf.process, out.len());
+        let (base, size, process, len) = (buf.addr, buf.len, buf.process, out.len());
         let data = self.inner.on_chip(self.chip, move |s| {
-            s.check_memory_process(process)?;
-            s.copy_from(addr, len)
+            s.check_memory_process(process, base, size)?;
+            s.copy_from(base + offset, len)
         })??;
         out.copy_from_slice(&data);
         Ok(())

@@ -3,10 +3,11 @@
 //! start failures (a child wedged in a registration during start among them), a child dying
 //! during a registration, a restart whose chip refuses content it held, refused content, host
 //! buffers on chip tasks (and a child dying while one comes back), a wild reply refused as a
-//! protocol failure, content whose removal failed unusable as in THREAD mode, no descriptor of the worker's inherited but the mailbox, chip processes
-//! of a killed
-//! worker exiting on their own; each test counts what could leak (zombies, descriptors,
-//! threads).
+//! protocol failure, content whose removal failed unusable as in THREAD mode, no descriptor of
+//! the worker's inherited but the mailbox, chip processes of a killed worker exiting on their
+//! own, buffers of a dead process refused by memory calls and as task arguments, what a ready
+//! process left behind when its start or restart failed; each test counts what could leak
+//! (zombies, descriptors, threads).
 
 mod common;
 
@@ -269,17 +270,20 @@ fn a_buffer_of_a_dead_chip_process_is_refused_never_sent_to_the_restarted_one() 
     w.submit(on_chip(h, args, WorkerId(0))).unwrap().wait().expect_err("abort");
     // A restarted process starts its allocations afresh: the same requests may well return
     // the same addresses, so a buffer of the dead process would reach another one's memory.
-    let (args, f) = inputs(&w, WorkerId(0));
+    // The first call below is the one that restarts the chip.
+    assert_eq!(w.chip_process_id(WorkerId(0)).unwrap(), None, "dead until the next use");
     let mem = w.chip_memory(WorkerId(0)).unwrap();
     let stale = |e: &WorkerError| {
         matches!(
             e,
             WorkerError::Memory(MemError::StaleBuffer {
                 chip: WorkerId(0),
+                addr,
+                len,
                 buffer_process: 1,
                 process: 2
-            })
-        )
+            }) if *addr == old.addr() && *len == old.len()
+        ) && e.to_string().contains(&format!("{:#x}", old.addr()))
     };
     let e = mem.copy_to(&old, 0, &[0u8; 4]).expect_err("a buffer of the dead process");
     assert!(stale(&e), "{e}");
@@ -287,8 +291,50 @@ fn a_buffer_of_a_dead_chip_process_is_refused_never_sent_to_the_restarted_one() 
     assert!(stale(&e), "{e}");
     let e = mem.free(old).expect_err("a buffer of the dead process");
     assert!(stale(&e), "{e}");
+    let (args, f) = inputs(&w, WorkerId(0));
     w.run(on_chip(h, args, WorkerId(0))).expect("runs after the restart");
     assert_eq!(result(&w, WorkerId(0), &f), expected());
+    w.close().expect("close");
+}
+
+/// The memory error a run's failure carries, if any.
+fn mem_error(e: &RunError) -> Option<MemError> {
+    e.frames().iter().find_map(|f| f.error()?.downcast_ref::<MemError>().cloned())
+}
+
+/// A task carries addresses only: the chip's process checks them against the allocations of
+/// the processes before it, so a tensor over a buffer of a dead process is refused, typed and
+/// naming the buffer, both when the run itself restarts the chip and once it runs again.
+#[test]
+fn a_task_over_a_buffer_of_a_dead_chip_process_is_refused_never_sent_to_the_restarted_one() {
+    let _serial = serial();
+    let mut b = process_host(&[0], options().on_child_death(OnChildDeath::Restart));
+    let h = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let (args, _) = inputs(&w, WorkerId(0));
+    let first = args.tensors()[0];
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::Abort).unwrap());
+    w.submit(on_chip(h, args.clone(), WorkerId(0))).unwrap().wait().expect_err("abort");
+    assert_eq!(w.chip_process_id(WorkerId(0)).unwrap(), None, "dead until the next use");
+    let refused = |e: &RunError| match mem_error(e) {
+        Some(MemError::StaleBuffer { chip, addr, len, buffer_process, process }) => {
+            (chip, addr, len, buffer_process, process)
+                == (WorkerId(0), first.addr, first.size, 1, 2)
+                && e.to_string().contains(&format!("{:#x}", first.addr))
+        }
+        _ => false,
+    };
+    // This run restarts the chip, whose new process never sees the old addresses.
+    let e = w.submit(on_chip(h, args.clone(), WorkerId(0))).unwrap().wait().expect_err("stale");
+    assert!(refused(&e), "{e}");
+    let second = w.chip_process_id(WorkerId(0)).unwrap().expect("restarted");
+    // The chip stays usable: buffers of the new process run, the old ones stay refused.
+    let (fresh, f) = inputs(&w, WorkerId(0));
+    w.run(on_chip(h, fresh, WorkerId(0))).expect("runs after the restart");
+    assert_eq!(result(&w, WorkerId(0), &f), expected());
+    let e = w.submit(on_chip(h, args, WorkerId(0))).unwrap().wait().expect_err("still stale");
+    assert!(refused(&e), "{e}");
+    assert_eq!(w.chip_process_id(WorkerId(0)).unwrap(), Some(second), "the chip kept its process");
     w.close().expect("close");
 }
 

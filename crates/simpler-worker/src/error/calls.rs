@@ -396,10 +396,15 @@ pub enum MemError {
         chip: WorkerId,
     },
     /// The buffer was allocated by an earlier process of its chip (PROCESS mode, restarted
-    /// after a death): its memory ended with that process.
+    /// after a death): its memory ended with that process. A memory call on it, and a chip
+    /// task with a tensor over it, are refused before anything reaches the current process.
     StaleBuffer {
         /// The chip.
         chip: WorkerId,
+        /// The buffer's device address.
+        addr: u64,
+        /// The buffer's length in bytes.
+        len: u64,
         /// The chip process that allocated the buffer (the first is 1).
         buffer_process: u64,
         /// The chip's current process.
@@ -456,10 +461,11 @@ impl fmt::Display for MemError {
             MemError::WrongChip { buffer_chip, chip } => {
                 write!(f, "buffer of chip {buffer_chip} used on chip {chip}")
             }
-            MemError::StaleBuffer { chip, buffer_process, process } => write!(
+            MemError::StaleBuffer { chip, addr, len, buffer_process, process } => write!(
                 f,
-                "buffer of chip {chip} was allocated by its process #{buffer_process}, which has \
-                 been replaced by process #{process}: its memory is gone"
+                "buffer {addr:#x} ({len} bytes) of chip {chip} was allocated by its process \
+                 #{buffer_process}, which has been replaced by process #{process}: its memory is \
+                 gone"
             ),
             MemError::OutOfRange { offset, len, size } => {
                 write!(

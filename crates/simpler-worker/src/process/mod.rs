@@ -3,6 +3,7 @@
 //!
 //! | Module | Holds |
 //! |---|---|
+//! | `buffers` | the device allocations of a chip's processes, to refuse memory of an ended one |
 //! | `mailbox` | the shared-memory mailbox (memfd, header, request lane, futex parking) |
 //! | `wire` | frames and their encoding |
 //! | `catalog` | the content a chip process can run |
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 use simpler_types::{DeviceCode, RunId, WorkerId};
 
+mod buffers;
 pub(crate) mod catalog;
 pub(crate) mod child;
 mod host_tensors;

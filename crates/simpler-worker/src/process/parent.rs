@@ -14,13 +14,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
-use simpler_device_a2a3::{ChipCallable, DeviceError, MemoryLedger, Platform, RuntimeVariant};
+use simpler_device_a2a3::{ChipCallable, DeviceError, Platform, RuntimeVariant};
 use simpler_sched::EndpointFailure;
 use simpler_types::{
     CallConfig, CallableId, EndpointOutcome, FailureMechanism, FailureSource, RunId, TaskArgs,
     TaskArgsView, TaskId, WorkerId,
 };
 
+use super::buffers::Buffers;
 use super::catalog::{self, Content};
 use super::mailbox::{BadLength, Mailbox, PAYLOAD_BYTES, state};
 use super::wire::{FailureFrame, Malformed, Reader, Writer, encode_config, op, status};
@@ -128,6 +129,8 @@ pub(crate) struct ChipProcess {
     generation: u64,
     /// The failure that ended the last process (fail fast, or restart on next use).
     failed: Option<ChildError>,
+    /// The device allocations of the current process and of those before it.
+    buffers: Buffers,
     seq: u64,
     /// While the chip starts: the start deadline, which no wait of its start may pass.
     start_deadline: Option<Instant>,
@@ -186,6 +189,7 @@ impl ChipProcess {
             live: None,
             generation: 0,
             failed: None,
+            buffers: Buffers::default(),
             seq: 0,
             start_deadline: deadline,
             held: HashMap::new(),
@@ -256,6 +260,8 @@ impl ChipProcess {
                 }
                 state::READY => {
                     live.mailbox.set_quietly(state::IDLE);
+                    // The allocations of the process before ended with it.
+                    self.buffers.process_ended(self.generation);
                     self.generation += 1;
                     return Ok(());
                 }
@@ -663,13 +669,21 @@ impl ChipProcess {
                 EndpointOutcome::TaskFailure,
             )
         })?;
+        let args = TaskArgs::from_view(args).map_err(|e| {
+            EndpointFailure::task_failed(format!("chip {chip}: invalid arguments: {e}"))
+        })?;
+        // A dead process is restarted before the arguments are checked, so that memory of the
+        // process that died is refused too, never sent to its successor. Before the frame is
+        // written: a restart sends requests of its own through `self.out`.
+        self.ensure_live().map_err(|e| child_failure(e, EndpointOutcome::EndpointFailure))?;
+        if let Err(e) = self.check_run_memory(&args) {
+            let failure = EndpointFailure::task_failed(e.to_string());
+            return Err(failure.with_source(FailureSource::new(e)));
+        }
         self.out.0.clear();
         self.out.0.extend_from_slice(&digest);
         self.out.u64(origin.run.get()).u32(origin.seq);
         encode_config(config, &mut self.out);
-        let args = TaskArgs::from_view(args).map_err(|e| {
-            EndpointFailure::task_failed(format!("chip {chip}: invalid arguments: {e}"))
-        })?;
         self.out.bytes(&args.encode());
         match self.call(op::RUN, "run", run) {
             Ok(status::OK) => Ok(()),
@@ -699,135 +713,6 @@ impl ChipProcess {
     /// Whether a process is running (a later request on a dead chip would restart it first).
     pub(super) fn is_live(&self) -> bool {
         self.live.is_some()
-    }
-
-    /// One memory request (its frame in `self.out`): the child's own failure, or its chip's
-    /// refusal as a frame.
-    fn mem_request(&mut self, code: u32, operation: &'static str) -> Result<(), MemFailure> {
-        match self.call(code, operation, None) {
-            Ok(status::OK) => Ok(()),
-            Ok(_) => Err(self.failure_frame().map_or_else(MemFailure::Child, MemFailure::Device)),
-            Err(e) => Err(MemFailure::Child(e)),
-        }
-    }
-
-    /// The memory error of `f`, as a chip in this process would return it.
-    fn mem_error(&self, f: MemFailure) -> MemError {
-        let chip = self.chip;
-        match f {
-            MemFailure::Child(e) => mem_child(chip, e),
-            MemFailure::Device(f) if f.outcome == EndpointOutcome::EndpointFailure => {
-                let (message, code) = (f.message, f.code);
-                MemError::DeviceUnusable { chip, message, code, child: None, device: None }
-            }
-            MemFailure::Device(f) => {
-                MemError::Device { chip, message: f.message, code: f.code, device: None }
-            }
-        }
-    }
-
-    pub(super) fn device_malloc(&mut self, bytes: u64) -> Result<u64, MemFailure> {
-        self.out.0.clear();
-        self.out.u64(bytes);
-        self.mem_request(op::MALLOC, "malloc")?;
-        let addr = Reader(&self.reply)
-            .u64()
-            .map_err(|e| MemFailure::Child(self.protocol(e.to_string())))?;
-        // Every later address of the allocation is `addr` plus an offset inside it.
-        if addr.checked_add(bytes).is_none() {
-            let message = format!("malloc: {bytes} bytes at {addr:#x} run past the address space");
-            return Err(MemFailure::Child(self.protocol(message)));
-        }
-        Ok(addr)
-    }
-
-    pub(super) fn device_free(&mut self, addr: u64) -> Result<(), MemFailure> {
-        self.out.0.clear();
-        self.out.u64(addr);
-        self.mem_request(op::FREE, "free")
-    }
-
-    /// Copies `data` to `addr` in pieces that fit the mailbox.
-    pub(super) fn device_copy_to(&mut self, addr: u64, data: &[u8]) -> Result<(), MemFailure> {
-        for (i, piece) in data.chunks(PIECE).enumerate() {
-            self.out.0.clear();
-            self.out.u64(addr + (i * PIECE) as u64).bytes(piece);
-            self.mem_request(op::COPY_TO, "copy_to")?;
-        }
-        Ok(())
-    }
-
-    /// Fills `out` from `addr` in pieces that fit the mailbox.
-    pub(super) fn device_copy_from(&mut self, addr: u64, out: &mut [u8]) -> Result<(), MemFailure> {
-        if out.is_empty() {
-            // Still one request, so that a bad address is refused as in THREAD mode.
-            self.out.0.clear();
-            self.out.u64(addr).u64(0);
-            return self.mem_request(op::COPY_FROM, "copy_from");
-        }
-        for (i, piece) in out.chunks_mut(PIECE).enumerate() {
-            self.out.0.clear();
-            self.out.u64(addr + (i * PIECE) as u64).u64(piece.len() as u64);
-            self.mem_request(op::COPY_FROM, "copy_from")?;
-            if self.reply.len() != piece.len() {
-                let message = format!("copy_from: {} bytes for {}", self.reply.len(), piece.len());
-                return Err(MemFailure::Child(self.protocol(message)));
-            }
-            piece.copy_from_slice(&self.reply);
-        }
-        Ok(())
-    }
-
-    /// The number of the current process (the first is 1).
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation
-    }
-
-    /// Refuses a buffer of an earlier process of this chip: its memory ended with that
-    /// process, and the current one may have handed its address to another buffer. The
-    /// process is made live first (restarted, under that policy), so a buffer of a process
-    /// that died since is refused too, never sent to its successor.
-    pub(crate) fn current_buffer(&mut self, generation: u64) -> Result<(), MemError> {
-        self.ensure_live().map_err(|e| mem_child(self.chip, e))?;
-        if generation != self.generation {
-            return Err(MemError::StaleBuffer {
-                chip: self.chip,
-                buffer_process: generation,
-                process: self.generation,
-            });
-        }
-        Ok(())
-    }
-
-    pub(crate) fn malloc(&mut self, bytes: u64) -> Result<u64, MemError> {
-        self.device_malloc(bytes).map_err(|f| self.mem_error(f))
-    }
-
-    pub(crate) fn free(&mut self, addr: u64) -> Result<(), MemError> {
-        self.device_free(addr).map_err(|f| self.mem_error(f))
-    }
-
-    pub(crate) fn copy_to(&mut self, addr: u64, data: &[u8]) -> Result<(), MemError> {
-        self.device_copy_to(addr, data).map_err(|f| self.mem_error(f))
-    }
-
-    pub(crate) fn copy_from(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, MemError> {
-        let mut out = vec![0u8; len];
-        self.device_copy_from(addr, &mut out).map_err(|f| self.mem_error(f))?;
-        Ok(out)
-    }
-
-    pub(crate) fn ledger(&mut self) -> Result<MemoryLedger, MemError> {
-        self.out.0.clear();
-        self.mem_request(op::LEDGER, "ledger").map_err(|f| self.mem_error(f))?;
-        let mut r = Reader(&self.reply);
-        let read = |r: &mut Reader<'_>| r.u64();
-        match (read(&mut r), read(&mut r), read(&mut r), read(&mut r)) {
-            (Ok(committed), Ok(user_allocations), Ok(pooled_arenas), Ok(runtime_buffers)) => {
-                Ok(MemoryLedger { committed, user_allocations, pooled_arenas, runtime_buffers })
-            }
-            _ => Err(mem_child(self.chip, self.protocol("short ledger".into()))),
-        }
     }
 
     /// Arms `fault` in the process: for its next run, or now, as the fault says.
@@ -970,5 +855,6 @@ pub(super) fn child_failure(e: ChildError, outcome: EndpointOutcome) -> Endpoint
     out.with_source(FailureSource::new(e))
 }
 
+mod memory;
 #[cfg(test)]
 mod tests;

@@ -42,6 +42,7 @@ fn process_around(child: std::process::Child, mailbox: Mailbox) -> ChipProcess {
         live: Some(Live { child, pid, mailbox }),
         generation: 1,
         failed: None,
+        buffers: Default::default(),
         seq: 0,
         start_deadline: None,
         held: HashMap::new(),
