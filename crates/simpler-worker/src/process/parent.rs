@@ -640,7 +640,12 @@ impl ChipProcess {
         }
         let mut r = Reader(&self.reply);
         match (r.u64(), r.u8()) {
-            (Ok(_), Ok(unusable)) => unusable != 0,
+            (Ok(_), Ok(0)) => false,
+            (Ok(_), Ok(1)) => true,
+            (Ok(_), Ok(flag)) => {
+                self.protocol(format!("query reply: unusable flag {flag} is neither 0 nor 1"));
+                false
+            }
             _ => {
                 self.protocol("short query reply".into());
                 false

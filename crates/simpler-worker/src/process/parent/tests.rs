@@ -71,17 +71,19 @@ fn process_answered_here(name: &str) -> (ChipProcess, Mailbox, std::path::PathBu
     (process_around(child, mailbox), peer, dir)
 }
 
-/// Answers the next request on `peer` with `status`, an empty payload and then the raw
-/// length field `len`.
-fn answer_once(peer: &Mailbox, status: u32, len: u32) {
+/// Answers the next request on `peer` with `status`, `payload` and then the raw length field
+/// `len`, when given.
+fn answer_once(peer: &Mailbox, status: u32, payload: &[u8], len: Option<u32>) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while peer.state() != state::REQUEST {
         assert!(std::time::Instant::now() < deadline, "no request came");
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     let (_, seq) = peer.request();
-    peer.write_reply(status, seq, b"").expect("fits");
-    peer.set_payload_len(len);
+    peer.write_reply(status, seq, payload).expect("fits");
+    if let Some(len) = len {
+        peer.set_payload_len(len);
+    }
     peer.publish(state::DONE);
 }
 
@@ -91,7 +93,7 @@ fn a_reply_whose_length_field_runs_past_the_mailbox_is_a_typed_failure_of_the_ch
     let pid = p.pid().expect("live");
     let len = PAYLOAD_BYTES as u32 + 1;
     let e = std::thread::scope(|s| {
-        s.spawn(|| answer_once(&peer, 0, len));
+        s.spawn(|| answer_once(&peer, 0, b"", Some(len)));
         p.out.0.clear();
         p.call(op::LEDGER, "ledger", None).expect_err("a length beyond the area")
     });
@@ -110,7 +112,7 @@ fn a_reply_whose_length_field_runs_past_the_mailbox_is_a_typed_failure_of_the_ch
 fn a_reply_with_an_unknown_status_is_a_typed_failure_of_the_chip() {
     let (mut p, peer, dir) = process_answered_here("bad-status");
     let e = std::thread::scope(|s| {
-        s.spawn(|| answer_once(&peer, 7, 0));
+        s.spawn(|| answer_once(&peer, 7, b"", None));
         p.out.0.clear();
         p.call(op::LEDGER, "ledger", None).expect_err("status 7")
     });
@@ -170,5 +172,30 @@ fn a_process_that_outlives_the_reap_bound_is_reaped_by_a_thread_of_its_own() {
         assert!(std::time::Instant::now() < deadline, "process {pid} was never reaped");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_query_reply_whose_unusable_flag_is_not_0_or_1_fails_the_chip() {
+    let (mut p, peer, dir) = process_answered_here("bad-flag");
+    let id = simpler_types::CallableId::new(
+        [7; 32],
+        simpler_types::CallableKind::Chip,
+        simpler_types::CallableNamespace::LocalChip,
+    );
+    p.digests.insert(id, [7; 32]);
+    let mut reply = 1u64.to_le_bytes().to_vec();
+    reply.push(9);
+    let unusable = std::thread::scope(|s| {
+        s.spawn(|| answer_once(&peer, 0, &reply, None));
+        p.is_unusable(&id)
+    });
+    assert!(!unusable);
+    assert!(p.live.is_none(), "the process that sent it was not ended");
+    assert!(
+        matches!(&p.failed, Some(ChildError::Protocol { message, .. }) if message.contains("flag 9")),
+        "{:?}",
+        p.failed
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
