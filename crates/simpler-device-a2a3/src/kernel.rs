@@ -108,8 +108,10 @@ impl<'a> KernelCall<'a> {
     ///
     /// # Safety
     ///
-    /// `T` must match the tensor's data type, and no other live reference (in this or another
-    /// kernel running concurrently) may write the same bytes.
+    /// `T` must match the tensor's data type, and nothing may write the same bytes while the
+    /// slice lives: no other reference, in this or another kernel running concurrently, and no
+    /// write through a pointer either (the reference programs' kernels store every element
+    /// atomically, which still races the slice's plain reads).
     pub unsafe fn slice<T>(&self, i: usize) -> Option<&'a [T]> {
         let t = self.tensor(i)?;
         if !t.contiguous() || t.element_size()? != size_of::<T>() as u64 {

@@ -93,7 +93,7 @@
 //!   `OrchestrationObject::new` (`unsafe fn`s).
 //! - `src/kernel.rs`: the kernel accessors over the argument slots.
 //! - `src/programs.rs`, `src/programs/streaming.rs`, `src/programs/paged_attention.rs`: the
-//!   reference programs' kernels.
+//!   reference programs' kernels; `src/programs/kernel_tests.rs`: their direct calls in tests.
 //! - `src/runner/mod.rs`: the runner's host view of a run's image.
 //! - `src/runner/memory.rs` and `src/runner/staging.rs`: host-tensor staging;
 //!   `src/runner/complete.rs`: the copy-back into the staged host ranges.

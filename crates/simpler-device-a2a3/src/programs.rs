@@ -13,18 +13,34 @@
 //! - [`paged_attention`]: attention over a block-paged key/value cache, with task counts the
 //!   block table decides.
 //!
-//! The kernels check what they are handed: a tensor that is not a contiguous f32 view, or a
-//! missing scalar, makes the kernel write nothing rather than read out of bounds. The
-//! orchestrations return an [`OrchError`] with status −1 when a chip argument is missing or a
-//! task's arguments do not fit. These kernels are the only unsafe code here: each reads its
-//! argument slots through [`KernelCall`], whose contract the runtime upholds when it calls them.
-//! They never hold a reference over device memory: elementwise kernels read and write one
-//! element at a time through raw pointers, and the tile product copies its inputs out before it
-//! writes, so a kernel handed aliasing arguments directly (the chip graph builder refuses such
-//! tasks) computes a meaningless result but stays defined.
+//! The kernels check what they are handed: a tensor that is not a contiguous f32 view whose
+//! first element is 4-byte aligned, or a missing scalar, makes the kernel write nothing rather
+//! than read out of bounds or misaligned. The orchestrations return an [`OrchError`] with
+//! status −1 when a chip argument is missing or a task's arguments do not fit. These kernels
+//! are the only unsafe code here: each reads its argument slots through [`KernelCall`], whose
+//! contract the runtime upholds when it calls them.
+//!
+//! A task of several blocks runs its kernel once per block, concurrently. Block `b` of `n`
+//! writes only its part of the output, the elements `[len·b/n, len·(b+1)/n)` (a task of 0
+//! blocks counts as one), so the blocks of a task write disjoint elements and together write
+//! each one once. The exception is the paged-attention update, every element of whose in-out
+//! state depends on the whole old state: block 0 does all of it and the other blocks write
+//! nothing. Kernels may still meet on the same bytes: the member kernels of a `Mix` task share
+//! their block's part, untracked (`NoDep`) tasks on one buffer run concurrently, and a kernel
+//! handed aliasing arguments directly (the chip graph builder refuses such tasks) reads what it
+//! writes. All of that stays defined, with a meaningless result where the values differ: the
+//! kernels never hold a reference over device memory and read and write every element as one
+//! relaxed atomic 4-byte word, so their concurrent accesses never race. What a concurrent
+//! access reads is any value the element held or was given meanwhile; a word is never torn.
+//! A kernel of another program that touches the same bytes concurrently without atomics breaks
+//! the contract of [`KernelCall::slice`] and [`KernelCall::slice_mut`].
 //!
 //! The host-side helpers [`f32_to_le_bytes`] and [`f32_from_le_bytes`] move f32 values to and
 //! from the little-endian bytes device memory holds.
+
+use std::ops::Range;
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering::Relaxed;
 
 use simpler_types::{CoreArgs, DataType, Tensor, TensorArgType};
 
@@ -81,47 +97,88 @@ fn three_args(_: &OrchArgs<'_>) -> OrchConfig {
     OrchConfig { expected_arg_count: 3 }
 }
 
-/// Tensor `i`'s view as `(first element, elements)`, for a contiguous f32 view.
+/// Tensor `i`'s view as `(first element, elements)`, for a contiguous f32 view whose first
+/// element is 4-byte aligned (so that every element is: [`element`] accesses them as atomic
+/// words).
 fn f32_view(k: &KernelCall<'_>, i: usize) -> Option<(*mut f32, usize)> {
     let t = k.tensor(i)?;
     if !t.contiguous() || t.data_type().ok() != Some(DataType::Float32) {
         return None;
     }
+    let addr = t.data_addr();
+    if addr % align_of::<AtomicU32>() as u64 != 0 {
+        return None;
+    }
     let len = usize::try_from(t.numel()).ok()?;
-    Some((t.data_addr() as usize as *mut f32, len))
+    Some((addr as usize as *mut f32, len))
 }
 
-/// Element `i` of a view from [`f32_view`].
+/// The part of `n` elements that block `block` of a task of `blocks` blocks handles:
+/// `[n·block/blocks, n·(block + 1)/blocks)`. The blocks' parts are disjoint and together cover
+/// `0..n`; a task of 0 blocks counts as one, and a block index past the last gets nothing.
+fn share(n: usize, block: u32, blocks: u32) -> Range<usize> {
+    let blocks = u128::from(blocks.max(1));
+    let block = u128::from(block).min(blocks);
+    // `n · b / blocks ≤ n` for `b ≤ blocks`, and the product fits u128.
+    let bound = |b: u128| usize::try_from(n as u128 * b / blocks).unwrap_or(n);
+    bound(block)..bound((block + 1).min(blocks))
+}
+
+/// The part of `n` elements the running block of `k`'s task handles (see [`share`]).
+fn block_share(k: &KernelCall<'_>, n: usize) -> Range<usize> {
+    share(n, k.block_idx(), k.block_num())
+}
+
+/// Element `i` of a view from [`f32_view`], as the atomic word every reference kernel reads
+/// and writes it through.
 ///
 /// # Safety
 ///
 /// `i` is below the view's length and the view names device memory the task was given.
+unsafe fn element<'v>(view: (*mut f32, usize), i: usize) -> &'v AtomicU32 {
+    debug_assert!(i < view.1, "element {i} of a view of {}", view.1);
+    // SAFETY: the element lies in device memory the task was given (the caller's contract),
+    // host memory that stays allocated and writable while the task runs, and it is 4-aligned
+    // since the view's first element is (`f32_view`). Other blocks and member kernels of this
+    // task, and untracked tasks, may access the same bytes concurrently: the reference kernels
+    // do so only through this function, with atomic 4-byte accesses; any other kernel must not
+    // touch bytes a concurrent kernel writes (the contracts of `KernelCall::slice` and
+    // `slice_mut`); the runner copies between host and device memory only while no run is
+    // launched, and a runtime copies the bytes of a task's tensor (the orchestration's
+    // `tensor_data`) only while no task accessing them runs. So no access to the word races a
+    // non-atomic or differently sized one.
+    unsafe { AtomicU32::from_ptr(view.0.add(i).cast::<u32>()) }
+}
+
+/// Element `i` of a view from [`f32_view`], read atomically.
+///
+/// # Safety
+///
+/// As [`element`].
 unsafe fn load(view: (*mut f32, usize), i: usize) -> f32 {
-    debug_assert!(i < view.1, "element {i} of a view of {}", view.1);
-    // SAFETY: the caller's contract; read by value without forming a reference, so an
-    // aliasing argument stays defined.
-    unsafe { view.0.add(i).read_unaligned() }
+    // SAFETY: the caller's contract.
+    f32::from_bits(unsafe { element(view, i) }.load(Relaxed))
 }
 
-/// Stores `v` at element `i` of a view from [`f32_view`].
+/// Stores `v` atomically at element `i` of a view from [`f32_view`].
 ///
 /// # Safety
 ///
-/// As [`load`].
+/// As [`element`].
 unsafe fn store(view: (*mut f32, usize), i: usize, v: f32) {
-    debug_assert!(i < view.1, "element {i} of a view of {}", view.1);
-    // SAFETY: as in `load`.
-    unsafe { view.0.add(i).write_unaligned(v) }
+    // SAFETY: the caller's contract.
+    unsafe { element(view, i) }.store(v.to_bits(), Relaxed);
 }
 
-/// `out[i] = f(i)` for `i < n`, element by element.
+/// `out[i] = f(i)` for every `i` in `range`, element by element.
 ///
 /// # Safety
 ///
-/// `n` is at most `out`'s length; `out` names device memory the task was given.
-unsafe fn elementwise(out: (*mut f32, usize), n: usize, f: impl Fn(usize) -> f32) {
-    for i in 0..n {
-        // SAFETY: `i < n <= out.1`, the caller's contract.
+/// `range.end` is at most `out`'s length; `out` names device memory the task was given.
+unsafe fn elementwise(out: (*mut f32, usize), range: Range<usize>, f: impl Fn(usize) -> f32) {
+    debug_assert!(range.end <= out.1, "elements up to {} of a view of {}", range.end, out.1);
+    for i in range {
+        // SAFETY: `i < range.end <= out.1`, the caller's contract.
         unsafe { store(out, i, f(i)) };
     }
 }
@@ -130,7 +187,7 @@ unsafe fn elementwise(out: (*mut f32, usize), n: usize, f: impl Fn(usize) -> f32
 ///
 /// # Safety
 ///
-/// As [`load`] for every element of the view.
+/// As [`element`] for every element of the view.
 unsafe fn copy_out(view: (*mut f32, usize)) -> Vec<f32> {
     // SAFETY: every `i < view.1`, the caller's contract.
     (0..view.1).map(|i| unsafe { load(view, i) }).collect()
@@ -145,7 +202,7 @@ unsafe extern "C-unwind" fn add_kernel(args: *mut i64) {
     };
     let n = out.1.min(x.1).min(y.1);
     // SAFETY: `n` bounds every view; the views name this task's device buffers.
-    unsafe { elementwise(out, n, |i| load(x, i) + load(y, i)) };
+    unsafe { elementwise(out, block_share(&k, n), |i| load(x, i) + load(y, i)) };
 }
 
 /// `out = x + s` over f32: tensors `x` (in), `out` (out), then the f32 scalar `s`.
@@ -156,7 +213,7 @@ unsafe extern "C-unwind" fn add_scalar_kernel(args: *mut i64) {
     let (Some(x), Some(out)) = (f32_view(&k, 0), f32_view(&k, 1)) else { return };
     let n = out.1.min(x.1);
     // SAFETY: as in `add_kernel`.
-    unsafe { elementwise(out, n, |i| load(x, i) + s) };
+    unsafe { elementwise(out, block_share(&k, n), |i| load(x, i) + s) };
 }
 
 /// `out = x * y` over f32: tensors `x` (in), `y` (in), `out` (out).
@@ -168,7 +225,7 @@ unsafe extern "C-unwind" fn mul_kernel(args: *mut i64) {
     };
     let n = out.1.min(x.1).min(y.1);
     // SAFETY: as in `add_kernel`.
-    unsafe { elementwise(out, n, |i| load(x, i) * load(y, i)) };
+    unsafe { elementwise(out, block_share(&k, n), |i| load(x, i) * load(y, i)) };
 }
 
 /// The one-task program `f = a + b` over f32; chip arguments `a` (in), `b` (in), `f` (out).
@@ -350,16 +407,15 @@ pub mod bgemm {
         }
         // SAFETY: whole views of this task's device tiles, copied out before anything is written.
         let (a, b) = unsafe { (copy_out(a), copy_out(b)) };
-        let mut p = vec![0.0f32; TILE * TILE];
-        for (prow, arow) in p.chunks_exact_mut(TILE).zip(a.chunks_exact(TILE)) {
-            for (&aik, brow) in arow.iter().zip(b.chunks_exact(TILE)) {
-                for (pv, bv) in prow.iter_mut().zip(brow) {
-                    *pv += aik * bv;
-                }
-            }
-        }
-        // SAFETY: `p` has exactly the output view's length.
-        unsafe { elementwise(out, p.len(), |i| p[i]) };
+        // Element `(r, c)` of the product, summed over `k` in order from zero.
+        let product = |i: usize| {
+            let (r, c) = (i / TILE, i % TILE);
+            let row = a.iter().skip(r * TILE).take(TILE);
+            let col = b.iter().skip(c).step_by(TILE);
+            row.zip(col).fold(0.0f32, |acc, (x, y)| acc + x * y)
+        };
+        // SAFETY: the block's share of the output view's elements, of this task's device tile.
+        unsafe { elementwise(out, block_share(&k, out.1), product) };
     }
 
     /// `c += p` for one tile: tensors `c` (in-out), `p` (in).
@@ -368,8 +424,9 @@ pub mod bgemm {
         // tensors.
         let k = unsafe { KernelCall::from_raw(args, 2) };
         let (Some(c), Some(p)) = (f32_view(&k, 0), f32_view(&k, 1)) else { return };
-        // SAFETY: the length bounds both views; the views name this task's device tiles.
-        unsafe { elementwise(c, c.1.min(p.1), |i| load(c, i) + load(p, i)) };
+        // SAFETY: the length bounds both views; the views name this task's device tiles. Each
+        // element of `c` is read before the same block writes it, and no other block handles it.
+        unsafe { elementwise(c, block_share(&k, c.1.min(p.1)), |i| load(c, i) + load(p, i)) };
     }
 
     /// The orchestration: for every output tile `(i, j)` and every `k`, a product task into a
@@ -447,6 +504,8 @@ pub mod bgemm {
     }
 }
 
+#[cfg(test)]
+mod kernel_tests;
 pub mod paged_attention;
 pub mod streaming;
 

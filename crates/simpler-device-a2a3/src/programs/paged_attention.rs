@@ -49,8 +49,9 @@ unsafe extern "C-unwind" fn init_kernel(args: *mut i64) {
     // SAFETY: the runtime passes this kernel's argument vector; its signature has one tensor.
     let k = unsafe { KernelCall::from_raw(args, 1) };
     let Some(state) = f32_view(&k, 0) else { return };
+    let init = |i: usize| if i == 0 { f32::NEG_INFINITY } else { 0.0 };
     // SAFETY: `state.1` bounds the view; the view names this task's device buffer.
-    unsafe { elementwise(state, state.1, |i| if i == 0 { f32::NEG_INFINITY } else { 0.0 }) };
+    unsafe { elementwise(state, block_share(&k, state.1), init) };
 }
 
 /// `s[t] = scale · Σ_d q[d] · k[t][d]`: tensors `q` (in), `k` (in), `s` (out), scalar `scale`.
@@ -67,19 +68,28 @@ unsafe extern "C-unwind" fn scores_kernel(args: *mut i64) {
     }
     // SAFETY: whole views of this task's device buffers, copied out before anything is written.
     let (q, kb) = unsafe { (copy_out(q), copy_out(kb)) };
-    let scores: Vec<f32> = kb
-        .chunks_exact(q.len())
-        .map(|row| row.iter().zip(&q).map(|(a, b)| a * b).sum::<f32>() * scale)
-        .collect();
-    // SAFETY: `scores` has exactly the output view's length.
-    unsafe { elementwise(s, scores.len(), |i| scores[i]) };
+    // The score of token `t`: row `t` of the block (in range, as `kb` holds `s.1` rows).
+    let dim = q.len();
+    let score = |t: usize| {
+        let row = kb.iter().skip(t * dim).take(dim);
+        row.zip(&q).map(|(a, b)| a * b).sum::<f32>() * scale
+    };
+    // SAFETY: the block's share of the output view's elements, of this task's device buffer.
+    unsafe { elementwise(s, block_share(&k, s.1), score) };
 }
 
 /// The online-softmax step over the first `valid` tokens of a block: tensors `state` (in-out,
 /// `[max, sum, acc…]`), `s` (in), `v` (in), scalar `valid`.
+///
+/// Every element of the new state depends on the whole old one, so block 0 of the task does
+/// the whole step and the other blocks return at once: blocks that split the state would read
+/// elements another block has already written.
 unsafe extern "C-unwind" fn update_kernel(args: *mut i64) {
     // SAFETY: as in `scores_kernel`.
     let k = unsafe { KernelCall::from_raw(args, 3) };
+    if k.block_idx() != 0 {
+        return;
+    }
     let (Some(valid), Some(state), Some(s), Some(v)) =
         (k.scalar_of::<u32>(0), f32_view(&k, 0), f32_view(&k, 1), f32_view(&k, 2))
     else {
@@ -114,7 +124,7 @@ unsafe extern "C-unwind" fn update_kernel(args: *mut i64) {
         _ => acc[i - 2],
     };
     // SAFETY: the state view has `dim + 2` elements, as `new_state` covers.
-    unsafe { elementwise(state, dim + 2, new_state) };
+    unsafe { elementwise(state, 0..dim + 2, new_state) };
 }
 
 /// `out = acc / sum` (zeros when nothing was attended): tensors `state` (in), `out` (out).
@@ -122,14 +132,15 @@ unsafe extern "C-unwind" fn finish_kernel(args: *mut i64) {
     // SAFETY: the runtime passes this kernel's argument vector; its signature has two tensors.
     let k = unsafe { KernelCall::from_raw(args, 2) };
     let (Some(state), Some(out)) = (f32_view(&k, 0), f32_view(&k, 1)) else { return };
-    if state.1 != out.1 + 2 {
+    if Some(state.1) != out.1.checked_add(2) {
         return;
     }
     // SAFETY: a whole view of this task's device buffer.
     let st = unsafe { copy_out(state) };
     let sum = st[1];
+    let value = |i: usize| if sum > 0.0 { st[i + 2] / sum } else { 0.0 };
     // SAFETY: `out.1` bounds the output view; the view names this task's device buffer.
-    unsafe { elementwise(out, out.1, |i| if sum > 0.0 { st[i + 2] / sum } else { 0.0 }) };
+    unsafe { elementwise(out, block_share(&k, out.1), value) };
 }
 
 /// The chip arguments as the orchestration checked them.
