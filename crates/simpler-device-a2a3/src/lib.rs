@@ -92,6 +92,8 @@
 //! - `src/callable.rs`: the contracts of `SharedObjectKernel::new` and
 //!   `OrchestrationObject::new` (`unsafe fn`s).
 //! - `src/kernel.rs`: the kernel accessors over the argument slots.
+//! - `src/options.rs`: the contracts of `RunnerOptions::with_aicpu_program` and
+//!   `RunnerOptions::with_aicore_executor` (`unsafe fn`s).
 //! - `src/programs.rs`, `src/programs/streaming.rs`, `src/programs/paged_attention.rs`: the
 //!   reference programs' kernels; `src/programs/kernel_tests.rs`: their direct calls in tests.
 //! - `src/runner/mod.rs`: the runner's host view of a run's image.

@@ -220,13 +220,12 @@ pub struct SimOptions {
     /// How long `finalize` (and `Drop`) waits for the simulated threads to exit;
     /// `Duration::MAX` (any budget too large to represent as a deadline) waits without limit.
     pub join_budget: Duration,
-    /// The built AICPU program (`libsimpler_aicpu_program.so` of the host) whose C entries the
-    /// AICPU threads run instead of the scheduler compiled into this crate; `None` = the
-    /// compiled-in scheduler. Used to test the shipped program's exported ABI on the simulator.
-    pub aicpu_program: Option<&'static std::path::Path>,
-    /// The host build of the C++ AICore executor (`libsimpler_aicore_executor.so`) the cores
-    /// run instead of the Rust executor; `None` = the Rust executor.
-    pub aicore_executor: Option<&'static std::path::Path>,
+    /// See [`SimOptions::aicpu_program()`]; set only through the unsafe
+    /// [`RunnerOptions::with_aicpu_program`], as attaching loads and runs the object.
+    pub(crate) aicpu_program: Option<&'static std::path::Path>,
+    /// See [`SimOptions::aicore_executor()`]; set only through the unsafe
+    /// [`RunnerOptions::with_aicore_executor`], as attaching loads and runs the object.
+    pub(crate) aicore_executor: Option<&'static std::path::Path>,
     /// Which host thread runs a dispatched kernel (default [`CoreDispatch::Auto`]).
     pub core_dispatch: CoreDispatch,
     /// Host cores the simulator plans its threads for (whether a waiter may spin, whether a
@@ -270,6 +269,22 @@ impl Default for SimOptions {
             core_dispatch: CoreDispatch::Auto,
             host_cores: None,
         }
+    }
+}
+
+#[cfg(feature = "sim")]
+impl SimOptions {
+    /// The built AICPU program (`libsimpler_aicpu_program.so` of the host) whose C entries the
+    /// AICPU threads run instead of the scheduler compiled into this crate; `None` = the
+    /// compiled-in scheduler. Used to test the shipped program's exported ABI on the simulator.
+    pub fn aicpu_program(&self) -> Option<&'static std::path::Path> {
+        self.aicpu_program
+    }
+
+    /// The host build of the C++ AICore executor (`libsimpler_aicore_executor.so`) the cores
+    /// run instead of the Rust executor; `None` = the Rust executor.
+    pub fn aicore_executor(&self) -> Option<&'static std::path::Path> {
+        self.aicore_executor
     }
 }
 
@@ -360,7 +375,8 @@ impl RunnerOptions {
     /// and `SIMPLER_STREAM_SYNC_TIMEOUT_MS` environment variables to the budgets not set in
     /// code, and `SIMPLER_RING_TASK_WINDOW`, `SIMPLER_RING_HEAP` and `SIMPLER_RING_DEP_POOL`
     /// to the ring defaults still at their built-in values. Without this call the environment
-    /// is never read.
+    /// is never read. No variable names code to load: the simulator's built programs are set
+    /// only in code, through the unsafe `with_aicpu_program` and `with_aicore_executor`.
     pub fn with_env_overrides(mut self) -> Self {
         self.read_env = true;
         self
@@ -406,18 +422,53 @@ impl RunnerOptions {
     }
 
     /// Runs the built AICPU program at `path` through its C entries instead of the scheduler
-    /// compiled into this crate (see [`SimOptions::aicpu_program`]).
+    /// compiled into this crate (see [`SimOptions::aicpu_program()`]).
+    ///
+    /// # Safety
+    ///
+    /// Attaching with these options loads the object at `path` into this process, which runs
+    /// its initializers, and the simulated AICPU threads call its `simpler_aicpu_*` entries as
+    /// the functions the built AICPU program exports (only the ABI version is checked): the
+    /// object must be the host build of this workspace's AICPU program
+    /// (`simpler-aicpu-program`), from sources whose entries have those types and honour the
+    /// AICPU contract (touch only the launch's image, device memory and the services table).
     #[cfg(feature = "sim")]
-    pub fn with_aicpu_program(mut self, path: &'static std::path::Path) -> Self {
+    pub unsafe fn with_aicpu_program(mut self, path: &'static std::path::Path) -> Self {
         self.sim.aicpu_program = Some(path);
         self
     }
 
-    /// Runs the host build of the C++ AICore executor at `path` on the simulated cores (see
-    /// [`SimOptions::aicore_executor`]).
+    /// Runs the scheduler compiled into this crate on the simulated AICPU threads, forgetting
+    /// a program set by [`with_aicpu_program`](Self::with_aicpu_program).
     #[cfg(feature = "sim")]
-    pub fn with_aicore_executor(mut self, path: &'static std::path::Path) -> Self {
+    pub fn without_aicpu_program(mut self) -> Self {
+        self.sim.aicpu_program = None;
+        self
+    }
+
+    /// Runs the host build of the C++ AICore executor at `path` on the simulated cores (see
+    /// [`SimOptions::aicore_executor()`]).
+    ///
+    /// # Safety
+    ///
+    /// Attaching with these options loads the object at `path` into this process, which runs
+    /// its initializers, and every simulated core calls its `simpler_aicore_bind` and
+    /// `aicore_kernel_0_mix_*` entries with the types of the executor's host build: the object
+    /// must be the host build of this workspace's C++ AICore executor
+    /// (`simpler_onboard_programs::build_host_executor`), from sources whose entries
+    /// have those types and honour the AICore contract (touch only the launch's image, device
+    /// memory and the core's callbacks).
+    #[cfg(feature = "sim")]
+    pub unsafe fn with_aicore_executor(mut self, path: &'static std::path::Path) -> Self {
         self.sim.aicore_executor = Some(path);
+        self
+    }
+
+    /// Runs the Rust executor on the simulated cores, forgetting an executor set by
+    /// [`with_aicore_executor`](Self::with_aicore_executor).
+    #[cfg(feature = "sim")]
+    pub fn without_aicore_executor(mut self) -> Self {
+        self.sim.aicore_executor = None;
         self
     }
 

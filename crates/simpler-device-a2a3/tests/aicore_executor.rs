@@ -25,7 +25,8 @@ fn executor() -> &'static Path {
 
 fn attach(fast: bool) -> DeviceRunner {
     let o = if fast { fast_options(0) } else { options(0) };
-    DeviceRunner::attach(o.with_aicore_executor(executor())).unwrap()
+    // SAFETY: the host build of this workspace's C++ AICore executor, built by `executor`.
+    DeviceRunner::attach(unsafe { o.with_aicore_executor(executor()) }).unwrap()
 }
 
 fn run_vector(r: &mut DeviceRunner, run: u64, cfg: &CallConfig) -> Result<(), DeviceError> {

@@ -53,7 +53,9 @@ fn vector_run(r: &mut DeviceRunner, run: u64, cfg: &CallConfig) {
 #[test]
 fn the_vector_example_runs_through_the_built_programs_c_entries() {
     let Some(path) = program() else { return };
-    let mut r = DeviceRunner::attach(options(0).with_aicpu_program(path)).unwrap();
+    // SAFETY: `SIMPLER_AICPU_PROGRAM` names the host build of this workspace's AICPU program
+    // (the test's opt-in, set by `cargo xtask ci`).
+    let mut r = DeviceRunner::attach(unsafe { options(0).with_aicpu_program(path) }).unwrap();
     for (run, threads) in (1..).zip([2, 3, 4]) {
         let cfg = CallConfig::builder().block_dim(2).aicpu_thread_num(threads).build().unwrap();
         vector_run(&mut r, run, &cfg);
@@ -64,7 +66,8 @@ fn the_vector_example_runs_through_the_built_programs_c_entries() {
 #[test]
 fn a_program_that_cannot_be_loaded_is_refused_naming_the_file() {
     let path: &'static Path = Path::new("/nonexistent/libsimpler_aicpu_program.so");
-    let err = match DeviceRunner::attach(options(0).with_aicpu_program(path)) {
+    // SAFETY: no object exists at the path, so nothing is loaded or called.
+    let err = match DeviceRunner::attach(unsafe { options(0).with_aicpu_program(path) }) {
         Ok(mut r) => r.ensure_initialized().expect_err("a missing program was accepted"),
         Err(e) => e,
     };
@@ -81,7 +84,9 @@ fn a_c_orchestration_loads_through_the_programs_register_entry_and_runs() {
     use simpler_device_a2a3::RuntimeVariant;
     use simpler_onboard_programs::VECTOR_ORCHESTRATION;
     let Some(path) = program() else { return };
-    let o = options_on(0, RuntimeVariant::TensormapAndRingbuffer).with_aicpu_program(path);
+    // SAFETY: `SIMPLER_AICPU_PROGRAM` names the host build of this workspace's AICPU program.
+    let o =
+        unsafe { options_on(0, RuntimeVariant::TensormapAndRingbuffer).with_aicpu_program(path) };
     let mut r = DeviceRunner::attach(o).unwrap();
     let (entry, config) = VECTOR_ORCHESTRATION;
     let c = c_vector_callable(entry, config);
@@ -111,7 +116,10 @@ fn two_runners_over_one_loaded_program_keep_their_orchestration_slots_apart() {
     use simpler_device_a2a3::RuntimeVariant;
     use simpler_onboard_programs::VECTOR_ORCHESTRATION;
     let Some(path) = program() else { return };
-    let o = || options_on(0, RuntimeVariant::TensormapAndRingbuffer).with_aicpu_program(path);
+    // SAFETY: `SIMPLER_AICPU_PROGRAM` names the host build of this workspace's AICPU program.
+    let o = || unsafe {
+        options_on(0, RuntimeVariant::TensormapAndRingbuffer).with_aicpu_program(path)
+    };
     let (mut first, mut second) =
         (DeviceRunner::attach(o()).unwrap(), DeviceRunner::attach(o()).unwrap());
     let (entry, config) = VECTOR_ORCHESTRATION;
@@ -139,7 +147,9 @@ fn finalize_with_a_run_still_inside_an_orchestration_object_leaves_the_object_lo
     use simpler_device_a2a3::RuntimeVariant;
     use simpler_onboard_programs::WAITING_ADD_ORCHESTRATION;
     let Some(path) = program() else { return };
-    let o = options_on(0, RuntimeVariant::TensormapAndRingbuffer).with_aicpu_program(path);
+    // SAFETY: `SIMPLER_AICPU_PROGRAM` names the host build of this workspace's AICPU program.
+    let o =
+        unsafe { options_on(0, RuntimeVariant::TensormapAndRingbuffer).with_aicpu_program(path) };
     let mut r = DeviceRunner::attach(o).unwrap();
     let (entry, config) = WAITING_ADD_ORCHESTRATION;
     let slot = r.register_callable(&c_vector_callable(entry, config)).unwrap();

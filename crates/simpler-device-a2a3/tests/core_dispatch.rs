@@ -127,9 +127,8 @@ fn callable() -> ChipCallable {
 
 /// A simulator planned for one host core, with the Rust core executor (the C++ one always runs
 /// kernels on the core's thread): every awake thread makes the host "busy".
-fn one_host_core(mut o: RunnerOptions) -> RunnerOptions {
-    o.sim.aicore_executor = None;
-    o.with_host_cores(1)
+fn one_host_core(o: RunnerOptions) -> RunnerOptions {
+    o.without_aicore_executor().with_host_cores(1)
 }
 
 /// Runs a chain of `tasks` kernels `func` on one cluster; returns the tensor's final value
@@ -242,10 +241,8 @@ fn a_long_kernel_sends_the_rest_of_its_cores_launch_back_to_the_core_thread() {
 
 /// A simulator planned for a host with cores to spare (no awake thread makes it "busy"),
 /// running its own AICPU program (a built one's register stores are not held).
-fn many_host_cores(mut o: RunnerOptions) -> RunnerOptions {
-    o.sim.aicore_executor = None;
-    o.sim.aicpu_program = None;
-    o.with_host_cores(64)
+fn many_host_cores(o: RunnerOptions) -> RunnerOptions {
+    o.without_aicore_executor().without_aicpu_program().with_host_cores(64)
 }
 
 /// With host cores to spare, an AICPU thread still runs a dispatch itself when it is the only
@@ -464,8 +461,9 @@ fn aicpu_parts_that_never_wait_ride_along_under_auto() {
     for runtime in RUNTIMES {
         for (device, dispatch) in [(10, CoreDispatch::Auto), (11, CoreDispatch::CoreThread)] {
             // The compiled-in AICPU program: the simulator asks it which parts never wait.
-            let mut o = one_host_core(options_on(device, runtime)).with_core_dispatch(dispatch);
-            o.sim.aicpu_program = None;
+            let o = one_host_core(options_on(device, runtime))
+                .with_core_dispatch(dispatch)
+                .without_aicpu_program();
             let mut r = DeviceRunner::attach(o).unwrap();
             // The first run spawns the threads.
             run_chain(&mut r, 1, WHERE, 4, &one_cluster()).unwrap();

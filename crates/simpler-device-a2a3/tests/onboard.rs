@@ -134,7 +134,9 @@ impl Bench {
         let mut o = RunnerOptions::sim(self.device, self.runtime)
             .with_shutdown_budget(Duration::from_secs(1));
         if let Some((program, executor)) = self.programs {
-            o = o.with_aicpu_program(program).with_aicore_executor(executor);
+            // SAFETY: the host builds of this workspace's AICPU program and C++ AICore
+            // executor that the manifest under test names (`manifest_programs`).
+            o = unsafe { o.with_aicpu_program(program).with_aicore_executor(executor) };
         }
         o
     }

@@ -87,7 +87,9 @@ fn the_vector_example_passes_its_golden_check_on_the_built_kernels() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     run(&mut r, &callable);
     r.finalize().unwrap();
-    let mut r = DeviceRunner::attach(options(0).with_aicore_executor(&built().2)).unwrap();
+    // SAFETY: the host build of this workspace's C++ AICore executor, built by `built`.
+    let mut r =
+        DeviceRunner::attach(unsafe { options(0).with_aicore_executor(&built().2) }).unwrap();
     run(&mut r, &callable);
     r.finalize().unwrap();
 }

@@ -91,10 +91,13 @@ pub fn with_built_programs(mut o: RunnerOptions) -> RunnerOptions {
     static PROGRAM: OnceLock<Option<PathBuf>> = OnceLock::new();
     static EXECUTOR: OnceLock<Option<PathBuf>> = OnceLock::new();
     if let Some(p) = from_env(&PROGRAM, "SIMPLER_SIM_AICPU_PROGRAM") {
-        o = o.with_aicpu_program(p);
+        // SAFETY: the variable is this repository's test opt-in, which `cargo xtask ci` sets
+        // to the AICPU program it has just built from this workspace for the host.
+        o = unsafe { o.with_aicpu_program(p) };
     }
     if let Some(p) = from_env(&EXECUTOR, "SIMPLER_SIM_AICORE_EXECUTOR") {
-        o = o.with_aicore_executor(p);
+        // SAFETY: as above, for the host build of the workspace's C++ AICore executor.
+        o = unsafe { o.with_aicore_executor(p) };
     }
     o
 }

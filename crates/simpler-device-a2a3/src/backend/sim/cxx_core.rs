@@ -70,12 +70,15 @@ pub(crate) struct CxxExecutor {
 impl CxxExecutor {
     /// Opens the executor at `path` and resolves its binding and both kernel entries.
     pub(crate) fn open(path: &Path) -> Result<CxxExecutor, String> {
-        // SAFETY: the executor is C++ of this project without static constructors.
+        // SAFETY: the contract of `RunnerOptions::with_aicore_executor`, the only way to set the
+        // path: the object is the host build of this project's C++ executor, which has no
+        // static constructors.
         let object = unsafe { SharedObject::open(path) }?;
         let [aic, aiv] = ENTRIES.map(|e| object.symbol(e));
         let bind = object.symbol(BIND_ENTRY)?;
         // SAFETY: the binding is `extern "C" void simpler_aicore_bind(simpler_host_core *)`;
-        // the entries are `extern "C" void aicore_kernel_0_mix_*(uint64_t)` in the host build.
+        // the entries are `extern "C" void aicore_kernel_0_mix_*(uint64_t)` in the host build
+        // (`RunnerOptions::with_aicore_executor`'s contract).
         unsafe {
             Ok(CxxExecutor {
                 bind: std::mem::transmute::<*mut c_void, BindFn>(bind),

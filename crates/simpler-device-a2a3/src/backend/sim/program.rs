@@ -34,8 +34,9 @@ pub(crate) struct AicpuProgram {
 impl AicpuProgram {
     /// Opens the program at `path` and resolves its entries, refusing another ABI version.
     pub(crate) fn open(path: &Path) -> Result<AicpuProgram, String> {
-        // SAFETY: the program is a Rust cdylib of this workspace; its initializers are the
-        // standard library's.
+        // SAFETY: the contract of `RunnerOptions::with_aicpu_program`, the only way to set the
+        // path: the object is the host build of this workspace's AICPU program, a Rust cdylib
+        // whose initializers are the standard library's.
         let object = unsafe { SharedObject::open(path) }?;
         let version = object.symbol("simpler_aicpu_abi_version")?;
         // SAFETY: the program exports `extern "C" fn() -> u32` under that name.
@@ -48,7 +49,8 @@ impl AicpuProgram {
                 crate::abi::ABI_VERSION
             ));
         }
-        // SAFETY: both symbols are `unsafe extern "C" fn(*const c_void) -> i32` in the program.
+        // SAFETY: both symbols are `unsafe extern "C" fn(*const c_void) -> i32` in the program
+        // (`RunnerOptions::with_aicpu_program`'s contract).
         let init: EntryFn = unsafe { std::mem::transmute(object.symbol("simpler_aicpu_init")?) };
         // SAFETY: as above.
         let exec: EntryFn = unsafe { std::mem::transmute(object.symbol("simpler_aicpu_exec")?) };
