@@ -435,6 +435,61 @@ fn set_tensor_data_waits_for_the_writer_of_the_bytes_too() {
     r.finalize().unwrap();
 }
 
+/// Arguments `a, b` (inputs), `out`, `twice` (outputs): `x = a + b` by a task that tags `x`
+/// `NoDep`, read back at once into `out`; `y = a + b` likewise, then `y` set to ones at once and
+/// `twice = y + y` by a task.
+fn untracked_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    use TensorArgType::{Input, NoDep, Output};
+    let bad = || OrchError::from_status(-1);
+    let t = |i| args.tensor(i).copied().ok_or_else(bad);
+    let (a, b, out, twice) = (t(0)?, t(1)?, t(2)?, t(3)?);
+    let x = ctx.alloc_tensor(&[PROBE_ELEMS], DataType::Float32)?;
+    ctx.submit(Kernels::Aiv(add::ADD), &core_args(&[(a, Input), (b, Input), (x, NoDep)])?)?;
+    let mut bytes = vec![0u8; PROBE_ELEMS as usize * 4];
+    ctx.tensor_data(&x, &mut bytes)?;
+    ctx.set_tensor_data(&out, &bytes)?;
+    let y = ctx.alloc_tensor(&[PROBE_ELEMS], DataType::Float32)?;
+    ctx.submit(Kernels::Aiv(add::ADD), &core_args(&[(a, Input), (b, Input), (y, NoDep)])?)?;
+    let ones = simpler_device_a2a3::programs::f32_to_le_bytes(&vec![1.0; PROBE_ELEMS as usize]);
+    ctx.set_tensor_data(&y, &ones)?;
+    ctx.submit(Kernels::Aiv(add::ADD), &core_args(&[(y, Input), (y, Input), (twice, Output)])?)?;
+    Ok(())
+}
+
+#[test]
+fn the_orchestrations_data_copies_wait_for_tasks_whose_accesses_are_untracked() {
+    let four = |_: &OrchArgs<'_>| OrchConfig { expected_arg_count: 4 };
+    let callable = over_add_kernels(untracked_orchestration, four, "untracked");
+    let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    let slot = r.register_callable(&callable).unwrap();
+    // Each writer is held on its core well past the orchestration's copy.
+    r.sim_faults().unwrap().kernel_delay(add::ADD, std::time::Duration::from_millis(50));
+    let n = PROBE_ELEMS as usize;
+    let av: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    use TensorArgType::{Input, Output};
+    let zeros = vec![0.0; n];
+    let (ptrs, args) =
+        upload_args(&mut r, &[(&av, Input), (&av, Input), (&zeros, Output), (&zeros, Output)]);
+    r.run(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &args, &CallConfig::default()))
+        .unwrap();
+    let out = download_f32(&mut r, ptrs[2], n);
+    let twice = download_f32(&mut r, ptrs[3], n);
+    assert!(
+        out.iter().zip(&av).all(|(o, a)| *o == a + a),
+        "tensor_data read x before its untracked writer finished (out[1] = {})",
+        out[1]
+    );
+    assert!(
+        twice.iter().all(|&v| v == 2.0),
+        "the untracked writer of y overwrote what set_tensor_data wrote (twice[1] = {})",
+        twice[1]
+    );
+    for p in ptrs {
+        r.free(p).unwrap();
+    }
+    r.finalize().unwrap();
+}
+
 #[test]
 fn one_aicpu_thread_is_refused_since_one_orchestrates() {
     let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();

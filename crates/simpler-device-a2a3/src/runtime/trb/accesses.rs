@@ -53,6 +53,15 @@ impl Accesses {
         Ok(out)
     }
 
+    /// Whether any of `tensors` names bytes under a tag the map does not record (`NoDep`, or a
+    /// `manual_dep` tensor): a task the orchestration's data copies must wait for separately.
+    pub(crate) fn any_untracked(tensors: &[Tensor], tags: &[TensorArgType]) -> bool {
+        tensors.iter().zip(tags).any(|(t, &tag)| {
+            let untracked = tag == TensorArgType::NoDep || t.is_manual_dep();
+            untracked && !t.is_null() && ByteSpan::of_tensor(t).is_some()
+        })
+    }
+
     /// The tracked accesses, in argument order.
     pub(crate) fn as_slice(&self) -> &[Access] {
         &self.items[..self.len]

@@ -622,6 +622,9 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         });
         match submitted {
             Ok(s) => {
+                if Accesses::any_untracked(tensors, tags) {
+                    self.engine.note_untracked(s.id);
+                }
                 if s.wake_schedulers {
                     self.p.notify_schedulers();
                 }
@@ -712,10 +715,11 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         if let Err(why) = self.heap_buffer(t) {
             return Err(self.invalid(format_args!("{op}: {why}")));
         }
-        // Each round waits for the next completion, which may be one of the accessors; the
-        // tensor-wait budget bounds the whole wait.
+        // Each round waits for the next completion, which may be one of the accessors or of the
+        // tasks with untracked accesses, which no map entry names; the tensor-wait budget
+        // bounds the whole wait.
         let deadline = self.p.counter().saturating_add(self.tensor_wait);
-        while !self.engine.accessors_done(t.addr, span, mode) {
+        while !self.engine.accessors_done(t.addr, span, mode) || !self.engine.untracked_done() {
             let next = self.engine.completion_target(1);
             match self.wait_completions_until(next, deadline) {
                 Waited::Reached => {}

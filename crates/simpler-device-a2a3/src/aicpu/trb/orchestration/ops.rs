@@ -125,8 +125,9 @@ unsafe extern "C-unwind" fn op_get_tensor_data<P: AicpuPlatform>(
     match o.data_span(t, len, AccessMode::Read, "tensor_data") {
         // SAFETY: `data_span` checked that the span lies in an entry buffer or in a heap buffer
         // whose scope is open (only this thread ends scopes, so no other buffer takes the
-        // bytes during the copy), and waited for the tasks writing it; `dst` is valid for
-        // `len` bytes (`OrchCtx::tensor_data`).
+        // bytes during the copy), and waited for the tasks writing it: those the tensor map
+        // names and every task with an untracked access, so no task writes the bytes during
+        // the copy; `dst` is valid for `len` bytes (`OrchCtx::tensor_data`).
         Ok(span) => unsafe {
             core::ptr::copy_nonoverlapping(span.start as *const u8, dst, len as usize);
             ORCH_OK

@@ -57,6 +57,7 @@ use super::storage::{Leftovers, ReuseRecord, SharedStorage, Storage};
 mod buffers;
 mod producers;
 mod stall;
+mod untracked;
 pub(crate) use stall::{RingStall, StallKind};
 
 /// End of a fanout list.
@@ -457,6 +458,7 @@ pub(crate) struct Engine<'a> {
     /// How many of `producers` the last submit's lookups found (the rest are slab holders).
     linked: usize,
     finished: producers::Finished,
+    untracked: untracked::Untracked,
 }
 
 impl<'a> Engine<'a> {
@@ -516,6 +518,7 @@ impl<'a> Engine<'a> {
             producers: [0; MAX_FANIN],
             linked: 0,
             finished: producers::Finished::new(),
+            untracked: untracked::Untracked::new(),
         }
     }
 

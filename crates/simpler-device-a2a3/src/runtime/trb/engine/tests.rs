@@ -912,3 +912,28 @@ mod room_check {
         }
     }
 }
+
+#[test]
+fn untracked_tasks_are_waited_for_until_they_complete_even_past_the_list() {
+    for count in [3u64, 70] {
+        let mut arena = TrbArena::new(sizes(128, 64 << 10, 64), 64, 16);
+        let mut e = Engine::new(arena.storage(), false);
+        let ids: Vec<DeviceTaskId> = (0..count)
+            .map(|_| {
+                let id = e.submit(&[], 0).unwrap().id;
+                e.note_untracked(id);
+                id
+            })
+            .collect();
+        assert!(!e.untracked_done(), "{count} untracked tasks, none completed");
+        let c = e.completer();
+        let ready: Vec<DeviceTaskId> = std::iter::from_fn(|| c.pop_ready()).collect();
+        assert_eq!(ready, ids);
+        for &id in &ready[..ready.len() - 1] {
+            let _ = c.complete(id);
+        }
+        assert!(!e.untracked_done(), "{count} untracked tasks, one still running");
+        let _ = c.complete(ready[ready.len() - 1]);
+        assert!(e.untracked_done(), "{count} untracked tasks, all completed");
+    }
+}
