@@ -7,7 +7,8 @@
 //! 2. **Record.** [`HeapRingCore::push_record`] commits a placement obtained in step 1 with no
 //!    state change in between: it appends a record with the next per-ring sequence number, moves
 //!    the top, and updates the live counters and their peaks. A full record store refuses and
-//!    changes nothing.
+//!    changes nothing, and so does a placement that is not the one step 1 gives now (it is
+//!    derived again, so no placement can overlap a live slab or leave the ring).
 //! 3. **Release.** [`HeapRingCore::mark_released`] marks the record with a given sequence number.
 //!    Records in the FIFO carry consecutive sequence numbers, so the lookup is one subtraction.
 //! 4. **Advance.** Still inside step 3: while the oldest record is marked, the tail moves to its
@@ -108,14 +109,16 @@ impl<R: RecordStore> HeapRingCore<R> {
     }
 
     /// Step 2: commits `placement` (from [`try_place`](Self::try_place), no change in between)
-    /// for an owner tag. `None` when the record store is full; nothing changes then.
+    /// for an owner tag. `None` when the record store is full, or when `placement` is not what
+    /// [`try_place`](Self::try_place) gives for its length now (built by hand, or kept across
+    /// a change of the ring); nothing changes then.
     pub fn push_record(&mut self, placement: Placement, owner: u64) -> Option<HeapGrant> {
-        debug_assert_eq!(
-            Some(placement),
-            self.try_place(placement.new_top - placement.offset),
-            "placement does not come from try_place on the current state"
-        );
-        let len = placement.new_top - placement.offset;
+        // Derived again rather than trusted: `Placement`'s fields are public, and a placement
+        // the bump rule did not give now could overlap live slabs or run past the ring.
+        let len = placement.new_top.checked_sub(placement.offset)?;
+        if self.try_place(len) != Some(placement) {
+            return None;
+        }
         let record = HeapRecord::new(self.next_seq, placement.offset, len, owner);
         self.records.push_back(record).ok()?;
         self.next_seq += 1;
@@ -331,6 +334,32 @@ mod tests {
             ReleaseOutcome::Released { len: K, tail_moved: true, rewound: true }
         );
         assert!(core.records().is_empty());
+    }
+
+    #[test]
+    fn a_placement_try_place_would_not_give_now_is_refused_without_changing_the_ring() {
+        let mut slots = [HeapRecord::default(); 4];
+        let mut core = HeapRingCore::new(16 * K, FixedRecords::new(&mut slots)).unwrap();
+        place(&mut core, K, 1);
+        let state = |c: &HeapRingCore<FixedRecords<'_>>| {
+            (c.top(), c.tail(), c.next_seq(), c.live_bytes(), c.live_allocs(), c.total_bytes())
+        };
+        let before = state(&core);
+        let forged = [
+            Placement { offset: 4096, new_top: 0 },
+            Placement { offset: 0, new_top: 1 << 40 },
+            // A fitting length at an offset the bump rule would not choose: over the live slab.
+            Placement { offset: 0, new_top: K },
+            Placement { offset: 2 * K, new_top: 3 * K },
+        ];
+        for p in forged {
+            assert_eq!(core.push_record(p, 2), None, "{p:?}");
+            assert_eq!(state(&core), before, "{p:?}");
+            assert_eq!(core.records().len(), 1, "{p:?}");
+        }
+        // The placement the rule gives is still taken.
+        let g = place(&mut core, K, 3);
+        assert_eq!((g.seq, g.offset, g.len), (1, K, K));
     }
 
     #[test]
