@@ -486,6 +486,32 @@ proptest! {
     }
 
     #[test]
+    fn fixed_map_reused_over_storage_it_was_not_promised_is_a_new_map(
+        first in prop::collection::vec(op(true), 0..80),
+        then in prop::collection::vec(op(true), 1..80),
+        capacity in 1usize..12,
+        log_buckets in 0u32..3,
+        handed_out in any::<prop::sample::Index>(),
+        heads in prop::collection::vec(prop::option::of(0u32..14), 4),
+    ) {
+        // Leftovers of a sequence (or none), then a wrong hand-out count and bucket values no
+        // map wrote: slots of the pool (chained, vacant or never handed out) and beyond it.
+        let mut entries = vec![MapEntry::<u64>::default(); capacity];
+        let mut buckets = vec![0u32; 1 << log_buckets];
+        let base = |b: usize| 0x1000 * (b as u64 + 1);
+        let map = FixedTensorMap::new(&mut entries, &mut buckets).unwrap();
+        let mut subject = FixedTracker { map, key: base, base, capacity: capacity as u32 };
+        check(&mut subject, capacity, &first)?;
+        for (bucket, head) in buckets.iter_mut().zip(heads) {
+            *bucket = head.unwrap_or(*bucket);
+        }
+        let handed_out = handed_out.index(capacity + 1) as u32;
+        let map = FixedTensorMap::reuse(&mut entries, &mut buckets, handed_out).unwrap();
+        let mut subject = FixedTracker { map, key: base, base, capacity: capacity as u32 };
+        check(&mut subject, capacity, &then)?;
+    }
+
+    #[test]
     fn host_map_matches_the_entry_model(
         ops in prop::collection::vec(op(true), 1..80),
     ) {

@@ -8,6 +8,14 @@
 //! - `buckets[b]` is the first slot of the chain of bucket `b`; a key's entries all lie in the
 //!   chain of the key's bucket (other keys that hash there share it). New entries go to the
 //!   front, so a chain holds its key's entries newest first.
+//! - A bucket the map has not written since it was built or cleared may hold anything (what
+//!   [`reuse`](FixedTensorMap::reuse) did not clear). Its value counts as the head of its chain
+//!   only when it names a slot below `untouched` that is chained and whose key hashes to that
+//!   bucket (`FixedTensorMap::head`); otherwise the chain is empty. The role of every slot below
+//!   `untouched` is this map's (a slot leaves the untouched tail vacant), so such a slot was
+//!   chained in that bucket by this map, which wrote the bucket to do so: a value the map did
+//!   not write never passes, and no bucket content leads an operation into slots the map does
+//!   not own.
 //!
 //! # Invariants
 //!
@@ -16,6 +24,11 @@
 //! 2. A slot below `untouched` is on the free list iff its role byte is vacant.
 //! 3. Every chained entry's key hashes to its chain's bucket, and its span is not empty.
 //! 4. `writers` and `readers` count the chained entries of each role.
+//!
+//! A walk of a chain also ends at a vacant slot and after as many steps as the pool has slots,
+//! and unlinking a slot never takes a count below zero, so that even a broken invariant could
+//! not make an operation loop or panic; the bucket-head rule above keeps the invariants from
+//! breaking through the public API, whatever the storage held.
 
 use core::hash::Hash;
 
@@ -110,17 +123,19 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
         Ok(map)
     }
 
-    /// An empty map over storage that a map over the same two slices left behind, having handed
-    /// out the pool's first `handed_out` slots ([`handed_out`](Self::handed_out) at its end),
-    /// with nothing written to the slices since.
+    /// An empty map over storage that a map over the same two slices is expected to have left
+    /// behind, having handed out the pool's first `handed_out` slots
+    /// ([`handed_out`](Self::handed_out) at its end), with nothing written to the slices since.
     ///
     /// Only the buckets that those slots' chained entries hash to are cleared, so the cost is
-    /// proportional to what the previous map used rather than to the bucket count; the result
-    /// is the map [`new`](Self::new) builds. Storage that does not hold such leftovers (fresh
-    /// memory, a map over other slices, a map interrupted mid-operation) needs
-    /// [`new`](Self::new): leftover chains would be found by later lookups. Errors as
-    /// [`new`](Self::new), and [`FixedMapError::HandedOutBeyondPool`] when `handed_out` exceeds
-    /// the pool.
+    /// proportional to what the previous map used rather than to the bucket count. The result
+    /// is an empty map that behaves as the one [`new`](Self::new) builds whatever the slices
+    /// hold: the map follows no bucket value it did not write itself (see the module's layout
+    /// notes), so storage that breaks the expectation (fresh memory, a map over other slices,
+    /// a map interrupted mid-operation, a wrong `handed_out`) can leave stale values in buckets
+    /// this pass does not reach, which cost a check when first met but are never taken for
+    /// entries. Errors as [`new`](Self::new), and [`FixedMapError::HandedOutBeyondPool`] when
+    /// `handed_out` exceeds the pool.
     pub fn reuse(
         entries: &'a mut [MapEntry<K>],
         buckets: &'a mut [u32],
@@ -274,7 +289,7 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
             Some(at) => at,
             None => self.pop_free_after_pruning(&is_retired)?,
         };
-        let head = self.buckets[bucket];
+        let head = self.head(bucket);
         let entry = &mut self.entries[at as usize];
         entry.key = key;
         entry.start = span.start;
@@ -314,16 +329,10 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
             if access.1.is_empty() {
                 continue;
             }
-            let mut at = self.buckets[bucket_of(&access.0, self.shift)];
-            let mut frees = false;
-            while let Some(e) = self.entries.get(at as usize) {
+            let frees = self.chain(bucket_of(&access.0, self.shift)).any(|e| {
                 let fresh = || !accesses[..i].iter().any(|b| covers(part(b), e));
-                if !is_retired(e.owner) && covers(access, e) && fresh() {
-                    frees = true;
-                    break;
-                }
-                at = e.next;
-            }
+                !is_retired(e.owner) && covers(access, e) && fresh()
+            });
             needed += u32::from(!frees);
         }
         needed
@@ -400,9 +409,27 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
         self.peak = self.len();
     }
 
+    /// The first slot of `bucket`'s chain: the bucket's value when it names a slot this map
+    /// chained in that bucket (below `untouched`, not vacant, its key hashing there), `NIL`
+    /// otherwise. A value the map did not write since it was built or cleared never passes
+    /// (module docs, Layout), so leftovers of other storage read as empty buckets.
+    fn head(&self, bucket: usize) -> u32 {
+        let at = self.buckets[bucket];
+        match self.entries.get(at as usize) {
+            Some(e)
+                if at < self.untouched
+                    && e.role().is_some()
+                    && bucket_of(&e.key, self.shift) == bucket =>
+            {
+                at
+            }
+            _ => NIL,
+        }
+    }
+
     /// The chained entries of `bucket`, front to back.
     fn chain(&self, bucket: usize) -> Chain<'_, K> {
-        Chain { entries: self.entries, at: self.buckets[bucket] }
+        Chain { entries: self.entries, at: self.head(bucket), left: self.entries.len() }
     }
 
     /// Unlinks every entry of `bucket`'s chain for which `remove` says so, returns them to the
@@ -410,8 +437,13 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
     fn sweep(&mut self, bucket: usize, mut remove: impl FnMut(&MapEntry<K>) -> bool) -> u32 {
         let mut removed = 0;
         let mut prev = NIL;
-        let mut at = self.buckets[bucket];
-        while let Some(entry) = self.entries.get(at as usize) {
+        let mut at = self.head(bucket);
+        // Bounded by the pool, as `Chain` is: a chain never holds more slots than that.
+        let mut left = self.entries.len();
+        while let Some(entry) =
+            self.entries.get(at as usize).filter(|e| left > 0 && e.role().is_some())
+        {
+            left -= 1;
             let next = entry.next;
             if remove(entry) {
                 match self.entries.get_mut(prev as usize) {
@@ -429,11 +461,15 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
     }
 
     fn push_free(&mut self, at: u32) {
-        let entry = &mut self.entries[at as usize];
+        let Some(entry) = self.entries.get_mut(at as usize) else {
+            return;
+        };
+        // Saturating: the counts match the chains (invariant 4), and if they ever did not, a
+        // count stuck at 0 is better than a panic or a wrapped count.
         match entry.role() {
-            Some(Role::Writer) => self.writers -= 1,
-            Some(Role::Reader) => self.readers -= 1,
-            None => debug_assert!(false, "slot {at} is chained but vacant"),
+            Some(Role::Writer) => self.writers = self.writers.saturating_sub(1),
+            Some(Role::Reader) => self.readers = self.readers.saturating_sub(1),
+            None => {}
         }
         entry.role = VACANT;
         entry.next = self.free;
@@ -448,7 +484,9 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
         }
         // `new` checked that every index fits below `NIL`.
         let at = self.untouched;
-        self.entries.get(at as usize)?;
+        // Vacant until the caller writes it: below `untouched`, a role must be this map's
+        // (module docs, Layout), and the slot may hold an entry of an earlier map.
+        self.entries.get_mut(at as usize)?.role = VACANT;
         self.untouched += 1;
         Some(at)
     }
@@ -512,13 +550,17 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
 struct Chain<'m, K> {
     entries: &'m [MapEntry<K>],
     at: u32,
+    /// Steps left: a chain holds at most every slot of the pool once. The walk also ends at a
+    /// vacant slot, which no chain holds.
+    left: usize,
 }
 
 impl<'m, K> Iterator for Chain<'m, K> {
     type Item = &'m MapEntry<K>;
 
     fn next(&mut self) -> Option<&'m MapEntry<K>> {
-        let entry = self.entries.get(self.at as usize)?;
+        self.left = self.left.checked_sub(1)?;
+        let entry = self.entries.get(self.at as usize).filter(|e| e.role().is_some())?;
         self.at = entry.next;
         Some(entry)
     }
@@ -579,6 +621,79 @@ mod tests {
         assert!(map.is_empty() && map.handed_out() == 0);
         assert!(found(&map, 0, span(0, 8), ReadWrite).is_empty());
         map.check_invariants().unwrap();
+    }
+
+    /// The pool and buckets a map leaves after task 1 wrote `[0x1000, 0x1100)` of buffer
+    /// `0x1000`: one writer entry in slot 0, the only bucket naming it.
+    fn leftovers() -> ([MapEntry<u64>; 4], [u32; 1]) {
+        let mut entries = [MapEntry::<u64>::default(); 4];
+        let mut buckets = [0u32; 1];
+        let mut map = FixedTensorMap::new(&mut entries, &mut buckets).unwrap();
+        map.insert(0x1000, span(0x1000, 0x1100), Write, 1, LIVE).unwrap();
+        assert_eq!(map.handed_out(), 1);
+        (entries, buckets)
+    }
+
+    #[test]
+    fn reuse_told_too_few_slots_still_gives_an_empty_map() {
+        let whole = span(0x1000, 0x1100);
+        // An insert over the leftover entry's key.
+        let (mut entries, mut buckets) = leftovers();
+        let mut map = FixedTensorMap::reuse(&mut entries, &mut buckets, 0).unwrap();
+        assert!(found(&map, 0x1000, whole, ReadWrite).is_empty(), "the old writer is gone");
+        assert_eq!(map.insert(0x1000, whole, Write, 2, LIVE), Ok(0), "nothing to supersede");
+        assert_eq!((map.writers(), map.readers(), map.len()), (1, 0, 1));
+        map.check_invariants().unwrap();
+        // An insert of another key, whose slot the stale bucket still names.
+        let (mut entries, mut buckets) = leftovers();
+        let mut map = FixedTensorMap::reuse(&mut entries, &mut buckets, 0).unwrap();
+        map.insert(0x2000, whole, Read, 2, LIVE).unwrap();
+        assert_eq!(found(&map, 0x2000, whole, Write), [2]);
+        assert!(found(&map, 0x1000, whole, ReadWrite).is_empty());
+        map.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn reuse_of_fresh_zeroed_storage_gives_an_empty_map() {
+        let mut entries = [MapEntry::<u64>::default(); 4];
+        let mut buckets = [0u32; 4];
+        let mut map = FixedTensorMap::reuse(&mut entries, &mut buckets, 0).unwrap();
+        assert_eq!(map.insert(0, span(0, 0x100), Write, 7, LIVE), Ok(0));
+        assert_eq!(found(&map, 0, span(0, 0x100), Read), [7]);
+        // Keys in other buckets, whose zeroed heads name slot 0, which is now chained.
+        for key in 1..16u64 {
+            map.insert(key << 12, span(0, 0x100), Read, key, LIVE).ok();
+            map.check_invariants().unwrap();
+        }
+        assert_eq!(map.prune_retired(|o| o != 7 && o % 2 == 0), 1);
+        assert_eq!(map.len(), 3);
+        map.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn broken_links_and_counts_neither_loop_nor_panic() {
+        let mut entries = [MapEntry::<u64>::default(); 4];
+        let mut buckets = [0u32; 1];
+        let mut map = FixedTensorMap::new(&mut entries, &mut buckets).unwrap();
+        let whole = span(0, 8);
+        map.insert(1, whole, Write, 10, LIVE).unwrap();
+        // Corrupted behind the map's back: a chain that links its entry to itself, and counts
+        // that say the entry is not there.
+        map.entries[0].next = 0;
+        map.writers = 0;
+        assert_eq!(found(&map, 1, whole, Read), [10, 10, 10, 10], "one visit per pool slot");
+        assert_eq!(map.slots_needed(&[(1, whole, Read)], |a| *a, LIVE), 1);
+        assert_eq!(map.insert(1, whole, Write, 11, LIVE), Ok(1));
+        assert_eq!((map.writers(), map.readers()), (1, 0));
+        // A vacant slot inside a chain, still counted.
+        map.insert(2, whole, Write, 12, LIVE).unwrap();
+        map.entries[0].role = VACANT;
+        assert!(found(&map, 1, whole, ReadWrite).is_empty());
+        assert_eq!(found(&map, 2, whole, ReadWrite), [12]);
+        assert_eq!(map.erase_owned(11, &[1]), 0);
+        assert_eq!(map.prune_retired(|_| true), 1);
+        assert_eq!(map.insert(3, whole, Read, 13, LIVE), Ok(0));
+        assert_eq!(found(&map, 3, whole, Write), [13]);
     }
 
     #[test]
