@@ -114,6 +114,7 @@ mod loom_models;
 pub use builder::{
     ChildSpec, ChipOptionsFn, ChipWorkerBuilder, CompositeWorkerBuilder, ConfigError,
     DEFAULT_ALLOC_TIMEOUT, DEFAULT_HEAP_RING_SIZE, DEFAULT_STARTUP_TIMEOUT, HostWorkerBuilder,
+    MAX_SUB_WORKERS,
 };
 pub use close::Lifecycle;
 pub use error::{

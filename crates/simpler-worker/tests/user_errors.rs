@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use simpler_sched::SchedError;
 use simpler_types::{DataType, TaskArgs};
-use simpler_worker::{BuildFailure, Orchestration, WorkerError};
+use simpler_worker::{
+    BuildFailure, MAX_SUB_WORKERS, Orchestration, StartCause, StartError, Worker, WorkerError,
+};
 
 #[derive(Debug, thiserror::Error)]
 #[error("the input is not ready")]
@@ -191,4 +193,39 @@ fn debug_output_shows_addresses_in_hex() {
     assert!(e.to_string().contains("names host memory at 0x1000"), "{e}");
     mem.free(buf).expect("free");
     w.close().expect("close");
+}
+
+/// Asserts that `err` is the configuration error refusing `subs` sub workers at `path`.
+fn assert_too_many_subs(err: &StartError, subs: usize, path: &str) {
+    let StartCause::Config(text) = &err.cause else { panic!("{err:?}") };
+    assert_eq!(
+        text,
+        &format!(
+            "sub_workers = {subs} exceeds the limit of {MAX_SUB_WORKERS} sub workers per level"
+        )
+    );
+    assert_eq!(err.path, path);
+}
+
+#[test]
+fn a_sub_worker_count_beyond_the_limit_is_refused_at_start() {
+    let counts = [MAX_SUB_WORKERS + 1, u32::MAX as usize, 1 << 32, usize::MAX];
+    for subs in counts {
+        let err = host().sub_workers(subs).start().expect_err("too many sub workers");
+        assert_too_many_subs(&err, subs, "L3");
+        // At L4 it is refused before any child starts.
+        let mut l4 = Worker::composite(4).sub_workers(subs);
+        l4.child(host()).expect("child");
+        let err = l4.start().expect_err("too many sub workers");
+        assert_too_many_subs(&err, subs, "L4");
+        // Also for an L4 child of an L5.
+        let mut l4 = Worker::composite(4).sub_workers(subs);
+        l4.child(host()).expect("child");
+        let mut l5 = Worker::composite(5);
+        l5.child(l4).expect("child");
+        let err = l5.start().expect_err("too many sub workers in the child");
+        let StartCause::ChildFailed { child } = &err.cause else { panic!("{err:?}") };
+        assert!(child.to_string().contains(&format!("sub_workers = {subs} exceeds")), "{err}");
+        assert_eq!(err.path, "L5 / child 0 (L4)");
+    }
 }

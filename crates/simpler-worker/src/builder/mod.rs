@@ -69,6 +69,9 @@ pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_HEAP_RING_SIZE: u64 = 1 << 30;
 /// Default deadline of a blocking heap allocation.
 pub const DEFAULT_ALLOC_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most sub workers one level may have: each is an engine endpoint with its own thread,
+/// so a larger count is taken for a mistake rather than started.
+pub const MAX_SUB_WORKERS: usize = 4096;
 
 struct Common {
     instance: u64,
@@ -156,6 +159,19 @@ fn start_err(cause: StartCause, path: &str) -> StartError {
     StartError { cause, path: path.to_owned(), rollback: Vec::new() }
 }
 
+/// Step 1: the sub worker count a builder was given, if it is at most [`MAX_SUB_WORKERS`].
+fn check_sub_workers(subs: usize, path: &str) -> Result<u32, StartError> {
+    match u32::try_from(subs) {
+        Ok(n) if subs <= MAX_SUB_WORKERS => Ok(n),
+        _ => Err(start_err(
+            StartCause::Config(format!(
+                "sub_workers = {subs} exceeds the limit of {MAX_SUB_WORKERS} sub workers per level"
+            )),
+            path,
+        )),
+    }
+}
+
 /// The deadline `budget` from now; `None` (no deadline) when it lies beyond what `Instant`
 /// can represent, as with `Duration::MAX`.
 fn deadline_after(budget: Duration) -> Option<Instant> {
@@ -225,7 +241,9 @@ macro_rules! chip_builder_methods {
 /// `subs`, `heap_ring_size`, `alloc_timeout` and `host_regs`.
 macro_rules! engine_builder_methods {
     () => {
-        /// Number of sub workers (host-closure threads).
+        /// Number of sub workers (host-closure threads), at most [`MAX_SUB_WORKERS`]; `start`
+        /// refuses a larger count with a [`StartCause::Config`] error naming it and the limit,
+        /// before anything is started.
         #[must_use]
         pub fn sub_workers(mut self, n: usize) -> Self {
             self.subs = n;
@@ -420,6 +438,7 @@ impl HostWorkerBuilder {
                 &path,
             ));
         }
+        let subs = check_sub_workers(self.subs, &path)?;
         check_host_closures_have_subs(&self.host_regs, self.subs, &path)?;
         if let Some((_, c)) = self.chip_regs.first().filter(|_| self.devices.is_empty()) {
             return Err(start_err(
@@ -477,7 +496,7 @@ impl HostWorkerBuilder {
         };
         // On failure the endpoints are dropped, which finalizes every chip into `residue`.
         let lineage = reentry::lineage_of(self.common.instance);
-        let engine = build_engine(3, ring, next_level, self.subs, &lineage, &registry, &path)
+        let engine = build_engine(3, ring, next_level, subs, &lineage, &registry, &path)
             .map_err(|e| with_residue(e, &residue, &path))?;
         // 5.
         let body = Body::Engine { engine, chips, children: Vec::new(), residue };
@@ -490,16 +509,17 @@ impl HostWorkerBuilder {
     }
 }
 
+/// Starts a level's engine with `subs` sub workers (checked by [`check_sub_workers`]).
 fn build_engine(
     level: u8,
     ring: RingConfig,
     next_level: Vec<Box<dyn Endpoint>>,
-    subs: usize,
+    subs: u32,
     lineage: &reentry::Lineage,
     registry: &SharedRegistry,
     path: &str,
 ) -> Result<Engine, StartError> {
-    let sub: Vec<Box<dyn Endpoint>> = (0..subs as u32)
+    let sub: Vec<Box<dyn Endpoint>> = (0..subs)
         .map(|index| {
             Box::new(crate::sub::SubEndpoint {
                 index,
@@ -675,8 +695,8 @@ impl CompositeWorkerBuilder {
         self.start_within(deadline, path)
     }
 
-    /// The checks of step 1 that need no child.
-    fn check_before_children(&self, path: &str) -> Result<(), StartError> {
+    /// The checks of step 1 that need no child; returns the checked sub worker count.
+    fn check_before_children(&self, path: &str) -> Result<u32, StartError> {
         self.common.check_timeout(path)?;
         if self.level < 4 {
             return Err(start_err(
@@ -684,6 +704,7 @@ impl CompositeWorkerBuilder {
                 path,
             ));
         }
+        let subs = check_sub_workers(self.subs, path)?;
         check_host_closures_have_subs(&self.host_regs, self.subs, path)?;
         if let Some((_, name, _)) = self.graph_regs.first().filter(|_| self.children.is_empty()) {
             return Err(start_err(
@@ -698,14 +719,17 @@ impl CompositeWorkerBuilder {
                 path,
             ));
         }
-        Ok(())
+        Ok(subs)
     }
 
     fn start_within(self, deadline: Option<Instant>, path: String) -> Result<Worker, StartError> {
-        if let Err(e) = self.check_before_children(&path) {
-            refuse_unreached(self.children, &e);
-            return Err(e);
-        }
+        let subs = match self.check_before_children(&path) {
+            Ok(subs) => subs,
+            Err(e) => {
+                refuse_unreached(self.children, &e);
+                return Err(e);
+            }
+        };
         // 3.
         let mut started: Vec<Worker> = Vec::new();
         let mut local_ids: Vec<WorkerId> = Vec::new();
@@ -823,9 +847,8 @@ impl CompositeWorkerBuilder {
             ..RingConfig::default()
         };
         // On failure the endpoints are dropped, which closes every child into `residue`.
-        let engine =
-            build_engine(self.level, ring, next_level, self.subs, &lineage, &registry, &path)
-                .map_err(|e| with_residue(e, &residue, &path))?;
+        let engine = build_engine(self.level, ring, next_level, subs, &lineage, &registry, &path)
+            .map_err(|e| with_residue(e, &residue, &path))?;
         let body = Body::Engine { engine, chips: Vec::new(), children, residue };
         let mut inner = new_inner(
             self.common.instance,
