@@ -9,7 +9,8 @@ use std::time::Duration;
 use simpler_sched::SchedError;
 use simpler_types::{DataType, TaskArgs};
 use simpler_worker::{
-    BuildFailure, MAX_SUB_WORKERS, Orchestration, StartCause, StartError, Worker, WorkerError,
+    BuildFailure, ConfigError, MAX_SUB_WORKERS, Orchestration, StartCause, StartError, Worker,
+    WorkerError,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -227,5 +228,17 @@ fn a_sub_worker_count_beyond_the_limit_is_refused_at_start() {
         let StartCause::ChildFailed { child } = &err.cause else { panic!("{err:?}") };
         assert!(child.to_string().contains(&format!("sub_workers = {subs} exceeds")), "{err}");
         assert_eq!(err.path, "L5 / child 0 (L4)");
+    }
+}
+
+#[test]
+fn a_child_of_level_255_is_a_config_error() {
+    for parent in [4, 5, 255] {
+        let mut b = Worker::composite(parent);
+        let err = b.child(Worker::composite(255)).expect_err("level 255 is no child of these");
+        assert_eq!(
+            err,
+            ConfigError(format!("an L{parent} worker adopts L{} children, not L255", parent - 1))
+        );
     }
 }

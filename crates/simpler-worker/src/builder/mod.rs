@@ -660,7 +660,7 @@ impl CompositeWorkerBuilder {
                 self.level
             )));
         }
-        if spec.level() + 1 != self.level {
+        if spec.level().checked_add(1) != Some(self.level) {
             return Err(ConfigError(format!(
                 "an L{} worker adopts L{} children, not L{}",
                 self.level,
