@@ -4,12 +4,18 @@
 //! The closure gets the member's arguments as a borrowed view valid for the call only. `Ok` is
 //! success, `Err` a task failure carrying the error and its source chain, and a panic is
 //! caught and becomes a task failure `panicked: <payload>`; the sub worker keeps serving.
+//!
+//! Formatting the returned error (its `Display` and `source` chain) and dropping a panic's
+//! payload run the task's code too, so they are caught as well: a panic there is the task's
+//! failure by panic, saying where it happened, not a failure of the sub worker.
 
+use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
 use simpler_types::{FailureSource, WorkerId, WorkerType};
 
+use crate::error::BoxError;
 use crate::handle::{Entry, SharedRegistry};
 use crate::reentry;
 use crate::run::panic_text;
@@ -50,18 +56,59 @@ impl Endpoint for SubEndpoint {
         let _acting = reentry::enter_lineage(&self.lineage);
         match catch_unwind(AssertUnwindSafe(|| f(task.args))) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => {
-                let mut text = e.to_string();
-                let mut source = e.source();
-                while let Some(s) = source {
-                    text.push_str(": ");
-                    text.push_str(&s.to_string());
-                    source = s.source();
-                }
-                // The text for the frame, the error itself for `Frame::error`.
-                Err(EndpointFailure::task_failed(text).with_source(FailureSource::from_boxed(e)))
-            }
-            Err(p) => Err(EndpointFailure::panicked(panic_text(p.as_ref()))),
+            Ok(Err(e)) => Err(returned(e)),
+            Err(p) => Err(panicked(p)),
         }
+    }
+}
+
+/// The failure of a task that returned `e`: its text and source chain for the frame, `e` itself
+/// for `Frame::error`. The error's `Display` and `source` are the task's code: a panic in them
+/// is the task's failure by panic, and `e` is dropped.
+fn returned(e: BoxError) -> EndpointFailure {
+    match catch_unwind(AssertUnwindSafe(|| error_text(&*e))) {
+        Ok(text) => EndpointFailure::task_failed(text).with_source(FailureSource::from_boxed(e)),
+        Err(p) => {
+            let text = format!("while formatting the task's error: {}", panic_text(p.as_ref()));
+            dispose(p);
+            dispose(e);
+            EndpointFailure::panicked(text)
+        }
+    }
+}
+
+/// `e`'s text followed by that of each error in its source chain, joined by `": "`.
+fn error_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// The failure of a task that panicked with `payload`. The payload is the task's value and
+/// is dropped here, under `catch_unwind`: a panic in its drop joins the failure's text.
+fn panicked(payload: Box<dyn Any + Send>) -> EndpointFailure {
+    let text = panic_text(payload.as_ref());
+    match catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        Ok(()) => EndpointFailure::panicked(text),
+        Err(p) => {
+            let again = panic_text(p.as_ref());
+            dispose(p);
+            EndpointFailure::panicked(format!(
+                "{text}; then, while dropping its panic payload: {again}"
+            ))
+        }
+    }
+}
+
+/// Drops `value` where a panic in its drop cannot escape. The payload of such a panic is
+/// leaked rather than dropped, as dropping it could panic again.
+fn dispose<T>(value: T) {
+    if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(value))) {
+        std::mem::forget(p);
     }
 }

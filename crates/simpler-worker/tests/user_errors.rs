@@ -7,10 +7,10 @@ use common::host;
 use std::time::Duration;
 
 use simpler_sched::SchedError;
-use simpler_types::{DataType, TaskArgs};
+use simpler_types::{DataType, FailureMechanism, TaskArgs};
 use simpler_worker::{
-    BuildFailure, ConfigError, MAX_SUB_WORKERS, Orchestration, StartCause, StartError, Worker,
-    WorkerError,
+    BuildFailure, CallableHandle, ConfigError, Frame, MAX_SUB_WORKERS, Orchestration, RunErrorKind,
+    StartCause, StartError, Worker, WorkerError,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -193,6 +193,87 @@ fn debug_output_shows_addresses_in_hex() {
     assert_eq!(format!("{e:?}"), "HostTensorAtL2 { arg: 1, addr: HostAddr(0x1000) }");
     assert!(e.to_string().contains("names host memory at 0x1000"), "{e}");
     mem.free(buf).expect("free");
+    w.close().expect("close");
+}
+
+/// An error whose `Display` panics.
+#[derive(Debug)]
+struct Unprintable;
+
+impl std::fmt::Display for Unprintable {
+    fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        panic!("no words for it")
+    }
+}
+
+impl std::error::Error for Unprintable {}
+
+/// A panic payload whose drop panics.
+struct GoesOffWhenDropped;
+
+impl Drop for GoesOffWhenDropped {
+    fn drop(&mut self) {
+        panic!("the payload went off");
+    }
+}
+
+/// Runs the one host task `h` on `w`, expecting it to fail by a panic; returns its frame.
+fn failed_by_panic(w: &Worker, h: CallableHandle, name: &str) -> Frame {
+    let err = w
+        .run(Orchestration::graph(move |g, _, _| {
+            g.submit_sub(h, TaskArgs::new())?;
+            Ok(())
+        }))
+        .expect_err("fails");
+    let WorkerError::Run(e) = &err else { panic!("{err:?}") };
+    assert_eq!(e.kind(), &RunErrorKind::TaskFailed, "{e}");
+    let frame = e.frames().iter().find(|f| f.callable.as_deref() == Some(name));
+    let frame = frame.unwrap_or_else(|| panic!("no frame of '{name}': {e}")).clone();
+    assert_eq!(frame.mechanism, Some(FailureMechanism::Panicked), "{e}");
+    frame
+}
+
+#[test]
+fn a_host_task_error_whose_display_panics_fails_the_task_by_that_panic() {
+    let mut b = host().sub_workers(1);
+    let bad = b.register_host("unprintable", |_| Err(Unprintable.into()));
+    let ok = b.register_host("ok", |_| Ok(()));
+    let w = b.start().expect("start");
+    let frame = failed_by_panic(&w, bad, "unprintable");
+    assert!(
+        frame.message.contains("panicked: while formatting the task's error: no words for it"),
+        "{}",
+        frame.message
+    );
+    // The sub worker keeps serving.
+    w.run(Orchestration::graph(move |g, _, _| {
+        g.submit_sub(ok, TaskArgs::new())?;
+        Ok(())
+    }))
+    .expect("the next run");
+    w.close().expect("close");
+}
+
+#[test]
+fn a_host_task_panic_payload_whose_drop_panics_fails_the_task_by_both_panics() {
+    let mut b = host().sub_workers(1);
+    let bad = b.register_host("explosive", |_| std::panic::panic_any(GoesOffWhenDropped));
+    let ok = b.register_host("ok", |_| Ok(()));
+    let w = b.start().expect("start");
+    let frame = failed_by_panic(&w, bad, "explosive");
+    assert!(
+        frame.message.contains(
+            "panicked: non-string panic payload; then, while dropping its panic payload: \
+             the payload went off"
+        ),
+        "{}",
+        frame.message
+    );
+    w.run(Orchestration::graph(move |g, _, _| {
+        g.submit_sub(ok, TaskArgs::new())?;
+        Ok(())
+    }))
+    .expect("the next run");
     w.close().expect("close");
 }
 
