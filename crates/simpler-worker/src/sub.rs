@@ -81,13 +81,22 @@ fn returned(e: BoxError) -> EndpointFailure {
 fn error_text(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
-    while let Some(s) = source {
+    // A chain deeper than this is taken for a cycle (an error whose source leads back to
+    // itself), which would otherwise never end.
+    for _ in 0..SOURCE_DEPTH {
+        let Some(s) = source else { return text };
         text.push_str(": ");
         text.push_str(&s.to_string());
         source = s.source();
     }
+    if source.is_some() {
+        text.push_str(": …");
+    }
     text
 }
+
+/// Most sources of a task's error its text follows.
+const SOURCE_DEPTH: usize = 32;
 
 /// The failure of a task that panicked with `payload`. The payload is the task's value and
 /// is dropped here, under `catch_unwind`: a panic in its drop joins the failure's text.
@@ -110,5 +119,33 @@ fn panicked(payload: Box<dyn Any + Send>) -> EndpointFailure {
 fn dispose<T>(value: T) {
     if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(value))) {
         std::mem::forget(p);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error whose source is itself.
+    #[derive(Debug)]
+    struct Cycle;
+
+    impl std::fmt::Display for Cycle {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("cycle")
+        }
+    }
+
+    impl std::error::Error for Cycle {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(self)
+        }
+    }
+
+    #[test]
+    fn the_text_of_an_error_whose_source_chain_is_a_cycle_ends() {
+        let text = error_text(&Cycle);
+        assert_eq!(text.matches("cycle").count(), SOURCE_DEPTH + 1, "{text}");
+        assert!(text.ends_with(": …"), "{text}");
     }
 }
