@@ -36,7 +36,7 @@ use crate::endpoint_thread::{JobReceiver, endpoint_thread_main, wrap_job};
 use crate::error::{SchedError, ShutdownError};
 use crate::graph::GraphScratch;
 use crate::inbox::WorkerSlot;
-use crate::outcome::{EngineStats, RingPeaks, RunOutcome, RunSummary, TaskSnapshot};
+use crate::outcome::{BusyEndpoint, EngineStats, RingPeaks, RunOutcome, RunSummary, TaskSnapshot};
 use crate::registry::Registry;
 use crate::run_record::{AbortCheck, RunRecord};
 use crate::scheduler::scheduler_main;
@@ -515,18 +515,7 @@ impl Engine {
 
     #[cold]
     fn warn_busy(&self) {
-        let busy: Vec<String> = self
-            .core
-            .next_level
-            .iter()
-            .chain(&self.core.sub)
-            .filter_map(|w| {
-                let slot = w.mailbox.busy_with()?;
-                let task =
-                    self.core.task_of(slot).map_or_else(|| slot.to_string(), |t| t.to_string());
-                Some(format!("{} ({}) running {task}", w.worker, w.name))
-            })
-            .collect();
+        let busy: Vec<String> = self.busy().iter().map(ToString::to_string).collect();
         quietly(|| {
             tracing::warn!(
                 level = self.core.level,
@@ -534,6 +523,22 @@ impl Engine {
                 busy.join("; ")
             )
         });
+    }
+
+    /// The endpoints running a task now, next-level workers first (a diagnostic snapshot:
+    /// each endpoint is read once, with no lock across them).
+    pub fn busy(&self) -> Vec<BusyEndpoint> {
+        let endpoints = self.core.next_level.iter().chain(&self.core.sub);
+        endpoints
+            .filter_map(|w| {
+                let slot = w.mailbox.busy_with()?;
+                Some(BusyEndpoint {
+                    worker: w.worker,
+                    name: w.name.clone(),
+                    task: self.core.task_of(slot),
+                })
+            })
+            .collect()
     }
 }
 

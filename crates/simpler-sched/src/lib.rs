@@ -97,7 +97,9 @@ pub use endpoint::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
 pub use endpoint_thread::JobReceiver;
 pub use engine::{Engine, EngineConfig};
 pub use error::{SchedError, ShutdownError};
-pub use outcome::{EngineStats, RingPeak, RingPeaks, RunOutcome, RunSummary, TaskSnapshot};
+pub use outcome::{
+    BusyEndpoint, EngineStats, RingPeak, RingPeaks, RunOutcome, RunSummary, TaskSnapshot,
+};
 
 // What the API takes and returns, so that one dependency line suffices.
 pub use simpler_ring::{

@@ -1,11 +1,12 @@
 //! What the engine reports back: run outcomes and summaries, task snapshots, engine statistics.
 
+use std::fmt;
 use std::sync::Arc;
 
 use simpler_ring::RingStats;
 use simpler_types::{
     GroupMemberState, HEAP_RING_COUNT, RunFailure, RunId, TaskFailure, TaskId, TaskState,
-    WorkerType,
+    WorkerRef, WorkerType,
 };
 
 /// How a run ended. Every waiter of one run gets the same value (the same `Arc`).
@@ -220,4 +221,25 @@ pub struct EngineStats {
     pub queued_sub: u32,
     /// Ring snapshot.
     pub ring: RingStats,
+}
+
+/// An endpoint running a task, as [`Engine::busy`](crate::Engine::busy) reports it: what a
+/// wait that does not end is waiting for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BusyEndpoint {
+    /// The endpoint.
+    pub worker: WorkerRef,
+    /// Its name.
+    pub name: String,
+    /// The task it runs; `None` when the task ended between the two reads of the snapshot.
+    pub task: Option<TaskId>,
+}
+
+impl fmt::Display for BusyEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.task {
+            Some(t) => write!(f, "{} ({}) running {t}", self.worker, self.name),
+            None => write!(f, "{} ({}) finishing a task", self.worker, self.name),
+        }
+    }
 }

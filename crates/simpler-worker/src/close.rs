@@ -104,6 +104,9 @@ pub(crate) type CloseGate = Gate<Result<(), CloseError>>;
 pub(crate) type Lease<'a> = crate::gate::Lease<'a, Result<(), CloseError>>;
 
 /// A drain timeout may be retried by a later close; any other result is final.
+/// Pending runs a drain timeout names.
+const DRAIN_TIMEOUT_RUNS: usize = 16;
+
 fn retryable(r: &Result<(), CloseError>) -> bool {
     r.as_ref().is_err_and(CloseError::is_retryable)
 }
@@ -121,9 +124,14 @@ impl Inner {
     /// A retryable close error: the drain of `budget` ran out with `in_flight_ops` operations
     /// still holding leases and the accepted runs still pending.
     fn drain_timed_out(&self, in_flight_ops: usize, budget: Duration) -> CloseError {
-        let pending_runs = self.accepted.lock().len();
-        let drain_timeout = Some(DrainTimeout { in_flight_ops, pending_runs, budget });
-        CloseError { drain_timeout, ..CloseError::default() }
+        let (pending_runs, pending) = {
+            let accepted = self.accepted.lock();
+            let first = accepted.iter().take(DRAIN_TIMEOUT_RUNS).map(|r| r.run).collect();
+            (accepted.len(), first)
+        };
+        let busy = self.engine().map(|e| e.busy()).unwrap_or_default();
+        let d = DrainTimeout { in_flight_ops, pending_runs, pending, busy, budget };
+        CloseError { drain_timeout: Some(Box::new(d)), ..CloseError::default() }
     }
 
     pub(crate) fn close(
@@ -251,21 +259,39 @@ impl Drop for Worker {
     /// teardown would join this thread. The close is handed to a detached reaper thread
     /// instead, which waits for that run like any other closer; nothing joins itself and the
     /// engine threads still end.
+    ///
+    /// After a bounded close that ran out of budget (`close_timeout` with `DrainTimeout`), a
+    /// close here could wait for ever on what outlasted that budget: the drop logs what the
+    /// close waited for and hands the close to a detached reaper thread as well, so that the
+    /// bound the caller asked for holds for the drop too.
     fn drop(&mut self) {
         if self.inner.gate.is_finished(retryable) {
             return;
         }
+        if let Some(Err(timed_out)) = self.inner.gate.last_result(retryable) {
+            tracing::error!(worker = %self.inner.label, "dropped after a close that gave up ({timed_out}); a detached thread closes it once that ends");
+            self.close_detached("dropped after a close that gave up");
+            return;
+        }
         if reentry::is_acting_for(self.inner.instance) {
-            let inner = Arc::clone(&self.inner);
-            let spawned = std::thread::Builder::new()
-                .name(format!("simpler-reaper-{}", self.inner.instance))
-                .spawn(move || close_logged(&inner));
-            if let Err(e) = spawned {
-                tracing::error!(worker = %self.inner.label, "cannot spawn the thread that closes the worker dropped inside its own callback; its threads stay alive: {e}");
-            }
+            self.close_detached("dropped inside its own callback");
             return;
         }
         close_logged(&self.inner);
+    }
+}
+
+impl Worker {
+    /// Closes the worker on a detached reaper thread; `why` says why in the log should the
+    /// thread not start.
+    fn close_detached(&self, why: &str) {
+        let inner = Arc::clone(&self.inner);
+        let spawned = std::thread::Builder::new()
+            .name(format!("simpler-reaper-{}", self.inner.instance))
+            .spawn(move || close_logged(&inner));
+        if let Err(e) = spawned {
+            tracing::error!(worker = %self.inner.label, "cannot spawn the thread that closes the worker {why}; its threads stay alive: {e}");
+        }
     }
 }
 

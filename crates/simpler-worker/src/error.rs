@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use simpler_device_a2a3::DeviceError;
-use simpler_sched::SchedError;
+use simpler_sched::{BusyEndpoint, SchedError};
 use simpler_types::{
     CallableKind, DeviceCode, FailureMechanism, FailureSource, RunFailure, RunId, TaskFailure,
     TaskId, WorkerId, WorkerRef,
@@ -526,8 +526,36 @@ pub struct DrainTimeout {
     pub in_flight_ops: usize,
     /// Accepted runs not yet published.
     pub pending_runs: usize,
+    /// The first of them (at most 16), oldest first.
+    pub pending: Vec<RunId>,
+    /// The endpoints running a task when the budget ran out (none for an L2 worker, whose runs
+    /// are bounded by the device's budgets).
+    pub busy: Vec<BusyEndpoint>,
     /// The budget that ran out.
     pub budget: Duration,
+}
+
+impl fmt::Display for DrainTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "drain timed out after {:?} ({} operation(s) in flight, {} run(s) pending",
+            self.budget, self.in_flight_ops, self.pending_runs
+        )?;
+        if !self.pending.is_empty() {
+            let runs: Vec<String> = self.pending.iter().map(ToString::to_string).collect();
+            write!(f, ": {}", runs.join(", "))?;
+            if self.pending.len() < self.pending_runs {
+                f.write_str(", …")?;
+            }
+        }
+        f.write_str(")")?;
+        if !self.busy.is_empty() {
+            let busy: Vec<String> = self.busy.iter().map(ToString::to_string).collect();
+            write!(f, "; busy: {}", busy.join("; "))?;
+        }
+        Ok(())
+    }
 }
 
 /// What `close` found. `Clone`: concurrent closes share one value.
@@ -543,7 +571,7 @@ pub struct CloseError {
     /// Errors of the teardown itself.
     pub teardown: Vec<TeardownError>,
     /// Set when the drain ran out of budget.
-    pub drain_timeout: Option<DrainTimeout>,
+    pub drain_timeout: Option<Box<DrainTimeout>>,
     /// Residue left after teardown (threads, allocations).
     pub leaked: Vec<String>,
     /// The call was made from inside one of the worker's own callbacks.
@@ -596,10 +624,7 @@ impl CloseError {
             parts.push("close called from inside a callback of the same worker".to_owned());
         }
         if let Some(d) = &self.drain_timeout {
-            parts.push(format!(
-                "drain timed out after {:?} ({} operation(s) in flight, {} run(s) pending)",
-                d.budget, d.in_flight_ops, d.pending_runs
-            ));
+            parts.push(d.to_string());
         }
         if !self.unobserved_runs.is_empty() {
             let runs: Vec<String> = self.unobserved_runs.iter().map(|r| format!("{r}")).collect();

@@ -117,6 +117,14 @@ impl<R: Clone> Gate<R> {
         Some(Lease { gate: self })
     }
 
+    /// The result of the last finished attempt when `retry` wants it retried.
+    pub(crate) fn last_result(&self, retry: impl Fn(&R) -> bool) -> Option<R> {
+        match &self.state.lock().attempt {
+            Attempt::Done(r) if retry(r) => Some(r.clone()),
+            _ => None,
+        }
+    }
+
     /// Whether an attempt finished with a result that `retry` does not want retried.
     pub(crate) fn is_finished(&self, retry: impl Fn(&R) -> bool) -> bool {
         matches!(&self.state.lock().attempt, Attempt::Done(r) if !retry(r))

@@ -42,6 +42,8 @@ use crate::worker::Inner;
 
 /// The longest single wait on an engine fence; a wait without deadline repeats it.
 const FENCE_POLL: Duration = Duration::from_secs(1);
+/// How often a fence wait that has not ended logs what it waits for, unless the builder says.
+pub(crate) const DEFAULT_STILL_WAITING: Duration = Duration::from_secs(10);
 
 /// Where a run is in its worker's unobserved failures (`UnobservedFailures`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -183,15 +185,35 @@ impl RunShared {
                 // graph callback, seen by `free` or a later waiter): polling `wait_timeout`
                 // waits for it instead. An unknown run has no fence left to wait for; the
                 // release step reports it.
+                let started = Instant::now();
+                let every = self.inner.still_waiting;
+                let mut warn_at = started + every;
                 loop {
+                    let poll = FENCE_POLL.min(every);
                     let slice = match deadline {
-                        None => FENCE_POLL,
-                        Some(d) => d.saturating_duration_since(Instant::now()).min(FENCE_POLL),
+                        None => poll,
+                        Some(d) => d.saturating_duration_since(Instant::now()).min(poll),
                     };
                     match engine.wait_timeout(self.run, slice) {
                         Ok(Some(_)) | Err(_) => return true,
                         Ok(None) if deadline.is_some_and(|d| Instant::now() >= d) => return false,
                         Ok(None) => {}
+                    }
+                    // A task that never returns would keep this wait (and the close, the
+                    // submits and the other waiters behind it) silent for ever: say what it
+                    // waits for.
+                    if Instant::now() >= warn_at {
+                        warn_at += every;
+                        let busy: Vec<String> =
+                            engine.busy().iter().map(ToString::to_string).collect();
+                        tracing::warn!(
+                            worker = %self.inner.label,
+                            run = %self.run,
+                            "still waiting for {} after {:.0?}; busy: {}",
+                            self.run,
+                            started.elapsed(),
+                            if busy.is_empty() { "none".to_owned() } else { busy.join("; ") }
+                        );
                     }
                 }
             }

@@ -23,6 +23,7 @@ use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, mpsc};
+use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use simpler_device_a2a3::{ChipCallable, DeviceError, Platform, PlatformLimits, RuntimeVariant};
@@ -59,6 +60,8 @@ pub(crate) enum Body {
 /// The shared state behind a [`Worker`].
 pub(crate) struct Inner {
     pub(crate) instance: u64,
+    /// How often a wait for a run that has not ended logs what it waits for.
+    pub(crate) still_waiting: Duration,
     pub(crate) level: u8,
     pub(crate) label: String,
     pub(crate) registry: SharedRegistry,
@@ -956,6 +959,7 @@ pub(crate) fn new_inner(
         remote_children: crate::remote::RemoteChildren::default(),
         subs,
         gate: CloseGate::new(),
+        still_waiting: crate::run::DEFAULT_STILL_WAITING,
         accepted: Mutex::new(VecDeque::new()),
         admission: Mutex::new(()),
         chip_registration: Mutex::new(()),

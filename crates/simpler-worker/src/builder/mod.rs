@@ -81,6 +81,8 @@ struct Common {
     next_seq: u64,
     /// Injected chip faults, shared with the chip states (armed by tests only).
     faults: Faults,
+    /// How often a wait for a run that has not ended logs what it waits for.
+    still_waiting: Duration,
 }
 
 impl Common {
@@ -92,6 +94,7 @@ impl Common {
             chip_options: None,
             next_seq: 0,
             faults: Faults::default(),
+            still_waiting: crate::run::DEFAULT_STILL_WAITING,
         }
     }
 
@@ -201,6 +204,15 @@ macro_rules! chip_builder_methods {
         #[must_use]
         pub fn startup_timeout(mut self, t: Duration) -> Self {
             self.common.startup_timeout = t;
+            self
+        }
+
+        /// How often a wait for a run that has not ended (`RunHandle::wait`, `close`, a
+        /// submit queued behind earlier runs) logs a warning naming the run and the tasks
+        /// running (default 10 s; an L2 worker's runs end within the device's budgets).
+        #[must_use]
+        pub fn still_waiting_warning(mut self, every: Duration) -> Self {
+            self.common.still_waiting = every.max(Duration::from_millis(1));
             self
         }
 
@@ -503,6 +515,7 @@ impl HostWorkerBuilder {
         let mut inner =
             new_inner(self.common.instance, 3, body, Registry::default(), Vec::new(), self.subs);
         inner.chip_limits = Some(self.platform.limits());
+        inner.still_waiting = self.common.still_waiting;
         inner.registry = registry;
         inner.lineage = lineage;
         Ok(Worker { inner: Arc::new(inner) })
@@ -858,6 +871,7 @@ impl CompositeWorkerBuilder {
             name_sources,
             self.subs,
         );
+        inner.still_waiting = self.common.still_waiting;
         inner.registry = registry;
         inner.lineage = lineage;
         inner.subtree_lineages = subtree_lineages;
