@@ -426,8 +426,7 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
     }
     let found = |what: &str| reqs.iter().find(|r| r.what == what).and_then(|r| r.found.clone());
     let smi = npu_smi.and_then(|r| r.found);
-    let fallback =
-        || crate::onboard_arch::acl_soc_name(simpler_acl_sys::SearchConfig::from_process_env());
+    let fallback = || crate::onboard_arch::acl_soc_name(&simpler_acl_sys::Cann::from_process_env());
     if !arch_precheck(
         devices.candidates(),
         smi.as_deref(),

@@ -67,9 +67,9 @@ fn is_soc_name(soc: &str) -> bool {
 pub type SocFallback<'a> = &'a dyn Fn() -> Result<String, String>;
 
 /// The SoC name CANN reports (`Cann::soc_name`: `aclrtGetSocName` between an `aclInit` and an
-/// `aclFinalize`, no device opened), CANN loaded by `config`'s search.
-pub fn acl_soc_name(config: simpler_acl_sys::SearchConfig) -> Result<String, String> {
-    match simpler_acl_sys::Cann::new(config).soc_name() {
+/// `aclFinalize`, no device opened), CANN loaded by `cann`.
+pub fn acl_soc_name(cann: &simpler_acl_sys::Cann) -> Result<String, String> {
+    match cann.soc_name() {
         Ok(Some(name)) => Ok(name),
         Ok(None) => Err("aclrtGetSocName returned no name".into()),
         Err(e) => Err(e.to_string()),
@@ -287,7 +287,7 @@ mod tests {
         fn check_with(&self, device: u32, cann: &simpler_acl_sys::standin::FakeInstall) -> Verdict {
             let path = format!("{}:/nonexistent", self.dir.join("bin").display());
             let npu_smi = on_path(&path, "npu-smi");
-            let fallback = || acl_soc_name(cann.config());
+            let fallback = || acl_soc_name(&cann.cann());
             check(npu_smi.as_deref(), Some(&self.dir.join("cann")), device, &fallback)
         }
     }

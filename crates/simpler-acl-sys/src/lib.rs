@@ -33,6 +33,18 @@
 //! `ASCEND_HOME_PATH` to the CANN root. The full search order is documented on
 //! [`SearchConfig`].
 //!
+//! The process environment, the CANN install-info files and the install directories are trusted
+//! as the dynamic linker trusts `LD_LIBRARY_PATH`, so [`Cann::from_process_env`] and
+//! [`Cann::global`] are safe. Any other search picks the code the loader runs and calls with the
+//! header's signatures, so a loader over it is built with the `unsafe` [`Cann::new`]:
+//!
+//! ```compile_fail,E0133
+//! use simpler_acl_sys::{Cann, SearchConfig};
+//!
+//! let config = SearchConfig::with_env(|_| Some("/some/dir".into()));
+//! let cann = Cann::new(config); // error: a call to an unsafe function
+//! ```
+//!
 //! When CANN is missing nothing fails until a function is first used: that call (or
 //! [`Cann::probe`]) returns [`LoadError::Library`], which lists every path tried with its
 //! `dlerror`:
@@ -46,7 +58,10 @@
 //!     .filesystem_root(&empty)
 //!     .already_loaded(false)
 //!     .soname_fallback(false);
-//! match Cann::new(config).open(Library::Acl) {
+//! // SAFETY: the search reaches no library at all (an empty root, no environment, no
+//! // fallbacks), so nothing but CANN can be loaded through it.
+//! let cann = unsafe { Cann::new(config) };
+//! match cann.open(Library::Acl) {
 //!     Err(LoadError::Library { library: Library::Acl, tried }) => assert!(!tried.is_empty()),
 //!     other => panic!("found CANN in an empty root: {other:?}"),
 //! }
@@ -69,7 +84,9 @@
 //! - `src/generated/types.rs`: bindgen's zero-filling `Default` impls of C structs (all-zero
 //!   is a valid value of each).
 //! - `src/loader.rs`: `dlopen` of a candidate, `dlsym` of a symbol as its generated type,
-//!   and the calls behind [`Cann::version`] and [`Cann::recent_error_message`].
+//!   and the calls behind [`Cann::version`] and [`Cann::recent_error_message`]; the `unsafe`
+//!   [`Cann::new`], whose caller vouches that its search reaches only CANN (or the stand-in),
+//!   while [`Cann::from_process_env`] trusts the process environment as `LD_LIBRARY_PATH` is.
 //! - `src/standin.rs` (feature `standin`): opening stand-in copies and calling their control
 //!   functions.
 //! - `tests/standin.rs` and `benches/lazy_call.rs`: calls through the bindings (and, in the

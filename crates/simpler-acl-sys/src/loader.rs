@@ -3,7 +3,8 @@
 //! A [`Cann`] is an owned value: it opens nothing when built, opens each library on the first
 //! use of any of its functions and resolves each function on its first call. Where it looks is
 //! decided by a [`SearchConfig`], whose environment is injectable so that tests can lay out
-//! fake installs side by side in one process.
+//! fake installs side by side in one process. Loading through a search other than the process
+//! environment's is `unsafe` ([`Cann::new`]): the search chooses the code that runs.
 //!
 //! # Slot protocol
 //!
@@ -142,6 +143,16 @@ type EnvLookup = dyn Fn(&str) -> Option<OsString> + Send + Sync;
 /// The environment is read through a lookup function and every absolute system path is taken
 /// relative to a file-system root, so a test can point the whole search at a temporary
 /// directory without touching the process environment.
+///
+/// # Trust
+///
+/// A search decides which code the process loads and calls as CANN's. Building one is safe;
+/// loading through one is not, except for the search of the process environment:
+/// [`Cann::from_process_env`] (and [`Cann::global`]) trust the process environment, the
+/// install-info files and the standard install directories as the dynamic linker trusts
+/// `LD_LIBRARY_PATH`, while a loader over any other search is built with the `unsafe`
+/// [`Cann::new`], whose caller vouches that every library the search can reach is a CANN
+/// runtime of the pinned ABI or this crate's stand-in.
 #[derive(Clone)]
 pub struct SearchConfig {
     env: Arc<EnvLookup>,
@@ -298,8 +309,10 @@ fn open_raw(name: &OsStr, flags: libc::c_int) -> Result<RawLibrary, String> {
     if CString::new(name.as_bytes()).is_err() {
         return Err("the name contains a NUL byte".to_owned());
     }
-    // SAFETY: opening a shared object runs its initialisers. The candidates are CANN libraries
-    // (or the project's stand-in), whose initialisers have no preconditions on the caller.
+    // SAFETY: opening a shared object runs its initialisers. Every candidate of a loader's
+    // search is a CANN library (or the project's stand-in): `Cann::new`'s callers vouch for
+    // their searches, and the process environment is trusted. Their initialisers have no
+    // preconditions on the caller.
     unsafe { RawLibrary::open(Some(name), flags) }.map_err(|e| dlerror_text(&e))
 }
 
@@ -387,15 +400,42 @@ impl Probe {
 
 impl Cann {
     /// A loader that searches as `config` says. Nothing is opened yet.
-    pub fn new(config: SearchConfig) -> Self {
+    ///
+    /// The loader later opens whatever library the search finds, which runs that library's
+    /// initialisers, and calls its symbols as the C functions of the project header: the
+    /// choice of library decides whether safe methods such as [`Cann::version`] or
+    /// [`Cann::recent_error_message`] are sound. [`Cann::from_process_env`] is the safe
+    /// constructor for the search of a real install.
+    ///
+    /// # Safety
+    ///
+    /// Every library this search can reach (each [candidate](SearchConfig::candidates), and
+    /// whatever the dynamic linker finds for the bare file names when that step is enabled) is
+    /// a CANN runtime of the pinned ABI ([`PINNED_CANN_RELEASE`]), or this crate's stand-in,
+    /// and stays so while the loader lives.
+    pub unsafe fn new(config: SearchConfig) -> Self {
         Cann { config, libraries: Default::default(), slots: Slots::default() }
+    }
+
+    /// A loader over [`SearchConfig::from_process_env`]: the search of a real install. Nothing
+    /// is opened yet.
+    ///
+    /// This is safe because the process environment (`SIMPLER_ASCEND_LIB_DIR`,
+    /// `ASCEND_HOME_PATH`, `ASCEND_TOOLKIT_HOME`, `HOME`, `LD_LIBRARY_PATH`), the CANN
+    /// install-info files and the standard install directories are trusted as the dynamic
+    /// linker trusts `LD_LIBRARY_PATH`: whoever sets them up chooses the code the process runs,
+    /// and they are expected to name a CANN of the pinned ABI.
+    pub fn from_process_env() -> Self {
+        // SAFETY: the search of the process environment reaches the libraries the process's
+        // environment and install name, which are trusted to be CANN's (see above).
+        unsafe { Cann::new(SearchConfig::from_process_env()) }
     }
 
     /// The process-wide loader over the process environment, for tools (xtask, diagnostics).
     /// Libraries and runners hold their own [`Cann`] instead.
     pub fn global() -> &'static Cann {
         static GLOBAL: OnceLock<Cann> = OnceLock::new();
-        GLOBAL.get_or_init(|| Cann::new(SearchConfig::from_process_env()))
+        GLOBAL.get_or_init(Cann::from_process_env)
     }
 
     /// The search this loader uses.
@@ -528,7 +568,8 @@ impl Cann {
         slot.get_or_init(|| {
             let opened = self.library(library)?;
             // SAFETY: `F` is the generated function-pointer type of `name`, written from the
-            // CANN declaration of that symbol, so reading the symbol as `F` is sound; the
+            // CANN declaration of that symbol, and the library is a CANN runtime of the pinned
+            // ABI (the contract of `Cann::new`), so reading the symbol as `F` is sound; the
             // pointer is only used while `self` (which owns the library) lives.
             unsafe { opened.raw.get::<F>(name.as_bytes()) }.map(|symbol| *symbol).map_err(|e| {
                 LoadError::Symbol {

@@ -406,8 +406,17 @@ impl FakeInstall {
     }
 
     /// A loader over [`FakeInstall::config`].
+    ///
+    /// Safe, unlike [`Cann::new`]: that search has no environment, no "already loaded" step and
+    /// no bare-soname fallback, so it reaches only the install's own files, under its private
+    /// temporary root, where [`FakeInstall::place`] puts only stand-in copies. Those files are
+    /// trusted as a real install's are (as the process environment is, see [`Cann::new`]):
+    /// writing another library, or an install-info file naming another directory, into the
+    /// root is editing the install.
     pub fn cann(&self) -> Cann {
-        Cann::new(self.config())
+        // SAFETY: every library the search can reach is a copy of this crate's stand-in, or
+        // what the install's own trusted files name (see above).
+        unsafe { Cann::new(self.config()) }
     }
 
     fn control(&self) -> Result<&Control, StandInError> {

@@ -39,8 +39,11 @@ fn search_order_lib_dir_then_ascend_home_then_install_info_then_default_roots() 
     let info = format!("Install_Path={}\n", install.root().join("opt/info").display());
     std::fs::write(&info_file, info).unwrap();
     let root = install.root().to_path_buf();
-    let with =
-        |vars: &[(&str, &str)]| found(&Cann::new(install.config_with_env(vars)), Library::Acl);
+    let with = |vars: &[(&str, &str)]| {
+        // SAFETY: every variable names a directory of the install, and the install's root holds
+        // only stand-in copies (and the info file naming `opt/info`, inside it too).
+        found(&unsafe { Cann::new(install.config_with_env(vars)) }, Library::Acl)
+    };
 
     assert_eq!(with(&[]), root.join("opt/info/lib64/libascendcl.so"));
     assert_eq!(
@@ -75,16 +78,15 @@ fn the_install_info_file_under_etc_comes_before_the_one_under_home() {
             .unwrap();
     };
     write_info("home/user/Ascend/ascend_cann_install.info", "opt/from-home");
-    let config = || install.config_with_env(&[("HOME", "@/home/user")]);
+    // SAFETY: `HOME` and both info files name directories of the install, which holds only
+    // stand-in copies.
+    let cann = || unsafe { Cann::new(install.config_with_env(&[("HOME", "@/home/user")])) };
     assert_eq!(
-        found(&Cann::new(config()), Library::Runtime),
+        found(&cann(), Library::Runtime),
         root.join("opt/from-home/runtime/lib64/libruntime.so")
     );
     write_info("etc/Ascend/ascend_cann_install.info", "opt/from-etc");
-    assert_eq!(
-        found(&Cann::new(config()), Library::Runtime),
-        root.join("opt/from-etc/lib64/libruntime.so")
-    );
+    assert_eq!(found(&cann(), Library::Runtime), root.join("opt/from-etc/lib64/libruntime.so"));
 }
 
 #[test]
@@ -165,7 +167,9 @@ fn a_missing_library_lists_every_path_tried_with_its_error() {
     install.place(Library::Runtime, "usr/local/Ascend/cann/lib64").unwrap();
     let config = install.config_with_env(&[("ASCEND_HOME_PATH", "@/nowhere")]);
     let expected = config.candidates(Library::Acl);
-    let cann = Cann::new(config);
+    // SAFETY: the search reaches only the install (which holds only stand-in copies) and a
+    // directory of it that does not exist.
+    let cann = unsafe { Cann::new(config) };
     // SAFETY: a valid device id; no pointers.
     let err = unsafe { cann.aclrtSetDevice(0) }.unwrap_err();
     let LoadError::Library { library, tried } = &err else { panic!("{err:?}") };

@@ -44,7 +44,7 @@ use simpler_acl_sys::types::{
     ADDR_MAP_TYPE_REG_AIC_CTRL, AddrMapInPara, AddrMapOutPara, CTRL_TYPE_ADDR_MAP,
     RT_SCHEM_MODE_BATCH, rtArgsEx_t, rtCpuKernelArgs_t, rtTaskCfgInfo_t,
 };
-use simpler_acl_sys::{Cann, Error as CannError, SearchConfig};
+use simpler_acl_sys::{Cann, Error as CannError};
 
 pub use self::manifest::ENV_ONBOARD_ARTIFACTS;
 use self::memory::{Allocation, Allocations, KernelText};
@@ -90,6 +90,9 @@ impl RunnerOptions {
     }
 
     /// Uses `cann` instead of searching the process environment for CANN (onboard).
+    ///
+    /// Safe: a [`Cann`] over any search but the process environment's is built with the
+    /// `unsafe` `Cann::new`, whose caller vouched that it loads only CANN (or the stand-in).
     pub fn with_cann(mut self, cann: Arc<Cann>) -> Self {
         self.onboard.cann = Some(cann);
         self
@@ -201,7 +204,7 @@ impl OnboardDevice {
     pub(crate) fn attach(opts: &RunnerOptions) -> Result<OnboardDevice, DeviceError> {
         let cann = match &opts.onboard.cann {
             Some(c) => Arc::clone(c),
-            None => Arc::new(Cann::new(SearchConfig::from_process_env())),
+            None => Arc::new(Cann::from_process_env()),
         };
         let probe = cann.probe().map_err(|e| DeviceError::Load { source: Box::new(e) })?;
         if !probe.version_supported() {
