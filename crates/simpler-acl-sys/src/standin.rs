@@ -31,6 +31,12 @@
 //! Device sets are counted per device as CANN counts them: `rtSetDevice`/`aclrtSetDevice` add
 //! one, `rtDeviceReset`/`aclrtResetDevice` take one off, `aclrtResetDeviceForce` releases the
 //! device at once, and a reset of a device with no set left returns 107000.
+//!
+//! Device memory is host memory and a host mapping (`halHostRegister`) answers the device
+//! address itself, so whatever gives memory back (`rtFree`/`aclrtFree`, the release of a
+//! device's memory by `aclrtResetDeviceForce`, [`FakeInstall::reset`]) frees the storage only
+//! when no live mapping covers it; covered storage is kept until its last mapping is
+//! unregistered ([`ObjectKind::Retired`]), so nothing that holds a mapping reads freed memory.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
@@ -510,7 +516,12 @@ impl FakeInstall {
         if ret == 0 { Ok(()) } else { Err(StandInError::Refused(key.to_owned())) }
     }
 
-    /// Clears the log, knobs, faults and every stand-in object (device memory is freed).
+    /// Clears the log, knobs, faults and every stand-in object, with one exception: host
+    /// mappings (`halHostRegister`) stay registered, since their holders may still read
+    /// through them. Device memory is given back; storage that a live mapping covers is kept
+    /// ([`ObjectKind::Retired`]) until the last mapping over it is unregistered, and any other
+    /// storage is freed. So a reset while a runner still holds mappings never frees memory it
+    /// may read: its later calls on its old handles fail instead.
     ///
     /// # Errors
     ///
@@ -550,6 +561,10 @@ pub enum ObjectKind {
     KernelBinaries = 5,
     /// Loaded AICPU binaries.
     CpuBinaries = 6,
+    /// Device memory given back (freed, reset, or released with its device by a force reset)
+    /// while a live host mapping still covered it: no allocation any more, but its storage is
+    /// kept, as the mapping is the identity pointer, until no live mapping covers it.
+    Retired = 9,
 }
 
 /// Reads a C string returned by a stand-in or CANN function (null → `None`).

@@ -75,8 +75,10 @@ typedef struct counter {
     uint64_t calls;
 } counter;
 
+/* OBJ_RETIRED: device memory given back (freed, reset, released with its device) while a live
+ * host mapping still covered it; its storage is kept until no live mapping covers it. */
 enum object_kind { OBJ_NONE, OBJ_STREAM, OBJ_EVENT, OBJ_MEMORY, OBJ_MAPPING, OBJ_KERNEL_BIN,
-                   OBJ_CPU_BIN, OBJ_FUNC, OBJ_COMM };
+                   OBJ_CPU_BIN, OBJ_FUNC, OBJ_COMM, OBJ_RETIRED };
 
 /* An event recorded on a stream the device stopped before reaching it (pending_after_records). */
 #define RECORDED_NOT_REACHED 2
@@ -373,6 +375,39 @@ static int32_t alloc_memory(call *c, void **out, uint64_t size) {
     return finish(c, OK);
 }
 
+/* Whether a live host mapping covers any byte of [addr, addr + size). */
+static bool mapped(const state *s, uint64_t addr, uint64_t size) {
+    for (size_t i = 0; i < MAX_OBJECTS; i++) {
+        const object *m = &s->objects[i];
+        if (m->kind == OBJ_MAPPING && m->handle < addr + size && addr < m->handle + m->size)
+            return true;
+    }
+    return false;
+}
+
+/* Gives an allocation back. A mapping is the identity pointer, so the host may still read the
+ * storage through a live one: storage a live mapping covers is kept (retired, no allocation
+ * any more) until the last such mapping is unregistered; any other storage is freed now. */
+static void release_memory(state *s, object *o) {
+    if (mapped(s, o->handle, o->size)) {
+        o->kind = OBJ_RETIRED;
+        return;
+    }
+    free((void *)(uintptr_t)o->handle);
+    o->kind = OBJ_NONE;
+}
+
+/* Frees the retired storage that no live mapping covers any more. */
+static void free_unmapped_retired(state *s) {
+    for (size_t i = 0; i < MAX_OBJECTS; i++) {
+        object *o = &s->objects[i];
+        if (o->kind == OBJ_RETIRED && !mapped(s, o->handle, o->size)) {
+            free((void *)(uintptr_t)o->handle);
+            o->kind = OBJ_NONE;
+        }
+    }
+}
+
 static int32_t free_memory(call *c, void *p) {
     c->entry.value = (int64_t)(uintptr_t)p;
     /* CANN frees in the calling thread's context: with none bound there is none, and in one
@@ -382,8 +417,7 @@ static int32_t free_memory(call *c, void *p) {
     if (o == NULL) return fail(c, E_PARAM, "not a live allocation");
     if (o->context != bound_device_now())
         return fail(c, E_PARAM, "an allocation of another device's context");
-    free(p);
-    o->kind = OBJ_NONE;
+    release_memory(st, o);
     return finish(c, OK);
 }
 
@@ -486,13 +520,11 @@ static int32_t reset(call *c, int32_t device, int force) {
     if (force) {
         st->poisoned = 0;
         st->after_force_reset = 1;
-        /* The device's memory goes back with it: a later free of it is refused. */
+        /* The device's memory goes back with it: a later free of it is refused (storage a
+         * live host mapping covers is kept until that mapping goes, see release_memory). */
         for (size_t i = 0; i < MAX_OBJECTS; i++) {
             object *o = &st->objects[i];
-            if (o->kind == OBJ_MEMORY && o->context == device) {
-                free((void *)(uintptr_t)o->handle);
-                o->kind = OBJ_NONE;
-            }
+            if (o->kind == OBJ_MEMORY && o->context == device) release_memory(st, o);
         }
     }
     return finish(c, OK);
@@ -514,18 +546,27 @@ EXPORT void standin_share_state(void *other) {
     release(mine);
 }
 
+/* Frees every object with its storage, mapped or not: for the last copy to unload, when no
+ * loader that could have made a mapping is left. */
 static void free_objects(state *s) {
     for (size_t i = 0; i < MAX_OBJECTS; i++) {
-        if (s->objects[i].kind == OBJ_MEMORY) free((void *)(uintptr_t)s->objects[i].handle);
-        s->objects[i].kind = OBJ_NONE;
+        object *o = &s->objects[i];
+        if (o->kind == OBJ_MEMORY || o->kind == OBJ_RETIRED) free((void *)(uintptr_t)o->handle);
+        o->kind = OBJ_NONE;
     }
 }
 
-/* Clears the log, knobs, faults and objects (freeing device memory). */
+/* Clears the log, knobs, faults and objects. Device memory is given back (release_memory):
+ * live host mappings stay registered, and the storage they cover is kept until they are
+ * unregistered, so a holder of a mapping never reads freed memory. */
 EXPORT void standin_reset(void) {
     S();
     pthread_mutex_lock(&st->lock);
-    free_objects(st);
+    for (size_t i = 0; i < MAX_OBJECTS; i++) {
+        object *o = &st->objects[i];
+        if (o->kind == OBJ_MEMORY) release_memory(st, o);
+        else if (o->kind != OBJ_MAPPING && o->kind != OBJ_RETIRED) o->kind = OBJ_NONE;
+    }
     st->log_len = 0;
     st->log_dropped = 0;
     st->ncounters = 0;
@@ -1181,7 +1222,11 @@ EXPORT int halHostUnregister(void *devPtr, int devid) {
     call c = begin(__func__);
     c.entry.device = devid;
     if (c.injected) return finish(&c, c.injected);
-    return destroy_object(&c, OBJ_MAPPING, devPtr);
+    object *o = find(OBJ_MAPPING, (uint64_t)(uintptr_t)devPtr);
+    if (o == NULL) return fail(&c, E_PARAM, "not a live handle");
+    o->kind = OBJ_NONE;
+    free_unmapped_retired(st);
+    return finish(&c, OK);
 }
 
 EXPORT int halGetDeviceInfo(uint64_t devId, int32_t moduleType, int32_t infoType, int64_t *value) {

@@ -759,3 +759,94 @@ fn hccl_functions_resolve_from_the_communication_library() {
         matches!(cann.library_source(Library::Hccl), Some(Candidate::Path(p)) if p.ends_with("libhcomm.so"))
     );
 }
+
+/// Allocates `size` bytes of device 0's memory and maps them for the host.
+///
+/// # Safety
+///
+/// The thread is bound to device 0 of `cann`'s install.
+unsafe fn mapped_block(cann: &Cann, size: u64) -> (*mut c_void, *mut u8) {
+    let (mut dev, mut host): (*mut c_void, *mut c_void) = (ptr::null_mut(), ptr::null_mut());
+    // SAFETY: valid out-pointers; the mapping covers exactly the allocation.
+    unsafe {
+        assert_eq!(cann.rtMalloc(&mut dev, size, RT_MEMORY_HBM, 0), Ok(0));
+        assert_eq!(cann.halHostRegister(dev, size as usize, 0, 0, &mut host), Ok(0));
+    }
+    (dev, host.cast())
+}
+
+/// Allocates `n` blocks of `size` bytes, none of which may be `taken`; frees them again.
+///
+/// # Safety
+///
+/// The thread is bound to device 0 of `cann`'s install.
+unsafe fn assert_never_handed_out(cann: &Cann, size: u64, taken: *mut c_void) {
+    let mut others = Vec::new();
+    for _ in 0..32 {
+        let mut p: *mut c_void = ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { cann.rtMalloc(&mut p, size, RT_MEMORY_HBM, 0) }, Ok(0));
+        assert_ne!(p, taken, "storage a live mapping covers was handed out again");
+        others.push(p);
+    }
+    for p in others {
+        // SAFETY: an allocation of this thread's device.
+        assert_eq!(unsafe { cann.rtFree(p) }, Ok(0));
+    }
+}
+
+#[test]
+fn a_reset_keeps_the_storage_a_live_mapping_covers_until_the_mapping_is_unregistered() {
+    const SIZE: u64 = 4096;
+    let install = FakeInstall::standard().unwrap();
+    let cann = install.cann();
+    // SAFETY: a valid device id; `host` maps `SIZE` bytes.
+    let (dev, host) = unsafe {
+        assert_eq!(cann.rtSetDevice(0), Ok(0));
+        let (dev, host) = mapped_block(&cann, SIZE);
+        host.write_bytes(0x5A, SIZE as usize);
+        (dev, host)
+    };
+    install.reset().unwrap();
+    assert_eq!(install.live(ObjectKind::Allocations).unwrap(), 0);
+    assert_eq!(install.live(ObjectKind::Mappings).unwrap(), 1, "the mapping stays registered");
+    assert_eq!(install.live(ObjectKind::Retired).unwrap(), 1);
+    // SAFETY: the thread is still bound to device 0; the mapping is live, so `host` still
+    // covers `SIZE` bytes of kept storage.
+    unsafe {
+        assert_eq!(cann.rtSetDevice(0), Ok(0));
+        assert_never_handed_out(&cann, SIZE, dev);
+        let seen = std::slice::from_raw_parts(host, SIZE as usize);
+        assert!(seen.iter().all(|&b| b == 0x5A), "the mapped storage changed");
+        assert_eq!(cann.halHostUnregister(dev, 0), Ok(0));
+        assert_eq!(cann.rtFree(dev), Ok(107000), "the reset gave the allocation back");
+    }
+    assert_eq!(install.live(ObjectKind::Retired).unwrap(), 0, "unregistering freed it");
+    assert_eq!(install.live(ObjectKind::Mappings).unwrap(), 0);
+}
+
+#[test]
+fn memory_freed_or_released_by_a_force_reset_under_a_live_mapping_is_kept_until_it_goes() {
+    const SIZE: u64 = 8192;
+    let install = FakeInstall::standard().unwrap();
+    let cann = install.cann();
+    // SAFETY: a valid device id; every pointer used is a live allocation or mapping of it.
+    unsafe {
+        assert_eq!(cann.aclrtSetDevice(0), Ok(0));
+        let (freed, _) = mapped_block(&cann, SIZE);
+        let (released, _) = mapped_block(&cann, SIZE);
+        assert_eq!(cann.rtFree(freed), Ok(0));
+        assert_eq!(install.live(ObjectKind::Allocations).unwrap(), 1);
+        assert_eq!(install.live(ObjectKind::Retired).unwrap(), 1);
+        assert_eq!(cann.aclrtResetDeviceForce(0), Ok(0));
+        assert_eq!(install.live(ObjectKind::Allocations).unwrap(), 0);
+        assert_eq!(install.live(ObjectKind::Retired).unwrap(), 2);
+        assert_eq!(cann.aclrtSetDevice(0), Ok(0));
+        assert_never_handed_out(&cann, SIZE, freed);
+        assert_never_handed_out(&cann, SIZE, released);
+        assert_eq!(cann.halHostUnregister(freed, 0), Ok(0));
+        assert_eq!(install.live(ObjectKind::Retired).unwrap(), 1);
+        assert_eq!(cann.halHostUnregister(released, 0), Ok(0));
+        assert_eq!(install.live(ObjectKind::Retired).unwrap(), 0);
+    }
+}
