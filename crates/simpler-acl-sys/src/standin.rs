@@ -43,6 +43,7 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use libloading::os::unix::{Library as RawLibrary, RTLD_LOCAL, RTLD_NOW};
@@ -245,6 +246,9 @@ struct Control {
     live: Live,
 }
 
+/// An opened copy, with the state and control functions when it is the install's first.
+type Linked = (RawLibrary, Option<(*mut c_void, Control)>);
+
 /// A fake CANN install in a temporary directory, used as the file-system root of the search.
 pub struct FakeInstall {
     root: tempfile::TempDir,
@@ -339,49 +343,87 @@ impl FakeInstall {
     }
 
     /// Copies the stand-in into `<root>/<dir>/<first soname of library>` and links it to the
-    /// install's shared state. Returns the file's path. Place every copy before the first call
-    /// into the install: linking a copy is not synchronised with calls on other threads.
+    /// install's shared state. Returns the file's path.
+    ///
+    /// The copy is written and linked under a temporary name that no search looks for, and
+    /// only then renamed to its path, so a loader on another thread (over a configuration of
+    /// this install) either finds no file there or finds the copy already linked: no call runs
+    /// on a copy while its state changes. A loader that opened an earlier file at that path
+    /// keeps using that one.
     ///
     /// # Errors
     ///
     /// When building, copying or opening the copy fails.
     pub fn place(&mut self, library: Library, dir: &str) -> Result<PathBuf, StandInError> {
+        static PLACED: AtomicU64 = AtomicU64::new(0);
         let object = self::library(self.omit.as_deref())?;
         let dir = self.root.path().join(dir);
         std::fs::create_dir_all(&dir)
             .map_err(|source| StandInError::Io { path: dir.clone(), source })?;
         let path = dir.join(library.name());
+        // Unique in the process: the dynamic linker also matches objects by the name they were
+        // opened with, so a name used before would answer the earlier object.
+        let n = PLACED.fetch_add(1, Ordering::Relaxed);
+        let staging = dir.join(format!(".{}.placing-{n}", library.name()));
+        let placed = self.link_copy(&object, &staging).and_then(|linked| {
+            // The dynamic linker identifies an object by its file too, so a loader opening
+            // `path` after the rename gets this object, already linked.
+            std::fs::rename(&staging, &path)
+                .map_err(|source| StandInError::Io { path: path.clone(), source })?;
+            Ok(linked)
+        });
+        let (raw, first) = match placed {
+            Ok(linked) => linked,
+            Err(e) => {
+                // Dropping an unplaced copy unloads it; a linked one gives its reference to
+                // the shared state back as it unloads.
+                let _ = std::fs::remove_file(&staging);
+                return Err(e);
+            }
+        };
+        if let Some((state, control)) = first {
+            // Kept only with the copy that provides them, which `copies` keeps loaded.
+            self.state = state;
+            self.control = Some(control);
+        }
+        self.copies.push((library, path.clone(), raw));
+        Ok(path)
+    }
+
+    /// Copies `object` to `path`, opens the copy and links it to the install's shared state:
+    /// the first copy provides the state and the control functions (returned with it), every
+    /// later one is pointed at that state.
+    fn link_copy(&self, object: &Path, path: &Path) -> Result<Linked, StandInError> {
         // A copy, not a link: the dynamic linker identifies objects by file, and each install
         // needs objects of its own.
-        std::fs::copy(&object, &path)
-            .map_err(|source| StandInError::Io { path: path.clone(), source })?;
+        std::fs::copy(object, path)
+            .map_err(|source| StandInError::Io { path: path.to_path_buf(), source })?;
         let open_error = |error: libloading::Error| StandInError::Open {
-            path: path.clone(),
+            path: path.to_path_buf(),
             error: error.to_string(),
         };
         // SAFETY: the stand-in's initialisers only set up its own state.
         let raw =
-            unsafe { RawLibrary::open(Some(&path), RTLD_NOW | RTLD_LOCAL) }.map_err(open_error)?;
+            unsafe { RawLibrary::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map_err(open_error)?;
         // SAFETY: the control functions have these signatures in standin.c.
         unsafe {
             if self.control.is_none() {
-                let state: StatePtr = *raw.get(b"standin_state").map_err(open_error)?;
-                self.state = state();
-                self.control = Some(Control {
+                let control = Control {
                     take_log: *raw.get(b"standin_take_log").map_err(open_error)?,
                     dropped: *raw.get(b"standin_log_dropped").map_err(open_error)?,
                     set_fault: *raw.get(b"standin_set_fault").map_err(open_error)?,
                     set_value: *raw.get(b"standin_set_value").map_err(open_error)?,
                     reset: *raw.get(b"standin_reset").map_err(open_error)?,
                     live: *raw.get(b"standin_live").map_err(open_error)?,
-                });
+                };
+                let state: StatePtr = *raw.get(b"standin_state").map_err(open_error)?;
+                Ok((raw, Some((state(), control))))
             } else {
                 let share: ShareState = *raw.get(b"standin_share_state").map_err(open_error)?;
                 share(self.state);
+                Ok((raw, None))
             }
         }
-        self.copies.push((library, path.clone(), raw));
-        Ok(path)
     }
 
     /// A search over this install only: its root as file-system root, an empty environment,

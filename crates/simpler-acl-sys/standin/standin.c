@@ -143,8 +143,10 @@ typedef struct state {
 static const char *const SOC_NAMES[] = {"Ascend910B1", "Ascend910_9391", "Ascend950PR_9599"};
 
 /* The state this copy uses: its own until standin_share_state points it at the first copy's.
- * It lives on the heap, so a copy still loaded never points into one that was unloaded. */
-static state *st;
+ * It lives on the heap, so a copy still loaded never points into one that was unloaded. The
+ * harness shares the state before the copy can be found at its path, so no call runs on the
+ * copy while it changes; the pointer is atomic all the same, so reading it is never a race. */
+static state *_Atomic st;
 static pthread_once_t own_once = PTHREAD_ONCE_INIT;
 
 /* The device bound on the calling thread, -1 for none. Kept in the shared state, so that a

@@ -850,3 +850,34 @@ fn memory_freed_or_released_by_a_force_reset_under_a_live_mapping_is_kept_until_
         assert_eq!(install.live(ObjectKind::Retired).unwrap(), 0);
     }
 }
+
+#[test]
+fn a_copy_placed_while_another_thread_loads_from_the_install_is_linked_before_it_is_called() {
+    const ROUNDS: usize = 200;
+    let mut install = FakeInstall::standard().unwrap();
+    for round in 0..ROUNDS {
+        let dir = format!("opt/round-{round}");
+        let config = install.config_with_env(&[("SIMPLER_ASCEND_LIB_DIR", &format!("@/{dir}"))]);
+        let wanted = install.root().join(&dir).join(Library::Acl.name());
+        let caller = std::thread::spawn(move || {
+            loop {
+                // SAFETY: the search reaches only the install's root, which holds only stand-in
+                // copies.
+                let cann = unsafe { Cann::new(config.clone()) };
+                // Until this round's copy appears the default root's is found: call the round's
+                // copy as soon as it can be opened.
+                if matches!(cann.open(Library::Acl), Ok(Candidate::Path(p)) if *p == wanted) {
+                    cann.version().expect("the copy answers the version");
+                    return;
+                }
+            }
+        });
+        install.place(Library::Acl, &dir).unwrap();
+        caller.join().unwrap();
+        assert_eq!(
+            install.take_calls().unwrap(),
+            ["aclrtGetVersion"],
+            "round {round}: a call reached a copy before it shared the install's state"
+        );
+    }
+}
