@@ -20,7 +20,12 @@
 //! - `src/process/spawn.rs`: the `pre_exec` hook that leaves the mailbox the only descriptor
 //!   the forked child keeps across `exec` (system calls only), and its fallback listing of
 //!   `/proc/self/fd`.
-//! - `src/process/child.rs`: taking ownership of the inherited mailbox descriptor.
+//! - `src/process/child.rs`: borrowing and then taking ownership of the inherited mailbox
+//!   descriptor whose number the arguments give.
+//! - `src/process/mod.rs`: the `unsafe` `chip_child_main`, whose caller vouches that the
+//!   process was started by the worker's spawner and that the descriptor its arguments name
+//!   is the inherited mailbox nobody else in the process owns; `src/bin/simpler-chip-child.rs`
+//!   calls it.
 //! - `src/remote/transport.rs` (feature `mpi`): setting MPI's errors-return handler, which the
 //!   `mpi` crate has no safe call for.
 //! - `src/remote/request.rs`, `src/remote/sends.rs` and `src/remote/receives.rs` (feature

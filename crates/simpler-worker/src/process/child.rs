@@ -5,7 +5,7 @@
 //! bad arguments or a refused mailbox, 4 for a protocol violation by the worker.
 
 use std::collections::HashMap;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
 use simpler_device_a2a3::{
@@ -34,6 +34,7 @@ fn parent_alive(parent: u32) -> bool {
     rustix::process::getppid().is_some_and(|p| p.as_raw_nonzero().get() as u32 == parent)
 }
 
+/// The chip process's main function (see [`crate::chip_child_main`] for its contract).
 pub(crate) fn main() -> i32 {
     let (Some(chip), Some(parent), Some(mailbox_fd)) =
         (arg("--chip"), arg("--parent"), arg("--mailbox-fd").and_then(|f| i32::try_from(f).ok()))
@@ -47,17 +48,23 @@ pub(crate) fn main() -> i32 {
     if !parent_alive(parent) {
         return 2;
     }
-    // SAFETY: the worker left the mailbox open at this descriptor for this process across the
-    // exec, and nothing else in this process owns or closes it.
-    let fd = unsafe { OwnedFd::from_raw_fd(mailbox_fd) };
-    let mailbox = match Mailbox::open(&fd, parent) {
+    // SAFETY: the caller of `chip_child_main` vouches that the worker's spawner started this
+    // process and left the mailbox open at this descriptor across the exec, so it is open for
+    // as long as it is borrowed here.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(mailbox_fd) };
+    // Refuses anything but a memfd sealed as the worker seals its mailboxes, before taking the
+    // descriptor over: one that is not the mailbox is left open to whoever owns it.
+    let mailbox = match Mailbox::open(borrowed, parent) {
         Ok(m) => m,
         Err(e) => {
-            eprintln!("simpler-chip-child: {e}");
+            eprintln!("simpler-chip-child: descriptor {mailbox_fd}: {e}");
             return 3;
         }
     };
-    drop(fd);
+    // SAFETY: as above, and nothing else in this process owns or closes the inherited mailbox
+    // descriptor (the contract of `chip_child_main`), so it is closed once, here; the mapping
+    // stays valid without it.
+    drop(unsafe { OwnedFd::from_raw_fd(mailbox_fd) });
     let mut child = Child {
         mailbox,
         parent,

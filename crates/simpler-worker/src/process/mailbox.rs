@@ -96,6 +96,11 @@ pub(crate) struct Mailbox {
 /// Why a child refused the mailbox it was given.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum OpenError {
+    #[error(
+        "the descriptor is not a mailbox: a worker's mailbox is a memfd sealed against shrinking, \
+         growing and further sealing, and this one {0}"
+    )]
+    NotSealed(String),
     #[error("cannot map the mailbox: {0}")]
     Map(std::io::Error),
     #[error("the mailbox has {found} bytes, expected {MAILBOX_BYTES}")]
@@ -133,8 +138,16 @@ impl Mailbox {
         Ok((mailbox, fd))
     }
 
-    /// Maps an inherited mailbox and checks its header against this build and `parent`.
+    /// Maps an inherited mailbox and checks its header against this build and `parent`. Only a
+    /// memfd carrying the seals [`Mailbox::create`] sets is mapped: any other descriptor (a
+    /// file, a pipe, a memfd the other side could resize) is refused before it is touched.
     pub(crate) fn open(fd: impl AsFd, parent: u32) -> Result<Mailbox, OpenError> {
+        const SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW).union(SealFlags::SEAL);
+        match rustix::fs::fcntl_get_seals(&fd) {
+            Ok(seals) if seals.contains(SEALS) => {}
+            Ok(seals) => return Err(OpenError::NotSealed(format!("has the seals {seals:?}"))),
+            Err(e) => return Err(OpenError::NotSealed(format!("has no seals ({e})"))),
+        }
         let file = File::from(fd.as_fd().try_clone_to_owned().map_err(OpenError::Map)?);
         let map = MmapRaw::map_raw(&file).map_err(OpenError::Map)?;
         if map.len() != MAILBOX_BYTES {
@@ -323,6 +336,29 @@ mod tests {
         assert!(rustix::fs::ftruncate(&fd, 2 * MAILBOX_BYTES as u64).is_err(), "grown");
         let seals = rustix::fs::fcntl_get_seals(&fd).expect("seals");
         assert!(seals.contains(SealFlags::SEAL), "the seals themselves are sealed: {seals:?}");
+    }
+
+    #[test]
+    fn only_a_memfd_sealed_at_its_size_is_opened_as_a_mailbox() {
+        use std::io::{Read, Write};
+        let (_mb, fd) = Mailbox::create().expect("memfd");
+        let mut bytes = Vec::new();
+        File::from(fd.try_clone().expect("dup")).read_to_end(&mut bytes).expect("read");
+        assert_eq!(bytes.len(), MAILBOX_BYTES);
+        // The same valid header and size, in a memfd the other side could still resize.
+        let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+        let unsealed = rustix::fs::memfd_create("unsealed", flags).expect("memfd");
+        File::from(unsealed.try_clone().expect("dup")).write_all(&bytes).expect("write");
+        let err = Mailbox::open(&unsealed, std::process::id()).err().expect("refused");
+        assert!(matches!(&err, OpenError::NotSealed(_)), "{err}");
+        rustix::fs::fcntl_add_seals(&unsealed, SealFlags::GROW | SealFlags::SEAL).expect("seal");
+        let err = Mailbox::open(&unsealed, std::process::id()).err().expect("refused");
+        assert!(matches!(&err, OpenError::NotSealed(_)), "{err}");
+        // Not a memfd at all.
+        let (pipe, _writer) = std::io::pipe().expect("pipe");
+        let err = Mailbox::open(&pipe, std::process::id()).err().expect("refused");
+        assert!(err.to_string().contains("not a mailbox"), "{err}");
+        assert!(Mailbox::open(&fd, std::process::id()).is_ok());
     }
 
     #[test]

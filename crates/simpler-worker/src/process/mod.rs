@@ -404,8 +404,22 @@ pub enum ChildFault {
 }
 
 /// The main function of the `simpler-chip-child` binary; returns its exit status.
+///
+/// It takes over the descriptor that `--mailbox-fd` names in the process's arguments, maps it
+/// as the mailbox and closes it. A descriptor that is not a memfd carrying the mailbox's seals
+/// is refused (exit status 3) and left open.
+///
+/// # Safety
+///
+/// The process was started by the worker's spawner (PROCESS mode) with these arguments, and the
+/// descriptor `--mailbox-fd` names is the mailbox it inherited, open and owned by nothing else
+/// in the process (no `File` or `OwnedFd` holds it and nothing else closes it).
+///
+/// ```compile_fail,E0133
+/// let status = simpler_worker::chip_child_main(); // error: a call to an unsafe function
+/// ```
 #[doc(hidden)]
-pub fn chip_child_main() -> i32 {
+pub unsafe fn chip_child_main() -> i32 {
     child::main()
 }
 
