@@ -245,13 +245,7 @@ fn a_host_task_error_whose_display_panics_fails_the_task_by_that_panic() {
         "{}",
         frame.message
     );
-    // The sub worker keeps serving.
-    w.run(Orchestration::graph(move |g, _, _| {
-        g.submit_sub(ok, TaskArgs::new())?;
-        Ok(())
-    }))
-    .expect("the next run");
-    w.close().expect("close");
+    still_serves_then_closes(w, ok);
 }
 
 #[test]
@@ -269,6 +263,11 @@ fn a_host_task_panic_payload_whose_drop_panics_fails_the_task_by_both_panics() {
         "{}",
         frame.message
     );
+    still_serves_then_closes(w, ok);
+}
+
+/// The sub worker keeps serving after a task failed: `ok` runs, then `w` closes cleanly.
+fn still_serves_then_closes(w: Worker, ok: CallableHandle) {
     w.run(Orchestration::graph(move |g, _, _| {
         g.submit_sub(ok, TaskArgs::new())?;
         Ok(())
