@@ -10,6 +10,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use sha2::{Digest, Sha256};
+use simpler_types::constants::CORE_MAX_SCALAR_ARGS;
 use simpler_types::{CallableId, CallableKind, CallableNamespace, Tensor, TensorArgType};
 
 use crate::abi::MAX_FUNC_IDS;
@@ -403,6 +404,15 @@ impl ChipCallableBuilder {
                 return Err(invalid(format!(
                     "kernel {id} signature has {} entries, at most {CORE_SIGNATURE_MAX} allowed",
                     k.signature.len()
+                )));
+            }
+            // Every submit must pass exactly the declared scalars, and no task passes more
+            // than this: such a kernel could never run.
+            let scalars = k.signature.iter().filter(|d| **d == ArgDirection::Scalar).count();
+            if scalars > CORE_MAX_SCALAR_ARGS {
+                return Err(invalid(format!(
+                    "kernel {id} signature declares {scalars} scalars, at most \
+                     {CORE_MAX_SCALAR_ARGS} per task"
                 )));
             }
         }

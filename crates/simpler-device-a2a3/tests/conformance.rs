@@ -498,6 +498,10 @@ fn callable_limits_are_enforced_with_the_values_named() {
         base().kernel(0, CoreCallable::native(vec![In; 33], noop_kernel)).build(),
         "33 entries",
     );
+    invalid(
+        base().kernel(0, CoreCallable::native(vec![ArgDirection::Scalar; 17], noop_kernel)).build(),
+        "declares 17 scalars, at most 16 per task",
+    );
     invalid(base().signature(vec![In; 129]).build(), "129 entries");
     invalid(base().names("e".repeat(64), "c").build(), "64 bytes");
 
