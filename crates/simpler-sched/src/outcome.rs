@@ -226,6 +226,7 @@ pub struct EngineStats {
 /// An endpoint running a task, as [`Engine::busy`](crate::Engine::busy) reports it: what a
 /// wait that does not end is waiting for.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BusyEndpoint {
     /// The endpoint.
     pub worker: WorkerRef,

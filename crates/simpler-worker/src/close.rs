@@ -103,10 +103,10 @@ pub(crate) type CloseGate = Gate<Result<(), CloseError>>;
 /// An operation lease: `close` waits for every lease before it drains runs.
 pub(crate) type Lease<'a> = crate::gate::Lease<'a, Result<(), CloseError>>;
 
-/// A drain timeout may be retried by a later close; any other result is final.
 /// Pending runs a drain timeout names.
 const DRAIN_TIMEOUT_RUNS: usize = 16;
 
+/// A drain timeout may be retried by a later close; any other result is final.
 fn retryable(r: &Result<(), CloseError>) -> bool {
     r.as_ref().is_err_and(CloseError::is_retryable)
 }
@@ -261,16 +261,27 @@ impl Drop for Worker {
     /// engine threads still end.
     ///
     /// After a bounded close that ran out of budget (`close_timeout` with `DrainTimeout`), a
-    /// close here could wait for ever on what outlasted that budget: the drop logs what the
-    /// close waited for and hands the close to a detached reaper thread as well, so that the
-    /// bound the caller asked for holds for the drop too.
+    /// close here could wait for ever on what outlasted that budget: the drop closes within
+    /// that same budget once more, and should that run out too, logs what the close waited for
+    /// and hands the close to a detached reaper thread, so that the bound the caller asked for
+    /// holds for the drop too.
     fn drop(&mut self) {
         if self.inner.gate.is_finished(retryable) {
             return;
         }
-        if let Some(Err(timed_out)) = self.inner.gate.last_result(retryable) {
-            tracing::error!(worker = %self.inner.label, "dropped after a close that gave up ({timed_out}); a detached thread closes it once that ends");
-            self.close_detached("dropped after a close that gave up");
+        if let Some(Err(e)) = self.inner.gate.last_result(retryable)
+            && let Some(budget) = e.drain_timeout.as_ref().map(|d| d.budget)
+        {
+            match self.close_timeout(budget) {
+                Err(again) if again.is_retryable() => {
+                    tracing::error!(worker = %self.inner.label, "dropped after a close that gave up ({again}); a detached thread closes it once that ends");
+                    self.close_detached("dropped after a close that gave up");
+                }
+                Err(e) => {
+                    tracing::error!(worker = %self.inner.label, "close during drop: {e}");
+                }
+                Ok(()) => {}
+            }
             return;
         }
         if reentry::is_acting_for(self.inner.instance) {

@@ -521,6 +521,7 @@ pub struct TeardownError {
 
 /// A drain that ran out of budget; nothing was torn down and a later close may retry.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DrainTimeout {
     /// Operations (submits, registrations, memory calls) still in flight.
     pub in_flight_ops: usize,

@@ -187,7 +187,8 @@ impl RunShared {
                 // release step reports it.
                 let started = Instant::now();
                 let every = self.inner.still_waiting;
-                let mut warn_at = started + every;
+                // An interval past what `Instant` holds never warns.
+                let mut warn_at = started.checked_add(every);
                 loop {
                     let poll = FENCE_POLL.min(every);
                     let slice = match deadline {
@@ -202,8 +203,10 @@ impl RunShared {
                     // A task that never returns would keep this wait (and the close, the
                     // submits and the other waiters behind it) silent for ever: say what it
                     // waits for.
-                    if Instant::now() >= warn_at {
-                        warn_at += every;
+                    if let Some(at) = warn_at
+                        && Instant::now() >= at
+                    {
+                        warn_at = at.checked_add(every);
                         let busy: Vec<String> =
                             engine.busy().iter().map(ToString::to_string).collect();
                         tracing::warn!(

@@ -112,3 +112,51 @@ fn a_drop_after_a_close_that_gave_up_returns_and_the_close_names_what_it_waited_
     release.send(()).expect("release");
     run.wait().expect("the run ends once released");
 }
+
+#[test]
+fn a_warning_interval_past_what_an_instant_holds_never_warns_and_never_panics() {
+    let (release, held) = mpsc::channel::<()>();
+    let held = Mutex::new(held);
+    let mut b = host().sub_workers(1).still_waiting_warning(Duration::MAX);
+    let h = b.register_host("hold", move |_| {
+        let _ = held.lock().unwrap_or_else(|e| e.into_inner()).recv();
+        Ok(())
+    });
+    let w = b.start().expect("start");
+    let run = w.submit(one_task(h)).expect("submit");
+    assert!(run.wait_timeout(Duration::from_millis(100)).is_none());
+    release.send(()).expect("release");
+    run.wait().expect("the run ends once released");
+    w.close().expect("close");
+}
+
+#[test]
+fn a_drop_after_a_close_that_gave_up_closes_in_place_once_the_runs_ended() {
+    /// Sets its flag when dropped: with the closure that owns it, at the end of the close.
+    struct Flag(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = Flag(Arc::clone(&closed));
+    let (release, held) = mpsc::channel::<()>();
+    let held = Mutex::new(held);
+    let mut b = host().sub_workers(1);
+    let h = b.register_host("hold", move |_| {
+        let _ = &flag;
+        let _ = held.lock().unwrap_or_else(|e| e.into_inner()).recv();
+        Ok(())
+    });
+    let w = b.start().expect("start");
+    let run = w.submit(one_task(h)).expect("submit");
+    assert!(w.close_timeout(Duration::from_millis(50)).is_err_and(|e| e.is_retryable()));
+    release.send(()).expect("release");
+    run.wait().expect("the run ends once released");
+    drop(w);
+    assert!(
+        closed.load(std::sync::atomic::Ordering::SeqCst),
+        "the drop returned before the close tore the worker down"
+    );
+}

@@ -207,15 +207,6 @@ macro_rules! chip_builder_methods {
             self
         }
 
-        /// How often a wait for a run that has not ended (`RunHandle::wait`, `close`, a
-        /// submit queued behind earlier runs) logs a warning naming the run and the tasks
-        /// running (default 10 s; an L2 worker's runs end within the device's budgets).
-        #[must_use]
-        pub fn still_waiting_warning(mut self, every: Duration) -> Self {
-            self.common.still_waiting = every.max(Duration::from_millis(1));
-            self
-        }
-
         /// Adjusts each chip's runner options (budgets, simulator settings) before it
         /// attaches.
         #[must_use]
@@ -253,6 +244,16 @@ macro_rules! chip_builder_methods {
 /// `subs`, `heap_ring_size`, `alloc_timeout` and `host_regs`.
 macro_rules! engine_builder_methods {
     () => {
+        /// How often a wait for a run that has not ended (`RunHandle::wait`, `close`, a
+        /// submit queued behind earlier runs) logs a warning naming the run, how long it
+        /// waited and the tasks running (default 10 s, at least 1 ms; `Duration::MAX` never
+        /// warns).
+        #[must_use]
+        pub fn still_waiting_warning(mut self, every: Duration) -> Self {
+            self.common.still_waiting = every.max(Duration::from_millis(1));
+            self
+        }
+
         /// Number of sub workers (host-closure threads), at most [`MAX_SUB_WORKERS`]; `start`
         /// refuses a larger count with a [`StartCause::Config`] error naming it and the limit,
         /// before anything is started.

@@ -31,7 +31,7 @@ pub(crate) struct Buffers {
     /// The current process's allocations: address → length.
     live: BTreeMap<u64, u64>,
     /// Allocations of ended processes: address → (length, process). Of two at one address,
-    /// the later process's is kept; either is refused the same way.
+    /// the longer is kept, which covers every byte the shorter did.
     stale: BTreeMap<u64, (u64, u64)>,
     /// The longest stale allocation, which bounds the search for one overlapping a span.
     stale_max: u64,
@@ -52,7 +52,10 @@ impl Buffers {
     pub(crate) fn process_ended(&mut self, process: u64) {
         for (addr, len) in std::mem::take(&mut self.live) {
             self.stale_max = self.stale_max.max(len);
-            self.stale.insert(addr, (len, process));
+            let kept = self.stale.entry(addr).or_insert((len, process));
+            if len > kept.0 {
+                *kept = (len, process);
+            }
         }
     }
 
@@ -106,5 +109,16 @@ mod tests {
         // Process 2 freed its allocation at 0x1800; process 1's around it is still stale.
         assert_eq!(b.stale_under(0x1800, 0x1810), Some(big));
         assert_eq!(b.stale_under(0x4000, 0x4008).map(|s| s.process), Some(1));
+    }
+
+    #[test]
+    fn a_shorter_allocation_at_the_same_address_by_a_later_process_keeps_the_longer_stale() {
+        let mut b = Buffers::default();
+        b.allocated(0x10_0000, 0x10_0000);
+        b.process_ended(1);
+        b.allocated(0x10_0000, 0x40);
+        b.process_ended(2);
+        let long = Stale { addr: 0x10_0000, len: 0x10_0000, process: 1 };
+        assert_eq!(b.stale_under(0x10_1000, 0x10_1010), Some(long));
     }
 }
