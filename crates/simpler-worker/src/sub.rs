@@ -7,7 +7,10 @@
 //!
 //! Formatting the returned error (its `Display` and `source` chain) and dropping a panic's
 //! payload run the task's code too, so they are caught as well: a panic there is the task's
-//! failure by panic, saying where it happened, not a failure of the sub worker.
+//! failure by panic, saying where it happened, not a failure of the sub worker. The source
+//! chain is followed for at most 32 errors, so a chain that loops ends. A returned error that
+//! formats cleanly travels in the failure, so its own drop runs later, wherever the run's
+//! error is dropped.
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
