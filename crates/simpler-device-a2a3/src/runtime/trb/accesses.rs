@@ -53,12 +53,15 @@ impl Accesses {
         Ok(out)
     }
 
-    /// Whether any of `tensors` names bytes under a tag the map does not record (`NoDep`, or a
-    /// `manual_dep` tensor): a task the orchestration's data copies must wait for separately.
-    pub(crate) fn any_untracked(tensors: &[Tensor], tags: &[TensorArgType]) -> bool {
-        tensors.iter().zip(tags).any(|(t, &tag)| {
+    /// The bytes `tensors` name under a tag the map does not record (`NoDep`, or a
+    /// `manual_dep` tensor): what the orchestration's data copies must wait for separately.
+    pub(crate) fn untracked<'t>(
+        tensors: &'t [Tensor],
+        tags: &'t [TensorArgType],
+    ) -> impl Iterator<Item = ByteSpan> + 't {
+        tensors.iter().zip(tags).filter_map(|(t, &tag)| {
             let untracked = tag == TensorArgType::NoDep || t.is_manual_dep();
-            untracked && !t.is_null() && ByteSpan::of_tensor(t).is_some()
+            if untracked && !t.is_null() { ByteSpan::of_tensor(t) } else { None }
         })
     }
 

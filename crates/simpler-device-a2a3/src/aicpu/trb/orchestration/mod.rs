@@ -622,8 +622,8 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         });
         match submitted {
             Ok(s) => {
-                if Accesses::any_untracked(tensors, tags) {
-                    self.engine.note_untracked(s.id);
+                for span in Accesses::untracked(tensors, tags) {
+                    self.engine.note_untracked(s.id, span);
                 }
                 if s.wake_schedulers {
                     self.p.notify_schedulers();
@@ -716,10 +716,10 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
             return Err(self.invalid(format_args!("{op}: {why}")));
         }
         // Each round waits for the next completion, which may be one of the accessors or of the
-        // tasks with untracked accesses, which no map entry names; the tensor-wait budget
-        // bounds the whole wait.
+        // tasks with untracked accesses of the bytes, which no map entry names; the
+        // tensor-wait budget bounds the whole wait.
         let deadline = self.p.counter().saturating_add(self.tensor_wait);
-        while !self.engine.accessors_done(t.addr, span, mode) || !self.engine.untracked_done() {
+        while !self.engine.accessors_done(t.addr, span, mode) || !self.engine.untracked_done(span) {
             let next = self.engine.completion_target(1);
             match self.wait_completions_until(next, deadline) {
                 Waited::Reached => {}

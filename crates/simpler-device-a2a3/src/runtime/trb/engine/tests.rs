@@ -915,25 +915,31 @@ mod room_check {
 
 #[test]
 fn untracked_tasks_are_waited_for_until_they_complete_even_past_the_list() {
+    let span = |i: u64| ByteSpan::new(0x1000 * (i + 1), 0x1000 * (i + 1) + 64).unwrap();
     for count in [3u64, 70] {
         let mut arena = TrbArena::new(sizes(128, 64 << 10, 64), 64, 16);
         let mut e = Engine::new(arena.storage(), false);
         let ids: Vec<DeviceTaskId> = (0..count)
-            .map(|_| {
+            .map(|i| {
                 let id = e.submit(&[], 0).unwrap().id;
-                e.note_untracked(id);
+                e.note_untracked(id, span(i));
                 id
             })
             .collect();
-        assert!(!e.untracked_done(), "{count} untracked tasks, none completed");
+        let last = span(count - 1);
+        assert!(!e.untracked_done(last), "{count} untracked tasks, none completed");
+        let elsewhere = ByteSpan::new(0x1_0000_0000, 0x1_0000_0040).unwrap();
+        // Past the list, every task counts; within it, only those touching the bytes.
+        assert_eq!(e.untracked_done(elsewhere), count <= 64, "{count}: other bytes");
         let c = e.completer();
         let ready: Vec<DeviceTaskId> = std::iter::from_fn(|| c.pop_ready()).collect();
         assert_eq!(ready, ids);
         for &id in &ready[..ready.len() - 1] {
             let _ = c.complete(id);
         }
-        assert!(!e.untracked_done(), "{count} untracked tasks, one still running");
+        assert!(!e.untracked_done(last), "{count} untracked tasks, one still running");
+        assert_eq!(e.untracked_done(span(0)), count <= 64, "{count}: the first task's bytes");
         let _ = c.complete(ready[ready.len() - 1]);
-        assert!(e.untracked_done(), "{count} untracked tasks, all completed");
+        assert!(e.untracked_done(last), "{count} untracked tasks, all completed");
     }
 }
