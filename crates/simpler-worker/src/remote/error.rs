@@ -362,6 +362,23 @@ pub enum ServeError {
         /// Why `ShutdownDone` could not be sent.
         report: RemoteError,
     },
+    /// The L3 worker failed to start, and rank 0 could not be told: the `Manifest` carrying
+    /// the failure was not sent.
+    #[error("{start} (rank 0 was not told: {report})")]
+    StartUnreported {
+        /// Why the start failed.
+        start: Box<StartError>,
+        /// Why the `Manifest` could not be sent.
+        report: RemoteError,
+    },
+    /// Rank 0 refused the session, and closing the L3 worker started for it reported errors.
+    #[error("rank 0 refused the session: {reason}; closing the worker then reported: {close}")]
+    RefusedThenClose {
+        /// Rank 0's reason.
+        reason: String,
+        /// What the close reported.
+        close: Box<CloseError>,
+    },
 }
 
 impl From<StartError> for ServeError {

@@ -35,7 +35,7 @@ use super::tensors::unpack;
 use super::transport::{MAX_FRAME_BYTES, Transport, check_frame};
 use super::{MpiJob, graph_entry};
 use crate::builder::HostWorkerBuilder;
-use crate::error::{BoxError, CloseError, RunErrorKind, WorkerError};
+use crate::error::{BoxError, CloseError, RunErrorKind, StartError, WorkerError};
 use crate::graph::{GraphBuilder, Orchestration};
 use crate::handle::GraphFn;
 use crate::worker::Worker;
@@ -211,8 +211,8 @@ fn serve_session(
         Ok(w) => w,
         Err(e) => {
             let start_error = Some(e.to_string());
-            t.send(0, &Packet::Manifest { session, host, entries, start_error })?;
-            return Err(e.into());
+            let told = t.send(0, &Packet::Manifest { session, host, entries, start_error });
+            return Err(start_failed(e, told));
         }
     };
     t.send(0, &Packet::Manifest { session, host, entries, start_error: None })?;
@@ -231,8 +231,7 @@ fn serve_session(
         match rank0.next().map_err(left)? {
             Packet::Accept => break,
             Packet::Refuse { session: Some(s), reason } if s == session => {
-                worker.close()?;
-                return Err(RemoteError::Refused { reason }.into());
+                return Err(refused(reason, worker.close()));
             }
             Packet::Refuse { .. } => tracing::debug!("skipping a refusal of another session"),
             other => {
@@ -384,6 +383,27 @@ fn kind_of(kind: &RunErrorKind) -> RemoteRunKind {
     }
 }
 
+/// What a serving rank whose worker failed to start returns, having `told` rank 0 or not: the
+/// start's error, with the failed send beside it when rank 0 was not told.
+fn start_failed(start: StartError, told: Result<(), RemoteError>) -> ServeError {
+    match told {
+        Ok(()) => start.into(),
+        Err(report) => {
+            tracing::error!(error = %start, report = %report, "the L3 worker failed to start, and the Manifest could not tell rank 0");
+            ServeError::StartUnreported { start: Box::new(start), report }
+        }
+    }
+}
+
+/// What a serving rank refused by rank 0 returns once it `closed` the worker it started: the
+/// refusal, with the close's errors beside it when there were any.
+fn refused(reason: String, closed: Result<(), CloseError>) -> ServeError {
+    match closed {
+        Ok(()) => RemoteError::Refused { reason }.into(),
+        Err(close) => ServeError::RefusedThenClose { reason, close: Box::new(close) },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -440,5 +460,33 @@ mod tests {
             Err(ServeError::Remote(RemoteError::Finalized))
         ));
         assert!(shut_down(Ok(()), Ok(())).is_ok());
+    }
+
+    #[test]
+    fn a_start_failure_or_a_refusal_is_returned_whatever_comes_after_it() {
+        let start = || StartError {
+            path: "L3".to_owned(),
+            cause: crate::error::StartCause::Config("no chips".to_owned()),
+            rollback: Vec::new(),
+        };
+        match start_failed(start(), Err(RemoteError::Finalized)) {
+            ServeError::StartUnreported { start, report: RemoteError::Finalized } => {
+                assert!(start.to_string().contains("no chips"), "{start}");
+            }
+            other => panic!("a start failure whose Manifest was lost gave {other:?}"),
+        }
+        assert!(matches!(start_failed(start(), Ok(())), ServeError::Start(_)));
+        let close = CloseError { leaked: vec!["chip 0".to_owned()], ..CloseError::default() };
+        match refused("a duplicate host".to_owned(), Err(close)) {
+            ServeError::RefusedThenClose { reason, close } => {
+                assert_eq!(reason, "a duplicate host");
+                assert_eq!(close.leaked, ["chip 0"]);
+            }
+            other => panic!("a refusal whose close failed gave {other:?}"),
+        }
+        assert!(matches!(
+            refused("r".to_owned(), Ok(())),
+            ServeError::Remote(RemoteError::Refused { .. })
+        ));
     }
 }
