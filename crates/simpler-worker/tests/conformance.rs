@@ -8,7 +8,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use common::{HANG, add_callable, host, register_hold};
+use common::{HANG, add_callable, host, one_sub_task, register_hold};
 use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes};
 use simpler_device_a2a3::{DeviceError, Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
@@ -327,10 +327,7 @@ fn unknown_foreign_and_wrong_kind_handles_are_rejected_at_submit() {
     assert!(t.contains("not registered"), "{t}");
     let chip_w = host().chips(&[0]).sub_workers(1).start().expect("start");
     let ch = chip_w.register_chip(&add_callable(3)).expect("chip");
-    let t = build_cause(chip_w.submit(Orchestration::graph(move |g, _, _| {
-        g.submit_sub(ch, TaskArgs::new())?;
-        Ok(())
-    })));
+    let t = build_cause(chip_w.submit(one_sub_task(ch)));
     assert!(t.contains("cannot run on a sub worker"), "{t}");
     drop(other);
 }

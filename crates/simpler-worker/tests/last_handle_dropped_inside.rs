@@ -7,7 +7,7 @@ mod common;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use common::{HANG, host, thread_count};
+use common::{HANG, host, one_sub_task, thread_count};
 use parking_lot::Mutex;
 use simpler_types::{TaskArgs, WorkerId};
 use simpler_worker::{Orchestration, Worker};
@@ -40,12 +40,7 @@ fn dropping_the_last_handle_inside_a_host_closure_or_child_run_closes_the_worker
     });
     let w = b.start().expect("start");
     assert!(thread_count() > baseline);
-    let handle = w
-        .submit(Orchestration::graph(move |g, _, _| {
-            g.submit_sub(drop_last, TaskArgs::new())?;
-            Ok(())
-        }))
-        .expect("submit");
+    let handle = w.submit(one_sub_task(drop_last)).expect("submit");
     *slot.lock() = Some(w);
     // Nobody waits for the run: only a close can retire it.
     drop(handle);

@@ -7,10 +7,10 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use common::one_sub_task;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-use simpler_types::TaskArgs;
-use simpler_worker::{BuildFailure, CallableHandle, Orchestration, WorkerError};
+use simpler_worker::{BuildFailure, CallableHandle, WorkerError};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -74,10 +74,7 @@ proptest! {
                 }
                 Op::Run(i) if i < model.len() => {
                     let h = model[i].handle;
-                    let r = w.run(Orchestration::graph(move |g, _, _| {
-                        g.submit_sub(h, TaskArgs::new())?;
-                        Ok(())
-                    }));
+                    let r = w.run(one_sub_task(h));
                     if model[i].registered {
                         prop_assert!(r.is_ok(), "{:?}", r);
                         model[i].runs += 1;

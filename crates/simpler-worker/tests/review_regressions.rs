@@ -9,7 +9,7 @@ mod common;
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::Duration;
 
-use common::{HANG, host};
+use common::{HANG, host, one_sub_task};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, TaskArgs, WorkerId};
 use simpler_worker::{Orchestration, Worker, WorkerError};
@@ -32,12 +32,7 @@ fn wait_timeout_with_duration_max_waits_without_a_deadline() {
     let mut b = host().sub_workers(1);
     let h = b.register_host("noop", |_| Ok(()));
     let w = b.start().expect("start");
-    let rh = w
-        .submit(Orchestration::graph(move |g, _, _| {
-            g.submit_sub(h, TaskArgs::new())?;
-            Ok(())
-        }))
-        .expect("submit");
+    let rh = w.submit(one_sub_task(h)).expect("submit");
     let r = bounded("wait_timeout(MAX)", move || rh.wait_timeout(Duration::MAX).map(|r| r.is_ok()));
     assert_eq!(r, Ok(Some(true)));
     w.close().expect("close");
@@ -50,12 +45,7 @@ fn an_alloc_timeout_of_zero_one_nanosecond_or_duration_max_starts_runs_and_close
             let mut b = host().sub_workers(1).alloc_timeout(timeout);
             let h = b.register_host("noop", |_| Ok(()));
             let w = b.start().expect("start");
-            let rh = w
-                .submit(Orchestration::graph(move |g, _, _| {
-                    g.submit_sub(h, TaskArgs::new())?;
-                    Ok(())
-                }))
-                .expect("submit");
+            let rh = w.submit(one_sub_task(h)).expect("submit");
             let done = rh.wait().is_ok();
             done && w.close().is_ok()
         });
@@ -208,10 +198,7 @@ fn keep_alive_touching_the_worker_when_dropped(close: bool) -> Result<bool, Stri
     let w = Arc::new(b.start().expect("start"));
     *slot.lock().expect("slot") = Some(Arc::clone(&w));
     let keep = TouchesWorkerOnDrop { worker: slot, close, report: tx };
-    let orch = Orchestration::graph(move |g, _, _| {
-        g.submit_sub(h, TaskArgs::new())?;
-        Ok(())
-    });
+    let orch = one_sub_task(h);
     drop(w.submit(orch.keep_alive(keep)).expect("submit"));
     std::thread::spawn(move || {
         if close {
@@ -298,10 +285,7 @@ fn a_keep_alive_dropped_by_free_may_close_the_worker() {
     let buf = w.chip_memory(WorkerId(0)).expect("chip 0").malloc(64).expect("malloc");
     *slot.lock().expect("slot") = Some(Arc::clone(&w));
     let keep = TouchesWorkerOnDrop { worker: slot, close: true, report: tx };
-    let orch = Orchestration::graph(move |g, _, _| {
-        g.submit_sub(h, TaskArgs::new())?;
-        Ok(())
-    });
+    let orch = one_sub_task(h);
     drop(w.submit(orch.keep_alive(keep)).expect("submit"));
     // `free` waits for the unwaited run, publishing it and dropping its keep-alive.
     std::thread::spawn(move || {

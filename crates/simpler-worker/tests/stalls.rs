@@ -7,9 +7,8 @@ mod common;
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
-use common::{HANG, host};
-use simpler_types::TaskArgs;
-use simpler_worker::{Orchestration, Worker};
+use common::{HANG, host, one_sub_task};
+use simpler_worker::Worker;
 
 /// Log lines written by a `tracing` subscriber.
 #[derive(Clone, Default)]
@@ -65,18 +64,11 @@ fn held_worker() -> (Worker, simpler_worker::CallableHandle, mpsc::Sender<()>) {
     (b.start().expect("start"), h, release)
 }
 
-fn one_task(h: simpler_worker::CallableHandle) -> Orchestration {
-    Orchestration::graph(move |g, _, _| {
-        g.submit_sub(h, TaskArgs::new())?;
-        Ok(())
-    })
-}
-
 #[test]
 fn a_wait_for_a_run_that_does_not_end_says_what_it_waits_for() {
     captured();
     let (w, h, release) = held_worker();
-    let run = w.submit(one_task(h)).expect("submit");
+    let run = w.submit(one_sub_task(h)).expect("submit");
     let waited = run.wait_timeout(Duration::from_millis(400));
     assert!(waited.is_none(), "the held run ended: {waited:?}");
     let text = captured();
@@ -91,7 +83,7 @@ fn a_wait_for_a_run_that_does_not_end_says_what_it_waits_for() {
 #[test]
 fn a_drop_after_a_close_that_gave_up_returns_and_the_close_names_what_it_waited_for() {
     let (w, h, release) = held_worker();
-    let run = w.submit(one_task(h)).expect("submit");
+    let run = w.submit(one_sub_task(h)).expect("submit");
     let id = run.run_id().to_string();
     let e = w.close_timeout(Duration::from_millis(100)).expect_err("the drain cannot end");
     let timed_out = e.drain_timeout.as_ref().expect("a drain timeout");
@@ -123,7 +115,7 @@ fn a_warning_interval_past_what_an_instant_holds_never_warns_and_never_panics() 
         Ok(())
     });
     let w = b.start().expect("start");
-    let run = w.submit(one_task(h)).expect("submit");
+    let run = w.submit(one_sub_task(h)).expect("submit");
     assert!(run.wait_timeout(Duration::from_millis(100)).is_none());
     release.send(()).expect("release");
     run.wait().expect("the run ends once released");
@@ -150,7 +142,7 @@ fn a_drop_after_a_close_that_gave_up_closes_in_place_once_the_runs_ended() {
         Ok(())
     });
     let w = b.start().expect("start");
-    let run = w.submit(one_task(h)).expect("submit");
+    let run = w.submit(one_sub_task(h)).expect("submit");
     assert!(w.close_timeout(Duration::from_millis(50)).is_err_and(|e| e.is_retryable()));
     release.send(()).expect("release");
     run.wait().expect("the run ends once released");

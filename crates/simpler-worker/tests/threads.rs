@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::{add_callable, host, register_hold, thread_count, thread_count_settled};
+use common::{add_callable, host, one_sub_task, register_hold, thread_count, thread_count_settled};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::TaskArgs;
 use simpler_worker::{Orchestration, Worker};
@@ -50,11 +50,7 @@ fn no_thread_is_started_by_submit_and_none_outlives_a_worker() {
     let w = b.start().expect("start");
     let started = thread_count();
     assert!(started > baseline);
-    w.run(Orchestration::graph(move |g, _, _| {
-        g.submit_sub(h, TaskArgs::new())?;
-        Ok(())
-    }))
-    .expect("run");
+    w.run(one_sub_task(h)).expect("run");
     assert_eq!(thread_count(), started);
     w.close().expect("close");
     assert_eq!(thread_count_settled(baseline), baseline, "close joins every thread");
@@ -74,12 +70,7 @@ fn no_thread_is_started_by_submit_and_none_outlives_a_worker() {
     let mut b = host().sub_workers(1);
     let (hold, gate) = register_hold(&mut b);
     let w = b.start().expect("start");
-    let handle = w
-        .submit(Orchestration::graph(move |g, _, _| {
-            g.submit_sub(hold, TaskArgs::new())?;
-            Ok(())
-        }))
-        .expect("submit");
+    let handle = w.submit(one_sub_task(hold)).expect("submit");
     let releaser = std::thread::spawn(move || gate.wait());
     drop(w);
     releaser.join().expect("releaser");

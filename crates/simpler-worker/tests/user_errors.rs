@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::host;
+use common::{host, one_sub_task};
 use std::time::Duration;
 
 use simpler_sched::SchedError;
@@ -33,12 +33,7 @@ fn an_error_a_host_closure_returns_keeps_its_type_on_its_frame() {
     let mut b = host().sub_workers(1);
     let h = b.register_host("not_ready", |_| Err(NotReady.into()));
     let w = b.start().expect("start");
-    let err = w
-        .run(Orchestration::graph(move |g, _, _| {
-            g.submit_sub(h, TaskArgs::new())?;
-            Ok(())
-        }))
-        .expect_err("fails");
+    let err = w.run(one_sub_task(h)).expect_err("fails");
     let WorkerError::Run(e) = &err else { panic!("{err:?}") };
     let typed = e.frames().iter().find_map(|f| f.error()?.downcast_ref::<NotReady>());
     assert!(typed.is_some(), "{e}");
@@ -157,12 +152,7 @@ fn a_clean_close_that_reports_unobserved_failures_says_the_close_itself_succeede
     let mut b = host().sub_workers(1);
     let bad = b.register_host("bad", |_| Err("unseen".into()));
     let w = b.start().expect("start");
-    let handle = w
-        .submit(Orchestration::graph(move |g, _, _| {
-            g.submit_sub(bad, TaskArgs::new())?;
-            Ok(())
-        }))
-        .expect("submit");
+    let handle = w.submit(one_sub_task(bad)).expect("submit");
     drop(handle);
     let e = w.close().expect_err("one unobserved failure");
     let text = e.to_string();
@@ -219,12 +209,7 @@ impl Drop for GoesOffWhenDropped {
 
 /// Runs the one host task `h` on `w`, expecting it to fail by a panic; returns its frame.
 fn failed_by_panic(w: &Worker, h: CallableHandle, name: &str) -> Frame {
-    let err = w
-        .run(Orchestration::graph(move |g, _, _| {
-            g.submit_sub(h, TaskArgs::new())?;
-            Ok(())
-        }))
-        .expect_err("fails");
+    let err = w.run(one_sub_task(h)).expect_err("fails");
     let WorkerError::Run(e) = &err else { panic!("{err:?}") };
     assert_eq!(e.kind(), &RunErrorKind::TaskFailed, "{e}");
     let frame = e.frames().iter().find(|f| f.callable.as_deref() == Some(name));
@@ -268,11 +253,7 @@ fn a_host_task_panic_payload_whose_drop_panics_fails_the_task_by_both_panics() {
 
 /// The sub worker keeps serving after a task failed: `ok` runs, then `w` closes cleanly.
 fn still_serves_then_closes(w: Worker, ok: CallableHandle) {
-    w.run(Orchestration::graph(move |g, _, _| {
-        g.submit_sub(ok, TaskArgs::new())?;
-        Ok(())
-    }))
-    .expect("the next run");
+    w.run(one_sub_task(ok)).expect("the next run");
     w.close().expect("close");
 }
 

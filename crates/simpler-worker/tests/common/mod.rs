@@ -8,7 +8,15 @@ use std::time::Duration;
 
 use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{ChipCallable, Platform, RunnerOptions, RuntimeVariant};
-use simpler_worker::{CallableHandle, HostWorkerBuilder, Worker};
+use simpler_worker::{CallableHandle, HostWorkerBuilder, Orchestration, Worker};
+
+/// An orchestration of one sub task running the host closure `h` with no arguments.
+pub fn one_sub_task(h: CallableHandle) -> Orchestration {
+    Orchestration::graph(move |g, _, _| {
+        g.submit_sub(h, simpler_types::TaskArgs::new())?;
+        Ok(())
+    })
+}
 
 /// Short device budgets for an L2 worker's chip: a faulting kernel is detected by the scheduler
 /// budget within a fraction of a second.
