@@ -269,6 +269,11 @@ impl Drop for Worker {
         if self.inner.gate.is_finished(retryable) {
             return;
         }
+        // First: a close here, bounded or not, would be refused as reentrant.
+        if reentry::is_acting_for(self.inner.instance) {
+            self.close_detached("dropped inside its own callback");
+            return;
+        }
         if let Some(Err(e)) = self.inner.gate.last_result(retryable)
             && let Some(budget) = e.drain_timeout.as_ref().map(|d| d.budget)
         {
@@ -282,10 +287,6 @@ impl Drop for Worker {
                 }
                 Ok(()) => {}
             }
-            return;
-        }
-        if reentry::is_acting_for(self.inner.instance) {
-            self.close_detached("dropped inside its own callback");
             return;
         }
         close_logged(&self.inner);
