@@ -12,7 +12,7 @@ use std::fmt;
 
 use simpler_types::TensorArgType;
 
-use crate::abi::image::KernelArity;
+use crate::abi::image::{KernelArity, NO_FUNC};
 use crate::callable::{ArgDirection, CORE_SIGNATURE_MAX};
 
 /// The arity of kernel `func_id` with `signature` (at most [`CORE_SIGNATURE_MAX`] entries, as
@@ -47,6 +47,12 @@ pub(crate) fn find(kernels: &[KernelArity], func_id: u32) -> Option<&KernelArity
 /// How a task's arguments differ from a kernel's signature.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Mismatch {
+    /// No record of the kernel (the func id is checked registered before, so the records and
+    /// the func table disagree).
+    Unknown {
+        /// The kernel's.
+        func_id: u32,
+    },
     /// The counts differ.
     Counts {
         /// The kernel's.
@@ -72,6 +78,9 @@ pub(crate) enum Mismatch {
 impl fmt::Display for Mismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
+            Mismatch::Unknown { func_id } => {
+                write!(f, "func id {func_id} has no signature in the image")
+            }
             Mismatch::Counts { func_id, declared, passed } => write!(
                 f,
                 "func id {func_id} takes {} tensors and {} scalars; the task passes {} and {}",
@@ -83,6 +92,22 @@ impl fmt::Display for Mismatch {
             }
         }
     }
+}
+
+/// Whether a task running the kernels `funcs` (unused members [`NO_FUNC`]) with tensors tagged
+/// `tags` and `scalars` scalars fits each one's record among `kernels`, as [`check`] says.
+pub(crate) fn check_task(
+    kernels: &[KernelArity],
+    funcs: &[i32; 3],
+    tags: &[TensorArgType],
+    scalars: usize,
+) -> Result<(), Mismatch> {
+    for &f in funcs.iter().filter(|&&f| f != NO_FUNC) {
+        let func_id = f as u32;
+        let k = find(kernels, func_id).ok_or(Mismatch::Unknown { func_id })?;
+        check(k, tags, scalars)?;
+    }
+    Ok(())
 }
 
 /// Whether a task passing tensors tagged `tags` and `scalars` scalars fits kernel `k`: the

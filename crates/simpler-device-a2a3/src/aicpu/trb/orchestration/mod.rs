@@ -520,15 +520,8 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                     .into();
             }
         }
-        let kernels = self.view.trb_kernels();
-        for &f in funcs.iter().filter(|&&f| f != NO_FUNC) {
-            let Some(k) = arity::find(kernels, f as u32) else {
-                let why = format_args!("submit: func id {f} has no signature in the image");
-                return self.invalid(why).into();
-            };
-            if let Err(m) = arity::check(k, tags, scalars.len()) {
-                return self.invalid(format_args!("submit: {m}")).into();
-            }
+        if let Err(m) = arity::check_task(self.view.trb_kernels(), &funcs, tags, scalars.len()) {
+            return self.invalid(format_args!("submit: {m}")).into();
         }
         let members = match members_per_block(shape, &funcs) {
             Ok(m) => m,

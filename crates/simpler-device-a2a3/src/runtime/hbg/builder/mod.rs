@@ -357,14 +357,11 @@ impl<'e> GraphBuilder<'e> {
             }
         }
         let parsed_tags = &parsed_tags[..tensors.len()];
-        if self.limits.check_arity {
-            for f in func_ids.iter().filter(|&&f| f != NO_FUNC) {
-                // `check_kernels` found every named func id registered.
-                let Some(k) = arity::find(self.limits.kernels, *f as u32) else { continue };
-                if let Err(m) = arity::check(k, parsed_tags, scalars.len()) {
-                    return i64::from(self.invalid(format!("task#{task_index}: {m}")));
-                }
-            }
+        if self.limits.check_arity
+            && let Err(m) =
+                arity::check_task(self.limits.kernels, &func_ids, parsed_tags, scalars.len())
+        {
+            return i64::from(self.invalid(format!("task#{task_index}: {m}")));
         }
         if let Some((written, other)) = simpler_types::overlapping_write(tensors, parsed_tags) {
             let run_id = self.run_id;
