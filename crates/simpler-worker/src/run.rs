@@ -189,8 +189,8 @@ impl RunShared {
                 let every = self.inner.still_waiting;
                 // An interval past what `Instant` holds never warns.
                 let mut warn_at = started.checked_add(every);
+                let poll = FENCE_POLL.min(every);
                 loop {
-                    let poll = FENCE_POLL.min(every);
                     let slice = match deadline {
                         None => poll,
                         Some(d) => d.saturating_duration_since(Instant::now()).min(poll),
