@@ -29,6 +29,12 @@ pub(crate) struct TooManyAccesses {
     pub(crate) tracked: usize,
 }
 
+/// How the tensor map records tensor `t` under `tag`; `None` for `NoDep` and `manual_dep`
+/// tensors, which it leaves untracked.
+fn tracked_as(t: &Tensor, tag: TensorArgType) -> Option<MapAccess> {
+    MapAccess::of_view(tag, t).filter(|_| !t.is_manual_dep())
+}
+
 impl Accesses {
     /// The accesses of `tensors` under `tags` (paired by position; extra entries of the longer
     /// slice are ignored, the caller checks the counts).
@@ -39,7 +45,7 @@ impl Accesses {
         let empty = Access { key: 0, span: ByteSpan { start: 0, end: 0 }, mode: AccessMode::Read };
         let mut out = Accesses { items: [empty; MAX_ACCESSES], len: 0 };
         let tracked = tensors.iter().zip(tags).filter_map(|(t, &tag)| {
-            let access = MapAccess::of_view(tag, t).filter(|_| !t.is_manual_dep())?;
+            let access = tracked_as(t, tag)?;
             let span = ByteSpan::of_tensor(t)?;
             Some(Access { key: t.addr, span, mode: access.into() })
         });
@@ -60,7 +66,7 @@ impl Accesses {
         tags: &'t [TensorArgType],
     ) -> impl Iterator<Item = ByteSpan> + 't {
         tensors.iter().zip(tags).filter_map(|(t, &tag)| {
-            let untracked = tag == TensorArgType::NoDep || t.is_manual_dep();
+            let untracked = tracked_as(t, tag).is_none();
             if untracked && !t.is_null() { ByteSpan::of_tensor(t) } else { None }
         })
     }
