@@ -130,3 +130,20 @@ fn an_unusable_chip_keeps_the_devices_error_typed_for_memory_registration_and_su
     assert!(matches!(device_in_chain(&e), Some(DeviceError::Unusable { .. })), "{e:?}");
     let _ = w.close();
 }
+
+#[test]
+fn a_panic_while_attaching_a_chip_is_a_device_error_naming_the_chip() {
+    let e = host()
+        .chips(&[0, 1])
+        .chip_options(|o| if o.device_id == 1 { panic!("options refused") } else { o })
+        .start()
+        .expect_err("chip 1 panics");
+    match &e.cause {
+        simpler_worker::StartCause::Device { chip, message, .. } => {
+            assert_eq!(*chip, WorkerId(1), "{e}");
+            assert!(message.contains("options refused"), "{e}");
+        }
+        other => panic!("unexpected cause {other:?}"),
+    }
+    assert!(e.path.contains("chip 1 (device 1)"), "{}", e.path);
+}

@@ -1,13 +1,15 @@
 //! Errors a worker's user meets keep their type and speak the worker's vocabulary: hints name
-//! the worker's own settings, task references use one format.
+//! the worker's own settings, task references use one format, a limit names the value and the
+//! limit it broke.
 
 mod common;
 
 use common::{host, one_sub_task};
 use std::time::Duration;
 
+use simpler_device_a2a3::Platform;
 use simpler_sched::SchedError;
-use simpler_types::{DataType, FailureMechanism, TaskArgs};
+use simpler_types::{CallConfig, DataType, FailureMechanism, TaskArgs, WorkerId};
 use simpler_worker::{
     BuildFailure, CallableHandle, ConfigError, Frame, MAX_SUB_WORKERS, Orchestration, RunErrorKind,
     StartCause, StartError, Worker, WorkerError,
@@ -302,4 +304,57 @@ fn a_child_of_level_255_is_a_config_error() {
             ConfigError(format!("an L{parent} worker adopts L{} children, not L255", parent - 1))
         );
     }
+}
+
+#[test]
+fn platform_limits_are_checked_at_l3_submit_with_an_error_naming_the_task_value_and_limit() {
+    let mut b = host().chips(&[0, 1]);
+    let add = b.register_chip(common::add_callable(0));
+    let w = b.start().expect("start");
+    let limits = Platform::A2a3Sim.limits();
+    let cases = [
+        (CallConfig::builder().block_dim(100), "CallConfig.block_dim", 100, limits.max_block_dim),
+        (
+            CallConfig::builder().aicpu_thread_num(9),
+            "CallConfig.aicpu_thread_num",
+            9,
+            limits.max_aicpu_threads,
+        ),
+    ];
+    for (config, want_setting, want_value, want_limit) in cases {
+        let config = config.build().expect("a valid CallConfig");
+        for group in [false, true] {
+            let config = config.clone();
+            let e = w
+                .submit(Orchestration::graph(move |g, _, _| {
+                    if group {
+                        let members = vec![TaskArgs::new(), TaskArgs::new()];
+                        g.submit_next_level_group(
+                            add,
+                            members,
+                            &config,
+                            &[WorkerId(1), WorkerId(0)],
+                        )?;
+                    } else {
+                        g.submit_next_level(add, TaskArgs::new(), &config, WorkerId(1))?;
+                    }
+                    Ok(())
+                }))
+                .expect_err("refused at submit");
+            let WorkerError::Build { run, cause: simpler_worker::BuildFailure::Callback(e) } = e
+            else {
+                panic!("expected a callback build failure, got {e:?}");
+            };
+            match *e.downcast::<WorkerError>().expect("a WorkerError") {
+                WorkerError::ConfigOutOfRange { run: r, callable, chip, setting, value, limit } => {
+                    assert_eq!(r, run);
+                    assert_eq!(callable, "add_0");
+                    assert_eq!(chip, WorkerId(1));
+                    assert_eq!((setting, value, limit), (want_setting, want_value, want_limit));
+                }
+                other => panic!("expected ConfigOutOfRange, got {other}"),
+            }
+        }
+    }
+    w.close().expect("close");
 }

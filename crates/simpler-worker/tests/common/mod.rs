@@ -117,3 +117,16 @@ pub fn threads_named(prefix: &str) -> Vec<String> {
         .filter(|s| s.starts_with(prefix))
         .collect()
 }
+
+/// Runs `body` on its own thread and returns its result, or `Err` naming `what` if it panicked
+/// or did not finish within [`HANG`].
+pub fn bounded<T: Send + 'static>(
+    what: &str,
+    body: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(body());
+    });
+    rx.recv_timeout(HANG).map_err(|e| format!("{what}: {e:?} (panicked or hung)"))
+}
