@@ -134,7 +134,9 @@ pub use memory::{ChipMemory, DeviceBuffer};
 pub use process::ChildFault;
 #[doc(hidden)]
 pub use process::chip_child_main;
-pub use process::{ChildError, ChildExit, ChildMode, OnChildDeath, ProcessOptions, ReplyFault};
+pub use process::{
+    ChildError, ChildExit, ChildMode, OnChildDeath, ProcessOptions, ProtocolFault, ReplyFault,
+};
 pub use run::RunHandle;
 pub use simpler_device_a2a3::MemoryLedger;
 pub use worker::Worker;

@@ -20,8 +20,8 @@ use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
 use simpler_worker::{
     CallableHandle, ChildError, ChildExit, ChildFault, ChildMode, DeviceBuffer, HostWorkerBuilder,
-    MemError, OnChildDeath, Orchestration, ProcessOptions, RunError, StartCause, Worker,
-    WorkerError,
+    MemError, OnChildDeath, Orchestration, ProcessOptions, ProtocolFault, RunError, StartCause,
+    Worker, WorkerError,
 };
 
 const N: usize = 64;
@@ -176,7 +176,10 @@ fn a_wild_allocation_reply_is_a_protocol_failure_of_the_chip_not_a_panic() {
     let e = w.chip_memory(WorkerId(0)).unwrap().malloc(64).expect_err("a wild address");
     assert!(
         matches!(&e, WorkerError::DeviceUnusable { child: Some(c), .. }
-            if matches!(**c, ChildError::Protocol { chip: WorkerId(0), .. })),
+        if matches!(**c, ChildError::Protocol {
+            chip: WorkerId(0),
+            fault: ProtocolFault::AllocationPastAddressSpace { addr: u64::MAX, bytes: 64 },
+        })),
         "{e:?}"
     );
     assert!(!exists(pid) || ended(pid), "the chip's process was ended");

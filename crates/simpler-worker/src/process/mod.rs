@@ -246,12 +246,12 @@ pub enum ChildError {
         capacity: usize,
     },
     /// The process broke the protocol (a stale or malformed reply); the chip is unusable.
-    #[error("chip {chip}: the chip process broke the protocol: {message}")]
+    #[error("chip {chip}: the chip process broke the protocol: {fault}")]
     Protocol {
         /// The chip.
         chip: WorkerId,
         /// What was wrong.
-        message: String,
+        fault: ProtocolFault,
     },
     /// A reply failed validation as it was read from the shared mailbox (a length field
     /// beyond the payload area, an unknown status); the process was killed and the chip is
@@ -326,6 +326,72 @@ pub enum ReplyFault {
         /// The status as read.
         status: u32,
     },
+}
+
+/// How a chip process broke the protocol of its mailbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolFault {
+    /// The process said it was ready in a mailbox that names another process.
+    #[error("the mailbox names pid {mailbox_pid}, the child is {child_pid}")]
+    ForeignPid {
+        /// The pid the mailbox names.
+        mailbox_pid: u32,
+        /// The pid of the process started.
+        child_pid: u32,
+    },
+    /// The mailbox reached a state that no request in flight can reach.
+    #[error("state {state} during {operation}")]
+    State {
+        /// The request in flight.
+        operation: &'static str,
+        /// The state as read.
+        state: u32,
+    },
+    /// The reply answers another request than the one in flight.
+    #[error("stale reply to {operation}: request {request}, reply {reply}")]
+    StaleReply {
+        /// The request in flight.
+        operation: &'static str,
+        /// Its sequence number.
+        request: u64,
+        /// The sequence number the reply echoed.
+        reply: u64,
+    },
+    /// The reply's payload does not decode as the reply to its request (cut short, or a tag
+    /// its encoder never writes).
+    #[error("malformed reply to {operation}: {what}")]
+    Malformed {
+        /// The request the reply answered (`start` for the start's failure report).
+        operation: &'static str,
+        /// The field or check that failed.
+        what: &'static str,
+    },
+    /// A query reply's unusable flag is neither 0 nor 1.
+    #[error("query reply: unusable flag {flag} is neither 0 nor 1")]
+    UnusableFlag {
+        /// The flag as read.
+        flag: u8,
+    },
+    /// An allocation was answered with a range that runs past the 64-bit address space.
+    #[error("malloc: {bytes} bytes at {addr:#x} run past the address space")]
+    AllocationPastAddressSpace {
+        /// The address answered.
+        addr: u64,
+        /// The bytes asked for.
+        bytes: u64,
+    },
+    /// A copy from device memory answered another number of bytes than it asked for.
+    #[error("copy_from: {got} bytes for {asked}")]
+    CopyLength {
+        /// The bytes asked for.
+        asked: usize,
+        /// The bytes answered.
+        got: usize,
+    },
+    /// No process runs and none failed: the last one was shut down.
+    #[error("the chip process is gone")]
+    Gone,
 }
 
 fn fmt_residue(residue: &[crate::TeardownError]) -> String {

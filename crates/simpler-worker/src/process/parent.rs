@@ -25,7 +25,9 @@ use super::buffers::Buffers;
 use super::catalog::{self, Content};
 use super::mailbox::{BadLength, Mailbox, PAYLOAD_BYTES, state};
 use super::wire::{FailureFrame, Malformed, Reader, Writer, encode_config, op, status};
-use super::{ChildError, ChildExit, OnChildDeath, ProcessOptions, ReplyFault, spawn};
+use super::{
+    ChildError, ChildExit, OnChildDeath, ProcessOptions, ProtocolFault, ReplyFault, spawn,
+};
 use crate::chip::Residue;
 use crate::error::{MemError, RegistrationFailure};
 
@@ -253,10 +255,11 @@ impl ChipProcess {
             let s = live.mailbox.wait_while(seen, Duration::from_millis(10));
             match s {
                 state::READY if live.mailbox.child_pid() != pid => {
-                    let found = live.mailbox.child_pid();
-                    return Err(StartFailure::Child(
-                        self.protocol(format!("the mailbox names pid {found}, the child is {pid}")),
-                    ));
+                    let fault = ProtocolFault::ForeignPid {
+                        mailbox_pid: live.mailbox.child_pid(),
+                        child_pid: pid,
+                    };
+                    return Err(StartFailure::Child(self.protocol(fault)));
                 }
                 state::READY => {
                     live.mailbox.set_quietly(state::IDLE);
@@ -274,7 +277,7 @@ impl ChipProcess {
                     self.reap_after_exit();
                     return Err(match frame {
                         Ok(f) => StartFailure::Device(f),
-                        Err(e) => StartFailure::Child(self.protocol(e.to_string())),
+                        Err(e) => StartFailure::Child(self.malformed("start", e)),
                     });
                 }
                 _ => {}
@@ -353,11 +356,17 @@ impl ChipProcess {
         }
     }
 
-    fn protocol(&mut self, message: String) -> ChildError {
+    /// A reply that broke the protocol: the process is killed, the chip fails.
+    fn protocol(&mut self, fault: ProtocolFault) -> ChildError {
         self.kill();
-        let e = ChildError::Protocol { chip: self.chip, message };
+        let e = ChildError::Protocol { chip: self.chip, fault };
         self.failed = Some(e.clone());
         e
+    }
+
+    /// A reply to `operation` whose payload did not decode.
+    pub(super) fn malformed(&mut self, operation: &'static str, e: Malformed) -> ChildError {
+        self.protocol(ProtocolFault::Malformed { operation, what: e.0 })
     }
 
     /// A reply that failed validation: the process is killed, the chip fails.
@@ -375,10 +384,10 @@ impl ChipProcess {
         if self.live.is_some() {
             return Ok(());
         }
-        let cause = self.failed.clone().unwrap_or(ChildError::Protocol {
-            chip: self.chip,
-            message: "the chip process is gone".into(),
-        });
+        let cause = self
+            .failed
+            .clone()
+            .unwrap_or(ChildError::Protocol { chip: self.chip, fault: ProtocolFault::Gone });
         if self.opts.on_death != OnChildDeath::Restart {
             return Err(ChildError::Unusable { chip: self.chip, cause: Box::new(cause) });
         }
@@ -497,7 +506,7 @@ impl ChipProcess {
             match s {
                 state::DONE => break,
                 state::REQUEST | state::ACCEPTED => {}
-                other => return Err(self.protocol(format!("state {other} during {operation}"))),
+                state => return Err(self.protocol(ProtocolFault::State { operation, state })),
             }
             if s == seen {
                 if let Some(exit) = self.exited() {
@@ -517,7 +526,8 @@ impl ChipProcess {
         let live = self.live.as_ref().expect("live after DONE");
         let (st, echoed) = live.mailbox.reply();
         if echoed != seq {
-            return Err(self.protocol(format!("stale reply: request {seq}, reply {echoed}")));
+            let fault = ProtocolFault::StaleReply { operation, request: seq, reply: echoed };
+            return Err(self.protocol(fault));
         }
         if st != status::OK && st != status::FAILED {
             return Err(self.bad_reply(operation, ReplyFault::Status { status: st }));
@@ -530,9 +540,10 @@ impl ChipProcess {
         Ok(st)
     }
 
-    fn failure_frame(&mut self) -> Result<FailureFrame, ChildError> {
+    /// The failure frame a refused `operation` answered.
+    fn failure_frame(&mut self, operation: &'static str) -> Result<FailureFrame, ChildError> {
         let r = FailureFrame::decode(&mut Reader(&self.reply));
-        r.map_err(|e: Malformed| self.protocol(e.to_string()))
+        r.map_err(|e| self.malformed(operation, e))
     }
 
     fn register_content(&mut self, content: &Content) -> Result<Option<FailureFrame>, ChildError> {
@@ -541,7 +552,7 @@ impl ChipProcess {
         self.out.bytes(&content.bytes);
         match self.call(op::REGISTER, "register", None)? {
             status::OK => Ok(None),
-            _ => Ok(Some(self.failure_frame()?)),
+            _ => Ok(Some(self.failure_frame("register")?)),
         }
     }
 
@@ -604,7 +615,7 @@ impl ChipProcess {
             match self.call(op::RELEASE, "release", None)? {
                 status::OK => Ok(()),
                 _ => {
-                    let f = self.failure_frame()?;
+                    let f = self.failure_frame("release")?;
                     Err(self.refusal(f))
                 }
             }
@@ -643,11 +654,11 @@ impl ChipProcess {
             (Ok(_), Ok(0)) => false,
             (Ok(_), Ok(1)) => true,
             (Ok(_), Ok(flag)) => {
-                self.protocol(format!("query reply: unusable flag {flag} is neither 0 nor 1"));
+                self.protocol(ProtocolFault::UnusableFlag { flag });
                 false
             }
-            _ => {
-                self.protocol("short query reply".into());
+            (Err(e), _) | (_, Err(e)) => {
+                self.malformed("query", e);
                 false
             }
         }
@@ -692,7 +703,7 @@ impl ChipProcess {
         self.out.bytes(&args.encode());
         match self.call(op::RUN, "run", run) {
             Ok(status::OK) => Ok(()),
-            Ok(_) => match self.failure_frame() {
+            Ok(_) => match self.failure_frame("run") {
                 Ok(f) => Err(self.device_refusal(f, run)),
                 Err(e) => Err(child_failure(e, EndpointOutcome::EndpointFailure)),
             },

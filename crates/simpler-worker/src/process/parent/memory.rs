@@ -7,7 +7,8 @@ use simpler_types::{EndpointOutcome, TaskArgs};
 
 use super::{ChipProcess, MemFailure, PIECE, mem_child};
 use crate::error::MemError;
-use crate::process::wire::{Reader, op, status};
+use crate::process::ProtocolFault;
+use crate::process::wire::{Malformed, Reader, op, status};
 
 impl ChipProcess {
     /// One memory request (its frame in `self.out`): the child's own failure, or its chip's
@@ -15,7 +16,9 @@ impl ChipProcess {
     fn mem_request(&mut self, code: u32, operation: &'static str) -> Result<(), MemFailure> {
         match self.call(code, operation, None) {
             Ok(status::OK) => Ok(()),
-            Ok(_) => Err(self.failure_frame().map_or_else(MemFailure::Child, MemFailure::Device)),
+            Ok(_) => Err(self
+                .failure_frame(operation)
+                .map_or_else(MemFailure::Child, MemFailure::Device)),
             Err(e) => Err(MemFailure::Child(e)),
         }
     }
@@ -41,11 +44,11 @@ impl ChipProcess {
         self.mem_request(op::MALLOC, "malloc")?;
         let addr = Reader(&self.reply)
             .u64()
-            .map_err(|e| MemFailure::Child(self.protocol(e.to_string())))?;
+            .map_err(|e| MemFailure::Child(self.malformed("malloc", e)))?;
         // Every later address of the allocation is `addr` plus an offset inside it.
         if addr.checked_add(bytes).is_none() {
-            let message = format!("malloc: {bytes} bytes at {addr:#x} run past the address space");
-            return Err(MemFailure::Child(self.protocol(message)));
+            let fault = ProtocolFault::AllocationPastAddressSpace { addr, bytes };
+            return Err(MemFailure::Child(self.protocol(fault)));
         }
         self.buffers.allocated(addr, bytes);
         Ok(addr)
@@ -90,8 +93,8 @@ impl ChipProcess {
             self.out.u64(addr + (i * PIECE) as u64).u64(piece.len() as u64);
             self.mem_request(op::COPY_FROM, "copy_from")?;
             if self.reply.len() != piece.len() {
-                let message = format!("copy_from: {} bytes for {}", self.reply.len(), piece.len());
-                return Err(MemFailure::Child(self.protocol(message)));
+                let fault = ProtocolFault::CopyLength { asked: piece.len(), got: self.reply.len() };
+                return Err(MemFailure::Child(self.protocol(fault)));
             }
             piece.copy_from_slice(&self.reply);
         }
@@ -168,12 +171,14 @@ impl ChipProcess {
         self.out.0.clear();
         self.mem_request(op::LEDGER, "ledger").map_err(|f| self.mem_error(f))?;
         let mut r = Reader(&self.reply);
-        let read = |r: &mut Reader<'_>| r.u64();
-        match (read(&mut r), read(&mut r), read(&mut r), read(&mut r)) {
-            (Ok(committed), Ok(user_allocations), Ok(pooled_arenas), Ok(runtime_buffers)) => {
-                Ok(MemoryLedger { committed, user_allocations, pooled_arenas, runtime_buffers })
-            }
-            _ => Err(mem_child(self.chip, self.protocol("short ledger".into()))),
-        }
+        let mut read = || -> Result<MemoryLedger, Malformed> {
+            Ok(MemoryLedger {
+                committed: r.u64()?,
+                user_allocations: r.u64()?,
+                pooled_arenas: r.u64()?,
+                runtime_buffers: r.u64()?,
+            })
+        };
+        read().map_err(|e| mem_child(self.chip, self.malformed("ledger", e)))
     }
 }

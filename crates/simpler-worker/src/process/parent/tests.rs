@@ -1,5 +1,5 @@
 //! Unit tests of the worker's side of a chip process: what is signalled once a process was
-//! reaped.
+//! reaped, and replies that fail validation or break the protocol.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -11,7 +11,7 @@ use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::WorkerId;
 
 use super::super::wire::op;
-use super::super::{ChildError, ReplyFault};
+use super::super::{ChildError, ProtocolFault, ReplyFault};
 use super::{ChipInit, ChipProcess, Live, Mailbox, PAYLOAD_BYTES, ProcessOptions, Writer, spawn};
 use crate::process::mailbox::state;
 
@@ -193,9 +193,53 @@ fn a_query_reply_whose_unusable_flag_is_not_0_or_1_fails_the_chip() {
     assert!(!unusable);
     assert!(p.live.is_none(), "the process that sent it was not ended");
     assert!(
-        matches!(&p.failed, Some(ChildError::Protocol { message, .. }) if message.contains("flag 9")),
+        matches!(
+            &p.failed,
+            Some(ChildError::Protocol { fault: ProtocolFault::UnusableFlag { flag: 9 }, .. })
+        ),
         "{:?}",
         p.failed
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_reply_to_another_request_names_the_operation_and_both_sequence_numbers() {
+    let (mut p, peer, dir) = process_answered_here("stale-reply");
+    p.seq = 41;
+    let e = std::thread::scope(|s| {
+        s.spawn(|| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while peer.state() != state::REQUEST {
+                assert!(std::time::Instant::now() < deadline, "no request came");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            peer.write_reply(0, 7, b"").expect("fits");
+            peer.publish(state::DONE);
+        });
+        p.out.0.clear();
+        p.call(op::LEDGER, "ledger", None).expect_err("a reply to request 7")
+    });
+    let fault = ProtocolFault::StaleReply { operation: "ledger", request: 42, reply: 7 };
+    assert!(matches!(&e, ChildError::Protocol { fault: f, .. } if *f == fault), "{e:?}");
+    assert!(p.live.is_none(), "the process that sent it was not ended");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_refusal_whose_failure_frame_does_not_decode_names_the_operation_and_the_field() {
+    let (mut p, peer, dir) = process_answered_here("bad-frame");
+    let e = std::thread::scope(|s| {
+        // Outcome tag 9 is none the encoder writes.
+        s.spawn(|| answer_once(&peer, 1, &[9], None));
+        p.ledger().expect_err("a refusal that does not decode")
+    });
+    let fault = ProtocolFault::Malformed { operation: "ledger", what: "outcome" };
+    assert!(
+        matches!(&e, crate::error::MemError::DeviceUnusable { child: Some(c), .. }
+            if matches!(**c, ChildError::Protocol { fault: f, .. } if f == fault)),
+        "{e:?}"
+    );
+    assert!(p.live.is_none(), "the process that sent it was not ended");
     let _ = std::fs::remove_dir_all(&dir);
 }
