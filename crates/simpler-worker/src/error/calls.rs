@@ -396,8 +396,10 @@ pub enum MemError {
         chip: WorkerId,
     },
     /// The buffer was allocated by an earlier process of its chip (PROCESS mode, restarted
-    /// after a death): its memory ended with that process. A memory call on it, and a chip
-    /// task with a tensor over it, are refused before anything reaches the current process.
+    /// after a death): its memory ended with that process. A memory call on it is refused
+    /// before anything reaches the current process, and so is a chip task with a tensor over
+    /// it that reaches bytes the current process has not allocated (a tensor carries an
+    /// address only).
     StaleBuffer {
         /// The chip.
         chip: WorkerId,

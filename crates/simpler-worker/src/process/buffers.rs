@@ -121,4 +121,18 @@ mod tests {
         let long = Stale { addr: 0x10_0000, len: 0x10_0000, process: 1 };
         assert_eq!(b.stale_under(0x10_1000, 0x10_1010), Some(long));
     }
+
+    #[test]
+    fn bytes_the_current_process_allocated_again_are_its_own_the_rest_of_an_ended_one_stays_stale()
+    {
+        let mut b = Buffers::default();
+        b.allocated(0x1000, 0x200);
+        b.process_ended(1);
+        // The restarted process answers the very address the ended one had.
+        b.allocated(0x1000, 0x100);
+        assert_eq!(b.stale_under(0x1000, 0x1100), None, "the current process's buffer");
+        let old = Stale { addr: 0x1000, len: 0x200, process: 1 };
+        assert_eq!(b.stale_under(0x1000, 0x1200), Some(old), "runs past the current buffer");
+        assert_eq!(b.stale_under(0x1100, 0x1108), Some(old), "only in the ended one");
+    }
 }

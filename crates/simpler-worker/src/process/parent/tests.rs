@@ -8,11 +8,12 @@ use std::sync::Arc;
 
 use rustix::process::{Pid, WaitOptions};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
-use simpler_types::WorkerId;
+use simpler_types::{DataType, TaskArgs, Tensor, WorkerId};
 
 use super::super::wire::op;
 use super::super::{ChildError, ProtocolFault, ReplyFault};
 use super::{ChipInit, ChipProcess, Live, Mailbox, PAYLOAD_BYTES, ProcessOptions, Writer, spawn};
+use crate::error::MemError;
 use crate::process::mailbox::state;
 
 thread_local! {
@@ -241,5 +242,52 @@ fn a_refusal_whose_failure_frame_does_not_decode_names_the_operation_and_the_fie
         "{e:?}"
     );
     assert!(p.live.is_none(), "the process that sent it was not ended");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Answers the next `MALLOC` on `peer` with `addr`.
+fn answer_malloc(peer: &Mailbox, addr: u64) {
+    answer_once(peer, 0, &addr.to_le_bytes(), None);
+}
+
+#[test]
+fn a_restarted_process_s_buffer_at_an_ended_one_s_address_is_told_apart_by_its_handle_only() {
+    let (mut p, peer, dir) = process_answered_here("same-address");
+    let addr = 0x10_0000;
+    std::thread::scope(|s| {
+        s.spawn(|| answer_malloc(&peer, addr));
+        assert_eq!(p.malloc(0x200).expect("process 1 allocates"), addr);
+    });
+    // What a restart does to the record once the next process is ready.
+    p.buffers.process_ended(p.generation);
+    p.generation += 1;
+    std::thread::scope(|s| {
+        s.spawn(|| answer_malloc(&peer, addr));
+        assert_eq!(p.malloc(0x100).expect("process 2 allocates"), addr);
+    });
+    // A `DeviceBuffer` names its process: the ended one's is refused, the current one's not.
+    match p.current_buffer(1, addr, 0x200) {
+        Err(MemError::StaleBuffer {
+            addr: a, len: 0x200, buffer_process: 1, process: 2, ..
+        }) if a == addr => {}
+        other => panic!("{other:?}"),
+    }
+    p.current_buffer(2, addr, 0x100).expect("the current process's buffer");
+    // A tensor names an address only: over the current buffer's bytes it is the current
+    // process's (a tensor of the ended buffer over them cannot be told apart); past them, it
+    // can only be the ended buffer's.
+    let args = |bytes: u32| {
+        let t = Tensor::external(addr, &[bytes], DataType::UInt8).expect("tensor");
+        let mut args = TaskArgs::new();
+        args.add_input(t.child_memory(true)).expect("one input");
+        args
+    };
+    p.check_run_memory(&args(0x100)).expect("the current process's buffer");
+    match p.check_run_memory(&args(0x200)) {
+        Err(MemError::StaleBuffer {
+            addr: a, len: 0x200, buffer_process: 1, process: 2, ..
+        }) if a == addr => {}
+        other => panic!("{other:?}"),
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
