@@ -398,8 +398,8 @@ pub enum MemError {
     /// The buffer was allocated by an earlier process of its chip (PROCESS mode, restarted
     /// after a death): its memory ended with that process. A memory call on it is refused
     /// before anything reaches the current process, and so is a chip task with a tensor over
-    /// it that reaches bytes the current process has not allocated (a tensor carries an
-    /// address only).
+    /// it, while that process is among the last 8 to end and the tensor reaches bytes the
+    /// current process has not allocated (a tensor carries an address only).
     StaleBuffer {
         /// The chip.
         chip: WorkerId,

@@ -131,7 +131,7 @@ pub(crate) struct ChipProcess {
     generation: u64,
     /// The failure that ended the last process (fail fast, or restart on next use).
     failed: Option<ChildError>,
-    /// The device allocations of the current process and of those before it.
+    /// The device allocations of the current process and of the last ones before it.
     buffers: Buffers,
     seq: u64,
     /// While the chip starts: the start deadline, which no wait of its start may pass.
