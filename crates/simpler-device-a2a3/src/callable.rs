@@ -2,7 +2,8 @@
 //!
 //! A [`ChipCallable`] is validated when it is built, so a registered callable always satisfies
 //! the limits (≤ 128 signature entries, names ≤ 63 bytes, distinct func ids below 1024, core
-//! signatures ≤ 32 entries). Its [`CallableId`] is the SHA-256 of a canonical encoding of its
+//! signatures ≤ 32 entries, ≤ 16 of them scalars); a tensormap_and_ringbuffer runner also
+//! refuses at registration a kernel declaring more than 16 tensors. Its [`CallableId`] is the SHA-256 of a canonical encoding of its
 //! content; for `Native` code that content includes the function addresses, so the identity is
 //! per process, which is all a runner needs.
 

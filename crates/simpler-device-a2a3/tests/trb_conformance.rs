@@ -1,7 +1,8 @@
 //! Conformance items that name tensormap_and_ringbuffer, each test named after its item:
 //! orchestration faults that leave the device healthy
 //! (7; the ring stalls SCOPE_DEADLOCK, HEAP_RING_DEADLOCK, DEP_POOL_OVERFLOW and
-//! TENSORMAP_OVERFLOW are in `trb_programs.rs`), callable and arena reuse (partial arena resets included) and ring sizing (13),
+//! TENSORMAP_OVERFLOW are in `trb_programs.rs`), callable and arena reuse (partial arena resets
+//! included), the tensors a kernel may declare and ring sizing (13),
 //! and the diagnostics files (16). Item 1 (the vector programs on every launch shape) is
 //! `conformance.rs`'s test of it, which CI runs under both runtimes (`SIMPLER_TEST_RUNTIME`).
 
@@ -104,7 +105,57 @@ fn item_7_trb_orchestration_faults_latch_invalid_args_and_orchestration_fatal_an
     r.finalize().unwrap();
 }
 
-// ----- 13. Callable and arena reuse; ring sizing -----
+// ----- 13. Callable and arena reuse, the tensors a kernel may declare; ring sizing -----
+
+/// One task of kernel [`FUNC_NOOP`] reading the chip tensor as each of its 17 tensors.
+fn seventeen_tensors_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let mut a = CoreArgs::new();
+    for _ in 0..17 {
+        a.add_input(*args.tensor(0).unwrap()).unwrap();
+    }
+    ctx.submit(Kernels::Aiv(FUNC_NOOP), &a)?;
+    Ok(())
+}
+
+#[test]
+fn item_13_a_kernel_declaring_more_tensors_than_a_trb_task_holds_is_refused_at_registration() {
+    let wide = |tensors: usize| {
+        ChipCallable::native(seventeen_tensors_orch, one_arg)
+            .kernel(FUNC_NOOP, CoreCallable::native(vec![ArgDirection::In; tensors], noop_kernel))
+            .build()
+            .unwrap()
+    };
+    let mut r = trb_runner();
+    match r.register_callable(&wide(17)) {
+        Err(DeviceError::InvalidCallable { run_id: None, reason }) => assert_eq!(
+            reason,
+            format!(
+                "kernel {FUNC_NOOP} signature declares 17 tensors, at most 16 per task under \
+                 tensormap_and_ringbuffer"
+            )
+        ),
+        other => panic!("expected InvalidCallable, got {other:?}"),
+    }
+    let named = ChipCallable::native(seventeen_tensors_orch, one_arg)
+        .kernel(4, CoreCallable::native(vec![ArgDirection::Out; 20], noop_kernel).named("wide"))
+        .build()
+        .unwrap();
+    let err = r.register_callable(&named).unwrap_err();
+    assert!(err.to_string().contains("kernel 4 (\"wide\") signature declares 20 tensors"), "{err}");
+    assert_eq!(r.stats().registrations, 0, "nothing was registered");
+    r.register_callable(&wide(16)).unwrap();
+    r.finalize().unwrap();
+
+    // host_build_graph holds up to 32 tensors per task: the same kernel registers and runs.
+    let mut r = DeviceRunner::attach(options_on(0, RuntimeVariant::HostBuildGraph)).unwrap();
+    let slot = r.register_callable(&wide(17)).unwrap();
+    let (p, t) = upload_f32(&mut r, &[1.0; 8]);
+    let mut args = TaskArgs::new();
+    args.add_input(t).unwrap();
+    r.run(&RunRequest::new(run_id(1), slot, &args, &CallConfig::default())).unwrap();
+    r.free(p).unwrap();
+    r.finalize().unwrap();
+}
 
 fn chain_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
     let n = args.scalar(0).unwrap_or(0);

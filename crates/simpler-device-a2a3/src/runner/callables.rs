@@ -127,6 +127,7 @@ impl Core {
     /// share) its chip buffer, record its func table.
     pub(super) fn register(&mut self, c: &ChipCallable) -> Result<ChipSlot, DeviceError> {
         unusable(self)?;
+        self.runtime.check_callable(c)?;
         let Some(slot) = self.callables.free_slot() else {
             return Err(DeviceError::TooManyCallables { capacity: MAX_CALLABLE_SLOTS });
         };

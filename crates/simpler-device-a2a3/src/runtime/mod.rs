@@ -29,6 +29,7 @@ use crate::abi::codes::{RuntimeCode, StallClass};
 use crate::abi::image::{KernelArity, SharedHeader};
 use crate::abi::{CorePlace, CoreType};
 use crate::aicpu::view::HostImageView;
+use crate::callable::ChipCallable;
 use crate::diag::timing::RunPhases;
 use crate::diag::{DiagPlan, Exporter, Outcome};
 use crate::error::{DeviceError, RuntimeFault, StallInfo};
@@ -53,7 +54,7 @@ pub(crate) struct BindInputs<'a> {
     /// The run.
     pub(crate) run_id: RunId,
     /// The registered callable.
-    pub(crate) callable: &'a crate::callable::ChipCallable,
+    pub(crate) callable: &'a ChipCallable,
     /// Its orchestration as the AICPU side loaded it (a `DeviceObject` under
     /// tensormap_and_ringbuffer), `None` for a host-run or `Native` one.
     pub(crate) device_orchestration: Option<DeviceOrchestration>,
@@ -85,6 +86,12 @@ pub(crate) struct BindInputs<'a> {
 pub(crate) trait ChipRuntime: Send + fmt::Debug {
     /// Checks this runtime's own rules on a run's configuration (preparation step 3).
     fn check_config(&self, run_id: Option<RunId>, config: &CallConfig) -> Result<(), DeviceError>;
+
+    /// Checks this runtime's own limits on a callable's kernels when it is registered, so that
+    /// a kernel no task could run is refused before any run names it.
+    fn check_callable(&self, _callable: &ChipCallable) -> Result<(), DeviceError> {
+        Ok(())
+    }
 
     /// AICPU threads of a run whose `CallConfig::aicpu_thread_num` is 0 (the default).
     fn default_aicpu_threads(&self) -> u32 {

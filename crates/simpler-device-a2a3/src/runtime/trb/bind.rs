@@ -14,12 +14,12 @@ use super::diag::{
 };
 use super::image::{TrbImage, TrbReport, write_image};
 use super::sizing;
-use super::storage::{ArenaLayout, ArenaShape, MAX_ENTRY_TENSORS};
+use super::storage::{ArenaLayout, ArenaShape, MAX_ENTRY_TENSORS, MAX_TASK_TENSORS};
 use crate::abi::codes::RuntimeCode;
 use crate::abi::image::{KernelArity, ORCH_KIND_C, ORCH_KIND_NATIVE};
 use crate::abi::launch::{PROFILE_DEP_GEN, PROFILE_SCOPE_STATS, PROFILE_SWIMLANE};
 use crate::aicpu::view::HostImageView;
-use crate::callable::{OrchArgs, Orchestration};
+use crate::callable::{ArgDirection, ChipCallable, OrchArgs, Orchestration};
 use crate::diag::swimlane::SwimlaneCapture;
 use crate::diag::timing::RunPhases;
 use crate::diag::{self, DiagPlan, Exporter, Outcome};
@@ -65,6 +65,26 @@ impl ChipRuntime for TensormapAndRingbuffer {
     /// One orchestrating and three scheduling, as the original runs trb on A2/A3.
     fn default_aicpu_threads(&self) -> u32 {
         TRB_DEFAULT_AICPU_THREADS
+    }
+
+    /// A task's dispatch record holds at most [`MAX_TASK_TENSORS`] tensors, and every task of a
+    /// kernel passes exactly the tensors its signature declares: a kernel declaring more could
+    /// never run.
+    fn check_callable(&self, callable: &ChipCallable) -> Result<(), DeviceError> {
+        for (func_id, k) in callable.children() {
+            let tensors = k.signature().iter().filter(|d| **d != ArgDirection::Scalar).count();
+            if tensors > MAX_TASK_TENSORS {
+                let named = k.name().map(|n| format!(" ({n:?})")).unwrap_or_default();
+                return Err(DeviceError::InvalidCallable {
+                    run_id: None,
+                    reason: format!(
+                        "kernel {func_id}{named} signature declares {tensors} tensors, at most \
+                         {MAX_TASK_TENSORS} per task under tensormap_and_ringbuffer"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     fn check_config(&self, run_id: Option<RunId>, config: &CallConfig) -> Result<(), DeviceError> {
