@@ -8,7 +8,7 @@
 //! - `args[0..T)`: device addresses of the task's 128-byte [`Tensor`] descriptors;
 //! - `args[T..T+S)`: scalars as raw 64-bit words (value bytes low, zero-extended);
 //! - `args[48]`: address of the [`LocalContext`] (`block_idx`, `block_num`);
-//! - `args[49]`: address of the [`GlobalContext`] (`sub_block_id`).
+//! - `args[49]`: address of the [`GlobalContext`] (`sub_block_id`, `copy_idx`, `copy_num`).
 //!
 //! Kernels read topology through these accessors, never from hardware intrinsics. A kernel
 //! knows its own signature (how many tensors it takes), which [`KernelCall::from_raw`] needs to
@@ -76,6 +76,19 @@ impl<'a> KernelCall<'a> {
     /// Sub-block id of an AIV core (0 or 1); 0 on AIC.
     pub fn sub_block_id(&self) -> u32 {
         self.global().sub_block_id
+    }
+
+    /// Index of this call among the members of its block that run this kernel (in member
+    /// order: AIC, AIV0, AIV1), `0..copy_num()`: 0 outside MIX tasks. The copies of a block
+    /// see the same `block_idx`, so a kernel that splits its work by block splits each block's
+    /// part again by copy, or has one copy do it.
+    pub fn copy_idx(&self) -> u32 {
+        u32::from(self.global().copy_idx)
+    }
+
+    /// How many members of this call's block run this kernel: 1 outside MIX tasks, up to 3.
+    pub fn copy_num(&self) -> u32 {
+        u32::from(self.global().copy_num.max(1))
     }
 
     /// Tensor descriptor `i`, if `i < num_tensors`.

@@ -620,6 +620,83 @@ fn the_kernel_abi_probe_sees_descriptors_scalars_and_contexts() {
 
 // ----- 16. Diagnostics files -----
 
+/// Records `[copy_num, sub_block_id]` of the call at record `scalar + 3 · block_idx + copy_idx`.
+unsafe extern "C-unwind" fn copy_probe(args: *mut i64) {
+    // SAFETY: the copy probe's tasks pass one tensor and one scalar.
+    let k = unsafe { KernelCall::from_raw(args, 1) };
+    let (out, base) = (k.tensor(0).unwrap(), k.scalar(0).unwrap());
+    let record = base + 3 * u64::from(k.block_idx()) + u64::from(k.copy_idx());
+    let words = out.data_addr() as *mut u64;
+    for (i, w) in [u64::from(k.copy_num()), u64::from(k.sub_block_id())].into_iter().enumerate() {
+        // SAFETY: every call writes its own two words inside the 18 records of the buffer.
+        unsafe { words.add(2 * record as usize + i).write(w) };
+    }
+}
+
+const COPY_PROBE: u32 = 13;
+
+/// Two blocks each of: a MIX task running the copy probe on all three members, one running it
+/// on both AIV sub-blocks, and an AIV task; at records 0, 6 and 12.
+fn copy_probe_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let f = Some(COPY_PROBE);
+    let tasks = [
+        Kernels::Mix { aic: f, aiv0: f, aiv1: f },
+        Kernels::Mix { aic: None, aiv0: f, aiv1: f },
+        Kernels::Aiv(COPY_PROBE),
+    ];
+    for (i, kernels) in tasks.into_iter().enumerate() {
+        let mut a = CoreArgs::new();
+        a.add_tensor(*args.tensor(0).unwrap(), TensorArgType::OutputExisting).unwrap();
+        a.add_scalar(6 * i as u64).unwrap();
+        ctx.submit_blocks(kernels, &a, 2)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn the_members_of_a_mix_block_running_one_kernel_are_its_numbered_copies() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let sig = vec![ArgDirection::Out, ArgDirection::Scalar];
+    let c = ChipCallable::native(copy_probe_orch, |_| OrchConfig { expected_arg_count: 1 })
+        .kernel(COPY_PROBE, CoreCallable::native(sig, copy_probe))
+        .build()
+        .unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let words = 18 * 2;
+    let p = r.malloc((words * 8) as u64).unwrap();
+    let t =
+        Tensor::external(p.addr(), &[words as u32], DataType::UInt64).unwrap().child_memory(true);
+    let mut args = TaskArgs::new();
+    args.add_output(t).unwrap();
+    let cfg = CallConfig::builder().block_dim(2).build().unwrap();
+    r.run(&RunRequest::new(run_id(1), slot, &args, &cfg)).unwrap();
+    let mut raw = vec![0u8; words * 8];
+    r.copy_from_device(&mut raw, p).unwrap();
+    let w: Vec<u64> =
+        raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+    // Per task, `copy_num` and `sub_block_id` of copies 0, 1, 2 (`copy_num` 0: no such copy;
+    // an AIV task may run on either sub-block).
+    let want: [[(u64, Option<u64>); 3]; 3] = [
+        [(3, Some(0)), (3, Some(0)), (3, Some(1))],
+        [(2, Some(0)), (2, Some(1)), (0, Some(0))],
+        [(1, None), (0, Some(0)), (0, Some(0))],
+    ];
+    for (task, copies) in want.iter().enumerate() {
+        for block in 0..2 {
+            for (copy, &(copy_num, sub_block)) in copies.iter().enumerate() {
+                let at = 2 * (6 * task + 3 * block + copy);
+                let here = format!("task {task}, block {block}, copy {copy}");
+                assert_eq!(w[at], copy_num, "{here}: copy_num");
+                if let Some(sub_block) = sub_block {
+                    assert_eq!(w[at + 1], sub_block, "{here}: sub_block_id");
+                }
+            }
+        }
+    }
+    r.free(p).unwrap();
+    r.finalize().unwrap();
+}
+
 #[test]
 fn diagnostics_write_parseable_files_only_under_the_prefix() {
     let dir = temp_dir("diag");

@@ -37,16 +37,31 @@ pub struct LocalContext {
     pub async_ctx: u64,
 }
 
-/// Per-core context a kernel reads through `args[49]`.
+/// Per-core context a kernel reads through `args[49]`, and the dispatch's copy of its kernel.
+///
+/// The members of a MIX block all see the block's `block_idx`; when several of them run the
+/// same kernel (both AIV sub-blocks, say), `copy_idx` and `copy_num` tell those copies apart,
+/// so that they can split the block's work instead of each doing all of it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct GlobalContext {
     /// Sub-block id of an AIV core (0 or 1); 0 for AIC.
     pub sub_block_id: u32,
-    /// Padding.
-    pub reserved: u32,
+    /// Index of this dispatch among the members of its block that run the same kernel, in
+    /// member order (AIC, AIV0, AIV1); 0 outside MIX tasks.
+    pub copy_idx: u16,
+    /// Members of the block that run the kernel: 1 outside MIX tasks (0 counts as 1).
+    pub copy_num: u16,
     /// DMA workspace addresses (0 on the simulator).
     pub dma_workspace: [u64; 2],
+}
+
+/// `(copy_idx, copy_num)` of member `member` (0 AIC, 1 AIV0, 2 AIV1) of a MIX block whose
+/// members run `funcs` ([`NO_FUNC`](super::image::NO_FUNC) = none).
+pub(crate) fn mix_copy(funcs: &[i32; 3], member: usize) -> (u16, u16) {
+    let Some(&f) = funcs.get(member) else { return (0, 1) };
+    let same = |g: &&i32| **g == f;
+    (funcs[..member].iter().filter(same).count() as u16, funcs.iter().filter(same).count() as u16)
 }
 
 /// One 512-byte dispatch payload.
@@ -100,7 +115,7 @@ impl DispatchPayload {
         func_id: 0,
         reserved0: [0; 5],
         args: [0; KERNEL_ARG_SLOTS],
-        global: GlobalContext { sub_block_id: 0, reserved: 0, dma_workspace: [0; 2] },
+        global: GlobalContext { sub_block_id: 0, copy_idx: 0, copy_num: 0, dma_workspace: [0; 2] },
         reserved1: [0; 3],
     };
 }

@@ -40,7 +40,7 @@ use crate::abi::image::{
 };
 use crate::abi::launch::InitArgs;
 use crate::abi::payload::{
-    DispatchPayload, GLOBAL_CONTEXT_SLOT, GlobalContext, LOCAL_CONTEXT_SLOT, LocalContext,
+    DispatchPayload, GLOBAL_CONTEXT_SLOT, GlobalContext, LOCAL_CONTEXT_SLOT, LocalContext, mix_copy,
 };
 use crate::abi::regs::{
     AICPU_IDLE, EXIT_SIGNAL, EXITED_VALUE, FAST_PATH_CLOSE, FAST_PATH_OPEN, RegId,
@@ -317,8 +317,9 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         }
     }
 
-    /// Fills payload `token & 1` of `ws` and writes the token.
-    fn send(&mut self, idx: usize, task: u32, func_id: u32, block: u32) {
+    /// Fills payload `token & 1` of `ws` and writes the token; `copy` is the dispatch's
+    /// `(copy_idx, copy_num)`.
+    fn send(&mut self, idx: usize, task: u32, func_id: u32, block: u32, copy: (u16, u16)) {
         let t = self.view.task(task);
         let ws = &mut self.owned.cores[idx];
         let Ok(token) = ws.issue(task) else {
@@ -334,8 +335,12 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             LocalContext { block_idx: block, block_num: t.block_num.max(1), async_ctx: 0 };
         payload.task_id = t.task_id;
         payload.func_id = func_id;
-        payload.global =
-            GlobalContext { sub_block_id: sub_block, reserved: 0, dma_workspace: [0; 2] };
+        payload.global = GlobalContext {
+            sub_block_id: sub_block,
+            copy_idx: copy.0,
+            copy_num: copy.1,
+            dma_workspace: [0; 2],
+        };
         let tensors = self.view.tensor_args_addr(t);
         let nt = (t.num_tensors as usize).min(LOCAL_CONTEXT_SLOT);
         for i in 0..nt {
@@ -383,7 +388,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
             let funcs = self.view.task(task).func_ids;
             for (m, &f) in funcs.iter().enumerate() {
                 if f != NO_FUNC {
-                    self.send(cluster[m], task, f as u32, block);
+                    self.send(cluster[m], task, f as u32, block, mix_copy(&funcs, m));
                 }
             }
             progressed = true;
@@ -396,7 +401,7 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
                 let Some(v) = self.queues[shape as usize].pop() else { break };
                 let (task, block) = ((v >> 32) as u32, v as u32);
                 let f = self.view.task(task).func_ids[member];
-                self.send(idx, task, f.max(0) as u32, block);
+                self.send(idx, task, f.max(0) as u32, block, (0, 1));
                 progressed = true;
             }
         }

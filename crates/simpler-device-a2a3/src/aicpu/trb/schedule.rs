@@ -10,7 +10,7 @@ use crate::abi::codes::{RuntimeCode, StallClass};
 use crate::abi::image::{NO_FUNC, TaskShape, TrbHeader, TrbStatus};
 use crate::abi::launch::InitArgs;
 use crate::abi::payload::{
-    DispatchPayload, GLOBAL_CONTEXT_SLOT, GlobalContext, LOCAL_CONTEXT_SLOT, LocalContext,
+    DispatchPayload, GLOBAL_CONTEXT_SLOT, GlobalContext, LOCAL_CONTEXT_SLOT, LocalContext, mix_copy,
 };
 use crate::abi::regs::RegId;
 use crate::abi::{CorePlace, CoreType};
@@ -248,8 +248,17 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         progressed
     }
 
-    /// Fills payload `token & 1` of owned core `idx` and writes the token.
-    fn send(&mut self, idx: usize, handle: u32, func_id: u32, block: u32, blocks: u32) {
+    /// Fills payload `token & 1` of owned core `idx` and writes the token; `copy` is the
+    /// dispatch's `(copy_idx, copy_num)`.
+    fn send(
+        &mut self,
+        idx: usize,
+        handle: u32,
+        func_id: u32,
+        block: u32,
+        blocks: u32,
+        copy: (u16, u16),
+    ) {
         let t = self.task_ptr(handle);
         let ws = &mut self.owned.cores[idx];
         let Ok(token) = ws.issue(handle) else {
@@ -263,8 +272,12 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         payload.kernel = self.view.func_addr(func_id);
         payload.local = LocalContext { block_idx: block, block_num: blocks, async_ctx: 0 };
         payload.func_id = func_id;
-        payload.global =
-            GlobalContext { sub_block_id: sub_block, reserved: 0, dma_workspace: [0; 2] };
+        payload.global = GlobalContext {
+            sub_block_id: sub_block,
+            copy_idx: copy.0,
+            copy_num: copy.1,
+            dma_workspace: [0; 2],
+        };
         // SAFETY: the record of a task this thread popped; written before it was published and
         // unchanged until it completes, which needs this dispatch to finish.
         let (task_id, nt, ns) = unsafe {
@@ -318,7 +331,8 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
                     let Some(cluster) = self.owned.idle_cluster() else { break };
                     for (m, &f) in e.funcs.iter().enumerate() {
                         if f != NO_FUNC {
-                            self.send(cluster[m], e.handle, f as u32, next, e.blocks);
+                            let copy = mix_copy(&e.funcs, m);
+                            self.send(cluster[m], e.handle, f as u32, next, e.blocks, copy);
                         }
                     }
                 }
@@ -329,7 +343,8 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
                         (CoreType::Aiv, 1)
                     };
                     let Some(idx) = self.owned.free_core(ty) else { break };
-                    self.send(idx, e.handle, e.funcs[member].max(0) as u32, next, e.blocks);
+                    let f = e.funcs[member].max(0) as u32;
+                    self.send(idx, e.handle, f, next, e.blocks, (0, 1));
                 }
                 TaskShape::Dummy => break,
             }
