@@ -23,12 +23,16 @@
 //! A task of several blocks runs its kernel once per block, concurrently. Block `b` of `n`
 //! writes only its part of the output, the elements `[len·b/n, len·(b+1)/n)` (a task of 0
 //! blocks counts as one), so the blocks of a task write disjoint elements and together write
-//! each one once. The exception is the paged-attention update, every element of whose in-out
-//! state depends on the whole old state: block 0 does all of it and the other blocks write
-//! nothing. Kernels may still meet on the same bytes: the member kernels of a `Mix` task share
-//! their block's part, untracked (`NoDep`) tasks on one buffer run concurrently, and a kernel
-//! handed aliasing arguments directly (the chip graph builder refuses such tasks) reads what it
-//! writes. All of that stays defined, with a meaningless result where the values differ: the
+//! each one once. A `Mix` task whose block runs one kernel on several members (both AIV
+//! sub-blocks, say) runs it once per member, each call seeing the block's index: copy `c` of
+//! `m` ([`KernelCall::copy_idx`], [`KernelCall::copy_num`]) writes the `c`-th of `m` parts of
+//! its block's part, the same split again, so the copies neither repeat nor race each other's
+//! work. The exception is the paged-attention update, every element of whose in-out state
+//! depends on the whole old state: the first copy of block 0 does all of it and every other
+//! call writes nothing. Kernels may still meet on the same bytes: members of a `Mix` task that
+//! run different kernels over one buffer, untracked (`NoDep`) tasks on one buffer run
+//! concurrently, and a kernel handed aliasing arguments directly (the chip graph builder
+//! refuses such tasks) reads what it writes. All of that stays defined, with a meaningless result where the values differ: the
 //! kernels never hold a reference over device memory and read and write every element as one
 //! relaxed atomic 4-byte word, so their concurrent accesses never race. What a concurrent
 //! access reads is any value the element held or was given meanwhile; a word is never torn.
@@ -124,9 +128,18 @@ fn share(n: usize, block: u32, blocks: u32) -> Range<usize> {
     bound(block)..bound((block + 1).min(blocks))
 }
 
-/// The part of `n` elements the running block of `k`'s task handles (see [`share`]).
-fn block_share(k: &KernelCall<'_>, n: usize) -> Range<usize> {
-    share(n, k.block_idx(), k.block_num())
+/// The part of `n` elements that copy `copy.0` of `copy.1` of block `block.0` of `block.1`
+/// handles: its block's [`share`], shared again among the block's copies of the kernel. The
+/// parts of all copies of all blocks are disjoint and together cover `0..n`.
+fn copy_share(n: usize, block: (u32, u32), copy: (u32, u32)) -> Range<usize> {
+    let b = share(n, block.0, block.1);
+    let c = share(b.len(), copy.0, copy.1);
+    b.start + c.start..b.start + c.end
+}
+
+/// The part of `n` elements the running call of `k` handles (see [`copy_share`]).
+fn call_share(k: &KernelCall<'_>, n: usize) -> Range<usize> {
+    copy_share(n, (k.block_idx(), k.block_num()), (k.copy_idx(), k.copy_num()))
 }
 
 /// Element `i` of a view from [`f32_view`], as the atomic word every reference kernel reads
@@ -139,8 +152,8 @@ unsafe fn element<'v>(view: (*mut f32, usize), i: usize) -> &'v AtomicU32 {
     debug_assert!(i < view.1, "element {i} of a view of {}", view.1);
     // SAFETY: the element lies in device memory the task was given (the caller's contract),
     // host memory that stays allocated and writable while the task runs, and it is 4-aligned
-    // since the view's first element is (`f32_view`). Other blocks and member kernels of this
-    // task, and untracked tasks, may access the same bytes concurrently: the reference kernels
+    // since the view's first element is (`f32_view`). Other calls of this task, and untracked
+    // tasks, may access the same bytes concurrently: the reference kernels
     // do so only through this function, with atomic 4-byte accesses; any other kernel must not
     // touch bytes a concurrent kernel writes (the contracts of `KernelCall::slice` and
     // `slice_mut`); the runner copies between host and device memory only while no run is
@@ -202,7 +215,7 @@ unsafe extern "C-unwind" fn add_kernel(args: *mut i64) {
     };
     let n = out.1.min(x.1).min(y.1);
     // SAFETY: `n` bounds every view; the views name this task's device buffers.
-    unsafe { elementwise(out, block_share(&k, n), |i| load(x, i) + load(y, i)) };
+    unsafe { elementwise(out, call_share(&k, n), |i| load(x, i) + load(y, i)) };
 }
 
 /// `out = x + s` over f32: tensors `x` (in), `out` (out), then the f32 scalar `s`.
@@ -213,7 +226,7 @@ unsafe extern "C-unwind" fn add_scalar_kernel(args: *mut i64) {
     let (Some(x), Some(out)) = (f32_view(&k, 0), f32_view(&k, 1)) else { return };
     let n = out.1.min(x.1);
     // SAFETY: as in `add_kernel`.
-    unsafe { elementwise(out, block_share(&k, n), |i| load(x, i) + s) };
+    unsafe { elementwise(out, call_share(&k, n), |i| load(x, i) + s) };
 }
 
 /// `out = x * y` over f32: tensors `x` (in), `y` (in), `out` (out).
@@ -225,7 +238,7 @@ unsafe extern "C-unwind" fn mul_kernel(args: *mut i64) {
     };
     let n = out.1.min(x.1).min(y.1);
     // SAFETY: as in `add_kernel`.
-    unsafe { elementwise(out, block_share(&k, n), |i| load(x, i) * load(y, i)) };
+    unsafe { elementwise(out, call_share(&k, n), |i| load(x, i) * load(y, i)) };
 }
 
 /// The one-task program `f = a + b` over f32; chip arguments `a` (in), `b` (in), `f` (out).
@@ -414,8 +427,8 @@ pub mod bgemm {
             let col = b.iter().skip(c).step_by(TILE);
             row.zip(col).fold(0.0f32, |acc, (x, y)| acc + x * y)
         };
-        // SAFETY: the block's share of the output view's elements, of this task's device tile.
-        unsafe { elementwise(out, block_share(&k, out.1), product) };
+        // SAFETY: the call's share of the output view's elements, of this task's device tile.
+        unsafe { elementwise(out, call_share(&k, out.1), product) };
     }
 
     /// `c += p` for one tile: tensors `c` (in-out), `p` (in).
@@ -425,8 +438,8 @@ pub mod bgemm {
         let k = unsafe { KernelCall::from_raw(args, 2) };
         let (Some(c), Some(p)) = (f32_view(&k, 0), f32_view(&k, 1)) else { return };
         // SAFETY: the length bounds both views; the views name this task's device tiles. Each
-        // element of `c` is read before the same block writes it, and no other block handles it.
-        unsafe { elementwise(c, block_share(&k, c.1.min(p.1)), |i| load(c, i) + load(p, i)) };
+        // element of `c` is read before the same call writes it, and no other call handles it.
+        unsafe { elementwise(c, call_share(&k, c.1.min(p.1)), |i| load(c, i) + load(p, i)) };
     }
 
     /// The orchestration: for every output tile `(i, j)` and every `k`, a product task into a

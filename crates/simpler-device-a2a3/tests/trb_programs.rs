@@ -529,8 +529,8 @@ fn the_default_config_runs_trb_on_four_aicpu_threads_and_hbg_on_three() {
 }
 
 /// `f = a + b` as one MIX task of two AIV members on each of three blocks, then the same as an
-/// AIV task of four blocks: each block computes its share of the sum (both members of a MIX
-/// block the same share), so the output is `a + b` only when every block ran and the task
+/// AIV task of four blocks: each block computes its share of the sum (the two members of a MIX
+/// block half of it each), so the output is `a + b` only when every block ran and the task
 /// completed once.
 fn mixed_orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
     use TensorArgType::{Input, Output};

@@ -1,5 +1,6 @@
-//! Tests that call the reference kernels directly, one block at a time, over host buffers: the
-//! block split ([`share`]), what each block of a task writes, and the views a kernel refuses.
+//! Tests that call the reference kernels directly, one call at a time, over host buffers: the
+//! split among blocks and copies ([`share`], [`copy_share`]), what each call of a task writes,
+//! and the views a kernel refuses.
 
 use simpler_types::{Tensor, to_scalar};
 
@@ -11,7 +12,7 @@ use crate::callable::KernelCode;
 const POISON: u32 = u32::MAX;
 
 #[test]
-fn the_shares_of_a_task_cover_every_element_once_in_block_order() {
+fn the_shares_of_a_task_cover_every_element_once_in_block_and_copy_order() {
     for n in [0usize, 1, 2, 3, 7, 10, 64, 1000] {
         for blocks in 1..=9u32 {
             let mut next = 0;
@@ -25,6 +26,18 @@ fn the_shares_of_a_task_cover_every_element_once_in_block_order() {
             assert!(share(n, blocks, blocks).is_empty(), "a block past the last gets nothing");
         }
         assert_eq!(share(n, 0, 0), 0..n, "a task of 0 blocks counts as one");
+        for (blocks, copies) in (1..=5u32).flat_map(|b| (1..=3u32).map(move |c| (b, c))) {
+            let mut next = 0;
+            for (b, c) in (0..blocks).flat_map(|b| (0..copies).map(move |c| (b, c))) {
+                let r = copy_share(n, (b, blocks), (c, copies));
+                assert_eq!(r.start, next, "n {n}, block {b} of {blocks}, copy {c} of {copies}");
+                assert!(r.end >= r.start);
+                next = r.end;
+            }
+            assert_eq!(next, n, "n {n}, {blocks} blocks of {copies} copies");
+            assert!(copy_share(n, (0, blocks), (copies, copies)).is_empty(), "past the last copy");
+        }
+        assert_eq!(copy_share(n, (0, 1), (0, 0)), 0..n, "a block of 0 copies counts as one");
     }
     // No overflow at the ends of the ranges.
     let top = share(usize::MAX, u32::MAX - 1, u32::MAX);
@@ -51,15 +64,15 @@ struct Case {
     buffers: Vec<Vec<u32>>,
     scalars: Vec<u64>,
     out: usize,
-    /// Whether block 0 writes the whole output and the other blocks nothing.
+    /// Whether the first copy of block 0 writes the whole output and every other call nothing.
     whole_in_block_0: bool,
 }
 
 impl Case {
-    /// The output after running the kernel as block `block` of `blocks` over fresh copies of
-    /// the buffers, each tensor one-dimensional over its whole buffer, but for buffer
-    /// `skewed.0`, whose tensor starts `skewed.1` bytes into it.
-    fn run_skewed(&self, block: u32, blocks: u32, skewed: (usize, u64)) -> Vec<u32> {
+    /// The output after running the kernel as block `block.0` of `block.1`, copy `copy.0` of
+    /// `copy.1`, over fresh copies of the buffers, each tensor one-dimensional over its whole
+    /// buffer, but for buffer `skewed.0`, whose tensor starts `skewed.1` bytes into it.
+    fn run_skewed(&self, block: (u32, u32), copy: (u16, u16), skewed: (usize, u64)) -> Vec<u32> {
         // One more word each, for a skewed view to end in.
         let mut buffers: Vec<Vec<u32>> =
             self.buffers.iter().map(|b| [b.as_slice(), &[0]].concat()).collect();
@@ -73,8 +86,8 @@ impl Case {
                 Tensor::external(addr, &[len], DataType::Float32).expect("a tensor")
             })
             .collect();
-        let local = LocalContext { block_idx: block, block_num: blocks, async_ctx: 0 };
-        let global = GlobalContext::default();
+        let local = LocalContext { block_idx: block.0, block_num: block.1, async_ctx: 0 };
+        let global = GlobalContext { copy_idx: copy.0, copy_num: copy.1, ..Default::default() };
         let mut args = [0i64; 50];
         for (slot, t) in args.iter_mut().zip(&tensors) {
             *slot = t as *const Tensor as i64;
@@ -94,8 +107,8 @@ impl Case {
         out
     }
 
-    fn run(&self, block: u32, blocks: u32) -> Vec<u32> {
-        self.run_skewed(block, blocks, (0, 0))
+    fn run(&self, block: (u32, u32), copy: (u16, u16)) -> Vec<u32> {
+        self.run_skewed(block, copy, (0, 0))
     }
 }
 
@@ -209,25 +222,35 @@ fn cases() -> Vec<Case> {
 }
 
 #[test]
-fn each_block_of_a_task_writes_exactly_its_share_of_every_reference_kernels_output() {
+fn each_call_of_a_task_writes_exactly_its_share_of_every_reference_kernels_output() {
     for case in cases() {
         let name = case.name;
         let before = &case.buffers[case.out];
-        let whole = case.run(0, 1);
+        let whole = case.run((0, 1), (0, 1));
         assert!(
             whole.iter().zip(before).all(|(w, b)| w != b),
             "{name}: a one-block run changes every element, so that a write shows"
         );
-        assert_eq!(case.run(0, 0), whole, "{name}: a task of 0 blocks runs as one block");
-        // The blocks of tasks of 1 to 4 blocks, then one past the last block, which writes
-        // nothing.
-        let blocks = (1..=4u32).flat_map(|n| (0..n).map(move |b| (b, n)));
-        for (block, blocks) in blocks.chain((1..=4).map(|n| (n, n))) {
-            let got = case.run(block, blocks);
-            let mine = match (case.whole_in_block_0, block) {
-                (true, 0) => 0..whole.len(),
-                (true, _) => 0..0,
-                (false, _) => share(whole.len(), block, blocks),
+        assert_eq!(case.run((0, 0), (0, 1)), whole, "{name}: a task of 0 blocks runs as one block");
+        assert_eq!(case.run((0, 1), (0, 0)), whole, "{name}: a block of 0 copies runs as one copy");
+        // Every call of tasks of 1 to 4 blocks whose blocks run the kernel on 1 to 3 members of
+        // a MIX cluster, then per shape a block past the last and a copy past the last, which
+        // write nothing.
+        let shapes = (1..=4u32).flat_map(|blocks| (1..=3u16).map(move |copies| (blocks, copies)));
+        let real = shapes.clone().flat_map(|(blocks, copies)| {
+            (0..blocks).flat_map(move |b| (0..copies).map(move |c| ((b, blocks), (c, copies))))
+        });
+        let past = shapes.flat_map(|(blocks, copies)| {
+            [((blocks, blocks), (0, copies)), ((0, blocks), (copies, copies))]
+        });
+        for (block, copy) in real.chain(past) {
+            let got = case.run(block, copy);
+            let mine = match (case.whole_in_block_0, block.0, copy.0) {
+                (true, 0, 0) => 0..whole.len(),
+                (true, _, _) => 0..0,
+                (false, _, _) => {
+                    copy_share(whole.len(), block, (u32::from(copy.0), u32::from(copy.1)))
+                }
             };
             for (i, (g, (w, b))) in got.iter().zip(whole.iter().zip(before)).enumerate() {
                 let (want, what) =
@@ -235,8 +258,12 @@ fn each_block_of_a_task_writes_exactly_its_share_of_every_reference_kernels_outp
                 assert_eq!(
                     g,
                     want,
-                    "{name}: element {i} of {}, block {block} of {blocks}, should be {what}",
-                    whole.len()
+                    "{name}: element {i} of {}, block {} of {}, copy {} of {}, should be {what}",
+                    whole.len(),
+                    block.0,
+                    block.1,
+                    copy.0,
+                    copy.1
                 );
             }
         }
@@ -248,7 +275,7 @@ fn a_kernel_with_a_view_that_is_not_4_byte_aligned_writes_nothing() {
     for case in cases() {
         for j in 0..case.buffers.len() {
             for skew in [1, 2, 3] {
-                let got = case.run_skewed(0, 1, (j, skew));
+                let got = case.run_skewed((0, 1), (0, 1), (j, skew));
                 assert!(
                     got == case.buffers[case.out],
                     "{}: tensor {j} skewed by {skew} bytes, yet the output was written",

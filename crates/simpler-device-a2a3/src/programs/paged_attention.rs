@@ -51,7 +51,7 @@ unsafe extern "C-unwind" fn init_kernel(args: *mut i64) {
     let Some(state) = f32_view(&k, 0) else { return };
     let init = |i: usize| if i == 0 { f32::NEG_INFINITY } else { 0.0 };
     // SAFETY: `state.1` bounds the view; the view names this task's device buffer.
-    unsafe { elementwise(state, block_share(&k, state.1), init) };
+    unsafe { elementwise(state, call_share(&k, state.1), init) };
 }
 
 /// `s[t] = scale · Σ_d q[d] · k[t][d]`: tensors `q` (in), `k` (in), `s` (out), scalar `scale`.
@@ -74,20 +74,21 @@ unsafe extern "C-unwind" fn scores_kernel(args: *mut i64) {
         let row = kb.iter().skip(t * dim).take(dim);
         row.zip(&q).map(|(a, b)| a * b).sum::<f32>() * scale
     };
-    // SAFETY: the block's share of the output view's elements, of this task's device buffer.
-    unsafe { elementwise(s, block_share(&k, s.1), score) };
+    // SAFETY: the call's share of the output view's elements, of this task's device buffer.
+    unsafe { elementwise(s, call_share(&k, s.1), score) };
 }
 
 /// The online-softmax step over the first `valid` tokens of a block: tensors `state` (in-out,
 /// `[max, sum, acc…]`), `s` (in), `v` (in), scalar `valid`.
 ///
-/// Every element of the new state depends on the whole old one, so block 0 of the task does
-/// the whole step and the other blocks return at once: blocks that split the state would read
-/// elements another block has already written.
+/// Every element of the new state depends on the whole old one, so the first copy of block 0
+/// of the task does the whole step and every other call returns at once: calls that split the
+/// state would read elements another call has already written, and a second call doing the
+/// whole step would apply it twice.
 unsafe extern "C-unwind" fn update_kernel(args: *mut i64) {
     // SAFETY: as in `scores_kernel`.
     let k = unsafe { KernelCall::from_raw(args, 3) };
-    if k.block_idx() != 0 {
+    if k.block_idx() != 0 || k.copy_idx() != 0 {
         return;
     }
     let (Some(valid), Some(state), Some(s), Some(v)) =
@@ -140,7 +141,7 @@ unsafe extern "C-unwind" fn finish_kernel(args: *mut i64) {
     let sum = st[1];
     let value = |i: usize| if sum > 0.0 { st[i + 2] / sum } else { 0.0 };
     // SAFETY: `out.1` bounds the output view; the view names this task's device buffer.
-    unsafe { elementwise(out, block_share(&k, out.1), value) };
+    unsafe { elementwise(out, call_share(&k, out.1), value) };
 }
 
 /// The chip arguments as the orchestration checked them.

@@ -43,7 +43,7 @@ unsafe extern "C-unwind" fn set_kernel(args: *mut i64) {
     let k = unsafe { KernelCall::from_raw(args, 1) };
     let (Some(s), Some(x)) = (k.scalar_of::<f32>(0), f32_view(&k, 0)) else { return };
     // SAFETY: `x.1` bounds the view; the view names this task's device buffer.
-    unsafe { elementwise(x, block_share(&k, x.1), |_| s) };
+    unsafe { elementwise(x, call_share(&k, x.1), |_| s) };
 }
 
 /// `x += s`: tensor `x` (in-out), then the f32 scalar `s`.
@@ -51,9 +51,9 @@ unsafe extern "C-unwind" fn add_scalar_kernel(args: *mut i64) {
     // SAFETY: as in `set_kernel`.
     let k = unsafe { KernelCall::from_raw(args, 1) };
     let (Some(s), Some(x)) = (k.scalar_of::<f32>(0), f32_view(&k, 0)) else { return };
-    // SAFETY: as in `set_kernel`; each element is read before the same block writes it, and no
-    // other block handles it.
-    unsafe { elementwise(x, block_share(&k, x.1), |i| load(x, i) + s) };
+    // SAFETY: as in `set_kernel`; each element is read before the same call writes it, and no
+    // other call handles it.
+    unsafe { elementwise(x, call_share(&k, x.1), |i| load(x, i) + s) };
 }
 
 /// `x += y`: tensors `x` (in-out), `y` (in).
@@ -62,7 +62,7 @@ unsafe extern "C-unwind" fn accumulate_kernel(args: *mut i64) {
     let k = unsafe { KernelCall::from_raw(args, 2) };
     let (Some(x), Some(y)) = (f32_view(&k, 0), f32_view(&k, 1)) else { return };
     // SAFETY: the shorter length bounds both views; the views name this task's device buffers.
-    unsafe { elementwise(x, block_share(&k, x.1.min(y.1)), |i| load(x, i) + load(y, i)) };
+    unsafe { elementwise(x, call_share(&k, x.1.min(y.1)), |i| load(x, i) + load(y, i)) };
 }
 
 /// The chip arguments of a streaming run over the lanes `out` (f32, one dimension).
