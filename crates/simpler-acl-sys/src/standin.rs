@@ -28,6 +28,10 @@
 //! failure status, a negative one no reply at all). Faults ([`FakeInstall::fail_call`], [`FakeInstall::poison_at`]) make the nth
 //! call of a function return a chosen code.
 //!
+//! ACL is initialised per install, as CANN's is per process: `aclInit` initialises it (and
+//! answers 100002 when it is initialised already), `aclFinalize` ends it, and
+//! [`FakeInstall::acl_initialized`] tells which holds.
+//!
 //! Device sets are counted per device as CANN counts them: `rtSetDevice`/`aclrtSetDevice` add
 //! one, `rtDeviceReset`/`aclrtResetDevice` take one off, `aclrtResetDeviceForce` releases the
 //! device at once, and a reset of a device with no set left returns 107000.
@@ -233,6 +237,7 @@ type SetFault = unsafe extern "C" fn(*const c_char, u64, i32, c_int) -> c_int;
 type SetValue = unsafe extern "C" fn(*const c_char, i64) -> c_int;
 type Reset = unsafe extern "C" fn();
 type Live = unsafe extern "C" fn(c_int) -> usize;
+type AclInitialized = unsafe extern "C" fn() -> c_int;
 type StatePtr = unsafe extern "C" fn() -> *mut c_void;
 type ShareState = unsafe extern "C" fn(*mut c_void);
 
@@ -244,6 +249,7 @@ struct Control {
     set_value: SetValue,
     reset: Reset,
     live: Live,
+    acl_initialized: AclInitialized,
 }
 
 /// An opened copy, with the state and control functions when it is the install's first.
@@ -415,6 +421,7 @@ impl FakeInstall {
                     set_value: *raw.get(b"standin_set_value").map_err(open_error)?,
                     reset: *raw.get(b"standin_reset").map_err(open_error)?,
                     live: *raw.get(b"standin_live").map_err(open_error)?,
+                    acl_initialized: *raw.get(b"standin_acl_initialized").map_err(open_error)?,
                 };
                 let state: StatePtr = *raw.get(b"standin_state").map_err(open_error)?;
                 Ok((raw, Some((state(), control))))
@@ -584,6 +591,19 @@ impl FakeInstall {
         let control = self.control()?;
         // SAFETY: plain integer argument; the stand-in locks its state.
         Ok(unsafe { (control.live)(kind as c_int) })
+    }
+
+    /// Whether the install's ACL is initialised: an `aclInit` returned 0 and no `aclFinalize`
+    /// (or [`FakeInstall::reset`]) came since. Every library of the install shares it, as one
+    /// CANN process does.
+    ///
+    /// # Errors
+    ///
+    /// When nothing has been placed.
+    pub fn acl_initialized(&self) -> Result<bool, StandInError> {
+        let control = self.control()?;
+        // SAFETY: no arguments; the stand-in locks its state.
+        Ok(unsafe { (control.acl_initialized)() } != 0)
     }
 }
 

@@ -644,6 +644,15 @@ EXPORT int standin_set_value(const char *key, int64_t value) {
     return ret;
 }
 
+/* 1 while ACL is initialised (an aclInit that returned 0 and no aclFinalize since), else 0. */
+EXPORT int standin_acl_initialized(void) {
+    S();
+    pthread_mutex_lock(&st->lock);
+    int initialized = st->acl_initialized;
+    pthread_mutex_unlock(&st->lock);
+    return initialized;
+}
+
 /* Live device allocations and host mappings (for leak checks). */
 EXPORT size_t standin_live(int kind) {
     S();
