@@ -66,8 +66,8 @@ fn is_soc_name(soc: &str) -> bool {
 /// Where the check gets the SoC name when `npu-smi` cannot give it.
 pub type SocFallback<'a> = &'a dyn Fn() -> Result<String, String>;
 
-/// The SoC name CANN reports (`Cann::soc_name`: `aclrtGetSocName` between an `aclInit` and an
-/// `aclFinalize`, no device opened), CANN loaded by `cann`.
+/// The SoC name CANN reports (`Cann::soc_name`: `aclrtGetSocName` within an ACL session, no
+/// device opened), CANN loaded by `cann`.
 pub fn acl_soc_name(cann: &simpler_acl_sys::Cann) -> Result<String, String> {
     match cann.soc_name() {
         Ok(Some(name)) => Ok(name),

@@ -5,8 +5,9 @@
 //! on this crate. It depends on nothing of simpler.
 //!
 //! **What it must not do.** No safe wrappers, no policy, no retries, no process-global state
-//! (except [`Cann::global`], for tools), no linking against CANN at build time, no build-time
-//! detection. A normal build needs neither CANN nor libclang nor a C compiler.
+//! (except [`Cann::global`], for tools, and the table of [ACL sessions](session), because
+//! CANN's ACL initialisation is itself process-wide), no linking against CANN at build time, no
+//! build-time detection. A normal build needs neither CANN nor libclang nor a C compiler.
 //!
 //! # What is here
 //!
@@ -21,6 +22,8 @@
 //!   and reports all that are missing. HCCL functions need the `hccl` feature.
 //! - [`AclError`]: a failed call's function, code, CANN name, meaning and CANN's recent error
 //!   message ([`Cann::check`]).
+//! - [`AclSession`]: a lease on ACL being initialised ([`Cann::acl_session`]), shared by every
+//!   caller of the process, so that no caller finalizes ACL while another still uses it.
 //! - `standin` (feature `standin`, for tests): the project's stand-in CANN library, compiled
 //!   with `cc` at test time and laid out as fake installs.
 //!
@@ -87,6 +90,8 @@
 //!   and the calls behind [`Cann::version`] and [`Cann::recent_error_message`]; the `unsafe`
 //!   [`Cann::new`], whose caller vouches that its search reaches only CANN (or the stand-in),
 //!   while [`Cann::from_process_env`] trusts the process environment as `LD_LIBRARY_PATH` is.
+//! - `src/session.rs`: the `aclInit` of a session's first lease and the `aclFinalize` of its
+//!   last.
 //! - `src/standin.rs` (feature `standin`): opening stand-in copies and calling their control
 //!   functions.
 //! - `tests/standin.rs` and `benches/lazy_call.rs`: calls through the bindings (and, in the
@@ -95,6 +100,7 @@
 pub mod error;
 mod generated;
 pub mod loader;
+pub mod session;
 #[cfg(feature = "standin")]
 pub mod standin;
 
@@ -105,3 +111,4 @@ pub use loader::{
     Candidate, Cann, CannVersion, FunctionInfo, Library, OpenScope, PINNED_CANN_RELEASE, Probe,
     SUPPORTED_MAJOR_VERSION, SearchConfig,
 };
+pub use session::AclSession;

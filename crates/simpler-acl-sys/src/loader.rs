@@ -501,32 +501,26 @@ impl Cann {
         (code == 0).then_some(CannVersion { major, minor, patch })
     }
 
-    /// The SoC name `aclrtGetSocName` reports (`Ascend910B1`, …), between an `aclInit` and an
-    /// `aclFinalize` of its own (an ACL already initialised in this process is used as it is
-    /// and left so). No device is opened. `Ok(None)` when CANN answers no name.
+    /// The SoC name `aclrtGetSocName` reports (`Ascend910B1`, …), read within an
+    /// [ACL session](Cann::acl_session): ACL is initialised for the call unless it is already,
+    /// and finalized after it unless another session still uses it or ACL was initialised
+    /// outside the project. No device is opened. `Ok(None)` when CANN answers no name.
     ///
     /// # Errors
     ///
     /// [`Error::Load`] when a library or symbol is missing, [`Error::Acl`] when `aclInit`
-    /// fails.
+    /// fails, or the `aclFinalize` that ends the session.
     pub fn soc_name(&self) -> Result<Option<String>, Error> {
-        // 100002: ACL was already initialised in this process.
-        const REPEAT_INITIALIZE: i32 = 100_002;
-        // SAFETY: a null configuration path is allowed.
-        let init = unsafe { self.aclInit(std::ptr::null()) }?;
-        if init != 0 && init != REPEAT_INITIALIZE {
-            return Err(Error::Acl(self.error("aclInit", init)));
-        }
+        let session = self.acl_session()?;
         // SAFETY: no arguments; the answer is null or a NUL-terminated string CANN keeps alive.
         let name = unsafe { self.aclrtGetSocName() }.map(|p| {
             // SAFETY: as above; copied before anything else is called.
             (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
         });
-        if init == 0 {
-            // SAFETY: pairs the `aclInit` above; nothing of this call outlives it.
-            let _ = unsafe { self.aclFinalize() };
-        }
-        Ok(name?)
+        let ended = session.end();
+        let name = name?;
+        ended?;
+        Ok(name)
     }
 
     /// Turns the return code of an ACL or RTS call into a result, capturing CANN's recent error
