@@ -18,7 +18,9 @@
 //! default, never), `sync_delay_stream` and `sync_delay_ms` (every sync of that stream, or of
 //! a reached event recorded on it, takes that many milliseconds, or runs out after its timeout
 //! when that is shorter; 0, the default, no delay), `reset_probe_failures`
-//! (stream creations right after a force reset that fail with 507899), `drain_result` (code of
+//! (stream creations right after a force reset that fail with 507899), `force_reset_delay_ms`
+//! (how long `aclrtResetDeviceForce` takes before it returns, during which other threads' calls
+//! go on; 0, the default, no delay), `drain_result` (code of
 //! `aclrtSynchronizeDeviceWithTimeout`), `cube_core_limit`, `vector_core_limit`,
 //! `aicpu_occupy_mask`, `aicore_valid_mask`, `device_count`, `version_major`/`_minor`/`_patch`,
 //! `poisoned`, `soc_name` (what `aclrtGetSocName` answers: 0 `Ascend910B1` (default), 1

@@ -128,6 +128,7 @@ typedef struct state {
     int64_t sync_delay_ms;         /* how long such a sync takes (a timeout shorter than it runs
                                     * out after the timeout instead); 0 = no delay */
     int64_t reset_probe_failures;  /* stream creations right after a force reset that fail */
+    int64_t force_reset_delay_ms;  /* how long aclrtResetDeviceForce takes, without the lock */
     int64_t drain_result;
     int64_t cube_core_limit;
     int64_t vector_core_limit;
@@ -174,6 +175,7 @@ static void set_defaults(state *s) {
     s->sync_delay_stream = 0;
     s->sync_delay_ms = 0;
     s->reset_probe_failures = 0;
+    s->force_reset_delay_ms = 0;
     s->drain_result = OK;
     s->cube_core_limit = 24;
     s->vector_core_limit = 48;
@@ -474,16 +476,20 @@ static int32_t destroy_object(call *c, enum object_kind kind, void *h) {
     return finish(c, OK);
 }
 
+static void sleep_ms(int64_t ms) {
+    if (ms <= 0) return;
+    struct timespec left = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    /* A signal cuts a sleep short; sleep on for what it left. */
+    while (nanosleep(&left, &left) != 0 && errno == EINTR) {}
+}
+
 /* The device's time to finish the work of the stream with creation index `index` before a
  * sync of it with `timeout` (ms; < 0 = none) returns: whether it finished within the timeout.
  * The state lock stays held: syncs of the stand-in are not meant to overlap. */
 static bool finish_within(int64_t index, int64_t timeout) {
     if (st->sync_delay_ms <= 0 || index != st->sync_delay_stream) return true;
     bool in_time = timeout < 0 || st->sync_delay_ms <= timeout;
-    int64_t ms = in_time ? st->sync_delay_ms : timeout;
-    struct timespec left = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-    /* A signal cuts a sleep short; sleep on for what it left. */
-    while (nanosleep(&left, &left) != 0 && errno == EINTR) {}
+    sleep_ms(in_time ? st->sync_delay_ms : timeout);
     return in_time;
 }
 
@@ -627,6 +633,7 @@ EXPORT int standin_set_value(const char *key, int64_t value) {
     else if (strcmp(key, "sync_delay_stream") == 0) st->sync_delay_stream = value;
     else if (strcmp(key, "sync_delay_ms") == 0) st->sync_delay_ms = value;
     else if (strcmp(key, "reset_probe_failures") == 0) st->reset_probe_failures = value;
+    else if (strcmp(key, "force_reset_delay_ms") == 0) st->force_reset_delay_ms = value;
     else if (strcmp(key, "drain_result") == 0) st->drain_result = value;
     else if (strcmp(key, "cube_core_limit") == 0) st->cube_core_limit = value;
     else if (strcmp(key, "vector_core_limit") == 0) st->vector_core_limit = value;
@@ -728,8 +735,11 @@ EXPORT int aclrtResetDevice(int32_t deviceId) {
 EXPORT int aclrtResetDeviceForce(int32_t deviceId) {
     call c = begin(__func__);
     c.entry.device = deviceId;
-    if (c.injected) return finish(&c, c.injected);
-    return reset(&c, deviceId, 1);
+    int64_t delay = st->force_reset_delay_ms;
+    int32_t ret = c.injected ? finish(&c, c.injected) : reset(&c, deviceId, 1);
+    /* A force reset takes a while on a device; other threads' calls go on meanwhile. */
+    sleep_ms(delay);
+    return ret;
 }
 
 EXPORT int aclrtGetDevice(int32_t *deviceId) {
