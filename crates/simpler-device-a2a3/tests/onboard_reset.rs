@@ -4,8 +4,9 @@
 //! every bind is reset, a refused bind resets nothing, a finalize that cannot bind leaves
 //! every handle to the reset, the last queued run's end event is
 //! destroyed before the reset, a setup kernel whose wait failed keeps its buffers until
-//! the force reset it leads to, and a run still launched at finalize keeps every tracked
-//! allocation until the force reset passed (leaked when it never does).
+//! the force reset it leads to, a run still launched at finalize keeps every tracked
+//! allocation until the force reset passed (leaked when it never does), and two runners
+//! force-resetting at once never finalize ACL under each other.
 
 mod common;
 
@@ -409,4 +410,77 @@ fn a_run_still_launched_when_every_force_reset_fails_leaks_its_buffers() {
     let log = b.log();
     assert_eq!(count(&log, "aclrtResetDeviceForce"), 3, "{:?}", names(&log));
     assert_eq!(freed(&log), [0i64; 0], "freed on a device that was never reset: {:?}", names(&log));
+}
+
+/// The calls of a force reset and its probes, which need ACL initialised.
+const FORCE_RESET_CALLS: [&str; 7] = [
+    "aclrtResetDeviceForce",
+    "aclrtSetDevice",
+    "aclrtCreateStream",
+    "aclrtDestroyStream",
+    "aclrtMalloc",
+    "aclrtFree",
+    "aclrtResetDevice",
+];
+
+/// The force-reset calls of `log` made while ACL was not initialised: after an `aclFinalize`
+/// and before the next `aclInit` that initialised it.
+fn force_resets_without_acl(log: &[Call]) -> Vec<String> {
+    let mut initialised = false;
+    let mut outside = Vec::new();
+    for (at, c) in log.iter().enumerate() {
+        match c.func.as_str() {
+            "aclInit" if c.ret == 0 => initialised = true,
+            "aclFinalize" if c.ret == 0 => initialised = false,
+            f if FORCE_RESET_CALLS.contains(&f) && !initialised => {
+                outside.push(format!("{at}: {c}"))
+            }
+            _ => {}
+        }
+    }
+    outside
+}
+
+#[test]
+fn two_runners_force_resetting_at_once_never_finalize_acl_under_each_other() {
+    const ROUNDS: usize = 10;
+    for round in 0..ROUNDS {
+        let b = Onboard::new();
+        // A force reset that takes a while, as on a device, lets the other runner's reset
+        // begin meanwhile.
+        b.install.set_value("force_reset_delay_ms", 20).unwrap();
+        // Both runners still have a run launched at finalize: each force-resets its device.
+        let runners: Vec<_> = (0..2)
+            .map(|device| {
+                let mut r = DeviceRunner::attach(b.options(device)).unwrap();
+                let slot = r.register_callable(&add_callable()).unwrap();
+                let v = AddRun::new(&mut r);
+                let run = RunId::from_raw(1).unwrap();
+                let config = CallConfig::default();
+                let prepared = r.prepare(&RunRequest::new(run, slot, &v.args, &config)).unwrap();
+                drop(r.launch_run(prepared).unwrap());
+                (r, v)
+            })
+            .collect();
+        b.log();
+        let start = std::sync::Barrier::new(runners.len());
+        std::thread::scope(|scope| {
+            for (r, _v) in runners {
+                let start = &start;
+                scope.spawn(move || {
+                    start.wait();
+                    r.finalize().unwrap();
+                });
+            }
+        });
+        let log = b.log();
+        assert_eq!(count(&log, "aclrtResetDeviceForce"), 2, "{:?}", names(&log));
+        let outside = force_resets_without_acl(&log);
+        assert!(
+            outside.is_empty(),
+            "round {round}: force-reset calls after ACL was finalized: {outside:?} in {:?}",
+            codes(&log)
+        );
+        assert!(!b.install.acl_initialized().unwrap(), "round {round}: ACL left initialised");
+    }
 }

@@ -17,11 +17,11 @@
 //!    is refused; a runner whose bind never succeeded resets nothing).
 //! 6. If a launch, sync or drain failed during the runner's life, or a run was still
 //!    launched: no soft reset (one that brought the count to 0 would make CANN refuse the
-//!    force reset), but `aclInit` (a repeated initialisation is tolerated; `aclFinalize` only
-//!    if this call initialised ACL), then up to three `aclrtResetDeviceForce`, each verified
-//!    by a probe (bind, create and destroy a stream, allocate and free 64 bytes, unbind), each
-//!    after a bind of its own unless the runner's binds are still counted (the first, when it
-//!    bound). All three failing is the finalize error. The device may run a launch until the
+//!    force reset), but an ACL session (`Cann::acl_session`: the process's first calls
+//!    `aclInit`, its last `aclFinalize` unless ACL was initialised outside the project), then
+//!    up to three `aclrtResetDeviceForce`, each verified by a probe (bind, create and destroy
+//!    a stream, allocate and free 64 bytes, unbind), each after a bind of its own unless the
+//!    runner's binds are still counted (the first, when it bound). All three failing is the finalize error. The device may run a launch until the
 //!    reset, so the tracked allocations are never freed: a passed reset gives them back with
 //!    the device, and without one they are leaked with a warning.
 

@@ -10,7 +10,6 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use simpler_acl_sys::Error as CannError;
-use simpler_acl_sys::types::ACL_ERROR_REPEAT_INITIALIZE;
 
 use super::owners::Ctx;
 use super::{Allocation, FORCE_RESETS, OnboardDevice, acl};
@@ -117,14 +116,13 @@ impl OnboardDevice {
             }
             return (first.map_or(Ok(()), |e| Err(acl(None, e))), false);
         }
-        // SAFETY: null config path = defaults.
-        let init = unsafe { cann.aclInit(std::ptr::null()) };
-        // A poisoned device may refuse even `aclInit`; the force resets are still the way
-        // back, so its failure is only reported if they do not succeed either.
-        let (owns_acl, init_error) = match init {
-            Ok(0) => (true, None),
-            Ok(ACL_ERROR_REPEAT_INITIALIZE) => (false, None),
-            ret => (false, self.ctx.check("aclInit", ret).err()),
+        // ACL is process-wide: a session shares it with every other runner's reset and query,
+        // so none finalizes it under another. A poisoned device may refuse even `aclInit`; the
+        // force resets are still the way back, so its failure is only reported if they do not
+        // succeed either.
+        let (session, init_error) = match cann.acl_session() {
+            Ok(session) => (Some(session), None),
+            Err(e) => (None, Some(e)),
         };
         let mut last = None;
         let mut forced_back = false;
@@ -155,11 +153,9 @@ impl OnboardDevice {
                 }
             }
         }
-        if owns_acl {
-            // SAFETY: no arguments; pairs with the `aclInit` above.
-            if let Err(e) = self.ctx.check("aclFinalize", unsafe { cann.aclFinalize() }) {
-                last.get_or_insert(e);
-            }
+        // The last session of the process finalizes ACL, if the project initialised it.
+        if let Some(Err(e)) = session.map(simpler_acl_sys::AclSession::end) {
+            last.get_or_insert(e);
         }
         let result = match last.map(|e| init_error.unwrap_or(e)) {
             Some(e) => Err(acl(None, e)),
