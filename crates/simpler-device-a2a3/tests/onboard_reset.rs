@@ -5,8 +5,9 @@
 //! every handle to the reset, the last queued run's end event is
 //! destroyed before the reset, a setup kernel whose wait failed keeps its buffers until
 //! the force reset it leads to, a run still launched at finalize keeps every tracked
-//! allocation until the force reset passed (leaked when it never does), and two runners
-//! force-resetting at once never finalize ACL under each other.
+//! allocation until the force reset passed (leaked when it never does), two runners
+//! force-resetting at once never finalize ACL under each other, and a refused `aclInit` is
+//! finalize's error only when no force reset passes.
 
 mod common;
 
@@ -482,5 +483,31 @@ fn two_runners_force_resetting_at_once_never_finalize_acl_under_each_other() {
             codes(&log)
         );
         assert!(!b.install.acl_initialized().unwrap(), "round {round}: ACL left initialised");
+    }
+}
+
+#[test]
+fn a_failed_acl_init_fails_finalize_only_when_every_force_reset_fails_too() {
+    for probes_fail in [false, true] {
+        let b = Onboard::new();
+        let (r, _v, a) = with_a_launched_run(&b);
+        drop(a);
+        // A poisoned device may refuse even `aclInit`; the force resets are tried all the same.
+        b.install.fail_call("aclInit", 1, 507_899).unwrap();
+        if probes_fail {
+            b.install.set_value("reset_probe_failures", 3).unwrap();
+        }
+        let finalized = r.finalize();
+        let log = b.log();
+        assert!(count(&log, "aclrtResetDeviceForce") >= 1, "{:?}", names(&log));
+        assert_eq!(count(&log, "aclFinalize"), 0, "ACL was never initialised: {:?}", names(&log));
+        match finalized {
+            Ok(_) => assert!(!probes_fail, "every force reset failed, yet finalize passed"),
+            Err(DeviceError::Acl { source, .. }) => {
+                assert!(probes_fail, "a force reset passed, yet finalize failed: {source}");
+                assert_eq!((source.func, source.code), ("aclInit", 507_899));
+            }
+            Err(other) => panic!("not the aclInit failure: {other:?}"),
+        }
     }
 }
