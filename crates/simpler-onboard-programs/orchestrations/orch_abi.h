@@ -1,6 +1,6 @@
 // The chip orchestration ABI for C: what a tensormap_and_ringbuffer `DeviceObject`
 // orchestration exports and the ops table it builds its graph through. Layouts match the
-// runtime's `#[repr(C)]` types (`docs/device-chip.md`, "Orchestration ABI"); the static
+// runtime's `#[repr(C)]` types (`docs/device-chip.md`, "The orchestration API"); the static
 // assertions below keep them honest.
 #ifndef SIMPLER_ORCH_ABI_H
 #define SIMPLER_ORCH_ABI_H

@@ -1,5 +1,5 @@
 //! The runner's callable table: 64 slots, uploaded chip buffers deduplicated by content, and
-//! registration (`docs/device-runner.md`, "Callables").
+//! registration (`docs/device-runner.md`, "Memory and callables").
 
 use std::collections::HashMap;
 use std::sync::Arc;

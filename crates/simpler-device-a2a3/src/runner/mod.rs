@@ -795,8 +795,8 @@ impl Core {
 
     /// Unconditionally unusable, then a drain of the stream-sync budget, or of what is left
     /// until `hard` for a reap that must be over by then ([`Core::recovery_drain`];
-    /// `docs/device-runner.md`, "Recovery"). `launch_seq` places the failed run in the launch
-    /// order (0: never launched).
+    /// `docs/device-runner.md`, "Recovery, health and finalize"). `launch_seq` places the
+    /// failed run in the launch order (0: never launched).
     pub(super) fn recover_or_mark_unusable(
         &mut self,
         run_id: RunId,

@@ -69,7 +69,7 @@ impl fmt::Display for ChipSlot {
 #[derive(Clone, Copy, Debug)]
 pub struct RunRequest<'a> {
     /// The run's id; every error the run produces carries it. A runner refuses an id (with
-    /// the same origin) it has already used (`docs/device-runner.md`, "Run ids").
+    /// the same origin) it has already used (`docs/device-runner.md`, "Run ids and empty tensors").
     pub run_id: RunId,
     /// The registered callable.
     pub callable: ChipSlot,

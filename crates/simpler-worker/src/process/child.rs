@@ -1,5 +1,5 @@
 //! The chip process: one chip's `ChipState` served through the inherited mailbox
-//! (`docs/process-mode.md`, "The child").
+//! (`docs/process-mode.md`, "Start" and "Requests").
 //!
 //! Exit statuses: 0 after a shutdown, 1 when the chip failed to start, 2 when orphaned, 3 for
 //! bad arguments or a refused mailbox, 4 for a protocol violation by the worker.

@@ -1,10 +1,10 @@
 //! The device program manifest: where the AICPU program, the bootstrap dispatcher and the
 //! AICore executor of one runtime are, and the ABI they were built for.
 //!
-//! Format (`docs/device-onboard.md`, "Device programs"):
+//! Format (`docs/device-onboard.md`, "Pointing it at CANN"):
 //!
 //! ```json
-//! { "abi_version": 1,
+//! { "abi_version": 4,
 //!   "artifacts": { "aicpu_program":   { "path": "libsimpler_aicpu_hbg.so", "sha256": "…" },
 //!                  "dispatcher":      { "path": "libsimpler_aicpu_dispatcher.so" },
 //!                  "aicore_executor": { "path": "aicore_hbg.o" } } }

@@ -1,5 +1,5 @@
 //! A simulated thread's mailbox: at most one job, or the quit request (`docs/device-simulator.md`,
-//! "Thread protocol").
+//! "Device object and threads").
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

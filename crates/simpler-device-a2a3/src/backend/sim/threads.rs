@@ -1,4 +1,5 @@
-//! The simulated threads' main loop (`docs/device-simulator.md`, "Thread protocol").
+//! The simulated threads' main loop (`docs/device-simulator.md`, "Device
+//! object and threads").
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
