@@ -15,14 +15,16 @@
 //! underneath (registers, streams, memory) is simulated.
 //!
 //! Two seams (`docs/device-seams.md`): the `Backend` trait (`backend`: which device; the
-//! simulator implements it) and the `ChipRuntime` trait ([`runtime`]: which chip runtime;
-//! host_build_graph implements it). The runner between them is the run-state machine only.
+//! simulator and the onboard backend implement it) and the `ChipRuntime` trait ([`runtime`]:
+//! which chip runtime; host_build_graph and tensormap_and_ringbuffer implement it). The runner
+//! between them is the run-state machine only.
 //!
 //! Public modules: [`abi`] (`#[repr(C)]` layouts shared by host, AICPU and AICore), [`aicpu`]
 //! (the AICPU scheduler behind [`aicpu::AicpuPlatform`]), [`runtime`] (the `ChipRuntime` trait,
-//! the orchestration API, host_build_graph), [`kernel`] (the kernel ABI) and [`programs`]
-//! (reference chip programs). The private ones (backends, the runner, diagnostics) are mapped
-//! in `docs/device-internals.md`.
+//! the orchestration API, host_build_graph), [`callable`] (chip and core callables), [`kernel`]
+//! (the kernel ABI), [`options`] and [`timeouts`] (what `attach` fixes), [`error`]
+//! ([`DeviceError`]) and [`programs`] (reference chip programs). The private ones (backends,
+//! the runner, diagnostics) are mapped in `docs/device-internals.md`.
 //!
 //! ```
 //! use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes, vector};
