@@ -112,7 +112,8 @@ tasks:
   build --platform a2a3 [--runtime hbg|trb|all] [--standin]
                    onboard programs (needs CANN; lists what is missing, exit 2); --standin
                    builds them for the host and writes target/simpler-onboard/standin/<rt>/manifest.json
-  onboard-test [--device 0|0-3|0,2] [--standin] [--skip-arch-check] [--case-timeout S] [--timeout S]
+  onboard-test [--device 0|0-3|0,2|auto [--device-num N]] [--standin] [--skip-arch-check]
+               [--case-timeout S] [--timeout S]
                    tests on a real A2/A3 server (exit 2 when it cannot run or the npu-smi
                    architecture check refuses a device); --standin runs the whole harness against the stand-in CANN library and host-built programs
   bindgen [--check]  regenerate simpler-acl-sys/src/generated (needs libclang:
