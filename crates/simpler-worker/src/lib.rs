@@ -5,7 +5,7 @@
 //! Layer: above `simpler-sched` (the engine it drives at L3+) and `simpler-device-a2a3` (the
 //! `DeviceRunner` each chip lane owns). It must not know device internals beyond the
 //! `DeviceRunner` API. Its `unsafe` code is listed in the inventory below: PROCESS mode's
-//! shared memory and, with feature `mpi`, one MPI call.
+//! shared memory and, with feature `mpi`, the MPI calls the `mpi` crate has no safe form of.
 //!
 //! The crate's module map is in `docs/worker-protocols.md` ("Modules"); the user guide is
 //! `docs/guide.md`.
@@ -13,7 +13,7 @@
 //! # Unsafe inventory
 //!
 //! PROCESS mode needs `unsafe` for memory shared with another process, and the MPI transport
-//! for one FFI call:
+//! for its error handler and its nonblocking sends and receives:
 //!
 //! - `src/process/mailbox.rs`: references to the atomics of the mapped mailbox and copies
 //!   into and out of its payload area, handed to one side at a time by the state word.
