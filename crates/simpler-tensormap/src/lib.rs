@@ -9,11 +9,13 @@
 //!   address, remote memory by descriptor (`docs/tensormap.md` §1).
 //! - [`ByteSpan`] is the byte range a view can touch; [`footprint`] derives both from a
 //!   [`Tensor`] (`docs/tensormap.md` §2).
-//! - [`TensorMap`] holds, per `(run, key)`, an ordered list of `(span, producer)` entries:
-//!   [`lookup_overlapping`](TensorMap::lookup_overlapping) visits each producer whose bytes
-//!   intersect a span, [`insert`](TensorMap::insert) supersedes the entries a new write covers
-//!   entirely, [`erase_owned`](TensorMap::erase_owned) removes only the reclaimed producer's
-//!   entries (`docs/tensormap.md` §4).
+//! - [`TensorMap`] holds, per `(run, key)`, ordered lists of `(span, task)` writer and reader
+//!   entries: [`dependencies`](TensorMap::dependencies) visits each task an [`Access`] of a span
+//!   must order after, [`record`](TensorMap::record) adds the access and supersedes the entries
+//!   a write covers entirely, [`erase_owned`](TensorMap::erase_owned) removes only the
+//!   reclaimed task's entries (`docs/tensormap.md` §3–§4).
+//!   [`lookup_overlapping`](TensorMap::lookup_overlapping) and [`insert`](TensorMap::insert)
+//!   are that pair for a read and an overwrite.
 //!
 //! The module layout and the decisions behind it are in `docs/tensormap.md` ("Modules").
 //!
