@@ -39,8 +39,8 @@ pub trait Endpoint: Any + Send {
     /// start, on the thread that starts the engine.
     fn caps(&self) -> EndpointCaps;
 
-    /// Called once on the endpoint's own thread before any work (a chip endpoint binds its
-    /// device lane here).
+    /// Called once on the endpoint's own thread before any work, for per-thread state (a
+    /// thread-bound context): every later call of the endpoint comes from this thread.
     fn on_thread_start(&mut self) {}
 
     /// Runs one dispatched member to completion.

@@ -2,8 +2,8 @@
 //!
 //! # Endpoint thread
 //!
-//! 0. Call `on_thread_start` (a chip endpoint binds its device lane here, so this thread *is*
-//!    the lane).
+//! 0. Call `on_thread_start` (an endpoint with per-thread state, such as a thread-bound
+//!    context, sets it up here: every later call of the endpoint comes from this thread).
 //! 1. Take the next mail: spin briefly on the mailbox's `pending` hint, then park. Out of mail,
 //!    hold the idle-driver role while spinning if it is free: run the scheduler pass for tasks
 //!    the orchestration published ready meanwhile, so that its thread does not (`inbox`, steps
