@@ -1,5 +1,5 @@
 //! An L2 worker whose chip queues runs on the device (`RunnerOptions::with_device_queue`,
-//! `docs/pipelining.md`, "Device queueing"): the lane launches run N+1 behind
+//! `docs/pipelining.md`, "The L2 chip lane at depth 2", step 6): the lane launches run N+1 behind
 //! run N before it retires N; results stay per run and publish in FIFO order; a fault is
 //! charged to its run and the run queued behind it is abandoned.
 
