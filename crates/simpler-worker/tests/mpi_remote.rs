@@ -20,8 +20,8 @@ use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
 use simpler_worker::remote::{
-    DEFAULT_LIVENESS, MpiJob, RemoteError, RemoteL3, RemoteRunFailure, RemoteRunKind, ServeError,
-    ServedGraphs, TensorProblem, TensorRefusal, serve_l3,
+    DEFAULT_LIVENESS, InitError, MpiJob, RemoteError, RemoteL3, RemoteRunFailure, RemoteRunKind,
+    ServeError, ServedGraphs, TensorProblem, TensorRefusal, serve_l3,
 };
 use simpler_worker::{
     CallableHandle, CompositeWorkerBuilder, DeviceBuffer, HostBuffer, Orchestration, RunHandle,
@@ -178,6 +178,11 @@ type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 fn rank_main(case: &str) -> Res {
     let job = Arc::new(MpiJob::init()?);
+    // One job per process: a second init says so, typed, and leaves the first job working.
+    match MpiJob::init() {
+        Err(RemoteError::Init(InitError::AlreadyInitialized)) => {}
+        other => return Err(format!("a second MpiJob::init gave {other:?}").into()),
+    }
     if let Err(e) = run_case(&job, case) {
         // Finalizing is collective: the other ranks may wait in a session that will never
         // come. Exiting without it makes mpirun end the whole job.

@@ -12,9 +12,12 @@ use crate::host_buffer::HostAddr;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RemoteError {
-    /// MPI could not be initialized (already initialized, threading level, thread start).
+    /// MPI could not be initialized on this rank.
     #[error("MPI initialization failed: {0}")]
-    Init(String),
+    Init(#[from] InitError),
+    /// The MPI thread of this rank panicked; `finalize` could not finalize MPI.
+    #[error("the MPI thread of this rank panicked; MPI was not finalized")]
+    ThreadPanicked,
     /// An MPI call returned an error code (the errors-return handler is set).
     #[error("{op} returned MPI error code {code}")]
     Mpi {
@@ -200,6 +203,76 @@ pub enum RemoteError {
         /// Why (the rank's own words, or that it did not answer in time).
         reason: String,
     },
+}
+
+/// Why `MpiJob::init` could not set MPI up on this rank.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InitError {
+    /// The thread that calls MPI could not be started (the OS refused a new thread).
+    #[error("could not start the MPI thread: {}", io_text(*kind, *os_code))]
+    Spawn {
+        /// What kind of I/O error the spawn returned.
+        kind: std::io::ErrorKind,
+        /// Its OS error code, when the OS gave one.
+        os_code: Option<i32>,
+    },
+    /// The MPI thread ended before it reported whether MPI started (it panicked inside
+    /// `MPI_Init_thread` or just after).
+    #[error("the MPI thread ended during initialization")]
+    ThreadEnded,
+    /// MPI was already initialized in this process (an earlier `MpiJob::init`, or other code
+    /// of the process): one job per process.
+    #[error("MPI was already initialized in this process")]
+    AlreadyInitialized,
+    /// The MPI library grants less thread support than the transport needs.
+    #[error("the MPI library provides {provided} threading, {required} is needed")]
+    Threading {
+        /// What `MPI_Init_thread` granted.
+        provided: ThreadingLevel,
+        /// What the transport asked for.
+        required: ThreadingLevel,
+    },
+}
+
+impl InitError {
+    /// The failure of spawning the MPI thread with `e`.
+    pub(crate) fn spawn(e: &std::io::Error) -> InitError {
+        InitError::Spawn { kind: e.kind(), os_code: e.raw_os_error() }
+    }
+}
+
+/// How an I/O error reads from its kind and OS code: the OS's message when there is a code.
+fn io_text(kind: std::io::ErrorKind, os_code: Option<i32>) -> String {
+    match os_code {
+        Some(code) => std::io::Error::from_raw_os_error(code).to_string(),
+        None => kind.to_string(),
+    }
+}
+
+/// MPI's levels of thread support (`MPI_THREAD_*`), least first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum ThreadingLevel {
+    /// `MPI_THREAD_SINGLE`.
+    Single,
+    /// `MPI_THREAD_FUNNELED`: only the thread that initialized MPI calls it.
+    Funneled,
+    /// `MPI_THREAD_SERIALIZED`.
+    Serialized,
+    /// `MPI_THREAD_MULTIPLE`.
+    Multiple,
+}
+
+impl std::fmt::Display for ThreadingLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ThreadingLevel::Single => "single",
+            ThreadingLevel::Funneled => "funneled",
+            ThreadingLevel::Serialized => "serialized",
+            ThreadingLevel::Multiple => "multiple",
+        })
+    }
 }
 
 /// A task for a remote child names a tensor whose bytes cannot travel with it; refused at
@@ -390,5 +463,33 @@ impl From<StartError> for ServeError {
 impl From<CloseError> for ServeError {
     fn from(e: CloseError) -> Self {
         Self::Close(Box::new(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_init_failure_keeps_the_facts_of_its_cause_and_reads_as_before() {
+        let os = std::io::Error::from_raw_os_error(11);
+        let e = InitError::spawn(&os);
+        assert_eq!(e, InitError::Spawn { kind: os.kind(), os_code: Some(11) });
+        assert_eq!(e.to_string(), format!("could not start the MPI thread: {os}"));
+        let custom = std::io::Error::new(std::io::ErrorKind::OutOfMemory, "no stack");
+        assert_eq!(
+            InitError::spawn(&custom),
+            InitError::Spawn { kind: std::io::ErrorKind::OutOfMemory, os_code: None }
+        );
+        let threading = InitError::Threading {
+            provided: ThreadingLevel::Single,
+            required: ThreadingLevel::Funneled,
+        };
+        assert_eq!(
+            RemoteError::from(threading).to_string(),
+            "MPI initialization failed: the MPI library provides single threading, funneled is \
+             needed"
+        );
+        assert!(ThreadingLevel::Single < ThreadingLevel::Funneled);
     }
 }

@@ -32,7 +32,8 @@ use std::time::Duration;
 pub(crate) use endpoint::{Adoption, RemoteChildren};
 pub use endpoint::{DEFAULT_LIVENESS, RemoteL3};
 pub use error::{
-    RemoteError, RemoteRunFailure, RemoteRunKind, ServeError, TensorProblem, TensorRefusal,
+    InitError, RemoteError, RemoteRunFailure, RemoteRunKind, ServeError, TensorProblem,
+    TensorRefusal, ThreadingLevel,
 };
 pub use frames::DecodeError;
 pub use serve::{ServedGraphs, serve_l3};

@@ -40,7 +40,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::{MatchedReceiveVec, Source};
 use parking_lot::Mutex;
 
-use super::error::RemoteError;
+use super::error::{InitError, RemoteError, ThreadingLevel};
 use super::frames::Packet;
 use super::receives::Arriving;
 use super::sends::InFlight;
@@ -223,7 +223,7 @@ impl Transport {
         let thread = std::thread::Builder::new()
             .name("simpler-mpi".to_owned())
             .spawn(move || mpi_thread(cmd_rx, ready_tx))
-            .map_err(|e| RemoteError::Init(format!("could not start the MPI thread: {e}")))?;
+            .map_err(|e| InitError::spawn(&e))?;
         let (ready, shared) = match ready_rx.recv() {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
@@ -232,7 +232,7 @@ impl Transport {
             }
             Err(_) => {
                 let _ = thread.join();
-                return Err(RemoteError::Init("the MPI thread ended during initialization".into()));
+                return Err(InitError::ThreadEnded.into());
             }
         };
         Ok(Transport {
@@ -376,7 +376,7 @@ impl Transport {
         let Some(thread) = self.thread.lock().take() else { return Ok(()) };
         // A send error means the thread already left its loop; joining is still right.
         let _ = self.cmd.lock().send(Command::Finalize);
-        thread.join().map_err(|_| RemoteError::Init("the MPI thread panicked".into()))
+        thread.join().map_err(|_| RemoteError::ThreadPanicked)
     }
 }
 
@@ -403,14 +403,13 @@ type ReadyTx = Sender<Result<(Ready, std::sync::Arc<Shared>), RemoteError>>;
 
 fn mpi_thread(cmd_rx: Receiver<Command>, ready_tx: ReadyTx) {
     let Some((universe, provided)) = mpi::initialize_with_threading(Threading::Funneled) else {
-        let _ = ready_tx
-            .send(Err(RemoteError::Init("MPI was already initialized in this process".into())));
+        let _ = ready_tx.send(Err(InitError::AlreadyInitialized.into()));
         return;
     };
     if provided < Threading::Funneled {
-        let _ = ready_tx.send(Err(RemoteError::Init(format!(
-            "the MPI library provides {provided:?} threading, funneled is needed"
-        ))));
+        let required = ThreadingLevel::Funneled;
+        let e = InitError::Threading { provided: threading_level(provided), required };
+        let _ = ready_tx.send(Err(e.into()));
         return;
     }
     let world = universe.world();
@@ -439,6 +438,16 @@ fn mpi_thread(cmd_rx: Receiver<Command>, ready_tx: ReadyTx) {
     drop(health);
     drop(world);
     drop(universe);
+}
+
+/// The level of thread support `t` names.
+fn threading_level(t: Threading) -> ThreadingLevel {
+    match t {
+        Threading::Single => ThreadingLevel::Single,
+        Threading::Funneled => ThreadingLevel::Funneled,
+        Threading::Serialized => ThreadingLevel::Serialized,
+        Threading::Multiple => ThreadingLevel::Multiple,
+    }
 }
 
 /// Marks the transport stopped when dropped.
