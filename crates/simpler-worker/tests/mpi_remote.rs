@@ -20,8 +20,9 @@ use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
 use simpler_worker::remote::{
-    DEFAULT_LIVENESS, InitError, MpiJob, RemoteError, RemoteL3, RemoteRunFailure, RemoteRunKind,
-    ServeError, ServedGraphs, TensorProblem, TensorRefusal, serve_l3,
+    DEFAULT_LIVENESS, DecodeError, InitError, MpiJob, ProtocolViolation, RemoteError, RemoteL3,
+    RemoteRunFailure, RemoteRunKind, ServeError, ServedGraphs, TensorProblem, TensorRefusal,
+    serve_l3,
 };
 use simpler_worker::{
     CallableHandle, CompositeWorkerBuilder, DeviceBuffer, HostBuffer, Orchestration, RunHandle,
@@ -488,9 +489,17 @@ fn damaged_frame_fails_its_task_and_the_session_still_closes(job: &MpiJob) -> Re
         other => return Err(format!("the damaged reply gave {other:?}").into()),
     };
     let remote = e.frames().iter().find_map(|f| f.remote_error()).cloned();
-    check(matches!(remote, Some(RemoteError::Protocol { rank: 1, .. })), || {
-        format!("the damaged reply failed its task with {e} ({remote:?})")
-    })?;
+    // The drill inverts the version bytes: the frame is refused for its version, typed.
+    check(
+        matches!(
+            remote,
+            Some(RemoteError::Protocol {
+                rank: 1,
+                violation: ProtocolViolation::Malformed(DecodeError::Version { .. }),
+            })
+        ),
+        || format!("the damaged reply failed its task with {e} ({remote:?})"),
+    )?;
     w.run(on_child(h[0], 1))?;
     let closed = w.close();
     check(closed.is_ok(), || format!("close after a damaged frame: {closed:?}"))?;

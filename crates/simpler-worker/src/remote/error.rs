@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use simpler_types::{RunId, TaskId, WorkerId};
 
+use super::frames::{DecodeError, FrameKind};
 use crate::error::{CloseError, StartError};
 use crate::host_buffer::HostAddr;
 
@@ -156,12 +157,12 @@ pub enum RemoteError {
         what: String,
     },
     /// A frame did not decode or did not fit the protocol.
-    #[error("protocol error with rank {rank}: {what}")]
+    #[error("protocol error with rank {rank}: {violation}")]
     Protocol {
         /// The peer rank.
         rank: i32,
         /// What was wrong.
-        what: String,
+        violation: ProtocolViolation,
     },
     /// A serving rank ended its session with an error and said so: nothing more comes from
     /// it in this session.
@@ -203,6 +204,84 @@ pub enum RemoteError {
         /// Why (the rank's own words, or that it did not answer in time).
         reason: String,
     },
+}
+
+/// How a peer broke the protocol.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolViolation {
+    /// A frame from the peer did not decode; it was dropped.
+    #[error("a frame did not decode: {0}")]
+    Malformed(#[from] DecodeError),
+    /// A frame of a kind the protocol does not allow at this point of the session.
+    #[error("expected {}, got {got}", kinds(expected))]
+    UnexpectedFrame {
+        /// The frame's kind.
+        got: FrameKind,
+        /// The kinds allowed here.
+        expected: &'static [FrameKind],
+    },
+    /// A completion's written spans are not the ones its task's write tags name (it would
+    /// write bytes the engine did not order for the task). Boxed to keep `RemoteError` small.
+    #[error("{0}")]
+    WrittenSpans(Box<SpanMismatch>),
+    /// A written span leaves the buffer it is written into.
+    #[error(
+        "a written span of {} bytes at offset {} leaves buffer {} of {size} bytes",
+        span.len,
+        span.offset,
+        span.buffer
+    )]
+    SpanOutsideBuffer {
+        /// The span.
+        span: WrittenAt,
+        /// The buffer's size.
+        size: u64,
+    },
+}
+
+/// The first written span of a completion that differs from those its task's write tags name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the completion's written span {index} is {}, but its task's write tags name {} \
+     ({carried} spans carried, {named} named)",
+    span_text(got.as_ref()),
+    span_text(expected.as_ref())
+)]
+pub struct SpanMismatch {
+    /// Its position among the spans.
+    pub index: usize,
+    /// That span as the completion carries it (`None`: the completion has fewer).
+    pub got: Option<WrittenAt>,
+    /// That span as the write tags name it (`None`: they name fewer).
+    pub expected: Option<WrittenAt>,
+    /// The spans the completion carries.
+    pub carried: usize,
+    /// The spans the write tags name.
+    pub named: usize,
+}
+
+/// Where bytes a remote task wrote go: `len` bytes at `offset` of the task's buffer `buffer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WrittenAt {
+    /// The buffer's index in the task's frame.
+    pub buffer: u32,
+    /// The offset in that buffer.
+    pub offset: u64,
+    /// How many bytes.
+    pub len: u64,
+}
+
+fn kinds(k: &[FrameKind]) -> String {
+    let names: Vec<String> = k.iter().map(ToString::to_string).collect();
+    names.join(" or ")
+}
+
+fn span_text(s: Option<&WrittenAt>) -> String {
+    s.map_or_else(
+        || "missing".to_owned(),
+        |s| format!("{} bytes at offset {} of buffer {}", s.len, s.offset, s.buffer),
+    )
 }
 
 /// Why `MpiJob::init` could not set MPI up on this rank.

@@ -32,10 +32,10 @@ use std::time::Duration;
 pub(crate) use endpoint::{Adoption, RemoteChildren};
 pub use endpoint::{DEFAULT_LIVENESS, RemoteL3};
 pub use error::{
-    InitError, RemoteError, RemoteRunFailure, RemoteRunKind, ServeError, TensorProblem,
-    TensorRefusal, ThreadingLevel,
+    InitError, ProtocolViolation, RemoteError, RemoteRunFailure, RemoteRunKind, ServeError,
+    SpanMismatch, TensorProblem, TensorRefusal, ThreadingLevel, WrittenAt,
 };
-pub use frames::DecodeError;
+pub use frames::{DecodeError, FrameKind, WireField};
 pub use serve::{ServedGraphs, serve_l3};
 
 pub(crate) use frames::ManifestEntry;

@@ -29,8 +29,8 @@ use std::time::Duration;
 use simpler_types::{CallConfig, TaskArgsView};
 
 use super::endpoint::DEFAULT_LIVENESS;
-use super::error::{RemoteError, RemoteRunFailure, RemoteRunKind, ServeError};
-use super::frames::{ManifestEntry, Outcome, Packet, WireArgs};
+use super::error::{ProtocolViolation, RemoteError, RemoteRunFailure, RemoteRunKind, ServeError};
+use super::frames::{FrameKind, ManifestEntry, Outcome, Packet, WireArgs};
 use super::tensors::unpack;
 use super::transport::{MAX_FRAME_BYTES, Transport, check_frame};
 use super::{MpiJob, graph_entry};
@@ -228,16 +228,10 @@ fn serve_session(
     };
     // 3. (A refusal of an earlier session, left over, is skipped.)
     loop {
-        match rank0.next().map_err(left)? {
-            Packet::Accept => break,
-            Packet::Refuse { session: Some(s), reason } if s == session => {
-                return Err(refused(reason, worker.close()));
-            }
-            Packet::Refuse { .. } => tracing::debug!("skipping a refusal of another session"),
-            other => {
-                let e = protocol(format!("expected Accept or Refuse, got {other:?}"));
-                return Err(left(e).into());
-            }
+        match answer(session, rank0.next().map_err(left)?).map_err(left)? {
+            Answer::Accept => break,
+            Answer::Refuse(reason) => return Err(refused(reason, worker.close())),
+            Answer::Skip => tracing::debug!("skipping a refusal of another session"),
         }
     }
     // 4.
@@ -314,8 +308,31 @@ fn completion_frame(seq: u64, outcome: Outcome, level: u8, limit: usize) -> Vec<
     }
 }
 
-fn protocol(what: String) -> RemoteError {
-    RemoteError::Protocol { rank: 0, what }
+/// Rank 0's answer to this rank's manifest (step 3).
+#[derive(Debug, PartialEq)]
+enum Answer {
+    Accept,
+    /// The start of this session was refused, for this reason.
+    Refuse(String),
+    /// A refusal of another session, left over: skipped.
+    Skip,
+}
+
+/// Rank 0's frame `p`, the answer to the manifest of `session`: any other frame breaks the
+/// protocol.
+fn answer(session: u64, p: Packet) -> Result<Answer, RemoteError> {
+    match p {
+        Packet::Accept => Ok(Answer::Accept),
+        Packet::Refuse { session: Some(s), reason } if s == session => Ok(Answer::Refuse(reason)),
+        Packet::Refuse { .. } => Ok(Answer::Skip),
+        other => Err(RemoteError::Protocol {
+            rank: 0,
+            violation: ProtocolViolation::UnexpectedFrame {
+                got: other.kind(),
+                expected: &[FrameKind::Accept, FrameKind::Refuse],
+            },
+        }),
+    }
 }
 
 /// Runs one task as a whole L3 run over host buffers of this rank and turns its result into
@@ -433,6 +450,27 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(large.len() <= 1024);
+    }
+
+    #[test]
+    fn a_frame_other_than_accept_or_refuse_after_the_manifest_names_its_kind() {
+        assert_eq!(answer(3, Packet::Accept), Ok(Answer::Accept));
+        let refuse = |session| Packet::Refuse { session, reason: "r".to_owned() };
+        assert_eq!(answer(3, refuse(Some(3))), Ok(Answer::Refuse("r".to_owned())));
+        assert_eq!(answer(3, refuse(Some(2))), Ok(Answer::Skip));
+        assert_eq!(answer(3, refuse(None)), Ok(Answer::Skip));
+        let e = answer(3, Packet::Commit { ordinal: 1 }).unwrap_err();
+        match &e {
+            RemoteError::Protocol {
+                rank: 0,
+                violation: ProtocolViolation::UnexpectedFrame { got: FrameKind::Commit, expected },
+            } => assert_eq!(*expected, [FrameKind::Accept, FrameKind::Refuse]),
+            other => panic!("a Commit in answer to the manifest gave {other:?}"),
+        }
+        assert_eq!(
+            e.to_string(),
+            "protocol error with rank 0: expected Accept or Refuse, got Commit"
+        );
     }
 
     #[test]

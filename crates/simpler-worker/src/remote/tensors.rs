@@ -16,7 +16,7 @@
 
 use simpler_types::{TaskArgs, TaskArgsView, TaskId, Tensor, TensorArgType, WorkerId};
 
-use super::error::{RemoteError, TensorRefusal};
+use super::error::{ProtocolViolation, RemoteError, SpanMismatch, TensorRefusal, WrittenAt};
 use super::frames::{WireArgs, WireBuffer, WireTensor, WrittenSpan};
 use super::transport::MAX_FRAME_BYTES;
 use crate::error::WorkerError;
@@ -132,23 +132,32 @@ impl WriteBack {
     /// are exactly the expected ones (anything else would write bytes the engine did not
     /// order for this task).
     pub(crate) fn write_back(&self, rank: i32, written: &[WrittenSpan]) -> Result<(), RemoteError> {
-        let got = written.iter().map(|s| (s.buffer, s.offset as usize, s.bytes.len()));
-        let want = self.expected.iter().map(|&(b, lo, hi)| (b, lo, hi - lo));
-        if !got.eq(want) {
-            return Err(RemoteError::Protocol {
-                rank,
-                what: format!(
-                    "the completion carries {} written spans, not the {} its task's write tags \
-                     name",
-                    written.len(),
-                    self.expected.len()
-                ),
-            });
+        let got: Vec<WrittenAt> = written
+            .iter()
+            .map(|s| WrittenAt { buffer: s.buffer, offset: s.offset, len: s.bytes.len() as u64 })
+            .collect();
+        let want: Vec<WrittenAt> = self
+            .expected
+            .iter()
+            .map(|&(buffer, lo, hi)| WrittenAt { buffer, offset: lo as u64, len: (hi - lo) as u64 })
+            .collect();
+        let violation = |violation| RemoteError::Protocol { rank, violation };
+        if let Some(index) = (0..got.len().max(want.len())).find(|&i| got.get(i) != want.get(i)) {
+            return Err(violation(ProtocolViolation::WrittenSpans(Box::new(SpanMismatch {
+                index,
+                got: got.get(index).copied(),
+                expected: want.get(index).copied(),
+                carried: got.len(),
+                named: want.len(),
+            }))));
         }
-        for s in written {
-            self.buffers[s.buffer as usize]
-                .write(s.offset, &s.bytes)
-                .map_err(|e| RemoteError::Protocol { rank, what: format!("written span: {e}") })?;
+        for (s, span) in written.iter().zip(got) {
+            // The spans are the expected ones, which lie inside rank 0's buffers; a write that
+            // leaves its buffer anyway is refused, not performed.
+            let buffer = &self.buffers[s.buffer as usize];
+            buffer.write(s.offset, &s.bytes).map_err(|_| {
+                violation(ProtocolViolation::SpanOutsideBuffer { span, size: buffer.len() })
+            })?;
         }
         Ok(())
     }
@@ -338,6 +347,50 @@ mod tests {
             scalars: Vec::new(),
             buffers: (0..copies).map(|_| WireBuffer { len, bytes: None }).collect(),
         }
+    }
+
+    #[test]
+    fn a_completion_whose_written_spans_differ_names_the_first_that_does() {
+        let task = TaskId::new(simpler_types::RunId::from_raw(1).unwrap(), 0);
+        let buf = HostBuffer::new(64).unwrap();
+        let half = buf.tensor(&[16], DataType::Float32).unwrap().view(&[8], &[4]).unwrap();
+        let mut args = TaskArgs::new();
+        args.add_output(half).unwrap();
+        let (_, back) = pack(1, task, args.view()).map_err(|e| e.to_string()).unwrap();
+        let named = WrittenAt { buffer: 0, offset: 16, len: 32 };
+        let span = |offset: u64, len: usize| WrittenSpan { buffer: 0, offset, bytes: vec![7; len] };
+        let mismatch = |written: &[WrittenSpan]| match back.write_back(2, written) {
+            Err(RemoteError::Protocol {
+                rank: 2,
+                violation: ProtocolViolation::WrittenSpans(m),
+            }) => *m,
+            other => panic!("{written:?} gave {other:?}"),
+        };
+        // The named span, one byte short.
+        assert_eq!(
+            mismatch(&[span(16, 31)]),
+            SpanMismatch {
+                index: 0,
+                got: Some(WrittenAt { len: 31, ..named }),
+                expected: Some(named),
+                carried: 1,
+                named: 1,
+            }
+        );
+        // The named span, then one more.
+        assert_eq!(
+            mismatch(&[span(16, 32), span(0, 8)]),
+            SpanMismatch {
+                index: 1,
+                got: Some(WrittenAt { buffer: 0, offset: 0, len: 8 }),
+                expected: None,
+                carried: 2,
+                named: 1,
+            }
+        );
+        assert!(buf.to_vec().iter().all(|&b| b == 0), "nothing was written");
+        back.write_back(2, &[span(16, 32)]).unwrap();
+        assert_eq!(buf.to_vec()[16..48], [7; 32]);
     }
 
     #[test]

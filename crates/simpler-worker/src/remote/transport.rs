@@ -708,8 +708,7 @@ fn route(shared: &Shared, from: i32, bytes: &[u8]) {
         Ok(p) => p,
         Err(e) => {
             tracing::error!(rank = from, error = %e, "dropping a malformed frame");
-            let what = format!("a frame did not decode: {e}");
-            shared.lose_frame(from, RemoteError::Protocol { rank: from, what });
+            shared.lose_frame(from, RemoteError::Protocol { rank: from, violation: e.into() });
             return;
         }
     };
@@ -793,6 +792,8 @@ pub(crate) mod detached {
 
 #[cfg(test)]
 mod tests {
+    use super::super::error::ProtocolViolation;
+    use super::super::frames::DecodeError;
     use super::*;
 
     #[test]
@@ -801,12 +802,15 @@ mod tests {
         route(&shared, 1, &Packet::Hello { session: 1 }.encode());
         assert!(shared.lost_frame(1).is_none());
         route(&shared, 1, &[0xff; 5]);
-        match shared.lost_frame(1) {
-            Some(RemoteError::Protocol { rank: 1, what }) => {
-                assert!(what.contains("did not decode"), "{what}");
-            }
-            other => panic!("{other:?}"),
-        }
+        // Five bytes: a version of 0xffff, which this build does not speak.
+        let malformed = ProtocolViolation::Malformed(DecodeError::Version {
+            found: 0xffff,
+            expected: super::super::frames::VERSION,
+        });
+        assert_eq!(
+            shared.lost_frame(1),
+            Some(RemoteError::Protocol { rank: 1, violation: malformed })
+        );
         assert!(shared.lost_frame(2).is_none(), "only that rank's waits fail");
         assert!(shared.lost_frame(7).is_none());
     }

@@ -2,8 +2,12 @@
 //! (`docs/multi-host.md` §"Frames"). Never a struct image or a raw pointer: a frame means the
 //! same on every host.
 //!
-//! Every frame starts with the protocol version (`u16`) and a kind byte; a frame of another
-//! version, an unknown kind, a short body or trailing bytes is a [`DecodeError`].
+//! Every frame starts with the protocol version (`u16`) and a kind byte ([`FrameKind`]); a
+//! frame of another version, an unknown kind, a short body or trailing bytes is a
+//! [`DecodeError`] naming the offset and what was found there.
+
+mod decode_error;
+mod kind;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,6 +18,8 @@ use simpler_types::{
     TimeoutBudget, WorkerId, WorkerRef, WorkerType,
 };
 
+pub use self::decode_error::{DecodeError, WireField};
+pub use self::kind::FrameKind;
 use super::error::{RemoteRunFailure, RemoteRunKind};
 
 /// Version of the frame layout; both ends must agree.
@@ -140,41 +146,38 @@ pub(crate) enum Packet {
     Left { session: u64, reason: String },
 }
 
-/// A frame that could not be decoded.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("malformed frame: {0}")]
-pub struct DecodeError(pub(crate) String);
-
-mod kind {
-    pub(super) const HELLO: u8 = 1;
-    pub(super) const MANIFEST: u8 = 2;
-    pub(super) const ACCEPT: u8 = 3;
-    pub(super) const REFUSE: u8 = 4;
-    pub(super) const TASK: u8 = 5;
-    pub(super) const COMPLETION: u8 = 6;
-    pub(super) const SHUTDOWN: u8 = 7;
-    pub(super) const SHUTDOWN_DONE: u8 = 8;
-    pub(super) const PING: u8 = 9;
-    pub(super) const PONG: u8 = 10;
-    pub(super) const PREPARE: u8 = 11;
-    pub(super) const PREPARED: u8 = 12;
-    pub(super) const COMMIT: u8 = 13;
-    pub(super) const ABORT: u8 = 14;
-    pub(super) const LEFT: u8 = 15;
-}
-
 impl Packet {
+    /// Which message it is.
+    pub(crate) fn kind(&self) -> FrameKind {
+        match self {
+            Packet::Hello { .. } => FrameKind::Hello,
+            Packet::Manifest { .. } => FrameKind::Manifest,
+            Packet::Accept => FrameKind::Accept,
+            Packet::Refuse { .. } => FrameKind::Refuse,
+            Packet::Task { .. } => FrameKind::Task,
+            Packet::Completion { .. } => FrameKind::Completion,
+            Packet::Shutdown => FrameKind::Shutdown,
+            Packet::ShutdownDone { .. } => FrameKind::ShutdownDone,
+            Packet::Ping { .. } => FrameKind::Ping,
+            Packet::Pong { .. } => FrameKind::Pong,
+            Packet::Prepare { .. } => FrameKind::Prepare,
+            Packet::Prepared { .. } => FrameKind::Prepared,
+            Packet::Commit { .. } => FrameKind::Commit,
+            Packet::Abort { .. } => FrameKind::Abort,
+            Packet::Left { .. } => FrameKind::Left,
+        }
+    }
+
     /// Encodes the frame.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut w = Writer(Vec::with_capacity(64));
         w.u16(VERSION);
+        w.u8(self.kind() as u8);
         match self {
             Packet::Hello { session } => {
-                w.u8(kind::HELLO);
                 w.u64(*session);
             }
             Packet::Manifest { session, host, entries, start_error } => {
-                w.u8(kind::MANIFEST);
                 w.u64(*session);
                 w.str(host);
                 w.u32(entries.len() as u32);
@@ -185,26 +188,22 @@ impl Packet {
                 }
                 w.opt_str(start_error.as_deref());
             }
-            Packet::Accept => w.u8(kind::ACCEPT),
+            Packet::Accept | Packet::Shutdown => {}
             Packet::Refuse { session, reason } => {
-                w.u8(kind::REFUSE);
                 w.opt_u64(*session);
                 w.str(reason);
             }
             Packet::Left { session, reason } => {
-                w.u8(kind::LEFT);
                 w.u64(*session);
                 w.str(truncate(reason, MAX_ERROR_BYTES));
             }
             Packet::Task { seq, graph, config, args } => {
-                w.u8(kind::TASK);
                 w.u64(*seq);
                 w.u32(*graph);
                 w.config(config);
                 w.args(args);
             }
             Packet::Completion { seq, outcome } => {
-                w.u8(kind::COMPLETION);
                 w.u64(*seq);
                 match outcome {
                     Outcome::Ok { written } => {
@@ -233,39 +232,31 @@ impl Packet {
                     }
                 }
             }
-            Packet::Shutdown => w.u8(kind::SHUTDOWN),
             Packet::ShutdownDone { errors } => {
-                w.u8(kind::SHUTDOWN_DONE);
                 w.u32(errors.len() as u32);
                 for e in errors {
                     w.str(truncate(e, MAX_ERROR_BYTES));
                 }
             }
             Packet::Ping { nonce } => {
-                w.u8(kind::PING);
                 w.u64(*nonce);
             }
             Packet::Pong { nonce } => {
-                w.u8(kind::PONG);
                 w.u64(*nonce);
             }
             Packet::Prepare { seq, ordinal, name } => {
-                w.u8(kind::PREPARE);
                 w.u64(*seq);
                 w.u32(*ordinal);
                 w.str(name);
             }
             Packet::Prepared { seq, refusal } => {
-                w.u8(kind::PREPARED);
                 w.u64(*seq);
                 w.opt_str(refusal.as_deref().map(|r| truncate(r, MAX_ERROR_BYTES)));
             }
             Packet::Commit { ordinal } => {
-                w.u8(kind::COMMIT);
                 w.u32(*ordinal);
             }
             Packet::Abort { ordinal } => {
-                w.u8(kind::ABORT);
                 w.u32(*ordinal);
             }
         }
@@ -277,17 +268,17 @@ impl Packet {
         let mut r = Reader { bytes, at: 0 };
         let version = r.u16()?;
         if version != VERSION {
-            return Err(DecodeError(format!("version {version}, expected {VERSION}")));
+            return Err(DecodeError::Version { found: version, expected: VERSION });
         }
-        let p = match r.u8()? {
-            kind::HELLO => Packet::Hello { session: r.u64()? },
-            kind::MANIFEST => {
+        let p = match r.code(WireField::FrameKind, FrameKind::from_code)? {
+            FrameKind::Hello => Packet::Hello { session: r.u64()? },
+            FrameKind::Manifest => {
                 let session = r.u64()?;
                 let host = r.str()?;
                 let n = r.count(33)?;
                 let mut entries = Vec::with_capacity(n);
                 for _ in 0..n {
-                    let kind = callable_kind(r.u8()?)?;
+                    let kind = r.code(WireField::CallableKind, callable_kind)?;
                     let name = r.str()?;
                     let digest = r.array::<32>()?;
                     entries.push(ManifestEntry { kind, name, digest });
@@ -295,18 +286,18 @@ impl Packet {
                 let start_error = r.opt_str()?;
                 Packet::Manifest { session, host, entries, start_error }
             }
-            kind::ACCEPT => Packet::Accept,
-            kind::REFUSE => Packet::Refuse { session: r.opt_u64()?, reason: r.str()? },
-            kind::LEFT => Packet::Left { session: r.u64()?, reason: r.str()? },
-            kind::TASK => Packet::Task {
+            FrameKind::Accept => Packet::Accept,
+            FrameKind::Refuse => Packet::Refuse { session: r.opt_u64()?, reason: r.str()? },
+            FrameKind::Left => Packet::Left { session: r.u64()?, reason: r.str()? },
+            FrameKind::Task => Packet::Task {
                 seq: r.u64()?,
                 graph: r.u32()?,
                 config: r.config()?,
                 args: r.args()?,
             },
-            kind::COMPLETION => {
+            FrameKind::Completion => {
                 let seq = r.u64()?;
-                let outcome = match r.u8()? {
+                let outcome = match r.code(WireField::Outcome, |c| (c <= 2).then_some(c))? {
                     0 => {
                         let n = r.count(16)?;
                         let mut written = Vec::with_capacity(n);
@@ -318,9 +309,13 @@ impl Packet {
                         Outcome::Ok { written }
                     }
                     1 => {
+                        let at = r.at;
                         let n = r.count(MIN_CHAIN_LEVEL_BYTES)?;
                         if n > MAX_CHAIN_LEVELS {
-                            return Err(DecodeError(format!("a failure chain of {n} levels")));
+                            return Err(DecodeError::ChainTooDeep {
+                                levels: n as u32,
+                                max: MAX_CHAIN_LEVELS as u32,
+                            });
                         }
                         let mut levels = Vec::with_capacity(n);
                         for _ in 0..n {
@@ -334,17 +329,15 @@ impl Packet {
                             }
                             failure = Some(f);
                         }
-                        let failure =
-                            failure.ok_or_else(|| DecodeError("empty failure chain".to_owned()))?;
+                        let failure = failure.ok_or(DecodeError::EmptyChain { at })?;
                         Outcome::TaskFailed { failure }
                     }
-                    2 => Outcome::RunFailed { level: r.u8()?, failure: r.run_failure()? },
-                    other => return Err(DecodeError(format!("outcome {other}"))),
+                    _ => Outcome::RunFailed { level: r.u8()?, failure: r.run_failure()? },
                 };
                 Packet::Completion { seq, outcome }
             }
-            kind::SHUTDOWN => Packet::Shutdown,
-            kind::SHUTDOWN_DONE => {
+            FrameKind::Shutdown => Packet::Shutdown,
+            FrameKind::ShutdownDone => {
                 let n = r.count(4)?;
                 let mut errors = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -352,16 +345,17 @@ impl Packet {
                 }
                 Packet::ShutdownDone { errors }
             }
-            kind::PING => Packet::Ping { nonce: r.u64()? },
-            kind::PONG => Packet::Pong { nonce: r.u64()? },
-            kind::PREPARE => Packet::Prepare { seq: r.u64()?, ordinal: r.u32()?, name: r.str()? },
-            kind::PREPARED => Packet::Prepared { seq: r.u64()?, refusal: r.opt_str()? },
-            kind::COMMIT => Packet::Commit { ordinal: r.u32()? },
-            kind::ABORT => Packet::Abort { ordinal: r.u32()? },
-            other => return Err(DecodeError(format!("unknown kind {other}"))),
+            FrameKind::Ping => Packet::Ping { nonce: r.u64()? },
+            FrameKind::Pong => Packet::Pong { nonce: r.u64()? },
+            FrameKind::Prepare => {
+                Packet::Prepare { seq: r.u64()?, ordinal: r.u32()?, name: r.str()? }
+            }
+            FrameKind::Prepared => Packet::Prepared { seq: r.u64()?, refusal: r.opt_str()? },
+            FrameKind::Commit => Packet::Commit { ordinal: r.u32()? },
+            FrameKind::Abort => Packet::Abort { ordinal: r.u32()? },
         };
         if r.at != bytes.len() {
-            return Err(DecodeError(format!("{} trailing bytes", bytes.len() - r.at)));
+            return Err(DecodeError::Trailing { at: r.at, len: bytes.len() });
         }
         Ok(p)
     }
@@ -379,18 +373,18 @@ fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-fn callable_kind(v: u8) -> Result<CallableKind, DecodeError> {
-    Ok(match v {
+fn callable_kind(v: u8) -> Option<CallableKind> {
+    Some(match v {
         1 => CallableKind::Chip,
         2 => CallableKind::Host,
         3 => CallableKind::Graph,
-        other => return Err(DecodeError(format!("callable kind {other}"))),
+        _ => return None,
     })
 }
 
 /// A remote run failure's kind from its wire code (its discriminant).
-fn run_kind(v: u8) -> Result<RemoteRunKind, DecodeError> {
-    Ok(match v {
+fn run_kind(v: u8) -> Option<RemoteRunKind> {
+    Some(match v {
         0 => RemoteRunKind::TaskFailed,
         1 => RemoteRunKind::EndpointFailed,
         2 => RemoteRunKind::DeviceFault,
@@ -401,30 +395,30 @@ fn run_kind(v: u8) -> Result<RemoteRunKind, DecodeError> {
         7 => RemoteRunKind::CleanupFailed,
         8 => RemoteRunKind::Internal,
         9 => RemoteRunKind::Refused,
-        other => return Err(DecodeError(format!("run failure kind {other}"))),
+        _ => return None,
     })
 }
 
 /// The bytes of one tensor entry of [`WireArgs`] (descriptor, tag, buffer flag) at least.
 const WIRE_TENSOR_MIN: usize = 4 * 8 + 2 * 4 + 4 + 2 * MAX_TENSOR_DIMS * 4 + 8 + 2;
 
-fn tag(v: u8) -> Result<TensorArgType, DecodeError> {
-    Ok(match v {
+fn tag(v: u8) -> Option<TensorArgType> {
+    Some(match v {
         0 => TensorArgType::Input,
         1 => TensorArgType::Output,
         2 => TensorArgType::InOut,
         3 => TensorArgType::OutputExisting,
         4 => TensorArgType::NoDep,
-        other => return Err(DecodeError(format!("tensor tag {other}"))),
+        _ => return None,
     })
 }
 
-fn namespace(v: u8) -> Result<CallableNamespace, DecodeError> {
-    Ok(match v {
+fn namespace(v: u8) -> Option<CallableNamespace> {
+    Some(match v {
         1 => CallableNamespace::LocalChip,
         2 => CallableNamespace::LocalHost,
         3 => CallableNamespace::Remote,
-        other => return Err(DecodeError(format!("callable namespace {other}"))),
+        _ => return None,
     })
 }
 
@@ -656,8 +650,11 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| {
-            DecodeError(format!("truncated: {n} bytes wanted at offset {}", self.at))
+        let len = self.bytes.len();
+        let end = self.at.checked_add(n).filter(|&e| e <= len).ok_or(DecodeError::Truncated {
+            at: self.at,
+            wanted: n,
+            len,
         })?;
         let s = &self.bytes[self.at..end];
         self.at = end;
@@ -683,11 +680,24 @@ impl<'a> Reader<'a> {
     /// A count of items that take at least `min_item` bytes each, checked against what is
     /// left so a corrupt count cannot make the decoder allocate without bound.
     fn count(&mut self, min_item: usize) -> Result<usize, DecodeError> {
-        let n = self.u32()? as usize;
-        if n.saturating_mul(min_item) > self.bytes.len() - self.at {
-            return Err(DecodeError(format!("count {n} exceeds the frame")));
+        let at = self.at;
+        let count = self.u32()?;
+        let needed = u64::from(count).saturating_mul(min_item as u64);
+        let left = self.bytes.len() - self.at;
+        if needed > left as u64 {
+            return Err(DecodeError::Count { at, count, needed, left });
         }
-        Ok(n)
+        Ok(count as usize)
+    }
+    /// A one-byte code of `field`, which `known` maps to its meaning.
+    fn code<T>(
+        &mut self,
+        field: WireField,
+        known: impl FnOnce(u8) -> Option<T>,
+    ) -> Result<T, DecodeError> {
+        let at = self.at;
+        let code = self.u8()?;
+        known(code).ok_or(DecodeError::Code { field, code, at })
     }
     fn blob(&mut self) -> Result<&'a [u8], DecodeError> {
         let n = self.u32()? as usize;
@@ -695,14 +705,16 @@ impl<'a> Reader<'a> {
     }
     fn str(&mut self) -> Result<String, DecodeError> {
         let b = self.blob()?;
-        String::from_utf8(b.to_vec()).map_err(|e| DecodeError(format!("text: {e}")))
+        let at = self.at - b.len();
+        String::from_utf8(b.to_vec())
+            .map_err(|e| DecodeError::Text { at, valid_up_to: e.utf8_error().valid_up_to() })
     }
     fn flag(&mut self) -> Result<bool, DecodeError> {
-        match self.u8()? {
-            0 => Ok(false),
-            1 => Ok(true),
-            other => Err(DecodeError(format!("flag {other}"))),
-        }
+        self.code(WireField::Flag, |c| match c {
+            0 => Some(false),
+            1 => Some(true),
+            _ => None,
+        })
     }
     fn opt_str(&mut self) -> Result<Option<String>, DecodeError> {
         if self.flag()? { self.str().map(Some) } else { Ok(None) }
@@ -714,8 +726,8 @@ impl<'a> Reader<'a> {
         if self.flag()? { self.u64().map(Some) } else { Ok(None) }
     }
     fn run_id(&mut self) -> Result<RunId, DecodeError> {
-        let v = self.u64()?;
-        RunId::from_raw(v).ok_or_else(|| DecodeError("run id 0".to_owned()))
+        let at = self.at;
+        RunId::from_raw(self.u64()?).ok_or(DecodeError::RunIdZero { at })
     }
 
     fn args(&mut self) -> Result<WireArgs, DecodeError> {
@@ -723,7 +735,7 @@ impl<'a> Reader<'a> {
         let mut tensors = Vec::with_capacity(n);
         for _ in 0..n {
             let tensor = self.tensor()?;
-            let tag = tag(self.u8()?)?;
+            let tag = self.code(WireField::TensorTag, tag)?;
             tensors.push(WireTensor { tensor, tag, buffer: self.opt_u32()? });
         }
         let n = self.count(8)?;
@@ -743,27 +755,42 @@ impl<'a> Reader<'a> {
 
     /// A tensor descriptor; checked by the receiver once its address is its own.
     fn tensor(&mut self) -> Result<Tensor, DecodeError> {
-        // Every field below is overwritten; the reserved bytes stay zero.
-        let mut t = Tensor::external(0, &[1], simpler_types::DataType::UInt8)
-            .map_err(|e| DecodeError(format!("tensor: {e}")))?;
-        t.addr = self.u64()?;
-        t.size = self.u64()?;
-        t.owner_task_id = self.u64()?;
-        t.start_offset = self.u64()?;
-        t.version = self.u32()? as i32;
-        t.ndims = self.u32()?;
-        t.dtype = self.u8()?;
-        t.manual_dep = self.u8()?;
-        t.is_contiguous = self.u8()?;
-        t.child_memory = self.u8()?;
-        for s in &mut t.shapes {
+        // Fields in wire order; the reserved bytes stay zero.
+        let addr = self.u64()?;
+        let size = self.u64()?;
+        let owner_task_id = self.u64()?;
+        let start_offset = self.u64()?;
+        let version = self.u32()? as i32;
+        let ndims = self.u32()?;
+        let dtype = self.u8()?;
+        let manual_dep = self.u8()?;
+        let is_contiguous = self.u8()?;
+        let child_memory = self.u8()?;
+        let mut shapes = [0u32; MAX_TENSOR_DIMS];
+        for s in &mut shapes {
             *s = self.u32()?;
         }
-        t.extent_elems = self.u64()?;
-        for s in &mut t.strides {
+        let extent_elems = self.u64()?;
+        let mut strides = [0u32; MAX_TENSOR_DIMS];
+        for s in &mut strides {
             *s = self.u32()?;
         }
-        Ok(t)
+        Ok(Tensor {
+            addr,
+            size,
+            owner_task_id,
+            start_offset,
+            version,
+            ndims,
+            dtype,
+            manual_dep,
+            is_contiguous,
+            child_memory,
+            shapes,
+            extent_elems,
+            strides,
+            reserved: [0; 36],
+        })
     }
 
     fn config(&mut self) -> Result<CallConfig, DecodeError> {
@@ -789,21 +816,21 @@ impl<'a> Reader<'a> {
         if let Some(prefix) = self.opt_str()? {
             b = b.output_prefix(PathBuf::from(prefix));
         }
-        b.build().map_err(|e| DecodeError(format!("call config: {e}")))
+        b.build().map_err(|e| DecodeError::Config(Box::new(e)))
     }
 
     fn failure(&mut self) -> Result<TaskFailure, DecodeError> {
         let task = TaskId::new(self.run_id()?, self.u32()?);
         let digest = self.array::<32>()?;
-        let kind = callable_kind(self.u8()?)?;
-        let ns = namespace(self.u8()?)?;
+        let kind = self.code(WireField::CallableKind, callable_kind)?;
+        let ns = self.code(WireField::Namespace, namespace)?;
         let callable = CallableId::new(digest, kind, ns);
         let worker = if self.flag()? {
-            let ty = match self.u8()? {
-                0 => WorkerType::NextLevel,
-                1 => WorkerType::Sub,
-                other => return Err(DecodeError(format!("worker type {other}"))),
-            };
+            let ty = self.code(WireField::WorkerType, |c| match c {
+                0 => Some(WorkerType::NextLevel),
+                1 => Some(WorkerType::Sub),
+                _ => None,
+            })?;
             Some(WorkerRef { ty, id: WorkerId(self.u32()?) })
         } else {
             None
@@ -825,20 +852,19 @@ impl<'a> Reader<'a> {
     }
 
     fn run_failure(&mut self) -> Result<RemoteRunFailure, DecodeError> {
-        Ok(match self.u8()? {
+        Ok(match self.code(WireField::RunFailure, |c| (c <= 3).then_some(c))? {
             0 => RemoteRunFailure::UnknownOrdinal { ordinal: self.u32()? },
             1 => RemoteRunFailure::Arguments { reason: self.str()? },
             2 => RemoteRunFailure::ReplyTooLarge { bytes: self.u64()?, limit: self.u64()? },
-            3 => {
-                let kind = run_kind(self.u8()?)?;
+            _ => {
+                let kind = self.code(WireField::RunFailureKind, run_kind)?;
                 RemoteRunFailure::Run { kind, message: self.str()? }
             }
-            other => return Err(DecodeError(format!("run failure {other}"))),
         })
     }
 
     fn mechanism(&mut self) -> Result<FailureMechanism, DecodeError> {
-        Ok(match self.u8()? {
+        Ok(match self.code(WireField::Mechanism, |c| (c <= 7).then_some(c))? {
             0 => FailureMechanism::TaskFailed,
             1 => FailureMechanism::Panicked,
             2 => FailureMechanism::EndpointFailed,
@@ -850,15 +876,12 @@ impl<'a> Reader<'a> {
             }
             5 => FailureMechanism::CapacityExhausted { what: self.str()? },
             6 => FailureMechanism::Poisoned { root: TaskId::new(self.run_id()?, self.u32()?) },
-            7 => {
-                let code = self.u8()? as usize;
-                let reason = CANCEL_REASONS
-                    .get(code)
-                    .copied()
-                    .ok_or_else(|| DecodeError(format!("cancel reason {code}")))?;
+            _ => {
+                let reason = self.code(WireField::CancelReason, |c| {
+                    CANCEL_REASONS.get(usize::from(c)).copied()
+                })?;
                 FailureMechanism::Cancelled { reason }
             }
-            other => return Err(DecodeError(format!("failure mechanism {other}"))),
         })
     }
 }

@@ -49,7 +49,7 @@ fn a_failure_chain_crosses_at_most_its_outer_levels_and_a_deeper_one_is_refused(
     for (claimed, written) in [(MAX_CHAIN_LEVELS as u32 + 1, MAX_CHAIN_LEVELS + 1), (u32::MAX, 2)] {
         let mut w = Writer(Vec::new());
         w.u16(VERSION);
-        w.u8(kind::COMPLETION);
+        w.u8(FrameKind::Completion as u8);
         w.u64(1);
         w.u8(1);
         w.u32(claimed);
@@ -58,7 +58,13 @@ fn a_failure_chain_crosses_at_most_its_outer_levels_and_a_deeper_one_is_refused(
             w.failure(&level(seq), &mut budget);
         }
         let refused = Packet::decode(&w.0);
-        assert!(refused.is_err(), "{claimed} levels: {refused:?}");
+        let levels = claimed;
+        let max = MAX_CHAIN_LEVELS as u32;
+        assert!(
+            matches!(refused, Err(DecodeError::ChainTooDeep { levels: l, max: m }) if l == levels && m == max)
+                || matches!(refused, Err(DecodeError::Count { count, .. }) if count == claimed),
+            "{claimed} levels: {refused:?}"
+        );
     }
 }
 
@@ -214,4 +220,112 @@ fn error_text_is_bounded() {
     );
     let bytes = Packet::Completion { seq: 1, outcome: Outcome::TaskFailed { failure: f } }.encode();
     assert!(bytes.len() < MAX_ERROR_BYTES + 256, "{} bytes", bytes.len());
+}
+
+/// A frame of kind `kind` whose body `body` writes.
+fn frame(kind: FrameKind, body: impl FnOnce(&mut Writer)) -> Vec<u8> {
+    let mut w = Writer(Vec::new());
+    w.u16(VERSION);
+    w.u8(kind as u8);
+    body(&mut w);
+    w.0
+}
+
+#[test]
+fn a_refused_frame_names_the_offset_and_what_was_found_there() {
+    let hello = Packet::Hello { session: 5 }.encode();
+    assert_eq!(
+        Packet::decode(&hello[..7]),
+        Err(DecodeError::Truncated { at: 3, wanted: 8, len: 7 })
+    );
+    let mut other = hello.clone();
+    other[..2].copy_from_slice(&9u16.to_le_bytes());
+    assert_eq!(Packet::decode(&other), Err(DecodeError::Version { found: 9, expected: VERSION }));
+    let mut unknown = hello.clone();
+    unknown[2] = 99;
+    assert_eq!(
+        Packet::decode(&unknown),
+        Err(DecodeError::Code { field: WireField::FrameKind, code: 99, at: 2 })
+    );
+    let mut trailing = hello;
+    trailing.extend_from_slice(&[0, 0]);
+    let refused = Packet::decode(&trailing);
+    assert_eq!(refused, Err(DecodeError::Trailing { at: 11, len: 13 }));
+    assert_eq!(
+        refused.unwrap_err().to_string(),
+        "malformed frame: 2 trailing bytes after offset 11"
+    );
+    let count = frame(FrameKind::ShutdownDone, |w| w.u32(1000));
+    assert_eq!(
+        Packet::decode(&count),
+        Err(DecodeError::Count { at: 3, count: 1000, needed: 4000, left: 0 })
+    );
+    let flag = frame(FrameKind::Prepared, |w| {
+        w.u64(1);
+        w.u8(2);
+    });
+    assert_eq!(
+        Packet::decode(&flag),
+        Err(DecodeError::Code { field: WireField::Flag, code: 2, at: 11 })
+    );
+    let text = frame(FrameKind::Prepare, |w| {
+        w.u64(1);
+        w.u32(0);
+        w.blob(&[b'o', b'k', 0xff]);
+    });
+    assert_eq!(Packet::decode(&text), Err(DecodeError::Text { at: 19, valid_up_to: 2 }));
+    let outcome = frame(FrameKind::Completion, |w| {
+        w.u64(1);
+        w.u8(7);
+    });
+    assert_eq!(
+        Packet::decode(&outcome),
+        Err(DecodeError::Code { field: WireField::Outcome, code: 7, at: 11 })
+    );
+    let empty_chain = frame(FrameKind::Completion, |w| {
+        w.u64(1);
+        w.u8(1);
+        w.u32(0);
+    });
+    assert_eq!(Packet::decode(&empty_chain), Err(DecodeError::EmptyChain { at: 12 }));
+    // A failure level whose run id is 0, which no run has.
+    let run_zero = frame(FrameKind::Completion, |w| {
+        w.u64(1);
+        w.u8(1);
+        w.u32(1);
+        let id = CallableId::new([3; 32], CallableKind::Host, CallableNamespace::LocalHost);
+        let run = RunId::from_raw(7).unwrap();
+        let level = TaskFailure::new(TaskId::new(run, 1), id, FailureMechanism::Panicked, "");
+        let mut budget = MAX_ERROR_BYTES;
+        w.failure(&level, &mut budget);
+        w.0[16..24].copy_from_slice(&0u64.to_le_bytes());
+    });
+    assert_eq!(Packet::decode(&run_zero), Err(DecodeError::RunIdZero { at: 16 }));
+    // A call config of swimlane level 9, which CallConfig refuses.
+    let config = frame(FrameKind::Task, |w| {
+        w.u64(1);
+        w.u32(0);
+        let at = w.0.len();
+        w.config(&CallConfig::default());
+        w.0[at + 8..at + 12].copy_from_slice(&9u32.to_le_bytes());
+        w.args(&WireArgs::default());
+    });
+    assert_eq!(
+        Packet::decode(&config),
+        Err(DecodeError::Config(Box::new(simpler_types::TypesError::InvalidSwimlaneLevel(9))))
+    );
+    // The tag of the first tensor of a task's arguments.
+    let tag = frame(FrameKind::Task, |w| {
+        w.u64(1);
+        w.u32(0);
+        w.config(&CallConfig::default());
+        let at = w.0.len() + 4 + WIRE_TENSOR_MIN - 2;
+        w.args(&wire_args());
+        w.0[at] = 9;
+    });
+    let Err(DecodeError::Code { field: WireField::TensorTag, code: 9, at }) = Packet::decode(&tag)
+    else {
+        panic!("a tensor tag of 9 gave {:?}", Packet::decode(&tag));
+    };
+    assert_eq!(tag[at], 9);
 }
