@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use simpler_types::{RunId, TaskId, WorkerId};
+use simpler_types::{RunId, TaskId, TypesError, WorkerId};
 
 use super::frames::{DecodeError, FrameKind};
 use crate::error::{CloseError, StartError};
@@ -433,11 +433,8 @@ pub enum RemoteRunFailure {
     },
     /// The task's arguments do not unpack into buffers of the rank (a tensor outside its
     /// buffer, output buffers larger than a reply can carry).
-    #[error("task arguments: {reason}")]
-    Arguments {
-        /// What does not fit.
-        reason: String,
-    },
+    #[error("task arguments: {0}")]
+    Arguments(ArgumentsProblem),
     /// The bytes the task wrote cannot come back: the reply would exceed a frame.
     #[error(
         "the task's written bytes cannot come back: a {bytes}-byte reply exceeds the {limit} \
@@ -456,6 +453,117 @@ pub enum RemoteRunFailure {
         kind: RemoteRunKind,
         /// The remote error, rendered there.
         message: String,
+    },
+}
+
+/// Why a task's arguments do not unpack into buffers of the serving rank. Indices count
+/// tensors and buffers in the task's frame; offsets and lengths are bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ArgumentsProblem {
+    /// A tensor that is not null names no buffer.
+    #[error("tensor {tensor} is not null but names no buffer")]
+    NoBuffer {
+        /// The tensor.
+        tensor: u32,
+    },
+    /// A tensor names a buffer the task does not carry.
+    #[error("tensor {tensor} names buffer {buffer}, but the task carries {buffers} buffers")]
+    NoSuchBuffer {
+        /// The tensor.
+        tensor: u32,
+        /// The buffer it names.
+        buffer: u32,
+        /// The buffers the task carries.
+        buffers: u32,
+    },
+    /// The memory a tensor names (`size` bytes at `offset`) leaves its buffer.
+    #[error(
+        "tensor {tensor}: {size} bytes at offset {offset} do not fit buffer {buffer} of {len} \
+         bytes"
+    )]
+    OutsideBuffer {
+        /// The tensor.
+        tensor: u32,
+        /// Its buffer.
+        buffer: u32,
+        /// The offset of its memory in the buffer.
+        offset: u64,
+        /// Its memory's size.
+        size: u64,
+        /// The buffer's length.
+        len: u64,
+    },
+    /// The bytes a tensor's view can touch do not lie inside its buffer.
+    #[error("tensor {tensor}: its view has no byte span inside buffer {buffer} of {len} bytes")]
+    NoSpan {
+        /// The tensor.
+        tensor: u32,
+        /// Its buffer.
+        buffer: u32,
+        /// The buffer's length.
+        len: u64,
+    },
+    /// The bytes to be written back into buffers sent without their bytes could not come
+    /// back in one reply frame.
+    #[error("output buffers of {bytes} bytes, more than the {limit} bytes a frame holds")]
+    OutputsTooLarge {
+        /// The bytes that would come back.
+        bytes: u64,
+        /// The most one frame holds.
+        limit: u64,
+    },
+    /// A buffer sent with its bytes carries another number of bytes than its length.
+    #[error("buffer {buffer}: {carried} bytes for a length of {len}")]
+    BufferBytes {
+        /// The buffer.
+        buffer: u32,
+        /// The bytes it carries.
+        carried: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// A buffer of length 0, which no host buffer has.
+    #[error("buffer {buffer} has length 0")]
+    EmptyBuffer {
+        /// The buffer.
+        buffer: u32,
+    },
+    /// The serving rank could not allocate a buffer.
+    #[error("buffer {buffer}: the rank could not allocate its {len} bytes")]
+    Allocation {
+        /// The buffer.
+        buffer: u32,
+        /// Its length.
+        len: u64,
+    },
+    /// A tensor descriptor breaks a rule of `Tensor::validate`.
+    #[error("tensor {tensor}: {}", error.as_deref().map_or_else(
+        || "the descriptor breaks a rule this build cannot name".to_owned(),
+        ToString::to_string,
+    ))]
+    InvalidTensor {
+        /// The tensor.
+        tensor: u32,
+        /// The rule it breaks; `None` for a rule the frame format has no code for (the
+        /// serving rank logs it). Boxed to keep `RemoteError` small.
+        error: Option<Box<TypesError>>,
+    },
+    /// More tensors than a task takes.
+    #[error("{count} tensors, more than the {cap} a task takes")]
+    TooManyTensors {
+        /// The tensors the task carries.
+        count: u32,
+        /// The most a task takes.
+        cap: u32,
+    },
+    /// More scalars than a task takes.
+    #[error("{count} scalars, more than the {cap} a task takes")]
+    TooManyScalars {
+        /// The scalars the task carries.
+        count: u32,
+        /// The most a task takes.
+        cap: u32,
     },
 }
 

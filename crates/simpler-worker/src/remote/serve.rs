@@ -351,7 +351,7 @@ fn run_task(
     };
     let inbound = match unpack(args) {
         Ok(a) => a,
-        Err(reason) => return failed(RemoteRunFailure::Arguments { reason }),
+        Err(problem) => return failed(RemoteRunFailure::Arguments(problem)),
     };
     let g = Arc::clone(g);
     let orch = Orchestration::graph(move |gb, view, cfg| g(gb, view, cfg))

@@ -122,6 +122,12 @@ pub enum WireField {
     Mechanism,
     /// Why a task was cancelled.
     CancelReason,
+    /// Why a task's arguments did not unpack.
+    ArgumentsProblem,
+    /// Which rule a tensor descriptor breaks.
+    TensorRule,
+    /// A name a broken rule holds (a quantity, field or cache of the descriptor).
+    TensorQuantity,
 }
 
 impl std::fmt::Display for WireField {
@@ -138,6 +144,9 @@ impl std::fmt::Display for WireField {
             WireField::RunFailureKind => "run failure kind",
             WireField::Mechanism => "failure mechanism",
             WireField::CancelReason => "cancel reason",
+            WireField::ArgumentsProblem => "arguments problem",
+            WireField::TensorRule => "tensor rule",
+            WireField::TensorQuantity => "tensor quantity",
         })
     }
 }

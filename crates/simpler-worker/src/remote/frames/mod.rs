@@ -6,6 +6,7 @@
 //! frame of another version, an unknown kind, a short body or trailing bytes is a
 //! [`DecodeError`] naming the offset and what was found there.
 
+mod arguments;
 mod decode_error;
 mod kind;
 
@@ -18,12 +19,13 @@ use simpler_types::{
     TimeoutBudget, WorkerId, WorkerRef, WorkerType,
 };
 
+pub(crate) use self::arguments::carries as carries_types_error;
 pub use self::decode_error::{DecodeError, WireField};
 pub use self::kind::FrameKind;
 use super::error::{RemoteRunFailure, RemoteRunKind};
 
 /// Version of the frame layout; both ends must agree.
-pub(crate) const VERSION: u16 = 6;
+pub(crate) const VERSION: u16 = 7;
 
 /// Error frames longer than this are cut (innermost message first), so one failure can never
 /// grow a completion without bound.
@@ -592,9 +594,9 @@ impl Writer {
                 self.u8(0);
                 self.u32(*ordinal);
             }
-            RemoteRunFailure::Arguments { reason } => {
+            RemoteRunFailure::Arguments(problem) => {
                 self.u8(1);
-                self.str(truncate(reason, MAX_ERROR_BYTES));
+                self.arguments_problem(problem);
             }
             RemoteRunFailure::ReplyTooLarge { bytes, limit } => {
                 self.u8(2);
@@ -854,7 +856,7 @@ impl<'a> Reader<'a> {
     fn run_failure(&mut self) -> Result<RemoteRunFailure, DecodeError> {
         Ok(match self.code(WireField::RunFailure, |c| (c <= 3).then_some(c))? {
             0 => RemoteRunFailure::UnknownOrdinal { ordinal: self.u32()? },
-            1 => RemoteRunFailure::Arguments { reason: self.str()? },
+            1 => RemoteRunFailure::Arguments(self.arguments_problem()?),
             2 => RemoteRunFailure::ReplyTooLarge { bytes: self.u64()?, limit: self.u64()? },
             _ => {
                 let kind = self.code(WireField::RunFailureKind, run_kind)?;
