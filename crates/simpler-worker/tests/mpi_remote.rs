@@ -5,7 +5,7 @@
 //! the jobs' exit codes: the conformance job (a remote task on each L3, a remote task error
 //! with its rank frame, a stalled rank that does not silence the others while a large frame
 //! waits for it, nor while a large frame from it is half received, a damaged reply failing its
-//! task while the session still closes cleanly, a hung rank failing its runs within the liveness budget, a manifest
+//! task while the session still closes cleanly, a lost `ShutdownDone` reported at once, a hung rank failing its runs within the liveness budget, a manifest
 //! mismatch refusing start, clean shutdown of every rank, serving ranks giving a silent rank 0
 //! up) must exit 0; the killed-rank job
 //! (rank 2 aborts in a task) must exit non-zero within its budget instead of hanging.
@@ -20,9 +20,9 @@ use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
 use simpler_worker::remote::{
-    DEFAULT_LIVENESS, DecodeError, InitError, MpiJob, ProtocolViolation, RemoteError, RemoteL3,
-    RemoteRunFailure, RemoteRunKind, ServeError, ServedGraphs, TensorProblem, TensorRefusal,
-    serve_l3,
+    DEFAULT_LIVENESS, DecodeError, FrameKind, InitError, MpiJob, ProtocolViolation, RemoteError,
+    RemoteL3, RemoteRunFailure, RemoteRunKind, ServeError, ServedGraphs, TensorProblem,
+    TensorRefusal, serve_l3,
 };
 use simpler_worker::{
     CallableHandle, CompositeWorkerBuilder, DeviceBuffer, HostBuffer, Orchestration, RunHandle,
@@ -54,6 +54,9 @@ const GRAPHS: [&str; 13] = [
     "build_fails",
     "corrupt_reply",
 ];
+/// The longest a close may take to report a lost `ShutdownDone` (rank 0's shutdown budget is
+/// 60 s).
+const LOST_REPLY_BUDGET: Duration = Duration::from_secs(5);
 /// How long after answering `stall_soon` the rank's MPI thread stalls.
 const STALL_DELAY: Duration = Duration::from_millis(300);
 /// How long the `sleep` task computes: longer than [`SHORT_LIVENESS`].
@@ -302,6 +305,7 @@ fn conformance_rank0(job: &MpiJob) -> Res {
     stalled_rank_does_not_silence_the_others(job)?;
     half_received_frame_does_not_silence_the_others(job)?;
     damaged_frame_fails_its_task_and_the_session_still_closes(job)?;
+    lost_shutdown_done_is_told_at_once(job)?;
 
     // A hung rank: rank 2's MPI thread stops answering; its run fails within the budget
     // while rank 1 keeps working.
@@ -507,6 +511,27 @@ fn damaged_frame_fails_its_task_and_the_session_still_closes(job: &MpiJob) -> Re
     Ok(())
 }
 
+/// Rank 1's MPI thread loses its `ShutdownDone` (a drill refuses the send): rank 1 sees the
+/// loss and tells rank 0 with a `Left`, so closing the worker reports it at once instead of
+/// after waiting out the shutdown budget (60 s) on a rank that goes on serving.
+fn lost_shutdown_done_is_told_at_once(job: &MpiJob) -> Res {
+    let (b, h) = l4(job, Duration::from_secs(10));
+    let w = b.start()?;
+    w.run(on_both(h[0]))?;
+    let t0 = Instant::now();
+    let closed = w.close();
+    let waited = t0.elapsed();
+    let text = closed.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
+    check(text.contains("rank 1") && text.contains("ShutdownDone was lost"), || {
+        format!("close after a lost ShutdownDone gave {closed:?}")
+    })?;
+    check(waited < LOST_REPLY_BUDGET, || {
+        format!("close waited {waited:.2?} for a ShutdownDone that was lost")
+    })?;
+    println!("rank 0: a lost ShutdownDone was reported after {waited:.2?}: {text}");
+    Ok(())
+}
+
 /// Host buffers of rank 0 cross hosts: on each remote L3 a task reads two of them and writes
 /// the first half of a third (InOut), whose chip lane stages them there; a sub task of rank 0
 /// ordered after it by that buffer checks the sum and that the other half kept its bytes.
@@ -655,11 +680,23 @@ fn killed_rank0(job: &MpiJob) -> Res {
 // Serving ranks
 
 fn conformance_serving(job: &Arc<MpiJob>) -> Res {
-    // Remote tasks and errors; host buffers; a stalled rank 2 not silencing rank 1; the hung
-    // rank.
-    for _ in 0..6 {
+    // Remote tasks and errors; host buffers; a stalled rank 2 not silencing rank 1; a damaged
+    // reply.
+    for _ in 0..5 {
         serve(job, &GRAPHS)?;
     }
+    // Rank 1's ShutdownDone is lost: its serve_l3 says so instead of returning Ok.
+    if job.rank() == 1 {
+        job.refuse_next_send_of(FrameKind::ShutdownDone)?;
+        match serve(job, &GRAPHS) {
+            Err(ServeError::Remote(RemoteError::Mpi { op: "MPI_Isend (drill)", .. })) => {}
+            other => return Err(format!("rank 1: a lost ShutdownDone gave {other:?}").into()),
+        }
+    } else {
+        serve(job, &GRAPHS)?;
+    }
+    // The hung rank.
+    serve(job, &GRAPHS)?;
     let mut renamed = GRAPHS;
     if job.rank() == 2 {
         renamed[1] = "compute_v2";

@@ -26,8 +26,9 @@
 //! with [`RemoteError::CommitLost`], so its tasks fail at once rather than reach it.
 //!
 //! Shutdown (engine shutdown, or drop after a failed start): send `Shutdown`, wait for
-//! `ShutdownDone` (silence budget as above, at most `SHUTDOWN_BUDGET` in all), stop pinging,
-//! close the inbox. What the remote close reported, or a rank that never confirmed, becomes
+//! `ShutdownDone` (silence budget as above, at most `SHUTDOWN_BUDGET` in all, warning every
+//! 10 s while it waits; a `Left` from the rank, which says its `ShutdownDone` was lost, ends
+//! the wait at once), stop pinging, close the inbox. What the remote close reported, or a rank that never confirmed, becomes
 //! residue of the L4 close.
 
 use std::collections::HashMap;
@@ -51,6 +52,8 @@ use crate::error::{StartCause, StartError, TeardownError};
 pub const DEFAULT_LIVENESS: Duration = Duration::from_secs(10);
 /// The longest rank 0 waits for a remote L3 worker to confirm its shutdown.
 const SHUTDOWN_BUDGET: Duration = Duration::from_secs(60);
+/// How often a wait for a rank's `ShutdownDone` warns that it still waits.
+const STILL_WAITING: Duration = crate::run::DEFAULT_STILL_WAITING;
 /// The level of a remote child.
 const REMOTE_LEVEL: u8 = 3;
 /// The longest rank 0 waits for a rank's answer to phase 1 of a registration.
@@ -547,6 +550,33 @@ impl Session {
         }
     }
 
+    /// Waits for the rank's `ShutdownDone` for at most [`SHUTDOWN_BUDGET`], warning every
+    /// [`STILL_WAITING`] while it does not come, so that a long wait is never silent.
+    fn wait_shutdown_done(&self, lost_before: u64) -> Result<Packet, Waited> {
+        let since = Instant::now();
+        let until = since.checked_add(SHUTDOWN_BUDGET);
+        let done = |p: &Packet| matches!(p, Packet::ShutdownDone { .. });
+        loop {
+            let slice = Instant::now().checked_add(STILL_WAITING);
+            let deadline = match (slice, until) {
+                (Some(s), Some(u)) => Some(s.min(u)),
+                (s, u) => s.or(u),
+            };
+            match self.wait(deadline, None, lost_before, done) {
+                Err(Waited::Deadline) if until.is_none_or(|u| Instant::now() < u) => {
+                    tracing::warn!(
+                        rank = self.rank,
+                        host = %self.host,
+                        waited = ?since.elapsed(),
+                        budget = ?SHUTDOWN_BUDGET,
+                        "still waiting for the rank's L3 worker to confirm its shutdown"
+                    );
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Ends the session with `Shutdown`; returns what the remote close reported.
     fn shutdown(&mut self) -> Vec<Residue> {
         if !self.open {
@@ -564,24 +594,25 @@ impl Session {
         // answering `Shutdown`: only one lost from now on ends this wait early.
         let lost_before = self.transport.lost_count(rank);
         match self.transport.send(rank, &Packet::Shutdown) {
-            Ok(()) => {
-                let deadline = Instant::now().checked_add(SHUTDOWN_BUDGET);
-                let done = |p: &Packet| matches!(p, Packet::ShutdownDone { .. });
-                match self.wait(deadline, None, lost_before, done) {
-                    Ok(Packet::ShutdownDone { errors }) => {
-                        residue.extend(errors.into_iter().map(|e| {
-                            Residue::Failed(format!("rank {rank} ({}): close: {e}", self.host))
-                        }));
-                    }
-                    Ok(_) => unreachable!("wait returns only frames its filter accepts"),
-                    Err(Waited::Deadline) => residue.push(Residue::Leaked(format!(
-                        "rank {rank}: L3 worker did not confirm its shutdown within {SHUTDOWN_BUDGET:?}"
-                    ))),
-                    Err(Waited::Failed(e)) => residue.push(Residue::Leaked(format!(
-                        "rank {rank}: L3 worker did not confirm its shutdown: {e}"
-                    ))),
+            Ok(()) => match self.wait_shutdown_done(lost_before) {
+                Ok(Packet::ShutdownDone { errors }) => {
+                    residue.extend(errors.into_iter().map(|e| {
+                        Residue::Failed(format!("rank {rank} ({}): close: {e}", self.host))
+                    }));
                 }
-            }
+                Ok(_) => unreachable!("wait returns only frames its filter accepts"),
+                // The rank says why no `ShutdownDone` comes (it was lost on its way), and what
+                // its close did: nothing is unaccounted for.
+                Err(Waited::Failed(e @ RemoteError::Left { .. })) => {
+                    residue.push(Residue::Failed(format!("rank {rank} ({}): {e}", self.host)));
+                }
+                Err(Waited::Deadline) => residue.push(Residue::Leaked(format!(
+                    "rank {rank}: L3 worker did not confirm its shutdown within {SHUTDOWN_BUDGET:?}"
+                ))),
+                Err(Waited::Failed(e)) => residue.push(Residue::Leaked(format!(
+                    "rank {rank}: L3 worker did not confirm its shutdown: {e}"
+                ))),
+            },
             Err(e) => residue.push(Residue::Failed(format!("rank {rank}: shutdown: {e}"))),
         }
         self.end();

@@ -43,6 +43,17 @@ pub enum RemoteError {
         /// The largest frame.
         limit: usize,
     },
+    /// A frame for `rank` after which this rank stops listening (a serving rank's
+    /// `ShutdownDone`) was not confirmed sent within `waited`.
+    #[error("the {frame} frame to rank {rank} was not confirmed sent within {waited:?}")]
+    SendUnconfirmed {
+        /// The destination rank.
+        rank: i32,
+        /// The frame.
+        frame: FrameKind,
+        /// How long this rank waited for MPI to send it.
+        waited: Duration,
+    },
     /// A rank outside `1..size` (rank 0 runs the L4 worker).
     #[error("rank {rank} cannot host a remote L3 worker in a job of {size} ranks")]
     NoSuchRank {
@@ -170,13 +181,15 @@ pub enum RemoteError {
     Left {
         /// The rank.
         rank: i32,
-        /// Its error.
+        /// Its error, rendered on that rank (the `Left` frame carries it as text).
         reason: String,
     },
     /// Rank 0 refused the start of this rank's session.
     #[error("rank 0 refused the start: {reason}")]
     Refused {
-        /// Rank 0's reason.
+        /// Rank 0's reason, rendered on rank 0: a manifest mismatch, a failed wait, or the
+        /// error of rank 0's own start, which can hold any error of its program, so the
+        /// `Refuse` frame carries it as text.
         reason: String,
     },
     /// Rank 0 could not send a serving rank the `Commit` of a graph registered after start,

@@ -101,6 +101,13 @@ impl MpiJob {
         self.transport.corrupt_next_send()
     }
 
+    /// Makes this rank's MPI thread refuse its next frame of `kind`, as MPI refuses a send
+    /// (`RemoteError::Mpi { op: "MPI_Isend (drill)", code: -1 }`): a drill for a frame lost on
+    /// its way out, such as a serving rank's `ShutdownDone`.
+    pub fn refuse_next_send_of(&self, kind: FrameKind) -> Result<(), RemoteError> {
+        self.transport.refuse_next_send_of(kind)
+    }
+
     /// Finalizes MPI and joins the MPI thread.
     pub fn finalize(self) -> Result<(), RemoteError> {
         self.transport.finalize()

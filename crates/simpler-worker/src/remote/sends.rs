@@ -11,9 +11,14 @@ use super::error::RemoteError;
 use super::request::{Request, null_request};
 use super::transport::MAX_FRAME_BYTES;
 
+/// Where the sender of a frame learns whether MPI sent it.
+pub(super) type Receipt = std::sync::mpsc::Sender<Result<(), RemoteError>>;
+
 /// One frame being sent.
 pub(super) struct InFlight {
     request: Request,
+    /// Told how the send ended, when its sender asked.
+    pub(super) receipt: Option<Receipt>,
     /// The destination rank.
     pub(super) to: i32,
     /// Whether it goes on the health communicator (a ping or a pong).
@@ -54,11 +59,25 @@ impl InFlight {
         }
         // SAFETY: `raw` is the send MPI just started over the heap buffer of `bytes`.
         let request = unsafe { Request::new(raw, bytes) };
-        Ok(InFlight { request, to, health })
+        Ok(InFlight { request, receipt: None, to, health })
     }
 
-    /// Whether MPI is done with the frame.
+    /// Whether MPI is done with the frame; the receipt, if any, is told once it is, or once
+    /// the send failed.
     pub(super) fn done(&mut self) -> Result<bool, RemoteError> {
-        self.request.test()
+        let done = self.request.test();
+        match &done {
+            Ok(false) => {}
+            Ok(true) => settle(self.receipt.take(), Ok(())),
+            Err(e) => settle(self.receipt.take(), Err(e.clone())),
+        }
+        done
+    }
+}
+
+/// Tells `receipt`, if any, how a send ended (nobody may be waiting any more).
+pub(super) fn settle(receipt: Option<Receipt>, r: Result<(), RemoteError>) {
+    if let Some(receipt) = receipt {
+        let _ = receipt.send(r);
     }
 }

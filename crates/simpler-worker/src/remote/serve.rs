@@ -9,9 +9,11 @@
 //!    (one task at a time), over host buffers of this rank holding the task's tensors
 //!    (`tensors`), and is answered by `Completion` with the outcome: on success the bytes its
 //!    write-tagged tensors can touch, on failure the failure chain.
-//! 5. `Shutdown` → close the worker, reply `ShutdownDone` with what the close reported,
-//!    close the inbox and return what the close reported; a reply that cannot be sent is
-//!    returned beside the close's errors ([`ServeError::CloseUnreported`]), never instead.
+//! 5. `Shutdown` → close the worker, reply `ShutdownDone` with what the close reported and wait
+//!    (at most the liveness budget) until MPI has sent it, close the inbox and return what the
+//!    close reported; a reply that cannot be sent, or that MPI lost, is returned beside the
+//!    close's errors ([`ServeError::CloseUnreported`]), never instead, and rank 0 is told by a
+//!    `Left` when that gets through.
 //!
 //! Between tasks, rank 0 may register a graph after start, in two phases: `Prepare` (answered
 //! `Prepared`, ready or with the refusal) and then `Commit` or `Abort`. A graph listed with
@@ -262,7 +264,19 @@ fn serve_session(
             Packet::Shutdown => {
                 let closed = worker.close();
                 let errors = closed.as_ref().err().map(|e| vec![e.to_string()]).unwrap_or_default();
-                let told = t.send(0, &Packet::ShutdownDone { errors });
+                // Nothing more is heard from rank 0 after this: a `ShutdownDone` MPI loses must
+                // be seen here, or rank 0 waits out its shutdown budget on a rank that serves on.
+                let done = Packet::ShutdownDone { errors };
+                let told = t.send_confirmed(0, &done, rank0.liveness);
+                if let Err(lost) = &told {
+                    let reason = match &closed {
+                        Ok(()) => format!("its ShutdownDone was lost ({lost}); its worker closed"),
+                        Err(e) => format!("its ShutdownDone was lost ({lost}); its close: {e}"),
+                    };
+                    if let Err(send) = t.send(0, &Packet::Left { session, reason }) {
+                        tracing::warn!(error = %send, "could not tell rank 0 its ShutdownDone was lost");
+                    }
+                }
                 return shut_down(closed, told);
             }
             other => tracing::warn!(?other, "ignoring an unexpected frame from rank 0"),

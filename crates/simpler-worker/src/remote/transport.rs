@@ -41,9 +41,9 @@ use mpi::traits::{MatchedReceiveVec, Source};
 use parking_lot::Mutex;
 
 use super::error::{InitError, RemoteError, ThreadingLevel};
-use super::frames::Packet;
+use super::frames::{FrameKind, Packet};
 use super::receives::Arriving;
-use super::sends::InFlight;
+use super::sends::{InFlight, Receipt, settle};
 
 /// After the last activity the thread yields (stays hot) for this long before parking.
 const HOT_SPELL: Duration = Duration::from_millis(2);
@@ -73,6 +73,8 @@ enum Command {
         to: i32,
         health: bool,
         bytes: Vec<u8>,
+        /// Told whether MPI sent the frame, when the sender waits for it.
+        receipt: Option<Receipt>,
     },
     /// Stop answering anything for a while (a liveness drill).
     Stall(Duration),
@@ -82,6 +84,9 @@ enum Command {
     /// Corrupt the next data frame so that it does not decode (a drill: a frame damaged on
     /// its way, or from a peer of another frame version).
     CorruptNextSend,
+    /// Refuse the next data frame of this kind as MPI refuses a send (a drill: a frame lost
+    /// on its way out).
+    RefuseNextSendOf(FrameKind),
     Finalize,
 }
 
@@ -261,7 +266,30 @@ impl Transport {
     /// here, on the caller's thread, rather than failing inside the MPI thread.
     pub(crate) fn send_encoded(&self, to: i32, bytes: Vec<u8>) -> Result<(), RemoteError> {
         check_frame(to, bytes.len(), MAX_FRAME_BYTES)?;
-        self.command(Command::Send { to, health: false, bytes })
+        self.command(Command::Send { to, health: false, bytes, receipt: None })
+    }
+
+    /// Sends `packet` to rank `to` and waits, at most `within`, until MPI has sent it: for a
+    /// frame after which the sender stops listening, so that a loss is seen by the sender
+    /// rather than only logged by the MPI thread.
+    pub(crate) fn send_confirmed(
+        &self,
+        to: i32,
+        packet: &Packet,
+        within: Duration,
+    ) -> Result<(), RemoteError> {
+        let bytes = packet.encode();
+        check_frame(to, bytes.len(), MAX_FRAME_BYTES)?;
+        let (tx, rx) = mpsc::channel();
+        self.command(Command::Send { to, health: false, bytes, receipt: Some(tx) })?;
+        match rx.recv_timeout(within) {
+            Ok(sent) => sent,
+            Err(RecvTimeoutError::Timeout) => {
+                Err(RemoteError::SendUnconfirmed { rank: to, frame: packet.kind(), waited: within })
+            }
+            // The MPI thread left and gave the frame up.
+            Err(RecvTimeoutError::Disconnected) => Err(RemoteError::Finalized),
+        }
     }
 
     fn command(&self, c: Command) -> Result<(), RemoteError> {
@@ -369,6 +397,11 @@ impl Transport {
     /// Makes the MPI thread send the next data frame with its version bytes inverted.
     pub(crate) fn corrupt_next_send(&self) -> Result<(), RemoteError> {
         self.command(Command::CorruptNextSend)
+    }
+
+    /// Makes the MPI thread refuse the next data frame of `kind` as MPI refuses a send.
+    pub(crate) fn refuse_next_send_of(&self, kind: FrameKind) -> Result<(), RemoteError> {
+        self.command(Command::RefuseNextSendOf(kind))
     }
 
     /// Finalizes MPI (step 4) and joins the thread; a second call does nothing.
@@ -653,7 +686,12 @@ fn drain(shared: &Shared, sending: &mut Vec<InFlight>, receiving: &mut Vec<Arriv
 struct Drills {
     stall_after_send: Option<Duration>,
     corrupt_next_send: bool,
+    refuse_next_send_of: Option<FrameKind>,
 }
+
+/// The error a frame refused by [`Command::RefuseNextSendOf`] is lost with.
+pub(crate) const REFUSED_BY_DRILL: RemoteError =
+    RemoteError::Mpi { op: "MPI_Isend (drill)", code: -1 };
 
 /// Runs one command; `false` ends the loop.
 fn run_command(
@@ -665,16 +703,29 @@ fn run_command(
     c: Command,
 ) -> bool {
     match c {
-        Command::Send { to, health: on_health, mut bytes } => {
+        Command::Send { to, health: on_health, mut bytes, receipt } => {
             let comm = if on_health { health } else { world };
+            let kind = bytes.get(2).copied().and_then(FrameKind::from_code);
+            if !on_health && kind.is_some() && drills.refuse_next_send_of == kind {
+                drills.refuse_next_send_of = None;
+                lose(shared, to, Way::Out, REFUSED_BY_DRILL);
+                settle(receipt, Err(REFUSED_BY_DRILL));
+                return true;
+            }
             if !on_health && std::mem::take(&mut drills.corrupt_next_send) {
                 for b in bytes.iter_mut().take(2) {
                     *b = !*b;
                 }
             }
             match InFlight::start(comm, to, on_health, TAG, bytes) {
-                Ok(f) => sending.push(f),
-                Err(e) => lose(shared, to, Way::Out, e),
+                Ok(mut f) => {
+                    f.receipt = receipt;
+                    sending.push(f);
+                }
+                Err(e) => {
+                    lose(shared, to, Way::Out, e.clone());
+                    settle(receipt, Err(e));
+                }
             }
             if !on_health && let Some(d) = drills.stall_after_send.take() {
                 std::thread::sleep(d);
@@ -691,6 +742,10 @@ fn run_command(
         }
         Command::CorruptNextSend => {
             drills.corrupt_next_send = true;
+            true
+        }
+        Command::RefuseNextSendOf(kind) => {
+            drills.refuse_next_send_of = Some(kind);
             true
         }
         Command::Finalize => false,
@@ -770,7 +825,7 @@ pub(crate) mod detached {
             loop {
                 let left = until.saturating_duration_since(Instant::now());
                 match cmd.as_ref()?.recv_timeout(left).ok()? {
-                    Command::Send { to, health: false, bytes } => {
+                    Command::Send { to, health: false, bytes, .. } => {
                         return Packet::decode(&bytes).ok().map(|p| (to, p));
                     }
                     _ => continue,
