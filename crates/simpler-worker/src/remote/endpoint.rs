@@ -423,8 +423,8 @@ impl Session {
         let slice = (self.liveness / 8).clamp(Duration::from_millis(1), Duration::from_millis(50));
         loop {
             match self.inbox.recv_timeout(slice) {
-                Ok(Packet::Left { session, reason }) if session == self.nonce => {
-                    return Err(Waited::Failed(RemoteError::Left { rank: self.rank, reason }));
+                Ok(Packet::Left { session, cause }) if session == self.nonce => {
+                    return Err(Waited::Failed(RemoteError::Left { rank: self.rank, cause }));
                 }
                 Ok(p) if want(&p) => return Ok(p),
                 Ok(p) => tracing::debug!(rank = self.rank, ?p, "skipping a stale frame"),

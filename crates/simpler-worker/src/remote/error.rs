@@ -177,12 +177,12 @@ pub enum RemoteError {
     },
     /// A serving rank ended its session with an error and said so: nothing more comes from
     /// it in this session.
-    #[error("rank {rank} left its session: {reason}")]
+    #[error("rank {rank} left its session: {cause}")]
     Left {
-        /// The rank.
+        /// The rank that left.
         rank: i32,
-        /// Its error, rendered on that rank (the `Left` frame carries it as text).
-        reason: String,
+        /// The error that ended the session there, as that rank saw it.
+        cause: LeftCause,
     },
     /// Rank 0 refused the start of this rank's session.
     #[error("rank 0 refused the start: {reason}")]
@@ -217,6 +217,94 @@ pub enum RemoteError {
         /// Why (the rank's own words, or that it did not answer in time).
         reason: String,
     },
+}
+
+/// Why a serving rank left its session: the error that ended the session on that rank, sent
+/// to rank 0 in its `Left` frame. A serving rank talks only with rank 0, so the peer these
+/// errors concern is always rank 0; [`RemoteError::Left`] names the rank that left.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeftCause {
+    /// Rank 0 answered no ping of the serving rank within that rank's liveness budget.
+    #[error("rank 0 (L4) did not answer within its liveness budget of {budget:?}")]
+    Unresponsive {
+        /// The serving rank's budget.
+        budget: Duration,
+    },
+    /// An MPI call of the serving rank returned an error code.
+    #[error("{op} returned MPI error code {code}")]
+    Mpi {
+        /// The MPI function.
+        op: &'static str,
+        /// Its return code.
+        code: i32,
+    },
+    /// A frame for rank 0 was larger than one MPI message carries.
+    #[error("a {bytes}-byte frame for rank 0 exceeds the {limit} bytes one MPI message carries")]
+    FrameTooLarge {
+        /// The encoded frame's size.
+        bytes: u64,
+        /// The largest frame.
+        limit: u64,
+    },
+    /// A frame for rank 0 was not confirmed sent within `waited`.
+    #[error("the {frame} frame to rank 0 was not confirmed sent within {waited:?}")]
+    SendUnconfirmed {
+        /// The frame.
+        frame: FrameKind,
+        /// How long the serving rank waited for MPI to send it.
+        waited: Duration,
+    },
+    /// The serving rank's MPI transport was finalized.
+    #[error("its MPI transport is finalized")]
+    Finalized,
+    /// A frame from rank 0 did not decode or did not fit the protocol.
+    #[error("protocol error with rank 0: {0}")]
+    Protocol(ProtocolViolation),
+    /// The serving rank closed its worker at `Shutdown`, but its `ShutdownDone` was lost.
+    #[error("its ShutdownDone was lost ({lost}); {}", close_text(close.as_deref()))]
+    ShutdownDoneLost {
+        /// Why it was lost (never another `ShutdownDoneLost`).
+        lost: Box<LeftCause>,
+        /// What the close reported, rendered on that rank (`None`: the worker closed
+        /// cleanly). Text because a close error holds the user's own task failures, which
+        /// have no wire form; `ShutdownDone` carries it the same way.
+        close: Option<String>,
+    },
+    /// An error the frame format has no code for (one naming a rank other than rank 0, a
+    /// call configuration rule, an MPI function or an expected set of frames it does not
+    /// list), rendered on that rank. No such error ends a session today: this keeps a cause
+    /// added later from being dropped.
+    #[error("{text}")]
+    Other {
+        /// The error, rendered on that rank.
+        text: String,
+    },
+}
+
+impl From<&RemoteError> for LeftCause {
+    /// The cause a serving rank sends when `e` ends its session.
+    fn from(e: &RemoteError) -> LeftCause {
+        match e {
+            RemoteError::Unresponsive { rank: 0, budget, .. } => {
+                LeftCause::Unresponsive { budget: *budget }
+            }
+            RemoteError::Mpi { op, code } => LeftCause::Mpi { op, code: *code },
+            RemoteError::FrameTooLarge { rank: 0, bytes, limit } => {
+                LeftCause::FrameTooLarge { bytes: *bytes as u64, limit: *limit as u64 }
+            }
+            RemoteError::SendUnconfirmed { rank: 0, frame, waited } => {
+                LeftCause::SendUnconfirmed { frame: *frame, waited: *waited }
+            }
+            RemoteError::Finalized => LeftCause::Finalized,
+            RemoteError::Protocol { rank: 0, violation } => LeftCause::Protocol(violation.clone()),
+            other => LeftCause::Other { text: other.to_string() },
+        }
+    }
+}
+
+fn close_text(close: Option<&str>) -> String {
+    close.map_or_else(|| "its worker closed".to_owned(), |e| format!("its close: {e}"))
 }
 
 /// How a peer broke the protocol.
@@ -691,5 +779,45 @@ mod tests {
              needed"
         );
         assert!(ThreadingLevel::Single < ThreadingLevel::Funneled);
+    }
+
+    #[test]
+    fn a_serving_ranks_error_becomes_the_cause_it_leaves_with() {
+        let budget = Duration::from_secs(3);
+        let silent = RemoteError::Unresponsive { rank: 0, level: 4, budget, run: None, task: None };
+        assert_eq!(LeftCause::from(&silent), LeftCause::Unresponsive { budget });
+        let mpi = RemoteError::Mpi { op: "MPI_Test", code: 5 };
+        assert_eq!(LeftCause::from(&mpi), LeftCause::Mpi { op: "MPI_Test", code: 5 });
+        let large = RemoteError::FrameTooLarge { rank: 0, bytes: 10, limit: 4 };
+        assert_eq!(LeftCause::from(&large), LeftCause::FrameTooLarge { bytes: 10, limit: 4 });
+        let waited = Duration::from_secs(1);
+        let unconfirmed =
+            RemoteError::SendUnconfirmed { rank: 0, frame: FrameKind::ShutdownDone, waited };
+        assert_eq!(
+            LeftCause::from(&unconfirmed),
+            LeftCause::SendUnconfirmed { frame: FrameKind::ShutdownDone, waited }
+        );
+        assert_eq!(LeftCause::from(&RemoteError::Finalized), LeftCause::Finalized);
+        let violation = ProtocolViolation::Malformed(DecodeError::RunIdZero { at: 16 });
+        let protocol = RemoteError::Protocol { rank: 0, violation: violation.clone() };
+        assert_eq!(LeftCause::from(&protocol), LeftCause::Protocol(violation));
+        // An error about another rank than rank 0 keeps its text, rank and all.
+        let other = RemoteError::Protocol {
+            rank: 2,
+            violation: ProtocolViolation::Malformed(DecodeError::RunIdZero { at: 16 }),
+        };
+        assert_eq!(LeftCause::from(&other), LeftCause::Other { text: other.to_string() });
+        let left = RemoteError::Left {
+            rank: 1,
+            cause: LeftCause::ShutdownDoneLost {
+                lost: Box::new(LeftCause::from(&mpi)),
+                close: None,
+            },
+        };
+        assert_eq!(
+            left.to_string(),
+            "rank 1 left its session: its ShutdownDone was lost (MPI_Test returned MPI error \
+             code 5); its worker closed"
+        );
     }
 }

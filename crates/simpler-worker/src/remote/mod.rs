@@ -14,7 +14,7 @@
 //! | `endpoint` | [`RemoteL3`], the start handshake on rank 0 and the NEXT_LEVEL endpoint |
 //! | `serve` | [`serve_l3`] and [`ServedGraphs`] on ranks `1..N` |
 //! | `tensors` | host tensors of remote tasks: the submit check, packing, written bytes back |
-//! | `error` | [`RemoteError`], [`ServeError`] |
+//! | `error` | [`RemoteError`], [`LeftCause`] (why a serving rank left), [`ServeError`] |
 
 mod endpoint;
 mod error;
@@ -32,8 +32,8 @@ use std::time::Duration;
 pub(crate) use endpoint::{Adoption, RemoteChildren};
 pub use endpoint::{DEFAULT_LIVENESS, RemoteL3};
 pub use error::{
-    InitError, ProtocolViolation, RemoteError, RemoteRunFailure, RemoteRunKind, ServeError,
-    SpanMismatch, TensorProblem, TensorRefusal, ThreadingLevel, WrittenAt,
+    InitError, LeftCause, ProtocolViolation, RemoteError, RemoteRunFailure, RemoteRunKind,
+    ServeError, SpanMismatch, TensorProblem, TensorRefusal, ThreadingLevel, WrittenAt,
 };
 pub use frames::{DecodeError, FrameKind, WireField};
 pub use serve::{ServedGraphs, serve_l3};

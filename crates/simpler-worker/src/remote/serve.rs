@@ -31,7 +31,9 @@ use std::time::Duration;
 use simpler_types::{CallConfig, TaskArgsView};
 
 use super::endpoint::DEFAULT_LIVENESS;
-use super::error::{ProtocolViolation, RemoteError, RemoteRunFailure, RemoteRunKind, ServeError};
+use super::error::{
+    LeftCause, ProtocolViolation, RemoteError, RemoteRunFailure, RemoteRunKind, ServeError,
+};
 use super::frames::{FrameKind, ManifestEntry, Outcome, Packet, WireArgs};
 use super::tensors::unpack;
 use super::transport::{MAX_FRAME_BYTES, Transport, check_frame};
@@ -222,7 +224,7 @@ fn serve_session(
     // told to it (`Left`) before the worker is closed.
     let left = |e: RemoteError| {
         if !t.is_stopped()
-            && let Err(send) = t.send(0, &Packet::Left { session, reason: e.to_string() })
+            && let Err(send) = t.send(0, &Packet::Left { session, cause: LeftCause::from(&e) })
         {
             tracing::warn!(error = %send, "could not tell rank 0 this rank left its session");
         }
@@ -269,11 +271,11 @@ fn serve_session(
                 let done = Packet::ShutdownDone { errors };
                 let told = t.send_confirmed(0, &done, rank0.liveness);
                 if let Err(lost) = &told {
-                    let reason = match &closed {
-                        Ok(()) => format!("its ShutdownDone was lost ({lost}); its worker closed"),
-                        Err(e) => format!("its ShutdownDone was lost ({lost}); its close: {e}"),
+                    let cause = LeftCause::ShutdownDoneLost {
+                        lost: Box::new(LeftCause::from(lost)),
+                        close: closed.as_ref().err().map(ToString::to_string),
                     };
-                    if let Err(send) = t.send(0, &Packet::Left { session, reason }) {
+                    if let Err(send) = t.send(0, &Packet::Left { session, cause }) {
                         tracing::warn!(error = %send, "could not tell rank 0 its ShutdownDone was lost");
                     }
                 }
@@ -343,7 +345,7 @@ fn answer(session: u64, p: Packet) -> Result<Answer, RemoteError> {
             rank: 0,
             violation: ProtocolViolation::UnexpectedFrame {
                 got: other.kind(),
-                expected: &[FrameKind::Accept, FrameKind::Refuse],
+                expected: FrameKind::ANSWERS_TO_MANIFEST,
             },
         }),
     }

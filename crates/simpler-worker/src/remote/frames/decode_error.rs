@@ -96,38 +96,83 @@ pub enum DecodeError {
     Config(Box<TypesError>),
 }
 
-/// A field of a frame that holds a code.
+/// A field of a frame that holds a code; its discriminant is its own code where a
+/// `DecodeError` crosses the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+#[repr(u8)]
 pub enum WireField {
     /// The frame's kind byte.
-    FrameKind,
+    FrameKind = 0,
     /// A presence flag (0 or 1).
-    Flag,
+    Flag = 1,
     /// A callable's kind.
-    CallableKind,
+    CallableKind = 2,
     /// A callable's namespace.
-    Namespace,
+    Namespace = 3,
     /// The type of the worker a failure happened on.
-    WorkerType,
+    WorkerType = 4,
     /// A tensor's access tag.
-    TensorTag,
+    TensorTag = 5,
     /// What a task's remote run ended with.
-    Outcome,
+    Outcome = 6,
     /// Why a remote run failed with no task to blame.
-    RunFailure,
+    RunFailure = 7,
     /// The kind of a remote run's error.
-    RunFailureKind,
+    RunFailureKind = 8,
     /// How a task failed.
-    Mechanism,
+    Mechanism = 9,
     /// Why a task was cancelled.
-    CancelReason,
+    CancelReason = 10,
     /// Why a task's arguments did not unpack.
-    ArgumentsProblem,
+    ArgumentsProblem = 11,
     /// Which rule a tensor descriptor breaks.
-    TensorRule,
+    TensorRule = 12,
     /// A name a broken rule holds (a quantity, field or cache of the descriptor).
-    TensorQuantity,
+    TensorQuantity = 13,
+    /// Why a serving rank left its session.
+    LeftCause = 14,
+    /// How a peer broke the protocol.
+    ProtocolViolation = 15,
+    /// Why a frame did not decode.
+    DecodeError = 16,
+    /// The field a refused code was found in.
+    WireField = 17,
+    /// The MPI function an MPI error names.
+    MpiFunction = 18,
+    /// The frames a protocol step allows.
+    ExpectedFrames = 19,
+}
+
+impl WireField {
+    /// Every field, in code order.
+    pub(crate) const ALL: [WireField; 20] = [
+        WireField::FrameKind,
+        WireField::Flag,
+        WireField::CallableKind,
+        WireField::Namespace,
+        WireField::WorkerType,
+        WireField::TensorTag,
+        WireField::Outcome,
+        WireField::RunFailure,
+        WireField::RunFailureKind,
+        WireField::Mechanism,
+        WireField::CancelReason,
+        WireField::ArgumentsProblem,
+        WireField::TensorRule,
+        WireField::TensorQuantity,
+        WireField::LeftCause,
+        WireField::ProtocolViolation,
+        WireField::DecodeError,
+        WireField::WireField,
+        WireField::MpiFunction,
+        WireField::ExpectedFrames,
+    ];
+
+    /// The field whose code is `code`.
+    pub(crate) fn from_code(code: u8) -> Option<WireField> {
+        WireField::ALL.into_iter().find(|f| *f as u8 == code)
+    }
 }
 
 impl std::fmt::Display for WireField {
@@ -147,6 +192,12 @@ impl std::fmt::Display for WireField {
             WireField::ArgumentsProblem => "arguments problem",
             WireField::TensorRule => "tensor rule",
             WireField::TensorQuantity => "tensor quantity",
+            WireField::LeftCause => "left cause",
+            WireField::ProtocolViolation => "protocol violation",
+            WireField::DecodeError => "decode error",
+            WireField::WireField => "wire field",
+            WireField::MpiFunction => "MPI function",
+            WireField::ExpectedFrames => "expected frames",
         })
     }
 }

@@ -39,6 +39,10 @@ pub enum FrameKind {
 }
 
 impl FrameKind {
+    /// The frames that may answer a serving rank's `Manifest`.
+    pub(crate) const ANSWERS_TO_MANIFEST: &'static [FrameKind] =
+        &[FrameKind::Accept, FrameKind::Refuse];
+
     /// Every kind, in code order.
     const ALL: [FrameKind; 15] = [
         FrameKind::Hello,

@@ -9,6 +9,7 @@
 mod arguments;
 mod decode_error;
 mod kind;
+mod left;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,10 +23,10 @@ use simpler_types::{
 pub(crate) use self::arguments::carries as carries_types_error;
 pub use self::decode_error::{DecodeError, WireField};
 pub use self::kind::FrameKind;
-use super::error::{RemoteRunFailure, RemoteRunKind};
+use super::error::{LeftCause, RemoteRunFailure, RemoteRunKind};
 
 /// Version of the frame layout; both ends must agree.
-pub(crate) const VERSION: u16 = 7;
+pub(crate) const VERSION: u16 = 8;
 
 /// Error frames longer than this are cut (innermost message first), so one failure can never
 /// grow a completion without bound.
@@ -145,7 +146,7 @@ pub(crate) enum Packet {
     Abort { ordinal: u32 },
     /// Serving rank → rank 0: session `session` ended on this rank with an error (a lost or
     /// malformed frame, a failed send): nothing more will come from it in that session.
-    Left { session: u64, reason: String },
+    Left { session: u64, cause: LeftCause },
 }
 
 impl Packet {
@@ -195,9 +196,9 @@ impl Packet {
                 w.opt_u64(*session);
                 w.str(reason);
             }
-            Packet::Left { session, reason } => {
+            Packet::Left { session, cause } => {
                 w.u64(*session);
-                w.str(truncate(reason, MAX_ERROR_BYTES));
+                w.left_cause(cause);
             }
             Packet::Task { seq, graph, config, args } => {
                 w.u64(*seq);
@@ -290,7 +291,7 @@ impl Packet {
             }
             FrameKind::Accept => Packet::Accept,
             FrameKind::Refuse => Packet::Refuse { session: r.opt_u64()?, reason: r.str()? },
-            FrameKind::Left => Packet::Left { session: r.u64()?, reason: r.str()? },
+            FrameKind::Left => Packet::Left { session: r.u64()?, cause: r.left_cause()? },
             FrameKind::Task => Packet::Task {
                 seq: r.u64()?,
                 graph: r.u32()?,

@@ -1,7 +1,9 @@
 //! Round trips and refusals of the frame codec.
 
 use super::*;
-use crate::remote::error::ArgumentsProblem;
+use crate::remote::error::{
+    ArgumentsProblem, LeftCause, ProtocolViolation, SpanMismatch, WrittenAt,
+};
 
 /// Arguments with a view of a copied-in buffer, a blind output, a null tensor and scalars.
 fn wire_args() -> WireArgs {
@@ -106,7 +108,7 @@ fn every_frame_round_trips() {
         Packet::Accept,
         Packet::Refuse { session: Some(3), reason: "r".into() },
         Packet::Refuse { session: None, reason: "not reached".into() },
-        Packet::Left { session: 3, reason: "lost a frame".into() },
+        Packet::Left { session: 3, cause: LeftCause::Finalized },
         Packet::Task { seq: 5, graph: 1, config, args: wire_args() },
         Packet::Completion {
             seq: 5,
@@ -395,4 +397,124 @@ fn why_arguments_did_not_unpack_crosses_typed_with_its_numbers() {
         Packet::decode(&name),
         Err(DecodeError::Code { field: WireField::TensorQuantity, code: 5, at: name_at })
     );
+}
+
+/// One of each cause a serving rank leaves its session with, with each protocol violation and
+/// each decode error that crosses, and a `DecodeError::Code` of every wire field.
+fn left_causes() -> Vec<LeftCause> {
+    let span = |buffer, offset, len| WrittenAt { buffer, offset, len };
+    let mut violations = vec![
+        ProtocolViolation::UnexpectedFrame {
+            got: FrameKind::Commit,
+            expected: FrameKind::ANSWERS_TO_MANIFEST,
+        },
+        ProtocolViolation::WrittenSpans(Box::new(SpanMismatch {
+            index: 2,
+            got: Some(span(1, 8, 16)),
+            expected: None,
+            carried: 3,
+            named: 2,
+        })),
+        ProtocolViolation::WrittenSpans(Box::new(SpanMismatch {
+            index: 0,
+            got: None,
+            expected: Some(span(0, 0, 4)),
+            carried: 0,
+            named: 1,
+        })),
+        ProtocolViolation::SpanOutsideBuffer { span: span(3, 1 << 40, 17), size: 64 },
+    ];
+    let errors = [
+        DecodeError::Version { found: 6, expected: VERSION },
+        DecodeError::Truncated { at: 11, wanted: 8, len: 15 },
+        DecodeError::Trailing { at: 19, len: 21 },
+        DecodeError::Count { at: 3, count: 1000, needed: 4000, left: 12 },
+        DecodeError::Text { at: 19, valid_up_to: 2 },
+        DecodeError::RunIdZero { at: 16 },
+        DecodeError::ChainTooDeep { levels: 33, max: 32 },
+        DecodeError::EmptyChain { at: 12 },
+    ];
+    violations.extend(errors.into_iter().map(ProtocolViolation::Malformed));
+    violations.extend(WireField::ALL.into_iter().enumerate().map(|(at, field)| {
+        ProtocolViolation::Malformed(DecodeError::Code { field, code: 200, at })
+    }));
+    let lost = LeftCause::Mpi { op: "MPI_Isend (drill)", code: -1 };
+    let mut all = vec![
+        LeftCause::Unresponsive { budget: Duration::from_millis(1500) },
+        LeftCause::Mpi { op: "MPI_Test", code: 17 },
+        LeftCause::FrameTooLarge { bytes: 1 << 32, limit: (1 << 31) - 1 },
+        LeftCause::SendUnconfirmed {
+            frame: FrameKind::ShutdownDone,
+            waited: Duration::from_secs(10),
+        },
+        LeftCause::Finalized,
+        LeftCause::ShutdownDoneLost { lost: Box::new(lost.clone()), close: None },
+        LeftCause::ShutdownDoneLost {
+            lost: Box::new(LeftCause::SendUnconfirmed {
+                frame: FrameKind::ShutdownDone,
+                waited: Duration::from_secs(60),
+            }),
+            close: Some("the device did not release".into()),
+        },
+        LeftCause::Other { text: "a cause added later".into() },
+    ];
+    all.extend(violations.into_iter().map(LeftCause::Protocol));
+    all
+}
+
+#[test]
+fn why_a_serving_rank_left_crosses_typed_with_its_numbers() {
+    for cause in left_causes() {
+        round_trip(Packet::Left { session: 4, cause });
+    }
+}
+
+#[test]
+fn a_left_cause_without_a_code_crosses_as_its_text() {
+    let decoded =
+        |cause: LeftCause| match Packet::decode(&Packet::Left { session: 4, cause }.encode()) {
+            Ok(Packet::Left { session: 4, cause }) => cause,
+            other => panic!("a Left frame decoded as {other:?}"),
+        };
+    let other = |c: &LeftCause| LeftCause::Other { text: c.to_string() };
+    let unlisted = LeftCause::Mpi { op: "MPI_Barrier", code: 3 };
+    assert_eq!(decoded(unlisted.clone()), other(&unlisted));
+    let config = simpler_types::TypesError::InvalidSwimlaneLevel(9);
+    let config =
+        LeftCause::Protocol(ProtocolViolation::Malformed(DecodeError::Config(Box::new(config))));
+    assert_eq!(decoded(config.clone()), other(&config));
+    let unexpected = LeftCause::Protocol(ProtocolViolation::UnexpectedFrame {
+        got: FrameKind::Task,
+        expected: &[FrameKind::Hello],
+    });
+    assert_eq!(decoded(unexpected.clone()), other(&unexpected));
+    // A lost `ShutdownDone` is one level deep: one inside another crosses as its text.
+    let inner = LeftCause::ShutdownDoneLost { lost: Box::new(LeftCause::Finalized), close: None };
+    let outer =
+        LeftCause::ShutdownDoneLost { lost: Box::new(inner.clone()), close: Some("close".into()) };
+    assert_eq!(
+        decoded(outer),
+        LeftCause::ShutdownDoneLost { lost: Box::new(other(&inner)), close: Some("close".into()) }
+    );
+}
+
+#[test]
+fn an_unknown_code_in_a_left_cause_is_refused_where_it_stands() {
+    let left = |body: &[u8]| {
+        Packet::decode(&frame(FrameKind::Left, |w| {
+            w.u64(4);
+            w.bytes_fixed(body);
+        }))
+    };
+    let code = |field, code, at| Err(DecodeError::Code { field, code, at });
+    // Version, kind and session come first: the cause's code is at 11.
+    assert_eq!(left(&[8]), code(WireField::LeftCause, 8, 11));
+    assert_eq!(left(&[6, 6]), code(WireField::LeftCause, 6, 12), "a lost ShutdownDone in one");
+    assert_eq!(left(&[1, 6]), code(WireField::MpiFunction, 6, 12));
+    assert_eq!(left(&[3, 0]), code(WireField::FrameKind, 0, 12));
+    assert_eq!(left(&[5, 4]), code(WireField::ProtocolViolation, 4, 12));
+    assert_eq!(left(&[5, 1, 4, 1]), code(WireField::ExpectedFrames, 1, 14));
+    assert_eq!(left(&[5, 0, 9]), code(WireField::DecodeError, 9, 13));
+    assert_eq!(left(&[5, 0, 4, 20]), code(WireField::WireField, 20, 14));
+    assert_eq!(left(&[5, 2, 0, 0, 0, 0, 0, 0, 0, 0, 2]), code(WireField::Flag, 2, 21));
 }
