@@ -5,7 +5,9 @@
 //! the jobs' exit codes: the conformance job (a remote task on each L3, a remote task error
 //! with its rank frame, a stalled rank that does not silence the others while a large frame
 //! waits for it, nor while a large frame from it is half received, a damaged reply failing its
-//! task while the session still closes cleanly, a lost `ShutdownDone` reported at once, a hung rank failing its runs within the liveness budget, a manifest
+//! task while the session still closes cleanly, a lost `ShutdownDone` reported at once, a lost
+//! reply failing its task at once with the serving rank's own cause, typed, a hung rank failing
+//! its runs within the liveness budget, a manifest
 //! mismatch refusing start, clean shutdown of every rank, serving ranks giving a silent rank 0
 //! up) must exit 0; the killed-rank job
 //! (rank 2 aborts in a task) must exit non-zero within its budget instead of hanging.
@@ -20,9 +22,9 @@ use simpler_device_a2a3::programs::{add, f32_from_le_bytes, f32_to_le_bytes};
 use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
 use simpler_worker::remote::{
-    DEFAULT_LIVENESS, DecodeError, FrameKind, InitError, MpiJob, ProtocolViolation, RemoteError,
-    RemoteL3, RemoteRunFailure, RemoteRunKind, ServeError, ServedGraphs, TensorProblem,
-    TensorRefusal, serve_l3,
+    DEFAULT_LIVENESS, DecodeError, FrameKind, InitError, LeftCause, MpiJob, ProtocolViolation,
+    RemoteError, RemoteL3, RemoteRunFailure, RemoteRunKind, ServeError, ServedGraphs,
+    TensorProblem, TensorRefusal, serve_l3,
 };
 use simpler_worker::{
     CallableHandle, CompositeWorkerBuilder, DeviceBuffer, HostBuffer, Orchestration, RunHandle,
@@ -306,6 +308,7 @@ fn conformance_rank0(job: &MpiJob) -> Res {
     half_received_frame_does_not_silence_the_others(job)?;
     damaged_frame_fails_its_task_and_the_session_still_closes(job)?;
     lost_shutdown_done_is_told_at_once(job)?;
+    lost_completion_fails_its_task_with_the_cause_rank_1_left_with(job)?;
 
     // A hung rank: rank 2's MPI thread stops answering; its run fails within the budget
     // while rank 1 keeps working.
@@ -532,6 +535,43 @@ fn lost_shutdown_done_is_told_at_once(job: &MpiJob) -> Res {
     Ok(())
 }
 
+/// Rank 1's MPI thread loses the `Completion` of its task (a drill refuses the send): rank 1
+/// leaves its session and tells rank 0 why with a `Left`, so the task fails at once with rank
+/// 1's own error, typed as rank 1 saw it, while rank 2 keeps working; the close sends rank 1
+/// no `Shutdown` and reports it.
+fn lost_completion_fails_its_task_with_the_cause_rank_1_left_with(job: &MpiJob) -> Res {
+    let (b, h) = l4(job, Duration::from_secs(10));
+    let w = b.start()?;
+    let t0 = Instant::now();
+    let e = match w.run(on_child(h[0], 0)) {
+        Err(WorkerError::Run(e)) => e,
+        other => return Err(format!("the task whose reply was lost gave {other:?}").into()),
+    };
+    let waited = t0.elapsed();
+    let remote = e.frames().iter().find_map(|f| f.remote_error()).cloned();
+    check(
+        matches!(
+            remote,
+            Some(RemoteError::Left {
+                rank: 1,
+                cause: LeftCause::Mpi { op: "MPI_Isend (drill)", code: -1 },
+            })
+        ),
+        || format!("the task whose reply was lost failed with {e} ({remote:?})"),
+    )?;
+    check(waited < LOST_REPLY_BUDGET, || {
+        format!("the task waited {waited:.2?} for a reply that was lost")
+    })?;
+    w.run(on_child(h[0], 1))?;
+    let closed = w.close();
+    check(
+        closed.as_ref().is_err_and(|e| e.to_string().contains("rank 1 left its session")),
+        || format!("close after rank 1 left gave {closed:?}"),
+    )?;
+    println!("rank 0: a lost reply failed its task after {waited:.2?} with rank 1's cause: {e}");
+    Ok(())
+}
+
 /// Host buffers of rank 0 cross hosts: on each remote L3 a task reads two of them and writes
 /// the first half of a third (InOut), whose chip lane stages them there; a sub task of rank 0
 /// ordered after it by that buffer checks the sum and that the other half kept its bytes.
@@ -691,6 +731,16 @@ fn conformance_serving(job: &Arc<MpiJob>) -> Res {
         match serve(job, &GRAPHS) {
             Err(ServeError::Remote(RemoteError::Mpi { op: "MPI_Isend (drill)", .. })) => {}
             other => return Err(format!("rank 1: a lost ShutdownDone gave {other:?}").into()),
+        }
+    } else {
+        serve(job, &GRAPHS)?;
+    }
+    // Rank 1's Completion is lost: it leaves the session and says why.
+    if job.rank() == 1 {
+        job.refuse_next_send_of(FrameKind::Completion)?;
+        match serve(job, &GRAPHS) {
+            Err(ServeError::Remote(RemoteError::Mpi { op: "MPI_Isend (drill)", .. })) => {}
+            other => return Err(format!("rank 1: a lost Completion gave {other:?}").into()),
         }
     } else {
         serve(job, &GRAPHS)?;
