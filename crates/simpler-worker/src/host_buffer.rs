@@ -91,7 +91,7 @@ impl HostBuffer {
         }
         let mut data = Vec::new();
         data.try_reserve_exact(len)
-            .map_err(|e| MemError::HostAlloc { len: len as u64, reason: e.to_string() })?;
+            .map_err(|e| MemError::HostAlloc { len: len as u64, source: e })?;
         data.resize(len, 0u8);
         let data = data.into_boxed_slice();
         let addr = data.as_ptr() as u64;
@@ -125,8 +125,7 @@ impl HostBuffer {
     /// A contiguous host-memory tensor of `shape`/`dtype` at offset 0 of this buffer.
     pub fn tensor(&self, shape: &[u32], dtype: DataType) -> Result<Tensor, MemError> {
         let len = self.len();
-        let t = Tensor::with_buffer(self.addr(), len, shape, dtype)
-            .map_err(|e| MemError::Tensor(e.to_string()))?;
+        let t = Tensor::with_buffer(self.addr(), len, shape, dtype).map_err(MemError::Tensor)?;
         if t.nbytes() > len {
             return Err(MemError::OutOfRange { offset: 0, len: t.nbytes(), size: len });
         }
@@ -202,6 +201,7 @@ fn range(offset: u64, len: u64, size: u64) -> Result<std::ops::Range<usize>, Mem
 #[cfg(test)]
 mod tests {
     use super::*;
+    use simpler_types::TypesError;
 
     /// Invariant of the table: an entry upgrades exactly while its buffer is alive, and a lookup
     /// finds a buffer only for a range inside it. Owners create and drop buffers while other
@@ -243,7 +243,21 @@ mod tests {
     #[test]
     fn a_buffer_too_large_to_allocate_is_a_typed_error() {
         match HostBuffer::new(usize::MAX) {
-            Err(MemError::HostAlloc { len, .. }) => assert_eq!(len, usize::MAX as u64),
+            Err(e @ MemError::HostAlloc { len, .. }) => {
+                assert_eq!(len, usize::MAX as u64);
+                // The allocator's own refusal is the source, not a copy of its text.
+                let source = std::error::Error::source(&e).expect("a source");
+                assert!(source.is::<std::collections::TryReserveError>(), "{source:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_tensor_of_a_refused_shape_carries_the_tensor_error() {
+        let b = HostBuffer::new(64).unwrap();
+        match b.tensor(&[], DataType::Float32) {
+            Err(MemError::Tensor(TypesError::InvalidRank { ndims: 0 })) => {}
             other => panic!("{other:?}"),
         }
     }

@@ -80,8 +80,7 @@ impl DeviceBuffer {
 
     /// A contiguous chip-memory tensor over the buffer; the shape must fit in it.
     pub fn tensor(&self, shape: &[u32], dtype: DataType) -> Result<Tensor, MemError> {
-        let t = Tensor::external(self.addr, shape, dtype)
-            .map_err(|e| MemError::Tensor(e.to_string()))?;
+        let t = Tensor::external(self.addr, shape, dtype).map_err(MemError::Tensor)?;
         let bytes = shape.iter().fold(dtype.element_size(), |a, &d| a.saturating_mul(u64::from(d)));
         if bytes > self.len {
             return Err(MemError::OutOfRange { offset: 0, len: bytes, size: self.len });

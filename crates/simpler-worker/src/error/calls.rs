@@ -5,13 +5,14 @@
 //! chain as itself, not as its `Box` or `Arc`: code that walks the chain with
 //! `downcast_ref::<DeviceError>()` finds it.
 
+use std::collections::TryReserveError;
 use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
 
 use simpler_device_a2a3::DeviceError;
 use simpler_sched::SchedError;
-use simpler_types::{CallableKind, DeviceCode, RunId, WorkerId};
+use simpler_types::{CallableKind, DeviceCode, RunId, TypesError, WorkerId};
 
 use super::{BuildFailure, InWorkerTerms, RegistrationFailure, RunError, rollback_note};
 use crate::handle::CallableHandle;
@@ -446,14 +447,15 @@ pub enum MemError {
         /// A chip in this process: the device's error that said it is unusable (the source).
         device: Option<Arc<DeviceError>>,
     },
-    /// The tensor descriptor could not be built.
-    Tensor(String),
+    /// The tensor descriptor could not be built (the shape or data type was refused; the
+    /// source).
+    Tensor(TypesError),
     /// The host could not allocate a [`HostBuffer`](crate::HostBuffer) of this size.
     HostAlloc {
         /// The requested length in bytes.
         len: u64,
-        /// Why the allocation failed.
-        reason: String,
+        /// The allocator's refusal (the source).
+        source: TryReserveError,
     },
 }
 
@@ -480,8 +482,8 @@ impl fmt::Display for MemError {
                 write!(f, "chip {chip} is unusable: {message}")
             }
             MemError::Tensor(e) => write!(f, "tensor over a device buffer: {e}"),
-            MemError::HostAlloc { len, reason } => {
-                write!(f, "cannot allocate a host buffer of {len} bytes: {reason}")
+            MemError::HostAlloc { len, source } => {
+                write!(f, "cannot allocate a host buffer of {len} bytes: {source}")
             }
         }
     }
@@ -494,6 +496,8 @@ impl Error for MemError {
                 device.as_deref().map(|d| d as &(dyn Error + 'static))
             }
             MemError::DeviceUnusable { child, device, .. } => unusable_source(child, device),
+            MemError::Tensor(e) => Some(e),
+            MemError::HostAlloc { source, .. } => Some(source),
             _ => None,
         }
     }
