@@ -136,6 +136,7 @@ pub use process::ChildFault;
 pub use process::chip_child_main;
 pub use process::{
     ChildError, ChildExit, ChildMode, OnChildDeath, ProcessOptions, ProtocolFault, ReplyFault,
+    SpawnFault,
 };
 pub use run::RunHandle;
 pub use simpler_device_a2a3::MemoryLedger;

@@ -20,8 +20,8 @@ use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
 use simpler_worker::{
     CallableHandle, ChildError, ChildExit, ChildFault, ChildMode, DeviceBuffer, HostWorkerBuilder,
-    MemError, OnChildDeath, Orchestration, ProcessOptions, ProtocolFault, RunError, StartCause,
-    Worker, WorkerError,
+    MemError, OnChildDeath, Orchestration, ProcessOptions, ProtocolFault, RunError, SpawnFault,
+    StartCause, Worker, WorkerError,
 };
 
 const N: usize = 64;
@@ -523,6 +523,40 @@ fn start_failures_name_the_binary_the_exit_status_or_the_deadline_and_reap_every
         }
     }
     assert_eq!(mailboxes(), 0);
+}
+
+#[test]
+fn a_child_that_cannot_be_started_names_the_paths_tried_or_the_systems_refusal() {
+    let _serial = serial();
+    let spawn_fault = |e: &simpler_worker::StartError| match std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<ChildError>())
+    {
+        Some(ChildError::Spawn { chip: WorkerId(0), fault }) => fault.clone(),
+        other => panic!("{e}: {other:?}"),
+    };
+    let missing = process_host(&[0], ProcessOptions::default().child_path("/nonexistent/child"))
+        .start()
+        .expect_err("no binary");
+    match spawn_fault(&missing) {
+        SpawnFault::NoBinary { tried } => assert_eq!(tried, [Path::new("/nonexistent/child")]),
+        other => panic!("{missing}: {other:?}"),
+    }
+    // A file without execute permission: the system's refusal stays an `io::Error`.
+    let dir = std::env::temp_dir().join(format!("simpler-unexecutable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("child");
+    std::fs::write(&file, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let refused =
+        process_host(&[0], ProcessOptions::default().child_path(&file)).start().expect_err("exec");
+    let _ = std::fs::remove_dir_all(&dir);
+    match spawn_fault(&refused) {
+        SpawnFault::Exec { binary, source } => {
+            assert_eq!(binary, file);
+            assert_eq!(source.kind(), std::io::ErrorKind::PermissionDenied, "{refused}");
+        }
+        other => panic!("{refused}: {other:?}"),
+    }
 }
 
 /// Runs `start` with a chip binary that starts `sleep 60` in its group, then runs `then` (a

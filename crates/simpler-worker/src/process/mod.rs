@@ -24,6 +24,8 @@ mod host_tensors;
 pub(crate) mod mailbox;
 pub(crate) mod parent;
 pub(crate) mod spawn;
+
+pub use spawn::SpawnFault;
 pub(crate) mod wire;
 
 /// Where a worker runs its chips.
@@ -268,12 +270,13 @@ pub enum ChildError {
         fault: ReplyFault,
     },
     /// The process could not be started.
-    #[error("chip {chip}: cannot start its process: {message}")]
+    #[error("chip {chip}: cannot start its process: {fault}")]
     Spawn {
         /// The chip.
         chip: WorkerId,
-        /// What failed (paths tried, the OS error).
-        message: String,
+        /// What failed (the paths tried, the system's refusal); the source.
+        #[source]
+        fault: SpawnFault,
     },
     /// A restarted process did not prepare again content the chip held
     /// ([`OnChildDeath::Restart`]): the restart failed and that process was ended and reaped.

@@ -24,6 +24,7 @@ use simpler_types::{
 use super::buffers::Buffers;
 use super::catalog::{self, Content};
 use super::mailbox::{BadLength, Mailbox, PAYLOAD_BYTES, state};
+use super::spawn::SpawnFault;
 use super::wire::{FailureFrame, Malformed, Reader, Writer, encode_config, op, status};
 use super::{
     ChildError, ChildExit, OnChildDeath, ProcessOptions, ProtocolFault, ReplyFault, spawn,
@@ -226,9 +227,10 @@ impl ChipProcess {
 
     fn launch(&mut self, deadline: Option<Instant>) -> Result<(), StartFailure> {
         let chip = self.chip;
-        let spawn_err = |message: String| StartFailure::Child(ChildError::Spawn { chip, message });
+        let spawn_err = |fault: SpawnFault| StartFailure::Child(ChildError::Spawn { chip, fault });
         let binary = spawn::resolve_binary(self.opts.child_path.as_deref()).map_err(spawn_err)?;
-        let (mailbox, fd) = Mailbox::create().map_err(|e| spawn_err(format!("memfd: {e}")))?;
+        let (mailbox, fd) = Mailbox::create()
+            .map_err(|e| spawn_err(SpawnFault::Mailbox { source: Arc::new(e) }))?;
         let mut w = Writer::default();
         w.u8(platform_tag(self.init.platform)).u8(runtime_tag(self.init.runtime));
         w.u32(self.init.device).u32(chip.0);
@@ -243,9 +245,11 @@ impl ChipProcess {
         }
         // Written while the state is STARTING, which hands the payload to the child; the
         // child reads it only after the exec below.
-        mailbox.write_request(op::INIT, 0, &w.0).map_err(|_| spawn_err("init frame".into()))?;
+        mailbox
+            .write_request(op::INIT, 0, &w.0)
+            .map_err(|len| spawn_err(SpawnFault::InitTooLarge { len, capacity: PAYLOAD_BYTES }))?;
         let child = spawn::spawn(&binary, chip.0, fd)
-            .map_err(|e| spawn_err(format!("{}: {e}", binary.display())))?;
+            .map_err(|e| spawn_err(SpawnFault::Exec { binary, source: Arc::new(e) }))?;
         let pid = child.id();
         self.live = Some(Live { child, pid, mailbox });
         let started = Instant::now();

@@ -10,18 +10,84 @@
 //! child does: Linux sends the parent-death signal when the *thread* that started a child
 //! ends, and start-up threads end right after `start`.
 
+use std::fmt;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 
 /// The name of the chip-process binary.
 pub(crate) const BINARY: &str = "simpler-chip-child";
 
-/// The binary to start: `explicit`, else beside the current executable. `Err` names every
-/// path tried.
-pub(crate) fn resolve_binary(explicit: Option<&Path>) -> Result<PathBuf, String> {
+/// Why a chip process could not be started.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum SpawnFault {
+    /// No chip-process binary exists at any path tried.
+    NoBinary {
+        /// The paths tried: the one given, else those beside the current executable (none
+        /// when the current executable is unknown).
+        tried: Vec<PathBuf>,
+    },
+    /// The shared mailbox could not be created (memfd, its seals or its mapping).
+    Mailbox {
+        /// The system's refusal (the source).
+        source: Arc<std::io::Error>,
+    },
+    /// The start request does not fit the mailbox.
+    InitTooLarge {
+        /// Its length.
+        len: usize,
+        /// The mailbox's payload capacity.
+        capacity: usize,
+    },
+    /// The system refused to start the binary.
+    Exec {
+        /// The binary.
+        binary: PathBuf,
+        /// The system's refusal (the source).
+        source: Arc<std::io::Error>,
+    },
+}
+
+impl fmt::Display for SpawnFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpawnFault::NoBinary { tried } => {
+                write!(f, "no {BINARY} binary at {}", fmt_paths(tried))
+            }
+            SpawnFault::Mailbox { source } => write!(f, "cannot create the mailbox: {source}"),
+            SpawnFault::InitTooLarge { len, capacity } => {
+                write!(f, "the start request has {len} bytes, the mailbox holds {capacity}")
+            }
+            SpawnFault::Exec { binary, source } => {
+                write!(f, "cannot execute {}: {source}", binary.display())
+            }
+        }
+    }
+}
+
+// Written out so that the system's error is next in a source chain as itself, not as its `Arc`.
+impl std::error::Error for SpawnFault {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SpawnFault::Mailbox { source } | SpawnFault::Exec { source, .. } => Some(&**source),
+            SpawnFault::NoBinary { .. } | SpawnFault::InitTooLarge { .. } => None,
+        }
+    }
+}
+
+fn fmt_paths(tried: &[PathBuf]) -> String {
+    if tried.is_empty() {
+        return "(no path)".into();
+    }
+    let list: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
+    list.join(", ")
+}
+
+/// The binary to start: `explicit`, else beside the current executable.
+pub(crate) fn resolve_binary(explicit: Option<&Path>) -> Result<PathBuf, SpawnFault> {
     let tried: Vec<PathBuf> = match explicit {
         Some(p) => vec![p.to_owned()],
         None => std::env::current_exe()
@@ -29,13 +95,10 @@ pub(crate) fn resolve_binary(explicit: Option<&Path>) -> Result<PathBuf, String>
             .and_then(|exe| exe.parent().map(|d| vec![d.join(BINARY), d.join("..").join(BINARY)]))
             .unwrap_or_default(),
     };
-    tried.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
-        let list: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
-        format!(
-            "no {BINARY} binary at {}",
-            if list.is_empty() { "(no path)".into() } else { list.join(", ") }
-        )
-    })
+    match tried.iter().find(|p| p.is_file()) {
+        Some(p) => Ok(p.clone()),
+        None => Err(SpawnFault::NoBinary { tried }),
+    }
 }
 
 type Job = Box<dyn FnOnce() + Send>;
