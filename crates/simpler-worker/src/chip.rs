@@ -40,7 +40,7 @@ use simpler_types::{
     WorkerId, WorkerType,
 };
 
-use crate::error::{MemError, RegistrationFailure, WorkerError};
+use crate::error::{LaneFault, MemError, RegistrationFailure, WorkerError};
 use crate::faults::{Fault, Faults};
 use crate::lane_fence::LaneFence;
 use crate::linger;
@@ -759,7 +759,7 @@ impl ChipLane {
 
     fn send(&self, job: LaneJob) -> Result<(), WorkerError> {
         let tx = self.tx.lock();
-        let stopped = || WorkerError::Lane { chip: self.chip, message: "the lane stopped".into() };
+        let stopped = || WorkerError::Lane { chip: self.chip, fault: LaneFault::Stopped };
         tx.as_ref().ok_or_else(stopped)?.send(job).map_err(|_| stopped())
     }
 
@@ -809,13 +809,10 @@ impl<R> LaneReply<R> {
     pub(crate) fn wait(self) -> Result<R, WorkerError> {
         match self.rx.recv() {
             Ok(Ok(r)) => Ok(r),
-            Ok(Err(text)) => Err(WorkerError::Lane {
-                chip: self.chip,
-                message: format!("the call panicked on the lane: {text}"),
-            }),
-            Err(_) => {
-                Err(WorkerError::Lane { chip: self.chip, message: "the job was dropped".into() })
+            Ok(Err(message)) => {
+                Err(WorkerError::Lane { chip: self.chip, fault: LaneFault::Panicked { message } })
             }
+            Err(_) => Err(WorkerError::Lane { chip: self.chip, fault: LaneFault::JobDropped }),
         }
     }
 }

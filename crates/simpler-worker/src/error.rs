@@ -20,7 +20,7 @@ use crate::process::ChildError;
 
 mod calls;
 
-pub use calls::{MemError, WorkerError};
+pub use calls::{LaneFault, MemError, WorkerError};
 
 /// A boxed error returned by user callbacks and closures.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -68,7 +68,7 @@ mod tests {
     use simpler_types::WorkerId;
 
     use super::Fault;
-    use crate::{StartCause, Worker, WorkerError};
+    use crate::{LaneFault, StartCause, Worker, WorkerError};
 
     fn orchestration(_: &mut OrchCtx<'_>, _: &OrchArgs<'_>) -> Result<(), OrchError> {
         Ok(())
@@ -244,7 +244,11 @@ mod tests {
         // A user closure panicking on the lane fails that call only.
         let r = w.with_sim_faults(WorkerId(0), |_| panic!("user closure panics"));
         assert!(
-            matches!(&r, Err(WorkerError::Lane { message, .. }) if message.contains("panicked")),
+            matches!(
+                &r,
+                Err(WorkerError::Lane { fault: LaneFault::Panicked { message }, .. })
+                    if message == "user closure panics"
+            ),
             "{r:?}"
         );
         w.memory().expect("memory").malloc(64).expect("the lane still serves");

@@ -36,7 +36,9 @@ use crate::builder::{ChipWorkerBuilder, CompositeWorkerBuilder, HostWorkerBuilde
 use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneReply, Residue};
 use crate::close::{CloseGate, Lifecycle, UnobservedFailures};
 use crate::deferred_drop;
-use crate::error::{BoxError, BuildFailure, Frame, RegistrationFailure, RunError, WorkerError};
+use crate::error::{
+    BoxError, BuildFailure, Frame, LaneFault, RegistrationFailure, RunError, WorkerError,
+};
 use crate::graph::{GraphBuilder, OrchBody, Orchestration};
 use crate::handle::{
     CallableHandle, Entry, GraphFn, HostFn, Registration, Registry, SharedRegistry, name_in,
@@ -197,13 +199,11 @@ impl Inner {
                         let any: &mut dyn Any = ep;
                         any.downcast_mut::<ChipEndpoint>().map(|c| f(&mut c.state))
                     })
-                    .map_err(|e| WorkerError::Lane { chip, message: e.to_string() })?;
+                    .map_err(|e| WorkerError::Lane { chip, fault: LaneFault::Engine(e) })?;
                 match rx.recv() {
                     Ok(Some(r)) => Ok(r),
-                    Ok(None) => {
-                        Err(WorkerError::Lane { chip, message: "not a chip endpoint".into() })
-                    }
-                    Err(e) => Err(WorkerError::Lane { chip, message: e.to_string() }),
+                    Ok(None) => Err(WorkerError::Lane { chip, fault: LaneFault::NotChipEndpoint }),
+                    Err(e) => Err(WorkerError::Lane { chip, fault: LaneFault::Engine(e) }),
                 }
             }
             _ => Err(WorkerError::NoSuchChild { id: chip }),
@@ -798,10 +798,8 @@ impl Worker {
         // The reply usually comes one preparation later: yield for it before parking.
         let reply = crate::linger::recv(&rx);
         self.inner.wait_accepted_below(self.pipeline_depth());
-        let (run, prepared) = reply.map_err(|_| WorkerError::Lane {
-            chip: lane.chip,
-            message: "the lane dropped the run".into(),
-        })?;
+        let (run, prepared) = reply
+            .map_err(|_| WorkerError::Lane { chip: lane.chip, fault: LaneFault::RunDropped })?;
         let run = match (run, prepared) {
             (Some(run), Ok(())) => run,
             (Some(run), Err(e)) => {
@@ -812,7 +810,7 @@ impl Worker {
                 return Err(WorkerError::Device { chip: lane.chip, source: Box::new(e) });
             }
             (None, Ok(())) => {
-                return Err(WorkerError::Lane { chip: lane.chip, message: "no run id".into() });
+                return Err(WorkerError::Lane { chip: lane.chip, fault: LaneFault::NoRunId });
             }
         };
         let shared = RunShared::new(run, Arc::clone(&self.inner), Fence::Lane(fence));

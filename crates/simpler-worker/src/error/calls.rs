@@ -216,8 +216,8 @@ pub enum WorkerError {
     Lane {
         /// The chip.
         chip: WorkerId,
-        /// What happened.
-        message: String,
+        /// What happened (an engine error is the source).
+        fault: LaneFault,
     },
     /// A task for a remote child names a tensor whose bytes cannot travel with it (refused at
     /// submit).
@@ -329,7 +329,7 @@ impl fmt::Display for WorkerError {
                  let the chip task write a HostBuffer instead (its chip lane copies the result \
                  back) and pass that to the sub task"
             ),
-            WorkerError::Lane { chip, message } => write!(f, "chip {chip}: {message}"),
+            WorkerError::Lane { chip, fault } => write!(f, "chip {chip}: {fault}"),
             #[cfg(feature = "mpi")]
             WorkerError::RemoteTensor(e) => fmt::Display::fmt(e, f),
             #[cfg(feature = "mpi")]
@@ -354,6 +354,7 @@ impl Error for WorkerError {
             WorkerError::Registration { source, .. } => Some(source.as_error()),
             WorkerError::DeviceUnusable { child, device, .. } => unusable_source(child, device),
             WorkerError::Device { source, .. } => Some(&**source),
+            WorkerError::Lane { fault: LaneFault::Engine(e), .. } => Some(e),
             #[cfg(feature = "mpi")]
             WorkerError::RemoteRegistration { cause, .. } => Some(cause),
             _ => None,
@@ -371,6 +372,36 @@ fn unusable_source<'a>(
         (None, Some(c)) => Some(&**c),
         (None, None) => None,
     }
+}
+
+/// How a call on a chip's lane failed ([`WorkerError::Lane`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaneFault {
+    /// The lane stopped (the worker is closing) before it took the call.
+    #[error("the lane stopped")]
+    Stopped,
+    /// The lane dropped the call without running it.
+    #[error("the job was dropped")]
+    JobDropped,
+    /// The lane dropped a run before answering it.
+    #[error("the lane dropped the run")]
+    RunDropped,
+    /// The lane answered a run with no run id and no error.
+    #[error("the lane answered the run with no run id")]
+    NoRunId,
+    /// The endpoint the call reached is not a chip.
+    #[error("not a chip endpoint")]
+    NotChipEndpoint,
+    /// The call panicked on the lane (the lane keeps serving).
+    #[error("the call panicked on the lane: {message}")]
+    Panicked {
+        /// The panic payload's text (a panic carries no typed value).
+        message: String,
+    },
+    /// The engine refused the call or its chip's thread stopped (the source).
+    #[error("{0}")]
+    Engine(SchedError),
 }
 
 impl From<MemError> for WorkerError {
