@@ -429,8 +429,22 @@ pub enum StartCause {
         /// mode), when one exists; a chip process's own refusal crosses as code and message.
         error: Option<Arc<RegistrationFailure>>,
     },
-    /// The engine could not start.
-    Engine(String),
+    /// The engine could not start (the source).
+    Engine(Arc<SchedError>),
+    /// The builder's `heap_ring_size` is not a multiple of the heap alignment.
+    HeapRingSize {
+        /// The size given.
+        value: u64,
+        /// The alignment it must be a multiple of.
+        align: u64,
+    },
+    /// The system refused to start one of the worker's threads.
+    ThreadSpawn {
+        /// Which thread.
+        thread: &'static str,
+        /// The system's refusal (the source).
+        source: Arc<std::io::Error>,
+    },
     /// A remote L3 child (another MPI rank) failed its start handshake.
     #[cfg(feature = "mpi")]
     Remote(crate::remote::RemoteError),
@@ -456,7 +470,14 @@ impl fmt::Display for StartCause {
                 }
                 write!(f, ": {message}")
             }
-            StartCause::Engine(m) => write!(f, "engine failed to start: {m}"),
+            StartCause::Engine(e) => write!(f, "engine failed to start: {e}"),
+            StartCause::HeapRingSize { value, align } => write!(
+                f,
+                "engine failed to start: heap_ring_size = {value} is not a multiple of {align} bytes"
+            ),
+            StartCause::ThreadSpawn { thread, source } => {
+                write!(f, "cannot spawn {thread}: {source}")
+            }
             #[cfg(feature = "mpi")]
             StartCause::Remote(e) => write!(f, "remote child failed to start: {e}"),
         }
@@ -469,6 +490,8 @@ impl std::error::Error for StartCause {
             StartCause::Device { error: Some(e), .. } => Some(e.as_error()),
             // The child's cause is in this one's text already: its own source is next.
             StartCause::ChildFailed { child } => child.source(),
+            StartCause::Engine(e) => Some(&**e),
+            StartCause::ThreadSpawn { source, .. } => Some(&**source),
             #[cfg(feature = "mpi")]
             StartCause::Remote(e) => Some(e),
             _ => None,

@@ -135,7 +135,7 @@ mod tests {
         let b = host().chips(&[0]).heap_ring_size(1000);
         b.faults().arm(0, Fault::Finalize);
         let e = b.start().expect_err("engine fails");
-        assert!(matches!(e.cause, StartCause::Engine(_)), "{e}");
+        assert!(matches!(e.cause, StartCause::HeapRingSize { value: 1000, .. }), "{e}");
         assert_eq!(e.rollback.len(), 1, "{e}");
         assert!(e.rollback[0].message.contains("chip 0: finalize failed"), "{e}");
 
@@ -145,7 +145,7 @@ mod tests {
         child.faults().arm(0, Fault::Leak);
         l4.child(child).expect("adopt");
         let e = l4.start().expect_err("engine fails");
-        assert!(matches!(e.cause, StartCause::Engine(_)), "{e}");
+        assert!(matches!(e.cause, StartCause::HeapRingSize { value: 1000, .. }), "{e}");
         assert_eq!(e.rollback.len(), 1, "{e}");
         assert_eq!(
             e.rollback[0].message,

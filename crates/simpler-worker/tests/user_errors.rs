@@ -8,6 +8,7 @@ use common::{host, one_sub_task};
 use std::time::Duration;
 
 use simpler_device_a2a3::Platform;
+use simpler_ring::RingError;
 use simpler_sched::SchedError;
 use simpler_types::{CallConfig, DataType, FailureMechanism, TaskArgs, WorkerId};
 use simpler_worker::{
@@ -126,9 +127,24 @@ fn an_l4_heap_ring_that_is_too_small_is_reported_with_the_worker_setting() {
 #[test]
 fn a_heap_ring_size_the_ring_refuses_is_named_by_the_worker_setting() {
     let err = host().heap_ring_size(1000).start().expect_err("not a multiple of 1024");
+    assert!(matches!(err.cause, StartCause::HeapRingSize { value: 1000, align: 1024 }), "{err:?}");
     let text = err.to_string();
     assert!(text.contains("heap_ring_size = 1000 is not a multiple of 1024 bytes"), "{text}");
     assert!(!text.contains("heap_bytes_per_ring"), "{text}");
+}
+
+#[test]
+fn an_engine_that_cannot_start_is_reported_with_its_typed_error() {
+    // Aligned, but beyond the address space: the ring's own refusal, kept typed.
+    let err = host().heap_ring_size(1 << 63).start().expect_err("too large");
+    match &err.cause {
+        StartCause::Engine(e) => {
+            assert!(matches!(**e, SchedError::Ring(RingError::InvalidConfig { .. })), "{e:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let source = std::error::Error::source(&err).expect("a source");
+    assert!(source.is::<SchedError>(), "{source:?}");
 }
 
 #[test]

@@ -134,7 +134,7 @@ pub(super) fn attach_chips(
             Ok(t) => attachers.push(Some(t)),
             Err(e) => {
                 return Err(start_err(
-                    StartCause::Config(format!("cannot spawn an attach thread: {e}")),
+                    StartCause::ThreadSpawn { thread: "an attach thread", source: Arc::new(e) },
                     &chip_path,
                 ));
             }

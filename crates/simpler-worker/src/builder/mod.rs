@@ -342,7 +342,9 @@ impl ChipWorkerBuilder {
         };
         let lane =
             ChipLane::spawn(state, format!("simpler-l2-chip{}", self.device)).map_err(|e| {
-                start_err(StartCause::Config(format!("cannot spawn the lane: {e}")), &path)
+                let cause =
+                    StartCause::ThreadSpawn { thread: "the chip lane", source: Arc::new(e) };
+                start_err(cause, &path)
             })?;
         let mut registry = Registry::default();
         add_chip_callables(&mut registry, &self.chip_regs, &[WorkerId(0)]);
@@ -546,20 +548,17 @@ fn build_engine(
     let heap = ring.heap_bytes_per_ring;
     let config = EngineConfig { ring, next_level, sub, level, ..EngineConfig::default() };
     Engine::start(config).map_err(|e| {
-        let text = match e {
+        let cause = match e {
             // The ring names the field of its own configuration; this worker's user set the
             // size through the builder's heap_ring_size.
             SchedError::Ring(RingError::InvalidConfig { .. })
                 if !heap.is_multiple_of(simpler_types::HEAP_ALIGN) =>
             {
-                format!(
-                    "heap_ring_size = {heap} is not a multiple of {} bytes",
-                    simpler_types::HEAP_ALIGN
-                )
+                StartCause::HeapRingSize { value: heap, align: simpler_types::HEAP_ALIGN }
             }
-            other => other.to_string(),
+            other => StartCause::Engine(Arc::new(other)),
         };
-        start_err(StartCause::Engine(text), path)
+        start_err(cause, path)
     })
 }
 
