@@ -162,6 +162,33 @@ fn pointers_outside_device_memory_are_bad_device_pointers() {
 }
 
 #[test]
+fn a_malformed_tensor_descriptor_is_refused_with_the_rule_it_broke() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    let mut bad = v.args.tensors()[1];
+    bad.strides[0] = 0;
+    let mut args = TaskArgs::new();
+    args.add_input(v.args.tensors()[0]).unwrap();
+    args.add_input(bad).unwrap();
+    args.add_output(v.args.tensors()[2]).unwrap();
+    let err = r.run(&RunRequest::new(run_id(1), slot, &args, &CallConfig::default())).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            DeviceError::InvalidTaskArgs {
+                run_id: Some(id),
+                arg: Some(1),
+                source: TypesError::ZeroStride { dim: 0 },
+            } if *id == run_id(1)
+        ),
+        "{err:?}"
+    );
+    v.free(&mut r);
+    still_works(&mut r, 2);
+}
+
+#[test]
 fn block_dim_and_thread_count_out_of_range_are_invalid_config() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();

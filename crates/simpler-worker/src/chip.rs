@@ -325,9 +325,11 @@ impl ChipState {
             call: "prepare",
             callable: *callable,
         })?;
-        self.scratch
-            .assign(args)
-            .map_err(|e| DeviceError::InvalidArgs { run_id: Some(run), message: e.to_string() })?;
+        self.scratch.assign(args).map_err(|source| DeviceError::InvalidTaskArgs {
+            run_id: Some(run),
+            arg: None,
+            source,
+        })?;
         let request = RunRequest::new(run, slot, &self.scratch, config);
         let request = match origin {
             Some(task) => request.with_origin(task),

@@ -21,7 +21,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use simpler_device_a2a3::{DeviceError, DevicePtr, DeviceRunner};
 use simpler_sched::EndpointFailure;
 use simpler_types::{
-    CallConfig, CallableId, TaskArgs, TaskArgsView, TaskId, Tensor, TensorArgType,
+    CallConfig, CallableId, FailureSource, TaskArgs, TaskArgsView, TaskId, Tensor, TensorArgType,
 };
 
 use crate::chip::{ChipState, device_failure};
@@ -199,8 +199,8 @@ fn stage_and_run(
     config: &CallConfig,
     origin: TaskId,
 ) -> Result<(), EndpointFailure> {
-    let mut device_args = TaskArgs::from_view(args).map_err(|e| {
-        device_failure(DeviceError::InvalidArgs { run_id: None, message: e.to_string() })
+    let mut device_args = TaskArgs::from_view(args).map_err(|source| {
+        device_failure(DeviceError::InvalidTaskArgs { run_id: None, arg: None, source })
     })?;
     let mut staged: Vec<Staged> = Vec::new();
     // A panic on the way (a step, a logging layer) still frees the device copies made so far
@@ -252,7 +252,7 @@ impl StagingChip for ChipState {
         }
         for (host, lo, bytes) in read {
             host.write(lo as u64, &bytes).map_err(|e| {
-                device_failure(DeviceError::InvalidArgs { run_id: None, message: e.to_string() })
+                EndpointFailure::task_failed(e.to_string()).with_source(FailureSource::new(e))
             })?;
         }
         Ok(())

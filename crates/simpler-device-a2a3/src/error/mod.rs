@@ -289,7 +289,7 @@ pub enum ErrorClass {
 ///   | `Hang` | `DeviceFault` whose latched status is a scheduler timeout and whose faults contain no core exception: a kernel never finished | unusable |
 ///   | `DeviceFault` | any other `DeviceFault`; `Timeout { budget: OpExecute }` | unusable |
 ///   | `Poisoned` | `Unusable`, `Abandoned` | unusable |
-///   | `Usage` | `InvalidConfig`, `InvalidArgs`, `RunIdReused`, `OverlappingArguments`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `StaleRun`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
+///   | `Usage` | `InvalidConfig`, `InvalidArgs`, `InvalidTaskArgs`, `RunIdReused`, `OverlappingArguments`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `StaleRun`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
 ///   | `Resources` | `OutOfMemory`, `Capacity`; onboard `AllocRefused` for want of memory | unchanged |
 ///   | `Setup` | `Init`, `Diagnostics`, `Orchestration`, `OrchestrationLoad`, `LaunchPanicked`; onboard `Load`, `Acl`, `CopyRefused` and any other `AllocRefused` | unchanged |
 ///
@@ -406,6 +406,18 @@ pub enum DeviceError {
         run_id: Option<RunId>,
         /// What was wrong, naming the values.
         message: String,
+    },
+    /// A task's argument list, or one of its tensor descriptors, broke a rule of
+    /// `simpler-types` (the source).
+    #[error("{}invalid arguments: {}{source}", fmt_run(run_id), fmt_arg(arg))]
+    InvalidTaskArgs {
+        /// The run, if the arguments were a run's.
+        run_id: Option<RunId>,
+        /// The tensor argument refused, when one was (its index).
+        arg: Option<usize>,
+        /// The rule it broke, with the offending values.
+        #[source]
+        source: simpler_types::TypesError,
     },
     /// The runner already ran (or prepared) a run with this id and origin; its reports and
     /// trace files would overwrite each other. Ids are remembered for the runner's last
@@ -678,6 +690,10 @@ fn fmt_run(run_id: &Option<RunId>) -> String {
     run_id.map(|r| format!("{r}: ")).unwrap_or_default()
 }
 
+fn fmt_arg(arg: &Option<usize>) -> String {
+    arg.map(|i| format!("chip argument {i}: ")).unwrap_or_default()
+}
+
 fn fmt_origin(origin: &Option<TaskId>) -> String {
     origin.map(|t| format!(" (for {t})")).unwrap_or_default()
 }
@@ -729,6 +745,7 @@ impl DeviceError {
             | DeviceError::OverlappingArguments { run_id, .. } => Some(*run_id),
             DeviceError::InvalidConfig { run_id, .. }
             | DeviceError::InvalidArgs { run_id, .. }
+            | DeviceError::InvalidTaskArgs { run_id, .. }
             | DeviceError::UnknownCallable { run_id, .. }
             | DeviceError::Unsupported { run_id, .. }
             | DeviceError::OutOfMemory { run_id, .. }
@@ -756,6 +773,7 @@ impl DeviceError {
         match &mut self {
             DeviceError::InvalidConfig { run_id, .. }
             | DeviceError::InvalidArgs { run_id, .. }
+            | DeviceError::InvalidTaskArgs { run_id, .. }
             | DeviceError::UnknownCallable { run_id, .. }
             | DeviceError::Unsupported { run_id, .. }
             | DeviceError::OutOfMemory { run_id, .. }
@@ -795,6 +813,7 @@ impl DeviceError {
             DeviceError::Unusable { .. } | DeviceError::Abandoned { .. } => ErrorClass::Poisoned,
             DeviceError::InvalidConfig { .. }
             | DeviceError::InvalidArgs { .. }
+            | DeviceError::InvalidTaskArgs { .. }
             | DeviceError::RunIdReused { .. }
             | DeviceError::OverlappingArguments { .. }
             | DeviceError::InvalidCallable { .. }
@@ -914,6 +933,7 @@ impl DeviceError {
             }
             DeviceError::Orchestration { .. }
             | DeviceError::InvalidArgs { .. }
+            | DeviceError::InvalidTaskArgs { .. }
             | DeviceError::RunIdReused { .. }
             | DeviceError::OverlappingArguments { .. }
             | DeviceError::InvalidConfig { .. }

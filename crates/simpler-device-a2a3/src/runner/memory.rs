@@ -354,7 +354,11 @@ impl Core {
                 }
                 continue;
             }
-            t.validate().map_err(|e| invalid(format!("chip argument {i}: {e}")))?;
+            t.validate().map_err(|source| DeviceError::InvalidTaskArgs {
+                run_id: Some(run_id),
+                arg: Some(i),
+                source,
+            })?;
             if t.is_child_memory() {
                 if self.backend.find(t.addr, t.size) != Some(MemPurpose::User) {
                     return Err(DeviceError::BadDevicePointer {

@@ -29,7 +29,7 @@ use super::wire::{FailureFrame, Malformed, Reader, Writer, encode_config, op, st
 use super::{
     ChildError, ChildExit, OnChildDeath, ProcessOptions, ProtocolFault, ReplyFault, spawn,
 };
-use crate::chip::Residue;
+use crate::chip::{Residue, device_failure};
 use crate::error::{MemError, RegistrationFailure};
 
 /// The largest piece of a copy in one request (the payload less its header fields).
@@ -689,8 +689,8 @@ impl ChipProcess {
                 EndpointOutcome::TaskFailure,
             )
         })?;
-        let args = TaskArgs::from_view(args).map_err(|e| {
-            EndpointFailure::task_failed(format!("chip {chip}: invalid arguments: {e}"))
+        let args = TaskArgs::from_view(args).map_err(|source| {
+            device_failure(DeviceError::InvalidTaskArgs { run_id: run, arg: None, source })
         })?;
         // A dead process is restarted before the arguments are checked, so that memory of the
         // process that died is refused too, never sent to its successor. Before the frame is
