@@ -138,8 +138,8 @@ pub use callable::{
 pub use diag::timing::RunPhases;
 pub use error::{
     ArgOverlap, CapacityResource, CopyKind, CoreFault, DeviceError, ErrorClass, InitStep,
-    KernelKind, MemPurpose, PoisonCause, PoisonStep, RingSizes, RuntimeFault, StallInfo,
-    StreamKind,
+    KernelKind, MemPurpose, OrchFailure, PoisonCause, PoisonStep, RingSizes, RuntimeFault,
+    StallInfo, StreamKind,
 };
 pub use kernel::{KernelCall, KernelFn};
 #[cfg(feature = "sim")]

@@ -10,7 +10,7 @@ use common::*;
 use simpler_device_a2a3::abi::codes::{AclCode, RuntimeCode, StallClass};
 use simpler_device_a2a3::{
     ArgDirection, ChipCallable, CoreCallable, DeviceError, DeviceHealth, DeviceRunner, ErrorClass,
-    FiredFault, KernelKind, PoisonStep, RunRequest, StreamKind,
+    FiredFault, KernelKind, OrchFailure, PoisonStep, RunRequest, StreamKind,
 };
 use simpler_types::{CallConfig, FailureMechanism, TimeoutBudget};
 
@@ -254,8 +254,10 @@ fn a_panicking_config_function_is_an_orchestration_error_with_cleanup() {
     }));
     let err = outcome.expect("the panic stays inside the runner").unwrap_err();
     assert!(
-        matches!(&err, DeviceError::Orchestration { run_id: id, message }
-            if *id == run_id(1) && message.contains("deliberate config panic")),
+        matches!(&err, DeviceError::Orchestration {
+                run_id: id,
+                failure: OrchFailure::ConfigPanicked { message },
+            } if *id == run_id(1) && message.contains("deliberate config panic")),
         "{err}"
     );
     assert_eq!(r.stats().terminal_cleanups, before.terminal_cleanups + 1);

@@ -9,8 +9,8 @@ use common::*;
 use simpler_device_a2a3::programs::paged_attention::{self, PagedAttention};
 use simpler_device_a2a3::programs::{f32_from_le_bytes, streaming};
 use simpler_device_a2a3::{
-    CapacityResource, DeviceError, DevicePtr, DeviceRunner, RingDefaults, RunRequest,
-    RunnerOptions, RuntimeVariant,
+    CapacityResource, DeviceError, DevicePtr, DeviceRunner, OrchError, OrchFailure, RingDefaults,
+    RunRequest, RunnerOptions, RuntimeVariant,
 };
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor};
 
@@ -153,7 +153,13 @@ fn paged_attention_refuses_a_block_outside_the_cache_and_the_next_run_succeeds()
     // Request 3 (17 tokens) reads its second block from past the end of the cache.
     p.block_table[3 * p.max_blocks + 1] = p.pool_blocks as i32;
     let e = attend(&mut r, 1, &p).unwrap_err();
-    assert!(matches!(e, DeviceError::Orchestration { .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            DeviceError::Orchestration { failure: OrchFailure::Returned(OrchError { .. }), .. }
+        ),
+        "{e:?}"
+    );
     let p = PagedAttention::example(4);
     assert_close(&attend(&mut r, 2, &p).unwrap(), &p);
     r.finalize().unwrap();

@@ -28,6 +28,28 @@ pub(crate) fn fmt_task(t: DeviceTaskId) -> String {
     if t.is_valid() { format!("task#r{}:{}", t.ring(), t.local()) } else { "no task".to_owned() }
 }
 
+/// How a host orchestration failed ([`DeviceError::Orchestration`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OrchFailure {
+    /// The orchestration's entry panicked.
+    #[error("the orchestration panicked: {message}")]
+    Panicked {
+        /// The panic payload's text (a panic carries no typed value).
+        message: String,
+    },
+    /// The orchestration's config function panicked.
+    #[error("the orchestration's config function panicked: {message}")]
+    ConfigPanicked {
+        /// The panic payload's text (a panic carries no typed value).
+        message: String,
+    },
+    /// The orchestration returned an error of its own, with no error latched by the runtime
+    /// (the source).
+    #[error("the orchestration returned an error: {0}")]
+    Returned(#[source] crate::OrchError),
+}
+
 /// Which of the two launches of a run.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum KernelKind {
@@ -610,12 +632,13 @@ pub enum DeviceError {
         message: String,
     },
     /// Host orchestration (hbg graph build) failed, including a caught panic.
-    #[error("{run_id}: orchestration failed: {message}")]
+    #[error("{run_id}: orchestration failed: {failure}")]
     Orchestration {
         /// The run.
         run_id: RunId,
-        /// What went wrong.
-        message: String,
+        /// How it failed (an error the orchestration returned is the source).
+        #[source]
+        failure: OrchFailure,
     },
     /// The CANN libraries could not be loaded (onboard backend): the source lists every path
     /// tried with its `dlerror`, or every missing symbol.

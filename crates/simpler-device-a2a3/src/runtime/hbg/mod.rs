@@ -29,7 +29,7 @@ use crate::callable::{OrchArgs, Orchestration};
 use crate::diag::swimlane::SwimlaneCapture;
 use crate::diag::timing::RunPhases;
 use crate::diag::{self, DiagPlan, Exporter, Outcome};
-use crate::error::{DeviceError, RuntimeFault};
+use crate::error::{DeviceError, OrchFailure, RuntimeFault};
 use crate::runner::{RingHighWater, RunReport};
 use crate::runtime::orch::OrchCtx;
 
@@ -102,12 +102,10 @@ pub(crate) fn check_arg_count(
     let expected = match std::panic::catch_unwind(AssertUnwindSafe(|| config(args))) {
         Ok(c) => c.expected_arg_count as usize,
         Err(p) => {
+            let message = panic_text(&*p);
             return Err(DeviceError::Orchestration {
                 run_id,
-                message: format!(
-                    "the orchestration's config function panicked: {}",
-                    panic_text(&*p)
-                ),
+                failure: OrchFailure::ConfigPanicked { message },
             });
         }
     };
@@ -170,12 +168,11 @@ impl ChipRuntime for HostBuildGraph {
             match outcome {
                 Err(p) => Err(DeviceError::Orchestration {
                     run_id,
-                    message: format!("the orchestration panicked: {}", panic_text(&*p)),
+                    failure: OrchFailure::Panicked { message: panic_text(&*p) },
                 }),
-                Ok(Err(e)) if !builder.has_error() => Err(DeviceError::Orchestration {
-                    run_id,
-                    message: format!("the orchestration returned an error: {e}"),
-                }),
+                Ok(Err(e)) if !builder.has_error() => {
+                    Err(DeviceError::Orchestration { run_id, failure: OrchFailure::Returned(e) })
+                }
                 Ok(_) => builder.finish(),
             }
         }?;
