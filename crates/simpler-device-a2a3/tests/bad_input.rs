@@ -262,6 +262,29 @@ fn a_diagnostic_switch_without_output_prefix_is_rejected_when_the_config_is_buil
 }
 
 #[test]
+fn an_output_prefix_that_cannot_be_created_is_refused_with_the_systems_error() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    // A directory under a regular file cannot be created.
+    let file = std::env::temp_dir().join(format!("simpler-prefix-file-{}", std::process::id()));
+    std::fs::write(&file, b"").unwrap();
+    let prefix = file.join("out");
+    let cfg = CallConfig::builder().dep_gen(true).output_prefix(&prefix).build().unwrap();
+    let err = r.run(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap_err();
+    let _ = std::fs::remove_file(&file);
+    match &err {
+        DeviceError::OutputDirectory { run_id: Some(id), path, source } => {
+            assert_eq!((*id, path), (run_id(1), &prefix));
+            assert_eq!(source.kind(), std::io::ErrorKind::NotADirectory, "{err}");
+        }
+        other => panic!("{other:?}"),
+    }
+    v.free(&mut r);
+    still_works(&mut r, 2);
+}
+
+#[test]
 fn calls_out_of_order_are_busy_and_a_full_set_of_slots_refuses_prepare() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     assert_eq!(r.pipeline_slots(), 2, "two resource slots by default");

@@ -311,7 +311,7 @@ pub enum ErrorClass {
 ///   | `Hang` | `DeviceFault` whose latched status is a scheduler timeout and whose faults contain no core exception: a kernel never finished | unusable |
 ///   | `DeviceFault` | any other `DeviceFault`; `Timeout { budget: OpExecute }` | unusable |
 ///   | `Poisoned` | `Unusable`, `Abandoned` | unusable |
-///   | `Usage` | `InvalidConfig`, `InvalidArgs`, `InvalidTaskArgs`, `RunIdReused`, `OverlappingArguments`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `StaleRun`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
+///   | `Usage` | `InvalidConfig`, `OutputDirectory`, `InvalidArgs`, `InvalidTaskArgs`, `RunIdReused`, `OverlappingArguments`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `StaleRun`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
 ///   | `Resources` | `OutOfMemory`, `Capacity`; onboard `AllocRefused` for want of memory | unchanged |
 ///   | `Setup` | `Init`, `Diagnostics`, `Orchestration`, `OrchestrationLoad`, `LaunchPanicked`; onboard `Load`, `Acl`, `CopyRefused` and any other `AllocRefused` | unchanged |
 ///
@@ -420,6 +420,21 @@ pub enum DeviceError {
         value: String,
         /// The rule it broke.
         rule: String,
+    },
+    /// A run's diagnostics are on and its output directory cannot be created.
+    #[error(
+        "{}invalid configuration: CallConfig.output_prefix = {:?}: must be a creatable directory: {source}",
+        fmt_run(run_id),
+        path.display()
+    )]
+    OutputDirectory {
+        /// The run, when the configuration was a run's.
+        run_id: Option<RunId>,
+        /// The directory.
+        path: std::path::PathBuf,
+        /// The system's refusal.
+        #[source]
+        source: std::io::Error,
     },
     /// The arguments of a call or of a submitted task were invalid.
     #[error("{}invalid arguments: {message}", fmt_run(run_id))]
@@ -767,6 +782,7 @@ impl DeviceError {
             | DeviceError::Abandoned { run_id, .. }
             | DeviceError::OverlappingArguments { run_id, .. } => Some(*run_id),
             DeviceError::InvalidConfig { run_id, .. }
+            | DeviceError::OutputDirectory { run_id, .. }
             | DeviceError::InvalidArgs { run_id, .. }
             | DeviceError::InvalidTaskArgs { run_id, .. }
             | DeviceError::UnknownCallable { run_id, .. }
@@ -795,6 +811,7 @@ impl DeviceError {
     pub(crate) fn in_run(mut self, run: RunId) -> DeviceError {
         match &mut self {
             DeviceError::InvalidConfig { run_id, .. }
+            | DeviceError::OutputDirectory { run_id, .. }
             | DeviceError::InvalidArgs { run_id, .. }
             | DeviceError::InvalidTaskArgs { run_id, .. }
             | DeviceError::UnknownCallable { run_id, .. }
@@ -835,6 +852,7 @@ impl DeviceError {
             }
             DeviceError::Unusable { .. } | DeviceError::Abandoned { .. } => ErrorClass::Poisoned,
             DeviceError::InvalidConfig { .. }
+            | DeviceError::OutputDirectory { .. }
             | DeviceError::InvalidArgs { .. }
             | DeviceError::InvalidTaskArgs { .. }
             | DeviceError::RunIdReused { .. }
@@ -960,6 +978,7 @@ impl DeviceError {
             | DeviceError::RunIdReused { .. }
             | DeviceError::OverlappingArguments { .. }
             | DeviceError::InvalidConfig { .. }
+            | DeviceError::OutputDirectory { .. }
             | DeviceError::UnknownCallable { .. }
             | DeviceError::Unsupported { .. } => FailureMechanism::TaskFailed,
             DeviceError::Busy { .. }

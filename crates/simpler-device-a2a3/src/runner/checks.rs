@@ -143,11 +143,10 @@ impl Core {
         if cfg.diagnostics_any()
             && let Some(prefix) = cfg.output_prefix()
         {
-            std::fs::create_dir_all(prefix).map_err(|e| DeviceError::InvalidConfig {
+            std::fs::create_dir_all(prefix).map_err(|source| DeviceError::OutputDirectory {
                 run_id,
-                setting: "CallConfig.output_prefix".into(),
-                value: prefix.display().to_string(),
-                rule: format!("must be a creatable directory: {e}"),
+                path: prefix.to_owned(),
+                source,
             })?;
         }
         let block_dim = match cfg.block_dim() {
