@@ -159,7 +159,7 @@ impl Engine {
         let handle = std::thread::Builder::new()
             .name(name.clone())
             .spawn(move || scheduler_main(sched_core))
-            .map_err(|e| SchedError::ThreadSpawn { thread: name, message: e.to_string() })?;
+            .map_err(|source| SchedError::ThreadSpawn { thread: name, source })?;
         engine.threads.lock().scheduler = Some(handle);
 
         let endpoints = next_level
@@ -181,7 +181,7 @@ impl Engine {
                 Ok(h) => engine.threads.lock().workers.push((name, h)),
                 Err(e) => {
                     // Dropping the engine stops and joins everything started so far.
-                    return Err(SchedError::ThreadSpawn { thread: name, message: e.to_string() });
+                    return Err(SchedError::ThreadSpawn { thread: name, source: e });
                 }
             }
         }

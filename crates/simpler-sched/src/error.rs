@@ -47,12 +47,13 @@ pub enum SchedError {
     #[error("ring: {0}")]
     Ring(#[source] RingError),
     /// The operating system refused to start an engine thread.
-    #[error("could not start engine thread {thread}: {message}")]
+    #[error("could not start engine thread {thread}: {source}")]
     ThreadSpawn {
         /// Name of the thread.
         thread: String,
-        /// The operating system's reason.
-        message: String,
+        /// The operating system's refusal.
+        #[source]
+        source: std::io::Error,
     },
 
     // ---- Run lifecycle (`docs/engine-protocols.md` §2) ------------------------------------------
