@@ -24,8 +24,8 @@ pub enum RingError {
         ring: RingIndex,
         /// Size of the mapping requested.
         bytes: u64,
-        /// The operating system's explanation.
-        reason: String,
+        /// Why it failed.
+        cause: MapFailure,
     },
     /// The ring was shut down; no allocation succeeds any more.
     Shutdown,
@@ -115,6 +115,41 @@ impl fmt::Display for RingError {
 
 impl std::error::Error for RingError {}
 
+/// Why the mapping behind a heap ring could not be reserved ([`RingError::HeapMapFailed`]).
+/// The system's error is kept as its number and kind, so that the ring error stays `Eq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MapFailure {
+    /// The size does not fit this host's address width (`usize`).
+    SizeExceedsUsize,
+    /// The system refused the mapping.
+    Os {
+        /// The system's error number (`errno`), when it gave one.
+        code: Option<i32>,
+        /// The error's kind.
+        kind: std::io::ErrorKind,
+    },
+}
+
+impl MapFailure {
+    /// The refusal `e` of the system.
+    pub(crate) fn os(e: &std::io::Error) -> MapFailure {
+        MapFailure::Os { code: e.raw_os_error(), kind: e.kind() }
+    }
+}
+
+impl fmt::Display for MapFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            MapFailure::SizeExceedsUsize => f.write_str("size exceeds usize"),
+            MapFailure::Os { code: Some(code), .. } => {
+                fmt::Display::fmt(&std::io::Error::from_raw_os_error(code), f)
+            }
+            MapFailure::Os { code: None, kind } => fmt::Display::fmt(&kind, f),
+        }
+    }
+}
+
 /// [`RingError::facts`].
 struct Facts<'a>(&'a RingError);
 
@@ -124,8 +159,8 @@ impl fmt::Display for Facts<'_> {
             RingError::InvalidConfig { reason } => {
                 write!(f, "invalid ring configuration: {reason}")
             }
-            RingError::HeapMapFailed { ring, bytes, reason } => {
-                write!(f, "could not map {bytes} bytes for heap {ring}: {reason}")
+            RingError::HeapMapFailed { ring, bytes, cause } => {
+                write!(f, "could not map {bytes} bytes for heap {ring}: {cause}")
             }
             RingError::Shutdown => f.write_str("the ring is shut down"),
             RingError::HeapDisabled { requested } => {

@@ -21,7 +21,7 @@ use std::time::Instant;
 use simpler_types::{RingIndex, SlotId};
 
 use crate::config::HeapRegion;
-use crate::error::{HeapExhausted, RingError};
+use crate::error::{HeapExhausted, MapFailure, RingError};
 use crate::fixed::{HeapRecord, HeapRingCore, RecordStore, ReleaseOutcome};
 use crate::patience::Patience;
 use crate::ring::HeapSpan;
@@ -107,13 +107,13 @@ impl HeapRing {
 
     /// Reserves the address space of one ring.
     pub(crate) fn map_anonymous(index: RingIndex, bytes: u64) -> Result<Self, RingError> {
-        let map_failed = |reason: String| RingError::HeapMapFailed { ring: index, bytes, reason };
-        let len = usize::try_from(bytes).map_err(|_| map_failed("size exceeds usize".into()))?;
+        let map_failed = |cause| RingError::HeapMapFailed { ring: index, bytes, cause };
+        let len = usize::try_from(bytes).map_err(|_| map_failed(MapFailure::SizeExceedsUsize))?;
         let mapping = memmap2::MmapOptions::new()
             .len(len)
             .no_reserve_swap()
             .map_anon()
-            .map_err(|e| map_failed(e.to_string()))?;
+            .map_err(|e| map_failed(MapFailure::os(&e)))?;
         // Only the address is taken; the ring never dereferences heap memory.
         let base = mapping.as_ptr() as usize as u64;
         HeapRing::new(index, HeapRegion { base, len: bytes }, Some(mapping))

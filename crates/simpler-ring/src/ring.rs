@@ -405,6 +405,25 @@ mod tests {
         Ring::new(RingConfig { heap_bytes_per_ring: 0, ..RingConfig::default() }).unwrap()
     }
 
+    /// A heap larger than the address space: the system's refusal stays its number and kind.
+    #[test]
+    fn a_heap_the_system_cannot_map_names_the_systems_error() {
+        use crate::error::MapFailure;
+        let bytes = 1u64 << 62;
+        match Ring::<()>::new(RingConfig { heap_bytes_per_ring: bytes, ..RingConfig::default() }) {
+            Err(RingError::HeapMapFailed {
+                bytes: b,
+                cause: MapFailure::Os { code, kind },
+                ..
+            }) => {
+                assert_eq!(b, bytes);
+                assert!(code.is_some());
+                assert_eq!(kind, std::io::ErrorKind::OutOfMemory);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn heap_span_debug_shows_the_address_in_hex() {
         let span = HeapSpan {
