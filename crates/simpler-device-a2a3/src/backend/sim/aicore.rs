@@ -94,8 +94,11 @@ pub(crate) fn doorbell_step(low: u32, high: u32, v: u32) -> Step {
     }
 }
 
+/// How a simulated kernel ended.
 pub(crate) enum KernelOutcome {
     Finished,
+    /// The kernel faulted; the text becomes the core fault's `CoreFault::message` (a panic's
+    /// payload is text only).
     Faulted(String),
     Hung,
 }
