@@ -45,9 +45,10 @@ pub const NS_PER_TICK: u64 = 1_000_000_000 / COUNTER_HZ;
 pub const MAX_FUNC_IDS: usize = 1024;
 /// Callable slots of one runner.
 pub const MAX_CALLABLE_SLOTS: usize = 64;
-/// Version of the layouts in this module; bumped on any change so stale device programs are
-/// refused.
-pub const ABI_VERSION: u32 = 4;
+/// Version of the layouts in this module; bumped on any change, of a layout or of what a field
+/// means (5: `GlobalContext` numbers the copies of a MIX block's kernel where it had padding),
+/// so stale device programs are refused.
+pub const ABI_VERSION: u32 = 5;
 
 /// Kind of an AICore core, as stored in the handshake record.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]

@@ -93,6 +93,9 @@ pub struct DispatchPayload {
 const _: () = {
     assert!(size_of::<LocalContext>() == 16);
     assert!(size_of::<GlobalContext>() == 24);
+    assert!(offset_of!(GlobalContext, copy_idx) == 4);
+    assert!(offset_of!(GlobalContext, copy_num) == 6);
+    assert!(offset_of!(GlobalContext, dma_workspace) == 8);
     assert!(size_of::<DispatchPayload>() == PAYLOAD_SIZE);
     assert!(align_of::<DispatchPayload>() == 64);
     assert!(offset_of!(DispatchPayload, kernel) == 0);

@@ -4,7 +4,7 @@
 //! Format (`docs/device-onboard.md`, "Pointing it at CANN"):
 //!
 //! ```json
-//! { "abi_version": 4,
+//! { "abi_version": 5,
 //!   "artifacts": { "aicpu_program":   { "path": "libsimpler_aicpu_hbg.so", "sha256": "…" },
 //!                  "dispatcher":      { "path": "libsimpler_aicpu_dispatcher.so" },
 //!                  "aicore_executor": { "path": "aicore_hbg.o" } } }
