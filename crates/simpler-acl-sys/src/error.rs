@@ -103,6 +103,11 @@ pub const ERROR_NAMES: &[(i32, &str, &str)] = &[
         "ACL_ERROR_REPEAT_INITIALIZE",
         "ACL was already initialized in this process; tolerated by aclInit callers",
     ),
+    (
+        100037,
+        "ACL_ERROR_REPEAT_FINALIZE",
+        "ACL is not initialized: a finalize without an initialisation still in force",
+    ),
     (107022, "ACL_ERROR_RT_DEVICE_TASK_ABORT", "the device aborted the task"),
     (207001, "ACL_ERROR_RT_MEMORY_ALLOCATION", "the device could not allocate memory"),
     (507000, "ACL_ERROR_RT_INTERNAL_ERROR", "internal error of the CANN runtime"),

@@ -31,7 +31,8 @@
 //! call of a function return a chosen code.
 //!
 //! ACL is initialised per install, as CANN's is per process: `aclInit` initialises it (and
-//! answers 100002 when it is initialised already), `aclFinalize` ends it, and
+//! answers 100002 when it is initialised already), `aclFinalize` ends it (and answers 100037
+//! when it is not initialised), and
 //! [`FakeInstall::acl_initialized`] tells which holds.
 //!
 //! Device sets are counted per device as CANN counts them: `rtSetDevice`/`aclrtSetDevice` add

@@ -37,6 +37,7 @@
 #define E_PARAM 107000           /* ACL_ERROR_RT_PARAM_INVALID */
 #define MAX_DEVICES 64
 #define E_REPEAT_INIT 100002     /* ACL_ERROR_REPEAT_INITIALIZE */
+#define E_REPEAT_FINALIZE 100037 /* ACL_ERROR_REPEAT_FINALIZE */
 #define E_SYNC_TIMEOUT 507046    /* ACL_ERROR_RT_STREAM_SYNC_TIMEOUT */
 #define E_EVENT_SYNC_TIMEOUT 507047 /* ACL_ERROR_RT_EVENT_SYNC_TIMEOUT */
 #define E_DRV_INTERNAL 507899    /* ACL_ERROR_RT_DRV_INTERNAL_ERROR */
@@ -714,6 +715,7 @@ EXPORT int aclInit(const char *configPath) {
 EXPORT int aclFinalize(void) {
     call c = begin(__func__);
     if (c.injected) return finish(&c, c.injected);
+    if (!st->acl_initialized) return fail(&c, E_REPEAT_FINALIZE, "ACL is not initialized");
     st->acl_initialized = 0;
     return finish(&c, OK);
 }

@@ -620,6 +620,20 @@ fn aclinit_twice_reports_repeat_initialize_until_finalize() {
 }
 
 #[test]
+fn aclfinalize_without_an_initialisation_in_force_reports_repeat_finalize() {
+    let install = FakeInstall::standard().unwrap();
+    let cann = install.cann();
+    // SAFETY: no arguments; null config path is allowed.
+    unsafe {
+        assert_eq!(cann.aclFinalize(), Ok(100_037), "never initialised");
+        assert_eq!(cann.aclInit(ptr::null()), Ok(0));
+        assert_eq!(cann.aclFinalize(), Ok(0));
+        assert_eq!(cann.aclFinalize(), Ok(100_037), "finalized already");
+    }
+    assert_eq!(simpler_acl_sys::error_name(100_037).0, "ACL_ERROR_REPEAT_FINALIZE");
+}
+
+#[test]
 fn events_record_and_synchronize() {
     let install = FakeInstall::standard().unwrap();
     let cann = install.cann();
