@@ -1,5 +1,6 @@
 // `out = x + y` over f32 (the vector example's func 0): tensors x (in), y (in), out (out).
-// Elements beyond the shortest view are left alone.
+// Elements beyond the shortest view are left alone; each block (and each copy of the kernel in a
+// MIX block) writes its own part of the rest (`simpler_share`).
 #include "kernel_abi.h"
 
 SIMPLER_KERNEL_ENTRY {
@@ -9,8 +10,9 @@ SIMPLER_KERNEL_ENTRY {
         return;
     }
     uint64_t n = simpler_min(out.len, simpler_min(x.len, y.len));
-    for (uint64_t i = 0; i < n; ++i) {
+    SimplerShare part = simpler_share(args, n);
+    for (uint64_t i = part.begin; i < part.end; ++i) {
         out.data[i] = x.data[i] + y.data[i];
     }
-    simpler_kernel_flush(out.data, n);
+    simpler_kernel_flush(out.data + part.begin, part.end - part.begin);
 }

@@ -9,8 +9,9 @@ SIMPLER_KERNEL_ENTRY {
     }
     float s = simpler_f32_scalar(args, 2, 0);
     uint64_t n = simpler_min(out.len, x.len);
-    for (uint64_t i = 0; i < n; ++i) {
+    SimplerShare part = simpler_share(args, n);
+    for (uint64_t i = part.begin; i < part.end; ++i) {
         out.data[i] = x.data[i] + s;
     }
-    simpler_kernel_flush(out.data, n);
+    simpler_kernel_flush(out.data + part.begin, part.end - part.begin);
 }

@@ -87,4 +87,54 @@ static inline float simpler_f32_scalar(SIMPLER_GM int64_t *args, uint32_t tensor
 
 static inline uint64_t simpler_min(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
+// Slots 48 and 49 hold the addresses of the dispatch's contexts: the local one starts with the
+// block's index and the task's block count (u32 each), the global one holds, at bytes 4 and 6,
+// the index of this copy of the kernel among the members of its block that run it and their
+// count (u16 each; 0 counts as 1).
+#define SIMPLER_LOCAL_CONTEXT_SLOT 48
+#define SIMPLER_GLOBAL_CONTEXT_SLOT 49
+
+// Element range [begin, end) of one part of n elements split into `parts` in order:
+// floor(n · part / parts) onwards, computed without overflow (n = q · parts + r, r < parts).
+static inline uint64_t simpler_part_bound(uint64_t n, uint64_t part, uint64_t parts) {
+    uint64_t q = n / parts, r = n % parts;
+    return q * part + r * part / parts;
+}
+
+struct SimplerShare {
+    uint64_t begin;
+    uint64_t end;
+};
+
+// The elements of n this call writes: the blocks of a task split them in order, and the copies
+// of the kernel in one MIX block split their block's part again, so no two calls of a task
+// write the same element and together they write all n. A call outside its task's blocks or
+// copies writes nothing.
+static inline SimplerShare simpler_share(SIMPLER_GM int64_t *args, uint64_t n) {
+    SIMPLER_GM uint8_t *local =
+        reinterpret_cast<SIMPLER_GM uint8_t *>(static_cast<uint64_t>(args[SIMPLER_LOCAL_CONTEXT_SLOT]));
+    SIMPLER_GM uint8_t *global =
+        reinterpret_cast<SIMPLER_GM uint8_t *>(static_cast<uint64_t>(args[SIMPLER_GLOBAL_CONTEXT_SLOT]));
+    uint64_t block = 0, blocks = 1, copy = 0, copies = 1;
+    if (local != 0) {
+        block = *reinterpret_cast<SIMPLER_GM uint32_t *>(local);
+        blocks = *reinterpret_cast<SIMPLER_GM uint32_t *>(local + 4);
+    }
+    if (global != 0) {
+        copy = *reinterpret_cast<SIMPLER_GM uint16_t *>(global + 4);
+        copies = *reinterpret_cast<SIMPLER_GM uint16_t *>(global + 6);
+    }
+    blocks = blocks == 0 ? 1 : blocks;
+    copies = copies == 0 ? 1 : copies;
+    SimplerShare none = {0, 0};
+    if (block >= blocks || copy >= copies) {
+        return none;
+    }
+    uint64_t b0 = simpler_part_bound(n, block, blocks);
+    uint64_t len = simpler_part_bound(n, block + 1, blocks) - b0;
+    SimplerShare s = {b0 + simpler_part_bound(len, copy, copies),
+                      b0 + simpler_part_bound(len, copy + 1, copies)};
+    return s;
+}
+
 #endif

@@ -8,8 +8,9 @@ SIMPLER_KERNEL_ENTRY {
         return;
     }
     uint64_t n = simpler_min(out.len, simpler_min(x.len, y.len));
-    for (uint64_t i = 0; i < n; ++i) {
+    SimplerShare part = simpler_share(args, n);
+    for (uint64_t i = part.begin; i < part.end; ++i) {
         out.data[i] = x.data[i] * y.data[i];
     }
-    simpler_kernel_flush(out.data, n);
+    simpler_kernel_flush(out.data + part.begin, part.end - part.begin);
 }
