@@ -578,17 +578,14 @@ fn probe_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchErro
     Ok(())
 }
 
-#[test]
-fn the_kernel_abi_probe_sees_descriptors_scalars_and_contexts() {
-    let mut r = DeviceRunner::attach(options(0)).unwrap();
-    let c = ChipCallable::native(probe_orch, |_| OrchConfig { expected_arg_count: 1 })
-        .kernel(10, CoreCallable::native(vec![ArgDirection::Out, ArgDirection::Scalar], probe_aic))
-        .kernel(11, CoreCallable::native(vec![ArgDirection::Out, ArgDirection::Scalar], probe_aiv0))
-        .kernel(12, CoreCallable::native(vec![ArgDirection::Out, ArgDirection::Scalar], probe_aiv1))
-        .build()
-        .unwrap();
-    let slot = r.register_callable(&c).unwrap();
-    let words = 6 * PROBE_WORDS;
+/// Registers `c`, runs it once in 2 blocks over a fresh buffer of `words` u64 words (its one
+/// output), and returns the buffer and the words the probe kernels wrote.
+fn run_probe(
+    r: &mut DeviceRunner,
+    c: &ChipCallable,
+    words: usize,
+) -> (simpler_device_a2a3::DevicePtr, Vec<u64>) {
+    let slot = r.register_callable(c).unwrap();
     let p = r.malloc((words * 8) as u64).unwrap();
     let t =
         Tensor::external(p.addr(), &[words as u32], DataType::UInt64).unwrap().child_memory(true);
@@ -598,8 +595,19 @@ fn the_kernel_abi_probe_sees_descriptors_scalars_and_contexts() {
     r.run(&RunRequest::new(run_id(1), slot, &args, &cfg)).unwrap();
     let mut raw = vec![0u8; words * 8];
     r.copy_from_device(&mut raw, p).unwrap();
-    let w: Vec<u64> =
-        raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+    (p, raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect())
+}
+
+#[test]
+fn the_kernel_abi_probe_sees_descriptors_scalars_and_contexts() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let c = ChipCallable::native(probe_orch, |_| OrchConfig { expected_arg_count: 1 })
+        .kernel(10, CoreCallable::native(vec![ArgDirection::Out, ArgDirection::Scalar], probe_aic))
+        .kernel(11, CoreCallable::native(vec![ArgDirection::Out, ArgDirection::Scalar], probe_aiv0))
+        .kernel(12, CoreCallable::native(vec![ArgDirection::Out, ArgDirection::Scalar], probe_aiv1))
+        .build()
+        .unwrap();
+    let (p, w) = run_probe(&mut r, &c, 6 * PROBE_WORDS);
     for block in 0..2u64 {
         for member in 0..3u64 {
             let o = ((block * 3 + member) as usize) * PROBE_WORDS;
@@ -617,8 +625,6 @@ fn the_kernel_abi_probe_sees_descriptors_scalars_and_contexts() {
     r.free(p).unwrap();
     r.finalize().unwrap();
 }
-
-// ----- 16. Diagnostics files -----
 
 /// Records `[copy_num, sub_block_id]` of the call at record `scalar + 3 · block_idx + copy_idx`.
 unsafe extern "C-unwind" fn copy_probe(args: *mut i64) {
@@ -661,19 +667,7 @@ fn the_members_of_a_mix_block_running_one_kernel_are_its_numbered_copies() {
         .kernel(COPY_PROBE, CoreCallable::native(sig, copy_probe))
         .build()
         .unwrap();
-    let slot = r.register_callable(&c).unwrap();
-    let words = 18 * 2;
-    let p = r.malloc((words * 8) as u64).unwrap();
-    let t =
-        Tensor::external(p.addr(), &[words as u32], DataType::UInt64).unwrap().child_memory(true);
-    let mut args = TaskArgs::new();
-    args.add_output(t).unwrap();
-    let cfg = CallConfig::builder().block_dim(2).build().unwrap();
-    r.run(&RunRequest::new(run_id(1), slot, &args, &cfg)).unwrap();
-    let mut raw = vec![0u8; words * 8];
-    r.copy_from_device(&mut raw, p).unwrap();
-    let w: Vec<u64> =
-        raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+    let (p, w) = run_probe(&mut r, &c, 18 * 2);
     // Per task, `copy_num` and `sub_block_id` of copies 0, 1, 2 (`copy_num` 0: no such copy;
     // an AIV task may run on either sub-block).
     let want: [[(u64, Option<u64>); 3]; 3] = [
@@ -696,6 +690,8 @@ fn the_members_of_a_mix_block_running_one_kernel_are_its_numbered_copies() {
     r.free(p).unwrap();
     r.finalize().unwrap();
 }
+
+// ----- 16. Diagnostics files -----
 
 #[test]
 fn diagnostics_write_parseable_files_only_under_the_prefix() {
