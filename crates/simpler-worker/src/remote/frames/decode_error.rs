@@ -27,7 +27,7 @@ pub enum DecodeError {
         len: usize,
     },
     /// Bytes follow the last field.
-    #[error("malformed frame: {} trailing bytes after offset {at}", len - at)]
+    #[error("malformed frame: {} trailing bytes after offset {at}", len.saturating_sub(*at))]
     Trailing {
         /// Where the last field ends.
         at: usize,

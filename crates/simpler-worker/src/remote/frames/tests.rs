@@ -326,6 +326,13 @@ fn a_refused_frame_names_the_offset_and_what_was_found_there() {
     assert_eq!(tag[at], 9);
 }
 
+#[test]
+fn a_trailing_error_built_with_its_offset_past_the_frame_still_displays() {
+    // The fields are public: a value no decoder returns must still render, not overflow.
+    let e = DecodeError::Trailing { at: 21, len: 19 };
+    assert_eq!(e.to_string(), "malformed frame: 0 trailing bytes after offset 21");
+}
+
 /// One of each reason a task's arguments do not unpack, with each descriptor rule that crosses.
 fn arguments_problems() -> Vec<ArgumentsProblem> {
     use simpler_types::TypesError;
