@@ -9,9 +9,9 @@
 //!    (one task at a time), over host buffers of this rank holding the task's tensors
 //!    (`tensors`), and is answered by `Completion` with the outcome: on success the bytes its
 //!    write-tagged tensors can touch, on failure the failure chain.
-//! 5. `Shutdown` → close the worker, reply `ShutdownDone` with what the close reported and wait
-//!    (at most the liveness budget) until MPI has sent it, close the inbox and return what the
-//!    close reported; a reply that cannot be sent, or that MPI lost, is returned beside the
+//! 5. `Shutdown` → close the worker, reply `ShutdownDone` with what the close reported, wait
+//!    (its liveness budget, but at least 1 s) until MPI has sent it, close the inbox and return
+//!    what the close reported; a reply that cannot be sent, or that MPI lost, is returned beside the
 //!    close's errors ([`ServeError::CloseUnreported`]), never instead, and rank 0 is told by a
 //!    `Left` when that gets through.
 //!
@@ -49,6 +49,10 @@ use crate::worker::Worker;
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 /// The level of rank 0's worker, named when it stops answering.
 const RANK0_LEVEL: u8 = 4;
+/// The least a serving rank waits for MPI to send its `ShutdownDone`. The liveness budget
+/// measures rank 0's silence, not how long this rank's MPI thread takes to send a frame, so a
+/// short budget alone would report a frame still on its way as unconfirmed.
+const SHUTDOWN_DONE_FLOOR: Duration = Duration::from_secs(1);
 
 /// The graphs a serving rank runs for rank 0, registered in the same order and under the same
 /// names as rank 0 registers them on its L4 worker (checked at start).
@@ -269,7 +273,7 @@ fn serve_session(
                 // Nothing more is heard from rank 0 after this: a `ShutdownDone` MPI loses must
                 // be seen here, or rank 0 waits out its shutdown budget on a rank that serves on.
                 let done = Packet::ShutdownDone { errors };
-                let told = t.send_confirmed(0, &done, rank0.liveness);
+                let told = t.send_confirmed(0, &done, rank0.liveness.max(SHUTDOWN_DONE_FLOOR));
                 if let Err(lost) = &told {
                     let cause = LeftCause::ShutdownDoneLost {
                         lost: Box::new(LeftCause::from(lost)),
