@@ -156,7 +156,7 @@ pub enum RemoteError {
     },
     /// A tensor of a task could not be packed for its rank at execution (the submit check
     /// refuses these; this catches a buffer that went away in between). Fails only the task.
-    #[error("{task} for rank {rank}: argument {arg} is {what}, which cannot cross hosts")]
+    #[error("{task} for rank {rank}: argument {arg} {}", problem.describe())]
     Unshippable {
         /// The rank.
         rank: i32,
@@ -164,8 +164,8 @@ pub enum RemoteError {
         task: TaskId,
         /// Index of the tensor argument.
         arg: usize,
-        /// What the tensor is.
-        what: String,
+        /// What is wrong with the tensor.
+        problem: TensorProblem,
     },
     /// A frame did not decode or did not fit the protocol.
     #[error("protocol error with rank {rank}: {violation}")]
@@ -492,6 +492,15 @@ pub enum TensorProblem {
     /// It is tagged `NoDep`: whether the task writes it, and so whether its bytes come back,
     /// is unknown.
     NoDep,
+    /// The bytes its view can touch do not lie inside its `HostBuffer` (or cannot be
+    /// measured: an unknown data type, an end past `u64`), so which bytes to send and take
+    /// back is unknown.
+    NoSpan {
+        /// The buffer's address.
+        addr: HostAddr,
+        /// The buffer's length in bytes.
+        len: u64,
+    },
 }
 
 impl TensorProblem {
@@ -510,6 +519,10 @@ impl TensorProblem {
             TensorProblem::NoDep => "is a HostBuffer tensor tagged NoDep, so it is unknown \
                  whether its bytes come back; tag it Input, Output or InOut"
                 .to_owned(),
+            TensorProblem::NoSpan { addr, len } => format!(
+                "is a view whose bytes do not lie inside its HostBuffer at {addr} ({len} \
+                 bytes), so which bytes to send and take back is unknown"
+            ),
         }
     }
 }

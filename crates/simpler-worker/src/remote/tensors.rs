@@ -17,7 +17,8 @@
 use simpler_types::{TaskArgs, TaskArgsView, TaskId, Tensor, TensorArgType, WorkerId};
 
 use super::error::{
-    ArgumentsProblem, ProtocolViolation, RemoteError, SpanMismatch, TensorRefusal, WrittenAt,
+    ArgumentsProblem, ProtocolViolation, RemoteError, SpanMismatch, TensorProblem, TensorRefusal,
+    WrittenAt,
 };
 use super::frames::{WireArgs, WireBuffer, WireTensor, WrittenSpan, carries_types_error};
 use super::transport::MAX_FRAME_BYTES;
@@ -38,10 +39,10 @@ pub(crate) fn refuse_unshippable(
         let refuse =
             |problem| WorkerError::RemoteTensor(TensorRefusal { arg, child, rank, problem });
         if t.is_child_memory() {
-            return Err(refuse(super::error::TensorProblem::ChipMemory { addr: HostAddr(t.addr) }));
+            return Err(refuse(TensorProblem::ChipMemory { addr: HostAddr(t.addr) }));
         }
         let Some(buf) = HostBuffer::covering(t.addr, t.size) else {
-            return Err(refuse(super::error::TensorProblem::NotHostBuffer {
+            return Err(refuse(TensorProblem::NotHostBuffer {
                 addr: HostAddr(t.addr),
                 len: t.size,
             }));
@@ -54,7 +55,7 @@ pub(crate) fn refuse_unshippable(
             });
         }
         if args.tags().get(arg) == Some(&TensorArgType::NoDep) {
-            return Err(refuse(super::error::TensorProblem::NoDep));
+            return Err(refuse(TensorProblem::NoDep));
         }
         push_unique(&mut out, buf);
     }
@@ -76,12 +77,7 @@ pub(crate) fn pack(
     task: TaskId,
     args: TaskArgsView<'_>,
 ) -> Result<(WireArgs, WriteBack), RemoteError> {
-    let refuse = |arg: usize, what: &str| RemoteError::Unshippable {
-        rank,
-        task,
-        arg,
-        what: what.to_owned(),
-    };
+    let refuse = |arg, problem| RemoteError::Unshippable { rank, task, arg, problem };
     let mut buffers: Vec<HostBuffer> = Vec::new();
     let mut copy_in: Vec<bool> = Vec::new();
     let mut spans: Vec<(u32, (usize, usize))> = Vec::new();
@@ -92,11 +88,15 @@ pub(crate) fn pack(
             tensors.push(WireTensor { tensor: *t, tag, buffer: None });
             continue;
         }
-        if t.is_child_memory() || tag == TensorArgType::NoDep {
-            return Err(refuse(i, "a chip-memory or NoDep tensor"));
+        if t.is_child_memory() {
+            return Err(refuse(i, TensorProblem::ChipMemory { addr: HostAddr(t.addr) }));
         }
-        let host = HostBuffer::covering(t.addr, t.size)
-            .ok_or_else(|| refuse(i, "host memory that is not a live HostBuffer"))?;
+        if tag == TensorArgType::NoDep {
+            return Err(refuse(i, TensorProblem::NoDep));
+        }
+        let host = HostBuffer::covering(t.addr, t.size).ok_or_else(|| {
+            refuse(i, TensorProblem::NotHostBuffer { addr: HostAddr(t.addr), len: t.size })
+        })?;
         let k = match buffers.iter().position(|b| HostBuffer::same(b, &host)) {
             Some(k) => k,
             None => {
@@ -108,8 +108,9 @@ pub(crate) fn pack(
         let host = &buffers[k];
         // An empty view touches no byte: it needs none of the buffer's bytes and sends none back.
         if t.numel() != 0 {
-            let span = span_in(t, host.addr(), host.len())
-                .ok_or_else(|| refuse(i, "a view without a byte span inside its HostBuffer"))?;
+            let span = span_in(t, host.addr(), host.len()).ok_or_else(|| {
+                refuse(i, TensorProblem::NoSpan { addr: HostAddr(host.addr()), len: host.len() })
+            })?;
             copy_in[k] |= !t.overwrites_whole(tag, host.addr(), host.len());
             if tag.writes() {
                 spans.push((k as u32, span));
@@ -383,6 +384,42 @@ mod tests {
         assert_eq!(inbound.args.tensors()[0].size, 16);
         assert!(inbound.written().is_empty(), "an empty output sends nothing back");
         back.write_back(1, &inbound.written()).unwrap();
+    }
+
+    #[test]
+    fn a_tensor_that_cannot_be_packed_fails_its_task_naming_what_is_wrong_typed() {
+        let task = TaskId::new(simpler_types::RunId::from_raw(1).unwrap(), 0);
+        let buf = HostBuffer::new(64).unwrap();
+        let whole = buf.tensor(&[16], DataType::Float32).unwrap();
+        let outside = [0u8; 64];
+        let elsewhere =
+            Tensor::external(outside.as_ptr() as u64, &[16], DataType::Float32).unwrap();
+        // Eight elements in, sixteen of them end 32 bytes past the buffer.
+        let past_end = Tensor { start_offset: 8, ..whole };
+        let refused = |t: Tensor, tag: TensorArgType| {
+            let view = TaskArgsView { tensors: &[t], tags: &[tag], scalars: &[] };
+            match pack(3, task, view) {
+                Err(RemoteError::Unshippable { rank: 3, task: t, arg: 0, problem }) => {
+                    assert_eq!(t, task);
+                    problem
+                }
+                Err(e) => panic!("{e}"),
+                Ok(_) => panic!("{t:?} was packed"),
+            }
+        };
+        assert_eq!(
+            refused(whole.child_memory(true), TensorArgType::Input),
+            TensorProblem::ChipMemory { addr: HostAddr(buf.addr()) }
+        );
+        assert_eq!(refused(whole, TensorArgType::NoDep), TensorProblem::NoDep);
+        assert_eq!(
+            refused(elsewhere, TensorArgType::Input),
+            TensorProblem::NotHostBuffer { addr: HostAddr(elsewhere.addr), len: 64 }
+        );
+        assert_eq!(
+            refused(past_end, TensorArgType::Output),
+            TensorProblem::NoSpan { addr: HostAddr(buf.addr()), len: 64 }
+        );
     }
 
     /// One tensor overwriting a whole buffer of `len` bytes sent without its bytes, `copies`
