@@ -627,6 +627,22 @@ pub enum ArgumentsProblem {
         /// The most one frame holds.
         limit: u64,
     },
+    /// Buffers sent without their bytes that the task does not write back whole (named only
+    /// by empty views, by views that do not cover them, or by none) hold zeros nobody gets
+    /// back; together they may hold at most `cap` bytes, and buffer `buffer`, of `len` bytes,
+    /// goes past it.
+    #[error(
+        "buffer {buffer} of {len} bytes, sent without its bytes and not written back whole, \
+         goes past the {cap} bytes such buffers may hold together"
+    )]
+    NotWrittenBack {
+        /// The buffer.
+        buffer: u32,
+        /// Its length.
+        len: u64,
+        /// The most such buffers of one task may hold together.
+        cap: u64,
+    },
     /// A buffer sent with its bytes carries another number of bytes than its length.
     #[error("buffer {buffer}: {carried} bytes for a length of {len}")]
     BufferBytes {

@@ -26,6 +26,11 @@ use crate::error::WorkerError;
 use crate::host_buffer::{HostAddr, HostBuffer};
 use crate::staging::{merged, push_unique, span_in};
 
+/// The most bytes a serving rank allocates, for one task, for the buffers sent without their
+/// bytes that the task does not write back whole: enough for the empty views of ordinary
+/// buffers, and no more, since their bytes matter to nobody.
+pub(crate) const NOT_WRITTEN_BACK_CAP: u64 = 16 << 20;
+
 /// The submit-time check of a task for remote child `child` (on `rank`): every tensor is null
 /// or lies in a live [`HostBuffer`] at its base and is not tagged `NoDep`. Returns the buffers,
 /// which the run keeps alive until the endpoint has shipped them.
@@ -240,6 +245,23 @@ fn unpack_within(wire: WireArgs, limit: u64) -> Result<Inbound, ArgumentsProblem
         .fold(0u64, u64::saturating_add);
     if unsent > limit {
         return Err(ArgumentsProblem::OutputsTooLarge { bytes: unsent, limit });
+    }
+    // Rank 0 sends a buffer without its bytes when every view of it that touches a byte
+    // overwrites all of it, so the task writes it back whole, within the bound above; or when
+    // only empty views name it, whose zeros nobody reads or gets back. Buffers of the second
+    // kind, and any other a frame may name, are allocated only up to a small cap together.
+    let mut not_written_back = 0u64;
+    for (k, b) in wire.buffers.iter().enumerate() {
+        let whole =
+            |&(p, lo, hi): &(u32, usize, usize)| p as usize == k && lo == 0 && hi as u64 == b.len;
+        if b.bytes.is_some() || plan.iter().any(whole) {
+            continue;
+        }
+        not_written_back = not_written_back.saturating_add(b.len);
+        if not_written_back > NOT_WRITTEN_BACK_CAP {
+            let (buffer, len, cap) = (count(k), b.len, NOT_WRITTEN_BACK_CAP);
+            return Err(ArgumentsProblem::NotWrittenBack { buffer, len, cap });
+        }
     }
     let mut buffers = Vec::with_capacity(wire.buffers.len());
     for (k, b) in wire.buffers.into_iter().enumerate() {
@@ -504,6 +526,45 @@ mod tests {
     }
 
     #[test]
+    fn a_buffer_sent_without_bytes_that_is_not_written_back_whole_is_allocated_only_under_a_cap() {
+        let cap = NOT_WRITTEN_BACK_CAP;
+        // `views[k]` is an output view of buffer k, of `len` bytes, sent without its bytes:
+        // empty, or covering all of it.
+        let frame = |views: &[(u64, bool)], unnamed: u64| {
+            let tensors = views.iter().enumerate().map(|(k, &(len, empty))| {
+                let shape = if empty { [0, 1] } else { [(len >> 10) as u32, 1 << 10] };
+                let tensor = Tensor::with_buffer(0, len, &shape, DataType::UInt8).unwrap();
+                WireTensor { tensor, tag: TensorArgType::Output, buffer: Some(k as u32) }
+            });
+            let lens = views.iter().map(|&(len, _)| len).chain((unnamed > 0).then_some(unnamed));
+            WireArgs {
+                tensors: tensors.collect(),
+                scalars: Vec::new(),
+                buffers: lens.map(|len| WireBuffer { len, bytes: None }).collect(),
+            }
+        };
+        // 1 GiB named only by an empty output view: nothing of it is read or comes back.
+        let refused = unpack(frame(&[(1 << 30, true)], 0)).err();
+        assert_eq!(
+            refused,
+            Some(ArgumentsProblem::NotWrittenBack { buffer: 0, len: 1 << 30, cap })
+        );
+        // Nor by no view at all, after a buffer the task writes back whole.
+        let refused = unpack(frame(&[(1 << 20, false)], 1 << 30)).err();
+        assert_eq!(
+            refused,
+            Some(ArgumentsProblem::NotWrittenBack { buffer: 1, len: 1 << 30, cap })
+        );
+        // Buffers that each fit count together.
+        let half = cap / 2 + 1024;
+        let refused = unpack(frame(&[(half, true), (half, true)], 0)).err();
+        assert_eq!(refused, Some(ArgumentsProblem::NotWrittenBack { buffer: 1, len: half, cap }));
+        // An empty view of a buffer within the cap crosses, as does one written back whole.
+        let inbound = unpack(frame(&[(half, true), (1 << 20, false)], 0)).unwrap();
+        assert_eq!(inbound.written().len(), 1);
+    }
+
+    #[test]
     fn each_way_arguments_do_not_unpack_names_its_tensor_or_buffer_and_numbers() {
         let refused = |edit: &dyn Fn(&mut WireArgs)| {
             let mut wire = input_at(0);
@@ -528,10 +589,11 @@ mod tests {
             refused(&|w| w.buffers[0].bytes = Some(vec![1; 60])),
             Some(ArgumentsProblem::BufferBytes { buffer: 0, carried: 60, len: 64 })
         );
-        // An input (nothing comes back) in a buffer no host can allocate.
+        // An input (nothing comes back) in a buffer sent without its bytes.
+        let cap = NOT_WRITTEN_BACK_CAP;
         assert_eq!(
             refused(&|w| w.buffers[0] = WireBuffer { len: 1 << 62, bytes: None }),
-            Some(ArgumentsProblem::Allocation { buffer: 0, len: 1 << 62 })
+            Some(ArgumentsProblem::NotWrittenBack { buffer: 0, len: 1 << 62, cap })
         );
         // A second buffer of length 0, which only a null tensor could name.
         assert_eq!(

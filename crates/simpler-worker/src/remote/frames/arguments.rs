@@ -103,6 +103,12 @@ impl Writer {
                 self.u32(*count);
                 self.u32(*cap);
             }
+            ArgumentsProblem::NotWrittenBack { buffer, len, cap } => {
+                self.u8(11);
+                self.u32(*buffer);
+                self.u64(*len);
+                self.u64(*cap);
+            }
         }
     }
 
@@ -157,7 +163,7 @@ impl Writer {
 
 impl Reader<'_> {
     pub(super) fn arguments_problem(&mut self) -> Result<ArgumentsProblem, DecodeError> {
-        let code = self.code(WireField::ArgumentsProblem, |c| (c <= 10).then_some(c))?;
+        let code = self.code(WireField::ArgumentsProblem, |c| (c <= 11).then_some(c))?;
         Ok(match code {
             0 => ArgumentsProblem::NoBuffer { tensor: self.u32()? },
             1 => ArgumentsProblem::NoSuchBuffer {
@@ -191,7 +197,12 @@ impl Reader<'_> {
                 ArgumentsProblem::InvalidTensor { tensor, error }
             }
             9 => ArgumentsProblem::TooManyTensors { count: self.u32()?, cap: self.u32()? },
-            _ => ArgumentsProblem::TooManyScalars { count: self.u32()?, cap: self.u32()? },
+            10 => ArgumentsProblem::TooManyScalars { count: self.u32()?, cap: self.u32()? },
+            _ => ArgumentsProblem::NotWrittenBack {
+                buffer: self.u32()?,
+                len: self.u64()?,
+                cap: self.u64()?,
+            },
         })
     }
 

@@ -197,7 +197,7 @@ fn corrupt_frames_are_errors_not_panics() {
         assert!(Packet::decode(&good[..cut]).is_err(), "prefix of {cut} bytes decoded");
     }
     let mut other_version = good.clone();
-    other_version[0] = 9;
+    other_version[0] = 99;
     assert!(Packet::decode(&other_version).is_err());
     let mut trailing = good;
     trailing.push(0);
@@ -235,8 +235,8 @@ fn a_refused_frame_names_the_offset_and_what_was_found_there() {
         Err(DecodeError::Truncated { at: 3, wanted: 8, len: 7 })
     );
     let mut other = hello.clone();
-    other[..2].copy_from_slice(&9u16.to_le_bytes());
-    assert_eq!(Packet::decode(&other), Err(DecodeError::Version { found: 9, expected: VERSION }));
+    other[..2].copy_from_slice(&99u16.to_le_bytes());
+    assert_eq!(Packet::decode(&other), Err(DecodeError::Version { found: 99, expected: VERSION }));
     let mut unknown = hello.clone();
     unknown[2] = 99;
     assert_eq!(
@@ -358,6 +358,7 @@ fn arguments_problems() -> Vec<ArgumentsProblem> {
         ArgumentsProblem::InvalidTensor { tensor: 9, error: None },
         ArgumentsProblem::TooManyTensors { count: 40, cap: 16 },
         ArgumentsProblem::TooManyScalars { count: 300, cap: 128 },
+        ArgumentsProblem::NotWrittenBack { buffer: 3, len: 1 << 30, cap: 16 << 20 },
     ];
     for (tensor, rule) in rules.into_iter().enumerate() {
         assert!(arguments::carries(&rule), "{rule:?} has no wire code");
@@ -389,10 +390,10 @@ fn why_arguments_did_not_unpack_crosses_typed_with_its_numbers() {
     // Version, kind, seq, outcome, level and the run failure's code come first.
     let at = 2 + 1 + 8 + 1 + 1 + 1;
     let mut unknown = failed(&ArgumentsProblem::EmptyBuffer { buffer: 5 });
-    unknown[at] = 11;
+    unknown[at] = 12;
     assert_eq!(
         Packet::decode(&unknown),
-        Err(DecodeError::Code { field: WireField::ArgumentsProblem, code: 11, at })
+        Err(DecodeError::Code { field: WireField::ArgumentsProblem, code: 12, at })
     );
     let overflow = simpler_types::TypesError::SizeOverflow { what: "byte size" };
     let mut name =
