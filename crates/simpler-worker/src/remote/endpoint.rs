@@ -27,9 +27,10 @@
 //!
 //! Shutdown (engine shutdown, or drop after a failed start): send `Shutdown`, wait for
 //! `ShutdownDone` (silence budget as above, at most `SHUTDOWN_BUDGET` in all, warning every
-//! 10 s while it waits; a `Left` from the rank, which says its `ShutdownDone` was lost, ends
-//! the wait at once), stop pinging, close the inbox. What the remote close reported, or a rank that never confirmed, becomes
-//! residue of the L4 close.
+//! 10 s while it waits; a `Left` from the rank ends the wait at once), stop pinging, close the
+//! inbox. What the remote close reported, a `Left` saying the `ShutdownDone` was lost (which
+//! carries what the close did), or a rank that never confirmed (any other `Left` included,
+//! which says nothing of the close) becomes residue of the L4 close.
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -41,7 +42,7 @@ use parking_lot::{Mutex, RwLock};
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
 use simpler_types::{CallableId, CallableKind, FailureSource, WorkerId, WorkerType};
 
-use super::error::RemoteError;
+use super::error::{LeftCause, RemoteError};
 use super::frames::{ManifestEntry, Outcome, Packet};
 use super::transport::Transport;
 use super::{MpiJob, describe, graph_entry};
@@ -602,8 +603,12 @@ impl Session {
                 }
                 Ok(_) => unreachable!("wait returns only frames its filter accepts"),
                 // The rank says why no `ShutdownDone` comes (it was lost on its way), and what
-                // its close did: nothing is unaccounted for.
-                Err(Waited::Failed(e @ RemoteError::Left { .. })) => {
+                // its close did: nothing is unaccounted for. A `Left` for any other cause (a
+                // frame lost or damaged before `Shutdown`) says nothing of the close, and falls
+                // through to a worker that may have leaked.
+                Err(Waited::Failed(
+                    e @ RemoteError::Left { cause: LeftCause::ShutdownDoneLost { .. }, .. },
+                )) => {
                     residue.push(Residue::Failed(format!("rank {rank} ({}): {e}", self.host)));
                 }
                 Err(Waited::Deadline) => residue.push(Residue::Leaked(format!(
@@ -720,6 +725,8 @@ impl Drop for RemoteEndpoint {
 mod tests {
     use simpler_types::{CallConfig, RunId, TaskArgs, TaskId};
 
+    use super::super::error::ProtocolViolation;
+    use super::super::frames::DecodeError;
     use super::super::transport::detached;
     use super::*;
 
@@ -737,6 +744,42 @@ mod tests {
             failed: None,
             open: true,
         }))
+    }
+
+    #[test]
+    fn a_left_during_shutdown_accounts_for_the_close_only_when_it_says_shutdown_done_was_lost() {
+        // What closing rank 1's session reports when the rank answers `Shutdown` with `Left`.
+        let residue = |cause: LeftCause| {
+            let (t, wire) = detached::rank0(2);
+            let t = Arc::new(t);
+            let s = session(&t, 1);
+            let rank = std::thread::spawn(move || {
+                let Some((1, Packet::Shutdown)) = wire.sent(Duration::from_secs(10)) else {
+                    return Err("no Shutdown sent to rank 1");
+                };
+                wire.answer(1, &Packet::Left { session: 1, cause });
+                Ok(())
+            });
+            let residue = s.lock().shutdown();
+            assert_eq!(rank.join().unwrap(), Ok(()));
+            residue
+        };
+        let lost = LeftCause::ShutdownDoneLost {
+            lost: Box::new(LeftCause::Mpi { op: "MPI_Isend (drill)", code: -1 }),
+            close: None,
+        };
+        match residue(lost).as_slice() {
+            [Residue::Failed(m)] => assert!(m.contains("ShutdownDone was lost"), "{m}"),
+            other => panic!("a lost ShutdownDone gave {other:?}"),
+        }
+        let damaged = LeftCause::Protocol(ProtocolViolation::Malformed(DecodeError::Version {
+            found: 99,
+            expected: 9,
+        }));
+        match residue(damaged).as_slice() {
+            [Residue::Leaked(m)] => assert!(m.contains("did not confirm its shutdown"), "{m}"),
+            other => panic!("a Left for a damaged frame gave {other:?}"),
+        }
     }
 
     #[test]
