@@ -19,8 +19,10 @@ use simpler_types::{
 use crate::process::ChildError;
 
 mod calls;
+mod config;
 
 pub use calls::{LaneFault, MemError, WorkerError};
+pub use config::ConfigError;
 
 /// A boxed error returned by user callbacks and closures.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -396,8 +398,8 @@ impl std::error::Error for RunError {}
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum StartCause {
-    /// The builder's configuration is invalid.
-    Config(String),
+    /// The builder's configuration is invalid: what, with the values found.
+    Config(ConfigError),
     /// A registered callable has no eligible pool.
     NoEligibleTarget {
         /// The callable's name.

@@ -117,13 +117,12 @@ mod worker;
 mod loom_models;
 
 pub use builder::{
-    ChildSpec, ChipOptionsFn, ChipWorkerBuilder, CompositeWorkerBuilder, ConfigError,
-    DEFAULT_ALLOC_TIMEOUT, DEFAULT_HEAP_RING_SIZE, DEFAULT_STARTUP_TIMEOUT, HostWorkerBuilder,
-    MAX_SUB_WORKERS,
+    ChildSpec, ChipOptionsFn, ChipWorkerBuilder, CompositeWorkerBuilder, DEFAULT_ALLOC_TIMEOUT,
+    DEFAULT_HEAP_RING_SIZE, DEFAULT_STARTUP_TIMEOUT, HostWorkerBuilder, MAX_SUB_WORKERS,
 };
 pub use close::Lifecycle;
 pub use error::{
-    BoxError, BuildFailure, CloseError, DrainTimeout, Frame, LaneFault, MemError,
+    BoxError, BuildFailure, CloseError, ConfigError, DrainTimeout, Frame, LaneFault, MemError,
     RegistrationFailure, RunError, RunErrorKind, StartCause, StartError, TeardownError,
     WorkerError,
 };

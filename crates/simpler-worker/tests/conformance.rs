@@ -13,8 +13,8 @@ use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes};
 use simpler_device_a2a3::{DeviceError, Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
 use simpler_worker::{
-    BuildFailure, Lifecycle, Orchestration, RunErrorKind, RunHandle, StartCause, Worker,
-    WorkerError,
+    BuildFailure, ConfigError, Lifecycle, Orchestration, RunErrorKind, RunHandle, StartCause,
+    Worker, WorkerError,
 };
 
 fn noop_sub(n: usize) -> (Worker, simpler_worker::CallableHandle, Arc<AtomicUsize>) {
@@ -63,7 +63,7 @@ fn two_workers_in_one_process_run_independently() {
 #[test]
 fn zero_startup_timeout_fails_before_anything_starts() {
     let e = host().chips(&[0]).startup_timeout(Duration::ZERO).start().expect_err("zero timeout");
-    assert!(matches!(e.cause, StartCause::Config(_)), "{e}");
+    assert!(matches!(e.cause, StartCause::Config(ConfigError::ZeroStartupTimeout)), "{e}");
     assert!(e.path.starts_with("L3"), "{}", e.path);
 }
 

@@ -277,10 +277,11 @@ fn still_serves_then_closes(w: Worker, ok: CallableHandle) {
 
 /// Asserts that `err` is the configuration error refusing `subs` sub workers at `path`.
 fn assert_too_many_subs(err: &StartError, subs: usize, path: &str) {
-    let StartCause::Config(text) = &err.cause else { panic!("{err:?}") };
+    let StartCause::Config(config) = &err.cause else { panic!("{err:?}") };
+    assert_eq!(config, &ConfigError::TooManySubWorkers { given: subs, limit: MAX_SUB_WORKERS });
     assert_eq!(
-        text,
-        &format!(
+        config.to_string(),
+        format!(
             "sub_workers = {subs} exceeds the limit of {MAX_SUB_WORKERS} sub workers per level"
         )
     );
@@ -315,11 +316,51 @@ fn a_child_of_level_255_is_a_config_error() {
     for parent in [4, 5, 255] {
         let mut b = Worker::composite(parent);
         let err = b.child(Worker::composite(255)).expect_err("level 255 is no child of these");
+        assert_eq!(err, ConfigError::ChildLevel { parent, child: 255 });
         assert_eq!(
-            err,
-            ConfigError(format!("an L{parent} worker adopts L{} children, not L255", parent - 1))
+            err.to_string(),
+            format!("an L{parent} worker adopts L{} children, not L255", parent - 1)
         );
     }
+}
+
+#[test]
+fn a_composite_level_below_4_is_a_config_error_naming_the_level() {
+    for level in [0, 3] {
+        let mut b = Worker::composite(level);
+        let err = b.child(host()).expect_err("no composite worker below L4");
+        assert_eq!(err, ConfigError::CompositeLevel { level });
+        let err = Worker::composite(level).start().expect_err("no composite worker below L4");
+        assert!(
+            matches!(err.cause, StartCause::Config(ConfigError::CompositeLevel { level: l }) if l == level),
+            "{err:?}"
+        );
+        assert_eq!(err.path, format!("L{level}"));
+    }
+}
+
+#[test]
+fn a_device_id_given_twice_is_a_config_error_naming_it_and_the_ids() {
+    let err = host().chips(&[3, 1, 3]).start().expect_err("device 3 twice");
+    let StartCause::Config(ConfigError::DuplicateDevice { duplicate, devices }) = &err.cause else {
+        panic!("{err:?}");
+    };
+    assert_eq!((*duplicate, devices.as_slice()), (3, [3, 1, 3].as_slice()));
+    assert_eq!(err.path, "L3");
+}
+
+#[test]
+fn chip_options_with_chips_in_processes_is_a_config_error() {
+    let err = host()
+        .chips(&[0])
+        .chip_mode(simpler_worker::ChildMode::Process)
+        .chip_options(|o| o)
+        .start()
+        .expect_err("a closure does not cross processes");
+    assert!(
+        matches!(err.cause, StartCause::Config(ConfigError::ChipOptionsInProcessMode)),
+        "{err:?}"
+    );
 }
 
 #[test]

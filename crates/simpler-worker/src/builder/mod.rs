@@ -36,7 +36,7 @@ use simpler_types::{CallConfig, CallableId, CallableKind, TaskArgsView, WorkerId
 
 use crate::child::ChildEndpoint;
 use crate::chip::{ChipEndpoint, ChipLane, ChipState, Residue};
-use crate::error::{BoxError, StartCause, StartError, TeardownError};
+use crate::error::{BoxError, ConfigError, StartCause, StartError, TeardownError};
 use crate::faults::{Fault, Faults};
 use crate::graph::GraphBuilder;
 use crate::handle::{
@@ -110,7 +110,7 @@ impl Common {
 
     fn check_timeout(&self, path: &str) -> Result<(), StartError> {
         if self.startup_timeout.is_zero() {
-            return Err(start_err(StartCause::Config("startup_timeout must be > 0".into()), path));
+            return Err(start_err(StartCause::Config(ConfigError::ZeroStartupTimeout), path));
         }
         Ok(())
     }
@@ -167,9 +167,10 @@ fn check_sub_workers(subs: usize, path: &str) -> Result<u32, StartError> {
     match u32::try_from(subs) {
         Ok(n) if subs <= MAX_SUB_WORKERS => Ok(n),
         _ => Err(start_err(
-            StartCause::Config(format!(
-                "sub_workers = {subs} exceeds the limit of {MAX_SUB_WORKERS} sub workers per level"
-            )),
+            StartCause::Config(ConfigError::TooManySubWorkers {
+                given: subs,
+                limit: MAX_SUB_WORKERS,
+            }),
             path,
         )),
     }
@@ -255,7 +256,7 @@ macro_rules! engine_builder_methods {
         }
 
         /// Number of sub workers (host-closure threads), at most [`MAX_SUB_WORKERS`]; `start`
-        /// refuses a larger count with a [`StartCause::Config`] error naming it and the limit,
+        /// refuses a larger count with [`ConfigError::TooManySubWorkers`] naming it and the limit,
         /// before anything is started.
         #[must_use]
         pub fn sub_workers(mut self, n: usize) -> Self {
@@ -338,7 +339,7 @@ impl ChipWorkerBuilder {
             "L2",
         )?;
         let Some(state) = states.pop() else {
-            return Err(start_err(StartCause::Config("no chip".into()), &path));
+            return Err(start_err(StartCause::Config(ConfigError::NoChips), &path));
         };
         let lane =
             ChipLane::spawn(state, format!("simpler-l2-chip{}", self.device)).map_err(|e| {
@@ -447,9 +448,10 @@ impl HostWorkerBuilder {
         self.common.check_timeout(&path)?;
         let mut seen = self.devices.clone();
         seen.sort_unstable();
-        if seen.windows(2).any(|w| w[0] == w[1]) {
+        if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
+            let (duplicate, devices) = (w[0], self.devices.clone());
             return Err(start_err(
-                StartCause::Config(format!("device ids are not distinct: {:?}", self.devices)),
+                StartCause::Config(ConfigError::DuplicateDevice { duplicate, devices }),
                 &path,
             ));
         }
@@ -468,9 +470,7 @@ impl HostWorkerBuilder {
             (self.chip_mode == ChildMode::Process).then(|| Arc::new(self.process.clone()));
         if process.is_some() && self.common.chip_options.is_some() {
             return Err(start_err(
-                StartCause::Config(
-                    "chip_options cannot reach chips in child processes (a closure does not cross processes)".into(),
-                ),
+                StartCause::Config(ConfigError::ChipOptionsInProcessMode),
                 &path,
             ));
         }
@@ -609,18 +609,12 @@ impl ChildSpec {
             ChildSpec::Composite(b) => b.start_within(deadline, path),
             // Remote children are started by the parent's adoption, which compares manifests.
             #[cfg(feature = "mpi")]
-            ChildSpec::Remote(_) => Err(start_err(
-                StartCause::Config("a remote child is started by its parent".into()),
-                &path,
-            )),
+            ChildSpec::Remote(_) => {
+                Err(start_err(StartCause::Config(ConfigError::RemoteChildAlone), &path))
+            }
         }
     }
 }
-
-/// A builder mistake found before `start`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
 
 /// Builder of an L4+ worker (the `New` state).
 pub struct CompositeWorkerBuilder {
@@ -668,18 +662,10 @@ impl CompositeWorkerBuilder {
     pub fn child(&mut self, spec: impl Into<ChildSpec>) -> Result<WorkerId, ConfigError> {
         let spec = spec.into();
         if self.level < 4 {
-            return Err(ConfigError(format!(
-                "a composite worker has level >= 4, not {}",
-                self.level
-            )));
+            return Err(ConfigError::CompositeLevel { level: self.level });
         }
         if spec.level().checked_add(1) != Some(self.level) {
-            return Err(ConfigError(format!(
-                "an L{} worker adopts L{} children, not L{}",
-                self.level,
-                self.level - 1,
-                spec.level()
-            )));
+            return Err(ConfigError::ChildLevel { parent: self.level, child: spec.level() });
         }
         self.children.push(spec);
         Ok(WorkerId(self.children.len() as u32 - 1))
@@ -713,7 +699,7 @@ impl CompositeWorkerBuilder {
         self.common.check_timeout(path)?;
         if self.level < 4 {
             return Err(start_err(
-                StartCause::Config(format!("composite level {} < 4", self.level)),
+                StartCause::Config(ConfigError::CompositeLevel { level: self.level }),
                 path,
             ));
         }

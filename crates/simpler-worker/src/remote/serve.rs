@@ -524,7 +524,7 @@ mod tests {
     fn a_start_failure_or_a_refusal_is_returned_whatever_comes_after_it() {
         let start = || StartError {
             path: "L3".to_owned(),
-            cause: crate::error::StartCause::Config("no chips".to_owned()),
+            cause: crate::error::StartCause::Config(crate::error::ConfigError::NoChips),
             rollback: Vec::new(),
         };
         match start_failed(start(), Err(RemoteError::Finalized)) {
