@@ -57,8 +57,9 @@ impl Endpoint for ChildEndpoint {
                 )));
             }
         };
-        let args = TaskArgs::from_view(task.args)
-            .map_err(|e| EndpointFailure::endpoint_failed(e.to_string()))?;
+        let args = TaskArgs::from_view(task.args).map_err(|e| {
+            EndpointFailure::endpoint_failed(e.to_string()).with_source(FailureSource::new(e))
+        })?;
         let orch = Orchestration::graph(move |gb, view, cfg| graph(gb, view, cfg))
             .args(args)
             .config(task.config.clone());
@@ -119,5 +120,57 @@ impl ChildEndpoint {
                 residue.push(Residue::Failed(format!("child {}: {rest}", self.id)));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use simpler_device_a2a3::{Platform, RuntimeVariant};
+    use simpler_sched::{DispatchedMember, Endpoint};
+    use simpler_types::{
+        CallConfig, CallableKind, EndpointOutcome, RunId, TaskArgs, TaskArgsView, TaskId,
+        TypesError, WorkerId,
+    };
+
+    use super::ChildEndpoint;
+    use crate::handle::{Entry, Registration, Registry, SharedRegistry};
+    use crate::reentry;
+    use crate::worker::Worker;
+
+    /// Arguments the engine hands over that break a `TaskArgs` rule fail the path, with the
+    /// rule broken as the failure's typed source.
+    #[test]
+    fn arguments_that_cannot_be_copied_fail_the_path_with_the_types_error_as_source() {
+        let child =
+            Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).start().expect("start");
+        let graph = Registry::closure_id(u64::MAX, 1, CallableKind::Graph);
+        let registry = SharedRegistry::default();
+        let entry = Entry::Graph(Arc::new(|_, _, _| Ok(())));
+        registry.write().runnable.insert(graph, Registration { name: "g".into(), entry });
+        let mut endpoint = ChildEndpoint {
+            id: WorkerId(0),
+            parent_lineage: reentry::lineage_of(u64::MAX),
+            parent_registry: registry,
+            child: Some(child),
+            residue: Arc::default(),
+        };
+        let cap = TaskArgs::MAX_SCALARS;
+        let scalars = vec![0; cap + 1];
+        let member = DispatchedMember {
+            task: TaskId::new(RunId::FIRST, 0),
+            member: 0,
+            group_size: 1,
+            callable: &graph,
+            config: &CallConfig::default(),
+            args: TaskArgsView { tensors: &[], tags: &[], scalars: &scalars },
+        };
+        let failure = endpoint.run(member).expect_err("too many scalars");
+        assert_eq!(failure.outcome, EndpointOutcome::EndpointFailure);
+        let source = failure.source.as_ref().and_then(|s| s.downcast_ref::<TypesError>());
+        assert_eq!(source, Some(&TypesError::TooManyScalars { cap }), "{}", failure.message);
+        endpoint.shutdown();
+        assert!(endpoint.residue.lock().is_empty());
     }
 }
