@@ -19,9 +19,11 @@ use simpler_types::{
 use crate::process::ChildError;
 
 mod calls;
+mod cleanup;
 mod config;
 
 pub use calls::{LaneFault, MemError, WorkerError};
+pub use cleanup::{CleanupError, CleanupFault};
 pub use config::ConfigError;
 
 /// A boxed error returned by user callbacks and closures.
@@ -314,7 +316,7 @@ struct RunErrorInner {
     run: RunId,
     kind: RunErrorKind,
     frames: Vec<Frame>,
-    suppressed: Vec<String>,
+    suppressed: Vec<CleanupError>,
     failure: Option<Arc<RunFailure>>,
 }
 
@@ -328,7 +330,7 @@ impl RunError {
         run: RunId,
         kind: RunErrorKind,
         frames: Vec<Frame>,
-        suppressed: Vec<String>,
+        suppressed: Vec<CleanupError>,
         failure: Option<Arc<RunFailure>>,
     ) -> RunError {
         RunError(Arc::new(RunErrorInner { run, kind, frames, suppressed, failure }))
@@ -361,7 +363,7 @@ impl RunError {
     }
 
     /// Later errors (cleanup) that lost to the run's first error.
-    pub fn suppressed(&self) -> &[String] {
+    pub fn suppressed(&self) -> &[CleanupError] {
         &self.0.suppressed
     }
 

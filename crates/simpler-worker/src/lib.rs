@@ -122,9 +122,9 @@ pub use builder::{
 };
 pub use close::Lifecycle;
 pub use error::{
-    BoxError, BuildFailure, CloseError, ConfigError, DrainTimeout, Frame, LaneFault, MemError,
-    RegistrationFailure, RunError, RunErrorKind, StartCause, StartError, TeardownError,
-    WorkerError,
+    BoxError, BuildFailure, CleanupError, CleanupFault, CloseError, ConfigError, DrainTimeout,
+    Frame, LaneFault, MemError, RegistrationFailure, RunError, RunErrorKind, StartCause,
+    StartError, TeardownError, WorkerError,
 };
 pub use graph::{GraphBuilder, GraphCallback, Orchestration};
 pub use handle::{CallableHandle, GraphFn, HostFn};

@@ -30,11 +30,11 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use simpler_sched::RunOutcome;
-use simpler_types::{FailureMechanism, RunFailure, RunId};
+use simpler_types::{FailureMechanism, FailureSource, RunFailure, RunId};
 
 use crate::deferred_drop;
 use crate::election::{Election, Turn};
-use crate::error::{Frame, RunError, RunErrorKind, frames_of_task};
+use crate::error::{CleanupError, CleanupFault, Frame, RunError, RunErrorKind, frames_of_task};
 use crate::lane_fence::LaneFence;
 use crate::linger;
 use crate::reentry;
@@ -227,64 +227,77 @@ impl RunShared {
     /// Step 4: the cleanup steps, each isolated.
     fn cleanup(self: &Arc<Self>) -> Result<(), RunError> {
         self.cleanups.fetch_add(1, Ordering::Relaxed);
-        let mut failures: Vec<(&'static str, String)> = Vec::new();
+        let mut failures: Vec<CleanupError> = Vec::new();
+        let mut fail = |step, fault| failures.push(CleanupError { step, fault });
         let mut own: Option<Result<(), RunError>> = None;
         // Step "release": the engine's run record (L3+) or the lane's fence (L2).
         let released = catch_unwind(AssertUnwindSafe(|| {
-            self.inner.inject("release")?;
+            self.injected("release")?;
             self.release()
         }));
         match released {
             Ok(Ok(r)) => own = Some(r),
-            Ok(Err(e)) => failures.push(("release", e)),
-            Err(p) => failures.push(("release", format!("panicked: {}", panic_text(p.as_ref())))),
+            Ok(Err(fault)) => fail("release", fault),
+            Err(p) => fail("release", CleanupFault::Panicked(panic_text(p.as_ref()))),
         }
         // Tests unwind the elected thread here, outside the isolation of the steps.
         let _ = self.inner.inject("between cleanup steps");
         // Step "retire": the worker's accepted set (and deferred unregistrations).
         let retired = catch_unwind(AssertUnwindSafe(|| {
-            self.inner.inject("retire")?;
+            self.injected("retire")?;
             self.inner.retire(self);
-            Ok::<(), String>(())
+            Ok(())
         }));
         match retired {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => failures.push(("retire", e)),
+            Ok(Err(fault)) => fail("retire", fault),
             Err(p) => {
                 self.inner.retire(self);
-                failures.push(("retire", format!("panicked: {}", panic_text(p.as_ref()))));
+                fail("retire", CleanupFault::Panicked(panic_text(p.as_ref())));
             }
         }
-        let suppressed: Vec<String> =
-            failures.iter().map(|(s, m)| format!("cleanup step {s}: {m}")).collect();
         match own {
-            Some(Err(e)) if suppressed.is_empty() => Err(e),
+            Some(Err(e)) if failures.is_empty() => Err(e),
             Some(Err(e)) => Err(RunError::new(
                 e.run_id(),
                 e.kind().clone(),
                 e.frames().to_vec(),
-                suppressed,
+                failures,
                 e.run_failure().cloned(),
             )),
-            Some(Ok(())) | None => match failures.first() {
-                None => Ok(()),
-                Some((step, msg)) => Err(RunError::new(
-                    self.run,
-                    RunErrorKind::CleanupFailed { step },
-                    vec![self.frame(format!("cleanup step {step} failed: {msg}"))],
-                    suppressed[1..].to_vec(),
-                    None,
-                )),
-            },
+            Some(Ok(())) | None => {
+                let mut failures = failures.into_iter();
+                match failures.next() {
+                    None => Ok(()),
+                    Some(first) => {
+                        let mut frame = self.frame(first.to_string());
+                        let kind = RunErrorKind::CleanupFailed { step: first.step };
+                        frame.source = Some(FailureSource::new(first));
+                        Err(RunError::new(self.run, kind, vec![frame], failures.collect(), None))
+                    }
+                }
+            }
         }
     }
 
+    /// A failure a test injected into cleanup step `step`.
+    fn injected(&self, step: &'static str) -> Result<(), CleanupFault> {
+        #[cfg(test)]
+        if self.inner.inject(step).is_err() {
+            return Err(CleanupFault::Injected);
+        }
+        #[cfg(not(test))]
+        let _ = step;
+        Ok(())
+    }
+
     /// Releases the run where it executed and turns its outcome into a result.
-    fn release(&self) -> Result<Result<(), RunError>, String> {
+    fn release(&self) -> Result<Result<(), RunError>, CleanupFault> {
         match &self.fence {
             Fence::Engine => {
-                let engine = self.inner.engine().ok_or("the engine is gone")?;
-                let summary = engine.release(self.run).map_err(|e| e.to_string())?;
+                let engine = self.inner.engine().ok_or(CleanupFault::EngineGone)?;
+                let summary =
+                    engine.release(self.run).map_err(|e| CleanupFault::Release(Arc::new(e)))?;
                 Ok(match summary.outcome {
                     RunOutcome::Completed => Ok(()),
                     RunOutcome::Failed(f) => Err(self.inner.run_error(&f)),
@@ -295,7 +308,7 @@ impl RunShared {
                 Some(Err(e)) => Ok(Err(self.inner.lane_error(self.run, e))),
                 // The fence wait returns only once the lane has set the fence; should that ever
                 // change, the run is reported failed rather than done.
-                None => Err("the lane had not set the run's fence".to_owned()),
+                None => Err(CleanupFault::FenceUnset),
             }),
         }
     }
@@ -575,6 +588,11 @@ mod tests {
         let (w, hold, gate, handle) = run_meeting_cleanup_failure("release", false);
         let e = handle.wait().expect_err("cleanup failed");
         assert_eq!(e.kind(), &RunErrorKind::CleanupFailed { step: "release" });
+        let source = e.frames()[0].error().and_then(|s| s.downcast_ref::<CleanupError>());
+        assert!(
+            matches!(source, Some(CleanupError { step: "release", fault: CleanupFault::Injected })),
+            "{e}: {source:?}"
+        );
         assert!(handle.clone().wait().expect_err("again").ptr_eq(&e));
         w.inner.injected.lock().clear();
         // The run was retired: the next run is admitted and close does not hang.
@@ -592,6 +610,24 @@ mod tests {
         w.inner.injected.lock().clear();
         assert!(w.inner.accepted.lock().is_empty());
         w.close().expect("close does not hang");
+    }
+
+    #[test]
+    fn a_cleanup_step_failing_after_the_run_failed_is_kept_typed_beside_the_runs_error() {
+        let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+        let bad = b.register_host("bad", |_| Err("the run's own failure".into()));
+        let w = b.start().expect("start");
+        w.inject_cleanup_failure("retire", true);
+        let e = w.submit(one(bad)).expect("submit").wait().expect_err("the task failed");
+        w.inner.injected.lock().clear();
+        assert_eq!(e.kind(), &RunErrorKind::TaskFailed);
+        let [CleanupError { step: "retire", fault: CleanupFault::Panicked(payload) }] =
+            e.suppressed()
+        else {
+            panic!("{e}: {:?}", e.suppressed());
+        };
+        assert_eq!(payload, "injected panic in cleanup step retire");
+        w.close().expect("close");
     }
 
     #[test]
