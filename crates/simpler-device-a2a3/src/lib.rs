@@ -137,9 +137,9 @@ pub use callable::{
 };
 pub use diag::timing::RunPhases;
 pub use error::{
-    ArgOverlap, CapacityResource, CopyKind, CoreFault, DeviceError, ErrorClass, InitStep,
-    KernelKind, MemPurpose, OrchFailure, PoisonCause, PoisonStep, RingSizes, RuntimeFault,
-    StallInfo, StreamKind,
+    ArgOverlap, ArgSite, ArgsProblem, ArityMismatch, CapacityResource, CopyKind, CoreFault,
+    DeviceError, ErrorClass, InitStep, KernelKind, MemPurpose, OrchFailure, OrchOp, PointerArg,
+    PoisonCause, PoisonStep, RingSizes, RuntimeFault, StallInfo, StreamKind,
 };
 pub use kernel::{KernelCall, KernelFn};
 #[cfg(feature = "sim")]

@@ -6,8 +6,9 @@ use common::*;
 use simpler_device_a2a3::abi::codes::RuntimeCode;
 use simpler_device_a2a3::programs;
 use simpler_device_a2a3::{
-    ArgDirection, ChipCallable, ChipSlot, CoreCallable, DeviceError, DeviceRunner, Kernels,
-    MemPurpose, OrchArgs, OrchConfig, OrchCtx, OrchError, RunRequest, RuntimeVariant,
+    ArgDirection, ArgsProblem, ArityMismatch, ChipCallable, ChipSlot, CoreCallable, DeviceError,
+    DeviceRunner, Kernels, MemPurpose, OrchArgs, OrchConfig, OrchCtx, OrchError, RunRequest,
+    RuntimeVariant,
 };
 use simpler_types::{
     CallConfig, CoreArgs, DataType, RingSel, SwimlaneLevel, TaskArgs, Tensor, TypesError,
@@ -60,7 +61,10 @@ fn a_submit_with_an_out_of_range_func_id_is_invalid_args() {
     // host_build_graph refuses it while building the graph on the host; under
     // tensormap_and_ringbuffer the orchestration runs on the device, which latches INVALID_ARGS.
     let named = match &err {
-        DeviceError::InvalidArgs { message, .. } => message.contains("func id 2000"),
+        DeviceError::InvalidArgs {
+            problem: ArgsProblem::FuncIdRange { func_id: 2000, limit: 1024, .. },
+            ..
+        } => true,
         DeviceError::Runtime { fault, .. } => {
             fault.code == RuntimeCode::InvalidArgs && fault.message.contains("func id 2000")
         }
@@ -96,15 +100,19 @@ fn a_task_of_more_than_65536_blocks_is_invalid_args_on_either_runtime() {
     let mut args = TaskArgs::new();
     args.add_inout(t).unwrap();
     for (run, orch, blocks) in
-        [(1, wrapping_blocks_orch as _, "1431655766"), (2, one_block_too_many_orch as _, "65537")]
+        [(1, wrapping_blocks_orch as _, 1_431_655_766u32), (2, one_block_too_many_orch as _, 65537)]
     {
         let slot = r.register_callable(&with_noop_kernel(orch)).unwrap();
         let err =
             r.run(&RunRequest::new(run_id(run), slot, &args, &CallConfig::default())).unwrap_err();
         let named = match &err {
-            DeviceError::InvalidArgs { message, .. } => message.contains(blocks),
+            DeviceError::InvalidArgs {
+                problem: ArgsProblem::BlockNum { task: 0, block_num, max: 65536 },
+                ..
+            } => *block_num == blocks,
             DeviceError::Runtime { fault, .. } => {
-                fault.code == RuntimeCode::InvalidArgs && fault.message.contains(blocks)
+                fault.code == RuntimeCode::InvalidArgs
+                    && fault.message.contains(&blocks.to_string())
             }
             _ => false,
         };
@@ -154,7 +162,10 @@ fn pointers_outside_device_memory_are_bad_device_pointers() {
     args.add_input(t).unwrap().add_input(t).unwrap().add_output(v.args.tensors()[2]).unwrap();
     let err = r.run(&RunRequest::new(run_id(2), slot, &args, &CallConfig::default())).unwrap_err();
     assert!(
-        matches!(&err, DeviceError::InvalidArgs { message, .. } if message.contains("host memory")),
+        matches!(&err, DeviceError::InvalidArgs {
+            problem: ArgsProblem::HostTensorRefused { arg: 0, addr },
+            ..
+        } if *addr == host.as_ptr() as u64),
         "{err}"
     );
     v.free(&mut r);
@@ -512,8 +523,10 @@ fn host_tensors_whose_staging_sizes_sum_past_u64_are_invalid_args() {
     let req = unsafe { RunRequest::with_host_tensors(run_id(1), slot, &args, &cfg) };
     let err = r.run(&req).unwrap_err();
     assert!(
-        matches!(&err, DeviceError::InvalidArgs { message, .. }
-            if message.contains("chip argument ") && message.contains("overlaps")),
+        matches!(
+            &err,
+            DeviceError::InvalidArgs { problem: ArgsProblem::HostRangeOverlap { .. }, .. }
+        ),
         "{err}"
     );
     still_works(&mut r, 2);
@@ -779,8 +792,8 @@ fn a_task_whose_arguments_do_not_match_its_kernels_signature_is_refused_before_i
             args.add_scalar(d as *const Tensor as u64).unwrap();
         }
         let err = r.run(&RunRequest::new(run_id(1), slot, &args, &CallConfig::default()));
-        let want = "func id 0 takes 3 tensors and 0 scalars; the task passes 0 and 3";
-        assert!(refused_naming(&err, want), "{runtime:?}: {err:?}");
+        let want = ArityMismatch::Counts { func_id: 0, declared: (3, 0), passed: (0, 3) };
+        assert!(refused_for(&err, want), "{runtime:?}: {err:?}");
         assert!(victim.iter().all(|&v| v == 0.0), "{runtime:?}: the kernel wrote {victim:?}");
         // The output tagged as an input.
         let entry = Orchestration::Native { entry: output_tagged_input_orch, config: three };
@@ -788,20 +801,24 @@ fn a_task_whose_arguments_do_not_match_its_kernels_signature_is_refused_before_i
         let slot = r.register_callable(&c).unwrap();
         let v = VectorRun::new(&mut r, 16);
         let err = r.run(&RunRequest::new(run_id(2), slot, &v.args, &CallConfig::default()));
-        let want = "func id 0 writes tensor 2, which the task tags INPUT";
-        assert!(refused_naming(&err, want), "{runtime:?}: {err:?}");
+        let tag = simpler_types::TensorArgType::Input;
+        let want = ArityMismatch::Tag { func_id: 0, index: 2, tag, written: true };
+        assert!(refused_for(&err, want), "{runtime:?}: {err:?}");
         v.free(&mut r);
         still_works(&mut r, 3);
         r.finalize().unwrap();
     }
 }
 
-/// Whether `res` is the invalid-arguments refusal of either runtime with `message` in it.
-fn refused_naming<T>(res: &Result<T, DeviceError>, message: &str) -> bool {
+/// Whether `res` is the invalid-arguments refusal of either runtime for `mismatch`: typed on
+/// host_build_graph, in the latched message of the device-side orchestration otherwise.
+fn refused_for<T>(res: &Result<T, DeviceError>, mismatch: ArityMismatch) -> bool {
     match res {
-        Err(DeviceError::InvalidArgs { message: m, .. }) => m.contains(message),
+        Err(DeviceError::InvalidArgs { problem: ArgsProblem::Arity { source, .. }, .. }) => {
+            *source == mismatch
+        }
         Err(DeviceError::Runtime { fault, .. }) => {
-            fault.code == RuntimeCode::InvalidArgs && fault.message.contains(message)
+            fault.code == RuntimeCode::InvalidArgs && fault.message.contains(&mismatch.to_string())
         }
         _ => false,
     }

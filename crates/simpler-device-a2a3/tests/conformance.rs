@@ -447,7 +447,10 @@ fn memory_errors_are_typed_and_allocations_are_aligned_and_zeroed() {
     let mut opts = options(0);
     opts.sim.memory_limit = 8 << 20;
     let mut r = DeviceRunner::attach(opts).unwrap();
-    assert!(matches!(r.malloc(0), Err(DeviceError::InvalidArgs { .. })));
+    assert!(matches!(
+        r.malloc(0),
+        Err(DeviceError::InvalidArgs { problem: simpler_device_a2a3::ArgsProblem::ZeroMalloc, .. })
+    ));
     assert!(matches!(
         r.malloc(64 << 20),
         Err(DeviceError::OutOfMemory { bytes: 67_108_864, limit: Some(8_388_608), .. })

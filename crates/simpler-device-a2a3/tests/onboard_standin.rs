@@ -98,7 +98,10 @@ fn run_add(b: &dyn Bench, r: &mut DeviceRunner, run: u64) {
 
 fn memory_range_checks(b: &dyn Bench) {
     let mut r = DeviceRunner::attach(b.options(0)).unwrap();
-    assert!(matches!(r.malloc(0), Err(DeviceError::InvalidArgs { .. })));
+    assert!(matches!(
+        r.malloc(0),
+        Err(DeviceError::InvalidArgs { problem: simpler_device_a2a3::ArgsProblem::ZeroMalloc, .. })
+    ));
     let p = r.malloc(3000).unwrap();
     assert_eq!(p.addr() % 1024, 0);
     let mut buf = vec![0xAB; 3000];

@@ -292,8 +292,13 @@ fn an_orchestration_cannot_write_into_the_heap_of_another_slots_run() {
     let p1 = r.prepare(&RunRequest::new(run_id(1), stash, &args, &cfg)).unwrap();
     let err = r.prepare(&RunRequest::new(run_id(2), write, &args, &cfg)).unwrap_err();
     assert!(
-        matches!(&err, DeviceError::InvalidArgs { message, .. }
-            if message.contains("set_tensor_data") && message.contains("not inside")),
+        matches!(
+            &err,
+            DeviceError::InvalidArgs {
+                problem: simpler_device_a2a3::ArgsProblem::DataOutsideAllocation { .. },
+                ..
+            }
+        ),
         "{err}"
     );
     r.abandon(p1).unwrap();

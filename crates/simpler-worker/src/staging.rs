@@ -18,7 +18,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 
-use simpler_device_a2a3::{DeviceError, DevicePtr, DeviceRunner};
+use simpler_device_a2a3::{ArgsProblem, DeviceError, DevicePtr, DeviceRunner};
 use simpler_sched::EndpointFailure;
 use simpler_types::{
     CallConfig, CallableId, FailureSource, TaskArgs, TaskArgsView, TaskId, Tensor, TensorArgType,
@@ -288,10 +288,7 @@ fn stage_in(
         let host = HostBuffer::covering(t.addr, t.size).ok_or_else(|| {
             device_failure(DeviceError::InvalidArgs {
                 run_id: None,
-                message: format!(
-                    "chip argument {i}: host memory at {:#x} is not a live HostBuffer",
-                    t.addr
-                ),
+                problem: ArgsProblem::NotInHostBuffer { arg: i, addr: t.addr },
             })
         })?;
         // A view that overwrites the whole buffer needs no copy in; any other does, or the copy
@@ -308,7 +305,7 @@ fn stage_in(
         let s = &mut staged[k];
         s.copy_in |= !whole;
         if tag.writes() {
-            s.written.push(written_span(t, &s.host).map_err(device_failure)?);
+            s.written.push(written_span(i, t, &s.host).map_err(device_failure)?);
         }
         t.addr = s.dev + (t.addr - s.host.addr());
         t.child_memory = 1;
@@ -319,12 +316,12 @@ fn stage_in(
     Ok(())
 }
 
-/// The offsets `[lo, hi)` into `host` of the bytes tensor `t` can touch (its bounding span,
-/// the one the engine orders by).
-fn written_span(t: &Tensor, host: &HostBuffer) -> Result<(usize, usize), DeviceError> {
-    span_in(t, host.addr(), host.len()).ok_or_else(|| DeviceError::InvalidArgs {
+/// The offsets `[lo, hi)` into `host` of the bytes tensor `t` (chip argument `arg`) can touch
+/// (its bounding span, the one the engine orders by).
+fn written_span(arg: usize, t: &Tensor, host: &HostBuffer) -> Result<(usize, usize), DeviceError> {
+    span_in(t, host.addr(), host.len()).ok_or(DeviceError::InvalidArgs {
         run_id: None,
-        message: format!("host tensor at {:#x} has no byte span inside its HostBuffer", t.addr),
+        problem: ArgsProblem::NotInHostBuffer { arg, addr: t.addr },
     })
 }
 

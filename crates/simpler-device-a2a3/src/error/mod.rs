@@ -19,8 +19,10 @@ use crate::abi::CoreType;
 use crate::abi::codes::{AclCode, RuntimeCode};
 use crate::runner::DevicePtr;
 
+mod args;
 mod fault;
 mod labels;
+pub use args::{ArgSite, ArgsProblem, ArityMismatch, OrchOp, PointerArg};
 pub use fault::{ArgOverlap, RingSizes, RuntimeFault, StallInfo};
 pub use labels::{
     CapacityResource, CopyKind, InitStep, KernelKind, MemPurpose, PoisonCause, PoisonStep,
@@ -262,12 +264,13 @@ pub enum DeviceError {
         source: std::io::Error,
     },
     /// The arguments of a call or of a submitted task were invalid.
-    #[error("{}invalid arguments: {message}", fmt_run(run_id))]
+    #[error("{}invalid arguments: {problem}", fmt_run(run_id))]
     InvalidArgs {
         /// The run, if the arguments were a run's.
         run_id: Option<RunId>,
-        /// What was wrong, naming the values.
-        message: String,
+        /// What was wrong, with the values.
+        #[source]
+        problem: ArgsProblem,
     },
     /// A task's argument list, or one of its tensor descriptors, broke a rule of
     /// `simpler-types` (the source).

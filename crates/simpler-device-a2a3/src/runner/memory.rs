@@ -14,7 +14,7 @@ use super::reap::SYNC_ORDER;
 use super::staging::{StagedTensor, host_slice};
 use super::{Core, DevicePtr, RunState, oom};
 use crate::backend::Backend;
-use crate::error::{DeviceError, MemPurpose, PoisonCause};
+use crate::error::{ArgSite, ArgsProblem, DeviceError, MemPurpose, PoisonCause};
 use crate::runtime::{BuildEnv, HeapArena};
 
 /// One pooled allocation.
@@ -260,7 +260,7 @@ impl Core {
         if bytes == 0 {
             return Err(DeviceError::InvalidArgs {
                 run_id: None,
-                message: "malloc of 0 bytes".into(),
+                problem: ArgsProblem::ZeroMalloc,
             });
         }
         let addr = self
@@ -339,7 +339,7 @@ impl Core {
         let run_id = req.run_id;
         let mut out: Vec<Tensor> = req.args.tensors().to_vec();
         let tags = req.args.tags();
-        let invalid = |message: String| DeviceError::InvalidArgs { run_id: Some(run_id), message };
+        let invalid = |problem| DeviceError::InvalidArgs { run_id: Some(run_id), problem };
         let mut total = 0u64;
         let mut ranges: Vec<HostRange> = Vec::new();
         // The range each argument stages into (`None`: device memory, null, or empty).
@@ -348,9 +348,8 @@ impl Core {
             let tag = tags.get(i).copied().unwrap_or_default();
             if t.is_null() {
                 if !tag.allows_null() {
-                    return Err(invalid(format!(
-                        "chip argument {i} ({tag}) is null; a written tensor needs a buffer"
-                    )));
+                    let site = ArgSite::Chip { arg: i };
+                    return Err(invalid(ArgsProblem::NullWrittenTensor { site, tag }));
                 }
                 continue;
             }
@@ -370,10 +369,7 @@ impl Core {
                 continue;
             }
             if !req.allows_host_tensors() {
-                return Err(invalid(format!(
-                    "chip argument {i} is host memory at {:#x} (child_memory = 0); pass device memory from malloc with child_memory set, or build the request with RunRequest::with_host_tensors",
-                    t.addr
-                )));
+                return Err(invalid(ArgsProblem::HostTensorRefused { arg: i, addr: t.addr }));
             }
             if t.size == 0 {
                 continue;
@@ -382,19 +378,17 @@ impl Core {
                 Some(k) => k,
                 None => {
                     if let Some(r) = ranges.iter().find(|r| r.overlaps(t.addr, t.size)) {
-                        return Err(invalid(format!(
-                            "chip argument {i}: host memory [{:#x}, +{}) overlaps another argument's [{:#x}, +{}) without being the same range; pass views of one tensor",
-                            t.addr, t.size, r.addr, r.size
-                        )));
+                        return Err(invalid(ArgsProblem::HostRangeOverlap {
+                            arg: i,
+                            addr: t.addr,
+                            len: t.size,
+                            other_addr: r.addr,
+                            other_len: r.size,
+                        }));
                     }
-                    total = staging_bytes(t.size)
-                        .and_then(|n| total.checked_add(n))
-                        .ok_or_else(|| {
-                            invalid(format!(
-                                "chip argument {i}: host tensor of {} bytes overflows the staging size",
-                                t.size
-                            ))
-                        })?;
+                    total = staging_bytes(t.size).and_then(|n| total.checked_add(n)).ok_or_else(
+                        || invalid(ArgsProblem::StagingOverflow { addr: t.addr, len: t.size }),
+                    )?;
                     ranges.push(HostRange::new(t.addr, t.size));
                     ranges.len() - 1
                 }
@@ -422,7 +416,8 @@ impl Core {
             if r.fill {
                 // SAFETY: `with_host_tensors`' contract makes the host range readable.
                 let Some(src) = (unsafe { host_slice(r.addr, r.size) }) else {
-                    return Err(invalid(format!("host range at {:#x}: size overflows", r.addr)));
+                    let (addr, len) = (r.addr, r.size);
+                    return Err(invalid(ArgsProblem::StagingOverflow { addr, len }));
                 };
                 self.backend.write(r.dev, src).map_err(|e| e.in_run(run_id))?;
             }

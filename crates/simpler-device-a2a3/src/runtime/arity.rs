@@ -46,7 +46,8 @@ pub(crate) fn find(kernels: &[KernelArity], func_id: u32) -> Option<&KernelArity
 
 /// How a task's arguments differ from a kernel's signature.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Mismatch {
+#[non_exhaustive]
+pub enum ArityMismatch {
     /// No record of the kernel (the func id is checked registered before, so the records and
     /// the func table disagree).
     Unknown {
@@ -75,24 +76,26 @@ pub(crate) enum Mismatch {
     },
 }
 
-impl fmt::Display for Mismatch {
+impl fmt::Display for ArityMismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Mismatch::Unknown { func_id } => {
+            ArityMismatch::Unknown { func_id } => {
                 write!(f, "func id {func_id} has no signature in the image")
             }
-            Mismatch::Counts { func_id, declared, passed } => write!(
+            ArityMismatch::Counts { func_id, declared, passed } => write!(
                 f,
                 "func id {func_id} takes {} tensors and {} scalars; the task passes {} and {}",
                 declared.0, declared.1, passed.0, passed.1
             ),
-            Mismatch::Tag { func_id, index, tag, written } => {
+            ArityMismatch::Tag { func_id, index, tag, written } => {
                 let does = if written { "writes" } else { "reads" };
                 write!(f, "func id {func_id} {does} tensor {index}, which the task tags {tag}")
             }
         }
     }
 }
+
+impl std::error::Error for ArityMismatch {}
 
 /// Whether a task running the kernels `funcs` (unused members [`NO_FUNC`]) with tensors tagged
 /// `tags` and `scalars` scalars fits each one's record among `kernels`, as [`check`] says.
@@ -101,10 +104,10 @@ pub(crate) fn check_task(
     funcs: &[i32; 3],
     tags: &[TensorArgType],
     scalars: usize,
-) -> Result<(), Mismatch> {
+) -> Result<(), ArityMismatch> {
     for &f in funcs.iter().filter(|&&f| f != NO_FUNC) {
         let func_id = f as u32;
-        let k = find(kernels, func_id).ok_or(Mismatch::Unknown { func_id })?;
+        let k = find(kernels, func_id).ok_or(ArityMismatch::Unknown { func_id })?;
         check(k, tags, scalars)?;
     }
     Ok(())
@@ -118,9 +121,9 @@ pub(crate) fn check(
     k: &KernelArity,
     tags: &[TensorArgType],
     scalars: usize,
-) -> Result<(), Mismatch> {
+) -> Result<(), ArityMismatch> {
     if tags.len() != usize::from(k.tensors) || scalars != usize::from(k.scalars) {
-        return Err(Mismatch::Counts {
+        return Err(ArityMismatch::Counts {
             func_id: k.func_id,
             declared: (k.tensors, k.scalars),
             passed: (tags.len(), scalars),
@@ -132,7 +135,7 @@ pub(crate) fn check(
         let unwritten = k.writes & bit != 0 && !tag.writes();
         let unread = k.reads & bit != 0 && !tag.reads();
         if !untracked && (unwritten || unread) {
-            return Err(Mismatch::Tag { func_id: k.func_id, index, tag, written: unwritten });
+            return Err(ArityMismatch::Tag { func_id: k.func_id, index, tag, written: unwritten });
         }
     }
     Ok(())

@@ -29,7 +29,7 @@ use crate::callable::{OrchArgs, Orchestration};
 use crate::diag::swimlane::SwimlaneCapture;
 use crate::diag::timing::RunPhases;
 use crate::diag::{self, DiagPlan, Exporter, Outcome};
-use crate::error::{DeviceError, OrchFailure, RuntimeFault};
+use crate::error::{ArgsProblem, DeviceError, OrchFailure, RuntimeFault};
 use crate::runner::{RingHighWater, RunReport};
 use crate::runtime::orch::OrchCtx;
 
@@ -223,9 +223,9 @@ impl ChipRuntime for HostBuildGraph {
             self.build.recycle(graph);
             None
         };
-        written.ok_or_else(|| DeviceError::InvalidArgs {
+        written.ok_or(DeviceError::InvalidArgs {
             run_id: Some(run_id),
-            message: "the graph is too large for a runtime image".into(),
+            problem: ArgsProblem::ImageTooLarge,
         })?;
         // `deps.dot` and the swimlane trace label tasks by kernel name; only named kernels are
         // listed.

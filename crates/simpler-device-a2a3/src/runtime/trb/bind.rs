@@ -23,7 +23,7 @@ use crate::callable::{ArgDirection, ChipCallable, OrchArgs, Orchestration};
 use crate::diag::swimlane::SwimlaneCapture;
 use crate::diag::timing::RunPhases;
 use crate::diag::{self, DiagPlan, Exporter, Outcome};
-use crate::error::{ArgOverlap, DeviceError, RingSizes, RuntimeFault};
+use crate::error::{ArgOverlap, ArgsProblem, DeviceError, RingSizes, RuntimeFault};
 use crate::runner::{RingHighWater, RunReport};
 use crate::runtime::hbg::check_arg_count;
 use crate::runtime::hbg::image::ImageInputs;
@@ -132,17 +132,22 @@ impl ChipRuntime for TensormapAndRingbuffer {
         if inp.tensors.len() > MAX_ENTRY_TENSORS {
             return Err(DeviceError::InvalidArgs {
                 run_id: Some(run_id),
-                message: format!(
-                    "the chip entry has {} tensors; a tensormap_and_ringbuffer orchestration \
-                     takes at most {MAX_ENTRY_TENSORS}",
-                    inp.tensors.len()
-                ),
+                problem: ArgsProblem::TooManyEntryTensors {
+                    tensors: inp.tensors.len(),
+                    max: MAX_ENTRY_TENSORS,
+                },
             });
         }
         let sizes = sizing::resolve(Some(run_id), inp.config, inp.rings)?;
         let too_large = || DeviceError::InvalidArgs {
             run_id: Some(run_id),
-            message: "the ring sizes are too large for one arena".into(),
+            problem: ArgsProblem::RingsTooLarge {
+                sizes: Box::new(sizes.map(|r| RingSizes {
+                    task_window: u64::from(r.task_window),
+                    heap_bytes: r.heap_bytes,
+                    dep_pool: u64::from(r.dep_pool),
+                })),
+            },
         };
         let arena = ArenaShape::of(sizes).and_then(ArenaLayout::of).ok_or_else(too_large)?;
         // The runner keeps this allocation per slot and reuses it while it is large enough, so
@@ -185,9 +190,9 @@ impl ChipRuntime for TensormapAndRingbuffer {
             scope_records: if plan.scope_stats || plan.dep_gen { SCOPE_RECORDS } else { 0 },
             submit_records: if plan.dep_gen { SUBMIT_RECORDS } else { 0 },
         };
-        write_image(host_image, &frame, &trb).ok_or_else(|| DeviceError::InvalidArgs {
+        write_image(host_image, &frame, &trb).ok_or(DeviceError::InvalidArgs {
             run_id: Some(run_id),
-            message: "the arguments are too large for a runtime image".into(),
+            problem: ArgsProblem::ImageTooLarge,
         })?;
         let kernel_names = if plan.dep_gen || plan.swimlane > 0 {
             diag::dot::kernel_names(inp.callable.children())

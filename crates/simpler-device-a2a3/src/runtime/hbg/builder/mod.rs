@@ -31,7 +31,9 @@ use crate::abi::MAX_FUNC_IDS;
 use crate::abi::codes::RuntimeCode;
 use crate::abi::image::{KernelArity, MAX_BLOCK_NUM, NO_FUNC, TaskShape};
 use crate::abi::payload::LOCAL_CONTEXT_SLOT;
-use crate::error::{CapacityResource, DeviceError, RuntimeFault};
+use crate::error::{
+    ArgSite, ArgsProblem, CapacityResource, DeviceError, OrchOp, PointerArg, RuntimeFault,
+};
 use crate::runtime::arity;
 use crate::runtime::orch::{
     ORCH_CAPACITY, ORCH_FAILED, ORCH_INVALID, ORCH_OK, ORCH_OPS_VERSION, OrchOps, SubmitDesc,
@@ -296,9 +298,9 @@ impl<'e> GraphBuilder<'e> {
         status
     }
 
-    fn invalid(&mut self, message: String) -> i32 {
+    fn invalid(&mut self, problem: ArgsProblem) -> i32 {
         let run_id = Some(self.run_id);
-        self.latch(DeviceError::InvalidArgs { run_id, message })
+        self.latch(DeviceError::InvalidArgs { run_id, problem })
     }
 
     /// Records one task; returns its device task id or a negative status.
@@ -314,58 +316,41 @@ impl<'e> GraphBuilder<'e> {
         if self.error.is_some() && !matches!(self.error, Some(DeviceError::Capacity { .. })) {
             return i64::from(ORCH_FAILED);
         }
-        let task_index = self.task_total;
+        let task = self.task_total;
         let Some(shape) = TaskShape::from_u32(shape) else {
-            return i64::from(
-                self.invalid(format!("task#{task_index}: unknown task shape {shape}")),
-            );
+            return i64::from(self.invalid(ArgsProblem::UnknownShape { task, shape }));
         };
-        if let Err(m) = self.check_kernels(func_ids, shape, block_num) {
-            return i64::from(self.invalid(format!("task#{task_index}: {m}")));
+        if let Err(p) = self.check_kernels(task, func_ids, shape, block_num) {
+            return i64::from(self.invalid(p));
         }
-        if tensors.len() > CORE_MAX_TENSOR_ARGS {
-            return i64::from(self.invalid(format!(
-                "task#{task_index}: {} tensors, at most {CORE_MAX_TENSOR_ARGS} per kernel task",
-                tensors.len()
-            )));
-        }
-        if scalars.len() > CORE_MAX_SCALAR_ARGS {
-            return i64::from(self.invalid(format!(
-                "task#{task_index}: {} scalars, at most {CORE_MAX_SCALAR_ARGS} per kernel task",
-                scalars.len()
-            )));
-        }
-        if tensors.len() + scalars.len() > LOCAL_CONTEXT_SLOT {
-            return i64::from(self.invalid(format!(
-                "task#{task_index}: {} arguments do not fit the {LOCAL_CONTEXT_SLOT} argument slots",
-                tensors.len() + scalars.len()
-            )));
+        if tensors.len() > CORE_MAX_TENSOR_ARGS
+            || scalars.len() > CORE_MAX_SCALAR_ARGS
+            || tensors.len() + scalars.len() > LOCAL_CONTEXT_SLOT
+        {
+            let (tensors, scalars) = (tensors.len(), scalars.len());
+            return i64::from(self.invalid(ArgsProblem::TooManyArgs { task, tensors, scalars }));
         }
         let mut parsed_tags = [TensorArgType::Input; CORE_MAX_TENSOR_ARGS];
-        for (i, t) in tensors.iter().enumerate() {
-            let raw = tags.get(i).copied().unwrap_or(0);
+        for (arg, t) in tensors.iter().enumerate() {
+            let raw = tags.get(arg).copied().unwrap_or(0);
             let Some(tag) = TensorArgType::from_i32(raw) else {
-                return i64::from(
-                    self.invalid(format!("task#{task_index}, tensor {i}: unknown tag {raw}")),
-                );
+                let site = ArgSite::Task { task, arg };
+                return i64::from(self.invalid(ArgsProblem::UnknownTag { site, raw }));
             };
-            parsed_tags[i] = tag;
-            if let Err(m) = self.check_tensor(t, tag) {
-                return i64::from(
-                    self.invalid(format!("task#{task_index}, tensor {i} ({tag}): {m}")),
-                );
+            parsed_tags[arg] = tag;
+            if let Err(p) = self.check_tensor(task, arg, t, tag) {
+                return i64::from(self.invalid(p));
             }
         }
         let parsed_tags = &parsed_tags[..tensors.len()];
         if self.limits.check_arity
-            && let Err(m) =
+            && let Err(source) =
                 arity::check_task(self.limits.kernels, &func_ids, parsed_tags, scalars.len())
         {
-            return i64::from(self.invalid(format!("task#{task_index}: {m}")));
+            return i64::from(self.invalid(ArgsProblem::Arity { task, source }));
         }
         if let Some((written, other)) = simpler_types::overlapping_write(tensors, parsed_tags) {
             let run_id = self.run_id;
-            let task = task_index;
             return i64::from(self.latch(DeviceError::OverlappingArguments {
                 run_id,
                 task,
@@ -392,12 +377,12 @@ impl<'e> GraphBuilder<'e> {
                 None => self.error = Some(e),
                 Some(_) => {}
             }
-            return DeviceTaskId::new(0, task_index as u32).0 as i64;
+            return DeviceTaskId::new(0, task as u32).0 as i64;
         }
         if self.error.is_some() {
             return i64::from(ORCH_FAILED);
         }
-        let idx = task_index as u32;
+        let idx = task as u32;
         let preds_start = self.graph.preds.len();
         let scratch = &mut *self.scratch;
         let graph = &mut self.graph;
@@ -491,12 +476,13 @@ impl<'e> GraphBuilder<'e> {
 
     fn check_kernels(
         &self,
+        task: u64,
         funcs: [i32; 3],
         shape: TaskShape,
         block_num: u32,
-    ) -> Result<(), String> {
+    ) -> Result<(), ArgsProblem> {
         if block_num == 0 || block_num > MAX_BLOCK_NUM {
-            return Err(format!("block_num {block_num} out of range 1..={MAX_BLOCK_NUM}"));
+            return Err(ArgsProblem::BlockNum { task, block_num, max: MAX_BLOCK_NUM });
         }
         let mut named = [(0usize, 0i32); 3];
         let mut count = 0;
@@ -505,42 +491,44 @@ impl<'e> GraphBuilder<'e> {
             count += 1;
         }
         let set = &named[..count];
-        match shape {
-            TaskShape::Dummy if !set.is_empty() => return Err("a dummy task names kernels".into()),
-            TaskShape::Aic if set.len() != 1 || set[0].0 != 0 => {
-                return Err("an AIC task needs exactly the AIC kernel".into());
-            }
-            TaskShape::Aiv if set.len() != 1 || set[0].0 != 1 => {
-                return Err("an AIV task needs exactly one AIV kernel".into());
-            }
-            TaskShape::Mix if set.is_empty() => return Err("a MIX task names no kernel".into()),
-            _ => {}
+        let fits = match shape {
+            TaskShape::Dummy => set.is_empty(),
+            TaskShape::Aic => set.len() == 1 && set[0].0 == 0,
+            TaskShape::Aiv => set.len() == 1 && set[0].0 == 1,
+            TaskShape::Mix => !set.is_empty(),
+        };
+        if !fits {
+            return Err(ArgsProblem::ShapeKernels { task, shape, funcs });
         }
-        for &(_, f) in set {
-            if f < 0 || f as usize >= MAX_FUNC_IDS {
-                return Err(format!("func id {f} out of range 0..{MAX_FUNC_IDS}"));
+        for &(_, func_id) in set {
+            if func_id < 0 || func_id as usize >= MAX_FUNC_IDS {
+                return Err(ArgsProblem::FuncIdRange { task, func_id, limit: MAX_FUNC_IDS });
             }
-            if arity::find(self.limits.kernels, f as u32).is_none() {
-                return Err(format!("func id {f} is not registered in the callable"));
+            if arity::find(self.limits.kernels, func_id as u32).is_none() {
+                return Err(ArgsProblem::UnknownFunc { task, func_id });
             }
         }
         Ok(())
     }
 
-    fn check_tensor(&self, t: &Tensor, tag: TensorArgType) -> Result<(), String> {
+    fn check_tensor(
+        &self,
+        task: u64,
+        arg: usize,
+        t: &Tensor,
+        tag: TensorArgType,
+    ) -> Result<(), ArgsProblem> {
         if t.is_null() {
             return if tag.allows_null() {
                 Ok(())
             } else {
-                Err("a written tensor needs a buffer: pass one or get it from alloc_tensors".into())
+                Err(ArgsProblem::NullWrittenTensor { site: ArgSite::Task { task, arg }, tag })
             };
         }
-        t.validate().map_err(|e| format!("invalid descriptor: {e}"))?;
+        t.validate().map_err(|source| ArgsProblem::Descriptor { task, arg, tag, source })?;
         if t.size > 0 && !self.env.device_range_ok(t.addr, t.size) {
-            return Err(format!(
-                "buffer of {} bytes at {:#x} is not inside one device allocation of this run (a user allocation, or this run's heap or staging arena)",
-                t.size, t.addr
-            ));
+            let (addr, len) = (t.addr, t.size);
+            return Err(ArgsProblem::TensorOutsideAllocation { task, arg, addr, len });
         }
         Ok(())
     }
@@ -549,23 +537,15 @@ impl<'e> GraphBuilder<'e> {
         if self.error.is_some() && !matches!(self.error, Some(DeviceError::Capacity { .. })) {
             return ORCH_FAILED;
         }
-        for (i, t) in tensors.iter_mut().enumerate() {
+        for (index, t) in tensors.iter_mut().enumerate() {
             if !t.is_null() {
-                return self.invalid(format!(
-                    "alloc_tensors: descriptor {i} already has a buffer at {:#x}",
-                    t.addr
-                ));
+                return self.invalid(ArgsProblem::AllocHasBuffer { index, addr: t.addr });
             }
             let Some(bytes) = t.element_size().map(|e| e.saturating_mul(t.numel())) else {
-                return self.invalid(format!(
-                    "alloc_tensors: descriptor {i} has an unknown dtype {}",
-                    t.dtype
-                ));
+                return self.invalid(ArgsProblem::AllocUnknownDtype { index, dtype: t.dtype });
             };
             let Some(aligned) = bytes.max(1).checked_next_multiple_of(HEAP_ALIGN) else {
-                return self.invalid(format!(
-                    "alloc_tensors: descriptor {i} needs {bytes} bytes, more than any heap holds"
-                ));
+                return self.invalid(ArgsProblem::AllocTooLarge { index, bytes });
             };
             let offset = self.heap_needed;
             self.heap_needed = self.heap_needed.saturating_add(aligned);
@@ -610,21 +590,26 @@ impl<'e> GraphBuilder<'e> {
     /// The bytes `t` names for `op` (`tensor_data` or `set_tensor_data`) with a `len`-byte
     /// buffer: a contiguous view of exactly that many bytes, else the latched invalid-args
     /// status.
-    fn data_span(&mut self, t: &Tensor, len: usize, op: &str) -> Result<ByteSpan, i32> {
+    fn data_span(&mut self, t: &Tensor, len: usize, op: OrchOp) -> Result<ByteSpan, i32> {
         let Some(span) = span_of(t) else {
-            return Err(self.invalid(format!("{op}: the tensor has no bytes")));
+            return Err(self.invalid(ArgsProblem::DataEmpty { op }));
         };
-        if !t.contiguous() || span.len() != len as u64 {
-            return Err(self.invalid(format!(
-                "{op}: needs a contiguous view whose {} bytes match the {len}-byte buffer",
-                span.len()
-            )));
+        let contiguous = t.contiguous();
+        if !contiguous || span.len() != len as u64 {
+            let view_bytes = span.len();
+            let buffer_bytes = len;
+            return Err(self.invalid(ArgsProblem::DataShape {
+                op,
+                contiguous,
+                view_bytes,
+                buffer_bytes,
+            }));
         }
         Ok(span)
     }
 
     fn get_data(&mut self, t: &Tensor, out: &mut [u8]) -> i32 {
-        let span = match self.data_span(t, out.len(), "tensor_data") {
+        let span = match self.data_span(t, out.len(), OrchOp::TensorData) {
             Ok(span) => span,
             Err(status) => return status,
         };
@@ -633,24 +618,22 @@ impl<'e> GraphBuilder<'e> {
         for map in [&self.scratch.map, &self.scratch.manual_writes] {
             map.lookup_overlapping(self.run_id, &key, span, |_| written = true);
         }
+        let (addr, len) = (span.start, span.len());
         if written {
-            return self.invalid(format!(
-                "tensor_data: {span} is written by a task of this graph, which has not run yet (host_build_graph runs tasks after the whole graph is built)"
-            ));
+            return self.invalid(ArgsProblem::DataNotWritten { addr, len });
         }
         if !self.scratch.entry_spans.iter().any(|e| e.contains(span)) {
-            return self.invalid(format!(
-                "tensor_data: {span} is not inside a host-staged input of this run"
-            ));
+            return self.invalid(ArgsProblem::DataNotStaged { addr, len });
         }
-        if !self.env.read(span.start, out) {
-            return self.invalid(format!("tensor_data: {span} is not device memory"));
+        if !self.env.read(addr, out) {
+            let op = OrchOp::TensorData;
+            return self.invalid(ArgsProblem::DataNotDeviceMemory { op, addr, len });
         }
         ORCH_OK
     }
 
     fn set_data(&mut self, t: &Tensor, data: &[u8]) -> i32 {
-        let span = match self.data_span(t, data.len(), "set_tensor_data") {
+        let span = match self.data_span(t, data.len(), OrchOp::SetTensorData) {
             Ok(span) => span,
             Err(status) => return status,
         };
@@ -661,28 +644,25 @@ impl<'e> GraphBuilder<'e> {
             span,
             |_| used = true,
         );
+        let (addr, len) = (span.start, span.len());
         if used {
-            return self.invalid(format!(
-                "set_tensor_data: {span} is already used by a task of this graph"
-            ));
+            return self.invalid(ArgsProblem::DataInUse { addr, len });
         }
         // The same policy as for submitted tensors: the runtime's own buffers (image, kernel
         // arguments, chip buffers) hold what the scheduler trusts and are never writable here.
-        if !self.env.device_range_ok(span.start, span.len()) {
-            return self.invalid(format!(
-                "set_tensor_data: {span} is not inside one user allocation or this run's heap or staging arena"
-            ));
+        if !self.env.device_range_ok(addr, len) {
+            return self.invalid(ArgsProblem::DataOutsideAllocation { addr, len });
         }
-        if !self.env.write(span.start, data) {
-            return self.invalid(format!("set_tensor_data: {span} is not device memory"));
+        if !self.env.write(addr, data) {
+            let op = OrchOp::SetTensorData;
+            return self.invalid(ArgsProblem::DataNotDeviceMemory { op, addr, len });
         }
         ORCH_OK
     }
 
     pub(crate) fn scope_begin(&mut self) -> i32 {
         if self.scope_depth as usize + 1 >= MAX_SCOPE_DEPTH {
-            return self
-                .invalid(format!("scope depth would exceed {} user levels", MAX_SCOPE_DEPTH - 1));
+            return self.invalid(ArgsProblem::ScopeTooDeep { max: MAX_SCOPE_DEPTH - 1 });
         }
         self.scope_depth += 1;
         self.graph.scopes.push(ScopeEvent {
@@ -696,7 +676,7 @@ impl<'e> GraphBuilder<'e> {
 
     pub(crate) fn scope_end(&mut self) -> i32 {
         if self.scope_depth == 0 {
-            return self.invalid("scope_end without a matching scope_begin".into());
+            return self.invalid(ArgsProblem::ScopeUnbalanced);
         }
         self.graph.scopes.push(ScopeEvent {
             begin: false,
@@ -780,23 +760,23 @@ unsafe extern "C-unwind" fn op_submit(rt: *mut c_void, desc: *const SubmitDesc) 
     // SAFETY: a non-null, aligned descriptor points at a `SubmitDesc` for the duration of the
     // call.
     let Some(d) = (unsafe { c_ref(desc) }) else {
-        return i64::from(b.invalid("submit: null or misaligned task descriptor".into()));
+        let pointer = PointerArg::TaskDescriptor;
+        return i64::from(b.invalid(ArgsProblem::BadPointer { op: OrchOp::Submit, pointer }));
     };
     if d.num_tensors as usize > CORE_MAX_TENSOR_ARGS
         || d.num_scalars as usize > CORE_MAX_SCALAR_ARGS
     {
-        return i64::from(b.invalid(format!(
-            "task#{}: {} tensors and {} scalars exceed the per-task caps of {CORE_MAX_TENSOR_ARGS} and {CORE_MAX_SCALAR_ARGS}",
-            b.task_total, d.num_tensors, d.num_scalars
-        )));
+        return i64::from(b.invalid(ArgsProblem::TooManyArgs {
+            task: b.task_total,
+            tensors: d.num_tensors as usize,
+            scalars: d.num_scalars as usize,
+        }));
     }
     // SAFETY: the descriptor's arrays hold the counts it states (the orchestration's contract,
     // upheld by `OrchCtx`); the counts were bounded above; null and misaligned ones are refused.
     let Some((tensors, tags, scalars)) = (unsafe { d.arrays() }) else {
-        return i64::from(b.invalid(format!(
-            "task#{}: a null or misaligned array for its {} tensors (and tags) or {} scalars",
-            b.task_total, d.num_tensors, d.num_scalars
-        )));
+        let pointer = PointerArg::TaskArrays;
+        return i64::from(b.invalid(ArgsProblem::BadPointer { op: OrchOp::Submit, pointer }));
     };
     b.submit(d.func_ids, d.shape, d.block_num, tensors, tags, scalars)
 }
@@ -822,7 +802,8 @@ unsafe extern "C-unwind" fn op_alloc_tensors(
         return ORCH_OK;
     }
     if tensors.is_null() || !tensors.is_aligned() {
-        return b.invalid("alloc_tensors: null or misaligned descriptor array".into());
+        let pointer = PointerArg::Descriptor;
+        return b.invalid(ArgsProblem::BadPointer { op: OrchOp::AllocTensors, pointer });
     }
     // SAFETY: the caller passes `count` descriptors it exclusively owns for the call.
     let ts = unsafe { std::slice::from_raw_parts_mut(tensors, count as usize) };
@@ -837,16 +818,17 @@ unsafe extern "C-unwind" fn op_get_tensor_data(
 ) -> i32 {
     // SAFETY: see `op_submit`.
     let b = unsafe { builder(rt) };
+    let op = OrchOp::TensorData;
     // SAFETY: a non-null, aligned descriptor pointer is valid for the call.
     let Some(t) = (unsafe { c_ref(t) }) else {
-        return b.invalid("tensor_data: null or misaligned descriptor".into());
+        return b.invalid(ArgsProblem::BadPointer { op, pointer: PointerArg::Descriptor });
     };
     let t = *t;
     if dst.is_null() && len > 0 {
-        return b.invalid("tensor_data: null destination".into());
+        return b.invalid(ArgsProblem::BadPointer { op, pointer: PointerArg::Destination });
     }
     let Ok(n) = usize::try_from(len) else {
-        return b.invalid("tensor_data: length overflows".into());
+        return b.invalid(ArgsProblem::LengthOverflow { op, len });
     };
     let out: &mut [u8] = if n == 0 {
         &mut []
@@ -865,17 +847,18 @@ unsafe extern "C-unwind" fn op_set_tensor_data(
 ) -> i32 {
     // SAFETY: see `op_submit`.
     let b = unsafe { builder(rt) };
+    let op = OrchOp::SetTensorData;
     // SAFETY: a non-null, aligned descriptor pointer is valid for the call.
     let Some(t) = (unsafe { c_ref(t) }) else {
-        return b.invalid("set_tensor_data: null or misaligned descriptor".into());
+        return b.invalid(ArgsProblem::BadPointer { op, pointer: PointerArg::Descriptor });
     };
     let t = *t;
     let Ok(n) = usize::try_from(len) else {
-        return b.invalid("set_tensor_data: length overflows".into());
+        return b.invalid(ArgsProblem::LengthOverflow { op, len });
     };
     // SAFETY: the caller passes a source valid for `len` bytes.
     let Some(data) = (unsafe { c_slice(src, n) }) else {
-        return b.invalid("set_tensor_data: null source".into());
+        return b.invalid(ArgsProblem::BadPointer { op, pointer: PointerArg::Source });
     };
     b.set_data(&t, data)
 }

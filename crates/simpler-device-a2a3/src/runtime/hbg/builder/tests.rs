@@ -3,6 +3,7 @@
 use simpler_types::DataType;
 
 use super::*;
+use crate::error::ArityMismatch;
 
 const BUF: u64 = 0x10_0000;
 
@@ -53,9 +54,9 @@ fn buf(offset: u64, n: u32) -> Tensor {
 
 const AIV: [i32; 3] = [NO_FUNC, 1, NO_FUNC];
 
-fn message(e: DeviceError) -> String {
+fn problem(e: DeviceError) -> ArgsProblem {
     match e {
-        DeviceError::InvalidArgs { message, .. } => message,
+        DeviceError::InvalidArgs { problem, .. } => problem,
         other => panic!("expected InvalidArgs, got {other}"),
     }
 }
@@ -75,7 +76,8 @@ fn a_buffer_too_large_to_round_up_to_the_heap_alignment_is_invalid() {
     // 2 147 483 647 × 2 147 483 649 f32: 2^64 − 4 bytes, a valid shape.
     let mut t = [Tensor::external(0, &[2_147_483_647, 2_147_483_649], DataType::Float32).unwrap()];
     assert_eq!(b.alloc(&mut t), ORCH_INVALID);
-    assert!(message(b.finish().unwrap_err()).contains("more than any heap holds"));
+    let p = problem(b.finish().unwrap_err());
+    assert_eq!(p, ArgsProblem::AllocTooLarge { index: 0, bytes: u64::MAX - 3 });
 }
 
 #[test]
@@ -84,11 +86,13 @@ fn too_many_tensors_or_scalars_are_rejected_naming_the_counts() {
     let mut b = builder(&mut f);
     let ts = vec![buf(0, 4); 33];
     assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &ts, &[0; 33], &[]) < 0);
-    assert!(message(b.finish().unwrap_err()).contains("33 tensors"));
+    let p = problem(b.finish().unwrap_err());
+    assert_eq!(p, ArgsProblem::TooManyArgs { task: 0, tensors: 33, scalars: 0 });
     let mut f = Fixture::default();
     let mut b = builder(&mut f);
     assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[], &[], &[0; 17]) < 0);
-    assert!(message(b.finish().unwrap_err()).contains("17 scalars"));
+    let p = problem(b.finish().unwrap_err());
+    assert_eq!(p, ArgsProblem::TooManyArgs { task: 0, tensors: 0, scalars: 17 });
 }
 
 #[test]
@@ -123,7 +127,9 @@ fn a_null_or_misaligned_argument_array_with_a_count_is_refused_not_read_as_empty
         // which is what is refused).
         let status = unsafe { op_submit(rt, &d) };
         assert_eq!(status, i64::from(ORCH_INVALID), "{what}");
-        assert!(message(b.finish().unwrap_err()).contains("null or misaligned"), "{what}");
+        let pointer = PointerArg::TaskArrays;
+        let p = problem(b.finish().unwrap_err());
+        assert_eq!(p, ArgsProblem::BadPointer { op: OrchOp::Submit, pointer }, "{what}");
     }
     // Null arrays with zero counts are empty, as C passes them.
     let mut f = Fixture::default();
@@ -140,11 +146,84 @@ fn func_ids_must_be_in_range_and_registered() {
     let mut f = Fixture::default();
     let mut b = builder(&mut f);
     assert!(b.submit([NO_FUNC, 1024, NO_FUNC], TaskShape::Aiv as u32, 1, &[], &[], &[]) < 0);
-    assert!(message(b.finish().unwrap_err()).contains("func id 1024 out of range"));
+    let p = problem(b.finish().unwrap_err());
+    assert_eq!(p, ArgsProblem::FuncIdRange { task: 0, func_id: 1024, limit: MAX_FUNC_IDS });
     let mut f = Fixture::default();
     let mut b = builder(&mut f);
     assert!(b.submit([NO_FUNC, 7, NO_FUNC], TaskShape::Aiv as u32, 1, &[], &[], &[]) < 0);
-    assert!(message(b.finish().unwrap_err()).contains("func id 7 is not registered"));
+    let p = problem(b.finish().unwrap_err());
+    assert_eq!(p, ArgsProblem::UnknownFunc { task: 0, func_id: 7 });
+}
+
+#[test]
+fn a_malformed_descriptor_names_its_task_argument_and_rule() {
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
+    let mut bad = buf(0, 16);
+    bad.strides[0] = 0;
+    let inout = TensorArgType::InOut;
+    assert!(
+        b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(64, 4), bad], &[0, inout.as_i32()], &[]) < 0
+    );
+    let p = problem(b.finish().unwrap_err());
+    let source = simpler_types::TypesError::ZeroStride { dim: 0 };
+    assert_eq!(p, ArgsProblem::Descriptor { task: 0, arg: 1, tag: inout, source: source.clone() });
+    assert_eq!(std::error::Error::source(&p).map(|e| e.to_string()), Some(source.to_string()));
+}
+
+#[test]
+fn a_task_whose_kernels_do_not_fit_its_shape_names_both() {
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
+    let funcs = [1, NO_FUNC, NO_FUNC];
+    assert!(b.submit(funcs, TaskShape::Aiv as u32, 1, &[], &[], &[]) < 0);
+    let shape = TaskShape::Aiv;
+    assert_eq!(
+        problem(b.finish().unwrap_err()),
+        ArgsProblem::ShapeKernels { task: 0, shape, funcs }
+    );
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
+    assert!(b.submit(AIV, 9, 1, &[], &[], &[]) < 0);
+    assert_eq!(problem(b.finish().unwrap_err()), ArgsProblem::UnknownShape { task: 0, shape: 9 });
+}
+
+#[test]
+fn set_tensor_data_names_the_bytes_it_refuses() {
+    // Bytes a task already uses.
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
+    let t = buf(0x1000, 16);
+    assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[t], &[0], &[]), 0);
+    assert!(b.set_data(&t, &[0u8; 64]) < 0);
+    let (addr, len) = (BUF + 0x1000, 64);
+    assert_eq!(problem(b.finish().unwrap_err()), ArgsProblem::DataInUse { addr, len });
+    // Bytes outside every allocation.
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
+    let stray = Tensor::external(0x40, &[4], DataType::Float32).unwrap();
+    assert!(b.set_data(&stray, &[0u8; 16]) < 0);
+    let (addr, len) = (0x40, 16);
+    assert_eq!(problem(b.finish().unwrap_err()), ArgsProblem::DataOutsideAllocation { addr, len });
+    // A buffer of another size than the view.
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
+    assert!(b.set_data(&buf(0, 16), &[0u8; 8]) < 0);
+    let op = OrchOp::SetTensorData;
+    assert_eq!(
+        problem(b.finish().unwrap_err()),
+        ArgsProblem::DataShape { op, contiguous: true, view_bytes: 64, buffer_bytes: 8 }
+    );
+}
+
+#[test]
+fn alloc_tensors_refuses_a_descriptor_with_a_buffer() {
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
+    let mut ts = [buf(0, 4)];
+    assert_eq!(b.alloc(&mut ts), ORCH_INVALID);
+    let p = problem(b.finish().unwrap_err());
+    assert_eq!(p, ArgsProblem::AllocHasBuffer { index: 0, addr: BUF });
 }
 
 #[test]
@@ -159,20 +238,24 @@ fn a_task_must_pass_its_kernels_what_their_signatures_declare() {
         let mut b =
             GraphBuilder::new(RunId::FIRST, limits, &mut f.env, &[buf(0, 1024)], &mut f.scratch);
         let status = b.submit(AIV, TaskShape::Aiv as u32, 1, tensors, tags, scalars);
-        (status, b.finish().err().map(message))
+        (status, b.finish().err().map(problem))
     };
     assert!(submit(&ts, &[input, input, output], &[]).0 >= 0);
     // Scalars where the kernel looks for descriptors.
     let (status, e) = submit(&[], &[], &[1, 2, 3]);
     assert_eq!(status, i64::from(ORCH_INVALID));
+    let source = ArityMismatch::Counts { func_id: 1, declared: (3, 0), passed: (0, 3) };
+    assert_eq!(e, Some(ArgsProblem::Arity { task: 0, source }));
     assert_eq!(
-        e.as_deref(),
-        Some("task#0: func id 1 takes 3 tensors and 0 scalars; the task passes 0 and 3")
+        e.unwrap().to_string(),
+        "task#0: func id 1 takes 3 tensors and 0 scalars; the task passes 0 and 3"
     );
     // A tensor the kernel writes, tagged as read only.
     let (status, e) = submit(&ts, &[input, input, input], &[]);
     assert_eq!(status, i64::from(ORCH_INVALID));
-    assert_eq!(e.as_deref(), Some("task#0: func id 1 writes tensor 2, which the task tags INPUT"));
+    let tag = TensorArgType::Input;
+    let source = ArityMismatch::Tag { func_id: 1, index: 2, tag, written: true };
+    assert_eq!(e, Some(ArgsProblem::Arity { task: 0, source }));
 }
 
 #[test]
@@ -184,12 +267,14 @@ fn written_tensors_need_device_buffers() {
         b.submit(AIV, TaskShape::Aiv as u32, 1, &[null], &[TensorArgType::Output.as_i32()], &[])
             < 0
     );
-    assert!(message(b.finish().unwrap_err()).contains("needs a buffer"));
+    let (site, tag) = (ArgSite::Task { task: 0, arg: 0 }, TensorArgType::Output);
+    assert_eq!(problem(b.finish().unwrap_err()), ArgsProblem::NullWrittenTensor { site, tag });
     let mut f = Fixture::default();
     let mut b = builder(&mut f);
     let stray = Tensor::external(0x40, &[4], DataType::Float32).unwrap();
     assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[stray], &[0], &[]) < 0);
-    assert!(message(b.finish().unwrap_err()).contains("not inside one device allocation"));
+    let p = problem(b.finish().unwrap_err());
+    assert_eq!(p, ArgsProblem::TensorOutsideAllocation { task: 0, arg: 0, addr: 0x40, len: 16 });
 }
 
 #[test]
@@ -247,7 +332,8 @@ fn tensor_data_reads_staged_inputs_but_not_in_graph_outputs() {
     let produced = buf(0x1000, 16);
     b.submit(AIV, TaskShape::Aiv as u32, 1, &[produced], &[TensorArgType::Output.as_i32()], &[]);
     assert!(b.get_data(&produced, &mut out) < 0);
-    assert!(message(b.finish().unwrap_err()).contains("has not run yet"));
+    let (addr, len) = (BUF + 0x1000, 64);
+    assert_eq!(problem(b.finish().unwrap_err()), ArgsProblem::DataNotWritten { addr, len });
 }
 
 #[test]
@@ -279,7 +365,8 @@ fn tensor_data_refuses_bytes_a_manual_dep_tensor_writes() {
     assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[manual], &[out], &[]), 0);
     let mut data = [0u8; 64];
     assert!(b.get_data(&input, &mut data) < 0);
-    assert!(message(b.finish().unwrap_err()).contains("has not run yet"));
+    let (addr, len) = (BUF, 64);
+    assert_eq!(problem(b.finish().unwrap_err()), ArgsProblem::DataNotWritten { addr, len });
 }
 
 #[test]
@@ -288,7 +375,7 @@ fn the_first_error_wins_and_later_calls_are_refused() {
     let mut b = builder(&mut f);
     assert!(b.scope_end() < 0);
     assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[], &[], &[]), i64::from(ORCH_FAILED));
-    assert!(message(b.finish().unwrap_err()).contains("scope_end without"));
+    assert_eq!(problem(b.finish().unwrap_err()), ArgsProblem::ScopeUnbalanced);
 }
 
 #[test]
