@@ -15,7 +15,7 @@ use simpler_types::constants::CORE_MAX_SCALAR_ARGS;
 use simpler_types::{CallableId, CallableKind, CallableNamespace, Tensor, TensorArgType};
 
 use crate::abi::MAX_FUNC_IDS;
-use crate::error::DeviceError;
+use crate::error::{CallableName, CallableProblem, DeviceError};
 use crate::kernel::KernelFn;
 use crate::runtime::orch::{OrchCtx, OrchError};
 
@@ -343,8 +343,8 @@ impl ChipCallable {
     }
 }
 
-fn invalid(reason: String) -> DeviceError {
-    DeviceError::InvalidCallable { run_id: None, reason }
+fn invalid(problem: CallableProblem) -> DeviceError {
+    DeviceError::InvalidCallable { run_id: None, problem }
 }
 
 impl ChipCallableBuilder {
@@ -370,51 +370,52 @@ impl ChipCallableBuilder {
     /// Validates the limits and computes the content digest.
     pub fn build(mut self) -> Result<ChipCallable, DeviceError> {
         if self.signature.len() > CHIP_SIGNATURE_MAX {
-            return Err(invalid(format!(
-                "chip signature has {} entries, at most {CHIP_SIGNATURE_MAX} allowed",
-                self.signature.len()
-            )));
+            return Err(invalid(CallableProblem::ChipSignatureTooLong {
+                entries: self.signature.len(),
+                max: CHIP_SIGNATURE_MAX,
+            }));
         }
-        for (what, name) in [("entry", &self.entry_name), ("config", &self.config_name)] {
+        for (which, name) in
+            [(CallableName::Entry, &self.entry_name), (CallableName::Config, &self.config_name)]
+        {
             if name.len() > NAME_MAX {
-                return Err(invalid(format!(
-                    "{what} name {name:?} is {} bytes, at most {NAME_MAX} allowed",
-                    name.len()
-                )));
+                let name = name.clone();
+                return Err(invalid(CallableProblem::NameTooLong { which, name, max: NAME_MAX }));
             }
         }
         self.children.sort_by_key(|(id, _)| *id);
         for w in self.children.windows(2) {
             if w[0].0 == w[1].0 {
-                return Err(invalid(format!("func id {} is used twice", w[0].0)));
+                return Err(invalid(CallableProblem::DuplicateFuncId { func_id: w[0].0 }));
             }
         }
-        for (id, k) in &self.children {
-            if *id as usize >= MAX_FUNC_IDS {
-                return Err(invalid(format!(
-                    "func id {id} is out of range (must be below {MAX_FUNC_IDS})"
-                )));
+        for &(func_id, ref k) in &self.children {
+            if func_id as usize >= MAX_FUNC_IDS {
+                return Err(invalid(CallableProblem::FuncIdRange { func_id, limit: MAX_FUNC_IDS }));
             }
             if let Some(name) = k.name.as_ref().filter(|n| n.len() > NAME_MAX) {
-                return Err(invalid(format!(
-                    "kernel {id} name {name:?} is {} bytes, at most {NAME_MAX} allowed",
-                    name.len()
-                )));
+                return Err(invalid(CallableProblem::NameTooLong {
+                    which: CallableName::Kernel { func_id },
+                    name: name.clone(),
+                    max: NAME_MAX,
+                }));
             }
             if k.signature.len() > CORE_SIGNATURE_MAX {
-                return Err(invalid(format!(
-                    "kernel {id} signature has {} entries, at most {CORE_SIGNATURE_MAX} allowed",
-                    k.signature.len()
-                )));
+                return Err(invalid(CallableProblem::KernelSignatureTooLong {
+                    func_id,
+                    entries: k.signature.len(),
+                    max: CORE_SIGNATURE_MAX,
+                }));
             }
             // Every submit must pass exactly the declared scalars, and no task passes more
             // than this: such a kernel could never run.
             let scalars = k.signature.iter().filter(|d| **d == ArgDirection::Scalar).count();
             if scalars > CORE_MAX_SCALAR_ARGS {
-                return Err(invalid(format!(
-                    "kernel {id} signature declares {scalars} scalars, at most \
-                     {CORE_MAX_SCALAR_ARGS} per task"
-                )));
+                return Err(invalid(CallableProblem::TooManyScalars {
+                    func_id,
+                    scalars,
+                    max: CORE_MAX_SCALAR_ARGS,
+                }));
             }
         }
         let id = CallableId::new(digest(&self), CallableKind::Chip, CallableNamespace::LocalChip);

@@ -136,10 +136,13 @@ pub use callable::{
     NativeOrchFn, OrchArgs, OrchConfig, Orchestration, OrchestrationObject, SharedObjectKernel,
 };
 pub use diag::timing::RunPhases;
+#[cfg(feature = "onboard")]
+pub use error::ManifestProblem;
 pub use error::{
-    ArgOverlap, ArgSite, ArgsProblem, ArityMismatch, CapacityResource, CopyKind, CoreFault,
-    DeviceError, ErrorClass, InitStep, KernelKind, MemPurpose, OrchFailure, OrchOp, PointerArg,
-    PoisonCause, PoisonStep, RingSizes, RuntimeFault, StallInfo, StreamKind,
+    ArgOverlap, ArgSite, ArgsProblem, ArityMismatch, CallableName, CallableProblem,
+    CapacityResource, CopyKind, CoreFault, DeviceError, ErrorClass, InitFailure, InitStep,
+    KernelCodeKind, KernelKind, MemPurpose, ObjectError, OrchFailure, OrchLoadCause, OrchOp,
+    PointerArg, PoisonCause, PoisonStep, RingSizes, RuntimeFault, StallInfo, StreamKind,
 };
 pub use kernel::{KernelCall, KernelFn};
 #[cfg(feature = "sim")]

@@ -11,7 +11,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use simpler_device_a2a3::{DeviceError, DeviceRunner, InitStep, RunRequest};
+use simpler_device_a2a3::{
+    DeviceError, DeviceRunner, InitFailure, InitStep, ObjectError, RunRequest,
+};
 use simpler_types::{CallConfig, RunId, TaskArgs};
 
 fn program() -> Option<&'static Path> {
@@ -72,8 +74,12 @@ fn a_program_that_cannot_be_loaded_is_refused_naming_the_file() {
         Err(e) => e,
     };
     match &err {
-        DeviceError::Init { step: InitStep::LoadPrograms, message, .. } => {
-            assert!(message.contains("/nonexistent/libsimpler_aicpu_program.so"), "{message}");
+        DeviceError::Init {
+            step: InitStep::LoadPrograms,
+            failure: InitFailure::Program(e),
+            ..
+        } => {
+            assert!(matches!(&**e, ObjectError::Open { path: p, .. } if p == path), "{e}");
         }
         other => panic!("expected a LoadPrograms error, got {other:?}"),
     }
@@ -102,9 +108,13 @@ fn a_c_orchestration_loads_through_the_programs_register_entry_and_runs() {
     }
     // The program's own refusal comes back typed.
     match r.register_callable(&c_vector_callable("no_such_entry", config)) {
-        Err(DeviceError::OrchestrationLoad { failure, message, .. }) => {
+        Err(DeviceError::OrchestrationLoad {
+            failure,
+            cause: simpler_device_a2a3::OrchLoadCause::Refused { text },
+            ..
+        }) => {
             assert_eq!(failure, Some(simpler_device_a2a3::abi::launch::RegisterFailure::Symbol));
-            assert!(message.contains("no_such_entry"), "{message}");
+            assert!(text.contains("no_such_entry"), "{text}");
         }
         other => panic!("expected an OrchestrationLoad, got {other:?}"),
     }

@@ -480,40 +480,51 @@ fn memory_errors_are_typed_and_allocations_are_aligned_and_zeroed() {
 fn callable_limits_are_enforced_with_the_values_named() {
     use ArgDirection::In;
     let base = || ChipCallable::native(vector::orchestration, three_args);
-    let invalid = |r: Result<ChipCallable, DeviceError>, needle: &str| match r {
-        Err(DeviceError::InvalidCallable { reason, .. }) => {
-            assert!(reason.contains(needle), "{reason}")
-        }
+    use simpler_device_a2a3::{CallableName, CallableProblem as P, KernelCodeKind};
+    let invalid = |r: Result<ChipCallable, DeviceError>, want: P| match r {
+        Err(DeviceError::InvalidCallable { problem, .. }) => assert_eq!(problem, want),
         other => panic!("expected InvalidCallable, got {other:?}"),
     };
     invalid(
         base().kernel(1024, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel)).build(),
-        "1024",
+        P::FuncIdRange { func_id: 1024, limit: 1024 },
     );
     invalid(
         base()
             .kernel(3, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
             .kernel(3, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
             .build(),
-        "func id 3 is used twice",
+        P::DuplicateFuncId { func_id: 3 },
     );
     invalid(
         base().kernel(0, CoreCallable::native(vec![In; 33], noop_kernel)).build(),
-        "33 entries",
+        P::KernelSignatureTooLong { func_id: 0, entries: 33, max: 32 },
     );
     invalid(
         base().kernel(0, CoreCallable::native(vec![ArgDirection::Scalar; 17], noop_kernel)).build(),
-        "declares 17 scalars, at most 16 per task",
+        P::TooManyScalars { func_id: 0, scalars: 17, max: 16 },
     );
-    invalid(base().signature(vec![In; 129]).build(), "129 entries");
-    invalid(base().names("e".repeat(64), "c").build(), "64 bytes");
+    invalid(
+        base().signature(vec![In; 129]).build(),
+        P::ChipSignatureTooLong { entries: 129, max: 128 },
+    );
+    invalid(
+        base().names("e".repeat(64), "c").build(),
+        P::NameTooLong { which: CallableName::Entry, name: "e".repeat(64), max: 63 },
+    );
 
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     let text = base()
         .kernel(0, CoreCallable::new(vec![], simpler_device_a2a3::KernelCode::Text(vec![0; 8])))
         .build()
         .unwrap();
-    assert!(matches!(r.register_callable(&text), Err(DeviceError::InvalidCallable { .. })));
+    assert!(matches!(
+        r.register_callable(&text),
+        Err(DeviceError::InvalidCallable {
+            problem: P::KernelCode { func_id: 0, code: KernelCodeKind::Text },
+            ..
+        })
+    ));
     let c = vector_callable();
     let slots: Vec<_> = (0..64).map(|_| r.register_callable(&c).unwrap()).collect();
     assert_eq!(r.stats().chip_buffer_uploads, 1, "identical chip buffers are uploaded once");

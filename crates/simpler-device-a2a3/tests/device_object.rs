@@ -12,8 +12,8 @@ use simpler_device_a2a3::abi::codes::RuntimeCode;
 use simpler_device_a2a3::abi::launch::RegisterFailure;
 use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{
-    ChipCallable, DeviceError, DeviceRunner, Orchestration, OrchestrationObject, RunRequest,
-    RuntimeVariant,
+    ChipCallable, DeviceError, DeviceRunner, ObjectError, OrchLoadCause, Orchestration,
+    OrchestrationObject, RunRequest, RuntimeVariant,
 };
 use simpler_onboard_programs::{
     ADD_ORCHESTRATION, AIV_WITH_EXTRA_KERNELS, FAILING_ENTRY, FOUR_ARGS_CONFIG,
@@ -101,12 +101,12 @@ fn an_object_registered_twice_in_two_slots_runs_from_both() {
     r.finalize().unwrap();
 }
 
-/// Registers `c`, expecting an `OrchestrationLoad` with `failure`; returns its message.
-fn load_refusal(r: &mut DeviceRunner, c: &ChipCallable, failure: RegisterFailure) -> String {
+/// Registers `c`, expecting an `OrchestrationLoad` with `failure`; returns its cause.
+fn load_refusal(r: &mut DeviceRunner, c: &ChipCallable, failure: RegisterFailure) -> OrchLoadCause {
     match r.register_callable(c) {
-        Err(DeviceError::OrchestrationLoad { failure: f, message, entry, .. }) => {
-            assert_eq!(f, Some(failure), "{entry}: {message}");
-            message
+        Err(DeviceError::OrchestrationLoad { failure: f, cause, entry, .. }) => {
+            assert_eq!(f, Some(failure), "{entry}: {cause}");
+            cause
         }
         other => panic!("expected an OrchestrationLoad {failure:?}, got {other:?}"),
     }
@@ -117,11 +117,19 @@ fn objects_the_aicpu_side_cannot_load_are_refused_typed_and_the_runner_stays_usa
     let mut r = trb();
     let missing = c_vector_callable("no_such_entry", "vector_config");
     let m = load_refusal(&mut r, &missing, RegisterFailure::Symbol);
-    assert!(m.contains("no_such_entry"), "{m}");
+    assert!(
+        matches!(&m, OrchLoadCause::Object(e)
+            if matches!(&**e, ObjectError::MissingSymbol { symbol, .. } if symbol == "no_such_entry")),
+        "{m}"
+    );
     // SAFETY: the bytes are no object at all; the loader refuses them before running anything.
     let garbage = unsafe { OrchestrationObject::new(vec![0x5a; 512], "e", "c") };
     let garbage = vector::builder_with(Orchestration::DeviceObject(garbage)).build().unwrap();
-    load_refusal(&mut r, &garbage, RegisterFailure::Load);
+    let m = load_refusal(&mut r, &garbage, RegisterFailure::Load);
+    assert!(
+        matches!(&m, OrchLoadCause::Object(e) if matches!(**e, ObjectError::Open { .. })),
+        "{m}"
+    );
     // Nothing leaked: every slot is still free, and the next registration runs.
     let before = r.stats();
     let (entry, config) = VECTOR_ORCHESTRATION;
@@ -187,12 +195,10 @@ fn host_build_graph_refuses_a_device_object_orchestration() {
     let mut r = DeviceRunner::attach(options_on(0, RuntimeVariant::HostBuildGraph)).unwrap();
     let (entry, config) = VECTOR_ORCHESTRATION;
     match r.register_callable(&c_vector_callable(entry, config)) {
-        Err(DeviceError::InvalidCallable { reason, .. }) => {
-            assert!(
-                reason.contains("vector_example") && reason.contains("host_build_graph"),
-                "{reason}"
-            );
-        }
+        Err(DeviceError::InvalidCallable {
+            problem: simpler_device_a2a3::CallableProblem::DeviceObjectUnderHostBuildGraph { entry },
+            ..
+        }) => assert_eq!(entry, VECTOR_ORCHESTRATION.0),
         other => panic!("expected InvalidCallable, got {other:?}"),
     }
     r.finalize().unwrap();

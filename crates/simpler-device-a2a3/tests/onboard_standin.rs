@@ -21,8 +21,8 @@ use simpler_acl_sys::standin::{Call, FakeInstall};
 use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{
     AcceptanceSignal, ActiveRun, ChipCallable, CopyKind, DeviceError, DeviceHealth, DeviceRunner,
-    ErrorClass, InitStep, KernelKind, MemPurpose, RunRequest, RunnerOptions, RuntimeVariant,
-    StreamKind,
+    ErrorClass, InitFailure, InitStep, KernelKind, MemPurpose, RunRequest, RunnerOptions,
+    RuntimeVariant, StreamKind,
 };
 use simpler_types::{CallConfig, RunId, TimeoutBudget};
 
@@ -814,15 +814,32 @@ fn a_missing_or_malformed_manifest_is_a_load_programs_error_naming_the_file() {
     let missing = b.manifest.with_file_name("nope.json");
     let opts = b.options(0).with_onboard_manifest(&missing);
     match DeviceRunner::attach(opts).unwrap_err() {
-        DeviceError::Init { step: InitStep::LoadPrograms, message, .. } => {
-            assert!(message.contains("nope.json"), "{message}");
+        DeviceError::Init {
+            step: InitStep::LoadPrograms,
+            failure: InitFailure::Manifest { path, problem },
+            ..
+        } => {
+            assert_eq!(path, missing);
+            assert!(
+                matches!(&*problem, simpler_device_a2a3::ManifestProblem::Read(e)
+                    if e.kind() == std::io::ErrorKind::NotFound),
+                "{problem}"
+            );
         }
         e => panic!("{e}"),
     }
     std::fs::write(&b.manifest, "{ not json").unwrap();
     match DeviceRunner::attach(b.options(0)).unwrap_err() {
-        DeviceError::Init { step: InitStep::LoadPrograms, message, .. } => {
-            assert!(message.contains("manifest.json"), "{message}");
+        DeviceError::Init {
+            step: InitStep::LoadPrograms,
+            failure: InitFailure::Manifest { path, problem },
+            ..
+        } => {
+            assert_eq!(path, b.manifest);
+            assert!(
+                matches!(*problem, simpler_device_a2a3::ManifestProblem::Parse(_)),
+                "{problem}"
+            );
         }
         e => panic!("{e}"),
     }
@@ -860,7 +877,19 @@ fn a_kernel_the_chip_cannot_execute_is_refused() {
     let b = Onboard::new();
     let mut r = DeviceRunner::attach(b.options(0)).unwrap();
     let err = r.register_callable(&add::callable().unwrap()).unwrap_err();
-    assert!(matches!(err, DeviceError::InvalidCallable { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            DeviceError::InvalidCallable {
+                problem: simpler_device_a2a3::CallableProblem::KernelCode {
+                    code: simpler_device_a2a3::KernelCodeKind::Native,
+                    ..
+                },
+                ..
+            }
+        ),
+        "{err}"
+    );
     r.finalize().unwrap();
     assert_eq!(b.live(), [0; 5]);
 }
@@ -1394,8 +1423,8 @@ fn a_register_entry_that_refuses_or_never_answers_is_a_typed_error_and_nothing_l
     for (knob, want) in [(4, Some(RegisterFailure::Symbol)), (-1, None)] {
         b.install.set_value("register_reply", knob).unwrap();
         match r.register_callable(&add_object_callable()) {
-            Err(DeviceError::OrchestrationLoad { failure, entry, slot: 0, message }) => {
-                assert_eq!((failure, entry.as_str()), (want, "add"), "{message}");
+            Err(DeviceError::OrchestrationLoad { failure, entry, slot: 0, cause }) => {
+                assert_eq!((failure, entry.as_str()), (want, "add"), "{cause}");
             }
             other => panic!("register_reply {knob}: expected OrchestrationLoad, got {other:?}"),
         }
@@ -1415,17 +1444,19 @@ fn onboard_a_native_trb_orchestration_and_an_hbg_device_object_are_refused() {
     let mut r =
         DeviceRunner::attach(b.options_on(0, RuntimeVariant::TensormapAndRingbuffer)).unwrap();
     match r.register_callable(&b.add_callable()) {
-        Err(DeviceError::InvalidCallable { reason, .. }) => {
-            assert!(reason.contains("Native") && reason.contains("DeviceObject"), "{reason}");
-        }
+        Err(DeviceError::InvalidCallable {
+            problem: simpler_device_a2a3::CallableProblem::NativeOrchestrationOnDevice,
+            ..
+        }) => {}
         other => panic!("expected InvalidCallable, got {other:?}"),
     }
     r.finalize().unwrap();
     let mut r = DeviceRunner::attach(b.options(0)).unwrap();
     match r.register_callable(&add_object_callable()) {
-        Err(DeviceError::InvalidCallable { reason, .. }) => {
-            assert!(reason.contains("host_build_graph"), "{reason}");
-        }
+        Err(DeviceError::InvalidCallable {
+            problem: simpler_device_a2a3::CallableProblem::DeviceObjectUnderHostBuildGraph { entry },
+            ..
+        }) => assert_eq!(entry, "add"),
         other => panic!("expected InvalidCallable, got {other:?}"),
     }
     r.finalize().unwrap();

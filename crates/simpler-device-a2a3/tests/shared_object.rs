@@ -8,8 +8,8 @@ use std::process::Command;
 
 use common::*;
 use simpler_device_a2a3::{
-    ArgDirection, ChipCallable, CoreCallable, DeviceError, DeviceRunner, KernelCode, Kernels,
-    OrchArgs, OrchCtx, OrchError, RunRequest, SharedObjectKernel,
+    ArgDirection, CallableProblem, ChipCallable, CoreCallable, DeviceError, DeviceRunner,
+    KernelCode, Kernels, ObjectError, OrchArgs, OrchCtx, OrchError, RunRequest, SharedObjectKernel,
 };
 use simpler_types::{CallConfig, CoreArgs, TaskArgs};
 
@@ -107,6 +107,17 @@ fn a_c_kernel_from_a_shared_object_runs_on_the_simulated_chip() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Why the object of kernel `FUNC_ADD` did not load, when `e` says that.
+fn kernel_object(e: &DeviceError) -> Option<&ObjectError> {
+    match e {
+        DeviceError::InvalidCallable {
+            problem: CallableProblem::KernelObject { func_id: FUNC_ADD, source },
+            ..
+        } => Some(source),
+        _ => None,
+    }
+}
+
 #[test]
 fn unloadable_objects_and_missing_entries_are_invalid_callables() {
     let dir = temp_dir("shared-object-bad");
@@ -114,13 +125,14 @@ fn unloadable_objects_and_missing_entries_are_invalid_callables() {
     let missing = dir.join("libnothing.so");
     let err = r.register_callable(&callable(&missing).unwrap()).unwrap_err();
     assert!(
-        matches!(&err, DeviceError::InvalidCallable { reason, .. } if reason.contains("libnothing.so")),
+        matches!(kernel_object(&err), Some(ObjectError::Open { path, .. }) if *path == missing),
         "{err}"
     );
     if let Some(so) = build(&dir, "noentry", "void something_else(void) {}\n") {
         let err = r.register_callable(&callable(&so).unwrap()).unwrap_err();
         assert!(
-            matches!(&err, DeviceError::InvalidCallable { reason, .. } if reason.contains("kernel_entry")),
+            matches!(kernel_object(&err), Some(ObjectError::MissingSymbol { path, symbol, .. })
+                if *path == so && symbol == "kernel_entry"),
             "{err}"
         );
     }

@@ -127,12 +127,14 @@ fn item_13_a_kernel_declaring_more_tensors_than_a_trb_task_holds_is_refused_at_r
     };
     let mut r = trb_runner();
     match r.register_callable(&wide(17)) {
-        Err(DeviceError::InvalidCallable { run_id: None, reason }) => assert_eq!(
-            reason,
-            format!(
-                "kernel {FUNC_NOOP} signature declares 17 tensors, at most 16 per task under \
-                 tensormap_and_ringbuffer"
-            )
+        Err(DeviceError::InvalidCallable { run_id: None, problem }) => assert_eq!(
+            problem,
+            simpler_device_a2a3::CallableProblem::TooManyTensors {
+                func_id: FUNC_NOOP,
+                name: None,
+                tensors: 17,
+                max: 16
+            }
         ),
         other => panic!("expected InvalidCallable, got {other:?}"),
     }

@@ -6,7 +6,7 @@ use super::Backend;
 use crate::abi::launch::{
     REGISTER_NO_REPLY, REGISTER_OK, RegisterArgs, RegisterFailure, RegisterReply,
 };
-use crate::error::{DeviceError, MemPurpose};
+use crate::error::{CallableProblem, DeviceError, MemPurpose, OrchLoadCause};
 use crate::runtime::DeviceOrchestration;
 
 /// What one register call asks for.
@@ -57,9 +57,11 @@ pub(crate) fn call(
             )
             .ok_or_else(|| DeviceError::InvalidCallable {
                 run_id: None,
-                reason: format!(
-                    "orchestration entry {entry:?}, config {config:?} or directory {dir:?} is too long or holds a NUL byte"
-                ),
+                problem: CallableProblem::RegistrationNames {
+                    entry: entry.to_owned(),
+                    config: config.to_owned(),
+                    dir: dir.to_owned(),
+                },
             })?
         }
         RegisterOp::Unload => RegisterArgs::unload((owner, slot), reply_addr),
@@ -83,18 +85,18 @@ pub(crate) fn loaded(
     entry: &str,
     reply: &RegisterReply,
 ) -> Result<DeviceOrchestration, DeviceError> {
-    let refuse = |failure: Option<RegisterFailure>, message: String| {
-        Err(DeviceError::OrchestrationLoad { slot, entry: entry.to_owned(), failure, message })
+    let refuse = |failure: Option<RegisterFailure>, cause| {
+        Err(DeviceError::OrchestrationLoad { slot, entry: entry.to_owned(), failure, cause })
     };
     match reply.status {
         REGISTER_OK if reply.entry != 0 && reply.config != 0 => {
             Ok(DeviceOrchestration { entry: reply.entry, config: reply.config })
         }
-        REGISTER_OK => refuse(None, "the reply names no function address".into()),
-        REGISTER_NO_REPLY => refuse(None, "the AICPU program did not answer".into()),
+        REGISTER_OK => refuse(None, OrchLoadCause::NoAddress),
+        REGISTER_NO_REPLY => refuse(None, OrchLoadCause::NoReply),
         status => match RegisterFailure::from_raw(status) {
-            Some(f) => refuse(Some(f), reply.message()),
-            None => refuse(None, format!("unknown reply status {status}: {}", reply.message())),
+            Some(f) => refuse(Some(f), OrchLoadCause::Refused { text: reply.message() }),
+            None => refuse(None, OrchLoadCause::UnknownStatus { status, text: reply.message() }),
         },
     }
 }

@@ -20,10 +20,16 @@ use crate::abi::codes::{AclCode, RuntimeCode};
 use crate::runner::DevicePtr;
 
 mod args;
+mod callable;
 mod fault;
+mod init;
 mod labels;
 pub use args::{ArgSite, ArgsProblem, ArityMismatch, OrchOp, PointerArg};
+pub use callable::{CallableName, CallableProblem, KernelCodeKind, ObjectError, OrchLoadCause};
 pub use fault::{ArgOverlap, RingSizes, RuntimeFault, StallInfo};
+pub use init::InitFailure;
+#[cfg(feature = "onboard")]
+pub use init::ManifestProblem;
 pub use labels::{
     CapacityResource, CopyKind, InitStep, KernelKind, MemPurpose, PoisonCause, PoisonStep,
     StreamKind,
@@ -311,16 +317,20 @@ pub enum DeviceError {
         other: usize,
     },
     /// A callable broke a limit or uses a code variant this backend cannot execute.
-    #[error("{}invalid callable: {reason}", fmt_run(run_id))]
+    #[error("{}invalid callable: {problem}", fmt_run(run_id))]
     InvalidCallable {
         /// The run, when a run's preparation found the callable unusable.
         run_id: Option<RunId>,
-        /// What was wrong, naming the values.
-        reason: String,
+        /// What was wrong, with the values.
+        #[source]
+        problem: CallableProblem,
     },
     /// The AICPU side did not load a `DeviceObject` orchestration at registration
     /// (tensormap_and_ringbuffer); the registration was undone.
-    #[error("callable slot {slot}: the AICPU side did not load orchestration {entry:?}: {}{message}", fmt_load_failure(*failure))]
+    #[error(
+        "callable slot {slot}: the AICPU side did not load orchestration {entry:?}: {}{cause}",
+        fmt_load_failure(*failure)
+    )]
     OrchestrationLoad {
         /// The slot being registered.
         slot: u32,
@@ -329,8 +339,9 @@ pub enum DeviceError {
         /// What the AICPU program's register entry reported; `None` when it wrote no reply
         /// (the launch never ran it).
         failure: Option<crate::abi::launch::RegisterFailure>,
-        /// The entry's text, or what the host saw.
-        message: String,
+        /// Why: the register entry's text, or what the host saw.
+        #[source]
+        cause: OrchLoadCause,
     },
     /// No callable is registered in the slot.
     #[error("{}unknown callable slot {slot}", fmt_run(run_id))]
@@ -455,14 +466,15 @@ pub enum DeviceError {
         needed: u64,
     },
     /// Setting up the device failed.
-    #[error("{}device init failed at {step}: {message}", fmt_run(run_id))]
+    #[error("{}device init failed at {step}: {failure}", fmt_run(run_id))]
     Init {
         /// The run whose preparation (P5) initialized the device, if any.
         run_id: Option<RunId>,
         /// The step.
         step: InitStep,
-        /// What went wrong.
-        message: String,
+        /// What went wrong (a system or CANN error is its source).
+        #[source]
+        failure: InitFailure,
     },
     /// A diagnostic collector could not be set up.
     #[error("{run_id}: diagnostics ({feature}) failed: {message}")]

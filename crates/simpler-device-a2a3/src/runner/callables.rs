@@ -11,7 +11,7 @@ use crate::abi::image::KernelArity;
 use crate::abi::launch::CoreKernelHeader;
 use crate::backend::{LoadedCode, ResolvedKernels};
 use crate::callable::{ChipCallable, Orchestration};
-use crate::error::{DeviceError, MemPurpose};
+use crate::error::{CallableProblem, DeviceError, MemPurpose};
 use crate::options::RuntimeVariant;
 use crate::runner::ChipSlot;
 use crate::runtime::{DeviceOrchestration, arity};
@@ -194,20 +194,18 @@ impl Core {
         c: &ChipCallable,
         code: &mut Vec<LoadedCode>,
     ) -> Result<Option<DeviceOrchestration>, DeviceError> {
-        let refuse = |reason: String| Err(DeviceError::InvalidCallable { run_id: None, reason });
+        let refuse = |problem| Err(DeviceError::InvalidCallable { run_id: None, problem });
         match (self.opts.runtime, c.orchestration()) {
             (RuntimeVariant::HostBuildGraph, Orchestration::Native { .. }) => Ok(None),
-            (RuntimeVariant::HostBuildGraph, Orchestration::DeviceObject(o)) => refuse(format!(
-                "orchestration {:?} is a device object, which runs only under tensormap_and_ringbuffer; host_build_graph runs a Native orchestration on the host",
-                o.entry()
-            )),
+            (RuntimeVariant::HostBuildGraph, Orchestration::DeviceObject(o)) => {
+                let entry = o.entry().to_owned();
+                refuse(CallableProblem::DeviceObjectUnderHostBuildGraph { entry })
+            }
             (RuntimeVariant::TensormapAndRingbuffer, Orchestration::Native { .. }) => {
                 if self.backend.runs_native_device_orchestration() {
                     Ok(None)
                 } else {
-                    refuse(
-                        "a Native orchestration is host code, which this device's AICPU cannot run; tensormap_and_ringbuffer here needs a DeviceObject orchestration".into(),
-                    )
+                    refuse(CallableProblem::NativeOrchestrationOnDevice)
                 }
             }
             (RuntimeVariant::TensormapAndRingbuffer, Orchestration::DeviceObject(o)) => {

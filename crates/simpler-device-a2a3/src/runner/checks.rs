@@ -12,7 +12,7 @@ use simpler_types::{CallConfig, RunId};
 use super::{Core, MemoryLedger, RunnerStats, Stage, busy, unusable};
 use crate::abi::launch::InitArgs;
 use crate::abi::{ABI_VERSION, MAX_AICPU_THREADS, MAX_BLOCK_DIM};
-use crate::error::{DeviceError, InitStep, MemPurpose};
+use crate::error::{DeviceError, InitFailure, InitStep, MemPurpose};
 
 impl Core {
     pub(super) fn stats(&self) -> RunnerStats {
@@ -37,8 +37,6 @@ impl Core {
         if self.initialized {
             return Ok(());
         }
-        let init =
-            |step, message: &str| DeviceError::Init { run_id: None, step, message: message.into() };
         // Steps 1 and 2: streams, core limit, device programs (the simulator's persistent
         // AICPU threads).
         self.backend.start_programs()?;
@@ -53,7 +51,11 @@ impl Core {
             let a = self.backend.malloc(len, MemPurpose::Runtime).map_err(|f| match f {
                 #[cfg(feature = "onboard")]
                 crate::backend::AllocFailure::Refused(e) => *e,
-                _ => init(InitStep::QueryCores, "allocating the register table failed"),
+                _ => DeviceError::Init {
+                    run_id: None,
+                    step: InitStep::QueryCores,
+                    failure: InitFailure::RegisterTable { bytes: len },
+                },
             })?;
             if let Err(e) = self.backend.write(a, bytes) {
                 self.backend.free(a);

@@ -9,7 +9,7 @@ use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
 use simpler_device_a2a3::{
-    DeviceError, DeviceRunner, MemPurpose, Platform, RunnerOptions, RuntimeVariant,
+    CallableProblem, DeviceError, DeviceRunner, MemPurpose, Platform, RunnerOptions, RuntimeVariant,
 };
 use simpler_types::{
     CallableId, EndpointOutcome, FailureMechanism, RunId, TaskArgs, TaskId, WorkerId,
@@ -337,9 +337,10 @@ impl Child {
                     }));
                 }
                 let c = catalog::resolve(bytes, &digest).map_err(|e| {
+                    // The refusal crosses to the parent as text.
                     refusal_frame(&DeviceError::InvalidCallable {
                         run_id: None,
-                        reason: e.to_string(),
+                        problem: CallableProblem::Relayed { text: e.to_string() },
                     })
                 })?;
                 if state.is_unusable(&c.id()) {

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use simpler_device_a2a3::DeviceError;
+use simpler_device_a2a3::{CallableProblem, DeviceError};
 use simpler_types::{
     CallConfig, DeviceCode, EndpointOutcome, FailureMechanism, RingOverride, RingSel, TimeoutBudget,
 };
@@ -130,7 +130,8 @@ pub(crate) struct FailureFrame {
 pub(crate) enum Refusal {
     /// `DeviceError::TooManyCallables`.
     TooManyCallables { capacity: u32 },
-    /// `DeviceError::InvalidCallable` (message: the reason).
+    /// `DeviceError::InvalidCallable` (message: the problem's text; it arrives as
+    /// `CallableProblem::Relayed`).
     InvalidCallable,
     /// `DeviceError::Busy` of `register_callable` (message: the state).
     Busy,
@@ -146,8 +147,8 @@ impl Refusal {
             DeviceError::TooManyCallables { capacity } => {
                 (Refusal::TooManyCallables { capacity: *capacity as u32 }, String::new())
             }
-            DeviceError::InvalidCallable { reason, .. } => {
-                (Refusal::InvalidCallable, reason.clone())
+            DeviceError::InvalidCallable { problem, .. } => {
+                (Refusal::InvalidCallable, problem.to_string())
             }
             DeviceError::Busy { state, .. } => (Refusal::Busy, state.clone()),
             DeviceError::Finalized { .. } => (Refusal::Finalized, String::new()),
@@ -162,9 +163,10 @@ impl Refusal {
             Refusal::TooManyCallables { capacity } => {
                 DeviceError::TooManyCallables { capacity: capacity as usize }
             }
-            Refusal::InvalidCallable => {
-                DeviceError::InvalidCallable { run_id: None, reason: message }
-            }
+            Refusal::InvalidCallable => DeviceError::InvalidCallable {
+                run_id: None,
+                problem: CallableProblem::Relayed { text: message },
+            },
             Refusal::Busy => DeviceError::Busy { call: CALL, state: message },
             Refusal::Finalized => DeviceError::Finalized { call: CALL },
         }
@@ -422,6 +424,23 @@ mod tests {
             let mut w = Writer::default();
             f.encode(&mut w);
             assert_eq!(FailureFrame::decode(&mut Reader(&w.0)).expect("decodes"), f);
+        }
+    }
+
+    #[test]
+    fn an_invalid_callable_refusal_arrives_as_its_problem_s_text() {
+        let problem = CallableProblem::DuplicateFuncId { func_id: 3 };
+        let e = DeviceError::InvalidCallable { run_id: None, problem: problem.clone() };
+        let (refusal, text) = Refusal::of(&e).expect("a registration refusal");
+        assert_eq!(refusal, Refusal::InvalidCallable);
+        match refusal.device_error(text) {
+            DeviceError::InvalidCallable {
+                run_id: None,
+                problem: CallableProblem::Relayed { text },
+            } => {
+                assert_eq!(text, problem.to_string())
+            }
+            other => panic!("{other:?}"),
         }
     }
 

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::abi::ABI_VERSION;
-use crate::error::{DeviceError, InitStep};
+use crate::error::{DeviceError, InitFailure, InitStep, ManifestProblem};
 
 /// The environment variable naming the manifest when `RunnerOptions` does not.
 pub const ENV_ONBOARD_ARTIFACTS: &str = "SIMPLER_ONBOARD_ARTIFACTS";
@@ -52,54 +52,48 @@ pub(crate) struct Programs {
     pub(crate) aicore_executor: Vec<u8>,
 }
 
-fn refuse(file: &Path, why: impl std::fmt::Display) -> DeviceError {
+fn refuse(file: &Path, problem: ManifestProblem) -> DeviceError {
     DeviceError::Init {
         run_id: None,
         step: InitStep::LoadPrograms,
-        message: format!("device program manifest {}: {why}", file.display()),
+        failure: InitFailure::Manifest { path: file.to_owned(), problem: Box::new(problem) },
     }
 }
 
 /// Reads and checks the manifest at `path` and the files it names.
 pub(crate) fn load(path: &Path) -> Result<Programs, DeviceError> {
-    let text = std::fs::read_to_string(path).map_err(|e| refuse(path, e))?;
-    let raw: RawManifest = serde_json::from_str(&text).map_err(|e| refuse(path, e))?;
+    let text = std::fs::read_to_string(path).map_err(|e| refuse(path, ManifestProblem::Read(e)))?;
+    let raw: RawManifest =
+        serde_json::from_str(&text).map_err(|e| refuse(path, ManifestProblem::Parse(e)))?;
     if raw.abi_version != ABI_VERSION {
-        return Err(refuse(
-            path,
-            format!("built for ABI {} but this crate speaks ABI {ABI_VERSION}", raw.abi_version),
-        ));
+        let (found, expected) = (raw.abi_version, ABI_VERSION);
+        return Err(refuse(path, ManifestProblem::AbiVersion { found, expected }));
     }
     let base = path.parent().unwrap_or(Path::new("."));
-    let read = |name: &str| -> Result<Vec<u8>, DeviceError> {
-        let a =
-            raw.artifacts.get(name).ok_or_else(|| refuse(path, format!("no `{name}` artifact")))?;
+    let read = |name: &'static str| -> Result<Vec<u8>, DeviceError> {
+        let a = raw
+            .artifacts
+            .get(name)
+            .ok_or_else(|| refuse(path, ManifestProblem::MissingArtifact { name }))?;
         let file = base.join(&a.path);
-        let bytes = std::fs::read(&file)
-            .map_err(|e| refuse(path, format!("`{name}` at {}: {e}", file.display())))?;
+        let bytes = match std::fs::read(&file) {
+            Ok(bytes) => bytes,
+            Err(source) => {
+                return Err(refuse(path, ManifestProblem::ReadArtifact { name, file, source }));
+            }
+        };
         if let Some(want) = &a.sha256 {
-            let got = hex(&Sha256::digest(&bytes));
-            if !got.eq_ignore_ascii_case(want) {
-                return Err(refuse(
-                    path,
-                    format!(
-                        "`{name}` at {} is stale: sha256 {got}, manifest says {want}",
-                        file.display()
-                    ),
-                ));
+            let found = hex(&Sha256::digest(&bytes));
+            if !found.eq_ignore_ascii_case(want) {
+                let expected = want.clone();
+                return Err(refuse(path, ManifestProblem::Stale { name, file, found, expected }));
             }
         }
         if let Some(want) = &a.build_id {
-            let got = simpler_onboard_programs::build_id(&bytes).map(hex);
-            if got.as_deref().is_none_or(|g| !g.eq_ignore_ascii_case(want)) {
-                return Err(refuse(
-                    path,
-                    format!(
-                        "`{name}` at {} does not match: build id {}, manifest says {want}",
-                        file.display(),
-                        got.as_deref().unwrap_or("(none)")
-                    ),
-                ));
+            let found = simpler_onboard_programs::build_id(&bytes).map(hex);
+            if found.as_deref().is_none_or(|g| !g.eq_ignore_ascii_case(want)) {
+                let expected = want.clone();
+                return Err(refuse(path, ManifestProblem::BuildId { name, file, found, expected }));
             }
         }
         Ok(bytes)
@@ -138,11 +132,16 @@ mod tests {
         (dir, path)
     }
 
-    fn refusal(path: &Path) -> String {
+    /// What `load` finds wrong with the manifest at `path` (and that it names `path`).
+    fn refusal(path: &Path) -> ManifestProblem {
         match load(path) {
-            Err(DeviceError::Init { step: InitStep::LoadPrograms, message, .. }) => {
-                assert!(message.contains(&path.display().to_string()), "{message}");
-                message
+            Err(DeviceError::Init {
+                step: InitStep::LoadPrograms,
+                failure: InitFailure::Manifest { path: named, problem },
+                ..
+            }) => {
+                assert_eq!(named, path);
+                *problem
             }
             other => panic!("expected a LoadPrograms refusal, got {other:?}"),
         }
@@ -160,22 +159,27 @@ mod tests {
         let (_d, path) = layout(|_| {});
         std::fs::write(path.with_file_name("dispatcher"), "rebuilt").unwrap();
         let m = refusal(&path);
-        assert!(m.contains("`dispatcher`") && m.contains("stale"), "{m}");
+        assert!(matches!(m, ManifestProblem::Stale { name: "dispatcher", .. }), "{m}");
     }
 
     #[test]
     fn an_abi_mismatch_and_a_missing_artifact_are_refused() {
         let (_d, path) = layout(|j| j["abi_version"] = serde_json::json!(ABI_VERSION + 1));
-        assert!(refusal(&path).contains("ABI"));
+        let m = refusal(&path);
+        let expected = ABI_VERSION;
+        assert!(matches!(m, ManifestProblem::AbiVersion { found, .. } if found == expected + 1));
         let (_d, path) = layout(|j| {
             j["artifacts"].as_object_mut().unwrap().remove("aicore_executor");
         });
-        assert!(refusal(&path).contains("no `aicore_executor` artifact"));
+        let m = refusal(&path);
+        assert!(matches!(m, ManifestProblem::MissingArtifact { name: "aicore_executor" }), "{m}");
         let (_d, path) = layout(|_| {});
         std::fs::remove_file(path.with_file_name("aicpu_program")).unwrap();
-        assert!(refusal(&path).contains("`aicpu_program`"));
+        let m = refusal(&path);
+        assert!(matches!(m, ManifestProblem::ReadArtifact { name: "aicpu_program", .. }), "{m}");
         let (d, _) = layout(|_| {});
-        refusal(&d.path().join("absent.json"));
+        let m = refusal(&d.path().join("absent.json"));
+        assert!(matches!(&m, ManifestProblem::Read(e) if e.kind() == std::io::ErrorKind::NotFound));
     }
 
     #[test]
@@ -183,6 +187,9 @@ mod tests {
         let (_d, path) =
             layout(|j| j["artifacts"]["aicpu_program"]["build_id"] = serde_json::json!("abcd"));
         let m = refusal(&path);
-        assert!(m.contains("build id (none), manifest says abcd"), "{m}");
+        assert!(
+            matches!(&m, ManifestProblem::BuildId { found: None, expected, .. } if expected == "abcd"),
+            "{m}"
+        );
     }
 }

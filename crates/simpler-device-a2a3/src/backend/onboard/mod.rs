@@ -59,7 +59,10 @@ use super::{
 use crate::abi::codes::AclCode;
 use crate::abi::launch::InitArgs;
 use crate::callable::{ChipCallable, KernelCode};
-use crate::error::{CopyKind, CoreFault, DeviceError, InitStep, MemPurpose, StreamKind};
+use crate::error::{
+    CallableProblem, CopyKind, CoreFault, DeviceError, InitFailure, InitStep, KernelCodeKind,
+    MemPurpose, OrchLoadCause, StreamKind,
+};
 use crate::options::RunnerOptions;
 use crate::runtime::DeviceOrchestration;
 
@@ -107,7 +110,7 @@ fn acl(init: Option<InitStep>, e: CannError) -> DeviceError {
         other => DeviceError::Init {
             run_id: None,
             step: init.unwrap_or(InitStep::BindDevice),
-            message: other.to_string(),
+            failure: InitFailure::Cann(Box::new(other)),
         },
     }
 }
@@ -208,15 +211,10 @@ impl OnboardDevice {
         };
         let probe = cann.probe().map_err(|e| DeviceError::Load { source: Box::new(e) })?;
         if !probe.version_supported() {
-            let found = probe.version.map(|v| v.to_string()).unwrap_or_default();
             return Err(DeviceError::Init {
                 run_id: None,
                 step: InitStep::BindDevice,
-                message: format!(
-                    "CANN {found} is not supported: this build pins CANN {} (major version {})",
-                    simpler_acl_sys::PINNED_CANN_RELEASE,
-                    simpler_acl_sys::SUPPORTED_MAJOR_VERSION
-                ),
+                failure: InitFailure::CannVersion { found: probe.version },
             });
         }
         let device = i32::try_from(opts.device_id).map_err(|_| DeviceError::InvalidConfig {
@@ -349,15 +347,13 @@ impl OnboardDevice {
         }
         let path = match &self.opts.onboard.manifest {
             Some(p) => p.clone(),
-            None => std::env::var_os(ENV_ONBOARD_ARTIFACTS).map(PathBuf::from).ok_or_else(|| {
+            None => std::env::var_os(ENV_ONBOARD_ARTIFACTS).map(PathBuf::from).ok_or(
                 DeviceError::Init {
                     run_id: None,
                     step: InitStep::LoadPrograms,
-                    message: format!(
-                        "no device program manifest: set it in RunnerOptions (with_onboard_manifest) or in {ENV_ONBOARD_ARTIFACTS}"
-                    ),
-                }
-            })?,
+                    failure: InitFailure::NoManifest,
+                },
+            )?,
         };
         let programs = manifest::load(&path)?;
         let step = Some(InitStep::LoadPrograms);
@@ -365,7 +361,7 @@ impl OnboardDevice {
             return Err(DeviceError::Init {
                 run_id: None,
                 step: InitStep::LoadPrograms,
-                message: "the streams do not exist".into(),
+                failure: InitFailure::OutOfOrder { missing: "streams" },
             });
         };
         if self.programs.is_none() {
@@ -423,7 +419,7 @@ impl OnboardDevice {
                 slot,
                 entry: entry.to_owned(),
                 failure: None,
-                message: "the device programs are not loaded".into(),
+                cause: OrchLoadCause::ProgramsNotLoaded,
             }
             .into());
         };
@@ -432,7 +428,7 @@ impl OnboardDevice {
                 slot,
                 entry: entry.to_owned(),
                 failure: None,
-                message: "the AICPU program exports no simpler_aicpu_register_callable".into(),
+                cause: OrchLoadCause::NoRegisterEntry,
             }
             .into());
         };
@@ -484,7 +480,7 @@ impl Backend for OnboardDevice {
             return Err(DeviceError::Init {
                 run_id: None,
                 step: InitStep::AicpuInit,
-                message: "the device programs are not loaded".into(),
+                failure: InitFailure::OutOfOrder { missing: "device programs" },
             });
         };
         let mut bytes = Vec::with_capacity(40);
@@ -519,12 +515,13 @@ impl Backend for OnboardDevice {
         let mut out = ResolvedKernels::default();
         for (func_id, core) in c.children() {
             let KernelCode::Text(text) = core.code() else {
+                let code = match core.code() {
+                    KernelCode::SharedObject(_) => KernelCodeKind::SharedObject,
+                    _ => KernelCodeKind::Native,
+                };
                 return Err(DeviceError::InvalidCallable {
                     run_id: None,
-                    reason: format!(
-                        "func id {func_id}: the onboard backend executes only device code (KernelCode::Text), not {:?}",
-                        core.code()
-                    ),
+                    problem: CallableProblem::KernelCode { func_id: *func_id, code },
                 });
             };
             let buffer = DeviceBuffer::upload(&self.ctx, text).map_err(|e| acl(None, e))?;

@@ -16,6 +16,7 @@ use simpler_onboard_programs::{DeviceArgs, fingerprint, installed_name, kernel_a
 use super::acl;
 use super::manifest::Programs;
 use super::owners::{CpuBinary, Ctx, DeviceBuffer, Stream};
+use crate::error::InitFailure;
 use crate::options::RuntimeVariant;
 use crate::{DeviceError, InitStep};
 
@@ -65,17 +66,14 @@ impl OpDescription {
     fn write(dir: &Path, fp: u64, text: &str) -> Result<OpDescription, DeviceError> {
         let n = DESCRIPTIONS.fetch_add(1, Ordering::Relaxed);
         let path = dir.join(format!("simpler_inner_{fp:016x}_{}_{n}.json", std::process::id()));
-        let refuse = |why: String| DeviceError::Init {
-            run_id: None,
-            step: InitStep::LoadPrograms,
-            message: format!("the AICPU program's op description {}: {why}", path.display()),
-        };
+        let refuse =
+            |failure| DeviceError::Init { run_id: None, step: InitStep::LoadPrograms, failure };
         let c_path = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| refuse("the temporary directory's path holds a NUL byte".into()))?;
-        if let Err(e) = std::fs::write(&path, text) {
+            .map_err(|_| refuse(InitFailure::OpDescriptionPath { path: path.clone() }))?;
+        if let Err(source) = std::fs::write(&path, text) {
             // A write that failed part way may have left the file.
             let _ = std::fs::remove_file(&path);
-            return Err(refuse(format!("cannot be written: {e}")));
+            return Err(refuse(InitFailure::OpDescription { path, source }));
         }
         Ok(OpDescription { path, c_path })
     }
@@ -155,7 +153,7 @@ pub(crate) fn load_aicpu(
         let name = CString::new(op_type(e, fp)).map_err(|_| DeviceError::Init {
             run_id: None,
             step: InitStep::LoadPrograms,
-            message: format!("the AICPU entry name {e:?} holds a NUL byte"),
+            failure: InitFailure::EntryName { name: e.to_owned() },
         })?;
         binary.function(&name).map_err(cann)
     };
@@ -252,9 +250,13 @@ mod tests {
         let missing = std::env::temp_dir().join("simpler-no-such-directory").join("below");
         let err = OpDescription::write(&missing, 7, "{}").unwrap_err();
         match err {
-            DeviceError::Init { step: InitStep::LoadPrograms, message, run_id: None } => {
-                assert!(message.contains("simpler-no-such-directory"), "{message}");
-                assert!(message.contains("cannot be written"), "{message}");
+            DeviceError::Init {
+                step: InitStep::LoadPrograms,
+                failure: InitFailure::OpDescription { path, source },
+                run_id: None,
+            } => {
+                assert!(path.starts_with(&missing), "{path:?}");
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
             }
             other => panic!("{other:?}"),
         }

@@ -69,7 +69,7 @@ pub(crate) struct CxxExecutor {
 
 impl CxxExecutor {
     /// Opens the executor at `path` and resolves its binding and both kernel entries.
-    pub(crate) fn open(path: &Path) -> Result<CxxExecutor, String> {
+    pub(crate) fn open(path: &Path) -> Result<CxxExecutor, crate::error::ObjectError> {
         // SAFETY: the contract of `RunnerOptions::with_aicore_executor`, the only way to set the
         // path: the object is the host build of this project's C++ executor, which has no
         // static constructors.

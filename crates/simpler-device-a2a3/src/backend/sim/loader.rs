@@ -9,6 +9,7 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
+use crate::error::ObjectError;
 use crate::kernel::KernelFn;
 
 const RTLD_NOW: c_int = 2;
@@ -55,24 +56,29 @@ impl SharedObject {
     /// # Safety
     ///
     /// Loading runs the object's initializers; they must be sound to run in this process.
-    pub(crate) unsafe fn open(path: &Path) -> Result<SharedObject, String> {
+    pub(crate) unsafe fn open(path: &Path) -> Result<SharedObject, ObjectError> {
         let c = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| format!("{} contains a NUL byte", path.display()))?;
+            .map_err(|_| ObjectError::NulInPath { path: path.to_owned() })?;
         // SAFETY: `c` is a valid NUL-terminated path; the caller vouches for the object.
         let h = unsafe { dlopen(c.as_ptr(), RTLD_NOW | RTLD_LOCAL) };
         match NonNull::new(h) {
             Some(handle) => Ok(SharedObject { handle, path: path.to_owned() }),
-            None => Err(format!("loading {}: {}", path.display(), last_error())),
+            None => Err(ObjectError::Open { path: path.to_owned(), loader: last_error() }),
         }
     }
 
     /// The address of symbol `name`, or an error naming the object and the symbol.
-    pub(crate) fn symbol(&self, name: &str) -> Result<*mut c_void, String> {
-        let c = CString::new(name).map_err(|e| e.to_string())?;
+    pub(crate) fn symbol(&self, name: &str) -> Result<*mut c_void, ObjectError> {
+        let missing = |loader: String| ObjectError::MissingSymbol {
+            path: self.path.clone(),
+            symbol: name.to_owned(),
+            loader,
+        };
+        let c = CString::new(name).map_err(|_| missing("the name holds a NUL byte".into()))?;
         // SAFETY: the handle is open (closed only in `Drop`) and `c` is NUL-terminated.
         let sym = unsafe { dlsym(self.handle.as_ptr(), c.as_ptr()) };
         if sym.is_null() {
-            return Err(format!("{} exports no `{name}`: {}", self.path.display(), last_error()));
+            return Err(missing(last_error()));
         }
         Ok(sym)
     }
@@ -82,17 +88,8 @@ impl SharedObject {
     /// # Safety
     ///
     /// The symbol must be a function with the kernel ABI (`fn(*mut i64)`, C calling convention).
-    pub(crate) unsafe fn kernel_entry(&self) -> Result<KernelFn, String> {
-        let name = CString::new(KERNEL_ENTRY).map_err(|e| e.to_string())?;
-        // SAFETY: the handle is open (closed only in `Drop`) and `name` is NUL-terminated.
-        let sym = unsafe { dlsym(self.handle.as_ptr(), name.as_ptr()) };
-        if sym.is_null() {
-            return Err(format!(
-                "{} exports no `{KERNEL_ENTRY}`: {}",
-                self.path.display(),
-                last_error()
-            ));
-        }
+    pub(crate) unsafe fn kernel_entry(&self) -> Result<KernelFn, ObjectError> {
+        let sym = self.symbol(KERNEL_ENTRY)?;
         // SAFETY: a non-null code address; the caller guarantees its signature.
         Ok(unsafe { std::mem::transmute::<*mut c_void, KernelFn>(sym) })
     }

@@ -80,7 +80,10 @@ use crate::backend::{
     MemoryCounts, ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats, in_range,
 };
 use crate::callable::{ChipCallable, KernelCode};
-use crate::error::{CoreFault, DeviceError, InitStep, KernelKind, MemPurpose, StreamKind};
+use crate::error::{
+    CallableProblem, CoreFault, DeviceError, InitFailure, InitStep, KernelCodeKind, KernelKind,
+    MemPurpose, StreamKind,
+};
 use crate::options::{CoreDispatch, SimOptions};
 use crate::runtime::DeviceOrchestration;
 
@@ -514,10 +517,11 @@ impl SimDevice {
 
     /// Starts the four persistent AICPU threads (ensure_initialized step 2). After a partial
     /// failure a retry starts only the threads still missing, so no mailbox gets two threads.
-    pub(crate) fn start_aicpu_threads(&mut self) -> Result<(), String> {
+    pub(crate) fn start_aicpu_threads(&mut self) -> Result<(), InitFailure> {
         while self.aicpu_spawned < MAX_AICPU_THREADS {
-            let i = self.aicpu_spawned;
-            self.spawn(Role::Aicpu, i).map_err(|e| format!("spawning AICPU thread {i}: {e}"))?;
+            let thread = self.aicpu_spawned;
+            self.spawn(Role::Aicpu, thread)
+                .map_err(|source| InitFailure::ThreadSpawn { thread, source })?;
             self.aicpu_spawned += 1;
         }
         Ok(())
@@ -618,9 +622,9 @@ fn resolve_for_sim(c: &ChipCallable) -> Result<ResolvedKernels, DeviceError> {
         let addr = match k.code() {
             KernelCode::Native(f) => *f as usize as u64,
             KernelCode::SharedObject(so) => {
-                let fail = |e: String| DeviceError::InvalidCallable {
+                let fail = |e| DeviceError::InvalidCallable {
                     run_id: None,
-                    reason: format!("kernel {id}: {e}"),
+                    problem: CallableProblem::KernelObject { func_id: *id, source: Box::new(e) },
                 };
                 // SAFETY: `SharedObjectKernel::new`'s contract: the object may be loaded and its
                 // `kernel_entry` has the kernel ABI.
@@ -633,9 +637,10 @@ fn resolve_for_sim(c: &ChipCallable) -> Result<ResolvedKernels, DeviceError> {
             KernelCode::Text(_) => {
                 return Err(DeviceError::InvalidCallable {
                     run_id: None,
-                    reason: format!(
-                        "kernel {id} is device text, which only the onboard backend can run"
-                    ),
+                    problem: CallableProblem::KernelCode {
+                        func_id: *id,
+                        code: KernelCodeKind::Text,
+                    },
                 });
             }
         };
@@ -647,18 +652,20 @@ fn resolve_for_sim(c: &ChipCallable) -> Result<ResolvedKernels, DeviceError> {
 impl Backend for SimDevice {
     fn start_programs(&mut self) -> Result<(), DeviceError> {
         let refuse =
-            |message| DeviceError::Init { run_id: None, step: InitStep::LoadPrograms, message };
+            |failure| DeviceError::Init { run_id: None, step: InitStep::LoadPrograms, failure };
         if let Some(path) = self.shared.opts.aicpu_program
             && self.shared.program.get().is_none()
         {
-            let program = self::program::AicpuProgram::open(path).map_err(refuse)?;
+            let program = self::program::AicpuProgram::open(path)
+                .map_err(|e| refuse(InitFailure::Program(Box::new(e))))?;
             // Threads only read the cell, after it was set (no AICPU launch ran yet).
             let _ = self.shared.program.set(program);
         }
         if let Some(path) = self.shared.opts.aicore_executor
             && self.shared.executor.get().is_none()
         {
-            let exe = self::cxx_core::CxxExecutor::open(path).map_err(refuse)?;
+            let exe = self::cxx_core::CxxExecutor::open(path)
+                .map_err(|e| refuse(InitFailure::Program(Box::new(e))))?;
             // Cores only read the cell, after it was set (no AICore launch ran yet).
             let _ = self.shared.executor.set(exe);
         }
@@ -672,7 +679,7 @@ impl Backend for SimDevice {
                 return Err(DeviceError::Init {
                     run_id: None,
                     step: InitStep::AicpuInit,
-                    message: format!("the AICPU program's init entry returned {code}"),
+                    failure: InitFailure::AicpuInitEntry { code },
                 });
             }
         }

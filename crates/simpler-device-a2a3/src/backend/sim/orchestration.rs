@@ -14,7 +14,7 @@ use super::SimDevice;
 use super::loader::SharedObject;
 use crate::backend::LoadedCode;
 use crate::backend::orch_object::{self, RegisterOp};
-use crate::error::DeviceError;
+use crate::error::{DeviceError, OrchLoadCause};
 use crate::runtime::DeviceOrchestration;
 
 /// Distinguishes the object directories and files of the simulated devices of one process.
@@ -62,7 +62,7 @@ pub(super) fn load(
         slot,
         entry: entry.to_owned(),
         failure: None,
-        message: format!("the object directory {} is not UTF-8", dir.display()),
+        cause: OrchLoadCause::DirNotUtf8 { dir: dir.clone() },
     })?;
     let op = RegisterOp::Load { object, entry, config, dir: dir_text };
     let reply = orch_object::call(dev, (dev.orch_dir.owner, slot), op, |args| {
@@ -72,7 +72,7 @@ pub(super) fn load(
                 slot,
                 entry: entry.to_owned(),
                 failure: None,
-                message: "the AICPU program exports no simpler_aicpu_register_callable".into(),
+                cause: OrchLoadCause::NoRegisterEntry,
             }
             .into()),
         }
@@ -106,25 +106,26 @@ fn load_here(
     entry: &str,
     config: &str,
 ) -> Result<(DeviceOrchestration, Option<LoadedCode>), DeviceError> {
-    let refuse = |failure, message: String| DeviceError::OrchestrationLoad {
+    let refuse = |failure, cause| DeviceError::OrchestrationLoad {
         slot,
         entry: entry.to_owned(),
         failure: Some(failure),
-        message,
+        cause,
     };
     use crate::abi::launch::RegisterFailure::{Load, Symbol, Write};
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let path = dir.join(format!("orch_{slot}_{n}.so"));
     std::fs::create_dir_all(dir)
         .and_then(|()| std::fs::write(&path, object))
-        .map_err(|e| refuse(Write, format!("{}: {e}", path.display())))?;
+        .map_err(|source| refuse(Write, OrchLoadCause::Write { path: path.clone(), source }))?;
     // SAFETY: `OrchestrationObject::new`'s contract: the object's initializers may run in this
     // process and its symbols have the orchestration ABI.
     let opened = unsafe { SharedObject::open(&path) };
     let _ = std::fs::remove_file(&path);
-    let obj = opened.map_err(|e| refuse(Load, e))?;
-    let entry_addr = obj.symbol(entry).map_err(|e| refuse(Symbol, e))? as u64;
-    let config_addr = obj.symbol(config).map_err(|e| refuse(Symbol, e))? as u64;
+    let obj = opened.map_err(|e| refuse(Load, OrchLoadCause::Object(Box::new(e))))?;
+    let symbol = |e| refuse(Symbol, OrchLoadCause::Object(Box::new(e)));
+    let entry_addr = obj.symbol(entry).map_err(symbol)? as u64;
+    let config_addr = obj.symbol(config).map_err(symbol)? as u64;
     let loaded = DeviceOrchestration { entry: entry_addr, config: config_addr };
     Ok((loaded, Some(LoadedCode::new(obj))))
 }

@@ -16,6 +16,7 @@ use super::{SimAicpu, SimShared};
 use crate::abi::launch::{InitArgs, KernelArgs, RegisterArgs};
 use crate::abi::services::HostServices;
 use crate::aicpu::{AicpuPlatform, LogLevel};
+use crate::error::ObjectError;
 
 /// The program's entry type: the launch's argument bytes in, a result code out.
 type EntryFn = unsafe extern "C" fn(args: *const c_void) -> i32;
@@ -33,7 +34,7 @@ pub(crate) struct AicpuProgram {
 
 impl AicpuProgram {
     /// Opens the program at `path` and resolves its entries, refusing another ABI version.
-    pub(crate) fn open(path: &Path) -> Result<AicpuProgram, String> {
+    pub(crate) fn open(path: &Path) -> Result<AicpuProgram, ObjectError> {
         // SAFETY: the contract of `RunnerOptions::with_aicpu_program`, the only way to set the
         // path: the object is the host build of this workspace's AICPU program, a Rust cdylib
         // whose initializers are the standard library's.
@@ -43,11 +44,11 @@ impl AicpuProgram {
         let version: extern "C" fn() -> u32 = unsafe { std::mem::transmute(version) };
         let v = version();
         if v != crate::abi::ABI_VERSION {
-            return Err(format!(
-                "{} speaks ABI {v}, this crate speaks ABI {}",
-                path.display(),
-                crate::abi::ABI_VERSION
-            ));
+            return Err(ObjectError::AbiVersion {
+                path: path.to_owned(),
+                found: v,
+                expected: crate::abi::ABI_VERSION,
+            });
         }
         // SAFETY: both symbols are `unsafe extern "C" fn(*const c_void) -> i32` in the program
         // (`RunnerOptions::with_aicpu_program`'s contract).

@@ -34,7 +34,11 @@ fn a_retried_aicpu_start_after_a_partial_spawn_failure_starts_only_the_missing_t
     let mut dev = SimDevice::new(0, SimOptions::default());
     dev.spawn_budget = Some(2);
     let err = dev.start_aicpu_threads().unwrap_err();
-    assert!(err.contains("AICPU thread 2"), "{err}");
+    assert!(matches!(err, InitFailure::ThreadSpawn { thread: 2, .. }), "{err:?}");
+    assert_eq!(
+        std::error::Error::source(&err).map(|e| e.to_string()).as_deref(),
+        Some("injected spawn failure")
+    );
     assert_eq!(Backend::thread_stats(&dev).spawned, 2);
     dev.spawn_budget = None;
     dev.start_aicpu_threads().unwrap();

@@ -29,7 +29,7 @@ use crate::callable::{OrchArgs, Orchestration};
 use crate::diag::swimlane::SwimlaneCapture;
 use crate::diag::timing::RunPhases;
 use crate::diag::{self, DiagPlan, Exporter, Outcome};
-use crate::error::{ArgsProblem, DeviceError, OrchFailure, RuntimeFault};
+use crate::error::{ArgsProblem, CallableProblem, DeviceError, OrchFailure, RuntimeFault};
 use crate::runner::{RingHighWater, RunReport};
 use crate::runtime::orch::OrchCtx;
 
@@ -140,11 +140,16 @@ impl ChipRuntime for HostBuildGraph {
         host_image: &mut Vec<u8>,
     ) -> Result<Box<dyn BoundRun>, DeviceError> {
         let run_id = inp.run_id;
-        let Orchestration::Native { entry, config } = inp.callable.orchestration().clone() else {
-            return Err(DeviceError::InvalidCallable {
-                run_id: Some(run_id),
-                reason: "host_build_graph needs a Native orchestration".into(),
-            });
+        let (entry, config) = match inp.callable.orchestration() {
+            Orchestration::Native { entry, config } => (*entry, *config),
+            Orchestration::DeviceObject(o) => {
+                return Err(DeviceError::InvalidCallable {
+                    run_id: Some(run_id),
+                    problem: CallableProblem::DeviceObjectUnderHostBuildGraph {
+                        entry: o.entry().to_owned(),
+                    },
+                });
+            }
         };
         let args = OrchArgs::new(inp.tensors, inp.tags, inp.scalars);
         let ring0 = inp.config.runtime_env()[0];

@@ -23,7 +23,9 @@ use crate::callable::{ArgDirection, ChipCallable, OrchArgs, Orchestration};
 use crate::diag::swimlane::SwimlaneCapture;
 use crate::diag::timing::RunPhases;
 use crate::diag::{self, DiagPlan, Exporter, Outcome};
-use crate::error::{ArgOverlap, ArgsProblem, DeviceError, RingSizes, RuntimeFault};
+use crate::error::{
+    ArgOverlap, ArgsProblem, CallableProblem, DeviceError, RingSizes, RuntimeFault,
+};
 use crate::runner::{RingHighWater, RunReport};
 use crate::runtime::hbg::check_arg_count;
 use crate::runtime::hbg::image::ImageInputs;
@@ -74,13 +76,14 @@ impl ChipRuntime for TensormapAndRingbuffer {
         for (func_id, k) in callable.children() {
             let tensors = k.signature().iter().filter(|d| **d != ArgDirection::Scalar).count();
             if tensors > MAX_TASK_TENSORS {
-                let named = k.name().map(|n| format!(" ({n:?})")).unwrap_or_default();
                 return Err(DeviceError::InvalidCallable {
                     run_id: None,
-                    reason: format!(
-                        "kernel {func_id}{named} signature declares {tensors} tensors, at most \
-                         {MAX_TASK_TENSORS} per task under tensormap_and_ringbuffer"
-                    ),
+                    problem: CallableProblem::TooManyTensors {
+                        func_id: *func_id,
+                        name: k.name().map(str::to_owned),
+                        tensors,
+                        max: MAX_TASK_TENSORS,
+                    },
                 });
             }
         }
@@ -109,26 +112,23 @@ impl ChipRuntime for TensormapAndRingbuffer {
         let run_id = inp.run_id;
         // A `Native` orchestration's argument count is checked here; a C one's config function
         // runs on the AICPU, which checks it there.
-        let (orch_entry, orch_config, orch_kind) = match (
-            inp.callable.orchestration(),
-            inp.device_orchestration,
-        ) {
-            (Orchestration::Native { entry, config }, _) => {
-                let args = OrchArgs::new(inp.tensors, inp.tags, inp.scalars);
-                check_arg_count(run_id, *config, &args)?;
-                (*entry as usize as u64, 0, ORCH_KIND_NATIVE)
-            }
-            (Orchestration::DeviceObject(_), Some(d)) => (d.entry, d.config, ORCH_KIND_C),
-            (Orchestration::DeviceObject(o), None) => {
-                return Err(DeviceError::InvalidCallable {
-                    run_id: Some(run_id),
-                    reason: format!(
-                        "the device-object orchestration {:?} was not loaded on the AICPU side at registration",
-                        o.entry()
-                    ),
-                });
-            }
-        };
+        let (orch_entry, orch_config, orch_kind) =
+            match (inp.callable.orchestration(), inp.device_orchestration) {
+                (Orchestration::Native { entry, config }, _) => {
+                    let args = OrchArgs::new(inp.tensors, inp.tags, inp.scalars);
+                    check_arg_count(run_id, *config, &args)?;
+                    (*entry as usize as u64, 0, ORCH_KIND_NATIVE)
+                }
+                (Orchestration::DeviceObject(_), Some(d)) => (d.entry, d.config, ORCH_KIND_C),
+                (Orchestration::DeviceObject(o), None) => {
+                    return Err(DeviceError::InvalidCallable {
+                        run_id: Some(run_id),
+                        problem: CallableProblem::OrchestrationNotLoaded {
+                            entry: o.entry().to_owned(),
+                        },
+                    });
+                }
+            };
         if inp.tensors.len() > MAX_ENTRY_TENSORS {
             return Err(DeviceError::InvalidArgs {
                 run_id: Some(run_id),
