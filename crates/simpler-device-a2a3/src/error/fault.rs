@@ -59,7 +59,9 @@ pub struct RuntimeFault {
     pub thread: Option<u32>,
     /// The arguments of an `OVERLAPPING_ARGUMENTS` refusal.
     pub overlap: Option<ArgOverlap>,
-    /// Human text (for example the orchestration's `report_fatal` message).
+    /// What the runtime said, as the text it wrote (the orchestration's `report_fatal`
+    /// message, or the device runtime's description of the status it latched): the runtime
+    /// reports it as text only.
     pub message: String,
 }
 

@@ -408,7 +408,7 @@ pub enum DeviceError {
     LaunchPanicked {
         /// The run.
         run_id: Option<RunId>,
-        /// The panic message.
+        /// The panic payload's text (a panic carries no typed value).
         message: String,
     },
     /// An address range is not inside one tracked device allocation.
