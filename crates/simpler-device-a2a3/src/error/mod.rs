@@ -124,7 +124,7 @@ pub enum ErrorClass {
     Usage,
     /// Memory or ring capacity ran out.
     Resources,
-    /// Setup, diagnostics or host orchestration failed.
+    /// Setup or host orchestration failed.
     Setup,
 }
 
@@ -146,7 +146,7 @@ pub enum ErrorClass {
 ///   | `Poisoned` | `Unusable`, `Abandoned` | unusable |
 ///   | `Usage` | `InvalidConfig`, `OutputDirectory`, `InvalidArgs`, `InvalidTaskArgs`, `RunIdReused`, `OverlappingArguments`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `StaleRun`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
 ///   | `Resources` | `OutOfMemory`, `Capacity`; onboard `AllocRefused` for want of memory | unchanged |
-///   | `Setup` | `Init`, `Diagnostics`, `Orchestration`, `OrchestrationLoad`, `LaunchPanicked`; onboard `Load`, `Acl`, `CopyRefused` and any other `AllocRefused` | unchanged |
+///   | `Setup` | `Init`, `Orchestration`, `OrchestrationLoad`, `LaunchPanicked`; onboard `Load`, `Acl`, `CopyRefused` and any other `AllocRefused` | unchanged |
 ///
 /// - [`timed_out`](Self::timed_out) (and [`is_timeout`](Self::is_timeout)) answers "did it
 ///   time out or hang?" with the budget that fired: a `Timeout`, a `Runtime` scheduler stall,
@@ -476,16 +476,6 @@ pub enum DeviceError {
         #[source]
         failure: InitFailure,
     },
-    /// A diagnostic collector could not be set up.
-    #[error("{run_id}: diagnostics ({feature}) failed: {message}")]
-    Diagnostics {
-        /// The run.
-        run_id: RunId,
-        /// The diagnostic.
-        feature: &'static str,
-        /// What went wrong.
-        message: String,
-    },
     /// Host orchestration (hbg graph build) failed, including a caught panic.
     #[error("{run_id}: orchestration failed: {failure}")]
     Orchestration {
@@ -614,7 +604,6 @@ impl DeviceError {
             | DeviceError::Timeout { run_id, .. }
             | DeviceError::DeviceFault { run_id, .. }
             | DeviceError::Capacity { run_id, .. }
-            | DeviceError::Diagnostics { run_id, .. }
             | DeviceError::Orchestration { run_id, .. }
             | DeviceError::CallableInUse { run_id, .. }
             | DeviceError::RunIdReused { run_id, .. }
@@ -709,7 +698,6 @@ impl DeviceError {
             | DeviceError::Unsupported { .. } => ErrorClass::Usage,
             DeviceError::OutOfMemory { .. } | DeviceError::Capacity { .. } => ErrorClass::Resources,
             DeviceError::Init { .. }
-            | DeviceError::Diagnostics { .. }
             | DeviceError::LaunchPanicked { .. }
             | DeviceError::OrchestrationLoad { .. }
             | DeviceError::Orchestration { .. } => ErrorClass::Setup,
@@ -826,7 +814,6 @@ impl DeviceError {
             | DeviceError::Finalized { .. }
             | DeviceError::CallableNotPrepared { .. }
             | DeviceError::LaunchPanicked { .. }
-            | DeviceError::Diagnostics { .. }
             | DeviceError::InvalidCallable { .. }
             | DeviceError::OrchestrationLoad { .. }
             | DeviceError::TooManyCallables { .. }
