@@ -237,6 +237,7 @@ fn item_13_task_windows_legal_one_by_one_but_too_many_together_are_invalid_args(
         } if sizes.iter().all(|s| s.task_window == 1 << 28)),
         "{err}"
     );
+    assert!(err.to_string().contains("ring 0: task window 268435456, heap "), "{err}");
     run_chain(&mut r, slot, 2, 8, &CallConfig::default()).unwrap();
     r.finalize().unwrap();
 }

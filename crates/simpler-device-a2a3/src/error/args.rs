@@ -356,7 +356,7 @@ pub enum ArgsProblem {
         max: usize,
     },
     /// The rings' resolved sizes need more than one arena holds.
-    #[error("the ring sizes {sizes:?} are too large for one arena")]
+    #[error("the ring sizes ({}) are too large for one arena", fmt_rings(&sizes[..]))]
     RingsTooLarge {
         /// Each ring's task window, heap bytes and dependency pool.
         sizes: Box<[RingSizes; HEAP_RING_COUNT]>,
@@ -418,4 +418,15 @@ fn shape_rule(shape: TaskShape) -> &'static str {
         TaskShape::Aiv => "an AIV task needs exactly one AIV kernel",
         TaskShape::Mix => "a MIX task names no kernel",
     }
+}
+
+/// Each ring's sizes, as [`ArgsProblem::RingsTooLarge`] names them.
+fn fmt_rings(sizes: &[RingSizes]) -> String {
+    let ring = |(i, r): (usize, &RingSizes)| {
+        format!(
+            "ring {i}: task window {}, heap {} bytes, dep pool {}",
+            r.task_window, r.heap_bytes, r.dep_pool
+        )
+    };
+    sizes.iter().enumerate().map(ring).collect::<Vec<_>>().join("; ")
 }
