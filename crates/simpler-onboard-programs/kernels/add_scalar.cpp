@@ -9,7 +9,7 @@ SIMPLER_KERNEL_ENTRY {
     }
     float s = simpler_f32_scalar(args, 2, 0);
     uint64_t n = simpler_min(out.len, x.len);
-    SimplerShare part = simpler_share(args, n);
+    SimplerShare part = simpler_share(args, out.data, n);
     for (uint64_t i = part.begin; i < part.end; ++i) {
         out.data[i] = x.data[i] + s;
     }

@@ -44,8 +44,8 @@ struct SimplerF32View {
 };
 
 // Tensor `i` as a contiguous f32 view; false (the kernel then writes nothing) for a null
-// descriptor, another dtype, a strided view, a rank outside 1..5 or an element count that
-// overflows.
+// descriptor, another dtype, a strided view, a rank outside 1..5, a first element not 4-byte
+// aligned or a view whose bytes would run past the end of the address space.
 static inline bool simpler_f32_view(SIMPLER_GM int64_t *args, uint32_t i, SimplerF32View *view) {
     uint64_t desc = static_cast<uint64_t>(args[i]);
     if (desc == 0) {
@@ -70,7 +70,11 @@ static inline bool simpler_f32_view(SIMPLER_GM int64_t *args, uint32_t i, Simple
     if (start > (UINT64_MAX - addr) / 4) {
         return false;
     }
-    view->data = reinterpret_cast<SIMPLER_GM float *>(addr + start * 4);
+    uint64_t first = addr + start * 4;
+    if (first % 4 != 0 || len * 4 > UINT64_MAX - first) {
+        return false;
+    }
+    view->data = reinterpret_cast<SIMPLER_GM float *>(first);
     view->len = len;
     return true;
 }
@@ -94,11 +98,30 @@ static inline uint64_t simpler_min(uint64_t a, uint64_t b) { return a < b ? a : 
 #define SIMPLER_LOCAL_CONTEXT_SLOT 48
 #define SIMPLER_GLOBAL_CONTEXT_SLOT 49
 
-// Element range [begin, end) of one part of n elements split into `parts` in order:
-// floor(n · part / parts) onwards, computed without overflow (n = q · parts + r, r < parts).
+// Bound `part` of `n` things split into `parts` in order: floor(n · part / parts), computed
+// without overflow (n = q · parts + r, r < parts).
 static inline uint64_t simpler_part_bound(uint64_t n, uint64_t part, uint64_t parts) {
     uint64_t q = n / parts, r = n % parts;
     return q * part + r * part / parts;
+}
+
+// Bytes of one line of an AICore's data cache: a store fills the whole line in the core's
+// cache and the write-back stores the whole line, so two cores must never write one line.
+#define SIMPLER_CACHE_LINE 64
+
+// The first element of the f32 view at `view` (4-byte aligned, n elements over `lines` cache
+// lines) at or after the start of its `line`-th cache line (line 0 holds its first element); n
+// from the line past its last on.
+static inline uint64_t simpler_line_start(uint64_t view, uint64_t n, uint64_t line, uint64_t lines) {
+    if (line >= lines) {
+        return n;
+    }
+    uint64_t at = (view & ~static_cast<uint64_t>(SIMPLER_CACHE_LINE - 1)) + line * SIMPLER_CACHE_LINE;
+    if (at <= view) {
+        return 0;
+    }
+    uint64_t e = (at - view) / 4;
+    return e < n ? e : n;
 }
 
 struct SimplerShare {
@@ -106,11 +129,12 @@ struct SimplerShare {
     uint64_t end;
 };
 
-// The elements of n this call writes: the blocks of a task split them in order, and the copies
-// of the kernel in one MIX block split their block's part again, so no two calls of a task
-// write the same element and together they write all n. A call outside its task's blocks or
-// copies writes nothing.
-static inline SimplerShare simpler_share(SIMPLER_GM int64_t *args, uint64_t n) {
+// The elements of `view` (n elements from its first) this call writes. The cache lines the
+// view touches are split among the calls of the task, blocks in order and then the copies of
+// the kernel in one MIX block, each taking the elements inside its lines: no two calls write
+// one element or one cache line, and together they write all n. A call outside its task's
+// blocks or copies writes nothing.
+static inline SimplerShare simpler_share(SIMPLER_GM int64_t *args, SIMPLER_GM float *view, uint64_t n) {
     SIMPLER_GM uint8_t *local =
         reinterpret_cast<SIMPLER_GM uint8_t *>(static_cast<uint64_t>(args[SIMPLER_LOCAL_CONTEXT_SLOT]));
     SIMPLER_GM uint8_t *global =
@@ -126,14 +150,17 @@ static inline SimplerShare simpler_share(SIMPLER_GM int64_t *args, uint64_t n) {
     }
     blocks = blocks == 0 ? 1 : blocks;
     copies = copies == 0 ? 1 : copies;
-    SimplerShare none = {0, 0};
-    if (block >= blocks || copy >= copies) {
-        return none;
+    SimplerShare s = {0, 0};
+    if (n == 0 || block >= blocks || copy >= copies) {
+        return s;
     }
-    uint64_t b0 = simpler_part_bound(n, block, blocks);
-    uint64_t len = simpler_part_bound(n, block + 1, blocks) - b0;
-    SimplerShare s = {b0 + simpler_part_bound(len, copy, copies),
-                      b0 + simpler_part_bound(len, copy + 1, copies)};
+    // The view's bytes fit the address space (`simpler_f32_view`), so its last byte does too.
+    uint64_t first = reinterpret_cast<uint64_t>(view);
+    uint64_t lines = (first + 4 * n - 1) / SIMPLER_CACHE_LINE - first / SIMPLER_CACHE_LINE + 1;
+    uint64_t b0 = simpler_part_bound(lines, block, blocks);
+    uint64_t b_lines = simpler_part_bound(lines, block + 1, blocks) - b0;
+    s.begin = simpler_line_start(first, n, b0 + simpler_part_bound(b_lines, copy, copies), lines);
+    s.end = simpler_line_start(first, n, b0 + simpler_part_bound(b_lines, copy + 1, copies), lines);
     return s;
 }
 

@@ -8,7 +8,7 @@ SIMPLER_KERNEL_ENTRY {
         return;
     }
     uint64_t n = simpler_min(out.len, simpler_min(x.len, y.len));
-    SimplerShare part = simpler_share(args, n);
+    SimplerShare part = simpler_share(args, out.data, n);
     for (uint64_t i = part.begin; i < part.end; ++i) {
         out.data[i] = x.data[i] * y.data[i];
     }
