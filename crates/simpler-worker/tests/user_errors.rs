@@ -415,3 +415,11 @@ fn platform_limits_are_checked_at_l3_submit_with_an_error_naming_the_task_value_
     }
     w.close().expect("close");
 }
+
+#[test]
+fn an_engine_refusal_on_the_lane_is_the_lane_faults_source() {
+    use std::error::Error;
+    let fault = simpler_worker::LaneFault::Engine(SchedError::ShuttingDown);
+    let source = fault.source().expect("the engine's error is the source");
+    assert!(matches!(source.downcast_ref::<SchedError>(), Some(SchedError::ShuttingDown)));
+}

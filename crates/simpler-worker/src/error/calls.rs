@@ -401,7 +401,7 @@ pub enum LaneFault {
     },
     /// The engine refused the call or its chip's thread stopped (the source).
     #[error("{0}")]
-    Engine(SchedError),
+    Engine(#[source] SchedError),
 }
 
 impl From<MemError> for WorkerError {
