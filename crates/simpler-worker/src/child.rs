@@ -14,11 +14,11 @@ use parking_lot::Mutex;
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
 use simpler_types::{FailureSource, TaskArgs, WorkerId, WorkerType};
 
-use crate::chip::Residue;
-use crate::error::{CloseError, WorkerError};
+use crate::error::{Residue, TeardownCause, TeardownPart, WorkerError};
 use crate::graph::Orchestration;
 use crate::handle::{Entry, SharedRegistry};
 use crate::reentry;
+use crate::run::panic_text;
 use crate::worker::Worker;
 
 /// One adopted child worker.
@@ -88,8 +88,9 @@ impl Endpoint for ChildEndpoint {
     /// Closes the child; a close that panics is reported as its residue (the endpoint thread
     /// would only log it), so the parent's close returns it.
     fn shutdown(&mut self) {
-        if catch_unwind(AssertUnwindSafe(|| self.close_child())).is_err() {
-            self.residue.lock().push(Residue::Failed(format!("child {}: close panicked", self.id)));
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| self.close_child())) {
+            let cause = TeardownCause::Panicked { step: "close", message: panic_text(p.as_ref()) };
+            self.residue.lock().push(Residue::failed(TeardownPart::Child(self.id), cause));
         }
     }
 }
@@ -106,18 +107,16 @@ impl ChildEndpoint {
     /// Closes the child once, recording what its close reported.
     fn close_child(&mut self) {
         if let Some(child) = self.child.take()
-            && let Err(e) = child.close()
+            && let Err(mut e) = child.close()
         {
             // The subtree's residue stays residue one level up; every other error of the
             // child's close is a failed teardown step of this level.
-            let CloseError { leaked, .. } = &e;
+            let part = TeardownPart::Child(self.id);
+            let leaked = std::mem::take(&mut e.leaked);
             let mut residue = self.residue.lock();
-            for l in leaked {
-                residue.push(Residue::Leaked(format!("child {}: {l}", self.id)));
-            }
-            let rest = CloseError { leaked: Vec::new(), ..e };
-            if !rest.is_empty() {
-                residue.push(Residue::Failed(format!("child {}: {rest}", self.id)));
+            residue.extend(leaked.into_iter().map(|l| Residue::Leaked(l.under(part.clone()))));
+            if !e.is_empty() {
+                residue.push(Residue::failed(part, TeardownCause::Child(Box::new(e))));
             }
         }
     }

@@ -40,7 +40,10 @@ use simpler_types::{
     WorkerId, WorkerType,
 };
 
-use crate::error::{LaneFault, MemError, RegistrationFailure, WorkerError};
+use crate::error::{
+    LaneFault, Leaked, MemError, RegistrationFailure, Residue, TeardownCause, TeardownPart,
+    WorkerError,
+};
 use crate::faults::{Fault, Faults};
 use crate::lane_fence::LaneFence;
 use crate::linger;
@@ -96,26 +99,6 @@ const REAP_SLICE_MAX: Duration = Duration::from_millis(5);
 /// How long a lane whose runs come back to back waits for the next run's job, with a run in
 /// flight, before it waits for the device instead ([`next_job`]).
 const JOB_WAIT: Duration = Duration::from_micros(50);
-
-/// What finalizing a chip left behind.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Residue {
-    /// Something that could not be released (a stuck device thread): close reports it as
-    /// leaked and never retries.
-    Leaked(String),
-    /// A teardown step that failed.
-    Failed(String),
-}
-
-impl Residue {
-    /// The text a teardown report gives it.
-    pub(crate) fn into_message(self) -> String {
-        match self {
-            Residue::Leaked(what) => format!("leaked: {what}"),
-            Residue::Failed(message) => message,
-        }
-    }
-}
 
 /// The error of a device call on a chip whose runner was finalized.
 fn finalized() -> DeviceError {
@@ -583,20 +566,18 @@ impl ChipState {
         }
         let Some(runner) = self.runner.take() else { return Vec::new() };
         let chip = self.chip;
+        let part = TeardownPart::Chip(chip);
+        let failed = |e| Residue::failed(part.clone(), TeardownCause::Device(Arc::new(e)));
+        let stuck = |name| Residue::leaked(part.clone(), Leaked::DeviceThread(name));
         let mut residue: Vec<Residue> = match runner.finalize() {
-            Ok(report) => report
-                .stuck_threads
-                .into_iter()
-                .map(|w| Residue::Leaked(format!("chip {chip}: stuck device thread {w}")))
-                .collect(),
-            Err(e) => vec![Residue::Failed(format!("chip {chip}: finalize failed: {e}"))],
+            Ok(report) => report.stuck_threads.into_iter().map(stuck).collect(),
+            Err(e) => vec![failed(e)],
         };
         if self.faults.hit(chip, Fault::Finalize) {
-            let e = injected("finalize");
-            residue.push(Residue::Failed(format!("chip {chip}: finalize failed: {e}")));
+            residue.push(failed(injected("finalize")));
         }
         if self.faults.hit(chip, Fault::Leak) {
-            residue.push(Residue::Leaked(format!("chip {chip}: stuck device thread (injected)")));
+            residue.push(stuck("(injected)".to_owned()));
         }
         if self.faults.hit(chip, Fault::FinalizePanic) {
             panic!("chip {chip}: finalize panicked (injected)");
@@ -693,7 +674,11 @@ impl Endpoint for ChipEndpoint {
     fn shutdown(&mut self) {
         let residue = match catch_unwind(AssertUnwindSafe(|| self.state.finalize())) {
             Ok(residue) => residue,
-            Err(_) => vec![Residue::Failed(format!("chip {}: finalize panicked", self.state.chip))],
+            Err(p) => {
+                let message = panic_text(p.as_ref());
+                let cause = TeardownCause::Panicked { step: "finalize", message };
+                vec![Residue::failed(TeardownPart::Chip(self.state.chip), cause)]
+            }
         };
         self.residue.lock().extend(residue);
     }
@@ -792,8 +777,10 @@ impl ChipLane {
         let handle = self.thread.lock().take();
         match handle.map(JoinHandle::join) {
             Some(Ok(residue)) => residue,
-            Some(Err(_)) => {
-                vec![Residue::Failed(format!("chip {}: lane thread panicked", self.chip))]
+            Some(Err(p)) => {
+                let message = panic_text(p.as_ref());
+                let cause = TeardownCause::Panicked { step: "lane thread", message };
+                vec![Residue::failed(TeardownPart::Chip(self.chip), cause)]
             }
             None => Vec::new(),
         }

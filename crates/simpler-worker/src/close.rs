@@ -30,9 +30,13 @@ use std::time::{Duration, Instant};
 
 use simpler_types::RunId;
 
-use crate::chip::Residue;
+use simpler_sched::ShutdownError;
+
 use crate::deferred_drop;
-use crate::error::{CloseError, DrainTimeout, RunError, TeardownError, WorkerError};
+use crate::error::{
+    CloseError, DrainTimeout, Residue, RunError, TeardownCause, TeardownError, TeardownPart,
+    WorkerError,
+};
 use crate::gate::Gate;
 use crate::reentry;
 use crate::run::{RunShared, Unobserved, panic_text};
@@ -151,8 +155,9 @@ impl Inner {
         let unwound = || {
             Err(CloseError {
                 teardown: vec![TeardownError {
-                    what: self.label.clone(),
-                    message: "the close attempt unwound before it finished".into(),
+                    path: self.label.clone(),
+                    what: TeardownPart::Worker,
+                    cause: TeardownCause::Unwound,
                 }],
                 ..CloseError::default()
             })
@@ -208,32 +213,38 @@ impl Inner {
     fn teardown(&self, result: &mut CloseError) {
         #[cfg(test)]
         self.teardowns.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Err(message) = self.inject("teardown") {
-            result.teardown.push(TeardownError { what: self.label.clone(), message });
+        #[cfg(test)]
+        if self.inject("teardown").is_err() {
+            let (what, cause) = (TeardownPart::Worker, TeardownCause::Injected);
+            result.teardown.push(TeardownError { path: self.label.clone(), what, cause });
         }
         let residue = match &self.body {
             Body::Chip(lane) => lane.stop(),
             Body::Engine { engine, residue, .. } => {
                 if let Err(errors) = engine.shutdown(Instant::now()) {
-                    for e in errors {
-                        result.teardown.push(TeardownError {
-                            what: format!("{} engine", self.label),
-                            message: e.to_string(),
-                        });
-                    }
+                    result.teardown.extend(engine_errors(&self.label, errors));
                 }
                 std::mem::take(&mut *residue.lock())
             }
         };
         for r in residue {
             match r {
-                Residue::Leaked(what) => result.leaked.push(what),
-                Residue::Failed(message) => {
-                    result.teardown.push(TeardownError { what: self.label.clone(), message });
+                Residue::Leaked(leak) => result.leaked.push(leak),
+                Residue::Failed { what, cause } => {
+                    result.teardown.push(TeardownError { path: self.label.clone(), what, cause });
                 }
             }
         }
     }
+}
+
+/// The teardown errors of the engine of the worker at `path`: one per problem its shutdown met.
+fn engine_errors(path: &str, errors: ShutdownError) -> impl Iterator<Item = TeardownError> + '_ {
+    errors.into_iter().map(move |e| TeardownError {
+        path: path.to_owned(),
+        what: TeardownPart::Engine,
+        cause: TeardownCause::Engine(Arc::new(e)),
+    })
 }
 
 impl Worker {
@@ -329,8 +340,14 @@ mod tests {
     use simpler_device_a2a3::{Platform, RuntimeVariant};
     use simpler_types::TaskArgs;
 
-    use super::UnobservedFailures;
-    use crate::{CallableHandle, CloseError, Orchestration, Worker};
+    use simpler_sched::{SchedError, ShutdownError};
+    use simpler_types::RunId;
+
+    use super::{UnobservedFailures, engine_errors};
+    use crate::{
+        CallableHandle, CloseError, Orchestration, TeardownCause, TeardownError, TeardownPart,
+        Worker,
+    };
 
     fn teardowns(w: &Worker) -> u32 {
         w.inner.teardowns.load(std::sync::atomic::Ordering::Relaxed)
@@ -365,6 +382,26 @@ mod tests {
         closers.into_iter().map(|c| c.join().expect("closer")).collect()
     }
 
+    /// Each problem the engine's shutdown met is a teardown error of the engine, kept typed.
+    #[test]
+    fn what_the_engine_shutdown_met_is_an_engine_teardown_error_with_the_sched_error_inside() {
+        let run = RunId::FIRST;
+        let errors = ShutdownError { errors: vec![SchedError::AbortedAtShutdown { run }] };
+        let teardown: Vec<TeardownError> = engine_errors("L3", errors).collect();
+        match teardown.as_slice() {
+            [
+                TeardownError { path, what: TeardownPart::Engine, cause: TeardownCause::Engine(e) },
+            ] => {
+                assert_eq!(path, "L3");
+                assert!(matches!(**e, SchedError::AbortedAtShutdown { run: r } if r == run));
+                let source = std::error::Error::source(&teardown[0]).map(ToString::to_string);
+                assert_eq!(source, Some(e.to_string()), "the engine's error is the source");
+            }
+            other => panic!("an aborted run at shutdown gave {other:?}"),
+        }
+        assert!(teardown[0].to_string().starts_with("L3 / engine: "), "{}", teardown[0]);
+    }
+
     #[test]
     fn double_and_concurrent_closes_share_one_result_from_any_thread() {
         let w = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph)
@@ -377,7 +414,15 @@ mod tests {
         let mut results = close_from_threads(&w, 4);
         results.push(w.close());
         results.push(w.close());
-        let first = results[0].as_ref().expect_err("the injected teardown failure").to_string();
+        let e = results[0].as_ref().expect_err("the injected teardown failure");
+        assert!(
+            matches!(
+                e.teardown.as_slice(),
+                [TeardownError { what: TeardownPart::Worker, cause: TeardownCause::Injected, .. }]
+            ),
+            "{e:?}"
+        );
+        let first = e.to_string();
         for r in &results {
             assert_eq!(r.as_ref().map_err(ToString::to_string), Err(first.clone()));
         }

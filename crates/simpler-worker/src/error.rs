@@ -21,10 +21,13 @@ use crate::process::ChildError;
 mod calls;
 mod cleanup;
 mod config;
+mod teardown;
 
 pub use calls::{LaneFault, MemError, WorkerError};
 pub use cleanup::{CleanupError, CleanupFault};
 pub use config::ConfigError;
+pub(crate) use teardown::Residue;
+pub use teardown::{Leak, Leaked, TeardownCause, TeardownError, TeardownPart};
 
 /// A boxed error returned by user callbacks and closures.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -536,16 +539,6 @@ fn rollback_text(r: &[TeardownError]) -> String {
     }
 }
 
-/// One error met while tearing down (close or a start rollback).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{what}: {message}")]
-pub struct TeardownError {
-    /// The part being torn down (path).
-    pub what: String,
-    /// What went wrong.
-    pub message: String,
-}
-
 /// A drain that ran out of budget; nothing was torn down and a later close may retry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -600,8 +593,9 @@ pub struct CloseError {
     pub teardown: Vec<TeardownError>,
     /// Set when the drain ran out of budget.
     pub drain_timeout: Option<Box<DrainTimeout>>,
-    /// Residue left after teardown (threads, allocations).
-    pub leaked: Vec<String>,
+    /// What the teardown could not release (stuck device threads, remote workers that did not
+    /// confirm their shutdown), each with where it is.
+    pub leaked: Vec<Leak>,
     /// The call was made from inside one of the worker's own callbacks.
     pub reentrant: bool,
 }

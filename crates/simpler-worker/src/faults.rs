@@ -68,7 +68,29 @@ mod tests {
     use simpler_types::WorkerId;
 
     use super::Fault;
-    use crate::{LaneFault, StartCause, Worker, WorkerError};
+    use crate::{
+        LaneFault, Leak, Leaked, StartCause, TeardownCause, TeardownError, TeardownPart, Worker,
+        WorkerError,
+    };
+
+    /// Whether `t` is chip `chip`'s finalize failing with the injected device error.
+    fn injected_finalize(t: &TeardownError, chip: u32) -> bool {
+        let finalize = matches!(
+            &t.cause,
+            TeardownCause::Device(e) if matches!(
+                &**e,
+                simpler_device_a2a3::DeviceError::Busy { call: "finalize", .. }
+            )
+        );
+        finalize && t.what == TeardownPart::Chip(WorkerId(chip))
+    }
+
+    /// The injected stuck device thread of chip `chip`, under the parts `outer`.
+    fn injected_leak(outer: &[TeardownPart], chip: u32) -> Leak {
+        let mut at = outer.to_vec();
+        at.push(TeardownPart::Chip(WorkerId(chip)));
+        Leak { at, what: Leaked::DeviceThread("(injected)".to_owned()) }
+    }
 
     fn orchestration(_: &mut OrchCtx<'_>, _: &OrchArgs<'_>) -> Result<(), OrchError> {
         Ok(())
@@ -86,6 +108,10 @@ mod tests {
             .expect("valid callable")
     }
 
+    fn child0() -> TeardownPart {
+        TeardownPart::Child(WorkerId(0))
+    }
+
     fn host() -> crate::HostWorkerBuilder {
         Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph)
     }
@@ -100,13 +126,8 @@ mod tests {
         assert!(matches!(e.cause, StartCause::Device { chip: WorkerId(1), .. }), "{e}");
         assert!(e.path.contains("chip 1 (device 1)"), "{}", e.path);
         assert_eq!(e.rollback.len(), 1, "{e}");
-        assert!(e.rollback[0].what.contains("chip 0"), "{e}");
-        assert!(
-            e.rollback[0]
-                .message
-                .contains("finalize is not allowed while an injected fault is armed"),
-            "{e}"
-        );
+        assert!(injected_finalize(&e.rollback[0], 0), "{e:?}");
+        assert_eq!(e.rollback[0].path, "L3");
 
         // L4: child 1 fails; closing the started child 0 fails while rolling back.
         let mut l4 = Worker::composite(4);
@@ -120,13 +141,15 @@ mod tests {
         assert!(matches!(e.cause, StartCause::ChildFailed { .. }), "{e}");
         assert!(e.path.contains("L4 / child 1 (L3) / chip 0 (device 1)"), "{}", e.path);
         assert_eq!(e.rollback.len(), 1, "{e}");
-        assert_eq!(e.rollback[0].what, "L4 / child 0");
-        assert!(
-            e.rollback[0]
-                .message
-                .contains("finalize is not allowed while an injected fault is armed"),
-            "{e}"
-        );
+        assert_eq!((e.rollback[0].path.as_str(), &e.rollback[0].what), ("L4", &child0()));
+        match &e.rollback[0].cause {
+            TeardownCause::Child(close) => {
+                assert_eq!(close.teardown.len(), 1, "{close}");
+                assert!(injected_finalize(&close.teardown[0], 0), "{close:?}");
+                assert!(close.leaked.is_empty(), "{close}");
+            }
+            other => panic!("closing child 0 gave {other:?}"),
+        }
     }
 
     #[test]
@@ -137,7 +160,7 @@ mod tests {
         let e = b.start().expect_err("engine fails");
         assert!(matches!(e.cause, StartCause::HeapRingSize { value: 1000, .. }), "{e}");
         assert_eq!(e.rollback.len(), 1, "{e}");
-        assert!(e.rollback[0].message.contains("chip 0: finalize failed"), "{e}");
+        assert!(injected_finalize(&e.rollback[0], 0), "{e:?}");
 
         // L4: the child started, then the L4 engine refuses the ring size.
         let mut l4 = Worker::composite(4).heap_ring_size(1000);
@@ -147,9 +170,15 @@ mod tests {
         let e = l4.start().expect_err("engine fails");
         assert!(matches!(e.cause, StartCause::HeapRingSize { value: 1000, .. }), "{e}");
         assert_eq!(e.rollback.len(), 1, "{e}");
-        assert_eq!(
-            e.rollback[0].message,
-            "leaked: child 0: chip 0: stuck device thread (injected)"
+        // A leak in a rollback is the error of its outermost part.
+        assert_eq!(e.rollback[0].what, child0());
+        match &e.rollback[0].cause {
+            TeardownCause::Leaked(leak) => assert_eq!(*leak, injected_leak(&[], 0)),
+            other => panic!("the child's leak gave {other:?}"),
+        }
+        assert!(
+            e.to_string().ends_with("L4 / child 0: leaked: chip 0: stuck device thread (injected)"),
+            "{e}"
         );
     }
 
@@ -319,7 +348,7 @@ mod tests {
         let results: Vec<_> = closers.into_iter().map(|t| t.join().expect("closer")).collect();
         let first = results[0].clone().expect_err("the chip leaks");
         // One teardown: one residue entry, the same for every closer, closures dropped once.
-        assert_eq!(first.leaked, vec!["chip 0: stuck device thread (injected)".to_owned()]);
+        assert_eq!(first.leaked, [injected_leak(&[], 0)]);
         for r in &results {
             assert_eq!(r.as_ref().expect_err("same result").leaked, first.leaked);
         }
@@ -334,7 +363,7 @@ mod tests {
         b.faults().arm(0, Fault::Leak);
         let w = b.start().expect("start");
         let e = w.close().expect_err("residue");
-        assert_eq!(e.leaked, vec!["chip 0: stuck device thread (injected)".to_owned()]);
+        assert_eq!(e.leaked, [injected_leak(&[], 0)]);
         assert!(e.teardown.is_empty() && !e.is_retryable(), "{e}");
         let again = w.close().expect_err("replayed");
         assert_eq!(again.leaked, e.leaked);
@@ -346,9 +375,10 @@ mod tests {
         b.faults().arm(0, Fault::Finalize);
         let w = b.start().expect("start");
         let e = w.close().expect_err("residue");
-        assert_eq!(e.leaked, vec!["chip 1: stuck device thread (injected)".to_owned()]);
+        assert_eq!(e.leaked, [injected_leak(&[], 1)]);
         assert_eq!(e.teardown.len(), 1, "{e}");
-        assert!(e.teardown[0].message.contains("chip 0: finalize failed"), "{e}");
+        assert!(injected_finalize(&e.teardown[0], 0), "{e:?}");
+        assert!(e.to_string().contains(" / chip 0: finalize failed: busy: "), "{e}");
         assert_eq!(w.close().expect_err("replayed").leaked, e.leaked);
 
         // L3: a finalize that panics on the endpoint thread is a teardown error too.
@@ -356,7 +386,15 @@ mod tests {
         b.faults().arm(0, Fault::FinalizePanic);
         let w = b.start().expect("start");
         let e = w.close().expect_err("the panic is reported");
-        assert!(e.teardown.iter().any(|t| t.message.contains("chip 0: finalize panicked")), "{e}");
+        match e.teardown.as_slice() {
+            [TeardownError { what: TeardownPart::Chip(WorkerId(0)), cause, .. }] => match cause {
+                TeardownCause::Panicked { step: "finalize", message } => {
+                    assert_eq!(message, "chip 0: finalize panicked (injected)");
+                }
+                other => panic!("a finalize panic gave {other:?}"),
+            },
+            other => panic!("a finalize panic gave {other:?}"),
+        }
         drop(w);
 
         // L4: a child's residue is the parent's residue.
@@ -366,8 +404,27 @@ mod tests {
         l4.child(child).expect("adopt");
         let w = l4.start().expect("start");
         let e = w.close().expect_err("residue");
-        assert_eq!(e.leaked, vec!["child 0: chip 0: stuck device thread (injected)".to_owned()]);
+        assert_eq!(e.leaked, [injected_leak(&[child0()], 0)]);
         assert!(e.teardown.is_empty(), "{e}");
+        assert_eq!(e.to_string(), "leaked: child 0: chip 0: stuck device thread (injected)");
         assert_eq!(w.close().expect_err("replayed").leaked, e.leaked);
+        drop(w);
+
+        // L4: a child whose close fails is a teardown error naming the child, its own close
+        // error inside.
+        let mut l4 = Worker::composite(4);
+        let child = host().chips(&[0]);
+        child.faults().arm(0, Fault::Finalize);
+        l4.child(child).expect("adopt");
+        let w = l4.start().expect("start");
+        let e = w.close().expect_err("the child's close failed");
+        match e.teardown.as_slice() {
+            [TeardownError { what, cause: TeardownCause::Child(close), .. }] => {
+                assert_eq!(*what, child0());
+                assert!(matches!(close.teardown.as_slice(), [t] if injected_finalize(t, 0)));
+            }
+            other => panic!("a failing child close gave {other:?}"),
+        }
+        assert!(e.leaked.is_empty(), "{e}");
     }
 }

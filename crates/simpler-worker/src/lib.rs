@@ -123,8 +123,8 @@ pub use builder::{
 pub use close::Lifecycle;
 pub use error::{
     BoxError, BuildFailure, CleanupError, CleanupFault, CloseError, ConfigError, DrainTimeout,
-    Frame, LaneFault, MemError, RegistrationFailure, RunError, RunErrorKind, StartCause,
-    StartError, TeardownError, WorkerError,
+    Frame, LaneFault, Leak, Leaked, MemError, RegistrationFailure, RunError, RunErrorKind,
+    StartCause, StartError, TeardownCause, TeardownError, TeardownPart, WorkerError,
 };
 pub use graph::{GraphBuilder, GraphCallback, Orchestration};
 pub use handle::{CallableHandle, GraphFn, HostFn};
@@ -136,7 +136,7 @@ pub use process::ChildFault;
 pub use process::chip_child_main;
 pub use process::{
     ChildError, ChildExit, ChildMode, OnChildDeath, ProcessOptions, ProtocolFault, ReplyFault,
-    SpawnFault,
+    ShutdownFault, SpawnFault,
 };
 pub use run::RunHandle;
 pub use simpler_device_a2a3::MemoryLedger;

@@ -731,6 +731,17 @@ mod tests {
         assert!(unwound.is_err(), "the injected teardown panic unwinds out of close");
         w.inner.injected.lock().clear();
         let e = close_within_bound(w).expect("a later close returns").expect_err("failed");
+        assert!(
+            matches!(
+                e.teardown.as_slice(),
+                [crate::TeardownError {
+                    what: crate::TeardownPart::Worker,
+                    cause: crate::TeardownCause::Unwound,
+                    ..
+                }]
+            ),
+            "{e:?}"
+        );
         assert!(e.to_string().contains("the close attempt unwound"), "{e}");
     }
 

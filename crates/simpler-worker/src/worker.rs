@@ -33,11 +33,11 @@ use simpler_types::{
 };
 
 use crate::builder::{ChipWorkerBuilder, CompositeWorkerBuilder, HostWorkerBuilder};
-use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneReply, Residue};
+use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneReply};
 use crate::close::{CloseGate, Lifecycle, UnobservedFailures};
 use crate::deferred_drop;
 use crate::error::{
-    BoxError, BuildFailure, Frame, LaneFault, RegistrationFailure, RunError, WorkerError,
+    BoxError, BuildFailure, Frame, LaneFault, RegistrationFailure, Residue, RunError, WorkerError,
 };
 use crate::graph::{GraphBuilder, OrchBody, Orchestration};
 use crate::handle::{

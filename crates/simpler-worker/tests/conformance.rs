@@ -14,7 +14,7 @@ use simpler_device_a2a3::{DeviceError, Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, Tensor, WorkerId};
 use simpler_worker::{
     BuildFailure, ConfigError, Lifecycle, Orchestration, RunErrorKind, RunHandle, StartCause,
-    Worker, WorkerError,
+    TeardownCause, TeardownError, TeardownPart, Worker, WorkerError,
 };
 
 fn noop_sub(n: usize) -> (Worker, simpler_worker::CallableHandle, Arc<AtomicUsize>) {
@@ -99,8 +99,18 @@ fn a_chip_still_starting_at_the_deadline_fails_the_start_with_deadline_exceeded(
     // or in PROCESS mode its child process (killed, or finalized if it started after all).
     assert_eq!(e.rollback.len(), pending_count(&e), "{e:?}");
     assert!(!e.rollback.is_empty(), "{e}");
-    let what = if common::process_mode() { "chip process" } else { "detached" };
-    assert!(e.rollback.iter().all(|r| r.message.contains(what)), "{e:?}");
+    let process = common::process_mode();
+    let abandoned = |r: &TeardownError| match (&r.what, &r.cause) {
+        (TeardownPart::Chip(chip), TeardownCause::AttachDetached { device }) if !process => {
+            chip.0 == *device
+        }
+        (
+            TeardownPart::Chip(chip),
+            TeardownCause::StartKilled { device } | TeardownCause::StartedLate { device },
+        ) if process => chip.0 == *device,
+        _ => false,
+    };
+    assert!(e.rollback.iter().all(abandoned), "{e:?}");
 }
 
 fn pending_count(e: &simpler_worker::StartError) -> usize {

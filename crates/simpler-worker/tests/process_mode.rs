@@ -20,8 +20,8 @@ use simpler_device_a2a3::{Platform, RuntimeVariant};
 use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
 use simpler_worker::{
     CallableHandle, ChildError, ChildExit, ChildFault, ChildMode, DeviceBuffer, HostWorkerBuilder,
-    MemError, OnChildDeath, Orchestration, ProcessOptions, ProtocolFault, RunError, SpawnFault,
-    StartCause, Worker, WorkerError,
+    MemError, OnChildDeath, Orchestration, ProcessOptions, ProtocolFault, RunError, ShutdownFault,
+    SpawnFault, StartCause, TeardownCause, TeardownError, TeardownPart, Worker, WorkerError,
 };
 
 const N: usize = 64;
@@ -610,6 +610,16 @@ fn a_child_wedged_registering_during_start_fails_start_at_its_deadline_naming_ch
     assert_eq!(mailboxes(), 0);
 }
 
+/// The chip, the process and what went wrong, when `t` is a chip process's end gone wrong.
+fn chip_process_fault(t: &TeardownError) -> Option<(WorkerId, u32, &ShutdownFault)> {
+    match (&t.what, &t.cause) {
+        (TeardownPart::Chip(chip), TeardownCause::ChipProcess { pid, fault }) => {
+            Some((*chip, *pid, fault))
+        }
+        _ => None,
+    }
+}
+
 /// Content no chip process can build (native code).
 fn native_callable() -> simpler_device_a2a3::ChipCallable {
     simpler_device_a2a3::ChipCallable::native(|_, _| Ok(()), |_| Default::default())
@@ -632,10 +642,12 @@ fn what_a_ready_chip_process_leaves_when_its_start_fails_is_in_the_start_error()
     b.register_chip(native_callable());
     let e = b.start().expect_err("native content cannot cross");
     assert!(matches!(e.cause, StartCause::Device { chip: WorkerId(0), .. }), "{e}");
-    let left: Vec<_> =
-        e.rollback.iter().filter(|r| r.message.contains("finalized but did not exit")).collect();
-    assert_eq!(left.len(), 1, "{e}");
-    assert!(left[0].what.ends_with("chip 0") && left[0].message.contains("chip 0"), "{e}");
+    let left: Vec<_> = e.rollback.iter().filter_map(chip_process_fault).collect();
+    let budget = Duration::from_millis(300);
+    match left.as_slice() {
+        [(WorkerId(0), _, ShutdownFault::NoExit { budget: b })] => assert!(*b <= budget, "{e}"),
+        other => panic!("the ready process's end left {other:?}: {e}"),
+    }
     assert!(e.to_string().contains("finalized but did not exit"), "{e}");
     assert_eq!((mailboxes(), zombies()), (0, zombies_before));
 }
@@ -664,9 +676,11 @@ fn what_a_failed_restart_leaves_behind_is_in_its_restore_error() {
     let ChildError::Restore { pid, residue, .. } = &*cause else {
         panic!("expected a refused restore, got {cause}");
     };
-    assert_eq!(residue.len(), 1, "{cause}");
-    assert!(residue[0].what.contains(&pid.to_string()), "{cause}");
-    assert!(residue[0].message.contains("finalized but did not exit"), "{cause}");
+    match residue.iter().map(chip_process_fault).collect::<Vec<_>>().as_slice() {
+        [Some((WorkerId(0), p, ShutdownFault::NoExit { .. }))] => assert_eq!(p, pid),
+        other => panic!("the restarted process's end left {other:?}: {cause}"),
+    }
+    assert_eq!(residue[0].path, "", "the restore error names the chip: {cause}");
     assert!(cause.to_string().contains("ending it left: "), "{cause}");
     assert!(!exists(*pid), "the restarted process was reaped");
     w.close().expect("close");
@@ -786,6 +800,10 @@ fn a_child_stuck_in_shutdown_is_killed_after_the_deadline_named_and_does_not_del
     let pids: Vec<u32> = (0..2).map(|c| w.chip_process_id(WorkerId(c)).unwrap().unwrap()).collect();
     assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::HangOnShutdown).unwrap());
     let e = w.close().expect_err("chip 0 did not finalize");
+    match e.teardown.iter().map(chip_process_fault).collect::<Vec<_>>().as_slice() {
+        [Some((WorkerId(0), p, ShutdownFault::NoFinalize { .. }))] => assert_eq!(*p, pids[0]),
+        other => panic!("a process stuck in shutdown gave {other:?}: {e}"),
+    }
     let text = e.to_string();
     assert!(text.contains("chip 0") && text.contains(&pids[0].to_string()), "{text}");
     assert!(!text.contains("chip 1"), "chip 1 shut down cleanly: {text}");
@@ -800,7 +818,12 @@ fn a_child_that_hangs_after_saying_it_exits_is_killed_at_the_shutdown_deadline_a
     let w = process_host(&[0], opts).start().expect("start");
     let pid = w.chip_process_id(WorkerId(0)).unwrap().unwrap();
     assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::HangAfterExit).unwrap());
-    let text = w.close().expect_err("chip 0 did not exit").to_string();
+    let e = w.close().expect_err("chip 0 did not exit");
+    match e.teardown.iter().map(chip_process_fault).collect::<Vec<_>>().as_slice() {
+        [Some((WorkerId(0), p, ShutdownFault::NoExit { .. }))] => assert_eq!(*p, pid),
+        other => panic!("a process that hung after its exit gave {other:?}: {e}"),
+    }
+    let text = e.to_string();
     assert!(text.contains("did not exit") && text.contains(&pid.to_string()), "{text}");
     assert!(!exists(pid), "reaped");
     assert_eq!(mailboxes(), 0);

@@ -47,13 +47,9 @@ impl From<RegistrationFailure> for AttachFailure {
     }
 }
 
-/// The rollback entries of what ending chip `i` of `path` left behind.
-fn residue_entries(path: &str, i: usize, residue: Vec<Residue>) -> Vec<TeardownError> {
-    let what = format!("{path} / chip {i}");
-    residue
-        .into_iter()
-        .map(|r| TeardownError { what: what.clone(), message: rollback_message(r) })
-        .collect()
+/// The rollback entries of what ending chips of `path` left behind (each names its chip).
+fn residue_entries(path: &str, residue: Vec<Residue>) -> impl Iterator<Item = TeardownError> + '_ {
+    residue.into_iter().map(move |r| r.into_teardown(path))
 }
 
 /// Attaches every chip in parallel, prepares `callables` on each and prewarms; all or nothing.
@@ -167,7 +163,7 @@ pub(super) fn attach_chips(
                 states[i] = Some(state);
             }
             Ok((i, Err(AttachFailure::Failed { code, message, error, residue }))) => {
-                left.extend(residue_entries(path, i, residue));
+                left.extend(residue_entries(path, residue));
                 let p = pending[i].take().unwrap_or_default();
                 if failure.is_none() {
                     let chip = WorkerId(i as u32);
@@ -176,7 +172,7 @@ pub(super) fn attach_chips(
                 }
             }
             Ok((i, Err(AttachFailure::Deadline { step, residue }))) => {
-                left.extend(residue_entries(path, i, residue));
+                left.extend(residue_entries(path, residue));
                 steps[i] = Some(step);
                 deadline_passed = true;
                 break;
@@ -190,7 +186,9 @@ pub(super) fn attach_chips(
     if deadline_passed {
         let at_deadline: Vec<(usize, String)> =
             pending.iter().enumerate().filter_map(|(i, p)| Some((i, p.clone()?))).collect();
-        let mut rollback: Vec<(String, &str)> = Vec::new();
+        // Chips still starting at the deadline, by index.
+        let mut rollback: Vec<(usize, TeardownCause)> = Vec::new();
+        let device = |i: usize| devices.get(i).copied().unwrap_or_default();
         if process.is_some() {
             // A chip process still starting is killed at this same deadline by its start-up
             // thread; waiting for that thread here means `start` returns with every child
@@ -202,26 +200,25 @@ pub(super) fn attach_chips(
                 match r {
                     Ok(state) => {
                         states[i] = Some(state);
-                        if let Some(n) = pending[i].take() {
-                            rollback
-                                .push((n, "chip process started after the deadline; finalized"));
+                        if pending[i].take().is_some() {
+                            rollback.push((i, TeardownCause::StartedLate { device: device(i) }));
                         }
                     }
                     Err(AttachFailure::Deadline { step, residue }) => {
-                        left.extend(residue_entries(path, i, residue));
+                        left.extend(residue_entries(path, residue));
                         steps[i] = Some(step);
                     }
                     Err(AttachFailure::Failed { residue, .. }) => {
-                        left.extend(residue_entries(path, i, residue));
+                        left.extend(residue_entries(path, residue));
                     }
                 }
             }
-            for n in pending.iter().flatten() {
-                rollback.push((n.clone(), "chip process killed and reaped while still starting"));
+            for (i, _) in pending.iter().enumerate().filter(|(_, p)| p.is_some()) {
+                rollback.push((i, TeardownCause::StartKilled { device: device(i) }));
             }
         } else {
-            for n in pending.iter().flatten() {
-                rollback.push((n.clone(), "attach thread detached while still starting"));
+            for (i, _) in pending.iter().enumerate().filter(|(_, p)| p.is_some()) {
+                rollback.push((i, TeardownCause::AttachDetached { device: device(i) }));
             }
         }
         // Every chip pending at the deadline is named, with its step when known.
@@ -234,9 +231,11 @@ pub(super) fn attach_chips(
             .collect();
         let first = at_deadline.first().map_or(path, |(_, n)| n.as_str());
         let mut e = start_err(StartCause::DeadlineExceeded { pending: names, budget }, first);
-        let rollback =
-            rollback.into_iter().map(|(what, m)| TeardownError { what, message: m.into() });
-        e.rollback.extend(rollback);
+        e.rollback.extend(rollback.into_iter().map(|(i, cause)| TeardownError {
+            path: path.to_owned(),
+            what: TeardownPart::Chip(WorkerId(i as u32)),
+            cause,
+        }));
         failure = Some(e);
     }
     match failure {
@@ -244,12 +243,7 @@ pub(super) fn attach_chips(
         Some(mut e) => {
             e.rollback.extend(left);
             for mut s in states.into_iter().flatten() {
-                for r in s.finalize() {
-                    e.rollback.push(TeardownError {
-                        what: format!("{path} / chip {}", s.chip),
-                        message: rollback_message(r),
-                    });
-                }
+                e.rollback.extend(residue_entries(path, s.finalize()));
             }
             Err(e)
         }

@@ -35,8 +35,11 @@ use simpler_sched::{Endpoint, Engine, EngineConfig, SchedError};
 use simpler_types::{CallConfig, CallableId, CallableKind, TaskArgsView, WorkerId};
 
 use crate::child::ChildEndpoint;
-use crate::chip::{ChipEndpoint, ChipLane, ChipState, Residue};
-use crate::error::{BoxError, ConfigError, StartCause, StartError, TeardownError};
+use crate::chip::{ChipEndpoint, ChipLane, ChipState};
+use crate::error::{
+    BoxError, ConfigError, Residue, StartCause, StartError, TeardownCause, TeardownError,
+    TeardownPart,
+};
 use crate::faults::{Fault, Faults};
 use crate::graph::GraphBuilder;
 use crate::handle::{
@@ -755,7 +758,7 @@ impl CompositeWorkerBuilder {
                         }
                     };
                     if let Err(mut e) = r {
-                        rollback_children(started, &mut e.rollback, &path);
+                        rollback_children(started, &local_ids, &mut e.rollback, &path);
                         remote.rollback(&mut e.rollback, &path);
                         refuse_unreached(children.map(|(_, s)| s), &e);
                         return Err(e);
@@ -782,7 +785,7 @@ impl CompositeWorkerBuilder {
                         path: e.path,
                         rollback: e.rollback,
                     };
-                    rollback_children(started, &mut out.rollback, &path);
+                    rollback_children(started, &local_ids, &mut out.rollback, &path);
                     #[cfg(feature = "mpi")]
                     remote.rollback(&mut out.rollback, &path);
                     refuse_unreached(children.map(|(_, s)| s), &out);
@@ -873,14 +876,9 @@ impl CompositeWorkerBuilder {
 /// finalized, children closed) to the start error.
 fn with_residue(mut e: StartError, residue: &Mutex<Vec<Residue>>, path: &str) -> StartError {
     for r in std::mem::take(&mut *residue.lock()) {
-        e.rollback.push(TeardownError { what: path.to_owned(), message: rollback_message(r) });
+        e.rollback.push(r.into_teardown(path));
     }
     e
-}
-
-/// How a rollback reports what a finalized chip or closed child left behind.
-fn rollback_message(r: Residue) -> String {
-    r.into_message()
 }
 
 /// Step 1: host closures need sub workers to run on.
@@ -927,12 +925,19 @@ fn add_closures<F: ?Sized>(
     }
 }
 
-fn rollback_children(started: Vec<Worker>, rollback: &mut Vec<TeardownError>, path: &str) {
-    for (i, w) in started.into_iter().enumerate() {
+/// Closes the children started (`ids`: their child ids) of a start that failed.
+fn rollback_children(
+    started: Vec<Worker>,
+    ids: &[WorkerId],
+    rollback: &mut Vec<TeardownError>,
+    path: &str,
+) {
+    for (w, &id) in started.into_iter().zip(ids) {
         if let Err(e) = w.close() {
             rollback.push(TeardownError {
-                what: format!("{path} / child {i}"),
-                message: e.to_string(),
+                path: path.to_owned(),
+                what: TeardownPart::Child(id),
+                cause: TeardownCause::Child(Box::new(e)),
             });
         }
     }

@@ -17,9 +17,11 @@ use simpler_types::{
 
 use super::catalog;
 use super::mailbox::{Mailbox, PAYLOAD_BYTES, state};
-use super::wire::{FailureFrame, Malformed, Reader, Refusal, Writer, decode_config, op, status};
-use crate::chip::{ChipState, Residue};
-use crate::error::{MemError, RegistrationFailure};
+use super::wire::{
+    FailureFrame, Malformed, Reader, Refusal, Writer, decode_config, encode_code, op, status,
+};
+use crate::chip::ChipState;
+use crate::error::{Leak, Leaked, MemError, RegistrationFailure, Residue, TeardownCause};
 use crate::faults::Faults;
 
 /// How often a waiting child checks that its parent is alive.
@@ -269,10 +271,7 @@ impl Child {
                     self.out.0.clear();
                     self.out.u32(residue.len() as u32);
                     for r in &residue {
-                        match r {
-                            Residue::Leaked(t) => self.out.u8(1).str(t),
-                            Residue::Failed(t) => self.out.u8(0).str(t),
-                        };
+                        encode_residue(&mut self.out, r);
                     }
                     let _ = self.mailbox.write_reply(status::OK, self.last_seq, &self.out.0);
                     self.mailbox.publish(state::EXITED);
@@ -464,6 +463,33 @@ impl Child {
             // Acted on at shutdown.
             4 => {}
             _ => {}
+        }
+    }
+}
+
+/// Writes what finalizing the chip left for the parent, which names the chip and this process
+/// itself: a stuck device thread's name (tag 1), or a failure's device code and text (tag 0).
+fn encode_residue(w: &mut Writer, r: &Residue) {
+    match r {
+        Residue::Leaked(Leak { what: Leaked::DeviceThread(name), .. }) => {
+            w.u8(1).str(name);
+        }
+        Residue::Failed { cause: TeardownCause::Device(e), .. } => {
+            w.u8(0);
+            encode_code(w, e.device_code());
+            w.str(&e.to_string());
+        }
+        Residue::Failed { cause, .. } => {
+            w.u8(0);
+            encode_code(w, None);
+            w.str(&cause.to_string());
+        }
+        // A chip's finalize leaks only device threads; a remote worker is never a chip's.
+        #[cfg(feature = "mpi")]
+        Residue::Leaked(leak) => {
+            w.u8(0);
+            encode_code(w, None);
+            w.str(&format!("leaked: {leak}"));
         }
     }
 }

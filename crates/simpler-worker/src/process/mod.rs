@@ -311,6 +311,42 @@ pub enum ChildError {
     },
 }
 
+/// How ending a chip process went wrong ([`TeardownCause::ChipProcess`](crate::TeardownCause)).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShutdownFault {
+    /// Finalizing its chip failed there: the device's code, when it reported one, and its
+    /// text (the device's error itself stays in that process).
+    #[error("reported that finalizing its chip failed: {message}")]
+    Finalize {
+        /// The device's code.
+        code: Option<DeviceCode>,
+        /// The device's text.
+        message: String,
+    },
+    /// Its report of what its finalize left could not be read.
+    #[error("reported what its finalize left in a bad reply: {0}")]
+    BadReply(ReplyFault),
+    /// Its report of what its finalize left did not decode.
+    #[error("reported what its finalize left in a malformed reply")]
+    Malformed,
+    /// It finalized but did not exit within the budget: its process group was killed.
+    #[error("finalized but did not exit within {budget:?}; its process group was killed")]
+    NoExit {
+        /// The shutdown budget.
+        budget: Duration,
+    },
+    /// It did not finalize within the budget: its process group was killed.
+    #[error("did not finalize within {budget:?}; its process group was killed")]
+    NoFinalize {
+        /// The shutdown budget.
+        budget: Duration,
+    },
+    /// It ended during the shutdown, other than by exiting with status 0.
+    #[error("{0} during shutdown")]
+    Ended(ChildExit),
+}
+
 /// What was wrong with a reply read from a chip process's mailbox.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -25,12 +25,15 @@ use super::buffers::Buffers;
 use super::catalog::{self, Content};
 use super::mailbox::{BadLength, Mailbox, PAYLOAD_BYTES, state};
 use super::spawn::SpawnFault;
-use super::wire::{FailureFrame, Malformed, Reader, Writer, encode_config, op, status};
-use super::{
-    ChildError, ChildExit, OnChildDeath, ProcessOptions, ProtocolFault, ReplyFault, spawn,
+use super::wire::{
+    FailureFrame, Malformed, Reader, Writer, decode_code, encode_config, op, status,
 };
-use crate::chip::{Residue, device_failure};
-use crate::error::{MemError, RegistrationFailure};
+use super::{
+    ChildError, ChildExit, OnChildDeath, ProcessOptions, ProtocolFault, ReplyFault, ShutdownFault,
+    spawn,
+};
+use crate::chip::device_failure;
+use crate::error::{Leaked, MemError, RegistrationFailure, Residue, TeardownCause, TeardownPart};
 
 /// The largest piece of a copy in one request (the payload less its header fields).
 const PIECE: usize = PAYLOAD_BYTES - 64;
@@ -419,13 +422,9 @@ impl ChipProcess {
             let pid = self.pid();
             let left = self.shutdown();
             match &mut e {
-                ChildError::Restore { chip, pid, residue, .. } => {
-                    let what = format!("chip {chip}: restarted process (pid {pid})");
-                    let entry = |r: Residue| crate::TeardownError {
-                        what: what.clone(),
-                        message: r.into_message(),
-                    };
-                    residue.extend(left.into_iter().map(entry));
+                // The error names the chip and the process: the entries need no path.
+                ChildError::Restore { residue, .. } => {
+                    residue.extend(left.into_iter().map(|r| r.into_teardown("")));
                 }
                 _ => {
                     for r in left {
@@ -761,6 +760,9 @@ impl ChipProcess {
         let chip = self.chip;
         let Some(live) = self.live.as_ref() else { return Vec::new() };
         let pid = live.pid;
+        let failed = |fault| {
+            Residue::failed(TeardownPart::Chip(chip), TeardownCause::ChipProcess { pid, fault })
+        };
         live.mailbox.publish(state::SHUTDOWN);
         let (deadline, budget) = self.wait_deadline(self.opts.shutdown_timeout);
         let mut seen = state::SHUTDOWN;
@@ -775,22 +777,26 @@ impl ChipProcess {
                 let mut r = Reader(&self.reply);
                 let decoded = read.is_ok().then(|| {
                     for _ in 0..r.u32().ok()? {
-                        residue.push(match (r.u8().ok()?, r.str().ok()?) {
-                            (1, t) => Residue::Leaked(t.to_owned()),
-                            (0, t) => Residue::Failed(t.to_owned()),
+                        residue.push(match r.u8().ok()? {
+                            1 => Residue::leaked(
+                                TeardownPart::Chip(chip),
+                                Leaked::DeviceThread(r.str().ok()?.to_owned()),
+                            ),
+                            0 => {
+                                let code = decode_code(&mut r).ok()?;
+                                let message = r.str().ok()?.to_owned();
+                                failed(ShutdownFault::Finalize { code, message })
+                            }
                             _ => return None,
                         });
                     }
                     Some(())
                 });
-                if let Err(e) = read {
-                    residue.push(Residue::Failed(format!(
-                        "chip {chip}: its process (pid {pid}) reported what its finalize left in a bad reply: {e}"
-                    )));
+                if let Err(BadLength { len }) = read {
+                    let fault = ReplyFault::Length { len, capacity: PAYLOAD_BYTES };
+                    residue.push(failed(ShutdownFault::BadReply(fault)));
                 } else if decoded.flatten().is_none() {
-                    residue.push(Residue::Failed(format!(
-                        "chip {chip}: its process (pid {pid}) reported what its finalize left in a malformed reply"
-                    )));
+                    residue.push(failed(ShutdownFault::Malformed));
                 }
                 // The same deadline (the exit counts against the shutdown's budget), but never
                 // less than a short grace after `EXITED`.
@@ -800,26 +806,20 @@ impl ChipProcess {
                     (d, _) => d,
                 };
                 if !self.reap_after_exit_by(until) {
-                    residue.push(Residue::Failed(format!(
-                        "chip {chip}: its process (pid {pid}) finalized but did not exit within {budget:?}; its process group was killed"
-                    )));
+                    residue.push(failed(ShutdownFault::NoExit { budget }));
                 }
                 return residue;
             }
             seen = s;
             if let Some(exit) = self.exited() {
                 if exit != ChildExit::Code(0) {
-                    residue.push(Residue::Failed(format!(
-                        "chip {chip}: its process (pid {pid}) {exit} during shutdown"
-                    )));
+                    residue.push(failed(ShutdownFault::Ended(exit)));
                 }
                 return residue;
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 self.kill();
-                residue.push(Residue::Failed(format!(
-                    "chip {chip}: its process (pid {pid}) did not finalize within {budget:?}; its process group was killed"
-                )));
+                residue.push(failed(ShutdownFault::NoFinalize { budget }));
                 return residue;
             }
         }

@@ -210,10 +210,7 @@ impl FailureFrame {
             FailureMechanism::CapacityExhausted { what } => w.u8(5).str(what),
             _ => w.u8(2),
         };
-        match self.code {
-            Some(c) => w.u8(1).u32(c.code as u32).str(c.name),
-            None => w.u8(0),
-        };
+        encode_code(w, self.code);
         w.str(&self.message);
         match self.refusal {
             None => w.u8(0),
@@ -243,14 +240,7 @@ impl FailureFrame {
             5 => FailureMechanism::CapacityExhausted { what: r.str()?.to_owned() },
             _ => return Err(Malformed("mechanism")),
         };
-        let code = match r.u8()? {
-            0 => None,
-            1 => {
-                let code = r.u32()? as i32;
-                Some(DeviceCode::new(code, intern(r.str()?)))
-            }
-            _ => return Err(Malformed("device code tag")),
-        };
+        let code = decode_code(r)?;
         let message = r.str()?.to_owned();
         let refusal = match r.u8()? {
             0 => None,
@@ -287,6 +277,26 @@ fn budget_of(tag: u8) -> Result<TimeoutBudget, Malformed> {
         6 => TimeoutBudget::Other("a budget of the chip process"),
         _ => return Err(Malformed("timeout budget")),
     })
+}
+
+/// Writes a device's code, when it reported one.
+pub(crate) fn encode_code(w: &mut Writer, code: Option<DeviceCode>) {
+    match code {
+        Some(c) => w.u8(1).u32(c.code as u32).str(c.name),
+        None => w.u8(0),
+    };
+}
+
+/// Reads what [`encode_code`] wrote.
+pub(crate) fn decode_code(r: &mut Reader<'_>) -> Result<Option<DeviceCode>, Malformed> {
+    match r.u8()? {
+        0 => Ok(None),
+        1 => {
+            let code = r.u32()? as i32;
+            Ok(Some(DeviceCode::new(code, intern(r.str()?))))
+        }
+        _ => Err(Malformed("device code tag")),
+    }
 }
 
 /// The most distinct device-code names kept: a chip process of this build sends a few dozen at

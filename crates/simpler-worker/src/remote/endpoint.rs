@@ -46,8 +46,10 @@ use super::error::{LeftCause, RemoteError};
 use super::frames::{ManifestEntry, Outcome, Packet};
 use super::transport::Transport;
 use super::{MpiJob, describe, graph_entry};
-use crate::chip::Residue;
-use crate::error::{StartCause, StartError, TeardownError};
+use crate::error::{
+    Leaked, Residue, StartCause, StartError, TeardownCause, TeardownError, TeardownPart,
+};
+use crate::run::panic_text;
 
 /// Default liveness budget: how long a rank may stay silent before it counts as hung.
 pub const DEFAULT_LIVENESS: Duration = Duration::from_secs(10);
@@ -238,16 +240,7 @@ impl Adoption {
     /// Shuts the started sessions down after a failed start, reporting into `rollback`.
     pub(crate) fn rollback(self, rollback: &mut Vec<TeardownError>, path: &str) {
         for (id, s) in self.started {
-            let mut s = s.lock();
-            for r in s.shutdown() {
-                rollback.push(TeardownError {
-                    what: format!("{path} / child {id} (rank {})", s.rank),
-                    message: match r {
-                        Residue::Leaked(what) => format!("leaked: {what}"),
-                        Residue::Failed(m) => m,
-                    },
-                });
-            }
+            rollback.extend(s.lock().shutdown(id).into_iter().map(|r| r.into_teardown(path)));
         }
     }
 
@@ -578,16 +571,23 @@ impl Session {
         }
     }
 
-    /// Ends the session with `Shutdown`; returns what the remote close reported.
-    fn shutdown(&mut self) -> Vec<Residue> {
+    /// The part of a worker this session is, as child `child`.
+    fn part(&self, child: WorkerId) -> TeardownPart {
+        TeardownPart::Remote { child, rank: self.rank, host: self.host.clone() }
+    }
+
+    /// Ends the session of child `child` with `Shutdown`; returns what the remote close
+    /// reported.
+    fn shutdown(&mut self, child: WorkerId) -> Vec<Residue> {
         if !self.open {
             return Vec::new();
         }
         let rank = self.rank;
+        let part = self.part(child);
         let mut residue = Vec::new();
         if let Some(e @ RemoteError::Left { .. }) = &self.failed {
             // The rank already left this session: nobody there would answer a `Shutdown`.
-            residue.push(Residue::Failed(format!("rank {rank} ({}): {e}", self.host)));
+            residue.push(Residue::failed(part, TeardownCause::Remote(e.clone())));
             self.end();
             return residue;
         }
@@ -597,8 +597,8 @@ impl Session {
         match self.transport.send(rank, &Packet::Shutdown) {
             Ok(()) => match self.wait_shutdown_done(lost_before) {
                 Ok(Packet::ShutdownDone { errors }) => {
-                    residue.extend(errors.into_iter().map(|e| {
-                        Residue::Failed(format!("rank {rank} ({}): close: {e}", self.host))
+                    residue.extend(errors.into_iter().map(|report| {
+                        Residue::failed(part.clone(), TeardownCause::RemoteClose { report })
                     }));
                 }
                 Ok(_) => unreachable!("wait returns only frames its filter accepts"),
@@ -608,17 +608,16 @@ impl Session {
                 // through to a worker that may have leaked.
                 Err(Waited::Failed(
                     e @ RemoteError::Left { cause: LeftCause::ShutdownDoneLost { .. }, .. },
-                )) => {
-                    residue.push(Residue::Failed(format!("rank {rank} ({}): {e}", self.host)));
+                )) => residue.push(Residue::failed(part, TeardownCause::Remote(e))),
+                Err(Waited::Deadline) => residue.push(Residue::leaked(
+                    part,
+                    Leaked::RemoteUnconfirmed { budget: SHUTDOWN_BUDGET },
+                )),
+                Err(Waited::Failed(e)) => {
+                    residue.push(Residue::leaked(part, Leaked::RemoteLost(e)));
                 }
-                Err(Waited::Deadline) => residue.push(Residue::Leaked(format!(
-                    "rank {rank}: L3 worker did not confirm its shutdown within {SHUTDOWN_BUDGET:?}"
-                ))),
-                Err(Waited::Failed(e)) => residue.push(Residue::Leaked(format!(
-                    "rank {rank}: L3 worker did not confirm its shutdown: {e}"
-                ))),
             },
-            Err(e) => residue.push(Residue::Failed(format!("rank {rank}: shutdown: {e}"))),
+            Err(e) => residue.push(Residue::failed(part, TeardownCause::RemoteShutdown(e))),
         }
         self.end();
         residue
@@ -701,7 +700,7 @@ impl Endpoint for RemoteEndpoint {
     }
 
     fn shutdown(&mut self) {
-        let r = self.session.lock().shutdown();
+        let r = self.session.lock().shutdown(self.id);
         self.residue.lock().extend(r);
     }
 }
@@ -710,13 +709,15 @@ impl Drop for RemoteEndpoint {
     /// Shuts a session down whose endpoint was never shut down (an engine that failed to
     /// start). Never unwinds out of the drop.
     fn drop(&mut self) {
-        let session = &self.session;
-        match catch_unwind(AssertUnwindSafe(|| session.lock().shutdown())) {
+        let (session, id) = (&self.session, self.id);
+        match catch_unwind(AssertUnwindSafe(|| session.lock().shutdown(id))) {
             Ok(r) => self.residue.lock().extend(r),
-            Err(_) => self
-                .residue
-                .lock()
-                .push(Residue::Failed(format!("rank {}: shutdown panicked", self.rank))),
+            Err(p) => {
+                let part = session.lock().part(id);
+                let message = panic_text(p.as_ref());
+                let cause = TeardownCause::Panicked { step: "shutdown", message };
+                self.residue.lock().push(Residue::failed(part, cause));
+            }
         }
     }
 }
@@ -760,24 +761,34 @@ mod tests {
                 wire.answer(1, &Packet::Left { session: 1, cause });
                 Ok(())
             });
-            let residue = s.lock().shutdown();
+            let residue = s.lock().shutdown(WorkerId(0));
             assert_eq!(rank.join().unwrap(), Ok(()));
             residue
         };
+        let part = TeardownPart::Remote { child: WorkerId(0), rank: 1, host: "host1".into() };
         let lost = LeftCause::ShutdownDoneLost {
             lost: Box::new(LeftCause::Mpi { op: "MPI_Isend (drill)", code: -1 }),
             close: None,
         };
-        match residue(lost).as_slice() {
-            [Residue::Failed(m)] => assert!(m.contains("ShutdownDone was lost"), "{m}"),
+        match residue(lost.clone()).as_slice() {
+            [
+                Residue::Failed {
+                    what,
+                    cause: TeardownCause::Remote(RemoteError::Left { rank: 1, cause }),
+                },
+            ] => assert_eq!((what, cause), (&part, &lost)),
             other => panic!("a lost ShutdownDone gave {other:?}"),
         }
         let damaged = LeftCause::Protocol(ProtocolViolation::Malformed(DecodeError::Version {
             found: 99,
             expected: 9,
         }));
-        match residue(damaged).as_slice() {
-            [Residue::Leaked(m)] => assert!(m.contains("did not confirm its shutdown"), "{m}"),
+        match residue(damaged.clone()).as_slice() {
+            [Residue::Leaked(leak)] => {
+                let left = RemoteError::Left { rank: 1, cause: damaged };
+                assert_eq!(leak.at, [part]);
+                assert_eq!(leak.what, Leaked::RemoteLost(left));
+            }
             other => panic!("a Left for a damaged frame gave {other:?}"),
         }
     }

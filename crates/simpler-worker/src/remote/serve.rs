@@ -497,14 +497,15 @@ mod tests {
     fn a_close_error_that_could_not_reach_rank_0_is_returned_with_the_failed_send_beside_it() {
         let close = || CloseError {
             teardown: vec![crate::error::TeardownError {
-                what: "L3 / chip 0".to_owned(),
-                message: "the device did not release".to_owned(),
+                path: "L3".to_owned(),
+                what: crate::TeardownPart::Chip(simpler_types::WorkerId(0)),
+                cause: crate::TeardownCause::Unwound,
             }],
             ..CloseError::default()
         };
         match shut_down(Err(close()), Err(RemoteError::Finalized)) {
             Err(ServeError::CloseUnreported { close, report: RemoteError::Finalized }) => {
-                assert_eq!(close.teardown[0].message, "the device did not release");
+                assert!(matches!(close.teardown[0].cause, crate::TeardownCause::Unwound));
             }
             other => panic!("a close error whose ShutdownDone was lost gave {other:?}"),
         }
@@ -534,11 +535,13 @@ mod tests {
             other => panic!("a start failure whose Manifest was lost gave {other:?}"),
         }
         assert!(matches!(start_failed(start(), Ok(())), ServeError::Start(_)));
-        let close = CloseError { leaked: vec!["chip 0".to_owned()], ..CloseError::default() };
+        let thread = crate::Leaked::DeviceThread("t".to_owned());
+        let leak = crate::Leak::new(crate::TeardownPart::Chip(simpler_types::WorkerId(0)), thread);
+        let close = CloseError { leaked: vec![leak.clone()], ..CloseError::default() };
         match refused("a duplicate host".to_owned(), Err(close)) {
             ServeError::RefusedThenClose { reason, close } => {
                 assert_eq!(reason, "a duplicate host");
-                assert_eq!(close.leaked, ["chip 0"]);
+                assert_eq!(close.leaked, [leak]);
             }
             other => panic!("a refusal whose close failed gave {other:?}"),
         }
