@@ -586,8 +586,9 @@ impl Session {
         let part = self.part(child);
         let mut residue = Vec::new();
         if let Some(e @ RemoteError::Left { .. }) = &self.failed {
-            // The rank already left this session: nobody there would answer a `Shutdown`.
-            residue.push(Residue::failed(part, TeardownCause::Remote(e.clone())));
+            // The rank already left this session: nobody there would answer a `Shutdown`. Its
+            // `Left` is judged as one arriving in answer to `Shutdown` is, below.
+            residue.push(left_residue(part, e.clone()));
             self.end();
             return residue;
         }
@@ -602,13 +603,9 @@ impl Session {
                     }));
                 }
                 Ok(_) => unreachable!("wait returns only frames its filter accepts"),
-                // The rank says why no `ShutdownDone` comes (it was lost on its way), and what
-                // its close did: nothing is unaccounted for. A `Left` for any other cause (a
-                // frame lost or damaged before `Shutdown`) says nothing of the close, and falls
-                // through to a worker that may have leaked.
-                Err(Waited::Failed(
-                    e @ RemoteError::Left { cause: LeftCause::ShutdownDoneLost { .. }, .. },
-                )) => residue.push(Residue::failed(part, TeardownCause::Remote(e))),
+                Err(Waited::Failed(e @ RemoteError::Left { .. })) => {
+                    residue.push(left_residue(part, e));
+                }
                 Err(Waited::Deadline) => residue.push(Residue::leaked(
                     part,
                     Leaked::RemoteUnconfirmed { budget: SHUTDOWN_BUDGET },
@@ -621,6 +618,19 @@ impl Session {
         }
         self.end();
         residue
+    }
+}
+
+/// What a serving rank's `Left` leaves of its session at close, whenever it came. One saying
+/// its `ShutdownDone` was lost also says what its close did: nothing is unaccounted for. A
+/// `Left` for any other cause (a frame lost or damaged) says nothing of the close: the rank's
+/// worker may have leaked.
+fn left_residue(part: TeardownPart, left: RemoteError) -> Residue {
+    match left {
+        RemoteError::Left { cause: LeftCause::ShutdownDoneLost { .. }, .. } => {
+            Residue::failed(part, TeardownCause::Remote(left))
+        }
+        other => Residue::leaked(part, Leaked::RemoteLost(other)),
     }
 }
 
@@ -785,11 +795,21 @@ mod tests {
         }));
         match residue(damaged.clone()).as_slice() {
             [Residue::Leaked(leak)] => {
-                let left = RemoteError::Left { rank: 1, cause: damaged };
+                let left = RemoteError::Left { rank: 1, cause: damaged.clone() };
                 assert_eq!(leak.at, [part]);
                 assert_eq!(leak.what, Leaked::RemoteLost(left));
             }
             other => panic!("a Left for a damaged frame gave {other:?}"),
+        }
+        // The same `Left`, met before the close (a task's wait saw it), is judged alike.
+        let (t, _wire) = detached::rank0(2);
+        let t = Arc::new(t);
+        let s = session(&t, 1);
+        let left = RemoteError::Left { rank: 1, cause: damaged };
+        s.lock().failed = Some(left.clone());
+        match s.lock().shutdown(WorkerId(0)).as_slice() {
+            [Residue::Leaked(leak)] => assert_eq!(leak.what, Leaked::RemoteLost(left)),
+            other => panic!("a Left met before the close gave {other:?}"),
         }
     }
 
