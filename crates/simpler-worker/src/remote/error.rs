@@ -273,8 +273,10 @@ pub enum LeftCause {
     },
     /// An error the frame format has no code for (one naming a rank other than rank 0, a
     /// call configuration rule, an MPI function or an expected set of frames it does not
-    /// list), rendered on that rank. No such error ends a session today: this keeps a cause
-    /// added later from being dropped.
+    /// list), rendered on that rank. Of these only a `Task` frame whose call configuration
+    /// breaks a rule (`DecodeError::Config`, which a rank 0 of this build never sends, since it
+    /// validated the configuration at submit) ends a session today; the variant also keeps a
+    /// cause added later from being dropped.
     #[error("{text}")]
     Other {
         /// The error, rendered on that rank.
