@@ -503,6 +503,16 @@ pub enum TensorProblem {
         /// The buffer's length in bytes.
         len: u64,
     },
+    /// Its buffer is named by empty views only, and with the task's other such buffers it
+    /// holds more bytes than a serving rank allocates for bytes nobody reads or gets back.
+    EmptyViewsOnly {
+        /// The buffer's address.
+        addr: HostAddr,
+        /// The bytes of the task's buffers named only by empty views, up to this one.
+        len: u64,
+        /// The most a serving rank allocates for them.
+        cap: u64,
+    },
 }
 
 impl TensorProblem {
@@ -524,6 +534,11 @@ impl TensorProblem {
             TensorProblem::NoSpan { addr, len } => format!(
                 "is a view whose bytes do not lie inside its HostBuffer at {addr} ({len} \
                  bytes), so which bytes to send and take back is unknown"
+            ),
+            TensorProblem::EmptyViewsOnly { addr, len, cap } => format!(
+                "is an empty view of the HostBuffer at {addr}, which only empty views of the \
+                 task name: with the task's other such buffers that is {len} bytes, more than \
+                 the {cap} a serving rank allocates for bytes nobody reads; view a smaller buffer"
             ),
         }
     }

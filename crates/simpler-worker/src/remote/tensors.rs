@@ -32,9 +32,38 @@ use crate::staging::{merged, push_unique, span_in};
 pub(crate) const NOT_WRITTEN_BACK_CAP: u64 = 16 << 20;
 
 /// The submit-time check of a task for remote child `child` (on `rank`): every tensor is null
-/// or lies in a live [`HostBuffer`] at its base and is not tagged `NoDep`. Returns the buffers,
-/// which the run keeps alive until the endpoint has shipped them.
+/// or lies in a live [`HostBuffer`] at its base and is not tagged `NoDep`, and the buffers only
+/// empty views name fit what a serving rank allocates for them ([`NOT_WRITTEN_BACK_CAP`]).
+/// Returns the buffers, which the run keeps alive until the endpoint has shipped them.
 pub(crate) fn refuse_unshippable(
+    args: &TaskArgs,
+    child: WorkerId,
+    rank: i32,
+) -> Result<Vec<HostBuffer>, WorkerError> {
+    let out = shippable_buffers(args, child, rank)?;
+    // Rank 0 sends a buffer without its bytes, and the serving rank allocates it in full,
+    // when only empty views name it (the serving rank's own check, refused here already).
+    let mut empty_only = 0u64;
+    for buf in &out {
+        let named = |t: &&Tensor| !t.is_null() && t.addr == buf.addr();
+        if args.tensors().iter().filter(named).all(|t| t.numel() == 0) {
+            empty_only = empty_only.saturating_add(buf.len());
+            if empty_only > NOT_WRITTEN_BACK_CAP {
+                let arg = args.tensors().iter().position(|t| t.addr == buf.addr()).unwrap_or(0);
+                let problem = TensorProblem::EmptyViewsOnly {
+                    addr: HostAddr(buf.addr()),
+                    len: empty_only,
+                    cap: NOT_WRITTEN_BACK_CAP,
+                };
+                return Err(WorkerError::RemoteTensor(TensorRefusal { arg, child, rank, problem }));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The per-tensor part of [`refuse_unshippable`]: the distinct buffers, in order.
+fn shippable_buffers(
     args: &TaskArgs,
     child: WorkerId,
     rank: i32,
@@ -523,6 +552,36 @@ mod tests {
         // Nor may many buffers that each fit a frame, together.
         let refused = unpack(outputs_over(1 << 30, 3)).err();
         assert_eq!(refused, Some(ArgumentsProblem::OutputsTooLarge { bytes: 3 << 30, limit }));
+    }
+
+    #[test]
+    fn rank_0_refuses_at_submit_the_empty_views_a_serving_rank_would_refuse() {
+        let (small, big) = (HostBuffer::new(1 << 20).unwrap(), HostBuffer::new(32 << 20).unwrap());
+        let args = |bufs: &[&HostBuffer]| {
+            let mut args = TaskArgs::new();
+            for b in bufs {
+                args.add_output(b.tensor(&[0], DataType::Float32).unwrap()).unwrap();
+            }
+            args
+        };
+        assert!(refuse_unshippable(&args(&[&small]), WorkerId(0), 1).is_ok());
+        match refuse_unshippable(&args(&[&small, &big]), WorkerId(0), 1) {
+            Err(WorkerError::RemoteTensor(TensorRefusal {
+                arg: 1,
+                problem: TensorProblem::EmptyViewsOnly { addr, len, cap },
+                ..
+            })) => {
+                assert_eq!(
+                    (addr, len, cap),
+                    (HostAddr(big.addr()), 33 << 20, NOT_WRITTEN_BACK_CAP)
+                );
+            }
+            other => panic!("an empty view of a 32 MiB buffer gave {other:?}"),
+        }
+        // A buffer a non-empty view also names travels with its bytes: no cap applies.
+        let mut mixed = args(&[&big]);
+        mixed.add_input(big.tensor(&[4], DataType::Float32).unwrap()).unwrap();
+        assert!(refuse_unshippable(&mixed, WorkerId(0), 1).is_ok());
     }
 
     #[test]
