@@ -81,8 +81,8 @@ fn returned(e: BoxError) -> EndpointFailure {
 }
 
 /// `e`'s text followed by that of each error in its source chain, joined by `": "`. A source
-/// whose text the text so far already ends with (an error that writes `"…: {source}"` and also
-/// returns it as its source) is not repeated.
+/// the text so far already ends with as its own part (an error that writes `"…: {source}"`
+/// and also returns it as its source) is not repeated.
 fn error_text(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
@@ -91,7 +91,9 @@ fn error_text(e: &(dyn std::error::Error + 'static)) -> String {
     for _ in 0..SOURCE_DEPTH {
         let Some(s) = source else { return text };
         let next = s.to_string();
-        if !text.ends_with(&next) {
+        let shown = text == next
+            || text.strip_suffix(next.as_str()).is_some_and(|head| head.ends_with(": "));
+        if !shown {
             text.push_str(": ");
             text.push_str(&next);
         }
@@ -178,5 +180,25 @@ mod tests {
         let refused = crate::MemError::Tensor(simpler_types::TypesError::NotContiguous);
         let text = error_text(&refused);
         assert_eq!(text.matches(&simpler_types::TypesError::NotContiguous.to_string()).count(), 1);
+        // A source whose text only happens to end the error's own is still shown.
+        let status = std::io::Error::other("the tool exited with status 12");
+        let text = error_text(&Plain(status, std::io::Error::other("2")));
+        assert_eq!(text, "the tool exited with status 12: 2");
+    }
+
+    /// An error that shows only its own text and returns `.1` as its source.
+    #[derive(Debug)]
+    struct Plain(std::io::Error, std::io::Error);
+
+    impl std::fmt::Display for Plain {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            self.0.fmt(f)
+        }
+    }
+
+    impl std::error::Error for Plain {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.1)
+        }
     }
 }
