@@ -70,8 +70,6 @@ impl fmt::Display for OrchOp {
 pub enum PointerArg {
     /// The task descriptor of `submit`.
     TaskDescriptor,
-    /// One of the tensor, tag or scalar arrays of `submit`'s task descriptor.
-    TaskArrays,
     /// The tensor descriptor (or array of them) of the call.
     Descriptor,
     /// The destination of `tensor_data`.
@@ -84,7 +82,6 @@ impl fmt::Display for PointerArg {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             PointerArg::TaskDescriptor => "task descriptor",
-            PointerArg::TaskArrays => "tensor, tag or scalar array",
             PointerArg::Descriptor => "tensor descriptor",
             PointerArg::Destination => "destination",
             PointerArg::Source => "source",
@@ -226,6 +223,20 @@ pub enum ArgsProblem {
         op: OrchOp,
         /// The pointer.
         pointer: PointerArg,
+    },
+    /// A `submit`'s tensor, tag or scalar array is null or misaligned while its count says
+    /// it holds elements.
+    #[error(
+        "task#{task}: a null or misaligned array for its {tensors} tensors (and tags) or \
+         {scalars} scalars"
+    )]
+    BadTaskArrays {
+        /// The task's index in submission order.
+        task: u64,
+        /// The tensors its descriptor states.
+        tensors: usize,
+        /// The scalars its descriptor states.
+        scalars: usize,
     },
     /// A length an ops-table call received does not fit the host's address space.
     #[error("{op}: length {len} overflows")]

@@ -775,8 +775,11 @@ unsafe extern "C-unwind" fn op_submit(rt: *mut c_void, desc: *const SubmitDesc) 
     // SAFETY: the descriptor's arrays hold the counts it states (the orchestration's contract,
     // upheld by `OrchCtx`); the counts were bounded above; null and misaligned ones are refused.
     let Some((tensors, tags, scalars)) = (unsafe { d.arrays() }) else {
-        let pointer = PointerArg::TaskArrays;
-        return i64::from(b.invalid(ArgsProblem::BadPointer { op: OrchOp::Submit, pointer }));
+        return i64::from(b.invalid(ArgsProblem::BadTaskArrays {
+            task: b.task_total,
+            tensors: d.num_tensors as usize,
+            scalars: d.num_scalars as usize,
+        }));
     };
     b.submit(d.func_ids, d.shape, d.block_num, tensors, tags, scalars)
 }

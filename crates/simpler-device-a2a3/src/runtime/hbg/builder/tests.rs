@@ -127,9 +127,9 @@ fn a_null_or_misaligned_argument_array_with_a_count_is_refused_not_read_as_empty
         // which is what is refused).
         let status = unsafe { op_submit(rt, &d) };
         assert_eq!(status, i64::from(ORCH_INVALID), "{what}");
-        let pointer = PointerArg::TaskArrays;
         let p = problem(b.finish().unwrap_err());
-        assert_eq!(p, ArgsProblem::BadPointer { op: OrchOp::Submit, pointer }, "{what}");
+        let scalars = d.num_scalars as usize;
+        assert_eq!(p, ArgsProblem::BadTaskArrays { task: 0, tensors: 1, scalars }, "{what}");
     }
     // Null arrays with zero counts are empty, as C passes them.
     let mut f = Fixture::default();
