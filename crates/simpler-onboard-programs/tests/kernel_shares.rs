@@ -87,7 +87,7 @@ fn each_call_of_a_task_writes_exactly_its_share_of_a_test_kernels_output() {
                 "mul" => x[i] * y[i],
                 _ => x[i] + 0.5,
             };
-            // Output views starting on and off a cache line boundary of one buffer per task.
+            // Output views starting on a cache line boundary (0, 16) and off one (3).
             for offset in [0u64, 3, 16] {
                 for (blocks, copies) in [(1, 1), (2, 1), (3, 1), (4, 1), (1, 2), (2, 3), (3, 2)] {
                     let task = Task { n, offset, blocks, copies };
@@ -121,8 +121,10 @@ fn check_task(
     name: &str,
 ) {
     let Task { n, offset, blocks, copies } = task;
-    let mut out = vec![f32::from_bits(SENTINEL); n as usize + offset as usize + 16];
-    let first = out.as_ptr() as u64 + 4 * offset;
+    let mut out = vec![f32::from_bits(SENTINEL); n as usize + offset as usize + 32];
+    // The view starts `offset` elements past the buffer's first cache line boundary.
+    let start = (LINE - out.as_ptr() as u64 % LINE) % LINE / 4 + offset;
+    let first = out.as_ptr() as u64 + 4 * start;
     let mut covered = vec![false; n as usize];
     let mut lines_written = std::collections::BTreeSet::new();
     for block in 0..blocks {
@@ -130,12 +132,12 @@ fn check_task(
             out.fill(f32::from_bits(SENTINEL));
             let o = out.as_mut_ptr();
             let descs: Vec<[u8; 128]> = if scalar {
-                vec![descriptor(x.as_ptr(), 0, n), descriptor(o, offset, n)]
+                vec![descriptor(x.as_ptr(), 0, n), descriptor(o, start, n)]
             } else {
                 vec![
                     descriptor(x.as_ptr(), 0, n),
                     descriptor(y.as_ptr(), 0, n),
-                    descriptor(o, offset, n),
+                    descriptor(o, start, n),
                 ]
             };
             let contexts = Contexts {
@@ -167,7 +169,7 @@ fn check_task(
                     "{name}: buffer element {j} (view from {offset}, {n} elements), block {block} of \
                      {blocks}, copy {copy} of {copies}"
                 );
-                let i = (j as u64).wrapping_sub(offset);
+                let i = (j as u64).wrapping_sub(start);
                 if i < u64::from(n) && mine.contains(&i) {
                     assert_eq!(*v, want(i as usize), "{what}");
                     assert!(!covered[i as usize], "{what} was written by an earlier call too");
