@@ -13,9 +13,10 @@
 //! - [`paged_attention`]: attention over a block-paged key/value cache, with task counts the
 //!   block table decides.
 //!
-//! The kernels check what they are handed: a tensor that is not a contiguous f32 view whose
-//! first element is 4-byte aligned, or a missing scalar, makes the kernel write nothing rather
-//! than read out of bounds or misaligned. The orchestrations return an [`OrchError`] with
+//! The kernels check what they are handed: a null tensor (an optional input left out), a
+//! tensor that is not a contiguous f32 view whose first element is 4-byte aligned, or a
+//! missing scalar, makes the kernel write nothing rather than read address 0, out of bounds or
+//! misaligned. The orchestrations return an [`OrchError`] with
 //! status −1 when a chip argument is missing or a task's arguments do not fit. These kernels
 //! are the only unsafe code here: each reads its argument slots through [`KernelCall`], whose
 //! contract the runtime upholds when it calls them.
@@ -103,10 +104,11 @@ fn three_args(_: &OrchArgs<'_>) -> OrchConfig {
 
 /// Tensor `i`'s view as `(first element, elements)`, for a contiguous f32 view whose first
 /// element is 4-byte aligned (so that every element is: [`element`] accesses them as atomic
-/// words).
+/// words). A null tensor has none: the runtimes pass one through for an optional input
+/// without checking its shape.
 fn f32_view(k: &KernelCall<'_>, i: usize) -> Option<(*mut f32, usize)> {
     let t = k.tensor(i)?;
-    if !t.contiguous() || t.data_type().ok() != Some(DataType::Float32) {
+    if t.is_null() || !t.contiguous() || t.data_type().ok() != Some(DataType::Float32) {
         return None;
     }
     let addr = t.data_addr();

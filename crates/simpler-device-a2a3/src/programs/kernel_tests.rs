@@ -71,8 +71,8 @@ struct Case {
 impl Case {
     /// The output after running the kernel as block `block.0` of `block.1`, copy `copy.0` of
     /// `copy.1`, over fresh copies of the buffers, each tensor one-dimensional over its whole
-    /// buffer, but for buffer `skewed.0`, whose tensor starts `skewed.1` bytes into it.
-    fn run_skewed(&self, block: (u32, u32), copy: (u16, u16), skewed: (usize, u64)) -> Vec<u32> {
+    /// buffer, but for buffer `odd.0`, whose tensor is placed as `odd.1` says.
+    fn run_odd(&self, block: (u32, u32), copy: (u16, u16), odd: (usize, Odd)) -> Vec<u32> {
         // One more word each, for a skewed view to end in.
         let mut buffers: Vec<Vec<u32>> =
             self.buffers.iter().map(|b| [b.as_slice(), &[0]].concat()).collect();
@@ -81,8 +81,11 @@ impl Case {
             .enumerate()
             .map(|(j, b)| {
                 let len = (b.len() - 1) as u32;
-                let skew = if j == skewed.0 { skewed.1 } else { 0 };
-                let addr = b.as_mut_ptr() as u64 + skew;
+                let addr = match odd {
+                    (k, Odd::Skewed(skew)) if k == j => b.as_mut_ptr() as u64 + skew,
+                    (k, Odd::Null) if k == j => 0,
+                    _ => b.as_mut_ptr() as u64,
+                };
                 Tensor::external(addr, &[len], DataType::Float32).expect("a tensor")
             })
             .collect();
@@ -108,8 +111,17 @@ impl Case {
     }
 
     fn run(&self, block: (u32, u32), copy: (u16, u16)) -> Vec<u32> {
-        self.run_skewed(block, copy, (0, 0))
+        self.run_odd(block, copy, (0, Odd::Skewed(0)))
     }
+}
+
+/// How [`Case::run_odd`] places one tensor.
+#[derive(Clone, Copy)]
+enum Odd {
+    /// `n` bytes into its buffer.
+    Skewed(u64),
+    /// At address 0, the null tensor an optional input is given as.
+    Null,
 }
 
 fn f32s(values: impl IntoIterator<Item = f32>) -> Vec<u32> {
@@ -275,13 +287,27 @@ fn a_kernel_with_a_view_that_is_not_4_byte_aligned_writes_nothing() {
     for case in cases() {
         for j in 0..case.buffers.len() {
             for skew in [1, 2, 3] {
-                let got = case.run_skewed((0, 1), (0, 1), (j, skew));
+                let got = case.run_odd((0, 1), (0, 1), (j, Odd::Skewed(skew)));
                 assert!(
                     got == case.buffers[case.out],
                     "{}: tensor {j} skewed by {skew} bytes, yet the output was written",
                     case.name
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn a_kernel_given_a_null_tensor_writes_nothing_and_reads_nothing() {
+    for case in cases() {
+        for j in 0..case.buffers.len() {
+            let got = case.run_odd((0, 1), (0, 1), (j, Odd::Null));
+            assert!(
+                got == case.buffers[case.out],
+                "{}: tensor {j} null, yet the output was written",
+                case.name
+            );
         }
     }
 }
