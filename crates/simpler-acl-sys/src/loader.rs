@@ -509,7 +509,8 @@ impl Cann {
     /// # Errors
     ///
     /// [`Error::Load`] when a library or symbol is missing, [`Error::Acl`] when `aclInit`
-    /// fails, or the `aclFinalize` that ends the session.
+    /// fails. An `aclFinalize` that fails as the session ends is logged, not returned: the
+    /// name was read, and ACL's session ends all the same.
     pub fn soc_name(&self) -> Result<Option<String>, Error> {
         let session = self.acl_session()?;
         // SAFETY: no arguments; the answer is null or a NUL-terminated string CANN keeps alive.
@@ -517,10 +518,8 @@ impl Cann {
             // SAFETY: as above; copied before anything else is called.
             (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
         });
-        let ended = session.end();
-        let name = name?;
-        ended?;
-        Ok(name)
+        drop(session);
+        Ok(name?)
     }
 
     /// Turns the return code of an ACL or RTS call into a result, capturing CANN's recent error
