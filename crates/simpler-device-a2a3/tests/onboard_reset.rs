@@ -445,11 +445,13 @@ fn force_resets_without_acl(log: &[Call]) -> Vec<String> {
 #[test]
 fn two_runners_force_resetting_at_once_never_finalize_acl_under_each_other() {
     const ROUNDS: usize = 10;
+    // Rounds whose two resets held ACL at once: one `aclInit` for both sessions.
+    let mut overlapped = 0;
     for round in 0..ROUNDS {
         let b = Onboard::new();
         // A force reset that takes a while, as on a device, lets the other runner's reset
         // begin meanwhile.
-        b.install.set_value("force_reset_delay_ms", 20).unwrap();
+        b.install.set_value("force_reset_delay_ms", 50).unwrap();
         // Both runners still have a run launched at finalize: each force-resets its device.
         let runners: Vec<_> = (0..2)
             .map(|device| {
@@ -483,7 +485,10 @@ fn two_runners_force_resetting_at_once_never_finalize_acl_under_each_other() {
             codes(&log)
         );
         assert!(!b.install.acl_initialized().unwrap(), "round {round}: ACL left initialised");
+        overlapped += usize::from(count(&log, "aclInit") == 1);
     }
+    // Otherwise the rounds ran one reset after the other and tested no sharing.
+    assert!(overlapped > 0, "in none of {ROUNDS} rounds did the two force resets overlap");
 }
 
 #[test]
