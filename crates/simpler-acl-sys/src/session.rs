@@ -25,6 +25,14 @@
 //!    the next lease's `aclInit` finds out again who holds ACL.
 //! 5. A key is never reused while its entry lives: every lease borrows its [`Cann`], which
 //!    keeps the library loaded, so no other library can be loaded at that address meanwhile.
+//!    A lease passed to `mem::forget` never ends: its library's ACL is then never finalized,
+//!    and a library loaded later at the same address would count itself in the stale entry
+//!    without calling `aclInit`.
+//!
+//! The table stays locked while `aclInit` or `aclFinalize` runs, so a slow one delays leases
+//! on every library. When `aclFinalize` fails, ACL stays initialised and the next lease's
+//! `aclInit` answers `ACL_ERROR_REPEAT_INITIALIZE`: from then on the project takes ACL for
+//! initialised outside it and leaves it initialised.
 
 use std::fmt;
 use std::mem::ManuallyDrop;
