@@ -78,15 +78,16 @@ impl<'a> KernelCall<'a> {
         self.global().sub_block_id
     }
 
-    /// Index of this call among the members of its block that run this kernel (in member
-    /// order: AIC, AIV0, AIV1), `0..copy_num()`: 0 outside MIX tasks. The copies of a block
+    /// Index of this call among the members of its block that name this kernel's function id
+    /// (in member order: AIC, AIV0, AIV1), `0..copy_num()`: 0 outside MIX tasks. The copies of a block
     /// see the same `block_idx`, so a kernel that splits its work by block splits each block's
     /// part again by copy, or has one copy do it.
     pub fn copy_idx(&self) -> u32 {
         u32::from(self.global().copy_idx)
     }
 
-    /// How many members of this call's block run this kernel: 1 outside MIX tasks, up to 3.
+    /// How many members of this call's block name this kernel's function id: 1 outside MIX
+    /// tasks, up to 3.
     pub fn copy_num(&self) -> u32 {
         u32::from(self.global().copy_num.max(1))
     }
