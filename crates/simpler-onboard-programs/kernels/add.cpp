@@ -11,6 +11,9 @@ SIMPLER_KERNEL_ENTRY {
     }
     uint64_t n = simpler_min(out.len, simpler_min(x.len, y.len));
     SimplerShare part = simpler_share(args, out.data, n);
+    simpler_kernel_fetch(x.data + part.begin, 4 * (part.end - part.begin));
+    simpler_kernel_fetch(y.data + part.begin, 4 * (part.end - part.begin));
+    simpler_kernel_fetch(out.data + part.begin, 4 * (part.end - part.begin));
     for (uint64_t i = part.begin; i < part.end; ++i) {
         out.data[i] = x.data[i] + y.data[i];
     }

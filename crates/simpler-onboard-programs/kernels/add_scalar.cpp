@@ -10,6 +10,8 @@ SIMPLER_KERNEL_ENTRY {
     float s = simpler_f32_scalar(args, 2, 0);
     uint64_t n = simpler_min(out.len, x.len);
     SimplerShare part = simpler_share(args, out.data, n);
+    simpler_kernel_fetch(x.data + part.begin, 4 * (part.end - part.begin));
+    simpler_kernel_fetch(out.data + part.begin, 4 * (part.end - part.begin));
     for (uint64_t i = part.begin; i < part.end; ++i) {
         out.data[i] = x.data[i] + s;
     }

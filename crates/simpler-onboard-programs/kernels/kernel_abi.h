@@ -12,11 +12,12 @@
 #if defined(__CCE__) && !defined(SIMPLER_KERNEL_HOST)
 #define SIMPLER_GM __gm__
 #define SIMPLER_KERNEL_ENTRY extern "C" __aicore__ void kernel_entry(__gm__ int64_t *args)
-// A kernel's scalar stores sit in the data cache: write them back and wait for the write
-// before the executor reports FIN, so a consumer reads them.
-static inline void simpler_kernel_flush(SIMPLER_GM float *data, uint64_t len) {
-    uint64_t end = reinterpret_cast<uint64_t>(data + len);
-    for (uint64_t a = reinterpret_cast<uint64_t>(data) & ~63ull; a < end; a += 64) {
+// The cache lines of [addr, addr + bytes) leave this core's data cache: written back if this
+// core changed them, then dropped, and the write waited for. After it a load reads global
+// memory, and global memory holds what this core stored.
+static inline void simpler_cache_lines_out(uint64_t addr, uint64_t bytes) {
+    uint64_t end = bytes > UINT64_MAX - addr ? UINT64_MAX : addr + bytes;
+    for (uint64_t a = addr & ~63ull; a < end && a >= (addr & ~63ull); a += 64) {
         dcci(reinterpret_cast<__gm__ uint64_t *>(a), SINGLE_CACHE_LINE, CACHELINE_OUT);
     }
     dsb(DSB_DDR);
@@ -25,8 +26,22 @@ static inline void simpler_kernel_flush(SIMPLER_GM float *data, uint64_t len) {
 #define SIMPLER_GM
 #define SIMPLER_KERNEL_ENTRY \
     extern "C" __attribute__((visibility("default"))) void kernel_entry(int64_t *args)
-static inline void simpler_kernel_flush(float *, uint64_t) {}
+// The host build's memory is coherent: nothing to write back or drop.
+static inline void simpler_cache_lines_out(uint64_t, uint64_t) {}
 #endif
+
+// Before a kernel reads bytes another core or the AICPU wrote (a descriptor, an input, the
+// neighbours sharing its output's first and last line), a line this core cached from an
+// earlier task may hold their old values: drop it, so the loads see global memory.
+static inline void simpler_kernel_fetch(const SIMPLER_GM void *data, uint64_t bytes) {
+    simpler_cache_lines_out(reinterpret_cast<uint64_t>(data), bytes);
+}
+
+// A kernel's scalar stores sit in the data cache: write them back and wait for the write
+// before the executor reports FIN, so a consumer reads them.
+static inline void simpler_kernel_flush(SIMPLER_GM float *data, uint64_t len) {
+    simpler_cache_lines_out(reinterpret_cast<uint64_t>(data), 4 * len);
+}
 
 // Tensor descriptor offsets.
 #define SIMPLER_TENSOR_ADDR 0
@@ -36,6 +51,7 @@ static inline void simpler_kernel_flush(float *, uint64_t) {}
 #define SIMPLER_TENSOR_IS_CONTIGUOUS 42
 #define SIMPLER_TENSOR_SHAPES 44
 #define SIMPLER_DTYPE_FLOAT32 0
+#define SIMPLER_TENSOR_DESCRIPTOR_BYTES 128
 
 // A contiguous f32 view: its first element and its element count.
 struct SimplerF32View {
@@ -52,6 +68,7 @@ static inline bool simpler_f32_view(SIMPLER_GM int64_t *args, uint32_t i, Simple
         return false;
     }
     SIMPLER_GM uint8_t *d = reinterpret_cast<SIMPLER_GM uint8_t *>(desc);
+    simpler_kernel_fetch(d, SIMPLER_TENSOR_DESCRIPTOR_BYTES);
     uint64_t addr = *reinterpret_cast<SIMPLER_GM uint64_t *>(d + SIMPLER_TENSOR_ADDR);
     uint64_t start = *reinterpret_cast<SIMPLER_GM uint64_t *>(d + SIMPLER_TENSOR_START_OFFSET);
     uint32_t ndims = *reinterpret_cast<SIMPLER_GM uint32_t *>(d + SIMPLER_TENSOR_NDIMS);
