@@ -533,6 +533,37 @@ fn host_tensors_whose_staging_sizes_sum_past_u64_are_invalid_args() {
 }
 
 #[test]
+fn a_host_tensor_whose_staging_size_passes_u64_names_its_argument() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let (a, b) = (vec![0f32; 4], vec![0f32; 4]);
+    let at = |v: &[f32]| Tensor::external(v.as_ptr() as u64, &[4], DataType::Float32).unwrap();
+    // A range of 2^64 − 257 bytes from address 256 fits the address space, but its staging
+    // slice, rounded up to whole KiB, would not fit a u64.
+    let huge = Tensor::with_buffer(256, u64::MAX - 256, &[4], DataType::Float32).unwrap();
+    // First, so that no earlier range overlaps it (a range that large overlaps every other).
+    let mut args = TaskArgs::new();
+    args.add_input(huge).unwrap();
+    args.add_input(at(&a)).unwrap();
+    args.add_output(at(&b)).unwrap();
+    let cfg = CallConfig::default();
+    // SAFETY: the request is refused before staging touches host memory (asserted below).
+    let req = unsafe { RunRequest::with_host_tensors(run_id(1), slot, &args, &cfg) };
+    let err = r.run(&req).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            DeviceError::InvalidArgs {
+                problem: ArgsProblem::StagingOverflow { arg: 0, addr: 256, .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    still_works(&mut r, 2);
+}
+
+#[test]
 fn a_run_id_already_used_on_the_runner_is_refused_and_origins_keep_tasks_apart() {
     use simpler_types::TaskId;
     let mut r = DeviceRunner::attach(options(0)).unwrap();

@@ -321,7 +321,12 @@ fn stage_in(
 fn written_span(arg: usize, t: &Tensor, host: &HostBuffer) -> Result<(usize, usize), DeviceError> {
     span_in(t, host.addr(), host.len()).ok_or(DeviceError::InvalidArgs {
         run_id: None,
-        problem: ArgsProblem::NotInHostBuffer { arg, addr: t.addr },
+        problem: ArgsProblem::LeavesHostBuffer {
+            arg,
+            addr: t.addr,
+            buffer_addr: host.addr(),
+            buffer_len: host.len(),
+        },
     })
 }
 
@@ -404,5 +409,21 @@ mod tests {
         }));
         assert!(unwound.is_err(), "the panic goes on unwinding");
         assert_eq!(chip.freed, vec![1 << 20, 2 << 20], "both device copies were freed");
+    }
+
+    #[test]
+    fn a_view_reaching_past_its_host_buffer_names_the_argument_and_the_buffer() {
+        let buf = HostBuffer::new(64).unwrap();
+        let t = Tensor::with_buffer(buf.addr(), 128, &[32], DataType::Float32).unwrap();
+        let err = written_span(3, &t, &buf).unwrap_err();
+        let DeviceError::InvalidArgs { problem, .. } = &err else { panic!("{err:?}") };
+        let want = ArgsProblem::LeavesHostBuffer {
+            arg: 3,
+            addr: buf.addr(),
+            buffer_addr: buf.addr(),
+            buffer_len: 64,
+        };
+        assert_eq!(*problem, want);
+        assert!(err.to_string().contains("outside its HostBuffer"), "{err}");
     }
 }

@@ -403,21 +403,38 @@ pub enum ArgsProblem {
     },
     /// The host tensors to stage need more bytes than a `u64` counts, or than the host's
     /// address space holds.
-    #[error("host memory [{addr:#x}, +{len}) overflows the staging size")]
+    #[error("chip argument {arg}: host memory [{addr:#x}, +{len}) overflows the staging size")]
     StagingOverflow {
+        /// The index of the first argument naming the range.
+        arg: usize,
         /// The range's start.
         addr: u64,
         /// Its length.
         len: u64,
     },
-    /// A chip argument's host memory is not inside a live `HostBuffer`, or its bytes are not
-    /// inside the buffer that holds its address.
+    /// A chip argument's host memory is not inside a live `HostBuffer`.
     #[error("chip argument {arg}: host tensor at {addr:#x} is not inside a live HostBuffer")]
     NotInHostBuffer {
         /// The argument's index.
         arg: usize,
         /// The tensor's address.
         addr: u64,
+    },
+    /// A chip argument's address is inside a live `HostBuffer`, but the bytes its view can
+    /// touch run past that buffer.
+    #[error(
+        "chip argument {arg}: the view at {addr:#x} reaches bytes outside its HostBuffer \
+         [{buffer_addr:#x}, +{buffer_len})"
+    )]
+    LeavesHostBuffer {
+        /// The argument's index.
+        arg: usize,
+        /// The tensor's address.
+        addr: u64,
+        /// The start of the buffer holding that address.
+        buffer_addr: u64,
+        /// That buffer's length.
+        buffer_len: u64,
     },
 }
 

@@ -44,6 +44,8 @@ pub(super) struct Arenas {
 struct HostRange {
     addr: u64,
     size: u64,
+    /// The first chip argument naming it.
+    arg: usize,
     /// Its staging slice.
     dev: u64,
     /// Whether the slice is filled from the host first.
@@ -53,8 +55,8 @@ struct HostRange {
 }
 
 impl HostRange {
-    fn new(addr: u64, size: u64) -> HostRange {
-        HostRange { addr, size, dev: 0, fill: false, written: Vec::new() }
+    fn new(arg: usize, addr: u64, size: u64) -> HostRange {
+        HostRange { addr, size, arg, dev: 0, fill: false, written: Vec::new() }
     }
 
     fn overlaps(&self, addr: u64, size: u64) -> bool {
@@ -387,9 +389,12 @@ impl Core {
                         }));
                     }
                     total = staging_bytes(t.size).and_then(|n| total.checked_add(n)).ok_or_else(
-                        || invalid(ArgsProblem::StagingOverflow { addr: t.addr, len: t.size }),
+                        || {
+                            let (addr, len) = (t.addr, t.size);
+                            invalid(ArgsProblem::StagingOverflow { arg: i, addr, len })
+                        },
                     )?;
-                    ranges.push(HostRange::new(t.addr, t.size));
+                    ranges.push(HostRange::new(i, t.addr, t.size));
                     ranges.len() - 1
                 }
             };
@@ -416,8 +421,8 @@ impl Core {
             if r.fill {
                 // SAFETY: `with_host_tensors`' contract makes the host range readable.
                 let Some(src) = (unsafe { host_slice(r.addr, r.size) }) else {
-                    let (addr, len) = (r.addr, r.size);
-                    return Err(invalid(ArgsProblem::StagingOverflow { addr, len }));
+                    let (arg, addr, len) = (r.arg, r.addr, r.size);
+                    return Err(invalid(ArgsProblem::StagingOverflow { arg, addr, len }));
                 };
                 self.backend.write(r.dev, src).map_err(|e| e.in_run(run_id))?;
             }
