@@ -477,6 +477,38 @@ fn why_a_serving_rank_left_crosses_typed_with_its_numbers() {
     }
 }
 
+/// Decodes `bytes`, failing the test with what `what` names if the decoder panics.
+fn decode_or_fail(bytes: &[u8], what: impl Fn() -> String) -> Result<Packet, DecodeError> {
+    std::panic::catch_unwind(|| Packet::decode(bytes))
+        .unwrap_or_else(|_| panic!("decoding {} panicked", what()))
+}
+
+#[test]
+fn every_typed_error_frame_cut_short_or_damaged_is_an_error_not_a_panic() {
+    let failed = |problem| Packet::Completion {
+        seq: 9,
+        outcome: Outcome::RunFailed { level: 3, failure: RemoteRunFailure::Arguments(problem) },
+    };
+    let left = |cause| Packet::Left { session: 4, cause };
+    let frames =
+        arguments_problems().into_iter().map(failed).chain(left_causes().into_iter().map(left));
+    for p in frames {
+        let good = p.encode();
+        for cut in 0..good.len() {
+            let decoded = decode_or_fail(&good[..cut], || format!("{cut} bytes of {p:?}"));
+            assert!(decoded.is_err(), "{cut} bytes of {p:?} decoded as {decoded:?}");
+        }
+        // A damaged byte may still make a valid frame: only a panic is wrong.
+        for at in 0..good.len() {
+            for byte in [0x00, 0xff, good[at] ^ 0x01, good[at] ^ 0x80] {
+                let mut damaged = good.clone();
+                damaged[at] = byte;
+                let _ = decode_or_fail(&damaged, || format!("{p:?} with {byte:#04x} at {at}"));
+            }
+        }
+    }
+}
+
 #[test]
 fn a_left_cause_without_a_code_crosses_as_its_text() {
     let decoded =
