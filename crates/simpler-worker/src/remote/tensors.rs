@@ -214,7 +214,8 @@ pub(crate) fn unpack(wire: WireArgs) -> Result<Inbound, ArgumentsProblem> {
 
 /// [`unpack`], with `limit` the bytes one reply frame carries.
 fn unpack_within(wire: WireArgs, limit: u64) -> Result<Inbound, ArgumentsProblem> {
-    // Counts come from a decoded frame, whose counts are `u32`.
+    // Counts come from a decoded frame, whose counts are `u32`; its buffers are no more than
+    // a task's tensors, which decoding checked before it read them (`MAX_WIRE_BUFFERS`).
     let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     let caps = (TaskArgs::MAX_TENSORS, TaskArgs::MAX_SCALARS);
     if wire.tensors.len() > caps.0 {

@@ -90,6 +90,21 @@ pub enum DecodeError {
         /// Where its count is.
         at: usize,
     },
+    /// A task's arguments carry more buffers than a task has tensors: rank 0 sends one per
+    /// distinct buffer its tensors name, so never more. Refused before anything is reserved for
+    /// them.
+    #[error(
+        "malformed frame: a task's {count} buffers (count at offset {at}) are more than the \
+         {cap} its tensors can name"
+    )]
+    TooManyBuffers {
+        /// Where the count is.
+        at: usize,
+        /// The buffers the frame claims.
+        count: u32,
+        /// The most a task's tensors name.
+        cap: u32,
+    },
     /// A task's call configuration breaks a rule of `CallConfig` (boxed to keep the error
     /// small).
     #[error("malformed frame: call config: {0}")]

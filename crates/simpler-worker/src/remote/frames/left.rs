@@ -184,6 +184,12 @@ impl Writer {
                 self.u8(8);
                 self.u64(*at as u64);
             }
+            DecodeError::TooManyBuffers { at, count, cap } => {
+                self.u8(9);
+                self.u64(*at as u64);
+                self.u32(*count);
+                self.u32(*cap);
+            }
             // `carries_violation` refused it: the writer never gets here.
             DecodeError::Config(_) => self.u8(u8::MAX),
         }
@@ -254,7 +260,7 @@ impl Reader<'_> {
     }
 
     fn decode_error(&mut self) -> Result<DecodeError, DecodeError> {
-        Ok(match self.code(WireField::DecodeError, |c| (c <= 8).then_some(c))? {
+        Ok(match self.code(WireField::DecodeError, |c| (c <= 9).then_some(c))? {
             0 => DecodeError::Version { found: self.u16()?, expected: self.u16()? },
             1 => DecodeError::Truncated {
                 at: self.u64()? as usize,
@@ -276,7 +282,12 @@ impl Reader<'_> {
             5 => DecodeError::Text { at: self.u64()? as usize, valid_up_to: self.u64()? as usize },
             6 => DecodeError::RunIdZero { at: self.u64()? as usize },
             7 => DecodeError::ChainTooDeep { levels: self.u32()?, max: self.u32()? },
-            _ => DecodeError::EmptyChain { at: self.u64()? as usize },
+            8 => DecodeError::EmptyChain { at: self.u64()? as usize },
+            _ => DecodeError::TooManyBuffers {
+                at: self.u64()? as usize,
+                count: self.u32()?,
+                cap: self.u32()?,
+            },
         })
     }
 }

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use simpler_types::{
     CallConfig, CallableId, CallableKind, CallableNamespace, CancelReason, FailureMechanism,
-    MAX_TENSOR_DIMS, RingOverride, RingSel, RunId, TaskFailure, TaskId, Tensor, TensorArgType,
-    TimeoutBudget, WorkerId, WorkerRef, WorkerType,
+    MAX_TENSOR_DIMS, RingOverride, RingSel, RunId, TaskArgs, TaskFailure, TaskId, Tensor,
+    TensorArgType, TimeoutBudget, WorkerId, WorkerRef, WorkerType,
 };
 
 pub(crate) use self::arguments::carries as carries_types_error;
@@ -26,7 +26,7 @@ pub use self::kind::FrameKind;
 use super::error::{LeftCause, RemoteRunFailure, RemoteRunKind};
 
 /// Version of the frame layout; both ends must agree.
-pub(crate) const VERSION: u16 = 9;
+pub(crate) const VERSION: u16 = 10;
 
 /// Error frames longer than this are cut (innermost message first), so one failure can never
 /// grow a completion without bound.
@@ -36,6 +36,12 @@ pub(crate) const MAX_ERROR_BYTES: usize = 64 * 1024;
 /// has one per worker level). Decoding refuses more, so a hostile frame can neither reserve
 /// memory by its count nor nest `Arc`s deep enough to overflow the stack when dropped.
 pub(crate) const MAX_CHAIN_LEVELS: usize = 32;
+
+/// The most buffers a task's arguments carry: rank 0 sends one per distinct buffer the task's
+/// tensors name, and a task has at most this many tensors. Decoding refuses more before
+/// reserving anything, so a frame of many tiny buffers cannot make a serving rank allocate for
+/// each (a `WireBuffer` here, a `HostBuffer` when it unpacks them).
+pub(crate) const MAX_WIRE_BUFFERS: usize = TaskArgs::MAX_TENSORS;
 
 /// The fewest bytes one level of a failure chain takes on the wire (run id, seq, digest,
 /// kind, namespace, worker flag, member flag, mechanism, message length, code flag).
@@ -746,7 +752,12 @@ impl<'a> Reader<'a> {
         for _ in 0..n {
             scalars.push(self.u64()?);
         }
+        let at = self.at;
         let n = self.count(9)?;
+        if n > MAX_WIRE_BUFFERS {
+            let cap = MAX_WIRE_BUFFERS as u32;
+            return Err(DecodeError::TooManyBuffers { at, count: n as u32, cap });
+        }
         let mut buffers = Vec::with_capacity(n);
         for _ in 0..n {
             let len = self.u64()?;

@@ -327,6 +327,36 @@ fn a_refused_frame_names_the_offset_and_what_was_found_there() {
 }
 
 #[test]
+fn a_task_of_more_buffers_than_its_tensors_can_name_is_refused_before_they_are_read() {
+    let task = |buffers: Vec<WireBuffer>| {
+        frame(FrameKind::Task, |w| {
+            w.u64(1);
+            w.u32(0);
+            w.config(&CallConfig::default());
+            w.args(&WireArgs { tensors: Vec::new(), scalars: Vec::new(), buffers });
+        })
+    };
+    // Tiny buffers sent without their bytes, or with them: rank 0 sends neither this many.
+    let without = WireBuffer { len: 1, bytes: None };
+    let with = WireBuffer { len: 1, bytes: Some(vec![7]) };
+    for buffer in [without, with] {
+        let at_cap = task(vec![buffer.clone(); MAX_WIRE_BUFFERS]);
+        assert!(Packet::decode(&at_cap).is_ok(), "{MAX_WIRE_BUFFERS} buffers are refused");
+        let over = task(vec![buffer; MAX_WIRE_BUFFERS + 1]);
+        let refused = Packet::decode(&over).map(|_| "a Task frame");
+        let (count, cap) = (MAX_WIRE_BUFFERS as u32 + 1, MAX_WIRE_BUFFERS as u32);
+        let Err(e @ DecodeError::TooManyBuffers { at, count: c, cap: k }) = refused else {
+            panic!("{count} buffers gave {refused:?}");
+        };
+        assert_eq!((c, k), (count, cap));
+        assert_eq!(over[at..at + 4], count.to_le_bytes(), "the count is at {at}");
+        let text = e.to_string();
+        assert!(text.contains(&format!("{count} buffers")), "{text}");
+        assert!(text.contains(&format!("the {cap} its tensors")), "{text}");
+    }
+}
+
+#[test]
 fn a_trailing_error_built_with_its_offset_past_the_frame_still_displays() {
     // The fields are public: a value no decoder returns must still render, not overflow.
     let e = DecodeError::Trailing { at: 21, len: 19 };
@@ -441,6 +471,7 @@ fn left_causes() -> Vec<LeftCause> {
         DecodeError::RunIdZero { at: 16 },
         DecodeError::ChainTooDeep { levels: 33, max: 32 },
         DecodeError::EmptyChain { at: 12 },
+        DecodeError::TooManyBuffers { at: 140, count: 17, cap: 16 },
     ];
     violations.extend(errors.into_iter().map(ProtocolViolation::Malformed));
     violations.extend(WireField::ALL.into_iter().enumerate().map(|(at, field)| {
@@ -554,7 +585,7 @@ fn an_unknown_code_in_a_left_cause_is_refused_where_it_stands() {
     assert_eq!(left(&[3, 0]), code(WireField::FrameKind, 0, 12));
     assert_eq!(left(&[5, 4]), code(WireField::ProtocolViolation, 4, 12));
     assert_eq!(left(&[5, 1, 4, 1]), code(WireField::ExpectedFrames, 1, 14));
-    assert_eq!(left(&[5, 0, 9]), code(WireField::DecodeError, 9, 13));
+    assert_eq!(left(&[5, 0, 10]), code(WireField::DecodeError, 10, 13));
     assert_eq!(left(&[5, 0, 4, 20]), code(WireField::WireField, 20, 14));
     assert_eq!(left(&[5, 2, 0, 0, 0, 0, 0, 0, 0, 0, 2]), code(WireField::Flag, 2, 21));
 }
