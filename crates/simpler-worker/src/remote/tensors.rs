@@ -169,26 +169,31 @@ impl WriteBack {
     /// are exactly the expected ones (anything else would write bytes the engine did not
     /// order for this task).
     pub(crate) fn write_back(&self, rank: i32, written: &[WrittenSpan]) -> Result<(), RemoteError> {
-        let got: Vec<WrittenAt> = written
-            .iter()
-            .map(|s| WrittenAt { buffer: s.buffer, offset: s.offset, len: s.bytes.len() as u64 })
-            .collect();
-        let want: Vec<WrittenAt> = self
-            .expected
-            .iter()
-            .map(|&(buffer, lo, hi)| WrittenAt { buffer, offset: lo as u64, len: (hi - lo) as u64 })
-            .collect();
+        // Compared pair by pair, so a reply of many spans costs no more than the expected ones:
+        // the first index past the shorter list differs.
+        let at = |s: &WrittenSpan| WrittenAt {
+            buffer: s.buffer,
+            offset: s.offset,
+            len: s.bytes.len() as u64,
+        };
+        let got = |i: usize| written.get(i).map(at);
+        let want = |i: usize| {
+            let &(buffer, lo, hi) = self.expected.get(i)?;
+            Some(WrittenAt { buffer, offset: lo as u64, len: (hi - lo) as u64 })
+        };
         let violation = |violation| RemoteError::Protocol { rank, violation };
-        if let Some(index) = (0..got.len().max(want.len())).find(|&i| got.get(i) != want.get(i)) {
+        let compared = written.len().min(self.expected.len()) + 1;
+        if let Some(index) = (0..compared).find(|&i| got(i) != want(i)) {
             return Err(violation(ProtocolViolation::WrittenSpans(Box::new(SpanMismatch {
                 index,
-                got: got.get(index).copied(),
-                expected: want.get(index).copied(),
-                carried: got.len(),
-                named: want.len(),
+                got: got(index),
+                expected: want(index),
+                carried: written.len(),
+                named: self.expected.len(),
             }))));
         }
-        for (s, span) in written.iter().zip(got) {
+        for s in written {
+            let span = at(s);
             // The spans are the expected ones, which lie inside rank 0's buffers; a write that
             // leaves its buffer anyway is refused, not performed.
             let buffer = &self.buffers[s.buffer as usize];
@@ -526,6 +531,16 @@ mod tests {
                 carried: 2,
                 named: 1,
             }
+        );
+        // Far more spans than named: the first one past the named span differs.
+        let many = vec![span(16, 32); 100_000];
+        assert_eq!(
+            mismatch(&many),
+            SpanMismatch { index: 1, got: Some(named), expected: None, carried: 100_000, named: 1 }
+        );
+        assert_eq!(
+            mismatch(&[]),
+            SpanMismatch { index: 0, got: None, expected: Some(named), carried: 0, named: 1 }
         );
         assert!(buf.to_vec().iter().all(|&b| b == 0), "nothing was written");
         back.write_back(2, &[span(16, 32)]).unwrap();
