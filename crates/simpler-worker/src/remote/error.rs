@@ -261,10 +261,12 @@ pub enum LeftCause {
     /// A frame from rank 0 did not decode or did not fit the protocol.
     #[error("protocol error with rank 0: {0}")]
     Protocol(ProtocolViolation),
-    /// The serving rank closed its worker at `Shutdown`, but its `ShutdownDone` was lost.
-    #[error("its ShutdownDone was lost ({lost}); {}", close_text(close.as_deref()))]
+    /// The serving rank closed its worker at `Shutdown`, but its `ShutdownDone` was not
+    /// confirmed sent: MPI refused it (lost), or did not confirm it within the wait (`lost` is
+    /// `SendUnconfirmed`; it may then still arrive).
+    #[error("its ShutdownDone {} ({lost}); {}", done_fate(lost), close_text(close.as_deref()))]
     ShutdownDoneLost {
-        /// Why it was lost (never another `ShutdownDoneLost`).
+        /// Why it was not confirmed sent (never another `ShutdownDoneLost`).
         lost: Box<LeftCause>,
         /// What the close reported, rendered on that rank (`None`: the worker closed
         /// cleanly). Text because a close error holds the user's own task failures, which
@@ -302,6 +304,14 @@ impl From<&RemoteError> for LeftCause {
             RemoteError::Protocol { rank: 0, violation } => LeftCause::Protocol(violation.clone()),
             other => LeftCause::Other { text: other.to_string() },
         }
+    }
+}
+
+/// What became of a `ShutdownDone` that `lost` kept from being confirmed sent.
+fn done_fate(lost: &LeftCause) -> &'static str {
+    match lost {
+        LeftCause::SendUnconfirmed { .. } => "was unconfirmed and may still arrive",
+        _ => "was lost",
     }
 }
 
@@ -760,13 +770,18 @@ pub enum ServeError {
     /// Closing the L3 worker at shutdown reported errors (rank 0 was told).
     #[error(transparent)]
     Close(Box<CloseError>),
-    /// Closing the L3 worker at shutdown reported errors, and rank 0 could not be told: its
-    /// `ShutdownDone` was not sent.
-    #[error("{close} (rank 0 was not told: {report})")]
+    /// Closing the L3 worker at shutdown reported errors, and the `ShutdownDone` carrying them
+    /// was not confirmed sent: MPI refused it, or did not confirm it within the wait, when it
+    /// may still arrive. A `Left` saying so (`LeftCause::ShutdownDoneLost`) was sent after it,
+    /// if MPI took that.
+    #[error(
+        "{close} (its ShutdownDone to rank 0 was not confirmed sent: {report}; a Left saying so \
+         was attempted)"
+    )]
     CloseUnreported {
         /// What the close reported.
         close: Box<CloseError>,
-        /// Why `ShutdownDone` could not be sent.
+        /// Why `ShutdownDone` was not confirmed sent.
         report: RemoteError,
     },
     /// The L3 worker failed to start, and rank 0 could not be told: the `Manifest` carrying
@@ -864,6 +879,20 @@ mod tests {
             left.to_string(),
             "rank 1 left its session: its ShutdownDone was lost (MPI_Test returned MPI error \
              code 5); its worker closed"
+        );
+        // One MPI did not confirm sent within the wait may still arrive: it is not called lost.
+        let left = RemoteError::Left {
+            rank: 1,
+            cause: LeftCause::ShutdownDoneLost {
+                lost: Box::new(LeftCause::from(&unconfirmed)),
+                close: Some("the device did not release".into()),
+            },
+        };
+        assert_eq!(
+            left.to_string(),
+            "rank 1 left its session: its ShutdownDone was unconfirmed and may still arrive (the \
+             ShutdownDone frame to rank 0 was not confirmed sent within 1s); its close: the \
+             device did not release"
         );
     }
 }

@@ -11,9 +11,10 @@
 //!    write-tagged tensors can touch, on failure the failure chain.
 //! 5. `Shutdown` → close the worker, reply `ShutdownDone` with what the close reported, wait
 //!    (its liveness budget, but at least 1 s) until MPI has sent it, close the inbox and return
-//!    what the close reported; a reply that cannot be sent, or that MPI lost, is returned beside the
-//!    close's errors ([`ServeError::CloseUnreported`]), never instead, and rank 0 is told by a
-//!    `Left` when that gets through.
+//!    what the close reported; a reply that MPI refuses, or does not confirm sent within that
+//!    wait (it may then still arrive), is returned beside the close's errors
+//!    ([`ServeError::CloseUnreported`]), never instead, and a `Left` saying so follows it to rank
+//!    0 when MPI takes that.
 //!
 //! Between tasks, rank 0 may register a graph after start, in two phases: `Prepare` (answered
 //! `Prepared`, ready or with the refusal) and then `Commit` or `Abort`. A graph listed with
@@ -270,17 +271,21 @@ fn serve_session(
             Packet::Shutdown => {
                 let closed = worker.close();
                 let errors = closed.as_ref().err().map(|e| vec![e.to_string()]).unwrap_or_default();
-                // Nothing more is heard from rank 0 after this: a `ShutdownDone` MPI loses must
-                // be seen here, or rank 0 waits out its shutdown budget on a rank that serves on.
+                // Nothing more is heard from rank 0 after this: a `ShutdownDone` MPI refuses or
+                // does not confirm sent must be seen here, or rank 0 may wait out its shutdown
+                // budget on a rank that serves on. An unconfirmed one may still arrive.
                 let done = Packet::ShutdownDone { errors };
                 let told = t.send_confirmed(0, &done, rank0.liveness.max(SHUTDOWN_DONE_FLOOR));
-                if let Err(lost) = &told {
+                if let Err(unconfirmed) = &told {
                     let cause = LeftCause::ShutdownDoneLost {
-                        lost: Box::new(LeftCause::from(lost)),
+                        lost: Box::new(LeftCause::from(unconfirmed)),
                         close: closed.as_ref().err().map(ToString::to_string),
                     };
                     if let Err(send) = t.send(0, &Packet::Left { session, cause }) {
-                        tracing::warn!(error = %send, "could not tell rank 0 its ShutdownDone was lost");
+                        tracing::warn!(
+                            error = %send,
+                            "could not tell rank 0 its ShutdownDone was not confirmed sent"
+                        );
                     }
                 }
                 return shut_down(closed, told);
@@ -290,9 +295,10 @@ fn serve_session(
     }
 }
 
-/// What `serve_l3` returns once the worker closed at `Shutdown` (`closed`) and rank 0 was sent
-/// `ShutdownDone` (`told`). A close error comes first; a send that failed as well stays beside
-/// it, and is logged with it, rather than replacing it.
+/// What `serve_l3` returns once the worker closed at `Shutdown` (`closed`) and its
+/// `ShutdownDone` was sent to rank 0 (`told`, an error when not confirmed sent). A close error
+/// comes first; a send not confirmed as well stays beside it, and is logged with it, rather
+/// than replacing it.
 fn shut_down(
     closed: Result<(), CloseError>,
     told: Result<(), RemoteError>,
@@ -300,14 +306,14 @@ fn shut_down(
     match (closed, told) {
         (closed, Ok(())) => closed.map_err(ServeError::from),
         (Ok(()), Err(report)) => {
-            tracing::error!(error = %report, "could not send ShutdownDone to rank 0");
+            tracing::error!(error = %report, "ShutdownDone to rank 0 was not confirmed sent");
             Err(report.into())
         }
         (Err(close), Err(report)) => {
             tracing::error!(
                 close = %close,
                 error = %report,
-                "closing the L3 worker failed, and ShutdownDone could not tell rank 0"
+                "closing the L3 worker failed, and its ShutdownDone was not confirmed sent"
             );
             Err(ServeError::CloseUnreported { close: Box::new(close), report })
         }
