@@ -564,6 +564,97 @@ fn a_host_tensor_whose_staging_size_passes_u64_names_its_argument() {
 }
 
 #[test]
+fn device_arguments_overlapping_under_two_base_addresses_are_refused_naming_both() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let (p, whole) = upload_f32(&mut r, &[0.0; 64]);
+    // Bytes 64.. of the same allocation, as a buffer of its own: the runtimes order accesses
+    // by base address, so its accesses would never meet the whole buffer's.
+    let inner = Tensor::with_buffer(whole.addr + 64, 192, &[48], DataType::Float32)
+        .unwrap()
+        .child_memory(true);
+    let mut args = TaskArgs::new();
+    args.add_input(whole).unwrap();
+    args.add_input(whole).unwrap();
+    args.add_output(inner).unwrap();
+    let err = r.run(&RunRequest::new(run_id(1), slot, &args, &CallConfig::default())).unwrap_err();
+    let want = ArgsProblem::DeviceBaseAlias {
+        arg: 2,
+        addr: whole.addr + 64,
+        other_arg: 0,
+        other_addr: whole.addr,
+    };
+    assert!(matches!(&err, DeviceError::InvalidArgs { problem, .. } if *problem == want), "{err}");
+    r.free(p).unwrap();
+    still_works(&mut r, 2);
+}
+
+/// Chip argument 0 from its 65th byte on, as a buffer of its own.
+fn inside_argument_0(args: &OrchArgs<'_>) -> Tensor {
+    let e = *args.tensor(0).unwrap();
+    Tensor::with_buffer(e.addr + 64, e.size - 64, &[16], DataType::Float32)
+        .unwrap()
+        .child_memory(e.is_child_memory())
+}
+
+fn submits_inside_an_argument_orch(
+    ctx: &mut OrchCtx<'_>,
+    args: &OrchArgs<'_>,
+) -> Result<(), OrchError> {
+    let mut a = CoreArgs::new();
+    a.add_inout(*args.tensor(0).unwrap()).unwrap();
+    ctx.submit(Kernels::Aiv(FUNC_NOOP), &a)?;
+    let mut b = CoreArgs::new();
+    b.add_inout(inside_argument_0(args)).unwrap();
+    ctx.submit(Kernels::Aiv(FUNC_NOOP), &b)?;
+    Ok(())
+}
+
+fn writes_inside_an_argument_orch(
+    ctx: &mut OrchCtx<'_>,
+    args: &OrchArgs<'_>,
+) -> Result<(), OrchError> {
+    let mut a = CoreArgs::new();
+    a.add_inout(*args.tensor(0).unwrap()).unwrap();
+    ctx.submit(Kernels::Aiv(FUNC_NOOP), &a)?;
+    ctx.set_tensor_data(&inside_argument_0(args), &[0; 64])?;
+    Ok(())
+}
+
+#[test]
+fn a_tensor_based_inside_a_chip_argument_is_refused_by_submit_and_set_tensor_data() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let cases: [(simpler_device_a2a3::NativeOrchFn, Option<u64>, &str); 2] = [
+        (submits_inside_an_argument_orch, Some(1), "submit"),
+        (writes_inside_an_argument_orch, None, "set_tensor_data"),
+    ];
+    for (run, (orch, task, op)) in (1..).zip(cases) {
+        let slot = r.register_callable(&with_noop_kernel(orch)).unwrap();
+        let (p, t) = upload_f32(&mut r, &[0.0; 32]);
+        let mut args = TaskArgs::new();
+        args.add_inout(t).unwrap();
+        let err =
+            r.run(&RunRequest::new(run_id(run), slot, &args, &CallConfig::default())).unwrap_err();
+        // host_build_graph refuses it while building; tensormap_and_ringbuffer's orchestration
+        // latches INVALID_ARGS on the device.
+        let named = match &err {
+            DeviceError::InvalidArgs {
+                problem: ArgsProblem::EntryBaseAlias { task: got, addr, entry_addr, .. },
+                ..
+            } => *got == task && *addr == t.addr + 64 && *entry_addr == t.addr,
+            DeviceError::Runtime { fault, .. } => {
+                fault.code == RuntimeCode::InvalidArgs
+                    && fault.message.contains("a view of an argument buffer")
+            }
+            _ => false,
+        };
+        assert!(named, "{op}: {err}");
+        r.free(p).unwrap();
+    }
+    still_works(&mut r, 10);
+}
+
+#[test]
 fn a_run_id_already_used_on_the_runner_is_refused_and_origins_keep_tasks_apart() {
     use simpler_types::TaskId;
     let mut r = DeviceRunner::attach(options(0)).unwrap();

@@ -206,6 +206,27 @@ pub enum ArgsProblem {
         /// Its size in bytes.
         len: u64,
     },
+    /// A tensor of the orchestration (a task's argument, or the tensor of `tensor_data` /
+    /// `set_tensor_data`: task `None`, argument 0) overlaps a chip argument's buffer under
+    /// another base address. Views of one buffer share its base address, by which the runtimes
+    /// order accesses, so it would not be ordered against that buffer's views: make it a view
+    /// of the argument (its base, an element offset).
+    #[error(
+        "{}tensor {arg} at {addr:#x} overlaps the chip argument buffer at {entry_addr:#x} \
+         under another base address; make it a view of that argument (the same base, an \
+         element offset)",
+        task.map(|t| format!("task#{t}: ")).unwrap_or_default()
+    )]
+    EntryBaseAlias {
+        /// The task's index in submission order (`None`: a data call).
+        task: Option<u64>,
+        /// The tensor's index among the task's tensors.
+        arg: usize,
+        /// The tensor's base address.
+        addr: u64,
+        /// The base address of the argument buffer it overlaps.
+        entry_addr: u64,
+    },
     /// A task's tensors, tags or scalar count do not match the signature of a kernel it names
     /// (the source).
     #[error("task#{task}: {source}")]
@@ -400,6 +421,24 @@ pub enum ArgsProblem {
         other_addr: u64,
         /// The other range's length.
         other_len: u64,
+    },
+    /// Two device-memory chip arguments overlap but name different base addresses. Views of
+    /// one buffer share its base address (the runtimes order accesses by it), so the two would
+    /// never be ordered against each other.
+    #[error(
+        "chip argument {arg}: device memory at {addr:#x} overlaps argument {other_arg}'s at \
+         {other_addr:#x} under another base address; pass views of one tensor (the same base, \
+         an element offset)"
+    )]
+    DeviceBaseAlias {
+        /// The argument's index.
+        arg: usize,
+        /// Its base address.
+        addr: u64,
+        /// The earlier argument it overlaps.
+        other_arg: usize,
+        /// That argument's base address.
+        other_addr: u64,
     },
     /// The host tensors to stage need more bytes than a `u64` counts, or than the host's
     /// address space holds.

@@ -64,6 +64,11 @@ impl HostRange {
     }
 }
 
+/// Whether `[addr, addr + size)` and tensor `t`'s buffer share a byte.
+fn range_overlap(addr: u64, size: u64, t: &Tensor) -> bool {
+    t.size > 0 && addr < t.addr.saturating_add(t.size) && t.addr < addr.saturating_add(size)
+}
+
 /// `spans` sorted, with overlapping or touching ones joined.
 fn merged(spans: &mut [(u64, u64)]) -> Vec<(u64, u64)> {
     spans.sort_unstable();
@@ -367,6 +372,22 @@ impl Core {
                         addr: DevicePtr(t.addr),
                         len: t.size,
                     });
+                }
+                let overlaps = |o: &Tensor| o.size > 0 && range_overlap(o.addr, o.size, t);
+                let aliased = out[..i]
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, o)| !o.is_null() && o.is_child_memory() && o.addr != t.addr)
+                    .find(|(_, o)| overlaps(o));
+                if let Some((other_arg, o)) = aliased {
+                    let (addr, other_addr) = (t.addr, o.addr);
+                    let arg = i;
+                    return Err(invalid(ArgsProblem::DeviceBaseAlias {
+                        arg,
+                        addr,
+                        other_arg,
+                        other_addr,
+                    }));
                 }
                 continue;
             }

@@ -448,15 +448,20 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
     }
 
     /// Whether `[addr, addr + len)` lies in one ring heap of the arena, or in one of the chip
-    /// entry's buffers.
-    fn range_ok(&self, addr: u64, len: u64) -> bool {
+    /// entry's buffers whose base address is `buffer`: the map keys accesses by base address,
+    /// so a tensor based inside an entry buffer would not be ordered against its other views.
+    fn range_ok(&self, buffer: u64, addr: u64, len: u64) -> bool {
         let Some(end) = addr.checked_add(len) else { return false };
         let base = self.base as u64;
         let in_heap = (0..HEAP_RING_COUNT).any(|r| {
             let start = base + self.layout.heap_off(r);
             addr >= start && end <= start + self.layout.shape().rings[r].heap_bytes
         });
-        in_heap || self.entry.iter().any(|t| t.size > 0 && addr >= t.addr && end <= t.addr + t.size)
+        in_heap
+            || self
+                .entry
+                .iter()
+                .any(|t| t.size > 0 && t.addr == buffer && addr >= t.addr && end <= t.addr + t.size)
     }
 
     /// The holder of the runtime-heap buffer `t` names (`None` for a tensor outside the
@@ -557,11 +562,11 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
             }
             // A zero-byte buffer names no memory (a host tensor of no elements is not staged,
             // so its address is the host's): nothing to check.
-            if t.validate().is_err() || (t.size != 0 && !self.range_ok(t.addr, t.size)) {
+            if t.validate().is_err() || (t.size != 0 && !self.range_ok(t.addr, t.addr, t.size)) {
                 return self
                     .invalid(format_args!(
-                        "submit: tensor {i} ({} bytes at {:#x}) is not inside an argument \
-                         buffer or the runtime heap",
+                        "submit: tensor {i} ({} bytes at {:#x}) is neither a view of an argument \
+                         buffer (based at its address) nor inside the runtime heap",
                         t.size, t.addr
                     ))
                     .into();
@@ -698,9 +703,10 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                 span.len()
             )));
         }
-        if t.validate().is_err() || !self.range_ok(span.start, span.len()) {
+        if t.validate().is_err() || !self.range_ok(t.addr, span.start, span.len()) {
             return Err(self.invalid(format_args!(
-                "{op}: {span} is not inside an argument buffer or the runtime heap"
+                "{op}: {span} is neither in a view of an argument buffer (based at its address) \
+                 nor inside the runtime heap"
             )));
         }
         // The bytes of a heap buffer stay allocated while its scope is open, which only this

@@ -195,6 +195,8 @@ pub(crate) struct BuildScratch {
     /// The predecessors one lookup found.
     found: Vec<u32>,
     entry_spans: Vec<ByteSpan>,
+    /// The entry's non-empty buffers as `(base address, bytes)`.
+    entry_buffers: Vec<(u64, u64)>,
     spare: Option<BuiltGraph>,
 }
 
@@ -218,6 +220,7 @@ impl BuildScratch {
             && self.accesses.is_empty()
             && self.task_accesses.is_empty()
             && self.entry_spans.is_empty()
+            && self.entry_buffers.is_empty()
     }
 
     /// Whether task `pred` wrote every byte of `span` of the buffer at `addr` or, when the
@@ -273,6 +276,8 @@ impl<'e> GraphBuilder<'e> {
         graph.clear();
         scratch.entry_spans.clear();
         scratch.entry_spans.extend(entry.iter().filter_map(span_of));
+        scratch.entry_buffers.clear();
+        scratch.entry_buffers.extend(entry.iter().filter(|t| t.size > 0).map(|t| (t.addr, t.size)));
         GraphBuilder {
             run_id,
             limits,
@@ -530,7 +535,27 @@ impl<'e> GraphBuilder<'e> {
             let (addr, len) = (t.addr, t.size);
             return Err(ArgsProblem::TensorOutsideAllocation { task, arg, addr, len });
         }
+        if let Some(entry_addr) = self.entry_base_alias(t) {
+            return Err(ArgsProblem::EntryBaseAlias {
+                task: Some(task),
+                arg,
+                addr: t.addr,
+                entry_addr,
+            });
+        }
         Ok(())
+    }
+
+    /// The base of an entry buffer that `t`'s buffer overlaps under another base address, if
+    /// any: the maps key accesses by base address, so `t` would not be ordered against that
+    /// buffer's views.
+    fn entry_base_alias(&self, t: &Tensor) -> Option<u64> {
+        let end = t.addr.saturating_add(t.size);
+        let overlaps =
+            |&&(base, bytes): &&(u64, u64)| t.addr < base.saturating_add(bytes) && base < end;
+        let alias =
+            self.scratch.entry_buffers.iter().filter(overlaps).find(|(base, _)| *base != t.addr);
+        alias.map(|&(base, _)| base)
     }
 
     fn alloc(&mut self, tensors: &mut [Tensor]) -> i32 {
@@ -603,6 +628,15 @@ impl<'e> GraphBuilder<'e> {
                 contiguous,
                 view_bytes,
                 buffer_bytes,
+            }));
+        }
+        if let Some(entry_addr) = self.entry_base_alias(t) {
+            let (arg, addr) = (0, t.addr);
+            return Err(self.invalid(ArgsProblem::EntryBaseAlias {
+                task: None,
+                arg,
+                addr,
+                entry_addr,
             }));
         }
         Ok(span)
@@ -733,6 +767,7 @@ impl Drop for GraphBuilder<'_> {
         s.accesses.clear();
         s.task_accesses.clear();
         s.entry_spans.clear();
+        s.entry_buffers.clear();
         if s.task_accesses.capacity() > RETAINED_TASKS {
             s.accesses = Vec::new();
             s.task_accesses = Vec::new();

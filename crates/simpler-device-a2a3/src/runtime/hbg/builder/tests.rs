@@ -65,8 +65,10 @@ fn builder(f: &mut Fixture) -> GraphBuilder<'_> {
     build_run(f, RunId::FIRST)
 }
 
+/// The chip entry is one 64-byte buffer at `BUF`; the tests' other buffers lie past it (a
+/// tensor based inside it would be refused).
 fn build_run(f: &mut Fixture, run: RunId) -> GraphBuilder<'_> {
-    GraphBuilder::new(run, limits(), &mut f.env, &[buf(0, 1024)], &mut f.scratch)
+    GraphBuilder::new(run, limits(), &mut f.env, &[buf(0, 16)], &mut f.scratch)
 }
 
 #[test]
@@ -236,7 +238,7 @@ fn a_task_must_pass_its_kernels_what_their_signatures_declare() {
         let mut f = Fixture::default();
         let limits = BuildLimits { kernels: &kernels, check_arity: true, ..limits() };
         let mut b =
-            GraphBuilder::new(RunId::FIRST, limits, &mut f.env, &[buf(0, 1024)], &mut f.scratch);
+            GraphBuilder::new(RunId::FIRST, limits, &mut f.env, &[buf(0, 16)], &mut f.scratch);
         let status = b.submit(AIV, TaskShape::Aiv as u32, 1, tensors, tags, scalars);
         (status, b.finish().err().map(problem))
     };
@@ -319,6 +321,22 @@ fn a_write_after_a_read_waits_for_the_reader() {
     w1.sort_unstable();
     assert_eq!(w1, vec![0, 1, 2], "the second write waits for both readers");
     assert_eq!(g.preds_of(&g.tasks[4]), vec![3], "a blind write after an InOut waits for it");
+}
+
+#[test]
+fn a_tensor_based_inside_the_entry_buffer_is_refused_at_submit_and_in_data_calls() {
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
+    let inner = Tensor::external(BUF + 16, &[4], DataType::Float32).unwrap();
+    let inp = TensorArgType::Input.as_i32();
+    assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(0, 16), inner], &[inp, inp], &[]) < 0);
+    let want =
+        ArgsProblem::EntryBaseAlias { task: Some(0), arg: 1, addr: BUF + 16, entry_addr: BUF };
+    assert_eq!(problem(b.finish().unwrap_err()), want);
+    let mut b = builder(&mut f);
+    assert!(b.get_data(&inner, &mut [0u8; 16]) < 0);
+    let want = ArgsProblem::EntryBaseAlias { task: None, arg: 0, addr: BUF + 16, entry_addr: BUF };
+    assert_eq!(problem(b.finish().unwrap_err()), want);
 }
 
 #[test]
