@@ -15,7 +15,7 @@ pub const ENV_TEST_RUNTIME: &str = "SIMPLER_TEST_RUNTIME";
 
 /// The device crate's integration suites that run once per runtime.
 pub const DEVICE_SUITES: &[&str] =
-    &["conformance", "end_to_end", "streaming_paged", "faults", "bad_input"];
+    &["conformance", "end_to_end", "streaming_paged", "faults", "bad_input", "write_after_read"];
 
 /// One chip runtime.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -9,6 +9,7 @@ use common::*;
 use simpler_device_a2a3::programs::bgemm::{self, ACC, GEMM, TILE, TILES};
 use simpler_device_a2a3::{
     ChipCallable, ChipSlot, DeviceRunner, Kernels, OrchArgs, OrchCtx, OrchError, RunRequest,
+    RuntimeVariant,
 };
 use simpler_types::{CallConfig, CoreArgs, DataType, RunId, TaskArgs, Tensor, TensorArgType};
 
@@ -103,13 +104,16 @@ fn check_bgemm(r: &mut DeviceRunner, slot: ChipSlot, run: u64, block_dim: u32, t
 }
 
 /// The AICPU thread counts to run `block_dim` (the `i`-th of [`BLOCK_DIMS`]) with: one, in
-/// turn, so that each count meets small and large block dims; every count from one to four
-/// with `SIMPLER_BGEMM_ALL_THREADS=1` (each run takes seconds in a debug build).
+/// turn, so that each count meets small and large block dims; every count with
+/// `SIMPLER_BGEMM_ALL_THREADS=1` (each run takes seconds in a debug build). The counts are one
+/// to four, two to four under tensormap_and_ringbuffer, where one thread orchestrates.
 fn thread_counts(i: usize, offset: usize) -> Vec<u32> {
+    let least = if runtime_under_test() == RuntimeVariant::TensormapAndRingbuffer { 2 } else { 1 };
+    let counts = 5 - least;
     if std::env::var_os("SIMPLER_BGEMM_ALL_THREADS").is_some_and(|v| v == "1") {
-        (1..=4).collect()
+        (least..=4).collect()
     } else {
-        vec![1 + ((i + offset) % 4) as u32]
+        vec![least + ((i + offset) % counts as usize) as u32]
     }
 }
 
