@@ -189,16 +189,23 @@ impl<'a> GraphBuilder<'a> {
         })
     }
 
-    /// Refuses chip-memory tensors that another chip owns (L3).
+    /// Refuses chip-memory tensors that another chip owns, or whose base address lies inside
+    /// one of the target's buffers rather than at it (L3).
     fn check_owner(&self, args: &TaskArgs, target: WorkerId) -> Result<(), WorkerError> {
         if self.inner.level != 3 {
             return Ok(());
         }
-        for t in args.tensors().iter().filter(|t| t.is_child_memory()) {
+        for (arg, t) in args.tensors().iter().enumerate().filter(|(_, t)| t.is_child_memory()) {
             if let Some((start, end)) = t.byte_span()
                 && let Some(owner) = self.inner.foreign_owner(target, start, end)
             {
                 return Err(MemError::WrongChip { buffer_chip: owner, chip: target }.into());
+            }
+            if let Some(buffer) = self.inner.chip_buffer_holding(target, t.addr)
+                && buffer != t.addr
+            {
+                let (chip, addr) = (target, t.addr);
+                return Err(WorkerError::ChipTensorOffsetBase { arg, chip, addr, buffer });
             }
         }
         Ok(())

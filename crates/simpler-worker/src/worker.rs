@@ -123,6 +123,14 @@ impl Inner {
         owned.iter().find(|(c, m)| **c != target && holds(m)).map(|(c, _)| *c)
     }
 
+    /// The address of the allocation of `chip` made through the memory helpers that holds
+    /// byte `addr`, if any.
+    pub(crate) fn chip_buffer_holding(&self, chip: WorkerId, addr: u64) -> Option<u64> {
+        let owned = self.owned.lock();
+        let (&base, &len) = owned.get(&chip)?.by_addr.range(..=addr).next_back()?;
+        (addr < base.saturating_add(len)).then_some(base)
+    }
+
     pub(crate) fn chip_memory(&self, chip: WorkerId) -> Result<ChipMemory<'_>, WorkerError> {
         if self.level != 3 {
             return Err(WorkerError::WrongLevel { op: "chip_memory", level: self.level });

@@ -1032,6 +1032,45 @@ fn a_chip_memory_tensor_sent_to_another_chip_fails_at_submit() {
     }
 }
 
+/// A tensor based inside a chip buffer would be a buffer of its own to the engine, unordered
+/// against the buffer's views; it is refused at submit, naming the buffer.
+#[test]
+fn a_chip_memory_tensor_based_inside_a_device_buffer_is_refused_at_submit() {
+    let mut b = host().chips(&[0]);
+    let add = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let mem = w.chip_memory(WorkerId(0)).unwrap();
+    let (x, buf) = (mem.malloc(256).unwrap(), mem.malloc(256).unwrap());
+    let x = x.tensor(&[16], DataType::Float32).unwrap();
+    let whole = buf.tensor(&[16], DataType::Float32).unwrap();
+    let inner = Tensor::with_buffer(buf.addr() + 64, 192, &[16], DataType::Float32)
+        .unwrap()
+        .child_memory(true);
+    // Two writes of the buffer's bytes 64..128, one through a view, one through the tensor
+    // based inside it: unrefused, they would run unordered.
+    let e = w
+        .run(Orchestration::graph(move |g, _, _| {
+            let mut args = TaskArgs::new();
+            args.add_input(x)?.add_input(x)?.add_output(whole)?;
+            g.submit_next_level(add, args, &CallConfig::default(), WorkerId(0))?;
+            let mut args = TaskArgs::new();
+            args.add_input(x)?.add_input(x)?.add_output(inner)?;
+            g.submit_next_level(add, args, &CallConfig::default(), WorkerId(0))?;
+            Ok(())
+        }))
+        .expect_err("refused");
+    let WorkerError::Build { cause: BuildFailure::Callback(c), .. } = &e else {
+        panic!("unexpected {e}");
+    };
+    match c.downcast_ref::<WorkerError>() {
+        Some(WorkerError::ChipTensorOffsetBase { arg: 2, chip: WorkerId(0), addr, buffer })
+            if *addr == buf.addr() + 64 && *buffer == buf.addr() => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(e.to_string().contains("DeviceBuffer::tensor"), "{e}");
+    w.close().expect("close");
+}
+
 #[test]
 fn free_waits_until_runs_accepted_before_it_are_published() {
     let mut b = host().chips(&[0]).sub_workers(1);

@@ -175,6 +175,21 @@ pub enum WorkerError {
         /// The address of the host buffer it lies in.
         buffer: HostAddr,
     },
+    /// A chip-memory tensor's base address lies inside a [`DeviceBuffer`] but is not the
+    /// buffer's own address (refused at submit, L3): the engine orders tensors by base address,
+    /// so such a tensor would not be ordered against the buffer's other views.
+    ///
+    /// [`DeviceBuffer`]: crate::DeviceBuffer
+    ChipTensorOffsetBase {
+        /// Index of the tensor argument.
+        arg: usize,
+        /// The chip the buffer belongs to.
+        chip: WorkerId,
+        /// The tensor's base address.
+        addr: u64,
+        /// The address of the device buffer it lies in.
+        buffer: u64,
+    },
     /// Two members of one group reach the same bytes of a [`HostBuffer`] and one of them writes
     /// them (refused at submit): members run at once, each staging its own copy, so the
     /// result would depend on which copy came back last.
@@ -302,6 +317,13 @@ impl fmt::Display for WorkerError {
                  {buffer} rather than at it, so it would not be ordered against that buffer's \
                  other tensors; take HostBuffer::tensor and a view of it (Tensor::view / slice) \
                  instead of offsetting the address"
+            ),
+            WorkerError::ChipTensorOffsetBase { arg, chip, addr, buffer } => write!(
+                f,
+                "task argument {arg} has its base address {addr:#x} inside the DeviceBuffer at \
+                 {buffer:#x} of chip {chip} rather than at it, so it would not be ordered \
+                 against that buffer's other tensors; take DeviceBuffer::tensor and a view of it \
+                 (Tensor::view / slice) instead of offsetting the address"
             ),
             WorkerError::HostTensorSharedInGroup { member, arg, other, other_arg } => write!(
                 f,
