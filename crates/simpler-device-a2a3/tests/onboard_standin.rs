@@ -1243,6 +1243,48 @@ fn polls_never_blame_a_dropped_run_that_never_began_on_the_run_ahead_before_that
     assert_eq!(b.live(), [0; 5]);
 }
 
+#[test]
+fn a_poll_past_the_budget_a_short_reap_began_says_the_reap_would_return_at_once() {
+    for queue in [false, true] {
+        let b = Onboard::new();
+        let mut r = DeviceRunner::attach(b.options(0).with_device_queue(queue)).unwrap();
+        let slot = r.register_callable(&b.add_callable()).unwrap();
+        let v = AddRun::new(&mut r);
+        let cfg = CallConfig::default();
+        // The device stops inside run 1 and never goes on: with device queueing only its
+        // AICore begin is reached; without, its AICPU stream never finishes.
+        if queue {
+            b.install.set_value("pending_after_records", 1).unwrap();
+        } else {
+            b.install.set_value("sync_timeout_stream", 1).unwrap();
+        }
+        let p = r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
+        let a = r.launch_run(p).unwrap();
+        // A reap with a short deadline begins run 1's budget and leaves it launched.
+        let first = r.reap_run(&a, Some(Duration::from_millis(20)));
+        assert!(matches!(first, Ok(false)), "queue {queue}: {first:?}");
+        // A caller that reaps only once a poll says the reap would not wait: once the budget
+        // has passed, the reap times out at once, and the poll must say so.
+        let started = Instant::now();
+        while !r.poll_run(&a).unwrap() {
+            let waited = started.elapsed();
+            assert!(waited < Duration::from_secs(20), "queue {queue}: polled past the budget");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(started.elapsed() >= Duration::from_millis(STREAM_SYNC_MS as u64 - 100));
+        let reaped = Instant::now();
+        let err = r.reap_run(&a, None).unwrap_err();
+        assert!(reaped.elapsed() < Duration::from_secs(1), "queue {queue}: the reap waited");
+        assert!(
+            matches!(err, DeviceError::Timeout { run_id: id, budget: TimeoutBudget::StreamSync, .. }
+                if id == run_id(1)),
+            "queue {queue}: {err}"
+        );
+        drop(v);
+        let _ = r.finalize();
+    }
+}
+
 /// Queues runs 1 and 2, arms a fault with `arm`, reaps run 1 and returns its error after
 /// checking that run 2 then ends `Abandoned { after: run 1 }`.
 fn first_of_two_queued_runs_fails(arm: impl FnOnce(&FakeInstall)) -> DeviceError {

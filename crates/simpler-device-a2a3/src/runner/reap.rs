@@ -102,11 +102,19 @@ fn sync_in_order(
 impl Core {
     /// Whether `reap_run` on `active` would return without waiting. Never blocks: a dropped
     /// launched run is cleaned up only if the device already finished (or failed) it, or its
-    /// budget ran out; otherwise it stays queued.
+    /// budget ran out; otherwise it stays queued. A run whose stream-sync budget a reap began
+    /// and which has spent it is decided too: its reap times out at once. One whose budget no
+    /// reap began stays undecided while the device has not finished it.
     pub(super) fn poll_run(&mut self, active: &ActiveRun) -> Result<bool, DeviceError> {
         let now = Instant::now();
         self.reclaim_dropped_within(|_| Some(now));
         let s = self.check_lease("poll_run", &active.lease)?;
+        if let Some(run) = self.slots[s].run.as_ref().filter(|r| r.stage == Stage::Launched)
+            && run.reap_started.is_some()
+            && self.reap_budget(run).1.is_zero()
+        {
+            return Ok(true);
+        }
         match self.slots[s].run.as_ref().map(|r| r.stage) {
             Some(Stage::Launched)
                 if self.slots[s].run.as_ref().is_some_and(|r| r.events.is_some()) =>
