@@ -15,7 +15,7 @@ use simpler_device_a2a3::kernel::model_device_time;
 use simpler_device_a2a3::programs::{add, vector};
 use simpler_device_a2a3::{
     AcceptanceSignal, ActiveRun, ChipSlot, DeviceError, DeviceHealth, DeviceRunner, FaultPlan,
-    KernelKind, RunRequest, RunnerOptions,
+    KernelKind, Overlap, RunRequest, RunnerOptions,
 };
 use simpler_types::CallConfig;
 
@@ -542,6 +542,42 @@ fn a_fault_report_names_the_core_type_of_the_launch_that_ran_not_of_the_one_queu
 /// that must not wait for it. They assert a bound on how long a call blocked, not a speed: a
 /// quarter of this, where waiting for the dropped run would take nearly all of it.
 const DROPPED_HOLD: Duration = Duration::from_secs(1);
+
+#[test]
+fn a_run_prepared_behind_queued_runs_overlaps_the_last_launched_whatever_slot_it_holds() {
+    let mut r = DeviceRunner::attach(queue_options()).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let runs: Vec<_> = (0..4).map(|_| VectorRun::new(&mut r, 256)).collect();
+    let cfg = CallConfig::default();
+    let prepare = |r: &mut DeviceRunner, n: u64| {
+        r.prepare(&RunRequest::new(run_id(n), slot, &runs[n as usize - 1].args, &cfg)).unwrap()
+    };
+    let p = prepare(&mut r, 1);
+    let a1 = r.launch_run(p).unwrap();
+    let p = prepare(&mut r, 2);
+    let a2 = r.launch_run(p).unwrap();
+    // Runs 1 and 2 are queued: run 3 is prepared behind run 2, the last launched.
+    let p = prepare(&mut r, 3);
+    let a3 = r.launch_run(p).unwrap();
+    assert!(r.reap_run(&a1, None).unwrap());
+    let (slot1, report1) = (a1.slot(), r.complete_run(a1).unwrap());
+    // Run 4 takes run 1's slot, ahead of the slots of runs 2 and 3 in slot order.
+    let p = prepare(&mut r, 4);
+    assert_eq!(p.slot(), slot1);
+    let a4 = r.launch_run(p).unwrap();
+    let mut overlaps = vec![report1.overlap];
+    for a in [a2, a3, a4] {
+        assert!(r.reap_run(&a, None).unwrap());
+        overlaps.push(r.complete_run(a).unwrap().overlap);
+    }
+    let with = |n| Overlap::Overlapped { with: run_id(n) };
+    assert_eq!(overlaps, [Overlap::NothingInFlight, with(1), with(2), with(3)]);
+    for v in &runs {
+        v.check(&mut r);
+    }
+    drop(runs);
+    r.finalize().unwrap();
+}
 
 /// Two slots, device queueing on, and the budgets of the one-second runs above.
 fn two_slot_queue() -> RunnerOptions {

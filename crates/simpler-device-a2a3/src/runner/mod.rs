@@ -15,9 +15,10 @@
 //!    executes: it writes only its own slot's resources.
 //! 2. `launch_run` takes *prepared* to *launched*: the AICore kernel first, then the AICPU
 //!    kernel, with no synchronisation and no cleanup on success, then publishes the launch
-//!    acceptance. At most one run is launched and not reaped (the exclusive execution claim).
-//!    A launch failure runs recover-or-mark-unusable and the terminal cleanup and frees the
-//!    slot.
+//!    acceptance. Without device queueing at most one run is launched and not reaped (the
+//!    exclusive execution claim); with it (`RunnerOptions::device_queue`) launched runs queue
+//!    on the streams, up to one per slot. A launch failure runs recover-or-mark-unusable and
+//!    the terminal cleanup and frees the slot.
 //! 3. `reap_run` takes *launched* to *reaped*; `poll_run` says, without blocking, whether it
 //!    would return at once. A sync failure runs recover-or-mark-unusable and the terminal
 //!    cleanup and frees the slot.
@@ -360,7 +361,8 @@ impl Core {
             || self.runs().any(|r| diag_feature(&r.diag).is_some())
     }
 
-    /// The launched, unreaped run, if any (the exclusive execution claim holds at most one).
+    /// A launched, unreaped run, if any, the first in slot order: without device queueing the
+    /// only one (the exclusive execution claim), with it not necessarily the last launched.
     fn launched(&self) -> Option<&RunState> {
         self.runs().find(|r| r.stage == Stage::Launched)
     }
@@ -402,7 +404,10 @@ impl Core {
                 ));
             }
         }
-        let overlap = match (exclusive, self.launched()) {
+        // The last run launched, as `Waited` names: with device queueing several runs are
+        // launched, and slot order is not launch order once slots are reused.
+        let last = self.launched_before(u64::MAX).max_by_key(|r| r.launch_seq);
+        let overlap = match (exclusive, last) {
             (Some(feature), _) => Overlap::Exclusive { reason: feature },
             (None, Some(r)) => Overlap::Overlapped { with: r.run_id },
             (None, None) => Overlap::NothingInFlight,

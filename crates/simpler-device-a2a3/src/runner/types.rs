@@ -218,7 +218,8 @@ pub enum Overlap {
     NothingInFlight,
     /// Prepared while run `with` executed on the device.
     Overlapped {
-        /// The run that was executing.
+        /// The run that was executing: the last one launched (with device queueing, the runs
+        /// launched before it are on the device ahead of it).
         with: RunId,
     },
     /// Prepared while run `with` executed, but part of the preparation waited for the device
