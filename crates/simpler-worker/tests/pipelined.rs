@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{HANG, add_callable};
@@ -71,13 +72,19 @@ fn a_third_submit_is_admitted_only_once_the_head_is_published() {
         let mem = w.memory().unwrap();
         let runs: Vec<_> = (0..5).map(|i| buffers(&mem, 64, i as f32)).collect();
         w.with_sim_faults(WorkerId(0), |p| p.kernel_delay(0, Duration::from_millis(30))).unwrap();
+        // Each run keeps a token alive until its result is published (by a waiter, such as a
+        // later submit's admission wait), which nothing else here does: the lane's order
+        // alone only sets the run's fence.
+        let tokens: Vec<Arc<()>> = runs.iter().map(|_| Arc::new(())).collect();
         let mut handles: Vec<RunHandle> = Vec::new();
         for (i, (_, a)) in runs.iter().enumerate() {
-            handles.push(w.submit(Orchestration::chip(add, a.clone())).unwrap());
+            let orch = Orchestration::chip(add, a.clone()).keep_alive(Arc::clone(&tokens[i]));
+            handles.push(w.submit(orch).unwrap());
             if i >= 2 {
-                assert!(
-                    handles[i - 2].is_done(),
-                    "queue {queue}: run {i} admitted before run {}",
+                assert_eq!(
+                    Arc::strong_count(&tokens[i - 2]),
+                    1,
+                    "queue {queue}: run {i} admitted before run {} was published",
                     i - 2
                 );
             }
