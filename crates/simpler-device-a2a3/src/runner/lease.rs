@@ -214,7 +214,7 @@ impl Core {
                         c.reap_dropped(run, until)
                     });
                     match r {
-                        Ok(true) => {}
+                        Ok(true) => latched_failure_logged(&run),
                         Ok(false) => {
                             // Still executing at the deadline: it keeps its slot, and its
                             // lease waits for a later call.
@@ -229,11 +229,22 @@ impl Core {
                     }
                     self.finish(&mut run, Outcome::FailedAfterLaunch);
                 }
-                Stage::Reaped => self.finish(&mut run, Outcome::FailedAfterLaunch),
+                Stage::Reaped => {
+                    latched_failure_logged(&run);
+                    self.finish(&mut run, Outcome::FailedAfterLaunch);
+                }
             }
             tracing::debug!(%run_id, slot = s, "cleaned up the slot of a dropped run handle");
             self.free_slot(s);
         }
+    }
+}
+
+/// Logs the runtime fault a dropped run's device latched, if any: its reap ended well, so no
+/// error carries it, and the handle that `complete_run` would have reported it to is gone.
+fn latched_failure_logged(run: &RunState) {
+    if let Some(fault) = &run.latched {
+        tracing::warn!(run_id = %run.run_id, %fault, "a dropped launched run failed");
     }
 }
 
