@@ -1285,6 +1285,56 @@ fn a_poll_past_the_budget_a_short_reap_began_says_the_reap_would_return_at_once(
     }
 }
 
+/// `a[..] = 100` through `set_tensor_data`, then `f = a + b`: an orchestration that writes a
+/// user allocation, so its preparation waits for the launched runs first.
+fn stamp_then_add(
+    ctx: &mut simpler_device_a2a3::OrchCtx<'_>,
+    args: &simpler_device_a2a3::OrchArgs<'_>,
+) -> Result<(), simpler_device_a2a3::OrchError> {
+    let a = *args.tensor(0).expect("three arguments");
+    let bytes: Vec<u8> =
+        std::iter::repeat_n(100f32.to_ne_bytes(), a.numel() as usize).flatten().collect();
+    ctx.set_tensor_data(&a, &bytes)?;
+    add::orchestration(ctx, args)
+}
+
+#[test]
+fn a_write_whose_wait_ran_out_as_the_run_ahead_ended_well_blames_no_run_but_its_own() {
+    use simpler_device_a2a3::{ArgDirection, CoreCallable, KernelCode};
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let (i, o) = (ArgDirection::In, ArgDirection::Out);
+    let stamping = ChipCallable::native(stamp_then_add, common::three_args)
+        .names("stamp_then_add", "add_config")
+        .signature(vec![i, i, o])
+        .kernel(add::ADD, CoreCallable::new(vec![i, i, o], KernelCode::Text(vec![0; 64])))
+        .build()
+        .unwrap();
+    let stamping = r.register_callable(&stamping).unwrap();
+    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
+    let cfg = CallConfig::default();
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
+    let a1 = r.launch_run(p1).unwrap();
+    // Run 1 has ended (the stand-in reaches its end events at once), but the wait of run 2's
+    // write for the streams runs out, as it does when run 1 ends just after the wait.
+    let syncs = count(&b.log(), "aclrtSynchronizeStreamWithTimeout") as u64;
+    b.install.fail_call("aclrtSynchronizeStreamWithTimeout", syncs + 1, 507_046).unwrap();
+    let err = r.prepare(&RunRequest::new(run_id(2), stamping, &v2.args, &cfg)).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::Timeout { run_id: id, budget: TimeoutBudget::StreamSync, .. }
+            if id == run_id(2)),
+        "run 1 ended well, so the failed wait is run 2's own: {err}"
+    );
+    assert!(r.health().is_healthy(), "nobody is blamed: {:?}", r.health());
+    assert!(r.reap_run(&a1, None).unwrap());
+    assert_eq!(r.complete_run(a1).unwrap().run_id, Some(run_id(1)));
+    v1.free(&mut r);
+    v2.free(&mut r);
+    r.finalize().unwrap();
+    assert_eq!(b.live(), [0; 5]);
+}
+
 /// Queues runs 1 and 2, arms a fault with `arm`, reaps run 1 and returns its error after
 /// checking that run 2 then ends `Abandoned { after: run 1 }`.
 fn first_of_two_queued_runs_fails(arm: impl FnOnce(&FakeInstall)) -> DeviceError {

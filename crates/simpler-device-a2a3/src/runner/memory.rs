@@ -8,13 +8,16 @@
 
 use std::time::{Duration, Instant};
 
-use simpler_types::{RunId, Tensor};
+use simpler_types::{RunId, Tensor, TimeoutBudget};
 
 use super::reap::SYNC_ORDER;
 use super::staging::{StagedTensor, host_slice};
 use super::{Core, DevicePtr, RunState, oom};
+use crate::abi::codes::AclCode;
 use crate::backend::Backend;
-use crate::error::{ArgSite, ArgsProblem, DeviceError, MemPurpose, PoisonCause};
+use crate::error::{
+    ArgSite, ArgsProblem, DeviceError, MemPurpose, PoisonCause, PoisonStep, StreamKind,
+};
 use crate::runtime::{BuildEnv, HeapArena};
 
 /// One pooled allocation.
@@ -110,7 +113,15 @@ pub(super) struct RunMemory<'a> {
     pub(super) waited_for: Option<RunId>,
     /// Why that wait failed (the runs ahead faulted or did not finish): the run being
     /// prepared can never be launched behind them.
-    pub(super) ahead_failed: Option<PoisonCause>,
+    pub(super) ahead_failed: Option<FailedWait>,
+}
+
+/// A write's wait for the launched runs that failed: what it names (the last run launched, the
+/// stream and the code the wait ended with) and how long it waited at most.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct FailedWait {
+    pub(super) cause: PoisonCause,
+    pub(super) limit: Duration,
 }
 
 /// The launched runs a preparation overlaps with: the last one launched (the streams finish
@@ -151,11 +162,12 @@ impl RunMemory<'_> {
         let begun = e.budgets.iter().filter(|b| b.1.is_none()).map(|&(seq, _, b)| (seq, b));
         self.budgets_begun = Some((now, begun.collect()));
         let deadline = e.deadline(now);
+        let limit = deadline.saturating_duration_since(now);
         for (stream, step) in SYNC_ORDER {
             let left = deadline.saturating_duration_since(Instant::now());
             if let Err(error) = self.backend.synchronize(stream, left, e.op_execute) {
-                let code = error.code();
-                self.ahead_failed = Some(PoisonCause { run_id: e.last, step, code });
+                let cause = PoisonCause { run_id: e.last, step, code: error.code() };
+                self.ahead_failed = Some(FailedWait { cause, limit });
                 return false;
             }
         }
@@ -218,27 +230,58 @@ impl BuildEnv for RunMemory<'_> {
     }
 }
 
+/// The error of `run_id`'s preparation when its write's wait for the launched runs failed but
+/// every one of them ended well: none of them is blamed. A wait that ran out is the run's own
+/// stream-sync timeout, the limit the wait's (the last budget of the runs it waited for); a
+/// fault the stream reported is the run's own device fault.
+fn own_failed_wait(run_id: RunId, failed: FailedWait) -> DeviceError {
+    let PoisonCause { step, code, .. } = failed.cause;
+    if code == AclCode::STREAM_SYNC_TIMEOUT {
+        return DeviceError::Timeout {
+            run_id,
+            budget: TimeoutBudget::StreamSync,
+            limit: failed.limit,
+            runtime: None,
+            faults: Vec::new(),
+        };
+    }
+    let stream =
+        if step == PoisonStep::SyncAiCore { StreamKind::AiCore } else { StreamKind::Aicpu };
+    DeviceError::DeviceFault {
+        run_id,
+        code,
+        stream,
+        faults: Vec::new(),
+        runtime: None,
+        #[cfg(feature = "onboard")]
+        acl: None,
+    }
+}
+
 impl Core {
     /// The error of a preparation whose orchestration could not write what it asked for: a
     /// run ahead faulted or did not finish within its whole budget, which makes the device
     /// unusable as its reap would. The run being prepared is abandoned behind that run, never
-    /// failed with an error of its own.
+    /// failed with an error of its own. When every launched run has ended well by the time
+    /// this looks (the last just after the wait ran out), none is blamed: the failed wait is
+    /// the run's own ([`own_failed_wait`]).
     pub(super) fn abandoned_behind_failed_wait(
         &mut self,
         run_id: RunId,
-        failed: PoisonCause,
+        failed: FailedWait,
     ) -> DeviceError {
         let device_id = self.opts.device_id;
         let Some((culprit, seq)) = self.first_unfinished_launched() else {
-            // Every launched run ended meanwhile; the write was still refused.
-            return DeviceError::Abandoned {
-                run_id,
-                after: failed.run_id,
-                device_id,
-                cause: failed,
-            };
+            let error = own_failed_wait(run_id, failed);
+            if !matches!(error, DeviceError::Timeout { .. }) {
+                // A stream that reported a fault with every run on it ended well: the device
+                // is unusable, through the run whose wait saw it (it was never launched).
+                let cause = failed.cause;
+                self.recover_or_mark_unusable(run_id, 0, cause.step, cause.code, None);
+            }
+            return error;
         };
-        let cause = PoisonCause { run_id: culprit, ..failed };
+        let cause = PoisonCause { run_id: culprit, ..failed.cause };
         self.recover_or_mark_unusable(culprit, seq, cause.step, cause.code, None);
         DeviceError::Abandoned { run_id, after: culprit, device_id, cause }
     }
