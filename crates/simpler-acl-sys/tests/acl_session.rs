@@ -120,17 +120,23 @@ impl std::io::Write for Captured {
     }
 }
 
+/// What `f` returns, and what it logged.
+fn logged_during<T>(f: impl FnOnce() -> T) -> (T, String) {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).finish();
+    let out = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    (out, text)
+}
+
 #[test]
 fn a_soc_name_read_is_returned_when_the_finalize_after_it_fails_and_the_failure_is_logged() {
     let install = FakeInstall::standard().unwrap();
     let cann = install.cann();
     install.fail_call("aclFinalize", 1, 507_000).unwrap();
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).finish();
-    let name = tracing::subscriber::with_default(subscriber, || cann.soc_name());
+    let (name, text) = logged_during(|| cann.soc_name());
     assert_eq!(name.unwrap().as_deref(), Some("Ascend910B1"));
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert!(text.contains("ERROR") && text.contains("aclFinalize: 507000"), "logged: {text:?}");
 }
 
@@ -139,11 +145,7 @@ fn a_failed_acl_finalize_of_a_dropped_session_is_logged() {
     let install = FakeInstall::standard().unwrap();
     let cann = install.cann();
     install.fail_call("aclFinalize", 1, 507_000).unwrap();
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).finish();
-    tracing::subscriber::with_default(subscriber, || drop(cann.acl_session().unwrap()));
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let ((), text) = logged_during(|| drop(cann.acl_session().unwrap()));
     assert!(text.contains("ERROR") && text.contains("aclFinalize: 507000"), "logged: {text:?}");
 }
 

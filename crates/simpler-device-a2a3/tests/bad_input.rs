@@ -500,6 +500,16 @@ fn a_failed_heap_arena_allocation_releases_every_pooled_arena() {
     r.finalize().unwrap();
 }
 
+/// The error of run 1 of `args`, whose host tensors the runner must refuse before staging
+/// touches their memory (they need not be readable).
+fn refused_host_run(r: &mut DeviceRunner, slot: ChipSlot, args: &TaskArgs) -> DeviceError {
+    let cfg = CallConfig::default();
+    // SAFETY: every caller's tensors are refused before staging reads or writes them, which
+    // the callers assert by the error they expect.
+    let req = unsafe { RunRequest::with_host_tensors(run_id(1), slot, args, &cfg) };
+    r.run(&req).expect_err("refused before staging")
+}
+
 #[test]
 fn host_tensors_whose_staging_sizes_sum_past_u64_are_invalid_args() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
@@ -518,10 +528,7 @@ fn host_tensors_whose_staging_sizes_sum_past_u64_are_invalid_args() {
     args.add_input(host(&a, 16)).unwrap();
     args.add_output(host(&b, 1 << 63)).unwrap();
     args.add_output(host(&f, 1 << 63)).unwrap();
-    let cfg = CallConfig::default();
-    // SAFETY: the request is refused before staging touches host memory (asserted below).
-    let req = unsafe { RunRequest::with_host_tensors(run_id(1), slot, &args, &cfg) };
-    let err = r.run(&req).unwrap_err();
+    let err = refused_host_run(&mut r, slot, &args);
     assert!(
         matches!(
             &err,
@@ -546,10 +553,7 @@ fn a_host_tensor_whose_staging_size_passes_u64_names_its_argument() {
     args.add_input(huge).unwrap();
     args.add_input(at(&a)).unwrap();
     args.add_output(at(&b)).unwrap();
-    let cfg = CallConfig::default();
-    // SAFETY: the request is refused before staging touches host memory (asserted below).
-    let req = unsafe { RunRequest::with_host_tensors(run_id(1), slot, &args, &cfg) };
-    let err = r.run(&req).unwrap_err();
+    let err = refused_host_run(&mut r, slot, &args);
     assert!(
         matches!(
             &err,

@@ -1285,19 +1285,6 @@ fn a_poll_past_the_budget_a_short_reap_began_says_the_reap_would_return_at_once(
     }
 }
 
-/// `a[..] = 100` through `set_tensor_data`, then `f = a + b`: an orchestration that writes a
-/// user allocation, so its preparation waits for the launched runs first.
-fn stamp_then_add(
-    ctx: &mut simpler_device_a2a3::OrchCtx<'_>,
-    args: &simpler_device_a2a3::OrchArgs<'_>,
-) -> Result<(), simpler_device_a2a3::OrchError> {
-    let a = *args.tensor(0).expect("three arguments");
-    let bytes: Vec<u8> =
-        std::iter::repeat_n(100f32.to_ne_bytes(), a.numel() as usize).flatten().collect();
-    ctx.set_tensor_data(&a, &bytes)?;
-    add::orchestration(ctx, args)
-}
-
 #[test]
 fn a_write_whose_wait_ran_out_as_the_run_ahead_ended_well_blames_no_run_but_its_own() {
     use simpler_device_a2a3::{ArgDirection, CoreCallable, KernelCode};
@@ -1305,7 +1292,7 @@ fn a_write_whose_wait_ran_out_as_the_run_ahead_ended_well_blames_no_run_but_its_
     let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
     let slot = r.register_callable(&b.add_callable()).unwrap();
     let (i, o) = (ArgDirection::In, ArgDirection::Out);
-    let stamping = ChipCallable::native(stamp_then_add, common::three_args)
+    let stamping = ChipCallable::native(common::stamp_then_add, common::three_args)
         .names("stamp_then_add", "add_config")
         .signature(vec![i, i, o])
         .kernel(add::ADD, CoreCallable::new(vec![i, i, o], KernelCode::Text(vec![0; 64])))

@@ -305,21 +305,6 @@ fn an_orchestration_cannot_write_into_the_heap_of_another_slots_run() {
     r.finalize().unwrap();
 }
 
-/// The value [`stamp_then_add`] writes into its first argument before adding.
-const STAMP: f32 = 100.0;
-
-/// `a[..] = STAMP` through `set_tensor_data`, then `f = a + b` (the add program's task).
-fn stamp_then_add(
-    ctx: &mut simpler_device_a2a3::OrchCtx<'_>,
-    args: &simpler_device_a2a3::OrchArgs<'_>,
-) -> Result<(), simpler_device_a2a3::OrchError> {
-    let a = *args.tensor(0).expect("three arguments");
-    let bytes: Vec<u8> =
-        std::iter::repeat_n(STAMP.to_ne_bytes(), a.numel() as usize).flatten().collect();
-    ctx.set_tensor_data(&a, &bytes)?;
-    simpler_device_a2a3::programs::add::orchestration(ctx, args)
-}
-
 /// A runner with the add program twice, plainly and behind [`stamp_then_add`], and the buffers
 /// of two runs sharing `a` and `b`: (runner, plain, stamping, [a, b, f1, f2], a, b, args 1, args 2).
 #[allow(clippy::type_complexity)]

@@ -45,6 +45,23 @@ pub fn three_args(_: &OrchArgs<'_>) -> OrchConfig {
     OrchConfig { expected_arg_count: 3 }
 }
 
+/// The value [`stamp_then_add`] writes into its first argument before adding.
+pub const STAMP: f32 = 100.0;
+
+/// `a[..] = STAMP` through `set_tensor_data`, then `f = a + b` (the add program's task): an
+/// orchestration that writes a user allocation, so its preparation waits for the launched runs
+/// first.
+pub fn stamp_then_add(
+    ctx: &mut simpler_device_a2a3::OrchCtx<'_>,
+    args: &OrchArgs<'_>,
+) -> Result<(), simpler_device_a2a3::OrchError> {
+    let a = *args.tensor(0).expect("three arguments");
+    let bytes: Vec<u8> =
+        std::iter::repeat_n(STAMP.to_ne_bytes(), a.numel() as usize).flatten().collect();
+    ctx.set_tensor_data(&a, &bytes)?;
+    simpler_device_a2a3::programs::add::orchestration(ctx, args)
+}
+
 /// The vector example's callable.
 pub fn vector_callable() -> ChipCallable {
     vector::callable().unwrap()
