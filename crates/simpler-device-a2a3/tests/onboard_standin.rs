@@ -1286,40 +1286,74 @@ fn a_poll_past_the_budget_a_short_reap_began_says_the_reap_would_return_at_once(
 }
 
 #[test]
-fn a_write_whose_wait_ran_out_as_the_run_ahead_ended_well_blames_no_run_but_its_own() {
-    use simpler_device_a2a3::{ArgDirection, CoreCallable, KernelCode};
+fn a_poll_past_a_spent_budget_stays_undecided_while_a_run_queued_ahead_is_unfinished() {
     let b = Onboard::new();
     let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
     let slot = r.register_callable(&b.add_callable()).unwrap();
-    let (i, o) = (ArgDirection::In, ArgDirection::Out);
-    let stamping = ChipCallable::native(common::stamp_then_add, common::three_args)
-        .names("stamp_then_add", "add_config")
-        .signature(vec![i, i, o])
-        .kernel(add::ADD, CoreCallable::new(vec![i, i, o], KernelCode::Text(vec![0; 64])))
-        .build()
-        .unwrap();
-    let stamping = r.register_callable(&stamping).unwrap();
     let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
     let cfg = CallConfig::default();
+    // The device stops inside run 1: run 2, queued behind it, never begins.
+    b.install.set_value("pending_after_records", 1).unwrap();
     let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
     let a1 = r.launch_run(p1).unwrap();
-    // Run 1 has ended (the stand-in reaches its end events at once), but the wait of run 2's
-    // write for the streams runs out, as it does when run 1 ends just after the wait.
-    let syncs = count(&b.log(), "aclrtSynchronizeStreamWithTimeout") as u64;
-    b.install.fail_call("aclrtSynchronizeStreamWithTimeout", syncs + 1, 507_046).unwrap();
-    let err = r.prepare(&RunRequest::new(run_id(2), stamping, &v2.args, &cfg)).unwrap_err();
-    assert!(
-        matches!(err, DeviceError::Timeout { run_id: id, budget: TimeoutBudget::StreamSync, .. }
-            if id == run_id(2)),
-        "run 1 ended well, so the failed wait is run 2's own: {err}"
-    );
-    assert!(r.health().is_healthy(), "nobody is blamed: {:?}", r.health());
-    assert!(r.reap_run(&a1, None).unwrap());
-    assert_eq!(r.complete_run(a1).unwrap().run_id, Some(run_id(1)));
-    v1.free(&mut r);
-    v2.free(&mut r);
-    r.finalize().unwrap();
-    assert_eq!(b.live(), [0; 5]);
+    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
+    let a2 = r.launch_run(p2).unwrap();
+    let first = r.reap_run(&a2, Some(Duration::from_millis(20)));
+    assert!(matches!(first, Ok(false)), "{first:?}");
+    // Run 2's budget (two stream-sync budgets: one run ahead) passes; its reap would now wait
+    // for run 1's budget, which no reap began, so the poll must not say it would not wait.
+    std::thread::sleep(Duration::from_millis(2 * STREAM_SYNC_MS as u64 + 200));
+    assert!(!r.poll_run(&a2).unwrap(), "the poll said run 2's reap would not wait");
+    let err = r.reap_run(&a1, None).unwrap_err();
+    assert!(matches!(err, DeviceError::Timeout { .. }), "{err}");
+    let err = r.reap_run(&a2, None).unwrap_err();
+    assert!(matches!(err, DeviceError::Abandoned { .. }), "{err}");
+    drop((v1, v2));
+    let _ = r.finalize();
+}
+
+#[test]
+fn a_write_whose_wait_failed_as_the_run_ahead_ended_well_blames_no_run_but_its_own() {
+    use simpler_device_a2a3::{ArgDirection, CoreCallable, KernelCode};
+    // The wait running out (a stream-sync timeout), and the stream reporting a fault.
+    for code in [507_046, 507_015] {
+        let b = Onboard::new();
+        let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
+        let slot = r.register_callable(&b.add_callable()).unwrap();
+        let (i, o) = (ArgDirection::In, ArgDirection::Out);
+        let stamping = ChipCallable::native(common::stamp_then_add, common::three_args)
+            .names("stamp_then_add", "add_config")
+            .signature(vec![i, i, o])
+            .kernel(add::ADD, CoreCallable::new(vec![i, i, o], KernelCode::Text(vec![0; 64])))
+            .build()
+            .unwrap();
+        let stamping = r.register_callable(&stamping).unwrap();
+        let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
+        let cfg = CallConfig::default();
+        let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
+        let a1 = r.launch_run(p1).unwrap();
+        // Run 1 has ended (the stand-in reaches its end events at once), but the wait of run
+        // 2's write for the streams fails, as it does when run 1 ends just after the wait.
+        let syncs = count(&b.log(), "aclrtSynchronizeStreamWithTimeout") as u64;
+        b.install.fail_call("aclrtSynchronizeStreamWithTimeout", syncs + 1, code).unwrap();
+        let err = r.prepare(&RunRequest::new(run_id(2), stamping, &v2.args, &cfg)).unwrap_err();
+        let own = match &err {
+            DeviceError::Timeout { run_id: id, budget: TimeoutBudget::StreamSync, .. } => {
+                code == 507_046 && *id == run_id(2)
+            }
+            DeviceError::DeviceFault { run_id: id, .. } => code == 507_015 && *id == run_id(2),
+            _ => false,
+        };
+        assert!(own, "code {code}: run 1 ended well, so the failed wait is run 2's own: {err}");
+        // The device is unusable after the failed sync, but run 1 is not behind it.
+        assert!(!r.health().is_healthy(), "code {code}");
+        assert!(r.reap_run(&a1, None).unwrap(), "code {code}");
+        assert_eq!(r.complete_run(a1).unwrap().run_id, Some(run_id(1)), "code {code}");
+        v1.free(&mut r);
+        v2.free(&mut r);
+        let _ = r.finalize();
+        assert_eq!(b.live(), [0; 5], "code {code}");
+    }
 }
 
 /// Queues runs 1 and 2, arms a fault with `arm`, reaps run 1 and returns its error after

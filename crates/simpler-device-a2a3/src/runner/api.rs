@@ -211,8 +211,8 @@ impl DeviceRunner {
     }
 
     /// Whether `reap_run` on `run` would return without waiting (the run finished or failed,
-    /// or the stream-sync budget an earlier reap began has passed, so the reap times out at
-    /// once). Never waits for the device: a dropped run handle's run is only asked about (on the
+    /// or the stream-sync budget an earlier reap began has passed with no run queued ahead of
+    /// it unfinished, so the reap times out at once). Never waits for the device: a dropped run handle's run is only asked about (on the
     /// onboard backend that is CANN's shortest sync, 1 ms), and one the device has not
     /// finished is cleaned up by a later call.
     pub fn poll_run(&mut self, run: &ActiveRun) -> Result<bool, DeviceError> {

@@ -264,7 +264,9 @@ impl Core {
     /// unusable as its reap would. The run being prepared is abandoned behind that run, never
     /// failed with an error of its own. When every launched run has ended well by the time
     /// this looks (the last just after the wait ran out), none is blamed: the failed wait is
-    /// the run's own ([`own_failed_wait`]).
+    /// the run's own ([`own_failed_wait`]), and it makes the device unusable as any stream
+    /// sync that timed out or faulted does, charged after every launched run, so that those
+    /// still reap as the successes they were.
     pub(super) fn abandoned_behind_failed_wait(
         &mut self,
         run_id: RunId,
@@ -272,14 +274,10 @@ impl Core {
     ) -> DeviceError {
         let device_id = self.opts.device_id;
         let Some((culprit, seq)) = self.first_unfinished_launched() else {
-            let error = own_failed_wait(run_id, failed);
-            if !matches!(error, DeviceError::Timeout { .. }) {
-                // A stream that reported a fault with every run on it ended well: the device
-                // is unusable, through the run whose wait saw it (it was never launched).
-                let cause = failed.cause;
-                self.recover_or_mark_unusable(run_id, 0, cause.step, cause.code, None);
-            }
-            return error;
+            let cause = failed.cause;
+            let after_every_launch = self.launches.saturating_add(1);
+            self.recover_or_mark_unusable(run_id, after_every_launch, cause.step, cause.code, None);
+            return own_failed_wait(run_id, failed);
         };
         let cause = PoisonCause { run_id: culprit, ..failed.cause };
         self.recover_or_mark_unusable(culprit, seq, cause.step, cause.code, None);

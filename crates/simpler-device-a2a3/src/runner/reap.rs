@@ -103,15 +103,19 @@ impl Core {
     /// Whether `reap_run` on `active` would return without waiting. Never blocks: a dropped
     /// launched run is cleaned up only if the device already finished (or failed) it, or its
     /// budget ran out; otherwise it stays queued. A run whose stream-sync budget a reap began
-    /// and which has spent it is decided too: its reap times out at once. One whose budget no
-    /// reap began stays undecided while the device has not finished it.
+    /// and which has spent it is decided too, unless a run queued ahead of it is unfinished:
+    /// its reap times out at once. One whose budget no reap began stays undecided while the
+    /// device has not finished it.
     pub(super) fn poll_run(&mut self, active: &ActiveRun) -> Result<bool, DeviceError> {
         let now = Instant::now();
         self.reclaim_dropped_within(|_| Some(now));
         let s = self.check_lease("poll_run", &active.lease)?;
+        // Not while a run queued ahead of it is unfinished: its reap would then wait for that
+        // run's budget first.
         if let Some(run) = self.slots[s].run.as_ref().filter(|r| r.stage == Stage::Launched)
             && run.reap_started.is_some()
             && self.reap_budget(run).1.is_zero()
+            && !self.launched_before(run.launch_seq).any(|r| self.queued_end(r).is_none())
         {
             return Ok(true);
         }
