@@ -201,7 +201,8 @@ impl<'a> GraphBuilder<'a> {
             {
                 return Err(MemError::WrongChip { buffer_chip: owner, chip: target }.into());
             }
-            if let Some(buffer) = self.inner.chip_buffer_holding(target, t.addr)
+            if t.byte_span().is_some()
+                && let Some(buffer) = self.inner.chip_buffer_holding(target, t.addr)
                 && buffer != t.addr
             {
                 let (chip, addr) = (target, t.addr);

@@ -1068,6 +1068,19 @@ fn a_chip_memory_tensor_based_inside_a_device_buffer_is_refused_at_submit() {
         other => panic!("{other:?}"),
     }
     assert!(e.to_string().contains("DeviceBuffer::tensor"), "{e}");
+    // An empty tensor there names no bytes, so nothing could be left unordered: it runs.
+    let empty = Tensor::with_buffer(buf.addr() + 64, 0, &[0], DataType::Float32)
+        .unwrap()
+        .child_memory(true);
+    let y = w.chip_memory(WorkerId(0)).unwrap().malloc(256).unwrap();
+    let y = y.tensor(&[16], DataType::Float32).unwrap();
+    w.run(Orchestration::graph(move |g, _, _| {
+        let mut args = TaskArgs::new();
+        args.add_input(x)?.add_input(empty)?.add_output(y)?;
+        g.submit_next_level(add, args, &CallConfig::default(), WorkerId(0))?;
+        Ok(())
+    }))
+    .expect("an empty tensor inside a buffer runs");
     w.close().expect("close");
 }
 

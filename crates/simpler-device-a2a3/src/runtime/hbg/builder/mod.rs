@@ -277,7 +277,8 @@ impl<'e> GraphBuilder<'e> {
         scratch.entry_spans.clear();
         scratch.entry_spans.extend(entry.iter().filter_map(span_of));
         scratch.entry_buffers.clear();
-        scratch.entry_buffers.extend(entry.iter().filter(|t| t.size > 0).map(|t| (t.addr, t.size)));
+        let named = |t: &&Tensor| !t.is_null() && t.size > 0;
+        scratch.entry_buffers.extend(entry.iter().filter(named).map(|t| (t.addr, t.size)));
         GraphBuilder {
             run_id,
             limits,
@@ -523,7 +524,7 @@ impl<'e> GraphBuilder<'e> {
         t: &Tensor,
         tag: TensorArgType,
     ) -> Result<(), ArgsProblem> {
-        if t.is_null() {
+        if t.is_null() || t.size == 0 {
             return if tag.allows_null() {
                 Ok(())
             } else {
@@ -550,6 +551,10 @@ impl<'e> GraphBuilder<'e> {
     /// any: the maps key accesses by base address, so `t` would not be ordered against that
     /// buffer's views.
     fn entry_base_alias(&self, t: &Tensor) -> Option<u64> {
+        // A null or zero-byte tensor names no memory: nothing to order.
+        if t.is_null() || t.size == 0 {
+            return None;
+        }
         let end = t.addr.saturating_add(t.size);
         let overlaps =
             |&&(base, bytes): &&(u64, u64)| t.addr < base.saturating_add(bytes) && base < end;

@@ -337,6 +337,15 @@ fn a_tensor_based_inside_the_entry_buffer_is_refused_at_submit_and_in_data_calls
     assert!(b.get_data(&inner, &mut [0u8; 16]) < 0);
     let want = ArgsProblem::EntryBaseAlias { task: None, arg: 0, addr: BUF + 16, entry_addr: BUF };
     assert_eq!(problem(b.finish().unwrap_err()), want);
+    // A zero-byte tensor there names no memory, and a null entry argument (an optional input
+    // left out) names none either: neither is refused.
+    let empty = Tensor::external(BUF + 16, &[0], DataType::Float32).unwrap();
+    let null = Tensor::external(0, &[1 << 20], DataType::Float32).unwrap();
+    let mut b =
+        GraphBuilder::new(RunId::FIRST, limits(), &mut f.env, &[buf(0, 16), null], &mut f.scratch);
+    assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(0, 16), empty], &[inp, inp], &[]) >= 0);
+    assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(64, 4)], &[inp], &[]) >= 0);
+    b.finish().unwrap();
 }
 
 #[test]
