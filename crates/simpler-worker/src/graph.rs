@@ -11,7 +11,7 @@ use simpler_types::{
 
 use crate::error::{BoxError, MemError, WorkerError};
 use crate::handle::{CallableHandle, Entry, Registration};
-use crate::worker::Inner;
+use crate::worker::{ChipPlacement, Inner};
 
 /// A graph callback of an L3+ orchestration.
 pub type GraphCallback = dyn FnMut(&mut GraphBuilder<'_>, TaskArgsView<'_>, &CallConfig) -> Result<(), BoxError>
@@ -196,17 +196,15 @@ impl<'a> GraphBuilder<'a> {
             return Ok(());
         }
         for (arg, t) in args.tensors().iter().enumerate().filter(|(_, t)| t.is_child_memory()) {
-            if let Some((start, end)) = t.byte_span()
-                && let Some(owner) = self.inner.foreign_owner(target, start, end)
-            {
-                return Err(MemError::WrongChip { buffer_chip: owner, chip: target }.into());
-            }
-            if t.byte_span().is_some()
-                && let Some(buffer) = self.inner.chip_buffer_holding(target, t.addr)
-                && buffer != t.addr
-            {
-                let (chip, addr) = (target, t.addr);
-                return Err(WorkerError::ChipTensorOffsetBase { arg, chip, addr, buffer });
+            match self.inner.chip_placement(target, t) {
+                ChipPlacement::Fine => {}
+                ChipPlacement::OtherChip(owner) => {
+                    return Err(MemError::WrongChip { buffer_chip: owner, chip: target }.into());
+                }
+                ChipPlacement::InsideBuffer(buffer) => {
+                    let (chip, addr) = (target, t.addr);
+                    return Err(WorkerError::ChipTensorOffsetBase { arg, chip, addr, buffer });
+                }
             }
         }
         Ok(())

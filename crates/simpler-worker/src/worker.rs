@@ -29,7 +29,8 @@ use parking_lot::{Mutex, RwLock};
 use simpler_device_a2a3::{ChipCallable, DeviceError, Platform, PlatformLimits, RuntimeVariant};
 use simpler_sched::{EndpointFailure, Engine};
 use simpler_types::{
-    CallConfig, CallableId, CallableKind, RunFailure, RunId, TaskArgsView, WorkerId, WorkerRef,
+    CallConfig, CallableId, CallableKind, RunFailure, RunId, TaskArgsView, Tensor, WorkerId,
+    WorkerRef,
 };
 
 use crate::builder::{ChipWorkerBuilder, CompositeWorkerBuilder, HostWorkerBuilder};
@@ -102,6 +103,16 @@ pub(crate) struct Inner {
     pub(crate) teardowns: std::sync::atomic::AtomicU32,
 }
 
+/// Where a chip-memory tensor lies among a worker's recorded chip allocations.
+pub(crate) enum ChipPlacement {
+    /// In an allocation of the chip it is sent to at its start, or in none recorded.
+    Fine,
+    /// In an allocation of this other chip only.
+    OtherChip(WorkerId),
+    /// Its base address inside the target's allocation starting here, not at it.
+    InsideBuffer(u64),
+}
+
 impl Inner {
     pub(crate) fn engine(&self) -> Option<&Engine> {
         match &self.body {
@@ -110,25 +121,27 @@ impl Inner {
         }
     }
 
-    /// The chip owning device bytes `[start, end)` among the allocations made through the
-    /// memory helpers, if `target` does not own them and another chip does.
-    pub(crate) fn foreign_owner(&self, target: WorkerId, start: u64, end: u64) -> Option<WorkerId> {
+    /// Where chip-memory tensor `t`, sent to `target`, lies among the allocations made through
+    /// the memory helpers (L3), under one look at them: a tensor naming no bytes lies nowhere.
+    pub(crate) fn chip_placement(&self, target: WorkerId, t: &Tensor) -> ChipPlacement {
+        let Some((start, end)) = t.byte_span() else { return ChipPlacement::Fine };
         let owned = self.owned.lock();
-        let holds = |m: &ChipAllocations| {
-            m.by_addr.range(..=start).next_back().is_some_and(|(a, l)| end <= a.saturating_add(*l))
+        // The start of the allocation of `m` holding `[lo, hi)`, if one does.
+        let holding = |m: &ChipAllocations, lo: u64, hi: u64| {
+            let (&base, &len) = m.by_addr.range(..=lo).next_back()?;
+            (hi <= base.saturating_add(len)).then_some(base)
         };
-        if owned.get(&target).is_some_and(holds) {
-            return None;
+        let mine = owned.get(&target);
+        if mine.and_then(|m| holding(m, start, end)).is_none()
+            && let Some((&chip, _)) =
+                owned.iter().find(|(c, m)| **c != target && holding(m, start, end).is_some())
+        {
+            return ChipPlacement::OtherChip(chip);
         }
-        owned.iter().find(|(c, m)| **c != target && holds(m)).map(|(c, _)| *c)
-    }
-
-    /// The address of the allocation of `chip` made through the memory helpers that holds
-    /// byte `addr`, if any.
-    pub(crate) fn chip_buffer_holding(&self, chip: WorkerId, addr: u64) -> Option<u64> {
-        let owned = self.owned.lock();
-        let (&base, &len) = owned.get(&chip)?.by_addr.range(..=addr).next_back()?;
-        (addr < base.saturating_add(len)).then_some(base)
+        match mine.and_then(|m| holding(m, t.addr, t.addr.saturating_add(1))) {
+            Some(buffer) if buffer != t.addr => ChipPlacement::InsideBuffer(buffer),
+            _ => ChipPlacement::Fine,
+        }
     }
 
     pub(crate) fn chip_memory(&self, chip: WorkerId) -> Result<ChipMemory<'_>, WorkerError> {
