@@ -524,7 +524,7 @@ impl<'e> GraphBuilder<'e> {
         t: &Tensor,
         tag: TensorArgType,
     ) -> Result<(), ArgsProblem> {
-        if t.is_null() || t.size == 0 {
+        if t.is_null() {
             return if tag.allows_null() {
                 Ok(())
             } else {
