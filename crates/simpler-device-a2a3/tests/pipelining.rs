@@ -521,3 +521,67 @@ fn a_fault_queued_behind_a_run_still_executing_on_the_chip_is_charged_to_the_fau
     drop((v1, v2));
     r.finalize().unwrap();
 }
+
+/// Submits a task naming a func id no kernel has: on tensormap_and_ringbuffer the orchestration
+/// runs on the device, which latches INVALID_ARGS and ends the run.
+fn unknown_func_orch(
+    ctx: &mut simpler_device_a2a3::OrchCtx<'_>,
+    args: &simpler_device_a2a3::OrchArgs<'_>,
+) -> Result<(), simpler_device_a2a3::OrchError> {
+    let mut a = simpler_types::CoreArgs::new();
+    a.add_inout(*args.tensor(0).expect("one argument")).expect("a tensor");
+    ctx.submit(simpler_device_a2a3::Kernels::Aiv(2000), &a)?;
+    Ok(())
+}
+
+/// A writer for a `tracing` subscriber that keeps what is written.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("the log").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_dropped_run_whose_device_latched_a_fault_is_logged_naming_the_run_and_the_fault() {
+    use simpler_device_a2a3::{ArgDirection, ChipCallable, CoreCallable, RuntimeVariant};
+    let mut r =
+        DeviceRunner::attach(options_on(0, RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    let callable = ChipCallable::native(unknown_func_orch, |_| Default::default())
+        .kernel(FUNC_NOOP, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
+        .build()
+        .unwrap();
+    let slot = r.register_callable(&callable).unwrap();
+    let (p, t) = upload_f32(&mut r, &[0.0; 4]);
+    let mut args = simpler_types::TaskArgs::new();
+    args.add_inout(t).unwrap();
+    let cfg = CallConfig::default();
+    let prepared = r.prepare(&RunRequest::new(run_id(1), slot, &args, &cfg)).unwrap();
+    let active = r.launch_run(prepared).unwrap();
+    while !r.poll_run(&active).unwrap() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The device ended the run; its handle goes without a reap, so no error carries the
+    // fault: the next call cleans the run up and must log it.
+    drop(active);
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).finish();
+    tracing::subscriber::with_default(subscriber, || {
+        vector_once(&mut r, 2, &cfg);
+    });
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        text.contains("WARN") && text.contains("run#1") && text.contains("2000"),
+        "logged: {text:?}"
+    );
+    r.free(p).unwrap();
+    r.finalize().unwrap();
+}
