@@ -1287,29 +1287,20 @@ fn a_poll_past_the_budget_a_short_reap_began_says_the_reap_would_return_at_once(
 
 #[test]
 fn a_poll_past_a_spent_budget_stays_undecided_while_a_run_queued_ahead_is_unfinished() {
-    let b = Onboard::new();
-    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
-    let slot = r.register_callable(&b.add_callable()).unwrap();
-    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
-    let cfg = CallConfig::default();
     // The device stops inside run 1: run 2, queued behind it, never begins.
-    b.install.set_value("pending_after_records", 1).unwrap();
-    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
-    let a1 = r.launch_run(p1).unwrap();
-    let p2 = r.prepare(&RunRequest::new(run_id(2), slot, &v2.args, &cfg)).unwrap();
-    let a2 = r.launch_run(p2).unwrap();
-    let first = r.reap_run(&a2, Some(Duration::from_millis(20)));
-    assert!(matches!(first, Ok(false)), "{first:?}");
-    // Run 2's budget (two stream-sync budgets: one run ahead) passes; its reap would now wait
-    // for run 1's budget, which no reap began, so the poll must not say it would not wait.
-    std::thread::sleep(Duration::from_millis(2 * STREAM_SYNC_MS as u64 + 200));
-    assert!(!r.poll_run(&a2).unwrap(), "the poll said run 2's reap would not wait");
-    let err = r.reap_run(&a1, None).unwrap_err();
-    assert!(matches!(err, DeviceError::Timeout { .. }), "{err}");
-    let err = r.reap_run(&a2, None).unwrap_err();
-    assert!(matches!(err, DeviceError::Abandoned { .. }), "{err}");
-    drop((v1, v2));
-    let _ = r.finalize();
+    let stop = |install: &FakeInstall| install.set_value("pending_after_records", 1).unwrap();
+    with_two_queued_runs(stop, |r, _, a1, a2| {
+        let first = r.reap_run(a2, Some(Duration::from_millis(20)));
+        assert!(matches!(first, Ok(false)), "{first:?}");
+        // Run 2's budget (two stream-sync budgets: one run ahead) passes; its reap would now
+        // wait for run 1's budget, which no reap began, so the poll must not say it would not.
+        std::thread::sleep(Duration::from_millis(2 * STREAM_SYNC_MS as u64 + 200));
+        assert!(!r.poll_run(a2).unwrap(), "the poll said run 2's reap would not wait");
+        let err = r.reap_run(a1, None).unwrap_err();
+        assert!(matches!(err, DeviceError::Timeout { .. }), "{err}");
+        let err = r.reap_run(a2, None).unwrap_err();
+        assert!(matches!(err, DeviceError::Abandoned { .. }), "{err}");
+    });
 }
 
 #[test]
