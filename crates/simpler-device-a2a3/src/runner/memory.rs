@@ -63,13 +63,14 @@ impl HostRange {
     }
 
     fn overlaps(&self, addr: u64, size: u64) -> bool {
-        addr < self.addr.saturating_add(self.size) && self.addr < addr.saturating_add(size)
+        ranges_meet((self.addr, self.size), (addr, size))
     }
 }
 
-/// Whether `[addr, addr + size)` and tensor `t`'s buffer share a byte.
-fn range_overlap(addr: u64, size: u64, t: &Tensor) -> bool {
-    t.size > 0 && addr < t.addr.saturating_add(t.size) && t.addr < addr.saturating_add(size)
+/// Whether the byte ranges `[addr, addr + size)` given as `(addr, size)` share a byte (an
+/// empty range meets none).
+fn ranges_meet(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.1 > 0 && b.1 > 0 && b.0 < a.0.saturating_add(a.1) && a.0 < b.0.saturating_add(b.1)
 }
 
 /// `spans` sorted, with overlapping or touching ones joined.
@@ -414,12 +415,11 @@ impl Core {
                         len: t.size,
                     });
                 }
-                let overlaps = |o: &Tensor| o.size > 0 && range_overlap(o.addr, o.size, t);
                 let aliased = out[..i]
                     .iter()
                     .enumerate()
                     .filter(|(_, o)| !o.is_null() && o.is_child_memory() && o.addr != t.addr)
-                    .find(|(_, o)| overlaps(o));
+                    .find(|(_, o)| ranges_meet((o.addr, o.size), (t.addr, t.size)));
                 if let Some((other_arg, o)) = aliased {
                     let (addr, other_addr) = (t.addr, o.addr);
                     let arg = i;
