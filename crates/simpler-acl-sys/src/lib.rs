@@ -23,7 +23,8 @@
 //! - [`AclError`]: a failed call's function, code, CANN name, meaning and CANN's recent error
 //!   message ([`Cann::check`]).
 //! - [`AclSession`]: a lease on ACL being initialised ([`Cann::acl_session`]), shared by every
-//!   caller of the process, so that no caller finalizes ACL while another still uses it.
+//!   caller of the process, so that no caller finalizes ACL while another still uses it;
+//!   [`AclHold`] ([`Cann::acl_hold`]) keeps ACL from being finalized without initialising it.
 //! - `standin` (feature `standin`, for tests): the project's stand-in CANN library, compiled
 //!   with `cc` at test time and laid out as fake installs.
 //!
@@ -111,4 +112,4 @@ pub use loader::{
     Candidate, Cann, CannVersion, FunctionInfo, Library, OpenScope, PINNED_CANN_RELEASE, Probe,
     SUPPORTED_MAJOR_VERSION, SearchConfig,
 };
-pub use session::AclSession;
+pub use session::{AclHold, AclSession};

@@ -6,36 +6,46 @@
 //! callers that each paired their own `aclInit` with an `aclFinalize` would finalize ACL under
 //! one another. They take a lease instead ([`Cann::acl_session`]).
 //!
+//! Callers that do not call ACL themselves but must not see it finalized under them while they
+//! live (a device runner between its attach and its finalize, whose device another runner's
+//! force reset might otherwise outlive ACL for) take a hold instead ([`Cann::acl_hold`]): it
+//! counts like a lease but initialises nothing.
+//!
 //! # Lease protocol
 //!
 //! 1. A process-wide table holds at most one entry per loaded ACL library, keyed by the address
 //!    its `aclInit` resolves to: loaders that opened the same library share the entry, and
 //!    distinct copies of the library (the stand-in's installs) have one each, as each has its
-//!    own ACL state.
-//! 2. The first lease on a library (no entry) resolves `aclFinalize`, so that whoever
-//!    initialises ACL can finalize it, then calls `aclInit` with the table locked: concurrent
-//!    first leases wait for that one outcome. 0: the project initialised ACL, and the entry
-//!    will finalize it. `ACL_ERROR_REPEAT_INITIALIZE`: something outside the project did, and
-//!    the entry never finalizes it. Any other code fails the lease and makes no entry.
-//! 3. A later lease counts itself in the entry; it calls nothing.
-//! 4. A lease ends ([`AclSession::end`], or its drop) by counting itself out. The last one
-//!    removes the entry and, only if the project initialised ACL, calls `aclFinalize` with the
-//!    table still locked, so no new lease calls `aclInit` while ACL is being finalized. `end`
-//!    returns the failure of that `aclFinalize`; a drop logs it. The entry is gone either way:
-//!    the next lease's `aclInit` finds out again who holds ACL.
-//! 5. A key is never reused while its entry lives: every lease borrows its [`Cann`], which
-//!    keeps the library loaded, so no other library can be loaded at that address meanwhile.
-//!    A lease passed to `mem::forget` never ends: its library's ACL is then never finalized,
-//!    and a library loaded later at the same address would count itself in the stale entry
-//!    without calling `aclInit`.
+//!    own ACL state. An entry counts its sessions and holds, and knows whether a session of it
+//!    has initialised ACL yet.
+//! 2. A session on a library whose entry has not initialised ACL (no entry, or one made by
+//!    holds alone) resolves `aclFinalize`, so that whoever initialises ACL can finalize it, then
+//!    calls `aclInit` with the table locked: concurrent first sessions wait for that one
+//!    outcome. 0: the project initialised ACL, and the entry will finalize it.
+//!    `ACL_ERROR_REPEAT_INITIALIZE`: something outside the project did, and the entry never
+//!    finalizes it. Any other code fails the session and leaves the entry as it was (none is
+//!    made).
+//! 3. A later session counts itself in the entry; it calls nothing. A hold always just counts
+//!    itself in, making an entry that has initialised nothing if there is none.
+//! 4. A session or hold ends ([`AclSession::end`], [`AclHold::end`], or a drop) by counting
+//!    itself out. The last one removes the entry and, only if the project initialised ACL,
+//!    calls `aclFinalize` with the table still locked, so no new session calls `aclInit` while
+//!    ACL is being finalized. `end` returns the failure of that `aclFinalize`; a drop logs it.
+//!    The entry is gone either way: the next session's `aclInit` finds out again who holds ACL.
+//! 5. A key is never reused while its entry lives: every session borrows its [`Cann`] and every
+//!    hold owns one, which keeps the library loaded, so no other library can be loaded at that
+//!    address meanwhile. A session or hold passed to `mem::forget` never ends: its library's
+//!    ACL is then never finalized, and a library loaded later at the same address would count
+//!    itself in the stale entry without calling `aclInit`.
 //!
-//! The table stays locked while `aclInit` or `aclFinalize` runs, so a slow one delays leases
-//! on every library. When `aclFinalize` fails, ACL stays initialised and the next lease's
+//! The table stays locked while `aclInit` or `aclFinalize` runs, so a slow one delays sessions
+//! on every library. When `aclFinalize` fails, ACL stays initialised and the next session's
 //! `aclInit` answers `ACL_ERROR_REPEAT_INITIALIZE`: from then on the project takes ACL for
 //! initialised outside it and leaves it initialised.
 
 use std::fmt;
 use std::mem::ManuallyDrop;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -43,13 +53,16 @@ use crate::error::{Error, LoadError};
 use crate::generated::types::ACL_ERROR_REPEAT_INITIALIZE;
 use crate::loader::{Cann, Library};
 
-/// The leases of one loaded ACL library.
+/// The sessions and holds of one loaded ACL library.
 struct Entry {
     /// The address `aclInit` resolves to in that library.
     key: usize,
-    /// Live leases, at least 1.
+    /// Live sessions and holds, at least 1.
     leases: usize,
-    /// Whether the first lease's `aclInit` initialised ACL (the last lease then finalizes it).
+    /// Whether a session of this entry has called `aclInit` successfully (0, or ACL
+    /// initialised outside the project).
+    initialised: bool,
+    /// Whether that `aclInit` initialised ACL (the last lease then finalizes it).
     finalizes: bool,
 }
 
@@ -87,19 +100,40 @@ impl Cann {
     pub fn acl_session(&self) -> Result<AclSession<'_>, Error> {
         let key = self.acl_key()?;
         let mut sessions = SESSIONS.lock();
-        if let Some(entry) = sessions.iter_mut().find(|e| e.key == key) {
-            entry.leases = entry.leases.saturating_add(1);
-            return Ok(AclSession { cann: self, key });
+        let at = sessions.iter().position(|e| e.key == key);
+        if !at.is_some_and(|at| sessions[at].initialised) {
+            // SAFETY: a null configuration path is allowed (CANN's defaults).
+            let code = unsafe { self.aclInit(std::ptr::null()) }?;
+            let finalizes = match code {
+                0 => true,
+                ACL_ERROR_REPEAT_INITIALIZE => false,
+                _ => return Err(Error::Acl(self.error("aclInit", code))),
+            };
+            let entry = Entry { key, leases: 0, initialised: true, finalizes };
+            match at {
+                Some(at) => sessions[at] = Entry { leases: sessions[at].leases, ..entry },
+                None => sessions.push(entry),
+            }
         }
-        // SAFETY: a null configuration path is allowed (CANN's defaults).
-        let code = unsafe { self.aclInit(std::ptr::null()) }?;
-        let finalizes = match code {
-            0 => true,
-            ACL_ERROR_REPEAT_INITIALIZE => false,
-            _ => return Err(Error::Acl(self.error("aclInit", code))),
-        };
-        sessions.push(Entry { key, leases: 1, finalizes });
+        count_in(&mut sessions, key);
         Ok(AclSession { cann: self, key })
+    }
+
+    /// A hold on this loader's ACL library: while it lives, no session of the process
+    /// finalizes ACL (see the [lease protocol](crate::session)). It calls nothing itself; when
+    /// it is the last of its library to end and a session initialised ACL, it finalizes ACL.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Load`] when `aclInit` or `aclFinalize` is missing.
+    pub fn acl_hold(self: &Arc<Self>) -> Result<AclHold, Error> {
+        let key = self.acl_key()?;
+        let mut sessions = SESSIONS.lock();
+        if !sessions.iter().any(|e| e.key == key) {
+            sessions.push(Entry { key, leases: 0, initialised: false, finalizes: false });
+        }
+        count_in(&mut sessions, key);
+        Ok(AclHold { cann: Arc::clone(self), key, ended: false })
     }
 
     /// The key of this loader's ACL library, with `aclFinalize` resolved too.
@@ -108,6 +142,30 @@ impl Cann {
         let init = self.resolve(&self.slots.aclInit, Library::Acl, "aclInit")?;
         Ok(init as usize)
     }
+}
+
+/// Counts one more session or hold in the entry of `key`, which exists.
+fn count_in(sessions: &mut [Entry], key: usize) {
+    if let Some(entry) = sessions.iter_mut().find(|e| e.key == key) {
+        entry.leases = entry.leases.saturating_add(1);
+    }
+}
+
+/// Counts a session or hold of `key` out; the last one finalizes ACL if the project
+/// initialised it.
+fn release(cann: &Cann, key: usize) -> Result<(), Error> {
+    let mut sessions = SESSIONS.lock();
+    // Always found: the session or hold is counted in its entry until now.
+    let Some(at) = sessions.iter().position(|e| e.key == key) else { return Ok(()) };
+    let entry = &mut sessions[at];
+    entry.leases = entry.leases.saturating_sub(1);
+    if entry.leases > 0 || !sessions.swap_remove(at).finalizes {
+        return Ok(());
+    }
+    // SAFETY: no arguments; the last session or hold ends, so nothing of the project uses ACL
+    // any more, and the table stays locked until ACL is finalized.
+    let code = unsafe { cann.aclFinalize() }?;
+    cann.check("aclFinalize", code).map_err(Error::from)
 }
 
 impl AclSession<'_> {
@@ -119,29 +177,58 @@ impl AclSession<'_> {
     /// all the same: the next lease calls `aclInit` again.
     pub fn end(self) -> Result<(), Error> {
         let session = ManuallyDrop::new(self);
-        session.release()
-    }
-
-    fn release(&self) -> Result<(), Error> {
-        let mut sessions = SESSIONS.lock();
-        // Always found: this lease is counted in its entry until now.
-        let Some(at) = sessions.iter().position(|e| e.key == self.key) else { return Ok(()) };
-        let entry = &mut sessions[at];
-        entry.leases = entry.leases.saturating_sub(1);
-        if entry.leases > 0 || !sessions.swap_remove(at).finalizes {
-            return Ok(());
-        }
-        // SAFETY: no arguments; the last lease ends, so no session uses ACL any more, and the
-        // table stays locked until ACL is finalized.
-        let code = unsafe { self.cann.aclFinalize() }?;
-        self.cann.check("aclFinalize", code).map_err(Error::from)
+        release(session.cann, session.key)
     }
 }
 
 impl Drop for AclSession<'_> {
     fn drop(&mut self) {
-        if let Err(error) = self.release() {
+        if let Err(error) = release(self.cann, self.key) {
             tracing::error!(%error, "the last ACL session could not finalize ACL");
+        }
+    }
+}
+
+/// A hold on a loaded ACL library ([`Cann::acl_hold`]): while it lives, ACL is not finalized
+/// by any session of the process. It owns its loader.
+///
+/// End it with [`AclHold::end`] to see whether the `aclFinalize` it may make fails; a dropped
+/// hold logs that failure instead.
+#[must_use = "dropping the hold may finalize ACL at once"]
+pub struct AclHold {
+    cann: Arc<Cann>,
+    key: usize,
+    /// Counted out by [`AclHold::end`] already: the drop does nothing.
+    ended: bool,
+}
+
+impl fmt::Debug for AclHold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AclHold").field("key", &format_args!("{:#x}", self.key)).finish()
+    }
+}
+
+impl AclHold {
+    /// Ends the hold; the last session or hold of its library finalizes ACL if a session of
+    /// the project initialised it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Acl`] (or [`Error::Load`]) when that `aclFinalize` fails; the hold ends all the
+    /// same.
+    pub fn end(mut self) -> Result<(), Error> {
+        self.ended = true;
+        release(&self.cann, self.key)
+    }
+}
+
+impl Drop for AclHold {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        if let Err(error) = release(&self.cann, self.key) {
+            tracing::error!(%error, "the last ACL hold could not finalize ACL");
         }
     }
 }

@@ -1,6 +1,7 @@
-//! ACL sessions against the stand-in CANN library: leases on one library share one `aclInit`
-//! and one `aclFinalize`, an ACL initialised outside is never finalized, and no session sees
-//! ACL finalized while it lives.
+//! ACL sessions and holds against the stand-in CANN library: leases on one library share one
+//! `aclInit` and one `aclFinalize`, an ACL initialised outside is never finalized, no session
+//! sees ACL finalized while it lives, and a hold initialises nothing but keeps every session
+//! from finalizing ACL until it ends.
 
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -105,6 +106,55 @@ fn a_failed_acl_finalize_is_returned_by_end() {
     assert_eq!(calls(&install), ["aclInit -> 0", "aclFinalize -> 507000", repeat.as_str()]);
 }
 
+#[test]
+fn a_hold_initialises_nothing_and_keeps_a_session_from_finalizing_acl_under_it() {
+    let install = FakeInstall::standard().unwrap();
+    let cann = Arc::new(install.cann());
+    // A hold alone calls nothing, and ending it finalizes nothing it did not initialise.
+    cann.acl_hold().unwrap().end().unwrap();
+    assert_eq!(calls(&install), [""; 0]);
+    let hold = cann.acl_hold().unwrap();
+    assert_eq!(calls(&install), [""; 0], "a hold called ACL");
+    // A session under a hold initialises ACL, as the hold did not.
+    cann.acl_session().unwrap().end().unwrap();
+    assert_eq!(calls(&install), ["aclInit -> 0"], "finalized under the hold");
+    assert!(install.acl_initialized().unwrap());
+    // A later session counts itself in; so does a query of the SoC name.
+    cann.acl_session().unwrap().end().unwrap();
+    assert_eq!(cann.soc_name().unwrap().as_deref(), Some("Ascend910B1"));
+    assert_eq!(calls(&install), ["aclrtGetSocName -> 0"]);
+    // The hold ends last: it finalizes the ACL the first session initialised.
+    hold.end().unwrap();
+    assert_eq!(calls(&install), ["aclFinalize -> 0"]);
+    assert!(!install.acl_initialized().unwrap());
+}
+
+#[test]
+fn a_hold_on_acl_initialised_outside_never_finalizes_it() {
+    let install = FakeInstall::standard().unwrap();
+    let cann = Arc::new(install.cann());
+    let hold = cann.acl_hold().unwrap();
+    // SAFETY: a null configuration path is allowed.
+    assert_eq!(unsafe { cann.aclInit(ptr::null()) }, Ok(0));
+    cann.acl_session().unwrap().end().unwrap();
+    drop(hold);
+    let repeat = format!("aclInit -> {ACL_ERROR_REPEAT_INITIALIZE}");
+    assert_eq!(calls(&install), ["aclInit -> 0", repeat.as_str()], "an outside ACL was finalized");
+    assert!(install.acl_initialized().unwrap());
+}
+
+#[test]
+fn a_failed_acl_finalize_is_returned_by_the_end_of_the_last_hold() {
+    let install = FakeInstall::standard().unwrap();
+    let cann = Arc::new(install.cann());
+    let hold = cann.acl_hold().unwrap();
+    cann.acl_session().unwrap().end().unwrap();
+    install.fail_call("aclFinalize", 1, 507_000).unwrap();
+    let e = acl_error(hold.end());
+    assert_eq!((e.func, e.code), ("aclFinalize", 507_000));
+    assert_eq!(Arc::strong_count(&cann), 1, "the ended hold kept its loader");
+}
+
 /// A writer for a `tracing` subscriber that keeps what is written.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -137,6 +187,17 @@ fn a_soc_name_read_is_returned_when_the_finalize_after_it_fails_and_the_failure_
     install.fail_call("aclFinalize", 1, 507_000).unwrap();
     let (name, text) = logged_during(|| cann.soc_name());
     assert_eq!(name.unwrap().as_deref(), Some("Ascend910B1"));
+    assert!(text.contains("ERROR") && text.contains("aclFinalize: 507000"), "logged: {text:?}");
+}
+
+#[test]
+fn a_failed_acl_finalize_of_a_dropped_hold_is_logged() {
+    let install = FakeInstall::standard().unwrap();
+    let cann = Arc::new(install.cann());
+    let hold = cann.acl_hold().unwrap();
+    cann.acl_session().unwrap().end().unwrap();
+    install.fail_call("aclFinalize", 1, 507_000).unwrap();
+    let ((), text) = logged_during(|| drop(hold));
     assert!(text.contains("ERROR") && text.contains("aclFinalize: 507000"), "logged: {text:?}");
 }
 

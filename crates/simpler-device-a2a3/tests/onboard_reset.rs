@@ -6,7 +6,8 @@
 //! destroyed before the reset, a setup kernel whose wait failed keeps its buffers until
 //! the force reset it leads to, a run still launched at finalize keeps every tracked
 //! allocation until the force reset passed (leaked when it never does), two runners
-//! force-resetting at once never finalize ACL under each other, and a refused `aclInit` is
+//! force-resetting at once never finalize ACL under each other, one chip's force reset leaves
+//! ACL initialised for another chip's runner still attached, and a refused `aclInit` is
 //! finalize's error only when no force reset passes.
 
 mod common;
@@ -489,6 +490,31 @@ fn two_runners_force_resetting_at_once_never_finalize_acl_under_each_other() {
     }
     // Otherwise the rounds ran one reset after the other and tested no sharing.
     assert!(overlapped > 0, "in none of {ROUNDS} rounds did the two force resets overlap");
+}
+
+#[test]
+fn one_chips_force_reset_leaves_acl_initialised_for_another_chips_runner_still_attached() {
+    let b = Onboard::new();
+    let mut other = DeviceRunner::attach(b.options(1)).unwrap();
+    let (r, _v, a) = with_a_launched_run(&b);
+    drop(a);
+    r.finalize().unwrap();
+    let log = b.log();
+    assert!(count(&log, "aclrtResetDeviceForce") >= 1, "{:?}", names(&log));
+    assert_eq!(count(&log, "aclInit"), 1, "{:?}", names(&log));
+    assert_eq!(count(&log, "aclFinalize"), 0, "ACL finalized under device 1: {:?}", names(&log));
+    assert!(b.install.acl_initialized().unwrap());
+    // The runner still attached goes on, and its finalize ends the ACL the reset initialised.
+    let slot = other.register_callable(&add_callable()).unwrap();
+    let v = AddRun::new(&mut other);
+    let run = RunId::from_raw(1).unwrap();
+    other.run(&RunRequest::new(run, slot, &v.args, &CallConfig::default())).unwrap();
+    v.free(&mut other);
+    other.finalize().unwrap();
+    let log = b.log();
+    assert_eq!(count(&log, "aclFinalize"), 1, "{:?}", names(&log));
+    assert!(log.iter().all(|c| c.ret == 0), "{:?}", codes(&log));
+    assert!(!b.install.acl_initialized().unwrap(), "ACL left initialised");
 }
 
 #[test]

@@ -24,6 +24,9 @@
 //!    runner's binds are still counted (the first, when it bound). All three failing is the finalize error. The device may run a launch until the
 //!    reset, so the tracked allocations are never freed: a passed reset gives them back with
 //!    the device, and without one they are leaked with a warning.
+//! 7. End the runner's ACL hold, taken at attach (`Cann::acl_hold`): no other runner's force
+//!    reset finalizes ACL while this one is attached; the last hold or session of the process
+//!    finalizes it, if a session of the project initialised it.
 
 mod manifest;
 mod memory;
@@ -44,7 +47,7 @@ use simpler_acl_sys::types::{
     ADDR_MAP_TYPE_REG_AIC_CTRL, AddrMapInPara, AddrMapOutPara, CTRL_TYPE_ADDR_MAP,
     RT_SCHEM_MODE_BATCH, rtArgsEx_t, rtCpuKernelArgs_t, rtTaskCfgInfo_t,
 };
-use simpler_acl_sys::{Cann, Error as CannError};
+use simpler_acl_sys::{AclHold, Cann, Error as CannError};
 
 pub use self::manifest::ENV_ONBOARD_ARTIFACTS;
 use self::memory::{Allocation, Allocations, KernelText};
@@ -184,6 +187,10 @@ pub(crate) struct OnboardDevice {
     programs: Option<Loaded>,
     aicore: Option<AicoreBinary>,
     allocations: Allocations,
+    /// Keeps ACL from being finalized while the runner lives (by another runner's force reset,
+    /// or a SoC-name query), which would end it under this runner's device; ended at finalize,
+    /// after the runner's last CANN call.
+    acl: Option<AclHold>,
     /// The finalize error, taken by the runner.
     error: Option<DeviceError>,
     shut_down: bool,
@@ -223,6 +230,7 @@ impl OnboardDevice {
             value: opts.device_id.to_string(),
             rule: "must fit a CANN device id (i32)".into(),
         })?;
+        let hold = cann.acl_hold().map_err(|e| acl(Some(InitStep::BindDevice), e))?;
         let ctx = owners::Ctx::new(cann, device);
         if std::env::var_os("ASCEND_GLOBAL_LOG_LEVEL").is_none() {
             // SAFETY: plain integer arguments; -1 = every module.
@@ -240,6 +248,7 @@ impl OnboardDevice {
             programs: None,
             aicore: None,
             allocations: Arc::new(Mutex::new(BTreeMap::new())),
+            acl: Some(hold),
             error: None,
             shut_down: false,
         };
@@ -900,7 +909,10 @@ impl Backend for OnboardDevice {
         let (reset, forced_back) = self.reset_device();
         self.forget_after_reset(held, forced_back);
         let first = self.ctx.take_deferred().or(unbound).map(|e| acl(None, e));
-        self.error = first.or(reset.err());
+        // The runner makes no CANN call after its reset: the last hold or session of the
+        // process finalizes ACL, if the project initialised it.
+        let ended = self.acl.take().map_or(Ok(()), AclHold::end).map_err(|e| acl(None, e));
+        self.error = first.or(reset.err()).or(ended.err());
         Vec::new()
     }
 
