@@ -44,10 +44,17 @@ impl Access {
     }
 
     /// The access of `tag` on the view `t`: as [`of`](Self::of), with an overwrite of a view
-    /// that has gaps made a [`Scatter`](Self::Scatter).
+    /// that has gaps made a [`Scatter`](Self::Scatter). So is an overwrite of a view whose
+    /// bytes cannot be computed (an unknown dtype, an end past `u64::MAX`): the map covers it
+    /// with a span to the end of the address space ([`ByteSpan::of_tensor`]), which as a
+    /// covering write would supersede earlier writers of bytes the view never touches.
+    ///
+    /// [`ByteSpan::of_tensor`]: crate::ByteSpan::of_tensor
     pub fn of_view(tag: TensorArgType, t: &Tensor) -> Option<Access> {
         match Access::of(tag)? {
-            Access::Overwrite if !t.contiguous() => Some(Access::Scatter),
+            Access::Overwrite if !t.contiguous() || t.byte_span().is_none() => {
+                Some(Access::Scatter)
+            }
             access => Some(access),
         }
     }

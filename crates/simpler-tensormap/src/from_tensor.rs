@@ -48,7 +48,8 @@ impl ByteSpan {
     /// last reachable element). A descriptor whose span cannot be computed (an unknown dtype
     /// byte, or an end past `u64::MAX`) is covered from its base address to the end of the
     /// address space: such a tensor fails validation at submit, and if one ever reaches the map
-    /// anyway, a too-wide span costs an extra dependency where a missing one would cost a race.
+    /// anyway, a too-wide span costs an extra dependency where a missing one would cost a race
+    /// (its overwrite is a [`Scatter`](crate::Access::Scatter), which supersedes nothing).
     pub fn of_tensor(t: &Tensor) -> Option<ByteSpan> {
         if t.is_null() || t.numel() == 0 {
             return None;

@@ -28,7 +28,9 @@ use crate::{Access, ByteSpan, TensorKey};
 /// and read those bytes.
 ///
 /// Each buffer key of a run holds two short lists of `(footprint, task)` entries, writers and
-/// readers; `len()` counts the entries of both. No operation fails and none panics. The map never
+/// readers; `len()` counts the entries of both. No lookup, record or erase fails or panics
+/// ([`with_capacity`](TensorMap::with_capacity) panics as `Vec::with_capacity` does when the
+/// capacity overflows). The map never
 /// looks at task states: what a returned producer means is the caller's business.
 ///
 /// ```

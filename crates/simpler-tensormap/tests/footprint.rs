@@ -1,7 +1,7 @@
 //! Deriving keys and byte spans from tensor descriptors (`docs/tensormap.md` §1–§2).
 
-use simpler_tensormap::{ByteSpan, TensorKey, TensorMap, TensorMapError, footprint};
-use simpler_types::{DataType, RunId, SlotId, Tensor, WorkerId};
+use simpler_tensormap::{Access, ByteSpan, TensorKey, TensorMap, TensorMapError, footprint};
+use simpler_types::{DataType, RunId, SlotId, Tensor, TensorArgType, WorkerId};
 
 const BASE: u64 = 0x1000;
 
@@ -111,6 +111,27 @@ fn an_unmeasurable_descriptor_is_covered_to_the_end_of_the_address_space() {
     let mut t = matrix();
     t.dtype = 0xEE;
     assert_eq!(ByteSpan::of_tensor(&t), Some(span(BASE, u64::MAX)));
+}
+
+#[test]
+fn an_output_of_an_unmeasurable_descriptor_supersedes_no_earlier_writer() {
+    let (map, run) = (TensorMap::new(), RunId::FIRST);
+    let good = matrix();
+    let mut bad = matrix();
+    bad.dtype = 0xEE;
+    let overwrite = |t: &Tensor| Access::of_view(TensorArgType::Output, t).unwrap();
+    assert_eq!(overwrite(&bad), Access::Scatter);
+    let (key, good_span) = host_footprint(&good);
+    let (_, bad_span) = host_footprint(&bad);
+    let (w0, b) = (SlotId::new(0, 1), SlotId::new(1, 1));
+    map.record(run, key, good_span, overwrite(&good), w0);
+    assert_eq!(map.record(run, key, bad_span, overwrite(&bad), b), 0, "W0's entry superseded");
+    // A reader of W0's bytes still waits for W0 (and for the unmeasurable write, which may
+    // touch them too).
+    let mut producers = Vec::new();
+    map.dependencies(run, &key, good_span, Access::Read, |p| producers.push(p));
+    producers.sort_unstable();
+    assert_eq!(producers, [w0, b]);
 }
 
 #[test]
