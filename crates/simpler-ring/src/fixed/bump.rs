@@ -29,9 +29,11 @@ pub struct Placement {
 /// cursors are `top` and `tail`, or `None` when it does not fit now.
 ///
 /// A request of 0 bytes never gets a placement: zero-size slabs would sit in the FIFO without
-/// owning any bytes. Cursors outside `0..=size` (which no ring produces) also get `None`.
+/// owning any bytes. Nor does one that is not a multiple of [`HEAP_ALIGN`], which would leave
+/// the cursors unaligned (callers round requests up first), nor cursors outside `0..=size`
+/// (which no ring produces).
 pub fn bump(size: u64, top: u64, tail: u64, aligned: u64) -> Option<Placement> {
-    if aligned == 0 || top > size || tail > size {
+    if aligned == 0 || !aligned.is_multiple_of(HEAP_ALIGN) || top > size || tail > size {
         return None;
     }
     if top >= tail {
@@ -77,6 +79,15 @@ mod tests {
     use super::*;
 
     const K: u64 = HEAP_ALIGN;
+
+    #[test]
+    fn an_unaligned_request_gets_no_placement() {
+        for a in [1, K - 1, K + 1, 3 * K / 2] {
+            assert_eq!(bump(4 * K, 0, 0, a), None, "{a} bytes placed");
+            assert_eq!(bump(4 * K, K, 2 * K, a), None, "{a} bytes placed before the tail");
+        }
+        assert_eq!(bump(4 * K, 0, 0, K), Some(Placement { offset: 0, new_top: K }));
+    }
 
     #[test]
     fn empty_ring_places_everything_up_to_its_size_at_zero() {

@@ -103,7 +103,8 @@ impl<R: RecordStore> HeapRingCore<R> {
         })
     }
 
-    /// Step 1: where a slab of `aligned` bytes would go now, without changing anything.
+    /// Step 1: where a slab of `aligned` bytes would go now, without changing anything; `None`
+    /// as well when `aligned` is 0 or not a multiple of [`HEAP_ALIGN`].
     pub fn try_place(&self, aligned: u64) -> Option<Placement> {
         bump(self.size, self.top, self.tail, aligned)
     }
