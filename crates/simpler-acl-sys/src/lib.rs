@@ -91,8 +91,9 @@
 //!   and the calls behind [`Cann::version`] and [`Cann::recent_error_message`]; the `unsafe`
 //!   [`Cann::new`], whose caller vouches that its search reaches only CANN (or the stand-in),
 //!   while [`Cann::from_process_env`] trusts the process environment as `LD_LIBRARY_PATH` is.
-//! - `src/session.rs`: the `aclInit` of a session's first lease and the `aclFinalize` of its
-//!   last.
+//! - `src/session.rs`: the table of sessions and holds per ACL library, the `aclInit` of a
+//!   session that finds ACL not known initialised and the `aclFinalize` of the last session
+//!   or hold.
 //! - `src/standin.rs` (feature `standin`): opening stand-in copies and calling their control
 //!   functions.
 //! - `tests/standin.rs` and `benches/lazy_call.rs`: calls through the bindings (and, in the

@@ -503,8 +503,8 @@ impl Cann {
 
     /// The SoC name `aclrtGetSocName` reports (`Ascend910B1`, …), read within an
     /// [ACL session](Cann::acl_session): ACL is initialised for the call unless it is already,
-    /// and finalized after it unless another session still uses it or ACL was initialised
-    /// outside the project. No device is opened. `Ok(None)` when CANN answers no name.
+    /// and finalized after it unless another session or hold still lives or ACL was
+    /// initialised outside the project. No device is opened. `Ok(None)` when CANN answers no name.
     ///
     /// # Errors
     ///

@@ -6,42 +6,47 @@
 //! callers that each paired their own `aclInit` with an `aclFinalize` would finalize ACL under
 //! one another. They take a lease instead ([`Cann::acl_session`]).
 //!
-//! Callers that do not call ACL themselves but must not see it finalized under them while they
-//! live (a device runner between its attach and its finalize, whose device another runner's
-//! force reset might otherwise outlive ACL for) take a hold instead ([`Cann::acl_hold`]): it
-//! counts like a lease but initialises nothing.
+//! Callers that call nothing needing ACL initialised but must not see it finalized under them
+//! while they live (a device runner between its attach and its finalize, whose device another
+//! runner's force reset would otherwise outlive ACL for) take a hold instead
+//! ([`Cann::acl_hold`]): it keeps ACL from being finalized but initialises nothing.
 //!
 //! # Lease protocol
 //!
 //! 1. A process-wide table holds at most one entry per loaded ACL library, keyed by the address
 //!    its `aclInit` resolves to: loaders that opened the same library share the entry, and
 //!    distinct copies of the library (the stand-in's installs) have one each, as each has its
-//!    own ACL state. An entry counts its sessions and holds, and knows whether a session of it
-//!    has initialised ACL yet.
-//! 2. A session on a library whose entry has not initialised ACL (no entry, or one made by
-//!    holds alone) resolves `aclFinalize`, so that whoever initialises ACL can finalize it, then
-//!    calls `aclInit` with the table locked: concurrent first sessions wait for that one
-//!    outcome. 0: the project initialised ACL, and the entry will finalize it.
+//!    own ACL state. An entry counts its live sessions and holds apart, and knows whether ACL is
+//!    initialised for its sessions and whether the project initialised it.
+//! 2. A session on a library whose entry does not know ACL initialised (no entry, or one whose
+//!    live leases are holds only) resolves `aclFinalize`, so that whoever initialises ACL can
+//!    finalize it, then calls `aclInit` with the table locked: concurrent sessions wait for that
+//!    one outcome. 0: the project initialised ACL, and the entry will finalize it.
 //!    `ACL_ERROR_REPEAT_INITIALIZE`: something outside the project did, and the entry never
 //!    finalizes it. Any other code fails the session and leaves the entry as it was (none is
 //!    made).
 //! 3. A later session counts itself in the entry; it calls nothing. A hold always just counts
-//!    itself in, making an entry that has initialised nothing if there is none.
+//!    itself in, making an entry that knows nothing initialised if there is none.
 //! 4. A session or hold ends ([`AclSession::end`], [`AclHold::end`], or a drop) by counting
-//!    itself out. The last one removes the entry and, only if the project initialised ACL,
-//!    calls `aclFinalize` with the table still locked, so no new session calls `aclInit` while
-//!    ACL is being finalized. `end` returns the failure of that `aclFinalize`; a drop logs it.
-//!    The entry is gone either way: the next session's `aclInit` finds out again who holds ACL.
+//!    itself out. When the last session of an entry whose ACL was initialised outside ends,
+//!    the entry forgets that ACL is initialised: whoever initialised it may finalize it, so the
+//!    next session asks `aclInit` again. The last session or hold removes the entry and, only
+//!    if the project initialised ACL, calls `aclFinalize` with the table still locked, so no
+//!    new session calls `aclInit` while ACL is being finalized. `end` returns the failure of
+//!    that `aclFinalize`; a drop logs it. The entry is gone either way: the next session's
+//!    `aclInit` finds out again who holds ACL.
 //! 5. A key is never reused while its entry lives: every session borrows its [`Cann`] and every
 //!    hold owns one, which keeps the library loaded, so no other library can be loaded at that
 //!    address meanwhile. A session or hold passed to `mem::forget` never ends: its library's
-//!    ACL is then never finalized, and a library loaded later at the same address would count
-//!    itself in the stale entry without calling `aclInit`.
+//!    ACL is then never finalized. A forgotten hold also keeps its library loaded for good; a
+//!    library loaded later at the address a forgotten session's library had would count itself
+//!    in the stale entry without calling `aclInit`.
 //!
 //! The table stays locked while `aclInit` or `aclFinalize` runs, so a slow one delays sessions
-//! on every library. When `aclFinalize` fails, ACL stays initialised and the next session's
-//! `aclInit` answers `ACL_ERROR_REPEAT_INITIALIZE`: from then on the project takes ACL for
-//! initialised outside it and leaves it initialised.
+//! and holds on every library (a device runner's attach and finalize among them). When
+//! `aclFinalize` fails, ACL stays initialised and the next session's `aclInit` answers
+//! `ACL_ERROR_REPEAT_INITIALIZE`: from then on the project takes ACL for initialised outside it
+//! and leaves it initialised.
 
 use std::fmt;
 use std::mem::ManuallyDrop;
@@ -57,16 +62,34 @@ use crate::loader::{Cann, Library};
 struct Entry {
     /// The address `aclInit` resolves to in that library.
     key: usize,
-    /// Live sessions and holds, at least 1.
-    leases: usize,
-    /// Whether a session of this entry has called `aclInit` successfully (0, or ACL
-    /// initialised outside the project).
+    /// Live sessions.
+    sessions: usize,
+    /// Live holds; `sessions + holds` is at least 1.
+    holds: usize,
+    /// Whether ACL is initialised for the entry's sessions: a session's `aclInit` answered 0
+    /// or `ACL_ERROR_REPEAT_INITIALIZE`, and the entry has not forgotten it since.
     initialised: bool,
-    /// Whether that `aclInit` initialised ACL (the last lease then finalizes it).
+    /// Whether that `aclInit` initialised ACL (the last session or hold then finalizes it).
     finalizes: bool,
 }
 
-/// Every library with a live lease; a handful at most, so a list.
+/// Whether a session or a hold counts itself in or out.
+#[derive(Clone, Copy)]
+enum Lease {
+    Session,
+    Hold,
+}
+
+impl Entry {
+    fn count(&mut self, lease: Lease) -> &mut usize {
+        match lease {
+            Lease::Session => &mut self.sessions,
+            Lease::Hold => &mut self.holds,
+        }
+    }
+}
+
+/// Every library with a live session or hold; a handful at most, so a list.
 static SESSIONS: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
 /// A lease on ACL being initialised: while it lives, ACL stays initialised for its loader's
@@ -87,9 +110,10 @@ impl fmt::Debug for AclSession<'_> {
 }
 
 impl Cann {
-    /// A lease on ACL being initialised, shared with every other session of the process on
-    /// the same library (see the [lease protocol](crate::session)): the first calls `aclInit`,
-    /// the last calls `aclFinalize` if that `aclInit` initialised ACL. An ACL initialised
+    /// A lease on ACL being initialised, shared with every other session and hold of the
+    /// process on the same library (see the [lease protocol](crate::session)): a session that
+    /// finds ACL not known initialised calls `aclInit`, and the last session or hold to end
+    /// calls `aclFinalize` if the project's `aclInit` initialised ACL. An ACL initialised
     /// outside the project is used as it is and never finalized.
     ///
     /// # Errors
@@ -109,19 +133,28 @@ impl Cann {
                 ACL_ERROR_REPEAT_INITIALIZE => false,
                 _ => return Err(Error::Acl(self.error("aclInit", code))),
             };
-            let entry = Entry { key, leases: 0, initialised: true, finalizes };
             match at {
-                Some(at) => sessions[at] = Entry { leases: sessions[at].leases, ..entry },
-                None => sessions.push(entry),
+                Some(at) => {
+                    sessions[at].initialised = true;
+                    sessions[at].finalizes = finalizes;
+                }
+                None => sessions.push(Entry {
+                    key,
+                    sessions: 0,
+                    holds: 0,
+                    initialised: true,
+                    finalizes,
+                }),
             }
         }
-        count_in(&mut sessions, key);
+        count_in(&mut sessions, key, Lease::Session);
         Ok(AclSession { cann: self, key })
     }
 
     /// A hold on this loader's ACL library: while it lives, no session of the process
     /// finalizes ACL (see the [lease protocol](crate::session)). It calls nothing itself; when
-    /// it is the last of its library to end and a session initialised ACL, it finalizes ACL.
+    /// it is the last session or hold of its library to end and a session of the project
+    /// initialised ACL, it finalizes ACL.
     ///
     /// # Errors
     ///
@@ -130,9 +163,15 @@ impl Cann {
         let key = self.acl_key()?;
         let mut sessions = SESSIONS.lock();
         if !sessions.iter().any(|e| e.key == key) {
-            sessions.push(Entry { key, leases: 0, initialised: false, finalizes: false });
+            sessions.push(Entry {
+                key,
+                sessions: 0,
+                holds: 0,
+                initialised: false,
+                finalizes: false,
+            });
         }
-        count_in(&mut sessions, key);
+        count_in(&mut sessions, key, Lease::Hold);
         Ok(AclHold { cann: Arc::clone(self), key, ended: false })
     }
 
@@ -144,22 +183,28 @@ impl Cann {
     }
 }
 
-/// Counts one more session or hold in the entry of `key`, which exists.
-fn count_in(sessions: &mut [Entry], key: usize) {
-    if let Some(entry) = sessions.iter_mut().find(|e| e.key == key) {
-        entry.leases = entry.leases.saturating_add(1);
+/// Counts one more `lease` in the entry of `key`, which exists.
+fn count_in(sessions: &mut [Entry], key: usize, lease: Lease) {
+    let entry = sessions.iter_mut().find(|e| e.key == key);
+    debug_assert!(entry.is_some(), "no ACL session entry to count in");
+    if let Some(entry) = entry {
+        let count = entry.count(lease);
+        *count = count.saturating_add(1);
     }
 }
 
-/// Counts a session or hold of `key` out; the last one finalizes ACL if the project
-/// initialised it.
-fn release(cann: &Cann, key: usize) -> Result<(), Error> {
+/// Counts a `lease` of `key` out (protocol step 4).
+fn release(cann: &Cann, key: usize, lease: Lease) -> Result<(), Error> {
     let mut sessions = SESSIONS.lock();
     // Always found: the session or hold is counted in its entry until now.
     let Some(at) = sessions.iter().position(|e| e.key == key) else { return Ok(()) };
     let entry = &mut sessions[at];
-    entry.leases = entry.leases.saturating_sub(1);
-    if entry.leases > 0 || !sessions.swap_remove(at).finalizes {
+    let count = entry.count(lease);
+    *count = count.saturating_sub(1);
+    if entry.sessions == 0 && !entry.finalizes {
+        entry.initialised = false;
+    }
+    if entry.sessions + entry.holds > 0 || !sessions.swap_remove(at).finalizes {
         return Ok(());
     }
     // SAFETY: no arguments; the last session or hold ends, so nothing of the project uses ACL
@@ -169,7 +214,8 @@ fn release(cann: &Cann, key: usize) -> Result<(), Error> {
 }
 
 impl AclSession<'_> {
-    /// Ends the lease; the last one of its library finalizes ACL if the project initialised it.
+    /// Ends the lease; the last session or hold of its library finalizes ACL if the project
+    /// initialised it.
     ///
     /// # Errors
     ///
@@ -177,13 +223,13 @@ impl AclSession<'_> {
     /// all the same: the next lease calls `aclInit` again.
     pub fn end(self) -> Result<(), Error> {
         let session = ManuallyDrop::new(self);
-        release(session.cann, session.key)
+        release(session.cann, session.key, Lease::Session)
     }
 }
 
 impl Drop for AclSession<'_> {
     fn drop(&mut self) {
-        if let Err(error) = release(self.cann, self.key) {
+        if let Err(error) = release(self.cann, self.key, Lease::Session) {
             tracing::error!(%error, "the last ACL session could not finalize ACL");
         }
     }
@@ -218,7 +264,7 @@ impl AclHold {
     /// same.
     pub fn end(mut self) -> Result<(), Error> {
         self.ended = true;
-        release(&self.cann, self.key)
+        release(&self.cann, self.key, Lease::Hold)
     }
 }
 
@@ -227,7 +273,7 @@ impl Drop for AclHold {
         if self.ended {
             return;
         }
-        if let Err(error) = release(&self.cann, self.key) {
+        if let Err(error) = release(&self.cann, self.key, Lease::Hold) {
             tracing::error!(%error, "the last ACL hold could not finalize ACL");
         }
     }

@@ -144,6 +144,42 @@ fn a_hold_on_acl_initialised_outside_never_finalizes_it() {
 }
 
 #[test]
+fn a_failed_acl_init_under_a_hold_leaves_acl_to_the_next_session() {
+    let install = FakeInstall::standard().unwrap();
+    let cann = Arc::new(install.cann());
+    let hold = cann.acl_hold().unwrap();
+    install.fail_call("aclInit", 1, 507_899).unwrap();
+    let e = acl_error(cann.acl_session());
+    assert_eq!((e.func, e.code), ("aclInit", 507_899));
+    // The entry did not take ACL for initialised: the next session calls aclInit again.
+    cann.acl_session().unwrap().end().unwrap();
+    hold.end().unwrap();
+    assert_eq!(calls(&install), ["aclInit -> 507899", "aclInit -> 0", "aclFinalize -> 0"]);
+}
+
+#[test]
+fn under_a_hold_an_outside_acl_finalized_by_its_owner_is_initialised_again_by_the_next_session() {
+    let install = FakeInstall::standard().unwrap();
+    let cann = Arc::new(install.cann());
+    let hold = cann.acl_hold().unwrap();
+    // SAFETY: a null configuration path is allowed.
+    assert_eq!(unsafe { cann.aclInit(ptr::null()) }, Ok(0));
+    cann.acl_session().unwrap().end().unwrap();
+    // Its owner finalizes the outside ACL while the hold lives.
+    // SAFETY: no arguments.
+    assert_eq!(unsafe { cann.aclFinalize() }, Ok(0));
+    let session = cann.acl_session().unwrap();
+    assert!(install.acl_initialized().unwrap(), "a session runs with ACL finalized");
+    session.end().unwrap();
+    hold.end().unwrap();
+    let repeat = format!("aclInit -> {ACL_ERROR_REPEAT_INITIALIZE}");
+    assert_eq!(
+        calls(&install),
+        ["aclInit -> 0", repeat.as_str(), "aclFinalize -> 0", "aclInit -> 0", "aclFinalize -> 0"]
+    );
+}
+
+#[test]
 fn a_failed_acl_finalize_is_returned_by_the_end_of_the_last_hold() {
     let install = FakeInstall::standard().unwrap();
     let cann = Arc::new(install.cann());

@@ -513,6 +513,10 @@ fn one_chips_force_reset_leaves_acl_initialised_for_another_chips_runner_still_a
     other.finalize().unwrap();
     let log = b.log();
     assert_eq!(count(&log, "aclFinalize"), 1, "{:?}", names(&log));
+    // ACL is finalized after the runner's last call to its device.
+    let finalized = position(&log, "aclFinalize");
+    let last_reset = log.iter().rposition(|c| c.func == "rtDeviceReset");
+    assert!(last_reset.is_some_and(|r| r < finalized), "{:?}", names(&log));
     assert!(log.iter().all(|c| c.ret == 0), "{:?}", codes(&log));
     assert!(!b.install.acl_initialized().unwrap(), "ACL left initialised");
 }

@@ -17,8 +17,8 @@
 //!    is refused; a runner whose bind never succeeded resets nothing).
 //! 6. If a launch, sync or drain failed during the runner's life, or a run was still
 //!    launched: no soft reset (one that brought the count to 0 would make CANN refuse the
-//!    force reset), but an ACL session (`Cann::acl_session`: the process's first calls
-//!    `aclInit`, its last `aclFinalize` unless ACL was initialised outside the project), then
+//!    force reset), but an ACL session (`Cann::acl_session`: it calls `aclInit` unless ACL is
+//!    known initialised; its end finalizes nothing, as the runner's hold outlives it), then
 //!    up to three `aclrtResetDeviceForce`, each verified by a probe (bind, create and destroy
 //!    a stream, allocate and free 64 bytes, unbind), each after a bind of its own unless the
 //!    runner's binds are still counted (the first, when it bound). All three failing is the finalize error. The device may run a launch until the

@@ -153,7 +153,8 @@ impl OnboardDevice {
                 }
             }
         }
-        // The last session of the process finalizes ACL, if the project initialised it.
+        // The runner's own hold outlives the session, so this end finalizes nothing; the hold's
+        // end does (finalize step 7). Its error is kept should that ever change.
         if let Some(Err(e)) = session.map(simpler_acl_sys::AclSession::end) {
             last.get_or_insert(e);
         }
