@@ -118,7 +118,10 @@ impl<'a> KernelCall<'a> {
         (i < 50).then(|| self.slot(i))
     }
 
-    /// The elements of tensor `i`'s view as a slice, for a contiguous view.
+    /// The elements of tensor `i`'s view as a slice, for a contiguous view whose element size
+    /// is `T`'s. `None` as well for a null tensor (an optional input the task was not given),
+    /// whatever its shape, and for a view not aligned for `T`, which the runtimes both pass
+    /// through; an empty view is an empty slice.
     ///
     /// # Safety
     ///
@@ -127,17 +130,18 @@ impl<'a> KernelCall<'a> {
     /// write through a pointer either (the reference programs' kernels store every element
     /// atomically, which still races the slice's plain reads).
     pub unsafe fn slice<T>(&self, i: usize) -> Option<&'a [T]> {
-        let t = self.tensor(i)?;
-        if !t.contiguous() || t.element_size()? != size_of::<T>() as u64 {
-            return None;
+        let (ptr, len) = self.elements::<T>(i)?;
+        if len == 0 {
+            return Some(&[]);
         }
-        let len = usize::try_from(t.numel()).ok()?;
-        // SAFETY: the descriptor names device memory the task was given; the caller guarantees
-        // the element type and the absence of concurrent writers.
-        Some(unsafe { std::slice::from_raw_parts(t.data_addr() as usize as *const T, len) })
+        // SAFETY: `elements` checked the pointer non-null and aligned and the length in range;
+        // the descriptor names device memory the task was given; the caller guarantees the
+        // element type and the absence of concurrent writers.
+        Some(unsafe { std::slice::from_raw_parts(ptr, len) })
     }
 
-    /// The elements of tensor `i`'s view as a mutable slice, for a contiguous view.
+    /// The elements of tensor `i`'s view as a mutable slice, under the conditions of
+    /// [`KernelCall::slice`].
     ///
     /// # Safety
     ///
@@ -145,13 +149,27 @@ impl<'a> KernelCall<'a> {
     /// while the returned slice lives.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice_mut<T>(&self, i: usize) -> Option<&'a mut [T]> {
+        let (ptr, len) = self.elements::<T>(i)?;
+        if len == 0 {
+            return Some(&mut []);
+        }
+        // SAFETY: as in `slice`, plus exclusivity guaranteed by the caller.
+        Some(unsafe { std::slice::from_raw_parts_mut(ptr.cast_mut(), len) })
+    }
+
+    /// The first element and the element count of tensor `i`'s view, if it is contiguous, of
+    /// elements of `T`'s size, and (when not empty) non-null, aligned for `T` and of at most
+    /// `isize::MAX` bytes: what a slice over it needs besides valid memory.
+    fn elements<T>(&self, i: usize) -> Option<(*const T, usize)> {
         let t = self.tensor(i)?;
         if !t.contiguous() || t.element_size()? != size_of::<T>() as u64 {
             return None;
         }
         let len = usize::try_from(t.numel()).ok()?;
-        // SAFETY: as in `slice`, plus exclusivity guaranteed by the caller.
-        Some(unsafe { std::slice::from_raw_parts_mut(t.data_addr() as usize as *mut T, len) })
+        let ptr = t.data_addr() as usize as *const T;
+        let bytes = len.checked_mul(size_of::<T>())?;
+        let fits = len == 0 || (!ptr.is_null() && ptr.is_aligned() && bytes <= isize::MAX as usize);
+        fits.then_some((ptr, len))
     }
 }
 
@@ -231,4 +249,47 @@ pub unsafe fn tensor<'a>(args: *const i64, i: usize) -> &'a Tensor {
 pub unsafe fn scalar(args: *const i64, i: usize) -> u64 {
     // SAFETY: all 50 slots are readable by the caller's contract.
     unsafe { *args.add(i) as u64 }
+}
+
+#[cfg(test)]
+mod tests {
+    use simpler_types::DataType;
+
+    use super::*;
+
+    /// `f` over a kernel call whose only tensor argument is `t`.
+    fn with_tensor<R>(t: Tensor, f: impl FnOnce(KernelCall<'_>) -> R) -> R {
+        let mut args = [0i64; 50];
+        args[0] = &raw const t as i64;
+        // SAFETY: `args` outlives the call and slot 0 holds the address of a live descriptor.
+        f(unsafe { KernelCall::from_raw(args.as_mut_ptr(), 1) })
+    }
+
+    #[test]
+    fn a_null_tensor_with_a_shape_gives_no_slice() {
+        let null = Tensor::external(0, &[256], DataType::Float32).unwrap();
+        // SAFETY: f32 is the tensor's type; nothing else runs.
+        assert!(with_tensor(null, |k| unsafe { k.slice::<f32>(0) }.is_none()));
+        // SAFETY: as above.
+        assert!(with_tensor(null, |k| unsafe { k.slice_mut::<f32>(0) }.is_none()));
+    }
+
+    #[test]
+    fn a_view_not_aligned_for_its_elements_gives_no_slice() {
+        let data = [0f32; 8];
+        let odd = Tensor::external(data.as_ptr() as u64 + 1, &[4], DataType::Float32).unwrap();
+        // SAFETY: f32 is the tensor's type; nothing writes `data`.
+        assert!(with_tensor(odd, |k| unsafe { k.slice::<f32>(0) }.is_none()));
+        let even = Tensor::external(data.as_ptr() as u64 + 4, &[4], DataType::Float32).unwrap();
+        // SAFETY: as above.
+        let got = with_tensor(even, |k| unsafe { k.slice::<f32>(0) }.map(<[f32]>::as_ptr));
+        assert_eq!(got, Some(data[1..].as_ptr()));
+    }
+
+    #[test]
+    fn an_empty_view_gives_an_empty_slice_even_at_address_0() {
+        let empty = Tensor::external(0, &[0], DataType::Float32).unwrap();
+        // SAFETY: f32 is the tensor's type.
+        assert_eq!(with_tensor(empty, |k| unsafe { k.slice::<f32>(0) }.map(<[f32]>::len)), Some(0));
+    }
 }
