@@ -156,7 +156,27 @@ impl EndpointFailure {
 /// Runs `log`, a logging call, ignoring a panic of the tracing layer it reaches: an engine thread
 /// must outlive a subscriber that panics.
 pub(crate) fn quietly(log: impl FnOnce()) {
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(log));
+    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(log)) {
+        drop_quietly(payload);
+    }
+}
+
+/// Drops `value` on an engine thread, which must outlive a value whose drop panics (a job's
+/// result, a panic payload): such a panic is caught, and its own payload is forgotten rather
+/// than dropped, since dropping it could panic in turn.
+pub(crate) fn drop_quietly<T>(value: T) {
+    if let Err(payload) =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(value)))
+    {
+        std::mem::forget(payload);
+    }
+}
+
+/// Text of a caught panic payload, which is then dropped quietly.
+pub(crate) fn into_panic_message(payload: Box<dyn Any + Send>) -> String {
+    let message = panic_message(payload.as_ref());
+    drop_quietly(payload);
+    message
 }
 
 /// Text of a caught panic payload.

@@ -35,7 +35,9 @@ use std::time::Duration;
 use simpler_types::{SlotId, WorkerRef};
 
 use crate::core::Core;
-use crate::endpoint::{DispatchedMember, Endpoint, EndpointFailure, panic_message, quietly};
+use crate::endpoint::{
+    DispatchedMember, Endpoint, EndpointFailure, drop_quietly, into_panic_message, quietly,
+};
 use crate::error::SchedError;
 use crate::held_ready::EndpointTake;
 use crate::inbox::{MemberCompletion, WorkerSlot};
@@ -261,10 +263,12 @@ pub(crate) fn wrap_job<R: Send + 'static>(
 ) -> (Job, mpsc::Receiver<Result<R, String>>) {
     let (tx, rx) = mpsc::sync_channel(1);
     let job: Job = Box::new(move |endpoint: &mut dyn Endpoint| {
-        let result = catch_unwind(AssertUnwindSafe(|| job(endpoint)))
-            .map_err(|payload| panic_message(payload.as_ref()));
-        // The receiver may have been dropped; the job ran either way.
-        let _ = tx.send(result);
+        let result = catch_unwind(AssertUnwindSafe(|| job(endpoint))).map_err(into_panic_message);
+        // The receiver may have been dropped; the job ran either way, and its result is
+        // dropped here, on the endpoint thread.
+        if let Err(mpsc::SendError(unsent)) = tx.send(result) {
+            drop_quietly(unsent);
+        }
     });
     (job, rx)
 }
@@ -281,9 +285,10 @@ pub(crate) fn endpoint_thread_main(
     let span = catch_unwind(AssertUnwindSafe(|| {
         tracing::debug_span!("worker", level = core.level, worker = %name).entered()
     }))
+    .map_err(drop_quietly)
     .ok();
     if let Err(p) = catch_unwind(AssertUnwindSafe(|| endpoint.on_thread_start())) {
-        let message = panic_message(p.as_ref());
+        let message = into_panic_message(p);
         quietly(|| tracing::error!(worker = %name, "on_thread_start panicked: {message}"));
     }
     let mailbox = core.mailbox(who);
@@ -295,7 +300,7 @@ pub(crate) fn endpoint_thread_main(
                 let result = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|p| {
                     Err(EndpointFailure::endpoint_failed(format!(
                         "the endpoint thread panicked around the task (a tracing layer?): {}",
-                        panic_message(p.as_ref())
+                        into_panic_message(p)
                     )))
                 });
                 core.deliver_completion(MemberCompletion { slot, member, worker: who, result });
@@ -305,12 +310,21 @@ pub(crate) fn endpoint_thread_main(
                     core.take_held(&mut take);
                 }
             }
-            Mail::Job(job) => job(endpoint.as_mut()),
+            // The job catches its closure's panic; what may still panic around it (a tracing
+            // layer) must not end the thread either.
+            Mail::Job(job) => {
+                if let Err(p) = catch_unwind(AssertUnwindSafe(|| job(endpoint.as_mut()))) {
+                    let message = into_panic_message(p);
+                    quietly(
+                        || tracing::error!(worker = %name, "a control job panicked: {message}"),
+                    );
+                }
+            }
             Mail::Stop => break,
         }
     }
     if let Err(p) = catch_unwind(AssertUnwindSafe(|| endpoint.shutdown())) {
-        let message = panic_message(p.as_ref());
+        let message = into_panic_message(p);
         quietly(|| tracing::error!(worker = %name, "endpoint shutdown panicked: {message}"));
     }
     quietly(|| drop(span));
@@ -353,7 +367,7 @@ fn run_member(
         Ok(result) => result,
         Err(payload) => Err(EndpointFailure::endpoint_failed(format!(
             "endpoint panicked: {}",
-            panic_message(payload.as_ref())
+            into_panic_message(payload)
         ))),
     }
 }

@@ -153,6 +153,56 @@ fn a_panicking_control_job_is_reported_and_the_worker_keeps_serving() {
     assert!(wait(&e, run).is_completed());
 }
 
+/// A value whose drop panics.
+struct PanicOnDrop;
+
+impl Drop for PanicOnDrop {
+    fn drop(&mut self) {
+        panic!("dropped");
+    }
+}
+
+/// Asserts that worker 0 of `e` still answers jobs and runs tasks.
+fn still_serving(e: &Engine) {
+    let ok = e.on_endpoint(WorkerRef::next_level(0), |_: &mut dyn Endpoint| 7).unwrap();
+    assert_eq!(ok.recv_timeout(Duration::from_secs(10)).unwrap(), Some(7), "job not answered");
+    let mut b = e.begin_run().unwrap();
+    noop_on(&mut b, 0).unwrap();
+    let run = b.close();
+    let outcome = e.wait_timeout(run, Duration::from_secs(10)).unwrap();
+    assert!(outcome.is_some_and(|o| o.is_completed()), "the run did not complete");
+}
+
+#[test]
+fn a_job_whose_unclaimed_result_panics_on_drop_leaves_the_worker_serving() {
+    let h = Harness::new();
+    let e = engine(&[0], 0, &h, false);
+    // The first job keeps the endpoint busy until the second job's receiver is gone.
+    let (go, wait_for_go) = std::sync::mpsc::channel::<()>();
+    let first = e
+        .on_endpoint(WorkerRef::next_level(0), move |_: &mut dyn Endpoint| {
+            let _ = wait_for_go.recv();
+        })
+        .unwrap();
+    let dropped = e.on_endpoint(WorkerRef::next_level(0), |_: &mut dyn Endpoint| PanicOnDrop);
+    drop(dropped.unwrap());
+    go.send(()).unwrap();
+    first.recv().unwrap();
+    still_serving(&e);
+}
+
+#[test]
+fn a_job_whose_panic_payload_panics_on_drop_is_reported_and_the_worker_keeps_serving() {
+    let h = Harness::new();
+    let e = engine(&[0], 0, &h, false);
+    let job = e.on_endpoint(WorkerRef::next_level(0), |_: &mut dyn Endpoint| {
+        std::panic::panic_any(PanicOnDrop)
+    });
+    let err = job.unwrap().recv().unwrap_err();
+    assert!(matches!(err, SchedError::JobPanicked { .. }), "{err}");
+    still_serving(&e);
+}
+
 #[test]
 fn control_jobs_for_unknown_or_stopped_workers_are_refused() {
     let h = Harness::new();
