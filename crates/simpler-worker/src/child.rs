@@ -66,12 +66,17 @@ impl Endpoint for ChildEndpoint {
         let _acting = reentry::enter_lineage(&self.parent_lineage);
         match child.run(orch) {
             Ok(()) => Ok(()),
+            // A task of the child failed: this task failed with it, caused by it. A child run
+            // that failed without a failed task (its cleanup, an abort) failed the path. Either
+            // way the child's run error travels as the frame's source, with its kind, its
+            // cleanup errors and what it suppressed.
             Err(WorkerError::Run(e)) => {
-                let mut f = EndpointFailure::task_failed(e.to_string());
-                if let Some(t) = e.run_failure().and_then(|r| r.task_failure()) {
-                    f = f.with_cause(Arc::clone(t));
-                }
-                Err(f)
+                let cause = e.run_failure().and_then(|r| r.task_failure()).map(Arc::clone);
+                let f = match cause {
+                    Some(t) => EndpointFailure::task_failed(e.to_string()).with_cause(t),
+                    None => EndpointFailure::endpoint_failed(e.to_string()),
+                };
+                Err(f.with_source(FailureSource::new(WorkerError::Run(e))))
             }
             // The child's own error travels as the frame's source (`Frame::worker_error`).
             Err(e @ WorkerError::Build { .. }) => {
@@ -134,6 +139,7 @@ mod tests {
     };
 
     use super::ChildEndpoint;
+    use crate::error::{RunErrorKind, WorkerError};
     use crate::handle::{Entry, Registration, Registry, SharedRegistry};
     use crate::reentry;
     use crate::worker::Worker;
@@ -171,5 +177,50 @@ mod tests {
         assert_eq!(source, Some(&TypesError::TooManyScalars { cap }), "{}", failure.message);
         endpoint.shutdown();
         assert!(endpoint.residue.lock().is_empty());
+    }
+
+    /// A child run whose tasks all succeeded but whose cleanup failed fails the path, not a
+    /// task, and keeps the child's run error as the failure's typed source.
+    #[test]
+    fn a_child_run_that_fails_only_in_cleanup_fails_the_path_with_its_run_error_as_source() {
+        let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+        let step = b.register_host("step", |_| Ok(()));
+        let child = b.start().expect("start");
+        child.inject_cleanup_failure("release", false);
+        let graph = Registry::closure_id(u64::MAX, 1, CallableKind::Graph);
+        let registry = SharedRegistry::default();
+        let body = move |gb: &mut crate::GraphBuilder<'_>, _: TaskArgsView<'_>, _: &CallConfig| {
+            gb.submit_sub(step, TaskArgs::new())?;
+            Ok(())
+        };
+        let entry = Entry::Graph(Arc::new(body));
+        registry.write().runnable.insert(graph, Registration { name: "g".into(), entry });
+        let mut endpoint = ChildEndpoint {
+            id: WorkerId(0),
+            parent_lineage: reentry::lineage_of(u64::MAX),
+            parent_registry: registry,
+            child: Some(child),
+            residue: Arc::default(),
+        };
+        let member = DispatchedMember {
+            task: TaskId::new(RunId::FIRST, 0),
+            member: 0,
+            group_size: 1,
+            callable: &graph,
+            config: &CallConfig::default(),
+            args: TaskArgsView { tensors: &[], tags: &[], scalars: &[] },
+        };
+        let failure = endpoint.run(member).expect_err("the child's cleanup fails");
+        assert_eq!(failure.outcome, EndpointOutcome::EndpointFailure, "{}", failure.message);
+        assert!(failure.cause.is_none(), "no task of the child failed");
+        let source = failure.source.as_ref().and_then(|s| s.downcast_ref::<WorkerError>());
+        assert!(
+            matches!(
+                source,
+                Some(WorkerError::Run(e)) if matches!(e.kind(), RunErrorKind::CleanupFailed { .. })
+            ),
+            "{source:?}"
+        );
+        endpoint.shutdown();
     }
 }
