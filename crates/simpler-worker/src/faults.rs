@@ -25,6 +25,8 @@ pub(crate) enum Fault {
     FinalizePanic,
     /// Launching an L2 run panics on the lane.
     LaunchPanic,
+    /// An L3 start's deadline passes right after its chips attached (armed on chip 0).
+    DeadlineAfterAttach,
 }
 
 /// The faults armed for the chips of one worker.
@@ -150,6 +152,17 @@ mod tests {
             }
             other => panic!("closing child 0 gave {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_deadline_passed_after_the_chips_attached_finalizes_them_into_the_rollback() {
+        let b = host().chips(&[0, 1]);
+        b.faults().arm(0, Fault::DeadlineAfterAttach);
+        b.faults().arm(1, Fault::Finalize);
+        let e = b.start().expect_err("the deadline passed");
+        assert!(matches!(e.cause, StartCause::DeadlineExceeded { .. }), "{e}");
+        assert_eq!(e.rollback.len(), 1, "{e}");
+        assert!(injected_finalize(&e.rollback[0], 1), "{e:?}");
     }
 
     #[test]

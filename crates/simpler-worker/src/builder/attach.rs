@@ -48,7 +48,10 @@ impl From<RegistrationFailure> for AttachFailure {
 }
 
 /// The rollback entries of what ending chips of `path` left behind (each names its chip).
-fn residue_entries(path: &str, residue: Vec<Residue>) -> impl Iterator<Item = TeardownError> + '_ {
+pub(super) fn residue_entries(
+    path: &str,
+    residue: Vec<Residue>,
+) -> impl Iterator<Item = TeardownError> + '_ {
     residue.into_iter().map(move |r| r.into_teardown(path))
 }
 

@@ -492,7 +492,16 @@ impl HostWorkerBuilder {
             self.common.startup_timeout,
             &path,
         )?;
-        past(deadline, self.common.startup_timeout, "engine", &path)?;
+        // Chips that attached are finalized into the rollback, as every later failure does.
+        let late = self.common.faults.hit(WorkerId(0), Fault::DeadlineAfterAttach);
+        let deadline =
+            if late { Instant::now().checked_sub(Duration::from_millis(1)) } else { deadline };
+        if let Err(mut e) = past(deadline, self.common.startup_timeout, "engine", &path) {
+            for mut s in states {
+                e.rollback.extend(attach::residue_entries(&path, s.finalize()));
+            }
+            return Err(e);
+        }
         // 4.
         let mut registry = Registry::default();
         let chips: Vec<WorkerId> = (0..self.devices.len() as u32).map(WorkerId).collect();
