@@ -156,11 +156,31 @@ fn hbg_capacity_and_orchestration_errors_fail_before_launch_and_leave_the_device
                 resource: CapacityResource::TaskWindow,
                 capacity: 16,
                 needed: 20,
+                at_least: false,
                 ..
             }
         ),
         "{err}"
     );
+    // A graph far past the window is stopped at 4 × its capacity: the orchestration's submit
+    // returns the capacity status, and `needed` is a lower bound.
+    let mut args = TaskArgs::new();
+    args.add_inout(t).unwrap().add_scalar(100_000).unwrap();
+    let err = r.run(&RunRequest::new(run_id(6), many, &args, &cfg)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DeviceError::Capacity {
+                resource: CapacityResource::TaskWindow,
+                capacity: 16,
+                needed: 65,
+                at_least: true,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("needed at least 65"), "{err}");
     // Heap: four 256 KiB tensors into 512 KiB.
     let cfg = CallConfig::builder().heap_bytes(RingSel::Ring(0), 512 << 10).build().unwrap();
     let mut args = TaskArgs::new();

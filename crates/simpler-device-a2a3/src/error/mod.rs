@@ -451,7 +451,8 @@ pub enum DeviceError {
     },
     /// A run needs more of a ring resource than configured.
     #[error(
-        "{run_id}: capacity exhausted: ring {ring} {resource}: needed {needed}, capacity {capacity}"
+        "{run_id}: capacity exhausted: ring {ring} {resource}: needed {}{needed}, capacity {capacity}",
+        if *at_least { "at least " } else { "" }
     )]
     Capacity {
         /// The run.
@@ -464,6 +465,9 @@ pub enum DeviceError {
         capacity: u64,
         /// What the run needed.
         needed: u64,
+        /// `needed` is a lower bound: the orchestration was told to stop (its call returned
+        /// the capacity status) before it had asked for everything it would have used.
+        at_least: bool,
     },
     /// Setting up the device failed.
     #[error("{}device init failed at {step}: {failure}", fmt_run(run_id))]

@@ -52,6 +52,10 @@ pub(crate) trait BuildEnv {
     fn heap_arena(&mut self, bytes: u64) -> Result<HeapArena, DeviceError>;
 }
 
+/// How many times its capacity the task window's overflow is counted before the orchestration
+/// is told to stop: the capacity error then reports at least that many tasks.
+const COUNT_PAST_WINDOW: u64 = 4;
+
 /// The heap arena a run uses.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct HeapArena {
@@ -319,8 +323,17 @@ impl<'e> GraphBuilder<'e> {
         tags: &[i32],
         scalars: &[u64],
     ) -> i64 {
-        if self.error.is_some() && !matches!(self.error, Some(DeviceError::Capacity { .. })) {
-            return i64::from(ORCH_FAILED);
+        match &self.error {
+            // The task window's overflow was counted to its bound: the orchestration was told
+            // to stop, and is told again.
+            Some(DeviceError::Capacity {
+                resource: CapacityResource::TaskWindow,
+                at_least: true,
+                ..
+            }) => return i64::from(ORCH_CAPACITY),
+            // Tasks are still counted (below) after a capacity error.
+            None | Some(DeviceError::Capacity { .. }) => {}
+            Some(_) => return i64::from(ORCH_FAILED),
         }
         let task = self.task_total;
         let Some(shape) = TaskShape::from_u32(shape) else {
@@ -365,23 +378,32 @@ impl<'e> GraphBuilder<'e> {
             }));
         }
         self.task_total += 1;
-        if self.task_total > u64::from(self.limits.task_window) {
-            // Keep counting so the error reports what the whole graph needs.
+        let window = u64::from(self.limits.task_window);
+        if self.task_total > window {
+            // Keep counting so the error reports what the whole graph needs, up to a bound:
+            // past it the orchestration is told to stop, so that one whose graph has no end
+            // in sight (its size read from data) still ends its preparation.
+            let stop = self.task_total > window.saturating_mul(COUNT_PAST_WINDOW);
             let e = DeviceError::Capacity {
                 run_id: self.run_id,
                 ring: 0,
                 resource: CapacityResource::TaskWindow,
-                capacity: u64::from(self.limits.task_window),
+                capacity: window,
                 needed: self.task_total,
+                at_least: stop,
             };
             match &mut self.error {
                 Some(DeviceError::Capacity {
                     resource: CapacityResource::TaskWindow,
                     needed,
+                    at_least,
                     ..
-                }) => *needed = self.task_total,
+                }) => (*needed, *at_least) = (self.task_total, stop),
                 None => self.error = Some(e),
                 Some(_) => {}
+            }
+            if stop {
+                return i64::from(ORCH_CAPACITY);
             }
             return DeviceTaskId::new(0, task as u32).0 as i64;
         }
@@ -594,6 +616,8 @@ impl<'e> GraphBuilder<'e> {
                             resource: CapacityResource::Heap,
                             capacity: self.limits.heap_bytes,
                             needed,
+                            // The alloc that ran out returns the capacity status.
+                            at_least: true,
                         })
                     }
                     Some(_) => {}
