@@ -312,10 +312,11 @@ fn terminal_cleanup_runs_once_on_every_exit_path() {
     // P7 failure: a chip argument that is not device memory.
     let mut bad = TaskArgs::new();
     let stray = Tensor::external(0x10, &[4], DataType::Float32).unwrap().child_memory(true);
-    bad.add_input(stray).unwrap().add_input(stray).unwrap().add_output(stray).unwrap();
+    let good = v.args.tensors()[0];
+    bad.add_input(good).unwrap().add_input(stray).unwrap().add_output(stray).unwrap();
     let err = r.run(&RunRequest::new(run_id(2), slot, &bad, &cfg)).unwrap_err();
     assert!(
-        matches!(err, DeviceError::BadDevicePointer { addr: DevicePtr(0x10), run_id: Some(id), .. } if id == run_id(2)),
+        matches!(err, DeviceError::BadDevicePointer { addr: DevicePtr(0x10), run_id: Some(id), arg: Some(1), .. } if id == run_id(2)),
         "{err}"
     );
     assert_eq!(cleanups(&r), c0 + 2);

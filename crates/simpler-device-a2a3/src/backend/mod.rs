@@ -46,7 +46,11 @@ pub(crate) enum AllocFailure {
 /// A transfer's result when the only refusal is a range outside every allocation.
 pub(crate) fn in_range(done: bool, addr: u64, len: u64) -> Result<(), DeviceError> {
     let addr = crate::runner::DevicePtr(addr);
-    if done { Ok(()) } else { Err(DeviceError::BadDevicePointer { run_id: None, addr, len }) }
+    if done {
+        Ok(())
+    } else {
+        Err(DeviceError::BadDevicePointer { run_id: None, arg: None, addr, len })
+    }
 }
 
 /// Per-purpose byte and allocation counts of a device's memory.

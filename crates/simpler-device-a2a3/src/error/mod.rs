@@ -413,12 +413,15 @@ pub enum DeviceError {
     },
     /// An address range is not inside one tracked device allocation.
     #[error(
-        "{}bad device pointer: {len} bytes at {addr} are not inside one device allocation",
-        fmt_run(run_id)
+        "{}bad device pointer: {len} bytes at {addr}{} are not inside one device allocation",
+        fmt_run(run_id),
+        arg.map(|i| format!(" (chip argument {i})")).unwrap_or_default()
     )]
     BadDevicePointer {
         /// The run, when a run's arguments or image named the range.
         run_id: Option<RunId>,
+        /// The run's chip argument that named the range, when one did.
+        arg: Option<usize>,
         /// Start of the range.
         addr: DevicePtr,
         /// Length of the range.

@@ -21,10 +21,15 @@ fn task_references_use_the_one_format() {
 
 #[test]
 fn a_bad_device_pointer_shows_its_address_in_hex() {
-    let e = DeviceError::BadDevicePointer { run_id: None, addr: DevicePtr(0x12c0000), len: 8 };
+    let e = DeviceError::BadDevicePointer {
+        run_id: None,
+        arg: None,
+        addr: DevicePtr(0x12c0000),
+        len: 8,
+    };
     assert_eq!(
         format!("{e:?}"),
-        "BadDevicePointer { run_id: None, addr: DevicePtr(0x12c0000), len: 8 }"
+        "BadDevicePointer { run_id: None, arg: None, addr: DevicePtr(0x12c0000), len: 8 }"
     );
     assert!(e.to_string().contains("8 bytes at 0x12c0000"), "{e}");
 }

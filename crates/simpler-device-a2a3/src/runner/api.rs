@@ -148,7 +148,12 @@ impl DeviceRunner {
     pub fn free(&mut self, ptr: DevicePtr) -> Result<(), DeviceError> {
         let core = self.core()?;
         if !core.user_allocs.contains_key(&ptr.0) {
-            return Err(DeviceError::BadDevicePointer { run_id: None, addr: ptr, len: 0 });
+            return Err(DeviceError::BadDevicePointer {
+                run_id: None,
+                arg: None,
+                addr: ptr,
+                len: 0,
+            });
         }
         if core.health.get().is_healthy() {
             core.refuse_while_referenced("free")?;

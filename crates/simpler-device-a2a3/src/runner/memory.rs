@@ -328,7 +328,12 @@ impl Core {
         if ok {
             Ok(())
         } else {
-            Err(DeviceError::BadDevicePointer { run_id: None, addr: DevicePtr(addr), len })
+            Err(DeviceError::BadDevicePointer {
+                run_id: None,
+                arg: None,
+                addr: DevicePtr(addr),
+                len,
+            })
         }
     }
 
@@ -411,6 +416,7 @@ impl Core {
                 if self.backend.find(t.addr, t.size) != Some(MemPurpose::User) {
                     return Err(DeviceError::BadDevicePointer {
                         run_id: Some(run_id),
+                        arg: Some(i),
                         addr: DevicePtr(t.addr),
                         len: t.size,
                     });

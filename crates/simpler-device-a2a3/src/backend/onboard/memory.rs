@@ -116,7 +116,12 @@ impl OnboardDevice {
         self.bind().map_err(refused)?;
         match self.with_allocation(addr, len, f) {
             Some(done) => done.map_err(refused),
-            None => Err(DeviceError::BadDevicePointer { run_id: None, addr: DevicePtr(addr), len }),
+            None => Err(DeviceError::BadDevicePointer {
+                run_id: None,
+                arg: None,
+                addr: DevicePtr(addr),
+                len,
+            }),
         }
     }
 }
