@@ -147,11 +147,15 @@ pub(super) fn first_violation(t: &Tensor) -> Result<(), TypesError> {
             computed: u64::try_from(extent).unwrap_or(u64::MAX),
         });
     }
-    if t.is_null() || extent == 0 {
+    if t.is_null() {
         return Ok(());
     }
+    // Empty views too: code that checks a buffer's range adds its size to its address.
     if t.addr.checked_add(t.size).is_none() {
         return Err(TypesError::SizeOverflow { what: "buffer end address" });
+    }
+    if extent == 0 {
+        return Ok(());
     }
     // `start_offset < 2^64`, `extent < 2^67` and `element_size ≤ 8`: no overflow in u128.
     let needed_bytes = (u128::from(t.start_offset) + extent) * u128::from(dtype.element_size());
@@ -324,6 +328,15 @@ mod tests {
                 stages_agree(&bad)?;
             }
         }
+    }
+
+    #[test]
+    fn an_empty_view_of_a_buffer_that_wraps_the_address_space_is_refused() {
+        let wraps = Tensor::with_buffer(u64::MAX - 3, 64, &[0], DataType::Float32)
+            .and_then(|t| t.validate().map(|()| t));
+        assert_eq!(wraps, Err(TypesError::SizeOverflow { what: "buffer end address" }));
+        // At address 0 (null) there is no buffer to wrap.
+        assert!(Tensor::with_buffer(0, 64, &[0], DataType::Float32).unwrap().validate().is_ok());
     }
 
     #[test]
