@@ -199,6 +199,10 @@ impl<const MAX_T: usize, const MAX_S: usize> Args<MAX_T, MAX_S> {
     }
 
     /// Encodes into the front of `out` and returns the number of bytes written.
+    ///
+    /// Descriptors are written as they are, unvalidated (neither the builders nor this call
+    /// validate them; submit and [`decode`](Self::decode) do), so a blob with a descriptor
+    /// [`Tensor::validate`] refuses does not decode: validate first where that matters.
     pub fn encode_into(&self, out: &mut [u8]) -> Result<usize, TypesError> {
         let needed = self.encoded_len();
         let Some(out) = out.get_mut(..needed) else {
@@ -219,7 +223,8 @@ impl<const MAX_T: usize, const MAX_S: usize> Args<MAX_T, MAX_S> {
         Ok(needed)
     }
 
-    /// Encodes into a new vector of exactly [`Args::encoded_len`] bytes.
+    /// Encodes into a new vector of exactly [`Args::encoded_len`] bytes; descriptors
+    /// unvalidated, as [`encode_into`](Self::encode_into) says.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![0u8; self.encoded_len()];
         // The buffer has exactly the needed length, so encoding cannot fail.

@@ -12,10 +12,10 @@ pub enum TypesError {
     /// A byte is not the wire value of any [`crate::DataType`].
     #[error("unknown data type code {0} (known codes are 0..=11)")]
     UnknownDataType(u8),
-    /// A string is not the upper-case name of any [`crate::DataType`]: the string as given,
+    /// A string is not the name of any [`crate::DataType`] (in any case): the string as given,
     /// since an unknown name has no typed form.
     #[error(
-        "unknown data type name {0:?} (expected an upper-case name such as FLOAT32 or BFLOAT16)"
+        "unknown data type name {0:?} (expected a name such as FLOAT32 or BFLOAT16, in any case)"
     )]
     UnknownDataTypeName(String),
 

@@ -7,7 +7,7 @@
 //! Display format (decision): one line per failure,
 //!
 //! ```text
-//! run#7/task#12: timeout (op_execute budget of 5s) [callable sha256:00112233445566…(chip), next-level worker 0, member 2, device code ACL_ERROR_X (507011)]: stream stalled
+//! run#7/task#12: timeout (op_execute budget of 5s) [callable sha256:001122334455…(chip), next-level worker 0, member 2, device code ACL_ERROR_X (507011)]: stream stalled
 //!   caused by run#3/task#0: task failed [callable sha256:…(chip)]: kernel returned 5
 //! ```
 //!

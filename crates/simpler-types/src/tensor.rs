@@ -9,7 +9,9 @@
 //! accessor tolerates arbitrary field values: slices are clamped to five dimensions and
 //! arithmetic is checked or saturating. [`Tensor::validate`] is the single rulebook that says
 //! whether a descriptor is well formed; the constructors and view operations run it on their
-//! result, so a descriptor built through this API is always valid.
+//! result (`transpose` and `permute` excepted: reordering the dimensions of a valid descriptor
+//! keeps its extent and size, so their result is valid by construction), so a descriptor built
+//! through this API is always valid.
 //!
 //! Layout rules beyond the descriptor's fixed offsets (decisions):
 //! - `is_contiguous` means "row-major once dimensions of length 1 are ignored"; the stride of a
@@ -143,12 +145,18 @@ fn is_row_major(shape: &[u32], stride: &[u32]) -> bool {
 }
 
 /// Row-major strides for `shape` (a zero-length dimension counts as 1 so strides stay
-/// positive).
+/// positive). A stride that never moves over a byte (of a length-1 dimension, or of any
+/// dimension of an empty view) is saturated rather than refused when it does not fit `u32`.
 fn row_major_strides(shape: &[u32]) -> Result<[u32; MAX_TENSOR_DIMS], TypesError> {
     let mut strides = [0u32; MAX_TENSOR_DIMS];
+    let empty = shape.contains(&0);
     let mut acc: u64 = 1;
     for (d, &n) in shape.iter().enumerate().rev() {
-        strides[d] = u32::try_from(acc).map_err(|_| TypesError::SizeOverflow { what: "stride" })?;
+        strides[d] = match u32::try_from(acc) {
+            Ok(stride) => stride,
+            Err(_) if n <= 1 || empty => u32::MAX,
+            Err(_) => return Err(TypesError::SizeOverflow { what: "stride" }),
+        };
         acc = acc.saturating_mul(u64::from(n.max(1)));
     }
     Ok(strides)

@@ -382,3 +382,20 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_stride_that_never_moves_may_exceed_u32() {
+    // The leading dimension's stride would be 2^32 elements: of length 1 or of an empty view it
+    // never moves over a byte, so the layout is built; of length 2 it is refused.
+    for shape in [[1, 65536, 65536], [0, 65536, 65536]] {
+        let t = Tensor::external(0x1000, &shape, DataType::Int8).expect("a layout");
+        assert_eq!(t.validate(), Ok(()), "{shape:?}");
+        assert!(t.contiguous(), "{shape:?}");
+    }
+    let whole = Tensor::external(0x1000, &[65536, 65536], DataType::Int8).unwrap();
+    assert!(whole.reshape(&[1, 65536, 65536]).is_ok());
+    assert_eq!(
+        Tensor::external(0x1000, &[2, 65536, 65536], DataType::Int8),
+        Err(TypesError::SizeOverflow { what: "stride" })
+    );
+}
