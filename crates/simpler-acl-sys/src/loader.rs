@@ -96,7 +96,9 @@ pub struct FunctionInfo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpenScope {
     /// `RTLD_NOW | RTLD_GLOBAL`, as a program linked against CANN would have it: for real
-    /// installs, whose libraries find each other's symbols.
+    /// installs, whose libraries find each other's symbols. With `RTLD_NODELETE` too: CANN
+    /// starts threads of its own, which may still run its code after the last loader is
+    /// dropped, so its libraries are never unloaded.
     Global,
     /// `RTLD_NOW | RTLD_LOCAL`: several copies of a library (stand-in installs in tests) can be
     /// loaded side by side without one's symbols shadowing another's.
@@ -269,7 +271,7 @@ impl SearchConfig {
 
     fn open(&self, library: Library) -> Result<Opened, LoadError> {
         let flags = match self.scope {
-            OpenScope::Global => RTLD_NOW | RTLD_GLOBAL,
+            OpenScope::Global => RTLD_NOW | RTLD_GLOBAL | libc::RTLD_NODELETE,
             OpenScope::Local => RTLD_NOW | RTLD_LOCAL,
         };
         let mut tried = Vec::new();
