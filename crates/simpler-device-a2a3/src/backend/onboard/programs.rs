@@ -90,11 +90,13 @@ impl Drop for OpDescription {
 #[derive(Debug)]
 pub(crate) struct AicoreBinary {
     pub(crate) handle: *mut c_void,
-    /// CANN may keep pointing at the image; it lives as long as the handle.
-    _image: Vec<u8>,
+    /// CANN may keep pointing at the image for as long as the registration lives, which this
+    /// project never ends (it calls no unregister): the image is leaked with it, one per
+    /// attach, rather than freed under a registration that may still read it.
+    _image: &'static [u8],
 }
 
-// SAFETY: an opaque handle CANN accepts from any bound thread; the image is owned.
+// SAFETY: an opaque handle CANN accepts from any bound thread; the image is static.
 unsafe impl Send for AicoreBinary {}
 
 /// Registers the AICore executor ELF (`rtRegisterAllKernel`, magic ELF, version 0).
@@ -106,11 +108,11 @@ pub(crate) fn register_aicore(ctx: &Ctx, image: Vec<u8>) -> Result<AicoreBinary,
         length: image.len() as u64,
     };
     let mut handle: *mut c_void = std::ptr::null_mut();
-    // SAFETY: `bin` points at `image`, alive for the call (and kept afterwards); `handle` is a
-    // valid out-pointer.
+    // SAFETY: `bin` points at `image`, alive for the call (and, leaked once registered, for the
+    // rest of the process); `handle` is a valid out-pointer.
     let ret = unsafe { ctx.cann.rtRegisterAllKernel(&bin, &mut handle) };
     ctx.check("rtRegisterAllKernel", ret)?;
-    Ok(AicoreBinary { handle, _image: image })
+    Ok(AicoreBinary { handle, _image: image.leak() })
 }
 
 /// Installs the AICPU program through the dispatcher, waits at most `sync_ms` for it, then
