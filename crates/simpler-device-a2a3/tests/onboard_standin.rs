@@ -915,6 +915,29 @@ fn a_release_that_fails_in_drop_is_returned_by_the_next_fallible_call() {
 }
 
 #[test]
+fn a_release_that_failed_in_drop_fails_no_launch_and_leaves_the_device_healthy() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    let p = r.malloc(128).unwrap();
+    let next_free = count(&b.log(), "rtFree") as u64 + 1;
+    b.install.fail_call("rtFree", next_free, 507_899).unwrap();
+    r.free(p).unwrap();
+    r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap();
+    assert_eq!(r.health(), DeviceHealth::Healthy);
+    assert_eq!(count(&b.log(), "aclrtResetDeviceForce"), 0);
+    v.free(&mut r);
+    // The release's failure is finalize's, as itself.
+    match r.finalize().unwrap_err() {
+        DeviceError::Acl { source, .. } => {
+            assert_eq!((source.func, source.code), ("rtFree", 507_899))
+        }
+        e => panic!("{e}"),
+    }
+}
+
+#[test]
 fn a_cann_of_another_major_version_is_refused_naming_both() {
     let b = Onboard::new();
     b.install.set_value("version_major", 9).unwrap();

@@ -386,13 +386,12 @@ impl OnboardDevice {
         Ok(())
     }
 
+    /// What a launch does before its CANN call: bind the thread. An earlier release that
+    /// failed is left to the next call that reports it as itself (`DeviceError::Acl`): as a
+    /// launch failure it would mark the device unusable for a fault of no launch's, and a run
+    /// whose AICore half was launched would lose its AICPU half.
     fn launch_args(&self) -> Result<(), AclCode> {
-        self.bind().map_err(|e| AclCode(code_of(&e)))?;
-        if let Some(e) = self.ctx.take_deferred() {
-            tracing::error!(device = self.ctx.device, error = %e, "an earlier release failed");
-            return Err(AclCode(code_of(&e)));
-        }
-        Ok(())
+        self.bind().map_err(|e| AclCode(code_of(&e)))
     }
 
     fn launch_failed(&mut self, e: CannError) -> AclCode {
@@ -684,7 +683,9 @@ impl Backend for OnboardDevice {
                 0
             }
         };
-        let at = |offset: u64| if base == 0 { 0 } else { base + offset };
+        // A window CANN placed so high that a core's offset leaves the address space is as
+        // good as none for that core.
+        let at = |offset: u64| if base == 0 { 0 } else { base.checked_add(offset).unwrap_or(0) };
         let aic = (0..AIC_CORES).map(|i| at(i << 23));
         let aiv = (0..AIC_CORES)
             .flat_map(|i| (0..2).map(move |j| (i, j)))
