@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use simpler_acl_sys::Error as CannError;
 
 use super::owners::{Ctx, DeviceBuffer, HostMapping};
-use super::reset::{Binds, bind_to_release};
+use super::reset::{Binds, release_in_context};
 use super::{OnboardDevice, acl};
 use crate::backend::AllocFailure;
 use crate::error::{CopyKind, DeviceError, MemPurpose};
@@ -44,10 +44,8 @@ pub(super) struct KernelText {
 impl Drop for KernelText {
     fn drop(&mut self) {
         let (Some(table), Some(ctx)) = (self.table.upgrade(), self.ctx.upgrade()) else { return };
-        if bind_to_release(&ctx, &self.binds) {
-            // Dropping the entry frees the memory.
-            table.lock().remove(&self.addr);
-        }
+        // Dropping the entry frees the memory.
+        release_in_context(&ctx, &self.binds, || drop(table.lock().remove(&self.addr)));
     }
 }
 

@@ -145,9 +145,11 @@ impl Drop for OnboardEvent {
     fn drop(&mut self) {
         // SAFETY: taken once, here; the field is not used again.
         let event = unsafe { ManuallyDrop::take(&mut self.event) };
-        if reset::bind_to_release(event.ctx(), &self.binds) {
-            drop(event);
-        } else {
+        let ctx = Arc::clone(event.ctx());
+        let mut event = Some(event);
+        reset::release_in_context(&ctx, &self.binds, || drop(event.take()));
+        // Not destroyed in its context: left to the device's reset.
+        if let Some(event) = event {
             event.disown();
         }
     }

@@ -261,7 +261,7 @@ unsafe impl Sync for Event {}
 
 impl Event {
     /// The context the event belongs to.
-    pub(crate) fn ctx(&self) -> &Ctx {
+    pub(crate) fn ctx(&self) -> &Arc<Ctx> {
         &self.ctx
     }
 

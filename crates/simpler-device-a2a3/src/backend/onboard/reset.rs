@@ -47,23 +47,20 @@ fn bind_held(ctx: &Ctx, bound: &mut Binds) -> Result<(), CannError> {
     Ok(())
 }
 
-/// Binds the calling thread for the runner of `binds` so that one of its handles can be released
-/// in its context; whether it may be. Not when the runner is gone or its device was reset (that
-/// released the handle; a bind now would never be reset), both decided in the same critical
-/// section as the bind, nor when the bind fails (recorded for the runner's next call): the
-/// handle is then left to the device's reset.
-pub(super) fn bind_to_release(ctx: &Ctx, binds: &Weak<Mutex<Binds>>) -> bool {
-    let Some(binds) = binds.upgrade() else { return false };
+/// Binds the calling thread for the runner of `binds` and runs `release`, which releases one of
+/// its handles in its context. Not when the runner is gone or its device was reset (that
+/// released the handle; a bind now would never be reset), nor when the bind fails (recorded for
+/// the runner's next call): the handle is then left to the device's reset. The check, the bind
+/// and `release` share one critical section, so a finalize cannot reset the device between them.
+pub(super) fn release_in_context(ctx: &Ctx, binds: &Weak<Mutex<Binds>>, release: impl FnOnce()) {
+    let Some(binds) = binds.upgrade() else { return };
     let mut bound = binds.lock();
     if bound.released {
-        return false;
+        return;
     }
     match bind_held(ctx, &mut bound) {
-        Ok(()) => true,
-        Err(e) => {
-            ctx.record(e);
-            false
-        }
+        Ok(()) => release(),
+        Err(e) => ctx.record(e),
     }
 }
 
