@@ -166,9 +166,15 @@ impl<'a> KernelCall<'a> {
             return None;
         }
         let len = usize::try_from(t.numel()).ok()?;
+        // A null tensor's view (of an offset, too) names no memory, whatever its data address.
         let ptr = t.data_addr() as usize as *const T;
         let bytes = len.checked_mul(size_of::<T>())?;
-        let fits = len == 0 || (!ptr.is_null() && ptr.is_aligned() && bytes <= isize::MAX as usize);
+        let fits = len == 0
+            || (!t.is_null()
+                && !ptr.is_null()
+                && ptr.is_aligned()
+                && bytes <= isize::MAX as usize
+                && (ptr as usize).checked_add(bytes).is_some());
         fits.then_some((ptr, len))
     }
 }
@@ -268,10 +274,15 @@ mod tests {
     #[test]
     fn a_null_tensor_with_a_shape_gives_no_slice() {
         let null = Tensor::external(0, &[256], DataType::Float32).unwrap();
-        // SAFETY: f32 is the tensor's type; nothing else runs.
-        assert!(with_tensor(null, |k| unsafe { k.slice::<f32>(0) }.is_none()));
-        // SAFETY: as above.
-        assert!(with_tensor(null, |k| unsafe { k.slice_mut::<f32>(0) }.is_none()));
+        // A view at an offset of a null tensor: its data address is not 0.
+        let offset = null.slice(0, 4, 8, 1).unwrap();
+        assert_ne!(offset.data_addr(), 0);
+        for t in [null, offset] {
+            // SAFETY: f32 is the tensor's type; nothing else runs.
+            assert!(with_tensor(t, |k| unsafe { k.slice::<f32>(0) }.is_none()));
+            // SAFETY: as above.
+            assert!(with_tensor(t, |k| unsafe { k.slice_mut::<f32>(0) }.is_none()));
+        }
     }
 
     #[test]
