@@ -209,10 +209,13 @@ impl Core {
             if run.mark_aborted(failure.clone(), false) != AbortCheck::Marked {
                 continue;
             }
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let cancelled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let reason = CancelReason::EnginePoisoned;
                 self.cancel_run(&run, reason, false, &mut GraphScratch::default());
             }));
+            if let Err(payload) = cancelled {
+                crate::endpoint::drop_quietly(payload);
+            }
             run.force_failed(failure);
         }
         quietly(|| tracing::error!(level = self.level, "engine poisoned: {message}"));

@@ -180,7 +180,7 @@ pub(crate) fn into_panic_message(payload: Box<dyn Any + Send>) -> String {
 }
 
 /// Text of a caught panic payload.
-pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
+fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&'static str>() {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {

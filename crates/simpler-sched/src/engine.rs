@@ -31,7 +31,7 @@ use simpler_types::{
 
 use crate::builder::{OrchState, RunBuilder};
 use crate::core::{Core, CoreParts};
-use crate::endpoint::{Endpoint, EndpointCaps, panic_message, quietly};
+use crate::endpoint::{Endpoint, EndpointCaps, into_panic_message, quietly};
 use crate::endpoint_thread::{JobReceiver, endpoint_thread_main, wrap_job};
 use crate::error::{SchedError, ShutdownError};
 use crate::graph::GraphScratch;
@@ -498,14 +498,14 @@ impl Engine {
             if let Err(p) = h.join() {
                 errors.push(SchedError::ThreadPanicked {
                     thread: name,
-                    message: panic_message(p.as_ref()),
+                    message: into_panic_message(p),
                 });
             }
         }
         if let Some(Err(p)) = threads.scheduler.take().map(JoinHandle::join) {
             errors.push(SchedError::ThreadPanicked {
                 thread: format!("simpler-l{}-sched", core.level),
-                message: panic_message(p.as_ref()),
+                message: into_panic_message(p),
             });
         }
         // 7.

@@ -63,7 +63,7 @@ use smallvec::SmallVec;
 use simpler_types::{CancelReason, RunFailure, SlotId, TaskFailure, TaskState};
 
 use crate::core::Core;
-use crate::endpoint::{EndpointFailure, panic_message, quietly};
+use crate::endpoint::{EndpointFailure, into_panic_message, quietly};
 use crate::graph::{GraphScratch, Reclaims};
 use crate::held_ready::EndpointTake;
 use crate::inbox::{
@@ -259,7 +259,7 @@ impl SchedState {
             self.scratch = GraphScratch::default();
             core.poison(&format!(
                 "scheduler event handling panicked: {}",
-                panic_message(payload.as_ref())
+                into_panic_message(payload)
             ));
         }
     }
@@ -613,10 +613,7 @@ impl Core {
             Ok(true) => self.attention.set(),
             Err(payload) => {
                 state.recover();
-                self.poison(&format!(
-                    "scheduler pass panicked: {}",
-                    panic_message(payload.as_ref())
-                ));
+                self.poison(&format!("scheduler pass panicked: {}", into_panic_message(payload)));
             }
         }
     }
@@ -693,7 +690,7 @@ pub(crate) fn scheduler_main(core: Arc<Core>) {
         scheduler_loop(&core);
     };
     if let Err(payload) = catch_unwind(AssertUnwindSafe(body)) {
-        core.poison(&format!("scheduler thread panicked: {}", panic_message(payload.as_ref())));
+        core.poison(&format!("scheduler thread panicked: {}", into_panic_message(payload)));
     }
 }
 

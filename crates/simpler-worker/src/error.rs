@@ -260,8 +260,9 @@ impl Frame {
 
     /// The worker error reported at this level, when it was one: a child's run that could not
     /// be built (its orchestration failed, the child's engine refused it; match on it for the
-    /// child's [`BuildFailure`], a callback's own error included), or a host closure that
-    /// returned a [`WorkerError`].
+    /// child's [`BuildFailure`], a callback's own error included), a child's run that failed
+    /// (its [`RunError`], with its kind, cleanup errors and what it suppressed), or a host
+    /// closure that returned a [`WorkerError`].
     pub fn worker_error(&self) -> Option<&WorkerError> {
         self.source.as_ref().and_then(FailureSource::downcast_ref::<WorkerError>)
     }

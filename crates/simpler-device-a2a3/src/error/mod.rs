@@ -420,7 +420,8 @@ pub enum DeviceError {
     BadDevicePointer {
         /// The run, when a run's arguments or image named the range.
         run_id: Option<RunId>,
-        /// The run's chip argument that named the range, when one did.
+        /// The run's chip argument that named the range, when a device-memory argument did
+        /// (not for the staging of host arguments, whose range several arguments share).
         arg: Option<usize>,
         /// Start of the range.
         addr: DevicePtr,

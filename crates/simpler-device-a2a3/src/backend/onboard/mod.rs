@@ -10,7 +10,8 @@
 //! 1. Bind the calling thread.
 //! 2. Destroy both streams without synchronising (a stream in its error state would wedge a
 //!    sync).
-//! 3. Unload the AICPU program; the AICore registration has no unregister and is forgotten.
+//! 3. Unload the AICPU program; the AICore registration is never unregistered: its handle is
+//!    forgotten and its image stays alive.
 //! 4. Unregister every host mapping, then, on a healthy device, free every tracked allocation.
 //! 5. Healthy: one soft reset (`rtDeviceReset`) per bind the runner made, since CANN counts
 //!    binds and releases the device when the count is back to 0 (a reset with nothing bound
@@ -893,7 +894,8 @@ impl Backend for OnboardDevice {
         }
         self.streams = None;
         self.programs = None;
-        // CANN has no unregister for the AICore registration; the reset releases it.
+        // The AICore registration is never unregistered; its handle is forgotten and its image
+        // stays alive with it.
         self.aicore = None;
         let mut allocations = std::mem::take(&mut *self.allocations.lock());
         for a in allocations.values_mut() {

@@ -1,6 +1,6 @@
 //! Registering the device programs of a manifest (ensure_initialized step 2): the bootstrap
 //! that installs the AICPU program on the device, the op description CANN loads it from, its
-//! entries, and the AICore executor (registered once per runner: CANN has no unregister).
+//! entries, and the AICore executor (registered once per runner and never unregistered).
 
 use std::ffi::{CString, c_void};
 use std::path::{Path, PathBuf};

@@ -8,11 +8,13 @@
 //! also after writers, `NoDep` does neither, `manual_dep` tensors depend on their creator only),
 //! and records it. The whole graph stays
 //! resident, so the task window must hold every task and the heap every allocation: exceeding
-//! either is `Capacity { ring: 0, … }`, reported with the total the orchestration needed, before
-//! anything is launched (decision).
+//! either is `Capacity { ring: 0, … }`, before anything is launched (decision). Past the task
+//! window the submits are still counted, so that the error reports the total the orchestration
+//! needed, up to 4 × the window: from there on every submit returns [`ORCH_CAPACITY`] and
+//! `needed` is a lower bound (`at_least`). An alloc past the heap returns [`ORCH_CAPACITY`].
 //!
-//! The first error wins: it is latched, every later call returns [`ORCH_FAILED`], and the run
-//! reports the latched error.
+//! Otherwise the first error wins: it is latched, every later call returns [`ORCH_FAILED`],
+//! and the run reports the latched error.
 //!
 //! Deviation (recorded in the decisions file): dependencies use the host `TensorMap` keyed by
 //! the run id, not the fixed-capacity device map, which the device runtime will need only once
