@@ -466,7 +466,8 @@ impl Tensor {
         }
         let rank = checked_rank(shape.len() as u64)?;
         let from_numel = self.numel();
-        let to_numel = checked_numel(shape).unwrap_or(u64::MAX);
+        let to_numel =
+            checked_numel(shape).ok_or(TypesError::SizeOverflow { what: "element count" })?;
         if from_numel != to_numel {
             return Err(TypesError::ReshapeMismatch { from_numel, to_numel });
         }

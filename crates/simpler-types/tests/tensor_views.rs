@@ -399,3 +399,12 @@ fn a_stride_that_never_moves_may_exceed_u32() {
         Err(TypesError::SizeOverflow { what: "stride" })
     );
 }
+
+#[test]
+fn a_reshape_to_a_shape_whose_element_count_overflows_says_so() {
+    let t = Tensor::external(0x1000, &[4], DataType::Int8).unwrap();
+    assert_eq!(
+        t.reshape(&[u32::MAX, u32::MAX, u32::MAX]),
+        Err(TypesError::SizeOverflow { what: "element count" })
+    );
+}
