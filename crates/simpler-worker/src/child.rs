@@ -134,15 +134,50 @@ mod tests {
     use simpler_device_a2a3::{Platform, RuntimeVariant};
     use simpler_sched::{DispatchedMember, Endpoint};
     use simpler_types::{
-        CallConfig, CallableKind, EndpointOutcome, RunId, TaskArgs, TaskArgsView, TaskId,
-        TypesError, WorkerId,
+        CallConfig, CallableId, CallableKind, EndpointOutcome, RunId, TaskArgs, TaskArgsView,
+        TaskId, TypesError, WorkerId,
     };
 
     use super::ChildEndpoint;
     use crate::error::{RunErrorKind, WorkerError};
-    use crate::handle::{Entry, Registration, Registry, SharedRegistry};
+    use crate::handle::{Entry, GraphFn, Registration, Registry, SharedRegistry};
     use crate::reentry;
     use crate::worker::Worker;
+
+    /// The graph callable every test endpoint runs.
+    fn graph_id() -> CallableId {
+        Registry::closure_id(u64::MAX, 1, CallableKind::Graph)
+    }
+
+    /// An endpoint over `child` whose parent registers `body` as [`graph_id`].
+    fn endpoint_over(child: Worker, body: Arc<GraphFn>) -> ChildEndpoint {
+        let registry = SharedRegistry::default();
+        let entry = Entry::Graph(body);
+        registry.write().runnable.insert(graph_id(), Registration { name: "g".into(), entry });
+        ChildEndpoint {
+            id: WorkerId(0),
+            parent_lineage: reentry::lineage_of(u64::MAX),
+            parent_registry: registry,
+            child: Some(child),
+            residue: Arc::default(),
+        }
+    }
+
+    /// Member 0 of a one-member task of the graph, with `scalars` and no tensors.
+    fn member<'a>(
+        graph: &'a CallableId,
+        config: &'a CallConfig,
+        scalars: &'a [u64],
+    ) -> DispatchedMember<'a> {
+        DispatchedMember {
+            task: TaskId::new(RunId::FIRST, 0),
+            member: 0,
+            group_size: 1,
+            callable: graph,
+            config,
+            args: TaskArgsView { tensors: &[], tags: &[], scalars },
+        }
+    }
 
     /// Arguments the engine hands over that break a `TaskArgs` rule fail the path, with the
     /// rule broken as the failure's typed source.
@@ -150,28 +185,12 @@ mod tests {
     fn arguments_that_cannot_be_copied_fail_the_path_with_the_types_error_as_source() {
         let child =
             Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).start().expect("start");
-        let graph = Registry::closure_id(u64::MAX, 1, CallableKind::Graph);
-        let registry = SharedRegistry::default();
-        let entry = Entry::Graph(Arc::new(|_, _, _| Ok(())));
-        registry.write().runnable.insert(graph, Registration { name: "g".into(), entry });
-        let mut endpoint = ChildEndpoint {
-            id: WorkerId(0),
-            parent_lineage: reentry::lineage_of(u64::MAX),
-            parent_registry: registry,
-            child: Some(child),
-            residue: Arc::default(),
-        };
+        let mut endpoint = endpoint_over(child, Arc::new(|_, _, _| Ok(())));
         let cap = TaskArgs::MAX_SCALARS;
         let scalars = vec![0; cap + 1];
-        let member = DispatchedMember {
-            task: TaskId::new(RunId::FIRST, 0),
-            member: 0,
-            group_size: 1,
-            callable: &graph,
-            config: &CallConfig::default(),
-            args: TaskArgsView { tensors: &[], tags: &[], scalars: &scalars },
-        };
-        let failure = endpoint.run(member).expect_err("too many scalars");
+        let (graph, config) = (graph_id(), CallConfig::default());
+        let failure =
+            endpoint.run(member(&graph, &config, &scalars)).expect_err("too many scalars");
         assert_eq!(failure.outcome, EndpointOutcome::EndpointFailure);
         let source = failure.source.as_ref().and_then(|s| s.downcast_ref::<TypesError>());
         assert_eq!(source, Some(&TypesError::TooManyScalars { cap }), "{}", failure.message);
@@ -187,30 +206,14 @@ mod tests {
         let step = b.register_host("step", |_| Ok(()));
         let child = b.start().expect("start");
         child.inject_cleanup_failure("release", false);
-        let graph = Registry::closure_id(u64::MAX, 1, CallableKind::Graph);
-        let registry = SharedRegistry::default();
         let body = move |gb: &mut crate::GraphBuilder<'_>, _: TaskArgsView<'_>, _: &CallConfig| {
             gb.submit_sub(step, TaskArgs::new())?;
             Ok(())
         };
-        let entry = Entry::Graph(Arc::new(body));
-        registry.write().runnable.insert(graph, Registration { name: "g".into(), entry });
-        let mut endpoint = ChildEndpoint {
-            id: WorkerId(0),
-            parent_lineage: reentry::lineage_of(u64::MAX),
-            parent_registry: registry,
-            child: Some(child),
-            residue: Arc::default(),
-        };
-        let member = DispatchedMember {
-            task: TaskId::new(RunId::FIRST, 0),
-            member: 0,
-            group_size: 1,
-            callable: &graph,
-            config: &CallConfig::default(),
-            args: TaskArgsView { tensors: &[], tags: &[], scalars: &[] },
-        };
-        let failure = endpoint.run(member).expect_err("the child's cleanup fails");
+        let mut endpoint = endpoint_over(child, Arc::new(body));
+        let (graph, config) = (graph_id(), CallConfig::default());
+        let failure =
+            endpoint.run(member(&graph, &config, &[])).expect_err("the child's cleanup fails");
         assert_eq!(failure.outcome, EndpointOutcome::EndpointFailure, "{}", failure.message);
         assert!(failure.cause.is_none(), "no task of the child failed");
         let source = failure.source.as_ref().and_then(|s| s.downcast_ref::<WorkerError>());
