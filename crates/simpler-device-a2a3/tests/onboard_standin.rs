@@ -938,6 +938,26 @@ fn a_release_that_failed_in_drop_fails_no_launch_and_leaves_the_device_healthy()
 }
 
 #[test]
+fn a_device_that_maps_no_aicore_control_window_fails_init_instead_of_timing_out_every_run() {
+    let b = Onboard::new();
+    b.install.fail_call("halMemCtl", 1, 507_899).unwrap();
+    match DeviceRunner::attach(b.options(0)).unwrap_err() {
+        DeviceError::Acl { init: Some(InitStep::QueryCores), source, .. } => {
+            assert_eq!((source.func, source.code), ("halMemCtl", 507_899))
+        }
+        e => panic!("{e}"),
+    }
+    // Nothing is left behind, and the next attach maps the window.
+    assert_eq!(b.live(), [0; 5]);
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap();
+    v.free(&mut r);
+    r.finalize().unwrap();
+}
+
+#[test]
 fn a_cann_of_another_major_version_is_refused_naming_both() {
     let b = Onboard::new();
     b.install.set_value("version_major", 9).unwrap();

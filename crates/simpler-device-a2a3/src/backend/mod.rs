@@ -276,8 +276,9 @@ pub(crate) trait Backend: Send + fmt::Debug {
     /// The register table of every launch: one control-window address per physical AICore
     /// core id, at least `PHYSICAL_CORE_LIMIT` entries (0 for an id without a window). The
     /// AICPU program finds a core's window by the physical id the core reports at its
-    /// handshake.
-    fn register_table(&self) -> Vec<u64>;
+    /// handshake. Onboard, a device that maps no control window is an init error of the
+    /// `QueryCores` step: without one no run could dispatch.
+    fn register_table(&self) -> Result<Vec<u64>, DeviceError>;
 
     /// Launches the AICore kernel on `3 * block_dim` cores with the `KernelArgs` at `args`.
     fn launch_aicore(&mut self, block_dim: u32, args: u64) -> Result<LaunchHandle, AclCode>;

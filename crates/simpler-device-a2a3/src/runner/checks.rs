@@ -44,7 +44,7 @@ impl Core {
         // The register table every run uses (P9); each resource slot allocates its own
         // KernelArgs block (P16) on its first run.
         if self.regs_table.is_none() {
-            let table = self.backend.register_table();
+            let table = self.backend.register_table()?;
             let bytes: &[u8] = bytemuck::cast_slice(&table);
             let len = bytes.len() as u64;
             // What the device refused keeps its typed error.

@@ -662,7 +662,7 @@ impl Backend for OnboardDevice {
         c
     }
 
-    fn register_table(&self) -> Vec<u64> {
+    fn register_table(&self) -> Result<Vec<u64>, DeviceError> {
         // The AICore control window: AIC core i at base + i·8 MiB, its two AIV cores at
         // base + i·8 MiB + (j + 1)·1 MiB; AIC entries first, then AIV.
         let mut input =
@@ -679,13 +679,9 @@ impl Backend for OnboardDevice {
                 &mut out_len,
             )
         };
-        let base = match self.ctx.check("halMemCtl", ret) {
-            Ok(()) => out.ptr,
-            Err(e) => {
-                tracing::warn!(device = self.ctx.device, error = %e, "no AICore control window");
-                0
-            }
-        };
+        // Without the window the AICPU cannot dispatch to any core: every run would time out.
+        self.ctx.check("halMemCtl", ret).map_err(|e| acl(Some(InitStep::QueryCores), e))?;
+        let base = out.ptr;
         // A window CANN placed so high that a core's offset leaves the address space is as
         // good as none for that core.
         let at = |offset: u64| if base == 0 { 0 } else { base.checked_add(offset).unwrap_or(0) };
@@ -693,7 +689,7 @@ impl Backend for OnboardDevice {
         let aiv = (0..AIC_CORES)
             .flat_map(|i| (0..2).map(move |j| (i, j)))
             .map(|(i, j)| at((i << 23) + ((j + 1) << 20)));
-        aic.chain(aiv).collect()
+        Ok(aic.chain(aiv).collect())
     }
 
     fn launch_aicore(&mut self, block_dim: u32, args: u64) -> Result<LaunchHandle, AclCode> {

@@ -749,11 +749,11 @@ impl Backend for SimDevice {
         self.shared.memory.counts()
     }
 
-    fn register_table(&self) -> Vec<u64> {
+    fn register_table(&self) -> Result<Vec<u64>, DeviceError> {
         // A simulated core's physical id is its core index.
         let mut table: Vec<u64> = self.shared.regs.iter().map(RegBlock::window_base).collect();
         table.resize(table.len().max(PHYSICAL_CORE_LIMIT as usize), 0);
-        table
+        Ok(table)
     }
 
     fn launch_aicore(&mut self, block_dim: u32, args: u64) -> Result<LaunchHandle, AclCode> {
