@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use simpler_tensormap::{Access, ByteSpan, TensorKey, footprint};
+use simpler_tensormap::{Access, ByteSpan, TensorKey};
 use simpler_types::{
     CallConfig, CallableId, CallableKind, CancelReason, RunFailure, SlotId, TaskArgs, TaskFailure,
     TaskId, TaskState, WorkerId, WorkerType,
@@ -195,16 +195,16 @@ impl RunBuilder<'_> {
                 if target.is_none() && t.is_child_memory() {
                     return Err(SchedError::ChildMemoryOnSubTask { member, arg });
                 }
-                // A footprint can only fail for child memory without a target, which check 10
-                // has just refused; map it to the same error should that ever change.
-                let access = Access::of_view(tag, t);
-                let fp = if access.is_some() {
-                    footprint(t, target)
+                // A key can only fail for child memory without a target, which check 10 has
+                // just refused; map it to the same error should that ever change.
+                let spanned = Access::of_view_spanned(tag, t);
+                let fp = match spanned {
+                    Some((_, span)) => TensorKey::for_tensor(t, target)
                         .map_err(|_| SchedError::ChildMemoryOnSubTask { member, arg })?
-                } else {
-                    None
+                        .map(|key| (key, span)),
+                    None => None,
                 };
-                if let (Some(access), Some((key, span))) = (access, fp) {
+                if let (Some((access, _)), Some((key, span))) = (spanned, fp) {
                     orch.tracked.push(Tracked { access, key, span });
                 }
                 if let (true, Some((key, span))) = (tag.writes(), fp) {

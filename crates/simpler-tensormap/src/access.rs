@@ -2,6 +2,8 @@
 
 use simpler_types::{Tensor, TensorArgType};
 
+use crate::ByteSpan;
+
 /// How a task touches a footprint: which earlier entries it must order after
 /// ([`TensorMap::dependencies`](crate::TensorMap::dependencies)) and which entry it leaves
 /// behind ([`TensorMap::record`](crate::TensorMap::record)).
@@ -59,6 +61,21 @@ impl Access {
         }
     }
 
+    /// [`of_view`](Self::of_view) together with the bytes the map covers the view by
+    /// ([`ByteSpan::of_tensor`]), the view's span computed once; `None` when either is (`NoDep`,
+    /// a null or empty view): what a submit needs of each tensor argument.
+    ///
+    /// [`ByteSpan::of_tensor`]: crate::ByteSpan::of_tensor
+    pub fn of_view_spanned(tag: TensorArgType, t: &Tensor) -> Option<(Access, ByteSpan)> {
+        let access = Access::of(tag)?;
+        let (span, exact) = ByteSpan::measure(t)?;
+        let access = match access {
+            Access::Overwrite if !t.contiguous() || !exact => Access::Scatter,
+            access => access,
+        };
+        Some((access, span))
+    }
+
     /// Whether the access orders after earlier writers: `Read` and `Update`.
     pub const fn after_writers(self) -> bool {
         matches!(self, Access::Read | Access::Update)
@@ -91,6 +108,29 @@ mod tests {
         ];
         for (tag, access) in table {
             assert_eq!(Access::of(tag), access, "{tag}");
+        }
+    }
+
+    #[test]
+    fn of_view_spanned_is_of_view_and_of_tensor_together() {
+        use TensorArgType::*;
+        let m = Tensor::external(0x1000, &[4, 8], simpler_types::DataType::Float32).unwrap();
+        let mut unmeasurable = m;
+        unmeasurable.dtype = 0xEE;
+        let views = [
+            m,
+            m.view(&[1, 8], &[2, 0]).unwrap(),
+            m.slice(1, 0, 8, 2).unwrap(),
+            m.transpose(0, 1).unwrap(),
+            unmeasurable,
+            Tensor::external(0, &[8], simpler_types::DataType::Float32).unwrap(),
+            Tensor::external(0x2000, &[0], simpler_types::DataType::Float32).unwrap(),
+        ];
+        for t in &views {
+            for tag in [Input, Output, OutputExisting, InOut, NoDep] {
+                let apart = Access::of_view(tag, t).zip(ByteSpan::of_tensor(t));
+                assert_eq!(Access::of_view_spanned(tag, t), apart, "{tag} on {t:?}");
+            }
         }
     }
 

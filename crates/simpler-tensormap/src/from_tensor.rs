@@ -51,12 +51,18 @@ impl ByteSpan {
     /// anyway, a too-wide span costs an extra dependency where a missing one would cost a race
     /// (its overwrite is a [`Scatter`](crate::Access::Scatter), which supersedes nothing).
     pub fn of_tensor(t: &Tensor) -> Option<ByteSpan> {
+        ByteSpan::measure(t).map(|(span, _)| span)
+    }
+
+    /// [`of_tensor`](Self::of_tensor)'s span and whether it is the view's own (`false`: the
+    /// fallback to the end of the address space).
+    pub(crate) fn measure(t: &Tensor) -> Option<(ByteSpan, bool)> {
         if t.is_null() || t.numel() == 0 {
             return None;
         }
         match t.byte_span() {
-            Some((start, end)) => ByteSpan::new(start, end),
-            None => Some(ByteSpan { start: t.addr.min(u64::MAX - 1), end: u64::MAX }),
+            Some((start, end)) => ByteSpan::new(start, end).map(|span| (span, true)),
+            None => Some((ByteSpan { start: t.addr.min(u64::MAX - 1), end: u64::MAX }, false)),
         }
     }
 }

@@ -45,9 +45,8 @@ impl Accesses {
         let empty = Access { key: 0, span: ByteSpan { start: 0, end: 0 }, mode: AccessMode::Read };
         let mut out = Accesses { items: [empty; MAX_ACCESSES], len: 0 };
         let tracked = tensors.iter().zip(tags).filter_map(|(t, &tag)| {
-            let access = tracked_as(t, tag)?;
-            let span = ByteSpan::of_tensor(t)?;
-            Some(Access { key: t.addr, span, mode: access.into() })
+            let (access, span) = MapAccess::of_view_spanned(tag, t)?;
+            (!t.is_manual_dep()).then(|| Access { key: t.addr, span, mode: access.into() })
         });
         for (i, a) in tracked.enumerate() {
             match out.items.get_mut(i) {
