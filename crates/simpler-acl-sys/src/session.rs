@@ -124,30 +124,22 @@ impl Cann {
     pub fn acl_session(&self) -> Result<AclSession<'_>, Error> {
         let key = self.acl_key()?;
         let mut sessions = SESSIONS.lock();
-        let at = sessions.iter().position(|e| e.key == key);
-        if !at.is_some_and(|at| sessions[at].initialised) {
-            // SAFETY: a null configuration path is allowed (CANN's defaults).
-            let code = unsafe { self.aclInit(std::ptr::null()) }?;
-            let finalizes = match code {
-                0 => true,
-                ACL_ERROR_REPEAT_INITIALIZE => false,
-                _ => return Err(Error::Acl(self.error("aclInit", code))),
-            };
-            match at {
-                Some(at) => {
-                    sessions[at].initialised = true;
-                    sessions[at].finalizes = finalizes;
-                }
-                None => sessions.push(Entry {
-                    key,
-                    sessions: 0,
-                    holds: 0,
-                    initialised: true,
-                    finalizes,
-                }),
+        let at = match sessions.iter().position(|e| e.key == key) {
+            Some(at) if sessions[at].initialised => at,
+            found => {
+                // SAFETY: a null configuration path is allowed (CANN's defaults).
+                let code = unsafe { self.aclInit(std::ptr::null()) }?;
+                let finalizes = match code {
+                    0 => true,
+                    ACL_ERROR_REPEAT_INITIALIZE => false,
+                    _ => return Err(Error::Acl(self.error("aclInit", code))),
+                };
+                let at = found.unwrap_or_else(|| new_entry(&mut sessions, key));
+                (sessions[at].initialised, sessions[at].finalizes) = (true, finalizes);
+                at
             }
-        }
-        count_in(&mut sessions, key, Lease::Session);
+        };
+        sessions[at].sessions = sessions[at].sessions.saturating_add(1);
         Ok(AclSession { cann: self, key })
     }
 
@@ -162,16 +154,11 @@ impl Cann {
     pub fn acl_hold(self: &Arc<Self>) -> Result<AclHold, Error> {
         let key = self.acl_key()?;
         let mut sessions = SESSIONS.lock();
-        if !sessions.iter().any(|e| e.key == key) {
-            sessions.push(Entry {
-                key,
-                sessions: 0,
-                holds: 0,
-                initialised: false,
-                finalizes: false,
-            });
-        }
-        count_in(&mut sessions, key, Lease::Hold);
+        let at = match sessions.iter().position(|e| e.key == key) {
+            Some(at) => at,
+            None => new_entry(&mut sessions, key),
+        };
+        sessions[at].holds = sessions[at].holds.saturating_add(1);
         Ok(AclHold { cann: Arc::clone(self), key, ended: false })
     }
 
@@ -183,14 +170,10 @@ impl Cann {
     }
 }
 
-/// Counts one more `lease` in the entry of `key`, which exists.
-fn count_in(sessions: &mut [Entry], key: usize, lease: Lease) {
-    let entry = sessions.iter_mut().find(|e| e.key == key);
-    debug_assert!(entry.is_some(), "no ACL session entry to count in");
-    if let Some(entry) = entry {
-        let count = entry.count(lease);
-        *count = count.saturating_add(1);
-    }
+/// Appends an entry of `key` that counts nothing and knows ACL not initialised; its index.
+fn new_entry(sessions: &mut Vec<Entry>, key: usize) -> usize {
+    sessions.push(Entry { key, sessions: 0, holds: 0, initialised: false, finalizes: false });
+    sessions.len() - 1
 }
 
 /// Counts a `lease` of `key` out (protocol step 4).
