@@ -113,4 +113,4 @@ pub use loader::{
     Candidate, Cann, CannVersion, FunctionInfo, Library, OpenScope, PINNED_CANN_RELEASE, Probe,
     SUPPORTED_MAJOR_VERSION, SearchConfig,
 };
-pub use session::{AclHold, AclSession};
+pub use session::{AclHold, AclLibrary, AclSession};

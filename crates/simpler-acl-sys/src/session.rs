@@ -237,7 +237,24 @@ impl fmt::Debug for AclHold {
     }
 }
 
+/// Which loaded ACL library a hold is on: holds on one library (every loader that opened it)
+/// compare equal, holds on distinct copies do not. Stable while the hold lives, which keeps its
+/// library loaded; a library loaded later may get the same value.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AclLibrary(usize);
+
+impl fmt::Debug for AclLibrary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AclLibrary({:#x})", self.0)
+    }
+}
+
 impl AclHold {
+    /// The library this hold is on.
+    pub fn library(&self) -> AclLibrary {
+        AclLibrary(self.key)
+    }
+
     /// Ends the hold; the last session or hold of its library finalizes ACL if a session of
     /// the project initialised it.
     ///

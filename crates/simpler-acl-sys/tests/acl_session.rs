@@ -81,6 +81,19 @@ fn installs_have_sessions_of_their_own() {
 }
 
 #[test]
+fn holds_name_their_library_alike_through_every_loader_and_apart_across_installs() {
+    let (a, b) = (FakeInstall::standard().unwrap(), FakeInstall::standard().unwrap());
+    let (one, two) = (Arc::new(a.cann()), Arc::new(a.cann()));
+    let (hold_one, hold_two) = (one.acl_hold().unwrap(), two.acl_hold().unwrap());
+    let hold_b = Arc::new(b.cann()).acl_hold().unwrap();
+    assert_eq!(hold_one.library(), hold_two.library(), "one library, two loaders");
+    assert_ne!(hold_one.library(), hold_b.library(), "two installs taken for one library");
+    for hold in [hold_one, hold_two, hold_b] {
+        hold.end().unwrap();
+    }
+}
+
+#[test]
 fn a_failed_acl_init_is_returned_and_leaves_no_session_behind() {
     let install = FakeInstall::standard().unwrap();
     let cann = install.cann();

@@ -7,8 +7,8 @@
 //! the force reset it leads to, a run still launched at finalize keeps every tracked
 //! allocation until the force reset passed (leaked when it never does), two runners
 //! force-resetting at once never finalize ACL under each other, one chip's force reset leaves
-//! ACL initialised for another chip's runner still attached, and a refused `aclInit` is
-//! finalize's error only when no force reset passes.
+//! ACL initialised for another chip's runner still attached, a refused `aclInit` is
+//! finalize's error only when no force reset passes, and a device has one runner at a time.
 
 mod common;
 
@@ -19,7 +19,7 @@ use common::standin::{
     AddRun, Onboard, add_callable, add_object_callable, codes, count, names, position,
 };
 use simpler_acl_sys::standin::Call;
-use simpler_device_a2a3::{ActiveRun, DeviceError, DeviceRunner, RunRequest};
+use simpler_device_a2a3::{ActiveRun, DeviceError, DeviceRunner, InitFailure, RunRequest};
 use simpler_types::{CallConfig, RunId};
 
 fn succeeded(log: &[Call], funcs: &[&str]) -> usize {
@@ -545,4 +545,48 @@ fn a_failed_acl_init_fails_finalize_only_when_every_force_reset_fails_too() {
             Err(other) => panic!("not the aclInit failure: {other:?}"),
         }
     }
+}
+
+#[test]
+fn a_second_runner_on_an_attached_device_is_refused_until_the_first_is_finalized() {
+    let b = Onboard::new();
+    let mut first = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = first.register_callable(&add_callable()).unwrap();
+    b.log();
+    // A force reset of either runner would release the other's handles: refused before any
+    // call on the device.
+    let refused = DeviceRunner::attach(b.options(0)).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            DeviceError::Init { failure: InitFailure::DeviceAttached { device: 0 }, .. }
+        ),
+        "{refused:?}"
+    );
+    let log = b.log();
+    assert_eq!(
+        binds_and_resets(&log),
+        (0, 0),
+        "the refused attach used the device: {:?}",
+        names(&log)
+    );
+    assert_eq!(count(&log, "aclFinalize"), 0, "{:?}", names(&log));
+
+    // The first runner is untouched by the refusal.
+    let v = AddRun::new(&mut first);
+    first
+        .run(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &v.args, &CallConfig::default()))
+        .unwrap();
+    v.free(&mut first);
+    // Another device of the same CANN, and the same device of another copy of CANN, attach.
+    DeviceRunner::attach(b.options(1)).unwrap().finalize().unwrap();
+    let other = Onboard::new();
+    DeviceRunner::attach(other.options(0)).unwrap().finalize().unwrap();
+
+    first.finalize().unwrap();
+    let again = DeviceRunner::attach(b.options(0)).expect("the device is free after finalize");
+    again.finalize().unwrap();
+    // A runner dropped without finalize gives the device back too.
+    drop(DeviceRunner::attach(b.options(0)).unwrap());
+    DeviceRunner::attach(b.options(0)).unwrap().finalize().unwrap();
 }

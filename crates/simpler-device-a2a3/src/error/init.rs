@@ -62,6 +62,18 @@ pub enum InitFailure {
         /// The version found, if CANN reported one.
         found: Option<simpler_acl_sys::CannVersion>,
     },
+    /// The device already has a runner in this process (it may attach again once that one
+    /// is finalized): a force reset of either would release the other's memory, streams and
+    /// programs.
+    #[cfg(feature = "onboard")]
+    #[error(
+        "device {device} already has a runner in this process: finalize that one first, or \
+         attach this one to another device"
+    )]
+    DeviceAttached {
+        /// The device id.
+        device: u32,
+    },
     /// A CANN failure of a kind other than a load or call failure (the source).
     #[cfg(feature = "onboard")]
     #[error("{0}")]

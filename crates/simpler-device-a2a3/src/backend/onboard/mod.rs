@@ -29,6 +29,7 @@
 //!    reset finalizes ACL while this one is attached; the last hold or session of the process
 //!    finalizes it, if a session of the project initialised it.
 
+mod claim;
 mod manifest;
 mod memory;
 mod owners;
@@ -50,6 +51,7 @@ use simpler_acl_sys::types::{
 };
 use simpler_acl_sys::{AclHold, Cann, Error as CannError};
 
+use self::claim::DeviceClaim;
 pub use self::manifest::ENV_ONBOARD_ARTIFACTS;
 use self::memory::{Allocation, Allocations, KernelText};
 use self::owners::{DeviceBuffer, Event, HostMapping, Stream, code_of};
@@ -194,6 +196,8 @@ pub(crate) struct OnboardDevice {
     /// or a SoC-name query), which would end it under this runner's device; ended at finalize,
     /// after the runner's last CANN call.
     acl: Option<AclHold>,
+    /// The device, claimed for this runner alone until its last device reset (`claim`).
+    claim: Option<DeviceClaim>,
     /// The finalize error, taken by the runner.
     error: Option<DeviceError>,
     shut_down: bool,
@@ -234,6 +238,14 @@ impl OnboardDevice {
             rule: "must fit a CANN device id (i32)".into(),
         })?;
         let hold = cann.acl_hold().map_err(|e| acl(Some(InitStep::BindDevice), e))?;
+        // Before any call on the device: a refused attach must not touch another runner's.
+        let Some(claim) = DeviceClaim::take(hold.library(), device) else {
+            return Err(DeviceError::Init {
+                run_id: None,
+                step: InitStep::BindDevice,
+                failure: InitFailure::DeviceAttached { device: opts.device_id },
+            });
+        };
         let ctx = owners::Ctx::new(cann, device);
         if std::env::var_os("ASCEND_GLOBAL_LOG_LEVEL").is_none() {
             // SAFETY: plain integer arguments; -1 = every module.
@@ -252,6 +264,7 @@ impl OnboardDevice {
             aicore: None,
             allocations: Arc::new(Mutex::new(BTreeMap::new())),
             acl: Some(hold),
+            claim: Some(claim),
             error: None,
             shut_down: false,
         };
@@ -910,8 +923,10 @@ impl Backend for OnboardDevice {
         let (reset, forced_back) = self.reset_device();
         self.forget_after_reset(held, forced_back);
         let first = self.ctx.take_deferred().or(unbound).map(|e| acl(None, e));
-        // The runner makes no CANN call after its reset: the last hold or session of the
-        // process finalizes ACL, if the project initialised it.
+        // The runner makes no CANN call on its device after its reset: another may attach.
+        self.claim = None;
+        // Nor any CANN call at all: the last hold or session of the process finalizes ACL, if
+        // the project initialised it.
         let ended = self.acl.take().map_or(Ok(()), AclHold::end).map_err(|e| acl(None, e));
         self.error = first.or(reset.err()).or(ended.err());
         Vec::new()
