@@ -68,6 +68,7 @@ fn failed_aicore_launch_is_typed_poisons_and_launches_no_aicpu() {
         ),
         "{err}"
     );
+    assert!(err.to_string().ends_with("the fault plan refused the AICore launch"), "{err}");
     let s = r.stats();
     assert_eq!(
         s.aicpu_launches, before.aicpu_launches,

@@ -349,6 +349,12 @@ fn prepared(b: &Onboard) -> (DeviceRunner, simpler_device_a2a3::ChipSlot, AddRun
     (r, slot, v, s)
 }
 
+/// The CANN call a launch error's typed source names, and its code.
+fn refusing_call(err: &DeviceError) -> (&'static str, i32) {
+    let acl = acl_source(err).expect("a launch refusal without its CANN error");
+    (acl.func, acl.code)
+}
+
 #[test]
 fn a_failed_aicore_launch_drains_once_marks_unusable_and_never_launches_the_aicpu() {
     let b = Onboard::new();
@@ -358,12 +364,13 @@ fn a_failed_aicore_launch_drains_once_marks_unusable_and_never_launches_the_aicp
     let err =
         r.run(&RunRequest::new(run_id(3), slot, &v.args, &CallConfig::default())).unwrap_err();
     match &err {
-        DeviceError::Launch { run_id: id, kernel: KernelKind::AiCore, code } => {
+        DeviceError::Launch { run_id: id, kernel: KernelKind::AiCore, code, .. } => {
             assert_eq!((*id, code.get()), (run_id(3), 207_001));
         }
         e => panic!("{e}"),
     }
     assert!(err.to_string().contains("ACL_ERROR_RT_MEMORY_ALLOCATION"), "{err}");
+    assert_eq!(refusing_call(&err), ("rtKernelLaunchWithHandleV2", 207_001), "{err:?}");
     let log = b.log();
     let l2 = position(&log, "rtKernelLaunchWithHandleV2");
     assert_eq!(log[l2].ret, 207_001);
@@ -391,6 +398,7 @@ fn a_failed_aicpu_launch_drains_once_and_marks_unusable() {
         r.run(&RunRequest::new(run_id(4), slot, &v.args, &CallConfig::default())).unwrap_err();
     assert!(matches!(err, DeviceError::Launch { kernel: KernelKind::Aicpu, .. }), "{err}");
     assert!(err.to_string().contains("ACL_ERROR_RT_AICPU_EXCEPTION"), "{err}");
+    assert_eq!(refusing_call(&err), ("rtsLaunchCpuKernel", 507_018), "{err:?}");
     let log = b.log();
     assert!(position(&log, "rtKernelLaunchWithHandleV2") < position(&log, "rtsLaunchCpuKernel"));
     assert_eq!(count(&log, "aclrtSynchronizeDeviceWithTimeout"), 1);
@@ -1067,10 +1075,11 @@ fn a_stream_wait_that_fails_to_enqueue_fails_the_launch_it_frames() {
     // Run 2's AICore stream must wait for run 1's AICPU end: the second stream wait overall.
     let err = second_launch_with_failing("aclrtStreamWaitEvent", 2);
     assert!(
-        matches!(err, DeviceError::Launch { run_id: id, kernel: KernelKind::AiCore, code }
+        matches!(err, DeviceError::Launch { run_id: id, kernel: KernelKind::AiCore, code, .. }
             if id == run_id(2) && code.get() == 507_899),
         "{err}"
     );
+    assert_eq!(refusing_call(&err), ("aclrtStreamWaitEvent", 507_899), "{err:?}");
 }
 
 #[test]
@@ -1078,10 +1087,11 @@ fn an_event_that_fails_to_record_fails_the_launch_it_frames() {
     // Run 1 records four events; run 2's AICore end, after its AICore kernel, is the sixth.
     let err = second_launch_with_failing("aclrtRecordEvent", 6);
     assert!(
-        matches!(err, DeviceError::Launch { run_id: id, kernel: KernelKind::Aicpu, code }
+        matches!(err, DeviceError::Launch { run_id: id, kernel: KernelKind::Aicpu, code, .. }
             if id == run_id(2) && code.get() == 507_899),
         "{err}"
     );
+    assert_eq!(refusing_call(&err), ("aclrtRecordEvent", 507_899), "{err:?}");
 }
 
 #[test]

@@ -70,7 +70,8 @@ pub(crate) struct MemoryCounts {
     pub(crate) runtime_bytes: u64,
 }
 
-/// A stream's sticky error.
+/// A stream's sticky error, or why a call that enqueues on a stream (a launch, an event record,
+/// an event wait) was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct StreamFault {
     /// The device code of the failed entry.
@@ -281,10 +282,10 @@ pub(crate) trait Backend: Send + fmt::Debug {
     fn register_table(&self) -> Result<Vec<u64>, DeviceError>;
 
     /// Launches the AICore kernel on `3 * block_dim` cores with the `KernelArgs` at `args`.
-    fn launch_aicore(&mut self, block_dim: u32, args: u64) -> Result<LaunchHandle, AclCode>;
+    fn launch_aicore(&mut self, block_dim: u32, args: u64) -> Result<LaunchHandle, StreamFault>;
 
     /// Launches the AICPU `exec` entry on `threads` threads with the `KernelArgs` at `args`.
-    fn launch_aicpu(&mut self, threads: u32, args: u64) -> Result<LaunchHandle, AclCode>;
+    fn launch_aicpu(&mut self, threads: u32, args: u64) -> Result<LaunchHandle, StreamFault>;
 
     /// Waits at most `timeout` for every entry enqueued on `stream` so far; `op_execute` is
     /// the per-launch AICore budget.
@@ -298,15 +299,15 @@ pub(crate) trait Backend: Send + fmt::Debug {
     /// The state of `stream`, without blocking.
     fn query(&self, stream: StreamKind, op_execute: Duration) -> StreamStatus;
 
-    /// Records an event on `stream`; `Err` with the device's code when it could not be
-    /// recorded (the runner then treats the launch it frames as failed).
-    fn record_event(&mut self, stream: StreamKind) -> Result<EventHandle, AclCode>;
+    /// Records an event on `stream`; `Err` when it could not be recorded (the runner then
+    /// treats the launch it frames as failed).
+    fn record_event(&mut self, stream: StreamKind) -> Result<EventHandle, StreamFault>;
 
     /// Makes the entries enqueued on `stream` after this call wait until `event` completed; a
     /// failed `event` puts `stream` into the same sticky error, so nothing behind the wait
-    /// runs. `Err` with the device's code when the wait could not be enqueued, or
-    /// [`AclCode::INTERNAL_ERROR`] when `event` was not recorded by this backend.
-    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> Result<(), AclCode>;
+    /// runs. `Err` when the wait could not be enqueued, or with [`AclCode::INTERNAL_ERROR`]
+    /// when `event` was not recorded by this backend.
+    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> Result<(), StreamFault>;
 
     /// The state of `event`, without blocking; `op_execute` is the per-launch AICore budget
     /// (an overdue AICore entry fails its stream, as in `query`).

@@ -169,8 +169,9 @@ pub enum DeviceError {
         /// The latched status.
         fault: Box<RuntimeFault>,
     },
-    /// A kernel launch was refused; the device is unusable afterwards.
-    #[error("{run_id}: device fault: {kernel} launch refused with {code}")]
+    /// A kernel launch (or an event that frames it on a queueing device) was refused; the
+    /// device is unusable afterwards.
+    #[error("{run_id}: device fault: {kernel} launch refused with {code}{}", fmt_why(message))]
     Launch {
         /// The run.
         run_id: RunId,
@@ -178,6 +179,13 @@ pub enum DeviceError {
         kernel: KernelKind,
         /// The device code.
         code: AclCode,
+        /// Why, in words; empty when the typed CANN error below (the source) says it.
+        message: String,
+        /// Onboard: the CANN call that refused it, with its code, name and CANN's recent
+        /// message.
+        #[cfg(feature = "onboard")]
+        #[source]
+        acl: Option<Box<simpler_acl_sys::AclError>>,
     },
     /// A budget expired (stream sync on both backends; op execute on the simulator).
     #[error(
@@ -576,6 +584,10 @@ fn fmt_origin(origin: &Option<TaskId>) -> String {
 
 fn fmt_limit(limit: &Option<u64>) -> String {
     limit.map(|l| format!(" (memory limit {l} bytes)")).unwrap_or_default()
+}
+
+fn fmt_why(message: &str) -> String {
+    if message.is_empty() { String::new() } else { format!(": {message}") }
 }
 
 fn fmt_runtime(runtime: &Option<Box<RuntimeFault>>) -> String {

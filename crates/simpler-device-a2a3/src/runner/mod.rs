@@ -96,7 +96,7 @@ use crate::abi::ABI_VERSION;
 use crate::abi::codes::AclCode;
 use crate::abi::launch::KernelArgs;
 use crate::aicpu::view::HostImageView;
-use crate::backend::{AllocFailure, Backend, EventHandle, LaunchHandle};
+use crate::backend::{AllocFailure, Backend, EventHandle, LaunchHandle, StreamFault};
 use crate::diag::{DiagPlan, Exporter, Outcome};
 use crate::error::{
     DeviceError, KernelKind, MemPurpose, PoisonCause, PoisonStep, RuntimeFault, StreamKind,
@@ -700,7 +700,7 @@ impl Core {
         // acknowledgement, so this run's cores must not start before that.
         let begin_core = match queued.then(|| self.frame_aicore()).transpose() {
             Ok(begin_core) => begin_core,
-            Err(code) => return Err(self.launch_failed(run, KernelKind::AiCore, code)),
+            Err(fault) => return Err(self.launch_failed(run, KernelKind::AiCore, fault)),
         };
         // L2: AICore first.
         match self.backend.launch_aicore(run.block_dim, args) {
@@ -708,23 +708,23 @@ impl Core {
                 self.stats.aicore_launches += 1;
                 run.aicore = Some(l);
             }
-            Err(code) => return Err(self.launch_failed(run, KernelKind::AiCore, code)),
+            Err(fault) => return Err(self.launch_failed(run, KernelKind::AiCore, fault)),
         }
         // The AICPU starts only once the AICore kernel started (its launch resets the cores'
         // DATA_MAIN_BASE, which would erase what the AICPU publishes).
         let framed = match begin_core.map(|b| self.frame_aicpu(b)).transpose() {
             Ok(framed) => framed,
-            Err(code) => return Err(self.launch_failed(run, KernelKind::Aicpu, code)),
+            Err(fault) => return Err(self.launch_failed(run, KernelKind::Aicpu, fault)),
         };
         // L3: then AICPU.
         match self.backend.launch_aicpu(run.threads, args) {
             Ok(_) => self.stats.aicpu_launches += 1,
-            Err(code) => return Err(self.launch_failed(run, KernelKind::Aicpu, code)),
+            Err(fault) => return Err(self.launch_failed(run, KernelKind::Aicpu, fault)),
         }
         if let Some((begin_core, end_core, begin_cpu)) = framed {
             let end_cpu = match self.backend.record_event(StreamKind::Aicpu) {
                 Ok(e) => e,
-                Err(code) => return Err(self.launch_failed(run, KernelKind::Aicpu, code)),
+                Err(fault) => return Err(self.launch_failed(run, KernelKind::Aicpu, fault)),
             };
             self.last_aicpu_end = Some(Arc::clone(&end_cpu));
             run.events =
@@ -735,7 +735,7 @@ impl Core {
 
     /// A queued run's AICore stream waits for the previous run's AICPU end, then records the
     /// run's AICore begin.
-    fn frame_aicore(&mut self) -> Result<EventHandle, AclCode> {
+    fn frame_aicore(&mut self) -> Result<EventHandle, StreamFault> {
         if let Some(prev) = self.last_aicpu_end.take() {
             self.backend.wait_event(StreamKind::AiCore, &prev)?;
         }
@@ -747,23 +747,25 @@ impl Core {
     fn frame_aicpu(
         &mut self,
         begin_core: EventHandle,
-    ) -> Result<(EventHandle, EventHandle, EventHandle), AclCode> {
+    ) -> Result<(EventHandle, EventHandle, EventHandle), StreamFault> {
         let end_core = self.backend.record_event(StreamKind::AiCore)?;
         self.backend.wait_event(StreamKind::Aicpu, &begin_core)?;
         let begin_cpu = self.backend.record_event(StreamKind::Aicpu)?;
         Ok((begin_core, end_core, begin_cpu))
     }
 
-    /// A launch step of `kernel` failed with `code`: the device is poisoned (whatever of the
-    /// run is already on its streams must not be taken for a healthy run), the terminal
-    /// cleanup runs, and the error names the kernel — unless a run ahead already failed
+    /// A launch step of `kernel` was refused with `fault`: the device is poisoned (whatever of
+    /// the run is already on its streams must not be taken for a healthy run), the terminal
+    /// cleanup runs, and the error names the kernel, the code and why (onboard, the CANN call
+    /// that refused it, typed) — unless a run ahead already failed
     /// ([`abandoned_at_launch`](Core::abandoned_at_launch)).
     fn launch_failed(
         &mut self,
         run: &mut RunState,
         kernel: KernelKind,
-        code: AclCode,
+        fault: StreamFault,
     ) -> DeviceError {
+        let code = fault.code;
         let (step, outcome) = match kernel {
             KernelKind::AiCore => (PoisonStep::LaunchAiCore, Outcome::FailedBeforeLaunch),
             KernelKind::Aicpu => (PoisonStep::LaunchAicpu, Outcome::FailedAfterLaunch),
@@ -773,7 +775,19 @@ impl Core {
         }
         self.recover_or_mark_unusable(run.run_id, run.launch_seq, step, code, None);
         self.finish(run, outcome);
-        DeviceError::Launch { run_id: run.run_id, kernel, code }
+        // A typed CANN error is the source and says why itself.
+        #[cfg(feature = "onboard")]
+        let message = if fault.acl.is_some() { String::new() } else { fault.message };
+        #[cfg(not(feature = "onboard"))]
+        let message = fault.message;
+        DeviceError::Launch {
+            run_id: run.run_id,
+            kernel,
+            code,
+            message,
+            #[cfg(feature = "onboard")]
+            acl: fault.acl,
+        }
     }
 
     /// L1: every `aicore_done` of the launch reads 0 on the device, whatever the image held

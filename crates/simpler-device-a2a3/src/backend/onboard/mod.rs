@@ -406,14 +406,19 @@ impl OnboardDevice {
     /// failed is left to the next call that reports it as itself (`DeviceError::Acl`): as a
     /// launch failure it would mark the device unusable for a fault of no launch's, and a run
     /// whose AICore half was launched would lose its AICPU half.
-    fn launch_args(&self) -> Result<(), AclCode> {
-        self.bind().map_err(|e| AclCode(code_of(&e)))
+    fn launch_args(&self) -> Result<(), StreamFault> {
+        self.bind().map_err(stream_fault)
     }
 
-    fn launch_failed(&mut self, e: CannError) -> AclCode {
+    fn launch_failed(&mut self, e: CannError) -> StreamFault {
         tracing::error!(device = self.ctx.device, error = %e, "launch refused");
         self.poison();
-        AclCode(code_of(&e))
+        stream_fault(e)
+    }
+
+    /// A step that needs what an earlier init step builds ran without it.
+    fn missing(what: &str) -> StreamFault {
+        StreamFault::new(AclCode::INTERNAL_ERROR, format!("the {what} do not exist"))
     }
 
     /// The live CANN event behind `event`, with this thread bound; an event of another
@@ -705,10 +710,10 @@ impl Backend for OnboardDevice {
         Ok(aic.chain(aiv).collect())
     }
 
-    fn launch_aicore(&mut self, block_dim: u32, args: u64) -> Result<LaunchHandle, AclCode> {
+    fn launch_aicore(&mut self, block_dim: u32, args: u64) -> Result<LaunchHandle, StreamFault> {
         self.launch_args()?;
         let (Some(streams), Some(bin)) = (&self.streams, &self.aicore) else {
-            return Err(AclCode::INTERNAL_ERROR);
+            return Err(Self::missing("streams or the registered AICore executor"));
         };
         // One 8-byte argument: the device address of `KernelArgs`.
         let mut arg = args;
@@ -743,10 +748,10 @@ impl Backend for OnboardDevice {
         }
     }
 
-    fn launch_aicpu(&mut self, threads: u32, args: u64) -> Result<LaunchHandle, AclCode> {
+    fn launch_aicpu(&mut self, threads: u32, args: u64) -> Result<LaunchHandle, StreamFault> {
         self.launch_args()?;
         let (Some(streams), Some(programs)) = (&self.streams, &self.programs) else {
-            return Err(AclCode::INTERNAL_ERROR);
+            return Err(Self::missing("streams or the loaded AICPU program"));
         };
         let mut bytes = args.to_le_bytes().to_vec();
         let mut cpu = cpu_args(&mut bytes);
@@ -799,9 +804,9 @@ impl Backend for OnboardDevice {
         StreamStatus::Busy
     }
 
-    fn record_event(&mut self, stream: StreamKind) -> Result<EventHandle, AclCode> {
-        self.bind().map_err(|e| AclCode(code_of(&e)))?;
-        let s = self.stream(stream).ok_or(AclCode::INTERNAL_ERROR)?;
+    fn record_event(&mut self, stream: StreamKind) -> Result<EventHandle, StreamFault> {
+        self.bind().map_err(stream_fault)?;
+        let s = self.stream(stream).ok_or_else(|| Self::missing("streams"))?;
         match Event::record(&self.ctx, s) {
             Ok(event) => Ok(Arc::new(OnboardEvent {
                 event: ManuallyDrop::new(event),
@@ -809,22 +814,25 @@ impl Backend for OnboardDevice {
             })),
             Err(e) => {
                 tracing::warn!(device = self.ctx.device, error = %e, "event not recorded");
-                Err(AclCode(code_of(&e)))
+                Err(stream_fault(e))
             }
         }
     }
 
-    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> Result<(), AclCode> {
+    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> Result<(), StreamFault> {
         let Ok(ours) = Arc::clone(event).into_any().downcast::<OnboardEvent>() else {
-            return Err(AclCode::INTERNAL_ERROR);
+            return Err(StreamFault::new(
+                AclCode::INTERNAL_ERROR,
+                "the event was not recorded by this device",
+            ));
         };
-        self.bind().map_err(|e| AclCode(code_of(&e)))?;
-        let s = self.stream(stream).ok_or(AclCode::INTERNAL_ERROR)?;
+        self.bind().map_err(stream_fault)?;
+        let s = self.stream(stream).ok_or_else(|| Self::missing("streams"))?;
         // SAFETY: both handles are live.
         let ret = unsafe { self.ctx.cann.aclrtStreamWaitEvent(s.raw(), ours.event.raw()) };
         self.ctx.check("aclrtStreamWaitEvent", ret).map_err(|e| {
             tracing::warn!(device = self.ctx.device, error = %e, "stream wait not enqueued");
-            AclCode(code_of(&e))
+            stream_fault(e)
         })
     }
 

@@ -595,6 +595,11 @@ fn sim_event(event: &EventHandle) -> Option<Arc<SimEvent>> {
     event.clone().into_any().downcast::<SimEvent>().ok()
 }
 
+/// A launch the simulated device refuses, as CANN refuses one: `LAUNCH_FAILED`, with why.
+fn refused(why: impl Into<String>) -> StreamFault {
+    StreamFault::new(AclCode::LAUNCH_FAILED, why)
+}
+
 fn foreign_event() -> StreamFault {
     StreamFault::new(AclCode::INTERNAL_ERROR, "the event was not recorded by this simulated device")
 }
@@ -756,14 +761,21 @@ impl Backend for SimDevice {
         Ok(table)
     }
 
-    fn launch_aicore(&mut self, block_dim: u32, args: u64) -> Result<LaunchHandle, AclCode> {
+    fn launch_aicore(&mut self, block_dim: u32, args: u64) -> Result<LaunchHandle, StreamFault> {
         if self.shared.faults.on_launch(KernelKind::AiCore) {
-            return Err(AclCode::LAUNCH_FAILED);
+            return Err(refused("the fault plan refused the AICore launch"));
         }
         // An entry of no cores would never complete, and hold its stream for good.
         let cores = block_dim.checked_mul(3).filter(|&n| n != 0 && n as usize <= MAX_LAUNCH_CORES);
-        let Some(cores) = cores else { return Err(AclCode::LAUNCH_FAILED) };
-        self.ensure_aicore_cores(cores).map_err(|_| AclCode::LAUNCH_FAILED)?;
+        let Some(cores) = cores else {
+            return Err(refused(format!(
+                "block_dim {block_dim} needs 1 to {} AICore cores per block",
+                MAX_LAUNCH_CORES / 3
+            )));
+        };
+        self.ensure_aicore_cores(cores).map_err(|e| {
+            refused(format!("the {cores} simulated AICore cores could not be started: {e}"))
+        })?;
         let entry = LaunchEntry::new(EntryKind::AiCore { block_dim }, args);
         #[cfg(test)]
         self.host_log.lock().push(HostCall::LaunchAiCore);
@@ -773,12 +785,17 @@ impl Backend for SimDevice {
         Ok(entry)
     }
 
-    fn launch_aicpu(&mut self, threads: u32, args: u64) -> Result<LaunchHandle, AclCode> {
+    fn launch_aicpu(&mut self, threads: u32, args: u64) -> Result<LaunchHandle, StreamFault> {
         if self.shared.faults.on_launch(KernelKind::Aicpu) {
-            return Err(AclCode::LAUNCH_FAILED);
+            return Err(refused("the fault plan refused the AICPU launch"));
         }
-        if self.aicpu_spawned < MAX_AICPU_THREADS || threads == 0 || threads > MAX_AICPU_THREADS {
-            return Err(AclCode::LAUNCH_FAILED);
+        if self.aicpu_spawned < MAX_AICPU_THREADS {
+            return Err(refused("the simulated AICPU threads are not started"));
+        }
+        if threads == 0 || threads > MAX_AICPU_THREADS {
+            return Err(refused(format!(
+                "{threads} AICPU threads asked for, 1 to {MAX_AICPU_THREADS} exist"
+            )));
         }
         let entry = LaunchEntry::new(EntryKind::Aicpu { threads }, args);
         #[cfg(test)]
@@ -806,7 +823,7 @@ impl Backend for SimDevice {
         dev.streams[stream_index(stream)].query(Some(op_execute), &|| dev.wake_all())
     }
 
-    fn record_event(&mut self, stream: StreamKind) -> Result<EventHandle, AclCode> {
+    fn record_event(&mut self, stream: StreamKind) -> Result<EventHandle, StreamFault> {
         let ev = Arc::new(SimEvent::default());
         let entry = LaunchEntry::new(EntryKind::Record(ev.clone()), 0);
         let fired = self.shared.streams[stream_index(stream)].enqueue(entry, &*self.shared);
@@ -814,8 +831,8 @@ impl Backend for SimDevice {
         Ok(ev)
     }
 
-    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> Result<(), AclCode> {
-        let Some(ev) = sim_event(event) else { return Err(foreign_event().code) };
+    fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> Result<(), StreamFault> {
+        let Some(ev) = sim_event(event) else { return Err(foreign_event()) };
         let entry = LaunchEntry::new(EntryKind::WaitEvent(ev), 0);
         let fired = self.shared.streams[stream_index(stream)].enqueue(entry, &*self.shared);
         resume_waiters(fired, &self.shared.streams, &*self.shared);
