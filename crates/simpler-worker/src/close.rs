@@ -288,15 +288,16 @@ impl Drop for Worker {
         if let Some(Err(e)) = self.inner.gate.last_result(retryable)
             && let Some(budget) = e.drain_timeout.as_ref().map(|d| d.budget)
         {
-            match self.close_timeout(budget) {
-                Err(again) if again.is_retryable() => {
+            match close_caught(&self.inner, Some(budget)) {
+                None => {}
+                Some(Err(again)) if again.is_retryable() => {
                     tracing::error!(worker = %self.inner.label, "dropped after a close that gave up ({again}); a detached thread closes it once that ends");
                     self.close_detached("dropped after a close that gave up");
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     tracing::error!(worker = %self.inner.label, "close during drop: {e}");
                 }
-                Ok(()) => {}
+                Some(Ok(())) => {}
             }
             return;
         }
@@ -318,18 +319,25 @@ impl Worker {
     }
 }
 
+/// Closes `inner` within `drain` (`None`: no budget) for a drop, which must not unwind: a panic
+/// is logged and gives `None`.
+fn close_caught(inner: &Inner, drain: Option<Duration>) -> Option<Result<(), CloseError>> {
+    let deadline = drain.and_then(|d| Instant::now().checked_add(d));
+    let budget = drain.unwrap_or(Duration::MAX);
+    match catch_unwind(AssertUnwindSafe(|| inner.close(deadline, budget))) {
+        Ok(result) => Some(result),
+        Err(p) => {
+            tracing::error!(worker = %inner.label, "close during drop panicked: {}", panic_text(p.as_ref()));
+            None
+        }
+    }
+}
+
 /// Closes `inner` without a drain budget, logging any error (run ids included) and any panic.
 fn close_logged(inner: &Inner) {
-    match catch_unwind(AssertUnwindSafe(|| inner.close(None, Duration::MAX))) {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            let runs: Vec<String> =
-                e.unobserved_runs.iter().map(|r| r.run_id().to_string()).collect();
-            tracing::error!(worker = %inner.label, runs = %runs.join(","), "close during drop: {e}");
-        }
-        Err(p) => {
-            tracing::error!(worker = %inner.label, "close during drop panicked: {}", panic_text(p.as_ref()))
-        }
+    if let Some(Err(e)) = close_caught(inner, None) {
+        let runs: Vec<String> = e.unobserved_runs.iter().map(|r| r.run_id().to_string()).collect();
+        tracing::error!(worker = %inner.label, runs = %runs.join(","), "close during drop: {e}");
     }
 }
 
