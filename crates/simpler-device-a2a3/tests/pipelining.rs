@@ -377,6 +377,54 @@ fn an_orchestration_writing_user_memory_waits_for_the_run_executing_before_it() 
 }
 
 #[test]
+fn an_orchestration_reading_user_memory_waits_for_the_run_writing_it() {
+    use simpler_device_a2a3::Orchestration;
+    use simpler_device_a2a3::programs::add;
+    let (mut r, plain, _, [pa, pb, p1, p2], a, b, args1, stamped) = stamping_runner(options());
+    let peeking = add::builder_with(Orchestration::Native {
+        entry: peek_then_add,
+        config: |_| simpler_device_a2a3::OrchConfig { expected_arg_count: 3 },
+    })
+    .names("peek_then_add", "peek_then_add_config")
+    .build()
+    .unwrap();
+    let peeking = r.register_callable(&peeking).unwrap();
+    let cfg = CallConfig::default();
+    // Run 1 writes `f1` only once the kernel delay has passed; run 2's orchestration reads
+    // `f1` (its first argument) while run 2 is prepared, which is while run 1 executes.
+    let (f1, tb, f2) = (args1.tensors()[2], args1.tensors()[1], stamped.tensors()[2]);
+    let mut args2 = simpler_types::TaskArgs::new();
+    args2.add_input(f1).unwrap().add_input(tb).unwrap().add_output(f2).unwrap();
+    r.sim_faults().unwrap().kernel_delay(add::ADD, HOLD);
+    let p = r.prepare(&RunRequest::new(run_id(1), plain, &args1, &cfg)).unwrap();
+    let first = r.launch_run(p).unwrap();
+    let p = r.prepare(&RunRequest::new(run_id(2), peeking, &args2, &cfg)).unwrap();
+    r.sim_faults().unwrap().clear();
+    let expected = add::reference(&a, &b);
+    let peeked: Vec<f32> = PEEKED
+        .lock()
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(peeked, expected, "the orchestration read `f1` before run 1 wrote it");
+    assert!(r.reap_run(&first, None).unwrap());
+    r.complete_run(first).unwrap();
+    let second = r.launch_run(p).unwrap();
+    assert!(r.reap_run(&second, None).unwrap());
+    let report = r.complete_run(second).unwrap();
+    assert_eq!(
+        report.overlap,
+        Overlap::Waited { with: run_id(1), reason: "the orchestration read user memory" }
+    );
+    assert_eq!(download_f32(&mut r, p2, 64), add::reference(&expected, &b));
+    for p in [pa, pb, p1, p2] {
+        r.free(p).unwrap();
+    }
+    r.finalize().unwrap();
+}
+
+#[test]
 fn an_orchestration_writing_behind_a_run_that_faults_abandons_its_run() {
     use simpler_device_a2a3::programs::add;
     let (mut r, plain, stamping, _, _, _, args1, args2) = stamping_runner(options());

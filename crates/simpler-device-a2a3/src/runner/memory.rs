@@ -106,12 +106,13 @@ pub(super) struct RunMemory<'a> {
     pub(super) heap_refused: bool,
     /// The runs on the device while this one prepares, until a write waited for them.
     pub(super) executing: Option<Executing>,
-    /// When a write began waiting for them, and the budget it gave each run that no reap had
+    /// When an access of user memory began waiting for them, and the budget it gave each run that no reap had
     /// begun (by `launch_seq`): those budgets run from there for the runs' own reaps too
     /// ([`Core::begin_budgets`]).
     pub(super) budgets_begun: Option<(Instant, Vec<(u64, Duration)>)>,
-    /// The run a write of the orchestration waited for, if one had to.
-    pub(super) waited_for: Option<RunId>,
+    /// The run an access of user memory by the orchestration waited for, if one had to, and
+    /// why (the reason the run's report gives).
+    pub(super) waited_for: Option<(RunId, &'static str)>,
     /// Why that wait failed (the runs ahead faulted or did not finish): the run being
     /// prepared can never be launched behind them.
     pub(super) ahead_failed: Option<FailedWait>,
@@ -148,9 +149,9 @@ impl Executing {
 
 impl RunMemory<'_> {
     /// Waits until the device has finished every launched run. A user allocation the
-    /// orchestration writes may be one an executing run still reads or writes: the write may
-    /// happen only after it (`docs/pipelining.md`, "What a preparation may write").
-    fn wait_for_executing(&mut self) -> bool {
+    /// orchestration reads or writes may be one an executing run still writes or reads: the
+    /// access may happen only after it (`docs/pipelining.md`, "What a preparation may write").
+    fn wait_for_executing(&mut self, reason: &'static str) -> bool {
         if self.ahead_failed.is_some() {
             // Once refused, every later write of the preparation is too: its run is abandoned.
             return false;
@@ -172,7 +173,7 @@ impl RunMemory<'_> {
                 return false;
             }
         }
-        self.waited_for = Some(e.last);
+        self.waited_for = Some((e.last, reason));
         true
     }
 }
@@ -191,8 +192,14 @@ impl BuildEnv for RunMemory<'_> {
         }
     }
 
-    // The orchestration API answers with a status code only; the typed refusal is logged.
-    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+    // The orchestration API answers with a status code only; the typed refusal is logged. A
+    // user allocation passed to the run unstaged may be written by a launched run meanwhile:
+    // it is read once the device has finished those, as a write would wait.
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> bool {
+        let user = self.backend.find(addr, out.len() as u64) == Some(MemPurpose::User);
+        if user && !self.wait_for_executing("the orchestration read user memory") {
+            return false;
+        }
         let read = self.backend.read(addr, out);
         read.inspect_err(
             |e| tracing::warn!(run = %self.run_id, error = %e, "orchestration read refused"),
@@ -202,7 +209,7 @@ impl BuildEnv for RunMemory<'_> {
 
     fn write(&mut self, addr: u64, data: &[u8]) -> bool {
         let user = self.backend.find(addr, data.len() as u64) == Some(MemPurpose::User);
-        if user && !self.wait_for_executing() {
+        if user && !self.wait_for_executing("the orchestration wrote user memory") {
             return false;
         }
         let written = self.backend.write(addr, data);

@@ -534,9 +534,10 @@ impl Core {
         if let Some(failed) = ahead_failed {
             return Err(self.abandoned_behind_failed_wait(run_id, failed));
         }
-        if let (Some(with), Overlap::Overlapped { .. }) = (waited_for, &run.report.overlap) {
-            run.report.overlap =
-                Overlap::Waited { with, reason: "the orchestration wrote user memory" };
+        if let (Some((with, reason)), Overlap::Overlapped { .. }) =
+            (waited_for, &run.report.overlap)
+        {
+            run.report.overlap = Overlap::Waited { with, reason };
         }
         let bound = bound?;
         bound.describe(&mut run.report);

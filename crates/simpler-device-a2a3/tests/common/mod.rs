@@ -62,6 +62,23 @@ pub fn stamp_then_add(
     simpler_device_a2a3::programs::add::orchestration(ctx, args)
 }
 
+/// The bytes `peek_then_add` read from its first argument, by run.
+pub static PEEKED: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+/// Reads all of `a` through `tensor_data` into [`PEEKED`], then `f = a + b` (the add program's
+/// task): an orchestration that reads a user allocation, so its preparation waits for the
+/// launched runs first.
+pub fn peek_then_add(
+    ctx: &mut simpler_device_a2a3::OrchCtx<'_>,
+    args: &OrchArgs<'_>,
+) -> Result<(), simpler_device_a2a3::OrchError> {
+    let a = *args.tensor(0).expect("three arguments");
+    let mut bytes = vec![0u8; a.nbytes() as usize];
+    ctx.tensor_data(&a, &mut bytes)?;
+    *PEEKED.lock().unwrap() = bytes;
+    simpler_device_a2a3::programs::add::orchestration(ctx, args)
+}
+
 /// The vector example's callable.
 pub fn vector_callable() -> ChipCallable {
     vector::callable().unwrap()

@@ -85,7 +85,7 @@ impl BuildEnv for ReplayEnv {
     fn device_range_ok(&self, _: u64, _: u64) -> bool {
         true
     }
-    fn read(&self, _: u64, _: &mut [u8]) -> bool {
+    fn read(&mut self, _: u64, _: &mut [u8]) -> bool {
         false
     }
     fn write(&mut self, _: u64, _: &[u8]) -> bool {

@@ -46,8 +46,8 @@ use crate::runtime::orch::{
 pub(crate) trait BuildEnv {
     /// Whether `[addr, addr + len)` lies inside one device allocation.
     fn device_range_ok(&self, addr: u64, len: u64) -> bool;
-    /// Reads device memory.
-    fn read(&self, addr: u64, out: &mut [u8]) -> bool;
+    /// Reads device memory (of a user allocation, once no launched run can still write it).
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> bool;
     /// Writes device memory.
     fn write(&mut self, addr: u64, data: &[u8]) -> bool;
     /// A heap arena of at least `bytes` bytes (allocated on first use).

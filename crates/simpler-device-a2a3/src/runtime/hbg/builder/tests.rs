@@ -14,7 +14,7 @@ impl BuildEnv for FakeEnv {
     fn device_range_ok(&self, addr: u64, len: u64) -> bool {
         addr >= BUF && addr + len <= BUF + 0x10_0000
     }
-    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+    fn read(&mut self, addr: u64, out: &mut [u8]) -> bool {
         out.fill(7);
         self.device_range_ok(addr, out.len() as u64)
     }
