@@ -269,6 +269,23 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
         owner: u64,
         is_retired: impl Fn(u64) -> bool,
     ) -> Result<u32, FixedMapError> {
+        self.insert_noting(key, span, mode, owner, is_retired, |_| {})
+    }
+
+    /// As [`insert`](Self::insert), calling `unordered(owner)` for each entry it supersedes
+    /// that the access does not find: a writer a blind [`AccessMode::Write`] covers but does not
+    /// order after. Such a writer may still be running when no entry names it any more, so
+    /// whoever touches the bytes outside the task graph (a copy of them) must wait for it by
+    /// other means.
+    pub fn insert_noting(
+        &mut self,
+        key: K,
+        span: ByteSpan,
+        mode: AccessMode,
+        owner: u64,
+        is_retired: impl Fn(u64) -> bool,
+        mut unordered: impl FnMut(u64),
+    ) -> Result<u32, FixedMapError> {
         if span.is_empty() {
             return Ok(0);
         }
@@ -281,6 +298,9 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
                 return true;
             }
             let covered = replaces(&key, span, mode, entry);
+            if covered && !mode.finds_entry(entry) {
+                unordered(entry.owner);
+            }
             superseded += u32::from(covered);
             orders_writes |= covered && entry.orders_writes();
             covered
@@ -730,6 +750,23 @@ mod tests {
         map.insert(2, span(0, 8), Write, 21, LIVE).unwrap();
         assert!(found(&map, 2, span(0, 8), Write).is_empty());
         map.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn an_insert_names_the_writers_it_supersedes_without_ordering_after_them() {
+        let mut entries = [MapEntry::<u64>::default(); 8];
+        let mut buckets = [0; 1];
+        let mut map = FixedTensorMap::new(&mut entries, &mut buckets).unwrap();
+        let mut insert = |mode, owner| {
+            let mut named = Vec::new();
+            map.insert_noting(1, span(0, 8), mode, owner, LIVE, |o| named.push(o)).unwrap();
+            named
+        };
+        assert!(insert(Write, 10).is_empty());
+        assert_eq!(insert(Write, 11), [10], "a blind write over a blind write");
+        assert!(insert(Read, 12).is_empty());
+        assert_eq!(insert(Write, 13), [11], "a blind write orders after reader 12 only");
+        assert!(insert(ReadWrite, 14).is_empty(), "an update orders after everything");
     }
 
     #[test]

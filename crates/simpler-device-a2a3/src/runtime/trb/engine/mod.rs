@@ -58,6 +58,8 @@ mod buffers;
 mod producers;
 mod stall;
 mod untracked;
+
+use self::untracked::Unordered;
 pub(crate) use stall::{RingStall, StallKind};
 
 /// End of a fanout list.
@@ -818,13 +820,26 @@ impl<'a> Engine<'a> {
             // a write covers hands its write-ordering duty on, an edge to a live task at most.
             // Room was checked above, so a refusal is a broken invariant: the task is linked
             // and cannot be taken back, and later tasks would miss its edges, so the run fails.
-            if let Err(e) = self.map.insert(a.key, a.span, a.mode, id, |o| is_reclaimed(rings, o)) {
+            // A blind write that supersedes a writer it does not order after leaves no entry
+            // naming that writer, which may still run: the orchestration's copies of the bytes
+            // wait for it as for an untracked access.
+            let mut unordered = Unordered::default();
+            let inserted = self.map.insert_noting(
+                a.key,
+                a.span,
+                a.mode,
+                id,
+                |o| is_reclaimed(rings, o),
+                |o| unordered.push(o),
+            );
+            if let Err(e) = inserted {
                 return Err(SubmitRefusal::Unrecorded {
                     id: DeviceTaskId(id),
                     key: a.key,
                     error: e,
                 });
             }
+            self.note_unordered(&unordered, a.span);
         }
         self.submitted += 1;
         fill(DeviceTaskId(id));

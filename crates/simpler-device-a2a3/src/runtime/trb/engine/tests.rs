@@ -612,6 +612,30 @@ fn a_refused_submit_changes_nothing() {
 }
 
 #[test]
+fn a_copy_waits_for_a_writer_a_later_blind_write_superseded_without_ordering_after_it() {
+    let mut arena = TrbArena::new(sizes(16, 16 << 10, 16), 64, 16);
+    let mut e = Engine::new(arena.storage(), false);
+    let c = e.completer();
+    let a = access(0x10_000, AccessMode::Write);
+    // Two blind writes of the same bytes: the second takes no edge to the first and removes
+    // its entry, so only the untracked list still names the first while it runs.
+    let first = e.submit(&[a], 0).unwrap().id;
+    let second = e.submit(&[a], 0).unwrap().id;
+    assert_eq!(e.map_entries().0, 1, "the second write supersedes the first");
+    let copy_may_run = |e: &mut Engine<'_>, mode| {
+        e.accessors_done(a.key, a.span, mode) && e.untracked_done(a.span)
+    };
+    let ready: Vec<_> = std::iter::from_fn(|| c.pop_ready()).collect();
+    assert_eq!(ready, [first, second], "neither orders after the other");
+    let _ = c.complete(second);
+    assert!(!copy_may_run(&mut e, AccessMode::Read), "tensor_data under the first writer");
+    assert!(!copy_may_run(&mut e, AccessMode::ReadWrite), "set_tensor_data under it");
+    let _ = c.complete(first);
+    assert!(copy_may_run(&mut e, AccessMode::Read));
+    assert!(copy_may_run(&mut e, AccessMode::ReadWrite));
+}
+
+#[test]
 fn tensor_data_waits_for_writers_and_set_tensor_data_for_readers_too() {
     let mut arena = TrbArena::new(sizes(16, 16 << 10, 16), 64, 16);
     let mut e = Engine::new(arena.storage(), false);

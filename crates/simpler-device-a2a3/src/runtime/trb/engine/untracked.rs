@@ -1,4 +1,5 @@
-//! Tasks whose accesses the tensor map does not record (`NoDep` and `manual_dep` tensors): the
+//! Tasks whose accesses the tensor map does not record (`NoDep` and `manual_dep` tensors), or
+//! no longer records (a writer a later blind write superseded without ordering after it): the
 //! orchestration's `tensor_data` and `set_tensor_data` wait for those whose bytes overlap the
 //! copy's as well as for the accessors the map names, since no entry would make them wait for
 //! such a task.
@@ -82,5 +83,36 @@ impl Engine<'_> {
             }
         }
         u.len = kept;
+    }
+}
+
+/// Writers one insert superseded without ordering after them (`FixedTensorMap::insert_noting`),
+/// a few listed, the rest counted.
+#[derive(Default)]
+pub(super) struct Unordered {
+    owners: [u64; 4],
+    len: usize,
+}
+
+impl Unordered {
+    pub(super) fn push(&mut self, owner: u64) {
+        if let Some(slot) = self.owners.get_mut(self.len) {
+            *slot = owner;
+        }
+        self.len += 1;
+    }
+}
+
+impl Engine<'_> {
+    /// Notes the writers `unordered` lists as untracked accessors of `span`; more than it can
+    /// list overflow the untracked list (a copy then waits for every submitted task).
+    pub(super) fn note_unordered(&mut self, unordered: &Unordered, span: ByteSpan) {
+        if unordered.len > unordered.owners.len() {
+            self.untracked.overflowed = true;
+            return;
+        }
+        for &owner in &unordered.owners[..unordered.len] {
+            self.note_untracked(DeviceTaskId(owner), span);
+        }
     }
 }
