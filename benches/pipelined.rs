@@ -105,13 +105,17 @@ unsafe extern "C-unwind" fn mul_declaring_chip_time(args: *mut i64) {
 /// [`mul_declaring_chip_time`] as its product kernel, or the streaming program.
 fn program(shape: Shape) -> ChipCallable {
     match shape.program {
-        Program::Vector => vector::builder_with_orchestration_and_mul(
-            ChipOrchestration::Native {
-                entry: orchestration_with_host_work,
-                config: vector::orch_config,
-            },
-            mul_declaring_chip_time,
-        )
+        // SAFETY: `mul_declaring_chip_time` is the program's own product kernel plus a declared
+        // time, for `MUL`'s signature.
+        Program::Vector => unsafe {
+            vector::builder_with_orchestration_and_mul(
+                ChipOrchestration::Native {
+                    entry: orchestration_with_host_work,
+                    config: vector::orch_config,
+                },
+                mul_declaring_chip_time,
+            )
+        }
         .build()
         .expect("program"),
         Program::Streaming { .. } => streaming::callable().expect("program"),

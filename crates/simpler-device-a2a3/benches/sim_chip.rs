@@ -219,8 +219,10 @@ impl S2Chip {
     fn new(runtime: RuntimeVariant) -> S2Chip {
         let mut bench = Bench::with_runtime(runtime);
         let c = ChipCallable::native(noop_orch, |_| OrchConfig { expected_arg_count: 3 })
-            .kernel(NOOP, CoreCallable::native(vec![], noop))
-            .kernel(NOOP_INOUT, CoreCallable::native(vec![ArgDirection::InOut], noop))
+            // SAFETY: the kernel is written for the signature it is paired with.
+            .kernel(NOOP, unsafe { CoreCallable::native(vec![], noop) })
+            // SAFETY: the kernel is written for the signature it is paired with.
+            .kernel(NOOP_INOUT, unsafe { CoreCallable::native(vec![ArgDirection::InOut], noop) })
             .build()
             .expect("callable");
         let slot = bench.runner.register_callable(&c).expect("register");
@@ -379,8 +381,10 @@ fn process_cpu() -> Duration {
 fn idle_cpu(quick: bool) {
     let mut b = Bench::new();
     let c = ChipCallable::native(noop_orch, |_| OrchConfig { expected_arg_count: 3 })
-        .kernel(NOOP, CoreCallable::native(vec![], noop))
-        .kernel(NOOP_INOUT, CoreCallable::native(vec![ArgDirection::InOut], noop))
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(NOOP, unsafe { CoreCallable::native(vec![], noop) })
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(NOOP_INOUT, unsafe { CoreCallable::native(vec![ArgDirection::InOut], noop) })
         .build()
         .expect("callable");
     let slot = b.runner.register_callable(&c).expect("register");

@@ -241,7 +241,16 @@ impl CoreCallable {
     /// scalars). Every task naming the kernel must pass exactly these, each tensor tagged for
     /// what the kernel does with it, or its submit is refused (`docs/device-chip.md`, "The
     /// kernel ABI").
-    pub fn new(signature: Vec<ArgDirection>, code: KernelCode) -> CoreCallable {
+    ///
+    /// # Safety
+    ///
+    /// The runtime calls `code` with the argument vector of every task that names the kernel,
+    /// checked against `signature` only: `code` must be sound to run with any argument vector
+    /// that passes those checks (it reads its tensors and scalars as `signature` lists them,
+    /// never a slot beyond them, and takes a scalar for a scalar, never for a tensor) and must
+    /// honour the kernel contract (it touches only its tensors' memory). Pairing a kernel with
+    /// a signature it was not written for is undefined behaviour when a task runs it.
+    pub unsafe fn new(signature: Vec<ArgDirection>, code: KernelCode) -> CoreCallable {
         CoreCallable { signature, code, name: None }
     }
 
@@ -259,8 +268,13 @@ impl CoreCallable {
     }
 
     /// A native kernel.
-    pub fn native(signature: Vec<ArgDirection>, f: KernelFn) -> CoreCallable {
-        CoreCallable::new(signature, KernelCode::Native(f))
+    ///
+    /// # Safety
+    ///
+    /// As for [`new`](Self::new): `f` must be written for `signature`.
+    pub unsafe fn native(signature: Vec<ArgDirection>, f: KernelFn) -> CoreCallable {
+        // SAFETY: the caller's contract is `new`'s.
+        unsafe { CoreCallable::new(signature, KernelCode::Native(f)) }
     }
 
     /// The signature.

@@ -125,10 +125,11 @@ impl<'a> KernelCall<'a> {
     ///
     /// # Safety
     ///
-    /// `T` must match the tensor's data type, and nothing may write the same bytes while the
-    /// slice lives: no other reference, in this or another kernel running concurrently, and no
-    /// write through a pointer either (the reference programs' kernels store every element
-    /// atomically, which still races the slice's plain reads).
+    /// `T` must match the tensor's data type and accept every bit pattern its bytes may hold
+    /// (a `bool` over bytes other than 0 and 1 is undefined behaviour), and nothing may write
+    /// the same bytes while the slice lives: no other reference, in this or another kernel
+    /// running concurrently, and no write through a pointer either (the reference programs'
+    /// kernels store every element atomically, which still races the slice's plain reads).
     pub unsafe fn slice<T>(&self, i: usize) -> Option<&'a [T]> {
         let (ptr, len) = self.elements::<T>(i)?;
         if len == 0 {
@@ -146,7 +147,12 @@ impl<'a> KernelCall<'a> {
     /// # Safety
     ///
     /// As [`KernelCall::slice`], and no other live reference may read or write the same bytes
-    /// while the returned slice lives.
+    /// while the returned slice lives. A task on several blocks, or naming the kernel for more
+    /// than one core of a mix task, calls it once per block and copy with the same view, on
+    /// cores running at the same time: each call must then take only bytes no other call
+    /// touches (its own share of the output), never the whole view. The runtimes refuse a task
+    /// whose written arguments overlap its others (by tag, or by what the kernel's signature
+    /// writes), but cannot tell how the calls of one task split their output.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice_mut<T>(&self, i: usize) -> Option<&'a mut [T]> {
         let (ptr, len) = self.elements::<T>(i)?;

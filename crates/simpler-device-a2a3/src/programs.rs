@@ -268,10 +268,12 @@ pub mod add {
     /// such as the C one a `DeviceObject` carries.
     pub fn builder_with(orchestration: Orchestration) -> ChipCallableBuilder {
         use ArgDirection::{In, Out};
+        // SAFETY: `add_kernel` reads exactly two input tensors and writes one output.
+        let add = unsafe { CoreCallable::native(vec![In, In, Out], add_kernel) };
         ChipCallable::builder(orchestration)
             .names("add", "add_config")
             .signature(vec![In, In, Out])
-            .kernel(ADD, CoreCallable::native(vec![In, In, Out], add_kernel).named("add"))
+            .kernel(ADD, add.named("add"))
     }
 
     /// The program as a callable.
@@ -323,16 +325,25 @@ pub mod vector {
     /// The program's kernels and signature around another `orchestration` of the same graph,
     /// such as the C one a `DeviceObject` carries.
     pub fn builder_with(orchestration: Orchestration) -> ChipCallableBuilder {
-        kernels_around(orchestration, mul_kernel)
+        // SAFETY: `mul_kernel` is the program's own kernel for `MUL`.
+        unsafe { kernels_around(orchestration, mul_kernel) }
     }
 
     /// The program with another kernel for `g = d · e` ([`MUL`]), such as one that calls
     /// [`mul`] and declares a time on the chip (see [`builder_with_orchestration_and_mul`]).
-    pub fn builder_with_mul(mul: KernelFn) -> ChipCallableBuilder {
-        builder_with_orchestration_and_mul(
-            Orchestration::Native { entry: orchestration, config: orch_config },
-            mul,
-        )
+    ///
+    /// # Safety
+    ///
+    /// `mul` must be a kernel for [`MUL`]'s signature (`d`, `e` in, `g` out), as
+    /// [`CoreCallable::new`] requires.
+    pub unsafe fn builder_with_mul(mul: KernelFn) -> ChipCallableBuilder {
+        // SAFETY: the caller's contract.
+        unsafe {
+            builder_with_orchestration_and_mul(
+                Orchestration::Native { entry: orchestration, config: orch_config },
+                mul,
+            )
+        }
     }
 
     /// The program with both another orchestration and another kernel for `g = d · e`
@@ -341,11 +352,17 @@ pub mod vector {
     /// its config from [`orch_config`]; the kernel must compute the same f32 products (for
     /// instance by calling [`mul`], then declaring a time on the chip). Then [`reference()`]
     /// still holds.
-    pub fn builder_with_orchestration_and_mul(
+    ///
+    /// # Safety
+    ///
+    /// `mul` must be a kernel for [`MUL`]'s signature (`d`, `e` in, `g` out), as
+    /// [`CoreCallable::new`] requires.
+    pub unsafe fn builder_with_orchestration_and_mul(
         orchestration: Orchestration,
         mul: KernelFn,
     ) -> ChipCallableBuilder {
-        kernels_around(orchestration, mul)
+        // SAFETY: the caller's contract.
+        unsafe { kernels_around(orchestration, mul) }
     }
 
     /// The orchestration's config function: three arguments (`a`, `b`, `f`).
@@ -363,17 +380,27 @@ pub mod vector {
         unsafe { mul_kernel(args) }
     }
 
-    fn kernels_around(orchestration: Orchestration, mul: KernelFn) -> ChipCallableBuilder {
+    /// # Safety
+    ///
+    /// `mul` must be a kernel for [`MUL`]'s signature.
+    unsafe fn kernels_around(orchestration: Orchestration, mul: KernelFn) -> ChipCallableBuilder {
         use ArgDirection::{In, Out, Scalar};
+        // SAFETY: each kernel reads exactly the arguments of the signature it is paired with
+        // (`add_kernel` two inputs and an output, `add_scalar_kernel` an input, an output and a
+        // scalar); `mul` is the caller's, for `MUL`'s signature.
+        let (add, add_scalar, mul) = unsafe {
+            (
+                CoreCallable::native(vec![In, In, Out], add_kernel),
+                CoreCallable::native(vec![In, Out, Scalar], add_scalar_kernel),
+                CoreCallable::native(vec![In, In, Out], mul),
+            )
+        };
         ChipCallable::builder(orchestration)
             .names("vector_example", "vector_config")
             .signature(vec![In, In, Out])
-            .kernel(ADD, CoreCallable::native(vec![In, In, Out], add_kernel).named("add"))
-            .kernel(
-                ADD_SCALAR,
-                CoreCallable::native(vec![In, Out, Scalar], add_scalar_kernel).named("add_scalar"),
-            )
-            .kernel(MUL, CoreCallable::native(vec![In, In, Out], mul).named("mul"))
+            .kernel(ADD, add.named("add"))
+            .kernel(ADD_SCALAR, add_scalar.named("add_scalar"))
+            .kernel(MUL, mul.named("mul"))
     }
 
     /// The program as a callable.
@@ -471,14 +498,19 @@ pub mod bgemm {
     /// The program's builder, named `bgemm` / `bgemm_config`.
     pub fn builder() -> ChipCallableBuilder {
         use ArgDirection::{In, InOut, Out};
+        // SAFETY: `gemm_kernel` reads two input tiles and writes an output one;
+        // `accumulate_kernel` updates its first tile with its second.
+        let (gemm, accumulate) = unsafe {
+            (
+                CoreCallable::native(vec![In, In, Out], gemm_kernel),
+                CoreCallable::native(vec![InOut, In], accumulate_kernel),
+            )
+        };
         ChipCallable::native(orchestration, three_args)
             .names("bgemm", "bgemm_config")
             .signature(vec![In, In, InOut])
-            .kernel(GEMM, CoreCallable::native(vec![In, In, Out], gemm_kernel).named("gemm"))
-            .kernel(
-                ACC,
-                CoreCallable::native(vec![InOut, In], accumulate_kernel).named("accumulate"),
-            )
+            .kernel(GEMM, gemm.named("gemm"))
+            .kernel(ACC, accumulate.named("accumulate"))
     }
 
     /// The program as a callable.
@@ -582,10 +614,13 @@ mod tests {
         fn wrapped(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
             vector::orchestration(ctx, args)
         }
-        let rebuilt = vector::builder_with_orchestration_and_mul(
-            Orchestration::Native { entry: wrapped, config: vector::orch_config },
-            vector::mul,
-        )
+        // SAFETY: `vector::mul` is the program's own kernel for `MUL`.
+        let rebuilt = unsafe {
+            vector::builder_with_orchestration_and_mul(
+                Orchestration::Native { entry: wrapped, config: vector::orch_config },
+                vector::mul,
+            )
+        }
         .names("vector_rebuilt", "vector_rebuilt_config")
         .build()
         .expect("rebuilt vector");

@@ -17,7 +17,7 @@ use simpler_types::{
 /// `orch` with the default config and the no-op kernel as `FUNC_NOOP`.
 fn with_noop_kernel(orch: simpler_device_a2a3::NativeOrchFn) -> ChipCallable {
     ChipCallable::native(orch, |_| OrchConfig::default())
-        .kernel(FUNC_NOOP, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
+        .kernel(FUNC_NOOP, noop_core(vec![ArgDirection::InOut]))
         .build()
         .unwrap()
 }
@@ -748,14 +748,15 @@ fn third_task_overlaps_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Resul
 #[test]
 fn an_overlapping_task_after_good_ones_is_named_by_its_submission_index() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
-    let c = ChipCallable::native(third_task_overlaps_orch, three_args)
-        .kernel(
-            FUNC_ADD,
-            CoreCallable::native(
-                vec![ArgDirection::In, ArgDirection::In, ArgDirection::Out],
-                add_kernel,
-            ),
+    // SAFETY: `add_kernel` reads two input tensors and writes one output.
+    let add = unsafe {
+        CoreCallable::native(
+            vec![ArgDirection::In, ArgDirection::In, ArgDirection::Out],
+            add_kernel,
         )
+    };
+    let c = ChipCallable::native(third_task_overlaps_orch, three_args)
+        .kernel(FUNC_ADD, add)
         .build()
         .unwrap();
     let slot = r.register_callable(&c).unwrap();
@@ -764,6 +765,46 @@ fn an_overlapping_task_after_good_ones_is_named_by_its_submission_index() {
         r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap_err();
     assert!(
         matches!(err, DeviceError::OverlappingArguments { task: 2, written: 2, other: 0, .. }),
+        "{err}"
+    );
+    v.free(&mut r);
+    still_works(&mut r, 2);
+}
+
+fn untracked_output_over_an_input_orch(
+    ctx: &mut OrchCtx<'_>,
+    args: &OrchArgs<'_>,
+) -> Result<(), OrchError> {
+    let (a, b) = (*args.tensor(0).unwrap(), *args.tensor(1).unwrap());
+    let mut t = CoreArgs::new();
+    t.add_no_dep(a).unwrap().add_input(b).unwrap().add_no_dep(a).unwrap();
+    ctx.submit(Kernels::Aiv(FUNC_ADD), &t)?;
+    Ok(())
+}
+
+/// `NoDep` fits any argument of a kernel, an output's too, but the kernel still writes that
+/// argument: passing the bytes it writes as an input too is refused as any such overlap is,
+/// whatever the tags say.
+#[test]
+fn an_untracked_tensor_in_an_outputs_place_overlapping_an_input_is_refused() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    // SAFETY: `add_kernel` reads two input tensors and writes one output.
+    let add = unsafe {
+        CoreCallable::native(
+            vec![ArgDirection::In, ArgDirection::In, ArgDirection::Out],
+            add_kernel,
+        )
+    };
+    let c = ChipCallable::native(untracked_output_over_an_input_orch, three_args)
+        .kernel(FUNC_ADD, add)
+        .build()
+        .unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let v = VectorRun::new(&mut r, 64);
+    let err =
+        r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap_err();
+    assert!(
+        matches!(err, DeviceError::OverlappingArguments { task: 0, written: 2, other: 0, .. }),
         "{err}"
     );
     v.free(&mut r);

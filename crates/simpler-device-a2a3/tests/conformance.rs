@@ -35,7 +35,8 @@ fn vector_add_and_the_vector_example_pass_for_block_dim_1_to_3_and_2_to_4_thread
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     use ArgDirection::{In, Out};
     let add = ChipCallable::native(vector_add_orch, three_args)
-        .kernel(FUNC_ADD, CoreCallable::native(vec![In, In, Out], add_kernel))
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(FUNC_ADD, unsafe { CoreCallable::native(vec![In, In, Out], add_kernel) })
         .build()
         .unwrap();
     let add_slot = r.register_callable(&add).unwrap();
@@ -127,7 +128,7 @@ fn noop_callable(orch: simpler_device_a2a3::NativeOrchFn, expected: u32) -> Chip
         _ => |_| OrchConfig { expected_arg_count: 5 },
     };
     ChipCallable::native(orch, config)
-        .kernel(FUNC_NOOP, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
+        .kernel(FUNC_NOOP, noop_core(vec![ArgDirection::InOut]))
         .build()
         .unwrap()
 }
@@ -441,7 +442,8 @@ fn timer_slack_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), Or
 fn simulated_threads_run_their_timers_without_slack() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     let c = ChipCallable::native(timer_slack_orch, |_| OrchConfig { expected_arg_count: 1 })
-        .kernel(13, CoreCallable::native(vec![ArgDirection::Out], timer_slack_kernel))
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(13, unsafe { CoreCallable::native(vec![ArgDirection::Out], timer_slack_kernel) })
         .build()
         .unwrap();
     let slot = r.register_callable(&c).unwrap();
@@ -507,22 +509,22 @@ fn callable_limits_are_enforced_with_the_values_named() {
         other => panic!("expected InvalidCallable, got {other:?}"),
     };
     invalid(
-        base().kernel(1024, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel)).build(),
+        base().kernel(1024, noop_core(vec![ArgDirection::InOut])).build(),
         P::FuncIdRange { func_id: 1024, limit: 1024 },
     );
     invalid(
         base()
-            .kernel(3, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
-            .kernel(3, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
+            .kernel(3, noop_core(vec![ArgDirection::InOut]))
+            .kernel(3, noop_core(vec![ArgDirection::InOut]))
             .build(),
         P::DuplicateFuncId { func_id: 3 },
     );
     invalid(
-        base().kernel(0, CoreCallable::native(vec![In; 33], noop_kernel)).build(),
+        base().kernel(0, noop_core(vec![In; 33])).build(),
         P::KernelSignatureTooLong { func_id: 0, entries: 33, max: 32 },
     );
     invalid(
-        base().kernel(0, CoreCallable::native(vec![ArgDirection::Scalar; 17], noop_kernel)).build(),
+        base().kernel(0, noop_core(vec![ArgDirection::Scalar; 17])).build(),
         P::TooManyScalars { func_id: 0, scalars: 17, max: 16 },
     );
     invalid(
@@ -536,7 +538,10 @@ fn callable_limits_are_enforced_with_the_values_named() {
 
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     let text = base()
-        .kernel(0, CoreCallable::new(vec![], simpler_device_a2a3::KernelCode::Text(vec![0; 8])))
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(0, unsafe {
+            CoreCallable::new(vec![], simpler_device_a2a3::KernelCode::Text(vec![0; 8]))
+        })
         .build()
         .unwrap();
     assert!(matches!(
@@ -637,9 +642,18 @@ fn run_probe(
 fn the_kernel_abi_probe_sees_descriptors_scalars_and_contexts() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     let c = ChipCallable::native(probe_orch, |_| OrchConfig { expected_arg_count: 1 })
-        .kernel(10, CoreCallable::native(vec![ArgDirection::Out, ArgDirection::Scalar], probe_aic))
-        .kernel(11, CoreCallable::native(vec![ArgDirection::Out, ArgDirection::Scalar], probe_aiv0))
-        .kernel(12, CoreCallable::native(vec![ArgDirection::Out, ArgDirection::Scalar], probe_aiv1))
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(10, unsafe {
+            CoreCallable::native(vec![ArgDirection::Out, ArgDirection::Scalar], probe_aic)
+        })
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(11, unsafe {
+            CoreCallable::native(vec![ArgDirection::Out, ArgDirection::Scalar], probe_aiv0)
+        })
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(12, unsafe {
+            CoreCallable::native(vec![ArgDirection::Out, ArgDirection::Scalar], probe_aiv1)
+        })
         .build()
         .unwrap();
     let (p, w) = run_probe(&mut r, &c, 6 * PROBE_WORDS);
@@ -699,7 +713,8 @@ fn the_members_of_a_mix_block_running_one_kernel_are_its_numbered_copies() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     let sig = vec![ArgDirection::Out, ArgDirection::Scalar];
     let c = ChipCallable::native(copy_probe_orch, |_| OrchConfig { expected_arg_count: 1 })
-        .kernel(COPY_PROBE, CoreCallable::native(sig, copy_probe))
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(COPY_PROBE, unsafe { CoreCallable::native(sig, copy_probe) })
         .build()
         .unwrap();
     let (p, w) = run_probe(&mut r, &c, 18 * 2);

@@ -115,12 +115,18 @@ fn chain(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
 fn callable() -> ChipCallable {
     let inout = || vec![ArgDirection::InOut];
     ChipCallable::native(chain, |_| OrchConfig { expected_arg_count: 3 })
-        .kernel(WHERE, CoreCallable::native(inout(), where_am_i))
-        .kernel(PANICS, CoreCallable::native(inout(), panics_on_aicpu))
-        .kernel(SPINS, CoreCallable::native(inout(), spins_on_aicpu))
-        .kernel(SLOW, CoreCallable::native(inout(), slow_on_aicpu))
-        .kernel(NAPS, CoreCallable::native(inout(), naps))
-        .kernel(NAPS_300US, CoreCallable::native(inout(), naps_300us))
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(WHERE, unsafe { CoreCallable::native(inout(), where_am_i) })
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(PANICS, unsafe { CoreCallable::native(inout(), panics_on_aicpu) })
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(SPINS, unsafe { CoreCallable::native(inout(), spins_on_aicpu) })
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(SLOW, unsafe { CoreCallable::native(inout(), slow_on_aicpu) })
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(NAPS, unsafe { CoreCallable::native(inout(), naps) })
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(NAPS_300US, unsafe { CoreCallable::native(inout(), naps_300us) })
         .build()
         .unwrap()
 }

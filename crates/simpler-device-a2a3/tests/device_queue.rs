@@ -355,7 +355,9 @@ fn slow_budget_options() -> simpler_device_a2a3::RunnerOptions {
 
 /// Registers the vector program whose product kernel declares `MS` milliseconds.
 fn declaring<const MS: u64>(r: &mut DeviceRunner) -> simpler_device_a2a3::ChipSlot {
-    r.register_callable(&vector::builder_with_mul(declaring_mul::<MS>).build().unwrap()).unwrap()
+    // SAFETY: `declaring_mul` runs the program's own product kernel for `MUL`.
+    let builder = unsafe { vector::builder_with_mul(declaring_mul::<MS>) };
+    r.register_callable(&builder.build().unwrap()).unwrap()
 }
 
 /// Runs 1 (`first`) and 2 (`second`, queued behind it) over vectors of 256, launched.

@@ -211,7 +211,8 @@ fn panicking_orch(
 fn a_panicking_native_kernel_is_an_aicore_fault_not_an_abort() {
     let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
     let c = ChipCallable::native(panicking_orch, |_| Default::default())
-        .kernel(5, CoreCallable::native(vec![ArgDirection::InOut], panics))
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(5, unsafe { CoreCallable::native(vec![ArgDirection::InOut], panics) })
         .build()
         .unwrap();
     let slot = r.register_callable(&c).unwrap();
@@ -237,14 +238,15 @@ fn panicking_config(_: &simpler_device_a2a3::OrchArgs<'_>) -> simpler_device_a2a
 #[test]
 fn a_panicking_config_function_is_an_orchestration_error_with_cleanup() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();
-    let c = ChipCallable::native(vector::orchestration, panicking_config)
-        .kernel(
-            FUNC_ADD,
-            CoreCallable::native(
-                vec![ArgDirection::In, ArgDirection::In, ArgDirection::Out],
-                add_kernel,
-            ),
+    // SAFETY: `add_kernel` reads two input tensors and writes one output.
+    let add = unsafe {
+        CoreCallable::native(
+            vec![ArgDirection::In, ArgDirection::In, ArgDirection::Out],
+            add_kernel,
         )
+    };
+    let c = ChipCallable::native(vector::orchestration, panicking_config)
+        .kernel(FUNC_ADD, add)
         .build()
         .unwrap();
     let slot = r.register_callable(&c).unwrap();

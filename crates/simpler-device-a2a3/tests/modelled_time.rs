@@ -30,8 +30,9 @@ fn runner(queued: bool) -> DeviceRunner {
 #[test]
 fn a_run_is_seen_complete_only_after_the_time_its_kernel_declared() {
     let mut r = runner(false);
-    let slot =
-        r.register_callable(&vector::builder_with_mul(mul_declaring).build().unwrap()).unwrap();
+    // SAFETY: `mul_declaring` calls the program's own product kernel, for `MUL`'s signature.
+    let builder = unsafe { vector::builder_with_mul(mul_declaring) };
+    let slot = r.register_callable(&builder.build().unwrap()).unwrap();
     let v = VectorRun::new(&mut r, 1024);
     let cfg = CallConfig::default();
     let launched = Instant::now();
@@ -49,8 +50,9 @@ fn a_run_is_seen_complete_only_after_the_time_its_kernel_declared() {
 #[test]
 fn queued_runs_take_their_declared_times_one_after_another() {
     let mut r = runner(true);
-    let slot =
-        r.register_callable(&vector::builder_with_mul(mul_declaring).build().unwrap()).unwrap();
+    // SAFETY: `mul_declaring` calls the program's own product kernel, for `MUL`'s signature.
+    let builder = unsafe { vector::builder_with_mul(mul_declaring) };
+    let slot = r.register_callable(&builder.build().unwrap()).unwrap();
     let runs: Vec<_> = [256, 1024, 64].map(|n| VectorRun::new(&mut r, n)).into();
     let cfg = CallConfig::default();
     let launched = Instant::now();

@@ -309,7 +309,8 @@ fn with_kernel_code(
     for (func, sig, name) in kernels {
         let code =
             code().kernels.get(*name).map_or_else(placeholder, |c| KernelCode::Text(c.clone()));
-        base = base.kernel(*func, CoreCallable::new(sig.clone(), code));
+        // SAFETY: the kernel is written for the signature it is paired with.
+        base = base.kernel(*func, unsafe { CoreCallable::new(sig.clone(), code) });
     }
     base.build().expect("a valid callable")
 }
@@ -630,9 +631,6 @@ fn fatal_orch(ctx: &mut OrchCtx<'_>, _args: &OrchArgs<'_>) -> Result<(), OrchErr
 /// Func id of the fixtures' kernel.
 const NOOP: u32 = 3;
 
-/// Does nothing.
-unsafe extern "C-unwind" fn noop_kernel(_args: *mut i64) {}
-
 fn fixture(orch: simpler_device_a2a3::NativeOrchFn, expected: u32, t: Target) -> ChipCallable {
     let config: simpler_device_a2a3::NativeConfigFn = match expected {
         0 => |_| OrchConfig { expected_arg_count: 0 },
@@ -641,7 +639,7 @@ fn fixture(orch: simpler_device_a2a3::NativeOrchFn, expected: u32, t: Target) ->
     let base = ChipCallable::native(orch, config);
     match t {
         Target::Programs => base
-            .kernel(NOOP, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
+            .kernel(NOOP, common::noop_core(vec![ArgDirection::InOut]))
             .build()
             .expect("a valid callable"),
         Target::Onboard => with_kernel_code(base, &[(NOOP, vec![ArgDirection::InOut], "noop")]),

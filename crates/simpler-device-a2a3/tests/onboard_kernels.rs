@@ -50,7 +50,8 @@ fn vector_on_built_kernels() -> ChipCallable {
         // SAFETY: the object is a test kernel of this project: no initializers, and its
         // `kernel_entry` has the kernel ABI and touches only its tensors' elements.
         let code = KernelCode::SharedObject(unsafe { SharedObjectKernel::new(so) });
-        b = b.kernel(*func_id, CoreCallable::new(signature, code));
+        // SAFETY: the kernel is written for the signature it is paired with.
+        b = b.kernel(*func_id, unsafe { CoreCallable::new(signature, code) });
     }
     b.build().unwrap()
 }

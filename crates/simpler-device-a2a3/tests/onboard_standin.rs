@@ -1368,7 +1368,10 @@ fn a_write_whose_wait_failed_as_the_run_ahead_ended_well_blames_no_run_but_its_o
         let stamping = ChipCallable::native(common::stamp_then_add, common::three_args)
             .names("stamp_then_add", "add_config")
             .signature(vec![i, i, o])
-            .kernel(add::ADD, CoreCallable::new(vec![i, i, o], KernelCode::Text(vec![0; 64])))
+            // SAFETY: the kernel is written for the signature it is paired with.
+            .kernel(add::ADD, unsafe {
+                CoreCallable::new(vec![i, i, o], KernelCode::Text(vec![0; 64]))
+            })
             .build()
             .unwrap();
         let stamping = r.register_callable(&stamping).unwrap();

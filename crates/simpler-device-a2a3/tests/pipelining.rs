@@ -471,7 +471,9 @@ fn an_orchestration_write_that_gives_up_on_a_run_gives_that_runs_reap_the_same_v
             .with_op_execute_timeout(SHORT_BUDGET / 4)
             .with_stream_sync_timeout(SHORT_BUDGET);
         let (mut r, _, stamping, _, _, _, _, args2) = stamping_runner(opts);
-        let slow = r.register_callable(&vector::builder_with_mul(overrunning_mul).build().unwrap());
+        // SAFETY: `overrunning_mul` calls the program's own product kernel, for `MUL`'s signature.
+        let builder = unsafe { vector::builder_with_mul(overrunning_mul) };
+        let slow = r.register_callable(&builder.build().unwrap());
         let v = VectorRun::new(&mut r, 64);
         let cfg = CallConfig::default();
         let p = r.prepare(&RunRequest::new(run_id(1), slow.unwrap(), &v.args, &cfg)).unwrap();
@@ -545,7 +547,9 @@ fn a_fault_queued_behind_a_run_still_executing_on_the_chip_is_charged_to_the_fau
     // still executes: run 3's write, which waits for both, must blame run 2, and run 1 end well.
     let opts = options().with_pipeline_slots(3).with_device_queue(true);
     let (mut r, _, stamping, _, _, _, _, args2) = stamping_runner(opts);
-    let slow = r.register_callable(&vector::builder_with_mul(slow_mul).build().unwrap()).unwrap();
+    // SAFETY: `slow_mul` calls the program's own product kernel, for `MUL`'s signature.
+    let builder = unsafe { vector::builder_with_mul(slow_mul) };
+    let slow = r.register_callable(&builder.build().unwrap()).unwrap();
     let plain = r.register_callable(&vector_callable()).unwrap();
     let (v1, v2) = (VectorRun::new(&mut r, 64), VectorRun::new(&mut r, 64));
     let cfg = CallConfig::default();
@@ -599,11 +603,11 @@ impl std::io::Write for Captured {
 
 #[test]
 fn a_dropped_run_whose_device_latched_a_fault_is_logged_naming_the_run_and_the_fault() {
-    use simpler_device_a2a3::{ArgDirection, ChipCallable, CoreCallable, RuntimeVariant};
+    use simpler_device_a2a3::{ArgDirection, ChipCallable, RuntimeVariant};
     let mut r =
         DeviceRunner::attach(options_on(0, RuntimeVariant::TensormapAndRingbuffer)).unwrap();
     let callable = ChipCallable::native(unknown_func_orch, |_| Default::default())
-        .kernel(FUNC_NOOP, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
+        .kernel(FUNC_NOOP, noop_core(vec![ArgDirection::InOut]))
         .build()
         .unwrap();
     let slot = r.register_callable(&callable).unwrap();

@@ -184,7 +184,9 @@ fn each_block_of_a_product_task_writes_only_its_share_of_the_output() {
     let mut id = 0;
     for (block, kernel) in (0u32..).zip(kernels) {
         let orchestration = Orchestration::Native { entry: wide_mul, config: vector::orch_config };
-        let callable = vector::builder_with_orchestration_and_mul(orchestration, kernel)
+        // SAFETY: each `mul_in_block` kernel runs the program's own product kernel for `MUL`.
+        let builder = unsafe { vector::builder_with_orchestration_and_mul(orchestration, kernel) };
+        let callable = builder
             .names(format!("mul_in_block_{block}"), format!("mul_in_block_{block}_config"))
             .build()
             .unwrap();

@@ -79,7 +79,8 @@ fn callable(so: &Path) -> Result<ChipCallable, DeviceError> {
     // `kernel_entry` has the kernel ABI and touches only its tensors.
     let code = KernelCode::SharedObject(unsafe { SharedObjectKernel::new(so) });
     ChipCallable::native(add_orch, three_args)
-        .kernel(FUNC_ADD, CoreCallable::new(vec![In, In, Out], code))
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(FUNC_ADD, unsafe { CoreCallable::new(vec![In, In, Out], code) })
         .build()
 }
 
@@ -178,7 +179,8 @@ fn unregistering_after_a_failed_run_keeps_a_still_running_kernel_object_loaded()
     // SAFETY: the object is the kernel built above; it touches nothing but the clock.
     let code = KernelCode::SharedObject(unsafe { SharedObjectKernel::new(&so) });
     let c = ChipCallable::native(inout_orch, |_| Default::default())
-        .kernel(FUNC_NOOP, CoreCallable::new(vec![ArgDirection::InOut], code))
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(FUNC_NOOP, unsafe { CoreCallable::new(vec![ArgDirection::InOut], code) })
         .build()
         .unwrap();
     let slot = r.register_callable(&c).unwrap();

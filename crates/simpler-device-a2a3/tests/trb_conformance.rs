@@ -65,7 +65,7 @@ fn noop_callable(
     config: simpler_device_a2a3::NativeConfigFn,
 ) -> ChipCallable {
     ChipCallable::native(orch, config)
-        .kernel(FUNC_NOOP, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
+        .kernel(FUNC_NOOP, noop_core(vec![ArgDirection::InOut]))
         .build()
         .unwrap()
 }
@@ -121,7 +121,10 @@ fn seventeen_tensors_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<
 fn item_13_a_kernel_declaring_more_tensors_than_a_trb_task_holds_is_refused_at_registration() {
     let wide = |tensors: usize| {
         ChipCallable::native(seventeen_tensors_orch, one_arg)
-            .kernel(FUNC_NOOP, CoreCallable::native(vec![ArgDirection::In; tensors], noop_kernel))
+            // SAFETY: the kernel is written for the signature it is paired with.
+            .kernel(FUNC_NOOP, unsafe {
+                CoreCallable::native(vec![ArgDirection::In; tensors], noop_kernel)
+            })
             .build()
             .unwrap()
     };
@@ -139,7 +142,8 @@ fn item_13_a_kernel_declaring_more_tensors_than_a_trb_task_holds_is_refused_at_r
         other => panic!("expected InvalidCallable, got {other:?}"),
     }
     let named = ChipCallable::native(seventeen_tensors_orch, one_arg)
-        .kernel(4, CoreCallable::native(vec![ArgDirection::Out; 20], noop_kernel).named("wide"))
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(4, noop_core(vec![ArgDirection::Out; 20]).named("wide"))
         .build()
         .unwrap();
     let err = r.register_callable(&named).unwrap_err();

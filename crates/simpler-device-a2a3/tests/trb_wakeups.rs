@@ -44,7 +44,8 @@ fn a_task_submitted_while_every_scheduler_is_parked_wakes_them() {
         .with_stream_sync_timeout(Duration::from_secs(300));
     let mut r = DeviceRunner::attach(opts).unwrap();
     let c = ChipCallable::native(paced, |_| OrchConfig { expected_arg_count: 1 })
-        .kernel(NOOP, CoreCallable::native(vec![ArgDirection::Out], noop))
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(NOOP, unsafe { CoreCallable::native(vec![ArgDirection::Out], noop) })
         .build()
         .unwrap();
     let slot = r.register_callable(&c).unwrap();

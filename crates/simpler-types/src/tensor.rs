@@ -523,18 +523,23 @@ impl fmt::Debug for Tensor {
     }
 }
 
-/// The first pair `(written, other)` of one task's tensor arguments where the write-tagged
+/// The first pair `(written, other)` of one task's tensor arguments where the written tensor
 /// `written` shares bytes with `other`: a kernel would hold a writable view over bytes it also
-/// reads or writes through another argument. Spans are [`Tensor::byte_span`]s, so two views
-/// of one buffer that only interleave count as overlapping (conservative); empty and null
-/// tensors overlap nothing. Both chip runtimes refuse such a task with this pair. Quadratic in
-/// the argument count (at most a few dozen) and allocation-free, for device-side submits.
+/// reads or writes through another argument. A tensor is written when its tag writes or when
+/// bit `i` of `kernel_writes` says the task's kernel writes argument `i` whatever its tag (a
+/// `NoDep` tensor, which fits any argument, in an output's place). Spans are
+/// [`Tensor::byte_span`]s, so two views of one buffer that only interleave count as overlapping
+/// (conservative); empty and null tensors overlap nothing. Both chip runtimes refuse such a
+/// task with this pair. Quadratic in the argument count (at most a few dozen) and
+/// allocation-free, for device-side submits.
 pub fn overlapping_write(
     tensors: &[Tensor],
     tags: &[crate::TensorArgType],
+    kernel_writes: u64,
 ) -> Option<(usize, usize)> {
     for (w, (t, tag)) in tensors.iter().zip(tags).enumerate() {
-        let Some((ws, we)) = t.byte_span().filter(|_| tag.writes()) else { continue };
+        let written = tag.writes() || (w < 64 && kernel_writes & (1 << w) != 0);
+        let Some((ws, we)) = t.byte_span().filter(|_| written) else { continue };
         let hit = tensors.iter().enumerate().find(|&(o, other)| {
             o != w && other.byte_span().is_some_and(|(os, oe)| os < we && ws < oe)
         });
@@ -587,12 +592,17 @@ mod tests {
         let (lo, hi) = (buf.view(&[32], &[0]).unwrap(), buf.view(&[32], &[32]).unwrap());
         let mid = buf.view(&[16], &[24]).unwrap();
         let other = Tensor::external(0x9000, &[64], DataType::Float32).unwrap();
-        assert_eq!(overlapping_write(&[buf, other, buf], &[Input, Input, Output]), Some((2, 0)));
-        assert_eq!(overlapping_write(&[other, lo, mid], &[Input, Input, InOut]), Some((2, 1)));
-        assert_eq!(overlapping_write(&[lo, hi], &[Input, Output]), None, "adjacent halves");
-        assert_eq!(overlapping_write(&[buf, buf], &[Input, NoDep]), None, "two readers");
+        let by_tags = |tensors: &[Tensor], tags: &[_]| overlapping_write(tensors, tags, 0);
+        assert_eq!(by_tags(&[buf, other, buf], &[Input, Input, Output]), Some((2, 0)));
+        assert_eq!(by_tags(&[other, lo, mid], &[Input, Input, InOut]), Some((2, 1)));
+        assert_eq!(by_tags(&[lo, hi], &[Input, Output]), None, "adjacent halves");
+        assert_eq!(by_tags(&[buf, buf], &[Input, NoDep]), None, "two readers");
         let empty = buf.view(&[0], &[0]).unwrap();
-        assert_eq!(overlapping_write(&[buf, empty], &[Input, Output]), None, "an empty view");
+        assert_eq!(by_tags(&[buf, empty], &[Input, Output]), None, "an empty view");
+        // A `NoDep` tensor in the place of an output the kernel writes is written all the same.
+        let untracked = [NoDep, Input, NoDep];
+        assert_eq!(by_tags(&[buf, other, buf], &untracked), None, "the tags write nothing");
+        assert_eq!(overlapping_write(&[buf, other, buf], &untracked, 0b100), Some((2, 0)));
     }
 
     #[test]

@@ -253,13 +253,24 @@ fn config(_: &OrchArgs<'_>) -> OrchConfig {
 /// The program's builder, named `paged_attention` / `paged_attention_config`.
 pub fn builder() -> ChipCallableBuilder {
     use ArgDirection::{In, InOut, Out, Scalar};
+    // SAFETY: each kernel reads exactly the arguments of the signature it is paired with:
+    // `init_kernel` one output, `scores_kernel` three tensors and a scalar, `update_kernel` an
+    // updated tensor, two inputs and a scalar, `finish_kernel` an input and an output.
+    let (init, scores, update, finish) = unsafe {
+        (
+            CoreCallable::native(vec![Out], init_kernel),
+            CoreCallable::native(vec![In, In, Out, Scalar], scores_kernel),
+            CoreCallable::native(vec![InOut, In, In, Scalar], update_kernel),
+            CoreCallable::native(vec![In, Out], finish_kernel),
+        )
+    };
     ChipCallable::native(orchestration, config)
         .names("paged_attention", "paged_attention_config")
         .signature(vec![In, In, In, In, In, Out])
-        .kernel(INIT, CoreCallable::native(vec![Out], init_kernel))
-        .kernel(SCORES, CoreCallable::native(vec![In, In, Out, Scalar], scores_kernel))
-        .kernel(UPDATE, CoreCallable::native(vec![InOut, In, In, Scalar], update_kernel))
-        .kernel(FINISH, CoreCallable::native(vec![In, Out], finish_kernel))
+        .kernel(INIT, init)
+        .kernel(SCORES, scores)
+        .kernel(UPDATE, update)
+        .kernel(FINISH, finish)
 }
 
 /// The program as a callable.

@@ -134,12 +134,22 @@ fn config(_: &OrchArgs<'_>) -> OrchConfig {
 /// The program's builder, named `streaming` / `streaming_config`.
 pub fn builder() -> ChipCallableBuilder {
     use ArgDirection::{In, InOut, Out, Scalar};
+    // SAFETY: each kernel reads exactly the arguments of the signature it is paired with:
+    // `set_kernel` an output and a scalar, `add_scalar_kernel` an updated tensor and a scalar,
+    // `accumulate_kernel` an updated tensor and an input.
+    let (set, add_scalar, accumulate) = unsafe {
+        (
+            CoreCallable::native(vec![Out, Scalar], set_kernel),
+            CoreCallable::native(vec![InOut, Scalar], add_scalar_kernel),
+            CoreCallable::native(vec![InOut, In], accumulate_kernel),
+        )
+    };
     ChipCallable::native(orchestration, config)
         .names("streaming", "streaming_config")
         .signature(vec![InOut, Scalar, Scalar])
-        .kernel(SET, CoreCallable::native(vec![Out, Scalar], set_kernel))
-        .kernel(ADD_SCALAR, CoreCallable::native(vec![InOut, Scalar], add_scalar_kernel))
-        .kernel(ACCUMULATE, CoreCallable::native(vec![InOut, In], accumulate_kernel))
+        .kernel(SET, set)
+        .kernel(ADD_SCALAR, add_scalar)
+        .kernel(ACCUMULATE, accumulate)
 }
 
 /// The program as a callable.

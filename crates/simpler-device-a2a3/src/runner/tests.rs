@@ -145,14 +145,12 @@ fn fill_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError
 fn fill_setup() -> (DeviceRunner, ChipSlot, DevicePtr, TaskArgs) {
     let opts = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
     let mut r = DeviceRunner::attach(opts).unwrap();
+    // SAFETY: `fill_ones` writes its one output tensor.
+    let fill = unsafe {
+        crate::callable::CoreCallable::native(vec![crate::callable::ArgDirection::Out], fill_ones)
+    };
     let c = ChipCallable::native(fill_orch, |_| OrchConfig { expected_arg_count: 1 })
-        .kernel(
-            0,
-            crate::callable::CoreCallable::native(
-                vec![crate::callable::ArgDirection::Out],
-                fill_ones,
-            ),
-        )
+        .kernel(0, fill)
         .build()
         .unwrap();
     let slot = r.register_callable(&c).unwrap();

@@ -113,6 +113,13 @@ pub(crate) fn check_task(
     Ok(())
 }
 
+/// The tensors any of the kernels `funcs` (unused members [`NO_FUNC`]) writes, a bit per
+/// argument; kernels not among `kernels` write nothing here ([`check_task`] refuses them).
+pub(crate) fn writes_of(kernels: &[KernelArity], funcs: &[i32; 3]) -> u64 {
+    let named = funcs.iter().filter(|&&f| f != NO_FUNC);
+    named.filter_map(|&f| find(kernels, f as u32)).fold(0, |m, k| m | u64::from(k.writes))
+}
+
 /// Whether a task passing tensors tagged `tags` and `scalars` scalars fits kernel `k`: the
 /// counts match, a tensor the kernel reads is tagged to read (`Input`, `InOut`), one it writes
 /// is tagged to write (`Output`, `OutputExisting`, `InOut`), and `NoDep` fits either (the

@@ -4,12 +4,12 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use simpler_device_a2a3::{
-    ArgDirection, ChipCallable, CoreCallable, Kernels, OrchArgs, OrchConfig, OrchCtx, OrchError,
+    ArgDirection, ChipCallable, Kernels, OrchArgs, OrchConfig, OrchCtx, OrchError,
 };
 use simpler_tensormap::{ByteSpan, TensorKey, TensorMap};
 use simpler_types::{CoreArgs, SlotId};
 
-use super::{FUNC_NOOP, noop_kernel};
+use super::{FUNC_NOOP, noop_core};
 
 /// Two nested scopes around one 3-block task on tensor 0.
 pub fn scoped_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
@@ -27,7 +27,7 @@ pub fn scoped_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), Orc
 /// `scoped_orch` with the no-op kernel, taking one tensor.
 pub fn scoped_callable() -> ChipCallable {
     ChipCallable::native(scoped_orch, |_| OrchConfig { expected_arg_count: 1 })
-        .kernel(FUNC_NOOP, CoreCallable::native(vec![ArgDirection::InOut], noop_kernel))
+        .kernel(FUNC_NOOP, noop_core(vec![ArgDirection::InOut]))
         .build()
         .unwrap()
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 pub use simpler_device_a2a3::programs::vector;
 use simpler_device_a2a3::{
-    ChipCallable, DevicePtr, DeviceRunner, KernelCall, OrchArgs, OrchConfig, RunnerOptions,
-    RuntimeVariant,
+    ArgDirection, ChipCallable, CoreCallable, DevicePtr, DeviceRunner, KernelCall, OrchArgs,
+    OrchConfig, RunnerOptions, RuntimeVariant,
 };
 use simpler_types::{DataType, Tensor};
 
@@ -20,21 +20,32 @@ pub const FUNC_ADD_SCALAR: u32 = vector::ADD_SCALAR;
 pub const FUNC_MUL: u32 = vector::MUL;
 pub const FUNC_NOOP: u32 = 3;
 
-/// `c = a + b` over f32.
+/// `c = a + b` over f32, as far as all three reach; nothing for a null or misaligned tensor.
+/// For tasks on one block: each call takes the whole of `c`.
 pub unsafe extern "C-unwind" fn add_kernel(args: *mut i64) {
     // SAFETY: the runtime passes a valid argument vector; the task has 3 tensors.
     let k = unsafe { KernelCall::from_raw(args, 3) };
-    // SAFETY: all three are f32 buffers; the output does not alias the inputs.
-    let (a, b, c) = unsafe {
-        (k.slice::<f32>(0).unwrap(), k.slice::<f32>(1).unwrap(), k.slice_mut::<f32>(2).unwrap())
+    // SAFETY: the fixtures pass three f32 buffers and submit this kernel on one block, and the
+    // runtimes refuse a task whose output (the kernel's third argument, whatever its tag)
+    // overlaps another argument, so nothing else reads or writes `c`'s bytes meanwhile.
+    let (Some(a), Some(b), Some(c)) =
+        (unsafe { (k.slice::<f32>(0), k.slice::<f32>(1), k.slice_mut::<f32>(2)) })
+    else {
+        return;
     };
-    for i in 0..c.len() {
-        c[i] = a[i] + b[i];
+    for ((c, a), b) in c.iter_mut().zip(a).zip(b) {
+        *c = a + b;
     }
 }
 
 /// Does nothing.
 pub unsafe extern "C-unwind" fn noop_kernel(_args: *mut i64) {}
+
+/// [`noop_kernel`] with `signature`.
+pub fn noop_core(signature: Vec<ArgDirection>) -> CoreCallable {
+    // SAFETY: `noop_kernel` reads no argument, so it suits every signature.
+    unsafe { CoreCallable::native(signature, noop_kernel) }
+}
 
 /// Panics.
 pub unsafe extern "C-unwind" fn panicking_kernel(_args: *mut i64) {

@@ -104,7 +104,10 @@ pub fn add_callable() -> ChipCallable {
     ChipCallable::native(add::orchestration, super::three_args)
         .names("add", "add_config")
         .signature(vec![In, In, Out])
-        .kernel(add::ADD, CoreCallable::new(vec![In, In, Out], KernelCode::Text(vec![0; 64])))
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(add::ADD, unsafe {
+            CoreCallable::new(vec![In, In, Out], KernelCode::Text(vec![0; 64]))
+        })
         .build()
         .unwrap()
 }
@@ -119,7 +122,10 @@ pub fn add_object_callable() -> ChipCallable {
     };
     ChipCallable::builder(Orchestration::DeviceObject(object))
         .signature(vec![In, In, Out])
-        .kernel(add::ADD, CoreCallable::new(vec![In, In, Out], KernelCode::Text(vec![0; 64])))
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(add::ADD, unsafe {
+            CoreCallable::new(vec![In, In, Out], KernelCode::Text(vec![0; 64]))
+        })
         .build()
         .unwrap()
 }

@@ -589,7 +589,10 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                 made += 1;
             }
         }
-        if let Some((written, other)) = simpler_types::overlapping_write(tensors, tags) {
+        let kernel_writes = arity::writes_of(self.view.trb_kernels(), &funcs);
+        if let Some((written, other)) =
+            simpler_types::overlapping_write(tensors, tags, kernel_writes)
+        {
             // The refused task's index in submission order.
             let task = self.engine.submitted();
             let tag = tags[written];

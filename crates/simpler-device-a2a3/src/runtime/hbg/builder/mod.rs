@@ -370,7 +370,10 @@ impl<'e> GraphBuilder<'e> {
         {
             return i64::from(self.invalid(ArgsProblem::Arity { task, source }));
         }
-        if let Some((written, other)) = simpler_types::overlapping_write(tensors, parsed_tags) {
+        let kernel_writes = arity::writes_of(self.limits.kernels, &func_ids);
+        if let Some((written, other)) =
+            simpler_types::overlapping_write(tensors, parsed_tags, kernel_writes)
+        {
             let run_id = self.run_id;
             return i64::from(self.latch(DeviceError::OverlappingArguments {
                 run_id,
