@@ -610,6 +610,28 @@ fn a_child_wedged_registering_during_start_fails_start_at_its_deadline_naming_ch
     assert_eq!(mailboxes(), 0);
 }
 
+#[test]
+fn a_child_whose_mailbox_state_keeps_changing_is_still_killed_at_its_budget() {
+    let _serial = serial();
+    let zombies_before = zombies();
+    // The child flips its mailbox between "request" and "accepted" instead of answering its
+    // registration, waking the worker at each flip: every wake sees a new state, and the
+    // budget must still end the wait, well before the start deadline.
+    let control = Duration::from_millis(500);
+    let opts = options().control_timeout(control).fault_at_start(ChildFault::FlipStateOnRegister);
+    let startup = Duration::from_secs(60);
+    let mut b = process_host(&[0], opts).startup_timeout(startup);
+    b.register_chip(add_callable(0));
+    let began = std::time::Instant::now();
+    let e = b.start().expect_err("the child never answers its registration");
+    let elapsed = began.elapsed();
+    assert!(elapsed < startup / 2, "the wait outlived its budget: {elapsed:?}: {e}");
+    let text = e.to_string();
+    assert!(text.contains("did not answer") && text.contains("500ms"), "{e}");
+    assert_eq!(zombies(), zombies_before, "the flipping child was reaped");
+    assert_eq!(mailboxes(), 0);
+}
+
 /// The chip, the process and what went wrong, when `t` is a chip process's end gone wrong.
 fn chip_process_fault(t: &TeardownError) -> Option<(WorkerId, u32, &ShutdownFault)> {
     match (&t.what, &t.cause) {

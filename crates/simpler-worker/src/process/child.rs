@@ -316,10 +316,12 @@ impl Child {
         };
         match code {
             op::REGISTER => {
-                // Faults 7, 8 and 9 act on the next registration: an abort, a hang, a refusal.
+                // Faults 7, 8, 9 and 13 act on the next registration: an abort, a hang, a
+                // refusal, a mailbox state that flips for ever.
                 match self.fault {
                     7 => Self::crash_if_armed(2),
                     8 => Self::crash_if_armed(3),
+                    13 => self.flip_state_for_ever(),
                     _ => {}
                 }
                 let digest = r.digest().map_err(malformed)?;
@@ -445,6 +447,17 @@ impl Child {
 
     /// The crash faults of the crash-isolation tests (armed only through the simulator-only
     /// `Worker::arm_chip_process_fault`).
+    /// Fault 13: flips the mailbox between REQUEST and ACCEPTED, waking the parent each time,
+    /// until killed.
+    fn flip_state_for_ever(&self) -> ! {
+        loop {
+            for s in [state::REQUEST, state::ACCEPTED] {
+                self.mailbox.publish(s);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    }
+
     fn crash_if_armed(fault: u8) {
         match fault {
             1 => loop {

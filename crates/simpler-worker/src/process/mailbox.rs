@@ -20,7 +20,7 @@
 //! refused, frames are decoded with checked reads), never a data race in this process.
 
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -123,6 +123,10 @@ impl Mailbox {
     pub(crate) fn create() -> std::io::Result<(Mailbox, OwnedFd)> {
         let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
         let fd = rustix::fs::memfd_create("simpler-chip-mailbox", flags)?;
+        // Above the standard streams: in a process that closed one of them the memfd would
+        // take its number, and the spawn, which sets the child's standard streams before it
+        // hands the mailbox on, would replace it.
+        let fd = if fd.as_raw_fd() <= 2 { rustix::io::fcntl_dupfd_cloexec(&fd, 3)? } else { fd };
         rustix::fs::ftruncate(&fd, MAILBOX_BYTES as u64)?;
         // Sealed at its size: a child that shrank it would make this process fault (SIGBUS)
         // on its next access of the mapping.

@@ -506,6 +506,9 @@ pub enum ChildFault {
     /// The process finalizes its chip and says it exits when asked to shut down, and then
     /// hangs instead (armed now, not at the next run; it holds beside any other fault).
     HangAfterExit,
+    /// At its next registration the process flips its mailbox between "request" and
+    /// "accepted" for ever instead of answering, as a corrupted process might (armed now).
+    FlipStateOnRegister,
 }
 
 /// The main function of the `simpler-chip-child` binary; returns its exit status.

@@ -511,18 +511,18 @@ impl ChipProcess {
                 state::REQUEST | state::ACCEPTED => {}
                 state => return Err(self.protocol(ProtocolFault::State { operation, state })),
             }
-            if s == seen {
-                if let Some(exit) = self.exited() {
-                    let e = ChildError::Died { chip, pid, exit, operation, seq, run };
-                    self.failed = Some(e.clone());
-                    return Err(e);
-                }
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    self.kill();
-                    let e = ChildError::Unresponsive { chip, pid, operation, seq, run, budget };
-                    self.failed = Some(e.clone());
-                    return Err(e);
-                }
+            // Checked at every wake, a change of state or not: the child may write its mailbox
+            // at any time, and one that keeps changing the state must not keep the wait alive.
+            if let Some(exit) = self.exited() {
+                let e = ChildError::Died { chip, pid, exit, operation, seq, run };
+                self.failed = Some(e.clone());
+                return Err(e);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                self.kill();
+                let e = ChildError::Unresponsive { chip, pid, operation, seq, run, budget };
+                self.failed = Some(e.clone());
+                return Err(e);
             }
             seen = s;
         }
@@ -750,6 +750,7 @@ impl ChipProcess {
             super::ChildFault::WildMalloc => 10,
             super::ChildFault::RefuseOnRelease => 11,
             super::ChildFault::HangAfterExit => 12,
+            super::ChildFault::FlipStateOnRegister => 13,
         });
         self.call(op::ARM_FAULT, "arm fault", None).map(|_| ())
     }
