@@ -23,13 +23,16 @@ use crate::abi::regs::RegId;
 
 pub mod dispatch;
 pub mod program;
-pub mod scheduler;
+// The scheduler and the image view run over raw image memory whose exclusive use per AICPU
+// thread only the runtime's launches guarantee: not for callers outside the crate.
+pub(crate) mod scheduler;
 mod text;
 pub(crate) mod trace;
 mod trb;
-pub mod view;
+pub(crate) mod view;
 
-pub use scheduler::{EXEC_HANDSHAKE_FAILED, EXEC_OK, EXEC_UNCLEAN_SHUTDOWN, exec, part_is_brief};
+pub(crate) use scheduler::exec;
+pub use scheduler::{EXEC_HANDSHAKE_FAILED, EXEC_OK, EXEC_UNCLEAN_SHUTDOWN, part_is_brief};
 
 /// Severity of an AICPU log line.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

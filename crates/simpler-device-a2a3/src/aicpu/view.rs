@@ -32,11 +32,11 @@ use crate::abi::{ABI_VERSION, MAX_FUNC_IDS, MAX_LAUNCH_CORES};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ViewError {
     /// The base address is null or misaligned.
-    BadBase,
+    Base,
     /// The header's magic or ABI version does not match.
-    BadHeader,
+    Header,
     /// A section lies outside the region or is misaligned.
-    BadSection(&'static str),
+    Section(&'static str),
 }
 
 /// A checked view of a runtime image.
@@ -72,14 +72,13 @@ impl<'a> ImageView<'a> {
         for i in 0..header.task_count {
             let t = view.task(i);
             let arg_bytes = u64::from(t.num_tensors) * 128 + u64::from(t.num_scalars) * 8;
-            let end =
-                t.args_off.checked_add(arg_bytes).ok_or(ViewError::BadSection("task args"))?;
+            let end = t.args_off.checked_add(arg_bytes).ok_or(ViewError::Section("task args"))?;
             if !t.args_off.is_multiple_of(SECTION_ALIGN) || end > len {
-                return Err(ViewError::BadSection("task args"));
+                return Err(ViewError::Section("task args"));
             }
             let fan_end = u64::from(t.fanout_start) + u64::from(t.fanout_count);
             if fan_end > u64::from(header.edge_count) {
-                return Err(ViewError::BadSection("fanout"));
+                return Err(ViewError::Section("fanout"));
             }
         }
         Ok(view)
@@ -93,10 +92,10 @@ impl<'a> ImageView<'a> {
     /// As [`ImageView::from_raw`].
     unsafe fn from_raw_sections(base: *mut u8, len: u64) -> Result<ImageView<'a>, ViewError> {
         if base.is_null() || !(base as usize).is_multiple_of(SECTION_ALIGN as usize) {
-            return Err(ViewError::BadBase);
+            return Err(ViewError::Base);
         }
         if len < size_of::<ImageHeader>() as u64 {
-            return Err(ViewError::BadSection("header"));
+            return Err(ViewError::Section("header"));
         }
         // SAFETY: the caller guarantees `len` readable bytes at `base`, which is 64-aligned and
         // long enough for the header (checked above); the header is plain data written by the
@@ -104,7 +103,7 @@ impl<'a> ImageView<'a> {
         let header = unsafe { &*(base as *const ImageHeader) };
         let magic_ok = header.magic == HBG_IMAGE_MAGIC || header.magic == TRB_IMAGE_MAGIC;
         if !magic_ok || header.abi_version != ABI_VERSION {
-            return Err(ViewError::BadHeader);
+            return Err(ViewError::Header);
         }
         // A launch has at least one block of three cores: `swimlane` and `handshake` clamp a
         // core index into `0..num_aicore`, which needs the range to be non-empty. Checked
@@ -113,12 +112,12 @@ impl<'a> ImageView<'a> {
             || header.num_aicore as usize > MAX_LAUNCH_CORES
             || header.block_dim.checked_mul(3) != Some(header.num_aicore)
         {
-            return Err(ViewError::BadSection("launch shape"));
+            return Err(ViewError::Section("launch shape"));
         }
         let check = |off: u64, bytes: u64, name: &'static str| -> Result<(), ViewError> {
-            let end = off.checked_add(bytes).ok_or(ViewError::BadSection(name))?;
+            let end = off.checked_add(bytes).ok_or(ViewError::Section(name))?;
             if !off.is_multiple_of(SECTION_ALIGN) || end > len || end > header.image_len {
-                return Err(ViewError::BadSection(name));
+                return Err(ViewError::Section(name));
             }
             Ok(())
         };
@@ -399,11 +398,6 @@ impl<'a> ImageView<'a> {
         let t = (t as usize).min(MAX_PHASE_THREADS - 1) as u64;
         // SAFETY: four records (checked in `from_raw`); `t` is clamped; all fields are atomics.
         unsafe { self.at(self.header.phases_off + t * size_of::<PhaseRecord>() as u64) }
-    }
-
-    /// Number of tasks.
-    pub fn task_count(&self) -> u32 {
-        self.header.task_count
     }
 }
 
@@ -725,9 +719,9 @@ mod tests {
         assert_eq!(host_view_of(1, 3), Ok(()));
         assert_eq!(host_view_of(24, 72), Ok(()));
         // No cores: the swimlane section is empty, so no core index can be clamped into it.
-        assert_eq!(host_view_of(0, 0), Err(ViewError::BadSection("launch shape")));
+        assert_eq!(host_view_of(0, 0), Err(ViewError::Section("launch shape")));
         // `3 * block_dim` wraps to 2 in u32.
-        assert_eq!(host_view_of(0x5555_5556, 2), Err(ViewError::BadSection("launch shape")));
+        assert_eq!(host_view_of(0x5555_5556, 2), Err(ViewError::Section("launch shape")));
     }
 
     #[test]
