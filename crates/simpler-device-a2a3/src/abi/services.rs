@@ -26,23 +26,39 @@ pub struct HostServices {
     /// entry is not used when this table is present).
     pub init: InitArgs,
     /// The 50 MHz counter.
-    pub counter: extern "C" fn(ctx: *const c_void) -> u64,
+    pub counter: unsafe extern "C" fn(ctx: *const c_void) -> u64,
     /// The epoch of `thread`'s wakeup counter.
-    pub wait_epoch: extern "C" fn(ctx: *const c_void, thread: u32) -> u64,
+    pub wait_epoch: unsafe extern "C" fn(ctx: *const c_void, thread: u32) -> u64,
     /// Spin, then park until the epoch moves past `observed` or the counter reaches `deadline`.
-    pub idle_wait:
-        extern "C" fn(ctx: *const c_void, thread: u32, observed: u64, round: u32, deadline: u64),
+    pub idle_wait: unsafe extern "C" fn(
+        ctx: *const c_void,
+        thread: u32,
+        observed: u64,
+        round: u32,
+        deadline: u64,
+    ),
     /// Called after every store to one of `core`'s registers (wakes a parked core).
-    pub notify_core: extern "C" fn(ctx: *const c_void, core: u32),
+    pub notify_core: unsafe extern "C" fn(ctx: *const c_void, core: u32),
     /// Wakes every AICPU thread of the launch.
-    pub notify_schedulers: extern "C" fn(ctx: *const c_void),
+    pub notify_schedulers: unsafe extern "C" fn(ctx: *const c_void),
     /// `thread` owns `core`, so the core's `COND` writes wake it.
-    pub claim_core: extern "C" fn(ctx: *const c_void, thread: u32, core: u32),
+    pub claim_core: unsafe extern "C" fn(ctx: *const c_void, thread: u32, core: u32),
     /// Non-zero when the launch is being torn down.
-    pub should_stop: extern "C" fn(ctx: *const c_void) -> u32,
+    pub should_stop: unsafe extern "C" fn(ctx: *const c_void) -> u32,
     /// A log line at `level` (0 error, 1 warn, 2 info, 3 debug).
-    pub log: extern "C" fn(ctx: *const c_void, thread: u32, level: u32, msg: *const u8, len: usize),
+    pub log: unsafe extern "C" fn(
+        ctx: *const c_void,
+        thread: u32,
+        level: u32,
+        msg: *const u8,
+        len: usize,
+    ),
     /// A fault for the host to report; `core` is a core index or −1.
-    pub report_fault:
-        extern "C" fn(ctx: *const c_void, thread: u32, core: i64, msg: *const u8, len: usize),
+    pub report_fault: unsafe extern "C" fn(
+        ctx: *const c_void,
+        thread: u32,
+        core: i64,
+        msg: *const u8,
+        len: usize,
+    ),
 }

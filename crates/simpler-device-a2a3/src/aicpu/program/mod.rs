@@ -231,24 +231,28 @@ impl AicpuPlatform for MmioPlatform<'_> {
             c.store(value, Ordering::Relaxed);
         }
         if let Some(s) = self.services {
-            (s.notify_core)(s.ctx, core);
+            // SAFETY: the table came with this exec call, whose `ctx` its functions take.
+            unsafe { (s.notify_core)(s.ctx, core) };
         }
     }
 
     fn counter(&self) -> u64 {
         match self.services {
-            Some(s) => (s.counter)(s.ctx),
+            // SAFETY: the table came with this exec call, whose `ctx` its functions take.
+            Some(s) => unsafe { (s.counter)(s.ctx) },
             None => system_counter(),
         }
     }
 
     fn wait_epoch(&self) -> u64 {
-        self.services.map_or(0, |s| (s.wait_epoch)(s.ctx, self.thread))
+        // SAFETY: the table came with this exec call, whose `ctx` its functions take.
+        self.services.map_or(0, |s| unsafe { (s.wait_epoch)(s.ctx, self.thread) })
     }
 
     fn idle_wait(&self, observed: u64, round: u32, deadline: u64) {
         match self.services {
-            Some(s) => (s.idle_wait)(s.ctx, self.thread, observed, round, deadline),
+            // SAFETY: the table came with this exec call, whose `ctx` its functions take.
+            Some(s) => unsafe { (s.idle_wait)(s.ctx, self.thread, observed, round, deadline) },
             None => {
                 for _ in 0..1u32 << round.min(6) {
                     core::hint::spin_loop();
@@ -259,13 +263,15 @@ impl AicpuPlatform for MmioPlatform<'_> {
 
     fn notify_schedulers(&self) {
         if let Some(s) = self.services {
-            (s.notify_schedulers)(s.ctx);
+            // SAFETY: the table came with this exec call, whose `ctx` its functions take.
+            unsafe { (s.notify_schedulers)(s.ctx) };
         }
     }
 
     fn claim_core(&self, core: u32) {
         if let Some(s) = self.services {
-            (s.claim_core)(s.ctx, self.thread, core);
+            // SAFETY: the table came with this exec call, whose `ctx` its functions take.
+            unsafe { (s.claim_core)(s.ctx, self.thread, core) };
         }
     }
 
@@ -279,7 +285,8 @@ impl AicpuPlatform for MmioPlatform<'_> {
     }
 
     fn should_stop(&self) -> bool {
-        self.services.is_some_and(|s| (s.should_stop)(s.ctx) != 0)
+        // SAFETY: the table came with this exec call, whose `ctx` its functions take.
+        self.services.is_some_and(|s| unsafe { (s.should_stop)(s.ctx) } != 0)
     }
 
     fn log(&self, level: LogLevel, args: fmt::Arguments<'_>) {
@@ -294,7 +301,9 @@ impl AicpuPlatform for MmioPlatform<'_> {
                 LogLevel::Info => 2,
                 LogLevel::Debug => 3,
             };
-            (s.log)(s.ctx, self.thread, level, text.as_ptr(), text.len());
+            // SAFETY: the table came with this exec call, whose `ctx` its functions take;
+            // `text` is `text.len()` readable bytes.
+            unsafe { (s.log)(s.ctx, self.thread, level, text.as_ptr(), text.len()) };
         }
     }
 
@@ -303,7 +312,9 @@ impl AicpuPlatform for MmioPlatform<'_> {
             let line = LogLine::format(args);
             let text = line.as_bytes();
             let core = core.map_or(-1, i64::from);
-            (s.report_fault)(s.ctx, self.thread, core, text.as_ptr(), text.len());
+            // SAFETY: the table came with this exec call, whose `ctx` its functions take;
+            // `text` is `text.len()` readable bytes.
+            unsafe { (s.report_fault)(s.ctx, self.thread, core, text.as_ptr(), text.len()) };
         }
     }
 }

@@ -118,35 +118,56 @@ struct Host<'a> {
 }
 
 /// The simulator platform of AICPU thread `thread`.
-fn platform<'a>(ctx: *const c_void, thread: u32) -> SimAicpu<'a> {
-    // SAFETY: `ctx` is the `Host` of the exec call in progress (`AicpuProgram::exec`).
+///
+/// # Safety
+///
+/// `ctx` is the `Host` of the exec call in progress (`AicpuProgram::exec`).
+unsafe fn platform<'a>(ctx: *const c_void, thread: u32) -> SimAicpu<'a> {
+    // SAFETY: the caller's contract.
     let h = unsafe { &*ctx.cast::<Host<'a>>() };
     let thread = thread.min(crate::abi::MAX_AICPU_THREADS - 1);
     SimAicpu::new(h.dev, h.entry, thread)
 }
 
-fn text<'a>(msg: *const u8, len: usize) -> std::borrow::Cow<'a, str> {
+/// # Safety
+///
+/// `msg`, unless null, points at `len` readable bytes.
+unsafe fn text<'a>(msg: *const u8, len: usize) -> std::borrow::Cow<'a, str> {
     if msg.is_null() {
         return "".into();
     }
-    // SAFETY: the program passes `len` readable bytes of a line it formatted.
+    // SAFETY: the caller's contract.
     String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(msg, len) })
 }
 
-extern "C" fn counter(ctx: *const c_void) -> u64 {
-    platform(ctx, 0).counter()
+/// # Safety (of every service below)
+///
+/// `ctx` is the `Host` of the exec call in progress; `msg`, if any, points at `len` readable
+/// bytes.
+unsafe extern "C" fn counter(ctx: *const c_void) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { platform(ctx, 0) }.counter()
 }
 
-extern "C" fn wait_epoch(ctx: *const c_void, thread: u32) -> u64 {
-    platform(ctx, thread).wait_epoch()
+unsafe extern "C" fn wait_epoch(ctx: *const c_void, thread: u32) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { platform(ctx, thread) }.wait_epoch()
 }
 
-extern "C" fn idle_wait(ctx: *const c_void, thread: u32, observed: u64, round: u32, deadline: u64) {
-    platform(ctx, thread).idle_wait(observed, round, deadline)
+unsafe extern "C" fn idle_wait(
+    ctx: *const c_void,
+    thread: u32,
+    observed: u64,
+    round: u32,
+    deadline: u64,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { platform(ctx, thread) }.idle_wait(observed, round, deadline)
 }
 
-extern "C" fn notify_core(ctx: *const c_void, core: u32) {
-    let p = platform(ctx, 0);
+unsafe extern "C" fn notify_core(ctx: *const c_void, core: u32) {
+    // SAFETY: the caller's contract.
+    let p = unsafe { platform(ctx, 0) };
     if let Some(b) = p.dev.regs.get(core as usize) {
         // A kernel served here runs inside this callback: a panic must not cross the C
         // boundary (kernel panics are caught at the kernel; this guards the simulator's own).
@@ -158,29 +179,42 @@ extern "C" fn notify_core(ctx: *const c_void, core: u32) {
     }
 }
 
-extern "C" fn notify_schedulers(ctx: *const c_void) {
-    platform(ctx, 0).notify_schedulers()
+unsafe extern "C" fn notify_schedulers(ctx: *const c_void) {
+    // SAFETY: the caller's contract.
+    unsafe { platform(ctx, 0) }.notify_schedulers()
 }
 
-extern "C" fn claim_core(ctx: *const c_void, thread: u32, core: u32) {
-    platform(ctx, thread).claim_core(core)
+unsafe extern "C" fn claim_core(ctx: *const c_void, thread: u32, core: u32) {
+    // SAFETY: the caller's contract.
+    unsafe { platform(ctx, thread) }.claim_core(core)
 }
 
-extern "C" fn should_stop(ctx: *const c_void) -> u32 {
-    u32::from(platform(ctx, 0).should_stop())
+unsafe extern "C" fn should_stop(ctx: *const c_void) -> u32 {
+    // SAFETY: the caller's contract.
+    u32::from(unsafe { platform(ctx, 0) }.should_stop())
 }
 
-extern "C" fn log(ctx: *const c_void, thread: u32, level: u32, msg: *const u8, len: usize) {
+unsafe extern "C" fn log(ctx: *const c_void, thread: u32, level: u32, msg: *const u8, len: usize) {
     let level = match level {
         0 => LogLevel::Error,
         1 => LogLevel::Warn,
         2 => LogLevel::Info,
         _ => LogLevel::Debug,
     };
-    platform(ctx, thread).log(level, format_args!("{}", text(msg, len)))
+    // SAFETY: the caller's contract.
+    let (p, line) = unsafe { (platform(ctx, thread), text(msg, len)) };
+    p.log(level, format_args!("{line}"))
 }
 
-extern "C" fn report_fault(ctx: *const c_void, thread: u32, core: i64, msg: *const u8, len: usize) {
+unsafe extern "C" fn report_fault(
+    ctx: *const c_void,
+    thread: u32,
+    core: i64,
+    msg: *const u8,
+    len: usize,
+) {
     let core = u32::try_from(core).ok();
-    platform(ctx, thread).report_fault(core, format_args!("{}", text(msg, len)))
+    // SAFETY: the caller's contract.
+    let (p, line) = unsafe { (platform(ctx, thread), text(msg, len)) };
+    p.report_fault(core, format_args!("{line}"))
 }
