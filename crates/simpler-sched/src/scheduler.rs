@@ -614,6 +614,9 @@ impl Core {
             Err(payload) => {
                 state.recover();
                 self.poison(&format!("scheduler pass panicked: {}", into_panic_message(payload)));
+                // The pass never said whether the scheduler thread must look (a stop that this
+                // pass's completions made due, say): it looks, once too often at worst.
+                self.attention.set();
             }
         }
     }
