@@ -765,3 +765,35 @@ fn dep_gen_does_not_call_an_edge_the_device_skipped_to_a_finished_reader_a_diffe
     r.finalize().unwrap();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+fn oversized_alloc_orchestration(ctx: &mut OrchCtx<'_>, _: &OrchArgs<'_>) -> Result<(), OrchError> {
+    // Descriptor 0 fits; descriptor 1 needs 1 MiB, past the 64 KiB heap of the outer ring.
+    ctx.alloc_tensor(&[16], DataType::Float32)?;
+    ctx.alloc_tensor(&[256 << 10], DataType::Float32)?;
+    Ok(())
+}
+
+fn no_args(_: &OrchArgs<'_>) -> OrchConfig {
+    OrchConfig { expected_arg_count: 0 }
+}
+
+#[test]
+fn an_allocation_larger_than_the_heap_names_the_call_its_descriptor_and_its_bytes() {
+    let mut r = DeviceRunner::attach(options_for(RuntimeVariant::TensormapAndRingbuffer)).unwrap();
+    let c = over_add_kernels(oversized_alloc_orchestration, no_args, "oversized_alloc");
+    let slot = r.register_callable(&c).unwrap();
+    let small =
+        RingOverride { task_window: Some(16), heap_bytes: Some(64 << 10), dep_pool: Some(16) };
+    let cfg = CallConfig::builder().ring_override(RingSel::All, small).build().unwrap();
+    let run = RunId::from_raw(1).unwrap();
+    let err = r.run(&RunRequest::new(run, slot, &TaskArgs::new(), &cfg)).unwrap_err();
+    let DeviceError::Runtime { fault, .. } = &err else { panic!("not a runtime fault: {err}") };
+    assert_eq!(fault.code, RuntimeCode::InvalidArgs, "{err}");
+    assert!(
+        fault.message.starts_with("alloc_tensors: descriptor 0 (1048576 bytes): "),
+        "{}",
+        fault.message
+    );
+    assert!(fault.message.ends_with("buffer larger than the ring's heap"), "{}", fault.message);
+    r.finalize().unwrap();
+}

@@ -350,14 +350,15 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         ORCH_INVALID
     }
 
-    /// Latches a refusal that is not a wait.
-    fn refused(&mut self, r: SubmitRefusal) -> i32 {
+    /// Latches a refusal of `op` (the call and what it was given, for the message) that is not a
+    /// wait.
+    fn refused(&mut self, op: &dyn fmt::Display, r: SubmitRefusal) -> i32 {
         match r {
             SubmitRefusal::Stall(s) => {
                 self.latch(s.code(), format_args!("{s}"), FaultDetail::Stall(&s));
                 ORCH_CAPACITY
             }
-            SubmitRefusal::Invalid(m) => self.invalid(format_args!("{m}")),
+            SubmitRefusal::Invalid(m) => self.invalid(format_args!("{op}: {m}")),
             SubmitRefusal::Unqueued(id) => {
                 let (ring, local) = (id.0 >> 32, id.0 as u32);
                 self.latch(
@@ -397,9 +398,10 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         true
     }
 
-    /// Retries `attempt` while the engine says to wait, idling on the platform's wait.
+    /// Retries `attempt` of `op` while the engine says to wait, idling on the platform's wait.
     fn retry<T>(
         &mut self,
+        op: &dyn fmt::Display,
         mut attempt: impl FnMut(&mut Self) -> Result<T, SubmitRefusal>,
     ) -> Result<T, i32> {
         loop {
@@ -415,7 +417,7 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                         return Err(ORCH_FAILED);
                     }
                 }
-                Err(r) => return Err(self.refused(r)),
+                Err(r) => return Err(self.refused(op, r)),
             }
         }
     }
@@ -616,7 +618,8 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         let (layout, base) = (self.layout, self.base);
         let keep = &keep[..kept];
         let creators = &creators[..made];
-        let submitted = self.retry(|o| {
+        let index = self.engine.submitted();
+        let submitted = self.retry(&format_args!("submit: task {index}"), |o| {
             o.engine.submit_with(accesses.as_slice(), 0, keep, creators, |id| {
                 write_task(layout, base, id, &task)
             })
@@ -672,7 +675,8 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                     "alloc_tensors: descriptor {i} has an unknown dtype {dtype}"
                 ));
             };
-            match self.retry(|o| o.engine.alloc(bytes)) {
+            let op = format_args!("alloc_tensors: descriptor {i} ({bytes} bytes)");
+            match self.retry(&op, |o| o.engine.alloc(bytes)) {
                 Ok(a) => {
                     t.addr = self.base as u64 + self.layout.heap_off(a.ring) + a.offset;
                     t.size = bytes;

@@ -63,7 +63,7 @@ unsafe extern "C-unwind" fn op_scope_begin<P: AicpuPlatform>(rt: *mut c_void) ->
             }
             ORCH_OK
         }
-        Err(r) => o.refused(r),
+        Err(r) => o.refused(&"scope_begin", r),
     }
 }
 
@@ -84,7 +84,7 @@ unsafe extern "C-unwind" fn op_scope_end<P: AicpuPlatform>(rt: *mut c_void) -> i
             }
             ORCH_OK
         }
-        Err(r) => o.refused(r),
+        Err(r) => o.refused(&"scope_end", r),
     }
 }
 
