@@ -632,6 +632,35 @@ fn a_child_whose_mailbox_state_keeps_changing_is_still_killed_at_its_budget() {
     assert_eq!(mailboxes(), 0);
 }
 
+#[test]
+fn a_child_that_died_between_requests_is_reported_as_ended_before_its_shutdown() {
+    let _serial = serial();
+    let zombies_before = zombies();
+    let w = process_host(&[0], options()).start().expect("start");
+    let pid = w.chip_process_id(WorkerId(0)).unwrap().expect("pid");
+    let target = rustix::process::Pid::from_raw(pid as i32).expect("a pid");
+    rustix::process::kill_process(target, rustix::process::Signal::KILL).expect("kill");
+    // Dead but not reaped: nothing asks it anything until the close.
+    let dead = |p: u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat")).map_or(true, |s| {
+            s.rsplit_once(')').is_some_and(|(_, t)| t.trim_start().starts_with('Z'))
+        })
+    };
+    let began = std::time::Instant::now();
+    while !dead(pid) && began.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let e = w.close().expect_err("chip 0's process was dead before the close");
+    match e.teardown.iter().map(chip_process_fault).collect::<Vec<_>>().as_slice() {
+        [Some((WorkerId(0), p, ShutdownFault::EndedBefore(ChildExit::Signal(9))))] => {
+            assert_eq!(*p, pid)
+        }
+        other => panic!("a process dead before its shutdown gave {other:?}: {e}"),
+    }
+    assert!(e.to_string().contains("before it was asked to shut down"), "{e}");
+    assert_eq!((mailboxes(), zombies()), (0, zombies_before));
+}
+
 /// The chip, the process and what went wrong, when `t` is a chip process's end gone wrong.
 fn chip_process_fault(t: &TeardownError) -> Option<(WorkerId, u32, &ShutdownFault)> {
     match (&t.what, &t.cause) {

@@ -345,6 +345,10 @@ pub enum ShutdownFault {
     /// It ended during the shutdown, other than by exiting with status 0.
     #[error("{0} during shutdown")]
     Ended(ChildExit),
+    /// It had ended before it was asked to shut down, while no request was pending (nothing
+    /// notices a death between requests earlier).
+    #[error("{0} before it was asked to shut down")]
+    EndedBefore(ChildExit),
 }
 
 /// What was wrong with a reply read from a chip process's mailbox.

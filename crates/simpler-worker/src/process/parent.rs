@@ -764,6 +764,11 @@ impl ChipProcess {
         let failed = |fault| {
             Residue::failed(TeardownPart::Chip(chip), TeardownCause::ChipProcess { pid, fault })
         };
+        // A process that died between requests is only noticed now: not "during shutdown".
+        if let Some(exit) = self.exited() {
+            return vec![failed(ShutdownFault::EndedBefore(exit))];
+        }
+        let Some(live) = self.live.as_ref() else { return Vec::new() };
         live.mailbox.publish(state::SHUTDOWN);
         let (deadline, budget) = self.wait_deadline(self.opts.shutdown_timeout);
         let mut seen = state::SHUTDOWN;
