@@ -181,16 +181,22 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
         .fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
+/// The `N` bytes at `off`; `None` past the end, also for an offset near `usize::MAX` (an
+/// object's own offsets are untrusted).
+fn bytes_at<const N: usize>(b: &[u8], off: usize) -> Option<[u8; N]> {
+    b.get(off..off.checked_add(N)?)?.try_into().ok()
+}
+
 fn u16_at(b: &[u8], off: usize) -> Option<u64> {
-    Some(u64::from(u16::from_le_bytes(b.get(off..off + 2)?.try_into().ok()?)))
+    Some(u64::from(u16::from_le_bytes(bytes_at(b, off)?)))
 }
 
 fn u32_at(b: &[u8], off: usize) -> Option<u64> {
-    Some(u64::from(u32::from_le_bytes(b.get(off..off + 4)?.try_into().ok()?)))
+    Some(u64::from(u32::from_le_bytes(bytes_at(b, off)?)))
 }
 
 fn u64_at(b: &[u8], off: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
+    Some(u64::from_le_bytes(bytes_at(b, off)?))
 }
 
 /// The GNU build-id of a little-endian ELF64 object, found through its program headers.
@@ -209,8 +215,8 @@ pub fn build_id(elf: &[u8]) -> Option<&[u8]> {
         if u32_at(elf, ph)? != 4 {
             continue;
         }
-        let off = usize::try_from(u64_at(elf, ph + 0x08)?).ok()?;
-        let size = usize::try_from(u64_at(elf, ph + 0x20)?).ok()?;
+        let off = usize::try_from(u64_at(elf, ph.checked_add(0x08)?)?).ok()?;
+        let size = usize::try_from(u64_at(elf, ph.checked_add(0x20)?)?).ok()?;
         let Some(notes) = elf.get(off..off.checked_add(size)?) else { continue };
         let mut pos = 0usize;
         while notes.len() - pos >= 12 {
@@ -568,6 +574,18 @@ mod tests {
         }
         assert_eq!(DispatchCode::from_raw(-42), DispatchCode::Unknown(-42));
         assert_eq!(DispatchCode::from_raw(-42).to_string(), "unknown dispatcher code -42");
+    }
+
+    #[test]
+    fn program_headers_placed_at_the_end_of_the_address_space_find_nothing() {
+        let mut elf = vec![0u8; 64];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[0x36] = 56; // phentsize
+        elf[0x38] = 2; // phnum
+        for phoff in [u64::MAX - 3, u64::MAX - 0x0f, u64::MAX - 56] {
+            elf[0x20..0x28].copy_from_slice(&phoff.to_le_bytes());
+            assert_eq!(build_id(&elf), None, "{phoff:#x}");
+        }
     }
 
     #[test]

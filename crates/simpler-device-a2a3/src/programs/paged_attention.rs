@@ -205,8 +205,9 @@ pub fn orchestration(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), O
         if blocks > ops.max_blocks {
             return Err(bad_arguments());
         }
-        let row = (r * ops.max_blocks) as usize;
-        let blocks = &table[row..row + blocks as usize];
+        let row = (r as usize).checked_mul(ops.max_blocks as usize).ok_or_else(bad_arguments)?;
+        let end = row.checked_add(blocks as usize).ok_or_else(bad_arguments)?;
+        let blocks = table.get(row..end).ok_or_else(bad_arguments)?;
         ctx.scope(|ctx| submit_request(ctx, &ops, r, len, blocks, scale))??;
     }
     Ok(())
@@ -225,7 +226,8 @@ fn submit_request(
     let (dim, tokens) = (ops.head_dim, ops.block_tokens);
     let bad = |_| bad_arguments();
     let q_row = ops.q.view(&[1, dim], &[r, 0]).map_err(bad)?;
-    let state = ctx.alloc_tensor(&[dim + 2], DataType::Float32)?;
+    let state =
+        ctx.alloc_tensor(&[dim.checked_add(2).ok_or_else(bad_arguments)?], DataType::Float32)?;
     ctx.submit(Kernels::Aiv(INIT), &task_args(&[(state, Output)], None)?)?;
     for (j, &block) in blocks.iter().enumerate() {
         let block =
