@@ -260,6 +260,8 @@ fn check_stall(scenario: u64, window: u32, ring1: RingOverride, code: RuntimeCod
     );
     assert!(fault.usage.is_some(), "{err}");
     assert!(fault.message.contains(text), "{err}");
+    let call = ["submit: task ", "alloc_tensors: descriptor "];
+    assert!(call.iter().any(|c| fault.message.starts_with(c)), "the call is not named: {err}");
     r.free(p).unwrap();
     // The runner is still usable.
     let good = vector_args(1024);
@@ -767,7 +769,8 @@ fn dep_gen_does_not_call_an_edge_the_device_skipped_to_a_finished_reader_a_diffe
 }
 
 fn oversized_alloc_orchestration(ctx: &mut OrchCtx<'_>, _: &OrchArgs<'_>) -> Result<(), OrchError> {
-    // Descriptor 0 fits; descriptor 1 needs 1 MiB, past the 64 KiB heap of the outer ring.
+    // The first call's one descriptor fits; the second's needs 1 MiB, past the 64 KiB heap of
+    // the outer ring (each call numbers its descriptors from 0).
     ctx.alloc_tensor(&[16], DataType::Float32)?;
     ctx.alloc_tensor(&[256 << 10], DataType::Float32)?;
     Ok(())

@@ -326,8 +326,9 @@ pub enum ArgsProblem {
         /// Their length.
         len: u64,
     },
-    /// `tensor_data` named bytes outside the run's host-staged inputs.
-    #[error("tensor_data: [{addr:#x}, +{len}) is not inside a host-staged input of this run")]
+    /// `tensor_data` named bytes outside the run's chip arguments (its host-staged inputs and
+    /// the device allocations it was passed).
+    #[error("tensor_data: [{addr:#x}, +{len}) is not inside a chip argument of this run")]
     DataNotStaged {
         /// Start of the bytes.
         addr: u64,

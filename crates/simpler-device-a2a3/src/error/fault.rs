@@ -71,7 +71,7 @@ pub struct RuntimeFault {
 pub struct ArgOverlap {
     /// The task's index in submission order.
     pub task: u64,
-    /// Index of the write-tagged tensor.
+    /// Index of the written tensor (by its tag, or by its kernel's signature).
     pub written: usize,
     /// Index of the tensor it overlaps.
     pub other: usize,

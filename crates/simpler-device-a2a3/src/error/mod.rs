@@ -308,10 +308,11 @@ pub enum DeviceError {
         /// The engine task the request named (`RunRequest::with_origin`), if any.
         origin: Option<TaskId>,
     },
-    /// A chip task's write-tagged tensor shares bytes with another tensor argument of the same
-    /// task: its kernel would write memory it also reads or writes through the other argument.
+    /// A chip task's written tensor (by its tag, or by its kernel's signature whatever the tag)
+    /// shares bytes with another tensor argument of the same task: its kernel would write
+    /// memory it also reads or writes through the other argument.
     #[error(
-        "{run_id}/task#{task}: write-tagged tensor {written} overlaps tensor {other} of the same \
+        "{run_id}/task#{task}: written tensor {written} overlaps tensor {other} of the same \
          task; a task must not write bytes it also accesses through another argument"
     )]
     OverlappingArguments {
@@ -319,7 +320,7 @@ pub enum DeviceError {
         run_id: RunId,
         /// The task's index in submission order.
         task: u64,
-        /// Index of the write-tagged tensor.
+        /// Index of the written tensor (by its tag, or by its kernel's signature).
         written: usize,
         /// Index of the tensor it overlaps.
         other: usize,

@@ -6,7 +6,7 @@ use crate::abi::codes::StallClass;
 fn task_references_use_the_one_format() {
     let e =
         DeviceError::OverlappingArguments { run_id: RunId::FIRST, task: 3, written: 2, other: 0 };
-    assert!(e.to_string().starts_with("run#1/task#3: write-tagged tensor 2"), "{e}");
+    assert!(e.to_string().starts_with("run#1/task#3: written tensor 2"), "{e}");
     let fault = CoreFault {
         code: AclCode(507015),
         stream: StreamKind::AiCore,

@@ -104,11 +104,12 @@ pub(super) struct RunMemory<'a> {
     pub(super) misses: u64,
     /// The heap arena's allocation was refused (every pooled arena is then released).
     pub(super) heap_refused: bool,
-    /// The runs on the device while this one prepares, until a write waited for them.
+    /// The runs on the device while this one prepares, until an access of user memory waited
+    /// for them.
     pub(super) executing: Option<Executing>,
-    /// When an access of user memory began waiting for them, and the budget it gave each run that no reap had
-    /// begun (by `launch_seq`): those budgets run from there for the runs' own reaps too
-    /// ([`Core::begin_budgets`]).
+    /// When an access of user memory began waiting for them, and the budget it gave each run
+    /// that no reap had begun (by `launch_seq`): those budgets run from there for the runs' own
+    /// reaps too ([`Core::begin_budgets`]).
     pub(super) budgets_begun: Option<(Instant, Vec<(u64, Duration)>)>,
     /// The run an access of user memory by the orchestration waited for, if one had to, and
     /// why (the reason the run's report gives).
@@ -118,7 +119,7 @@ pub(super) struct RunMemory<'a> {
     pub(super) ahead_failed: Option<FailedWait>,
 }
 
-/// A write's wait for the launched runs that failed: what it names (the last run launched, the
+/// An access's wait for the launched runs that failed: what it names (the last run launched, the
 /// stream and the code the wait ended with) and how long it waited at most.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct FailedWait {
@@ -153,7 +154,7 @@ impl RunMemory<'_> {
     /// access may happen only after it (`docs/pipelining.md`, "What a preparation may write").
     fn wait_for_executing(&mut self, reason: &'static str) -> bool {
         if self.ahead_failed.is_some() {
-            // Once refused, every later write of the preparation is too: its run is abandoned.
+            // Once refused, every later access of the preparation is too: its run is abandoned.
             return false;
         }
         let Some(e) = self.executing.take() else { return true };

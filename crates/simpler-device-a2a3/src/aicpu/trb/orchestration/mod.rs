@@ -355,7 +355,7 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
     fn refused(&mut self, op: &dyn fmt::Display, r: SubmitRefusal) -> i32 {
         match r {
             SubmitRefusal::Stall(s) => {
-                self.latch(s.code(), format_args!("{s}"), FaultDetail::Stall(&s));
+                self.latch(s.code(), format_args!("{op}: {s}"), FaultDetail::Stall(&s));
                 ORCH_CAPACITY
             }
             SubmitRefusal::Invalid(m) => self.invalid(format_args!("{op}: {m}")),

@@ -58,8 +58,6 @@ mod buffers;
 mod producers;
 mod stall;
 mod untracked;
-
-use self::untracked::Unordered;
 pub(crate) use stall::{RingStall, StallKind};
 
 /// End of a fanout list.
@@ -823,14 +821,19 @@ impl<'a> Engine<'a> {
             // A blind write that supersedes a writer it does not order after leaves no entry
             // naming that writer, which may still run: the orchestration's copies of the bytes
             // wait for it as for an untracked access.
-            let mut unordered = Unordered::default();
+            let (shared, untracked) = (self.shared, &mut self.untracked);
             let inserted = self.map.insert_noting(
                 a.key,
                 a.span,
                 a.mode,
                 id,
                 |o| is_reclaimed(rings, o),
-                |o| unordered.push(o),
+                |o| {
+                    // One that completed left its bytes visible to whoever sees its flag.
+                    if !shared.has_completed(o) {
+                        untracked.note(o, a.span, rings, &shared);
+                    }
+                },
             );
             if let Err(e) = inserted {
                 return Err(SubmitRefusal::Unrecorded {
@@ -839,7 +842,6 @@ impl<'a> Engine<'a> {
                     error: e,
                 });
             }
-            self.note_unordered(&unordered, a.span);
         }
         self.submitted += 1;
         fill(DeviceTaskId(id));

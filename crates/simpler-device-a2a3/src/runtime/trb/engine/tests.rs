@@ -636,6 +636,35 @@ fn a_copy_waits_for_a_writer_a_later_blind_write_superseded_without_ordering_aft
 }
 
 #[test]
+fn a_covering_write_over_many_slice_writers_lists_only_those_still_running() {
+    let mut arena = TrbArena::new(sizes(16, 16 << 10, 16), 64, 16);
+    let mut e = Engine::new(arena.storage(), false);
+    let c = e.completer();
+    let whole = access(0x10_000, AccessMode::Write);
+    let slice = |i: u64| Access {
+        key: whole.key,
+        span: ByteSpan::new(whole.span.start + 32 * i, whole.span.start + 32 * (i + 1)).unwrap(),
+        mode: AccessMode::Write,
+    };
+    // Six slice writers, five of which complete; the covering write supersedes all six.
+    let writers: Vec<_> = (0..6).map(|i| e.submit(&[slice(i)], 0).unwrap().id).collect();
+    let ready: Vec<_> = std::iter::from_fn(|| c.pop_ready()).collect();
+    assert_eq!(ready, writers);
+    for &w in &writers[1..] {
+        let _ = c.complete(w);
+    }
+    e.submit(&[whole], 0).unwrap();
+    let _ = c.complete(c.pop_ready().unwrap());
+    // Bytes far from the buffer wait for nothing: the list did not overflow into a wait for
+    // every task.
+    let elsewhere = ByteSpan::new(0x90_000, 0x90_100).unwrap();
+    assert!(e.untracked_done(elsewhere), "a copy of other bytes waits");
+    assert!(!e.untracked_done(slice(0).span), "the running slice writer is not listed");
+    let _ = c.complete(writers[0]);
+    assert!(e.untracked_done(whole.span));
+}
+
+#[test]
 fn tensor_data_waits_for_writers_and_set_tensor_data_for_readers_too() {
     let mut arena = TrbArena::new(sizes(16, 16 << 10, 16), 64, 16);
     let mut e = Engine::new(arena.storage(), false);

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering::Acquire;
 use simpler_tensormap::ByteSpan;
 use simpler_types::DeviceTaskId;
 
-use super::{Engine, is_retired, ring_of};
+use super::{Completer, Engine, Ring, is_retired, ring_of};
 
 /// Untracked accesses listed before the list overflows.
 const LISTED: usize = 64;
@@ -35,20 +35,50 @@ impl Untracked {
     }
 }
 
+impl Untracked {
+    /// Lists task `id`'s untracked access of `span`; when the list is full, the accesses of
+    /// finished tasks leave it first, and with none finished it overflows.
+    pub(super) fn note(
+        &mut self,
+        id: u64,
+        span: ByteSpan,
+        rings: &[Ring<'_>],
+        shared: &Completer<'_>,
+    ) {
+        if self.len == LISTED {
+            self.forget_finished(rings, shared);
+        }
+        match self.accesses.get_mut(self.len) {
+            Some(slot) => {
+                *slot = (id, span);
+                self.len += 1;
+            }
+            None => self.overflowed = true,
+        }
+    }
+
+    /// Drops the listed accesses of tasks that completed or retired.
+    fn forget_finished(&mut self, rings: &[Ring<'_>], shared: &Completer<'_>) {
+        let mut kept = 0;
+        for i in 0..self.len {
+            let (id, span) = self.accesses[i];
+            // A retired task completed long ago and its slot may be another's now. Acquire:
+            // pairs with the completer's release, so the task's writes are visible.
+            let done = is_retired(rings, id)
+                || shared.rings[ring_of(id)].slot(id as u32).completed.load(Acquire) != 0;
+            if !done {
+                self.accesses[kept] = (id, span);
+                kept += 1;
+            }
+        }
+        self.len = kept;
+    }
+}
+
 impl Engine<'_> {
     /// Notes that task `id`, just submitted, accesses `span` untracked.
     pub(crate) fn note_untracked(&mut self, id: DeviceTaskId, span: ByteSpan) {
-        if self.untracked.len == LISTED {
-            self.forget_finished_untracked();
-        }
-        let u = &mut self.untracked;
-        match u.accesses.get_mut(u.len) {
-            Some(slot) => {
-                *slot = (id.0, span);
-                u.len += 1;
-            }
-            None => u.overflowed = true,
-        }
+        self.untracked.note(id.0, span, &self.rings, &self.shared);
     }
 
     /// Whether every task with an untracked access overlapping `span` has completed (its
@@ -61,58 +91,8 @@ impl Engine<'_> {
             self.untracked = Untracked::new();
             return true;
         }
-        self.forget_finished_untracked();
+        self.untracked.forget_finished(&self.rings, &self.shared);
         let u = &self.untracked;
         !u.accesses[..u.len].iter().any(|(_, s)| s.overlaps(span))
-    }
-
-    /// Drops the listed accesses of tasks that completed or retired.
-    fn forget_finished_untracked(&mut self) {
-        let (rings, shared) = (&self.rings, &self.shared.rings);
-        let u = &mut self.untracked;
-        let mut kept = 0;
-        for i in 0..u.len {
-            let (id, span) = u.accesses[i];
-            // A retired task completed long ago and its slot may be another's now. Acquire:
-            // pairs with the completer's release, so the task's writes are visible.
-            let done = is_retired(rings, id)
-                || shared[ring_of(id)].slot(id as u32).completed.load(Acquire) != 0;
-            if !done {
-                u.accesses[kept] = (id, span);
-                kept += 1;
-            }
-        }
-        u.len = kept;
-    }
-}
-
-/// Writers one insert superseded without ordering after them (`FixedTensorMap::insert_noting`),
-/// a few listed, the rest counted.
-#[derive(Default)]
-pub(super) struct Unordered {
-    owners: [u64; 4],
-    len: usize,
-}
-
-impl Unordered {
-    pub(super) fn push(&mut self, owner: u64) {
-        if let Some(slot) = self.owners.get_mut(self.len) {
-            *slot = owner;
-        }
-        self.len += 1;
-    }
-}
-
-impl Engine<'_> {
-    /// Notes the writers `unordered` lists as untracked accessors of `span`; more than it can
-    /// list overflow the untracked list (a copy then waits for every submitted task).
-    pub(super) fn note_unordered(&mut self, unordered: &Unordered, span: ByteSpan) {
-        if unordered.len > unordered.owners.len() {
-            self.untracked.overflowed = true;
-            return;
-        }
-        for &owner in &unordered.owners[..unordered.len] {
-            self.note_untracked(DeviceTaskId(owner), span);
-        }
     }
 }
