@@ -441,8 +441,8 @@ impl ChipState {
         };
         match reaped {
             Ok(Ok(false)) => false,
-            // Reaped, failed or unwound: the retirement completes it or reports the failure
-            // (a run that failed its reap is stale and the complete says so, typed).
+            // Reaped: the retirement completes it and publishes the outcome. A reap that failed
+            // ended the run and is published as it is (below).
             Ok(Ok(true)) => {
                 self.retire_in_flight();
                 true

@@ -42,7 +42,7 @@ use parking_lot::{Mutex, RwLock};
 use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
 use simpler_types::{CallableId, CallableKind, FailureSource, WorkerId, WorkerType};
 
-use super::error::{LeftCause, RemoteError};
+use super::error::{LeftCause, RemoteError, RemoteRunFailure, RemoteRunKind};
 use super::frames::{ManifestEntry, Outcome, Packet};
 use super::transport::Transport;
 use super::{MpiJob, describe, graph_entry};
@@ -703,8 +703,14 @@ impl Endpoint for RemoteEndpoint {
                     .with_cause(Arc::new(failure)))
             }
             Outcome::RunFailed { level, failure } => {
+                let task = fails_the_task(&failure);
                 let e = RemoteError::RunFailed { rank, host: session.host.clone(), level, failure };
-                Err(EndpointFailure::task_failed(e.to_string()).with_source(FailureSource::new(e)))
+                let f = if task {
+                    EndpointFailure::task_failed(e.to_string())
+                } else {
+                    EndpointFailure::endpoint_failed(e.to_string())
+                };
+                Err(f.with_source(FailureSource::new(e)))
             }
         }
     }
@@ -712,6 +718,18 @@ impl Endpoint for RemoteEndpoint {
     fn shutdown(&mut self) {
         let r = self.session.lock().shutdown(self.id);
         self.residue.lock().extend(r);
+    }
+}
+
+/// Whether a remote run that failed without a failed task failed this task, as a local child
+/// run's failure would (`child.rs`): its graph's build failed, or its written bytes cannot come
+/// back. Anything else (a graph the rank does not serve, arguments that do not unpack there, a
+/// run that failed without a failed task, a worker that turned the run down) failed the path.
+fn fails_the_task(failure: &RemoteRunFailure) -> bool {
+    match failure {
+        RemoteRunFailure::ReplyTooLarge { .. } => true,
+        RemoteRunFailure::Run { kind, .. } => *kind == RemoteRunKind::SubmissionFailed,
+        RemoteRunFailure::UnknownOrdinal { .. } | RemoteRunFailure::Arguments(_) => false,
     }
 }
 
