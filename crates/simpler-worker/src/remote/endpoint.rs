@@ -776,6 +776,32 @@ mod tests {
     }
 
     #[test]
+    fn a_remote_run_that_failed_without_a_failed_task_fails_the_path_as_a_local_child_run_does() {
+        use super::super::error::ArgumentsProblem;
+        let run = |kind| RemoteRunFailure::Run { kind, message: String::new() };
+        // The task's own doing: its graph's build, or more written bytes than a reply carries.
+        assert!(fails_the_task(&run(RemoteRunKind::SubmissionFailed)));
+        assert!(fails_the_task(&RemoteRunFailure::ReplyTooLarge { bytes: 2, limit: 1 }));
+        // The path's: no failed task to blame.
+        for kind in [
+            RemoteRunKind::EndpointFailed,
+            RemoteRunKind::DeviceFault,
+            RemoteRunKind::Timeout,
+            RemoteRunKind::Capacity,
+            RemoteRunKind::Aborted,
+            RemoteRunKind::CleanupFailed,
+            RemoteRunKind::Internal,
+            RemoteRunKind::Refused,
+            RemoteRunKind::TaskFailed,
+        ] {
+            assert!(!fails_the_task(&run(kind)), "{kind:?}");
+        }
+        assert!(!fails_the_task(&RemoteRunFailure::UnknownOrdinal { ordinal: 3 }));
+        let unpacked = ArgumentsProblem::NoBuffer { tensor: 0 };
+        assert!(!fails_the_task(&RemoteRunFailure::Arguments(unpacked)));
+    }
+
+    #[test]
     fn a_left_during_shutdown_accounts_for_the_close_only_when_it_says_shutdown_done_was_lost() {
         // What closing rank 1's session reports when the rank answers `Shutdown` with `Left`.
         let residue = |cause: LeftCause| {
