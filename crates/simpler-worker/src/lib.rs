@@ -91,6 +91,7 @@ mod builder;
 mod child;
 mod chip;
 mod close;
+mod code_names;
 mod deferred_drop;
 mod election;
 mod error;

@@ -5,8 +5,6 @@
 //! as its builder settings, failures as a failure frame that keeps outcome, mechanism, device
 //! code and text.
 
-use std::collections::HashSet;
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use simpler_device_a2a3::{CallableProblem, DeviceError};
@@ -293,34 +291,10 @@ pub(crate) fn decode_code(r: &mut Reader<'_>) -> Result<Option<DeviceCode>, Malf
         0 => Ok(None),
         1 => {
             let code = r.u32()? as i32;
-            Ok(Some(DeviceCode::new(code, intern(r.str()?))))
+            Ok(Some(DeviceCode::new(code, crate::code_names::intern(r.str()?))))
         }
         _ => Err(Malformed("device code tag")),
     }
-}
-
-/// The most distinct device-code names kept: a chip process of this build sends a few dozen at
-/// most (the device's symbolic codes); one that sends more is not trusted to grow this.
-const MAX_CODE_NAMES: usize = 256;
-
-/// Device-code names are `'static`; names read from a frame are kept once per distinct name,
-/// up to [`MAX_CODE_NAMES`] (the code itself always crosses).
-fn intern(name: &str) -> &'static str {
-    static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
-    let mut names = NAMES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    intern_in(&mut names, name)
-}
-
-fn intern_in(names: &mut HashSet<&'static str>, name: &str) -> &'static str {
-    if let Some(n) = names.get(name) {
-        return n;
-    }
-    if names.len() >= MAX_CODE_NAMES {
-        return "(a code name the chip process sent)";
-    }
-    let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
-    names.insert(leaked);
-    leaked
 }
 
 /// Encodes every setting of `c` the builder can set again.
@@ -368,19 +342,6 @@ pub(crate) fn decode_config(r: &mut Reader<'_>) -> Result<CallConfig, Malformed>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn code_names_from_frames_are_kept_up_to_a_bound() {
-        let mut names = HashSet::new();
-        let first = intern_in(&mut names, "ACL_ERROR_RT_AICORE_EXCEPTION");
-        assert!(std::ptr::eq(first, intern_in(&mut names, "ACL_ERROR_RT_AICORE_EXCEPTION")));
-        for i in 0..2 * MAX_CODE_NAMES {
-            intern_in(&mut names, &format!("NAME_{i}"));
-        }
-        assert_eq!(names.len(), MAX_CODE_NAMES);
-        assert_eq!(intern_in(&mut names, "UNSEEN"), "(a code name the chip process sent)");
-        assert!(std::ptr::eq(first, intern_in(&mut names, "ACL_ERROR_RT_AICORE_EXCEPTION")));
-    }
 
     #[test]
     fn a_failure_frame_too_long_for_the_mailbox_keeps_its_outcome_and_code() {

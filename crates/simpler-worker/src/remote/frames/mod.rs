@@ -857,10 +857,8 @@ impl<'a> Reader<'a> {
         f.member = member;
         if self.flag()? {
             let code = self.u32()? as i32;
-            // Device code names are static strings on the sending side; the receiving side
-            // keeps the code and says the name came from a remote rank.
-            let _name = self.str()?;
-            f.device_code = Some(simpler_types::DeviceCode::new(code, "remote device code"));
+            let name = crate::code_names::intern(&self.str()?);
+            f.device_code = Some(simpler_types::DeviceCode::new(code, name));
         }
         Ok(f)
     }

@@ -81,8 +81,11 @@ fn every_frame_round_trips() {
         .unwrap();
     let run = RunId::from_raw(7).unwrap();
     let id = CallableId::new([3; 32], CallableKind::Host, CallableNamespace::LocalHost);
-    let inner = TaskFailure::new(TaskId::new(run, 2), id, FailureMechanism::Panicked, "boom")
+    let mut inner = TaskFailure::new(TaskId::new(run, 2), id, FailureMechanism::Panicked, "boom")
         .on_worker(WorkerRef::sub(1));
+    // The code's name crosses too.
+    inner.device_code =
+        Some(simpler_types::DeviceCode::new(507_015, "ACL_ERROR_RT_AICORE_EXCEPTION"));
     let outer = TaskFailure::new(
         TaskId::new(run, 1),
         id,
