@@ -44,8 +44,10 @@ use transport::Transport;
 
 /// This process's place in an MPI job; owns the rank's MPI thread.
 ///
-/// Dropping it (or [`MpiJob::finalize`]) finalizes MPI. Close every worker that uses it
-/// first: rank 0's L4 worker shuts its remote L3 workers down when it closes.
+/// [`MpiJob::finalize`] finalizes MPI at once, even while workers still use it (their waits
+/// then end `Finalized`); dropping it finalizes MPI once the last worker built on it is dropped
+/// too, as they share the rank's MPI thread. Close every worker that uses it first: rank 0's
+/// L4 worker shuts its remote L3 workers down when it closes.
 pub struct MpiJob {
     transport: Arc<Transport>,
 }
