@@ -14,9 +14,9 @@ use super::reap::SYNC_ORDER;
 use super::staging::{StagedTensor, host_slice};
 use super::{Core, DevicePtr, RunState, oom};
 use crate::abi::codes::AclCode;
-use crate::backend::Backend;
+use crate::backend::{Backend, StreamFault, SyncError};
 use crate::error::{
-    ArgSite, ArgsProblem, DeviceError, MemPurpose, PoisonCause, PoisonStep, StreamKind,
+    ArgSite, ArgsProblem, CoreFault, DeviceError, MemPurpose, PoisonCause, PoisonStep, StreamKind,
 };
 use crate::runtime::{BuildEnv, HeapArena};
 
@@ -120,11 +120,13 @@ pub(super) struct RunMemory<'a> {
 }
 
 /// An access's wait for the launched runs that failed: what it names (the last run launched, the
-/// stream and the code the wait ended with) and how long it waited at most.
-#[derive(Clone, Copy, Debug)]
+/// stream and the code the wait ended with), how long it waited at most, and the fault the
+/// stream reported, if it did (onboard with the typed CANN error).
+#[derive(Clone, Debug)]
 pub(super) struct FailedWait {
     pub(super) cause: PoisonCause,
     pub(super) limit: Duration,
+    pub(super) fault: Option<StreamFault>,
 }
 
 /// The launched runs a preparation overlaps with: the last one launched (the streams finish
@@ -170,7 +172,11 @@ impl RunMemory<'_> {
             let left = deadline.saturating_duration_since(Instant::now());
             if let Err(error) = self.backend.synchronize(stream, left, e.op_execute) {
                 let cause = PoisonCause { run_id: e.last, step, code: error.code() };
-                self.ahead_failed = Some(FailedWait { cause, limit });
+                let fault = match error {
+                    SyncError::Fault(f) => Some(f),
+                    SyncError::Timeout => None,
+                };
+                self.ahead_failed = Some(FailedWait { cause, limit, fault });
                 return false;
             }
         }
@@ -242,8 +248,9 @@ impl BuildEnv for RunMemory<'_> {
 /// The error of `run_id`'s preparation when its write's wait for the launched runs failed but
 /// every one of them ended well: none of them is blamed. A wait that ran out is the run's own
 /// stream-sync timeout, the limit the wait's (the last budget of the runs it waited for); a
-/// fault the stream reported is the run's own device fault.
-fn own_failed_wait(run_id: RunId, failed: FailedWait) -> DeviceError {
+/// fault the stream reported is the run's own device fault, with the core faults the device
+/// recorded and the typed CANN error, as a reap's would be.
+fn own_failed_wait(run_id: RunId, failed: FailedWait, faults: Vec<CoreFault>) -> DeviceError {
     let PoisonCause { step, code, .. } = failed.cause;
     if code == AclCode::STREAM_SYNC_TIMEOUT {
         return DeviceError::Timeout {
@@ -251,7 +258,7 @@ fn own_failed_wait(run_id: RunId, failed: FailedWait) -> DeviceError {
             budget: TimeoutBudget::StreamSync,
             limit: failed.limit,
             runtime: None,
-            faults: Vec::new(),
+            faults,
         };
     }
     let stream =
@@ -260,10 +267,10 @@ fn own_failed_wait(run_id: RunId, failed: FailedWait) -> DeviceError {
         run_id,
         code,
         stream,
-        faults: Vec::new(),
+        faults,
         runtime: None,
         #[cfg(feature = "onboard")]
-        acl: None,
+        acl: failed.fault.and_then(|f| f.acl),
     }
 }
 
@@ -286,7 +293,8 @@ impl Core {
             let cause = failed.cause;
             let after_every_launch = self.launches.saturating_add(1);
             self.recover_or_mark_unusable(run_id, after_every_launch, cause.step, cause.code, None);
-            return own_failed_wait(run_id, failed);
+            let faults = self.backend.take_faults();
+            return own_failed_wait(run_id, failed, faults);
         };
         let cause = PoisonCause { run_id: culprit, ..failed.cause };
         self.recover_or_mark_unusable(culprit, seq, cause.step, cause.code, None);
