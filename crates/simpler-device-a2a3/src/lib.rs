@@ -91,13 +91,18 @@
 //! - `src/backend/onboard/mod.rs`: attach, stream, core-limit, launch, sync, drain and
 //!   register window calls, and the host-mapping offset.
 //! - `src/backend/onboard/reset.rs`: the finalize resets, soft and forced, and the probe.
-//! - `src/callable.rs`: the contracts of `SharedObjectKernel::new` and
-//!   `OrchestrationObject::new` (`unsafe fn`s).
+//! - `src/callable.rs`: the contracts of `SharedObjectKernel::new`,
+//!   `OrchestrationObject::new` and `CoreCallable::new` / `native`, which pair a kernel with a
+//!   signature (`unsafe fn`s).
+//! - `src/abi/services.rs`: the host services table's function types, `unsafe` since they take
+//!   the context pointer of the exec call the table came with.
 //! - `src/kernel.rs`: the kernel accessors over the argument slots.
 //! - `src/options.rs`: the contracts of `RunnerOptions::with_aicpu_program` and
 //!   `RunnerOptions::with_aicore_executor` (`unsafe fn`s).
 //! - `src/programs.rs`, `src/programs/streaming.rs`, `src/programs/paged_attention.rs`: the
-//!   reference programs' kernels; `src/programs/kernel_tests.rs`: their direct calls in tests.
+//!   reference programs' kernels and their pairing with their signatures (and
+//!   `builder_with_mul`'s contract); `src/programs/kernel_tests.rs`: their direct calls in
+//!   tests.
 //! - `src/runner/mod.rs`: the runner's host view of a run's image.
 //! - `src/runner/memory.rs` and `src/runner/staging.rs`: host-tensor staging;
 //!   `src/runner/complete.rs`: the copy-back into the staged host ranges.

@@ -263,6 +263,22 @@ fn own_failed_wait(run_id: RunId, failed: FailedWait, faults: Vec<CoreFault>) ->
     }
     let stream =
         if step == PoisonStep::SyncAiCore { StreamKind::AiCore } else { StreamKind::Aicpu };
+    let mut faults = faults;
+    // The stream's own report, in words, unless a core fault of that code says it already.
+    if let Some(f) = &failed.fault
+        && !faults.iter().any(|x| x.stream == stream && x.code == f.code)
+    {
+        faults.push(CoreFault {
+            code: f.code,
+            stream,
+            core: None,
+            func_id: None,
+            task: None,
+            message: f.message.clone(),
+            // After every fault the device timed.
+            at_ticks: u64::MAX,
+        });
+    }
     DeviceError::DeviceFault {
         run_id,
         code,

@@ -55,9 +55,9 @@ use super::sizing::RingSizes;
 use super::storage::{Leftovers, ReuseRecord, SharedStorage, Storage};
 
 mod buffers;
+mod copy_waits;
 mod producers;
 mod stall;
-mod untracked;
 pub(crate) use stall::{RingStall, StallKind};
 
 /// End of a fanout list.
@@ -458,7 +458,7 @@ pub(crate) struct Engine<'a> {
     /// How many of `producers` the last submit's lookups found (the rest are slab holders).
     linked: usize,
     finished: producers::Finished,
-    untracked: untracked::Untracked,
+    untracked: copy_waits::Untracked,
 }
 
 impl<'a> Engine<'a> {
@@ -518,7 +518,7 @@ impl<'a> Engine<'a> {
             producers: [0; MAX_FANIN],
             linked: 0,
             finished: producers::Finished::new(),
-            untracked: untracked::Untracked::new(),
+            untracked: copy_waits::Untracked::new(),
         }
     }
 
@@ -860,49 +860,6 @@ impl<'a> Engine<'a> {
     /// Tasks submitted so far.
     pub(crate) fn submitted(&self) -> u64 {
         self.submitted
-    }
-
-    /// Whether every task that an access of `span` of `key` in `mode` would order after has
-    /// completed: what the orchestration's `tensor_data` (a [`AccessMode::Read`]: the writers)
-    /// and `set_tensor_data` (an [`AccessMode::ReadWrite`]: the readers and the writers) wait
-    /// for before touching the bytes.
-    pub(crate) fn accessors_done(&self, key: u64, span: ByteSpan, mode: AccessMode) -> bool {
-        let rings = &self.rings;
-        let shared = &self.shared.rings;
-        let mut done = true;
-        self.map.lookup(
-            &key,
-            span,
-            mode,
-            |o| is_retired(rings, o),
-            |o| {
-                // Acquire: pairs with the completer's release, so the task's writes are visible.
-                done &= shared[ring_of(o)].slot(o as u32).completed.load(Acquire) != 0;
-            },
-        );
-        done
-    }
-
-    /// Waits until [`accessors_done`](Self::accessors_done) holds, calling `idle(round)` between
-    /// checks (the platform's spin-then-park wait). Every task the map names was submitted and
-    /// completes once a scheduler runs it, so the wait ends unless the run is torn down, which
-    /// `idle` reports by returning `false`; the wait then returns `false` too.
-    #[cfg(test)]
-    pub(crate) fn wait_for_accessors(
-        &self,
-        key: u64,
-        span: ByteSpan,
-        mode: AccessMode,
-        mut idle: impl FnMut(u32) -> bool,
-    ) -> bool {
-        let mut round = 0u32;
-        while !self.accessors_done(key, span, mode) {
-            if !idle(round) {
-                return false;
-            }
-            round = round.saturating_add(1);
-        }
-        true
     }
 
     /// Classifies a submit that does not fit: a wait when completions can free room, a stall

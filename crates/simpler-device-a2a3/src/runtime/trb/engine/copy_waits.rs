@@ -1,8 +1,8 @@
-//! Tasks whose accesses the tensor map does not record (`NoDep` and `manual_dep` tensors), or
-//! no longer records (a writer a later blind write superseded without ordering after it): the
-//! orchestration's `tensor_data` and `set_tensor_data` wait for those whose bytes overlap the
-//! copy's as well as for the accessors the map names, since no entry would make them wait for
-//! such a task.
+//! What the orchestration's `tensor_data` and `set_tensor_data` wait for before they copy: the
+//! accessors the tensor map names ([`Engine::accessors_done`]), and the tasks whose accesses it
+//! does not record (`NoDep` and `manual_dep` tensors) or no longer records (a writer a later
+//! blind write superseded without ordering after it), whose bytes overlap the copy's, since no
+//! entry would make them wait for such a task.
 //!
 //! The owner lists each untracked access (task and byte span) as it submits the task and
 //! forgets it once the task completed or retired. The list is bounded; when it is full, the
@@ -12,6 +12,7 @@
 use std::sync::atomic::Ordering::Acquire;
 
 use simpler_tensormap::ByteSpan;
+use simpler_tensormap::fixed::AccessMode;
 use simpler_types::DeviceTaskId;
 
 use super::{Completer, Engine, Ring, is_retired, ring_of};
@@ -94,5 +95,48 @@ impl Engine<'_> {
         self.untracked.forget_finished(&self.rings, &self.shared);
         let u = &self.untracked;
         !u.accesses[..u.len].iter().any(|(_, s)| s.overlaps(span))
+    }
+
+    /// Whether every task that an access of `span` of `key` in `mode` would order after has
+    /// completed: what the orchestration's `tensor_data` (a [`AccessMode::Read`]: the writers)
+    /// and `set_tensor_data` (an [`AccessMode::ReadWrite`]: the readers and the writers) wait
+    /// for before touching the bytes.
+    pub(crate) fn accessors_done(&self, key: u64, span: ByteSpan, mode: AccessMode) -> bool {
+        let rings = &self.rings;
+        let shared = &self.shared.rings;
+        let mut done = true;
+        self.map.lookup(
+            &key,
+            span,
+            mode,
+            |o| is_retired(rings, o),
+            |o| {
+                // Acquire: pairs with the completer's release, so the task's writes are visible.
+                done &= shared[ring_of(o)].slot(o as u32).completed.load(Acquire) != 0;
+            },
+        );
+        done
+    }
+
+    /// Waits until [`accessors_done`](Self::accessors_done) holds, calling `idle(round)` between
+    /// checks (the platform's spin-then-park wait). Every task the map names was submitted and
+    /// completes once a scheduler runs it, so the wait ends unless the run is torn down, which
+    /// `idle` reports by returning `false`; the wait then returns `false` too.
+    #[cfg(test)]
+    pub(crate) fn wait_for_accessors(
+        &self,
+        key: u64,
+        span: ByteSpan,
+        mode: AccessMode,
+        mut idle: impl FnMut(u32) -> bool,
+    ) -> bool {
+        let mut round = 0u32;
+        while !self.accessors_done(key, span, mode) {
+            if !idle(round) {
+                return false;
+            }
+            round = round.saturating_add(1);
+        }
+        true
     }
 }
