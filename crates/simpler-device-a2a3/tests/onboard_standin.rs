@@ -356,6 +356,29 @@ fn refusing_call(err: &DeviceError) -> (&'static str, i32) {
 }
 
 #[test]
+fn a_run_launched_without_queueing_is_seen_finished_by_a_poll() {
+    let b = Onboard::new();
+    let (mut r, slot, v, _) = prepared(&b);
+    let p = r.prepare(&RunRequest::new(run_id(3), slot, &v.args, &CallConfig::default())).unwrap();
+    let a = r.launch_run(p).unwrap();
+    // Without per-run events a poll asks each stream with CANN's shortest sync.
+    let started = Instant::now();
+    while !r.poll_run(&a).unwrap() {
+        assert!(started.elapsed() < Duration::from_secs(20), "no poll saw the run finish");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let log = b.log();
+    let polls: Vec<&Call> =
+        log.iter().filter(|c| c.func == "aclrtSynchronizeStreamWithTimeout").collect();
+    assert!(!polls.is_empty() && polls.iter().all(|c| c.timeout == Some(1)), "{polls:?}");
+    assert!(r.reap_run(&a, None).unwrap());
+    r.complete_run(a).unwrap();
+    v.free(&mut r);
+    r.finalize().unwrap();
+    assert_eq!(b.live(), [0; 5]);
+}
+
+#[test]
 fn a_failed_aicore_launch_drains_once_marks_unusable_and_never_launches_the_aicpu() {
     let b = Onboard::new();
     let (mut r, slot, v, _) = prepared(&b);

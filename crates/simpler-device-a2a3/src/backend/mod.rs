@@ -299,6 +299,12 @@ pub(crate) trait Backend: Send + fmt::Debug {
     /// The state of `stream`, without blocking.
     fn query(&self, stream: StreamKind, op_execute: Duration) -> StreamStatus;
 
+    /// Whether [`query`](Self::query) can tell an idle stream from a busy one; a backend that
+    /// cannot answers `Busy` until a fault, and a poll asks it with a short synchronisation.
+    fn queries_streams(&self) -> bool {
+        true
+    }
+
     /// Records an event on `stream`; `Err` when it could not be recorded (the runner then
     /// treats the launch it frames as failed).
     fn record_event(&mut self, stream: StreamKind) -> Result<EventHandle, StreamFault>;

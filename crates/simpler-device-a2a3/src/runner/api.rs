@@ -220,11 +220,8 @@ impl DeviceRunner {
     /// it unfinished, so the reap times out at once). Never waits for the device: a dropped
     /// run handle's run is only asked about (on the onboard backend that is CANN's shortest
     /// sync, 1 ms), and one the device has not finished is cleaned up by a later call.
-    ///
-    /// Onboard without device queueing a poll cannot see the run finish: CANN offers the
-    /// backend no non-blocking stream query, so only a failed or timed-out reap budget decides
-    /// it. Poll with device queueing (each run then completes by its own events), or reap with
-    /// a short deadline (`reap_run(run, Some(slice))`), which returns `Ok(true)` once it ends.
+    /// Without device queueing the onboard backend asks the streams about the run itself the
+    /// same way (with device queueing, the run's own events).
     pub fn poll_run(&mut self, run: &ActiveRun) -> Result<bool, DeviceError> {
         self.attached()?.poll_run(run)
     }

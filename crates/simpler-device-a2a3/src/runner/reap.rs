@@ -126,6 +126,19 @@ impl Core {
                 let Some(run) = self.slots[s].run.as_ref() else { return Ok(false) };
                 Ok(self.abandoned_cause(run).is_some() || self.queued_end(run).is_some())
             }
+            Some(Stage::Launched) if !self.backend.queries_streams() => {
+                // No query (onboard): CANN's shortest sync of each stream, which a run still
+                // executing merely runs out of. A fault decides the run (its reap fails at once).
+                let op = self.timeouts.op_execute;
+                for (stream, _) in SYNC_ORDER {
+                    match self.backend.synchronize(stream, MIN_RECOVERY_DRAIN, op) {
+                        Ok(()) => {}
+                        Err(SyncError::Timeout) => return Ok(false),
+                        Err(SyncError::Fault(_)) => return Ok(true),
+                    }
+                }
+                Ok(true)
+            }
             Some(Stage::Launched) => {
                 let op = self.timeouts.op_execute;
                 Ok([StreamKind::Aicpu, StreamKind::AiCore]

@@ -804,6 +804,10 @@ impl Backend for OnboardDevice {
         StreamStatus::Busy
     }
 
+    fn queries_streams(&self) -> bool {
+        false
+    }
+
     fn record_event(&mut self, stream: StreamKind) -> Result<EventHandle, StreamFault> {
         self.bind().map_err(stream_fault)?;
         let s = self.stream(stream).ok_or_else(|| Self::missing("streams"))?;
