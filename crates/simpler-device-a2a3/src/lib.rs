@@ -100,8 +100,8 @@
 //! - `src/options.rs`: the contracts of `RunnerOptions::with_aicpu_program` and
 //!   `RunnerOptions::with_aicore_executor` (`unsafe fn`s).
 //! - `src/programs.rs`, `src/programs/streaming.rs`, `src/programs/paged_attention.rs`: the
-//!   reference programs' kernels and their pairing with their signatures (and
-//!   `builder_with_mul`'s contract); `src/programs/kernel_tests.rs`: their direct calls in
+//!   reference programs' kernels and their pairing with their signatures (and the contracts of
+//!   `builder_with_mul` and `builder_with_orchestration_and_mul`); `src/programs/kernel_tests.rs`: their direct calls in
 //!   tests.
 //! - `src/runner/mod.rs`: the runner's host view of a run's image.
 //! - `src/runner/memory.rs` and `src/runner/staging.rs`: host-tensor staging;

@@ -379,6 +379,29 @@ fn a_run_launched_without_queueing_is_seen_finished_by_a_poll() {
 }
 
 #[test]
+fn a_fault_a_poll_saw_is_the_reaps_error_even_when_the_device_does_not_report_it_again() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    let p = r.prepare(&RunRequest::new(run_id(4), slot, &v.args, &CallConfig::default())).unwrap();
+    let a = r.launch_run(p).unwrap();
+    // The poll's first sync fails, once: the stand-in's later syncs all succeed.
+    let nth = count(&b.log(), "aclrtSynchronizeStreamWithTimeout") as u64 + 1;
+    b.install.fail_call("aclrtSynchronizeStreamWithTimeout", nth, 507_015).unwrap();
+    assert!(r.poll_run(&a).unwrap(), "a faulted run is decided");
+    let err = r.reap_run(&a, None).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::DeviceFault { run_id: id, code, .. }
+            if *id == run_id(4) && code.get() == 507_015),
+        "{err}"
+    );
+    assert!(!r.health().is_healthy(), "the fault made the device unusable");
+    v.free(&mut r);
+    let _ = r.finalize();
+}
+
+#[test]
 fn a_failed_aicore_launch_drains_once_marks_unusable_and_never_launches_the_aicpu() {
     let b = Onboard::new();
     let (mut r, slot, v, _) = prepared(&b);

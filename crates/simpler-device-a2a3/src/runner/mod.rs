@@ -19,8 +19,9 @@
 //!    exclusive execution claim); with it (`RunnerOptions::device_queue`) launched runs queue
 //!    on the streams, up to one per slot. A launch failure runs recover-or-mark-unusable and
 //!    the terminal cleanup and frees the slot.
-//! 3. `reap_run` takes *launched* to *reaped*; `poll_run` says, without blocking, whether it
-//!    would return at once. A sync failure runs recover-or-mark-unusable and the terminal
+//! 3. `reap_run` takes *launched* to *reaped*; `poll_run` says, waiting at most CANN's
+//!    shortest sync per stream (onboard, without device queueing), whether it would return at
+//!    once. A sync failure runs recover-or-mark-unusable and the terminal
 //!    cleanup and frees the slot.
 //! 4. `complete_run` takes *reaped* to free: handshake report, latched status, copy-back,
 //!    terminal cleanup.
@@ -160,6 +161,9 @@ struct RunState {
     /// then; the budget runs from there across every later reap, so a run reaped in slices
     /// still times out.
     reap_started: Option<(Instant, Duration)>,
+    /// A fault a poll's short sync saw (a backend without stream queries): the reap reports it
+    /// as its own sync's, without asking the device again.
+    polled_fault: Option<(StreamKind, PoisonStep, StreamFault)>,
     latched: Option<RuntimeFault>,
     acceptance: Option<(Arc<AcceptanceSignal>, u64)>,
     latches: Latches,
@@ -442,6 +446,7 @@ impl Core {
             events: None,
             launch_seq: 0,
             reap_started: None,
+            polled_fault: None,
             latched: None,
             acceptance: req.acceptance().map(|a| (Arc::clone(a), req.run_id.get())),
             latches: Latches::default(),

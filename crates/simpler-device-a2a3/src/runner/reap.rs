@@ -100,7 +100,8 @@ fn sync_in_order(
 }
 
 impl Core {
-    /// Whether `reap_run` on `active` would return without waiting. Never blocks: a dropped
+    /// Whether `reap_run` on `active` would return without waiting. Waits at most CANN's
+    /// shortest sync per stream (a backend without stream queries), never more: a dropped
     /// launched run is cleaned up only if the device already finished (or failed) it, or its
     /// budget ran out; otherwise it stays queued. A run whose stream-sync budget a reap began
     /// and which has spent it is decided too, unless a run queued ahead of it is unfinished:
@@ -128,13 +129,19 @@ impl Core {
             }
             Some(Stage::Launched) if !self.backend.queries_streams() => {
                 // No query (onboard): CANN's shortest sync of each stream, which a run still
-                // executing merely runs out of. A fault decides the run (its reap fails at once).
+                // executing merely runs out of. A fault decides the run: it is kept for the
+                // reap, which reports it without asking the device again.
                 let op = self.timeouts.op_execute;
-                for (stream, _) in SYNC_ORDER {
+                for (stream, step) in SYNC_ORDER {
                     match self.backend.synchronize(stream, MIN_RECOVERY_DRAIN, op) {
                         Ok(()) => {}
                         Err(SyncError::Timeout) => return Ok(false),
-                        Err(SyncError::Fault(_)) => return Ok(true),
+                        Err(SyncError::Fault(f)) => {
+                            if let Some(run) = self.slots[s].run.as_mut() {
+                                run.polled_fault.get_or_insert((stream, step, f));
+                            }
+                            return Ok(true);
+                        }
                     }
                 }
                 Ok(true)
@@ -266,6 +273,9 @@ impl Core {
 
     /// R1–R3 of a run launched alone: wait for both streams.
     fn reap_streams(&mut self, run: &mut RunState, wait: ReapWait) -> Result<bool, DeviceError> {
+        if let Some((stream, step, fault)) = run.polled_fault.take() {
+            return Err(self.sync_failure(run, stream, step, SyncError::Fault(fault), wait));
+        }
         let op = self.timeouts.op_execute;
         // R1: AICPU stream, then AICore stream.
         match sync_in_order(wait, |stream, left| self.backend.synchronize(stream, left, op)) {
