@@ -8,9 +8,9 @@
 //! nothing: per-core state lives in fixed arrays on the thread's stack, and everything shared
 //! lives in the runtime image.
 //!
-//! - [`view`]: checked, typed access to the runtime image.
+//! - `view`: checked, typed access to the runtime image.
 //! - [`dispatch`]: one core's token state machine (ACK/FIN bookkeeping, double buffering).
-//! - [`scheduler`]: the `exec` entry: boot, handshake, scheduling loop, watchdog, shutdown.
+//! - `scheduler`: the `exec` entry: boot, handshake, scheduling loop, watchdog, shutdown.
 //! - `trace`: the AICPU dispatch records of swimlane level 2 (both runtimes).
 //! - `trb`: the tensormap_and_ringbuffer side of `exec`: the orchestration thread and the
 //!   scheduler threads that dispatch while it submits.
