@@ -1403,6 +1403,46 @@ fn a_poll_past_a_spent_budget_stays_undecided_while_a_run_queued_ahead_is_unfini
 }
 
 #[test]
+fn a_device_that_did_not_drain_is_not_drained_again_by_a_later_failure() {
+    use simpler_device_a2a3::{ArgDirection, CoreCallable, KernelCode};
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let (i, o) = (ArgDirection::In, ArgDirection::Out);
+    let stamping = ChipCallable::native(common::stamp_then_add, common::three_args)
+        .names("stamp_then_add", "add_config")
+        .signature(vec![i, i, o])
+        // SAFETY: the stand-in runs no kernel code; the pairing only has to be accepted.
+        .kernel(add::ADD, unsafe {
+            CoreCallable::new(vec![i, i, o], KernelCode::Text(vec![0; 64]))
+        })
+        .build()
+        .unwrap();
+    let stamping = r.register_callable(&stamping).unwrap();
+    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
+    let cfg = CallConfig::default();
+    // The device never finishes anything: every AICPU stream sync and every drain runs out.
+    b.install.set_value("sync_timeout_stream", 1).unwrap();
+    b.install.set_value("drain_result", 507_046).unwrap();
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
+    drop(r.launch_run(p1).unwrap());
+    b.log();
+    let before = r.stats().recoveries;
+    // Run 2's write waits for the dropped run 1, gives up, and drains the device once.
+    let err = r.prepare(&RunRequest::new(run_id(2), stamping, &v2.args, &cfg)).unwrap_err();
+    assert!(matches!(&err, DeviceError::Abandoned { after, .. } if *after == run_id(1)), "{err}");
+    assert_eq!(count(&b.log(), "aclrtSynchronizeDeviceWithTimeout"), 1, "one drain");
+    // The next call reaps the dropped run 1, which that wait charged: no second drain.
+    v2.free(&mut r);
+    let log = b.log();
+    assert_eq!(count(&log, "aclrtSynchronizeDeviceWithTimeout"), 0, "{:?}", names(&log));
+    assert_eq!(r.stats().recoveries, before + 1);
+    assert!(!r.health().is_healthy());
+    v1.free(&mut r);
+    let _ = r.finalize();
+}
+
+#[test]
 fn a_write_whose_wait_failed_as_the_run_ahead_ended_well_blames_no_run_but_its_own() {
     use simpler_device_a2a3::{ArgDirection, CoreCallable, KernelCode};
     // The wait running out (a stream-sync timeout), and the stream reporting a fault.

@@ -86,6 +86,7 @@ impl DeviceRunner {
                 launches: 0,
                 poisoned_at: None,
                 failed_runs: Vec::new(),
+                wedged: false,
                 returns: Default::default(),
                 used_runs: Default::default(),
                 stats: RunnerStats::default(),

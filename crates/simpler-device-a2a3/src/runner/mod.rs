@@ -275,6 +275,10 @@ struct Core {
     /// `(launch_seq, cause)` of each launched run charged with a failure, for the runs behind
     /// it and its own reap (bounded: an unusable runner launches nothing more).
     failed_runs: Vec<(u64, PoisonCause)>,
+    /// A recovery drain given the whole stream-sync budget did not see the device idle: the
+    /// device is wedged, nothing new is launched on an unusable runner, and a later drain
+    /// would only wait the whole budget again.
+    wedged: bool,
     /// Leases of dropped handles, cleaned up at the next call.
     returns: ReturnQueue,
     used_runs: UsedRunIds,
@@ -820,8 +824,9 @@ impl Core {
 
     /// Unconditionally unusable, then a drain of the stream-sync budget, or of what is left
     /// until `hard` for a reap that must be over by then ([`Core::recovery_drain`];
-    /// `docs/device-runner.md`, "Recovery, health and finalize"). `launch_seq` places the
-    /// failed run in the launch order (0: never launched).
+    /// `docs/device-runner.md`, "Recovery, health and finalize"), unless a drain of the whole
+    /// budget already found the device busy. `launch_seq` places the failed run in the launch
+    /// order (0: never launched).
     pub(super) fn recover_or_mark_unusable(
         &mut self,
         run_id: RunId,
@@ -832,8 +837,14 @@ impl Core {
     ) {
         // Poison first: neither the drain nor the log (a tracing layer may panic) can skip it.
         self.poison(PoisonCause { run_id, step, code }, launch_seq);
+        if self.wedged {
+            tracing::error!(device = self.opts.device_id, %run_id, %step, %code, "another failure on a device that did not drain");
+            return;
+        }
         self.stats.recoveries += 1;
-        let drained = self.backend.drain(self.recovery_drain(hard), self.timeouts.op_execute);
+        let budget = self.recovery_drain(hard);
+        let drained = self.backend.drain(budget, self.timeouts.op_execute);
+        self.wedged = !drained && budget >= self.timeouts.stream_sync;
         tracing::error!(device = self.opts.device_id, %run_id, %step, %code, drained, "device unusable after a failed run");
     }
 

@@ -273,7 +273,8 @@ pub struct RunnerStats {
     pub runs_completed: u64,
     /// Terminal cleanups that released a run's resources (one per run that got past P5).
     pub terminal_cleanups: u64,
-    /// Recover-or-mark-unusable passes (each drains the device once).
+    /// Recover-or-mark-unusable passes that drained the device (once each; none after a drain
+    /// given the whole stream-sync budget found the device still busy).
     pub recoveries: u64,
     /// Export passes (at most one per run).
     pub exports: u64,
