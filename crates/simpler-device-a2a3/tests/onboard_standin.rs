@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::standin::{
-    AddRun, Onboard, STREAM_SYNC_MS, add_object_callable, count, names, position,
+    AddRun, Onboard, STREAM_SYNC_MS, add_callable_with, add_object_callable, count, names, position,
 };
 use simpler_acl_sys::standin::{Call, FakeInstall};
 use simpler_device_a2a3::programs::add;
@@ -1404,20 +1404,10 @@ fn a_poll_past_a_spent_budget_stays_undecided_while_a_run_queued_ahead_is_unfini
 
 #[test]
 fn a_device_that_did_not_drain_is_not_drained_again_by_a_later_failure() {
-    use simpler_device_a2a3::{ArgDirection, CoreCallable, KernelCode};
     let b = Onboard::new();
     let mut r = DeviceRunner::attach(b.options(0)).unwrap();
     let slot = r.register_callable(&b.add_callable()).unwrap();
-    let (i, o) = (ArgDirection::In, ArgDirection::Out);
-    let stamping = ChipCallable::native(common::stamp_then_add, common::three_args)
-        .names("stamp_then_add", "add_config")
-        .signature(vec![i, i, o])
-        // SAFETY: the stand-in runs no kernel code; the pairing only has to be accepted.
-        .kernel(add::ADD, unsafe {
-            CoreCallable::new(vec![i, i, o], KernelCode::Text(vec![0; 64]))
-        })
-        .build()
-        .unwrap();
+    let stamping = add_callable_with(common::stamp_then_add, "stamp_then_add");
     let stamping = r.register_callable(&stamping).unwrap();
     let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
     let cfg = CallConfig::default();
@@ -1444,22 +1434,12 @@ fn a_device_that_did_not_drain_is_not_drained_again_by_a_later_failure() {
 
 #[test]
 fn a_write_whose_wait_failed_as_the_run_ahead_ended_well_blames_no_run_but_its_own() {
-    use simpler_device_a2a3::{ArgDirection, CoreCallable, KernelCode};
     // The wait running out (a stream-sync timeout), and the stream reporting a fault.
     for code in [507_046, 507_015] {
         let b = Onboard::new();
         let mut r = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap();
         let slot = r.register_callable(&b.add_callable()).unwrap();
-        let (i, o) = (ArgDirection::In, ArgDirection::Out);
-        let stamping = ChipCallable::native(common::stamp_then_add, common::three_args)
-            .names("stamp_then_add", "add_config")
-            .signature(vec![i, i, o])
-            // SAFETY: the kernel is written for the signature it is paired with.
-            .kernel(add::ADD, unsafe {
-                CoreCallable::new(vec![i, i, o], KernelCode::Text(vec![0; 64]))
-            })
-            .build()
-            .unwrap();
+        let stamping = add_callable_with(common::stamp_then_add, "stamp_then_add");
         let stamping = r.register_callable(&stamping).unwrap();
         let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
         let cfg = CallConfig::default();

@@ -100,9 +100,18 @@ impl Onboard {
 /// The one-task `f = a + b` program with a placeholder AICore kernel (the stand-in runs no
 /// device code).
 pub fn add_callable() -> ChipCallable {
+    add_callable_with(add::orchestration, "add")
+}
+
+/// [`add_callable`] with another `orchestration` of the same task, named `name` (its config
+/// `add_config`).
+pub fn add_callable_with(
+    orchestration: simpler_device_a2a3::NativeOrchFn,
+    name: &str,
+) -> ChipCallable {
     use ArgDirection::{In, Out};
-    ChipCallable::native(add::orchestration, super::three_args)
-        .names("add", "add_config")
+    ChipCallable::native(orchestration, super::three_args)
+        .names(name, "add_config")
         .signature(vec![In, In, Out])
         // SAFETY: the kernel is written for the signature it is paired with.
         .kernel(add::ADD, unsafe {
