@@ -43,6 +43,13 @@ pub(crate) const MAX_CHAIN_LEVELS: usize = 32;
 /// each (a `WireBuffer` here, a `HostBuffer` when it unpacks them).
 pub(crate) const MAX_WIRE_BUFFERS: usize = TaskArgs::MAX_TENSORS;
 
+/// The most written spans a completion's decoding reserves room for before reading them: what a
+/// task's write-tagged tensors can name. More are read as they come, each backed by its bytes.
+const MAX_WRITTEN_RESERVED: usize = TaskArgs::MAX_TENSORS;
+
+/// The most close errors a `ShutdownDone` keeps; the rest are counted in one more line.
+pub(crate) const MAX_SHUTDOWN_ERRORS: usize = 16;
+
 /// The fewest bytes one level of a failure chain takes on the wire (run id, seq, digest,
 /// kind, namespace, worker flag, member flag, mechanism, message length, code flag).
 const MIN_CHAIN_LEVEL_BYTES: usize = 8 + 4 + 32 + 1 + 1 + 1 + 1 + 1 + 4 + 1;
@@ -309,7 +316,8 @@ impl Packet {
                 let outcome = match r.code(WireField::Outcome, |c| (c <= 2).then_some(c))? {
                     0 => {
                         let n = r.count(16)?;
-                        let mut written = Vec::with_capacity(n);
+                        // Reserved up to what a task's tensors can name; more grows as read.
+                        let mut written = Vec::with_capacity(n.min(MAX_WRITTEN_RESERVED));
                         for _ in 0..n {
                             let buffer = r.u32()?;
                             let offset = r.u64()?;
@@ -347,10 +355,20 @@ impl Packet {
             }
             FrameKind::Shutdown => Packet::Shutdown,
             FrameKind::ShutdownDone => {
+                // A serving rank of this build reports one close error at most: a peer that
+                // claims many is kept to a few, so its frame cannot make this rank allocate
+                // several times the frame's size (a `String` per four bytes).
                 let n = r.count(4)?;
-                let mut errors = Vec::with_capacity(n);
-                for _ in 0..n {
-                    errors.push(r.str()?);
+                let mut errors = Vec::with_capacity(n.min(MAX_SHUTDOWN_ERRORS));
+                for i in 0..n {
+                    let e = r.str()?;
+                    if i < MAX_SHUTDOWN_ERRORS {
+                        errors.push(e);
+                    }
+                }
+                if n > MAX_SHUTDOWN_ERRORS {
+                    errors
+                        .push(format!("({} more close errors not kept)", n - MAX_SHUTDOWN_ERRORS));
                 }
                 Packet::ShutdownDone { errors }
             }

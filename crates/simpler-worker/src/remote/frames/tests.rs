@@ -592,3 +592,15 @@ fn an_unknown_code_in_a_left_cause_is_refused_where_it_stands() {
     assert_eq!(left(&[5, 0, 4, 20]), code(WireField::WireField, 20, 14));
     assert_eq!(left(&[5, 2, 0, 0, 0, 0, 0, 0, 0, 0, 2]), code(WireField::Flag, 2, 21));
 }
+
+#[test]
+fn a_shutdown_done_claiming_many_close_errors_keeps_a_few_and_counts_the_rest() {
+    let errors: Vec<String> = (0..super::MAX_SHUTDOWN_ERRORS + 24).map(|i| i.to_string()).collect();
+    let bytes = Packet::ShutdownDone { errors: errors.clone() }.encode();
+    let Ok(Packet::ShutdownDone { errors: kept }) = Packet::decode(&bytes) else {
+        panic!("not a ShutdownDone")
+    };
+    assert_eq!(kept.len(), super::MAX_SHUTDOWN_ERRORS + 1);
+    assert_eq!(kept[..super::MAX_SHUTDOWN_ERRORS], errors[..super::MAX_SHUTDOWN_ERRORS]);
+    assert_eq!(kept[super::MAX_SHUTDOWN_ERRORS], "(24 more close errors not kept)");
+}
