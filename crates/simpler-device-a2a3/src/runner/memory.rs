@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use simpler_types::{RunId, Tensor, TimeoutBudget};
 
-use super::reap::SYNC_ORDER;
+use super::reap::{SYNC_ORDER, add_stream_fault};
 use super::staging::{StagedTensor, host_slice};
 use super::{Core, DevicePtr, RunState, oom};
 use crate::abi::codes::AclCode;
@@ -151,6 +151,13 @@ impl Executing {
 }
 
 impl RunMemory<'_> {
+    /// Before an access of `len` bytes at `addr` by the orchestration: when they are user
+    /// memory, [`wait_for_executing`](Self::wait_for_executing); `false` when that wait failed.
+    fn before_access(&mut self, addr: u64, len: usize, reason: &'static str) -> bool {
+        let user = self.backend.find(addr, len as u64) == Some(MemPurpose::User);
+        !user || self.wait_for_executing(reason)
+    }
+
     /// Waits until the device has finished every launched run. A user allocation the
     /// orchestration reads or writes may be one an executing run still writes or reads: the
     /// access may happen only after it (`docs/pipelining.md`, "What a preparation may write").
@@ -203,8 +210,7 @@ impl BuildEnv for RunMemory<'_> {
     // user allocation passed to the run unstaged may be written by a launched run meanwhile:
     // it is read once the device has finished those, as a write would wait.
     fn read(&mut self, addr: u64, out: &mut [u8]) -> bool {
-        let user = self.backend.find(addr, out.len() as u64) == Some(MemPurpose::User);
-        if user && !self.wait_for_executing("the orchestration read user memory") {
+        if !self.before_access(addr, out.len(), "the orchestration read user memory") {
             return false;
         }
         let read = self.backend.read(addr, out);
@@ -215,8 +221,7 @@ impl BuildEnv for RunMemory<'_> {
     }
 
     fn write(&mut self, addr: u64, data: &[u8]) -> bool {
-        let user = self.backend.find(addr, data.len() as u64) == Some(MemPurpose::User);
-        if user && !self.wait_for_executing("the orchestration wrote user memory") {
+        if !self.before_access(addr, data.len(), "the orchestration wrote user memory") {
             return false;
         }
         let written = self.backend.write(addr, data);
@@ -250,7 +255,7 @@ impl BuildEnv for RunMemory<'_> {
 /// stream-sync timeout, the limit the wait's (the last budget of the runs it waited for); a
 /// fault the stream reported is the run's own device fault, with the core faults the device
 /// recorded and the typed CANN error, as a reap's would be.
-fn own_failed_wait(run_id: RunId, failed: FailedWait, faults: Vec<CoreFault>) -> DeviceError {
+fn own_failed_wait(run_id: RunId, failed: FailedWait, mut faults: Vec<CoreFault>) -> DeviceError {
     let PoisonCause { step, code, .. } = failed.cause;
     if code == AclCode::STREAM_SYNC_TIMEOUT {
         return DeviceError::Timeout {
@@ -263,21 +268,8 @@ fn own_failed_wait(run_id: RunId, failed: FailedWait, faults: Vec<CoreFault>) ->
     }
     let stream =
         if step == PoisonStep::SyncAiCore { StreamKind::AiCore } else { StreamKind::Aicpu };
-    let mut faults = faults;
-    // The stream's own report, in words, unless a core fault of that code says it already.
-    if let Some(f) = &failed.fault
-        && !faults.iter().any(|x| x.stream == stream && x.code == f.code)
-    {
-        faults.push(CoreFault {
-            code: f.code,
-            stream,
-            core: None,
-            func_id: None,
-            task: None,
-            message: f.message.clone(),
-            // After every fault the device timed.
-            at_ticks: u64::MAX,
-        });
+    if let Some(f) = &failed.fault {
+        add_stream_fault(&mut faults, stream, f);
     }
     DeviceError::DeviceFault {
         run_id,

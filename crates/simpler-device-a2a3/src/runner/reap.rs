@@ -8,7 +8,7 @@ use simpler_types::RunId;
 
 use super::{ActiveRun, Core, DeviceHealth, RunState, Stage, busy, image_view, stream_slot};
 use crate::abi::codes::AclCode;
-use crate::backend::{EventStatus, StreamStatus, SyncError};
+use crate::backend::{EventStatus, StreamFault, StreamStatus, SyncError};
 use crate::diag::Outcome;
 use crate::error::{CoreFault, DeviceError, PoisonCause, PoisonStep, RuntimeFault, StreamKind};
 
@@ -97,6 +97,27 @@ fn sync_in_order(
         }
     }
     Synced::Done
+}
+
+/// Adds what `stream` reported, `fault`, to the core faults the device recorded, unless one of
+/// the same code on that stream says it already; it sorts after every fault the device timed.
+pub(super) fn add_stream_fault(
+    faults: &mut Vec<CoreFault>,
+    stream: StreamKind,
+    fault: &StreamFault,
+) {
+    if faults.iter().any(|x| x.stream == stream && x.code == fault.code) {
+        return;
+    }
+    faults.push(CoreFault {
+        code: fault.code,
+        stream,
+        core: None,
+        func_id: None,
+        task: None,
+        message: fault.message.clone(),
+        at_ticks: u64::MAX,
+    });
 }
 
 impl Core {
@@ -651,18 +672,8 @@ impl Core {
         let idle = self.backend.drain(Duration::ZERO, op);
         let runtime = if idle { self.latched_status(run) } else { None };
         let mut faults = self.backend.take_faults();
-        if let StreamStatus::Failed(f) = other_status
-            && !faults.iter().any(|x| x.stream == other && x.code == f.code)
-        {
-            faults.push(CoreFault {
-                code: f.code,
-                stream: other,
-                core: None,
-                func_id: None,
-                task: None,
-                message: f.message,
-                at_ticks: u64::MAX,
-            });
+        if let StreamStatus::Failed(f) = &other_status {
+            add_stream_fault(&mut faults, other, f);
         }
         faults.sort_by_key(|f| f.at_ticks);
         self.finish(run, Outcome::FailedAfterLaunch);

@@ -164,6 +164,11 @@ impl EventState for OnboardEvent {
     }
 }
 
+/// What a call given an event another backend recorded answers.
+fn foreign_event() -> StreamFault {
+    StreamFault::new(AclCode::INTERNAL_ERROR, "the event was not recorded by this device")
+}
+
 /// A CANN failure as a stream's sticky error, keeping the typed error.
 fn stream_fault(e: CannError) -> StreamFault {
     let mut fault = StreamFault::new(AclCode(code_of(&e)), e.to_string());
@@ -425,12 +430,7 @@ impl OnboardDevice {
     /// backend is the fault a wait on it reports.
     fn our_event(&self, event: &EventHandle) -> Result<Arc<OnboardEvent>, StreamFault> {
         self.bind().map_err(stream_fault)?;
-        let refused = |message: &str| StreamFault::new(AclCode::INTERNAL_ERROR, message);
-        let ours = Arc::clone(event)
-            .into_any()
-            .downcast::<OnboardEvent>()
-            .map_err(|_| refused("the event was not recorded by this device"))?;
-        Ok(ours)
+        Arc::clone(event).into_any().downcast::<OnboardEvent>().map_err(|_| foreign_event())
     }
 }
 
@@ -825,10 +825,7 @@ impl Backend for OnboardDevice {
 
     fn wait_event(&mut self, stream: StreamKind, event: &EventHandle) -> Result<(), StreamFault> {
         let Ok(ours) = Arc::clone(event).into_any().downcast::<OnboardEvent>() else {
-            return Err(StreamFault::new(
-                AclCode::INTERNAL_ERROR,
-                "the event was not recorded by this device",
-            ));
+            return Err(foreign_event());
         };
         self.bind().map_err(stream_fault)?;
         let s = self.stream(stream).ok_or_else(|| Self::missing("streams"))?;

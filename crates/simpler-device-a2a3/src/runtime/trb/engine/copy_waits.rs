@@ -9,13 +9,11 @@
 //! next such access sets `overflowed` instead, and a wait then lasts until every submitted task
 //! completed, after which the list starts empty again.
 
-use std::sync::atomic::Ordering::Acquire;
-
 use simpler_tensormap::ByteSpan;
 use simpler_tensormap::fixed::AccessMode;
 use simpler_types::DeviceTaskId;
 
-use super::{Completer, Engine, Ring, is_retired, ring_of};
+use super::{Completer, Engine, Ring, is_retired};
 
 /// Untracked accesses listed before the list overflows.
 const LISTED: usize = 64;
@@ -34,9 +32,7 @@ impl Untracked {
         let none = (0, ByteSpan { start: 0, end: 0 });
         Untracked { accesses: [none; LISTED], len: 0, overflowed: false }
     }
-}
 
-impl Untracked {
     /// Lists task `id`'s untracked access of `span`; when the list is full, the accesses of
     /// finished tasks leave it first, and with none finished it overflows.
     pub(super) fn note(
@@ -63,10 +59,8 @@ impl Untracked {
         let mut kept = 0;
         for i in 0..self.len {
             let (id, span) = self.accesses[i];
-            // A retired task completed long ago and its slot may be another's now. Acquire:
-            // pairs with the completer's release, so the task's writes are visible.
-            let done = is_retired(rings, id)
-                || shared.rings[ring_of(id)].slot(id as u32).completed.load(Acquire) != 0;
+            // A retired task completed long ago and its slot may be another's now.
+            let done = is_retired(rings, id) || shared.has_completed(id);
             if !done {
                 self.accesses[kept] = (id, span);
                 kept += 1;
@@ -102,18 +96,14 @@ impl Engine<'_> {
     /// and `set_tensor_data` (an [`AccessMode::ReadWrite`]: the readers and the writers) wait
     /// for before touching the bytes.
     pub(crate) fn accessors_done(&self, key: u64, span: ByteSpan, mode: AccessMode) -> bool {
-        let rings = &self.rings;
-        let shared = &self.shared.rings;
+        let (rings, shared) = (&self.rings, self.shared);
         let mut done = true;
         self.map.lookup(
             &key,
             span,
             mode,
             |o| is_retired(rings, o),
-            |o| {
-                // Acquire: pairs with the completer's release, so the task's writes are visible.
-                done &= shared[ring_of(o)].slot(o as u32).completed.load(Acquire) != 0;
-            },
+            |o| done &= shared.has_completed(o),
         );
         done
     }
