@@ -123,19 +123,47 @@ impl Common {
 /// reaching it (`e`), so that no serving rank waits for a session that never opens.
 /// Each rank once: a second `Refuse` would be left over for that rank's next session.
 fn refuse_unreached(specs: impl IntoIterator<Item = ChildSpec>, e: &StartError) {
+    refuse_unreached_because(specs, || {
+        format!("rank 0's start failed before reaching this rank: {e}")
+    });
+}
+
+/// [`refuse_unreached`] with the reason the ranks are given.
+fn refuse_unreached_because(
+    specs: impl IntoIterator<Item = ChildSpec>,
+    reason: impl FnOnce() -> String,
+) {
     #[cfg(feature = "mpi")]
     {
         let specs: Vec<ChildSpec> = specs.into_iter().collect();
         let mut unreached = Vec::new();
         remote_children(&specs, &mut unreached);
-        let reason = format!("rank 0's start failed before reaching this rank: {e}");
+        if unreached.is_empty() {
+            return;
+        }
+        let reason = reason();
         let mut refused = std::collections::BTreeSet::new();
         for r in unreached.iter().filter(|r| refused.insert(r.rank())) {
             r.refuse_unreached(&reason);
         }
     }
     #[cfg(not(feature = "mpi"))]
-    let _ = (specs.into_iter(), e);
+    let _ = (specs.into_iter(), reason);
+}
+
+/// The children a start has yet to reach. Should the start unwind (a child's start panicked),
+/// the remote ranks among them are refused as a failed start refuses them, rather than left
+/// waiting for a session that never opens.
+struct Unreached(std::iter::Enumerate<std::vec::IntoIter<ChildSpec>>);
+
+impl Drop for Unreached {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            refuse_unreached_because(self.0.by_ref().map(|(_, s)| s), || {
+                "rank 0's start panicked before reaching this rank".to_owned()
+            });
+        }
+    }
 }
 
 /// The remote L3 children among `specs` and their subtrees, in order.
@@ -749,8 +777,8 @@ impl CompositeWorkerBuilder {
             self.graph_regs.iter().map(|(h, name, _)| (h.id, name.as_str())),
         );
         let child_count = self.children.len();
-        let mut children = self.children.into_iter().enumerate();
-        while let Some((i, spec)) = children.next() {
+        let mut children = Unreached(self.children.into_iter().enumerate());
+        while let Some((i, spec)) = children.0.next() {
             let child_path = format!("{path} / child {i} (L{})", spec.level());
             #[cfg(feature = "mpi")]
             let spec = match spec {
@@ -769,7 +797,7 @@ impl CompositeWorkerBuilder {
                     if let Err(mut e) = r {
                         rollback_children(started, &local_ids, &mut e.rollback, &path);
                         remote.rollback(&mut e.rollback, &path);
-                        refuse_unreached(children.map(|(_, s)| s), &e);
+                        refuse_unreached(children.0.by_ref().map(|(_, s)| s), &e);
                         return Err(e);
                     }
                     continue;
@@ -797,7 +825,7 @@ impl CompositeWorkerBuilder {
                     rollback_children(started, &local_ids, &mut out.rollback, &path);
                     #[cfg(feature = "mpi")]
                     remote.rollback(&mut out.rollback, &path);
-                    refuse_unreached(children.map(|(_, s)| s), &out);
+                    refuse_unreached(children.0.by_ref().map(|(_, s)| s), &out);
                     return Err(out);
                 }
             }
@@ -951,3 +979,6 @@ fn rollback_children(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

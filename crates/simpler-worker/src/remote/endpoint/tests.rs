@@ -1,0 +1,193 @@
+//! Tests of rank 0's side of a remote session.
+
+use simpler_types::{CallConfig, RunId, TaskArgs, TaskId};
+
+use super::super::error::ProtocolViolation;
+use super::super::frames::DecodeError;
+use super::super::transport::detached;
+use super::*;
+
+/// An open session of rank 0 with `rank`, over `t`.
+fn session(t: &Arc<Transport>, rank: i32) -> Arc<Mutex<Session>> {
+    let inbox = t.open_inbox(rank).unwrap();
+    t.watch(rank, Duration::from_secs(1));
+    Arc::new(Mutex::new(Session {
+        transport: Arc::clone(t),
+        rank,
+        nonce: 1,
+        host: format!("host{rank}"),
+        liveness: Duration::from_secs(10),
+        inbox,
+        failed: None,
+        open: true,
+    }))
+}
+
+#[test]
+fn a_remote_run_that_failed_without_a_failed_task_fails_the_path_as_a_local_child_run_does() {
+    use super::super::error::ArgumentsProblem;
+    let run = |kind| RemoteRunFailure::Run { kind, message: String::new() };
+    // The task's own doing: its graph's build, or more written bytes than a reply carries.
+    assert!(fails_the_task(&run(RemoteRunKind::SubmissionFailed)));
+    assert!(fails_the_task(&RemoteRunFailure::ReplyTooLarge { bytes: 2, limit: 1 }));
+    // The path's: no failed task to blame.
+    for kind in [
+        RemoteRunKind::EndpointFailed,
+        RemoteRunKind::DeviceFault,
+        RemoteRunKind::Timeout,
+        RemoteRunKind::Capacity,
+        RemoteRunKind::Aborted,
+        RemoteRunKind::CleanupFailed,
+        RemoteRunKind::Internal,
+        RemoteRunKind::Refused,
+        RemoteRunKind::TaskFailed,
+    ] {
+        assert!(!fails_the_task(&run(kind)), "{kind:?}");
+    }
+    assert!(!fails_the_task(&RemoteRunFailure::UnknownOrdinal { ordinal: 3 }));
+    let unpacked = ArgumentsProblem::NoBuffer { tensor: 0 };
+    assert!(!fails_the_task(&RemoteRunFailure::Arguments(unpacked)));
+}
+
+#[test]
+fn a_start_unwinding_after_a_session_was_adopted_still_shuts_that_session_down() {
+    let (t, wire) = detached::rank0(2);
+    let t = Arc::new(t);
+    // Rank 1 as a serving rank: answers `Hello` with an empty manifest, then reports
+    // whether the session it accepted is ever closed.
+    let rank = std::thread::spawn(move || {
+        let Some((1, Packet::Hello { session })) = wire.sent(Duration::from_secs(10)) else {
+            return Err("no Hello sent to rank 1");
+        };
+        let manifest =
+            Packet::Manifest { session, host: "host1".into(), entries: vec![], start_error: None };
+        wire.answer(1, &manifest);
+        let Some((1, Packet::Accept)) = wire.sent(Duration::from_secs(10)) else {
+            return Err("the session was not accepted");
+        };
+        let Some((1, Packet::Shutdown)) = wire.sent(Duration::from_secs(10)) else {
+            return Err("the accepted session was never shut down");
+        };
+        wire.answer(1, &Packet::ShutdownDone { errors: vec![] });
+        Ok(())
+    });
+    let spec = RemoteL3 { transport: Arc::clone(&t), rank: 1, liveness: Duration::from_secs(10) };
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut adoption = Adoption::new(std::iter::empty());
+        let started =
+            adoption.start(WorkerId(0), spec, None, Duration::from_secs(10), "L4 / child 0");
+        assert!(started.is_ok(), "{started:?}");
+        // A later child's start panics while the adoption still holds the session.
+        panic!("a later child's start panicked");
+    }));
+    assert!(unwound.is_err());
+    assert_eq!(rank.join().unwrap(), Ok(()));
+}
+
+#[test]
+fn a_left_during_shutdown_accounts_for_the_close_only_when_it_says_shutdown_done_was_lost() {
+    // What closing rank 1's session reports when the rank answers `Shutdown` with `Left`.
+    let residue = |cause: LeftCause| {
+        let (t, wire) = detached::rank0(2);
+        let t = Arc::new(t);
+        let s = session(&t, 1);
+        let rank = std::thread::spawn(move || {
+            let Some((1, Packet::Shutdown)) = wire.sent(Duration::from_secs(10)) else {
+                return Err("no Shutdown sent to rank 1");
+            };
+            wire.answer(1, &Packet::Left { session: 1, cause });
+            Ok(())
+        });
+        let residue = s.lock().shutdown(WorkerId(0));
+        assert_eq!(rank.join().unwrap(), Ok(()));
+        residue
+    };
+    let part = TeardownPart::Remote { child: WorkerId(0), rank: 1, host: "host1".into() };
+    let lost = LeftCause::ShutdownDoneLost {
+        lost: Box::new(LeftCause::Mpi { op: "MPI_Isend (drill)", code: -1 }),
+        close: None,
+    };
+    match residue(lost.clone()).as_slice() {
+        [
+            Residue::Failed {
+                what,
+                cause: TeardownCause::Remote(RemoteError::Left { rank: 1, cause }),
+            },
+        ] => assert_eq!((what, cause), (&part, &lost)),
+        other => panic!("a lost ShutdownDone gave {other:?}"),
+    }
+    let damaged = LeftCause::Protocol(ProtocolViolation::Malformed(DecodeError::Version {
+        found: 99,
+        expected: 9,
+    }));
+    match residue(damaged.clone()).as_slice() {
+        [Residue::Leaked(leak)] => {
+            let left = RemoteError::Left { rank: 1, cause: damaged.clone() };
+            assert_eq!(leak.at, [part]);
+            assert_eq!(leak.what, Leaked::RemoteLost(left));
+        }
+        other => panic!("a Left for a damaged frame gave {other:?}"),
+    }
+    // The same `Left`, met before the close (a task's wait saw it), is judged alike.
+    let (t, _wire) = detached::rank0(2);
+    let t = Arc::new(t);
+    let s = session(&t, 1);
+    let left = RemoteError::Left { rank: 1, cause: damaged };
+    s.lock().failed = Some(left.clone());
+    match s.lock().shutdown(WorkerId(0)).as_slice() {
+        [Residue::Leaked(leak)] => assert_eq!(leak.what, Leaked::RemoteLost(left)),
+        other => panic!("a Left met before the close gave {other:?}"),
+    }
+}
+
+#[test]
+fn a_rank_the_commit_could_not_reach_fails_its_tasks_at_once_naming_the_lost_commit() {
+    let (t, wire) = detached::rank0(3);
+    let t = Arc::new(t);
+    let sessions = vec![session(&t, 1), session(&t, 2)];
+    let children = RemoteChildren {
+        sessions: sessions.clone(),
+        graphs: Arc::default(),
+        ..RemoteChildren::default()
+    };
+    let id = crate::handle::Registry::closure_id(1, 1, CallableKind::Graph);
+    // Both ranks are ready; the transport fails before the commits go out.
+    let ranks = std::thread::spawn(move || {
+        for _ in 0..2 {
+            let Some((rank, Packet::Prepare { seq, .. })) = wire.sent(Duration::from_secs(10))
+            else {
+                return Err("no Prepare sent");
+            };
+            if rank == 2 {
+                wire.cut();
+            }
+            wire.answer(rank, &Packet::Prepared { seq, refusal: None });
+        }
+        Ok(())
+    });
+    let handle = crate::CallableHandle { worker: 1, seq: 1, id };
+    let registered = children.register_graph("late", || handle);
+    assert_eq!(ranks.join().unwrap(), Ok(()));
+    assert!(registered.is_ok(), "{registered:?}");
+    let callable = id;
+    let config = CallConfig::default();
+    let args = TaskArgs::new();
+    let member = DispatchedMember {
+        task: TaskId::new(RunId::from_raw(1).unwrap(), 0),
+        member: 0,
+        group_size: 1,
+        callable: &callable,
+        config: &config,
+        args: args.view(),
+    };
+    for (rank, s) in [(1, &sessions[0]), (2, &sessions[1])] {
+        match s.lock().call(0, &member) {
+            Err(RemoteError::CommitLost { rank: r, graph, ordinal: 0, cause })
+                if r == rank && graph == "late" =>
+            {
+                assert_eq!(*cause, RemoteError::Finalized);
+            }
+            other => panic!("a task on rank {rank}, which missed the commit: {other:?}"),
+        }
+    }
+}
