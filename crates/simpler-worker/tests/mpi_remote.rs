@@ -6,7 +6,8 @@
 //! with its rank frame, a stalled rank that does not silence the others while a large frame
 //! waits for it, nor while a large frame from it is half received, a damaged reply failing its
 //! task while the session still closes cleanly, a lost `ShutdownDone` reported at once, a lost
-//! reply failing its task at once with the serving rank's own cause, typed, a hung rank failing
+//! reply failing its task at once with the serving rank's own cause, typed, a rank still in a
+//! session whose `Shutdown` was lost leaving the next one at once, a hung rank failing
 //! its runs within the liveness budget, a manifest
 //! mismatch refusing start, clean shutdown of every rank, serving ranks giving a silent rank 0
 //! up) must exit 0; the killed-rank job
@@ -376,11 +377,55 @@ fn conformance_rank0(job: &MpiJob) -> Res {
     w.run(on_both(h[0]))?;
     w.close()?;
     println!("rank 0: the next session on both ranks ran");
+    superseded_session_is_left_at_once(job)?;
 
     // This rank stops answering while ranks 1 and 2 wait for a session; each gives it up
     // within its short budget (checked there). Finalizing waits for them.
     job.stall_for(STALL)?;
     std::thread::sleep(STALL + STALL_DELAY);
+    Ok(())
+}
+
+/// Rank 0's `Shutdown` to rank 1 is lost, so rank 1 still serves that session when rank 0
+/// starts the next one: rank 1 answers the newer `Hello` with a `Left`, which fails the start at
+/// once rather than at its deadline; rank 2, not reached, is refused.
+fn superseded_session_is_left_at_once(job: &MpiJob) -> Res {
+    let mut b = Worker::composite(4);
+    let h: Vec<CallableHandle> = GRAPHS
+        .iter()
+        .map(|name| b.register_graph(name, |_, _, _| Err("runs on a serving rank".into())))
+        .collect();
+    b.child(RemoteL3::new(job, 1)).expect("an L3 child of an L4");
+    let w = b.start()?;
+    w.run(on_child(h[0], 0))?;
+    job.refuse_next_send_of(FrameKind::Shutdown)?;
+    check(w.close().is_err(), || "a close whose Shutdown was lost reported nothing".into())?;
+    let (b, _) = l4(job, Duration::from_secs(10));
+    let budget = Duration::from_secs(60);
+    let t0 = Instant::now();
+    let e = match b.startup_timeout(budget).start() {
+        Err(e) => e,
+        Ok(w) => {
+            w.close()?;
+            return Err("a start on a rank serving an older session succeeded".into());
+        }
+    };
+    let waited = t0.elapsed();
+    check(
+        matches!(
+            &e.cause,
+            StartCause::Remote(RemoteError::Left {
+                rank: 1,
+                cause: LeftCause::Protocol(ProtocolViolation::UnexpectedFrame {
+                    got: FrameKind::Hello,
+                    ..
+                }),
+            })
+        ),
+        || format!("a start on a rank serving an older session failed with {e}"),
+    )?;
+    check(waited < budget / 2, || format!("the start failed only after {waited:.1?}"))?;
+    println!("rank 0: rank 1, still in a superseded session, left the next at once: {e}");
     Ok(())
 }
 
@@ -820,6 +865,22 @@ fn conformance_serving(job: &Arc<MpiJob>) -> Res {
         }
     }
     serve(job, &GRAPHS)?;
+    // Rank 0's Shutdown to rank 1 is lost; its next start finds rank 1 still serving.
+    let superseded = serve(job, &GRAPHS);
+    match (job.rank(), superseded) {
+        (
+            1,
+            Err(ServeError::Remote(RemoteError::Protocol {
+                rank: 0,
+                violation: ProtocolViolation::UnexpectedFrame { got: FrameKind::Hello, .. },
+            })),
+        ) => {}
+        (2, Err(ServeError::Remote(RemoteError::Refused { reason })))
+            if reason.contains("before reaching this rank") => {}
+        (rank, other) => {
+            return Err(format!("rank {rank}: superseded session: {other:?}").into());
+        }
+    }
     // Rank 0 stops answering while this rank waits for its next session: the wait ends with
     // rank 0 unresponsive within the short budget, not when rank 0 comes back.
     let t0 = Instant::now();

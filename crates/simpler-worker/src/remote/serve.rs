@@ -235,9 +235,28 @@ fn serve_session(
         }
         e
     };
+    // A `Hello` from here on opens another session: rank 0 has given this one up (it keeps one
+    // session per rank). The newer session is told that this rank leaves, so that rank 0's start
+    // fails at once rather than at its deadline, and this one ends as if its `Left` were sent.
+    let superseded = |newer: u64, expected: &'static [FrameKind]| {
+        let e = RemoteError::Protocol {
+            rank: 0,
+            violation: ProtocolViolation::UnexpectedFrame { got: FrameKind::Hello, expected },
+        };
+        let cause = LeftCause::from(&e);
+        if let Err(send) = t.send(0, &Packet::Left { session: newer, cause }) {
+            tracing::warn!(error = %send, "could not tell rank 0's newer session this rank left");
+        }
+        e
+    };
     // 3. (A refusal of an earlier session, left over, is skipped.)
     loop {
-        match answer(session, rank0.next().map_err(left)?).map_err(left)? {
+        let next = rank0.next().map_err(left)?;
+        if let Packet::Hello { session: newer } = next {
+            let e = superseded(newer, FrameKind::ANSWERS_TO_MANIFEST);
+            return Err(e.into());
+        }
+        match answer(session, next).map_err(left)? {
             Answer::Accept => break,
             Answer::Refuse(reason) => return Err(refused(reason, worker.close())),
             Answer::Skip => tracing::debug!("skipping a refusal of another session"),
@@ -289,6 +308,10 @@ fn serve_session(
                     }
                 }
                 return shut_down(closed, told);
+            }
+            Packet::Hello { session: newer } => {
+                let e = superseded(newer, FrameKind::SESSION_REQUESTS);
+                return Err(e.into());
             }
             other => tracing::warn!(?other, "ignoring an unexpected frame from rank 0"),
         }

@@ -43,6 +43,15 @@ impl FrameKind {
     pub(crate) const ANSWERS_TO_MANIFEST: &'static [FrameKind] =
         &[FrameKind::Accept, FrameKind::Refuse];
 
+    /// What rank 0 sends a serving rank during an accepted session.
+    pub(crate) const SESSION_REQUESTS: &'static [FrameKind] = &[
+        FrameKind::Prepare,
+        FrameKind::Commit,
+        FrameKind::Abort,
+        FrameKind::Task,
+        FrameKind::Shutdown,
+    ];
+
     /// Every kind, in code order.
     const ALL: [FrameKind; 15] = [
         FrameKind::Hello,

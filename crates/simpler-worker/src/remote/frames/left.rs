@@ -19,7 +19,8 @@ const MPI_FUNCTIONS: [&str; 6] = [
 ];
 
 /// Every set of frames a `ProtocolViolation::UnexpectedFrame` names as allowed.
-const EXPECTED_FRAMES: [&[FrameKind]; 1] = [FrameKind::ANSWERS_TO_MANIFEST];
+const EXPECTED_FRAMES: [&[FrameKind]; 2] =
+    [FrameKind::ANSWERS_TO_MANIFEST, FrameKind::SESSION_REQUESTS];
 
 /// The code of the cause that crosses as its text.
 const OTHER: u8 = 7;

@@ -449,6 +449,10 @@ fn left_causes() -> Vec<LeftCause> {
             got: FrameKind::Commit,
             expected: FrameKind::ANSWERS_TO_MANIFEST,
         },
+        ProtocolViolation::UnexpectedFrame {
+            got: FrameKind::Hello,
+            expected: FrameKind::SESSION_REQUESTS,
+        },
         ProtocolViolation::WrittenSpans(Box::new(SpanMismatch {
             index: 2,
             got: Some(span(1, 8, 16)),
@@ -587,7 +591,7 @@ fn an_unknown_code_in_a_left_cause_is_refused_where_it_stands() {
     assert_eq!(left(&[1, 6]), code(WireField::MpiFunction, 6, 12));
     assert_eq!(left(&[3, 0]), code(WireField::FrameKind, 0, 12));
     assert_eq!(left(&[5, 4]), code(WireField::ProtocolViolation, 4, 12));
-    assert_eq!(left(&[5, 1, 4, 1]), code(WireField::ExpectedFrames, 1, 14));
+    assert_eq!(left(&[5, 1, 4, 2]), code(WireField::ExpectedFrames, 2, 14));
     assert_eq!(left(&[5, 0, 10]), code(WireField::DecodeError, 10, 13));
     assert_eq!(left(&[5, 0, 4, 20]), code(WireField::WireField, 20, 14));
     assert_eq!(left(&[5, 2, 0, 0, 0, 0, 0, 0, 0, 0, 2]), code(WireField::Flag, 2, 21));
