@@ -1450,14 +1450,38 @@ fn a_write_whose_wait_failed_as_the_run_ahead_ended_well_blames_no_run_but_its_o
         let syncs = count(&b.log(), "aclrtSynchronizeStreamWithTimeout") as u64;
         b.install.fail_call("aclrtSynchronizeStreamWithTimeout", syncs + 1, code).unwrap();
         let err = r.prepare(&RunRequest::new(run_id(2), stamping, &v2.args, &cfg)).unwrap_err();
-        let own = match &err {
-            DeviceError::Timeout { run_id: id, budget: TimeoutBudget::StreamSync, .. } => {
-                code == 507_046 && *id == run_id(2)
+        // Run 1 ended well, so the failed wait is run 2's own. The wait's first sync is the
+        // AICPU stream's, and the stand-in records no core faults: a fault is the stream's
+        // report alone, with the CANN call that reported it.
+        match &err {
+            DeviceError::Timeout {
+                run_id: id,
+                budget: TimeoutBudget::StreamSync,
+                runtime,
+                faults,
+                ..
+            } if code == 507_046 => {
+                assert_eq!(*id, run_id(2), "{err}");
+                assert!(runtime.is_none() && faults.is_empty(), "{err:?}");
             }
-            DeviceError::DeviceFault { run_id: id, .. } => code == 507_015 && *id == run_id(2),
-            _ => false,
-        };
-        assert!(own, "code {code}: run 1 ended well, so the failed wait is run 2's own: {err}");
+            DeviceError::DeviceFault {
+                run_id: id,
+                code: reported,
+                stream,
+                faults,
+                runtime,
+                acl,
+            } if code == 507_015 => {
+                assert_eq!(*id, run_id(2), "{err}");
+                assert_eq!((reported.get(), *stream), (507_015, StreamKind::Aicpu), "{err:?}");
+                assert_eq!(faults.len(), 1, "{err:?}");
+                assert_eq!((faults[0].code.get(), faults[0].stream), (507_015, StreamKind::Aicpu));
+                assert!(runtime.is_none(), "{err:?}");
+                let acl = acl.as_deref().unwrap_or_else(|| panic!("no CANN error in {err:?}"));
+                assert_eq!((acl.func, acl.code), ("aclrtSynchronizeStreamWithTimeout", 507_015));
+            }
+            _ => panic!("code {code}: run 1 ended well, so the failed wait is run 2's own: {err}"),
+        }
         // The device is unusable after the failed sync, but run 1 is not behind it.
         assert!(!r.health().is_healthy(), "code {code}");
         assert!(r.reap_run(&a1, None).unwrap(), "code {code}");

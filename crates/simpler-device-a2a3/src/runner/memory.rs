@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use simpler_types::{RunId, Tensor, TimeoutBudget};
 
-use super::reap::{SYNC_ORDER, add_stream_fault};
+use super::reap::{SYNC_ORDER, add_stream_fault, earliest_fault};
 use super::staging::{StagedTensor, host_slice};
 use super::{Core, DevicePtr, RunState, oom};
 use crate::abi::codes::AclCode;
@@ -253,10 +253,17 @@ impl BuildEnv for RunMemory<'_> {
 /// The error of `run_id`'s preparation when its write's wait for the launched runs failed but
 /// every one of them ended well: none of them is blamed. A wait that ran out is the run's own
 /// stream-sync timeout, the limit the wait's (the last budget of the runs it waited for); a
-/// fault the stream reported is the run's own device fault, with the core faults the device
-/// recorded and the typed CANN error, as a reap's would be.
+/// fault the stream reported is the run's own device fault, as a reap's would be: the core
+/// faults the device recorded and the stream's report, earliest first, the earliest one's code
+/// and stream (the wait's own when there is none), and the typed CANN error of the wait.
 fn own_failed_wait(run_id: RunId, failed: FailedWait, mut faults: Vec<CoreFault>) -> DeviceError {
     let PoisonCause { step, code, .. } = failed.cause;
+    let stream =
+        if step == PoisonStep::SyncAiCore { StreamKind::AiCore } else { StreamKind::Aicpu };
+    if let Some(f) = &failed.fault {
+        add_stream_fault(&mut faults, stream, f);
+    }
+    let earliest = earliest_fault(&mut faults);
     if code == AclCode::STREAM_SYNC_TIMEOUT {
         return DeviceError::Timeout {
             run_id,
@@ -266,11 +273,7 @@ fn own_failed_wait(run_id: RunId, failed: FailedWait, mut faults: Vec<CoreFault>
             faults,
         };
     }
-    let stream =
-        if step == PoisonStep::SyncAiCore { StreamKind::AiCore } else { StreamKind::Aicpu };
-    if let Some(f) = &failed.fault {
-        add_stream_fault(&mut faults, stream, f);
-    }
+    let (code, stream) = earliest.unwrap_or((code, stream));
     DeviceError::DeviceFault {
         run_id,
         code,
@@ -557,5 +560,44 @@ impl Core {
                 Err(oom(Some(run_id), bytes, MemPurpose::Staging, f))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_faulted_own_wait_names_the_earliest_fault_as_a_reap_does() {
+        // The wait's AICPU stream sync reported an AICore exception; the device had recorded
+        // an AICore timeout on the AICore stream before it.
+        let failed = FailedWait {
+            cause: PoisonCause {
+                run_id: RunId::FIRST,
+                step: PoisonStep::SyncAicpu,
+                code: AclCode::AICORE_EXCEPTION,
+            },
+            limit: Duration::from_secs(3),
+            fault: Some(StreamFault::new(AclCode::AICORE_EXCEPTION, "the stream faulted")),
+        };
+        let recorded = CoreFault {
+            code: AclCode::AICORE_TIMEOUT,
+            stream: StreamKind::AiCore,
+            core: None,
+            func_id: None,
+            task: None,
+            message: "a core ran out of its op-execute budget".into(),
+            at_ticks: 10,
+        };
+        let err = own_failed_wait(RunId::FIRST, failed, vec![recorded]);
+        let DeviceError::DeviceFault { run_id, code, stream, faults, runtime, .. } = err else {
+            panic!("not a device fault: {err}");
+        };
+        assert_eq!(run_id, RunId::FIRST);
+        assert_eq!((code, stream), (AclCode::AICORE_TIMEOUT, StreamKind::AiCore));
+        assert_eq!(faults.len(), 2, "{faults:?}");
+        let last = faults.last().map(|f| (f.code, f.stream));
+        assert_eq!(last, Some((AclCode::AICORE_EXCEPTION, StreamKind::Aicpu)), "{faults:?}");
+        assert!(runtime.is_none());
     }
 }

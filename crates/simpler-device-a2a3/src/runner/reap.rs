@@ -120,6 +120,13 @@ pub(super) fn add_stream_fault(
     });
 }
 
+/// Orders `faults` earliest first and returns what a device fault reports of them: the earliest
+/// one's code and stream (`None`: no fault, and the failed wait's own are reported).
+pub(super) fn earliest_fault(faults: &mut [CoreFault]) -> Option<(AclCode, StreamKind)> {
+    faults.sort_by_key(|f| f.at_ticks);
+    faults.first().map(|f| (f.code, f.stream))
+}
+
 impl Core {
     /// Whether `reap_run` on `active` would return without waiting. Waits at most CANN's
     /// shortest sync per stream (a backend without stream queries), never more: a dropped
@@ -675,7 +682,7 @@ impl Core {
         if let StreamStatus::Failed(f) = &other_status {
             add_stream_fault(&mut faults, other, f);
         }
-        faults.sort_by_key(|f| f.at_ticks);
+        let earliest = earliest_fault(&mut faults);
         self.finish(run, Outcome::FailedAfterLaunch);
         let runtime = runtime.map(Box::new);
         let run_id = run.run_id;
@@ -695,8 +702,7 @@ impl Core {
                 faults,
             },
             SyncError::Fault(f) => {
-                let (code, stream) =
-                    faults.first().map_or((f.code, stream), |x| (x.code, x.stream));
+                let (code, stream) = earliest.unwrap_or((f.code, stream));
                 DeviceError::DeviceFault {
                     run_id,
                     code,
