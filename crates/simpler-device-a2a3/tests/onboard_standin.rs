@@ -1422,13 +1422,73 @@ fn a_device_that_did_not_drain_is_not_drained_again_by_a_later_failure() {
     let err = r.prepare(&RunRequest::new(run_id(2), stamping, &v2.args, &cfg)).unwrap_err();
     assert!(matches!(&err, DeviceError::Abandoned { after, .. } if *after == run_id(1)), "{err}");
     assert_eq!(count(&b.log(), "aclrtSynchronizeDeviceWithTimeout"), 1, "one drain");
-    // The next call reaps the dropped run 1, which that wait charged: no second drain.
-    v2.free(&mut r);
+    // The next call that reaps the dropped run 1, which that wait charged: no second drain.
+    r.unregister_callable(stamping).unwrap();
     let log = b.log();
     assert_eq!(count(&log, "aclrtSynchronizeDeviceWithTimeout"), 0, "{:?}", names(&log));
     assert_eq!(r.stats().recoveries, before + 1);
     assert!(!r.health().is_healthy());
     v1.free(&mut r);
+    v2.free(&mut r);
+    let _ = r.finalize();
+}
+
+/// The timeouts (ms) of the syncs in `log` (stream, event and device) given more than 50 ms:
+/// under the stand-in's sync delay each of them waits that long.
+fn long_syncs(log: &[Call]) -> Vec<i64> {
+    let syncs = log.iter().filter(|c| c.func.starts_with("aclrtSynchronize"));
+    syncs.filter_map(|c| c.timeout).filter(|&t| t > 50).collect()
+}
+
+#[test]
+fn an_unusable_runner_refuses_or_frees_without_waiting_for_a_dropped_run() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let stamping = add_callable_with(common::stamp_then_add, "stamp_then_add");
+    let stamping = r.register_callable(&stamping).unwrap();
+    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
+    let spare = r.malloc(1024).unwrap();
+    let cfg = CallConfig::default();
+    // The device never finishes anything: every sync of the AICPU stream (creation index 1)
+    // runs out after its whole timeout, and a drain finds the device busy.
+    b.install.set_value("sync_delay_stream", 1).unwrap();
+    b.install.set_value("sync_delay_ms", 60_000).unwrap();
+    b.install.set_value("drain_result", 507_046).unwrap();
+    let p1 = r.prepare(&RunRequest::new(run_id(1), slot, &v1.args, &cfg)).unwrap();
+    drop(r.launch_run(p1).unwrap());
+    // Run 2's preparation looks at the dropped run 1 (one 1 ms sync), then its write's wait
+    // for run 1 fails at once with a fault: the runner is unusable, and run 1, still
+    // outstanding, has nearly its whole stream-sync budget left.
+    let syncs = count(&b.log(), "aclrtSynchronizeStreamWithTimeout") as u64;
+    b.install.fail_call("aclrtSynchronizeStreamWithTimeout", syncs + 2, 507_015).unwrap();
+    let err = r.prepare(&RunRequest::new(run_id(2), stamping, &v2.args, &cfg)).unwrap_err();
+    assert!(matches!(&err, DeviceError::Abandoned { after, .. } if *after == run_id(1)), "{err}");
+    assert!(!r.health().is_healthy());
+    b.log();
+    // A preparation with a diagnostic needs the device alone, so a healthy runner would wait
+    // for run 1 first; an unusable one refuses after only looking.
+    let dir = tempfile::tempdir().unwrap();
+    let diag = CallConfig::builder().dep_gen(true).output_prefix(dir.path()).build().unwrap();
+    let err = r.prepare(&RunRequest::new(run_id(3), slot, &v1.args, &diag)).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::Unusable { cause, .. } if cause.run_id == run_id(1)),
+        "{err}"
+    );
+    let waited = long_syncs(&b.log());
+    assert!(waited.is_empty(), "prepare waited for run 1: syncs of {waited:?} ms");
+    // A free only forgets the pointer, and malloc and prewarm refuse, each without waiting.
+    r.free(spare).unwrap();
+    let waited = long_syncs(&b.log());
+    assert!(waited.is_empty(), "free waited for run 1: syncs of {waited:?} ms");
+    let err = r.malloc(1024).unwrap_err();
+    assert!(matches!(err, DeviceError::Unusable { .. }), "{err}");
+    let err = r.prewarm(&cfg).unwrap_err();
+    assert!(matches!(err, DeviceError::Unusable { .. }), "{err}");
+    let waited = long_syncs(&b.log());
+    assert!(waited.is_empty(), "malloc or prewarm waited for run 1: syncs of {waited:?} ms");
+    v1.free(&mut r);
+    v2.free(&mut r);
     let _ = r.finalize();
 }
 

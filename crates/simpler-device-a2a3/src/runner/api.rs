@@ -104,6 +104,20 @@ impl DeviceRunner {
         Ok(core)
     }
 
+    /// The attached state, for a call that refuses (or only forgets) on an unusable runner:
+    /// cleaned up as by [`core`](Self::core) while the runner is healthy, otherwise only of the
+    /// dropped runs the device already finished ([`Core::sweep_dropped`]), so the call does not
+    /// first wait out a dropped run's stream-sync budget.
+    fn core_unless_unusable(&mut self) -> Result<&mut Core, DeviceError> {
+        let core = self.attached()?;
+        if core.health.get().is_healthy() {
+            core.reclaim_dropped();
+        } else {
+            core.sweep_dropped();
+        }
+        Ok(core)
+    }
+
     /// The attached state, for the calls of the pipelined path, which clean up dropped handles
     /// themselves and wait only for those they need gone (`docs/pipelining.md`).
     fn attached(&mut self) -> Result<&mut Core, DeviceError> {
@@ -131,7 +145,7 @@ impl DeviceRunner {
     /// host_build_graph has nothing to cache, so this only checks the configuration and
     /// initializes the device.
     pub fn prewarm(&mut self, config: &CallConfig) -> Result<(), DeviceError> {
-        let core = self.core()?;
+        let core = self.core_unless_unusable()?;
         unusable(core)?;
         core.device_rules(None, config)?;
         core.ensure_initialized()
@@ -139,15 +153,15 @@ impl DeviceRunner {
 
     /// Allocates `bytes` of device memory (1024-byte aligned, zero-filled on the simulator).
     pub fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
-        let core = self.core()?;
+        let core = self.core_unless_unusable()?;
         unusable(core)?;
         core.malloc(bytes).map(DevicePtr)
     }
 
     /// Frees a `malloc` allocation. While the runner is unusable the pointer is only forgotten
-    /// (finalize releases the memory).
+    /// (finalize releases the memory), without waiting for the run of a dropped handle.
     pub fn free(&mut self, ptr: DevicePtr) -> Result<(), DeviceError> {
-        let core = self.core()?;
+        let core = self.core_unless_unusable()?;
         if !core.user_allocs.contains_key(&ptr.0) {
             return Err(DeviceError::BadDevicePointer {
                 run_id: None,
@@ -202,7 +216,8 @@ impl DeviceRunner {
     /// into a user allocation waits until the device finished the launched runs
     /// (`RunReport::overlap` then says so). With every slot in use, or when this run or a run
     /// in progress uses a diagnostic that needs exclusive use, `Busy`; the run of a dropped
-    /// handle still executing is waited for only in those two cases.
+    /// handle still executing is waited for only in those two cases, and never by an unusable
+    /// runner, which refuses with `Unusable` first.
     pub fn prepare(&mut self, req: &RunRequest<'_>) -> Result<PreparedRun, DeviceError> {
         self.attached()?.prepare(req)
     }

@@ -377,6 +377,8 @@ impl Core {
 
     fn prepare(&mut self, req: &RunRequest<'_>) -> Result<PreparedRun, DeviceError> {
         self.sweep_dropped();
+        // P2 before any wait for a dropped run: an unusable runner refuses at once.
+        unusable(self)?;
         // P1.
         let cfg = req.config;
         let diag = DiagPlan {
@@ -388,7 +390,7 @@ impl Core {
         if self.needs_dropped_runs_gone(diag_feature(&diag).is_some()) {
             self.reclaim_dropped();
         }
-        // P2.
+        // P2 again: the cleanup of a dropped run may have made the runner unusable.
         unusable(self)?;
         // P3.
         let (block_dim, threads) = self.device_rules(Some(req.run_id), cfg)?;
