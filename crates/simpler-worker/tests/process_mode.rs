@@ -703,6 +703,46 @@ fn what_a_ready_chip_process_leaves_when_its_start_fails_is_in_the_start_error()
     assert_eq!((mailboxes(), zombies()), (0, zombies_before));
 }
 
+/// A start that fails after some chip processes were ready shuts them down within the start's
+/// deadline, not each within its own shutdown budget one after another.
+#[test]
+fn the_rollback_of_a_failed_start_ends_at_the_start_deadline() {
+    let _serial = serial();
+    let zombies_before = zombies();
+    let dir = std::env::temp_dir().join(format!("simpler-rollback-child-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("child");
+    // Chip 2's process exits at once; the others are the real chip binary.
+    let body = format!(
+        "#!/bin/sh\ncase \" $* \" in *\" --chip 2 \"*) exit 5;; esac\nexec {} \"$@\"\n",
+        env!("CARGO_BIN_EXE_simpler-chip-child")
+    );
+    std::fs::write(&script, body).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let shutdown = Duration::from_secs(20);
+    let opts = ProcessOptions::default()
+        .child_path(&script)
+        .shutdown_timeout(shutdown)
+        .fault_at_start(ChildFault::HangOnShutdown);
+    let startup = Duration::from_secs(5);
+    let began = std::time::Instant::now();
+    let e = process_host(&[0, 1, 2], opts).startup_timeout(startup).start().expect_err("chip 2");
+    let elapsed = began.elapsed();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(e.to_string().contains("exited with status 5"), "{e}");
+    // Before: two hung shutdowns of 20 s each.
+    assert!(elapsed < shutdown, "the rollback took {elapsed:?}: {e}");
+    let left: Vec<_> = e.rollback.iter().filter_map(chip_process_fault).collect();
+    match left.as_slice() {
+        [
+            (WorkerId(0), _, ShutdownFault::NoFinalize { budget: b0 }),
+            (WorkerId(1), _, ShutdownFault::NoFinalize { budget: b1 }),
+        ] => assert!(*b0 < shutdown && *b1 < shutdown, "cut to the start deadline: {e}"),
+        other => panic!("the ready processes' ends left {other:?}: {e}"),
+    }
+    assert_eq!((mailboxes(), zombies()), (0, zombies_before));
+}
+
 /// A restart that fails after its process was ready reports what ending that process left
 /// behind with the failure (`ChildError::Restore::residue`), named in its text.
 #[test]

@@ -530,6 +530,10 @@ impl HostWorkerBuilder {
             }
             return Err(e);
         }
+        let mut states = states;
+        for s in &mut states {
+            s.started();
+        }
         // 4.
         let mut registry = Registry::default();
         let chips: Vec<WorkerId> = (0..self.devices.len() as u32).map(WorkerId).collect();

@@ -596,7 +596,8 @@ pub(crate) fn start_chip(
             return Err(failed(&mut process, e, format!("preparing '{}'", c.entry_name())));
         }
     }
-    process.started();
+    // The start deadline stays on the process until the whole worker has started
+    // (`ChipState::started`): a rollback's shutdown of this chip must not run past it.
     Ok(crate::chip::ChipState::in_process(chip, process, faults))
 }
 
