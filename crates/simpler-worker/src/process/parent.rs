@@ -76,9 +76,11 @@ impl Live {
     }
 
     /// Reaps the process if it ends within `bound`. Otherwise a thread of its own reaps it
-    /// whenever it ends, and this returns `false`: the caller never waits longer than `bound`.
+    /// whenever it ends (or, with no thread to be had, a later sweep of [`UNREAPED`]), and this
+    /// returns `false`: the caller never waits longer than `bound`.
     /// The process counts as live (it holds the spawner) until it is reaped.
     fn reap_within(mut self, bound: Duration) -> bool {
+        sweep_unreaped();
         let until = Instant::now().checked_add(bound);
         loop {
             match self.child.try_wait() {
@@ -90,22 +92,57 @@ impl Live {
         }
         let slot = Arc::new(parking_lot::Mutex::new(Some(self)));
         let theirs = Arc::clone(&slot);
-        let reaper =
+        let spawn_reaper = || {
             std::thread::Builder::new().name("simpler-chip-reap".into()).spawn(move || {
                 let taken = theirs.lock().take();
                 if let Some(mut live) = taken {
                     let _ = live.child.wait();
                 }
-            });
-        if reaper.is_err() {
-            // No thread to hand it to: wait here after all.
+            })
+        };
+        #[cfg(test)]
+        let reaper = if tests::REAPER_REFUSED.with(std::cell::Cell::get) {
+            Err(std::io::Error::other("reaper thread refused by the test"))
+        } else {
+            spawn_reaper()
+        };
+        #[cfg(not(test))]
+        let reaper = spawn_reaper();
+        if let Err(e) = reaper {
+            // No thread to hand it to: a later reap or launch sweeps it (never a wait here).
             let taken = slot.lock().take();
-            if let Some(mut live) = taken {
-                let _ = live.child.wait();
+            if let Some(live) = taken {
+                tracing::error!(pid = live.pid, error = %e, "no thread to reap a killed chip process; a later reap will");
+                UNREAPED.lock().push(live);
             }
         }
         false
     }
+}
+
+/// Killed processes that outlived their reap's bound when no thread could be started to reap
+/// them: each later [`Live::reap_within`] and launch reaps those that have ended since, so no
+/// caller ever waits for one. Until then each holds its zombie and the spawner.
+static UNREAPED: parking_lot::Mutex<Vec<Live>> = parking_lot::Mutex::new(Vec::new());
+
+/// Reaps the processes of [`UNREAPED`] that have ended. Never on the spawner's thread: the last
+/// reaped child stops it.
+fn sweep_unreaped() {
+    let ended: Vec<Live> = {
+        let mut held = UNREAPED.lock();
+        let mut ended = Vec::new();
+        let mut i = 0;
+        while i < held.len() {
+            match held[i].child.try_wait() {
+                Ok(None) => i += 1,
+                // Ended and now reaped, or reaped elsewhere (ECHILD).
+                Ok(Some(_)) | Err(_) => ended.push(held.swap_remove(i)),
+            }
+        }
+        ended
+    };
+    // Outside the lock: dropping a `Live` tells the spawner, which may join its thread.
+    drop(ended);
 }
 
 impl Drop for Live {
@@ -229,6 +266,7 @@ impl ChipProcess {
     }
 
     fn launch(&mut self, deadline: Option<Instant>) -> Result<(), StartFailure> {
+        sweep_unreaped();
         let chip = self.chip;
         let spawn_err = |fault: SpawnFault| StartFailure::Child(ChildError::Spawn { chip, fault });
         let binary = spawn::resolve_binary(self.opts.child_path.as_deref()).map_err(spawn_err)?;

@@ -19,6 +19,9 @@ use crate::process::mailbox::state;
 thread_local! {
     /// Every pid whose process group `kill_group` signalled on this thread.
     pub(super) static SIGNALLED: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+    /// Whether a reap on this thread is refused a reaper thread, as a system out of threads
+    /// refuses one.
+    pub(super) static REAPER_REFUSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// A chip process around a running `/bin/true` (it ignores the chip arguments).
@@ -172,6 +175,39 @@ fn a_process_that_outlives_the_reap_bound_is_reaped_by_a_thread_of_its_own() {
     while proc_entry.exists() {
         assert!(std::time::Instant::now() < deadline, "process {pid} was never reaped");
         std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_process_that_outlives_the_reap_bound_with_no_reaper_thread_is_reaped_by_a_later_sweep() {
+    // The system refuses the reaper thread: the reap still returns at its bound, and the
+    // process is reaped by a sweep once it has ended.
+    let dir = std::env::temp_dir().join(format!("simpler-unreaped-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let script = dir.join("late.sh");
+    std::fs::write(&script, "#!/bin/sh\nsleep 1\n").expect("script");
+    let mut perms = std::fs::metadata(&script).expect("script").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&script, perms).expect("chmod");
+    let (mailbox, fd) = Mailbox::create().expect("memfd");
+    let child = spawn::spawn(&script, 0, fd).expect("spawn");
+    let pid = child.id();
+    let live = Live { child, pid, mailbox };
+    REAPER_REFUSED.with(|r| r.set(true));
+    let started = std::time::Instant::now();
+    let reaped = live.reap_within(std::time::Duration::from_millis(20));
+    let returned_after = started.elapsed();
+    REAPER_REFUSED.with(|r| r.set(false));
+    assert!(!reaped, "it was still running");
+    // The process runs for a second: a reap that waited for it took that long.
+    assert!(returned_after < std::time::Duration::from_millis(500), "waited {returned_after:?}");
+    let proc_entry = std::path::PathBuf::from(format!("/proc/{pid}"));
+    let deadline = started + std::time::Duration::from_secs(10);
+    while proc_entry.exists() {
+        assert!(std::time::Instant::now() < deadline, "process {pid} was never reaped");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        super::sweep_unreaped();
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
