@@ -313,6 +313,7 @@ fn conformance_rank0(job: &MpiJob) -> Res {
     damaged_frame_fails_its_task_and_the_session_still_closes(job)?;
     lost_shutdown_done_is_told_at_once(job)?;
     lost_completion_fails_its_task_with_the_cause_rank_1_left_with(job)?;
+    lost_completion_and_left_fail_the_task_within_the_budget(job)?;
 
     // A hung rank: rank 2's MPI thread stops answering; its run fails within the budget
     // while rank 1 keeps working.
@@ -651,6 +652,49 @@ fn lost_completion_fails_its_task_with_the_cause_rank_1_left_with(job: &MpiJob) 
     Ok(())
 }
 
+/// Rank 1 loses both its reply and the `Left` saying why, then serves on (waiting for the next
+/// session): its pongs tell rank 0 it left, and the task fails within the liveness budget
+/// instead of waiting for good.
+fn lost_completion_and_left_fail_the_task_within_the_budget(job: &MpiJob) -> Res {
+    let liveness = Duration::from_secs(2);
+    let (b, h) = l4(job, liveness);
+    let w = b.start()?;
+    let t0 = Instant::now();
+    let e = match w.run(on_child(h[0], 0)) {
+        Err(WorkerError::Run(e)) => e,
+        other => {
+            return Err(format!("the task whose reply and Left were lost gave {other:?}").into());
+        }
+    };
+    let waited = t0.elapsed();
+    let remote = e.frames().iter().find_map(|f| f.remote_error()).cloned();
+    check(
+        matches!(
+            remote,
+            Some(RemoteError::SessionEnded { rank: 1, serving: 0, task: Some(_), .. })
+        ),
+        || format!("the task whose reply and Left were lost failed with {e} ({remote:?})"),
+    )?;
+    check(waited < LOST_REPLY_BUDGET, || {
+        format!("the task waited {waited:.2?} for a rank that had left")
+    })?;
+    w.run(on_child(h[0], 1))?;
+    let closed = w.close();
+    let leaked = closed.as_ref().err().map(|e| (e.teardown.is_empty(), e.leaked.as_slice()));
+    check(
+        matches!(leaked, Some((true, [leak])) if matches!(
+            (&leak.at[..], &leak.what),
+            (
+                [TeardownPart::Remote { rank: 1, .. }],
+                Leaked::RemoteLost(RemoteError::SessionEnded { rank: 1, .. }),
+            )
+        )),
+        || format!("close after rank 1 left without a word gave {closed:?}"),
+    )?;
+    println!("rank 0: a rank that left without a word failed its task after {waited:.2?}: {e}");
+    Ok(())
+}
+
 /// Host buffers of rank 0 cross hosts: on each remote L3 a task reads two of them and writes
 /// the first half of a third (InOut), whose chip lane stages them there; a sub task of rank 0
 /// ordered after it by that buffer checks the sum and that the other half kept its bytes.
@@ -820,6 +864,19 @@ fn conformance_serving(job: &Arc<MpiJob>) -> Res {
         match serve(job, &GRAPHS) {
             Err(ServeError::Remote(RemoteError::Mpi { op: "MPI_Isend (drill)", .. })) => {}
             other => return Err(format!("rank 1: a lost Completion gave {other:?}").into()),
+        }
+    } else {
+        serve(job, &GRAPHS)?;
+    }
+    // Rank 1 loses its Completion and then its Left, and serves on.
+    if job.rank() == 1 {
+        job.refuse_next_send_of(FrameKind::Completion)?;
+        job.refuse_next_send_of(FrameKind::Left)?;
+        match serve(job, &GRAPHS) {
+            Err(ServeError::Remote(RemoteError::Mpi { op: "MPI_Isend (drill)", .. })) => {}
+            other => {
+                return Err(format!("rank 1: a lost Completion and Left gave {other:?}").into());
+            }
         }
     } else {
         serve(job, &GRAPHS)?;

@@ -32,6 +32,7 @@
 //! carries what the close did), or a rank that never confirmed (any other `Left` included,
 //! which says nothing of the close) becomes residue of the L4 close.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -189,6 +190,8 @@ impl Adoption {
             inbox,
             failed: None,
             open: true,
+            pings_mark: None,
+            left_seen: Cell::new(None),
         };
         if let Err(e) = t.send(spec.rank, &Packet::Hello { session: nonce }) {
             session.end();
@@ -221,6 +224,8 @@ impl Adoption {
             }
         };
         session.host = host.clone();
+        // From here a pong answering a later ping reports this session while the rank serves it.
+        session.pings_mark = Some(t.pings_sent());
         if let Some(message) = start_error {
             // The rank already left its session.
             session.end();
@@ -417,6 +422,11 @@ pub(crate) struct Session {
     failed: Option<RemoteError>,
     /// Whether inbox and pings are still open.
     open: bool,
+    /// The latest ping sent when the rank's `Manifest` arrived: a pong answering a later one
+    /// reports the session the rank serves (`None` until then).
+    pings_mark: Option<u64>,
+    /// When a wait first saw the rank's pongs report another session than this one.
+    left_seen: Cell<Option<Instant>>,
 }
 
 impl Session {
@@ -458,10 +468,33 @@ impl Session {
             if self.transport.is_stopped() {
                 return Err(Waited::Failed(RemoteError::Finalized));
             }
+            if let Some(e) = self.left_without_a_word(task) {
+                return Err(Waited::Failed(e));
+            }
             if deadline.is_some_and(|d| Instant::now() > d) {
                 return Err(Waited::Deadline);
             }
         }
+    }
+
+    /// The rank's pongs report another session than this one (it left, and its `Left` was lost,
+    /// or it has not arrived yet): once that has lasted the liveness budget with no frame ending
+    /// the wait, the session is over. The budget leaves room for a `Left` or a reply the rank
+    /// sent before it left, which travel on another communicator than the pong.
+    fn left_without_a_word(&self, task: Option<&DispatchedMember<'_>>) -> Option<RemoteError> {
+        let serving = self.transport.serving_after(self.rank, self.pings_mark?)?;
+        if serving == self.nonce {
+            return None;
+        }
+        let seen = self.left_seen.get().unwrap_or_else(Instant::now);
+        self.left_seen.set(Some(seen));
+        (seen.elapsed() > self.liveness).then(|| RemoteError::SessionEnded {
+            rank: self.rank,
+            session: self.nonce,
+            serving,
+            run: task.map(|t| t.task.run),
+            task: task.map(|t| t.task),
+        })
     }
 
     /// A wait's failure, returned as it is; one that ends the session for good (the rank stopped
@@ -470,6 +503,7 @@ impl Session {
         if matches!(
             e,
             RemoteError::Unresponsive { .. }
+                | RemoteError::SessionEnded { .. }
                 | RemoteError::Protocol { .. }
                 | RemoteError::Left { .. }
                 | RemoteError::Mpi { .. }
@@ -601,9 +635,12 @@ impl Session {
         let rank = self.rank;
         let part = self.part(child);
         let mut residue = Vec::new();
-        if let Some(e @ RemoteError::Left { .. }) = &self.failed {
+        if let Some(e @ (RemoteError::Left { .. } | RemoteError::SessionEnded { .. })) =
+            &self.failed
+        {
             // The rank already left this session: nobody there would answer a `Shutdown`. Its
-            // `Left` is judged as one arriving in answer to `Shutdown` is, below.
+            // `Left` is judged as one arriving in answer to `Shutdown` is, below; a departure
+            // only its pongs told of leaves its worker's close unknown.
             residue.push(left_residue(part, e.clone()));
             self.end();
             return residue;

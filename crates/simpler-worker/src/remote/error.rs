@@ -117,6 +117,26 @@ pub enum RemoteError {
         /// That task.
         task: Option<TaskId>,
     },
+    /// The rank's pongs say it no longer serves this session (it left it, and the `Left` saying
+    /// why was lost), and nothing arrived within the liveness budget after; the endpoint is
+    /// failed.
+    #[error(
+        "rank {rank} left session {session} without a word (it now serves {}){}",
+        serving_text(*serving),
+        task_text(*run, *task)
+    )]
+    SessionEnded {
+        /// The rank.
+        rank: i32,
+        /// The session rank 0 holds with it.
+        session: u64,
+        /// The session its pongs report (0: none).
+        serving: u64,
+        /// The run at rank 0 whose task was waiting, if any.
+        run: Option<RunId>,
+        /// That task.
+        task: Option<TaskId>,
+    },
     /// A task failed on the remote rank: its frames are the failure's cause chain.
     #[error("rank {rank} ({host}): L{level} {run} failed{}: {message}", task_seq(*task))]
     TaskFailed {
@@ -560,6 +580,10 @@ fn task_text(run: Option<RunId>, task: Option<TaskId>) -> String {
         (Some(r), None) => format!(" while {r} waited"),
         (None, None) => String::new(),
     }
+}
+
+fn serving_text(serving: u64) -> String {
+    if serving == 0 { "no session".to_owned() } else { format!("session {serving}") }
 }
 
 /// Why a remote run failed with no task to blame, as the serving rank reports it.

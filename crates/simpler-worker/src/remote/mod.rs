@@ -105,7 +105,8 @@ impl MpiJob {
 
     /// Makes this rank's MPI thread refuse its next frame of `kind`, as MPI refuses a send
     /// (`RemoteError::Mpi { op: "MPI_Isend (drill)", code: -1 }`): a drill for a frame lost on
-    /// its way out, such as a serving rank's `ShutdownDone`.
+    /// its way out, such as a serving rank's `ShutdownDone`. Calls for several kinds add up,
+    /// each refusing one frame.
     pub fn refuse_next_send_of(&self, kind: FrameKind) -> Result<(), RemoteError> {
         self.transport.refuse_next_send_of(kind)
     }

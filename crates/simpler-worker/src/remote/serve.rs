@@ -154,10 +154,23 @@ pub fn serve_l3(
     let inbox = t.open_inbox(0)?;
     t.watch(0, graphs.liveness / 4);
     let rank0 = Rank0 { t, inbox: &inbox, liveness: graphs.liveness };
-    let result = serve_session(&rank0, builder, graphs);
+    let result = {
+        // However the session ends (a panic included), this rank's pongs stop reporting it.
+        let _serving = ServingReset(t);
+        serve_session(&rank0, builder, graphs)
+    };
     t.unwatch(0);
     t.close_inbox(0, &inbox);
     result
+}
+
+/// Clears the session a rank's pongs report when dropped.
+struct ServingReset<'a>(&'a Transport);
+
+impl Drop for ServingReset<'_> {
+    fn drop(&mut self) {
+        self.0.set_serving(0);
+    }
 }
 
 /// Rank 0 as a serving session hears it.
@@ -204,7 +217,12 @@ fn serve_session(
     // 1. Rank 0 refuses a rank its start never reached (it failed before).
     let session = loop {
         match rank0.next()? {
-            Packet::Hello { session } => break session,
+            Packet::Hello { session } => {
+                // Before the `Manifest`: a pong answering a ping sent once rank 0 has it
+                // reports this session for as long as this rank serves it.
+                t.set_serving(session);
+                break session;
+            }
             Packet::Refuse { session: None, reason } => {
                 return Err(RemoteError::Refused { reason }.into());
             }

@@ -109,6 +109,12 @@ struct Shared {
     lost: Mutex<Vec<Lost>>,
     /// Set by the MPI thread when it leaves its loop (finalized or failed).
     stopped: AtomicBool,
+    /// The session this rank serves (0: none), which its pongs report.
+    serving: AtomicU64,
+    /// The nonce of the latest ping the MPI thread sent (to any rank; nonces only grow).
+    pings_sent: AtomicU64,
+    /// Per rank: the nonce and reported session of the latest pong from it.
+    pongs: Mutex<Vec<(u64, u64)>>,
 }
 
 /// Where frames from one rank go.
@@ -127,8 +133,21 @@ impl Shared {
             inboxes: Mutex::new(
                 per_rank.clone().map(|_| Inbox::Closed(Default::default())).collect(),
             ),
-            lost: Mutex::new(per_rank.map(|_| Lost::default()).collect()),
+            lost: Mutex::new(per_rank.clone().map(|_| Lost::default()).collect()),
             stopped: AtomicBool::new(false),
+            serving: AtomicU64::new(0),
+            pings_sent: AtomicU64::new(0),
+            pongs: Mutex::new(per_rank.map(|_| (0, 0)).collect()),
+        }
+    }
+
+    /// Records a pong from `rank` answering ping `nonce` while it served `session`.
+    fn record_pong(&self, rank: i32, nonce: u64, session: u64) {
+        let mut pongs = self.pongs.lock();
+        if let Some(p) = usize::try_from(rank).ok().and_then(|r| pongs.get_mut(r))
+            && nonce > p.0
+        {
+            *p = (nonce, session);
         }
     }
 
@@ -384,6 +403,27 @@ impl Transport {
         self.shared.stopped.load(Ordering::Acquire)
     }
 
+    /// Sets the session this rank serves (0: none), which its pongs report from now on.
+    pub(crate) fn set_serving(&self, session: u64) {
+        // Release: a pong reporting it is sent after the writes before this store, the
+        // `Manifest`'s queueing included.
+        self.shared.serving.store(session, Ordering::Release);
+    }
+
+    /// The nonce of the latest ping sent so far: a pong answering a later one answers a ping
+    /// sent after this call (`docs/multi-host.md`, "Session").
+    pub(crate) fn pings_sent(&self) -> u64 {
+        self.shared.pings_sent.load(Ordering::Acquire)
+    }
+
+    /// The session `rank` reported serving in its latest pong, if that pong answered a ping
+    /// sent after `pings_sent` returned `mark`.
+    pub(crate) fn serving_after(&self, rank: i32, mark: u64) -> Option<u64> {
+        let pongs = self.shared.pongs.lock();
+        let &(nonce, session) = pongs.get(usize::try_from(rank).ok()?)?;
+        (nonce > mark).then_some(session)
+    }
+
     /// Makes the MPI thread answer nothing for `d` (liveness drills and tests).
     pub(crate) fn stall(&self, d: Duration) -> Result<(), RemoteError> {
         self.command(Command::Stall(d))
@@ -533,14 +573,17 @@ fn serve_loop(
             let (bytes, status) = probed.matched_receive_vec::<u8>();
             let from = status.source_rank();
             heard(shared, from);
-            if let Ok(Packet::Ping { nonce }) = Packet::decode(&bytes)
-                && !health_frame_on_its_way(&sending, from)
-            {
-                // A lost pong only delays hearing from this rank; liveness judges that.
-                let pong = Packet::Pong { nonce }.encode();
-                if let Ok(f) = InFlight::start(health, from, true, TAG, pong) {
-                    sending.push(f);
+            match Packet::decode(&bytes) {
+                Ok(Packet::Ping { nonce }) if !health_frame_on_its_way(&sending, from) => {
+                    // A lost pong only delays hearing from this rank; liveness judges that.
+                    let session = shared.serving.load(Ordering::Acquire);
+                    let pong = Packet::Pong { nonce, session }.encode();
+                    if let Ok(f) = InFlight::start(health, from, true, TAG, pong) {
+                        sending.push(f);
+                    }
                 }
+                Ok(Packet::Pong { nonce, session }) => shared.record_pong(from, nonce, session),
+                _ => {}
             }
         }
         let now = shared.now_nanos();
@@ -552,6 +595,9 @@ fn serve_loop(
                 now >= next_ping[r as usize] || next_ping[r as usize] > now.saturating_add(every);
             if every != 0 && due && !health_frame_on_its_way(&sending, r) {
                 nonce += 1;
+                // Release, before the ping leaves: a caller that read an earlier nonce read it
+                // before this ping was sent.
+                shared.pings_sent.store(nonce, Ordering::Release);
                 let ping = Packet::Ping { nonce }.encode();
                 if let Ok(f) = InFlight::start(health, r, true, TAG, ping) {
                     sending.push(f);
@@ -686,7 +732,8 @@ fn drain(shared: &Shared, sending: &mut Vec<InFlight>, receiving: &mut Vec<Arriv
 struct Drills {
     stall_after_send: Option<Duration>,
     corrupt_next_send: bool,
-    refuse_next_send_of: Option<FrameKind>,
+    /// Kinds whose next data frame is refused, one frame each.
+    refuse_next_send_of: Vec<FrameKind>,
 }
 
 /// The error a frame refused by [`Command::RefuseNextSendOf`] is lost with.
@@ -706,8 +753,11 @@ fn run_command(
         Command::Send { to, health: on_health, mut bytes, receipt } => {
             let comm = if on_health { health } else { world };
             let kind = bytes.get(2).copied().and_then(FrameKind::from_code);
-            if !on_health && kind.is_some() && drills.refuse_next_send_of == kind {
-                drills.refuse_next_send_of = None;
+            let refused = kind
+                .filter(|_| !on_health)
+                .and_then(|k| drills.refuse_next_send_of.iter().position(|r| *r == k));
+            if let Some(i) = refused {
+                drills.refuse_next_send_of.remove(i);
                 lose(shared, to, Way::Out, REFUSED_BY_DRILL);
                 settle(receipt, Err(REFUSED_BY_DRILL));
                 return true;
@@ -745,7 +795,7 @@ fn run_command(
             true
         }
         Command::RefuseNextSendOf(kind) => {
-            drills.refuse_next_send_of = Some(kind);
+            drills.refuse_next_send_of.push(kind);
             true
         }
         Command::Finalize => false,
@@ -831,6 +881,12 @@ pub(crate) mod detached {
                     _ => continue,
                 }
             }
+        }
+
+        /// Records a pong from `rank` answering ping `nonce` while it served `session`.
+        pub(crate) fn pong(&self, rank: i32, nonce: u64, session: u64) {
+            heard(&self.shared, rank);
+            self.shared.record_pong(rank, nonce, session);
         }
 
         /// Routes `p` as a frame from `rank`.

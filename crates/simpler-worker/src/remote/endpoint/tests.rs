@@ -20,6 +20,8 @@ fn session(t: &Arc<Transport>, rank: i32) -> Arc<Mutex<Session>> {
         inbox,
         failed: None,
         open: true,
+        pings_mark: Some(0),
+        left_seen: std::cell::Cell::new(None),
     }))
 }
 
@@ -190,4 +192,54 @@ fn a_rank_the_commit_could_not_reach_fails_its_tasks_at_once_naming_the_lost_com
             other => panic!("a task on rank {rank}, which missed the commit: {other:?}"),
         }
     }
+}
+
+#[test]
+fn a_task_wait_ends_when_the_ranks_pongs_say_it_left_the_session_and_no_left_came() {
+    let (t, wire) = detached::rank0(2);
+    let t = Arc::new(t);
+    let s = session(&t, 1);
+    let liveness = Duration::from_millis(500);
+    s.lock().liveness = liveness;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let callable = crate::handle::Registry::closure_id(1, 1, CallableKind::Graph);
+        let (config, args) = (CallConfig::default(), TaskArgs::new());
+        let member = DispatchedMember {
+            task: TaskId::new(RunId::from_raw(1).unwrap(), 0),
+            member: 0,
+            group_size: 1,
+            callable: &callable,
+            config: &config,
+            args: args.view(),
+        };
+        let _ = tx.send(s.lock().call(0, &member));
+    });
+    let Some((1, Packet::Task { .. })) = wire.sent(Duration::from_secs(10)) else {
+        panic!("no task sent to rank 1");
+    };
+    // The rank answers pings while it serves this session (1): the task waits on, well past the
+    // liveness budget, since nothing says it will not be answered.
+    let mut nonce = 0;
+    let mut pong_for = |session: u64, d: Duration| {
+        let until = std::time::Instant::now() + d;
+        while std::time::Instant::now() < until {
+            nonce += 1;
+            wire.pong(1, nonce, session);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    pong_for(1, liveness * 3);
+    assert!(rx.try_recv().is_err(), "a task on a rank serving its session stopped waiting");
+    // Then it serves no session, and its `Left` never arrives: the wait ends within about
+    // the budget, however long the rank keeps answering.
+    pong_for(0, liveness * 4);
+    let ended = rx.recv_timeout(Duration::from_secs(10)).expect("the task wait never ended");
+    match ended {
+        Err(RemoteError::SessionEnded {
+            rank: 1, session: 1, serving: 0, task: Some(_), ..
+        }) => {}
+        other => panic!("a task on a rank that left its session gave {other:?}"),
+    }
+    waiter.join().unwrap();
 }

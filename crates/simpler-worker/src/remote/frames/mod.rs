@@ -145,8 +145,10 @@ pub(crate) enum Packet {
     ShutdownDone { errors: Vec<String> },
     /// Health probe (on the health communicator).
     Ping { nonce: u64 },
-    /// Health answer (on the health communicator).
-    Pong { nonce: u64 },
+    /// Health answer (on the health communicator): the ping's nonce and the session the
+    /// answering rank serves when it answers (0: none), by which rank 0 learns that a serving
+    /// rank left its session even when the `Left` saying so was lost.
+    Pong { nonce: u64, session: u64 },
     /// Rank 0 → serving rank: phase 1 of a registration after start: be ready to serve graph
     /// `name` as ordinal `ordinal`, and answer.
     /// `seq` is unique in the job, so a late answer to an earlier attempt is never taken.
@@ -257,8 +259,9 @@ impl Packet {
             Packet::Ping { nonce } => {
                 w.u64(*nonce);
             }
-            Packet::Pong { nonce } => {
+            Packet::Pong { nonce, session } => {
                 w.u64(*nonce);
+                w.u64(*session);
             }
             Packet::Prepare { seq, ordinal, name } => {
                 w.u64(*seq);
@@ -373,7 +376,7 @@ impl Packet {
                 Packet::ShutdownDone { errors }
             }
             FrameKind::Ping => Packet::Ping { nonce: r.u64()? },
-            FrameKind::Pong => Packet::Pong { nonce: r.u64()? },
+            FrameKind::Pong => Packet::Pong { nonce: r.u64()?, session: r.u64()? },
             FrameKind::Prepare => {
                 Packet::Prepare { seq: r.u64()?, ordinal: r.u32()?, name: r.str()? }
             }

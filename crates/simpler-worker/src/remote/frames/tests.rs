@@ -147,7 +147,7 @@ fn every_frame_round_trips() {
         Packet::Shutdown,
         Packet::ShutdownDone { errors: vec!["e".into()] },
         Packet::Ping { nonce: 1 },
-        Packet::Pong { nonce: 1 },
+        Packet::Pong { nonce: 1, session: 7 },
         Packet::Prepare { seq: 7, ordinal: 2, name: "late".into() },
         Packet::Prepared { seq: 7, refusal: None },
         Packet::Prepared { seq: 7, refusal: Some("no".into()) },
