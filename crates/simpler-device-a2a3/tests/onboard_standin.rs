@@ -1448,7 +1448,7 @@ fn an_unusable_runner_refuses_or_frees_without_waiting_for_a_dropped_run() {
     let stamping = add_callable_with(common::stamp_then_add, "stamp_then_add");
     let stamping = r.register_callable(&stamping).unwrap();
     let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
-    let spare = r.malloc(1024).unwrap();
+    let (spare, kept) = (r.malloc(1024).unwrap(), r.malloc(1024).unwrap());
     let cfg = CallConfig::default();
     // The device never finishes anything: every sync of the AICPU stream (creation index 1)
     // runs out after its whole timeout, and a drain finds the device busy.
@@ -1487,6 +1487,19 @@ fn an_unusable_runner_refuses_or_frees_without_waiting_for_a_dropped_run() {
     assert!(matches!(err, DeviceError::Unusable { .. }), "{err}");
     let waited = long_syncs(&b.log());
     assert!(waited.is_empty(), "malloc or prewarm waited for run 1: syncs of {waited:?} ms");
+    // So do a fill, both copies and a registration.
+    let mut back = [0u8; 4];
+    let refusals = [
+        r.memset(kept, 0, 4).unwrap_err(),
+        r.copy_to_device(kept, &[1; 4]).unwrap_err(),
+        r.copy_from_device(&mut back, kept).unwrap_err(),
+        r.register_callable(&b.add_callable()).unwrap_err(),
+    ];
+    for err in refusals {
+        assert!(matches!(err, DeviceError::Unusable { .. }), "{err}");
+    }
+    let waited = long_syncs(&b.log());
+    assert!(waited.is_empty(), "a copy or registration waited for run 1: syncs of {waited:?} ms");
     v1.free(&mut r);
     v2.free(&mut r);
     let _ = r.finalize();

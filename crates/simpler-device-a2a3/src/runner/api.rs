@@ -180,14 +180,14 @@ impl DeviceRunner {
 
     /// Sets `bytes` bytes at `ptr` to `value`.
     pub fn memset(&mut self, ptr: DevicePtr, value: u8, bytes: u64) -> Result<(), DeviceError> {
-        let core = self.core()?;
+        let core = self.core_unless_unusable()?;
         core.check_copy("memset", ptr.0, bytes)?;
         core.backend.fill(ptr.0, value, bytes)
     }
 
     /// Copies `src` to device memory at `dst`.
     pub fn copy_to_device(&mut self, dst: DevicePtr, src: &[u8]) -> Result<(), DeviceError> {
-        let core = self.core()?;
+        let core = self.core_unless_unusable()?;
         let len = src.len() as u64;
         core.check_copy("copy_to_device", dst.0, len)?;
         core.backend.write(dst.0, src)
@@ -195,7 +195,7 @@ impl DeviceRunner {
 
     /// Copies device memory at `src` into `dst`.
     pub fn copy_from_device(&mut self, dst: &mut [u8], src: DevicePtr) -> Result<(), DeviceError> {
-        let core = self.core()?;
+        let core = self.core_unless_unusable()?;
         let len = dst.len() as u64;
         core.check_copy("copy_from_device", src.0, len)?;
         core.backend.read(src.0, dst)
@@ -203,7 +203,7 @@ impl DeviceRunner {
 
     /// Registers a callable in the lowest free of the 64 slots.
     pub fn register_callable(&mut self, callable: &ChipCallable) -> Result<ChipSlot, DeviceError> {
-        self.core()?.register(callable)
+        self.core_unless_unusable()?.register(callable)
     }
 
     /// Frees a callable's slot; a slot used by the prepared or in-flight run is `CallableInUse`.
