@@ -63,14 +63,14 @@ struct Live {
 impl Live {
     /// Kills the process group, then reaps the leader. Taking `self` means a reaped process
     /// is never signalled: once reaped, its pid and group id may name another process.
-    fn kill_and_reap(self, bound: Duration) {
+    fn kill_and_reap(self) {
         // Only while the process is still this process's unreaped child: one reaped elsewhere
         // may have had its pid, and so its group id, reused.
         if unreaped_child_ended(self.pid).is_some() {
             kill_group(self.pid);
         }
         let pid = self.pid;
-        if !self.reap_within(bound) {
+        if !self.reap_within(REAP_AFTER_KILL) {
             tracing::warn!(pid, "a killed chip process has not ended; a thread reaps it later");
         }
     }
@@ -396,10 +396,8 @@ impl ChipProcess {
 
     /// Kills the process group and reaps the process (nothing once it was reaped).
     fn kill(&mut self) {
-        // While the worker starts, the reap too ends at the start deadline.
-        let (_, bound) = self.wait_deadline(REAP_AFTER_KILL);
         if let Some(live) = self.live.take() {
-            live.kill_and_reap(bound);
+            live.kill_and_reap();
         }
     }
 
