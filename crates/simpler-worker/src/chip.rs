@@ -556,9 +556,6 @@ impl ChipState {
         Ok(self.runner().map_err(|e| mem_err(chip, e))?.stats().memory)
     }
 
-    /// Finalizes the runner after retiring a run in flight (whose fence is then published, so
-    /// its waiters never wait for a lane that is gone); returns what it left behind: stuck
-    /// device threads as leaked, a finalize error as failed.
     /// Ends the worker's start: the chip process's waits, its shutdown's included, no longer
     /// end at the start deadline (THREAD mode: nothing to do).
     pub(crate) fn started(&mut self) {
@@ -567,6 +564,9 @@ impl ChipState {
         }
     }
 
+    /// Finalizes the runner after retiring a run in flight (whose fence is then published, so
+    /// its waiters never wait for a lane that is gone); returns what it left behind: stuck
+    /// device threads as leaked, a finalize error as failed.
     pub(crate) fn finalize(&mut self) -> Vec<Residue> {
         self.retire_in_flight();
         if let Some(mut p) = self.process.take() {

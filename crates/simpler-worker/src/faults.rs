@@ -27,6 +27,9 @@ pub(crate) enum Fault {
     LaunchPanic,
     /// An L3 start's deadline passes right after its chips attached (armed on chip 0).
     DeadlineAfterAttach,
+    /// A level's engine refuses to start after its chips or children did (armed on 0): its
+    /// ring is swapped for one of 1000 heap bytes, which the engine refuses.
+    EngineRefused,
 }
 
 /// The faults armed for the chips of one worker.
@@ -166,17 +169,36 @@ mod tests {
     }
 
     #[test]
+    fn a_ring_the_engine_would_refuse_is_refused_before_any_chip_or_child_starts() {
+        // A chip armed to fail its attach would fail the start first if it were attached.
+        let b = host().chips(&[0]).heap_ring_size(1000);
+        b.faults().arm(0, Fault::Attach);
+        let e = b.start().expect_err("ring refused");
+        assert!(matches!(e.cause, StartCause::HeapRingSize { value: 1000, .. }), "{e}");
+        assert!(e.rollback.is_empty(), "{e}");
+        let mut l4 = Worker::composite(4).heap_ring_size(1000);
+        let child = host().chips(&[0]);
+        child.faults().arm(0, Fault::Attach);
+        l4.child(child).expect("adopt");
+        let e = l4.start().expect_err("ring refused");
+        assert!(matches!(e.cause, StartCause::HeapRingSize { value: 1000, .. }), "{e}");
+        assert!(e.rollback.is_empty(), "{e}");
+    }
+
+    #[test]
     fn a_failing_engine_start_finalizes_the_chips_and_closes_the_children_attaching_failures() {
         // L3: the chips attached, then the engine refuses the ring size.
-        let b = host().chips(&[0]).heap_ring_size(1000);
+        let b = host().chips(&[0]);
         b.faults().arm(0, Fault::Finalize);
+        b.faults().arm(0, Fault::EngineRefused);
         let e = b.start().expect_err("engine fails");
         assert!(matches!(e.cause, StartCause::HeapRingSize { value: 1000, .. }), "{e}");
         assert_eq!(e.rollback.len(), 1, "{e}");
         assert!(injected_finalize(&e.rollback[0], 0), "{e:?}");
 
         // L4: the child started, then the L4 engine refuses the ring size.
-        let mut l4 = Worker::composite(4).heap_ring_size(1000);
+        let mut l4 = Worker::composite(4);
+        l4.faults().arm(0, Fault::EngineRefused);
         let child = host().chips(&[0]);
         child.faults().arm(0, Fault::Leak);
         l4.child(child).expect("adopt");

@@ -264,7 +264,8 @@ macro_rules! chip_builder_methods {
             h
         }
 
-        /// The faults armed for this builder's chips, shared with the worker it starts.
+        /// The faults armed for this builder's chips (or, armed on 0, its own start), shared
+        /// with the worker it starts.
         #[cfg(test)]
         pub(crate) fn faults(&self) -> Faults {
             self.common.faults.clone()
@@ -487,6 +488,7 @@ impl HostWorkerBuilder {
             ));
         }
         let subs = check_sub_workers(self.subs, &path)?;
+        check_ring(&ring_config(self.heap_ring_size, self.alloc_timeout), &path)?;
         check_host_closures_have_subs(&self.host_regs, self.subs, &path)?;
         if let Some((_, c)) = self.chip_regs.first().filter(|_| self.devices.is_empty()) {
             return Err(start_err(
@@ -548,11 +550,10 @@ impl HostWorkerBuilder {
                 Box::new(ChipEndpoint { state, residue: Arc::clone(&residue) }) as Box<dyn Endpoint>
             })
             .collect();
-        let ring = RingConfig {
-            heap_bytes_per_ring: self.heap_ring_size,
-            alloc_timeout: self.alloc_timeout,
-            ..RingConfig::default()
-        };
+        let mut ring = ring_config(self.heap_ring_size, self.alloc_timeout);
+        if self.common.faults.hit(WorkerId(0), Fault::EngineRefused) {
+            ring.heap_bytes_per_ring = 1000;
+        }
         // On failure the endpoints are dropped, which finalizes every chip into `residue`.
         let lineage = reentry::lineage_of(self.common.instance);
         let engine = build_engine(3, ring, next_level, subs, &lineage, &registry, &path)
@@ -591,19 +592,33 @@ fn build_engine(
         .collect();
     let heap = ring.heap_bytes_per_ring;
     let config = EngineConfig { ring, next_level, sub, level, ..EngineConfig::default() };
-    Engine::start(config).map_err(|e| {
-        let cause = match e {
-            // The ring names the field of its own configuration; this worker's user set the
-            // size through the builder's heap_ring_size.
-            SchedError::Ring(RingError::InvalidConfig { .. })
-                if !heap.is_multiple_of(simpler_types::HEAP_ALIGN) =>
-            {
-                StartCause::HeapRingSize { value: heap, align: simpler_types::HEAP_ALIGN }
-            }
-            other => StartCause::Engine(Arc::new(other)),
-        };
-        start_err(cause, path)
-    })
+    Engine::start(config).map_err(|e| start_err(engine_cause(e, heap), path))
+}
+
+/// The task ring of a level's engine.
+fn ring_config(heap_bytes_per_ring: u64, alloc_timeout: Duration) -> RingConfig {
+    RingConfig { heap_bytes_per_ring, alloc_timeout, ..RingConfig::default() }
+}
+
+/// Refuses a ring the engine would refuse, before any child or chip starts: a refusal after
+/// them would have to close each one again.
+fn check_ring(ring: &RingConfig, path: &str) -> Result<(), StartError> {
+    let heap = ring.heap_bytes_per_ring;
+    ring.validate().map_err(|e| start_err(engine_cause(SchedError::Ring(e), heap), path))
+}
+
+/// The start cause of the engine's refusal `e` of a ring of `heap` bytes.
+fn engine_cause(e: SchedError, heap: u64) -> StartCause {
+    match e {
+        // The ring names the field of its own configuration; this worker's user set the
+        // size through the builder's heap_ring_size.
+        SchedError::Ring(RingError::InvalidConfig { .. })
+            if !heap.is_multiple_of(simpler_types::HEAP_ALIGN) =>
+        {
+            StartCause::HeapRingSize { value: heap, align: simpler_types::HEAP_ALIGN }
+        }
+        other => StartCause::Engine(Arc::new(other)),
+    }
 }
 
 /// What an L4+ builder adopts as a child: a builder of level − 1.
@@ -681,6 +696,14 @@ impl std::fmt::Debug for CompositeWorkerBuilder {
     }
 }
 
+#[cfg(test)]
+impl CompositeWorkerBuilder {
+    /// The faults armed for this builder's own start (on 0).
+    pub(crate) fn faults(&self) -> Faults {
+        self.common.faults.clone()
+    }
+}
+
 impl CompositeWorkerBuilder {
     pub(crate) fn new(level: u8) -> Self {
         CompositeWorkerBuilder {
@@ -748,6 +771,7 @@ impl CompositeWorkerBuilder {
             ));
         }
         let subs = check_sub_workers(self.subs, path)?;
+        check_ring(&ring_config(self.heap_ring_size, self.alloc_timeout), path)?;
         check_host_closures_have_subs(&self.host_regs, self.subs, path)?;
         if let Some((_, name, _)) = self.graph_regs.first().filter(|_| self.children.is_empty()) {
             return Err(start_err(
@@ -884,11 +908,10 @@ impl CompositeWorkerBuilder {
                 next_level.insert(at, Box::new(ep));
             }
         }
-        let ring = RingConfig {
-            heap_bytes_per_ring: self.heap_ring_size,
-            alloc_timeout: self.alloc_timeout,
-            ..RingConfig::default()
-        };
+        let mut ring = ring_config(self.heap_ring_size, self.alloc_timeout);
+        if self.common.faults.hit(WorkerId(0), Fault::EngineRefused) {
+            ring.heap_bytes_per_ring = 1000;
+        }
         // On failure the endpoints are dropped, which closes every child into `residue`.
         let engine = build_engine(self.level, ring, next_level, subs, &lineage, &registry, &path)
             .map_err(|e| with_residue(e, &residue, &path))?;
