@@ -405,13 +405,13 @@ impl Transport {
 
     /// Sets the session this rank serves (0: none), which its pongs report from now on.
     pub(crate) fn set_serving(&self, session: u64) {
-        // Release: a pong reporting it is sent after the writes before this store, the
-        // `Manifest`'s queueing included.
+        // Release, before the `Manifest` is queued: the MPI thread, which sends that frame after
+        // taking it from the queue, reads this session when it answers any later ping.
         self.shared.serving.store(session, Ordering::Release);
     }
 
     /// The nonce of the latest ping sent so far: a pong answering a later one answers a ping
-    /// sent after this call (`docs/multi-host.md`, "Session").
+    /// sent after this call (`docs/multi-host.md`, "Liveness").
     pub(crate) fn pings_sent(&self) -> u64 {
         self.shared.pings_sent.load(Ordering::Acquire)
     }
