@@ -5,7 +5,8 @@
 fn a_start_unwinding_before_a_remote_child_refuses_that_rank() {
     use std::time::Duration;
 
-    use super::{ChildSpec, Unreached};
+    use super::ChildSpec;
+    use super::unreached::Unreached;
     use crate::remote::RemoteL3;
 
     let (spec, refusal) = RemoteL3::detached(1);
