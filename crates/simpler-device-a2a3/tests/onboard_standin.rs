@@ -1402,14 +1402,23 @@ fn a_poll_past_a_spent_budget_stays_undecided_while_a_run_queued_ahead_is_unfini
     });
 }
 
-#[test]
-fn a_device_that_did_not_drain_is_not_drained_again_by_a_later_failure() {
-    let b = Onboard::new();
+/// A runner on `b` with the add program and the one that stamps its output before adding
+/// registered, and two add runs' buffers.
+fn add_and_stamping(
+    b: &Onboard,
+) -> (DeviceRunner, simpler_device_a2a3::ChipSlot, simpler_device_a2a3::ChipSlot, AddRun, AddRun) {
     let mut r = DeviceRunner::attach(b.options(0)).unwrap();
     let slot = r.register_callable(&b.add_callable()).unwrap();
     let stamping = add_callable_with(common::stamp_then_add, "stamp_then_add");
     let stamping = r.register_callable(&stamping).unwrap();
     let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
+    (r, slot, stamping, v1, v2)
+}
+
+#[test]
+fn a_device_that_did_not_drain_is_not_drained_again_by_a_later_failure() {
+    let b = Onboard::new();
+    let (mut r, slot, stamping, v1, v2) = add_and_stamping(&b);
     let cfg = CallConfig::default();
     // The device never finishes anything: every AICPU stream sync and every drain runs out.
     b.install.set_value("sync_timeout_stream", 1).unwrap();
@@ -1443,11 +1452,7 @@ fn long_syncs(log: &[Call]) -> Vec<i64> {
 #[test]
 fn an_unusable_runner_refuses_or_frees_without_waiting_for_a_dropped_run() {
     let b = Onboard::new();
-    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
-    let slot = r.register_callable(&b.add_callable()).unwrap();
-    let stamping = add_callable_with(common::stamp_then_add, "stamp_then_add");
-    let stamping = r.register_callable(&stamping).unwrap();
-    let (v1, v2) = (AddRun::new(&mut r), AddRun::new(&mut r));
+    let (mut r, slot, stamping, v1, v2) = add_and_stamping(&b);
     let (spare, kept) = (r.malloc(1024).unwrap(), r.malloc(1024).unwrap());
     let cfg = CallConfig::default();
     // The device never finishes anything: every sync of the AICPU stream (creation index 1)

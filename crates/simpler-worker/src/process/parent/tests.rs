@@ -151,31 +151,43 @@ fn a_process_reaped_elsewhere_is_not_signalled_by_a_kill_either() {
     SIGNALLED.with(|s| assert!(!s.borrow().contains(&pid), "signalled reaped pid {pid}"));
 }
 
-#[test]
-fn a_process_that_outlives_the_reap_bound_is_reaped_by_a_thread_of_its_own() {
-    // A process that ends on its own a while later stands for a killed one stuck in a device
-    // call: the reap gives up at its bound and the process is still reaped once it ends.
-    let dir = std::env::temp_dir().join(format!("simpler-reap-{}", std::process::id()));
+/// A `Live` around a script (in a fresh temporary directory, returned) that sleeps `seconds`
+/// and exits: a process that ends on its own a while later.
+fn late_child(name: &str, seconds: &str) -> (Live, u32, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("simpler-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let script = dir.join("late.sh");
-    std::fs::write(&script, "#!/bin/sh\nsleep 0.3\n").expect("script");
+    std::fs::write(&script, format!("#!/bin/sh\nsleep {seconds}\n")).expect("script");
     let mut perms = std::fs::metadata(&script).expect("script").permissions();
     std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
     std::fs::set_permissions(&script, perms).expect("chmod");
     let (mailbox, fd) = Mailbox::create().expect("memfd");
     let child = spawn::spawn(&script, 0, fd).expect("spawn");
     let pid = child.id();
-    let live = Live { child, pid, mailbox };
-    let started = std::time::Instant::now();
-    assert!(!live.reap_within(std::time::Duration::from_millis(20)), "it was still running");
-    assert!(started.elapsed() < std::time::Duration::from_millis(250), "the reap waited it out");
+    (Live { child, pid, mailbox }, pid, dir)
+}
+
+/// Waits until `pid` is reaped (within 10 s of `started`), calling `between` at each look.
+fn wait_reaped(pid: u32, started: std::time::Instant, mut between: impl FnMut()) {
     let proc_entry = std::path::PathBuf::from(format!("/proc/{pid}"));
     let deadline = started + std::time::Duration::from_secs(10);
     // A zombie keeps its `/proc` entry: the entry goes only once the process is reaped.
     while proc_entry.exists() {
         assert!(std::time::Instant::now() < deadline, "process {pid} was never reaped");
         std::thread::sleep(std::time::Duration::from_millis(5));
+        between();
     }
+}
+
+#[test]
+fn a_process_that_outlives_the_reap_bound_is_reaped_by_a_thread_of_its_own() {
+    // A process that ends on its own a while later stands for a killed one stuck in a device
+    // call: the reap gives up at its bound and the process is still reaped once it ends.
+    let (live, pid, dir) = late_child("reap", "0.3");
+    let started = std::time::Instant::now();
+    assert!(!live.reap_within(std::time::Duration::from_millis(20)), "it was still running");
+    assert!(started.elapsed() < std::time::Duration::from_millis(250), "the reap waited it out");
+    wait_reaped(pid, started, || {});
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -183,17 +195,7 @@ fn a_process_that_outlives_the_reap_bound_is_reaped_by_a_thread_of_its_own() {
 fn a_process_that_outlives_the_reap_bound_with_no_reaper_thread_is_reaped_by_a_later_sweep() {
     // The system refuses the reaper thread: the reap still returns at its bound, and the
     // process is reaped by a sweep once it has ended.
-    let dir = std::env::temp_dir().join(format!("simpler-unreaped-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let script = dir.join("late.sh");
-    std::fs::write(&script, "#!/bin/sh\nsleep 1\n").expect("script");
-    let mut perms = std::fs::metadata(&script).expect("script").permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&script, perms).expect("chmod");
-    let (mailbox, fd) = Mailbox::create().expect("memfd");
-    let child = spawn::spawn(&script, 0, fd).expect("spawn");
-    let pid = child.id();
-    let live = Live { child, pid, mailbox };
+    let (live, pid, dir) = late_child("unreaped", "1");
     REAPER_REFUSED.with(|r| r.set(true));
     let started = std::time::Instant::now();
     let reaped = live.reap_within(std::time::Duration::from_millis(20));
@@ -202,13 +204,7 @@ fn a_process_that_outlives_the_reap_bound_with_no_reaper_thread_is_reaped_by_a_l
     assert!(!reaped, "it was still running");
     // The process runs for a second: a reap that waited for it took that long.
     assert!(returned_after < std::time::Duration::from_millis(500), "waited {returned_after:?}");
-    let proc_entry = std::path::PathBuf::from(format!("/proc/{pid}"));
-    let deadline = started + std::time::Duration::from_secs(10);
-    while proc_entry.exists() {
-        assert!(std::time::Instant::now() < deadline, "process {pid} was never reaped");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-        super::sweep_unreaped();
-    }
+    wait_reaped(pid, started, super::sweep_unreaped);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

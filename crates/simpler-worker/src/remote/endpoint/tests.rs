@@ -7,6 +7,20 @@ use super::super::frames::DecodeError;
 use super::super::transport::detached;
 use super::*;
 
+/// Runs task 0 of run 1 (graph 0, no arguments, callable `callable`) through `s`.
+fn call(s: &mut Session, callable: CallableId) -> Result<Outcome, RemoteError> {
+    let (config, args) = (CallConfig::default(), TaskArgs::new());
+    let member = DispatchedMember {
+        task: TaskId::new(RunId::from_raw(1).unwrap(), 0),
+        member: 0,
+        group_size: 1,
+        callable: &callable,
+        config: &config,
+        args: args.view(),
+    };
+    s.call(0, &member)
+}
+
 /// An open session of rank 0 with `rank`, over `t`.
 fn session(t: &Arc<Transport>, rank: i32) -> Arc<Mutex<Session>> {
     let inbox = t.open_inbox(rank).unwrap();
@@ -172,19 +186,8 @@ fn a_rank_the_commit_could_not_reach_fails_its_tasks_at_once_naming_the_lost_com
     let registered = children.register_graph("late", || handle);
     assert_eq!(ranks.join().unwrap(), Ok(()));
     assert!(registered.is_ok(), "{registered:?}");
-    let callable = id;
-    let config = CallConfig::default();
-    let args = TaskArgs::new();
-    let member = DispatchedMember {
-        task: TaskId::new(RunId::from_raw(1).unwrap(), 0),
-        member: 0,
-        group_size: 1,
-        callable: &callable,
-        config: &config,
-        args: args.view(),
-    };
     for (rank, s) in [(1, &sessions[0]), (2, &sessions[1])] {
-        match s.lock().call(0, &member) {
+        match call(&mut s.lock(), id) {
             Err(RemoteError::CommitLost { rank: r, graph, ordinal: 0, cause })
                 if r == rank && graph == "late" =>
             {
@@ -205,16 +208,7 @@ fn a_task_wait_ends_when_the_ranks_pongs_say_it_left_the_session_and_no_left_cam
     let (tx, rx) = std::sync::mpsc::channel();
     let waiter = std::thread::spawn(move || {
         let callable = crate::handle::Registry::closure_id(1, 1, CallableKind::Graph);
-        let (config, args) = (CallConfig::default(), TaskArgs::new());
-        let member = DispatchedMember {
-            task: TaskId::new(RunId::from_raw(1).unwrap(), 0),
-            member: 0,
-            group_size: 1,
-            callable: &callable,
-            config: &config,
-            args: args.view(),
-        };
-        let _ = tx.send(s.lock().call(0, &member));
+        let _ = tx.send(call(&mut s.lock(), callable));
     });
     let Some((1, Packet::Task { .. })) = wire.sent(Duration::from_secs(10)) else {
         panic!("no task sent to rank 1");
