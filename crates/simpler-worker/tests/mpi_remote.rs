@@ -379,6 +379,7 @@ fn conformance_rank0(job: &MpiJob) -> Res {
     w.close()?;
     println!("rank 0: the next session on both ranks ran");
     superseded_session_is_left_at_once(job)?;
+    oversized_health_frame_ends_the_session(job)?;
 
     // This rank stops answering while ranks 1 and 2 wait for a session; each gives it up
     // within its short budget (checked there). Finalizing waits for them.
@@ -427,6 +428,40 @@ fn superseded_session_is_left_at_once(job: &MpiJob) -> Res {
     )?;
     check(waited < budget / 2, || format!("the start failed only after {waited:.1?}"))?;
     println!("rank 0: rank 1, still in a superseded session, left the next at once: {e}");
+    Ok(())
+}
+
+/// Rank 0 sends rank 1 a health frame longer than any ping (a drill): rank 1 refuses it without
+/// allocating it and leaves its session saying why, so a task on it fails.
+fn oversized_health_frame_ends_the_session(job: &MpiJob) -> Res {
+    let (b, h) = l4(job, Duration::from_secs(10));
+    let w = b.start()?;
+    job.send_health_bytes(1, 1024)?;
+    // The frame travels on the health communicator, the tasks on the data one: a task may
+    // still be answered before rank 1 has seen the frame.
+    let mut failed = None;
+    for _ in 0..100 {
+        match w.run(on_child(h[0], 0)) {
+            Ok(()) => std::thread::sleep(Duration::from_millis(50)),
+            Err(WorkerError::Run(e)) => {
+                failed = Some(e);
+                break;
+            }
+            Err(other) => return Err(format!("a task after the health frame gave {other}").into()),
+        }
+    }
+    let Some(e) = failed else {
+        return Err("rank 1 kept serving after a 1024-byte health frame".into());
+    };
+    let remote = e.frames().iter().find_map(|f| f.remote_error()).cloned();
+    check(
+        matches!(&remote, Some(RemoteError::Left { rank: 1, cause: LeftCause::Other { text } })
+            if text.contains("1024-byte health frame")),
+        || format!("the task on rank 1 failed with {e} ({remote:?})"),
+    )?;
+    w.run(on_child(h[0], 1))?;
+    check(w.close().is_err(), || "the close did not report rank 1's departure".into())?;
+    println!("rank 0: rank 1 refused an oversized health frame and left: {e}");
     Ok(())
 }
 
@@ -936,6 +971,19 @@ fn conformance_serving(job: &Arc<MpiJob>) -> Res {
             if reason.contains("before reaching this rank") => {}
         (rank, other) => {
             return Err(format!("rank {rank}: superseded session: {other:?}").into());
+        }
+    }
+    // Rank 0 sends rank 1 a health frame longer than any ping.
+    match (job.rank(), serve(job, &GRAPHS)) {
+        (
+            1,
+            Err(ServeError::Remote(RemoteError::HealthFrameTooLarge {
+                rank: 0, bytes: 1024, ..
+            })),
+        ) => {}
+        (2, Ok(())) => {}
+        (rank, other) => {
+            return Err(format!("rank {rank}: oversized health frame: {other:?}").into());
         }
     }
     // Rank 0 stops answering while this rank waits for its next session: the wait ends with

@@ -43,6 +43,19 @@ pub enum RemoteError {
         /// The largest frame.
         limit: usize,
     },
+    /// `rank` sent a health frame longer than any `Ping` or `Pong`: it was cut at that length
+    /// when received (so it cost no allocation) and refused; the waits on `rank` fail with it.
+    #[error(
+        "rank {rank} sent a {bytes}-byte health frame; a health frame has at most {limit} bytes"
+    )]
+    HealthFrameTooLarge {
+        /// The sending rank.
+        rank: i32,
+        /// The frame's size.
+        bytes: usize,
+        /// The longest health frame.
+        limit: usize,
+    },
     /// A frame for `rank` after which this rank stops listening (a serving rank's
     /// `ShutdownDone`) was not confirmed sent within `waited`.
     #[error("the {frame} frame to rank {rank} was not confirmed sent within {waited:?}")]

@@ -103,6 +103,14 @@ impl MpiJob {
         self.transport.corrupt_next_send()
     }
 
+    /// Sends rank `to` a health frame of `bytes` bytes that is no `Ping` or `Pong`, as a peer of
+    /// another build might: a drill for the rank that receives it, which refuses a frame longer
+    /// than a health frame without allocating it (`RemoteError::HealthFrameTooLarge`, failing
+    /// its waits on this rank) and ignores a shorter one.
+    pub fn send_health_bytes(&self, to: i32, bytes: usize) -> Result<(), RemoteError> {
+        self.transport.send_health_bytes(to, bytes)
+    }
+
     /// Makes this rank's MPI thread refuse its next frame of `kind`, as MPI refuses a send
     /// (`RemoteError::Mpi { op: "MPI_Isend (drill)", code: -1 }`): a drill for a frame lost on
     /// its way out, such as a serving rank's `ShutdownDone`. Calls for several kinds add up,

@@ -67,3 +67,49 @@ impl Arriving {
         Ok(self.request.take_buffer())
     }
 }
+
+/// The longest health frame: a `Pong` (version, kind, nonce and session).
+pub(super) const HEALTH_FRAME_BYTES: usize = 2 + 1 + 8 + 8;
+
+/// Receives the health frame `probe` matched into a buffer of [`HEALTH_FRAME_BYTES`], so that a
+/// peer's frame of any size costs neither an allocation nor a long blocking receive on the MPI
+/// thread: a longer one is cut there (and so consumed) and refused. Returns the buffer and the
+/// frame's length.
+#[allow(unsafe_code)]
+pub(super) fn receive_health(
+    probe: (Message, Status),
+) -> Result<([u8; HEALTH_FRAME_BYTES], usize), RemoteError> {
+    let (mut message, status) = probe;
+    let rank = status.source_rank();
+    let count = status.count(u8::equivalent_datatype());
+    let mut buf = [0u8; HEALTH_FRAME_BYTES];
+    // SAFETY: `buf` is valid for HEALTH_FRAME_BYTES bytes, the count passed, and MPI writes no
+    // more (a longer message is cut, MPI_ERR_TRUNCATE under the errors-return handler). The
+    // datatype is the predefined one of `u8`, `message` a matched message of this thread's MPI
+    // (set to the null message by the call), and the status is ignored (a predefined constant).
+    let code = unsafe {
+        mpi::ffi::MPI_Mrecv(
+            buf.as_mut_ptr().cast(),
+            HEALTH_FRAME_BYTES as i32,
+            u8::equivalent_datatype().as_raw(),
+            message.as_raw_mut(),
+            mpi::ffi::RSMPI_STATUS_IGNORE,
+        )
+    };
+    // After an error the handle may not be the null message: it must not reach the crate's
+    // drop, which asserts that it is. A message handle owns nothing on the Rust side.
+    std::mem::forget(message);
+    let len = usize::try_from(count)
+        .map_err(|_| RemoteError::Mpi { op: "MPI_Get_count", code: count })?;
+    if len > HEALTH_FRAME_BYTES {
+        return Err(RemoteError::HealthFrameTooLarge {
+            rank,
+            bytes: len,
+            limit: HEALTH_FRAME_BYTES,
+        });
+    }
+    if code != 0 {
+        return Err(RemoteError::Mpi { op: "MPI_Mrecv", code });
+    }
+    Ok((buf, len))
+}

@@ -18,7 +18,8 @@
 //!    probe) is started and polled (`receives.rs`), and each rank's frames are routed in the
 //!    order they arrived, so a large frame from one rank, however slow its bytes, delays no
 //!    ping or pong and no frame from another rank. The health communicator's frames are a few
-//!    bytes and are received at once. While a data frame is being sent or received the loop
+//!    bytes and are received at once, into a buffer of the longest one's size: a longer frame
+//!    is cut there, refused and counted as lost (`HealthFrameTooLarge`). While a data frame is being sent or received the loop
 //!    never parks, but yields between polls when nothing moved (a frame stuck behind a stalled
 //!    peer leaves the core to others); otherwise, idle, it yields for a short while, then parks
 //!    on the command channel with a timeout that grows to 1 ms.
@@ -37,12 +38,12 @@ use std::time::{Duration, Instant};
 
 use mpi::Threading;
 use mpi::topology::{Communicator, SimpleCommunicator};
-use mpi::traits::{MatchedReceiveVec, Source};
+use mpi::traits::Source;
 use parking_lot::Mutex;
 
 use super::error::{InitError, RemoteError, ThreadingLevel};
 use super::frames::{FrameKind, Packet};
-use super::receives::Arriving;
+use super::receives::{Arriving, receive_health};
 use super::sends::{InFlight, Receipt, settle};
 
 /// After the last activity the thread yields (stays hot) for this long before parking.
@@ -439,6 +440,11 @@ impl Transport {
         self.command(Command::CorruptNextSend)
     }
 
+    /// Sends `to` a health frame of `bytes` bytes, none of them a valid frame (a drill).
+    pub(crate) fn send_health_bytes(&self, to: i32, bytes: usize) -> Result<(), RemoteError> {
+        self.command(Command::Send { to, health: true, bytes: vec![0xa5; bytes], receipt: None })
+    }
+
     /// Makes the MPI thread refuse the next data frame of `kind` as MPI refuses a send.
     pub(crate) fn refuse_next_send_of(&self, kind: FrameKind) -> Result<(), RemoteError> {
         self.command(Command::RefuseNextSendOf(kind))
@@ -570,10 +576,16 @@ fn serve_loop(
         busy |= poll_receives(shared, &mut receiving);
         while let Some(probed) = health.any_process().immediate_matched_probe() {
             busy = true;
-            let (bytes, status) = probed.matched_receive_vec::<u8>();
-            let from = status.source_rank();
+            let from = probed.1.source_rank();
             heard(shared, from);
-            match Packet::decode(&bytes) {
+            let (buf, len) = match receive_health(probed) {
+                Ok(frame) => frame,
+                Err(e) => {
+                    lose(shared, from, Way::In, e);
+                    continue;
+                }
+            };
+            match Packet::decode(&buf[..len]) {
                 Ok(Packet::Ping { nonce }) if !health_frame_on_its_way(&sending, from) => {
                     // A lost pong only delays hearing from this rank; liveness judges that.
                     let session = shared.serving.load(Ordering::Acquire);

@@ -9,13 +9,14 @@ use super::{DecodeError, FrameKind, MAX_ERROR_BYTES, Reader, WireField, Writer, 
 use crate::remote::error::{LeftCause, ProtocolViolation, SpanMismatch, WrittenAt};
 
 /// Every MPI function a `RemoteError::Mpi` names.
-const MPI_FUNCTIONS: [&str; 6] = [
+const MPI_FUNCTIONS: [&str; 7] = [
     "MPI_Isend",
     "MPI_Isend (drill)",
     "MPI_Test",
     "MPI_Get_count",
     "MPI_Imrecv",
     "MPI_Comm_set_errhandler",
+    "MPI_Mrecv",
 ];
 
 /// Every set of frames a `ProtocolViolation::UnexpectedFrame` names as allowed.

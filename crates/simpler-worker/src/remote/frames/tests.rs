@@ -588,7 +588,7 @@ fn an_unknown_code_in_a_left_cause_is_refused_where_it_stands() {
     // Version, kind and session come first: the cause's code is at 11.
     assert_eq!(left(&[8]), code(WireField::LeftCause, 8, 11));
     assert_eq!(left(&[6, 6]), code(WireField::LeftCause, 6, 12), "a lost ShutdownDone in one");
-    assert_eq!(left(&[1, 6]), code(WireField::MpiFunction, 6, 12));
+    assert_eq!(left(&[1, 7]), code(WireField::MpiFunction, 7, 12));
     assert_eq!(left(&[3, 0]), code(WireField::FrameKind, 0, 12));
     assert_eq!(left(&[5, 4]), code(WireField::ProtocolViolation, 4, 12));
     assert_eq!(left(&[5, 1, 4, 2]), code(WireField::ExpectedFrames, 2, 14));
