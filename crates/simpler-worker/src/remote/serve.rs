@@ -186,13 +186,13 @@ impl Rank0<'_> {
     fn next(&self) -> Result<Packet, RemoteError> {
         loop {
             let slice = (self.liveness / 4).clamp(Duration::from_millis(1), WAIT_SLICE);
-            let got = self.inbox.recv_timeout(slice);
-            // At every wake, not only when idle: a frame from rank 0 lost while others keep
-            // arriving (its next task, say) would otherwise never be noticed.
+            // At every call and wake, not only when idle: a frame from rank 0 lost while others
+            // keep arriving (its next task, say) would otherwise never be noticed. Before the
+            // receive, so that a frame taken is never dropped.
             if let Some(e) = self.t.lost_frame(0) {
                 return Err(e);
             }
-            match got {
+            match self.inbox.recv_timeout(slice) {
                 Ok(p) => return Ok(p),
                 Err(RecvTimeoutError::Timeout) if !self.t.is_stopped() => {
                     if self.t.silent_for(0) > self.liveness {

@@ -26,7 +26,7 @@ pub use self::kind::FrameKind;
 use super::error::{LeftCause, RemoteRunFailure, RemoteRunKind};
 
 /// Version of the frame layout; both ends must agree.
-pub(crate) const VERSION: u16 = 11;
+pub(crate) const VERSION: u16 = 12;
 
 /// Error frames longer than this are cut (innermost message first), so one failure can never
 /// grow a completion without bound.

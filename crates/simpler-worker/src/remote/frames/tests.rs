@@ -608,3 +608,10 @@ fn a_shutdown_done_claiming_many_close_errors_keeps_a_few_and_counts_the_rest() 
     assert_eq!(kept[..super::MAX_SHUTDOWN_ERRORS], errors[..super::MAX_SHUTDOWN_ERRORS]);
     assert_eq!(kept[super::MAX_SHUTDOWN_ERRORS], "(24 more close errors not kept)");
 }
+
+#[test]
+fn the_longest_health_frame_fits_the_health_receive_buffer() {
+    let pong = Packet::Pong { nonce: u64::MAX, session: u64::MAX }.encode();
+    assert_eq!(pong.len(), super::super::receives::HEALTH_FRAME_BYTES);
+    assert!(Packet::Ping { nonce: u64::MAX }.encode().len() <= pong.len());
+}
