@@ -94,6 +94,16 @@ struct Common {
 }
 
 impl Common {
+    /// The ring the level's engine starts with, its heap swapped for one the engine refuses
+    /// when the fault `EngineRefused` is armed (on 0).
+    fn engine_ring(&self, heap_bytes_per_ring: u64, alloc_timeout: Duration) -> RingConfig {
+        let mut ring = ring_config(heap_bytes_per_ring, alloc_timeout);
+        if self.faults.hit(WorkerId(0), Fault::EngineRefused) {
+            ring.heap_bytes_per_ring = 1000;
+        }
+        ring
+    }
+
     fn new() -> Common {
         Common {
             instance: next_instance(),
@@ -455,7 +465,7 @@ impl HostWorkerBuilder {
         }
         // 2.
         let callables: Vec<ChipCallable> = self.chip_regs.iter().map(|(_, c)| c.clone()).collect();
-        let states = attach_chips(
+        let mut states = attach_chips(
             self.platform,
             self.runtime,
             &self.devices,
@@ -478,7 +488,6 @@ impl HostWorkerBuilder {
             }
             return Err(e);
         }
-        let mut states = states;
         for s in &mut states {
             s.started();
         }
@@ -496,10 +505,7 @@ impl HostWorkerBuilder {
                 Box::new(ChipEndpoint { state, residue: Arc::clone(&residue) }) as Box<dyn Endpoint>
             })
             .collect();
-        let mut ring = ring_config(self.heap_ring_size, self.alloc_timeout);
-        if self.common.faults.hit(WorkerId(0), Fault::EngineRefused) {
-            ring.heap_bytes_per_ring = 1000;
-        }
+        let ring = self.common.engine_ring(self.heap_ring_size, self.alloc_timeout);
         // On failure the endpoints are dropped, which finalizes every chip into `residue`.
         let lineage = reentry::lineage_of(self.common.instance);
         let engine = build_engine(3, ring, next_level, subs, &lineage, &registry, &path)
@@ -854,10 +860,7 @@ impl CompositeWorkerBuilder {
                 next_level.insert(at, Box::new(ep));
             }
         }
-        let mut ring = ring_config(self.heap_ring_size, self.alloc_timeout);
-        if self.common.faults.hit(WorkerId(0), Fault::EngineRefused) {
-            ring.heap_bytes_per_ring = 1000;
-        }
+        let ring = self.common.engine_ring(self.heap_ring_size, self.alloc_timeout);
         // On failure the endpoints are dropped, which closes every child into `residue`.
         let engine = build_engine(self.level, ring, next_level, subs, &lineage, &registry, &path)
             .map_err(|e| with_residue(e, &residue, &path))?;

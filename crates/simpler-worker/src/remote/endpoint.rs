@@ -192,7 +192,6 @@ impl Adoption {
             open: true,
             pings_mark: None,
             left_seen: Cell::new(None),
-            closing: false,
         };
         if let Err(e) = t.send(spec.rank, &Packet::Hello { session: nonce }) {
             session.end();
@@ -424,14 +423,13 @@ pub(crate) struct Session {
     /// Whether inbox and pings are still open.
     open: bool,
     /// The latest ping sent when the rank's `Manifest` arrived: a pong answering a later one
-    /// reports the session the rank serves (`None` until then).
+    /// reports the session the rank serves. `None` (no wait looks at pongs) until then, and again
+    /// once `Shutdown` went out: the rank then leaves the session as asked, and its pongs may say
+    /// so before its `ShutdownDone` (or the `Left` that reports it lost) arrives over a slower
+    /// data path, so they no longer end a wait (the shutdown budget does).
     pings_mark: Option<u64>,
     /// When a wait first saw the rank's pongs report another session than this one.
     left_seen: Cell<Option<Instant>>,
-    /// Set once `Shutdown` went out: the rank then leaves the session as asked, and its pongs
-    /// may say so before its `ShutdownDone` (or the `Left` that reports it lost) arrives over a
-    /// slower data path, so they no longer end a wait (the shutdown budget does).
-    closing: bool,
 }
 
 impl Session {
@@ -487,9 +485,6 @@ impl Session {
     /// the wait, the session is over. The budget leaves room for a `Left` or a reply the rank
     /// sent before it left, which travel on another communicator than the pong.
     fn left_without_a_word(&self, task: Option<&DispatchedMember<'_>>) -> Option<RemoteError> {
-        if self.closing {
-            return None;
-        }
         let serving = self.transport.serving_after(self.rank, self.pings_mark?)?;
         if serving == self.nonce {
             return None;
@@ -656,7 +651,7 @@ impl Session {
         // A frame lost earlier in the session (a damaged reply) does not keep the rank from
         // answering `Shutdown`: only one lost from now on ends this wait early.
         let lost_before = self.transport.lost_count(rank);
-        self.closing = true;
+        self.pings_mark = None;
         match self.transport.send(rank, &Packet::Shutdown) {
             Ok(()) => match self.wait_shutdown_done(lost_before) {
                 Ok(Packet::ShutdownDone { errors }) => {

@@ -36,7 +36,6 @@ fn session(t: &Arc<Transport>, rank: i32) -> Arc<Mutex<Session>> {
         open: true,
         pings_mark: Some(0),
         left_seen: std::cell::Cell::new(None),
-        closing: false,
     }))
 }
 
