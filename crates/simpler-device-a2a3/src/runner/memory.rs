@@ -8,16 +8,13 @@
 
 use std::time::{Duration, Instant};
 
-use simpler_types::{RunId, Tensor, TimeoutBudget};
+use simpler_types::{RunId, Tensor};
 
-use super::reap::{SYNC_ORDER, add_stream_fault, earliest_fault};
+use super::reap::{SYNC_ORDER, WaitLimits, typed_sync_failure};
 use super::staging::{StagedTensor, host_slice};
 use super::{Core, DevicePtr, RunState, oom};
-use crate::abi::codes::AclCode;
-use crate::backend::{Backend, StreamFault, SyncError};
-use crate::error::{
-    ArgSite, ArgsProblem, CoreFault, DeviceError, MemPurpose, PoisonCause, PoisonStep, StreamKind,
-};
+use crate::backend::{Backend, SyncError};
+use crate::error::{ArgSite, ArgsProblem, DeviceError, MemPurpose, PoisonCause, StreamKind};
 use crate::runtime::{BuildEnv, HeapArena};
 
 /// One pooled allocation.
@@ -120,13 +117,14 @@ pub(super) struct RunMemory<'a> {
 }
 
 /// An access's wait for the launched runs that failed: what it names (the last run launched, the
-/// stream and the code the wait ended with), how long it waited at most, and the fault the
-/// stream reported, if it did (onboard with the typed CANN error).
+/// stream and the code the wait ended with), how long it waited at most, the stream it failed
+/// on and how (a fault carries what the stream reported, onboard with the typed CANN error).
 #[derive(Clone, Debug)]
 pub(super) struct FailedWait {
     pub(super) cause: PoisonCause,
     pub(super) limit: Duration,
-    pub(super) fault: Option<StreamFault>,
+    pub(super) stream: StreamKind,
+    pub(super) error: SyncError,
 }
 
 /// The launched runs a preparation overlaps with: the last one launched (the streams finish
@@ -179,11 +177,7 @@ impl RunMemory<'_> {
             let left = deadline.saturating_duration_since(Instant::now());
             if let Err(error) = self.backend.synchronize(stream, left, e.op_execute) {
                 let cause = PoisonCause { run_id: e.last, step, code: error.code() };
-                let fault = match error {
-                    SyncError::Fault(f) => Some(f),
-                    SyncError::Timeout => None,
-                };
-                self.ahead_failed = Some(FailedWait { cause, limit, fault });
+                self.ahead_failed = Some(FailedWait { cause, limit, stream, error });
                 return false;
             }
         }
@@ -250,48 +244,14 @@ impl BuildEnv for RunMemory<'_> {
     }
 }
 
-/// The error of `run_id`'s preparation when its write's wait for the launched runs failed but
-/// every one of them ended well: none of them is blamed. A wait that ran out is the run's own
-/// stream-sync timeout, the limit the wait's (the last budget of the runs it waited for); a
-/// fault the stream reported is the run's own device fault, as a reap's would be: the core
-/// faults the device recorded and the stream's report, earliest first, the earliest one's code
-/// and stream (the wait's own when there is none), and the typed CANN error of the wait.
-fn own_failed_wait(run_id: RunId, failed: FailedWait, mut faults: Vec<CoreFault>) -> DeviceError {
-    let PoisonCause { step, code, .. } = failed.cause;
-    let stream =
-        if step == PoisonStep::SyncAiCore { StreamKind::AiCore } else { StreamKind::Aicpu };
-    if let Some(f) = &failed.fault {
-        add_stream_fault(&mut faults, stream, f);
-    }
-    let earliest = earliest_fault(&mut faults);
-    if code == AclCode::STREAM_SYNC_TIMEOUT {
-        return DeviceError::Timeout {
-            run_id,
-            budget: TimeoutBudget::StreamSync,
-            limit: failed.limit,
-            runtime: None,
-            faults,
-        };
-    }
-    let (code, stream) = earliest.unwrap_or((code, stream));
-    DeviceError::DeviceFault {
-        run_id,
-        code,
-        stream,
-        faults,
-        runtime: None,
-        #[cfg(feature = "onboard")]
-        acl: failed.fault.and_then(|f| f.acl),
-    }
-}
-
 impl Core {
     /// The error of a preparation whose orchestration could not write what it asked for: a
     /// run ahead faulted or did not finish within its whole budget, which makes the device
     /// unusable as its reap would. The run being prepared is abandoned behind that run, never
     /// failed with an error of its own. When every launched run has ended well by the time
     /// this looks (the last just after the wait ran out), none is blamed: the failed wait is
-    /// the run's own ([`own_failed_wait`]), and it makes the device unusable as any stream
+    /// the run's own, typed as a reap types its failed wait (the device's faults and the
+    /// stream's report, earliest first, [`typed_sync_failure`]), and it makes the device unusable as any stream
     /// sync that timed out or faulted does, charged after every launched run, so that those
     /// still reap as the successes they were.
     pub(super) fn abandoned_behind_failed_wait(
@@ -305,7 +265,9 @@ impl Core {
             let after_every_launch = self.launches.saturating_add(1);
             self.recover_or_mark_unusable(run_id, after_every_launch, cause.step, cause.code, None);
             let faults = self.backend.take_faults();
-            return own_failed_wait(run_id, failed, faults);
+            let limits =
+                WaitLimits { stream_sync: failed.limit, op_execute: self.timeouts.op_execute };
+            return typed_sync_failure(run_id, failed.stream, failed.error, faults, limits, None);
         };
         let cause = PoisonCause { run_id: culprit, ..failed.cause };
         self.recover_or_mark_unusable(culprit, seq, cause.step, cause.code, None);
@@ -560,44 +522,5 @@ impl Core {
                 Err(oom(Some(run_id), bytes, MemPurpose::Staging, f))
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_faulted_own_wait_names_the_earliest_fault_as_a_reap_does() {
-        // The wait's AICPU stream sync reported an AICore exception; the device had recorded
-        // an AICore timeout on the AICore stream before it.
-        let failed = FailedWait {
-            cause: PoisonCause {
-                run_id: RunId::FIRST,
-                step: PoisonStep::SyncAicpu,
-                code: AclCode::AICORE_EXCEPTION,
-            },
-            limit: Duration::from_secs(3),
-            fault: Some(StreamFault::new(AclCode::AICORE_EXCEPTION, "the stream faulted")),
-        };
-        let recorded = CoreFault {
-            code: AclCode::AICORE_TIMEOUT,
-            stream: StreamKind::AiCore,
-            core: None,
-            func_id: None,
-            task: None,
-            message: "a core ran out of its op-execute budget".into(),
-            at_ticks: 10,
-        };
-        let err = own_failed_wait(RunId::FIRST, failed, vec![recorded]);
-        let DeviceError::DeviceFault { run_id, code, stream, faults, runtime, .. } = err else {
-            panic!("not a device fault: {err}");
-        };
-        assert_eq!(run_id, RunId::FIRST);
-        assert_eq!((code, stream), (AclCode::AICORE_TIMEOUT, StreamKind::AiCore));
-        assert_eq!(faults.len(), 2, "{faults:?}");
-        let last = faults.last().map(|f| (f.code, f.stream));
-        assert_eq!(last, Some((AclCode::AICORE_EXCEPTION, StreamKind::Aicpu)), "{faults:?}");
-        assert!(runtime.is_none());
     }
 }

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use simpler_types::RunId;
+use simpler_types::{RunId, TimeoutBudget};
 
 use super::{ActiveRun, Core, DeviceHealth, RunState, Stage, busy, image_view, stream_slot};
 use crate::abi::codes::AclCode;
@@ -125,6 +125,63 @@ pub(super) fn add_stream_fault(
 pub(super) fn earliest_fault(faults: &mut [CoreFault]) -> Option<(AclCode, StreamKind)> {
     faults.sort_by_key(|f| f.at_ticks);
     faults.first().map(|f| (f.code, f.stream))
+}
+
+/// The limits a typed sync failure reports: the run's stream-sync budget (a wait that ran out)
+/// and the op-execute budget (an AICore timeout the stream reported).
+#[derive(Clone, Copy)]
+pub(super) struct WaitLimits {
+    pub(super) stream_sync: Duration,
+    pub(super) op_execute: Duration,
+}
+
+/// The error of `run_id`'s wait on `stream` that failed with `error`, the one typing shared by a
+/// reap and a preparation's own failed wait. `faults` are what the device recorded (and, from a
+/// reap, the other stream's report); the stream's own report joins them last. A wait that ran
+/// out is a stream-sync timeout; an AICore timeout the stream reported is an op-execute
+/// timeout; any other fault is a device fault naming the earliest fault's code and stream.
+pub(super) fn typed_sync_failure(
+    run_id: RunId,
+    stream: StreamKind,
+    error: SyncError,
+    mut faults: Vec<CoreFault>,
+    limits: WaitLimits,
+    runtime: Option<Box<RuntimeFault>>,
+) -> DeviceError {
+    let f = match error {
+        SyncError::Timeout => {
+            earliest_fault(&mut faults);
+            return DeviceError::Timeout {
+                run_id,
+                budget: TimeoutBudget::StreamSync,
+                limit: limits.stream_sync,
+                runtime,
+                faults,
+            };
+        }
+        SyncError::Fault(f) => f,
+    };
+    add_stream_fault(&mut faults, stream, &f);
+    let earliest = earliest_fault(&mut faults);
+    if f.code == AclCode::AICORE_TIMEOUT {
+        return DeviceError::Timeout {
+            run_id,
+            budget: TimeoutBudget::OpExecute,
+            limit: limits.op_execute,
+            runtime,
+            faults,
+        };
+    }
+    let (code, stream) = earliest.unwrap_or((f.code, stream));
+    DeviceError::DeviceFault {
+        run_id,
+        code,
+        stream,
+        faults,
+        runtime,
+        #[cfg(feature = "onboard")]
+        acl: f.acl,
+    }
 }
 
 impl Core {
@@ -682,38 +739,9 @@ impl Core {
         if let StreamStatus::Failed(f) = &other_status {
             add_stream_fault(&mut faults, other, f);
         }
-        let earliest = earliest_fault(&mut faults);
         self.finish(run, Outcome::FailedAfterLaunch);
-        let runtime = runtime.map(Box::new);
-        let run_id = run.run_id;
-        match e {
-            SyncError::Timeout => DeviceError::Timeout {
-                run_id,
-                budget: simpler_types::TimeoutBudget::StreamSync,
-                limit: wait.budget,
-                runtime,
-                faults,
-            },
-            SyncError::Fault(f) if f.code == AclCode::AICORE_TIMEOUT => DeviceError::Timeout {
-                run_id,
-                budget: simpler_types::TimeoutBudget::OpExecute,
-                limit: op,
-                runtime,
-                faults,
-            },
-            SyncError::Fault(f) => {
-                let (code, stream) = earliest.unwrap_or((f.code, stream));
-                DeviceError::DeviceFault {
-                    run_id,
-                    code,
-                    stream,
-                    faults,
-                    runtime,
-                    #[cfg(feature = "onboard")]
-                    acl: f.acl,
-                }
-            }
-        }
+        let limits = WaitLimits { stream_sync: wait.budget, op_execute: op };
+        typed_sync_failure(run.run_id, stream, e, faults, limits, runtime.map(Box::new))
     }
 
     /// The runtime's latched status (device idle).
@@ -739,5 +767,83 @@ impl Core {
             }
             None => run.report.warnings.push("device timing records are incomplete".into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::StreamFault;
+
+    const LIMITS: WaitLimits =
+        WaitLimits { stream_sync: Duration::from_secs(3), op_execute: Duration::from_secs(2) };
+
+    fn recorded(code: AclCode, stream: StreamKind, at_ticks: u64) -> CoreFault {
+        CoreFault {
+            code,
+            stream,
+            core: None,
+            func_id: None,
+            task: None,
+            message: "recorded by the device".into(),
+            at_ticks,
+        }
+    }
+
+    #[test]
+    fn a_faulted_wait_names_the_earliest_fault_and_lists_the_streams_report_last() {
+        // The AICPU stream reported an AICore exception; the device had recorded an AICore
+        // timeout on the AICore stream before it.
+        let error = SyncError::Fault(StreamFault::new(AclCode::AICORE_EXCEPTION, "faulted"));
+        let faults = vec![recorded(AclCode::AICORE_TIMEOUT, StreamKind::AiCore, 10)];
+        let err = typed_sync_failure(RunId::FIRST, StreamKind::Aicpu, error, faults, LIMITS, None);
+        let DeviceError::DeviceFault { run_id, code, stream, faults, runtime, .. } = err else {
+            panic!("not a device fault: {err}");
+        };
+        assert_eq!(run_id, RunId::FIRST);
+        assert_eq!((code, stream), (AclCode::AICORE_TIMEOUT, StreamKind::AiCore));
+        let listed: Vec<_> = faults.iter().map(|f| (f.code, f.stream)).collect();
+        let expected = [
+            (AclCode::AICORE_TIMEOUT, StreamKind::AiCore),
+            (AclCode::AICORE_EXCEPTION, StreamKind::Aicpu),
+        ];
+        assert_eq!(listed, expected);
+        assert!(runtime.is_none());
+    }
+
+    #[test]
+    fn an_aicore_timeout_the_stream_reported_is_an_op_execute_timeout_listing_the_report() {
+        // What a reap always reported; a preparation's own failed wait reported it as a device
+        // fault until both took this one typing.
+        let error = SyncError::Fault(StreamFault::new(AclCode::AICORE_TIMEOUT, "watchdog"));
+        let err = typed_sync_failure(RunId::FIRST, StreamKind::AiCore, error, vec![], LIMITS, None);
+        let DeviceError::Timeout { budget, limit, faults, .. } = err else {
+            panic!("not a timeout: {err}");
+        };
+        assert_eq!((budget, limit), (TimeoutBudget::OpExecute, LIMITS.op_execute));
+        let listed: Vec<_> = faults.iter().map(|f| (f.code, f.stream)).collect();
+        assert_eq!(listed, [(AclCode::AICORE_TIMEOUT, StreamKind::AiCore)]);
+    }
+
+    #[test]
+    fn a_wait_that_ran_out_is_a_stream_sync_timeout_with_the_faults_earliest_first() {
+        let faults = vec![
+            recorded(AclCode::AICORE_EXCEPTION, StreamKind::AiCore, 30),
+            recorded(AclCode::AICORE_TIMEOUT, StreamKind::AiCore, 20),
+        ];
+        let err = typed_sync_failure(
+            RunId::FIRST,
+            StreamKind::Aicpu,
+            SyncError::Timeout,
+            faults,
+            LIMITS,
+            None,
+        );
+        let DeviceError::Timeout { budget, limit, faults, .. } = err else {
+            panic!("not a timeout: {err}");
+        };
+        assert_eq!((budget, limit), (TimeoutBudget::StreamSync, LIMITS.stream_sync));
+        let ticks: Vec<_> = faults.iter().map(|f| f.at_ticks).collect();
+        assert_eq!(ticks, [20, 30]);
     }
 }
