@@ -30,7 +30,8 @@
 //! 10 s while it waits; a `Left` from the rank ends the wait at once), stop pinging, close the
 //! inbox. What the remote close reported, a `Left` saying the `ShutdownDone` was lost (which
 //! carries what the close did), or a rank that never confirmed (any other `Left` included,
-//! which says nothing of the close) becomes residue of the L4 close.
+//! which says nothing of the close) becomes residue of the L4 close. A failed start shuts its
+//! sessions down together: every `Shutdown` first, then the waits, sharing one budget.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -255,10 +256,12 @@ impl Adoption {
         Ok(())
     }
 
-    /// Shuts the started sessions down after a failed start, reporting into `rollback`.
+    /// Shuts the started sessions down together after a failed start ([`shutdown_all`]),
+    /// reporting into `rollback`.
     pub(crate) fn rollback(mut self, rollback: &mut Vec<TeardownError>, path: &str) {
-        for (id, s) in std::mem::take(&mut self.started) {
-            rollback.extend(s.lock().shutdown(id).into_iter().map(|r| r.into_teardown(path)));
+        let started = std::mem::take(&mut self.started);
+        for (_, residue) in shutdown_all(&started) {
+            rollback.extend(residue.into_iter().map(|r| r.into_teardown(path)));
         }
     }
 
@@ -597,11 +600,14 @@ impl Session {
         }
     }
 
-    /// Waits for the rank's `ShutdownDone` for at most [`SHUTDOWN_BUDGET`], warning every
+    /// Waits for the rank's `ShutdownDone` until `until` (`None`: without limit), warning every
     /// [`STILL_WAITING`] while it does not come, so that a long wait is never silent.
-    fn wait_shutdown_done(&self, lost_before: u64) -> Result<Packet, Waited> {
+    fn wait_shutdown_done(
+        &self,
+        lost_before: u64,
+        until: Option<Instant>,
+    ) -> Result<Packet, Waited> {
         let since = Instant::now();
-        let until = since.checked_add(SHUTDOWN_BUDGET);
         let done = |p: &Packet| matches!(p, Packet::ShutdownDone { .. });
         loop {
             let slice = Instant::now().checked_add(STILL_WAITING);
@@ -632,50 +638,117 @@ impl Session {
     /// Ends the session of child `child` with `Shutdown`; returns what the remote close
     /// reported.
     fn shutdown(&mut self, child: WorkerId) -> Vec<Residue> {
-        if !self.open {
-            return Vec::new();
+        match self.send_shutdown(child) {
+            ShutdownSent::Awaiting { lost_before } => {
+                let until = Instant::now().checked_add(SHUTDOWN_BUDGET);
+                self.await_shutdown(child, lost_before, until)
+            }
+            ShutdownSent::Ended(residue) => residue,
         }
-        let rank = self.rank;
+    }
+
+    /// The first half of [`shutdown`](Self::shutdown): sends `Shutdown` unless the session has
+    /// ended already (closed, or the rank left it), in which case it is over here.
+    fn send_shutdown(&mut self, child: WorkerId) -> ShutdownSent {
+        if !self.open {
+            return ShutdownSent::Ended(Vec::new());
+        }
         let part = self.part(child);
-        let mut residue = Vec::new();
         if let Some(e @ (RemoteError::Left { .. } | RemoteError::SessionEnded { .. })) =
             &self.failed
         {
             // The rank already left this session: nobody there would answer a `Shutdown`. Its
             // `Left` is judged as one arriving in answer to `Shutdown` is, below; a departure
             // only its pongs told of leaves its worker's close unknown.
-            residue.push(left_residue(part, e.clone()));
+            let residue = vec![left_residue(part, e.clone())];
             self.end();
-            return residue;
+            return ShutdownSent::Ended(residue);
         }
         // A frame lost earlier in the session (a damaged reply) does not keep the rank from
         // answering `Shutdown`: only one lost from now on ends this wait early.
-        let lost_before = self.transport.lost_count(rank);
+        let lost_before = self.transport.lost_count(self.rank);
         self.pings_mark = None;
-        match self.transport.send(rank, &Packet::Shutdown) {
-            Ok(()) => match self.wait_shutdown_done(lost_before) {
-                Ok(Packet::ShutdownDone { errors }) => {
-                    residue.extend(errors.into_iter().map(|report| {
-                        Residue::failed(part.clone(), TeardownCause::RemoteClose { report })
-                    }));
-                }
-                Ok(_) => unreachable!("wait returns only frames its filter accepts"),
-                Err(Waited::Failed(e @ RemoteError::Left { .. })) => {
-                    residue.push(left_residue(part, e));
-                }
-                Err(Waited::Deadline) => residue.push(Residue::leaked(
-                    part,
-                    Leaked::RemoteUnconfirmed { budget: SHUTDOWN_BUDGET },
-                )),
-                Err(Waited::Failed(e)) => {
-                    residue.push(Residue::leaked(part, Leaked::RemoteLost(e)));
-                }
-            },
-            Err(e) => residue.push(Residue::failed(part, TeardownCause::RemoteShutdown(e))),
+        match self.transport.send(self.rank, &Packet::Shutdown) {
+            Ok(()) => ShutdownSent::Awaiting { lost_before },
+            Err(e) => {
+                self.end();
+                ShutdownSent::Ended(vec![Residue::failed(part, TeardownCause::RemoteShutdown(e))])
+            }
+        }
+    }
+
+    /// The second half of [`shutdown`](Self::shutdown): waits for the rank's `ShutdownDone`
+    /// until `until`, then ends the session; returns what the remote close reported.
+    fn await_shutdown(
+        &mut self,
+        child: WorkerId,
+        lost_before: u64,
+        until: Option<Instant>,
+    ) -> Vec<Residue> {
+        let part = self.part(child);
+        let mut residue = Vec::new();
+        match self.wait_shutdown_done(lost_before, until) {
+            Ok(Packet::ShutdownDone { errors }) => {
+                residue.extend(errors.into_iter().map(|report| {
+                    Residue::failed(part.clone(), TeardownCause::RemoteClose { report })
+                }));
+            }
+            Ok(_) => unreachable!("wait returns only frames its filter accepts"),
+            Err(Waited::Failed(e @ RemoteError::Left { .. })) => {
+                residue.push(left_residue(part, e));
+            }
+            Err(Waited::Deadline) => residue
+                .push(Residue::leaked(part, Leaked::RemoteUnconfirmed { budget: SHUTDOWN_BUDGET })),
+            Err(Waited::Failed(e)) => {
+                residue.push(Residue::leaked(part, Leaked::RemoteLost(e)));
+            }
         }
         self.end();
         residue
     }
+}
+
+/// How sending a session's `Shutdown` went.
+enum ShutdownSent {
+    /// Sent: the rank's `ShutdownDone` is awaited, counting frames lost after this count.
+    Awaiting { lost_before: u64 },
+    /// The session is over without a wait, with what is left of it.
+    Ended(Vec<Residue>),
+}
+
+/// Shuts `sessions` down together: every `Shutdown` is sent before any `ShutdownDone` is waited
+/// for, and the waits share one [`SHUTDOWN_BUDGET`], so ranks that never confirm cost one budget
+/// in all, not one each. A step that panics is that session's residue; the others go on.
+/// Returns each child's residue, in order.
+fn shutdown_all(sessions: &[(WorkerId, Arc<Mutex<Session>>)]) -> Vec<(WorkerId, Vec<Residue>)> {
+    let sent: Vec<ShutdownSent> = sessions
+        .iter()
+        .map(|(id, s)| guarded(*id, s, |s| s.send_shutdown(*id), |r| ShutdownSent::Ended(vec![r])))
+        .collect();
+    let until = Instant::now().checked_add(SHUTDOWN_BUDGET);
+    let awaited = sessions.iter().zip(sent).map(|((id, s), sent)| match sent {
+        ShutdownSent::Awaiting { lost_before } => {
+            let wait = |s: &mut Session| s.await_shutdown(*id, lost_before, until);
+            (*id, guarded(*id, s, wait, |r| vec![r]))
+        }
+        ShutdownSent::Ended(residue) => (*id, residue),
+    });
+    awaited.collect()
+}
+
+/// Runs one step of child `id`'s shutdown on its session; a panic becomes its residue, which
+/// `panicked` turns into the step's result.
+fn guarded<T>(
+    id: WorkerId,
+    session: &Mutex<Session>,
+    step: impl FnOnce(&mut Session) -> T,
+    panicked: impl FnOnce(Residue) -> T,
+) -> T {
+    catch_unwind(AssertUnwindSafe(|| step(&mut session.lock()))).unwrap_or_else(|p| {
+        let message = panic_text(p.as_ref());
+        let part = session.lock().part(id);
+        panicked(Residue::failed(part, TeardownCause::Panicked { step: "shutdown", message }))
+    })
 }
 
 /// What a serving rank's `Left` leaves of its session at close, whenever it came. One saying
@@ -694,25 +767,23 @@ fn left_residue(part: TeardownPart, left: RemoteError) -> Residue {
 /// A start that unwound between adopting a session and handing it to an endpoint (a panic in a
 /// later child's start, say) would leave the rank serving a session nobody closes: the rank
 /// keeps answering pings, so nothing on either side would ever end it. The sessions still held
-/// here are shut down as a rollback would, each within the shutdown budget; what is left is
+/// here are shut down together as a rollback would, within one shutdown budget; what is left is
 /// logged, there being no caller to report it to.
 impl Drop for Adoption {
     fn drop(&mut self) {
-        for (id, s) in std::mem::take(&mut self.started) {
-            let shut =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.lock().shutdown(id)));
-            match shut {
-                Ok(residue) => {
-                    for r in residue {
-                        tracing::error!(child = id.0, residue = ?r, "remote session of an unwound start");
-                    }
+        let started = std::mem::take(&mut self.started);
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| shutdown_all(&started))) {
+            Ok(residue) => {
+                for (id, r) in
+                    residue.into_iter().flat_map(|(id, r)| r.into_iter().map(move |r| (id, r)))
+                {
+                    tracing::error!(child = id.0, residue = ?r, "remote session of an unwound start");
                 }
-                Err(p) => tracing::error!(
-                    child = id.0,
-                    panic = %crate::run::panic_text(p.as_ref()),
-                    "shutting down a remote session of an unwound start panicked"
-                ),
             }
+            Err(p) => tracing::error!(
+                panic = %crate::run::panic_text(p.as_ref()),
+                "shutting down the remote sessions of an unwound start panicked"
+            ),
         }
     }
 }
@@ -820,16 +891,8 @@ impl Drop for RemoteEndpoint {
     /// Shuts a session down whose endpoint was never shut down (an engine that failed to
     /// start). Never unwinds out of the drop.
     fn drop(&mut self) {
-        let (session, id) = (&self.session, self.id);
-        match catch_unwind(AssertUnwindSafe(|| session.lock().shutdown(id))) {
-            Ok(r) => self.residue.lock().extend(r),
-            Err(p) => {
-                let part = session.lock().part(id);
-                let message = panic_text(p.as_ref());
-                let cause = TeardownCause::Panicked { step: "shutdown", message };
-                self.residue.lock().push(Residue::failed(part, cause));
-            }
-        }
+        let residue = guarded(self.id, &self.session, |s| s.shutdown(self.id), |r| vec![r]);
+        self.residue.lock().extend(residue);
     }
 }
 

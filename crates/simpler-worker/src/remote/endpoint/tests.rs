@@ -101,6 +101,52 @@ fn a_start_unwinding_after_a_session_was_adopted_still_shuts_that_session_down()
 }
 
 #[test]
+fn a_rollback_sends_every_shutdown_before_it_waits_for_any_confirmation() {
+    // Two adopted sessions whose ranks confirm nothing until both got their `Shutdown`: one
+    // after the other, the second `Shutdown` would wait for the first rank's whole budget.
+    let (t, wire) = detached::rank0(3);
+    let t = Arc::new(t);
+    let ranks = std::thread::spawn(move || {
+        let mut sessions = Vec::new();
+        for rank in [1, 2] {
+            let Some((r, Packet::Hello { session })) = wire.sent(Duration::from_secs(10)) else {
+                return Err(format!("no Hello sent to rank {rank}"));
+            };
+            let host = format!("host{r}");
+            let manifest = Packet::Manifest { session, host, entries: vec![], start_error: None };
+            wire.answer(r, &manifest);
+            let Some((_, Packet::Accept)) = wire.sent(Duration::from_secs(10)) else {
+                return Err(format!("rank {r}'s session was not accepted"));
+            };
+            sessions.push(r);
+        }
+        let mut shut = Vec::new();
+        while shut.len() < 2 {
+            match wire.sent(Duration::from_secs(10)) {
+                Some((r, Packet::Shutdown)) => shut.push(r),
+                Some(_) => {}
+                None => return Err(format!("only {shut:?} got a Shutdown before any confirmed")),
+            }
+        }
+        for r in sessions {
+            wire.answer(r, &Packet::ShutdownDone { errors: vec![] });
+        }
+        Ok(())
+    });
+    let mut adoption = Adoption::new(std::iter::empty());
+    for rank in [1, 2] {
+        let spec = RemoteL3 { transport: Arc::clone(&t), rank, liveness: Duration::from_secs(10) };
+        let child = WorkerId(rank as u32 - 1);
+        let started = adoption.start(child, spec, None, Duration::from_secs(10), "L4");
+        assert!(started.is_ok(), "{started:?}");
+    }
+    let mut rollback = Vec::new();
+    adoption.rollback(&mut rollback, "L4");
+    assert_eq!(ranks.join().unwrap(), Ok(()));
+    assert!(rollback.is_empty(), "{rollback:?}");
+}
+
+#[test]
 fn a_left_during_shutdown_accounts_for_the_close_only_when_it_says_shutdown_done_was_lost() {
     // What closing rank 1's session reports when the rank answers `Shutdown` with `Left`.
     let residue = |cause: LeftCause| {
