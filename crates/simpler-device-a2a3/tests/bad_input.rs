@@ -131,12 +131,12 @@ fn kernel_tasks_are_capped_at_32_tensors_and_16_scalars() {
     for _ in 0..32 {
         a.add_input(t).unwrap();
     }
-    assert!(matches!(a.add_input(t), Err(TypesError::TooManyTensors { cap: 32 })));
+    assert!(matches!(a.add_input(t), Err(TypesError::TooManyTensors { count: 33, cap: 32 })));
     let mut s = CoreArgs::new();
     for _ in 0..16 {
         s.add_scalar(0).unwrap();
     }
-    assert!(matches!(s.add_scalar(0), Err(TypesError::TooManyScalars { cap: 16 })));
+    assert!(matches!(s.add_scalar(0), Err(TypesError::TooManyScalars { count: 17, cap: 16 })));
 }
 
 #[test]

@@ -71,7 +71,7 @@ impl<const MAX_T: usize, const MAX_S: usize> Args<MAX_T, MAX_S> {
             return Err(TypesError::TensorAfterScalar { scalars: self.scalars.len() });
         }
         if self.tensors.len() >= MAX_T {
-            return Err(TypesError::TooManyTensors { cap: MAX_T });
+            return Err(TypesError::TooManyTensors { count: MAX_T + 1, cap: MAX_T });
         }
         self.tensors.push(t);
         self.tags.push(tag);
@@ -108,7 +108,7 @@ impl<const MAX_T: usize, const MAX_S: usize> Args<MAX_T, MAX_S> {
     /// unchanged.
     pub fn add_scalar(&mut self, v: u64) -> Result<&mut Self, TypesError> {
         if self.scalars.len() >= MAX_S {
-            return Err(TypesError::TooManyScalars { cap: MAX_S });
+            return Err(TypesError::TooManyScalars { count: MAX_S + 1, cap: MAX_S });
         }
         self.scalars.push(v);
         Ok(self)
@@ -173,9 +173,9 @@ impl<const MAX_T: usize, const MAX_S: usize> Args<MAX_T, MAX_S> {
         let checked = if view.tags.len() != view.tensors.len() {
             Err(TypesError::MissingTags { tensors: view.tensors.len(), tags: view.tags.len() })
         } else if view.tensors.len() > MAX_T {
-            Err(TypesError::TooManyTensors { cap: MAX_T })
+            Err(TypesError::TooManyTensors { count: view.tensors.len(), cap: MAX_T })
         } else if view.scalars.len() > MAX_S {
-            Err(TypesError::TooManyScalars { cap: MAX_S })
+            Err(TypesError::TooManyScalars { count: view.scalars.len(), cap: MAX_S })
         } else {
             Ok(())
         };
@@ -250,10 +250,10 @@ impl<const MAX_T: usize, const MAX_S: usize> Args<MAX_T, MAX_S> {
             return Err(TypesError::BlobNegativeCount { tensors, scalars });
         };
         if t > MAX_T {
-            return Err(TypesError::TooManyTensors { cap: MAX_T });
+            return Err(TypesError::TooManyTensors { count: t, cap: MAX_T });
         }
         if s > MAX_S {
-            return Err(TypesError::TooManyScalars { cap: MAX_S });
+            return Err(TypesError::TooManyScalars { count: s, cap: MAX_S });
         }
         let tensor_len = TENSOR_DESC_SIZE * t;
         let needed = ARGS_BLOB_HEADER + tensor_len + 8 * s;
@@ -364,7 +364,7 @@ mod tests {
         assert!(b.is_empty());
         assert_eq!(
             CoreArgs::from_view(TaskArgsView { scalars: &[0; 17], ..TaskArgsView::EMPTY }),
-            Err(TypesError::TooManyScalars { cap: 16 })
+            Err(TypesError::TooManyScalars { count: 17, cap: 16 })
         );
     }
 
@@ -396,10 +396,10 @@ mod tests {
             Err(TypesError::BlobNegativeCount { tensors: -1, scalars: 0 })
         );
         blob[0..4].copy_from_slice(&33i32.to_le_bytes());
-        assert_eq!(CoreArgs::decode(&blob), Err(TypesError::TooManyTensors { cap: 32 }));
+        assert_eq!(CoreArgs::decode(&blob), Err(TypesError::TooManyTensors { count: 33, cap: 32 }));
         blob[0..4].copy_from_slice(&0i32.to_le_bytes());
         blob[4..8].copy_from_slice(&17i32.to_le_bytes());
-        assert_eq!(CoreArgs::decode(&blob), Err(TypesError::TooManyScalars { cap: 16 }));
+        assert_eq!(CoreArgs::decode(&blob), Err(TypesError::TooManyScalars { count: 17, cap: 16 }));
 
         let mut a = TaskArgs::new();
         a.add_input(tensor(0x100)).unwrap().add_input(tensor(0x200)).unwrap();

@@ -148,15 +148,20 @@ pub enum TypesError {
         /// Scalars already in the builder.
         scalars: usize,
     },
-    /// The builder already holds its maximum number of tensors.
-    #[error("too many tensor arguments: the cap is {cap}")]
+    /// More tensors than the argument list holds.
+    #[error("{count} tensor arguments, but the cap is {cap}")]
     TooManyTensors {
+        /// How many there would have been (one past the cap for an `add_*` call; the view's or
+        /// the blob's count otherwise).
+        count: usize,
         /// The cap of this argument kind.
         cap: usize,
     },
-    /// The builder already holds its maximum number of scalars.
-    #[error("too many scalar arguments: the cap is {cap}")]
+    /// More scalars than the argument list holds.
+    #[error("{count} scalar arguments, but the cap is {cap}")]
     TooManyScalars {
+        /// How many there would have been (as for `TooManyTensors`).
+        count: usize,
         /// The cap of this argument kind.
         cap: usize,
     },

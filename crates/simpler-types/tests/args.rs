@@ -39,13 +39,19 @@ fn task_args_reject_the_129th_tensor_and_the_129th_scalar() {
         a.add_input(tensor(i)).unwrap();
     }
     let before = a.clone();
-    assert_eq!(a.add_input(tensor(128)).err(), Some(TypesError::TooManyTensors { cap: 128 }));
+    assert_eq!(
+        a.add_input(tensor(128)).err(),
+        Some(TypesError::TooManyTensors { count: 129, cap: 128 })
+    );
     assert_eq!(a, before);
 
     let mut full = fill_to_caps::<128, 128>();
     let before = full.clone();
-    assert_eq!(full.add_scalar(1).err(), Some(TypesError::TooManyScalars { cap: 128 }));
-    assert_eq!(full.add_scalar_of(1.0f32).err(), Some(TypesError::TooManyScalars { cap: 128 }));
+    assert_eq!(full.add_scalar(1).err(), Some(TypesError::TooManyScalars { count: 129, cap: 128 }));
+    assert_eq!(
+        full.add_scalar_of(1.0f32).err(),
+        Some(TypesError::TooManyScalars { count: 129, cap: 128 })
+    );
     assert_eq!(full, before);
     // The largest legal blob is 8 + 128·128 + 128·8 bytes.
     assert_eq!(full.encoded_len(), 17_416);
@@ -59,16 +65,22 @@ fn core_args_reject_the_33rd_tensor_and_the_17th_scalar() {
         a.add_no_dep(tensor(i)).unwrap();
     }
     let before = a.clone();
-    assert_eq!(a.add_no_dep(tensor(32)).err(), Some(TypesError::TooManyTensors { cap: 32 }));
+    assert_eq!(
+        a.add_no_dep(tensor(32)).err(),
+        Some(TypesError::TooManyTensors { count: 33, cap: 32 })
+    );
     assert_eq!(a, before);
 
     let mut full = fill_to_caps::<32, 16>();
     let before = full.clone();
-    assert_eq!(full.add_scalar(1).err(), Some(TypesError::TooManyScalars { cap: 16 }));
+    assert_eq!(full.add_scalar(1).err(), Some(TypesError::TooManyScalars { count: 17, cap: 16 }));
     assert_eq!(full, before);
     // A TaskArgs blob with more than 32 tensors does not decode as CoreArgs.
     let big = fill_to_caps::<128, 0>();
-    assert_eq!(CoreArgs::decode(&big.encode()), Err(TypesError::TooManyTensors { cap: 32 }));
+    assert_eq!(
+        CoreArgs::decode(&big.encode()),
+        Err(TypesError::TooManyTensors { count: 128, cap: 32 })
+    );
 }
 
 #[test]
@@ -170,7 +182,7 @@ fn check_against_model<const T: usize, const S: usize>(ops: &[Op]) -> Result<(),
                 let expected = if !scalars.is_empty() {
                     Err(TypesError::TensorAfterScalar { scalars: scalars.len() })
                 } else if tensors.len() == T {
-                    Err(TypesError::TooManyTensors { cap: T })
+                    Err(TypesError::TooManyTensors { count: T + 1, cap: T })
                 } else {
                     tensors.push((t, *tag));
                     Ok(())
@@ -179,7 +191,7 @@ fn check_against_model<const T: usize, const S: usize>(ops: &[Op]) -> Result<(),
             }
             Op::AddScalar(v) => {
                 let expected = if scalars.len() == S {
-                    Err(TypesError::TooManyScalars { cap: S })
+                    Err(TypesError::TooManyScalars { count: S + 1, cap: S })
                 } else {
                     scalars.push(*v);
                     Ok(())

@@ -193,7 +193,12 @@ mod tests {
             endpoint.run(member(&graph, &config, &scalars)).expect_err("too many scalars");
         assert_eq!(failure.outcome, EndpointOutcome::EndpointFailure);
         let source = failure.source.as_ref().and_then(|s| s.downcast_ref::<TypesError>());
-        assert_eq!(source, Some(&TypesError::TooManyScalars { cap }), "{}", failure.message);
+        assert_eq!(
+            source,
+            Some(&TypesError::TooManyScalars { count: cap + 1, cap }),
+            "{}",
+            failure.message
+        );
         endpoint.shutdown();
         assert!(endpoint.residue.lock().is_empty());
     }
