@@ -99,9 +99,19 @@ pub(super) fn receive_health(
     // After an error the handle may not be the null message: it must not reach the crate's
     // drop, which asserts that it is. A message handle owns nothing on the Rust side.
     std::mem::forget(message);
+    let len = health_length(rank, count, code, error_class(code))?;
+    Ok((buf, len))
+}
+
+/// What a health frame's receive came to: its length, or why it is refused. A frame longer
+/// than [`HEALTH_FRAME_BYTES`] is too large when the receive cut it (its error class is
+/// MPI's truncation) or reported nothing; a receive that failed for any other reason is that
+/// MPI error, whatever the frame's length.
+fn health_length(rank: i32, count: i32, code: i32, class: i32) -> Result<usize, RemoteError> {
     let len = usize::try_from(count)
         .map_err(|_| RemoteError::Mpi { op: "MPI_Get_count", code: count })?;
-    if len > HEALTH_FRAME_BYTES {
+    let truncated = code != 0 && class == MPI_ERR_TRUNCATE;
+    if len > HEALTH_FRAME_BYTES && (code == 0 || truncated) {
         return Err(RemoteError::HealthFrameTooLarge {
             rank,
             bytes: len,
@@ -111,5 +121,46 @@ pub(super) fn receive_health(
     if code != 0 {
         return Err(RemoteError::Mpi { op: "MPI_Mrecv", code });
     }
-    Ok((buf, len))
+    Ok(len)
+}
+
+/// MPI's class of truncation errors, in the installed library's numbering.
+const MPI_ERR_TRUNCATE: i32 = mpi::ffi::MPI_ERR_TRUNCATE as i32;
+
+/// The error class of MPI error code `code` (`-1` for a code MPI does not know).
+#[allow(unsafe_code)]
+fn error_class(code: i32) -> i32 {
+    if code == 0 {
+        return 0;
+    }
+    let mut class = -1;
+    // SAFETY: `class` is a valid place for the one integer MPI writes; any code may be asked.
+    let asked = unsafe { mpi::ffi::MPI_Error_class(code, &mut class) };
+    if asked == 0 { class } else { -1 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_health_frame_is_too_large_only_when_its_receive_cut_it_or_succeeded() {
+        let (long, other_failure) = (1024, MPI_ERR_TRUNCATE + 1);
+        let too_large = |r: Result<usize, RemoteError>| {
+            matches!(r, Err(RemoteError::HealthFrameTooLarge { rank: 1, bytes: 1024, .. }))
+        };
+        assert!(too_large(health_length(1, long, 15, MPI_ERR_TRUNCATE)));
+        assert!(too_large(health_length(1, long, 0, 0)));
+        // Any other failure is the MPI error it is, not a frame too large.
+        let failed = health_length(1, long, 99, other_failure);
+        assert!(
+            matches!(failed, Err(RemoteError::Mpi { op: "MPI_Mrecv", code: 99 })),
+            "{failed:?}"
+        );
+        let short = health_length(1, 11, 99, other_failure);
+        assert!(matches!(short, Err(RemoteError::Mpi { op: "MPI_Mrecv", code: 99 })), "{short:?}");
+        assert_eq!(health_length(1, 11, 0, 0).ok(), Some(11));
+        let undefined = health_length(1, -32766, 0, 0);
+        assert!(matches!(undefined, Err(RemoteError::Mpi { op: "MPI_Get_count", .. })));
+    }
 }
