@@ -397,6 +397,11 @@ impl ChipCallableBuilder {
                 return Err(invalid(CallableProblem::NameTooLong { which, name, max: NAME_MAX }));
             }
         }
+        if let Orchestration::DeviceObject(o) = &self.orchestration
+            && o.image.is_empty()
+        {
+            return Err(invalid(CallableProblem::EmptyCode { func_id: None }));
+        }
         self.children.sort_by_key(|(id, _)| *id);
         for w in self.children.windows(2) {
             if w[0].0 == w[1].0 {
@@ -406,6 +411,9 @@ impl ChipCallableBuilder {
         for &(func_id, ref k) in &self.children {
             if func_id as usize >= MAX_FUNC_IDS {
                 return Err(invalid(CallableProblem::FuncIdRange { func_id, limit: MAX_FUNC_IDS }));
+            }
+            if matches!(&k.code, KernelCode::Text(t) if t.is_empty()) {
+                return Err(invalid(CallableProblem::EmptyCode { func_id: Some(func_id) }));
             }
             if let Some(name) = k.name.as_ref().filter(|n| n.len() > NAME_MAX) {
                 return Err(invalid(CallableProblem::NameTooLong {

@@ -535,6 +535,22 @@ fn callable_limits_are_enforced_with_the_values_named() {
         base().names("e".repeat(64), "c").build(),
         P::NameTooLong { which: CallableName::Entry, name: "e".repeat(64), max: 63 },
     );
+    // No code to load: an empty kernel text, an empty orchestration object.
+    invalid(
+        base()
+            // SAFETY: never registered, the build refuses it.
+            .kernel(2, unsafe {
+                CoreCallable::new(vec![], simpler_device_a2a3::KernelCode::Text(vec![]))
+            })
+            .build(),
+        P::EmptyCode { func_id: Some(2) },
+    );
+    // SAFETY: never registered, the build refuses it.
+    let empty = unsafe { simpler_device_a2a3::OrchestrationObject::new(vec![], "e", "c") };
+    invalid(
+        ChipCallable::builder(simpler_device_a2a3::Orchestration::DeviceObject(empty)).build(),
+        P::EmptyCode { func_id: None },
+    );
 
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     let text = base()

@@ -114,6 +114,13 @@ pub enum CallableProblem {
         /// The most a task holds.
         max: usize,
     },
+    /// A device-object orchestration's image, or a kernel's device text, holds no byte: there
+    /// is no code to load.
+    #[error("{}", empty_code(*func_id))]
+    EmptyCode {
+        /// The kernel's func id; `None` for the orchestration object.
+        func_id: Option<u32>,
+    },
     /// A device-object orchestration under host_build_graph, which runs a `Native` one on the
     /// host.
     #[error(
@@ -179,6 +186,13 @@ pub enum CallableProblem {
         /// The problem's text.
         text: String,
     },
+}
+
+fn empty_code(func_id: Option<u32>) -> String {
+    match func_id {
+        Some(id) => format!("func id {id}: the kernel's device text is empty"),
+        None => "the device-object orchestration's image is empty".into(),
+    }
 }
 
 fn code_rule(code: KernelCodeKind) -> String {
