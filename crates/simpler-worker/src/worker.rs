@@ -508,6 +508,11 @@ impl Worker {
         if let Some(bad) = chips.iter().find(|c| !known.contains(c)) {
             return Err(WorkerError::NoSuchChild { id: *bad });
         }
+        // Each chip holds one reference per registration; a chip named twice would take two
+        // and give one back at unregistration.
+        if let Some(i) = (1..chips.len()).find(|&i| chips[..i].contains(&chips[i])) {
+            return Err(WorkerError::DuplicateChip { callable: name, chip: chips[i] });
+        }
         // From a closure on one of these chips' lanes the call could never be served there:
         // refused before anything changed, so nothing needs rolling back.
         for &chip in chips {

@@ -323,6 +323,24 @@ fn post_start_chip_registration_is_all_or_nothing() {
 }
 
 #[test]
+fn a_chip_named_twice_in_one_registration_is_refused_and_takes_no_reference() {
+    // A chip registered twice over took two references and gave one back at unregistration.
+    let l2 =
+        Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph).start().expect("l2");
+    let l3 = host().chips(&[0, 1]).start().expect("l3");
+    for (w, chips) in
+        [(&l2, &[WorkerId(0), WorkerId(0)][..]), (&l3, &[WorkerId(1), WorkerId(0), WorkerId(1)])]
+    {
+        let c = add_callable(9);
+        let e = w.register_chip_on(&c, chips).expect_err("a chip named twice");
+        assert!(matches!(&e, WorkerError::DuplicateChip { chip, .. } if *chip == chips[0]), "{e}");
+        for chip in [WorkerId(0)].iter().chain(chips) {
+            assert_eq!(w.chip_callable_refs(*chip, c.id()).expect("refs"), 0, "{chip}");
+        }
+    }
+}
+
+#[test]
 fn unknown_foreign_and_wrong_kind_handles_are_rejected_at_submit() {
     let (w, h, _) = noop_sub(1);
     let (other, oh, _) = noop_sub(1);

@@ -79,6 +79,13 @@ pub enum WorkerError {
         /// The id.
         id: WorkerId,
     },
+    /// A chip is named twice in one registration's list of chips.
+    DuplicateChip {
+        /// The callable's name.
+        callable: String,
+        /// The chip named twice.
+        chip: WorkerId,
+    },
     /// Preparing or removing a chip callable failed; for a registration, successful chips
     /// were rolled back.
     Registration {
@@ -279,6 +286,9 @@ impl fmt::Display for WorkerError {
                 write!(f, "callable '{callable}' has no eligible target: it needs {needs}")
             }
             WorkerError::NoSuchChild { id } => write!(f, "no chip or child worker has id {id}"),
+            WorkerError::DuplicateChip { callable, chip } => {
+                write!(f, "registering '{callable}' names chip {chip} more than once")
+            }
             WorkerError::Registration { callable, chip, source, rollback_failed } => write!(
                 f,
                 "registering '{callable}' on chip {chip} failed: {source}{}",
