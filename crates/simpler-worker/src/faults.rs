@@ -30,6 +30,8 @@ pub(crate) enum Fault {
     /// A level's engine refuses to start after its chips or children did (armed on 0): its
     /// ring is swapped for one of 1000 heap bytes, which the engine refuses.
     EngineRefused,
+    /// The system refuses the thread that would attach the chip at start.
+    AttachThreadRefused,
 }
 
 /// The faults armed for the chips of one worker.
@@ -155,6 +157,20 @@ mod tests {
             }
             other => panic!("closing child 0 gave {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_refused_attach_thread_still_finalizes_the_chips_already_attaching_before_start_returns() {
+        // Chip 1's attach thread is refused; chip 0 was attaching on its own thread by then.
+        let b = host().chips(&[0, 1, 2]);
+        b.faults().arm(1, Fault::AttachThreadRefused);
+        b.faults().arm(0, Fault::Finalize);
+        let e = b.start().expect_err("no thread for chip 1");
+        assert!(matches!(e.cause, StartCause::ThreadSpawn { .. }), "{e}");
+        assert!(e.path.contains("chip 1 (device 1)"), "{}", e.path);
+        // Chip 0 was waited for and finalized into the rollback; chip 2 never began.
+        assert_eq!(e.rollback.len(), 1, "{e}");
+        assert!(injected_finalize(&e.rollback[0], 0), "{e:?}");
     }
 
     #[test]

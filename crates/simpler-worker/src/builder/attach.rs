@@ -76,6 +76,7 @@ pub(super) fn attach_chips(
     // `start` leaves no thread of its own behind; one still attaching at the deadline is
     // detached.
     let mut attachers: Vec<Option<std::thread::JoinHandle<()>>> = Vec::new();
+    let mut spawn_failure = None;
     for (i, &device) in devices.iter().enumerate() {
         let tx = tx.clone();
         let callables = callables.to_vec();
@@ -84,8 +85,12 @@ pub(super) fn attach_chips(
         let faults = faults.clone();
         let process = process.cloned();
         let chip_path = format!("{path} / chip {i} (device {device})");
-        let spawned =
-            std::thread::Builder::new().name(format!("simpler-attach-{device}")).spawn(move || {
+        let refused = faults.hit(WorkerId(i as u32), Fault::AttachThreadRefused);
+        let attach = std::thread::Builder::new().name(format!("simpler-attach-{device}"));
+        let spawned = if refused {
+            Err(std::io::Error::other("the attach thread was refused by an injected fault"))
+        } else {
+            attach.spawn(move || {
                 // A panic (in the user's `chip_options` closure, or below) is caught here and
                 // reported as this chip's failure; uncaught, it would look like a timeout.
                 let r = catch_unwind(AssertUnwindSafe(|| {
@@ -128,21 +133,24 @@ pub(super) fn attach_chips(
                     }),
                 };
                 let _ = tx.send((i, r));
-            });
+            })
+        };
         match spawned {
             Ok(t) => attachers.push(Some(t)),
             Err(e) => {
-                return Err(start_err(
-                    StartCause::ThreadSpawn { thread: "an attach thread", source: Arc::new(e) },
-                    &chip_path,
-                ));
+                // The chips already attaching are collected below as after any failure: each
+                // is waited for and finalized into the rollback before `start` returns.
+                let cause =
+                    StartCause::ThreadSpawn { thread: "an attach thread", source: Arc::new(e) };
+                spawn_failure = Some(start_err(cause, &chip_path));
+                break;
             }
         }
         pending.push(Some(chip_path));
     }
     drop(tx);
     let mut states: Vec<Option<ChipState>> = (0..devices.len()).map(|_| None).collect();
-    let mut failure: Option<StartError> = None;
+    let mut failure: Option<StartError> = spawn_failure;
     // The step a chip process was in when the start deadline passed, when it said.
     let mut steps: Vec<Option<String>> = vec![None; devices.len()];
     let mut deadline_passed = false;
