@@ -119,7 +119,7 @@ impl ChipMemory<'_> {
 
     /// Allocates `bytes` on the chip.
     pub fn malloc(&self, bytes: u64) -> Result<DeviceBuffer, WorkerError> {
-        self.inner.off_lane("malloc", self.chip)?;
+        self.inner.off_lane("malloc")?;
         let _lease = self.inner.lease()?;
         let (addr, process) = self
             .inner
@@ -134,7 +134,7 @@ impl ChipMemory<'_> {
     /// callbacks or closures, where that wait would never end, it is `Reentrant`.
     pub fn free(&self, buf: DeviceBuffer) -> Result<(), WorkerError> {
         self.check(&buf, 0, 0)?;
-        self.inner.off_lane("free", self.chip)?;
+        self.inner.off_lane("free")?;
         if crate::reentry::is_acting_for(self.inner.instance) {
             return Err(WorkerError::Reentrant { op: "free", worker: self.inner.label.clone() });
         }
@@ -156,7 +156,7 @@ impl ChipMemory<'_> {
     /// Copies `data` into the buffer at `offset`.
     pub fn copy_to(&self, buf: &DeviceBuffer, offset: u64, data: &[u8]) -> Result<(), WorkerError> {
         self.check(buf, offset, data.len() as u64)?;
-        self.inner.off_lane("copy_to", self.chip)?;
+        self.inner.off_lane("copy_to")?;
         let _lease = self.inner.lease()?;
         let bytes = data.to_vec();
         let (base, len, process) = (buf.addr, buf.len, buf.process);
@@ -174,7 +174,7 @@ impl ChipMemory<'_> {
         out: &mut [u8],
     ) -> Result<(), WorkerError> {
         self.check(buf, offset, out.len() as u64)?;
-        self.inner.off_lane("copy_from", self.chip)?;
+        self.inner.off_lane("copy_from")?;
         let _lease = self.inner.lease()?;
         let (base, size, process, len) = (buf.addr, buf.len, buf.process, out.len());
         let data = self.inner.on_chip(self.chip, move |s| {
@@ -187,7 +187,7 @@ impl ChipMemory<'_> {
 
     /// The chip's memory by use.
     pub fn ledger(&self) -> Result<MemoryLedger, WorkerError> {
-        self.inner.off_lane("ledger", self.chip)?;
+        self.inner.off_lane("ledger")?;
         let _lease = self.inner.lease()?;
         Ok(self.inner.on_chip(self.chip, |s| s.ledger())??)
     }

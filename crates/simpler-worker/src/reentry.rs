@@ -11,7 +11,10 @@
 //!
 //! A second mark names the chip lane the current thread is serving a call on. A call that
 //! would queue on that same lane and wait for it (a memory call from a closure the lane runs)
-//! could never be served, so it is `Reentrant` too. Such a call also acts for the lane's worker
+//! could never be served, so it is `Reentrant` too; so is one that would wait for another lane
+//! of the same worker, or for its chip registrations (which wait for its lanes): two lanes
+//! waiting for each other, or a registration waiting for this lane, would never end. Such a
+//! call also acts for the lane's worker
 //! and its ancestors (their runs may need the lane), so `submit`, `run` and `close` from it are
 //! `Reentrant` as from a callback.
 
@@ -36,9 +39,9 @@ thread_local! {
     static ON_LANE: Cell<Option<(u64, WorkerId)>> = const { Cell::new(None) };
 }
 
-/// Whether the current thread is running a call on the lane of `chip` of worker `instance`.
-pub(crate) fn is_on_lane(instance: u64, chip: WorkerId) -> bool {
-    ON_LANE.with(|l| l.get() == Some((instance, chip)))
+/// The chip whose lane of worker `instance` is running a call on the current thread, if any.
+pub(crate) fn lane_of(instance: u64) -> Option<WorkerId> {
+    ON_LANE.with(|l| l.get().filter(|(i, _)| *i == instance).map(|(_, chip)| chip))
 }
 
 /// Marks the current thread as serving a call on the lane of `chip` of worker `instance`

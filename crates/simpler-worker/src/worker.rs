@@ -184,10 +184,13 @@ impl Inner {
         Ok(())
     }
 
-    /// `Reentrant` when the current thread is running a call on chip `chip`'s own lane: a
-    /// call queued there behind the running one would wait for itself.
-    pub(crate) fn off_lane(&self, op: &'static str, chip: WorkerId) -> Result<(), WorkerError> {
-        if reentry::is_on_lane(self.instance, chip) {
+    /// `Reentrant` when the current thread is running a call on a lane of this worker, for a
+    /// call that would wait for one of its lanes: on its own lane the call would queue behind
+    /// the running one and wait for itself; on another lane it could wait for a lane that waits
+    /// for this one (two closures calling each other's chips, or a registration that holds the
+    /// registration lock while it waits for this lane).
+    pub(crate) fn off_lane(&self, op: &'static str) -> Result<(), WorkerError> {
+        if reentry::lane_of(self.instance).is_some() {
             return Err(WorkerError::Reentrant { op, worker: self.label.clone() });
         }
         Ok(())
@@ -204,7 +207,7 @@ impl Inner {
         chip: WorkerId,
         f: impl FnOnce(&mut ChipState) -> R + Send + 'static,
     ) -> Result<R, WorkerError> {
-        self.off_lane("a call on the chip's lane", chip)?;
+        self.off_lane("a call on the chip's lane")?;
         let instance = self.instance;
         let lineage = Arc::clone(&self.lineage);
         let f = move |s: &mut ChipState| {
@@ -513,11 +516,9 @@ impl Worker {
         if let Some(i) = (1..chips.len()).find(|&i| chips[..i].contains(&chips[i])) {
             return Err(WorkerError::DuplicateChip { callable: name, chip: chips[i] });
         }
-        // From a closure on one of these chips' lanes the call could never be served there:
-        // refused before anything changed, so nothing needs rolling back.
-        for &chip in chips {
-            self.inner.off_lane("register_chip", chip)?;
-        }
+        // From a closure on one of this worker's lanes the call could wait for a lane that
+        // waits for it: refused before anything changed, so nothing needs rolling back.
+        self.inner.off_lane("register_chip")?;
         // Chip registrations are serialized among themselves (pending-removal check, lane
         // preparation, rollback), never with submits, so a callback may register.
         let _serial = self.inner.chip_registration.lock();
@@ -613,14 +614,11 @@ impl Worker {
         let _deferred = deferred_drop::scope();
         let _lease = self.inner.lease()?;
         let mut reg = self.inner.registry.write();
-        // As in `register_chip`: refused from one of the chips' own lanes before the handle is
+        // As in `register_chip`: refused from a lane of this worker before the handle is
         // removed, so the handle and its chips' references stay as they were.
-        if let Some((_, Registration { entry: Entry::Chip(chips), .. })) =
-            reg.handles.get(&handle.seq)
+        if let Some((_, Registration { entry: Entry::Chip(_), .. })) = reg.handles.get(&handle.seq)
         {
-            for &chip in chips {
-                self.inner.off_lane("unregister", chip)?;
-            }
+            self.inner.off_lane("unregister")?;
         }
         // Read under the registry write lock: a submit joins the accepted set before it looks
         // a callable up, so either this sees its run (and defers the removal) or the submit's

@@ -215,8 +215,8 @@ fn a_keep_alive_dropped_by_free_may_close_the_worker() {
 }
 
 #[cfg(feature = "sim")]
-/// Every memory call on `chip`, made from a closure running on `chip`'s own lane; then a call
-/// on `other` (if any) from the same closure, which must go ahead.
+/// Every memory call on `chip`, made from a closure running on `chip`'s own lane; then a
+/// malloc and a registration on `other` (if any) from the same closure.
 fn memory_calls_from_the_lane(
     w: Arc<Worker>,
     chip: WorkerId,
@@ -244,8 +244,14 @@ fn memory_calls_from_the_lane(
                 })
                 .collect();
             if let Some(other) = other {
-                let r = w2.chip_memory(other).unwrap().malloc(64);
-                ops.push(format!("other chip: {}", r.is_ok()));
+                let on_other = [
+                    w2.chip_memory(other).unwrap().malloc(64).map(drop),
+                    w2.register_chip_on(&common::add_callable(4), &[other]).map(drop),
+                ];
+                ops.extend(on_other.into_iter().map(|r| match r {
+                    Err(WorkerError::Reentrant { op, .. }) => format!("other chip: {op}"),
+                    other => format!("other chip, not reentrant: {other:?}"),
+                }));
             }
             let _ = tx.send(ops);
         })
@@ -268,13 +274,17 @@ fn a_memory_call_from_a_closure_on_its_own_l2_chip_lane_is_reentrant() {
 
 #[cfg(feature = "sim")]
 #[test]
-fn a_memory_call_from_a_closure_on_its_own_l3_chip_lane_is_reentrant_and_other_chips_serve_it() {
+fn a_chip_call_from_a_closure_on_an_l3_chip_lane_is_reentrant_on_every_chip_of_the_worker() {
+    // A call that waits for another lane could wait for a lane that waits for this one: two
+    // closures calling each other's chips, or a registration holding the registration lock
+    // while it waits for this lane. Each would hang for good.
     let w = host().chips(&[0, 1]).start().unwrap();
     let ops = memory_calls_from_the_lane(Arc::new(w), WorkerId(0), Some(WorkerId(1)));
-    assert_eq!(
-        ops.unwrap(),
-        ["malloc", "copy_to", "copy_from", "ledger", "free", "other chip: true"]
-    );
+    let expected = ["malloc", "copy_to", "copy_from", "ledger", "free"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(["other chip: malloc".to_owned(), "other chip: register_chip".to_owned()]);
+    assert_eq!(ops.unwrap(), expected.collect::<Vec<_>>());
 }
 
 #[cfg(feature = "sim")]
