@@ -77,6 +77,15 @@ pub(crate) struct RunRecord {
     pub(crate) span: tracing::Span,
 }
 
+/// The last reference to a run may go on an engine thread, inside a pass (a reclamation that
+/// fired the fence after the caller let go of the run): a tracing layer that panics when the run's
+/// span closes must not be taken there for an engine bug, nor reach a caller's thread.
+impl Drop for RunRecord {
+    fn drop(&mut self) {
+        crate::endpoint::drop_quietly(std::mem::replace(&mut self.span, tracing::Span::none()));
+    }
+}
+
 impl std::fmt::Debug for RunRecord {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RunRecord")
