@@ -360,9 +360,18 @@ impl TaskSlot {
         if !s.is(id) {
             return TaskSnapshot::consumed(task);
         }
+        let state = self.state.get(id).unwrap_or(TaskState::Consumed);
+        let mut members = s.members.to_vec();
+        // A single's dispatch claims the slot lock-free and leaves its one member's state to the
+        // completion (no slot lock on the hot path): while the task runs, so does the member.
+        if state == TaskState::Running
+            && let [m @ GroupMemberState::NotDispatched] = members.as_mut_slice()
+        {
+            *m = GroupMemberState::Running;
+        }
         TaskSnapshot {
             task,
-            state: self.state.get(id).unwrap_or(TaskState::Consumed),
+            state,
             worker_type: match s.route {
                 Route::Unrouted => None,
                 Route::Single { .. } | Route::Group => Some(WorkerType::NextLevel),
@@ -375,7 +384,7 @@ impl TaskSlot {
             consumers: s.consumers.iter().map(|e| e.task).collect(),
             fanout_total: s.fanout_total,
             fanout_released: s.fanout_released,
-            members: s.members.to_vec(),
+            members,
             failure: s.failure.clone(),
         }
     }

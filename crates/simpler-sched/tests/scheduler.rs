@@ -152,6 +152,22 @@ fn c43_after_one_member_completes_the_group_is_still_running() {
 }
 
 #[test]
+fn a_running_single_reports_its_member_running() {
+    let r = rig(&[0], 0);
+    let (h, e) = (&r.h, &r.e);
+    let mut b = e.begin_run().unwrap();
+    let t = noop_on(&mut b, 0).unwrap();
+    h.wait_running(t, 0);
+    let s = snap(e, t);
+    assert_eq!((s.state, s.members), (TaskState::Running, vec![GroupMemberState::Running]));
+    h.release(t, Action::Succeed);
+    wait_state(e, t, TaskState::Completed);
+    assert_eq!(snap(e, t).members, vec![GroupMemberState::Success]);
+    let run = b.close();
+    assert!(wait(e, run).is_completed());
+}
+
+#[test]
 fn c44_a_blocked_group_reserves_its_idle_target_against_later_singles() {
     let r = rig(&[0, 1, 3], 0);
     let (h, e) = (&r.h, &r.e);
