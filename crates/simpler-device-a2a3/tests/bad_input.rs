@@ -418,6 +418,35 @@ fn views_of_one_host_tensor_share_one_staged_copy_and_only_written_bytes_come_ba
     r.finalize().unwrap();
 }
 
+/// An orchestration that submits nothing: its outputs stay unwritten.
+fn writes_nothing(_: &mut OrchCtx<'_>, _: &OrchArgs<'_>) -> Result<(), OrchError> {
+    Ok(())
+}
+
+#[test]
+fn an_unwritten_host_output_comes_back_as_zeros_not_as_an_earlier_runs_staged_bytes() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let vector = r.register_callable(&vector_callable()).unwrap();
+    let idle = r.register_callable(&with_noop_kernel(writes_nothing)).unwrap();
+    let n = 64;
+    let (a, b) = (vec![3f32; n], vec![4f32; n]);
+    let mut f = vec![0f32; n];
+    let cfg = CallConfig::default();
+    // The first run stages `a`, `b` and `f` in the slot's staging arena.
+    let args = host_vector_args(&a, &b, &mut f);
+    // SAFETY: the three vectors live until the end of the run and nothing else touches them.
+    r.run(&unsafe { RunRequest::with_host_tensors(run_id(1), vector, &args, &cfg) }).unwrap();
+    // The second declares an output over all of `out` and writes none of it.
+    let mut out = vec![-1f32; n];
+    let t = Tensor::external(out.as_mut_ptr() as u64, &[n as u32], DataType::Float32).unwrap();
+    let mut args = TaskArgs::new();
+    args.add_output(t).unwrap();
+    // SAFETY: `out` lives until the end of the run and nothing else touches it.
+    r.run(&unsafe { RunRequest::with_host_tensors(run_id(2), idle, &args, &cfg) }).unwrap();
+    assert!(out.iter().all(|v| *v == 0.0), "{out:?}");
+    r.finalize().unwrap();
+}
+
 #[test]
 fn a_refused_copy_back_fails_the_run_naming_the_range() {
     let mut r = DeviceRunner::attach(options(0)).unwrap();

@@ -482,6 +482,11 @@ impl Core {
                     return Err(invalid(ArgsProblem::StagingOverflow { arg, addr, len }));
                 };
                 self.backend.write(r.dev, src).map_err(|e| e.in_run(run_id))?;
+            } else {
+                // Every byte comes back, written or not: one the run leaves unwritten must
+                // come back as zero, never as what an earlier run (or process) left in the
+                // slice.
+                self.backend.fill(r.dev, 0, r.size).map_err(|e| e.in_run(run_id))?;
             }
             for (lo, hi) in merged(&mut r.written) {
                 run.staged.push(StagedTensor {
