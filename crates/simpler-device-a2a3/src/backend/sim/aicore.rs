@@ -445,7 +445,9 @@ fn serve<H: CoreHost>(
     // SAFETY: `p` points at a payload inside the image; `args` is its argument array.
     let args_ptr = unsafe { std::ptr::addr_of_mut!((*p).args) } as *mut i64;
     let started = Instant::now();
-    let outcome = call_kernel(dev, &s.entry, regs, w, kernel, func_id, args_ptr);
+    // SAFETY: `kernel` was read from the payload the image's func table filled, `args_ptr` is
+    // that payload's argument array.
+    let outcome = unsafe { call_kernel(dev, &s.entry, regs, w, kernel, func_id, args_ptr) };
     let took = started.elapsed();
     regs.kernel_times.record(kernel, took);
     if let Server::Aicpu { limit, .. } = server
@@ -478,7 +480,15 @@ fn serve<H: CoreHost>(
     Served::Done
 }
 
-pub(crate) fn call_kernel<H: CoreHost>(
+/// Runs the kernel at `kernel` (0: none registered) on the argument slots at `args`, with the
+/// simulator's fault plan and the kernel's modelled time.
+///
+/// # Safety
+///
+/// `kernel` is 0 or an address the launch image's func table holds (filled by the host from the
+/// run's callable, whose code the runner keeps loaded while a thread may run the launch), and
+/// `args` points at a payload's argument slots, laid out as the kernel ABI requires.
+pub(crate) unsafe fn call_kernel<H: CoreHost>(
     dev: &H,
     entry: &SimLaunch,
     regs: &RegBlock,
@@ -504,8 +514,8 @@ pub(crate) fn call_kernel<H: CoreHost>(
     if kernel == 0 {
         return KernelOutcome::Faulted(format!("no kernel registered for func id {func_id}"));
     }
-    // SAFETY: non-zero kernel addresses in payloads come from the image's func table, which the
-    // host filled from the `KernelFn` pointers of the run's callable. A `Native` pointer is code
+    // SAFETY: the caller's contract: non-zero kernel addresses come from the image's func table,
+    // which the host filled from the `KernelFn` pointers of the run's callable. A `Native` pointer is code
     // of the process and stays valid; a shared-object pointer stays valid while its object is
     // open, and the runner keeps it open while a thread may run this launch: the run's callable
     // cannot be unregistered until the run ended, a callable unregistered after a failed run
@@ -514,8 +524,8 @@ pub(crate) fn call_kernel<H: CoreHost>(
     let f: KernelFn = unsafe { std::mem::transmute::<usize, KernelFn>(kernel as usize) };
     // Time declared on this thread outside a kernel belongs to no launch.
     crate::kernel::take_modelled_device_time();
-    // SAFETY: `args` points at the payload's 50 argument slots, laid out as the kernel ABI
-    // requires; what the kernel does with its tensors is its own contract.
+    // SAFETY: the caller's contract: `args` points at the payload's 50 argument slots, laid out
+    // as the kernel ABI requires; what the kernel does with its tensors is its own contract.
     let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| unsafe { f(args) })) {
         Ok(()) => KernelOutcome::Finished,
         Err(p) => KernelOutcome::Faulted(format!("kernel panicked: {}", panic_message(&*p))),

@@ -37,13 +37,13 @@ struct HostCore {
     subblock_dim: u32,
     physical_core_id: u32,
     result: i32,
-    epoch: extern "C" fn(*const c_void) -> u64,
-    idle: extern "C" fn(*const c_void, u64, u32),
-    should_stop: extern "C" fn(*const c_void) -> u32,
-    write_cond: extern "C" fn(*const c_void, u32),
-    counter: extern "C" fn(*const c_void) -> u64,
-    report_in: extern "C" fn(*const c_void),
-    call_kernel: extern "C" fn(*const c_void, u64, u32, u64, *mut i64) -> i32,
+    epoch: unsafe extern "C" fn(*const c_void) -> u64,
+    idle: unsafe extern "C" fn(*const c_void, u64, u32),
+    should_stop: unsafe extern "C" fn(*const c_void) -> u32,
+    write_cond: unsafe extern "C" fn(*const c_void, u32),
+    counter: unsafe extern "C" fn(*const c_void) -> u64,
+    report_in: unsafe extern "C" fn(*const c_void),
+    call_kernel: unsafe extern "C" fn(*const c_void, u64, u32, u64, *mut i64) -> i32,
 }
 
 /// The kernel entries of the cube and the vector role, as CANN launches them (the names
@@ -100,48 +100,72 @@ struct Ctx<'a, H: CoreHost> {
     spin: SpinPolicy<'a>,
 }
 
-fn ctx<'a, H: CoreHost>(p: *const c_void) -> &'a Ctx<'a, H> {
-    // SAFETY: `p` is the `Ctx` of the `run_core` call in progress, which outlives the
-    // executor's call.
+/// The context `p` names.
+///
+/// # Safety
+///
+/// `p` is the `Ctx<H>` of a `run_core` call in progress (the executor passes back the pointer
+/// `run_core` bound), and the reference is used only during that call.
+unsafe fn ctx<'a, H: CoreHost>(p: *const c_void) -> &'a Ctx<'a, H> {
+    // SAFETY: the caller's contract.
     unsafe { &*p.cast::<Ctx<'a, H>>() }
 }
 
-extern "C" fn epoch<H: CoreHost>(p: *const c_void) -> u64 {
-    ctx::<H>(p).regs.wake.epoch()
+// The callbacks of `HostCore`. Safety of each: `p` is the `Ctx<H>` of a `run_core` call in
+// progress; the executor calls them only during the `run_core` call that bound it.
+
+/// [`HostCore::epoch`]. Safety: as for every callback (above).
+unsafe extern "C" fn epoch<H: CoreHost>(p: *const c_void) -> u64 {
+    // SAFETY: the callbacks' contract.
+    unsafe { ctx::<H>(p) }.regs.wake.epoch()
 }
 
-extern "C" fn idle<H: CoreHost>(p: *const c_void, observed: u64, round: u32) {
-    let c = ctx::<H>(p);
+/// [`HostCore::idle`]. Safety: as for every callback (above).
+unsafe extern "C" fn idle<H: CoreHost>(p: *const c_void, observed: u64, round: u32) {
+    // SAFETY: the callbacks' contract.
+    let c = unsafe { ctx::<H>(p) };
     c.spin.backoff(round, &c.regs.wake, observed, None);
 }
 
-extern "C" fn should_stop<H: CoreHost>(p: *const c_void) -> u32 {
-    let c = ctx::<H>(p);
+/// [`HostCore::should_stop`]. Safety: as for every callback (above).
+unsafe extern "C" fn should_stop<H: CoreHost>(p: *const c_void) -> u32 {
+    // SAFETY: the callbacks' contract.
+    let c = unsafe { ctx::<H>(p) };
     u32::from(c.dev.is_reset() || c.entry.is_aborted())
 }
 
-extern "C" fn write_cond<H: CoreHost>(p: *const c_void, v: u32) {
-    let c = ctx::<H>(p);
+/// [`HostCore::write_cond`]. Safety: as for every callback (above).
+unsafe extern "C" fn write_cond<H: CoreHost>(p: *const c_void, v: u32) {
+    // SAFETY: the callbacks' contract.
+    let c = unsafe { ctx::<H>(p) };
     c.dev.store_cond(c.w, v);
 }
 
-extern "C" fn counter<H: CoreHost>(p: *const c_void) -> u64 {
-    ctx::<H>(p).dev.ticks()
+/// [`HostCore::counter`]. Safety: as for every callback (above).
+unsafe extern "C" fn counter<H: CoreHost>(p: *const c_void) -> u64 {
+    // SAFETY: the callbacks' contract.
+    unsafe { ctx::<H>(p) }.dev.ticks()
 }
 
-extern "C" fn report_in<H: CoreHost>(p: *const c_void) {
-    ctx::<H>(p).dev.notify_all_aicpu();
+/// [`HostCore::report_in`]. Safety: as for every callback (above).
+unsafe extern "C" fn report_in<H: CoreHost>(p: *const c_void) {
+    // SAFETY: the callbacks' contract.
+    unsafe { ctx::<H>(p) }.dev.notify_all_aicpu();
 }
 
-extern "C" fn kernel<H: CoreHost>(
+/// [`HostCore::call_kernel`]. Safety: as for every callback (above).
+unsafe extern "C" fn kernel<H: CoreHost>(
     p: *const c_void,
     kernel: u64,
     func_id: u32,
     task_id: u64,
     args: *mut i64,
 ) -> i32 {
-    let c = ctx::<H>(p);
-    let outcome = call_kernel(c.dev, c.entry, c.regs, c.w, kernel, func_id, args);
+    // SAFETY: the callbacks' contract.
+    let c = unsafe { ctx::<H>(p) };
+    // SAFETY: the executor passes the kernel address and argument array of the payload it
+    // dispatches, from the image `run_core` checked.
+    let outcome = unsafe { call_kernel(c.dev, c.entry, c.regs, c.w, kernel, func_id, args) };
     kernel_failure(c.dev, (c.w, c.place.core_type), func_id, task_id, outcome).unwrap_or(0)
 }
 

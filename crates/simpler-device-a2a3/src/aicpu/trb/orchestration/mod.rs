@@ -621,7 +621,10 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         let index = self.engine.submitted();
         let submitted = self.retry(&format_args!("submit: task {index}"), |o| {
             o.engine.submit_with(accesses.as_slice(), 0, keep, creators, |id| {
-                write_task(layout, base, id, &task)
+                // SAFETY: `base` is this orchestration's arena of `layout`, `id` the id the
+                // engine has just issued (the callback runs before the task is published), and
+                // the counts were checked against the record's arrays above.
+                unsafe { write_task(layout, base, id, &task) }
             })
         });
         match submitted {
@@ -777,14 +780,19 @@ struct TaskFill<'t> {
 }
 
 /// Writes `task`'s dispatch record into the slot `id` was issued.
-fn write_task(layout: ArenaLayout, base: *mut u8, id: DeviceTaskId, task: &TaskFill<'_>) {
+///
+/// # Safety
+///
+/// `base` is the arena `layout` describes, `id` a task id its engine has just issued and not
+/// yet published, and `task`'s tensor and scalar counts fit the record's arrays.
+unsafe fn write_task(layout: ArenaLayout, base: *mut u8, id: DeviceTaskId, task: &TaskFill<'_>) {
     let ring = ((id.0 >> 32) as usize).min(HEAP_RING_COUNT - 1);
     let window = layout.shape().rings[ring].task_window;
     let t = layout.task_ptr(base, ring, (id.0 as u32 & (window - 1)) as usize);
-    // SAFETY: the record of a slot just issued to this task: no scheduler reads it before the
-    // task is published (pushed ready, ordered by the queue's release), and the slot's previous
-    // task was reclaimed, so nobody reads it now. The counts were checked against the record's
-    // arrays by the caller.
+    // SAFETY: the caller's contract: the record of a slot just issued to this task: no
+    // scheduler reads it before the task is published (pushed ready, ordered by the queue's
+    // release), and the slot's previous task was reclaimed, so nobody reads it now. The counts
+    // fit the record's arrays.
     unsafe {
         addr_of_mut!((*t).task_id).write(id.0);
         addr_of_mut!((*t).func_ids).write(task.funcs);

@@ -185,7 +185,8 @@ unsafe extern "C-unwind" fn op_report_fatal<P: AicpuPlatform>(
     // SAFETY: the ops table's contract.
     let o = unsafe { orch::<P>(rt) };
     let code = RuntimeCode::reported_by_orchestration(code);
-    let text = message_text(msg, len);
+    // SAFETY: the ops table's contract: `msg` and `len` are a string the call lends.
+    let text = unsafe { message_text(msg, len) };
     o.latch(code, format_args!("{text}"), FaultDetail::None);
 }
 
@@ -203,14 +204,23 @@ unsafe extern "C-unwind" fn op_log<P: AicpuPlatform>(
         2 => LogLevel::Info,
         _ => LogLevel::Debug,
     };
-    o.p.log(level, format_args!("orchestration: {}", message_text(msg, len)));
+    // SAFETY: the ops table's contract: `msg` and `len` are a string the call lends.
+    let text = unsafe { message_text(msg, len) };
+    o.p.log(level, format_args!("orchestration: {text}"));
 }
 
-fn message_text<'a>(msg: *const u8, len: usize) -> &'a str {
+/// The message at `msg` of `len` bytes (empty for a null `msg`; a placeholder when it is not
+/// UTF-8).
+///
+/// # Safety
+///
+/// A non-null `msg` is readable for `len` bytes while the returned text is used (the ops
+/// table's contract: `OrchCtx` passes a `&str`'s pointer and length).
+unsafe fn message_text<'a>(msg: *const u8, len: usize) -> &'a str {
     if msg.is_null() {
         return "";
     }
-    // SAFETY: `OrchCtx` passes a `&str`'s pointer and length.
+    // SAFETY: the caller's contract.
     let bytes = unsafe { core::slice::from_raw_parts(msg, len) };
     core::str::from_utf8(bytes).unwrap_or("(not UTF-8)")
 }
