@@ -163,9 +163,9 @@ impl RunShared {
         // after the guard has published too.
         let after_publication = deferred_drop::scope();
         // 3.
-        let mut guard = ElectionGuard { run: self, armed: true };
+        let mut guard = ElectionGuard { run: self, armed: true, released: None };
         // 4.
-        let result = self.cleanup();
+        let result = self.cleanup(&mut guard);
         // 5.
         guard.armed = false;
         let published = self.publish(result);
@@ -224,8 +224,9 @@ impl RunShared {
         }
     }
 
-    /// Step 4: the cleanup steps, each isolated.
-    fn cleanup(self: &Arc<Self>) -> Result<(), RunError> {
+    /// Step 4: the cleanup steps, each isolated. What the release step found is kept in `guard`
+    /// too, for the error it publishes should this thread unwind before step 5.
+    fn cleanup(self: &Arc<Self>, guard: &mut ElectionGuard<'_>) -> Result<(), RunError> {
         self.cleanups.fetch_add(1, Ordering::Relaxed);
         let mut failures: Vec<CleanupError> = Vec::new();
         let mut fail = |step, fault| failures.push(CleanupError { step, fault });
@@ -236,7 +237,10 @@ impl RunShared {
             self.release()
         }));
         match released {
-            Ok(Ok(r)) => own = Some(r),
+            Ok(Ok(r)) => {
+                guard.released = Some(r.clone());
+                own = Some(r);
+            }
             Ok(Err(fault)) => fail("release", fault),
             Err(p) => fail("release", CleanupFault::Panicked(panic_text(p.as_ref()))),
         }
@@ -252,7 +256,9 @@ impl RunShared {
             Ok(Ok(())) => {}
             Ok(Err(fault)) => fail("retire", fault),
             Err(p) => {
-                self.inner.retire(self);
+                // Once more, so the run leaves the accepted set; a second panic is not let out
+                // of the caller's wait.
+                let _ = catch_unwind(AssertUnwindSafe(|| self.inner.retire(self)));
                 fail("retire", CleanupFault::Panicked(panic_text(p.as_ref())));
             }
         }
@@ -343,6 +349,8 @@ impl Drop for UnelectGuard<'_> {
 struct ElectionGuard<'a> {
     run: &'a Arc<RunShared>,
     armed: bool,
+    /// The run's own result, once the release step found it (the record is gone after that).
+    released: Option<Result<(), RunError>>,
 }
 
 impl Drop for ElectionGuard<'_> {
@@ -351,27 +359,32 @@ impl Drop for ElectionGuard<'_> {
             return;
         }
         let run = self.run;
-        // Best effort: the engine's record may already be released, which is harmless; any
-        // other failure is logged, since the error published below cannot carry it.
-        match catch_unwind(AssertUnwindSafe(|| run.release())) {
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => {
-                tracing::warn!(run = %run.run, %error, "releasing an interrupted run failed");
-            }
-            Err(p) => tracing::warn!(
-                run = %run.run,
-                panic = %panic_text(p.as_ref()),
-                "releasing an interrupted run panicked"
-            ),
-        }
+        // The run's own result: what the release step found, or else a release from here (best
+        // effort: a failure is logged, since the error published below cannot carry it).
+        let own = match self.released.take() {
+            Some(r) => r,
+            None => match catch_unwind(AssertUnwindSafe(|| run.release())) {
+                Ok(Ok(r)) => r,
+                Ok(Err(error)) => {
+                    tracing::warn!(run = %run.run, %error, "releasing an interrupted run failed");
+                    Ok(())
+                }
+                Err(p) => {
+                    tracing::warn!(
+                        run = %run.run,
+                        panic = %panic_text(p.as_ref()),
+                        "releasing an interrupted run panicked"
+                    );
+                    Ok(())
+                }
+            },
+        };
         let _ = catch_unwind(AssertUnwindSafe(|| run.inner.retire(run)));
-        let err = RunError::new(
-            run.run,
-            RunErrorKind::CleanupInterrupted,
-            vec![run.frame("the thread running the cleanup unwound before it finished".into())],
-            Vec::new(),
-            None,
-        );
+        let mut frames = own.as_ref().err().map(|e| e.frames().to_vec()).unwrap_or_default();
+        frames.push(run.frame("the thread running the cleanup unwound before it finished".into()));
+        let failure = own.as_ref().err().and_then(|e| e.run_failure().cloned());
+        let err =
+            RunError::new(run.run, RunErrorKind::CleanupInterrupted, frames, Vec::new(), failure);
         let _ = run.publish(Err(err));
     }
 }
@@ -641,6 +654,26 @@ mod tests {
         assert_eq!(r.expect_err("interrupted").kind(), &RunErrorKind::CleanupInterrupted);
         assert_eq!(handle.shared.cleanups.load(Ordering::Relaxed), 1);
         assert!(w.inner.accepted.lock().is_empty(), "the guard retired the run");
+        w.close().expect("close does not hang");
+    }
+
+    #[test]
+    fn a_cleanup_interrupted_after_the_release_keeps_the_runs_own_failure() {
+        // The release step took the engine's record (and the run's failure with it) before the
+        // elected waiter unwound: the published error must still carry that failure.
+        let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+        let bad = b.register_host("bad", |_| Err("the run's own failure".into()));
+        let w = b.start().expect("start");
+        w.inject_cleanup_failure("between cleanup steps", true);
+        let handle = w.submit(one(bad)).expect("submit");
+        let unwound = catch_unwind(AssertUnwindSafe(|| handle.wait()));
+        assert!(unwound.is_err(), "the injected panic unwinds out of wait");
+        w.inner.injected.lock().clear();
+        let r = handle.wait_timeout(Duration::from_secs(60)).expect("published for the next");
+        let e = r.expect_err("interrupted");
+        assert_eq!(e.kind(), &RunErrorKind::CleanupInterrupted);
+        let failure = e.run_failure().map(|f| f.to_string()).unwrap_or_default();
+        assert!(failure.contains("the run's own failure"), "{e}: {failure:?}");
         w.close().expect("close does not hang");
     }
 
