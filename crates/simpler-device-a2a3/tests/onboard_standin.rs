@@ -379,6 +379,28 @@ fn a_run_launched_without_queueing_is_seen_finished_by_a_poll() {
 }
 
 #[test]
+fn a_run_whose_image_cannot_be_mapped_to_the_host_is_refused_not_passed_as_a_success() {
+    // Without the mapping neither the handshake clear before the launch nor the read of the
+    // run's latched status after it can happen: the run used to launch and reap as a success.
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    b.install.fail_call("halHostRegister", 0, 207_000).unwrap();
+    let err =
+        r.run(&RunRequest::new(run_id(5), slot, &v.args, &CallConfig::default())).unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::Unsupported { run_id: Some(id), feature }
+            if *id == run_id(5) && feature.contains("host mapping")),
+        "{err}"
+    );
+    assert_eq!(count(&b.log(), "rtKernelLaunchWithHandleV2"), 0, "nothing was launched");
+    assert!(r.health().is_healthy(), "the device itself is fine");
+    v.free(&mut r);
+    r.finalize().unwrap();
+}
+
+#[test]
 fn a_fault_a_poll_saw_is_the_reaps_error_even_when_the_device_does_not_report_it_again() {
     let b = Onboard::new();
     let mut r = DeviceRunner::attach(b.options(0)).unwrap();

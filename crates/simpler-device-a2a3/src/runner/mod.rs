@@ -342,6 +342,18 @@ fn diag_feature(diag: &DiagPlan) -> Option<&'static str> {
     }
 }
 
+/// A run refused because the backend could not map its image to the host: the handshake clear
+/// before the launch and the read of the latched status after it need the mapping, and a run
+/// whose status cannot be read must not pass for a success.
+fn unmapped_image(run_id: RunId) -> DeviceError {
+    DeviceError::Unsupported {
+        run_id: Some(run_id),
+        feature: "a host mapping of the run's image, which the handshake clear before the \
+                  launch and the status read after it need (the backend refused one)"
+            .into(),
+    }
+}
+
 /// The host's view of `run`'s image, if the backend can map it.
 ///
 /// Callers build it only while no device thread runs the image: before the launch, after both
@@ -579,8 +591,7 @@ impl Core {
         run.kernel_args = ka_addr;
         // L1 at prepare time, in the slot's own image: with device queueing the host does not
         // run between the previous run's end and this run's start.
-        self.clear_handshakes(run);
-        Ok(())
+        self.clear_handshakes(run)
     }
 
     /// Slot `s`'s `KernelArgs` block, allocated on the slot's first run.
@@ -701,8 +712,12 @@ impl Core {
         let args = run.kernel_args;
         let queued = self.opts.device_queue;
         if !queued {
-            // L1 once more, in the seed's place, for whatever wrote the image since.
-            self.clear_handshakes(run);
+            // L1 once more, in the seed's place, for whatever wrote the image since (mapped at
+            // prepare already, so a refusal here is a backend that lost the mapping since).
+            if let Err(e) = self.clear_handshakes(run) {
+                self.finish(run, Outcome::FailedBeforeLaunch);
+                return Err(e);
+            }
         }
         self.launches += 1;
         run.launch_seq = self.launches;
@@ -803,13 +818,15 @@ impl Core {
     }
 
     /// L1: every `aicore_done` of the launch reads 0 on the device, whatever the image held
-    /// since the upload, so the AICPU never takes a stale value for a core reporting in.
-    fn clear_handshakes(&self, run: &RunState) {
-        let Some(view) = image_view(&*self.backend, run) else { return };
+    /// since the upload, so the AICPU never takes a stale value for a core reporting in. A
+    /// backend that cannot map the image refuses the run ([`unmapped_image`]).
+    fn clear_handshakes(&self, run: &RunState) -> Result<(), DeviceError> {
+        let view = image_view(&*self.backend, run).ok_or_else(|| unmapped_image(run.run_id))?;
         for c in 0..3 * run.block_dim {
             // Relaxed: the launch that follows publishes the image to the device threads.
             view.handshake(c).aicore_done.store(0, Ordering::Relaxed);
         }
+        Ok(())
     }
 
     /// Marks the device unusable with `cause` (the first cause stays) and, with the first

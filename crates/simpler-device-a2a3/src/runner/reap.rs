@@ -397,6 +397,11 @@ impl Core {
     /// R3 of a run whose streams or end events completed: timing (soft), then the collectors in
     /// the outcome the latched status implies.
     fn reaped(&mut self, run: &mut RunState) -> Result<bool, DeviceError> {
+        if image_view(&*self.backend, run).is_none() {
+            // Its latched status cannot be read: the run must not pass for a success.
+            self.finish(run, Outcome::FailedAfterLaunch);
+            return Err(super::unmapped_image(run.run_id));
+        }
         self.read_results(run);
         let outcome =
             if run.latched.is_some() { Outcome::FailedAfterLaunch } else { Outcome::Success };

@@ -188,7 +188,7 @@ fn a_stale_aicore_done_in_the_image_is_cleared_before_launch_and_opens_no_window
         }
     };
     stale(core);
-    core.clear_handshakes(&run);
+    core.clear_handshakes(&run).unwrap();
     for c in 0..cores {
         assert_eq!(done(core, c), 0, "core {c}'s aicore_done after L1");
     }
