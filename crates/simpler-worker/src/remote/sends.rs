@@ -23,6 +23,9 @@ pub(super) struct InFlight {
     pub(super) to: i32,
     /// Whether it goes on the health communicator (a ping or a pong).
     pub(super) health: bool,
+    /// The opening of the destination's inbox the frame was queued under (a loss of an
+    /// ended session's frame is not that of the current one).
+    pub(super) opening: u64,
 }
 
 impl InFlight {
@@ -59,7 +62,7 @@ impl InFlight {
         }
         // SAFETY: `raw` is the send MPI just started over the heap buffer of `bytes`.
         let request = unsafe { Request::new(raw, bytes) };
-        Ok(InFlight { request, receipt: None, to, health })
+        Ok(InFlight { request, receipt: None, to, health, opening: 0 })
     }
 
     /// Whether MPI is done with the frame; the receipt, if any, is told once it is, or once

@@ -74,6 +74,8 @@ enum Command {
         to: i32,
         health: bool,
         bytes: Vec<u8>,
+        /// The opening of the destination's inbox when the frame was queued.
+        opening: u64,
         /// Told whether MPI sent the frame, when the sender waits for it.
         receipt: Option<Receipt>,
     },
@@ -174,18 +176,33 @@ impl Shared {
         self.lost_since(rank, 0)
     }
 
-    /// Records `e` as a frame lost to or from `rank`.
-    fn lose_frame(&self, rank: i32, e: RemoteError) {
+    /// Records `e` as a frame lost to or from `rank`: one received, or one sent under the
+    /// inbox's `opening` (a send of an ended session's is only logged).
+    fn lose_frame(&self, rank: i32, opening: Option<u64>, e: RemoteError) {
         let mut lost = self.lost.lock();
         if let Some(l) = usize::try_from(rank).ok().and_then(|r| lost.get_mut(r)) {
+            if opening.is_some_and(|o| o != l.opening) {
+                tracing::debug!(rank, error = %e, "a frame of an ended session was lost");
+                return;
+            }
             l.record(e);
         }
+    }
+
+    /// The current opening of `rank`'s inbox, which a send queued now belongs to.
+    fn opening(&self, rank: i32) -> u64 {
+        let lost = self.lost.lock();
+        usize::try_from(rank).ok().and_then(|r| lost.get(r)).map_or(0, |l| l.opening)
     }
 }
 
 /// The frames lost to or from one rank since its session opened.
 #[derive(Default)]
 struct Lost {
+    /// Which opening of the rank's inbox this record belongs to: a send queued under an earlier
+    /// one whose loss MPI reports only now concerns a session that has ended (a serving rank's
+    /// `Left` refused after its session returned, say) and is not recorded here.
+    opening: u64,
     /// The first one's error.
     first: Option<RemoteError>,
     /// The errors of the latest [`KEPT_LOSSES`], each with its number (the first is 1), oldest
@@ -286,7 +303,8 @@ impl Transport {
     /// here, on the caller's thread, rather than failing inside the MPI thread.
     pub(crate) fn send_encoded(&self, to: i32, bytes: Vec<u8>) -> Result<(), RemoteError> {
         check_frame(to, bytes.len(), MAX_FRAME_BYTES)?;
-        self.command(Command::Send { to, health: false, bytes, receipt: None })
+        let opening = self.shared.opening(to);
+        self.command(Command::Send { to, health: false, bytes, opening, receipt: None })
     }
 
     /// Sends `packet` to rank `to` and waits, at most `within`, until MPI has sent it: for a
@@ -301,7 +319,8 @@ impl Transport {
         let bytes = packet.encode();
         check_frame(to, bytes.len(), MAX_FRAME_BYTES)?;
         let (tx, rx) = mpsc::channel();
-        self.command(Command::Send { to, health: false, bytes, receipt: Some(tx) })?;
+        let opening = self.shared.opening(to);
+        self.command(Command::Send { to, health: false, bytes, opening, receipt: Some(tx) })?;
         match rx.recv_timeout(within) {
             Ok(sent) => sent,
             Err(RecvTimeoutError::Timeout) => {
@@ -335,7 +354,7 @@ impl Transport {
         }
         *slot = Inbox::Open(tx);
         if let Some(lost) = self.shared.lost.lock().get_mut(rank as usize) {
-            *lost = Lost::default();
+            *lost = Lost { opening: lost.opening.wrapping_add(1), ..Lost::default() };
         }
         Ok(rx)
     }
@@ -442,7 +461,8 @@ impl Transport {
 
     /// Sends `to` a health frame of `bytes` bytes, none of them a valid frame (a drill).
     pub(crate) fn send_health_bytes(&self, to: i32, bytes: usize) -> Result<(), RemoteError> {
-        self.command(Command::Send { to, health: true, bytes: vec![0xa5; bytes], receipt: None })
+        let (bytes, opening) = (vec![0xa5; bytes], self.shared.opening(to));
+        self.command(Command::Send { to, health: true, bytes, opening, receipt: None })
     }
 
     /// Makes the MPI thread refuse the next data frame of `kind` as MPI refuses a send.
@@ -663,7 +683,7 @@ fn poll_sends(shared: &Shared, sending: &mut Vec<InFlight>) -> bool {
         Ok(done) => !done,
         Err(e) => {
             if !f.health {
-                lose(shared, f.to, Way::Out, e);
+                lose(shared, f.to, Way::Out(f.opening), e);
             }
             false
         }
@@ -703,8 +723,9 @@ fn poll_receives(shared: &Shared, receiving: &mut Vec<Arriving>) -> bool {
 /// Which way a lost frame was going.
 #[derive(Clone, Copy)]
 enum Way {
-    /// To the rank: MPI refused or failed its send.
-    Out,
+    /// To the rank: MPI refused or failed its send, queued under this opening of the rank's
+    /// inbox.
+    Out(u64),
     /// From the rank: MPI failed its receive.
     In,
 }
@@ -712,11 +733,17 @@ enum Way {
 /// Logs a data frame to or from `rank` that MPI lost and records it, so that the waits on that
 /// rank fail with `e` instead of waiting for a reply that will not come.
 fn lose(shared: &Shared, rank: i32, way: Way, e: RemoteError) {
-    match way {
-        Way::Out => tracing::error!(rank, error = %e, "a frame could not be sent"),
-        Way::In => tracing::error!(rank, error = %e, "a frame could not be received"),
-    }
-    shared.lose_frame(rank, e);
+    let opening = match way {
+        Way::Out(opening) => {
+            tracing::error!(rank, error = %e, "a frame could not be sent");
+            Some(opening)
+        }
+        Way::In => {
+            tracing::error!(rank, error = %e, "a frame could not be received");
+            None
+        }
+    };
+    shared.lose_frame(rank, opening, e);
 }
 
 /// Gives the frames still being sent or received [`LEAVE_GRACE`] to complete (a received one
@@ -762,7 +789,7 @@ fn run_command(
     c: Command,
 ) -> bool {
     match c {
-        Command::Send { to, health: on_health, mut bytes, receipt } => {
+        Command::Send { to, health: on_health, mut bytes, opening, receipt } => {
             let comm = if on_health { health } else { world };
             let kind = bytes.get(2).copied().and_then(FrameKind::from_code);
             let refused = kind
@@ -770,7 +797,7 @@ fn run_command(
                 .and_then(|k| drills.refuse_next_send_of.iter().position(|r| *r == k));
             if let Some(i) = refused {
                 drills.refuse_next_send_of.remove(i);
-                lose(shared, to, Way::Out, REFUSED_BY_DRILL);
+                lose(shared, to, Way::Out(opening), REFUSED_BY_DRILL);
                 settle(receipt, Err(REFUSED_BY_DRILL));
                 return true;
             }
@@ -782,10 +809,11 @@ fn run_command(
             match InFlight::start(comm, to, on_health, TAG, bytes) {
                 Ok(mut f) => {
                     f.receipt = receipt;
+                    f.opening = opening;
                     sending.push(f);
                 }
                 Err(e) => {
-                    lose(shared, to, Way::Out, e.clone());
+                    lose(shared, to, Way::Out(opening), e.clone());
                     settle(receipt, Err(e));
                 }
             }
@@ -825,7 +853,11 @@ fn route(shared: &Shared, from: i32, bytes: &[u8]) {
         Ok(p) => p,
         Err(e) => {
             tracing::error!(rank = from, error = %e, "dropping a malformed frame");
-            shared.lose_frame(from, RemoteError::Protocol { rank: from, violation: e.into() });
+            shared.lose_frame(
+                from,
+                None,
+                RemoteError::Protocol { rank: from, violation: e.into() },
+            );
             return;
         }
     };
@@ -939,20 +971,40 @@ mod tests {
     }
 
     #[test]
+    fn a_send_lost_after_its_session_ended_does_not_fail_the_next_session() {
+        // A serving rank's last frame of a session (its `Left`, say) is queued, the session
+        // returns, the next one opens the inbox again, and only then does MPI refuse the frame:
+        // that loss concerns the ended session, not the new one.
+        let (t, _wire) = detached::rank0(2);
+        let rx = t.open_inbox(1).unwrap();
+        let ended = t.shared.opening(1);
+        t.close_inbox(1, &rx);
+        let _rx = t.open_inbox(1).unwrap();
+        lose(&t.shared, 1, Way::Out(ended), REFUSED_BY_DRILL);
+        assert!(t.lost_frame(1).is_none(), "a loss of the ended session failed the new one");
+        lose(&t.shared, 1, Way::Out(t.shared.opening(1)), REFUSED_BY_DRILL);
+        assert_eq!(t.lost_frame(1), Some(REFUSED_BY_DRILL));
+        // A receive's loss always concerns the rank's current session.
+        let _ = t.open_inbox(1);
+        lose(&t.shared, 1, Way::In, REFUSED_BY_DRILL);
+        assert_eq!(t.lost_count(1), 2);
+    }
+
+    #[test]
     fn a_wait_begun_after_a_loss_fails_with_the_first_frame_lost_since() {
         let shared = Shared::new(2);
         let refused = |code| RemoteError::Mpi { op: "MPI_Isend", code };
-        shared.lose_frame(1, refused(1));
+        shared.lose_frame(1, None, refused(1));
         // A wait whose request went out now: the loss before it does not concern it.
         let mark = shared.lost_count(1);
         assert_eq!(shared.lost_since(1, mark), None);
-        shared.lose_frame(1, refused(2));
-        shared.lose_frame(1, refused(3));
+        shared.lose_frame(1, None, refused(2));
+        shared.lose_frame(1, None, refused(3));
         assert_eq!(shared.lost_since(1, mark), Some(refused(2)));
         assert_eq!(shared.lost_since(1, 0), Some(refused(1)), "a wait from the start: the first");
         // More lost since the mark than are kept: the earliest kept.
         for code in 4..40 {
-            shared.lose_frame(1, refused(code));
+            shared.lose_frame(1, None, refused(code));
         }
         let earliest_kept = 40 - KEPT_LOSSES as i32;
         assert_eq!(shared.lost_since(1, mark), Some(refused(earliest_kept)));
