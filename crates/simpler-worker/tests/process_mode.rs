@@ -640,11 +640,14 @@ fn a_child_that_died_between_requests_is_reported_as_ended_before_its_shutdown()
     let pid = w.chip_process_id(WorkerId(0)).unwrap().expect("pid");
     let target = rustix::process::Pid::from_raw(pid as i32).expect("a pid");
     rustix::process::kill_process(target, rustix::process::Signal::KILL).expect("kill");
-    // Dead but not reaped: nothing asks it anything until the close.
+    // Dead but not reaped: nothing asks it anything until the close. Waitable, not only a
+    // zombie leader: `/proc` shows the leader as a zombie while its other threads still exit,
+    // and until they have, the close cannot see it ended either.
     let dead = |p: u32| {
-        std::fs::read_to_string(format!("/proc/{p}/stat")).map_or(true, |s| {
-            s.rsplit_once(')').is_some_and(|(_, t)| t.trim_start().starts_with('Z'))
-        })
+        use rustix::process::{WaitId, WaitIdOptions};
+        let peek = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+        let pid = rustix::process::Pid::from_raw(p as i32).expect("a pid");
+        rustix::process::waitid(WaitId::Pid(pid), peek).is_ok_and(|status| status.is_some())
     };
     let began = std::time::Instant::now();
     while !dead(pid) && began.elapsed() < Duration::from_secs(30) {
