@@ -1,0 +1,62 @@
+//! Tests of the transport's shared state: lost frames and their sessions.
+use super::super::error::ProtocolViolation;
+use super::super::frames::DecodeError;
+use super::*;
+
+#[test]
+fn a_frame_that_does_not_decode_fails_the_waits_on_its_rank() {
+    let shared = Shared::new(3);
+    route(&shared, 1, &Packet::Hello { session: 1 }.encode());
+    assert!(shared.lost_frame(1).is_none());
+    route(&shared, 1, &[0xff; 5]);
+    // Five bytes: a version of 0xffff, which this build does not speak.
+    let malformed = ProtocolViolation::Malformed(DecodeError::Version {
+        found: 0xffff,
+        expected: super::super::frames::VERSION,
+    });
+    assert_eq!(shared.lost_frame(1), Some(RemoteError::Protocol { rank: 1, violation: malformed }));
+    assert!(shared.lost_frame(2).is_none(), "only that rank's waits fail");
+    assert!(shared.lost_frame(7).is_none());
+}
+
+#[test]
+fn a_send_lost_after_its_session_ended_does_not_fail_the_next_session() {
+    // A serving rank's last frame of a session (its `Left`, say) is queued, the session
+    // returns, the next one opens the inbox again, and only then does MPI refuse the frame:
+    // that loss concerns the ended session, not the new one.
+    let (t, _wire) = detached::rank0(2);
+    let rx = t.open_inbox(1).unwrap();
+    let ended = t.shared.opening(1);
+    t.close_inbox(1, &rx);
+    let _rx = t.open_inbox(1).unwrap();
+    lose(&t.shared, 1, Way::Out(ended), REFUSED_BY_DRILL);
+    assert!(t.lost_frame(1).is_none(), "a loss of the ended session failed the new one");
+    lose(&t.shared, 1, Way::Out(t.shared.opening(1)), REFUSED_BY_DRILL);
+    assert_eq!(t.lost_frame(1), Some(REFUSED_BY_DRILL));
+    // A receive's loss always concerns the rank's current session.
+    let _ = t.open_inbox(1);
+    lose(&t.shared, 1, Way::In, REFUSED_BY_DRILL);
+    assert_eq!(t.lost_count(1), 2);
+}
+
+#[test]
+fn a_wait_begun_after_a_loss_fails_with_the_first_frame_lost_since() {
+    let shared = Shared::new(2);
+    let refused = |code| RemoteError::Mpi { op: "MPI_Isend", code };
+    shared.lose_frame(1, None, refused(1));
+    // A wait whose request went out now: the loss before it does not concern it.
+    let mark = shared.lost_count(1);
+    assert_eq!(shared.lost_since(1, mark), None);
+    shared.lose_frame(1, None, refused(2));
+    shared.lose_frame(1, None, refused(3));
+    assert_eq!(shared.lost_since(1, mark), Some(refused(2)));
+    assert_eq!(shared.lost_since(1, 0), Some(refused(1)), "a wait from the start: the first");
+    // More lost since the mark than are kept: the earliest kept.
+    for code in 4..40 {
+        shared.lose_frame(1, None, refused(code));
+    }
+    let earliest_kept = 40 - KEPT_LOSSES as i32;
+    assert_eq!(shared.lost_since(1, mark), Some(refused(earliest_kept)));
+    assert_eq!(shared.lost_since(1, 0), Some(refused(1)));
+    assert_eq!(shared.lost_since(1, 39), None);
+}
