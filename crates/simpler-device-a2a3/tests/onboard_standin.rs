@@ -391,7 +391,7 @@ fn a_run_whose_image_cannot_be_mapped_to_the_host_is_refused_not_passed_as_a_suc
         r.run(&RunRequest::new(run_id(5), slot, &v.args, &CallConfig::default())).unwrap_err();
     assert!(
         matches!(&err, DeviceError::Unsupported { run_id: Some(id), feature }
-            if *id == run_id(5) && feature.contains("host mapping")),
+            if *id == run_id(5) && feature.contains("host view")),
         "{err}"
     );
     assert_eq!(count(&b.log(), "rtKernelLaunchWithHandleV2"), 0, "nothing was launched");

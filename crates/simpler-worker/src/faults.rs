@@ -174,6 +174,19 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_attach_thread_stays_the_cause_when_the_deadline_passes_while_waiting() {
+        // With a one-nanosecond budget the deadline passes while chip 0 still attaches: the
+        // refused thread of chip 1 stays the cause, and chip 0 is in its rollback.
+        let b = host().chips(&[0, 1]).startup_timeout(std::time::Duration::from_nanos(1));
+        b.faults().arm(1, Fault::AttachThreadRefused);
+        let e = b.start().expect_err("no thread for chip 1");
+        assert!(matches!(e.cause, StartCause::ThreadSpawn { .. }), "{e}");
+        assert!(e.path.contains("chip 1 (device 1)"), "{}", e.path);
+        let chip0 = |t: &TeardownError| t.what == TeardownPart::Chip(WorkerId(0));
+        assert!(e.rollback.iter().all(chip0), "{e:?}");
+    }
+
+    #[test]
     fn a_deadline_passed_after_the_chips_attached_finalizes_them_into_the_rollback() {
         let b = host().chips(&[0, 1]);
         b.faults().arm(0, Fault::DeadlineAfterAttach);

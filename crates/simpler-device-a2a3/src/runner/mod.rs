@@ -342,14 +342,15 @@ fn diag_feature(diag: &DiagPlan) -> Option<&'static str> {
     }
 }
 
-/// A run refused because the backend could not map its image to the host: the handshake clear
-/// before the launch and the read of the latched status after it need the mapping, and a run
-/// whose status cannot be read must not pass for a success.
+/// A run refused because its image cannot be viewed from the host: the handshake clear before
+/// the launch and the read of the latched status after it need that view, and a run whose
+/// status cannot be read must not pass for a success.
 fn unmapped_image(run_id: RunId) -> DeviceError {
     DeviceError::Unsupported {
         run_id: Some(run_id),
-        feature: "a host mapping of the run's image, which the handshake clear before the \
-                  launch and the status read after it need (the backend refused one)"
+        feature: "a host view of the run's image, which the handshake clear before the launch \
+                  and the status read after it need (the backend could not map the image, or \
+                  its header no longer reads as the runtime's)"
             .into(),
     }
 }

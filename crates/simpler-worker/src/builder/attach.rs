@@ -242,12 +242,22 @@ pub(super) fn attach_chips(
             .collect();
         let first = at_deadline.first().map_or(path, |(_, n)| n.as_str());
         let mut e = start_err(StartCause::DeadlineExceeded { pending: names, budget }, first);
-        e.rollback.extend(rollback.into_iter().map(|(i, cause)| TeardownError {
+        let rollback = rollback.into_iter().map(|(i, cause)| TeardownError {
             path: path.to_owned(),
             what: TeardownPart::Chip(WorkerId(i as u32)),
             cause,
-        }));
-        failure = Some(e);
+        });
+        match &mut failure {
+            // A refused attach thread doomed the start before the deadline passed: it stays
+            // the cause, and the chips still attaching at the deadline join its rollback.
+            Some(refused @ StartError { cause: StartCause::ThreadSpawn { .. }, .. }) => {
+                refused.rollback.extend(rollback);
+            }
+            _ => {
+                e.rollback.extend(rollback);
+                failure = Some(e);
+            }
+        }
     }
     match failure {
         None => Ok(states.into_iter().flatten().collect()),

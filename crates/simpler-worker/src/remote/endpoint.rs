@@ -30,8 +30,10 @@
 //! 10 s while it waits; a `Left` from the rank ends the wait at once), stop pinging, close the
 //! inbox. What the remote close reported, a `Left` saying the `ShutdownDone` was lost (which
 //! carries what the close did), or a rank that never confirmed (any other `Left` included,
-//! which says nothing of the close) becomes residue of the L4 close. A failed start shuts its
-//! sessions down together: every `Shutdown` first, then the waits, sharing one budget.
+//! which says nothing of the close) becomes residue of the L4 close. A start that fails or
+//! unwinds before its endpoints exist shuts its sessions down together: every `Shutdown` first,
+//! then the waits, sharing one budget. (Endpoints dropped unstarted, after an engine that
+//! failed to start, still shut their sessions down one by one.)
 
 use std::cell::Cell;
 use std::collections::HashMap;

@@ -927,6 +927,19 @@ pub(crate) mod detached {
             }
         }
 
+        /// The destination and inbox opening of the next data frame sent within `d`.
+        pub(crate) fn sent_under(&self, d: Duration) -> Option<(i32, u64)> {
+            let until = Instant::now() + d;
+            let cmd = self.cmd.lock();
+            loop {
+                let left = until.saturating_duration_since(Instant::now());
+                match cmd.as_ref()?.recv_timeout(left).ok()? {
+                    Command::Send { to, health: false, opening, .. } => return Some((to, opening)),
+                    _ => continue,
+                }
+            }
+        }
+
         /// Records a pong from `rank` answering ping `nonce` while it served `session`.
         pub(crate) fn pong(&self, rank: i32, nonce: u64, session: u64) {
             heard(&self.shared, rank);

@@ -24,17 +24,21 @@ fn a_send_lost_after_its_session_ended_does_not_fail_the_next_session() {
     // A serving rank's last frame of a session (its `Left`, say) is queued, the session
     // returns, the next one opens the inbox again, and only then does MPI refuse the frame:
     // that loss concerns the ended session, not the new one.
-    let (t, _wire) = detached::rank0(2);
+    let (t, wire) = detached::rank0(2);
     let rx = t.open_inbox(1).unwrap();
-    let ended = t.shared.opening(1);
+    t.send(1, &Packet::Accept).unwrap();
+    let (to, ended) = wire.sent_under(Duration::from_secs(5)).expect("queued");
+    assert_eq!((to, ended), (1, t.shared.opening(1)), "a send is queued under the open inbox");
     t.close_inbox(1, &rx);
     let _rx = t.open_inbox(1).unwrap();
+    t.send(1, &Packet::Accept).unwrap();
+    let (_, current) = wire.sent_under(Duration::from_secs(5)).expect("queued");
+    assert_ne!(current, ended, "the next session's sends are queued under another opening");
     lose(&t.shared, 1, Way::Out(ended), REFUSED_BY_DRILL);
     assert!(t.lost_frame(1).is_none(), "a loss of the ended session failed the new one");
-    lose(&t.shared, 1, Way::Out(t.shared.opening(1)), REFUSED_BY_DRILL);
+    lose(&t.shared, 1, Way::Out(current), REFUSED_BY_DRILL);
     assert_eq!(t.lost_frame(1), Some(REFUSED_BY_DRILL));
     // A receive's loss always concerns the rank's current session.
-    let _ = t.open_inbox(1);
     lose(&t.shared, 1, Way::In, REFUSED_BY_DRILL);
     assert_eq!(t.lost_count(1), 2);
 }
