@@ -90,6 +90,7 @@ impl DeviceRunner {
                 returns: Default::default(),
                 used_runs: Default::default(),
                 stats: RunnerStats::default(),
+                backend_down: false,
             }),
         };
         runner.ensure_initialized()?;

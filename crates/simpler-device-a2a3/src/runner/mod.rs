@@ -57,6 +57,7 @@ mod api;
 mod callables;
 mod checks;
 mod complete;
+mod finalize;
 mod health;
 mod lease;
 #[cfg(all(test, simpler_loom))]
@@ -283,6 +284,8 @@ struct Core {
     returns: ReturnQueue,
     used_runs: UsedRunIds,
     stats: RunnerStats,
+    /// The backend was shut down (finalize's step 4); until then a drop shuts it down first.
+    backend_down: bool,
 }
 
 /// One Ascend A2/A3 chip (simulated with the default `sim` feature).
@@ -924,59 +927,5 @@ impl Core {
             out.warn("swimlane records could not be read");
         }
         bound.export(view.as_ref(), outcome, &mut out);
-    }
-
-    fn finalize(mut self) -> Result<FinalizeReport, DeviceError> {
-        let mut report = FinalizeReport::default();
-        // A launched run may still execute an orchestration object's code on an AICPU thread
-        // until the device is reset below; closing the object before that (the simulator's
-        // built program closes it on the calling thread) would pull the code out from under
-        // it. Such objects stay loaded instead.
-        let launched = self.runs().any(|r| r.stage == Stage::Launched);
-        // (3) Terminal cleanup of every unfinished run, dropped handles' included.
-        drop(std::mem::take(&mut *self.returns.lock()));
-        for s in 0..self.slots.len() {
-            let Some(mut run) = self.slots[s].run.take() else { continue };
-            report.abandoned_run.get_or_insert(run.run_id);
-            let outcome = match run.stage {
-                Stage::Prepared => Outcome::FailedBeforeLaunch,
-                Stage::Launched | Stage::Reaped => Outcome::FailedAfterLaunch,
-            };
-            self.finish(&mut run, outcome);
-            self.free_slot(s);
-        }
-        if launched {
-            tracing::warn!(
-                device = self.opts.device_id,
-                "finalize with a launched run: orchestration objects stay loaded"
-            );
-            // The device may still be executing it: a recovery drain (here one that gives up at
-            // once) marks the device for the force reset a plain reset would not do.
-            let _ = self.backend.drain(reap::MIN_RECOVERY_DRAIN, self.timeouts.op_execute);
-        } else {
-            self.unload_orchestrations();
-        }
-        // The last run's AICPU end event (device queueing) is released before the reset:
-        // CANN wants events destroyed before the device they belong to.
-        self.last_aicpu_end = None;
-        // (4)–(5) Reset the device, join its threads, free everything.
-        let allocations = self.backend.memory_counts().allocations as usize;
-        report.stuck_threads = self.backend.shutdown();
-        if report.stuck_threads.is_empty() {
-            report.freed_allocations = allocations;
-        } else {
-            // A detached thread may still be executing kernel code from a loaded object: keep
-            // every object loaded for the life of the process.
-            for reg in self.callables.slots.iter_mut().flatten() {
-                std::mem::forget(std::mem::take(&mut reg.code));
-            }
-            std::mem::forget(std::mem::take(&mut self.callables.retired_code));
-        }
-        self.user_allocs.clear();
-        // The backend's reset and release failures (onboard: the force-reset loop).
-        match self.backend.take_error() {
-            Some(e) => Err(e),
-            None => Ok(report),
-        }
     }
 }
