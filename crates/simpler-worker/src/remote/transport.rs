@@ -914,28 +914,25 @@ pub(crate) mod detached {
     impl Wire {
         /// The next data frame sent within `d`, with the rank it is for.
         pub(crate) fn sent(&self, d: Duration) -> Option<(i32, Packet)> {
-            let until = Instant::now() + d;
-            let cmd = self.cmd.lock();
-            loop {
-                let left = until.saturating_duration_since(Instant::now());
-                match cmd.as_ref()?.recv_timeout(left).ok()? {
-                    Command::Send { to, health: false, bytes, .. } => {
-                        return Packet::decode(&bytes).ok().map(|p| (to, p));
-                    }
-                    _ => continue,
-                }
-            }
+            let (to, _, bytes) = self.next_data_frame(d)?;
+            Packet::decode(&bytes).ok().map(|p| (to, p))
         }
 
         /// The destination and inbox opening of the next data frame sent within `d`.
         pub(crate) fn sent_under(&self, d: Duration) -> Option<(i32, u64)> {
+            self.next_data_frame(d).map(|(to, opening, _)| (to, opening))
+        }
+
+        /// The destination, inbox opening and bytes of the next data frame sent within `d`.
+        fn next_data_frame(&self, d: Duration) -> Option<(i32, u64, Vec<u8>)> {
             let until = Instant::now() + d;
             let cmd = self.cmd.lock();
             loop {
                 let left = until.saturating_duration_since(Instant::now());
-                match cmd.as_ref()?.recv_timeout(left).ok()? {
-                    Command::Send { to, health: false, opening, .. } => return Some((to, opening)),
-                    _ => continue,
+                if let Command::Send { to, health: false, opening, bytes, .. } =
+                    cmd.as_ref()?.recv_timeout(left).ok()?
+                {
+                    return Some((to, opening, bytes));
                 }
             }
         }
