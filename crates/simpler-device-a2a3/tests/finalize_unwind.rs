@@ -7,7 +7,6 @@
 mod common;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::process::Command;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
@@ -64,17 +63,7 @@ fn spin_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError
 #[test]
 fn a_finalize_unwinding_while_a_loaded_kernel_runs_keeps_its_object_loaded() {
     let dir = temp_dir("finalize-unwind");
-    let (c, so) = (dir.join("spin.c"), dir.join("libspin.so"));
-    std::fs::write(&c, SPIN_KERNEL).unwrap();
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    match Command::new(cc).args(["-shared", "-fPIC", "-O2", "-o"]).arg(&so).arg(&c).output() {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => panic!("the C compiler failed: {}", String::from_utf8_lossy(&o.stderr)),
-        Err(e) => {
-            eprintln!("no C compiler ({e}); skipping the finalize unwind test");
-            return;
-        }
-    }
+    let Some(so) = build_c_object(&dir, "spin", SPIN_KERNEL) else { return };
     tracing::subscriber::set_global_default(
         tracing_subscriber::registry().with(PanicsOnFinalizeWithALaunchedRun),
     )

@@ -3,8 +3,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use common::*;
 use simpler_device_a2a3::{
@@ -44,26 +43,6 @@ void kernel_entry(int64_t *args) {
 void not_a_kernel(void) {}
 "#;
 
-/// Builds `src` into a shared object; `None` (with a note) when no C compiler is available.
-fn build(dir: &Path, name: &str, src: &str) -> Option<PathBuf> {
-    let c = dir.join(format!("{name}.c"));
-    let so = dir.join(format!("lib{name}.so"));
-    std::fs::write(&c, src).unwrap();
-    let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&so)
-        .arg(&c)
-        .output();
-    match out {
-        Ok(o) if o.status.success() => Some(so),
-        Ok(o) => panic!("the C compiler failed: {}", String::from_utf8_lossy(&o.stderr)),
-        Err(e) => {
-            eprintln!("no C compiler ({e}); skipping the shared-object kernel test");
-            None
-        }
-    }
-}
-
 fn add_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
     let mut a = CoreArgs::new();
     a.add_input(*args.tensor(0).unwrap()).unwrap();
@@ -87,7 +66,7 @@ fn callable(so: &Path) -> Result<ChipCallable, DeviceError> {
 #[test]
 fn a_c_kernel_from_a_shared_object_runs_on_the_simulated_chip() {
     let dir = temp_dir("shared-object");
-    let Some(so) = build(&dir, "addkernel", C_KERNEL) else { return };
+    let Some(so) = build_c_object(&dir, "addkernel", C_KERNEL) else { return };
     let mut r = DeviceRunner::attach(options(0)).unwrap();
     let slot = r.register_callable(&callable(&so).unwrap()).unwrap();
     let n = 1000;
@@ -129,7 +108,7 @@ fn unloadable_objects_and_missing_entries_are_invalid_callables() {
         matches!(kernel_object(&err), Some(ObjectError::Open { path, .. }) if *path == missing),
         "{err}"
     );
-    if let Some(so) = build(&dir, "noentry", "void something_else(void) {}\n") {
+    if let Some(so) = build_c_object(&dir, "noentry", "void something_else(void) {}\n") {
         let err = r.register_callable(&callable(&so).unwrap()).unwrap_err();
         assert!(
             matches!(kernel_object(&err), Some(ObjectError::MissingSymbol { path, symbol, .. })
@@ -168,7 +147,7 @@ fn inout_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchErro
 #[test]
 fn unregistering_after_a_failed_run_keeps_a_still_running_kernel_object_loaded() {
     let dir = temp_dir("shared-object-slow");
-    let Some(so) = build(&dir, "slowkernel", SLOW_KERNEL) else { return };
+    let Some(so) = build_c_object(&dir, "slowkernel", SLOW_KERNEL) else { return };
     let mut o = options(0)
         .with_scheduler_timeout(std::time::Duration::from_millis(200))
         .with_op_execute_timeout(std::time::Duration::from_micros(400_000))

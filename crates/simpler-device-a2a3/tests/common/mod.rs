@@ -290,3 +290,24 @@ pub fn vector_once(
     r.unregister_callable(slot).unwrap();
     rep
 }
+
+/// Builds the C source `src` into `dir/lib{name}.so` with the system C compiler (`CC`, else
+/// `cc`); `None` (with a note) when there is no C compiler, so the calling test is skipped.
+pub fn build_c_object(dir: &std::path::Path, name: &str, src: &str) -> Option<std::path::PathBuf> {
+    let c = dir.join(format!("{name}.c"));
+    let so = dir.join(format!("lib{name}.so"));
+    std::fs::write(&c, src).unwrap();
+    let out = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&so)
+        .arg(&c)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => Some(so),
+        Ok(o) => panic!("the C compiler failed: {}", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => {
+            eprintln!("no C compiler ({e}); skipping the test that needs {name}");
+            None
+        }
+    }
+}
