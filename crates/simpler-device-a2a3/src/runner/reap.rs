@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use simpler_types::{RunId, TimeoutBudget};
 
-use super::{ActiveRun, Core, DeviceHealth, RunState, Stage, busy, image_view, stream_slot};
+use super::{
+    ActiveRun, Core, DeviceHealth, RunState, Stage, busy, image_view, stream_slot, unmapped_image,
+};
 use crate::abi::codes::AclCode;
 use crate::backend::{EventStatus, StreamFault, StreamStatus, SyncError};
 use crate::diag::Outcome;
@@ -397,12 +399,11 @@ impl Core {
     /// R3 of a run whose streams or end events completed: timing (soft), then the collectors in
     /// the outcome the latched status implies.
     fn reaped(&mut self, run: &mut RunState) -> Result<bool, DeviceError> {
-        if image_view(&*self.backend, run).is_none() {
+        if let Err(e) = self.read_results(run) {
             // Its latched status cannot be read: the run must not pass for a success.
             self.finish(run, Outcome::FailedAfterLaunch);
-            return Err(super::unmapped_image(run.run_id));
+            return Err(e);
         }
-        self.read_results(run);
         let outcome =
             if run.latched.is_some() { Outcome::FailedAfterLaunch } else { Outcome::Success };
         self.stop_and_export(run, outcome);
@@ -755,12 +756,13 @@ impl Core {
         run.bound.as_ref()?.latched_status(&view)
     }
 
-    /// R3's reads after both streams completed: latched status and device timing (soft).
-    fn read_results(&self, run: &mut RunState) {
-        let (Some(view), Some(bound)) = (image_view(&*self.backend, run), run.bound.as_ref())
-        else {
+    /// R3's reads after both streams completed: latched status and device timing (soft). An
+    /// image the host cannot view fails the reads ([`unmapped_image`]): its status is unknown.
+    fn read_results(&self, run: &mut RunState) -> Result<(), DeviceError> {
+        let view = image_view(&*self.backend, run).ok_or_else(|| unmapped_image(run.run_id))?;
+        let Some(bound) = run.bound.as_ref() else {
             run.report.warnings.push("device timing could not be read".into());
-            return;
+            return Ok(());
         };
         run.latched = bound.latched_status(&view);
         bound.read_back(&view, &mut run.report);
@@ -772,6 +774,7 @@ impl Core {
             }
             None => run.report.warnings.push("device timing records are incomplete".into()),
         }
+        Ok(())
     }
 }
 
