@@ -230,17 +230,13 @@ impl RunShared {
         self.cleanups.fetch_add(1, Ordering::Relaxed);
         let mut failures: Vec<CleanupError> = Vec::new();
         let mut fail = |step, fault| failures.push(CleanupError { step, fault });
-        let mut own: Option<Result<(), RunError>> = None;
         // Step "release": the engine's run record (L3+) or the lane's fence (L2).
         let released = catch_unwind(AssertUnwindSafe(|| {
             self.injected("release")?;
             self.release()
         }));
         match released {
-            Ok(Ok(r)) => {
-                guard.released = Some(r.clone());
-                own = Some(r);
-            }
+            Ok(Ok(r)) => guard.released = Some(r),
             Ok(Err(fault)) => fail("release", fault),
             Err(p) => fail("release", CleanupFault::Panicked(panic_text(p.as_ref()))),
         }
@@ -262,7 +258,8 @@ impl RunShared {
                 fail("retire", CleanupFault::Panicked(panic_text(p.as_ref())));
             }
         }
-        match own {
+        // A copy: the guard keeps its own until step 5 disarms it.
+        match guard.released.clone() {
             Some(Err(e)) if failures.is_empty() => Err(e),
             Some(Err(e)) => Err(RunError::new(
                 e.run_id(),
