@@ -251,9 +251,9 @@ impl Core {
     /// failed with an error of its own. When every launched run has ended well by the time
     /// this looks (the last just after the wait ran out), none is blamed: the failed wait is
     /// the run's own, typed as a reap types its failed wait (the device's faults and the
-    /// stream's report, earliest first, [`typed_sync_failure`]), and it makes the device unusable as any stream
-    /// sync that timed out or faulted does, charged after every launched run, so that those
-    /// still reap as the successes they were.
+    /// stream's report, earliest first, [`typed_sync_failure`]), and it makes the device
+    /// unusable as any stream sync that timed out or faulted does, charged after every launched
+    /// run, so that those still reap as the successes they were.
     pub(super) fn abandoned_behind_failed_wait(
         &mut self,
         run_id: RunId,

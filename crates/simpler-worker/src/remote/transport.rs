@@ -19,10 +19,11 @@
 //!    order they arrived, so a large frame from one rank, however slow its bytes, delays no
 //!    ping or pong and no frame from another rank. The health communicator's frames are a few
 //!    bytes and are received at once, into a buffer of the longest one's size: a longer frame
-//!    is cut there, refused and counted as lost (`HealthFrameTooLarge`). While a data frame is being sent or received the loop
-//!    never parks, but yields between polls when nothing moved (a frame stuck behind a stalled
-//!    peer leaves the core to others); otherwise, idle, it yields for a short while, then parks
-//!    on the command channel with a timeout that grows to 1 ms.
+//!    is cut there, refused and counted as lost (`HealthFrameTooLarge`). While a data frame is
+//!    being sent or received the loop never parks, but yields between polls when nothing moved
+//!    (a frame stuck behind a stalled peer leaves the core to others); otherwise, idle, it
+//!    yields for a short while, then parks on the command channel with a timeout that grows to
+//!    1 ms.
 //! 4. Leaving the loop, it gives the frames still being sent or received a short grace to
 //!    complete (a `Shutdown` reply, say), then frees their requests.
 //! 5. `Finalize` (from `MpiJob::finalize` or its drop) leaves the loop and finalizes MPI on

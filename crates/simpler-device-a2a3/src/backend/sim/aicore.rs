@@ -515,12 +515,12 @@ pub(crate) unsafe fn call_kernel<H: CoreHost>(
         return KernelOutcome::Faulted(format!("no kernel registered for func id {func_id}"));
     }
     // SAFETY: the caller's contract: non-zero kernel addresses come from the image's func table,
-    // which the host filled from the `KernelFn` pointers of the run's callable. A `Native` pointer is code
-    // of the process and stays valid; a shared-object pointer stays valid while its object is
-    // open, and the runner keeps it open while a thread may run this launch: the run's callable
-    // cannot be unregistered until the run ended, a callable unregistered after a failed run
-    // keeps its objects until finalize has joined every simulated thread, and a thread finalize
-    // had to detach keeps them open for the life of the process.
+    // which the host filled from the `KernelFn` pointers of the run's callable. A `Native`
+    // pointer is code of the process and stays valid; a shared-object pointer stays valid while
+    // its object is open, and the runner keeps it open while a thread may run this launch: the
+    // run's callable cannot be unregistered until the run ended, a callable unregistered after a
+    // failed run keeps its objects until finalize has joined every simulated thread, and a
+    // thread finalize had to detach keeps them open for the life of the process.
     let f: KernelFn = unsafe { std::mem::transmute::<usize, KernelFn>(kernel as usize) };
     // Time declared on this thread outside a kernel belongs to no launch.
     crate::kernel::take_modelled_device_time();
