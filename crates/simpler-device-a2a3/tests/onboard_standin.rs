@@ -383,9 +383,7 @@ fn a_run_whose_image_cannot_be_mapped_to_the_host_is_refused_not_passed_as_a_suc
     // Without the mapping neither the handshake clear before the launch nor the read of the
     // run's latched status after it can happen: the run used to launch and reap as a success.
     let b = Onboard::new();
-    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
-    let slot = r.register_callable(&b.add_callable()).unwrap();
-    let v = AddRun::new(&mut r);
+    let (mut r, slot, v, _) = prepared(&b);
     b.install.fail_call("halHostRegister", 0, 207_000).unwrap();
     let err =
         r.run(&RunRequest::new(run_id(5), slot, &v.args, &CallConfig::default())).unwrap_err();
