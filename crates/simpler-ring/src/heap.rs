@@ -158,7 +158,7 @@ impl HeapRing {
                 });
             }
             let Some(deadline) = patience.next_wait() else {
-                state.timeouts += 1;
+                state.timeouts += u64::from(patience.counts_refusal);
                 let core = &state.core;
                 return Err(RingError::HeapExhausted(Box::new(HeapExhausted {
                     ring: self.index,

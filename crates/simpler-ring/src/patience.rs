@@ -13,6 +13,9 @@ pub(crate) struct Patience {
     budget: Budget,
     /// Time spent blocked so far, summed over every wait of this call.
     pub(crate) waited: Duration,
+    /// Whether giving up counts as a refusal in the stats (not for a probe that a waiting call
+    /// follows).
+    pub(crate) counts_refusal: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -26,13 +29,18 @@ enum Budget {
 impl Patience {
     /// Never waits.
     pub(crate) fn never() -> Self {
-        Patience { budget: Budget::Never, waited: Duration::ZERO }
+        Patience { budget: Budget::Never, waited: Duration::ZERO, counts_refusal: true }
+    }
+
+    /// Never waits, and a refusal is not counted: the caller tries again with a waiting call.
+    pub(crate) fn probe() -> Self {
+        Patience { counts_refusal: false, ..Patience::never() }
     }
 
     /// Waits up to `timeout` from the first wait; `Duration::ZERO` never waits.
     pub(crate) fn timeout(timeout: Duration) -> Self {
         let budget = if timeout.is_zero() { Budget::Never } else { Budget::For(timeout) };
-        Patience { budget, waited: Duration::ZERO }
+        Patience { budget, waited: Duration::ZERO, counts_refusal: true }
     }
 
     /// Waits until `deadline`, or without limit for `None`.
@@ -41,7 +49,7 @@ impl Patience {
             Some(deadline) => Budget::Until(deadline),
             None => Budget::Forever,
         };
-        Patience { budget, waited: Duration::ZERO }
+        Patience { budget, waited: Duration::ZERO, counts_refusal: true }
     }
 
     /// Whether the call may block now, and until when: `None` = give up, `Some(None)` = wait

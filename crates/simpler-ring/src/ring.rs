@@ -235,6 +235,13 @@ impl<S: Default + Send + Sync> Ring<S> {
         self.alloc_with(bytes, depth, Patience::never())
     }
 
+    /// As [`try_alloc`](Self::try_alloc), but a refusal is not counted in the stats'
+    /// `timeouts`: for a caller that follows a refusal with a waiting [`alloc`](Self::alloc),
+    /// whose outcome is the one that counts.
+    pub fn probe_alloc(&self, bytes: u64, depth: usize) -> Result<Allocation, RingError> {
+        self.alloc_with(bytes, depth, Patience::probe())
+    }
+
     fn alloc_with(
         &self,
         bytes: u64,

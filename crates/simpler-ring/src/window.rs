@@ -66,6 +66,9 @@ struct WindowState {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Reservation {
     pub(crate) slot: SlotId,
+    /// `live` right after this reservation counted itself: the peak it reached, which the
+    /// publish folds in (a later publish may see fewer live entries).
+    live: u32,
 }
 
 /// What a winning release learned from the entry.
@@ -134,7 +137,7 @@ impl<S: Default> Window<S> {
                 break;
             }
             let Some(deadline) = patience.next_wait() else {
-                state.timeouts += 1;
+                state.timeouts += u64::from(patience.counts_refusal);
                 return Err(RingError::TaskWindowExhausted {
                     limit,
                     live: state.live,
@@ -150,8 +153,9 @@ impl<S: Default> Window<S> {
             patience.waited += started.elapsed();
         }
         state.live += 1;
+        let live = state.live;
         if commit {
-            state.peak_live = state.peak_live.max(state.live);
+            state.peak_live = state.peak_live.max(live);
             state.total_allocs += 1;
         }
         let reused = state.free.pop();
@@ -171,7 +175,7 @@ impl<S: Default> Window<S> {
             }
         };
         let generation = self.generation(index).unwrap_or(1);
-        Ok(Reservation { slot: SlotId::new(index, generation) })
+        Ok(Reservation { slot: SlotId::new(index, generation), live })
     }
 
     /// `true` while the table has room for another `u32`-indexed entry.
@@ -183,7 +187,7 @@ impl<S: Default> Window<S> {
     pub(crate) fn publish(&self, r: Reservation, heap: Option<(RingIndex, u64)>, committed: bool) {
         if !committed {
             let mut state = self.state.lock();
-            state.peak_live = state.peak_live.max(state.live);
+            state.peak_live = state.peak_live.max(state.live).max(r.live);
             state.total_allocs += 1;
         }
         let Some(entry) = self.entries.get(r.slot.index as usize) else {

@@ -384,6 +384,43 @@ fn a_capped_window_makes_the_fifth_allocation_wait_for_a_release() {
     assert_eq!((w.live, w.limit, w.timeouts, w.capacity), (4, Some(4), 1, 4));
 }
 
+#[test]
+fn the_window_peak_counts_a_slab_allocation_from_its_reservation_not_its_publish() {
+    let config =
+        RingConfig { max_live_slots: Some(4), ..common::config(RING, Duration::from_secs(60)) };
+    let ring: Ring<common::Payload> = Ring::new(config).unwrap();
+    let full = ring.alloc(RING, 0).unwrap();
+    let others: Vec<_> = (0..2).map(|_| ring.alloc(0, 0).unwrap().slot).collect();
+    std::thread::scope(|s| {
+        // Reserves the fourth entry, then waits for heap space.
+        let waiter = s.spawn(|| ring.alloc(K, 0));
+        eventually("the allocation to block", || ring.stats().heaps[0].waits == 1);
+        assert_eq!(ring.stats().window.live, 4);
+        for id in &others {
+            assert!(ring.release(*id));
+        }
+        assert!(ring.release(full.slot));
+        waiter.join().unwrap().unwrap();
+    });
+    let w = ring.stats().window;
+    assert_eq!((w.live, w.peak_live), (1, 4), "four entries were live at once");
+}
+
+#[test]
+fn a_refused_probe_counts_no_timeout_where_a_refused_try_alloc_counts_one() {
+    let config =
+        RingConfig { max_live_slots: Some(2), ..common::config(RING, Duration::from_secs(60)) };
+    let ring: Ring<common::Payload> = Ring::new(config).unwrap();
+    let _pin = ring.alloc(RING, 2).unwrap();
+    assert!(matches!(ring.probe_alloc(K, 2), Err(RingError::HeapExhausted(_))));
+    let _second = ring.alloc(0, 0).unwrap();
+    assert!(matches!(ring.probe_alloc(0, 0), Err(RingError::TaskWindowExhausted { .. })));
+    let stats = ring.stats();
+    assert_eq!((stats.window.timeouts, stats.heaps[2].timeouts), (0, 0), "probes are not refusals");
+    assert!(ring.try_alloc(0, 0).is_err());
+    assert_eq!(ring.stats().window.timeouts, 1);
+}
+
 // ---- Scope stack ----------------------------------------------------------------------------
 
 fn ids(n: u32, from: u32) -> Vec<SlotId> {

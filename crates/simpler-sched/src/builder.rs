@@ -344,7 +344,7 @@ impl<'e> RunBuilder<'e> {
     /// space it waits for may be theirs).
     pub(crate) fn claim(&mut self, bytes: u64, depth: usize) -> Result<Allocation, SchedError> {
         let core = self.core();
-        if let Ok(allocation) = core.ring.try_alloc(bytes, depth) {
+        if let Ok(allocation) = core.ring.probe_alloc(bytes, depth) {
             return Ok(allocation);
         }
         let orch = &mut *self.orch;
