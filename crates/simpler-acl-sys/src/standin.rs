@@ -37,7 +37,9 @@
 //!
 //! Device sets are counted per device as CANN counts them: `rtSetDevice`/`aclrtSetDevice` add
 //! one, `rtDeviceReset`/`aclrtResetDevice` take one off, `aclrtResetDeviceForce` releases the
-//! device at once, and a reset of a device with no set left returns 107000.
+//! device at once, and a reset of a device with no set left returns 107000. A force reset also
+//! releases the streams, events and AICPU binaries created on the device (a later destroy or
+//! unload of one returns 107000).
 //!
 //! Device memory is host memory and a host mapping (`halHostRegister`) answers the device
 //! address itself, so whatever gives memory back (`rtFree`/`aclrtFree`, the release of a

@@ -90,7 +90,8 @@ typedef struct object {
     uint64_t size;          /* memory size; for a stream: its creation index */
     uint64_t owner;         /* a func's binary; an event's last stream */
     int recorded;           /* an event: 0 never recorded, 1 complete, RECORDED_NOT_REACHED */
-    int64_t context;        /* memory's, a stream's or an event's device (the creating thread's) */
+    int64_t context;        /* memory's, a stream's, an event's or an AICPU binary's device (the
+                             * creating thread's) */
     char ops[MAX_OPS][64];  /* a CPU binary's op types; a func's name in ops[0] */
     int nops;
 } object;
@@ -530,10 +531,19 @@ static int32_t reset(call *c, int32_t device, int force) {
         st->poisoned = 0;
         st->after_force_reset = 1;
         /* The device's memory goes back with it: a later free of it is refused (storage a
-         * live host mapping covers is kept until that mapping goes, see release_memory). */
+         * live host mapping covers is kept until that mapping goes, see release_memory). So do
+         * its context's streams, events and AICPU binaries (with their functions): a later
+         * destroy or unload of one is refused as not live. */
         for (size_t i = 0; i < MAX_OBJECTS; i++) {
             object *o = &st->objects[i];
-            if (o->kind == OBJ_MEMORY && o->context == device) release_memory(st, o);
+            if (o->context != device) continue;
+            if (o->kind == OBJ_MEMORY) release_memory(st, o);
+            else if (o->kind == OBJ_STREAM || o->kind == OBJ_EVENT || o->kind == OBJ_CPU_BIN)
+                o->kind = OBJ_NONE;
+        }
+        for (size_t i = 0; i < MAX_OBJECTS; i++) {
+            object *f = &st->objects[i];
+            if (f->kind == OBJ_FUNC && find(OBJ_CPU_BIN, f->owner) == NULL) f->kind = OBJ_NONE;
         }
     }
     return finish(c, OK);
@@ -1125,6 +1135,7 @@ EXPORT int32_t rtsBinaryLoadFromFile(const char *binPath, const rtLoadBinaryConf
     if (binPath == NULL || handle == NULL) return fail(&c, E_PARAM, "null path or out-pointer");
     object *o = new_object(OBJ_CPU_BIN);
     if (o == NULL) return fail(&c, E_PARAM, "too many objects");
+    o->context = bound_device_now();
     if (read_op_types(binPath, o) != 0) {
         o->kind = OBJ_NONE;
         return fail(&c, E_PARAM, "cannot read the op description");

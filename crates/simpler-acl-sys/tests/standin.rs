@@ -607,6 +607,43 @@ fn device_sets_are_counted_and_a_released_device_refuses_any_reset() {
 }
 
 #[test]
+fn a_force_reset_releases_its_devices_streams_events_and_aicpu_binaries() {
+    let install = FakeInstall::standard().unwrap();
+    install.set_value("device_count", 2).unwrap();
+    let cann = install.cann();
+    let json = op_json(&install, &["simpler_aicpu_exec_1"]);
+    let mut option = rtLoadBinaryOption_t {
+        optionId: RT_LOAD_BINARY_OPT_CPU_KERNEL_MODE,
+        value: rtLoadBinaryOptionValue_t { cpuKernelMode: 0 },
+    };
+    let config = rtLoadBinaryConfig_t { options: &mut option, numOpt: 1 };
+    let kinds = [ObjectKind::Streams, ObjectKind::Events, ObjectKind::CpuBinaries];
+    let live = || kinds.map(|k| install.live(k).unwrap());
+    // SAFETY: valid out-pointers and live handles; plain integer arguments.
+    unsafe {
+        let mut handles = Vec::new();
+        for device in [1, 0] {
+            let mut stream: aclrtStream = ptr::null_mut();
+            let mut event: aclrtEvent = ptr::null_mut();
+            let mut binary: rtBinHandle = ptr::null_mut();
+            assert_eq!(cann.aclrtSetDevice(device), Ok(0));
+            assert_eq!(cann.aclrtCreateStream(&mut stream), Ok(0));
+            assert_eq!(cann.aclrtCreateEvent(&mut event), Ok(0));
+            assert_eq!(cann.rtsBinaryLoadFromFile(json.as_ptr(), &config, &mut binary), Ok(0));
+            handles.push((stream, event, binary));
+        }
+        assert_eq!(live(), [2, 2, 2]);
+        assert_eq!(cann.aclrtResetDeviceForce(0), Ok(0));
+        assert_eq!(live(), [1, 1, 1], "device 1's handles stay");
+        let (stream, event, binary) = handles[1];
+        assert_eq!(cann.aclrtSetDevice(0), Ok(0));
+        assert_eq!(cann.rtStreamDestroy(stream), Ok(107000), "released with the device");
+        assert_eq!(cann.aclrtDestroyEvent(event), Ok(107000), "released with the device");
+        assert_eq!(cann.rtsBinaryUnload(binary), Ok(107000), "released with the device");
+    }
+}
+
+#[test]
 fn aclinit_twice_reports_repeat_initialize_until_finalize() {
     let install = FakeInstall::standard().unwrap();
     let cann = install.cann();

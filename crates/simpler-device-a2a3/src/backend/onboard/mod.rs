@@ -910,15 +910,20 @@ impl Backend for OnboardDevice {
             // reset below releases the handles with its context instead.
             self.ctx.leave_to_reset();
         }
+        let mut allocations = std::mem::take(&mut *self.allocations.lock());
+        for a in allocations.values_mut() {
+            a.mapping = None;
+        }
+        if self.ctx.is_poisoned() {
+            // A stream's destroy may wait for a stuck launch's tasks, and an unload would pull
+            // code from under it: the force reset below releases them with the device.
+            self.ctx.leave_to_reset();
+        }
         self.streams = None;
         self.programs = None;
         // The AICore registration is never unregistered; its handle is forgotten and its image
         // stays alive with it.
         self.aicore = None;
-        let mut allocations = std::mem::take(&mut *self.allocations.lock());
-        for a in allocations.values_mut() {
-            a.mapping = None;
-        }
         // A device that is force-reset may still be running a launch that reads or writes any
         // tracked allocation: those are not freed here but given back by the reset itself.
         let held = if self.ctx.is_poisoned() {
