@@ -347,8 +347,8 @@ rtError_t rtsBinaryUnload(const rtBinHandle binHandle);
 
 int halHostRegister(void *devPtr, size_t size, unsigned int flag, int devid, void **hostPtr);
 int halHostUnregister(void *devPtr, int devid);
-int halGetDeviceInfo(uint64_t devId, int32_t moduleType, int32_t infoType, int64_t *value);
-int halGetDeviceInfoByBuff(uint64_t devId, int32_t moduleType, int32_t infoType, void *buf,
+int halGetDeviceInfo(uint32_t devId, int32_t moduleType, int32_t infoType, int64_t *value);
+int halGetDeviceInfoByBuff(uint32_t devId, int32_t moduleType, int32_t infoType, void *buf,
                            int32_t *size);
 int halMemCtl(int type, void *paramValue, size_t paramValueSize, void *outValue,
               size_t *outSizeRet);

@@ -1263,7 +1263,7 @@ EXPORT int halHostUnregister(void *devPtr, int devid) {
     return finish(&c, OK);
 }
 
-EXPORT int halGetDeviceInfo(uint64_t devId, int32_t moduleType, int32_t infoType, int64_t *value) {
+EXPORT int halGetDeviceInfo(uint32_t devId, int32_t moduleType, int32_t infoType, int64_t *value) {
     call c = begin(__func__);
     c.entry.device = (int64_t)devId;
     c.entry.value = moduleType * 100 + infoType;
@@ -1275,7 +1275,7 @@ EXPORT int halGetDeviceInfo(uint64_t devId, int32_t moduleType, int32_t infoType
     return finish(&c, OK);
 }
 
-EXPORT int halGetDeviceInfoByBuff(uint64_t devId, int32_t moduleType, int32_t infoType, void *buf,
+EXPORT int halGetDeviceInfoByBuff(uint32_t devId, int32_t moduleType, int32_t infoType, void *buf,
                                   int32_t *size) {
     call c = begin(__func__);
     c.entry.device = (int64_t)devId;

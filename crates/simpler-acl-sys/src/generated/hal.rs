@@ -70,7 +70,7 @@ impl Cann {
     #[inline]
     pub unsafe fn halGetDeviceInfo(
         &self,
-        devId: u64,
+        devId: u32,
         moduleType: i32,
         infoType: i32,
         value: *mut i64,
@@ -120,7 +120,7 @@ impl Cann {
     #[inline]
     pub unsafe fn halGetDeviceInfoByBuff(
         &self,
-        devId: u64,
+        devId: u32,
         moduleType: i32,
         infoType: i32,
         buf: *mut ::core::ffi::c_void,

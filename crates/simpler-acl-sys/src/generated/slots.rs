@@ -179,7 +179,7 @@ pub type halHostUnregister = unsafe extern "C" fn(
 ) -> ::core::ffi::c_int;
 #[doc = " The C signature of `halGetDeviceInfo`."]
 pub type halGetDeviceInfo = unsafe extern "C" fn(
-    devId: u64,
+    devId: u32,
     moduleType: i32,
     infoType: i32,
     value: *mut i64,
@@ -194,7 +194,7 @@ pub type halMemCtl = unsafe extern "C" fn(
 ) -> ::core::ffi::c_int;
 #[doc = " The C signature of `halGetDeviceInfoByBuff`."]
 pub type halGetDeviceInfoByBuff = unsafe extern "C" fn(
-    devId: u64,
+    devId: u32,
     moduleType: i32,
     infoType: i32,
     buf: *mut ::core::ffi::c_void,
