@@ -207,17 +207,22 @@ pub fn build_id(elf: &[u8]) -> Option<&[u8]> {
     let phoff = usize::try_from(u64_at(elf, 0x20)?).ok()?;
     let phentsize = usize::try_from(u16_at(elf, 0x36)?).ok()?;
     let phnum = usize::try_from(u16_at(elf, 0x38)?).ok()?;
-    if phentsize < 56 {
+    // The whole header table must lie inside the object, as the dispatcher requires: a table
+    // running past the end is no build-id, even if an early header holds one.
+    let table_fits =
+        elf.len().checked_sub(phoff).is_some_and(|rest| phnum <= rest / phentsize.max(1));
+    if phentsize < 56 || !table_fits {
         return None;
     }
     for i in 0..phnum {
-        let ph = phoff.checked_add(i.checked_mul(phentsize)?)?;
+        let ph = phoff + i * phentsize;
         if u32_at(elf, ph)? != 4 {
             continue;
         }
-        let off = usize::try_from(u64_at(elf, ph.checked_add(0x08)?)?).ok()?;
-        let size = usize::try_from(u64_at(elf, ph.checked_add(0x20)?)?).ok()?;
-        let Some(notes) = elf.get(off..off.checked_add(size)?) else { continue };
+        let off = usize::try_from(u64_at(elf, ph + 0x08)?).ok()?;
+        let size = usize::try_from(u64_at(elf, ph + 0x20)?).ok()?;
+        // A segment outside the object is skipped, as the dispatcher skips it.
+        let Some(notes) = off.checked_add(size).and_then(|end| elf.get(off..end)) else { continue };
         let mut pos = 0usize;
         while notes.len() - pos >= 12 {
             let namesz = usize::try_from(u32_at(notes, pos)?).ok()?;

@@ -225,3 +225,40 @@ fn a_real_shared_object_is_named_by_its_linker_build_id_on_both_sides() {
     assert_eq!(d.install_program(&program, 0), DispatchCode::Ok);
     assert_eq!(d.files(), [installed_name(fingerprint(&program), 0)]);
 }
+
+/// An ELF64 image with two PT_NOTE headers: the first names a segment whose end overflows, the
+/// second a GNU build-id.
+fn elf_with_an_overflowing_note_first(id: &[u8]) -> Vec<u8> {
+    let one = elf_with_build_id(id, b"");
+    let note = &one[64 + 56..];
+    let mut b = vec![0u8; 64 + 2 * 56];
+    b[..64].copy_from_slice(&one[..64]);
+    b[0x38..0x3a].copy_from_slice(&2u16.to_le_bytes());
+    let (first, second) = (64, 64 + 56);
+    b[first..first + 4].copy_from_slice(&4u32.to_le_bytes());
+    b[first + 8..first + 16].copy_from_slice(&(u64::MAX - 3).to_le_bytes());
+    b[first + 0x20..first + 0x28].copy_from_slice(&16u64.to_le_bytes());
+    b[second..second + 4].copy_from_slice(&4u32.to_le_bytes());
+    let note_off = b.len() as u64;
+    b[second + 8..second + 16].copy_from_slice(&note_off.to_le_bytes());
+    b[second + 0x20..second + 0x28].copy_from_slice(&(note.len() as u64).to_le_bytes());
+    b.extend_from_slice(note);
+    b
+}
+
+#[test]
+fn malformed_header_tables_get_the_same_fingerprint_on_both_sides() {
+    // A header table running past the end: no build-id on either side, even though its first
+    // header holds one.
+    let mut past_the_end = elf_with_build_id(&[4; 20], b"");
+    past_the_end[0x38..0x3a].copy_from_slice(&1000u16.to_le_bytes());
+    let overflowing_first = elf_with_an_overflowing_note_first(&[5; 20]);
+    assert_eq!(build_id(&past_the_end), None);
+    assert_eq!(build_id(&overflowing_first), Some(&[5u8; 20][..]), "the bad segment is skipped");
+    for program in [past_the_end, overflowing_first] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = Dispatcher::build(dir.path());
+        assert_eq!(d.install_program(&program, 0), DispatchCode::Ok);
+        assert_eq!(d.files(), [installed_name(fingerprint(&program), 0)]);
+    }
+}
