@@ -322,6 +322,9 @@ fn every_named_code_has_a_name_and_meaning_and_unknown_codes_say_so() {
         assert_eq!(simpler_acl_sys::error_name(*code), (*name, *meaning));
     }
     assert!(simpler_acl_sys::error_name(507899).1.contains("symptom of an earlier"));
+    // The codes a bad device id or a thread with no device bound get.
+    assert_eq!(simpler_acl_sys::error_name(107001).0, "ACL_ERROR_RT_INVALID_DEVICEID");
+    assert_eq!(simpler_acl_sys::error_name(107002).0, "ACL_ERROR_RT_CONTEXT_NULL");
     let err = simpler_acl_sys::AclError::new("rtMalloc", 12345, None);
     assert_eq!(err.to_string(), "rtMalloc: 12345 UNKNOWN (a code simpler has no name for)");
 }
