@@ -221,6 +221,9 @@ fn host_probe<R>(f: impl FnOnce(&Probe<'_>) -> R) -> R {
     f(&Probe { var: &var, exists: &exists, dev_entries: &dev_entries, sysroot })
 }
 
+/// The most devices one range of `--device` may name (far more than a server holds).
+const MAX_LISTED_DEVICES: u32 = 256;
+
 /// Devices named by `--device`: `0`, `0-3` or `0,2` (ascending, no repeats).
 pub fn parse_devices(spec: &str) -> Result<Vec<u32>, String> {
     let bad =
@@ -234,6 +237,11 @@ pub fn parse_devices(spec: &str) -> Result<Vec<u32>, String> {
                 if a > b {
                     return Err(bad());
                 }
+                if b - a >= MAX_LISTED_DEVICES {
+                    return Err(format!(
+                        "--device `{spec}`: a range of more than {MAX_LISTED_DEVICES} devices"
+                    ));
+                }
                 (a..=b).collect::<Vec<_>>()
             }
             None => vec![part.parse().map_err(|_| bad())?],
@@ -245,6 +253,11 @@ pub fn parse_devices(spec: &str) -> Result<Vec<u32>, String> {
         return Err(format!("--device `{spec}` names a device twice"));
     }
     Ok(out)
+}
+
+/// The devices of `listed` that are not among `visible`.
+fn not_visible(listed: &[u32], visible: &[u32]) -> Vec<u32> {
+    listed.iter().copied().filter(|d| !visible.contains(d)).collect()
 }
 
 /// Which devices a batch runs on.
@@ -423,6 +436,17 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
              covers everything that runs without one"
         );
         return ExitCode::from(EXIT_ENVIRONMENT);
+    }
+    if let DeviceChoice::Listed(listed) = &devices {
+        let absent = not_visible(listed, &visible());
+        if !absent.is_empty() {
+            eprintln!(
+                "xtask onboard-test: device(s) {absent:?} named by --device have no /dev/davinci \
+                 node on this server (visible: {:?})",
+                visible()
+            );
+            return ExitCode::from(EXIT_ENVIRONMENT);
+        }
     }
     let found = |what: &str| reqs.iter().find(|r| r.what == what).and_then(|r| r.found.clone());
     let smi = npu_smi.and_then(|r| r.found);
@@ -612,6 +636,9 @@ mod tests {
             assert!(parse_devices(bad).is_err(), "{bad}");
         }
         assert!(parse_devices("0,0-1").unwrap_err().contains("twice"));
+        assert!(parse_devices("0-255").is_ok());
+        assert!(parse_devices("0-4294967295").unwrap_err().contains("more than 256"));
+        assert_eq!(not_visible(&[0, 2, 7], &[0, 1, 2]), [7]);
     }
 
     #[test]
