@@ -382,6 +382,7 @@ fn emit(
     let mut fields = Vec::new();
     let mut table = Vec::new();
     let mut required = Vec::new();
+    let mut named = Vec::new();
     for f in &list.function {
         let sig = by_name[f.name.as_str()];
         let name = format_ident!("{}", f.name);
@@ -402,6 +403,10 @@ fn emit(
         table.push(quote! {
             #cfg
             FunctionInfo { name: #name_str, library: Library::#library, required: #is_required },
+        });
+        named.push(quote! {
+            #cfg
+            #name_str => Some(cann.resolve(&self.#name, Library::#library, #name_str).map(|_| ())),
         });
         if f.required {
             required.push(quote! {
@@ -434,6 +439,18 @@ fn emit(
                 let mut missing = Vec::new();
                 #(#required)*
                 missing
+            }
+
+            /// Resolves the listed function `name`; `None` for a name the list does not have.
+            pub(crate) fn resolve_named(
+                &self,
+                cann: &Cann,
+                name: &str,
+            ) -> Option<Result<(), LoadError>> {
+                match name {
+                    #(#named)*
+                    _ => None,
+                }
             }
         }
     };

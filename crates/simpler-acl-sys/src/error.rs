@@ -37,7 +37,15 @@ pub enum LoadError {
         /// `dlerror` of the lookup.
         error: String,
     },
-    /// [`Cann::probe`](crate::Cann::probe) found required functions missing: every one of them.
+    /// [`Cann::require`](crate::Cann::require) was asked for a function this crate does not
+    /// bind.
+    #[error("{symbol} is not a function simpler binds")]
+    Unlisted {
+        /// The name asked for.
+        symbol: String,
+    },
+    /// [`Cann::probe`](crate::Cann::probe) or [`Cann::require`](crate::Cann::require) found
+    /// functions missing: every one of them.
     #[error("CANN is incomplete: {}", missing_list(.missing))]
     Incomplete {
         /// One entry per missing library (once) or symbol.

@@ -495,6 +495,30 @@ impl Cann {
         Ok(Probe { libraries, version: self.version() })
     }
 
+    /// Resolves the functions `names` now, opening their libraries: for optional functions a
+    /// feature cannot do without, so that a missing one refuses the feature at its start instead
+    /// of failing its first call.
+    ///
+    /// # Errors
+    ///
+    /// [`LoadError::Incomplete`] with one entry per missing library (once), missing symbol, or
+    /// name this crate does not bind ([`LoadError::Unlisted`]).
+    pub fn require(&self, names: &[&str]) -> Result<(), LoadError> {
+        let mut missing: Vec<LoadError> = Vec::new();
+        for name in names {
+            let resolved = self
+                .slots
+                .resolve_named(self, name)
+                .unwrap_or_else(|| Err(LoadError::Unlisted { symbol: (*name).to_owned() }));
+            if let Err(e) = resolved
+                && !missing.contains(&e)
+            {
+                missing.push(e);
+            }
+        }
+        if missing.is_empty() { Ok(()) } else { Err(LoadError::Incomplete { missing }) }
+    }
+
     /// The version `aclrtGetVersion` reports, or `None` when it is not exported or fails.
     pub fn version(&self) -> Option<CannVersion> {
         let (mut major, mut minor, mut patch) = (0, 0, 0);

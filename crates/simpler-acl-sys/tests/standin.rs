@@ -232,6 +232,16 @@ fn libraries_open_on_first_use_and_a_missing_symbol_fails_only_its_call() {
     assert_eq!(unsafe { cann.aclInit(ptr::null()) }, Ok(0));
     // Probe succeeds: the missing function is optional.
     assert!(cann.probe().is_ok());
+    // A feature that needs it asks for it by name and gets every problem at once.
+    assert_eq!(cann.require(&["aclInit", "aclrtSetDevice"]), Ok(()));
+    let Err(LoadError::Incomplete { missing }) =
+        cann.require(&["aclInit", "aclrtGetSocName", "noSuchFunction"])
+    else {
+        panic!("missing functions were not reported")
+    };
+    assert_eq!(missing.len(), 2, "{missing:?}");
+    assert_eq!(missing[0], err);
+    assert_eq!(missing[1], LoadError::Unlisted { symbol: "noSuchFunction".into() });
 }
 
 #[test]

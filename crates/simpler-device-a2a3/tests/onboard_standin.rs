@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use common::standin::{
     AddRun, Onboard, STREAM_SYNC_MS, add_callable_with, add_object_callable, count, names, position,
 };
+use simpler_acl_sys::LoadError;
 use simpler_acl_sys::standin::{Call, FakeInstall};
 use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{
@@ -813,6 +814,31 @@ fn both_streams_stop_on_failure() {
         .collect();
     assert_eq!(modes, [(Some(aicpu), Some(1)), (Some(aicore), Some(1))], "{:?}", names(&log));
     drop(r);
+}
+
+#[test]
+fn device_queueing_on_a_cann_without_events_is_refused_at_attach_as_a_load_failure() {
+    let b =
+        Onboard::from_install(FakeInstall::standard_omitting(Some("aclrtRecordEvent")).unwrap());
+    let err = DeviceRunner::attach(b.options(0).with_device_queue(true)).unwrap_err();
+    match &err {
+        DeviceError::Load { source } => match &**source {
+            LoadError::Incomplete { missing } => match missing.as_slice() {
+                [LoadError::Symbol { symbol: "aclrtRecordEvent", .. }] => {}
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        },
+        e => panic!("{e}"),
+    }
+    assert!(b.log().iter().all(|c| c.func != "rtSetDevice"), "refused before any device call");
+    // Without queueing nothing needs events: the runner attaches and runs.
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    let run = RunId::from_raw(1).unwrap();
+    r.run(&RunRequest::new(run, slot, &v.args, &CallConfig::default())).unwrap();
+    r.finalize().unwrap();
 }
 
 #[test]

@@ -503,4 +503,228 @@ impl Slots {
         }
         missing
     }
+    #[doc = r" Resolves the listed function `name`; `None` for a name the list does not have."]
+    pub(crate) fn resolve_named(&self, cann: &Cann, name: &str) -> Option<Result<(), LoadError>> {
+        match name {
+            "aclInit" => Some(cann.resolve(&self.aclInit, Library::Acl, "aclInit").map(|_| ())),
+            "aclFinalize" => {
+                Some(cann.resolve(&self.aclFinalize, Library::Acl, "aclFinalize").map(|_| ()))
+            }
+            "aclrtSetDevice" => {
+                Some(cann.resolve(&self.aclrtSetDevice, Library::Acl, "aclrtSetDevice").map(|_| ()))
+            }
+            "aclrtResetDevice" => Some(
+                cann.resolve(&self.aclrtResetDevice, Library::Acl, "aclrtResetDevice").map(|_| ()),
+            ),
+            "aclrtResetDeviceForce" => Some(
+                cann.resolve(&self.aclrtResetDeviceForce, Library::Acl, "aclrtResetDeviceForce")
+                    .map(|_| ()),
+            ),
+            "aclrtSetOpExecuteTimeOutV2" => Some(
+                cann.resolve(
+                    &self.aclrtSetOpExecuteTimeOutV2,
+                    Library::Acl,
+                    "aclrtSetOpExecuteTimeOutV2",
+                )
+                .map(|_| ()),
+            ),
+            "aclrtGetStreamResLimit" => Some(
+                cann.resolve(&self.aclrtGetStreamResLimit, Library::Acl, "aclrtGetStreamResLimit")
+                    .map(|_| ()),
+            ),
+            "aclrtCreateStream" => Some(
+                cann.resolve(&self.aclrtCreateStream, Library::Acl, "aclrtCreateStream")
+                    .map(|_| ()),
+            ),
+            "aclrtDestroyStream" => Some(
+                cann.resolve(&self.aclrtDestroyStream, Library::Acl, "aclrtDestroyStream")
+                    .map(|_| ()),
+            ),
+            "aclrtSynchronizeStream" => Some(
+                cann.resolve(&self.aclrtSynchronizeStream, Library::Acl, "aclrtSynchronizeStream")
+                    .map(|_| ()),
+            ),
+            "aclrtSynchronizeStreamWithTimeout" => Some(
+                cann.resolve(
+                    &self.aclrtSynchronizeStreamWithTimeout,
+                    Library::Acl,
+                    "aclrtSynchronizeStreamWithTimeout",
+                )
+                .map(|_| ()),
+            ),
+            "aclrtSynchronizeDeviceWithTimeout" => Some(
+                cann.resolve(
+                    &self.aclrtSynchronizeDeviceWithTimeout,
+                    Library::Acl,
+                    "aclrtSynchronizeDeviceWithTimeout",
+                )
+                .map(|_| ()),
+            ),
+            "aclrtMalloc" => {
+                Some(cann.resolve(&self.aclrtMalloc, Library::Acl, "aclrtMalloc").map(|_| ()))
+            }
+            "aclrtFree" => {
+                Some(cann.resolve(&self.aclrtFree, Library::Acl, "aclrtFree").map(|_| ()))
+            }
+            "aclrtMemcpy" => {
+                Some(cann.resolve(&self.aclrtMemcpy, Library::Acl, "aclrtMemcpy").map(|_| ()))
+            }
+            "aclrtMemset" => {
+                Some(cann.resolve(&self.aclrtMemset, Library::Acl, "aclrtMemset").map(|_| ()))
+            }
+            "aclGetRecentErrMsg" => Some(
+                cann.resolve(&self.aclGetRecentErrMsg, Library::Acl, "aclGetRecentErrMsg")
+                    .map(|_| ()),
+            ),
+            "aclrtGetDevice" => {
+                Some(cann.resolve(&self.aclrtGetDevice, Library::Acl, "aclrtGetDevice").map(|_| ()))
+            }
+            "aclrtGetDeviceCount" => Some(
+                cann.resolve(&self.aclrtGetDeviceCount, Library::Acl, "aclrtGetDeviceCount")
+                    .map(|_| ()),
+            ),
+            "aclrtGetSocName" => Some(
+                cann.resolve(&self.aclrtGetSocName, Library::Acl, "aclrtGetSocName").map(|_| ()),
+            ),
+            "aclrtGetVersion" => Some(
+                cann.resolve(&self.aclrtGetVersion, Library::Acl, "aclrtGetVersion").map(|_| ()),
+            ),
+            "aclrtCreateEvent" => Some(
+                cann.resolve(&self.aclrtCreateEvent, Library::Acl, "aclrtCreateEvent").map(|_| ()),
+            ),
+            "aclrtDestroyEvent" => Some(
+                cann.resolve(&self.aclrtDestroyEvent, Library::Acl, "aclrtDestroyEvent")
+                    .map(|_| ()),
+            ),
+            "aclrtRecordEvent" => Some(
+                cann.resolve(&self.aclrtRecordEvent, Library::Acl, "aclrtRecordEvent").map(|_| ()),
+            ),
+            "aclrtQueryEventStatus" => Some(
+                cann.resolve(&self.aclrtQueryEventStatus, Library::Acl, "aclrtQueryEventStatus")
+                    .map(|_| ()),
+            ),
+            "aclrtSynchronizeEventWithTimeout" => Some(
+                cann.resolve(
+                    &self.aclrtSynchronizeEventWithTimeout,
+                    Library::Acl,
+                    "aclrtSynchronizeEventWithTimeout",
+                )
+                .map(|_| ()),
+            ),
+            "aclrtStreamWaitEvent" => Some(
+                cann.resolve(&self.aclrtStreamWaitEvent, Library::Acl, "aclrtStreamWaitEvent")
+                    .map(|_| ()),
+            ),
+            "aclrtSetStreamFailureMode" => Some(
+                cann.resolve(
+                    &self.aclrtSetStreamFailureMode,
+                    Library::Acl,
+                    "aclrtSetStreamFailureMode",
+                )
+                .map(|_| ()),
+            ),
+            "rtSetDevice" => {
+                Some(cann.resolve(&self.rtSetDevice, Library::Runtime, "rtSetDevice").map(|_| ()))
+            }
+            "rtDeviceReset" => Some(
+                cann.resolve(&self.rtDeviceReset, Library::Runtime, "rtDeviceReset").map(|_| ()),
+            ),
+            "rtStreamCreate" => Some(
+                cann.resolve(&self.rtStreamCreate, Library::Runtime, "rtStreamCreate").map(|_| ()),
+            ),
+            "rtStreamDestroy" => Some(
+                cann.resolve(&self.rtStreamDestroy, Library::Runtime, "rtStreamDestroy")
+                    .map(|_| ()),
+            ),
+            "rtMalloc" => {
+                Some(cann.resolve(&self.rtMalloc, Library::Runtime, "rtMalloc").map(|_| ()))
+            }
+            "rtFree" => Some(cann.resolve(&self.rtFree, Library::Runtime, "rtFree").map(|_| ())),
+            "rtMemcpy" => {
+                Some(cann.resolve(&self.rtMemcpy, Library::Runtime, "rtMemcpy").map(|_| ()))
+            }
+            "rtRegisterAllKernel" => Some(
+                cann.resolve(&self.rtRegisterAllKernel, Library::Runtime, "rtRegisterAllKernel")
+                    .map(|_| ()),
+            ),
+            "rtKernelLaunchWithHandleV2" => Some(
+                cann.resolve(
+                    &self.rtKernelLaunchWithHandleV2,
+                    Library::Runtime,
+                    "rtKernelLaunchWithHandleV2",
+                )
+                .map(|_| ()),
+            ),
+            "rtGetC2cCtrlAddr" => Some(
+                cann.resolve(&self.rtGetC2cCtrlAddr, Library::Runtime, "rtGetC2cCtrlAddr")
+                    .map(|_| ()),
+            ),
+            "rtAicpuKernelLaunchExWithArgs" => Some(
+                cann.resolve(
+                    &self.rtAicpuKernelLaunchExWithArgs,
+                    Library::Runtime,
+                    "rtAicpuKernelLaunchExWithArgs",
+                )
+                .map(|_| ()),
+            ),
+            "rtsBinaryLoadFromFile" => Some(
+                cann.resolve(
+                    &self.rtsBinaryLoadFromFile,
+                    Library::Runtime,
+                    "rtsBinaryLoadFromFile",
+                )
+                .map(|_| ()),
+            ),
+            "rtsFuncGetByName" => Some(
+                cann.resolve(&self.rtsFuncGetByName, Library::Runtime, "rtsFuncGetByName")
+                    .map(|_| ()),
+            ),
+            "rtsLaunchCpuKernel" => Some(
+                cann.resolve(&self.rtsLaunchCpuKernel, Library::Runtime, "rtsLaunchCpuKernel")
+                    .map(|_| ()),
+            ),
+            "rtsBinaryUnload" => Some(
+                cann.resolve(&self.rtsBinaryUnload, Library::Runtime, "rtsBinaryUnload")
+                    .map(|_| ()),
+            ),
+            "halHostRegister" => Some(
+                cann.resolve(&self.halHostRegister, Library::Hal, "halHostRegister").map(|_| ()),
+            ),
+            "halHostUnregister" => Some(
+                cann.resolve(&self.halHostUnregister, Library::Hal, "halHostUnregister")
+                    .map(|_| ()),
+            ),
+            "halGetDeviceInfo" => Some(
+                cann.resolve(&self.halGetDeviceInfo, Library::Hal, "halGetDeviceInfo").map(|_| ()),
+            ),
+            "halMemCtl" => {
+                Some(cann.resolve(&self.halMemCtl, Library::Hal, "halMemCtl").map(|_| ()))
+            }
+            "halGetDeviceInfoByBuff" => Some(
+                cann.resolve(&self.halGetDeviceInfoByBuff, Library::Hal, "halGetDeviceInfoByBuff")
+                    .map(|_| ()),
+            ),
+            "dlog_setlevel" => {
+                Some(cann.resolve(&self.dlog_setlevel, Library::Dlog, "dlog_setlevel").map(|_| ()))
+            }
+            #[cfg(feature = "hccl")]
+            "HcclGetRootInfo" => Some(
+                cann.resolve(&self.HcclGetRootInfo, Library::Hccl, "HcclGetRootInfo").map(|_| ()),
+            ),
+            #[cfg(feature = "hccl")]
+            "HcclCommInitRootInfo" => Some(
+                cann.resolve(&self.HcclCommInitRootInfo, Library::Hccl, "HcclCommInitRootInfo")
+                    .map(|_| ()),
+            ),
+            #[cfg(feature = "hccl")]
+            "HcclBarrier" => {
+                Some(cann.resolve(&self.HcclBarrier, Library::Hccl, "HcclBarrier").map(|_| ()))
+            }
+            #[cfg(feature = "hccl")]
+            "HcclCommDestroy" => Some(
+                cann.resolve(&self.HcclCommDestroy, Library::Hccl, "HcclCommDestroy").map(|_| ()),
+            ),
+            _ => None,
+        }
+    }
 }

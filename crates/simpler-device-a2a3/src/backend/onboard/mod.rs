@@ -169,6 +169,18 @@ fn foreign_event() -> StreamFault {
     StreamFault::new(AclCode::INTERNAL_ERROR, "the event was not recorded by this device")
 }
 
+/// The functions device queueing calls that CANN may lack (events, and a stream that stops at
+/// its first failed task).
+const QUEUE_FUNCTIONS: [&str; 7] = [
+    "aclrtCreateEvent",
+    "aclrtDestroyEvent",
+    "aclrtRecordEvent",
+    "aclrtQueryEventStatus",
+    "aclrtSynchronizeEventWithTimeout",
+    "aclrtStreamWaitEvent",
+    "aclrtSetStreamFailureMode",
+];
+
 /// A CANN failure as a stream's sticky error, keeping the typed error.
 fn stream_fault(e: CannError) -> StreamFault {
     let mut fault = StreamFault::new(AclCode(code_of(&e)), e.to_string());
@@ -229,6 +241,12 @@ impl OnboardDevice {
             None => Arc::new(Cann::from_process_env()),
         };
         let probe = cann.probe().map_err(|e| DeviceError::Load { source: Box::new(e) })?;
+        if opts.device_queue {
+            // Optional in the list, needed by every queued run: missing, they would fail its
+            // launch as a device fault and poison a healthy device.
+            cann.require(&QUEUE_FUNCTIONS)
+                .map_err(|e| DeviceError::Load { source: Box::new(e) })?;
+        }
         if !probe.version_supported() {
             return Err(DeviceError::Init {
                 run_id: None,
