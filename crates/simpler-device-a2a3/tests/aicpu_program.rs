@@ -122,6 +122,25 @@ fn a_c_orchestration_loads_through_the_programs_register_entry_and_runs() {
 }
 
 #[test]
+fn a_native_orchestration_is_refused_under_the_built_program_as_on_the_device() {
+    use simpler_device_a2a3::{CallableProblem, RuntimeVariant};
+    let Some(path) = program() else { return };
+    // SAFETY: `SIMPLER_AICPU_PROGRAM` names the host build of this workspace's AICPU program.
+    let o =
+        unsafe { options_on(0, RuntimeVariant::TensormapAndRingbuffer).with_aicpu_program(path) };
+    let mut r = DeviceRunner::attach(o).unwrap();
+    // Host code the program would call across its own, separately compiled frames.
+    match r.register_callable(&vector_callable()) {
+        Err(DeviceError::InvalidCallable {
+            problem: CallableProblem::NativeOrchestrationOnDevice,
+            ..
+        }) => {}
+        other => panic!("expected NativeOrchestrationOnDevice, got {other:?}"),
+    }
+    r.finalize().unwrap();
+}
+
+#[test]
 fn two_runners_over_one_loaded_program_keep_their_orchestration_slots_apart() {
     use simpler_device_a2a3::RuntimeVariant;
     use simpler_onboard_programs::VECTOR_ORCHESTRATION;

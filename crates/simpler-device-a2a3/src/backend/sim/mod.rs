@@ -702,8 +702,10 @@ impl Backend for SimDevice {
 
     fn runs_native_device_orchestration(&self) -> bool {
         // The simulated AICPU threads run in this process, so a Rust orchestration's function
-        // pointer is callable there.
-        true
+        // pointer is callable there, but only by the simulator's own scheduler: the built AICPU
+        // program is a separate compilation (its types are not this crate's, and it aborts on
+        // panic, so an unwinding orchestration would cross its frames), as on the device.
+        self.shared.opts.aicpu_program.is_none()
     }
 
     fn load_orchestration(

@@ -234,8 +234,9 @@ pub(super) fn orchestrate<P: AicpuPlatform>(
         }))
     } else {
         let args = OrchArgs::new(&tensors[..n], &tags[..n], scalars);
-        // SAFETY: the host wrote the address of a `NativeOrchFn` of this program (the
-        // runtime's bind writes `ORCH_KIND_NATIVE` only for a `Native` orchestration).
+        // SAFETY: the host wrote the address of a `NativeOrchFn` of this build of the crate
+        // (the runtime's bind writes `ORCH_KIND_NATIVE` only for a `Native` orchestration, and
+        // a backend registers one only where this scheduler is the host's own, compiled in).
         let entry: NativeOrchFn =
             unsafe { core::mem::transmute::<usize, NativeOrchFn>(trb.orch_entry as usize) };
         std::panic::catch_unwind(AssertUnwindSafe(|| {
