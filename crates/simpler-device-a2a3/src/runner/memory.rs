@@ -529,3 +529,15 @@ impl Core {
         }
     }
 }
+
+/// The host copy of an image is kept for the slot's next run, unless it is larger than this:
+/// one run with an unusually large graph must not pin its image's host memory for good.
+pub(super) const KEEP_HOST_IMAGE_BYTES: usize = 64 << 20;
+
+/// Gives back a host image buffer larger than [`KEEP_HOST_IMAGE_BYTES`] once it was uploaded
+/// (or refused).
+pub(super) fn release_oversized(host_image: &mut Vec<u8>) {
+    if host_image.capacity() > KEEP_HOST_IMAGE_BYTES {
+        *host_image = Vec::new();
+    }
+}

@@ -572,10 +572,12 @@ impl Core {
         run.bound = Some(bound);
         // P14: upload the image (the slot's device copy is reused while it is large enough).
         let len = self.slots[s].res.host_image.len() as u64;
-        let image_addr = self.image_arena(s, run_id, len)?;
-        self.backend
-            .write(image_addr, &self.slots[s].res.host_image)
-            .map_err(|e| e.in_run(run_id))?;
+        let uploaded = self.image_arena(s, run_id, len).and_then(|addr| {
+            let written = self.backend.write(addr, &self.slots[s].res.host_image);
+            written.map(|()| addr).map_err(|e| e.in_run(run_id))
+        });
+        memory::release_oversized(&mut self.slots[s].res.host_image);
+        let image_addr = uploaded?;
         run.image_addr = image_addr;
         run.image_len = len;
         // P16: upload KernelArgs into the slot's block.

@@ -380,3 +380,43 @@ fn hash_bytes(bytes: &[u8]) -> u64 {
     bytes.hash(&mut h);
     h.finish()
 }
+
+/// 160 tasks of 65 536 blocks each: a ready-queue cell per block makes an image of about
+/// 80 MiB.
+fn many_blocks_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let mut a = simpler_types::CoreArgs::new();
+    a.add_inout(*args.tensor(0).unwrap()).unwrap();
+    for _ in 0..160 {
+        ctx.submit_blocks(crate::runtime::orch::Kernels::Aiv(0), &a, 1 << 16)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn the_host_copy_of_an_oversized_image_is_not_kept_for_the_next_run() {
+    // The device refuses the image's arena (64 MiB in all), after the host has built it.
+    let opts = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph).with_memory_limit(64 << 20);
+    let mut r = DeviceRunner::attach(opts).unwrap();
+    // SAFETY: `fill_ones` writes its one output tensor.
+    let fill = unsafe {
+        crate::callable::CoreCallable::native(vec![crate::callable::ArgDirection::Out], fill_ones)
+    };
+    let c = ChipCallable::native(many_blocks_orch, |_| OrchConfig { expected_arg_count: 1 })
+        .kernel(0, fill)
+        .build()
+        .unwrap();
+    let slot = r.register_callable(&c).unwrap();
+    let p = r.malloc(4096).unwrap();
+    let t = Tensor::external(p.addr(), &[1024], simpler_types::DataType::Float32)
+        .unwrap()
+        .child_memory(true);
+    let mut args = TaskArgs::new();
+    args.add_inout(t).unwrap();
+    let err = r.run(&RunRequest::new(RunId::FIRST, slot, &args, &CallConfig::default()));
+    assert!(matches!(err, Err(DeviceError::OutOfMemory { .. })), "{err:?}");
+    let core = r.core.as_ref().unwrap();
+    let kept = core.slots.iter().map(|s| s.res.host_image.capacity()).max().unwrap();
+    assert!(kept <= memory::KEEP_HOST_IMAGE_BYTES, "{kept} bytes of host image kept");
+    r.free(p).unwrap();
+    r.finalize().unwrap();
+}

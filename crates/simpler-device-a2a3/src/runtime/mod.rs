@@ -38,6 +38,17 @@ use crate::runner::RunReport;
 
 pub(crate) use self::hbg::builder::{BuildEnv, HeapArena};
 
+/// `buf` cleared and zero-filled to an image of `len` bytes; `None` when the host cannot hold
+/// that many (the allocation is tried, not assumed, so an oversized image is refused rather
+/// than aborting the process).
+pub(crate) fn sized_image(buf: &mut Vec<u8>, len: u64) -> Option<&mut [u8]> {
+    let len = usize::try_from(len).ok()?;
+    buf.clear();
+    buf.try_reserve_exact(len).ok()?;
+    buf.resize(len, 0);
+    Some(buf.as_mut_slice())
+}
+
 /// A `DeviceObject` orchestration as the AICPU side loaded it at registration: the device
 /// addresses of its C entry and config functions.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

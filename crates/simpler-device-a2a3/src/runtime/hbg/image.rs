@@ -200,9 +200,7 @@ pub(crate) fn write_image(
         swimlane_capacity: inp.swimlane_capacity,
         aicpu_swimlane_capacity: inp.aicpu_swimlane_capacity,
     })?;
-    buf.clear();
-    buf.resize(usize::try_from(layout.len).ok()?, 0);
-    let b = buf.as_mut_slice();
+    let b = crate::runtime::sized_image(buf, layout.len)?;
 
     let header = frame_header(&layout, inp, HBG_IMAGE_MAGIC, task_count, edge_count);
     write_frame(b, &layout, &header, inp);

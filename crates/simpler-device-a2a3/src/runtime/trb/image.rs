@@ -74,9 +74,7 @@ pub(crate) fn write_image(
         swimlane_capacity: frame.swimlane_capacity,
         aicpu_swimlane_capacity: frame.aicpu_swimlane_capacity,
     })?;
-    buf.clear();
-    buf.resize(usize::try_from(layout.len).ok()?, 0);
-    let b = buf.as_mut_slice();
+    let b = crate::runtime::sized_image(buf, layout.len)?;
     let mut header = frame_header(&layout, frame, TRB_IMAGE_MAGIC, 0, 0);
     header.runtime_off = layout.args_off;
     write_frame(b, &layout, &header, frame);
