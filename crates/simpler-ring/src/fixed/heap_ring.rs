@@ -43,9 +43,10 @@ pub enum ReleaseOutcome {
     /// No record with that sequence number is in the FIFO (never issued, or already passed by
     /// the tail). Nothing changed.
     NotFound,
-    /// The record was already marked. Nothing changed.
+    /// The core had already marked the record (or accounted another agent's mark). Nothing
+    /// changed.
     AlreadyReleased,
-    /// The record was marked.
+    /// The record was marked, or another agent's mark of it was accounted now.
     Released {
         /// Bytes the slab held (its aligned length).
         len: u64,
@@ -146,26 +147,47 @@ impl<R: RecordStore> HeapRingCore<R> {
         let Some(record) = self.records.get_mut(position) else {
             return ReleaseOutcome::NotFound;
         };
-        if record.is_released() {
+        if record.accounted != 0 {
             return ReleaseOutcome::AlreadyReleased;
         }
         record.mark_released();
         let len = record.len;
         self.live_bytes -= len;
         self.live_allocs -= 1;
+        let (tail_moved, rewound) = self.advance_tail();
+        ReleaseOutcome::Released { len, tail_moved, rewound }
+    }
 
+    /// Advances the tail over the released records at the front of the FIFO and rewinds the
+    /// cursors if it drained: for a caller whose records another agent may mark released,
+    /// before it places a slab, so that such a mark at the front does not pin the tail until
+    /// the core's next release. Returns whether the tail moved.
+    pub fn collect_released(&mut self) -> bool {
+        self.advance_tail().0
+    }
+
+    /// Steps 4–5: pops released records off the front (taking out of the live counts any whose
+    /// release another agent wrote and the core has not accounted) and rewinds an empty FIFO.
+    /// Returns whether the tail moved, and whether it rewound.
+    fn advance_tail(&mut self) -> (bool, bool) {
         let tail_before = self.tail;
+        let mut popped = false;
         while let Some(front) = self.records.get(0).copied().filter(|r| r.is_released()) {
+            if front.accounted == 0 {
+                self.live_bytes -= front.len;
+                self.live_allocs -= 1;
+            }
             self.tail = front.end();
             self.records.pop_front();
+            popped = true;
         }
-        let rewound = self.records.is_empty();
+        let rewound = popped && self.records.is_empty();
         if rewound {
             self.top = 0;
             self.tail = 0;
             self.rewinds += 1;
         }
-        ReleaseOutcome::Released { len, tail_moved: self.tail != tail_before || rewound, rewound }
+        (self.tail != tail_before || rewound, rewound)
     }
 
     /// Rewinds an empty ring and zeroes its peaks; `false` (and no change) while records are
@@ -326,15 +348,40 @@ mod tests {
         let mut core = HeapRingCore::new(8 * K, FixedRecords::new(&mut slots)).unwrap();
         let a = place(&mut core, K, 1);
         let b = place(&mut core, K, 2);
-        // A device-side writer marks `b` with a byte other than 1.
+        // A device-side writer marks `b` with a byte other than 1; the core's own release of
+        // it then accounts it, once.
         core.records.get_mut(1).unwrap().released = 0x80;
+        assert_eq!(
+            core.mark_released(b.seq),
+            ReleaseOutcome::Released { len: K, tail_moved: false, rewound: false }
+        );
         assert_eq!(core.mark_released(b.seq), ReleaseOutcome::AlreadyReleased);
+        assert_eq!((core.live_bytes(), core.live_allocs()), (K, 1));
         // Releasing `a` lets the tail pass `b` too, which drains the ring.
         assert_eq!(
             core.mark_released(a.seq),
             ReleaseOutcome::Released { len: K, tail_moved: true, rewound: true }
         );
         assert!(core.records().is_empty());
+        assert_eq!((core.live_bytes(), core.live_allocs()), (0, 0));
+    }
+
+    #[test]
+    fn releases_another_agent_wrote_are_accounted_when_the_tail_passes_them() {
+        let mut slots = [HeapRecord::default(); 4];
+        let mut core = HeapRingCore::new(4 * K, FixedRecords::new(&mut slots)).unwrap();
+        let a = place(&mut core, 2 * K, 1);
+        place(&mut core, K, 2);
+        place(&mut core, K, 3);
+        assert_eq!(core.try_place(K), None, "full");
+        // Another agent releases `b` (second) and then `a` (the oldest), never telling the core.
+        core.records.get_mut(1).unwrap().released = 1;
+        core.records.get_mut(0).unwrap().released = 0xFF;
+        assert!(core.collect_released(), "the tail passes both");
+        assert_eq!((core.live_bytes(), core.live_allocs(), core.tail()), (K, 1, 3 * K));
+        assert!(core.try_place(2 * K).is_some(), "their space is free again");
+        assert_eq!(core.mark_released(a.seq), ReleaseOutcome::NotFound, "passed by the tail");
+        assert!(!core.collect_released(), "nothing more to pass");
     }
 
     #[test]

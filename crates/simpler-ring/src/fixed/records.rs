@@ -7,8 +7,8 @@ use bytemuck::{Pod, Zeroable};
 ///
 /// `repr(C)` plain data with no implicit padding ([`Pod`]), so a device runtime can keep an
 /// array of them in shared memory and copy them as bytes. The layout is fixed (checked at
-/// compile time): four `u64` fields at offsets 0, 8, 16 and 24, the `released` byte at 32, seven
-/// reserved bytes, 40 bytes in all with 8-byte alignment.
+/// compile time): four `u64` fields at offsets 0, 8, 16 and 24, the `released` byte at 32, the
+/// `accounted` byte at 33, six reserved bytes, 40 bytes in all with 8-byte alignment.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct HeapRecord {
@@ -25,8 +25,13 @@ pub struct HeapRecord {
     /// device-side writer may use whatever non-zero byte it likes. A byte rather than a `bool`
     /// because memory written by another agent may hold any value, which a `bool` must not.
     pub released: u8,
+    /// Written by the core alone: non-zero once it has taken the slab out of its live counts,
+    /// when it marks the slab released or first meets a release another agent wrote
+    /// ([`HeapRingCore::mark_released`](super::HeapRingCore::mark_released),
+    /// [`HeapRingCore::collect_released`](super::HeapRingCore::collect_released)).
+    pub accounted: u8,
     /// Explicit padding up to the 8-byte alignment: written as zero here, never read.
-    pub reserved: [u8; 7],
+    pub reserved: [u8; 6],
 }
 
 // The layout the struct docs promise, which a device-side definition must match.
@@ -39,13 +44,14 @@ const _: () = {
     assert!(offset_of!(HeapRecord, len) == 16);
     assert!(offset_of!(HeapRecord, owner) == 24);
     assert!(offset_of!(HeapRecord, released) == 32);
-    assert!(offset_of!(HeapRecord, reserved) == 33);
+    assert!(offset_of!(HeapRecord, accounted) == 33);
+    assert!(offset_of!(HeapRecord, reserved) == 34);
 };
 
 impl HeapRecord {
     /// A record of a slab that is not yet released.
     pub const fn new(seq: u64, offset: u64, len: u64, owner: u64) -> HeapRecord {
-        HeapRecord { seq, offset, len, owner, released: 0, reserved: [0; 7] }
+        HeapRecord { seq, offset, len, owner, released: 0, accounted: 0, reserved: [0; 6] }
     }
 
     /// Offset one past the slab's last byte.
@@ -58,9 +64,10 @@ impl HeapRecord {
         self.released != 0
     }
 
-    /// Marks the slab released.
+    /// Marks the slab released, and accounted by the core.
     pub fn mark_released(&mut self) {
         self.released = 1;
+        self.accounted = 1;
     }
 }
 
@@ -190,7 +197,7 @@ mod tests {
         let bytes = bytemuck::bytes_of(&record);
         assert_eq!(bytes.len(), 40);
         assert_eq!(bytes[24..32], 4_u64.to_ne_bytes());
-        assert_eq!(bytes[32..], [1, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(bytes[32..], [1, 1, 0, 0, 0, 0, 0, 0], "released, accounted, then padding");
         let copy: HeapRecord = bytemuck::pod_read_unaligned(bytes);
         assert_eq!(copy, record);
         assert_eq!(HeapRecord::zeroed(), HeapRecord::default());
