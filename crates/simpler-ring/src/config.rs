@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use simpler_types::{DEFAULT_ALLOC_TIMEOUT, DEFAULT_HEAP_RING_BYTES, HEAP_ALIGN, HEAP_RING_COUNT};
 
-use crate::error::RingError;
+use crate::error::{ConfigProblem, RingError};
 
 /// How a [`Ring`](crate::Ring) is sized and where its heaps live.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,54 +86,40 @@ impl HeapRegion {
 impl RingConfig {
     /// Checks every rule of the configuration; the error names the offending values.
     pub fn validate(&self) -> Result<(), RingError> {
-        let invalid = |reason: String| Err(RingError::InvalidConfig { reason });
+        let invalid = |problem: ConfigProblem| Err(RingError::InvalidConfig { problem });
         let size = self.heap_bytes_per_ring;
         if !size.is_multiple_of(HEAP_ALIGN) {
-            return invalid(format!(
-                "heap_bytes_per_ring = {size} is not a multiple of {HEAP_ALIGN}"
-            ));
+            return invalid(ConfigProblem::UnalignedHeapSize { size });
         }
         if size > isize::MAX as u64 {
-            return invalid(format!("heap_bytes_per_ring = {size} exceeds the address space"));
+            return invalid(ConfigProblem::HeapSizeTooLarge { size });
         }
         if self.max_live_slots == Some(0) {
-            return invalid("max_live_slots = Some(0) would refuse every allocation".to_string());
+            return invalid(ConfigProblem::ZeroLiveSlots);
         }
         if let HeapBacking::External(regions) = &self.backing {
             if size == 0 {
-                return invalid(
-                    "external heap regions given while heap_bytes_per_ring = 0 disables heaps"
-                        .to_string(),
-                );
+                return invalid(ConfigProblem::RegionsWithoutHeaps);
             }
             for (ring, r) in regions.iter().enumerate() {
                 if r.len != size {
-                    return invalid(format!(
-                        "heap region of ring {ring} is {} bytes long; it must equal heap_bytes_per_ring = {size}",
-                        r.len
-                    ));
+                    return invalid(ConfigProblem::RegionLength { ring, len: r.len, size });
                 }
                 if r.base == 0 || !r.base.is_multiple_of(HEAP_ALIGN) {
-                    return invalid(format!(
-                        "heap region of ring {ring} starts at {:#x}; it must be a non-zero multiple of {HEAP_ALIGN}",
-                        r.base
-                    ));
+                    return invalid(ConfigProblem::RegionBase { ring, base: r.base });
                 }
                 if r.base.checked_add(r.len).is_none() {
-                    return invalid(format!(
-                        "heap region of ring {ring} ({:#x} + {} bytes) wraps past the end of the address space",
-                        r.base, r.len
-                    ));
+                    return invalid(ConfigProblem::RegionWraps { ring, base: r.base, len: r.len });
                 }
             }
             for a in 0..HEAP_RING_COUNT {
                 for b in a + 1..HEAP_RING_COUNT {
                     let (ra, rb) = (regions[a], regions[b]);
                     if ra.base < rb.base + rb.len && rb.base < ra.base + ra.len {
-                        return invalid(format!(
-                            "heap regions of rings {a} ({:#x}, {} bytes) and {b} ({:#x}, {} bytes) overlap",
-                            ra.base, ra.len, rb.base, rb.len
-                        ));
+                        return invalid(ConfigProblem::RegionsOverlap {
+                            first: (a, ra.base, ra.len),
+                            second: (b, rb.base, rb.len),
+                        });
                     }
                 }
             }
@@ -162,9 +148,29 @@ mod tests {
 
     fn reason(config: &RingConfig) -> String {
         match config.validate() {
-            Err(RingError::InvalidConfig { reason }) => reason,
+            Err(RingError::InvalidConfig { problem }) => problem.to_string(),
             other => panic!("expected InvalidConfig, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn each_broken_rule_is_its_own_problem_with_its_values() {
+        let problem = |c: &RingConfig| match c.validate() {
+            Err(RingError::InvalidConfig { problem }) => problem,
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        };
+        let c = RingConfig { heap_bytes_per_ring: 1000, ..RingConfig::default() };
+        assert_eq!(problem(&c), ConfigProblem::UnalignedHeapSize { size: 1000 });
+        let c = RingConfig { max_live_slots: Some(0), ..RingConfig::default() };
+        assert_eq!(problem(&c), ConfigProblem::ZeroLiveSlots);
+        let k = 1 << 20;
+        let overlap = external([k, 2 * k, 2 * k + 1024, 6 * k], k);
+        assert_eq!(
+            problem(&overlap),
+            ConfigProblem::RegionsOverlap { first: (1, 2 * k, k), second: (2, 2 * k + 1024, k) }
+        );
+        let base = external([0, 2 * k, 4 * k, 6 * k], k);
+        assert_eq!(problem(&base), ConfigProblem::RegionBase { ring: 0, base: 0 });
     }
 
     #[test]

@@ -15,8 +15,8 @@ use simpler_types::{HEAP_RING_COUNT, RingIndex, SlotId};
 pub enum RingError {
     /// The configuration given to [`Ring::new`](crate::Ring::new) is unusable.
     InvalidConfig {
-        /// What is wrong, with the offending values.
-        reason: String,
+        /// Which rule it breaks, with the offending values.
+        problem: ConfigProblem,
     },
     /// Reserving the anonymous mapping behind a heap ring failed.
     HeapMapFailed {
@@ -150,14 +150,109 @@ impl fmt::Display for MapFailure {
     }
 }
 
+/// Which rule of a [`RingConfig`](crate::RingConfig) a configuration breaks
+/// ([`RingError::InvalidConfig`]), with the offending values; `Display` names the field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigProblem {
+    /// `heap_bytes_per_ring` is not a multiple of the heap alignment.
+    UnalignedHeapSize {
+        /// The configured size.
+        size: u64,
+    },
+    /// `heap_bytes_per_ring` is larger than the address space can hold.
+    HeapSizeTooLarge {
+        /// The configured size.
+        size: u64,
+    },
+    /// `max_live_slots = Some(0)`, which would refuse every allocation.
+    ZeroLiveSlots,
+    /// External heap regions were given while `heap_bytes_per_ring = 0` disables heaps.
+    RegionsWithoutHeaps,
+    /// An external region's length differs from `heap_bytes_per_ring`.
+    RegionLength {
+        /// The ring whose region it is.
+        ring: usize,
+        /// The region's length.
+        len: u64,
+        /// `heap_bytes_per_ring`.
+        size: u64,
+    },
+    /// An external region starts at 0 or off the heap alignment.
+    RegionBase {
+        /// The ring whose region it is.
+        ring: usize,
+        /// The region's base.
+        base: u64,
+    },
+    /// An external region runs past the end of the address space.
+    RegionWraps {
+        /// The ring whose region it is.
+        ring: usize,
+        /// The region's base.
+        base: u64,
+        /// The region's length.
+        len: u64,
+    },
+    /// Two external regions overlap.
+    RegionsOverlap {
+        /// The first ring and its region's base and length.
+        first: (usize, u64, u64),
+        /// The second ring and its region's base and length.
+        second: (usize, u64, u64),
+    },
+}
+
+impl fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use simpler_types::HEAP_ALIGN;
+        match *self {
+            ConfigProblem::UnalignedHeapSize { size } => {
+                write!(f, "heap_bytes_per_ring = {size} is not a multiple of {HEAP_ALIGN}")
+            }
+            ConfigProblem::HeapSizeTooLarge { size } => {
+                write!(f, "heap_bytes_per_ring = {size} exceeds the address space")
+            }
+            ConfigProblem::ZeroLiveSlots => {
+                f.write_str("max_live_slots = Some(0) would refuse every allocation")
+            }
+            ConfigProblem::RegionsWithoutHeaps => f.write_str(
+                "external heap regions given while heap_bytes_per_ring = 0 disables heaps",
+            ),
+            ConfigProblem::RegionLength { ring, len, size } => write!(
+                f,
+                "heap region of ring {ring} is {len} bytes long; it must equal \
+                 heap_bytes_per_ring = {size}"
+            ),
+            ConfigProblem::RegionBase { ring, base } => write!(
+                f,
+                "heap region of ring {ring} starts at {base:#x}; it must be a non-zero multiple \
+                 of {HEAP_ALIGN}"
+            ),
+            ConfigProblem::RegionWraps { ring, base, len } => write!(
+                f,
+                "heap region of ring {ring} ({base:#x} + {len} bytes) wraps past the end of the \
+                 address space"
+            ),
+            ConfigProblem::RegionsOverlap { first: (a, abase, alen), second: (b, bbase, blen) } => {
+                write!(
+                    f,
+                    "heap regions of rings {a} ({abase:#x}, {alen} bytes) and {b} ({bbase:#x}, \
+                     {blen} bytes) overlap"
+                )
+            }
+        }
+    }
+}
+
 /// [`RingError::facts`].
 struct Facts<'a>(&'a RingError);
 
 impl fmt::Display for Facts<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
-            RingError::InvalidConfig { reason } => {
-                write!(f, "invalid ring configuration: {reason}")
+            RingError::InvalidConfig { problem } => {
+                write!(f, "invalid ring configuration: {problem}")
             }
             RingError::HeapMapFailed { ring, bytes, cause } => {
                 write!(f, "could not map {bytes} bytes for heap {ring}: {cause}")

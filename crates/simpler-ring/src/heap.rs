@@ -21,7 +21,7 @@ use std::time::Instant;
 use simpler_types::{RingIndex, SlotId};
 
 use crate::config::HeapRegion;
-use crate::error::{HeapExhausted, MapFailure, RingError};
+use crate::error::{ConfigProblem, HeapExhausted, MapFailure, RingError};
 use crate::fixed::{HeapRecord, HeapRingCore, RecordStore, ReleaseOutcome};
 use crate::patience::Patience;
 use crate::ring::HeapSpan;
@@ -83,14 +83,10 @@ impl HeapRing {
         region: HeapRegion,
         mapping: Option<memmap2::MmapMut>,
     ) -> Result<Self, RingError> {
-        let core = HeapRingCore::new(region.len, VecDeque::new()).ok_or_else(|| {
-            RingError::InvalidConfig {
-                reason: format!(
-                    "heap {index} size {} is not a non-zero multiple of the heap alignment",
-                    region.len
-                ),
-            }
-        })?;
+        // `RingConfig::validate` refused a zero or unaligned size already.
+        let unaligned = ConfigProblem::UnalignedHeapSize { size: region.len };
+        let core = HeapRingCore::new(region.len, VecDeque::new())
+            .ok_or(RingError::InvalidConfig { problem: unaligned })?;
         Ok(HeapRing {
             index,
             region,

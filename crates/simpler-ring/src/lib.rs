@@ -43,7 +43,7 @@ mod sync;
 mod window;
 
 pub use config::{HeapBacking, HeapRegion, RingConfig};
-pub use error::{HeapExhausted, MapFailure, RingError};
+pub use error::{ConfigProblem, HeapExhausted, MapFailure, RingError};
 pub use ring::{Allocation, HeapSpan, RELEASE_BATCH, ReleaseBatch, Ring};
 pub use scope::ScopeStack;
 pub use stats::{HeapRingStats, RingStats, WindowStats};

@@ -188,21 +188,21 @@ impl<S: Default + Send + Sync> Ring<S> {
         let heaps = if config.heap_bytes_per_ring == 0 {
             None
         } else {
-            let mut rings = Vec::with_capacity(HEAP_RING_COUNT);
-            for index in RingIndex::all() {
-                rings.push(match &config.backing {
+            let ring = |depth: usize| {
+                let index = RingIndex::for_depth(depth);
+                match &config.backing {
                     HeapBacking::Anonymous => {
-                        HeapRing::map_anonymous(index, config.heap_bytes_per_ring)?
+                        HeapRing::map_anonymous(index, config.heap_bytes_per_ring)
                     }
                     HeapBacking::External(regions) => {
-                        HeapRing::new(index, regions[index.as_usize()], None)?
+                        HeapRing::new(index, regions[index.as_usize()], None)
                     }
-                });
-            }
-            let rings: [HeapRing; HEAP_RING_COUNT] = rings.try_into().map_err(|_| {
-                RingError::InvalidConfig { reason: "heap ring count mismatch".to_string() }
-            })?;
-            Some(rings)
+                }
+            };
+            // Depths 0..=3 select rings 0..=3, one each.
+            const _: () = assert!(HEAP_RING_COUNT == 4);
+            let [r0, r1, r2, r3] = [0, 1, 2, 3].map(ring);
+            Some([r0?, r1?, r2?, r3?])
         };
         Ok(Ring {
             window: Window::new(config.max_live_slots),
