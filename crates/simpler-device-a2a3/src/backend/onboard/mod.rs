@@ -901,12 +901,16 @@ impl Backend for OnboardDevice {
         // Only recover-or-mark-unusable drains with a budget: the runner is poisoned, also
         // when this thread cannot bind to drain (finalize must still force-reset).
         self.poison();
-        if self.bind().is_err() {
+        if let Err(e) = self.bind() {
+            tracing::warn!(device = self.ctx.device, error = %e, "cannot bind to drain the device");
             return false;
         }
         // SAFETY: plain integer argument.
         let ret = unsafe { self.ctx.cann.aclrtSynchronizeDeviceWithTimeout(ms(timeout)) };
-        self.ctx.check("aclrtSynchronizeDeviceWithTimeout", ret).is_ok()
+        self.ctx
+            .check("aclrtSynchronizeDeviceWithTimeout", ret)
+            .inspect_err(|e| tracing::warn!(device = self.ctx.device, error = %e, "drain failed"))
+            .is_ok()
     }
 
     fn take_faults(&self) -> Vec<CoreFault> {
