@@ -245,6 +245,14 @@ fn libraries_open_on_first_use_and_a_missing_symbol_fails_only_its_call() {
 }
 
 #[test]
+fn probe_does_not_require_functions_nothing_calls_yet() {
+    for symbol in ["rtGetC2cCtrlAddr", "halGetDeviceInfo"] {
+        let install = FakeInstall::standard_omitting(Some(symbol)).unwrap();
+        assert!(install.cann().probe().is_ok(), "{symbol}");
+    }
+}
+
+#[test]
 fn probe_reports_every_missing_required_symbol_and_library_at_once() {
     let mut install = FakeInstall::empty_omitting(Some("rtsLaunchCpuKernel")).unwrap();
     install.place(Library::Acl, "usr/local/Ascend/cann/lib64").unwrap();

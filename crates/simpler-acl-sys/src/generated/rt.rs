@@ -209,7 +209,7 @@ impl Cann {
         // SAFETY: `f` was resolved by its C name from the library that exports it and has the C signature of the project header; the library stays loaded while `self` lives, and the caller upholds the function's contract (see `# Safety`).
         Ok(unsafe { f(hdl, tilingKey, blockDim, argsInfo, smDesc, stm, cfgInfo) })
     }
-    #[doc = " `rtGetC2cCtrlAddr` from `libruntime.so` (required)."]
+    #[doc = " `rtGetC2cCtrlAddr` from `libruntime.so` (optional: resolved only when called)."]
     #[doc = r""]
     #[doc = r" The symbol is resolved on the first call and the result is kept."]
     #[doc = r""]

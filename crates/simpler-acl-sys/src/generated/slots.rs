@@ -335,7 +335,7 @@ pub const FUNCTIONS: &[FunctionInfo] = &[
     FunctionInfo { name: "rtMemcpy", library: Library::Runtime, required: true },
     FunctionInfo { name: "rtRegisterAllKernel", library: Library::Runtime, required: true },
     FunctionInfo { name: "rtKernelLaunchWithHandleV2", library: Library::Runtime, required: true },
-    FunctionInfo { name: "rtGetC2cCtrlAddr", library: Library::Runtime, required: true },
+    FunctionInfo { name: "rtGetC2cCtrlAddr", library: Library::Runtime, required: false },
     FunctionInfo {
         name: "rtAicpuKernelLaunchExWithArgs",
         library: Library::Runtime,
@@ -347,7 +347,7 @@ pub const FUNCTIONS: &[FunctionInfo] = &[
     FunctionInfo { name: "rtsBinaryUnload", library: Library::Runtime, required: true },
     FunctionInfo { name: "halHostRegister", library: Library::Hal, required: true },
     FunctionInfo { name: "halHostUnregister", library: Library::Hal, required: true },
-    FunctionInfo { name: "halGetDeviceInfo", library: Library::Hal, required: true },
+    FunctionInfo { name: "halGetDeviceInfo", library: Library::Hal, required: false },
     FunctionInfo { name: "halMemCtl", library: Library::Hal, required: true },
     FunctionInfo { name: "halGetDeviceInfoByBuff", library: Library::Hal, required: false },
     FunctionInfo { name: "dlog_setlevel", library: Library::Dlog, required: false },
@@ -463,9 +463,6 @@ impl Slots {
         ) {
             missing.push(e);
         }
-        if let Err(e) = cann.resolve(&self.rtGetC2cCtrlAddr, Library::Runtime, "rtGetC2cCtrlAddr") {
-            missing.push(e);
-        }
         if let Err(e) = cann.resolve(
             &self.rtAicpuKernelLaunchExWithArgs,
             Library::Runtime,
@@ -493,9 +490,6 @@ impl Slots {
             missing.push(e);
         }
         if let Err(e) = cann.resolve(&self.halHostUnregister, Library::Hal, "halHostUnregister") {
-            missing.push(e);
-        }
-        if let Err(e) = cann.resolve(&self.halGetDeviceInfo, Library::Hal, "halGetDeviceInfo") {
             missing.push(e);
         }
         if let Err(e) = cann.resolve(&self.halMemCtl, Library::Hal, "halMemCtl") {
