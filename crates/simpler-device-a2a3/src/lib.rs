@@ -91,6 +91,8 @@
 //! - `src/backend/onboard/mod.rs`: attach, stream, core-limit, launch, sync, drain and
 //!   register window calls, and the host-mapping offset.
 //! - `src/backend/onboard/reset.rs`: the finalize resets, soft and forced, and the probe.
+//! - `src/backend/onboard/events.rs`: taking a queued run's event out of its `ManuallyDrop`
+//!   once, in its drop.
 //! - `src/callable.rs`: the contracts of `SharedObjectKernel::new`,
 //!   `OrchestrationObject::new` and `CoreCallable::new` / `native`, which pair a kernel with a
 //!   signature (`unsafe fn`s).

@@ -8,11 +8,13 @@
 //! Finalize protocol (`shutdown`):
 //!
 //! 1. Bind the calling thread.
-//! 2. Destroy both streams without synchronising (a stream in its error state would wedge a
-//!    sync).
-//! 3. Unload the AICPU program; the AICore registration is never unregistered: its handle is
-//!    forgotten and its image stays alive.
-//! 4. Unregister every host mapping, then, on a healthy device, free every tracked allocation.
+//! 2. Unregister every host mapping.
+//! 3. Healthy device: destroy both streams without synchronising (a stream in its error state
+//!    would wedge a sync) and unload the AICPU program. A device step 6 force-resets leaves
+//!    both to that reset (a destroy may wait for a stuck launch's tasks, an unload would pull
+//!    its code). The AICore registration is never unregistered: its handle is forgotten and
+//!    its image stays alive.
+//! 4. On a healthy device, free every tracked allocation.
 //! 5. Healthy: one soft reset (`rtDeviceReset`) per bind the runner made, since CANN counts
 //!    binds and releases the device when the count is back to 0 (a reset with nothing bound
 //!    is refused; a runner whose bind never succeeded resets nothing).
@@ -30,6 +32,7 @@
 //!    finalizes it, if a session of the project initialised it.
 
 mod claim;
+mod events;
 mod manifest;
 mod memory;
 mod owners;
@@ -40,7 +43,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::mem::ManuallyDrop;
 use std::path::PathBuf;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -52,6 +55,7 @@ use simpler_acl_sys::types::{
 use simpler_acl_sys::{AclHold, Cann, Error as CannError};
 
 use self::claim::DeviceClaim;
+use self::events::{OnboardEvent, QUEUE_FUNCTIONS, foreign_event};
 pub use self::manifest::ENV_ONBOARD_ARTIFACTS;
 use self::memory::{Allocation, Allocations, KernelText};
 use self::owners::{DeviceBuffer, Event, HostMapping, Stream, code_of};
@@ -59,8 +63,8 @@ use self::programs::{AicoreBinary, Loaded};
 use self::reset::{Binds, SharedBinds, bind_for};
 use super::orch_object::{self, RegisterOp};
 use super::{
-    AllocFailure, Backend, EventHandle, EventState, EventStatus, LaunchHandle, LaunchState,
-    MemoryCounts, ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats,
+    AllocFailure, Backend, EventHandle, EventStatus, LaunchHandle, LaunchState, MemoryCounts,
+    ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats,
 };
 use crate::abi::codes::AclCode;
 use crate::abi::launch::InitArgs;
@@ -134,52 +138,6 @@ impl LaunchState for OnboardLaunch {
         0
     }
 }
-
-/// An event as the runner keeps it. CANN destroys an event in the calling thread's context,
-/// so dropping it binds the thread for its runner first; an event that cannot be destroyed in
-/// its context is left to the device's reset.
-#[derive(Debug)]
-struct OnboardEvent {
-    event: ManuallyDrop<Event>,
-    binds: Weak<Mutex<Binds>>,
-}
-
-impl Drop for OnboardEvent {
-    fn drop(&mut self) {
-        // SAFETY: taken once, here; the field is not used again.
-        let event = unsafe { ManuallyDrop::take(&mut self.event) };
-        let ctx = Arc::clone(event.ctx());
-        let mut event = Some(event);
-        reset::release_in_context(&ctx, &self.binds, || drop(event.take()));
-        // Not destroyed in its context: left to the device's reset.
-        if let Some(event) = event {
-            event.disown();
-        }
-    }
-}
-
-impl EventState for OnboardEvent {
-    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
-        self
-    }
-}
-
-/// What a call given an event another backend recorded answers.
-fn foreign_event() -> StreamFault {
-    StreamFault::new(AclCode::INTERNAL_ERROR, "the event was not recorded by this device")
-}
-
-/// The functions device queueing calls that CANN may lack (events, and a stream that stops at
-/// its first failed task).
-const QUEUE_FUNCTIONS: [&str; 7] = [
-    "aclrtCreateEvent",
-    "aclrtDestroyEvent",
-    "aclrtRecordEvent",
-    "aclrtQueryEventStatus",
-    "aclrtSynchronizeEventWithTimeout",
-    "aclrtStreamWaitEvent",
-    "aclrtSetStreamFailureMode",
-];
 
 /// A CANN failure as a stream's sticky error, keeping the typed error.
 fn stream_fault(e: CannError) -> StreamFault {
