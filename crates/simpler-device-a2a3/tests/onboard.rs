@@ -360,6 +360,17 @@ impl Program {
         if onboard_trb {
             return self.device_object_callable(kernels);
         }
+        if t == Target::Programs && runtime == RuntimeVariant::TensormapAndRingbuffer {
+            // The C orchestration, as on the chip: a simulator running the built AICPU program
+            // refuses a Native one, as the device does.
+            let (entry, config) = self.c_entry();
+            let orchestration = common::c_orchestration(entry, config);
+            let built = match self {
+                Program::Add => add::builder_with(orchestration).build(),
+                Program::Vector => vector::builder_with(orchestration).build(),
+            };
+            return built.expect("a valid callable");
+        }
         if t == Target::Programs {
             return match self {
                 Program::Add => add::callable().expect("a valid callable"),
@@ -381,10 +392,7 @@ impl Program {
     /// stand-in, which plays the register entry and loads nothing, takes that one).
     fn device_object_callable(self, kernels: &[(u32, Vec<ArgDirection>, &str)]) -> ChipCallable {
         use ArgDirection::{In, Out};
-        let (entry, config) = match self {
-            Program::Add => simpler_onboard_programs::ADD_ORCHESTRATION,
-            Program::Vector => simpler_onboard_programs::VECTOR_ORCHESTRATION,
-        };
+        let (entry, config) = self.c_entry();
         let bytes = code()
             .orchestrations
             .clone()
@@ -398,6 +406,14 @@ impl Program {
             .names(entry, config)
             .signature(vec![In, In, Out]);
         with_kernel_code(base, kernels)
+    }
+
+    /// The entry and config of the program's C orchestration.
+    fn c_entry(self) -> (&'static str, &'static str) {
+        match self {
+            Program::Add => simpler_onboard_programs::ADD_ORCHESTRATION,
+            Program::Vector => simpler_onboard_programs::VECTOR_ORCHESTRATION,
+        }
     }
 
     fn reference(self, a: &[f32], b: &[f32]) -> Vec<f32> {

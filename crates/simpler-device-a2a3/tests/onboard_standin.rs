@@ -454,35 +454,16 @@ fn a_failed_aicore_launch_drains_once_marks_unusable_and_never_launches_the_aicp
     assert_eq!(b.live(), [0; 5]);
 }
 
-/// A log sink for one test.
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("the log").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn a_recovery_drain_cann_refuses_is_logged_with_its_code() {
     let b = Onboard::new();
     let (mut r, slot, v, _) = prepared(&b);
     b.install.fail_call("rtKernelLaunchWithHandleV2", 1, 207_001).unwrap();
     b.install.fail_call("aclrtSynchronizeDeviceWithTimeout", 1, 507_899).unwrap();
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).finish();
-    tracing::subscriber::with_default(subscriber, || {
-        let cfg = CallConfig::default();
+    let cfg = CallConfig::default();
+    let text = common::logged(|| {
         r.run(&RunRequest::new(run_id(3), slot, &v.args, &cfg)).unwrap_err();
     });
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert!(
         text.contains("drain failed")
             && text.contains("aclrtSynchronizeDeviceWithTimeout")

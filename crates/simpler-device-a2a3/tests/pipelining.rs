@@ -586,21 +586,6 @@ fn unknown_func_orch(
     Ok(())
 }
 
-/// A writer for a `tracing` subscriber that keeps what is written.
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("the log").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn a_dropped_run_whose_device_latched_a_fault_is_logged_naming_the_run_and_the_fault() {
     use simpler_device_a2a3::{ArgDirection, ChipCallable, RuntimeVariant};
@@ -623,13 +608,9 @@ fn a_dropped_run_whose_device_latched_a_fault_is_logged_naming_the_run_and_the_f
     // The device ended the run; its handle goes without a reap, so no error carries the
     // fault: the next call cleans the run up and must log it.
     drop(active);
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).finish();
-    tracing::subscriber::with_default(subscriber, || {
+    let text = logged(|| {
         vector_once(&mut r, 2, &cfg);
     });
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert!(
         text.contains("WARN") && text.contains("run#1") && text.contains("2000"),
         "logged: {text:?}"

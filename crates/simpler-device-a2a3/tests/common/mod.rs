@@ -311,3 +311,27 @@ pub fn build_c_object(dir: &std::path::Path, name: &str, src: &str) -> Option<st
         }
     }
 }
+
+/// What `tracing` logs while `f` runs, as the `fmt` subscriber writes it.
+pub fn logged(f: impl FnOnce()) -> String {
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("the log").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).finish();
+    tracing::subscriber::with_default(subscriber, f);
+    let bytes = captured.0.lock().expect("the log").clone();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
