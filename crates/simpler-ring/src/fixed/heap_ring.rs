@@ -11,15 +11,19 @@
 //!    derived again, so no placement can overlap a live slab or leave the ring).
 //! 3. **Release.** [`HeapRingCore::mark_released`] marks the record with a given sequence number.
 //!    Records in the FIFO carry consecutive sequence numbers, so the lookup is one subtraction.
-//! 4. **Advance.** Still inside step 3: while the oldest record is marked, the tail moves to its
-//!    end and the record is dropped. A released slab behind an older live one frees nothing.
+//! 4. **Advance.** Still inside step 3, or on its own through
+//!    [`HeapRingCore::collect_released`]: while the oldest record is marked, the tail moves to
+//!    its end and the record is dropped (a mark another agent wrote directly is taken out of the
+//!    live counts here, once). A released slab behind an older live one frees nothing.
 //! 5. **Rewind on drain.** When step 4 empties the FIFO, `top = tail = 0`, so an empty ring can
 //!    always place a request of its full size.
 //!
-//! Invariants kept by these steps: the oldest record in the FIFO is never released (so it is the
-//! slab pinning the tail); `live_bytes` is the sum of unreleased lengths; records lie in
-//! `[tail, top)` (or the wrapped equivalent) in placement order; an empty FIFO means both cursors
-//! are 0.
+//! Invariants kept by these steps, when the core alone marks records: the oldest record in the
+//! FIFO is never released (so it is the slab pinning the tail); `live_bytes` is the sum of
+//! unreleased lengths; records lie in `[tail, top)` (or the wrapped equivalent) in placement
+//! order; an empty FIFO means both cursors are 0. When another agent also marks records (any
+//! non-zero `released` byte), the first two hold again after the next step 3 or 4: until then a
+//! record it marked may sit at the front, and stays counted as live.
 
 use simpler_types::HEAP_ALIGN;
 
@@ -151,6 +155,7 @@ impl<R: RecordStore> HeapRingCore<R> {
             return ReleaseOutcome::AlreadyReleased;
         }
         record.mark_released();
+        record.accounted = 1;
         let len = record.len;
         self.live_bytes -= len;
         self.live_allocs -= 1;
@@ -174,8 +179,11 @@ impl<R: RecordStore> HeapRingCore<R> {
         let mut popped = false;
         while let Some(front) = self.records.get(0).copied().filter(|r| r.is_released()) {
             if front.accounted == 0 {
-                self.live_bytes -= front.len;
-                self.live_allocs -= 1;
+                // Saturating: the record's bytes live in memory another agent may write, and a
+                // corrupted `accounted` byte must not wrap the counts.
+                debug_assert!(self.live_allocs > 0 && self.live_bytes >= front.len);
+                self.live_bytes = self.live_bytes.saturating_sub(front.len);
+                self.live_allocs = self.live_allocs.saturating_sub(1);
             }
             self.tail = front.end();
             self.records.pop_front();
@@ -209,7 +217,8 @@ impl<R: RecordStore> HeapRingCore<R> {
         self.peak_occupied_bytes = self.occupied_bytes();
     }
 
-    /// The oldest live record: the slab that pins the tail.
+    /// The oldest record: the slab that pins the tail (released only if another agent marked
+    /// it since the last step 3 or 4).
     pub fn oldest_live(&self) -> Option<&HeapRecord> {
         self.records.get(0)
     }
@@ -374,8 +383,9 @@ mod tests {
         place(&mut core, K, 2);
         place(&mut core, K, 3);
         assert_eq!(core.try_place(K), None, "full");
-        // Another agent releases `b` (second) and then `a` (the oldest), never telling the core.
-        core.records.get_mut(1).unwrap().released = 1;
+        // Another agent releases `b` (second) and then `a` (the oldest), never telling the core:
+        // through the record's own method, and by writing a byte.
+        core.records.get_mut(1).unwrap().mark_released();
         core.records.get_mut(0).unwrap().released = 0xFF;
         assert!(core.collect_released(), "the tail passes both");
         assert_eq!((core.live_bytes(), core.live_allocs(), core.tail()), (K, 1, 3 * K));

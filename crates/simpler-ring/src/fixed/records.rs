@@ -64,10 +64,10 @@ impl HeapRecord {
         self.released != 0
     }
 
-    /// Marks the slab released, and accounted by the core.
+    /// Marks the slab released (what another agent does; the core's own release also notes
+    /// that it accounted the slab).
     pub fn mark_released(&mut self) {
         self.released = 1;
-        self.accounted = 1;
     }
 }
 
@@ -194,6 +194,7 @@ mod tests {
     fn a_record_is_plain_bytes_in_the_documented_layout() {
         let mut record = HeapRecord::new(1, 2, 3, 4);
         record.mark_released();
+        record.accounted = 1;
         let bytes = bytemuck::bytes_of(&record);
         assert_eq!(bytes.len(), 40);
         assert_eq!(bytes[24..32], 4_u64.to_ne_bytes());
