@@ -57,6 +57,9 @@ struct WindowState {
     /// Reserved or published entries (reservations in flight included, so the cap holds).
     live: u32,
     peak_live: u32,
+    /// Counts resets of `peak_live`: a reservation's own `live` only counts toward the peak it
+    /// was taken under.
+    peak_epoch: u64,
     total_allocs: u64,
     waits: u64,
     timeouts: u64,
@@ -67,8 +70,11 @@ struct WindowState {
 pub(crate) struct Reservation {
     pub(crate) slot: SlotId,
     /// `live` right after this reservation counted itself: the peak it reached, which the
-    /// publish folds in (a later publish may see fewer live entries).
+    /// publish folds in (a later publish may see fewer live entries) unless the peaks were
+    /// reset in between.
     live: u32,
+    /// `peak_epoch` when it was taken.
+    epoch: u64,
 }
 
 /// What a winning release learned from the entry.
@@ -153,7 +159,7 @@ impl<S: Default> Window<S> {
             patience.waited += started.elapsed();
         }
         state.live += 1;
-        let live = state.live;
+        let (live, epoch) = (state.live, state.peak_epoch);
         if commit {
             state.peak_live = state.peak_live.max(live);
             state.total_allocs += 1;
@@ -175,7 +181,7 @@ impl<S: Default> Window<S> {
             }
         };
         let generation = self.generation(index).unwrap_or(1);
-        Ok(Reservation { slot: SlotId::new(index, generation), live })
+        Ok(Reservation { slot: SlotId::new(index, generation), live, epoch })
     }
 
     /// `true` while the table has room for another `u32`-indexed entry.
@@ -187,7 +193,8 @@ impl<S: Default> Window<S> {
     pub(crate) fn publish(&self, r: Reservation, heap: Option<(RingIndex, u64)>, committed: bool) {
         if !committed {
             let mut state = self.state.lock();
-            state.peak_live = state.peak_live.max(state.live).max(r.live);
+            let reserved = if r.epoch == state.peak_epoch { r.live } else { 0 };
+            state.peak_live = state.peak_live.max(state.live).max(reserved);
             state.total_allocs += 1;
         }
         let Some(entry) = self.entries.get(r.slot.index as usize) else {
@@ -270,12 +277,14 @@ impl<S: Default> Window<S> {
             return Err(state.live);
         }
         state.peak_live = 0;
+        state.peak_epoch += 1;
         Ok(())
     }
 
     pub(crate) fn reset_peaks(&self) {
         let mut state = self.state.lock();
         state.peak_live = state.live;
+        state.peak_epoch += 1;
     }
 
     /// Wakes every window waiter; they observe the shutdown flag under the lock.

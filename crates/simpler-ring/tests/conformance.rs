@@ -400,10 +400,27 @@ fn the_window_peak_counts_a_slab_allocation_from_its_reservation_not_its_publish
             assert!(ring.release(*id));
         }
         assert!(ring.release(full.slot));
+        let first = waiter.join().unwrap().unwrap();
+        assert!(ring.release(first.slot));
+    });
+    let w = ring.stats().window;
+    assert_eq!((w.live, w.peak_live), (0, 4), "four entries were live at once");
+
+    // A reset of the peaks while such an allocation waits forgets what came before it.
+    let full = ring.alloc(RING, 0).unwrap();
+    let others: Vec<_> = (0..2).map(|_| ring.alloc(0, 0).unwrap().slot).collect();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| ring.alloc(K, 0));
+        eventually("the allocation to block", || ring.stats().heaps[0].waits == 2);
+        for id in &others {
+            assert!(ring.release(*id));
+        }
+        ring.reset_peaks();
+        assert!(ring.release(full.slot));
         waiter.join().unwrap().unwrap();
     });
     let w = ring.stats().window;
-    assert_eq!((w.live, w.peak_live), (1, 4), "four entries were live at once");
+    assert_eq!(w.peak_live, 2, "live at the reset: the waiter's entry and the full slab's");
 }
 
 #[test]
