@@ -186,8 +186,9 @@ impl Core {
 
     /// Where `c`'s orchestration runs under this runner's runtime: host_build_graph runs a
     /// `Native` one on the host; tensormap_and_ringbuffer runs a `Native` one on the AICPU
-    /// where the backend can call host code (the simulator), and has the backend load a
-    /// `DeviceObject` there (`code` keeps it loaded).
+    /// where the backend can call host code (the simulator with its compiled-in scheduler, not
+    /// with the built AICPU program), and has the backend load a `DeviceObject` there (`code`
+    /// keeps it loaded).
     fn load_orchestration(
         &mut self,
         slot: usize,

@@ -558,6 +558,10 @@ impl Core {
             // pooled arena, so the retry starts from free device memory.
             self.release_arenas(s);
         }
+        if ahead_failed.is_some() || bound.is_err() {
+            // No upload follows: an oversized image is given back now, as after one.
+            memory::release_oversized(&mut self.slots[s].res.host_image);
+        }
         if let Some(failed) = ahead_failed {
             return Err(self.abandoned_behind_failed_wait(run_id, failed));
         }
