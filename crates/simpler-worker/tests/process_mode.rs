@@ -268,6 +268,58 @@ fn an_aborted_child_restarts_on_next_use_when_so_configured() {
     assert!(!exists(first) && !exists(second));
 }
 
+/// Kills chip `chip`'s process and waits until it can be reaped.
+fn kill_idle_child(w: &Worker, chip: WorkerId) -> u32 {
+    use rustix::process::{WaitId, WaitIdOptions};
+    let pid = w.chip_process_id(chip).unwrap().expect("pid");
+    let target = rustix::process::Pid::from_raw(pid as i32).expect("a pid");
+    rustix::process::kill_process(target, rustix::process::Signal::KILL).expect("kill");
+    let peek = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+    let began = std::time::Instant::now();
+    while !rustix::process::waitid(WaitId::Pid(target), peek).is_ok_and(|s| s.is_some()) {
+        assert!(began.elapsed() < Duration::from_secs(30), "the killed child never ended");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    pid
+}
+
+#[test]
+fn a_child_that_died_while_idle_is_restarted_by_the_next_use_not_failed_by_it() {
+    let _serial = serial();
+    let mut b = process_host(&[0], options().on_child_death(OnChildDeath::Restart));
+    let h = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let first = kill_idle_child(&w, WorkerId(0));
+    // The first use after the death restarts the process: its allocation, then the run.
+    let (args, f) = inputs(&w, WorkerId(0));
+    w.run(on_chip(h, args, WorkerId(0))).expect("the next use restarts the chip");
+    assert_eq!(result(&w, WorkerId(0), &f), expected());
+    assert_ne!(w.chip_process_id(WorkerId(0)).unwrap(), Some(first));
+    w.close().expect("close");
+}
+
+#[test]
+fn a_child_that_died_while_idle_fails_the_next_call_as_ended_between_requests() {
+    let _serial = serial();
+    let mut b = process_host(&[0], options());
+    let h = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let (args, _) = inputs(&w, WorkerId(0));
+    let pid = kill_idle_child(&w, WorkerId(0));
+    let e = w.submit(on_chip(h, args, WorkerId(0))).unwrap().wait().expect_err("dead chip");
+    match child_error(&e) {
+        Some(ChildError::Unusable { cause, .. }) => match *cause {
+            ChildError::EndedBetweenRequests { pid: p, exit: ChildExit::Signal(9), .. } => {
+                assert_eq!(p, pid)
+            }
+            other => panic!("the cause is {other:?}"),
+        },
+        other => panic!("expected an unusable chip, got {other:?}: {e}"),
+    }
+    assert!(e.to_string().contains("between requests"), "{e}");
+    let _ = w.close();
+}
+
 #[test]
 fn a_buffer_of_a_dead_chip_process_is_refused_never_sent_to_the_restarted_one() {
     let _serial = serial();
@@ -919,6 +971,23 @@ fn a_child_that_hangs_after_saying_it_exits_is_killed_at_the_shutdown_deadline_a
     }
     let text = e.to_string();
     assert!(text.contains("did not exit") && text.contains(&pid.to_string()), "{text}");
+    assert!(!exists(pid), "reaped");
+    assert_eq!(mailboxes(), 0);
+}
+
+#[test]
+fn a_child_that_crashes_after_saying_it_exits_is_named_by_the_close() {
+    let _serial = serial();
+    let w = process_host(&[0], options()).start().expect("start");
+    let pid = w.chip_process_id(WorkerId(0)).unwrap().unwrap();
+    assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::AbortAfterExit).unwrap());
+    let e = w.close().expect_err("chip 0 aborted after its exit");
+    match e.teardown.iter().map(chip_process_fault).collect::<Vec<_>>().as_slice() {
+        [Some((WorkerId(0), p, ShutdownFault::Ended(ChildExit::Signal(6))))] => {
+            assert_eq!(*p, pid)
+        }
+        other => panic!("a process that aborted after its exit gave {other:?}: {e}"),
+    }
     assert!(!exists(pid), "reaped");
     assert_eq!(mailboxes(), 0);
 }

@@ -78,6 +78,7 @@ pub(crate) fn main() -> i32 {
         out: Writer::default(),
         fault: 0,
         hang_after_exit: false,
+        abort_after_exit: false,
     };
     if !child.init() {
         return 1;
@@ -100,6 +101,8 @@ struct Child {
     fault: u8,
     /// Fault 12, armed beside any other: the process hangs after it stored `EXITED`.
     hang_after_exit: bool,
+    /// Fault 14, armed beside any other.
+    abort_after_exit: bool,
 }
 
 fn frame(outcome: EndpointOutcome, message: String) -> FailureFrame {
@@ -275,11 +278,14 @@ impl Child {
                     }
                     let _ = self.mailbox.write_reply(status::OK, self.last_seq, &self.out.0);
                     self.mailbox.publish(state::EXITED);
-                    // Fault 12: the process hangs after it said it exits.
+                    // Fault 12: the process hangs after it said it exits; 14: it aborts.
                     if self.hang_after_exit {
                         loop {
                             std::thread::sleep(Duration::from_secs(1));
                         }
+                    }
+                    if self.abort_after_exit {
+                        std::process::abort();
                     }
                     return 0;
                 }
@@ -433,6 +439,7 @@ impl Child {
             }
             op::ARM_FAULT => match r.u8().map_err(malformed)? {
                 12 => self.hang_after_exit = true,
+                14 => self.abort_after_exit = true,
                 fault => self.fault = fault,
             },
             other => {

@@ -210,6 +210,18 @@ pub enum ChildError {
         /// The run it served, if it was a run.
         run: Option<RunId>,
     },
+    /// The process ended while no request was in flight; noticed by the next call.
+    #[error("chip {chip}: its process (pid {pid}) {exit} between requests (after request {after})")]
+    EndedBetweenRequests {
+        /// The chip.
+        chip: WorkerId,
+        /// The process.
+        pid: u32,
+        /// How it ended.
+        exit: ChildExit,
+        /// The sequence number of the last request it answered (0: none).
+        after: u64,
+    },
     /// The process did not answer within its budget and was killed with its process group.
     #[error("chip {chip}: its process (pid {pid}) did not answer {operation}{} (request {seq}) within {budget:?} and was killed", fmt_run(*run))]
     Unresponsive {
@@ -454,6 +466,7 @@ impl ChildError {
     pub fn chip(&self) -> WorkerId {
         match self {
             ChildError::Died { chip, .. }
+            | ChildError::EndedBetweenRequests { chip, .. }
             | ChildError::Unresponsive { chip, .. }
             | ChildError::Unusable { chip, .. }
             | ChildError::Oversized { chip, .. }
@@ -510,6 +523,10 @@ pub enum ChildFault {
     /// The process finalizes its chip and says it exits when asked to shut down, and then
     /// hangs instead (armed now, not at the next run; it holds beside any other fault).
     HangAfterExit,
+    /// The process finalizes its chip and says it exits when asked to shut down, and then
+    /// aborts, as an exit handler that crashes would (armed now, not at the next run; it holds
+    /// beside any other fault).
+    AbortAfterExit,
     /// At its next registration the process flips its mailbox between "request" and
     /// "accepted" for ever instead of answering, as a corrupted process might (armed now).
     FlipStateOnRegister,

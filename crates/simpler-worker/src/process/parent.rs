@@ -378,20 +378,24 @@ impl ChipProcess {
     /// then kills its group; reaps it either way.
     fn reap_after_exit(&mut self) {
         let (until, _) = self.wait_deadline(self.opts.shutdown_timeout);
-        self.reap_after_exit_by(until);
+        let _exit = self.reap_after_exit_by(until);
     }
 
     /// Waits for a process that announced its exit until `until`, then kills its group; reaps
-    /// it either way. Whether it exited on its own.
-    fn reap_after_exit_by(&mut self, until: Option<Instant>) -> bool {
+    /// it either way. How it exited on its own (`Code(-1)` when reaped elsewhere), or `None`
+    /// when it had to be killed.
+    fn reap_after_exit_by(&mut self, until: Option<Instant>) -> Option<ChildExit> {
         while until.is_none_or(|u| Instant::now() < u) {
-            if self.exited().is_some() || self.live.is_none() {
-                return true;
+            if let Some(exit) = self.exited() {
+                return Some(exit);
+            }
+            if self.live.is_none() {
+                return Some(ChildExit::Code(-1));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
         self.kill();
-        false
+        None
     }
 
     /// Kills the process group and reaps the process (nothing once it was reaped).
@@ -421,6 +425,18 @@ impl ChipProcess {
         let e = ChildError::BadReply { chip, pid, operation, fault };
         self.failed = Some(e.clone());
         e
+    }
+
+    /// Reaps a process that ended while no request was in flight, so that the next request is
+    /// not sent into its mailbox and reported as dying during it: the chip fails with
+    /// `EndedBetweenRequests`, or (policy `Restart`) this use is the next one, which restarts it.
+    fn notice_end_between_requests(&mut self) {
+        let Some(pid) = self.pid() else { return };
+        if let Some(exit) = self.exited() {
+            let after = self.seq;
+            self.failed =
+                Some(ChildError::EndedBetweenRequests { chip: self.chip, pid, exit, after });
+        }
     }
 
     /// A live process: the running one, or (policy `Restart`) a new one with the held content
@@ -521,6 +537,7 @@ impl ChipProcess {
         operation: &'static str,
         run: Option<RunId>,
     ) -> Result<u32, ChildError> {
+        self.notice_end_between_requests();
         if self.live.is_none() {
             // A restart sends requests of its own; this one waits in `pending`.
             let pending = std::mem::take(&mut self.out.0);
@@ -647,6 +664,7 @@ impl ChipProcess {
                 last = true;
             }
         }
+        self.notice_end_between_requests();
         let released = if self.live.is_none() && self.opts.on_death == OnChildDeath::Restart {
             // No process holds the reference: the restart prepares what `held` says now, which
             // no longer counts it. Sending the release would restart the process with that
@@ -788,6 +806,7 @@ impl ChipProcess {
             super::ChildFault::WildMalloc => 10,
             super::ChildFault::RefuseOnRelease => 11,
             super::ChildFault::HangAfterExit => 12,
+            super::ChildFault::AbortAfterExit => 14,
             super::ChildFault::FlipStateOnRegister => 13,
         });
         self.call(op::ARM_FAULT, "arm fault", None).map(|_| ())
@@ -849,8 +868,14 @@ impl ChipProcess {
                     (Some(d), Some(g)) => Some(d.max(g)),
                     (d, _) => d,
                 };
-                if !self.reap_after_exit_by(until) {
-                    residue.push(failed(ShutdownFault::NoExit { budget }));
+                match self.reap_after_exit_by(until) {
+                    None => residue.push(failed(ShutdownFault::NoExit { budget })),
+                    // It finalized, then did not exit cleanly (an exit handler crashed, say). A
+                    // status unknown (`Code(-1)`: reaped elsewhere) says nothing either way.
+                    Some(exit @ (ChildExit::Signal(_) | ChildExit::Code(1..))) => {
+                        residue.push(failed(ShutdownFault::Ended(exit)));
+                    }
+                    Some(_) => {}
                 }
                 return residue;
             }
