@@ -94,8 +94,10 @@ impl ProcessOptions {
         self
     }
 
-    /// How long a registration or memory call may wait for its reply; a child that does not
-    /// answer in time is killed.
+    /// How long each request of a registration or memory call may wait for its reply; a child
+    /// that does not answer in time is killed. The budget is per request, not per call: a copy
+    /// of more than one mailbox payload (64 KiB) is several requests, and a call that restarts
+    /// the chip first also waits for the restart's own requests.
     #[must_use]
     pub fn control_timeout(mut self, t: Duration) -> Self {
         self.control_timeout = t;
@@ -567,7 +569,7 @@ pub(crate) fn start_chip(
     use crate::error::RegistrationFailure;
     // A little past the start deadline: `start` itself reports the deadline and then waits
     // for this thread, which kills and reaps a child still starting.
-    let deadline = deadline.map(|d| d + Duration::from_millis(20));
+    let deadline = deadline.map(|d| d.checked_add(Duration::from_millis(20)).unwrap_or(d));
     #[cfg(feature = "sim")]
     let start_faults = opts.start_faults.clone();
     let mut process =
