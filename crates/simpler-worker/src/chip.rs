@@ -556,11 +556,11 @@ impl ChipState {
         Ok(self.runner().map_err(|e| mem_err(chip, e))?.stats().memory)
     }
 
-    /// Ends the worker's start: the chip process's waits, its shutdown's included, no longer
-    /// end at the start deadline (THREAD mode: nothing to do).
-    pub(crate) fn started(&mut self) {
+    /// The chip has started: the chip process's waits, its shutdown's included, end at the
+    /// start deadline until `worker_started` is set (THREAD mode: nothing to do).
+    pub(crate) fn started_with(&mut self, worker_started: &Arc<std::sync::atomic::AtomicBool>) {
         if let Some(p) = &mut self.process {
-            p.started();
+            p.started_with(Arc::clone(worker_started));
         }
     }
 

@@ -798,6 +798,36 @@ fn the_rollback_of_a_failed_start_ends_at_the_start_deadline() {
     assert_eq!((mailboxes(), zombies()), (0, zombies_before));
 }
 
+/// An engine that fails to start after every chip process is ready (heap rings larger than
+/// the address space: the ring's own check passes, the mapping fails) shuts the chips down
+/// within the start's deadline, not each within its own shutdown budget one after another.
+#[test]
+fn the_rollback_of_an_engine_that_failed_to_start_ends_at_the_start_deadline() {
+    let _serial = serial();
+    let zombies_before = zombies();
+    let shutdown = Duration::from_secs(20);
+    let opts = options().shutdown_timeout(shutdown).fault_at_start(ChildFault::HangOnShutdown);
+    let startup = Duration::from_secs(3);
+    let began = std::time::Instant::now();
+    let e = process_host(&[0, 1], opts)
+        .heap_ring_size(1 << 47)
+        .startup_timeout(startup)
+        .start()
+        .expect_err("no address space for the heap rings");
+    let elapsed = began.elapsed();
+    assert!(matches!(e.cause, StartCause::Engine(_)), "{e}");
+    assert!(elapsed < shutdown, "the rollback took {elapsed:?}: {e}");
+    let left: Vec<_> = e.rollback.iter().filter_map(chip_process_fault).collect();
+    match left.as_slice() {
+        [
+            (WorkerId(0), _, ShutdownFault::NoFinalize { budget: b0 }),
+            (WorkerId(1), _, ShutdownFault::NoFinalize { budget: b1 }),
+        ] => assert!(*b0 < shutdown && *b1 < shutdown, "cut to the start deadline: {e}"),
+        other => panic!("the ready processes' ends left {other:?}: {e}"),
+    }
+    assert_eq!((mailboxes(), zombies()), (0, zombies_before));
+}
+
 /// A restart that fails after its process was ready reports what ending that process left
 /// behind with the failure (`ChildError::Restore::residue`), named in its text.
 #[test]

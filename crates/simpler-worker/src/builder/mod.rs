@@ -22,7 +22,7 @@
 //! builder then reads.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
@@ -488,8 +488,11 @@ impl HostWorkerBuilder {
             }
             return Err(e);
         }
+        // Until the engine has started too, a chip's shutdown in a rollback still ends at the
+        // start deadline.
+        let worker_started = Arc::new(AtomicBool::new(false));
         for s in &mut states {
-            s.started();
+            s.started_with(&worker_started);
         }
         // 4.
         let mut registry = Registry::default();
@@ -510,6 +513,8 @@ impl HostWorkerBuilder {
         let lineage = reentry::lineage_of(self.common.instance);
         let engine = build_engine(3, ring, next_level, subs, &lineage, &registry, &path)
             .map_err(|e| with_residue(e, &residue, &path))?;
+        // Release: a chip wait that sees it set sees a started worker.
+        worker_started.store(true, Ordering::Release);
         // 5.
         let body = Body::Engine { engine, chips, children: Vec::new(), residue };
         let mut inner =

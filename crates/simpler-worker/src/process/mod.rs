@@ -129,8 +129,9 @@ impl ProcessOptions {
 
     /// Arms `fault` in every chip process at `start`, as soon as it is ready and before the
     /// builder's chip callables are prepared there (simulator builds; crash tests of the
-    /// start). Called again, it arms each fault in turn: [`ChildFault::HangAfterExit`] holds
-    /// beside any other, of the others the last one armed holds. A restarted process starts
+    /// start). Called again, it arms each fault in turn: [`ChildFault::HangAfterExit`] and
+    /// [`ChildFault::AbortAfterExit`] hold beside any other, of the others the last one armed
+    /// holds. A restarted process starts
     /// without them (see [`fault_at_restart`](Self::fault_at_restart)).
     #[cfg(feature = "sim")]
     #[must_use]

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::process::Child;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
@@ -175,8 +176,12 @@ pub(crate) struct ChipProcess {
     /// The device allocations of the current process and of the last ones before it.
     buffers: Buffers,
     seq: u64,
-    /// While the chip starts: the start deadline, which no wait of its start may pass.
+    /// While the chip starts: the start deadline, which no wait of its start may pass, its
+    /// rollback's included, until `worker_started` is set.
     start_deadline: Option<Instant>,
+    /// Set once the whole worker has started (its engine included); `None` while the chip's own
+    /// start goes on.
+    worker_started: Option<Arc<AtomicBool>>,
     /// Content the chip holds: digest → (content, references), replayed after a restart.
     held: HashMap<[u8; 32], (Content, usize)>,
     /// This process's callable id → the digest it crosses as.
@@ -235,6 +240,7 @@ impl ChipProcess {
             buffers: Buffers::default(),
             seq: 0,
             start_deadline: deadline,
+            worker_started: None,
             held: HashMap::new(),
             digests: HashMap::new(),
             out: Writer::default(),
@@ -244,16 +250,21 @@ impl ChipProcess {
         Ok(p)
     }
 
-    /// Ends the start: later waits have their own budgets only.
-    pub(crate) fn started(&mut self) {
-        self.start_deadline = None;
+    /// The chip has started: its waits keep ending at the start deadline until `worker_started`
+    /// is set, when the whole worker has started, and have their own budgets only from then on.
+    /// A worker whose start fails later (its engine, say) never sets it, so the chip's shutdown
+    /// in that rollback still ends at the start deadline.
+    pub(crate) fn started_with(&mut self, worker_started: Arc<AtomicBool>) {
+        self.worker_started = Some(worker_started);
     }
 
     /// The deadline of a wait with `budget`, and the budget that can run out: while the chip
     /// starts, no wait passes the start deadline.
     fn wait_deadline(&self, budget: Duration) -> (Option<Instant>, Duration) {
         let now = Instant::now();
-        match (now.checked_add(budget), self.start_deadline) {
+        // Acquire pairs with the builder's release store once the worker has started.
+        let over = self.worker_started.as_ref().is_some_and(|s| s.load(Ordering::Acquire));
+        match (now.checked_add(budget), self.start_deadline.filter(|_| !over)) {
             (Some(own), Some(cap)) if cap < own => (Some(cap), cap.saturating_duration_since(now)),
             (None, Some(cap)) => (Some(cap), cap.saturating_duration_since(now)),
             (own, _) => (own, budget),

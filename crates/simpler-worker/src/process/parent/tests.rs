@@ -49,6 +49,7 @@ fn process_around(child: std::process::Child, mailbox: Mailbox) -> ChipProcess {
         buffers: Default::default(),
         seq: 0,
         start_deadline: None,
+        worker_started: None,
         held: HashMap::new(),
         digests: HashMap::new(),
         out: Writer::default(),
