@@ -786,16 +786,26 @@ fn the_rollback_of_a_failed_start_ends_at_the_start_deadline() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(e.to_string().contains("exited with status 5"), "{e}");
     // Before: two hung shutdowns of 20 s each.
+    assert_rollback_cut_to_the_start_deadline(&e, elapsed, shutdown);
+    assert_eq!((mailboxes(), zombies()), (0, zombies_before));
+}
+
+/// Chips 0 and 1, hung in their shutdowns, were killed within the start deadline of the failed
+/// start `e`, which took `elapsed`, not after their `shutdown` budgets.
+fn assert_rollback_cut_to_the_start_deadline(
+    e: &simpler_worker::StartError,
+    elapsed: Duration,
+    shutdown: Duration,
+) {
     assert!(elapsed < shutdown, "the rollback took {elapsed:?}: {e}");
     let left: Vec<_> = e.rollback.iter().filter_map(chip_process_fault).collect();
     match left.as_slice() {
         [
             (WorkerId(0), _, ShutdownFault::NoFinalize { budget: b0 }),
             (WorkerId(1), _, ShutdownFault::NoFinalize { budget: b1 }),
-        ] => assert!(*b0 < shutdown && *b1 < shutdown, "cut to the start deadline: {e}"),
+        ] => assert!(b0 < &shutdown && b1 < &shutdown, "cut to the start deadline: {e}"),
         other => panic!("the ready processes' ends left {other:?}: {e}"),
     }
-    assert_eq!((mailboxes(), zombies()), (0, zombies_before));
 }
 
 /// An engine that fails to start after every chip process is ready (heap rings larger than
@@ -816,15 +826,7 @@ fn the_rollback_of_an_engine_that_failed_to_start_ends_at_the_start_deadline() {
         .expect_err("no address space for the heap rings");
     let elapsed = began.elapsed();
     assert!(matches!(e.cause, StartCause::Engine(_)), "{e}");
-    assert!(elapsed < shutdown, "the rollback took {elapsed:?}: {e}");
-    let left: Vec<_> = e.rollback.iter().filter_map(chip_process_fault).collect();
-    match left.as_slice() {
-        [
-            (WorkerId(0), _, ShutdownFault::NoFinalize { budget: b0 }),
-            (WorkerId(1), _, ShutdownFault::NoFinalize { budget: b1 }),
-        ] => assert!(*b0 < shutdown && *b1 < shutdown, "cut to the start deadline: {e}"),
-        other => panic!("the ready processes' ends left {other:?}: {e}"),
-    }
+    assert_rollback_cut_to_the_start_deadline(&e, elapsed, shutdown);
     assert_eq!((mailboxes(), zombies()), (0, zombies_before));
 }
 

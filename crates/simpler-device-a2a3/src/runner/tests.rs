@@ -141,15 +141,18 @@ fn fill_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError
     Ok(())
 }
 
-/// A runner with a registered fill callable and a 1024-float output buffer.
-fn fill_setup() -> (DeviceRunner, ChipSlot, DevicePtr, TaskArgs) {
-    let opts = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
+/// A runner on `opts` with a registered callable of `orch` around the fill kernel, and a
+/// 1024-float device buffer.
+fn fill_runner(
+    opts: RunnerOptions,
+    orch: crate::callable::NativeOrchFn,
+) -> (DeviceRunner, ChipSlot, DevicePtr, Tensor) {
     let mut r = DeviceRunner::attach(opts).unwrap();
     // SAFETY: `fill_ones` writes its one output tensor.
     let fill = unsafe {
         crate::callable::CoreCallable::native(vec![crate::callable::ArgDirection::Out], fill_ones)
     };
-    let c = ChipCallable::native(fill_orch, |_| OrchConfig { expected_arg_count: 1 })
+    let c = ChipCallable::native(orch, |_| OrchConfig { expected_arg_count: 1 })
         .kernel(0, fill)
         .build()
         .unwrap();
@@ -158,6 +161,13 @@ fn fill_setup() -> (DeviceRunner, ChipSlot, DevicePtr, TaskArgs) {
     let t = Tensor::external(p.addr(), &[1024], simpler_types::DataType::Float32)
         .unwrap()
         .child_memory(true);
+    (r, slot, p, t)
+}
+
+/// A runner with a registered fill callable and a 1024-float output buffer.
+fn fill_setup() -> (DeviceRunner, ChipSlot, DevicePtr, TaskArgs) {
+    let opts = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph);
+    let (r, slot, p, t) = fill_runner(opts, fill_orch);
     let mut args = TaskArgs::new();
     args.add_output(t).unwrap();
     (r, slot, p, args)
@@ -396,20 +406,7 @@ fn many_blocks_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), Or
 fn the_host_copy_of_an_oversized_image_is_not_kept_for_the_next_run() {
     // The device refuses the image's arena (64 MiB in all), after the host has built it.
     let opts = RunnerOptions::sim(0, RuntimeVariant::HostBuildGraph).with_memory_limit(64 << 20);
-    let mut r = DeviceRunner::attach(opts).unwrap();
-    // SAFETY: `fill_ones` writes its one output tensor.
-    let fill = unsafe {
-        crate::callable::CoreCallable::native(vec![crate::callable::ArgDirection::Out], fill_ones)
-    };
-    let c = ChipCallable::native(many_blocks_orch, |_| OrchConfig { expected_arg_count: 1 })
-        .kernel(0, fill)
-        .build()
-        .unwrap();
-    let slot = r.register_callable(&c).unwrap();
-    let p = r.malloc(4096).unwrap();
-    let t = Tensor::external(p.addr(), &[1024], simpler_types::DataType::Float32)
-        .unwrap()
-        .child_memory(true);
+    let (mut r, slot, p, t) = fill_runner(opts, many_blocks_orch);
     let mut args = TaskArgs::new();
     args.add_inout(t).unwrap();
     let err = r.run(&RunRequest::new(RunId::FIRST, slot, &args, &CallConfig::default()));
