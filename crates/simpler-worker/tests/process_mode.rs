@@ -268,7 +268,9 @@ fn an_aborted_child_restarts_on_next_use_when_so_configured() {
     assert!(!exists(first) && !exists(second));
 }
 
-/// Kills chip `chip`'s process and waits until it can be reaped.
+/// Kills chip `chip`'s process and waits until it can be reaped: waitable, not only a zombie
+/// leader (`/proc` shows the leader as a zombie while its other threads still exit, and until
+/// they have, the worker cannot see it ended either).
 fn kill_idle_child(w: &Worker, chip: WorkerId) -> u32 {
     use rustix::process::{WaitId, WaitIdOptions};
     let pid = w.chip_process_id(chip).unwrap().expect("pid");
@@ -689,22 +691,8 @@ fn a_child_that_died_between_requests_is_reported_as_ended_before_its_shutdown()
     let _serial = serial();
     let zombies_before = zombies();
     let w = process_host(&[0], options()).start().expect("start");
-    let pid = w.chip_process_id(WorkerId(0)).unwrap().expect("pid");
-    let target = rustix::process::Pid::from_raw(pid as i32).expect("a pid");
-    rustix::process::kill_process(target, rustix::process::Signal::KILL).expect("kill");
-    // Dead but not reaped: nothing asks it anything until the close. Waitable, not only a
-    // zombie leader: `/proc` shows the leader as a zombie while its other threads still exit,
-    // and until they have, the close cannot see it ended either.
-    let dead = |p: u32| {
-        use rustix::process::{WaitId, WaitIdOptions};
-        let peek = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
-        let pid = rustix::process::Pid::from_raw(p as i32).expect("a pid");
-        rustix::process::waitid(WaitId::Pid(pid), peek).is_ok_and(|status| status.is_some())
-    };
-    let began = std::time::Instant::now();
-    while !dead(pid) && began.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // Dead but not reaped: nothing asks it anything until the close.
+    let pid = kill_idle_child(&w, WorkerId(0));
     let e = w.close().expect_err("chip 0's process was dead before the close");
     match e.teardown.iter().map(chip_process_fault).collect::<Vec<_>>().as_slice() {
         [Some((WorkerId(0), p, ShutdownFault::EndedBefore(ChildExit::Signal(9))))] => {
