@@ -131,8 +131,8 @@ impl ProcessOptions {
     /// builder's chip callables are prepared there (simulator builds; crash tests of the
     /// start). Called again, it arms each fault in turn: [`ChildFault::HangAfterExit`] and
     /// [`ChildFault::AbortAfterExit`] hold beside any other, of the others the last one armed
-    /// holds. A restarted process starts
-    /// without them (see [`fault_at_restart`](Self::fault_at_restart)).
+    /// holds. A restarted process starts without them (see
+    /// [`fault_at_restart`](Self::fault_at_restart)).
     #[cfg(feature = "sim")]
     #[must_use]
     pub fn fault_at_start(mut self, fault: ChildFault) -> Self {

@@ -389,7 +389,8 @@ impl ChipProcess {
     /// then kills its group; reaps it either way.
     fn reap_after_exit(&mut self) {
         let (until, _) = self.wait_deadline(self.opts.shutdown_timeout);
-        let _exit = self.reap_after_exit_by(until);
+        // A start that failed reports its own cause: how the process then ended adds nothing.
+        self.reap_after_exit_by(until);
     }
 
     /// Waits for a process that announced its exit until `until`, then kills its group; reaps
