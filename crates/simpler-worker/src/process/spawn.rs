@@ -107,48 +107,59 @@ type Job = Box<dyn FnOnce() + Send>;
 /// started (their parent-death signal fires when it ends), and no thread may outlive the
 /// workers that needed it.
 ///
-/// Invariant: `live` counts children spawned and not yet reaped; the thread exists iff
-/// `tx` is `Some`, and it is stopped (and joined) exactly when `live` drops to 0.
+/// Invariant: `live` counts children spawned and not yet reaped, `pending` spawns posted and
+/// not yet answered; the thread exists iff `tx` is `Some`, and it is stopped (and joined)
+/// exactly when both are 0. The lock is never held while a spawn runs: an `exec` that stalls
+/// (a binary on a hung file system) must not hold up the reaps of other chips.
 struct Spawner {
     tx: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
     live: usize,
+    pending: usize,
 }
 
-static SPAWNER: Mutex<Spawner> = Mutex::new(Spawner { tx: None, thread: None, live: 0 });
+static SPAWNER: Mutex<Spawner> =
+    Mutex::new(Spawner { tx: None, thread: None, live: 0, pending: 0 });
 
 fn spawner() -> std::sync::MutexGuard<'static, Spawner> {
     SPAWNER.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Runs `f` on the spawner thread (started if needed) and counts one more live child when
-/// it returns `Ok`. The lock is held throughout, so a concurrent last [`child_reaped`] cannot
-/// stop the thread in between.
+/// it returns `Ok`. The spawn counts as pending from its post to its answer, so a concurrent
+/// last [`child_reaped`] cannot stop the thread in between; the lock is not held meanwhile.
 fn on_spawner<T: Send + 'static>(
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> std::io::Result<T> {
     let lost = || std::io::Error::other("the spawner thread is gone");
+    let answer = {
+        let mut s = spawner();
+        if s.tx.is_none() {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let thread = std::thread::Builder::new().name("simpler-chip-spawner".into()).spawn(
+                move || {
+                    while let Ok(job) = rx.recv() {
+                        job();
+                    }
+                },
+            )?;
+            s.tx = Some(tx);
+            s.thread = Some(thread);
+        }
+        let (rtx, rrx) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move || {
+            let _ = rtx.send(f());
+        });
+        s.tx.as_ref().ok_or_else(lost)?.send(job).map_err(|_| lost())?;
+        s.pending += 1;
+        rrx
+    };
+    let r = answer.recv().map_err(|_| lost()).and_then(|r| r);
     let mut s = spawner();
-    if s.tx.is_none() {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let thread =
-            std::thread::Builder::new().name("simpler-chip-spawner".into()).spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    job();
-                }
-            })?;
-        s.tx = Some(tx);
-        s.thread = Some(thread);
-    }
-    let (rtx, rrx) = mpsc::sync_channel(1);
-    let job: Job = Box::new(move || {
-        let _ = rtx.send(f());
-    });
-    s.tx.as_ref().ok_or_else(lost)?.send(job).map_err(|_| lost())?;
-    let r = rrx.recv().map_err(|_| lost())?;
+    s.pending -= 1;
     if r.is_ok() {
         s.live += 1;
-    } else if s.live == 0 {
+    } else if s.live == 0 && s.pending == 0 {
         stop(&mut s);
     }
     r
@@ -166,7 +177,7 @@ fn stop(s: &mut Spawner) {
 pub(crate) fn child_reaped() {
     let mut s = spawner();
     s.live = s.live.saturating_sub(1);
-    if s.live == 0 {
+    if s.live == 0 && s.pending == 0 {
         stop(&mut s);
     }
 }
@@ -284,5 +295,35 @@ mod tests {
             |fd| rustix::io::fcntl_getfd(fd).expect("flags").contains(rustix::io::FdFlags::CLOEXEC);
         assert!(marked(high), "the descriptor at the first number is marked");
         assert!(!marked(low), "a descriptor below it is not");
+    }
+
+    #[test]
+    fn a_spawn_that_stalls_holds_no_lock_that_a_reap_needs() {
+        let (release, stalled) = mpsc::channel::<()>();
+        let spawning = std::thread::spawn(move || {
+            on_spawner(move || {
+                let _ = stalled.recv();
+                Ok(())
+            })
+        });
+        // Looked at without waiting for the lock, which a broken spawn would hold for good.
+        let posted = || SPAWNER.try_lock().is_ok_and(|s| s.pending > 0);
+        let began = std::time::Instant::now();
+        while !posted() {
+            assert!(began.elapsed() < std::time::Duration::from_secs(20), "never posted");
+            std::thread::yield_now();
+        }
+        // A reap elsewhere while the spawn is stuck in its `exec` takes the lock and returns
+        // (other tests' spawns hold it only for moments, so one of a few tries gets it).
+        let free = (0..200).any(|_| {
+            let got = SPAWNER.try_lock().is_ok();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            got
+        });
+        assert!(free, "the stalled spawn holds the spawner's lock");
+        release.send(()).unwrap();
+        spawning.join().unwrap().unwrap();
+        // The fake child is "reaped": the counts go back to what they were.
+        child_reaped();
     }
 }
