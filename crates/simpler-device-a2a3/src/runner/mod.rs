@@ -484,6 +484,8 @@ impl Core {
         // P6–P16; on failure (or a panic) the terminal cleanup runs in before-launch mode.
         let bound = self
             .guarded(s, &mut run, Outcome::FailedBeforeLaunch, |core, run| core.bind(s, req, run));
+        // Uploaded or refused, the host copy of the image is no longer needed by this run.
+        memory::release_oversized(&mut self.slots[s].res.host_image);
         match bound.map_err(|e| e.in_run(req.run_id)) {
             Ok(()) => {
                 let generation = self.slots[s].generation;
@@ -558,10 +560,6 @@ impl Core {
             // pooled arena, so the retry starts from free device memory.
             self.release_arenas(s);
         }
-        if ahead_failed.is_some() || bound.is_err() {
-            // No upload follows: an oversized image is given back now, as after one.
-            memory::release_oversized(&mut self.slots[s].res.host_image);
-        }
         if let Some(failed) = ahead_failed {
             return Err(self.abandoned_behind_failed_wait(run_id, failed));
         }
@@ -576,12 +574,10 @@ impl Core {
         run.bound = Some(bound);
         // P14: upload the image (the slot's device copy is reused while it is large enough).
         let len = self.slots[s].res.host_image.len() as u64;
-        let uploaded = self.image_arena(s, run_id, len).and_then(|addr| {
-            let written = self.backend.write(addr, &self.slots[s].res.host_image);
-            written.map(|()| addr).map_err(|e| e.in_run(run_id))
-        });
-        memory::release_oversized(&mut self.slots[s].res.host_image);
-        let image_addr = uploaded?;
+        let image_addr = self.image_arena(s, run_id, len)?;
+        self.backend
+            .write(image_addr, &self.slots[s].res.host_image)
+            .map_err(|e| e.in_run(run_id))?;
         run.image_addr = image_addr;
         run.image_len = len;
         // P16: upload KernelArgs into the slot's block.
