@@ -622,12 +622,19 @@ mod tests {
         w.close().expect("close does not hang");
     }
 
-    #[test]
-    fn a_cleanup_step_failing_after_the_run_failed_is_kept_typed_beside_the_runs_error() {
+    /// A worker whose cleanup panics at `step`, and a host callable that fails with "the run's
+    /// own failure".
+    fn failing_run_meeting_panic_at(step: &'static str) -> (Worker, CallableHandle) {
         let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
         let bad = b.register_host("bad", |_| Err("the run's own failure".into()));
         let w = b.start().expect("start");
-        w.inject_cleanup_failure("retire", true);
+        w.inject_cleanup_failure(step, true);
+        (w, bad)
+    }
+
+    #[test]
+    fn a_cleanup_step_failing_after_the_run_failed_is_kept_typed_beside_the_runs_error() {
+        let (w, bad) = failing_run_meeting_panic_at("retire");
         let e = w.submit(one(bad)).expect("submit").wait().expect_err("the task failed");
         w.inner.injected.lock().clear();
         assert_eq!(e.kind(), &RunErrorKind::TaskFailed);
@@ -658,10 +665,7 @@ mod tests {
     fn a_cleanup_interrupted_after_the_release_keeps_the_runs_own_failure() {
         // The release step took the engine's record (and the run's failure with it) before the
         // elected waiter unwound: the published error must still carry that failure.
-        let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
-        let bad = b.register_host("bad", |_| Err("the run's own failure".into()));
-        let w = b.start().expect("start");
-        w.inject_cleanup_failure("between cleanup steps", true);
+        let (w, bad) = failing_run_meeting_panic_at("between cleanup steps");
         let handle = w.submit(one(bad)).expect("submit");
         let unwound = catch_unwind(AssertUnwindSafe(|| handle.wait()));
         assert!(unwound.is_err(), "the injected panic unwinds out of wait");
