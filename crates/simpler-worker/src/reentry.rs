@@ -9,20 +9,18 @@
 //! the lineage of every worker of the adopted subtree at adoption, before any run exists, and
 //! the sub and child endpoints mark the whole lineage.
 //!
-//! A second mark names the chip lane the current thread is serving a call on. A call that
-//! would queue on that same lane and wait for it (a memory call from a closure the lane runs)
-//! could never be served, so it is `Reentrant` too; so is one that would wait for another lane
-//! of the same worker, or for its chip registrations (which wait for its lanes): two lanes
-//! waiting for each other, or a registration waiting for this lane, would never end. Such a
-//! call also acts for the lane's worker
-//! and its ancestors (their runs may need the lane), so `submit`, `run` and `close` from it are
-//! `Reentrant` as from a callback.
+//! A second mark names the worker whose chip lane the current thread is serving a call on. A
+//! call that would queue on that same lane and wait for it (a memory call from a closure the
+//! lane runs) could never be served, so it is `Reentrant` too; so is one that would wait for
+//! another lane of the same worker, or for its chip registrations (which wait for its lanes):
+//! two lanes waiting for each other, or a registration waiting for this lane, would never end.
+//! Such a call also acts for the lane's worker and its ancestors (their runs may need the
+//! lane), so `submit`, `run` and `close` from it are `Reentrant` as from a callback.
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use simpler_types::WorkerId;
 
 /// A worker's instance followed by the instances of its ancestors. Written only while the
 /// tree is being started (adoption); read by the endpoints of the worker's engine.
@@ -35,24 +33,24 @@ pub(crate) fn lineage_of(instance: u64) -> Lineage {
 
 thread_local! {
     static ACTING_FOR: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
-    /// The `(worker instance, chip)` whose lane is running a call on this thread.
-    static ON_LANE: Cell<Option<(u64, WorkerId)>> = const { Cell::new(None) };
+    /// The worker instance whose chip lane is running a call on this thread.
+    static ON_LANE: Cell<Option<u64>> = const { Cell::new(None) };
 }
 
-/// The chip whose lane of worker `instance` is running a call on the current thread, if any.
-pub(crate) fn lane_of(instance: u64) -> Option<WorkerId> {
-    ON_LANE.with(|l| l.get().filter(|(i, _)| *i == instance).map(|(_, chip)| chip))
+/// Whether the current thread is running a call on a lane of worker `instance`.
+pub(crate) fn is_on_a_lane_of(instance: u64) -> bool {
+    ON_LANE.with(|l| l.get() == Some(instance))
 }
 
-/// Marks the current thread as serving a call on the lane of `chip` of worker `instance`
-/// until the guard drops (also on unwind).
-pub(crate) fn enter_lane(instance: u64, chip: WorkerId) -> LaneGuard {
-    LaneGuard { previous: ON_LANE.with(|l| l.replace(Some((instance, chip)))) }
+/// Marks the current thread as serving a call on a chip lane of worker `instance` until the
+/// guard drops (also on unwind).
+pub(crate) fn enter_lane(instance: u64) -> LaneGuard {
+    LaneGuard { previous: ON_LANE.with(|l| l.replace(Some(instance))) }
 }
 
 /// Restores the lane mark that [`enter_lane`] replaced.
 pub(crate) struct LaneGuard {
-    previous: Option<(u64, WorkerId)>,
+    previous: Option<u64>,
 }
 
 impl Drop for LaneGuard {

@@ -190,7 +190,7 @@ impl Inner {
     /// for this one (two closures calling each other's chips, or a registration that holds the
     /// registration lock while it waits for this lane).
     pub(crate) fn off_lane(&self, op: &'static str) -> Result<(), WorkerError> {
-        if reentry::lane_of(self.instance).is_some() {
+        if reentry::is_on_a_lane_of(self.instance) {
             return Err(WorkerError::Reentrant { op, worker: self.label.clone() });
         }
         Ok(())
@@ -211,7 +211,7 @@ impl Inner {
         let instance = self.instance;
         let lineage = Arc::clone(&self.lineage);
         let f = move |s: &mut ChipState| {
-            let _on_lane = reentry::enter_lane(instance, chip);
+            let _on_lane = reentry::enter_lane(instance);
             let _acting = reentry::enter_lineage(&lineage);
             f(s)
         };
