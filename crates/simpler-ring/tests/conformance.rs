@@ -365,9 +365,7 @@ fn heap_exhausted_names_the_oldest_live_slab_that_pins_the_tail() {
 
 #[test]
 fn a_capped_window_makes_the_fifth_allocation_wait_for_a_release() {
-    let config =
-        RingConfig { max_live_slots: Some(4), ..common::config(RING, Duration::from_secs(60)) };
-    let ring: Ring<common::Payload> = Ring::new(config).unwrap();
+    let ring = common::capped_ring(4);
     let ids: Vec<_> = (0..4).map(|_| ring.alloc(0, 0).unwrap().slot).collect();
     assert_eq!(
         ring.try_alloc(0, 0),
@@ -386,9 +384,7 @@ fn a_capped_window_makes_the_fifth_allocation_wait_for_a_release() {
 
 #[test]
 fn the_window_peak_counts_a_slab_allocation_from_its_reservation_not_its_publish() {
-    let config =
-        RingConfig { max_live_slots: Some(4), ..common::config(RING, Duration::from_secs(60)) };
-    let ring: Ring<common::Payload> = Ring::new(config).unwrap();
+    let ring = common::capped_ring(4);
     let full = ring.alloc(RING, 0).unwrap();
     let others: Vec<_> = (0..2).map(|_| ring.alloc(0, 0).unwrap().slot).collect();
     std::thread::scope(|s| {
@@ -425,9 +421,7 @@ fn the_window_peak_counts_a_slab_allocation_from_its_reservation_not_its_publish
 
 #[test]
 fn a_refused_probe_counts_no_timeout_where_a_refused_try_alloc_counts_one() {
-    let config =
-        RingConfig { max_live_slots: Some(2), ..common::config(RING, Duration::from_secs(60)) };
-    let ring: Ring<common::Payload> = Ring::new(config).unwrap();
+    let ring = common::capped_ring(2);
     let _pin = ring.alloc(RING, 2).unwrap();
     assert!(matches!(ring.probe_alloc(K, 2), Err(RingError::HeapExhausted(_))));
     let _second = ring.alloc(0, 0).unwrap();

@@ -11,7 +11,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use common::{K, RING, eventually};
-use simpler_ring::{HeapSpan, Ring, RingConfig, RingError};
+use simpler_ring::{HeapSpan, RingError};
 use simpler_types::SlotId;
 
 const PRODUCERS: usize = 3;
@@ -33,9 +33,7 @@ impl XorShift {
 
 #[test]
 fn concurrent_allocations_and_releases_lose_nothing_and_never_overlap() {
-    let config =
-        RingConfig { max_live_slots: Some(6), ..common::config(RING, Duration::from_secs(60)) };
-    let ring: Ring<common::Payload> = Ring::new(config).unwrap();
+    let ring = common::capped_ring(6);
     let ledger: Mutex<HashMap<SlotId, Option<HeapSpan>>> = Mutex::new(HashMap::new());
     let queue: Mutex<VecDeque<SlotId>> = Mutex::new(VecDeque::new());
     let queued = Condvar::new();

@@ -43,6 +43,12 @@ pub fn ring_with_timeout(timeout: Duration) -> Ring<Payload> {
     Ring::new(config(RING, timeout)).unwrap()
 }
 
+/// A 16 KiB-per-ring ring of at most `slots` live slots, waiting up to 60 s.
+pub fn capped_ring(slots: u32) -> Ring<Payload> {
+    let config = config(RING, Duration::from_secs(60));
+    Ring::new(RingConfig { max_live_slots: Some(slots), ..config }).unwrap()
+}
+
 /// Polls `cond` until it holds; panics after a generous bound so a bug shows as a failure, not a
 /// hang. Not a timing assertion: the bound only catches hangs.
 pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
