@@ -359,6 +359,18 @@ impl fmt::Debug for Cann {
     }
 }
 
+/// `Ok` when `missing` is empty, else [`LoadError::Incomplete`] listing each failure once (a
+/// library that cannot be opened fails every one of its symbols the same way).
+fn all_resolved(missing: impl IntoIterator<Item = LoadError>) -> Result<(), LoadError> {
+    let mut unique: Vec<LoadError> = Vec::new();
+    for error in missing {
+        if !unique.contains(&error) {
+            unique.push(error);
+        }
+    }
+    if unique.is_empty() { Ok(()) } else { Err(LoadError::Incomplete { missing: unique }) }
+}
+
 /// What [`Cann::probe`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -475,17 +487,7 @@ impl Cann {
     ///
     /// [`LoadError::Incomplete`] with one entry per missing library or symbol.
     pub fn probe(&self) -> Result<Probe, LoadError> {
-        let missing = self.slots.resolve_required(self);
-        if !missing.is_empty() {
-            // A library that cannot be opened fails every one of its symbols: report it once.
-            let mut unique: Vec<LoadError> = Vec::new();
-            for error in missing {
-                if !unique.contains(&error) {
-                    unique.push(error);
-                }
-            }
-            return Err(LoadError::Incomplete { missing: unique });
-        }
+        all_resolved(self.slots.resolve_required(self))?;
         let mut libraries = Vec::new();
         for library in Library::ALL {
             if FUNCTIONS.iter().any(|f| f.required && f.library == library) {
@@ -504,19 +506,12 @@ impl Cann {
     /// [`LoadError::Incomplete`] with one entry per missing library (once), missing symbol, or
     /// name this crate does not bind ([`LoadError::Unlisted`]).
     pub fn require(&self, names: &[&str]) -> Result<(), LoadError> {
-        let mut missing: Vec<LoadError> = Vec::new();
-        for name in names {
-            let resolved = self
-                .slots
-                .resolve_named(self, name)
-                .unwrap_or_else(|| Err(LoadError::Unlisted { symbol: (*name).to_owned() }));
-            if let Err(e) = resolved
-                && !missing.contains(&e)
-            {
-                missing.push(e);
-            }
-        }
-        if missing.is_empty() { Ok(()) } else { Err(LoadError::Incomplete { missing }) }
+        all_resolved(names.iter().filter_map(|name| {
+            let resolved = self.slots.resolve_named(self, name);
+            resolved
+                .unwrap_or_else(|| Err(LoadError::Unlisted { symbol: (*name).to_owned() }))
+                .err()
+        }))
     }
 
     /// The version `aclrtGetVersion` reports, or `None` when it is not exported or fails.
