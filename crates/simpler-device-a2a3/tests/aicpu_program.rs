@@ -30,6 +30,16 @@ fn program() -> Option<&'static Path> {
     }
 }
 
+/// Options of a tensormap_and_ringbuffer runner on the built AICPU program, when there is one
+/// ([`program`]).
+fn trb_on_program() -> Option<simpler_device_a2a3::RunnerOptions> {
+    let path = program()?;
+    let o = options_on(0, simpler_device_a2a3::RuntimeVariant::TensormapAndRingbuffer);
+    // SAFETY: `SIMPLER_AICPU_PROGRAM` names the host build of this workspace's AICPU program
+    // (the test's opt-in, set by `cargo xtask ci`).
+    Some(unsafe { o.with_aicpu_program(path) })
+}
+
 fn vector_run(r: &mut DeviceRunner, run: u64, cfg: &CallConfig) {
     let slot = r.register_callable(&vector_callable()).unwrap();
     let n = 4096;
@@ -87,12 +97,8 @@ fn a_program_that_cannot_be_loaded_is_refused_naming_the_file() {
 
 #[test]
 fn a_c_orchestration_loads_through_the_programs_register_entry_and_runs() {
-    use simpler_device_a2a3::RuntimeVariant;
     use simpler_onboard_programs::VECTOR_ORCHESTRATION;
-    let Some(path) = program() else { return };
-    // SAFETY: `SIMPLER_AICPU_PROGRAM` names the host build of this workspace's AICPU program.
-    let o =
-        unsafe { options_on(0, RuntimeVariant::TensormapAndRingbuffer).with_aicpu_program(path) };
+    let Some(o) = trb_on_program() else { return };
     let mut r = DeviceRunner::attach(o).unwrap();
     let (entry, config) = VECTOR_ORCHESTRATION;
     let c = c_vector_callable(entry, config);
@@ -123,11 +129,8 @@ fn a_c_orchestration_loads_through_the_programs_register_entry_and_runs() {
 
 #[test]
 fn a_native_orchestration_is_refused_under_the_built_program_as_on_the_device() {
-    use simpler_device_a2a3::{CallableProblem, RuntimeVariant};
-    let Some(path) = program() else { return };
-    // SAFETY: `SIMPLER_AICPU_PROGRAM` names the host build of this workspace's AICPU program.
-    let o =
-        unsafe { options_on(0, RuntimeVariant::TensormapAndRingbuffer).with_aicpu_program(path) };
+    use simpler_device_a2a3::CallableProblem;
+    let Some(o) = trb_on_program() else { return };
     let mut r = DeviceRunner::attach(o).unwrap();
     // Host code the program would call across its own, separately compiled frames.
     match r.register_callable(&vector_callable()) {
@@ -142,15 +145,10 @@ fn a_native_orchestration_is_refused_under_the_built_program_as_on_the_device() 
 
 #[test]
 fn two_runners_over_one_loaded_program_keep_their_orchestration_slots_apart() {
-    use simpler_device_a2a3::RuntimeVariant;
     use simpler_onboard_programs::VECTOR_ORCHESTRATION;
-    let Some(path) = program() else { return };
-    // SAFETY: `SIMPLER_AICPU_PROGRAM` names the host build of this workspace's AICPU program.
-    let o = || unsafe {
-        options_on(0, RuntimeVariant::TensormapAndRingbuffer).with_aicpu_program(path)
-    };
+    let Some(o) = trb_on_program() else { return };
     let (mut first, mut second) =
-        (DeviceRunner::attach(o()).unwrap(), DeviceRunner::attach(o()).unwrap());
+        (DeviceRunner::attach(o.clone()).unwrap(), DeviceRunner::attach(o).unwrap());
     let (entry, config) = VECTOR_ORCHESTRATION;
     let c = c_vector_callable(entry, config);
     // Both take slot 0 of the one program this process loaded.
@@ -173,12 +171,8 @@ fn two_runners_over_one_loaded_program_keep_their_orchestration_slots_apart() {
 fn finalize_with_a_run_still_inside_an_orchestration_object_leaves_the_object_loaded() {
     use std::time::Duration;
 
-    use simpler_device_a2a3::RuntimeVariant;
     use simpler_onboard_programs::WAITING_ADD_ORCHESTRATION;
-    let Some(path) = program() else { return };
-    // SAFETY: `SIMPLER_AICPU_PROGRAM` names the host build of this workspace's AICPU program.
-    let o =
-        unsafe { options_on(0, RuntimeVariant::TensormapAndRingbuffer).with_aicpu_program(path) };
+    let Some(o) = trb_on_program() else { return };
     let mut r = DeviceRunner::attach(o).unwrap();
     let (entry, config) = WAITING_ADD_ORCHESTRATION;
     let slot = r.register_callable(&c_vector_callable(entry, config)).unwrap();
