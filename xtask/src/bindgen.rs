@@ -381,7 +381,6 @@ fn emit(
     let mut aliases = Vec::new();
     let mut fields = Vec::new();
     let mut table = Vec::new();
-    let mut required = Vec::new();
     let mut named = Vec::new();
     for f in &list.function {
         let sig = by_name[f.name.as_str()];
@@ -408,14 +407,6 @@ fn emit(
             #cfg
             #name_str => Some(cann.resolve(&self.#name, Library::#library, #name_str).map(|_| ())),
         });
-        if f.required {
-            required.push(quote! {
-                #cfg
-                if let Err(e) = cann.resolve(&self.#name, Library::#library, #name_str) {
-                    missing.push(e);
-                }
-            });
-        }
     }
     let slots = quote! {
         use super::types::*;
@@ -434,13 +425,6 @@ fn emit(
         pub const FUNCTIONS: &[FunctionInfo] = &[#(#table)*];
 
         impl Slots {
-            /// Resolves every required function, returning every failure.
-            pub(crate) fn resolve_required(&self, cann: &Cann) -> Vec<LoadError> {
-                let mut missing = Vec::new();
-                #(#required)*
-                missing
-            }
-
             /// Resolves the listed function `name`; `None` for a name the list does not have.
             pub(crate) fn resolve_named(
                 &self,

@@ -487,7 +487,8 @@ impl Cann {
     ///
     /// [`LoadError::Incomplete`] with one entry per missing library or symbol.
     pub fn probe(&self) -> Result<Probe, LoadError> {
-        all_resolved(self.slots.resolve_required(self))?;
+        let required = FUNCTIONS.iter().filter(|f| f.required);
+        all_resolved(required.filter_map(|f| self.slots.resolve_named(self, f.name)?.err()))?;
         let mut libraries = Vec::new();
         for library in Library::ALL {
             if FUNCTIONS.iter().any(|f| f.required && f.library == library) {
