@@ -581,6 +581,13 @@ pub(crate) fn start_chip(
                     residue: Vec::new(),
                 }
             }
+            parent::StartFailure::Deadline(ChildError::Spawn {
+                fault: SpawnFault::Stalled { binary, .. },
+                ..
+            }) => AttachFailure::Deadline {
+                step: format!("starting its process ({})", binary.display()),
+                residue: Vec::new(),
+            },
             parent::StartFailure::Child(e) | parent::StartFailure::Deadline(e) => {
                 RegistrationFailure::Child(e).into()
             }

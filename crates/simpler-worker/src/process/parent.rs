@@ -300,8 +300,11 @@ impl ChipProcess {
         mailbox
             .write_request(op::INIT, 0, &w.0)
             .map_err(|len| spawn_err(SpawnFault::InitTooLarge { len, capacity: PAYLOAD_BYTES }))?;
-        let child = spawn::spawn(&binary, chip.0, fd)
-            .map_err(|e| spawn_err(SpawnFault::Exec { binary, source: Arc::new(e) }))?;
+        let child = spawn::spawn(&binary, chip.0, fd, deadline).map_err(|fault| match fault {
+            // Past the deadline: the start failed by it, whatever held the spawn up.
+            SpawnFault::Stalled { .. } => StartFailure::Deadline(ChildError::Spawn { chip, fault }),
+            fault => spawn_err(fault),
+        })?;
         let pid = child.id();
         self.live = Some(Live { child, pid, mailbox });
         let started = Instant::now();

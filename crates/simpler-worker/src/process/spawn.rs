@@ -16,6 +16,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
 
 /// The name of the chip-process binary.
 pub(crate) const BINARY: &str = "simpler-chip-child";
@@ -42,6 +43,15 @@ pub enum SpawnFault {
         /// The mailbox's payload capacity.
         capacity: usize,
     },
+    /// The binary was not started by the deadline: its `exec` stalled (a binary on a hung file
+    /// system, say), or a spawn posted before this one did. Should it start later, the process
+    /// is killed and reaped as it does.
+    Stalled {
+        /// The binary.
+        binary: PathBuf,
+        /// How long the spawn was waited for.
+        waited: Duration,
+    },
     /// The system refused to start the binary.
     Exec {
         /// The binary.
@@ -61,6 +71,9 @@ impl fmt::Display for SpawnFault {
             SpawnFault::InitTooLarge { len, capacity } => {
                 write!(f, "the start request has {len} bytes, the mailbox holds {capacity}")
             }
+            SpawnFault::Stalled { binary, waited } => {
+                write!(f, "{} was not started within {waited:?}", binary.display())
+            }
             SpawnFault::Exec { binary, source } => {
                 write!(f, "cannot execute {}: {source}", binary.display())
             }
@@ -73,7 +86,9 @@ impl std::error::Error for SpawnFault {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             SpawnFault::Mailbox { source } | SpawnFault::Exec { source, .. } => Some(&**source),
-            SpawnFault::NoBinary { .. } | SpawnFault::InitTooLarge { .. } => None,
+            SpawnFault::NoBinary { .. }
+            | SpawnFault::InitTooLarge { .. }
+            | SpawnFault::Stalled { .. } => None,
         }
     }
 }
@@ -108,9 +123,11 @@ type Job = Box<dyn FnOnce() + Send>;
 /// workers that needed it.
 ///
 /// Invariant: `live` counts children spawned and not yet reaped, `pending` spawns posted and
-/// not yet answered; the thread exists iff `tx` is `Some`, and it is stopped (and joined)
-/// exactly when both are 0. The lock is never held while a spawn runs: an `exec` that stalls
-/// (a binary on a hung file system) must not hold up the reaps of other chips.
+/// not yet finished; the thread exists iff `tx` is `Some`, and it is stopped exactly when both
+/// are 0 (joined, or left to end by itself when it is the thread that stops it). A spawn's job
+/// settles both counts itself, so a caller that stopped waiting for it changes neither. The
+/// lock is never held while a spawn runs: an `exec` that stalls (a binary on a hung file
+/// system) must not hold up the reaps of other chips.
 struct Spawner {
     tx: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -125,51 +142,89 @@ fn spawner() -> std::sync::MutexGuard<'static, Spawner> {
     SPAWNER.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Runs `f` on the spawner thread (started if needed) and counts one more live child when
-/// it returns `Ok`. The spawn counts as pending from its post to its answer, so a concurrent
-/// last [`child_reaped`] cannot stop the thread in between; the lock is not held meanwhile.
+/// Why [`on_spawner`] returned no value.
+#[derive(Debug)]
+enum Unanswered {
+    /// The job failed, or the spawner thread is gone.
+    Io(std::io::Error),
+    /// The deadline passed first.
+    Late { waited: Duration },
+}
+
+/// Runs `f` on the spawner thread (started if needed) and waits for its answer until
+/// `deadline`. The job counts one more live child when `f` returns `Ok`; the spawn counts as
+/// pending from its post until then, so a concurrent last [`child_reaped`] cannot stop the
+/// thread in between. The lock is not held meanwhile. An answer that comes after the deadline
+/// is dropped where it is refused, so `T` must end what it stands for when dropped
+/// ([`Spawned`] kills and reaps its process).
 fn on_spawner<T: Send + 'static>(
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
-) -> std::io::Result<T> {
-    let lost = || std::io::Error::other("the spawner thread is gone");
+    deadline: Option<Instant>,
+) -> Result<T, Unanswered> {
+    let lost = || Unanswered::Io(std::io::Error::other("the spawner thread is gone"));
+    let posted = Instant::now();
     let answer = {
         let mut s = spawner();
         if s.tx.is_none() {
             let (tx, rx) = mpsc::channel::<Job>();
-            let thread = std::thread::Builder::new().name("simpler-chip-spawner".into()).spawn(
-                move || {
+            let thread = std::thread::Builder::new()
+                .name("simpler-chip-spawner".into())
+                .spawn(move || {
                     while let Ok(job) = rx.recv() {
                         job();
                     }
-                },
-            )?;
+                })
+                .map_err(Unanswered::Io)?;
             s.tx = Some(tx);
             s.thread = Some(thread);
         }
+        // One answer into a buffer of one: the job's send never blocks.
         let (rtx, rrx) = mpsc::sync_channel(1);
         let job: Job = Box::new(move || {
-            let _ = rtx.send(f());
+            let r = f();
+            settle(r.is_ok());
+            // Refused once the caller stopped waiting: the answer is dropped here.
+            let _ = rtx.send(r);
         });
         s.tx.as_ref().ok_or_else(lost)?.send(job).map_err(|_| lost())?;
         s.pending += 1;
         rrx
     };
-    let r = answer.recv().map_err(|_| lost()).and_then(|r| r);
+    let r = match deadline {
+        Some(d) => answer.recv_timeout(d.saturating_duration_since(Instant::now())),
+        None => answer.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+    };
+    match r {
+        Ok(r) => r.map_err(Unanswered::Io),
+        Err(mpsc::RecvTimeoutError::Timeout) => Err(Unanswered::Late { waited: posted.elapsed() }),
+        // The job ended without answering, so without settling: settle it here.
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            settle(false);
+            Err(lost())
+        }
+    }
+}
+
+/// The end of a posted spawn: it is no longer pending, and it started a child if `started`.
+fn settle(started: bool) {
     let mut s = spawner();
     s.pending -= 1;
-    if r.is_ok() {
+    if started {
         s.live += 1;
     } else if s.live == 0 && s.pending == 0 {
         stop(&mut s);
     }
-    r
 }
 
 fn stop(s: &mut Spawner) {
     s.tx = None;
     if let Some(t) = s.thread.take() {
-        // The thread only waits for jobs; with the sender gone it returns at once.
-        let _ = t.join();
+        // The thread only waits for jobs; with the sender gone it returns at once. On the
+        // spawner thread itself (a job that settles or drops a late answer) it returns once
+        // that job has, and cannot be joined from within.
+        if t.thread().id() != std::thread::current().id() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -182,9 +237,32 @@ pub(crate) fn child_reaped() {
     }
 }
 
+/// A started chip process on its way to the caller of [`spawn`]. Dropped before it was taken
+/// (an answer that came after the caller's deadline), it kills the process's group and reaps
+/// it: nobody else knows of that process.
+struct Spawned(Option<Child>);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let Some(mut child) = self.0.take() else { return };
+        // Unreaped and ours, so its pid is still its own group's id (it leads its group).
+        let pid = rustix::process::Pid::from_child(&child);
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        // The `exec` is over (the spawn answered), so a killed process ends at once.
+        let _ = child.wait();
+        child_reaped();
+    }
+}
+
 /// Starts `binary` for chip `chip` with `mailbox` as its only inherited descriptor beyond the
-/// standard streams. The caller calls [`child_reaped`] once it reaped the child.
-pub(crate) fn spawn(binary: &Path, chip: u32, mailbox: OwnedFd) -> std::io::Result<Child> {
+/// standard streams, waiting for the spawner thread until `deadline`. The caller calls
+/// [`child_reaped`] once it reaped the child.
+pub(crate) fn spawn(
+    binary: &Path,
+    chip: u32,
+    mailbox: OwnedFd,
+    deadline: Option<Instant>,
+) -> Result<Child, SpawnFault> {
     let raw = mailbox.as_raw_fd();
     let mut cmd = Command::new(binary);
     cmd.arg("--chip")
@@ -209,11 +287,29 @@ pub(crate) fn spawn(binary: &Path, chip: u32, mailbox: OwnedFd) -> std::io::Resu
             Ok(())
         });
     }
-    on_spawner(move || {
-        let child = cmd.spawn();
-        drop(mailbox);
-        child
-    })
+    let spawned = on_spawner(
+        move || {
+            #[cfg(test)]
+            tests::stall_if_armed(chip);
+            let child = cmd.spawn();
+            #[cfg(test)]
+            if let Ok(c) = &child {
+                tests::started(chip, c.id());
+            }
+            drop(mailbox);
+            child.map(|c| Spawned(Some(c)))
+        },
+        deadline,
+    );
+    let binary = binary.to_owned();
+    match spawned {
+        Ok(mut s) => s.0.take().ok_or_else(|| SpawnFault::Exec {
+            binary,
+            source: Arc::new(std::io::Error::other("the spawn answered without a process")),
+        }),
+        Err(Unanswered::Io(e)) => Err(SpawnFault::Exec { binary, source: Arc::new(e) }),
+        Err(Unanswered::Late { waited }) => Err(SpawnFault::Stalled { binary, waited }),
+    }
 }
 
 /// Marks every descriptor from `first` up close-on-exec: in one `close_range` call (Linux
@@ -273,7 +369,7 @@ fn mark_listed_from(first: i32) -> std::io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::os::fd::{AsFd, AsRawFd};
 
     use super::*;
@@ -297,14 +393,104 @@ mod tests {
         assert!(!marked(low), "a descriptor below it is not");
     }
 
+    /// Spawns for these chips wait before their `exec` until the test releases them.
+    static STALLED: Mutex<Vec<(u32, mpsc::Receiver<()>)>> = Mutex::new(Vec::new());
+
+    /// The spawn of `chip` waits, before its `exec`, until the returned sender sends or drops.
+    pub(crate) fn stall(chip: u32) -> mpsc::Sender<()> {
+        let (release, stalled) = mpsc::channel();
+        STALLED.lock().unwrap().push((chip, stalled));
+        release
+    }
+
+    pub(super) fn stall_if_armed(chip: u32) {
+        let armed = {
+            let mut stalled = STALLED.lock().unwrap();
+            let at = stalled.iter().position(|(c, _)| *c == chip);
+            at.map(|i| stalled.swap_remove(i).1)
+        };
+        if let Some(stalled) = armed {
+            let _ = stalled.recv();
+        }
+    }
+
+    /// The processes test spawns started: (chip, pid).
+    static STARTED: Mutex<Vec<(u32, u32)>> = Mutex::new(Vec::new());
+
+    pub(super) fn started(chip: u32, pid: u32) {
+        STARTED.lock().unwrap().push((chip, pid));
+    }
+
+    /// Waits (at most 10 s) for the spawn of `chip` to start a process, and returns its pid.
+    pub(crate) fn pid_of(chip: u32) -> u32 {
+        let began = Instant::now();
+        loop {
+            if let Some(&(_, pid)) = STARTED.lock().unwrap().iter().find(|(c, _)| *c == chip) {
+                return pid;
+            }
+            assert!(began.elapsed() < Duration::from_secs(10), "chip {chip} never started");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn spawns_held_up_past_their_deadline_fail_and_their_late_processes_are_killed_and_reaped() {
+        let dir = std::env::temp_dir().join(format!("simpler-stalled-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let script = dir.join("late.sh");
+        std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").expect("script");
+        let mut perms = std::fs::metadata(&script).expect("script").permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&script, perms).expect("chmod");
+        let fd = || OwnedFd::from(std::fs::File::open("/dev/null").expect("/dev/null"));
+
+        // The first spawn stalls in its exec; the second waits behind it on the spawner thread.
+        let (stalled, queued) = (7001, 7002);
+        let release = stall(stalled);
+        let deadline = || Some(Instant::now() + Duration::from_millis(300));
+        let first = {
+            let (script, fd) = (script.clone(), fd());
+            std::thread::spawn(move || spawn(&script, stalled, fd, deadline()))
+        };
+        // Posted once the first is held up in its exec (its stall was taken).
+        let began = Instant::now();
+        while STALLED.lock().unwrap().iter().any(|(c, _)| *c == stalled) {
+            assert!(began.elapsed() < Duration::from_secs(10), "the first spawn never ran");
+            std::thread::yield_now();
+        }
+        let second = spawn(&script, queued, fd(), deadline());
+        let first = first.join().unwrap();
+        for r in [first, second] {
+            let Err(SpawnFault::Stalled { waited, .. }) = r else { panic!("{r:?}") };
+            assert!(waited < Duration::from_secs(10), "waited {waited:?}");
+        }
+
+        // Both start once the exec goes on, with nobody waiting for them: each is killed and
+        // reaped (a zombie keeps its `/proc` entry until then).
+        drop(release);
+        for chip in [stalled, queued] {
+            let pid = pid_of(chip);
+            let entry = std::path::PathBuf::from(format!("/proc/{pid}"));
+            let began = Instant::now();
+            while entry.exists() {
+                assert!(began.elapsed() < Duration::from_secs(10), "{pid} still there");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_spawn_that_stalls_holds_no_lock_that_a_reap_needs() {
         let (release, stalled) = mpsc::channel::<()>();
         let spawning = std::thread::spawn(move || {
-            on_spawner(move || {
-                let _ = stalled.recv();
-                Ok(())
-            })
+            on_spawner(
+                move || {
+                    let _ = stalled.recv();
+                    Ok(())
+                },
+                None,
+            )
         });
         // Looked at without waiting for the lock, which a broken spawn would hold for good.
         let posted = || SPAWNER.try_lock().is_ok_and(|s| s.pending > 0);

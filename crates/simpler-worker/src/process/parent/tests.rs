@@ -27,7 +27,7 @@ thread_local! {
 /// A chip process around a running `/bin/true` (it ignores the chip arguments).
 fn process_of_true() -> (ChipProcess, u32) {
     let (mailbox, fd) = Mailbox::create().expect("memfd");
-    let child = spawn::spawn(Path::new("/bin/true"), 0, fd).expect("spawn /bin/true");
+    let child = spawn::spawn(Path::new("/bin/true"), 0, fd, None).expect("spawn /bin/true");
     let pid = child.id();
     (process_around(child, mailbox), pid)
 }
@@ -71,7 +71,7 @@ fn process_answered_here(name: &str) -> (ChipProcess, Mailbox, std::path::PathBu
     std::fs::set_permissions(&script, perms).expect("chmod");
     let (mailbox, fd) = Mailbox::create().expect("memfd");
     let peer = Mailbox::open(&fd, std::process::id()).expect("header is valid");
-    let child = spawn::spawn(&script, 0, fd).expect("spawn");
+    let child = spawn::spawn(&script, 0, fd, None).expect("spawn");
     mailbox.set_quietly(state::IDLE);
     (process_around(child, mailbox), peer, dir)
 }
@@ -163,7 +163,7 @@ fn late_child(name: &str, seconds: &str) -> (Live, u32, std::path::PathBuf) {
     std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
     std::fs::set_permissions(&script, perms).expect("chmod");
     let (mailbox, fd) = Mailbox::create().expect("memfd");
-    let child = spawn::spawn(&script, 0, fd).expect("spawn");
+    let child = spawn::spawn(&script, 0, fd, None).expect("spawn");
     let pid = child.id();
     (Live { child, pid, mailbox }, pid, dir)
 }
@@ -323,4 +323,36 @@ fn a_restarted_process_s_buffer_at_an_ended_one_s_address_is_told_apart_by_its_h
         other => panic!("{other:?}"),
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_chip_whose_process_is_not_started_by_the_start_deadline_fails_naming_that_step() {
+    // The exec of the chip binary stalls past the start deadline: the attach fails by the
+    // deadline, at it, naming the step, and the process that starts later is killed and reaped.
+    let chip = 7003;
+    let release = spawn::tests::stall(chip);
+    let opts = Arc::new(ProcessOptions::default().child_path("/bin/true"));
+    let init = ChipInit {
+        platform: Platform::A2a3Sim,
+        runtime: RuntimeVariant::HostBuildGraph,
+        device: 0,
+        prewarm: None,
+    };
+    let started = std::time::Instant::now();
+    let deadline = Some(started + std::time::Duration::from_millis(300));
+    let r =
+        crate::process::start_chip(WorkerId(chip), init, opts, deadline, &[], Default::default());
+    let waited = started.elapsed();
+    match r {
+        Err(crate::builder::AttachFailure::Deadline { step, residue }) => {
+            assert!(step.contains("starting its process (/bin/true)"), "{step}");
+            assert!(residue.is_empty());
+        }
+        Err(crate::builder::AttachFailure::Failed { message, .. }) => panic!("{message}"),
+        Ok(_) => panic!("started"),
+    }
+    assert!(waited < std::time::Duration::from_secs(10), "waited {waited:?}");
+    drop(release);
+    let pid = spawn::tests::pid_of(chip);
+    wait_reaped(pid, std::time::Instant::now(), || {});
 }
