@@ -32,8 +32,9 @@
 //! carries what the close did), or a rank that never confirmed (any other `Left` included,
 //! which says nothing of the close) becomes residue of the L4 close. A start that fails or
 //! unwinds before its endpoints exist shuts its sessions down together: every `Shutdown` first,
-//! then the waits, sharing one budget. (Endpoints dropped unstarted, after an engine that
-//! failed to start, still shut their sessions down one by one.)
+//! then the waits, sharing one budget. Endpoints dropped unstarted, after an engine that
+//! failed to start, do the same: the first one dropped shuts down every session of its start
+//! that is still open.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -283,16 +284,19 @@ impl Adoption {
         residue: &Arc<Mutex<Vec<Residue>>>,
     ) -> Vec<RemoteEndpoint> {
         let ids = Arc::clone(&self.ids);
-        std::mem::take(&mut self.started)
-            .into_iter()
+        let siblings: Siblings = std::mem::take(&mut self.started).into();
+        siblings
+            .iter()
             .map(|(id, session)| {
                 let rank = session.lock().rank;
                 RemoteEndpoint {
-                    id,
+                    id: *id,
                     rank,
-                    session,
+                    session: Arc::clone(session),
                     graphs: Arc::clone(&ids),
                     residue: Arc::clone(residue),
+                    siblings: Arc::clone(&siblings),
+                    shut_down: false,
                 }
             })
             .collect()
@@ -796,6 +800,9 @@ impl Drop for Session {
     }
 }
 
+/// Every session one start handed to endpoints, with its child's id.
+type Siblings = Arc<[(WorkerId, Arc<Mutex<Session>>)]>;
+
 /// The L4 endpoint of one remote L3 child.
 pub(crate) struct RemoteEndpoint {
     id: WorkerId,
@@ -804,6 +811,11 @@ pub(crate) struct RemoteEndpoint {
     session: Arc<Mutex<Session>>,
     graphs: GraphOrdinals,
     residue: Arc<Mutex<Vec<Residue>>>,
+    /// The sessions of every endpoint of the same start, this one's included: an endpoint
+    /// dropped unstarted shuts those still open down together.
+    siblings: Siblings,
+    /// Whether the engine shut this endpoint down.
+    shut_down: bool,
 }
 
 impl RemoteEndpoint {
@@ -872,6 +884,7 @@ impl Endpoint for RemoteEndpoint {
     }
 
     fn shutdown(&mut self) {
+        self.shut_down = true;
         let r = self.session.lock().shutdown(self.id);
         self.residue.lock().extend(r);
     }
@@ -890,10 +903,16 @@ fn fails_the_task(failure: &RemoteRunFailure) -> bool {
 }
 
 impl Drop for RemoteEndpoint {
-    /// Shuts a session down whose endpoint was never shut down (an engine that failed to
-    /// start). Never unwinds out of the drop.
+    /// An endpoint the engine never shut down (an engine that failed to start, which drops its
+    /// endpoints one after the other): the first one dropped shuts down every session of its
+    /// start still open together, as a rollback does, so that the ranks share one shutdown
+    /// budget instead of waiting in turn; the sessions it closed are no-ops for the drops that
+    /// follow. Never unwinds out of the drop.
     fn drop(&mut self) {
-        let residue = guarded(self.id, &self.session, |s| s.shutdown(self.id), |r| vec![r]);
+        if self.shut_down {
+            return;
+        }
+        let residue = shutdown_all(&self.siblings).into_iter().flat_map(|(_, r)| r);
         self.residue.lock().extend(residue);
     }
 }

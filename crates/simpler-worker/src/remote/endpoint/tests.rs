@@ -100,13 +100,13 @@ fn a_start_unwinding_after_a_session_was_adopted_still_shuts_that_session_down()
     assert_eq!(rank.join().unwrap(), Ok(()));
 }
 
-#[test]
-fn a_rollback_sends_every_shutdown_before_it_waits_for_any_confirmation() {
-    // Two adopted sessions whose ranks confirm nothing until both got their `Shutdown`: one
-    // after the other, the second `Shutdown` would wait for the first rank's whole budget.
-    let (t, wire) = detached::rank0(3);
-    let t = Arc::new(t);
-    let ranks = std::thread::spawn(move || {
+/// Ranks 1 and 2 of `wire` as serving ranks that confirm nothing until both got their
+/// `Shutdown`: shut down one after the other, the second `Shutdown` would wait for the first
+/// rank's whole budget.
+fn ranks_confirming_after_both_shutdowns(
+    wire: detached::Wire,
+) -> std::thread::JoinHandle<Result<(), String>> {
+    std::thread::spawn(move || {
         let mut sessions = Vec::new();
         for rank in [1, 2] {
             let Some((r, Packet::Hello { session })) = wire.sent(Duration::from_secs(10)) else {
@@ -132,18 +132,47 @@ fn a_rollback_sends_every_shutdown_before_it_waits_for_any_confirmation() {
             wire.answer(r, &Packet::ShutdownDone { errors: vec![] });
         }
         Ok(())
-    });
+    })
+}
+
+/// An adoption of ranks 1 and 2 of `t` as children 0 and 1.
+fn adopt_two(t: &Arc<Transport>) -> Adoption {
     let mut adoption = Adoption::new(std::iter::empty());
     for rank in [1, 2] {
-        let spec = RemoteL3 { transport: Arc::clone(&t), rank, liveness: Duration::from_secs(10) };
+        let spec = RemoteL3 { transport: Arc::clone(t), rank, liveness: Duration::from_secs(10) };
         let child = WorkerId(rank as u32 - 1);
         let started = adoption.start(child, spec, None, Duration::from_secs(10), "L4");
         assert!(started.is_ok(), "{started:?}");
     }
+    adoption
+}
+
+#[test]
+fn a_rollback_sends_every_shutdown_before_it_waits_for_any_confirmation() {
+    let (t, wire) = detached::rank0(3);
+    let t = Arc::new(t);
+    let ranks = ranks_confirming_after_both_shutdowns(wire);
+    let adoption = adopt_two(&t);
     let mut rollback = Vec::new();
     adoption.rollback(&mut rollback, "L4");
     assert_eq!(ranks.join().unwrap(), Ok(()));
     assert!(rollback.is_empty(), "{rollback:?}");
+}
+
+#[test]
+fn endpoints_dropped_unstarted_send_every_shutdown_before_they_wait_for_any_confirmation() {
+    // An engine that failed to start drops its endpoints one after the other.
+    let (t, wire) = detached::rank0(3);
+    let t = Arc::new(t);
+    let ranks = ranks_confirming_after_both_shutdowns(wire);
+    let residue = Arc::new(Mutex::new(Vec::new()));
+    let endpoints = adopt_two(&t).into_endpoints(&residue);
+    assert_eq!(endpoints.len(), 2);
+    for endpoint in endpoints {
+        drop(endpoint);
+    }
+    assert_eq!(ranks.join().unwrap(), Ok(()));
+    assert!(residue.lock().is_empty(), "{:?}", residue.lock());
 }
 
 #[test]
