@@ -388,11 +388,17 @@ fn a_run_whose_image_cannot_be_mapped_to_the_host_is_refused_not_passed_as_a_suc
     b.install.fail_call("halHostRegister", 0, 207_000).unwrap();
     let err =
         r.run(&RunRequest::new(run_id(5), slot, &v.args, &CallConfig::default())).unwrap_err();
-    assert!(
-        matches!(&err, DeviceError::Unsupported { run_id: Some(id), feature }
-            if *id == run_id(5) && feature.contains("host view")),
-        "{err}"
-    );
+    let DeviceError::Unsupported { run_id: Some(id), feature, cause: Some(cause) } = &err else {
+        panic!("{err}")
+    };
+    assert!(*id == run_id(5) && feature.contains("host view"), "{err}");
+    // The driver's refusal is the error's typed cause, not only a line in the log.
+    match &**cause {
+        DeviceError::Acl { source, .. } => {
+            assert_eq!((source.func, source.code), ("halHostRegister", 207_000));
+        }
+        e => panic!("{e}"),
+    }
     assert_eq!(count(&b.log(), "rtKernelLaunchWithHandleV2"), 0, "nothing was launched");
     assert!(r.health().is_healthy(), "the device itself is fine");
     v.free(&mut r);

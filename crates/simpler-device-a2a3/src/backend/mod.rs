@@ -43,6 +43,16 @@ pub(crate) enum AllocFailure {
     Refused(Box<DeviceError>),
 }
 
+/// Why [`Backend::host_map`] gave no host address for a range.
+#[derive(Debug)]
+pub(crate) enum NoHostView {
+    /// The range is not inside one live device allocation.
+    NotOneAllocation,
+    /// The device refused to map the allocation (onboard: the driver's error).
+    #[cfg_attr(not(feature = "onboard"), allow(dead_code))]
+    Refused(Box<DeviceError>),
+}
+
 /// A transfer's result when the only refusal is a range outside every allocation.
 pub(crate) fn in_range(done: bool, addr: u64, len: u64) -> Result<(), DeviceError> {
     let addr = crate::runner::DevicePtr(addr);
@@ -267,9 +277,8 @@ pub(crate) trait Backend: Send + fmt::Debug {
     fn fill(&self, dst: u64, value: u8, len: u64) -> Result<(), DeviceError>;
 
     /// The host address through which the device range `[addr, addr + len)` can be read and
-    /// written (the simulator: identity; onboard: a host mapping), `None` if it cannot be
-    /// mapped.
-    fn host_map(&self, addr: u64, len: u64) -> Option<*mut u8>;
+    /// written (the simulator: identity; onboard: a host mapping), or why there is none.
+    fn host_map(&self, addr: u64, len: u64) -> Result<*mut u8, NoHostView>;
 
     /// Memory counts for the ledger.
     fn memory_counts(&self) -> MemoryCounts;

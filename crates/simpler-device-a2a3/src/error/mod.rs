@@ -444,6 +444,10 @@ pub enum DeviceError {
         run_id: Option<RunId>,
         /// The feature.
         feature: String,
+        /// What refused it, when a call did (onboard: the driver's refusal to map an image to
+        /// the host).
+        #[source]
+        cause: Option<Box<DeviceError>>,
     },
     /// The simulated device's memory ran out (its limit, or the host allocator refused). The
     /// onboard backend reports what CANN refused as `AllocRefused`, with CANN's code.

@@ -133,8 +133,11 @@ impl Core {
                 format!("must be at most {} on this device (0 = auto)", self.max_block_dim),
             ));
         }
-        let unsupported =
-            |feature: &str| DeviceError::Unsupported { run_id, feature: feature.into() };
+        let unsupported = |feature: &str| DeviceError::Unsupported {
+            run_id,
+            feature: feature.into(),
+            cause: None,
+        };
         if cfg.pmu().is_some() {
             return Err(unsupported("PMU capture (CallConfig.pmu)"));
         }

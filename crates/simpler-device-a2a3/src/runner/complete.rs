@@ -77,7 +77,7 @@ impl Core {
         if !tracing::enabled!(tracing::Level::DEBUG) {
             return;
         }
-        let Some(view) = image_view(&*self.backend, run) else { return };
+        let Ok(view) = image_view(&*self.backend, run) else { return };
         for c in 0..3 * run.block_dim {
             let h = view.handshake(c);
             tracing::debug!(

@@ -98,7 +98,7 @@ use crate::abi::ABI_VERSION;
 use crate::abi::codes::AclCode;
 use crate::abi::launch::KernelArgs;
 use crate::aicpu::view::HostImageView;
-use crate::backend::{AllocFailure, Backend, EventHandle, LaunchHandle, StreamFault};
+use crate::backend::{AllocFailure, Backend, EventHandle, LaunchHandle, NoHostView, StreamFault};
 use crate::diag::{DiagPlan, Exporter, Outcome};
 use crate::error::{
     DeviceError, KernelKind, MemPurpose, PoisonCause, PoisonStep, RuntimeFault, StreamKind,
@@ -347,28 +347,38 @@ fn diag_feature(diag: &DiagPlan) -> Option<&'static str> {
 
 /// A run refused because its image cannot be viewed from the host: the handshake clear before
 /// the launch and the read of the latched status after it need that view, and a run whose
-/// status cannot be read must not pass for a success.
-fn unmapped_image(run_id: RunId) -> DeviceError {
+/// status cannot be read must not pass for a success. The device's refusal to map the image,
+/// when that was why, is the error's cause.
+fn unmapped_image(run_id: RunId, why: NoHostView) -> DeviceError {
     DeviceError::Unsupported {
         run_id: Some(run_id),
         feature: "a host view of the run's image, which the handshake clear before the launch \
                   and the status read after it need (the backend could not map the image, or \
                   its header no longer reads as the runtime's)"
             .into(),
+        cause: match why {
+            NoHostView::Refused(e) => Some(e),
+            NoHostView::NotOneAllocation => None,
+        },
     }
 }
 
-/// The host's view of `run`'s image, if the backend can map it.
+/// The host's view of `run`'s image, or why the backend gave none (a header that no longer
+/// reads as the runtime's counts as a range with no image).
 ///
 /// Callers build it only while no device thread runs the image: before the launch, after both
 /// streams completed, or after a drain found them idle.
-fn image_view<'a>(backend: &'a dyn Backend, run: &RunState) -> Option<HostImageView<'a>> {
+fn image_view<'a>(
+    backend: &'a dyn Backend,
+    run: &RunState,
+) -> Result<HostImageView<'a>, NoHostView> {
     let base = backend.host_map(run.image_addr, run.image_len)?;
     // SAFETY: `host_map` checked that the range is one live device allocation (the slot's
     // image arena, which the runner keeps allocated while the run exists), mapped at `base`
     // for as long as the backend borrow lives; the image was written by `write_image` and
     // uploaded at P14; callers build the view only while no device thread runs it (see above).
-    unsafe { HostImageView::from_raw(base, run.image_len) }.ok()
+    unsafe { HostImageView::from_raw(base, run.image_len) }
+        .map_err(|_| NoHostView::NotOneAllocation)
 }
 
 impl Core {
@@ -827,7 +837,8 @@ impl Core {
     /// since the upload, so the AICPU never takes a stale value for a core reporting in. A
     /// backend that cannot map the image refuses the run ([`unmapped_image`]).
     fn clear_handshakes(&self, run: &RunState) -> Result<(), DeviceError> {
-        let view = image_view(&*self.backend, run).ok_or_else(|| unmapped_image(run.run_id))?;
+        let view =
+            image_view(&*self.backend, run).map_err(|why| unmapped_image(run.run_id, why))?;
         for c in 0..3 * run.block_dim {
             // Relaxed: the launch that follows publishes the image to the device threads.
             view.handshake(c).aicore_done.store(0, Ordering::Relaxed);
@@ -923,7 +934,7 @@ impl Core {
                 self.backend.drain(Duration::ZERO, self.timeouts.op_execute)
             }
         };
-        let view = if device_readable { image_view(&*self.backend, run) } else { None };
+        let view = if device_readable { image_view(&*self.backend, run).ok() } else { None };
         let mut out = Exporter::new(&prefix, &mut run.report);
         if device_readable && view.is_none() && run.diag.swimlane > 0 {
             out.warn("swimlane records could not be read");

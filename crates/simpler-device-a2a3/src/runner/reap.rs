@@ -752,14 +752,15 @@ impl Core {
 
     /// The runtime's latched status (device idle).
     fn latched_status(&self, run: &RunState) -> Option<RuntimeFault> {
-        let view = image_view(&*self.backend, run)?;
+        let view = image_view(&*self.backend, run).ok()?;
         run.bound.as_ref()?.latched_status(&view)
     }
 
     /// R3's reads after both streams completed: latched status and device timing (soft). An
     /// image the host cannot view fails the reads ([`unmapped_image`]): its status is unknown.
     fn read_results(&self, run: &mut RunState) -> Result<(), DeviceError> {
-        let view = image_view(&*self.backend, run).ok_or_else(|| unmapped_image(run.run_id))?;
+        let view =
+            image_view(&*self.backend, run).map_err(|why| unmapped_image(run.run_id, why))?;
         let Some(bound) = run.bound.as_ref() else {
             run.report.warnings.push("device timing could not be read".into());
             return Ok(());

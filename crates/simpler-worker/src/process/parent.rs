@@ -635,6 +635,7 @@ impl ChipProcess {
         let Some(content) = catalog::content_of(c) else {
             return Err(DeviceError::Unsupported {
                 run_id: None,
+                cause: None,
                 feature: format!(
                     "'{}' in a chip process: only the reference programs (add, vector, bgemm) \
                      can cross, native code does not",

@@ -64,7 +64,7 @@ use self::reset::{Binds, SharedBinds, bind_for};
 use super::orch_object::{self, RegisterOp};
 use super::{
     AllocFailure, Backend, EventHandle, EventStatus, LaunchHandle, LaunchState, MemoryCounts,
-    ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats,
+    NoHostView, ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats,
 };
 use crate::abi::codes::AclCode;
 use crate::abi::launch::InitArgs;
@@ -622,18 +622,18 @@ impl Backend for OnboardDevice {
         self.transfer(CopyKind::Fill, dst, len, |a, off| a.buffer.fill(off, value, len))
     }
 
-    fn host_map(&self, addr: u64, len: u64) -> Option<*mut u8> {
-        self.bind().ok()?;
+    fn host_map(&self, addr: u64, len: u64) -> Result<*mut u8, NoHostView> {
+        let refused = |e| NoHostView::Refused(Box::new(acl(None, e)));
+        self.bind().map_err(refused)?;
         self.with_allocation(addr, len, |a, off| {
-            if a.mapping.is_none() {
-                a.mapping = HostMapping::map(&self.ctx, &a.buffer)
-                    .map_err(|e| tracing::warn!(device = self.ctx.device, error = %e, "host mapping refused"))
-                    .ok();
-            }
+            let mapping = match &a.mapping {
+                Some(m) => m,
+                None => a.mapping.insert(HostMapping::map(&self.ctx, &a.buffer).map_err(refused)?),
+            };
             // SAFETY: `off + len` lies inside the mapped allocation (checked above).
-            a.mapping.as_ref().map(|m| unsafe { m.host().add(off as usize) })
+            Ok(unsafe { mapping.host().add(off as usize) })
         })
-        .flatten()
+        .ok_or(NoHostView::NotOneAllocation)?
     }
 
     fn memory_counts(&self) -> MemoryCounts {

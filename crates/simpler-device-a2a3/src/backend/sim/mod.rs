@@ -77,7 +77,8 @@ use crate::abi::{
 use crate::aicpu::view::{CoreImageView, ImageView};
 use crate::backend::{
     AllocFailure, Backend, EventHandle, EventStatus, LaunchHandle, LaunchState, LoadedCode,
-    MemoryCounts, ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats, in_range,
+    MemoryCounts, NoHostView, ResolvedKernels, StreamFault, StreamStatus, SyncError, ThreadStats,
+    in_range,
 };
 use crate::callable::{ChipCallable, KernelCode};
 use crate::error::{
@@ -747,9 +748,10 @@ impl Backend for SimDevice {
         in_range(self.shared.memory.fill(dst, value, len), dst, len)
     }
 
-    fn host_map(&self, addr: u64, len: u64) -> Option<*mut u8> {
+    fn host_map(&self, addr: u64, len: u64) -> Result<*mut u8, NoHostView> {
         // Simulated device memory is host memory: the mapping is the identity.
-        self.shared.memory.find(addr, len).map(|_| addr as usize as *mut u8)
+        let found = self.shared.memory.find(addr, len);
+        found.map(|_| addr as usize as *mut u8).ok_or(NoHostView::NotOneAllocation)
     }
 
     fn memory_counts(&self) -> MemoryCounts {

@@ -93,6 +93,7 @@ impl BuildEnv for ReplayEnv {
     }
     fn heap_arena(&mut self, bytes: u64) -> Result<HeapArena, DeviceError> {
         Err(DeviceError::Unsupported {
+            cause: None,
             run_id: None,
             feature: format!("allocating {bytes} bytes while replaying a dependency graph"),
         })
