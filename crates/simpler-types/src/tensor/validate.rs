@@ -139,12 +139,15 @@ pub(super) fn first_violation(t: &Tensor) -> Result<(), TypesError> {
             computed: u64::from(contiguous),
         });
     }
-    let extent = span_elems(shape, stride);
-    if u128::from(t.extent_elems) != extent {
+    // An extent past `u64` fits no cache: it is the overflow the API reports for the same view.
+    let Ok(extent) = u64::try_from(span_elems(shape, stride)) else {
+        return Err(TypesError::SizeOverflow { what: "extent" });
+    };
+    if t.extent_elems != extent {
         return Err(TypesError::StaleLayoutCache {
             field: "extent_elems",
             stored: t.extent_elems,
-            computed: u64::try_from(extent).unwrap_or(u64::MAX),
+            computed: extent,
         });
     }
     if t.is_null() {
@@ -158,7 +161,8 @@ pub(super) fn first_violation(t: &Tensor) -> Result<(), TypesError> {
         return Ok(());
     }
     // `start_offset < 2^64`, `extent < 2^67` and `element_size ≤ 8`: no overflow in u128.
-    let needed_bytes = (u128::from(t.start_offset) + extent) * u128::from(dtype.element_size());
+    let needed_bytes =
+        (u128::from(t.start_offset) + u128::from(extent)) * u128::from(dtype.element_size());
     if needed_bytes > u128::from(t.size) {
         return Err(TypesError::ViewOutOfBounds { needed_bytes, buffer_bytes: t.size });
     }
@@ -328,6 +332,22 @@ mod tests {
                 stages_agree(&bad)?;
             }
         }
+    }
+
+    #[test]
+    fn a_descriptor_whose_extent_does_not_fit_u64_is_refused_as_an_overflow_not_a_stale_cache() {
+        // (2^32 - 1)^2 elements of one byte fit `u64`, but the strides spread them over about
+        // 2^65 elements: no cached extent can match.
+        let mut t = Tensor::zeroed();
+        t.ndims = 2;
+        t.dtype = DataType::Int8 as u8;
+        t.shapes = [u32::MAX, u32::MAX, 0, 0, 0];
+        t.strides = [u32::MAX, u32::MAX, 0, 0, 0];
+        t.extent_elems = u64::MAX;
+        let overflow = Err(TypesError::SizeOverflow { what: "extent" });
+        assert_eq!(t.validate(), overflow);
+        assert_eq!(Tensor::from_bytes(&t.to_bytes()).map(drop), overflow);
+        assert!(!is_well_formed(&t));
     }
 
     #[test]
