@@ -509,19 +509,13 @@ impl Session {
         })
     }
 
-    /// A wait's failure, returned as it is; one that ends the session for good (the rank stopped
-    /// answering, or a frame to or from it was lost) is kept, so later tasks fail at once.
+    /// A wait's failure, returned as it is and kept, so later tasks fail at once without
+    /// reaching the rank: every one ends the session for good (the rank stopped answering or
+    /// left, the transport stopped, or a frame to or from the rank was lost, of whatever kind:
+    /// the loss stays recorded, so every later wait would fail on it only after its request had
+    /// been sent and run).
     fn wait_failed(&mut self, e: RemoteError) -> RemoteError {
-        if matches!(
-            e,
-            RemoteError::Unresponsive { .. }
-                | RemoteError::SessionEnded { .. }
-                | RemoteError::Protocol { .. }
-                | RemoteError::Left { .. }
-                | RemoteError::Mpi { .. }
-        ) {
-            self.failed = Some(e.clone());
-        }
+        self.failed = Some(e.clone());
         e
     }
 

@@ -949,6 +949,12 @@ pub(crate) mod detached {
             route(&self.shared, rank, &p.encode());
         }
 
+        /// Records a frame from `rank` lost with `e`, as the MPI thread does for one it could not
+        /// receive or decode.
+        pub(crate) fn lose_incoming(&self, rank: i32, e: RemoteError) {
+            lose(&self.shared, rank, Way::In, e);
+        }
+
         /// From now on every send fails.
         pub(crate) fn cut(&self) {
             self.cmd.lock().take();
