@@ -50,10 +50,11 @@ use crate::worker::Worker;
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 /// The level of rank 0's worker, named when it stops answering.
 const RANK0_LEVEL: u8 = 4;
-/// The least a serving rank waits for MPI to send its `ShutdownDone`. The liveness budget
-/// measures rank 0's silence, not how long this rank's MPI thread takes to send a frame, so a
-/// short budget alone would report a frame still on its way as unconfirmed.
-const SHUTDOWN_DONE_FLOOR: Duration = Duration::from_secs(1);
+/// The least a serving rank waits for MPI to send the last frame of a session (its
+/// `ShutdownDone`, or the `Manifest` of a start that failed). The liveness budget measures rank
+/// 0's silence, not how long this rank's MPI thread takes to send a frame, so a short budget
+/// alone would report a frame still on its way as unconfirmed.
+const LAST_FRAME_FLOOR: Duration = Duration::from_secs(1);
 
 /// The graphs a serving rank runs for rank 0, registered in the same order and under the same
 /// names as rank 0 registers them on its L4 worker (checked at start).
@@ -240,8 +241,17 @@ fn serve_session(
     let worker = match builder.start() {
         Ok(w) => w,
         Err(e) => {
-            let start_error = Some(e.to_string());
-            let told = t.send(0, &Packet::Manifest { session, host, entries, start_error });
+            // The session ends with this frame: one MPI does not confirm sent must be seen here
+            // and told as this rank's `Left`, or rank 0 waits out its start deadline for it.
+            let manifest =
+                Packet::Manifest { session, host, entries, start_error: Some(e.to_string()) };
+            let told = t.send_confirmed(0, &manifest, rank0.liveness.max(LAST_FRAME_FLOOR));
+            if let Err(lost) = &told {
+                let cause = LeftCause::from(lost);
+                if let Err(send) = t.send(0, &Packet::Left { session, cause }) {
+                    tracing::warn!(error = %send, "could not tell rank 0 its Manifest was lost");
+                }
+            }
             return Err(start_failed(e, told));
         }
     };
@@ -265,7 +275,10 @@ fn serve_session(
             violation: ProtocolViolation::UnexpectedFrame { got: FrameKind::Hello, expected },
         };
         let cause = LeftCause::from(&e);
-        if let Err(send) = t.send(0, &Packet::Left { session: newer, cause }) {
+        // Confirmed, so that a lost one is at least logged: rank 0's newer start would wait out
+        // its deadline for this rank's `Manifest`.
+        let within = rank0.liveness.max(LAST_FRAME_FLOOR);
+        if let Err(send) = t.send_confirmed(0, &Packet::Left { session: newer, cause }, within) {
             tracing::warn!(error = %send, "could not tell rank 0's newer session this rank left");
         }
         e
@@ -315,7 +328,7 @@ fn serve_session(
                 // does not confirm sent must be seen here, or rank 0 may wait out its shutdown
                 // budget on a rank that serves on. An unconfirmed one may still arrive.
                 let done = Packet::ShutdownDone { errors };
-                let told = t.send_confirmed(0, &done, rank0.liveness.max(SHUTDOWN_DONE_FLOOR));
+                let told = t.send_confirmed(0, &done, rank0.liveness.max(LAST_FRAME_FLOOR));
                 if let Err(unconfirmed) = &told {
                     let cause = LeftCause::ShutdownDoneLost {
                         lost: Box::new(LeftCause::from(unconfirmed)),
@@ -569,6 +582,41 @@ mod tests {
             Err(ServeError::Remote(RemoteError::Finalized))
         ));
         assert!(shut_down(Ok(()), Ok(())).is_ok());
+    }
+
+    #[test]
+    fn a_failed_start_whose_manifest_is_not_confirmed_sent_is_unreported_and_told_as_left() {
+        // The start fails; MPI never confirms the `Manifest` that says so (the detached wire
+        // drops its receipt). Rank 0 must hear `Left` instead of waiting out its start deadline,
+        // and the rank's error must not claim rank 0 was told.
+        let (t, wire) = crate::remote::transport::detached::rank(1, 2);
+        let inbox = t.open_inbox(0).unwrap();
+        let rank0 = Rank0 { t: &t, inbox: &inbox, liveness: Duration::from_secs(10) };
+        wire.answer(0, &Packet::Hello { session: 7 });
+        let rank0_side = std::thread::spawn(move || {
+            let mut frames = Vec::new();
+            while frames.len() < 2
+                && let Some((_, p)) = wire.sent(Duration::from_secs(5))
+            {
+                frames.push(p);
+            }
+            frames
+        });
+        // Too many sub workers: the L3 worker cannot start.
+        let builder = crate::Worker::host(
+            simpler_device_a2a3::Platform::A2a3Sim,
+            simpler_device_a2a3::RuntimeVariant::HostBuildGraph,
+        )
+        .sub_workers(crate::MAX_SUB_WORKERS + 1);
+        let served = serve_session(&rank0, builder, ServedGraphs::default());
+        assert!(matches!(served, Err(ServeError::StartUnreported { .. })), "{served:?}");
+        let frames = rank0_side.join().unwrap();
+        assert!(matches!(frames.first(), Some(Packet::Manifest { session: 7, .. })), "{frames:?}");
+        assert!(
+            matches!(frames.get(1), Some(Packet::Left { session: 7, .. })),
+            "no Left after the lost Manifest: {frames:?}"
+        );
+        t.close_inbox(0, &inbox);
     }
 
     #[test]

@@ -898,6 +898,12 @@ pub(crate) mod detached {
 
     /// Rank 0 of a job of `size` ranks, and its wire.
     pub(crate) fn rank0(size: i32) -> (Transport, Wire) {
+        rank(0, size)
+    }
+
+    /// Rank `rank` of a job of `size` ranks, and its wire. The receipt of a frame sent for
+    /// confirmation is dropped with the frame, which fails the send as the MPI thread's end does.
+    pub(crate) fn rank(rank: i32, size: i32) -> (Transport, Wire) {
         let (tx, rx) = mpsc::channel();
         let shared = std::sync::Arc::new(Shared::new(size));
         let transport = Transport {
@@ -905,7 +911,7 @@ pub(crate) mod detached {
             cmd: Mutex::new(tx),
             thread: Mutex::new(None),
             next_seq: AtomicU64::new(1),
-            rank: 0,
+            rank,
             size,
             host: "detached".to_owned(),
         };
