@@ -106,7 +106,8 @@ tasks:
                    workspace tests (--deep: many more property-test cases); --runtime picks the
                    chip runtimes the device suites run under (default hbg)
   loom             loom model checks of the concurrency protocols
-  bench [ARGS]     criterion benchmarks (release); ARGS go to `cargo bench`
+  bench [ARGS]     criterion benchmarks (release): every bench of the workspace, or ARGS as
+                   `cargo bench`'s arguments (`-p simpler-sched --bench workloads`)
   build [--runtime hbg|trb|all]
                    every workspace target and each runtime's host-built device programs
   build --platform a2a3 [--runtime hbg|trb|all] [--standin]
@@ -126,10 +127,11 @@ fn ci() -> Result<(), String> {
     println!("\n==> xtask tidy");
     tidy::run(&workspace_root())?;
     cargo(&["fmt", "--all", "--check"], &[])?;
+    // `--all-features` includes the worker's `mpi` feature, whose build needs Open MPI; its
+    // install also brings libclang, which the bindings check below needs.
+    require_mpi()?;
     println!("\n==> cargo xtask bindgen --check");
     bindgen::run(true)?;
-    // `--all-features` includes the worker's `mpi` feature, whose build needs Open MPI.
-    require_mpi()?;
     cargo(
         &["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"],
         &[],
@@ -249,12 +251,14 @@ fn loom() -> Result<(), String> {
     Ok(())
 }
 
+/// `cargo bench` over the workspace's benches, or with `extra` as its arguments instead (a `--`
+/// in them passes what follows to the bench binaries).
 fn bench(extra: &[String]) -> Result<(), String> {
-    let mut args = vec!["bench", "--workspace", "--benches"];
-    if !extra.is_empty() {
-        args.push("--");
-        args.extend(extra.iter().map(String::as_str));
+    let mut args = vec!["bench"];
+    if extra.is_empty() {
+        args.extend(["--workspace", "--benches"]);
     }
+    args.extend(extra.iter().map(String::as_str));
     cargo(&args, &[])
 }
 

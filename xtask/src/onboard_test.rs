@@ -246,9 +246,12 @@ pub fn run_cases(
                     _ => "the whole-run limit was reached".to_owned(),
                 };
                 let dump = dump_group(child.id(), live.as_ref().map(|(c, _)| out.join(c)));
-                let _ = Command::new("kill")
-                    .args(["-s", "KILL", "--", &format!("-{}", child.id())])
-                    .status();
+                // The case leads its own group (`process_group(0)`) and is not reaped yet, so
+                // the group id is still its own. A kill that fails leaves it running, and the
+                // wait below would then hang on it: stop the batch instead.
+                let group = rustix::process::Pid::from_child(&child);
+                rustix::process::kill_process_group(group, rustix::process::Signal::KILL)
+                    .map_err(|e| format!("cannot kill the hung case process group: {e}\n{dump}"))?;
                 let _ = child.wait();
                 if let Some((case, started)) = live.take() {
                     let ms = started.elapsed().as_millis() as u64;
@@ -282,10 +285,18 @@ pub fn run_cases(
 
 /// The process tree of group `pgid` and the last lines of the live case's host log.
 fn dump_group(pgid: u32, case_dir: Option<PathBuf>) -> String {
+    // Every process, kept by its group id (the third column): `ps -g` selects by session.
     let tree = Command::new("ps")
-        .args(["-o", "pid,ppid,stat,etime,args", "-g", &pgid.to_string()])
+        .args(["-e", "-o", "pid,ppid,pgid,stat,etime,args"])
         .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .map(|o| {
+            let all = String::from_utf8_lossy(&o.stdout).into_owned();
+            let pgid = pgid.to_string();
+            let in_group = |(i, line): &(usize, &str)| {
+                *i == 0 || line.split_whitespace().nth(2) == Some(pgid.as_str())
+            };
+            all.lines().enumerate().filter(in_group).map(|(_, l)| format!("{l}\n")).collect()
+        })
         .unwrap_or_else(|e| format!("(ps failed: {e})"));
     let log = case_dir
         .map(|d| d.join("host.log"))
@@ -588,6 +599,7 @@ echo '{"event":"end","case":"a","status":"passed","ms":1,"rerun":true}'"#;
         assert!(started.elapsed() < Duration::from_secs(20), "the hang was not killed");
         let t = r.timed_out.as_deref().unwrap();
         assert!(t.contains("case `hangs` exceeded") && t.contains("process tree"), "{t}");
+        assert!(t.contains("sleep 30"), "the dump lists the group's processes: {t}");
         assert_eq!(r.cases[0].status, "timeout");
         assert_eq!(exit_code(&[r]), EXIT_TIMEOUT);
     }
