@@ -66,8 +66,12 @@ pub(crate) struct ChipState {
     prepared: HashMap<CallableId, Prepared>,
     /// Content whose rollback failed: unusable on this chip until close.
     unusable: HashSet<CallableId>,
-    /// User allocations: address → length.
+    /// Live user allocations (both modes): address → the allocation's serial, which its
+    /// `DeviceBuffer` carries, so that a copy of a freed buffer is told from an allocation that
+    /// reused its address.
     allocations: BTreeMap<u64, u64>,
+    /// The serial of the last user allocation.
+    last_serial: u64,
     /// Reused per run so that a run's arguments are not reallocated.
     scratch: TaskArgs,
     /// The next device run id ([`ChipState::next_run_id`]).
@@ -118,6 +122,7 @@ impl ChipState {
             prepared: HashMap::new(),
             unusable: HashSet::new(),
             allocations: BTreeMap::new(),
+            last_serial: 0,
             scratch: TaskArgs::new(),
             next_run: 1,
             faults,
@@ -140,6 +145,7 @@ impl ChipState {
             prepared: HashMap::new(),
             unusable: HashSet::new(),
             allocations: BTreeMap::new(),
+            last_serial: 0,
             scratch: TaskArgs::new(),
             next_run: 1,
             faults,
@@ -492,36 +498,47 @@ impl ChipState {
         self.process.as_ref().map_or(0, |p| p.generation())
     }
 
-    /// Refuses buffer `addr` (`len` bytes), allocated in chip process `process`
-    /// (`memory_process` then), when that process has ended.
-    pub(crate) fn check_memory_process(
+    /// Refuses buffer `addr` (`len` bytes, allocation `serial`), allocated in chip process
+    /// `process` (`memory_process` then), when that process has ended, or when the allocation
+    /// was freed (its address is free, or another allocation's since).
+    pub(crate) fn check_buffer(
         &mut self,
         process: u64,
         addr: u64,
         len: u64,
+        serial: u64,
     ) -> Result<(), MemError> {
-        match &mut self.process {
-            Some(p) => p.current_buffer(process, addr, len),
-            None => Ok(()),
+        if let Some(p) = &mut self.process {
+            p.current_buffer(process, addr, len)?;
         }
+        if self.allocations.get(&addr) != Some(&serial) {
+            return Err(MemError::Freed { chip: self.chip, addr, len });
+        }
+        Ok(())
     }
 
-    pub(crate) fn malloc(&mut self, bytes: u64) -> Result<u64, MemError> {
-        if let Some(p) = &mut self.process {
-            return p.malloc(bytes);
-        }
+    /// Allocates `bytes`: the address and the allocation's serial.
+    pub(crate) fn malloc(&mut self, bytes: u64) -> Result<(u64, u64), MemError> {
         let chip = self.chip;
-        let p = self.runner().and_then(|r| r.malloc(bytes)).map_err(|e| mem_err(chip, e))?;
-        self.allocations.insert(p.addr(), bytes);
-        Ok(p.addr())
+        let addr = match &mut self.process {
+            Some(p) => p.malloc(bytes)?,
+            None => {
+                self.runner().and_then(|r| r.malloc(bytes)).map_err(|e| mem_err(chip, e))?.addr()
+            }
+        };
+        self.last_serial += 1;
+        self.allocations.insert(addr, self.last_serial);
+        Ok((addr, self.last_serial))
     }
 
     pub(crate) fn free(&mut self, addr: u64) -> Result<(), MemError> {
-        if let Some(p) = &mut self.process {
-            return p.free(addr);
-        }
         let chip = self.chip;
-        self.runner().and_then(|r| r.free(DevicePtr(addr))).map_err(|e| mem_err(chip, e))?;
+        match &mut self.process {
+            Some(p) => p.free(addr)?,
+            None => {
+                self.runner().and_then(|r| r.free(DevicePtr(addr))).map_err(|e| mem_err(chip, e))?
+            }
+        }
         self.allocations.remove(&addr);
         Ok(())
     }

@@ -20,6 +20,9 @@ pub struct DeviceBuffer {
     chip: WorkerId,
     /// The chip process that allocated it (PROCESS mode; 0 in this process).
     process: u64,
+    /// Which allocation of its chip it is: a copy kept past `free` is refused even when a
+    /// later allocation got the same address.
+    serial: u64,
     addr: u64,
     len: u64,
 }
@@ -121,12 +124,13 @@ impl ChipMemory<'_> {
     pub fn malloc(&self, bytes: u64) -> Result<DeviceBuffer, WorkerError> {
         self.inner.off_lane("malloc")?;
         let _lease = self.inner.lease()?;
-        let (addr, process) = self
+        let ((addr, serial), process) = self
             .inner
             .on_chip(self.chip, move |s| s.malloc(bytes).map(|a| (a, s.memory_process())))??;
         let mut owned = self.inner.owned.lock();
         owned.entry(self.chip).or_default().record(process, addr, bytes);
-        Ok(DeviceBuffer { worker: self.inner.instance, chip: self.chip, process, addr, len: bytes })
+        let worker = self.inner.instance;
+        Ok(DeviceBuffer { worker, chip: self.chip, process, serial, addr, len: bytes })
     }
 
     /// Frees a buffer of this chip, after every run accepted before the call is published, so
@@ -144,7 +148,7 @@ impl ChipMemory<'_> {
         let _lease = self.inner.lease()?;
         self.inner.wait_accepted();
         self.inner.on_chip(self.chip, move |s| {
-            s.check_memory_process(buf.process, buf.addr, buf.len)?;
+            s.check_buffer(buf.process, buf.addr, buf.len, buf.serial)?;
             s.free(buf.addr)
         })??;
         if let Some(m) = self.inner.owned.lock().get_mut(&self.chip) {
@@ -159,9 +163,9 @@ impl ChipMemory<'_> {
         self.inner.off_lane("copy_to")?;
         let _lease = self.inner.lease()?;
         let bytes = data.to_vec();
-        let (base, len, process) = (buf.addr, buf.len, buf.process);
+        let (base, len, process, serial) = (buf.addr, buf.len, buf.process, buf.serial);
         Ok(self.inner.on_chip(self.chip, move |s| {
-            s.check_memory_process(process, base, len)?;
+            s.check_buffer(process, base, len, serial)?;
             s.copy_to(base + offset, &bytes)
         })??)
     }
@@ -177,8 +181,9 @@ impl ChipMemory<'_> {
         self.inner.off_lane("copy_from")?;
         let _lease = self.inner.lease()?;
         let (base, size, process, len) = (buf.addr, buf.len, buf.process, out.len());
+        let serial = buf.serial;
         let data = self.inner.on_chip(self.chip, move |s| {
-            s.check_memory_process(process, base, size)?;
+            s.check_buffer(process, base, size, serial)?;
             s.copy_from(base + offset, len)
         })??;
         out.copy_from_slice(&data);

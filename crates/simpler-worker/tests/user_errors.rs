@@ -423,3 +423,41 @@ fn an_engine_refusal_on_the_lane_is_the_lane_faults_source() {
     let source = fault.source().expect("the engine's error is the source");
     assert!(matches!(source.downcast_ref::<SchedError>(), Some(SchedError::ShuttingDown)));
 }
+
+#[test]
+fn a_copy_of_a_freed_buffer_is_refused_even_where_a_later_allocation_took_its_address() {
+    let w = host().chips(&[0]).start().expect("start");
+    let mem = w.chip_memory(simpler_types::WorkerId(0)).expect("memory");
+    let a = mem.malloc(4096).expect("malloc");
+    let stale = a;
+    mem.free(a).expect("free");
+    // The simulator's allocator hands freed blocks out again: allocate until the address comes
+    // back, so that the stale copy names a live allocation of someone else.
+    let mut others = Vec::new();
+    let b = loop {
+        let b = mem.malloc(4096).expect("malloc");
+        if b.addr() == stale.addr() {
+            break b;
+        }
+        others.push(b);
+        assert!(others.len() < 64, "the freed address never came back");
+    };
+    mem.copy_to(&b, 0, &[7; 8]).expect("copy to the live buffer");
+    let freed = |r: Result<(), WorkerError>| match r {
+        Err(WorkerError::Memory(simpler_worker::MemError::Freed { addr, .. })) => {
+            assert_eq!(addr, stale.addr());
+        }
+        other => panic!("the stale copy reached the live allocation: {other:?}"),
+    };
+    freed(mem.copy_to(&stale, 0, &[1; 8]));
+    freed(mem.copy_from(&stale, 0, &mut [0; 8]));
+    freed(mem.free(stale));
+    // The allocation that reused the address is untouched and still its owner's.
+    let mut back = [0u8; 8];
+    mem.copy_from(&b, 0, &mut back).expect("copy from the live buffer");
+    assert_eq!(back, [7; 8]);
+    for buf in others.into_iter().chain([b]) {
+        mem.free(buf).expect("free");
+    }
+    w.close().expect("close");
+}

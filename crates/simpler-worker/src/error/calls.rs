@@ -476,6 +476,16 @@ pub enum MemError {
         /// The chip's current process.
         process: u64,
     },
+    /// The buffer was freed: a copy of a `DeviceBuffer` kept past its `free`. Its address is
+    /// free, or belongs to a later allocation, which the call must not reach.
+    Freed {
+        /// The chip.
+        chip: WorkerId,
+        /// The buffer's device address.
+        addr: u64,
+        /// The buffer's length in bytes.
+        len: u64,
+    },
     /// The access leaves the buffer.
     OutOfRange {
         /// Offset of the access.
@@ -533,6 +543,11 @@ impl fmt::Display for MemError {
                 "buffer {addr:#x} ({len} bytes) of chip {chip} was allocated by its process \
                  #{buffer_process}, which has been replaced by process #{process}: its memory is \
                  gone"
+            ),
+            MemError::Freed { chip, addr, len } => write!(
+                f,
+                "buffer {addr:#x} ({len} bytes) of chip {chip} was freed; a copy of its handle \
+                 cannot reach the memory now at that address"
             ),
             MemError::OutOfRange { offset, len, size } => {
                 write!(

@@ -404,7 +404,8 @@ impl Child {
                 })?;
             }
             op::MALLOC => {
-                let addr = state.malloc(r.u64().map_err(malformed)?).map_err(|e| mem_frame(&e))?;
+                let (addr, _) =
+                    state.malloc(r.u64().map_err(malformed)?).map_err(|e| mem_frame(&e))?;
                 // Fault 10 answers a wild address instead (the allocation stays the chip's).
                 let addr = if self.fault == 10 {
                     self.fault = 0;
