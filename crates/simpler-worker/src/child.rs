@@ -78,13 +78,15 @@ impl Endpoint for ChildEndpoint {
                 };
                 Err(f.with_source(FailureSource::new(WorkerError::Run(e))))
             }
-            // The child's own error travels as the frame's source (`Frame::worker_error`).
+            // The child's own error travels as the frame's source (`Frame::worker_error`). Its
+            // text may hold a graph callback's own error, user code: formatted where that
+            // cannot panic out.
             Err(e @ WorkerError::Build { .. }) => {
-                let failure = EndpointFailure::task_failed(e.to_string());
+                let failure = EndpointFailure::task_failed(crate::sub::text_of(&e));
                 Err(failure.with_source(FailureSource::new(e)))
             }
             Err(e) => {
-                let failure = EndpointFailure::endpoint_failed(e.to_string());
+                let failure = EndpointFailure::endpoint_failed(crate::sub::text_of(&e));
                 Err(failure.with_source(FailureSource::new(e)))
             }
         }

@@ -124,9 +124,19 @@ fn panicked(payload: Box<dyn Any + Send>) -> EndpointFailure {
     }
 }
 
+/// `e`'s text, formatted where user code in it (a callback's error inside `e`) cannot panic
+/// out: a `Display` that panics or fails gives a text saying so instead.
+pub(crate) fn text_of(e: &dyn std::fmt::Display) -> String {
+    catch_unwind(AssertUnwindSafe(|| e.to_string())).unwrap_or_else(|p| {
+        let text = format!("(its text could not be formatted: {})", panic_text(p.as_ref()));
+        dispose(p);
+        text
+    })
+}
+
 /// Drops `value` where a panic in its drop cannot escape. The payload of such a panic is
 /// leaked rather than dropped, as dropping it could panic again.
-fn dispose<T>(value: T) {
+pub(crate) fn dispose<T>(value: T) {
     if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(value))) {
         std::mem::forget(p);
     }

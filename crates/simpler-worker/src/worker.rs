@@ -892,7 +892,11 @@ impl Worker {
                 },
                 Err(e) => BuildFailure::Callback(e),
             }),
-            Err(p) => Some(BuildFailure::Panicked(panic_text(p.as_ref()))),
+            Err(p) => {
+                let text = panic_text(p.as_ref());
+                crate::sub::dispose(p);
+                Some(BuildFailure::Panicked(text))
+            }
         };
         shared.keep([Box::new(f) as Box<dyn Any + Send>, Box::new(args), Box::new(config)]);
         shared.keep(keep.take());
@@ -906,8 +910,10 @@ impl Worker {
             (failure, rb) => {
                 let cause =
                     failure.unwrap_or(BuildFailure::Panicked("the run builder was lost".into()));
+                // The callback's error is user code: its text is formatted where it cannot
+                // panic out of this call, which still returns it typed.
                 if let Some(rb) = rb {
-                    rb.fail(cause.to_string());
+                    rb.fail(crate::sub::text_of(&cause));
                 }
                 self.inner.note_observed(&shared);
                 let _ = shared.wait_until(None);

@@ -461,3 +461,37 @@ fn a_copy_of_a_freed_buffer_is_refused_even_where_a_later_allocation_took_its_ad
     }
     w.close().expect("close");
 }
+
+/// An error whose `Display` fails, which `to_string` turns into a panic.
+#[derive(Debug)]
+struct FailsToFormat;
+
+impl std::fmt::Display for FailsToFormat {
+    fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        Err(std::fmt::Error)
+    }
+}
+
+impl std::error::Error for FailsToFormat {}
+
+#[test]
+fn a_graph_callback_whose_error_or_panic_cannot_be_formatted_or_dropped_still_gets_build() {
+    let mut b = host().sub_workers(1);
+    let ok = b.register_host("ok", |_| Ok(()));
+    let w = b.start().expect("start");
+    let graphs: [Orchestration; 3] = [
+        Orchestration::graph(|_, _, _| Err(Box::new(FailsToFormat))),
+        Orchestration::graph(|_, _, _| Err(Unprintable.into())),
+        Orchestration::graph(|_, _, _| std::panic::panic_any(GoesOffWhenDropped)),
+    ];
+    for (i, orch) in graphs.into_iter().enumerate() {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.submit(orch)));
+        match r {
+            Ok(Err(WorkerError::Build { .. })) => {}
+            Ok(other) => panic!("graph {i}: {:?}", other.map(|_| ())),
+            Err(_) => panic!("graph {i}: submit panicked instead of returning Build"),
+        }
+    }
+    // Every run was observed: the close has nothing unobserved to report.
+    still_serves_then_closes(w, ok);
+}
