@@ -669,6 +669,11 @@ pub(crate) struct ChipEndpoint {
     pub(crate) state: ChipState,
     /// Teardown residue, read by the worker after the engine joined this thread.
     pub(crate) residue: Arc<Mutex<Vec<Residue>>>,
+    /// The worker this chip is part of, and its lineage: a task's preparation runs user code
+    /// (a native orchestration) on this thread, the chip's lane, and a call from it back into
+    /// the worker is `Reentrant`, never a wait for this lane.
+    pub(crate) instance: u64,
+    pub(crate) lineage: crate::reentry::Lineage,
 }
 
 impl Endpoint for ChipEndpoint {
@@ -682,6 +687,8 @@ impl Endpoint for ChipEndpoint {
     }
 
     fn run(&mut self, task: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
+        let _on_lane = crate::reentry::enter_lane(self.instance);
+        let _acting = crate::reentry::enter_lineage(&self.lineage);
         if crate::staging::has_host_tensors(task.args) {
             return crate::staging::run_staged(
                 &mut self.state,

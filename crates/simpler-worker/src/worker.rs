@@ -781,7 +781,12 @@ impl Worker {
         // that run (depth 2) or after (depth 1, or a quick failure).
         let behind = self.inner.oldest_unfinished_run();
         let (tx, rx) = mpsc::sync_channel::<(Option<RunId>, Result<(), DeviceError>)>(1);
+        let (instance, lineage) = (self.inner.instance, Arc::clone(&self.inner.lineage));
         let job = Box::new(move |s: &mut ChipState| {
+            // The preparation runs user code (a native orchestration) on this lane: a call from
+            // it back into the worker is `Reentrant`, never a wait for this very lane.
+            let _on_lane = reentry::enter_lane(instance);
+            let _acting = reentry::enter_lineage(&lineage);
             let (run, prepared) = s.begin_run(&id, args.view(), &config, None);
             match (run, prepared) {
                 (Some(run), Ok(p)) => {

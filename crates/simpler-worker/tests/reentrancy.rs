@@ -408,3 +408,68 @@ fn submit_run_and_close_from_a_closure_on_an_l3_chip_lane_are_reentrant() {
     });
     assert_eq!(answers.unwrap(), ["submit", "run", "close"]);
 }
+
+/// The worker and chip a native orchestration calls back into, and what it was answered.
+#[cfg(feature = "sim")]
+static CALLED_BACK: Mutex<Option<(Arc<Worker>, WorkerId)>> = Mutex::new(None);
+#[cfg(feature = "sim")]
+static ANSWERS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// A native orchestration that asks its own worker for the chip's memory ledger: a memory call
+/// made on the chip's lane, where the preparation runs it.
+#[cfg(feature = "sim")]
+fn asks_its_worker(
+    _: &mut simpler_device_a2a3::OrchCtx<'_>,
+    _: &simpler_device_a2a3::OrchArgs<'_>,
+) -> Result<(), simpler_device_a2a3::OrchError> {
+    let target = CALLED_BACK.lock().unwrap().clone();
+    if let Some((w, chip)) = target {
+        let answer = match w.chip_memory(chip).or_else(|_| w.memory()).map(|m| m.ledger()) {
+            Ok(Err(WorkerError::Reentrant { op, .. })) => op.to_owned(),
+            other => format!("not reentrant: {:?}", other.map(|r| r.map(drop))),
+        };
+        ANSWERS.lock().unwrap().push(answer);
+    }
+    Ok(())
+}
+
+#[cfg(feature = "sim")]
+fn asks_its_worker_callable() -> simpler_device_a2a3::ChipCallable {
+    simpler_device_a2a3::ChipCallable::native(asks_its_worker, |_| Default::default())
+        .names("asks_its_worker", "asks_its_worker_config")
+        .build()
+        .expect("valid")
+}
+
+#[cfg(feature = "sim")]
+#[test]
+fn a_native_orchestration_calling_back_into_its_worker_is_reentrant_at_l2_and_l3() {
+    // The orchestration of a host_build_graph run is prepared on the chip's lane; a memory call
+    // from it would queue behind the preparation that waits for it.
+    let mut l2 = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph);
+    let at_l2 = l2.register_chip(asks_its_worker_callable());
+    let mut l3 = host().chips(&[0]);
+    let at_l3 = l3.register_chip(asks_its_worker_callable());
+    let l2 = Arc::new(l2.start().unwrap());
+    let l3 = Arc::new(l3.start().unwrap());
+    let runs: [(Arc<Worker>, Orchestration); 2] = [
+        (Arc::clone(&l2), Orchestration::chip(at_l2, TaskArgs::new())),
+        (
+            Arc::clone(&l3),
+            Orchestration::graph(move |g, _, _| {
+                g.submit_next_level(at_l3, TaskArgs::new(), &CallConfig::default(), WorkerId(0))?;
+                Ok(())
+            }),
+        ),
+    ];
+    for (w, orch) in runs {
+        *CALLED_BACK.lock().unwrap() = Some((Arc::clone(&w), WorkerId(0)));
+        let ran = bounded("a run whose orchestration calls back", move || w.run(orch).is_ok());
+        *CALLED_BACK.lock().unwrap() = None;
+        assert!(ran.is_ok(), "{ran:?}");
+    }
+    assert_eq!(*ANSWERS.lock().unwrap(), ["ledger", "ledger"]);
+    for w in [l2, l3] {
+        Arc::into_inner(w).expect("the only handle").close().expect("close");
+    }
+}

@@ -502,15 +502,20 @@ impl HostWorkerBuilder {
         registry.next_seq = self.common.next_seq;
         let registry = Arc::new(RwLock::new(registry));
         let residue = Arc::new(Mutex::new(Vec::new()));
+        let lineage = reentry::lineage_of(self.common.instance);
         let next_level: Vec<Box<dyn Endpoint>> = states
             .into_iter()
             .map(|state| {
-                Box::new(ChipEndpoint { state, residue: Arc::clone(&residue) }) as Box<dyn Endpoint>
+                Box::new(ChipEndpoint {
+                    state,
+                    residue: Arc::clone(&residue),
+                    instance: self.common.instance,
+                    lineage: Arc::clone(&lineage),
+                }) as Box<dyn Endpoint>
             })
             .collect();
         let ring = self.common.engine_ring(self.heap_ring_size, self.alloc_timeout);
         // On failure the endpoints are dropped, which finalizes every chip into `residue`.
-        let lineage = reentry::lineage_of(self.common.instance);
         let engine = build_engine(3, ring, next_level, subs, &lineage, &registry, &path)
             .map_err(|e| with_residue(e, &residue, &path))?;
         // Release: a chip wait that sees it set sees a started worker.
