@@ -1,7 +1,7 @@
 //! Chip lanes: the one thread that owns a chip's `DeviceRunner` and makes every device call for
 //! it (`docs/worker-protocols.md` §1, §7).
 //!
-//! At L3 the lane is the engine's endpoint thread of the chip ([`ChipEndpoint`]); control
+//! At L3 the lane is the engine's endpoint thread of the chip (`ChipEndpoint`); control
 //! work (registration, memory) reaches it through the engine's control jobs and queues behind
 //! earlier tasks. At L2 ([`ChipLane`]) the lane is a thread of its own fed by a channel. Both
 //! wrap the same [`ChipState`]: the runner, the content-keyed slot table and the user
@@ -34,10 +34,10 @@ use simpler_device_a2a3::{
     ActiveRun, ChipCallable, ChipSlot, DeviceError, DevicePtr, DeviceRunner, MemoryLedger,
     PreparedRun, RunRequest,
 };
-use simpler_sched::{DispatchedMember, Endpoint, EndpointCaps, EndpointFailure};
+use simpler_sched::EndpointFailure;
 use simpler_types::{
     CallConfig, CallableId, EndpointOutcome, FailureSource, RunId, TaskArgs, TaskArgsView, TaskId,
-    WorkerId, WorkerType,
+    WorkerId,
 };
 
 use crate::error::{
@@ -662,66 +662,6 @@ pub(crate) fn device_failure(e: DeviceError) -> EndpointFailure {
         f = f.with_device_code(c);
     }
     f.with_source(FailureSource::new(e))
-}
-
-/// The chip endpoint of an L3 engine: its endpoint thread is the chip's lane.
-pub(crate) struct ChipEndpoint {
-    pub(crate) state: ChipState,
-    /// Teardown residue, read by the worker after the engine joined this thread.
-    pub(crate) residue: Arc<Mutex<Vec<Residue>>>,
-    /// The worker this chip is part of, and its lineage: a task's preparation runs user code
-    /// (a native orchestration) on this thread, the chip's lane, and a call from it back into
-    /// the worker is `Reentrant`, never a wait for this lane.
-    pub(crate) instance: u64,
-    pub(crate) lineage: crate::reentry::Lineage,
-}
-
-impl Endpoint for ChipEndpoint {
-    fn caps(&self) -> EndpointCaps {
-        EndpointCaps {
-            worker_type: WorkerType::NextLevel,
-            id: self.state.chip,
-            remote: false,
-            name: format!("chip {}", self.state.chip),
-        }
-    }
-
-    fn run(&mut self, task: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
-        let _on_lane = crate::reentry::enter_lane(self.instance);
-        let _acting = crate::reentry::enter_lineage(&self.lineage);
-        if crate::staging::has_host_tensors(task.args) {
-            return crate::staging::run_staged(
-                &mut self.state,
-                task.callable,
-                task.args,
-                task.config,
-                task.task,
-            );
-        }
-        self.state.run(task.callable, task.args, task.config, task.task)
-    }
-
-    /// Finalizes the chip; a finalize that panics is reported as the chip's residue (the
-    /// endpoint thread would only log it), so the worker's close returns it.
-    fn shutdown(&mut self) {
-        let residue = match catch_unwind(AssertUnwindSafe(|| self.state.finalize())) {
-            Ok(residue) => residue,
-            Err(p) => {
-                let message = panic_text(p.as_ref());
-                let cause = TeardownCause::Panicked { step: "finalize", message };
-                vec![Residue::failed(TeardownPart::Chip(self.state.chip), cause)]
-            }
-        };
-        self.residue.lock().extend(residue);
-    }
-}
-
-impl Drop for ChipEndpoint {
-    /// Finalizes a chip whose endpoint was never shut down (an engine that failed to start);
-    /// after a shutdown there is nothing left to finalize. Never unwinds out of the drop.
-    fn drop(&mut self) {
-        self.shutdown();
-    }
 }
 
 type LaneFn = Box<dyn FnOnce(&mut ChipState) + Send>;

@@ -90,6 +90,7 @@
 mod builder;
 mod child;
 mod chip;
+mod chip_endpoint;
 mod close;
 mod code_names;
 mod deferred_drop;
@@ -106,6 +107,7 @@ mod memory;
 #[allow(unsafe_code)]
 mod process;
 mod reentry;
+mod registration;
 #[cfg(feature = "mpi")]
 pub mod remote;
 mod run;

@@ -1,5 +1,5 @@
-//! `Worker`: registration, submit and admission at every level (`docs/worker-protocols.md`
-//! §5); closing is in the `close` module.
+//! `Worker`: submit and admission at every level (`docs/worker-protocols.md` §5); registration
+//! is in the `registration` module, closing in the `close` module.
 //!
 //! # Lifecycle
 //!
@@ -26,27 +26,20 @@ use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
-use simpler_device_a2a3::{ChipCallable, DeviceError, Platform, PlatformLimits, RuntimeVariant};
+use simpler_device_a2a3::{DeviceError, Platform, PlatformLimits, RuntimeVariant};
 use simpler_sched::{EndpointFailure, Engine};
-use simpler_types::{
-    CallConfig, CallableId, CallableKind, RunFailure, RunId, TaskArgsView, Tensor, WorkerId,
-    WorkerRef,
-};
+use simpler_types::{CallableId, CallableKind, RunFailure, RunId, Tensor, WorkerId, WorkerRef};
 
 use crate::builder::{ChipWorkerBuilder, CompositeWorkerBuilder, HostWorkerBuilder};
-use crate::chip::{ChipEndpoint, ChipLane, ChipState, LaneReply};
+use crate::chip::{ChipLane, ChipState};
+use crate::chip_endpoint::ChipEndpoint;
 use crate::close::{CloseGate, Lifecycle, UnobservedFailures};
 use crate::deferred_drop;
-use crate::error::{
-    BoxError, BuildFailure, Frame, LaneFault, RegistrationFailure, Residue, RunError, WorkerError,
-};
+use crate::error::{BuildFailure, Frame, LaneFault, Residue, RunError, WorkerError};
 use crate::graph::{GraphBuilder, OrchBody, Orchestration};
-use crate::handle::{
-    CallableHandle, Entry, GraphFn, HostFn, Registration, Registry, SharedRegistry, name_in,
-};
+use crate::handle::{Registry, SharedRegistry, name_in};
 use crate::lane_fence::LaneFence;
 use crate::memory::{ChipAllocations, ChipMemory};
-use crate::process::ChildError;
 use crate::reentry;
 use crate::run::{Fence, RunHandle, RunShared, frames_of, kind_of, kind_of_mechanism, panic_text};
 
@@ -154,7 +147,7 @@ impl Inner {
         Ok(ChipMemory { inner: self, chip })
     }
 
-    fn chips(&self) -> Vec<WorkerId> {
+    pub(crate) fn chips(&self) -> Vec<WorkerId> {
         match &self.body {
             Body::Chip(lane) => vec![lane.chip],
             Body::Engine { chips, .. } => chips.clone(),
@@ -411,301 +404,6 @@ impl Worker {
         match &self.inner.body {
             Body::Chip(lane) => lane.depth,
             Body::Engine { .. } => 1,
-        }
-    }
-
-    /// Adds a handle. `id` is the content id of a chip callable; closures and graphs get a
-    /// fresh id from the registration number, assigned under the same lock.
-    fn register(&self, name: &str, id: Option<CallableId>, entry: Entry) -> CallableHandle {
-        let mut reg = self.inner.registry.write();
-        reg.next_seq += 1;
-        let seq = reg.next_seq;
-        let kind = match entry {
-            Entry::Host(_) => CallableKind::Host,
-            Entry::Graph(_) => CallableKind::Graph,
-            Entry::Chip(_) => CallableKind::Chip,
-        };
-        let id = id.unwrap_or_else(|| Registry::closure_id(self.inner.instance, seq, kind));
-        let r = Registration { name: Arc::from(name), entry };
-        reg.runnable.entry(id).or_insert_with(|| r.clone());
-        reg.handles.insert(seq, (id, r));
-        CallableHandle { worker: self.inner.instance, seq, id }
-    }
-
-    /// Registers a host closure (L3+, needs sub workers); visible to every sub worker before
-    /// the call returns.
-    pub fn register_host(
-        &self,
-        name: &str,
-        f: impl Fn(TaskArgsView<'_>) -> Result<(), BoxError> + Send + Sync + 'static,
-    ) -> Result<CallableHandle, WorkerError> {
-        if self.inner.level < 3 {
-            return Err(WorkerError::WrongLevel { op: "register_host", level: self.inner.level });
-        }
-        let _lease = self.inner.lease()?;
-        if self.inner.subs == 0 {
-            return Err(WorkerError::NoEligibleTarget {
-                callable: name.to_owned(),
-                needs: "sub workers",
-            });
-        }
-        let f: Arc<HostFn> = Arc::new(f);
-        Ok(self.register(name, None, Entry::Host(f)))
-    }
-
-    /// Registers a graph a child runs (L4+, needs children). On a started worker with L3
-    /// children on other MPI ranks (feature `mpi`) it reaches every rank in two phases, all or
-    /// nothing: [`WorkerError::RemoteRegistration`] names the rank that refused. A rank the
-    /// commit then cannot reach fails for good, its tasks with `RemoteError::CommitLost`
-    /// (`docs/multi-host.md`, "Registration after start").
-    pub fn register_graph(
-        &self,
-        name: &str,
-        g: impl Fn(&mut GraphBuilder<'_>, TaskArgsView<'_>, &CallConfig) -> Result<(), BoxError>
-        + Send
-        + Sync
-        + 'static,
-    ) -> Result<CallableHandle, WorkerError> {
-        if self.inner.level < 4 {
-            return Err(WorkerError::WrongLevel { op: "register_graph", level: self.inner.level });
-        }
-        let _lease = self.inner.lease()?;
-        if self.child_ids().is_empty() {
-            return Err(WorkerError::NoEligibleTarget {
-                callable: name.to_owned(),
-                needs: "child workers",
-            });
-        }
-        let g: Arc<GraphFn> = Arc::new(g);
-        #[cfg(feature = "mpi")]
-        return self
-            .inner
-            .remote_children
-            .register_graph(name, || self.register(name, None, Entry::Graph(g)));
-        #[cfg(not(feature = "mpi"))]
-        Ok(self.register(name, None, Entry::Graph(g)))
-    }
-
-    /// Registers a chip callable on every chip (L2, L3).
-    pub fn register_chip(&self, c: &ChipCallable) -> Result<CallableHandle, WorkerError> {
-        let chips = self.inner.chips();
-        self.register_chip_on(c, &chips)
-    }
-
-    /// Registers a chip callable on `chips`, all or nothing: a failure rolls back the chips
-    /// that succeeded.
-    pub fn register_chip_on(
-        &self,
-        c: &ChipCallable,
-        chips: &[WorkerId],
-    ) -> Result<CallableHandle, WorkerError> {
-        if self.inner.level > 3 {
-            return Err(WorkerError::WrongLevel { op: "register_chip", level: self.inner.level });
-        }
-        let _lease = self.inner.lease()?;
-        let name = c.entry_name().to_owned();
-        if chips.is_empty() {
-            return Err(WorkerError::NoEligibleTarget { callable: name, needs: "chips" });
-        }
-        let known = self.inner.chips();
-        if let Some(bad) = chips.iter().find(|c| !known.contains(c)) {
-            return Err(WorkerError::NoSuchChild { id: *bad });
-        }
-        // Each chip holds one reference per registration; a chip named twice would take two
-        // and give one back at unregistration.
-        if let Some(i) = (1..chips.len()).find(|&i| chips[..i].contains(&chips[i])) {
-            return Err(WorkerError::DuplicateChip { callable: name, chip: chips[i] });
-        }
-        // From a closure on one of this worker's lanes the call could wait for a lane that
-        // waits for it: refused before anything changed, so nothing needs rolling back.
-        self.inner.off_lane("register_chip")?;
-        // Chip registrations are serialized among themselves (pending-removal check, lane
-        // preparation, rollback), never with submits, so a callback may register.
-        let _serial = self.inner.chip_registration.lock();
-        let id = c.id();
-        if let Some((_, pending)) = self.inner.chip_pending.lock().iter().find(|(i, _)| *i == id)
-            && let Some(chip) = pending.iter().find(|p| chips.contains(p))
-        {
-            return Err(WorkerError::RemovalPending { callable: name, chip: *chip });
-        }
-        let mut done: Vec<WorkerId> = Vec::new();
-        for &chip in chips {
-            let callable = c.clone();
-            // `None`: the pair is unusable after an earlier failed removal.
-            let r = self.inner.on_chip(chip, move |s| {
-                (!s.is_unusable(&callable.id())).then(|| s.register(&callable))
-            });
-            let failure = match r {
-                Ok(Some(Ok(()))) => {
-                    done.push(chip);
-                    continue;
-                }
-                Ok(Some(Err(e))) => e,
-                // The pair is unusable, or the lane could not serve the call (its own typed
-                // error): nothing to add about the device.
-                Ok(None) | Err(_) => {
-                    let rollback_failed = self.roll_back_chips(&done, id, &name);
-                    if !rollback_failed.is_empty() {
-                        tracing::error!(callable = %name, "rolling back chip(s) {rollback_failed:?} failed; the pairs are unusable");
-                    }
-                    return Err(match r {
-                        Err(e) => e,
-                        _ => WorkerError::CallableUnusable { callable: name, chip },
-                    });
-                }
-            };
-            let rollback_failed = self.roll_back_chips(&done, id, &name);
-            // An unusable chip is reported as such whichever call met it.
-            if matches!(
-                failure,
-                RegistrationFailure::Device(DeviceError::Unusable { .. })
-                    | RegistrationFailure::Child(ChildError::Unusable { .. })
-            ) {
-                if !rollback_failed.is_empty() {
-                    tracing::error!(callable = %name, "rolling back chip(s) {rollback_failed:?} failed; the pairs are unusable");
-                }
-                let (code, message) = (failure.device_code(), failure.to_string());
-                let (child, device) = match failure {
-                    RegistrationFailure::Child(e) => (Some(Box::new(e)), None),
-                    RegistrationFailure::Device(e) => (None, Some(Arc::new(e))),
-                };
-                return Err(WorkerError::DeviceUnusable { chip, code, message, child, device });
-            }
-            return Err(WorkerError::Registration {
-                callable: name,
-                chip,
-                source: Box::new(failure),
-                rollback_failed,
-            });
-        }
-        Ok(self.register(&name, Some(id), Entry::Chip(chips.to_vec())))
-    }
-
-    /// Drops the reference a failed registration took on each of `chips`; returns the chips
-    /// where that failed (the chip state marks those pairs unusable).
-    fn roll_back_chips(&self, chips: &[WorkerId], id: CallableId, name: &str) -> Vec<WorkerId> {
-        let mut failed = Vec::new();
-        for &chip in chips {
-            match self.inner.on_chip(chip, move |s| s.release(&id)) {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!(%chip, callable = %name, "rollback failed: {e}");
-                    failed.push(chip);
-                }
-                Err(e) => {
-                    tracing::warn!(%chip, callable = %name, "rollback failed: {e}");
-                    failed.push(chip);
-                }
-            }
-        }
-        failed
-    }
-
-    /// Unregisters a handle. Runs already accepted keep the callable; later submits with the
-    /// handle get `UnknownCallable`. At L2 the chip's release queues on its lane behind those
-    /// runs, so it returns once the run in flight has finished; at L3, while runs are live, the
-    /// release waits for the last of them.
-    pub fn unregister(&self, handle: CallableHandle) -> Result<(), WorkerError> {
-        if handle.worker != self.inner.instance {
-            return Err(WorkerError::ForeignHandle { handle });
-        }
-        // Declared before the lease: a closure's captures, dropped here when this was its last
-        // handle, may close the worker, which waits for every lease (`deferred_drop`).
-        let _deferred = deferred_drop::scope();
-        let _lease = self.inner.lease()?;
-        let mut reg = self.inner.registry.write();
-        // As in `register_chip`: refused from a lane of this worker before the handle is
-        // removed, so the handle and its chips' references stay as they were.
-        if let Some((_, Registration { entry: Entry::Chip(_), .. })) = reg.handles.get(&handle.seq)
-        {
-            self.inner.off_lane("unregister")?;
-        }
-        // Read under the registry write lock: a submit joins the accepted set before it looks
-        // a callable up, so either this sees its run (and defers the removal) or the submit's
-        // lookup comes after the removal (and gets `UnknownCallable`).
-        let live = !self.inner.accepted.lock().is_empty();
-        let Some((id, r)) = reg.handles.remove(&handle.seq) else {
-            return Err(WorkerError::UnknownCallable { handle });
-        };
-        let last = reg.handles_of(&id) == 0;
-        let mut dropped = None;
-        if last && !matches!(r.entry, Entry::Chip(_)) {
-            if live {
-                reg.pending_removal.push(id);
-            } else {
-                dropped = reg.runnable.remove(&id);
-            }
-        } else if last {
-            reg.runnable.remove(&id);
-        }
-        let chips = match &r.entry {
-            Entry::Chip(chips) => chips.clone(),
-            _ => {
-                drop(reg);
-                let parked = [Some(r), dropped].into_iter().flatten();
-                deferred_drop::drop_logged(
-                    None,
-                    parked.map(|v| Box::new(v) as Box<dyn Any + Send>).collect(),
-                );
-                return Ok(());
-            }
-        };
-        if let Body::Chip(lane) = &self.inner.body {
-            // Never deferred at L2: the lane runs the release after every run queued before it
-            // (a submit queues its run under the registry lock, after its lookup) and retires
-            // the run in flight first, so no run that uses the callable still executes. Queued
-            // under the write lock, waited for without it.
-            let reply = lane.queue_call(move |s| s.release(&id));
-            drop(reg);
-            return match reply.and_then(LaneReply::wait) {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => {
-                    tracing::warn!(chip = %lane.chip, callable = %r.name, "unregistration failed: {e}");
-                    Err(WorkerError::Registration {
-                        callable: r.name.to_string(),
-                        chip: lane.chip,
-                        source: Box::new(e),
-                        rollback_failed: vec![lane.chip],
-                    })
-                }
-                Err(e) => Err(e),
-            };
-        }
-        if live {
-            // Queued under the registry lock so that the flush of the retiring last run, which
-            // takes that lock first, cannot miss it.
-            self.inner.chip_pending.lock().push((id, chips));
-            return Ok(());
-        }
-        drop(reg);
-        // Every chip is tried; a failed removal leaves that pair unusable (the chip state
-        // marks it), as a failed registration rollback does.
-        // The first failure wins: the chip's (as a `Registration` error), or the lane's own
-        // error when the lane could not serve the call.
-        let mut first: Option<(WorkerId, Result<RegistrationFailure, WorkerError>)> = None;
-        let mut failed = Vec::new();
-        for chip in chips {
-            let failure = match self.inner.on_chip(chip, move |s| s.release(&id)) {
-                Ok(Ok(())) => continue,
-                Ok(Err(e)) => Ok(e),
-                Err(e) => Err(e),
-            };
-            match &failure {
-                Ok(e) => tracing::warn!(%chip, callable = %r.name, "unregistration failed: {e}"),
-                Err(e) => tracing::warn!(%chip, callable = %r.name, "unregistration failed: {e}"),
-            }
-            failed.push(chip);
-            first.get_or_insert((chip, failure));
-        }
-        match first {
-            None => Ok(()),
-            Some((chip, Ok(e))) => Err(WorkerError::Registration {
-                callable: r.name.to_string(),
-                chip,
-                source: Box::new(e),
-                rollback_failed: failed,
-            }),
-            Some((_, Err(e))) => Err(e),
         }
     }
 

@@ -35,7 +35,8 @@ use simpler_sched::{Endpoint, Engine, EngineConfig, SchedError};
 use simpler_types::{CallConfig, CallableId, CallableKind, TaskArgsView, WorkerId};
 
 use crate::child::ChildEndpoint;
-use crate::chip::{ChipEndpoint, ChipLane, ChipState};
+use crate::chip::{ChipLane, ChipState};
+use crate::chip_endpoint::ChipEndpoint;
 use crate::error::{
     BoxError, ConfigError, Residue, StartCause, StartError, TeardownCause, TeardownError,
     TeardownPart,
