@@ -433,15 +433,22 @@ pub(crate) mod tests {
         }
     }
 
-    #[test]
-    fn spawns_held_up_past_their_deadline_fail_and_their_late_processes_are_killed_and_reaped() {
-        let dir = std::env::temp_dir().join(format!("simpler-stalled-{}", std::process::id()));
+    /// An executable shell script `file` with `body` in a fresh temporary directory named for
+    /// the test (`name`), which the caller removes; returns both paths.
+    pub(crate) fn script(name: &str, file: &str, body: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("simpler-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let script = dir.join("late.sh");
-        std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").expect("script");
+        let script = dir.join(file);
+        std::fs::write(&script, format!("#!/bin/sh\n{body}\n")).expect("script");
         let mut perms = std::fs::metadata(&script).expect("script").permissions();
         std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
         std::fs::set_permissions(&script, perms).expect("chmod");
+        (dir, script)
+    }
+
+    #[test]
+    fn spawns_held_up_past_their_deadline_fail_and_their_late_processes_are_killed_and_reaped() {
+        let (dir, script) = script("stalled", "late.sh", "exec sleep 30");
         let fd = || OwnedFd::from(std::fs::File::open("/dev/null").expect("/dev/null"));
 
         // The first spawn stalls in its exec; the second waits behind it on the spawner thread.

@@ -62,13 +62,7 @@ fn process_around(child: std::process::Child, mailbox: Mailbox) -> ChipProcess {
 /// The script stays until the caller removes the directory returned (the shell opens it after
 /// the exec).
 fn process_answered_here(name: &str) -> (ChipProcess, Mailbox, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!("simpler-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let script = dir.join("sleep.sh");
-    std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").expect("script");
-    let mut perms = std::fs::metadata(&script).expect("script").permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&script, perms).expect("chmod");
+    let (dir, script) = spawn::tests::script(name, "sleep.sh", "exec sleep 30");
     let (mailbox, fd) = Mailbox::create().expect("memfd");
     let peer = Mailbox::open(&fd, std::process::id()).expect("header is valid");
     let child = spawn::spawn(&script, 0, fd, None).expect("spawn");
@@ -155,13 +149,7 @@ fn a_process_reaped_elsewhere_is_not_signalled_by_a_kill_either() {
 /// A `Live` around a script (in a fresh temporary directory, returned) that sleeps `seconds`
 /// and exits: a process that ends on its own a while later.
 fn late_child(name: &str, seconds: &str) -> (Live, u32, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!("simpler-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let script = dir.join("late.sh");
-    std::fs::write(&script, format!("#!/bin/sh\nsleep {seconds}\n")).expect("script");
-    let mut perms = std::fs::metadata(&script).expect("script").permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&script, perms).expect("chmod");
+    let (dir, script) = spawn::tests::script(name, "late.sh", &format!("sleep {seconds}"));
     let (mailbox, fd) = Mailbox::create().expect("memfd");
     let child = spawn::spawn(&script, 0, fd, None).expect("spawn");
     let pid = child.id();
