@@ -239,8 +239,14 @@ pub(crate) fn child_reaped() {
 
 /// A started chip process on its way to the caller of [`spawn`]. Dropped before it was taken
 /// (an answer that came after the caller's deadline), it kills the process's group and reaps
-/// it: nobody else knows of that process.
+/// it: nobody else knows of that process. The drop never waits long, on whichever thread it
+/// runs: a process killed while still loading its binary from a hung file system may not end
+/// before that file system answers.
 struct Spawned(Option<Child>);
+
+/// How long a dropped [`Spawned`] waits for its killed process before a thread of its own
+/// reaps it.
+const LATE_CHILD_REAP: Duration = Duration::from_millis(200);
 
 impl Drop for Spawned {
     fn drop(&mut self) {
@@ -248,9 +254,24 @@ impl Drop for Spawned {
         // Unreaped and ours, so its pid is still its own group's id (it leads its group).
         let pid = rustix::process::Pid::from_child(&child);
         let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-        // The `exec` is over (the spawn answered), so a killed process ends at once.
-        let _ = child.wait();
-        child_reaped();
+        let until = Instant::now() + LATE_CHILD_REAP;
+        while Instant::now() < until {
+            if !matches!(child.try_wait(), Ok(None)) {
+                child_reaped();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // It stays counted live (so the spawner stays up, as for any child) until reaped.
+        let id = child.id();
+        let reaper =
+            std::thread::Builder::new().name("simpler-chip-reap".into()).spawn(move || {
+                let _ = child.wait();
+                child_reaped();
+            });
+        if let Err(e) = reaper {
+            tracing::error!(pid = id, error = %e, "no thread to reap a late chip process; it stays a zombie");
+        }
     }
 }
 
