@@ -284,8 +284,12 @@ impl Adoption {
         residue: &Arc<Mutex<Vec<Residue>>>,
     ) -> Vec<RemoteEndpoint> {
         let ids = Arc::clone(&self.ids);
-        let siblings: Siblings = std::mem::take(&mut self.started).into();
+        let siblings = Siblings {
+            sessions: std::mem::take(&mut self.started).into(),
+            engaged: Arc::default(),
+        };
         siblings
+            .sessions
             .iter()
             .map(|(id, session)| {
                 let rank = session.lock().rank;
@@ -295,7 +299,7 @@ impl Adoption {
                     session: Arc::clone(session),
                     graphs: Arc::clone(&ids),
                     residue: Arc::clone(residue),
-                    siblings: Arc::clone(&siblings),
+                    siblings: siblings.clone(),
                     shut_down: false,
                 }
             })
@@ -794,8 +798,13 @@ impl Drop for Session {
     }
 }
 
-/// Every session one start handed to endpoints, with its child's id.
-type Siblings = Arc<[(WorkerId, Arc<Mutex<Session>>)]>;
+/// Every session one start handed to endpoints, with its child's id, and whether any of those
+/// endpoints reached an engine thread (the engine started them).
+#[derive(Clone)]
+struct Siblings {
+    sessions: Arc<[(WorkerId, Arc<Mutex<Session>>)]>,
+    engaged: Arc<std::sync::atomic::AtomicBool>,
+}
 
 /// The L4 endpoint of one remote L3 child.
 pub(crate) struct RemoteEndpoint {
@@ -806,7 +815,7 @@ pub(crate) struct RemoteEndpoint {
     graphs: GraphOrdinals,
     residue: Arc<Mutex<Vec<Residue>>>,
     /// The sessions of every endpoint of the same start, this one's included: an endpoint
-    /// dropped unstarted shuts those still open down together.
+    /// dropped while none of them was started shuts those still open down together.
     siblings: Siblings,
     /// Whether the engine shut this endpoint down.
     shut_down: bool,
@@ -877,9 +886,14 @@ impl Endpoint for RemoteEndpoint {
         }
     }
 
+    fn on_thread_start(&mut self) {
+        // Release pairs with the Acquire load of a sibling's drop.
+        self.siblings.engaged.store(true, std::sync::atomic::Ordering::Release);
+    }
+
     fn shutdown(&mut self) {
+        let r = guarded(self.id, &self.session, |s| s.shutdown(self.id), |r| vec![r]);
         self.shut_down = true;
-        let r = self.session.lock().shutdown(self.id);
         self.residue.lock().extend(r);
     }
 }
@@ -897,16 +911,22 @@ fn fails_the_task(failure: &RemoteRunFailure) -> bool {
 }
 
 impl Drop for RemoteEndpoint {
-    /// An endpoint the engine never shut down (an engine that failed to start, which drops its
-    /// endpoints one after the other): the first one dropped shuts down every session of its
-    /// start still open together, as a rollback does, so that the ranks share one shutdown
-    /// budget instead of waiting in turn; the sessions it closed are no-ops for the drops that
-    /// follow. Never unwinds out of the drop.
+    /// An endpoint the engine never shut down. When no endpoint of its start reached an engine
+    /// thread (an engine that failed to start, which drops its endpoints one after the other),
+    /// the first one dropped shuts down every session of its start still open together, as a
+    /// rollback does, so that the ranks share one shutdown budget instead of waiting in turn;
+    /// the sessions it closed are no-ops for the drops that follow. Otherwise (an endpoint
+    /// thread that unwound) only its own session, whose siblings the engine still uses. Never
+    /// unwinds out of the drop.
     fn drop(&mut self) {
         if self.shut_down {
             return;
         }
-        let residue = shutdown_all(&self.siblings).into_iter().flat_map(|(_, r)| r);
+        let residue = if self.siblings.engaged.load(std::sync::atomic::Ordering::Acquire) {
+            guarded(self.id, &self.session, |s| s.shutdown(self.id), |r| vec![r])
+        } else {
+            shutdown_all(&self.siblings.sessions).into_iter().flat_map(|(_, r)| r).collect()
+        };
         self.residue.lock().extend(residue);
     }
 }

@@ -330,3 +330,41 @@ fn a_lost_health_frame_fails_the_session_so_later_tasks_never_reach_the_rank() {
     let sent = wire.sent(Duration::from_millis(200));
     assert!(sent.is_none(), "a task was sent to a failed session: {sent:?}");
 }
+
+#[test]
+fn an_endpoint_dropped_once_its_start_reached_the_engine_shuts_down_only_its_own_session() {
+    // An endpoint thread that unwound drops its endpoint while the engine still uses the
+    // others: their sessions must stay open.
+    let (t, wire) = detached::rank0(3);
+    let t = Arc::new(t);
+    let ranks = std::thread::spawn(move || {
+        for rank in [1, 2] {
+            let Some((r, Packet::Hello { session })) = wire.sent(Duration::from_secs(10)) else {
+                return Err(format!("no Hello sent to rank {rank}"));
+            };
+            let host = format!("host{r}");
+            let manifest = Packet::Manifest { session, host, entries: vec![], start_error: None };
+            wire.answer(r, &manifest);
+            let Some((_, Packet::Accept)) = wire.sent(Duration::from_secs(10)) else {
+                return Err(format!("rank {r}'s session was not accepted"));
+            };
+        }
+        let mut shut = Vec::new();
+        while let Some((r, p)) = wire.sent(Duration::from_secs(2)) {
+            if matches!(p, Packet::Shutdown) {
+                shut.push(r);
+                wire.answer(r, &Packet::ShutdownDone { errors: vec![] });
+            }
+        }
+        Ok(shut)
+    });
+    let residue = Arc::new(Mutex::new(Vec::new()));
+    let mut endpoints = adopt_two(&t).into_endpoints(&residue);
+    for e in &mut endpoints {
+        e.on_thread_start();
+    }
+    let second = endpoints.pop().expect("two endpoints");
+    drop(endpoints);
+    assert_eq!(ranks.join().unwrap(), Ok(vec![1]), "only the dropped endpoint's rank");
+    assert!(second.session.lock().open, "the other session was shut down under its engine");
+}
