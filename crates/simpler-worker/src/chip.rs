@@ -72,6 +72,9 @@ pub(crate) struct ChipState {
     allocations: BTreeMap<u64, u64>,
     /// The serial of the last user allocation.
     last_serial: u64,
+    /// The chip process `allocations` are of (PROCESS mode; 0 in this process): those of an
+    /// earlier process ended with it.
+    allocations_of: u64,
     /// Reused per run so that a run's arguments are not reallocated.
     scratch: TaskArgs,
     /// The next device run id ([`ChipState::next_run_id`]).
@@ -123,6 +126,7 @@ impl ChipState {
             unusable: HashSet::new(),
             allocations: BTreeMap::new(),
             last_serial: 0,
+            allocations_of: 0,
             scratch: TaskArgs::new(),
             next_run: 1,
             faults,
@@ -146,6 +150,7 @@ impl ChipState {
             unusable: HashSet::new(),
             allocations: BTreeMap::new(),
             last_serial: 0,
+            allocations_of: 0,
             scratch: TaskArgs::new(),
             next_run: 1,
             faults,
@@ -526,6 +531,11 @@ impl ChipState {
                 self.runner().and_then(|r| r.malloc(bytes)).map_err(|e| mem_err(chip, e))?.addr()
             }
         };
+        let process = self.memory_process();
+        if process != self.allocations_of {
+            self.allocations.clear();
+            self.allocations_of = process;
+        }
         self.last_serial += 1;
         self.allocations.insert(addr, self.last_serial);
         Ok((addr, self.last_serial))
