@@ -365,11 +365,23 @@ fn run_member(
     // The task's span is isolated from the task: a tracing layer that panics entering or
     // leaving it changes nothing of what the endpoint did (the task still runs, and its result
     // stands).
-    let span = catch_unwind(AssertUnwindSafe(|| {
-        tracing::debug_span!("task", run.id = task.run.get(), %task, member).entered()
-    }))
+    let span = catch_unwind(AssertUnwindSafe(
+        || tracing::debug_span!("task", run.id = task.run.get(), %task, member),
+    ))
     .map_err(drop_quietly)
     .ok();
+    let entered = span.as_ref().and_then(|span| {
+        catch_unwind(AssertUnwindSafe(|| span.enter()))
+            .map_err(|payload| {
+                drop_quietly(payload);
+                // The subscriber may have entered the span before its layer panicked: exit it
+                // again, or its per-thread stack of entered spans keeps one for every task.
+                if let Some(id) = span.id() {
+                    quietly(|| tracing::dispatcher::get_default(|d| d.exit(&id)));
+                }
+            })
+            .ok()
+    });
     let result = match catch_unwind(AssertUnwindSafe(|| endpoint.run(dispatched))) {
         Ok(result) => result,
         Err(payload) => Err(EndpointFailure::endpoint_failed(format!(
@@ -377,6 +389,7 @@ fn run_member(
             into_panic_message(payload)
         ))),
     };
+    quietly(|| drop(entered));
     quietly(|| drop(span));
     result
 }

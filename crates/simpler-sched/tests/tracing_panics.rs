@@ -6,11 +6,16 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
+
+/// Task spans entered and left (counted before the layer panics).
+static ENTERED: AtomicUsize = AtomicUsize::new(0);
+static LEFT: AtomicUsize = AtomicUsize::new(0);
 
 /// Panics whenever a span named `task` (an endpoint thread running a task) is entered or left.
 struct PanicsAroundTasks;
@@ -21,12 +26,14 @@ where
 {
     fn on_enter(&self, id: &tracing::span::Id, ctx: Context<'_, S>) {
         if ctx.span(id).is_some_and(|s| s.name() == "task") {
+            ENTERED.fetch_add(1, Ordering::Relaxed);
             panic!("this layer refuses to enter task spans");
         }
     }
 
     fn on_exit(&self, id: &tracing::span::Id, ctx: Context<'_, S>) {
         if ctx.span(id).is_some_and(|s| s.name() == "task") {
+            LEFT.fetch_add(1, Ordering::Relaxed);
             panic!("this layer refuses to leave task spans");
         }
     }
@@ -49,6 +56,10 @@ fn a_tracing_layer_panicking_around_a_task_changes_neither_its_outcome_nor_its_t
         };
         assert!(outcome.failure().is_none(), "round {round}: {outcome:?}");
     }
+    // Every task span the subscriber entered was left again, so the subscriber's stack of
+    // entered spans on the endpoint thread did not grow by one per task.
+    let (entered, left) = (ENTERED.load(Ordering::Relaxed), LEFT.load(Ordering::Relaxed));
+    assert!(entered == 3 && left == 3, "task spans entered {entered} times, left {left}");
     // The endpoint thread is alive: shutdown stops it instead of waiting for it forever.
     e.shutdown(Instant::now() + Duration::from_secs(5)).expect("shutdown");
 }
