@@ -100,6 +100,24 @@ fn a_start_unwinding_after_a_session_was_adopted_still_shuts_that_session_down()
     assert_eq!(rank.join().unwrap(), Ok(()));
 }
 
+/// Ranks 1 and 2 of `wire` accept the sessions rank 0 opens with them; returns the ranks.
+fn accept_two(wire: &detached::Wire) -> Result<Vec<i32>, String> {
+    let mut sessions = Vec::new();
+    for rank in [1, 2] {
+        let Some((r, Packet::Hello { session })) = wire.sent(Duration::from_secs(10)) else {
+            return Err(format!("no Hello sent to rank {rank}"));
+        };
+        let host = format!("host{r}");
+        let manifest = Packet::Manifest { session, host, entries: vec![], start_error: None };
+        wire.answer(r, &manifest);
+        let Some((_, Packet::Accept)) = wire.sent(Duration::from_secs(10)) else {
+            return Err(format!("rank {r}'s session was not accepted"));
+        };
+        sessions.push(r);
+    }
+    Ok(sessions)
+}
+
 /// Ranks 1 and 2 of `wire` as serving ranks that confirm nothing until both got their
 /// `Shutdown`: shut down one after the other, the second `Shutdown` would wait for the first
 /// rank's whole budget.
@@ -107,19 +125,7 @@ fn ranks_confirming_after_both_shutdowns(
     wire: detached::Wire,
 ) -> std::thread::JoinHandle<Result<(), String>> {
     std::thread::spawn(move || {
-        let mut sessions = Vec::new();
-        for rank in [1, 2] {
-            let Some((r, Packet::Hello { session })) = wire.sent(Duration::from_secs(10)) else {
-                return Err(format!("no Hello sent to rank {rank}"));
-            };
-            let host = format!("host{r}");
-            let manifest = Packet::Manifest { session, host, entries: vec![], start_error: None };
-            wire.answer(r, &manifest);
-            let Some((_, Packet::Accept)) = wire.sent(Duration::from_secs(10)) else {
-                return Err(format!("rank {r}'s session was not accepted"));
-            };
-            sessions.push(r);
-        }
+        let sessions = accept_two(&wire)?;
         let mut shut = Vec::new();
         while shut.len() < 2 {
             match wire.sent(Duration::from_secs(10)) {
@@ -338,17 +344,7 @@ fn an_endpoint_dropped_once_its_start_reached_the_engine_shuts_down_only_its_own
     let (t, wire) = detached::rank0(3);
     let t = Arc::new(t);
     let ranks = std::thread::spawn(move || {
-        for rank in [1, 2] {
-            let Some((r, Packet::Hello { session })) = wire.sent(Duration::from_secs(10)) else {
-                return Err(format!("no Hello sent to rank {rank}"));
-            };
-            let host = format!("host{r}");
-            let manifest = Packet::Manifest { session, host, entries: vec![], start_error: None };
-            wire.answer(r, &manifest);
-            let Some((_, Packet::Accept)) = wire.sent(Duration::from_secs(10)) else {
-                return Err(format!("rank {r}'s session was not accepted"));
-            };
-        }
+        accept_two(&wire)?;
         let mut shut = Vec::new();
         while let Some((r, p)) = wire.sent(Duration::from_secs(2)) {
             if matches!(p, Packet::Shutdown) {
@@ -356,7 +352,7 @@ fn an_endpoint_dropped_once_its_start_reached_the_engine_shuts_down_only_its_own
                 wire.answer(r, &Packet::ShutdownDone { errors: vec![] });
             }
         }
-        Ok(shut)
+        Ok::<_, String>(shut)
     });
     let residue = Arc::new(Mutex::new(Vec::new()));
     let mut endpoints = adopt_two(&t).into_endpoints(&residue);
