@@ -36,8 +36,7 @@ impl Endpoint for ChipEndpoint {
     }
 
     fn run(&mut self, task: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
-        let _on_lane = crate::reentry::enter_lane(self.instance);
-        let _acting = crate::reentry::enter_lineage(&self.lineage);
+        let _on_lane = crate::reentry::enter_lane(self.instance, &self.lineage);
         if crate::staging::has_host_tensors(task.args) {
             return crate::staging::run_staged(
                 &mut self.state,

@@ -42,15 +42,18 @@ pub(crate) fn is_on_a_lane_of(instance: u64) -> bool {
     ON_LANE.with(|l| l.get() == Some(instance))
 }
 
-/// Marks the current thread as serving a call on a chip lane of worker `instance` until the
-/// guard drops (also on unwind).
-pub(crate) fn enter_lane(instance: u64) -> LaneGuard {
-    LaneGuard { previous: ON_LANE.with(|l| l.replace(Some(instance))) }
+/// Marks the current thread as serving a call on a chip lane of worker `instance`, and as
+/// acting for every worker of its `lineage` (their runs may need the lane), until the guard
+/// drops (also on unwind).
+pub(crate) fn enter_lane(instance: u64, lineage: &Lineage) -> LaneGuard {
+    let previous = ON_LANE.with(|l| l.replace(Some(instance)));
+    LaneGuard { previous, _acting: enter_lineage(lineage) }
 }
 
-/// Restores the lane mark that [`enter_lane`] replaced.
+/// Restores the lane mark that [`enter_lane`] replaced, and ends its acting for the lineage.
 pub(crate) struct LaneGuard {
     previous: Option<u64>,
+    _acting: ActingGuard,
 }
 
 impl Drop for LaneGuard {

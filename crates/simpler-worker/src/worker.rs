@@ -204,8 +204,7 @@ impl Inner {
         let instance = self.instance;
         let lineage = Arc::clone(&self.lineage);
         let f = move |s: &mut ChipState| {
-            let _on_lane = reentry::enter_lane(instance);
-            let _acting = reentry::enter_lineage(&lineage);
+            let _on_lane = reentry::enter_lane(instance, &lineage);
             f(s)
         };
         match &self.body {
@@ -483,8 +482,7 @@ impl Worker {
         let job = Box::new(move |s: &mut ChipState| {
             // The preparation runs user code (a native orchestration) on this lane: a call from
             // it back into the worker is `Reentrant`, never a wait for this very lane.
-            let _on_lane = reentry::enter_lane(instance);
-            let _acting = reentry::enter_lineage(&lineage);
+            let _on_lane = reentry::enter_lane(instance, &lineage);
             let (run, prepared) = s.begin_run(&id, args.view(), &config, None);
             match (run, prepared) {
                 (Some(run), Ok(p)) => {
