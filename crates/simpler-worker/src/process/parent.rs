@@ -80,44 +80,17 @@ impl Live {
     /// whenever it ends (or, with no thread to be had, a later sweep of [`UNREAPED`]), and this
     /// returns `false`: the caller never waits longer than `bound`.
     /// The process counts as live (it holds the spawner) until it is reaped.
-    fn reap_within(mut self, bound: Duration) -> bool {
+    fn reap_within(self, bound: Duration) -> bool {
         sweep_unreaped();
-        let until = Instant::now().checked_add(bound);
-        loop {
-            match self.child.try_wait() {
-                // ECHILD: reaped elsewhere, nothing left to wait for.
-                Ok(Some(_)) | Err(_) => return true,
-                Ok(None) if until.is_some_and(|u| Instant::now() >= u) => break,
-                Ok(None) => std::thread::sleep(Duration::from_micros(200)),
-            }
-        }
-        let slot = Arc::new(parking_lot::Mutex::new(Some(self)));
-        let theirs = Arc::clone(&slot);
-        let spawn_reaper = || {
-            std::thread::Builder::new().name("simpler-chip-reap".into()).spawn(move || {
-                let taken = theirs.lock().take();
-                if let Some(mut live) = taken {
-                    let _ = live.child.wait();
-                }
-            })
-        };
-        #[cfg(test)]
-        let reaper = if tests::REAPER_REFUSED.with(std::cell::Cell::get) {
-            Err(std::io::Error::other("reaper thread refused by the test"))
-        } else {
-            spawn_reaper()
-        };
-        #[cfg(not(test))]
-        let reaper = spawn_reaper();
-        if let Err(e) = reaper {
-            // No thread to hand it to: a later reap or launch sweeps it (never a wait here).
-            let taken = slot.lock().take();
-            if let Some(live) = taken {
+        match spawn::reap_within(self, |live| &mut live.child, bound) {
+            Ok(reaped) => reaped,
+            Err((live, e)) => {
+                // No thread to hand it to: a later reap or launch sweeps it (never a wait here).
                 tracing::error!(pid = live.pid, error = %e, "no thread to reap a killed chip process; a later reap will");
                 UNREAPED.lock().push(live);
+                false
             }
         }
-        false
     }
 }
 

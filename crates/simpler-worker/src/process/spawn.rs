@@ -248,30 +248,74 @@ struct Spawned(Option<Child>);
 /// reaps it.
 const LATE_CHILD_REAP: Duration = Duration::from_millis(200);
 
+/// A late process on its way to being reaped: it counts as live (it holds the spawner, as any
+/// child does) until dropped, once reaped.
+struct LateChild(Child);
+
+impl Drop for LateChild {
+    fn drop(&mut self) {
+        child_reaped();
+    }
+}
+
 impl Drop for Spawned {
     fn drop(&mut self) {
-        let Some(mut child) = self.0.take() else { return };
+        let Some(child) = self.0.take() else { return };
         // Unreaped and ours, so its pid is still its own group's id (it leads its group).
         let pid = rustix::process::Pid::from_child(&child);
         let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-        let until = Instant::now() + LATE_CHILD_REAP;
-        while Instant::now() < until {
-            if !matches!(child.try_wait(), Ok(None)) {
-                child_reaped();
-                return;
+        if let Err((late, e)) = reap_within(LateChild(child), |l| &mut l.0, LATE_CHILD_REAP) {
+            let pid = late.0.id();
+            tracing::error!(pid, error = %e, "no thread to reap a late chip process; it stays a zombie");
+            // Never reaped, so still counted live.
+            std::mem::forget(late);
+        }
+    }
+}
+
+/// Waits at most `bound` for the process `owner` holds (`child` finds its handle) to end, and
+/// then drops `owner`: `Ok(true)`. Past the bound a thread of its own waits for the process and
+/// then drops `owner`, and this returns `Ok(false)`: the caller never waits longer than
+/// `bound`. With no thread to be had, `owner` comes back with the system's refusal.
+pub(crate) fn reap_within<T: Send + 'static>(
+    mut owner: T,
+    child: fn(&mut T) -> &mut Child,
+    bound: Duration,
+) -> Result<bool, (T, std::io::Error)> {
+    let until = Instant::now().checked_add(bound);
+    loop {
+        match child(&mut owner).try_wait() {
+            // ECHILD: reaped elsewhere, nothing left to wait for.
+            Ok(Some(_)) | Err(_) => return Ok(true),
+            Ok(None) if until.is_some_and(|u| Instant::now() >= u) => break,
+            Ok(None) => std::thread::sleep(Duration::from_micros(200)),
+        }
+    }
+    // Shared with the thread, so that a refused thread leaves `owner` here to give back.
+    let slot = Arc::new(Mutex::new(Some(owner)));
+    let theirs = Arc::clone(&slot);
+    let spawn_reaper = move || {
+        std::thread::Builder::new().name("simpler-chip-reap".into()).spawn(move || {
+            let taken = theirs.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(mut owner) = taken {
+                let _ = child(&mut owner).wait();
             }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        // It stays counted live (so the spawner stays up, as for any child) until reaped.
-        let id = child.id();
-        let reaper =
-            std::thread::Builder::new().name("simpler-chip-reap".into()).spawn(move || {
-                let _ = child.wait();
-                child_reaped();
-            });
-        if let Err(e) = reaper {
-            tracing::error!(pid = id, error = %e, "no thread to reap a late chip process; it stays a zombie");
-        }
+        })
+    };
+    #[cfg(test)]
+    let reaper = if tests::REAPER_REFUSED.with(std::cell::Cell::get) {
+        Err(std::io::Error::other("reaper thread refused by the test"))
+    } else {
+        spawn_reaper()
+    };
+    #[cfg(not(test))]
+    let reaper = spawn_reaper();
+    match reaper {
+        Ok(_) => Ok(false),
+        Err(e) => match slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(owner) => Err((owner, e)),
+            None => Ok(false),
+        },
     }
 }
 
@@ -394,6 +438,13 @@ pub(crate) mod tests {
     use std::os::fd::{AsFd, AsRawFd};
 
     use super::*;
+
+    thread_local! {
+        /// Whether a reap on this thread is refused a reaper thread, as a system out of threads
+        /// refuses one.
+        pub(crate) static REAPER_REFUSED: std::cell::Cell<bool> =
+            const { std::cell::Cell::new(false) };
+    }
 
     #[test]
     fn the_listing_fallback_marks_every_descriptor_from_the_first_close_on_exec() {

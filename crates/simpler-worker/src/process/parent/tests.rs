@@ -19,9 +19,6 @@ use crate::process::mailbox::state;
 thread_local! {
     /// Every pid whose process group `kill_group` signalled on this thread.
     pub(super) static SIGNALLED: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
-    /// Whether a reap on this thread is refused a reaper thread, as a system out of threads
-    /// refuses one.
-    pub(super) static REAPER_REFUSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// A chip process around a running `/bin/true` (it ignores the chip arguments).
@@ -185,11 +182,11 @@ fn a_process_that_outlives_the_reap_bound_with_no_reaper_thread_is_reaped_by_a_l
     // The system refuses the reaper thread: the reap still returns at its bound, and the
     // process is reaped by a sweep once it has ended.
     let (live, pid, dir) = late_child("unreaped", "1");
-    REAPER_REFUSED.with(|r| r.set(true));
+    spawn::tests::REAPER_REFUSED.with(|r| r.set(true));
     let started = std::time::Instant::now();
     let reaped = live.reap_within(std::time::Duration::from_millis(20));
     let returned_after = started.elapsed();
-    REAPER_REFUSED.with(|r| r.set(false));
+    spawn::tests::REAPER_REFUSED.with(|r| r.set(false));
     assert!(!reaped, "it was still running");
     // The process runs for a second: a reap that waited for it took that long.
     assert!(returned_after < std::time::Duration::from_millis(500), "waited {returned_after:?}");
