@@ -146,19 +146,19 @@ mod tests {
         }
     }
 
-    fn reason(config: &RingConfig) -> String {
+    fn problem(config: &RingConfig) -> ConfigProblem {
         match config.validate() {
-            Err(RingError::InvalidConfig { problem }) => problem.to_string(),
+            Err(RingError::InvalidConfig { problem }) => problem,
             other => panic!("expected InvalidConfig, got {other:?}"),
         }
     }
 
+    fn reason(config: &RingConfig) -> String {
+        problem(config).to_string()
+    }
+
     #[test]
     fn each_broken_rule_is_its_own_problem_with_its_values() {
-        let problem = |c: &RingConfig| match c.validate() {
-            Err(RingError::InvalidConfig { problem }) => problem,
-            other => panic!("expected InvalidConfig, got {other:?}"),
-        };
         let c = RingConfig { heap_bytes_per_ring: 1000, ..RingConfig::default() };
         assert_eq!(problem(&c), ConfigProblem::UnalignedHeapSize { size: 1000 });
         let c = RingConfig { max_live_slots: Some(0), ..RingConfig::default() };
