@@ -182,6 +182,12 @@ struct Rank0<'a> {
 }
 
 impl Rank0<'_> {
+    /// Sends the last frame of a session to rank 0 and waits for MPI to confirm it sent, at
+    /// least [`LAST_FRAME_FLOOR`]: nothing later from rank 0 would tell of its loss.
+    fn send_last(&self, packet: &Packet) -> Result<(), RemoteError> {
+        self.t.send_confirmed(0, packet, self.liveness.max(LAST_FRAME_FLOOR))
+    }
+
     /// The next frame from rank 0; fails when the transport stops, a frame from rank 0 was
     /// lost, or rank 0 stays silent past the liveness budget.
     fn next(&self) -> Result<Packet, RemoteError> {
@@ -245,7 +251,7 @@ fn serve_session(
             // and told as this rank's `Left`, or rank 0 waits out its start deadline for it.
             let manifest =
                 Packet::Manifest { session, host, entries, start_error: Some(e.to_string()) };
-            let told = t.send_confirmed(0, &manifest, rank0.liveness.max(LAST_FRAME_FLOOR));
+            let told = rank0.send_last(&manifest);
             if let Err(lost) = &told {
                 let cause = LeftCause::from(lost);
                 if let Err(send) = t.send(0, &Packet::Left { session, cause }) {
@@ -277,8 +283,7 @@ fn serve_session(
         let cause = LeftCause::from(&e);
         // Confirmed, so that a lost one is at least logged: rank 0's newer start would wait out
         // its deadline for this rank's `Manifest`.
-        let within = rank0.liveness.max(LAST_FRAME_FLOOR);
-        if let Err(send) = t.send_confirmed(0, &Packet::Left { session: newer, cause }, within) {
+        if let Err(send) = rank0.send_last(&Packet::Left { session: newer, cause }) {
             tracing::warn!(error = %send, "could not tell rank 0's newer session this rank left");
         }
         e
@@ -328,7 +333,7 @@ fn serve_session(
                 // does not confirm sent must be seen here, or rank 0 may wait out its shutdown
                 // budget on a rank that serves on. An unconfirmed one may still arrive.
                 let done = Packet::ShutdownDone { errors };
-                let told = t.send_confirmed(0, &done, rank0.liveness.max(LAST_FRAME_FLOOR));
+                let told = rank0.send_last(&done);
                 if let Err(unconfirmed) = &told {
                     let cause = LeftCause::ShutdownDoneLost {
                         lost: Box::new(LeftCause::from(unconfirmed)),
