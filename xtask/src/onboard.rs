@@ -438,12 +438,12 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
         return ExitCode::from(EXIT_ENVIRONMENT);
     }
     if let DeviceChoice::Listed(listed) = &devices {
-        let absent = not_visible(listed, &visible());
+        let visible = visible();
+        let absent = not_visible(listed, &visible);
         if !absent.is_empty() {
             eprintln!(
                 "xtask onboard-test: device(s) {absent:?} named by --device have no /dev/davinci \
-                 node on this server (visible: {:?})",
-                visible()
+                 node on this server (visible: {visible:?})"
             );
             return ExitCode::from(EXIT_ENVIRONMENT);
         }
