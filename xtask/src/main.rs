@@ -224,8 +224,15 @@ fn require_mpi() -> Result<(), String> {
 /// processes.
 fn process_mode_tests() -> Result<(), String> {
     let mut args = vec!["test", "-p", "simpler-worker"];
-    for t in ["conformance", "threads", "close_races", "last_handle_dropped_inside", "host_tensors"]
-    {
+    let suites = [
+        "conformance",
+        "threads",
+        "close_races",
+        "last_handle_dropped_inside",
+        "host_tensors",
+        "reentrancy",
+    ];
+    for t in suites {
         args.extend(["--test", t]);
     }
     cargo(&args, &[("SIMPLER_TEST_CHIP_MODE", "process")])
