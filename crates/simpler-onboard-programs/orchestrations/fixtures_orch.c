@@ -35,8 +35,9 @@ static int64_t submit_add(const SimplerOrchOps *ops, void *rt, const SimplerOrch
     return ops->submit(rt, &d);
 }
 
-// Room for `waiting_add`'s read of f (f32, at most 16384 elements).
-static uint8_t waiting_add_copy[16384 * 4];
+// Room for `waiting_add`'s read of f (f32, at most 16384 elements). One per thread: the object
+// is loaded once per process, and the runs of several runners may be inside it at once.
+static _Thread_local uint8_t waiting_add_copy[16384 * 4];
 
 // f = a + b (func 0), then a read of f, which waits for that task: an entry that is still
 // running inside the object while its task executes.
