@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use simpler_onboard_programs::{
-    AICORE_ROLES, BUILT_KERNELS, EXECUTOR_ENTRY_SOURCE, ROLE_DEFINE, TestKernel,
+    AICORE_ROLES, BUILT_KERNELS, BuildError, EXECUTOR_ENTRY_SOURCE, ROLE_DEFINE, TestKernel,
 };
 
 use crate::{cargo, target_dir};
@@ -49,7 +49,18 @@ const SUITES_ON_BUILT_PROGRAMS: &[&str] = &["aicpu_program", "conformance", "fau
 pub fn host_executor() -> Result<PathBuf, String> {
     let dir = target_dir().join("simpler-onboard").join("host-executor");
     println!("\n==> compiling the AICore executor for the host into {}", dir.display());
-    simpler_onboard_programs::build_host_executor(&dir)
+    simpler_onboard_programs::build_host_executor(&dir).map_err(report)
+}
+
+/// A failed host build as xtask prints it: the error and each of its causes.
+fn report(e: BuildError) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
 }
 
 /// CI: builds the host AICPU program and the host AICore executor, then runs the device
@@ -161,7 +172,8 @@ pub fn host_artifacts(runtime: &str) -> Result<PathBuf, String> {
     let executor = host_executor()?;
     let work = target_dir().join("simpler-onboard").join("host-dispatcher");
     let install = target_dir().join("simpler-onboard").join("standin-install");
-    let dispatcher = simpler_onboard_programs::build_host_dispatcher(&work, &install)?;
+    let dispatcher =
+        simpler_onboard_programs::build_host_dispatcher(&work, &install).map_err(report)?;
     let cc = simpler_onboard_programs::host_compiler_identity(false);
     let cxx = simpler_onboard_programs::host_compiler_identity(true);
     let rustc = command_line(&std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()), &["-V"]);
@@ -188,7 +200,8 @@ pub fn host_artifacts(runtime: &str) -> Result<PathBuf, String> {
     ];
     let orchestrations = simpler_onboard_programs::build_host_orchestrations(
         &target_dir().join("simpler-onboard").join("host-orchestrations"),
-    )?;
+    )
+    .map_err(report)?;
     let orchestrations = Built {
         name: "orchestrations".into(),
         file: orchestrations,
@@ -198,13 +211,16 @@ pub fn host_artifacts(runtime: &str) -> Result<PathBuf, String> {
     let built: Vec<Built> = built
         .into_iter()
         .chain([orchestrations])
-        .chain(simpler_onboard_programs::build_host_kernels(&kernels)?.into_iter().map(
-            |(k, so)| Built {
-                name: format!("kernel_{}", k.name),
-                file: so,
-                inputs: kernel_inputs(&cxx, &k),
-            },
-        ))
+        .chain(
+            simpler_onboard_programs::build_host_kernels(&kernels)
+                .map_err(report)?
+                .into_iter()
+                .map(|(k, so)| Built {
+                    name: format!("kernel_{}", k.name),
+                    file: so,
+                    inputs: kernel_inputs(&cxx, &k),
+                }),
+        )
         .collect();
     let dir = target_dir().join("simpler-onboard").join("standin").join(runtime);
     let toolchain = serde_json::json!({ "rustc": rustc, "cc": cc, "c++": cxx, "target": "host" });
@@ -352,7 +368,7 @@ pub fn orchestration_invocation(tools: &CannTools, src: &Path, out: &Path) -> In
 /// Writes the orchestration sources into `work/src` and cross-compiles the object into `work`.
 pub fn device_orchestrations(tools: &CannTools, work: &Path) -> Result<PathBuf, String> {
     let src = work.join("src");
-    simpler_onboard_programs::write_orchestration_sources(&src)?;
+    simpler_onboard_programs::write_orchestration_sources(&src).map_err(report)?;
     let out = work.join(simpler_onboard_programs::ORCHESTRATION_OBJECT);
     orchestration_invocation(tools, &src, &out).run()?;
     Ok(out)

@@ -32,6 +32,12 @@
 
 use std::fmt;
 
+#[cfg(feature = "host-build")]
+mod build_error;
+
+#[cfg(feature = "host-build")]
+pub use build_error::BuildError;
+
 /// The dispatcher's C source (C99 + POSIX), built with the AICPU cross compiler for the device
 /// and with the host compiler for the tests.
 pub const DISPATCHER_SOURCE: &str = include_str!("../dispatcher/dispatcher.c");
@@ -304,7 +310,7 @@ pub const HOST_BIND_ENTRY: &str = "simpler_aicore_bind";
 /// AICore, `entry.cpp` is compiled once per role (objects `entry_aic.o` and `entry_aiv.o`,
 /// left in `dir`), and the objects are linked together with the host's core binding.
 #[cfg(feature = "host-build")]
-pub fn build_host_executor(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
+pub fn build_host_executor(dir: &std::path::Path) -> Result<std::path::PathBuf, BuildError> {
     let out = dir.join("libsimpler_aicore_executor.so");
     let flags =
         ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-fno-exceptions", "-fno-rtti"];
@@ -430,7 +436,7 @@ pub const ORCHESTRATION_OBJECT: &str = "liborchestrations.so";
 /// Compiles [`ORCHESTRATION_SOURCES`] for the host into `liborchestrations.so` in `dir`
 /// (feature `host-build`), the object the simulator registers as a `DeviceObject`.
 #[cfg(feature = "host-build")]
-pub fn build_host_orchestrations(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
+pub fn build_host_orchestrations(dir: &std::path::Path) -> Result<std::path::PathBuf, BuildError> {
     let flags = ORCHESTRATION_CFLAGS;
     write_orchestration_sources(dir)?;
     let out = dir.join(ORCHESTRATION_OBJECT);
@@ -442,7 +448,7 @@ pub fn build_host_orchestrations(dir: &std::path::Path) -> Result<std::path::Pat
 
 /// Writes [`ORCHESTRATION_FILES`] into `dir` (feature `host-build`), for a host or a cross build.
 #[cfg(feature = "host-build")]
-pub fn write_orchestration_sources(dir: &std::path::Path) -> Result<(), String> {
+pub fn write_orchestration_sources(dir: &std::path::Path) -> Result<(), BuildError> {
     write_sources(dir, &ORCHESTRATION_FILES)
 }
 
@@ -455,7 +461,7 @@ pub const KERNEL_ENTRY: &str = "kernel_entry";
 #[cfg(feature = "host-build")]
 pub fn build_host_kernels(
     dir: &std::path::Path,
-) -> Result<Vec<(TestKernel, std::path::PathBuf)>, String> {
+) -> Result<Vec<(TestKernel, std::path::PathBuf)>, BuildError> {
     let flags =
         ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-fno-exceptions", "-fno-rtti"];
     let mut sources = vec![KERNEL_ABI_HEADER];
@@ -480,7 +486,7 @@ pub fn build_host_kernels(
 pub fn build_host_dispatcher(
     dir: &std::path::Path,
     install_dir: &std::path::Path,
-) -> Result<std::path::PathBuf, String> {
+) -> Result<std::path::PathBuf, BuildError> {
     let out = dir.join("libsimpler_aicpu_dispatcher.so");
     let define = format!("-D{INSTALL_DIR_DEFINE}=\"{}\"", install_dir.display());
     let flags = [
@@ -503,18 +509,19 @@ pub fn build_host_dispatcher(
 
 /// Writes `sources` into `dir`.
 #[cfg(feature = "host-build")]
-fn write_sources(dir: &std::path::Path, sources: &[(&str, &str)]) -> Result<(), String> {
-    let io = |e: std::io::Error| format!("{}: {e}", dir.display());
-    std::fs::create_dir_all(dir).map_err(io)?;
+fn write_sources(dir: &std::path::Path, sources: &[(&str, &str)]) -> Result<(), BuildError> {
+    let write = |path: std::path::PathBuf| move |source| BuildError::Write { path, source };
+    std::fs::create_dir_all(dir).map_err(write(dir.to_owned()))?;
     for (name, text) in sources {
-        std::fs::write(dir.join(name), text).map_err(io)?;
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(write(path))?;
     }
     Ok(())
 }
 
 /// Runs the host's C or C++ compiler with `flags`, position-independent code, and `args`.
 #[cfg(feature = "host-build")]
-fn host_compile(cpp: bool, flags: &[&str], args: &[std::ffi::OsString]) -> Result<(), String> {
+fn host_compile(cpp: bool, flags: &[&str], args: &[std::ffi::OsString]) -> Result<(), BuildError> {
     let target = env!("SIMPLER_ONBOARD_PROGRAMS_TARGET");
     let compiler = cc::Build::new()
         .cpp(cpp)
@@ -525,12 +532,20 @@ fn host_compile(cpp: bool, flags: &[&str], args: &[std::ffi::OsString]) -> Resul
         .cargo_warnings(false)
         .pic(true)
         .try_get_compiler()
-        .map_err(|e| e.to_string())?;
+        .map_err(|source| BuildError::NoCompiler {
+            language: if cpp { "C++" } else { "C" },
+            source,
+        })?;
     let mut command = compiler.to_command();
     command.args(flags).arg("-fPIC").args(args);
-    let output = command.output().map_err(|e| format!("running the compiler: {e}"))?;
+    let line = format!("{command:?}");
+    let output = match command.output() {
+        Ok(output) => output,
+        Err(source) => return Err(BuildError::Spawn { command: line, source }),
+    };
     if !output.status.success() {
-        return Err(format!("{command:?} failed:\n{}", String::from_utf8_lossy(&output.stderr)));
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        return Err(BuildError::Compile { command: line, status: output.status, stderr });
     }
     Ok(())
 }
