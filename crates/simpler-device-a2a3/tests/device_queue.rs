@@ -337,6 +337,8 @@ const SLOW_BUDGET: Duration = Duration::from_millis(2000);
 const SLOW_RUN_MS: u64 = 4600;
 const MID_RUN_MS: u64 = 1000;
 const OVERRUN_MS: u64 = 7500;
+/// A run ahead that ends 0.3 s before the two budgets of the run queued behind it run out.
+const NEARLY_TWO_BUDGETS_MS: u64 = 3700;
 
 /// `g = d · e`, declaring `MS` milliseconds on the chip.
 unsafe extern "C-unwind" fn declaring_mul<const MS: u64>(args: *mut i64) {
@@ -391,6 +393,28 @@ fn a_queued_run_whose_budget_ran_out_behind_a_slow_run_that_then_ended_gets_its_
     assert_eq!(r.complete_run(first).unwrap().run_id, Some(run_id(1)));
     assert!(r.health().is_healthy());
     runs[0].check(&mut r);
+    drop(runs);
+    r.finalize().unwrap();
+}
+
+#[test]
+fn a_queued_run_that_began_just_before_its_budget_ran_out_behind_a_slow_run_is_not_charged_for_it()
+{
+    // Run 1 ends shortly before run 2's two budgets (4 s) run out, so run 2 has begun, and is a
+    // few hundred milliseconds into its own second, when its wait ends: the time was run 1's.
+    let mut r = DeviceRunner::attach(slow_budget_options()).unwrap();
+    let slow = declaring::<NEARLY_TWO_BUDGETS_MS>(&mut r);
+    let mid = declaring::<MID_RUN_MS>(&mut r);
+    let (runs, first, second) = launch_two(&mut r, slow, mid);
+    let reaped = r.reap_run(&second, None).unwrap_or_else(|e| panic!("run 2 was charged: {e}"));
+    assert!(reaped);
+    assert_eq!(r.complete_run(second).unwrap().run_id, Some(run_id(2)));
+    assert!(r.reap_run(&first, None).unwrap());
+    assert_eq!(r.complete_run(first).unwrap().run_id, Some(run_id(1)));
+    assert!(r.health().is_healthy());
+    for v in &runs {
+        v.check(&mut r);
+    }
     drop(runs);
     r.finalize().unwrap();
 }

@@ -162,6 +162,9 @@ struct RunState {
     /// then; the budget runs from there across every later reap, so a run reaped in slices
     /// still times out.
     reap_started: Option<(Instant, Duration)>,
+    /// Whether a queued run whose budget counted runs ahead was given one more budget of its
+    /// own once they had all ended: a timeout from then on is its own.
+    own_budget: bool,
     /// A fault a poll's short sync saw (a backend without stream queries): the reap reports it
     /// as its own sync's, without asking the device again.
     polled_fault: Option<(StreamKind, PoisonStep, StreamFault)>,
@@ -478,6 +481,7 @@ impl Core {
             events: None,
             launch_seq: 0,
             reap_started: None,
+            own_budget: false,
             polled_fault: None,
             latched: None,
             acceptance: req.acceptance().map(|a| (Arc::clone(a), req.run_id.get())),

@@ -47,10 +47,11 @@ pub(super) const MIN_RECOVERY_DRAIN: Duration = Duration::from_millis(1);
 
 /// Whether a queued run that timed out before it began stood behind a run that did not end.
 enum Ahead {
-    /// The run began, or nothing ahead of it was left to end: the timeout is the run's own.
+    /// The timeout is the run's own: it had its own budget after the runs ahead, or its budget
+    /// counted none and it began, or it never began and nothing ahead of it was left to end.
     Ended,
-    /// Runs ahead were still executing when the wait ran out and have all ended since: the
-    /// run could begin only now.
+    /// The runs ahead the run's budget counted have all ended: the run could begin only as
+    /// they ended, so it gets one budget of its own.
     Cleared,
     /// This run ahead did not end within what was left of its own budget, or failed: the
     /// culprit, its `launch_seq` and the code its wait ended with.
@@ -455,8 +456,8 @@ impl Core {
         Err(self.sync_failure(run, stream, step, e, wait))
     }
 
-    /// A queued run whose wait ran out before it began, behind runs that have all ended since,
-    /// gets one more stream-sync budget from now for its own execution (no wait past
+    /// A queued run whose wait ran out behind runs that have all ended since (before it began,
+    /// or just after) gets one more stream-sync budget from now for its own execution (no wait past
     /// `wait.hard` or the caller's deadline); the budget it reports on a timeout grows to
     /// match. Without this it would be charged a timeout for the time the runs ahead took.
     fn reap_after_cleared(
@@ -465,6 +466,7 @@ impl Core {
         wait: ReapWait,
     ) -> Result<bool, DeviceError> {
         let own = self.timeouts.stream_sync;
+        run.own_budget = true;
         let budget = match run.reap_started.as_mut() {
             Some((started, budget)) => {
                 *budget = started.elapsed().saturating_add(own);
@@ -626,18 +628,26 @@ impl Core {
         }
     }
 
-    /// The run a queued run's timeout belongs to when the run never began (none of its `begin`
-    /// events was reached): the device stopped in a run launched before it. Each unfinished
-    /// run ahead, in launch order, gets what is left of its own budget to end, but no wait past
-    /// `hard`; the first that does not end (or fails) is the culprit, with the code its wait
-    /// ended with. `Ended` when the run began, or no run ahead was left unfinished: then the
-    /// timeout is the run's own; `Cleared` when every unfinished run ahead ended in the wait.
+    /// Who a queued run's timeout belongs to. Its budget counted the runs ahead of it at its
+    /// first reap, one budget each; when those have all ended since, it could begin only as
+    /// they ended, so the time was theirs: `Cleared`, whether or not it has begun by now (it
+    /// may be just into its own execution). A run that never began (none of its `begin` events
+    /// was reached) stands behind a run that is still executing: each unfinished run ahead, in
+    /// launch order, gets what is left of its own budget to end, but no wait past `hard`; the
+    /// first that does not end (or fails) is the culprit, with the code its wait ended with,
+    /// and `Cleared` when all of them end in the wait. `Ended`, the timeout is the run's own,
+    /// once it was given its own budget after the runs ahead, or when it began and its budget
+    /// counted none, or when it never began and no run ahead is left.
     fn stuck_ahead(&self, run: &RunState, hard: Option<Instant>) -> Ahead {
         let op = self.timeouts.op_execute;
         let Some(events) = run.events.as_ref() else { return Ahead::Ended };
+        if run.own_budget {
+            return Ahead::Ended;
+        }
+        let counted_ahead = run.reap_started.is_some_and(|(_, b)| b > self.timeouts.stream_sync);
         let never_began =
             events.begin.iter().all(|b| self.backend.event_status(b, op) == EventStatus::Pending);
-        if !never_began {
+        if !never_began && !counted_ahead {
             return Ahead::Ended;
         }
         let unfinished: Vec<&RunState> = self
@@ -646,7 +656,7 @@ impl Core {
             .filter(|r| self.queued_end(r).is_none())
             .collect();
         if unfinished.is_empty() {
-            return Ahead::Ended;
+            return if counted_ahead { Ahead::Cleared } else { Ahead::Ended };
         }
         unfinished
             .into_iter()
