@@ -1991,6 +1991,30 @@ fn a_stream_sync_cann_refuses_reaches_the_runs_error_with_cann_s_typed_error() {
 }
 
 #[test]
+fn an_aicore_timeout_a_sync_reports_is_an_op_execute_timeout_with_cann_s_typed_error() {
+    for (queue, func) in
+        [(false, "aclrtSynchronizeStreamWithTimeout"), (true, "aclrtSynchronizeEventWithTimeout")]
+    {
+        let b = Onboard::new();
+        let mut r = DeviceRunner::attach(b.options(0).with_device_queue(queue)).unwrap();
+        let slot = r.register_callable(&b.add_callable()).unwrap();
+        let v = AddRun::new(&mut r);
+        b.install.fail_call(func, 0, 507_014).unwrap();
+        let cfg = CallConfig::default();
+        let err = r.run(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap_err();
+        match &err {
+            DeviceError::Timeout { budget: TimeoutBudget::OpExecute, acl: Some(acl), .. } => {
+                assert_eq!((acl.func, acl.code), (func, 507_014), "{err:?}");
+            }
+            other => panic!("{func}: {other:?}"),
+        }
+        assert_eq!(acl_source(&err).map(|a| a.func), Some(func), "{err:?}");
+        v.free(&mut r);
+        let _ = r.finalize();
+    }
+}
+
+#[test]
 fn a_program_load_that_fails_removes_its_op_description_and_names_the_step() {
     for func in ["rtsBinaryLoadFromFile", "rtsFuncGetByName"] {
         let b = Onboard::new();

@@ -204,6 +204,11 @@ pub enum DeviceError {
         runtime: Option<Box<RuntimeFault>>,
         /// Faults reported by the streams, earliest first.
         faults: Vec<CoreFault>,
+        /// Onboard, for an op-execute timeout: the CANN call that reported the AICore timeout
+        /// (the stream or event sync), with its code, name and CANN's recent message.
+        #[cfg(feature = "onboard")]
+        #[source]
+        acl: Option<Box<simpler_acl_sys::AclError>>,
     },
     /// A stream reported a device fault; the device is unusable afterwards.
     #[error(

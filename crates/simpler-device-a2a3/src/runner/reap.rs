@@ -160,6 +160,8 @@ pub(super) fn typed_sync_failure(
                 limit: limits.stream_sync,
                 runtime,
                 faults,
+                #[cfg(feature = "onboard")]
+                acl: None,
             };
         }
         SyncError::Fault(f) => f,
@@ -173,6 +175,8 @@ pub(super) fn typed_sync_failure(
             limit: limits.op_execute,
             runtime,
             faults,
+            #[cfg(feature = "onboard")]
+            acl: f.acl,
         };
     }
     let (code, stream) = earliest.unwrap_or((f.code, stream));
