@@ -327,6 +327,7 @@ rtError_t rtFree(void *devPtr);
 rtError_t rtMemcpy(void *dst, uint64_t destMax, const void *src, uint64_t cnt,
                    rtMemcpyKind_t kind);
 rtError_t rtRegisterAllKernel(const rtDevBinary_t *bin, void **hdl);
+rtError_t rtDevBinaryUnRegister(void *hdl);
 rtError_t rtKernelLaunchWithHandleV2(void *hdl, const uint64_t tilingKey, uint32_t blockDim,
                                      rtArgsEx_t *argsInfo, rtSmDesc_t *smDesc, rtStream_t stm,
                                      const rtTaskCfgInfo_t *cfgInfo);

@@ -1057,6 +1057,13 @@ EXPORT int32_t rtRegisterAllKernel(const rtDevBinary_t *bin, void **hdl) {
     return finish(&c, OK);
 }
 
+EXPORT int32_t rtDevBinaryUnRegister(void *hdl) {
+    call c = begin(__func__);
+    c.entry.value = (int64_t)(uintptr_t)hdl;
+    if (c.injected) return finish(&c, c.injected);
+    return destroy_object(&c, OBJ_KERNEL_BIN, hdl);
+}
+
 EXPORT int32_t rtKernelLaunchWithHandleV2(void *hdl, uint64_t tilingKey, uint32_t blockDim,
                                           rtArgsEx_t *argsInfo, void *smDesc, void *stm,
                                           const rtTaskCfgInfo_t *cfgInfo) {

@@ -178,6 +178,31 @@ impl Cann {
         // SAFETY: `f` was resolved by its C name from the library that exports it and has the C signature of the project header; the library stays loaded while `self` lives, and the caller upholds the function's contract (see `# Safety`).
         Ok(unsafe { f(bin, hdl) })
     }
+    #[doc = " `rtDevBinaryUnRegister` from `libruntime.so` (required)."]
+    #[doc = r""]
+    #[doc = r" The symbol is resolved on the first call and the result is kept."]
+    #[doc = r""]
+    #[doc = r" # Errors"]
+    #[doc = r""]
+    #[doc = r" [`LoadError`] when the library cannot be opened or does not export the symbol; the"]
+    #[doc = r" C function is then not called."]
+    #[doc = r""]
+    #[doc = r" # Safety"]
+    #[doc = r""]
+    #[doc = " The caller upholds the C contract of `rtDevBinaryUnRegister` in the pinned CANN release: every pointer is valid for what the function reads or writes, and every handle is live."]
+    #[inline]
+    pub unsafe fn rtDevBinaryUnRegister(
+        &self,
+        hdl: *mut ::core::ffi::c_void,
+    ) -> Result<rtError_t, LoadError> {
+        let f: slots::rtDevBinaryUnRegister = self.resolve(
+            &self.slots.rtDevBinaryUnRegister,
+            Library::Runtime,
+            "rtDevBinaryUnRegister",
+        )?;
+        // SAFETY: `f` was resolved by its C name from the library that exports it and has the C signature of the project header; the library stays loaded while `self` lives, and the caller upholds the function's contract (see `# Safety`).
+        Ok(unsafe { f(hdl) })
+    }
     #[doc = " `rtKernelLaunchWithHandleV2` from `libruntime.so` (required)."]
     #[doc = r""]
     #[doc = r" The symbol is resolved on the first call and the result is kept."]

@@ -120,6 +120,8 @@ pub type rtRegisterAllKernel = unsafe extern "C" fn(
     bin: *const rtDevBinary_t,
     hdl: *mut *mut ::core::ffi::c_void,
 ) -> rtError_t;
+#[doc = " The C signature of `rtDevBinaryUnRegister`."]
+pub type rtDevBinaryUnRegister = unsafe extern "C" fn(hdl: *mut ::core::ffi::c_void) -> rtError_t;
 #[doc = " The C signature of `rtKernelLaunchWithHandleV2`."]
 pub type rtKernelLaunchWithHandleV2 = unsafe extern "C" fn(
     hdl: *mut ::core::ffi::c_void,
@@ -262,6 +264,7 @@ pub(crate) struct Slots {
     pub(crate) rtFree: Slot<rtFree>,
     pub(crate) rtMemcpy: Slot<rtMemcpy>,
     pub(crate) rtRegisterAllKernel: Slot<rtRegisterAllKernel>,
+    pub(crate) rtDevBinaryUnRegister: Slot<rtDevBinaryUnRegister>,
     pub(crate) rtKernelLaunchWithHandleV2: Slot<rtKernelLaunchWithHandleV2>,
     pub(crate) rtGetC2cCtrlAddr: Slot<rtGetC2cCtrlAddr>,
     pub(crate) rtAicpuKernelLaunchExWithArgs: Slot<rtAicpuKernelLaunchExWithArgs>,
@@ -334,6 +337,7 @@ pub const FUNCTIONS: &[FunctionInfo] = &[
     FunctionInfo { name: "rtFree", library: Library::Runtime, required: true },
     FunctionInfo { name: "rtMemcpy", library: Library::Runtime, required: true },
     FunctionInfo { name: "rtRegisterAllKernel", library: Library::Runtime, required: true },
+    FunctionInfo { name: "rtDevBinaryUnRegister", library: Library::Runtime, required: true },
     FunctionInfo { name: "rtKernelLaunchWithHandleV2", library: Library::Runtime, required: true },
     FunctionInfo { name: "rtGetC2cCtrlAddr", library: Library::Runtime, required: false },
     FunctionInfo {
@@ -504,6 +508,14 @@ impl Slots {
             "rtRegisterAllKernel" => Some(
                 cann.resolve(&self.rtRegisterAllKernel, Library::Runtime, "rtRegisterAllKernel")
                     .map(|_| ()),
+            ),
+            "rtDevBinaryUnRegister" => Some(
+                cann.resolve(
+                    &self.rtDevBinaryUnRegister,
+                    Library::Runtime,
+                    "rtDevBinaryUnRegister",
+                )
+                .map(|_| ()),
             ),
             "rtKernelLaunchWithHandleV2" => Some(
                 cann.resolve(
