@@ -18,7 +18,7 @@ use common::standin::{
     AddRun, Onboard, STREAM_SYNC_MS, add_callable_with, add_object_callable, count, names, position,
 };
 use simpler_acl_sys::LoadError;
-use simpler_acl_sys::standin::{Call, FakeInstall};
+use simpler_acl_sys::standin::{Call, FakeInstall, ObjectKind};
 use simpler_device_a2a3::programs::add;
 use simpler_device_a2a3::{
     AcceptanceSignal, ActiveRun, ChipCallable, CopyKind, DeviceError, DeviceHealth, DeviceRunner,
@@ -338,6 +338,46 @@ fn the_aicore_binary_is_registered_once_per_runner() {
     assert_eq!(count(&log, "rtRegisterAllKernel"), 1);
     assert_eq!(count(&log, "rtKernelLaunchWithHandleV2"), 2);
     r.finalize().unwrap();
+}
+
+#[test]
+fn the_aicore_executor_is_unregistered_at_a_healthy_finalize_and_left_to_a_forced_one() {
+    let b = Onboard::new();
+    let registered = || b.install.live(ObjectKind::KernelBinaries).unwrap();
+    for n in 1..=3 {
+        let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+        run_add(&b, &mut r, n);
+        assert_eq!(registered(), 1);
+        r.finalize().unwrap();
+        assert_eq!(registered(), 0, "attach {n} left its executor registered");
+    }
+    assert_eq!(count(&b.log(), "rtDevBinaryUnRegister"), 3);
+
+    // A device whose stream fault leaves it to the force reset may still run the executor.
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    b.install.fail_call("aclrtSynchronizeStreamWithTimeout", 0, 507_018).unwrap();
+    let cfg = CallConfig::default();
+    r.run(&RunRequest::new(run_id(4), slot, &v.args, &cfg)).unwrap_err();
+    v.free(&mut r);
+    let _ = r.finalize();
+    assert_eq!(registered(), 1, "left registered with the reset device");
+    assert_eq!(count(&b.log(), "rtDevBinaryUnRegister"), 0);
+}
+
+#[test]
+fn an_executor_unregister_cann_refuses_is_the_finalize_error() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    run_add(&b, &mut r, 1);
+    b.install.fail_call("rtDevBinaryUnRegister", 0, 507_899).unwrap();
+    let err = r.finalize().unwrap_err();
+    assert_eq!(
+        acl_source(&err).map(|a| (a.func, a.code)),
+        Some(("rtDevBinaryUnRegister", 507_899)),
+        "{err:?}"
+    );
 }
 
 /// Attaches, registers and uploads, then clears the log.

@@ -901,8 +901,7 @@ impl Backend for OnboardDevice {
         }
         self.streams = None;
         self.programs = None;
-        // The AICore registration is never unregistered; its handle is forgotten and its image
-        // stays alive with it.
+        // Unregistered after the streams are gone, unless the device is left to its reset.
         self.aicore = None;
         // A device that is force-reset may still be running a launch that reads or writes any
         // tracked allocation: those are not freed here but given back by the reset itself.

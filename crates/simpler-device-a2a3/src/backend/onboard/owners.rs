@@ -77,6 +77,11 @@ impl Ctx {
         self.deferred.lock().pop_front()
     }
 
+    /// Whether handles released from now on are left to the device's reset.
+    pub(crate) fn leaves_to_reset(&self) -> bool {
+        self.left_to_reset.load(Ordering::Relaxed)
+    }
+
     /// Leaves every handle released after this to the device's reset.
     pub(crate) fn leave_to_reset(&self) {
         self.left_to_reset.store(true, Ordering::Relaxed);

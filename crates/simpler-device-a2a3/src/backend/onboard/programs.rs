@@ -1,6 +1,6 @@
 //! Registering the device programs of a manifest (ensure_initialized step 2): the bootstrap
 //! that installs the AICPU program on the device, the op description CANN loads it from, its
-//! entries, and the AICore executor (registered once per runner and never unregistered).
+//! entries, and the AICore executor (registered once per runner, unregistered at its finalize).
 
 use std::ffi::{CString, c_void};
 use std::path::{Path, PathBuf};
@@ -86,21 +86,39 @@ impl Drop for OpDescription {
     }
 }
 
-/// The AICore executor's registration handle (kept for the runner's life).
+/// The AICore executor's registration (`rtRegisterAllKernel` / `rtDevBinaryUnRegister`), kept
+/// for the runner's life. Dropping it unregisters the executor and frees its image. On a device
+/// left to its force reset (a launch may still be running the executor) nothing is
+/// unregistered: the registration stays, and the image with it, since CANN may read it for as
+/// long as the registration lives. So does a registration whose unregister CANN refuses.
 #[derive(Debug)]
 pub(crate) struct AicoreBinary {
+    ctx: Arc<Ctx>,
     pub(crate) handle: *mut c_void,
-    /// CANN may keep pointing at the image for as long as the registration lives, which this
-    /// project never ends (it calls no unregister): the image is leaked with it, one per
-    /// attach, rather than freed under a registration that may still read it.
-    _image: &'static [u8],
+    image: Vec<u8>,
 }
 
-// SAFETY: an opaque handle CANN accepts from any bound thread; the image is static.
+// SAFETY: an opaque handle CANN accepts from any bound thread; the image is only read by CANN.
 unsafe impl Send for AicoreBinary {}
 
+impl Drop for AicoreBinary {
+    fn drop(&mut self) {
+        let image = std::mem::take(&mut self.image);
+        if self.ctx.is_poisoned() || self.ctx.leaves_to_reset() {
+            image.leak();
+            return;
+        }
+        // SAFETY: `handle` is this owner's live registration; it is unregistered once.
+        let ret = unsafe { self.ctx.cann.rtDevBinaryUnRegister(self.handle) };
+        if let Err(e) = self.ctx.check("rtDevBinaryUnRegister", ret) {
+            image.leak();
+            self.ctx.record(e);
+        }
+    }
+}
+
 /// Registers the AICore executor ELF (`rtRegisterAllKernel`, magic ELF, version 0).
-pub(crate) fn register_aicore(ctx: &Ctx, image: Vec<u8>) -> Result<AicoreBinary, CannError> {
+pub(crate) fn register_aicore(ctx: &Arc<Ctx>, image: Vec<u8>) -> Result<AicoreBinary, CannError> {
     let bin = rtDevBinary_t {
         magic: RT_DEV_BINARY_MAGIC_ELF,
         version: 0,
@@ -108,11 +126,11 @@ pub(crate) fn register_aicore(ctx: &Ctx, image: Vec<u8>) -> Result<AicoreBinary,
         length: image.len() as u64,
     };
     let mut handle: *mut c_void = std::ptr::null_mut();
-    // SAFETY: `bin` points at `image`, alive for the call (and, leaked once registered, for the
-    // rest of the process); `handle` is a valid out-pointer.
+    // SAFETY: `bin` points at `image`, alive for the call (and, moved into the owner, for as
+    // long as the registration lives); `handle` is a valid out-pointer.
     let ret = unsafe { ctx.cann.rtRegisterAllKernel(&bin, &mut handle) };
     ctx.check("rtRegisterAllKernel", ret)?;
-    Ok(AicoreBinary { handle, _image: image.leak() })
+    Ok(AicoreBinary { ctx: Arc::clone(ctx), handle, image })
 }
 
 /// Installs the AICPU program through the dispatcher, waits at most `sync_ms` for it, then
