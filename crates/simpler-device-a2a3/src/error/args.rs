@@ -227,6 +227,24 @@ pub enum ArgsProblem {
         /// The base address of the argument buffer it overlaps.
         entry_addr: u64,
     },
+    /// A tensor of the orchestration (as for [`EntryBaseAlias`](Self::EntryBaseAlias))
+    /// overlaps a buffer `alloc_tensors` gave it under another base address, so it would not
+    /// be ordered against that buffer's views: make it a view of the buffer.
+    #[error(
+        "{}tensor {arg} at {addr:#x} overlaps the heap buffer at {heap_addr:#x} under another \
+         base address; make it a view of that buffer (the same base, an element offset)",
+        task.map(|t| format!("task#{t}: ")).unwrap_or_default()
+    )]
+    HeapBaseAlias {
+        /// The task's index in submission order (`None`: a data call).
+        task: Option<u64>,
+        /// The tensor's index among the task's tensors.
+        arg: usize,
+        /// The tensor's base address.
+        addr: u64,
+        /// The base address of the heap buffer it overlaps.
+        heap_addr: u64,
+    },
     /// A task's tensors, tags or scalar count do not match the signature of a kernel it names
     /// (the source).
     #[error("task#{task}: {source}")]

@@ -203,6 +203,8 @@ pub(crate) struct BuildScratch {
     entry_spans: Vec<ByteSpan>,
     /// The entry's non-empty buffers as `(base address, bytes)`.
     entry_buffers: Vec<(u64, u64)>,
+    /// The buffers `alloc_tensors` gave out as `(base address, bytes of its slab)`.
+    heap_buffers: Vec<(u64, u64)>,
     spare: Option<BuiltGraph>,
 }
 
@@ -227,6 +229,7 @@ impl BuildScratch {
             && self.task_accesses.is_empty()
             && self.entry_spans.is_empty()
             && self.entry_buffers.is_empty()
+            && self.heap_buffers.is_empty()
     }
 
     /// Whether task `pred` wrote every byte of `span` of the buffer at `addr` or, when the
@@ -563,31 +566,34 @@ impl<'e> GraphBuilder<'e> {
             let (addr, len) = (t.addr, t.size);
             return Err(ArgsProblem::TensorOutsideAllocation { task, arg, addr, len });
         }
-        if let Some(entry_addr) = self.entry_base_alias(t) {
-            return Err(ArgsProblem::EntryBaseAlias {
-                task: Some(task),
-                arg,
-                addr: t.addr,
-                entry_addr,
-            });
-        }
-        Ok(())
+        self.base_alias(Some(task), arg, t)
     }
 
-    /// The base of an entry buffer that `t`'s buffer overlaps under another base address, if
-    /// any: the maps key accesses by base address, so `t` would not be ordered against that
-    /// buffer's views.
-    fn entry_base_alias(&self, t: &Tensor) -> Option<u64> {
+    /// Refuses `t` (argument `arg` of `task`, or of a data call) when its buffer overlaps an
+    /// entry buffer or a heap buffer under another base address: the maps key accesses by base
+    /// address, so `t` would not be ordered against that buffer's views.
+    fn base_alias(&self, task: Option<u64>, arg: usize, t: &Tensor) -> Result<(), ArgsProblem> {
         // A null or zero-byte tensor names no memory: nothing to order.
         if t.is_null() || t.size == 0 {
-            return None;
+            return Ok(());
         }
         let end = t.addr.saturating_add(t.size);
-        let overlaps =
-            |&&(base, bytes): &&(u64, u64)| t.addr < base.saturating_add(bytes) && base < end;
-        let alias =
-            self.scratch.entry_buffers.iter().filter(overlaps).find(|(base, _)| *base != t.addr);
-        alias.map(|&(base, _)| base)
+        let alias = |buffers: &[(u64, u64)]| {
+            buffers
+                .iter()
+                .find(|&&(base, bytes)| {
+                    base != t.addr && t.addr < base.saturating_add(bytes) && base < end
+                })
+                .map(|&(base, _)| base)
+        };
+        let addr = t.addr;
+        if let Some(entry_addr) = alias(&self.scratch.entry_buffers) {
+            return Err(ArgsProblem::EntryBaseAlias { task, arg, addr, entry_addr });
+        }
+        if let Some(heap_addr) = alias(&self.scratch.heap_buffers) {
+            return Err(ArgsProblem::HeapBaseAlias { task, arg, addr, heap_addr });
+        }
+        Ok(())
     }
 
     fn alloc(&mut self, tensors: &mut [Tensor]) -> i32 {
@@ -642,6 +648,7 @@ impl<'e> GraphBuilder<'e> {
             t.addr = base + offset;
             t.size = bytes;
             t.owner_task_id = DeviceTaskId::NONE.0;
+            self.scratch.heap_buffers.push((t.addr, aligned));
         }
         ORCH_OK
     }
@@ -664,14 +671,8 @@ impl<'e> GraphBuilder<'e> {
                 buffer_bytes,
             }));
         }
-        if let Some(entry_addr) = self.entry_base_alias(t) {
-            let (arg, addr) = (0, t.addr);
-            return Err(self.invalid(ArgsProblem::EntryBaseAlias {
-                task: None,
-                arg,
-                addr,
-                entry_addr,
-            }));
+        if let Err(alias) = self.base_alias(None, 0, t) {
+            return Err(self.invalid(alias));
         }
         Ok(span)
     }
@@ -802,6 +803,7 @@ impl Drop for GraphBuilder<'_> {
         s.task_accesses.clear();
         s.entry_spans.clear();
         s.entry_buffers.clear();
+        s.heap_buffers.clear();
         if s.task_accesses.capacity() > RETAINED_TASKS {
             s.accesses = Vec::new();
             s.task_accesses = Vec::new();

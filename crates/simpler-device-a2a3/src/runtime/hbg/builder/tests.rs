@@ -324,6 +324,45 @@ fn a_write_after_a_read_waits_for_the_reader() {
 }
 
 #[test]
+fn a_tensor_based_inside_a_heap_buffer_is_refused_at_submit_and_in_data_calls() {
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
+    let mut heap = [Tensor::external(0, &[64], DataType::Float32).unwrap()];
+    assert_eq!(b.alloc(&mut heap), ORCH_OK);
+    let [h] = heap;
+    let out = TensorArgType::Output.as_i32();
+    assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[h], &[out], &[]), 0);
+    // The second half of the buffer, named by its own base address: as a buffer of its own it
+    // would never wait for the task writing the whole.
+    let tail = Tensor::external(h.addr + 128, &[32], DataType::Float32).unwrap();
+    let inp = TensorArgType::Input.as_i32();
+    assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[tail], &[inp], &[]) < 0);
+    let want =
+        ArgsProblem::HeapBaseAlias { task: Some(1), arg: 0, addr: h.addr + 128, heap_addr: h.addr };
+    assert_eq!(problem(b.finish().unwrap_err()), want);
+
+    let mut b = builder(&mut f);
+    let mut heap = [Tensor::external(0, &[64], DataType::Float32).unwrap()];
+    assert_eq!(b.alloc(&mut heap), ORCH_OK);
+    let tail = Tensor::external(heap[0].addr + 128, &[32], DataType::Float32).unwrap();
+    assert!(b.get_data(&tail, &mut [0u8; 128]) < 0);
+    let want =
+        ArgsProblem::HeapBaseAlias { task: None, arg: 0, addr: tail.addr, heap_addr: heap[0].addr };
+    assert_eq!(problem(b.finish().unwrap_err()), want);
+
+    // A view of the buffer keeps its base and is ordered after the write.
+    let mut b = builder(&mut f);
+    let mut heap = [Tensor::external(0, &[64], DataType::Float32).unwrap()];
+    assert_eq!(b.alloc(&mut heap), ORCH_OK);
+    let [h] = heap;
+    assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[h], &[out], &[]), 0);
+    let view = h.view(&[32], &[32]).unwrap();
+    assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[view], &[inp], &[]), 1);
+    let g = b.finish().unwrap();
+    assert_eq!(g.preds_of(&g.tasks[1]), vec![0]);
+}
+
+#[test]
 fn a_tensor_based_inside_the_entry_buffer_is_refused_at_submit_and_in_data_calls() {
     let mut f = Fixture::default();
     let mut b = builder(&mut f);
