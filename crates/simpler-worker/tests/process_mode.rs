@@ -360,6 +360,37 @@ fn a_buffer_of_a_dead_chip_process_is_refused_never_sent_to_the_restarted_one() 
     w.close().expect("close");
 }
 
+#[test]
+fn a_buffer_of_a_chip_process_that_died_while_idle_is_refused_never_sent_to_the_restarted_one() {
+    // The death is noticed only by the next use, which restarts the chip: a buffer of the dead
+    // process must be refused there too, not pass for one of its successor.
+    let _serial = serial();
+    let mut b = process_host(&[0], options().on_child_death(OnChildDeath::Restart));
+    let h = b.register_chip(add_callable(0));
+    let w = b.start().expect("start");
+    let (args, old) = inputs(&w, WorkerId(0));
+    kill_idle_child(&w, WorkerId(0));
+    let mem = w.chip_memory(WorkerId(0)).unwrap();
+    let e = mem.copy_to(&old, 0, &[0u8; 4]).expect_err("a buffer of the dead process");
+    assert!(
+        matches!(
+            e,
+            WorkerError::Memory(MemError::StaleBuffer { buffer_process: 1, process: 2, .. })
+        ),
+        "{e}"
+    );
+    kill_idle_child(&w, WorkerId(0));
+    let e = w.submit(on_chip(h, args, WorkerId(0))).unwrap().wait().expect_err("stale");
+    assert!(
+        matches!(mem_error(&e), Some(MemError::StaleBuffer { buffer_process: 1, process: 3, .. })),
+        "{e}"
+    );
+    let (args, f) = inputs(&w, WorkerId(0));
+    w.run(on_chip(h, args, WorkerId(0))).expect("runs after the restart");
+    assert_eq!(result(&w, WorkerId(0), &f), expected());
+    w.close().expect("close");
+}
+
 /// The memory error a run's failure carries, if any.
 fn mem_error(e: &RunError) -> Option<MemError> {
     e.frames().iter().find_map(|f| f.error()?.downcast_ref::<MemError>().cloned())

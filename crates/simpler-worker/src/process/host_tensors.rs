@@ -27,6 +27,19 @@ impl ChipProcess {
 }
 
 impl StagingChip for ChipProcess {
+    /// Starts (or restarts) the process now, then pins the task's requests to it: a copy lives
+    /// in one process, and an address of it sent to a successor could name that process's own
+    /// buffer.
+    fn begin(&mut self, _origin: TaskId) -> Result<(), EndpointFailure> {
+        self.ensure_live().map_err(|e| child_failure(e, EndpointOutcome::EndpointFailure))?;
+        self.pin(true);
+        Ok(())
+    }
+
+    fn end(&mut self) {
+        self.pin(false);
+    }
+
     fn malloc(&mut self, len: u64, origin: TaskId) -> Result<u64, EndpointFailure> {
         self.device_malloc(len).map_err(|f| self.staging_failure(f, origin))
     }

@@ -146,6 +146,10 @@ pub(crate) struct ChipProcess {
     generation: u64,
     /// The failure that ended the last process (fail fast, or restart on next use).
     failed: Option<ChildError>,
+    /// A sequence of requests in progress that only the process numbered so may serve (a
+    /// staged task's copies, a restart's restore): its death fails the next request of the
+    /// sequence instead of restarting the chip under it.
+    pinned: Option<u64>,
     /// The device allocations of the current process and of the last ones before it.
     buffers: Buffers,
     seq: u64,
@@ -210,6 +214,7 @@ impl ChipProcess {
             live: None,
             generation: 0,
             failed: None,
+            pinned: None,
             buffers: Buffers::default(),
             seq: 0,
             start_deadline: deadline,
@@ -428,8 +433,11 @@ impl ChipProcess {
     }
 
     /// A live process: the running one, or (policy `Restart`) a new one with the held content
-    /// prepared again; else the failure that ended the last one.
-    fn ensure_live(&mut self) -> Result<(), ChildError> {
+    /// prepared again; else the failure that ended the last one. A process that ended since its
+    /// last request counts as ended, so that nothing of it (its buffers) passes for the next
+    /// one's. While [`pinned`](Self::pinned), the failure is returned and nothing restarts.
+    pub(super) fn ensure_live(&mut self) -> Result<(), ChildError> {
+        self.notice_end_between_requests();
         if self.live.is_some() {
             return Ok(());
         }
@@ -437,6 +445,9 @@ impl ChipProcess {
             .failed
             .clone()
             .unwrap_or(ChildError::Protocol { chip: self.chip, fault: ProtocolFault::Gone });
+        if self.pinned.is_some() {
+            return Err(cause);
+        }
         if self.opts.on_death != OnChildDeath::Restart {
             return Err(ChildError::Unusable { chip: self.chip, cause: Box::new(cause) });
         }
@@ -483,6 +494,15 @@ impl ChipProcess {
     /// Prepares every held reference again in a just-restarted process; the first refusal or
     /// failed request is the error, naming the content.
     fn restore(&mut self) -> Result<(), ChildError> {
+        // A death during the restore fails it rather than restarting the chip inside it.
+        let outer = self.pinned.replace(self.generation);
+        let restored = self.restore_held();
+        self.pinned = outer;
+        restored
+    }
+
+    /// The requests of [`restore`](Self::restore).
+    fn restore_held(&mut self) -> Result<(), ChildError> {
         let (chip, pid) = (self.chip, self.pid().unwrap_or_default());
         #[cfg(feature = "sim")]
         for fault in self.opts.restart_faults.clone() {
@@ -777,6 +797,11 @@ impl ChipProcess {
     /// Whether a process is running (a later request on a dead chip would restart it first).
     pub(super) fn is_live(&self) -> bool {
         self.live.is_some()
+    }
+
+    /// Pins the requests that follow to the current process, or (`false`) unpins them.
+    pub(super) fn pin(&mut self, on: bool) {
+        self.pinned = on.then_some(self.generation);
     }
 
     /// Arms `fault` in the process: for its next run, or now, as the fault says.

@@ -43,6 +43,7 @@ fn process_around(child: std::process::Child, mailbox: Mailbox) -> ChipProcess {
         live: Some(Live { child, pid, mailbox }),
         generation: 1,
         failed: None,
+        pinned: None,
         buffers: Default::default(),
         seq: 0,
         start_deadline: None,
@@ -340,4 +341,38 @@ fn a_chip_whose_process_is_not_started_by_the_start_deadline_fails_naming_that_s
     drop(release);
     let pid = spawn::tests::pid_of(chip);
     wait_reaped(pid, std::time::Instant::now(), || {});
+}
+
+/// Waits until `pid` has ended and can be reaped (without reaping it).
+fn wait_ended(pid: u32) {
+    use rustix::process::{WaitId, WaitIdOptions};
+    let target = Pid::from_raw(pid as i32).expect("pid > 0");
+    let peek = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+    let began = std::time::Instant::now();
+    while !rustix::process::waitid(WaitId::Pid(target), peek).is_ok_and(|s| s.is_some()) {
+        assert!(began.elapsed() < std::time::Duration::from_secs(30), "{pid} never ended");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_pinned_sequence_fails_on_the_death_of_its_process_instead_of_restarting_the_chip() {
+    use crate::staging::StagingChip;
+    use simpler_types::{RunId, TaskId};
+
+    let (mut p, pid) = process_of_true();
+    let restart = ProcessOptions::default().on_child_death(super::super::OnChildDeath::Restart);
+    p.opts = Arc::new(restart);
+    p.pin(true);
+    wait_ended(pid);
+    // A staged task's next copy: its process ended between two of its requests.
+    let origin = TaskId::new(RunId::FIRST, 0);
+    let failure = StagingChip::malloc(&mut p, 64, origin).expect_err("its process ended");
+    let cause = failure.source.as_ref().and_then(|s| s.downcast_ref::<ChildError>());
+    assert!(
+        matches!(cause, Some(ChildError::EndedBetweenRequests { pid: p, .. }) if *p == pid),
+        "{failure:?}"
+    );
+    assert_eq!(p.generation(), 1, "the chip was restarted under the task");
+    assert!(p.live.is_none());
 }
