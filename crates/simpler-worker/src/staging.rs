@@ -155,10 +155,10 @@ impl Staged {
 /// (PROCESS mode, where every call is a mailbox request). Failures come back already mapped to
 /// the task's endpoint failure, each with its typed source.
 pub(crate) trait StagingChip {
-    /// Before task `origin`'s first device call: every call until [`end`](Self::end) goes to
-    /// the device as it is now (a chip process that ends meanwhile fails them, and is not
+    /// Before a task's first device call: every call until [`end`](Self::end) goes to the
+    /// device as it is now (a chip process that ends meanwhile fails them, and is not
     /// restarted under copies it held).
-    fn begin(&mut self, _origin: TaskId) -> Result<(), EndpointFailure> {
+    fn begin(&mut self) -> Result<(), EndpointFailure> {
         Ok(())
     }
     /// After the task's last device call, its copies' frees included.
@@ -211,7 +211,7 @@ fn stage_and_run(
         device_failure(DeviceError::InvalidTaskArgs { run_id: None, arg: None, source })
     })?;
     let mut staged: Vec<Staged> = Vec::new();
-    chip.begin(origin)?;
+    chip.begin()?;
     // A panic on the way (a step, a logging layer) still frees the device copies made so far
     // (the runner refuses a free the device may still need), then goes on unwinding.
     let result = catch_unwind(AssertUnwindSafe(|| {

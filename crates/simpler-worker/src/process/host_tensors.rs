@@ -30,7 +30,7 @@ impl StagingChip for ChipProcess {
     /// Starts (or restarts) the process now, then pins the task's requests to it: a copy lives
     /// in one process, and an address of it sent to a successor could name that process's own
     /// buffer.
-    fn begin(&mut self, _origin: TaskId) -> Result<(), EndpointFailure> {
+    fn begin(&mut self) -> Result<(), EndpointFailure> {
         self.ensure_live().map_err(|e| child_failure(e, EndpointOutcome::EndpointFailure))?;
         self.pin(true);
         Ok(())
