@@ -412,6 +412,45 @@ mod tests {
         Ring::new(RingConfig { heap_bytes_per_ring: 0, ..RingConfig::default() }).unwrap()
     }
 
+    std::thread_local! {
+        static PANIC_NEXT_DEFAULT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// A payload whose construction panics when the test asks.
+    struct Fragile;
+
+    impl Default for Fragile {
+        fn default() -> Self {
+            if PANIC_NEXT_DEFAULT.with(|p| p.replace(false)) {
+                panic!("deliberate: the payload cannot be built");
+            }
+            Fragile
+        }
+    }
+
+    #[test]
+    fn a_payload_whose_default_panics_leaves_the_window_as_it_was() {
+        let cap = 2;
+        let config = RingConfig {
+            heap_bytes_per_ring: 0,
+            max_live_slots: Some(cap),
+            alloc_timeout: std::time::Duration::ZERO,
+            ..RingConfig::default()
+        };
+        let ring = Ring::<Fragile>::new(config).unwrap();
+        PANIC_NEXT_DEFAULT.with(|p| p.set(true));
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ring.alloc(0, 0)));
+        assert!(unwound.is_err());
+        assert_eq!(ring.stats().window.live, 0);
+        assert_eq!(ring.stats().window.total_allocs, 0);
+        // The whole window is still there, and the ring can be rewound.
+        let ids: Vec<SlotId> = (0..cap).map(|_| ring.alloc(0, 0).unwrap().slot).collect();
+        for id in ids {
+            assert!(ring.release(id));
+        }
+        ring.reset_to_empty().unwrap();
+    }
+
     /// A heap larger than the address space: the system's refusal stays its number and kind.
     #[test]
     fn a_heap_the_system_cannot_map_names_the_systems_error() {

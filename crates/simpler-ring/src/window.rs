@@ -112,6 +112,23 @@ fn unpack_heap(stamp: u64) -> Option<(RingIndex, u64)> {
     RingIndex::new((stamp & 3) as u8).map(|ring| (ring, stamp >> 3))
 }
 
+/// One reservation counted live (and, `committed`, as an allocation), given back if dropped
+/// (by an unwind) before it is issued.
+struct Counted<'a, S: Default> {
+    window: &'a Window<S>,
+    committed: bool,
+}
+
+impl<S: Default> Drop for Counted<'_, S> {
+    fn drop(&mut self) {
+        if self.committed {
+            let mut state = self.window.state.lock();
+            state.total_allocs = state.total_allocs.saturating_sub(1);
+        }
+        self.window.free_indices(&[], 1);
+    }
+}
+
 impl<S: Default> Window<S> {
     pub(crate) fn new(limit: Option<u32>) -> Self {
         Window {
@@ -169,11 +186,14 @@ impl<S: Default> Window<S> {
         let index = match reused {
             Some(index) => index,
             None => {
+                // A payload whose `Default` panics issued nothing: the count goes back.
+                let counted = Counted { window: self, committed: commit };
                 let index = self.entries.push(Entry {
                     state: AtomicU64::new(u64::from(1u32) << 1),
                     heap: AtomicU64::new(NO_HEAP),
                     payload: S::default(),
                 });
+                std::mem::forget(counted);
                 // `can_append` checked the count under the lock, and appends happen only after
                 // that check, so the index fits unless more than `u32::MAX` appends raced past
                 // it, which the live cap of `u32::MAX` rules out.
