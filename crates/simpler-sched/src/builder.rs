@@ -377,7 +377,7 @@ impl<'e> RunBuilder<'e> {
         self.check_open()?;
         self.orch.scopes.begin().map_err(|e| match e {
             RingError::ScopeDepthExceeded { max } => SchedError::ScopeDepthExceeded { max },
-            other => SchedError::Internal { message: other.to_string() },
+            other => SchedError::Ring(other),
         })
     }
 

@@ -43,7 +43,8 @@ pub enum SchedError {
         /// The level given.
         level: u8,
     },
-    /// The task ring rejected its configuration or failed to start.
+    /// The task ring rejected its configuration or failed to start, or refused a scope
+    /// operation for another reason than its depth.
     #[error("ring: {0}")]
     Ring(#[source] RingError),
     /// The operating system refused to start an engine thread.
