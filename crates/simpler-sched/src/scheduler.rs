@@ -63,7 +63,7 @@ use smallvec::SmallVec;
 use simpler_types::{CancelReason, RunFailure, SlotId, TaskFailure, TaskState};
 
 use crate::core::Core;
-use crate::endpoint::{EndpointFailure, into_panic_message, quietly};
+use crate::endpoint::{EndpointFailure, drop_quietly, into_panic_message, quietly};
 use crate::graph::{GraphScratch, Reclaims};
 use crate::held_ready::EndpointTake;
 use crate::inbox::{
@@ -686,15 +686,18 @@ pub(crate) fn scheduler_main(core: Arc<Core>) {
     }
 
     let _exit = ExitGuard(&core);
-    // The span is entered and left inside the `catch_unwind` too: a tracing layer that panics
-    // there must not skip the loop's exit step (which cancels what is still queued).
-    let body = || {
-        let _span = tracing::debug_span!("scheduler", level = core.level).entered();
-        scheduler_loop(&core);
-    };
-    if let Err(payload) = catch_unwind(AssertUnwindSafe(body)) {
+    // A tracing layer that panics entering or leaving the thread's span is no engine bug: the
+    // span is entered and left apart from the loop (which then runs without it), so that such
+    // a panic neither skips the loop nor poisons the engine.
+    let span = catch_unwind(AssertUnwindSafe(|| {
+        tracing::debug_span!("scheduler", level = core.level).entered()
+    }))
+    .map_err(drop_quietly)
+    .ok();
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| scheduler_loop(&core))) {
         core.poison(&format!("scheduler thread panicked: {}", into_panic_message(payload)));
     }
+    drop_quietly(span);
 }
 
 /// Thread steps 1–3, until the scheduler has stopped for good.
