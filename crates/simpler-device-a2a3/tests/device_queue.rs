@@ -397,6 +397,25 @@ fn a_queued_run_whose_budget_ran_out_behind_a_slow_run_that_then_ended_gets_its_
     r.finalize().unwrap();
 }
 
+/// Completes run 2 (reaped already), reaps and completes run 1, and checks both results on a
+/// healthy device before finalizing it.
+fn complete_both_healthy(
+    mut r: DeviceRunner,
+    runs: Vec<VectorRun>,
+    first: ActiveRun,
+    second: ActiveRun,
+) {
+    assert_eq!(r.complete_run(second).unwrap().run_id, Some(run_id(2)));
+    assert!(r.reap_run(&first, None).unwrap());
+    assert_eq!(r.complete_run(first).unwrap().run_id, Some(run_id(1)));
+    assert!(r.health().is_healthy());
+    for v in &runs {
+        v.check(&mut r);
+    }
+    drop(runs);
+    r.finalize().unwrap();
+}
+
 #[test]
 fn a_queued_run_that_began_just_before_its_budget_ran_out_behind_a_slow_run_is_not_charged_for_it()
 {
@@ -408,15 +427,7 @@ fn a_queued_run_that_began_just_before_its_budget_ran_out_behind_a_slow_run_is_n
     let (runs, first, second) = launch_two(&mut r, slow, mid);
     let reaped = r.reap_run(&second, None).unwrap_or_else(|e| panic!("run 2 was charged: {e}"));
     assert!(reaped);
-    assert_eq!(r.complete_run(second).unwrap().run_id, Some(run_id(2)));
-    assert!(r.reap_run(&first, None).unwrap());
-    assert_eq!(r.complete_run(first).unwrap().run_id, Some(run_id(1)));
-    assert!(r.health().is_healthy());
-    for v in &runs {
-        v.check(&mut r);
-    }
-    drop(runs);
-    r.finalize().unwrap();
+    complete_both_healthy(r, runs, first, second);
 }
 
 #[test]
@@ -433,15 +444,7 @@ fn a_queued_run_given_its_own_budget_behind_a_slow_run_is_not_waited_for_past_th
     let reaped = r.reap_run(&second, Some(deadline)).unwrap_or_else(|e| panic!("run 2: {e}"));
     assert!(!reaped, "the reap waited past its deadline for run 2, which had just begun");
     assert!(r.reap_run(&second, None).unwrap(), "run 2 ends within its own budget");
-    assert_eq!(r.complete_run(second).unwrap().run_id, Some(run_id(2)));
-    assert!(r.reap_run(&first, None).unwrap());
-    assert_eq!(r.complete_run(first).unwrap().run_id, Some(run_id(1)));
-    assert!(r.health().is_healthy());
-    for v in &runs {
-        v.check(&mut r);
-    }
-    drop(runs);
-    r.finalize().unwrap();
+    complete_both_healthy(r, runs, first, second);
 }
 
 #[test]

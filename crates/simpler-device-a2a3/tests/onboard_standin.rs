@@ -2004,18 +2004,32 @@ fn a_refused_image_upload_fails_the_run_it_prepares_with_cann_s_code() {
 
 // ----- A refused stream or event sync keeps CANN's error -----
 
+/// The sync a reap makes, by whether runs are queued on the device: the stream sync, or the
+/// event sync.
+const SYNCS: [(bool, &str); 2] =
+    [(false, "aclrtSynchronizeStreamWithTimeout"), (true, "aclrtSynchronizeEventWithTimeout")];
+
+/// Runs the add program once with the reap's sync `func` failing with `code`: the bench, the
+/// runner, the run's buffers and its error.
+fn run_with_a_failed_sync(
+    queue: bool,
+    func: &str,
+    code: i32,
+) -> (Onboard, DeviceRunner, AddRun, DeviceError) {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0).with_device_queue(queue)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    b.install.fail_call(func, 0, code).unwrap();
+    let cfg = CallConfig::default();
+    let err = r.run(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap_err();
+    (b, r, v, err)
+}
+
 #[test]
 fn a_stream_sync_cann_refuses_reaches_the_runs_error_with_cann_s_typed_error() {
-    for (queue, func) in
-        [(false, "aclrtSynchronizeStreamWithTimeout"), (true, "aclrtSynchronizeEventWithTimeout")]
-    {
-        let b = Onboard::new();
-        let mut r = DeviceRunner::attach(b.options(0).with_device_queue(queue)).unwrap();
-        let slot = r.register_callable(&b.add_callable()).unwrap();
-        let v = AddRun::new(&mut r);
-        b.install.fail_call(func, 0, 507_018).unwrap();
-        let cfg = CallConfig::default();
-        let err = r.run(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap_err();
+    for (queue, func) in SYNCS {
+        let (_b, mut r, v, err) = run_with_a_failed_sync(queue, func, 507_018);
         let acl = acl_source(&err).unwrap_or_else(|| panic!("{func}: no CANN error in {err:?}"));
         assert_eq!((acl.func, acl.code), (func, 507_018), "{err:?}");
         assert!(acl.recent.as_deref().is_some_and(|m| m.contains("injected fault")), "{acl:?}");
@@ -2032,16 +2046,8 @@ fn a_stream_sync_cann_refuses_reaches_the_runs_error_with_cann_s_typed_error() {
 
 #[test]
 fn an_aicore_timeout_a_sync_reports_is_an_op_execute_timeout_with_cann_s_typed_error() {
-    for (queue, func) in
-        [(false, "aclrtSynchronizeStreamWithTimeout"), (true, "aclrtSynchronizeEventWithTimeout")]
-    {
-        let b = Onboard::new();
-        let mut r = DeviceRunner::attach(b.options(0).with_device_queue(queue)).unwrap();
-        let slot = r.register_callable(&b.add_callable()).unwrap();
-        let v = AddRun::new(&mut r);
-        b.install.fail_call(func, 0, 507_014).unwrap();
-        let cfg = CallConfig::default();
-        let err = r.run(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap_err();
+    for (queue, func) in SYNCS {
+        let (_b, mut r, v, err) = run_with_a_failed_sync(queue, func, 507_014);
         match &err {
             DeviceError::Timeout { budget: TimeoutBudget::OpExecute, acl: Some(acl), .. } => {
                 assert_eq!((acl.func, acl.code), (func, 507_014), "{err:?}");
