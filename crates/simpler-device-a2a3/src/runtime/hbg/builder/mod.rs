@@ -192,9 +192,10 @@ pub(crate) struct BuildScratch {
     map: TensorMap,
     /// Every span a task names, tracked or not (`set_tensor_data` refuses them).
     touched: TensorMap,
-    /// Spans written through `manual_dep` tensors, which `map` does not know
-    /// (`tensor_data` refuses them like tracked writes).
-    manual_writes: TensorMap,
+    /// Spans a task may write through a tensor `map` does not track (`manual_dep`, or tagged
+    /// `NoDep`, which a kernel may write through): `tensor_data` refuses them like tracked
+    /// writes.
+    untracked_writes: TensorMap,
     /// The tracked accesses of every task so far; task `i`'s are `task_accesses[i]`.
     accesses: Vec<TrackedAccess>,
     task_accesses: Vec<Range<usize>>,
@@ -224,7 +225,7 @@ impl BuildScratch {
     fn is_empty(&self) -> bool {
         self.map.is_empty()
             && self.touched.is_empty()
-            && self.manual_writes.is_empty()
+            && self.untracked_writes.is_empty()
             && self.accesses.is_empty()
             && self.task_accesses.is_empty()
             && self.entry_spans.is_empty()
@@ -477,8 +478,9 @@ impl<'e> GraphBuilder<'e> {
             let Some(span) = span_of(t) else { continue };
             let key = TensorKey::Host { addr: t.addr };
             scratch.touched.insert(self.run_id, key, span, slot_of(idx));
-            if t.is_manual_dep() && tag.writes() {
-                scratch.manual_writes.insert(self.run_id, key, span, slot_of(idx));
+            let untracked = t.is_manual_dep() || Access::of_view(tag, t).is_none();
+            if untracked && tag != TensorArgType::Input {
+                scratch.untracked_writes.insert(self.run_id, key, span, slot_of(idx));
             }
             if let (Some(access), false) = (Access::of_view(tag, t), t.is_manual_dep()) {
                 scratch.map.record(self.run_id, key, span, access, slot_of(idx));
@@ -684,7 +686,7 @@ impl<'e> GraphBuilder<'e> {
         };
         let mut written = false;
         let key = TensorKey::Host { addr: t.addr };
-        for map in [&self.scratch.map, &self.scratch.manual_writes] {
+        for map in [&self.scratch.map, &self.scratch.untracked_writes] {
             map.lookup_overlapping(self.run_id, &key, span, |_| written = true);
         }
         let (addr, len) = (span.start, span.len());
@@ -791,7 +793,7 @@ impl Drop for GraphBuilder<'_> {
     /// a latched error, a panicking orchestration); an unfinished graph becomes the spare.
     fn drop(&mut self) {
         let s = &mut *self.scratch;
-        for map in [&mut s.map, &mut s.touched, &mut s.manual_writes] {
+        for map in [&mut s.map, &mut s.touched, &mut s.untracked_writes] {
             map.erase_run(self.run_id);
             // Only this run's entries were ever inserted, so anything left means a record
             // was interrupted (a panic inside the map): start the next build from a new map.

@@ -436,6 +436,31 @@ fn tensor_data_refuses_bytes_a_manual_dep_tensor_writes() {
 }
 
 #[test]
+fn tensor_data_refuses_bytes_a_kernel_may_write_through_an_untracked_tensor() {
+    // A kernel may write through a tensor tagged `NoDep`, and a `manual_dep` tensor tagged
+    // `NoDep` is no read either: the staged bytes may be the value from before that write.
+    // Only an `Input` among the untracked ones is known not to write.
+    let nodep = TensorArgType::NoDep.as_i32();
+    let inp = TensorArgType::Input.as_i32();
+    for (tensor, tag, refused) in [
+        (buf(0, 16), nodep, true),
+        (buf(0, 16).manual_dep(true), nodep, true),
+        (buf(0, 16).manual_dep(true), inp, false),
+    ] {
+        let mut f = Fixture::default();
+        let mut b = builder(&mut f);
+        assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[tensor], &[tag], &[]), 0);
+        let mut data = [0u8; 64];
+        let status = b.get_data(&buf(0, 16), &mut data);
+        assert_eq!(status < 0, refused, "tag {tag}, manual_dep {}", tensor.is_manual_dep());
+        if refused {
+            let (addr, len) = (BUF, 64);
+            assert_eq!(problem(b.finish().unwrap_err()), ArgsProblem::DataNotWritten { addr, len });
+        }
+    }
+}
+
+#[test]
 fn the_first_error_wins_and_later_calls_are_refused() {
     let mut f = Fixture::default();
     let mut b = builder(&mut f);
