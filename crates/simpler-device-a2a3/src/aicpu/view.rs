@@ -1,8 +1,8 @@
 //! Typed access to a runtime image in device memory.
 //!
 //! The image is one region of device memory (`docs/device-chip.md`). [`ImageView::from_raw`] checks its
-//! header once (magic, ABI version, every section inside the region and aligned) and from then
-//! on hands out references to the sections. This is sound because of how the image is used:
+//! header once (magic, ABI version, every section inside the region, aligned, past the header
+//! and apart from the others) and from then on hands out references to the sections. This is sound because of how the image is used:
 //!
 //! - Plain (non-atomic) fields are written by the host before the launch and by nobody while
 //!   the view exists, so shared references to them never alias a write.
@@ -39,6 +39,53 @@ pub enum ViewError {
     Section(&'static str),
 }
 
+/// The most sections an image has: the eleven of every image, each ready queue's cells, and a
+/// trb image's five.
+const MAX_SECTIONS: usize = 11 + READY_QUEUE_COUNT + 5;
+
+/// The byte ranges of an image's sections, each with whether the run writes it. A section is
+/// added only past the header and apart from those added before: the view's shared references
+/// to plain fields then alias no write (a zeroed or corrupted offset would put a section the
+/// run writes over the header, or over another section).
+#[derive(Default)]
+struct Sections {
+    ranges: [(u64, u64, bool); MAX_SECTIONS],
+    count: usize,
+}
+
+impl Sections {
+    /// Adds `[off, off + bytes)`, which the caller checked to lie inside the image, as a
+    /// section the run writes (`written`) or only reads. An empty section names no bytes.
+    fn add(
+        &mut self,
+        off: u64,
+        bytes: u64,
+        written: bool,
+        name: &'static str,
+    ) -> Result<(), ViewError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let end = off.saturating_add(bytes);
+        let apart = self.ranges[..self.count].iter().all(|&(s, e, _)| end <= s || e <= off);
+        let slot = self.ranges.get_mut(self.count);
+        match slot {
+            Some(slot) if apart && off >= size_of::<ImageHeader>() as u64 => {
+                *slot = (off, end, written);
+                self.count += 1;
+                Ok(())
+            }
+            _ => Err(ViewError::Section(name)),
+        }
+    }
+
+    /// Whether `[off, end)` reaches into the header or into a section the run writes.
+    fn touches_written(&self, off: u64, end: u64) -> bool {
+        off < size_of::<ImageHeader>() as u64
+            || self.ranges[..self.count].iter().any(|&(s, e, w)| w && off < e && s < end)
+    }
+}
+
 /// A checked view of a runtime image.
 #[derive(Clone, Copy, Debug)]
 pub struct ImageView<'a> {
@@ -65,15 +112,19 @@ impl<'a> ImageView<'a> {
     /// host-written before the launch only).
     pub unsafe fn from_raw(base: *mut u8, len: u64) -> Result<ImageView<'a>, ViewError> {
         // SAFETY: forwarded from the caller.
-        let view = unsafe { ImageView::from_raw_sections(base, len) }?;
+        let (view, sections) = unsafe { ImageView::from_raw_sections(base, len) }?;
         let header = view.header;
         // Every task's arguments and fanout list must lie inside the image, so later accesses
-        // need no checks.
+        // need no checks, and the arguments apart from the header and from every section the
+        // run writes, so that the shared references to them alias no write.
         for i in 0..header.task_count {
             let t = view.task(i);
             let arg_bytes = u64::from(t.num_tensors) * 128 + u64::from(t.num_scalars) * 8;
             let end = t.args_off.checked_add(arg_bytes).ok_or(ViewError::Section("task args"))?;
-            if !t.args_off.is_multiple_of(SECTION_ALIGN) || end > len {
+            if !t.args_off.is_multiple_of(SECTION_ALIGN)
+                || end > len
+                || (arg_bytes > 0 && sections.touches_written(t.args_off, end))
+            {
                 return Err(ViewError::Section("task args"));
             }
             let fan_end = u64::from(t.fanout_start) + u64::from(t.fanout_count);
@@ -84,13 +135,17 @@ impl<'a> ImageView<'a> {
         Ok(view)
     }
 
-    /// Checks the header and the section bounds only (constant time); the per-task checks
-    /// that [`ImageView::task`]'s callers rely on are [`ImageView::from_raw`]'s.
+    /// Checks the header and the sections only (constant time): each inside the image,
+    /// aligned, past the header and apart from the others. The per-task checks that
+    /// [`ImageView::task`]'s callers rely on are [`ImageView::from_raw`]'s.
     ///
     /// # Safety
     ///
     /// As [`ImageView::from_raw`].
-    unsafe fn from_raw_sections(base: *mut u8, len: u64) -> Result<ImageView<'a>, ViewError> {
+    unsafe fn from_raw_sections(
+        base: *mut u8,
+        len: u64,
+    ) -> Result<(ImageView<'a>, Sections), ViewError> {
         if base.is_null() || !(base as usize).is_multiple_of(SECTION_ALIGN as usize) {
             return Err(ViewError::Base);
         }
@@ -114,70 +169,82 @@ impl<'a> ImageView<'a> {
         {
             return Err(ViewError::Section("launch shape"));
         }
-        let check = |off: u64, bytes: u64, name: &'static str| -> Result<(), ViewError> {
+        let inside = |off: u64, bytes: u64, name: &'static str| -> Result<(), ViewError> {
             let end = off.checked_add(bytes).ok_or(ViewError::Section(name))?;
             if !off.is_multiple_of(SECTION_ALIGN) || end > len || end > header.image_len {
                 return Err(ViewError::Section(name));
             }
             Ok(())
         };
+        let mut sections = Sections::default();
+        // Whether the run writes a section: a plain field must lie in none of those.
+        let (written, read) = (true, false);
+        let mut check = |off: u64, bytes: u64, w: bool, name: &'static str| {
+            inside(off, bytes, name)?;
+            sections.add(off, bytes, w, name)
+        };
         let cores = u64::from(launch_cores(header.num_aicore));
         // The writer reserves one record for an empty graph (`ImageLayout::compute`).
         let tasks = u64::from(header.task_count.max(1));
-        check(header.handshake_off, cores * size_of::<Handshake>() as u64, "handshake")?;
-        check(header.func_table_off, MAX_FUNC_IDS as u64 * 8, "func table")?;
-        check(header.shared_off, size_of::<SharedHeader>() as u64, "shared header")?;
-        check(header.tasks_off, tasks * size_of::<TaskRecord>() as u64, "tasks")?;
-        check(header.edges_off, u64::from(header.edge_count) * 4, "edges")?;
+        check(header.handshake_off, cores * size_of::<Handshake>() as u64, written, "handshake")?;
+        check(header.func_table_off, MAX_FUNC_IDS as u64 * 8, read, "func table")?;
+        check(header.shared_off, size_of::<SharedHeader>() as u64, written, "shared header")?;
+        // Task records hold the fanin counters the schedulers count down.
+        check(header.tasks_off, tasks * size_of::<TaskRecord>() as u64, written, "tasks")?;
+        check(header.edges_off, u64::from(header.edge_count) * 4, read, "edges")?;
         check(
             header.ready_off,
             READY_QUEUE_COUNT as u64 * size_of::<ReadyQueueHeader>() as u64,
+            written,
             "ready queues",
         )?;
-        check(header.cores_off, cores * size_of::<CoreSlot>() as u64, "core slots")?;
-        check(header.payloads_off, cores * size_of::<PayloadPair>() as u64, "payloads")?;
+        check(header.cores_off, cores * size_of::<CoreSlot>() as u64, written, "core slots")?;
+        check(header.payloads_off, cores * size_of::<PayloadPair>() as u64, written, "payloads")?;
         check(
             header.swimlane_off,
             u64::from(header.num_aicore) * swimlane_block_bytes(header.swimlane_capacity),
+            written,
             "swimlane",
         )?;
         check(
             header.phases_off,
             MAX_PHASE_THREADS as u64 * size_of::<PhaseRecord>() as u64,
+            written,
             "phases",
         )?;
         check(
             header.aicpu_swimlane_off,
             MAX_PHASE_THREADS as u64 * aicpu_swimlane_block_bytes(header.aicpu_swimlane_capacity),
+            written,
             "AICPU swimlane",
         )?;
         let view = ImageView { base, header };
         if header.magic == TRB_IMAGE_MAGIC {
-            check(header.runtime_off, size_of::<TrbHeader>() as u64, "trb header")?;
+            check(header.runtime_off, size_of::<TrbHeader>() as u64, read, "trb header")?;
             let trb = view.trb_header_unchecked();
-            check(trb.status_off, size_of::<TrbStatus>() as u64, "trb status")?;
+            check(trb.status_off, size_of::<TrbStatus>() as u64, written, "trb status")?;
             let n = u64::from(trb.num_tensors);
             let args = (n * 132).div_ceil(8) * 8 + u64::from(trb.num_scalars) * 8;
-            check(trb.args_off, args, "trb arguments")?;
+            check(trb.args_off, args, read, "trb arguments")?;
             let kernels = u64::from(trb.kernel_count) * size_of::<KernelArity>() as u64;
-            check(trb.kernels_off, kernels, "trb kernels")?;
+            check(trb.kernels_off, kernels, read, "trb kernels")?;
             if trb.diag_off != 0 {
-                check(trb.diag_off, size_of::<TrbDiagHeader>() as u64, "trb diagnostics")?;
+                inside(trb.diag_off, size_of::<TrbDiagHeader>() as u64, "trb diagnostics")?;
                 // SAFETY: the header was just checked to lie inside the image; plain u32
                 // capacities written by the host.
                 let d = unsafe { view.at::<TrbDiagHeader>(trb.diag_off) };
                 let bytes = trb_diag_bytes(d.scope_capacity, d.submit_capacity);
-                check(trb.diag_off, bytes, "trb diagnostics")?;
+                check(trb.diag_off, bytes, written, "trb diagnostics")?;
             }
         }
         for q in 0..READY_QUEUE_COUNT {
             let rq = view.ready_header(q);
             if rq.capacity > 0 {
                 // Ready cells hold u64 values.
-                check(rq.cells_off, u64::from(rq.capacity) * 8, "ready cells")?;
+                check(rq.cells_off, u64::from(rq.capacity) * 8, written, "ready cells")?;
             }
         }
-        Ok(view)
+        Ok((view, sections))
     }
 
     fn trb_header_unchecked(&self) -> &'a TrbHeader {
@@ -422,7 +489,7 @@ impl<'a> CoreImageView<'a> {
     /// As [`ImageView::from_raw`].
     pub(crate) unsafe fn from_raw(base: *mut u8, len: u64) -> Result<CoreImageView<'a>, ViewError> {
         // SAFETY: forwarded from the caller.
-        unsafe { ImageView::from_raw_sections(base, len) }.map(|view| CoreImageView { view })
+        unsafe { ImageView::from_raw_sections(base, len) }.map(|(view, _)| CoreImageView { view })
     }
 
     /// The header.
@@ -473,7 +540,7 @@ impl<'a> HostImageView<'a> {
     /// exists (so the swimlane records it reads are not being written).
     pub(crate) unsafe fn from_raw(base: *mut u8, len: u64) -> Result<HostImageView<'a>, ViewError> {
         // SAFETY: forwarded from the caller.
-        unsafe { ImageView::from_raw_sections(base, len) }.map(|view| HostImageView { view })
+        unsafe { ImageView::from_raw_sections(base, len) }.map(|(view, _)| HostImageView { view })
     }
 
     /// The header.
@@ -712,6 +779,58 @@ mod tests {
         let (records, dropped) = view.swimlane_records(0);
         assert_eq!((records.count(), dropped), (0, 0));
         Ok(())
+    }
+
+    /// The bytes of a test image.
+    fn bytes_of(mem: &mut [test_image::Block]) -> &mut [u8] {
+        let len = mem.len() * 64;
+        // SAFETY: a block is 64 plain bytes; the slice covers exactly the blocks of `mem`.
+        unsafe { core::slice::from_raw_parts_mut(mem.as_mut_ptr().cast(), len) }
+    }
+
+    /// An empty-graph image for one block whose header `edit` changes, checked as a whole.
+    fn edited(edit: impl FnOnce(&mut ImageHeader, &mut [u8])) -> Result<(), ViewError> {
+        let mut mem = test_image::empty(3, 1, 3);
+        let bytes = bytes_of(&mut mem);
+        let mut header: ImageHeader =
+            bytemuck::pod_read_unaligned(&bytes[..size_of::<ImageHeader>()]);
+        edit(&mut header, bytes);
+        bytes[..size_of::<ImageHeader>()].copy_from_slice(bytemuck::bytes_of(&header));
+        let len = bytes.len() as u64;
+        // SAFETY: `mem` is `len` 64-aligned bytes that outlive the view, touched only through
+        // it meanwhile.
+        unsafe { ImageView::from_raw(mem.as_mut_ptr().cast(), len) }.map(drop)
+    }
+
+    #[test]
+    fn a_section_over_the_header_or_over_another_section_is_refused() {
+        assert_eq!(edited(|_, _| {}), Ok(()));
+        // A zeroed offset: the payloads the schedulers write would be the header.
+        assert_eq!(edited(|h, _| h.payloads_off = 0), Err(ViewError::Section("payloads")));
+        // Two sections the run writes, over each other.
+        let over_handshake = |h: &mut ImageHeader, _: &mut [u8]| h.payloads_off = h.handshake_off;
+        assert_eq!(edited(over_handshake), Err(ViewError::Section("payloads")));
+        let over_tasks = |h: &mut ImageHeader, _: &mut [u8]| h.cores_off = h.tasks_off;
+        assert_eq!(edited(over_tasks), Err(ViewError::Section("core slots")));
+    }
+
+    #[test]
+    fn task_arguments_in_a_section_the_run_writes_are_refused() {
+        // The empty graph's one reserved record, made a task with six scalars.
+        let task_with_args_at = |at: fn(&ImageHeader) -> u64| {
+            move |h: &mut ImageHeader, bytes: &mut [u8]| {
+                h.task_count = 1;
+                let record = h.tasks_off as usize;
+                let scalars = record + core::mem::offset_of!(TaskRecord, num_scalars);
+                bytes[scalars..scalars + 4].copy_from_slice(&6u32.to_le_bytes());
+                let args = record + core::mem::offset_of!(TaskRecord, args_off);
+                bytes[args..args + 8].copy_from_slice(&at(h).to_le_bytes());
+            }
+        };
+        assert_eq!(edited(task_with_args_at(|h| h.func_table_off)), Ok(()), "a read-only section");
+        let refused = Err(ViewError::Section("task args"));
+        assert_eq!(edited(task_with_args_at(|h| h.payloads_off)), refused);
+        assert_eq!(edited(task_with_args_at(|_| 0)), refused, "the header");
     }
 
     #[test]
