@@ -204,12 +204,25 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         };
         for b in 0..blocks_of(t) {
             if !self.queues[q].push((u64::from(task) << 32) | u64::from(b)) {
-                self.p.log(
-                    LogLevel::Error,
-                    format_args!("ready queue {q} overflowed at task#{task}"),
-                );
+                self.latch_unqueued(q, task);
+                return;
             }
         }
+    }
+
+    /// Latches FLOW_CONTROL_DEADLOCK (first latch wins): ready queue `q` refused a block of
+    /// `task`, which can then never run. The image writer sizes every queue for all its blocks,
+    /// so only an image written otherwise gets here; without the latch the run would wait out
+    /// the scheduler budget and report a stall.
+    fn latch_unqueued(&self, q: usize, task: u32) {
+        let shared = self.view.shared();
+        let code = RuntimeCode::FlowControlDeadlock.raw();
+        if shared.sched_error_code.compare_exchange(0, code, AcqRel, Acquire).is_err() {
+            return;
+        }
+        shared.error_thread.store(self.thread, Relaxed);
+        self.p.log(LogLevel::Error, format_args!("ready queue {q} refused task#{task}"));
+        self.p.notify_schedulers();
     }
 
     /// Step 1: boot.
@@ -807,6 +820,43 @@ mod tests {
         fn report_fault(&self, core: Option<u32>, _args: core::fmt::Arguments<'_>) {
             self.faults.borrow_mut().push(core);
         }
+    }
+
+    #[test]
+    fn a_ready_queue_that_refuses_a_block_latches_a_flow_control_deadlock() {
+        // One fanin-free task, and queues of no cells (an image not laid out by this crate's
+        // writer): boot cannot queue the task, and the run fails at once instead of waiting
+        // out the scheduler budget for a task that can never run.
+        let mut mem = test_image::empty(3, 1, 3);
+        {
+            let len = mem.len() * 64;
+            // SAFETY: a block is 64 plain bytes; nothing else touches `mem` meanwhile.
+            let bytes: &mut [u8] =
+                unsafe { core::slice::from_raw_parts_mut(mem.as_mut_ptr().cast(), len) };
+            let head = core::mem::size_of::<ImageHeader>();
+            let mut h: ImageHeader = bytemuck::pod_read_unaligned(&bytes[..head]);
+            h.task_count = 1;
+            bytes[..head].copy_from_slice(bytemuck::bytes_of(&h));
+            let blocks = h.tasks_off as usize + core::mem::offset_of!(TaskRecord, block_num);
+            bytes[blocks..blocks + 4].copy_from_slice(&1u32.to_le_bytes());
+        }
+        let view = with_view(&mut mem);
+        let p = Scripted::new(vec![true; 3]);
+        let s = Scheduler {
+            p: &p,
+            view,
+            thread: 0,
+            owned: Owned::new(),
+            queues: [0, 1, 2, 3].map(|q| ReadyQueue::of(&view, q)),
+            task_count: 1,
+            completed_here: 0,
+            unpublished: Unpublished::default(),
+            pushed: false,
+            trace: None,
+        };
+        s.boot();
+        let code = view.shared().sched_error_code.load(Relaxed);
+        assert_eq!(code, RuntimeCode::FlowControlDeadlock.raw());
     }
 
     #[test]
