@@ -27,24 +27,32 @@ pub struct DeviceBuffer {
     len: u64,
 }
 
-/// The allocations made through the memory helpers on one chip: address → length, all made by
-/// chip process `process` (those of an earlier process ended with it).
+/// The allocations made through the memory helpers on one chip: address → (length, serial),
+/// all made by chip process `process` (those of an earlier process ended with it).
 #[derive(Default)]
 pub(crate) struct ChipAllocations {
     pub(crate) process: u64,
-    pub(crate) by_addr: BTreeMap<u64, u64>,
+    pub(crate) by_addr: BTreeMap<u64, (u64, u64)>,
 }
 
 impl ChipAllocations {
-    /// Records `bytes` at `addr`, allocated by chip process `process`. Processes only follow
-    /// each other: a newer one's allocations replace the older ones' (which died with it);
-    /// one of an older process, met late (its `malloc` raced a restart), is not recorded.
-    fn record(&mut self, process: u64, addr: u64, bytes: u64) {
+    /// Records `bytes` at `addr`, allocation `serial` of chip process `process`. Processes only
+    /// follow each other: a newer one's allocations replace the older ones' (which died with
+    /// it); one of an older process, met late (its `malloc` raced a restart), is not recorded.
+    fn record(&mut self, process: u64, addr: u64, bytes: u64, serial: u64) {
         if process > self.process {
             *self = ChipAllocations { process, by_addr: BTreeMap::new() };
         }
         if process == self.process {
-            self.by_addr.insert(addr, bytes);
+            self.by_addr.insert(addr, (bytes, serial));
+        }
+    }
+
+    /// Forgets the allocation at `addr` if it is still allocation `serial`: once the chip has
+    /// freed it, another thread's `malloc` may already have been given the address again.
+    fn forget(&mut self, addr: u64, serial: u64) {
+        if self.by_addr.get(&addr).is_some_and(|&(_, s)| s == serial) {
+            self.by_addr.remove(&addr);
         }
     }
 }
@@ -128,7 +136,7 @@ impl ChipMemory<'_> {
             .inner
             .on_chip(self.chip, move |s| s.malloc(bytes).map(|a| (a, s.memory_process())))??;
         let mut owned = self.inner.owned.lock();
-        owned.entry(self.chip).or_default().record(process, addr, bytes);
+        owned.entry(self.chip).or_default().record(process, addr, bytes, serial);
         let worker = self.inner.instance;
         Ok(DeviceBuffer { worker, chip: self.chip, process, serial, addr, len: bytes })
     }
@@ -152,7 +160,7 @@ impl ChipMemory<'_> {
             s.free(buf.addr)
         })??;
         if let Some(m) = self.inner.owned.lock().get_mut(&self.chip) {
-            m.by_addr.remove(&buf.addr);
+            m.forget(buf.addr, buf.serial);
         }
         Ok(())
     }
@@ -205,11 +213,23 @@ mod tests {
     #[test]
     fn a_late_allocation_of_an_older_chip_process_does_not_replace_the_newer_ones() {
         let mut a = ChipAllocations::default();
-        a.record(1, 0x100, 8);
-        a.record(2, 0x200, 8);
+        a.record(1, 0x100, 8, 1);
+        a.record(2, 0x200, 8, 2);
         assert_eq!((a.process, a.by_addr.len()), (2, 1), "process 1's memory died with it");
-        a.record(1, 0x300, 8);
+        a.record(1, 0x300, 8, 3);
         assert_eq!(a.process, 2);
         assert_eq!(a.by_addr.keys().copied().collect::<Vec<_>>(), vec![0x200]);
+    }
+
+    #[test]
+    fn a_late_free_does_not_forget_the_allocation_that_reused_its_address() {
+        // Allocation 1 at 0x100 is freed on the chip; before its record is dropped, another
+        // thread's allocation 2 is given 0x100 and recorded.
+        let mut a = ChipAllocations::default();
+        a.record(1, 0x100, 8, 2);
+        a.forget(0x100, 1);
+        assert_eq!(a.by_addr.get(&0x100), Some(&(8, 2)), "the newer allocation was forgotten");
+        a.forget(0x100, 2);
+        assert!(a.by_addr.is_empty());
     }
 }

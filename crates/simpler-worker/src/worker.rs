@@ -121,7 +121,7 @@ impl Inner {
         let owned = self.owned.lock();
         // The start of the allocation of `m` holding `[lo, hi)`, if one does.
         let holding = |m: &ChipAllocations, lo: u64, hi: u64| {
-            let (&base, &len) = m.by_addr.range(..=lo).next_back()?;
+            let (&base, &(len, _)) = m.by_addr.range(..=lo).next_back()?;
             (hi <= base.saturating_add(len)).then_some(base)
         };
         let mine = owned.get(&target);
