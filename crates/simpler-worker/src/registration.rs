@@ -313,3 +313,48 @@ impl Worker {
         }
     }
 }
+
+#[cfg(all(test, feature = "sim", not(simpler_loom)))]
+mod tests {
+    use std::sync::{Arc, Mutex, mpsc};
+    use std::time::Duration;
+
+    use simpler_device_a2a3::{Platform, RuntimeVariant};
+    use simpler_types::TaskArgs;
+
+    use crate::graph::Orchestration;
+    use crate::worker::{Worker, retire_hook};
+
+    #[test]
+    fn a_removal_deferred_for_a_run_accepted_while_the_last_run_retired_waits_for_that_run() {
+        let mut b = Worker::host(Platform::A2a3Sim, RuntimeVariant::HostBuildGraph).sub_workers(1);
+        let (release, gate) = mpsc::channel::<()>();
+        let gate = Mutex::new(gate);
+        let hold = b.register_host("hold", move |_| {
+            let _ = gate.lock().unwrap().recv_timeout(Duration::from_secs(20));
+            Ok(())
+        });
+        let noop = b.register_host("noop", |_| Ok(()));
+        let w = Arc::new(b.start().expect("start"));
+        let first = w.submit(Orchestration::graph(|_, _, _| Ok(()))).expect("submit");
+        // Between the last run's retirement seeing no run left and its flush of deferred
+        // removals: a run is accepted that uses `noop` (behind `hold`, on the one sub worker),
+        // and `noop` is unregistered while that run is live, so its removal is deferred.
+        let second = Arc::new(Mutex::new(None));
+        let (w2, s2) = (Arc::clone(&w), Arc::clone(&second));
+        retire_hook::set(Box::new(move || {
+            let orch = Orchestration::graph(move |g, _, _| {
+                g.submit_sub(hold, TaskArgs::new())?;
+                g.submit_sub(noop, TaskArgs::new())?;
+                Ok(())
+            });
+            *s2.lock().unwrap() = Some(w2.submit(orch).expect("submit"));
+            w2.unregister(noop).expect("unregister");
+        }));
+        first.wait().expect("the first run");
+        let second = second.lock().unwrap().take().expect("the retirement ran the hook");
+        release.send(()).unwrap();
+        second.wait().expect("a run keeps the callables it was accepted with");
+        Arc::into_inner(w).expect("the only handle").close().expect("close");
+    }
+}

@@ -275,19 +275,30 @@ impl Inner {
             acc.is_empty()
         };
         if empty {
+            #[cfg(all(test, not(simpler_loom)))]
+            retire_hook::before_flush();
             self.flush_removals();
         }
     }
 
+    /// Carries out the unregistrations deferred while runs were live, unless a run was accepted
+    /// since the set was seen empty: a removal holds the registry lock while it reads the set,
+    /// so one deferred for that run is flushed by its retirement, not here.
     fn flush_removals(&self) {
-        let dropped = self.registry.write().flush_removals();
+        let (dropped, pending) = {
+            let mut reg = self.registry.write();
+            if !self.accepted.lock().is_empty() {
+                return;
+            }
+            let pending = std::mem::take(&mut *self.chip_pending.lock());
+            (reg.flush_removals(), pending)
+        };
         // Outside the registry lock, and after the enclosing admission or close (module docs
         // of `deferred_drop`).
         deferred_drop::drop_logged(
             None,
             dropped.into_iter().map(|r| Box::new(r) as Box<dyn Any + Send>).collect(),
         );
-        let pending = std::mem::take(&mut *self.chip_pending.lock());
         for (id, chips) in pending {
             for chip in chips {
                 match self.on_chip(chip, move |s| s.release(&id)) {
@@ -699,5 +710,27 @@ pub(crate) fn new_inner(
         injected: Mutex::new(Vec::new()),
         #[cfg(test)]
         teardowns: std::sync::atomic::AtomicU32::new(0),
+    }
+}
+
+/// A test seam: code run on a retiring thread that saw the accepted set empty, before it
+/// flushes the deferred unregistrations.
+#[cfg(all(test, not(simpler_loom)))]
+pub(crate) mod retire_hook {
+    use std::cell::RefCell;
+
+    thread_local! {
+        static BEFORE_FLUSH: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+    }
+
+    /// Runs `hook` once, in this thread's next retirement that flushes.
+    pub(crate) fn set(hook: Box<dyn FnOnce()>) {
+        BEFORE_FLUSH.with(|h| *h.borrow_mut() = Some(hook));
+    }
+
+    pub(super) fn before_flush() {
+        if let Some(hook) = BEFORE_FLUSH.with(|h| h.borrow_mut().take()) {
+            hook();
+        }
     }
 }
