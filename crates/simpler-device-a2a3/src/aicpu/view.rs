@@ -1,8 +1,9 @@
 //! Typed access to a runtime image in device memory.
 //!
-//! The image is one region of device memory (`docs/device-chip.md`). [`ImageView::from_raw`] checks its
-//! header once (magic, ABI version, every section inside the region, aligned, past the header
-//! and apart from the others) and from then on hands out references to the sections. This is sound because of how the image is used:
+//! The image is one region of device memory (`docs/device-chip.md`). [`ImageView::from_raw`]
+//! checks its header once (magic, ABI version, every section inside the region, aligned, past
+//! the header and apart from the others) and from then on hands out references to the
+//! sections. This is sound because of how the image is used:
 //!
 //! - Plain (non-atomic) fields are written by the host before the launch and by nobody while
 //!   the view exists, so shared references to them never alias a write.
