@@ -77,23 +77,27 @@ impl Ctx {
         self.deferred.lock().pop_front()
     }
 
-    /// Whether handles released from now on are left to the device's reset.
-    pub(crate) fn leaves_to_reset(&self) -> bool {
-        self.left_to_reset.load(Ordering::Relaxed)
-    }
-
     /// Leaves every handle released after this to the device's reset.
     pub(crate) fn leave_to_reset(&self) {
         self.left_to_reset.store(true, Ordering::Relaxed);
     }
 
-    /// Calls `func` through `call` to release a handle, unless handles are left to the reset.
-    fn release(&self, func: &'static str, call: impl FnOnce() -> Result<i32, LoadError>) {
+    /// Calls `func` through `call` to release a handle, unless handles are left to the reset;
+    /// whether the handle was released (a failure is recorded).
+    pub(crate) fn release(
+        &self,
+        func: &'static str,
+        call: impl FnOnce() -> Result<i32, LoadError>,
+    ) -> bool {
         if self.left_to_reset.load(Ordering::Relaxed) {
-            return;
+            return false;
         }
-        if let Err(e) = self.check(func, call()) {
-            self.record(e);
+        match self.check(func, call()) {
+            Ok(()) => true,
+            Err(e) => {
+                self.record(e);
+                false
+            }
         }
     }
 }

@@ -104,15 +104,14 @@ unsafe impl Send for AicoreBinary {}
 impl Drop for AicoreBinary {
     fn drop(&mut self) {
         let image = std::mem::take(&mut self.image);
-        if self.ctx.is_poisoned() || self.ctx.leaves_to_reset() {
+        let (ctx, handle) = (&self.ctx, self.handle);
+        let unregistered = !ctx.is_poisoned()
+            // SAFETY: `handle` is this owner's live registration; it is unregistered once.
+            && ctx.release("rtDevBinaryUnRegister", || unsafe {
+                ctx.cann.rtDevBinaryUnRegister(handle)
+            });
+        if !unregistered {
             image.leak();
-            return;
-        }
-        // SAFETY: `handle` is this owner's live registration; it is unregistered once.
-        let ret = unsafe { self.ctx.cann.rtDevBinaryUnRegister(self.handle) };
-        if let Err(e) = self.ctx.check("rtDevBinaryUnRegister", ret) {
-            image.leak();
-            self.ctx.record(e);
         }
     }
 }
