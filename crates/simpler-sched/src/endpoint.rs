@@ -161,6 +161,15 @@ pub(crate) fn quietly(log: impl FnOnce()) {
     }
 }
 
+/// An engine thread's span, made and entered by `enter` where a tracing layer that panics
+/// cannot end the thread (`None` then: the thread runs without it). Leave it with
+/// [`drop_quietly`].
+pub(crate) fn thread_span(
+    enter: impl FnOnce() -> tracing::span::EnteredSpan,
+) -> Option<tracing::span::EnteredSpan> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(enter)).map_err(drop_quietly).ok()
+}
+
 /// Drops `value` on an engine thread, which must outlive a value whose drop panics (a job's
 /// result, a panic payload): such a panic is caught, and its own payload is forgotten rather
 /// than dropped, since dropping it could panic in turn.

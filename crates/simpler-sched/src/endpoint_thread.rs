@@ -37,6 +37,7 @@ use simpler_types::{SlotId, WorkerRef};
 use crate::core::Core;
 use crate::endpoint::{
     DispatchedMember, Endpoint, EndpointFailure, drop_quietly, into_panic_message, quietly,
+    thread_span,
 };
 use crate::error::SchedError;
 use crate::held_ready::EndpointTake;
@@ -282,11 +283,9 @@ pub(crate) fn endpoint_thread_main(
 ) {
     // A tracing layer may panic entering or leaving a span, or on an event. Such a panic must
     // not end this thread: its mails would go unserved and their runs would never end.
-    let span = catch_unwind(AssertUnwindSafe(|| {
+    let span = thread_span(|| {
         tracing::debug_span!("worker", level = core.level, worker = %name).entered()
-    }))
-    .map_err(drop_quietly)
-    .ok();
+    });
     if let Err(p) = catch_unwind(AssertUnwindSafe(|| endpoint.on_thread_start())) {
         let message = into_panic_message(p);
         quietly(|| tracing::error!(worker = %name, "on_thread_start panicked: {message}"));
@@ -327,7 +326,7 @@ pub(crate) fn endpoint_thread_main(
         let message = into_panic_message(p);
         quietly(|| tracing::error!(worker = %name, "endpoint shutdown panicked: {message}"));
     }
-    quietly(|| drop(span));
+    drop_quietly(span);
 }
 
 /// Step 2: runs one dispatched member and returns what the endpoint said.

@@ -63,7 +63,7 @@ use smallvec::SmallVec;
 use simpler_types::{CancelReason, RunFailure, SlotId, TaskFailure, TaskState};
 
 use crate::core::Core;
-use crate::endpoint::{EndpointFailure, drop_quietly, into_panic_message, quietly};
+use crate::endpoint::{EndpointFailure, drop_quietly, into_panic_message, quietly, thread_span};
 use crate::graph::{GraphScratch, Reclaims};
 use crate::held_ready::EndpointTake;
 use crate::inbox::{
@@ -689,11 +689,7 @@ pub(crate) fn scheduler_main(core: Arc<Core>) {
     // A tracing layer that panics entering or leaving the thread's span is no engine bug: the
     // span is entered and left apart from the loop (which then runs without it), so that such
     // a panic neither skips the loop nor poisons the engine.
-    let span = catch_unwind(AssertUnwindSafe(|| {
-        tracing::debug_span!("scheduler", level = core.level).entered()
-    }))
-    .map_err(drop_quietly)
-    .ok();
+    let span = thread_span(|| tracing::debug_span!("scheduler", level = core.level).entered());
     if let Err(payload) = catch_unwind(AssertUnwindSafe(|| scheduler_loop(&core))) {
         core.poison(&format!("scheduler thread panicked: {}", into_panic_message(payload)));
     }
