@@ -210,19 +210,12 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         }
     }
 
-    /// Latches FLOW_CONTROL_DEADLOCK (first latch wins): ready queue `q` refused a block of
-    /// `task`, which can then never run. The image writer sizes every queue for all its blocks,
-    /// so only an image written otherwise gets here; without the latch the run would wait out
-    /// the scheduler budget and report a stall.
+    /// Ready queue `q` refused a block of `task`, which can then never run. The image writer
+    /// sizes every queue for all its blocks, so only an image written otherwise gets here;
+    /// without the latch the run would wait out the scheduler budget and report a stall.
     fn latch_unqueued(&self, q: usize, task: u32) {
-        let shared = self.view.shared();
-        let code = RuntimeCode::FlowControlDeadlock.raw();
-        if shared.sched_error_code.compare_exchange(0, code, AcqRel, Acquire).is_err() {
-            return;
-        }
-        shared.error_thread.store(self.thread, Relaxed);
-        self.p.log(LogLevel::Error, format_args!("ready queue {q} refused task#{task}"));
-        self.p.notify_schedulers();
+        let why = format_args!("ready queue {q} refused task#{task}");
+        latch_flow_control_deadlock(self.p, &self.view, self.thread, why);
     }
 
     /// Step 1: boot.
@@ -553,6 +546,24 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
 /// The first core any scheduler thread has a task running on, as `(core, device task id)`,
 /// read from the shared per-core slots: a stall latched by a thread that does not own the
 /// hung core still names it.
+/// Latches FLOW_CONTROL_DEADLOCK for `thread` (first latch wins), logs `why` and wakes the
+/// schedulers: ready work the ready queue refused can never run.
+pub(super) fn latch_flow_control_deadlock<P: AicpuPlatform>(
+    p: &P,
+    view: &ImageView<'_>,
+    thread: u32,
+    why: core::fmt::Arguments<'_>,
+) {
+    let shared = view.shared();
+    let code = RuntimeCode::FlowControlDeadlock.raw();
+    if shared.sched_error_code.compare_exchange(0, code, AcqRel, Acquire).is_err() {
+        return;
+    }
+    shared.error_thread.store(thread, Relaxed);
+    p.log(LogLevel::Error, why);
+    p.notify_schedulers();
+}
+
 pub(super) fn running_on_any_core(view: &ImageView<'_>) -> Option<(u32, u64)> {
     (0..view.header().num_aicore).find_map(|w| {
         let id = view.core_slot(w).running_task.load(Relaxed);

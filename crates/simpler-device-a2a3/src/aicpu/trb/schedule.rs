@@ -16,8 +16,8 @@ use crate::abi::regs::RegId;
 use crate::abi::{CorePlace, CoreType};
 use crate::aicpu::dispatch::CoreState;
 use crate::aicpu::scheduler::{
-    Owned, TICKS_PER_MS, WaitEnd, handshake, idle_thread_ends, running_on_any_core, shutdown_cores,
-    wait_for,
+    Owned, TICKS_PER_MS, WaitEnd, handshake, idle_thread_ends, latch_flow_control_deadlock,
+    running_on_any_core, shutdown_cores, wait_for,
 };
 use crate::aicpu::trace::Trace;
 use crate::aicpu::view::ImageView;
@@ -442,17 +442,11 @@ impl<'a, P: AicpuPlatform> Scheduler<'a, P> {
         idle
     }
 
-    /// Latches FLOW_CONTROL_DEADLOCK (first latch wins): a completion made `count` consumers
-    /// ready that the ready queue refused, so they can never run.
+    /// A completion made `count` consumers ready that the ready queue refused, so they can
+    /// never run.
     fn latch_unqueued(&self, count: u32) {
-        let shared = self.view.shared();
-        let code = RuntimeCode::FlowControlDeadlock.raw();
-        if shared.sched_error_code.compare_exchange(0, code, AcqRel, Acquire).is_err() {
-            return;
-        }
-        shared.error_thread.store(self.thread, Relaxed);
-        self.p.log(LogLevel::Error, format_args!("the ready queue refused {count} ready tasks"));
-        self.p.notify_schedulers();
+        let why = format_args!("the ready queue refused {count} ready tasks");
+        latch_flow_control_deadlock(self.p, &self.view, self.thread, why);
     }
 
     /// Latches SCHEDULER_TIMEOUT (first latch wins).
