@@ -839,18 +839,11 @@ mod tests {
         // writer): boot cannot queue the task, and the run fails at once instead of waiting
         // out the scheduler budget for a task that can never run.
         let mut mem = test_image::empty(3, 1, 3);
-        {
-            let len = mem.len() * 64;
-            // SAFETY: a block is 64 plain bytes; nothing else touches `mem` meanwhile.
-            let bytes: &mut [u8] =
-                unsafe { core::slice::from_raw_parts_mut(mem.as_mut_ptr().cast(), len) };
-            let head = core::mem::size_of::<ImageHeader>();
-            let mut h: ImageHeader = bytemuck::pod_read_unaligned(&bytes[..head]);
+        test_image::edit(&mut mem, |h, bytes| {
             h.task_count = 1;
-            bytes[..head].copy_from_slice(bytemuck::bytes_of(&h));
             let blocks = h.tasks_off as usize + core::mem::offset_of!(TaskRecord, block_num);
             bytes[blocks..blocks + 4].copy_from_slice(&1u32.to_le_bytes());
-        }
+        });
         let view = with_view(&mut mem);
         let p = Scripted::new(vec![true; 3]);
         let s = Scheduler {

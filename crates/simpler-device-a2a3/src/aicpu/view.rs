@@ -751,6 +751,19 @@ pub(crate) mod test_image {
         };
         mem
     }
+
+    /// Lets `edit` change the header of the image in `mem`, given the image's bytes too (for
+    /// the sections the header places).
+    pub(crate) fn edit(mem: &mut [Block], edit: impl FnOnce(&mut ImageHeader, &mut [u8])) {
+        let len = mem.len() * 64;
+        // SAFETY: a block is 64 plain bytes; the slice covers exactly the blocks of `mem`.
+        let bytes: &mut [u8] =
+            unsafe { core::slice::from_raw_parts_mut(mem.as_mut_ptr().cast(), len) };
+        let head = size_of::<ImageHeader>();
+        let mut header: ImageHeader = bytemuck::pod_read_unaligned(&bytes[..head]);
+        edit(&mut header, bytes);
+        bytes[..head].copy_from_slice(bytemuck::bytes_of(&header));
+    }
 }
 
 #[cfg(test)]
@@ -782,22 +795,11 @@ mod tests {
         Ok(())
     }
 
-    /// The bytes of a test image.
-    fn bytes_of(mem: &mut [test_image::Block]) -> &mut [u8] {
-        let len = mem.len() * 64;
-        // SAFETY: a block is 64 plain bytes; the slice covers exactly the blocks of `mem`.
-        unsafe { core::slice::from_raw_parts_mut(mem.as_mut_ptr().cast(), len) }
-    }
-
     /// An empty-graph image for one block whose header `edit` changes, checked as a whole.
     fn edited(edit: impl FnOnce(&mut ImageHeader, &mut [u8])) -> Result<(), ViewError> {
         let mut mem = test_image::empty(3, 1, 3);
-        let bytes = bytes_of(&mut mem);
-        let mut header: ImageHeader =
-            bytemuck::pod_read_unaligned(&bytes[..size_of::<ImageHeader>()]);
-        edit(&mut header, bytes);
-        bytes[..size_of::<ImageHeader>()].copy_from_slice(bytemuck::bytes_of(&header));
-        let len = bytes.len() as u64;
+        test_image::edit(&mut mem, edit);
+        let len = (mem.len() * 64) as u64;
         // SAFETY: `mem` is `len` 64-aligned bytes that outlive the view, touched only through
         // it meanwhile.
         unsafe { ImageView::from_raw(mem.as_mut_ptr().cast(), len) }.map(drop)
