@@ -23,9 +23,15 @@ static LEFT: AtomicUsize = AtomicUsize::new(0);
 /// and whenever an engine thread's own span (`scheduler`, `worker`) is.
 struct PanicsAroundTasks;
 
-/// The spans of the engine's threads.
-fn thread_span(name: &str) -> bool {
-    matches!(name, "scheduler" | "worker")
+/// Panics when `name` is a task span (counted in `tasks`) or an engine thread's span; `act`
+/// is "enter" or "leave".
+fn refuse(name: &str, tasks: &AtomicUsize, act: &str) {
+    if name == "task" {
+        tasks.fetch_add(1, Ordering::Relaxed);
+    }
+    if matches!(name, "task" | "scheduler" | "worker") {
+        panic!("this layer refuses to {act} {name} spans");
+    }
 }
 
 impl<S> tracing_subscriber::Layer<S> for PanicsAroundTasks
@@ -33,24 +39,14 @@ where
     S: tracing::Subscriber + for<'a> LookupSpan<'a>,
 {
     fn on_enter(&self, id: &tracing::span::Id, ctx: Context<'_, S>) {
-        let Some(name) = ctx.span(id).map(|s| s.name()) else { return };
-        if name == "task" {
-            ENTERED.fetch_add(1, Ordering::Relaxed);
-            panic!("this layer refuses to enter task spans");
-        }
-        if thread_span(name) {
-            panic!("this layer refuses to enter {name} spans");
+        if let Some(span) = ctx.span(id) {
+            refuse(span.name(), &ENTERED, "enter");
         }
     }
 
     fn on_exit(&self, id: &tracing::span::Id, ctx: Context<'_, S>) {
-        let Some(name) = ctx.span(id).map(|s| s.name()) else { return };
-        if name == "task" {
-            LEFT.fetch_add(1, Ordering::Relaxed);
-            panic!("this layer refuses to leave task spans");
-        }
-        if thread_span(name) {
-            panic!("this layer refuses to leave {name} spans");
+        if let Some(span) = ctx.span(id) {
+            refuse(span.name(), &LEFT, "leave");
         }
     }
 }
