@@ -34,6 +34,14 @@ fn process_host(chips: &[u32], opts: ProcessOptions) -> HostWorkerBuilder {
     host().chips(chips).chip_mode(ChildMode::Process).process_options(opts)
 }
 
+/// A started worker of one chip process, restarted on its next use after a death, with the
+/// add program registered.
+fn restarting_add_chip() -> (Worker, CallableHandle) {
+    let mut b = process_host(&[0], options().on_child_death(OnChildDeath::Restart));
+    let h = b.register_chip(add_callable(0));
+    (b.start().expect("start"), h)
+}
+
 /// `a`, `b`, `f` on `chip` with `a = i`, `b = 2i`.
 fn inputs(w: &Worker, chip: WorkerId) -> (TaskArgs, DeviceBuffer) {
     let (args, [_, _, f]) = input_buffers(w, chip);
@@ -246,9 +254,7 @@ fn a_segfault_fails_only_its_run_naming_chip_signal_and_run_and_the_chip_stays_u
 #[test]
 fn an_aborted_child_restarts_on_next_use_when_so_configured() {
     let _serial = serial();
-    let mut b = process_host(&[0], options().on_child_death(OnChildDeath::Restart));
-    let h = b.register_chip(add_callable(0));
-    let w = b.start().expect("start");
+    let (w, h) = restarting_add_chip();
     let first = w.chip_process_id(WorkerId(0)).unwrap().expect("pid");
     let (args, _) = inputs(&w, WorkerId(0));
     assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::Abort).unwrap());
@@ -288,9 +294,7 @@ fn kill_idle_child(w: &Worker, chip: WorkerId) -> u32 {
 #[test]
 fn a_child_that_died_while_idle_is_restarted_by_the_next_use_not_failed_by_it() {
     let _serial = serial();
-    let mut b = process_host(&[0], options().on_child_death(OnChildDeath::Restart));
-    let h = b.register_chip(add_callable(0));
-    let w = b.start().expect("start");
+    let (w, h) = restarting_add_chip();
     let first = kill_idle_child(&w, WorkerId(0));
     // The first use after the death restarts the process: its allocation, then the run.
     let (args, f) = inputs(&w, WorkerId(0));
@@ -325,9 +329,7 @@ fn a_child_that_died_while_idle_fails_the_next_call_as_ended_between_requests() 
 #[test]
 fn a_buffer_of_a_dead_chip_process_is_refused_never_sent_to_the_restarted_one() {
     let _serial = serial();
-    let mut b = process_host(&[0], options().on_child_death(OnChildDeath::Restart));
-    let h = b.register_chip(add_callable(0));
-    let w = b.start().expect("start");
+    let (w, h) = restarting_add_chip();
     let (args, old) = inputs(&w, WorkerId(0));
     assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::Abort).unwrap());
     w.submit(on_chip(h, args, WorkerId(0))).unwrap().wait().expect_err("abort");
@@ -365,9 +367,7 @@ fn a_buffer_of_a_chip_process_that_died_while_idle_is_refused_never_sent_to_the_
     // The death is noticed only by the next use, which restarts the chip: a buffer of the dead
     // process must be refused there too, not pass for one of its successor.
     let _serial = serial();
-    let mut b = process_host(&[0], options().on_child_death(OnChildDeath::Restart));
-    let h = b.register_chip(add_callable(0));
-    let w = b.start().expect("start");
+    let (w, h) = restarting_add_chip();
     let (args, old) = inputs(&w, WorkerId(0));
     kill_idle_child(&w, WorkerId(0));
     let mem = w.chip_memory(WorkerId(0)).unwrap();
@@ -402,9 +402,7 @@ fn mem_error(e: &RunError) -> Option<MemError> {
 #[test]
 fn a_task_over_a_buffer_of_a_dead_chip_process_is_refused_never_sent_to_the_restarted_one() {
     let _serial = serial();
-    let mut b = process_host(&[0], options().on_child_death(OnChildDeath::Restart));
-    let h = b.register_chip(add_callable(0));
-    let w = b.start().expect("start");
+    let (w, h) = restarting_add_chip();
     let (args, _) = inputs(&w, WorkerId(0));
     let first = args.tensors()[0];
     assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::Abort).unwrap());
@@ -1098,9 +1096,7 @@ fn a_child_dying_during_copy_back_leaves_the_host_buffer_untouched_and_leaks_not
     let _serial = serial();
     let threads_before = common::threads_named("sim").len();
     let (fds_before, zombies_before) = (fds(), zombies());
-    let mut b = process_host(&[0], options().on_child_death(OnChildDeath::Restart));
-    let h = b.register_chip(add_callable(0));
-    let w = b.start().expect("start");
+    let (w, h) = restarting_add_chip();
     let pid = w.chip_process_id(WorkerId(0)).unwrap().expect("pid");
     assert!(w.arm_chip_process_fault(WorkerId(0), ChildFault::SegfaultOnCopyBack).unwrap());
     let (run, [_a, _b, f]) = host_add(h);
