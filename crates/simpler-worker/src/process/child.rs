@@ -19,6 +19,7 @@ use super::catalog;
 use super::mailbox::{Mailbox, PAYLOAD_BYTES, state};
 use super::wire::{
     FailureFrame, Malformed, Reader, Refusal, Writer, decode_config, encode_code, op, status,
+    with_tags,
 };
 use crate::chip::ChipState;
 use crate::error::{Leak, Leaked, MemError, RegistrationFailure, Residue, TeardownCause};
@@ -389,8 +390,9 @@ impl Child {
                     .map_err(malformed)?;
                 let origin = TaskId::new(run, r.u32().map_err(malformed)?);
                 let config = decode_config(r).map_err(malformed)?;
-                let args = TaskArgs::decode(r.bytes().map_err(malformed)?)
+                let blob = TaskArgs::decode(r.bytes().map_err(malformed)?)
                     .map_err(|e| frame(EndpointOutcome::TaskFailure, e.to_string()))?;
+                let args = with_tags(&blob, r).map_err(malformed)?;
                 Self::crash_if_armed(self.fault);
                 let id = self.contents.get(&digest).copied().ok_or_else(|| {
                     frame(EndpointOutcome::TaskFailure, "content not prepared on this chip".into())

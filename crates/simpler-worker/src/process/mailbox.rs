@@ -32,7 +32,7 @@ use rustix::thread::futex;
 pub(crate) const MAILBOX_BYTES: usize = 64 * 1024;
 const MAGIC: u64 = u64::from_le_bytes(*b"SMPLRMBX");
 /// Bumped whenever the layout or a frame changes.
-pub(crate) const VERSION: u32 = 3;
+pub(crate) const VERSION: u32 = 4;
 const HEADER_BYTES: usize = 64;
 const LANE_BYTES: usize = 64;
 const PAYLOAD_OFFSET: usize = HEADER_BYTES + LANE_BYTES;

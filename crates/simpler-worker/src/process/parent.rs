@@ -27,7 +27,7 @@ use super::catalog::{self, Content};
 use super::mailbox::{BadLength, Mailbox, PAYLOAD_BYTES, state};
 use super::spawn::SpawnFault;
 use super::wire::{
-    FailureFrame, Malformed, Reader, Writer, decode_code, encode_config, op, status,
+    FailureFrame, Malformed, Reader, Writer, decode_code, encode_args, encode_config, op, status,
 };
 use super::{
     ChildError, ChildExit, OnChildDeath, ProcessOptions, ProtocolFault, ReplyFault, ShutdownFault,
@@ -768,7 +768,7 @@ impl ChipProcess {
         self.out.0.extend_from_slice(&digest);
         self.out.u64(origin.run.get()).u32(origin.seq);
         encode_config(config, &mut self.out);
-        self.out.bytes(&args.encode());
+        encode_args(&args, &mut self.out);
         match self.call(op::RUN, "run", run) {
             Ok(status::OK) => Ok(()),
             Ok(_) => match self.failure_frame("run") {

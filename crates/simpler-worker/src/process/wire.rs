@@ -1,15 +1,16 @@
 //! Frames of the chip-process protocol: operations, replies and their little-endian encoding
 //! (`docs/process-mode.md`, "Frames").
 //!
-//! One representation per hop: arguments travel as the `TaskArgs` blob, a run's configuration
-//! as its builder settings, failures as a failure frame that keeps outcome, mechanism, device
+//! One representation per hop: arguments travel as the `TaskArgs` blob followed by their tags
+//! (the blob carries none), a run's configuration as its builder settings, failures as a failure frame that keeps outcome, mechanism, device
 //! code and text.
 
 use std::time::Duration;
 
 use simpler_device_a2a3::{CallableProblem, DeviceError};
 use simpler_types::{
-    CallConfig, DeviceCode, EndpointOutcome, FailureMechanism, RingOverride, RingSel, TimeoutBudget,
+    CallConfig, DeviceCode, EndpointOutcome, FailureMechanism, RingOverride, RingSel, TaskArgs,
+    TensorArgType, TimeoutBudget,
 };
 
 /// Operations of a request frame.
@@ -297,6 +298,32 @@ pub(crate) fn decode_code(r: &mut Reader<'_>) -> Result<Option<DeviceCode>, Malf
     }
 }
 
+/// Encodes a run's arguments: the `TaskArgs` blob, then one tag code per tensor.
+pub(crate) fn encode_args(args: &TaskArgs, w: &mut Writer) {
+    w.bytes(&args.encode());
+    w.u32(args.tags().len() as u32);
+    for tag in args.tags() {
+        w.u8(tag.as_i32() as u8);
+    }
+}
+
+/// The arguments `blob` (decoded from what [`encode_args`] wrote) with the tags that follow it,
+/// which the chip's orchestration reads as its caller passed them.
+pub(crate) fn with_tags(blob: &TaskArgs, r: &mut Reader<'_>) -> Result<TaskArgs, Malformed> {
+    if r.u32()? as usize != blob.tensors().len() {
+        return Err(Malformed("tag count differs from the tensor count"));
+    }
+    let mut args = TaskArgs::new();
+    for t in blob.tensors() {
+        let tag = TensorArgType::from_i32(i32::from(r.u8()?)).ok_or(Malformed("tensor tag"))?;
+        args.add_tensor(*t, tag).map_err(|_| Malformed("tensor count"))?;
+    }
+    for &s in blob.scalars() {
+        args.add_scalar(s).map_err(|_| Malformed("scalar count"))?;
+    }
+    Ok(args)
+}
+
 /// Encodes every setting of `c` the builder can set again.
 pub(crate) fn encode_config(c: &CallConfig, w: &mut Writer) {
     w.u32(c.block_dim()).u32(c.aicpu_thread_num());
@@ -342,6 +369,36 @@ pub(crate) fn decode_config(r: &mut Reader<'_>) -> Result<CallConfig, Malformed>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_runs_arguments_cross_with_their_tags() {
+        use simpler_types::{DataType, Tensor};
+        let t = |addr| Tensor::external(addr, &[4], DataType::Float32).expect("valid tensor");
+        let mut args = TaskArgs::new();
+        args.add_input(t(0x1000)).expect("arg");
+        args.add_output(t(0x2000)).expect("arg");
+        args.add_inout(t(0x3000)).expect("arg");
+        args.add_no_dep(t(0x4000)).expect("arg");
+        args.add_output_existing(t(0x5000)).expect("arg");
+        args.add_scalar(7).expect("arg");
+        let mut w = Writer::default();
+        encode_args(&args, &mut w);
+        let mut r = Reader(&w.0);
+        let blob = TaskArgs::decode(r.bytes().expect("blob")).expect("valid blob");
+        let got = with_tags(&blob, &mut r).expect("tags");
+        assert_eq!(got.tags(), args.tags());
+        assert_eq!(got.tensors(), args.tensors());
+        assert_eq!(got.scalars(), args.scalars());
+        assert!(r.0.is_empty(), "{} bytes left over", r.0.len());
+
+        // A tag code no tag has, and a count that disagrees with the blob, are malformed.
+        let at = w.0.len() - 1;
+        w.0[at] = 9;
+        assert!(with_tags(&blob, &mut Reader(&w.0[w.0.len() - 9..])).is_err());
+        let mut short = Writer::default();
+        short.u32(4);
+        assert!(with_tags(&blob, &mut Reader(&short.0)).is_err());
+    }
 
     #[test]
     fn a_failure_frame_too_long_for_the_mailbox_keeps_its_outcome_and_code() {
