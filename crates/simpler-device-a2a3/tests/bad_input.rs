@@ -1002,3 +1002,28 @@ fn refused_for<T>(res: &Result<T, DeviceError>, mismatch: ArityMismatch) -> bool
         _ => false,
     }
 }
+
+#[test]
+fn a_null_output_is_refused_unless_it_has_no_elements() {
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    let slot = r.register_callable(&programs::add::callable().unwrap()).unwrap();
+    let cfg = CallConfig::default();
+    let args = |shape: &[u32]| {
+        let null = Tensor::external(0, shape, DataType::Float32).unwrap();
+        let mut a = TaskArgs::new();
+        a.add_input(null).unwrap().add_input(null).unwrap().add_output(null).unwrap();
+        a
+    };
+    let err = r.run(&RunRequest::new(run_id(1), slot, &args(&[4]), &cfg)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DeviceError::InvalidArgs { problem: ArgsProblem::NullWrittenTensor { .. }, .. }
+        ),
+        "{err}"
+    );
+    // An empty view has nothing to write, as a zero-size `alloc` on the host returns: the run,
+    // whose task gets the same null views, goes through.
+    r.run(&RunRequest::new(run_id(2), slot, &args(&[4, 0]), &cfg)).unwrap();
+    still_works(&mut r, 3);
+}

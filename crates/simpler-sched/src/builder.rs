@@ -276,8 +276,9 @@ impl<'e> RunBuilder<'e> {
     /// depth and returns a contiguous tensor over it (`docs/engine-protocols.md` §3).
     ///
     /// The slab stays allocated until its scope ends and every task that touched the buffer
-    /// under any tag has finished. A shape with a zero extent returns a null tensor and
-    /// allocates nothing. Blocks while the ring is full, up to the ring's deadline.
+    /// under any tag has finished. A shape with a zero extent returns a null tensor, which any
+    /// tag accepts, and allocates nothing. Blocks while the ring is full, up to the ring's
+    /// deadline.
     pub fn alloc(&mut self, shape: &[u32], dtype: DataType) -> Result<Tensor, SchedError> {
         let core = self.core();
         self.check_open()?;

@@ -189,7 +189,7 @@ impl RunBuilder<'_> {
             let first = orch.footprints.len();
             for (arg, (t, &tag)) in a.tensors().iter().zip(a.tags()).enumerate() {
                 t.validate().map_err(|source| SchedError::InvalidTensor { member, arg, source })?;
-                if tag.writes() && t.is_null() {
+                if t.lacks_buffer_for(tag) {
                     return Err(SchedError::OutputWithoutBuffer { member, arg, tag });
                 }
                 if target.is_none() && t.is_child_memory() {

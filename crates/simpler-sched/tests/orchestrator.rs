@@ -263,6 +263,22 @@ fn c12_write_tags_without_a_buffer_are_rejected_and_alloc_returns_an_aligned_rin
 }
 
 #[test]
+fn c12_an_empty_alloc_is_null_and_every_tag_takes_it() {
+    let r = fixture();
+    let (h, e) = (&r.h, &r.e);
+    let mut b = e.begin_run().unwrap();
+    let empty = b.alloc(&[4, 0], DataType::Float32).unwrap();
+    assert!(empty.is_null());
+    for tag in [Output, OutputExisting, InOut, Input, NoDep] {
+        let r = b.submit_next_level(&chip(1), args(&[(empty, tag)]), &cfg(), w(0), None);
+        assert!(r.is_ok(), "{tag}: {r:?}");
+    }
+    h.open();
+    let run = b.close();
+    assert!(wait(e, run).is_completed());
+}
+
+#[test]
 fn c17_inout_on_an_alloc_attaches_without_live_fanin_and_becomes_the_producer() {
     let r = fixture();
     let (h, e) = (&r.h, &r.e);

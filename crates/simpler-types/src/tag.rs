@@ -70,7 +70,8 @@ impl TensorArgType {
         matches!(self, TensorArgType::InOut | TensorArgType::Output | TensorArgType::OutputExisting)
     }
 
-    /// Whether a null (`addr == 0`) tensor is accepted with this tag: only `Input` and `NoDep`.
+    /// Whether a null (`addr == 0`) tensor is accepted with this tag: only `Input` and `NoDep`
+    /// (any tag takes a null view with no elements: `Tensor::lacks_buffer_for`).
     pub const fn allows_null(self) -> bool {
         matches!(self, TensorArgType::Input | TensorArgType::NoDep)
     }

@@ -308,6 +308,13 @@ impl Tensor {
             && self.byte_span() == addr.checked_add(len).map(|end| (addr, end))
     }
 
+    /// Whether a task handed this view under `tag` would write bytes it has no buffer for: a
+    /// null tensor under a write tag, unless the view has no elements and so nothing to write
+    /// (what a zero-size `alloc` returns).
+    pub fn lacks_buffer_for(&self, tag: crate::TensorArgType) -> bool {
+        self.is_null() && !tag.allows_null() && self.numel() != 0
+    }
+
     /// The half-open byte footprint `[data_addr, data_addr + extent × element_size)` that
     /// dependency tracking uses.
     ///

@@ -390,7 +390,7 @@ impl Core {
         for (i, t) in out.iter().enumerate() {
             let tag = tags.get(i).copied().unwrap_or_default();
             if t.is_null() {
-                if !tag.allows_null() {
+                if t.lacks_buffer_for(tag) {
                     let site = ArgSite::Chip { arg: i };
                     return Err(invalid(ArgsProblem::NullWrittenTensor { site, tag }));
                 }

@@ -553,7 +553,7 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
         let (mut creators, mut made) = ([0u64; MAX_TASK_TENSORS], 0);
         for (i, (t, &tag)) in tensors.iter().zip(tags).enumerate() {
             if t.is_null() {
-                if tag.allows_null() {
+                if !t.lacks_buffer_for(tag) {
                     continue;
                 }
                 return self

@@ -557,7 +557,7 @@ impl<'e> GraphBuilder<'e> {
         tag: TensorArgType,
     ) -> Result<(), ArgsProblem> {
         if t.is_null() {
-            return if tag.allows_null() {
+            return if !t.lacks_buffer_for(tag) {
                 Ok(())
             } else {
                 Err(ArgsProblem::NullWrittenTensor { site: ArgSite::Task { task, arg }, tag })

@@ -271,6 +271,13 @@ fn written_tensors_need_device_buffers() {
     );
     let (site, tag) = (ArgSite::Task { task: 0, arg: 0 }, TensorArgType::Output);
     assert_eq!(problem(b.finish().unwrap_err()), ArgsProblem::NullWrittenTensor { site, tag });
+    // A null view with no elements has nothing to write: a write tag takes it.
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
+    let empty = Tensor::external(0, &[4, 0], DataType::Float32).unwrap();
+    let out = [TensorArgType::Output.as_i32()];
+    assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[empty], &out, &[]) >= 0);
+    assert!(b.finish().is_ok());
     let mut f = Fixture::default();
     let mut b = builder(&mut f);
     let stray = Tensor::external(0x40, &[4], DataType::Float32).unwrap();
