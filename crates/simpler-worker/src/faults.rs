@@ -187,6 +187,29 @@ mod tests {
     }
 
     #[test]
+    fn a_chip_that_failed_to_attach_stays_the_cause_when_the_deadline_passes_while_waiting() {
+        // Chip 0 fails at once; chip 1 is still in its options closure (which chip 0 never
+        // reaches) when the deadline passes. The first error wins: chip 0's failure is the
+        // cause, and chip 1, detached at the deadline, is in its rollback.
+        let b = host()
+            .chips(&[0, 1])
+            .startup_timeout(std::time::Duration::from_secs(1))
+            .chip_options(|o| {
+                std::thread::sleep(std::time::Duration::from_secs(3));
+                o
+            });
+        b.faults().arm(0, Fault::Attach);
+        let e = b.start().expect_err("chip 0 fails to attach");
+        assert!(matches!(e.cause, StartCause::Device { chip: WorkerId(0), .. }), "{e}");
+        assert!(e.path.contains("chip 0 (device 0)"), "{}", e.path);
+        let detached = |t: &TeardownError| {
+            t.what == TeardownPart::Chip(WorkerId(1))
+                && matches!(t.cause, TeardownCause::AttachDetached { device: 1 })
+        };
+        assert!(e.rollback.len() == 1 && detached(&e.rollback[0]), "{e:?}");
+    }
+
+    #[test]
     fn a_deadline_passed_after_the_chips_attached_finalizes_them_into_the_rollback() {
         let b = host().chips(&[0, 1]);
         b.faults().arm(0, Fault::DeadlineAfterAttach);

@@ -220,7 +220,10 @@ pub(super) fn attach_chips(
                         steps[i] = Some(step);
                     }
                     Err(AttachFailure::Failed { residue, .. }) => {
+                        // It failed by itself after the deadline: not a chip the deadline
+                        // killed.
                         left.extend(residue_entries(path, residue));
+                        pending[i] = None;
                     }
                 }
             }
@@ -232,28 +235,28 @@ pub(super) fn attach_chips(
                 rollback.push((i, TeardownCause::AttachDetached { device: device(i) }));
             }
         }
-        // Every chip pending at the deadline is named, with its step when known.
-        let names: Vec<String> = at_deadline
-            .iter()
-            .map(|(i, n)| match &steps[*i] {
-                Some(step) => format!("{n}: {step}"),
-                None => n.clone(),
-            })
-            .collect();
-        let first = at_deadline.first().map_or(path, |(_, n)| n.as_str());
-        let mut e = start_err(StartCause::DeadlineExceeded { pending: names, budget }, first);
         let rollback = rollback.into_iter().map(|(i, cause)| TeardownError {
             path: path.to_owned(),
             what: TeardownPart::Chip(WorkerId(i as u32)),
             cause,
         });
         match &mut failure {
-            // A refused attach thread doomed the start before the deadline passed: it stays
-            // the cause, and the chips still attaching at the deadline join its rollback.
-            Some(refused @ StartError { cause: StartCause::ThreadSpawn { .. }, .. }) => {
-                refused.rollback.extend(rollback);
-            }
-            _ => {
+            // A failure before the deadline passed (a chip that failed to attach, a refused
+            // attach thread) doomed the start: it stays the cause, and the chips still
+            // attaching at the deadline join its rollback.
+            Some(earlier) => earlier.rollback.extend(rollback),
+            None => {
+                // Every chip pending at the deadline is named, with its step when known.
+                let names: Vec<String> = at_deadline
+                    .iter()
+                    .map(|(i, n)| match &steps[*i] {
+                        Some(step) => format!("{n}: {step}"),
+                        None => n.clone(),
+                    })
+                    .collect();
+                let first = at_deadline.first().map_or(path, |(_, n)| n.as_str());
+                let mut e =
+                    start_err(StartCause::DeadlineExceeded { pending: names, budget }, first);
                 e.rollback.extend(rollback);
                 failure = Some(e);
             }
