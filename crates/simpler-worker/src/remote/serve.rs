@@ -43,6 +43,7 @@ use crate::builder::HostWorkerBuilder;
 use crate::error::{BoxError, CloseError, RunErrorKind, StartError, WorkerError};
 use crate::graph::{GraphBuilder, Orchestration};
 use crate::handle::GraphFn;
+use crate::sub::{dispose, text_of};
 use crate::worker::Worker;
 
 /// How often a serving rank that waits for rank 0 checks that its transport still runs and
@@ -152,25 +153,32 @@ pub fn serve_l3(
     if t.rank == 0 {
         return Err(RemoteError::WrongRank { rank: 0, op: "serve an L3 worker" }.into());
     }
-    let inbox = t.open_inbox(0)?;
-    t.watch(0, graphs.liveness / 4);
-    let rank0 = Rank0 { t, inbox: &inbox, liveness: graphs.liveness };
-    let result = {
-        // However the session ends (a panic included), this rank's pongs stop reporting it.
-        let _serving = ServingReset(t);
-        serve_session(&rank0, builder, graphs)
-    };
-    t.unwatch(0);
-    t.close_inbox(0, &inbox);
-    result
+    let serving = Serving::open(t, graphs.liveness / 4)?;
+    let rank0 = Rank0 { t, inbox: &serving.inbox, liveness: graphs.liveness };
+    serve_session(&rank0, builder, graphs)
 }
 
-/// Clears the session a rank's pongs report when dropped.
-struct ServingReset<'a>(&'a Transport);
+/// This rank's hold on rank 0 while it serves: rank 0's inbox, open, and pings to it. However
+/// the session ends (a panic included), dropping it stops the pings, closes the inbox so that a
+/// later `serve_l3` can open it again, and clears the session this rank's pongs report.
+struct Serving<'a> {
+    t: &'a Transport,
+    inbox: Receiver<Packet>,
+}
 
-impl Drop for ServingReset<'_> {
+impl<'a> Serving<'a> {
+    fn open(t: &'a Transport, ping_every: Duration) -> Result<Serving<'a>, RemoteError> {
+        let inbox = t.open_inbox(0)?;
+        t.watch(0, ping_every);
+        Ok(Serving { t, inbox })
+    }
+}
+
+impl Drop for Serving<'_> {
     fn drop(&mut self) {
-        self.0.set_serving(0);
+        self.t.set_serving(0);
+        self.t.unwatch(0);
+        self.t.close_inbox(0, &self.inbox);
     }
 }
 
@@ -450,7 +458,8 @@ fn run_task(
         Err(WorkerError::Run(e)) => match e.run_failure().and_then(|r| r.task_failure()) {
             Some(t) => Outcome::TaskFailed { failure: (**t).clone() },
             None => {
-                failed(RemoteRunFailure::Run { kind: kind_of(e.kind()), message: e.to_string() })
+                let kind = kind_of(e.kind());
+                failed(RemoteRunFailure::Run { kind, message: text_of(&e) })
             }
         },
         Err(e) => {
@@ -463,7 +472,11 @@ fn run_task(
                 }
                 _ => RemoteRunKind::Refused,
             };
-            failed(RemoteRunFailure::Run { kind, message: e.to_string() })
+            // A graph's own error is user code: its text is formatted, and the error dropped,
+            // where a panic cannot end this rank's session.
+            let message = text_of(&e);
+            dispose(e);
+            failed(RemoteRunFailure::Run { kind, message })
         }
     }
 }
@@ -516,6 +529,51 @@ mod tests {
 
     fn written(n: usize) -> Outcome {
         Outcome::Ok { written: vec![WrittenSpan { buffer: 0, offset: 0, bytes: vec![7; n] }] }
+    }
+
+    #[test]
+    fn a_session_that_panics_leaves_rank_0_free_to_serve_again() {
+        let (t, _wire) = crate::remote::transport::detached::rank(1, 2);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _serving = Serving::open(&t, Duration::from_secs(1)).unwrap();
+            panic!("a session that panics");
+        }));
+        assert!(panicked.is_err());
+        let again = Serving::open(&t, Duration::from_secs(1));
+        assert!(again.is_ok(), "{:?}", again.err());
+    }
+
+    #[test]
+    fn a_graph_error_whose_text_cannot_be_formatted_fails_its_task_only() {
+        #[derive(Debug)]
+        struct Unprintable;
+        impl std::fmt::Display for Unprintable {
+            fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                Err(std::fmt::Error)
+            }
+        }
+        impl std::error::Error for Unprintable {}
+        let worker = crate::Worker::host(
+            simpler_device_a2a3::Platform::A2a3Sim,
+            simpler_device_a2a3::RuntimeVariant::HostBuildGraph,
+        )
+        .chips(&[0])
+        .start()
+        .unwrap();
+        let mut graphs = ServedGraphs::new();
+        graphs.register("unprintable", |_, _, _| Err(Box::new(Unprintable)));
+        match run_task(&worker, &graphs, 0, CallConfig::default(), WireArgs::default()) {
+            Outcome::RunFailed {
+                failure: RemoteRunFailure::Run { kind: RemoteRunKind::SubmissionFailed, message },
+                ..
+            } => assert!(message.contains("could not be formatted"), "{message}"),
+            other => panic!("a graph whose error cannot be printed gave {other:?}"),
+        }
+        // The worker still serves.
+        graphs.register("fine", |_, _, _| Ok(()));
+        let ok = run_task(&worker, &graphs, 1, CallConfig::default(), WireArgs::default());
+        assert!(matches!(ok, Outcome::Ok { .. }), "{ok:?}");
+        worker.close().unwrap();
     }
 
     #[test]
