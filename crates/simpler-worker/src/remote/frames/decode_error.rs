@@ -105,6 +105,20 @@ pub enum DecodeError {
         /// The most a task's tensors name.
         cap: u32,
     },
+    /// A completion carries more written spans than a task has tensors: a task's write-tagged
+    /// tensors name at most that many, so never more. Refused before any is read.
+    #[error(
+        "malformed frame: a completion's {count} written spans (count at offset {at}) are more \
+         than the {cap} a task's tensors can name"
+    )]
+    TooManySpans {
+        /// Where the count is.
+        at: usize,
+        /// The spans the frame claims.
+        count: u32,
+        /// The most a task's tensors name.
+        cap: u32,
+    },
     /// A task's call configuration breaks a rule of `CallConfig` (boxed to keep the error
     /// small).
     #[error("malformed frame: call config: {0}")]

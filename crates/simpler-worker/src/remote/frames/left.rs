@@ -192,6 +192,12 @@ impl Writer {
                 self.u32(*count);
                 self.u32(*cap);
             }
+            DecodeError::TooManySpans { at, count, cap } => {
+                self.u8(10);
+                self.u64(*at as u64);
+                self.u32(*count);
+                self.u32(*cap);
+            }
             // `carries_violation` refused it: the writer never gets here.
             DecodeError::Config(_) => self.u8(u8::MAX),
         }
@@ -262,7 +268,7 @@ impl Reader<'_> {
     }
 
     fn decode_error(&mut self) -> Result<DecodeError, DecodeError> {
-        Ok(match self.code(WireField::DecodeError, |c| (c <= 9).then_some(c))? {
+        Ok(match self.code(WireField::DecodeError, |c| (c <= 10).then_some(c))? {
             0 => DecodeError::Version { found: self.u16()?, expected: self.u16()? },
             1 => DecodeError::Truncated {
                 at: self.u64()? as usize,
@@ -285,7 +291,12 @@ impl Reader<'_> {
             6 => DecodeError::RunIdZero { at: self.u64()? as usize },
             7 => DecodeError::ChainTooDeep { levels: self.u32()?, max: self.u32()? },
             8 => DecodeError::EmptyChain { at: self.u64()? as usize },
-            _ => DecodeError::TooManyBuffers {
+            9 => DecodeError::TooManyBuffers {
+                at: self.u64()? as usize,
+                count: self.u32()?,
+                cap: self.u32()?,
+            },
+            _ => DecodeError::TooManySpans {
                 at: self.u64()? as usize,
                 count: self.u32()?,
                 cap: self.u32()?,

@@ -26,7 +26,7 @@ pub use self::kind::FrameKind;
 use super::error::{LeftCause, RemoteRunFailure, RemoteRunKind};
 
 /// Version of the frame layout; both ends must agree.
-pub(crate) const VERSION: u16 = 12;
+pub(crate) const VERSION: u16 = 13;
 
 /// Error frames longer than this are cut (innermost message first), so one failure can never
 /// grow a completion without bound.
@@ -43,9 +43,10 @@ pub(crate) const MAX_CHAIN_LEVELS: usize = 32;
 /// each (a `WireBuffer` here, a `HostBuffer` when it unpacks them).
 pub(crate) const MAX_WIRE_BUFFERS: usize = TaskArgs::MAX_TENSORS;
 
-/// The most written spans a completion's decoding reserves room for before reading them: what a
-/// task's write-tagged tensors can name. More are read as they come, each backed by its bytes.
-const MAX_WRITTEN_RESERVED: usize = TaskArgs::MAX_TENSORS;
+/// The most written spans a completion carries: what a task's write-tagged tensors can name.
+/// Decoding refuses more before reading any, so a frame of many empty spans cannot make rank 0
+/// hold several times the frame's size.
+const MAX_WRITTEN_SPANS: usize = TaskArgs::MAX_TENSORS;
 
 /// The most close errors a `ShutdownDone` keeps; the rest are counted in one more line.
 pub(crate) const MAX_SHUTDOWN_ERRORS: usize = 16;
@@ -318,9 +319,13 @@ impl Packet {
                 let seq = r.u64()?;
                 let outcome = match r.code(WireField::Outcome, |c| (c <= 2).then_some(c))? {
                     0 => {
+                        let at = r.at;
                         let n = r.count(16)?;
-                        // Reserved up to what a task's tensors can name; more grows as read.
-                        let mut written = Vec::with_capacity(n.min(MAX_WRITTEN_RESERVED));
+                        if n > MAX_WRITTEN_SPANS {
+                            let cap = MAX_WRITTEN_SPANS as u32;
+                            return Err(DecodeError::TooManySpans { at, count: n as u32, cap });
+                        }
+                        let mut written = Vec::with_capacity(n);
                         for _ in 0..n {
                             let buffer = r.u32()?;
                             let offset = r.u64()?;

@@ -360,6 +360,24 @@ fn a_task_of_more_buffers_than_its_tensors_can_name_is_refused_before_they_are_r
 }
 
 #[test]
+fn a_completion_of_more_spans_than_a_tasks_tensors_can_name_is_refused_before_they_are_read() {
+    let completion = |n: usize| {
+        let span = WrittenSpan { buffer: 0, offset: 0, bytes: Vec::new() };
+        Packet::Completion { seq: 1, outcome: Outcome::Ok { written: vec![span; n] } }.encode()
+    };
+    let cap = TaskArgs::MAX_TENSORS;
+    assert!(Packet::decode(&completion(cap)).is_ok(), "{cap} spans are refused");
+    let over = completion(cap + 1);
+    let refused = Packet::decode(&over).map(|_| "a Completion frame");
+    let Err(e @ DecodeError::TooManySpans { at, count, cap: k }) = refused else {
+        panic!("{} empty spans gave {refused:?}", cap + 1);
+    };
+    assert_eq!((count as usize, k as usize), (cap + 1, cap));
+    assert_eq!(over[at..at + 4], count.to_le_bytes(), "the count is at {at}");
+    assert!(e.to_string().contains(&format!("{count} written spans")), "{e}");
+}
+
+#[test]
 fn a_trailing_error_built_with_its_offset_past_the_frame_still_displays() {
     // The fields are public: a value no decoder returns must still render, not overflow.
     let e = DecodeError::Trailing { at: 21, len: 19 };
@@ -479,6 +497,7 @@ fn left_causes() -> Vec<LeftCause> {
         DecodeError::ChainTooDeep { levels: 33, max: 32 },
         DecodeError::EmptyChain { at: 12 },
         DecodeError::TooManyBuffers { at: 140, count: 17, cap: 16 },
+        DecodeError::TooManySpans { at: 9, count: 129, cap: 128 },
     ];
     violations.extend(errors.into_iter().map(ProtocolViolation::Malformed));
     violations.extend(WireField::ALL.into_iter().enumerate().map(|(at, field)| {
@@ -592,7 +611,7 @@ fn an_unknown_code_in_a_left_cause_is_refused_where_it_stands() {
     assert_eq!(left(&[3, 0]), code(WireField::FrameKind, 0, 12));
     assert_eq!(left(&[5, 4]), code(WireField::ProtocolViolation, 4, 12));
     assert_eq!(left(&[5, 1, 4, 2]), code(WireField::ExpectedFrames, 2, 14));
-    assert_eq!(left(&[5, 0, 10]), code(WireField::DecodeError, 10, 13));
+    assert_eq!(left(&[5, 0, 11]), code(WireField::DecodeError, 11, 13));
     assert_eq!(left(&[5, 0, 4, 20]), code(WireField::WireField, 20, 14));
     assert_eq!(left(&[5, 2, 0, 0, 0, 0, 0, 0, 0, 0, 2]), code(WireField::Flag, 2, 21));
 }
