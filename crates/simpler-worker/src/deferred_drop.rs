@@ -27,6 +27,8 @@ use crate::run::panic_text;
 /// A value to drop later, with the run it belonged to (for the log), if any.
 type Parked = (Option<RunId>, Box<dyn Any + Send>);
 
+// Accessed through `try_with`: a worker dropped while the thread's locals are torn down (kept
+// in a thread-local) may come here after this one is gone; values are then dropped at once.
 thread_local! {
     /// The outermost open scope's parked values; `None` when no scope is open.
     static PARKED: RefCell<Option<Vec<Parked>>> = const { RefCell::new(None) };
@@ -34,14 +36,16 @@ thread_local! {
 
 /// Opens a scope on this thread (step 1); see the module docs.
 pub(crate) fn scope() -> ScopeGuard {
-    let outermost = PARKED.with(|p| {
-        let mut p = p.borrow_mut();
-        let outermost = p.is_none();
-        if outermost {
-            *p = Some(Vec::new());
-        }
-        outermost
-    });
+    let outermost = PARKED
+        .try_with(|p| {
+            let mut p = p.borrow_mut();
+            let outermost = p.is_none();
+            if outermost {
+                *p = Some(Vec::new());
+            }
+            outermost
+        })
+        .unwrap_or(false);
     ScopeGuard { outermost }
 }
 
@@ -57,7 +61,7 @@ impl Drop for ScopeGuard {
         }
         // The scope is closed before any value is dropped, so a value whose drop submits or
         // closes opens a fresh scope of its own.
-        let parked = PARKED.with(|p| p.borrow_mut().take()).unwrap_or_default();
+        let parked = PARKED.try_with(|p| p.borrow_mut().take()).ok().flatten().unwrap_or_default();
         for (run, v) in parked {
             drop_now(run, v);
         }
@@ -66,13 +70,13 @@ impl Drop for ScopeGuard {
 
 /// Drops each value, or parks it in the open scope (step 2).
 pub(crate) fn drop_logged(run: Option<RunId>, values: Vec<Box<dyn Any + Send>>) {
-    let rest = PARKED.with(|p| match p.borrow_mut().as_mut() {
-        Some(parked) => {
-            parked.extend(values.into_iter().map(|v| (run, v)));
-            Vec::new()
+    let mut values = Some(values);
+    let _ = PARKED.try_with(|p| {
+        if let (Some(parked), Some(v)) = (p.borrow_mut().as_mut(), values.take()) {
+            parked.extend(v.into_iter().map(|v| (run, v)));
         }
-        None => values,
     });
+    let rest = values.unwrap_or_default();
     for v in rest {
         drop_now(run, v);
     }

@@ -31,6 +31,9 @@ pub(crate) fn lineage_of(instance: u64) -> Lineage {
     Arc::new(RwLock::new(vec![instance]))
 }
 
+// Every access goes through `try_with`: a worker kept in a thread-local is dropped (and closed)
+// while the thread's locals are torn down, possibly after these. A thread being torn down runs
+// no callback and serves no lane, so a destroyed mark reads as unset and is not written.
 thread_local! {
     static ACTING_FOR: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
     /// The worker instance whose chip lane is running a call on this thread.
@@ -39,14 +42,14 @@ thread_local! {
 
 /// Whether the current thread is running a call on a lane of worker `instance`.
 pub(crate) fn is_on_a_lane_of(instance: u64) -> bool {
-    ON_LANE.with(|l| l.get() == Some(instance))
+    ON_LANE.try_with(|l| l.get() == Some(instance)).unwrap_or(false)
 }
 
 /// Marks the current thread as serving a call on a chip lane of worker `instance`, and as
 /// acting for every worker of its `lineage` (their runs may need the lane), until the guard
 /// drops (also on unwind).
 pub(crate) fn enter_lane(instance: u64, lineage: &Lineage) -> LaneGuard {
-    let previous = ON_LANE.with(|l| l.replace(Some(instance)));
+    let previous = ON_LANE.try_with(|l| l.replace(Some(instance))).unwrap_or(None);
     LaneGuard { previous, _acting: enter_lineage(lineage) }
 }
 
@@ -58,13 +61,13 @@ pub(crate) struct LaneGuard {
 
 impl Drop for LaneGuard {
     fn drop(&mut self) {
-        ON_LANE.with(|l| l.set(self.previous));
+        let _ = ON_LANE.try_with(|l| l.set(self.previous));
     }
 }
 
 /// Whether the current thread acts for worker `instance`.
 pub(crate) fn is_acting_for(instance: u64) -> bool {
-    ACTING_FOR.with(|s| s.borrow().contains(&instance))
+    ACTING_FOR.try_with(|s| s.borrow().contains(&instance)).unwrap_or(false)
 }
 
 /// Marks the current thread as acting for `instance` until the guard drops (also on unwind).
@@ -78,12 +81,14 @@ pub(crate) fn enter_lineage(lineage: &Lineage) -> ActingGuard {
 }
 
 fn enter_all(instances: &[u64]) -> ActingGuard {
-    let depth = ACTING_FOR.with(|s| {
-        let mut s = s.borrow_mut();
-        let depth = s.len();
-        s.extend_from_slice(instances);
-        depth
-    });
+    let depth = ACTING_FOR
+        .try_with(|s| {
+            let mut s = s.borrow_mut();
+            let depth = s.len();
+            s.extend_from_slice(instances);
+            depth
+        })
+        .unwrap_or(0);
     ActingGuard { depth }
 }
 
@@ -95,6 +100,6 @@ pub(crate) struct ActingGuard {
 
 impl Drop for ActingGuard {
     fn drop(&mut self) {
-        ACTING_FOR.with(|s| s.borrow_mut().truncate(self.depth));
+        let _ = ACTING_FOR.try_with(|s| s.borrow_mut().truncate(self.depth));
     }
 }

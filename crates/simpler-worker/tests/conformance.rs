@@ -1217,3 +1217,48 @@ fn a_childs_build_failure_reaches_the_parent_typed() {
     assert_eq!(source.downcast_ref::<ShardMissing>().map(|s| s.0), Some(7), "{e}");
     w.close().expect("close");
 }
+
+/// Set in the child process of the test below.
+const TLS_CHILD: &str = "SIMPLER_TEST_THREAD_LOCAL_CHILD";
+
+#[test]
+fn a_worker_kept_in_a_thread_local_is_closed_when_its_thread_exits() {
+    // The worker's drop closes it while the thread's locals are torn down, after those the
+    // worker's calls set up on the thread (registered later, destroyed first). A panic there
+    // would abort the process, so the thread runs in a child process of this test binary.
+    if std::env::var_os(TLS_CHILD).is_some() {
+        thread_local! {
+            static KEPT: std::cell::RefCell<Option<Worker>> = const { std::cell::RefCell::new(None) };
+        }
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = Arc::clone(&ran);
+        std::thread::spawn(move || {
+            let mut b = host().sub_workers(1);
+            let h = b.register_host("count", move |_| {
+                r.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            });
+            KEPT.with(|k| *k.borrow_mut() = Some(b.start().expect("start")));
+            KEPT.with(|k| k.borrow().as_ref().map(|w| w.run(one_sub_task(h))))
+                .expect("a worker")
+                .expect("run");
+        })
+        .join()
+        .expect("the thread exits");
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        return;
+    }
+    let this = "a_worker_kept_in_a_thread_local_is_closed_when_its_thread_exits";
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", this, "--test-threads=1"])
+        .env(TLS_CHILD, "1")
+        .output()
+        .expect("the child runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
