@@ -75,12 +75,16 @@ impl Probe<'_> {
     }
 }
 
-/// The CANN toolkit roots to try, in order.
+/// The CANN toolkit roots to try, in order: the variables and default locations the runtime's
+/// loader tries too (`simpler-acl-sys`), then a toolkit in the user's home.
 fn cann_roots(p: &Probe<'_>) -> Vec<PathBuf> {
     let mut roots = Vec::new();
-    if let Some(home) = (p.var)("ASCEND_HOME_PATH") {
-        roots.push(PathBuf::from(home));
+    for var in ["ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"] {
+        if let Some(home) = (p.var)(var) {
+            roots.push(PathBuf::from(home));
+        }
     }
+    roots.push(PathBuf::from("/usr/local/Ascend/cann"));
     roots.push(PathBuf::from("/usr/local/Ascend/ascend-toolkit/latest"));
     if let Some(home) = (p.var)("HOME") {
         roots.push(Path::new(&home).join("Ascend/ascend-toolkit/latest"));
@@ -280,35 +284,52 @@ impl DeviceChoice {
     }
 }
 
+/// Why `--device` / `--device-num` could not be resolved.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ChoiceError {
+    /// The flags themselves are wrong.
+    Usage(String),
+    /// `auto` asked for more devices than the server shows: a fact about the machine.
+    TooFewVisible { count: usize, visible: Vec<u32> },
+}
+
+impl std::fmt::Display for ChoiceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChoiceError::Usage(text) => f.write_str(text),
+            ChoiceError::TooFewVisible { count, visible } => write!(
+                f,
+                "--device auto --device-num {count}: only {} device(s) visible ({visible:?})",
+                visible.len()
+            ),
+        }
+    }
+}
+
 /// The `--device` / `--device-num` choice; `visible` lists the devices `auto` picks from.
 pub fn device_choice(
     args: &[String],
     visible: impl FnOnce() -> Vec<u32>,
-) -> Result<DeviceChoice, String> {
+) -> Result<DeviceChoice, ChoiceError> {
     let spec = flag_value(args, "--device").unwrap_or("0");
     let num = flag_value(args, "--device-num");
     if spec != "auto" {
         if num.is_some() {
-            return Err("--device-num goes with --device auto".into());
+            return Err(ChoiceError::Usage("--device-num goes with --device auto".into()));
         }
-        return parse_devices(spec).map(DeviceChoice::Listed);
+        return parse_devices(spec).map(DeviceChoice::Listed).map_err(ChoiceError::Usage);
     }
     let count = match num {
         None => 1,
-        Some(n) => n
-            .parse::<usize>()
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| format!("--device-num `{n}`: expected a positive number"))?,
+        Some(n) => n.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+            ChoiceError::Usage(format!("--device-num `{n}`: expected a positive number"))
+        })?,
     };
     let mut candidates = visible();
     candidates.sort_unstable();
     candidates.dedup();
     if candidates.len() < count {
-        return Err(format!(
-            "--device auto --device-num {count}: only {} device(s) visible ({candidates:?})",
-            candidates.len()
-        ));
+        return Err(ChoiceError::TooFewVisible { count, visible: candidates });
     }
     Ok(DeviceChoice::Auto { candidates, count })
 }
@@ -409,9 +430,21 @@ pub fn onboard_test(args: &[String]) -> ExitCode {
     };
     let devices = match device_choice(args, visible) {
         Ok(d) => d,
-        Err(e) => {
+        Err(e @ ChoiceError::Usage(_)) => {
             eprintln!("xtask onboard-test: {e}");
             return ExitCode::FAILURE;
+        }
+        Err(e @ ChoiceError::TooFewVisible { .. }) => {
+            // A server short of devices (none at all, without an NPU) is a fact about the
+            // machine: what else it lacks is listed too, and the exit says so.
+            if !standin {
+                println!("xtask onboard-test: checking this server");
+                let mut reqs = host_probe(|p| detect(p, Purpose::Test));
+                reqs.retain(|r| r.what != NPU_SMI);
+                report(&reqs);
+            }
+            eprintln!("xtask onboard-test: {e}");
+            return ExitCode::from(EXIT_ENVIRONMENT);
         }
     };
     if standin {
@@ -602,6 +635,22 @@ mod tests {
     }
 
     #[test]
+    fn a_toolkit_the_runtime_finds_without_configuration_is_found_too() {
+        // The default install location of newer CANN, and a root named by ASCEND_TOOLKIT_HOME.
+        let home = PathBuf::from("/opt/toolkit");
+        for (root, var) in [("/usr/local/Ascend/cann", None), ("/opt/toolkit", Some(&home))] {
+            let root = PathBuf::from(root);
+            let mut f = bare();
+            if let Some(home) = var {
+                f.vars.insert("ASCEND_TOOLKIT_HOME", home.display().to_string());
+            }
+            f.files.insert(root.join("lib64/libascendcl.so"));
+            let reqs = f.detect(Purpose::Build);
+            assert_eq!(reqs[0].found.as_deref(), Some(root.as_path()), "{reqs:#?}");
+        }
+    }
+
+    #[test]
     fn only_the_missing_piece_is_reported() {
         let root = PathBuf::from("/usr/local/Ascend/ascend-toolkit/latest");
         let mut f = bare();
@@ -652,10 +701,12 @@ mod tests {
         let two = device_choice(&args(&["--device", "auto", "--device-num", "2"]), visible);
         assert_eq!(two.unwrap().candidates(), [0, 1, 3]);
         let err = device_choice(&args(&["--device", "auto", "--device-num", "4"]), visible);
-        assert!(err.unwrap_err().contains("only 3 device(s) visible"));
+        let err = err.unwrap_err();
+        assert_eq!(err, ChoiceError::TooFewVisible { count: 4, visible: vec![0, 1, 3] });
+        assert!(err.to_string().contains("only 3 device(s) visible"), "{err}");
         for bad in ["0", "x"] {
             let err = device_choice(&args(&["--device", "auto", "--device-num", bad]), visible);
-            assert!(err.unwrap_err().contains("positive number"), "{bad}");
+            assert!(matches!(&err, Err(ChoiceError::Usage(t)) if t.contains("positive")), "{bad}");
         }
         assert!(device_choice(&args(&["--device", "0", "--device-num", "2"]), visible).is_err());
         assert_eq!(device_choice(&args(&[]), visible), Ok(DeviceChoice::Listed(vec![0])));
