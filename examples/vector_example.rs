@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::Cli;
 use simpler_device_a2a3::programs::{f32_from_le_bytes, f32_to_le_bytes, vector};
-use simpler_device_a2a3::{DevicePtr, DeviceRunner, RunRequest, RunnerOptions, RuntimeVariant};
+use simpler_device_a2a3::{DevicePtr, DeviceRunner, RunRequest, RunnerOptions};
 use simpler_types::{CallConfig, DataType, RunId, SwimlaneLevel, TaskArgs, Tensor};
 
 const N: usize = 16384;
@@ -77,17 +77,12 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
     warm.sort();
     device_wall.sort();
 
-    // The trace and the dependency graph are collected by host_build_graph; trb refuses them.
-    let tracing = cli.runtime == RuntimeVariant::HostBuildGraph;
-    let traced = if tracing {
-        CallConfig::builder()
-            .swimlane(SwimlaneLevel::AicpuTiming)
-            .dep_gen(true)
-            .output_prefix(&out_dir)
-            .build()?
-    } else {
-        CallConfig::default()
-    };
+    // The checked run also collects the trace and the dependency graph (either runtime).
+    let traced = CallConfig::builder()
+        .swimlane(SwimlaneLevel::AicpuTiming)
+        .dep_gen(true)
+        .output_prefix(&out_dir)
+        .build()?;
     // Poison the output (0xFF bytes are NaN, which equals nothing) so the check below only
     // passes if the checked run itself wrote every element.
     runner.memset(pf, 0xFF, bytes)?;
@@ -125,7 +120,6 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
     }
     match report.outputs.iter().find(|p| p.ends_with("swimlane.perfetto.json")) {
         Some(p) => println!("swimlane trace (open in ui.perfetto.dev): {}", p.display()),
-        None if !tracing => println!("swimlane trace: not collected under --runtime trb"),
         None => println!("swimlane trace: not written ({})", report.warnings.join("; ")),
     }
     for p in report.outputs.iter().filter(|p| !p.ends_with("swimlane.perfetto.json")) {
