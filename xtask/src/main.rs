@@ -159,6 +159,7 @@ fn ci() -> Result<(), String> {
     )?;
     // Benchmarks only have to build and run once per case here; figures come from `bench`.
     cargo(&["bench", "--workspace", "--benches", "--", "--test"], &[])?;
+    cargo(&REMOTE_BENCH.iter().copied().chain(["--", "--test"]).collect::<Vec<_>>(), &[])?;
     for example in EXAMPLES {
         cargo(&["run", "--release", "--example", example], &[])?;
     }
@@ -258,13 +259,20 @@ fn loom() -> Result<(), String> {
     Ok(())
 }
 
-/// `cargo bench` over the workspace's benches, or with `extra` as its arguments instead (a `--`
-/// in them passes what follows to the bench binaries).
+/// The multi-host bench (W5), which the workspace's default features leave out: it needs the
+/// worker's `mpi` feature.
+const REMOTE_BENCH: [&str; 7] =
+    ["bench", "-p", "simpler-worker", "--features", "mpi,sim", "--bench", "remote"];
+
+/// `cargo bench` over the workspace's benches and the multi-host one, or with `extra` as its
+/// arguments instead (a `--` in them passes what follows to the bench binaries).
 fn bench(extra: &[String]) -> Result<(), String> {
-    let mut args = vec!["bench"];
     if extra.is_empty() {
-        args.extend(["--workspace", "--benches"]);
+        cargo(&["bench", "--workspace", "--benches"], &[])?;
+        require_mpi()?;
+        return cargo(&REMOTE_BENCH, &[]);
     }
+    let mut args = vec!["bench"];
     args.extend(extra.iter().map(String::as_str));
     cargo(&args, &[])
 }
