@@ -15,9 +15,10 @@
 //! "Readers" are `Input` and `InOut` tasks. Example (the original runtime's issue #1306):
 //! `W0: InOut buf`, `R0: Input buf`, `W1: InOut buf` gives the edges `W0 → R0`, `W0 → W1` and
 //! `R0 → W1`, so `W1` never overwrites `buf` while `R0` still reads it. With `W1: Output buf`
-//! instead, `W1` gets only `R0 → W1`: a blind write does not wait for the previous writer, but
-//! does wait for the readers. A blind write that replaces readers stands in for them, so a
-//! second blind write of the same bytes orders after it. Nothing needs to be opted into.
+//! instead the edges are the same, since `W0` reads `buf` too; had `W0` been an `Output`, `W1`
+//! would get only `R0 → W1`: a blind write does not wait for a previous blind writer, but does
+//! wait for the readers. A blind write that replaces readers stands in for them, so a second
+//! blind write of the same bytes orders after it. Nothing needs to be opted into.
 //!
 //! Dependencies are tracked by each view's bounding byte range. A blind write of a view with
 //! gaps (strided or permuted) does not replace the earlier writers in its range: a later read of
@@ -36,13 +37,13 @@ pub enum TensorArgType {
     /// bytes order after it (write after read). Readers never order after each other.
     #[default]
     Input = 0,
-    /// Blind overwrite; orders after the live readers of its bytes, not after the previous
-    /// writer.
+    /// Blind overwrite; orders after the live readers of its bytes (an `InOut` writer is one),
+    /// not after a previous blind writer.
     Output = 1,
     /// Read and write in place; orders after the previous writers and the readers of its bytes.
     InOut = 2,
-    /// Blind overwrite of an existing buffer: orders after the live readers of its bytes, not
-    /// after its previous writer.
+    /// Blind overwrite of an existing buffer: orders after the live readers of its bytes (an
+    /// `InOut` writer is one), not after a previous blind writer.
     OutputExisting = 3,
     /// Neither looked up nor recorded; the caller orders accesses itself.
     NoDep = 4,
