@@ -519,8 +519,8 @@ impl CallConfigBuilder {
         }
         for (ring, (raw, out)) in self.rings.iter().zip(&mut runtime_env).enumerate() {
             if let Some(value) = raw.heap_bytes {
-                if value < HEAP_ALIGN {
-                    return Err(TypesError::HeapTooSmall { ring: ring as u8, value });
+                if value == 0 || !value.is_multiple_of(HEAP_ALIGN) {
+                    return Err(TypesError::HeapSizeInvalid { ring: ring as u8, value });
                 }
                 out.heap_bytes = Some(value);
             }

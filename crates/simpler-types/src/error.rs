@@ -229,9 +229,9 @@ pub enum TypesError {
         /// The value given.
         value: u64,
     },
-    /// A heap override below 1024 bytes.
-    #[error("heap size {value} for ring {ring} is below the minimum of 1024 bytes")]
-    HeapTooSmall {
+    /// A heap override that is not a non-zero multiple of 1024 bytes (the heap alignment).
+    #[error("heap size {value} for ring {ring} must be a non-zero multiple of 1024 bytes")]
+    HeapSizeInvalid {
         /// The ring.
         ring: u8,
         /// The value given.

@@ -79,14 +79,20 @@ fn task_window_must_be_a_power_of_two_in_range() {
 }
 
 #[test]
-fn heap_override_must_be_at_least_1024_bytes() {
+fn heap_override_must_be_a_non_zero_multiple_of_1024_bytes() {
     assert_eq!(
         CallConfig::builder().heap_bytes(RingSel::Ring(1), 1023).build(),
-        Err(TypesError::HeapTooSmall { ring: 1, value: 1023 })
+        Err(TypesError::HeapSizeInvalid { ring: 1, value: 1023 })
     );
     assert_eq!(
         CallConfig::builder().heap_bytes(RingSel::All, 0).build(),
-        Err(TypesError::HeapTooSmall { ring: 0, value: 0 })
+        Err(TypesError::HeapSizeInvalid { ring: 0, value: 0 })
+    );
+    // The device's rings hand out 1024-byte-aligned blocks: a size between two is refused here,
+    // not when the run reaches the chip.
+    assert_eq!(
+        CallConfig::builder().heap_bytes(RingSel::Ring(2), 1025).build(),
+        Err(TypesError::HeapSizeInvalid { ring: 2, value: 1025 })
     );
     let c = CallConfig::builder().heap_bytes(RingSel::Ring(1), 1024).build().unwrap();
     assert_eq!(c.ring_override(ring(1)).heap_bytes, Some(1024));
@@ -174,7 +180,7 @@ fn rules_are_checked_in_the_documented_order() {
                 .dep_pool(RingSel::Ring(0), 1)
                 .dep_gen(true),
             TypesError::TaskWindowOutOfRange { .. } => b.task_window(RingSel::Ring(1), 4),
-            TypesError::HeapTooSmall { .. } => b.heap_bytes(RingSel::Ring(0), 1024),
+            TypesError::HeapSizeInvalid { .. } => b.heap_bytes(RingSel::Ring(0), 1024),
             TypesError::DepPoolOutOfRange { .. } => b.dep_pool(RingSel::Ring(0), 4),
             TypesError::OutputPrefixRequired { .. } => b.output_prefix(""),
             TypesError::OutputPrefixInvalid { .. } => b.output_prefix("out"),
@@ -190,7 +196,7 @@ fn rules_are_checked_in_the_documented_order() {
             TypesError::InvalidSwimlaneLevel(9),
             TypesError::InvalidRingIndex(7),
             TypesError::TaskWindowOutOfRange { ring: 1, value: 3 },
-            TypesError::HeapTooSmall { ring: 0, value: 5 },
+            TypesError::HeapSizeInvalid { ring: 0, value: 5 },
             TypesError::DepPoolOutOfRange { ring: 0, value: 1 },
             TypesError::OutputPrefixRequired { enabled: vec!["dep_gen"] },
             TypesError::OutputPrefixInvalid { reason: "it is empty".into() },
