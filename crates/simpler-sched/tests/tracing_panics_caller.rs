@@ -7,6 +7,7 @@ mod common;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -17,9 +18,23 @@ use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
 /// Panics when a span of this name opens, or an event with this message is logged.
+#[derive(Clone, Copy, Debug)]
 enum PanicsOn {
     Span(&'static str),
     Event(&'static str),
+}
+
+/// A [`PanicsOn`] layer counting the panics it made, so that a test knows it fired.
+struct Refusing {
+    on: PanicsOn,
+    hits: Arc<AtomicUsize>,
+}
+
+impl Refusing {
+    fn refuse(&self, what: &str) -> ! {
+        self.hits.fetch_add(1, Ordering::SeqCst);
+        panic!("this layer refuses the {what}");
+    }
 }
 
 /// The `message` field of an event.
@@ -33,7 +48,7 @@ impl Visit for Message {
     }
 }
 
-impl<S> tracing_subscriber::Layer<S> for PanicsOn
+impl<S> tracing_subscriber::Layer<S> for Refusing
 where
     S: tracing::Subscriber + for<'a> LookupSpan<'a>,
 {
@@ -43,31 +58,35 @@ where
         _: &tracing::span::Id,
         _: Context<'_, S>,
     ) {
-        if matches!(self, PanicsOn::Span(name) if attrs.metadata().name() == *name) {
-            panic!("this layer refuses the span");
+        if matches!(self.on, PanicsOn::Span(name) if attrs.metadata().name() == name) {
+            self.refuse("span");
         }
     }
 
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        if let PanicsOn::Event(text) = self {
+        if let PanicsOn::Event(text) = self.on {
             let mut m = Message(String::new());
             event.record(&mut m);
-            if m.0 == *text {
-                panic!("this layer refuses the event");
+            if m.0 == text {
+                self.refuse("event");
             }
         }
     }
 }
 
-/// Runs `f` on this thread with `layer` installed; `f`'s panic, if the layer made one, is
-/// caught.
-fn under<R>(layer: PanicsOn, f: impl FnOnce() -> R) -> std::thread::Result<R> {
-    let subscriber = tracing_subscriber::registry().with(layer);
-    tracing::subscriber::with_default(subscriber, || {
+/// Runs `f` on this thread with a layer panicking on `on` installed; `f`'s panic, if the
+/// layer made one, is caught. The layer must have fired: a renamed span or event would
+/// otherwise leave the test checking nothing.
+fn under<R>(on: PanicsOn, f: impl FnOnce() -> R) -> std::thread::Result<R> {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let subscriber = tracing_subscriber::registry().with(Refusing { on, hits: Arc::clone(&hits) });
+    let r = tracing::subscriber::with_default(subscriber, || {
         // Interest cached while no subscriber was set would skip the layer.
         tracing::callsite::rebuild_interest_cache();
         catch_unwind(AssertUnwindSafe(f))
-    })
+    });
+    assert!(hits.load(Ordering::SeqCst) > 0, "the layer never saw {on:?}");
+    r
 }
 
 fn one_run(e: &Engine) {

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -14,6 +15,9 @@ use tracing_subscriber::registry::LookupSpan;
 
 /// Panics on every event whose message starts with "member failed".
 struct PanicsOnMemberFailures;
+
+/// The panics the layer made, so that the test knows it fired.
+static HITS: AtomicUsize = AtomicUsize::new(0);
 
 struct StartsWithMemberFailed(bool);
 
@@ -33,6 +37,7 @@ where
         let mut m = StartsWithMemberFailed(false);
         event.record(&mut m);
         if m.0 {
+            HITS.fetch_add(1, Ordering::SeqCst);
             panic!("this layer refuses member failures");
         }
     }
@@ -53,6 +58,7 @@ fn a_layer_panicking_on_a_member_failure_fails_the_run_not_the_engine() {
     let outcome = wait(&e, run);
     let failure = outcome.failure().and_then(|f| f.task_failure()).expect("the task failed");
     assert_eq!(failure.task, task, "{failure:?}");
+    assert!(HITS.load(Ordering::SeqCst) > 0, "the layer never saw the member failure");
     assert!(!e.is_poisoned(), "a panicking layer poisoned the engine");
     let mut b = e.begin_run().expect("the engine still begins runs");
     noop_on(&mut b, 0).unwrap();
