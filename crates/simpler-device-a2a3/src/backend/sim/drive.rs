@@ -319,8 +319,13 @@ impl Held {
     /// At the start of an iteration: every held core once the oldest was held past
     /// [`HOLD_BUDGET`], to hand to their threads now.
     pub(crate) fn overdue(&self) -> u128 {
+        self.overdue_at(Instant::now())
+    }
+
+    /// [`overdue`](Self::overdue) as of `now`.
+    fn overdue_at(&self, now: Instant) -> u128 {
         match self.since.get() {
-            Some(t) if t.elapsed() > HOLD_BUDGET => self.take_all(),
+            Some(t) if now.saturating_duration_since(t) > HOLD_BUDGET => self.take_all(),
             _ => 0,
         }
     }
@@ -374,13 +379,15 @@ mod tests {
 
     #[test]
     fn a_core_held_past_the_budget_is_overdue_at_the_next_iteration() {
+        // Explicit instants: a test thread can be descheduled for longer than the budget.
         let held = Held::default();
         assert_eq!(held.overdue(), 0);
+        let before = Instant::now();
         held.hold(4);
-        assert_eq!(held.overdue(), 0, "held just now");
-        std::thread::sleep(HOLD_BUDGET * 2);
+        assert_eq!(held.overdue_at(before), 0, "held just now");
         held.hold(9);
-        assert_eq!(held.overdue(), (1 << 4) | (1 << 9), "the oldest decides");
-        assert_eq!(held.overdue(), 0);
+        let later = Instant::now() + HOLD_BUDGET * 2;
+        assert_eq!(held.overdue_at(later), (1 << 4) | (1 << 9), "the oldest decides");
+        assert_eq!(held.overdue_at(later), 0);
     }
 }

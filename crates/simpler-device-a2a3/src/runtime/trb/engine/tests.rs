@@ -680,24 +680,32 @@ fn tensor_data_waits_for_writers_and_set_tensor_data_for_readers_too() {
     let _ = c.complete(w);
     assert!(e.accessors_done(a.key, a.span, AccessMode::Read), "reading needs the writer only");
     assert!(!e.accessors_done(a.key, a.span, AccessMode::Write), "writing waits for the reader");
-    // The orchestration waits while a scheduler thread completes the reader.
+    // The orchestration waits while a scheduler thread completes the reader, which it does
+    // only once the wait has begun (so the wait's first look finds the reader running).
+    let waiting = std::sync::atomic::AtomicBool::new(false);
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
     std::thread::scope(|s| {
         s.spawn(|| {
             let id = loop {
                 if let Some(id) = c.pop_ready() {
                     break id;
                 }
+                assert!(std::time::Instant::now() < give_up, "the reader never became ready");
                 std::thread::yield_now();
             };
             assert_eq!(id, r);
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            while !waiting.load(std::sync::atomic::Ordering::SeqCst) {
+                assert!(std::time::Instant::now() < give_up, "the wait never began");
+                std::thread::yield_now();
+            }
             let _ = c.complete(id);
         });
         let mut rounds = 0;
         assert!(e.wait_for_accessors(a.key, a.span, AccessMode::Write, |_| {
             rounds += 1;
+            waiting.store(true, std::sync::atomic::Ordering::SeqCst);
             std::thread::yield_now();
-            true
+            std::time::Instant::now() < give_up
         }));
         assert!(rounds > 0, "the reader was still running when the wait began");
     });
