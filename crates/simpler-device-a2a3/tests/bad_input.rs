@@ -1027,3 +1027,61 @@ fn a_null_output_is_refused_unless_it_has_no_elements() {
     r.run(&RunRequest::new(run_id(2), slot, &args(&[4, 0]), &cfg)).unwrap();
     still_works(&mut r, 3);
 }
+
+/// The heap buffer run 1 of the test below allocated, for run 2's orchestration to name.
+static EARLIER_HEAP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn alloc_then_add_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
+    let t = ctx.alloc_tensor(&[256], DataType::Float32)?;
+    EARLIER_HEAP.store(t.addr, std::sync::atomic::Ordering::SeqCst);
+    programs::add::orchestration(ctx, args)
+}
+
+/// Writes the earlier run's heap buffer before this run's first `alloc`.
+fn earlier_heap_then_alloc_orch(
+    ctx: &mut OrchCtx<'_>,
+    args: &OrchArgs<'_>,
+) -> Result<(), OrchError> {
+    let addr = EARLIER_HEAP.load(std::sync::atomic::Ordering::SeqCst);
+    let earlier = Tensor::external(addr, &[16], DataType::Float32).unwrap();
+    let mut a = CoreArgs::new();
+    a.add_input(*args.tensor(0).unwrap()).unwrap();
+    a.add_input(*args.tensor(1).unwrap()).unwrap();
+    a.add_output(earlier).unwrap();
+    ctx.submit(Kernels::Aiv(programs::add::ADD), &a)?;
+    ctx.alloc_tensor(&[1], DataType::Float32)?;
+    Ok(())
+}
+
+/// host_build_graph keeps a slot's heap arena from run to run and frees it at a run's first
+/// `alloc` when that run needs a larger one. A task naming the kept arena before that `alloc`
+/// would have its kernel write freed memory: only buffers this run allocated are the heap's.
+#[test]
+fn a_task_naming_an_earlier_runs_heap_buffer_is_refused() {
+    use simpler_device_a2a3::Orchestration;
+    let three = |_: &OrchArgs<'_>| OrchConfig { expected_arg_count: 3 };
+    let mut r = DeviceRunner::attach(options_on(0, RuntimeVariant::HostBuildGraph)).unwrap();
+    let native = |entry: simpler_device_a2a3::NativeOrchFn, name: &str| {
+        let c = programs::add::builder_with(Orchestration::Native { entry, config: three });
+        c.names(name, format!("{name}_config")).build().unwrap()
+    };
+    let first = r.register_callable(&native(alloc_then_add_orch, "first")).unwrap();
+    let second = r.register_callable(&native(earlier_heap_then_alloc_orch, "second")).unwrap();
+    let v = VectorRun::new(&mut r, 16);
+    let heap = |kib: u64| CallConfig::builder().heap_bytes(RingSel::Ring(0), kib << 10).build();
+    r.run(&RunRequest::new(run_id(1), first, &v.args, &heap(64).unwrap())).unwrap();
+    let err = r.run(&RunRequest::new(run_id(2), second, &v.args, &heap(128).unwrap()));
+    assert!(
+        matches!(
+            err,
+            Err(DeviceError::InvalidArgs {
+                problem: ArgsProblem::TensorOutsideAllocation { task: 0, arg: 2, .. },
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    v.free(&mut r);
+    still_works(&mut r, 3);
+    r.finalize().unwrap();
+}

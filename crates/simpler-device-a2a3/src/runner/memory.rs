@@ -187,14 +187,15 @@ impl RunMemory<'_> {
 }
 
 impl BuildEnv for RunMemory<'_> {
-    /// Kernels and the orchestration may be handed user allocations and this slot's own GM
-    /// heap and staging. Runtime images, kernel arguments and chip buffers are the runtime's
-    /// own (a tensor pointing into them could let a kernel rewrite what the scheduler trusts);
-    /// another slot's arenas belong to a run that may be executing while this one prepares.
+    /// Kernels and the orchestration may be handed user allocations and this slot's own
+    /// staging. Runtime images, kernel arguments and chip buffers are the runtime's own (a
+    /// tensor pointing into them could let a kernel rewrite what the scheduler trusts); another
+    /// slot's arenas belong to a run that may be executing while this one prepares. This
+    /// slot's heap arena is the builder's to check, against the buffers its `alloc` handed out:
+    /// the arena kept from an earlier run is freed by this run's first `alloc` when too small.
     fn device_range_ok(&self, addr: u64, len: u64) -> bool {
         match self.backend.find(addr, len) {
             Some(MemPurpose::User) => true,
-            Some(MemPurpose::HeapArena) => self.heap.is_some_and(|a| a.holds(addr, len)),
             Some(MemPurpose::Staging) => self.staging.is_some_and(|a| a.holds(addr, len)),
             _ => false,
         }

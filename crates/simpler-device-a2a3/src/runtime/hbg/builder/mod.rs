@@ -44,7 +44,10 @@ use crate::runtime::orch::{
 
 /// What the builder needs from the device.
 pub(crate) trait BuildEnv {
-    /// Whether `[addr, addr + len)` lies inside one device allocation.
+    /// Whether `[addr, addr + len)` lies inside one device allocation a task may name, other
+    /// than the heap arena: the builder accepts the arena's bytes only inside the buffers this
+    /// build's `alloc` handed out, since the arena kept from an earlier run may be freed by this
+    /// run's first `alloc`.
     fn device_range_ok(&self, addr: u64, len: u64) -> bool;
     /// Reads device memory (of a user allocation, once no launched run can still write it).
     fn read(&mut self, addr: u64, out: &mut [u8]) -> bool;
@@ -564,11 +567,21 @@ impl<'e> GraphBuilder<'e> {
             };
         }
         t.validate().map_err(|source| ArgsProblem::Descriptor { task, arg, tag, source })?;
-        if t.size > 0 && !self.env.device_range_ok(t.addr, t.size) {
+        if t.size > 0 && !self.range_ok(t.addr, t.size) {
             let (addr, len) = (t.addr, t.size);
             return Err(ArgsProblem::TensorOutsideAllocation { task, arg, addr, len });
         }
         self.base_alias(Some(task), arg, t)
+    }
+
+    /// Whether a task or a data call may name `[addr, addr + len)`: inside one heap buffer this
+    /// build allocated, or in memory the device lets tasks name (`BuildEnv::device_range_ok`).
+    fn range_ok(&self, addr: u64, len: u64) -> bool {
+        let end = addr.checked_add(len);
+        let in_heap_buffer = |&(base, bytes): &(u64, u64)| {
+            base <= addr && end.is_some_and(|e| e <= base.saturating_add(bytes))
+        };
+        self.scratch.heap_buffers.iter().any(in_heap_buffer) || self.env.device_range_ok(addr, len)
     }
 
     /// Refuses `t` (argument `arg` of `task`, or of a data call) when its buffer overlaps an
@@ -721,7 +734,7 @@ impl<'e> GraphBuilder<'e> {
         }
         // The same policy as for submitted tensors: the runtime's own buffers (image, kernel
         // arguments, chip buffers) hold what the scheduler trusts and are never writable here.
-        if !self.env.device_range_ok(addr, len) {
+        if !self.range_ok(addr, len) {
             return self.invalid(ArgsProblem::DataOutsideAllocation { addr, len });
         }
         if !self.env.write(addr, data) {
