@@ -149,7 +149,7 @@ pub use error::{
     ArgOverlap, ArgSite, ArgsProblem, ArityMismatch, CallableName, CallableProblem,
     CapacityResource, CopyKind, CoreFault, DeviceError, ErrorClass, InitFailure, InitStep,
     KernelCodeKind, KernelKind, MemPurpose, ObjectError, OrchFailure, OrchLoadCause, OrchOp,
-    PointerArg, PoisonCause, PoisonStep, RingSizes, RuntimeFault, StallInfo, StreamKind,
+    PointerArg, PoisonCause, PoisonStep, RingSizes, RunStep, RuntimeFault, StallInfo, StreamKind,
 };
 pub use kernel::{KernelCall, KernelFn};
 #[cfg(feature = "sim")]

@@ -23,6 +23,7 @@
 //! on the device before it retires N, so N+1's kernels follow N's with no host round trip;
 //! fences still publish in FIFO order and at most two runs are launched at once.
 
+use std::any::Any;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, mpsc};
@@ -31,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use simpler_device_a2a3::{
-    ActiveRun, ChipCallable, ChipSlot, DeviceError, DevicePtr, DeviceRunner, MemoryLedger,
-    PreparedRun, RunRequest,
+    ActiveRun, ChipCallable, ChipSlot, DeviceError, DeviceHealth, DevicePtr, DeviceRunner,
+    MemoryLedger, PreparedRun, RunRequest, RunStep,
 };
 use simpler_sched::EndpointFailure;
 use simpler_types::{
@@ -346,14 +347,29 @@ impl ChipState {
         run: RunId,
         prepared: PreparedRun,
     ) -> Result<(), DeviceError> {
-        catch_unwind(AssertUnwindSafe(|| self.launch_reap_complete(prepared))).unwrap_or_else(|p| {
-            Err(DeviceError::LaunchPanicked { run_id: Some(run), message: panic_text(p.as_ref()) })
-        })
+        let mut step = RunStep::Launch;
+        let done =
+            catch_unwind(AssertUnwindSafe(|| self.launch_reap_complete(prepared, &mut step)));
+        done.unwrap_or_else(|p| Err(self.run_panicked(run, step, p.as_ref())))
     }
 
-    fn launch_reap_complete(&mut self, prepared: PreparedRun) -> Result<(), DeviceError> {
+    fn launch_reap_complete(
+        &mut self,
+        prepared: PreparedRun,
+        step: &mut RunStep,
+    ) -> Result<(), DeviceError> {
         let active = self.launch(prepared)?;
-        self.reap_complete(active)
+        self.reap_complete(active, step)
+    }
+
+    /// The error of a panic caught while `step` of `run` was driven, with the device's state
+    /// after it: a panic out of the runner's launch or reap leaves the device unusable.
+    fn run_panicked(&self, run: RunId, step: RunStep, p: &(dyn Any + Send)) -> DeviceError {
+        let unusable = match self.runner.as_ref().map(DeviceRunner::health) {
+            Some(DeviceHealth::Unusable { cause }) => Some(cause),
+            _ => None,
+        };
+        DeviceError::RunPanicked { run_id: Some(run), step, message: panic_text(p), unusable }
     }
 
     fn launch(&mut self, prepared: PreparedRun) -> Result<ActiveRun, DeviceError> {
@@ -363,9 +379,12 @@ impl ChipState {
         self.runner.as_mut().ok_or_else(finalized)?.launch_run(prepared)
     }
 
-    fn reap_complete(&mut self, active: ActiveRun) -> Result<(), DeviceError> {
+    /// Reaps and completes `active`, keeping `step` at the step under way.
+    fn reap_complete(&mut self, active: ActiveRun, step: &mut RunStep) -> Result<(), DeviceError> {
         let runner = self.runner.as_mut().ok_or_else(finalized)?;
+        *step = RunStep::Reap;
         runner.reap_run(&active, None)?;
+        *step = RunStep::Complete;
         runner.complete_run(active).map(|_| ())
     }
 
@@ -401,11 +420,8 @@ impl ChipState {
             Ok(Ok(active)) => self.in_flight = Some(InFlight { run, active, fence }),
             Ok(Err(e)) => self.publish(&fence, Err(e)),
             Err(p) => {
-                let message = panic_text(p.as_ref());
-                self.publish(
-                    &fence,
-                    Err(DeviceError::LaunchPanicked { run_id: Some(run), message }),
-                );
+                let e = self.run_panicked(run, RunStep::Launch, p.as_ref());
+                self.publish(&fence, Err(e));
             }
         }
     }
@@ -426,13 +442,9 @@ impl ChipState {
     /// Reaps and completes the run in flight, if any, and publishes its fence.
     pub(crate) fn retire_in_flight(&mut self) {
         let Some(InFlight { run, active, fence }) = self.in_flight.take() else { return };
-        let done =
-            catch_unwind(AssertUnwindSafe(|| self.reap_complete(active))).unwrap_or_else(|p| {
-                Err(DeviceError::LaunchPanicked {
-                    run_id: Some(run),
-                    message: panic_text(p.as_ref()),
-                })
-            });
+        let mut step = RunStep::Reap;
+        let done = catch_unwind(AssertUnwindSafe(|| self.reap_complete(active, &mut step)));
+        let done = done.unwrap_or_else(|p| Err(self.run_panicked(run, step, p.as_ref())));
         self.publish(&fence, done);
     }
 
@@ -466,11 +478,8 @@ impl ChipState {
             }
             Err(p) => {
                 if let Some(f) = self.in_flight.take() {
-                    let message = panic_text(p.as_ref());
-                    self.publish(
-                        &f.fence,
-                        Err(DeviceError::LaunchPanicked { run_id: Some(f.run), message }),
-                    );
+                    let e = self.run_panicked(f.run, RunStep::Reap, p.as_ref());
+                    self.publish(&f.fence, Err(e));
                 }
                 true
             }

@@ -70,7 +70,8 @@ impl Faults {
 #[cfg(test)]
 mod tests {
     use simpler_device_a2a3::{
-        ChipCallable, OrchArgs, OrchConfig, OrchCtx, OrchError, Platform, RuntimeVariant,
+        ChipCallable, DeviceError, OrchArgs, OrchConfig, OrchCtx, OrchError, Platform,
+        RuntimeVariant,
     };
     use simpler_types::WorkerId;
 
@@ -354,7 +355,9 @@ mod tests {
         let run = w.submit(crate::Orchestration::chip(h, simpler_types::TaskArgs::new()));
         let waited = run.expect("prepared").wait_timeout(std::time::Duration::from_secs(60));
         let e = waited.expect("the run's fence is set").expect_err("the launch panicked");
-        assert!(e.to_string().contains("the launch panicked"), "{e}");
+        assert!(e.to_string().contains("the run's launch panicked"), "{e}");
+        // Before the runner's launch: the device is left usable, and the run failed as a task.
+        assert!(!e.device_error().expect("the device error").poisons_device(), "{e}");
         faults.disarm(0, Fault::LaunchPanic);
 
         // A user closure panicking on the lane fails that call only.
@@ -370,6 +373,35 @@ mod tests {
         w.memory().expect("memory").malloc(64).expect("the lane still serves");
         w.run(crate::Orchestration::chip(h, simpler_types::TaskArgs::new())).expect("run");
         w.close().expect("close");
+    }
+
+    #[test]
+    fn a_panic_inside_the_runners_launch_fails_the_run_as_the_device_it_left_unusable() {
+        let mut b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph);
+        let h = b.register_chip(content(4));
+        let w = b.start().expect("start");
+        let kind = simpler_device_a2a3::KernelKind::AiCore;
+        w.with_sim_faults(WorkerId(0), move |p| p.panic_after_launch(kind, 1)).expect("armed");
+        let run = w.submit(crate::Orchestration::chip(h, simpler_types::TaskArgs::new()));
+        let waited = run.expect("prepared").wait_timeout(std::time::Duration::from_secs(60));
+        let e = waited.expect("the run's fence is set").expect_err("the launch panicked");
+        let device = e.device_error().expect("the device error");
+        assert!(
+            matches!(
+                device,
+                DeviceError::RunPanicked {
+                    step: simpler_device_a2a3::RunStep::Launch,
+                    unusable: Some(_),
+                    ..
+                }
+            ),
+            "{device:?}"
+        );
+        assert!(device.poisons_device(), "{device}");
+        assert!(e.to_string().contains("the device is unusable"), "{e}");
+        // As the error says: the device refuses what comes next until the chip is finalized.
+        assert!(w.memory().expect("memory").malloc(64).is_err());
+        let _ = w.close();
     }
 
     #[test]

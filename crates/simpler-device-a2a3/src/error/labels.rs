@@ -71,6 +71,27 @@ impl fmt::Display for PoisonStep {
     }
 }
 
+/// The step of a run whose driving code panicked ([`DeviceError::RunPanicked`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum RunStep {
+    /// `launch_run`.
+    Launch,
+    /// `reap_run`.
+    Reap,
+    /// `complete_run`.
+    Complete,
+}
+
+impl fmt::Display for RunStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RunStep::Launch => "launch",
+            RunStep::Reap => "reap",
+            RunStep::Complete => "completion",
+        })
+    }
+}
+
 /// Why a runner became unusable (`docs/device-runner.md`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct PoisonCause {

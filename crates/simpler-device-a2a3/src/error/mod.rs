@@ -31,7 +31,7 @@ pub use init::InitFailure;
 #[cfg(feature = "onboard")]
 pub use init::ManifestProblem;
 pub use labels::{
-    CapacityResource, CopyKind, InitStep, KernelKind, MemPurpose, PoisonCause, PoisonStep,
+    CapacityResource, CopyKind, InitStep, KernelKind, MemPurpose, PoisonCause, PoisonStep, RunStep,
     StreamKind,
 };
 
@@ -143,10 +143,10 @@ pub enum ErrorClass {
 ///   | `StreamSyncTimeout` | `Timeout { budget: StreamSync }` | unusable |
 ///   | `Hang` | `DeviceFault` whose latched status is a scheduler timeout and whose faults contain no core exception: a kernel never finished | unusable |
 ///   | `DeviceFault` | any other `DeviceFault`; `Timeout { budget: OpExecute }` | unusable |
-///   | `Poisoned` | `Unusable`, `Abandoned` | unusable |
+///   | `Poisoned` | `Unusable`, `Abandoned`, `RunPanicked` that left it unusable | unusable |
 ///   | `Usage` | `InvalidConfig`, `OutputDirectory`, `InvalidArgs`, `InvalidTaskArgs`, `RunIdReused`, `OverlappingArguments`, `InvalidCallable`, `UnknownCallable`, `TooManyCallables`, `CallableInUse`, `CallableNotPrepared`, `Busy`, `StaleRun`, `Finalized`, `BadDevicePointer`, `Unsupported` | unchanged |
 ///   | `Resources` | `OutOfMemory`, `Capacity`; onboard `AllocRefused` for want of memory | unchanged |
-///   | `Setup` | `Init`, `Orchestration`, `OrchestrationLoad`, `LaunchPanicked`; onboard `Load`, `Acl`, `CopyRefused` and any other `AllocRefused` | unchanged |
+///   | `Setup` | `Init`, `Orchestration`, `OrchestrationLoad`, `RunPanicked` that left the device usable; onboard `Load`, `Acl`, `CopyRefused` and any other `AllocRefused` | unchanged |
 ///
 /// - [`timed_out`](Self::timed_out) (and [`is_timeout`](Self::is_timeout)) answers "did it
 ///   time out or hang?" with the budget that fired: a `Timeout`, a `Runtime` scheduler stall,
@@ -416,14 +416,24 @@ pub enum DeviceError {
         /// The callable's content id.
         callable: CallableId,
     },
-    /// The code driving a launch panicked; the panic was caught and the run ended with this
-    /// error (the device keeps whatever state the panic left it in).
-    #[error("{}the launch panicked: {message}", fmt_run(run_id))]
-    LaunchPanicked {
+    /// The code driving a run's `step` panicked; the panic was caught and the run ended with
+    /// this error. A panic out of the runner's launch or reap leaves the device unusable until
+    /// `finalize` (it may still run the launch): `unusable` then says so, and the error counts
+    /// as poisoning the device ([`poisons_device`](Self::poisons_device)).
+    #[error(
+        "{}the run's {step} panicked: {message}{}",
+        fmt_run(run_id),
+        unusable.map(|c| format!("; the device is unusable: {c}")).unwrap_or_default()
+    )]
+    RunPanicked {
         /// The run.
         run_id: Option<RunId>,
+        /// The step that panicked.
+        step: RunStep,
         /// The panic payload's text (a panic carries no typed value).
         message: String,
+        /// What made the device unusable, when the panic did.
+        unusable: Option<PoisonCause>,
     },
     /// An address range is not inside one tracked device allocation.
     #[error(
@@ -650,7 +660,7 @@ impl DeviceError {
             | DeviceError::InvalidCallable { run_id, .. }
             | DeviceError::BadDevicePointer { run_id, .. }
             | DeviceError::CallableNotPrepared { run_id, .. }
-            | DeviceError::LaunchPanicked { run_id, .. }
+            | DeviceError::RunPanicked { run_id, .. }
             | DeviceError::Init { run_id, .. } => *run_id,
             DeviceError::OrchestrationLoad { .. } => None,
             #[cfg(feature = "onboard")]
@@ -679,7 +689,7 @@ impl DeviceError {
             | DeviceError::InvalidCallable { run_id, .. }
             | DeviceError::BadDevicePointer { run_id, .. }
             | DeviceError::CallableNotPrepared { run_id, .. }
-            | DeviceError::LaunchPanicked { run_id, .. }
+            | DeviceError::RunPanicked { run_id, .. }
             | DeviceError::Init { run_id, .. } => {
                 run_id.get_or_insert(run);
             }
@@ -727,8 +737,9 @@ impl DeviceError {
             | DeviceError::BadDevicePointer { .. }
             | DeviceError::Unsupported { .. } => ErrorClass::Usage,
             DeviceError::OutOfMemory { .. } | DeviceError::Capacity { .. } => ErrorClass::Resources,
+            DeviceError::RunPanicked { unusable: Some(_), .. } => ErrorClass::Poisoned,
             DeviceError::Init { .. }
-            | DeviceError::LaunchPanicked { .. }
+            | DeviceError::RunPanicked { .. }
             | DeviceError::OrchestrationLoad { .. }
             | DeviceError::Orchestration { .. } => ErrorClass::Setup,
             #[cfg(feature = "onboard")]
@@ -843,7 +854,7 @@ impl DeviceError {
             | DeviceError::StaleRun { .. }
             | DeviceError::Finalized { .. }
             | DeviceError::CallableNotPrepared { .. }
-            | DeviceError::LaunchPanicked { .. }
+            | DeviceError::RunPanicked { .. }
             | DeviceError::InvalidCallable { .. }
             | DeviceError::OrchestrationLoad { .. }
             | DeviceError::TooManyCallables { .. }
@@ -894,6 +905,7 @@ impl DeviceError {
                 | DeviceError::DeviceFault { .. }
                 | DeviceError::Unusable { .. }
                 | DeviceError::Abandoned { .. }
+                | DeviceError::RunPanicked { unusable: Some(_), .. }
         )
     }
 }
