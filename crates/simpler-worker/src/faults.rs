@@ -399,6 +399,9 @@ mod tests {
         );
         assert!(device.poisons_device(), "{device}");
         assert!(e.to_string().contains("the device is unusable"), "{e}");
+        // The L2 frame names the chip callable, as an L3 task's frame does.
+        assert_eq!(e.frames()[0].callable.as_deref(), Some("empty_4"));
+        assert!(e.to_string().contains("'empty_4'"), "{e}");
         // As the error says: the device refuses what comes next until the chip is finalized.
         assert!(w.memory().expect("memory").malloc(64).is_err());
         let _ = w.close();

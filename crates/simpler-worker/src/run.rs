@@ -61,8 +61,8 @@ pub(crate) enum Unobserved {
 pub(crate) enum Fence {
     /// An engine run (L3+).
     Engine,
-    /// A chip lane run (L2).
-    Lane(Arc<LaneFence>),
+    /// A chip lane run (L2), of the chip callable registered under `callable`.
+    Lane { fence: Arc<LaneFence>, callable: Arc<str> },
 }
 
 /// The shared state of one accepted run.
@@ -130,7 +130,7 @@ impl RunShared {
             Fence::Engine => {
                 self.inner.engine().is_none_or(|e| e.is_done(self.run).unwrap_or(true))
             }
-            Fence::Lane(f) => f.is_set(),
+            Fence::Lane { fence, .. } => fence.is_set(),
         }
     }
 
@@ -142,7 +142,7 @@ impl RunShared {
         // 1.
         // An L2 run usually ends within a linger of the elected waiter's; an engine's run rarely.
         let linger = match self.fence {
-            Fence::Lane(_) => linger::LINGER,
+            Fence::Lane { .. } => linger::LINGER,
             Fence::Engine => Duration::ZERO,
         };
         match self.election.enter(deadline, linger) {
@@ -220,7 +220,7 @@ impl RunShared {
                     }
                 }
             }
-            Fence::Lane(f) => f.wait(deadline),
+            Fence::Lane { fence, .. } => fence.wait(deadline),
         }
     }
 
@@ -306,9 +306,9 @@ impl RunShared {
                     RunOutcome::Failed(f) => Err(self.inner.run_error(&f)),
                 })
             }
-            Fence::Lane(f) => f.with_result(|done| match done {
+            Fence::Lane { fence, callable } => fence.with_result(|done| match done {
                 Some(Ok(())) => Ok(Ok(())),
-                Some(Err(e)) => Ok(Err(self.inner.lane_error(self.run, e))),
+                Some(Err(e)) => Ok(Err(self.inner.lane_error(self.run, callable, e))),
                 // The fence wait returns only once the lane has set the fence; should that ever
                 // change, the run is reported failed rather than done.
                 None => Err(CleanupFault::FenceUnset),

@@ -252,10 +252,12 @@ impl Inner {
         RunError::new(f.run(), kind_of(f), frames, Vec::new(), Some(Arc::clone(f)))
     }
 
-    /// The error of L2 run `run`, from the chip lane's failure (mapped by [`device_failure`](crate::chip::device_failure)).
-    pub(crate) fn lane_error(&self, run: RunId, f: &EndpointFailure) -> RunError {
+    /// The error of L2 run `run` of the chip callable registered as `callable`, from the chip
+    /// lane's failure (mapped by [`device_failure`](crate::chip::device_failure)).
+    pub(crate) fn lane_error(&self, run: RunId, callable: &str, f: &EndpointFailure) -> RunError {
         let kind = kind_of_mechanism(&f.mechanism, f.device_code);
         let frame = Frame {
+            callable: Some(callable.to_owned()),
             kind: Some(CallableKind::Chip),
             worker: Some(WorkerRef::next_level(self.chips().first().map_or(0, |c| c.0))),
             mechanism: Some(f.mechanism.clone()),
@@ -549,7 +551,8 @@ impl Worker {
                 return Err(WorkerError::Lane { chip: lane.chip, fault: LaneFault::NoRunId });
             }
         };
-        let shared = RunShared::new(run, Arc::clone(&self.inner), Fence::Lane(fence));
+        let callable = Arc::clone(&pin.name);
+        let shared = RunShared::new(run, Arc::clone(&self.inner), Fence::Lane { fence, callable });
         shared.keep(keep.take());
         shared.keep([Box::new(pin) as Box<dyn Any + Send>]);
         self.inner.accepted.lock().push_back(Arc::clone(&shared));
