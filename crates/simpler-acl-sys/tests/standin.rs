@@ -932,6 +932,7 @@ fn a_copy_placed_while_another_thread_loads_from_the_install_is_linked_before_it
         let config = install.config_with_env(&[("SIMPLER_ASCEND_LIB_DIR", &format!("@/{dir}"))]);
         let wanted = install.root().join(&dir).join(Library::Acl.name());
         let caller = std::thread::spawn(move || {
+            let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
             loop {
                 // SAFETY: the search reaches only the install's root, which holds only stand-in
                 // copies.
@@ -942,6 +943,8 @@ fn a_copy_placed_while_another_thread_loads_from_the_install_is_linked_before_it
                     cann.version().expect("the copy answers the version");
                     return;
                 }
+                assert!(std::time::Instant::now() < give_up, "the round's copy never opened");
+                std::thread::yield_now();
             }
         });
         install.place(Library::Acl, &dir).unwrap();

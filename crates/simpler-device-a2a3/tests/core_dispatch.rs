@@ -447,12 +447,14 @@ fn under_auto_launches_leave_the_core_threads_parked() {
 /// still move once (its last switch into the wait).
 #[cfg(target_os = "linux")]
 fn settled_switches(prefix: &str) -> u64 {
+    let give_up = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let a = thread_switches(prefix);
         std::thread::sleep(Duration::from_millis(20));
         if thread_switches(prefix) == a {
             return a;
         }
+        assert!(std::time::Instant::now() < give_up, "the threads of {prefix} never settled");
     }
 }
 

@@ -546,8 +546,9 @@ fn a_fault_report_names_the_core_type_of_the_launch_that_ran_not_of_the_one_queu
     r.sim_faults().unwrap().kernel_delay(FUNC_MUL, HOLD * 4);
     let p0 = r.prepare(&RunRequest::new(run_id(1), slot, &runs[0].args, &wide)).unwrap();
     let a0 = r.launch_run(p0).unwrap();
-    // Once run 1's cores handshook, the next handshake of core 1 (run 2's) reports a bad id.
-    std::thread::sleep(HOLD);
+    // Once run 1's cores handshook (its multiply is being held), the next handshake of core 1
+    // (run 2's) reports a bad id.
+    wait_fired(&r, |f| matches!(f, simpler_device_a2a3::FiredFault::KernelDelayed { .. }));
     assert!(!r.poll_run(&a0).unwrap(), "run 1 is held");
     r.sim_faults().unwrap().handshake_fault(1, 80);
     // Run 2 runs one cluster, where core 1 is an AIV; run 3, queued behind it, two clusters,
@@ -568,9 +569,10 @@ fn a_fault_report_names_the_core_type_of_the_launch_that_ran_not_of_the_one_queu
 }
 
 /// How long the multiply of a run whose handle is dropped is held, in the tests of the calls
-/// that must not wait for it. They assert a bound on how long a call blocked, not a speed: a
-/// quarter of this, where waiting for the dropped run would take nearly all of it.
-const DROPPED_HOLD: Duration = Duration::from_secs(1);
+/// that must not wait for it. They assert a bound on how long a call blocked, not a speed: half
+/// or three quarters of this, where waiting for the dropped run would take nearly all of it;
+/// long enough that a loaded machine's scheduling delays stay well inside those bounds.
+const DROPPED_HOLD: Duration = Duration::from_secs(3);
 
 #[test]
 fn a_run_prepared_behind_queued_runs_overlaps_the_last_launched_whatever_slot_it_holds() {
@@ -608,14 +610,15 @@ fn a_run_prepared_behind_queued_runs_overlaps_the_last_launched_whatever_slot_it
     r.finalize().unwrap();
 }
 
-/// Two slots, device queueing on, and the budgets of the one-second runs above.
+/// Two slots and device queueing on.
 fn two_slot_queue() -> RunnerOptions {
+    // Budgets that let a run held [`DROPPED_HOLD`], and one queued behind it, end on their own.
     fast_options(0)
         .with_pipeline_slots(2)
         .with_device_queue(true)
-        .with_scheduler_timeout(Duration::from_secs(2))
-        .with_op_execute_timeout(Duration::from_millis(2500))
-        .with_stream_sync_timeout(Duration::from_millis(3600))
+        .with_scheduler_timeout(DROPPED_HOLD * 2)
+        .with_op_execute_timeout(DROPPED_HOLD * 5 / 2)
+        .with_stream_sync_timeout(DROPPED_HOLD * 18 / 5)
 }
 
 /// Runs 1 and 2 of the vector example queued back to back, each held [`DROPPED_HOLD`]; run 1's

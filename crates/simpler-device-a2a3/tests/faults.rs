@@ -282,15 +282,7 @@ fn finalize_releases_a_delayed_kernel_instead_of_detaching_its_core() {
     r.sim_faults().unwrap().kernel_delay(FUNC_MUL, Duration::from_secs(30));
     let p = r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap();
     let active = r.launch_run(p).unwrap();
-    while !r
-        .sim_faults()
-        .unwrap()
-        .fired()
-        .iter()
-        .any(|f| matches!(f, FiredFault::KernelDelayed { .. }))
-    {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_fired(&r, |f| matches!(f, FiredFault::KernelDelayed { .. }));
     drop(active);
     let report = r.finalize().unwrap();
     assert!(report.stuck_threads.is_empty(), "detached: {:?}", report.stuck_threads);

@@ -12,8 +12,9 @@ use simpler_device_a2a3::programs::vector;
 use simpler_device_a2a3::{DeviceRunner, RunRequest};
 use simpler_types::CallConfig;
 
-/// The time the product kernel declares.
-const CHIP_TIME: Duration = Duration::from_millis(40);
+/// The time the product kernel declares: long enough that a test thread descheduled between
+/// the launch and its first look still finds the run pending.
+const CHIP_TIME: Duration = Duration::from_millis(400);
 
 /// `g = d · e`, declaring [`CHIP_TIME`] on the chip.
 unsafe extern "C-unwind" fn mul_declaring(args: *mut i64) {

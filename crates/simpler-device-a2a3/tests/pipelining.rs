@@ -602,7 +602,9 @@ fn a_dropped_run_whose_device_latched_a_fault_is_logged_naming_the_run_and_the_f
     let cfg = CallConfig::default();
     let prepared = r.prepare(&RunRequest::new(run_id(1), slot, &args, &cfg)).unwrap();
     let active = r.launch_run(prepared).unwrap();
+    let give_up = std::time::Instant::now() + Duration::from_secs(20);
     while !r.poll_run(&active).unwrap() {
+        assert!(std::time::Instant::now() < give_up, "the run never ended");
         std::thread::sleep(Duration::from_millis(1));
     }
     // The device ended the run; its handle goes without a reap, so no error carries the

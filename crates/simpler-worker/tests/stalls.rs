@@ -51,24 +51,28 @@ fn captured() -> String {
     capture.text()
 }
 
-/// An L3 worker warning every 50 ms, with one host closure `hold` that returns once the
-/// returned sender sends (or is dropped).
-fn held_worker() -> (Worker, simpler_worker::CallableHandle, mpsc::Sender<()>) {
+/// An L3 worker warning every 50 ms, with one host closure `hold` that says it started on the
+/// returned receiver, then returns once the returned sender sends (or is dropped).
+fn held_worker() -> (Worker, simpler_worker::CallableHandle, mpsc::Sender<()>, mpsc::Receiver<()>) {
     let (release, held) = mpsc::channel::<()>();
-    let held = Mutex::new(held);
+    let (started, running) = mpsc::channel::<()>();
+    let (held, started) = (Mutex::new(held), Mutex::new(started));
     let mut b = host().sub_workers(1).still_waiting_warning(Duration::from_millis(50));
     let h = b.register_host("hold", move |_| {
+        let _ = started.lock().unwrap_or_else(|e| e.into_inner()).send(());
         let _ = held.lock().unwrap_or_else(|e| e.into_inner()).recv();
         Ok(())
     });
-    (b.start().expect("start"), h, release)
+    (b.start().expect("start"), h, release, running)
 }
 
 #[test]
 fn a_wait_for_a_run_that_does_not_end_says_what_it_waits_for() {
     captured();
-    let (w, h, release) = held_worker();
+    let (w, h, release, running) = held_worker();
     let run = w.submit(one_sub_task(h)).expect("submit");
+    // The timed calls below look for the running task: it must have started.
+    running.recv_timeout(HANG).expect("the held task started");
     let waited = run.wait_timeout(Duration::from_millis(400));
     assert!(waited.is_none(), "the held run ended: {waited:?}");
     let text = captured();
@@ -82,8 +86,10 @@ fn a_wait_for_a_run_that_does_not_end_says_what_it_waits_for() {
 
 #[test]
 fn a_drop_after_a_close_that_gave_up_returns_and_the_close_names_what_it_waited_for() {
-    let (w, h, release) = held_worker();
+    let (w, h, release, running) = held_worker();
     let run = w.submit(one_sub_task(h)).expect("submit");
+    // The timed calls below look for the running task: it must have started.
+    running.recv_timeout(HANG).expect("the held task started");
     let id = run.run_id().to_string();
     let e = w.close_timeout(Duration::from_millis(100)).expect_err("the drain cannot end");
     let timed_out = e.drain_timeout.as_ref().expect("a drain timeout");

@@ -250,6 +250,16 @@ impl VectorRun {
     }
 }
 
+/// Waits (bounded) until the simulator's fault plan of `r` reports a fired fault `fired`
+/// matches, such as a delayed kernel that has started.
+pub fn wait_fired(r: &DeviceRunner, fired: impl Fn(&simpler_device_a2a3::FiredFault) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !r.sim_faults().expect("a simulated runner").fired().iter().any(&fired) {
+        assert!(std::time::Instant::now() < deadline, "the fault never fired");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Waits (bounded) until every simulated thread of `r` is parked on its mailbox.
 pub fn wait_all_parked(r: &DeviceRunner) {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);

@@ -779,7 +779,9 @@ mod tests {
 
     #[test]
     fn modelled_time_holds_back_what_the_host_sees_and_queues_behind_earlier_modelled_time() {
-        const MODELLED: Duration = Duration::from_millis(60);
+        // Long enough that a test thread descheduled between the finish and the first looks
+        // still finds the records pending.
+        const MODELLED: Duration = Duration::from_millis(500);
         let s = streams();
         let st = FakeStarter::default();
         let started = Instant::now();
@@ -822,7 +824,7 @@ mod tests {
         let begin = record(&s, &st, 1);
         let bad = launch(&s, &st, 1);
         let end = record(&s, &st, 1);
-        a.add_modelled_time(Duration::from_millis(50).as_nanos() as u64);
+        a.add_modelled_time(Duration::from_millis(500).as_nanos() as u64);
         finish_all(&s, &st, &a, 1, 0);
         finish_all(&s, &st, &bad, 1, AclCode::AICORE_EXCEPTION.get());
         assert_eq!(end.outcome(), None, "the failure waits for the modelled time ahead of it");

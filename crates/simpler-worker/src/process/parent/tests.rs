@@ -170,10 +170,12 @@ fn wait_reaped(pid: u32, started: std::time::Instant, mut between: impl FnMut())
 fn a_process_that_outlives_the_reap_bound_is_reaped_by_a_thread_of_its_own() {
     // A process that ends on its own a while later stands for a killed one stuck in a device
     // call: the reap gives up at its bound and the process is still reaped once it ends.
-    let (live, pid, dir) = late_child("reap", "0.3");
+    // It runs for 3 s, so that a reap returning within 2 s did not wait it out even on a
+    // loaded machine.
+    let (live, pid, dir) = late_child("reap", "3");
     let started = std::time::Instant::now();
     assert!(!live.reap_within(std::time::Duration::from_millis(20)), "it was still running");
-    assert!(started.elapsed() < std::time::Duration::from_millis(250), "the reap waited it out");
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "the reap waited it out");
     wait_reaped(pid, started, || {});
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -182,15 +184,15 @@ fn a_process_that_outlives_the_reap_bound_is_reaped_by_a_thread_of_its_own() {
 fn a_process_that_outlives_the_reap_bound_with_no_reaper_thread_is_reaped_by_a_later_sweep() {
     // The system refuses the reaper thread: the reap still returns at its bound, and the
     // process is reaped by a sweep once it has ended.
-    let (live, pid, dir) = late_child("unreaped", "1");
+    let (live, pid, dir) = late_child("unreaped", "3");
     spawn::tests::REAPER_REFUSED.with(|r| r.set(true));
     let started = std::time::Instant::now();
     let reaped = live.reap_within(std::time::Duration::from_millis(20));
     let returned_after = started.elapsed();
     spawn::tests::REAPER_REFUSED.with(|r| r.set(false));
     assert!(!reaped, "it was still running");
-    // The process runs for a second: a reap that waited for it took that long.
-    assert!(returned_after < std::time::Duration::from_millis(500), "waited {returned_after:?}");
+    // The process runs for 3 s: a reap that waited for it took that long.
+    assert!(returned_after < std::time::Duration::from_secs(2), "waited {returned_after:?}");
     wait_reaped(pid, started, super::sweep_unreaped);
     let _ = std::fs::remove_dir_all(&dir);
 }
