@@ -473,7 +473,9 @@ impl Engine {
         // Release pairs with the Acquire in `Core::is_stopping`.
         core.stopping.store(true, Ordering::Release);
         core.registry.set_stopping();
-        // 2.
+        // 2. A run still being built is waited for too, until the deadline: its builder, on
+        // another thread, may still close it (one on this thread cannot, so its run is only
+        // aborted at step 3).
         for run in core.registry.runs() {
             let _ = run.wait_until(Some(deadline));
         }

@@ -454,8 +454,8 @@ impl Core {
     }
 
     /// The scheduler has stopped for good: the tasks a closed inbox refused can never run.
-    /// An endpoint thread's take meets this when a run's builder outlived the scheduler (one
-    /// the engine's poisoning made terminal without cancelling its tasks, say).
+    /// An endpoint thread's take meets this when a run's builder outlived the scheduler (a
+    /// builder still submitting after a shutdown aborted its run, say).
     pub(crate) fn cancel_refused(&self, refused: &mut Vec<ReadyEntry>, graph: &mut GraphScratch) {
         for entry in refused.drain(..) {
             self.cancel_unstarted(entry.slot, CancelReason::Shutdown, graph);

@@ -34,7 +34,8 @@
 //!
 //! | Field | Writers | Readers |
 //! |---|---|---|
-//! | `phase` | fence check and [`RunRecord::force_failed`], under `completion` | anyone, lock-free
+//! | `phase` | fence check, `mark_executing` (at close) and [`RunRecord::force_failed`], under
+//! `completion` | anyone, lock-free
 //! (`is_done`, admission, fast checks) |
 //! | `active` | orchestration thread (+1, step 1), reclaimers (−n, step 3) | reclaimers, fence
 //! check, status |
