@@ -71,7 +71,8 @@ impl fmt::Display for PoisonStep {
     }
 }
 
-/// The step of a run whose driving code panicked ([`DeviceError::RunPanicked`]).
+/// The step of a run whose driving code panicked
+/// ([`DeviceError::RunPanicked`](super::DeviceError::RunPanicked)).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum RunStep {
     /// `launch_run`.
