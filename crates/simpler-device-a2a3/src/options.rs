@@ -133,7 +133,7 @@ impl std::str::FromStr for RuntimeVariant {
 pub struct RingDefaults {
     /// Task-window entries (a power of two from 4 to 2^28).
     pub task_window: u32,
-    /// Heap bytes (at least 1024).
+    /// Heap bytes (a non-zero multiple of 1024).
     pub heap_bytes: u64,
     /// Dependency-pool entries (at least 4).
     pub dep_pool: u32,

@@ -313,19 +313,23 @@ fn item_13_bad_ring_overrides_are_rejected_naming_the_ring_and_the_field() {
     assert!(matches!(build(window), Err(TypesError::TaskWindowOutOfRange { ring: 2, value: 48 })));
     let pool = RingOverride { task_window: None, heap_bytes: None, dep_pool: Some(2) };
     assert!(matches!(build(pool), Err(TypesError::DepPoolOutOfRange { ring: 2, value: 2 })));
-    // ... and the runtime what its heap rings cannot, naming the ring, the field and the value.
     let heap = RingOverride { task_window: None, heap_bytes: Some(1500), dep_pool: None };
-    let err = run_chain(&mut r, slot, 1, 4, &build(heap).unwrap()).unwrap_err();
-    let DeviceError::InvalidConfig { setting, value, .. } = &err else { panic!("{err}") };
-    assert_eq!((setting.as_str(), value.as_str()), ("ring 2 heap_bytes", "1500"), "{err}");
-    // An unusable runner default is named the same way.
-    let mut o = small_ring_options();
-    o.rings.task_window = 12;
-    let mut r2 = DeviceRunner::attach(o).unwrap();
-    let slot2 = r2.register_callable(&noop_callable(chain_orch, two_args)).unwrap();
-    let err = run_chain(&mut r2, slot2, 1, 4, &CallConfig::default()).unwrap_err();
-    assert!(err.to_string().contains("ring 0 task_window"), "{err}");
-    r2.finalize().unwrap();
+    assert!(matches!(build(heap), Err(TypesError::HeapSizeInvalid { ring: 2, value: 1500 })));
+    // ... and the runtime an unusable runner default, naming the ring, the field and the value.
+    for (field, bad) in [("task_window", 12u64), ("heap_bytes", 1500)] {
+        let mut o = small_ring_options();
+        match field {
+            "task_window" => o.rings.task_window = bad as u32,
+            _ => o.rings.heap_bytes = bad,
+        }
+        let mut r2 = DeviceRunner::attach(o).unwrap();
+        let slot2 = r2.register_callable(&noop_callable(chain_orch, two_args)).unwrap();
+        let err = run_chain(&mut r2, slot2, 1, 4, &CallConfig::default()).unwrap_err();
+        let DeviceError::InvalidConfig { setting, value, .. } = &err else { panic!("{err}") };
+        let want = (format!("ring 0 {field}"), bad.to_string());
+        assert_eq!((setting.clone(), value.clone()), want, "{err}");
+        r2.finalize().unwrap();
+    }
     // Nothing ran, and the runner still runs.
     run_chain(&mut r, slot, 9, 4, &CallConfig::default()).unwrap();
     r.finalize().unwrap();

@@ -10,7 +10,7 @@
 //! 1. swimlane level ≤ 4, dump-args level ≤ 3, PMU event in {1, 2, 4, 5, 6, 7, 8};
 //! 2. every `RingSel::Ring(i)` has `i ≤ 3`;
 //! 3. task windows (ring 0 first) are powers of two in `[4, 2^30]`;
-//! 4. heap overrides are at least 1024 bytes;
+//! 4. heap overrides are non-zero multiples of 1024 bytes;
 //! 5. dependency pools are in `[4, i32::MAX]`;
 //! 6. any diagnostic on requires `output_prefix`;
 //! 7. `output_prefix`, when set, is non-empty, UTF-8, free of NUL bytes and at most 1023 bytes.
@@ -155,7 +155,7 @@ impl PmuEvent {
 pub struct RingOverride {
     /// Task-window entries: a power of two in `[4, 2^30]`.
     pub task_window: Option<u32>,
-    /// Heap bytes: at least 1024.
+    /// Heap bytes: a non-zero multiple of 1024.
     pub heap_bytes: Option<u64>,
     /// Dependency-pool entries: in `[4, i32::MAX]`.
     pub dep_pool: Option<u32>,

@@ -97,8 +97,8 @@ pub(crate) const VACANT: u8 = 0;
 /// One slot of the entry pool: a live `(key, footprint, owner, role)` record, or a vacant slot
 /// on the free list.
 ///
-/// The caller provides the pool as a slice of these (any contents: [`FixedTensorMap::new`]
-/// overwrites the link and role of every slot), so that the pool can live in memory the caller
+/// The caller provides the pool as a slice of these (any contents: the map writes a slot before
+/// it first reads it), so that the pool can live in memory the caller
 /// manages. The layout is `repr(C)` with the key last; for the device's `u64` keys it is fixed
 /// at 40 bytes (checked at compile time): `start`, `end`, `owner` at offsets 0, 8, 16, the
 /// chain link `next` at 24, the `role` byte at 28, the `orders_writes` byte at 29, two reserved

@@ -112,8 +112,9 @@ impl<'a, K: Copy + Eq + Hash> FixedTensorMap<'a, K> {
 
     /// An empty map over `entries` (the pool; its capacity) and `buckets` (a power of two).
     ///
-    /// Both slices are overwritten, so their previous contents do not matter. This walks the
-    /// whole bucket array once; nothing allocates, then or later.
+    /// Their previous contents do not matter: the bucket array is overwritten (one walk over
+    /// it), and a pool slot is written before it is first read. Nothing allocates, then or
+    /// later.
     pub fn new(
         entries: &'a mut [MapEntry<K>],
         buckets: &'a mut [u32],
