@@ -40,7 +40,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
-    let iterations: usize = cli.positional_or(0, 20);
+    let iterations: usize = cli.positional_or(0, 20)?;
     let notes = Arc::new(AtomicUsize::new(0));
     let mut l4 = Worker::composite(4);
     let mut children: HashMap<u64, ChildState> = HashMap::new();

@@ -64,7 +64,18 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
             Ok((t0.elapsed(), report))
         };
 
+    // Before each checked run the output is poisoned (0xFF bytes are NaN, which equals
+    // nothing), so that its check passes only if that run wrote every element. The first run is
+    // checked as well as the last: its intermediates live in a fresh heap, where a later run's
+    // tasks could find the values an earlier run left.
+    let output = |runner: &mut DeviceRunner| -> Result<Vec<f32>, Box<dyn std::error::Error>> {
+        let mut raw = vec![0u8; N * 4];
+        runner.copy_from_device(&mut raw, pf)?;
+        Ok(f32_from_le_bytes(&raw))
+    };
+    runner.memset(pf, 0xFF, bytes)?;
     let (cold, _) = timed_run(&mut runner, &plain)?;
+    let first = output(&mut runner)?;
     let mut warm = Vec::with_capacity(WARM_RUNS);
     let mut device_wall = Vec::with_capacity(WARM_RUNS);
     for _ in 0..WARM_RUNS {
@@ -83,30 +94,30 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
         .dep_gen(true)
         .output_prefix(&out_dir)
         .build()?;
-    // Poison the output (0xFF bytes are NaN, which equals nothing) so the check below only
-    // passes if the checked run itself wrote every element.
     runner.memset(pf, 0xFF, bytes)?;
     let (_, report) = timed_run(&mut runner, &traced)?;
-
-    let mut raw = vec![0u8; N * 4];
-    runner.copy_from_device(&mut raw, pf)?;
-    let f = f32_from_le_bytes(&raw);
-    let mismatches: Vec<usize> = (0..N).filter(|&i| f[i] != expected[i]).collect();
+    let last = output(&mut runner)?;
     for p in [pa, pb, pf] {
         runner.free(p)?;
     }
     runner.finalize()?;
 
-    if mismatches.is_empty() {
-        println!("check: PASS ({N} elements match the host computation)");
-    } else {
-        let i = mismatches[0];
-        println!(
-            "check: FAIL ({} of {N} elements differ; first at {i}: got {}, expected {})",
-            mismatches.len(),
-            f[i],
-            expected[i]
-        );
+    let mut passed = true;
+    for (which, f) in [("first", &first), ("last", &last)] {
+        let mismatches: Vec<usize> = (0..N).filter(|&i| f[i] != expected[i]).collect();
+        if let Some(&i) = mismatches.first() {
+            passed = false;
+            println!(
+                "check: FAIL in the {which} run ({} of {N} elements differ; first at {i}: got {}, \
+                 expected {})",
+                mismatches.len(),
+                f[i],
+                expected[i]
+            );
+        }
+    }
+    if passed {
+        println!("check: PASS ({N} elements match the host computation, first and last run)");
     }
     println!("cold run (first run on a fresh runner): {:.3} ms", cold.as_secs_f64() * 1e3);
     println!(
@@ -125,5 +136,5 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
     for p in report.outputs.iter().filter(|p| !p.ends_with("swimlane.perfetto.json")) {
         println!("also written: {}", p.display());
     }
-    Ok(mismatches.is_empty())
+    Ok(passed)
 }

@@ -52,6 +52,8 @@ fn an_l2_worker_runs_the_vector_program_on_its_chip() {
     let (a, bv) = inputs(1);
     let (bufs, args) = stage(&mem, &a, &bv).expect("stage");
     for _ in 0..3 {
+        // Poisoned (0xFF bytes are NaN) so that each run's check sees what that run wrote.
+        mem.copy_to(&bufs[2], 0, &[0xFF; N * 4]).expect("poison");
         w.run(Orchestration::chip(h, args.clone())).expect("run");
         assert_eq!(read(&mem, &bufs[2]), vector::reference(&a, &bv));
     }

@@ -33,6 +33,7 @@ impl Cli {
             let value = match arg.strip_prefix("--runtime") {
                 Some("") => args.next().ok_or(CliError::MissingRuntime)?,
                 Some(v) if v.starts_with('=') => v[1..].to_owned(),
+                _ if arg.starts_with("--") => return Err(CliError::UnknownFlag(arg)),
                 _ => {
                     cli.positional.push(arg);
                     continue;
@@ -43,9 +44,13 @@ impl Cli {
         Ok(cli)
     }
 
-    /// Positional argument `i` parsed as `T`, or `default` when absent or unparsable.
-    pub fn positional_or<T: std::str::FromStr>(&self, i: usize, default: T) -> T {
-        self.positional.get(i).and_then(|s| s.parse().ok()).unwrap_or(default)
+    /// Positional argument `i` parsed as `T`, or `default` when absent; one that does not
+    /// parse is an error naming it.
+    pub fn positional_or<T: std::str::FromStr>(&self, i: usize, default: T) -> Result<T, CliError> {
+        match self.positional.get(i) {
+            None => Ok(default),
+            Some(s) => s.parse().map_err(|_| CliError::BadArgument { index: i, value: s.clone() }),
+        }
     }
 }
 
@@ -56,6 +61,10 @@ pub enum CliError {
     MissingRuntime,
     /// `--runtime` named no chip runtime.
     UnknownRuntime(UnknownRuntime),
+    /// An option other than `--runtime`.
+    UnknownFlag(String),
+    /// Positional argument `index` (from 0) did not parse.
+    BadArgument { index: usize, value: String },
 }
 
 impl fmt::Display for CliError {
@@ -63,6 +72,10 @@ impl fmt::Display for CliError {
         match self {
             CliError::MissingRuntime => write!(f, "--runtime needs a value: hbg or trb"),
             CliError::UnknownRuntime(e) => write!(f, "--runtime: {e}"),
+            CliError::UnknownFlag(flag) => write!(f, "unknown option {flag} (only --runtime)"),
+            CliError::BadArgument { index, value } => {
+                write!(f, "argument {} `{value}` is not a valid value", index + 1)
+            }
         }
     }
 }
@@ -70,8 +83,10 @@ impl fmt::Display for CliError {
 impl Error for CliError {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         match self {
-            CliError::MissingRuntime => None,
             CliError::UnknownRuntime(e) => Some(e),
+            CliError::MissingRuntime | CliError::UnknownFlag(_) | CliError::BadArgument { .. } => {
+                None
+            }
         }
     }
 }
