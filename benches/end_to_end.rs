@@ -1,8 +1,9 @@
 //! End-to-end workloads through the whole stack, as a user drives it (user → `Worker` →
 //! engine → simulated chip):
 //!
-//! - **S1**: the vector example's chip program (five AIV tasks over 16384 f32) run through an
-//!   L2 worker, `run` per iteration.
+//! - **S1 through an L2 worker**: the vector example's chip program (five AIV tasks over 16384
+//!   f32), `Worker::run` per iteration. The device crate's S1 (`sim_chip`) times
+//!   `DeviceRunner::run` itself; the difference is the worker's lane hand-offs.
 //! - **W1**: an L3 run of one chip task (`f = a + b` over 1024 f32), submit → wait.
 //! - **W2**: an L3 run of the vector program on two chips plus one sub-worker task.
 //!
