@@ -182,8 +182,10 @@ fn finalize_with_a_run_still_inside_an_orchestration_object_leaves_the_object_lo
     let cfg = CallConfig::default();
     let p = r.prepare(&RunRequest::new(RunId::from_raw(1).unwrap(), slot, &v.args, &cfg)).unwrap();
     let active = r.launch_run(p).unwrap();
-    // Until the orchestration reached its wait: the run is still executing then.
-    std::thread::sleep(Duration::from_millis(500));
+    // Until the add task is held (the orchestration submitted it), then a moment for the
+    // orchestration to reach its wait for it: the run is still executing then.
+    wait_fired(&r, |f| matches!(f, simpler_device_a2a3::FiredFault::KernelDelayed { .. }));
+    std::thread::sleep(Duration::from_millis(100));
     assert!(!r.poll_run(&active).unwrap(), "the add task is still held");
     // Closing the object now would unmap the code the AICPU thread returns into once the
     // device reset ends its wait: the process would crash here.

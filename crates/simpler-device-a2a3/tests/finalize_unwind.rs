@@ -18,17 +18,22 @@ use simpler_device_a2a3::{
 use simpler_types::{CallConfig, CoreArgs, TaskArgs};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 
-/// Spins until the `int32_t` its one scalar points at is non-zero.
+/// Sets the `int32_t` its second scalar points at, then spins until the one its first scalar
+/// points at is non-zero.
 const SPIN_KERNEL: &str = r#"
 #include <stdint.h>
 void kernel_entry(int64_t *args) {
     volatile int32_t *release = (volatile int32_t *)(uintptr_t)args[0];
+    volatile int32_t *started = (volatile int32_t *)(uintptr_t)args[1];
+    *started = 1;
     while (!*release) { }
 }
 "#;
 
 /// What releases the kernel: it lives in this binary, not in the object.
 static RELEASE: AtomicI32 = AtomicI32::new(0);
+/// What the kernel sets once it runs inside the object.
+static STARTED: AtomicI32 = AtomicI32::new(0);
 
 /// Panics on the warning `finalize` gives when a launched run is still on the device.
 struct PanicsOnFinalizeWithALaunchedRun;
@@ -51,11 +56,13 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicsOnFinalizeWi
     }
 }
 
-/// One task of the spinning kernel, its scalar the chip argument's.
+/// One task of the spinning kernel, its scalars the chip argument's.
 fn spin_orch(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
     let bad = OrchError::from_status(-1);
     let mut a = CoreArgs::new();
-    a.add_scalar(args.scalar(0).ok_or(bad)?).map_err(|_| bad)?;
+    for i in 0..2 {
+        a.add_scalar(args.scalar(i).ok_or(bad)?).map_err(|_| bad)?;
+    }
     ctx.submit(Kernels::Aiv(0), &a)?;
     Ok(())
 }
@@ -75,17 +82,24 @@ fn a_finalize_unwinding_while_a_loaded_kernel_runs_keeps_its_object_loaded() {
     let code = KernelCode::SharedObject(unsafe { SharedObjectKernel::new(&so) });
     let callable = ChipCallable::native(spin_orch, |_| OrchConfig::default())
         // SAFETY: the kernel is written for the signature it is paired with.
-        .kernel(0, unsafe { CoreCallable::new(vec![ArgDirection::Scalar], code) })
+        .kernel(0, unsafe {
+            CoreCallable::new(vec![ArgDirection::Scalar, ArgDirection::Scalar], code)
+        })
         .build()
         .unwrap();
     let slot = r.register_callable(&callable).unwrap();
     let mut args = TaskArgs::new();
     args.add_scalar(RELEASE.as_ptr() as u64).unwrap();
+    args.add_scalar(STARTED.as_ptr() as u64).unwrap();
     let cfg = CallConfig::default();
     let prepared = r.prepare(&RunRequest::new(run_id(1), slot, &args, &cfg)).unwrap();
     let launched = r.launch_run(prepared).unwrap();
-    // Give the kernel time to start spinning inside the object.
-    std::thread::sleep(Duration::from_millis(100));
+    // The kernel is spinning inside the object before finalize begins.
+    let give_up = std::time::Instant::now() + Duration::from_secs(20);
+    while STARTED.load(Ordering::Acquire) == 0 {
+        assert!(std::time::Instant::now() < give_up, "the kernel never started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 
     let unwound = catch_unwind(AssertUnwindSafe(move || r.finalize()));
     assert!(unwound.is_err(), "the layer's panic unwinds out of finalize");
