@@ -23,7 +23,7 @@ mod cleanup;
 mod config;
 mod teardown;
 
-pub use calls::{LaneFault, MemError, WorkerError};
+pub use calls::{BufferName, LaneFault, MemError, WorkerError};
 pub use cleanup::{CleanupError, CleanupFault};
 pub use config::ConfigError;
 pub(crate) use teardown::Residue;

@@ -16,7 +16,7 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 use simpler_types::{DataType, Tensor};
 
-use crate::error::MemError;
+use crate::error::{BufferName, MemError};
 
 /// An address in this process's memory, as errors carry it: `Debug` and `Display` show it in
 /// hex. Compares equal to the plain `u64` (for example [`HostBuffer::addr`]).
@@ -87,7 +87,7 @@ impl HostBuffer {
     /// allocate it.
     pub fn new(len: usize) -> Result<HostBuffer, MemError> {
         if len == 0 {
-            return Err(MemError::OutOfRange { offset: 0, len: 0, size: 0 });
+            return Err(MemError::EmptyHostBuffer);
         }
         let mut data = Vec::new();
         data.try_reserve_exact(len)
@@ -127,14 +127,15 @@ impl HostBuffer {
         let len = self.len();
         let t = Tensor::with_buffer(self.addr(), len, shape, dtype).map_err(MemError::Tensor)?;
         if t.nbytes() > len {
-            return Err(MemError::OutOfRange { offset: 0, len: t.nbytes(), size: len });
+            let buffer = BufferName::Host { addr: self.addr() };
+            return Err(MemError::OutOfRange { buffer, offset: 0, len: t.nbytes(), size: len });
         }
         Ok(t.child_memory(false))
     }
 
     /// Copies `data` into the buffer at byte `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), MemError> {
-        let range = range(offset, data.len() as u64, self.len())?;
+        let range = range(self.addr(), offset, data.len() as u64, self.len())?;
         let mut bytes = self.bytes.data.lock();
         bytes[range].copy_from_slice(data);
         Ok(())
@@ -142,7 +143,7 @@ impl HostBuffer {
 
     /// Copies `out.len()` bytes from byte `offset` into `out`.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), MemError> {
-        let range = range(offset, out.len() as u64, self.len())?;
+        let range = range(self.addr(), offset, out.len() as u64, self.len())?;
         let bytes = self.bytes.data.lock();
         out.copy_from_slice(&bytes[range]);
         Ok(())
@@ -192,8 +193,9 @@ impl Drop for Bytes {
     }
 }
 
-fn range(offset: u64, len: u64, size: u64) -> Result<std::ops::Range<usize>, MemError> {
-    let out = || MemError::OutOfRange { offset, len, size };
+/// The bytes `[offset, offset + len)` of the host buffer at `addr` of `size` bytes.
+fn range(addr: u64, offset: u64, len: u64, size: u64) -> Result<std::ops::Range<usize>, MemError> {
+    let out = || MemError::OutOfRange { buffer: BufferName::Host { addr }, offset, len, size };
     let end = offset.checked_add(len).filter(|&e| e <= size).ok_or_else(out)?;
     Ok(usize::try_from(offset).map_err(|_| out())?..usize::try_from(end).map_err(|_| out())?)
 }
@@ -207,6 +209,19 @@ mod tests {
     /// finds a buffer only for a range inside it. Owners create and drop buffers while other
     /// threads look them up, too large ranges included (whose lookups drop the reference they
     /// upgraded, possibly the last one).
+    #[test]
+    fn a_host_buffer_of_no_bytes_and_an_access_past_one_are_refused_naming_it() {
+        assert!(matches!(HostBuffer::new(0), Err(MemError::EmptyHostBuffer)));
+        let b = HostBuffer::new(16).unwrap();
+        let err = b.write(12, &[0; 8]).unwrap_err();
+        let buffer = BufferName::Host { addr: b.addr() };
+        assert!(
+            matches!(err, MemError::OutOfRange { buffer: n, offset: 12, len: 8, size: 16 } if n == buffer),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains(&format!("host buffer {:#x}", b.addr())), "{err}");
+    }
+
     #[test]
     fn lookups_racing_creation_and_drop_find_only_live_covering_buffers() {
         let published: Mutex<Vec<u64>> = Mutex::new(Vec::new());

@@ -125,9 +125,9 @@ pub use builder::{
 };
 pub use close::Lifecycle;
 pub use error::{
-    BoxError, BuildFailure, CleanupError, CleanupFault, CloseError, ConfigError, DrainTimeout,
-    Frame, LaneFault, Leak, Leaked, MemError, RegistrationFailure, RunError, RunErrorKind,
-    StartCause, StartError, TeardownCause, TeardownError, TeardownPart, WorkerError,
+    BoxError, BufferName, BuildFailure, CleanupError, CleanupFault, CloseError, ConfigError,
+    DrainTimeout, Frame, LaneFault, Leak, Leaked, MemError, RegistrationFailure, RunError,
+    RunErrorKind, StartCause, StartError, TeardownCause, TeardownError, TeardownPart, WorkerError,
 };
 pub use graph::{GraphBuilder, GraphCallback, Orchestration};
 pub use handle::{CallableHandle, GraphFn, HostFn};

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use simpler_device_a2a3::MemoryLedger;
 use simpler_types::{DataType, Tensor, WorkerId};
 
-use crate::error::{MemError, WorkerError};
+use crate::error::{BufferName, MemError, WorkerError};
 use crate::worker::Inner;
 
 /// A device allocation: meaningful only with its chip.
@@ -94,7 +94,8 @@ impl DeviceBuffer {
         let t = Tensor::external(self.addr, shape, dtype).map_err(MemError::Tensor)?;
         let bytes = shape.iter().fold(dtype.element_size(), |a, &d| a.saturating_mul(u64::from(d)));
         if bytes > self.len {
-            return Err(MemError::OutOfRange { offset: 0, len: bytes, size: self.len });
+            let buffer = BufferName::Device { chip: self.chip, addr: self.addr };
+            return Err(MemError::OutOfRange { buffer, offset: 0, len: bytes, size: self.len });
         }
         Ok(t.child_memory(true))
     }
@@ -123,7 +124,8 @@ impl ChipMemory<'_> {
             return Err(MemError::WrongChip { buffer_chip: buf.chip, chip: self.chip });
         }
         if offset.checked_add(len).is_none_or(|end| end > buf.len) {
-            return Err(MemError::OutOfRange { offset, len, size: buf.len });
+            let buffer = BufferName::Device { chip: buf.chip, addr: buf.addr };
+            return Err(MemError::OutOfRange { buffer, offset, len, size: buf.len });
         }
         Ok(())
     }

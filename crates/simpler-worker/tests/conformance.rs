@@ -1152,10 +1152,19 @@ fn l2_submit_returns_a_live_handle_and_memory_calls_check_ownership_and_range() 
     let mut out = vec![0u8; n as usize * 4];
     mem.copy_from(&bufs[2], 0, &mut out).unwrap();
     assert!(f32_from_le_bytes(&out).iter().all(|&v| v == 3.5));
-    assert!(matches!(
-        mem.copy_to(&bufs[0], 250, &[0u8; 8]),
-        Err(WorkerError::Memory(simpler_worker::MemError::OutOfRange { .. }))
-    ));
+    // The error names the buffer (its chip and address) besides the access.
+    let err = mem.copy_to(&bufs[0], 250, &[0u8; 8]);
+    let buffer = simpler_worker::BufferName::Device { chip: WorkerId(0), addr: bufs[0].addr() };
+    assert!(
+        matches!(
+            &err,
+            Err(WorkerError::Memory(simpler_worker::MemError::OutOfRange { buffer: b, offset: 250, .. }))
+                if *b == buffer
+        ),
+        "{err:?}"
+    );
+    let text = err.unwrap_err().to_string();
+    assert!(text.contains(&format!("buffer {:#x} of chip 0", bufs[0].addr())), "{text}");
     let other =
         Worker::chip(Platform::A2a3Sim, 4, RuntimeVariant::HostBuildGraph).start().expect("other");
     let other_mem = other.memory().unwrap();

@@ -448,6 +448,32 @@ impl From<MemError> for WorkerError {
     }
 }
 
+/// The buffer a [`MemError`] names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferName {
+    /// A device buffer of `chip` at device address `addr`.
+    Device {
+        /// The chip.
+        chip: WorkerId,
+        /// The buffer's device address.
+        addr: u64,
+    },
+    /// A host buffer at host address `addr`.
+    Host {
+        /// The buffer's host address.
+        addr: u64,
+    },
+}
+
+impl fmt::Display for BufferName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BufferName::Device { chip, addr } => write!(f, "buffer {addr:#x} of chip {chip}"),
+            BufferName::Host { addr } => write!(f, "host buffer {addr:#x}"),
+        }
+    }
+}
+
 /// Errors of device-memory helpers.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -488,6 +514,8 @@ pub enum MemError {
     },
     /// The access leaves the buffer.
     OutOfRange {
+        /// The buffer.
+        buffer: BufferName,
         /// Offset of the access.
         offset: u64,
         /// Length of the access.
@@ -495,6 +523,8 @@ pub enum MemError {
         /// Buffer size.
         size: u64,
     },
+    /// A host buffer of no bytes was asked for.
+    EmptyHostBuffer,
     /// The device refused.
     Device {
         /// The chip.
@@ -549,12 +579,13 @@ impl fmt::Display for MemError {
                 "buffer {addr:#x} ({len} bytes) of chip {chip} was freed; a copy of its handle \
                  cannot reach the memory now at that address"
             ),
-            MemError::OutOfRange { offset, len, size } => {
+            MemError::OutOfRange { buffer, offset, len, size } => {
                 write!(
                     f,
-                    "access of {len} bytes at offset {offset} leaves a buffer of {size} bytes"
+                    "access of {len} bytes at offset {offset} leaves {buffer} of {size} bytes"
                 )
             }
+            MemError::EmptyHostBuffer => write!(f, "a host buffer needs at least one byte"),
             MemError::Device { chip, message, .. } => write!(f, "chip {chip}: {message}"),
             MemError::DeviceUnusable { chip, message, .. } => {
                 write!(f, "chip {chip} is unusable: {message}")
