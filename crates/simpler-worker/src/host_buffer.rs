@@ -216,7 +216,8 @@ mod tests {
         let err = b.write(12, &[0; 8]).unwrap_err();
         let buffer = BufferName::Host { addr: b.addr() };
         assert!(
-            matches!(err, MemError::OutOfRange { buffer: n, offset: 12, len: 8, size: 16 } if n == buffer),
+            matches!(err, MemError::OutOfRange { buffer: n, offset: 12, len: 8, size: 16 }
+                if n == buffer),
             "{err:?}"
         );
         assert!(err.to_string().contains(&format!("host buffer {:#x}", b.addr())), "{err}");

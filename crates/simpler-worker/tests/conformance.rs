@@ -1153,12 +1153,13 @@ fn l2_submit_returns_a_live_handle_and_memory_calls_check_ownership_and_range() 
     mem.copy_from(&bufs[2], 0, &mut out).unwrap();
     assert!(f32_from_le_bytes(&out).iter().all(|&v| v == 3.5));
     // The error names the buffer (its chip and address) besides the access.
+    use simpler_worker::MemError;
     let err = mem.copy_to(&bufs[0], 250, &[0u8; 8]);
     let buffer = simpler_worker::BufferName::Device { chip: WorkerId(0), addr: bufs[0].addr() };
     assert!(
         matches!(
             &err,
-            Err(WorkerError::Memory(simpler_worker::MemError::OutOfRange { buffer: b, offset: 250, .. }))
+            Err(WorkerError::Memory(MemError::OutOfRange { buffer: b, offset: 250, .. }))
                 if *b == buffer
         ),
         "{err:?}"
@@ -1236,8 +1237,9 @@ fn a_worker_kept_in_a_thread_local_is_closed_when_its_thread_exits() {
     // worker's calls set up on the thread (registered later, destroyed first). A panic there
     // would abort the process, so the thread runs in a child process of this test binary.
     if std::env::var_os(TLS_CHILD).is_some() {
+        use std::cell::RefCell;
         thread_local! {
-            static KEPT: std::cell::RefCell<Option<Worker>> = const { std::cell::RefCell::new(None) };
+            static KEPT: RefCell<Option<Worker>> = const { RefCell::new(None) };
         }
         let ran = Arc::new(AtomicUsize::new(0));
         let r = Arc::clone(&ran);
