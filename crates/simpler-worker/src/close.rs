@@ -203,9 +203,17 @@ impl Inner {
         // 7.
         let published = if result.is_empty() { Ok(()) } else { Err(result) };
         claim.finish(published.clone());
+        // Each registration is dropped on its own: a closure whose captures panic when dropped
+        // must not keep the others' from being dropped.
         let registry = std::mem::take(&mut *self.registry.write());
-        if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(registry))) {
-            tracing::error!(worker = %self.label, "a registered closure panicked while dropped: {}", panic_text(p.as_ref()));
+        let registrations =
+            registry.handles.into_values().map(|(_, r)| r).chain(registry.runnable.into_values());
+        for r in registrations {
+            if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(r))) {
+                let text = panic_text(p.as_ref());
+                tracing::error!(worker = %self.label, "a registered closure panicked while dropped: {text}");
+                crate::sub::dispose(p);
+            }
         }
         published
     }

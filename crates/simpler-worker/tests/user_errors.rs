@@ -497,3 +497,40 @@ fn a_graph_callback_whose_error_or_panic_cannot_be_formatted_or_dropped_still_ge
     // Every run was observed: the close has nothing unobserved to report.
     still_serves_then_closes(w, ok);
 }
+
+/// Sets its flag when dropped; panics then too when `panics`.
+struct DropFlag {
+    dropped: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    panics: bool,
+}
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.dropped.store(true, std::sync::atomic::Ordering::SeqCst);
+        if self.panics {
+            panic!("this capture panics when dropped");
+        }
+    }
+}
+
+#[test]
+fn a_closure_whose_capture_panics_when_dropped_at_close_leaves_the_others_dropped() {
+    let mut b = host().sub_workers(1);
+    let mut flags = Vec::new();
+    for i in 0..9 {
+        let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let capture = DropFlag { dropped: std::sync::Arc::clone(&dropped), panics: i == 4 };
+        b.register_host(&format!("holds_{i}"), move |_| {
+            let _ = &capture;
+            Ok(())
+        });
+        flags.push(dropped);
+    }
+    b.start().expect("start").close().expect("close");
+    for (i, f) in flags.iter().enumerate() {
+        assert!(
+            f.load(std::sync::atomic::Ordering::SeqCst),
+            "closure {i}'s capture was not dropped"
+        );
+    }
+}
