@@ -127,10 +127,18 @@ impl Worker {
         // preparation, rollback), never with submits, so a callback may register.
         let _serial = self.inner.chip_registration.lock();
         let id = c.id();
-        if let Some((_, pending)) = self.inner.chip_pending.lock().iter().find(|(i, _)| *i == id)
-            && let Some(chip) = pending.iter().find(|p| chips.contains(p))
-        {
-            return Err(WorkerError::RemovalPending { callable: name, chip: *chip });
+        let pending_on = || {
+            let pending = self.inner.chip_pending.lock();
+            let (_, on) = pending.iter().find(|(i, _)| *i == id)?;
+            on.iter().find(|p| chips.contains(p)).copied()
+        };
+        if pending_on().is_some() {
+            // The runs that held the removal back may have finished with nobody waiting for
+            // them: cleaning them up performs it.
+            self.inner.retire_finished();
+        }
+        if let Some(chip) = pending_on() {
+            return Err(WorkerError::RemovalPending { callable: name, chip });
         }
         let mut done: Vec<WorkerId> = Vec::new();
         for &chip in chips {
@@ -231,16 +239,16 @@ impl Worker {
         let Some((id, r)) = reg.handles.remove(&handle.seq) else {
             return Err(WorkerError::UnknownCallable { handle });
         };
+        // The last handle's entry stays while runs are live: their tasks resolve closures and
+        // graphs by it, and their errors name chip callables by it.
         let last = reg.handles_of(&id) == 0;
         let mut dropped = None;
-        if last && !matches!(r.entry, Entry::Chip(_)) {
+        if last {
             if live {
                 reg.pending_removal.push(id);
             } else {
                 dropped = reg.runnable.remove(&id);
             }
-        } else if last {
-            reg.runnable.remove(&id);
         }
         let chips = match &r.entry {
             Entry::Chip(chips) => chips.clone(),

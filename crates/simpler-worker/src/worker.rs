@@ -292,7 +292,13 @@ impl Inner {
             if !self.accepted.lock().is_empty() {
                 return;
             }
-            let pending = std::mem::take(&mut *self.chip_pending.lock());
+            // From a lane of this worker a chip's release cannot be queued (the lane would wait
+            // for itself): the releases stay pending for the next flush off a lane.
+            let pending = if reentry::is_on_a_lane_of(self.instance) {
+                Vec::new()
+            } else {
+                std::mem::take(&mut *self.chip_pending.lock())
+            };
             (reg.flush_removals(), pending)
         };
         // Outside the registry lock, and after the enclosing admission or close (module docs
@@ -332,6 +338,20 @@ impl Inner {
                 self.note_published(&run, &r);
             }
         }
+    }
+
+    /// Cleans up, as an ordinary waiter, the accepted runs whose fence has fired but whom nobody
+    /// has waited for yet: what they held back (deferred unregistrations) is released now.
+    pub(crate) fn retire_finished(&self) {
+        let done: Vec<Arc<RunShared>> =
+            self.accepted.lock().iter().filter(|r| r.fence_fired()).cloned().collect();
+        for run in done {
+            if let Some(r) = run.wait_until(Some(std::time::Instant::now())) {
+                self.note_published(&run, &r);
+            }
+        }
+        // Releases a cleanup on a lane had to leave pending.
+        self.flush_removals();
     }
 
     /// The oldest accepted run whose fence is not set yet: the run a new submit queues behind.

@@ -7,7 +7,7 @@ mod common;
 use std::error::Error;
 use std::time::Duration;
 
-use common::{add_callable, host};
+use common::{add_callable, host, register_hold};
 use simpler_device_a2a3::DeviceError;
 use simpler_types::{CallConfig, DataType, TaskArgs, WorkerId};
 use simpler_worker::{CallableHandle, MemError, Orchestration, RunErrorKind, Worker, WorkerError};
@@ -146,4 +146,33 @@ fn a_panic_while_attaching_a_chip_is_a_device_error_naming_the_chip() {
         other => panic!("unexpected cause {other:?}"),
     }
     assert!(e.path.contains("chip 1 (device 1)"), "{}", e.path);
+}
+
+#[test]
+fn a_run_error_names_a_chip_callable_unregistered_while_the_run_was_live() {
+    // The error's frames are named when the run is waited for, after the unregistration.
+    let mut b = host().chips(&[0]).sub_workers(1).chip_options(|o| {
+        o.with_scheduler_timeout(Duration::from_millis(300))
+            .with_op_execute_timeout(Duration::from_micros(500_000))
+            .with_stream_sync_timeout(Duration::from_millis(2_000))
+            .with_shutdown_budget(Duration::from_millis(300))
+    });
+    let (hold, gate) = register_hold(&mut b);
+    let w = b.start().expect("start");
+    let c = add_callable(6);
+    let add = w.register_chip(&c).expect("register");
+    let args = chip_args(&w, WorkerId(0));
+    assert!(w.with_sim_faults(WorkerId(0), |plan| plan.kernel_fault(0, 1)).expect("lane"));
+    let live = w
+        .submit(Orchestration::graph(move |g, _, _| {
+            g.submit_sub(hold, TaskArgs::new())?;
+            g.submit_next_level(add, args.clone(), &CallConfig::default(), WorkerId(0))?;
+            Ok(())
+        }))
+        .expect("submit");
+    w.unregister(add).expect("unregister while the run is live");
+    gate.wait();
+    let e = live.wait().expect_err("the kernel faulted");
+    let named = e.frames().iter().any(|f| f.callable.as_deref() == Some(c.entry_name()));
+    assert!(named, "{e}");
 }
