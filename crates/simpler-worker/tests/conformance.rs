@@ -300,13 +300,15 @@ fn content_whose_removal_is_pending_cannot_be_registered_until_the_pinning_run_e
     w.register_chip(&c).expect("registrable again");
 }
 
-#[test]
-fn content_whose_pinning_run_finished_unwaited_is_registrable_again() {
-    // Nobody waits for the run: its finish alone, seen by the registration, ends the removal.
+/// An L3 worker whose chip callable `add_callable(variant)` was unregistered while a run pinned
+/// it, and that run, finished: nobody has waited for it yet.
+fn finished_unwaited_pinning_run(
+    variant: u32,
+) -> (Worker, RunHandle, simpler_device_a2a3::ChipCallable) {
     let mut b = host().chips(&[0]).sub_workers(1);
     let (hold, gate) = register_hold(&mut b);
     let w = b.start().expect("start");
-    let c = add_callable(8);
+    let c = add_callable(variant);
     let h = w.register_chip(&c).expect("register");
     let live = w.submit(subs(hold, 1)).expect("submit");
     w.unregister(h).expect("unregister while a run is live");
@@ -316,6 +318,13 @@ fn content_whose_pinning_run_finished_unwaited_is_registrable_again() {
         assert!(std::time::Instant::now() < give_up, "the run never finished");
         std::thread::sleep(Duration::from_millis(1));
     }
+    (w, live, c)
+}
+
+#[test]
+fn content_whose_pinning_run_finished_unwaited_is_registrable_again() {
+    // Nobody waits for the run: its finish alone, seen by the registration, ends the removal.
+    let (w, live, c) = finished_unwaited_pinning_run(8);
     w.register_chip(&c).expect("registrable again");
     assert_eq!(w.chip_callable_refs(WorkerId(0), c.id()).expect("refs"), 1, "one reference");
     live.wait().expect("run");
@@ -325,22 +334,9 @@ fn content_whose_pinning_run_finished_unwaited_is_registrable_again() {
 fn a_pinning_run_cleaned_up_on_a_chip_lane_still_releases_the_chip_callable() {
     // The cleanup runs in a closure on chip 0's lane, from which the chip's release cannot be
     // queued: it stays pending, and happens off the lane.
-    let mut b = host().chips(&[0]).sub_workers(1);
-    let (hold, gate) = register_hold(&mut b);
-    let w = b.start().expect("start");
-    let c = add_callable(9);
-    let h = w.register_chip(&c).expect("register");
-    let live = w.submit(subs(hold, 1)).expect("submit");
-    w.unregister(h).expect("unregister while a run is live");
-    gate.wait();
-    let give_up = std::time::Instant::now() + HANG;
-    while !live.is_done() {
-        assert!(std::time::Instant::now() < give_up, "the run never finished");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let on_lane = live.clone();
+    let (w, live, c) = finished_unwaited_pinning_run(9);
     let cleaned = w.with_sim_faults(WorkerId(0), move |_| {
-        let _ = on_lane.result();
+        let _ = live.result();
     });
     if !common::process_mode() {
         assert!(cleaned.expect("lane"));
