@@ -106,6 +106,9 @@ impl Worker {
         if self.inner.level > 3 {
             return Err(WorkerError::WrongLevel { op: "register_chip", level: self.inner.level });
         }
+        // Declared before the lease and the registration lock: the cleanup of finished runs
+        // below may release closures, whose captures are dropped once both are let go.
+        let _deferred = deferred_drop::scope();
         let _lease = self.inner.lease()?;
         let name = c.entry_name().to_owned();
         if chips.is_empty() {
