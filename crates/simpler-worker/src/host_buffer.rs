@@ -205,10 +205,6 @@ mod tests {
     use super::*;
     use simpler_types::TypesError;
 
-    /// Invariant of the table: an entry upgrades exactly while its buffer is alive, and a lookup
-    /// finds a buffer only for a range inside it. Owners create and drop buffers while other
-    /// threads look them up, too large ranges included (whose lookups drop the reference they
-    /// upgraded, possibly the last one).
     #[test]
     fn a_host_buffer_of_no_bytes_and_an_access_past_one_are_refused_naming_it() {
         assert!(matches!(HostBuffer::new(0), Err(MemError::EmptyHostBuffer)));
@@ -223,6 +219,10 @@ mod tests {
         assert!(err.to_string().contains(&format!("host buffer {:#x}", b.addr())), "{err}");
     }
 
+    /// Invariant of the table: an entry upgrades exactly while its buffer is alive, and a lookup
+    /// finds a buffer only for a range inside it. Owners create and drop buffers while other
+    /// threads look them up, too large ranges included (whose lookups drop the reference they
+    /// upgraded, possibly the last one).
     #[test]
     fn lookups_racing_creation_and_drop_find_only_live_covering_buffers() {
         let published: Mutex<Vec<u64>> = Mutex::new(Vec::new());
