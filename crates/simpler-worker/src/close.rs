@@ -23,6 +23,7 @@
 //!    every lock, so a closure whose `Drop` calls `close` finds the finished attempt.
 //!
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -203,18 +204,15 @@ impl Inner {
         // 7.
         let published = if result.is_empty() { Ok(()) } else { Err(result) };
         claim.finish(published.clone());
-        // Each registration is dropped on its own: a closure whose captures panic when dropped
-        // must not keep the others' from being dropped.
+        // Each registration is dropped on its own (`deferred_drop`): a closure whose captures
+        // panic when dropped must not keep the others' from being dropped.
         let registry = std::mem::take(&mut *self.registry.write());
         let registrations =
             registry.handles.into_values().map(|(_, r)| r).chain(registry.runnable.into_values());
-        for r in registrations {
-            if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(r))) {
-                let text = panic_text(p.as_ref());
-                tracing::error!(worker = %self.label, "a registered closure panicked while dropped: {text}");
-                crate::sub::dispose(p);
-            }
-        }
+        deferred_drop::drop_logged(
+            None,
+            registrations.map(|r| Box::new(r) as Box<dyn Any + Send>).collect(),
+        );
         published
     }
 

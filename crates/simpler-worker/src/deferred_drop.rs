@@ -84,16 +84,12 @@ pub(crate) fn drop_logged(run: Option<RunId>, values: Vec<Box<dyn Any + Send>>) 
 
 fn drop_now(run: Option<RunId>, v: Box<dyn Any + Send>) {
     if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(v))) {
+        let text = panic_text(p.as_ref());
+        // The payload itself may panic when dropped: it is disposed of where it cannot.
+        crate::sub::dispose(p);
         match run {
-            Some(run) => tracing::error!(
-                %run,
-                "a keep-alive value panicked while dropped: {}",
-                panic_text(p.as_ref())
-            ),
-            None => tracing::error!(
-                "an unregistered closure panicked while dropped: {}",
-                panic_text(p.as_ref())
-            ),
+            Some(run) => tracing::error!(%run, "a keep-alive value panicked while dropped: {text}"),
+            None => tracing::error!("an unregistered closure panicked while dropped: {text}"),
         }
     }
 }
