@@ -319,12 +319,9 @@ impl Packet {
                 let seq = r.u64()?;
                 let outcome = match r.code(WireField::Outcome, |c| (c <= 2).then_some(c))? {
                     0 => {
-                        let at = r.at;
-                        let n = r.count(16)?;
-                        if n > MAX_WRITTEN_SPANS {
-                            let cap = MAX_WRITTEN_SPANS as u32;
-                            return Err(DecodeError::TooManySpans { at, count: n as u32, cap });
-                        }
+                        let n = r.count_at_most(16, MAX_WRITTEN_SPANS, |at, count, cap| {
+                            DecodeError::TooManySpans { at, count, cap }
+                        })?;
                         let mut written = Vec::with_capacity(n);
                         for _ in 0..n {
                             let buffer = r.u32()?;
@@ -724,6 +721,21 @@ impl<'a> Reader<'a> {
         }
         Ok(count as usize)
     }
+    /// A [`count`](Self::count) that may not exceed `cap`, refused as `too_many(at, count, cap)`
+    /// before any item is read.
+    fn count_at_most(
+        &mut self,
+        min_item: usize,
+        cap: usize,
+        too_many: fn(usize, u32, u32) -> DecodeError,
+    ) -> Result<usize, DecodeError> {
+        let at = self.at;
+        let n = self.count(min_item)?;
+        if n > cap {
+            return Err(too_many(at, n as u32, cap as u32));
+        }
+        Ok(n)
+    }
     /// A one-byte code of `field`, which `known` maps to its meaning.
     fn code<T>(
         &mut self,
@@ -778,12 +790,9 @@ impl<'a> Reader<'a> {
         for _ in 0..n {
             scalars.push(self.u64()?);
         }
-        let at = self.at;
-        let n = self.count(9)?;
-        if n > MAX_WIRE_BUFFERS {
-            let cap = MAX_WIRE_BUFFERS as u32;
-            return Err(DecodeError::TooManyBuffers { at, count: n as u32, cap });
-        }
+        let n = self.count_at_most(9, MAX_WIRE_BUFFERS, |at, count, cap| {
+            DecodeError::TooManyBuffers { at, count, cap }
+        })?;
         let mut buffers = Vec::with_capacity(n);
         for _ in 0..n {
             let len = self.u64()?;
