@@ -334,9 +334,15 @@ impl Inner {
             acc.iter().take(acc.len().saturating_sub(keep)).cloned().collect()
         };
         for run in runs {
-            if let Some(r) = run.wait_until(None) {
-                self.note_published(&run, &r);
-            }
+            self.wait_as_bystander(&run, None);
+        }
+    }
+
+    /// Waits for `run` until `deadline` as an ordinary waiter, not its user: the cleanup runs if
+    /// nobody's has, and a failure counts as unobserved.
+    fn wait_as_bystander(&self, run: &Arc<RunShared>, deadline: Option<std::time::Instant>) {
+        if let Some(r) = run.wait_until(deadline) {
+            self.note_published(run, &r);
         }
     }
 
@@ -346,9 +352,7 @@ impl Inner {
         let done: Vec<Arc<RunShared>> =
             self.accepted.lock().iter().filter(|r| r.fence_fired()).cloned().collect();
         for run in done {
-            if let Some(r) = run.wait_until(Some(std::time::Instant::now())) {
-                self.note_published(&run, &r);
-            }
+            self.wait_as_bystander(&run, Some(std::time::Instant::now()));
         }
         // Releases a cleanup on a lane had to leave pending.
         self.flush_removals();
