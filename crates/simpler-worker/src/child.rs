@@ -1,12 +1,13 @@
 //! Child workers of an L4+ level: engine NEXT_LEVEL endpoints that run one whole child run per
 //! task (`docs/worker-protocols.md` §9).
 //!
-//! The endpoint copies the member's arguments (tags included) into an owned `TaskArgs` and calls the child's
-//! `run` with the task's graph, arguments and configuration. `Ok` is success; a `Build` error
-//! is a task failure, and so is a `Run` error in which a child task failed, carrying the child's
-//! failure as its cause (one frame per level); a `Run` error with no failed child task (its
-//! cleanup failed, say), `Closed` or `DeviceUnusable` is an endpoint failure. The child stays usable and runs
-//! one parent task at a time. The endpoint's shutdown closes the child.
+//! The endpoint copies the member's arguments (tags included) into an owned `TaskArgs` and
+//! calls the child's `run` with the task's graph, arguments and configuration. `Ok` is success;
+//! a `Build` error is a task failure, and so is a `Run` error in which a child task failed,
+//! carrying the child's failure as its cause (one frame per level); a `Run` error with no failed
+//! child task (its cleanup failed, say), `Closed` or `DeviceUnusable` is an endpoint failure.
+//! The child stays usable and runs one parent task at a time. The endpoint's shutdown closes
+//! the child.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;

@@ -2,8 +2,8 @@
 //! (`docs/process-mode.md`, "Frames").
 //!
 //! One representation per hop: arguments travel as the `TaskArgs` blob followed by their tags
-//! (the blob carries none), a run's configuration as its builder settings, failures as a failure frame that keeps outcome, mechanism, device
-//! code and text.
+//! (the blob carries none), a run's configuration as its builder settings, failures as a
+//! failure frame that keeps outcome, mechanism, device code and text.
 
 use std::time::Duration;
 

@@ -560,10 +560,10 @@ impl<'e> GraphBuilder<'e> {
         tag: TensorArgType,
     ) -> Result<(), ArgsProblem> {
         if t.is_null() {
-            return if !t.lacks_buffer_for(tag) {
-                Ok(())
-            } else {
+            return if t.lacks_buffer_for(tag) {
                 Err(ArgsProblem::NullWrittenTensor { site: ArgSite::Task { task, arg }, tag })
+            } else {
+                Ok(())
             };
         }
         t.validate().map_err(|source| ArgsProblem::Descriptor { task, arg, tag, source })?;
