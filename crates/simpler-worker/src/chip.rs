@@ -297,7 +297,13 @@ impl ChipState {
             Ok(run) => run,
             Err(e) => return (None, Err(e)),
         };
-        (Some(run), self.prepare(run, callable, args, config, origin))
+        // A panic in the runner's preparation (user orchestrations are caught inside it) would
+        // otherwise drop the caller's reply on the lane and lose its text.
+        let prepared =
+            catch_unwind(AssertUnwindSafe(|| self.prepare(run, callable, args, config, origin)));
+        let prepared =
+            prepared.unwrap_or_else(|p| Err(self.run_panicked(run, RunStep::Prepare, p.as_ref())));
+        (Some(run), prepared)
     }
 
     fn prepare(
@@ -330,6 +336,9 @@ impl ChipState {
             Some(task) => request.with_origin(task),
             None => request,
         };
+        if self.faults.hit(self.chip, Fault::PreparePanic) {
+            panic!("injected panic in prepare");
+        }
         let runner = self.runner.as_mut().ok_or_else(finalized)?;
         runner.prepare(&request)
     }

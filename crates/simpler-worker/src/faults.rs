@@ -23,6 +23,8 @@ pub(crate) enum Fault {
     Leak,
     /// Finalizing the chip panics (after the runner was finalized).
     FinalizePanic,
+    /// Preparing a chip run panics inside the chip state, before the runner's `prepare`.
+    PreparePanic,
     /// Launching an L2 run panics on the lane.
     LaunchPanic,
     /// An L3 start's deadline passes right after its chips attached (armed on chip 0).
@@ -372,6 +374,53 @@ mod tests {
         );
         w.memory().expect("memory").malloc(64).expect("the lane still serves");
         w.run(crate::Orchestration::chip(h, simpler_types::TaskArgs::new())).expect("run");
+        w.close().expect("close");
+    }
+
+    #[test]
+    fn a_panic_preparing_a_chip_run_fails_it_with_the_panics_text_at_l2_and_l3() {
+        let is_prepare_panic = |e: Option<&DeviceError>| {
+            matches!(
+                e,
+                Some(DeviceError::RunPanicked {
+                    step: simpler_device_a2a3::RunStep::Prepare,
+                    message,
+                    unusable: None,
+                    ..
+                }) if message == "injected panic in prepare"
+            )
+        };
+        let mut b = Worker::chip(Platform::A2a3Sim, 0, RuntimeVariant::HostBuildGraph);
+        let h = b.register_chip(content(6));
+        let faults = b.faults();
+        let w = b.start().expect("start");
+        faults.arm(0, Fault::PreparePanic);
+        let e = w
+            .submit(crate::Orchestration::chip(h, simpler_types::TaskArgs::new()))
+            .expect_err("the preparation panicked");
+        let device = match &e {
+            WorkerError::Build { cause: crate::BuildFailure::Device(d), .. } => Some(&**d),
+            _ => None,
+        };
+        assert!(is_prepare_panic(device), "{e:?}");
+        faults.disarm(0, Fault::PreparePanic);
+        w.run(crate::Orchestration::chip(h, simpler_types::TaskArgs::new())).expect("run");
+        w.close().expect("close");
+
+        let mut b = host().chips(&[0]);
+        let h = b.register_chip(content(7));
+        let faults = b.faults();
+        let w = b.start().expect("start");
+        faults.arm(0, Fault::PreparePanic);
+        let e = w
+            .run(crate::Orchestration::graph(move |g, _, _| {
+                let cfg = simpler_types::CallConfig::default();
+                g.submit_next_level(h, simpler_types::TaskArgs::new(), &cfg, WorkerId(0))?;
+                Ok(())
+            }))
+            .expect_err("the chip task's preparation panicked");
+        let WorkerError::Run(e) = e else { panic!("not a run error: {e:?}") };
+        assert!(is_prepare_panic(e.device_error()), "{e:?}");
         w.close().expect("close");
     }
 

@@ -75,6 +75,8 @@ impl fmt::Display for PoisonStep {
 /// ([`DeviceError::RunPanicked`](super::DeviceError::RunPanicked)).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum RunStep {
+    /// `prepare`.
+    Prepare,
     /// `launch_run`.
     Launch,
     /// `reap_run`.
@@ -86,6 +88,7 @@ pub enum RunStep {
 impl fmt::Display for RunStep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            RunStep::Prepare => "preparation",
             RunStep::Launch => "launch",
             RunStep::Reap => "reap",
             RunStep::Complete => "completion",
