@@ -445,13 +445,14 @@ impl ChipProcess {
             .failed
             .clone()
             .unwrap_or(ChildError::Protocol { chip: self.chip, fault: ProtocolFault::Gone });
-        if self.pinned.is_some() {
-            return Err(cause);
-        }
         if self.opts.on_death != OnChildDeath::Restart {
             return Err(ChildError::Unusable { chip: self.chip, cause: Box::new(cause) });
         }
-        let deadline = Instant::now().checked_add(self.opts.control_timeout);
+        if self.pinned.is_some() {
+            return Err(cause);
+        }
+        // Within the start deadline while the worker starts, as every other wait of its start.
+        let (deadline, _) = self.wait_deadline(self.opts.control_timeout);
         match self.launch(deadline) {
             Ok(()) => {}
             Err(StartFailure::Child(e) | StartFailure::Deadline(e)) => {
@@ -495,10 +496,17 @@ impl ChipProcess {
     /// failed request is the error, naming the content.
     fn restore(&mut self) -> Result<(), ChildError> {
         // A death during the restore fails it rather than restarting the chip inside it.
+        self.in_this_process(Self::restore_held)
+    }
+
+    /// Runs `requests` pinned to the current process: requests checked against this process
+    /// (its buffers, its reference counts) fail on its death instead of reaching a successor
+    /// that a restart inside [`call`](Self::call) would start under them.
+    pub(super) fn in_this_process<R>(&mut self, requests: impl FnOnce(&mut Self) -> R) -> R {
         let outer = self.pinned.replace(self.generation);
-        let restored = self.restore_held();
+        let out = requests(self);
         self.pinned = outer;
-        restored
+        out
     }
 
     /// The requests of [`restore`](Self::restore).
@@ -680,7 +688,9 @@ impl ChipProcess {
             // count and then drop one reference more.
             Ok(())
         } else {
-            match self.call(op::RELEASE, "release", None)? {
+            // Pinned: a process that ended since the check above would be restarted with
+            // `held` already lowered, and the release would then drop one reference more.
+            match self.in_this_process(|p| p.call(op::RELEASE, "release", None))? {
                 status::OK => Ok(()),
                 _ => {
                     let f = self.failure_frame("release")?;
@@ -714,7 +724,8 @@ impl ChipProcess {
         }
         self.out.0.clear();
         self.out.0.extend_from_slice(&digest);
-        if !matches!(self.call(op::QUERY, "query", None), Ok(status::OK)) {
+        let asked = self.in_this_process(|p| p.call(op::QUERY, "query", None));
+        if !matches!(asked, Ok(status::OK)) {
             return false;
         }
         let mut r = Reader(&self.reply);
@@ -769,7 +780,8 @@ impl ChipProcess {
         self.out.u64(origin.run.get()).u32(origin.seq);
         encode_config(config, &mut self.out);
         encode_args(&args, &mut self.out);
-        match self.call(op::RUN, "run", run) {
+        // Pinned: the arguments were checked against this process's memory.
+        match self.in_this_process(|p| p.call(op::RUN, "run", run)) {
             Ok(status::OK) => Ok(()),
             Ok(_) => match self.failure_frame("run") {
                 Ok(f) => Err(self.device_refusal(f, run)),

@@ -153,17 +153,22 @@ impl ChipProcess {
         self.device_malloc(bytes).map_err(|f| self.mem_error(f))
     }
 
+    // `free` and the copies name an address the caller checked against the current process
+    // (`current_buffer`): they are pinned to it, so that its death fails them instead of
+    // restarting the chip and sending the address, or the rest of a copy, to the successor.
+
     pub(crate) fn free(&mut self, addr: u64) -> Result<(), MemError> {
-        self.device_free(addr).map_err(|f| self.mem_error(f))
+        self.in_this_process(|p| p.device_free(addr)).map_err(|f| self.mem_error(f))
     }
 
     pub(crate) fn copy_to(&mut self, addr: u64, data: &[u8]) -> Result<(), MemError> {
-        self.device_copy_to(addr, data).map_err(|f| self.mem_error(f))
+        self.in_this_process(|p| p.device_copy_to(addr, data)).map_err(|f| self.mem_error(f))
     }
 
     pub(crate) fn copy_from(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, MemError> {
         let mut out = vec![0u8; len];
-        self.device_copy_from(addr, &mut out).map_err(|f| self.mem_error(f))?;
+        self.in_this_process(|p| p.device_copy_from(addr, &mut out))
+            .map_err(|f| self.mem_error(f))?;
         Ok(out)
     }
 

@@ -378,3 +378,31 @@ fn a_pinned_sequence_fails_on_the_death_of_its_process_instead_of_restarting_the
     assert_eq!(p.generation(), 1, "the chip was restarted under the task");
     assert!(p.live.is_none());
 }
+
+#[test]
+fn memory_requests_on_a_checked_address_fail_on_the_death_of_its_process_instead_of_restarting() {
+    // The caller checked the address against process 1; the process ended before the request.
+    // A restart inside the request would send the address to process 2, where it may belong to
+    // another allocation.
+    let ended_between = |e: &MemError, pid: u32| {
+        matches!(
+            e,
+            MemError::DeviceUnusable { child: Some(c), .. }
+                if matches!(**c, ChildError::EndedBetweenRequests { pid: p, .. } if p == pid)
+        )
+    };
+    let restart = ProcessOptions::default().on_child_death(super::super::OnChildDeath::Restart);
+    for request in ["copy_to", "copy_from", "free"] {
+        let (mut p, pid) = process_of_true();
+        p.opts = Arc::new(restart.clone());
+        wait_ended(pid);
+        let e = match request {
+            "copy_to" => p.copy_to(0x1000, &[1, 2, 3]).expect_err("its process ended"),
+            "copy_from" => p.copy_from(0x1000, 3).expect_err("its process ended"),
+            _ => p.free(0x1000).expect_err("its process ended"),
+        };
+        assert!(ended_between(&e, pid), "{request}: {e:?}");
+        assert_eq!(p.generation(), 1, "{request}: the chip was restarted under the request");
+        assert!(p.live.is_none(), "{request}");
+    }
+}
