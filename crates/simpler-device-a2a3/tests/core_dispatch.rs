@@ -27,6 +27,7 @@ const SPINS: u32 = 2;
 const SLOW: u32 = 3;
 const NAPS: u32 = 4;
 const NAPS_300US: u32 = 5;
+const STALLS: u32 = 6;
 
 /// What `where_am_i` adds for a kernel run on an AICPU thread, and on a core's own thread.
 const ON_AICPU: f32 = 1.0;
@@ -100,6 +101,14 @@ unsafe extern "C-unwind" fn naps_300us(args: *mut i64) {
     unsafe { where_am_i(args) };
 }
 
+/// Sleeps 1.5 s wherever it runs, far past the stall watchdog of [`fast_options_on`]; then
+/// `where_am_i`.
+unsafe extern "C-unwind" fn stalls(args: *mut i64) {
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: forwarded.
+    unsafe { where_am_i(args) };
+}
+
 /// `scalar(1)` AIV tasks of kernel `scalar(0)`, each an `InOut` of tensor 0.
 fn chain(ctx: &mut OrchCtx<'_>, args: &OrchArgs<'_>) -> Result<(), OrchError> {
     let bad = OrchError::from_status(-1);
@@ -127,6 +136,8 @@ fn callable() -> ChipCallable {
         .kernel(NAPS, unsafe { CoreCallable::native(inout(), naps) })
         // SAFETY: the kernel is written for the signature it is paired with.
         .kernel(NAPS_300US, unsafe { CoreCallable::native(inout(), naps_300us) })
+        // SAFETY: the kernel is written for the signature it is paired with.
+        .kernel(STALLS, unsafe { CoreCallable::native(inout(), stalls) })
         .build()
         .unwrap()
 }
@@ -342,6 +353,29 @@ fn a_kernel_that_never_returns_on_the_dispatching_thread_fails_the_run_and_final
     assert!(faults.iter().any(|f| f.code == AclCode::AICORE_TIMEOUT), "{err:?}");
     assert_eq!(stuck.len(), 1, "{stuck:?}");
     assert!(stuck[0].contains("-aicpu"), "{stuck:?}");
+}
+
+/// On a busy host, a kernel new to its core runs on the core's own thread, not on the AICPU
+/// thread that dispatched it: that thread keeps watching for stalls, so a first run that never
+/// ends is a scheduler stall naming the task, not a wait for the stream-sync budget.
+#[test]
+fn on_a_busy_host_a_kernel_new_to_its_core_stays_where_the_stall_watchdog_sees_it() {
+    for runtime in RUNTIMES {
+        let mut r = DeviceRunner::attach(one_host_core(fast_options_on(3, runtime))).unwrap();
+        let err = run_chain(&mut r, 1, STALLS, 1, &one_cluster());
+        let err = err.expect_err("the kernel outlasts the stall watchdog");
+        let DeviceError::DeviceFault { runtime: Some(rt), .. } = &err else {
+            panic!("{runtime:?}: {err}")
+        };
+        let stall = rt.stall.as_ref().expect("stall details");
+        assert!(stall.stuck_task.is_some() && stall.stuck_core.is_some(), "{runtime:?}: {err}");
+        assert_eq!(
+            err.timed_out().map(|(budget, _)| budget),
+            Some(TimeoutBudget::DeviceScheduler),
+            "{runtime:?}: {err}"
+        );
+        assert!(r.finalize().unwrap().stuck_threads.is_empty(), "{runtime:?}");
+    }
 }
 
 #[test]

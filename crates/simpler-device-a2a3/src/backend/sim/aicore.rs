@@ -208,9 +208,10 @@ pub(crate) enum Server {
 
 impl Server {
     /// An AICPU thread serving because every host core is taken by an awake simulated thread
-    /// (`docs/device-simulator.md`, "Who runs a dispatch").
+    /// (`docs/device-simulator.md`, "Who runs a dispatch"). Proven kernels only: a kernel new
+    /// to the core that never returns would hold the thread that watches for stalls.
     pub(crate) const BUSY_HOST: Server =
-        Server::Aicpu { limit: Duration::from_millis(1), proven: false };
+        Server::Aicpu { limit: Duration::from_millis(1), proven: true };
     /// An AICPU thread serving its only dispatch in flight when it had nothing else to do. A
     /// newly ready task for its other cores waits for the kernel, so the limit is a few
     /// wake-ups of a parked thread on a virtual machine, the cost serving here saves.
