@@ -847,6 +847,23 @@ fn host_buffers_across_hosts(job: &MpiJob) -> Res {
         format!("late2 on rank 1 gave {ran:?}")
     })?;
     w.run(on_both(h[0]))?;
+
+    // The `Commit` of "late3" to rank 1 is lost (the MPI thread refuses it after the send was
+    // queued): rank 1's session fails for good, so its next task fails with that loss instead
+    // of reaching a rank that does not serve the graph the others serve. Rank 2 serves it.
+    job.refuse_next_send_of(FrameKind::Commit)?;
+    let late3 = w.register_graph("late3", |_, _, _| Err("runs on a serving rank".into()))?;
+    let ran = w.run(on_child(h[0], 0));
+    let lost = match &ran {
+        Err(WorkerError::Run(e)) => e.frames().iter().find_map(|f| f.remote_error()).cloned(),
+        _ => None,
+    };
+    check(
+        matches!(&lost, Some(RemoteError::CommitLost { rank: 1, graph, .. }) if graph == "late3"),
+        || format!("a task on rank 1 after its lost Commit gave {ran:?}"),
+    )?;
+    w.run(on_child(late3, 1))?;
+    println!("rank 0: a lost Commit failed rank 1's next task: {lost:?}");
     w.close()?;
     Ok(())
 }
@@ -1115,6 +1132,7 @@ fn serve_within(
         graphs.register_later("only_on_1", |_, _, _| Ok(()));
     }
     graphs.register_later("late2", move |_, _, _| Err(format!("late2 ran on rank {rank}").into()));
+    graphs.register_later("late3", |_, _, _| Ok(()));
     graphs.liveness(liveness);
     serve_l3(job, b, graphs)
 }

@@ -22,8 +22,10 @@
 //! its `Prepared`; phase 2 sends `Commit` to every rank when all were ready, else `Abort` to
 //! every rank and fails naming the first rank that refused or failed. The graph's id gets its
 //! ordinal only after the commit, so no task of it can be submitted before. A rank the `Commit`
-//! cannot be sent to does not serve the graph while the others do: its session fails for good
-//! with [`RemoteError::CommitLost`], so its tasks fail at once rather than reach it.
+//! cannot be sent to (MPI did not confirm it within the liveness budget) does not serve the graph
+//! while the others do: its session fails for good with [`RemoteError::CommitLost`], so its tasks
+//! fail at once rather than reach it. So does a session that lost any frame: its next task or
+//! registration fails with that loss before anything is sent.
 //!
 //! Shutdown (engine shutdown, or drop after a failed start): send `Shutdown`, wait for
 //! `ShutdownDone` (silence budget as above, at most `SHUTDOWN_BUDGET` in all, warning every
@@ -356,7 +358,13 @@ impl RemoteChildren {
         let decision =
             if refused.is_some() { Packet::Abort { ordinal } } else { Packet::Commit { ordinal } };
         for s in &mut sessions {
-            let Err(e) = s.transport.send(s.rank, &decision) else { continue };
+            // A `Commit` waits until MPI has sent it: a loss found only later by the MPI thread
+            // would leave the session open, and the rank's next task would reach it.
+            let sent = match decision {
+                Packet::Commit { .. } => s.transport.send_confirmed(s.rank, &decision, s.liveness),
+                _ => s.transport.send(s.rank, &decision),
+            };
+            let Err(e) = sent else { continue };
             if refused.is_some() {
                 tracing::warn!(rank = s.rank, graph = name, error = %e, "could not send {decision:?}");
                 continue;
@@ -547,6 +555,9 @@ impl Session {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
+        if let Some(e) = self.transport.lost_frame(self.rank) {
+            return Err(self.wait_failed(e));
+        }
         let (args, back) = super::tensors::pack(self.rank, task.task, task.args)?;
         let seq = self.transport.next_seq();
         let packet = Packet::Task { seq, graph, config: task.config.clone(), args };
@@ -575,6 +586,9 @@ impl Session {
         let rank = self.rank;
         if let Some(e) = &self.failed {
             return Err((rank, e.clone()));
+        }
+        if let Some(e) = self.transport.lost_frame(rank) {
+            return Err((rank, self.wait_failed(e)));
         }
         if !self.open {
             return Err((rank, RemoteError::Finalized));
