@@ -471,7 +471,10 @@ impl Session {
                     return Err(Waited::Failed(RemoteError::Left { rank: self.rank, cause }));
                 }
                 Ok(p) if want(&p) => return Ok(p),
-                Ok(p) => tracing::debug!(rank = self.rank, ?p, "skipping a stale frame"),
+                // The kind only: a stale frame may carry gigabytes of tensor bytes.
+                Ok(p) => {
+                    tracing::debug!(rank = self.rank, kind = ?p.kind(), "skipping a stale frame")
+                }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(Waited::Failed(RemoteError::Finalized));

@@ -244,7 +244,9 @@ fn serve_session(
             Packet::Refuse { session: None, reason } => {
                 return Err(RemoteError::Refused { reason }.into());
             }
-            other => tracing::debug!(?other, "ignoring a frame before the session opened"),
+            other => {
+                tracing::debug!(kind = ?other.kind(), "ignoring a frame before the session opened")
+            }
         }
     };
     // 2.
@@ -360,7 +362,9 @@ fn serve_session(
                 let e = superseded(newer, FrameKind::SESSION_REQUESTS);
                 return Err(e.into());
             }
-            other => tracing::warn!(?other, "ignoring an unexpected frame from rank 0"),
+            other => {
+                tracing::warn!(kind = ?other.kind(), "ignoring an unexpected frame from rank 0")
+            }
         }
     }
 }
