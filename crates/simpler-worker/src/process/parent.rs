@@ -451,6 +451,8 @@ impl ChipProcess {
         if self.pinned.is_some() {
             return Err(cause);
         }
+        // The buffers of the process that ended are stale from here on: say why, once.
+        tracing::warn!(chip = %self.chip, cause = %cause, "restarting the chip's process");
         // Within the start deadline while the worker starts, as every other wait of its start.
         let (deadline, _) = self.wait_deadline(self.opts.control_timeout);
         match self.launch(deadline) {
