@@ -273,10 +273,9 @@ impl Child {
                     }
                     let residue = self.state.take().map(|mut s| s.finalize()).unwrap_or_default();
                     self.out.0.clear();
-                    self.out.u32(residue.len() as u32);
-                    for r in &residue {
-                        encode_residue(&mut self.out, r);
-                    }
+                    encode_residue_within(&mut self.out, &residue, PAYLOAD_BYTES);
+                    // Fits by construction: a refused write would leave the last reply there,
+                    // which the parent would read as this report.
                     let _ = self.mailbox.write_reply(status::OK, self.last_seq, &self.out.0);
                     self.mailbox.publish(state::EXITED);
                     // Fault 12: the process hangs after it said it exits; 14: it aborts.
@@ -492,6 +491,33 @@ impl Child {
 
 /// Writes what finalizing the chip left for the parent, which names the chip and this process
 /// itself: a stuck device thread's name (tag 1), or a failure's device code and text (tag 0).
+/// The finalize report: a count, then as many entries of `residue` as fit in `limit` bytes; the
+/// ones left out are counted in a last entry saying so.
+fn encode_residue_within(w: &mut Writer, residue: &[Residue], limit: usize) {
+    /// Room kept for the closing entry that counts what did not fit.
+    const CLOSING_ROOM: usize = 128;
+    let start = w.0.len();
+    w.u32(0);
+    let mut written = 0u32;
+    for (i, r) in residue.iter().enumerate() {
+        let before = w.0.len();
+        encode_residue(w, r);
+        let last = i + 1 == residue.len();
+        let room = if last { limit } else { limit.saturating_sub(CLOSING_ROOM) };
+        if w.0.len() - start > room {
+            w.0.truncate(before);
+            let left = residue.len() - i;
+            w.u8(0);
+            encode_code(w, None);
+            w.str(&format!("{left} more finalize failures did not fit the chip's mailbox"));
+            written += 1;
+            break;
+        }
+        written += 1;
+    }
+    w.0[start..start + 4].copy_from_slice(&written.to_le_bytes());
+}
+
 fn encode_residue(w: &mut Writer, r: &Residue) {
     match r {
         Residue::Leaked(Leak { what: Leaked::DeviceThread(name), .. }) => {
@@ -514,5 +540,53 @@ fn encode_residue(w: &mut Writer, r: &Residue) {
             encode_code(w, None);
             w.str(&format!("leaked: {leak}"));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PAYLOAD_BYTES, encode_residue_within};
+    use crate::error::{Leak, Leaked, Residue};
+    use crate::process::wire::{Reader, Writer, decode_code};
+
+    fn thread(i: usize) -> Residue {
+        Residue::Leaked(Leak { at: Vec::new(), what: Leaked::DeviceThread(format!("{i:0>100}")) })
+    }
+
+    /// Decodes a finalize report as the parent does: its entries' messages (thread names).
+    fn entries(bytes: &[u8]) -> Vec<String> {
+        let mut r = Reader(bytes);
+        let n = r.u32().expect("count");
+        let out: Vec<String> = (0..n)
+            .map(|_| match r.u8().expect("kind") {
+                1 => r.str().expect("name").to_owned(),
+                _ => {
+                    decode_code(&mut r).expect("code");
+                    r.str().expect("message").to_owned()
+                }
+            })
+            .collect();
+        assert!(r.0.is_empty(), "bytes left after {n} entries");
+        out
+    }
+
+    #[test]
+    fn a_finalize_report_larger_than_the_mailbox_is_cut_and_says_how_much_is_missing() {
+        let many: Vec<Residue> = (0..2000).map(thread).collect();
+        let mut w = Writer::default();
+        encode_residue_within(&mut w, &many, PAYLOAD_BYTES);
+        assert!(w.0.len() <= PAYLOAD_BYTES, "{} bytes", w.0.len());
+        let got = entries(&w.0);
+        let kept = got.len() - 1;
+        assert!(kept > 0);
+        let left = 2000 - kept;
+        let last = got.last().expect("a closing entry");
+        assert_eq!(*last, format!("{left} more finalize failures did not fit the chip's mailbox"));
+
+        // A report that fits is sent whole.
+        let few: Vec<Residue> = (0..3).map(thread).collect();
+        let mut w = Writer::default();
+        encode_residue_within(&mut w, &few, PAYLOAD_BYTES);
+        assert_eq!(entries(&w.0).len(), 3);
     }
 }
