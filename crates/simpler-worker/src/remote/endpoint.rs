@@ -613,10 +613,14 @@ impl Session {
             Ok(Packet::Prepared { refusal: None, .. }) => Ok(()),
             Ok(Packet::Prepared { refusal: Some(reason), .. }) => Err((rank, refused(reason))),
             Ok(_) => unreachable!("wait returns only frames its filter accepts"),
-            Err(Waited::Deadline) => {
-                let why = format!("no answer before the registration's {PREPARE_BUDGET:?} ran out");
-                Err((rank, refused(why)))
-            }
+            Err(Waited::Deadline) => Err((
+                rank,
+                RemoteError::RegistrationTimedOut {
+                    rank,
+                    graph: name.to_owned(),
+                    budget: PREPARE_BUDGET,
+                },
+            )),
             Err(Waited::Failed(e)) => Err((rank, self.wait_failed(e))),
         }
     }

@@ -239,16 +239,27 @@ pub enum RemoteError {
         /// Why the send failed.
         cause: Box<RemoteError>,
     },
-    /// A serving rank refused, or did not answer, phase 1 of a graph registration after start;
-    /// every rank rolled it back.
+    /// A serving rank refused phase 1 of a graph registration after start; every rank rolled
+    /// it back.
     #[error("MPI rank {rank} cannot serve graph '{graph}' registered after start: {reason}")]
     RegistrationRefused {
         /// The refusing rank.
         rank: i32,
         /// The graph.
         graph: String,
-        /// Why (the rank's own words, or that it did not answer in time).
+        /// Why, in the rank's own words.
         reason: String,
+    },
+    /// A serving rank kept answering pings but did not answer phase 1 of a graph registration
+    /// after start within `budget`; every rank rolled it back.
+    #[error("MPI rank {rank} did not answer the registration of graph '{graph}' within {budget:?}")]
+    RegistrationTimedOut {
+        /// The silent rank.
+        rank: i32,
+        /// The graph.
+        graph: String,
+        /// The registration's budget for all ranks' answers.
+        budget: Duration,
     },
 }
 
