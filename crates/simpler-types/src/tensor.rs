@@ -334,6 +334,53 @@ impl Tensor {
         Some((start, end))
     }
 
+    /// Calls `f(addr, len)` for each run of adjacent bytes the view's elements occupy, in index
+    /// order: one run for a contiguous view; for a strided one, one per index of the dimensions
+    /// outside its innermost contiguous ones (runs repeat when strides alias). Every run lies in
+    /// [`byte_span`](Self::byte_span); a view without a span, or one whose strides reach past it
+    /// (a descriptor that does not validate), yields nothing beyond what lies inside the span.
+    pub fn for_each_byte_run(&self, mut f: impl FnMut(u64, u64)) {
+        let (Some((start, end)), Some(elem)) = (self.byte_span(), self.element_size()) else {
+            return;
+        };
+        let (shape, stride) = (self.shape(), self.stride());
+        // Innermost dimensions that continue each other form one run; a dimension of one
+        // element continues any.
+        let mut run = 1u64;
+        let mut outer = shape.len();
+        while let Some(k) = outer.checked_sub(1) {
+            if shape[k] != 1 {
+                if u64::from(stride[k]) != run {
+                    break;
+                }
+                run *= u64::from(shape[k]);
+            }
+            outer = k;
+        }
+        let Some(len) = run.checked_mul(elem) else { return };
+        let mut index = [0u32; MAX_TENSOR_DIMS];
+        loop {
+            let offset = (0..outer)
+                .try_fold(0u64, |o, k| o.checked_add(u64::from(index[k]) * u64::from(stride[k])));
+            let at = offset.and_then(|o| start.checked_add(o.checked_mul(elem)?));
+            match at.and_then(|a| Some((a, a.checked_add(len)?))) {
+                Some((a, e)) if e <= end => f(a, len),
+                _ => return,
+            }
+            // The next index of the outer dimensions, last one fastest.
+            let mut k = outer;
+            loop {
+                let Some(d) = k.checked_sub(1) else { return };
+                index[d] += 1;
+                if index[d] < shape[d] {
+                    break;
+                }
+                index[d] = 0;
+                k = d;
+            }
+        }
+    }
+
     // ----- Bytes -----
 
     /// The descriptor's 128 bytes, in memory order.
@@ -574,6 +621,33 @@ mod tests {
 
     fn t(shape: &[u32]) -> Tensor {
         Tensor::external(0x1000, shape, DataType::Float32).unwrap()
+    }
+
+    fn runs(t: &Tensor) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        t.for_each_byte_run(|a, n| out.push((a, n)));
+        out
+    }
+
+    #[test]
+    fn byte_runs_are_the_views_contiguous_pieces() {
+        let m = t(&[4, 8]);
+        assert_eq!(runs(&m), vec![(0x1000, 128)], "contiguous: one run");
+        // Rows 1 and 3: two runs of a row each.
+        let odd_rows = m.slice(0, 1, 4, 2).unwrap();
+        assert_eq!(runs(&odd_rows), vec![(0x1000 + 32, 32), (0x1000 + 96, 32)]);
+        // Columns 2..4 of every row: one run of two elements per row.
+        let cols = m.view(&[4, 2], &[0, 2]).unwrap();
+        assert_eq!(runs(&cols), (0..4).map(|r| (0x1000 + r * 32 + 8, 8)).collect::<Vec<_>>());
+        // The transpose: one element at a time, in the view's index order.
+        let tr = t(&[2, 3]).transpose(0, 1).unwrap();
+        let want: Vec<(u64, u64)> =
+            [0, 3, 1, 4, 2, 5].iter().map(|e| (0x1000 + e * 4, 4)).collect();
+        assert_eq!(runs(&tr), want);
+        // A dimension of one element continues any other.
+        let row = m.view(&[1, 8], &[2, 0]).unwrap();
+        assert_eq!(runs(&row), vec![(0x1000 + 64, 32)]);
+        assert!(runs(&m.view(&[0, 8], &[0, 0]).unwrap()).is_empty(), "no elements");
     }
 
     #[test]
