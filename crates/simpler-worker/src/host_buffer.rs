@@ -54,7 +54,7 @@ static LIVE: Mutex<BTreeMap<u64, Weak<Bytes>>> = Mutex::new(BTreeMap::new());
 
 /// Host memory that L3 chip tasks can take as tensors (`child_memory = 0`): the chip lane
 /// copies it to the chip before the task (unless every tensor of it is a contiguous blind write
-/// over all of it) and back after a successful task (the bytes its written tensors can touch).
+/// over all of it) and back after a successful task (the bytes its written tensors touch).
 /// Clones share the bytes.
 ///
 /// ```

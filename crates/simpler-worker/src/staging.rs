@@ -5,10 +5,12 @@
 //! device buffer per distinct host buffer, copies the bytes in unless every tensor of that
 //! buffer is a contiguous blind write (`Output`, `OutputExisting`) over all of it, rewrites the
 //! tensors to the device copy,
-//! runs the task and, after a successful run, copies back the bytes its write-tagged tensors can
-//! touch (each one's bounding span) and nothing else: the engine orders tasks by those spans,
-//! so another task may be writing the buffer's other bytes meanwhile. The device copies are
-//! freed on every path.
+//! runs the task and, after a successful run, copies back the bytes its write-tagged tensors
+//! touch and nothing else: another task may be writing the buffer's other bytes meanwhile,
+//! including bytes in the gaps of a strided view (two blind writes of interleaved rows are not
+//! ordered against each other). The device's bytes of each write view's bounding span are read,
+//! and only the view's own elements are written into the buffer. The device copies are freed on
+//! every path.
 //!
 //! Tensors of one host buffer share one device copy, so views of the same bytes stay aliased
 //! on the chip as they are on the host.
@@ -21,7 +23,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use simpler_device_a2a3::{ArgsProblem, DeviceError, DevicePtr, DeviceRunner};
 use simpler_sched::EndpointFailure;
 use simpler_types::{
-    CallConfig, CallableId, FailureSource, TaskArgs, TaskArgsView, TaskId, Tensor, TensorArgType,
+    CallConfig, CallableId, TaskArgs, TaskArgsView, TaskId, Tensor, TensorArgType,
 };
 
 use crate::chip::{ChipState, device_failure};
@@ -138,16 +140,56 @@ pub(crate) struct Staged {
     /// The device copy's address on the chip.
     pub(crate) dev: u64,
     copy_in: bool,
-    /// Byte ranges (offsets into the buffer) the task's write-tagged tensors can touch: only
-    /// these are copied back, since the engine may run a task writing other bytes of the same
-    /// buffer at the same time.
-    written: Vec<(usize, usize)>,
+    /// The task's write-tagged views of the buffer (host addresses), each with elements: only
+    /// their bytes are copied back, since the engine may run a task writing other bytes of the
+    /// same buffer at the same time.
+    written: Vec<Tensor>,
 }
 
 impl Staged {
-    /// The spans to copy back, sorted and joined.
+    /// The bounding spans of the written views (offsets into the buffer), sorted and joined:
+    /// what is read back from the device.
     pub(crate) fn written(&self) -> Vec<(usize, usize)> {
-        merged(&self.written)
+        let (base, len) = (self.host.addr(), self.host.len());
+        let spans: Vec<_> = self.written.iter().filter_map(|t| span_in(t, base, len)).collect();
+        merged(&spans)
+    }
+
+    /// Writes the bytes the written views touch into the host buffer, from `read`: the
+    /// device's bytes of each span of [`written`](Self::written), in order.
+    pub(crate) fn write_back(&self, read: &[(usize, Vec<u8>)]) {
+        let spans: Vec<(usize, &[u8])> = read.iter().map(|(lo, b)| (*lo, b.as_slice())).collect();
+        let base = self.host.addr();
+        self.host.with_bytes(|host| write_touched(&self.written, base, host, &spans));
+    }
+}
+
+/// Copies into `host` (the bytes of the buffer at address `base`) every byte run of `views`
+/// from `spans`, sorted disjoint `(offset, bytes)` pieces of the device's copy that together
+/// hold each view's bounding span. A run outside them (which the callers rule out) is skipped.
+pub(crate) fn write_touched(
+    views: &[Tensor],
+    base: u64,
+    host: &mut [u8],
+    spans: &[(usize, &[u8])],
+) {
+    for v in views {
+        v.for_each_byte_run(|addr, len| {
+            let (Some(off), Ok(len)) = (addr.checked_sub(base), usize::try_from(len)) else {
+                return;
+            };
+            let Ok(off) = usize::try_from(off) else { return };
+            let Some(k) = spans.partition_point(|(lo, _)| *lo <= off).checked_sub(1) else {
+                return;
+            };
+            let (lo, bytes) = spans[k];
+            let from = off - lo;
+            let src = from.checked_add(len).and_then(|end| bytes.get(from..end));
+            let dst = off.checked_add(len).and_then(|end| host.get_mut(off..end));
+            if let (Some(src), Some(dst)) = (src, dst) {
+                dst.copy_from_slice(src);
+            }
+        });
     }
 }
 
@@ -250,20 +292,20 @@ impl StagingChip for ChipState {
     /// buffers are written only once all of them were (a failed read changes no host byte).
     fn copy_back(&mut self, staged: &[Staged], _: TaskId) -> Result<(), EndpointFailure> {
         let runner = runner(self).map_err(device_failure)?;
-        let mut read: Vec<(&HostBuffer, usize, Vec<u8>)> = Vec::new();
+        let mut read: Vec<Vec<(usize, Vec<u8>)>> = Vec::with_capacity(staged.len());
         for s in staged {
+            let mut spans = Vec::new();
             for (lo, hi) in s.written() {
                 let mut bytes = vec![0u8; hi - lo];
                 runner
                     .copy_from_device(&mut bytes, DevicePtr(s.dev + lo as u64))
                     .map_err(device_failure)?;
-                read.push((&s.host, lo, bytes));
+                spans.push((lo, bytes));
             }
+            read.push(spans);
         }
-        for (host, lo, bytes) in read {
-            host.write(lo as u64, &bytes).map_err(|e| {
-                EndpointFailure::task_failed(e.to_string()).with_source(FailureSource::new(e))
-            })?;
+        for (s, spans) in staged.iter().zip(&read) {
+            s.write_back(spans);
         }
         Ok(())
     }
@@ -301,9 +343,11 @@ fn stage_in(
                 problem: ArgsProblem::NotInHostBuffer { arg: i, addr: t.addr },
             })
         })?;
-        // A view that overwrites the whole buffer needs no copy in; any other does, or the copy
-        // back would return the bytes it did not write as garbage.
-        let whole = t.overwrites_whole(tag, host.addr(), host.len());
+        // A view that overwrites the whole buffer needs no copy in; any other with elements
+        // does, or the copy back would return the bytes it did not write as garbage. An empty
+        // view touches no byte.
+        let empty = t.numel() == 0;
+        let whole = empty || t.overwrites_whole(tag, host.addr(), host.len());
         let k = match staged.iter().position(|s| HostBuffer::same(&s.host, &host)) {
             Some(k) => k,
             None => {
@@ -314,8 +358,9 @@ fn stage_in(
         };
         let s = &mut staged[k];
         s.copy_in |= !whole;
-        if tag.writes() {
-            s.written.push(written_span(i, t, &s.host).map_err(device_failure)?);
+        if tag.writes() && !empty {
+            written_span(i, t, &s.host).map_err(device_failure)?;
+            s.written.push(*t);
         }
         t.addr = s.dev + (t.addr - s.host.addr());
         t.child_memory = 1;
@@ -419,6 +464,84 @@ mod tests {
         }));
         assert!(unwound.is_err(), "the panic goes on unwinding");
         assert_eq!(chip.freed, vec![1 << 20, 2 << 20], "both device copies were freed");
+    }
+
+    /// A chip whose device copies are byte vectors; its "kernel" sets every byte of each copy
+    /// to 0xAB (the gaps of a strided view included), and meanwhile another task writes
+    /// `others` into the host buffer, as a task the engine runs at the same time may.
+    struct MemChip {
+        copies: Vec<Vec<u8>>,
+        others: Vec<(HostBuffer, u64, Vec<u8>)>,
+    }
+
+    impl StagingChip for MemChip {
+        fn malloc(&mut self, len: u64, _: TaskId) -> Result<u64, EndpointFailure> {
+            self.copies.push(vec![0; len as usize]);
+            Ok((self.copies.len() as u64) << 32)
+        }
+        fn copy_in(
+            &mut self,
+            dev: u64,
+            host: &HostBuffer,
+            _: TaskId,
+        ) -> Result<(), EndpointFailure> {
+            self.copies[(dev >> 32) as usize - 1] = host.to_vec();
+            Ok(())
+        }
+        fn run(
+            &mut self,
+            _: &CallableId,
+            _: TaskArgsView<'_>,
+            _: &CallConfig,
+            _: TaskId,
+        ) -> Result<(), EndpointFailure> {
+            self.copies.iter_mut().for_each(|c| c.fill(0xAB));
+            for (host, offset, bytes) in &self.others {
+                host.write(*offset, bytes).unwrap();
+            }
+            Ok(())
+        }
+        fn copy_back(&mut self, staged: &[Staged], _: TaskId) -> Result<(), EndpointFailure> {
+            for s in staged {
+                let copy = &self.copies[(s.dev >> 32) as usize - 1];
+                let read: Vec<_> =
+                    s.written().iter().map(|&(lo, hi)| (lo, copy[lo..hi].to_vec())).collect();
+                s.write_back(&read);
+            }
+            Ok(())
+        }
+        fn free(&mut self, _: u64, _: TaskId) {}
+    }
+
+    fn run_on(chip: &mut MemChip, args: &TaskArgs) -> Result<(), EndpointFailure> {
+        let id = CallableId::new([1; 32], CallableKind::Chip, CallableNamespace::LocalChip);
+        let origin = TaskId::new(RunId::from_raw(1).unwrap(), 0);
+        stage_and_run(chip, &id, args.view(), &CallConfig::default(), origin)
+    }
+
+    #[test]
+    fn a_strided_write_copies_back_its_own_elements_not_the_gaps_another_task_writes() {
+        // Rows 1 and 3 of a 4 x 8 matrix of bytes; another task writes rows 0 and 2 meanwhile
+        // (two blind writes of interleaved rows are not ordered against each other).
+        let buf = HostBuffer::new(32).unwrap();
+        let m = buf.tensor(&[4, 8], DataType::UInt8).unwrap();
+        let mut args = TaskArgs::new();
+        args.add_output(m.slice(0, 1, 4, 2).unwrap()).unwrap();
+        let others = vec![(buf.clone(), 0, vec![7; 8]), (buf.clone(), 16, vec![7; 8])];
+        let mut chip = MemChip { copies: Vec::new(), others };
+        run_on(&mut chip, &args).expect("run");
+        let rows: Vec<Vec<u8>> = buf.to_vec().chunks(8).map(<[u8]>::to_vec).collect();
+        assert_eq!(rows, vec![vec![7; 8], vec![0xAB; 8], vec![7; 8], vec![0xAB; 8]]);
+    }
+
+    #[test]
+    fn an_empty_write_view_of_a_host_buffer_runs_and_writes_nothing_back() {
+        let buf = HostBuffer::from_bytes(&[5; 16]).unwrap();
+        let mut args = TaskArgs::new();
+        args.add_output(buf.tensor(&[0], DataType::Float32).unwrap()).unwrap();
+        let mut chip = MemChip { copies: Vec::new(), others: Vec::new() };
+        run_on(&mut chip, &args).expect("an empty view touches no byte");
+        assert_eq!(buf.to_vec(), vec![5; 16]);
     }
 
     #[test]

@@ -65,17 +65,19 @@ impl StagingChip for ChipProcess {
     }
 
     fn copy_back(&mut self, staged: &[Staged], origin: TaskId) -> Result<(), EndpointFailure> {
-        let mut read: Vec<(usize, usize, Vec<u8>)> = Vec::new();
-        for (k, s) in staged.iter().enumerate() {
+        let mut read: Vec<Vec<(usize, Vec<u8>)>> = Vec::with_capacity(staged.len());
+        for s in staged {
+            let mut spans = Vec::new();
             for (lo, hi) in s.written() {
                 let mut bytes = vec![0u8; hi - lo];
                 self.device_copy_from(s.dev + lo as u64, &mut bytes)
                     .map_err(|f| self.staging_failure(f, origin))?;
-                read.push((k, lo, bytes));
+                spans.push((lo, bytes));
             }
+            read.push(spans);
         }
-        for (k, lo, bytes) in read {
-            staged[k].host.with_bytes(|b| b[lo..lo + bytes.len()].copy_from_slice(&bytes));
+        for (s, spans) in staged.iter().zip(&read) {
+            s.write_back(spans);
         }
         Ok(())
     }

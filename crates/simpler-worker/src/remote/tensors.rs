@@ -6,9 +6,10 @@
 //! (buffer of the frame, offset) instead of an address. The serving rank puts each buffer in a
 //! fresh `HostBuffer` of its own, runs the task on those, and after a successful run sends back
 //! the bytes each write-tagged tensor can touch (its bounding span, merged per buffer) and
-//! nothing else: the L4 engine ordered the task by those spans, so another task may be using
-//! the buffer's other bytes meanwhile. Rank 0 checks that the spans it gets are exactly the
-//! ones it expects and writes them into its buffers.
+//! nothing else: another task may be using the buffer's other bytes meanwhile. Rank 0 checks
+//! that the spans it gets are exactly the ones it expects and writes into its buffers only the
+//! bytes of the written views themselves: a strided view's span has gaps, which another task
+//! that blindly writes interleaved elements may be writing (two blind writes are not ordered).
 //!
 //! Chip memory of rank 0 means nothing on another host, so a chip-memory tensor, like host
 //! memory outside a `HostBuffer` and a `NoDep` tag, is refused when the task is submitted
@@ -24,7 +25,7 @@ use super::frames::{WireArgs, WireBuffer, WireTensor, WrittenSpan, carries_types
 use super::transport::MAX_FRAME_BYTES;
 use crate::error::WorkerError;
 use crate::host_buffer::{HostAddr, HostBuffer};
-use crate::staging::{merged, push_unique, span_in};
+use crate::staging::{merged, push_unique, span_in, write_touched};
 
 /// The most bytes a serving rank allocates, for one task, for the buffers sent without their
 /// bytes that the task does not write back whole: enough for the empty views of ordinary
@@ -102,6 +103,10 @@ pub(crate) struct WriteBack {
     buffers: Vec<HostBuffer>,
     /// The spans the serving rank must send back, in order.
     expected: Vec<(u32, usize, usize)>,
+    /// The task's write-tagged views with elements, by buffer: only their bytes of the spans
+    /// that come back are written (the bounding span of a strided view has gaps another task
+    /// may be writing).
+    views: Vec<Vec<Tensor>>,
 }
 
 /// Packs `args` of `task` for `rank` (see the module docs). The submit check ran already; a
@@ -115,6 +120,7 @@ pub(crate) fn pack(
     let mut buffers: Vec<HostBuffer> = Vec::new();
     let mut copy_in: Vec<bool> = Vec::new();
     let mut spans: Vec<(u32, (usize, usize))> = Vec::new();
+    let mut views: Vec<(usize, Tensor)> = Vec::new();
     let mut tensors = Vec::with_capacity(args.tensors.len());
     for (i, t) in args.tensors.iter().enumerate() {
         let tag = args.tags.get(i).copied().unwrap_or_default();
@@ -148,6 +154,7 @@ pub(crate) fn pack(
             copy_in[k] |= !t.overwrites_whole(tag, host.addr(), host.len());
             if tag.writes() {
                 spans.push((k as u32, span));
+                views.push((k, *t));
             }
         }
         let mut wire = *t;
@@ -160,8 +167,12 @@ pub(crate) fn pack(
         .map(|(b, &copy)| WireBuffer { len: b.len(), bytes: copy.then(|| b.to_vec()) })
         .collect();
     let expected = write_back_plan(spans, buffers.len());
+    let mut by_buffer = vec![Vec::new(); buffers.len()];
+    for (k, t) in views {
+        by_buffer[k].push(t);
+    }
     let wire = WireArgs { tensors, scalars: args.scalars.to_vec(), buffers: wire_buffers };
-    Ok((wire, WriteBack { buffers, expected }))
+    Ok((wire, WriteBack { buffers, expected, views: by_buffer }))
 }
 
 impl WriteBack {
@@ -192,14 +203,27 @@ impl WriteBack {
                 named: self.expected.len(),
             }))));
         }
+        // The spans are the expected ones, which lie inside rank 0's buffers; one that leaves
+        // its buffer anyway is refused before anything is written.
         for s in written {
-            let span = at(s);
-            // The spans are the expected ones, which lie inside rank 0's buffers; a write that
-            // leaves its buffer anyway is refused, not performed.
             let buffer = &self.buffers[s.buffer as usize];
-            buffer.write(s.offset, &s.bytes).map_err(|_| {
-                violation(ProtocolViolation::SpanOutsideBuffer { span, size: buffer.len() })
-            })?;
+            let end = s.offset.checked_add(s.bytes.len() as u64);
+            if end.is_none_or(|end| end > buffer.len()) {
+                let size = buffer.len();
+                return Err(violation(ProtocolViolation::SpanOutsideBuffer { span: at(s), size }));
+            }
+        }
+        for (k, buffer) in self.buffers.iter().enumerate() {
+            let spans: Vec<(usize, &[u8])> = written
+                .iter()
+                .filter(|s| s.buffer as usize == k)
+                .map(|s| (s.offset as usize, s.bytes.as_slice()))
+                .collect();
+            if spans.is_empty() {
+                continue;
+            }
+            let base = buffer.addr();
+            buffer.with_bytes(|host| write_touched(&self.views[k], base, host, &spans));
         }
         Ok(())
     }
@@ -545,6 +569,22 @@ mod tests {
         assert!(buf.to_vec().iter().all(|&b| b == 0), "nothing was written");
         back.write_back(2, &[span(16, 32)]).unwrap();
         assert_eq!(buf.to_vec()[16..48], [7; 32]);
+    }
+
+    #[test]
+    fn a_strided_write_comes_back_as_its_own_elements_not_the_gaps_of_its_span() {
+        // Rows 1 and 3 of a 4 x 8 matrix of bytes: the span is rows 1 to 3, and row 2, in its
+        // gap, is another task's to write meanwhile.
+        let task = TaskId::new(simpler_types::RunId::from_raw(1).unwrap(), 0);
+        let buf = HostBuffer::new(32).unwrap();
+        let m = buf.tensor(&[4, 8], DataType::UInt8).unwrap();
+        let mut args = TaskArgs::new();
+        args.add_output(m.slice(0, 1, 4, 2).unwrap()).unwrap();
+        let (_, back) = pack(1, task, args.view()).map_err(|e| e.to_string()).unwrap();
+        buf.write(16, &[7; 8]).unwrap();
+        back.write_back(1, &[WrittenSpan { buffer: 0, offset: 8, bytes: vec![0xAB; 24] }]).unwrap();
+        let rows: Vec<Vec<u8>> = buf.to_vec().chunks(8).map(<[u8]>::to_vec).collect();
+        assert_eq!(rows, vec![vec![0; 8], vec![0xAB; 8], vec![7; 8], vec![0xAB; 8]]);
     }
 
     #[test]
