@@ -1085,3 +1085,40 @@ fn a_task_naming_an_earlier_runs_heap_buffer_is_refused() {
     still_works(&mut r, 3);
     r.finalize().unwrap();
 }
+
+/// Writes a descriptor based 64 bytes before a heap buffer a task is writing, whose view is
+/// exactly that buffer: its bytes are in the heap, its base is not a heap buffer's.
+fn writes_a_heap_buffer_through_an_alias_orch(
+    ctx: &mut OrchCtx<'_>,
+    _: &OrchArgs<'_>,
+) -> Result<(), OrchError> {
+    let buf = ctx.alloc_tensor(&[256], DataType::Float32)?;
+    let mut a = CoreArgs::new();
+    a.add_inout(buf).unwrap();
+    ctx.submit(Kernels::Aiv(FUNC_NOOP), &a)?;
+    let mut alias =
+        Tensor::with_buffer(buf.addr - 64, 64 + 1024, &[256], DataType::Float32).unwrap();
+    alias.start_offset = 16;
+    alias = alias.child_memory(buf.is_child_memory());
+    ctx.set_tensor_data(&alias, &[0; 1024])?;
+    Ok(())
+}
+
+#[test]
+fn a_data_call_on_a_view_of_heap_bytes_based_outside_any_heap_buffer_is_refused() {
+    // Its base names no heap buffer, so no wait would find the task writing those bytes: the
+    // copy would race the kernel.
+    let o = options_on(0, RuntimeVariant::TensormapAndRingbuffer);
+    let mut r = DeviceRunner::attach(o).unwrap();
+    let slot = r.register_callable(&with_noop_kernel(writes_a_heap_buffer_through_an_alias_orch));
+    let err = r
+        .run(&RunRequest::new(run_id(1), slot.unwrap(), &TaskArgs::new(), &CallConfig::default()))
+        .unwrap_err();
+    assert!(
+        matches!(&err, DeviceError::Runtime { fault, .. }
+            if fault.code == RuntimeCode::InvalidArgs
+                && fault.message.contains("set_tensor_data")),
+        "{err}"
+    );
+    still_works(&mut r, 2);
+}
