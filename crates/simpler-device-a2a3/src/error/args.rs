@@ -245,6 +245,34 @@ pub enum ArgsProblem {
         /// The base address of the heap buffer it overlaps.
         heap_addr: u64,
     },
+    /// A tensor of the orchestration overlaps, under another base address, device memory an
+    /// earlier task or data call of the run named (a user allocation that is neither a chip
+    /// argument nor a heap buffer), so the two would not be ordered against each other: make
+    /// both views of one base.
+    #[error(
+        "{}tensor {arg} at {addr:#x} overlaps the buffer at {other_addr:#x} an earlier task or          data call named, under another base address; make both views of one base (the same          base, an element offset)",
+        task.map(|t| format!("task#{t}: ")).unwrap_or_default()
+    )]
+    BufferBaseAlias {
+        /// The task's index in submission order (`None`: a data call).
+        task: Option<u64>,
+        /// The tensor's index among the task's tensors.
+        arg: usize,
+        /// The tensor's base address.
+        addr: u64,
+        /// The base address of the buffer it overlaps.
+        other_addr: u64,
+    },
+    /// A `tensor_data` or `set_tensor_data` descriptor breaks a rule of `simpler-types` (the
+    /// source).
+    #[error("{op}: invalid descriptor: {source}")]
+    DataDescriptor {
+        /// The call.
+        op: OrchOp,
+        /// The rule it broke.
+        #[source]
+        source: TypesError,
+    },
     /// A task's tensors, tags or scalar count do not match the signature of a kernel it names
     /// (the source).
     #[error("task#{task}: {source}")]

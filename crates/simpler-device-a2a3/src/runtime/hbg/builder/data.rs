@@ -6,14 +6,22 @@ use simpler_tensormap::{ByteSpan, TensorKey};
 use simpler_types::Tensor;
 
 use super::{GraphBuilder, span_of};
-use crate::error::{ArgsProblem, OrchOp};
-use crate::runtime::orch::ORCH_OK;
+use crate::error::{ArgsProblem, DeviceError, OrchOp};
+use crate::runtime::orch::{ORCH_FAILED, ORCH_OK};
 
 impl GraphBuilder<'_> {
     /// The bytes `t` names for `op` (`tensor_data` or `set_tensor_data`) with a `len`-byte
     /// buffer: a contiguous view of exactly that many bytes, else the latched invalid-args
     /// status.
     fn data_span(&mut self, t: &Tensor, len: usize, op: OrchOp) -> Result<ByteSpan, i32> {
+        // Every call after a failure (other than a capacity overflow, which the runner retries
+        // with more room) fails, as a submit does.
+        if self.error.as_ref().is_some_and(|e| !matches!(e, DeviceError::Capacity { .. })) {
+            return Err(ORCH_FAILED);
+        }
+        if let Err(source) = t.validate() {
+            return Err(self.invalid(ArgsProblem::DataDescriptor { op, source }));
+        }
         let Some(span) = span_of(t) else {
             return Err(self.invalid(ArgsProblem::DataEmpty { op }));
         };
@@ -31,6 +39,7 @@ impl GraphBuilder<'_> {
         if let Err(alias) = self.base_alias(None, 0, t) {
             return Err(self.invalid(alias));
         }
+        self.note_base(t);
         Ok(span)
     }
 

@@ -20,6 +20,7 @@
 //! the run id, not the fixed-capacity device map, which the device runtime will need only once
 //! orchestration moves onto the AICPU.
 
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::ops::Range;
 
@@ -209,6 +210,10 @@ pub(crate) struct BuildScratch {
     entry_buffers: Vec<(u64, u64)>,
     /// The buffers `alloc_tensors` gave out as `(base address, bytes of its slab)`.
     heap_buffers: Vec<(u64, u64)>,
+    /// Other device memory a task or data call named (user allocations), as base address →
+    /// the most bytes named at it: pairwise disjoint, since one overlapping another under a
+    /// different base is refused.
+    named_buffers: BTreeMap<u64, u64>,
     spare: Option<BuiltGraph>,
 }
 
@@ -234,6 +239,7 @@ impl BuildScratch {
             && self.entry_spans.is_empty()
             && self.entry_buffers.is_empty()
             && self.heap_buffers.is_empty()
+            && self.named_buffers.is_empty()
     }
 
     /// Whether task `pred` wrote every byte of `span` of the buffer at `addr` or, when the
@@ -369,6 +375,7 @@ impl<'e> GraphBuilder<'e> {
             if let Err(p) = self.check_tensor(task, arg, t, tag) {
                 return i64::from(self.invalid(p));
             }
+            self.note_base(t);
         }
         let parsed_tags = &parsed_tags[..tensors.len()];
         if self.limits.check_arity
@@ -608,7 +615,30 @@ impl<'e> GraphBuilder<'e> {
         if let Some(heap_addr) = alias(&self.scratch.heap_buffers) {
             return Err(ArgsProblem::HeapBaseAlias { task, arg, addr, heap_addr });
         }
+        // The named buffers are disjoint: only the nearest one below can reach `t.addr`.
+        let named = &self.scratch.named_buffers;
+        let below =
+            named.range(..t.addr).next_back().filter(|&(&b, &n)| b.saturating_add(n) > addr);
+        let above = named.range(addr.saturating_add(1)..end).next();
+        if let Some((&other_addr, _)) = below.or(above) {
+            return Err(ArgsProblem::BufferBaseAlias { task, arg, addr, other_addr });
+        }
         Ok(())
+    }
+
+    /// Records the base of `t`, which passed [`base_alias`](Self::base_alias), unless it is a
+    /// chip argument's or a heap buffer's (those have lists of their own).
+    pub(super) fn note_base(&mut self, t: &Tensor) {
+        if t.is_null() || t.size == 0 {
+            return;
+        }
+        let s = &mut *self.scratch;
+        let at_base = |buffers: &[(u64, u64)]| buffers.iter().any(|&(base, _)| base == t.addr);
+        if at_base(&s.entry_buffers) || at_base(&s.heap_buffers) {
+            return;
+        }
+        let bytes = s.named_buffers.entry(t.addr).or_insert(0);
+        *bytes = (*bytes).max(t.size);
     }
 
     fn alloc(&mut self, tensors: &mut [Tensor]) -> i32 {
@@ -743,6 +773,7 @@ impl Drop for GraphBuilder<'_> {
         s.entry_spans.clear();
         s.entry_buffers.clear();
         s.heap_buffers.clear();
+        s.named_buffers.clear();
         if s.task_accesses.capacity() > RETAINED_TASKS {
             s.accesses = Vec::new();
             s.task_accesses = Vec::new();

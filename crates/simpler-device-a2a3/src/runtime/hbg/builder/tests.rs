@@ -566,3 +566,51 @@ fn an_image_written_with_reused_scratch_matches_one_written_fresh() {
     write_image(&mut fresh, &small, &inputs, &mut ImageScratch::default()).unwrap();
     assert_eq!(image, fresh, "the larger graph left nothing in the smaller one's image");
 }
+
+#[test]
+fn views_of_one_user_allocation_under_two_bases_are_refused_at_submit_and_in_data_calls() {
+    // A user allocation named under two overlapping bases would be keyed twice: a reader of
+    // one would not wait for a writer of the other.
+    let (out, inp) = (TensorArgType::Output.as_i32(), TensorArgType::Input.as_i32());
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
+    assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(0x1100, 128)], &[out], &[]), 0);
+    assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(0x1200, 64)], &[inp], &[]) < 0);
+    let (addr, other_addr) = (BUF + 0x1200, BUF + 0x1100);
+    let want = ArgsProblem::BufferBaseAlias { task: Some(1), arg: 0, addr, other_addr };
+    assert_eq!(problem(b.finish().unwrap_err()), want);
+    // A base below an earlier one whose bytes reach it, and a data call.
+    let mut b = builder(&mut f);
+    assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(0x1200, 64)], &[out], &[]), 0);
+    assert!(b.get_data(&buf(0x1100, 128), &mut [0u8; 512]) < 0);
+    let (addr, other_addr) = (BUF + 0x1100, BUF + 0x1200);
+    let want = ArgsProblem::BufferBaseAlias { task: None, arg: 0, addr, other_addr };
+    assert_eq!(problem(b.finish().unwrap_err()), want);
+    // Views of one base, and buffers side by side, are fine.
+    let mut b = builder(&mut f);
+    let whole = buf(0x1100, 128);
+    let part = whole.view(&[32], &[64]).unwrap();
+    assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[whole], &[out], &[]), 0);
+    assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[part], &[inp], &[]), 1);
+    assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[buf(0x1300, 4)], &[inp], &[]), 2);
+    b.finish().unwrap();
+}
+
+#[test]
+fn data_calls_refuse_a_bad_descriptor_and_fail_after_a_latched_error() {
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
+    let mut bad = buf(0x1000, 16);
+    bad.ndims = 9;
+    assert!(b.set_data(&bad, &[0u8; 64]) < 0);
+    let got = problem(b.finish().unwrap_err());
+    assert!(
+        matches!(got, ArgsProblem::DataDescriptor { op: OrchOp::SetTensorData, .. }),
+        "{got:?}"
+    );
+    let mut b = builder(&mut f);
+    assert!(b.scope_end() < 0);
+    assert_eq!(b.set_data(&buf(0x1000, 16), &[0u8; 64]), ORCH_FAILED);
+    assert_eq!(b.get_data(&buf(0, 16), &mut [0u8; 64]), ORCH_FAILED);
+    assert_eq!(problem(b.finish().unwrap_err()), ArgsProblem::ScopeUnbalanced);
+}
