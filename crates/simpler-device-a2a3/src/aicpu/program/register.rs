@@ -80,14 +80,17 @@ pub unsafe fn register_entry(args: *const u8) -> i32 {
             r
         }
     };
-    if a.reply_addr != 0 {
-        let dst = a.reply_addr as *mut RegisterReply;
-        // SAFETY: the caller guarantees a writable reply block at that address.
-        unsafe { dst.write_unaligned(reply) };
-        // Written back to memory, so that the host's copy reads it.
-        invalidate(dst.cast(), size_of::<RegisterReply>());
+    if a.reply_addr == 0 {
+        return if result.is_ok() { 0 } else { super::ENTRY_BAD_ARGS };
     }
-    if result.is_ok() { 0 } else { super::ENTRY_BAD_ARGS }
+    let dst = a.reply_addr as *mut RegisterReply;
+    // SAFETY: the caller guarantees a writable reply block at that address.
+    unsafe { dst.write_unaligned(reply) };
+    // Written back to memory, so that the host's copy reads it.
+    invalidate(dst.cast(), size_of::<RegisterReply>());
+    // A refusal the reply carries is an answer: a non-zero return would fail the AICPU
+    // stream's sync on a real device, which the host then takes for a device fault.
+    0
 }
 
 fn zeroed() -> RegisterReply {
@@ -181,4 +184,26 @@ fn install(dir: &Path, bytes: &[u8], slot: u32) -> std::io::Result<PathBuf> {
         return Err(e);
     }
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_written_to_the_reply_returns_0_and_one_without_a_reply_returns_bad_args() {
+        let mut reply = zeroed();
+        let mut args: RegisterArgs = bytemuck::Zeroable::zeroed();
+        args.abi_version = ABI_VERSION + 1;
+        args.op = REGISTER_UNLOAD;
+        args.reply_addr = std::ptr::addr_of_mut!(reply) as u64;
+        // SAFETY: a readable block and a writable reply, both alive for the call.
+        let code = unsafe { register_entry(std::ptr::addr_of!(args).cast()) };
+        assert_eq!(code, 0, "the refusal is in the reply");
+        assert_eq!(reply.status, RegisterFailure::BadArgs as u32);
+        args.reply_addr = 0;
+        // SAFETY: as above, with no reply.
+        let code = unsafe { register_entry(std::ptr::addr_of!(args).cast()) };
+        assert_eq!(code, crate::aicpu::program::ENTRY_BAD_ARGS);
+    }
 }
