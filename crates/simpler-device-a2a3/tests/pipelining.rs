@@ -148,6 +148,28 @@ fn dropped_prepared_and_launched_runs_are_cleaned_up_and_free_their_slots() {
 }
 
 #[test]
+fn malloc_and_a_host_orchestration_registration_only_look_at_a_dropped_run_still_executing() {
+    // Neither needs the run gone: new memory is nobody's, and a native orchestration loads
+    // nothing on the device. The hung kernel keeps the run executing until the scheduler's
+    // stall watchdog (1 s), so a call that waited for it would see it cleaned up.
+    let mut r = DeviceRunner::attach(options()).unwrap();
+    let slot = r.register_callable(&vector_callable()).unwrap();
+    let v = VectorRun::new(&mut r, 1024);
+    r.sim_faults().unwrap().kernel_hang(FUNC_MUL, 1);
+    let p = r.prepare(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap();
+    let cleanups = r.stats().terminal_cleanups;
+    drop(r.launch_run(p).unwrap());
+    r.malloc(64).unwrap();
+    let again = r.register_callable(&vector_callable()).unwrap();
+    assert_eq!(r.stats().terminal_cleanups, cleanups, "a call waited for the dropped run");
+    r.unregister_callable(again).unwrap();
+    assert_eq!(r.stats().terminal_cleanups, cleanups + 1, "unregister waits for it");
+    r.sim_faults().unwrap().clear();
+    drop(v);
+    r.finalize().unwrap();
+}
+
+#[test]
 fn a_fault_is_charged_to_its_run_and_the_run_prepared_behind_it_is_abandoned() {
     let mut r = DeviceRunner::attach(fast_options(0)).unwrap();
     let slot = r.register_callable(&vector_callable()).unwrap();

@@ -119,6 +119,15 @@ impl DeviceRunner {
         Ok(core)
     }
 
+    /// The attached state after a look at the runs of dropped handles
+    /// ([`Core::sweep_dropped`]), for a call that needs none of them gone: it never waits out a
+    /// dropped run's stream-sync budget.
+    fn core_looking(&mut self) -> Result<&mut Core, DeviceError> {
+        let core = self.attached()?;
+        core.sweep_dropped();
+        Ok(core)
+    }
+
     /// The attached state, for the calls of the pipelined path, which clean up dropped handles
     /// themselves and wait only for those they need gone (`docs/pipelining.md`).
     fn attached(&mut self) -> Result<&mut Core, DeviceError> {
@@ -153,8 +162,9 @@ impl DeviceRunner {
     }
 
     /// Allocates `bytes` of device memory (1024-byte aligned, zero-filled on the simulator).
+    /// New memory is nobody's: a dropped run still executing is only looked at.
     pub fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
-        let core = self.core_unless_unusable()?;
+        let core = self.core_looking()?;
         unusable(core)?;
         core.malloc(bytes).map(DevicePtr)
     }
@@ -202,9 +212,15 @@ impl DeviceRunner {
         core.backend.read(src.0, dst)
     }
 
-    /// Registers a callable in the lowest free of the 64 slots.
+    /// Registers a callable in the lowest free of the 64 slots. Only loading a `DeviceObject`
+    /// needs the AICPU stream to itself, so only then is a dropped run still executing waited
+    /// for; otherwise it is only looked at.
     pub fn register_callable(&mut self, callable: &ChipCallable) -> Result<ChipSlot, DeviceError> {
-        self.core_unless_unusable()?.register(callable)
+        let core = match callable.orchestration() {
+            crate::callable::Orchestration::DeviceObject(_) => self.core_unless_unusable()?,
+            crate::callable::Orchestration::Native { .. } => self.core_looking()?,
+        };
+        core.register(callable)
     }
 
     /// Frees a callable's slot; a slot used by the prepared or in-flight run is `CallableInUse`.
