@@ -1958,6 +1958,30 @@ fn an_allocation_cann_refuses_for_want_of_memory_is_a_resources_error_with_its_c
 }
 
 #[test]
+fn a_kernel_text_upload_cann_refuses_is_typed_as_any_allocation_or_copy() {
+    // Every allocation, then every copy, refused: a registration's first is its first kernel's
+    // text.
+    for (func, code) in [("rtMalloc", 207_001), ("rtMemcpy", 507_899)] {
+        let b = Onboard::new();
+        let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+        b.install.fail_call(func, 0, code).unwrap();
+        let err = r.register_callable(&b.add_callable()).unwrap_err();
+        let typed = match func {
+            "rtMalloc" => {
+                matches!(err, DeviceError::AllocRefused { purpose: MemPurpose::ChipBuffer, .. })
+                    && err.class() == ErrorClass::Resources
+            }
+            _ => matches!(err, DeviceError::CopyRefused { kind: CopyKind::ToDevice, .. }),
+        };
+        assert!(typed, "{func}: {err:?}");
+        assert_eq!(acl_source(&err).map(|a| (a.func, a.code)), Some((func, code)), "{err:?}");
+        assert!(r.health().is_healthy());
+        r.finalize().unwrap();
+        assert_eq!(b.live(), [0; 5], "{func}: a refused upload left memory behind");
+    }
+}
+
+#[test]
 fn a_copy_or_memset_cann_refuses_carries_cann_s_code_and_is_no_bad_pointer() {
     let b = Onboard::new();
     let mut r = DeviceRunner::attach(b.options(0)).unwrap();

@@ -58,7 +58,7 @@ use self::claim::DeviceClaim;
 use self::events::{OnboardEvent, QUEUE_FUNCTIONS, foreign_event};
 pub use self::manifest::ENV_ONBOARD_ARTIFACTS;
 use self::memory::{Allocation, Allocations, KernelText};
-use self::owners::{DeviceBuffer, Event, HostMapping, Stream, code_of};
+use self::owners::{Event, HostMapping, Stream, code_of};
 use self::programs::{AicoreBinary, Loaded};
 use self::reset::{Binds, SharedBinds, bind_for};
 use super::orch_object::{self, RegisterOp};
@@ -529,10 +529,16 @@ impl Backend for OnboardDevice {
                     problem: CallableProblem::KernelCode { func_id: *func_id, code },
                 });
             };
-            let buffer = DeviceBuffer::upload(&self.ctx, text).map_err(|e| acl(None, e))?;
-            let addr = buffer.addr();
-            let entry = Allocation { purpose: MemPurpose::ChipBuffer, mapping: None, buffer };
-            self.allocations.lock().insert(addr, entry);
+            // As every other device allocation: a refusal is `AllocRefused` (a `Resources`
+            // error when memory ran out), a failed copy `CopyRefused`.
+            let len = text.len().max(1) as u64;
+            let addr = self
+                .alloc_tracked(len, MemPurpose::ChipBuffer)
+                .map_err(|f| crate::runner::oom(None, len, MemPurpose::ChipBuffer, f))?;
+            if let Err(e) = self.write(addr, text) {
+                self.allocations.lock().remove(&addr);
+                return Err(e);
+            }
             out.kernels.push((*func_id, addr));
             out.code.push(super::LoadedCode::new(KernelText {
                 addr,
