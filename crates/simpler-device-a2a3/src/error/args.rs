@@ -245,6 +245,22 @@ pub enum ArgsProblem {
         /// The base address of the heap buffer it overlaps.
         heap_addr: u64,
     },
+    /// A tensor of the orchestration names a buffer `alloc_tensors` gave it inside a scope that
+    /// has ended: the buffer lives only as long as that scope.
+    #[error(
+        "{}tensor {arg} at {addr:#x} uses the heap buffer at {heap_addr:#x} after the scope that          allocated it ended",
+        task.map(|t| format!("task#{t}: ")).unwrap_or_default()
+    )]
+    HeapBufferAfterScope {
+        /// The task's index in submission order (`None`: a data call).
+        task: Option<u64>,
+        /// The tensor's index among the task's tensors.
+        arg: usize,
+        /// The tensor's base address.
+        addr: u64,
+        /// The base address of the heap buffer.
+        heap_addr: u64,
+    },
     /// A tensor of the orchestration overlaps, under another base address, device memory an
     /// earlier task or data call of the run named (a user allocation that is neither a chip
     /// argument nor a heap buffer), so the two would not be ordered against each other: make

@@ -22,6 +22,9 @@ impl GraphBuilder<'_> {
         if let Err(source) = t.validate() {
             return Err(self.invalid(ArgsProblem::DataDescriptor { op, source }));
         }
+        if let Err(ended) = self.not_after_its_scope(None, 0, t) {
+            return Err(self.invalid(ended));
+        }
         let Some(span) = span_of(t) else {
             return Err(self.invalid(ArgsProblem::DataEmpty { op }));
         };

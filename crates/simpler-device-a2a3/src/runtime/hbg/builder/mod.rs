@@ -210,6 +210,10 @@ pub(crate) struct BuildScratch {
     entry_buffers: Vec<(u64, u64)>,
     /// The buffers `alloc_tensors` gave out as `(base address, bytes of its slab)`.
     heap_buffers: Vec<(u64, u64)>,
+    /// How many of `heap_buffers` each open scope found when it began: its own come after.
+    heap_scopes: Vec<usize>,
+    /// The heap buffers of scopes that have ended, which no task or data call may name.
+    ended_heap: Vec<(u64, u64)>,
     /// Other device memory a task or data call named (user allocations), as base address →
     /// the most bytes named at it: pairwise disjoint, since one overlapping another under a
     /// different base is refused.
@@ -240,6 +244,8 @@ impl BuildScratch {
             && self.entry_buffers.is_empty()
             && self.heap_buffers.is_empty()
             && self.named_buffers.is_empty()
+            && self.heap_scopes.is_empty()
+            && self.ended_heap.is_empty()
     }
 
     /// Whether task `pred` wrote every byte of `span` of the buffer at `addr` or, when the
@@ -574,6 +580,7 @@ impl<'e> GraphBuilder<'e> {
             };
         }
         t.validate().map_err(|source| ArgsProblem::Descriptor { task, arg, tag, source })?;
+        self.not_after_its_scope(Some(task), arg, t)?;
         if t.size > 0 && !self.range_ok(t.addr, t.size) {
             let (addr, len) = (t.addr, t.size);
             return Err(ArgsProblem::TensorOutsideAllocation { task, arg, addr, len });
@@ -589,6 +596,23 @@ impl<'e> GraphBuilder<'e> {
             base <= addr && end.is_some_and(|e| e <= base.saturating_add(bytes))
         };
         self.scratch.heap_buffers.iter().any(in_heap_buffer) || self.env.device_range_ok(addr, len)
+    }
+
+    /// Refuses `t` (argument `arg` of `task`, or of a data call) when it names a heap buffer
+    /// whose scope has ended.
+    pub(super) fn not_after_its_scope(
+        &self,
+        task: Option<u64>,
+        arg: usize,
+        t: &Tensor,
+    ) -> Result<(), ArgsProblem> {
+        let inside = |&&(base, bytes): &&(u64, u64)| base <= t.addr && t.addr - base < bytes;
+        match self.scratch.ended_heap.iter().find(inside) {
+            Some(&(heap_addr, _)) => {
+                Err(ArgsProblem::HeapBufferAfterScope { task, arg, addr: t.addr, heap_addr })
+            }
+            None => Ok(()),
+        }
     }
 
     /// Refuses `t` (argument `arg` of `task`, or of a data call) when its buffer overlaps an
@@ -703,6 +727,7 @@ impl<'e> GraphBuilder<'e> {
             return self.invalid(ArgsProblem::ScopeTooDeep { max: MAX_SCOPE_DEPTH - 1 });
         }
         self.scope_depth += 1;
+        self.scratch.heap_scopes.push(self.scratch.heap_buffers.len());
         self.graph.scopes.push(ScopeEvent {
             begin: true,
             depth: self.scope_depth,
@@ -723,6 +748,11 @@ impl<'e> GraphBuilder<'e> {
             heap: self.heap_needed,
         });
         self.scope_depth -= 1;
+        // The scope's heap buffers end with it, as under tensormap_and_ringbuffer.
+        if let Some(first) = self.scratch.heap_scopes.pop() {
+            let s = &mut *self.scratch;
+            s.ended_heap.extend(s.heap_buffers.drain(first.min(s.heap_buffers.len())..));
+        }
         ORCH_OK
     }
 
@@ -774,6 +804,8 @@ impl Drop for GraphBuilder<'_> {
         s.entry_buffers.clear();
         s.heap_buffers.clear();
         s.named_buffers.clear();
+        s.heap_scopes.clear();
+        s.ended_heap.clear();
         if s.task_accesses.capacity() > RETAINED_TASKS {
             s.accesses = Vec::new();
             s.task_accesses = Vec::new();

@@ -614,3 +614,34 @@ fn data_calls_refuse_a_bad_descriptor_and_fail_after_a_latched_error() {
     assert_eq!(b.get_data(&buf(0, 16), &mut [0u8; 64]), ORCH_FAILED);
     assert_eq!(problem(b.finish().unwrap_err()), ArgsProblem::ScopeUnbalanced);
 }
+
+#[test]
+fn a_heap_buffer_named_after_its_scope_ended_is_refused_at_submit_and_in_data_calls() {
+    let out = TensorArgType::Output.as_i32();
+    let mut f = Fixture::default();
+    let mut b = builder(&mut f);
+    let mut outer = [Tensor::external(0, &[16], DataType::Float32).unwrap()];
+    assert_eq!(b.alloc(&mut outer), ORCH_OK);
+    assert_eq!(b.scope_begin(), ORCH_OK);
+    let mut inner = [Tensor::external(0, &[16], DataType::Float32).unwrap()];
+    assert_eq!(b.alloc(&mut inner), ORCH_OK);
+    assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &inner, &[out], &[]), 0);
+    assert_eq!(b.scope_end(), ORCH_OK);
+    // The buffer of the enclosing scope is still live.
+    assert_eq!(b.submit(AIV, TaskShape::Aiv as u32, 1, &outer, &[out], &[]), 1);
+    let view = inner[0].view(&[8], &[8]).unwrap();
+    assert!(b.submit(AIV, TaskShape::Aiv as u32, 1, &[view], &[out], &[]) < 0);
+    let (addr, heap_addr) = (inner[0].addr, inner[0].addr);
+    let want = ArgsProblem::HeapBufferAfterScope { task: Some(2), arg: 0, addr, heap_addr };
+    assert_eq!(problem(b.finish().unwrap_err()), want);
+
+    let mut b = builder(&mut f);
+    assert_eq!(b.scope_begin(), ORCH_OK);
+    let mut inner = [Tensor::external(0, &[16], DataType::Float32).unwrap()];
+    assert_eq!(b.alloc(&mut inner), ORCH_OK);
+    assert_eq!(b.scope_end(), ORCH_OK);
+    assert!(b.set_data(&inner[0], &[0u8; 64]) < 0);
+    let (addr, heap_addr) = (inner[0].addr, inner[0].addr);
+    let want = ArgsProblem::HeapBufferAfterScope { task: None, arg: 0, addr, heap_addr };
+    assert_eq!(problem(b.finish().unwrap_err()), want);
+}
