@@ -417,61 +417,16 @@ mod tests {
 
     use super::*;
 
-    /// A chip that stages into numbered copies and panics when asked to run.
-    #[derive(Default)]
-    struct PanickingChip {
-        next: u64,
-        freed: Vec<u64>,
-    }
-
-    impl StagingChip for PanickingChip {
-        fn malloc(&mut self, _: u64, _: TaskId) -> Result<u64, EndpointFailure> {
-            self.next += 1;
-            Ok(self.next << 20)
-        }
-        fn copy_in(&mut self, _: u64, _: &HostBuffer, _: TaskId) -> Result<(), EndpointFailure> {
-            Ok(())
-        }
-        fn run(
-            &mut self,
-            _: &CallableId,
-            _: TaskArgsView<'_>,
-            _: &CallConfig,
-            _: TaskId,
-        ) -> Result<(), EndpointFailure> {
-            panic!("the run panicked on purpose")
-        }
-        fn copy_back(&mut self, _: &[Staged], _: TaskId) -> Result<(), EndpointFailure> {
-            Ok(())
-        }
-        fn free(&mut self, dev: u64, _: TaskId) {
-            self.freed.push(dev);
-        }
-    }
-
-    #[test]
-    fn a_panic_while_running_a_staged_task_still_frees_its_device_copies() {
-        let (a, f) = (HostBuffer::new(64).unwrap(), HostBuffer::new(64).unwrap());
-        let mut args = TaskArgs::new();
-        args.add_input(a.tensor(&[16], DataType::Float32).unwrap()).unwrap();
-        args.add_output(f.tensor(&[16], DataType::Float32).unwrap()).unwrap();
-        let id = CallableId::new([1; 32], CallableKind::Chip, CallableNamespace::LocalChip);
-        let origin = TaskId::new(RunId::from_raw(1).unwrap(), 0);
-        let mut chip = PanickingChip::default();
-        let cfg = CallConfig::default();
-        let unwound = catch_unwind(AssertUnwindSafe(|| {
-            stage_and_run(&mut chip, &id, args.view(), &cfg, origin)
-        }));
-        assert!(unwound.is_err(), "the panic goes on unwinding");
-        assert_eq!(chip.freed, vec![1 << 20, 2 << 20], "both device copies were freed");
-    }
-
-    /// A chip whose device copies are byte vectors; its "kernel" sets every byte of each copy
-    /// to 0xAB (the gaps of a strided view included), and meanwhile another task writes
+    /// A chip whose device copies are byte vectors, numbered from 1 (the address is the number
+    /// shifted left 32). Its "kernel" panics when `panics`; otherwise it sets every byte of each
+    /// copy to 0xAB (the gaps of a strided view included), and meanwhile another task writes
     /// `others` into the host buffer, as a task the engine runs at the same time may.
+    #[derive(Default)]
     struct MemChip {
         copies: Vec<Vec<u8>>,
         others: Vec<(HostBuffer, u64, Vec<u8>)>,
+        panics: bool,
+        freed: Vec<u64>,
     }
 
     impl StagingChip for MemChip {
@@ -495,6 +450,7 @@ mod tests {
             _: &CallConfig,
             _: TaskId,
         ) -> Result<(), EndpointFailure> {
+            assert!(!self.panics, "the run panicked on purpose");
             self.copies.iter_mut().for_each(|c| c.fill(0xAB));
             for (host, offset, bytes) in &self.others {
                 host.write(*offset, bytes).unwrap();
@@ -510,13 +466,27 @@ mod tests {
             }
             Ok(())
         }
-        fn free(&mut self, _: u64, _: TaskId) {}
+        fn free(&mut self, dev: u64, _: TaskId) {
+            self.freed.push(dev);
+        }
     }
 
     fn run_on(chip: &mut MemChip, args: &TaskArgs) -> Result<(), EndpointFailure> {
         let id = CallableId::new([1; 32], CallableKind::Chip, CallableNamespace::LocalChip);
         let origin = TaskId::new(RunId::from_raw(1).unwrap(), 0);
         stage_and_run(chip, &id, args.view(), &CallConfig::default(), origin)
+    }
+
+    #[test]
+    fn a_panic_while_running_a_staged_task_still_frees_its_device_copies() {
+        let (a, f) = (HostBuffer::new(64).unwrap(), HostBuffer::new(64).unwrap());
+        let mut args = TaskArgs::new();
+        args.add_input(a.tensor(&[16], DataType::Float32).unwrap()).unwrap();
+        args.add_output(f.tensor(&[16], DataType::Float32).unwrap()).unwrap();
+        let mut chip = MemChip { panics: true, ..MemChip::default() };
+        let unwound = catch_unwind(AssertUnwindSafe(|| run_on(&mut chip, &args)));
+        assert!(unwound.is_err(), "the panic goes on unwinding");
+        assert_eq!(chip.freed, vec![1 << 32, 2 << 32], "both device copies were freed");
     }
 
     #[test]
@@ -528,7 +498,7 @@ mod tests {
         let mut args = TaskArgs::new();
         args.add_output(m.slice(0, 1, 4, 2).unwrap()).unwrap();
         let others = vec![(buf.clone(), 0, vec![7; 8]), (buf.clone(), 16, vec![7; 8])];
-        let mut chip = MemChip { copies: Vec::new(), others };
+        let mut chip = MemChip { others, ..MemChip::default() };
         run_on(&mut chip, &args).expect("run");
         let rows: Vec<Vec<u8>> = buf.to_vec().chunks(8).map(<[u8]>::to_vec).collect();
         assert_eq!(rows, vec![vec![7; 8], vec![0xAB; 8], vec![7; 8], vec![0xAB; 8]]);
@@ -539,7 +509,7 @@ mod tests {
         let buf = HostBuffer::from_bytes(&[5; 16]).unwrap();
         let mut args = TaskArgs::new();
         args.add_output(buf.tensor(&[0], DataType::Float32).unwrap()).unwrap();
-        let mut chip = MemChip { copies: Vec::new(), others: Vec::new() };
+        let mut chip = MemChip::default();
         run_on(&mut chip, &args).expect("an empty view touches no byte");
         assert_eq!(buf.to_vec(), vec![5; 16]);
     }
