@@ -248,7 +248,8 @@ pub enum ArgsProblem {
     /// A tensor of the orchestration names a buffer `alloc_tensors` gave it inside a scope that
     /// has ended: the buffer lives only as long as that scope.
     #[error(
-        "{}tensor {arg} at {addr:#x} uses the heap buffer at {heap_addr:#x} after the scope that          allocated it ended",
+        "{}tensor {arg} at {addr:#x} uses the heap buffer at {heap_addr:#x} after the scope that \
+         allocated it ended",
         task.map(|t| format!("task#{t}: ")).unwrap_or_default()
     )]
     HeapBufferAfterScope {
@@ -266,7 +267,9 @@ pub enum ArgsProblem {
     /// argument nor a heap buffer), so the two would not be ordered against each other: make
     /// both views of one base.
     #[error(
-        "{}tensor {arg} at {addr:#x} overlaps the buffer at {other_addr:#x} an earlier task or          data call named, under another base address; make both views of one base (the same          base, an element offset)",
+        "{}tensor {arg} at {addr:#x} overlaps the buffer at {other_addr:#x} an earlier task or \
+         data call named, under another base address; make both views of one base (the same \
+         base, an element offset)",
         task.map(|t| format!("task#{t}: ")).unwrap_or_default()
     )]
     BufferBaseAlias {

@@ -489,8 +489,6 @@ impl Child {
     }
 }
 
-/// Writes what finalizing the chip left for the parent, which names the chip and this process
-/// itself: a stuck device thread's name (tag 1), or a failure's device code and text (tag 0).
 /// The finalize report: a count, then as many entries of `residue` as fit in `limit` bytes; the
 /// ones left out are counted in a last entry saying so.
 fn encode_residue_within(w: &mut Writer, residue: &[Residue], limit: usize) {
@@ -518,6 +516,8 @@ fn encode_residue_within(w: &mut Writer, residue: &[Residue], limit: usize) {
     w.0[start..start + 4].copy_from_slice(&written.to_le_bytes());
 }
 
+/// Writes what finalizing the chip left for the parent, which names the chip and this process
+/// itself: a stuck device thread's name (tag 1), or a failure's device code and text (tag 0).
 fn encode_residue(w: &mut Writer, r: &Residue) {
     match r {
         Residue::Leaked(Leak { what: Leaked::DeviceThread(name), .. }) => {
