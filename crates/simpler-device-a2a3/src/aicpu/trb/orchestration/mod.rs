@@ -714,13 +714,10 @@ impl<'a, P: AicpuPlatform> TrbOrch<'a, P> {
                 span.len()
             )));
         }
-        // The buffer as well as the view, as at submit: a view of heap bytes based outside
-        // every heap buffer would be keyed by a base no accessor of those bytes names, and its
-        // copy would not wait for them.
-        if t.validate().is_err()
-            || !self.range_ok(t.addr, t.addr, t.size)
-            || !self.range_ok(t.addr, span.start, span.len())
-        {
+        // The buffer, as at submit (a valid descriptor's view lies inside it): a view of heap
+        // bytes based outside every heap buffer would be keyed by a base no accessor of those
+        // bytes names, and its copy would not wait for them.
+        if t.validate().is_err() || !self.range_ok(t.addr, t.addr, t.size) {
             return Err(self.invalid(format_args!(
                 "{op}: {span} is neither in a view of an argument buffer (based at its address) \
                  nor inside the runtime heap"

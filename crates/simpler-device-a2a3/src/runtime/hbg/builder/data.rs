@@ -6,7 +6,7 @@ use simpler_tensormap::{ByteSpan, TensorKey};
 use simpler_types::Tensor;
 
 use super::{GraphBuilder, span_of};
-use crate::error::{ArgsProblem, DeviceError, OrchOp};
+use crate::error::{ArgsProblem, OrchOp};
 use crate::runtime::orch::{ORCH_FAILED, ORCH_OK};
 
 impl GraphBuilder<'_> {
@@ -14,9 +14,8 @@ impl GraphBuilder<'_> {
     /// buffer: a contiguous view of exactly that many bytes, else the latched invalid-args
     /// status.
     fn data_span(&mut self, t: &Tensor, len: usize, op: OrchOp) -> Result<ByteSpan, i32> {
-        // Every call after a failure (other than a capacity overflow, which the runner retries
-        // with more room) fails, as a submit does.
-        if self.error.as_ref().is_some_and(|e| !matches!(e, DeviceError::Capacity { .. })) {
+        // Every call after a failure fails, as a submit does.
+        if self.stopped() {
             return Err(ORCH_FAILED);
         }
         if let Err(source) = t.validate() {

@@ -607,12 +607,11 @@ impl<'e> GraphBuilder<'e> {
         t: &Tensor,
     ) -> Result<(), ArgsProblem> {
         let inside = |&&(base, bytes): &&(u64, u64)| base <= t.addr && t.addr - base < bytes;
-        match self.scratch.ended_heap.iter().find(inside) {
-            Some(&(heap_addr, _)) => {
-                Err(ArgsProblem::HeapBufferAfterScope { task, arg, addr: t.addr, heap_addr })
-            }
-            None => Ok(()),
-        }
+        let ended = self.scratch.ended_heap.iter().find(inside);
+        let addr = t.addr;
+        ended.map_or(Ok(()), |&(heap_addr, _)| {
+            Err(ArgsProblem::HeapBufferAfterScope { task, arg, addr, heap_addr })
+        })
     }
 
     /// Refuses `t` (argument `arg` of `task`, or of a data call) when its buffer overlaps an
@@ -665,8 +664,13 @@ impl<'e> GraphBuilder<'e> {
         *bytes = (*bytes).max(t.size);
     }
 
+    /// Whether a latched error stops every later call: any but a capacity overflow (retried).
+    pub(super) fn stopped(&self) -> bool {
+        self.error.as_ref().is_some_and(|e| !matches!(e, DeviceError::Capacity { .. }))
+    }
+
     fn alloc(&mut self, tensors: &mut [Tensor]) -> i32 {
-        if self.error.is_some() && !matches!(self.error, Some(DeviceError::Capacity { .. })) {
+        if self.stopped() {
             return ORCH_FAILED;
         }
         for (index, t) in tensors.iter_mut().enumerate() {
