@@ -135,10 +135,10 @@ pub(crate) fn push_unique(out: &mut Vec<HostBuffer>, buf: HostBuffer) {
 }
 
 /// One host buffer staged for a chip task.
-pub(crate) struct Staged {
-    pub(crate) host: HostBuffer,
+struct Staged {
+    host: HostBuffer,
     /// The device copy's address on the chip.
-    pub(crate) dev: u64,
+    dev: u64,
     copy_in: bool,
     /// The task's write-tagged views of the buffer (host addresses), each with elements: only
     /// their bytes are copied back, since the engine may run a task writing other bytes of the
@@ -149,7 +149,7 @@ pub(crate) struct Staged {
 impl Staged {
     /// The bounding spans of the written views (offsets into the buffer), sorted and joined:
     /// what is read back from the device.
-    pub(crate) fn written(&self) -> Vec<(usize, usize)> {
+    fn written(&self) -> Vec<(usize, usize)> {
         let (base, len) = (self.host.addr(), self.host.len());
         let spans: Vec<_> = self.written.iter().filter_map(|t| span_in(t, base, len)).collect();
         merged(&spans)
@@ -157,7 +157,7 @@ impl Staged {
 
     /// Writes the bytes the written views touch into the host buffer, from `read`: the
     /// device's bytes of each span of [`written`](Self::written), in order.
-    pub(crate) fn write_back(&self, read: &[(usize, Vec<u8>)]) {
+    fn write_back(&self, read: &[(usize, Vec<u8>)]) {
         let spans: Vec<(usize, &[u8])> = read.iter().map(|(lo, b)| (*lo, b.as_slice())).collect();
         let base = self.host.addr();
         self.host.with_bytes(|host| write_touched(&self.written, base, host, &spans));
@@ -222,8 +222,9 @@ pub(crate) trait StagingChip {
         config: &CallConfig,
         origin: TaskId,
     ) -> Result<(), EndpointFailure>;
-    /// Copies the written spans of every device copy back into its host buffer.
-    fn copy_back(&mut self, staged: &[Staged], origin: TaskId) -> Result<(), EndpointFailure>;
+    /// Copies `out.len()` bytes of a device copy from device address `dev` into `out`.
+    fn copy_out(&mut self, dev: u64, out: &mut [u8], origin: TaskId)
+    -> Result<(), EndpointFailure>;
     /// Frees a device copy; a failure is only logged (the task's own result says more).
     fn free(&mut self, dev: u64, origin: TaskId);
 }
@@ -259,13 +260,37 @@ fn stage_and_run(
     let result = catch_unwind(AssertUnwindSafe(|| {
         stage_in(chip, &mut device_args, &mut staged, origin)
             .and_then(|()| chip.run(callable, device_args.view(), config, origin))
-            .and_then(|()| chip.copy_back(&staged, origin))
+            .and_then(|()| copy_back(chip, &staged, origin))
     }));
     for s in &staged {
         chip.free(s.dev, origin);
     }
     chip.end();
     result.unwrap_or_else(|panic| resume_unwind(panic))
+}
+
+/// Copies the written bytes of every device copy back into its host buffer, all or nothing:
+/// every written span is read from the device first, and the host buffers are written only once
+/// all of them were (a failed read changes no host byte).
+fn copy_back(
+    chip: &mut impl StagingChip,
+    staged: &[Staged],
+    origin: TaskId,
+) -> Result<(), EndpointFailure> {
+    let mut read: Vec<Vec<(usize, Vec<u8>)>> = Vec::with_capacity(staged.len());
+    for s in staged {
+        let mut spans = Vec::new();
+        for (lo, hi) in s.written() {
+            let mut bytes = vec![0u8; hi - lo];
+            chip.copy_out(s.dev + lo as u64, &mut bytes, origin)?;
+            spans.push((lo, bytes));
+        }
+        read.push(spans);
+    }
+    for (s, spans) in staged.iter().zip(&read) {
+        s.write_back(spans);
+    }
+    Ok(())
 }
 
 impl StagingChip for ChipState {
@@ -288,26 +313,9 @@ impl StagingChip for ChipState {
         ChipState::run(self, callable, args, config, origin)
     }
 
-    /// All or nothing: every written span is read from the device first, and the host
-    /// buffers are written only once all of them were (a failed read changes no host byte).
-    fn copy_back(&mut self, staged: &[Staged], _: TaskId) -> Result<(), EndpointFailure> {
+    fn copy_out(&mut self, dev: u64, out: &mut [u8], _: TaskId) -> Result<(), EndpointFailure> {
         let runner = runner(self).map_err(device_failure)?;
-        let mut read: Vec<Vec<(usize, Vec<u8>)>> = Vec::with_capacity(staged.len());
-        for s in staged {
-            let mut spans = Vec::new();
-            for (lo, hi) in s.written() {
-                let mut bytes = vec![0u8; hi - lo];
-                runner
-                    .copy_from_device(&mut bytes, DevicePtr(s.dev + lo as u64))
-                    .map_err(device_failure)?;
-                spans.push((lo, bytes));
-            }
-            read.push(spans);
-        }
-        for (s, spans) in staged.iter().zip(&read) {
-            s.write_back(spans);
-        }
-        Ok(())
+        runner.copy_from_device(out, DevicePtr(dev)).map_err(device_failure)
     }
 
     fn free(&mut self, dev: u64, origin: TaskId) {
@@ -457,13 +465,10 @@ mod tests {
             }
             Ok(())
         }
-        fn copy_back(&mut self, staged: &[Staged], _: TaskId) -> Result<(), EndpointFailure> {
-            for s in staged {
-                let copy = &self.copies[(s.dev >> 32) as usize - 1];
-                let read: Vec<_> =
-                    s.written().iter().map(|&(lo, hi)| (lo, copy[lo..hi].to_vec())).collect();
-                s.write_back(&read);
-            }
+        fn copy_out(&mut self, dev: u64, out: &mut [u8], _: TaskId) -> Result<(), EndpointFailure> {
+            let copy = &self.copies[(dev >> 32) as usize - 1];
+            let at = (dev & 0xFFFF_FFFF) as usize;
+            out.copy_from_slice(&copy[at..at + out.len()]);
             Ok(())
         }
         fn free(&mut self, dev: u64, _: TaskId) {

@@ -14,7 +14,7 @@ use simpler_sched::EndpointFailure;
 use simpler_types::{CallConfig, CallableId, EndpointOutcome, TaskArgsView, TaskId};
 
 use super::parent::{ChipProcess, MemFailure, child_failure};
-use crate::staging::{Staged, StagingChip};
+use crate::staging::StagingChip;
 
 impl ChipProcess {
     /// The task failure of a memory request made while staging the task `origin`.
@@ -64,22 +64,13 @@ impl StagingChip for ChipProcess {
         ChipProcess::run(self, callable, args, config, origin)
     }
 
-    fn copy_back(&mut self, staged: &[Staged], origin: TaskId) -> Result<(), EndpointFailure> {
-        let mut read: Vec<Vec<(usize, Vec<u8>)>> = Vec::with_capacity(staged.len());
-        for s in staged {
-            let mut spans = Vec::new();
-            for (lo, hi) in s.written() {
-                let mut bytes = vec![0u8; hi - lo];
-                self.device_copy_from(s.dev + lo as u64, &mut bytes)
-                    .map_err(|f| self.staging_failure(f, origin))?;
-                spans.push((lo, bytes));
-            }
-            read.push(spans);
-        }
-        for (s, spans) in staged.iter().zip(&read) {
-            s.write_back(spans);
-        }
-        Ok(())
+    fn copy_out(
+        &mut self,
+        dev: u64,
+        out: &mut [u8],
+        origin: TaskId,
+    ) -> Result<(), EndpointFailure> {
+        self.device_copy_from(dev, out).map_err(|f| self.staging_failure(f, origin))
     }
 
     fn free(&mut self, dev: u64, origin: TaskId) {
