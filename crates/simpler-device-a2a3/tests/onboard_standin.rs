@@ -2086,6 +2086,42 @@ fn an_aicore_timeout_a_sync_reports_is_an_op_execute_timeout_with_cann_s_typed_e
 }
 
 #[test]
+fn a_failed_run_whose_recovery_drain_succeeded_has_its_image_read_for_diagnostics() {
+    // The recovery drain proves the device idle, so the export reads the swimlane records
+    // (empty here: the stand-in runs no device program) and writes them; with the drain
+    // failing the image is not read and no records file is written.
+    for drained in [true, false] {
+        let b = Onboard::new();
+        let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+        let slot = r.register_callable(&b.add_callable()).unwrap();
+        let v = AddRun::new(&mut r);
+        if !drained {
+            b.install.set_value("drain_result", 507_046).unwrap();
+        }
+        b.install.fail_call("aclrtSynchronizeStreamWithTimeout", 0, 507_018).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = CallConfig::builder()
+            .swimlane(simpler_types::SwimlaneLevel::AicpuTiming)
+            .output_prefix(dir.path())
+            .build()
+            .unwrap();
+        let err = r.run(&RunRequest::new(run_id(1), slot, &v.args, &cfg)).unwrap_err();
+        assert!(matches!(err, DeviceError::DeviceFault { .. }), "{err:?}");
+        let written = dir.path().join("l2_swimlane_records.json").exists();
+        assert_eq!(written, drained, "drained: {drained}, files: {:?}", files_in(dir.path()));
+        v.free(&mut r);
+        let _ = r.finalize();
+    }
+}
+
+/// The names of the files under `dir`, for a failure message.
+fn files_in(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
 fn a_program_load_that_fails_removes_its_op_description_and_names_the_step() {
     for func in ["rtsBinaryLoadFromFile", "rtsFuncGetByName"] {
         let b = Onboard::new();

@@ -44,6 +44,7 @@ use std::fmt;
 use std::mem::ManuallyDrop;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -176,6 +177,10 @@ pub(crate) struct OnboardDevice {
     /// The finalize error, taken by the runner.
     error: Option<DeviceError>,
     shut_down: bool,
+    /// Whether a recovery drain proved both streams idle and nothing was launched since: the
+    /// answer to "idle now?", which CANN has no query for. The runner then reads the failed
+    /// run's latched status and diagnostics from the image.
+    drained_idle: AtomicBool,
 }
 
 impl fmt::Debug for OnboardDevice {
@@ -248,6 +253,7 @@ impl OnboardDevice {
             claim: Some(claim),
             error: None,
             shut_down: false,
+            drained_idle: AtomicBool::new(false),
         };
         me.bind().map_err(|e| acl(Some(InitStep::BindDevice), e))?;
         let budget_us =
@@ -388,7 +394,9 @@ impl OnboardDevice {
     /// launch failure it would mark the device unusable for a fault of no launch's, and a run
     /// whose AICore half was launched would lose its AICPU half.
     fn launch_args(&self) -> Result<(), StreamFault> {
-        self.bind().map_err(stream_fault)
+        self.bind().map_err(stream_fault)?;
+        self.drained_idle.store(false, Ordering::Relaxed);
+        Ok(())
     }
 
     fn launch_failed(&mut self, e: CannError) -> StreamFault {
@@ -452,6 +460,7 @@ impl OnboardDevice {
         step: Option<InitStep>,
     ) -> Result<(), orch_object::LaunchFailed> {
         let mut args = cpu_args(bytes);
+        self.drained_idle.store(false, Ordering::Relaxed);
         // SAFETY: live function handle and stream; `args` points at `bytes`, alive for the
         // call (CANN copies the argument bytes); no launch config.
         let ret = unsafe {
@@ -858,9 +867,10 @@ impl Backend for OnboardDevice {
 
     fn drain(&self, timeout: Duration, _op_execute: Duration) -> bool {
         // A zero budget asks "idle now?": CANN has no such query, and a zero timeout means
-        // "wait forever" to it, so the answer is "not known idle" without a call.
+        // "wait forever" to it, so the answer is "known idle" only after a drain that
+        // succeeded with nothing launched since.
         if timeout.is_zero() {
-            return false;
+            return self.drained_idle.load(Ordering::Relaxed);
         }
         // Only recover-or-mark-unusable drains with a budget: the runner is poisoned, also
         // when this thread cannot bind to drain (finalize must still force-reset).
@@ -871,10 +881,13 @@ impl Backend for OnboardDevice {
         }
         // SAFETY: plain integer argument.
         let ret = unsafe { self.ctx.cann.aclrtSynchronizeDeviceWithTimeout(ms(timeout)) };
-        self.ctx
+        let idle = self
+            .ctx
             .check("aclrtSynchronizeDeviceWithTimeout", ret)
             .inspect_err(|e| tracing::warn!(device = self.ctx.device, error = %e, "drain failed"))
-            .is_ok()
+            .is_ok();
+        self.drained_idle.store(idle, Ordering::Relaxed);
+        idle
     }
 
     fn take_faults(&self) -> Vec<CoreFault> {
