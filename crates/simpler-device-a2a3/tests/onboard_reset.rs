@@ -210,7 +210,7 @@ fn a_thread_bound_for_another_runner_since_is_bound_again() {
 #[test]
 fn a_runner_whose_bind_was_refused_resets_nothing() {
     let b = Onboard::new();
-    // Every bind refused, the one at attach and the one finalize tries.
+    // Every bind refused (the one at attach is the only one).
     b.install.fail_call("rtSetDevice", 0, 107_000).unwrap();
     DeviceRunner::attach(b.options(0)).unwrap_err();
     let log = b.log();

@@ -1165,6 +1165,11 @@ fn a_refused_bind_is_a_bind_device_error_with_the_code_named() {
         "{text}"
     );
     assert_eq!(b.live(), [0; 5]);
+    // The refused runner tries no second bind on its way out, so it has nothing to reset.
+    let log = b.log();
+    let binds = count(&log, "rtSetDevice");
+    let resets = count(&log, "rtDeviceReset");
+    assert_eq!((binds, resets), (1, 0), "{:?}", names(&log));
 }
 
 #[test]

@@ -240,7 +240,7 @@ impl OnboardDevice {
                 tracing::debug!(device, error = %e, "device log level not set");
             }
         }
-        let me = OnboardDevice {
+        let mut me = OnboardDevice {
             ctx,
             opts: opts.clone(),
             bound: Arc::new(Mutex::new(Binds::new())),
@@ -255,7 +255,11 @@ impl OnboardDevice {
             shut_down: false,
             drained_idle: AtomicBool::new(false),
         };
-        me.bind().map_err(|e| acl(Some(InitStep::BindDevice), e))?;
+        if let Err(e) = me.bind() {
+            // Nothing is bound, so nothing needs a reset: the drop must not bind to give one.
+            me.shut_down = true;
+            return Err(acl(Some(InitStep::BindDevice), e));
+        }
         let budget_us =
             opts.resolve_timeouts().map(|t| t.op_execute.as_micros() as u64).unwrap_or(3_000_000);
         let mut actual = 0u64;
