@@ -868,6 +868,28 @@ fn three_failed_force_resets_are_the_finalize_error() {
 }
 
 #[test]
+fn a_device_the_force_resets_did_not_recover_outweighs_an_older_failed_release() {
+    let b = Onboard::new();
+    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
+    let slot = r.register_callable(&b.add_callable()).unwrap();
+    let v = AddRun::new(&mut r);
+    let p = r.malloc(128).unwrap();
+    let next_free = count(&b.log(), "rtFree") as u64 + 1;
+    b.install.fail_call("rtFree", next_free, 507_899).unwrap();
+    r.free(p).unwrap();
+    b.install.fail_call("rtKernelLaunchWithHandleV2", 1, 207_001).unwrap();
+    r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap_err();
+    v.free(&mut r);
+    b.install.set_value("reset_probe_failures", 3).unwrap();
+    match r.finalize().unwrap_err() {
+        DeviceError::Acl { init: None, source, .. } => {
+            assert_eq!((source.func, source.code), ("aclrtCreateStream", 507_899));
+        }
+        e => panic!("{e}"),
+    }
+}
+
+#[test]
 fn both_streams_stop_on_failure() {
     let b = Onboard::new();
     let r = DeviceRunner::attach(b.options(0)).unwrap();

@@ -938,13 +938,22 @@ impl Backend for OnboardDevice {
         // that fails after it still fails finalize, but leaks nothing.
         let (reset, forced_back) = self.reset_device();
         self.forget_after_reset(held, forced_back);
-        let first = self.ctx.take_deferred().or(unbound).map(|e| acl(None, e));
         // The runner makes no CANN call on its device after its reset: another may attach.
         self.claim = None;
         // Nor any CANN call at all: the last hold or session of the process finalizes ACL, if
         // the project initialised it.
         let ended = self.acl.take().map_or(Ok(()), AclHold::end).map_err(|e| acl(None, e));
-        self.error = first.or(reset.err()).or(ended.err());
+        // A device the reset did not recover outweighs everything else; then the bind that
+        // left the handles to it, the releases that failed (oldest first), ACL's end.
+        let mut errors =
+            reset.err().into_iter().chain(unbound.map(|e| acl(None, e))).collect::<Vec<_>>();
+        errors.extend(std::iter::from_fn(|| self.ctx.take_deferred()).map(|e| acl(None, e)));
+        errors.extend(ended.err());
+        let mut errors = errors.into_iter();
+        self.error = errors.next();
+        for e in errors {
+            tracing::error!(device = self.ctx.device, error = %e, "finalize: a further failure");
+        }
         Vec::new()
     }
 
