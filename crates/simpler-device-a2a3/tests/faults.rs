@@ -193,6 +193,26 @@ fn aicpu_fault_surfaces_as_an_aicpu_exception() {
     r.finalize().unwrap();
 }
 
+#[test]
+fn a_panicking_aicpu_thread_fails_its_run_with_its_text_and_releases_the_cores() {
+    // Budgets far above the run's own time: without the release, the cores the panicked
+    // thread never served would wait for the op-execute watchdog and fail as its timeout.
+    let mut r = DeviceRunner::attach(options(0)).unwrap();
+    r.sim_faults().unwrap().aicpu_panic(1);
+    let err = failing_run(&mut r, 13);
+    let DeviceError::DeviceFault { code, faults, .. } = &err else { panic!("{err}") };
+    assert_eq!(*code, AclCode::AICPU_EXCEPTION, "{err}");
+    assert!(
+        faults.iter().any(|f| f.code == AclCode::AICPU_EXCEPTION
+            && f.message.contains("AICPU thread 0 panicked: injected AICPU panic")),
+        "{faults:?}"
+    );
+    assert!(faults.iter().all(|f| f.code != AclCode::AICORE_TIMEOUT), "{faults:?}");
+    assert_eq!(r.sim_faults().unwrap().fired(), [FiredFault::AicpuPanicked]);
+    fresh_runner_works();
+    r.finalize().unwrap();
+}
+
 unsafe extern "C-unwind" fn panics(_args: *mut i64) {
     panic!("deliberate kernel panic");
 }

@@ -498,6 +498,11 @@ impl<'a> CoreImageView<'a> {
         self.view.header()
     }
 
+    /// The shared header (the run's abort flag).
+    pub(crate) fn shared(&self) -> &'a SharedHeader {
+        self.view.shared()
+    }
+
     /// Handshake record of core `w` (< `num_aicore`).
     pub(crate) fn handshake(&self, w: u32) -> &'a Handshake {
         self.view.handshake(w)

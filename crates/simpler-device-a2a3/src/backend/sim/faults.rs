@@ -21,6 +21,7 @@ enum Armed {
     KernelHang { func_id: u32, remaining: u32 },
     KernelDelay { func_id: u32, delay: Duration },
     AicpuFault { remaining: u32 },
+    AicpuPanic { remaining: u32 },
     HandshakeFault { core: u32, physical_core_id: u32 },
     FailRead { remaining: u32 },
 }
@@ -54,6 +55,8 @@ pub enum FiredFault {
     },
     /// The AICPU exec entry returned non-zero after its work.
     AicpuFaulted,
+    /// AICPU thread 0 panicked at the start of its exec entry.
+    AicpuPanicked,
     /// A core reported a bad physical core id in the handshake.
     HandshakeCorrupted {
         /// The core.
@@ -123,6 +126,13 @@ impl FaultPlan {
     /// work.
     pub fn aicpu_fault(&self, nth: u32) {
         self.arm(Armed::AicpuFault { remaining: nth.max(1) });
+    }
+
+    /// Makes AICPU thread 0 panic at the start of the `nth` next AICPU exec entry, before its
+    /// handshake, as a bug in the AICPU program would: the simulator then ends the launch
+    /// the way the program's own failure path does.
+    pub fn aicpu_panic(&self, nth: u32) {
+        self.arm(Armed::AicpuPanic { remaining: nth.max(1) });
     }
 
     /// Makes `core` report `physical_core_id` in its next handshake (≥ 75 is a handshake
@@ -271,6 +281,17 @@ impl FaultPlan {
                 _ => None,
             },
             FiredFault::AicpuFaulted,
+        )
+    }
+
+    /// Called once per AICPU launch entry, on thread 0 before its work: whether it panics.
+    pub(crate) fn on_aicpu_start(&self) -> bool {
+        self.countdown_fire(
+            |a| match a {
+                Armed::AicpuPanic { remaining } => Some(remaining),
+                _ => None,
+            },
+            FiredFault::AicpuPanicked,
         )
     }
 

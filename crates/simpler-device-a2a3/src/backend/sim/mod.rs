@@ -313,6 +313,9 @@ impl SimShared {
             self.record_aicpu_fault(None, "AICPU launch names no valid runtime image".into());
             return 3;
         };
+        if thread == 0 && self.faults.on_aicpu_start() {
+            panic!("injected AICPU panic");
+        }
         let init = (*self.init.lock()).unwrap_or_default();
         let code = match self.program.get() {
             Some(program) => program.exec(self, entry, &args, init),
@@ -343,7 +346,7 @@ impl SimShared {
             .fold(0, |set, t| set | 1 << t)
     }
 
-    fn record_aicpu_fault(&self, core: Option<u32>, message: String) {
+    pub(super) fn record_aicpu_fault(&self, core: Option<u32>, message: String) {
         self.record_fault(CoreFault {
             code: AclCode::AICPU_EXCEPTION,
             stream: StreamKind::Aicpu,

@@ -5,10 +5,15 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::aicore::record_core_fault;
 use super::mailbox::Mail;
+use super::platform::SimAicpu;
 use super::stream::LaunchEntry;
-use super::{Role, SimShared, cxx_core, drive, wait};
+use super::{Role, SimShared, core_type_of, cxx_core, drive, wait};
 use crate::abi::codes::AclCode;
+use crate::abi::regs::{EXIT_SIGNAL, RegId};
+use crate::aicpu::AicpuPlatform;
+use crate::runtime::hbg::panic_text;
 
 /// Decrements `alive` and signals finalize when a simulated thread leaves (also on panic).
 struct ExitGuard(Arc<SimShared>);
@@ -98,14 +103,38 @@ impl SimShared {
         }));
         match run {
             Ok(code) => code,
-            // A bug in the simulator itself; report it as a fault of the participant.
-            Err(_) => match role {
-                Role::Aicpu => 3,
+            // A bug in the simulator or the AICPU program; report it as a fault of the
+            // participant, with its text.
+            Err(p) => match role {
+                Role::Aicpu => {
+                    let text = panic_text(&*p);
+                    self.record_aicpu_fault(None, format!("AICPU thread {index} panicked: {text}"));
+                    self.end_after_aicpu_panic(entry, index);
+                    3
+                }
                 Role::AiCore => {
                     self.drop_core_state(index);
-                    AclCode::AICORE_EXCEPTION.get()
+                    let core = (index, core_type_of(index, self));
+                    let text = format!("the simulated core's thread panicked: {}", panic_text(&*p));
+                    record_core_fault(self, AclCode::AICORE_EXCEPTION, core, None, text)
                 }
             },
+        }
+    }
+
+    /// After AICPU participant `thread` of `entry` panicked: what the AICPU program's own
+    /// failure path does, so that the run ends now and not at the op-execute watchdog. The
+    /// run's abort flag stops the other AICPU threads, and every core of the launch gets the
+    /// exit signal: the cores the panicked thread served would otherwise wait for a task
+    /// forever. (A core's kernel is never cut short: it answers once the kernel returns.)
+    fn end_after_aicpu_panic(&self, entry: &LaunchEntry, thread: u32) {
+        let Some(args) = self.read_kernel_args(entry.args) else { return };
+        let Some(view) = self.core_image_view(&args) else { return };
+        view.shared().abort.store(1, Ordering::Release);
+        self.notify_all_aicpu();
+        let p = SimAicpu::new(self, entry, thread);
+        for w in 0..view.header().num_aicore {
+            p.reg_store(w, RegId::DataMainBaseLow, EXIT_SIGNAL);
         }
     }
 }
