@@ -503,10 +503,33 @@ fn stalled_rank_does_not_silence_the_others(job: &MpiJob) -> Res {
         g.submit_next_level(sink, a, &CallConfig::default(), WorkerId(1))?;
         Ok(())
     }))?;
+    let (cpu, t0) = (mpi_thread_cpu(), Instant::now());
     long_task_succeeds(&w, h[9], 0, "rank 2 was stalled")?;
+    // The frame stuck behind the stalled rank does not keep the MPI thread spinning.
+    let (cpu, wall) = (mpi_thread_cpu().saturating_sub(cpu), t0.elapsed());
+    check(cpu < wall / 4, || format!("the MPI thread took {cpu:?} of CPU in {wall:.2?}"))?;
+    println!("rank 0: the MPI thread took {cpu:?} of CPU in {wall:.2?} beside a stuck frame");
     after_the_stall(w, to_stalled, 2, stall_ends)?;
     drop(big);
     Ok(())
+}
+
+/// CPU time this process's MPI thread (`simpler-mpi`) has taken so far, from `/proc` (whose
+/// clock ticks are 10 ms); zero where that cannot be read.
+fn mpi_thread_cpu() -> Duration {
+    let ticks = |stat: &str| -> Option<u64> {
+        let (head, rest) = stat.rsplit_once(')')?;
+        if !head.ends_with("(simpler-mpi") {
+            return None;
+        }
+        // After the name: the state (field 3) on, so user and system time (fields 14 and 15)
+        // are the 12th and 13th.
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+    };
+    let tasks = std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten();
+    let stats = tasks.filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok());
+    Duration::from_millis(10 * stats.filter_map(|s| ticks(&s)).sum::<u64>())
 }
 
 /// Runs `sleep` (a task that computes for longer than the short liveness budget) on `child`,

@@ -58,6 +58,11 @@ impl Arriving {
         Ok(Arriving { request, from })
     }
 
+    /// Whether the frame may still be moving ([`Request::hot`]).
+    pub(super) fn hot(&self, now: std::time::Instant) -> bool {
+        self.request.hot(now)
+    }
+
     /// The frame's bytes once MPI has received all of them (called again after that, an
     /// empty buffer); `None` while it has not.
     pub(super) fn poll(&mut self) -> Result<Option<Vec<u8>>, RemoteError> {

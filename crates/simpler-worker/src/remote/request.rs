@@ -6,12 +6,23 @@
 //! thread starts every send and receive this way (`sends.rs`, `receives.rs`) and polls them, so
 //! it never blocks in either (`docs/multi-host.md`).
 
+use std::time::{Duration, Instant};
+
 use super::error::RemoteError;
+
+/// The slowest rate at which a frame's bytes are expected to move while its peer is alive:
+/// until its size at this rate has passed, a frame still on its way keeps the MPI thread
+/// polling without parking.
+const SLOWEST_RATE: u64 = 32 << 20;
+/// The least time a frame on its way keeps the MPI thread polling.
+const LEAST_HOT: Duration = Duration::from_millis(2);
 
 /// An active or completed request over `buffer`.
 pub(super) struct Request {
     raw: mpi::ffi::MPI_Request,
     buffer: Vec<u8>,
+    /// Until when the frame is expected to be on its way (`SLOWEST_RATE`).
+    hot_until: Instant,
 }
 
 /// MPI's null request: what `MPI_Test` leaves in a request it completed.
@@ -30,7 +41,17 @@ impl Request {
     /// of `buffer` (which moving the `Vec` does not move), or the null request.
     #[allow(unsafe_code)]
     pub(super) unsafe fn new(raw: mpi::ffi::MPI_Request, buffer: Vec<u8>) -> Request {
-        Request { raw, buffer }
+        let moving = Duration::from_secs_f64(buffer.len() as f64 / SLOWEST_RATE as f64);
+        let hot_until = Instant::now() + LEAST_HOT + moving;
+        Request { raw, buffer, hot_until }
+    }
+
+    /// Whether the frame, if still on its way at `now`, may still be moving: before then the
+    /// MPI thread polls it without parking (some transports move a frame's bytes only inside
+    /// MPI calls); after, it is taken as stuck behind a stalled peer, and the thread parks
+    /// between polls instead of taking a core for as long as the frame stays stuck.
+    pub(super) fn hot(&self, now: Instant) -> bool {
+        now < self.hot_until
     }
 
     /// Whether MPI has completed the request (its buffer is then free to use).

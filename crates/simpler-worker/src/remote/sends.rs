@@ -65,6 +65,11 @@ impl InFlight {
         Ok(InFlight { request, receipt: None, to, health, opening: 0 })
     }
 
+    /// Whether the frame may still be moving ([`Request::hot`]).
+    pub(super) fn hot(&self, now: std::time::Instant) -> bool {
+        self.request.hot(now)
+    }
+
     /// Whether MPI is done with the frame; the receipt, if any, is told once it is, or once
     /// the send failed.
     pub(super) fn done(&mut self) -> Result<bool, RemoteError> {

@@ -642,10 +642,12 @@ fn serve_loop(
             last_activity = Instant::now();
             continue;
         }
-        // A data frame still on its way keeps the loop from parking, as some transports move
-        // its bytes only inside MPI calls; it yields between polls, so that a frame stuck
-        // behind a stalled peer leaves the core to whoever else needs it.
-        if sending.iter().any(|f| !f.health) || !receiving.is_empty() {
+        // A data frame still on its way keeps the loop from parking while it may be moving,
+        // as some transports move its bytes only inside MPI calls; it yields between polls.
+        // One on its way for longer is stuck behind a stalled peer: the loop parks between
+        // polls (below) rather than spin for as long as the peer stays stalled.
+        let now = Instant::now();
+        if sending.iter().any(|f| !f.health && f.hot(now)) || receiving.iter().any(|f| f.hot(now)) {
             std::thread::yield_now();
             continue;
         }
