@@ -331,7 +331,8 @@ impl<S: Default + Send + Sync> Ring<S> {
         self.window.payload(index)
     }
 
-    /// The current generation of entry `index` (the generation its next or current id carries).
+    /// The current generation of entry `index` (the generation its next or current id carries);
+    /// `None` for an entry that does not exist or is retired (its last generation was used).
     pub fn generation(&self, index: u32) -> Option<u32> {
         self.window.generation(index)
     }
@@ -561,7 +562,7 @@ mod tests {
         assert!(ring.release(last));
         assert!(!ring.is_live(last));
         assert!(!ring.release(last));
-        assert_eq!(ring.generation(last.index), Some(u32::MAX));
+        assert_eq!(ring.generation(last.index), None, "no id of a retired entry is current");
         let next = ring.try_alloc(0, 0).unwrap().slot;
         assert_ne!(next.index, last.index, "a retired entry is never handed out again");
         let stats = ring.stats().window;

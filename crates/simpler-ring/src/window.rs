@@ -16,7 +16,7 @@
 //! 3. **Cancel** (instead of 2, when the heap step fails): push the index back and uncount it;
 //!    the entry's word never changed, so the failed allocation leaves no trace.
 //! 4. **Release**: compare-and-swap the word from `g << 1 | 1` to `(g + 1) << 1` (or to
-//!    `g << 1` when `g == u32::MAX`: the entry is retired). Exactly one caller wins; losers and
+//!    `0`, a generation no entry ever carries, when `g == u32::MAX`: the entry is retired). Exactly one caller wins; losers and
 //!    stale ids change nothing. The winner reads the heap stamp, frees the slab, then
 //!    5. pushes the index on the free list (unless retired), uncounts it and wakes one window
 //!    waiter. A batch of releases (`Ring::release_batch`) does step 5 for up to
@@ -95,6 +95,10 @@ pub(crate) struct Window<S> {
     cond: Condvar,
     limit: Option<u32>,
 }
+
+/// The word of a retired entry: generation 0, which no id carries (generations start at 1 and
+/// end at `u32::MAX`), so no id is live in it and it has no current generation.
+const RETIRED: u64 = 0;
 
 fn live_word(generation: u32) -> u64 {
     (u64::from(generation) << 1) | 1
@@ -237,8 +241,7 @@ impl<S: Default> Window<S> {
     pub(crate) fn begin_release(&self, id: SlotId) -> Option<Released> {
         let entry = self.entries.get(id.index as usize)?;
         let retire = id.generation == u32::MAX;
-        let next =
-            if retire { u64::from(id.generation) << 1 } else { u64::from(id.generation + 1) << 1 };
+        let next = if retire { RETIRED } else { u64::from(id.generation + 1) << 1 };
         // AcqRel on success: acquire the publisher's heap stamp; release so that a later reader
         // of the new generation also sees everything this releaser did before. Failure needs
         // nothing: a loser returns without reading anything.
@@ -287,7 +290,8 @@ impl<S: Default> Window<S> {
 
     pub(crate) fn generation(&self, index: u32) -> Option<u32> {
         // Acquire for the same reason as `live_payload`; the word is read on its own.
-        self.entry(index).map(|e| (e.state.load(Ordering::Acquire) >> 1) as u32)
+        let word = self.entry(index)?.state.load(Ordering::Acquire);
+        (word != RETIRED).then_some((word >> 1) as u32)
     }
 
     /// Zeroes the live peak if nothing is live; otherwise returns the live count.
