@@ -35,7 +35,9 @@
 //! # Lock order
 //!
 //! The crate has five locks: the window lock and one lock per heap ring. They are leaves: no call
-//! holds two of them, and none is held while calling out of the crate. Callers must not hold
+//! holds two of them except `reset_to_empty`, which resets each heap under the window lock
+//! (window before heap; nothing takes them the other way round), and none is held while
+//! calling out of the crate. Callers must not hold
 //! their own locks across `alloc`, which may block; `release` never blocks on anything but these
 //! two short leaf locks.
 
@@ -356,7 +358,10 @@ impl<S: Default + Send + Sync> Ring<S> {
     /// Rewinds every ring and zeroes every peak, provided no slot is live; otherwise
     /// `NotQuiescent` and nothing changes. Ids issued before stay stale forever.
     pub fn reset_to_empty(&self) -> Result<(), RingError> {
-        if let Err(live_slots) = self.window.reset_if_quiescent() {
+        // Under the window lock, so that no allocation reserves and frees between the window's
+        // check and the heaps' reset (which would count it in one peak and not the other).
+        let reset_heaps = || self.heaps.iter().flatten().for_each(HeapRing::reset);
+        if let Err(live_slots) = self.window.reset_if_quiescent(reset_heaps) {
             let mut live_allocs = [0; HEAP_RING_COUNT];
             if let Some(heaps) = &self.heaps {
                 for (count, heap) in live_allocs.iter_mut().zip(heaps) {
@@ -364,9 +369,6 @@ impl<S: Default + Send + Sync> Ring<S> {
                 }
             }
             return Err(RingError::NotQuiescent { live_slots, live_allocs });
-        }
-        for heap in self.heaps.iter().flatten() {
-            heap.reset();
         }
         Ok(())
     }

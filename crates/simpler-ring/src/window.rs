@@ -294,14 +294,16 @@ impl<S: Default> Window<S> {
         (word != RETIRED).then_some((word >> 1) as u32)
     }
 
-    /// Zeroes the live peak if nothing is live; otherwise returns the live count.
-    pub(crate) fn reset_if_quiescent(&self) -> Result<(), u32> {
+    /// Zeroes the live peak and runs `then` (the heaps' reset) before anyone can reserve again,
+    /// if nothing is live; otherwise returns the live count.
+    pub(crate) fn reset_if_quiescent(&self, then: impl FnOnce()) -> Result<(), u32> {
         let mut state = self.state.lock();
         if state.live > 0 {
             return Err(state.live);
         }
         state.peak_live = 0;
         state.peak_epoch += 1;
+        then();
         Ok(())
     }
 

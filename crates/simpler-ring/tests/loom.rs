@@ -107,3 +107,27 @@ fn allocations_blocked_on_a_full_window_are_woken_by_a_release_batch() {
         assert_eq!(got, vec![first.slot.index, second.slot.index]);
     });
 }
+
+#[test]
+fn a_reset_racing_an_allocation_keeps_the_window_and_heap_peaks_in_step() {
+    loom::model(|| {
+        let ring = ring(None);
+        // The entry exists before the spawn (see the module comment).
+        let warm = ring.try_alloc(0, 0).unwrap();
+        assert!(ring.release(warm.slot));
+        ring.reset_to_empty().unwrap();
+        let other = Arc::clone(&ring);
+        let t = thread::spawn(move || {
+            let a = other.try_alloc(K, 0).unwrap();
+            assert!(other.release(a.slot));
+        });
+        let reset = ring.reset_to_empty();
+        t.join().unwrap();
+        if reset.is_ok() {
+            // The allocation came wholly before the reset (both peaks back to 0) or after it
+            // (both 1): never counted by one and forgotten by the other.
+            let s = ring.stats();
+            assert_eq!(s.window.peak_live, s.heaps[0].peak_live_allocs, "{s:?}");
+        }
+    });
+}
