@@ -45,7 +45,8 @@ pub struct HeapRingStats {
     pub size: u64,
     /// Bump cursor, as an offset from the ring's base.
     pub top: u64,
-    /// Start of the oldest live byte, as an offset from the ring's base.
+    /// End of the last slab the tail passed over (where the oldest live slab starts, or the
+    /// bytes a wrap skipped before it), as an offset from the ring's base.
     pub tail: u64,
     /// Bytes held by unreleased slabs.
     pub live_bytes: u64,

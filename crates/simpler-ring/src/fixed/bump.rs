@@ -1,7 +1,8 @@
 //! The bump-and-wrap placement rule of one heap ring, as pure functions.
 //!
-//! Notation: `N` is the ring size, `T` the top (bump cursor), `L` the tail (start of the oldest
-//! live byte), `a` the aligned request. Live bytes lie in `[L, T)` when `T ≥ L`, and in
+//! Notation: `N` is the ring size, `T` the top (bump cursor), `L` the tail (the end of the last
+//! slab reclaimed: the oldest live slab's start, or the bytes a wrap skipped before it, up to
+//! `N`), `a` the aligned request. Live bytes lie in `[L, T)` when `T ≥ L`, and in
 //! `[L, N) ∪ [0, T)` when the ring has wrapped (`T < L`).
 //!
 //! | Situation | Place at | New top | Condition |

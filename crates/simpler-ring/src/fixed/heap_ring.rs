@@ -245,7 +245,9 @@ impl<R: RecordStore> HeapRingCore<R> {
         self.top
     }
 
-    /// Start of the oldest live byte (equal to `top` only when empty, and then both are 0).
+    /// End of the last slab the tail passed over: where the oldest live slab starts, or the
+    /// bytes a wrap skipped before it (`size` once the tail passed the ring's last slab before
+    /// a wrap). Equal to `top` only when empty, and then both are 0.
     pub fn tail(&self) -> u64 {
         self.tail
     }
