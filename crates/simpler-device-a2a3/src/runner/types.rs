@@ -66,17 +66,30 @@ impl fmt::Display for ChipSlot {
 }
 
 /// One run: which callable, with which arguments and configuration (`docs/device-runner.md`).
+///
+/// Its parts are read through methods and set only by its constructors: a request built with
+/// [`with_host_tensors`](Self::with_host_tensors) vouches for the host memory its arguments
+/// name, so safe code must not be able to swap those arguments afterwards.
+///
+/// ```compile_fail
+/// # use simpler_device_a2a3::{ChipSlot, RunRequest};
+/// # use simpler_types::{CallConfig, RunId, TaskArgs};
+/// let (args, other, cfg) = (TaskArgs::new(), TaskArgs::new(), CallConfig::default());
+/// let id = RunId::from_raw(1).unwrap();
+/// let mut req = RunRequest::new(id, ChipSlot::from_index(0), &args, &cfg);
+/// req.args = &other; // the arguments are fixed at construction
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct RunRequest<'a> {
     /// The run's id; every error the run produces carries it. A runner refuses an id (with
     /// the same origin) it has already used (`docs/device-runner.md`, "Run ids and empty tensors").
-    pub run_id: RunId,
+    pub(crate) run_id: RunId,
     /// The registered callable.
-    pub callable: ChipSlot,
+    pub(crate) callable: ChipSlot,
     /// The chip entry's arguments.
-    pub args: &'a TaskArgs,
+    pub(crate) args: &'a TaskArgs,
     /// The run's configuration.
-    pub config: &'a CallConfig,
+    pub(crate) config: &'a CallConfig,
     host_tensors: bool,
     origin: Option<TaskId>,
     acceptance: Option<&'a Arc<AcceptanceSignal>>,
@@ -113,7 +126,8 @@ impl<'a> RunRequest<'a> {
     ///
     /// For every non-null host tensor, `[addr, addr + size)` must be host memory of this
     /// process that is readable and writable, and that nothing else reads or writes between
-    /// `prepare` and the end of `complete_run` (or the run's failure).
+    /// `prepare` and the end of `complete_run` (or the run's failure), for every run this
+    /// request or a copy of it is used for.
     pub unsafe fn with_host_tensors(
         run_id: RunId,
         callable: ChipSlot,
@@ -129,6 +143,26 @@ impl<'a> RunRequest<'a> {
             origin: None,
             acceptance: None,
         }
+    }
+
+    /// The run's id.
+    pub fn run_id(&self) -> RunId {
+        self.run_id
+    }
+
+    /// The registered callable.
+    pub fn callable(&self) -> ChipSlot {
+        self.callable
+    }
+
+    /// The chip entry's arguments.
+    pub fn args(&self) -> &'a TaskArgs {
+        self.args
+    }
+
+    /// The run's configuration.
+    pub fn config(&self) -> &'a CallConfig {
+        self.config
     }
 
     /// Records the engine task (run and task id one level up) that asked for this device run,
