@@ -14,7 +14,7 @@ use simpler_sched::{
 use simpler_types::TensorArgType::*;
 use simpler_types::{
     CallableId, CallableKind, CallableNamespace, CancelReason, DataType, FailureMechanism,
-    RunFailure, RunState, TaskState, Tensor, WorkerId, WorkerRef, WorkerType,
+    FailureSource, RunFailure, RunState, TaskState, Tensor, WorkerId, WorkerRef, WorkerType,
 };
 
 const A: u64 = 0x10_0000;
@@ -201,6 +201,77 @@ fn a_job_whose_panic_payload_panics_on_drop_is_reported_and_the_worker_keeps_ser
     let err = job.unwrap().recv().unwrap_err();
     assert!(matches!(err, SchedError::JobPanicked { .. }), "{err}");
     still_serving(&e);
+}
+
+/// An error whose drop panics, attached by [`FailsWithPanickyError`] to every failure.
+#[derive(Debug)]
+struct PanicsOnDropError(PanicOnDrop);
+
+impl std::fmt::Display for PanicsOnDropError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an error whose drop panics")
+    }
+}
+
+impl std::error::Error for PanicsOnDropError {}
+
+impl std::fmt::Debug for PanicOnDrop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PanicOnDrop")
+    }
+}
+
+/// A NEXT_LEVEL endpoint failing every task with a [`PanicsOnDropError`] as its source.
+struct FailsWithPanickyError;
+
+impl Endpoint for FailsWithPanickyError {
+    fn caps(&self) -> EndpointCaps {
+        EndpointCaps {
+            worker_type: WorkerType::NextLevel,
+            id: WorkerId(0),
+            remote: false,
+            name: "panicky".into(),
+        }
+    }
+
+    fn run(&mut self, _: DispatchedMember<'_>) -> Result<(), EndpointFailure> {
+        let source = FailureSource::new(PanicsOnDropError(PanicOnDrop));
+        Err(EndpointFailure::task_failed("failed").with_source(source))
+    }
+}
+
+#[test]
+fn a_failure_source_whose_drop_panics_neither_poisons_the_engine_nor_jams_the_builder() {
+    let e = Engine::start(EngineConfig {
+        next_level: vec![Box::new(FailsWithPanickyError)],
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    // Two failed tasks: the run keeps the first failure, and the second task's failure (with
+    // its source) is dropped when its slot is reclaimed, once in a scheduler pass (a scope
+    // that ended) and once at close (the outer frame).
+    for scoped in [true, false] {
+        let mut b = e.begin_run().unwrap();
+        for _ in 0..2 {
+            if scoped {
+                b.scope(|b| noop_on(b, 0).unwrap()).unwrap();
+            } else {
+                noop_on(&mut b, 0).unwrap();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let run = b.close();
+        let outcome = e.wait_timeout(run, Duration::from_secs(10)).unwrap();
+        assert!(
+            outcome.as_ref().is_some_and(|o| !o.is_completed()),
+            "scoped {scoped}: {outcome:?}"
+        );
+        assert!(!e.is_poisoned(), "scoped {scoped}");
+        e.release(run).unwrap();
+    }
+    let b = e.begin_run().unwrap();
+    let run = b.close();
+    assert!(e.wait_timeout(run, Duration::from_secs(10)).unwrap().is_some());
 }
 
 #[test]

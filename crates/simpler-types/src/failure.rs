@@ -177,8 +177,28 @@ impl fmt::Display for FailureMechanism {
 /// device error, say) from the endpoint to the caller, who gets it back with
 /// [`downcast_ref`](Self::downcast_ref). Two sources are equal when they are the same shared
 /// value.
+///
+/// The error is user code: whichever clone goes last drops it with a panic of its `Drop`
+/// caught and forgotten, so that the engine thread or the builder that happens to release the
+/// last reference (reclaiming a failed task, say) is never unwound by it.
 #[derive(Clone)]
-pub struct FailureSource(Arc<dyn std::error::Error + Send + Sync + 'static>);
+pub struct FailureSource(SharedError);
+
+type SharedError = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What a dropped source holds in place of its error while the error is dropped.
+#[derive(Debug)]
+struct Dropped;
+
+impl fmt::Display for Dropped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("dropped failure source")
+    }
+}
+
+impl std::error::Error for Dropped {}
+
+static DROPPED: std::sync::LazyLock<SharedError> = std::sync::LazyLock::new(|| Arc::new(Dropped));
 
 impl FailureSource {
     /// Wraps `error`.
@@ -200,6 +220,19 @@ impl FailureSource {
     /// The error as a `T`, when it is one.
     pub fn downcast_ref<T: std::error::Error + 'static>(&self) -> Option<&T> {
         self.0.downcast_ref::<T>()
+    }
+}
+
+impl Drop for FailureSource {
+    fn drop(&mut self) {
+        // Failures are rare, so the placeholder's reference count is no cost worth avoiding.
+        let error = std::mem::replace(&mut self.0, Arc::clone(&DROPPED));
+        if let Err(payload) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(error)))
+        {
+            // The payload may panic on drop as well.
+            std::mem::forget(payload);
+        }
     }
 }
 
