@@ -397,7 +397,15 @@ impl fmt::Display for RunError {
     }
 }
 
-impl std::error::Error for RunError {}
+impl std::error::Error for RunError {
+    /// The typed error of the innermost level that reported one (a device error, a host
+    /// closure's own error), so that a caller walking the chain finds it as it finds a build
+    /// failure's.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let innermost = self.0.frames.iter().rev().find_map(Frame::error)?;
+        Some(innermost)
+    }
+}
 
 /// Which step of starting a worker failed. Its [`source`](std::error::Error::source) is the
 /// typed error behind it, where there is one.

@@ -109,7 +109,10 @@ fn an_unusable_chip_keeps_the_devices_error_typed_for_memory_registration_and_su
         args.add_inout(mem.malloc(256).unwrap().tensor(&[64], DataType::Float32).unwrap()).unwrap();
     }
     assert!(w.with_sim_faults(WorkerId(0), |plan| plan.kernel_fault(0, 1)).expect("lane"));
-    w.run(Orchestration::chip(add, args.clone())).expect_err("the kernel faults");
+    // A run that failed on the device: the device's error is in its chain too.
+    let e = w.run(Orchestration::chip(add, args.clone())).expect_err("the kernel faults");
+    assert!(matches!(e, WorkerError::Run(_)), "{e:?}");
+    assert!(device_in_chain(&e).is_some(), "{e:?}");
     let unusable = |e: &WorkerError| {
         let next = Error::source(e).and_then(|s| s.downcast_ref::<DeviceError>());
         assert!(matches!(next, Some(DeviceError::Unusable { .. })), "{e:?}");
