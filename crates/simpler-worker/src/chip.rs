@@ -394,7 +394,13 @@ impl ChipState {
         *step = RunStep::Reap;
         runner.reap_run(&active, None)?;
         *step = RunStep::Complete;
-        runner.complete_run(active).map(|_| ())
+        let report = runner.complete_run(active)?;
+        // What did not stop the run (a diagnostics file that could not be written, a capture
+        // turned off) has no other way to the user: the report ends here.
+        for warning in &report.warnings {
+            tracing::warn!(chip = %self.chip, run = ?report.run_id, origin = ?report.origin, %warning, "chip run finished with a warning");
+        }
+        Ok(())
     }
 
     /// The L2 lane's run job after the preparation: retires the run in flight (publishing its

@@ -158,3 +158,28 @@ fn a_drop_after_a_close_that_gave_up_closes_in_place_once_the_runs_ended() {
         "the drop returned before the close tore the worker down"
     );
 }
+
+#[test]
+fn a_chip_run_whose_diagnostics_could_not_be_written_succeeds_and_says_so_in_the_log() {
+    captured(); // the capture is installed before the worker's threads log
+    let (w, add) = common::l2_with(|o| o);
+    let mem = w.memory().unwrap();
+    let mut args = simpler_types::TaskArgs::new();
+    for _ in 0..3 {
+        let t = mem.malloc(256).unwrap().tensor(&[64], simpler_types::DataType::Float32).unwrap();
+        args.add_inout(t).unwrap();
+    }
+    // `deps.json` cannot replace the non-empty directory of that name: the export fails
+    // after the run, which stays a success.
+    let prefix = std::env::temp_dir().join(format!("simpler-stalls-{}", std::process::id()));
+    std::fs::create_dir_all(prefix.join("deps.json")).unwrap();
+    std::fs::write(prefix.join("deps.json").join("keep"), b"").unwrap();
+    let cfg = simpler_types::CallConfig::builder().dep_gen(true).output_prefix(&prefix).build();
+    let run = simpler_worker::Orchestration::chip(add, args).config(cfg.unwrap());
+    w.run(run).expect("the run itself succeeds");
+    let log = captured();
+    assert!(log.contains("chip run finished with a warning"), "{log}");
+    assert!(log.contains("writing deps.json under"), "{log}");
+    w.close().expect("close");
+    let _ = std::fs::remove_dir_all(&prefix);
+}
