@@ -139,6 +139,29 @@ impl RunShared {
         self: &Arc<Self>,
         deadline: Option<Instant>,
     ) -> Option<Result<(), RunError>> {
+        self.wait_until_for(deadline, false)
+    }
+
+    /// [`wait_until`](Self::wait_until) for a user who reads the result: elected, the run is
+    /// marked observed before it is published, so that a close that sees the publication
+    /// while this thread still drops what the cleanup released never counts the failure as
+    /// unobserved.
+    pub(crate) fn wait_until_observed(
+        self: &Arc<Self>,
+        deadline: Option<Instant>,
+    ) -> Option<Result<(), RunError>> {
+        let r = self.wait_until_for(deadline, true);
+        if r.is_some() {
+            self.inner.note_observed(self);
+        }
+        r
+    }
+
+    fn wait_until_for(
+        self: &Arc<Self>,
+        deadline: Option<Instant>,
+        observed: bool,
+    ) -> Option<Result<(), RunError>> {
         // 1.
         // An L2 run usually ends within a linger of the elected waiter's; an engine's run rarely.
         let linger = match self.fence {
@@ -168,6 +191,9 @@ impl RunShared {
         let result = self.cleanup(&mut guard);
         // 5.
         guard.armed = false;
+        if observed {
+            self.inner.note_observed(self);
+        }
         let published = self.publish(result);
         drop(after_publication);
         Some(published)
@@ -500,11 +526,7 @@ impl RunHandle {
             return Some(Err(refused));
         }
         // A timeout beyond what `Instant` can represent (`Duration::MAX`) means no deadline.
-        let r = self.shared.wait_until(Instant::now().checked_add(timeout));
-        if r.is_some() {
-            self.shared.inner.note_observed(&self.shared);
-        }
-        r
+        self.shared.wait_until_observed(Instant::now().checked_add(timeout))
     }
 
     /// The result if the run is done (performing the cleanup if nobody has), else `None`.

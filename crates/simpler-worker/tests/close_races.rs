@@ -138,3 +138,49 @@ fn unwaited_handles_are_cleaned_up_by_the_next_admission() {
     w.run(tasks(h, 1, 0)).expect("run");
     assert_eq!(count.load(Ordering::SeqCst), 101);
 }
+
+/// Sleeps when dropped, to hold the thread that drops it.
+struct SlowDrop;
+
+impl Drop for SlowDrop {
+    fn drop(&mut self) {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn a_failure_read_by_wait_timeout_is_not_reported_unobserved_by_a_close_meanwhile() {
+    let mut b = host().sub_workers(1);
+    let (started, running) = mpsc::channel::<()>();
+    let (release, held) = mpsc::channel::<()>();
+    let (started, held) = (std::sync::Mutex::new(started), std::sync::Mutex::new(held));
+    let slow = SlowDrop;
+    let fail = b.register_host("fail", move |_| {
+        let _ = &slow;
+        let _ = started.lock().unwrap().send(());
+        let _ = held.lock().unwrap().recv();
+        Err("the closure fails".into())
+    });
+    let w = Arc::new(b.start().expect("start"));
+    let run = w.submit(Orchestration::graph(move |g, _, _| {
+        g.submit_sub(fail, TaskArgs::new())?;
+        Ok(())
+    }));
+    let run = run.expect("accepted");
+    running.recv_timeout(HANG).expect("the closure started");
+    // Unregistered while the run is live: the closure (and its slow capture) is dropped after
+    // the run's publication, by the waiter that cleans the run up.
+    w.unregister(fail).expect("unregister");
+    let reader = std::thread::spawn(move || run.wait_timeout(HANG));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let closer = {
+        let w = Arc::clone(&w);
+        std::thread::spawn(move || w.close())
+    };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    release.send(()).unwrap();
+    let read = reader.join().unwrap();
+    assert!(matches!(read, Some(Err(_))), "{read:?}");
+    let closed = closer.join().unwrap();
+    assert!(closed.is_ok(), "the failure was read, yet close reports: {closed:?}");
+}
