@@ -867,9 +867,9 @@ fn three_failed_force_resets_are_the_finalize_error() {
     assert_eq!(b.live(), [0; 5]);
 }
 
-#[test]
-fn a_device_the_force_resets_did_not_recover_outweighs_an_older_failed_release() {
-    let b = Onboard::new();
+/// A healthy runner with the add program registered, its buffers, and a release (an `rtFree`
+/// in `free`) that failed and waits to be reported.
+fn with_a_failed_release(b: &Onboard) -> (DeviceRunner, simpler_device_a2a3::ChipSlot, AddRun) {
     let mut r = DeviceRunner::attach(b.options(0)).unwrap();
     let slot = r.register_callable(&b.add_callable()).unwrap();
     let v = AddRun::new(&mut r);
@@ -877,6 +877,13 @@ fn a_device_the_force_resets_did_not_recover_outweighs_an_older_failed_release()
     let next_free = count(&b.log(), "rtFree") as u64 + 1;
     b.install.fail_call("rtFree", next_free, 507_899).unwrap();
     r.free(p).unwrap();
+    (r, slot, v)
+}
+
+#[test]
+fn a_device_the_force_resets_did_not_recover_outweighs_an_older_failed_release() {
+    let b = Onboard::new();
+    let (mut r, slot, v) = with_a_failed_release(&b);
     b.install.fail_call("rtKernelLaunchWithHandleV2", 1, 207_001).unwrap();
     r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap_err();
     v.free(&mut r);
@@ -1105,13 +1112,7 @@ fn a_release_that_fails_in_drop_is_returned_by_the_next_fallible_call() {
 #[test]
 fn a_release_that_failed_in_drop_fails_no_launch_and_leaves_the_device_healthy() {
     let b = Onboard::new();
-    let mut r = DeviceRunner::attach(b.options(0)).unwrap();
-    let slot = r.register_callable(&b.add_callable()).unwrap();
-    let v = AddRun::new(&mut r);
-    let p = r.malloc(128).unwrap();
-    let next_free = count(&b.log(), "rtFree") as u64 + 1;
-    b.install.fail_call("rtFree", next_free, 507_899).unwrap();
-    r.free(p).unwrap();
+    let (mut r, slot, v) = with_a_failed_release(&b);
     r.run(&RunRequest::new(run_id(1), slot, &v.args, &CallConfig::default())).unwrap();
     assert_eq!(r.health(), DeviceHealth::Healthy);
     assert_eq!(count(&b.log(), "aclrtResetDeviceForce"), 0);
