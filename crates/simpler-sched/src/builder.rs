@@ -19,6 +19,7 @@ use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use simpler_ring::{Allocation, RingError, ScopeStack};
@@ -64,6 +65,11 @@ pub(crate) struct OrchState {
     pub(crate) released: Vec<SlotId>,
     /// Work lists for failures and cancellation.
     pub(crate) graph: GraphScratch,
+    /// The building run's `alloc()` buffers whose scope is open: base address → bytes.
+    pub(crate) open_allocs: FxHashMap<u64, u64>,
+    /// The same buffers with the depth of the scope frame they belong to, in allocation
+    /// order, so that a scope's end closes its own.
+    pub(crate) alloc_frames: Vec<(usize, u64)>,
 }
 
 /// The live orchestration of one run. `!Sync`; borrows the engine.
@@ -91,6 +97,8 @@ impl<'e> RunBuilder<'e> {
     /// Starts building `run`: opens its outer scope (depth 1).
     pub(crate) fn new(engine: &'e Engine, run: Arc<RunRecord>, mut orch: Box<OrchState>) -> Self {
         orch.issued = 0;
+        orch.open_allocs.clear();
+        orch.alloc_frames.clear();
         debug_assert_eq!(orch.scopes.depth(), 0, "scope stack leaked from an earlier run");
         // Depth 0 → 1 cannot exceed the limit.
         let _ = orch.scopes.begin();
@@ -335,6 +343,9 @@ impl<'e> RunBuilder<'e> {
             core.tensor_map.insert(self.run.id, key, span, id);
         }
         core.allocs.lock().insert(heap.addr, id);
+        let frame = self.orch.scopes.depth();
+        self.orch.open_allocs.insert(heap.addr, tensor.size);
+        self.orch.alloc_frames.push((frame, heap.addr));
         tracing::trace!(parent: &self.run.span, %task, addr = heap.addr, bytes, "alloc");
         Ok(tensor)
     }
@@ -390,7 +401,14 @@ impl<'e> RunBuilder<'e> {
         }
         let core = self.core();
         let orch = &mut *self.orch;
+        let frame = orch.scopes.depth();
         orch.scopes.end_into(&mut orch.released).map_err(|_| SchedError::ScopeUnderflow)?;
+        while let Some(&(depth, addr)) = orch.alloc_frames.last()
+            && depth >= frame
+        {
+            orch.alloc_frames.pop();
+            orch.open_allocs.remove(&addr);
+        }
         core.release_all(&mut orch.released);
         Ok(())
     }

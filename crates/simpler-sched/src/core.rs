@@ -9,7 +9,8 @@ use rustc_hash::FxHashMap;
 use simpler_ring::Ring;
 use simpler_tensormap::TensorMap;
 use simpler_types::{
-    CallConfig, CancelReason, RunFailure, SlotId, TaskId, WorkerId, WorkerRef, WorkerType,
+    CallConfig, CancelReason, RingIndex, RunFailure, SlotId, TaskId, WorkerId, WorkerRef,
+    WorkerType,
 };
 
 use crate::endpoint::quietly;
@@ -147,6 +148,15 @@ impl Core {
             .binary_search_by_key(&id, |&(w, _)| w)
             .ok()
             .map(|i| self.next_level_ids[i].1)
+    }
+
+    /// Whether `[addr, addr + size)` (at least its first byte) reaches into one of the heap
+    /// rings.
+    pub(crate) fn touches_heap(&self, addr: u64, size: u64) -> bool {
+        let end = addr.saturating_add(size.max(1));
+        RingIndex::all()
+            .filter_map(|r| self.ring.heap_region(r))
+            .any(|h| addr < h.base.saturating_add(h.len) && h.base < end)
     }
 
     /// The worker a completion or dispatch names.

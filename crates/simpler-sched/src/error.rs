@@ -199,6 +199,25 @@ pub enum SchedError {
         /// Its tag.
         tag: TensorArgType,
     },
+    /// A tensor reaches into the engine's heap without being an `alloc()` buffer whose scope
+    /// is open (or a view of one): based elsewhere, bigger than the buffer at its base, or
+    /// naming a buffer whose scope has ended. The engine orders and holds its heap's bytes by their buffer,
+    /// which it knows by base address, so such a tensor would get no edges.
+    #[error(
+        "member {member}, tensor {arg} names {size} bytes at {addr:#x} in the engine's heap, \
+         which is not an alloc() buffer based there whose scope is open (a view of a buffer \
+         keeps the buffer's address and moves its start offset)"
+    )]
+    NotAnAllocBuffer {
+        /// The member.
+        member: usize,
+        /// Index of the tensor within the member.
+        arg: usize,
+        /// The tensor's base address.
+        addr: u64,
+        /// Its buffer size in bytes.
+        size: u64,
+    },
     /// A SUB task was given a tensor in a child's memory, which a host worker cannot address.
     #[error(
         "member {member}, tensor {arg} lives in child memory; a sub task can only use host memory"

@@ -85,7 +85,7 @@ impl RunBuilder<'_> {
         self.build(callable, members, config, worker_type)
     }
 
-    /// Validation checks 1–11. Fills `orch.targets`, `orch.footprints` and `orch.tracked`.
+    /// Validation checks 1–12. Fills `orch.targets`, `orch.footprints` and `orch.tracked`.
     fn validate(
         &mut self,
         callable: &CallableId,
@@ -194,6 +194,20 @@ impl RunBuilder<'_> {
                 }
                 if target.is_none() && t.is_child_memory() {
                     return Err(SchedError::ChildMemoryOnSubTask { member, arg });
+                }
+                // 12: the engine orders and pins its heap's bytes by their `alloc()` buffer,
+                // which it knows by base address only.
+                if t.addr != 0 && !t.is_child_memory() && core.touches_heap(t.addr, t.size) {
+                    let within =
+                        orch.open_allocs.get(&t.addr).is_some_and(|&bytes| t.size <= bytes);
+                    if !within {
+                        return Err(SchedError::NotAnAllocBuffer {
+                            member,
+                            arg,
+                            addr: t.addr,
+                            size: t.size,
+                        });
+                    }
                 }
                 // A key can only fail for child memory without a target, which check 10 has
                 // just refused; map it to the same error should that ever change.

@@ -11,7 +11,9 @@ use common::*;
 use simpler_ring::{RingConfig, RingError};
 use simpler_sched::{Engine, RunOutcome, SchedError};
 use simpler_types::TensorArgType::*;
-use simpler_types::{CancelReason, DataType, FailureMechanism, RunFailure, RunId, TaskState};
+use simpler_types::{
+    CancelReason, DataType, FailureMechanism, RunFailure, RunId, TaskState, Tensor,
+};
 
 const A: u64 = 0x10_0000;
 const B: u64 = 0x100_0000;
@@ -532,6 +534,42 @@ fn hazard_n1_an_alloc_read_through_an_inout_chain_stays_allocated_for_its_reader
     let next = b.alloc(&[1024], DataType::UInt8).unwrap();
     assert!(next.addr >= t.addr + t.size || next.addr + next.size <= t.addr);
     h.release(reader, Action::Succeed);
+    h.open();
+    let run = b.close();
+    assert!(wait(e, run).is_completed());
+}
+
+#[test]
+fn a_tensor_into_an_alloc_buffer_not_based_at_it_or_after_its_scope_is_refused() {
+    let r = rig(&[0, 1], 0);
+    let (h, e) = (&r.h, &r.e);
+    let mut b = e.begin_run().unwrap();
+    b.scope_begin().unwrap();
+    let t = b.alloc(&[1024], DataType::UInt8).unwrap();
+    let writer = b.submit_next_level(&chip(1), args(&[(t, Output)]), &cfg(), w(0), None).unwrap();
+    // The upper half, described from its own address: the engine knows the buffer by its base,
+    // so this read would get no edge to the writer. A view keeps the base and is accepted.
+    let inside = Tensor::with_buffer(t.addr + 512, 512, &[512], DataType::UInt8).unwrap();
+    let err = b.submit_next_level(&chip(1), args(&[(inside, Input)]), &cfg(), w(1), None);
+    assert!(
+        matches!(err, Err(SchedError::NotAnAllocBuffer { member: 0, arg: 0, addr, size: 512 })
+            if addr == t.addr + 512),
+        "{err:?}"
+    );
+    let bigger = Tensor::with_buffer(t.addr, 2048, &[2048], DataType::UInt8).unwrap();
+    let err = b.submit_next_level(&chip(1), args(&[(bigger, Input)]), &cfg(), w(1), None);
+    assert!(matches!(err, Err(SchedError::NotAnAllocBuffer { .. })), "{err:?}");
+    let half = t.view(&[512], &[512]).unwrap();
+    let reader = b.submit_next_level(&chip(1), args(&[(half, Input)]), &cfg(), w(1), None).unwrap();
+    let producers = snap(e, reader).producers;
+    assert!(producers.contains(&writer), "{producers:?}");
+    h.release(writer, Action::Succeed);
+    h.release(reader, Action::Succeed);
+    b.scope_end().unwrap();
+    // The buffer's scope ended (whether or not its slab is reclaimed yet): its descriptor names
+    // nothing the run may use any more.
+    let err = b.submit_next_level(&chip(1), args(&[(t, Input)]), &cfg(), w(1), None);
+    assert!(matches!(err, Err(SchedError::NotAnAllocBuffer { .. })), "{err:?}");
     h.open();
     let run = b.close();
     assert!(wait(e, run).is_completed());

@@ -124,6 +124,8 @@ pub struct RunModel {
     pub allocs: BTreeSet<u32>,
     /// Buffers returned by non-null allocs, in order.
     pub alloc_buffers: Vec<Buffer>,
+    /// The sequence number of each of `alloc_buffers`.
+    pub alloc_seqs: Vec<u32>,
     /// The sequence number the next charged task or alloc gets.
     pub next_seq: u32,
     /// Open user scopes, innermost last, each with the charges registered in it.
@@ -161,6 +163,13 @@ pub enum Rejection {
         /// The write tag.
         tag: TensorArgType,
     },
+    /// Check 12: a tensor of an `alloc()` buffer whose scope ended.
+    NotAnAllocBuffer {
+        /// Member index.
+        member: usize,
+        /// Argument index.
+        arg: usize,
+    },
     /// Check 11.
     OverlappingWrites {
         /// Member index.
@@ -192,6 +201,10 @@ impl Rejection {
                 Rejection::OverlappingWrites { member, first, second },
                 SchedError::OverlappingWrites { member: m, first: f, second: s },
             ) => member == m && first == f && second == s,
+            (
+                Rejection::NotAnAllocBuffer { member, arg },
+                SchedError::NotAnAllocBuffer { member: m, arg: a, .. },
+            ) => member == m && arg == a,
             _ => false,
         }
     }
@@ -222,6 +235,26 @@ pub fn sub_callable() -> CallableId {
 }
 
 impl RunModel {
+    /// Whether `r` names an `alloc()` buffer the engine no longer takes: no buffer whose scope
+    /// is open sits at its address with at least its bytes (its own scope ended, and the
+    /// address was not handed out again to a buffer as large).
+    fn alloc_scope_ended(&self, r: BufferRef) -> bool {
+        let BufferRef::Alloc(i) = r else { return false };
+        if self.alloc_buffers.is_empty() {
+            return false;
+        }
+        let bytes = |b: &Buffer| match b.shape {
+            Shape::Flat(n) => n,
+            Shape::Grid { rows, cols } => rows * cols,
+        };
+        let named = self.alloc_buffers[usize::from(i) % self.alloc_buffers.len()];
+        !self.alloc_buffers.iter().zip(&self.alloc_seqs).any(|(b, seq)| {
+            b.base == named.base
+                && bytes(b) >= bytes(&named)
+                && !self.scope_ended_at.contains_key(seq)
+        })
+    }
+
     /// The buffer a tensor plan names, given the allocs made so far.
     pub fn buffer(&self, r: BufferRef) -> Buffer {
         let shared = |i: u8| {
@@ -277,16 +310,22 @@ impl RunModel {
             for (arg, t) in m.tensors.iter().enumerate() {
                 let (tensor, fp) = resolve(t.view, self.buffer(t.buffer));
                 a.add_tensor(tensor, t.tag).expect("argument fits");
-                if rejection.is_none() && t.tag.writes() {
-                    if fp.is_none() {
-                        rejection =
-                            Some(Rejection::OutputWithoutBuffer { member, arg, tag: t.tag });
-                    } else if let Some(first) = fps.iter().position(|(tag, other)| {
+                if rejection.is_none() && t.tag.writes() && fp.is_none() {
+                    rejection = Some(Rejection::OutputWithoutBuffer { member, arg, tag: t.tag });
+                }
+                if rejection.is_none() && self.alloc_scope_ended(t.buffer) {
+                    rejection = Some(Rejection::NotAnAllocBuffer { member, arg });
+                }
+                let overlapped = || {
+                    fps.iter().position(|(tag, other): &(TensorArgType, Option<Footprint>)| {
                         tag.writes() && other.zip(fp).is_some_and(|(o, f)| o.overlaps(&f))
-                    }) {
-                        rejection =
-                            Some(Rejection::OverlappingWrites { member, first, second: arg });
-                    }
+                    })
+                };
+                if rejection.is_none()
+                    && t.tag.writes()
+                    && let Some(first) = overlapped()
+                {
+                    rejection = Some(Rejection::OverlappingWrites { member, first, second: arg });
                 }
                 fps.push((t.tag, fp));
             }
@@ -362,6 +401,7 @@ impl RunModel {
         self.allocs.insert(seq);
         let buffer = Buffer { base: addr, shape: Shape::Flat(bytes) };
         self.alloc_buffers.push(buffer);
+        self.alloc_seqs.push(seq);
         let slab = Footprint { key: addr, lo: addr, hi: addr + u64::from(bytes), dense: true };
         self.map.record(slab, TensorArgType::OutputExisting, seq);
     }
