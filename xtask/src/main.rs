@@ -128,7 +128,8 @@ fn ci() -> Result<(), String> {
     tidy::run(&workspace_root())?;
     cargo(&["fmt", "--all", "--check"], &[])?;
     // `--all-features` includes the worker's `mpi` feature, whose build needs Open MPI; its
-    // install also brings libclang, which the bindings check below needs.
+    // install also brings libclang, which the bindings check below needs, and procps, whose
+    // `ps` a unit test of the onboard runner's dumps reads.
     require_mpi()?;
     println!("\n==> cargo xtask bindgen --check");
     bindgen::run(true)?;
@@ -184,17 +185,30 @@ fn mpi_test() -> Result<(), String> {
     cargo(&["test", "-p", "simpler-worker", "--features", "mpi,sim", "--test", "mpi_remote"], &[])
 }
 
-/// Makes sure Open MPI is there for the `mpi` feature and its tests: when `mpicc` or `mpirun`
-/// is missing and this is a root shell with `apt-get` (a fresh machine of the kind CI runs
-/// on), installs the distribution's packages, as `.ci/run` does; otherwise fails early naming
-/// them (a build script failing inside `mpi-sys` says much less).
+/// Makes sure the system packages the builds and tests need are there: Open MPI (with
+/// libclang, for `mpi-sys`'s bindings) for the `mpi` feature and its tests, and `ps` (procps),
+/// with which a case that outlives its limit dumps the processes. When one is missing and this
+/// is a root shell with `apt-get` (a fresh machine of the kind CI runs on), installs the
+/// distribution's packages, as `.ci/run` does; otherwise fails early naming them (a build
+/// script failing inside `mpi-sys` says much less).
 fn require_mpi() -> Result<(), String> {
-    const PACKAGES: [&str; 3] = ["openmpi-bin", "libopenmpi-dev", "libclang-dev"];
     let found = |tool: &str, arg: &str| {
         Command::new(tool).arg(arg).output().is_ok_and(|o| o.status.success())
     };
-    let present = || found("mpicc", "--showme:version") && found("mpirun", "--version");
-    if present() {
+    let mpi = || found("mpicc", "--showme:version") && found("mpirun", "--version");
+    let ps = || found("ps", "--version");
+    let missing = || {
+        let mut packages = Vec::new();
+        if !mpi() {
+            packages.extend(["openmpi-bin", "libopenmpi-dev", "libclang-dev"]);
+        }
+        if !ps() {
+            packages.push("procps");
+        }
+        packages
+    };
+    let packages = missing();
+    if packages.is_empty() {
         return Ok(());
     }
     let root = Command::new("id")
@@ -202,22 +216,22 @@ fn require_mpi() -> Result<(), String> {
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
     if root && found("apt-get", "--version") {
-        println!("\n==> apt-get install {} (Open MPI is missing)", PACKAGES.join(" "));
+        println!("\n==> apt-get install {} (missing)", packages.join(" "));
         let installed =
             Command::new("apt-get").arg("update").arg("-qq").status().is_ok_and(|s| s.success())
                 && Command::new("apt-get")
                     .args(["install", "-y", "-qq"])
-                    .args(PACKAGES)
+                    .args(&packages)
                     .status()
                     .is_ok_and(|s| s.success());
-        if installed && present() {
+        if installed && missing().is_empty() {
             return Ok(());
         }
     }
     Err(format!(
-        "Open MPI is missing (`mpicc`, `mpirun`); the `mpi` feature and its tests need it: \
-         apt-get install {}",
-        PACKAGES.join(" ")
+        "system packages are missing (Open MPI's `mpicc` and `mpirun` for the `mpi` feature and \
+         its tests, `ps` for the dumps of hung cases): apt-get install {}",
+        packages.join(" ")
     ))
 }
 
