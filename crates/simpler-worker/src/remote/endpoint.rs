@@ -42,7 +42,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -51,7 +51,7 @@ use simpler_types::{CallableId, CallableKind, FailureSource, WorkerId, WorkerTyp
 
 use super::error::{LeftCause, RemoteError, RemoteRunFailure, RemoteRunKind};
 use super::frames::{ManifestEntry, Outcome, Packet};
-use super::transport::Transport;
+use super::transport::{InboxRx, Transport};
 use super::{MpiJob, describe, graph_entry};
 use crate::error::{
     Leaked, Residue, StartCause, StartError, TeardownCause, TeardownError, TeardownPart,
@@ -438,7 +438,7 @@ pub(crate) struct Session {
     nonce: u64,
     host: String,
     liveness: Duration,
-    inbox: Receiver<Packet>,
+    inbox: InboxRx,
     /// Set once the rank was declared unresponsive: later tasks fail fast with it.
     failed: Option<RemoteError>,
     /// Whether inbox and pings are still open.

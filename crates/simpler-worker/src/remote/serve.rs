@@ -26,7 +26,7 @@
 //! the budget ends the session with [`RemoteError::Unresponsive`] instead of waiting for good.
 
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
 use simpler_types::{CallConfig, TaskArgsView};
@@ -37,7 +37,7 @@ use super::error::{
 };
 use super::frames::{FrameKind, ManifestEntry, Outcome, Packet, WireArgs};
 use super::tensors::unpack;
-use super::transport::{MAX_FRAME_BYTES, Transport, check_frame};
+use super::transport::{InboxRx, MAX_FRAME_BYTES, Transport, check_frame};
 use super::{MpiJob, graph_entry};
 use crate::builder::HostWorkerBuilder;
 use crate::error::{BoxError, CloseError, RunErrorKind, StartError, WorkerError};
@@ -163,7 +163,7 @@ pub fn serve_l3(
 /// later `serve_l3` can open it again, and clears the session this rank's pongs report.
 struct Serving<'a> {
     t: &'a Transport,
-    inbox: Receiver<Packet>,
+    inbox: InboxRx,
 }
 
 impl<'a> Serving<'a> {
@@ -185,7 +185,7 @@ impl Drop for Serving<'_> {
 /// Rank 0 as a serving session hears it.
 struct Rank0<'a> {
     t: &'a Transport,
-    inbox: &'a Receiver<Packet>,
+    inbox: &'a InboxRx,
     liveness: Duration,
 }
 

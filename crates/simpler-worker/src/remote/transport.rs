@@ -6,9 +6,11 @@
 //!    error becomes a code, not an abort), duplicates the world communicator into a health
 //!    communicator and reports rank, size and host back.
 //! 2. Its loop, until `Finalize`: send what the command channel holds; receive every frame
-//!    that arrived on the data communicator and hand it to the inbox of its source rank (a
-//!    frame for a rank with no open inbox waits in that rank's backlog, up to
-//!    `MAX_BACKLOG` frames, until an inbox opens: the peer may be faster than this rank);
+//!    that arrived on the data communicator and hand its bytes, undecoded, to the inbox of its
+//!    source rank (a frame for a rank with no open inbox waits in that rank's backlog, up to
+//!    `MAX_BACKLOG` frames and `MAX_BACKLOG_BYTES` bytes, until an inbox opens: the peer may be
+//!    faster than this rank); the thread that takes a frame from the inbox decodes it, so
+//!    that a frame of gigabytes is copied out on that thread, never on this one;
 //!    answer every `Ping` on the health communicator with a `Pong`; ping every watched rank
 //!    once per its interval. Any frame from a rank refreshes that rank's `last_heard`.
 //! 3. It never waits for a send: sends are started and polled (`sends.rs`), so a peer that
@@ -19,11 +21,11 @@
 //!    order they arrived, so a large frame from one rank, however slow its bytes, delays no
 //!    ping or pong and no frame from another rank. The health communicator's frames are a few
 //!    bytes and are received at once, into a buffer of the longest one's size: a longer frame
-//!    is cut there, refused and counted as lost (`HealthFrameTooLarge`). While a data frame is
-//!    being sent or received the loop never parks, but yields between polls when nothing moved
-//!    (a frame stuck behind a stalled peer leaves the core to others); otherwise, idle, it
-//!    yields for a short while, then parks on the command channel with a timeout that grows to
-//!    1 ms.
+//!    is cut there, refused and counted as lost (`HealthFrameTooLarge`). While a data frame
+//!    being sent or received may still be moving (`Request::hot`) the loop never parks, but
+//!    yields between polls when nothing moved; otherwise (idle, or a frame stuck behind a
+//!    stalled peer) it yields for a short while, then parks on the command channel with a
+//!    timeout that grows to 1 ms.
 //! 4. Leaving the loop, it gives the frames still being sent or received a short grace to
 //!    complete (a `Shutdown` reply, say), then frees their requests.
 //! 5. `Finalize` (from `MpiJob::finalize` or its drop) leaves the loop and finalizes MPI on
@@ -51,8 +53,10 @@ use super::sends::{InFlight, Receipt, settle};
 const HOT_SPELL: Duration = Duration::from_millis(2);
 /// The longest park of an idle MPI thread.
 const MAX_PARK: Duration = Duration::from_millis(1);
-/// Frames kept for a rank with no open inbox; older ones are dropped beyond this.
+/// Frames kept for a rank with no open inbox; older ones are dropped beyond this...
 const MAX_BACKLOG: usize = 64;
+/// ...or beyond this many bytes (the newest frame is always kept).
+const MAX_BACKLOG_BYTES: usize = 64 << 20;
 /// The errors of lost frames kept per rank beside the first one's.
 const KEPT_LOSSES: usize = 16;
 /// Tag of every frame (communicators keep data and health apart, not tags).
@@ -121,10 +125,50 @@ struct Shared {
     pongs: Mutex<Vec<(u64, u64)>>,
 }
 
-/// Where frames from one rank go.
+/// Where frames from one rank go, as their bytes.
 enum Inbox {
-    Open(Sender<Packet>),
-    Closed(std::collections::VecDeque<Packet>),
+    Open(Sender<Vec<u8>>),
+    Closed(Backlog),
+}
+
+/// Frames from a rank with no open inbox, oldest first, within `MAX_BACKLOG` frames and
+/// `MAX_BACKLOG_BYTES` bytes.
+#[derive(Default)]
+struct Backlog {
+    frames: std::collections::VecDeque<Vec<u8>>,
+    bytes: usize,
+}
+
+impl Backlog {
+    /// Appends `frame`, dropping the oldest frames beyond the limits.
+    fn push(&mut self, rank: i32, frame: Vec<u8>) {
+        self.bytes += frame.len();
+        self.frames.push_back(frame);
+        while self.frames.len() > MAX_BACKLOG
+            || (self.bytes > MAX_BACKLOG_BYTES && self.frames.len() > 1)
+        {
+            tracing::warn!(rank, "dropping an old unrouted frame");
+            let old = self.frames.pop_front().map_or(0, |f| f.len());
+            self.bytes -= old;
+        }
+    }
+}
+
+/// The receiving end of one rank's inbox: frames in the order they arrived, decoded here.
+pub(crate) struct InboxRx {
+    rx: Receiver<Vec<u8>>,
+    rank: i32,
+    shared: std::sync::Arc<Shared>,
+}
+
+impl InboxRx {
+    /// The next frame within `timeout`. A frame that does not decode is recorded as lost (the
+    /// waits on the rank then fail with it, as they check for lost frames) and answered as a
+    /// timeout.
+    pub(crate) fn recv_timeout(&self, timeout: Duration) -> Result<Packet, RecvTimeoutError> {
+        let bytes = self.rx.recv_timeout(timeout)?;
+        decode_from(&self.shared, self.rank, &bytes).ok_or(RecvTimeoutError::Timeout)
+    }
 }
 
 impl Shared {
@@ -340,7 +384,7 @@ impl Transport {
     }
 
     /// Opens the inbox for frames from `rank`; at most one per rank.
-    pub(crate) fn open_inbox(&self, rank: i32) -> Result<Receiver<Packet>, RemoteError> {
+    pub(crate) fn open_inbox(&self, rank: i32) -> Result<InboxRx, RemoteError> {
         let mut inboxes = self.shared.inboxes.lock();
         let slot = inboxes
             .get_mut(rank as usize)
@@ -349,27 +393,27 @@ impl Transport {
             return Err(RemoteError::RankInUse { rank });
         };
         let (tx, rx) = mpsc::channel();
-        for p in backlog.drain(..) {
+        for frame in std::mem::take(backlog).frames {
             // The receiver is alive: it is returned below.
-            let _ = tx.send(p);
+            let _ = tx.send(frame);
         }
         *slot = Inbox::Open(tx);
         if let Some(lost) = self.shared.lost.lock().get_mut(rank as usize) {
             *lost = Lost { opening: lost.opening.wrapping_add(1), ..Lost::default() };
         }
-        Ok(rx)
+        Ok(InboxRx { rx, rank, shared: std::sync::Arc::clone(&self.shared) })
     }
 
     /// Closes the inbox of `rank`: frames `rx` has not handed out yet, and later ones, wait
     /// in the rank's backlog for the next session (which skips what it does not expect).
-    pub(crate) fn close_inbox(&self, rank: i32, rx: &Receiver<Packet>) {
+    pub(crate) fn close_inbox(&self, rank: i32, rx: &InboxRx) {
         // Under the lock the MPI thread cannot route into `rx`, so nothing is lost between
         // draining it and closing the slot.
         let mut inboxes = self.shared.inboxes.lock();
         if let Some(slot) = inboxes.get_mut(rank as usize) {
-            let mut backlog: std::collections::VecDeque<Packet> = rx.try_iter().collect();
-            while backlog.len() > MAX_BACKLOG {
-                backlog.pop_front();
+            let mut backlog = Backlog::default();
+            for frame in rx.rx.try_iter() {
+                backlog.push(rank, frame);
             }
             *slot = Inbox::Closed(backlog);
         }
@@ -707,7 +751,7 @@ fn poll_receives(shared: &Shared, receiving: &mut Vec<Arriving>) -> bool {
         match f.poll() {
             Ok(Some(bytes)) => {
                 heard(shared, f.from);
-                route(shared, f.from, &bytes);
+                route(shared, f.from, bytes);
                 false
             }
             Ok(None) => {
@@ -851,37 +895,33 @@ fn heard(shared: &Shared, from: i32) {
     }
 }
 
-fn route(shared: &Shared, from: i32, bytes: &[u8]) {
-    let packet = match Packet::decode(bytes) {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::error!(rank = from, error = %e, "dropping a malformed frame");
-            shared.lose_frame(
-                from,
-                None,
-                RemoteError::Protocol { rank: from, violation: e.into() },
-            );
-            return;
-        }
-    };
+/// Hands the bytes of a frame from `from` to its inbox, or to the rank's backlog.
+fn route(shared: &Shared, from: i32, bytes: Vec<u8>) {
     let mut inboxes = shared.inboxes.lock();
     match inboxes.get_mut(from as usize) {
         Some(Inbox::Open(tx)) => {
-            if let Err(mpsc::SendError(p)) = tx.send(packet) {
+            if let Err(mpsc::SendError(frame)) = tx.send(bytes) {
                 // The session's receiver is gone: keep the frame like any unrouted one.
-                let mut backlog = std::collections::VecDeque::new();
-                backlog.push_back(p);
+                let mut backlog = Backlog::default();
+                backlog.push(from, frame);
                 inboxes[from as usize] = Inbox::Closed(backlog);
             }
         }
-        Some(Inbox::Closed(backlog)) => {
-            if backlog.len() == MAX_BACKLOG {
-                tracing::warn!(rank = from, "dropping an old unrouted frame");
-                backlog.pop_front();
-            }
-            backlog.push_back(packet);
-        }
+        Some(Inbox::Closed(backlog)) => backlog.push(from, bytes),
         None => tracing::error!(rank = from, "a frame from a rank outside the world"),
+    }
+}
+
+/// Decodes a frame from `from`; one that does not decode is dropped and recorded as lost.
+fn decode_from(shared: &Shared, from: i32, bytes: &[u8]) -> Option<Packet> {
+    match Packet::decode(bytes) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::error!(rank = from, error = %e, "dropping a malformed frame");
+            let violation = e.into();
+            shared.lose_frame(from, None, RemoteError::Protocol { rank: from, violation });
+            None
+        }
     }
 }
 
@@ -954,7 +994,7 @@ pub(crate) mod detached {
 
         /// Routes `p` as a frame from `rank`.
         pub(crate) fn answer(&self, rank: i32, p: &Packet) {
-            route(&self.shared, rank, &p.encode());
+            route(&self.shared, rank, p.encode());
         }
 
         /// Records a frame from `rank` lost with `e`, as the MPI thread does for one it could not

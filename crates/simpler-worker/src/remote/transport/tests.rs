@@ -5,10 +5,17 @@ use super::*;
 
 #[test]
 fn a_frame_that_does_not_decode_fails_the_waits_on_its_rank() {
-    let shared = Shared::new(3);
-    route(&shared, 1, &Packet::Hello { session: 1 }.encode());
+    let (t, _wire) = detached::rank0(3);
+    let shared = &t.shared;
+    let rx = t.open_inbox(1).unwrap();
+    route(shared, 1, Packet::Hello { session: 1 }.encode());
+    route(shared, 1, vec![0xff; 5]);
+    // The MPI thread only hands the bytes on: the thread that takes them decodes them.
     assert!(shared.lost_frame(1).is_none());
-    route(&shared, 1, &[0xff; 5]);
+    let first = rx.recv_timeout(Duration::from_secs(5));
+    assert!(matches!(first, Ok(Packet::Hello { session: 1 })), "{first:?}");
+    let second = rx.recv_timeout(Duration::from_secs(5));
+    assert!(matches!(second, Err(RecvTimeoutError::Timeout)), "{second:?}");
     // Five bytes: a version of 0xffff, which this build does not speak.
     let malformed = ProtocolViolation::Malformed(DecodeError::Version {
         found: 0xffff,
@@ -63,4 +70,30 @@ fn a_wait_begun_after_a_loss_fails_with_the_first_frame_lost_since() {
     assert_eq!(shared.lost_since(1, mark), Some(refused(earliest_kept)));
     assert_eq!(shared.lost_since(1, 0), Some(refused(1)));
     assert_eq!(shared.lost_since(1, 39), None);
+}
+
+#[test]
+fn a_frame_reaches_its_inbox_as_the_bytes_received_without_a_copy() {
+    let shared = Shared::new(2);
+    let (tx, rx) = mpsc::channel();
+    shared.inboxes.lock()[1] = Inbox::Open(tx);
+    let frame = Packet::Hello { session: 1 }.encode();
+    let at = frame.as_ptr();
+    route(&shared, 1, frame);
+    let received = rx.try_recv().unwrap();
+    assert_eq!(received.as_ptr(), at);
+}
+
+#[test]
+fn the_backlog_of_a_closed_inbox_keeps_the_newest_frames_within_its_bytes() {
+    let shared = Shared::new(2);
+    let big = MAX_BACKLOG_BYTES / 4;
+    for i in 0..8u8 {
+        route(&shared, 1, vec![i; big]);
+    }
+    let inboxes = shared.inboxes.lock();
+    let Inbox::Closed(backlog) = &inboxes[1] else { panic!("the inbox is closed") };
+    assert!(backlog.bytes <= MAX_BACKLOG_BYTES, "{} bytes kept", backlog.bytes);
+    assert_eq!(backlog.frames.back().map(|f| f[0]), Some(7), "the newest frame is kept");
+    assert_eq!(backlog.frames.len(), 4);
 }
