@@ -127,7 +127,7 @@ struct Shared {
 
 /// Where frames from one rank go, as their bytes.
 enum Inbox {
-    Open(Sender<Vec<u8>>),
+    Open(Sender<Arrived>),
     Closed(Backlog),
 }
 
@@ -154,20 +154,39 @@ impl Backlog {
     }
 }
 
+/// A frame's bytes in an open inbox.
+struct Arrived {
+    /// It waited in the backlog before the session opened: not the session's, were it lost.
+    early: bool,
+    bytes: Vec<u8>,
+}
+
 /// The receiving end of one rank's inbox: frames in the order they arrived, decoded here.
 pub(crate) struct InboxRx {
-    rx: Receiver<Vec<u8>>,
+    rx: Receiver<Arrived>,
     rank: i32,
     shared: std::sync::Arc<Shared>,
 }
 
 impl InboxRx {
-    /// The next frame within `timeout`. A frame that does not decode is recorded as lost (the
-    /// waits on the rank then fail with it, as they check for lost frames) and answered as a
-    /// timeout.
+    /// The next frame within `timeout`. A frame that does not decode is dropped and answered
+    /// as a timeout; one that arrived during the session is recorded as lost (the waits on
+    /// the rank then fail with it, as they check for lost frames), one that waited in the
+    /// backlog before the session opened only logged, as a loss of no session of this one.
     pub(crate) fn recv_timeout(&self, timeout: Duration) -> Result<Packet, RecvTimeoutError> {
-        let bytes = self.rx.recv_timeout(timeout)?;
-        decode_from(&self.shared, self.rank, &bytes).ok_or(RecvTimeoutError::Timeout)
+        let Arrived { early, bytes } = self.rx.recv_timeout(timeout)?;
+        match Packet::decode(&bytes) {
+            Ok(p) => Ok(p),
+            Err(e) => {
+                let rank = self.rank;
+                tracing::error!(rank, error = %e, early, "dropping a malformed frame");
+                if !early {
+                    let violation = e.into();
+                    self.shared.lose_frame(rank, None, RemoteError::Protocol { rank, violation });
+                }
+                Err(RecvTimeoutError::Timeout)
+            }
+        }
     }
 }
 
@@ -393,9 +412,9 @@ impl Transport {
             return Err(RemoteError::RankInUse { rank });
         };
         let (tx, rx) = mpsc::channel();
-        for frame in std::mem::take(backlog).frames {
+        for bytes in std::mem::take(backlog).frames {
             // The receiver is alive: it is returned below.
-            let _ = tx.send(frame);
+            let _ = tx.send(Arrived { early: true, bytes });
         }
         *slot = Inbox::Open(tx);
         if let Some(lost) = self.shared.lost.lock().get_mut(rank as usize) {
@@ -413,7 +432,7 @@ impl Transport {
         if let Some(slot) = inboxes.get_mut(rank as usize) {
             let mut backlog = Backlog::default();
             for frame in rx.rx.try_iter() {
-                backlog.push(rank, frame);
+                backlog.push(rank, frame.bytes);
             }
             *slot = Inbox::Closed(backlog);
         }
@@ -900,28 +919,15 @@ fn route(shared: &Shared, from: i32, bytes: Vec<u8>) {
     let mut inboxes = shared.inboxes.lock();
     match inboxes.get_mut(from as usize) {
         Some(Inbox::Open(tx)) => {
-            if let Err(mpsc::SendError(frame)) = tx.send(bytes) {
+            if let Err(mpsc::SendError(frame)) = tx.send(Arrived { early: false, bytes }) {
                 // The session's receiver is gone: keep the frame like any unrouted one.
                 let mut backlog = Backlog::default();
-                backlog.push(from, frame);
+                backlog.push(from, frame.bytes);
                 inboxes[from as usize] = Inbox::Closed(backlog);
             }
         }
         Some(Inbox::Closed(backlog)) => backlog.push(from, bytes),
         None => tracing::error!(rank = from, "a frame from a rank outside the world"),
-    }
-}
-
-/// Decodes a frame from `from`; one that does not decode is dropped and recorded as lost.
-fn decode_from(shared: &Shared, from: i32, bytes: &[u8]) -> Option<Packet> {
-    match Packet::decode(bytes) {
-        Ok(p) => Some(p),
-        Err(e) => {
-            tracing::error!(rank = from, error = %e, "dropping a malformed frame");
-            let violation = e.into();
-            shared.lose_frame(from, None, RemoteError::Protocol { rank: from, violation });
-            None
-        }
     }
 }
 

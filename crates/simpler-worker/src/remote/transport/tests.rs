@@ -81,7 +81,7 @@ fn a_frame_reaches_its_inbox_as_the_bytes_received_without_a_copy() {
     let at = frame.as_ptr();
     route(&shared, 1, frame);
     let received = rx.try_recv().unwrap();
-    assert_eq!(received.as_ptr(), at);
+    assert_eq!(received.bytes.as_ptr(), at);
 }
 
 #[test]
@@ -96,4 +96,19 @@ fn the_backlog_of_a_closed_inbox_keeps_the_newest_frames_within_its_bytes() {
     assert!(backlog.bytes <= MAX_BACKLOG_BYTES, "{} bytes kept", backlog.bytes);
     assert_eq!(backlog.frames.back().map(|f| f[0]), Some(7), "the newest frame is kept");
     assert_eq!(backlog.frames.len(), 4);
+}
+
+#[test]
+fn a_malformed_frame_from_before_the_session_does_not_fail_it() {
+    // It arrived while no session was open, so it belongs to none of this session's waits: the
+    // session skips it and its waits go on.
+    let (t, _wire) = detached::rank0(2);
+    route(&t.shared, 1, vec![0xff; 5]);
+    route(&t.shared, 1, Packet::Hello { session: 1 }.encode());
+    let rx = t.open_inbox(1).unwrap();
+    let first = rx.recv_timeout(Duration::from_secs(5));
+    assert!(matches!(first, Err(RecvTimeoutError::Timeout)), "{first:?}");
+    assert!(t.lost_frame(1).is_none(), "a loss of no session of this one");
+    let second = rx.recv_timeout(Duration::from_secs(5));
+    assert!(matches!(second, Ok(Packet::Hello { session: 1 })), "{second:?}");
 }
