@@ -166,6 +166,44 @@ fn paged_attention_refuses_a_block_outside_the_cache_and_the_next_run_succeeds()
 }
 
 #[test]
+fn paged_attention_refuses_a_block_table_larger_than_its_buffer_before_reading_it() {
+    // A null block table whose shape claims 64 GiB: the orchestration sizes its read from the
+    // shape, so it must check the shape against the buffer before it allocates anything.
+    let mut r = DeviceRunner::attach(options_on(0, HBG)).unwrap();
+    let p = PagedAttention::example(4);
+    let slot = r.register_callable(&paged_attention::callable().unwrap()).unwrap();
+    let mut ptrs = Vec::new();
+    let mut args = TaskArgs::new();
+    for (i, (bytes, shape, dtype)) in p.inputs().into_iter().enumerate() {
+        let t = if i == 3 {
+            Tensor::external(0, &[p.requests as u32, u32::MAX], dtype).unwrap()
+        } else {
+            let ptr = r.malloc(bytes.len() as u64).unwrap();
+            r.copy_to_device(ptr, &bytes).unwrap();
+            ptrs.push(ptr);
+            Tensor::external(ptr.addr(), &shape, dtype).unwrap()
+        };
+        args.add_input(t.child_memory(true)).unwrap();
+    }
+    let out = r.malloc((p.requests * p.head_dim * 4) as u64).unwrap();
+    ptrs.push(out);
+    let out_tensor = Tensor::external(out.addr(), &p.out_shape(), DataType::Float32).unwrap();
+    args.add_output(out_tensor.child_memory(true)).unwrap();
+    let e = r.run(&RunRequest::new(run_id(1), slot, &args, &CallConfig::default())).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DeviceError::Orchestration { failure: OrchFailure::Returned(OrchError { .. }), .. }
+        ),
+        "{e:?}"
+    );
+    for ptr in ptrs {
+        r.free(ptr).unwrap();
+    }
+    r.finalize().unwrap();
+}
+
+#[test]
 fn independent_streaming_tasks_stream_through_a_1024_slot_window_on_trb() {
     let mut r = DeviceRunner::attach(small_rings(0)).unwrap();
     let tasks = trb_tasks();

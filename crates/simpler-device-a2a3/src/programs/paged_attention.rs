@@ -184,10 +184,19 @@ impl Operands {
     }
 }
 
-/// The i32 values of a whole chip tensor, read through the orchestration API.
+/// The i32 values of a whole chip tensor, read through the orchestration API. The read is sized
+/// from the tensor's shape, so the shape is checked against the buffer it names before
+/// anything is allocated for it (a null tensor names no bytes).
 fn read_i32s(ctx: &mut OrchCtx<'_>, t: &Tensor) -> Result<Vec<i32>, OrchError> {
-    let bytes = usize::try_from(t.numel()).map_err(|_| bad_arguments())?.saturating_mul(4);
-    let mut raw = vec![0u8; bytes];
+    let bytes = t
+        .numel()
+        .checked_mul(4)
+        .filter(|&b| t.addr != 0 && b <= t.size)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(bad_arguments)?;
+    let mut raw = Vec::new();
+    raw.try_reserve_exact(bytes).map_err(|_| bad_arguments())?;
+    raw.resize(bytes, 0);
     ctx.tensor_data(t, &mut raw)?;
     Ok(raw.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
