@@ -336,13 +336,21 @@ impl Tensor {
 
     /// Calls `f(addr, len)` for each run of adjacent bytes the view's elements occupy, in index
     /// order: one run for a contiguous view; for a strided one, one per index of the dimensions
-    /// outside its innermost contiguous ones (runs repeat when strides alias). Every run lies in
+    /// outside its innermost contiguous ones (runs repeat when strides alias). A view with more
+    /// elements than its extent (its elements alias) yields its whole span as one run, so the
+    /// work stays bounded by the span whatever its shape claims. Every run lies in
     /// [`byte_span`](Self::byte_span); a view without a span, or one whose strides reach past it
     /// (a descriptor that does not validate), yields nothing beyond what lies inside the span.
     pub fn for_each_byte_run(&self, mut f: impl FnMut(u64, u64)) {
         let (Some((start, end)), Some(elem)) = (self.byte_span(), self.element_size()) else {
             return;
         };
+        // Elements that alias (more of them than the view spans) could make far more runs
+        // than the span has bytes: the span is their union's bound, given as one run.
+        if self.numel() > self.extent() {
+            f(start, end - start);
+            return;
+        }
         let (shape, stride) = (self.shape(), self.stride());
         // Innermost dimensions that continue each other form one run; a dimension of one
         // element continues any.
@@ -648,6 +656,23 @@ mod tests {
         let row = m.view(&[1, 8], &[2, 0]).unwrap();
         assert_eq!(runs(&row), vec![(0x1000 + 64, 32)]);
         assert!(runs(&m.view(&[0, 8], &[0, 0]).unwrap()).is_empty(), "no elements");
+    }
+
+    #[test]
+    fn a_view_whose_elements_alias_is_one_run_over_its_span_however_many_elements() {
+        // 65535³ · 16 elements over strides of 1: 196 618 distinct elements, and a walk of its
+        // runs would take 65535³ steps.
+        let mut v = t(&[196_618]);
+        let shape = [65_535, 65_535, 65_535, 16];
+        v.ndims = 4;
+        v.shapes = [0; MAX_TENSOR_DIMS];
+        v.strides = [0; MAX_TENSOR_DIMS];
+        v.shapes[..4].copy_from_slice(&shape);
+        v.strides[..4].copy_from_slice(&[1; 4]);
+        v.is_contiguous = 0;
+        v.extent_elems = span_elems(&shape, &[1; 4]) as u64;
+        assert_eq!(v.validate(), Ok(()));
+        assert_eq!(runs(&v), vec![(0x1000, 196_618 * 4)]);
     }
 
     #[test]
