@@ -49,14 +49,17 @@ use super::frames::{FrameKind, Packet};
 use super::receives::{Arriving, receive_health};
 use super::sends::{InFlight, Receipt, settle};
 
+mod inbox;
+
+pub(crate) use inbox::InboxRx;
+#[cfg(test)]
+use inbox::MAX_BACKLOG_BYTES;
+use inbox::{Arrived, Backlog, Inbox, route};
+
 /// After the last activity the thread yields (stays hot) for this long before parking.
 const HOT_SPELL: Duration = Duration::from_millis(2);
 /// The longest park of an idle MPI thread.
 const MAX_PARK: Duration = Duration::from_millis(1);
-/// Frames kept for a rank with no open inbox; older ones are dropped beyond this...
-const MAX_BACKLOG: usize = 64;
-/// ...or beyond this many bytes (the newest frame is always kept).
-const MAX_BACKLOG_BYTES: usize = 64 << 20;
 /// The errors of lost frames kept per rank beside the first one's.
 const KEPT_LOSSES: usize = 16;
 /// Tag of every frame (communicators keep data and health apart, not tags).
@@ -123,71 +126,6 @@ struct Shared {
     pings_sent: AtomicU64,
     /// Per rank: the nonce and reported session of the latest pong from it.
     pongs: Mutex<Vec<(u64, u64)>>,
-}
-
-/// Where frames from one rank go, as their bytes.
-enum Inbox {
-    Open(Sender<Arrived>),
-    Closed(Backlog),
-}
-
-/// Frames from a rank with no open inbox, oldest first, within `MAX_BACKLOG` frames and
-/// `MAX_BACKLOG_BYTES` bytes.
-#[derive(Default)]
-struct Backlog {
-    frames: std::collections::VecDeque<Vec<u8>>,
-    bytes: usize,
-}
-
-impl Backlog {
-    /// Appends `frame`, dropping the oldest frames beyond the limits.
-    fn push(&mut self, rank: i32, frame: Vec<u8>) {
-        self.bytes += frame.len();
-        self.frames.push_back(frame);
-        while self.frames.len() > MAX_BACKLOG
-            || (self.bytes > MAX_BACKLOG_BYTES && self.frames.len() > 1)
-        {
-            tracing::warn!(rank, "dropping an old unrouted frame");
-            let old = self.frames.pop_front().map_or(0, |f| f.len());
-            self.bytes -= old;
-        }
-    }
-}
-
-/// A frame's bytes in an open inbox.
-struct Arrived {
-    /// It waited in the backlog before the session opened: not the session's, were it lost.
-    early: bool,
-    bytes: Vec<u8>,
-}
-
-/// The receiving end of one rank's inbox: frames in the order they arrived, decoded here.
-pub(crate) struct InboxRx {
-    rx: Receiver<Arrived>,
-    rank: i32,
-    shared: std::sync::Arc<Shared>,
-}
-
-impl InboxRx {
-    /// The next frame within `timeout`. A frame that does not decode is dropped and answered
-    /// as a timeout; one that arrived during the session is recorded as lost (the waits on
-    /// the rank then fail with it, as they check for lost frames), one that waited in the
-    /// backlog before the session opened only logged, as a loss of no session of this one.
-    pub(crate) fn recv_timeout(&self, timeout: Duration) -> Result<Packet, RecvTimeoutError> {
-        let Arrived { early, bytes } = self.rx.recv_timeout(timeout)?;
-        match Packet::decode(&bytes) {
-            Ok(p) => Ok(p),
-            Err(e) => {
-                let rank = self.rank;
-                tracing::error!(rank, error = %e, early, "dropping a malformed frame");
-                if !early {
-                    let violation = e.into();
-                    self.shared.lose_frame(rank, None, RemoteError::Protocol { rank, violation });
-                }
-                Err(RecvTimeoutError::Timeout)
-            }
-        }
-    }
 }
 
 impl Shared {
@@ -911,23 +849,6 @@ fn run_command(
 fn heard(shared: &Shared, from: i32) {
     if let Some(h) = shared.last_heard.get(from as usize) {
         h.store(shared.now_nanos(), Ordering::Release);
-    }
-}
-
-/// Hands the bytes of a frame from `from` to its inbox, or to the rank's backlog.
-fn route(shared: &Shared, from: i32, bytes: Vec<u8>) {
-    let mut inboxes = shared.inboxes.lock();
-    match inboxes.get_mut(from as usize) {
-        Some(Inbox::Open(tx)) => {
-            if let Err(mpsc::SendError(frame)) = tx.send(Arrived { early: false, bytes }) {
-                // The session's receiver is gone: keep the frame like any unrouted one.
-                let mut backlog = Backlog::default();
-                backlog.push(from, frame.bytes);
-                inboxes[from as usize] = Inbox::Closed(backlog);
-            }
-        }
-        Some(Inbox::Closed(backlog)) => backlog.push(from, bytes),
-        None => tracing::error!(rank = from, "a frame from a rank outside the world"),
     }
 }
 
