@@ -59,7 +59,7 @@ fn attend(r: &mut DeviceRunner, run: u64, p: &PagedAttention) -> Result<Vec<f32>
     let slot = r.register_callable(&paged_attention::callable()?)?;
     let mut ptrs: Vec<DevicePtr> = Vec::new();
     let mut args = TaskArgs::new();
-    for (bytes, shape, dtype) in p.inputs() {
+    for (bytes, shape, dtype) in p.inputs().unwrap() {
         let ptr = r.malloc(bytes.len() as u64)?;
         r.copy_to_device(ptr, &bytes)?;
         ptrs.push(ptr);
@@ -69,7 +69,8 @@ fn attend(r: &mut DeviceRunner, run: u64, p: &PagedAttention) -> Result<Vec<f32>
     let out_bytes = (p.requests * p.head_dim * 4) as u64;
     let out = r.malloc(out_bytes)?;
     ptrs.push(out);
-    let out_tensor = Tensor::external(out.addr(), &p.out_shape(), DataType::Float32).unwrap();
+    let out_tensor =
+        Tensor::external(out.addr(), &p.out_shape().unwrap(), DataType::Float32).unwrap();
     args.add_output(out_tensor.child_memory(true)).unwrap();
     let result = r.run(&RunRequest::new(run_id(run), slot, &args, &CallConfig::default()));
     let mut raw = vec![0u8; out_bytes as usize];
@@ -83,7 +84,7 @@ fn attend(r: &mut DeviceRunner, run: u64, p: &PagedAttention) -> Result<Vec<f32>
 
 /// Checks `got` against the host reference of `p` within the program's tolerance.
 fn assert_close(got: &[f32], p: &PagedAttention) {
-    let want = p.reference();
+    let want = p.reference().unwrap();
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         let (r, d) = (i / p.head_dim, i % p.head_dim);
@@ -174,7 +175,7 @@ fn paged_attention_refuses_a_block_table_larger_than_its_buffer_before_reading_i
     let slot = r.register_callable(&paged_attention::callable().unwrap()).unwrap();
     let mut ptrs = Vec::new();
     let mut args = TaskArgs::new();
-    for (i, (bytes, shape, dtype)) in p.inputs().into_iter().enumerate() {
+    for (i, (bytes, shape, dtype)) in p.inputs().unwrap().into_iter().enumerate() {
         let t = if i == 3 {
             Tensor::external(0, &[p.requests as u32, u32::MAX], dtype).unwrap()
         } else {
@@ -187,7 +188,8 @@ fn paged_attention_refuses_a_block_table_larger_than_its_buffer_before_reading_i
     }
     let out = r.malloc((p.requests * p.head_dim * 4) as u64).unwrap();
     ptrs.push(out);
-    let out_tensor = Tensor::external(out.addr(), &p.out_shape(), DataType::Float32).unwrap();
+    let out_tensor =
+        Tensor::external(out.addr(), &p.out_shape().unwrap(), DataType::Float32).unwrap();
     args.add_output(out_tensor.child_memory(true)).unwrap();
     let e = r.run(&RunRequest::new(run_id(1), slot, &args, &CallConfig::default())).unwrap_err();
     assert!(
@@ -224,7 +226,8 @@ fn chained_streaming_tasks_stream_through_a_1024_slot_window_and_1_mib_heap_on_t
 fn paged_attention_on_trb_matches_the_reference_and_hbg_bit_for_bit() {
     // More requests than the small window holds tasks, so request scopes must be reclaimed.
     let p = PagedAttention::example(128);
-    assert!(p.tasks() > 1024, "{} tasks", p.tasks());
+    let tasks = p.tasks().unwrap();
+    assert!(tasks > 1024, "{tasks} tasks");
     let mut trb = DeviceRunner::attach(small_rings(0)).unwrap();
     let on_trb = attend(&mut trb, 1, &p).unwrap();
     trb.finalize().unwrap();

@@ -351,14 +351,53 @@ impl PagedAttention {
         }
     }
 
+    /// Checks that the dimensions are non-zero and fit the chip's `u32` shapes, and that every
+    /// vector holds what they say. The values themselves (a block outside the cache, a context
+    /// past the table) are the orchestration's to refuse; [`reference`](Self::reference) checks
+    /// those too.
+    pub fn check_shapes(&self) -> Result<(), InvalidProblem> {
+        let dims = [
+            ("requests", self.requests),
+            ("head_dim", self.head_dim),
+            ("block_tokens", self.block_tokens),
+            ("pool_blocks", self.pool_blocks),
+            ("max_blocks", self.max_blocks),
+        ];
+        for (what, value) in dims {
+            if value == 0 {
+                return Err(InvalidProblem::Zero { what });
+            }
+            if u32::try_from(value).is_err() {
+                return Err(InvalidProblem::TooLarge { what, value });
+            }
+        }
+        let product = |a: usize, b: usize, c: usize| a.checked_mul(b)?.checked_mul(c);
+        let cache = product(self.pool_blocks, self.block_tokens, self.head_dim);
+        let lengths = [
+            ("q", self.q.len(), self.requests.checked_mul(self.head_dim)),
+            ("k_cache", self.k_cache.len(), cache),
+            ("v_cache", self.v_cache.len(), cache),
+            ("block_table", self.block_table.len(), self.requests.checked_mul(self.max_blocks)),
+            ("context_lens", self.context_lens.len(), Some(self.requests)),
+        ];
+        for (what, len, needed) in lengths {
+            if needed != Some(len) {
+                return Err(InvalidProblem::Length { what, len, needed });
+            }
+        }
+        Ok(())
+    }
+
     /// The five inputs in chip-argument order, each as its little-endian bytes, shape and data
     /// type.
-    pub fn inputs(&self) -> [(Vec<u8>, Vec<u32>, DataType); 5] {
+    pub fn inputs(&self) -> Result<[HostInput; 5], InvalidProblem> {
+        self.check_shapes()?;
+        // Every dimension fits in u32 (checked above).
         let dims = |d: &[usize]| d.iter().map(|&x| x as u32).collect::<Vec<u32>>();
         let i32_bytes = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let cache = dims(&[self.pool_blocks, self.block_tokens, self.head_dim]);
-        [
-            (f32_to_le_bytes(&self.q), self.out_shape(), DataType::Float32),
+        Ok([
+            (f32_to_le_bytes(&self.q), dims(&[self.requests, self.head_dim]), DataType::Float32),
             (f32_to_le_bytes(&self.k_cache), cache.clone(), DataType::Float32),
             (f32_to_le_bytes(&self.v_cache), cache, DataType::Float32),
             (
@@ -367,37 +406,52 @@ impl PagedAttention {
                 DataType::Int32,
             ),
             (i32_bytes(&self.context_lens), dims(&[self.requests]), DataType::Int32),
-        ]
+        ])
     }
 
     /// The shape of `out` (and `q`), `[requests, head_dim]`.
-    pub fn out_shape(&self) -> Vec<u32> {
-        vec![self.requests as u32, self.head_dim as u32]
+    pub fn out_shape(&self) -> Result<Vec<u32>, InvalidProblem> {
+        self.check_shapes()?;
+        Ok(vec![self.requests as u32, self.head_dim as u32])
     }
 
     /// Tasks the orchestration submits: per request two, plus two per block its context covers.
-    pub fn tasks(&self) -> u64 {
+    pub fn tasks(&self) -> Result<u64, InvalidProblem> {
+        self.check_shapes()?;
         let blocks =
-            |len: &i32| (len.max(&0).unsigned_abs() as u64).div_ceil(self.block_tokens as u64);
-        self.context_lens.iter().map(|len| 2 + 2 * blocks(len)).sum()
+            |len: &i32| u64::from(len.max(&0).unsigned_abs()).div_ceil(self.block_tokens as u64);
+        Ok(self.context_lens.iter().map(|len| 2 + 2 * blocks(len)).sum())
     }
 
     /// The host computation of `out` (row-major `[requests, head_dim]`): the plain softmax over
-    /// each request's tokens in f64, zeros for an empty context.
-    pub fn reference(&self) -> Vec<f32> {
+    /// each request's tokens in f64, zeros for an empty context. Refuses what the orchestration
+    /// refuses: a context longer than the table's row, a block outside the cache.
+    pub fn reference(&self) -> Result<Vec<f32>, InvalidProblem> {
+        self.check_shapes()?;
         let (dim, tokens) = (self.head_dim, self.block_tokens);
         let scale = f64::from(scale(dim));
         let mut out = vec![0f32; self.requests * dim];
         for (r, row) in out.chunks_exact_mut(dim).enumerate() {
-            let len = self.context_lens[r].max(0) as usize;
+            let len = self.context_lens[r];
+            let max = self.max_blocks * tokens;
+            let len = usize::try_from(len)
+                .ok()
+                .filter(|&l| l <= max)
+                .ok_or(InvalidProblem::ContextLength { request: r, len, max })?;
             let q = &self.q[r * dim..(r + 1) * dim];
             // Offsets of the request's tokens in the caches.
-            let at: Vec<usize> = (0..len)
-                .map(|t| {
-                    let block = self.block_table[r * self.max_blocks + t / tokens] as usize;
-                    (block * tokens + t % tokens) * dim
-                })
-                .collect();
+            let mut at: Vec<usize> = Vec::with_capacity(len);
+            for t in 0..len {
+                let entry = self.block_table[r * self.max_blocks + t / tokens];
+                let block = usize::try_from(entry).ok().filter(|&b| b < self.pool_blocks).ok_or(
+                    InvalidProblem::BlockOutside {
+                        request: r,
+                        entry,
+                        pool_blocks: self.pool_blocks,
+                    },
+                )?;
+                at.push((block * tokens + t % tokens) * dim);
+            }
             let scores: Vec<f64> = at
                 .iter()
                 .map(|&o| {
@@ -414,8 +468,65 @@ impl PagedAttention {
                 *slot = if sum > 0.0 { (acc / sum) as f32 } else { 0.0 };
             }
         }
-        out
+        Ok(out)
     }
+}
+
+/// One input of a problem: its little-endian bytes, shape and data type.
+pub type HostInput = (Vec<u8>, Vec<u32>, DataType);
+
+/// Why a [`PagedAttention`] problem's fields do not describe a problem.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidProblem {
+    /// A dimension is 0.
+    #[error("paged attention: {what} is 0")]
+    Zero {
+        /// The field.
+        what: &'static str,
+    },
+    /// A dimension does not fit a chip tensor's `u32` shape.
+    #[error("paged attention: {what} = {value} does not fit in u32")]
+    TooLarge {
+        /// The field.
+        what: &'static str,
+        /// Its value.
+        value: usize,
+    },
+    /// A vector does not hold what the dimensions say (`needed` is `None` when their product
+    /// overflows).
+    #[error("paged attention: {what} holds {len} values, the dimensions need {needed:?}")]
+    Length {
+        /// The field.
+        what: &'static str,
+        /// Values it holds.
+        len: usize,
+        /// Values the dimensions need.
+        needed: Option<usize>,
+    },
+    /// A request's context is negative or longer than its row of the block table covers.
+    #[error("paged attention: request {request} has context length {len}, outside 0..={max}")]
+    ContextLength {
+        /// The request.
+        request: usize,
+        /// Its context length.
+        len: i32,
+        /// The longest its row covers.
+        max: usize,
+    },
+    /// A block of a request's context is outside the cache.
+    #[error(
+        "paged attention: request {request} names cache block {entry}, outside the {pool_blocks} \
+         blocks the cache holds"
+    )]
+    BlockOutside {
+        /// The request.
+        request: usize,
+        /// The table's entry.
+        entry: i32,
+        /// Blocks of the cache.
+        pool_blocks: usize,
+    },
 }
 
 #[cfg(test)]
@@ -427,12 +538,41 @@ mod tests {
         let p = PagedAttention::example(8);
         assert_eq!(p.context_lens, vec![0, 1, 16, 17, 40, 77, 100, 128]);
         let blocks = [0, 1, 1, 2, 3, 5, 7, 8];
-        assert_eq!(p.tasks(), blocks.iter().map(|b| 2 + 2 * b).sum::<u64>());
+        assert_eq!(p.tasks(), Ok(blocks.iter().map(|b| 2 + 2 * b).sum::<u64>()));
         assert!(p.block_table.iter().all(|&b| (0..p.pool_blocks as i32).contains(&b)));
-        let r = p.reference();
+        let r = p.reference().unwrap();
         assert!(r[..p.head_dim].iter().all(|&x| x == 0.0), "an empty context attends to nothing");
         // One token: the output is that token's value row.
         let one = (p.block_table[p.max_blocks] as usize * p.block_tokens) * p.head_dim;
         assert_eq!(&r[p.head_dim..2 * p.head_dim], &p.v_cache[one..one + p.head_dim]);
+    }
+
+    #[test]
+    fn inconsistent_fields_are_refused_not_panicked_on() {
+        let p = PagedAttention::example(4);
+        let zero = PagedAttention { block_tokens: 0, ..p.clone() };
+        assert_eq!(zero.tasks(), Err(InvalidProblem::Zero { what: "block_tokens" }));
+        assert_eq!(
+            PagedAttention { head_dim: 0, ..p.clone() }.reference(),
+            Err(InvalidProblem::Zero { what: "head_dim" })
+        );
+        let short = PagedAttention { q: vec![0.0; 3], ..p.clone() };
+        assert_eq!(
+            short.reference(),
+            Err(InvalidProblem::Length { what: "q", len: 3, needed: Some(64) })
+        );
+        let wide = PagedAttention { requests: usize::MAX, ..p.clone() };
+        let e = wide.inputs().unwrap_err();
+        assert_eq!(e, InvalidProblem::TooLarge { what: "requests", value: usize::MAX });
+        let mut outside = p.clone();
+        outside.block_table[3 * p.max_blocks + 1] = p.pool_blocks as i32;
+        assert!(outside.inputs().is_ok(), "the orchestration's to refuse");
+        assert!(matches!(
+            outside.reference(),
+            Err(InvalidProblem::BlockOutside { request: 3, .. })
+        ));
+        let mut negative = p.clone();
+        negative.context_lens[1] = -1;
+        assert!(matches!(negative.reference(), Err(InvalidProblem::ContextLength { .. })));
     }
 }
