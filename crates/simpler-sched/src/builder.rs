@@ -65,8 +65,9 @@ pub(crate) struct OrchState {
     pub(crate) released: Vec<SlotId>,
     /// Work lists for failures and cancellation.
     pub(crate) graph: GraphScratch,
-    /// The building run's `alloc()` buffers whose scope is open: base address → bytes.
-    pub(crate) open_allocs: FxHashMap<u64, u64>,
+    /// The building run's `alloc()` buffers whose scope is open: base address → the buffer's
+    /// slot (its creator, which that scope keeps from being reclaimed) and bytes.
+    pub(crate) open_allocs: FxHashMap<u64, (SlotId, u64)>,
     /// The same buffers with the depth of the scope frame they belong to, in allocation
     /// order, so that a scope's end closes its own.
     pub(crate) alloc_frames: Vec<(usize, u64)>,
@@ -334,7 +335,6 @@ impl<'e> RunBuilder<'e> {
             payload.id = Some(id);
             payload.task = Some(task);
             payload.callable = Some(ALLOC_CALLABLE);
-            payload.alloc_addr = Some(heap.addr);
             if let Some((key, _)) = fp {
                 payload.map_keys.push(key);
             }
@@ -342,9 +342,8 @@ impl<'e> RunBuilder<'e> {
         if let Some((key, span)) = fp {
             core.tensor_map.insert(self.run.id, key, span, id);
         }
-        core.allocs.lock().insert(heap.addr, id);
         let frame = self.orch.scopes.depth();
-        self.orch.open_allocs.insert(heap.addr, tensor.size);
+        self.orch.open_allocs.insert(heap.addr, (id, tensor.size));
         self.orch.alloc_frames.push((frame, heap.addr));
         tracing::trace!(parent: &self.run.span, %task, addr = heap.addr, bytes, "alloc");
         Ok(tensor)

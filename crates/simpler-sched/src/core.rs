@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
-use rustc_hash::FxHashMap;
 
 use simpler_ring::Ring;
 use simpler_tensormap::TensorMap;
@@ -64,8 +63,6 @@ pub(crate) struct Core {
     pub(crate) ring: Ring<TaskSlot>,
     /// `(run, buffer) → producers`.
     pub(crate) tensor_map: TensorMap,
-    /// Slab base address → the `alloc()` slot that owns it (leaf lock).
-    pub(crate) allocs: Mutex<FxHashMap<u64, SlotId>>,
     /// Events left for the scheduler lock's holder.
     pub(crate) inbox: CachePadded<Inbox>,
     /// The scheduler's queues; a pass runs on whichever thread holds this lock.
@@ -124,7 +121,6 @@ impl Core {
             level: parts.level,
             ring,
             tensor_map: TensorMap::new(),
-            allocs: Mutex::new(FxHashMap::default()),
             inbox: CachePadded::new(Inbox::default()),
             sched: CachePadded::new(Mutex::new(SchedState::new(next_level.len(), parts.sub.len()))),
             attention: Signal::default(),

@@ -13,14 +13,13 @@
 //!    task whose reader entries were not retired at its finish, `erase_reader_owned` of its
 //!    `read_keys`, so every map entry keeps naming a live slot until the window entry is
 //!    released; skipped once the run's whole table was dropped at the end of its submission.
-//! 2. For an `alloc()` slot: remove its alloc-registry entry if it still names this slot.
-//! 3. Clear the payload (capacities kept). The bookkeeping under the slot lock was already
+//! 2. Clear the payload (capacities kept). The bookkeeping under the slot lock was already
 //!    cleared, and the run moved out, when the slot turned `Consumed`.
-//! 4. Mark the entry `Free` and `ring.release` it (frees the slab, bumps the generation).
-//! 5. Through the moved-out run: `active −= 1`, fence check at 0.
+//! 3. Mark the entry `Free` and `ring.release` it (frees the slab, bumps the generation).
+//! 4. Through the moved-out run: `active −= 1`, fence check at 0.
 //!
 //! A thread that reclaims several slots in a row (releasing a scope, settling a pass) does
-//! steps 4 and 5 in batches ([`Reclaims`]): each slot's generation and slab are released at
+//! steps 3 and 4 in batches ([`Reclaims`]): each slot's generation and slab are released at
 //! once, but the window entries return under one lock acquisition and the run's count drops
 //! once, after them.
 
@@ -48,7 +47,7 @@ pub(crate) struct GraphScratch {
     pub(crate) slots: Vec<SlotId>,
 }
 
-/// Reclamations that finish together (steps 4 and 5): their window entries go back 16 at a time
+/// Reclamations that finish together (steps 3 and 4): their window entries go back 16 at a time
 /// in one window-lock acquisition, the statistic and each run's count of active slots move once
 /// per batch, and a run's count drops only after every entry counted in it has gone back, so a
 /// thread its fence wakes finds them free. Finishes when dropped, after [`RECLAIMS_PER_BATCH`]
@@ -154,7 +153,7 @@ impl Core {
         self.reclaim_into(id, run, &mut Reclaims::new(self));
     }
 
-    /// The reclamation steps, steps 4 and 5 finishing with `reclaims`.
+    /// The reclamation steps, steps 3 and 4 finishing with `reclaims`.
     pub(crate) fn reclaim_into(
         &self,
         id: SlotId,
@@ -177,12 +176,6 @@ impl Core {
             if erase && !payload.read_keys.is_empty() {
                 // A task that never finished (cancelled, poisoned) still has its reader entries.
                 self.tensor_map.erase_reader_owned(run.id, id, &payload.read_keys);
-            }
-            if let Some(addr) = payload.alloc_addr {
-                let mut allocs = self.allocs.lock();
-                if allocs.get(&addr) == Some(&id) {
-                    allocs.remove(&addr);
-                }
             }
             payload.clear();
         }

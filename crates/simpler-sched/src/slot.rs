@@ -253,8 +253,6 @@ pub(crate) struct Payload {
     /// (`Core::retire_reads`, which then empties this list), or at reclamation for a task that
     /// never finished, so a finished reader's reclamation does not look its keys up again.
     pub(crate) read_keys: SmallVec<[TensorKey; 1]>,
-    /// Base address of the slab, for an `alloc()` buffer.
-    pub(crate) alloc_addr: Option<u64>,
 }
 
 impl Payload {
@@ -271,7 +269,6 @@ impl Payload {
         self.custom_config = false;
         self.map_keys.clear();
         self.read_keys.clear();
-        self.alloc_addr = None;
     }
 
     /// Journals a key the task records in the tensor map, by kind of entry.

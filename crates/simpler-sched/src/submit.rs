@@ -199,7 +199,7 @@ impl RunBuilder<'_> {
                 // which it knows by base address only.
                 if t.addr != 0 && !t.is_child_memory() && core.touches_heap(t.addr, t.size) {
                     let within =
-                        orch.open_allocs.get(&t.addr).is_some_and(|&bytes| t.size <= bytes);
+                        orch.open_allocs.get(&t.addr).is_some_and(|&(_, bytes)| t.size <= bytes);
                     if !within {
                         return Err(SchedError::NotAnAllocBuffer {
                             member,
@@ -289,22 +289,18 @@ impl RunBuilder<'_> {
             // tensor-map guard contends with no one (lock order: payload → tensor map).
             let mut payload = slot.payload.write();
 
-            // 3. Infer dependencies. Lifetime pins first (alloc registry, its own leaf lock),
-            // then lookups and inserts under one tensor-map guard.
+            // 3. Infer dependencies. Lifetime pins first (the creators of the `alloc()` buffers
+            // the task names, which validation check 12 found open), then lookups and inserts
+            // under one tensor-map guard.
             #[cfg(all(test, not(simpler_loom)))]
             fault::before_lookups();
             orch.producers.clear();
             orch.overwritten.clear();
-            let mut allocs = None;
-            for t in args.iter().flat_map(|a| a.tensors()) {
-                if t.addr != 0 && core.ring.ring_of_addr(t.addr).is_some() {
-                    let allocs = allocs.get_or_insert_with(|| core.allocs.lock());
-                    if let Some(&creator) = allocs.get(&t.addr) {
-                        orch.producers.push(creator);
-                    }
+            for t in args.iter().flat_map(|a| a.tensors()).filter(|t| !t.is_child_memory()) {
+                if let Some(&(creator, _)) = orch.open_allocs.get(&t.addr) {
+                    orch.producers.push(creator);
                 }
             }
-            drop(allocs);
             {
                 // Every lookup of the task comes before any of its records: a read then sees the
                 // writers from before this task's own writes, so a group whose member writes a
