@@ -37,9 +37,8 @@
 //! The crate has five locks: the window lock and one lock per heap ring. They are leaves: no call
 //! holds two of them except `reset_to_empty`, which resets each heap under the window lock
 //! (window before heap; nothing takes them the other way round), and none is held while
-//! calling out of the crate. Callers must not hold
-//! their own locks across `alloc`, which may block; `release` never blocks on anything but these
-//! two short leaf locks.
+//! calling out of the crate. Callers must not hold their own locks across `alloc`, which may
+//! block; `release` never blocks on anything but these two short leaf locks.
 
 use std::fmt;
 use std::time::Instant;

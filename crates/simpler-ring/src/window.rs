@@ -16,8 +16,8 @@
 //! 3. **Cancel** (instead of 2, when the heap step fails): push the index back and uncount it;
 //!    the entry's word never changed, so the failed allocation leaves no trace.
 //! 4. **Release**: compare-and-swap the word from `g << 1 | 1` to `(g + 1) << 1` (or to
-//!    `0`, a generation no entry ever carries, when `g == u32::MAX`: the entry is retired). Exactly one caller wins; losers and
-//!    stale ids change nothing. The winner reads the heap stamp, frees the slab, then
+//!    `0`, a generation no entry ever carries, when `g == u32::MAX`: the entry is retired).
+//!    Exactly one caller wins; losers and stale ids change nothing. The winner reads the heap stamp, frees the slab, then
 //!    5. pushes the index on the free list (unless retired), uncounts it and wakes one window
 //!    waiter. A batch of releases (`Ring::release_batch`) does step 5 for up to
 //!    `RELEASE_BATCH` entries under one lock acquisition, waking every waiter when more than one

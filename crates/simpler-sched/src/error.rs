@@ -201,8 +201,8 @@ pub enum SchedError {
     },
     /// A tensor reaches into the engine's heap without being an `alloc()` buffer whose scope
     /// is open (or a view of one): based elsewhere, bigger than the buffer at its base, or
-    /// naming a buffer whose scope has ended. The engine orders and holds its heap's bytes by their buffer,
-    /// which it knows by base address, so such a tensor would get no edges.
+    /// naming a buffer whose scope has ended. The engine orders and holds its heap's bytes by
+    /// their buffer, which it knows by base address, so such a tensor would get no edges.
     #[error(
         "member {member}, tensor {arg} names {size} bytes at {addr:#x} in the engine's heap, \
          which is not an alloc() buffer based there whose scope is open (a view of a buffer \

@@ -398,7 +398,8 @@ impl ChipState {
         // What did not stop the run (a diagnostics file that could not be written, a capture
         // turned off) has no other way to the user: the report ends here.
         for warning in &report.warnings {
-            tracing::warn!(chip = %self.chip, run = ?report.run_id, origin = ?report.origin, %warning, "chip run finished with a warning");
+            let (run, origin) = (report.run_id, report.origin);
+            tracing::warn!(chip = %self.chip, ?run, ?origin, %warning, "chip run finished with a warning");
         }
         Ok(())
     }

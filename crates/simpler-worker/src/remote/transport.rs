@@ -52,8 +52,6 @@ use super::sends::{InFlight, Receipt, settle};
 mod inbox;
 
 pub(crate) use inbox::InboxRx;
-#[cfg(test)]
-use inbox::MAX_BACKLOG_BYTES;
 use inbox::{Arrived, Backlog, Inbox, route};
 
 /// After the last activity the thread yields (stays hot) for this long before parking.

@@ -1,6 +1,7 @@
 //! Tests of the transport's shared state: lost frames and their sessions.
 use super::super::error::ProtocolViolation;
 use super::super::frames::DecodeError;
+use super::inbox::MAX_BACKLOG_BYTES;
 use super::*;
 
 #[test]
